@@ -1,0 +1,70 @@
+"""Frozen, validated configuration, one dataclass per component. Built once in main(); domain code
+never reads the environment."""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+from mqstore.errors import InvalidArgument
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+FLUSH_ASYNC = "ASYNC"
+FLUSH_SYNC = "SYNC"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    data_dir: pathlib.Path
+    segment_size_bytes: int = 1 * GiB
+    cq_entries_per_file: int = 300_000
+    flush_mode: str = FLUSH_ASYNC
+    flush_interval_ms: int = 500
+    flush_min_dirty_pages: int = 4
+    flush_thorough_interval_ms: int = 10_000
+    sync_flush_timeout_ms: int = 5_000
+    cq_flush_interval_ms: int = 1_000
+    max_body_bytes: int = 4 * MiB
+    max_batch_messages: int = 1000
+    max_batch_body_bytes: int = 4 * MiB
+    max_stream_messages: int = 100_000
+    retention_ms: int = 72 * 3600 * 1000
+    clean_interval_ms: int = 10_000
+    disk_max_used_ratio: float = 0.90
+    store_host: str = "127.0.0.1"
+    store_port: int = 50051
+    metadata_url: str = ""  # "" = SQLite file <data_dir>/metadata.db
+    default_queue_count: int = 4
+    checkpoint_interval_ms: int = 1_000
+    preallocate_segments: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.flush_mode not in (FLUSH_ASYNC, FLUSH_SYNC):
+            raise InvalidArgument(f"flush_mode must be ASYNC or SYNC, not {self.flush_mode!r}")
+        if self.segment_size_bytes < 4 * KiB or self.segment_size_bytes % 4096:
+            raise InvalidArgument(
+                f"segment_size_bytes must be a multiple of 4096 and at least 4 KiB, not {self.segment_size_bytes}")
+        if self.cq_entries_per_file < 2:
+            raise InvalidArgument("cq_entries_per_file must be at least 2")
+        if not 0 < self.disk_max_used_ratio <= 1:
+            raise InvalidArgument("disk_max_used_ratio must be in (0, 1]")
+        for name in ("flush_interval_ms", "sync_flush_timeout_ms", "max_body_bytes", "max_batch_messages",
+                     "retention_ms", "clean_interval_ms", "checkpoint_interval_ms", "default_queue_count"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+
+    @property
+    def commitlog_dir(self) -> pathlib.Path:
+        return self.data_dir / "commitlog"
+
+    @property
+    def consumequeue_dir(self) -> pathlib.Path:
+        return self.data_dir / "consumequeue"
+
+    @property
+    def metadata_url_resolved(self) -> str:
+        return self.metadata_url or f"sqlite:///{self.data_dir / 'metadata.db'}"

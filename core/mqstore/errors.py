@@ -1,0 +1,77 @@
+"""The one exception tree of mqstore.
+
+Every error a caller can cause or observe is a subclass of :class:`MqStoreError`, carries a message a
+person can act on (the field, the limit, the file and position), and maps to exactly one gRPC status
+code in ``mqstore_rpc.errors``. Domain code raises these; it never returns sentinels.
+"""
+
+from __future__ import annotations
+
+
+class MqStoreError(Exception):
+    """Base of all mqstore errors."""
+
+    retriable = False
+
+
+class InvalidArgument(MqStoreError):
+    """The request is malformed: a field is missing, too large or has the wrong shape."""
+
+
+class NotFound(MqStoreError):
+    """The topic, queue, message or offset asked for does not exist."""
+
+
+class AlreadyExists(MqStoreError):
+    """The thing to create exists already."""
+
+
+class OutOfRange(MqStoreError):
+    """An offset or position outside the valid range; the message states the range."""
+
+    def __init__(self, message: str, *, min_value: int | None = None, max_value: int | None = None):
+        super().__init__(message)
+        self.min_value = min_value
+        self.max_value = max_value
+
+
+class FailedPrecondition(MqStoreError):
+    """The store is not in a state that allows the operation (protected topic, needs repair...)."""
+
+
+class ResourceExhausted(MqStoreError):
+    """A resource ran out: disk full (read-only mode), too many waiters."""
+
+
+class Unavailable(MqStoreError):
+    """Try again later: starting, stopping, or an fsync did not confirm in time."""
+
+    retriable = True
+
+
+class FlushTimeout(Unavailable):
+    """A SYNC append was written but no fsync covered it within the timeout."""
+
+
+class DataLoss(MqStoreError):
+    """Stored bytes fail their checks (CRC, length); nothing from them is served."""
+
+
+class CorruptLog(DataLoss):
+    """Corruption before the tail of the commit log; start refuses until `mqstore repair` is run."""
+
+    def __init__(self, message: str, *, path: str, position: int, physical_offset: int):
+        super().__init__(message)
+        self.path = path
+        self.position = position
+        self.physical_offset = physical_offset
+
+
+class InvariantViolation(AssertionError):
+    """A bug: an internal invariant does not hold. Never caused by bad input."""
+
+
+def invariant(condition: bool, message: str) -> None:
+    """Check an internal invariant; unlike ``assert`` this survives ``python -O``."""
+    if not condition:
+        raise InvariantViolation(message)

@@ -1,0 +1,54 @@
+"""Named crash points. No-ops unless a test arms them (in-process or via MQSTORE_FAILPOINTS).
+
+``hit("name")`` is placed at each crash-relevant step. Armed actions: ``"raise"`` raises
+FailpointHit, ``"exit"`` kills the process at once with ``os._exit(137)`` (like kill -9: no flush, no
+cleanup). A server started with ``MQSTORE_FAILPOINTS="log.after_write=exit"`` arms them at start;
+only ``main()`` reads that variable.
+"""
+
+from __future__ import annotations
+
+import os
+
+KNOWN = frozenset({
+    "log.after_write",           # records copied into the segment, before any flush
+    "log.after_flush",           # an fsync finished, before waiters are released
+    "checkpoint.before_rename",  # temp checkpoint written and fsynced, not yet renamed
+    "segment.after_create",      # a new segment file exists, not yet in use
+    "repair.after_copy",         # .broken copy written, log not yet truncated
+})
+
+_armed: dict[str, str] = {}
+
+
+class FailpointHit(RuntimeError):
+    """Raised by an armed failpoint with action 'raise'."""
+
+
+def arm(name: str, action: str = "raise") -> None:
+    if name not in KNOWN:
+        raise ValueError(f"unknown failpoint {name!r}; known: {sorted(KNOWN)}")
+    if action not in ("raise", "exit"):
+        raise ValueError(f"failpoint action must be 'raise' or 'exit', not {action!r}")
+    _armed[name] = action
+
+
+def disarm_all() -> None:
+    _armed.clear()
+
+
+def arm_from_spec(spec: str) -> None:
+    """Parse 'name=action,name2=action2'."""
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, action = item.partition("=")
+        arm(name, action or "raise")
+
+
+def hit(name: str) -> None:
+    if not _armed:
+        return
+    action = _armed.get(name)
+    if action == "raise":
+        raise FailpointHit(name)
+    if action == "exit":
+        os._exit(137)

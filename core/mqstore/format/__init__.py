@@ -1,0 +1,1 @@
+"""On-disk formats. Each module defines one layout once; nobody else slices those bytes."""

@@ -1,0 +1,26 @@
+"""Java ``String.hashCode`` over UTF-16 code units, as a signed 32-bit int.
+
+RocketMQ's tag codes, index slots and key routing depend on it, so it must match Java exactly,
+including surrogate pairs (two code units each) and the overflow wrap.
+"""
+
+from __future__ import annotations
+
+_MASK = 0xFFFFFFFF
+
+
+def java_string_hash(text: str) -> int:
+    h = 0
+    if text.isascii():
+        for unit in text.encode("ascii"):
+            h = (31 * h + unit) & _MASK
+    else:
+        data = text.encode("utf-16-be", "surrogatepass")
+        for i in range(0, len(data), 2):
+            h = (31 * h + ((data[i] << 8) | data[i + 1])) & _MASK
+    return h - 0x1_0000_0000 if h & 0x8000_0000 else h
+
+
+def floor_mod(value: int, modulus: int) -> int:
+    """Non-negative remainder (Python's % already floors; named for readers coming from Java)."""
+    return value % modulus

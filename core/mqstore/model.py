@@ -1,0 +1,116 @@
+"""Plain data passed between the MessageStore facade and its callers (services, CLI, tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Record
+
+KIND_NORMAL = "NORMAL"
+KIND_COMPACTION = "COMPACTION"
+KIND_SYSTEM = "SYSTEM"
+TOPIC_KINDS = (KIND_NORMAL, KIND_COMPACTION, KIND_SYSTEM)
+
+DURABILITY_WRITTEN = "WRITTEN"
+DURABILITY_FLUSHED = "FLUSHED"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    name: str
+    queue_count: int
+    kind: str
+    retention_ms: int  # 0 = store default
+    created_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageIn:
+    """One message to append. Queue choice: queue_id, else hash(sharding_key), else (compaction
+    topics) hash(first key), else round robin."""
+
+    body: bytes
+    tags: str = ""
+    keys: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_timestamp_ms: int = 0
+    queue_id: int | None = None
+    sharding_key: str = ""
+    born_host: bytes = b"\x7f\x00\x00\x01"
+    born_port: int = 0
+    sys_flag: int = 0
+    prepared_transaction_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    msg_id: str
+    uniq_key: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    size_bytes: int
+    store_timestamp_ms: int
+    durability: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    record: Record
+    msg_id: str
+
+    @property
+    def tags(self) -> str:
+        return self.record.properties.get(PROPERTY_TAGS, "")
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.record.properties.get(PROPERTY_KEYS, "").split(" ") if k]
+
+    @property
+    def uniq_key(self) -> str:
+        return self.record.properties.get(PROPERTY_UNIQ_KEY, "")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    messages: list[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TailFrame:
+    records: bytes
+    record_count: int
+    next_physical_offset: int
+    log_end_physical_offset: int
+
+
+TAIL_AT_OFFSET = "offset"
+TAIL_EARLIEST = "earliest"
+TAIL_LATEST = "latest"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    min_physical_offset: int
+    max_physical_offset: int
+    flushed_physical_offset: int
+    visible_physical_offset: int
+    flush_mode: str
+    read_only: bool
+    read_only_reason: str
+    segment_count: int
+    segment_size_bytes: int
+    store_host: str
