@@ -11,7 +11,7 @@ setup: $(VENV)/.stamp $(GEN_STAMP)
 
 $(VENV)/.stamp: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
