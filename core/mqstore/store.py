@@ -1,51 +1,471 @@
-"""MessageStore: the facade every service and the CLI call. (Interface draft: being implemented.)
+"""MessageStore: the facade every service and the CLI call; the composition of the storage core.
 
-Thread-safe: any number of threads may call any method concurrently.
+Start-up (``start``): take the directory lock; resolve leftover temp files; read the checkpoint; load
+segments; re-check the log from the checkpoint's flushed offset (mqstore.log.recovery: torn tail cut,
+corruption refuses to start); load consume queues and cut entries past the log end; replay records
+from the checkpoint's dispatched offset (from the log's start when the checkpoint or the consume queue
+directory is missing); rebuild the queue offset table; fsync; write the abort marker; start threads.
+A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
+
+Thread-safety: every public method may be called from any thread. Appends serialise on the commit
+log's lock; consume queue writes on the dispatcher's lock; topic changes on ``_topics_lock``.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
 from typing import Callable, Iterator, Sequence
 
+import structlog
+
+from mqstore import fs, topics as topic_rules
 from mqstore.clock import Clock, SystemClock
-from mqstore.config import StoreConfig
-from mqstore.model import (AppendResult, MessageIn, PullResult, QueueInfo, StoredMessage, StoreInfo,
-                           TailFrame, TopicRecord)
+from mqstore.config import FLUSH_SYNC, StoreConfig
+from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
+                            ResourceExhausted, Unavailable)
+from mqstore.format import checkpoint as cpfmt, record
+from mqstore.log.commitlog import CommitLog
+from mqstore.log.encoder import MessageEncoder
+from mqstore.log.flush import Flusher
+from mqstore.log.recovery import recover
+from mqstore.log.segment import SegmentClosed, SegmentQueue
+from mqstore.maintenance import Maintenance
+from mqstore.meta import MetadataStore
+from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, KIND_SYSTEM, TAIL_EARLIEST,
+                           TAIL_LATEST, AppendResult, MessageIn, PullResult, QueueInfo, StoredMessage,
+                           StoreInfo, TailFrame, TopicRecord)
+from mqstore.queue.dispatch import Dispatcher, QueueTable
+
+log = structlog.get_logger()
+
+MAX_PULL_MESSAGES = 10_000
+MAX_PULL_BYTES = 8 << 20
+MAX_LONG_POLL_MS = 30_000
+MAX_FRAME_BYTES = 4 << 20
 
 
 class MessageStore:
     def __init__(self, config: StoreConfig, clock: Clock | None = None):
         self.config = config
         self.clock = clock or SystemClock()
+        self.encoder = MessageEncoder(config)
+        self.segments = SegmentQueue(config.commitlog_dir, config.segment_size_bytes,
+                                     preallocate=config.preallocate_segments)
+        self.commitlog = CommitLog(self.segments, self.clock)
+        self.queues = QueueTable(config.consumequeue_dir, config.cq_entries_per_file)
+        self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
+        self.flusher: Flusher | None = None
+        self.maintenance = Maintenance(self, config, self.clock)
+        self.meta: MetadataStore | None = None
+        self._topics: dict[str, TopicRecord] = {}
+        self._topics_lock = threading.Lock()
+        self._lock_fd: int | None = None
+        self._running = False
+        self.disk_read_only = ""
+        self.recovery = None
 
-    # lifecycle
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def abort_path(self):
+        return self.config.data_dir / "abort"
+
+    @property
+    def checkpoint_path(self):
+        return self.config.data_dir / "checkpoint"
+
     def start(self) -> None:
-        """Recover from disk (may raise CorruptLog), start background threads."""
-        raise NotImplementedError
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        fs.remove_leftovers(cfg.data_dir)
+        unclean = self.abort_path.exists()
+        cp = self._read_checkpoint()
+        cq_root_existed = cfg.consumequeue_dir.is_dir()
+        self.meta = MetadataStore(cfg.metadata_url_resolved, self.clock)
+        self._topics = {t.name: t for t in self.meta.list_topics()}
+        self._ensure_system_topics()
+        self.segments.load()
+        start = cp.flushed_physical_offset if cp else self.segments.min_offset
+        result = recover(self.segments, start)
+        self.recovery = result
+        end = result.end_offset
+        self.queues.load()
+        for cq in self.queues.queues.values():
+            cq.truncate_to_log_end(end)
+        replay_from = min(cp.dispatched_physical_offset, end) if cp and cq_root_existed else self.segments.min_offset
+        replayed = self.dispatcher.replay(replay_from, end)
+        last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
+        self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
+        self.before_segment_delete(self.segments.min_offset)
+        self.flusher = Flusher(self.commitlog, cfg, self.clock, self._on_flushed)
+        self.flusher.flushed_offset = min(start, end)
+        self.flusher.flush_now()
+        self.write_checkpoint()
+        self.abort_path.write_text(str(os.getpid()))
+        fs.fsync_dir(cfg.data_dir)
+        self.flusher.start()
+        self.maintenance.start()
+        self._running = True
+        log.info("store.started", data_dir=str(cfg.data_dir), unclean=unclean, end_offset=end,
+                 checked_records=result.records_checked, torn_bytes_cut=result.torn_bytes_cut,
+                 replayed_records=replayed, flush_mode=cfg.flush_mode)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Flush everything, write the checkpoint, remove the abort marker."""
-        raise NotImplementedError
+        if not self._running:
+            self._release_lock()
+            return
+        self._running = False
+        self.maintenance.stop(timeout_s)
+        self.flusher.stop(timeout_s)
+        self.dispatcher.run_pending(self.flusher.flushed_offset)
+        self.write_checkpoint()
+        if self.dispatcher.dispatched_offset >= self.commitlog.written_offset:
+            self.abort_path.unlink(missing_ok=True)
+            fs.fsync_dir(self.config.data_dir)
+        self.queues.close()
+        self.segments.close()
+        self.meta.close()
+        self._release_lock()
+        log.info("store.stopped", end_offset=self.commitlog.written_offset)
 
-    # topics
-    def create_topic(self, name: str, queue_count: int = 0, kind: str = "NORMAL", retention_ms: int = 0) -> TopicRecord: ...
-    def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord: ...
-    def delete_topic(self, name: str) -> None: ...
-    def list_topics(self, include_system: bool = False) -> list[TopicRecord]: ...
-    def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]: ...
+    def _take_lock(self) -> None:
+        fd = os.open(self.config.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FailedPrecondition(
+                f"{self.config.data_dir} is in use by another mqstore process (lock file held)") from None
+        self._lock_fd = fd
 
-    # data
-    def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]: ...
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _read_checkpoint(self) -> cpfmt.Checkpoint | None:
+        try:
+            return cpfmt.decode(self.checkpoint_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except DataLoss as exc:
+            log.warning("checkpoint.unreadable", error=str(exc), action="re-check the whole log")
+            return None
+
+    def write_checkpoint(self) -> None:
+        dispatched = self.dispatcher.dispatched_offset
+        logics_ts = self.dispatcher.logics_msg_timestamp_ms
+        for cq in list(self.queues.queues.values()):
+            cq.flush()
+        cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
+                              logics_ts, self.clock.now_ms())
+        fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
+
+    def _on_flushed(self, flushed_offset: int) -> None:
+        if self.config.flush_mode == FLUSH_SYNC:
+            self.dispatcher.run_pending(flushed_offset)
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise Unavailable("the store is not running (starting or stopping); retry shortly")
+
+    def health_problem(self) -> str:
+        """Empty when healthy; otherwise what is wrong."""
+        if not self._running:
+            return "not running"
+        if self.flusher.error is not None:
+            return f"flush service failed: {self.flusher.error}"
+        return self.maintenance.error
+
+    def visible_offset(self) -> int:
+        return self.dispatcher.dispatched_offset
+
+    # ------------------------------------------------------------------ topics
+    def _ensure_system_topics(self) -> None:
+        for name in sorted(topic_rules.SYSTEM_TOPICS):
+            if name not in self._topics:
+                self._topics[name] = self.meta.create_topic(name, 1, KIND_SYSTEM, 0)
+
+    def topic(self, name: str) -> TopicRecord:
+        found = self._topics.get(name)
+        if found is None:
+            if not name:
+                raise InvalidArgument("topic must not be empty")
+            raise NotFound(f"topic {name!r} does not exist; create it first (CreateTopic / `mqstore topic create`)")
+        return found
+
+    def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
+                     retention_ms: int = 0) -> TopicRecord:
+        topic_rules.validate_topic_name(name)
+        if topic_rules.is_system_topic(name) or kind == KIND_SYSTEM:
+            raise FailedPrecondition(f"topic {name!r}: system topics are created by the store itself")
+        queue_count = queue_count or self.config.default_queue_count
+        topic_rules.validate_queue_count(queue_count)
+        if retention_ms < 0:
+            raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        with self._topics_lock:
+            created = self.meta.create_topic(name, queue_count, kind, retention_ms)
+            self._topics[name] = created
+        log.info("topic.created", topic=name, queue_count=queue_count, kind=kind)
+        return created
+
+    def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
+        current = self.topic(name)
+        if current.kind == KIND_SYSTEM:
+            raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be changed")
+        if queue_count:
+            topic_rules.validate_queue_count(queue_count)
+            if queue_count < current.queue_count:
+                raise FailedPrecondition(
+                    f"topic {name!r} has {current.queue_count} queues; the queue count may only grow "
+                    f"(shrinking would strand messages), asked for {queue_count}")
+        if retention_ms is not None and retention_ms < 0:
+            raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        with self._topics_lock:
+            updated = self.meta.update_topic(name, queue_count or None, retention_ms)
+            self._topics[name] = updated
+        return updated
+
+    def delete_topic(self, name: str) -> None:
+        current = self.topic(name)
+        if current.kind == KIND_SYSTEM:
+            raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be deleted")
+        with self._topics_lock:
+            self.meta.delete_topic(name)
+            self._topics.pop(name, None)
+            with self.dispatcher.lock:
+                self.queues.drop_topic(name)
+        log.info("topic.deleted", topic=name)
+
+    def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
+        return sorted((t for t in self._topics.values() if include_system or t.kind != KIND_SYSTEM),
+                      key=lambda t: t.name)
+
+    def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:
+        topic = self.topic(name)
+        return topic, [self.queue_info(name, q) for q in range(topic.queue_count)]
+
+    # ------------------------------------------------------------------ append
+    def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
+        self._check_running()
+        reason = self.disk_read_only or self.commitlog.read_only_reason
+        if reason:
+            raise ResourceExhausted(f"the store is read-only: {reason}; reads still work")
+        rec = self.topic(topic)
+        batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
+        try:
+            written = self.commitlog.append(batch)
+        except ResourceExhausted as exc:
+            self.commitlog.read_only_reason = str(exc)
+            raise
+        if self.flusher.sync:
+            self.flusher.wait_flushed(written.end)
+            self.dispatcher.run_pending(self.flusher.flushed_offset)
+            durability = DURABILITY_FLUSHED
+        else:
+            self.dispatcher.run_pending(written.end)
+            durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
+        host, port, ts = self.encoder.store_host, self.encoder.store_port, written.store_timestamp_ms
+        prefix = (host + record.INT32.pack(port)).hex().upper()
+        return [AppendResult(f"{prefix}{phys:016X}", uniq, qid, qoff, phys, size, ts, durability)
+                for (phys, size, qid, qoff, _, _), uniq in zip(written.entries, batch.uniq_keys)]
+
+    # ------------------------------------------------------------------ reads
+    def _queue(self, topic: str, queue_id: int):
+        rec = self.topic(topic)
+        if not 0 <= queue_id < rec.queue_count:
+            raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
+        return rec, self.queues.get(topic, queue_id)
+
+    def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
+        _, cq = self._queue(topic, queue_id)
+        if cq is None:
+            return QueueInfo(topic, queue_id, 0, 0)
+        return QueueInfo(topic, queue_id, cq.min_offset, cq.max_offset)
+
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int = 1 << 20,
-             tags: Sequence[str] = (), long_poll_ms: int = 0) -> PullResult: ...
-    def get_message(self, physical_offset: int) -> StoredMessage: ...
-    def get_message_by_id(self, msg_id: str) -> StoredMessage: ...
-    def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
-             heartbeat_ms: int, is_active: Callable[[], bool]) -> Iterator[TailFrame]: ...
+             tags: Sequence[str] = (), long_poll_ms: int = 0) -> PullResult:
+        self._check_running()
+        max_messages = min(max_messages if max_messages > 0 else 32, MAX_PULL_MESSAGES)
+        max_bytes = min(max_bytes if max_bytes > 0 else 1 << 20, MAX_PULL_BYTES)
+        long_poll_ms = min(max(long_poll_ms, 0), MAX_LONG_POLL_MS)
+        _, cq = self._queue(topic, queue_id)
+        lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
+        if offset < lo or offset > hi:
+            raise OutOfRange(f"offset {offset} is outside queue {topic}/{queue_id}: valid offsets are [{lo}, {hi}]",
+                             min_value=lo, max_value=hi)
+        if offset == hi and long_poll_ms:
+            cq = self._wait_for_messages(topic, queue_id, offset, long_poll_ms)
+        if cq is None or offset >= cq.max_offset:
+            return PullResult([], offset, lo, cq.max_offset if cq else hi)
+        return self._read_queue(cq, offset, max_messages, max_bytes, tags)
 
-    # offsets
-    def queue_info(self, topic: str, queue_id: int) -> QueueInfo: ...
-    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int: ...
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
-    def query_offset(self, group: str, topic: str, queue_id: int) -> int: ...
-    def store_info(self) -> StoreInfo: ...
+    def _wait_for_messages(self, topic: str, queue_id: int, offset: int, wait_ms: int):
+        deadline = self.clock.monotonic_s() + wait_ms / 1000
+        cond = self.dispatcher.visible
+        with cond:
+            while True:
+                cq = self.queues.get(topic, queue_id)
+                left = deadline - self.clock.monotonic_s()
+                if (cq is not None and cq.max_offset > offset) or left <= 0 or not self._running:
+                    return cq
+                cond.wait(min(left, 0.5))
+
+    def _read_queue(self, cq, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str]) -> PullResult:
+        wanted_tags = set(tags)
+        wanted_codes = {self.encoder.tag_code(t) for t in wanted_tags}
+        messages: list[StoredMessage] = []
+        taken = 0
+        next_offset = offset
+        host_prefix = None
+        try:
+            while len(messages) < max_messages and next_offset < cq.max_offset:
+                entries = cq.entries(next_offset, max_messages - len(messages))
+                for phys, size, tag_code in entries:
+                    if messages and taken + size > max_bytes:
+                        return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+                    next_offset += 1
+                    if wanted_codes and tag_code not in wanted_codes:
+                        continue
+                    rec = self._decode_at(phys, size)
+                    if wanted_tags and rec.properties.get(record.PROPERTY_TAGS, "") not in wanted_tags:
+                        continue
+                    if host_prefix is None:
+                        host_prefix = (rec.store_host + record.INT32.pack(rec.store_port)).hex().upper()
+                    messages.append(StoredMessage(rec, f"{host_prefix}{phys:016X}"))
+                    taken += size
+        except SegmentClosed:
+            if next_offset < cq.min_offset:
+                raise OutOfRange(f"offset {next_offset} of {cq.topic}/{cq.queue_id} was removed by retention; "
+                                 f"the queue now starts at {cq.min_offset}", min_value=cq.min_offset,
+                                 max_value=cq.max_offset) from None
+            raise
+        return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+
+    def _decode_at(self, physical_offset: int, size: int) -> record.Record:
+        data = self.commitlog.read(physical_offset, size)
+        try:
+            rec = record.decode(data, 0)
+        except record.RecordError as exc:
+            raise DataLoss(f"record at physical offset {physical_offset} fails its checks ({exc}); it is not "
+                           f"served. Stop the store and run `mqstore repair`") from None
+        if rec.physical_offset != physical_offset:
+            raise DataLoss(f"record at physical offset {physical_offset} says it lives at {rec.physical_offset}")
+        return rec
+
+    def get_message(self, physical_offset: int) -> StoredMessage:
+        self._check_running()
+        data = self.commitlog.record_at(physical_offset, self.visible_offset())
+        rec = self._decode_at(physical_offset, len(data))
+        return StoredMessage(rec, record.offset_msg_id(rec.store_host, rec.store_port, physical_offset))
+
+    def get_message_by_id(self, msg_id: str) -> StoredMessage:
+        try:
+            _, _, physical_offset = record.parse_offset_msg_id(msg_id)
+        except ValueError as exc:
+            raise InvalidArgument(f"msg_id {msg_id!r} is not an offset message id: {exc}") from None
+        return self.get_message(physical_offset)
+
+    # ------------------------------------------------------------------ tail
+    def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
+             heartbeat_ms: int, is_active: Callable[[], bool]) -> Iterator[TailFrame]:
+        """Frames of whole raw records, only visible ones; an empty frame every heartbeat when idle."""
+        self._check_running()
+        max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
+        heartbeat_s = min(max(heartbeat_ms if heartbeat_ms > 0 else 1000, 10), 60_000) / 1000
+        wanted = frozenset(t.encode("utf-8") for t in topics)
+        pos = self._tail_start(start, from_physical_offset)
+        cond = self.dispatcher.visible
+        while is_active() and self._running:
+            visible = self.visible_offset()
+            if pos < visible:
+                pos = max(pos, self.commitlog.min_offset)
+                data, count, nxt = self.commitlog.frame(pos, visible, max_frame_bytes, wanted)
+                pos = nxt
+                if count:
+                    yield TailFrame(data, count, pos, visible)
+                continue
+            with cond:
+                if self.visible_offset() <= pos:
+                    cond.wait(heartbeat_s)
+            if self.visible_offset() <= pos:
+                yield TailFrame(b"", 0, pos, self.visible_offset())
+
+    def _tail_start(self, start: str, offset: int) -> int:
+        visible = self.visible_offset()
+        low = self.commitlog.min_offset
+        if start == TAIL_EARLIEST:
+            return low
+        if start == TAIL_LATEST:
+            return visible
+        if offset < low or offset > visible:
+            raise OutOfRange(f"from_physical_offset {offset} is outside the log: valid [{low}, {visible}]",
+                             min_value=low, max_value=visible)
+        if offset < visible:
+            seg = self.segments.find(offset)
+            try:
+                record.check(seg.buffer, offset - seg.start, seg.size, verify_crc=False)
+            except record.RecordError:
+                raise InvalidArgument(f"no record starts at physical offset {offset}; resume from a "
+                                      f"next_physical_offset of a previous frame") from None
+        return offset
+
+    # ------------------------------------------------------------------ offsets
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
+        if boundary not in ("lower", "upper"):
+            raise InvalidArgument(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+        _, cq = self._queue(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.offset_by_time(timestamp_ms, boundary == "upper", self.commitlog.store_timestamp_at)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        topic_rules.validate_group_name(group)
+        info = self.queue_info(topic, queue_id)
+        if offset < 0 or offset > info.max_offset:
+            raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
+                             min_value=0, max_value=info.max_offset)
+        self.meta.commit_offset(group, topic, queue_id, offset)
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        topic_rules.validate_group_name(group)
+        self._queue(topic, queue_id)
+        return self.meta.query_offset(group, topic, queue_id)
+
+    def store_info(self) -> StoreInfo:
+        reason = self.disk_read_only or self.commitlog.read_only_reason
+        return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
+                         self.flusher.flushed_offset if self.flusher else 0, self.visible_offset(),
+                         self.config.flush_mode, bool(reason), reason, len(self.segments.segments),
+                         self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}")
+
+    # ------------------------------------------------------------------ retention hooks (maintenance)
+    def before_segment_delete(self, new_min_offset: int) -> None:
+        with self.dispatcher.lock:
+            for cq in list(self.queues.queues.values()):
+                cq.correct_min_offset(new_min_offset)
+
+    def apply_topic_retention(self) -> None:
+        now = self.clock.now_ms()
+        for topic in list(self._topics.values()):
+            if topic.retention_ms <= 0:
+                continue
+            for queue_id in range(topic.queue_count):
+                cq = self.queues.get(topic.name, queue_id)
+                if cq is None or cq.max_offset == cq.min_offset:
+                    continue
+                cutoff = cq.offset_by_time(now - topic.retention_ms, False, self.commitlog.store_timestamp_at)
+                with self.dispatcher.lock:
+                    cq.raise_min_offset(min(cutoff, cq.max_offset))
+
+    def set_disk_usage(self, used_ratio: float) -> None:
+        if used_ratio >= self.config.disk_max_used_ratio:
+            if not self.disk_read_only:
+                log.error("store.read_only", used_ratio=round(used_ratio, 4), limit=self.config.disk_max_used_ratio)
+            self.disk_read_only = (f"disk {used_ratio:.1%} full, above the limit of "
+                                   f"{self.config.disk_max_used_ratio:.0%}: free space or raise disk_max_used_ratio")
+        elif self.disk_read_only:
+            log.info("store.writable_again", used_ratio=round(used_ratio, 4))
+            self.disk_read_only = ""

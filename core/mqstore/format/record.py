@@ -314,3 +314,25 @@ def parse_offset_msg_id(msg_id: str) -> tuple[bytes, int, int]:
     port = INT32.unpack_from(raw, host_len)[0]
     physical_offset = INT64.unpack_from(raw, host_len + 4)[0]
     return raw[:host_len], port, physical_offset
+
+
+def routing_fields(buf, position: int) -> tuple[int, bytes, int, int, int, str, int]:
+    """(size, topic, queue id, queue offset, sys flag, TAGS, store time) of a valid IPv4 record,
+    without copying the body: what the dispatcher needs when it rebuilds consume queues."""
+    size = INT32.unpack_from(buf, position)[0]
+    queue_id = INT32.unpack_from(buf, position + QUEUE_ID_AT)[0]
+    queue_offset = INT64.unpack_from(buf, position + OFFSETS_AT)[0]
+    sys_flag = INT32.unpack_from(buf, position + 36)[0]
+    store_ts = INT64.unpack_from(buf, position + STORE_TIMESTAMP_AT)[0]
+    born_size, store_size = _host_sizes(sys_flag)
+    body_at = position + HEADER_SIZE + (born_size - 8) + (store_size - 8)
+    at = body_at + INT32.unpack_from(buf, body_at - 4)[0]
+    topic = bytes(buf[at + 1:at + 1 + buf[at]])
+    at += 1 + buf[at]
+    props_len = PROPERTIES_LENGTH.unpack_from(buf, at)[0]
+    props = bytes(buf[at + 2:at + 2 + props_len])
+    tags = ""
+    found = props.find(b"TAGS\x01")
+    if found == 0 or (found > 0 and props[found - 1] == 2):
+        tags = props[found + 5:props.index(b"\x02", found)].decode("utf-8", "replace")
+    return size, topic, queue_id, queue_offset, sys_flag, tags, store_ts

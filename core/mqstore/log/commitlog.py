@@ -1,0 +1,214 @@
+"""The commit log: segments, the append lock, queue offset assignment, raw reads.
+
+Append protocol (RocketMQ's, with the copy batched): records are encoded outside the lock; inside
+``_lock`` the store time is taken (never going backwards), queue offsets are assigned from the
+in-memory table, physical offsets and times are stamped into the batch buffer, and the buffer is
+copied into the active segment in as few slices as possible. A record that does not fit the rest of
+a segment (with 8 bytes to spare) is moved whole into the next segment, after an 8-byte blank record
+that claims the remainder. Segments needed by a batch are created before any byte is copied, so a
+full disk rejects the batch whole.
+
+Thread-safety: ``append`` is serialised by ``_lock``; ``written_offset`` is published after the copy,
+so readers may read any byte below it without a lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+
+import structlog
+
+from mqstore import failpoints
+from mqstore.errors import InvariantViolation, NotFound, OutOfRange, invariant
+from mqstore.format import record
+from mqstore.log.encoder import EncodedBatch
+from mqstore.log.segment import SegmentQueue
+
+log = structlog.get_logger()
+_NO_QUEUE_OFFSET_TX = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)
+
+
+@dataclass(slots=True)
+class Written:
+    """What the dispatcher needs of an appended batch: per record (physical offset, size, queue id,
+    queue offset, tag code, sys flag), all with one store time; ``end`` is the log end after it."""
+
+    topic: str
+    end: int
+    store_timestamp_ms: int
+    entries: list[tuple[int, int, int, int, int, int]]
+
+
+class CommitLog:
+    def __init__(self, segments: SegmentQueue, clock):
+        self.segments = segments
+        self.segment_size = segments.segment_size
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.written_offset = 0
+        self.last_store_timestamp_ms = 0
+        self.next_queue_offsets: dict[tuple[str, int], int] = {}
+        self.pending: collections.deque[Written] = collections.deque()
+        self.read_only_reason = ""
+
+    # ---- recovery hands over the state it found
+    def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
+        with self._lock:
+            self.written_offset = end_offset
+            self.last_store_timestamp_ms = last_store_timestamp_ms
+            self.next_queue_offsets = dict(next_queue_offsets)
+
+    @property
+    def min_offset(self) -> int:
+        segs = self.segments.segments
+        return segs[0].start if segs else self.written_offset
+
+    # ---- append
+    def append(self, batch: EncodedBatch) -> Written:
+        with self._lock:
+            now = self.clock.now_ms()
+            if now < self.last_store_timestamp_ms:
+                now = self.last_store_timestamp_ms
+            plan = self._plan(batch.sizes)
+            entries = self._assign_and_stamp(batch, plan, now)
+            self._copy(batch.buf, plan)
+            end = plan[-1][1] + plan[-1][3] if plan else self.written_offset
+            self.last_store_timestamp_ms = now
+            self.written_offset = end
+            written = Written(batch.topic, end, now, entries)
+            self.pending.append(written)
+        failpoints.hit("log.after_write")
+        return written
+
+    def _plan(self, sizes: list[int]) -> list[tuple[int, int, int, int]]:
+        """Chunks of the batch per segment: (buf_from, physical_from, buf_to, length). Creates the
+        segments the batch needs before anything is written."""
+        seg_size = self.segment_size
+        pos = self.written_offset
+        chunks = []
+        buf_from = buf_at = 0
+        phys_from = pos
+        for size in sizes:
+            room = seg_size - pos % seg_size
+            if size + record.BLANK_SIZE > room:
+                if buf_at > buf_from:
+                    chunks.append((buf_from, phys_from, buf_at, buf_at - buf_from))
+                pos += room
+                buf_from, phys_from = buf_at, pos
+            buf_at += size
+            pos += size
+        if buf_at > buf_from:
+            chunks.append((buf_from, phys_from, buf_at, buf_at - buf_from))
+        self._ensure_segments(pos)
+        return chunks
+
+    def _ensure_segments(self, end: int) -> None:
+        last = self.segments.last()
+        next_start = last.end if last else self.written_offset - self.written_offset % self.segment_size
+        while next_start < end or last is None:
+            last = self.segments.create(next_start)
+            next_start = last.end
+
+    def _assign_and_stamp(self, batch: EncodedBatch, plan, now: int):
+        entries = []
+        table = self.next_queue_offsets
+        topic = batch.topic
+        buf = batch.buf
+        stamp = record.stamp
+        sizes, qids, tags, flags = batch.sizes, batch.queue_ids, batch.tag_codes, batch.sys_flags
+        index = 0
+        for buf_from, phys_from, buf_to, _ in plan:
+            at = buf_from
+            while at < buf_to:
+                size, qid, flag = sizes[index], qids[index], flags[index]
+                if flag & record.SYSFLAG_TX_MASK in _NO_QUEUE_OFFSET_TX:
+                    qoff = 0
+                else:
+                    key = (topic, qid)
+                    qoff = table.get(key, 0)
+                    table[key] = qoff + 1
+                phys = phys_from + (at - buf_from)
+                stamp(buf, at, qoff, phys, now)
+                entries.append((phys, size, qid, qoff, tags[index], flag))
+                at += size
+                index += 1
+        invariant(index == len(sizes), "every record of the batch was placed")
+        return entries
+
+    def _copy(self, buf: bytearray, plan) -> None:
+        cur = self.written_offset
+        view = memoryview(buf)
+        for buf_from, phys_from, buf_to, length in plan:
+            if phys_from != cur:  # the rest of the previous segment becomes a blank record
+                seg = self.segments.find(cur)
+                seg.write(cur - seg.start, record.encode_blank(phys_from - cur))
+            seg = self.segments.find(phys_from)
+            invariant(phys_from + length <= seg.end, "a chunk stays inside one segment")
+            seg.write(phys_from - seg.start, view[buf_from:buf_to])
+            cur = phys_from + length
+
+    # ---- reads (lock-free below written_offset)
+    def read(self, physical_offset: int, size: int) -> bytes:
+        seg = self.segments.find(physical_offset)
+        return seg.read(physical_offset - seg.start, size)
+
+    def record_at(self, physical_offset: int, limit: int) -> bytes:
+        """The whole record starting at ``physical_offset`` (below ``limit``); NotFound if none."""
+        if physical_offset < self.min_offset or physical_offset >= limit:
+            raise OutOfRange(
+                f"physical offset {physical_offset} is outside the log [{self.min_offset}, {limit})",
+                min_value=self.min_offset, max_value=limit)
+        seg = self.segments.find(physical_offset)
+        pos = physical_offset - seg.start
+        try:
+            size = record.check(seg.buffer, pos, min(seg.size, limit - seg.start), verify_crc=False)
+        except record.RecordError as exc:
+            raise NotFound(f"no record starts at physical offset {physical_offset} ({exc})") from None
+        if record.is_blank(seg.buffer, pos):
+            raise NotFound(f"physical offset {physical_offset} is the blank end of segment {seg.path.name}")
+        return seg.read(pos, size)
+
+    def store_timestamp_at(self, physical_offset: int) -> int:
+        seg = self.segments.find(physical_offset)
+        return record.INT64.unpack_from(seg.buffer, physical_offset - seg.start + record.STORE_TIMESTAMP_AT)[0]
+
+    def frame(self, start: int, limit: int, max_bytes: int, topics: frozenset[bytes]):
+        """Whole records from ``start`` up to ``limit``: (records bytes, count, next offset).
+        Blank records are skipped; with ``topics`` only records of those topics are returned. At least
+        one record is returned when one is visible, whatever its size; a filtered scan stops after
+        16 x max_bytes so a frame is bounded in time too."""
+        seg = self.segments.find(start)
+        buf = seg.buffer
+        pos = start - seg.start
+        end = min(seg.size, limit - seg.start)
+        unpack = record.PREFIX.unpack_from
+        scan_limit = pos + 16 * max_bytes
+        pieces = []
+        run_from = -1
+        count = taken = 0
+        while pos < end and pos < scan_limit:
+            size, magic = unpack(buf, pos)
+            if magic == record.MAGIC_BLANK:
+                if run_from >= 0:
+                    pieces.append(seg.read(run_from, pos - run_from))
+                    run_from = -1
+                pos = seg.size
+                break
+            if magic != record.MAGIC_V1 or size < record.FIXED_OVERHEAD:
+                raise InvariantViolation(f"bad record at physical offset {seg.start + pos} below the visible end")
+            if count and taken + size > max_bytes:
+                break
+            if not topics or record.peek_topic(buf, pos) in topics:
+                if run_from < 0:
+                    run_from = pos
+                taken += size
+                count += 1
+            elif run_from >= 0:
+                pieces.append(seg.read(run_from, pos - run_from))
+                run_from = -1
+            pos += size
+        if run_from >= 0:
+            pieces.append(seg.read(run_from, pos - run_from))
+        return b"".join(pieces), count, seg.start + pos

@@ -1,0 +1,192 @@
+"""Validate and encode a batch of messages into commit log records, outside the append lock.
+
+Everything that can reject a message happens here, before anything is written, so a batch is all or
+nothing. The records are encoded with queue offset, physical offset and store time left zero; the
+CommitLog stamps them inside its lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from mqstore import javahash
+from mqstore.config import StoreConfig
+from mqstore.errors import InvalidArgument
+from mqstore.format import record
+from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
+
+_RESERVED = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY})
+_SEPARATORS = ("\x01", "\x02")
+_TAG_CACHE_LIMIT = 10_000
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """Records back to back in ``buf``; per record its size, queue id, tag code, tx type, UNIQ_KEY."""
+
+    topic: str
+    buf: bytearray
+    sizes: list[int]
+    queue_ids: list[int]
+    tag_codes: list[int]
+    sys_flags: list[int]
+    uniq_keys: list[str]
+
+
+class UniqKeyGenerator:
+    """RocketMQ-style client message ids: hex of ip(4) pid(2) random(4) ms-since-month-start(4)
+    counter(2). Thread-safe (itertools.count is atomic under the GIL)."""
+
+    def __init__(self, host: bytes):
+        self._prefix = (host[-4:] + (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(4)).hex().upper()
+        self._counter = itertools.count()
+
+    def next_keys(self, count: int, now_ms: int) -> list[str]:
+        since_month = _ms_since_month_start(now_ms) & 0xFFFFFFFF
+        prefix = f"{self._prefix}{since_month:08X}"
+        return [f"{prefix}{next(self._counter) & 0xFFFF:04X}" for _ in range(count)]
+
+
+def _ms_since_month_start(now_ms: int) -> int:
+    import datetime as _dt
+    now = _dt.datetime.fromtimestamp(now_ms / 1000, tz=_dt.timezone.utc)
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return now_ms - int(start.timestamp() * 1000)
+
+
+class MessageEncoder:
+    """Thread-safe: the round-robin counters and tag cache tolerate concurrent use."""
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.store_host = socket.inet_aton(config.store_host) if _is_ipv4(config.store_host) else b"\x7f\0\0\1"
+        self.store_port = config.store_port
+        self.uniq = UniqKeyGenerator(self.store_host)
+        self._round_robin: dict[str, itertools.count] = {}
+        self._rr_lock = threading.Lock()
+        self._tag_codes: dict[str, int] = {}
+
+    def encode_batch(self, topic: TopicRecord, messages, now_ms: int) -> EncodedBatch:
+        cfg = self.config
+        if not messages:
+            raise InvalidArgument("messages: a batch needs at least one message")
+        if len(messages) > cfg.max_batch_messages:
+            raise InvalidArgument(
+                f"messages: {len(messages)} in one batch, the limit is {cfg.max_batch_messages}; split the batch")
+        total_body = sum(len(m.body) for m in messages)
+        if total_body > cfg.max_batch_body_bytes:
+            raise InvalidArgument(
+                f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes}")
+        uniq_needed = sum(1 for m in messages if not m.properties.get(record.PROPERTY_UNIQ_KEY))
+        fresh = iter(self.uniq.next_keys(uniq_needed, now_ms))
+        topic_bytes = topic.name.encode("utf-8")
+        parts, sizes, qids, tags, flags, uniqs = [], [], [], [], [], []
+        for index, msg in enumerate(messages):
+            props, tag_code, uniq = self._properties(index, msg, fresh)
+            qid = self._queue_for(index, topic, msg)
+            rec = self._encode_one(index, topic, topic_bytes, msg, props, qid)
+            parts.append(rec)
+            sizes.append(len(rec))
+            qids.append(qid)
+            tags.append(tag_code)
+            flags.append(msg.sys_flag)
+            uniqs.append(uniq)
+        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs)
+
+    def _encode_one(self, index, topic, topic_bytes, msg: MessageIn, props: bytes, qid: int) -> bytes:
+        body = msg.body
+        if len(body) > self.config.max_body_bytes:
+            raise InvalidArgument(
+                f"messages[{index}].body: {len(body)} bytes, the limit is {self.config.max_body_bytes}")
+        if not body and topic.kind != KIND_COMPACTION:
+            raise InvalidArgument(
+                f"messages[{index}].body is empty; only COMPACTION topics accept an empty body (a tombstone)")
+        if len(props) > record.MAX_PROPERTIES_BYTES:
+            raise InvalidArgument(
+                f"messages[{index}].properties: {len(props)} bytes encoded, the limit is {record.MAX_PROPERTIES_BYTES}")
+        size = record.record_size(len(body), len(topic_bytes), len(props))
+        if size + record.BLANK_SIZE > self.config.segment_size_bytes:
+            raise InvalidArgument(
+                f"messages[{index}]: record of {size} bytes does not fit a segment of "
+                f"{self.config.segment_size_bytes} bytes")
+        if msg.born_timestamp_ms < 0:
+            raise InvalidArgument(f"messages[{index}].born_timestamp_ms must not be negative")
+        return record.encode(
+            topic=topic_bytes, body=body, properties=props, queue_id=qid, flag=msg.flag, sys_flag=msg.sys_flag,
+            born_timestamp_ms=msg.born_timestamp_ms, born_host=msg.born_host[-4:], born_port=msg.born_port,
+            store_host=self.store_host, store_port=self.store_port,
+            prepared_transaction_offset=msg.prepared_transaction_offset)
+
+    def _properties(self, index: int, msg: MessageIn, fresh) -> tuple[bytes, int, str]:
+        pieces = []
+        user = msg.properties
+        tags = msg.tags or user.get(record.PROPERTY_TAGS, "")
+        keys = msg.keys or tuple(k for k in user.get(record.PROPERTY_KEYS, "").split(" ") if k)
+        uniq = user.get(record.PROPERTY_UNIQ_KEY) or next(fresh)
+        if user:
+            for name, value in user.items():
+                if name in _RESERVED:
+                    continue
+                _check_text(index, f"properties[{name!r}]", name, allow_empty=False)
+                _check_text(index, f"properties[{name!r}]", value, allow_empty=False)
+                pieces.append(f"{name}\x01{value}\x02")
+        if tags:
+            _check_text(index, "tags", tags, allow_empty=False)
+            pieces.append(f"TAGS\x01{tags}\x02")
+        if keys:
+            for key in keys:
+                if not key or any(c.isspace() for c in key):
+                    raise InvalidArgument(f"messages[{index}].keys: {key!r} is empty or contains whitespace")
+                _check_text(index, "keys", key, allow_empty=False)
+            pieces.append(f"KEYS\x01{' '.join(keys)}\x02")
+        _check_text(index, "UNIQ_KEY", uniq, allow_empty=False)
+        pieces.append(f"UNIQ_KEY\x01{uniq}\x02")
+        return "".join(pieces).encode("utf-8"), self.tag_code(tags), uniq
+
+    def tag_code(self, tags: str) -> int:
+        if not tags:
+            return 0
+        code = self._tag_codes.get(tags)
+        if code is None:
+            code = javahash.java_string_hash(tags)
+            if len(self._tag_codes) < _TAG_CACHE_LIMIT:
+                self._tag_codes[tags] = code
+        return code
+
+    def _queue_for(self, index: int, topic: TopicRecord, msg: MessageIn) -> int:
+        count = topic.queue_count
+        if msg.queue_id is not None:
+            if not 0 <= msg.queue_id < count:
+                raise InvalidArgument(
+                    f"messages[{index}].queue_id {msg.queue_id} is outside [0, {count}) for topic {topic.name}")
+            return msg.queue_id
+        key = msg.sharding_key or (msg.keys[0] if topic.kind == KIND_COMPACTION and msg.keys else "")
+        if key:
+            return javahash.java_string_hash(key) % count
+        if topic.kind == KIND_COMPACTION:
+            raise InvalidArgument(
+                f"messages[{index}]: a COMPACTION topic needs a key (keys or sharding_key) or an explicit queue_id")
+        counter = self._round_robin.get(topic.name)
+        if counter is None:
+            with self._rr_lock:
+                counter = self._round_robin.setdefault(topic.name, itertools.count())
+        return next(counter) % count
+
+
+def _check_text(index: int, field: str, text: str, *, allow_empty: bool) -> None:
+    if not text and not allow_empty:
+        raise InvalidArgument(f"messages[{index}].{field} must not be empty")
+    if "\x01" in text or "\x02" in text:
+        raise InvalidArgument(f"messages[{index}].{field} contains the reserved characters \\x01 or \\x02")
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False
+    return host.count(".") == 3

@@ -1,0 +1,161 @@
+"""Commit log recovery: find the end of valid data, tell a torn tail from corruption.
+
+Records are re-checked (length, magic, CRC) from a start offset: the checkpoint's flushed offset (every
+byte below it was covered by an fsync) or, without a checkpoint, the first segment. At the first
+record that does not check out, at position P:
+
+  what follows P                                              verdict        action
+  ----------------------------------------------------------- -------------- -------------------------
+  only zero bytes, up to the end of every later segment      clean end      none
+  non-zero bytes, all within the record P claims to be (or   torn tail      zero them, log bytes cut
+  within one page if its header is unreadable); later
+  segments hold only zeros
+  anything else (more data, or data in a later segment)      corruption     refuse: CorruptLog names
+                                                                            file and position; the
+                                                                            operator runs `mqstore repair`
+
+A kill -9 during the copy of a batch leaves exactly the torn-tail shape: the copy is sequential, so a
+partial record is followed by zeros.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+import structlog
+
+from mqstore import failpoints
+from mqstore.errors import CorruptLog, FailedPrecondition
+from mqstore.format import record
+from mqstore.log.segment import PAGE_SIZE, Segment, SegmentQueue
+
+log = structlog.get_logger()
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    end_offset: int
+    last_store_timestamp_ms: int
+    records_checked: int
+    bytes_checked: int
+    torn_bytes_cut: int
+
+
+def recover(segments: SegmentQueue, start_offset: int) -> RecoveryResult:
+    """Scan from ``start_offset``; truncate a torn tail; raise CorruptLog on corruption."""
+    damage = scan(segments, start_offset)
+    if damage.corrupt is not None:
+        raise damage.corrupt
+    if damage.torn_bytes:
+        seg = segments.find(damage.end_offset)
+        seg.zero_from(damage.end_offset - seg.start)
+        log.warning("recovery.torn_tail_truncated", file=str(seg.path), position=damage.end_offset - seg.start,
+                    physical_offset=damage.end_offset, bytes_cut=damage.torn_bytes)
+    return RecoveryResult(damage.end_offset, damage.last_store_timestamp_ms, damage.records,
+                          damage.end_offset - damage.start_offset, damage.torn_bytes)
+
+
+@dataclass
+class ScanOutcome:
+    start_offset: int
+    end_offset: int
+    last_store_timestamp_ms: int
+    records: int
+    torn_bytes: int = 0
+    corrupt: CorruptLog | None = None
+
+
+def scan(segments: SegmentQueue, start_offset: int) -> ScanOutcome:
+    segs = segments.segments
+    if not segs:
+        return ScanOutcome(start_offset, start_offset, 0, 0)
+    if start_offset < segs[0].start:
+        start_offset = segs[0].start
+    if start_offset > segs[-1].end:
+        raise FailedPrecondition(
+            f"the checkpoint says the log was flushed to {start_offset}, but the segments end at {segs[-1].end}: "
+            f"segment files are missing from {segments.directory}")
+    outcome = ScanOutcome(start_offset, start_offset, 0, 0)
+    pos = start_offset
+    check, is_blank, ts_of = record.check, record.is_blank, record.INT64.unpack_from
+    for index, seg in enumerate(segs):
+        if seg.end <= pos:
+            continue
+        buf = seg.buffer
+        p = pos - seg.start
+        while p < seg.size:
+            try:
+                size = check(buf, p, seg.size)
+            except record.RecordError as exc:
+                outcome.end_offset = seg.start + p
+                _classify(segs, index, p, exc, outcome)
+                return outcome
+            if is_blank(buf, p):
+                p = seg.size
+                break
+            outcome.last_store_timestamp_ms = ts_of(buf, p + record.STORE_TIMESTAMP_AT)[0]
+            outcome.records += 1
+            p += size
+        pos = seg.start + p
+    outcome.end_offset = pos
+    return outcome
+
+
+def _classify(segs, index: int, position: int, exc: record.RecordError, outcome: ScanOutcome) -> None:
+    seg = segs[index]
+    later_data = next((s for s in segs[index + 1:] if _last_nonzero(s, 0) > 0), None)
+    extent = _last_nonzero(seg, position) - position
+    if extent <= 0 and later_data is None:
+        return  # clean end: zeros from here on
+    claimed = PAGE_SIZE
+    total, magic = record.PREFIX.unpack_from(seg.buffer, position)
+    if magic == record.MAGIC_V1 and 0 < total <= seg.size - position:
+        claimed = max(claimed, total)
+    if later_data is None and extent <= claimed:
+        outcome.torn_bytes = extent
+        return
+    where = f"{seg.path} at position {position} (physical offset {seg.start + position})"
+    detail = f"data follows in {later_data.path.name}" if later_data else f"{extent} bytes of data follow it"
+    outcome.corrupt = CorruptLog(
+        f"commit log corrupt: {where}: {exc}; {detail}, so this is not a torn tail. The store will not start; "
+        f"run `mqstore repair --data-dir <dir>` to cut the log there (a .broken copy is kept)",
+        path=str(seg.path), position=position, physical_offset=seg.start + position)
+
+
+def _last_nonzero(seg: Segment, position: int) -> int:
+    """Position after the last non-zero byte at or after ``position`` (``position`` if none)."""
+    buf = seg.buffer
+    last = position
+    for at in range(position, seg.size, _CHUNK):
+        chunk = buf[at:min(at + _CHUNK, seg.size)]
+        stripped = len(chunk.rstrip(b"\0"))
+        if stripped:
+            last = at + stripped
+    return last
+
+
+def repair(segments: SegmentQueue) -> dict:
+    """Cut the log at the first bad record, keeping ``<segment>.broken`` copies of what is cut."""
+    segs = segments.segments
+    outcome = scan(segments, segs[0].start if segs else 0)
+    if outcome.corrupt is None:
+        if outcome.torn_bytes:
+            recover(segments, outcome.start_offset)
+        return {"corrupt": False, "end_offset": outcome.end_offset, "torn_bytes_cut": outcome.torn_bytes,
+                "records": outcome.records, "broken_copies": []}
+    cut = outcome.end_offset
+    copies = []
+    for seg in segments.segments:
+        if seg.end > cut:
+            copy = seg.path.with_name(seg.path.name + ".broken")
+            shutil.copyfile(seg.path, copy)
+            copies.append(str(copy))
+    failpoints.hit("repair.after_copy")
+    seg = segments.find(cut)
+    seg.zero_from(cut - seg.start)
+    segments.delete_from(seg.end)
+    log.warning("repair.cut", physical_offset=cut, file=str(seg.path), broken_copies=copies)
+    return {"corrupt": True, "end_offset": cut, "cut_at": str(outcome.corrupt), "records": outcome.records,
+            "broken_copies": copies}

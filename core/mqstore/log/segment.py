@@ -1,0 +1,210 @@
+"""Segment files: equally sized, memory-mapped, named by their first offset (mqstore.format.segment_name).
+
+Used for commit log segments and consume queue files alike (RocketMQ's MappedFile/MappedFileQueue).
+A Segment knows its start offset and size; the *write position* and *flush position* are tracked by
+the owner (CommitLog or ConsumeQueue), which serialises writes. Reads copy bytes out of the mapping
+(``read``), so a segment can be closed by retention while readers exist: a read of a closed segment
+raises ``SegmentClosed`` instead of touching unmapped memory.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pathlib
+import threading
+
+import structlog
+
+from mqstore import failpoints
+from mqstore.errors import FailedPrecondition, OutOfRange, ResourceExhausted
+from mqstore.format import segment_name
+
+log = structlog.get_logger()
+PAGE_SIZE = mmap.PAGESIZE
+
+
+class SegmentClosed(OutOfRange):
+    """The segment was deleted (retention) while it was being read."""
+
+
+class Segment:
+    """One fixed-size mapped file. Not thread-safe for writes (the owner's lock is held);
+    ``read`` and ``flush`` may run concurrently with writes to other positions."""
+
+    __slots__ = ("path", "start", "size", "_fd", "_mm")
+
+    def __init__(self, path: pathlib.Path, start: int, size: int, fd: int, mm: mmap.mmap):
+        self.path = path
+        self.start = start
+        self.size = size
+        self._fd = fd
+        self._mm = mm
+
+    @classmethod
+    def create(cls, directory: pathlib.Path, start: int, size: int, *, preallocate: bool) -> "Segment":
+        path = directory / segment_name.name_for(start)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            if preallocate:
+                # Reserve real blocks so a full disk fails here, not as SIGBUS on a page write later.
+                os.posix_fallocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
+            failpoints.hit("segment.after_create")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            if exc.errno == 28:  # ENOSPC
+                raise ResourceExhausted(f"disk full: cannot create segment {path} of {size} bytes") from exc
+            raise
+        return cls(path, start, size, fd, mm)
+
+    @classmethod
+    def open(cls, path: pathlib.Path, size: int) -> "Segment":
+        start = segment_name.parse(path.name)
+        actual = path.stat().st_size
+        if actual != size:
+            raise FailedPrecondition(
+                f"{path} is {actual} bytes but segments are {size} bytes: wrong segment size configured, "
+                f"or the file was truncated; move it aside or run `mqstore repair`")
+        fd = os.open(path, os.O_RDWR)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return cls(path, start, size, fd, mm)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapping, for struct.unpack_from and slicing by the owner. Raises SegmentClosed."""
+        if self._mm is None:
+            raise SegmentClosed(f"segment {self.path.name} was deleted by retention")
+        return self._mm
+
+    def write(self, position: int, data) -> None:
+        self._mm[position:position + len(data)] = data
+
+    def read(self, position: int, length: int) -> bytes:
+        mm = self._mm
+        if mm is None:
+            raise SegmentClosed(f"segment {self.path.name} was deleted by retention")
+        try:
+            return mm[position:position + length]
+        except ValueError as exc:  # closed between the check and the slice
+            raise SegmentClosed(f"segment {self.path.name} was deleted by retention") from exc
+
+    def flush(self, from_position: int, to_position: int) -> None:
+        """msync the byte range (page aligned down); durable when this returns."""
+        if to_position <= from_position or self._mm is None:
+            return
+        aligned = from_position - from_position % PAGE_SIZE
+        self._mm.flush(aligned, to_position - aligned)
+
+    def zero_from(self, position: int) -> None:
+        """Zero [position, size): used when truncating a torn or repaired tail."""
+        step = 1 << 20
+        for at in range(position, self.size, step):
+            n = min(step, self.size - at)
+            self._mm[at:at + n] = bytes(n)
+        self.flush(position, self.size)
+
+    def close(self) -> None:
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            mm.close()
+            os.close(self._fd)
+
+    def delete(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class SegmentQueue:
+    """The ordered segments of one directory (RocketMQ's MappedFileQueue).
+
+    Thread-safety: roll, delete and truncate take ``self.lock``; lookups read ``self.segments``, a
+    tuple replaced atomically, so readers never lock.
+    """
+
+    def __init__(self, directory: pathlib.Path, segment_size_bytes: int, *, preallocate: bool):
+        self.directory = directory
+        self.segment_size = segment_size_bytes
+        self.preallocate = preallocate
+        self.lock = threading.Lock()
+        self.segments: tuple[Segment, ...] = ()
+
+    def load(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        names = []
+        for path in self.directory.iterdir():
+            try:
+                names.append((segment_name.parse(path.name), path))
+            except ValueError:
+                continue  # temp files, .broken copies
+        names.sort()
+        if names and names[-1][1].stat().st_size == 0:
+            log.warning("segment.empty_removed", path=str(names[-1][1]))
+            names[-1][1].unlink()
+            names.pop()
+        segments = [Segment.open(path, self.segment_size) for _, path in names]
+        for prev, cur in zip(segments, segments[1:]):
+            if cur.start != prev.end:
+                raise FailedPrecondition(
+                    f"segment gap in {self.directory}: {prev.path.name} ends at {prev.end} but the next "
+                    f"file is {cur.path.name}; a segment is missing")
+        self.segments = tuple(segments)
+
+    @property
+    def min_offset(self) -> int:
+        segs = self.segments
+        return segs[0].start if segs else 0
+
+    def last(self) -> Segment | None:
+        segs = self.segments
+        return segs[-1] if segs else None
+
+    def find(self, offset: int) -> Segment:
+        segs = self.segments
+        if not segs or offset < segs[0].start or offset >= segs[-1].end:
+            lo = segs[0].start if segs else 0
+            hi = segs[-1].end if segs else 0
+            raise OutOfRange(f"offset {offset} is outside the files [{lo}, {hi})", min_value=lo, max_value=hi)
+        seg = segs[(offset - segs[0].start) // self.segment_size]
+        return seg
+
+    def create(self, start: int) -> Segment:
+        """Create the segment starting at ``start`` (must follow the last one)."""
+        with self.lock:
+            last = self.last()
+            if last is not None and start != last.end:
+                raise FailedPrecondition(f"new segment at {start} does not follow {last.path.name}")
+            seg = Segment.create(self.directory, start, self.segment_size, preallocate=self.preallocate)
+            self.segments = self.segments + (seg,)
+        log.info("segment.created", path=str(seg.path), start=start)
+        return seg
+
+    def delete_first(self) -> Segment:
+        with self.lock:
+            seg = self.segments[0]
+            self.segments = self.segments[1:]
+        seg.delete()
+        return seg
+
+    def delete_from(self, offset: int) -> list[Segment]:
+        """Delete every segment starting at or after ``offset`` (truncation)."""
+        with self.lock:
+            keep = tuple(s for s in self.segments if s.start < offset)
+            gone = [s for s in self.segments if s.start >= offset]
+            self.segments = keep
+        for seg in gone:
+            seg.delete()
+        return gone
+
+    def close(self) -> None:
+        with self.lock:
+            segs, self.segments = self.segments, ()
+        for seg in segs:
+            seg.close()

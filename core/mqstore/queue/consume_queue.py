@@ -1,0 +1,212 @@
+"""Consume queues: per topic/queue files of 20-byte entries (mqstore.format.cq_unit), derived from
+the commit log and rebuilt from it when missing or behind.
+
+Thread-safety: writes (put, truncate, correct_min_offset) come from the dispatcher or the cleaner while
+the store's dispatch lock is held. Reads are lock-free below ``max_offset``, which is published after
+the entry bytes are written.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import structlog
+
+from mqstore.errors import InvariantViolation
+from mqstore.format import cq_unit
+from mqstore.log.segment import SegmentClosed, SegmentQueue
+
+log = structlog.get_logger()
+ENTRY = cq_unit.ENTRY_SIZE
+
+
+class ConsumeQueue:
+    def __init__(self, directory: pathlib.Path, topic: str, queue_id: int, entries_per_file: int):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = directory
+        self.files = SegmentQueue(directory, entries_per_file * ENTRY, preallocate=False)
+        self.entries_per_file = entries_per_file
+        self.min_offset = 0
+        self.max_offset = 0
+        self.flushed_offset = 0
+        self.max_physical_end = 0  # physical end of the last entry's record
+
+    # ---- load / recover
+    def load(self) -> None:
+        self.files.load()
+        segs = self.files.segments
+        if not segs:
+            return
+        self.min_offset = segs[0].start // ENTRY
+        last = segs[-1]
+        count = self._valid_prefix(last)
+        self.max_offset = last.start // ENTRY + count
+        if count == 0 and len(segs) > 1:
+            self.max_offset = last.start // ENTRY
+        self.flushed_offset = self.max_offset
+        if self.max_offset > self.min_offset:
+            phys, size, _ = self.entry(self.max_offset - 1)
+            self.max_physical_end = phys + size if size != cq_unit.BLANK_SIZE_FIELD else 0
+
+    def _valid_prefix(self, seg) -> int:
+        """Entries are written in order, so the valid ones form a prefix: binary search its length."""
+        lo, hi = 0, self.entries_per_file
+        buf = seg.buffer
+        while lo < hi:
+            mid = (lo + hi) // 2
+            phys, size, _ = cq_unit.decode(buf, mid * ENTRY)
+            if cq_unit.is_valid(phys, size):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def truncate_to_log_end(self, log_end: int) -> int:
+        """Drop entries whose record ends past ``log_end``; returns how many were dropped."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:  # first offset whose record does not fit below log_end
+            mid = (lo + hi) // 2
+            phys, size, _ = self.entry(mid)
+            if size == cq_unit.BLANK_SIZE_FIELD or phys + size <= log_end:
+                lo = mid + 1
+            else:
+                hi = mid
+        dropped = self.max_offset - lo
+        if dropped:
+            self._zero_from(lo)
+            log.warning("consumequeue.truncated", topic=self.topic, queue_id=self.queue_id, from_offset=lo,
+                        dropped=dropped)
+        return dropped
+
+    def _zero_from(self, offset: int) -> None:
+        byte_at = offset * ENTRY
+        for seg in self.files.segments:
+            if seg.end > byte_at:
+                seg.zero_from(max(0, byte_at - seg.start))
+        first_gone = (byte_at // self.files.segment_size + 1) * self.files.segment_size
+        self.files.delete_from(first_gone)
+        self.max_offset = max(offset, self.min_offset)
+        self.flushed_offset = min(self.flushed_offset, self.max_offset)
+        if self.max_offset > self.min_offset:
+            phys, size, _ = self.entry(self.max_offset - 1)
+            self.max_physical_end = phys + size if size != cq_unit.BLANK_SIZE_FIELD else 0
+        else:
+            self.max_physical_end = 0
+
+    # ---- write
+    def put(self, queue_offset: int, physical_offset: int, size: int, tag_code: int) -> bool:
+        """Write one entry; returns False when it was there already (re-dispatch is harmless)."""
+        if queue_offset < self.max_offset:
+            return False
+        if queue_offset > self.max_offset:
+            self._fill_blanks(queue_offset)
+        self._write(queue_offset, cq_unit.encode(physical_offset, size, tag_code))
+        self.max_offset = queue_offset + 1
+        self.max_physical_end = physical_offset + size
+        return True
+
+    def _fill_blanks(self, queue_offset: int) -> None:
+        first_ever = not self.files.segments
+        if first_ever:
+            # The log's head was deleted before this queue was built: start the files at this offset.
+            start = queue_offset * ENTRY - (queue_offset * ENTRY) % self.files.segment_size
+            self.files.create(start)
+            self.min_offset = self.max_offset = start // ENTRY
+        else:
+            log.error("consumequeue.gap", topic=self.topic, queue_id=self.queue_id, expected=self.max_offset,
+                      got=queue_offset)
+        for offset in range(self.max_offset, queue_offset):
+            self._write(offset, cq_unit.BLANK_ENTRY)
+        self.max_offset = queue_offset
+        if first_ever:
+            self.min_offset = queue_offset
+
+    def _write(self, queue_offset: int, data: bytes) -> None:
+        byte_at = queue_offset * ENTRY
+        last = self.files.last()
+        if last is None or byte_at >= last.end:
+            start = byte_at - byte_at % self.files.segment_size
+            last = self.files.create(start)
+        seg = self.files.find(byte_at)
+        seg.write(byte_at - seg.start, data)
+
+    def flush(self) -> None:
+        target = self.max_offset
+        if target <= self.flushed_offset:
+            return
+        from_byte, to_byte = self.flushed_offset * ENTRY, target * ENTRY
+        for seg in self.files.segments:
+            if seg.end > from_byte and seg.start < to_byte:
+                seg.flush(max(from_byte, seg.start) - seg.start, min(to_byte, seg.end) - seg.start)
+        self.flushed_offset = target
+
+    # ---- read
+    def entry(self, queue_offset: int) -> tuple[int, int, int]:
+        byte_at = queue_offset * ENTRY
+        seg = self.files.find(byte_at)
+        return cq_unit.decode(seg.buffer, byte_at - seg.start)
+
+    def entries(self, from_offset: int, count: int) -> list[tuple[int, int, int]]:
+        """Up to ``count`` entries from ``from_offset`` (stops at max_offset and at a file end)."""
+        end = min(self.max_offset, from_offset + count)
+        if from_offset >= end:
+            return []
+        byte_at = from_offset * ENTRY
+        seg = self.files.find(byte_at)
+        stop = min(end * ENTRY, seg.end)
+        data = seg.read(byte_at - seg.start, stop - byte_at)
+        return list(cq_unit.ENTRY.iter_unpack(data))
+
+    def offset_by_time(self, timestamp_ms: int, upper: bool, store_time_of) -> int:
+        """LOWER: first offset with store time >= ts; UPPER: last offset with store time <= ts.
+        Clamped into [min_offset, max_offset]."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            phys, size, _ = self.entry(mid)
+            try:
+                ts = store_time_of(phys) if size != cq_unit.BLANK_SIZE_FIELD else -1
+            except SegmentClosed:
+                ts = -1
+            if ts < timestamp_ms or (upper and ts == timestamp_ms):
+                lo = mid + 1
+            else:
+                hi = mid
+        if upper:
+            return max(self.min_offset, lo - 1) if lo > self.min_offset else self.min_offset
+        return lo
+
+    # ---- retention
+    def correct_min_offset(self, log_min_offset: int) -> None:
+        """First entry whose record is still in the log becomes the minimum; older files go."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            phys, size, _ = self.entry(mid)
+            if size == cq_unit.BLANK_SIZE_FIELD or phys < log_min_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == self.min_offset:
+            return
+        self.min_offset = lo
+        segs = self.files.segments
+        while len(segs) > 1 and segs[0].end <= lo * ENTRY:
+            self.files.delete_first()
+            segs = self.files.segments
+
+    def raise_min_offset(self, offset: int) -> None:
+        """Logical retention (per-topic retention time): hide entries below ``offset``."""
+        if offset > self.min_offset:
+            if offset > self.max_offset:
+                raise InvariantViolation(f"min offset {offset} past max {self.max_offset}")
+            self.min_offset = offset
+
+    def close(self) -> None:
+        self.files.close()
+
+    def destroy(self) -> None:
+        self.files.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
