@@ -16,6 +16,12 @@ KNOWN = frozenset({
     "checkpoint.before_rename",  # temp checkpoint written and fsynced, not yet renamed
     "segment.after_create",      # a new segment file exists, not yet in use
     "repair.after_copy",         # .broken copy written, log not yet truncated
+    "index.checkpoint.before_rename",  # temp index checkpoint written and fsynced, not yet renamed
+    "index.roll.after_create",   # next index file created empty, the message not yet put
+    "index.compact.after_write",  # compact temp file written and fsynced, not yet renamed
+    "index.compact.after_rename",  # compact file in place, unsealed source not yet deleted
+    "index.tier.after_put",      # compact file durable on the tier, local copy not yet deleted
+    "index.rebuild.after_rename",  # rebuilt files renamed into place, .damaged not yet deleted
 })
 
 _armed: dict[str, str] = {}

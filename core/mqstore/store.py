@@ -76,9 +76,20 @@ class MessageStore:
         return self.config.data_dir / "checkpoint"
 
     def start(self) -> None:
-        cfg = self.config
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
+        try:
+            self._start_locked()
+        except BaseException:
+            self.queues.close()
+            self.segments.close()
+            if self.meta is not None:
+                self.meta.close()
+            self._release_lock()
+            raise
+
+    def _start_locked(self) -> None:
+        cfg = self.config
         fs.remove_leftovers(cfg.data_dir)
         unclean = self.abort_path.exists()
         cp = self._read_checkpoint()
@@ -469,3 +480,17 @@ class MessageStore:
         elif self.disk_read_only:
             log.info("store.writable_again", used_ratio=round(used_ratio, 4))
             self.disk_read_only = ""
+
+    def halt(self) -> None:
+        """Stop like a crash: no final flush, no checkpoint, abort marker left. For crash tests in one
+        process; the bytes already copied into the mappings stay, as after kill -9."""
+        self._running = False
+        self.maintenance.stop(5.0)
+        with self.flusher._cond:  # the flusher loop exits without its final flush
+            self.flusher._stopping = True
+            self.flusher._cond.notify_all()
+        self.flusher._thread.join(5.0)
+        self.queues.close()
+        self.segments.close()
+        self.meta.close()
+        self._release_lock()

@@ -77,7 +77,12 @@ class MessageEncoder:
         if len(messages) > cfg.max_batch_messages:
             raise InvalidArgument(
                 f"messages: {len(messages)} in one batch, the limit is {cfg.max_batch_messages}; split the batch")
-        total_body = sum(len(m.body) for m in messages)
+        total_body = 0
+        for index, msg in enumerate(messages):
+            total_body += len(msg.body)
+            if len(msg.body) > cfg.max_body_bytes:
+                raise InvalidArgument(
+                    f"messages[{index}].body: {len(msg.body)} bytes, the limit is {cfg.max_body_bytes}")
         if total_body > cfg.max_batch_body_bytes:
             raise InvalidArgument(
                 f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes}")

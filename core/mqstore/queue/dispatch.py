@@ -70,9 +70,11 @@ class Dispatcher:
         self.logics_msg_timestamp_ms = 0
 
     def run_pending(self, confirm_offset: int) -> None:
-        pending = self.commitlog.pending
-        if not pending or pending[0].end > confirm_offset:
+        # Taking the lock even when another thread is dispatching our batch: we return only once the
+        # entries are written, so a Pull after an Append sees it.
+        if self.dispatched_offset >= confirm_offset:
             return
+        pending = self.commitlog.pending
         with self.lock:
             advanced = False
             table = self.queues

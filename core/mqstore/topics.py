@@ -1,0 +1,76 @@
+"""Topic and consumer group rules: names, queue counts, system topics. Pure functions, no I/O.
+
+RocketMQ's ``TopicValidator``: names use only ``[%|a-zA-Z0-9_-]``; a topic is at most 127 characters
+(so it fits the 1-byte TOPICLENGTH of a V1 record), a group at most 120. The facade calls these before
+it touches the metadata store, which enforces none of them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mqstore.errors import InvalidArgument
+
+TOPIC_NAME_MAX_CHARS = 127
+GROUP_NAME_MAX_CHARS = 120
+QUEUE_COUNT_MIN = 1
+QUEUE_COUNT_MAX = 1024
+
+NAME_CHARSET_DESCRIPTION = "letters a-z A-Z, digits 0-9, '%', '|', '_' and '-'"
+_ILLEGAL_NAME_CHAR = re.compile(r"[^%|a-zA-Z0-9_-]")
+
+SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
+SYSTEM_TOPICS = frozenset(
+    {
+        "RMQ_SYS_TRANS_HALF_TOPIC",  # half (prepared) transaction messages
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",  # OP records: which half messages are resolved
+        "TRANS_CHECK_MAX_TIME_TOPIC",  # half messages that ran out of check-backs
+        "SCHEDULE_TOPIC_XXXX",  # delayed messages (tag code = delivery time)
+    }
+)
+
+
+def validate_topic_name(name: str) -> None:
+    """Raise InvalidArgument unless ``name`` is a legal topic name."""
+    _validate_name("topic", name, TOPIC_NAME_MAX_CHARS)
+
+
+def validate_group_name(name: str) -> None:
+    """Raise InvalidArgument unless ``name`` is a legal consumer or producer group name."""
+    _validate_name("group", name, GROUP_NAME_MAX_CHARS)
+
+
+def is_system_topic(name: str) -> bool:
+    """True for the store's own topics, which clients may not create, change or delete."""
+    return name in SYSTEM_TOPICS or name.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def validate_queue_count(queue_count: int) -> None:
+    """Raise InvalidArgument unless ``queue_count`` is an int in [1, 1024]."""
+    # bool is an int subclass; True as a queue count is a caller bug, not 1.
+    if not isinstance(queue_count, int) or isinstance(queue_count, bool):
+        raise InvalidArgument(
+            f"queue_count must be an integer, got {type(queue_count).__name__} {queue_count!r}"
+        )
+    if not QUEUE_COUNT_MIN <= queue_count <= QUEUE_COUNT_MAX:
+        raise InvalidArgument(
+            f"queue_count is {queue_count}; it must be between {QUEUE_COUNT_MIN} and "
+            f"{QUEUE_COUNT_MAX}"
+        )
+
+
+def _validate_name(what: str, name: str, max_chars: int) -> None:
+    if not isinstance(name, str):
+        raise InvalidArgument(f"{what} name must be a string, got {type(name).__name__}")
+    if not name:
+        raise InvalidArgument(f"{what} name is empty; give 1 to {max_chars} characters")
+    if len(name) > max_chars:
+        raise InvalidArgument(
+            f"{what} name is {len(name)} characters long; the limit is {max_chars}"
+        )
+    illegal = _ILLEGAL_NAME_CHAR.search(name)
+    if illegal is not None:
+        raise InvalidArgument(
+            f"{what} name {name!r} has the illegal character {illegal.group()!r} at position "
+            f"{illegal.start()} (0-based); allowed are {NAME_CHARSET_DESCRIPTION}"
+        )

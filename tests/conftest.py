@@ -1,0 +1,49 @@
+"""Shared fixtures: temporary stores with small segments, a fake clock."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import structlog
+
+from mqstore.clock import FakeClock
+from mqstore.config import StoreConfig
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+
+
+def pytest_configure(config):
+    # Tests log through structlog's default dev renderer: keep output quiet and deterministic.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def small_config(tmp_path):
+    def make(**overrides) -> StoreConfig:
+        base = dict(data_dir=tmp_path / "store", segment_size_bytes=16 * 1024, cq_entries_per_file=64,
+                    flush_interval_ms=20, checkpoint_interval_ms=50, clean_interval_ms=100_000)
+        base.update(overrides)
+        return StoreConfig(**base)
+    return make
+
+
+def golden_bytes(name: str, produced: bytes, request) -> bytes:
+    """Compare with tests/golden/<name>; write it only when run with --regen-golden."""
+    path = GOLDEN / name
+    if request.config.getoption("--regen-golden") or not path.exists():
+        if not request.config.getoption("--regen-golden"):
+            pytest.fail(f"golden file {path} is missing: run pytest --regen-golden once, on purpose, and commit it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(produced)
+    return path.read_bytes()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regen-golden", action="store_true", default=False,
+                     help="rewrite golden byte files from the current code (on purpose only)")

@@ -1,0 +1,255 @@
+"""MessageStore behaviour on real files, in one process: durability, visibility, retention, read-only
+mode, topic rules, pull/tail/time lookups."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
+from mqstore.format import record
+from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST
+from mqstore.store import MessageStore
+
+
+@pytest.fixture
+def open_store(small_config):
+    stores = []
+
+    def make(clock=None, **overrides):
+        store = MessageStore(small_config(**overrides), clock)
+        store.start()
+        stores.append(store)
+        return store
+    yield make
+    for store in stores:
+        store.stop()
+
+
+def test_durability_reported_per_mode(open_store, tmp_path):
+    sync = open_store(flush_mode="SYNC")
+    sync.create_topic("t")
+    assert {r.durability for r in sync.append("t", [MessageIn(body=b"a")] * 3)} == {"FLUSHED"}
+    assert sync.flusher.flushed_offset >= sync.commitlog.written_offset
+
+
+def test_async_append_is_written_then_flushed(open_store):
+    store = open_store(flush_interval_ms=60_000, flush_thorough_interval_ms=60_000)
+    store.create_topic("t")
+    result = store.append("t", [MessageIn(body=b"a")])[0]
+    assert result.durability == "WRITTEN"
+    store.flusher.flush_now()
+    assert store.append("t", [MessageIn(body=b"b")])[0].durability == "WRITTEN"
+
+
+def test_sync_consumers_see_only_flushed(open_store, fake_clock):
+    store = open_store(flush_mode="SYNC", flush_interval_ms=60_000)
+    store.create_topic("t", 1)
+    rec = store.topic("t")
+    batch = store.encoder.encode_batch(rec, [MessageIn(body=b"unflushed")], fake_clock.now_ms())
+    store.commitlog.append(batch)  # written, nobody asked for an fsync yet
+    assert store.queue_info("t", 0).max_offset == 0
+    assert store.pull("t", 0, 0).messages == []
+    store.flusher.flush_now()
+    assert [m.record.body for m in store.pull("t", 0, 0).messages] == [b"unflushed"]
+
+
+def test_batch_is_all_or_nothing(open_store):
+    store = open_store()
+    store.create_topic("t", 1)
+    good = MessageIn(body=b"ok")
+    with pytest.raises(InvalidArgument, match=r"messages\[1\]\.body"):
+        store.append("t", [good, MessageIn(body=b"x" * ((4 << 20) + 1))])
+    with pytest.raises(InvalidArgument, match="reserved"):
+        store.append("t", [good, MessageIn(body=b"x", properties={"a": "b\x01"})])
+    with pytest.raises(InvalidArgument, match="1000"):
+        store.append("t", [good] * 1001)
+    assert store.commitlog.written_offset == 0 and store.queue_info("t", 0).max_offset == 0
+
+
+def test_consecutive_queue_offsets_and_key_routing(open_store):
+    store = open_store()
+    store.create_topic("t", 4)
+    results = store.append("t", [MessageIn(body=b"x", sharding_key="order-7") for _ in range(50)])
+    assert len({r.queue_id for r in results}) == 1
+    assert [r.queue_offset for r in results] == list(range(50))
+    store.create_topic("c", 4, kind="COMPACTION")
+    a = store.append("c", [MessageIn(body=b"v1", keys=("user-1",))])[0]
+    b = store.append("c", [MessageIn(body=b"", keys=("user-1",))])[0]  # tombstone allowed here
+    assert a.queue_id == b.queue_id
+    with pytest.raises(InvalidArgument, match="needs a key"):
+        store.append("c", [MessageIn(body=b"v")])
+    with pytest.raises(InvalidArgument, match="empty"):
+        store.append("t", [MessageIn(body=b"")])
+
+
+def test_store_timestamps_never_go_backwards(open_store, fake_clock):
+    store = open_store(clock=fake_clock)
+    store.create_topic("t", 1)
+    first = store.append("t", [MessageIn(body=b"a")])[0]
+    fake_clock.advance(-5_000)
+    second = store.append("t", [MessageIn(body=b"b")])[0]
+    assert second.store_timestamp_ms == first.store_timestamp_ms
+
+
+def test_pull_ranges_filters_and_long_poll(open_store):
+    store = open_store()
+    store.create_topic("t", 1)
+    store.append("t", [MessageIn(body=bytes([i]), tags="even" if i % 2 == 0 else "odd") for i in range(10)])
+    got = store.pull("t", 0, 0, max_messages=100, tags=["even"])
+    assert [m.record.body[0] for m in got.messages] == [0, 2, 4, 6, 8] and got.next_offset == 10
+    with pytest.raises(OutOfRange, match=r"\[0, 10\]"):
+        store.pull("t", 0, 11)
+    with pytest.raises(OutOfRange):
+        store.pull("t", 0, -1)
+    with pytest.raises(NotFound):
+        store.pull("t", 1, 0)
+    with pytest.raises(NotFound, match="create it first"):
+        store.pull("nope", 0, 0)
+    assert store.pull("t", 0, 10).messages == []
+    holder = {}
+    waiter = threading.Thread(target=lambda: holder.update(r=store.pull("t", 0, 10, long_poll_ms=10_000)))
+    waiter.start()
+    store.append("t", [MessageIn(body=b"late")])
+    waiter.join(15)
+    assert [m.record.body for m in holder["r"].messages] == [b"late"]
+    one = store.pull("t", 0, 0, max_messages=5, max_bytes=1)
+    assert len(one.messages) == 1  # the first message is always returned
+
+
+def test_get_message_and_ids(open_store):
+    store = open_store()
+    store.create_topic("t", 1)
+    res = store.append("t", [MessageIn(body=b"hello", keys=("k",), properties={"p": "v"})])[0]
+    msg = store.get_message_by_id(res.msg_id)
+    assert msg.record.body == b"hello" and msg.keys == ["k"] and msg.record.properties["p"] == "v"
+    assert msg.uniq_key == res.uniq_key and len(res.uniq_key) == 32
+    assert store.get_message(res.physical_offset).msg_id == res.msg_id
+    with pytest.raises(InvalidArgument):
+        store.get_message_by_id("zz")
+    with pytest.raises(NotFound):
+        store.get_message(res.physical_offset + 1)
+    with pytest.raises(OutOfRange):
+        store.get_message(10**12)
+
+
+def test_tail_frames_whole_records_with_filter(open_store):
+    store = open_store(segment_size_bytes=8192)
+    store.create_topic("a", 1)
+    store.create_topic("b", 1)
+    for i in range(20):
+        store.append("a" if i % 3 else "b", [MessageIn(body=bytes([i]) * 700)])
+    end = store.commitlog.written_offset
+    frames = store.tail(TAIL_EARLIEST, 0, ["b"], 4096, 10, is_active=lambda: True)
+    seen = []
+    for frame in frames:
+        if frame.record_count == 0:
+            assert frame.next_physical_offset == end
+            break
+        pos = 0
+        while pos < len(frame.records):
+            rec = record.decode(frame.records, pos)
+            seen.append(rec.body[0])
+            pos += rec.size
+        assert pos == len(frame.records)
+    assert seen == [i for i in range(20) if i % 3 == 0]
+    with pytest.raises(InvalidArgument):
+        next(store.tail(TAIL_AT_OFFSET, 5, [], 0, 10, is_active=lambda: True))
+    with pytest.raises(OutOfRange):
+        next(store.tail(TAIL_AT_OFFSET, end + 100, [], 0, 10, is_active=lambda: True))
+
+
+def test_offset_by_time(open_store, fake_clock):
+    store = open_store(clock=fake_clock)
+    store.create_topic("t", 1)
+    times = []
+    for i in range(10):
+        times.append(store.append("t", [MessageIn(body=b"x")])[0].store_timestamp_ms)
+        fake_clock.advance(1000)
+    assert store.offset_by_time("t", 0, times[4]) == 4
+    assert store.offset_by_time("t", 0, times[4] + 1) == 5
+    assert store.offset_by_time("t", 0, times[4] + 1, "upper") == 4
+    assert store.offset_by_time("t", 0, 0) == 0
+    assert store.offset_by_time("t", 0, times[-1] + 10_000) == 10
+
+
+def test_retention_deletes_oldest_segments_and_queues_follow(open_store, fake_clock):
+    store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000)
+    store.create_topic("t", 1)
+    for i in range(30):
+        store.append("t", [MessageIn(body=bytes([i]) * 1000)])
+    store.flusher.flush_now()
+    segs = store.segments.segments
+    assert len(segs) >= 3
+    old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
+    for seg in segs[:2]:
+        os.utime(seg.path, (old, old))
+    deleted = store.maintenance.delete_expired_segments()
+    assert deleted == 2 and store.segments.segments[0].start == segs[2].start
+    info = store.queue_info("t", 0)
+    assert info.min_offset > 0 and info.max_offset == 30
+    first = store.pull("t", 0, info.min_offset).messages[0]
+    assert first.record.physical_offset >= segs[2].start
+    with pytest.raises(OutOfRange):
+        store.pull("t", 0, 0)
+    for seg in store.segments.segments:
+        os.utime(seg.path, (old, old))
+    store.maintenance.delete_expired_segments()
+    assert len(store.segments.segments) == 1  # never the active segment
+
+
+def test_topic_retention_hides_old_messages(open_store, fake_clock):
+    store = open_store(clock=fake_clock)
+    store.create_topic("t", 1, retention_ms=60_000)
+    store.append("t", [MessageIn(body=b"old")] * 3)
+    fake_clock.advance(120_000)
+    store.append("t", [MessageIn(body=b"new")])
+    store.apply_topic_retention()
+    assert store.queue_info("t", 0).min_offset == 3
+
+
+def test_full_disk_makes_store_read_only(open_store):
+    store = open_store(disk_max_used_ratio=0.0001)
+    store.create_topic("t", 1)
+    store.append("t", [MessageIn(body=b"before")])
+    store.maintenance.check_disk()
+    with pytest.raises(ResourceExhausted, match="read-only"):
+        store.append("t", [MessageIn(body=b"x")])
+    assert store.pull("t", 0, 0).messages[0].record.body == b"before"
+    assert store.store_info().read_only
+    store.set_disk_usage(0.0)
+    store.append("t", [MessageIn(body=b"after")])
+
+
+def test_topic_rules(open_store):
+    store = open_store()
+    store.create_topic("t", 2)
+    with pytest.raises(FailedPrecondition):
+        store.create_topic("RMQ_SYS_TRANS_HALF_TOPIC")
+    with pytest.raises(FailedPrecondition):
+        store.delete_topic("RMQ_SYS_TRANS_HALF_TOPIC")
+    with pytest.raises(FailedPrecondition, match="only grow"):
+        store.update_topic("t", queue_count=1)
+    with pytest.raises(InvalidArgument):
+        store.create_topic("bad name")
+    assert store.update_topic("t", queue_count=3).queue_count == 3
+    assert [t.name for t in store.list_topics()] == ["t"]
+    assert "RMQ_SYS_TRANS_HALF_TOPIC" in [t.name for t in store.list_topics(include_system=True)]
+    store.append("t", [MessageIn(body=b"x", queue_id=2)])
+    store.delete_topic("t")
+    with pytest.raises(NotFound):
+        store.append("t", [MessageIn(body=b"x")])
+
+
+def test_consumer_offsets(open_store):
+    store = open_store()
+    store.create_topic("t", 1)
+    store.append("t", [MessageIn(body=b"x")] * 5)
+    store.commit_offset("g1", "t", 0, 3)
+    assert store.query_offset("g1", "t", 0) == 3
+    with pytest.raises(OutOfRange):
+        store.commit_offset("g1", "t", 0, 6)
+    with pytest.raises(NotFound):
+        store.query_offset("g2", "t", 0)
