@@ -40,6 +40,7 @@ class StoreConfig:
     default_queue_count: int = 4
     checkpoint_interval_ms: int = 1_000
     preallocate_segments: bool = True
+    warm_ahead_bytes: int = 64 * MiB  # page cache kept ahead of the write position; 0 = off
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
 from mqstore.log.recovery import recover
 from mqstore.log.segment import SegmentClosed, SegmentQueue
+from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, KIND_SYSTEM, TAIL_EARLIEST,
@@ -58,6 +59,7 @@ class MessageStore:
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
         self.flusher: Flusher | None = None
         self.maintenance = Maintenance(self, config, self.clock)
+        self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes)
         self.meta: MetadataStore | None = None
         self._topics: dict[str, TopicRecord] = {}
         self._topics_lock = threading.Lock()
@@ -118,6 +120,7 @@ class MessageStore:
         fs.fsync_dir(cfg.data_dir)
         self.flusher.start()
         self.maintenance.start()
+        self.warmer.start()
         self._running = True
         log.info("store.started", data_dir=str(cfg.data_dir), unclean=unclean, end_offset=end,
                  checked_records=result.records_checked, torn_bytes_cut=result.torn_bytes_cut,
@@ -129,6 +132,7 @@ class MessageStore:
             return
         self._running = False
         self.maintenance.stop(timeout_s)
+        self.warmer.stop(timeout_s)
         self.flusher.stop(timeout_s)
         self.dispatcher.run_pending(self.flusher.flushed_offset)
         self.write_checkpoint()
@@ -271,6 +275,7 @@ class MessageStore:
         except ResourceExhausted as exc:
             self.commitlog.read_only_reason = str(exc)
             raise
+        self.warmer.poke()
         if self.flusher.sync:
             self.flusher.wait_flushed(written.end)
             self.dispatcher.run_pending(self.flusher.flushed_offset)
@@ -486,6 +491,7 @@ class MessageStore:
         process; the bytes already copied into the mappings stay, as after kill -9."""
         self._running = False
         self.maintenance.stop(5.0)
+        self.warmer.stop(5.0)
         with self.flusher._cond:  # the flusher loop exits without its final flush
             self.flusher._stopping = True
             self.flusher._cond.notify_all()

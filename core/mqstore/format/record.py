@@ -143,6 +143,27 @@ def encode(*, topic: bytes, body: bytes, properties: bytes, queue_id: int, flag:
                      properties))
 
 
+def encode_into(buf: bytearray, position: int, topic: bytes, body: bytes, properties: bytes, queue_id: int,
+                flag: int, sys_flag: int, born_timestamp_ms: int, born_host: bytes, born_port: int,
+                store_host: bytes, store_port: int, prepared_transaction_offset: int = 0) -> int:
+    """Like :func:`encode` (queue offset, physical offset, store time and reconsume times zero) but
+    written into ``buf`` at ``position`` with no intermediate bytes; returns the record size."""
+    body_len = len(body)
+    total = FIXED_OVERHEAD + body_len + len(topic) + len(properties)
+    HEADER.pack_into(buf, position, total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
+                     sys_flag, born_timestamp_ms, born_host, born_port, 0, store_host, store_port, 0,
+                     prepared_transaction_offset, body_len)
+    at = position + HEADER_SIZE
+    buf[at:at + body_len] = body
+    at += body_len
+    buf[at] = len(topic)
+    buf[at + 1:at + 1 + len(topic)] = topic
+    at += 1 + len(topic)
+    PROPERTIES_LENGTH.pack_into(buf, at, len(properties))
+    buf[at + 2:at + 2 + len(properties)] = properties
+    return total
+
+
 def stamp(buf: bytearray, position: int, queue_offset: int, physical_offset: int,
           store_timestamp_ms: int) -> None:
     """Fill the fields known only inside the append lock."""

@@ -1,14 +1,14 @@
 """The commit log: segments, the append lock, queue offset assignment, raw reads.
 
 Append protocol (RocketMQ's, with the copy batched): records are encoded outside the lock; inside
-``_lock`` the store time is taken (never going backwards), queue offsets are assigned from the
+``lock`` the store time is taken (never going backwards), queue offsets are assigned from the
 in-memory table, physical offsets and times are stamped into the batch buffer, and the buffer is
 copied into the active segment in as few slices as possible. A record that does not fit the rest of
 a segment (with 8 bytes to spare) is moved whole into the next segment, after an 8-byte blank record
 that claims the remainder. Segments needed by a batch are created before any byte is copied, so a
 full disk rejects the batch whole.
 
-Thread-safety: ``append`` is serialised by ``_lock``; ``written_offset`` is published after the copy,
+Thread-safety: ``append`` is serialised by ``lock``; ``written_offset`` is published after the copy,
 so readers may read any byte below it without a lock.
 """
 
@@ -46,7 +46,7 @@ class CommitLog:
         self.segments = segments
         self.segment_size = segments.segment_size
         self.clock = clock
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.written_offset = 0
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
@@ -55,7 +55,7 @@ class CommitLog:
 
     # ---- recovery hands over the state it found
     def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
-        with self._lock:
+        with self.lock:
             self.written_offset = end_offset
             self.last_store_timestamp_ms = last_store_timestamp_ms
             self.next_queue_offsets = dict(next_queue_offsets)
@@ -67,7 +67,7 @@ class CommitLog:
 
     # ---- append
     def append(self, batch: EncodedBatch) -> Written:
-        with self._lock:
+        with self.lock:
             now = self.clock.now_ms()
             if now < self.last_store_timestamp_ms:
                 now = self.last_store_timestamp_ms

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import threading
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from mqstore.format import record
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
 
 _RESERVED = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY})
-_SEPARATORS = ("\x01", "\x02")
+_BAD_TEXT = re.compile("[\x01\x02]")
+_BAD_KEY_CHARS = re.compile(r"[\x01\x02\t\n\r\f\v]")
 _TAG_CACHE_LIMIT = 10_000
 
 
@@ -89,66 +91,71 @@ class MessageEncoder:
         uniq_needed = sum(1 for m in messages if not m.properties.get(record.PROPERTY_UNIQ_KEY))
         fresh = iter(self.uniq.next_keys(uniq_needed, now_ms))
         topic_bytes = topic.name.encode("utf-8")
-        parts, sizes, qids, tags, flags, uniqs = [], [], [], [], [], []
+        fixed = record.FIXED_OVERHEAD + len(topic_bytes)
+        room = self.config.segment_size_bytes - record.BLANK_SIZE
+        props_list, sizes, qids, tags, flags, uniqs = [], [], [], [], [], []
         for index, msg in enumerate(messages):
             props, tag_code, uniq = self._properties(index, msg, fresh)
-            qid = self._queue_for(index, topic, msg)
-            rec = self._encode_one(index, topic, topic_bytes, msg, props, qid)
-            parts.append(rec)
-            sizes.append(len(rec))
-            qids.append(qid)
+            size = fixed + len(msg.body) + len(props)
+            if size > room or not msg.body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0:
+                self._reject(index, topic, msg, props, size)
+            props_list.append(props)
+            sizes.append(size)
+            qids.append(self._queue_for(index, topic, msg))
             tags.append(tag_code)
             flags.append(msg.sys_flag)
             uniqs.append(uniq)
-        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs)
+        buf = bytearray(sum(sizes))
+        at = 0
+        encode_into, host, port = record.encode_into, self.store_host, self.store_port
+        for msg, props, qid in zip(messages, props_list, qids):
+            at += encode_into(buf, at, topic_bytes, msg.body, props, qid, msg.flag, msg.sys_flag,
+                              msg.born_timestamp_ms, msg.born_host[-4:], msg.born_port, host, port,
+                              msg.prepared_transaction_offset)
+        return EncodedBatch(topic.name, buf, sizes, qids, tags, flags, uniqs)
 
-    def _encode_one(self, index, topic, topic_bytes, msg: MessageIn, props: bytes, qid: int) -> bytes:
-        body = msg.body
-        if len(body) > self.config.max_body_bytes:
-            raise InvalidArgument(
-                f"messages[{index}].body: {len(body)} bytes, the limit is {self.config.max_body_bytes}")
-        if not body and topic.kind != KIND_COMPACTION:
+    def _reject(self, index: int, topic: TopicRecord, msg: MessageIn, props: bytes, size: int) -> None:
+        """Raise the error that explains why message ``index`` cannot be stored (or return if it can)."""
+        if not msg.body and topic.kind != KIND_COMPACTION:
             raise InvalidArgument(
                 f"messages[{index}].body is empty; only COMPACTION topics accept an empty body (a tombstone)")
         if len(props) > record.MAX_PROPERTIES_BYTES:
             raise InvalidArgument(
                 f"messages[{index}].properties: {len(props)} bytes encoded, the limit is {record.MAX_PROPERTIES_BYTES}")
-        size = record.record_size(len(body), len(topic_bytes), len(props))
         if size + record.BLANK_SIZE > self.config.segment_size_bytes:
             raise InvalidArgument(
                 f"messages[{index}]: record of {size} bytes does not fit a segment of "
                 f"{self.config.segment_size_bytes} bytes")
         if msg.born_timestamp_ms < 0:
             raise InvalidArgument(f"messages[{index}].born_timestamp_ms must not be negative")
-        return record.encode(
-            topic=topic_bytes, body=body, properties=props, queue_id=qid, flag=msg.flag, sys_flag=msg.sys_flag,
-            born_timestamp_ms=msg.born_timestamp_ms, born_host=msg.born_host[-4:], born_port=msg.born_port,
-            store_host=self.store_host, store_port=self.store_port,
-            prepared_transaction_offset=msg.prepared_transaction_offset)
 
     def _properties(self, index: int, msg: MessageIn, fresh) -> tuple[bytes, int, str]:
-        pieces = []
         user = msg.properties
-        tags = msg.tags or user.get(record.PROPERTY_TAGS, "")
-        keys = msg.keys or tuple(k for k in user.get(record.PROPERTY_KEYS, "").split(" ") if k)
-        uniq = user.get(record.PROPERTY_UNIQ_KEY) or next(fresh)
+        tags, keys = msg.tags, msg.keys
+        pieces = []
         if user:
+            tags = tags or user.get(record.PROPERTY_TAGS, "")
+            keys = keys or tuple(k for k in user.get(record.PROPERTY_KEYS, "").split(" ") if k)
             for name, value in user.items():
-                if name in _RESERVED:
-                    continue
-                _check_text(index, f"properties[{name!r}]", name, allow_empty=False)
-                _check_text(index, f"properties[{name!r}]", value, allow_empty=False)
-                pieces.append(f"{name}\x01{value}\x02")
+                if name not in _RESERVED:
+                    if not name or not value or _BAD_TEXT.search(name) or _BAD_TEXT.search(value):
+                        raise InvalidArgument(f"messages[{index}].properties[{name!r}]: names and values must be "
+                                              f"non-empty and must not contain the reserved characters \\x01 \\x02")
+                    pieces.append(f"{name}\x01{value}\x02")
+        uniq = (user.get(record.PROPERTY_UNIQ_KEY) if user else None) or next(fresh)
         if tags:
-            _check_text(index, "tags", tags, allow_empty=False)
+            if _BAD_TEXT.search(tags):
+                raise InvalidArgument(f"messages[{index}].tags contains the reserved characters \\x01 or \\x02")
             pieces.append(f"TAGS\x01{tags}\x02")
         if keys:
-            for key in keys:
-                if not key or any(c.isspace() for c in key):
-                    raise InvalidArgument(f"messages[{index}].keys: {key!r} is empty or contains whitespace")
-                _check_text(index, "keys", key, allow_empty=False)
-            pieces.append(f"KEYS\x01{' '.join(keys)}\x02")
-        _check_text(index, "UNIQ_KEY", uniq, allow_empty=False)
+            joined = " ".join(keys)
+            # KEYS is split on single spaces, so a key may hold none (the count check) and no other separator.
+            if _BAD_KEY_CHARS.search(joined) or joined.count(" ") != len(keys) - 1 or "" in keys:
+                raise InvalidArgument(f"messages[{index}].keys: {list(keys)!r}: keys must be non-empty and contain "
+                                      f"no whitespace and no \\x01 \\x02")
+            pieces.append(f"KEYS\x01{joined}\x02")
+        if _BAD_TEXT.search(uniq):
+            raise InvalidArgument(f"messages[{index}].properties['UNIQ_KEY'] contains reserved characters")
         pieces.append(f"UNIQ_KEY\x01{uniq}\x02")
         return "".join(pieces).encode("utf-8"), self.tag_code(tags), uniq
 
@@ -180,13 +187,6 @@ class MessageEncoder:
             with self._rr_lock:
                 counter = self._round_robin.setdefault(topic.name, itertools.count())
         return next(counter) % count
-
-
-def _check_text(index: int, field: str, text: str, *, allow_empty: bool) -> None:
-    if not text and not allow_empty:
-        raise InvalidArgument(f"messages[{index}].{field} must not be empty")
-    if "\x01" in text or "\x02" in text:
-        raise InvalidArgument(f"messages[{index}].{field} contains the reserved characters \\x01 or \\x02")
 
 
 def _is_ipv4(host: str) -> bool:

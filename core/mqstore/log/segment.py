@@ -103,6 +103,16 @@ class Segment:
         aligned = from_position - from_position % PAGE_SIZE
         self._mm.flush(aligned, to_position - aligned)
 
+    def prefetch(self, from_position: int, to_position: int, scratch: bytearray) -> None:
+        """Read the range into the page cache (os.preadv releases the GIL), so that later copies into
+        the mapping find their pages present instead of faulting them in one by one."""
+        fd = self._fd
+        if self._mm is None:
+            return
+        step = len(scratch)
+        for at in range(from_position, min(to_position, self.size), step):
+            os.preadv(fd, [scratch], at)
+
     def zero_from(self, position: int) -> None:
         """Zero [position, size): used when truncating a torn or repaired tail."""
         step = 1 << 20
