@@ -357,3 +357,57 @@ def routing_fields(buf, position: int) -> tuple[int, bytes, int, int, int, str, 
     if found == 0 or (found > 0 and props[found - 1] == 2):
         tags = props[found + 5:props.index(b"\x02", found)].decode("utf-8", "replace")
     return size, topic, queue_id, queue_offset, sys_flag, tags, store_ts
+
+
+_WALK_HEAD = struct.Struct(">iIi")  # TOTALSIZE, MAGICCODE, BODYCRC
+
+
+def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[int, int, int, RecordError | None]:
+    """Check records one after another from ``position`` up to ``limit`` (recovery's hot loop).
+
+    Returns (stop position, records checked, store time of the last one, error). The stop position
+    is the start of the first record that fails (error set), of a blank record (error None, the
+    caller jumps to the next file), or ``limit``. IPv4 records take a fast path; anything else goes
+    through :func:`check`.
+    """
+    head, i32, i64, crc32 = _WALK_HEAD.unpack_from, INT32.unpack_from, INT64.unpack_from, zlib.crc32
+    count = 0
+    last_ts = 0
+    view = memoryview(buf)
+    try:
+        while position + BLANK_SIZE <= limit:
+            total, magic, stored_crc = head(buf, position)
+            if magic == MAGIC_BLANK:
+                return position, count, last_ts, None
+            end = position + total
+            if (magic != MAGIC_V1 or total < FIXED_OVERHEAD or end > limit
+                    or i32(buf, position + 36)[0] & (SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6)):
+                try:
+                    check(buf, position, limit, verify_crc=verify_crc)
+                except RecordError as exc:
+                    return position, count, last_ts, exc
+                last_ts = i64(buf, position + STORE_TIMESTAMP_AT)[0]
+                count += 1
+                position = end
+                continue
+            body_len = i32(buf, position + 84)[0]
+            topic_at = position + HEADER_SIZE + body_len
+            props_at = topic_at + 1 + (buf[topic_at] if 0 <= body_len and topic_at < end else 0)
+            if (body_len < 0 or topic_at >= end or props_at + 2 > end
+                    or props_at + 2 + PROPERTIES_LENGTH.unpack_from(buf, props_at)[0] != end
+                    or (verify_crc and crc32(view[position + HEADER_SIZE:topic_at]) & 0x7FFFFFFF != stored_crc)):
+                try:
+                    check(buf, position, limit, verify_crc=verify_crc)
+                except RecordError as exc:
+                    return position, count, last_ts, exc
+            last_ts = i64(buf, position + STORE_TIMESTAMP_AT)[0]
+            count += 1
+            position = end
+        if position < limit:
+            try:
+                check(buf, position, limit, verify_crc=verify_crc)
+            except RecordError as exc:
+                return position, count, last_ts, exc
+        return position, count, last_ts, None
+    finally:
+        view.release()

@@ -79,26 +79,18 @@ def scan(segments: SegmentQueue, start_offset: int) -> ScanOutcome:
             f"segment files are missing from {segments.directory}")
     outcome = ScanOutcome(start_offset, start_offset, 0, 0)
     pos = start_offset
-    check, is_blank, ts_of = record.check, record.is_blank, record.INT64.unpack_from
     for index, seg in enumerate(segs):
         if seg.end <= pos:
             continue
-        buf = seg.buffer
-        p = pos - seg.start
-        while p < seg.size:
-            try:
-                size = check(buf, p, seg.size)
-            except record.RecordError as exc:
-                outcome.end_offset = seg.start + p
-                _classify(segs, index, p, exc, outcome)
-                return outcome
-            if is_blank(buf, p):
-                p = seg.size
-                break
-            outcome.last_store_timestamp_ms = ts_of(buf, p + record.STORE_TIMESTAMP_AT)[0]
-            outcome.records += 1
-            p += size
-        pos = seg.start + p
+        stop, count, last_ts, error = record.walk(seg.buffer, pos - seg.start, seg.size)
+        outcome.records += count
+        if count:
+            outcome.last_store_timestamp_ms = last_ts
+        if error is not None:
+            outcome.end_offset = seg.start + stop
+            _classify(segs, index, stop, error, outcome)
+            return outcome
+        pos = seg.end  # a blank record or the exact end: the next segment
     outcome.end_offset = pos
     return outcome
 
