@@ -1,0 +1,156 @@
+"""The slow duties of the IndexStore: conversion to the compact layout, tier moves, retention, and
+putting rebuilt files in place. Each is crash-safe; what a crash between two steps leaves is resolved
+on start by the table in recovery.py. The caller holds the store's maintenance lock; the store lock
+is taken only to pick a file and to swap the file table, never during slow I/O.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from mqstore import failpoints, fs
+from mqstore.errors import NotFound, invariant
+from mqstore.format import compact_index
+
+from . import files as F
+from .tier import TierReader
+
+log = structlog.get_logger("index.lifecycle")
+
+
+def _pick(store, predicate) -> F.Handle | None:
+    """The oldest file matching ``predicate`` (never the newest file), pinned."""
+    with store._lock:
+        store._check_started()
+        newest = max(store._handles, default=None)
+        for first in sorted(store._handles):
+            handle = store._handles[first]
+            if first != newest and predicate(handle):
+                handle.pin()
+                return handle
+    return None
+
+
+def _swap(store, old: F.Handle, new: F.Handle) -> None:
+    with store._lock:
+        invariant(store._handles.get(old.first_phy_offset) is old,
+                  f"index file {old.first_phy_offset} changed during maintenance")
+        store._handles[old.first_phy_offset] = new
+    old.retire()
+
+
+def _unlink(path) -> None:
+    path.unlink(missing_ok=True)
+    fs.fsync_dir(path.parent)
+
+
+def _write_compact(store, handle: F.UnsealedHandle) -> F.CompactHandle:
+    first = handle.first_phy_offset
+    final = store.config.index_dir / F.cidx_name(first)
+    tmp = final.with_name(final.name + fs.TMP_SUFFIX)
+    tmp.unlink(missing_ok=True)
+    header = compact_index.compact_to_file(handle.file, tmp)
+    failpoints.hit("index.compact.after_write")
+    reader = compact_index.FileRangeReader(tmp)
+    try:
+        invariant(compact_index.read_header(reader) == header, f"{tmp}: header differs after writing")
+        compact_index.verify(reader, header)
+    finally:
+        reader.close()
+    fs.rename_durably(tmp, final)
+    failpoints.hit("index.compact.after_rename")
+    return F.open_compact_local(final, first)
+
+
+def convert_sealed(store, max_files: int) -> int:
+    done = 0
+    while done < max_files:
+        handle = _pick(store, lambda h: isinstance(h, F.UnsealedHandle) and h.sealed)
+        if handle is None:
+            break
+        try:
+            compact = _write_compact(store, handle)
+        finally:
+            handle.unpin()
+        _swap(store, handle, compact)
+        _unlink(handle.path)
+        log.info("index.file_compacted", first_physical_offset=handle.first_phy_offset,
+                 entries=compact.header.entry_count, size_bytes=compact.header.size_bytes)
+        done += 1
+    return done
+
+
+def move_to_tier(store, max_files: int) -> int:
+    done, tier = 0, store.tier
+    horizon_ms = store.clock.now_ms() - store.config.tier_min_age_ms
+    while done < max_files:
+        handle = _pick(store, lambda h: h.layout == F.COMPACT and h.tier == F.LOCAL
+                       and h.header.end_timestamp_ms <= horizon_ms)
+        if handle is None:
+            break
+        name = F.cidx_name(handle.first_phy_offset)
+        try:
+            tier.put(name, handle.path)
+            failpoints.hit("index.tier.after_put")
+            reader = TierReader(tier, name)
+            header = compact_index.read_header(reader)
+            invariant(header == handle.header, f"tier copy {reader.name}: header differs")
+            compact_index.verify(reader, header)
+        finally:
+            handle.unpin()
+        _swap(store, handle, F.CompactHandle(handle.first_phy_offset, reader, header, F.TIER))
+        _unlink(handle.path)
+        log.info("index.file_moved_to_tier", tier=tier.name, file=name)
+        done += 1
+    return done
+
+
+def delete_before(store, log_min_physical_offset: int) -> int:
+    victims = []
+    with store._lock:
+        store._check_started()
+        newest = max(store._handles, default=None)
+        for first in sorted(store._handles):
+            if first == newest or store._handles[first].info().end_phy_offset >= log_min_physical_offset:
+                break
+            victims.append(store._handles.pop(first))
+        expired = [(s, e) for s, e in store._damaged.items() if e <= log_min_physical_offset]
+        for start, _ in expired:
+            del store._damaged[start]
+    for handle in victims:
+        handle.retire()
+        if handle.tier == F.TIER:
+            store.tier.delete(F.cidx_name(handle.first_phy_offset))
+        else:
+            _unlink(handle.path)
+        log.info("index.file_deleted", first_physical_offset=handle.first_phy_offset,
+                 end_physical_offset=handle.info().end_phy_offset,
+                 log_min_physical_offset=log_min_physical_offset)
+    for start, end in expired:
+        _unlink(store.config.index_dir / F.damaged_name(start, end))
+    return len(victims)
+
+
+def finish_rebuild(store, range_start: int) -> None:
+    with store._lock:
+        store._check_started()
+        end = store._damaged.get(range_start)
+        if end is None:
+            raise NotFound(f"no index range needing rebuild starts at physical offset {range_start}")
+        writer_files = store._rebuild_files.get(range_start, [])
+    for handle in writer_files:
+        handle.file.flush()
+        final = store.config.index_dir / F.idx_name(handle.first_phy_offset)
+        fs.rename_durably(handle.path, final)
+        handle.path = handle.file.path = final
+        handle.sealed = True
+    failpoints.hit("index.rebuild.after_rename")
+    _unlink(store.config.index_dir / F.damaged_name(range_start, end))
+    with store._lock:
+        for handle in writer_files:
+            store._handles[handle.first_phy_offset] = handle
+        del store._damaged[range_start]
+        store._rebuilds.pop(range_start, None)
+        store._rebuild_files.pop(range_start, None)
+    log.info("index.range_rebuilt", start_physical_offset=range_start, end_physical_offset=end,
+             files=len(writer_files))

@@ -1,0 +1,220 @@
+"""Start-up: resolve what a crash left in the index directory, open every file, find damage.
+
+Leftovers are resolved by this table, in this order (each step is safe to repeat if start-up itself
+crashes):
+
+  found on start                     meaning                                  action
+  ---------------------------------- ---------------------------------------- ----------------------------
+  *.tmp                              crash before a rename (compact, checkpoint) delete (mqstore.fs)
+  N.rebuild                          crash during a rebuild                   delete; the range stays
+                                                                              "needs rebuild"
+  S-E.damaged and N.idx/N.cidx with  crash while a rebuild was being renamed  delete those files (partial
+  S <= N < E                         into place                               rebuild); the range stays
+  N.idx and N.cidx                   crash after the compact rename, before   compact verified (CRC): delete
+                                     the unsealed file was deleted            N.idx; else delete N.cidx
+  N.cidx here and N.cidx on the tier crash after the tier copy, before the    tier copy verified: delete the
+                                     local file was deleted                   local one; else delete the
+                                                                              tier copy
+  a file failing its checks          damaged or truncated                     quarantine: rename to
+                                                                              S-E.damaged (a marker for a
+                                                                              tier file), E = next name
+  no (or a corrupt) checkpoint       crash before the first checkpoint, or    corrupt one kept as .broken;
+  while files exist                  its bytes are bad                        the newest unsealed file is
+                                                                              quarantined with an empty
+                                                                              range; resume at its name
+  entries past the checkpoint that   a power loss tore mmap pages             quarantine the newest file
+  fail their checks                                                           ([name, checkpoint) rebuilds)
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+import structlog
+
+from mqstore import fs
+from mqstore.errors import DataLoss
+from mqstore.format import compact_index
+from mqstore.format.index_file import IndexFile
+
+from . import checkpoint as ckpt
+from . import files as F
+from .config import IndexConfig
+from .tier import Tier, TierReader
+
+log = structlog.get_logger("index.recovery")
+
+
+@dataclass
+class Recovered:
+    handles: dict[int, F.Handle] = field(default_factory=dict)
+    damaged: dict[int, int] = field(default_factory=dict)  # start -> end physical offset
+    resume_physical_offset: int = 0
+    checkpoint_corrupt: bool = False
+
+
+def _names(directory: pathlib.Path, suffix: str) -> dict[int, pathlib.Path]:
+    found = {}
+    for path in directory.glob("*" + suffix):
+        try:
+            found[F.parse_name(path.name, suffix)] = path
+        except ValueError:
+            log.warning("index.unknown_file", path=str(path))
+    return found
+
+
+def _delete(path: pathlib.Path, why: str) -> None:
+    log.info("index.leftover_deleted", path=str(path), why=why)
+    path.unlink(missing_ok=True)
+    fs.fsync_dir(path.parent)
+
+
+def _damaged_ranges(directory: pathlib.Path) -> dict[int, int]:
+    ranges = {}
+    for path in directory.glob("*" + F.DAMAGED_SUFFIX):
+        start, end = F.parse_damaged(path.name)
+        ranges[start] = end
+    return ranges
+
+
+def _verified_compact(reader) -> bool:
+    try:
+        compact_index.verify(reader, compact_index.read_header(reader))
+    except DataLoss as exc:
+        log.warning("index.compact_copy_bad", file=reader.name, error=str(exc))
+        return False
+    return True
+
+
+def _resolve_leftovers(directory: pathlib.Path, tier: Tier | None) -> None:
+    fs.remove_leftovers(directory)
+    for path in directory.glob("*" + F.REBUILD_SUFFIX):
+        _delete(path, "unfinished rebuild")
+    damaged = _damaged_ranges(directory)
+    for suffix in (F.IDX_SUFFIX, F.CIDX_SUFFIX):
+        for first, path in _names(directory, suffix).items():
+            if any(start <= first < end for start, end in damaged.items()):
+                _delete(path, "partial rebuild of a quarantined range")
+    cidx = _names(directory, F.CIDX_SUFFIX)
+    for first, path in _names(directory, F.IDX_SUFFIX).items():
+        if first in cidx:
+            reader = compact_index.FileRangeReader(cidx[first])
+            good = _verified_compact(reader)
+            reader.close()
+            _delete(path if good else cidx[first], "conversion had finished" if good else "bad compact")
+    if tier is not None:
+        _resolve_tier_copies(directory, tier)
+
+
+def _resolve_tier_copies(directory: pathlib.Path, tier: Tier) -> None:
+    on_tier = set(tier.list())
+    for first, path in _names(directory, F.CIDX_SUFFIX).items():
+        if path.name in on_tier:
+            if _verified_compact(TierReader(tier, path.name)):
+                _delete(path, "tier move had finished")
+            else:
+                tier.delete(path.name)
+
+
+def _open_all(config: IndexConfig, tier: Tier | None, broken: dict[int, str]) -> dict[int, F.Handle]:
+    directory = config.index_dir
+    handles: dict[int, F.Handle] = {}
+    for first, path in _names(directory, F.IDX_SUFFIX).items():
+        try:
+            file = IndexFile.open(path, config.slot_count, config.entry_count)
+        except DataLoss as exc:
+            broken[first] = str(exc)
+            continue
+        handles[first] = F.UnsealedHandle(first, file, path)
+        handles[first].sealed = True
+    for first, path in _names(directory, F.CIDX_SUFFIX).items():
+        try:
+            handles[first] = F.open_compact_local(path, first)
+        except DataLoss as exc:
+            broken[first] = str(exc)
+    for name in (tier.list() if tier is not None else []):
+        try:
+            first = F.parse_name(name, F.CIDX_SUFFIX)
+            reader = TierReader(tier, name)
+            handles[first] = F.CompactHandle(first, reader, compact_index.read_header(reader), F.TIER)
+        except ValueError:
+            log.warning("index.unknown_tier_file", tier=tier.name, file=name)
+        except DataLoss as exc:
+            broken[F.parse_name(name, F.CIDX_SUFFIX)] = str(exc)
+    for first, handle in list(handles.items()):
+        if handle.info().entries and handle.info().begin_phy_offset != first:
+            broken[first] = f"name {first} but first physical offset {handle.info().begin_phy_offset}"
+            handles.pop(first).retire()
+    return handles
+
+
+def _load_checkpoint(directory: pathlib.Path) -> tuple[ckpt.IndexCheckpoint | None, bool]:
+    path = directory / ckpt.FILE_NAME
+    try:
+        return ckpt.load(path), False
+    except ckpt.CorruptIndexCheckpoint as exc:
+        log.error("index.checkpoint_corrupt", path=str(path), error=str(exc))
+        fs.rename_durably(path, path.with_name(path.name + ".broken"))
+        return None, True
+
+
+def _torn_after_checkpoint(handle: F.UnsealedHandle, cp: ckpt.IndexCheckpoint) -> str:
+    """Check the entries written after the checkpoint; '' when they are sound."""
+    file = handle.file
+    start = cp.file_index_count if cp.file_physical_offset == handle.first_phy_offset else 1
+    last_phy = file.entry(start - 1).phy_offset if start > 1 else file.header.begin_phy_offset
+    for number in range(max(start, 1), file.header.index_count):
+        entry = file.entry(number)
+        if not (0 <= entry.prev_index < number and last_phy <= entry.phy_offset
+                <= file.header.end_phy_offset):
+            return f"entry {number} written after the checkpoint is torn: {entry}"
+        last_phy = entry.phy_offset
+    return ""
+
+
+def _quarantine(config: IndexConfig, tier: Tier | None, first: int, end: int, reason: str) -> None:
+    directory = config.index_dir
+    target = directory / F.damaged_name(first, max(first, end))
+    for path in (directory / F.idx_name(first), directory / F.cidx_name(first)):
+        if path.exists():
+            log.error("index.file_quarantined", path=str(path), reason=reason,
+                      rebuild_from=first, rebuild_to=max(first, end))
+            fs.rename_durably(path, target)
+            return
+    log.error("index.tier_file_quarantined", file=F.cidx_name(first), reason=reason,
+              rebuild_from=first, rebuild_to=max(first, end))
+    fs.replace_file(target, reason.encode("utf-8", "replace"))
+    if tier is not None:
+        tier.delete(F.cidx_name(first))
+
+
+def recover(config: IndexConfig, tier: Tier | None) -> Recovered:
+    directory = config.index_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    _resolve_leftovers(directory, tier)
+    broken: dict[int, str] = {}
+    handles = _open_all(config, tier, broken)
+    cp, corrupt = _load_checkpoint(directory)
+    top = max(set(handles) | set(broken) | set(_damaged_ranges(directory)), default=None)
+    newest = top if top in handles and handles[top].layout == F.UNSEALED else None
+    resume = cp.next_physical_offset if cp is not None else 0
+    if newest is not None and cp is None:
+        broken[newest] = "no trustworthy checkpoint: the newest file may hold torn entries"
+        resume = newest
+    elif newest is not None:
+        reason = _torn_after_checkpoint(handles[newest], cp)
+        if reason:
+            broken[newest] = reason
+    if cp is None and newest is None and handles:
+        resume = max(h.info().end_phy_offset for h in handles.values())
+    for first in broken:
+        if first in handles:
+            handles.pop(first).retire()
+    known = sorted(set(handles) | set(broken) | set(_damaged_ranges(directory)))
+    for first, reason in sorted(broken.items()):
+        later = [n for n in known if n > first]
+        end = later[0] if later else (first if cp is None else resume)
+        _quarantine(config, tier, first, end, reason)
+    return Recovered(handles, _damaged_ranges(directory), resume, corrupt)
+

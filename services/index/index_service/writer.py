@@ -1,0 +1,93 @@
+"""Putting the keys of commit log records into a run of unsealed index files.
+
+Used for the live tail (files ``<offset>.idx``) and for rebuilding a quarantined range (files
+``<offset>.rebuild``). Rules, as RocketMQ's CommitLogDispatcherBuildIndex plus two fixes:
+
+* a record below the last indexed physical offset is skipped (idempotent re-feed);
+* the record AT the last indexed offset is the one a crash may have left half indexed: only its keys
+  that are missing are put (RocketMQ re-puts all of them and so indexes duplicates);
+* a message's keys never straddle two files: when the current file has fewer free entries than the
+  message has keys, the next file starts at once (named by this message's physical offset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import structlog
+
+from mqstore.errors import invariant
+from mqstore.format.index_file import key_hash
+
+from .files import UnsealedHandle
+from .records import IndexRecord, index_keys
+
+log = structlog.get_logger("index.writer")
+
+
+@dataclass
+class PutOutcome:
+    applied: int = 0
+    skipped: int = 0
+    dropped_keys: int = 0
+
+
+class Writer:
+    """Not thread-safe: the IndexStore's lock is held for every call.
+
+    ``new_file(first_phy_offset, previous)`` creates and registers the next file; ``on_sealed(handle)``
+    is told when a full file is left behind (it is flushed before the next file gets entries).
+    """
+
+    def __init__(self, max_keys: int, new_file: Callable[[int, UnsealedHandle | None], UnsealedHandle],
+                 on_sealed: Callable[[UnsealedHandle], None], current: UnsealedHandle | None = None,
+                 end_phy_offset: int | None = None):
+        self.max_keys = max_keys
+        self.current = current
+        self.end_phy_offset = end_phy_offset  # physical offset of the last message indexed, if any
+        self._new_file = new_file
+        self._on_sealed = on_sealed
+
+    def put(self, record: IndexRecord, outcome: PutOutcome) -> None:
+        phy = record.physical_offset
+        if self.end_phy_offset is not None and phy < self.end_phy_offset:
+            outcome.skipped += 1
+            return
+        keys = index_keys(record, self.max_keys)
+        if keys.dropped:
+            log.warning("index.keys_dropped", physical_offset=phy, topic=record.topic,
+                        indexed=len(keys.keys), dropped=keys.dropped)
+            outcome.dropped_keys += keys.dropped
+        hashes = [key_hash(k) for k in keys.keys]
+        if phy == self.end_phy_offset:
+            hashes = self._missing(hashes, phy)
+        if not hashes:
+            outcome.skipped += 1
+            return
+        file = self._file_for(phy, len(hashes))
+        for hash_ in hashes:
+            file.file.put_hash(hash_, phy, record.store_timestamp_ms)
+        self.end_phy_offset = phy
+        outcome.applied += 1
+
+    def _missing(self, hashes: list[int], phy: int) -> list[int]:
+        """Keys of the message at the last indexed offset that a crash may have left out. They are
+        in the current file unless it has no entries (then the message is whole in the previous)."""
+        file = self.current
+        if file is None or file.file.header.entries == 0 or file.file.header.end_phy_offset != phy:
+            return []
+        return [h for h in dict.fromkeys(hashes) if not file.file.contains(h, phy)]
+
+    def _file_for(self, phy: int, key_count: int) -> UnsealedHandle:
+        current = self.current
+        if current is not None and current.file.free_entries >= key_count:
+            return current
+        invariant(current is None or current.file.header.entries > 0,
+                  f"{key_count} keys do not fit an empty index file")
+        if current is not None:
+            current.sealed = True
+            current.file.flush()
+            self._on_sealed(current)
+        self.current = self._new_file(phy, current)
+        return self.current

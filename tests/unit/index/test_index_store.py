@@ -1,0 +1,197 @@
+"""IndexStore: keys indexed, rolling files, idempotent re-feeds, limits, paging, retention, checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from index_testing import BASE_MS, Model, all_pages, min_hash_key_for_topic, record, tiny_config
+from index_service import checkpoint as ckpt
+from index_service.store import IndexStore
+from mqstore.clock import FakeClock
+from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.format.index_file import IndexFile
+
+
+@pytest.fixture
+def open_store(tmp_path):
+    stores = []
+
+    def _open(**overrides):
+        store = IndexStore(tiny_config(tmp_path, **overrides), clock=FakeClock(BASE_MS))
+        store.start()
+        stores.append(store)
+        return store
+
+    yield _open
+    for store in stores:
+        store.close()
+
+
+def phys(result):
+    return [loc.physical_offset for loc in result.locators]
+
+
+def test_keys_uniq_key_and_rollback(open_store):
+    store = open_store()
+    store.apply([record(100, ["k1 k2", "k3"], uniq="U1"),
+                 record(200, ["k1"], topic="Other"),
+                 record(300, ["k1"], rollback=True)], 400)
+    assert phys(store.query("T", "k1")) == [100]
+    assert phys(store.query("T", "k2")) == [100] == phys(store.query("T", "k3"))
+    assert phys(store.query("T", "U1")) == [100]
+    assert phys(store.query("Other", "k1")) == [200]
+
+
+def test_full_file_rolls_at_once_and_keys_never_straddle(open_store, tmp_path):
+    store = open_store(entry_count=8, max_keys_per_message=4)  # 7 entries a file
+    model = Model()
+    records = [record(100 * i, [f"a{i % 5}", f"b{i % 3}", "c"] if i % 2 else [f"a{i % 5}"])
+               for i in range(1, 30)]
+    for rec in records:
+        store.apply([rec], rec.physical_offset + 100)
+        model.add(rec)
+    for key in ["a0", "a1", "a2", "a3", "a4", "b0", "b1", "b2", "c"]:
+        assert all_pages(store, "T", key) == model.query("T", key, 0, 1 << 62), key
+    store.checkpoint()
+    for path in sorted((tmp_path / "index").glob("*.idx")):
+        file = IndexFile.open(path, 4, 8)
+        per_phy = {}
+        for n in range(1, file.header.index_count):
+            per_phy.setdefault(file.entry(n).phy_offset, 0)
+            per_phy[file.entry(n).phy_offset] += 1
+        file.close()
+        for phy, count in per_phy.items():
+            rec = next(r for r in records if r.physical_offset == phy)
+            assert count == len(set(rec.keys)), f"message {phy} straddles two files"
+    assert store.stats().files_unsealed > 3
+
+
+def test_reapply_is_idempotent_and_completes_a_half_indexed_message(open_store):
+    store = open_store()
+    batch = [record(100, ["a"]), record(200, ["b", "c", "d"])]
+    store.apply(batch, 300)
+    store.apply(batch, 300)
+    assert phys(store.query("T", "a")) == [100] and phys(store.query("T", "d")) == [200]
+    assert store.stats().entries == 4
+    # A crash after two of three keys of message 300: its keys are completed, none duplicated.
+    writable = store._writer.current.file
+    writable.put("T#e", 300, BASE_MS + 300_000)
+    writable.put("T#f", 300, BASE_MS + 300_000)
+    store._writer.end_phy_offset = 300
+    store.apply([record(300, ["e", "f", "g"])], 400)
+    assert store.stats().entries == 7
+    for key in "efg":
+        assert phys(store.query("T", key)) == [300]
+
+
+def test_min_value_key_and_many_keys_in_one_slot(open_store):
+    store = open_store(slot_count=1, entry_count=64, max_keys_per_message=8)
+    special = min_hash_key_for_topic("T")
+    model = Model()
+    for i in range(40):
+        rec = record(10 * (i + 1), [special if i % 4 == 0 else f"k{i % 6}"])
+        store.apply([rec], rec.physical_offset + 10)
+        model.add(rec)
+    for key in [special] + [f"k{j}" for j in range(6)]:
+        assert all_pages(store, "T", key) == model.query("T", key, 0, 1 << 62)
+
+
+def test_colliding_keys_in_one_message_are_deduplicated(open_store):
+    store = open_store()
+    store.apply([record(100, ["Aa", "BB"])], 200)  # same Java hash: two entries, one message
+    assert phys(store.query("T", "Aa")) == [100]
+    assert phys(store.query("T", "BB")) == [100]
+
+
+def test_max_num_default_clamp_and_bad_arguments(open_store):
+    store = open_store(entry_count=200, max_keys_per_message=2, default_max_num=5, max_max_num=20)
+    store.apply([record(i, ["hot"]) for i in range(1, 100)], 100)
+    assert len(store.query("T", "hot").locators) == 5
+    result = store.query("T", "hot", max_num=1_000_000)
+    assert len(result.locators) == 20 and result.max_num == 20
+    for kwargs in ({"max_num": -1}, {"begin_ms": 5, "end_ms": 4}, {"begin_ms": -1}):
+        with pytest.raises(InvalidArgument):
+            store.query("T", "hot", **kwargs)
+    with pytest.raises(InvalidArgument):
+        store.query("", "hot")
+
+
+def test_pages_cover_everything_once(open_store):
+    store = open_store(entry_count=10, max_keys_per_message=2)
+    store.apply([record(i * 10, ["hot", f"x{i}"]) for i in range(1, 60)], 600)
+    expected = list(range(590, 0, -10))
+    for max_num in (1, 3, 7, 100):
+        assert all_pages(store, "T", "hot", max_num=max_num) == expected
+
+
+def test_scan_limit_pages_instead_of_dropping(open_store):
+    store = open_store(slot_count=1, entry_count=100, max_keys_per_message=2, max_scan_entries=4)
+    store.apply([record(i, ["noise"] if i % 5 else ["rare"]) for i in range(1, 90)], 90)
+    first = store.query("T", "rare", max_num=50)
+    assert first.next_page_token and len(first.locators) < 17
+    assert all_pages(store, "T", "rare", max_num=50) == list(range(85, 0, -5))
+
+
+def test_page_token_is_bound_to_its_query(open_store):
+    store = open_store()
+    store.apply([record(i, ["hot"]) for i in range(1, 8)], 8)
+    token = store.query("T", "hot", max_num=2).next_page_token
+    with pytest.raises(InvalidArgument, match="another query"):
+        store.query("T", "cold", max_num=2, page_token=token)
+    with pytest.raises(InvalidArgument):
+        store.query("T", "hot", max_num=2, page_token="not-a-token!")
+
+
+def test_time_range_keeps_seconds_and_never_misses(open_store):
+    store = open_store(entry_count=64)
+    stamps = [BASE_MS + 250, BASE_MS + 1_700, BASE_MS + 2_999, BASE_MS + 4_001]
+    store.apply([record(i + 1, ["k"], ts_ms=ts) for i, ts in enumerate(stamps)], 10)
+    for begin in range(BASE_MS, BASE_MS + 5000, 137):
+        for end in range(begin, BASE_MS + 5000, 411):
+            got = set(phys(store.query("T", "k", begin_ms=begin, end_ms=end)))
+            exact = {i + 1 for i, ts in enumerate(stamps) if begin <= ts <= end}
+            assert exact <= got, (begin, end)
+            assert all(begin - 1999 <= stamps[p - 1] <= end + 999 for p in got)
+
+
+def test_retention_never_deletes_the_newest_or_skips(open_store, tmp_path):
+    store = open_store(entry_count=5, max_keys_per_message=2)
+    store.apply([record(i * 100, ["k"]) for i in range(1, 13)], 1300)  # files of 4 messages
+    names = sorted(p.name for p in (tmp_path / "index").glob("*.idx"))
+    assert len(names) == 3
+    assert store.delete_before(400) == 0  # the first file ends at 400 exactly: still needed
+    assert store.delete_before(401) == 1
+    assert store.delete_before(10**9) == 1  # never the newest
+    assert sorted(p.name for p in (tmp_path / "index").glob("*.idx")) == names[2:]
+    assert phys(store.query("T", "k")) == [1200, 1100, 1000, 900]
+
+
+def test_checkpoint_round_trip_and_resume(open_store, tmp_path):
+    store = open_store()
+    store.apply([record(100, ["a"])], 250)
+    cp = store.checkpoint()
+    assert cp.next_physical_offset == 250
+    assert ckpt.load(tmp_path / "index" / ckpt.FILE_NAME) == cp
+    store.close()
+    again = open_store()
+    assert again.resume_physical_offset() == 250
+    assert phys(again.query("T", "a")) == [100]
+
+
+def test_checkpoint_is_written_by_apply_on_its_interval(tmp_path):
+    clock = FakeClock(BASE_MS)
+    store = IndexStore(tiny_config(tmp_path, checkpoint_interval_ms=1000), clock=clock)
+    store.start()
+    store.apply([record(1, ["a"])], 10)
+    assert ckpt.load(tmp_path / "index" / ckpt.FILE_NAME) is None
+    clock.advance(1000)
+    store.apply([record(20, ["a"])], 30)
+    assert ckpt.load(tmp_path / "index" / ckpt.FILE_NAME).next_physical_offset == 30
+    store.close()
+
+
+def test_closed_store_refuses(open_store):
+    store = open_store()
+    store.close()
+    with pytest.raises(FailedPrecondition):
+        store.apply([record(1, ["a"])], 2)
