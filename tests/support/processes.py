@@ -1,0 +1,99 @@
+"""Real service processes for crash and end-to-end tests.
+
+``ServiceProcess`` runs ``python -m <module> ... --port 0`` on 127.0.0.1, learns the bound port from
+the ``server.started`` JSON log event, drains stderr in a thread (so the child never blocks on a full
+pipe), and always ends the child: ``stop()`` sends SIGTERM then SIGKILL after a timeout, ``kill9()``
+is the crash. Use it as a context manager or call stop() in a finally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 30
+
+
+class ServiceProcess:
+    def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None):
+        command = [sys.executable, "-m", module, *args]
+        full_env = {**os.environ, **(env or {})}
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                        env=full_env)
+        self.events: queue.Queue[dict] = queue.Queue()
+        self.lines: list[str] = []
+        self.address = ""
+        self._reader = threading.Thread(target=self._drain, name=f"{module}-stderr", daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line)
+            try:
+                self.events.put(json.loads(line))
+            except json.JSONDecodeError:
+                self.events.put({"event": "not-json", "line": line})
+
+    def wait_for(self, event: str, timeout_s: float = START_TIMEOUT_S) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                item = self.events.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if self.process.poll() is not None and self.events.empty():
+                    break
+                continue
+            if item.get("event") == event:
+                return item
+        raise AssertionError(f"no {event!r} event within {timeout_s} s (exit code {self.process.poll()}); "
+                             f"stderr:\n{self.stderr()}")
+
+    def started(self, timeout_s: float = START_TIMEOUT_S) -> "ServiceProcess":
+        event = self.wait_for("server.started", timeout_s)
+        self.address = f"127.0.0.1:{event['port']}"
+        return self
+
+    def wait_exit(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        code = self.process.wait(timeout_s)
+        self._reader.join(STOP_TIMEOUT_S)
+        return code
+
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def kill9(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(STOP_TIMEOUT_S)
+        self._reader.join(STOP_TIMEOUT_S)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_S)
+        self._reader.join(STOP_TIMEOUT_S)
+        if self.process.stderr and not self.process.stderr.closed:
+            self.process.stderr.close()
+        return self.process.returncode
+
+    def __enter__(self) -> "ServiceProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def commitlog(data_dir, *extra: str, env: dict[str, str] | None = None) -> ServiceProcess:
+    return ServiceProcess("commitlog_service.main",
+                          ["--data-dir", str(data_dir), "--port", "0", "--grace-s", "1", *extra], env)
