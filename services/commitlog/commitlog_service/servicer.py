@@ -1,0 +1,112 @@
+"""CommitLog gRPC servicer: a thin adapter from mqstore.v1 requests to one MessageStore call each.
+
+Each method converts the request (mqstore_rpc.convert), calls one store method and converts the
+result. It never catches: mqstore errors become status codes in mqstore_rpc.errors' interceptor.
+
+Thread-safe: holds no state of its own beyond the store, which is thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import grpc
+
+from mqstore.errors import InvalidArgument
+from mqstore.store import MessageStore
+from mqstore_rpc import convert
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+
+SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name
+
+
+class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
+    def __init__(self, store: MessageStore):
+        self._store = store
+
+    # ---- topics ----
+
+    def CreateTopic(self, request, context):
+        created = self._store.create_topic(request.name, request.queue_count, convert.topic_kind_in(request.kind),
+                                           request.retention_ms)
+        return convert.topic(created)
+
+    def UpdateTopic(self, request, context):
+        retention_ms = request.retention_ms if request.HasField("retention_ms") else None
+        return convert.topic(self._store.update_topic(request.name, request.queue_count, retention_ms))
+
+    def DeleteTopic(self, request, context):
+        self._store.delete_topic(request.name)
+        return commitlog_pb2.DeleteTopicResponse()
+
+    def ListTopics(self, request, context):
+        topics = self._store.list_topics(include_system=request.include_system)
+        return commitlog_pb2.ListTopicsResponse(topics=[convert.topic(t) for t in topics])
+
+    def DescribeTopic(self, request, context):
+        return convert.topic_description(*self._store.describe_topic(request.name))
+
+    # ---- data ----
+
+    def Append(self, request, context):
+        results = self._store.append(request.topic, convert.messages_in(request.messages, context.peer()))
+        return convert.append_response(results)
+
+    def AppendStream(self, request_iterator: Iterable[commitlog_pb2.AppendRequest], context):
+        limit = self._store.config.max_stream_messages
+        results = []
+        peer = context.peer()
+        for request in request_iterator:
+            if len(results) + len(request.messages) > limit:
+                raise InvalidArgument(
+                    f"AppendStream carries at most {limit} messages (server setting max_stream_messages); this "
+                    f"item would make it {len(results) + len(request.messages)}. The {len(results)} messages of "
+                    f"the earlier items are stored; start a new stream for the rest")
+            results.extend(self._store.append(request.topic, convert.messages_in(request.messages, peer)))
+        return convert.append_response(results)
+
+    def Pull(self, request, context):
+        result = self._store.pull(request.topic, request.queue_id, request.offset, max_messages=request.max_messages,
+                                  max_bytes=request.max_bytes, tags=list(request.tags),
+                                  long_poll_ms=request.long_poll_ms)
+        return convert.pull_response(result)
+
+    def GetMessage(self, request, context):
+        locator = request.WhichOneof("locator")
+        if locator == "msg_id":
+            return convert.stored_message(self._store.get_message_by_id(request.msg_id))
+        if locator == "physical_offset":
+            return convert.stored_message(self._store.get_message(request.physical_offset))
+        raise InvalidArgument("locator: set either msg_id or physical_offset")
+
+    def Tail(self, request, context) -> Iterator[commitlog_pb2.TailFrame]:
+        frames = self._store.tail(convert.tail_start(request.start), request.from_physical_offset,
+                                  list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
+                                  is_active=context.is_active)
+        for frame in frames:
+            yield convert.tail_frame(frame)
+
+    # ---- offsets ----
+
+    def GetQueueInfo(self, request, context):
+        return convert.queue_info(self._store.queue_info(request.topic, request.queue_id))
+
+    def GetOffsetByTime(self, request, context):
+        offset = self._store.offset_by_time(request.topic, request.queue_id, request.timestamp_ms,
+                                            convert.time_boundary(request.boundary))
+        return commitlog_pb2.GetOffsetByTimeResponse(offset=offset)
+
+    def CommitOffset(self, request, context):
+        self._store.commit_offset(request.group, request.topic, request.queue_id, request.offset)
+        return commitlog_pb2.CommitOffsetResponse()
+
+    def QueryOffset(self, request, context):
+        offset = self._store.query_offset(request.group, request.topic, request.queue_id)
+        return commitlog_pb2.QueryOffsetResponse(offset=offset)
+
+    def GetStoreInfo(self, request, context):
+        return convert.store_info(self._store.store_info())
+
+
+def add_to_server(servicer: CommitLogServicer, server: grpc.Server) -> None:
+    commitlog_pb2_grpc.add_CommitLogServicer_to_server(servicer, server)

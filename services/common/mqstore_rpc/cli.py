@@ -1,0 +1,380 @@
+"""The ``mqstore`` command line: topics, send, pull, get, offsets and store facts over gRPC.
+
+    mqstore topic create demo --queues 4          mqstore send demo hello world
+    seq 1 100000 | mqstore send demo --tag t       mqstore pull demo --queue 0 --offset 0 --max 10
+    mqstore pull demo --queue 0 --follow           mqstore get 7F0000010000C3830000000000000000
+    mqstore queue-info demo                        mqstore offset commit demo --group g --queue 0 --offset 5
+    mqstore store-info --json                      mqstore repair --data-dir ./data
+
+``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). ``--json`` prints the ProtoJSON of each
+response (snake_case names, int64 as numbers, bytes as base64): one object per line, and for send and
+pull one line per message. Errors print ``error: <STATUS>: <message>`` on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Callable, Iterable, Iterator, Sequence, TextIO
+
+import grpc
+from google.protobuf import json_format
+
+from mqstore.errors import MqStoreError
+from mqstore_rpc import logging as mqlogging
+from mqstore_rpc.cli_args import CliError, UsageError, build_parser
+from mqstore_rpc.errors import status_for
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+BATCH_BODY_BYTES = 4 * 1024 * 1024      # the server's default limit on the bodies of one Append
+FOLLOW_LONG_POLL_MS = 5_000
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+
+class Cli:
+    """One invocation: the parsed arguments, a lazily opened channel, and output. Not thread-safe."""
+
+    def __init__(self, args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
+        self.args = args
+        self.out = out
+        self.err = err
+        self._channel: grpc.Channel | None = None
+        self._stub: commitlog_pb2_grpc.CommitLogStub | None = None
+
+    @property
+    def stub(self) -> commitlog_pb2_grpc.CommitLogStub:
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(self.args.address, options=CHANNEL_OPTIONS)
+            self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
+        return self._stub
+
+    def call(self, method: str, request, extra_timeout_s: float = 0.0):
+        return getattr(self.stub, method)(request, timeout=self.args.timeout + extra_timeout_s)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+
+    def emit(self, message, human: str) -> None:
+        if self.args.json:
+            self.out.write(to_json(message) + "\n")
+        else:
+            self.out.write(human + "\n")
+        self.out.flush()
+
+
+def to_json(message) -> str:
+    if isinstance(message, dict):  # rows the CLI builds itself
+        return json.dumps(message, separators=(",", ":"))
+    as_dict = json_format.MessageToDict(message, always_print_fields_with_no_presence=True,
+                                        preserving_proto_field_name=True, unquote_int64_if_possible=True)
+    return json.dumps(as_dict, separators=(",", ":"))
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", "backslashreplace").replace("\n", "\\n")
+
+
+def _time_text(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _kind(kind: int) -> str:
+    return common_pb2.TopicKind.Name(kind).removeprefix("TOPIC_KIND_")
+
+
+def _topic_line(t: commitlog_pb2.Topic) -> str:
+    return (f"{t.name}  queues={t.queue_count}  kind={_kind(t.kind)}  retention_ms={t.retention_ms}  "
+            f"created={_time_text(t.created_ms)}")
+
+
+def _queue_line(q: commitlog_pb2.QueueInfo) -> str:
+    return f"{q.topic}  queue={q.queue_id}  min_offset={q.min_offset}  max_offset={q.max_offset}"
+
+
+def _message_line(m: common_pb2.StoredMessage) -> str:
+    parts = [f"{m.queue_id}:{m.queue_offset}", m.msg_id]
+    if m.tags:
+        parts.append(f"tags={m.tags}")
+    if m.keys:
+        parts.append("keys=" + ",".join(m.keys))
+    parts.append(_text(m.body))
+    return "  ".join(parts)
+
+
+def _message_detail(m: common_pb2.StoredMessage) -> str:
+    lines = [f"msg_id: {m.msg_id}", f"uniq_key: {m.uniq_key}", f"topic: {m.topic}", f"queue_id: {m.queue_id}",
+             f"queue_offset: {m.queue_offset}", f"physical_offset: {m.physical_offset}",
+             f"size_bytes: {m.size_bytes}", f"tags: {m.tags}", f"keys: {' '.join(m.keys)}",
+             f"born: {_time_text(m.born_timestamp_ms)} from {m.born_host}",
+             f"stored: {_time_text(m.store_timestamp_ms)} on {m.store_host}", f"body_crc: {m.body_crc}"]
+    lines += [f"property {k}: {v}" for k, v in sorted(m.properties.items())]
+    lines.append(f"body: {_text(m.body)}")
+    return "\n".join(lines)
+
+
+# ---- topics -------------------------------------------------------------------------------------------
+
+def cmd_topic_create(cli: Cli) -> None:
+    a = cli.args
+    kind = common_pb2.TopicKind.Value("TOPIC_KIND_" + a.kind.upper())
+    t = cli.call("CreateTopic", commitlog_pb2.CreateTopicRequest(name=a.name, queue_count=a.queues, kind=kind,
+                                                                 retention_ms=a.retention_ms))
+    cli.emit(t, "created " + _topic_line(t))
+
+
+def cmd_topic_list(cli: Cli) -> None:
+    response = cli.call("ListTopics", commitlog_pb2.ListTopicsRequest(include_system=cli.args.all))
+    cli.emit(response, "\n".join(_topic_line(t) for t in response.topics) or "(no topics)")
+
+
+def cmd_topic_describe(cli: Cli) -> None:
+    d = cli.call("DescribeTopic", commitlog_pb2.DescribeTopicRequest(name=cli.args.name))
+    cli.emit(d, "\n".join([_topic_line(d.topic), *("  " + _queue_line(q) for q in d.queues)]))
+
+
+def cmd_topic_update(cli: Cli) -> None:
+    a = cli.args
+    request = commitlog_pb2.UpdateTopicRequest(name=a.name, queue_count=a.queues)
+    if a.retention_ms is not None:
+        request.retention_ms = a.retention_ms
+    t = cli.call("UpdateTopic", request)
+    cli.emit(t, "updated " + _topic_line(t))
+
+
+def cmd_topic_delete(cli: Cli) -> None:
+    response = cli.call("DeleteTopic", commitlog_pb2.DeleteTopicRequest(name=cli.args.name))
+    cli.emit(response, f"deleted {cli.args.name}")
+
+
+# ---- send ---------------------------------------------------------------------------------------------
+
+class Progress:
+    """A progress line on stderr at most once per interval. Not thread-safe."""
+
+    def __init__(self, err: TextIO, enabled: bool, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self._err, self._enabled, self._interval_s, self._clock = err, enabled, interval_s, clock
+        self._tty = enabled and err.isatty()
+        self._start = self._last = clock()
+        self._shown = False
+
+    def update(self, sent: int, final: bool = False) -> None:
+        now = self._clock()
+        if not self._enabled or (not final and now - self._last < self._interval_s) or (final and not self._shown):
+            return
+        self._last, self._shown = now, True
+        rate = sent / max(now - self._start, 1e-9)
+        start = "\r" if self._tty else ""
+        end = "\n" if final or not self._tty else ""
+        self._err.write(f"{start}sent {sent} messages ({rate:,.0f} msg/s){end}")
+        self._err.flush()
+
+
+def _bodies(cli: Cli) -> Iterator[bytes]:
+    if cli.args.bodies:
+        for body in cli.args.bodies:
+            yield body.encode("utf-8")
+        return
+    for line in sys.stdin.buffer:
+        yield line.removesuffix(b"\n").removesuffix(b"\r")
+
+
+def _batches(cli: Cli, bodies: Iterable[bytes]) -> Iterator[list[common_pb2.MessageInput]]:
+    a = cli.args
+    template = common_pb2.MessageInput(tags=a.tag or "", keys=a.key or [], properties=dict(a.property or []))
+    if a.queue is not None:
+        template.queue_id = a.queue
+    batch: list[common_pb2.MessageInput] = []
+    batch_bytes = 0
+    for body in bodies:
+        if batch and (len(batch) >= a.batch or batch_bytes + len(body) > BATCH_BODY_BYTES):
+            yield batch
+            batch, batch_bytes = [], 0
+        message = common_pb2.MessageInput()
+        message.CopyFrom(template)
+        message.body = body
+        batch.append(message)
+        batch_bytes += len(body)
+    if batch:
+        yield batch
+
+
+def cmd_send(cli: Cli) -> None:
+    a = cli.args
+    progress = Progress(cli.err, enabled=a.progress or cli.err.isatty())
+    sent = 0
+    for batch in _batches(cli, _bodies(cli)):
+        response = cli.call("Append", commitlog_pb2.AppendRequest(topic=a.topic, messages=batch))
+        sent += len(response.results)
+        if not a.quiet:
+            for r in response.results:
+                cli.emit(r, f"{r.msg_id}  queue={r.queue_id}  offset={r.queue_offset}  "
+                            f"{common_pb2.Durability.Name(r.durability).removeprefix('DURABILITY_')}")
+        progress.update(sent)
+    progress.update(sent, final=True)
+    if a.quiet:
+        cli.err.write(f"sent {sent} messages to {a.topic}\n")
+
+
+# ---- pull and get -------------------------------------------------------------------------------------
+
+def _start_offset(cli: Cli) -> int:
+    if cli.args.offset is not None:
+        return cli.args.offset
+    info = cli.call("GetQueueInfo", commitlog_pb2.GetQueueInfoRequest(topic=cli.args.topic, queue_id=cli.args.queue))
+    return info.min_offset
+
+
+def _pull(cli: Cli, offset: int, max_messages: int, long_poll_ms: int) -> commitlog_pb2.PullResponse:
+    a = cli.args
+    request = commitlog_pb2.PullRequest(topic=a.topic, queue_id=a.queue, offset=offset, max_messages=max_messages,
+                                        tags=a.tag or [], long_poll_ms=long_poll_ms)
+    return cli.call("Pull", request, extra_timeout_s=long_poll_ms / 1000)
+
+
+def cmd_pull(cli: Cli) -> None:
+    offset = _start_offset(cli)
+    remaining = cli.args.max
+    while cli.args.follow or remaining > 0:
+        want = cli.args.max if cli.args.follow else remaining
+        response = _pull(cli, offset, want, FOLLOW_LONG_POLL_MS if cli.args.follow else 0)
+        for m in response.messages:
+            cli.emit(m, _message_line(m))
+        remaining -= len(response.messages)
+        caught_up = response.next_offset >= response.max_offset or response.next_offset == offset
+        offset = response.next_offset
+        if caught_up and not cli.args.follow:
+            break
+
+
+def cmd_get(cli: Cli) -> None:
+    a = cli.args
+    if (a.msg_id is None) == (a.physical_offset is None):
+        raise UsageError("get needs exactly one of MSG_ID or --physical-offset")
+    if a.msg_id is not None:
+        request = commitlog_pb2.GetMessageRequest(msg_id=a.msg_id)
+    else:
+        request = commitlog_pb2.GetMessageRequest(physical_offset=a.physical_offset)
+    m = cli.call("GetMessage", request)
+    cli.emit(m, _message_detail(m))
+
+
+# ---- offsets and store --------------------------------------------------------------------------------
+
+def _queue_ids(cli: Cli) -> list[int]:
+    if cli.args.queue is not None:
+        return [cli.args.queue]
+    d = cli.call("DescribeTopic", commitlog_pb2.DescribeTopicRequest(name=cli.args.topic))
+    return [q.queue_id for q in d.queues]
+
+
+def cmd_queue_info(cli: Cli) -> None:
+    for queue_id in _queue_ids(cli):
+        q = cli.call("GetQueueInfo", commitlog_pb2.GetQueueInfoRequest(topic=cli.args.topic, queue_id=queue_id))
+        cli.emit(q, _queue_line(q))
+
+
+def parse_time_ms(text: str) -> int:
+    """Milliseconds since the epoch, or ISO 8601 (UTC when no zone is given)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not ms since the epoch nor ISO 8601: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def cmd_offset_by_time(cli: Cli) -> None:
+    a = cli.args
+    boundary = commitlog_pb2.TIME_BOUNDARY_UPPER if a.upper else commitlog_pb2.TIME_BOUNDARY_LOWER
+    r = cli.call("GetOffsetByTime", commitlog_pb2.GetOffsetByTimeRequest(topic=a.topic, queue_id=a.queue,
+                                                                         timestamp_ms=a.time, boundary=boundary))
+    cli.emit(r, str(r.offset))
+
+
+def cmd_offset_commit(cli: Cli) -> None:
+    a = cli.args
+    r = cli.call("CommitOffset", commitlog_pb2.CommitOffsetRequest(group=a.group, topic=a.topic, queue_id=a.queue,
+                                                                   offset=a.offset))
+    cli.emit(r, f"committed {a.group} {a.topic} queue={a.queue} offset={a.offset}")
+
+
+def cmd_offset_query(cli: Cli) -> None:
+    """One queue: its offset or NOT_FOUND. Every queue: a line each, offset "none" (null) where nothing
+    was committed, since a group usually has committed on some queues only."""
+    a = cli.args
+    for queue_id in _queue_ids(cli):
+        request = commitlog_pb2.QueryOffsetRequest(group=a.group, topic=a.topic, queue_id=queue_id)
+        try:
+            offset = cli.call("QueryOffset", request).offset
+        except grpc.RpcError as exc:
+            if a.queue is not None or exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            offset = None
+        row = {"group": a.group, "topic": a.topic, "queue_id": queue_id, "offset": offset}
+        cli.emit(row, f"{a.group} {a.topic} queue={queue_id} offset={'none' if offset is None else offset}")
+
+
+def cmd_store_info(cli: Cli) -> None:
+    s = cli.call("GetStoreInfo", commitlog_pb2.GetStoreInfoRequest())
+    lines = [f"{field.name}: {getattr(s, field.name)}" for field in s.DESCRIPTOR.fields]
+    cli.emit(s, "\n".join(lines))
+
+
+def cmd_repair(cli: Cli) -> None:
+    try:
+        from mqstore.log.repair import repair  # only this command needs the storage engine itself
+    except ImportError as exc:
+        raise CliError("UNIMPLEMENTED", f"repair is not available in this build ({exc})") from None
+    report = repair(cli.args.data_dir)
+    as_dict = dataclasses.asdict(report) if dataclasses.is_dataclass(report) else report
+    if cli.args.json:
+        cli.out.write(json.dumps(as_dict, default=str) + "\n")
+    elif isinstance(as_dict, dict):
+        cli.out.write("".join(f"{k}: {v}\n" for k, v in as_dict.items()))
+    else:
+        cli.out.write(f"{report}\n")
+
+
+def _error_line(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError):
+        return f"error: {exc.code().name}: {exc.details()}"
+    if isinstance(exc, CliError):
+        return f"error: {exc.status}: {exc}"
+    return f"error: {status_for(exc).name}: {exc}"  # the same table the servers use
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(sys.modules[__name__])
+    args = parser.parse_args(argv)
+    mqlogging.configure("warning")  # stdout is for results; events of local commands (repair) go to stderr
+    cli = Cli(args)
+    try:
+        args.func(cli)
+        return 0
+    except UsageError as exc:
+        parser.error(str(exc))
+    except (grpc.RpcError, CliError, MqStoreError) as exc:  # MqStoreError: from repair, which runs locally
+        print(_error_line(exc), file=sys.stderr)
+    except KeyboardInterrupt:
+        return 0 if getattr(args, "follow", False) else 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # e.g. `mqstore pull ... | head`
+        return 0
+    finally:
+        cli.close()
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

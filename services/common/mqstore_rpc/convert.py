@@ -1,0 +1,163 @@
+"""Conversions between the mqstore.v1 protos and the core's plain data (mqstore.model).
+
+Enum values must be known ones (proto3 enums are open). Everything else about a request (zero means
+"the default", clamps, topic names, limits, offsets) is the core's business: MessageStore checks it.
+
+``messages_in`` is the append hot path (100k+ messages/s through one process): it does no work a message
+does not need (no dict copy for empty properties, no tuple for empty keys).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Iterable, Sequence
+
+from mqstore import model
+from mqstore.errors import InvalidArgument
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
+
+LOOPBACK_V4 = b"\x7f\x00\x00\x01"
+
+_KIND_TO_PB = {kind: common_pb2.TopicKind.Value(f"TOPIC_KIND_{kind}") for kind in model.TOPIC_KINDS}
+_KIND_FROM_PB = {value: kind for kind, value in _KIND_TO_PB.items()}
+_KIND_FROM_PB[common_pb2.TOPIC_KIND_UNSPECIFIED] = model.KIND_NORMAL  # "treated as NORMAL on create"
+_DURABILITY_TO_PB = {model.DURABILITY_WRITTEN: common_pb2.DURABILITY_WRITTEN,
+                     model.DURABILITY_FLUSHED: common_pb2.DURABILITY_FLUSHED}
+_TAIL_START_FROM_PB = {commitlog_pb2.TAIL_START_AT_OFFSET: model.TAIL_AT_OFFSET,
+                       commitlog_pb2.TAIL_START_EARLIEST: model.TAIL_EARLIEST,
+                       commitlog_pb2.TAIL_START_LATEST: model.TAIL_LATEST}
+_BOUNDARY_FROM_PB = {commitlog_pb2.TIME_BOUNDARY_LOWER: "lower", commitlog_pb2.TIME_BOUNDARY_UPPER: "upper"}
+
+
+# ---- peers and hosts ----------------------------------------------------------------------------------
+
+def peer_address(peer: str) -> tuple[bytes, int]:
+    """(IPv4 address, port) of a gRPC peer string such as ``ipv4:127.0.0.1:53211``, for BORNHOST.
+
+    Other peers (IPv6, unix sockets) get 127.0.0.1:0: the record keeps IPv4 born hosts.
+    """
+    if peer.startswith("ipv4:"):
+        host, _, port = peer[5:].rpartition(":")
+        try:
+            return socket.inet_aton(host), int(port)
+        except (OSError, ValueError):
+            pass  # not a dotted quad after all; fall through to the placeholder
+    return LOOPBACK_V4, 0
+
+
+def host_text(address: bytes, port: int) -> str:
+    """``ip:port`` (``[ip]:port`` for IPv6) of a record's born or store host."""
+    if len(address) == 16:
+        return f"[{socket.inet_ntop(socket.AF_INET6, address)}]:{port}"
+    return f"{socket.inet_ntop(socket.AF_INET, address)}:{port}"
+
+
+# ---- messages -----------------------------------------------------------------------------------------
+
+def messages_in(messages: Iterable[common_pb2.MessageInput], peer: str) -> list[model.MessageIn]:
+    """The append hot path: one comprehension, each field read once, no copies of empty containers."""
+    born_host, born_port = peer_address(peer)
+    new = model.MessageIn
+    return [new(m.body, m.tags, tuple(keys) if (keys := m.keys) else (),
+                dict(properties) if (properties := m.properties) else {}, m.flag, m.born_timestamp_ms,
+                m.queue_id if m.HasField("queue_id") else None, m.sharding_key, born_host, born_port)
+            for m in messages]
+
+
+def message_in(m: common_pb2.MessageInput, peer: str = "") -> model.MessageIn:
+    return messages_in((m,), peer)[0]
+
+
+def stored_message(message: model.StoredMessage) -> common_pb2.StoredMessage:
+    r = message.record
+    return common_pb2.StoredMessage(
+        topic=r.topic, queue_id=r.queue_id, queue_offset=r.queue_offset, physical_offset=r.physical_offset,
+        size_bytes=r.size, msg_id=message.msg_id, uniq_key=message.uniq_key, body=r.body, tags=message.tags,
+        keys=message.keys, properties=r.properties, flag=r.flag, sys_flag=r.sys_flag,
+        born_timestamp_ms=r.born_timestamp_ms, store_timestamp_ms=r.store_timestamp_ms,
+        born_host=host_text(r.born_host, r.born_port), store_host=host_text(r.store_host, r.store_port),
+        reconsume_times=r.reconsume_times, prepared_transaction_offset=r.prepared_transaction_offset,
+        body_crc=r.body_crc)
+
+
+def append_result(r: model.AppendResult) -> commitlog_pb2.AppendResult:
+    return append_response((r,)).results[0]
+
+
+def append_response(results: Sequence[model.AppendResult]) -> commitlog_pb2.AppendResponse:
+    """Hot path (one result per appended message): a single comprehension."""
+    new = commitlog_pb2.AppendResult
+    durability = _DURABILITY_TO_PB
+    return commitlog_pb2.AppendResponse(results=[
+        new(msg_id=r.msg_id, uniq_key=r.uniq_key, queue_id=r.queue_id, queue_offset=r.queue_offset,
+            physical_offset=r.physical_offset, size_bytes=r.size_bytes, store_timestamp_ms=r.store_timestamp_ms,
+            durability=durability[r.durability])
+        for r in results])
+
+
+def pull_response(result: model.PullResult) -> commitlog_pb2.PullResponse:
+    return commitlog_pb2.PullResponse(
+        messages=[stored_message(m) for m in result.messages], next_offset=result.next_offset,
+        min_offset=result.min_offset, max_offset=result.max_offset)
+
+
+# ---- topics, queues, store ----------------------------------------------------------------------------
+
+def topic_kind_in(kind: int) -> str:
+    try:
+        return _KIND_FROM_PB[kind]
+    except KeyError:
+        raise InvalidArgument(f"kind: {kind} is not a TopicKind (NORMAL = 1, COMPACTION = 2)") from None
+
+
+def topic_kind_out(kind: str) -> int:
+    return _KIND_TO_PB.get(kind, common_pb2.TOPIC_KIND_UNSPECIFIED)
+
+
+def topic(t: model.TopicRecord) -> commitlog_pb2.Topic:
+    return commitlog_pb2.Topic(name=t.name, queue_count=t.queue_count, kind=topic_kind_out(t.kind),
+                               retention_ms=t.retention_ms, created_ms=t.created_ms)
+
+
+def topic_record(t: commitlog_pb2.Topic) -> model.TopicRecord:
+    return model.TopicRecord(name=t.name, queue_count=t.queue_count, kind=topic_kind_in(t.kind),
+                             retention_ms=t.retention_ms, created_ms=t.created_ms)
+
+
+def queue_info(q: model.QueueInfo) -> commitlog_pb2.QueueInfo:
+    return commitlog_pb2.QueueInfo(topic=q.topic, queue_id=q.queue_id, min_offset=q.min_offset,
+                                   max_offset=q.max_offset)
+
+
+def topic_description(t: model.TopicRecord, queues: Sequence[model.QueueInfo]) -> commitlog_pb2.TopicDescription:
+    return commitlog_pb2.TopicDescription(topic=topic(t), queues=[queue_info(q) for q in queues])
+
+
+def store_info(s: model.StoreInfo) -> commitlog_pb2.StoreInfo:
+    return commitlog_pb2.StoreInfo(
+        min_physical_offset=s.min_physical_offset, max_physical_offset=s.max_physical_offset,
+        flushed_physical_offset=s.flushed_physical_offset, visible_physical_offset=s.visible_physical_offset,
+        flush_mode=s.flush_mode, read_only=s.read_only, read_only_reason=s.read_only_reason,
+        segment_count=s.segment_count, segment_size_bytes=s.segment_size_bytes, store_host=s.store_host)
+
+
+# ---- tail ---------------------------------------------------------------------------------------------
+
+def tail_start(start: int) -> str:
+    try:
+        return _TAIL_START_FROM_PB[start]
+    except KeyError:
+        raise InvalidArgument(f"start: {start} is not a TailStart (AT_OFFSET = 0, EARLIEST = 1, LATEST = 2)") from None
+
+
+def tail_frame(f: model.TailFrame) -> commitlog_pb2.TailFrame:
+    return commitlog_pb2.TailFrame(records=f.records, record_count=f.record_count,
+                                   next_physical_offset=f.next_physical_offset,
+                                   log_end_physical_offset=f.log_end_physical_offset)
+
+
+def time_boundary(boundary: int) -> str:
+    try:
+        return _BOUNDARY_FROM_PB[boundary]
+    except KeyError:
+        raise InvalidArgument(f"boundary: {boundary} is not a TimeBoundary (LOWER = 0, UPPER = 1)") from None

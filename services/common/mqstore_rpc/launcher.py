@@ -1,0 +1,178 @@
+"""``python -m mqstore_rpc.launcher --data-dir ./data``: every service on loopback, for ``make run``.
+
+Starts each service of :data:`SERVICES` whose module is installed as a child process (its own process
+group, so Ctrl-C reaches only the launcher, which then stops the children in reverse order), waits until
+each answers gRPC health with SERVING, creates the ``demo`` topic if missing, and prints the endpoints and
+a grpcurl example. On Ctrl-C or SIGTERM: SIGTERM to each child, wait, SIGKILL if it does not exit, and
+exit 0. If a child dies on its own, the others are stopped and the launcher exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+
+HOST = "127.0.0.1"
+COMMITLOG_ADDRESS = f"{HOST}:50051"
+READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
+STOP_TIMEOUT_S = 30.0       # SIGTERM, then this long before SIGKILL
+POLL_INTERVAL_S = 0.1
+DEMO_TOPIC = "demo"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    module: str
+    port: int
+    data_subdir: str          # "" = the data dir itself
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def available(self) -> bool:
+        try:
+            return importlib.util.find_spec(self.module) is not None
+        except ModuleNotFoundError:
+            return False
+
+    def command(self, data_dir: pathlib.Path) -> list[str]:
+        directory = data_dir / self.data_subdir if self.data_subdir else data_dir
+        return [sys.executable, "-m", self.module, "--data-dir", str(directory), "--host", HOST,
+                "--port", str(self.port), *self.extra_args]
+
+
+# In start order; stopped in reverse. A service whose module is not installed yet is skipped.
+SERVICES = (
+    Service("commitlog", "commitlog_service.main", 50051, ""),
+    Service("index", "index_service.main", 50052, "index", ("--commitlog", COMMITLOG_ADDRESS)),
+)
+
+
+class Child:
+    """One service process. Not thread-safe: used by the launcher's main thread only."""
+
+    def __init__(self, service: Service, data_dir: pathlib.Path):
+        self.service = service
+        self.process = subprocess.Popen(service.command(data_dir), start_new_session=True)
+
+    def wait_healthy(self, stop: threading.Event, timeout_s: float) -> bool:
+        """True when health says SERVING; False if the child exited, ``stop`` was set or time ran out."""
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.service.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline and not stop.is_set() and self.process.poll() is None:
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return True
+                except grpc.RpcError:
+                    pass  # not listening yet: keep polling until the deadline
+                stop.wait(POLL_INTERVAL_S)
+        return False
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                print(f"{self.service.name} did not stop within {STOP_TIMEOUT_S:.0f} s; killing it", file=sys.stderr)
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_S)
+        return self.process.returncode
+
+
+def ensure_demo_topic(address: str) -> None:
+    with grpc.insecure_channel(address) as channel:
+        stub = commitlog_pb2_grpc.CommitLogStub(channel)
+        try:
+            stub.DescribeTopic(commitlog_pb2.DescribeTopicRequest(name=DEMO_TOPIC), timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            stub.CreateTopic(commitlog_pb2.CreateTopicRequest(name=DEMO_TOPIC), timeout=10)
+
+
+def banner(children: list[Child]) -> str:
+    lines = ["", "mqstore is running:"]
+    lines += [f"  {c.service.name:<10} {c.service.address}" for c in children]
+    lines += ["", "Try (grpcurl is in .venv/bin):",
+              f"  grpcurl -plaintext {COMMITLOG_ADDRESS} list",
+              "  grpcurl -plaintext -d '{\"topic\":\"demo\",\"messages\":[{\"body\":\"aGVsbG8=\"}]}' "
+              f"{COMMITLOG_ADDRESS} mqstore.v1.CommitLog/Append",
+              "  grpcurl -plaintext -d '{\"topic\":\"demo\",\"queue_id\":0,\"offset\":0}' "
+              f"{COMMITLOG_ADDRESS} mqstore.v1.CommitLog/Pull",
+              "  .venv/bin/mqstore send demo hello world && .venv/bin/mqstore pull demo --queue 0",
+              "", "Ctrl-C stops everything.", ""]
+    return "\n".join(lines)
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    def handler(_signum, _frame) -> None:
+        stop.set()
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _start_all(data_dir: pathlib.Path, stop: threading.Event, children: list[Child]) -> bool:
+    for service in SERVICES:
+        if not service.available():
+            continue
+        child = Child(service, data_dir)
+        children.append(child)
+        if not child.wait_healthy(stop, READY_TIMEOUT_S):
+            if not stop.is_set():
+                print(f"{service.name} did not become healthy (exit status {child.process.poll()})", file=sys.stderr)
+            return False
+    return True
+
+
+def run(data_dir: pathlib.Path) -> int:
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    children: list[Child] = []
+    status = 0
+    try:
+        if not _start_all(data_dir, stop, children):
+            return 0 if stop.is_set() else 1
+        ensure_demo_topic(COMMITLOG_ADDRESS)
+        print(banner(children), flush=True)
+        while not stop.wait(0.5):  # wake up now and then to notice a child that died on its own
+            dead = [c for c in children if c.process.poll() is not None]
+            if dead:
+                print(f"{dead[0].service.name} exited with status {dead[0].process.returncode}; stopping",
+                      file=sys.stderr)
+                status = 1
+                break
+    finally:
+        for child in reversed(children):
+            child.stop()
+    print("stopped", flush=True)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mqstore_rpc.launcher", description="run every mqstore service locally")
+    parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"))
+    args = parser.parse_args(argv)
+    return run(args.data_dir.resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The way back: a gRPC status from another mqstore service -> the mqstore exception it came from.
+
+``mqstore_rpc.errors`` maps exceptions to status codes on the server; a service calling another one
+(the index calling the commit log) uses :func:`from_rpc_error` so that its own domain code sees the
+same exception tree and never imports grpc. The table is the inverse of ``STATUS_BY_ERROR``. Codes
+with no mqstore exception (a connection that failed, a deadline, a cancelled call, an INTERNAL error
+of the peer) become :class:`Unavailable`: the other service could not answer, try again later. The
+trailing metadata ``mqstore-min-value`` / ``mqstore-max-value`` of an OUT_OF_RANGE come back as the
+range of the :class:`OutOfRange`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from mqstore import errors
+from mqstore_rpc.errors import STATUS_BY_ERROR
+
+ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.MqStoreError]] = {
+    code: cls for cls, code in STATUS_BY_ERROR.items()}
+
+
+def _metadata_int(exc: grpc.RpcError, name: str) -> int | None:
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == name:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def from_rpc_error(exc: grpc.RpcError, peer: str) -> errors.MqStoreError:
+    """The mqstore exception for a failed call to ``peer`` (an address, named in the message)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    message = f"{peer} answered {code.name}: {details}"
+    cls = ERROR_BY_STATUS.get(code)
+    if cls is errors.OutOfRange:
+        return errors.OutOfRange(message, min_value=_metadata_int(exc, "mqstore-min-value"),
+                                 max_value=_metadata_int(exc, "mqstore-max-value"))
+    if cls is None:
+        return errors.Unavailable(message)
+    return cls(message)

@@ -1,0 +1,252 @@
+"""Assembles a gRPC server the same way for every mqstore service.
+
+``create_server(config)`` gives a :class:`ManagedServer`: a ``grpc.Server`` with a bounded thread pool,
+64 MiB message limits, the error interceptor, gRPC health and server reflection, already bound to
+``host:port`` (port 0 picks a free port, read it from ``.port``). The service registers its servicers,
+adds what must be closed after the server stops (``add_closer(store.stop)``), calls ``start()`` and
+then ``serve_until_signal()``, which returns after SIGTERM or SIGINT (caught by a
+:class:`StopSignals` installed first thing in ``main()``) and a graceful stop.
+
+Lifecycle of a service process:
+  create_server -> register servicers -> start domain objects -> start() -> mark_serving()
+  -> serve_until_signal(): wait for SIGTERM/SIGINT -> stop(grace): health NOT_SERVING, stop taking new
+  RPCs, let running ones finish for grace_s, cancel the rest -> closers in reverse order.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from mqstore.errors import InvalidArgument
+from mqstore_rpc.errors import ErrorInterceptor
+
+log = structlog.get_logger("mqstore_rpc.server")
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How a service listens. Validated on construction."""
+
+    host: str = "127.0.0.1"
+    port: int = 0                        # 0 = any free port (tests)
+    max_workers: int = 64                # handler threads; long polls and Tail streams each hold one
+    max_concurrent_rpcs: int = 1024      # beyond this new RPCs get RESOURCE_EXHAUSTED instead of queueing
+    max_message_bytes: int = 64 * MiB    # send and receive
+    grace_s: float = 5.0                 # how long running RPCs may finish on stop
+    stop_timeout_s: float = 30.0         # bound on waiting for the server to stop after the grace period
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"port must be in [0, 65535], not {self.port}")
+        for name in ("max_workers", "max_concurrent_rpcs", "max_message_bytes"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.max_concurrent_rpcs < self.max_workers:
+            raise InvalidArgument(f"max_concurrent_rpcs ({self.max_concurrent_rpcs}) must be at least "
+                                  f"max_workers ({self.max_workers})")
+        if self.grace_s < 0 or self.stop_timeout_s <= 0:
+            raise InvalidArgument("grace_s must be >= 0 and stop_timeout_s > 0")
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+class HealthMonitor:
+    """Named thread "health-monitor": polls ``problem()`` every interval and flips health NOT_SERVING
+    while it returns a non-empty reason (a failed background duty of the domain), SERVING after.
+
+    Thread-safe: start() and stop(timeout) from the owning thread; the poll runs on its own thread.
+    """
+
+    def __init__(self, server: "ManagedServer", problem: Callable[[], str], interval_s: float = 1.0):
+        self._server = server
+        self._problem = problem
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-monitor", daemon=True)
+        self._reported = ""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def check_once(self) -> None:
+        problem = self._problem()
+        if problem == self._reported:
+            return
+        self._reported = problem
+        if problem:
+            log.error("health.not_serving", port=self._server.port, problem=problem)
+            self._server.set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        else:
+            log.info("health.serving", port=self._server.port)
+            self._server.set_status(health_pb2.HealthCheckResponse.SERVING)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.check_once()
+
+
+class ManagedServer:
+    """A bound ``grpc.Server`` with its health servicer and the closers to run after it stops.
+
+    Thread-safe: ``stop()`` may be called from any thread and more than once (later calls wait for the
+    first). ``add_closer`` and ``add_service_names`` are for the composition root, before ``start()``.
+    """
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self._executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc-handler")
+        options = [("grpc.max_send_message_length", config.max_message_bytes),
+                   ("grpc.max_receive_message_length", config.max_message_bytes),
+                   ("grpc.so_reuseport", 0)]  # two servers must never share a port silently
+        self.grpc_server = grpc.server(self._executor, interceptors=[ErrorInterceptor()], options=options,
+                                       maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._service_names: list[str] = []
+        self._closers: list[Callable[[], None]] = []
+        self._monitor: HealthMonitor | None = None
+        self._stop_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._stopping = False
+        try:
+            self.port = self.grpc_server.add_insecure_port(config.address)
+        except RuntimeError as exc:  # grpc's way of saying the address is taken or not ours
+            raise OSError(f"cannot bind {config.address}: in use, or not an address of this host ({exc})") from None
+
+    def add_service_names(self, names: Sequence[str]) -> None:
+        """Full service names (``mqstore.v1.CommitLog``) for health and reflection."""
+        self._service_names.extend(names)
+
+    def add_closer(self, closer: Callable[[], None]) -> None:
+        """Run after the server has stopped (in reverse order of adding), e.g. ``store.stop``."""
+        self._closers.append(closer)
+
+    def monitor_health(self, problem: Callable[[], str], interval_s: float = 1.0) -> HealthMonitor:
+        """Health follows ``problem()`` (empty = healthy) once started; see :class:`HealthMonitor`."""
+        self._monitor = HealthMonitor(self, problem, interval_s)
+        return self._monitor
+
+    def start(self) -> None:
+        names = [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self.grpc_server)
+        self.grpc_server.start()
+        if self._monitor is not None:
+            self._monitor.start()
+
+    def set_status(self, status: int) -> None:
+        """Health status per service name and overall ("")."""
+        for name in ["", *self._service_names]:
+            self.health.set(name, status)
+
+    def mark_serving(self) -> None:
+        """Health SERVING: call once the domain objects are ready."""
+        self.set_status(health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop gracefully, then run the closers. Blocks until done (bounded by the config's timeouts)."""
+        with self._stop_lock:
+            first = not self._stopping
+            self._stopping = True
+        if not first:
+            self._stopped.wait(self.config.grace_s + self.config.stop_timeout_s)
+            return
+        grace = self.config.grace_s if grace_s is None else grace_s
+        try:
+            self.health.enter_graceful_shutdown()
+            if self._monitor is not None:
+                self._monitor.stop(self.config.stop_timeout_s)
+            done = self.grpc_server.stop(grace)
+            if not done.wait(grace + self.config.stop_timeout_s):
+                log.warning("server.stop_timeout", port=self.port, waited_s=grace + self.config.stop_timeout_s)
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._run_closers()
+        finally:
+            self._stopped.set()
+
+    def _run_closers(self) -> None:
+        first_error: BaseException | None = None
+        for closer in reversed(self._closers):
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001 - every closer runs; the first error is re-raised
+                log.error("server.closer_failed", closer=getattr(closer, "__qualname__", repr(closer)), exc_info=exc)
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def wait_for_termination(self, timeout_s: float | None = None) -> bool:
+        """True once stop() has finished."""
+        return self._stopped.wait(timeout_s)
+
+
+def create_server(config: ServerConfig) -> ManagedServer:
+    return ManagedServer(config)
+
+
+class StopSignals:
+    """Turns SIGTERM and SIGINT into an event. Install it first thing in ``main()`` (main thread only), so
+    a signal that arrives while the service is still starting is not lost or fatal: it stops the
+    service as soon as it is up.
+
+    Thread-safe: the handler only records the signal and sets an event.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._received: list[str] = []
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "StopSignals":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+        self._previous.clear()
+
+    def _handle(self, signum: int, _frame) -> None:
+        self._received.append(signal.Signals(signum).name)
+        self._event.set()
+
+    def wait(self) -> str:
+        """Block until a signal came (lock waits are interrupted by signals on POSIX); its name."""
+        self._event.wait()
+        return self._received[0]
+
+
+def serve_until_signal(server: ManagedServer, signals: StopSignals,
+                       on_signal: Callable[[str], None] | None = None) -> str:
+    """Block until ``signals`` fires, then stop the server gracefully. Returns the signal's name.
+
+    ``on_signal`` is called with the name before stopping (to log).
+    """
+    try:
+        name = signals.wait()
+    finally:
+        signals.restore()
+    if on_signal is not None:
+        on_signal(name)
+    server.stop()
+    return name

@@ -1,0 +1,125 @@
+"""The import rules of DESIGN.md §9 and STYLE.md habit 1, checked by walking every module with ``ast``.
+
+- ``core/mqstore`` (the storage engine) imports no grpc, google.protobuf, generated stubs (mqstore_rpc),
+  pyspark or service package; SQLAlchemy only in ``core/mqstore/meta/sql.py``.
+- ``mqstore_rpc`` (shared gRPC glue) imports no service package.
+- No service package imports another service package (they talk through gRPC stubs only).
+
+Imports inside functions count too, and so do ``importlib.import_module("...")`` / ``__import__("...")``
+with a literal name.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CORE = ROOT / "core" / "mqstore"
+SERVICES = ROOT / "services"
+SHARED = SERVICES / "common" / "mqstore_rpc"
+SQL_MODULE = CORE / "meta" / "sql.py"
+
+FORBIDDEN_IN_CORE = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools", "google.protobuf", "mqstore_rpc",
+                     "pyspark")
+
+
+def service_packages() -> dict[str, pathlib.Path]:
+    """Every package directly under services/<service>/ except the shared one: name -> directory."""
+    found = {}
+    for init in sorted(SERVICES.glob("*/*/__init__.py")):
+        package = init.parent
+        if package != SHARED:
+            found[package.name] = package
+    return found
+
+
+def _module_name(path: pathlib.Path, package_root: pathlib.Path) -> str:
+    parts = list(path.relative_to(package_root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join([*base, target] if target else base)
+
+
+def imports_of(path: pathlib.Path, package_root: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    module = _module_name(path, package_root)
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            name = _resolve_relative(module, is_package, node.level, node.module) if node.level else node.module
+            found.append((node.lineno, name))
+            found += [(node.lineno, f"{name}.{alias.name}") for alias in node.names if alias.name != "*"]
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def _is_dynamic_import(node: ast.Call) -> bool:
+    func = node.func
+    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("__import__", "import_module"))
+    return named and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+
+
+def _matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(package_root: pathlib.Path, forbidden, allow=lambda path, name: False) -> list[str]:
+    found = []
+    for path in sorted(package_root.rglob("*.py")):
+        if "gen" in path.relative_to(package_root).parts[:1]:
+            continue  # generated stubs: checked by what imports them
+        for line, name in imports_of(path, package_root):
+            if any(_matches(name, prefix) for prefix in forbidden) and not allow(path, name):
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return found
+
+
+def test_the_packages_exist():
+    assert (CORE / "store.py").is_file() and (SHARED / "errors.py").is_file()
+    assert "commitlog_service" in service_packages()
+
+
+def test_core_imports_no_adapter():
+    forbidden = (*FORBIDDEN_IN_CORE, *service_packages(), "sqlalchemy")
+    assert violations(CORE, forbidden, allow=lambda path, name: path == SQL_MODULE and _matches(name, "sqlalchemy")) == []
+
+
+def test_shared_glue_imports_no_service():
+    assert violations(SHARED, tuple(service_packages())) == []
+
+
+@pytest.mark.parametrize("service", sorted(service_packages()))
+def test_services_do_not_import_each_other(service):
+    packages = service_packages()
+    others = tuple(name for name in packages if name != service)
+    assert violations(packages[service], others) == []
+
+
+def test_the_checker_sees_every_kind_of_import(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "mod.py").write_text(
+        "import grpc\nfrom google.protobuf import json_format\nfrom ..other import thing\n"
+        "def f():\n    import pyspark.sql\n    importlib.import_module('sqlalchemy.orm')\n")
+    names = [name for _, name in imports_of(package / "sub" / "mod.py", package)]
+    assert names == ["grpc", "google.protobuf", "google.protobuf.json_format", "pkg.other", "pkg.other.thing",
+                     "pyspark.sql", "sqlalchemy.orm"]
