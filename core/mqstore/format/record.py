@@ -359,9 +359,6 @@ def routing_fields(buf, position: int) -> tuple[int, bytes, int, int, int, str, 
     return size, topic, queue_id, queue_offset, sys_flag, tags, store_ts
 
 
-_WALK_HEAD = struct.Struct(">iIi")  # TOTALSIZE, MAGICCODE, BODYCRC
-
-
 def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[int, int, int, RecordError | None]:
     """Check records one after another from ``position`` up to ``limit`` (recovery's hot loop).
 
@@ -370,13 +367,13 @@ def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[in
     caller jumps to the next file), or ``limit``. IPv4 records take a fast path; anything else goes
     through :func:`check`.
     """
-    head, i32, i64, crc32 = _WALK_HEAD.unpack_from, INT32.unpack_from, INT64.unpack_from, zlib.crc32
+    head, i32, i64, crc32 = PREFIX.unpack_from, INT32.unpack_from, INT64.unpack_from, zlib.crc32
     count = 0
     last_ts = 0
     view = memoryview(buf)
     try:
         while position + BLANK_SIZE <= limit:
-            total, magic, stored_crc = head(buf, position)
+            total, magic = head(buf, position)
             if magic == MAGIC_BLANK:
                 return position, count, last_ts, None
             end = position + total
@@ -395,7 +392,8 @@ def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[in
             props_at = topic_at + 1 + (buf[topic_at] if 0 <= body_len and topic_at < end else 0)
             if (body_len < 0 or topic_at >= end or props_at + 2 > end
                     or props_at + 2 + PROPERTIES_LENGTH.unpack_from(buf, props_at)[0] != end
-                    or (verify_crc and crc32(view[position + HEADER_SIZE:topic_at]) & 0x7FFFFFFF != stored_crc)):
+                    or (verify_crc and crc32(view[position + HEADER_SIZE:topic_at]) & 0x7FFFFFFF
+                        != i32(buf, position + 8)[0])):
                 try:
                     check(buf, position, limit, verify_crc=verify_crc)
                 except RecordError as exc:
@@ -411,3 +409,20 @@ def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[in
         return position, count, last_ts, None
     finally:
         view.release()
+
+
+def index_fields(buf, position: int) -> tuple[int, int, int, int, bytes, bytes]:
+    """(size, physical offset, sys flag, store time, topic, properties bytes) of a record already
+    validated (by :func:`walk` or :func:`check`), without copying the body: what the index follower
+    needs from each Tail record. Handles IPv6 hosts like :func:`check`."""
+    size = INT32.unpack_from(buf, position)[0]
+    physical_offset = INT64.unpack_from(buf, position + 28)[0]
+    sys_flag = INT32.unpack_from(buf, position + 36)[0]
+    born_size, store_size = _host_sizes(sys_flag)
+    store_ts = INT64.unpack_from(buf, position + STORE_TIMESTAMP_AT + (born_size - 8))[0]
+    body_at = position + HEADER_SIZE + (born_size - 8) + (store_size - 8)
+    at = body_at + INT32.unpack_from(buf, body_at - 4)[0]
+    topic = bytes(buf[at + 1:at + 1 + buf[at]])
+    at += 1 + buf[at]
+    props_len = PROPERTIES_LENGTH.unpack_from(buf, at)[0]
+    return size, physical_offset, sys_flag, store_ts, topic, bytes(buf[at + 2:at + 2 + props_len])

@@ -119,3 +119,27 @@ def test_offset_msg_id_round_trip():
     assert record.parse_offset_msg_id(msg_id) == (bytes([127, 0, 0, 1]), 50051, 0x1234)
     with pytest.raises(ValueError):
         record.parse_offset_msg_id("XYZ")
+
+
+def test_walk_stops_cleanly_eight_bytes_before_the_end():
+    # A record that leaves exactly 8 bytes (room for a blank not yet written) before the file end.
+    seg = bytearray(8192)
+    rec = record.encode(**{**FIXED, "body": b"b" * (8184 - 91 - 9 - len(FIXED["properties"]))})
+    assert len(rec) == 8184
+    seg[:8184] = rec
+    stop, count, last_ts, error = record.walk(seg, 0, len(seg))
+    assert (stop, count, last_ts) == (8184, 1, FIXED["store_timestamp_ms"])
+    assert error is not None and error.reason == "magic"  # zeros: the caller decides it is a clean end
+    seg[8184:] = record.encode_blank(8)
+    assert record.walk(seg, 0, len(seg))[:2] == (8184, 1) and record.walk(seg, 0, len(seg))[3] is None
+
+
+def test_walk_agrees_with_check_on_damage():
+    recs = b"".join(record.encode(**{**FIXED, "body": bytes([i]) * (50 + i)}) for i in range(5))
+    stop, count, _, error = record.walk(recs, 0, len(recs))
+    assert (stop, count, error) == (len(recs), 5, None)
+    damaged = bytearray(recs)
+    second = len(record.encode(**{**FIXED, "body": bytes([0]) * 50}))
+    damaged[second + 95] ^= 0xFF  # inside the second record's body
+    stop, count, _, error = record.walk(damaged, 0, len(damaged))
+    assert (stop, count, error.reason) == (second, 1, "crc")
