@@ -164,6 +164,25 @@ def encode_into(buf: bytearray, position: int, topic: bytes, body: bytes, proper
     return total
 
 
+def topic_part(topic: bytes) -> bytes:
+    """TOPICLENGTH + TOPIC, shared by every record of a batch."""
+    return bytes((len(topic),)) + topic
+
+
+def encode_parts(parts: list, topic_part_bytes: bytes, body: bytes, properties: bytes, queue_id: int,
+                 flag: int, sys_flag: int, born_timestamp_ms: int, born_host: bytes, born_port: int,
+                 store_host: bytes, store_port: int, prepared_transaction_offset: int) -> int:
+    """Append one record's pieces to ``parts`` (for one ``b"".join`` per batch); returns its size.
+    Queue offset, physical offset, store time and reconsume times are zero, stamped later."""
+    body_len = len(body)
+    total = FIXED_OVERHEAD - 1 + len(topic_part_bytes) + body_len + len(properties)
+    parts += (HEADER.pack(total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, sys_flag,
+                          born_timestamp_ms, born_host, born_port, 0, store_host, store_port, 0,
+                          prepared_transaction_offset, body_len),
+              body, topic_part_bytes, PROPERTIES_LENGTH.pack(len(properties)), properties)
+    return total
+
+
 def stamp(buf: bytearray, position: int, queue_offset: int, physical_offset: int,
           store_timestamp_ms: int) -> None:
     """Fill the fields known only inside the append lock."""

@@ -68,7 +68,7 @@ class MessageEncoder:
         self.store_host = socket.inet_aton(config.store_host) if _is_ipv4(config.store_host) else b"\x7f\0\0\1"
         self.store_port = config.store_port
         self.uniq = UniqKeyGenerator(self.store_host)
-        self._round_robin: dict[str, itertools.count] = {}
+        self._round_robin: dict[str, int] = {}
         self._rr_lock = threading.Lock()
         self._tag_codes: dict[str, int] = {}
 
@@ -88,31 +88,29 @@ class MessageEncoder:
         if total_body > cfg.max_batch_body_bytes:
             raise InvalidArgument(
                 f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes}")
-        uniq_needed = sum(1 for m in messages if not m.properties.get(record.PROPERTY_UNIQ_KEY))
+        uniq_needed = sum(1 for m in messages if not m.properties or not m.properties.get(record.PROPERTY_UNIQ_KEY))
         fresh = iter(self.uniq.next_keys(uniq_needed, now_ms))
         topic_bytes = topic.name.encode("utf-8")
+        topic_part = record.topic_part(topic_bytes)
         fixed = record.FIXED_OVERHEAD + len(topic_bytes)
         room = self.config.segment_size_bytes - record.BLANK_SIZE
-        props_list, sizes, qids, tags, flags, uniqs = [], [], [], [], [], []
+        qids = self._queues_for(topic, messages)
+        parts: list[bytes] = []
+        sizes, tags, flags, uniqs = [], [], [], []
+        encode_parts, host, port, props_of = record.encode_parts, self.store_host, self.store_port, self._properties
         for index, msg in enumerate(messages):
-            props, tag_code, uniq = self._properties(index, msg, fresh)
-            size = fixed + len(msg.body) + len(props)
-            if size > room or not msg.body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0:
+            props, tag_code, uniq = props_of(index, msg, fresh)
+            body = msg.body
+            size = fixed + len(body) + len(props)
+            if size > room or not body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0:
                 self._reject(index, topic, msg, props, size)
-            props_list.append(props)
+            encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag, msg.born_timestamp_ms,
+                         msg.born_host, msg.born_port, host, port, msg.prepared_transaction_offset)
             sizes.append(size)
-            qids.append(self._queue_for(index, topic, msg))
             tags.append(tag_code)
             flags.append(msg.sys_flag)
             uniqs.append(uniq)
-        buf = bytearray(sum(sizes))
-        at = 0
-        encode_into, host, port = record.encode_into, self.store_host, self.store_port
-        for msg, props, qid in zip(messages, props_list, qids):
-            at += encode_into(buf, at, topic_bytes, msg.body, props, qid, msg.flag, msg.sys_flag,
-                              msg.born_timestamp_ms, msg.born_host[-4:], msg.born_port, host, port,
-                              msg.prepared_transaction_offset)
-        return EncodedBatch(topic.name, buf, sizes, qids, tags, flags, uniqs)
+        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs)
 
     def _reject(self, index: int, topic: TopicRecord, msg: MessageIn, props: bytes, size: int) -> None:
         """Raise the error that explains why message ``index`` cannot be stored (or return if it can)."""
@@ -169,24 +167,34 @@ class MessageEncoder:
                 self._tag_codes[tags] = code
         return code
 
-    def _queue_for(self, index: int, topic: TopicRecord, msg: MessageIn) -> int:
+    def _queues_for(self, topic: TopicRecord, messages) -> list[int]:
+        """Queue id per message; round-robin ids are taken as one block per batch."""
         count = topic.queue_count
-        if msg.queue_id is not None:
-            if not 0 <= msg.queue_id < count:
-                raise InvalidArgument(
-                    f"messages[{index}].queue_id {msg.queue_id} is outside [0, {count}) for topic {topic.name}")
-            return msg.queue_id
-        key = msg.sharding_key or (msg.keys[0] if topic.kind == KIND_COMPACTION and msg.keys else "")
-        if key:
-            return javahash.java_string_hash(key) % count
-        if topic.kind == KIND_COMPACTION:
-            raise InvalidArgument(
-                f"messages[{index}]: a COMPACTION topic needs a key (keys or sharding_key) or an explicit queue_id")
-        counter = self._round_robin.get(topic.name)
-        if counter is None:
+        result = []
+        pending_rr = []
+        for index, msg in enumerate(messages):
+            if msg.queue_id is not None:
+                if not 0 <= msg.queue_id < count:
+                    raise InvalidArgument(f"messages[{index}].queue_id {msg.queue_id} is outside [0, {count}) for "
+                                          f"topic {topic.name}")
+                result.append(msg.queue_id)
+                continue
+            key = msg.sharding_key or (msg.keys[0] if topic.kind == KIND_COMPACTION and msg.keys else "")
+            if key:
+                result.append(javahash.java_string_hash(key) % count)
+            elif topic.kind == KIND_COMPACTION:
+                raise InvalidArgument(f"messages[{index}]: a COMPACTION topic needs a key (keys or sharding_key) "
+                                      f"or an explicit queue_id")
+            else:
+                pending_rr.append(index)
+                result.append(0)
+        if pending_rr:
             with self._rr_lock:
-                counter = self._round_robin.setdefault(topic.name, itertools.count())
-        return next(counter) % count
+                start = self._round_robin.get(topic.name, 0)
+                self._round_robin[topic.name] = start + len(pending_rr)
+            for i, index in enumerate(pending_rr):
+                result[index] = (start + i) % count
+        return result
 
 
 def _is_ipv4(host: str) -> bool:

@@ -97,11 +97,11 @@ class Segment:
             raise SegmentClosed(f"segment {self.path.name} was deleted by retention") from exc
 
     def flush(self, from_position: int, to_position: int) -> None:
-        """msync the byte range (page aligned down); durable when this returns."""
+        """Make the byte range durable. fdatasync writes back every dirty page of the file, including
+        pages dirtied through the mapping, and (unlike mmap.flush) releases the GIL while it waits."""
         if to_position <= from_position or self._mm is None:
             return
-        aligned = from_position - from_position % PAGE_SIZE
-        self._mm.flush(aligned, to_position - aligned)
+        os.fdatasync(self._fd)
 
     def prefetch(self, from_position: int, to_position: int, scratch: bytearray) -> None:
         """Read the range into the page cache (os.preadv releases the GIL), so that later copies into

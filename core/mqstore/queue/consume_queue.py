@@ -107,6 +107,31 @@ class ConsumeQueue:
         self.max_physical_end = physical_offset + size
         return True
 
+    def put_run(self, first_offset: int, entries: list[tuple[int, int, int]]) -> None:
+        """Write entries for consecutive queue offsets from ``first_offset`` (the dispatcher's batch
+        path: one copy per queue and batch instead of one per message). Idempotent like put."""
+        skip = self.max_offset - first_offset
+        if skip > 0:
+            entries = entries[skip:]
+            first_offset += skip
+        if not entries:
+            return
+        if first_offset > self.max_offset:
+            self._fill_blanks(first_offset)
+        pack = cq_unit.ENTRY.pack
+        data = b"".join([pack(phys, size, tag) for phys, size, tag in entries])
+        byte_at = first_offset * ENTRY
+        file_size = self.files.segment_size
+        view = memoryview(data)
+        while view:
+            room = file_size - byte_at % file_size
+            self._write(byte_at // ENTRY, view[:room])
+            byte_at += min(room, len(view))
+            view = view[room:]
+        self.max_offset = first_offset + len(entries)
+        phys, size, _ = entries[-1]
+        self.max_physical_end = phys + size
+
     def _fill_blanks(self, queue_offset: int) -> None:
         first_ever = not self.files.segments
         if first_ever:

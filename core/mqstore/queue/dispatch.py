@@ -80,12 +80,18 @@ class Dispatcher:
             table = self.queues
             while pending and pending[0].end <= confirm_offset:
                 written = pending.popleft()
-                topic = written.topic
+                runs: dict[int, tuple[int, list]] = {}
                 for phys, size, qid, qoff, tag, flag in written.entries:
                     if flag & record.SYSFLAG_TX_MASK in _NO_CQ:
                         continue
-                    cq = table.queues.get((topic, qid)) or table.get_or_create(topic, qid)
-                    cq.put(qoff, phys, size, tag)
+                    run = runs.get(qid)
+                    if run is None:
+                        runs[qid] = (qoff, [(phys, size, tag)])
+                    else:
+                        run[1].append((phys, size, tag))
+                for qid, (first, entries) in runs.items():
+                    cq = table.queues.get((written.topic, qid)) or table.get_or_create(written.topic, qid)
+                    cq.put_run(first, entries)
                 self.dispatched_offset = written.end
                 self.logics_msg_timestamp_ms = written.store_timestamp_ms
                 advanced = True
