@@ -108,7 +108,8 @@ class MessageStore:
         for cq in self.queues.queues.values():
             cq.truncate_to_log_end(end)
         replay_from = min(cp.dispatched_physical_offset, end) if cp and cq_root_existed else self.segments.min_offset
-        replayed = self.dispatcher.replay(replay_from, end)
+        replayed = self.dispatcher.replay(replay_from, end, known_topics=set(self._topics),
+                                          rebuild=self._queues_behind() if cq_root_existed else frozenset())
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
         self.before_segment_delete(self.segments.min_offset)
@@ -169,6 +170,20 @@ class MessageStore:
             log.warning("checkpoint.unreadable", error=str(exc), action="re-check the whole log")
             return None
 
+    @property
+    def manifest_path(self):
+        return self.config.consumequeue_dir / "queues.manifest"
+
+    def _queues_behind(self) -> set[tuple[str, int]]:
+        try:
+            behind = self.dispatcher.queues_behind(self.manifest_path.read_bytes())
+        except FileNotFoundError:
+            return set()
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("manifest.unreadable", error=str(exc), action="only gaps found by replay are rebuilt")
+            return set()
+        return {key for key in behind if key[0] in self._topics}
+
     def write_checkpoint(self) -> None:
         dispatched = self.dispatcher.dispatched_offset
         logics_ts = self.dispatcher.logics_msg_timestamp_ms
@@ -176,6 +191,7 @@ class MessageStore:
             cq.flush()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
                               logics_ts, self.clock.now_ms())
+        fs.replace_file(self.manifest_path, self.dispatcher.manifest())
         fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
 
     def _on_flushed(self, flushed_offset: int) -> None:

@@ -151,3 +151,34 @@ def test_second_process_cannot_open_same_dir(small_config):
         assert "in use" in str(info.value)
     finally:
         store.stop()
+
+
+def test_one_missing_queue_is_rebuilt_from_the_log(small_config):
+    config = small_config()
+    store, results = _filled(config)
+    store.append("t", [MessageIn(body=b"late", queue_id=0)])
+    before = [store.queue_info("t", q) for q in range(2)]
+    store.stop()
+    shutil.rmtree(config.consumequeue_dir / "t" / "1")
+    store = MessageStore(config)
+    store.start()
+    try:
+        assert [store.queue_info("t", q) for q in range(2)] == before
+        bodies = [m.record.body for m in store.pull("t", 1, 0, max_messages=100).messages]
+        assert bodies == [r_body for r_body in (bytes([i]) * 900 for i in range(30)) if r_body[0] % 2 == 1]
+    finally:
+        store.stop()
+
+
+def test_deleted_topic_is_not_resurrected_by_replay(small_config):
+    config = small_config()
+    store, _ = _filled(config)
+    store.delete_topic("t")
+    store.halt()
+    (config.data_dir / "checkpoint").unlink()
+    store = MessageStore(config)
+    store.start()
+    try:
+        assert store.queues.get("t", 0) is None
+    finally:
+        store.stop()

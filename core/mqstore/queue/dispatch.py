@@ -10,6 +10,7 @@ notified after every round that made records visible (Pull long-polls and Tail w
 
 from __future__ import annotations
 
+import json
 import pathlib
 import threading
 
@@ -99,34 +100,76 @@ class Dispatcher:
             with self.visible:
                 self.visible.notify_all()
 
-    def replay(self, from_offset: int, to_offset: int) -> int:
-        """Re-dispatch every record in [from_offset, to_offset) from the log; returns records seen."""
-        count = 0
+    def replay(self, from_offset: int, to_offset: int, known_topics=None, rebuild=frozenset()) -> int:
+        """Re-dispatch every record in [from_offset, to_offset) from the log; returns records seen.
+
+        A queue that is missing or behind (its next entry would leave a gap, while the log still holds
+        older records) is rebuilt from the start of the log: destroyed and replayed for that queue only.
+        Records of topics not in ``known_topics`` (deleted topics) are skipped. Queues in ``rebuild``
+        are known to be missing or behind already (the manifest said so).
+        """
         with self.lock:
-            pos = max(from_offset, self.commitlog.min_offset)
-            for seg in self.commitlog.segments.segments:
-                if seg.end <= pos or seg.start >= to_offset:
-                    continue
-                count += self._replay_segment(seg, pos - seg.start, min(seg.size, to_offset - seg.start))
-                pos = seg.end
+            start = max(from_offset, self.commitlog.min_offset)
+            behind: set[tuple[str, int]] = set(rebuild)
+            count = self._replay_range(start, to_offset, known_topics, None, behind if start > self.commitlog.min_offset
+                                       else None)
+            if behind:
+                log.warning("consumequeue.rebuild", queues=sorted(f"{t}/{q}" for t, q in behind),
+                            from_offset=self.commitlog.min_offset)
+                for key in behind:
+                    stale = self.queues.queues.pop(key, None)
+                    if stale is not None:
+                        stale.destroy()
+                self._replay_range(self.commitlog.min_offset, to_offset, known_topics, behind, None)
             self.dispatched_offset = to_offset
         return count
 
-    def _replay_segment(self, seg, position: int, end: int) -> int:
+    def _replay_range(self, start: int, end: int, known_topics, only, behind) -> int:
+        count = 0
+        for seg in self.commitlog.segments.segments:
+            if seg.end <= start or seg.start >= end:
+                continue
+            count += self._replay_segment(seg, start - seg.start, min(seg.size, end - seg.start), known_topics,
+                                          only, behind)
+            start = seg.end
+        return count
+
+    def _replay_segment(self, seg, position: int, end: int, known_topics, only, behind) -> int:
         buf = seg.buffer
         count = 0
         while position < end:
             size, magic = record.PREFIX.unpack_from(buf, position)
             if magic == record.MAGIC_BLANK:
                 break
-            size, topic, qid, qoff, flag, tags, store_ts = record.routing_fields(buf, position)
-            if flag & record.SYSFLAG_TX_MASK not in _NO_CQ:
-                cq = self.queues.get_or_create(topic.decode("utf-8", "replace"), qid)
-                cq.put(qoff, seg.start + position, size, self.tag_code(tags))
+            size, topic_bytes, qid, qoff, flag, tags, store_ts = record.routing_fields(buf, position)
+            topic = topic_bytes.decode("utf-8", "replace")
+            key = (topic, qid)
+            wanted = (known_topics is None or topic in known_topics) and (only is None or key in only)
+            if wanted and flag & record.SYSFLAG_TX_MASK not in _NO_CQ and key not in (behind or ()):
+                cq = self.queues.get(topic, qid)
+                if behind is not None and qoff > (cq.max_offset if cq else 0):
+                    behind.add(key)  # missing or behind: rebuilt from the log's start afterwards
+                else:
+                    cq = cq or self.queues.get_or_create(topic, qid)
+                    cq.put(qoff, seg.start + position, size, self.tag_code(tags))
             self.logics_msg_timestamp_ms = store_ts
             position += size
             count += 1
         return count
+
+    def manifest(self) -> bytes:
+        """Max offset of every queue, for the start-up check that finds missing or truncated queues."""
+        queues = sorted([t, q, cq.max_offset] for (t, q), cq in list(self.queues.queues.items()))
+        return json.dumps({"version": 1, "queues": queues}).encode()
+
+    def queues_behind(self, manifest: bytes) -> set[tuple[str, int]]:
+        """Queues whose files hold fewer entries than the manifest recorded (or are gone)."""
+        behind = set()
+        for topic, queue_id, max_offset in json.loads(manifest)["queues"]:
+            cq = self.queues.get(topic, queue_id)
+            if cq is None or cq.max_offset < max_offset:
+                behind.add((topic, queue_id))
+        return behind
 
     def next_queue_offsets(self) -> dict[tuple[str, int], int]:
         return {key: cq.max_offset for key, cq in self.queues.queues.items()}
