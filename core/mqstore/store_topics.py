@@ -1,0 +1,94 @@
+"""Topic registry and consumer offsets of the MessageStore: the rules (names, system topics, queue
+counts that only grow) on top of mqstore.meta, with an in-memory copy of the registry so that the
+append path never queries SQL. Mixed into MessageStore; ``_topics_lock`` serialises changes.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from mqstore import topics as topic_rules
+from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
+from mqstore.model import KIND_NORMAL, KIND_SYSTEM, QueueInfo, TopicRecord
+
+log = structlog.get_logger()
+
+
+class TopicsMixin:
+    def _ensure_system_topics(self) -> None:
+        for name in sorted(topic_rules.SYSTEM_TOPICS):
+            if name not in self._topics:
+                self._topics[name] = self.meta.create_topic(name, 1, KIND_SYSTEM, 0)
+
+    def topic(self, name: str) -> TopicRecord:
+        found = self._topics.get(name)
+        if found is None:
+            if not name:
+                raise InvalidArgument("topic must not be empty")
+            raise NotFound(f"topic {name!r} does not exist; create it first (CreateTopic / `mqstore topic create`)")
+        return found
+
+    def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
+                     retention_ms: int = 0) -> TopicRecord:
+        topic_rules.validate_topic_name(name)
+        if topic_rules.is_system_topic(name) or kind == KIND_SYSTEM:
+            raise FailedPrecondition(f"topic {name!r}: system topics are created by the store itself")
+        queue_count = queue_count or self.config.default_queue_count
+        topic_rules.validate_queue_count(queue_count)
+        if retention_ms < 0:
+            raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        with self._topics_lock:
+            created = self.meta.create_topic(name, queue_count, kind, retention_ms)
+            self._topics[name] = created
+        log.info("topic.created", topic=name, queue_count=queue_count, kind=kind)
+        return created
+
+    def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
+        current = self.topic(name)
+        if current.kind == KIND_SYSTEM:
+            raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be changed")
+        if queue_count:
+            topic_rules.validate_queue_count(queue_count)
+            if queue_count < current.queue_count:
+                raise FailedPrecondition(
+                    f"topic {name!r} has {current.queue_count} queues; the queue count may only grow "
+                    f"(shrinking would strand messages), asked for {queue_count}")
+        if retention_ms is not None and retention_ms < 0:
+            raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        with self._topics_lock:
+            updated = self.meta.update_topic(name, queue_count or None, retention_ms)
+            self._topics[name] = updated
+        return updated
+
+    def delete_topic(self, name: str) -> None:
+        current = self.topic(name)
+        if current.kind == KIND_SYSTEM:
+            raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be deleted")
+        with self._topics_lock:
+            self.meta.delete_topic(name)
+            self._topics.pop(name, None)
+            with self.dispatcher.lock:
+                self.queues.drop_topic(name)
+        log.info("topic.deleted", topic=name)
+
+    def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
+        return sorted((t for t in self._topics.values() if include_system or t.kind != KIND_SYSTEM),
+                      key=lambda t: t.name)
+
+    def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:
+        topic = self.topic(name)
+        return topic, [self.queue_info(name, q) for q in range(topic.queue_count)]
+
+    # ---- consumer offsets
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        topic_rules.validate_group_name(group)
+        info = self.queue_info(topic, queue_id)
+        if offset < 0 or offset > info.max_offset:
+            raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
+                             min_value=0, max_value=info.max_offset)
+        self.meta.commit_offset(group, topic, queue_id, offset)
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        topic_rules.validate_group_name(group)
+        self._queue(topic, queue_id)
+        return self.meta.query_offset(group, topic, queue_id)
