@@ -31,6 +31,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) bench/index_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info

@@ -1,0 +1,104 @@
+"""A no-op CommitLog server: the ceiling of Python gRPC on this machine, for the benchmark's ratios.
+
+``python bench/noop_server.py --port 0`` serves ``mqstore.v1.CommitLog`` on 127.0.0.1 with the same
+plumbing as the real service (mqstore_rpc.server: the same thread pool, interceptor, message limits,
+health and reflection) but stores nothing:
+
+- ``Append`` / ``AppendStream`` return one AppendResult per message (a fixed, realistically sized
+  result copied per message), so the response has the real shape and size;
+- ``Pull`` returns ``max_messages`` copies of one 1 KiB StoredMessage (built once), with
+  ``next_offset = offset + max_messages``, so the ceiling includes building and serialising a
+  response of the real size;
+- ``GetStoreInfo`` answers (used as a readiness probe); every other RPC is UNIMPLEMENTED.
+
+What is left out is exactly the store: converting messages, encoding records, the lock, the copy into
+the log, flushing, dispatching and building the results from what was stored. The ratio of a workload
+against this server is the share of the gRPC ceiling the store keeps.
+
+Like the real service it logs ``server.started`` (JSON, stderr) with the bound port, and stops on
+SIGTERM / SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+import structlog
+
+from mqstore_rpc import logging as mqlogging
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
+from mqstore_rpc.server import ServerConfig, create_server
+
+log = structlog.get_logger("noop_server")
+
+# A result the size of a real one: 32-hex msg id, 32-hex uniq key, realistic numbers.
+_RESULT = commitlog_pb2.AppendResult(
+    msg_id="7F00000100009C4300000000DEADBEEF", uniq_key="7F0000010000" + "AB" * 10, queue_id=3,
+    queue_offset=123_456, physical_offset=9_876_543_210, size_bytes=1_150, store_timestamp_ms=1_790_000_000_000,
+    durability=common_pb2.DURABILITY_WRITTEN)
+MAX_PULL_MESSAGES = 10_000
+
+
+class NoopCommitLog(commitlog_pb2_grpc.CommitLogServicer):
+    """Thread-safe: the only state is a cache of prebuilt, never-modified messages (a benign race)."""
+
+    def __init__(self) -> None:
+        self._pull_cache: dict[int, list[common_pb2.StoredMessage]] = {}
+
+    def Append(self, request, context):
+        return commitlog_pb2.AppendResponse(results=[_RESULT] * len(request.messages))
+
+    def AppendStream(self, request_iterator, context):
+        count = 0
+        for request in request_iterator:
+            count += len(request.messages)
+        return commitlog_pb2.AppendResponse(results=[_RESULT] * count)
+
+    def Pull(self, request, context):
+        count = min(request.max_messages or 32, MAX_PULL_MESSAGES)
+        messages = self._pull_cache.get(count)
+        if messages is None:
+            messages = self._pull_cache[count] = [_stored_message()] * count
+        return commitlog_pb2.PullResponse(messages=messages, next_offset=request.offset + count, min_offset=0,
+                                          max_offset=request.offset + count)
+
+    def GetStoreInfo(self, request, context):
+        return commitlog_pb2.StoreInfo(flush_mode="NOOP")
+
+
+def _stored_message(body_bytes: int = 1024) -> common_pb2.StoredMessage:
+    body = bytes(i & 0xFF for i in range(body_bytes))
+    return common_pb2.StoredMessage(
+        topic="bench", queue_id=0, queue_offset=1, physical_offset=1_000_000, size_bytes=body_bytes + 126,
+        msg_id="7F00000100009C4300000000000F4240", uniq_key="7F0000010000" + "AB" * 10, body=body,
+        properties={"UNIQ_KEY": "7F0000010000" + "AB" * 10}, born_timestamp_ms=1_790_000_000_000,
+        store_timestamp_ms=1_790_000_000_000, born_host="127.0.0.1:50000", store_host="127.0.0.1:50051",
+        body_crc=123_456_789)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="no-op CommitLog server (benchmark ceiling)")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1, 0 = any free port")
+    args = parser.parse_args(argv)
+    mqlogging.configure("info")
+    server = create_server(ServerConfig(host="127.0.0.1", port=args.port))
+    commitlog_pb2_grpc.add_CommitLogServicer_to_server(NoopCommitLog(), server.grpc_server)
+    server.add_service_names([commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name])
+    server.start()
+    server.mark_serving()
+    log.info("server.started", service="noop", port=server.port, pid=os.getpid())
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    stopping.wait()  # on POSIX a signal interrupts this wait, so the handler runs at once
+    server.stop()
+    log.info("server.stopped", port=server.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Turns the groups' measurements into rows (workload, figure, comparison point, ratio, target) and
+writes them as JSON and as a short markdown table.
+
+A row's ratio is always figure / comparison. For throughput the target is a lower bound on it; for a
+time (recovery) an upper bound. A row whose comparison was not measured in this run has no ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from append import SHAPES
+
+MiB = 1 << 20
+
+
+def _row(section, workload, figure, unit, comparison, comparison_figure, target=None, **extra) -> dict:
+    ratio = figure / comparison_figure if figure is not None and comparison_figure else None
+    met = None
+    if target is not None and ratio is not None:
+        op, bound = target
+        met = ratio >= bound if op == ">=" else ratio <= bound
+    return {"section": section, "workload": workload, "figure": figure, "unit": unit, "comparison": comparison,
+            "comparison_figure": comparison_figure, "ratio": ratio,
+            "target": f"{target[0]} {target[1]}" if target else None, "met": met, **extra}
+
+
+def _find(runs, mode, shape, producers):
+    return next((r for r in runs if r["mode"] == mode and r["shape"] == shape and r["producers"] == producers), None)
+
+
+def _cpu_per_msg(run: dict) -> float | None:
+    """Server CPU microseconds per message: what the store adds to gRPC shows here."""
+    return run["server_cores"] / run["msgs_per_s"] * 1e6 if run["msgs_per_s"] else None
+
+
+def _append_label(mode, shape, producers):
+    return f"{SHAPES[shape]['label']}, {producers} producer{'s' if producers > 1 else ''}, {mode}"
+
+
+def append_rows(append: dict) -> list[dict]:
+    rows = []
+    for r in append["runs"]:
+        if r["mode"] == "noop":
+            continue
+        noop = _find(append["runs"], "noop", r["shape"], r["producers"])
+        rows.append(_row("append", _append_label(r["mode"], r["shape"], r["producers"]), r["msgs_per_s"], "msgs/s",
+                         "no-op gRPC server, same calls", noop and noop["msgs_per_s"],
+                         p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], server_cores=r["server_cores"],
+                         server_cpu_us_per_msg=_cpu_per_msg(r),
+                         comparison_server_cpu_us_per_msg=noop and _cpu_per_msg(noop), errors=r["errors"]))
+    for red in append["redis"]:
+        mode = "ASYNC" if red["fsync"] == "everysec" else "SYNC"
+        ours = _find(append["runs"], mode, "unary-100", red["producers"])
+        rows.append(_row("redis", _append_label(mode, "unary-100", red["producers"]), ours and ours["msgs_per_s"],
+                         "msgs/s", f"Redis XADD, appendfsync {red['fsync']}, pipeline 100, {red['producers']} "
+                         f"connection{'s' if red['producers'] > 1 else ''}", red["msgs_per_s"],
+                         p50_ms=ours and ours["p50_ms"], p99_ms=ours and ours["p99_ms"],
+                         comparison_p50_ms=red["p50_ms"], comparison_p99_ms=red["p99_ms"]))
+    return rows
+
+
+MEMORY_FIELDS = (("VmRSS", "RSS (VmRSS)"), ("VmHWM", "peak RSS (VmHWM)"),
+                 ("RssAnon", "anonymous RSS (RssAnon: heap, not the mapped log)"))
+
+
+def memory_rows(memory: dict, when: str) -> list[dict]:
+    rows = []
+    noop = memory.get("noop") or {}
+    for key in ("ASYNC", "SYNC"):
+        m = memory.get(key)
+        for field, label in MEMORY_FIELDS if m else ():
+            rows.append(_row("memory", f"mqstore {key} server, {label}, {when}", m.get(field, 0) / 1024, "MiB",
+                             "no-op server after the same calls", noop.get(field, 0) / 1024 or None,
+                             rss_file_mib=m.get("RssFile", 0) / 1024))
+    return rows
+
+
+def best_async_append(results: dict) -> tuple[float | None, str]:
+    candidates = []
+    for r in (results.get("append") or {}).get("runs", []):
+        if r["mode"] == "ASYNC":
+            candidates.append((r["msgs_per_s"], _append_label("ASYNC", r["shape"], r["producers"])))
+    for group in ("read", "recovery"):
+        filled = (results.get(group) or {}).get("fill")
+        if filled:
+            candidates.append((filled["msgs_per_s"], f"fill of the {group} log (100 msgs/call, 16 producers, ASYNC)"))
+    return max(candidates) if candidates else (None, "")
+
+
+def read_rows(read: dict, results: dict) -> list[dict]:
+    rows = []
+    for n in (1, 8):
+        ours, noop = read[f"pull_x{n}"], read[f"noop_pull_x{n}"]
+        rows.append(_row("read", f"Pull 1000 msgs/call, {n} consumer{'s' if n > 1 else ''} over 8 queues",
+                         ours["msgs_per_s"], "msgs/s", "no-op Pull, same calls", noop["msgs_per_s"],
+                         p50_ms=ours["p50_ms"], p99_ms=ours["p99_ms"], mb_per_s=ours["mb_per_s"]))
+    rate, label = best_async_append(results)
+    tail = read["tail"]
+    rows.append(_row("read", f"Tail from earliest over {read['log_bytes'] / MiB:.0f} MiB ({tail['records']} records)",
+                     tail["msgs_per_s"], "msgs/s", f"highest append rate in this run: {label}", rate,
+                     target=(">=", 1.0), mb_per_s=tail["mb_per_s"]))
+    return rows
+
+
+def recovery_rows(rec: dict) -> list[dict]:
+    size = f"{rec['log_bytes'] / MiB:.0f} MiB"
+    read = rec["read_twice_total_s"]
+    comparison = f"read the same {size} of segment files twice (warm page cache)"
+    return [
+        _row("recovery", f"restart after kill -9, checkpoint removed: whole {size} log re-checked",
+             rec["checkpoint_removed"]["seconds"], "s", comparison, read, target=("<=", 1.0),
+             detail=rec["checkpoint_removed"]),
+        _row("recovery", f"restart after kill -9, checkpoint kept ({size} log)", rec["checkpoint_kept"]["seconds"], "s",
+             comparison, read, detail=rec["checkpoint_kept"]),
+        _row("recovery", f"restart after kill -9, checkpoint removed: whole {size} log re-checked",
+             rec["checkpoint_removed"]["seconds"], "s", f"read the same {size} twice from disk (O_DIRECT, no cache)",
+             rec["read_twice_direct_total_s"]),
+        _row("recovery", "process floor: start on an empty data directory", rec["process_floor"]["seconds"], "s",
+             comparison, read),
+    ]
+
+
+def target_rows(rows: list[dict], results: dict) -> list[dict]:
+    wanted = [("append", _append_label("ASYNC", "unary-100", 16), (">=", 0.5)),
+              ("redis", _append_label("ASYNC", "unary-100", 16) + "|everysec", (">=", 1.0)),
+              ("redis", _append_label("SYNC", "unary-100", 32) + "|always", (">=", 1.0))]
+    out = []
+    for section, key, target in wanted:
+        name, _, fsync = key.partition("|")
+        for r in rows:
+            if r["section"] == section and r["workload"] == name and (not fsync or fsync in r["comparison"]):
+                out.append(_row("targets", r["workload"], r["figure"], r["unit"], r["comparison"],
+                                r["comparison_figure"], target=target, p50_ms=r.get("p50_ms"), p99_ms=r.get("p99_ms")))
+    out += [dict(r, section="targets") for r in rows if r["target"] and r["section"] in ("read", "recovery")]
+    return out
+
+
+def build_rows(results: dict) -> list[dict]:
+    rows = []
+    if results.get("append") and "runs" in results["append"]:
+        rows += append_rows(results["append"])
+        rows += memory_rows(results["append"]["memory_kib"], "after every append workload")
+    if results.get("read") and "tail" in results["read"]:
+        rows += read_rows(results["read"], results)
+    if results.get("recovery") and "read_twice_total_s" in results["recovery"]:
+        rows += recovery_rows(results["recovery"])
+    return target_rows(rows, results) + rows
+
+
+# ---- output ------------------------------------------------------------------------------------------
+
+def _fmt(value, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    if unit in ("msgs/s",):
+        return f"{value:,.0f}"
+    if unit == "MiB":
+        return f"{value:,.0f}"
+    if unit == "s":
+        return f"{value:.2f}"
+    return f"{value:.2f}"
+
+
+def _verdict(row: dict) -> str:
+    if row["target"] is None:
+        return ""
+    if row["met"] is None:
+        return f"{row['target']}: not measured"
+    return f"{row['target']}: {'met' if row['met'] else '**missed**'}"
+
+
+SECTIONS = [("targets", "Targets"), ("append", "Append vs the no-op gRPC server (the Python gRPC ceiling)"),
+            ("redis", "Append vs Redis Streams (redis-benchmark, XADD 1 KiB, pipeline 100)"),
+            ("read", "Pull and Tail"), ("recovery", "Recovery after kill -9"), ("memory", "Server memory")]
+
+
+def markdown(rows: list[dict], meta: dict, notes: list[str], profiles: dict | None = None) -> str:
+    lines = [f"# CommitLog benchmark — {meta['started']}", "",
+             f"{meta['machine']}; {meta['mode']} run took {meta['elapsed_s']:.0f} s; git {meta['git']}. "
+             "Figures are from one run on a shared machine: read the ratios, not the absolutes. "
+             "Latency is per call (one Append, one stream, one Pull). How to read this: bench/README.md.", ""]
+    for section, title in SECTIONS:
+        chosen = [r for r in rows if r["section"] == section]
+        if not chosen:
+            continue
+        lines += [f"## {title}", "", "| workload | figure | p50 / p99 ms | comparison point (same run) | its figure | ratio | target |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in chosen:
+            lat = f"{_fmt(r.get('p50_ms'))} / {_fmt(r.get('p99_ms'))}" if r.get("p50_ms") is not None else ""
+            ratio = f"{r['ratio']:.2f}×" if r["ratio"] is not None else "—"
+            lines.append(f"| {r['workload']} | {_fmt(r['figure'], r['unit'])} {r['unit']} | {lat} | {r['comparison']} "
+                         f"| {_fmt(r['comparison_figure'], r['unit'])} {r['unit']} | {ratio} | {_verdict(r)} |")
+        lines.append("")
+    lines += profile_lines(profiles or {})
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def profile_lines(profiles: dict, top: int = 12) -> list[str]:
+    """Top functions of each py-spy profile: share of samples on top of the stack and anywhere in it."""
+    lines = []
+    for name, p in profiles.items():
+        if not p or not p.get("samples"):
+            continue
+        lines += [f"## Profile: {p['workload']}", "",
+                  f"{p['samples']} samples " + ("with the GIL held (py-spy --gil" if p.get("gil") else
+                                                "of busy threads (py-spy") + ", 100 Hz); raw stacks in "
+                  f"{p['raw']}. 'total' lists mqstore's own functions only.", "", "| self | function (on top of the stack) | total | function (anywhere in the stack) |",
+                  "|---|---|---|---|"]
+        for s, t in zip(p["self"][:top], p["total"][:top]):
+            lines.append(f"| {s['share']:.1%} | {s['function']} | {t['share']:.1%} | {t['function']} |")
+        lines.append("")
+    return lines
+
+
+def write(out_dir: pathlib.Path, stem: str, results: dict, rows: list[dict], meta: dict, notes: list[str]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = {"meta": meta, "rows": rows, "notes": notes, "results": results}
+    tmp = out_dir / f"{stem}.json.tmp"
+    tmp.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    tmp.replace(out_dir / f"{stem}.json")
+    tmp = out_dir / f"{stem}.md.tmp"
+    profiles = results.get("profile") if isinstance(results.get("profile"), dict) else {}
+    tmp.write_text(markdown(rows, meta, notes, {k: v for k, v in profiles.items() if isinstance(v, dict)}))
+    tmp.replace(out_dir / f"{stem}.md")
