@@ -143,27 +143,6 @@ def encode(*, topic: bytes, body: bytes, properties: bytes, queue_id: int, flag:
                      properties))
 
 
-def encode_into(buf: bytearray, position: int, topic: bytes, body: bytes, properties: bytes, queue_id: int,
-                flag: int, sys_flag: int, born_timestamp_ms: int, born_host: bytes, born_port: int,
-                store_host: bytes, store_port: int, prepared_transaction_offset: int = 0) -> int:
-    """Like :func:`encode` (queue offset, physical offset, store time and reconsume times zero) but
-    written into ``buf`` at ``position`` with no intermediate bytes; returns the record size."""
-    body_len = len(body)
-    total = FIXED_OVERHEAD + body_len + len(topic) + len(properties)
-    HEADER.pack_into(buf, position, total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
-                     sys_flag, born_timestamp_ms, born_host, born_port, 0, store_host, store_port, 0,
-                     prepared_transaction_offset, body_len)
-    at = position + HEADER_SIZE
-    buf[at:at + body_len] = body
-    at += body_len
-    buf[at] = len(topic)
-    buf[at + 1:at + 1 + len(topic)] = topic
-    at += 1 + len(topic)
-    PROPERTIES_LENGTH.pack_into(buf, at, len(properties))
-    buf[at + 2:at + 2 + len(properties)] = properties
-    return total
-
-
 def topic_part(topic: bytes) -> bytes:
     """TOPICLENGTH + TOPIC, shared by every record of a batch."""
     return bytes((len(topic),)) + topic
@@ -357,25 +336,27 @@ def parse_offset_msg_id(msg_id: str) -> tuple[bytes, int, int]:
 
 
 def routing_fields(buf, position: int) -> tuple[int, bytes, int, int, int, str, int]:
-    """(size, topic, queue id, queue offset, sys flag, TAGS, store time) of a valid IPv4 record,
-    without copying the body: what the dispatcher needs when it rebuilds consume queues."""
-    size = INT32.unpack_from(buf, position)[0]
-    queue_id = INT32.unpack_from(buf, position + QUEUE_ID_AT)[0]
-    queue_offset = INT64.unpack_from(buf, position + OFFSETS_AT)[0]
-    sys_flag = INT32.unpack_from(buf, position + 36)[0]
-    store_ts = INT64.unpack_from(buf, position + STORE_TIMESTAMP_AT)[0]
-    born_size, store_size = _host_sizes(sys_flag)
-    body_at = position + HEADER_SIZE + (born_size - 8) + (store_size - 8)
-    at = body_at + INT32.unpack_from(buf, body_at - 4)[0]
-    topic = bytes(buf[at + 1:at + 1 + buf[at]])
-    at += 1 + buf[at]
-    props_len = PROPERTIES_LENGTH.unpack_from(buf, at)[0]
-    props = bytes(buf[at + 2:at + 2 + props_len])
+    """(size, topic, queue id, queue offset, sys flag, TAGS, store time) of a valid record, without
+    copying the body: what the dispatcher needs when it rebuilds consume queues."""
+    (size, _, _, queue_id, _, queue_offset, _, sys_flag, _, _, _, store_ts, _, _, _, _,
+     body_len) = HEADER.unpack_from(buf, position)
+    if sys_flag & (SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6):
+        born_size, store_size = _host_sizes(sys_flag)
+        body_at = position + HEADER_SIZE + (born_size - 8) + (store_size - 8)
+        body_len = INT32.unpack_from(buf, body_at - 4)[0]
+        store_ts = INT64.unpack_from(buf, position + STORE_TIMESTAMP_AT + (born_size - 8))[0]
+    else:
+        body_at = position + HEADER_SIZE
+    at = body_at + body_len
+    topic_len = buf[at]
+    topic = buf[at + 1:at + 1 + topic_len]
+    at += 1 + topic_len
+    props = buf[at + 2:at + 2 + PROPERTIES_LENGTH.unpack_from(buf, at)[0]]
     tags = ""
     found = props.find(b"TAGS\x01")
     if found == 0 or (found > 0 and props[found - 1] == 2):
         tags = props[found + 5:props.index(b"\x02", found)].decode("utf-8", "replace")
-    return size, topic, queue_id, queue_offset, sys_flag, tags, store_ts
+    return size, bytes(topic), queue_id, queue_offset, sys_flag, tags, store_ts
 
 
 def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[int, int, int, RecordError | None]:

@@ -117,14 +117,17 @@ def _classify(segs, index: int, position: int, exc: record.RecordError, outcome:
 
 
 def _last_nonzero(seg: Segment, position: int) -> int:
-    """Position after the last non-zero byte at or after ``position`` (``position`` if none)."""
+    """Position after the last non-zero byte at or after ``position`` (``position`` if none). Only
+    ranges the file system reports as data are read; zero chunks are recognised by one comparison."""
     buf = seg.buffer
     last = position
-    for at in range(position, seg.size, _CHUNK):
-        chunk = buf[at:min(at + _CHUNK, seg.size)]
-        stripped = len(chunk.rstrip(b"\0"))
-        if stripped:
-            last = at + stripped
+    zero = bytes(_CHUNK)
+    for start, end in seg.data_ranges(position):
+        for at in range(max(start, position), end, _CHUNK):
+            stop = min(at + _CHUNK, end)
+            chunk = buf[at:stop]
+            if chunk != zero[:stop - at]:
+                last = at + len(chunk.rstrip(b"\0"))
     return last
 
 

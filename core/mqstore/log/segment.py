@@ -9,6 +9,7 @@ raises ``SegmentClosed`` instead of touching unmapped memory.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import pathlib
@@ -112,6 +113,24 @@ class Segment:
         step = len(scratch)
         for at in range(from_position, min(to_position, self.size), step):
             os.preadv(fd, [scratch], at)
+
+    def data_ranges(self, position: int):
+        """(start, end) ranges at or after ``position`` that may hold data, from SEEK_DATA/SEEK_HOLE.
+        Preallocated, never-written space is a hole here, so scanning for the end of data does not
+        have to read (and so fault in) the empty rest of a 1 GiB segment. Where the file system cannot
+        tell, the whole rest is one range."""
+        try:
+            while position < self.size:
+                start = os.lseek(self._fd, position, os.SEEK_DATA)
+                end = min(os.lseek(self._fd, start, os.SEEK_HOLE), self.size)
+                if start >= self.size:
+                    return
+                yield start, end
+                position = end
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data at or after position
+                return
+            yield position, self.size
 
     def zero_from(self, position: int) -> None:
         """Zero [position, size): used when truncating a torn or repaired tail."""
