@@ -56,6 +56,33 @@ class AppendResult:  # not frozen for the same reason as MessageIn
     durability: str
 
 
+class AppendResults:
+    """The results of one appended batch, one per message in order, kept as the columns the store
+    already has (so the gRPC layer builds its response without a Python object per message).
+    Indexing or iterating yields AppendResult objects."""
+
+    __slots__ = ("msg_id_prefix", "entries", "uniq_keys", "store_timestamp_ms", "durability")
+
+    def __init__(self, msg_id_prefix: str, entries: list, uniq_keys: list[str], store_timestamp_ms: int,
+                 durability: str):
+        self.msg_id_prefix = msg_id_prefix  # offset msg id = prefix + 16 hex digits of the physical offset
+        self.entries = entries  # (physical offset, size, queue id, queue offset, tag code, sys flag)
+        self.uniq_keys = uniq_keys
+        self.store_timestamp_ms = store_timestamp_ms
+        self.durability = durability
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> AppendResult:
+        phys, size, qid, qoff, _, _ = self.entries[index]
+        return AppendResult(f"{self.msg_id_prefix}{phys:016X}", self.uniq_keys[index], qid, qoff, phys, size,
+                            self.store_timestamp_ms, self.durability)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.entries)))
+
+
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
     record: Record

@@ -35,7 +35,7 @@ from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, TAIL_EARLIEST,
-                           TAIL_LATEST, AppendResult, MessageIn, PullResult, QueueInfo, StoredMessage,
+                           TAIL_LATEST, AppendResults, MessageIn, PullResult, QueueInfo, StoredMessage,
                            StoreInfo, TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.store_topics import TopicsMixin
@@ -215,7 +215,7 @@ class MessageStore(TopicsMixin):
         return self.dispatcher.dispatched_offset
 
     # ------------------------------------------------------------------ append
-    def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
+    def append(self, topic: str, messages: Sequence[MessageIn]) -> AppendResults:
         self._check_running()
         reason = self.disk_read_only or self.commitlog.read_only_reason
         if reason:
@@ -235,10 +235,8 @@ class MessageStore(TopicsMixin):
         else:
             self.dispatcher.run_pending(written.end)
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
-        host, port, ts = self.encoder.store_host, self.encoder.store_port, written.store_timestamp_ms
-        prefix = (host + record.INT32.pack(port)).hex().upper()
-        return [AppendResult(f"{prefix}{phys:016X}", uniq, qid, qoff, phys, size, ts, durability)
-                for (phys, size, qid, qoff, _, _), uniq in zip(written.entries, batch.uniq_keys)]
+        prefix = (self.encoder.store_host + record.INT32.pack(self.encoder.store_port)).hex().upper()
+        return AppendResults(prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms, durability)
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int):

@@ -50,20 +50,22 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
 
     def Append(self, request, context):
         results = self._store.append(request.topic, convert.messages_in(request.messages, context.peer()))
-        return convert.append_response(results)
+        return convert.append_response((results,))
 
     def AppendStream(self, request_iterator: Iterable[commitlog_pb2.AppendRequest], context):
         limit = self._store.config.max_stream_messages
-        results = []
+        batches = []
+        stored = 0
         peer = context.peer()
         for request in request_iterator:
-            if len(results) + len(request.messages) > limit:
+            if stored + len(request.messages) > limit:
                 raise InvalidArgument(
                     f"AppendStream carries at most {limit} messages (server setting max_stream_messages); this "
-                    f"item would make it {len(results) + len(request.messages)}. The {len(results)} messages of "
+                    f"item would make it {stored + len(request.messages)}. The {stored} messages of "
                     f"the earlier items are stored; start a new stream for the rest")
-            results.extend(self._store.append(request.topic, convert.messages_in(request.messages, peer)))
-        return convert.append_response(results)
+            batches.append(self._store.append(request.topic, convert.messages_in(request.messages, peer)))
+            stored += len(batches[-1])
+        return convert.append_response(batches)
 
     def Pull(self, request, context):
         result = self._store.pull(request.topic, request.queue_id, request.offset, max_messages=request.max_messages,

@@ -82,20 +82,16 @@ def stored_message(message: model.StoredMessage) -> common_pb2.StoredMessage:
         body_crc=r.body_crc)
 
 
-def append_result(r: model.AppendResult) -> commitlog_pb2.AppendResult:
-    return append_response((r,)).results[0]
-
-
-def append_response(results: Sequence[model.AppendResult]) -> commitlog_pb2.AppendResponse:
-    """Hot path (one result per appended message): ``results.add(...)`` builds each result in place;
-    passing ready messages to the constructor would copy every one of them again."""
+def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.AppendResponse:
+    """Hot path (one result per appended message), from the store's columns: ``results.add(...)``
+    builds each result in place (passing ready messages to the constructor would copy each again)."""
     response = commitlog_pb2.AppendResponse()
     add = response.results.add
-    durability = _DURABILITY_TO_PB
-    for r in results:
-        add(msg_id=r.msg_id, uniq_key=r.uniq_key, queue_id=r.queue_id, queue_offset=r.queue_offset,
-            physical_offset=r.physical_offset, size_bytes=r.size_bytes, store_timestamp_ms=r.store_timestamp_ms,
-            durability=durability[r.durability])
+    for batch in batches:
+        prefix, ts, durability = batch.msg_id_prefix, batch.store_timestamp_ms, _DURABILITY_TO_PB[batch.durability]
+        for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys):
+            add(msg_id=f"{prefix}{phys:016X}", uniq_key=uniq, queue_id=qid, queue_offset=qoff, physical_offset=phys,
+                size_bytes=size, store_timestamp_ms=ts, durability=durability)
     return response
 
 
