@@ -5,14 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
-import queue
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
+
+from tests.support.processes import ServiceProcess, commitlog
 
 pytestmark = pytest.mark.integration
 
@@ -22,59 +20,16 @@ CLI_TIMEOUT_S = 60
 MQSTORE = pathlib.Path(sys.executable).with_name("mqstore")  # the console script of pyproject.toml
 
 
-class ServerProcess:
-    """``python -m commitlog_service.main`` on port 0; the port comes from its server.started event."""
-
-    def __init__(self, data_dir: pathlib.Path):
-        command = [sys.executable, "-m", "commitlog_service.main", "--data-dir", str(data_dir), "--port", "0",
-                   "--segment-size-bytes", "64KiB", "--preallocate-segments", "false", "--grace-s", "1"]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.events: queue.Queue[dict] = queue.Queue()
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read_stderr, name="server-stderr", daemon=True)
-        self._reader.start()
-
-    def _read_stderr(self) -> None:
-        for line in self.process.stderr:  # drained to EOF so the server never blocks on a full pipe
-            self.lines.append(line)
-            try:
-                self.events.put(json.loads(line))
-            except json.JSONDecodeError:
-                self.events.put({"event": "not-json", "line": line})
-
-    def wait_for(self, event: str, timeout_s: float) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                item = self.events.get(timeout=left)
-            except queue.Empty:
-                break
-            if item.get("event") == event:
-                return item
-        raise AssertionError(f"no {event} event within {timeout_s} s; stderr so far:\n{''.join(self.lines)}")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
-        self._reader.join(STOP_TIMEOUT_S)
-        if not self.process.stdout.closed:
-            self.stdout = self.process.stdout.read()
-            self.process.stdout.close()
-            self.process.stderr.close()
-        return self.process.returncode
+def server_process(data_dir: pathlib.Path) -> ServiceProcess:
+    """``python -m commitlog_service.main`` on port 0 with small, sparse segments."""
+    return commitlog(data_dir, "--segment-size-bytes", "64KiB", "--preallocate-segments", "false")
 
 
 @pytest.fixture
 def server(tmp_path):
-    srv = ServerProcess(tmp_path / "data")
+    srv = server_process(tmp_path / "data")
     try:
-        started = srv.wait_for("server.started", START_TIMEOUT_S)
-        srv.address = f"127.0.0.1:{started['port']}"
+        srv.started(START_TIMEOUT_S)
         yield srv
     finally:
         srv.stop()
@@ -164,7 +119,7 @@ def test_server_stops_cleanly_on_sigterm(server):
 
 
 def test_second_server_on_the_same_data_dir_refuses_to_start(server, tmp_path):
-    second = ServerProcess(tmp_path / "data")
+    second = server_process(tmp_path / "data")
     try:
         failed = second.wait_for("server.start_failed", START_TIMEOUT_S)
         assert failed["error"] == "FailedPrecondition" and "in use" in failed["message"]

@@ -25,13 +25,17 @@ class ServiceProcess:
     def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None):
         command = [sys.executable, "-m", module, *args]
         full_env = {**os.environ, **(env or {})}
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         env=full_env)
         self.events: queue.Queue[dict] = queue.Queue()
         self.lines: list[str] = []
         self.address = ""
+        self.stdout_lines: list[str] = []
         self._reader = threading.Thread(target=self._drain, name=f"{module}-stderr", daemon=True)
         self._reader.start()
+        self._out_reader = threading.Thread(target=lambda: self.stdout_lines.extend(self.process.stdout),
+                                            name=f"{module}-stdout", daemon=True)
+        self._out_reader.start()
 
     def _drain(self) -> None:
         for line in self.process.stderr:
@@ -68,6 +72,10 @@ class ServiceProcess:
     def stderr(self) -> str:
         return "".join(self.lines)
 
+    @property
+    def stdout(self) -> str:
+        return "".join(self.stdout_lines)
+
     def kill9(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
@@ -83,8 +91,10 @@ class ServiceProcess:
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT_S)
         self._reader.join(STOP_TIMEOUT_S)
-        if self.process.stderr and not self.process.stderr.closed:
-            self.process.stderr.close()
+        self._out_reader.join(STOP_TIMEOUT_S)
+        for stream in (self.process.stderr, self.process.stdout):
+            if stream and not stream.closed:
+                stream.close()
         return self.process.returncode
 
     def __enter__(self) -> "ServiceProcess":
