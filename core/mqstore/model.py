@@ -83,8 +83,8 @@ class AppendResults:
         return (self[i] for i in range(len(self.entries)))
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
+@dataclass(slots=True)
+class StoredMessage:  # not frozen: one per message read (see MessageIn)
     record: Record
     msg_id: str
 

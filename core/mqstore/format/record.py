@@ -173,9 +173,10 @@ def encode_blank(size_bytes: int) -> bytes:
     return BLANK.pack(size_bytes, MAGIC_BLANK)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Record:
-    """A decoded record. ``size`` is TOTALSIZE."""
+    """A decoded record. ``size`` is TOTALSIZE. Not frozen: one is built per message read, and a
+    frozen dataclass costs several times as much to construct; treat it as immutable."""
 
     size: int
     body_crc: int

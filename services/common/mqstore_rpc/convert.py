@@ -13,6 +13,7 @@ import socket
 from typing import Iterable, Sequence
 
 from mqstore import model
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from mqstore.errors import InvalidArgument
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
@@ -70,12 +71,16 @@ def message_in(m: common_pb2.MessageInput, peer: str = "") -> model.MessageIn:
     return messages_in((m,), peer)[0]
 
 
-def stored_message(message: model.StoredMessage) -> common_pb2.StoredMessage:
+def stored_message(message: model.StoredMessage, into: common_pb2.StoredMessage | None = None):
+    """The proto of a stored message; with ``into`` (a container's ``add``), built in place."""
     r = message.record
-    return common_pb2.StoredMessage(
+    props = r.properties
+    keys = props.get(PROPERTY_KEYS)
+    return (into or common_pb2.StoredMessage)(
         topic=r.topic, queue_id=r.queue_id, queue_offset=r.queue_offset, physical_offset=r.physical_offset,
-        size_bytes=r.size, msg_id=message.msg_id, uniq_key=message.uniq_key, body=r.body, tags=message.tags,
-        keys=message.keys, properties=r.properties, flag=r.flag, sys_flag=r.sys_flag,
+        size_bytes=r.size, msg_id=message.msg_id, uniq_key=props.get(PROPERTY_UNIQ_KEY, ""), body=r.body,
+        tags=props.get(PROPERTY_TAGS, ""), keys=[k for k in keys.split(" ") if k] if keys else (),
+        properties=props, flag=r.flag, sys_flag=r.sys_flag,
         born_timestamp_ms=r.born_timestamp_ms, store_timestamp_ms=r.store_timestamp_ms,
         born_host=host_text(r.born_host, r.born_port), store_host=host_text(r.store_host, r.store_port),
         reconsume_times=r.reconsume_times, prepared_transaction_offset=r.prepared_transaction_offset,
@@ -96,9 +101,12 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
 
 
 def pull_response(result: model.PullResult) -> commitlog_pb2.PullResponse:
-    return commitlog_pb2.PullResponse(
-        messages=[stored_message(m) for m in result.messages], next_offset=result.next_offset,
-        min_offset=result.min_offset, max_offset=result.max_offset)
+    response = commitlog_pb2.PullResponse(next_offset=result.next_offset, min_offset=result.min_offset,
+                                          max_offset=result.max_offset)
+    add = response.messages.add
+    for m in result.messages:
+        stored_message(m, add)
+    return response
 
 
 # ---- topics, queues, store ----------------------------------------------------------------------------
