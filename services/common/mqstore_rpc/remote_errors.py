@@ -12,8 +12,8 @@ range of the :class:`OutOfRange`.
 from __future__ import annotations
 
 import grpc
-
 from mqstore import errors
+
 from mqstore_rpc.errors import STATUS_BY_ERROR
 
 ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.MqStoreError]] = {

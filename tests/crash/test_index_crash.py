@@ -1,0 +1,283 @@
+"""Crash tests of the Index service with real processes (``python -m commitlog_service.main`` and
+``python -m index_service.main`` on 127.0.0.1):
+
+* kill -9 of the index while producers append: after each restart it catches up from its checkpoint;
+  at the end every appended key is found exactly once and the files hold no duplicate entry;
+* kill -9 and restart of the commit log while the index follows: the index keeps answering, reports
+  it is not connected, reconnects and catches up without skipping a record;
+* a damaged index file (truncated while the index is stopped): quarantined on start, rebuilt from the
+  log while newer ranges answer, and a query over the damaged range says FAILED_PRECONDITION instead
+  of returning a partial answer (a failpoint holds the rebuild so that this can be observed).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
+from mqstore_rpc.gen.mqstore.v1 import (
+    commitlog_pb2_grpc,
+    common_pb2,
+    index_pb2,
+    index_pb2_grpc,
+)
+
+from tests.support.processes import ServiceProcess, commitlog
+
+pytestmark = [pytest.mark.crash, pytest.mark.slow]
+
+RPC_TIMEOUT_S = 10
+WAIT_S = 60
+POLL_S = 0.02
+TOPIC = "crash"
+MAX_BATCHES = 200
+BATCH = 20
+THROTTLE_S = 0.005          # between batches: the kills land while appends still run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_index(data_dir, log_address: str, env: dict[str, str] | None = None) -> ServiceProcess:
+    args = ["--data-dir", str(data_dir), "--port", "0", "--grace-s", "1", "--commitlog", log_address,
+            "--slot-count", "64", "--entry-count", "3000", "--max-keys-per-message", "8",
+            "--checkpoint-interval-ms", "50", "--maintenance-interval-ms", "100", "--maintenance-retry-ms", "100",
+            "--heartbeat-ms", "50", "--backoff-initial-ms", "20", "--backoff-max-ms", "300",
+            "--rebuild-interval-ms", "100", "--rpc-timeout-ms", "3000"]
+    return ServiceProcess("index_service.main", args, env).started()
+
+
+def crash(process: ServiceProcess) -> None:
+    """kill -9, then release the pipe of its stderr."""
+    process.kill9()
+    process.stop()
+
+
+def logged(process: ServiceProcess, event: str) -> list[dict]:
+    """The JSON log events named ``event`` the process has written so far."""
+    found = []
+    for line in list(process.lines):
+        if f'"{event}"' in line:
+            item = json.loads(line)
+            if item.get("event") == event:
+                found.append(item)
+    return found
+
+
+def start_log(data_dir, port: int = 0) -> ServiceProcess:
+    return commitlog(data_dir, "--port", str(port), "--segment-size-bytes", "1MiB",
+                     "--preallocate-segments", "false").started()
+
+
+class Client:
+    """Stubs for one commit log and one index address. Not thread-safe."""
+
+    def __init__(self, log_address: str, index_address: str):
+        self._channels = [grpc.insecure_channel(log_address), grpc.insecure_channel(index_address)]
+        self.log = commitlog_pb2_grpc.CommitLogStub(self._channels[0])
+        self.index = index_pb2_grpc.IndexStub(self._channels[1])
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def stats(self) -> index_pb2.IndexStats:
+        return self.index.Stats(index_pb2.IndexStatsRequest(), timeout=RPC_TIMEOUT_S)
+
+    def query(self, key: str, **fields) -> index_pb2.QueryByKeyResponse:
+        return self.index.QueryByKey(index_pb2.QueryByKeyRequest(topic=TOPIC, key=key, **fields),
+                                     timeout=RPC_TIMEOUT_S)
+
+
+def wait_until(condition, what: str, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except grpc.RpcError:
+            value = None  # a server still starting; keep polling until the deadline
+        if value:
+            return value
+        pause.wait(POLL_S)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def wait_indexed(client: Client) -> index_pb2.IndexStats:
+    end = client.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S).visible_physical_offset
+    return wait_until(lambda: (s := client.stats()).indexed_physical_offset >= end and s, f"the index at {end}")
+
+
+class Producer:
+    """Thread ``producer``: appends batches with a unique key per message (and "all") until stopped, the
+    server dies, or MAX_BATCHES; ``acked`` holds (key, AppendResult) of acknowledged messages."""
+
+    def __init__(self, log_address: str, first: int = 0):
+        self.acked: list[tuple[str, pb.AppendResult]] = []
+        self.stop_event = threading.Event()
+        self._address = log_address
+        self._next = first
+        self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
+
+    def append(self, stub, count: int) -> None:
+        for first in range(0, count, 1000):  # Append takes at most 1000 messages
+            keys = [f"key-{self._next + i}" for i in range(min(1000, count - first))]
+            self._next += len(keys)
+            request = pb.AppendRequest(topic=TOPIC, messages=[
+                common_pb2.MessageInput(body=k.encode(), keys=[k, "all"]) for k in keys])
+            response = stub.Append(request, timeout=RPC_TIMEOUT_S)
+            self.acked += zip(keys, response.results)
+
+    def _run(self) -> None:
+        with grpc.insecure_channel(self._address) as channel:
+            stub = commitlog_pb2_grpc.CommitLogStub(channel)
+            for _ in range(MAX_BATCHES):
+                if self.stop_event.is_set():
+                    return
+                try:
+                    self.append(stub, BATCH)
+                except grpc.RpcError:
+                    return  # the server died: that batch was not acknowledged
+                self.stop_event.wait(THROTTLE_S)
+
+    def start(self) -> Producer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self._thread.join(RPC_TIMEOUT_S * 2)
+        assert not self._thread.is_alive()
+
+    def wait_for(self, count: int) -> None:
+        wait_until(lambda: len(self.acked) >= count or not self._thread.is_alive(), f"{count} acked messages")
+
+
+def assert_each_key_once(client: Client, acked) -> None:
+    for key, result in acked:
+        found = client.query(key).locators
+        assert [loc.physical_offset for loc in found] == [result.physical_offset], key
+    everything, token = [], ""
+    for _ in range(1000):
+        page = client.query("all", max_num=500, page_token=token)
+        everything += [loc.physical_offset for loc in page.locators]
+        token = page.next_page_token
+        if not token:
+            break
+    assert everything == sorted((r.physical_offset for _, r in acked), reverse=True)
+    assert client.stats().entries == 3 * len(acked)  # UNIQ_KEY, key-N, "all": no duplicate entries
+
+
+def test_kill9_index_during_appends_loses_and_duplicates_nothing(tmp_path):
+    with start_log(tmp_path / "log") as log_proc:
+        index = start_index(tmp_path / "index", log_proc.address)
+        client = Client(log_proc.address, index.address)
+        try:
+            client.log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=4), timeout=RPC_TIMEOUT_S)
+            producer = Producer(log_proc.address).start()
+            for cycle in range(3):
+                producer.wait_for((cycle + 1) * 800)
+                wait_until(lambda c=client: c.stats().records_indexed > 100, "the index to make progress")
+                crash(index)
+                client.close()
+                index = start_index(tmp_path / "index", log_proc.address)
+                client = Client(log_proc.address, index.address)
+            producer.stop()
+            wait_indexed(client)
+            assert_each_key_once(client, producer.acked)
+        finally:
+            client.close()
+            index.stop()
+
+
+def test_commitlog_restart_while_following(tmp_path):
+    port = free_port()
+    log_proc = start_log(tmp_path / "log", port)
+    index = start_index(tmp_path / "index", log_proc.address)
+    client = Client(log_proc.address, index.address)
+    try:
+        client.log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=2), timeout=RPC_TIMEOUT_S)
+        producer = Producer(log_proc.address).start()
+        producer.wait_for(600)
+        crash(log_proc)
+        producer.stop()
+        down = wait_until(lambda: not (s := client.stats()).connected and s, "the index to notice")
+        assert down.last_error and down.log_end_physical_offset >= down.indexed_physical_offset
+        assert client.query("no-such-key").locators == []  # answered from the index alone
+        with pytest.raises(grpc.RpcError) as unverifiable:  # candidates cannot be verified: says so
+            client.query(producer.acked[0][0])
+        assert unverifiable.value.code() == grpc.StatusCode.UNAVAILABLE
+        log_proc = start_log(tmp_path / "log", port)
+        more = Producer(log_proc.address, first=len(producer.acked) + 1_000_000)
+        with grpc.insecure_channel(log_proc.address) as channel:
+            more.append(commitlog_pb2_grpc.CommitLogStub(channel), 300)
+        up = wait_until(lambda: (s := wait_indexed(client)).connected and s, "the index to reconnect")
+        assert up.connected and up.reconnects >= 1 and up.bytes_behind == 0 and up.skipped_bytes == 0
+        assert_each_key_once(client, producer.acked + more.acked)
+    finally:
+        client.close()
+        index.stop()
+        log_proc.stop()
+
+
+def test_damaged_index_file_is_quarantined_and_rebuilt(tmp_path):
+    with start_log(tmp_path / "log") as log_proc:
+        index = start_index(tmp_path / "index", log_proc.address)
+        client = Client(log_proc.address, index.address)
+        try:
+            client.log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=1), timeout=RPC_TIMEOUT_S)
+            old = Producer(log_proc.address)
+            old.append(client.log, 3_000)  # 9,000 entries: three full files and a fourth
+            wait_indexed(client)
+            wait_until(lambda: client.stats().compact_files >= 3, "sealed files to be converted")
+            _wait_for_wall_clock(old.acked[-1][1].store_timestamp_ms + 2_000)
+            new = Producer(log_proc.address, first=10_000)
+            new.append(client.log, 50)
+            wait_indexed(client)
+            assert index.stop() == 0
+            client.close()
+
+            victim = sorted((tmp_path / "index" / "index").glob("*.cidx"))[1]
+            with open(victim, "r+b") as f:
+                f.truncate(victim.stat().st_size // 2)
+            index = start_index(tmp_path / "index", log_proc.address,
+                                env={"MQSTORE_FAILPOINTS": "index.rebuild.after_rename=raise"})
+            client = Client(log_proc.address, index.address)
+            [quarantined] = logged(index, "index.file_quarantined")  # before server.started
+            assert victim.name in quarantined["path"]
+            wait_until(lambda: logged(index, "index.upkeep_failed"), "the rebuild to stop at the failpoint")
+            assert client.stats().rebuilding_ranges
+            with pytest.raises(grpc.RpcError) as partial:
+                client.query("all")
+            assert partial.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            recent = client.query("all", begin_ms=new.acked[0][1].store_timestamp_ms, max_num=100)
+            assert [loc.physical_offset for loc in recent.locators] == [r.physical_offset for _, r in reversed(new.acked)]
+            crash(index)  # a crash after the rebuilt files were renamed, before the range was closed
+            client.close()
+
+            index = start_index(tmp_path / "index", log_proc.address)
+            client = Client(log_proc.address, index.address)
+            wait_until(lambda: not client.stats().rebuilding_ranges, "the rebuild to finish")
+            assert logged(index, "index.rebuild_finished") and logged(index, "index.leftover_deleted")
+            assert_each_key_once(client, old.acked + new.acked)
+        finally:
+            client.close()
+            index.stop()
+
+
+def _wait_for_wall_clock(ms: int) -> None:
+    """The index keeps store times in whole seconds: let the wall clock pass ``ms`` (bounded)."""
+    pause = threading.Event()
+    for _ in range(300):
+        if time.time() * 1000 >= ms:
+            return
+        pause.wait(0.02)
+    raise AssertionError("the wall clock did not advance")
