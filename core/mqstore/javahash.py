@@ -6,14 +6,25 @@ including surrogate pairs (two code units each) and the overflow wrap.
 
 from __future__ import annotations
 
+import operator
+
 _MASK = 0xFFFFFFFF
+_FAST_MAX = 256
+# 31^(k-1) ... 31^0 modulo 2^32: the hash of an ASCII string of n characters is the sum of
+# character times weight over the last n weights, which map() computes without a Python loop.
+_WEIGHTS = [pow(31, _FAST_MAX - 1 - i, 1 << 32) for i in range(_FAST_MAX)]
 
 
 def java_string_hash(text: str) -> int:
     h = 0
     if text.isascii():
-        for unit in text.encode("ascii"):
-            h = (31 * h + unit) & _MASK
+        data = text.encode("ascii")
+        n = len(data)
+        if n <= _FAST_MAX:
+            h = sum(map(operator.mul, data, _WEIGHTS[_FAST_MAX - n:])) & _MASK
+        else:
+            for unit in data:
+                h = (31 * h + unit) & _MASK
     else:
         data = text.encode("utf-16-be", "surrogatepass")
         for i in range(0, len(data), 2):

@@ -15,8 +15,6 @@ from mqstore.format import record
 
 from .records import IndexRecord
 
-_KEYS = record.PROPERTY_KEYS
-_UNIQ_KEY = record.PROPERTY_UNIQ_KEY
 
 
 class BadFrame(DataLoss):
@@ -38,15 +36,28 @@ def index_records(data: bytes, first_physical_offset: int = -1) -> list[IndexRec
                        first_physical_offset)
     out: list[IndexRecord] = []
     position = 0
-    fields, properties_of = record.index_fields, record.decode_properties
+    fields = record.index_fields
+    rollback, tx_mask = record.SYSFLAG_TX_ROLLBACK, record.SYSFLAG_TX_MASK
     while position < limit:
         size, physical_offset, sys_flag, store_ts, topic, raw_properties = fields(data, position)
-        properties = properties_of(raw_properties)
-        keys = properties.get(_KEYS, "")
+        keys = _property(raw_properties, b"KEYS\x01")
         out.append(IndexRecord(
             physical_offset, store_ts, topic.decode("utf-8", "replace"),
             tuple(k for k in keys.split(" ") if k) if keys else (),
-            properties.get(_UNIQ_KEY, ""),
-            sys_flag & record.SYSFLAG_TX_MASK == record.SYSFLAG_TX_ROLLBACK))
+            _property(raw_properties, b"UNIQ_KEY\x01"),
+            sys_flag & tx_mask == rollback))
         position += size
     return out
+
+
+def _property(raw: bytes, marker: bytes) -> str:
+    """The value of one property, found in the raw ``name\\x01value\\x02`` bytes without decoding
+    them all (what record.decode_properties would give for this name)."""
+    at = raw.find(marker)
+    while at > 0 and raw[at - 1] != 2:  # the marker must start an entry, not end a longer name
+        at = raw.find(marker, at + 1)
+    if at < 0:
+        return ""
+    start = at + len(marker)
+    end = raw.find(b"\x02", start)
+    return raw[start:end if end >= 0 else len(raw)].decode("utf-8", "replace")

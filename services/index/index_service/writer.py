@@ -66,8 +66,7 @@ class Writer:
             outcome.skipped += 1
             return
         file = self._file_for(phy, len(hashes))
-        for hash_ in hashes:
-            file.file.put_hash(hash_, phy, record.store_timestamp_ms)
+        file.file.put_hashes(hashes, phy, record.store_timestamp_ms)
         self.end_phy_offset = phy
         outcome.applied += 1
 

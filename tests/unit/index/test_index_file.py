@@ -176,3 +176,24 @@ def test_forward_pointer_is_reported_not_looped(make):
     IF.ENTRY.pack_into(file._mm, 40 + 4 + 20 * 2, key_hash("a"), 1, 0, 3)  # entry 2 -> 3: a cycle
     with pytest.raises(CorruptIndexFile, match="points forward"):
         file.query("a", 0, 1 << 62, 10)
+
+
+def test_put_hashes_writes_the_same_bytes_as_put_hash(tmp_path):
+    one = IndexFile.create(tmp_path / "one", 7, 40)
+    many = IndexFile.create(tmp_path / "many", 7, 40)
+    messages = [(["a#1", "a#2", "a#9"], 100, BASE_MS), (["a#2"], 200, BASE_MS + 1500),
+                (["a#3", "a#10", "a#17", "a#3"], 300, BASE_MS + 4000)]
+    try:
+        for keys, phy, ts in messages:
+            for key in keys:
+                one.put(key, phy, ts)
+            many.put_hashes([key_hash(k) for k in keys], phy, ts)
+        one.flush()
+        many.flush()
+        assert (tmp_path / "one").read_bytes() == (tmp_path / "many").read_bytes()
+        assert many.header == one.header
+        with pytest.raises(IndexFileFull):
+            many.put_hashes([1] * 40, 400, BASE_MS)
+    finally:
+        one.close()
+        many.close()
