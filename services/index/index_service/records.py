@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -19,8 +18,7 @@ class IndexRecord(NamedTuple):
     is_rollback: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class IndexedKeys:
+class IndexedKeys(NamedTuple):  # a NamedTuple: one per indexed message, cheap to build
     keys: tuple[str, ...]    # "topic#key", distinct, UNIQ_KEY first
     dropped: int             # keys beyond max_keys_per_message (logged and counted, not indexed)
 
@@ -30,10 +28,14 @@ def index_keys(record: IndexRecord, max_keys: int) -> IndexedKeys:
     if record.is_rollback or not record.topic:
         return IndexedKeys((), 0)
     # A follower may hand over the raw KEYS value: split again, it costs nothing when already split.
-    raw = ([record.uniq_key] if record.uniq_key else []) + [
-        part for key in record.keys for part in key.split(" ") if part]
-    distinct = tuple(dict.fromkeys(f"{record.topic}#{k}" for k in raw))
-    return IndexedKeys(distinct[:max_keys], max(0, len(distinct) - max_keys))
+    keys = record.keys
+    if any(" " in key or not key for key in keys):
+        keys = [part for key in keys for part in key.split(" ") if part]
+    prefix = record.topic + "#"
+    distinct = tuple(dict.fromkeys([prefix + k for k in ((record.uniq_key, *keys) if record.uniq_key else keys)]))
+    if len(distinct) <= max_keys:
+        return IndexedKeys(distinct, 0)
+    return IndexedKeys(distinct[:max_keys], len(distinct) - max_keys)
 
 
 def query_key(topic: str, key: str) -> str:
