@@ -63,8 +63,16 @@ def commitlog_port(tmp_path):
 
 
 @pytest.fixture
-def services(tmp_path, commitlog_port):
+def tier_kind(request):
+    """The second tier: a directory unless a test asks for fsspec (its in-memory filesystem)."""
+    return getattr(request, "param", "directory")
+
+
+@pytest.fixture
+def services(tmp_path, commitlog_port, tier_kind):
     config = index_config(tmp_path / "index", commitlog_port)
+    if tier_kind == "fsspec":
+        config = dataclasses.replace(config, tier_url=f"memory://mqstore-test-{tmp_path.name}")
     with serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{commitlog_port}") as log_channel, \
             grpc.insecure_channel(f"127.0.0.1:{port}") as index_channel:
         yield Services(commitlog_pb2_grpc.CommitLogStub(log_channel), index_pb2_grpc.IndexStub(index_channel),
@@ -115,7 +123,8 @@ def keyed(i: int, *keys: str) -> common_pb2.MessageInput:
     return common_pb2.MessageInput(body=b"body-%d" % i, keys=list(keys))
 
 
-def test_query_by_key_newest_first_with_pages_and_messages(services):
+@pytest.mark.parametrize("tier_kind", ["directory", "fsspec"], indirect=True)
+def test_query_by_key_newest_first_with_pages_and_messages(services, tier_kind):
     s = services
     s.log.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=2), timeout=RPC_TIMEOUT_S)
     results = []

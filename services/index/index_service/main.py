@@ -46,7 +46,7 @@ from .lookup import IndexQueries, LookupConfig
 from .maintenance import IndexMaintainer
 from .servicer import SERVICE_NAME, IndexServicer, add_to_server
 from .store import IndexStore
-from .tier import DirectoryTier
+from .tier import open_tier
 from .upkeep import IndexUpkeep
 
 log = structlog.get_logger("index_service")
@@ -63,6 +63,7 @@ class IndexServiceConfig:
     follower: FollowerConfig = FollowerConfig()
     lookup: LookupConfig = LookupConfig()
     tier_dir: pathlib.Path | None = None
+    tier_url: str = ""                        # an fsspec URL (s3://bucket/prefix, memory://x); wins over tier_dir
     rpc_timeout_ms: int = 10_000             # GetMessage, GetStoreInfo, GetOffsetByTime
     tail_stream_deadline_ms: int = 60_000    # a Tail stream is re-opened this often (bounds a stall)
     log_level: str = "info"
@@ -80,7 +81,7 @@ def build_server(config: IndexServiceConfig) -> tuple[ManagedServer, int]:
     the server (not started) and its port. ``server.stop()`` stops the threads and closes the store."""
     server = create_server(config.server)
     try:
-        tier = DirectoryTier(config.tier_dir) if config.tier_dir is not None else None
+        tier = open_tier(config.tier_dir, config.tier_url)
         store = IndexStore(config.index, tier=tier)
         store.start()
     except BaseException:
@@ -124,6 +125,7 @@ _OWN_FLAGS = {
     "port": f"port to bind, 0 = any (default {DEFAULT_PORT})",
     "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
     "tier_dir": "directory of the second storage tier for sealed compact files (default: none)",
+    "tier_url": "fsspec URL of the second storage tier instead of a directory, e.g. s3://bucket/index",
     "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
     "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
     "max_workers": "gRPC handler threads (default 64)",
@@ -159,6 +161,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> IndexSer
         follower=FollowerConfig(**S.values_for(args, env, FollowerConfig)),
         lookup=LookupConfig(**S.values_for(args, env, LookupConfig)),
         tier_dir=pathlib.Path(tier_dir) if tier_dir else None,
+        tier_url=S.typed(args, env, "tier_url", str, ""),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
         log_level=S.typed(args, env, "log_level", str, "info"),
@@ -167,7 +170,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> IndexSer
 
 def _config_fields(config: IndexServiceConfig) -> dict:
     return {name: dataclasses.asdict(getattr(config, name)) for name in ("index", "server", "follower", "lookup")} | {
-        "commitlog_address": config.commitlog_address, "tier_dir": config.tier_dir}
+        "commitlog_address": config.commitlog_address, "tier_dir": config.tier_dir, "tier_url": config.tier_url}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """A second storage tier for sealed compact index files, queried with ranged reads.
 
 ``Tier`` is the small storage interface (put / get_range / size / delete / list); ``DirectoryTier``
-is the default implementation, a directory (for example on another disk or a network mount). An
-object store fits the same interface (any fsspec filesystem, see the open points of issue 3).
+is the default implementation, a directory (for example on another disk or a network mount);
+``FsspecTier`` puts the files on any fsspec filesystem (``s3://bucket/prefix``, ``gcs://…``,
+``memory://…``, ``file://…``) and reads them with ranged reads.
 
 A move (IndexStore.move_to_tier) is: ``put`` (durable when it returns), verify the copy through
 ranged reads, then delete the local file. A crash between the put and the delete leaves both
@@ -91,6 +92,74 @@ class DirectoryTier:
     def list(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir()
                       if p.is_file() and not p.name.endswith(fs.TMP_SUFFIX))
+
+
+class FsspecTier:
+    """Any fsspec filesystem as the second tier, addressed by a URL (the bucket or folder to use).
+
+    ``put`` uploads to ``name.tmp`` and then moves it to ``name``: on an object store the object
+    appears whole at the move; on a local filesystem the move is a rename. ``get_range`` is one
+    ranged read (``cat_file`` with start and end), the only read a query makes. Thread-safe as far
+    as the fsspec filesystem is (they are designed to be); the counters take a lock."""
+
+    def __init__(self, url: str, **storage_options):
+        import fsspec  # imported here: only deployments that ask for an fsspec tier need it
+
+        self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
+        self.name = url
+        self.fs.makedirs(self.root, exist_ok=True)
+        self._lock = threading.Lock()
+        self.reads_total = 0
+        self.read_bytes_total = 0
+        for leftover in [n for n in self._names() if n.endswith(fs.TMP_SUFFIX)]:
+            self.fs.rm_file(self._path(leftover))
+
+    def _path(self, name: str) -> str:
+        if "/" in name or name.startswith("."):
+            raise NotFound(f"tier {self.name}: bad file name {name!r}")
+        return f"{self.root.rstrip('/')}/{name}"
+
+    def _names(self) -> list[str]:
+        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.root, detail=False)]
+
+    def put(self, name: str, source: pathlib.Path) -> None:
+        tmp = self._path(name + fs.TMP_SUFFIX)
+        self.fs.put_file(str(source), tmp)
+        self.fs.mv(tmp, self._path(name))
+
+    def get_range(self, name: str, position: int, length_bytes: int) -> bytes:
+        try:
+            data = self.fs.cat_file(self._path(name), start=position, end=position + length_bytes)
+        except FileNotFoundError:
+            raise NotFound(f"tier {self.name}: no file {name!r}") from None
+        with self._lock:
+            self.reads_total += 1
+            self.read_bytes_total += len(data)
+        return data
+
+    def size_bytes(self, name: str) -> int:
+        try:
+            return int(self.fs.size(self._path(name)))
+        except FileNotFoundError:
+            raise NotFound(f"tier {self.name}: no file {name!r}") from None
+
+    def delete(self, name: str) -> None:
+        try:
+            self.fs.rm_file(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def list(self) -> list[str]:
+        return sorted(n for n in self._names() if not n.endswith(fs.TMP_SUFFIX))
+
+
+def open_tier(directory: pathlib.Path | None, url: str | None) -> Tier | None:
+    """The tier a deployment configured: an fsspec URL, a directory, or none."""
+    if url:
+        return FsspecTier(url)
+    if directory is not None:
+        return DirectoryTier(directory)
+    return None
 
 
 class TierReader:

@@ -8,16 +8,36 @@ import pytest
 from index_testing import BASE_MS, Model, all_pages, record, tiny_config
 from index_service.maintenance import IndexMaintainer
 from index_service.store import IndexStore
-from index_service.tier import DirectoryTier
+from index_service.tier import DirectoryTier, FsspecTier
 from mqstore.clock import FakeClock
 from mqstore.errors import NotFound
 
 KEYS = [f"k{i}" for i in range(6)]
 
 
+@pytest.fixture(params=["directory", "fsspec-memory", "fsspec-file"])
+def make_tier(request, tmp_path):
+    """Every tier implementation: a directory, and fsspec's in-memory and local filesystems."""
+    made = []
+
+    def make(name: str):
+        if request.param == "directory":
+            tier = DirectoryTier(tmp_path / name)
+        elif request.param == "fsspec-memory":
+            tier = FsspecTier(f"memory://{tmp_path.name}-{name}")
+        else:
+            tier = FsspecTier(f"file://{tmp_path / name}")
+        made.append(tier)
+        return tier
+    yield make
+    for tier in made:
+        if isinstance(tier, FsspecTier) and tier.fs.protocol[0] == "memory":
+            tier.fs.rm(tier.root, recursive=True)
+
+
 @pytest.fixture
-def setup(tmp_path):
-    tier = DirectoryTier(tmp_path / "tier")
+def setup(tmp_path, make_tier):
+    tier = make_tier("tier")
     clock = FakeClock(BASE_MS)
     store = IndexStore(tiny_config(tmp_path, slot_count=3, entry_count=9, max_keys_per_message=2,
                                    tier_min_age_ms=60_000), clock=clock, tier=tier)
@@ -31,8 +51,8 @@ def setup(tmp_path):
     store.close()
 
 
-def test_directory_tier_basics(tmp_path):
-    tier = DirectoryTier(tmp_path / "t")
+def test_tier_basics(tmp_path, make_tier):
+    tier = make_tier("t")
     (tmp_path / "src").write_bytes(b"0123456789")
     tier.put("a.cidx", tmp_path / "src")
     assert tier.list() == ["a.cidx"] and tier.size_bytes("a.cidx") == 10
