@@ -35,3 +35,25 @@ def java_string_hash(text: str) -> int:
 def floor_mod(value: int, modulus: int) -> int:
     """Non-negative remainder (Python's % already floors; named for readers coming from Java)."""
     return value % modulus
+
+
+_ASCENDING = [pow(31, i, 1 << 32) for i in range(_FAST_MAX + 1)]
+
+
+def java_hash_prefix(prefix: str) -> int:
+    """The state after hashing ``prefix`` (unsigned), to continue with :func:`java_hash_continue`."""
+    return java_string_hash(prefix) & _MASK
+
+
+def java_hash_continue(prefix_state: int, suffix: str) -> int:
+    """``java_string_hash(prefix + suffix)`` from the prefix's state, hashing only the suffix:
+    h(p + s) = h(p) * 31^len(s) + h(s) modulo 2^32 (the index hashes "topic#" + key for every key)."""
+    if not suffix.isascii() or len(suffix) > _FAST_MAX:
+        data = suffix.encode("utf-16-be", "surrogatepass")
+        h = prefix_state
+        for i in range(0, len(data), 2):
+            h = (31 * h + ((data[i] << 8) | data[i + 1])) & _MASK
+    else:
+        data = suffix.encode("ascii")
+        h = (prefix_state * _ASCENDING[len(data)] + sum(map(operator.mul, data[::-1], _ASCENDING))) & _MASK
+    return h - 0x1_0000_0000 if h & 0x8000_0000 else h

@@ -53,7 +53,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from mqstore.errors import DataLoss, ResourceExhausted, invariant
-from mqstore.javahash import java_string_hash
+from mqstore.javahash import java_hash_continue, java_string_hash
 
 HEADER = struct.Struct(
     ">"
@@ -100,6 +100,16 @@ def key_hash(key: str) -> int:
     """abs(Java hashCode) as RocketMQ's IndexFile; Integer.MIN_VALUE (whose abs overflows) => 0."""
     h = java_string_hash(key)
     return 0 if h == INT_MIN else abs(h)
+
+
+def key_hashes(prefix_state: int, suffixes) -> list[int]:
+    """``key_hash(prefix + s)`` for each suffix, from ``java_hash_prefix(prefix)``: the hashes of
+    ``topic#key`` for the keys of one message without building the strings."""
+    out = []
+    for suffix in suffixes:
+        h = java_hash_continue(prefix_state, suffix)
+        out.append(0 if h == INT_MIN else abs(h))
+    return out
 
 
 def file_size_bytes(slot_count: int, entry_count: int) -> int:

@@ -19,7 +19,7 @@ class IndexRecord(NamedTuple):
 
 
 class IndexedKeys(NamedTuple):  # a NamedTuple: one per indexed message, cheap to build
-    keys: tuple[str, ...]    # "topic#key", distinct, UNIQ_KEY first
+    keys: tuple[str, ...]    # distinct keys, UNIQ_KEY first; indexed as "topic#key"
     dropped: int             # keys beyond max_keys_per_message (logged and counted, not indexed)
 
 
@@ -31,8 +31,7 @@ def index_keys(record: IndexRecord, max_keys: int) -> IndexedKeys:
     keys = record.keys
     if any(" " in key or not key for key in keys):
         keys = [part for key in keys for part in key.split(" ") if part]
-    prefix = record.topic + "#"
-    distinct = tuple(dict.fromkeys([prefix + k for k in ((record.uniq_key, *keys) if record.uniq_key else keys)]))
+    distinct = tuple(dict.fromkeys((record.uniq_key, *keys) if record.uniq_key else keys))
     if len(distinct) <= max_keys:
         return IndexedKeys(distinct, 0)
     return IndexedKeys(distinct[:max_keys], len(distinct) - max_keys)

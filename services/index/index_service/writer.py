@@ -18,12 +18,14 @@ from typing import Callable
 import structlog
 
 from mqstore.errors import invariant
-from mqstore.format.index_file import key_hash
+from mqstore.format.index_file import key_hashes
+from mqstore.javahash import java_hash_prefix
 
 from .files import UnsealedHandle
-from .records import IndexRecord, index_keys
+from .records import IndexRecord, index_keys, query_key
 
 log = structlog.get_logger("index.writer")
+_PREFIX_CACHE_LIMIT = 10_000
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Writer:
         self.current = current
         self.end_phy_offset = end_phy_offset  # physical offset of the last message indexed, if any
         self._new_file = new_file
+        self._prefixes: dict[str, int] = {}  # topic -> Java hash state of "topic#"
         self._on_sealed = on_sealed
 
     def put(self, record: IndexRecord, outcome: PutOutcome) -> None:
@@ -59,7 +62,12 @@ class Writer:
             log.warning("index.keys_dropped", physical_offset=phy, topic=record.topic,
                         indexed=len(keys.keys), dropped=keys.dropped)
             outcome.dropped_keys += keys.dropped
-        hashes = [key_hash(k) for k in keys.keys]
+        prefix = self._prefixes.get(record.topic)
+        if prefix is None:
+            if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
+                self._prefixes.clear()
+            prefix = self._prefixes[record.topic] = java_hash_prefix(query_key(record.topic, ""))
+        hashes = key_hashes(prefix, keys.keys)
         if phy == self.end_phy_offset:
             hashes = self._missing(hashes, phy)
         if not hashes:
