@@ -122,8 +122,8 @@ def time_diff_s(store_timestamp_ms: int, begin_timestamp_ms: int) -> int:
     return min(max((store_timestamp_ms - begin_timestamp_ms) // 1000, 0), INT_MAX)
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+@dataclass(slots=True)
+class Header:  # not frozen: one is built per indexed message; replaced whole, never mutated
     begin_timestamp_ms: int = 0
     end_timestamp_ms: int = 0
     begin_phy_offset: int = 0
@@ -380,7 +380,8 @@ class IndexFile:
         heads: dict[int, int] = {}
         new_slots = 0
         for hash_ in hashes:
-            invariant(0 <= hash_ <= INT_MAX, f"key hash {hash_} is not a non-negative int")
+            if not 0 <= hash_ <= INT_MAX:
+                invariant(False, f"key hash {hash_} is not a non-negative int")
             slot = hash_ % slot_count
             old = heads.get(slot)
             if old is None:

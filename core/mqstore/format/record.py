@@ -427,3 +427,40 @@ def index_fields(buf, position: int) -> tuple[int, int, int, int, bytes, bytes]:
     at += 1 + buf[at]
     props_len = PROPERTIES_LENGTH.unpack_from(buf, at)[0]
     return size, physical_offset, sys_flag, store_ts, topic, bytes(buf[at + 2:at + 2 + props_len])
+
+
+def index_walk(buf, *, verify_crc: bool = True) -> list[tuple[int, int, int, bytes, bytes]]:
+    """Check every record of ``buf`` (whole records back to back, as a Tail frame holds) and return
+    (physical offset, sys flag, store time, topic, properties bytes) of each, in one pass: what the
+    index needs, without copying bodies. Raises RecordError at the first record that fails (a blank
+    record in a frame fails too)."""
+    out = []
+    position, limit = 0, len(buf)
+    unpack, props_len_of, crc32 = HEADER.unpack_from, PROPERTIES_LENGTH.unpack_from, zlib.crc32
+    hosts_v6 = SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6
+    view = memoryview(buf)
+    try:
+        while position < limit:
+            if limit - position < HEADER_SIZE:
+                check(buf, position, limit, verify_crc=verify_crc)  # raises: too short for a record
+            (total, magic, crc, _, _, _, physical_offset, sys_flag, _, _, _, store_ts, _, _, _, _,
+             body_len) = unpack(buf, position)
+            end = position + total
+            topic_at = position + HEADER_SIZE + body_len
+            if (magic != MAGIC_V1 or sys_flag & hosts_v6 or total < FIXED_OVERHEAD or end > limit
+                    or body_len < 0 or topic_at >= end):
+                check(buf, position, limit, verify_crc=verify_crc)  # raises, or it is an IPv6 record
+                size, physical_offset, sys_flag, store_ts, topic, props = index_fields(buf, position)
+                out.append((physical_offset, sys_flag, store_ts, topic, props))
+                position = end
+                continue
+            props_at = topic_at + 1 + buf[topic_at]
+            if (props_at + 2 > end or props_at + 2 + props_len_of(buf, props_at)[0] != end
+                    or (verify_crc and crc32(view[position + HEADER_SIZE:topic_at]) & 0x7FFFFFFF != crc)):
+                check(buf, position, limit, verify_crc=verify_crc)  # raises with the precise reason
+            out.append((physical_offset, sys_flag, store_ts, bytes(view[topic_at + 1:props_at]),
+                        bytes(view[props_at + 2:end])))
+            position = end
+        return out
+    finally:
+        view.release()
