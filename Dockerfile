@@ -1,4 +1,4 @@
-# The CommitLog service image. Build: `docker compose build`; run: `docker compose up`.
+# The image of every mqstore service (commitlog by default; compose runs index with another command). Build: `docker compose build`; run: `docker compose up`.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -29,7 +29,7 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin mqst
  && chown mqstore:mqstore /data
 USER mqstore
 VOLUME ["/data"]
-EXPOSE 50051
+EXPOSE 50051 50052
 
 # 0.0.0.0 only inside a container: the published port decides who can reach it.
 CMD ["python", "-m", "commitlog_service.main", "--host", "0.0.0.0", "--data-dir", "/data"]
