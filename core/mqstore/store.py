@@ -419,9 +419,11 @@ class MessageStore(TopicsMixin):
                 log.error("store.read_only", used_ratio=round(used_ratio, 4), limit=self.config.disk_max_used_ratio)
             self.disk_read_only = (f"disk {used_ratio:.1%} full, above the limit of "
                                    f"{self.config.disk_max_used_ratio:.0%}: free space or raise disk_max_used_ratio")
-        elif self.disk_read_only:
+        elif self.disk_read_only or self.commitlog.read_only_reason:
+            # Also clears a failed segment creation (ENOSPC): the next append simply tries again.
             log.info("store.writable_again", used_ratio=round(used_ratio, 4))
             self.disk_read_only = ""
+            self.commitlog.read_only_reason = ""
 
     def halt(self) -> None:
         """Stop like a crash: no final flush, no checkpoint, abort marker left. For crash tests in one
