@@ -17,6 +17,7 @@ file covers even when its header is destroyed: [its name, the next file's name).
 
 from __future__ import annotations
 
+import abc
 import pathlib
 import threading
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ class FileInfo:
     entries: int
 
 
-class _Handle:
+class _Handle(abc.ABC):
     """Base of the per-layout handles. Pins keep a file open while queries read it; ``retire``
     closes it once the last query lets go. Thread-safe."""
 
@@ -112,8 +113,9 @@ class _Handle:
         if close:
             self._close()
 
+    @abc.abstractmethod
     def _close(self) -> None:
-        raise NotImplementedError
+        """Release what the handle holds (its mapping or reader); called once, when retired and unpinned."""
 
 
 class UnsealedHandle(_Handle):
