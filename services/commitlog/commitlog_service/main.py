@@ -24,20 +24,25 @@ import sys
 from typing import Iterator, Mapping, Sequence
 
 import structlog
-
-from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 from mqstore import failpoints
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument, MqStoreError
 from mqstore.store import MessageStore
 from mqstore_rpc import logging as mqlogging
-from mqstore_rpc.server import ManagedServer, ServerConfig, StopSignals, create_server, serve_until_signal
+from mqstore_rpc import settings as S
+from mqstore_rpc.server import (
+    ManagedServer,
+    ServerConfig,
+    StopSignals,
+    create_server,
+    serve_until_signal,
+)
+
+from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 log = structlog.get_logger("commitlog_service")
 
 DEFAULT_PORT = 50051
-ENV_PREFIX = "MQSTORE_"
-_SIZE_SUFFIXES = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 # StoreConfig fields that do not get a generic flag: set from other flags, or not user settings.
 _NOT_FLAGS = {"data_dir", "store_port", "extra"}
 
@@ -84,35 +89,8 @@ def serving(config: CommitLogConfig) -> Iterator[tuple[ManagedServer, int]]:
 
 # ---- configuration ------------------------------------------------------------------------------------
 
-def _parse_int(text: str) -> int:
-    cleaned = text.strip().replace("_", "").lower()
-    for suffix, factor in _SIZE_SUFFIXES.items():
-        if cleaned.endswith(suffix):
-            return int(cleaned[: -len(suffix)]) * factor
-    return int(cleaned)
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
-def _parser_for(default: object):
-    if isinstance(default, bool):
-        return _parse_bool
-    if isinstance(default, int):
-        return _parse_int
-    if isinstance(default, float):
-        return float
-    return str
-
-
 def _store_fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(StoreConfig) if f.name not in _NOT_FLAGS]
+    return S.config_fields(StoreConfig, skip=_NOT_FLAGS)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -128,35 +106,19 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
     for f in _store_fields():
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                            help=f"env {ENV_PREFIX}{f.name.upper()}, default {f.default}")
+                            help=f"env {S.env_name(f.name)}, default {f.default}")
     return parser
 
 
-def _setting(args: argparse.Namespace, env: Mapping[str, str], name: str) -> str | None:
-    """A flag's text, else the environment's, else None (flags win)."""
-    value = getattr(args, name, None)
-    return value if value is not None else env.get(ENV_PREFIX + name.upper())
-
-
-def _typed(args: argparse.Namespace, env: Mapping[str, str], name: str, parse, default):
-    text = _setting(args, env, name)
-    if text is None:
-        return default
-    try:
-        return parse(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"{name} (--{name.replace('_', '-')} / {ENV_PREFIX}{name.upper()}): {exc}") from None
-
-
 def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConfig:
-    data_dir = _setting(args, env, "data_dir")
+    data_dir = S.setting(args, env, "data_dir")
     if not data_dir:
         raise InvalidArgument("data_dir: pass --data-dir or set MQSTORE_DATA_DIR")
     values = {}
     for f in _store_fields():
-        if _setting(args, env, f.name) is not None:
-            values[f.name] = _typed(args, env, f.name, _parser_for(f.default), f.default)
-    hours = _typed(args, env, "retention_hours", float, None)
+        if S.setting(args, env, f.name) is not None:
+            values[f.name] = S.typed(args, env, f.name, S.parser_for(f.default), f.default)
+    hours = S.typed(args, env, "retention_hours", float, None)
     if hours is not None:
         if "retention_ms" in values:
             raise InvalidArgument("retention: give retention_hours or retention_ms, not both")
@@ -168,15 +130,15 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
     args = build_arg_parser().parse_args(argv)
     defaults = ServerConfig()
     server = ServerConfig(
-        host=_typed(args, env, "host", str, defaults.host),
-        port=_typed(args, env, "port", _parse_int, DEFAULT_PORT),
-        max_workers=_typed(args, env, "max_workers", _parse_int, defaults.max_workers),
-        max_concurrent_rpcs=_typed(args, env, "max_concurrent_rpcs", _parse_int, defaults.max_concurrent_rpcs),
-        grace_s=_typed(args, env, "grace_s", float, defaults.grace_s))
+        host=S.typed(args, env, "host", str, defaults.host),
+        port=S.typed(args, env, "port", S.parse_int, DEFAULT_PORT),
+        max_workers=S.typed(args, env, "max_workers", S.parse_int, defaults.max_workers),
+        max_concurrent_rpcs=S.typed(args, env, "max_concurrent_rpcs", S.parse_int, defaults.max_concurrent_rpcs),
+        grace_s=S.typed(args, env, "grace_s", float, defaults.grace_s))
     return CommitLogConfig(store=_store_config(args, env), server=server,
-                           advertised_port=_typed(args, env, "store_port", _parse_int, 0),
-                           log_level=_typed(args, env, "log_level", str, "info"),
-                           failpoints=env.get(ENV_PREFIX + "FAILPOINTS", ""))
+                           advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
+                           log_level=S.typed(args, env, "log_level", str, "info"),
+                           failpoints=env.get(S.ENV_PREFIX + "FAILPOINTS", ""))
 
 
 def _config_fields(config: CommitLogConfig, port: int) -> dict:

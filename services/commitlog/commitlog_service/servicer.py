@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 import grpc
-
 from mqstore.errors import InvalidArgument
 from mqstore.store import MessageStore
 from mqstore_rpc import convert
