@@ -29,7 +29,7 @@ def index_keys(record: IndexRecord, max_keys: int) -> IndexedKeys:
         return IndexedKeys((), 0)
     # A follower may hand over the raw KEYS value: split again, it costs nothing when already split.
     keys = record.keys
-    if any(" " in key or not key for key in keys):
+    if keys and (" ".join(keys).count(" ") != len(keys) - 1 or "" in keys):  # raw KEYS, or empties
         keys = [part for key in keys for part in key.split(" ") if part]
     distinct = tuple(dict.fromkeys((record.uniq_key, *keys) if record.uniq_key else keys))
     if len(distinct) <= max_keys:

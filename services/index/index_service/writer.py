@@ -19,13 +19,14 @@ import structlog
 
 from mqstore.errors import invariant
 from mqstore.format.index_file import key_hashes
-from mqstore.javahash import java_hash_prefix
+from mqstore.javahash import java_hash_continue, java_hash_prefix
 
 from .files import UnsealedHandle
 from .records import IndexRecord, index_keys, query_key
 
 log = structlog.get_logger("index.writer")
 _PREFIX_CACHE_LIMIT = 10_000
+_UNIQ_TAIL = 4
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Writer:
         self.end_phy_offset = end_phy_offset  # physical offset of the last message indexed, if any
         self._new_file = new_file
         self._prefixes: dict[str, int] = {}  # topic -> Java hash state of "topic#"
+        self._uniq_head, self._uniq_prefix, self._uniq_state = "", -1, 0
         self._on_sealed = on_sealed
 
     def put(self, record: IndexRecord, outcome: PutOutcome) -> None:
@@ -67,7 +69,7 @@ class Writer:
             if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
                 self._prefixes.clear()
             prefix = self._prefixes[record.topic] = java_hash_prefix(query_key(record.topic, ""))
-        hashes = key_hashes(prefix, keys.keys)
+        hashes = self._hashes(record, prefix, keys.keys)
         if phy == self.end_phy_offset:
             hashes = self._missing(hashes, phy)
         if not hashes:
@@ -77,6 +79,19 @@ class Writer:
         file.file.put_hashes(hashes, phy, record.store_timestamp_ms)
         self.end_phy_offset = phy
         outcome.applied += 1
+
+    def _hashes(self, record: IndexRecord, prefix: int, keys: tuple[str, ...]) -> list[int]:
+        """Hashes of topic#key for the message's keys. UNIQ_KEYs of one batch differ only in their last
+        four characters (a counter after the producer's address and the time), so the hash state of
+        everything before them is kept from one message to the next."""
+        uniq = record.uniq_key
+        if not (uniq and len(uniq) > _UNIQ_TAIL and keys and keys[0] == uniq):
+            return key_hashes(prefix, keys)
+        head = uniq[:-_UNIQ_TAIL]
+        if head != self._uniq_head or prefix != self._uniq_prefix:
+            self._uniq_state = java_hash_continue(prefix, head) & 0xFFFF_FFFF
+            self._uniq_head, self._uniq_prefix = head, prefix
+        return key_hashes(self._uniq_state, (uniq[-_UNIQ_TAIL:],)) + key_hashes(prefix, keys[1:])
 
     def _missing(self, hashes: list[int], phy: int) -> list[int]:
         """Keys of the message at the last indexed offset that a crash may have left out. They are

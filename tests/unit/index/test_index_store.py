@@ -195,3 +195,29 @@ def test_closed_store_refuses(open_store):
     store.close()
     with pytest.raises(FailedPrecondition):
         store.apply([record(1, ["a"])], 2)
+
+
+def test_uniq_keys_sharing_a_prefix_are_found_across_topics(tmp_path):
+    # UNIQ_KEYs of one batch differ only in the last four characters; the writer reuses the hash state
+    # of the shared part. Every key must still be found under its own topic.
+    from index_service.config import IndexConfig
+    from index_service.records import IndexRecord
+    from index_service.store import IndexStore
+
+    store = IndexStore(IndexConfig(data_dir=tmp_path, slot_count=64, entry_count=1024))
+    store.start()
+    try:
+        records, phy = [], 100
+        for batch in range(3):
+            for i in range(6):
+                uniq = f"7F00000117F9877B6447687B{batch:08X}{i:04X}"
+                topic = "A" if i % 2 else "B"
+                records.append(IndexRecord(phy, 1_700_000_000_000 + phy, topic, ("k",), uniq))
+                phy += 100
+        store.apply(records, phy)
+        for rec in records:
+            found = [loc.physical_offset for loc in store.query(rec.topic, rec.uniq_key).locators]
+            assert found == [rec.physical_offset]
+            assert store.query("A" if rec.topic == "B" else "B", rec.uniq_key).locators == ()
+    finally:
+        store.close()
