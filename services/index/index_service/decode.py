@@ -34,13 +34,17 @@ def index_records(data: bytes, first_physical_offset: int = -1) -> list[IndexRec
                        first_physical_offset) from None
     rollback, tx_mask = record.SYSFLAG_TX_ROLLBACK, record.SYSFLAG_TX_MASK
     out: list[IndexRecord] = []
+    topics: dict[bytes, str] = {}
     for physical_offset, sys_flag, store_ts, topic, raw_properties in fields:
         keys = _property(raw_properties, b"KEYS\x01")
-        out.append(IndexRecord(
-            physical_offset, store_ts, topic.decode("utf-8", "replace"),
-            tuple(k for k in keys.split(" ") if k) if keys else (),
-            _property(raw_properties, b"UNIQ_KEY\x01"),
-            sys_flag & tx_mask == rollback))
+        split = tuple(keys.split(" ")) if keys else ()
+        if "" in split:
+            split = tuple(k for k in split if k)
+        name = topics.get(topic)
+        if name is None:
+            name = topics[topic] = topic.decode("utf-8", "replace")
+        out.append(IndexRecord(physical_offset, store_ts, name, split, _property(raw_properties, b"UNIQ_KEY\x01"),
+                               sys_flag & tx_mask == rollback))
     return out
 
 
