@@ -373,9 +373,10 @@ class IndexFile:
         if number + len(hashes) > self.entry_count:
             raise IndexFileFull(f"index file {self.path} has no room for {len(hashes)} more entries: "
                                 f"{h.entries} of {self.entry_count - 1} used")
-        first = h.entries == 0
+        first = number == 1
         begin_ts = store_timestamp_ms if first else h.begin_timestamp_ms
-        diff = time_diff_s(store_timestamp_ms, 0 if first else begin_ts)
+        # time_diff_s inlined: this runs once per indexed message
+        diff = 0 if first or begin_ts <= 0 else min(max((store_timestamp_ms - begin_ts) // 1000, 0), INT_MAX)
         mm, slot_count, entries_at = self._mm, self.slot_count, self._entries_at
         heads: dict[int, int] = {}
         new_slots = 0
