@@ -89,6 +89,7 @@ def move_to_tier(store, max_files: int) -> int:
         if handle is None:
             break
         name = F.cidx_name(handle.first_phy_offset)
+        reader = None
         try:
             tier.put(name, handle.path)
             failpoints.hit("index.tier.after_put")
@@ -96,6 +97,10 @@ def move_to_tier(store, max_files: int) -> int:
             header = compact_index.read_header(reader)
             invariant(header == handle.header, f"tier copy {reader.name}: header differs")
             compact_index.verify(reader, header)
+        except BaseException:
+            if reader is not None:
+                reader.close()
+            raise
         finally:
             handle.unpin()
         _swap(store, handle, F.CompactHandle(handle.first_phy_offset, reader, header, F.TIER))

@@ -84,6 +84,8 @@ def _verified_compact(reader) -> bool:
     except DataLoss as exc:
         log.warning("index.compact_copy_bad", file=reader.name, error=str(exc))
         return False
+    finally:
+        reader.close()
     return True
 
 
@@ -137,7 +139,12 @@ def _open_all(config: IndexConfig, tier: Tier | None, broken: dict[int, str]) ->
         try:
             first = F.parse_name(name, F.CIDX_SUFFIX)
             reader = TierReader(tier, name)
-            handles[first] = F.CompactHandle(first, reader, compact_index.read_header(reader), F.TIER)
+            try:
+                header = compact_index.read_header(reader)
+            except BaseException:
+                reader.close()
+                raise
+            handles[first] = F.CompactHandle(first, reader, header, F.TIER)
         except ValueError:
             log.warning("index.unknown_tier_file", tier=tier.name, file=name)
         except DataLoss as exc:

@@ -177,3 +177,24 @@ def test_queries_run_while_writing_converting_and_moving(tmp_path):
         assert all_pages(store, "T", key) == model.query("T", key, 0, 1 << 62)
     assert store.stats().files_compact_tier > 0
     store.close()
+
+
+def test_tier_files_keep_one_descriptor_each_and_release_it(tmp_path, make_tier):
+    import os
+
+    before = len(os.listdir("/proc/self/fd"))
+    tier = make_tier("fds")
+    clock = FakeClock(BASE_MS)
+    store = IndexStore(tiny_config(tmp_path, slot_count=3, entry_count=9, max_keys_per_message=2,
+                                   tier_min_age_ms=60_000), clock=clock, tier=tier)
+    store.start()
+    store.apply([record(100 * i, [KEYS[i % 6]], ts_ms=BASE_MS + 1000 * i) for i in range(1, 41)], 4100)
+    store.convert_sealed(100)
+    clock.advance(120_000)
+    assert store.move_to_tier(100) == 4
+    for key in KEYS:
+        all_pages(store, "T", key)
+    store.close()
+    if hasattr(tier, "close"):
+        tier.close()
+    assert len(os.listdir("/proc/self/fd")) <= before
