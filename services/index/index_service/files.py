@@ -156,11 +156,12 @@ class CompactHandle(_Handle):
         self.reader = reader
         self.header = header
         self.path = path  # local path, None on the tier
+        h = header  # immutable file: its info is computed once, not on every query
+        self._info = FileInfo(first_phy_offset, self.layout, tier, h.begin_timestamp_ms, h.end_timestamp_ms,
+                              h.begin_phy_offset, h.end_phy_offset, h.entry_count)
 
     def info(self) -> FileInfo:
-        h = self.header
-        return FileInfo(self.first_phy_offset, self.layout, self.tier, h.begin_timestamp_ms,
-                        h.end_timestamp_ms, h.begin_phy_offset, h.end_phy_offset, h.entry_count)
+        return self._info
 
     def query(self, hash_: int, begin_ms: int, end_ms: int, max_num: int, *, max_scan_entries: int,
               before_phy_offset: int | None, start_entry: int, start_ordinal: int) -> ScanResult:
