@@ -135,27 +135,47 @@ class Dispatcher:
         return count
 
     def _replay_segment(self, seg, position: int, end: int, known_topics, only, behind) -> int:
+        """Consume queue entries of one segment's records, written per queue run (put_run)."""
         buf = seg.buffer
         count = 0
+        expect: dict[tuple[str, int], int] = {}  # next queue offset each queue is missing
+        runs: dict[tuple[str, int], tuple[int, list]] = {}
+        names: dict[bytes, str] = {}
         while position < end:
             size, magic = record.PREFIX.unpack_from(buf, position)
             if magic == record.MAGIC_BLANK:
                 break
             size, topic_bytes, qid, qoff, flag, tags, store_ts = record.routing_fields(buf, position)
-            topic = topic_bytes.decode("utf-8", "replace")
+            topic = names.get(topic_bytes) or names.setdefault(topic_bytes, topic_bytes.decode("utf-8", "replace"))
             key = (topic, qid)
-            wanted = (known_topics is None or topic in known_topics) and (only is None or key in only)
-            if wanted and flag & record.SYSFLAG_TX_MASK not in _NO_CQ and key not in (behind or ()):
-                cq = self.queues.get(topic, qid)
-                if behind is not None and qoff > (cq.max_offset if cq else 0):
+            if ((known_topics is None or topic in known_topics) and (only is None or key in only)
+                    and flag & record.SYSFLAG_TX_MASK not in _NO_CQ and key not in (behind or ())):
+                nxt = expect.get(key)
+                if nxt is None:
+                    cq = self.queues.get(topic, qid)
+                    nxt = cq.max_offset if cq else 0
+                if qoff > nxt and behind is not None:
                     behind.add(key)  # missing or behind: rebuilt from the log's start afterwards
-                else:
-                    cq = cq or self.queues.get_or_create(topic, qid)
-                    cq.put(qoff, seg.start + position, size, self.tag_code(tags))
+                elif qoff >= nxt:
+                    entry = (seg.start + position, size, self.tag_code(tags))
+                    run = runs.get(key)
+                    if run is not None and run[0] + len(run[1]) == qoff:
+                        run[1].append(entry)
+                    else:
+                        if run is not None:
+                            self._write_run(key, run)
+                        runs[key] = (qoff, [entry])
+                    expect[key] = qoff + 1
             self.logics_msg_timestamp_ms = store_ts
             position += size
             count += 1
+        for key, run in runs.items():
+            if behind is None or key not in behind:
+                self._write_run(key, run)
         return count
+
+    def _write_run(self, key: tuple[str, int], run: tuple[int, list]) -> None:
+        self.queues.get_or_create(*key).put_run(run[0], run[1])
 
     def manifest(self) -> bytes:
         """Max offset of every queue, for the start-up check that finds missing or truncated queues."""
