@@ -39,6 +39,7 @@ class StoreConfig:
     metadata_url: str = ""  # "" = SQLite file <data_dir>/metadata.db
     default_queue_count: int = 4
     checkpoint_interval_ms: int = 1_000
+    max_long_poll_waiters: int = 32  # Pulls waiting at once; keep below the server's handler threads
     preallocate_segments: bool = True
     warm_ahead_bytes: int = 64 * MiB  # page cache kept ahead of the write position; 0 = off
     extra: dict = field(default_factory=dict)
@@ -54,7 +55,8 @@ class StoreConfig:
         if not 0 < self.disk_max_used_ratio <= 1:
             raise InvalidArgument("disk_max_used_ratio must be in (0, 1]")
         for name in ("flush_interval_ms", "sync_flush_timeout_ms", "max_body_bytes", "max_batch_messages",
-                     "retention_ms", "clean_interval_ms", "checkpoint_interval_ms", "default_queue_count"):
+                     "retention_ms", "clean_interval_ms", "checkpoint_interval_ms", "default_queue_count",
+                     "max_long_poll_waiters"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
 

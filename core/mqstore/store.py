@@ -68,6 +68,7 @@ class MessageStore(TopicsMixin):
         self._running = False
         self.disk_read_only = ""
         self.recovery = None
+        self._long_polls = threading.BoundedSemaphore(config.max_long_poll_waiters)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -269,15 +270,23 @@ class MessageStore(TopicsMixin):
         return self._read_queue(cq, offset, max_messages, max_bytes, tags)
 
     def _wait_for_messages(self, topic: str, queue_id: int, offset: int, wait_ms: int):
-        deadline = self.clock.monotonic_s() + wait_ms / 1000
-        cond = self.dispatcher.visible
-        with cond:
-            while True:
-                cq = self.queues.get(topic, queue_id)
-                left = deadline - self.clock.monotonic_s()
-                if (cq is not None and cq.max_offset > offset) or left <= 0 or not self._running:
-                    return cq
-                cond.wait(min(left, 0.5))
+        # A long poll holds a server thread while it waits; beyond max_long_poll_waiters it answers at
+        # once (the caller sees no messages and polls again), so waiting consumers never take every
+        # thread and starve producers.
+        if not self._long_polls.acquire(blocking=False):
+            return self.queues.get(topic, queue_id)
+        try:
+            deadline = self.clock.monotonic_s() + wait_ms / 1000
+            cond = self.dispatcher.visible
+            with cond:
+                while True:
+                    cq = self.queues.get(topic, queue_id)
+                    left = deadline - self.clock.monotonic_s()
+                    if (cq is not None and cq.max_offset > offset) or left <= 0 or not self._running:
+                        return cq
+                    cond.wait(min(left, 0.5))
+        finally:
+            self._long_polls.release()
 
     def _read_queue(self, cq, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str]) -> PullResult:
         wanted_tags = set(tags)

@@ -254,3 +254,19 @@ def test_consumer_offsets(open_store):
         store.commit_offset("g1", "t", 0, 6)
     with pytest.raises(NotFound):
         store.query_offset("g2", "t", 0)
+
+
+def test_long_polls_beyond_the_limit_answer_at_once(open_store):
+    store = open_store(max_long_poll_waiters=1)
+    store.create_topic("t", 1)
+    holder = {}
+    waiter = threading.Thread(target=lambda: holder.update(r=store.pull("t", 0, 0, long_poll_ms=10_000)))
+    waiter.start()
+    deadline = store.clock.monotonic_s() + 10
+    while store._long_polls._value != 0 and store.clock.monotonic_s() < deadline:
+        threading.Event().wait(0.01)  # until the first long poll holds the only waiter slot
+    second = store.pull("t", 0, 0, long_poll_ms=10_000)  # no slot: returns at once, empty
+    assert second.messages == [] and waiter.is_alive()
+    store.append("t", [MessageIn(body=b"wake")])
+    waiter.join(15)
+    assert [m.record.body for m in holder["r"].messages] == [b"wake"]
