@@ -440,10 +440,7 @@ class MessageStore(TopicsMixin):
         self._running = False
         self.maintenance.stop(5.0)
         self.warmer.stop(5.0)
-        with self.flusher._cond:  # the flusher loop exits without its final flush
-            self.flusher._stopping = True
-            self.flusher._cond.notify_all()
-        self.flusher._thread.join(5.0)
+        self.flusher.abandon(5.0)
         self.queues.close()
         self.segments.close()
         self.meta.close()

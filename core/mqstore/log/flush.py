@@ -51,6 +51,13 @@ class Flusher:
         self._thread.join(timeout_s)
         self.flush_now()
 
+    def abandon(self, timeout_s: float) -> None:
+        """Stop the thread without the final flush (crash tests: what kill -9 would leave)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
     def wait_flushed(self, offset: int) -> None:
         timeout_s = self.config.sync_flush_timeout_ms / 1000
         deadline = self.clock.monotonic_s() + timeout_s
