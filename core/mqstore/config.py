@@ -16,6 +16,11 @@ FLUSH_ASYNC = "ASYNC"
 FLUSH_SYNC = "SYNC"
 
 
+def max_write_bytes(max_batch_body_bytes: int, max_batch_messages: int) -> int:
+    per_message = 91 + 127 + 32767  # fixed record overhead, longest topic, largest properties
+    return max_batch_body_bytes + max_batch_messages * per_message
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     data_dir: pathlib.Path
@@ -59,6 +64,12 @@ class StoreConfig:
                      "max_long_poll_waiters"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+
+    @property
+    def max_write_bytes(self) -> int:
+        """The most one append copies into the log: every body, plus the largest record overhead
+        (topic and properties) for every message. Recovery uses it to bound a torn tail."""
+        return max_write_bytes(self.max_batch_body_bytes, self.max_batch_messages)
 
     @property
     def commitlog_dir(self) -> pathlib.Path:

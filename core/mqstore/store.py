@@ -103,7 +103,7 @@ class MessageStore(TopicsMixin):
         self._ensure_system_topics()
         self.segments.load()
         start = cp.flushed_physical_offset if cp else self.segments.min_offset
-        result = recover(self.segments, start)
+        result = recover(self.segments, start, cfg.max_write_bytes, cp.flushed_physical_offset if cp else None)
         self.recovery = result
         end = result.end_offset
         self.queues.load()

@@ -42,7 +42,7 @@ def _producer(address, producer_id, stop, acked, seed):
             if stop.is_set():
                 return
             bodies = []
-            for _ in range(rng.randint(1, 8)):
+            for _ in range(rng.randint(1, 40)):  # large batches: a kill often lands inside a copy
                 bodies.append(f"p{producer_id}-{seq}-".encode() + rng.randbytes(rng.randint(1, 3000)))
                 seq += 1
             request = pb.AppendRequest(topic="crash", messages=[common_pb2.MessageInput(body=b) for b in bodies])

@@ -94,7 +94,7 @@ def test_mid_file_corruption_refuses_then_repair_keeps_broken_copy(small_config)
 
     segments = SegmentQueue(config.commitlog_dir, config.segment_size_bytes, preallocate=False)
     segments.load()
-    report = repair(segments)
+    report = repair(segments, config.max_write_bytes)
     segments.close()
     assert report["corrupt"] and report["end_offset"] == victim.physical_offset
     assert any(p.endswith(".broken") for p in report["broken_copies"])
@@ -180,5 +180,40 @@ def test_deleted_topic_is_not_resurrected_by_replay(small_config):
     store.start()
     try:
         assert store.queues.get("t", 0) is None
+    finally:
+        store.stop()
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_copy_cut_short_with_its_head_unwritten(small_config, checkpoint):
+    # glibc's memcpy of a large buffer stores its first bytes last: a kill -9 in the middle of a batch
+    # copy leaves zeros at the batch's start, then records, then zeros. After the checkpoint's flushed
+    # offset that is a torn tail (nothing there was confirmed durable); without a checkpoint the store
+    # cannot tell it from corruption and refuses to start.
+    config = small_config()
+    store, results = _filled(config)
+    batch = b"".join(record.encode(topic=b"t", body=bytes([200 + i]) * 700, properties=b"", queue_id=0, flag=0,
+                                   sys_flag=0, born_timestamp_ms=1, born_host=b"\0" * 4, born_port=0,
+                                   store_host=b"\0" * 4, store_port=0) for i in range(10))
+    while store.commitlog.written_offset % config.segment_size_bytes + len(batch) + 8 > config.segment_size_bytes:
+        store.append("t", [MessageIn(body=b"pad" * 300, queue_id=1)])  # so that the batch fits this segment
+    end = store.commitlog.written_offset
+    expected = store.queue_info("t", 0).max_offset
+    store.halt()
+    path, pos = _segment_for(config, end)
+    with open(path, "r+b") as f:
+        f.seek(pos + 32)
+        f.write(batch[32:len(batch) * 3 // 4])  # head not yet stored, tail not yet copied
+    if not checkpoint:
+        (config.data_dir / "checkpoint").unlink()
+        with pytest.raises(CorruptLog):
+            MessageStore(config).start()
+        return
+    store = MessageStore(config)
+    store.start()
+    try:
+        assert store.recovery.torn_bytes_cut == len(batch) * 3 // 4
+        assert store.commitlog.written_offset == end
+        assert store.queue_info("t", 0).max_offset == expected
     finally:
         store.stop()

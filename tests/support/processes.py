@@ -60,7 +60,13 @@ class ServiceProcess:
                              f"stderr:\n{self.stderr()}")
 
     def started(self, timeout_s: float = START_TIMEOUT_S) -> "ServiceProcess":
-        event = self.wait_for("server.started", timeout_s)
+        """Wait for ``server.started``; if it never comes, stop the process before raising, since
+        the caller gets no object to stop."""
+        try:
+            event = self.wait_for("server.started", timeout_s)
+        except BaseException:
+            self.stop()
+            raise
         self.address = f"127.0.0.1:{event['port']}"
         return self
 

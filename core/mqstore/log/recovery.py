@@ -10,12 +10,20 @@ record that does not check out, at position P:
   non-zero bytes, all within the record P claims to be (or   torn tail      zero them, log bytes cut
   within one page if its header is unreadable); later
   segments hold only zeros
+  P at or after the checkpoint's flushed offset, and the     torn tail      zero them, log bytes cut
+  non-zero bytes after it fit in one append's write
+  (``max_write_bytes``); later segments hold only zeros
   anything else (more data, or data in a later segment)      corruption     refuse: CorruptLog names
                                                                             file and position; the
                                                                             operator runs `mqstore repair`
 
-A kill -9 during the copy of a batch leaves exactly the torn-tail shape: the copy is sequential, so a
-partial record is followed by zeros.
+A kill -9 during the copy of a batch leaves one of the torn-tail shapes. A byte-by-byte copy leaves a
+partial record followed by zeros. An optimised memcpy (glibc's for large sizes) keeps the first and
+last vectors of the buffer in registers and stores them at the very end, so a copy cut short leaves
+the first bytes of the batch (up to an alignment boundary) zero, then records, then zeros: the second
+row. That region lies within the one write that was in progress, which no append had acknowledged,
+and after the checkpoint's flushed offset (nothing in it was confirmed durable). Without a checkpoint
+only the first row applies.
 """
 
 from __future__ import annotations
@@ -43,9 +51,12 @@ class RecoveryResult:
     torn_bytes_cut: int
 
 
-def recover(segments: SegmentQueue, start_offset: int) -> RecoveryResult:
-    """Scan from ``start_offset``; truncate a torn tail; raise CorruptLog on corruption."""
-    damage = scan(segments, start_offset)
+def recover(segments: SegmentQueue, start_offset: int, max_write_bytes: int,
+            flushed_offset: int | None = None) -> RecoveryResult:
+    """Scan from ``start_offset``; truncate a torn tail; raise CorruptLog on corruption.
+    ``max_write_bytes`` bounds what one append copies into the log; ``flushed_offset`` is the
+    checkpoint's (None without a checkpoint). See the table above."""
+    damage = scan(segments, start_offset, max_write_bytes, flushed_offset)
     if damage.corrupt is not None:
         raise damage.corrupt
     if damage.torn_bytes:
@@ -67,7 +78,8 @@ class ScanOutcome:
     corrupt: CorruptLog | None = None
 
 
-def scan(segments: SegmentQueue, start_offset: int) -> ScanOutcome:
+def scan(segments: SegmentQueue, start_offset: int, max_write_bytes: int,
+         flushed_offset: int | None = None) -> ScanOutcome:
     segs = segments.segments
     if not segs:
         return ScanOutcome(start_offset, start_offset, 0, 0)
@@ -88,14 +100,16 @@ def scan(segments: SegmentQueue, start_offset: int) -> ScanOutcome:
             outcome.last_store_timestamp_ms = last_ts
         if error is not None:
             outcome.end_offset = seg.start + stop
-            _classify(segs, index, stop, error, outcome)
+            unconfirmed = flushed_offset is not None and seg.start + stop >= flushed_offset
+            _classify(segs, index, stop, error, outcome, max_write_bytes if unconfirmed else 0)
             return outcome
         pos = seg.end  # a blank record or the exact end: the next segment
     outcome.end_offset = pos
     return outcome
 
 
-def _classify(segs, index: int, position: int, exc: record.RecordError, outcome: ScanOutcome) -> None:
+def _classify(segs, index: int, position: int, exc: record.RecordError, outcome: ScanOutcome,
+              torn_write_bytes: int) -> None:
     seg = segs[index]
     later_data = next((s for s in segs[index + 1:] if _last_nonzero(s, 0) > 0), None)
     extent = _last_nonzero(seg, position) - position
@@ -105,7 +119,7 @@ def _classify(segs, index: int, position: int, exc: record.RecordError, outcome:
     total, magic = record.PREFIX.unpack_from(seg.buffer, position)
     if magic == record.MAGIC_V1 and 0 < total <= seg.size - position:
         claimed = max(claimed, total)
-    if later_data is None and extent <= claimed:
+    if later_data is None and extent <= max(claimed, torn_write_bytes):
         outcome.torn_bytes = extent
         return
     where = f"{seg.path} at position {position} (physical offset {seg.start + position})"
@@ -131,13 +145,13 @@ def _last_nonzero(seg: Segment, position: int) -> int:
     return last
 
 
-def repair(segments: SegmentQueue) -> dict:
+def repair(segments: SegmentQueue, max_write_bytes: int) -> dict:
     """Cut the log at the first bad record, keeping ``<segment>.broken`` copies of what is cut."""
     segs = segments.segments
-    outcome = scan(segments, segs[0].start if segs else 0)
+    outcome = scan(segments, segs[0].start if segs else 0, max_write_bytes)
     if outcome.corrupt is None:
         if outcome.torn_bytes:
-            recover(segments, outcome.start_offset)
+            recover(segments, outcome.start_offset, max_write_bytes)
         return {"corrupt": False, "end_offset": outcome.end_offset, "torn_bytes_cut": outcome.torn_bytes,
                 "records": outcome.records, "broken_copies": []}
     cut = outcome.end_offset

@@ -10,10 +10,14 @@ import fcntl
 import os
 import pathlib
 
+from mqstore.config import StoreConfig, max_write_bytes
 from mqstore.errors import FailedPrecondition
 from mqstore.log import recovery
 from mqstore.log.segment import SegmentQueue
 from mqstore.format import segment_name
+
+# Repair runs without the server's configuration: the default append limits bound a torn tail.
+_DEFAULT_MAX_WRITE_BYTES = max_write_bytes(StoreConfig.max_batch_body_bytes, StoreConfig.max_batch_messages)
 
 
 def repair(data_dir: str | os.PathLike) -> dict:
@@ -30,7 +34,7 @@ def repair(data_dir: str | os.PathLike) -> dict:
         segments = SegmentQueue(log_dir, _segment_size(log_dir), preallocate=False)
         segments.load()
         try:
-            report = recovery.repair(segments)
+            report = recovery.repair(segments, _DEFAULT_MAX_WRITE_BYTES)
         finally:
             segments.close()
         # The checkpoint may point past the cut; without it the next start re-checks the whole log.
