@@ -6,12 +6,9 @@ second-granular times exact, so answers must equal the model's.
 
 from __future__ import annotations
 
-import itertools
-import os
 import random
 
 import pytest
-
 from index_service.config import IndexConfig
 from index_service.records import IndexRecord
 from index_service.store import IndexStore
@@ -19,46 +16,21 @@ from mqstore.clock import FakeClock
 from mqstore.format.index_file import IndexFile, key_hash
 from mqstore.javahash import java_string_hash
 
+from tests.support.hashkeys import key_with_min_hash, seeded_random
+
 BASE_MS = 1_700_000_000_000
 INT_MIN = -0x8000_0000
 
 
-def _seeded(name: str) -> random.Random:
-    seed = int(os.environ.get("MQSTORE_TEST_SEED", random.randrange(1 << 32)))
-    print(f"{name}: seed {seed} (replay with MQSTORE_TEST_SEED={seed})")
-    return random.Random(seed)
-
-
-def _min_hash_key(prefix: str) -> str:
-    """``prefix`` + a counter + four characters whose Java hashCode is Integer.MIN_VALUE: with four
-    free UTF-16 units (weights 31^3, 31^2, 31, 1; each unit 33..0xFFFF, no surrogates) about every
-    second counter value has a solution, found greedily."""
-    weights = (29791, 961, 31, 1)
-    for trial in itertools.count():
-        stem = f"{prefix}{trial}"
-        h = java_string_hash(stem) & 0xFFFFFFFF
-        rest = (0x8000_0000 - 923521 * h - 33 * sum(weights)) & 0xFFFFFFFF
-        units = []
-        for weight in weights:
-            unit = min(rest // weight, 0xFFFF - 33)
-            units.append(33 + unit)
-            rest -= unit * weight
-        if rest == 0 and not any(0xD800 <= u <= 0xDFFF for u in units):
-            candidate = stem + "".join(map(chr, units))
-            if java_string_hash(candidate) == INT_MIN:
-                return candidate
-    raise AssertionError("unreachable")
-
-
 def _keys(rng: random.Random) -> list[str]:
-    special = [_min_hash_key("T#m"), _min_hash_key("T#n"), "polygenelubricants"]
+    special = [key_with_min_hash("T#m"), key_with_min_hash("T#n"), "polygenelubricants"]
     for key in special:
         assert java_string_hash(key) == INT_MIN and key_hash(key) == 0
     return special + [f"T#k{i}" for i in range(rng.randint(3, 30))] + ["T#Aa", "T#BB"]
 
 
 def test_index_file_against_model(tmp_path):
-    rng = _seeded("index_file_model")
+    rng, _ = seeded_random("index_file_model")
     for round_ in range(20):
         slots = rng.choice([1, 2, 3, 7, 64])  # 1 slot: every key in one bucket
         entries = rng.randint(2, 300)
@@ -92,7 +64,7 @@ def _query_both(rng, file, model, keys, now_ms):
 
 
 def test_store_against_model_with_rolls_conversions_and_restarts(tmp_path):
-    rng = _seeded("index_store_model")
+    rng, _ = seeded_random("index_store_model")
     config = IndexConfig(tmp_path, slot_count=rng.choice([1, 3, 16]), entry_count=rng.randint(6, 40),
                          max_keys_per_message=4, max_scan_entries=rng.choice([3, 50, 10_000]),
                          checkpoint_interval_ms=10**9)
