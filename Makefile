@@ -9,10 +9,12 @@ GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
 setup: $(VENV)/.stamp $(GEN_STAMP)
 
-$(VENV)/.stamp: pyproject.toml requirements.lock
+# Every lock file (runtime, build tools, tests, Spark), exact pins; pip itself is pinned in the build lock.
+LOCKS := requirements.lock requirements-build.lock requirements-test.lock requirements-spark.lock
+
+$(VENV)/.stamp: pyproject.toml $(LOCKS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q $(addprefix -r ,$(LOCKS))
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
