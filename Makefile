@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup gen run test bench clean lint
+.PHONY: setup gen run test bench clean lint compose-check
 
 setup: $(VENV)/.stamp $(GEN_STAMP)
 
@@ -30,6 +30,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# docker-compose.yml on a real Docker engine (not part of `make test`; ~2 minutes, see README.md "Docker"):
+# build once, up, a smoke test through the published ports, restart, data kept, always torn down.
+# COMPOSE_ENGINE: the private engine's script (used when present); empty = the ambient DOCKER_HOST.
+COMPOSE_ENGINE ?= $(wildcard /work/shared/tools/docker/engine.sh)
+compose-check: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check.sh
 
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
