@@ -6,7 +6,9 @@
 #   2. docker compose up --wait (both services healthy), smoke test (scripts/compose_smoke.py write);
 #   3. stop the services (SIGTERM, graceful), start them again on the same volumes, wait healthy,
 #      smoke test that every message is still there (verify);
-#   4. always (also on failure or Ctrl-C): docker compose down -v, which removes this check's
+#   4. again with the commit log starting SLOW_START_S (30) s late: the index must turn healthy without
+#      waiting for it (depends_on: service_started), then everything is verified once more;
+#   5. always (also on failure or Ctrl-C): docker compose down -v, which removes this check's
 #      containers, network and volumes (project mqstore-check: a `mqstore` stack is not touched).
 #
 # Environment: PY (a python with the package installed; make passes the venv's), COMPOSE_ENGINE (a
@@ -22,6 +24,7 @@ read -r LOG_PORT INDEX_PORT <<< "${COMPOSE_CHECK_PORTS:-51051 51052}"
 export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_INDEX_HOST_PORT=$INDEX_PORT
 PROJECT=mqstore-check
 WAIT_TIMEOUT_S=300
+export SLOW_START_S=${SLOW_START_S:-30}
 t0=$SECONDS
 say() { printf '[compose-check %3d s] %s\n' $((SECONDS - t0)) "$*"; }
 compose() { docker compose -p "$PROJECT" "$@"; }
@@ -76,6 +79,23 @@ for service in commitlog index; do  # a graceful stop (SIGTERM: flush, checkpoin
 done
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S
 say "healthy again; smoke test (verify)"
+"${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
+    --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
+
+say "slow commit log: restart with commitlog starting ${SLOW_START_S} s late (scripts/compose-slow-commitlog.yml)"
+compose stop --timeout 30
+slow() { compose -f docker-compose.yml -f scripts/compose-slow-commitlog.yml "$@"; }
+slow up -d
+health() { docker inspect "$(compose ps -a -q "$1")" --format '{{.State.Health.Status}}'; }
+for _ in $(seq 1 $((SLOW_START_S * 4))); do
+    [ "$(health index)" = healthy ] && break
+    sleep 0.25
+done
+[ "$(health index)" = healthy ] || { say "index not healthy within ${SLOW_START_S} s"; exit 1; }
+[ "$(health commitlog)" = starting ] || { say "commitlog is $(health commitlog), expected starting"; exit 1; }
+say "index healthy while commitlog is still starting: the index does not wait for it"
+slow up -d --wait --wait-timeout $WAIT_TIMEOUT_S
+say "both healthy; smoke test (verify)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
     --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
 say "passed"
