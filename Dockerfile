@@ -1,35 +1,86 @@
-# The image of every mqstore service (commitlog by default; compose runs index with another command). Build: `docker compose build`; run: `docker compose up`.
-FROM python:3.11-slim
+# The images of mqstore. Targets (pass one: see the note on the order of the stages below):
+#   runtime  every mqstore service (commitlog by default; compose runs index with another command):
+#            the package and its runtime dependencies (requirements.lock) only.
+#            docker build --target runtime -t mqstore:dev .      (docker compose build does this)
+#   spark    the runtime plus pyspark (requirements-spark.lock) and Debian's Java 17 runtime, for the
+#            compactor and the Spark master/worker (a later issue; no compose service uses it yet).
+#            docker build --target spark -t mqstore-spark:dev .
+# Build arguments:
+#   PYTHON_IMAGE    base image; a pinned tag by default (Python 3.11 on Debian bookworm, whose Java 17
+#                   the spark target installs). Pin a digest for production: python:3.11.13-slim-bookworm@sha256:…
+#   PIP_INDEX_URL   a private package index (https://pypi.example.com/simple); default: pip's own.
+#   EXTRA_CA_CERTS  PEM text of CA certificates to trust while downloading (pip, apt), for a TLS-
+#                   inspecting proxy or the private index: --build-arg EXTRA_CA_CERTS="$(cat ca.pem)".
+#                   Used by the download steps only (scripts/docker-build-env.sh), not kept in the images.
+# Stage order: the classic builder (Docker Engine without BuildKit) builds every stage before the
+# target, so the runtime target comes before the spark stages and a runtime build never builds Spark.
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
+FROM ${PYTHON_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# An unprivileged user that owns only the data volume.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin mqstore \
+ && mkdir -p /data \
+ && chown mqstore:mqstore /data
 
-WORKDIR /app
-
-# Dependencies first (exact pins), so code changes do not reinstall them.
-COPY requirements.lock ./
-RUN pip install "setuptools>=68" wheel \
- && pip install -r requirements.lock
-
-# The code, the stubs generated from protos/ (one command, as in `make gen`), then the package itself.
+# ---- build: pinned tools, the runtime dependencies in /opt/mqstore (a venv without pip), stubs from
+# protos/, then the package as a wheel into the same venv. Only /opt/mqstore leaves this stage.
+FROM base AS build
+ARG PIP_INDEX_URL=""
+ARG EXTRA_CA_CERTS=""
+WORKDIR /src
+COPY scripts/docker-build-env.sh requirements.lock requirements-build.lock ./
+RUN . ./docker-build-env.sh \
+ && python -m pip install -r requirements-build.lock -r requirements.lock \
+ && python -m venv --without-pip /opt/mqstore \
+ && python -m pip --python /opt/mqstore/bin/python install -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY scripts ./scripts
 COPY core ./core
 COPY services ./services
 RUN python scripts/gen_protos.py \
- && pip install --no-deps --no-build-isolation . \
- && python -c "import commitlog_service.main, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc"
+ && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dist . \
+ && python -m pip --python /opt/mqstore/bin/python install --no-deps /tmp/dist/*.whl \
+ && python -m pip --python /opt/mqstore/bin/python check
 
-# Run as an unprivileged user that owns only the data volume.
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin mqstore \
- && mkdir -p /data \
- && chown mqstore:mqstore /data
+# ---- runtime
+FROM base AS runtime
+COPY --from=build /opt/mqstore /opt/mqstore
+ENV PATH=/opt/mqstore/bin:$PATH
+RUN python -c "import commitlog_service.main, index_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc"
 USER mqstore
 VOLUME ["/data"]
 EXPOSE 50051 50052
+# 0.0.0.0 only inside a container: the published port decides who can reach it. The port comes from
+# MQSTORE_PORT (default 50051), which the health check (python -m mqstore_rpc.healthcheck) reads too.
+CMD ["python", "-m", "commitlog_service.main", "--host", "0.0.0.0", "--data-dir", "/data"]
 
-# 0.0.0.0 only inside a container: the published port decides who can reach it.
+# ---- spark: pyspark into a copy of the runtime venv, then a Java runtime from Debian
+FROM build AS spark-build
+ARG PIP_INDEX_URL=""
+ARG EXTRA_CA_CERTS=""
+COPY requirements-spark.lock ./
+RUN . ./docker-build-env.sh \
+ && python -m pip --python /opt/mqstore/bin/python install -r requirements-spark.lock \
+ && python -m pip --python /opt/mqstore/bin/python check
+
+FROM base AS spark
+ARG EXTRA_CA_CERTS=""
+COPY scripts/docker-build-env.sh /tmp/
+# Debian's JRE (bookworm security updates: not pinned to a package version, which the mirror drops).
+# Its post-install step needs the man directory that slim images leave out.
+RUN . /tmp/docker-build-env.sh \
+ && mkdir -p /usr/share/man/man1 \
+ && apt-get $APT_CA_OPTION update \
+ && DEBIAN_FRONTEND=noninteractive apt-get $APT_CA_OPTION install -y --no-install-recommends openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/* /tmp/*
+COPY --from=spark-build /opt/mqstore /opt/mqstore
+ENV PATH=/opt/mqstore/bin:$PATH
+RUN python -c "import pyspark, commitlog_service.main" && java -version
+USER mqstore
+VOLUME ["/data"]
 CMD ["python", "-m", "commitlog_service.main", "--host", "0.0.0.0", "--data-dir", "/data"]

@@ -5,14 +5,16 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup gen run test bench clean lint
+.PHONY: setup gen run test bench clean lint compose-check
 
 setup: $(VENV)/.stamp $(GEN_STAMP)
 
-$(VENV)/.stamp: pyproject.toml requirements.lock
+# Every lock file (runtime, build tools, tests, Spark), exact pins; pip itself is pinned in the build lock.
+LOCKS := requirements.lock requirements-build.lock requirements-test.lock requirements-spark.lock
+
+$(VENV)/.stamp: pyproject.toml $(LOCKS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip "setuptools>=68" wheel
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q $(addprefix -r ,$(LOCKS))
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -28,6 +30,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# docker-compose.yml on a real Docker engine (not part of `make test`; ~1 minute, see README.md "Docker"):
+# build once, up, a smoke test through the published ports, restart, data kept, always torn down.
+# COMPOSE_ENGINE: the private engine's script (used when present); empty = the ambient DOCKER_HOST.
+COMPOSE_ENGINE ?= $(wildcard /work/shared/tools/docker/engine.sh)
+compose-check: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check.sh
 
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)

@@ -8,7 +8,9 @@
 
 ``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). ``--json`` prints the ProtoJSON of each
 response (snake_case names, int64 as numbers, bytes as base64): one object per line, and for send and
-pull one line per message. Errors print ``error: <STATUS>: <message>`` on stderr and exit 1.
+pull one line per message. ``send`` prints both ids of each message: ``msg_id=`` (the offset message
+id, for ``get``) and ``uniq_key=`` (for ``query id``). Errors print ``error: <STATUS>: <message>`` on
+stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -207,6 +209,12 @@ def _batches(cli: Cli, bodies: Iterable[bytes]) -> Iterator[list[common_pb2.Mess
         yield batch
 
 
+def _sent_line(r: commitlog_pb2.AppendResult) -> str:
+    """Both ids, labelled: ``get`` takes the offset msg id, ``query id`` the UNIQ_KEY."""
+    durability = common_pb2.Durability.Name(r.durability).removeprefix("DURABILITY_")
+    return f"msg_id={r.msg_id}  uniq_key={r.uniq_key}  queue={r.queue_id}  offset={r.queue_offset}  {durability}"
+
+
 def cmd_send(cli: Cli) -> None:
     a = cli.args
     progress = Progress(cli.err, enabled=a.progress or cli.err.isatty())
@@ -216,8 +224,7 @@ def cmd_send(cli: Cli) -> None:
         sent += len(response.results)
         if not a.quiet:
             for r in response.results:
-                cli.emit(r, f"{r.msg_id}  queue={r.queue_id}  offset={r.queue_offset}  "
-                            f"{common_pb2.Durability.Name(r.durability).removeprefix('DURABILITY_')}")
+                cli.emit(r, _sent_line(r))
         progress.update(sent)
     progress.update(sent, final=True)
     if a.quiet:

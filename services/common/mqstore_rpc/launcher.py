@@ -1,10 +1,12 @@
 """``python -m mqstore_rpc.launcher --data-dir ./data``: every service on loopback, for ``make run``.
 
-Starts each service of :data:`SERVICES` whose module is installed as a child process (its own process
+Starts each service of :func:`services` whose module is installed as a child process (its own process
 group, so Ctrl-C reaches only the launcher, which then stops the children in reverse order), waits until
 each answers gRPC health with SERVING, creates the ``demo`` topic if missing, and prints the endpoints and
-a grpcurl example. On Ctrl-C or SIGTERM: SIGTERM to each child, wait, SIGKILL if it does not exit, and
-exit 0. If a child dies on its own, the others are stopped and the launcher exits 1.
+examples that work as printed in another shell (the venv activated first; the addresses exported when
+the ports are not the defaults). ``--commitlog-port`` / ``--index-port`` move the services (the README
+test runs the launcher on free ports). On Ctrl-C or SIGTERM: SIGTERM to each child, wait, SIGKILL if it
+does not exit, and exit 0. If a child dies on its own, the others are stopped and the launcher exits 1.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 HOST = "127.0.0.1"
-COMMITLOG_ADDRESS = f"{HOST}:50051"
+COMMITLOG_PORT = 50051
+INDEX_PORT = 50052
 READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
 STOP_TIMEOUT_S = 30.0       # SIGTERM, then this long before SIGKILL
 POLL_INTERVAL_S = 0.1
@@ -56,11 +59,12 @@ class Service:
                 "--port", str(self.port), *self.extra_args]
 
 
-# In start order; stopped in reverse. A service whose module is not installed yet is skipped.
-SERVICES = (
-    Service("commitlog", "commitlog_service.main", 50051, ""),
-    Service("index", "index_service.main", 50052, "index", ("--commitlog", COMMITLOG_ADDRESS)),
-)
+def services(commitlog_port: int = COMMITLOG_PORT, index_port: int = INDEX_PORT) -> tuple[Service, ...]:
+    """In start order; stopped in reverse. A service whose module is not installed yet is skipped."""
+    return (
+        Service("commitlog", "commitlog_service.main", commitlog_port, ""),
+        Service("index", "index_service.main", index_port, "index", ("--commitlog", f"{HOST}:{commitlog_port}")),
+    )
 
 
 class Child:
@@ -108,17 +112,40 @@ def ensure_demo_topic(address: str) -> None:
             stub.CreateTopic(commitlog_pb2.CreateTopicRequest(name=DEMO_TOPIC), timeout=10)
 
 
+def _activate_command() -> str:
+    """How another shell gets this venv's ``mqstore`` and ``grpcurl`` on PATH ("" outside a venv)."""
+    activate = pathlib.Path(sys.prefix) / "bin" / "activate"
+    if sys.prefix == sys.base_prefix or not activate.exists():
+        return ""
+    try:
+        activate = activate.relative_to(pathlib.Path.cwd())
+    except ValueError:
+        pass  # the venv is elsewhere: give its absolute path
+    return f"source {activate}"
+
+
 def banner(children: list[Child]) -> str:
+    """The endpoints and examples that work as printed (in another shell, from this directory)."""
+    by_name = {c.service.name: c.service for c in children}
+    log = by_name["commitlog"].address
     lines = ["", "mqstore is running:"]
     lines += [f"  {c.service.name:<10} {c.service.address}" for c in children]
-    lines += ["", "Try (grpcurl is in .venv/bin):",
-              f"  grpcurl -plaintext {COMMITLOG_ADDRESS} list",
-              "  grpcurl -plaintext -d '{\"topic\":\"demo\",\"messages\":[{\"body\":\"aGVsbG8=\"}]}' "
-              f"{COMMITLOG_ADDRESS} mqstore.v1.CommitLog/Append",
-              "  grpcurl -plaintext -d '{\"topic\":\"demo\",\"queue_id\":0,\"offset\":0}' "
-              f"{COMMITLOG_ADDRESS} mqstore.v1.CommitLog/Pull",
-              "  .venv/bin/mqstore send demo hello world && .venv/bin/mqstore pull demo --queue 0",
-              "", "Ctrl-C stops everything.", ""]
+    lines += ["", "Try, in another shell in this directory:"]
+    if activate := _activate_command():
+        lines.append(f"  {activate}")
+    exports = [f"MQSTORE_ADDRESS={log}"] if by_name["commitlog"].port != COMMITLOG_PORT else []
+    if "index" in by_name and by_name["index"].port != INDEX_PORT:
+        exports.append(f"MQSTORE_INDEX_ADDRESS={by_name['index'].address}")
+    if exports:
+        lines.append("  export " + " ".join(exports))
+    lines += [f"  grpcurl -plaintext {log} list",
+              "  grpcurl -plaintext -d '{\"topic\":\"demo\",\"messages\":[{\"body\":\"aGVsbG8=\",\"keys\":[\"k1\"]}]}' "
+              f"{log} mqstore.v1.CommitLog/Append",
+              "  mqstore send demo hello world --queue 0 --key k1",
+              "  mqstore pull demo --queue 0"]
+    if "index" in by_name:
+        lines.append("  mqstore query key demo k1")
+    lines += ["", "Ctrl-C stops everything.", ""]
     return "\n".join(lines)
 
 
@@ -129,8 +156,9 @@ def _install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _start_all(data_dir: pathlib.Path, stop: threading.Event, children: list[Child]) -> bool:
-    for service in SERVICES:
+def _start_all(data_dir: pathlib.Path, ports: tuple[int, int], stop: threading.Event,
+               children: list[Child]) -> bool:
+    for service in services(*ports):
         if not service.available():
             continue
         child = Child(service, data_dir)
@@ -142,16 +170,16 @@ def _start_all(data_dir: pathlib.Path, stop: threading.Event, children: list[Chi
     return True
 
 
-def run(data_dir: pathlib.Path) -> int:
+def run(data_dir: pathlib.Path, ports: tuple[int, int] = (COMMITLOG_PORT, INDEX_PORT)) -> int:
     stop = threading.Event()
     _install_stop_handlers(stop)
     data_dir.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
     status = 0
     try:
-        if not _start_all(data_dir, stop, children):
+        if not _start_all(data_dir, ports, stop, children):
             return 0 if stop.is_set() else 1
-        ensure_demo_topic(COMMITLOG_ADDRESS)
+        ensure_demo_topic(children[0].service.address)
         print(banner(children), flush=True)
         while not stop.wait(0.5):  # wake up now and then to notice a child that died on its own
             dead = [c for c in children if c.process.poll() is not None]
@@ -170,8 +198,17 @@ def run(data_dir: pathlib.Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mqstore_rpc.launcher", description="run every mqstore service locally")
     parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"))
+    parser.add_argument("--commitlog-port", type=_port, default=COMMITLOG_PORT, help=f"default {COMMITLOG_PORT}")
+    parser.add_argument("--index-port", type=_port, default=INDEX_PORT, help=f"default {INDEX_PORT}")
     args = parser.parse_args(argv)
-    return run(args.data_dir.resolve())
+    return run(args.data_dir.resolve(), (args.commitlog_port, args.index_port))
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 1..65535, not {port}")  # 0 would hide the address
+    return port
 
 
 if __name__ == "__main__":

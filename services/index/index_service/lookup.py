@@ -11,6 +11,11 @@ injected ``CommitLogReader``:
   key == UNIQ_KEY (by uniq key: key == UNIQ_KEY)  (another key with the same hash)
   begin_ms <= real store time <= end_ms           dropped (the index time is up to 999 ms early)
 
+While the commit log is down nothing can be verified: a query with candidates raises ``Unavailable``
+naming the key, the address and when to retry (nothing unverified is returned: a 32-bit hash alone
+would return other keys' messages). A query whose key has no index entry answers at once (empty, or
+NotFound by uniq key), and so does ``stats()``; ``by_time`` asks the commit log and is Unavailable too.
+
 When checks remove candidates a page is refilled from the next index page (at most ``max_rounds``
 index pages per request), so a page is full whenever enough matches exist; the page token then
 continues after the last candidate examined. ``max_num`` is clamped before anything is allocated.
@@ -23,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mqstore.errors import InvalidArgument, NotFound, invariant
+from mqstore.errors import InvalidArgument, NotFound, Unavailable, invariant
 
 from . import paging as P
 from .follower import FollowerState
@@ -124,7 +129,12 @@ class IndexQueries:
         consume queue answers it: a binary search on store times)."""
         if not topic:
             raise InvalidArgument("topic must not be empty")
-        return self.source.offset_by_time(topic, queue_id, timestamp_ms)
+        try:
+            return self.source.offset_by_time(topic, queue_id, timestamp_ms)
+        except Unavailable as exc:
+            raise Unavailable(f"QueryByTime is answered by the commit log's consume queue, and the commit log "
+                              f"did not answer ({exc}); retry when it is back (IndexStats.connected turns "
+                              f"true)") from exc
 
     def stats(self) -> ServiceStats:
         return ServiceStats(self.store.stats(), self._follower_state(), self._upkeep_state())
@@ -139,7 +149,7 @@ class IndexQueries:
             page.index_reads += result.reads
             page.files_searched += result.files_scanned
             offsets = [locator.physical_offset for locator in result.locators]
-            for offset, message in zip(offsets, self.source.fetch(offsets)):
+            for offset, message in zip(offsets, self._fetch(topic, key, offsets)):
                 if not self._accept(page, offset, message, topic, key, begin_ms, end_ms, uniq_only):
                     continue
                 if include_messages and page.messages and \
@@ -153,6 +163,19 @@ class IndexQueries:
                 break
         page.next_page_token = token
         return page
+
+    def _fetch(self, topic: str, key: str, offsets: list[int]) -> list[FetchedMessage | None]:
+        if not offsets:
+            return []  # no candidate: the answer needs no commit log (so it comes while the log is down)
+        try:
+            return self.source.fetch(offsets)
+        except Unavailable as exc:
+            raise Unavailable(
+                f"cannot verify the {len(offsets)} index candidate(s) for key {key!r} in topic {topic!r}: the "
+                f"index keeps only a hash of each key, so each candidate is checked against its message in the "
+                f"commit log, which did not answer ({exc}). Retry when the commit log is back (IndexStats."
+                f"connected turns true); Stats, and queries for keys without index entries, answer meanwhile"
+            ) from exc
 
     @staticmethod
     def _accept(page: Page, offset: int, message: FetchedMessage | None, topic: str, key: str, begin_ms: int,

@@ -12,8 +12,9 @@ sealed compact files; none by default), ``--rpc-timeout-ms``, ``--tail-stream-de
 
 The process prints only JSON log lines on stderr; the first after start is ``server.started`` with
 the bound port. Exit status: 0 after SIGTERM/SIGINT, 1 when the index cannot start, 2 for invalid
-configuration. The service starts even when the commit log is not reachable yet: it answers from
-what it has and its follower connects when the log comes up.
+configuration. The service starts even when the commit log is not reachable yet: its follower
+connects when the log comes up, and meanwhile it answers what needs no commit log (Stats, queries
+for keys without index entries; the rest is UNAVAILABLE, as index.proto says).
 """
 
 from __future__ import annotations

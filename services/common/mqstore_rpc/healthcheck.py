@@ -1,0 +1,66 @@
+"""``python -m mqstore_rpc.healthcheck``: exit 0 when a local mqstore server reports SERVING over gRPC health.
+
+The container health check of docker-compose.yml. It asks ``--address`` if given, else
+``127.0.0.1:$MQSTORE_PORT``: the variable the service itself reads for the port to bind, so changing
+the port setting moves the check with it. Without either it fails (a check that guesses a port
+would test the wrong server). Exit status 0 when the service (``--service``, default "": the server
+as a whole) is SERVING; 1 when it is not, is not listening or does not answer within ``--timeout-s``;
+one line on stdout says which. 2 for bad arguments.
+
+Only grpc and grpc_health are imported: Docker runs this every few seconds, so it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+DEFAULT_TIMEOUT_S = 3.0
+
+
+def target(address: str | None, env: Mapping[str, str]) -> str:
+    """``address``, else 127.0.0.1 at MQSTORE_PORT; ValueError when neither says where."""
+    if address:
+        return address
+    port = env.get("MQSTORE_PORT", "").strip()
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"no --address and MQSTORE_PORT is {port!r}, not a port number: "
+                         f"set one of them to the server's port")
+    return f"127.0.0.1:{int(port)}"
+
+
+def check(address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """The health status name (SERVING, NOT_SERVING, ...), or ``UNREACHABLE: <why>``."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s,
+                               wait_for_ready=False)
+        except grpc.RpcError as exc:
+            return f"UNREACHABLE: {exc.code().name}: {exc.details()}"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mqstore_rpc.healthcheck",
+                                     description="exit 0 when an mqstore server is SERVING (gRPC health)")
+    parser.add_argument("--address", help="host:port (default: 127.0.0.1 at $MQSTORE_PORT)")
+    parser.add_argument("--service", default="", help="a service name, e.g. mqstore.v1.Index (default: the server)")
+    parser.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
+    args = parser.parse_args(argv)
+    try:
+        address = target(args.address, env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    status = check(address, args.service, args.timeout_s)
+    print(f"{address} {args.service or '(server)'}: {status}")
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
