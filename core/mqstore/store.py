@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 import structlog
 
 from mqstore import fs
+from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
@@ -216,12 +217,16 @@ class MessageStore(TopicsMixin):
         return self.dispatcher.dispatched_offset
 
     # ------------------------------------------------------------------ append
-    def append(self, topic: str, messages: Sequence[MessageIn]) -> AppendResults:
+    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None) -> AppendResults:
+        """Append one batch, all or nothing. ``system_writer`` is the internal way into system topics:
+        the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
+        it, so clients cannot write system topics."""
         self._check_running()
         reason = self.disk_read_only or self.commitlog.read_only_reason
         if reason:
             raise ResourceExhausted(f"the store is read-only: {reason}; reads still work")
         rec = self.topic(topic)
+        self.check_system_writer(rec, system_writer)
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
             written = self.commitlog.append(batch)
@@ -350,6 +355,8 @@ class MessageStore(TopicsMixin):
         self._check_running()
         max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
         heartbeat_s = min(max(heartbeat_ms if heartbeat_ms > 0 else 1000, 10), 60_000) / 1000
+        for name in topics:  # a name that can never exist would filter out everything, silently
+            topic_rules.validate_topic_name(name)
         wanted = frozenset(t.encode("utf-8") for t in topics)
         pos = self._tail_start(start, from_physical_offset)
         cond = self.dispatcher.visible

@@ -23,10 +23,22 @@ class TopicsMixin:
     def topic(self, name: str) -> TopicRecord:
         found = self._topics.get(name)
         if found is None:
-            if not name:
-                raise InvalidArgument("topic must not be empty")
+            # A name that could never exist is a malformed request, not a missing topic. Checked only
+            # on a miss, so the append path pays nothing for it.
+            topic_rules.validate_topic_name(name)
             raise NotFound(f"topic {name!r} does not exist; create it first (CreateTopic / `mqstore topic create`)")
         return found
+
+    def check_system_writer(self, topic: TopicRecord, system_writer: str | None) -> None:
+        """System topics are written only by the service that owns them (``system_writer`` names it;
+        the gRPC Append never sets it). Other topics take appends from anybody."""
+        if topic.kind != KIND_SYSTEM:
+            return
+        owner = topic_rules.system_topic_owner(topic.name)
+        if system_writer is None or system_writer != owner:
+            who = topic_rules.OWNER_DESCRIPTIONS.get(owner, "the store itself")
+            raise FailedPrecondition(f"topic {topic.name!r} is a system topic: only {who} writes it; "
+                                     f"append to a topic of your own")
 
     def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
                      retention_ms: int = 0) -> TopicRecord:
