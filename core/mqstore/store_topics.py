@@ -49,6 +49,7 @@ class TopicsMixin:
         topic_rules.validate_queue_count(queue_count)
         if retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        self._refuse_metadata_write_if_read_only()
         with self._topics_lock:
             created = self.meta.create_topic(name, queue_count, kind, retention_ms)
             self._topics[name] = created
@@ -67,6 +68,7 @@ class TopicsMixin:
                     f"(shrinking would strand messages), asked for {queue_count}")
         if retention_ms is not None and retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        self._refuse_metadata_write_if_read_only()
         with self._topics_lock:
             updated = self.meta.update_topic(name, queue_count or None, retention_ms)
             self._topics[name] = updated
@@ -83,6 +85,13 @@ class TopicsMixin:
                 self.queues.drop_topic(name)
         log.info("topic.deleted", topic=name)
 
+    def _refuse_metadata_write_if_read_only(self) -> None:
+        """The default metadata database (SQLite in the data directory) shares the data's disk: while
+        the store is read-only it would fail too (and grow its WAL on the last bytes), so refuse first.
+        A metadata_url elsewhere (PostgreSQL) is written regardless."""
+        if not self.config.metadata_url:
+            self.refuse_if_read_only()
+
     def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
         return sorted((t for t in self._topics.values() if include_system or t.kind != KIND_SYSTEM),
                       key=lambda t: t.name)
@@ -98,6 +107,7 @@ class TopicsMixin:
         if offset < 0 or offset > info.max_offset:
             raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
                              min_value=0, max_value=info.max_offset)
+        self._refuse_metadata_write_if_read_only()
         self.meta.commit_offset(group, topic, queue_id, offset)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
