@@ -35,7 +35,7 @@ class TopicsMixin:
         if topic.kind != KIND_SYSTEM:
             return
         owner = topic_rules.system_topic_owner(topic.name)
-        if system_writer is None or system_writer != owner:
+        if not owner or system_writer != owner:
             who = topic_rules.OWNER_DESCRIPTIONS.get(owner, "the store itself")
             raise FailedPrecondition(f"topic {topic.name!r} is a system topic: only {who} writes it; "
                                      f"append to a topic of your own")
