@@ -36,6 +36,9 @@ def replace_file(path: pathlib.Path, data: bytes, *, before_rename=None) -> None
             written = os.write(fd, view)
             view = view[written:]
         os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: give the bytes back now, not at the next start
+        raise
     finally:
         os.close(fd)
     if before_rename is not None:

@@ -58,7 +58,7 @@ class Maintenance:
     def check_disk(self) -> None:
         st = os.statvfs(self.config.data_dir)
         used = 1 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0
-        self.store.set_disk_usage(used)
+        self.store.set_disk_usage(used, free_bytes=st.f_bavail * st.f_frsize)
 
     def delete_expired_segments(self) -> int:
         store = self.store

@@ -7,6 +7,10 @@ from the checkpoint's dispatched offset (from the log's start when the checkpoin
 directory is missing); rebuild the queue offset table; fsync; write the abort marker; start threads.
 A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
 
+On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
+CommitOffset get ResourceExhausted, reads go on; a checkpoint that does not fit is skipped and the abort
+marker stays; a start on a full disk comes up read-only.
+
 Thread-safety: every public method may be called from any thread. Appends serialise on the commit
 log's lock; consume queue writes on the dispatcher's lock; topic changes on ``_topics_lock``.
 """
@@ -20,7 +24,8 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import fs
+from mqstore import disk_space, fs
+from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
@@ -38,6 +43,7 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, TAIL_EARLIEST
                            TAIL_LATEST, AppendResults, MessageIn, PullResult, QueueInfo, StoredMessage,
                            StoreInfo, TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
+from mqstore.store_space import DiskSpaceMixin
 from mqstore.store_topics import TopicsMixin
 
 log = structlog.get_logger()
@@ -48,15 +54,15 @@ MAX_LONG_POLL_MS = 30_000
 MAX_FRAME_BYTES = 4 << 20
 
 
-class MessageStore(TopicsMixin):
+class MessageStore(TopicsMixin, DiskSpaceMixin):
     def __init__(self, config: StoreConfig, clock: Clock | None = None):
         self.config = config
         self.clock = clock or SystemClock()
         self.encoder = MessageEncoder(config)
         self.segments = SegmentQueue(config.commitlog_dir, config.segment_size_bytes,
                                      preallocate=config.preallocate_segments)
-        self.commitlog = CommitLog(self.segments, self.clock)
         self.queues = QueueTable(config.consumequeue_dir, config.cq_entries_per_file)
+        self.commitlog = CommitLog(self.segments, self.clock, reserve_queue_files=self.queues.reserve)
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
         self.flusher: Flusher | None = None
         self.maintenance = Maintenance(self, config, self.clock)
@@ -67,6 +73,7 @@ class MessageStore(TopicsMixin):
         self._lock_fd: int | None = None
         self._running = False
         self.disk_read_only = ""
+        self.space_reserve = disk_space.SpaceReserve(config.data_dir)
         self.recovery = None
         self._long_polls = threading.BoundedSemaphore(config.max_long_poll_waiters)
 
@@ -95,6 +102,7 @@ class MessageStore(TopicsMixin):
     def _start_locked(self) -> None:
         cfg = self.config
         fs.remove_leftovers(cfg.data_dir)
+        self._check_space_before_start()  # before anything is written: a full disk starts read-only
         unclean = self.abort_path.exists()
         cp = self._read_checkpoint()
         cq_root_existed = cfg.consumequeue_dir.is_dir()
@@ -119,8 +127,7 @@ class MessageStore(TopicsMixin):
         self.flusher.flushed_offset = min(start, end)
         self.flusher.flush_now()
         self.write_checkpoint()
-        self.abort_path.write_text(str(os.getpid()))
-        fs.fsync_dir(cfg.data_dir)
+        self._mark_started()
         self.flusher.start()
         self.maintenance.start()
         self.warmer.start()
@@ -138,8 +145,8 @@ class MessageStore(TopicsMixin):
         self.warmer.stop(timeout_s)
         self.flusher.stop(timeout_s)
         self.dispatcher.run_pending(self.flusher.flushed_offset)
-        self.write_checkpoint()
-        if self.dispatcher.dispatched_offset >= self.commitlog.written_offset:
+        checkpointed = self.write_checkpoint()
+        if checkpointed and self.dispatcher.dispatched_offset >= self.commitlog.written_offset:
             self.abort_path.unlink(missing_ok=True)
             fs.fsync_dir(self.config.data_dir)
         self.queues.close()
@@ -186,15 +193,23 @@ class MessageStore(TopicsMixin):
             return set()
         return {key for key in behind if key[0] in self._topics}
 
-    def write_checkpoint(self) -> None:
+    def write_checkpoint(self) -> bool:
+        """Flush the consume queues, then replace the manifest and the checkpoint. False when the disk
+        has no room for them: skipped and logged (once), the older checkpoint stays valid."""
         dispatched = self.dispatcher.dispatched_offset
         logics_ts = self.dispatcher.logics_msg_timestamp_ms
         for cq in list(self.queues.queues.values()):
             cq.flush()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
                               logics_ts, self.clock.now_ms())
-        fs.replace_file(self.manifest_path, self.dispatcher.manifest())
-        fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
+        try:
+            fs.replace_file(self.manifest_path, self.dispatcher.manifest())
+            fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
+        except OSError as exc:
+            self._checkpoint_skipped_for(exc)  # re-raised unless the disk is full
+            return False
+        self._checkpoint_written()
+        return True
 
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
@@ -216,12 +231,14 @@ class MessageStore(TopicsMixin):
         return self.dispatcher.dispatched_offset
 
     # ------------------------------------------------------------------ append
-    def append(self, topic: str, messages: Sequence[MessageIn]) -> AppendResults:
+    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None) -> AppendResults:
+        """Append one batch, all or nothing. ``system_writer`` is the internal way into system topics:
+        the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
+        it, so clients cannot write system topics."""
         self._check_running()
-        reason = self.disk_read_only or self.commitlog.read_only_reason
-        if reason:
-            raise ResourceExhausted(f"the store is read-only: {reason}; reads still work")
+        self.refuse_if_read_only()
         rec = self.topic(topic)
+        self.check_system_writer(rec, system_writer)
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
             written = self.commitlog.append(batch)
@@ -350,6 +367,8 @@ class MessageStore(TopicsMixin):
         self._check_running()
         max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
         heartbeat_s = min(max(heartbeat_ms if heartbeat_ms > 0 else 1000, 10), 60_000) / 1000
+        for name in topics:  # a name that can never exist would filter out everything, silently
+            topic_rules.validate_topic_name(name)
         wanted = frozenset(t.encode("utf-8") for t in topics)
         pos = self._tail_start(start, from_physical_offset)
         cond = self.dispatcher.visible
@@ -397,7 +416,7 @@ class MessageStore(TopicsMixin):
         return cq.offset_by_time(timestamp_ms, boundary == "upper", self.commitlog.store_timestamp_at)
 
     def store_info(self) -> StoreInfo:
-        reason = self.disk_read_only or self.commitlog.read_only_reason
+        reason = self.read_only_reason()
         return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
                          self.flusher.flushed_offset if self.flusher else 0, self.visible_offset(),
                          self.config.flush_mode, bool(reason), reason, len(self.segments.segments),
@@ -421,18 +440,6 @@ class MessageStore(TopicsMixin):
                 cutoff = cq.offset_by_time(now - topic.retention_ms, False, self.commitlog.store_timestamp_at)
                 with self.dispatcher.lock:
                     cq.raise_min_offset(min(cutoff, cq.max_offset))
-
-    def set_disk_usage(self, used_ratio: float) -> None:
-        if used_ratio >= self.config.disk_max_used_ratio:
-            if not self.disk_read_only:
-                log.error("store.read_only", used_ratio=round(used_ratio, 4), limit=self.config.disk_max_used_ratio)
-            self.disk_read_only = (f"disk {used_ratio:.1%} full, above the limit of "
-                                   f"{self.config.disk_max_used_ratio:.0%}: free space or raise disk_max_used_ratio")
-        elif self.disk_read_only or self.commitlog.read_only_reason:
-            # Also clears a failed segment creation (ENOSPC): the next append simply tries again.
-            log.info("store.writable_again", used_ratio=round(used_ratio, 4))
-            self.disk_read_only = ""
-            self.commitlog.read_only_reason = ""
 
     def halt(self) -> None:
         """Stop like a crash: no final flush, no checkpoint, abort marker left. For crash tests in one

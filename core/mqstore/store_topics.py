@@ -23,10 +23,22 @@ class TopicsMixin:
     def topic(self, name: str) -> TopicRecord:
         found = self._topics.get(name)
         if found is None:
-            if not name:
-                raise InvalidArgument("topic must not be empty")
+            # A name that could never exist is a malformed request, not a missing topic. Checked only
+            # on a miss, so the append path pays nothing for it.
+            topic_rules.validate_topic_name(name)
             raise NotFound(f"topic {name!r} does not exist; create it first (CreateTopic / `mqstore topic create`)")
         return found
+
+    def check_system_writer(self, topic: TopicRecord, system_writer: str | None) -> None:
+        """System topics are written only by the service that owns them (``system_writer`` names it;
+        the gRPC Append never sets it). Other topics take appends from anybody."""
+        if topic.kind != KIND_SYSTEM:
+            return
+        owner = topic_rules.system_topic_owner(topic.name)
+        if not owner or system_writer != owner:
+            who = topic_rules.OWNER_DESCRIPTIONS.get(owner, "the store itself")
+            raise FailedPrecondition(f"topic {topic.name!r} is a system topic: only {who} writes it; "
+                                     f"append to a topic of your own")
 
     def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
                      retention_ms: int = 0) -> TopicRecord:
@@ -37,6 +49,7 @@ class TopicsMixin:
         topic_rules.validate_queue_count(queue_count)
         if retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        self._refuse_metadata_write_if_read_only()
         with self._topics_lock:
             created = self.meta.create_topic(name, queue_count, kind, retention_ms)
             self._topics[name] = created
@@ -55,6 +68,7 @@ class TopicsMixin:
                     f"(shrinking would strand messages), asked for {queue_count}")
         if retention_ms is not None and retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        self._refuse_metadata_write_if_read_only()
         with self._topics_lock:
             updated = self.meta.update_topic(name, queue_count or None, retention_ms)
             self._topics[name] = updated
@@ -71,6 +85,13 @@ class TopicsMixin:
                 self.queues.drop_topic(name)
         log.info("topic.deleted", topic=name)
 
+    def _refuse_metadata_write_if_read_only(self) -> None:
+        """The default metadata database (SQLite in the data directory) shares the data's disk: while
+        the store is read-only it would fail too (and grow its WAL on the last bytes), so refuse first.
+        A metadata_url elsewhere (PostgreSQL) is written regardless."""
+        if not self.config.metadata_url:
+            self.refuse_if_read_only()
+
     def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
         return sorted((t for t in self._topics.values() if include_system or t.kind != KIND_SYSTEM),
                       key=lambda t: t.name)
@@ -86,6 +107,7 @@ class TopicsMixin:
         if offset < 0 or offset > info.max_offset:
             raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
                              min_value=0, max_value=info.max_offset)
+        self._refuse_metadata_write_if_read_only()
         self.meta.commit_offset(group, topic, queue_id, offset)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:

@@ -20,14 +20,21 @@ NAME_CHARSET_DESCRIPTION = "letters a-z A-Z, digits 0-9, '%', '|', '_' and '-'"
 _ILLEGAL_NAME_CHAR = re.compile(r"[^%|a-zA-Z0-9_-]")
 
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
-SYSTEM_TOPICS = frozenset(
-    {
-        "RMQ_SYS_TRANS_HALF_TOPIC",  # half (prepared) transaction messages
-        "RMQ_SYS_TRANS_OP_HALF_TOPIC",  # OP records: which half messages are resolved
-        "TRANS_CHECK_MAX_TIME_TOPIC",  # half messages that ran out of check-backs
-        "SCHEDULE_TOPIC_XXXX",  # delayed messages (tag code = delivery time)
-    }
-)
+# The service that owns (alone writes) each system topic; the name MessageStore.append's
+# ``system_writer`` must give to write there. Clients never write system topics.
+OWNER_TRANSACTION = "txn"
+OWNER_SCHEDULE = "schedule"
+SYSTEM_TOPIC_OWNERS = {
+    "RMQ_SYS_TRANS_HALF_TOPIC": OWNER_TRANSACTION,  # half (prepared) transaction messages
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC": OWNER_TRANSACTION,  # OP records: which half messages are resolved
+    "TRANS_CHECK_MAX_TIME_TOPIC": OWNER_TRANSACTION,  # half messages that ran out of check-backs
+    "SCHEDULE_TOPIC_XXXX": OWNER_SCHEDULE,  # delayed messages (tag code = delivery time)
+}
+OWNER_DESCRIPTIONS = {
+    OWNER_TRANSACTION: "the Transaction service",
+    OWNER_SCHEDULE: "the delayed-message scheduler",
+}
+SYSTEM_TOPICS = frozenset(SYSTEM_TOPIC_OWNERS)
 
 
 def validate_topic_name(name: str) -> None:
@@ -43,6 +50,11 @@ def validate_group_name(name: str) -> None:
 def is_system_topic(name: str) -> bool:
     """True for the store's own topics, which clients may not create, change or delete."""
     return name in SYSTEM_TOPICS or name.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def system_topic_owner(name: str) -> str:
+    """The owner (a SYSTEM_TOPIC_OWNERS value) of a system topic; "" for a name nobody owns."""
+    return SYSTEM_TOPIC_OWNERS.get(name, "")
 
 
 def validate_queue_count(queue_count: int) -> None:
@@ -63,14 +75,21 @@ def _validate_name(what: str, name: str, max_chars: int) -> None:
     if not isinstance(name, str):
         raise InvalidArgument(f"{what} name must be a string, got {type(name).__name__}")
     if not name:
-        raise InvalidArgument(f"{what} name is empty; give 1 to {max_chars} characters")
+        raise InvalidArgument(f"{what} name is empty; give 1 to {max_chars} characters "
+                              f"(names match {_pattern(max_chars)})")
     if len(name) > max_chars:
         raise InvalidArgument(
-            f"{what} name is {len(name)} characters long; the limit is {max_chars}"
+            f"{what} name is {len(name)} characters long; the limit is {max_chars} "
+            f"(names match {_pattern(max_chars)})"
         )
     illegal = _ILLEGAL_NAME_CHAR.search(name)
     if illegal is not None:
         raise InvalidArgument(
             f"{what} name {name!r} has the illegal character {illegal.group()!r} at position "
-            f"{illegal.start()} (0-based); allowed are {NAME_CHARSET_DESCRIPTION}"
+            f"{illegal.start()} (0-based); allowed are {NAME_CHARSET_DESCRIPTION} "
+            f"(names match {_pattern(max_chars)})"
         )
+
+
+def _pattern(max_chars: int) -> str:
+    return f"[%|a-zA-Z0-9_-]{{1,{max_chars}}}"

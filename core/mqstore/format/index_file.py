@@ -52,6 +52,7 @@ import struct
 from array import array
 from dataclasses import dataclass, field
 
+from mqstore.disk_space import is_no_space
 from mqstore.errors import DataLoss, ResourceExhausted, invariant
 from mqstore.javahash import java_hash_continue, java_string_hash
 
@@ -206,14 +207,23 @@ class IndexFile:
     @classmethod
     def create(cls, path: pathlib.Path, slot_count: int, entry_count: int, *,
                prev_end_phy_offset: int = 0, prev_end_timestamp_ms: int = 0) -> IndexFile:
-        """A new zeroed file; begin/end start at the previous file's end values, as in RocketMQ."""
+        """A new zeroed file; begin/end start at the previous file's end values, as in RocketMQ.
+
+        The file is allocated for real before it is mapped: a page of a mapping without a disk block
+        behind it would be allocated by the write that first touches it, and on a full disk that
+        write is a SIGBUS. So a full disk fails here, with ResourceExhausted and no file left."""
         invariant(slot_count > 0 and entry_count > 1, f"bad index file sizes {slot_count}/{entry_count}")
+        size_bytes = file_size_bytes(slot_count, entry_count)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.ftruncate(fd, file_size_bytes(slot_count, entry_count))
+            os.posix_fallocate(fd, 0, size_bytes)
             mm = mmap.mmap(fd, 0)
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
+            path.unlink(missing_ok=True)
+            if is_no_space(exc):
+                raise ResourceExhausted(f"disk full: cannot create index file {path} of {size_bytes} bytes; "
+                                        f"free space (the index resumes from its checkpoint)") from exc
             raise
         header = Header(prev_end_timestamp_ms, prev_end_timestamp_ms, prev_end_phy_offset,
                         prev_end_phy_offset, 0, 1)

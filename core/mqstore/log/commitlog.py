@@ -5,8 +5,9 @@ Append protocol (RocketMQ's, with the copy batched): records are encoded outside
 in-memory table, physical offsets and times are stamped into the batch buffer, and the buffer is
 copied into the active segment in as few slices as possible. A record that does not fit the rest of
 a segment (with 8 bytes to spare) is moved whole into the next segment, after an 8-byte blank record
-that claims the remainder. Segments needed by a batch are created before any byte is copied, so a
-full disk rejects the batch whole.
+that claims the remainder. Segments needed by a batch are created before any byte is copied, and so
+are the consume queue files its entries will need (``reserve_queue_files``, called under the lock once
+the queue offsets are known), so a full disk rejects the batch whole.
 
 Thread-safety: ``append`` is serialised by ``lock``; ``written_offset`` is published after the copy,
 so readers may read any byte below it without a lock.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import structlog
 
@@ -41,9 +43,14 @@ class Written:
     entries: list[tuple[int, int, int, int, int, int]]
 
 
+# (topic, {queue id: (first queue offset, end queue offset)}) -> None; raises ResourceExhausted.
+ReserveQueueFiles = Callable[[str, dict[int, tuple[int, int]]], None]
+
+
 class CommitLog:
-    def __init__(self, segments: SegmentQueue, clock):
+    def __init__(self, segments: SegmentQueue, clock, reserve_queue_files: ReserveQueueFiles | None = None):
         self.segments = segments
+        self.reserve_queue_files = reserve_queue_files
         self.segment_size = segments.segment_size
         self.clock = clock
         self.lock = threading.Lock()
@@ -72,6 +79,8 @@ class CommitLog:
             if now < self.last_store_timestamp_ms:
                 now = self.last_store_timestamp_ms
             plan = self._plan(batch.sizes)
+            if self.reserve_queue_files is not None:
+                self.reserve_queue_files(batch.topic, self._queue_ranges(batch))
             entries = self._assign_and_stamp(batch, plan, now)
             self._copy(batch.buf, plan)
             end = plan[-1][1] + plan[-1][3] if plan else self.written_offset
@@ -110,6 +119,21 @@ class CommitLog:
         while next_start < end or last is None:
             last = self.segments.create(next_start)
             next_start = last.end
+
+    def _queue_ranges(self, batch: EncodedBatch) -> dict[int, tuple[int, int]]:
+        """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
+        qids, flags = batch.queue_ids, batch.sys_flags
+        if any(flags):
+            counts = collections.Counter(q for q, f in zip(qids, flags) if f & record.SYSFLAG_TX_MASK
+                                         not in _NO_QUEUE_OFFSET_TX)
+        else:
+            counts = collections.Counter(qids)
+        table, topic = self.next_queue_offsets, batch.topic
+        ranges = {}
+        for qid, count in counts.items():
+            first = table.get((topic, qid), 0)
+            ranges[qid] = (first, first + count)
+        return ranges
 
     def _assign_and_stamp(self, batch: EncodedBatch, plan, now: int):
         entries = []

@@ -87,7 +87,8 @@ class MessageEncoder:
                     f"messages[{index}].body: {len(msg.body)} bytes, the limit is {cfg.max_body_bytes}")
         if total_body > cfg.max_batch_body_bytes:
             raise InvalidArgument(
-                f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes}")
+                f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes} "
+                f"({_size_text(cfg.max_batch_body_bytes)}, server setting max_batch_body_bytes); split the batch")
         uniq_needed = sum(1 for m in messages if not m.properties or not m.properties.get(record.PROPERTY_UNIQ_KEY))
         fresh = iter(self.uniq.next_keys(uniq_needed, now_ms))
         topic_bytes = topic.name.encode("utf-8")
@@ -104,8 +105,10 @@ class MessageEncoder:
             size = fixed + len(body) + len(props)
             if size > room or not body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0:
                 self._reject(index, topic, msg, props, size)
-            encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag, msg.born_timestamp_ms,
-                         msg.born_host, msg.born_port, host, port, msg.prepared_transaction_offset)
+            # born_timestamp_ms 0 means "server time" (the proto says so): the batch's time, not 1970.
+            encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag,
+                         msg.born_timestamp_ms or now_ms, msg.born_host, msg.born_port, host, port,
+                         msg.prepared_transaction_offset)
             sizes.append(size)
             tags.append(tag_code)
             flags.append(msg.sys_flag)
@@ -129,31 +132,24 @@ class MessageEncoder:
 
     def _properties(self, index: int, msg: MessageIn, fresh) -> tuple[bytes, int, str]:
         user = msg.properties
-        tags, keys = msg.tags, msg.keys
+        tags, keys, uniq = msg.tags, msg.keys, ""
         pieces = []
         if user:
-            tags = tags or user.get(record.PROPERTY_TAGS, "")
-            keys = keys or tuple(k for k in user.get(record.PROPERTY_KEYS, "").split(" ") if k)
             for name, value in user.items():
                 if name not in _RESERVED:
                     if not name or not value or _BAD_TEXT.search(name) or _BAD_TEXT.search(value):
                         raise InvalidArgument(f"messages[{index}].properties[{name!r}]: names and values must be "
                                               f"non-empty and must not contain the reserved characters \\x01 \\x02")
                     pieces.append(f"{name}\x01{value}\x02")
-        uniq = (user.get(record.PROPERTY_UNIQ_KEY) if user else None) or next(fresh)
+            tags, keys, uniq = _reserved_properties(index, user, tags, keys)
         if tags:
             if _BAD_TEXT.search(tags):
                 raise InvalidArgument(f"messages[{index}].tags contains the reserved characters \\x01 or \\x02")
             pieces.append(f"TAGS\x01{tags}\x02")
         if keys:
-            joined = " ".join(keys)
-            # KEYS is split on single spaces, so a key may hold none (the count check) and no other separator.
-            if _BAD_KEY_CHARS.search(joined) or joined.count(" ") != len(keys) - 1 or "" in keys:
-                raise InvalidArgument(f"messages[{index}].keys: {list(keys)!r}: keys must be non-empty and contain "
-                                      f"no whitespace and no \\x01 \\x02")
-            pieces.append(f"KEYS\x01{joined}\x02")
-        if _BAD_TEXT.search(uniq):
-            raise InvalidArgument(f"messages[{index}].properties['UNIQ_KEY'] contains reserved characters")
+            _check_keys(index, "keys", keys)
+            pieces.append(f"KEYS\x01{' '.join(keys)}\x02")
+        uniq = uniq or next(fresh)
         pieces.append(f"UNIQ_KEY\x01{uniq}\x02")
         return "".join(pieces).encode("utf-8"), self.tag_code(tags), uniq
 
@@ -195,6 +191,51 @@ class MessageEncoder:
             for i, index in enumerate(pending_rr):
                 result[index] = (start + i) % count
         return result
+
+
+def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tuple[str, tuple, str]:
+    """TAGS, KEYS and UNIQ_KEY given as properties: checked like the fields they stand for. A field and
+    its property mean the same thing, so when both are given they must agree (else neither could win
+    silently). Returns (tags, keys, uniq key); the uniq key is "" when not given."""
+    where = f"messages[{index}].properties"
+    prop_tags = user.get(record.PROPERTY_TAGS)
+    if prop_tags is not None:
+        if not prop_tags:
+            raise InvalidArgument(f"{where}['TAGS'] is empty; leave it out or give a tag")
+        if tags and tags != prop_tags:
+            raise InvalidArgument(f"messages[{index}]: tags {tags!r} and {where}['TAGS'] {prop_tags!r} differ; "
+                                  f"give the tag once (the field and the property mean the same)")
+        tags = prop_tags
+    prop_keys = user.get(record.PROPERTY_KEYS)
+    if prop_keys is not None:
+        # The property is the stored form: keys separated by single spaces (as RocketMQ's KEYS).
+        split = tuple(prop_keys.split(" "))
+        _check_keys(index, "properties['KEYS']", split)
+        if keys and tuple(keys) != split:
+            raise InvalidArgument(f"messages[{index}]: keys {list(keys)!r} and {where}['KEYS'] {prop_keys!r} "
+                                  f"differ; give the keys once (the field and the property mean the same)")
+        keys = split
+    uniq = user.get(record.PROPERTY_UNIQ_KEY)
+    if uniq is not None:
+        _check_keys(index, "properties['UNIQ_KEY']", (uniq,))
+    return tags, keys, uniq or ""
+
+
+def _check_keys(index: int, field: str, keys) -> None:
+    """Keys are stored joined by single spaces and indexed one by one: each must be non-empty and hold
+    no whitespace (which would split it) and no \\x01 \\x02 (the property separators)."""
+    joined = " ".join(keys)
+    if _BAD_KEY_CHARS.search(joined) or joined.count(" ") != len(keys) - 1 or "" in keys:
+        raise InvalidArgument(f"messages[{index}].{field}: {list(keys)!r}: each key must be non-empty and "
+                              f"contain no whitespace and no \\x01 \\x02 (the KEYS property separates keys "
+                              f"with single spaces)")
+
+
+def _size_text(size_bytes: int) -> str:
+    for unit, name in ((1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size_bytes >= unit and size_bytes % unit == 0:
+            return f"{size_bytes // unit} {name}"
+    return f"{size_bytes} bytes"
 
 
 def _is_ipv4(host: str) -> bool:

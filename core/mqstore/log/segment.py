@@ -5,6 +5,12 @@ A Segment knows its start offset and size; the *write position* and *flush posit
 the owner (CommitLog or ConsumeQueue), which serialises writes. Reads copy bytes out of the mapping
 (``read``), so a segment can be closed by retention while readers exist: a read of a closed segment
 raises ``SegmentClosed`` instead of touching unmapped memory.
+
+A page of a shared mapping that has no disk block behind it is allocated when it is first written; on
+a full disk that write kills the process with SIGBUS. So segments are allocated for real
+(posix_fallocate) before they are mapped: a full disk fails the creation with ResourceExhausted, and
+the caller refuses the write that needed the file. ``preallocate=False`` (sparse files) is only for
+commit log tests on a disk that cannot fill up.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import threading
 import structlog
 
 from mqstore import failpoints
+from mqstore.disk_space import is_no_space
 from mqstore.errors import FailedPrecondition, OutOfRange, ResourceExhausted
 from mqstore.format import segment_name
 
@@ -57,7 +64,7 @@ class Segment:
         except OSError as exc:
             os.close(fd)
             path.unlink(missing_ok=True)
-            if exc.errno == 28:  # ENOSPC
+            if is_no_space(exc):
                 raise ResourceExhausted(f"disk full: cannot create segment {path} of {size} bytes") from exc
             raise
         return cls(path, start, size, fd, mm)
@@ -214,6 +221,21 @@ class SegmentQueue:
             self.segments = self.segments + (seg,)
         log.info("segment.created", path=str(seg.path), start=start)
         return seg
+
+    def ensure(self, end: int, first_start: int) -> None:
+        """Create segments until they cover every byte below ``end``; the first one (when there is
+        none) starts at ``first_start``. Idempotent: several threads may ask for the same range."""
+        last = self.last()
+        if last is not None and last.end >= end:
+            return
+        with self.lock:
+            last = self.last()
+            next_start = last.end if last is not None else first_start
+            while next_start < end:
+                seg = Segment.create(self.directory, next_start, self.segment_size, preallocate=self.preallocate)
+                self.segments = self.segments + (seg,)
+                log.info("segment.created", path=str(seg.path), start=next_start)
+                next_start = seg.end
 
     def delete_first(self) -> Segment:
         with self.lock:

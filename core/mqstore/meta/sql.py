@@ -41,7 +41,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 
 from mqstore.clock import Clock
-from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from mqstore.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
+                            Unavailable)
 from mqstore.model import TOPIC_KINDS, TopicRecord
 
 log = structlog.get_logger()
@@ -117,9 +118,11 @@ class MetadataStore:
     transaction on it; no Python lock is held across database calls. Several processes may share
     one database (SQLite writers queue on the file lock for up to ``wait_timeout_ms``).
 
-    Errors: NotFound and AlreadyExists for missing or taken keys; Unavailable (retriable) when the
-    database cannot be reached or stays locked longer than ``wait_timeout_ms``; FailedPrecondition
-    when the stored schema is newer than this code, or after close().
+    Errors: NotFound and AlreadyExists for missing or taken keys; ResourceExhausted when the
+    database's disk is full (SQLite "database or disk is full", PostgreSQL disk_full), at once and
+    not retriable until space is freed; Unavailable (retriable) when the database cannot be reached
+    or stays locked longer than ``wait_timeout_ms``; FailedPrecondition when the stored schema is
+    newer than this code, or after close().
     """
 
     def __init__(
@@ -284,6 +287,10 @@ class MetadataStore:
                     yield conn
         except (sa_exc.OperationalError, sa_exc.TimeoutError) as exc:
             cause = getattr(exc, "orig", None) or exc
+            if _is_disk_full(cause):
+                raise ResourceExhausted(
+                    f"metadata database {self._url_text}: the disk is full ({cause}); free space, "
+                    "then retry") from exc
             raise Unavailable(
                 f"metadata database {self._url_text} is unavailable or stayed locked for "
                 f"{self._wait_timeout_ms} ms: {cause}; retry later"
@@ -419,6 +426,18 @@ def _on_postgresql_connect(dbapi_connection: Any, _record: Any, *, timeout_ms: i
             cursor.execute(f"SET lock_timeout = {int(timeout_ms)}")
     finally:
         dbapi_connection.autocommit = autocommit
+
+
+# SQLite's primary result code for "database or disk is full"; PostgreSQL's SQLSTATE disk_full.
+_SQLITE_FULL = 13
+_PG_DISK_FULL = "53100"
+
+
+def _is_disk_full(cause: BaseException) -> bool:
+    if isinstance(cause, sqlite3.Error):
+        return (getattr(cause, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL
+    # psycopg2 names the SQLSTATE pgcode, psycopg 3 sqlstate.
+    return _PG_DISK_FULL in (getattr(cause, "pgcode", None), getattr(cause, "sqlstate", None))
 
 
 def _write_version(conn: Connection, version: int) -> None:

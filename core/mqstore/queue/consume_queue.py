@@ -1,9 +1,16 @@
 """Consume queues: per topic/queue files of 20-byte entries (mqstore.format.cq_unit), derived from
 the commit log and rebuilt from it when missing or behind.
 
+Files are allocated for real before they are mapped (mqstore.log.segment), and the append path
+allocates the files a batch's entries need (``reserve``) before the batch is copied into the log: the
+dispatcher runs after the log write, so a full disk found only then would leave records in the log
+without their entries. An empty file at the end was reserved ahead for a batch that was refused or
+never dispatched; ``load`` removes it.
+
 Thread-safety: writes (put, truncate, correct_min_offset) come from the dispatcher or the cleaner while
-the store's dispatch lock is held. Reads are lock-free below ``max_offset``, which is published after
-the entry bytes are written.
+the store's dispatch lock is held; ``reserve`` comes from the append path under the commit log's lock
+and only adds files (SegmentQueue.ensure, under the files' own lock). Reads are lock-free below
+``max_offset``, which is published after the entry bytes are written.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = directory
-        self.files = SegmentQueue(directory, entries_per_file * ENTRY, preallocate=False)
+        self.files = SegmentQueue(directory, entries_per_file * ENTRY, preallocate=True)
         self.entries_per_file = entries_per_file
         self.min_offset = 0
         self.max_offset = 0
@@ -37,14 +44,16 @@ class ConsumeQueue:
     def load(self) -> None:
         self.files.load()
         segs = self.files.segments
+        while segs and self._valid_prefix(segs[-1]) == 0:
+            log.info("consumequeue.empty_file_removed", topic=self.topic, queue_id=self.queue_id,
+                     path=str(segs[-1].path))  # reserved ahead, never written: holds nothing
+            self.files.delete_from(segs[-1].start)
+            segs = self.files.segments
         if not segs:
             return
         self.min_offset = segs[0].start // ENTRY
         last = segs[-1]
-        count = self._valid_prefix(last)
-        self.max_offset = last.start // ENTRY + count
-        if count == 0 and len(segs) > 1:
-            self.max_offset = last.start // ENTRY
+        self.max_offset = last.start // ENTRY + self._valid_prefix(last)
         self.flushed_offset = self.max_offset
         if self.max_offset > self.min_offset:
             phys, size, _ = self.entry(self.max_offset - 1)
@@ -96,6 +105,16 @@ class ConsumeQueue:
             self.max_physical_end = 0
 
     # ---- write
+    def reserve(self, first_offset: int, end_offset: int) -> None:
+        """Allocate the files for entries [first_offset, end_offset) now, so that writing them later
+        cannot fail. Raises ResourceExhausted on a full disk (nothing is written then)."""
+        byte_end = end_offset * ENTRY
+        last = self.files.last()
+        if last is not None and last.end >= byte_end:
+            return
+        byte_first = first_offset * ENTRY
+        self.files.ensure(byte_end, byte_first - byte_first % self.files.segment_size)
+
     def put(self, queue_offset: int, physical_offset: int, size: int, tag_code: int) -> bool:
         """Write one entry; returns False when it was there already (re-dispatch is harmless)."""
         if queue_offset < self.max_offset:
@@ -133,11 +152,11 @@ class ConsumeQueue:
         self.max_physical_end = phys + size
 
     def _fill_blanks(self, queue_offset: int) -> None:
-        first_ever = not self.files.segments
+        first_ever = self.max_offset == 0  # no entry yet (its file may have been reserved already)
         if first_ever:
             # The log's head was deleted before this queue was built: start the files at this offset.
             start = queue_offset * ENTRY - (queue_offset * ENTRY) % self.files.segment_size
-            self.files.create(start)
+            self.files.ensure(queue_offset * ENTRY + ENTRY, start)
             self.min_offset = self.max_offset = start // ENTRY
         else:
             log.error("consumequeue.gap", topic=self.topic, queue_id=self.queue_id, expected=self.max_offset,
@@ -151,9 +170,8 @@ class ConsumeQueue:
     def _write(self, queue_offset: int, data: bytes) -> None:
         byte_at = queue_offset * ENTRY
         last = self.files.last()
-        if last is None or byte_at >= last.end:
-            start = byte_at - byte_at % self.files.segment_size
-            last = self.files.create(start)
+        if last is None or byte_at >= last.end:  # not reserved (replay at start): allocate it now
+            self.files.ensure(byte_at + 1, byte_at - byte_at % self.files.segment_size)
         seg = self.files.find(byte_at)
         seg.write(byte_at - seg.start, data)
 

@@ -25,12 +25,15 @@ _NO_CQ = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)
 
 
 class QueueTable:
-    """(topic, queue id) -> ConsumeQueue, created on first use. Mutations under the dispatch lock."""
+    """(topic, queue id) -> ConsumeQueue, created on first use. Thread-safe: the append path (which
+    reserves files) and the dispatcher may both create a queue, so creation and removal take
+    ``_lock``; lookups read the dict without it."""
 
     def __init__(self, root: pathlib.Path, entries_per_file: int):
         self.root = root
         self.entries_per_file = entries_per_file
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
 
     def load(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -45,15 +48,28 @@ class QueueTable:
 
     def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            cq = ConsumeQueue(self.root / topic / str(queue_id), topic, queue_id, self.entries_per_file)
-            cq.files.directory.mkdir(parents=True, exist_ok=True)
-            self.queues[(topic, queue_id)] = cq
+        if cq is not None:
+            return cq
+        with self._lock:
+            cq = self.queues.get((topic, queue_id))
+            if cq is None:
+                cq = ConsumeQueue(self.root / topic / str(queue_id), topic, queue_id, self.entries_per_file)
+                cq.files.directory.mkdir(parents=True, exist_ok=True)
+                self.queues[(topic, queue_id)] = cq
         return cq
 
+    def reserve(self, topic: str, ranges: dict[int, tuple[int, int]]) -> None:
+        """Allocate the files for queue offsets [first, end) of each queue id in ``ranges`` (the append
+        path, before the batch is copied into the log). ResourceExhausted on a full disk."""
+        for queue_id, (first, end) in ranges.items():
+            cq = self.queues.get((topic, queue_id)) or self.get_or_create(topic, queue_id)
+            cq.reserve(first, end)
+
     def drop_topic(self, topic: str) -> None:
-        for key in [k for k in self.queues if k[0] == topic]:
-            self.queues.pop(key).destroy()
+        with self._lock:
+            dropped = [self.queues.pop(k) for k in [k for k in self.queues if k[0] == topic]]
+        for cq in dropped:
+            cq.destroy()
 
     def close(self) -> None:
         for cq in self.queues.values():

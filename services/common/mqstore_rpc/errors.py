@@ -8,6 +8,12 @@ message, while the server goes on serving.
 
 Lookup walks the exception's MRO, so a subclass maps like its nearest listed ancestor
 (FlushTimeout -> UNAVAILABLE, CorruptLog and RecordError -> DATA_LOSS).
+
+Requests are parsed here too, not by grpc: grpc's own deserializer fails before any interceptor runs
+and answers INTERNAL "Exception deserializing request!" without a trace in our logs. So the wrapped
+handler is registered with an identity deserializer and parses the bytes itself (each item of a
+request stream likewise): bytes that are not the request message (garbage, invalid UTF-8 in a string
+field) get INVALID_ARGUMENT naming the method, and one ``rpc.request_unparsable`` event is logged.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from mqstore import errors
 
@@ -75,37 +82,64 @@ def _abort(exc: Exception, context: grpc.ServicerContext, method: str) -> None:
     context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
 
-def _wrap_unary_response(behavior: Callable, method: str) -> Callable:
+def _parser(deserializer: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any]:
+    """Bytes -> request message, raising InvalidArgument (after one log event) when they do not parse."""
+    if deserializer is None:
+        return lambda raw: raw
+    message_type = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    type_name = message_type.full_name if message_type is not None else "request message"
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            log.warning("rpc.request_unparsable", method=method, request_bytes=len(raw), error=str(exc))
+            raise errors.InvalidArgument(
+                f"{method}: the request did not parse as a {type_name} ({exc}); send a serialized "
+                f"{type_name} (string fields must be valid UTF-8)") from None
+    return parse
+
+
+def _wrap_unary_response(behavior: Callable, method: str, parse: Callable) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         try:
-            return behavior(request_or_iterator, context)
+            return behavior(parse(request_or_iterator), context)
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
             _abort(exc, context, method)
     return wrapper
 
 
-def _wrap_stream_response(behavior: Callable, method: str) -> Callable:
+def _wrap_stream_response(behavior: Callable, method: str, parse: Callable) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
-            yield from behavior(request_or_iterator, context)
+            yield from behavior(parse(request_or_iterator), context)
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
             _abort(exc, context, method)
     return wrapper
 
 
+def _each(parse: Callable) -> Callable:
+    """The parser of a request stream: parses every item as it is taken."""
+    return lambda raw_items: map(parse, raw_items)
+
+
 def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """The same handler with its behavior wrapped by the error mapping."""
-    serializers = dict(request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
+    """The same handler with its behavior wrapped by the error mapping, parsing its own requests."""
+    parse = _parser(handler.request_deserializer, method)
+    serializers = dict(request_deserializer=None, response_serializer=handler.response_serializer)
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(_wrap_unary_response(handler.unary_unary, method), **serializers)
+        return grpc.unary_unary_rpc_method_handler(
+            _wrap_unary_response(handler.unary_unary, method, parse), **serializers)
     if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(_wrap_unary_response(handler.stream_unary, method), **serializers)
+        return grpc.stream_unary_rpc_method_handler(
+            _wrap_unary_response(handler.stream_unary, method, _each(parse)), **serializers)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(_wrap_stream_response(handler.unary_stream, method), **serializers)
-    return grpc.stream_stream_rpc_method_handler(_wrap_stream_response(handler.stream_stream, method), **serializers)
+        return grpc.unary_stream_rpc_method_handler(
+            _wrap_stream_response(handler.unary_stream, method, parse), **serializers)
+    return grpc.stream_stream_rpc_method_handler(
+        _wrap_stream_response(handler.stream_stream, method, _each(parse)), **serializers)
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):

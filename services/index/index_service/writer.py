@@ -108,8 +108,13 @@ class Writer:
         invariant(current is None or current.file.header.entries > 0,
                   f"{key_count} keys do not fit an empty index file")
         if current is not None:
-            current.sealed = True
             current.file.flush()
+        # Create the next file before sealing the current one: on a full disk the creation fails
+        # (ResourceExhausted) and the current file must stay the writer's, unsealed, so that nothing
+        # converts and closes it before the follower retries.
+        new = self._new_file(phy, current)
+        if current is not None:
+            current.sealed = True
             self._on_sealed(current)
-        self.current = self._new_file(phy, current)
-        return self.current
+        self.current = new
+        return new

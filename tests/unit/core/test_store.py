@@ -212,12 +212,18 @@ def test_topic_retention_hides_old_messages(open_store, fake_clock):
 
 
 def test_full_disk_makes_store_read_only(open_store):
-    store = open_store(disk_max_used_ratio=0.0001)
+    store = open_store(disk_max_used_ratio=0.0001)  # the start's disk check finds it "full"
+    assert store.store_info().read_only
+    with pytest.raises(ResourceExhausted, match="read-only"):
+        store.create_topic("t", 1)  # metadata shares the disk: refused before SQLite is tried
+    store.set_disk_usage(0.0)
     store.create_topic("t", 1)
     store.append("t", [MessageIn(body=b"before")])
     store.maintenance.check_disk()
     with pytest.raises(ResourceExhausted, match="read-only"):
         store.append("t", [MessageIn(body=b"x")])
+    with pytest.raises(ResourceExhausted, match="read-only"):
+        store.commit_offset("g", "t", 0, 1)
     assert store.pull("t", 0, 0).messages[0].record.body == b"before"
     assert store.store_info().read_only
     store.set_disk_usage(0.0)
