@@ -301,10 +301,16 @@ class MessageStore(TopicsMixin):
                 for phys, size, tag_code in entries:
                     if messages and taken + size > max_bytes:
                         return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
-                    next_offset += 1
                     if wanted_codes and tag_code not in wanted_codes:
+                        next_offset += 1
                         continue
-                    rec = self._decode_at(phys, size)
+                    try:
+                        rec = self._decode_at(phys, size, next_offset)
+                    except DataLoss:
+                        if messages:  # serve the good ones; the next Pull starts at the bad one
+                            return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+                        raise
+                    next_offset += 1
                     if wanted_tags and rec.properties.get(record.PROPERTY_TAGS, "") not in wanted_tags:
                         continue
                     if host_prefix is None:
@@ -319,15 +325,20 @@ class MessageStore(TopicsMixin):
             raise
         return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
 
-    def _decode_at(self, physical_offset: int, size: int) -> record.Record:
+    def _decode_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> record.Record:
+        """The record at ``physical_offset``, checked (CRC included). DataLoss names the bad record, and
+        for a queue read its queue offset, so a consumer can skip it deliberately (offset + 1)."""
         data = self.commitlog.read(physical_offset, size)
         try:
             rec = record.decode(data, 0)
+            if rec.physical_offset != physical_offset:
+                raise record.RecordError("offset", f"it says it lives at physical offset {rec.physical_offset}")
         except record.RecordError as exc:
-            raise DataLoss(f"record at physical offset {physical_offset} fails its checks ({exc}); it is not "
-                           f"served. Stop the store and run `mqstore repair`") from None
-        if rec.physical_offset != physical_offset:
-            raise DataLoss(f"record at physical offset {physical_offset} says it lives at {rec.physical_offset}")
+            where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
+            skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
+            raise DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
+                           f"is not served{skip}",
+                           physical_offset=physical_offset, queue_offset=queue_offset) from None
         return rec
 
     def get_message(self, physical_offset: int) -> StoredMessage:
