@@ -46,7 +46,8 @@ def test_decode_frame_skips_exactly_the_damaged_record(damage):
     for first in (0, 2):  # the bad record in the middle of a frame, and first in it
         frame, nxt = _frame(log, first)
         decoded = decode_frame(frame, nxt)
-        assert [r.physical_offset for r in decoded.records] == [s.physical_offset for s in stored[first:] if s is not bad]
+        expected = [s.physical_offset for s in stored[first:] if s is not bad]
+        assert [r.physical_offset for r in decoded.records] == expected
         [gap] = decoded.damaged
         assert (gap.start_physical_offset, gap.end_physical_offset) == (bad.physical_offset, stored[3].physical_offset)
 
@@ -76,7 +77,8 @@ def test_the_follower_indexes_around_a_damaged_record_and_reports_it(store):
     state = follower.state()
     assert state.healthy and state.last_error == ""
     assert [(d.start_physical_offset, d.end_physical_offset) for d in state.damaged_ranges] == [
-        (stored[5].physical_offset, stored[6].physical_offset), (stored[13].physical_offset, stored[14].physical_offset)]
+        (stored[5].physical_offset, stored[6].physical_offset),
+        (stored[13].physical_offset, stored[14].physical_offset)]
     assert state.damaged_bytes == len(stored[5].data) + len(stored[13].data)
     good = [s for i, s in enumerate(stored) if i not in (5, 13)]
     assert offsets(store, "t", "all") == [s.physical_offset for s in reversed(good)]
