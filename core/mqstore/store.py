@@ -1,10 +1,12 @@
 """MessageStore: the facade every service and the CLI call; the composition of the storage core.
 
 Start-up (``start``): take the directory lock; resolve leftover temp files; read the checkpoint; load
-segments; re-check the log from the checkpoint's flushed offset (mqstore.log.recovery: torn tail cut,
-corruption refuses to start); load consume queues and cut entries past the log end; replay records
-from the checkpoint's dispatched offset (from the log's start when the checkpoint or the consume queue
-directory is missing); rebuild the queue offset table; fsync; write the abort marker; start threads.
+segments; re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments``
+segments and everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn
+tail cut, corruption refuses to start; the checkpoint then records the range checked); load consume
+queues and cut entries past the log end; replay records from the checkpoint's dispatched offset
+(from the log's start when the checkpoint or the consume queue directory is missing); rebuild the
+queue offset table; fsync; write the abort marker; start threads.
 A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
 
 Thread-safety: every public method may be called from any thread. Appends serialise on the commit
@@ -29,7 +31,7 @@ from mqstore.format import checkpoint as cpfmt, record
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
-from mqstore.log.recovery import recover
+from mqstore.log.recovery import check_start, recover
 from mqstore.log.segment import SegmentClosed, SegmentQueue
 from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
@@ -53,8 +55,12 @@ class MessageStore(TopicsMixin):
         self.config = config
         self.clock = clock or SystemClock()
         self.encoder = MessageEncoder(config)
-        self.segments = SegmentQueue(config.commitlog_dir, config.segment_size_bytes,
-                                     preallocate=config.preallocate_segments)
+        self.segments = SegmentQueue(
+            config.commitlog_dir, config.segment_size_bytes, preallocate=config.preallocate_segments,
+            wrong_size_advice=f"If {config.segment_size_bytes} is this store's segment size, run `mqstore repair "
+                              f"--data-dir {config.data_dir} --segment-size-bytes {config.segment_size_bytes}`: it "
+                              f"keeps a .broken copy, pads the file with zeros to that size (or cuts it there), "
+                              f"and cuts the record left incomplete")
         self.commitlog = CommitLog(self.segments, self.clock)
         self.queues = QueueTable(config.consumequeue_dir, config.cq_entries_per_file)
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
@@ -68,6 +74,7 @@ class MessageStore(TopicsMixin):
         self._running = False
         self.disk_read_only = ""
         self.recovery = None
+        self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
         self._long_polls = threading.BoundedSemaphore(config.max_long_poll_waiters)
 
     # ------------------------------------------------------------------ lifecycle
@@ -103,9 +110,12 @@ class MessageStore(TopicsMixin):
         self._ensure_system_topics()
         self.segments.load()
         start = cp.flushed_physical_offset if cp else self.segments.min_offset
-        result = recover(self.segments, start, cfg.max_write_bytes, cp.flushed_physical_offset if cp else None)
+        check_from = check_start(self.segments, cp.flushed_physical_offset if cp else None, cfg.recheck_segments,
+                                 cfg.check_all)
+        result = recover(self.segments, check_from, cfg.max_write_bytes, cp.flushed_physical_offset if cp else None)
         self.recovery = result
         end = result.end_offset
+        self._checked = (result.checked_from, end)
         self.queues.load()
         for cq in self.queues.queues.values():
             cq.truncate_to_log_end(end)
@@ -126,8 +136,9 @@ class MessageStore(TopicsMixin):
         self.warmer.start()
         self._running = True
         log.info("store.started", data_dir=str(cfg.data_dir), unclean=unclean, end_offset=end,
-                 checked_records=result.records_checked, torn_bytes_cut=result.torn_bytes_cut,
-                 replayed_records=replayed, flush_mode=cfg.flush_mode)
+                 checked_from=result.checked_from, checked_bytes=result.bytes_checked,
+                 checked_records=result.records_checked, check_s=round(result.seconds, 3),
+                 torn_bytes_cut=result.torn_bytes_cut, replayed_records=replayed, flush_mode=cfg.flush_mode)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if not self._running:
@@ -192,7 +203,7 @@ class MessageStore(TopicsMixin):
         for cq in list(self.queues.queues.values()):
             cq.flush()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
-                              logics_ts, self.clock.now_ms())
+                              logics_ts, self.clock.now_ms(), *self._checked)
         fs.replace_file(self.manifest_path, self.dispatcher.manifest())
         fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
 
