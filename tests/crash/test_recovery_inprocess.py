@@ -441,3 +441,13 @@ def test_repair_pads_a_segment_file_cut_short(small_config):
 
 def results_body(results, index):
     return bytes([len(results) + index]) * 900
+
+
+def test_missing_last_segments_refuse_start_although_the_check_begins_earlier(small_config):
+    config = small_config(preallocate_segments=False, warm_ahead_bytes=0)
+    store, results = _filled(config, count=40)
+    store.stop()
+    last = max(p for p in config.commitlog_dir.iterdir() if p.name.isdigit())
+    last.unlink()
+    with pytest.raises(FailedPrecondition, match="segment files are missing"):
+        MessageStore(config).start()

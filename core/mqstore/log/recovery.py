@@ -77,7 +77,9 @@ def check_start(segments: SegmentQueue, flushed_offset: int | None, recheck_segm
     holding ``flushed_offset`` (segments created ahead of the writer hold nothing yet), or the
     flushed offset if that is lower; the log's start with ``check_all`` or without a checkpoint."""
     segs = segments.segments
-    if not segs or check_all or flushed_offset is None:
+    if not segs:
+        return flushed_offset or 0
+    if check_all or flushed_offset is None:
         return segments.min_offset
     if recheck_segments <= 0:
         return flushed_offset
@@ -130,9 +132,10 @@ def scan(segments: SegmentQueue, start_offset: int, max_write_bytes: int, flushe
         return ScanOutcome(start_offset, start_offset, 0, 0)
     if start_offset < segs[0].start:
         start_offset = segs[0].start
-    if start_offset > segs[-1].end:
+    flushed_to = max(start_offset, flushed_offset or 0)
+    if flushed_to > segs[-1].end:
         raise FailedPrecondition(
-            f"the checkpoint says the log was flushed to {start_offset}, but the segments end at {segs[-1].end}: "
+            f"the checkpoint says the log was flushed to {flushed_to}, but the segments end at {segs[-1].end}: "
             f"segment files are missing from {segments.directory}")
     outcome = ScanOutcome(start_offset, start_offset, 0, 0)
     pos = start_offset
