@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mqstore.errors import DataLoss
+from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.format import record
-from mqstore.model import TAIL_EARLIEST, MessageIn
+from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
 from mqstore.store import MessageStore
 
 
@@ -125,3 +125,14 @@ def test_tail_frames_end_before_a_blank_record(store):
         previous_next = frame.next_physical_offset
         count += frame.record_count
     assert count == len(results) and previous_next == store.visible_offset()
+
+
+def test_tail_can_start_at_a_record_damaged_since_a_reader_stopped_there(store):
+    results = _append(store, 5)
+    _damage(store, results[2].physical_offset, 0, record.INT32.pack(7))  # its TOTALSIZE
+    frames = _tail_all(store, TAIL_AT_OFFSET, results[2].physical_offset)
+    assert (frames[0].next_physical_offset - len(frames[0].records), frames[0].next_physical_offset) == (
+        results[2].physical_offset, results[3].physical_offset)
+    assert frames[-1].next_physical_offset == store.visible_offset()
+    with pytest.raises(InvalidArgument):  # still: an offset inside a record is refused
+        _tail_all(store, TAIL_AT_OFFSET, results[1].physical_offset + 10)
