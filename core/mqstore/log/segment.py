@@ -70,7 +70,7 @@ class Segment:
             raise FailedPrecondition(
                 f"{path} is {actual} bytes but segments are {size} bytes: the file was cut short (or grown), "
                 f"or the configured segment size is wrong. "
-                f"{wrong_size_advice or 'Move the file aside (a consume queue is then rebuilt from the log)'}")
+                f"{wrong_size_advice or f'Move {path.parent} aside: a consume queue is rebuilt from the log'}")
         fd = os.open(path, os.O_RDWR)
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         return cls(path, start, size, fd, mm)
