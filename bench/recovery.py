@@ -2,8 +2,9 @@
 
 1. An ASYNC server with ``segment_bytes`` segments is filled with ``log_bytes`` of 1 KiB messages
    (16 producers, 100-message Appends) and killed with SIGKILL (nothing deleted, page cache intact).
-2. Restart A, checkpoint kept: the ordinary crash. The store re-checks records from the checkpoint's
-   flushed offset (ASYNC flushes every 500 ms, so little is left to check).
+2. Restart A, checkpoint kept: the ordinary crash. The store re-checks (CRC included) the records of
+   the last ``recheck_segments`` (3) segments up to the checkpoint's flushed offset, and those after
+   it (ASYNC flushes every 500 ms, so few are after it): with 256 MiB segments, about 768 MiB.
 3. SIGKILL again, remove the ``checkpoint`` file, restart B: without a checkpoint the store re-checks
    every record of the log (length, magic, CRC) and re-dispatches every record into the consume
    queues. This is "recovery of the whole log as unflushed", the figure the target names.
@@ -72,7 +73,8 @@ def _restart(data: pathlib.Path, port: int, segment_bytes: int, name: str, timeo
     seconds = server.start_timed(port, timeout_s)
     started = server.events("store.started")
     detail = {"seconds": seconds, **({k: started[0].get(k) for k in (
-        "unclean", "end_offset", "checked_records", "torn_bytes_cut", "replayed_records")} if started else {})}
+        "unclean", "end_offset", "checked_from", "checked_bytes", "checked_records", "check_s", "torn_bytes_cut",
+        "replayed_records")} if started else {})}
     return server, detail
 
 

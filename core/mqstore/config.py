@@ -47,6 +47,8 @@ class StoreConfig:
     max_long_poll_waiters: int = 32  # Pulls waiting at once; keep below the server's handler threads
     preallocate_segments: bool = True
     warm_ahead_bytes: int = 64 * MiB  # page cache kept ahead of the write position; 0 = off
+    recheck_segments: int = 3  # start re-checks (CRC included) at least this many last segments, as RocketMQ
+    check_all: bool = False    # start re-checks every record of the log
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,6 +59,8 @@ class StoreConfig:
                 f"segment_size_bytes must be a multiple of 4096 and at least 4 KiB, not {self.segment_size_bytes}")
         if self.cq_entries_per_file < 2:
             raise InvalidArgument("cq_entries_per_file must be at least 2")
+        if self.recheck_segments < 0:
+            raise InvalidArgument(f"recheck_segments must be 0 or more, not {self.recheck_segments}")
         if not 0 < self.disk_max_used_ratio <= 1:
             raise InvalidArgument("disk_max_used_ratio must be in (0, 1]")
         for name in ("flush_interval_ms", "sync_flush_timeout_ms", "max_body_bytes", "max_batch_messages",

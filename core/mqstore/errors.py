@@ -54,17 +54,23 @@ class FlushTimeout(Unavailable):
 
 
 class DataLoss(MqStoreError):
-    """Stored bytes fail their checks (CRC, length); nothing from them is served."""
+    """Stored bytes fail their checks (CRC, length); nothing from them is served. When one stored
+    record is known to be bad, ``physical_offset`` (and for a queue read ``queue_offset``) say which,
+    so that a reader can skip it deliberately."""
+
+    def __init__(self, message: str, *, physical_offset: int | None = None, queue_offset: int | None = None):
+        super().__init__(message)
+        self.physical_offset = physical_offset
+        self.queue_offset = queue_offset
 
 
 class CorruptLog(DataLoss):
     """Corruption before the tail of the commit log; start refuses until `mqstore repair` is run."""
 
     def __init__(self, message: str, *, path: str, position: int, physical_offset: int):
-        super().__init__(message)
+        super().__init__(message, physical_offset=physical_offset)
         self.path = path
         self.position = position
-        self.physical_offset = physical_offset
 
 
 class InvariantViolation(AssertionError):

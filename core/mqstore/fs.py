@@ -9,12 +9,19 @@ garbage and is removed by :func:`remove_leftovers` on start:
   path + path.tmp           crash before or during the rename     delete path.tmp
   path.tmp only             crash before the first rename         delete path.tmp
   path only                 clean                                 nothing
+
+copy_durably(src, dst): the same protocol for a copy that must survive a power loss before its
+source is changed (the ``.broken`` copies of ``mqstore repair``): copy into ``dst.tmp``, fsync it,
+rename to ``dst``, fsync the directory. ``dst`` is then either absent or complete; a leftover
+``dst.tmp`` is garbage (repair removes the leftovers of its directory first), and the source is only
+changed after copy_durably returns.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 
 TMP_SUFFIX = ".tmp"
 
@@ -50,6 +57,31 @@ def replace_file(path: pathlib.Path, data: bytes, *, before_rename=None) -> None
 def rename_durably(src: pathlib.Path, dst: pathlib.Path) -> None:
     os.replace(src, dst)
     fsync_dir(dst.parent)
+
+
+def copy_durably(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
+    """Copy ``src`` to ``dst`` through ``dst.tmp`` (see the module docstring); returns ``dst``."""
+    tmp = dst.with_name(dst.name + TMP_SUFFIX)
+    shutil.copyfile(src, tmp)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, dst)
+    fsync_dir(dst.parent)
+    return dst
+
+
+def free_name(path: pathlib.Path, suffix: str) -> pathlib.Path:
+    """``path`` + ``suffix``, or + ``suffix.1``, ``.2``... for the first that does not exist, so that
+    a copy never overwrites an older one (a second repair must not lose the first one's bytes)."""
+    candidate = path.with_name(path.name + suffix)
+    for n in range(1, 10_000):
+        if not candidate.exists():
+            return candidate
+        candidate = path.with_name(f"{path.name}{suffix}.{n}")
+    raise FileExistsError(f"{path.parent} holds 10,000 copies {path.name}{suffix}.N: remove old ones")
 
 
 def remove_leftovers(directory: pathlib.Path) -> list[pathlib.Path]:

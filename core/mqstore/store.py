@@ -1,10 +1,12 @@
 """MessageStore: the facade every service and the CLI call; the composition of the storage core.
 
 Start-up (``start``): take the directory lock; resolve leftover temp files; read the checkpoint; load
-segments; re-check the log from the checkpoint's flushed offset (mqstore.log.recovery: torn tail cut,
-corruption refuses to start); load consume queues and cut entries past the log end; replay records
-from the checkpoint's dispatched offset (from the log's start when the checkpoint or the consume queue
-directory is missing); rebuild the queue offset table; fsync; write the abort marker; start threads.
+segments; re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments``
+segments and everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn
+tail cut, corruption refuses to start; the checkpoint then records the range checked); load consume
+queues and cut entries past the log end; replay records from the checkpoint's dispatched offset
+(from the log's start when the checkpoint or the consume queue directory is missing); rebuild the
+queue offset table; fsync; write the abort marker; start threads.
 A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
 
 On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
@@ -34,7 +36,7 @@ from mqstore.format import checkpoint as cpfmt, record
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
-from mqstore.log.recovery import recover
+from mqstore.log.recovery import check_start, recover
 from mqstore.log.segment import SegmentClosed, SegmentQueue
 from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
@@ -59,8 +61,12 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         self.config = config
         self.clock = clock or SystemClock()
         self.encoder = MessageEncoder(config)
-        self.segments = SegmentQueue(config.commitlog_dir, config.segment_size_bytes,
-                                     preallocate=config.preallocate_segments)
+        self.segments = SegmentQueue(
+            config.commitlog_dir, config.segment_size_bytes, preallocate=config.preallocate_segments,
+            wrong_size_advice=f"If {config.segment_size_bytes} is this store's segment size, run `mqstore repair "
+                              f"--data-dir {config.data_dir} --segment-size-bytes {config.segment_size_bytes}`: it "
+                              f"keeps a .broken copy, pads the file with zeros to that size (or cuts it there), "
+                              f"and cuts the record left incomplete")
         self.queues = QueueTable(config.consumequeue_dir, config.cq_entries_per_file)
         self.commitlog = CommitLog(self.segments, self.clock, reserve_queue_files=self.queues.reserve)
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
@@ -75,6 +81,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         self.disk_read_only = ""
         self.space_reserve = disk_space.SpaceReserve(config.data_dir)
         self.recovery = None
+        self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
         self._long_polls = threading.BoundedSemaphore(config.max_long_poll_waiters)
 
     # ------------------------------------------------------------------ lifecycle
@@ -111,9 +118,12 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         self._ensure_system_topics()
         self.segments.load()
         start = cp.flushed_physical_offset if cp else self.segments.min_offset
-        result = recover(self.segments, start, cfg.max_write_bytes, cp.flushed_physical_offset if cp else None)
+        check_from = check_start(self.segments, cp.flushed_physical_offset if cp else None, cfg.recheck_segments,
+                                 cfg.check_all)
+        result = recover(self.segments, check_from, cfg.max_write_bytes, cp.flushed_physical_offset if cp else None)
         self.recovery = result
         end = result.end_offset
+        self._checked = (result.checked_from, end)
         self.queues.load()
         for cq in self.queues.queues.values():
             cq.truncate_to_log_end(end)
@@ -133,8 +143,9 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         self.warmer.start()
         self._running = True
         log.info("store.started", data_dir=str(cfg.data_dir), unclean=unclean, end_offset=end,
-                 checked_records=result.records_checked, torn_bytes_cut=result.torn_bytes_cut,
-                 replayed_records=replayed, flush_mode=cfg.flush_mode)
+                 checked_from=result.checked_from, checked_bytes=result.bytes_checked,
+                 checked_records=result.records_checked, check_s=round(result.seconds, 3),
+                 torn_bytes_cut=result.torn_bytes_cut, replayed_records=replayed, flush_mode=cfg.flush_mode)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if not self._running:
@@ -201,7 +212,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         for cq in list(self.queues.queues.values()):
             cq.flush()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
-                              logics_ts, self.clock.now_ms())
+                              logics_ts, self.clock.now_ms(), *self._checked)
         try:
             fs.replace_file(self.manifest_path, self.dispatcher.manifest())
             fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
@@ -318,10 +329,16 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
                 for phys, size, tag_code in entries:
                     if messages and taken + size > max_bytes:
                         return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
-                    next_offset += 1
                     if wanted_codes and tag_code not in wanted_codes:
+                        next_offset += 1
                         continue
-                    rec = self._decode_at(phys, size)
+                    try:
+                        rec = self._decode_at(phys, size, next_offset)
+                    except DataLoss:
+                        if messages:  # serve the good ones; the next Pull starts at the bad one
+                            return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+                        raise
+                    next_offset += 1
                     if wanted_tags and rec.properties.get(record.PROPERTY_TAGS, "") not in wanted_tags:
                         continue
                     if host_prefix is None:
@@ -336,15 +353,20 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
             raise
         return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
 
-    def _decode_at(self, physical_offset: int, size: int) -> record.Record:
+    def _decode_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> record.Record:
+        """The record at ``physical_offset``, checked (CRC included). DataLoss names the bad record, and
+        for a queue read its queue offset, so a consumer can skip it deliberately (offset + 1)."""
         data = self.commitlog.read(physical_offset, size)
         try:
             rec = record.decode(data, 0)
+            if rec.physical_offset != physical_offset:
+                raise record.RecordError("offset", f"it says it lives at physical offset {rec.physical_offset}")
         except record.RecordError as exc:
-            raise DataLoss(f"record at physical offset {physical_offset} fails its checks ({exc}); it is not "
-                           f"served. Stop the store and run `mqstore repair`") from None
-        if rec.physical_offset != physical_offset:
-            raise DataLoss(f"record at physical offset {physical_offset} says it lives at {rec.physical_offset}")
+            where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
+            skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
+            raise DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
+                           f"is not served{skip}",
+                           physical_offset=physical_offset, queue_offset=queue_offset) from None
         return rec
 
     def get_message(self, physical_offset: int) -> StoredMessage:
@@ -399,11 +421,15 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
                              min_value=low, max_value=visible)
         if offset < visible:
             seg = self.segments.find(offset)
+            position = offset - seg.start
             try:
-                record.check(seg.buffer, offset - seg.start, seg.size, verify_crc=False)
+                record.check(seg.buffer, position, seg.size, verify_crc=False)
             except record.RecordError:
-                raise InvalidArgument(f"no record starts at physical offset {offset}; resume from a "
-                                      f"next_physical_offset of a previous frame") from None
+                # A record damaged since a reader got here still names its own offset: accept it (its
+                # frame comes alone, see CommitLog.frame), or that reader could never go on.
+                if position + 36 > seg.size or record.INT64.unpack_from(seg.buffer, position + 28)[0] != offset:
+                    raise InvalidArgument(f"no record starts at physical offset {offset}; resume from a "
+                                          f"next_physical_offset of a previous frame") from None
         return offset
 
     # ------------------------------------------------------------------ offsets

@@ -128,6 +128,25 @@ def decode_properties(data: bytes) -> dict[str, str]:
     return result
 
 
+def find_property(raw, name: str) -> str | None:
+    """The value of property ``name`` in raw ``name\\x01value\\x02`` bytes, without decoding them all:
+    what :func:`decode_properties` gives for it (None if absent). Only whole names match: ``TAGS``
+    is not found inside ``MYTAGS``, since an entry starts at byte 0 or right after a 0x02 (names and
+    values cannot hold 0x01 or 0x02). Like decode_properties, an empty value does not count and the
+    last entry of a name wins."""
+    marker = name.encode("utf-8") + b"\x01"
+    found = None
+    at = raw.find(marker)
+    while at >= 0:
+        start = at + len(marker)
+        end = raw.find(b"\x02", start)
+        end = len(raw) if end < 0 else end
+        if (at == 0 or raw[at - 1] == 2) and end > start:
+            found = bytes(raw[start:end]).decode("utf-8", "replace")
+        at = raw.find(marker, end)
+    return found
+
+
 def encode(*, topic: bytes, body: bytes, properties: bytes, queue_id: int, flag: int, sys_flag: int,
            born_timestamp_ms: int, born_host: bytes, born_port: int, store_host: bytes, store_port: int,
            reconsume_times: int = 0, prepared_transaction_offset: int = 0, queue_offset: int = 0,
@@ -216,11 +235,12 @@ def _host_sizes(sys_flag: int) -> tuple[int, int]:
     return born, store
 
 
-def check(buf, position: int, limit: int, *, verify_crc: bool = True) -> int:
+def check(buf, position: int, limit: int, *, verify_crc: bool = True, physical_offset: int | None = None) -> int:
     """Validate the record or blank at ``position`` (reading no further than ``limit``).
 
     Returns TOTALSIZE; a blank record returns its size too (use :func:`is_blank`). Raises RecordError
-    with reason ``short`` (fewer bytes than the record claims), ``magic``, ``length`` or ``crc``.
+    with reason ``short`` (fewer bytes than the record claims), ``magic``, ``length``, ``offset`` (its
+    PHYSICALOFFSET is not ``physical_offset``, when given) or ``crc``.
     """
     if limit - position < BLANK_SIZE:
         raise RecordError("short", f"{limit - position} bytes left at position {position}")
@@ -248,6 +268,11 @@ def check(buf, position: int, limit: int, *, verify_crc: bool = True) -> int:
     props_len = PROPERTIES_LENGTH.unpack_from(buf, props_at)[0]
     if props_len < 0 or props_at + 2 + props_len != end:
         raise RecordError("length", f"field lengths disagree with TOTALSIZE {total} at position {position}")
+    if physical_offset is not None:
+        stored_offset = INT64.unpack_from(buf, position + OFFSETS_AT + 8)[0]
+        if stored_offset != physical_offset:
+            raise RecordError("offset", f"PHYSICALOFFSET {stored_offset} at position {position}, which is "
+                                        f"physical offset {physical_offset}")
     if verify_crc:
         stored = INT32.unpack_from(buf, position + 8)[0]
         actual = zlib.crc32(buf[body_at:body_at + body_len]) & 0x7FFFFFFF
@@ -353,20 +378,20 @@ def routing_fields(buf, position: int) -> tuple[int, bytes, int, int, int, str, 
     topic = buf[at + 1:at + 1 + topic_len]
     at += 1 + topic_len
     props = buf[at + 2:at + 2 + PROPERTIES_LENGTH.unpack_from(buf, at)[0]]
-    tags = ""
-    found = props.find(b"TAGS\x01")
-    if found == 0 or (found > 0 and props[found - 1] == 2):
-        tags = props[found + 5:props.index(b"\x02", found)].decode("utf-8", "replace")
+    tags = find_property(props, PROPERTY_TAGS) or ""
     return size, bytes(topic), queue_id, queue_offset, sys_flag, tags, store_ts
 
 
-def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[int, int, int, RecordError | None]:
+def walk(buf, position: int, limit: int, *, verify_crc: bool = True,
+         base: int | None = None) -> tuple[int, int, int, RecordError | None]:
     """Check records one after another from ``position`` up to ``limit`` (recovery's hot loop).
 
     Returns (stop position, records checked, store time of the last one, error). The stop position
     is the start of the first record that fails (error set), of a blank record (error None, the
-    caller jumps to the next file), or ``limit``. IPv4 records take a fast path; anything else goes
-    through :func:`check`.
+    caller jumps to the next file), or ``limit``. With ``base`` (the physical offset of position 0),
+    each record's PHYSICALOFFSET must be its own physical offset (no checksum covers the header, but
+    every record names where it lives). IPv4 records take a fast path; anything else goes through
+    :func:`check`.
     """
     head, i32, i64, crc32 = PREFIX.unpack_from, INT32.unpack_from, INT64.unpack_from, zlib.crc32
     count = 0
@@ -381,7 +406,8 @@ def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[in
             if (magic != MAGIC_V1 or total < FIXED_OVERHEAD or end > limit
                     or i32(buf, position + 36)[0] & (SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6)):
                 try:
-                    check(buf, position, limit, verify_crc=verify_crc)
+                    check(buf, position, limit, verify_crc=verify_crc,
+                          physical_offset=None if base is None else base + position)
                 except RecordError as exc:
                     return position, count, last_ts, exc
                 last_ts = i64(buf, position + STORE_TIMESTAMP_AT)[0]
@@ -393,10 +419,12 @@ def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[in
             props_at = topic_at + 1 + (buf[topic_at] if 0 <= body_len and topic_at < end else 0)
             if (body_len < 0 or topic_at >= end or props_at + 2 > end
                     or props_at + 2 + PROPERTIES_LENGTH.unpack_from(buf, props_at)[0] != end
+                    or (base is not None and i64(buf, position + 28)[0] != base + position)
                     or (verify_crc and crc32(view[position + HEADER_SIZE:topic_at]) & 0x7FFFFFFF
                         != i32(buf, position + 8)[0])):
                 try:
-                    check(buf, position, limit, verify_crc=verify_crc)
+                    check(buf, position, limit, verify_crc=verify_crc,
+                          physical_offset=None if base is None else base + position)
                 except RecordError as exc:
                     return position, count, last_ts, exc
             last_ts = i64(buf, position + STORE_TIMESTAMP_AT)[0]
@@ -410,6 +438,38 @@ def walk(buf, position: int, limit: int, *, verify_crc: bool = True) -> tuple[in
         return position, count, last_ts, None
     finally:
         view.release()
+
+
+_MAGIC_V1_BYTES = MAGIC_V1.to_bytes(4, "big")
+_MAGIC_BLANK_BYTES = MAGIC_BLANK.to_bytes(4, "big")
+
+
+def next_record_start(buf, position: int, limit: int, base: int) -> int:
+    """The first position after ``position`` (and before ``limit``) where a record starts that names
+    itself: magic V1, field lengths that agree with TOTALSIZE, and PHYSICALOFFSET = ``base`` + its
+    position (the body CRC is not needed to find it); or where a blank record claims exactly the
+    rest up to ``limit``. ``limit`` if there is none. This is how a reader finds its way past a
+    damaged record whose TOTALSIZE cannot be trusted: a false match needs 12 bytes to agree by chance.
+    """
+    at = position + 1
+    while at + BLANK_SIZE <= limit:
+        hits = [h - 4 for h in (buf.find(_MAGIC_V1_BYTES, at + 4, limit), buf.find(_MAGIC_BLANK_BYTES, at + 4, limit))
+                if h >= 0]
+        if not hits:
+            break
+        start = min(hits)
+        total, magic = PREFIX.unpack_from(buf, start)
+        if magic == MAGIC_BLANK:
+            if total == limit - start:
+                return start
+        else:
+            try:
+                check(buf, start, limit, verify_crc=False, physical_offset=base + start)
+                return start
+            except RecordError:
+                pass
+        at = start + 1
+    return limit
 
 
 def index_fields(buf, position: int) -> tuple[int, int, int, int, bytes, bytes]:
@@ -429,38 +489,49 @@ def index_fields(buf, position: int) -> tuple[int, int, int, int, bytes, bytes]:
     return size, physical_offset, sys_flag, store_ts, topic, bytes(buf[at + 2:at + 2 + props_len])
 
 
-def index_walk(buf, *, verify_crc: bool = True) -> list[tuple[int, int, int, bytes, bytes]]:
-    """Check every record of ``buf`` (whole records back to back, as a Tail frame holds) and return
-    (physical offset, sys flag, store time, topic, properties bytes) of each, in one pass: what the
-    index needs, without copying bodies. Raises RecordError at the first record that fails (a blank
-    record in a frame fails too)."""
+def index_walk(buf, position: int = 0, *, verify_crc: bool = True,
+               base: int | None = None) -> tuple[list[tuple[int, int, int, bytes, bytes]], int, RecordError | None]:
+    """Check the records of ``buf`` from ``position`` (whole records back to back, as a Tail frame
+    holds) and return (physical offset, sys flag, store time, topic, properties bytes) of each, in one
+    pass: what the index needs, without copying bodies. Returns (those fields, stop position, error):
+    like :func:`walk`, it stops at the first record that fails (a blank record in a frame fails too),
+    with the error, or at the end of ``buf`` with None. With ``base`` (the physical offset of byte 0)
+    each record's PHYSICALOFFSET must be its own."""
     out = []
-    position, limit = 0, len(buf)
+    limit = len(buf)
     unpack, props_len_of, crc32 = HEADER.unpack_from, PROPERTIES_LENGTH.unpack_from, zlib.crc32
     hosts_v6 = SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6
     view = memoryview(buf)
     try:
         while position < limit:
-            if limit - position < HEADER_SIZE:
-                check(buf, position, limit, verify_crc=verify_crc)  # raises: too short for a record
-            (total, magic, crc, _, _, _, physical_offset, sys_flag, _, _, _, store_ts, _, _, _, _,
-             body_len) = unpack(buf, position)
-            end = position + total
-            topic_at = position + HEADER_SIZE + body_len
-            if (magic != MAGIC_V1 or sys_flag & hosts_v6 or total < FIXED_OVERHEAD or end > limit
-                    or body_len < 0 or topic_at >= end):
-                check(buf, position, limit, verify_crc=verify_crc)  # raises, or it is an IPv6 record
-                size, physical_offset, sys_flag, store_ts, topic, props = index_fields(buf, position)
-                out.append((physical_offset, sys_flag, store_ts, topic, props))
-                position = end
-                continue
-            props_at = topic_at + 1 + buf[topic_at]
-            if (props_at + 2 > end or props_at + 2 + props_len_of(buf, props_at)[0] != end
-                    or (verify_crc and crc32(view[position + HEADER_SIZE:topic_at]) & 0x7FFFFFFF != crc)):
-                check(buf, position, limit, verify_crc=verify_crc)  # raises with the precise reason
+            try:
+                if limit - position < HEADER_SIZE:
+                    check(buf, position, limit, verify_crc=verify_crc)  # raises: too short for a record,
+                    raise RecordError("blank", f"blank end-of-file record at position {position}")  # or blank
+                (total, magic, crc, _, _, _, physical_offset, sys_flag, _, _, _, store_ts, _, _, _, _,
+                 body_len) = unpack(buf, position)
+                end = position + total
+                topic_at = position + HEADER_SIZE + body_len
+                expected = None if base is None else base + position
+                if (magic != MAGIC_V1 or sys_flag & hosts_v6 or total < FIXED_OVERHEAD or end > limit
+                        or body_len < 0 or topic_at >= end):
+                    check(buf, position, limit, verify_crc=verify_crc, physical_offset=expected)  # raises, or IPv6
+                    if is_blank(buf, position):
+                        raise RecordError("blank", f"blank end-of-file record at position {position}")
+                    size, physical_offset, sys_flag, store_ts, topic, props = index_fields(buf, position)
+                    out.append((physical_offset, sys_flag, store_ts, topic, props))
+                    position = end
+                    continue
+                props_at = topic_at + 1 + buf[topic_at]
+                if (props_at + 2 > end or props_at + 2 + props_len_of(buf, props_at)[0] != end
+                        or (expected is not None and physical_offset != expected)
+                        or (verify_crc and crc32(view[position + HEADER_SIZE:topic_at]) & 0x7FFFFFFF != crc)):
+                    check(buf, position, limit, verify_crc=verify_crc, physical_offset=expected)  # raises
+            except RecordError as exc:
+                return out, position, exc
             out.append((physical_offset, sys_flag, store_ts, bytes(view[topic_at + 1:props_at]),
                         bytes(view[props_at + 2:end])))
             position = end
-        return out
+        return out, position, None
     finally:
         view.release()

@@ -23,13 +23,14 @@ from typing import Callable
 import structlog
 
 from mqstore import failpoints
-from mqstore.errors import InvariantViolation, NotFound, OutOfRange, invariant
+from mqstore.errors import NotFound, OutOfRange, invariant
 from mqstore.format import record
 from mqstore.log.encoder import EncodedBatch
 from mqstore.log.segment import SegmentQueue
 
 log = structlog.get_logger()
 _NO_QUEUE_OFFSET_TX = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)
+_PHYSICAL_OFFSET_AT = record.OFFSETS_AT + 8
 
 
 @dataclass(slots=True)
@@ -202,7 +203,18 @@ class CommitLog:
         """Whole records from ``start`` up to ``limit``: (records bytes, count, next offset).
         Blank records are skipped; with ``topics`` only records of those topics are returned. At least
         one record is returned when one is visible, whatever its size; a filtered scan stops after
-        16 x max_bytes so a frame is bounded in time too."""
+        16 x max_bytes so a frame is bounded in time too.
+
+        Without ``topics`` a frame is contiguous: its records are the log's bytes
+        [next offset - len(records), next offset) (a frame ends before a blank record rather than
+        jumping over it), so a reader knows the physical offset of every byte of it.
+
+        Damage found after start must not misalign the stream, so a record goes into a frame only if
+        it is sound (:func:`_sound`). A record that is not ends the frame before it; a frame that
+        starts at one holds only the damaged bytes, up to the next record that names itself
+        (record.next_record_start), whatever the topic filter: readers find them failing their checks
+        and go on at the next offset. (The body CRC is the reader's to check: checking it here would
+        cost every Tail.)"""
         seg = self.segments.find(start)
         buf = seg.buffer
         pos = start - seg.start
@@ -215,13 +227,16 @@ class CommitLog:
         while pos < end and pos < scan_limit:
             size, magic = unpack(buf, pos)
             if magic == record.MAGIC_BLANK:
-                if run_from >= 0:
-                    pieces.append(seg.read(run_from, pos - run_from))
-                    run_from = -1
-                pos = seg.size
-                break
-            if magic != record.MAGIC_V1 or size < record.FIXED_OVERHEAD:
-                raise InvariantViolation(f"bad record at physical offset {seg.start + pos} below the visible end")
+                if not count:
+                    pos = seg.size  # nothing taken: jump to the next segment
+                break  # else end the frame at the blank, so an unfiltered frame is contiguous
+            if not _sound(buf, seg.start, pos, size, magic, end):
+                if count:
+                    break
+                nxt = record.next_record_start(buf, pos, end, seg.start)
+                log.error("tail.damaged_record", file=str(seg.path), position=pos, physical_offset=seg.start + pos,
+                          next_physical_offset=seg.start + nxt)
+                return seg.read(pos, nxt - pos), 1, seg.start + nxt
             if count and taken + size > max_bytes:
                 break
             if not topics or record.peek_topic(buf, pos) in topics:
@@ -236,3 +251,29 @@ class CommitLog:
         if run_from >= 0:
             pieces.append(seg.read(run_from, pos - run_from))
         return b"".join(pieces), count, seg.start + pos
+
+
+def _sound(buf, base: int, pos: int, size: int, magic: int, end: int) -> bool:
+    """The record at ``pos`` (physical offset ``base + pos``) can be framed: magic V1, a TOTALSIZE
+    that stays below ``end``, its PHYSICALOFFSET is its own, and its TOTALSIZE leads to ``end``, a
+    blank record or a V1 record naming its own offset, or else (that successor may be what is
+    damaged) agrees with its own field lengths."""
+    if magic != record.MAGIC_V1 or size < record.FIXED_OVERHEAD or pos + size > end:
+        return False
+    if record.INT64.unpack_from(buf, pos + _PHYSICAL_OFFSET_AT)[0] != base + pos:
+        return False
+    nxt = pos + size
+    if nxt == end:
+        return True
+    if nxt + record.HEADER_SIZE <= end:
+        _, next_magic = record.PREFIX.unpack_from(buf, nxt)
+        if next_magic == record.MAGIC_BLANK or (next_magic == record.MAGIC_V1 and record.INT64.unpack_from(
+                buf, nxt + _PHYSICAL_OFFSET_AT)[0] == base + nxt):
+            return True
+    elif nxt + record.BLANK_SIZE <= end and record.PREFIX.unpack_from(buf, nxt)[1] == record.MAGIC_BLANK:
+        return True
+    try:
+        record.check(buf, pos, end, verify_crc=False)
+        return True
+    except record.RecordError:
+        return False

@@ -70,13 +70,14 @@ class Segment:
         return cls(path, start, size, fd, mm)
 
     @classmethod
-    def open(cls, path: pathlib.Path, size: int) -> "Segment":
+    def open(cls, path: pathlib.Path, size: int, wrong_size_advice: str = "") -> "Segment":
         start = segment_name.parse(path.name)
         actual = path.stat().st_size
         if actual != size:
             raise FailedPrecondition(
-                f"{path} is {actual} bytes but segments are {size} bytes: wrong segment size configured, "
-                f"or the file was truncated; move it aside or run `mqstore repair`")
+                f"{path} is {actual} bytes but segments are {size} bytes: the file was cut short (or grown), "
+                f"or the configured segment size is wrong. "
+                f"{wrong_size_advice or f'Move {path.parent} aside: a consume queue is rebuilt from the log'}")
         fd = os.open(path, os.O_RDWR)
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         return cls(path, start, size, fd, mm)
@@ -165,10 +166,12 @@ class SegmentQueue:
     tuple replaced atomically, so readers never lock.
     """
 
-    def __init__(self, directory: pathlib.Path, segment_size_bytes: int, *, preallocate: bool):
+    def __init__(self, directory: pathlib.Path, segment_size_bytes: int, *, preallocate: bool,
+                 wrong_size_advice: str = ""):
         self.directory = directory
         self.segment_size = segment_size_bytes
         self.preallocate = preallocate
+        self.wrong_size_advice = wrong_size_advice  # what to do about a file of another size (load)
         self.lock = threading.Lock()
         self.segments: tuple[Segment, ...] = ()
 
@@ -185,7 +188,14 @@ class SegmentQueue:
             log.warning("segment.empty_removed", path=str(names[-1][1]))
             names[-1][1].unlink()
             names.pop()
-        segments = [Segment.open(path, self.segment_size) for _, path in names]
+        segments = []
+        try:
+            for _, path in names:
+                segments.append(Segment.open(path, self.segment_size, self.wrong_size_advice))
+        except BaseException:
+            for seg in segments:
+                seg.close()
+            raise
         for prev, cur in zip(segments, segments[1:]):
             if cur.start != prev.end:
                 raise FailedPrecondition(

@@ -105,8 +105,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", help="debug, info, warning, error (default info)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
     for f in _store_fields():
+        # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
+        switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                            help=f"env {S.env_name(f.name)}, default {f.default}")
+                            help=f"env {S.env_name(f.name)}, default {f.default}", **switch)
     return parser
 
 

@@ -28,7 +28,7 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_index
+from mqstore_rpc import cli_index, cli_offline
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser
 from mqstore_rpc.errors import status_for
@@ -344,7 +344,7 @@ def cmd_repair(cli: Cli) -> None:
         from mqstore.log.repair import repair  # only this command needs the storage engine itself
     except ImportError as exc:
         raise CliError("UNIMPLEMENTED", f"repair is not available in this build ({exc})") from None
-    report = repair(cli.args.data_dir)
+    report = repair(cli.args.data_dir, cli.args.segment_size_bytes)
     as_dict = dataclasses.asdict(report) if dataclasses.is_dataclass(report) else report
     if cli.args.json:
         cli.out.write(json.dumps(as_dict, default=str) + "\n")
@@ -365,12 +365,13 @@ def _error_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.modules[__name__])
     cli_index.add_commands(parser)
+    cli_offline.add_commands(parser)
     args = parser.parse_args(argv)
     mqlogging.configure("warning")  # stdout is for results; events of local commands (repair) go to stderr
     cli = Cli(args)
     try:
-        args.func(cli)
-        return 0
+        status = args.func(cli)  # a command may return its exit status (check: 1 if the log is damaged)
+        return status if isinstance(status, int) else 0
     except UsageError as exc:
         parser.error(str(exc))
     except (grpc.RpcError, CliError, MqStoreError) as exc:  # MqStoreError: from repair, which runs locally

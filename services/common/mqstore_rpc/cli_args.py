@@ -132,5 +132,7 @@ def build_parser(commands: ModuleType) -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_store_info)
     p = sub.add_parser("repair", help="repair a stopped store's log (keeps a .broken copy); runs locally")
     p.add_argument("--data-dir", required=True)
+    p.add_argument("--segment-size-bytes", type=int, default=None,
+                   help="default: from the segment file names (needed when the only segment was cut short)")
     p.set_defaults(func=commands.cmd_repair)
     return parser

@@ -12,6 +12,14 @@ follower marks itself disconnected, waits with exponential backoff (``backoff_in
 below that offset is indexed, everything at or above it is fed again (re-feeding is idempotent).
 Queries keep being answered meanwhile from what is indexed.
 
+A record that fails its checks (CRC, lengths) is not a failure of the stream: the frame's other
+records are indexed, the bad range is logged as ``index.damaged_record_skipped`` and kept in the state
+(the last ``MAX_DAMAGED_RANGES`` ranges and the total bytes, shown by Stats), and the follower goes
+on after it (decode.decode_frame says how the next record is found when TOTALSIZE itself is bad).
+Stopping there instead would leave every later record unindexed, while queries answer OK with
+nothing; the damaged record itself is known to the commit log too (Pull and GetMessage answer
+DATA_LOSS for it), so nothing is hidden by going on.
+
 One exception is deliberate and logged as ``index.follower_gap``: when retention has deleted the
 log's head beyond the resume offset (Tail answers OUT_OF_RANGE below the log's minimum), those records
 no longer exist and cannot be indexed; the follower restarts from the earliest record and counts the
@@ -21,16 +29,18 @@ is still starting) the follower waits and retries, logging ``index.follower_ahea
 
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass
 
 import structlog
 from mqstore.errors import InvalidArgument, OutOfRange, Unavailable
 
-from .decode import index_records
+from .decode import DamagedRange, decode_frame
 from .ports import CommitLogReader, TailStream
 
 log = structlog.get_logger("index.follower")
+MAX_DAMAGED_RANGES = 100  # kept for Stats; older ones are only in the log
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,8 @@ class FollowerState:
     last_error: str                  # "" while the stream is healthy
     healthy: bool                    # False while failing for a reason other than the log being away
     alive: bool                      # the thread is running (False after stop or a crash)
+    damaged_ranges: tuple[DamagedRange, ...] = ()  # the last MAX_DAMAGED_RANGES skipped, oldest first
+    damaged_bytes: int = 0           # log bytes skipped since start because their records fail checks
 
 
 class TailFollower:
@@ -99,6 +111,8 @@ class TailFollower:
         self._skipped = 0
         self._last_error = ""
         self._healthy = True
+        self._damaged: collections.deque[DamagedRange] = collections.deque(maxlen=MAX_DAMAGED_RANGES)
+        self._damaged_bytes = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -117,7 +131,7 @@ class TailFollower:
         alive = self._thread is not None and self._thread.is_alive()
         with self._lock:
             return FollowerState(self._connected, self._log_end, max(0, self._opened - 1), self._skipped,
-                                 self._last_error, self._healthy, alive)
+                                 self._last_error, self._healthy, alive, tuple(self._damaged), self._damaged_bytes)
 
     # -- the loop -----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -173,9 +187,25 @@ class TailFollower:
             self._connected, self._last_error, self._healthy = True, "", True
             self._log_end = max(self._log_end, frame.log_end_physical_offset)
         resume = self.store.resume_physical_offset()
-        records = index_records(frame.records, resume) if frame.records else []
+        records = []
+        if frame.records:
+            decoded = decode_frame(frame.records, frame.next_physical_offset)
+            records = decoded.records
+            for damaged in decoded.damaged:
+                self._skip_damaged(damaged)
         if records or frame.next_physical_offset > resume:
             self.store.apply(records, frame.next_physical_offset)
+
+    def _skip_damaged(self, damaged: DamagedRange) -> None:
+        with self._lock:
+            if any(d.start_physical_offset == damaged.start_physical_offset for d in self._damaged):
+                return  # a frame fed again (after a reconnect) reports the same range again
+            self._damaged.append(damaged)
+            self._damaged_bytes += damaged.end_physical_offset - damaged.start_physical_offset
+        log.error("index.damaged_record_skipped", start_physical_offset=damaged.start_physical_offset,
+                  end_physical_offset=damaged.end_physical_offset, reason=damaged.reason,
+                  why="the commit log holds bytes there that fail their checks; they are not indexed "
+                      "(Pull and GetMessage answer DATA_LOSS for them)")
 
     def _handle_out_of_range(self, exc: OutOfRange) -> bool:
         """True when the follower may retry at once (it moved past a deleted head)."""

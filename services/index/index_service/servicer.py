@@ -39,7 +39,11 @@ def stats_response(s: ServiceStats) -> index_pb2.IndexStats:
         rebuilding_ranges=[f"[{r.start_physical_offset}, {r.end_physical_offset})" for r in store.needs_rebuild],
         healthy=not s.problem, last_error=s.last_error, records_indexed=store.records_applied,
         max_reads_per_file=store.max_reads_per_file, reconnects=s.follower.reconnects,
-        checkpoint_physical_offset=store.checkpoint_physical_offset, skipped_bytes=s.follower.skipped_bytes)
+        checkpoint_physical_offset=store.checkpoint_physical_offset, skipped_bytes=s.follower.skipped_bytes,
+        damaged_ranges=[index_pb2.DamagedRange(start_physical_offset=d.start_physical_offset,
+                                               end_physical_offset=d.end_physical_offset, reason=d.reason)
+                        for d in s.follower.damaged_ranges],
+        damaged_bytes=s.follower.damaged_bytes)
 
 
 class IndexServicer(index_pb2_grpc.IndexServicer):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import structlog
 from mqstore.errors import OutOfRange, Unavailable
 
-from .decode import index_records
+from .decode import decode_frame
 from .follower import Backoff, FollowerConfig
 from .ports import CommitLogReader
 from .stats import RebuildRange
@@ -132,8 +132,8 @@ class IndexUpkeep:
         records = 0
         try:
             for frame in stream:
-                batch = [r for r in index_records(frame.records, start) if r.physical_offset < end] \
-                    if frame.records else []
+                batch = self._decode(frame) if frame.records else []
+                batch = [r for r in batch if r.physical_offset < end]
                 if batch:
                     self.store.apply_rebuild(start, batch)
                     records += len(batch)
@@ -154,6 +154,15 @@ class IndexUpkeep:
         with self._lock:
             self._rebuilds_done += 1
         log.info("index.rebuild_finished", start_physical_offset=start, end_physical_offset=end, records=records)
+
+    @staticmethod
+    def _decode(frame) -> list:
+        """The frame's good records; damaged ones are skipped and logged, as the follower does."""
+        decoded = decode_frame(frame.records, frame.next_physical_offset)
+        for damaged in decoded.damaged:
+            log.error("index.rebuild_damaged_record_skipped", start_physical_offset=damaged.start_physical_offset,
+                      end_physical_offset=damaged.end_physical_offset, reason=damaged.reason)
+        return decoded.records
 
     def _open(self, start: int, end: int) -> _Peeked:
         """A Tail from the range start, or from the log's head when retention removed the start."""

@@ -10,7 +10,7 @@ import pytest
 from mqstore.errors import DataLoss
 from mqstore.format import checkpoint, cq_unit, record, segment_name
 from mqstore.javahash import java_string_hash
-from tests.conftest import golden_bytes
+from tests.conftest import GOLDEN, golden_bytes
 
 FIXED = dict(topic=b"TopicTest", body=b"Hello RocketMQ", properties=record.encode_properties(
     {"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "7F00000100002A9F0000000000000001"}),
@@ -71,14 +71,27 @@ def test_cq_entry_golden(request):
 
 
 def test_checkpoint_golden_and_corruption(request):
-    cp = checkpoint.Checkpoint(123456, 120000, 1_700_000_000_000, 1_700_000_000_001, 1_700_000_000_002)
+    cp = checkpoint.Checkpoint(123456, 120000, 1_700_000_000_000, 1_700_000_000_001, 1_700_000_000_002,
+                               65536, 123456)
     data = checkpoint.encode(cp)
-    assert len(data) == 64
-    assert data == golden_bytes("checkpoint_v1.bin", data, request)
+    assert len(data) == 80 and data[4:8] == b"\0\0\0\2"
+    assert struct.unpack_from(">qq", data, 48) == (65536, 123456) and data[64:76] == bytes(12)
+    assert data == golden_bytes("checkpoint_v2.bin", data, request)
     assert checkpoint.decode(data) == cp
-    for bad in (data[:-1], data[:10] + b"\xff" + data[11:], b"XXXX" + data[4:]):
+    for bad in (data[:-1], data[:10] + b"\xff" + data[11:], b"XXXX" + data[4:], data[:4] + b"\0\0\0\3" + data[8:],
+                data[:64]):
         with pytest.raises(DataLoss):
             checkpoint.decode(bad)
+
+
+def test_checkpoint_version_1_is_still_read():
+    # Written by the previous build (64 bytes, 12 reserved bytes, CRC at 60): no checked range.
+    data = (GOLDEN / "checkpoint_v1.bin").read_bytes()
+    assert len(data) == 64
+    assert checkpoint.decode(data) == checkpoint.Checkpoint(123456, 120000, 1_700_000_000_000, 1_700_000_000_001,
+                                                            1_700_000_000_002, 0, 0)
+    with pytest.raises(DataLoss):
+        checkpoint.decode(data[:20] + b"\1" + data[21:])
 
 
 @pytest.mark.parametrize("text, expected", [

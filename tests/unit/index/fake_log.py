@@ -1,6 +1,7 @@
 """An in-memory commit log behind index_service.ports.CommitLogReader, for unit tests of the follower,
 the upkeep thread and the lookup without sockets. It holds real V1 record bytes (mqstore.format.record)
-and can be told to fail: a stream that breaks after some frames, a head deleted by retention.
+and can be told to fail: a stream that breaks after some frames, a head deleted by retention, damaged
+record bytes.
 Faults like these are what a fake is for; everything the happy path does is also tested for real in
 tests/integration/test_index_service.py."""
 
@@ -91,6 +92,13 @@ class FakeLog:
         with self.changed:
             self.changed.notify_all()
         return stored
+
+    def damage(self, stored: Stored, position_in_record: int, data: bytes) -> None:
+        """Overwrite bytes of a stored record, as a bad disk would: the stream then sends them."""
+        with self.lock:
+            raw = bytearray(stored.data)
+            raw[position_in_record:position_in_record + len(data)] = data
+            stored.data = bytes(raw)
 
     def delete_head(self, before_physical_offset: int) -> None:
         """Retention: records below the offset are gone."""
