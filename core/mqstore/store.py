@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import disk_space, fs
+from mqstore import codec, disk_space, fs
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -243,7 +243,8 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
 
     # ------------------------------------------------------------------ append
     def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None) -> AppendResults:
-        """Append one batch, all or nothing. ``system_writer`` is the internal way into system topics:
+        """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
+        (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
         the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
         it, so clients cannot write system topics."""
         self._check_running()
@@ -446,7 +447,8 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
                          self.flusher.flushed_offset if self.flusher else 0, self.visible_offset(),
                          self.config.flush_mode, bool(reason), reason, len(self.segments.segments),
-                         self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}")
+                         self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}",
+                         codec.ACTIVE)
 
     # ------------------------------------------------------------------ retention hooks (maintenance)
     def before_segment_delete(self, new_min_offset: int) -> None:
