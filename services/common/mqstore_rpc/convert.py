@@ -80,10 +80,6 @@ def messages_in(messages: Iterable[common_pb2.MessageInput], peer: str) -> list[
             for m in messages]
 
 
-def message_in(m: common_pb2.MessageInput, peer: str = "") -> model.MessageIn:
-    return messages_in((m,), peer)[0]
-
-
 def stored_message(message: model.StoredMessage, into: common_pb2.StoredMessage | None = None):
     """The proto of a stored message; with ``into`` (a container's ``add``), built in place."""
     r = message.record
@@ -169,11 +165,6 @@ def topic_kind_out(kind: str) -> int:
 def topic(t: model.TopicRecord) -> commitlog_pb2.Topic:
     return commitlog_pb2.Topic(name=t.name, queue_count=t.queue_count, kind=topic_kind_out(t.kind),
                                retention_ms=t.retention_ms, created_ms=t.created_ms)
-
-
-def topic_record(t: commitlog_pb2.Topic) -> model.TopicRecord:
-    return model.TopicRecord(name=t.name, queue_count=t.queue_count, kind=topic_kind_in(t.kind),
-                             retention_ms=t.retention_ms, created_ms=t.created_ms)
 
 
 def queue_info(q: model.QueueInfo) -> commitlog_pb2.QueueInfo:

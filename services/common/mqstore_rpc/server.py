@@ -194,10 +194,6 @@ class ManagedServer:
         if first_error is not None:
             raise first_error
 
-    def wait_for_termination(self, timeout_s: float | None = None) -> bool:
-        """True once stop() has finished."""
-        return self._stopped.wait(timeout_s)
-
 
 def create_server(config: ServerConfig) -> ManagedServer:
     return ManagedServer(config)
