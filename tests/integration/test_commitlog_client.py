@@ -6,7 +6,6 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from commitlog_service.main import CommitLogConfig, serving
 from mqstore.config import StoreConfig
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, Unavailable
 from mqstore.model import DURABILITY_WRITTEN, MessageIn, QueueInfo, StoredMessage
@@ -14,7 +13,7 @@ from mqstore_rpc import convert
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc
-from mqstore_rpc.server import ServerConfig
+from tests.integration.test_index_service import commitlog_port  # noqa: F401 (a fixture: a CommitLog server)
 
 pytestmark = pytest.mark.integration
 
@@ -22,16 +21,12 @@ RPC_TIMEOUT_S = 10
 
 
 @pytest.fixture
-def log(tmp_path):
-    config = CommitLogConfig(store=StoreConfig(data_dir=tmp_path / "log", segment_size_bytes=64 * 1024,
-                                               preallocate_segments=False),
-                             server=ServerConfig(port=0, grace_s=1.0))
-    with serving(config) as (_, port):
-        client = CommitLogClient(f"127.0.0.1:{port}", rpc_timeout_s=5)
-        try:
-            yield client, port
-        finally:
-            client.close()
+def log(commitlog_port):
+    client = CommitLogClient(f"127.0.0.1:{commitlog_port}", rpc_timeout_s=5)
+    try:
+        yield client, commitlog_port
+    finally:
+        client.close()
 
 
 def test_append_then_read_back_through_every_call(log):
@@ -105,7 +100,7 @@ def test_failures_are_mqstore_errors(log, tmp_path):
     [found, not_a_record, past_end] = client.get_messages([r.physical_offset, r.physical_offset + 1, end + 10])
     assert found.record.topic == "one" and not_a_record is None and past_end is None
 
-    segment = StoreConfig(data_dir=tmp_path / "log").commitlog_dir / f"{0:020d}"
+    segment = StoreConfig(data_dir=tmp_path / "log").commitlog_dir / f"{0:020d}"  # commitlog_port's data
     with open(segment, "r+b") as f:  # a body byte of the second record: its CRC fails
         f.seek(bad.physical_offset + bad.size_bytes - 50)
         f.write(b"Z")

@@ -13,20 +13,10 @@ import pytest
 from mqstore.errors import InvalidArgument, OutOfRange, Unavailable
 from mqstore.follow import FollowConfig, Follower, Gap, GapPolicy
 from mqstore.model import TailFrame
+from tests.support.waiting import WAIT_S, wait_until
 
 FAST = FollowConfig(heartbeat_ms=10, backoff_initial_ms=1, backoff_max_ms=10)
 RECORD_BYTES = 10
-WAIT_S = 20
-
-
-def wait_until(condition, what: str):
-    deadline = time.monotonic() + WAIT_S
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        pause.wait(0.002)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class MemoryLog:

@@ -4,7 +4,6 @@ polls a condition with a deadline."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -18,20 +17,10 @@ from index_testing import seeded_random, tiny_config
 from mqstore.background import Backoff
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
+from tests.support.waiting import wait_until
 
 FAST = FollowerConfig(heartbeat_ms=20, backoff_initial_ms=1, backoff_max_ms=20, retention_interval_ms=10,
                       rebuild_interval_ms=10)
-WAIT_S = 20
-
-
-def wait_until(condition, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        pause.wait(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
