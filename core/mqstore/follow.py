@@ -151,7 +151,7 @@ class Follower(Duty):
         self._log_end: int | None = None
         self._opened = 0
         self._skipped = 0
-        self._last_error = ""
+        self._stream_error = ""
         self._healthy = True
         self._gap: Gap | None = None
         self._damaged: collections.deque = collections.deque(maxlen=MAX_DAMAGED_RANGES)
@@ -162,7 +162,7 @@ class Follower(Duty):
         duty = super().state()
         with self._state_lock:
             return FollowerState(self._connected, self._log_end, max(0, self._opened - 1), self._skipped,
-                                 self._last_error, self._healthy, duty.alive, tuple(self._damaged),
+                                 self._stream_error, self._healthy, duty.alive, tuple(self._damaged),
                                  self._damaged_bytes, self._gap, duty.died)
 
     def problem(self) -> str:
@@ -175,12 +175,31 @@ class Follower(Duty):
                 return (f"{self.name} stopped at physical offset {self._gap.start_physical_offset}: the commit "
                         f"log deleted [{self._gap.start_physical_offset}, {self._gap.end_physical_offset}) "
                         f"(retention) before it was applied, and this data cannot be rebuilt without it")
-            return "" if self._healthy else f"{self.name}: {self._last_error}"
+            return "" if self._healthy else f"{self.name}: {self._stream_error}"
 
     # ---- the duty ------------------------------------------------------------------------------------
     def step(self) -> None:
         """Follow one stream until it ends; raises (for the backoff) when it failed."""
         start = self.projection.resume_offset()
+        try:
+            frames = self._follow(start)
+        except OutOfRange as exc:
+            if not self._out_of_range(exc, start):
+                raise
+            return  # moved past a deleted head: re-open at once
+        except Unavailable as exc:
+            self._failed(exc, "follower.disconnected", healthy=True)
+            raise
+        except self.retry_on as exc:
+            self._failed(exc, "follower.failed", healthy=False)
+            raise
+        if frames == 0 and not self.stopping:
+            with self._state_lock:
+                self._connected = False
+            raise Unavailable("the Tail stream ended before its first frame (is the commit log stopping?)")
+
+    def _follow(self, start: int | None) -> int:
+        """Open a stream at ``start`` and apply its frames until it ends; the number of frames."""
         stream = self.source.tail(start, max_frame_bytes=self.config.max_frame_bytes,
                                   heartbeat_ms=self.config.heartbeat_ms)
         with self._state_lock:
@@ -189,18 +208,6 @@ class Follower(Duty):
         if self.stopping:  # stop() ran before the stream was published: it could not cancel it
             stream.cancel()
         log.info("follower.opened", follower=self.name, from_physical_offset=start, earliest=start is None)
-        try:
-            frames = self._follow(stream, start)
-        finally:
-            stream.cancel()
-            with self._state_lock:
-                self._stream = None
-        if frames == 0 and not self.stopping:
-            with self._state_lock:
-                self._connected = False
-            raise Unavailable("the Tail stream ended before its first frame (is the commit log stopping?)")
-
-    def _follow(self, stream: TailStream, start: int | None) -> int:
         frames = 0
         try:
             for frame in stream:
@@ -208,16 +215,10 @@ class Follower(Duty):
                 frames += 1
                 if self.stopping:
                     break
-        except OutOfRange as exc:
-            if self._out_of_range(exc, start):
-                return 1  # moved past a deleted head: re-open at once
-            raise
-        except Unavailable as exc:
-            self._failed(exc, "follower.disconnected", healthy=True)
-            raise
-        except self.retry_on as exc:
-            self._failed(exc, "follower.failed", healthy=False)
-            raise
+        finally:
+            stream.cancel()
+            with self._state_lock:
+                self._stream = None
         return frames
 
     def on_stop(self) -> None:
@@ -239,7 +240,7 @@ class Follower(Duty):
             if not self._connected:
                 log.info("follower.connected", follower=self.name, resume_physical_offset=self.projection.
                          resume_offset(), log_end_physical_offset=frame.log_end_physical_offset)
-            self._connected, self._last_error, self._healthy, self._gap = True, "", True, None
+            self._connected, self._stream_error, self._healthy, self._gap = True, "", True, None
             self._log_end = max(self._log_end or 0, frame.log_end_physical_offset)
         for damaged in self.projection.apply(frame):
             self._skip_damaged(damaged)
@@ -267,7 +268,7 @@ class Follower(Duty):
             with self._state_lock:
                 new = self._gap != gap
                 self._connected, self._gap, self._healthy = False, gap, False
-                self._last_error = f"{type(exc).__name__}: {exc}"
+                self._stream_error = f"{type(exc).__name__}: {exc}"
             if new:
                 log.error("follower.gap", follower=self.name, policy="stop", from_physical_offset=start,
                           to_physical_offset=low, why="the commit log deleted these records (retention) "
@@ -291,4 +292,4 @@ class Follower(Duty):
             event, follower=self.name, error=message, resume_physical_offset=self.projection.resume_offset(),
             **fields)
         with self._state_lock:
-            self._connected, self._last_error, self._healthy = False, message, healthy
+            self._connected, self._stream_error, self._healthy = False, message, healthy

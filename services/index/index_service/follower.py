@@ -57,8 +57,8 @@ class IndexProjection:
         return self.store.resume_physical_offset()
 
     def apply(self, frame: TailFrame) -> Sequence[DamagedRange]:
-        resume = self.store.resume_physical_offset()
-        if not frame.records:
+        if not frame.records:  # a heartbeat: applied only when it moves the resume point
+            resume = self.store.resume_physical_offset()
             if resume is None or frame.next_physical_offset > resume:
                 self.store.apply((), frame.next_physical_offset)
             return ()

@@ -59,7 +59,7 @@ class IndexUpkeep(Duty):
         self._stream = None
         self._rebuilds_done = 0
         self._retention_rounds = 0
-        self._last_error = ""
+        self._round_error = ""
         self._healthy = True
         self._last_retention_s = float("-inf")
 
@@ -72,7 +72,7 @@ class IndexUpkeep(Duty):
     def state(self) -> UpkeepState:
         duty = super().state()
         with self._state_lock:
-            return UpkeepState(self._rebuilds_done, self._retention_rounds, self._last_error, self._healthy,
+            return UpkeepState(self._rebuilds_done, self._retention_rounds, self._round_error, self._healthy,
                                duty.alive, duty.died)
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -85,10 +85,10 @@ class IndexUpkeep(Duty):
                 message = f"{type(exc).__name__}: {exc}"
                 (log.warning if healthy else log.error)("index.upkeep_failed", error=message)
                 with self._state_lock:
-                    self._last_error, self._healthy = message, healthy
+                    self._round_error, self._healthy = message, healthy
             raise
         with self._state_lock:
-            self._last_error, self._healthy = "", True
+            self._round_error, self._healthy = "", True
 
     def run_once(self) -> None:
         """Apply retention if it is due (it also drops ranges the log no longer holds), then rebuild

@@ -27,6 +27,7 @@ class MemoryLog:
         self.min_offset, self.end = min_offset, end
         self.opened: list[int | None] = []
         self.fail_next: Exception | None = None
+        self.refuse_opens: Exception | None = None  # tail() itself raises it (a client that fails at once)
 
     def grow(self, end: int) -> None:
         with self.lock:
@@ -36,6 +37,8 @@ class MemoryLog:
     def tail(self, start, *, max_frame_bytes, heartbeat_ms):
         with self.lock:
             self.opened.append(start)
+            if self.refuse_opens is not None:
+                raise self.refuse_opens
             low, high = self.min_offset, self.end
         position = low if start is None else start
         if not low <= position <= high:
@@ -181,6 +184,12 @@ def test_the_log_going_away_is_healthy_and_other_errors_are_not(running):
     state = wait_until(lambda: (s := follower.state()).last_error and s, "the disconnect")
     assert state.healthy and follower.problem() == ""
     wait_until(lambda: follower.state().connected, "the reconnect")
+    log.refuse_opens = Unavailable("connection refused")  # the re-open itself fails...
+    log.fail_next = Unavailable("connection reset")  # ...after this stream breaks
+    state = wait_until(lambda: "connection refused" in (s := follower.state()).last_error and s, "the refused open")
+    assert state.healthy and not state.connected
+    log.refuse_opens = None
+    wait_until(lambda: follower.state().connected, "the reconnect after the refusal")
     log.fail_next = InvalidArgument("no record starts at 50")
     state = wait_until(lambda: (s := follower.state()).last_error and s, "the failure")
     assert not state.healthy and "no record starts at 50" in follower.problem() and state.alive
