@@ -23,10 +23,10 @@ def varint(value: int, pad: int = 0) -> bytes:
     while True:
         byte = value & 0x7F
         value >>= 7
-        if value or pad:
+        if value:
             out.append(byte | 0x80)
         else:
-            out.append(byte)
+            out.append(byte | 0x80 if pad else byte)
             break
     for i in range(pad):
         out.append(0x80 if i < pad - 1 else 0x00)
