@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Record
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.format.record_reader import Record
 
 KIND_NORMAL = "NORMAL"
 KIND_COMPACTION = "COMPACTION"

@@ -32,7 +32,7 @@ from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
                             ResourceExhausted, Unavailable)
-from mqstore.format import checkpoint as cpfmt, record
+from mqstore.format import checkpoint as cpfmt, record, record_reader
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
@@ -264,7 +264,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         else:
             self.dispatcher.run_pending(written.end)
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
-        prefix = (self.encoder.store_host + record.INT32.pack(self.encoder.store_port)).hex().upper()
+        prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
         return AppendResults(prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms, durability)
 
     # ------------------------------------------------------------------ reads
@@ -342,7 +342,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
                     if wanted_tags and rec.properties.get(record.PROPERTY_TAGS, "") not in wanted_tags:
                         continue
                     if host_prefix is None:
-                        host_prefix = (rec.store_host + record.INT32.pack(rec.store_port)).hex().upper()
+                        host_prefix = record.msg_id_prefix(rec.store_host, rec.store_port)
                     messages.append(StoredMessage(rec, f"{host_prefix}{phys:016X}"))
                     taken += size
         except SegmentClosed:
@@ -353,15 +353,14 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
             raise
         return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
 
-    def _decode_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> record.Record:
-        """The record at ``physical_offset``, checked (CRC included). DataLoss names the bad record, and
-        for a queue read its queue offset, so a consumer can skip it deliberately (offset + 1)."""
+    def _decode_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> record_reader.Record:
+        """The record at ``physical_offset``, checked (CRC included, and that it names its own physical
+        offset). DataLoss names the bad record, and for a queue read its queue offset, so a consumer can
+        skip it deliberately (offset + 1)."""
         data = self.commitlog.read(physical_offset, size)
         try:
-            rec = record.decode(data, 0)
-            if rec.physical_offset != physical_offset:
-                raise record.RecordError("offset", f"it says it lives at physical offset {rec.physical_offset}")
-        except record.RecordError as exc:
+            rec = record_reader.decode(data, 0, physical_offset=physical_offset)
+        except record_reader.RecordError as exc:
             where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
             skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
             raise DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
@@ -423,11 +422,12 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
             seg = self.segments.find(offset)
             position = offset - seg.start
             try:
-                record.check(seg.buffer, position, seg.size, verify_crc=False)
-            except record.RecordError:
+                record_reader.check(seg.buffer, position, seg.size, verify_crc=False)
+            except record_reader.RecordError:
                 # A record damaged since a reader got here still names its own offset: accept it (its
                 # frame comes alone, see CommitLog.frame), or that reader could never go on.
-                if position + 36 > seg.size or record.INT64.unpack_from(seg.buffer, position + 28)[0] != offset:
+                if (position + record.PHYSICAL_OFFSET_AT + 8 > seg.size
+                        or record_reader.stored_physical_offset(seg.buffer, position) != offset):
                     raise InvalidArgument(f"no record starts at physical offset {offset}; resume from a "
                                           f"next_physical_offset of a previous frame") from None
         return offset

@@ -16,6 +16,7 @@ from mqstore.log.repair import repair as offline_repair
 from mqstore.log.segment import SegmentQueue
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from tests.support import records
 
 
 def _filled(config, count=30, body_size=900):
@@ -42,9 +43,7 @@ def test_torn_tail_is_cut_and_logged(small_config):
     store.halt()
     # A partial record after the end: the start of a real record, then zeros (a copy cut short).
     path, pos = _segment_for(config, end)
-    partial = record.encode(topic=b"t", body=b"z" * 500, properties=b"", queue_id=0, flag=0, sys_flag=0,
-                            born_timestamp_ms=1, born_host=b"\0" * 4, born_port=0, store_host=b"\0" * 4,
-                            store_port=0)[:200]
+    partial = records.encode(topic=b"t", body=b"z" * 500)[:200]
     with open(path, "r+b") as f:
         f.seek(pos)
         f.write(partial)
@@ -195,9 +194,7 @@ def test_copy_cut_short_with_its_head_unwritten(small_config, checkpoint):
     # cannot tell it from corruption and refuses to start.
     config = small_config()
     store, results = _filled(config)
-    batch = b"".join(record.encode(topic=b"t", body=bytes([200 + i]) * 700, properties=b"", queue_id=0, flag=0,
-                                   sys_flag=0, born_timestamp_ms=1, born_host=b"\0" * 4, born_port=0,
-                                   store_host=b"\0" * 4, store_port=0) for i in range(10))
+    batch = b"".join(records.encode(topic=b"t", body=bytes([200 + i]) * 700) for i in range(10))
     while store.commitlog.written_offset % config.segment_size_bytes + len(batch) + 8 > config.segment_size_bytes:
         store.append("t", [MessageIn(body=b"pad" * 300, queue_id=1)])  # so that the batch fits this segment
     end = store.commitlog.written_offset

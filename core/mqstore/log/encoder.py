@@ -24,6 +24,10 @@ _RESERVED = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPER
 _BAD_TEXT = re.compile("[\x01\x02]")
 _BAD_KEY_CHARS = re.compile(r"[\x01\x02\t\n\r\f\v]")
 _TAG_CACHE_LIMIT = 10_000
+# "NAME\x01" of the properties the encoder writes itself (each entry ends in \x02).
+_TAGS_ENTRY = record.PROPERTY_TAGS + record.NAME_VALUE_SEPARATOR
+_KEYS_ENTRY = record.PROPERTY_KEYS + record.NAME_VALUE_SEPARATOR
+_UNIQ_KEY_ENTRY = record.PROPERTY_UNIQ_KEY + record.NAME_VALUE_SEPARATOR
 
 
 @dataclass(slots=True)
@@ -93,7 +97,8 @@ class MessageEncoder:
         fresh = iter(self.uniq.next_keys(uniq_needed, now_ms))
         topic_bytes = topic.name.encode("utf-8")
         topic_part = record.topic_part(topic_bytes)
-        fixed = record.FIXED_OVERHEAD + len(topic_bytes)
+        # The hosts' address sizes choose the layout (encode_parts): 4 bytes each in the smallest one.
+        fixed = record.FIXED_OVERHEAD + len(topic_bytes) + len(self.store_host) - 2 * record.IPV4_BYTES
         room = self.config.segment_size_bytes - record.BLANK_SIZE
         qids = self._queues_for(topic, messages)
         parts: list[bytes] = []
@@ -102,14 +107,13 @@ class MessageEncoder:
         for index, msg in enumerate(messages):
             props, tag_code, uniq = props_of(index, msg, fresh)
             body = msg.body
-            size = fixed + len(body) + len(props)
+            size = fixed + len(body) + len(props) + len(msg.born_host)
             if size > room or not body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0:
                 self._reject(index, topic, msg, props, size)
             # born_timestamp_ms 0 means "server time" (the proto says so): the batch's time, not 1970.
-            encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag,
-                         msg.born_timestamp_ms or now_ms, msg.born_host, msg.born_port, host, port,
-                         msg.prepared_transaction_offset)
-            sizes.append(size)
+            sizes.append(encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag,
+                                      msg.born_timestamp_ms or now_ms, msg.born_host, msg.born_port, host, port,
+                                      msg.prepared_transaction_offset))
             tags.append(tag_code)
             flags.append(msg.sys_flag)
             uniqs.append(uniq)
@@ -145,12 +149,12 @@ class MessageEncoder:
         if tags:
             if _BAD_TEXT.search(tags):
                 raise InvalidArgument(f"messages[{index}].tags contains the reserved characters \\x01 or \\x02")
-            pieces.append(f"TAGS\x01{tags}\x02")
+            pieces.append(f"{_TAGS_ENTRY}{tags}\x02")
         if keys:
             _check_keys(index, "keys", keys)
-            pieces.append(f"KEYS\x01{' '.join(keys)}\x02")
+            pieces.append(f"{_KEYS_ENTRY}{' '.join(keys)}\x02")
         uniq = uniq or next(fresh)
-        pieces.append(f"UNIQ_KEY\x01{uniq}\x02")
+        pieces.append(f"{_UNIQ_KEY_ENTRY}{uniq}\x02")
         return "".join(pieces).encode("utf-8"), self.tag_code(tags), uniq
 
     def tag_code(self, tags: str) -> int:

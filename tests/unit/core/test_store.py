@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
-from mqstore.format import record
+from mqstore.format import record_reader
 from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST
 from mqstore.store import MessageStore
 
@@ -148,12 +148,9 @@ def test_tail_frames_whole_records_with_filter(open_store):
         if frame.record_count == 0:
             assert frame.next_physical_offset == end
             break
-        pos = 0
-        while pos < len(frame.records):
-            rec = record.decode(frame.records, pos)
-            seen.append(rec.body[0])
-            pos += rec.size
-        assert pos == len(frame.records)
+        views = list(record_reader.records(frame.records))
+        seen += [view.body[0] for view in views]
+        assert sum(view.size for view in views) == len(frame.records)
     assert seen == [i for i in range(20) if i % 3 == 0]
     with pytest.raises(InvalidArgument):
         next(store.tail(TAIL_AT_OFFSET, 5, [], 0, 10, is_active=lambda: True))
