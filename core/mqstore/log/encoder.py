@@ -202,26 +202,27 @@ def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tupl
     its property mean the same thing, so when both are given they must agree (else neither could win
     silently). Returns (tags, keys, uniq key); the uniq key is "" when not given."""
     where = f"messages[{index}].properties"
+    tags_at, keys_at = f"{where}[{record.PROPERTY_TAGS!r}]", f"{where}[{record.PROPERTY_KEYS!r}]"
     prop_tags = user.get(record.PROPERTY_TAGS)
     if prop_tags is not None:
         if not prop_tags:
-            raise InvalidArgument(f"{where}['TAGS'] is empty; leave it out or give a tag")
+            raise InvalidArgument(f"{tags_at} is empty; leave it out or give a tag")
         if tags and tags != prop_tags:
-            raise InvalidArgument(f"messages[{index}]: tags {tags!r} and {where}['TAGS'] {prop_tags!r} differ; "
+            raise InvalidArgument(f"messages[{index}]: tags {tags!r} and {tags_at} {prop_tags!r} differ; "
                                   f"give the tag once (the field and the property mean the same)")
         tags = prop_tags
     prop_keys = user.get(record.PROPERTY_KEYS)
     if prop_keys is not None:
         # The property is the stored form: keys separated by single spaces (as RocketMQ's KEYS).
         split = tuple(prop_keys.split(" "))
-        _check_keys(index, "properties['KEYS']", split)
+        _check_keys(index, f"properties[{record.PROPERTY_KEYS!r}]", split)
         if keys and tuple(keys) != split:
-            raise InvalidArgument(f"messages[{index}]: keys {list(keys)!r} and {where}['KEYS'] {prop_keys!r} "
+            raise InvalidArgument(f"messages[{index}]: keys {list(keys)!r} and {keys_at} {prop_keys!r} "
                                   f"differ; give the keys once (the field and the property mean the same)")
         keys = split
     uniq = user.get(record.PROPERTY_UNIQ_KEY)
     if uniq is not None:
-        _check_keys(index, "properties['UNIQ_KEY']", (uniq,))
+        _check_keys(index, f"properties[{record.PROPERTY_UNIQ_KEY!r}]", (uniq,))
     return tags, keys, uniq or ""
 
 
