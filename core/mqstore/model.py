@@ -139,7 +139,7 @@ class StoreInfo:
     visible_physical_offset: int
     flush_mode: str
     read_only: bool
-    read_only_reason: str
+    read_only_reason: str | None  # None while writable
     segment_count: int
     segment_size_bytes: int
     store_host: str

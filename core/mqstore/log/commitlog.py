@@ -23,7 +23,7 @@ from typing import Callable
 import structlog
 
 from mqstore import failpoints
-from mqstore.errors import NotFound, OutOfRange, invariant
+from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, invariant
 from mqstore.format import record, record_reader, record_scan
 from mqstore.log.encoder import EncodedBatch
 from mqstore.log.segment import SegmentQueue
@@ -58,7 +58,6 @@ class CommitLog:
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
         self.pending: collections.deque[Written] = collections.deque()
-        self.read_only_reason = ""
 
     # ---- recovery hands over the state it found
     def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
@@ -193,6 +192,35 @@ class CommitLog:
         if record_reader.is_blank(seg.buffer, pos):
             raise NotFound(f"physical offset {physical_offset} is the blank end of segment {seg.path.name}")
         return seg.read(pos, size)
+
+    def decode_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> record_reader.Record:
+        """The record at ``physical_offset``, checked (CRC included, and that it names its own physical
+        offset). DataLoss names the bad record, and for a queue read its queue offset, so a consumer can
+        skip it deliberately (offset + 1)."""
+        data = self.read(physical_offset, size)
+        try:
+            return record_reader.decode(data, 0, physical_offset=physical_offset)
+        except record_reader.RecordError as exc:
+            where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
+            skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
+            raise DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
+                           f"is not served{skip}",
+                           physical_offset=physical_offset, queue_offset=queue_offset) from None
+
+    def check_resume_point(self, physical_offset: int) -> None:
+        """InvalidArgument unless a record starts at ``physical_offset`` (below the written offset), where
+        a reader may start a Tail. A record damaged since a reader got there still names its own
+        offset: it is accepted (its frame comes alone, see :meth:`frame`), or that reader could never
+        go on."""
+        seg = self.segments.find(physical_offset)
+        position = physical_offset - seg.start
+        try:
+            record_reader.check(seg.buffer, position, seg.size, verify_crc=False)
+        except record_reader.RecordError:
+            if (position + record.PHYSICAL_OFFSET_AT + 8 > seg.size
+                    or record_reader.stored_physical_offset(seg.buffer, position) != physical_offset):
+                raise InvalidArgument(f"no record starts at physical offset {physical_offset}; resume from a "
+                                      f"next_physical_offset of a previous frame") from None
 
     def store_timestamp_at(self, physical_offset: int) -> int:
         seg = self.segments.find(physical_offset)

@@ -145,7 +145,7 @@ def store_info(s: model.StoreInfo) -> commitlog_pb2.StoreInfo:
     return commitlog_pb2.StoreInfo(
         min_physical_offset=s.min_physical_offset, max_physical_offset=s.max_physical_offset,
         flushed_physical_offset=s.flushed_physical_offset, visible_physical_offset=s.visible_physical_offset,
-        flush_mode=s.flush_mode, read_only=s.read_only, read_only_reason=s.read_only_reason,
+        flush_mode=s.flush_mode, read_only=s.read_only, read_only_reason=s.read_only_reason or "",
         segment_count=s.segment_count, segment_size_bytes=s.segment_size_bytes, store_host=s.store_host)
 
 

@@ -48,7 +48,7 @@ def test_dead_flush_service_fails_sync_appends_and_reports_unhealthy(store):
     failpoints.arm("log.after_flush", "raise")
     with pytest.raises(Unavailable, match="flush service failed"):
         s.append("t", [MessageIn(body=b"after")])
-    assert "flush service failed" in s.health_problem()
+    assert "commitlog-flush died: FailpointHit: log.after_flush" in s.health_problem()
     failpoints.disarm_all()
     assert [m.record.body for m in s.pull("t", 0, 0).messages] == [b"before"]
 
@@ -69,5 +69,5 @@ def test_full_disk_while_creating_a_segment_rejects_the_batch_whole(store, monke
     assert s.store_info().read_only
     assert s.pull("t", 0, 0).messages[0].record.body == b"a" * 3000
     monkeypatch.undo()
-    s.set_disk_usage(0.10)  # the maintenance thread's disk check: space is back
+    s.disk.set_usage(0.10)  # the maintenance thread's disk check: space is back
     assert s.append("t", [MessageIn(body=b"e" * 3000)])[0].queue_offset == 1
