@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import fs
+from mqstore import failpoints, fs
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -219,7 +219,8 @@ class MessageStore:
                               logics_ts, self.clock.now_ms(), *self._checked)
         try:
             fs.replace_file(self.manifest_path, self.dispatcher.manifest())
-            fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
+            fs.replace_file(self.checkpoint_path, cpfmt.encode(cp),
+                            before_rename=lambda: failpoints.hit("checkpoint.before_rename"))
         except OSError as exc:
             self.disk.checkpoint_skipped_for(exc)  # re-raised unless the disk is full
             return False

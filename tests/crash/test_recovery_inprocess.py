@@ -373,7 +373,7 @@ def test_rebuilt_consume_queue_keeps_tags_next_to_a_longer_name_ending_in_tags(s
 
 # ---- repair keeps a durable copy before it cuts ---------------------------------------------------------
 
-def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monkeypatch):
+def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monkeypatch, failpoint):
     config = small_config()
     store, results = _filled(config, count=40)
     store.stop()
@@ -389,12 +389,8 @@ def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monke
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
-    failpoints.arm("repair.after_copy")
-    try:
-        with pytest.raises(failpoints.FailpointHit):
-            offline_repair(config.data_dir)  # "crashes" after the copies, before the cut
-    finally:
-        failpoints.disarm_all()
+    with failpoint.armed("repair.after_copy"), pytest.raises(failpoints.FailpointHit):
+        offline_repair(config.data_dir)  # "crashes" after the copies, before the cut
     broken = path.with_name(path.name + ".broken")
     assert broken.read_bytes() == damaged and path.read_bytes() == damaged  # copied whole; nothing cut yet
     assert f"{broken}.tmp" in synced and str(config.commitlog_dir) in synced  # the copy and its directory
