@@ -98,8 +98,8 @@ def test_mid_file_corruption_refuses_then_repair_keeps_broken_copy(small_config)
     segments.load()
     report = repair(segments, config.max_write_bytes)
     segments.close()
-    assert report["corrupt"] and report["end_offset"] == victim.physical_offset
-    assert any(p.endswith(".broken") for p in report["broken_copies"])
+    assert report.corrupt and report.end_offset == victim.physical_offset
+    assert any(p.endswith(".broken") for p in report.broken_copies)
     assert (path.parent / (path.name + ".broken")).exists()
 
     store = MessageStore(config)
@@ -397,7 +397,7 @@ def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monke
     assert not list(config.commitlog_dir.glob("*.tmp"))
 
     report = offline_repair(config.data_dir)  # run again: it finishes, and keeps the first copy
-    assert report["corrupt"] and report["end_offset"] == victim.physical_offset
+    assert report.corrupt and report.end_offset == victim.physical_offset
     assert broken.read_bytes() == damaged
     assert path.with_name(path.name + ".broken.1").read_bytes() == damaged  # a new copy, none overwritten
     store = MessageStore(config)
@@ -420,7 +420,7 @@ def test_repair_pads_a_segment_file_cut_short(small_config):
     advice = f"mqstore repair --data-dir {config.data_dir} --segment-size-bytes {config.segment_size_bytes}"
     assert advice in str(info.value)
     report = offline_repair(config.data_dir, config.segment_size_bytes)
-    assert [r["from_bytes"] for r in report["resized_segments"]] == [pos + 100]
+    assert [r.from_bytes for r in report.resized_segments] == [pos + 100]
     assert path.with_name(path.name + ".broken").stat().st_size == pos + 100
     assert path.stat().st_size == config.segment_size_bytes
     store = MessageStore(config)

@@ -75,7 +75,6 @@ _HEADER_FORMAT = (
 )
 
 # Offsets that are the same in every layout.
-TOTAL_SIZE_AT = 0
 BODY_CRC_AT = 8
 QUEUE_ID_AT = 12
 FLAG_AT = 16
@@ -171,27 +170,15 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 
 
-def layout_of(sys_flag: int) -> Layout:
-    return LAYOUTS[(sys_flag & SYSFLAG_HOSTS_V6) >> LAYOUT_SHIFT]
-
-
 def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
-def record_size(body_bytes: int, topic_bytes: int, properties_bytes: int) -> int:
-    """Size of a record with IPv4 hosts."""
-    return FIXED_OVERHEAD + body_bytes + topic_bytes + properties_bytes
-
-
-def property_entry(name: str, value: str) -> str:
-    """One ``name\\x01value\\x02`` entry (the caller has checked that neither holds \\x01 or \\x02)."""
-    return f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
-
-
 def encode_properties(properties: dict[str, str]) -> bytes:
     """Encode as RocketMQ does; entries with an empty name or value are skipped (they would not decode)."""
-    return "".join(property_entry(name, value) for name, value in properties.items() if name and value).encode()
+    parts = [f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}" for name, value in properties.items()
+             if name and value]
+    return "".join(parts).encode("utf-8")
 
 
 def topic_part(topic: bytes) -> bytes:

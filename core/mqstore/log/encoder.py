@@ -136,7 +136,7 @@ class MessageEncoder:
 
     def _properties(self, index: int, msg: MessageIn, fresh) -> tuple[bytes, int, str]:
         user = msg.properties
-        tags, keys, uniq = msg.tags, msg.keys, ""
+        tags, keys, uniq = msg.tags, msg.keys, None
         pieces = []
         if user:
             for name, value in user.items():
@@ -197,10 +197,10 @@ class MessageEncoder:
         return result
 
 
-def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tuple[str, tuple, str]:
+def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tuple[str, tuple, str | None]:
     """TAGS, KEYS and UNIQ_KEY given as properties: checked like the fields they stand for. A field and
     its property mean the same thing, so when both are given they must agree (else neither could win
-    silently). Returns (tags, keys, uniq key); the uniq key is "" when not given."""
+    silently). Returns (tags, keys, uniq key); the uniq key is None when not given."""
     where = f"messages[{index}].properties"
     tags_at, keys_at = f"{where}[{record.PROPERTY_TAGS!r}]", f"{where}[{record.PROPERTY_KEYS!r}]"
     prop_tags = user.get(record.PROPERTY_TAGS)
@@ -223,7 +223,7 @@ def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tupl
     uniq = user.get(record.PROPERTY_UNIQ_KEY)
     if uniq is not None:
         _check_keys(index, f"properties[{record.PROPERTY_UNIQ_KEY!r}]", (uniq,))
-    return tags, keys, uniq or ""
+    return tags, keys, uniq or None
 
 
 def _check_keys(index: int, field: str, keys) -> None:

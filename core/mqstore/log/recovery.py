@@ -225,7 +225,19 @@ def _last_nonzero(seg: Segment, position: int) -> int:
     return last
 
 
-def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | None = None) -> dict:
+@dataclass(frozen=True)
+class LogRepair:
+    """What :func:`repair` did to the log."""
+
+    corrupt: bool              # the log was cut at its first bad record (else at most a torn tail was cut)
+    end_offset: int            # the log's end afterwards
+    records: int               # records before that end, all of which passed their checks
+    torn_bytes_cut: int        # the bytes of a torn tail cut (when not corrupt)
+    cut_at: str | None         # what was wrong where the log was cut (when corrupt)
+    broken_copies: list[str]   # the .broken copies kept of the segments that were cut
+
+
+def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | None = None) -> LogRepair:
     """Cut the log at the first bad record, keeping durable ``<segment>.broken`` copies of what is
     cut: each copy is complete and fsynced (file and directory) before anything is cut, so a crash at
     any point leaves either the uncut log or the copy (fs.copy_durably)."""
@@ -234,8 +246,7 @@ def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | N
     if outcome.corrupt is None:
         if outcome.torn_bytes:
             recover(segments, outcome.start_offset, max_write_bytes, flushed_offset)
-        return {"corrupt": False, "end_offset": outcome.end_offset, "torn_bytes_cut": outcome.torn_bytes,
-                "records": outcome.records, "broken_copies": []}
+        return LogRepair(False, outcome.end_offset, outcome.records, outcome.torn_bytes, None, [])
     cut = outcome.end_offset
     copies = []
     for seg in segments.segments:
@@ -247,5 +258,4 @@ def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | N
     segments.delete_from(seg.end)
     fs.fsync_dir(segments.directory)
     log.warning("repair.cut", physical_offset=cut, file=str(seg.path), broken_copies=copies)
-    return {"corrupt": True, "end_offset": cut, "cut_at": str(outcome.corrupt), "records": outcome.records,
-            "broken_copies": copies}
+    return LogRepair(True, cut, outcome.records, 0, str(outcome.corrupt), copies)
