@@ -112,7 +112,7 @@ def verify_messages(stack: Stack, appended: list[dict]) -> None:
           f"QueryByKey {SHARED_KEY} does not return exactly the {len(appended)} messages appended")
     for m in (appended[0], appended[-1]):
         check(stack.by_key(m["key"]) == [m["uniq_key"]], f"QueryByKey {m['key']} did not find its message")
-        r = stack.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic=TOPIC, msg_id=m["uniq_key"]),
+        r = stack.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic=TOPIC, uniq_key=m["uniq_key"]),
                                        timeout=RPC_TIMEOUT_S)
         check([loc.msg_id for loc in r.locators] == [m["msg_id"]], f"QueryByUniqKey {m['uniq_key']}")
 

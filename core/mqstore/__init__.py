@@ -8,6 +8,8 @@ Map of the package:
   meta/        topic registry and consumer offsets through SQLAlchemy
   store.py     the MessageStore facade that services call; it composes store_topics.py (topic
                registry) and store_space.py (full disk), and runs its duties on background.py
+  follow.py    the Tail follower of the services derived from the log (index, compaction logs)
+  background.py  the base of every background thread (Duty)
   fs.py        the only module that renames files: atomic replace, durable copy, staged install
   errors.py    the one exception tree (mapped to gRPC status codes in mqstore_rpc)
 
@@ -22,4 +24,10 @@ Glossary (names carry units last):
                     first segment's start; retention raises it). On a consume queue
                     (ConsumeQueue.min_offset, QueueInfo.min_offset, PullResult.min_offset): an offset,
                     the first message still readable (log or topic retention raises it)
+  msg_id            the offset message id: hex of the store host, its port and the physical offset;
+                    GetMessage finds a record by it
+  UNIQ_KEY          the client message id, a property the producer (or the server) sets; the Index
+                    finds messages by it (QueryByUniqKeyRequest.uniq_key, which was named msg_id)
+  resume offset     where a follower re-opens Tail: every record below it is applied; None means
+                    "from the earliest record the log holds" (0 is an offset like any other)
 """

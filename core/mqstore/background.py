@@ -7,7 +7,9 @@ A :class:`Duty` runs ``step()`` in a loop on its own daemon thread, pausing ``in
   -------------------------------------------- -------------------------------------------------------
   one of ``retry_on`` (default: MqStoreError   logs ``duty.retrying`` (name, error, wait), records it
   and OSError: the store said no, the OS       in ``state().last_error``, waits the backoff (doubling
-  failed; both may pass)                       from ``backoff_initial_s`` to ``backoff_max_s``), retries
+  failed; both may pass; and FailpointHit:     from ``backoff_initial_s`` to ``backoff_max_s``), retries
+  a test's armed failpoint stands for the
+  I/O failing at that step)
   anything else (a bug: InvariantViolation,    logs ``duty.died`` with the traceback, ends the thread
   TypeError, ...)                              and ``problem()`` names it from then on, so the service's
                                                health turns NOT_SERVING (mqstore_rpc.server polls it)
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import structlog
 
 from mqstore.errors import MqStoreError
+from mqstore.failpoints import FailpointHit
 
 log = structlog.get_logger("mqstore.background")
 
@@ -68,7 +71,7 @@ class Duty:
     """A named background thread running ``step()``; see the module docstring for the error policy."""
 
     def __init__(self, name: str, *, interval_s: float, retry_on: tuple[type[BaseException], ...] = (
-                 MqStoreError, OSError), backoff_initial_s: float = 0.05, backoff_max_s: float = 5.0):
+                 MqStoreError, OSError, FailpointHit), backoff_initial_s: float = 0.05, backoff_max_s: float = 5.0):
         if interval_s < 0:
             raise ValueError(f"interval_s must not be negative, got {interval_s}")
         self.name = name

@@ -80,7 +80,7 @@ def test_index_answers_what_it_can_while_the_commitlog_is_stopped(tmp_path):
     query = lambda key, **kw: idx.QueryByKey(  # noqa: E731
         index_pb2.QueryByKeyRequest(topic=TOPIC, key=key, **kw), timeout=RPC_TIMEOUT_S)
     by_uniq = lambda uniq: idx.QueryByUniqKey(  # noqa: E731
-        index_pb2.QueryByUniqKeyRequest(topic=TOPIC, msg_id=uniq), timeout=RPC_TIMEOUT_S)
+        index_pb2.QueryByUniqKeyRequest(topic=TOPIC, uniq_key=uniq), timeout=RPC_TIMEOUT_S)
     try:
         log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=1), timeout=RPC_TIMEOUT_S)
         [appended] = log.Append(pb.AppendRequest(topic=TOPIC, messages=[

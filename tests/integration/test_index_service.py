@@ -170,15 +170,15 @@ def test_query_by_uniq_key_and_not_found(services):
     results = append(s.log, "ids", [keyed(i) for i in range(30)])
     wait_indexed(s)
     target = results[17]
-    page = s.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic="ids", msg_id=target.uniq_key,
+    page = s.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic="ids", uniq_key=target.uniq_key,
                                                                   include_messages=True), timeout=RPC_TIMEOUT_S)
     assert [loc.physical_offset for loc in page.locators] == [target.physical_offset]
     assert page.messages[0].body == b"body-17"
     with pytest.raises(grpc.RpcError) as missing:
-        s.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic="ids", msg_id="0" * 32), timeout=RPC_TIMEOUT_S)
+        s.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic="ids", uniq_key="0" * 32), timeout=RPC_TIMEOUT_S)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.RpcError) as other_topic:
-        s.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic="nope", msg_id=target.uniq_key),
+        s.index.QueryByUniqKey(index_pb2.QueryByUniqKeyRequest(topic="nope", uniq_key=target.uniq_key),
                                timeout=RPC_TIMEOUT_S)
     assert other_topic.value.code() == grpc.StatusCode.NOT_FOUND
 
@@ -287,32 +287,3 @@ def test_damaged_file_is_rebuilt_while_other_ranges_answer(tmp_path, commitlog_p
                 for i in (0, 17, 59):
                     assert [loc.physical_offset for loc in query(s.index, "r", f"old{i}").locators] == [
                         old[i].physical_offset]
-
-
-def test_commitlog_client_maps_statuses_to_mqstore_errors(commitlog_port):
-    from index_service.commitlog_client import CommitLogClient
-    from mqstore.errors import OutOfRange, Unavailable
-
-    client = CommitLogClient(f"127.0.0.1:{commitlog_port}", rpc_timeout_s=5)
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{commitlog_port}") as channel:
-            log = commitlog_pb2_grpc.CommitLogStub(channel)
-            log.CreateTopic(pb.CreateTopicRequest(name="m", queue_count=1), timeout=RPC_TIMEOUT_S)
-            [r] = append(log, "m", [keyed(0, "k")])
-        end = r.physical_offset + r.size_bytes
-        with pytest.raises(OutOfRange) as beyond:
-            list(client.tail(end + 1000, max_frame_bytes=1 << 20, heartbeat_ms=50))
-        assert (beyond.value.min_value, beyond.value.max_value) == (0, end)
-        [found, not_a_record, past_end] = client.fetch([r.physical_offset, r.physical_offset + 1, end + 10])
-        assert (found.topic, found.keys, found.uniq_key) == ("m", ("k",), r.uniq_key)
-        assert not_a_record is None and past_end is None and client.min_physical_offset() == 0
-    finally:
-        client.close()
-    down = CommitLogClient("127.0.0.1:1", rpc_timeout_s=2)
-    try:
-        with pytest.raises(Unavailable):
-            down.min_physical_offset()
-        with pytest.raises(Unavailable):
-            list(down.tail(None, max_frame_bytes=1 << 20, heartbeat_ms=50))
-    finally:
-        down.close()

@@ -136,7 +136,7 @@ def cmd_query_id(cli) -> None:
     a = cli.args
     with _Index(cli) as index:
         response = index.call("QueryByUniqKey", index_pb2.QueryByUniqKeyRequest(
-            topic=a.topic, msg_id=a.uniq_key, include_messages=a.messages))
+            topic=a.topic, uniq_key=a.uniq_key, include_messages=a.messages))
     _emit(cli, response, _page_lines(response, a.messages))
 
 

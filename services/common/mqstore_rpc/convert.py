@@ -1,4 +1,5 @@
-"""Conversions between the mqstore.v1 protos and the core's plain data (mqstore.model).
+"""Conversions between the mqstore.v1 protos and the core's plain data (mqstore.model), both ways: the
+servers convert requests in and results out; the CommitLog client (commitlog_client.py) the reverse.
 
 Enum values must be known ones (proto3 enums are open). Everything else about a request (zero means
 "the default", clamps, topic names, limits, offsets) is the core's business: MessageStore checks it.
@@ -14,6 +15,7 @@ from typing import Iterable, Sequence
 
 from mqstore import model
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.format.record_reader import Record
 from mqstore.errors import InvalidArgument
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
@@ -24,6 +26,7 @@ _KIND_FROM_PB = {value: kind for kind, value in _KIND_TO_PB.items()}
 _KIND_FROM_PB[common_pb2.TOPIC_KIND_UNSPECIFIED] = model.KIND_NORMAL  # "treated as NORMAL on create"
 _DURABILITY_TO_PB = {model.DURABILITY_WRITTEN: common_pb2.DURABILITY_WRITTEN,
                      model.DURABILITY_FLUSHED: common_pb2.DURABILITY_FLUSHED}
+_DURABILITY_FROM_PB = {value: name for name, value in _DURABILITY_TO_PB.items()}
 _TAIL_START_FROM_PB = {commitlog_pb2.TAIL_START_AT_OFFSET: model.TAIL_AT_OFFSET,
                        commitlog_pb2.TAIL_START_EARLIEST: model.TAIL_EARLIEST,
                        commitlog_pb2.TAIL_START_LATEST: model.TAIL_LATEST}
@@ -53,6 +56,17 @@ def host_text(address: bytes, port: int) -> str:
     return f"{socket.inet_ntop(socket.AF_INET, address)}:{port}"
 
 
+def host_bytes(text: str) -> tuple[bytes, int]:
+    """The inverse of :func:`host_text`: ``ip:port`` or ``[ip]:port`` -> (address bytes, port)."""
+    host, _, port = text.rpartition(":")
+    try:
+        if host.startswith("["):
+            return socket.inet_pton(socket.AF_INET6, host[1:-1]), int(port)
+        return socket.inet_aton(host), int(port)
+    except (OSError, ValueError):
+        raise InvalidArgument(f"not a host ip:port: {text!r}") from None
+
+
 # ---- messages -----------------------------------------------------------------------------------------
 
 def messages_in(messages: Iterable[common_pb2.MessageInput], peer: str) -> list[model.MessageIn]:
@@ -65,10 +79,6 @@ def messages_in(messages: Iterable[common_pb2.MessageInput], peer: str) -> list[
                 dict(properties) if (properties := m.properties) else {}, m.flag, m.born_timestamp_ms,
                 m.queue_id if m.WhichOneof("_queue_id") else None, m.sharding_key, born_host, born_port)
             for m in messages]
-
-
-def message_in(m: common_pb2.MessageInput, peer: str = "") -> model.MessageIn:
-    return messages_in((m,), peer)[0]
 
 
 def stored_message(message: model.StoredMessage, into: common_pb2.StoredMessage | None = None):
@@ -87,6 +97,32 @@ def stored_message(message: model.StoredMessage, into: common_pb2.StoredMessage 
         body_crc=r.body_crc)
 
 
+def stored_message_out(m: common_pb2.StoredMessage) -> model.StoredMessage:
+    """The inverse of :func:`stored_message` (a client's view of a message another service stored)."""
+    born_host, born_port = host_bytes(m.born_host)
+    store_host, store_port = host_bytes(m.store_host)
+    r = Record(m.size_bytes, m.body_crc, m.queue_id, m.flag, m.queue_offset, m.physical_offset, m.sys_flag,
+               m.born_timestamp_ms, born_host, born_port, m.store_timestamp_ms, store_host, store_port,
+               m.reconsume_times, m.prepared_transaction_offset, m.body, m.topic, dict(m.properties))
+    return model.StoredMessage(r, m.msg_id)
+
+
+def message_input(m: model.MessageIn) -> common_pb2.MessageInput:
+    """A message to append, as the CommitLog API takes it. The born host is the caller's address and
+    the system flag and prepared offset are the server's to set: a message that sets them is refused
+    rather than sent without them."""
+    if m.sys_flag or m.prepared_transaction_offset:
+        raise InvalidArgument("sys_flag and prepared_transaction_offset cannot be sent through the CommitLog API")
+    return common_pb2.MessageInput(body=m.body, tags=m.tags, keys=m.keys, properties=m.properties, flag=m.flag,
+                                   born_timestamp_ms=m.born_timestamp_ms, queue_id=m.queue_id,
+                                   sharding_key=m.sharding_key)
+
+
+def append_result_out(r: commitlog_pb2.AppendResult) -> model.AppendResult:
+    return model.AppendResult(r.msg_id, r.uniq_key, r.queue_id, r.queue_offset, r.physical_offset, r.size_bytes,
+                              r.store_timestamp_ms, _DURABILITY_FROM_PB.get(r.durability, ""))
+
+
 def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.AppendResponse:
     """Hot path (one result per appended message), from the store's columns: ``results.add(...)``
     builds each result in place (passing ready messages to the constructor would copy each again)."""
@@ -98,6 +134,11 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
             add(msg_id=f"{prefix}{phys:016X}", uniq_key=uniq, queue_id=qid, queue_offset=qoff, physical_offset=phys,
                 size_bytes=size, store_timestamp_ms=ts, durability=durability)
     return response
+
+
+def pull_result(response: commitlog_pb2.PullResponse) -> model.PullResult:
+    return model.PullResult([stored_message_out(m) for m in response.messages], response.next_offset,
+                            response.min_offset, response.max_offset)
 
 
 def pull_response(result: model.PullResult) -> commitlog_pb2.PullResponse:
@@ -127,14 +168,13 @@ def topic(t: model.TopicRecord) -> commitlog_pb2.Topic:
                                retention_ms=t.retention_ms, created_ms=t.created_ms)
 
 
-def topic_record(t: commitlog_pb2.Topic) -> model.TopicRecord:
-    return model.TopicRecord(name=t.name, queue_count=t.queue_count, kind=topic_kind_in(t.kind),
-                             retention_ms=t.retention_ms, created_ms=t.created_ms)
-
-
 def queue_info(q: model.QueueInfo) -> commitlog_pb2.QueueInfo:
     return commitlog_pb2.QueueInfo(topic=q.topic, queue_id=q.queue_id, min_offset=q.min_offset,
                                    max_offset=q.max_offset)
+
+
+def queue_info_out(q: commitlog_pb2.QueueInfo) -> model.QueueInfo:
+    return model.QueueInfo(q.topic, q.queue_id, q.min_offset, q.max_offset)
 
 
 def topic_description(t: model.TopicRecord, queues: Sequence[model.QueueInfo]) -> commitlog_pb2.TopicDescription:
@@ -147,6 +187,12 @@ def store_info(s: model.StoreInfo) -> commitlog_pb2.StoreInfo:
         flushed_physical_offset=s.flushed_physical_offset, visible_physical_offset=s.visible_physical_offset,
         flush_mode=s.flush_mode, read_only=s.read_only, read_only_reason=s.read_only_reason or "",
         segment_count=s.segment_count, segment_size_bytes=s.segment_size_bytes, store_host=s.store_host)
+
+
+def store_info_out(s: commitlog_pb2.StoreInfo) -> model.StoreInfo:
+    return model.StoreInfo(s.min_physical_offset, s.max_physical_offset, s.flushed_physical_offset,
+                           s.visible_physical_offset, s.flush_mode, s.read_only, s.read_only_reason or None,
+                           s.segment_count, s.segment_size_bytes, s.store_host)
 
 
 # ---- tail ---------------------------------------------------------------------------------------------
@@ -162,6 +208,10 @@ def tail_frame(f: model.TailFrame) -> commitlog_pb2.TailFrame:
     return commitlog_pb2.TailFrame(records=f.records, record_count=f.record_count,
                                    next_physical_offset=f.next_physical_offset,
                                    log_end_physical_offset=f.log_end_physical_offset)
+
+
+def tail_frame_out(f: commitlog_pb2.TailFrame) -> model.TailFrame:
+    return model.TailFrame(f.records, f.record_count, f.next_physical_offset, f.log_end_physical_offset)
 
 
 def time_boundary(boundary: int) -> str:

@@ -1,12 +1,13 @@
 """``python -m mqstore_rpc.launcher --data-dir ./data``: every service on loopback, for ``make run``.
 
-Starts each service of :func:`services` whose module is installed as a child process (its own process
-group, so Ctrl-C reaches only the launcher, which then stops the children in reverse order), waits until
-each answers gRPC health with SERVING, creates the ``demo`` topic if missing, and prints the endpoints and
-examples that work as printed in another shell (the venv activated first; the addresses exported when
-the ports are not the defaults). ``--commitlog-port`` / ``--index-port`` move the services (the README
-test runs the launcher on free ports). On Ctrl-C or SIGTERM: SIGTERM to each child, wait, SIGKILL if it
-does not exit, and exit 0. If a child dies on its own, the others are stopped and the launcher exits 1.
+Starts each service of the :data:`SERVICES` table whose module is installed as a child process (its own
+process group, so Ctrl-C reaches only the launcher, which then stops the children in reverse order),
+waits until each answers gRPC health with SERVING, creates the ``demo`` topic if missing, and prints the
+endpoints and examples that work as printed in another shell (the venv activated first; the addresses
+exported when the ports are not the defaults). ``--<name>-port`` (``--commitlog-port``,
+``--index-port``, ...) moves a service (the README test runs the launcher on free ports). On Ctrl-C or
+SIGTERM: SIGTERM to each child, wait, SIGKILL if it does not exit, and exit 0. If a child dies on its
+own, the others are stopped and the launcher exits 1. Adding a service is one row of SERVICES.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -27,8 +29,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 HOST = "127.0.0.1"
-COMMITLOG_PORT = 50051
-INDEX_PORT = 50052
 READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
 STOP_TIMEOUT_S = 30.0       # SIGTERM, then this long before SIGKILL
 POLL_INTERVAL_S = 0.1
@@ -36,12 +36,44 @@ DEMO_TOPIC = "demo"
 
 
 @dataclass(frozen=True)
+class ServiceEntry:
+    """One row of the table: how ``make run`` starts a service."""
+
+    name: str                 # also its flag: --<name>-port
+    module: str               # run as python -m <module>
+    default_port: int
+    data_subdir: str          # its --data-dir under the launcher's; "" = the data dir itself
+    follows_commitlog: bool   # gets --commitlog <the commit log's address>
+    address_env: str          # where the mqstore CLI looks for it (the banner exports it if not the default)
+    examples: tuple[str, ...] = ()  # banner lines that work as printed; {address} is the service's
+
+
+_APPEND_JSON = '{"topic":"demo","messages":[{"body":"aGVsbG8=","keys":["k1"]}]}'
+
+# In start order; stopped in reverse. The commit log comes first: the others follow it.
+SERVICES = (
+    ServiceEntry("commitlog", "commitlog_service.main", 50051, "", False, "MQSTORE_ADDRESS", (
+        "grpcurl -plaintext {address} list",
+        f"grpcurl -plaintext -d '{_APPEND_JSON}' {{address}} mqstore.v1.CommitLog/Append",
+        "mqstore send demo hello world --queue 0 --key k1",
+        "mqstore pull demo --queue 0")),
+    ServiceEntry("index", "index_service.main", 50052, "index", True, "MQSTORE_INDEX_ADDRESS", (
+        "mqstore query key demo k1",)),
+)
+COMMITLOG_PORT = SERVICES[0].default_port
+
+
+@dataclass(frozen=True)
 class Service:
-    name: str
-    module: str
+    """A row of the table with the port it runs on."""
+
+    entry: ServiceEntry
     port: int
-    data_subdir: str          # "" = the data dir itself
     extra_args: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
 
     @property
     def address(self) -> str:
@@ -49,22 +81,22 @@ class Service:
 
     def available(self) -> bool:
         try:
-            return importlib.util.find_spec(self.module) is not None
+            return importlib.util.find_spec(self.entry.module) is not None
         except ModuleNotFoundError:
             return False
 
     def command(self, data_dir: pathlib.Path) -> list[str]:
-        directory = data_dir / self.data_subdir if self.data_subdir else data_dir
-        return [sys.executable, "-m", self.module, "--data-dir", str(directory), "--host", HOST,
+        directory = data_dir / self.entry.data_subdir if self.entry.data_subdir else data_dir
+        return [sys.executable, "-m", self.entry.module, "--data-dir", str(directory), "--host", HOST,
                 "--port", str(self.port), *self.extra_args]
 
 
-def services(commitlog_port: int = COMMITLOG_PORT, index_port: int = INDEX_PORT) -> tuple[Service, ...]:
-    """In start order; stopped in reverse. A service whose module is not installed yet is skipped."""
-    return (
-        Service("commitlog", "commitlog_service.main", commitlog_port, ""),
-        Service("index", "index_service.main", index_port, "index", ("--commitlog", f"{HOST}:{commitlog_port}")),
-    )
+def services(ports: Mapping[str, int] | None = None) -> tuple[Service, ...]:
+    """The table with ports (``ports`` by name; the defaults for the rest), in start order."""
+    ports = ports or {}
+    commitlog = f"{HOST}:{ports.get('commitlog', COMMITLOG_PORT)}"
+    return tuple(Service(e, ports.get(e.name, e.default_port),
+                         ("--commitlog", commitlog) if e.follows_commitlog else ()) for e in SERVICES)
 
 
 class Child:
@@ -112,11 +144,11 @@ def ensure_demo_topic(address: str) -> None:
             stub.CreateTopic(commitlog_pb2.CreateTopicRequest(name=DEMO_TOPIC), timeout=10)
 
 
-def _activate_command() -> str:
-    """How another shell gets this venv's ``mqstore`` and ``grpcurl`` on PATH ("" outside a venv)."""
+def _activate_command() -> str | None:
+    """How another shell gets this venv's ``mqstore`` and ``grpcurl`` on PATH (None outside a venv)."""
     activate = pathlib.Path(sys.prefix) / "bin" / "activate"
     if sys.prefix == sys.base_prefix or not activate.exists():
-        return ""
+        return None
     try:
         activate = activate.relative_to(pathlib.Path.cwd())
     except ValueError:
@@ -126,25 +158,17 @@ def _activate_command() -> str:
 
 def banner(children: list[Child]) -> str:
     """The endpoints and examples that work as printed (in another shell, from this directory)."""
-    by_name = {c.service.name: c.service for c in children}
-    log = by_name["commitlog"].address
     lines = ["", "mqstore is running:"]
     lines += [f"  {c.service.name:<10} {c.service.address}" for c in children]
     lines += ["", "Try, in another shell in this directory:"]
     if activate := _activate_command():
         lines.append(f"  {activate}")
-    exports = [f"MQSTORE_ADDRESS={log}"] if by_name["commitlog"].port != COMMITLOG_PORT else []
-    if "index" in by_name and by_name["index"].port != INDEX_PORT:
-        exports.append(f"MQSTORE_INDEX_ADDRESS={by_name['index'].address}")
+    exports = [f"{c.service.entry.address_env}={c.service.address}" for c in children
+               if c.service.port != c.service.entry.default_port]
     if exports:
         lines.append("  export " + " ".join(exports))
-    lines += [f"  grpcurl -plaintext {log} list",
-              "  grpcurl -plaintext -d '{\"topic\":\"demo\",\"messages\":[{\"body\":\"aGVsbG8=\",\"keys\":[\"k1\"]}]}' "
-              f"{log} mqstore.v1.CommitLog/Append",
-              "  mqstore send demo hello world --queue 0 --key k1",
-              "  mqstore pull demo --queue 0"]
-    if "index" in by_name:
-        lines.append("  mqstore query key demo k1")
+    lines += [f"  {example.replace('{address}', c.service.address)}"
+              for c in children for example in c.service.entry.examples]
     lines += ["", "Ctrl-C stops everything.", ""]
     return "\n".join(lines)
 
@@ -156,9 +180,9 @@ def _install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _start_all(data_dir: pathlib.Path, ports: tuple[int, int], stop: threading.Event,
+def _start_all(data_dir: pathlib.Path, ports: Mapping[str, int], stop: threading.Event,
                children: list[Child]) -> bool:
-    for service in services(*ports):
+    for service in services(ports):
         if not service.available():
             continue
         child = Child(service, data_dir)
@@ -170,7 +194,9 @@ def _start_all(data_dir: pathlib.Path, ports: tuple[int, int], stop: threading.E
     return True
 
 
-def run(data_dir: pathlib.Path, ports: tuple[int, int] = (COMMITLOG_PORT, INDEX_PORT)) -> int:
+def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None) -> int:
+    """Every installed service, ``ports`` by name (the defaults for the rest), until Ctrl-C; the exit status."""
+    ports = ports or {}
     stop = threading.Event()
     _install_stop_handlers(stop)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -198,10 +224,11 @@ def run(data_dir: pathlib.Path, ports: tuple[int, int] = (COMMITLOG_PORT, INDEX_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mqstore_rpc.launcher", description="run every mqstore service locally")
     parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"))
-    parser.add_argument("--commitlog-port", type=_port, default=COMMITLOG_PORT, help=f"default {COMMITLOG_PORT}")
-    parser.add_argument("--index-port", type=_port, default=INDEX_PORT, help=f"default {INDEX_PORT}")
+    for entry in SERVICES:
+        parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
+                            help=f"default {entry.default_port}")
     args = parser.parse_args(argv)
-    return run(args.data_dir.resolve(), (args.commitlog_port, args.index_port))
+    return run(args.data_dir.resolve(), {entry.name: getattr(args, entry.name) for entry in SERVICES})
 
 
 def _port(text: str) -> int:

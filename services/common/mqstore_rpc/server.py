@@ -26,6 +26,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqstore.background import Duty
 from mqstore.errors import InvalidArgument
 from mqstore_rpc.errors import ErrorInterceptor
 
@@ -64,44 +65,43 @@ class ServerConfig:
         return f"{host}:{self.port}"
 
 
-class HealthMonitor:
-    """Named thread "health-monitor": polls ``problem()`` every interval and flips health NOT_SERVING
-    while it returns a non-empty reason (a failed background duty of the domain), SERVING after.
+class HealthMonitor(Duty):
+    """Duty "health-monitor": every interval it polls ``problem()`` and flips health NOT_SERVING while
+    it returns a non-empty reason (a failed background duty of the domain), SERVING after. A problem()
+    that raises a store or OS error is retried; a bug kills the monitor and health turns NOT_SERVING
+    for good (nothing would report a later problem).
 
-    Thread-safe: start() and stop(timeout) from the owning thread; the poll runs on its own thread.
+    Thread-safe: ``check_once()`` may also be called from another thread (tests); it takes ``_check_lock``.
     """
 
     def __init__(self, server: "ManagedServer", problem: Callable[[], str], interval_s: float = 1.0):
+        super().__init__("health-monitor", interval_s=0.0)
         self._server = server
         self._problem = problem
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health-monitor", daemon=True)
+        self._every_s = interval_s
+        self._check_lock = threading.Lock()
         self._reported = ""
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+    def step(self) -> None:
+        if not self.sleep(self._every_s):  # wait first: the server has just been marked SERVING
+            self.check_once()
 
     def check_once(self) -> None:
         problem = self._problem()
-        if problem == self._reported:
-            return
-        self._reported = problem
-        if problem:
-            log.error("health.not_serving", port=self._server.port, problem=problem)
-            self._server.set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
-        else:
-            log.info("health.serving", port=self._server.port)
-            self._server.set_status(health_pb2.HealthCheckResponse.SERVING)
+        with self._check_lock:
+            if problem == self._reported:
+                return
+            self._reported = problem
+            if problem:
+                log.error("health.not_serving", port=self._server.port, problem=problem)
+                self._server.set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+            else:
+                log.info("health.serving", port=self._server.port)
+                self._server.set_status(health_pb2.HealthCheckResponse.SERVING)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.check_once()
+    def on_died(self, exc: BaseException) -> None:
+        log.error("health.not_serving", port=self._server.port, problem=self.problem())
+        self._server.set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 class ManagedServer:
@@ -193,10 +193,6 @@ class ManagedServer:
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
-
-    def wait_for_termination(self, timeout_s: float | None = None) -> bool:
-        """True once stop() has finished."""
-        return self._stopped.wait(timeout_s)
 
 
 def create_server(config: ServerConfig) -> ManagedServer:

@@ -1,8 +1,8 @@
-"""The index checkpoint: where the Tail follower resumes. mqstore's own format, 40 bytes.
+"""The index checkpoint: where the Tail follower resumes. A follower checkpoint (mqstore.format.
+follower_checkpoint) with the index's magic and a 12-byte payload, 40 bytes in all.
 
-Derived metadata, replaced atomically through mqstore.fs.replace_file, never updated in place. It is
-written only after every index file holding entries below it has been flushed, so after kill -9 or a
-power loss the follower re-feeds from it and loses nothing (re-feeding is idempotent).
+It is written only after every index file holding entries below it has been flushed, so after kill -9
+or a power loss the follower re-feeds from it and loses nothing (re-feeding is idempotent).
 
   offset size field                  meaning (big-endian)
   ------ ---- ---------------------- --------------------------------------------------------------
@@ -10,8 +10,10 @@ power loss the follower re-feeds from it and loses nothing (re-feeding is idempo
        4    4 version                1
        8    8 next physical offset   every record below it is indexed and flushed
       16    8 written at ms          when this checkpoint was written (clock time)
-      24    8 file physical offset   name (first physical offset) of the newest unsealed file, -1 if none
-      32    4 file index count       that file's indexCount when it was flushed for this checkpoint
+      24    8 file physical offset   payload: name (first physical offset) of the newest unsealed file,
+                                     -1 if none
+      32    4 file index count       payload: that file's indexCount when it was flushed for this
+                                     checkpoint
       36    4 crc                    zlib CRC32 of bytes 0..35
 
 Entries numbered >= file index count in that file were written after the checkpoint and may be torn
@@ -23,73 +25,57 @@ from __future__ import annotations
 
 import pathlib
 import struct
-import zlib
 from dataclasses import dataclass
 
-from mqstore import failpoints, fs
-from mqstore.errors import DataLoss
+from mqstore import failpoints
+from mqstore.format import follower_checkpoint as fcp
 
 MAGIC = 0x4D514958
 VERSION = 1
-BODY = struct.Struct(
+PAYLOAD = struct.Struct(
     ">"
-    "I"   # 0  magic
-    "I"   # 4  version
-    "q"   # 8  next physical offset
-    "q"   # 16 written at ms
     "q"   # 24 file physical offset (-1: no unsealed file)
     "i"   # 32 file index count
 )
-CRC = struct.Struct(">I")  # 36 crc of bytes 0..35
-SIZE = BODY.size + CRC.size  # 40
+FORMAT = fcp.CheckpointFormat("index checkpoint", MAGIC, VERSION, PAYLOAD)
+BODY, CRC, SIZE = FORMAT.body, fcp.CRC, FORMAT.size  # SIZE: 40
 FILE_NAME = "index.checkpoint"
-
-
-class CorruptIndexCheckpoint(DataLoss):
-    """The checkpoint file fails its checks; ``path`` names it."""
-
-    def __init__(self, path: pathlib.Path, reason: str):
-        super().__init__(f"index checkpoint {path}: {reason}")
-        self.path = str(path)
+CorruptIndexCheckpoint = fcp.CorruptCheckpoint
+_NO_FILE = -1  # on disk only
 
 
 @dataclass(frozen=True, slots=True)
 class IndexCheckpoint:
     next_physical_offset: int = 0
     written_at_ms: int = 0
-    file_physical_offset: int = -1
+    file_physical_offset: int | None = None   # the newest unsealed file, None if there is none
     file_index_count: int = 0
 
 
 def encode(cp: IndexCheckpoint) -> bytes:
-    body = BODY.pack(MAGIC, VERSION, cp.next_physical_offset, cp.written_at_ms,
-                     cp.file_physical_offset, cp.file_index_count)
-    return body + CRC.pack(zlib.crc32(body))
+    return FORMAT.encode(_generic(cp))
 
 
 def decode(data: bytes, path: pathlib.Path) -> IndexCheckpoint:
-    if len(data) != SIZE:
-        raise CorruptIndexCheckpoint(path, f"{len(data)} bytes, expected {SIZE}")
-    (crc,) = CRC.unpack_from(data, BODY.size)
-    if zlib.crc32(data[:BODY.size]) != crc:
-        raise CorruptIndexCheckpoint(path, "CRC mismatch")
-    magic, version, next_offset, written_ms, file_offset, file_count = BODY.unpack_from(data)
-    if magic != MAGIC:
-        raise CorruptIndexCheckpoint(path, f"magic 0x{magic:08X}, expected 0x{MAGIC:08X}")
-    if version != VERSION:
-        raise CorruptIndexCheckpoint(path, f"version {version}, this build reads {VERSION}")
-    if next_offset < 0:
-        raise CorruptIndexCheckpoint(path, f"negative physical offset {next_offset}")
-    return IndexCheckpoint(next_offset, written_ms, file_offset, file_count)
+    return _index(FORMAT.decode(data, path))
 
 
 def load(path: pathlib.Path) -> IndexCheckpoint | None:
     """The stored checkpoint, or None when there is none yet (a new index)."""
-    if not path.exists():
-        return None
-    return decode(path.read_bytes(), path)
+    cp = FORMAT.load(path)
+    return None if cp is None else _index(cp)
 
 
 def save(path: pathlib.Path, cp: IndexCheckpoint) -> None:
-    fs.replace_file(path, encode(cp),
-                    before_rename=lambda: failpoints.hit("index.checkpoint.before_rename"))
+    FORMAT.save(path, _generic(cp), before_rename=lambda: failpoints.hit("index.checkpoint.before_rename"))
+
+
+def _generic(cp: IndexCheckpoint) -> fcp.FollowerCheckpoint:
+    file_offset = _NO_FILE if cp.file_physical_offset is None else cp.file_physical_offset
+    return fcp.FollowerCheckpoint(cp.next_physical_offset, cp.written_at_ms, (file_offset, cp.file_index_count))
+
+
+def _index(cp: fcp.FollowerCheckpoint) -> IndexCheckpoint:
+    file_offset, file_count = cp.payload
+    return IndexCheckpoint(cp.next_physical_offset, cp.written_at_ms,
+                           None if file_offset == _NO_FILE else file_offset, file_count)

@@ -1,7 +1,8 @@
 """The slow duties of the IndexStore: conversion to the compact layout, tier moves, retention, and
 putting rebuilt files in place. Each is crash-safe; what a crash between two steps leaves is resolved
-on start by the table in recovery.py. The caller holds the store's maintenance lock; the store lock
-is taken only to pick a file and to swap the file table, never during slow I/O.
+on start by the table in recovery.py. The caller holds the store's maintenance lock; the file table
+(``store.files()``, which holds the store lock) is used only to pick a file and to swap it, never
+during slow I/O.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import structlog
 
 from mqstore import failpoints, fs
-from mqstore.errors import NotFound, invariant
+from mqstore.errors import invariant
 from mqstore.format import compact_index
 
 from . import files as F
@@ -20,22 +21,16 @@ log = structlog.get_logger("index.lifecycle")
 
 def _pick(store, predicate) -> F.Handle | None:
     """The oldest file matching ``predicate`` (never the newest file), pinned."""
-    with store._lock:
-        store._check_started()
-        newest = max(store._handles, default=None)
-        for first in sorted(store._handles):
-            handle = store._handles[first]
-            if first != newest and predicate(handle):
-                handle.pin()
-                return handle
-    return None
+    with store.files() as table:
+        handle = table.oldest_matching(predicate)
+        if handle is not None:
+            handle.pin()
+        return handle
 
 
 def _swap(store, old: F.Handle, new: F.Handle) -> None:
-    with store._lock:
-        invariant(store._handles.get(old.first_phy_offset) is old,
-                  f"index file {old.first_phy_offset} changed during maintenance")
-        store._handles[old.first_phy_offset] = new
+    with store.files() as table:
+        table.replace(old, new)
     old.retire()
 
 
@@ -111,17 +106,8 @@ def move_to_tier(store, max_files: int) -> int:
 
 
 def delete_before(store, log_min_physical_offset: int) -> int:
-    victims = []
-    with store._lock:
-        store._check_started()
-        newest = max(store._handles, default=None)
-        for first in sorted(store._handles):
-            if first == newest or store._handles[first].info().end_phy_offset >= log_min_physical_offset:
-                break
-            victims.append(store._handles.pop(first))
-        expired = [(s, e) for s, e in store._damaged.items() if e <= log_min_physical_offset]
-        for start, _ in expired:
-            del store._damaged[start]
+    with store.files() as table:
+        victims, expired = table.remove_before(log_min_physical_offset)
     for handle in victims:
         handle.retire()
         if handle.tier == F.TIER:
@@ -137,12 +123,9 @@ def delete_before(store, log_min_physical_offset: int) -> int:
 
 
 def finish_rebuild(store, range_start: int) -> None:
-    with store._lock:
-        store._check_started()
-        end = store._damaged.get(range_start)
-        if end is None:
-            raise NotFound(f"no index range needing rebuild starts at physical offset {range_start}")
-        writer_files = store._rebuild_files.get(range_start, [])
+    with store.files() as table:
+        end = table.damaged_end(range_start)
+        writer_files = table.rebuild_files(range_start)
     for handle in writer_files:
         handle.file.flush()
         final = store.config.index_dir / F.idx_name(handle.first_phy_offset)
@@ -151,11 +134,7 @@ def finish_rebuild(store, range_start: int) -> None:
         handle.sealed = True
     failpoints.hit("index.rebuild.after_rename")
     _unlink(store.config.index_dir / F.damaged_name(range_start, end))
-    with store._lock:
-        for handle in writer_files:
-            store._handles[handle.first_phy_offset] = handle
-        del store._damaged[range_start]
-        store._rebuilds.pop(range_start, None)
-        store._rebuild_files.pop(range_start, None)
+    with store.files() as table:
+        table.install_rebuilt(range_start)
     log.info("index.range_rebuilt", start_physical_offset=range_start, end_physical_offset=end,
              files=len(writer_files))

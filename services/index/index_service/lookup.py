@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from mqstore.errors import InvalidArgument, NotFound, Unavailable, invariant
+from mqstore.follow import FollowerState
+from mqstore.model import StoredMessage
 
 from . import paging as P
-from .follower import FollowerState
-from .ports import CommitLogReader, FetchedMessage
+from .ports import CommitLogReader
 from .stats import IndexStats
 from .upkeep import UpkeepState
 
@@ -55,8 +56,8 @@ class LookupConfig:
 class Page:
     """Verified messages newest first, and what finding them cost. Built by one request: not shared."""
 
-    messages: list[FetchedMessage] = field(default_factory=list)
-    next_page_token: str = ""
+    messages: list[StoredMessage] = field(default_factory=list)
+    next_page_token: str | None = None
     index_reads: int = 0
     files_searched: int = 0
     collisions_removed: int = 0
@@ -69,21 +70,23 @@ class ServiceStats:
     store: IndexStats
     follower: FollowerState
     upkeep: UpkeepState
+    maintainer_died: str = ""   # the bug that killed the maintainer thread, "" otherwise
 
     @property
     def bytes_behind(self) -> int:
         end = self.follower.log_end_physical_offset
-        return max(0, end - self.store.next_physical_offset) if end >= 0 else 0
+        return max(0, end - (self.store.next_physical_offset or 0)) if end is not None else 0
 
     @property
     def problem(self) -> str:
         """Why the service is unhealthy, or "" (the commit log being away is not a problem of ours)."""
         if not self.store.healthy:
             return self.store.last_error
-        if not self.follower.alive:
-            return "the index follower thread is not running"
-        if not self.upkeep.alive:
-            return "the index upkeep thread is not running"
+        for name, state in (("follower", self.follower), ("upkeep", self.upkeep)):
+            if not state.alive:
+                return f"the index {name} thread is not running{f' ({state.died})' if state.died else ''}"
+        if self.maintainer_died:
+            return f"the index maintainer thread is not running ({self.maintainer_died})"
         if not self.follower.healthy:
             return f"index follower: {self.follower.last_error}"
         if not self.upkeep.healthy:
@@ -99,14 +102,16 @@ class IndexQueries:
     """Thread-safe: the store and the reader are; this class keeps no state of its own."""
 
     def __init__(self, store, source: CommitLogReader, follower_state: Callable[[], FollowerState],
-                 upkeep_state: Callable[[], UpkeepState], config: LookupConfig = LookupConfig()):
+                 upkeep_state: Callable[[], UpkeepState], config: LookupConfig = LookupConfig(),
+                 maintainer_died: Callable[[], str] = lambda: ""):
         self.store = store
         self.source = source
         self.config = config
         self._follower_state = follower_state
         self._upkeep_state = upkeep_state
+        self._maintainer_died = maintainer_died
 
-    def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int, page_token: str,
+    def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int, page_token: str | None,
                include_messages: bool) -> Page:
         """Messages of ``topic`` with ``key`` in KEYS (or as UNIQ_KEY) stored in [begin_ms, end_ms]
         (end 0 = no upper bound: "now", and page tokens stay valid), newest first."""
@@ -117,11 +122,13 @@ class IndexQueries:
 
     def by_uniq_key(self, topic: str, uniq_key: str, include_messages: bool) -> Page:
         """The message(s) whose UNIQ_KEY is ``uniq_key``; NotFound when the index has none."""
-        page = self._collect(topic, uniq_key, 0, MAX_TIME_MS, self.config.uniq_max_num, "", include_messages,
+        page = self._collect(topic, uniq_key, 0, MAX_TIME_MS, self.config.uniq_max_num, None, include_messages,
                              True)
         if not page.messages:
+            resume = self.store.resume_physical_offset()
+            covers = "nothing yet" if resume is None else f"the log below physical offset {resume}"
             raise NotFound(f"no message with UNIQ_KEY {uniq_key!r} in topic {topic!r} is indexed (the index "
-                           f"covers the log below physical offset {self.store.resume_physical_offset()})")
+                           f"covers {covers})")
         return page
 
     def by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -137,10 +144,10 @@ class IndexQueries:
                               f"true)") from exc
 
     def stats(self) -> ServiceStats:
-        return ServiceStats(self.store.stats(), self._follower_state(), self._upkeep_state())
+        return ServiceStats(self.store.stats(), self._follower_state(), self._upkeep_state(), self._maintainer_died())
 
     # -- collecting a page ---------------------------------------------------------------------------
-    def _collect(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int, token: str,
+    def _collect(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int, token: str | None,
                  include_messages: bool, uniq_only: bool) -> Page:
         page = Page()
         for _ in range(self.config.max_rounds):
@@ -152,23 +159,23 @@ class IndexQueries:
             for offset, message in zip(offsets, self._fetch(topic, key, offsets)):
                 if not self._accept(page, offset, message, topic, key, begin_ms, end_ms, uniq_only):
                     continue
-                if include_messages and page.messages and \
-                        page.size_bytes + message.size_bytes > self.config.max_response_bytes:
-                    cursor = P.Cursor(before_phy=page.messages[-1].physical_offset)
+                size = message.record.size
+                if include_messages and page.messages and page.size_bytes + size > self.config.max_response_bytes:
+                    cursor = P.Cursor(before_phy=page.messages[-1].record.physical_offset)
                     page.next_page_token = P.encode(cursor, P.fingerprint(topic, key, begin_ms, end_ms))
                     return page
                 page.messages.append(message)
-                page.size_bytes += message.size_bytes
+                page.size_bytes += size
             if not token or len(page.messages) >= max_num:
                 break
         page.next_page_token = token
         return page
 
-    def _fetch(self, topic: str, key: str, offsets: list[int]) -> list[FetchedMessage | None]:
+    def _fetch(self, topic: str, key: str, offsets: list[int]) -> list[StoredMessage | None]:
         if not offsets:
             return []  # no candidate: the answer needs no commit log (so it comes while the log is down)
         try:
-            return self.source.fetch(offsets)
+            return self.source.get_messages(offsets)
         except Unavailable as exc:
             raise Unavailable(
                 f"cannot verify the {len(offsets)} index candidate(s) for key {key!r} in topic {topic!r}: the "
@@ -178,15 +185,17 @@ class IndexQueries:
             ) from exc
 
     @staticmethod
-    def _accept(page: Page, offset: int, message: FetchedMessage | None, topic: str, key: str, begin_ms: int,
+    def _accept(page: Page, offset: int, message: StoredMessage | None, topic: str, key: str, begin_ms: int,
                 end_ms: int, uniq_only: bool) -> bool:
         if message is None:
             page.missing_removed += 1
             return False
-        invariant(message.physical_offset == offset,
-                  f"asked the commit log for physical offset {offset}, got {message.physical_offset}")
-        matches = message.uniq_key == key if uniq_only else (key in message.keys or message.uniq_key == key)
-        if message.topic != topic or not matches:
+        record = message.record
+        invariant(record.physical_offset == offset,
+                  f"asked the commit log for physical offset {offset}, got {record.physical_offset}")
+        uniq_key = message.uniq_key
+        matches = uniq_key == key if uniq_only else (uniq_key == key or key in message.keys)
+        if record.topic != topic or not matches:
             page.collisions_removed += 1
             return False
-        return begin_ms <= message.store_timestamp_ms <= end_ms
+        return begin_ms <= record.store_timestamp_ms <= end_ms

@@ -6,37 +6,26 @@ from __future__ import annotations
 import threading
 
 import structlog
+from mqstore.background import Duty
 
 log = structlog.get_logger("index.maintainer")
+THREAD_NAME = "index-maintainer"
 
 
-class IndexMaintainer:
-    """Thread ``index-maintainer``. ``start()``, ``stop(timeout_s)``, ``wakeup()``; ``run_once()``
-    does one round in the caller's thread (tests). A failed round is logged, marks the store
-    unhealthy with the error, and is retried after ``maintenance_retry_ms``; a good round clears it.
-    Thread-safe."""
+class IndexMaintainer(Duty):
+    """Thread ``index-maintainer`` (a Duty): ``start()``, ``stop(timeout_s)``, ``wake()``; ``run_once()``
+    does one round in the caller's thread (tests). A round runs when the store has work
+    (``store.work_available``: a file was sealed or rebuilt) or every ``maintenance_interval_ms``. A
+    round that fails with a store or OS error is logged, marks the store unhealthy with the error and
+    is retried after ``maintenance_retry_ms``; a good round clears it; a bug kills the thread (the
+    service turns NOT_SERVING). ``round_done`` is set after every round, good or failed. Thread-safe."""
 
     def __init__(self, store):
+        retry_s = store.config.maintenance_retry_ms / 1000
+        super().__init__(THREAD_NAME, interval_s=store.config.maintenance_interval_ms / 1000,
+                         backoff_initial_s=retry_s, backoff_max_s=retry_s)  # a fixed retry interval
         self.store = store
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.rounds = 0
-        self.round_done = threading.Event()  # set after every round, for tests and shutdown
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="index-maintainer", daemon=True)
-        self._thread.start()
-
-    def wakeup(self) -> None:
-        self.store.work_available.set()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self.store.work_available.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                log.error("index.maintainer_stop_timeout", timeout_s=timeout_s)
+        self.round_done = threading.Event()
 
     def run_once(self) -> int:
         """Convert every sealed file, then move what is due to the tier; number of files handled."""
@@ -47,21 +36,25 @@ class IndexMaintainer:
             done += moved
         return done
 
-    def _loop(self) -> None:
-        wait_s = 0.0
-        while not self._stop.is_set():
-            self.store.work_available.wait(wait_s)
-            self.store.work_available.clear()
-            if self._stop.is_set():
-                break
-            try:
-                self.run_once()
-            except Exception as exc:  # noqa: BLE001 - the top of a background loop: report, retry later
+    def step(self) -> None:
+        self.store.work_available.clear()  # before the round: work sealed during it wakes the next one
+        try:
+            self.run_once()
+        except self.retry_on as exc:
+            if not self.stopping:
                 log.error("index.maintenance_failed", error=str(exc), error_type=type(exc).__name__)
                 self.store.set_maintenance_error(f"index maintenance failed: {type(exc).__name__}: {exc}")
-                wait_s = self.store.config.maintenance_retry_ms / 1000
-            else:
-                self.store.set_maintenance_error("")
-                wait_s = self.store.config.maintenance_interval_ms / 1000
-            self.rounds += 1
+            raise
+        finally:
             self.round_done.set()
+        self.store.set_maintenance_error("")
+
+    def pause(self) -> None:
+        """Until the store has work, the interval passes, or the duty is woken or stopped."""
+        self.store.work_available.wait(self.interval_s)
+
+    def wake(self) -> None:
+        self.store.work_available.set()
+
+    def on_stop(self) -> None:
+        self.store.work_available.set()

@@ -50,7 +50,7 @@ class Locator:
 @dataclass(frozen=True, slots=True)
 class QueryResult:
     locators: tuple[Locator, ...]
-    next_page_token: str  # "" when there is nothing more
+    next_page_token: str | None  # None when there is nothing more
     max_num: int          # after clamping
     files_scanned: int
     reads: int            # ranged reads of compact files (local or tier) for this page
@@ -81,14 +81,14 @@ class _Page:
 
 
 def run(store, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int,
-        page_token: str) -> QueryResult:
+        page_token: str | None) -> QueryResult:
     P.check_time_range(begin_ms, end_ms)
     max_num = P.clamp_max_num(max_num, store.config.default_max_num, store.config.max_max_num)
     fp = P.fingerprint(topic, key, begin_ms, end_ms)
     cursor = P.decode(page_token, fp) if page_token else P.Cursor()
     hash_ = key_hash(query_key(topic, key))
     lower_ms = max(0, begin_ms - GRANULARITY_SLACK_MS)
-    handles = store._snapshot_for_query(lower_ms, end_ms, cursor.before_phy)
+    handles = store.pin_for_query(lower_ms, end_ms, cursor.before_phy)
     page = _Page(max_num, cursor, cursor.before_phy)
     try:
         for handle in handles:
@@ -101,7 +101,7 @@ def run(store, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int,
         for handle in handles:
             handle.unpin()
     store.counters.query_done(page.reads, page.max_reads_per_file)
-    token = P.encode(page.next_cursor, fp) if page.next_cursor is not None else ""
+    token = P.encode(page.next_cursor, fp) if page.next_cursor is not None else None
     return QueryResult(tuple(page.locators), token, max_num, page.files_scanned, page.reads)
 
 
@@ -124,7 +124,7 @@ def _scan_file(store, handle, page: _Page, hash_: int, lower_ms: int, end_ms: in
     file_reads = 0
     while True:
         want = page.max_num - len(page.locators)
-        with store._query_lock(handle):
+        with store.query_lock(handle):
             res = handle.query(hash_, lower_ms, end_ms, want,
                                max_scan_entries=store.config.max_scan_entries,
                                before_phy_offset=page.before_phy, start_entry=entry, start_ordinal=ordinal)

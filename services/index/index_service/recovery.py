@@ -50,8 +50,7 @@ log = structlog.get_logger("index.recovery")
 class Recovered:
     handles: dict[int, F.Handle] = field(default_factory=dict)
     damaged: dict[int, int] = field(default_factory=dict)  # start -> end physical offset
-    resume_physical_offset: int = 0
-    checkpoint_corrupt: bool = False
+    resume_physical_offset: int | None = None  # None: nothing indexed, the follower starts at the earliest
 
 
 def _names(directory: pathlib.Path, suffix: str) -> dict[int, pathlib.Path]:
@@ -156,18 +155,19 @@ def _open_all(config: IndexConfig, tier: Tier | None, broken: dict[int, str]) ->
     return handles
 
 
-def _load_checkpoint(directory: pathlib.Path) -> tuple[ckpt.IndexCheckpoint | None, bool]:
+def _load_checkpoint(directory: pathlib.Path) -> ckpt.IndexCheckpoint | None:
+    """The checkpoint; None when there is none or it is corrupt (kept as .broken, logged)."""
     path = directory / ckpt.FILE_NAME
     try:
-        return ckpt.load(path), False
+        return ckpt.load(path)
     except ckpt.CorruptIndexCheckpoint as exc:
         log.error("index.checkpoint_corrupt", path=str(path), error=str(exc))
         fs.rename_durably(path, path.with_name(path.name + ".broken"))
-        return None, True
+        return None
 
 
-def _torn_after_checkpoint(handle: F.UnsealedHandle, cp: ckpt.IndexCheckpoint) -> str:
-    """Check the entries written after the checkpoint; '' when they are sound."""
+def _torn_after_checkpoint(handle: F.UnsealedHandle, cp: ckpt.IndexCheckpoint) -> str | None:
+    """Check the entries written after the checkpoint; why they are not sound, None when they are."""
     file = handle.file
     start = cp.file_index_count if cp.file_physical_offset == handle.first_phy_offset else 1
     last_phy = file.entry(start - 1).phy_offset if start > 1 else file.header.begin_phy_offset
@@ -177,7 +177,7 @@ def _torn_after_checkpoint(handle: F.UnsealedHandle, cp: ckpt.IndexCheckpoint) -
                 <= file.header.end_phy_offset):
             return f"entry {number} written after the checkpoint is torn: {entry}"
         last_phy = entry.phy_offset
-    return ""
+    return None
 
 
 def _quarantine(config: IndexConfig, tier: Tier | None, first: int, end: int, reason: str) -> None:
@@ -202,16 +202,16 @@ def recover(config: IndexConfig, tier: Tier | None) -> Recovered:
     _resolve_leftovers(directory, tier)
     broken: dict[int, str] = {}
     handles = _open_all(config, tier, broken)
-    cp, corrupt = _load_checkpoint(directory)
+    cp = _load_checkpoint(directory)
     top = max(set(handles) | set(broken) | set(_damaged_ranges(directory)), default=None)
     newest = top if top in handles and handles[top].layout == F.UNSEALED else None
-    resume = cp.next_physical_offset if cp is not None else 0
+    resume = cp.next_physical_offset if cp is not None else None
     if newest is not None and cp is None:
         broken[newest] = "no trustworthy checkpoint: the newest file may hold torn entries"
         resume = newest
     elif newest is not None:
         reason = _torn_after_checkpoint(handles[newest], cp)
-        if reason:
+        if reason is not None:
             broken[newest] = reason
     if cp is None and newest is None and handles:
         resume = max(h.info().end_phy_offset for h in handles.values())
@@ -223,5 +223,5 @@ def recover(config: IndexConfig, tier: Tier | None) -> Recovered:
         later = [n for n in known if n > first]
         end = later[0] if later else (first if cp is None else resume)
         _quarantine(config, tier, first, end, reason)
-    return Recovered(handles, _damaged_ranges(directory), resume, corrupt)
+    return Recovered(handles, _damaged_ranges(directory), resume)
 

@@ -23,9 +23,9 @@ class IndexStats:
     files_compact_local: int
     files_compact_tier: int
     entries: int
-    next_physical_offset: int          # every record below it is indexed (resume point)
-    checkpoint_physical_offset: int    # ... and durable (last checkpoint written)
-    indexed_end_physical_offset: int   # physical offset of the last message indexed, -1 if none
+    next_physical_offset: int | None         # every record below it is indexed (resume point); None: nothing yet
+    checkpoint_physical_offset: int | None   # ... and durable (last checkpoint written); None: none written
+    indexed_end_physical_offset: int | None  # physical offset of the last message indexed, None if none
     needs_rebuild: tuple[RebuildRange, ...]
     queries: int
     query_reads_total: int

@@ -16,14 +16,15 @@ Driving it (no gRPC here):
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import structlog
 
 from mqstore import failpoints, fs
 from mqstore.clock import Clock, SystemClock
-from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, invariant
+from mqstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, invariant
 from mqstore.format.index_file import IndexFile
 
 from . import checkpoint as ckpt
@@ -33,6 +34,7 @@ from .config import IndexConfig
 from .records import IndexRecord
 from .recovery import recover
 from .stats import Counters, IndexStats, RebuildRange
+from .table import FileTable
 from .tier import Tier
 from .writer import PutOutcome, Writer
 
@@ -40,11 +42,13 @@ log = structlog.get_logger("index.store")
 
 
 class IndexStore:
-    """Thread-safe. ``_lock`` guards the file table, the writers and the damaged ranges, and is held
-    for puts and for queries of the writable file; sealed files are queried without it (pinned, so
-    a conversion or retention closes them only after the last reader). ``_maintenance_lock``
-    serialises conversion, tier moves, retention and rebuild completion; order: maintenance, then
-    ``_lock``. Slow work (writing a compact file, copying to the tier) runs outside ``_lock``."""
+    """Thread-safe. ``_lock`` guards the file table (table.FileTable: the files, the damaged ranges and
+    the files rebuilt for them) and the writers, and is held for puts and for queries of the writable
+    file; sealed files are queried without it (pinned, so a conversion or retention closes them only
+    after the last reader). Other modules reach the table only through :meth:`files`, which holds
+    ``_lock``. ``_maintenance_lock`` serialises conversion, tier moves, retention and rebuild
+    completion; order: maintenance, then ``_lock``. Slow work (writing a compact file, copying to the
+    tier) runs outside ``_lock``."""
 
     def __init__(self, config: IndexConfig, *, clock: Clock | None = None, tier: Tier | None = None):
         self.config = config
@@ -54,14 +58,12 @@ class IndexStore:
         self.work_available = threading.Event()  # set when a file is sealed or a rebuild finished
         self._lock = threading.Lock()
         self._maintenance_lock = threading.Lock()
-        self._handles: dict[int, F.Handle] = {}
-        self._damaged: dict[int, int] = {}
+        self._table = FileTable()
         self._rebuilds: dict[int, Writer] = {}
-        self._rebuild_files: dict[int, list[F.UnsealedHandle]] = {}
         self._writer: Writer | None = None
-        self._next_phy_offset = 0
+        self._next_phy_offset: int | None = None  # None: nothing applied yet (the follower starts at the earliest)
         self._last_checkpoint_ms = 0
-        self._checkpoint = ckpt.IndexCheckpoint()
+        self._checkpoint: ckpt.IndexCheckpoint | None = None
         self._started = False
         self._last_error = ""
 
@@ -71,24 +73,24 @@ class IndexStore:
         with self._maintenance_lock, self._lock:
             invariant(not self._started, "IndexStore.start called twice")
             state = recover(self.config, self.tier)
-            self._handles, self._damaged = state.handles, state.damaged
+            self._table = FileTable(state.handles, state.damaged)
             self._next_phy_offset = state.resume_physical_offset
             # Only the newest file of all may be written: a file below a quarantined range stays
             # sealed, or its new entries would sit above the range's rebuilt file.
-            newest = max(set(self._handles) | set(self._damaged), default=None)
-            current = self._handles.get(newest) if newest is not None else None
+            newest = max(set(state.handles) | set(state.damaged), default=None)
+            current = state.handles.get(newest) if newest is not None else None
             if not isinstance(current, F.UnsealedHandle):
                 current = None
             if current is not None:
                 current.sealed = False
-            ends = [h.info().end_phy_offset for h in self._handles.values() if h.info().entries]
+            ends = [i.end_phy_offset for i in self._table.infos() if i.entries]
             self._writer = Writer(self.config.max_keys_per_message, self._new_live_file, self._sealed,
                                   current, max(ends) if ends else None)
             self._started = True
             self._last_checkpoint_ms = self.clock.now_ms()
-        if any(isinstance(h, F.UnsealedHandle) and h.sealed for h in self._handles.values()):
+        if any(isinstance(h, F.UnsealedHandle) and h.sealed for h in state.handles.values()):
             self.work_available.set()
-        log.info("index.started", files=len(self._handles), resume_physical_offset=self._next_phy_offset,
+        log.info("index.started", files=len(state.handles), resume_physical_offset=self._next_phy_offset,
                  needs_rebuild=len(self.rebuild_ranges()))
 
     def close(self) -> None:
@@ -99,23 +101,32 @@ class IndexStore:
             self.checkpoint()
             with self._lock:
                 self._started = False
-                for handle in self._handles.values():
+                for handle in self._table.take_all():
                     handle.retire()
-                for created in self._rebuild_files.values():
-                    for handle in created:
-                        handle.retire()
-                self._handles.clear()
                 self._rebuilds.clear()
-                self._rebuild_files.clear()
         log.info("index.closed")
 
     def _check_started(self) -> None:
         if not self._started:
             raise FailedPrecondition("the index store is not started (or already closed)")
 
+    @contextlib.contextmanager
+    def files(self) -> Iterator[FileTable]:
+        """The file table, with the store's lock held until the block ends: keep the block short (no
+        slow I/O in it). Raises FailedPrecondition when the store is not started."""
+        with self._lock:
+            self._check_started()
+            yield self._table
+
+    def file_offsets(self) -> list[int]:
+        """First physical offsets (names) of the index files, oldest first."""
+        with self.files() as table:
+            return table.offsets()
+
     # -- the follower ------------------------------------------------------------------------------
-    def resume_physical_offset(self) -> int:
-        """Where the Tail follower (re)starts: every record below it is indexed and durable."""
+    def resume_physical_offset(self) -> int | None:
+        """Where the Tail follower (re)starts: every record below it is indexed. None: nothing is yet,
+        start from the earliest record the log holds."""
         with self._lock:
             return self._next_phy_offset
 
@@ -127,33 +138,37 @@ class IndexStore:
             self._check_started()
             for record in records:
                 self._writer.put(record, outcome)
-            self._next_phy_offset = max(self._next_phy_offset, next_physical_offset)
+            if self._next_phy_offset is None or next_physical_offset > self._next_phy_offset:
+                self._next_phy_offset = next_physical_offset
         self.counters.applied(outcome.applied, outcome.skipped, outcome.dropped_keys)
         if self.clock.now_ms() - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
             self.checkpoint()
         return outcome
 
-    def checkpoint(self) -> ckpt.IndexCheckpoint:
-        """Flush the files written since the last checkpoint, then write the checkpoint atomically."""
+    def checkpoint(self) -> ckpt.IndexCheckpoint | None:
+        """Flush the files written since the last checkpoint, then write the checkpoint atomically.
+        None while nothing is applied: there is nothing to resume from, and no file is written."""
         with self._lock:
             self._check_started()
+            if self._next_phy_offset is None:
+                return None
             current = self._writer.current
             if current is not None:
                 current.file.flush()
             cp = ckpt.IndexCheckpoint(
                 self._next_phy_offset, self.clock.now_ms(),
-                current.first_phy_offset if current is not None else -1,
+                current.first_phy_offset if current is not None else None,
                 current.file.header.index_count if current is not None else 0)
             ckpt.save(self.config.index_dir / ckpt.FILE_NAME, cp)
             self._checkpoint, self._last_checkpoint_ms = cp, cp.written_at_ms
         return cp
 
     def _new_live_file(self, first_phy_offset: int, previous: F.UnsealedHandle | None) -> F.UnsealedHandle:
-        if len(self._handles) >= self.config.max_files:
-            raise ResourceExhausted(f"index has {len(self._handles)} files, the limit is "
+        if len(self._table) >= self.config.max_files:
+            raise ResourceExhausted(f"index has {len(self._table)} files, the limit is "
                                     f"{self.config.max_files} (max_files); is retention running?")
         handle = self._create(F.idx_name(first_phy_offset), first_phy_offset, previous)
-        self._handles[first_phy_offset] = handle
+        self._table.add(handle)
         failpoints.hit("index.roll.after_create")
         return handle
 
@@ -175,22 +190,12 @@ class IndexStore:
     def rebuild_ranges(self) -> list[RebuildRange]:
         """Ranges the follower must re-feed; queries overlapping them fail until they are rebuilt."""
         with self._lock:
-            return [self._rebuild_range(s, e) for s, e in sorted(self._damaged.items()) if e > s]
-
-    def _rebuild_range(self, start: int, end: int) -> RebuildRange:
-        before = [h.info() for f, h in self._handles.items() if f < start and h.info().entries]
-        after = [h.info() for f, h in self._handles.items() if f >= end and h.info().entries]
-        begin_ms = max((i.end_timestamp_ms for i in before), default=0)
-        end_ms = min((i.begin_timestamp_ms for i in after), default=Q.MAX_TIME_MS)
-        return RebuildRange(start, end, begin_ms, end_ms)
+            return self._table.rebuild_ranges()
 
     def apply_rebuild(self, range_start: int, records: Sequence[IndexRecord]) -> PutOutcome:
         outcome = PutOutcome()
-        with self._lock:
-            self._check_started()
-            end = self._damaged.get(range_start)
-            if end is None:
-                raise NotFound(f"no index range needing rebuild starts at physical offset {range_start}")
+        with self.files() as table:
+            end = table.damaged_end(range_start)
             writer = self._rebuilds.get(range_start) or self._new_rebuild_writer(range_start)
             for record in records:
                 if not range_start <= record.physical_offset < end:
@@ -200,11 +205,10 @@ class IndexStore:
         return outcome
 
     def _new_rebuild_writer(self, range_start: int) -> Writer:
-        created = self._rebuild_files.setdefault(range_start, [])
-
         def new_file(phy: int, previous: F.UnsealedHandle | None) -> F.UnsealedHandle:
-            created.append(self._create(F.rebuild_name(phy), phy, previous))
-            return created[-1]
+            handle = self._create(F.rebuild_name(phy), phy, previous)
+            self._table.add_rebuild_file(range_start, handle)
+            return handle
 
         writer = Writer(self.config.max_keys_per_message, new_file, lambda handle: None)
         self._rebuilds[range_start] = writer
@@ -214,11 +218,13 @@ class IndexStore:
         """The follower has fed the whole range: put the rebuilt files in place (see lifecycle)."""
         with self._maintenance_lock:
             lifecycle.finish_rebuild(self, range_start)
+        with self._lock:
+            self._rebuilds.pop(range_start, None)
         self.work_available.set()
 
     # -- queries -----------------------------------------------------------------------------------
     def query(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = Q.MAX_TIME_MS,
-              max_num: int = 0, page_token: str = "") -> Q.QueryResult:
+              max_num: int = 0, page_token: str | None = None) -> Q.QueryResult:
         """Physical offsets of messages indexed under ``topic#key`` with store time in [begin_ms,
         end_ms], newest first, deduplicated, at most max_num (0 = default 64; clamped to 10,000).
         Only hashes are compared: the caller removes collisions by reading the messages (and their
@@ -228,21 +234,21 @@ class IndexStore:
             raise InvalidArgument("topic and key must not be empty")
         return Q.run(self, topic, key, begin_ms, end_ms, max_num, page_token)
 
-    def _snapshot_for_query(self, begin_ms: int, end_ms: int, before_phy: int | None) -> list[F.Handle]:
-        """Pinned handles newest first, after checking no unrebuilt range overlaps the query."""
+    def pin_for_query(self, begin_ms: int, end_ms: int, before_phy: int | None) -> list[F.Handle]:
+        """Pinned handles newest first (the caller unpins each), after checking that no range still to
+        be rebuilt overlaps the query (RangeNotIndexed). Once per query: the lock is taken directly, not
+        through the files() context manager (measured: 1.5 us against 0.2 us, on a 20 us query)."""
         with self._lock:
             self._check_started()
-            for start, end in self._damaged.items():
-                if end > start and (before_phy is None or start < before_phy):
-                    rng = self._rebuild_range(start, end)
-                    if rng.begin_timestamp_ms <= end_ms and begin_ms <= rng.end_timestamp_ms:
-                        raise Q.RangeNotIndexed(rng)
-            handles = [self._handles[f] for f in sorted(self._handles, reverse=True)]
+            blocking = self._table.blocking_range(begin_ms, end_ms, before_phy)
+            if blocking is not None:
+                raise Q.RangeNotIndexed(blocking)
+            handles = self._table.newest_first()
             for handle in handles:
                 handle.pin()
             return handles
 
-    def _query_lock(self, handle: F.Handle):
+    def query_lock(self, handle: F.Handle):
         """The lock a query of this handle needs: the store lock for the writable file, else none."""
         if isinstance(handle, F.UnsealedHandle) and not handle.sealed:
             return self._lock
@@ -275,8 +281,8 @@ class IndexStore:
     # -- stats -------------------------------------------------------------------------------------
     def stats(self) -> IndexStats:
         with self._lock:
-            infos = [h.info() for h in self._handles.values()]
-            ranges = tuple(self._rebuild_range(s, e) for s, e in sorted(self._damaged.items()) if e > s)
+            infos = self._table.infos()
+            ranges = tuple(self._table.rebuild_ranges())
             end = self._writer.end_phy_offset if self._writer is not None else None
             cp, last_error, next_phy = self._checkpoint, self._last_error, self._next_phy_offset
         c = self.counters
@@ -285,8 +291,9 @@ class IndexStore:
             files_compact_local=sum(i.layout == F.COMPACT and i.tier == F.LOCAL for i in infos),
             files_compact_tier=sum(i.tier == F.TIER for i in infos),
             entries=sum(i.entries for i in infos),
-            next_physical_offset=next_phy, checkpoint_physical_offset=cp.next_physical_offset,
-            indexed_end_physical_offset=-1 if end is None else end,
+            next_physical_offset=next_phy,
+            checkpoint_physical_offset=None if cp is None else cp.next_physical_offset,
+            indexed_end_physical_offset=end,
             needs_rebuild=ranges, queries=c.queries, query_reads_total=c.query_reads_total,
             last_query_reads=c.last_query_reads, max_reads_per_file=c.max_reads_per_file,
             records_applied=c.records_applied, records_skipped=c.records_skipped,

@@ -10,7 +10,8 @@ the records that are left are rebuilt and the gap is logged (``index.rebuild_gap
 Retention: every ``retention_interval_ms`` it asks the log for its minimum physical offset and calls
 ``IndexStore.delete_before`` with it, so index files never outlive the records they point at.
 
-A failed round is logged, remembered in ``state()`` (Stats shows it) and retried with backoff.
+A failed round is logged, remembered in ``state()`` (Stats shows it) and retried with backoff; a bug
+is not retried (mqstore.background.Duty).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import threading
 from dataclasses import dataclass
 
 import structlog
+from mqstore.background import Duty
 from mqstore.errors import OutOfRange, Unavailable
 
 from .decode import decode_frame
-from .follower import Backoff, FollowerConfig
+from .follower import FollowerConfig
 from .ports import CommitLogReader
 from .stats import RebuildRange
 
 log = structlog.get_logger("index.upkeep")
+THREAD_NAME = "index-upkeep"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,87 +39,70 @@ class UpkeepState:
     last_error: str     # "" after a good round
     healthy: bool       # False while failing for a reason other than the log being away
     alive: bool
+    died: str = ""      # the bug that killed the thread, "" otherwise
 
 
-class IndexUpkeep:
-    """Thread ``index-upkeep``: ``start()``, ``stop(timeout_s)``, ``wakeup()``, ``state()``;
-    ``run_once()`` does one round in the caller's thread. Thread-safe (state under ``_lock``)."""
+class IndexUpkeep(Duty):
+    """Thread ``index-upkeep`` (a Duty): ``start()``, ``stop(timeout_s)``, ``wake()``, ``state()``;
+    ``run_once()`` does one round in the caller's thread. Store and OS errors are logged
+    (``index.upkeep_failed``), kept in the state and retried with the follower's backoff; a bug kills
+    the thread (the service turns NOT_SERVING). Thread-safe (state under ``_state_lock``)."""
 
     def __init__(self, store, source: CommitLogReader, config: FollowerConfig):
+        super().__init__(THREAD_NAME, interval_s=min(config.rebuild_interval_ms, config.retention_interval_ms) / 1000,
+                         backoff_initial_s=config.backoff_initial_ms / 1000,
+                         backoff_max_s=config.backoff_max_ms / 1000)
         self.store = store
         self.source = source
         self.config = config
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._state_lock = threading.Lock()
         self._stream = None
         self._rebuilds_done = 0
         self._retention_rounds = 0
-        self._last_error = ""
+        self._round_error = ""
         self._healthy = True
         self._last_retention_s = float("-inf")
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="index-upkeep", daemon=True)
-        self._thread.start()
-
-    def wakeup(self) -> None:
-        self._wake.set()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        with self._lock:
+    def on_stop(self) -> None:
+        with self._state_lock:
             stream = self._stream
         if stream is not None:
             stream.cancel()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                log.error("index.upkeep_stop_timeout", timeout_s=timeout_s)
 
     def state(self) -> UpkeepState:
-        alive = self._thread is not None and self._thread.is_alive()
-        with self._lock:
-            return UpkeepState(self._rebuilds_done, self._retention_rounds, self._last_error, self._healthy, alive)
+        duty = super().state()
+        with self._state_lock:
+            return UpkeepState(self._rebuilds_done, self._retention_rounds, self._round_error, self._healthy,
+                               duty.alive, duty.died)
 
     # -- the loop -----------------------------------------------------------------------------------
-    def _run(self) -> None:
-        backoff = Backoff(self.config.backoff_initial_ms, self.config.backoff_max_ms)
-        idle_s = min(self.config.rebuild_interval_ms, self.config.retention_interval_ms) / 1000
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception as exc:
-                if self._stop.is_set():
-                    break
+    def step(self) -> None:
+        try:
+            self.run_once()
+        except self.retry_on as exc:
+            if not self.stopping:
                 healthy = isinstance(exc, Unavailable)
-                (log.warning if healthy else log.error)("index.upkeep_failed", error=f"{type(exc).__name__}: {exc}")
-                with self._lock:
-                    self._last_error, self._healthy = f"{type(exc).__name__}: {exc}", healthy
-                self._wake.wait(backoff.next_s())
-                self._wake.clear()
-                continue
-            backoff.reset()
-            with self._lock:
-                self._last_error, self._healthy = "", True
-            self._wake.wait(idle_s)
-            self._wake.clear()
+                message = f"{type(exc).__name__}: {exc}"
+                (log.warning if healthy else log.error)("index.upkeep_failed", error=message)
+                with self._state_lock:
+                    self._round_error, self._healthy = message, healthy
+            raise
+        with self._state_lock:
+            self._round_error, self._healthy = "", True
 
     def run_once(self) -> None:
         """Apply retention if it is due (it also drops ranges the log no longer holds), then rebuild
         every damaged range."""
         now_s = self.store.clock.monotonic_s()  # injected: tests drive retention without sleeping
         if now_s - self._last_retention_s >= self.config.retention_interval_ms / 1000:
-            deleted = self.store.delete_before(self.source.min_physical_offset())
+            deleted = self.store.delete_before(self.source.store_info().min_physical_offset)
             self._last_retention_s = now_s
-            with self._lock:
+            with self._state_lock:
                 self._retention_rounds += 1
             if deleted:
                 log.info("index.retention_applied", files_deleted=deleted)
         for rng in self.store.rebuild_ranges():
-            if self._stop.is_set():
+            if self.stopping:
                 return
             self._rebuild(rng)
 
@@ -127,7 +113,7 @@ class IndexUpkeep:
         try:
             stream = self._open(start, end)
         except _RangeGone:
-            self.store.delete_before(self.source.min_physical_offset())
+            self.store.delete_before(self.source.store_info().min_physical_offset)
             return
         records = 0
         try:
@@ -137,7 +123,7 @@ class IndexUpkeep:
                 if batch:
                     self.store.apply_rebuild(start, batch)
                     records += len(batch)
-                if frame.next_physical_offset >= end or self._stop.is_set():
+                if frame.next_physical_offset >= end or self.stopping:
                     break
                 if not frame.records and frame.next_physical_offset >= frame.log_end_physical_offset:
                     raise Unavailable(
@@ -146,12 +132,12 @@ class IndexUpkeep:
                         f"records?); the rebuild is retried")
         finally:
             stream.cancel()
-            with self._lock:
+            with self._state_lock:
                 self._stream = None
-        if self._stop.is_set():
+        if self.stopping:
             return
         self.store.finish_rebuild(start)
-        with self._lock:
+        with self._state_lock:
             self._rebuilds_done += 1
         log.info("index.rebuild_finished", start_physical_offset=start, end_physical_offset=end, records=records)
 
@@ -185,15 +171,15 @@ class IndexUpkeep:
     def _peeked(self, from_physical_offset: int) -> _Peeked:
         stream = self.source.tail(from_physical_offset, max_frame_bytes=self.config.max_frame_bytes,
                                   heartbeat_ms=self.config.heartbeat_ms)
-        with self._lock:
+        with self._state_lock:
             self._stream = stream  # published before the first read, so stop() can cancel it
-        if self._stop.is_set():
+        if self.stopping:
             stream.cancel()
         try:
             return _Peeked(stream)
         except BaseException:
             stream.cancel()
-            with self._lock:
+            with self._state_lock:
                 self._stream = None
             raise
 

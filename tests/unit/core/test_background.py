@@ -101,3 +101,15 @@ def test_a_duty_starts_once_and_a_step_must_be_defined():
     assert "must override Duty.step" in duty.problem()
     with pytest.raises(RuntimeError):
         duty.start()
+
+
+def test_an_armed_failpoint_is_retried_as_the_io_it_stands_for():
+    from mqstore.failpoints import FailpointHit
+    duty = Scripted([_raise(FailpointHit("index.rebuild.after_rename")), None])
+    duty.start()
+    try:
+        for _ in range(2):
+            assert duty.ran.acquire(timeout=WAIT_S)
+        assert duty.state().retries == 1 and duty.problem() == ""
+    finally:
+        assert duty.stop(WAIT_S)

@@ -1,7 +1,7 @@
-"""An in-memory commit log behind index_service.ports.CommitLogReader, for unit tests of the follower,
-the upkeep thread and the lookup without sockets. It holds real V1 record bytes (mqstore.format.record)
-and can be told to fail: a stream that breaks after some frames, a head deleted by retention, damaged
-record bytes.
+"""An in-memory commit log behind index_service.ports.CommitLogReader (so a mqstore.follow.TailSource
+too), for unit tests of the follower, the upkeep thread and the lookup without sockets. It holds real V1
+record bytes (mqstore.format.record) and can be told to fail: a stream that breaks after some frames, a
+head deleted by retention, damaged record bytes.
 Faults like these are what a fake is for; everything the happy path does is also tested for real in
 tests/integration/test_index_service.py."""
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from index_service.ports import FetchedMessage, Frame
 from mqstore.errors import NotFound, OutOfRange, Unavailable
-from mqstore.format import record
+from mqstore.format import record, record_reader
+from mqstore.model import StoreInfo, StoredMessage, TailFrame
 from tests.support import records
 
 HOST = b"\x7f\x00\x00\x01"
@@ -51,13 +51,13 @@ class FakeStream:
             if batch:
                 self._position = nxt
                 frames += 1
-                yield Frame(b"".join(s.data for s in batch), len(batch), nxt, end)
+                yield TailFrame(b"".join(s.data for s in batch), len(batch), nxt, end)
                 continue
             with self._log.changed:
                 if self._log.end() <= self._position and not self._cancelled.is_set():
                     self._log.changed.wait(0.05)
             if self._log.end() <= self._position and not self._cancelled.is_set():
-                yield Frame(b"", 0, self._position, self._log.end())
+                yield TailFrame(b"", 0, self._position, self._log.end())
 
 
 class FakeLog:
@@ -71,6 +71,7 @@ class FakeLog:
         self.break_after_frames: int | None = None
         self.frame_records = frame_records
         self.tails_opened = 0
+        self.tail_starts: list[int | None] = []
         self.fetched = 0
 
     # -- writing ------------------------------------------------------------------------------------
@@ -124,6 +125,7 @@ class FakeLog:
     def tail(self, from_physical_offset, *, max_frame_bytes: int, heartbeat_ms: int) -> FakeStream:
         with self.lock:
             self.tails_opened += 1
+            self.tail_starts.append(from_physical_offset)
             low, high = self.min_offset, self.end_locked()
             position = low if from_physical_offset is None else from_physical_offset
             starts = {s.physical_offset for s in self.stored} | {high}
@@ -135,20 +137,20 @@ class FakeLog:
             raise AssertionError(f"no record starts at {position}")
         return stream
 
-    def min_physical_offset(self) -> int:
+    def store_info(self) -> StoreInfo:
         with self.lock:
-            return self.min_offset
+            end = self.end_locked()
+            return StoreInfo(self.min_offset, end, end, end, "ASYNC", False, "", 1, 1 << 30, "127.0.0.1:2")
 
-    def fetch(self, physical_offsets):
+    def get_messages(self, physical_offsets):
         with self.lock:
             by_offset = {s.physical_offset: s for s in self.stored}
             self.fetched += len(physical_offsets)
-        return [self._fetched(by_offset[o]) if o in by_offset else None for o in physical_offsets]
+        return [self._message(by_offset[o]) if o in by_offset else None for o in physical_offsets]
 
     @staticmethod
-    def _fetched(s: Stored) -> FetchedMessage:
-        return FetchedMessage(s.physical_offset, s.topic, s.keys, s.uniq_key, s.store_timestamp_ms, 0, 0,
-                              f"id-{s.physical_offset}", len(s.data), s)
+    def _message(s: Stored) -> StoredMessage:
+        return StoredMessage(record_reader.decode(s.data), f"id-{s.physical_offset}")
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         with self.lock:

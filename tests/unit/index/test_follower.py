@@ -4,33 +4,23 @@ polls a condition with a deadline."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 from fake_log import FakeLog
 from index_service.decode import BadFrame, index_records
-from index_service.follower import Backoff, FollowerConfig, TailFollower
+from index_service.follower import FollowerConfig, index_follower
 from index_service.records import IndexRecord
 from index_service.store import IndexStore
 from index_service.upkeep import IndexUpkeep
 from index_testing import seeded_random, tiny_config
+from mqstore.background import Backoff
 from mqstore.errors import InvalidArgument
 from mqstore.format import record, record_reader
+from tests.support.waiting import wait_until
 
 FAST = FollowerConfig(heartbeat_ms=20, backoff_initial_ms=1, backoff_max_ms=20, retention_interval_ms=10,
                       rebuild_interval_ms=10)
-WAIT_S = 20
-
-
-def wait_until(condition, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        pause.wait(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -81,7 +71,7 @@ def test_a_damaged_frame_is_refused():
 
 
 def test_backoff_doubles_up_to_the_cap_and_resets():
-    b = Backoff(50, 300)
+    b = Backoff(0.05, 0.3)  # the follower's: FollowConfig's backoff_initial_ms, backoff_max_ms in seconds
     assert [b.next_s() for _ in range(5)] == [0.05, 0.1, 0.2, 0.3, 0.3]
     b.reset()
     assert b.next_s() == 0.05
@@ -94,7 +84,7 @@ def test_backoff_doubles_up_to_the_cap_and_resets():
 def test_follows_from_the_earliest_record_and_keeps_up(store):
     log = FakeLog()
     first = [log.append("t", (f"k{i % 5}", "all"), f"U{i}") for i in range(30)]
-    follower = TailFollower(store, log, FAST)
+    follower = index_follower(store, log, FAST)
     follower.start()
     try:
         wait_until(lambda: store.resume_physical_offset() == log.end(), "the first records")
@@ -112,7 +102,7 @@ def test_follows_from_the_earliest_record_and_keeps_up(store):
 def test_broken_streams_resume_without_skipping_or_duplicating(store):
     rng, _ = seeded_random("follower-breaks")
     log = FakeLog(frame_records=3)
-    follower = TailFollower(store, log, FAST)
+    follower = index_follower(store, log, FAST)
     follower.start()
     appended = []
     try:
@@ -133,7 +123,7 @@ def test_a_head_deleted_by_retention_is_skipped_and_reported(store):
     log.delete_head(gone[6].physical_offset)  # retention ran before the index started
     kept = gone[6:] + [log.append("t", ("all",), f"K{i}") for i in range(5)]
     store.apply([], gone[2].physical_offset)  # the index had read the first two (nothing to index)
-    follower = TailFollower(store, log, FAST)
+    follower = index_follower(store, log, FAST)
     follower.start()
     try:
         wait_until(lambda: store.resume_physical_offset() == log.end(), "the kept records")
@@ -143,9 +133,38 @@ def test_a_head_deleted_by_retention_is_skipped_and_reported(store):
     assert offsets(store, "t", "all") == [s.physical_offset for s in reversed(kept)]
 
 
+def test_a_new_index_starts_at_the_earliest_record_and_offset_0_is_an_offset(tmp_path):
+    log = FakeLog()
+    gone = [log.append("t", ("all",), f"G{i}") for i in range(6)]
+    log.delete_head(gone[3].physical_offset)  # retention ran before the index started
+    config = tiny_config(tmp_path / "new", slot_count=8, entry_count=40, max_keys_per_message=4)
+    new = IndexStore(config)
+    new.start()
+    assert new.resume_physical_offset() is None and new.checkpoint() is None  # nothing to resume from
+    new.close()
+    new = IndexStore(config)
+    new.start()
+    at_zero = IndexStore(tiny_config(tmp_path / "zero", slot_count=8, entry_count=40, max_keys_per_message=4))
+    at_zero.start()
+    at_zero.apply([], 0)  # it has read the log up to offset 0: nothing, but from there
+    followers = [index_follower(new, log, FAST), index_follower(at_zero, log, FAST)]
+    try:
+        for follower, store in zip(followers, (new, at_zero)):
+            follower.start()
+            wait_until(lambda: store.resume_physical_offset() == log.end(), "the kept records")
+    finally:
+        for follower in followers:
+            follower.stop()
+        new.close()
+        at_zero.close()
+    assert log.tail_starts[:2] == [None, 0]
+    assert followers[0].state().skipped_bytes == 0  # it never claimed the deleted records
+    assert followers[1].state().skipped_bytes == gone[3].physical_offset  # it did: they are reported
+
+
 def test_stop_ends_a_stream_blocked_waiting_for_records(store):
     log = FakeLog()
-    follower = TailFollower(store, log, FollowerConfig(heartbeat_ms=60_000))
+    follower = index_follower(store, log, FollowerConfig(heartbeat_ms=60_000))
     follower.start()
     wait_until(lambda: log.tails_opened, "the stream to open")
     started = time.monotonic()
@@ -159,7 +178,7 @@ def test_retention_deletes_index_files_the_log_no_longer_needs(store):
     log = FakeLog()
     for i in range(60):  # 3 keys per message, 39 entries per file: many files
         log.append("t", (f"k{i}", "all"), f"U{i}")
-    follower = TailFollower(store, log, FAST)
+    follower = index_follower(store, log, FAST)
     follower.start()
     try:
         wait_until(lambda: store.resume_physical_offset() == log.end(), "everything indexed")

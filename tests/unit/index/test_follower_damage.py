@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from fake_log import FakeLog
 from index_service.decode import decode_frame
-from index_service.follower import TailFollower
+from index_service.follower import index_follower
 from index_service.store import IndexStore
 from index_testing import tiny_config
 from mqstore.format import record
@@ -68,7 +68,7 @@ def test_the_follower_indexes_around_a_damaged_record_and_reports_it(store):
     stored = [log.append("t", ("all", f"k{i}"), f"U{i}", body=b"x" * 200) for i in range(20)]
     log.damage(stored[5], 100, b"\xff")  # its body: CRC
     log.damage(stored[13], 0, record.INT32.pack(3 * len(stored[13].data)))  # its TOTALSIZE
-    follower = TailFollower(store, log, FAST)
+    follower = index_follower(store, log, FAST)
     follower.start()
     try:
         wait_until(lambda: store.resume_physical_offset() == log.end(), "the records after the damage")

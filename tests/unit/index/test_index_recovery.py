@@ -80,7 +80,7 @@ def test_crash_after_compact_write_keeps_the_unsealed_file(harness, failpoint):
 def test_crash_after_compact_rename_deletes_the_unsealed_file_on_start(harness, failpoint):
     store = harness.open()
     harness.feed(store, 1, 12)
-    first = min(store._handles)
+    first = min(store.file_offsets())
     again = _crash_and_reopen(harness, store, failpoint, "index.compact.after_rename", lambda s: s.convert_sealed())
     assert F.cidx_name(first) in harness.names() and F.idx_name(first) not in harness.names()
     assert again.stats().files_compact_local == 1
@@ -92,7 +92,7 @@ def test_crash_after_tier_put_deletes_the_local_copy_on_start(tmp_path, failpoin
     store = h.open()
     h.feed(store, 1, 12)
     store.convert_sealed(10)
-    first = min(store._handles)
+    first = min(store.file_offsets())
     again = _crash_and_reopen(h, store, failpoint, "index.tier.after_put", lambda s: s.move_to_tier())
     assert F.cidx_name(first) in h.names("tier") and F.cidx_name(first) not in h.names()
     assert again.stats().files_compact_tier == 1
@@ -138,7 +138,7 @@ def test_kill_between_checkpoints_refeed_has_no_duplicates(harness):
 
 def _damage_sealed_file(harness, store):
     """Close cleanly, then truncate the oldest file; return (start, end) of its range."""
-    names = sorted(store._handles)
+    names = store.file_offsets()
     store.close()
     path = harness.tmp_path / "index" / F.idx_name(names[0])
     with open(path, "r+b") as f:
@@ -186,7 +186,7 @@ def test_crash_while_renaming_a_rebuild_redoes_it(harness, failpoint):
 def test_damaged_newest_file_needs_rebuild_up_to_the_checkpoint(harness):
     store = harness.open()
     harness.feed(store, 1, 6)
-    newest = max(store._handles)
+    newest = max(store.file_offsets())
     store.close()
     with open(harness.tmp_path / "index" / F.idx_name(newest), "r+b") as f:
         f.truncate(10)
@@ -199,7 +199,7 @@ def test_damaged_newest_file_needs_rebuild_up_to_the_checkpoint(harness):
 def test_corrupt_checkpoint_is_kept_aside_and_the_newest_file_refed(harness, tmp_path):
     store = harness.open()
     harness.feed(store, 1, 6)
-    newest = max(store._handles)
+    newest = max(store.file_offsets())
     store.close()
     path = tmp_path / "index" / ckpt.FILE_NAME
     data = bytearray(path.read_bytes())
@@ -217,7 +217,7 @@ def test_torn_entry_after_checkpoint_quarantines_the_newest_file(harness, tmp_pa
     harness.feed(store, 1, 2)
     store.checkpoint()
     harness.feed(store, 3, 1)
-    newest = max(store._handles)
+    newest = max(store.file_offsets())
     count = store._writer.current.file.header.index_count
     store._writer.current.file.flush()
     path = tmp_path / "index" / F.idx_name(newest)
@@ -233,14 +233,16 @@ def test_torn_entry_after_checkpoint_quarantines_the_newest_file(harness, tmp_pa
 def test_file_below_a_damaged_newest_file_is_not_written_again(harness):
     store = harness.open()
     harness.feed(store, 1, 12)
-    newest = max(store._handles)
-    below = sorted(store._handles)[-2]
+    newest = max(store.file_offsets())
+    below = store.file_offsets()[-2]
     store.close()
     with open(harness.tmp_path / "index" / F.idx_name(newest), "r+b") as f:
         f.truncate(10)
     again = harness.open()
     harness.feed(again, 13, 6)  # the follower resumes at the checkpoint
-    assert max(again._handles) >= 1300 and again._handles[below].sealed
+    assert max(again.file_offsets()) >= 1300
+    with again.files() as table:
+        assert table.get(below).sealed
     newer = again.query("T", KEYS[3], begin_ms=BASE_MS + 1_301_000)
     assert [loc.physical_offset for loc in newer.locators] == [1800, 1600]
     [rng] = again.rebuild_ranges()

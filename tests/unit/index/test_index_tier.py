@@ -109,7 +109,7 @@ def test_maintainer_thread_converts_in_the_background(setup):
     maintainer = IndexMaintainer(store)
     maintainer.start()
     try:
-        maintainer.wakeup()
+        maintainer.wake()
         for _ in range(50):
             assert maintainer.round_done.wait(5.0)
             maintainer.round_done.clear()
@@ -130,7 +130,7 @@ def test_failed_round_marks_unhealthy(setup, monkeypatch):
     monkeypatch.setattr(store, "convert_sealed", broken)
     maintainer.start()
     try:
-        maintainer.wakeup()
+        maintainer.wake()
         assert maintainer.round_done.wait(5.0)
         stats = store.stats()
         assert not stats.healthy and "disk on fire" in stats.last_error

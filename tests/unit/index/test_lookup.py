@@ -8,12 +8,12 @@ import pytest
 from fake_log import BASE_MS, FakeLog
 from index_service import paging
 from index_service.decode import index_records
-from index_service.follower import FollowerState
 from index_service.lookup import IndexQueries, LookupConfig
 from index_service.store import IndexStore
 from index_service.upkeep import UpkeepState
 from index_testing import seeded_random, tiny_config
 from mqstore.errors import InvalidArgument, NotFound
+from mqstore.follow import FollowerState
 from mqstore.javahash import java_string_hash
 
 IDLE = FollowerState(True, 0, 0, 0, "", True, True)
@@ -43,7 +43,7 @@ def all_pages(q: IndexQueries, topic: str, key: str, page_size: int, **kw) -> li
         page = q.by_key(topic, key, kw.get("begin_ms", 0), kw.get("end_ms", 0), page_size, token,
                         kw.get("include_messages", False))
         assert len(page.messages) <= page_size
-        found += [m.physical_offset for m in page.messages]
+        found += [m.record.physical_offset for m in page.messages]
         token = page.next_page_token
         if not token:
             return found
@@ -76,7 +76,7 @@ def test_collisions_are_counted_and_the_page_refilled(store):
         log.append("t", ("Aa" if i % 4 == 0 else "BB",), f"U{i}")
     feed(store, log)
     page = queries(store, log).by_key("t", "Aa", 0, 0, 3, "", False)
-    assert [m.physical_offset for m in page.messages] == [log.stored[i].physical_offset for i in (16, 12, 8)]
+    assert [m.record.physical_offset for m in page.messages] == [log.stored[i].physical_offset for i in (16, 12, 8)]
     assert page.collisions_removed >= 9 and page.next_page_token and page.missing_removed == 0
     bounded = queries(store, log, max_rounds=1).by_key("t", "Aa", 0, 0, 1, "", False)
     assert bounded.messages == [] and bounded.collisions_removed == 1 and bounded.next_page_token
@@ -112,7 +112,7 @@ def test_a_page_stops_before_its_messages_pass_the_byte_budget(store):
     page = q.by_key("t", "k", 0, 0, 10, "", True)
     assert len(page.messages) == 3 and page.size_bytes <= 2_000 and page.next_page_token
     assert paging.decode(page.next_page_token, paging.fingerprint("t", "k", 0, paging.MAX_TIME_MS)).before_phy == \
-        page.messages[-1].physical_offset
+        page.messages[-1].record.physical_offset
     assert all_pages(q, "t", "k", 10, include_messages=True) == [s.physical_offset for s in reversed(log.stored)]
 
 
@@ -122,7 +122,7 @@ def test_by_uniq_key_checks_the_uniq_key_itself(store):
     target = log.append("t", (), "U7")
     feed(store, log)
     q = queries(store, log)
-    assert [m.physical_offset for m in q.by_uniq_key("t", "U7", False).messages] == [target.physical_offset]
+    assert [m.record.physical_offset for m in q.by_uniq_key("t", "U7", False).messages] == [target.physical_offset]
     with pytest.raises(NotFound):
         q.by_uniq_key("t", "U404", False)
     with pytest.raises(NotFound):

@@ -1,0 +1,142 @@
+"""The client every other service uses to talk to the CommitLog service, in mqstore's plain types.
+
+Calls take and return mqstore.model data (MessageIn, AppendResult, StoredMessage, TailFrame,
+StoreInfo, QueueInfo, PullResult), so that a service's domain code never sees grpc or a proto. Every
+call has a timeout; every gRPC error becomes the mqstore exception it came from
+(mqstore_rpc.remote_errors): ``Unavailable`` when the log cannot be reached, ``OutOfRange`` with the
+valid range, ``NotFound``, ``DataLoss`` and so on. The Tail stream satisfies mqstore.follow.TailSource.
+
+A Tail stream carries a deadline (``stream_deadline_s``): when it expires the stream just ends and the
+follower re-opens it at its resume offset. That bounds how long a silently dead connection (no RST,
+no heartbeats) can hold a follower, without keepalive pings the server would have to allow. The
+channel retries connections quickly (50 ms doubling to ``max_reconnect_backoff_ms``), so a restarted
+commit log is found again within that bound rather than gRPC's default of up to 2 minutes.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import grpc
+from mqstore import model
+from mqstore.errors import NotFound, OutOfRange
+
+from mqstore_rpc import convert
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore_rpc.remote_errors import from_rpc_error
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb2.TIME_BOUNDARY_UPPER}
+
+
+class TailCall:
+    """One Tail call. Iterate once; ``cancel()`` from any thread ends it. A deadline that expires
+    ends the iteration cleanly (the caller re-opens); other errors raise mqstore exceptions."""
+
+    def __init__(self, call, peer: str):
+        self._call = call
+        self._peer = peer
+
+    def __iter__(self) -> Iterator[model.TailFrame]:
+        try:
+            for f in self._call:
+                yield convert.tail_frame_out(f)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return  # the planned end of this stream (see the module docstring)
+            raise from_rpc_error(exc, self._peer) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class CommitLogClient:
+    """Thread-safe (a gRPC channel and stub are). ``close()`` once, after the users have stopped."""
+
+    def __init__(self, address: str, *, rpc_timeout_s: float = 10.0, stream_deadline_s: float = 60.0,
+                 fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000):
+        self.address = address
+        self.rpc_timeout_s = rpc_timeout_s
+        self.stream_deadline_s = stream_deadline_s
+        self.fetch_window = fetch_window  # GetMessage calls in flight at a time
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.initial_reconnect_backoff_ms", 50),
+                   ("grpc.min_reconnect_backoff_ms", 50),
+                   ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)]
+        self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    # ---- reading the log -----------------------------------------------------------------------------
+    def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int,
+             topics: Sequence[str] = ()) -> TailCall:
+        """Frames from ``from_physical_offset`` (a record start), or from the earliest record when None."""
+        if from_physical_offset is None:
+            request = commitlog_pb2.TailRequest(start=commitlog_pb2.TAIL_START_EARLIEST)
+        else:
+            request = commitlog_pb2.TailRequest(start=commitlog_pb2.TAIL_START_AT_OFFSET,
+                                                from_physical_offset=from_physical_offset)
+        request.max_frame_bytes = max_frame_bytes
+        request.heartbeat_ms = heartbeat_ms
+        request.topics.extend(topics)
+        return TailCall(self._stub.Tail(request, timeout=self.stream_deadline_s), self.address)
+
+    def get_messages(self, physical_offsets: Sequence[int]) -> list[model.StoredMessage | None]:
+        """GetMessage for each offset, in the same order, ``fetch_window`` calls in flight at a time;
+        None where no record starts there any more (NOT_FOUND, OUT_OF_RANGE: retention removed it).
+        Any other error (DataLoss for a damaged record, Unavailable) is raised."""
+        out: list[model.StoredMessage | None] = []
+        for first in range(0, len(physical_offsets), self.fetch_window):
+            calls = [self._stub.GetMessage.future(commitlog_pb2.GetMessageRequest(physical_offset=offset),
+                                                  timeout=self.rpc_timeout_s)
+                     for offset in physical_offsets[first:first + self.fetch_window]]
+            try:
+                out.extend(self._message(call) for call in calls)
+            finally:
+                for call in calls:
+                    call.cancel()  # a no-op for finished calls; stops the rest after an error
+        return out
+
+    def _message(self, call) -> model.StoredMessage | None:
+        try:
+            return convert.stored_message_out(call.result())
+        except grpc.RpcError as exc:
+            error = from_rpc_error(exc, self.address)
+            if isinstance(error, (NotFound, OutOfRange)):
+                return None
+            raise error from None
+
+    def store_info(self) -> model.StoreInfo:
+        return convert.store_info_out(self._call(self._stub.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest()))
+
+    def queue_info(self, topic: str, queue_id: int) -> model.QueueInfo:
+        request = commitlog_pb2.GetQueueInfoRequest(topic=topic, queue_id=queue_id)
+        return convert.queue_info_out(self._call(self._stub.GetQueueInfo, request))
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
+        """First queue offset whose store time is at or after ``timestamp_ms`` ("upper": the last at or before)."""
+        request = commitlog_pb2.GetOffsetByTimeRequest(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms,
+                                                       boundary=_BOUNDARIES[boundary])
+        return self._call(self._stub.GetOffsetByTime, request).offset
+
+    def pull(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 0, max_bytes: int = 0,
+             tags: Sequence[str] = (), long_poll_ms: int = 0) -> model.PullResult:
+        """Pull as the CommitLog API documents it; the timeout is ``rpc_timeout_s`` beyond the long poll."""
+        request = commitlog_pb2.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+                                            max_bytes=max_bytes, tags=tags, long_poll_ms=long_poll_ms)
+        return convert.pull_result(self._call(self._stub.Pull, request, long_poll_ms / 1000))
+
+    # ---- writing -------------------------------------------------------------------------------------
+    def append(self, topic: str, messages: Sequence[model.MessageIn]) -> list[model.AppendResult]:
+        """One Append call: the batch is stored whole or not at all; one result per message, in order."""
+        request = commitlog_pb2.AppendRequest(topic=topic, messages=[convert.message_input(m) for m in messages])
+        return [convert.append_result_out(r) for r in self._call(self._stub.Append, request).results]
+
+    def _call(self, method, request, extra_timeout_s: float = 0.0):
+        try:
+            return method(request, timeout=self.rpc_timeout_s + extra_timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.address) from None

@@ -1,0 +1,164 @@
+"""One skeleton for every service process, so that a service's ``main()`` is a few lines.
+
+A service describes itself once as a :class:`ServiceDef`: its name, how its settings are parsed (flags,
+then ``MQSTORE_*`` variables, then defaults: mqstore_rpc.settings), and its *composition*: a function
+that builds the domain objects on a bound server and registers them on a :class:`Composition` (what to
+close, which background duties to run, which servicers to serve, what makes it unhealthy). Then:
+
+* ``run(SERVICE, argv)`` is the process: its exit status is ``main()``'s;
+* ``build_server(SERVICE, config)`` and the ``serving(SERVICE, config)`` context manager are the same
+  server for tests and benchmarks, in this process, on port 0.
+
+Lifecycle of a service process:
+  logging -> parse the settings (a bad value: ``config.invalid``, exit 2) -> arm failpoints -> catch
+  SIGTERM/SIGINT (a signal during a long start is kept) -> bind -> compose -> start the duties -> health
+  SERVING (a store or OS error on the way: ``server.start_failed``, what was built is closed, exit 1)
+  -> serve, with health and reflection -> ``server.started`` (service, port, pid, config: tests and the
+  launcher read the port from it) -> SIGTERM/SIGINT -> ``server.stopping``: health NOT_SERVING, running
+  RPCs get ``grace_s``, then the closers run in reverse order of registration (duties stop before the
+  stores they use close) -> ``server.stopped``, exit 0.
+
+Health is NOT_SERVING while any registered problem (the service's own, then each duty's: a duty a bug
+has killed) is non-empty (mqstore_rpc.server.HealthMonitor polls them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import grpc
+import structlog
+from mqstore import failpoints
+from mqstore.background import Duty
+from mqstore.errors import InvalidArgument, MqStoreError
+
+from mqstore_rpc import logging as mqlogging
+from mqstore_rpc.server import ManagedServer, StopSignals, create_server, serve_until_signal
+
+log = structlog.get_logger("mqstore_rpc.service")
+
+EXIT_OK, EXIT_START_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+
+
+class Composition:
+    """What a composition function registers on a bound server. Not thread-safe: used by the
+    composition root only, before the server starts."""
+
+    def __init__(self, server: ManagedServer):
+        self.server = server
+        self._duties: list[Duty] = []
+        self._problems: list[Callable[[], str]] = []
+
+    @property
+    def port(self) -> int:
+        """The bound port (the commit log writes it into message ids)."""
+        return self.server.port
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Run after the server stops, in reverse order of registration; registered at once, so that a
+        composition that fails half way closes what it had opened."""
+        self.server.add_closer(closer)
+
+    def add_duty(self, duty: Duty) -> Duty:
+        """Started once the composition is complete; stopped (before what was registered earlier closes)
+        when the server stops; health turns NOT_SERVING if a bug kills it."""
+        self._duties.append(duty)
+        self.server.add_closer(duty.stop)
+        return duty
+
+    def add_servicer(self, service_name: str, register: Callable[[grpc.Server], None]) -> None:
+        """``register(grpc_server)`` adds the servicer; ``service_name`` (``mqstore.v1.Index``) gets
+        health and reflection."""
+        register(self.server.grpc_server)
+        self.server.add_service_names([service_name])
+
+    def add_health_problem(self, problem: Callable[[], str]) -> None:
+        """``problem()`` is "" while healthy, else why not (polled every second)."""
+        self._problems.append(problem)
+
+    def problem(self) -> str:
+        for problem in [*self._problems, *(duty.problem for duty in self._duties)]:
+            if reason := problem():
+                return reason
+        return ""
+
+    def start(self) -> None:
+        for duty in self._duties:
+            duty.start()
+        self.server.mark_serving()
+        self.server.monitor_health(self.problem)
+
+
+@dataclass(frozen=True)
+class ServiceDef:
+    """One service. Its config object has ``server`` (ServerConfig), ``log_level`` and ``failpoints``."""
+
+    grpc_service: str                                                   # e.g. "mqstore.v1.Index", for logs
+    parse_config: Callable[[Sequence[str] | None, Mapping[str, str]], Any]
+    compose: Callable[[Any, Composition], None]
+    describe: Callable[[Any, int], dict] = lambda config, port: {}      # config fields for server.started
+
+
+def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
+    """Bind and compose; returns the server (not started) and its port. ``server.stop()`` stops the
+    duties and closes what the composition opened."""
+    server = create_server(config.server)
+    parts = Composition(server)
+    try:
+        service.compose(config, parts)
+        parts.start()
+    except BaseException:
+        try:
+            server.stop(0)  # runs the closers registered so far
+        except Exception:  # noqa: BLE001 - the start failure is what to report; the closer's is logged
+            log.exception("server.cleanup_failed", service=service.grpc_service)
+        raise
+    return server, server.port
+
+
+@contextlib.contextmanager
+def serving(service: ServiceDef, config) -> Iterator[tuple[ManagedServer, int]]:
+    """A started server for tests and benchmarks; stopped (duties and stores included) on exit."""
+    server, port = build_server(service, config)
+    try:
+        server.start()
+        yield server, port
+    finally:
+        server.stop()
+
+
+def run(service: ServiceDef, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """The service process; returns the exit status (0 stopped by a signal, 1 start failed, 2 bad config)."""
+    env = os.environ if env is None else env
+    mqlogging.configure("info")
+    try:
+        config = service.parse_config(argv, env)
+        mqlogging.configure(config.log_level)
+        failpoints.arm_from_spec(config.failpoints)
+    except (InvalidArgument, ValueError) as exc:
+        log.error("config.invalid", message=str(exc))
+        return EXIT_BAD_CONFIG
+    signals = StopSignals().install()  # before the (possibly long) start: a SIGTERM then stops cleanly
+    try:
+        server, port = build_server(service, config)
+    except (MqStoreError, OSError) as exc:
+        signals.restore()
+        log.error("server.start_failed", **_error_fields(exc))
+        return EXIT_START_FAILED
+    server.start()
+    log.info("server.started", service=service.grpc_service, port=port, pid=os.getpid(),
+             failpoints=config.failpoints, config=service.describe(config, port))
+    serve_until_signal(server, signals, on_signal=lambda name: log.info("server.stopping", signal=name, port=port))
+    log.info("server.stopped", port=port)
+    return EXIT_OK
+
+
+def _error_fields(exc: Exception) -> dict:
+    fields = {"error": type(exc).__name__, "message": str(exc)}
+    for name in ("path", "position", "physical_offset"):
+        if hasattr(exc, name):
+            fields[name] = getattr(exc, name)
+    return fields

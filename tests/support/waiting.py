@@ -1,0 +1,19 @@
+"""Waiting for a condition in tests without sleeping to synchronise: poll it, bounded by a deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+WAIT_S = 20
+
+
+def wait_until(condition, what: str, timeout_s: float = WAIT_S, poll_s: float = 0.005):
+    """The first truthy value of ``condition()``; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        pause.wait(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
