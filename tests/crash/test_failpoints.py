@@ -71,6 +71,14 @@ def _fill(store: MessageStore, batches: int) -> list[bytes]:
     return acked
 
 
+def _started(config: StoreConfig, batches: int) -> tuple[MessageStore, list[bytes]]:
+    """A started store with topic "t" (2 queues) and ``batches`` acknowledged batches."""
+    store = MessageStore(config)
+    store.start()
+    store.create_topic("t", 2)
+    return store, _fill(store, batches)
+
+
 def _check_store(config: StoreConfig, acked: list[bytes], maybe: list[bytes] = ()) -> None:
     """Reopen: every acknowledged message, in order and with dense queue offsets; ``maybe`` (a batch
     that was never acknowledged) whole or absent; and an append works."""
@@ -113,10 +121,7 @@ def _append_dies(name, tmp_path, failpoint):
     (SYNC): the crash that matters is the process dying there, so it runs in a child process."""
     flush_mode = "ASYNC" if name == "log.after_write" else "SYNC"
     config = _config(tmp_path, flush_mode=flush_mode)
-    store = MessageStore(config)
-    store.start()
-    store.create_topic("t", 2)
-    acked = _fill(store, 3)
+    store, acked = _started(config, 3)
     store.stop()
     child = subprocess.run([sys.executable, "-c", _CHILD, str(config.data_dir), name, flush_mode],
                            capture_output=True, timeout=60)
@@ -128,10 +133,7 @@ def _append_dies(name, tmp_path, failpoint):
 @scenario("checkpoint.before_rename")
 def _checkpoint_cut(name, tmp_path, failpoint):
     config = _config(tmp_path)
-    store = MessageStore(config)
-    store.start()
-    store.create_topic("t", 2)
-    acked = _fill(store, 3)
+    store, acked = _started(config, 3)
     with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
         store.write_checkpoint()
     store.halt()  # as if killed there: the new checkpoint is a .tmp file, the old one stays
@@ -142,10 +144,7 @@ def _checkpoint_cut(name, tmp_path, failpoint):
 @scenario("segment.after_create")
 def _segment_created(name, tmp_path, failpoint):
     config = _config(tmp_path)
-    store = MessageStore(config)
-    store.start()
-    store.create_topic("t", 2)
-    acked = _fill(store, 2)
+    store, acked = _started(config, 2)
     with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
         for b in range(10):  # until a batch needs the next segment
             store.append("t", _batch(f"late{b}"))
@@ -157,10 +156,7 @@ def _segment_created(name, tmp_path, failpoint):
 @scenario("repair.after_copy")
 def _repair_cut(name, tmp_path, failpoint):
     config = _config(tmp_path)
-    store = MessageStore(config)
-    store.start()
-    store.create_topic("t", 2)
-    acked = _fill(store, 4)
+    store, acked = _started(config, 4)
     victim = store.append("t", _batch("victim"))[0]
     _fill(store, 1)
     store.stop()
