@@ -12,7 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from commitlog_service.main import CommitLogConfig, serving
 from mqstore.config import StoreConfig
-from mqstore.format import record
+from mqstore.format import record, record_reader
+from mqstore.format.record_reader import Record
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.server import ServerConfig
@@ -62,13 +63,8 @@ def create(stub, name: str, queue_count: int = 1, **fields) -> pb.Topic:
     return stub.CreateTopic(pb.CreateTopicRequest(name=name, queue_count=queue_count, **fields), timeout=RPC_TIMEOUT_S)
 
 
-def decode_frame(data: bytes) -> list[record.Record]:
-    records, position = [], 0
-    while position < len(data):
-        rec = record.decode(data, position)
-        records.append(rec)
-        position += rec.size
-    return records
+def decode_frame(data: bytes) -> list[Record]:
+    return [view.decode() for view in record_reader.records(data)]
 
 
 def test_health_serving_overall_and_per_service(channel):
@@ -211,7 +207,7 @@ def test_tail_from_earliest_with_topic_filter(stub):
     for i in range(30):
         append(stub, "a" if i % 3 else "b", [msg(b"m%d" % i)])
     expected = [b"m%d" % i for i in range(30) if i % 3]
-    got: list[record.Record] = []
+    got: list[Record] = []
     frames = stub.Tail(pb.TailRequest(start=pb.TAIL_START_EARLIEST, topics=["a"], heartbeat_ms=50),
                        timeout=RPC_TIMEOUT_S)
     try:
