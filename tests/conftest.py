@@ -1,12 +1,15 @@
-"""Shared fixtures: temporary stores with small segments, a fake clock."""
+"""Shared fixtures: temporary stores with small segments, a fake clock, failpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
+from typing import Iterator
 
 import pytest
 import structlog
 
+from mqstore import failpoints
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
 
@@ -21,6 +24,34 @@ def pytest_configure(config):
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
+
+
+class ArmedFailpoints:
+    """What the ``failpoint`` fixture gives a test: ``failpoint(name)`` arms one (action "raise", or
+    "exit"), ``with failpoint.armed(name):`` arms one for a block, ``failpoint.disarm()`` disarms all."""
+
+    def __call__(self, name: str, action: str = "raise") -> None:
+        failpoints.arm(name, action)
+
+    @contextlib.contextmanager
+    def armed(self, name: str, action: str = "raise") -> Iterator[None]:
+        failpoints.arm(name, action)
+        try:
+            yield
+        finally:
+            failpoints.disarm_all()
+
+    def disarm(self) -> None:
+        failpoints.disarm_all()
+
+
+@pytest.fixture
+def failpoint() -> Iterator[ArmedFailpoints]:
+    """Arms failpoints for one test; every failpoint is disarmed after it, whatever happens in it (and
+    before it, in case one leaked)."""
+    failpoints.disarm_all()
+    yield ArmedFailpoints()
+    failpoints.disarm_all()
 
 
 @pytest.fixture

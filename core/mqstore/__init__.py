@@ -1,13 +1,16 @@
 """mqstore core: the storage engine, with no gRPC, generated stubs or Spark imports.
 
 Map of the package:
-  format/      every on-disk byte layout, one module each (record, consume queue entry, checkpoint)
+  format/      every on-disk byte layout, one module each (record, consume queue entry, checkpoint);
+               record_reader and record_scan are the one reader of commit log records
   log/         commit log segments, append, flush, recovery, retention
   queue/       consume queues and the in-process dispatcher that builds them
   meta/        topic registry and consumer offsets through SQLAlchemy
-  store.py     the MessageStore facade that services call
+  store.py     the MessageStore facade that services call; it composes store_topics.py (topic
+               registry) and store_space.py (full disk), and runs its duties on background.py
   follow.py    the Tail follower of the services derived from the log (index, compaction logs)
   background.py  the base of every background thread (Duty)
+  fs.py        the only module that renames files: atomic replace, durable copy, staged install
   errors.py    the one exception tree (mapped to gRPC status codes in mqstore_rpc)
 
 Glossary (names carry units last):
@@ -16,6 +19,11 @@ Glossary (names carry units last):
   position          a byte position inside one file (physical offset % segment size)
   segment           one commit log file, named by its first physical offset (20 digits)
   visible offset    the end of records that readers may see (written for ASYNC, flushed for SYNC)
+  min offset        two units, so always say which. On the log (CommitLog.min_offset,
+                    StoreInfo.min_physical_offset): a physical offset, the first byte still held (the
+                    first segment's start; retention raises it). On a consume queue
+                    (ConsumeQueue.min_offset, QueueInfo.min_offset, PullResult.min_offset): an offset,
+                    the first message still readable (log or topic retention raises it)
   msg_id            the offset message id: hex of the store host, its port and the physical offset;
                     GetMessage finds a record by it
   UNIQ_KEY          the client message id, a property the producer (or the server) sets; the Index

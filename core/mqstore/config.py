@@ -7,6 +7,7 @@ import pathlib
 from dataclasses import dataclass, field
 
 from mqstore.errors import InvalidArgument
+from mqstore.format import record
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -17,7 +18,7 @@ FLUSH_SYNC = "SYNC"
 
 
 def max_write_bytes(max_batch_body_bytes: int, max_batch_messages: int) -> int:
-    per_message = 91 + 127 + 32767  # fixed record overhead, longest topic, largest properties
+    per_message = record.MAX_FIXED_OVERHEAD + record.MAX_TOPIC_BYTES_V1 + record.MAX_PROPERTIES_BYTES
     return max_batch_body_bytes + max_batch_messages * per_message
 
 

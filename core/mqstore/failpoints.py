@@ -22,6 +22,14 @@ KNOWN = frozenset({
     "index.compact.after_rename",  # compact file in place, unsealed source not yet deleted
     "index.tier.after_put",      # compact file durable on the tier, local copy not yet deleted
     "index.rebuild.after_rename",  # rebuilt files renamed into place, .damaged not yet deleted
+    # fs.install (the staged install; its docstring has the steps), each hit after every file of its step:
+    "fs.install.staged",         # a staged file moved to <name>.cleaned
+    "fs.install.manifest_written",  # the manifest is durable, nothing renamed to .swap yet
+    "fs.install.swapped",        # a .cleaned file renamed to .swap (after the last one: committed)
+    "fs.install.committed",      # every .swap rename durable, old files untouched
+    "fs.install.old_deleted",    # an old file renamed to .deleted
+    "fs.install.renamed",        # a .swap file renamed to its name
+    "fs.install.cleaned_up",     # a .deleted file removed, the manifest not yet
 })
 
 _armed: dict[str, str] = {}

@@ -15,15 +15,62 @@ source is changed (the ``.broken`` copies of ``mqstore repair``): copy into ``ds
 rename to ``dst``, fsync the directory. ``dst`` is then either absent or complete; a leftover
 ``dst.tmp`` is garbage (repair removes the leftovers of its directory first), and the source is only
 changed after copy_durably returns.
+
+install(directory, staged, replaced): Kafka's staged segment replacement, for a set of files. The new
+files are written and complete in a staging folder (same file system); they replace the files named
+``replaced`` in ``directory``, all or nothing, even across a crash. Each step ends with an fsync of
+the directory (files are fsynced before their first rename):
+
+  1. move each staged file to ``<name>.cleaned`` in ``directory``       failpoint fs.install.staged (each)
+  2. write the manifest ``install.manifest`` (the old and new names),   fs.install.manifest_written
+     through replace_file
+  3. rename each ``.cleaned`` to ``<name>.swap``; once the last one is  fs.install.swapped (each),
+     durable the install is committed                                  fs.install.committed
+  4. rename each old file to ``<name>.deleted``                         fs.install.old_deleted (each)
+  5. rename each ``.swap`` to its name                                  fs.install.renamed (each)
+  6. delete each ``.deleted``, then the manifest                        fs.install.cleaned_up (each)
+
+:func:`recover_install` resolves what a crash left, on start, before anything reads the directory:
+
+  found in the directory                          meaning                      action: the result is
+  ----------------------------------------------- ---------------------------- ----------------------------
+  nothing of the below                            no install was under way     nothing (the old or new set)
+  ``.cleaned`` files, no manifest                 crash in step 1              delete them: the old set
+  ``install.manifest.tmp``                        crash writing the manifest   delete it (and the above)
+  manifest and a ``.cleaned`` file (``.swap``     crash in step 2 or 3, before delete .cleaned, .swap and
+  files too or not)                               the commit                   the manifest: the old set
+  manifest, ``.swap`` files, no ``.cleaned``      crash after the commit, in   finish steps 4 to 6: the
+  (``.deleted`` files too or not)                 step 4 or 5                  new set
+  manifest, no ``.cleaned`` nor ``.swap``         crash in step 6              finish step 6: the new set
+  ``.deleted`` files, no manifest                 (not left by install)        delete them
+
+Step 4 is redone only while every new file is still ``.swap`` (step 5 starts after step 4 has
+finished), so an old file is never confused with a new one of the same name. A directory takes one
+install at a time, and no other file in it may end in .cleaned, .swap or .deleted. The staging folder
+is the caller's: what a crash left there is garbage.
 """
 
 from __future__ import annotations
 
+import enum
+import json
 import os
 import pathlib
 import shutil
+from typing import Sequence
+
+import structlog
+
+from mqstore import failpoints
+from mqstore.errors import FailedPrecondition
+
+log = structlog.get_logger()
 
 TMP_SUFFIX = ".tmp"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+INSTALL_MANIFEST = "install.manifest"
 
 
 def fsync_dir(directory: pathlib.Path) -> None:
@@ -91,3 +138,111 @@ def remove_leftovers(directory: pathlib.Path) -> list[pathlib.Path]:
             tmp.unlink()
             removed.append(tmp)
     return removed
+
+
+# ---- the staged install -------------------------------------------------------------------------------
+
+class InstallRecovery(enum.Enum):
+    """What :func:`recover_install` found and did."""
+
+    NONE = "none"                # no install was under way
+    ROLLED_BACK = "rolled back"  # the install had not committed: the old set stays
+    COMPLETED = "completed"      # the install had committed: it was finished, the new set is in place
+
+
+def _suffixed(directory: pathlib.Path, name: str, suffix: str) -> pathlib.Path:
+    return directory / (name + suffix)
+
+
+def _fsync_file(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def install(directory: pathlib.Path, staged: Sequence[pathlib.Path], replaced: Sequence[str]) -> None:
+    """Put the complete files ``staged`` (each keeps its name) into ``directory`` in place of the files
+    named ``replaced`` (which may share names with them), by the protocol in the module docstring."""
+    names = [path.name for path in staged]
+    if len(set(names)) != len(names) or any(os.sep in name for name in replaced):
+        raise ValueError(f"install needs distinct staged file names and plain replaced names: {names}, {replaced}")
+    for path in staged:  # 1
+        _fsync_file(path)
+        os.replace(path, _suffixed(directory, path.name, CLEANED_SUFFIX))
+        failpoints.hit("fs.install.staged")
+    fsync_dir(directory)
+    manifest = json.dumps({"version": 1, "new": names, "old": list(replaced)}).encode()
+    replace_file(directory / INSTALL_MANIFEST, manifest)  # 2
+    failpoints.hit("fs.install.manifest_written")
+    for name in names:  # 3
+        os.replace(_suffixed(directory, name, CLEANED_SUFFIX), _suffixed(directory, name, SWAP_SUFFIX))
+        failpoints.hit("fs.install.swapped")
+    fsync_dir(directory)
+    failpoints.hit("fs.install.committed")
+    _finish_install(directory, names, list(replaced))
+    log.info("fs.installed", directory=str(directory), new=names, replaced=list(replaced))
+
+
+def _finish_install(directory: pathlib.Path, new: list[str], old: list[str]) -> None:
+    """Steps 4 to 6, idempotent: also what recovery runs after a crash past the commit."""
+    if all(_suffixed(directory, name, SWAP_SUFFIX).exists() for name in new):  # 4: step 5 not begun
+        for name in old:
+            if (directory / name).exists():
+                os.replace(directory / name, _suffixed(directory, name, DELETED_SUFFIX))
+                failpoints.hit("fs.install.old_deleted")
+        fsync_dir(directory)
+    for name in new:  # 5
+        swap = _suffixed(directory, name, SWAP_SUFFIX)
+        if swap.exists():
+            os.replace(swap, directory / name)
+            failpoints.hit("fs.install.renamed")
+    fsync_dir(directory)
+    for name in old:  # 6
+        _suffixed(directory, name, DELETED_SUFFIX).unlink(missing_ok=True)
+        failpoints.hit("fs.install.cleaned_up")
+    (directory / INSTALL_MANIFEST).unlink()
+    fsync_dir(directory)
+
+
+def recover_install(directory: pathlib.Path) -> InstallRecovery:
+    """Resolve the leftovers of an install cut short (the table in the module docstring): afterwards
+    ``directory`` holds the complete old set or the complete new set, and no install file."""
+    manifest_path = directory / INSTALL_MANIFEST
+    cleaned, swaps, deleted = (sorted(directory.glob("*" + suffix))
+                               for suffix in (CLEANED_SUFFIX, SWAP_SUFFIX, DELETED_SUFFIX))
+    if not manifest_path.exists():
+        if swaps:
+            raise FailedPrecondition(f"{directory} holds {[p.name for p in swaps]} but no {INSTALL_MANIFEST}: an "
+                                     f"install cannot be resolved without it; restore it, or move the .swap files "
+                                     f"aside to keep the old files")
+        manifest_tmp = manifest_path.with_name(manifest_path.name + TMP_SUFFIX)
+        uncommitted = cleaned + ([manifest_tmp] if manifest_tmp.exists() else [])
+        _remove(directory, uncommitted + deleted)
+        return InstallRecovery.ROLLED_BACK if uncommitted else InstallRecovery.NONE
+    new, old = _read_manifest(manifest_path)
+    if cleaned:  # not committed
+        _remove(directory, cleaned + swaps + [manifest_path])
+        log.warning("fs.install_rolled_back", directory=str(directory), new=new, kept=old)
+        return InstallRecovery.ROLLED_BACK
+    _finish_install(directory, new, old)
+    log.warning("fs.install_completed", directory=str(directory), new=new, replaced=old)
+    return InstallRecovery.COMPLETED
+
+
+def _read_manifest(path: pathlib.Path) -> tuple[list[str], list[str]]:
+    try:
+        manifest = json.loads(path.read_bytes())
+        return [str(n) for n in manifest["new"]], [str(n) for n in manifest["old"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FailedPrecondition(f"{path} is unreadable ({exc}); it names the files of an install cut short. "
+                                 f"Without it the install cannot be resolved: restore it from a backup") from None
+
+
+def _remove(directory: pathlib.Path, paths: list[pathlib.Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+    if paths:
+        fsync_dir(directory)
+        log.warning("fs.install_leftovers_removed", directory=str(directory), files=[p.name for p in paths])

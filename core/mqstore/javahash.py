@@ -32,11 +32,6 @@ def java_string_hash(text: str) -> int:
     return h - 0x1_0000_0000 if h & 0x8000_0000 else h
 
 
-def floor_mod(value: int, modulus: int) -> int:
-    """Non-negative remainder (Python's % already floors; named for readers coming from Java)."""
-    return value % modulus
-
-
 _ASCENDING = [pow(31, i, 1 << 32) for i in range(_FAST_MAX + 1)]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Record
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.format.record_reader import Record
 
 KIND_NORMAL = "NORMAL"
 KIND_COMPACTION = "COMPACTION"
@@ -138,7 +139,7 @@ class StoreInfo:
     visible_physical_offset: int
     flush_mode: str
     read_only: bool
-    read_only_reason: str
+    read_only_reason: str | None  # None while writable
     segment_count: int
     segment_size_bytes: int
     store_host: str

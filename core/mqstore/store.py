@@ -9,24 +9,27 @@ queues and cut entries past the log end; replay records from the checkpoint's di
 queue offset table; fsync; write the abort marker; start threads.
 A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
 
+Composition: the store holds its parts and gives each the narrow callables it needs: the topic
+registry (mqstore.store_topics), the full-disk state (mqstore.store_space), and three background duties
+(mqstore.background): the flush service, the segment warmer and the maintenance duty.
+
 On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
 CommitOffset get ResourceExhausted, reads go on; a checkpoint that does not fit is skipped and the abort
 marker stays; a start on a full disk comes up read-only.
 
 Thread-safety: every public method may be called from any thread. Appends serialise on the commit
-log's lock; consume queue writes on the dispatcher's lock; topic changes on ``_topics_lock``.
+log's lock; consume queue writes on the dispatcher's lock; topic changes on the registry's lock.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import threading
 from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, disk_space, fs
+from mqstore import codec, failpoints, fs
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -37,16 +40,17 @@ from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
 from mqstore.log.recovery import check_start, recover
-from mqstore.log.segment import SegmentClosed, SegmentQueue
+from mqstore.log.segment import SegmentQueue
 from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
-from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, TAIL_EARLIEST,
-                           TAIL_LATEST, AppendResults, MessageIn, PullResult, QueueInfo, StoredMessage,
-                           StoreInfo, TailFrame, TopicRecord)
+from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
+                           AppendResults, MessageIn, PullResult, QueueInfo, StoredMessage, StoreInfo, TailFrame,
+                           TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
-from mqstore.store_space import DiskSpaceMixin
-from mqstore.store_topics import TopicsMixin
+from mqstore.queue.pull import LongPolls, read_queue
+from mqstore.store_space import DiskSpace
+from mqstore.store_topics import TopicRegistry
 
 log = structlog.get_logger()
 
@@ -56,7 +60,7 @@ MAX_LONG_POLL_MS = 30_000
 MAX_FRAME_BYTES = 4 << 20
 
 
-class MessageStore(TopicsMixin, DiskSpaceMixin):
+class MessageStore:
     def __init__(self, config: StoreConfig, clock: Clock | None = None):
         self.config = config
         self.clock = clock or SystemClock()
@@ -71,18 +75,20 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         self.commitlog = CommitLog(self.segments, self.clock, reserve_queue_files=self.queues.reserve)
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
         self.flusher: Flusher | None = None
-        self.maintenance = Maintenance(self, config, self.clock)
+        self.disk = DiskSpace(config, self.abort_path)
+        self.topics = TopicRegistry(config.default_queue_count, queue_info=self.queue_info,
+                                    drop_queues=self._drop_queues,
+                                    refuse_write=self.disk.refuse_metadata_write_if_read_only)
+        self.maintenance = Maintenance(config, self.clock, write_checkpoint=self.write_checkpoint,
+                                       check_disk=self.disk.check,
+                                       delete_expired_segments=self.delete_expired_segments,
+                                       apply_topic_retention=self.apply_topic_retention)
         self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes)
-        self.meta: MetadataStore | None = None
-        self._topics: dict[str, TopicRecord] = {}
-        self._topics_lock = threading.Lock()
         self._lock_fd: int | None = None
         self._running = False
-        self.disk_read_only = ""
-        self.space_reserve = disk_space.SpaceReserve(config.data_dir)
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
-        self._long_polls = threading.BoundedSemaphore(config.max_long_poll_waiters)
+        self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -101,21 +107,18 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         except BaseException:
             self.queues.close()
             self.segments.close()
-            if self.meta is not None:
-                self.meta.close()
+            self.topics.close()
             self._release_lock()
             raise
 
     def _start_locked(self) -> None:
         cfg = self.config
         fs.remove_leftovers(cfg.data_dir)
-        self._check_space_before_start()  # before anything is written: a full disk starts read-only
+        self.disk.check_before_start()  # before anything is written: a full disk starts read-only
         unclean = self.abort_path.exists()
         cp = self._read_checkpoint()
         cq_root_existed = cfg.consumequeue_dir.is_dir()
-        self.meta = MetadataStore(cfg.metadata_url_resolved, self.clock)
-        self._topics = {t.name: t for t in self.meta.list_topics()}
-        self._ensure_system_topics()
+        self.topics.open(MetadataStore(cfg.metadata_url_resolved, self.clock))
         self.segments.load()
         start = cp.flushed_physical_offset if cp else self.segments.min_offset
         check_from = check_start(self.segments, cp.flushed_physical_offset if cp else None, cfg.recheck_segments,
@@ -128,7 +131,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         for cq in self.queues.queues.values():
             cq.truncate_to_log_end(end)
         replay_from = min(cp.dispatched_physical_offset, end) if cp and cq_root_existed else self.segments.min_offset
-        replayed = self.dispatcher.replay(replay_from, end, known_topics=set(self._topics),
+        replayed = self.dispatcher.replay(replay_from, end, known_topics=self.topics.names(),
                                           rebuild=self._queues_behind() if cq_root_existed else frozenset())
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
@@ -137,7 +140,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         self.flusher.flushed_offset = min(start, end)
         self.flusher.flush_now()
         self.write_checkpoint()
-        self._mark_started()
+        self.disk.mark_started()
         self.flusher.start()
         self.maintenance.start()
         self.warmer.start()
@@ -162,7 +165,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
             fs.fsync_dir(self.config.data_dir)
         self.queues.close()
         self.segments.close()
-        self.meta.close()
+        self.topics.close()
         self._release_lock()
         log.info("store.stopped", end_offset=self.commitlog.written_offset)
 
@@ -202,7 +205,8 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("manifest.unreadable", error=str(exc), action="only gaps found by replay are rebuilt")
             return set()
-        return {key for key in behind if key[0] in self._topics}
+        known = self.topics.names()
+        return {key for key in behind if key[0] in known}
 
     def write_checkpoint(self) -> bool:
         """Flush the consume queues, then replace the manifest and the checkpoint. False when the disk
@@ -215,11 +219,12 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
                               logics_ts, self.clock.now_ms(), *self._checked)
         try:
             fs.replace_file(self.manifest_path, self.dispatcher.manifest())
-            fs.replace_file(self.checkpoint_path, cpfmt.encode(cp))
+            fs.replace_file(self.checkpoint_path, cpfmt.encode(cp),
+                            before_rename=lambda: failpoints.hit("checkpoint.before_rename"))
         except OSError as exc:
-            self._checkpoint_skipped_for(exc)  # re-raised unless the disk is full
+            self.disk.checkpoint_skipped_for(exc)  # re-raised unless the disk is full
             return False
-        self._checkpoint_written()
+        self.disk.checkpoint_written()
         return True
 
     def _on_flushed(self, flushed_offset: int) -> None:
@@ -230,13 +235,16 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         if not self._running:
             raise Unavailable("the store is not running (starting or stopping); retry shortly")
 
-    def health_problem(self) -> str:
-        """Empty when healthy; otherwise what is wrong."""
+    def health_problem(self) -> str | None:
+        """None when healthy; otherwise what is wrong: not running, or a background duty that a bug
+        ended (mqstore.background)."""
         if not self._running:
             return "not running"
-        if self.flusher.error is not None:
-            return f"flush service failed: {self.flusher.error}"
-        return self.maintenance.error
+        for duty in (self.flusher, self.warmer, self.maintenance):
+            problem = duty.problem()
+            if problem:
+                return problem
+        return None
 
     def visible_offset(self) -> int:
         return self.dispatcher.dispatched_offset
@@ -248,14 +256,14 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
         it, so clients cannot write system topics."""
         self._check_running()
-        self.refuse_if_read_only()
-        rec = self.topic(topic)
-        self.check_system_writer(rec, system_writer)
+        self.disk.refuse_if_read_only()
+        rec = self.topics.get(topic)
+        self.topics.check_system_writer(rec, system_writer)
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
             written = self.commitlog.append(batch)
         except ResourceExhausted as exc:
-            self.commitlog.read_only_reason = str(exc)
+            self.disk.allocation_failed(str(exc))
             raise
         self.warmer.poke()
         if self.flusher.sync:
@@ -265,12 +273,42 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         else:
             self.dispatcher.run_pending(written.end)
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
-        prefix = (self.encoder.store_host + record.INT32.pack(self.encoder.store_port)).hex().upper()
+        prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
         return AppendResults(prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms, durability)
+
+    # ------------------------------------------------------------------ topics and consumer offsets
+    def topic(self, name: str) -> TopicRecord:
+        return self.topics.get(name)
+
+    def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
+                     retention_ms: int = 0) -> TopicRecord:
+        return self.topics.create(name, queue_count, kind, retention_ms)
+
+    def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
+        return self.topics.update(name, queue_count, retention_ms)
+
+    def delete_topic(self, name: str) -> None:
+        self.topics.delete(name)
+
+    def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
+        return self.topics.sorted_topics(include_system)
+
+    def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:
+        return self.topics.describe(name)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.topics.commit_offset(group, topic, queue_id, offset)
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.topics.query_offset(group, topic, queue_id)
+
+    def _drop_queues(self, topic: str) -> None:
+        with self.dispatcher.lock:
+            self.queues.drop_topic(topic)
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int):
-        rec = self.topic(topic)
+        rec = self.topics.get(topic)
         if not 0 <= queue_id < rec.queue_count:
             raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
         return rec, self.queues.get(topic, queue_id)
@@ -293,87 +331,16 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
             raise OutOfRange(f"offset {offset} is outside queue {topic}/{queue_id}: valid offsets are [{lo}, {hi}]",
                              min_value=lo, max_value=hi)
         if offset == hi and long_poll_ms:
-            cq = self._wait_for_messages(topic, queue_id, offset, long_poll_ms)
+            cq = self._long_polls.wait(lambda: self.queues.get(topic, queue_id), offset, long_poll_ms,
+                                       lambda: self._running)
         if cq is None or offset >= cq.max_offset:
             return PullResult([], offset, lo, cq.max_offset if cq else hi)
-        return self._read_queue(cq, offset, max_messages, max_bytes, tags)
-
-    def _wait_for_messages(self, topic: str, queue_id: int, offset: int, wait_ms: int):
-        # A long poll holds a server thread while it waits; beyond max_long_poll_waiters it answers at
-        # once (the caller sees no messages and polls again), so waiting consumers never take every
-        # thread and starve producers.
-        if not self._long_polls.acquire(blocking=False):
-            return self.queues.get(topic, queue_id)
-        try:
-            deadline = self.clock.monotonic_s() + wait_ms / 1000
-            cond = self.dispatcher.visible
-            with cond:
-                while True:
-                    cq = self.queues.get(topic, queue_id)
-                    left = deadline - self.clock.monotonic_s()
-                    if (cq is not None and cq.max_offset > offset) or left <= 0 or not self._running:
-                        return cq
-                    cond.wait(min(left, 0.5))
-        finally:
-            self._long_polls.release()
-
-    def _read_queue(self, cq, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str]) -> PullResult:
-        wanted_tags = set(tags)
-        wanted_codes = {self.encoder.tag_code(t) for t in wanted_tags}
-        messages: list[StoredMessage] = []
-        taken = 0
-        next_offset = offset
-        host_prefix = None
-        try:
-            while len(messages) < max_messages and next_offset < cq.max_offset:
-                entries = cq.entries(next_offset, max_messages - len(messages))
-                for phys, size, tag_code in entries:
-                    if messages and taken + size > max_bytes:
-                        return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
-                    if wanted_codes and tag_code not in wanted_codes:
-                        next_offset += 1
-                        continue
-                    try:
-                        rec = self._decode_at(phys, size, next_offset)
-                    except DataLoss:
-                        if messages:  # serve the good ones; the next Pull starts at the bad one
-                            return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
-                        raise
-                    next_offset += 1
-                    if wanted_tags and rec.properties.get(record.PROPERTY_TAGS, "") not in wanted_tags:
-                        continue
-                    if host_prefix is None:
-                        host_prefix = (rec.store_host + record.INT32.pack(rec.store_port)).hex().upper()
-                    messages.append(StoredMessage(rec, f"{host_prefix}{phys:016X}"))
-                    taken += size
-        except SegmentClosed:
-            if next_offset < cq.min_offset:
-                raise OutOfRange(f"offset {next_offset} of {cq.topic}/{cq.queue_id} was removed by retention; "
-                                 f"the queue now starts at {cq.min_offset}", min_value=cq.min_offset,
-                                 max_value=cq.max_offset) from None
-            raise
-        return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
-
-    def _decode_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> record.Record:
-        """The record at ``physical_offset``, checked (CRC included). DataLoss names the bad record, and
-        for a queue read its queue offset, so a consumer can skip it deliberately (offset + 1)."""
-        data = self.commitlog.read(physical_offset, size)
-        try:
-            rec = record.decode(data, 0)
-            if rec.physical_offset != physical_offset:
-                raise record.RecordError("offset", f"it says it lives at physical offset {rec.physical_offset}")
-        except record.RecordError as exc:
-            where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
-            skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
-            raise DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
-                           f"is not served{skip}",
-                           physical_offset=physical_offset, queue_offset=queue_offset) from None
-        return rec
+        return read_queue(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, self.commitlog.decode_at)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
         self._check_running()
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
-        rec = self._decode_at(physical_offset, len(data))
+        rec = self.commitlog.decode_at(physical_offset, len(data))
         return StoredMessage(rec, record.offset_msg_id(rec.store_host, rec.store_port, physical_offset))
 
     def get_message_by_id(self, msg_id: str) -> StoredMessage:
@@ -421,16 +388,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
             raise OutOfRange(f"from_physical_offset {offset} is outside the log: valid [{low}, {visible}]",
                              min_value=low, max_value=visible)
         if offset < visible:
-            seg = self.segments.find(offset)
-            position = offset - seg.start
-            try:
-                record.check(seg.buffer, position, seg.size, verify_crc=False)
-            except record.RecordError:
-                # A record damaged since a reader got here still names its own offset: accept it (its
-                # frame comes alone, see CommitLog.frame), or that reader could never go on.
-                if position + 36 > seg.size or record.INT64.unpack_from(seg.buffer, position + 28)[0] != offset:
-                    raise InvalidArgument(f"no record starts at physical offset {offset}; resume from a "
-                                          f"next_physical_offset of a previous frame") from None
+            self.commitlog.check_resume_point(offset)
         return offset
 
     # ------------------------------------------------------------------ offsets
@@ -443,14 +401,21 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         return cq.offset_by_time(timestamp_ms, boundary == "upper", self.commitlog.store_timestamp_at)
 
     def store_info(self) -> StoreInfo:
-        reason = self.read_only_reason()
+        reason = self.disk.read_only_reason()
         return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
                          self.flusher.flushed_offset if self.flusher else 0, self.visible_offset(),
-                         self.config.flush_mode, bool(reason), reason, len(self.segments.segments),
+                         self.config.flush_mode, reason is not None, reason, len(self.segments.segments),
                          self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}",
                          codec.ACTIVE)
 
-    # ------------------------------------------------------------------ retention hooks (maintenance)
+    # ------------------------------------------------------------------ retention (the maintenance duty)
+    def delete_expired_segments(self) -> int:
+        """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
+        queue minimums follow (SegmentQueue.delete_expired)."""
+        limit = min(self.flusher.flushed_offset, self.dispatcher.dispatched_offset)
+        return self.segments.delete_expired(limit, self.clock.now_ms(), self.config.retention_ms,
+                                            self.before_segment_delete)
+
     def before_segment_delete(self, new_min_offset: int) -> None:
         with self.dispatcher.lock:
             for cq in list(self.queues.queues.values()):
@@ -458,7 +423,7 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
 
     def apply_topic_retention(self) -> None:
         now = self.clock.now_ms()
-        for topic in list(self._topics.values()):
+        for topic in self.topics.sorted_topics(include_system=True):
             if topic.retention_ms <= 0:
                 continue
             for queue_id in range(topic.queue_count):
@@ -478,5 +443,5 @@ class MessageStore(TopicsMixin, DiskSpaceMixin):
         self.flusher.abandon(5.0)
         self.queues.close()
         self.segments.close()
-        self.meta.close()
+        self.topics.close()
         self._release_lock()

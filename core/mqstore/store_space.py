@@ -1,56 +1,75 @@
 """Full-disk behaviour of the MessageStore (mqstore.disk_space says why): the read-only state, the
 abort marker and checkpoints that may not fit, and the space reserve that lets a start on a full disk
-come up. Mixed into MessageStore.
+come up. The store holds one :class:`DiskSpace`.
 
-Read-only has two sources: ``disk_read_only`` (the disk check found the disk above
-disk_max_used_ratio) and ``commitlog.read_only_reason`` (a file a write needed could not be
-allocated, or the abort marker could not be written at start). Both are cleared only by the disk
-check (``set_disk_usage``, from the maintenance thread every clean_interval_ms), once there is room.
+Read-only has two sources: the disk check found the disk above disk_max_used_ratio (``check``, from
+the maintenance duty every clean_interval_ms), or a file a write needed could not be allocated (the
+append path calls ``allocation_failed``), or the abort marker could not be written at start. Both are
+cleared only by the disk check, once there is room.
 
-Thread-safety: the state is plain strings and flags written by the maintenance thread and by the
-append path (which sets ``commitlog.read_only_reason``); a reader sees either value, both are safe.
+Thread-safety: the state is plain references written by the maintenance duty and by the append path;
+a reader sees either the old or the new value, both are safe.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 
 import structlog
 
 from mqstore import disk_space, fs
+from mqstore.config import StoreConfig
 from mqstore.errors import ResourceExhausted
 from mqstore.format import cq_unit
 
 log = structlog.get_logger()
 
 
-class DiskSpaceMixin:
-    disk_read_only: str = ""
-    _abort_marker_written: bool = False
-    _checkpoint_skipped: bool = False
+class DiskSpace:
+    def __init__(self, config: StoreConfig, abort_path: pathlib.Path):
+        self.config = config
+        self.abort_path = abort_path
+        self.reserve = disk_space.SpaceReserve(config.data_dir)
+        self._disk_full: str | None = None          # why the disk check found the disk full
+        self._allocation_failed: str | None = None  # why a file a write needed could not be allocated
+        self._abort_marker_written = False
+        self._checkpoint_skipped = False
 
-    def read_only_reason(self) -> str:
-        return self.disk_read_only or self.commitlog.read_only_reason
+    def read_only_reason(self) -> str | None:
+        """None while the store is writable; otherwise why it is read-only."""
+        return self._disk_full or self._allocation_failed
 
     def refuse_if_read_only(self) -> None:
         """ResourceExhausted while the disk is full (until the disk check finds room again)."""
         reason = self.read_only_reason()
-        if reason:
+        if reason is not None:
             raise ResourceExhausted(f"the store is read-only: {reason}; reads still work")
 
+    def refuse_metadata_write_if_read_only(self) -> None:
+        """The default metadata database (SQLite in the data directory) shares the data's disk: while
+        the store is read-only it would fail too (and grow its WAL on the last bytes), so refuse first.
+        A metadata_url elsewhere (PostgreSQL) is written regardless."""
+        if not self.config.metadata_url:
+            self.refuse_if_read_only()
+
+    def allocation_failed(self, reason: str) -> None:
+        """A file a write needed could not be allocated: read-only until the disk check finds room."""
+        self._allocation_failed = reason
+
     # ---- start
-    def _check_space_before_start(self) -> None:
+    def check_before_start(self) -> None:
         """Before start writes anything: free the reserve if the disk is full, and turn read-only."""
         if disk_space.free_bytes(self.config.data_dir) < disk_space.SPACE_RESERVE_BYTES:
-            self.space_reserve.release()  # room for SQLite's -shm/-wal and the abort marker
-        self.maintenance.check_disk()
+            self.reserve.release()  # room for SQLite's -shm/-wal and the abort marker
+        self.check()
 
-    def _mark_started(self) -> None:
+    def mark_started(self) -> None:
         """Write the abort marker (or stay read-only without it), then take the reserve back."""
         if not self._write_abort_marker():
-            self.commitlog.read_only_reason = "disk full: no room for the abort marker at start"
-        if not self.read_only_reason():
-            self.space_reserve.ensure()
+            self._allocation_failed = "disk full: no room for the abort marker at start"
+        if self.read_only_reason() is None:
+            self.reserve.ensure()
 
     def _write_abort_marker(self) -> bool:
         """The marker that tells the next start this one did not stop cleanly. False when the disk has
@@ -69,7 +88,7 @@ class DiskSpaceMixin:
         return True
 
     # ---- checkpoints
-    def _checkpoint_skipped_for(self, exc: OSError) -> None:
+    def checkpoint_skipped_for(self, exc: OSError) -> None:
         """A checkpoint write failed: re-raise unless the disk is full; then log once and go on (the
         older checkpoint stays valid, and the abort marker stays)."""
         if not disk_space.is_no_space(exc):
@@ -79,30 +98,36 @@ class DiskSpaceMixin:
                         action="the abort marker stays; the next start re-checks the log from the last checkpoint")
         self._checkpoint_skipped = True
 
-    def _checkpoint_written(self) -> None:
+    def checkpoint_written(self) -> None:
         if self._checkpoint_skipped:
             log.info("checkpoint.resumed")
             self._checkpoint_skipped = False
 
     # ---- the disk check
-    def set_disk_usage(self, used_ratio: float, free_bytes: int | None = None) -> None:
+    def check(self) -> None:
+        """Measure the data directory's file system and apply :meth:`set_usage`."""
+        st = os.statvfs(self.config.data_dir)
+        used = 1 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0
+        self.set_usage(used, free_bytes=st.f_bavail * st.f_frsize)
+
+    def set_usage(self, used_ratio: float, free_bytes: int | None = None) -> None:
         """The disk check's verdict: read-only at or above disk_max_used_ratio; writable again below it
         once ``free_bytes`` (when known) holds the files a refused write needed, and the abort marker
         is written."""
         if used_ratio >= self.config.disk_max_used_ratio:
-            if not self.disk_read_only:
+            if self._disk_full is None:
                 log.error("store.read_only", used_ratio=round(used_ratio, 4), limit=self.config.disk_max_used_ratio)
-            self.disk_read_only = (f"disk {used_ratio:.1%} full, above the limit of "
-                                   f"{self.config.disk_max_used_ratio:.0%}: free space or raise disk_max_used_ratio")
+            self._disk_full = (f"disk {used_ratio:.1%} full, above the limit of "
+                               f"{self.config.disk_max_used_ratio:.0%}: free space or raise disk_max_used_ratio")
             return
-        if not self.read_only_reason():
+        if self.read_only_reason() is None:
             return
         needed = self.config.segment_size_bytes + self.config.cq_entries_per_file * cq_unit.ENTRY_SIZE
-        if self.commitlog.read_only_reason and free_bytes is not None and free_bytes < needed:
+        if self._allocation_failed is not None and free_bytes is not None and free_bytes < needed:
             return  # the file creation that failed (ENOSPC) would fail again
         if not self._abort_marker_written and not self._write_abort_marker():
             return
         log.info("store.writable_again", used_ratio=round(used_ratio, 4), free_bytes=free_bytes)
-        self.disk_read_only = ""
-        self.commitlog.read_only_reason = ""
-        self.space_reserve.ensure()
+        self._disk_full = None
+        self._allocation_failed = None
+        self.reserve.ensure()

@@ -1,26 +1,57 @@
 """Topic registry and consumer offsets of the MessageStore: the rules (names, system topics, queue
 counts that only grow) on top of mqstore.meta, with an in-memory copy of the registry so that the
-append path never queries SQL. Mixed into MessageStore; ``_topics_lock`` serialises changes.
+append path never queries SQL. The store holds one :class:`TopicRegistry` and gives it the few things
+it needs of the rest of the store as callables.
+
+Thread-safety: lookups read the in-memory dict without a lock (one dict read is atomic); changes
+serialise on ``_lock``, which is held while the metadata database is written.
 """
 
 from __future__ import annotations
+
+import threading
+from typing import Callable
 
 import structlog
 
 from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
+from mqstore.meta import MetadataStore
 from mqstore.model import KIND_NORMAL, KIND_SYSTEM, QueueInfo, TopicRecord
 
 log = structlog.get_logger()
 
 
-class TopicsMixin:
-    def _ensure_system_topics(self) -> None:
+class TopicRegistry:
+    def __init__(self, default_queue_count: int, *, queue_info: Callable[[str, int], QueueInfo],
+                 drop_queues: Callable[[str], None], refuse_write: Callable[[], None]):
+        """``queue_info(topic, queue id)`` checks that the queue exists and gives its range;
+        ``drop_queues(topic)`` removes a deleted topic's consume queues; ``refuse_write()`` raises
+        while metadata must not be written (a full disk)."""
+        self.default_queue_count = default_queue_count
+        self._queue_info = queue_info
+        self._drop_queues = drop_queues
+        self._refuse_write = refuse_write
+        self.meta: MetadataStore | None = None
+        self._topics: dict[str, TopicRecord] = {}
+        self._lock = threading.Lock()
+
+    def open(self, meta: MetadataStore) -> None:
+        """Load the registry from ``meta`` (which the registry then owns) and create the system topics."""
+        self.meta = meta
+        self._topics = {t.name: t for t in meta.list_topics()}
         for name in sorted(topic_rules.SYSTEM_TOPICS):
             if name not in self._topics:
-                self._topics[name] = self.meta.create_topic(name, 1, KIND_SYSTEM, 0)
+                self._topics[name] = meta.create_topic(name, 1, KIND_SYSTEM, 0)
 
-    def topic(self, name: str) -> TopicRecord:
+    def close(self) -> None:
+        if self.meta is not None:
+            self.meta.close()
+
+    def names(self) -> set[str]:
+        return set(self._topics)
+
+    def get(self, name: str) -> TopicRecord:
         found = self._topics.get(name)
         if found is None:
             # A name that could never exist is a malformed request, not a missing topic. Checked only
@@ -40,24 +71,23 @@ class TopicsMixin:
             raise FailedPrecondition(f"topic {topic.name!r} is a system topic: only {who} writes it; "
                                      f"append to a topic of your own")
 
-    def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
-                     retention_ms: int = 0) -> TopicRecord:
+    def create(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL, retention_ms: int = 0) -> TopicRecord:
         topic_rules.validate_topic_name(name)
         if topic_rules.is_system_topic(name) or kind == KIND_SYSTEM:
             raise FailedPrecondition(f"topic {name!r}: system topics are created by the store itself")
-        queue_count = queue_count or self.config.default_queue_count
+        queue_count = queue_count or self.default_queue_count
         topic_rules.validate_queue_count(queue_count)
         if retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
-        self._refuse_metadata_write_if_read_only()
-        with self._topics_lock:
+        self._refuse_write()
+        with self._lock:
             created = self.meta.create_topic(name, queue_count, kind, retention_ms)
             self._topics[name] = created
         log.info("topic.created", topic=name, queue_count=queue_count, kind=kind)
         return created
 
-    def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
-        current = self.topic(name)
+    def update(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
+        current = self.get(name)
         if current.kind == KIND_SYSTEM:
             raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be changed")
         if queue_count:
@@ -68,49 +98,41 @@ class TopicsMixin:
                     f"(shrinking would strand messages), asked for {queue_count}")
         if retention_ms is not None and retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
-        self._refuse_metadata_write_if_read_only()
-        with self._topics_lock:
+        self._refuse_write()
+        with self._lock:
             updated = self.meta.update_topic(name, queue_count or None, retention_ms)
             self._topics[name] = updated
         return updated
 
-    def delete_topic(self, name: str) -> None:
-        current = self.topic(name)
+    def delete(self, name: str) -> None:
+        current = self.get(name)
         if current.kind == KIND_SYSTEM:
             raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be deleted")
-        with self._topics_lock:
+        with self._lock:
             self.meta.delete_topic(name)
             self._topics.pop(name, None)
-            with self.dispatcher.lock:
-                self.queues.drop_topic(name)
+            self._drop_queues(name)
         log.info("topic.deleted", topic=name)
 
-    def _refuse_metadata_write_if_read_only(self) -> None:
-        """The default metadata database (SQLite in the data directory) shares the data's disk: while
-        the store is read-only it would fail too (and grow its WAL on the last bytes), so refuse first.
-        A metadata_url elsewhere (PostgreSQL) is written regardless."""
-        if not self.config.metadata_url:
-            self.refuse_if_read_only()
-
-    def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
+    def sorted_topics(self, include_system: bool = False) -> list[TopicRecord]:
         return sorted((t for t in self._topics.values() if include_system or t.kind != KIND_SYSTEM),
                       key=lambda t: t.name)
 
-    def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:
-        topic = self.topic(name)
-        return topic, [self.queue_info(name, q) for q in range(topic.queue_count)]
+    def describe(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:
+        topic = self.get(name)
+        return topic, [self._queue_info(name, q) for q in range(topic.queue_count)]
 
     # ---- consumer offsets
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         topic_rules.validate_group_name(group)
-        info = self.queue_info(topic, queue_id)
+        info = self._queue_info(topic, queue_id)
         if offset < 0 or offset > info.max_offset:
             raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
                              min_value=0, max_value=info.max_offset)
-        self._refuse_metadata_write_if_read_only()
+        self._refuse_write()
         self.meta.commit_offset(group, topic, queue_id, offset)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         topic_rules.validate_group_name(group)
-        self._queue(topic, queue_id)
+        self._queue_info(topic, queue_id)
         return self.meta.query_offset(group, topic, queue_id)

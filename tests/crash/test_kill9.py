@@ -18,6 +18,7 @@ import pytest
 
 from mqstore.format import checkpoint as cpfmt, record
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc, common_pb2
+from tests.support import records
 from tests.support.processes import commitlog
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
@@ -50,7 +51,7 @@ def _producer(address, producer_id, stop, acked, seed):
                 response = stub.Append(request, timeout=10)
             except grpc.RpcError:
                 return  # the server died: this batch was not acknowledged
-            for body, result in zip(bodies, response.results):
+            for body, result in zip(bodies, response.results, strict=True):
                 assert result.durability == common_pb2.DURABILITY_FLUSHED
                 acked.append((body, result))
     finally:
@@ -147,9 +148,7 @@ def test_torn_tail_cut_on_restart(tmp_path):
     path, pos = _segment(data, end)
     with open(path, "r+b") as f:
         f.seek(pos)
-        f.write(record.encode(topic=b"t", body=b"x" * 900, properties=b"", queue_id=0, flag=0, sys_flag=0,
-                              born_timestamp_ms=0, born_host=b"\0" * 4, born_port=0, store_host=b"\0" * 4,
-                              store_port=0)[:300])
+        f.write(records.encode(topic=b"t", body=b"x" * 900)[:300])
     server = commitlog(data, "--segment-size-bytes", SEGMENT).started()
     try:
         cut = [line for line in server.lines if "recovery.torn_tail_truncated" in line]

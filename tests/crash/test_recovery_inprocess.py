@@ -16,6 +16,7 @@ from mqstore.log.repair import repair as offline_repair
 from mqstore.log.segment import SegmentQueue
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from tests.support import records
 
 
 def _filled(config, count=30, body_size=900):
@@ -42,9 +43,7 @@ def test_torn_tail_is_cut_and_logged(small_config):
     store.halt()
     # A partial record after the end: the start of a real record, then zeros (a copy cut short).
     path, pos = _segment_for(config, end)
-    partial = record.encode(topic=b"t", body=b"z" * 500, properties=b"", queue_id=0, flag=0, sys_flag=0,
-                            born_timestamp_ms=1, born_host=b"\0" * 4, born_port=0, store_host=b"\0" * 4,
-                            store_port=0)[:200]
+    partial = records.encode(topic=b"t", body=b"z" * 500)[:200]
     with open(path, "r+b") as f:
         f.seek(pos)
         f.write(partial)
@@ -99,8 +98,8 @@ def test_mid_file_corruption_refuses_then_repair_keeps_broken_copy(small_config)
     segments.load()
     report = repair(segments, config.max_write_bytes)
     segments.close()
-    assert report["corrupt"] and report["end_offset"] == victim.physical_offset
-    assert any(p.endswith(".broken") for p in report["broken_copies"])
+    assert report.corrupt and report.end_offset == victim.physical_offset
+    assert any(p.endswith(".broken") for p in report.broken_copies)
     assert (path.parent / (path.name + ".broken")).exists()
 
     store = MessageStore(config)
@@ -195,9 +194,7 @@ def test_copy_cut_short_with_its_head_unwritten(small_config, checkpoint):
     # cannot tell it from corruption and refuses to start.
     config = small_config()
     store, results = _filled(config)
-    batch = b"".join(record.encode(topic=b"t", body=bytes([200 + i]) * 700, properties=b"", queue_id=0, flag=0,
-                                   sys_flag=0, born_timestamp_ms=1, born_host=b"\0" * 4, born_port=0,
-                                   store_host=b"\0" * 4, store_port=0) for i in range(10))
+    batch = b"".join(records.encode(topic=b"t", body=bytes([200 + i]) * 700) for i in range(10))
     while store.commitlog.written_offset % config.segment_size_bytes + len(batch) + 8 > config.segment_size_bytes:
         store.append("t", [MessageIn(body=b"pad" * 300, queue_id=1)])  # so that the batch fits this segment
     end = store.commitlog.written_offset
@@ -376,7 +373,7 @@ def test_rebuilt_consume_queue_keeps_tags_next_to_a_longer_name_ending_in_tags(s
 
 # ---- repair keeps a durable copy before it cuts ---------------------------------------------------------
 
-def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monkeypatch):
+def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monkeypatch, failpoint):
     config = small_config()
     store, results = _filled(config, count=40)
     store.stop()
@@ -392,19 +389,15 @@ def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monke
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
-    failpoints.arm("repair.after_copy")
-    try:
-        with pytest.raises(failpoints.FailpointHit):
-            offline_repair(config.data_dir)  # "crashes" after the copies, before the cut
-    finally:
-        failpoints.disarm_all()
+    with failpoint.armed("repair.after_copy"), pytest.raises(failpoints.FailpointHit):
+        offline_repair(config.data_dir)  # "crashes" after the copies, before the cut
     broken = path.with_name(path.name + ".broken")
     assert broken.read_bytes() == damaged and path.read_bytes() == damaged  # copied whole; nothing cut yet
     assert f"{broken}.tmp" in synced and str(config.commitlog_dir) in synced  # the copy and its directory
     assert not list(config.commitlog_dir.glob("*.tmp"))
 
     report = offline_repair(config.data_dir)  # run again: it finishes, and keeps the first copy
-    assert report["corrupt"] and report["end_offset"] == victim.physical_offset
+    assert report.corrupt and report.end_offset == victim.physical_offset
     assert broken.read_bytes() == damaged
     assert path.with_name(path.name + ".broken.1").read_bytes() == damaged  # a new copy, none overwritten
     store = MessageStore(config)
@@ -427,7 +420,7 @@ def test_repair_pads_a_segment_file_cut_short(small_config):
     advice = f"mqstore repair --data-dir {config.data_dir} --segment-size-bytes {config.segment_size_bytes}"
     assert advice in str(info.value)
     report = offline_repair(config.data_dir, config.segment_size_bytes)
-    assert [r["from_bytes"] for r in report["resized_segments"]] == [pos + 100]
+    assert [r.from_bytes for r in report.resized_segments] == [pos + 100]
     assert path.with_name(path.name + ".broken").stat().st_size == pos + 100
     assert path.stat().st_size == config.segment_size_bytes
     store = MessageStore(config)

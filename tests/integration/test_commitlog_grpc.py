@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import pathlib
 import time
 
@@ -12,7 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from commitlog_service.main import CommitLogConfig, serving
 from mqstore.config import StoreConfig
-from mqstore.format import record
+from mqstore.format import record, record_reader
+from mqstore.format.record_reader import Record
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.server import ServerConfig
@@ -62,13 +64,8 @@ def create(stub, name: str, queue_count: int = 1, **fields) -> pb.Topic:
     return stub.CreateTopic(pb.CreateTopicRequest(name=name, queue_count=queue_count, **fields), timeout=RPC_TIMEOUT_S)
 
 
-def decode_frame(data: bytes) -> list[record.Record]:
-    records, position = [], 0
-    while position < len(data):
-        rec = record.decode(data, position)
-        records.append(rec)
-        position += rec.size
-    return records
+def decode_frame(data: bytes) -> list[Record]:
+    return [view.decode() for view in record_reader.records(data)]
 
 
 def test_health_serving_overall_and_per_service(channel):
@@ -113,7 +110,7 @@ def test_append_results_and_message_ids(stub, server):
     assert [(r.queue_id, r.queue_offset) for r in results] == [(1, 0), (1, 1), (0, 0)]
     physical = [r.physical_offset for r in results]
     assert physical == sorted(physical) and physical[0] == 0
-    assert all(b.physical_offset == a.physical_offset + a.size_bytes for a, b in zip(results, results[1:]))
+    assert all(b.physical_offset == a.physical_offset + a.size_bytes for a, b in itertools.pairwise(results))
     for r in results:
         assert r.msg_id == record.offset_msg_id(b"\x7f\x00\x00\x01", port, r.physical_offset)
         assert r.durability == common_pb2.DURABILITY_WRITTEN
@@ -211,7 +208,7 @@ def test_tail_from_earliest_with_topic_filter(stub):
     for i in range(30):
         append(stub, "a" if i % 3 else "b", [msg(b"m%d" % i)])
     expected = [b"m%d" % i for i in range(30) if i % 3]
-    got: list[record.Record] = []
+    got: list[Record] = []
     frames = stub.Tail(pb.TailRequest(start=pb.TAIL_START_EARLIEST, topics=["a"], heartbeat_ms=50),
                        timeout=RPC_TIMEOUT_S)
     try:
@@ -235,7 +232,7 @@ def test_tail_resumes_at_offset_and_heartbeats_when_idle(stub):
                                       heartbeat_ms=20), timeout=RPC_TIMEOUT_S)
     seen: list[bytes] = []
     try:
-        for _, frame in zip(range(100), frames):
+        for _, frame in zip(range(100), frames, strict=False):
             seen += [r.body for r in decode_frame(frame.records)]
             if frame.record_count == 0:  # a heartbeat: caught up
                 break

@@ -11,13 +11,9 @@ import time
 
 import grpc
 import pytest
-from commitlog_service.main import CommitLogConfig
-from commitlog_service.main import serving as commitlog_serving
 from index_service.config import IndexConfig
 from index_service.follower import FollowerConfig
 from index_service.main import IndexServiceConfig, serving
-from mqstore import failpoints
-from mqstore.config import StoreConfig
 from mqstore.javahash import java_string_hash
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import (
@@ -51,15 +47,6 @@ class Services:
     log: commitlog_pb2_grpc.CommitLogStub
     index: index_pb2_grpc.IndexStub
     config: IndexServiceConfig
-
-
-@pytest.fixture
-def commitlog_port(tmp_path):
-    config = CommitLogConfig(store=StoreConfig(data_dir=tmp_path / "log", segment_size_bytes=64 * 1024,
-                                               preallocate_segments=False),
-                             server=ServerConfig(port=0, grace_s=1.0))
-    with commitlog_serving(config) as (_, port):
-        yield port
 
 
 @pytest.fixture
@@ -251,7 +238,7 @@ def _wait_for_wall_clock(ms: int) -> None:
     raise AssertionError("the wall clock did not advance")
 
 
-def test_damaged_file_is_rebuilt_while_other_ranges_answer(tmp_path, commitlog_port):
+def test_damaged_file_is_rebuilt_while_other_ranges_answer(tmp_path, commitlog_port, failpoint):
     config = index_config(tmp_path / "index", commitlog_port, tier_min_age_ms=10**12)  # no tier moves
     with grpc.insecure_channel(f"127.0.0.1:{commitlog_port}") as channel:
         log = commitlog_pb2_grpc.CommitLogStub(channel)
@@ -267,8 +254,7 @@ def test_damaged_file_is_rebuilt_while_other_ranges_answer(tmp_path, commitlog_p
         files = sorted((tmp_path / "index" / "index").glob("*.cidx"))
         with open(files[1], "r+b") as damaged:  # overwrite its header: not a compact file any more
             damaged.write(b"\xff" * 64)
-        failpoints.arm("index.rebuild.after_rename", "raise")  # the rebuild cannot finish yet
-        try:
+        with failpoint.armed("index.rebuild.after_rename"):  # the rebuild cannot finish yet
             with serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{port}") as ich:
                 s = Services(log, index_pb2_grpc.IndexStub(ich), config)
                 assert stats(s.index).rebuilding_ranges
@@ -280,7 +266,7 @@ def test_damaged_file_is_rebuilt_while_other_ranges_answer(tmp_path, commitlog_p
                 recent = query(s.index, "r", "all", begin_ms=new[0].store_timestamp_ms)
                 assert [loc.physical_offset for loc in recent.locators] == [r.physical_offset for r in reversed(new)]
                 wait_until(lambda: "after_rename" in stats(s.index).last_error, "the rebuild to fail at the failpoint")
-                failpoints.disarm_all()
+                failpoint.disarm()
                 st = wait_until(lambda: not (x := stats(s.index)).rebuilding_ranges and x.healthy and x,
                                 "the rebuild to finish")
                 everything = query_all(s.index, "r", "all", page_size=25)
@@ -289,5 +275,3 @@ def test_damaged_file_is_rebuilt_while_other_ranges_answer(tmp_path, commitlog_p
                 for i in (0, 17, 59):
                     assert [loc.physical_offset for loc in query(s.index, "r", f"old{i}").locators] == [
                         old[i].physical_offset]
-        finally:
-            failpoints.disarm_all()

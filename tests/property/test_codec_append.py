@@ -132,6 +132,11 @@ EDGE_CASES = {
     "field-zero": b"\x00\x01",
     "end-group-alone": wire.tag(9, wire.EGROUP),
     "group-mismatched-end": wire.tag(9, wire.SGROUP) + wire.tag(10, wire.EGROUP),
+    # Inside a group, upb skips fields without checking their numbers: field 0 is accepted there.
+    "field-zero-in-group": wire.field(9, wire.SGROUP, [b"\x00\x01", b"\x01" + bytes(8)]),
+    "group-zero-in-group": wire.field(9, wire.SGROUP, [wire.field(0, wire.SGROUP, [b"\x00\x01"])]),
+    "field-zero-in-group-in-message": wire.field(2, wire.LEN, wire.field(9, wire.SGROUP, [b"\x05" + bytes(4)])),
+    "end-group-zero-in-group": wire.field(9, wire.SGROUP, [wire.tag(0, wire.EGROUP)]),
     "wire-type-6": wire.tag(9, 6),
     "fixed64-short": wire.tag(9, wire.FIXED64) + b"\x00" * 7,
     "surrogate-in-topic": wire.field(1, wire.LEN, b"\xed\xa0\x80"),

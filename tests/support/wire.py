@@ -91,10 +91,30 @@ def property_entry(draw) -> bytes:
     if draw(st.booleans()) or draw(st.booleans()):
         parts.append(field(2, LEN, draw(value_bytes)))
     if draw(st.integers(0, 9)) == 0:
-        parts.insert(draw(st.integers(0, len(parts))), draw(st.one_of(unknown_fields(1), known_field_wrong_type([1, 2]))))
+        parts.insert(draw(st.integers(0, len(parts))), draw(_ENTRY_ODDITY))
     if draw(st.integers(0, 9)) == 0:
         parts.append(field(1, LEN, draw(text_bytes)))  # a second key: the last wins
     return b"".join(parts)
+
+
+# Built once: a strategy built inside a composite is validated again at every draw (that was most of
+# the generation time).
+_ENTRY_ODDITY = st.one_of(unknown_fields(1), known_field_wrong_type([1, 2]))
+_MESSAGE_FIELD = st.one_of(
+    st.builds(field, st.just(2), st.just(LEN), st.one_of(value_bytes, text_bytes)),     # tags
+    st.builds(field, st.just(3), st.just(LEN), st.one_of(value_bytes, text_bytes)),     # keys
+    st.builds(field, st.just(4), st.just(LEN), property_entry()),                       # properties
+    st.builds(field, st.just(5), st.just(VARINT), small_ints),                          # flag
+    st.builds(field, st.just(6), st.just(VARINT), st.one_of(st.just(0), small_ints)),   # born_timestamp_ms
+    st.builds(field, st.just(7), st.just(VARINT), small_ints),                          # queue_id
+    st.builds(field, st.just(8), st.just(LEN), st.one_of(value_bytes, text_bytes)),     # sharding_key
+    st.builds(field, st.just(1), st.just(LEN), st.binary(max_size=8)),                  # a second body
+    unknown_fields(),
+    known_field_wrong_type([1, 2, 3, 4, 5, 6, 7, 8]),
+)
+_MESSAGE_FIELDS = st.lists(_MESSAGE_FIELD, max_size=7)
+_TOPIC = st.one_of(st.sampled_from(TOPICS).map(str.encode), text_bytes)
+_REQUEST_ODDITY = st.one_of(unknown_fields(), known_field_wrong_type([1, 2]))
 
 
 @st.composite
@@ -104,23 +124,14 @@ def message_input(draw, big_properties: bool = False) -> bytes:
     if draw(st.integers(0, 9)):
         size = draw(st.sampled_from([0, 1, 5, 40, 70, 200]))
         parts.append(field(1, LEN, bytes(i & 0xFF for i in range(size))))
-    extra = st.one_of(
-        st.builds(field, st.just(2), st.just(LEN), st.one_of(value_bytes, text_bytes)),     # tags
-        st.builds(field, st.just(3), st.just(LEN), st.one_of(value_bytes, text_bytes)),     # keys
-        st.builds(field, st.just(4), st.just(LEN), property_entry()),                       # properties
-        st.builds(field, st.just(5), st.just(VARINT), small_ints),                          # flag
-        st.builds(field, st.just(6), st.just(VARINT), st.one_of(st.just(0), small_ints)),   # born_timestamp_ms
-        st.builds(field, st.just(7), st.just(VARINT), small_ints),                          # queue_id
-        st.builds(field, st.just(8), st.just(LEN), st.one_of(value_bytes, text_bytes)),     # sharding_key
-        st.builds(field, st.just(1), st.just(LEN), st.binary(max_size=8)),                  # a second body
-        unknown_fields(),
-        known_field_wrong_type([1, 2, 3, 4, 5, 6, 7, 8]),
-    )
-    parts += draw(st.lists(extra, max_size=7))
+    parts += draw(_MESSAGE_FIELDS)
     if big_properties:
         size = draw(st.sampled_from([3000, 5000, 16000, 33000]))
         parts.append(field(4, LEN, field(1, LEN, b"big") + field(2, LEN, b"v" * size)))
     return b"".join(draw(st.permutations(parts)))
+
+
+_MESSAGE, _BIG_MESSAGE = message_input(), message_input(big_properties=True)
 
 
 @st.composite
@@ -128,11 +139,11 @@ def append_request(draw, max_messages: int = 8) -> bytes:
     """AppendRequest bytes: a topic, messages, maybe unknown fields; then maybe damaged."""
     parts = []
     if draw(st.integers(0, 19)):
-        parts.append(field(1, LEN, draw(st.one_of(st.sampled_from(TOPICS).map(str.encode), text_bytes))))
-    big = draw(st.integers(0, 9)) == 0
-    parts += [field(2, LEN, draw(message_input(big_properties=big))) for _ in range(draw(st.integers(0, max_messages)))]
+        parts.append(field(1, LEN, draw(_TOPIC)))
+    message = _BIG_MESSAGE if draw(st.integers(0, 9)) == 0 else _MESSAGE
+    parts += [field(2, LEN, draw(message)) for _ in range(draw(st.integers(0, max_messages)))]
     if draw(st.integers(0, 4)) == 0:
-        parts.insert(draw(st.integers(0, len(parts))), draw(st.one_of(unknown_fields(), known_field_wrong_type([1, 2]))))
+        parts.insert(draw(st.integers(0, len(parts))), draw(_REQUEST_ODDITY))
     raw = b"".join(parts)
     return draw(damaged(raw)) if draw(st.integers(0, 5)) == 0 else raw
 

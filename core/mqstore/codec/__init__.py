@@ -43,9 +43,22 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
+    _check_layout(_records.WRITES)
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder,
                                  append_response=_responses.append_response), ""
+
+
+def _check_layout(writes: dict) -> None:
+    """The compiled encoder writes records where mqstore.format.record (the one definition) says."""
+    from mqstore.errors import invariant
+    from mqstore.format import record
+    layout = record.IPV4
+    expected = {name: getattr(layout, name, None) for name in writes}
+    expected.update(magic=record.MAGIC_V1, fixed_overhead=record.FIXED_OVERHEAD, blank_size=record.BLANK_SIZE,
+                    max_properties_bytes=record.MAX_PROPERTIES_BYTES)
+    invariant(writes == expected, f"the compiled codec writes records at {writes}, mqstore.format.record says "
+                                  f"{expected}: rebuild it (make setup) after changing the layout")
 
 
 compiled, REASON = _load()

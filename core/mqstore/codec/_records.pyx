@@ -36,6 +36,14 @@ cdef enum:
     MAX_PROPERTIES_BYTES = 32767
 
 
+# Where _put_record writes each field of the IPv4 layout (the only one gRPC appends produce: BORNHOST
+# is the IPv4 peer, STOREHOST the encoder's IPv4 host), named as mqstore.format.record.Layout's fields;
+# mqstore.codec checks them against record.IPV4 at import, so a change of the layout cannot go unseen.
+WRITES = dict(born_port_at=52, store_timestamp_at=56, store_host_at=64, store_port_at=68, reconsume_times_at=72,
+              prepared_transaction_offset_at=76, body_length_at=84, body_at=HEADER_SIZE, magic=MAGIC_V1,
+              fixed_overhead=FIXED_OVERHEAD, blank_size=BLANK_SIZE, max_properties_bytes=MAX_PROPERTIES_BYTES)
+
+
 cdef struct Plan:
     Span tags            # the tag stored (the field's or the TAGS property's)
     Span keys_prop       # the KEYS property, stored as given; ptr NULL: the keys field, joined
@@ -241,7 +249,7 @@ cdef uint8_t* _put_record(uint8_t* out, WireMessages wire, const Msg* m, const P
     memset(out + 20, 0, 20)  # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG
     put_be64(out + 40, <uint64_t>(m.born_ts if m.born_ts else now_ms))
     memcpy(out + 48, wire.born_host, 4)
-    put_be32(out + 52, <uint32_t>wire.born_port)
+    put_be32(out + 52, <uint32_t>wire.born_port)  # offsets: WRITES
     memset(out + 56, 0, 8)  # STORETIMESTAMP
     memcpy(out + 64, store_host, 4)
     put_be32(out + 68, <uint32_t>store_port)

@@ -92,8 +92,10 @@ cdef inline Py_ssize_t skip_field(const uint8_t* p, Py_ssize_t at, Py_ssize_t en
         if depth <= 0:
             return -1
         while True:
+            # Field number 0 is refused everywhere but here: upb skips a group's fields without
+            # checking their numbers (measured; tests/property/test_codec_append.py's edge cases).
             at = read_varint32(p, at, end, &inner)
-            if at < 0 or inner >> 3 == 0:
+            if at < 0:
                 return -1
             if inner & 7 == WT_EGROUP:
                 return at if inner >> 3 == tag >> 3 else -1

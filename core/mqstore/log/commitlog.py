@@ -23,14 +23,13 @@ from typing import Callable
 import structlog
 
 from mqstore import failpoints
-from mqstore.errors import NotFound, OutOfRange, invariant
-from mqstore.format import record
+from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, invariant
+from mqstore.format import record, record_reader, record_scan
 from mqstore.log.encoder import EncodedBatch
 from mqstore.log.segment import SegmentQueue
 
 log = structlog.get_logger()
 _NO_QUEUE_OFFSET_TX = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)
-_PHYSICAL_OFFSET_AT = record.OFFSETS_AT + 8
 
 
 @dataclass(slots=True)
@@ -59,7 +58,6 @@ class CommitLog:
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
         self.pending: collections.deque[Written] = collections.deque()
-        self.read_only_reason = ""
 
     # ---- recovery hands over the state it found
     def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
@@ -125,7 +123,7 @@ class CommitLog:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
         qids, flags = batch.queue_ids, batch.sys_flags
         if any(flags):
-            counts = collections.Counter(q for q, f in zip(qids, flags) if f & record.SYSFLAG_TX_MASK
+            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if f & record.SYSFLAG_TX_MASK
                                          not in _NO_QUEUE_OFFSET_TX)
         else:
             counts = collections.Counter(qids)
@@ -188,16 +186,45 @@ class CommitLog:
         seg = self.segments.find(physical_offset)
         pos = physical_offset - seg.start
         try:
-            size = record.check(seg.buffer, pos, min(seg.size, limit - seg.start), verify_crc=False)
-        except record.RecordError as exc:
+            size = record_reader.check(seg.buffer, pos, min(seg.size, limit - seg.start), verify_crc=False)
+        except record_reader.RecordError as exc:
             raise NotFound(f"no record starts at physical offset {physical_offset} ({exc})") from None
-        if record.is_blank(seg.buffer, pos):
+        if record_reader.is_blank(seg.buffer, pos):
             raise NotFound(f"physical offset {physical_offset} is the blank end of segment {seg.path.name}")
         return seg.read(pos, size)
 
+    def decode_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> record_reader.Record:
+        """The record at ``physical_offset``, checked (CRC included, and that it names its own physical
+        offset). DataLoss names the bad record, and for a queue read its queue offset, so a consumer can
+        skip it deliberately (offset + 1)."""
+        data = self.read(physical_offset, size)
+        try:
+            return record_reader.decode(data, 0, physical_offset=physical_offset)
+        except record_reader.RecordError as exc:
+            where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
+            skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
+            raise DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
+                           f"is not served{skip}",
+                           physical_offset=physical_offset, queue_offset=queue_offset) from None
+
+    def check_resume_point(self, physical_offset: int) -> None:
+        """InvalidArgument unless a record starts at ``physical_offset`` (below the written offset), where
+        a reader may start a Tail. A record damaged since a reader got there still names its own
+        offset: it is accepted (its frame comes alone, see :meth:`frame`), or that reader could never
+        go on."""
+        seg = self.segments.find(physical_offset)
+        position = physical_offset - seg.start
+        try:
+            record_reader.check(seg.buffer, position, seg.size, verify_crc=False)
+        except record_reader.RecordError:
+            if (position + record.PHYSICAL_OFFSET_AT + 8 > seg.size
+                    or record_reader.stored_physical_offset(seg.buffer, position) != physical_offset):
+                raise InvalidArgument(f"no record starts at physical offset {physical_offset}; resume from a "
+                                      f"next_physical_offset of a previous frame") from None
+
     def store_timestamp_at(self, physical_offset: int) -> int:
         seg = self.segments.find(physical_offset)
-        return record.INT64.unpack_from(seg.buffer, physical_offset - seg.start + record.STORE_TIMESTAMP_AT)[0]
+        return record_reader.store_timestamp(seg.buffer, physical_offset - seg.start)
 
     def frame(self, start: int, limit: int, max_bytes: int, topics: frozenset[bytes]):
         """Whole records from ``start`` up to ``limit``: (records bytes, count, next offset).
@@ -210,16 +237,15 @@ class CommitLog:
         jumping over it), so a reader knows the physical offset of every byte of it.
 
         Damage found after start must not misalign the stream, so a record goes into a frame only if
-        it is sound (:func:`_sound`). A record that is not ends the frame before it; a frame that
-        starts at one holds only the damaged bytes, up to the next record that names itself
-        (record.next_record_start), whatever the topic filter: readers find them failing their checks
-        and go on at the next offset. (The body CRC is the reader's to check: checking it here would
-        cost every Tail.)"""
+        it is sound (record_scan.frameable). A record that is not ends the frame before it; a frame
+        that starts at one holds only the damaged bytes, up to the next record that names itself
+        (record_scan.next_record_start), whatever the topic filter: readers find them failing their
+        checks and go on at the next offset."""
         seg = self.segments.find(start)
         buf = seg.buffer
         pos = start - seg.start
         end = min(seg.size, limit - seg.start)
-        unpack = record.PREFIX.unpack_from
+        unpack, frameable, peek_topic = record.PREFIX.unpack_from, record_scan.frameable, record_reader.peek_topic
         scan_limit = pos + 16 * max_bytes
         pieces = []
         run_from = -1
@@ -230,16 +256,16 @@ class CommitLog:
                 if not count:
                     pos = seg.size  # nothing taken: jump to the next segment
                 break  # else end the frame at the blank, so an unfiltered frame is contiguous
-            if not _sound(buf, seg.start, pos, size, magic, end):
+            if not frameable(buf, pos, size, magic, end, seg.start):
                 if count:
                     break
-                nxt = record.next_record_start(buf, pos, end, seg.start)
+                nxt = record_scan.next_record_start(buf, pos, end, seg.start)
                 log.error("tail.damaged_record", file=str(seg.path), position=pos, physical_offset=seg.start + pos,
                           next_physical_offset=seg.start + nxt)
                 return seg.read(pos, nxt - pos), 1, seg.start + nxt
             if count and taken + size > max_bytes:
                 break
-            if not topics or record.peek_topic(buf, pos) in topics:
+            if not topics or peek_topic(buf, pos) in topics:
                 if run_from < 0:
                     run_from = pos
                 taken += size
@@ -251,29 +277,3 @@ class CommitLog:
         if run_from >= 0:
             pieces.append(seg.read(run_from, pos - run_from))
         return b"".join(pieces), count, seg.start + pos
-
-
-def _sound(buf, base: int, pos: int, size: int, magic: int, end: int) -> bool:
-    """The record at ``pos`` (physical offset ``base + pos``) can be framed: magic V1, a TOTALSIZE
-    that stays below ``end``, its PHYSICALOFFSET is its own, and its TOTALSIZE leads to ``end``, a
-    blank record or a V1 record naming its own offset, or else (that successor may be what is
-    damaged) agrees with its own field lengths."""
-    if magic != record.MAGIC_V1 or size < record.FIXED_OVERHEAD or pos + size > end:
-        return False
-    if record.INT64.unpack_from(buf, pos + _PHYSICAL_OFFSET_AT)[0] != base + pos:
-        return False
-    nxt = pos + size
-    if nxt == end:
-        return True
-    if nxt + record.HEADER_SIZE <= end:
-        _, next_magic = record.PREFIX.unpack_from(buf, nxt)
-        if next_magic == record.MAGIC_BLANK or (next_magic == record.MAGIC_V1 and record.INT64.unpack_from(
-                buf, nxt + _PHYSICAL_OFFSET_AT)[0] == base + nxt):
-            return True
-    elif nxt + record.BLANK_SIZE <= end and record.PREFIX.unpack_from(buf, nxt)[1] == record.MAGIC_BLANK:
-        return True
-    try:
-        record.check(buf, pos, end, verify_crc=False)
-        return True
-    except record.RecordError:
-        return False

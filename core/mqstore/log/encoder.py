@@ -28,6 +28,10 @@ _RESERVED = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPER
 _BAD_TEXT = re.compile("[\x01\x02]")
 _BAD_KEY_CHARS = re.compile(r"[\x01\x02\t\n\r\f\v]")
 _TAG_CACHE_LIMIT = 10_000
+# "NAME\x01" of the properties the encoder writes itself (each entry ends in \x02).
+_TAGS_ENTRY = record.PROPERTY_TAGS + record.NAME_VALUE_SEPARATOR
+_KEYS_ENTRY = record.PROPERTY_KEYS + record.NAME_VALUE_SEPARATOR
+_UNIQ_KEY_ENTRY = record.PROPERTY_UNIQ_KEY + record.NAME_VALUE_SEPARATOR
 
 
 @dataclass(slots=True)
@@ -116,7 +120,8 @@ class MessageEncoder:
         fresh = iter(self.uniq.next_keys(uniq_needed, now_ms))
         topic_bytes = topic.name.encode("utf-8")
         topic_part = record.topic_part(topic_bytes)
-        fixed = record.FIXED_OVERHEAD + len(topic_bytes)
+        # The hosts' address sizes choose the layout (encode_parts): 4 bytes each in the smallest one.
+        fixed = record.FIXED_OVERHEAD + len(topic_bytes) + len(self.store_host) - 2 * record.IPV4_BYTES
         room = self.config.segment_size_bytes - record.BLANK_SIZE
         qids = self._queues_for(topic, messages)
         parts: list[bytes] = []
@@ -125,14 +130,13 @@ class MessageEncoder:
         for index, msg in enumerate(messages):
             props, tag_code, uniq = props_of(index, msg, fresh)
             body = msg.body
-            size = fixed + len(body) + len(props)
+            size = fixed + len(body) + len(props) + len(msg.born_host)
             if size > room or not body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0:
                 self._reject(index, topic, msg, props, size)
             # born_timestamp_ms 0 means "server time" (the proto says so): the batch's time, not 1970.
-            encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag,
-                         msg.born_timestamp_ms or now_ms, msg.born_host, msg.born_port, host, port,
-                         msg.prepared_transaction_offset)
-            sizes.append(size)
+            sizes.append(encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag,
+                                      msg.born_timestamp_ms or now_ms, msg.born_host, msg.born_port, host, port,
+                                      msg.prepared_transaction_offset))
             tags.append(tag_code)
             flags.append(msg.sys_flag)
             uniqs.append(uniq)
@@ -163,7 +167,7 @@ class MessageEncoder:
 
     def _properties(self, index: int, msg: MessageIn, fresh) -> tuple[bytes, int, str]:
         user = msg.properties
-        tags, keys, uniq = msg.tags, msg.keys, ""
+        tags, keys, uniq = msg.tags, msg.keys, None
         pieces = []
         if user:
             for name, value in user.items():
@@ -176,12 +180,12 @@ class MessageEncoder:
         if tags:
             if _BAD_TEXT.search(tags):
                 raise InvalidArgument(f"messages[{index}].tags contains the reserved characters \\x01 or \\x02")
-            pieces.append(f"TAGS\x01{tags}\x02")
+            pieces.append(f"{_TAGS_ENTRY}{tags}\x02")
         if keys:
             _check_keys(index, "keys", keys)
-            pieces.append(f"KEYS\x01{' '.join(keys)}\x02")
+            pieces.append(f"{_KEYS_ENTRY}{' '.join(keys)}\x02")
         uniq = uniq or next(fresh)
-        pieces.append(f"UNIQ_KEY\x01{uniq}\x02")
+        pieces.append(f"{_UNIQ_KEY_ENTRY}{uniq}\x02")
         return "".join(pieces).encode("utf-8"), self.tag_code(tags), uniq
 
     def tag_code(self, tags: str) -> int:
@@ -229,32 +233,33 @@ class MessageEncoder:
         return start
 
 
-def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tuple[str, tuple, str]:
+def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tuple[str, tuple, str | None]:
     """TAGS, KEYS and UNIQ_KEY given as properties: checked like the fields they stand for. A field and
     its property mean the same thing, so when both are given they must agree (else neither could win
-    silently). Returns (tags, keys, uniq key); the uniq key is "" when not given."""
+    silently). Returns (tags, keys, uniq key); the uniq key is None when not given."""
     where = f"messages[{index}].properties"
+    tags_at, keys_at = f"{where}[{record.PROPERTY_TAGS!r}]", f"{where}[{record.PROPERTY_KEYS!r}]"
     prop_tags = user.get(record.PROPERTY_TAGS)
     if prop_tags is not None:
         if not prop_tags:
-            raise InvalidArgument(f"{where}['TAGS'] is empty; leave it out or give a tag")
+            raise InvalidArgument(f"{tags_at} is empty; leave it out or give a tag")
         if tags and tags != prop_tags:
-            raise InvalidArgument(f"messages[{index}]: tags {tags!r} and {where}['TAGS'] {prop_tags!r} differ; "
+            raise InvalidArgument(f"messages[{index}]: tags {tags!r} and {tags_at} {prop_tags!r} differ; "
                                   f"give the tag once (the field and the property mean the same)")
         tags = prop_tags
     prop_keys = user.get(record.PROPERTY_KEYS)
     if prop_keys is not None:
         # The property is the stored form: keys separated by single spaces (as RocketMQ's KEYS).
         split = tuple(prop_keys.split(" "))
-        _check_keys(index, "properties['KEYS']", split)
+        _check_keys(index, f"properties[{record.PROPERTY_KEYS!r}]", split)
         if keys and tuple(keys) != split:
-            raise InvalidArgument(f"messages[{index}]: keys {list(keys)!r} and {where}['KEYS'] {prop_keys!r} "
+            raise InvalidArgument(f"messages[{index}]: keys {list(keys)!r} and {keys_at} {prop_keys!r} "
                                   f"differ; give the keys once (the field and the property mean the same)")
         keys = split
     uniq = user.get(record.PROPERTY_UNIQ_KEY)
     if uniq is not None:
-        _check_keys(index, "properties['UNIQ_KEY']", (uniq,))
-    return tags, keys, uniq or ""
+        _check_keys(index, f"properties[{record.PROPERTY_UNIQ_KEY!r}]", (uniq,))
+    return tags, keys, uniq or None
 
 
 def _check_keys(index: int, field: str, keys) -> None:

@@ -1,4 +1,4 @@
-"""The flush service: one named thread that fsyncs the commit log.
+"""The flush service: one named duty ("commitlog-flush", mqstore.background) that fsyncs the commit log.
 
 ASYNC: every ``flush_interval_ms``, when at least ``flush_min_dirty_pages`` pages are dirty (all dirty
 data every ``flush_thorough_interval_ms``). Appends do not wait.
@@ -6,27 +6,29 @@ SYNC (group commit): an append waits in ``wait_flushed`` until an fsync covers i
 thread flushes everything written so far, so appends that arrive while an fsync runs share the next
 one. A wait that outlives ``sync_flush_timeout_ms`` raises FlushTimeout.
 
-Thread-safety: all state is guarded by ``_cond``. A failure in the loop marks the service failed
-(``error``), wakes every waiter with Unavailable, and is logged once.
+No error is retried (``retry_on=()``): after a failed fsync the kernel may have dropped the dirty
+pages, so a retry that succeeds would confirm data that is gone. The duty dies instead: ``error`` is
+set, every waiter is woken with Unavailable, and ``problem()`` makes the store unhealthy.
+
+Thread-safety: ``flushed_offset``, ``_wanted`` and ``error`` are guarded by ``_cond``; ``flush_now``
+runs on the duty's thread, and on the starting or stopping thread while the duty is not running.
 """
 
 from __future__ import annotations
 
 import threading
 
-import structlog
-
 from mqstore import failpoints
+from mqstore.background import Duty
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import FlushTimeout, Unavailable
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.segment import PAGE_SIZE
 
-log = structlog.get_logger()
 
-
-class Flusher:
+class Flusher(Duty):
     def __init__(self, commitlog: CommitLog, config: StoreConfig, clock, on_flushed):
+        super().__init__("commitlog-flush", interval_s=config.flush_interval_ms / 1000, retry_on=())
         self.commitlog = commitlog
         self.config = config
         self.clock = clock
@@ -37,26 +39,17 @@ class Flusher:
         self.error: BaseException | None = None
         self._cond = threading.Condition()
         self._wanted = 0
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="commitlog-flush", daemon=True)
         self._last_thorough_s = clock.monotonic_s()
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout_s)
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """End the duty, then flush what is left."""
+        stopped = super().stop(timeout_s)
         self.flush_now()
+        return stopped
 
     def abandon(self, timeout_s: float) -> None:
-        """Stop the thread without the final flush (crash tests: what kill -9 would leave)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout_s)
+        """End the duty without the final flush (crash tests: what kill -9 would leave)."""
+        super().stop(timeout_s)
 
     def wait_flushed(self, offset: int) -> None:
         timeout_s = self.config.sync_flush_timeout_ms / 1000
@@ -105,24 +98,23 @@ class Flusher:
             return True
         return dirty >= self.config.flush_min_dirty_pages * PAGE_SIZE
 
-    def _run(self) -> None:
-        interval_s = self.config.flush_interval_ms / 1000
-        try:
-            while True:
-                with self._cond:
-                    if self._stopping:
-                        return
-                    if self.sync:
-                        if self._wanted <= self.flushed_offset:
-                            self._cond.wait(interval_s)
-                    else:
-                        self._cond.wait(interval_s)
-                    if self._stopping:
-                        return
-                if self._due():
-                    self.flush_now()
-        except BaseException as exc:  # noqa: BLE001 - a dead flusher must fail loudly, not silently
-            log.exception("flush.failed")
-            with self._cond:
-                self.error = exc
-                self._cond.notify_all()
+    # ---- the duty
+    def step(self) -> None:
+        if self._due():
+            self.flush_now()
+
+    def pause(self) -> None:
+        """The interval; in SYNC mode not at all while an append waits for more than is flushed."""
+        with self._cond:
+            if self.stopping or (self.sync and self._wanted > self.flushed_offset):
+                return
+            self._cond.wait(self.interval_s)
+
+    def on_stop(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def on_died(self, exc: BaseException) -> None:
+        with self._cond:
+            self.error = exc
+            self._cond.notify_all()

@@ -52,7 +52,8 @@ import structlog
 
 from mqstore import failpoints, fs
 from mqstore.errors import CorruptLog, FailedPrecondition
-from mqstore.format import record
+from mqstore.format import record, record_scan
+from mqstore.format.record_reader import RecordError
 from mqstore.log.segment import PAGE_SIZE, Segment, SegmentQueue
 
 log = structlog.get_logger()
@@ -155,16 +156,17 @@ def scan(segments: SegmentQueue, start_offset: int, max_write_bytes: int, flushe
 
 
 def _walk_segment(seg: Segment, position: int, outcome: ScanOutcome,
-                  progress: Callable[[int], None] | None) -> tuple[int, record.RecordError | None]:
-    """record.walk over one segment, CRC and PHYSICALOFFSET included, in steps when there is a
+                  progress: Callable[[int], None] | None) -> tuple[int, RecordError | None]:
+    """record_scan.walk over one segment, CRC and PHYSICALOFFSET included, in steps when there is a
     ``progress`` to call. Returns (stop position, error): error None at a blank record or the end."""
     step = _PROGRESS_STEP
     while True:
         step_end = seg.size if progress is None else min(seg.size, position + step)
-        stop, count, last_ts, error = record.walk(seg.buffer, position, step_end, base=seg.start)
-        outcome.records += count
-        if count:
-            outcome.last_store_timestamp_ms = last_ts
+        walked = record_scan.walk(seg.buffer, position, step_end, base=seg.start)
+        stop, error = walked.stop, walked.error
+        outcome.records += walked.records
+        if walked.records:
+            outcome.last_store_timestamp_ms = walked.last_store_timestamp_ms
         if progress is not None:
             progress(seg.start + stop)
         ended_inside_step = error is None and stop < step_end  # a blank record
@@ -176,7 +178,7 @@ def _walk_segment(seg: Segment, position: int, outcome: ScanOutcome,
         position = stop
 
 
-def _classify(segs, index: int, position: int, exc: record.RecordError, outcome: ScanOutcome,
+def _classify(segs, index: int, position: int, exc: RecordError, outcome: ScanOutcome,
               torn_write_bytes: int, below_flushed: bool) -> None:
     seg = segs[index]
     later_data = next((s for s in segs[index + 1:] if _last_nonzero(s, 0) > 0), None)
@@ -194,7 +196,7 @@ def _classify(segs, index: int, position: int, exc: record.RecordError, outcome:
     if torn and below_flushed:
         if whole_header and extent >= total - 2:  # only PROPERTIESLENGTH 0 may end a whole record in zeros
             torn, detail = False, "the record is whole (not cut short) below the checkpoint's flushed offset"
-        elif record.next_record_start(seg.buffer, position, last, seg.start) < last:
+        elif record_scan.next_record_start(seg.buffer, position, last, seg.start) < last:
             torn, detail = False, "a record naming its own physical offset follows it"
     if torn:
         outcome.torn_bytes = extent
@@ -223,7 +225,19 @@ def _last_nonzero(seg: Segment, position: int) -> int:
     return last
 
 
-def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | None = None) -> dict:
+@dataclass(frozen=True)
+class LogRepair:
+    """What :func:`repair` did to the log."""
+
+    corrupt: bool              # the log was cut at its first bad record (else at most a torn tail was cut)
+    end_offset: int            # the log's end afterwards
+    records: int               # records before that end, all of which passed their checks
+    torn_bytes_cut: int        # the bytes of a torn tail cut (when not corrupt)
+    cut_at: str | None         # what was wrong where the log was cut (when corrupt)
+    broken_copies: list[str]   # the .broken copies kept of the segments that were cut
+
+
+def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | None = None) -> LogRepair:
     """Cut the log at the first bad record, keeping durable ``<segment>.broken`` copies of what is
     cut: each copy is complete and fsynced (file and directory) before anything is cut, so a crash at
     any point leaves either the uncut log or the copy (fs.copy_durably)."""
@@ -232,8 +246,7 @@ def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | N
     if outcome.corrupt is None:
         if outcome.torn_bytes:
             recover(segments, outcome.start_offset, max_write_bytes, flushed_offset)
-        return {"corrupt": False, "end_offset": outcome.end_offset, "torn_bytes_cut": outcome.torn_bytes,
-                "records": outcome.records, "broken_copies": []}
+        return LogRepair(False, outcome.end_offset, outcome.records, outcome.torn_bytes, None, [])
     cut = outcome.end_offset
     copies = []
     for seg in segments.segments:
@@ -245,5 +258,4 @@ def repair(segments: SegmentQueue, max_write_bytes: int, flushed_offset: int | N
     segments.delete_from(seg.end)
     fs.fsync_dir(segments.directory)
     log.warning("repair.cut", physical_offset=cut, file=str(seg.path), broken_copies=copies)
-    return {"corrupt": True, "end_offset": cut, "cut_at": str(outcome.corrupt), "records": outcome.records,
-            "broken_copies": copies}
+    return LogRepair(True, cut, outcome.records, 0, str(outcome.corrupt), copies)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import pathlib
 import time
@@ -48,6 +49,22 @@ _DEFAULT_SEGMENT_SIZE = StoreConfig.segment_size_bytes
 
 
 @dataclass(frozen=True)
+class ResizedSegment:
+    file: str
+    from_bytes: int
+    to_bytes: int
+    broken_copy: str
+
+
+@dataclass(frozen=True)
+class RepairReport(recovery.LogRepair):
+    """What `mqstore repair` did: the log's repair, and the segment files it resized first."""
+
+    resized_segments: list[ResizedSegment]
+    segment_size_bytes: int
+
+
+@dataclass(frozen=True)
 class CheckReport:
     verdict: str               # ok | torn tail | corrupt | wrong segment size
     detail: str                # what was found and what to do
@@ -65,7 +82,7 @@ class CheckReport:
         return self.verdict in ("ok", "torn tail")
 
 
-def repair(data_dir: str | os.PathLike, segment_size: int | None = None) -> dict:
+def repair(data_dir: str | os.PathLike, segment_size: int | None = None) -> RepairReport:
     with _locked(data_dir) as (root, log_dir):
         fs.remove_leftovers(log_dir)
         size = infer_segment_size(log_dir, segment_size)
@@ -74,16 +91,14 @@ def repair(data_dir: str | os.PathLike, segment_size: int | None = None) -> dict
         segments = SegmentQueue(log_dir, size, preallocate=False)
         segments.load()
         try:
-            report = recovery.repair(segments, _DEFAULT_MAX_WRITE_BYTES,
-                                     flushed.flushed_physical_offset if flushed else None)
+            repaired = recovery.repair(segments, _DEFAULT_MAX_WRITE_BYTES,
+                                       flushed.flushed_physical_offset if flushed else None)
         finally:
             segments.close()
         # The checkpoint may point past the cut; without it the next start re-checks the whole log.
         (root / "checkpoint").unlink(missing_ok=True)
         fs.fsync_dir(root)
-        report["resized_segments"] = resized
-        report["segment_size_bytes"] = size
-        return report
+        return RepairReport(**vars(repaired), resized_segments=resized, segment_size_bytes=size)
 
 
 def check(data_dir: str | os.PathLike, segment_size: int | None = None,
@@ -136,7 +151,7 @@ def infer_segment_size(log_dir: pathlib.Path, given: int | None = None) -> int:
         return given
     files = _segment_files(log_dir)
     starts = [segment_name.parse(path.name) for path, _ in files]
-    gaps = {b - a for a, b in zip(starts, starts[1:])}
+    gaps = {b - a for a, b in itertools.pairwise(starts)}
     if gaps:
         return min(gaps)  # a missing segment makes a larger gap; start reports it
     if files:
@@ -164,7 +179,7 @@ def _wrong_sizes(files: list[tuple[pathlib.Path, int]], size: int) -> list[tuple
             if actual != size and not (actual == 0 and i == len(files) - 1)]
 
 
-def _fix_size(path: pathlib.Path, size: int) -> dict:
+def _fix_size(path: pathlib.Path, size: int) -> ResizedSegment:
     """Keep a durable .broken copy, then pad the file with zeros to ``size`` (or cut it there)."""
     actual = path.stat().st_size
     copy = fs.copy_durably(path, fs.free_name(path, ".broken"))
@@ -182,7 +197,7 @@ def _fix_size(path: pathlib.Path, size: int) -> dict:
         os.close(fd)
     fs.fsync_dir(path.parent)
     log.warning("repair.segment_resized", file=str(path), from_bytes=actual, to_bytes=size, broken_copy=str(copy))
-    return {"file": str(path), "from_bytes": actual, "to_bytes": size, "broken_copy": str(copy)}
+    return ResizedSegment(str(path), actual, size, str(copy))
 
 
 def _checkpoint(root: pathlib.Path) -> cpfmt.Checkpoint | None:

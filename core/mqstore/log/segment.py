@@ -16,10 +16,12 @@ commit log tests on a disk that cannot fill up.
 from __future__ import annotations
 
 import errno
+import itertools
 import mmap
 import os
 import pathlib
 import threading
+from typing import Callable
 
 import structlog
 
@@ -196,7 +198,7 @@ class SegmentQueue:
             for seg in segments:
                 seg.close()
             raise
-        for prev, cur in zip(segments, segments[1:]):
+        for prev, cur in itertools.pairwise(segments):
             if cur.start != prev.end:
                 raise FailedPrecondition(
                     f"segment gap in {self.directory}: {prev.path.name} ends at {prev.end} but the next "
@@ -253,6 +255,25 @@ class SegmentQueue:
             self.segments = self.segments[1:]
         seg.delete()
         return seg
+
+    def delete_expired(self, limit_offset: int, now_ms: int, retention_ms: int,
+                       before_delete: Callable[[int], None]) -> int:
+        """Retention: delete whole segments, oldest first, that end at or below ``limit_offset`` and
+        were last written ``retention_ms`` or more before ``now_ms``; never the last one (the active
+        segment), and never one after a segment that stays (never from the middle).
+        ``before_delete(new min offset)`` runs before each deletion. Returns how many were deleted."""
+        deleted = 0
+        for seg in self.segments[:-1]:
+            if seg.end > limit_offset:
+                break
+            mtime_ms = int(seg.path.stat().st_mtime * 1000)
+            if mtime_ms + retention_ms > now_ms:
+                break
+            before_delete(seg.end)
+            self.delete_first()
+            log.info("retention.segment_deleted", path=str(seg.path), start=seg.start, age_ms=now_ms - mtime_ms)
+            deleted += 1
+        return deleted
 
     def delete_from(self, offset: int) -> list[Segment]:
         """Delete every segment starting at or after ``offset`` (truncation)."""

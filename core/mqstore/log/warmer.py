@@ -1,11 +1,13 @@
-"""The segment warmer: one named thread that keeps the next ``warm_ahead_bytes`` of the commit log in
-the page cache ahead of the write position (RocketMQ's "warm mapped file", done by reading).
+"""The segment warmer: one named duty ("commitlog-warmer", mqstore.background) that keeps the next
+``warm_ahead_bytes`` of the commit log in the page cache ahead of the write position (RocketMQ's "warm
+mapped file", done by reading).
 
 Why: copying into a page of a mapped file that is not yet in memory costs a page fault with zeroing,
 about 2 us per KiB here, all inside the append lock. Reading the range first (os.preadv, which
 releases the GIL) moves that cost to this thread, on the other core; reading never changes the bytes,
 so it cannot race with the writer. Segments ahead are created here too, so a roll does not wait for
-fallocate.
+fallocate. A store or OS error (a full disk creating the next segment: appends will say so) is
+retried with backoff; a bug ends the duty and makes the store unhealthy (it used to end it silently).
 
 Thread-safety: reads ``commitlog.written_offset`` (published by the writer) and creates segments
 through SegmentQueue.create (which takes the queue lock; CommitLog treats an existing next segment
@@ -14,58 +16,35 @@ as already created).
 
 from __future__ import annotations
 
-import threading
+from mqstore.background import Duty
 
-import structlog
-
-from mqstore.errors import MqStoreError
-
-log = structlog.get_logger()
 _CHUNK = 1 << 20
 
 
-class SegmentWarmer:
+class SegmentWarmer(Duty):
     def __init__(self, commitlog, warm_ahead_bytes: int):
+        super().__init__("commitlog-warmer", interval_s=1.0, backoff_initial_s=1.0, backoff_max_s=10.0)
         self.commitlog = commitlog
         self.ahead = warm_ahead_bytes
         self.warmed_to = 0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._scratch = bytearray(_CHUNK)
-        self._thread = threading.Thread(target=self._run, name="commitlog-warmer", daemon=True)
 
     def start(self) -> None:
         if self.ahead > 0:
-            self._thread.start()
-
-    def stop(self, timeout_s: float) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+            super().start()
 
     def poke(self) -> None:
         """Called after appends; cheap: wakes the thread only when half the window is used."""
         if self.commitlog.written_offset + self.ahead // 2 > self.warmed_to:
-            self._wake.set()
+            self.wake()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(1.0)
-            self._wake.clear()
-            try:
-                self._warm()
-            except MqStoreError as exc:  # e.g. disk full creating the next segment: appends will say so
-                log.warning("warmer.skipped", error=str(exc))
-                self._stop.wait(1.0)
-
-    def _warm(self) -> None:
+    def step(self) -> None:
         log_ = self.commitlog
         start = max(self.warmed_to, log_.written_offset)
         seg_size = log_.segment_size
         # At most into the segment after the current one: small test segments must not multiply.
         target = min(log_.written_offset + self.ahead, (log_.written_offset // seg_size + 2) * seg_size)
-        while start < target and not self._stop.is_set():
+        while start < target and not self.stopping:
             last = log_.segments.last()
             if last is None or start >= last.end:
                 with log_.lock:  # creating segments is the writer's business; share its lock briefly

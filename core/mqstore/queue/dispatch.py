@@ -16,7 +16,7 @@ import threading
 
 import structlog
 
-from mqstore.format import record
+from mqstore.format import record, record_scan
 from mqstore.log.commitlog import CommitLog
 from mqstore.queue.consume_queue import ConsumeQueue
 
@@ -157,11 +157,11 @@ class Dispatcher:
         expect: dict[tuple[str, int], int] = {}  # next queue offset each queue is missing
         runs: dict[tuple[str, int], tuple[int, list]] = {}
         names: dict[bytes, str] = {}
+        prefix, routing_fields = record.PREFIX.unpack_from, record_scan.routing_fields
         while position < end:
-            size, magic = record.PREFIX.unpack_from(buf, position)
-            if magic == record.MAGIC_BLANK:
+            if prefix(buf, position)[1] == record.MAGIC_BLANK:
                 break
-            size, topic_bytes, qid, qoff, flag, tags, store_ts = record.routing_fields(buf, position)
+            size, topic_bytes, qid, qoff, flag, tags, store_ts = routing_fields(buf, position)
             topic = names.get(topic_bytes) or names.setdefault(topic_bytes, topic_bytes.decode("utf-8", "replace"))
             key = (topic, qid)
             if ((known_topics is None or topic in known_topics) and (only is None or key in only)

@@ -14,7 +14,8 @@ import socket
 from typing import Iterable, Sequence
 
 from mqstore import model
-from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Record
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.format.record_reader import Record
 from mqstore.errors import InvalidArgument
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
@@ -139,7 +140,7 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
     add = response.results.add
     for batch in batches:
         prefix, ts, durability = batch.msg_id_prefix, batch.store_timestamp_ms, _DURABILITY_TO_PB[batch.durability]
-        for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys):
+        for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys, strict=True):
             add(msg_id=f"{prefix}{phys:016X}", uniq_key=uniq, queue_id=qid, queue_offset=qoff, physical_offset=phys,
                 size_bytes=size, store_timestamp_ms=ts, durability=durability)
     return response
@@ -194,14 +195,14 @@ def store_info(s: model.StoreInfo) -> commitlog_pb2.StoreInfo:
     return commitlog_pb2.StoreInfo(
         min_physical_offset=s.min_physical_offset, max_physical_offset=s.max_physical_offset,
         flushed_physical_offset=s.flushed_physical_offset, visible_physical_offset=s.visible_physical_offset,
-        flush_mode=s.flush_mode, read_only=s.read_only, read_only_reason=s.read_only_reason,
+        flush_mode=s.flush_mode, read_only=s.read_only, read_only_reason=s.read_only_reason or "",
         segment_count=s.segment_count, segment_size_bytes=s.segment_size_bytes, store_host=s.store_host,
         codec=s.codec)
 
 
 def store_info_out(s: commitlog_pb2.StoreInfo) -> model.StoreInfo:
     return model.StoreInfo(s.min_physical_offset, s.max_physical_offset, s.flushed_physical_offset,
-                           s.visible_physical_offset, s.flush_mode, s.read_only, s.read_only_reason,
+                           s.visible_physical_offset, s.flush_mode, s.read_only, s.read_only_reason or None,
                            s.segment_count, s.segment_size_bytes, s.store_host, s.codec)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mqstore.errors import DataLoss, InvalidArgument
-from mqstore.format import record
+from mqstore.format import record, record_reader
 from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
 from mqstore.store import MessageStore
 
@@ -110,7 +110,7 @@ def test_tail_frames_the_good_records_around_one_that_names_another_offset(store
     assert frames[0].next_physical_offset == results[2].physical_offset  # the good ones before it
     assert (frames[1].next_physical_offset - len(frames[1].records), frames[1].next_physical_offset) == (
         results[2].physical_offset, results[3].physical_offset)  # alone
-    assert record.decode(frames[2].records, 0).physical_offset == results[3].physical_offset
+    assert record_reader.decode(frames[2].records, 0).physical_offset == results[3].physical_offset
 
 
 def test_tail_frames_end_before_a_blank_record(store):
@@ -121,7 +121,7 @@ def test_tail_frames_end_before_a_blank_record(store):
         first = frame.next_physical_offset - len(frame.records)
         assert frame.records == store.commitlog.read(first, len(frame.records))
         if first != previous_next:  # only a blank record is skipped: from it to the segment's end
-            assert record.is_blank(store.commitlog.read(previous_next, 8), 0) and first % size == 0
+            assert record_reader.is_blank(store.commitlog.read(previous_next, 8), 0) and first % size == 0
         previous_next = frame.next_physical_offset
         count += frame.record_count
     assert count == len(results) and previous_next == store.visible_offset()

@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-from mqstore import failpoints
 from mqstore.errors import FlushTimeout, ResourceExhausted, Unavailable
 from mqstore.log.flush import Flusher
 from mqstore.model import MessageIn
@@ -26,7 +25,6 @@ def store(small_config):
         stores.append(s)
         return s
     yield make
-    failpoints.disarm_all()
     for s in stores:
         s.stop()
 
@@ -42,14 +40,13 @@ def test_sync_wait_times_out_with_a_clear_status(store):
     assert "retry may duplicate" in str(info.value) and isinstance(info.value, Unavailable)
 
 
-def test_dead_flush_service_fails_sync_appends_and_reports_unhealthy(store):
+def test_dead_flush_service_fails_sync_appends_and_reports_unhealthy(store, failpoint):
     s = store(flush_mode="SYNC", sync_flush_timeout_ms=5_000)
     s.append("t", [MessageIn(body=b"before")])
-    failpoints.arm("log.after_flush", "raise")
-    with pytest.raises(Unavailable, match="flush service failed"):
-        s.append("t", [MessageIn(body=b"after")])
-    assert "flush service failed" in s.health_problem()
-    failpoints.disarm_all()
+    with failpoint.armed("log.after_flush"):
+        with pytest.raises(Unavailable, match="flush service failed"):
+            s.append("t", [MessageIn(body=b"after")])
+        assert "commitlog-flush died: FailpointHit: log.after_flush" in s.health_problem()
     assert [m.record.body for m in s.pull("t", 0, 0).messages] == [b"before"]
 
 
@@ -69,5 +66,5 @@ def test_full_disk_while_creating_a_segment_rejects_the_batch_whole(store, monke
     assert s.store_info().read_only
     assert s.pull("t", 0, 0).messages[0].record.body == b"a" * 3000
     monkeypatch.undo()
-    s.set_disk_usage(0.10)  # the maintenance thread's disk check: space is back
+    s.disk.set_usage(0.10)  # the maintenance thread's disk check: space is back
     assert s.append("t", [MessageIn(body=b"e" * 3000)])[0].queue_offset == 1

@@ -8,52 +8,97 @@ import zlib
 import pytest
 
 from mqstore.errors import DataLoss
-from mqstore.format import checkpoint, cq_unit, record, segment_name
+from mqstore.config import StoreConfig
+from mqstore.format import checkpoint, cq_unit, record, record_reader, record_scan, segment_name
 from mqstore.javahash import java_string_hash
+from mqstore.log.encoder import MessageEncoder
+from mqstore.model import KIND_NORMAL, MessageIn, TopicRecord
 from tests.conftest import GOLDEN, golden_bytes
+from tests.support import records
 
-FIXED = dict(topic=b"TopicTest", body=b"Hello RocketMQ", properties=record.encode_properties(
-    {"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "7F00000100002A9F0000000000000001"}),
-    queue_id=3, flag=7, sys_flag=0, born_timestamp_ms=1_700_000_000_123, born_host=bytes([10, 0, 0, 7]),
-    born_port=53001, store_host=bytes([127, 0, 0, 1]), store_port=50051, reconsume_times=2,
-    prepared_transaction_offset=99, queue_offset=42, physical_offset=1_073_741_824,
-    store_timestamp_ms=1_700_000_000_456)
+UNIQ_KEY = "7F00000100002A9F0000000000000001"
+BORN_MS, STORE_MS, QUEUE_OFFSET, PHYSICAL_OFFSET = 1_700_000_000_123, 1_700_000_000_456, 42, 1_073_741_824
+PROPERTIES = record.encode_properties({"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": UNIQ_KEY})
+FIXED = dict(topic=b"TopicTest", body=b"Hello RocketMQ", properties=PROPERTIES, queue_id=3, flag=7, sys_flag=0,
+             born_timestamp_ms=BORN_MS, born_host=bytes([10, 0, 0, 7]), born_port=53001,
+             store_host=bytes([127, 0, 0, 1]), store_port=50051, prepared_transaction_offset=99,
+             queue_offset=QUEUE_OFFSET, physical_offset=PHYSICAL_OFFSET, store_timestamp_ms=STORE_MS)
+IPV6_BORN = bytes.fromhex("20010db8000000000000000000000007")
+IPV6_STORE = bytes.fromhex("20010db8000000000000000000000001")
 
 
-def test_record_golden(request):
-    data = record.encode(**FIXED)
+def _stored_by_the_store(tmp_path) -> bytes:
+    """The record as the append path writes it: MessageEncoder.encode_batch, then stamp (as CommitLog
+    does inside its lock), from fixed inputs."""
+    encoder = MessageEncoder(StoreConfig(data_dir=tmp_path, store_host="127.0.0.1", store_port=50051))
+    message = MessageIn(body=b"Hello RocketMQ", tags="TagA", keys=("k1", "k2"), properties={"UNIQ_KEY": UNIQ_KEY},
+                        flag=7, born_timestamp_ms=BORN_MS, queue_id=3, born_host=bytes([10, 0, 0, 7]),
+                        born_port=53001, prepared_transaction_offset=99)
+    batch = encoder.encode_batch(TopicRecord("TopicTest", 4, KIND_NORMAL, 0, 0), [message], now_ms=STORE_MS)
+    record.stamp(batch.buf, 0, QUEUE_OFFSET, PHYSICAL_OFFSET, STORE_MS)
+    assert batch.sizes == [len(batch.buf)]
+    return bytes(batch.buf)
+
+
+def test_record_golden(request, tmp_path):
+    data = _stored_by_the_store(tmp_path)
     assert data == golden_bytes("record_v1.bin", data, request)
+    assert data == records.encode(**FIXED)  # the tests' helper writes the same bytes
 
 
-def test_record_fields_by_hand():
-    data = record.encode(**FIXED)
-    props = FIXED["properties"]
+def test_record_ipv6_golden(request):
+    # Both hosts IPv6 (SYSFLAG 0x30), through the store's encoder functions (encode_parts + stamp).
+    data = records.encode(**{**FIXED, "born_host": IPV6_BORN, "store_host": IPV6_STORE})
+    assert data == golden_bytes("record_v1_ipv6.bin", data, request)
+
+
+def test_record_fields_by_hand(tmp_path):
+    data = _stored_by_the_store(tmp_path)
+    props = PROPERTIES
     assert len(data) == 91 + 14 + 9 + len(props)
     assert struct.unpack_from(">i", data, 0)[0] == len(data)
     assert data[4:8] == bytes.fromhex("DAA320A7")
     assert struct.unpack_from(">i", data, 8)[0] == zlib.crc32(b"Hello RocketMQ") & 0x7FFFFFFF
-    assert struct.unpack_from(">iiqq", data, 12) == (3, 7, 42, 1_073_741_824)
+    assert struct.unpack_from(">iiqqi", data, 12) == (3, 7, 42, 1_073_741_824, 0)
     assert data[48:52] == bytes([10, 0, 0, 7]) and struct.unpack_from(">i", data, 52)[0] == 53001
     assert struct.unpack_from(">q", data, 56)[0] == 1_700_000_000_456
-    assert struct.unpack_from(">iq", data, 72) == (2, 99)
+    assert data[64:68] == bytes([127, 0, 0, 1]) and struct.unpack_from(">i", data, 68)[0] == 50051
+    assert struct.unpack_from(">iq", data, 72) == (0, 99)
     assert struct.unpack_from(">i", data, 84)[0] == 14 and data[88:102] == b"Hello RocketMQ"
     assert data[102] == 9 and data[103:112] == b"TopicTest"
     assert struct.unpack_from(">h", data, 112)[0] == len(props) and data[114:] == props
     assert props.endswith(b"\x02") and b"TAGS\x01TagA\x02" in props
 
 
+def test_ipv6_record_fields_by_hand():
+    data = records.encode(**{**FIXED, "born_host": IPV6_BORN, "store_host": IPV6_STORE})
+    assert len(data) == 91 + 24 + 14 + 9 + len(PROPERTIES)
+    assert struct.unpack_from(">i", data, 36)[0] == 0x30  # both host bits set by the encoder
+    assert data[48:64] == IPV6_BORN and struct.unpack_from(">i", data, 64)[0] == 53001
+    assert struct.unpack_from(">q", data, 68)[0] == 1_700_000_000_456
+    assert data[76:92] == IPV6_STORE and struct.unpack_from(">i", data, 92)[0] == 50051
+    assert struct.unpack_from(">iqi", data, 96) == (0, 99, 14) and data[112:126] == b"Hello RocketMQ"
+    born_only = records.encode(**{**FIXED, "born_host": IPV6_BORN})
+    assert struct.unpack_from(">i", born_only, 36)[0] == 0x10 and struct.unpack_from(">q", born_only, 68)[0] == STORE_MS
+    store_only = records.encode(**{**FIXED, "store_host": IPV6_STORE, "sys_flag": 0x10 | 0x8})
+    assert struct.unpack_from(">i", store_only, 36)[0] == 0x28  # the host bits follow the hosts, tx bits stay
+    assert store_only[64:80] == IPV6_STORE and struct.unpack_from(">q", store_only, 56)[0] == STORE_MS
+
+
 def test_record_decode_round_trip():
-    rec = record.decode(record.encode(**FIXED))
+    rec = record_reader.decode(records.encode(**FIXED))
     assert (rec.topic, rec.body, rec.queue_id, rec.queue_offset, rec.physical_offset) == (
         "TopicTest", b"Hello RocketMQ", 3, 42, 1_073_741_824)
-    assert rec.properties["KEYS"] == "k1 k2" and rec.reconsume_times == 2
+    assert rec.properties["KEYS"] == "k1 k2" and rec.prepared_transaction_offset == 99
     assert rec.born_host == bytes([10, 0, 0, 7]) and rec.store_port == 50051
 
 
 def test_stamp_fills_lock_time_fields():
-    buf = bytearray(record.encode(**{**FIXED, "queue_offset": 0, "physical_offset": 0, "store_timestamp_ms": 0}))
-    record.stamp(buf, 0, 42, 1_073_741_824, 1_700_000_000_456)
-    assert bytes(buf) == record.encode(**FIXED)
+    for hosts in ({}, {"born_host": IPV6_BORN}, {"store_host": IPV6_STORE}):
+        buf = bytearray(records.encode(**{**FIXED, **hosts, "queue_offset": 0, "physical_offset": 0,
+                                          "store_timestamp_ms": 0}))
+        record.stamp(buf, 0, 42, 1_073_741_824, 1_700_000_000_456)
+        assert bytes(buf) == records.encode(**{**FIXED, **hosts})
 
 
 def test_blank_golden(request):
@@ -112,14 +157,14 @@ def test_java_string_hash_matches_java(text, expected):
     (lambda d: struct.pack(">i", len(d) - 1) + d[4:-1], "length"),
 ])
 def test_check_rejects_damage(bad, reason):
-    data = bad(record.encode(**FIXED))
-    with pytest.raises(record.RecordError) as info:
-        record.check(data, 0, len(data))
+    data = bad(records.encode(**FIXED))
+    with pytest.raises(record_reader.RecordError) as info:
+        record_reader.check(data, 0, len(data))
     assert info.value.reason == reason
 
 
 def test_properties_and_names():
-    assert record.decode_properties(b"a\x01b\x02\x01x\x02c\x01\x02") == {"a": "b"}
+    assert record_reader.decode_properties(b"a\x01b\x02\x01x\x02c\x01\x02") == {"a": "b"}
     assert segment_name.name_for(1073741824) == "00000000001073741824"
     assert segment_name.parse("00000000001073741824") == 1073741824
     with pytest.raises(ValueError):
@@ -137,22 +182,23 @@ def test_offset_msg_id_round_trip():
 def test_walk_stops_cleanly_eight_bytes_before_the_end():
     # A record that leaves exactly 8 bytes (room for a blank not yet written) before the file end.
     seg = bytearray(8192)
-    rec = record.encode(**{**FIXED, "body": b"b" * (8184 - 91 - 9 - len(FIXED["properties"]))})
+    rec = records.encode(**{**FIXED, "body": b"b" * (8184 - 91 - 9 - len(FIXED["properties"]))})
     assert len(rec) == 8184
     seg[:8184] = rec
-    stop, count, last_ts, error = record.walk(seg, 0, len(seg))
-    assert (stop, count, last_ts) == (8184, 1, FIXED["store_timestamp_ms"])
-    assert error is not None and error.reason == "magic"  # zeros: the caller decides it is a clean end
+    walked = record_scan.walk(seg, 0, len(seg))
+    assert (walked.stop, walked.records, walked.last_store_timestamp_ms) == (8184, 1, FIXED["store_timestamp_ms"])
+    assert walked.error is not None and walked.error.reason == "magic"  # zeros: the caller decides: a clean end
     seg[8184:] = record.encode_blank(8)
-    assert record.walk(seg, 0, len(seg))[:2] == (8184, 1) and record.walk(seg, 0, len(seg))[3] is None
+    walked = record_scan.walk(seg, 0, len(seg))
+    assert (walked.stop, walked.records, walked.error) == (8184, 1, None)
 
 
 def test_walk_agrees_with_check_on_damage():
-    recs = b"".join(record.encode(**{**FIXED, "body": bytes([i]) * (50 + i)}) for i in range(5))
-    stop, count, _, error = record.walk(recs, 0, len(recs))
-    assert (stop, count, error) == (len(recs), 5, None)
+    recs = b"".join(records.encode(**{**FIXED, "body": bytes([i]) * (50 + i)}) for i in range(5))
+    walked = record_scan.walk(recs, 0, len(recs))
+    assert (walked.stop, walked.records, walked.error) == (len(recs), 5, None)
     damaged = bytearray(recs)
-    second = len(record.encode(**{**FIXED, "body": bytes([0]) * 50}))
+    second = len(records.encode(**{**FIXED, "body": bytes([0]) * 50}))
     damaged[second + 95] ^= 0xFF  # inside the second record's body
-    stop, count, _, error = record.walk(damaged, 0, len(damaged))
-    assert (stop, count, error.reason) == (second, 1, "crc")
+    walked = record_scan.walk(damaged, 0, len(damaged))
+    assert (walked.stop, walked.records, walked.error.reason) == (second, 1, "crc")

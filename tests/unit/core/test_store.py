@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
-from mqstore.format import record
+from mqstore.format import record_reader
 from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST
 from mqstore.store import MessageStore
 
@@ -148,12 +148,9 @@ def test_tail_frames_whole_records_with_filter(open_store):
         if frame.record_count == 0:
             assert frame.next_physical_offset == end
             break
-        pos = 0
-        while pos < len(frame.records):
-            rec = record.decode(frame.records, pos)
-            seen.append(rec.body[0])
-            pos += rec.size
-        assert pos == len(frame.records)
+        views = list(record_reader.records(frame.records))
+        seen += [view.body[0] for view in views]
+        assert sum(view.size for view in views) == len(frame.records)
     assert seen == [i for i in range(20) if i % 3 == 0]
     with pytest.raises(InvalidArgument):
         next(store.tail(TAIL_AT_OFFSET, 5, [], 0, 10, is_active=lambda: True))
@@ -165,7 +162,7 @@ def test_offset_by_time(open_store, fake_clock):
     store = open_store(clock=fake_clock)
     store.create_topic("t", 1)
     times = []
-    for i in range(10):
+    for _ in range(10):
         times.append(store.append("t", [MessageIn(body=b"x")])[0].store_timestamp_ms)
         fake_clock.advance(1000)
     assert store.offset_by_time("t", 0, times[4]) == 4
@@ -186,7 +183,7 @@ def test_retention_deletes_oldest_segments_and_queues_follow(open_store, fake_cl
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
     for seg in segs[:2]:
         os.utime(seg.path, (old, old))
-    deleted = store.maintenance.delete_expired_segments()
+    deleted = store.delete_expired_segments()
     assert deleted == 2 and store.segments.segments[0].start == segs[2].start
     info = store.queue_info("t", 0)
     assert info.min_offset > 0 and info.max_offset == 30
@@ -196,7 +193,7 @@ def test_retention_deletes_oldest_segments_and_queues_follow(open_store, fake_cl
         store.pull("t", 0, 0)
     for seg in store.segments.segments:
         os.utime(seg.path, (old, old))
-    store.maintenance.delete_expired_segments()
+    store.delete_expired_segments()
     first = store.segments.segments[0]  # never the active segment (the one being written)
     assert first.start <= store.commitlog.written_offset < first.end
 
@@ -216,17 +213,17 @@ def test_full_disk_makes_store_read_only(open_store):
     assert store.store_info().read_only
     with pytest.raises(ResourceExhausted, match="read-only"):
         store.create_topic("t", 1)  # metadata shares the disk: refused before SQLite is tried
-    store.set_disk_usage(0.0)
+    store.disk.set_usage(0.0)
     store.create_topic("t", 1)
     store.append("t", [MessageIn(body=b"before")])
-    store.maintenance.check_disk()
+    store.disk.check()
     with pytest.raises(ResourceExhausted, match="read-only"):
         store.append("t", [MessageIn(body=b"x")])
     with pytest.raises(ResourceExhausted, match="read-only"):
         store.commit_offset("g", "t", 0, 1)
     assert store.pull("t", 0, 0).messages[0].record.body == b"before"
     assert store.store_info().read_only
-    store.set_disk_usage(0.0)
+    store.disk.set_usage(0.0)
     store.append("t", [MessageIn(body=b"after")])
 
 
@@ -269,7 +266,7 @@ def test_long_polls_beyond_the_limit_answer_at_once(open_store):
     waiter = threading.Thread(target=lambda: holder.update(r=store.pull("t", 0, 0, long_poll_ms=10_000)))
     waiter.start()
     deadline = store.clock.monotonic_s() + 10
-    while store._long_polls._value != 0 and store.clock.monotonic_s() < deadline:
+    while store._long_polls._slots._value != 0 and store.clock.monotonic_s() < deadline:
         threading.Event().wait(0.01)  # until the first long poll holds the only waiter slot
     second = store.pull("t", 0, 0, long_poll_ms=10_000)  # no slot: returns at once, empty
     assert second.messages == [] and waiter.is_alive()

@@ -11,8 +11,9 @@ import threading
 from dataclasses import dataclass
 
 from mqstore.errors import NotFound, OutOfRange, Unavailable
-from mqstore.format import record
+from mqstore.format import record, record_reader
 from mqstore.model import StoreInfo, StoredMessage, TailFrame
+from tests.support import records
 
 HOST = b"\x7f\x00\x00\x01"
 BASE_MS = 1_700_000_000_000
@@ -84,10 +85,10 @@ class FakeLog:
                 properties[record.PROPERTY_KEYS] = " ".join(keys)
             if uniq_key:
                 properties[record.PROPERTY_UNIQ_KEY] = uniq_key
-            data = record.encode(topic=topic.encode(), body=body, properties=record.encode_properties(properties),
-                                 queue_id=0, flag=0, sys_flag=sys_flag, born_timestamp_ms=ts, born_host=HOST,
-                                 born_port=1, store_host=HOST, store_port=2, physical_offset=position,
-                                 queue_offset=len(self.stored), store_timestamp_ms=ts)
+            data = records.encode(topic=topic.encode(), body=body, properties=record.encode_properties(properties),
+                                  sys_flag=sys_flag, born_timestamp_ms=ts, born_host=HOST, born_port=1,
+                                  store_host=HOST, store_port=2, physical_offset=position,
+                                  queue_offset=len(self.stored), store_timestamp_ms=ts)
             stored = Stored(position, data, topic, tuple(keys), uniq_key, ts)
             self.stored.append(stored)
         with self.changed:
@@ -149,7 +150,7 @@ class FakeLog:
 
     @staticmethod
     def _message(s: Stored) -> StoredMessage:
-        return StoredMessage(record.decode(s.data), f"id-{s.physical_offset}")
+        return StoredMessage(record_reader.decode(s.data), f"id-{s.physical_offset}")
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         with self.lock:

@@ -16,7 +16,7 @@ from index_service.upkeep import IndexUpkeep
 from index_testing import seeded_random, tiny_config
 from mqstore.background import Backoff
 from mqstore.errors import InvalidArgument
-from mqstore.format import record
+from mqstore.format import record, record_reader
 from tests.support.waiting import wait_until
 
 FAST = FollowerConfig(heartbeat_ms=20, backoff_initial_ms=1, backoff_max_ms=20, retention_interval_ms=10,
@@ -47,14 +47,14 @@ def test_index_records_match_the_full_decoder():
                    body=rng.randbytes(rng.randrange(3000)))
     data = b"".join(s.data for s in log.stored)
     got = index_records(data)
-    position, expected = 0, []
-    while position < len(data):
-        r = record.decode(data, position)
-        keys = r.properties.get("KEYS", "")
+    expected = []
+    for view in record_reader.records(data):
+        r = view.decode()
+        keys = r.properties.get(record.PROPERTY_KEYS, "")
         expected.append(IndexRecord(r.physical_offset, r.store_timestamp_ms, r.topic,
-                                    tuple(k for k in keys.split(" ") if k), r.properties.get("UNIQ_KEY", ""),
+                                    tuple(k for k in keys.split(" ") if k),
+                                    r.properties.get(record.PROPERTY_UNIQ_KEY, ""),
                                     r.tx_type == record.SYSFLAG_TX_ROLLBACK))
-        position += r.size
     assert got == expected and any(r.is_rollback for r in got)
 
 
@@ -149,9 +149,9 @@ def test_a_new_index_starts_at_the_earliest_record_and_offset_0_is_an_offset(tmp
     at_zero.apply([], 0)  # it has read the log up to offset 0: nothing, but from there
     followers = [index_follower(new, log, FAST), index_follower(at_zero, log, FAST)]
     try:
-        for follower, store in zip(followers, (new, at_zero)):
+        for follower, store in zip(followers, (new, at_zero), strict=True):
             follower.start()
-            wait_until(lambda: store.resume_physical_offset() == log.end(), "the kept records")
+            wait_until(lambda store=store: store.resume_physical_offset() == log.end(), "the kept records")
     finally:
         for follower in followers:
             follower.stop()

@@ -18,12 +18,6 @@ pytestmark = pytest.mark.crash
 KEYS = [f"k{i}" for i in range(5)]
 
 
-@pytest.fixture(autouse=True)
-def _disarm():
-    yield
-    failpoints.disarm_all()
-
-
 class Harness:
     def __init__(self, tmp_path, with_tier=False):
         self.tmp_path = tmp_path
@@ -65,19 +59,17 @@ def harness(tmp_path):
     h.close_all()
 
 
-def _crash_and_reopen(h: Harness, store, failpoint, action):
-    failpoints.arm(failpoint)
-    with pytest.raises(failpoints.FailpointHit):
+def _crash_and_reopen(h: Harness, store, failpoint, name, action):
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
         action(store)
-    failpoints.disarm_all()
     store.checkpoint()
     return h.open()
 
 
-def test_crash_after_compact_write_keeps_the_unsealed_file(harness):
+def test_crash_after_compact_write_keeps_the_unsealed_file(harness, failpoint):
     store = harness.open()
     harness.feed(store, 1, 12)
-    again = _crash_and_reopen(harness, store, "index.compact.after_write", lambda s: s.convert_sealed())
+    again = _crash_and_reopen(harness, store, failpoint, "index.compact.after_write", lambda s: s.convert_sealed())
     assert not any(n.endswith(".tmp") for n in harness.names())
     assert again.stats().files_compact_local == 0
     harness.check(again)
@@ -85,49 +77,45 @@ def test_crash_after_compact_write_keeps_the_unsealed_file(harness):
     harness.check(again)
 
 
-def test_crash_after_compact_rename_deletes_the_unsealed_file_on_start(harness):
+def test_crash_after_compact_rename_deletes_the_unsealed_file_on_start(harness, failpoint):
     store = harness.open()
     harness.feed(store, 1, 12)
     first = min(store.file_offsets())
-    again = _crash_and_reopen(harness, store, "index.compact.after_rename", lambda s: s.convert_sealed())
+    again = _crash_and_reopen(harness, store, failpoint, "index.compact.after_rename", lambda s: s.convert_sealed())
     assert F.cidx_name(first) in harness.names() and F.idx_name(first) not in harness.names()
     assert again.stats().files_compact_local == 1
     harness.check(again)
 
 
-def test_crash_after_tier_put_deletes_the_local_copy_on_start(tmp_path):
+def test_crash_after_tier_put_deletes_the_local_copy_on_start(tmp_path, failpoint):
     h = Harness(tmp_path, with_tier=True)
     store = h.open()
     h.feed(store, 1, 12)
     store.convert_sealed(10)
     first = min(store.file_offsets())
-    again = _crash_and_reopen(h, store, "index.tier.after_put", lambda s: s.move_to_tier())
+    again = _crash_and_reopen(h, store, failpoint, "index.tier.after_put", lambda s: s.move_to_tier())
     assert F.cidx_name(first) in h.names("tier") and F.cidx_name(first) not in h.names()
     assert again.stats().files_compact_tier == 1
     h.check(again)
     h.close_all()
 
 
-def test_crash_before_checkpoint_rename_keeps_the_old_one(harness, tmp_path):
+def test_crash_before_checkpoint_rename_keeps_the_old_one(harness, tmp_path, failpoint):
     store = harness.open()
     harness.feed(store, 1, 3)
     store.checkpoint()
     harness.feed(store, 4, 3)
-    failpoints.arm("index.checkpoint.before_rename")
-    with pytest.raises(failpoints.FailpointHit):
+    with failpoint.armed("index.checkpoint.before_rename"), pytest.raises(failpoints.FailpointHit):
         store.checkpoint()
-    failpoints.disarm_all()
     assert ckpt.load(tmp_path / "index" / ckpt.FILE_NAME).next_physical_offset == 400
 
 
-def test_crash_after_roll_create_loses_nothing(harness):
+def test_crash_after_roll_create_loses_nothing(harness, failpoint):
     store = harness.open()
     harness.feed(store, 1, 4)
     store.checkpoint()
-    failpoints.arm("index.roll.after_create")
-    with pytest.raises(failpoints.FailpointHit):
+    with failpoint.armed("index.roll.after_create"), pytest.raises(failpoints.FailpointHit):
         store.apply([record(500, [KEYS[0], KEYS[0]]), record(600, [KEYS[1]])], 700)
-    failpoints.disarm_all()
     again = harness.open()
     assert again.resume_physical_offset() == 500
     harness.feed(again, 5, 8)
@@ -181,17 +169,15 @@ def test_damaged_file_quarantined_reported_and_rebuilt(harness):
     harness.check(harness.open())
 
 
-def test_crash_while_renaming_a_rebuild_redoes_it(harness):
+def test_crash_while_renaming_a_rebuild_redoes_it(harness, failpoint):
     store = harness.open()
     harness.feed(store, 1, 16)
     start, end = _damage_sealed_file(harness, store)
     again = harness.open()
     again.apply_rebuild(start, [record(100 * i, [KEYS[i % 5]]) for i in range(1, 17)
                                 if start <= 100 * i < end])
-    failpoints.arm("index.rebuild.after_rename")
-    with pytest.raises(failpoints.FailpointHit):
+    with failpoint.armed("index.rebuild.after_rename"), pytest.raises(failpoints.FailpointHit):
         again.finish_rebuild(start)
-    failpoints.disarm_all()
     third = harness.open()
     assert [r.start_physical_offset for r in third.rebuild_ranges()] == [start]
     assert F.idx_name(start) not in harness.names()

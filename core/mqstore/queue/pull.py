@@ -1,0 +1,92 @@
+"""Pull's read path: the messages of one consume queue from an offset, with tag filters, size limits
+and long polling. MessageStore.pull checks the request and calls these.
+
+Thread-safety: :func:`read_queue` reads lock-free below the queue's ``max_offset``; :class:`LongPolls`
+is thread-safe (a bounded semaphore and the dispatcher's ``visible`` condition).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+from mqstore.errors import DataLoss, OutOfRange
+from mqstore.format import record
+from mqstore.format.record_reader import Record
+from mqstore.log.segment import SegmentClosed
+from mqstore.model import PullResult, StoredMessage
+from mqstore.queue.consume_queue import ConsumeQueue
+
+# (physical offset, size, queue offset) -> the checked record; raises DataLoss (CommitLog.decode_at).
+DecodeAt = Callable[[int, int, int], Record]
+
+
+def read_queue(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str],
+               tag_code: Callable[[str], int], decode_at: DecodeAt) -> PullResult:
+    """Up to ``max_messages`` messages (at least one, else up to ``max_bytes``) of ``cq`` from
+    ``offset`` whose TAGS is one of ``tags`` (all when empty). Entries whose tag code matches none are
+    skipped without reading the log; a code that matches by hash collision is checked on the record.
+    A record that fails its checks ends the result before it, or raises DataLoss when it comes first."""
+    wanted_tags = set(tags)
+    wanted_codes = {tag_code(t) for t in wanted_tags}
+    messages: list[StoredMessage] = []
+    taken = 0
+    next_offset = offset
+    host_prefix = None
+    try:
+        while len(messages) < max_messages and next_offset < cq.max_offset:
+            entries = cq.entries(next_offset, max_messages - len(messages))
+            for phys, size, code in entries:
+                if messages and taken + size > max_bytes:
+                    return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+                if wanted_codes and code not in wanted_codes:
+                    next_offset += 1
+                    continue
+                try:
+                    rec = decode_at(phys, size, next_offset)
+                except DataLoss:
+                    if messages:  # serve the good ones; the next Pull starts at the bad one
+                        return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+                    raise
+                next_offset += 1
+                if wanted_tags and rec.properties.get(record.PROPERTY_TAGS, "") not in wanted_tags:
+                    continue
+                if host_prefix is None:
+                    host_prefix = record.msg_id_prefix(rec.store_host, rec.store_port)
+                messages.append(StoredMessage(rec, f"{host_prefix}{phys:016X}"))
+                taken += size
+    except SegmentClosed:
+        if next_offset < cq.min_offset:
+            raise OutOfRange(f"offset {next_offset} of {cq.topic}/{cq.queue_id} was removed by retention; "
+                             f"the queue now starts at {cq.min_offset}", min_value=cq.min_offset,
+                             max_value=cq.max_offset) from None
+        raise
+    return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+
+
+class LongPolls:
+    """Pulls that wait for the next message of a queue, at most ``max_waiters`` at once: a long poll
+    holds a server thread while it waits, so beyond that it answers at once (the caller sees no
+    messages and polls again), and waiting consumers never take every thread and starve producers."""
+
+    def __init__(self, max_waiters: int, visible: threading.Condition, clock):
+        self._slots = threading.BoundedSemaphore(max_waiters)
+        self._visible = visible
+        self._clock = clock
+
+    def wait(self, get_queue: Callable[[], ConsumeQueue | None], offset: int, wait_ms: int,
+             running: Callable[[], bool]) -> ConsumeQueue | None:
+        """The queue once it holds a message at ``offset``, or after ``wait_ms`` (None: no queue yet)."""
+        if not self._slots.acquire(blocking=False):
+            return get_queue()
+        try:
+            deadline = self._clock.monotonic_s() + wait_ms / 1000
+            with self._visible:
+                while True:
+                    cq = get_queue()
+                    left = deadline - self._clock.monotonic_s()
+                    if (cq is not None and cq.max_offset > offset) or left <= 0 or not running():
+                        return cq
+                    self._visible.wait(min(left, 0.5))
+        finally:
+            self._slots.release()

@@ -1,0 +1,293 @@
+"""Every registered failpoint (mqstore.failpoints.KNOWN) has a crash scenario here: it reaches the
+failpoint, crashes there (raised in-process, or os._exit in a child process where the process dying
+is the crash that matters), reopens from disk and checks the invariants: nothing acknowledged is lost,
+queue offsets stay dense, an unacknowledged batch is whole or absent, and the part works on after.
+A failpoint registered without a scenario fails ``test_every_failpoint``.
+
+The subject's own crash tests go deeper (tests/crash/test_recovery_inprocess.py, test_staged_install.py,
+tests/unit/index/test_index_recovery.py); these check that each crash point is reachable and safe.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+from typing import Callable
+
+import pytest
+
+from index_service.store import IndexStore
+from index_service.tier import DirectoryTier
+from mqstore import failpoints, fs
+from mqstore.clock import FakeClock
+from mqstore.config import StoreConfig
+from mqstore.errors import CorruptLog
+from mqstore.log.repair import repair
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+from tests.crash.test_staged_install import OUTCOME, REPLACED, UNTOUCHED, _contents, _prepare
+from tests.unit.index.index_testing import BASE_MS, Model, all_pages, record, tiny_config
+
+pytestmark = pytest.mark.crash
+SCENARIOS: dict[str, Callable] = {}
+
+
+def scenario(*names: str):
+    def register(function):
+        for name in names:
+            SCENARIOS[name] = function
+        return function
+    return register
+
+
+@pytest.mark.parametrize("name", sorted(failpoints.KNOWN))
+def test_every_failpoint(name, tmp_path, failpoint):
+    assert name in SCENARIOS, f"failpoint {name!r} has no crash scenario: add one to {__file__}"
+    SCENARIOS[name](name, tmp_path, failpoint)
+
+
+# ---- the commit log ---------------------------------------------------------------------------------------
+
+def _config(tmp_path: pathlib.Path, **overrides) -> StoreConfig:
+    # Long intervals and no warmer: only the scenario's own call reaches the failpoint, no background duty.
+    values = dict(data_dir=tmp_path / "store", segment_size_bytes=16 * 1024, cq_entries_per_file=64,
+                  flush_interval_ms=20, checkpoint_interval_ms=600_000, clean_interval_ms=600_000,
+                  warm_ahead_bytes=0)
+    values.update(overrides)
+    return StoreConfig(**values)
+
+
+def _batch(tag: str, count: int = 5) -> list[MessageIn]:
+    return [MessageIn(body=f"{tag}-{i}".encode() * 100, queue_id=i % 2) for i in range(count)]
+
+
+def _fill(store: MessageStore, batches: int) -> list[bytes]:
+    acked = []
+    for b in range(batches):
+        batch = _batch(f"acked{b}")
+        store.append("t", batch)
+        acked += [m.body for m in batch]
+    return acked
+
+
+def _started(config: StoreConfig, batches: int) -> tuple[MessageStore, list[bytes]]:
+    """A started store with topic "t" (2 queues) and ``batches`` acknowledged batches."""
+    store = MessageStore(config)
+    store.start()
+    store.create_topic("t", 2)
+    return store, _fill(store, batches)
+
+
+def _check_store(config: StoreConfig, acked: list[bytes], maybe: list[bytes] = ()) -> None:
+    """Reopen: every acknowledged message, in order and with dense queue offsets; ``maybe`` (a batch
+    that was never acknowledged) whole or absent; and an append works."""
+    store = MessageStore(config)
+    store.start()
+    try:
+        got = {}
+        for queue_id in range(2):
+            messages = store.pull("t", queue_id, 0, 10_000, 8 << 20).messages
+            assert [m.record.queue_offset for m in messages] == list(range(len(messages)))
+            got[queue_id] = [m.record.body for m in messages]
+        found = [body for body in maybe if body in got[0] + got[1]]
+        assert found in ([], list(maybe)), "an unacknowledged batch is whole or absent"
+        for queue_id in range(2):
+            expected = [b for i, b in enumerate(acked) if i % 5 % 2 == queue_id]
+            assert got[queue_id][:len(expected)] == expected
+        store.append("t", _batch("after"))
+    finally:
+        store.stop()
+
+
+_CHILD = """
+import pathlib, sys
+from mqstore import failpoints
+from mqstore.config import StoreConfig
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+store = MessageStore(StoreConfig(data_dir=pathlib.Path(sys.argv[1]), segment_size_bytes=16 * 1024,
+                                 cq_entries_per_file=64, flush_mode=sys.argv[3], warm_ahead_bytes=0,
+                                 checkpoint_interval_ms=600_000))
+store.start()
+failpoints.arm(sys.argv[2], "exit")
+store.append("t", [MessageIn(body=f"crash-{i}".encode() * 100, queue_id=i % 2) for i in range(5)])
+"""
+
+
+@scenario("log.after_write", "log.after_flush")
+def _append_dies(name, tmp_path, failpoint):
+    """A process exit once a batch is copied into the log (ASYNC), or fsynced but not yet acknowledged
+    (SYNC): the crash that matters is the process dying there, so it runs in a child process."""
+    flush_mode = "ASYNC" if name == "log.after_write" else "SYNC"
+    config = _config(tmp_path, flush_mode=flush_mode)
+    store, acked = _started(config, 3)
+    store.stop()
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(config.data_dir), name, flush_mode],
+                           capture_output=True, timeout=60)
+    assert child.returncode == 137, child.stderr.decode()
+    crashed = [m.body for m in _batch("crash")]
+    _check_store(config, acked, crashed)
+
+
+@scenario("checkpoint.before_rename")
+def _checkpoint_cut(name, tmp_path, failpoint):
+    config = _config(tmp_path)
+    store, acked = _started(config, 3)
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        store.write_checkpoint()
+    store.halt()  # as if killed there: the new checkpoint is a .tmp file, the old one stays
+    assert (config.data_dir / "checkpoint.tmp").exists()
+    _check_store(config, acked)
+
+
+@scenario("segment.after_create")
+def _segment_created(name, tmp_path, failpoint):
+    config = _config(tmp_path)
+    store, acked = _started(config, 2)
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        for b in range(10):  # until a batch needs the next segment
+            store.append("t", _batch(f"late{b}"))
+            acked += [m.body for m in _batch(f"late{b}")]
+    store.halt()
+    _check_store(config, acked)
+
+
+@scenario("repair.after_copy")
+def _repair_cut(name, tmp_path, failpoint):
+    config = _config(tmp_path)
+    store, acked = _started(config, 4)
+    victim = store.append("t", _batch("victim"))[0]
+    _fill(store, 1)
+    store.stop()
+    segment = config.commitlog_dir / f"{victim.physical_offset - victim.physical_offset % (16 * 1024):020d}"
+    with open(segment, "r+b") as f:  # a body byte: corruption with data after it
+        f.seek(victim.physical_offset % (16 * 1024) + 100)
+        f.write(b"\xff\x00\xff")
+    with pytest.raises(CorruptLog):
+        MessageStore(config).start()
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        repair(config.data_dir)
+    assert repair(config.data_dir).corrupt  # run again after the crash: it finishes
+    assert list(config.commitlog_dir.glob("*.broken*"))
+    _check_store(config, acked)
+
+
+# ---- the index --------------------------------------------------------------------------------------------
+
+class _Index:
+    """An IndexStore over tmp_path with a model of everything fed; ``reopen`` is the restart after a
+    crash (the old object is dropped, not closed), followed by the follower's re-feed."""
+
+    def __init__(self, tmp_path: pathlib.Path, with_tier: bool = False):
+        self.tmp_path = tmp_path
+        self.config = tiny_config(tmp_path, entry_count=9, max_keys_per_message=2)
+        self.with_tier = with_tier
+        self.model = Model()
+        self.fed: list = []
+        self.opened: list[IndexStore] = []
+
+    def open(self) -> IndexStore:
+        tier = DirectoryTier(self.tmp_path / "tier") if self.with_tier else None
+        store = IndexStore(self.config, clock=FakeClock(BASE_MS + 10**9), tier=tier)
+        store.start()
+        self.opened.append(store)
+        return store
+
+    def records(self, first: int, count: int) -> list:
+        records = [record(100 * i, [f"k{i % 5}", f"k{i * 3 % 5}"]) for i in range(first, first + count)]
+        for rec in records:
+            self.model.add(rec)
+        self.fed += records
+        return records
+
+    def feed(self, store: IndexStore, first: int, count: int) -> None:
+        store.apply(self.records(first, count), 100 * (first + count))
+
+    def reopen_and_check(self) -> IndexStore:
+        store = self.open()
+        resume = store.resume_physical_offset()
+        store.apply([r for r in self.fed if r.physical_offset >= resume], self.fed[-1].physical_offset + 100)
+        for key in (f"k{i}" for i in range(5)):
+            assert all_pages(store, "T", key) == self.model.query("T", key, 0, 1 << 62), key
+        return store
+
+    def close(self) -> None:
+        for store in self.opened:
+            store.close()
+
+
+def _index_crash(name, tmp_path, failpoint, action, prepare=lambda store: None, with_tier=False):
+    harness = _Index(tmp_path, with_tier)
+    try:
+        store = harness.open()
+        harness.feed(store, 1, 12)
+        prepare(store)
+        with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+            action(harness, store)
+        harness.reopen_and_check()
+    finally:
+        harness.close()
+
+
+@scenario("index.checkpoint.before_rename")
+def _index_checkpoint(name, tmp_path, failpoint):
+    _index_crash(name, tmp_path, failpoint, lambda h, s: s.checkpoint())
+
+
+@scenario("index.roll.after_create")
+def _index_roll(name, tmp_path, failpoint):
+    def apply_until_a_roll(h, store):
+        for first in range(13, 200, 2):
+            h.feed(store, first, 2)
+    _index_crash(name, tmp_path, failpoint, apply_until_a_roll, prepare=lambda s: s.checkpoint())
+
+
+@scenario("index.compact.after_write", "index.compact.after_rename")
+def _index_compact(name, tmp_path, failpoint):
+    _index_crash(name, tmp_path, failpoint, lambda h, s: s.convert_sealed(10))
+
+
+@scenario("index.tier.after_put")
+def _index_tier(name, tmp_path, failpoint):
+    _index_crash(name, tmp_path, failpoint, lambda h, s: s.move_to_tier(10), prepare=lambda s: s.convert_sealed(10),
+                 with_tier=True)
+
+
+@scenario("index.rebuild.after_rename")
+def _index_rebuild(name, tmp_path, failpoint):
+    harness = _Index(tmp_path)
+    try:
+        store = harness.open()
+        harness.feed(store, 1, 16)
+        store.close()
+        directory = harness.config.index_dir
+        oldest = sorted(p for p in directory.iterdir() if p.suffix == ".idx")[0]
+        with open(oldest, "r+b") as f:
+            f.truncate(50)  # damaged: quarantined and rebuilt from the log at the next start
+        store = harness.open()
+        [damaged] = store.rebuild_ranges()
+
+        def rebuild(h, s):
+            s.apply_rebuild(damaged.start_physical_offset, [
+                r for r in h.fed if damaged.start_physical_offset <= r.physical_offset < damaged.end_physical_offset])
+            s.finish_rebuild(damaged.start_physical_offset)
+        with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+            rebuild(harness, store)
+        again = harness.open()
+        assert [r.start_physical_offset for r in again.rebuild_ranges()] == [damaged.start_physical_offset]
+        rebuild(harness, again)
+        harness.reopen_and_check()
+    finally:
+        harness.close()
+
+
+# ---- the staged install -----------------------------------------------------------------------------------
+
+@scenario(*OUTCOME)
+def _install(name, tmp_path, failpoint):
+    directory, staged = _prepare(tmp_path)
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        fs.install(directory, staged, REPLACED)
+    fs.recover_install(directory)
+    assert _contents(directory) == {**OUTCOME[name], **UNTOUCHED}
