@@ -36,7 +36,7 @@ def extensions() -> list:
     modules = [Extension(f"mqstore.codec.{name}", [f"{CODEC_DIR}/{name}.pyx"], libraries=["z"]) for name in MODULES]
     try:
         return cythonize(modules, compiler_directives={"language_level": 3}, quiet=True)
-    except Exception as exc:  # noqa: BLE001 - a .pyx that does not translate: no compiled codec either
+    except Exception as exc:  # a .pyx that does not translate: no compiled codec either
         if REQUIRE:
             raise
         _say(f"WARNING: Cython could not translate the codec ({exc}); the pure-Python codec will be used")

@@ -209,7 +209,7 @@ def outcome(batch) -> tuple:
 
 def results_of(batch) -> AppendResults:
     entries, position = [], 1 << 33
-    for index, (size, qid) in enumerate(zip(batch.sizes, batch.queue_ids)):
+    for index, (size, qid) in enumerate(zip(batch.sizes, batch.queue_ids, strict=True)):
         entries.append((position, size, qid, 7 * index, 0, 0))
         position += size
     return AppendResults("0A0000070000C383", entries, batch.uniq_keys, NOW_MS + 1, "WRITTEN")
