@@ -1,8 +1,10 @@
 """Which codec the hot paths use: the compiled one or the pure-Python reference.
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
-``_responses``; C helpers in ``_wire.pxd``), built by the package's own build (setup.py): Append from
-the request's wire bytes to encoded records, and the AppendResponse bytes. The pure-Python path is
+``_responses``, ``_scan``; C helpers in ``_wire.pxd``), built by the package's own build (setup.py):
+Append from the request's wire bytes to encoded records, and the AppendResponse bytes; the record walk
+with its CRC check (recovery, consume-queue rebuild, the Index's Tail frames: record_scan); the Java
+hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
 what the code did before it and stays as the reference: protobuf's parser, mqstore_rpc.convert and
 mqstore.log.encoder. tests/property/test_codec_append.py requires both to give the same bytes and
 the same errors.
@@ -38,19 +40,20 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     if forced not in ("", "0"):
         return None, f"{ENV_PURE_PYTHON}={forced} asks for the pure-Python codec"
     try:
-        from mqstore.codec import _records, _request, _responses
+        from mqstore.codec import _records, _request, _responses, _scan
     except ImportError as exc:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
-    _check_layout(_records.WRITES)
+    _check_layout(_records.WRITES, _scan.LAYOUT)
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
-                                 AppendEncoder=_records.AppendEncoder,
-                                 append_response=_responses.append_response), ""
+                                 AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
+                                 scan=_scan.scan, key_hashes=_scan.key_hashes), ""
 
 
-def _check_layout(writes: dict) -> None:
-    """The compiled encoder writes records where mqstore.format.record (the one definition) says."""
+def _check_layout(writes: dict, reads: dict) -> None:
+    """The compiled encoder writes records, and the compiled walk reads them, where
+    mqstore.format.record (the one definition) says."""
     from mqstore.errors import invariant
     from mqstore.format import record
     layout = record.IPV4
@@ -59,6 +62,9 @@ def _check_layout(writes: dict) -> None:
                     max_properties_bytes=record.MAX_PROPERTIES_BYTES)
     invariant(writes == expected, f"the compiled codec writes records at {writes}, mqstore.format.record says "
                                   f"{expected}: rebuild it (make setup) after changing the layout")
+    expected = {"body_at": record.BODY_AT, "store_timestamp_at": record.STORE_TIMESTAMP_AT}
+    invariant(reads == expected, f"the compiled record walk reads records at {reads}, mqstore.format.record says "
+                                 f"{expected}: rebuild it (make setup) after changing the layout")
 
 
 compiled, REASON = _load()

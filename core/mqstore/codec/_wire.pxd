@@ -149,7 +149,11 @@ cdef inline bint valid_utf8(const uint8_t* s, Py_ssize_t n) noexcept nogil:
 cdef inline int32_t java_hash_utf8(const uint8_t* s, Py_ssize_t n) noexcept nogil:
     """Java's String.hashCode of valid UTF-8 text: over UTF-16 code units (a code point past U+FFFF
     is two surrogates), wrapping at 32 bits (mqstore.javahash is the reference)."""
-    cdef uint32_t h = 0
+    return java_hash_utf8_continue(0, s, n)
+
+
+cdef inline int32_t java_hash_utf8_continue(uint32_t h, const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    """The hash of prefix + s from the prefix's state ``h`` (javahash.java_hash_continue)."""
     cdef uint32_t cp
     cdef Py_ssize_t i = 0
     cdef uint8_t c

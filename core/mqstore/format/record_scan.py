@@ -16,6 +16,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+from mqstore import codec
 from mqstore.errors import invariant
 from mqstore.format.record import (
     BLANK_SIZE, BODY_AT, FIXED_OVERHEAD, HEADER_SIZE, INT32, INT64, LAYOUT_SHIFT, MAGIC_BLANK,
@@ -68,7 +69,8 @@ def index_walk(buf, position: int = 0, *, verify_crc: bool = True, base: int | N
     return FrameFields(out, stop, _why_stopped(buf, stop, limit, verify_crc, base, False) if stop < limit else None)
 
 
-def _scan(buf, position: int, limit: int, verify_crc: bool, base: int | None, out: list | None) -> tuple[int, int, int]:
+def _scan_python(buf, position: int, limit: int, verify_crc: bool, base: int | None,
+                 out: list | None) -> tuple[int, int, int]:
     """The loop of walk and index_walk: exactly :func:`check`'s conditions, in one pass per record.
     Returns (stop position, records, store time of the last one); stops at the first record that is
     not a valid V1 record (or a blank one, or fewer than FIXED_OVERHEAD bytes before ``limit``). Appends
@@ -110,6 +112,10 @@ def _scan(buf, position: int, limit: int, verify_crc: bool, base: int | None, ou
     finally:
         view.release()
     return position, count, last_ts
+
+
+# The compiled loop (mqstore.codec) when in use: the same results (tests/property/test_codec_scan.py).
+_scan = codec.compiled.scan if codec.compiled is not None else _scan_python
 
 
 def _why_stopped(buf, position: int, limit: int, verify_crc: bool, base: int | None,

@@ -40,11 +40,13 @@ def test_the_python_path_is_announced_once_per_process(monkeypatch):
     assert logs == [{"event": "codec.pure_python", "reason": "because", "log_level": "warning"}]
 
 
-def test_the_compiled_encoder_writes_where_the_record_module_says():
+def test_the_compiled_code_writes_and_reads_where_the_record_module_says():
     if codec.compiled is None:
         pytest.skip(f"the compiled codec is not in use: {codec.REASON}")
-    from mqstore.codec import _records
-    codec._check_layout(_records.WRITES)
+    from mqstore.codec import _records, _scan
+    codec._check_layout(_records.WRITES, _scan.LAYOUT)
     from mqstore.errors import InvariantViolation
-    with pytest.raises(InvariantViolation, match="rebuild it"):
-        codec._check_layout({**_records.WRITES, "body_at": 87})
+    with pytest.raises(InvariantViolation, match="writes records at"):
+        codec._check_layout({**_records.WRITES, "body_at": 87}, _scan.LAYOUT)
+    with pytest.raises(InvariantViolation, match="reads records at"):
+        codec._check_layout(_records.WRITES, {**_scan.LAYOUT, "body_at": (88, 100, 100, 100)})
