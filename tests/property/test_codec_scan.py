@@ -119,3 +119,47 @@ def test_integer_min_value_hashes_to_zero_in_both():
     # "polygenelubricants" has the Java hash Integer.MIN_VALUE.
     assert compiled.key_hashes(0, ["polygenelubricants"], java_hash_continue) == [0] == \
         index_file._key_hashes_python(0, ["polygenelubricants"])
+
+
+def _routing_compiled(buf, position: int, end: int, chunk: int) -> list:
+    """record_scan's compiled routing walk with a chosen chunk size, to a list."""
+    out = []
+    while position < end:
+        got, position, blank = compiled.routing_records(buf, position, end, chunk)
+        out += got
+        if blank:
+            return out
+        if not got:
+            return out + list(record_scan._routing_records_python(buf, position, end))
+    return out
+
+
+@SETTINGS
+@given(st.lists(one_record, max_size=6), st.sampled_from(["none", "blank", "garbage-magic"]), st.integers(1, 4),
+       st.data())
+def test_the_compiled_routing_walk_gives_the_reference_fields(specs, tail, chunk, data):
+    """Valid records (a TAGS property among others, or none), then the end, a blank record (the end of a
+    segment's data) or a record the C walk leaves to the reference; any chunk size."""
+    for spec in specs:
+        if data.draw(st.booleans()):
+            spec["properties"] = {**spec["properties"], "TAGS": data.draw(st.sampled_from(["t", "é", "a b"]))}
+    log = build_log(specs)
+    if tail == "blank":
+        log += record.encode_blank(64) + bytes(56)
+    elif tail == "garbage-magic" and specs:
+        extra = build_log(specs[:1])
+        extra[4:8] = b"\x00\x00\x00\x01"
+        log += extra
+    end = data.draw(st.sampled_from([len(log), max(len(log) - 1, 0)]))
+    # The reference reads a record with another magic as it stands; the C walk hands it back to it.
+    expected = list(record_scan._routing_records_python(bytes(log), 0, end))
+    assert _routing_compiled(bytes(log), 0, end, chunk) == expected
+
+
+def test_routing_tags_follow_find_property():
+    """Whole-name matches only, the last non-empty entry wins, no trailing separator needed."""
+    for raw in (b"MYTAGS\x01v\x02TAGS\x01a\x02", b"TAGS\x01a\x02TAGS\x01\x02", b"TAGS\x01a\x02TAGS\x01b",
+                b"XTAGS\x01a\x02", b"TAGS\x01\xff\x02", b"a\x01TAGS\x01b\x02", b""):
+        log = records.encode(topic=b"t", body=b"x", properties=raw)
+        [fields] = compiled.routing_records(log, 0, len(log), 10)[0]
+        assert fields == record_scan.routing_fields(log, 0), raw

@@ -3,11 +3,18 @@
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``; C helpers in ``_wire.pxd``), built by the package's own build (setup.py):
 Append from the request's wire bytes to encoded records, and the AppendResponse bytes; the record walk
-with its CRC check (recovery, consume-queue rebuild, the Index's Tail frames: record_scan); the Java
-hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
+with its CRC check (recovery, the Index's Tail frames: record_scan), the consume-queue rebuild's walk
+(record_scan.routing_records); the Java hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
 what the code did before it and stays as the reference: protobuf's parser, mqstore_rpc.convert and
 mqstore.log.encoder. tests/property/test_codec_append.py requires both to give the same bytes and
 the same errors.
+
+Why Cython, and a ``.pyx`` beside the kept Python: it is what aiokafka, grpcio, uvloop and lxml use,
+it needs only gcc and the Python headers (no second toolchain), and it reaches the buffers, str and
+list objects of CPython directly, which is where the time went (a Python object per proto field and
+per record field). Its pure-Python mode would have kept one source, but then the reference would be
+the same code as the thing it checks; separate .pyx modules keep the reference independent, and the
+property tests (tests/property/test_codec_*.py) compare the two on random valid and invalid input.
 
 The choice is made once, here, at import: the compiled codec when it is built and importable, unless
 the environment variable ``MQSTORE_PURE_PYTHON`` is set to anything but "" or "0" (for the CI run that
@@ -48,7 +55,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     _check_layout(_records.WRITES, _scan.LAYOUT)
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
-                                 scan=_scan.scan, key_hashes=_scan.key_hashes), ""
+                                 scan=_scan.scan, key_hashes=_scan.key_hashes,
+                                 routing_records=_scan.routing_records), ""
 
 
 def _check_layout(writes: dict, reads: dict) -> None:

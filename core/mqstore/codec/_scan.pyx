@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The record walk (recovery, consume-queue rebuild, the Index's Tail frames) and the Java hash of
-``topic#key`` in C: mqstore.format.record_scan._scan_python and mqstore.format.index_file's
-key_hashes are the references, and tests/property/test_codec_scan.py requires the same results.
+``topic#key`` in C: mqstore.format.record_scan._scan_python and routing_fields, and
+mqstore.format.index_file's key_hashes are the references, and tests/property/test_codec_scan.py requires the same results.
 
 :func:`scan` stops where the reference stops and returns what it returns; why a record failed is
 still said by the reference (record_reader.check), which only runs on the one record that failed.
@@ -10,8 +10,9 @@ Thread-safety: pure functions over the caller's buffer (which must not change du
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memchr, memcmp
 
 from mqstore.codec._wire cimport java_hash_utf8_continue
 
@@ -106,3 +107,66 @@ def key_hashes(uint32_t prefix_state, suffixes, fallback):
             h = fallback(prefix_state, suffix)
         out.append(0 if h == INT_MIN_HASH else (-h if h < 0 else h))
     return out
+
+
+cdef uint32_t MAGIC_BLANK = 0xCBD43194
+
+
+cdef object _tags_of(const uint8_t* props, Py_ssize_t length):
+    """record_reader.find_property(props, "TAGS") or "": the value of the last entry that starts with
+    TAGS\\x01 and is not empty. (An occurrence of the marker can only lie inside one entry, since it
+    holds no 0x02, so find_property's search and this walk over the entries find the same ones.)"""
+    cdef Py_ssize_t start = 0, end
+    cdef const uint8_t* found = NULL
+    cdef Py_ssize_t found_length = 0
+    cdef const uint8_t* stop
+    while start < length:
+        stop = <const uint8_t*>memchr(props + start, 2, length - start)
+        end = length if stop == NULL else stop - props
+        if end - start > 5 and memcmp(props + start, b"TAGS\x01", 5) == 0:
+            found, found_length = props + start + 5, end - start - 5
+        start = end + 1
+    if found == NULL:
+        return ""
+    return PyUnicode_DecodeUTF8(<const char*>found, found_length, "replace")
+
+
+def routing_records(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end, Py_ssize_t max_records):
+    """record_scan.routing_fields of the records from ``position`` while it is below ``end``, at most
+    ``max_records``: (list of (size, topic bytes, queue id, queue offset, sys flag, TAGS, store time),
+    stop position, whether a blank record stops it). It stops before the first record whose fields
+    do not lie within the buffer as a valid record's do; the caller goes on there with the reference."""
+    cdef const uint8_t* p = &buf[0] if buf.shape[0] else NULL
+    cdef Py_ssize_t n = buf.shape[0], body_at, topic_at, props_at, props_end, record_end, layout
+    cdef int32_t total, body_len, sys_flag
+    out = []
+    while position < end and len(out) < max_records:
+        if n - position < 8:
+            break
+        if be32(p + position + 4) == MAGIC_BLANK:
+            return out, position, True
+        if be32(p + position + 4) != MAGIC_V1 or n - position < FIXED_OVERHEAD:
+            break
+        total = <int32_t>be32(p + position)
+        sys_flag = <int32_t>be32(p + position + SYS_FLAG_AT)
+        layout = (sys_flag & HOSTS_V6) >> 4
+        body_at = position + BODY_AT[layout]
+        record_end = position + total
+        if total < BODY_AT[layout] + 3 or record_end > n:
+            break
+        body_len = <int32_t>be32(p + body_at - 4)
+        topic_at = body_at + body_len
+        if body_len < 0 or topic_at >= record_end:
+            break
+        props_at = topic_at + 1 + p[topic_at]
+        if props_at + 2 > record_end:
+            break
+        props_end = props_at + 2 + <int16_t>((p[props_at] << 8) | p[props_at + 1])
+        if props_end != record_end:
+            break
+        out.append((total, PyBytes_FromStringAndSize(<const char*>p + topic_at + 1, props_at - topic_at - 1),
+                    <int32_t>be32(p + position + 12), be64(p + position + 20), sys_flag,
+                    _tags_of(p + props_at + 2, props_end - props_at - 2),
+                    be64(p + position + STORE_TIMESTAMP_AT[layout])))
+        position = record_end
+    return out, position, False
