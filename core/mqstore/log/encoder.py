@@ -73,11 +73,26 @@ class UniqKeyGenerator:
         return [f"{prefix}{(first + i) & 0xFFFF:04X}" for i in range(count)]
 
 
-def _ms_since_month_start(now_ms: int) -> int:
+def _month_start_ms(now_ms: int) -> int:
     import datetime as _dt
     now = _dt.datetime.fromtimestamp(now_ms / 1000, tz=_dt.timezone.utc)
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return now_ms - int(start.timestamp() * 1000)
+    return int(start.timestamp() * 1000)
+
+
+# [start, end) in ms of the month last asked for: the datetime arithmetic was 4% of a batched append's
+# server time (bench profile). One tuple, replaced whole, so threads never see half of it.
+_month_cache = (0, 0)
+
+
+def _ms_since_month_start(now_ms: int) -> int:
+    global _month_cache
+    start, end = _month_cache
+    if not start <= now_ms < end:
+        start = _month_start_ms(now_ms)
+        end = _month_start_ms(start + 32 * 86_400_000)  # the first of the next month
+        _month_cache = (start, end)
+    return now_ms - start
 
 
 class MessageEncoder:
