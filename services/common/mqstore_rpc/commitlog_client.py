@@ -121,6 +121,11 @@ class CommitLogClient:
                 return None
             raise error from None
 
+    def topic(self, name: str) -> model.TopicRecord:
+        """DescribeTopic's topic: name, queue count, kind (NotFound for an unknown one)."""
+        t = self._call(self._stub.DescribeTopic, commitlog_pb2.DescribeTopicRequest(name=name)).topic
+        return model.TopicRecord(t.name, t.queue_count, convert.topic_kind_in(t.kind), t.retention_ms, t.created_ms)
+
     def store_info(self) -> model.StoreInfo:
         return convert.store_info_out(self._call(self._stub.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest()))
 
