@@ -22,7 +22,7 @@ import sys
 from typing import Mapping, Sequence
 
 from mqstore import transactions as tx
-from mqstore.clock import SystemClock
+from mqstore.clock import Clock, SystemClock
 from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.follow import FollowConfig, Follower, GapPolicy
 from mqstore.format.record import SYSFLAG_TX_COMMIT
@@ -61,6 +61,7 @@ class TxnServiceConfig:
     tail_stream_deadline_ms: int = 60_000
     log_level: str = "info"
     failpoints: str = ""
+    clock: Clock | None = None    # tests inject a FakeClock; main() leaves the system clock
 
     def __post_init__(self) -> None:
         if not self.commitlog_address:
@@ -86,7 +87,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     checkpoint saved."""
     cfg = config.txn
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    clock = SystemClock()
+    clock = config.clock or SystemClock()
     client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
                              max_reconnect_backoff_ms=config.follow.backoff_max_ms)
@@ -164,7 +165,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TxnServi
 
 
 def describe(config: TxnServiceConfig, port: int) -> dict:
-    return {"txn": dataclasses.asdict(config.txn), "server": dataclasses.asdict(config.server),
+    txn = dataclasses.asdict(config.txn) | {"metadata_url": "<set>" if config.txn.metadata_url else ""}  # may hold a password
+    return {"txn": txn, "server": dataclasses.asdict(config.server),
             "follow": dataclasses.asdict(config.follow), "commitlog_address": config.commitlog_address}
 
 

@@ -38,6 +38,7 @@ log = structlog.get_logger("txn_service.table")
 
 OPEN, COMMITTED, ROLLED_BACK, PARKED = "OPEN", "COMMITTED", "ROLLED_BACK", "PARKED"
 STATES = (OPEN, COMMITTED, ROLLED_BACK, PARKED)
+BY_LOG = "recovery"  # resolved_by of a state learnt from the log (a restart, or the follower ahead of a caller)
 
 
 @dataclass(slots=True)
@@ -118,6 +119,8 @@ class TxnTable:
             invariant(txn.state in (OPEN, PARKED) or txn.state == state,
                       f"transaction {txn.txn_id} is {txn.state}, cannot become {state}")
             if txn.state == state:
+                if txn.resolved_by == BY_LOG:  # the follower saw our own record first: name who decided
+                    txn.resolved_by = by
                 return
             txn.state, txn.resolved_by = state, by
             if state != PARKED:
@@ -207,7 +210,7 @@ class TxnTable:
                 self._resolved_by_log(txn, PARKED)
 
     def _resolved_by_log(self, txn: Txn, state: str) -> None:
-        self.resolve(txn, state, txn.resolved_by or "recovery")
+        self.resolve(txn, state, txn.resolved_by or BY_LOG)
         if self._ready.is_set() and state != PARKED:
             self._need_op(txn)
 
