@@ -64,7 +64,8 @@ SERVICES = (
         "mqstore pull demo --queue 0")),
     ServiceEntry("index", "index_service.main", 50052, "index", True, "MQSTORE_INDEX_ADDRESS", (
         "mqstore query key demo k1",)),
-    ServiceEntry("txn", "txn_service.main", 50053, "txn", True, "MQSTORE_TXN_ADDRESS"),
+    ServiceEntry("txn", "txn_service.main", 50053, "txn", True, "MQSTORE_TXN_ADDRESS", (
+        "mqstore txn send demo paid shipped --group pg",)),
 )
 COMMITLOG_PORT = SERVICES[0].default_port
 
