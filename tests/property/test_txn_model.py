@@ -87,7 +87,6 @@ class TxnMachine(RuleBasedStateMachine):
         self.appender = AppendBatcher(lambda topic, messages: list(self.store.append(topic, messages,
                                                                                     system_writer="txn")),
                                       max_messages=1000, max_bytes=4 << 20, timeout_s=10)
-        self.appender.start()
         self.ops = SyncOps(self.appender.append, self.table.mark_op_written)
         self.coordinator = Coordinator(config, self.table, self, self.appender, self.ops,
                                        HalfCache(config.cache_max_entries, config.cache_max_bytes), self.clock)
@@ -112,7 +111,7 @@ class TxnMachine(RuleBasedStateMachine):
             self.table.apply(TailFrame(data, count, pos, visible))
 
     def teardown(self):
-        self.appender.stop()
+        self.appender.close()
         self.store.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -163,7 +162,7 @@ class TxnMachine(RuleBasedStateMachine):
             snapshot.save(self.dir / "state.json", self.table, self.clock.now_ms())
         elif not checkpoint:
             (self.dir / "state.json").unlink(missing_ok=True)
-        self.appender.stop()  # pending OP entries and the cache are lost with the process
+        self.appender.close()  # pending OP entries and the cache are lost with the process
         self._open_service(load=checkpoint)
 
     # ---- invariants ----------------------------------------------------------------------------------------

@@ -1,26 +1,29 @@
 """The service's own appends, batched across producers (group commit): concurrent Prepares share one
 Append to the half topic, concurrent Commits of one topic share one Append to it, and so on.
 
-A caller submits (topic, messages) and waits; the duty's thread takes everything pending, groups it by
-topic in arrival order into Appends of at most ``max_messages`` messages and ``max_bytes`` of bodies
+A caller submits (topic, messages); the caller that leads (see ``append``) takes everything pending,
+groups it by topic in arrival order into Appends of at most ``max_messages`` messages and ``max_bytes`` of bodies
 (one caller's messages are never split: all of them or none, which is what makes a multi-message
 commit visible at once), and hands each caller its own results. An Append that the log refuses as
 INVALID_ARGUMENT is retried one caller at a time, so one bad request fails alone.
 
-Thread-safe: ``_cond`` guards the queue and counters; the appends run on the duty's thread unlocked.
+Thread-safe: ``_cond`` guards the queue, the leader flag and the counters; the leader appends unlocked.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from mqstore.background import Duty
+import structlog
+
 from mqstore.errors import InvalidArgument, MqStoreError, Unavailable
 from mqstore.model import AppendResult, MessageIn
 
+log = structlog.get_logger("txn_service.appender")
 AppendFn = Callable[[str, Sequence[MessageIn]], list[AppendResult]]
 
 
@@ -34,47 +37,61 @@ class _Request:
     error: BaseException | None = None
 
 
-class AppendBatcher(Duty):
+class AppendBatcher:
     def __init__(self, append: AppendFn, *, max_messages: int, max_bytes: int, timeout_s: float):
-        super().__init__("txn-appender", interval_s=0.0)
         self._append, self.max_messages, self.max_bytes, self.timeout_s = append, max_messages, max_bytes, timeout_s
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()
+        self._leading = False
+        self._closed = False
         self.appends = self.appended_messages = 0
 
     def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
-        """Append ``messages`` to ``topic`` (all or none), batched with other callers'."""
+        """Append ``messages`` to ``topic`` (all or none), batched with other callers'.
+
+        Group commit without a thread of its own: a caller that finds no append in flight leads one
+        round: it appends everything queued (its own request and those that arrived), then hands over;
+        a waiting caller whose request is still queued leads the next round. So a lone producer pays no
+        hand-off between threads, and under load one Append carries many producers' messages."""
         request = _Request(topic, messages, sum(len(m.body) for m in messages))
+        deadline = time.monotonic() + self.timeout_s
         with self._cond:
-            if self.stopping:
+            if self._closed:
                 raise Unavailable("the Transaction service is stopping; retry on the next start")
             self._queue.append(request)
-            self._cond.notify_all()
-        if not request.done.wait(self.timeout_s):
-            raise Unavailable(f"the commit log did not take the append within {self.timeout_s:.0f} s; the "
-                              f"messages may still be stored")
+            while not request.done.is_set() and self._leading:
+                left = deadline - time.monotonic()
+                if left <= 0 and request in self._queue:
+                    # Never appended later behind the caller's back: a retried Commit must not find its
+                    # first attempt's messages arriving after it (a leader's append has its own timeout).
+                    self._queue.remove(request)
+                    raise Unavailable(f"the append waited {self.timeout_s:.0f} s for its turn and was not sent; "
+                                      f"retry")
+                self._cond.wait(max(left, 0.05))
+            lead = not request.done.is_set()
+            if lead:
+                self._leading = True
+                pending = list(self._queue)
+                self._queue.clear()
+        if lead:
+            self._lead(pending)
         if request.error is not None:
             raise request.error
         return request.results
 
-    def step(self) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._queue or self.stopping, 0.5)
-            pending = list(self._queue)
-            self._queue.clear()
-        for group in self._groups(pending):
-            self._append_group(group)
+    def _lead(self, pending: list[_Request]) -> None:
+        try:
+            for group in self._groups(pending):
+                self._append_group(group)
+        finally:
+            with self._cond:
+                self._leading = False
+                self._cond.notify_all()
 
-    def pause(self) -> None:
-        return  # step() waits on the queue itself
-
-    def on_stop(self) -> None:
+    def close(self) -> None:
+        """Refuse new appends (those in flight finish)."""
         with self._cond:
-            self._cond.notify_all()
-            for request in self._queue:
-                request.error = Unavailable("the Transaction service is stopping; retry on the next start")
-                request.done.set()
-            self._queue.clear()
+            self._closed = True
 
     def _groups(self, pending: list[_Request]) -> list[list[_Request]]:
         """Per topic in arrival order, cut at the message and byte limits (a request is never cut)."""
@@ -104,9 +121,10 @@ class AppendBatcher(Duty):
         except MqStoreError as exc:
             self._fail(group, exc)
             return
-        except BaseException as exc:  # a bug: the callers get it, the duty dies and health says so
+        except BaseException as exc:  # a bug: each caller gets it (INTERNAL), the next round goes on
+            log.exception("txn.append_failed", topic=group[0].topic)
             self._fail(group, exc)
-            raise
+            return
         with self._cond:
             self.appends += 1
             self.appended_messages += len(messages)

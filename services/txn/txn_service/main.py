@@ -82,9 +82,8 @@ class TxnTailSource:
 
 
 def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
-    """Duties in start order: appender, OP batcher, follower, checker, checkpointer; they stop in reverse,
-    and between the OP batcher and the appender the pending OP entries are written and the last
-    checkpoint saved."""
+    """Duties in start order: OP batcher, follower, checker, checkpointer; they stop in reverse, then the
+    pending OP entries are written, the last checkpoint saved and the appender closed."""
     cfg = config.txn
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     clock = config.clock or SystemClock()
@@ -101,8 +100,9 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     def append(topic: str, messages):
         return client.internal_append(topic, messages, writer=OWNER_TRANSACTION, token=config.internal_token)
 
-    appender = parts.add_duty(AppendBatcher(append, max_messages=cfg.append_max_messages,
-                                            max_bytes=cfg.append_max_bytes, timeout_s=config.rpc_timeout_ms / 1000))
+    appender = AppendBatcher(append, max_messages=cfg.append_max_messages, max_bytes=cfg.append_max_bytes,
+                             timeout_s=config.rpc_timeout_ms / 1000)
+    parts.on_close(appender.close)
     parts.on_close(checkpointer.save_now)
     ops = OpBatcher(lambda body, offsets: appender.append(tx.OP_TOPIC, [MessageIn(body, tx.OP_TAG, queue_id=0)]),
                     clock, max_bytes=cfg.op_batch_max_bytes, interval_ms=cfg.op_batch_interval_ms,

@@ -9,7 +9,9 @@ rename, fsync of the directory), written every ``checkpoint_interval_ms`` and at
    "transactions": [{"id", "group", "topic", "state", "checks", "last_answer", "last_check_ms",
                      "resolved_by", "halves": [[physical_offset, half_queue_offset, store_ms, op_written]]}]}
 
-It is taken under the table's lock, so the offset and the states agree; states may be ahead of
+It holds every transaction not fully done and the newest 1000 done ones (a Commit repeated after a
+restart for an older one gets NOT_FOUND, never a second append). It is taken under the table's lock, so
+the offset and the states agree; states may be ahead of
 ``applied`` (the service's own writes): re-applying those records changes nothing. No file: start
 from the earliest record of the log. A file that does not parse: refuse to start (DataLoss naming it;
 delete it to rebuild from the log, losing only check counts).
@@ -23,9 +25,12 @@ import pathlib
 from mqstore import failpoints, fs
 from mqstore.errors import DataLoss
 
-from .table import STATES, Half, Txn, TxnTable
+from .table import COMMITTED, ROLLED_BACK, STATES, Half, Txn, TxnTable
 
 VERSION = 1
+
+
+KEEP_RESOLVED = 1000  # resolved transactions (OP written) kept in the file, newest: idempotent answers after a restart
 
 
 def encode(table: TxnTable, now_ms: int) -> bytes:
@@ -34,9 +39,18 @@ def encode(table: TxnTable, now_ms: int) -> bytes:
                  "last_answer": t.last_answer, "last_check_ms": t.last_check_ms, "resolved_by": t.resolved_by,
                  "halves": [[h.physical_offset, h.queue_offset, h.store_timestamp_ms, h.op_written]
                             for h in t.halves]}
-                for t in table.by_id.values()]
+                for t in _kept(table)]
         doc = {"version": VERSION, "applied": table.applied, "written_at_ms": now_ms, "transactions": txns}
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def _kept(table: TxnTable) -> list:
+    """Every transaction not fully done (open, parked, or an OP record still to write), and the newest
+    KEEP_RESOLVED done ones: the file stays small however many the memory holds (resolved_keep)."""
+    done = [t for t in table.by_id.values() if t.state in (COMMITTED, ROLLED_BACK) and t.op_written]
+    recent = set(map(id, done[-KEEP_RESOLVED:]))  # by_id keeps insertion (prepare) order
+    return [t for t in table.by_id.values() if not (t.state in (COMMITTED, ROLLED_BACK) and t.op_written)
+            or id(t) in recent]
 
 
 def save(path: pathlib.Path, table: TxnTable, now_ms: int) -> None:
