@@ -123,7 +123,7 @@ class CommitLog:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
         qids, flags = batch.queue_ids, batch.sys_flags
         if any(flags):
-            counts = collections.Counter(q for q, f in zip(qids, flags) if f & record.SYSFLAG_TX_MASK
+            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if f & record.SYSFLAG_TX_MASK
                                          not in _NO_QUEUE_OFFSET_TX)
         else:
             counts = collections.Counter(qids)

@@ -162,7 +162,8 @@ def cmd_topic_delete(cli: Cli) -> None:
 class Progress:
     """A progress line on stderr at most once per interval. Not thread-safe."""
 
-    def __init__(self, err: TextIO, enabled: bool, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, err: TextIO, enabled: bool, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
         self._err, self._enabled, self._interval_s, self._clock = err, enabled, interval_s, clock
         self._tty = enabled and err.isatty()
         self._start = self._last = clock()

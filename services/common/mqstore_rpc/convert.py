@@ -131,7 +131,7 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
     add = response.results.add
     for batch in batches:
         prefix, ts, durability = batch.msg_id_prefix, batch.store_timestamp_ms, _DURABILITY_TO_PB[batch.durability]
-        for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys):
+        for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys, strict=True):
             add(msg_id=f"{prefix}{phys:016X}", uniq_key=uniq, queue_id=qid, queue_offset=qoff, physical_offset=phys,
                 size_bytes=size, store_timestamp_ms=ts, durability=durability)
     return response
