@@ -23,7 +23,6 @@ import os
 import pathlib
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -31,9 +30,9 @@ import time
 import grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from procs import BenchError, spawn, stop, stop_all, wait_for_event  # noqa: E402
+from procs import BenchError, spawn, stop, stop_all, wait_for_event
 
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc  # noqa: E402
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 TOKEN = "bench-token"
@@ -108,7 +107,8 @@ async def run_txn(address: str, producers: int, cfg: dict) -> dict:
     appends = after.appends - before.appends
     result.update(half_to_op=halves / ops if ops else None, op_messages=ops, halves=halves,
                   cache_hit_rate=hits / (hits + misses) if hits + misses else None,
-                  messages_per_append=(after.appended_messages - before.appended_messages) / appends if appends else None)
+                  messages_per_append=(after.appended_messages - before.appended_messages) / appends
+                  if appends else None)
     return result
 
 

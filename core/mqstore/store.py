@@ -350,7 +350,8 @@ class MessageStore:
         (no record starts there, outside the log, damaged). One bad offset does not fail the others."""
         self._check_running()
         if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
-            raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, not {len(physical_offsets)}")
+            raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, "
+                                  f"not {len(physical_offsets)}")
         out = []
         for offset in physical_offsets:
             try:

@@ -52,7 +52,8 @@ def test_no_wrong_or_missing_token_is_permission_denied(served, tmp_path):
                                        messages=[pb.InternalMessage(message=common_pb2.MessageInput(body=b"x"))])
     with pytest.raises(grpc.RpcError) as info:
         internal.Append(request, timeout=10)
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "no mqstore-internal-token" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "no mqstore-internal-token" in info.value.details()
     with serving(make_config(tmp_path / "other")) as (_, port):  # no token configured: refuses everything
         other = CommitLogClient(f"127.0.0.1:{port}")
         try:

@@ -48,7 +48,7 @@ def test_prepare_is_invisible_commit_shows_every_message_once(log, txn):
     assert done.state == txn_pb2.TRANSACTION_STATE_COMMITTED and not done.already and len(done.results) == 3
     seen = visible(log_stub, "orders", 2)
     assert sorted(m.body for m in seen) == [b"a", b"b", b"c"]
-    for m, half in zip(sorted(seen, key=lambda m: m.prepared_transaction_offset), p.halves):
+    for m, half in zip(sorted(seen, key=lambda m: m.prepared_transaction_offset), p.halves, strict=True):
         assert m.prepared_transaction_offset == half.physical_offset and m.queue_id == half.real_queue_id
         assert m.sys_flag & record.SYSFLAG_TX_MASK == record.SYSFLAG_TX_COMMIT and m.tags == "t"
         assert m.uniq_key == half.uniq_key and "REAL_TOPIC" not in m.properties
@@ -74,14 +74,16 @@ def test_rollback_waits_for_its_op_and_nothing_becomes_visible(log, txn):
 
 def test_bad_input_gets_the_right_status(log, txn):
     _, log_stub = log
-    log_stub.CreateTopic(cpb.CreateTopicRequest(name="kv", kind=common_pb2.TOPIC_KIND_COMPACTION), timeout=RPC_TIMEOUT_S)
+    log_stub.CreateTopic(cpb.CreateTopicRequest(name="kv", kind=common_pb2.TOPIC_KIND_COMPACTION),
+                         timeout=RPC_TIMEOUT_S)
     cases = [
         (lambda: commit(txn, "nope"), grpc.StatusCode.NOT_FOUND, "unknown"),
         (lambda: rollback(txn, ""), grpc.StatusCode.INVALID_ARGUMENT, "transaction_id"),
         (lambda: prepare(txn, "missing", [b"x"]), grpc.StatusCode.NOT_FOUND, "missing"),
         (lambda: prepare(txn, "kv", [b"x"], keys=["k"]), grpc.StatusCode.INVALID_ARGUMENT, "COMPACTION"),
         (lambda: prepare(txn, "RMQ_SYS_TRANS_HALF_TOPIC", [b"x"]), grpc.StatusCode.INVALID_ARGUMENT, "system topic"),
-        (lambda: prepare(txn, "orders", [b"x"], properties={"DELAY": "3"}), grpc.StatusCode.INVALID_ARGUMENT, "delayed"),
+        (lambda: prepare(txn, "orders", [b"x"], properties={"DELAY": "3"}), grpc.StatusCode.INVALID_ARGUMENT,
+         "delayed"),
         (lambda: prepare(txn, "orders", [b"x"], properties={"REAL_TOPIC": "y"}), grpc.StatusCode.INVALID_ARGUMENT,
          "set by the Transaction service"),
         (lambda: prepare(txn, "orders", [], group="pg"), grpc.StatusCode.INVALID_ARGUMENT, "1 to 1000"),

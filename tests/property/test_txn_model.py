@@ -31,7 +31,7 @@ from txn_service.appender import AppendBatcher
 from txn_service.cache import HalfCache
 from txn_service.config import TxnConfig
 from txn_service.coordinator import Coordinator
-from txn_service.table import COMMITTED, OPEN, ROLLED_BACK, TxnTable
+from txn_service.table import COMMITTED, OPEN, TxnTable
 
 TOPIC = "orders"
 FOLLOWED = frozenset(t.encode() for t in (tx.HALF_TOPIC, tx.OP_TOPIC, tx.CHECK_MAX_TOPIC))
@@ -148,7 +148,7 @@ class TxnMachine(RuleBasedStateMachine):
         assert len(states) <= 1, results  # every successful call agrees: one decision wins
         final = states.pop() if states else self.model[txn_id]  # all refused: it was resolved before
         assert self.model[txn_id] in (OPEN, final), (self.model[txn_id], results)
-        for kind, r in results:  # a call that lost the race was refused, naming the state
+        for _kind, r in results:  # a call that lost the race was refused, naming the state
             assert r == final or (isinstance(r, FailedPrecondition) and final in str(r)), results
         self.model[txn_id] = final
 

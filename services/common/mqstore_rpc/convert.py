@@ -248,7 +248,7 @@ def internal_messages_in(messages: Iterable[commitlog_pb2.InternalMessage], peer
     """InternalMessage -> MessageIn, with what the public MessageInput lacks (transaction type, the
     half's offset, the producer's born host)."""
     out = messages_in([m.message for m in messages], peer)
-    for m, item in zip(messages, out):
+    for m, item in zip(messages, out, strict=True):
         item.sys_flag = tx_type_in(m.transaction_type)
         item.prepared_transaction_offset = m.prepared_transaction_offset
         if m.born_host:

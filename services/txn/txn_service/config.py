@@ -35,7 +35,7 @@ class TxnConfig:
         if self.cache_max_bytes < 0 or self.cache_max_entries < 0:
             raise InvalidArgument("cache_max_entries and cache_max_bytes must not be negative (0 = no cache)")
         if self.append_max_messages > 1000:
-            raise InvalidArgument(f"append_max_messages is at most 1000 (the commit log's batch limit)")
+            raise InvalidArgument("append_max_messages is at most 1000 (the commit log's batch limit)")
 
     @property
     def metadata_url_resolved(self) -> str:

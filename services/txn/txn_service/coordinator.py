@@ -33,7 +33,7 @@ from mqstore.model import AppendResult, MessageIn, StoredMessage, TopicRecord, M
 
 from .cache import HalfCache
 from .config import TxnConfig
-from .table import COMMITTED, OPEN, PARKED, ROLLED_BACK, Half, Txn, TxnTable
+from .table import COMMITTED, PARKED, ROLLED_BACK, Half, Txn, TxnTable
 
 log = structlog.get_logger("txn_service.coordinator")
 _TXN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -100,12 +100,12 @@ class Coordinator:
         real = self._topic(topic)
         tx.check_real_topic(real)
         qids = self._queues(real, messages)
-        halves = [_half_message(m, topic, qid, group, txn_id) for m, qid in zip(messages, qids)]
+        halves = [_half_message(m, topic, qid, group, txn_id) for m, qid in zip(messages, qids, strict=True)]
         results = self.appender.append(tx.HALF_TOPIC, halves)
         failpoints.hit("txn.prepare.after_half")
         self.table.add_halves(txn_id, group, topic, [Half(r.physical_offset, r.queue_offset, r.store_timestamp_ms)
                                                      for r in results])
-        for m, qid, r in zip(messages, qids, results):
+        for m, qid, r in zip(messages, qids, results, strict=True):
             self.cache.put(r.physical_offset, _real_from_input(m, qid, group, txn_id, r), len(m.body))
         with self._lock:
             self.halves_written += len(results)
@@ -184,7 +184,7 @@ class Coordinator:
         found = {h.physical_offset: self.cache.take(h.physical_offset) for h in txn.halves}
         missing = [offset for offset, m in found.items() if m is None]
         if missing:
-            for offset, lookup in zip(missing, self.log_reader.get_messages_batch(missing)):
+            for offset, lookup in zip(missing, self.log_reader.get_messages_batch(missing), strict=True):
                 if lookup.message is None:
                     raise DataLoss(f"half message of transaction {txn.txn_id} at physical offset {offset} cannot be "
                                    f"read: {lookup.missing}; nothing was committed")
@@ -236,5 +236,8 @@ def _real_from_half(half: StoredMessage) -> MessageIn:
     r = half.record
     props = {k: v for k, v in r.properties.items()
              if k not in (record.PROPERTY_REAL_TOPIC, record.PROPERTY_REAL_QUEUE_ID, tx.PROPERTY_TRAN_MSG)}
-    return MessageIn(r.body, "", (), props, r.flag, r.born_timestamp_ms, int(r.properties[record.PROPERTY_REAL_QUEUE_ID]),
-                     "", r.born_host, r.born_port, record.SYSFLAG_TX_COMMIT, r.physical_offset)
+    real_qid = r.properties.get(record.PROPERTY_REAL_QUEUE_ID, "")
+    if not real_qid.isdigit():
+        raise DataLoss(f"half message at physical offset {r.physical_offset} has no valid REAL_QID ({real_qid!r})")
+    return MessageIn(r.body, "", (), props, r.flag, r.born_timestamp_ms, int(real_qid), "", r.born_host, r.born_port,
+                     record.SYSFLAG_TX_COMMIT, r.physical_offset)

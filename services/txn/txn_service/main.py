@@ -124,7 +124,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
 
 def read_halves(client: CommitLogClient, offsets: list[int]) -> list[StoredMessage]:
     out = []
-    for offset, lookup in zip(offsets, client.get_messages_batch(offsets)):
+    for offset, lookup in zip(offsets, client.get_messages_batch(offsets), strict=True):
         if lookup.message is None:
             raise DataLoss(f"half message at physical offset {offset} cannot be read: {lookup.missing}")
         out.append(lookup.message)
@@ -165,7 +165,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TxnServi
 
 
 def describe(config: TxnServiceConfig, port: int) -> dict:
-    txn = dataclasses.asdict(config.txn) | {"metadata_url": "<set>" if config.txn.metadata_url else ""}  # may hold a password
+    # The metadata URL may hold a password: only whether it is set.
+    txn = dataclasses.asdict(config.txn) | {"metadata_url": "<set>" if config.txn.metadata_url else ""}
     return {"txn": txn, "server": dataclasses.asdict(config.server),
             "follow": dataclasses.asdict(config.follow), "commitlog_address": config.commitlog_address}
 

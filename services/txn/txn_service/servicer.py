@@ -17,7 +17,7 @@ import structlog
 from mqstore.errors import InvalidArgument, MqStoreError
 from mqstore import topics as topic_rules
 from mqstore_rpc import convert
-from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2, txn_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
 from .checkback import Check, CheckHub, CheckSession, Checker
 from .coordinator import Coordinator, Ended
@@ -72,7 +72,7 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         prepared = self._coordinator.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
                                              request.producer_group, request.transaction_id)
         response = txn_pb2.PrepareResponse(transaction_id=prepared.transaction_id)
-        for r, qid in zip(prepared.results, prepared.real_queue_ids):
+        for r, qid in zip(prepared.results, prepared.real_queue_ids, strict=True):
             response.halves.add(uniq_key=r.uniq_key, physical_offset=r.physical_offset,
                                 half_queue_offset=r.queue_offset, real_queue_id=qid)
         response.durability = convert._DURABILITY_TO_PB[prepared.results[0].durability]
