@@ -85,7 +85,7 @@ class Coordinator:
 
     # ---- Prepare --------------------------------------------------------------------------------------
     def prepare(self, topic: str, messages: Sequence[MessageIn], group: str, txn_id: str = "") -> Prepared:
-        self._check_ready()
+        self.check_ready()
         topic_rules.validate_topic_name(topic)
         topic_rules.validate_group_name(group)
         if not 1 <= len(messages) <= MAX_MESSAGES:
@@ -142,8 +142,8 @@ class Coordinator:
 
     # ---- Commit / Rollback ----------------------------------------------------------------------------
     def commit(self, txn_id: str, by: str = "producer") -> Ended:
-        self._check_ready()
-        txn = self._txn(txn_id)
+        self.check_ready()
+        txn = self.txn(txn_id)
         with txn.guard:
             if txn.state == COMMITTED:
                 return Ended(COMMITTED, True, [])
@@ -159,8 +159,8 @@ class Coordinator:
         return Ended(COMMITTED, False, results)
 
     def rollback(self, txn_id: str, by: str = "producer") -> Ended:
-        self._check_ready()
-        txn = self._txn(txn_id)
+        self.check_ready()
+        txn = self.txn(txn_id)
         with txn.guard:
             if txn.state == COMMITTED:
                 raise FailedPrecondition(f"transaction {txn_id} is COMMITTED: it cannot be rolled back")
@@ -201,7 +201,7 @@ class Coordinator:
         """Called with the table's lock held (also by the table itself, for resolutions found in the log)."""
         self._op_seq[txn.txn_id] = self.ops.add([h.queue_offset for h in txn.halves if not h.op_written])
 
-    def _txn(self, txn_id: str) -> Txn:
+    def txn(self, txn_id: str) -> Txn:
         if not txn_id:
             raise InvalidArgument("transaction_id is empty")
         txn = self.table.get(txn_id)
@@ -210,7 +210,7 @@ class Coordinator:
                            f"service remembers the last {self.config.resolved_keep} resolved ones)")
         return txn
 
-    def _check_ready(self) -> None:
+    def check_ready(self) -> None:
         if not self.table.ready:
             raise Unavailable("recovering: the Transaction service is reading the log up to the end it saw at "
                               "start (it cannot tell yet what was committed); retry shortly")

@@ -53,14 +53,14 @@ class Operations:
         return sorted(views, key=lambda v: v.store_timestamp_ms)[:limit]
 
     def show(self, txn_id: str) -> TxnView:
-        txn = self.coordinator._txn(txn_id)
+        txn = self.coordinator.txn(txn_id)
         with self.table.lock:
             return self._view(txn, self.clock.now_ms())
 
     def force_resolve(self, txn_id: str, decision: str, reason: str, operator: str) -> Ended:
         if decision not in ("COMMIT", "ROLLBACK"):
             raise InvalidArgument(f"decision must be COMMIT or ROLLBACK, not {decision}")
-        txn = self.coordinator._txn(txn_id)
+        txn = self.coordinator.txn(txn_id)
         entry = self.audit.requested(txn_id, decision, txn.state, reason, operator or "unknown", self.clock.now_ms())
         by = f"operator {operator or 'unknown'}: {reason}"
         try:

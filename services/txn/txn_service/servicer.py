@@ -103,7 +103,7 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         if first is None or first.WhichOneof("kind") != "hello":
             raise InvalidArgument("CheckBack: the first message must be a hello naming the producer group")
         topic_rules.validate_group_name(first.hello.producer_group)
-        self._coordinator._check_ready()
+        self._coordinator.check_ready()
         session = self._hub.open(first.hello.producer_group)
         failure: list[MqStoreError] = []
         reader = threading.Thread(target=self._read_answers, args=(request_iterator, session, failure),
