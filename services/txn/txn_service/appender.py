@@ -7,7 +7,7 @@ groups it by topic in arrival order into Appends of at most ``max_messages`` mes
 commit visible at once), and hands each caller its own results. An Append that the log refuses as
 INVALID_ARGUMENT is retried one caller at a time, so one bad request fails alone.
 
-Thread-safe: ``_cond`` guards the queue, the leader flag and the counters; the leader appends unlocked.
+Thread-safe: ``_cond`` guards the queues, the leaders and the counters; a leader appends unlocked.
 """
 
 from __future__ import annotations
@@ -41,51 +41,54 @@ class AppendBatcher:
     def __init__(self, append: AppendFn, *, max_messages: int, max_bytes: int, timeout_s: float):
         self._append, self.max_messages, self.max_bytes, self.timeout_s = append, max_messages, max_bytes, timeout_s
         self._cond = threading.Condition()
-        self._queue: collections.deque[_Request] = collections.deque()
-        self._leading = False
+        self._queues: dict[str, collections.deque[_Request]] = collections.defaultdict(collections.deque)
+        self._leading: set[str] = set()  # topics with an append in flight (one per topic at a time)
         self._closed = False
         self.appends = self.appended_messages = 0
 
     def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
         """Append ``messages`` to ``topic`` (all or none), batched with other callers'.
 
-        Group commit without a thread of its own: a caller that finds no append in flight leads one
-        round: it appends everything queued (its own request and those that arrived), then hands over;
-        a waiting caller whose request is still queued leads the next round. So a lone producer pays no
-        hand-off between threads, and under load one Append carries many producers' messages."""
+        Group commit per topic, without a thread of its own: a caller that finds no append to its
+        topic in flight leads one round: it appends everything queued for the topic (its own request
+        and those that arrived), then hands over; a waiting caller whose request is still queued leads
+        the next round. So a lone producer pays no hand-off between threads, under load one Append
+        carries many producers' messages, and halves, real messages and OP records (other topics) are
+        appended concurrently."""
         request = _Request(topic, messages, sum(len(m.body) for m in messages))
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             if self._closed:
                 raise Unavailable("the Transaction service is stopping; retry on the next start")
-            self._queue.append(request)
-            while not request.done.is_set() and self._leading:
+            queue = self._queues[topic]
+            queue.append(request)
+            while not request.done.is_set() and topic in self._leading:
                 left = deadline - time.monotonic()
-                if left <= 0 and request in self._queue:
+                if left <= 0 and request in queue:
                     # Never appended later behind the caller's back: a retried Commit must not find its
                     # first attempt's messages arriving after it (a leader's append has its own timeout).
-                    self._queue.remove(request)
+                    queue.remove(request)
                     raise Unavailable(f"the append waited {self.timeout_s:.0f} s for its turn and was not sent; "
                                       f"retry")
                 self._cond.wait(max(left, 0.05))
             lead = not request.done.is_set()
             if lead:
-                self._leading = True
-                pending = list(self._queue)
-                self._queue.clear()
+                self._leading.add(topic)
+                pending = list(queue)
+                queue.clear()
         if lead:
-            self._lead(pending)
+            self._lead(topic, pending)
         if request.error is not None:
             raise request.error
         return request.results
 
-    def _lead(self, pending: list[_Request]) -> None:
+    def _lead(self, topic: str, pending: list[_Request]) -> None:
         try:
             for group in self._groups(pending):
                 self._append_group(group)
         finally:
             with self._cond:
-                self._leading = False
+                self._leading.discard(topic)
                 self._cond.notify_all()
 
     def close(self) -> None:
