@@ -281,6 +281,11 @@ def store_timestamp(buf, position: int) -> int:
     return INT64.unpack_from(buf, position + STORE_TIMESTAMP_AT[layout_index(buf, position)])[0]
 
 
+def peek_sys_flag(buf, position: int) -> int:
+    """SYSFLAG of a valid record without decoding the rest (for Tail's transaction-type filter)."""
+    return INT32.unpack_from(buf, position + SYS_FLAG_AT)[0]
+
+
 def peek_topic(buf, position: int) -> bytes:
     """Topic bytes of a valid record without decoding the rest (for Tail's topic filter)."""
     topic_at = position + BODY_AT_BY_HOST_BYTE[buf[position + SYS_FLAG_HOST_BYTE_AT]]
