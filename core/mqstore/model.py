@@ -152,3 +152,4 @@ class StoreInfo:
     segment_count: int
     segment_size_bytes: int
     store_host: str
+    codec: str  # mqstore.codec.ACTIVE: "compiled" or "python"

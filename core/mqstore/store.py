@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import failpoints, fs, transactions
+from mqstore import codec, failpoints, fs, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -252,7 +252,8 @@ class MessageStore:
 
     # ------------------------------------------------------------------ append
     def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None) -> AppendResults:
-        """Append one batch, all or nothing. ``system_writer`` is the internal way into system topics:
+        """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
+        (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
         the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
         it, so clients cannot write system topics."""
         self._check_running()
@@ -427,7 +428,8 @@ class MessageStore:
         return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
                          self.flusher.flushed_offset if self.flusher else 0, self.visible_offset(),
                          self.config.flush_mode, reason is not None, reason, len(self.segments.segments),
-                         self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}")
+                         self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}",
+                         codec.ACTIVE)
 
     # ------------------------------------------------------------------ retention (the maintenance duty)
     def delete_expired_segments(self) -> int:
