@@ -1,0 +1,153 @@
+"""A round over one queue's compaction log: passes until the sealed segments are clean.
+
+One pass (reference §6.4, without its cliffs):
+  1. take the sealed segments (never the active one) and the dirty range: records after the cleaned
+     offset and older than min_compaction_lag_ms;
+  2. map key digest -> latest queue offset over a *prefix* of the dirty range, as many keys as the
+     budget holds (a full map ends the prefix; it always holds one key, so a pass always advances);
+  3. rewrite every sealed record with the one writer (writer.py) into ``staging/``, keeping a record
+     unless a later record of its key is mapped, or it is a tombstone past seen-at + delete_retention_ms
+     (a tombstone is stamped seen-at by the pass that first maps it);
+  4. install the output and the new round state with mqstore.fs.install (all or nothing, crash-safe),
+     the cleaned offset now being the last mapped one.
+A round repeats passes while the dirty range is not empty (multi-round when the keys do not fit),
+at most max_passes. The mapping step is the engine's: the local one here, or the Spark job's map
+(``map_override``: key digest -> latest offset over the whole dirty range).
+"""
+
+from __future__ import annotations
+
+import bisect
+import shutil
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from mqstore import failpoints
+from mqstore.errors import invariant
+from mqstore.format import compaction_segment as cseg
+from mqstore.format.record import INT32, PROPERTY_KEYS
+from mqstore.format.record_reader import RecordView, find_property
+
+from . import key as ckey
+from .offset_map import OffsetMap, digest
+from .policy import CompactionConfig, tombstone_expired
+from .qlog import Entries, QueueLog
+from .qlog_files import STAGING
+from .writer import RoundWriter
+
+
+@dataclass
+class RoundStats:
+    passes: int = 0
+    records_in: int = 0            # sealed records read by the last pass
+    records_out: int = 0
+    bytes_reclaimed: int = 0       # over all passes
+    keys_mapped: int = 0           # over all passes
+    records_removed: int = 0       # superseded records removed, over all passes
+    tombstones_removed: int = 0
+    tombstones_pending: int = 0    # kept tombstones after the last pass (within their retention)
+    removed_keys: dict = field(default_factory=dict)  # key -> offset of the tombstone removed with it
+
+
+def sealed_records(qlog: QueueLog, bases: list[int], entries: Entries, lo: int, hi: int) -> Iterator[tuple]:
+    """(index, raw record, key, is tombstone) of sealed entries [lo, hi), one segment in memory at a time."""
+    i = lo
+    for base in bases:
+        end = base + qlog.segment_size
+        if i >= hi or entries.positions[i] >= end:
+            continue
+        data = (qlog.directory / cseg.log_name(base)).read_bytes()
+        while i < hi and entries.positions[i] < end:
+            at = entries.positions[i] - base
+            raw = memoryview(data)[at:at + entries.sizes[i]]
+            yield i, raw, *key_and_tombstone(raw)
+            i += 1
+    invariant(i >= hi, f"the sealed segments of {qlog.directory} hold the entries of their index")
+
+
+def key_and_tombstone(raw) -> tuple[str | None, bool]:
+    """The compaction key of one record and whether it is a tombstone."""
+    view = RecordView(raw, 0)
+    props = view.properties_raw
+    body_length = INT32.unpack_from(raw, view.layout.body_length_at)[0]
+    return ckey.first_key(find_property(props, PROPERTY_KEYS)), ckey.is_tombstone(body_length, props)
+
+
+def local_map(qlog: QueueLog, bases: list[int], entries: Entries, lo: int, hi: int, budget: int) -> OffsetMap:
+    """Map keys from ``lo`` while they fit the budget (a prefix of [lo, hi))."""
+    omap = OffsetMap(budget)
+    for i, _, key, _ in sealed_records(qlog, bases, entries, lo, hi):
+        if key is None:
+            continue  # a keyless record (written before keys were required) is kept as it is
+        d = digest(key)
+        if not omap.can_put(d):
+            break
+        omap.put(d, entries.offsets[i])
+    return omap
+
+
+def run_round(qlog: QueueLog, config: CompactionConfig, now_ms: int,
+              map_override: Callable[..., OffsetMap] | None = None,
+              progress: Callable[[RoundStats], None] = lambda stats: None) -> RoundStats:
+    """Passes until nothing in the sealed segments is left to clean (or max_passes)."""
+    stats = RoundStats()
+    while stats.passes < config.max_passes:
+        if not _one_pass(qlog, config, now_ms, stats, map_override):
+            break
+        progress(stats)
+    return stats
+
+
+def _one_pass(qlog: QueueLog, config: CompactionConfig, now_ms: int, stats: RoundStats, map_override) -> bool:
+    bases, sealed = qlog.sealed()
+    cleaned = qlog.cleaned_offset
+    lo = bisect.bisect_right(sealed.offsets, cleaned)
+    hi = bisect.bisect_right(sealed.store_ms, now_ms - config.min_compaction_lag_ms, lo)
+    expired = any(tombstone_expired(s, now_ms, config.delete_retention_ms) for s in sealed.seen)
+    if hi <= lo and not expired:
+        return False
+    if map_override is not None:
+        omap = map_override(qlog, bases, sealed, lo, hi)
+    else:
+        omap = local_map(qlog, bases, sealed, lo, hi, config.offset_map_memory_bytes)
+    if len(omap) == 0:
+        omap.last_offset = max(cleaned, sealed.offsets[hi - 1] if hi > lo else cleaned)
+    invariant(hi <= lo or omap.last_offset > cleaned, "a pass with dirty records advances the cleaned offset")
+    staging = qlog.directory / STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    writer = RoundWriter(staging, qlog.segment_size)
+    _rewrite(qlog, bases, sealed, omap, writer, now_ms, config, stats)
+    state = {"cleaned_offset": omap.last_offset, "next_offset": qlog.next_offset()}
+    files, _ = writer.finish(state)
+    failpoints.hit("compaction.round.staged")
+    qlog.install(files, writer.entries, state, bases, stats.removed_keys)
+    shutil.rmtree(staging, ignore_errors=True)
+    stats.passes += 1
+    stats.keys_mapped += len(omap)
+    return hi > lo  # a tombstone-only pass is the last: nothing dirty is left
+
+
+def _rewrite(qlog, bases, sealed: Entries, omap: OffsetMap, writer: RoundWriter, now_ms: int,
+             config: CompactionConfig, stats: RoundStats) -> None:
+    stats.records_in = stats.records_out = stats.tombstones_pending = 0
+    now_s = now_ms // 1000
+    for i, raw, key, tombstone in sealed_records(qlog, bases, sealed, 0, len(sealed)):
+        offset, seen = sealed.offsets[i], sealed.seen[i]
+        stats.records_in += 1
+        if offset <= omap.last_offset and key is not None:
+            latest = omap.get(digest(key))
+            if latest is not None and offset < latest:
+                stats.records_removed += 1
+                stats.bytes_reclaimed += len(raw)
+                continue
+            if tombstone:
+                seen = seen or now_s
+                if tombstone_expired(seen, now_ms, config.delete_retention_ms):
+                    stats.tombstones_removed += 1
+                    stats.bytes_reclaimed += len(raw)
+                    stats.removed_keys[key] = offset
+                    continue
+                stats.tombstones_pending += 1
+        writer.add(raw, offset, sealed.tags[i], sealed.store_ms[i], seen)
+        stats.records_out += 1
