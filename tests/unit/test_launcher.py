@@ -10,8 +10,10 @@ from mqstore_rpc import launcher
 
 
 def test_each_row_gives_its_command_with_the_ports_asked_for():
-    commitlog, index = launcher.services({"index": 6002})
-    assert [s.name for s in (commitlog, index)] == [e.name for e in launcher.SERVICES] == ["commitlog", "index"]
+    commitlog, index, compactor = launcher.services({"index": 6002})
+    assert [s.name for s in (commitlog, index, compactor)] == [e.name for e in launcher.SERVICES] == [
+        "commitlog", "index", "compactor"]
+    assert compactor.port == 50054 and compactor.command(pathlib.Path("/d"))[3:5] == ["--data-dir", "/d/compactor"]
     assert (commitlog.port, index.port) == (50051, 6002)
     assert index.command(pathlib.Path("/d")) == [
         sys.executable, "-m", "index_service.main", "--data-dir", "/d/index", "--host", "127.0.0.1",
@@ -24,7 +26,7 @@ def test_every_row_has_a_port_flag(monkeypatch):
     seen = {}
     monkeypatch.setattr(launcher, "run", lambda data_dir, ports: seen.update(ports) or 0)
     assert launcher.main(["--data-dir", "/tmp/x", "--index-port", "6002"]) == 0
-    assert seen == {"commitlog": 50051, "index": 6002}
+    assert seen == {"commitlog": 50051, "index": 6002, "compactor": 50054}
 
 
 def test_the_banner_exports_moved_addresses_and_shows_each_rows_examples():

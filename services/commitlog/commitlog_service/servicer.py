@@ -83,7 +83,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     def Tail(self, request, context) -> Iterator[commitlog_pb2.TailFrame]:
         frames = self._store.tail(convert.tail_start(request.start), request.from_physical_offset,
                                   list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
-                                  is_active=context.is_active)
+                                  is_active=context.is_active, hold_retention_as=request.hold_retention_as)
         for frame in frames:
             yield convert.tail_frame(frame)
 

@@ -59,6 +59,8 @@ SERVICES = (
         "mqstore pull demo --queue 0")),
     ServiceEntry("index", "index_service.main", 50052, "index", True, "MQSTORE_INDEX_ADDRESS", (
         "mqstore query key demo k1",)),
+    ServiceEntry("compactor", "compactor_service.main", 50054, "compactor", True, "MQSTORE_COMPACTOR_ADDRESS", (
+        "grpcurl -plaintext {address} mqstore.v1.Compactor/Stats",)),
 )
 COMMITLOG_PORT = SERVICES[0].default_port
 

@@ -1,0 +1,150 @@
+"""Composition root of the Compactor service: ``python -m compactor_service.main --data-dir ./data/compactor``.
+
+Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (mqstore_rpc.settings).
+Every service's flags (``--data-dir``: the compaction logs go to ``<data-dir>/logs``, the follower's
+checkpoint to ``<data-dir>/follower.checkpoint``; ``--host``, ``--port`` 50054, ...). Its own:
+``--commitlog`` (env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--rpc-timeout-ms``,
+``--tail-stream-deadline-ms``, ``--checkpoint-interval-ms``, ``--spark-threshold-bytes``, and one
+flag per field of CompactionConfig (``--segment-size-bytes``, ``--offset-map-memory-bytes``,
+``--min-cleanable-dirty-ratio``, ``--min-compaction-lag-ms``, ``--max-compaction-lag-ms``,
+``--delete-retention-ms``, ...) and FollowConfig (``--heartbeat-ms``, ``--backoff-max-ms``, ...).
+
+The process runs as every service does (mqstore_rpc.service). It starts even when the commit log is
+not reachable yet: reads answer from the compaction logs it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from typing import Mapping, Sequence
+
+from mqstore.clock import SystemClock
+from mqstore.compaction.policy import CompactionConfig
+from mqstore.compaction.store import CompactionStore
+from mqstore.errors import InvalidArgument
+from mqstore.follow import FollowConfig
+from mqstore_rpc import service
+from mqstore_rpc import settings as S
+from mqstore_rpc.commitlog_client import CommitLogClient
+from mqstore_rpc.server import ManagedServer, ServerConfig
+
+from .api import CompactorApi, RoundDuty, ServiceStats
+from .projection import CompactionProjection, HoldingSource, compactor_follower
+from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
+
+DEFAULT_PORT = 50054
+DEFAULT_COMMITLOG = "127.0.0.1:50051"
+# Measured (bench/compactor.py): a local round does tens of MB/s here and a Spark session costs seconds,
+# so a round goes to Spark only when its dirty bytes are far past what a local round does in seconds.
+DEFAULT_SPARK_THRESHOLD_BYTES = 4 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactorServiceConfig:
+    data_dir: object
+    server: ServerConfig = ServerConfig()
+    commitlog_address: str = DEFAULT_COMMITLOG
+    compaction: CompactionConfig = CompactionConfig()
+    follow: FollowConfig = FollowConfig()
+    rpc_timeout_ms: int = 10_000
+    tail_stream_deadline_ms: int = 60_000
+    checkpoint_interval_ms: int = 1_000
+    spark_threshold_bytes: int = DEFAULT_SPARK_THRESHOLD_BYTES
+    log_level: str = "info"
+    failpoints: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.commitlog_address:
+            raise InvalidArgument("commitlog address (--commitlog / MQSTORE_COMMITLOG) must not be empty")
+        for name in ("rpc_timeout_ms", "tail_stream_deadline_ms", "checkpoint_interval_ms", "spark_threshold_bytes"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+
+
+def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
+    """Open the compaction logs, follow the commit log, run rounds, serve. On stop: the threads stop,
+    then the last checkpoint (after an fsync of the logs), then the logs close, then the channel."""
+    client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
+                             stream_deadline_s=config.tail_stream_deadline_ms / 1000,
+                             max_reconnect_backoff_ms=config.follow.backoff_max_ms)
+    parts.on_close(client.close)
+    clock = SystemClock()
+    store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
+    parts.on_close(store.close)
+    projection = CompactionProjection(store, client.topic_kinds, config.data_dir / "follower.checkpoint", clock,
+                                      config.checkpoint_interval_ms)
+    parts.on_close(projection.checkpoint)
+    follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))
+    parts.add_duty(RoundDuty(store))
+
+    def stats() -> ServiceStats:
+        state, (durable, applied) = follower.state(), projection.stats()
+        return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset or 0, follower.problem(),
+                            len(store.slots()), applied, "")
+
+    api = CompactorApi(store, spark_threshold_bytes=config.spark_threshold_bytes, stats=stats)
+    parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CompactorServicer(api), server))
+
+
+# ---- configuration ------------------------------------------------------------------------------------
+
+_OWN_FLAGS = {
+    "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
+    "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
+    "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
+    "checkpoint_interval_ms": "the logs are fsynced and the follower checkpointed this often (default 1000)",
+    "spark_threshold_bytes": f"engine=auto sends a round to Spark above these dirty bytes (default "
+                             f"{DEFAULT_SPARK_THRESHOLD_BYTES})",
+}
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="compactor_service", description="mqstore Compactor gRPC service")
+    S.add_service_flags(parser, DEFAULT_PORT, "data directory; the compaction logs go to <data-dir>/logs")
+    for name, text in _OWN_FLAGS.items():
+        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
+    S.add_flags(parser, CompactionConfig)
+    S.add_flags(parser, FollowConfig)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CompactorServiceConfig:
+    args = build_arg_parser().parse_args(argv)
+    return CompactorServiceConfig(
+        data_dir=S.data_dir(args, env), server=S.server_config(args, env, DEFAULT_PORT),
+        commitlog_address=S.typed(args, env, "commitlog", str, DEFAULT_COMMITLOG),
+        compaction=CompactionConfig(**S.values_for(args, env, CompactionConfig)),
+        follow=FollowConfig(**S.values_for(args, env, FollowConfig)),
+        rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
+        tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
+        checkpoint_interval_ms=S.typed(args, env, "checkpoint_interval_ms", S.parse_int, 1_000),
+        spark_threshold_bytes=S.typed(args, env, "spark_threshold_bytes", S.parse_int, DEFAULT_SPARK_THRESHOLD_BYTES),
+        log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
+
+
+def describe(config: CompactorServiceConfig, port: int) -> dict:
+    return {"compaction": dataclasses.asdict(config.compaction), "follow": dataclasses.asdict(config.follow),
+            "server": dataclasses.asdict(config.server), "commitlog_address": config.commitlog_address,
+            "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes}
+
+
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+
+
+def build_server(config: CompactorServiceConfig) -> tuple[ManagedServer, int]:
+    return service.build_server(SERVICE, config)
+
+
+def serving(config: CompactorServiceConfig) -> contextlib.AbstractContextManager[tuple[ManagedServer, int]]:
+    return service.serving(SERVICE, config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return service.run(SERVICE, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
