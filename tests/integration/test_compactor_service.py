@@ -23,13 +23,15 @@ pytestmark = pytest.mark.integration
 T = 10  # RPC timeout, s
 
 
-def compactor_config(data_dir: pathlib.Path, commitlog_port: int, **compaction) -> CompactorServiceConfig:
+def compactor_config(data_dir: pathlib.Path, commitlog_port: int, spark_master: str = "",
+                     **compaction) -> CompactorServiceConfig:
     values = dict(segment_size_bytes=8192, offset_map_memory_bytes=4 * 128, delete_retention_ms=3_600_000,
                   round_interval_ms=3_600_000)
     values.update(compaction)
     return CompactorServiceConfig(data_dir=data_dir, server=ServerConfig(port=0, grace_s=1.0),
                                   commitlog_address=f"127.0.0.1:{commitlog_port}",
                                   compaction=CompactionConfig(**values), checkpoint_interval_ms=50,
+                                  spark_master=spark_master,
                                   follow=FollowConfig(heartbeat_ms=50, backoff_initial_ms=20, backoff_max_ms=200))
 
 

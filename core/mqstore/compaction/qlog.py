@@ -208,9 +208,12 @@ class QueueLog:
 
     def install(self, staged: list[pathlib.Path], new_entries: Entries, state: dict, replaced_bases: list[int],
                 removed_keys: dict[str, int]) -> None:
-        """Swap a round's output in for the sealed segments ``replaced_bases`` (fs.install: all or nothing)."""
+        """Swap a round's output in for the sealed segments ``replaced_bases`` (fs.install: all or nothing).
+        Segments sealed since the round began stay (they lie above every replaced one)."""
         with self._lock:
-            invariant(replaced_bases == self.bases[:-1], "a round replaces exactly the sealed segments")
+            keep = [b for b in self.bases if b not in replaced_bases]
+            invariant(set(replaced_bases) <= set(self.bases) and keep and (not replaced_bases or
+                      keep[0] > replaced_bases[-1]), "a round replaces sealed segments older than those it keeps")
             replaced = [n for b in replaced_bases for n in (cseg.log_name(b), cseg.index_name(b))]
             if (self.directory / STATE).exists():
                 replaced.append(STATE)
@@ -219,10 +222,9 @@ class QueueLog:
                 os.close(fd)
             self._read_fds.clear()
             new_bases = sorted({cseg.segment_base(p, self.segment_size) for p in new_entries.positions})
-            tail = self.entries.first_at_position(self.active_base)
-            for i in range(tail, len(self.entries)):
+            for i in range(self.entries.first_at_position(keep[0]), len(self.entries)):
                 new_entries.add(self.entries.entry(i))
-            self.entries, self.bases, self.state = new_entries, new_bases + [self.active_base], state
+            self.entries, self.bases, self.state = new_entries, new_bases + keep, state
             for key, offset in removed_keys.items():
                 if self.latest.get(key) == offset:
                     del self.latest[key]

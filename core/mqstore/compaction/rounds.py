@@ -11,13 +11,15 @@ One pass (reference §6.4, without its cliffs):
   4. install the output and the new round state with mqstore.fs.install (all or nothing, crash-safe),
      the cleaned offset now being the last mapped one.
 A round repeats passes while the dirty range is not empty (multi-round when the keys do not fit),
-at most max_passes. The mapping step is the engine's: the local one here, or the Spark job's map
-(``map_override``: key digest -> latest offset over the whole dirty range).
+at most max_passes. The mapping step is the engine's: the local one here (a budgeted prefix), or the
+Spark job's (spark/mqstore_spark: key digest -> latest offset over the whole dirty range, one pass);
+both then call :func:`write_pass`, so their files are byte-identical once all passes are done.
 """
 
 from __future__ import annotations
 
 import bisect
+import pathlib
 import shutil
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -47,22 +49,40 @@ class RoundStats:
     tombstones_removed: int = 0
     tombstones_pending: int = 0    # kept tombstones after the last pass (within their retention)
     removed_keys: dict = field(default_factory=dict)  # key -> offset of the tombstone removed with it
+    last_entries: Entries | None = None  # the index and state the last pass wrote
+    last_state: dict | None = None
 
 
-def sealed_records(qlog: QueueLog, bases: list[int], entries: Entries, lo: int, hi: int) -> Iterator[tuple]:
-    """(index, raw record, key, is tombstone) of sealed entries [lo, hi), one segment in memory at a time."""
-    i = lo
-    for base in bases:
-        end = base + qlog.segment_size
+@dataclass(frozen=True)
+class Sealed:
+    """The sealed segments a pass works on: read-only, immutable while the queue's round lock is held."""
+
+    directory: pathlib.Path
+    segment_size: int
+    bases: list[int]
+    entries: Entries
+
+
+def sealed_records(src: Sealed, lo: int, hi: int) -> Iterator[tuple]:
+    """(index, raw record, key, is tombstone) of entries [lo, hi), one segment in memory at a time."""
+    entries, i = src.entries, lo
+    for base in src.bases:
+        end = base + src.segment_size
         if i >= hi or entries.positions[i] >= end:
             continue
-        data = (qlog.directory / cseg.log_name(base)).read_bytes()
+        data = (src.directory / cseg.log_name(base)).read_bytes()
         while i < hi and entries.positions[i] < end:
             at = entries.positions[i] - base
             raw = memoryview(data)[at:at + entries.sizes[i]]
             yield i, raw, *key_and_tombstone(raw)
             i += 1
-    invariant(i >= hi, f"the sealed segments of {qlog.directory} hold the entries of their index")
+    invariant(i >= hi, f"the segments of {src.directory} hold the entries of their index")
+
+
+def dirty_range(entries: Entries, cleaned: int, now_ms: int, config: CompactionConfig) -> tuple[int, int]:
+    """[lo, hi): the entries after the cleaned offset and older than min_compaction_lag_ms."""
+    lo = bisect.bisect_right(entries.offsets, cleaned)
+    return lo, max(lo, bisect.bisect_right(entries.store_ms, now_ms - config.min_compaction_lag_ms, lo))
 
 
 def key_and_tombstone(raw) -> tuple[str | None, bool]:
@@ -73,66 +93,71 @@ def key_and_tombstone(raw) -> tuple[str | None, bool]:
     return ckey.first_key(find_property(props, PROPERTY_KEYS)), ckey.is_tombstone(body_length, props)
 
 
-def local_map(qlog: QueueLog, bases: list[int], entries: Entries, lo: int, hi: int, budget: int) -> OffsetMap:
+def local_map(src: Sealed, lo: int, hi: int, budget: int) -> OffsetMap:
     """Map keys from ``lo`` while they fit the budget (a prefix of [lo, hi))."""
     omap = OffsetMap(budget)
-    for i, _, key, _ in sealed_records(qlog, bases, entries, lo, hi):
+    for i, _, key, _ in sealed_records(src, lo, hi):
         if key is None:
             continue  # a keyless record (written before keys were required) is kept as it is
         d = digest(key)
         if not omap.can_put(d):
             break
-        omap.put(d, entries.offsets[i])
+        omap.put(d, src.entries.offsets[i])
     return omap
 
 
 def run_round(qlog: QueueLog, config: CompactionConfig, now_ms: int,
-              map_override: Callable[..., OffsetMap] | None = None,
               progress: Callable[[RoundStats], None] = lambda stats: None) -> RoundStats:
-    """Passes until nothing in the sealed segments is left to clean (or max_passes)."""
+    """Local passes until nothing in the sealed segments is left to clean (or max_passes)."""
     stats = RoundStats()
     while stats.passes < config.max_passes:
-        if not _one_pass(qlog, config, now_ms, stats, map_override):
+        bases, entries = qlog.sealed()
+        src = Sealed(qlog.directory, qlog.segment_size, bases, entries)
+        lo, hi = dirty_range(entries, qlog.cleaned_offset, now_ms, config)
+        if hi <= lo and not any_expired(entries, now_ms, config):
             break
+        omap = local_map(src, lo, hi, config.offset_map_memory_bytes)
+        files, _ = write_pass(src, lo, hi, qlog.cleaned_offset, qlog.next_offset(), omap, now_ms, config, stats)
+        failpoints.hit("compaction.round.staged")
+        qlog.install(files, stats.last_entries, stats.last_state, bases, stats.removed_keys)
+        shutil.rmtree(qlog.directory / STAGING, ignore_errors=True)
         progress(stats)
+        if hi <= lo:
+            break  # a tombstone-only pass is the last: nothing dirty is left
     return stats
 
 
-def _one_pass(qlog: QueueLog, config: CompactionConfig, now_ms: int, stats: RoundStats, map_override) -> bool:
-    bases, sealed = qlog.sealed()
-    cleaned = qlog.cleaned_offset
-    lo = bisect.bisect_right(sealed.offsets, cleaned)
-    hi = bisect.bisect_right(sealed.store_ms, now_ms - config.min_compaction_lag_ms, lo)
-    expired = any(tombstone_expired(s, now_ms, config.delete_retention_ms) for s in sealed.seen)
-    if hi <= lo and not expired:
-        return False
-    if map_override is not None:
-        omap = map_override(qlog, bases, sealed, lo, hi)
-    else:
-        omap = local_map(qlog, bases, sealed, lo, hi, config.offset_map_memory_bytes)
+def any_expired(entries: Entries, now_ms: int, config: CompactionConfig) -> bool:
+    return any(tombstone_expired(s, now_ms, config.delete_retention_ms) for s in entries.seen)
+
+
+def write_pass(src: Sealed, lo: int, hi: int, cleaned: int, next_offset: int, omap: OffsetMap, now_ms: int,
+               config: CompactionConfig, stats: RoundStats, staging: pathlib.Path | None = None) -> tuple[list, dict]:
+    """Rewrite every sealed record against ``omap`` into ``staging`` (the queue's staging/ by default) with the
+    one writer; the staged files and their manifest. ``stats.last_entries`` / ``last_state`` are the new
+    index and round state. Both engines call this."""
     if len(omap) == 0:
-        omap.last_offset = max(cleaned, sealed.offsets[hi - 1] if hi > lo else cleaned)
+        omap.last_offset = max(cleaned, src.entries.offsets[hi - 1] if hi > lo else cleaned)
     invariant(hi <= lo or omap.last_offset > cleaned, "a pass with dirty records advances the cleaned offset")
-    staging = qlog.directory / STAGING
+    staging = staging or src.directory / STAGING
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    writer = RoundWriter(staging, qlog.segment_size)
-    _rewrite(qlog, bases, sealed, omap, writer, now_ms, config, stats)
-    state = {"cleaned_offset": omap.last_offset, "next_offset": qlog.next_offset()}
-    files, _ = writer.finish(state)
-    failpoints.hit("compaction.round.staged")
-    qlog.install(files, writer.entries, state, bases, stats.removed_keys)
-    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    writer = RoundWriter(staging, src.segment_size)
+    _rewrite(src, omap, writer, now_ms, config, stats)
+    state = {"cleaned_offset": omap.last_offset, "next_offset": next_offset}
+    files, manifest = writer.finish(state)
     stats.passes += 1
     stats.keys_mapped += len(omap)
-    return hi > lo  # a tombstone-only pass is the last: nothing dirty is left
+    stats.last_entries, stats.last_state = writer.entries, state
+    return files, manifest
 
 
-def _rewrite(qlog, bases, sealed: Entries, omap: OffsetMap, writer: RoundWriter, now_ms: int,
-             config: CompactionConfig, stats: RoundStats) -> None:
+def _rewrite(src: Sealed, omap: OffsetMap, writer: RoundWriter, now_ms: int, config: CompactionConfig,
+             stats: RoundStats) -> None:
+    sealed = src.entries
     stats.records_in = stats.records_out = stats.tombstones_pending = 0
     now_s = now_ms // 1000
-    for i, raw, key, tombstone in sealed_records(qlog, bases, sealed, 0, len(sealed)):
+    for i, raw, key, tombstone in sealed_records(src, 0, len(sealed)):
         offset, seen = sealed.offsets[i], sealed.seen[i]
         stats.records_in += 1
         if offset <= omap.last_offset and key is not None:

@@ -22,7 +22,7 @@ from mqstore.javahash import java_string_hash
 
 from .policy import CompactionConfig, Quarantine, due_reason, tombstone_expired
 from .qlog import QueueLog
-from .rounds import RoundStats, key_and_tombstone, run_round, sealed_records
+from .rounds import RoundStats, Sealed, key_and_tombstone, run_round, sealed_records
 
 log = structlog.get_logger("mqstore.compaction")
 
@@ -107,8 +107,9 @@ class CompactionStore:
 
     # ---- rounds --------------------------------------------------------------------------------------
     def compact(self, slot: QueueSlot, *, engine: str = "local", trigger: str = "on demand",
-                seal_active: bool = False, map_override: Callable | None = None) -> RoundInfo:
-        """Run a round on one queue now (waits for a running one); raises what the round raised."""
+                seal_active: bool = False, runner: Callable[[QueueLog, int], RoundStats] | None = None) -> RoundInfo:
+        """Run a round on one queue now (waits for a running one); raises what the round raised.
+        ``runner(qlog, now_ms)`` is the engine (the local passes by default; the Spark job's)."""
         with slot.round_lock:
             now = self.clock.now_ms()
             info = RoundInfo(started_ms=now, engine=engine, trigger=trigger)
@@ -118,7 +119,7 @@ class CompactionStore:
             try:
                 if seal_active:
                     slot.qlog.seal_active()
-                info.stats = run_round(slot.qlog, self.config, now, map_override)
+                info.stats = (runner or self._local)(slot.qlog, now)
             except Exception as exc:
                 self._round_failed(slot, info, exc)
                 raise
@@ -131,6 +132,9 @@ class CompactionStore:
                      tombstones_removed=info.stats.tombstones_removed, bytes_reclaimed=info.stats.bytes_reclaimed,
                      seconds=round(time.monotonic() - started, 3))
             return info
+
+    def _local(self, qlog: QueueLog, now_ms: int) -> RoundStats:
+        return run_round(qlog, self.config, now_ms)
 
     def _round_failed(self, slot: QueueSlot, info: RoundInfo, exc: Exception) -> None:
         with self._lock:
@@ -213,6 +217,6 @@ def measure(qlog: QueueLog, now_ms: int, config: CompactionConfig) -> Dirt:
 def _fill_latest(qlog: QueueLog) -> None:
     """key -> latest offset from the records held (on open: the log is its own key table)."""
     e = qlog.entries
-    for i, _, key, _ in sealed_records(qlog, qlog.bases, e, 0, len(e)):
+    for i, _, key, _ in sealed_records(Sealed(qlog.directory, qlog.segment_size, qlog.bases, e), 0, len(e)):
         if key is not None:
             qlog.latest[key] = e.offsets[i]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import sys
 from typing import Mapping, Sequence
 
@@ -34,6 +35,7 @@ from mqstore_rpc.server import ManagedServer, ServerConfig
 from .api import CompactorApi, RoundDuty, ServiceStats
 from .projection import CompactionProjection, HoldingSource, compactor_follower
 from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
+from .spark_runner import SparkRunner
 
 DEFAULT_PORT = 50054
 DEFAULT_COMMITLOG = "127.0.0.1:50051"
@@ -53,13 +55,16 @@ class CompactorServiceConfig:
     tail_stream_deadline_ms: int = 60_000
     checkpoint_interval_ms: int = 1_000
     spark_threshold_bytes: int = DEFAULT_SPARK_THRESHOLD_BYTES
+    spark_master: str = "local[*]"           # "" = no Spark engine; spark://host:7077 for a cluster
+    spark_timeout_ms: int = 1_800_000
     log_level: str = "info"
     failpoints: str = ""
 
     def __post_init__(self) -> None:
         if not self.commitlog_address:
             raise InvalidArgument("commitlog address (--commitlog / MQSTORE_COMMITLOG) must not be empty")
-        for name in ("rpc_timeout_ms", "tail_stream_deadline_ms", "checkpoint_interval_ms", "spark_threshold_bytes"):
+        for name in ("rpc_timeout_ms", "tail_stream_deadline_ms", "checkpoint_interval_ms", "spark_threshold_bytes",
+                     "spark_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
 
@@ -85,7 +90,12 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
         return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset or 0, follower.problem(),
                             len(store.slots()), applied, "")
 
-    api = CompactorApi(store, spark_threshold_bytes=config.spark_threshold_bytes, stats=stats)
+    spark_round = None
+    if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
+        runner = SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000)
+        spark_round = lambda slot: store.compact(slot, engine="spark", runner=runner)  # noqa: E731
+    api = CompactorApi(store, spark_threshold_bytes=config.spark_threshold_bytes, stats=stats,
+                       spark_round=spark_round)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CompactorServicer(api), server))
 
 
@@ -96,6 +106,8 @@ _OWN_FLAGS = {
     "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
     "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
     "checkpoint_interval_ms": "the logs are fsynced and the follower checkpointed this often (default 1000)",
+    "spark_master": "Spark master of heavy rounds (default local[*]; empty: no Spark engine)",
+    "spark_timeout_ms": "a Spark round is stopped after this long (default 1800000)",
     "spark_threshold_bytes": f"engine=auto sends a round to Spark above these dirty bytes (default "
                              f"{DEFAULT_SPARK_THRESHOLD_BYTES})",
 }
@@ -122,13 +134,16 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> Compacto
         tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
         checkpoint_interval_ms=S.typed(args, env, "checkpoint_interval_ms", S.parse_int, 1_000),
         spark_threshold_bytes=S.typed(args, env, "spark_threshold_bytes", S.parse_int, DEFAULT_SPARK_THRESHOLD_BYTES),
+        spark_master=S.typed(args, env, "spark_master", str, "local[*]"),
+        spark_timeout_ms=S.typed(args, env, "spark_timeout_ms", S.parse_int, 1_800_000),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
 
 
 def describe(config: CompactorServiceConfig, port: int) -> dict:
     return {"compaction": dataclasses.asdict(config.compaction), "follow": dataclasses.asdict(config.follow),
             "server": dataclasses.asdict(config.server), "commitlog_address": config.commitlog_address,
-            "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes}
+            "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes,
+            "spark_master": config.spark_master}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
