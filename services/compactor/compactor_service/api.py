@@ -122,6 +122,9 @@ class CompactorApi:
         by_time = qlog.by_time(timestamp_ms) if timestamp_ms > 0 else 0
         return qlog.min_offset(), qlog.next_offset(), by_time
 
+    def queues(self) -> list[tuple[str, int, int, int]]:
+        return [(s.qlog.topic, s.qlog.queue_id, s.qlog.min_offset(), s.qlog.next_offset()) for s in self.store.slots()]
+
     def stats(self) -> ServiceStats:
         return self._stats()
 

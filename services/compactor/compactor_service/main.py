@@ -33,6 +33,7 @@ from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
 from .api import CompactorApi, RoundDuty, ServiceStats
+from .replica import ReplicaDuty
 from .projection import CompactionProjection, HoldingSource, compactor_follower
 from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
 from .spark_runner import SparkRunner
@@ -55,6 +56,8 @@ class CompactorServiceConfig:
     tail_stream_deadline_ms: int = 60_000
     checkpoint_interval_ms: int = 1_000
     spark_threshold_bytes: int = DEFAULT_SPARK_THRESHOLD_BYTES
+    replica_of: str = ""                     # a primary compactor's host:port: copy its logs, follow no log
+    replica_interval_ms: int = 500
     spark_master: str = "local[*]"           # "" = no Spark engine; spark://host:7077 for a cluster
     spark_timeout_ms: int = 1_800_000
     log_level: str = "info"
@@ -64,7 +67,7 @@ class CompactorServiceConfig:
         if not self.commitlog_address:
             raise InvalidArgument("commitlog address (--commitlog / MQSTORE_COMMITLOG) must not be empty")
         for name in ("rpc_timeout_ms", "tail_stream_deadline_ms", "checkpoint_interval_ms", "spark_threshold_bytes",
-                     "spark_timeout_ms"):
+                     "spark_timeout_ms", "replica_interval_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
 
@@ -79,17 +82,26 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
     clock = SystemClock()
     store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
     parts.on_close(store.close)
-    projection = CompactionProjection(store, client.topic_kinds, config.data_dir / "follower.checkpoint", clock,
-                                      config.checkpoint_interval_ms)
-    parts.on_close(projection.checkpoint)
-    follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))
+    if config.replica_of:
+        replica = ReplicaDuty(store, config.replica_of, interval_ms=config.replica_interval_ms,
+                              rpc_timeout_s=config.rpc_timeout_ms / 1000)
+        parts.on_close(replica.close)  # after the duty has stopped (closers run in reverse)
+        parts.add_duty(replica)
+
+        def stats() -> ServiceStats:
+            return ServiceStats(replica.connected, 0, 0, replica.problem(), len(store.slots()), replica.applied,
+                                config.replica_of)
+    else:
+        projection = CompactionProjection(store, client.topic_kinds, config.data_dir / "follower.checkpoint", clock,
+                                          config.checkpoint_interval_ms)
+        parts.on_close(projection.checkpoint)
+        follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))
+
+        def stats() -> ServiceStats:
+            state, (durable, applied) = follower.state(), projection.stats()
+            return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset or 0,
+                                follower.problem(), len(store.slots()), applied, "")
     parts.add_duty(RoundDuty(store))
-
-    def stats() -> ServiceStats:
-        state, (durable, applied) = follower.state(), projection.stats()
-        return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset or 0, follower.problem(),
-                            len(store.slots()), applied, "")
-
     spark_round = None
     if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
         runner = SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000)
@@ -106,6 +118,9 @@ _OWN_FLAGS = {
     "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
     "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
     "checkpoint_interval_ms": "the logs are fsynced and the follower checkpointed this often (default 1000)",
+    "replica_of": "a primary Compactor's host:port: copy its compaction logs from offset 0 and keep up, instead "
+                  "of following the commit log (default: none)",
+    "replica_interval_ms": "a replica asks the primary for new records this often (default 500)",
     "spark_master": "Spark master of heavy rounds (default local[*]; empty: no Spark engine)",
     "spark_timeout_ms": "a Spark round is stopped after this long (default 1800000)",
     "spark_threshold_bytes": f"engine=auto sends a round to Spark above these dirty bytes (default "
@@ -134,6 +149,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> Compacto
         tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
         checkpoint_interval_ms=S.typed(args, env, "checkpoint_interval_ms", S.parse_int, 1_000),
         spark_threshold_bytes=S.typed(args, env, "spark_threshold_bytes", S.parse_int, DEFAULT_SPARK_THRESHOLD_BYTES),
+        replica_of=S.typed(args, env, "replica_of", str, ""),
+        replica_interval_ms=S.typed(args, env, "replica_interval_ms", S.parse_int, 500),
         spark_master=S.typed(args, env, "spark_master", str, "local[*]"),
         spark_timeout_ms=S.typed(args, env, "spark_timeout_ms", S.parse_int, 1_800_000),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
@@ -143,7 +160,7 @@ def describe(config: CompactorServiceConfig, port: int) -> dict:
     return {"compaction": dataclasses.asdict(config.compaction), "follow": dataclasses.asdict(config.follow),
             "server": dataclasses.asdict(config.server), "commitlog_address": config.commitlog_address,
             "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes,
-            "spark_master": config.spark_master}
+            "spark_master": config.spark_master, "replica_of": config.replica_of}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)

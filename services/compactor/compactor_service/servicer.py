@@ -62,7 +62,10 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
         response = pb.CompactedPullResponse(next_offset=pulled.next_offset, min_offset=pulled.min_offset,
                                             max_offset=pulled.max_offset)
         for stored in pulled.records:
-            _message(stored.raw, response.messages.add)
+            if request.raw:
+                response.raw_records.append(stored.raw)
+            else:
+                _message(stored.raw, response.messages.add)
         for s in pulled.skipped:
             response.skipped.add(from_offset=s.from_offset, to_offset=s.to_offset, reason=s.reason)
         return response
@@ -107,6 +110,11 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
                                  bytes_behind=max(0, s.log_end_physical_offset - s.checkpoint_physical_offset),
                                  healthy=not s.problem, problem=s.problem, queues=s.queues,
                                  records_applied=s.records_applied, replica_of=s.replica_of)
+
+
+    def ListQueues(self, request, context):
+        return pb.ListQueuesResponse(queues=[pb.QueueRef(topic=t, queue_id=q, min_offset=low, max_offset=high)
+                                             for t, q, low, high in self._api.queues()])
 
 
 def add_to_server(servicer: CompactorServicer, server) -> None:
