@@ -41,6 +41,7 @@ compose-check: setup
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/index_bench.py $(BENCH_ARGS)
+	$(PY) bench/compactor.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info
