@@ -24,6 +24,9 @@ from mqstore.format.record_reader import find_property
 from mqstore.javahash import java_string_hash
 
 
+_DELETE_ENTRY = PROPERTY_DELETE.encode() + b"\x01"  # a cheap test before the exact one (most records have none)
+
+
 def first_key(keys_property: str | None) -> str | None:
     """The compaction key from a stored KEYS property value ("a b" -> "a"); None without keys."""
     if not keys_property:
@@ -46,7 +49,8 @@ def key_queue(key: str, queue_count: int) -> int:
 
 def is_tombstone(body_length: int, properties_raw) -> bool:
     """An empty body, or PROPERTY_DELETE=true in the raw properties bytes."""
-    return body_length == 0 or find_property(properties_raw, PROPERTY_DELETE) == "true"
+    return body_length == 0 or (_DELETE_ENTRY in properties_raw and find_property(properties_raw, PROPERTY_DELETE)
+                                == "true")
 
 
 def compaction_queue(index: int, topic: str, queue_count: int, key: str | None, queue_id: int | None,

@@ -27,8 +27,8 @@ from typing import Callable, Iterator
 from mqstore import failpoints
 from mqstore.errors import invariant
 from mqstore.format import compaction_segment as cseg
-from mqstore.format.record import INT32, PROPERTY_KEYS
-from mqstore.format.record_reader import RecordView, find_property
+from mqstore.format.record import PROPERTY_KEYS
+from mqstore.format.record_reader import body_length_and_properties, find_property
 
 from . import key as ckey
 from .offset_map import OffsetMap, digest
@@ -87,9 +87,7 @@ def dirty_range(entries: Entries, cleaned: int, now_ms: int, config: CompactionC
 
 def key_and_tombstone(raw) -> tuple[str | None, bool]:
     """The compaction key of one record and whether it is a tombstone."""
-    view = RecordView(raw, 0)
-    props = view.properties_raw
-    body_length = INT32.unpack_from(raw, view.layout.body_length_at)[0]
+    body_length, props = body_length_and_properties(raw)
     return ckey.first_key(find_property(props, PROPERTY_KEYS)), ckey.is_tombstone(body_length, props)
 
 
