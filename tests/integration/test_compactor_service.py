@@ -39,6 +39,7 @@ def compactor_config(data_dir: pathlib.Path, commitlog_port: int, spark_master: 
 class Services:
     log: commitlog_pb2_grpc.CommitLogStub
     compactor: compactor_pb2_grpc.CompactorStub
+    compactor_address: str = ""
 
 
 @pytest.fixture
@@ -54,7 +55,8 @@ def services(tmp_path, commitlog_port):
     with serving(compactor_config(tmp_path / "compactor", commitlog_port)) as (_, port), \
             grpc.insecure_channel(f"127.0.0.1:{commitlog_port}") as log_channel, \
             grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield Services(commitlog_pb2_grpc.CommitLogStub(log_channel), compactor_pb2_grpc.CompactorStub(channel))
+        yield Services(commitlog_pb2_grpc.CommitLogStub(log_channel), compactor_pb2_grpc.CompactorStub(channel),
+                       f"127.0.0.1:{port}")
 
 
 def write_kv(log, topic: str, writes: list[tuple[str, bytes]], queues: int = 2) -> None:
@@ -156,3 +158,19 @@ def test_keyless_and_disagreeing_appends_are_refused(services):
         with pytest.raises(grpc.RpcError) as info:
             services.log.Append(clpb.AppendRequest(topic="kv", messages=[message]), timeout=T)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_cli_runs_rounds_and_reads_latest_values(services, capsys):
+    from mqstore_rpc import cli
+    write_kv(services.log, "kv", [("a", b"1"), ("a", b"2"), ("b", b"3"), ("c", b"")], queues=1)
+    wait_until(lambda: applied(services.compactor, "kv", 4, 1), "the compactor to apply every record")
+    address = services.compactor_address
+    assert cli.main(["--compactor-address", address, "compact", "run", "kv", "--seal-active", "--engine", "local"]) == 0
+    assert "queue 0: ok" in capsys.readouterr().out
+    assert cli.main(["kv", "get", "kv", "a", "c", "zz", "--compactor-address", address]) == 0
+    assert capsys.readouterr().out.splitlines() == ["a: 2  queue=0  offset=1", "c: (deleted)  queue=0  offset=3",
+                                                    "zz: (no value)"]
+    assert cli.main(["kv", "scan", "kv", "--compactor-address", address]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["a", "b"]
+    assert cli.main(["compact", "status", "kv", "--compactor-address", address]) == 0
+    assert "cleaned_up_to_offset: 3" in capsys.readouterr().out
