@@ -43,8 +43,18 @@ class Entries:
     def __init__(self, entries=()):
         self.offsets, self.positions, self.store_ms = array("q"), array("q"), array("q")
         self.sizes, self.tags, self.seen = array("i"), array("q"), array("I")
+        self.limit: int | None = None  # a view: only the first ``limit`` entries count
         for entry in entries:
             self.add(entry)
+
+    def prefix(self, n: int) -> Entries:
+        """A read-only view of the first ``n`` entries, sharing the columns (no copy: appends after them do
+        not change them, and only the round holding the queue's round lock replaces them)."""
+        view = Entries()
+        view.offsets, view.positions, view.store_ms = self.offsets, self.positions, self.store_ms
+        view.sizes, view.tags, view.seen = self.sizes, self.tags, self.seen
+        view.limit = n
+        return view
 
     def add(self, e: SparseEntry) -> None:
         self.offsets.append(e.queue_offset)
@@ -55,14 +65,14 @@ class Entries:
         self.seen.append(e.tombstone_seen_s)
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.offsets) if self.limit is None else self.limit
 
     def entry(self, i: int) -> SparseEntry:
         return SparseEntry(self.positions[i], self.sizes[i], self.tags[i], self.store_ms[i], self.offsets[i],
                            self.seen[i])
 
     def first_at_position(self, position: int) -> int:
-        return bisect.bisect_left(self.positions, position)
+        return bisect.bisect_left(self.positions, position, 0, len(self))
 
 
 class QueueLog:
@@ -201,11 +211,10 @@ class QueueLog:
 
     # ---- rounds ----------------------------------------------------------------------------------------
     def sealed(self) -> tuple[list[int], Entries]:
-        """The sealed segments' bases and entries (a copy: a round works on it without the lock)."""
+        """The sealed segments' bases and entries (a view: a round works on it without the lock)."""
         with self._lock:
             bases = self.bases[:-1]
-            n = self.entries.first_at_position(self.active_base)
-            return bases, Entries(self.entries.entry(i) for i in range(n))
+            return bases, self.entries.prefix(self.entries.first_at_position(self.active_base))
 
     def install(self, staged: list[pathlib.Path], new_entries: Entries, state: dict, replaced_bases: list[int],
                 removed_keys: dict[str, int]) -> None:

@@ -81,8 +81,9 @@ def sealed_records(src: Sealed, lo: int, hi: int) -> Iterator[tuple]:
 
 def dirty_range(entries: Entries, cleaned: int, now_ms: int, config: CompactionConfig) -> tuple[int, int]:
     """[lo, hi): the entries after the cleaned offset and older than min_compaction_lag_ms."""
-    lo = bisect.bisect_right(entries.offsets, cleaned)
-    return lo, max(lo, bisect.bisect_right(entries.store_ms, now_ms - config.min_compaction_lag_ms, lo))
+    n = len(entries)
+    lo = bisect.bisect_right(entries.offsets, cleaned, 0, n)
+    return lo, max(lo, bisect.bisect_right(entries.store_ms, now_ms - config.min_compaction_lag_ms, lo, n))
 
 
 def key_and_tombstone(raw) -> tuple[str | None, bool]:
@@ -126,7 +127,8 @@ def run_round(qlog: QueueLog, config: CompactionConfig, now_ms: int,
 
 
 def any_expired(entries: Entries, now_ms: int, config: CompactionConfig) -> bool:
-    return any(tombstone_expired(s, now_ms, config.delete_retention_ms) for s in entries.seen)
+    return any(tombstone_expired(entries.seen[i], now_ms, config.delete_retention_ms) for i in range(len(entries))
+               if entries.seen[i])
 
 
 def write_pass(src: Sealed, lo: int, hi: int, cleaned: int, next_offset: int, omap: OffsetMap, now_ms: int,
