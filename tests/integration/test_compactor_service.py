@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -160,17 +162,22 @@ def test_keyless_and_disagreeing_appends_are_refused(services):
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_the_cli_runs_rounds_and_reads_latest_values(services, capsys):
-    from mqstore_rpc import cli
+def _cli(*args: str) -> str:
+    """The mqstore command line as a process (in-process, it would configure logging on pytest's streams)."""
+    done = subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_cli_runs_rounds_and_reads_latest_values(services):
     write_kv(services.log, "kv", [("a", b"1"), ("a", b"2"), ("b", b"3"), ("c", b"")], queues=1)
     wait_until(lambda: applied(services.compactor, "kv", 4, 1), "the compactor to apply every record")
     address = services.compactor_address
-    assert cli.main(["--compactor-address", address, "compact", "run", "kv", "--seal-active", "--engine", "local"]) == 0
-    assert "queue 0: ok" in capsys.readouterr().out
-    assert cli.main(["kv", "get", "kv", "a", "c", "zz", "--compactor-address", address]) == 0
-    assert capsys.readouterr().out.splitlines() == ["a: 2  queue=0  offset=1", "c: (deleted)  queue=0  offset=3",
-                                                    "zz: (no value)"]
-    assert cli.main(["kv", "scan", "kv", "--compactor-address", address]) == 0
-    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["a", "b"]
-    assert cli.main(["compact", "status", "kv", "--compactor-address", address]) == 0
-    assert "cleaned_up_to_offset: 3" in capsys.readouterr().out
+    assert "queue 0: ok" in _cli("--compactor-address", address, "compact", "run", "kv", "--seal-active",
+                                 "--engine", "local")
+    assert _cli("kv", "get", "kv", "a", "c", "zz", "--compactor-address", address).splitlines() == [
+        "a: 2  queue=0  offset=1", "c: (deleted)  queue=0  offset=3", "zz: (no value)"]
+    assert [line.split(":")[0] for line in _cli("kv", "scan", "kv", "--compactor-address", address).splitlines()] == [
+        "a", "b"]
+    assert "cleaned_up_to_offset: 3" in _cli("compact", "status", "kv", "--compactor-address", address)

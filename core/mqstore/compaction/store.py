@@ -187,6 +187,7 @@ class Dirt:
     oldest_active_ms: int | None
     tombstones_kept: int
     expired_tombstones: int
+    dirty_records: int = 0
 
     @property
     def dirty_ratio(self) -> float:
@@ -199,7 +200,7 @@ def measure(qlog: QueueLog, now_ms: int, config: CompactionConfig) -> Dirt:
     cutoff = now_ms - config.min_compaction_lag_ms
     with qlog._lock:  # a consistent snapshot of the columns (read-only)
         e, cleaned, active = qlog.entries, qlog.cleaned_offset, qlog.active_base
-        clean = dirty = young = act = kept = expired = 0
+        clean = dirty = young = act = kept = expired = dirty_records = 0
         oldest_dirty = oldest_active = None
         for i in range(len(e)):
             if e.positions[i] >= active:
@@ -211,11 +212,12 @@ def measure(qlog: QueueLog, now_ms: int, config: CompactionConfig) -> Dirt:
                 young += e.sizes[i]
             else:
                 dirty += e.sizes[i]
+                dirty_records += 1
                 oldest_dirty = e.store_ms[i] if oldest_dirty is None else oldest_dirty
             if e.seen[i]:
                 kept += 1
                 expired += tombstone_expired(e.seen[i], now_ms, config.delete_retention_ms)
-    return Dirt(clean, dirty, young, act, oldest_dirty, oldest_active, kept, expired)
+    return Dirt(clean, dirty, young, act, oldest_dirty, oldest_active, kept, expired, dirty_records)
 
 
 def _fill_latest(qlog: QueueLog) -> None:

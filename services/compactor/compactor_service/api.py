@@ -1,8 +1,9 @@
 """What the Compactor's servicer calls: one method per RPC, in mqstore's plain types (no grpc here).
 
 Engine choice for a round (``engine``): "local"; "spark" (the PySpark job, when a Spark runner is
-configured); "auto" = spark when the queue's dirty bytes exceed ``spark_threshold_bytes`` and a runner
-is configured, else local.
+configured); "auto" = spark when a runner is configured and the round is heavy: its dirty bytes exceed
+``spark_threshold_bytes``, or its dirty records (an upper bound of its keys) would need more than
+``SPARK_MIN_LOCAL_PASSES`` local passes for offset_map_memory_bytes; else local.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import Callable
 
 from mqstore.background import Duty
 from mqstore.compaction import reads
+from mqstore.compaction.offset_map import ENTRY_COST_BYTES
 from mqstore.compaction.store import CompactionStore, Dirt, QueueSlot, RoundInfo
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound
 
 ENGINES = ("auto", "local", "spark")
+SPARK_MIN_LOCAL_PASSES = 16
 MAX_BATCH_KEYS = 1000
 
 
@@ -100,7 +103,10 @@ class CompactorApi:
 
     def _round(self, slot: QueueSlot, engine: str, seal_active: bool) -> RoundInfo:
         if engine == "auto":
-            heavy = self.store.dirt(slot).dirty_bytes > self.spark_threshold_bytes
+            dirt = self.store.dirt(slot)
+            capacity = self.store.config.offset_map_memory_bytes // ENTRY_COST_BYTES
+            heavy = (dirt.dirty_bytes > self.spark_threshold_bytes
+                     or dirt.dirty_records > SPARK_MIN_LOCAL_PASSES * capacity)
             engine = "spark" if heavy and self.spark_round is not None else "local"
         if engine == "spark":
             if seal_active:
