@@ -28,8 +28,12 @@ gen: $(GEN_STAMP)
 run: setup
 	$(PY) -m mqstore_rpc.launcher --data-dir ./data
 
-test: setup
+# The linter first (seconds): a finding fails the run before the suite starts.
+test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
 
 # docker-compose.yml on a real Docker engine (not part of `make test`; ~1 minute, see README.md "Docker"):
 # build once, up, a smoke test through the published ports, restart, data kept, always torn down.
@@ -42,6 +46,7 @@ bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/index_bench.py $(BENCH_ARGS)
 	$(PY) bench/compactor.py $(BENCH_ARGS)
+	$(PY) bench/txn.py $(filter --quick,$(BENCH_ARGS))
 
 clean:
 	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info

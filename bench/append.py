@@ -60,7 +60,8 @@ def measure(server: GrpcServer, shape: str, producers: int, timing: dict, client
             errors[k] = errors.get(k, 0) + v
         for k, v in r["durability"].items():
             durability[k] = durability.get(k, 0) + v
-    return {"server": server.name, "shape": shape, "producers": producers, "msgs_per_s": messages / timing["duration_s"],
+    return {"server": server.name, "shape": shape, "producers": producers,
+            "msgs_per_s": messages / timing["duration_s"],
             "calls": sum(r["calls"] for r in results), "p50_ms": percentile(latencies, 0.50),
             "p99_ms": percentile(latencies, 0.99), "mean_ms": statistics.fmean(latencies) if latencies else None,
             "errors": errors, "first_error": next((r["first_error"] for r in results if r["first_error"]), ""),

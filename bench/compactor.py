@@ -173,16 +173,17 @@ def run_reads(work: pathlib.Path, cfg: dict) -> dict:
     from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as clpb, commitlog_pb2_grpc, common_pb2
     from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
     log_server = GrpcServer.commitlog(work / "kv-log", "ASYNC").start()
-    compactor = GrpcServer("compactor", [PYTHON, "-m", "compactor_service.main", "--data-dir", str(work / "kv-compactor"),
-                                         "--port", "0", "--commitlog", log_server.target, "--spark-master", "",
-                                         "--round-interval-ms", "3600000"], work / "kv-compactor.log").start()
+    args = [PYTHON, "-m", "compactor_service.main", "--data-dir", str(work / "kv-compactor"), "--port", "0",
+            "--commitlog", log_server.target, "--spark-master", "", "--round-interval-ms", "3600000"]
+    compactor = GrpcServer("compactor", args, work / "kv-compactor.log").start()
     options = [("grpc.max_receive_message_length", 64 * MiB)]
-    with grpc.insecure_channel(log_server.target, options) as lc, grpc.insecure_channel(compactor.target, options) as cc:
+    with grpc.insecure_channel(log_server.target, options) as lc, \
+            grpc.insecure_channel(compactor.target, options) as cc:
         log, comp = commitlog_pb2_grpc.CommitLogStub(lc), compactor_pb2_grpc.CompactorStub(cc)
         log.CreateTopic(clpb.CreateTopicRequest(name="kv", queue_count=4, kind=common_pb2.TOPIC_KIND_COMPACTION))
         keys = [f"key-{i:07d}" for i in range(cfg["kv_keys"])]
         value = b"v" * 1024
-        for version in range(cfg["kv_versions"]):
+        for _ in range(cfg["kv_versions"]):
             for first in range(0, len(keys), 500):
                 log.Append(clpb.AppendRequest(topic="kv", messages=[common_pb2.MessageInput(body=value, keys=[k])
                                                                    for k in keys[first:first + 500]]), timeout=60)
@@ -241,7 +242,8 @@ def build_rows(results: dict) -> list[dict]:
     if local:
         first, last = local[min(local)], local[max(local)]
         rows.append({"what": f"peak RSS of a round, {max(local)}x vs {min(local)}x",
-                     "value": f"{last['round_rss_kib'] / 1024:.0f} MiB", "comparison": f"{first['round_rss_kib'] / 1024:.0f} MiB",
+                     "value": f"{last['round_rss_kib'] / 1024:.0f} MiB",
+                     "comparison": f"{first['round_rss_kib'] / 1024:.0f} MiB",
                      "ratio": last["round_rss_kib"] / first["round_rss_kib"], "target": "<= 1.2"})
     for r in results.get("compactor-spark", {}).get("rows", []):
         base = local.get(r["factor"])
@@ -262,7 +264,8 @@ def build_rows(results: dict) -> list[dict]:
 
 
 def markdown(rows: list[dict], meta: dict, results: dict) -> str:
-    lines = ["# Compactor benchmark", "", f"{meta['started']}, {meta['mode']} run, {meta['machine']}, git {meta['git']}.",
+    lines = ["# Compactor benchmark", "",
+             f"{meta['started']}, {meta['mode']} run, {meta['machine']}, git {meta['git']}.",
              "Workloads: see bench/compactor.py's docstring. Ratios are measured in one run.", "",
              "| what | mqstore | comparison | ratio | target |", "|---|---|---|---|---|"]
     for r in rows:
@@ -302,11 +305,12 @@ def main(argv=None) -> int:
     results: dict = {}
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     try:
-        for name, fn in (("compactor-round", run_round), ("compactor-spark", run_spark), ("compactor-reads", run_reads)):
+        for name, fn in (("compactor-round", run_round), ("compactor-spark", run_spark),
+                         ("compactor-reads", run_reads)):
             if name in groups:
                 try:
                     results[name] = fn(work, cfg)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a failed group is reported in the results, the others run
                     traceback.print_exc()
                     results[name] = {"error": f"{type(exc).__name__}: {exc}"}
                     stop_all()

@@ -345,7 +345,8 @@ def _seconds(value) -> str:
 def _reads_note(layout: str, f: dict) -> str:
     if layout == "unsealed":
         return f"{f['files']} files, read through mmap (no ranged reads to count)"
-    return f"{f['reads_per_query']:.2f} ranged reads/query over {f['files']} files, max {f['max_reads_per_file']} per file"
+    return (f"{f['reads_per_query']:.2f} ranged reads/query over {f['files']} files, "
+            f"max {f['max_reads_per_file']} per file")
 
 
 def _fmt(value, unit: str) -> str:
@@ -418,7 +419,7 @@ def main(argv=None) -> int:
             if name in groups:
                 try:
                     results[name] = fn(work, cfg)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - recorded in the results; the other group still runs
                     traceback.print_exc()
                     results[name] = {"error": f"{type(exc).__name__}: {exc}"}
                     stop_all()

@@ -206,7 +206,8 @@ def run_loadgen(spec: dict, processes: int = 1, timeout_s: float = 120.0) -> lis
     procs = []
     for n in share:
         if n > 0:
-            procs.append(subprocess.Popen([PYTHON, str(BENCH_DIR / "loadgen.py"), json.dumps({**spec, "concurrency": n})],
+            spec_n = json.dumps({**spec, "concurrency": n})
+            procs.append(subprocess.Popen([PYTHON, str(BENCH_DIR / "loadgen.py"), spec_n],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
             STARTED.append(procs[-1])
     results = []

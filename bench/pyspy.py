@@ -80,7 +80,8 @@ class Recorder:
 
     def __init__(self, exe: str, pid: int, out: pathlib.Path, max_s: float, log_path: pathlib.Path, gil: bool = True):
         self.out = out
-        self.proc = spawn([exe, "record", "--pid", str(pid), "--rate", "100", *(["--gil"] if gil else []), "--nonblocking",
+        self.proc = spawn([exe, "record", "--pid", str(pid), "--rate", "100", *(["--gil"] if gil else []),
+                           "--nonblocking",
                            "--format", "raw", "--duration", str(int(max_s)), "-o", str(out)],
                           stderr_path=log_path, stdout=log_path.open("ab"))
         time.sleep(0.5)  # let py-spy attach before the workload starts

@@ -77,7 +77,8 @@ def _pull(server: GrpcServer, ends: list[int], consumers: int, timeout_s: float)
 
 
 def _tail(server: GrpcServer, records: int, timeout_s: float) -> dict:
-    spec = {"kind": "tail", "target": server.target, "concurrency": 1, "expected_records": records, "max_frame_bytes": 0,
+    spec = {"kind": "tail", "target": server.target, "concurrency": 1, "expected_records": records,
+            "max_frame_bytes": 0,
             "max_frames": 10_000_000, "timeout_s": timeout_s}
     cpu0 = cpu_seconds(server.pid)
     result = run_loadgen(spec, 1, timeout_s=timeout_s + 30)[0]

@@ -90,7 +90,8 @@ def run(work: pathlib.Path, sizes: dict, log) -> dict:
         before = store_info(first.target)
         log("recovery", "fill", filled)
         kill9(first.proc)
-        out = {"fill": filled, "segment_bytes": segment, "log_bytes": before.max_physical_offset - before.min_physical_offset,
+        out = {"fill": filled, "segment_bytes": segment,
+               "log_bytes": before.max_physical_offset - before.min_physical_offset,
                "flushed_at_kill": before.flushed_physical_offset, "end_offset": before.max_physical_offset}
         for variant, remove_checkpoint in (("checkpoint_kept", False), ("checkpoint_removed", True)):
             if remove_checkpoint:

@@ -185,7 +185,8 @@ def markdown(rows: list[dict], meta: dict, notes: list[str], profiles: dict | No
         chosen = [r for r in rows if r["section"] == section]
         if not chosen:
             continue
-        lines += [f"## {title}", "", "| workload | figure | p50 / p99 ms | comparison point (same run) | its figure | ratio | target |",
+        lines += [f"## {title}", "",
+                  "| workload | figure | p50 / p99 ms | comparison point (same run) | its figure | ratio | target |",
                   "|---|---|---|---|---|---|---|"]
         for r in chosen:
             lat = f"{_fmt(r.get('p50_ms'))} / {_fmt(r.get('p99_ms'))}" if r.get("p50_ms") is not None else ""
@@ -202,15 +203,16 @@ def markdown(rows: list[dict], meta: dict, notes: list[str], profiles: dict | No
 def profile_lines(profiles: dict, top: int = 12) -> list[str]:
     """Top functions of each py-spy profile: share of samples on top of the stack and anywhere in it."""
     lines = []
-    for name, p in profiles.items():
+    for p in profiles.values():
         if not p or not p.get("samples"):
             continue
         lines += [f"## Profile: {p['workload']}", "",
                   f"{p['samples']} samples " + ("with the GIL held (py-spy --gil" if p.get("gil") else
                                                 "of busy threads (py-spy") + ", 100 Hz); raw stacks in "
-                  f"{p['raw']}. 'total' lists mqstore's own functions only.", "", "| self | function (on top of the stack) | total | function (anywhere in the stack) |",
+                  f"{p['raw']}. 'total' lists mqstore's own functions only.", "",
+                  "| self | function (on top of the stack) | total | function (anywhere in the stack) |",
                   "|---|---|---|---|"]
-        for s, t in zip(p["self"][:top], p["total"][:top]):
+        for s, t in zip(p["self"][:top], p["total"][:top], strict=True):
             lines.append(f"| {s['share']:.1%} | {s['function']} | {t['share']:.1%} | {t['function']} |")
         lines.append("")
     return lines

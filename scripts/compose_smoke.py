@@ -8,7 +8,8 @@
 them back, waits until the index has them and queries by key and by UNIQ_KEY; it records what it
 appended in the state file. ``verify`` (after the restart) checks that every recorded message is still
 there: pulled, fetched by msg id, found by key and by UNIQ_KEY through the index; then appends one
-more (recorded too, for a later verify) and checks again. Every wait is bounded (WAIT_S); a failed check exits 1 with the reason.
+more (recorded too, for a later verify) and checks again. Every wait is bounded (WAIT_S); a failed check exits 1
+with the reason.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def append(stack: Stack, first: int, count: int) -> list[dict]:
     results = stack.log.Append(pb.AppendRequest(topic=TOPIC, messages=messages), timeout=RPC_TIMEOUT_S).results
     check(len(results) == count, f"Append returned {len(results)} results for {count} messages")
     return [{"msg_id": r.msg_id, "uniq_key": r.uniq_key, "key": f"smoke-{i}", "body": f"smoke-{i}"}
-            for i, r in zip(range(first, first + count), results)]
+            for i, r in zip(range(first, first + count), results, strict=True)]
 
 
 def write(stack: Stack, state: pathlib.Path) -> None:

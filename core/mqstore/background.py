@@ -161,7 +161,7 @@ class Duty:
                     self._last_error = message
                 self._stop.wait(wait_s)
                 continue
-            except BaseException as exc:  # noqa: BLE001 - a bug: recorded, reported unhealthy, never retried
+            except BaseException as exc:  # a bug: recorded, reported unhealthy, never retried
                 log.exception("duty.died", duty=self.name)
                 with self._lock:
                     self._died = f"{type(exc).__name__}: {exc}"

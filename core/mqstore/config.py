@@ -66,7 +66,8 @@ class StoreConfig:
         if not 0 < self.disk_max_used_ratio <= 1:
             raise InvalidArgument("disk_max_used_ratio must be in (0, 1]")
         for name in ("flush_interval_ms", "sync_flush_timeout_ms", "max_body_bytes", "max_batch_messages",
-                     "retention_ms", "retention_hold_max_ms", "clean_interval_ms", "checkpoint_interval_ms", "default_queue_count",
+                     "retention_ms", "retention_hold_max_ms", "clean_interval_ms", "checkpoint_interval_ms",
+                     "default_queue_count",
                      "max_long_poll_waiters"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")

@@ -39,6 +39,10 @@ class FailedPrecondition(MqStoreError):
     """The store is not in a state that allows the operation (protected topic, needs repair...)."""
 
 
+class PermissionDenied(MqStoreError):
+    """The caller may not do this: a service-to-service door called without the shared secret."""
+
+
 class ResourceExhausted(MqStoreError):
     """A resource ran out: disk full (read-only mode), too many waiters."""
 

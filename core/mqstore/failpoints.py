@@ -32,6 +32,12 @@ KNOWN = frozenset({
     "fs.install.old_deleted",    # an old file renamed to .deleted
     "fs.install.renamed",        # a .swap file renamed to its name
     "fs.install.cleaned_up",     # a .deleted file removed, the manifest not yet
+    # the Transaction service (services/txn; txn.proto says what a crash at each step means):
+    "txn.prepare.after_half",    # the halves are appended, Prepare not yet answered
+    "txn.commit.after_real",     # the real messages are appended, no OP entry queued, not answered
+    "txn.op.before_write",       # an OP batch is taken (mid batch: entries pending), not yet appended
+    "txn.op.after_write",        # the OP message is appended, its entries not yet dropped
+    "txn.checkpoint.before_rename",  # temp txn checkpoint written and fsynced, not yet renamed
 })
 
 _armed: dict[str, str] = {}

@@ -104,6 +104,15 @@ class StoredMessage:  # not frozen: one per message read (see MessageIn)
 
 
 @dataclass(frozen=True, slots=True)
+class MessageLookup:
+    """One answer of a batch GetMessages: the message, or why there is none."""
+
+    message: StoredMessage | None
+    missing: str = ""        # "" when found; else what the store said (no record there, outside the log)
+    damaged: bool = False    # the record is there but fails its checks
+
+
+@dataclass(frozen=True, slots=True)
 class QueueInfo:
     topic: str
     queue_id: int

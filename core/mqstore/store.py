@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import failpoints, fs
+from mqstore import failpoints, fs, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -45,8 +45,8 @@ from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
-                           AppendResults, MessageIn, PullResult, QueueInfo, StoredMessage, StoreInfo, TailFrame,
-                           TopicRecord)
+                           AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, StoredMessage, StoreInfo,
+                           TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue
 from mqstore.retention_holds import RetentionHolds
@@ -59,6 +59,7 @@ MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
 MAX_FRAME_BYTES = 4 << 20
+MAX_GET_MESSAGES = 1000
 
 
 class MessageStore:
@@ -259,6 +260,8 @@ class MessageStore:
         self._check_running()
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
+        if system_writer:  # "" is no writer, as None: the owner check below names the owner
+            transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
@@ -344,6 +347,23 @@ class MessageStore:
         rec = self.commitlog.decode_at(physical_offset, len(data))
         return StoredMessage(rec, record.offset_msg_id(rec.store_host, rec.store_port, physical_offset))
 
+    def get_messages(self, physical_offsets: Sequence[int]) -> list[MessageLookup]:
+        """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not
+        (no record starts there, outside the log, damaged). One bad offset does not fail the others."""
+        self._check_running()
+        if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
+            raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, "
+                                  f"not {len(physical_offsets)}")
+        out = []
+        for offset in physical_offsets:
+            try:
+                out.append(MessageLookup(self.get_message(offset)))
+            except (NotFound, OutOfRange) as exc:
+                out.append(MessageLookup(None, str(exc)))
+            except DataLoss as exc:
+                out.append(MessageLookup(None, str(exc), damaged=True))
+        return out
+
     def get_message_by_id(self, msg_id: str) -> StoredMessage:
         try:
             _, _, physical_offset = record.parse_offset_msg_id(msg_id)
@@ -353,8 +373,11 @@ class MessageStore:
 
     # ------------------------------------------------------------------ tail
     def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
-             heartbeat_ms: int, is_active: Callable[[], bool], hold_retention_as: str = "") -> Iterator[TailFrame]:
+             heartbeat_ms: int, is_active: Callable[[], bool], tx_types: Sequence[int] = (),
+             hold_retention_as: str = "") -> Iterator[TailFrame]:
         """Frames of whole raw records, only visible ones; an empty frame every heartbeat when idle.
+        With ``topics`` and/or ``tx_types`` (SYSFLAG transaction values: 0, 0x4, 0x8, 0xC) a record is
+        sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``.
         ``hold_retention_as``: retention keeps the log from the stream's start (mqstore.retention_holds)."""
         self._check_running()
         max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
@@ -362,6 +385,7 @@ class MessageStore:
         for name in topics:  # a name that can never exist would filter out everything, silently
             topic_rules.validate_topic_name(name)
         wanted = frozenset(t.encode("utf-8") for t in topics)
+        wanted_tx = frozenset(tx_types)
         pos = self._tail_start(start, from_physical_offset)
         held = pos
         cond = self.dispatcher.visible
@@ -371,7 +395,7 @@ class MessageStore:
             visible = self.visible_offset()
             if pos < visible:
                 pos = max(pos, self.commitlog.min_offset)
-                data, count, nxt = self.commitlog.frame(pos, visible, max_frame_bytes, wanted)
+                data, count, nxt = self.commitlog.frame(pos, visible, max_frame_bytes, wanted, wanted_tx)
                 pos = nxt
                 if count:
                     yield TailFrame(data, count, pos, visible)

@@ -99,8 +99,9 @@ class TopicRegistry:
                     f"(shrinking would strand messages), asked for {queue_count}")
             if current.kind == KIND_COMPACTION and queue_count != current.queue_count:
                 raise FailedPrecondition(
-                    f"topic {name!r} is a COMPACTION topic: its keys are routed by hash modulo its {current.queue_count} "
-                    f"queues, so a new queue count would move keys to other queues (and resurrect old values)")
+                    f"topic {name!r} is a COMPACTION topic: its keys are routed by hash modulo its "
+                    f"{current.queue_count} queues, so a new queue count would move keys to other queues (and "
+                    f"resurrect old values)")
         if retention_ms is not None and retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
         _refuse_compaction_retention(name, current.kind, retention_ms or 0)

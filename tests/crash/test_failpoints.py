@@ -294,6 +294,15 @@ def _install(name, tmp_path, failpoint):
     assert _contents(directory) == {**OUTCOME[name], **UNTOUCHED}
 
 
+# ---- the Transaction service (real processes: tests/crash/txn_crash.py) -------------------------------------
+
+@scenario("txn.prepare.after_half", "txn.commit.after_real", "txn.op.before_write", "txn.op.after_write",
+          "txn.checkpoint.before_rename")
+def _txn(name, tmp_path, failpoint):
+    from tests.crash.txn_crash import crash_at
+    crash_at(name, tmp_path)
+
+
 # ---- compaction logs (tests/crash/test_compaction_crash.py also crashes a round at every install step) ----
 
 @scenario("compaction.round.staged")

@@ -134,7 +134,7 @@ class Producer:
             request = pb.AppendRequest(topic=TOPIC, messages=[
                 common_pb2.MessageInput(body=k.encode(), keys=[k, "all"]) for k in keys])
             response = stub.Append(request, timeout=RPC_TIMEOUT_S)
-            self.acked += zip(keys, response.results)
+            self.acked += zip(keys, response.results, strict=True)
 
     def _run(self) -> None:
         with grpc.insecure_channel(self._address) as channel:
@@ -259,7 +259,8 @@ def test_damaged_index_file_is_quarantined_and_rebuilt(tmp_path):
                 client.query("all")
             assert partial.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             recent = client.query("all", begin_ms=new.acked[0][1].store_timestamp_ms, max_num=100)
-            assert [loc.physical_offset for loc in recent.locators] == [r.physical_offset for _, r in reversed(new.acked)]
+            expected = [r.physical_offset for _, r in reversed(new.acked)]
+            assert [loc.physical_offset for loc in recent.locators] == expected
             crash(index)  # a crash after the rebuilt files were renamed, before the range was closed
             client.close()
 

@@ -51,7 +51,7 @@ def _producer(address, producer_id, stop, acked, seed):
                 response = stub.Append(request, timeout=10)
             except grpc.RpcError:
                 return  # the server died: this batch was not acknowledged
-            for body, result in zip(bodies, response.results):
+            for body, result in zip(bodies, response.results, strict=True):
                 assert result.durability == common_pb2.DURABILITY_FLUSHED
                 acked.append((body, result))
     finally:

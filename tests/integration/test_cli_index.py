@@ -63,7 +63,8 @@ def servers(tmp_path_factory):
 def run(*args: str, expect: int | None = 0, env=None) -> subprocess.CompletedProcess:
     """``expect=None`` accepts any exit status."""
     done = subprocess.run([str(MQSTORE), *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
-    assert expect is None or done.returncode == expect, f"mqstore {' '.join(args)} exited {done.returncode}: {done.stderr}"
+    assert expect is None or done.returncode == expect, \
+        f"mqstore {' '.join(args)} exited {done.returncode}: {done.stderr}"
     return done
 
 

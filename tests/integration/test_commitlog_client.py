@@ -13,7 +13,6 @@ from mqstore_rpc import convert
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc
-from tests.integration.test_index_service import commitlog_port  # noqa: F401 (a fixture: a CommitLog server)
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +43,7 @@ def test_append_then_read_back_through_every_call(log):
     assert [m.record.body for m in got] == [m.body for m in sent]
     assert [(m.msg_id, m.uniq_key, m.keys, m.tags, m.record.properties["p"]) for m in got] == [
         (r.msg_id, r.uniq_key, [f"k{i}", "all"], "t", str(i)) for i, r in enumerate(results)]
-    assert all(m.record.born_timestamp_ms == s.born_timestamp_ms for m, s in zip(got, sent))
+    assert all(m.record.born_timestamp_ms == s.born_timestamp_ms for m, s in zip(got, sent, strict=True))
 
     pulled = client.pull("c", 1, 0, max_messages=10)
     assert [m.msg_id for m in pulled.messages] == [r.msg_id for r in results[1::2]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import pathlib
 import time
 
@@ -116,7 +117,7 @@ def test_append_results_and_message_ids(stub, server):
     assert [(r.queue_id, r.queue_offset) for r in results] == [(1, 0), (1, 1), (0, 0)]
     physical = [r.physical_offset for r in results]
     assert physical == sorted(physical) and physical[0] == 0
-    assert all(b.physical_offset == a.physical_offset + a.size_bytes for a, b in zip(results, results[1:]))
+    assert all(b.physical_offset == a.physical_offset + a.size_bytes for a, b in itertools.pairwise(results))
     for r in results:
         assert r.msg_id == record.offset_msg_id(b"\x7f\x00\x00\x01", port, r.physical_offset)
         assert r.durability == common_pb2.DURABILITY_WRITTEN
@@ -238,7 +239,7 @@ def test_tail_resumes_at_offset_and_heartbeats_when_idle(stub):
                                       heartbeat_ms=20), timeout=RPC_TIMEOUT_S)
     seen: list[bytes] = []
     try:
-        for _, frame in zip(range(100), frames):
+        for _, frame in zip(range(100), frames, strict=False):
             seen += [r.body for r in decode_frame(frame.records)]
             if frame.record_count == 0:  # a heartbeat: caught up
                 break

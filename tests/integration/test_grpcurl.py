@@ -46,7 +46,8 @@ def grpcurl(address: str, *args: str, data: dict | None = None) -> str:
 
 def test_list_services_by_reflection(address):
     services = grpcurl(address, "list").split()
-    assert {"mqstore.v1.CommitLog", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= set(services)
+    expected = {"mqstore.v1.CommitLog", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+    assert expected <= set(services)
     methods = grpcurl(address, "list", "mqstore.v1.CommitLog").split()
     assert {"mqstore.v1.CommitLog.Append", "mqstore.v1.CommitLog.Pull", "mqstore.v1.CommitLog.Tail"} <= set(methods)
 

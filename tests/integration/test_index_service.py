@@ -11,12 +11,9 @@ import time
 
 import grpc
 import pytest
-from commitlog_service.main import CommitLogConfig
-from commitlog_service.main import serving as commitlog_serving
 from index_service.config import IndexConfig
 from index_service.follower import FollowerConfig
 from index_service.main import IndexServiceConfig, serving
-from mqstore.config import StoreConfig
 from mqstore.javahash import java_string_hash
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import (
@@ -50,15 +47,6 @@ class Services:
     log: commitlog_pb2_grpc.CommitLogStub
     index: index_pb2_grpc.IndexStub
     config: IndexServiceConfig
-
-
-@pytest.fixture
-def commitlog_port(tmp_path):
-    config = CommitLogConfig(store=StoreConfig(data_dir=tmp_path / "log", segment_size_bytes=64 * 1024,
-                                               preallocate_segments=False),
-                             server=ServerConfig(port=0, grace_s=1.0))
-    with commitlog_serving(config) as (_, port):
-        yield port
 
 
 @pytest.fixture

@@ -88,6 +88,7 @@ class Shell:
 
     log_address: str
     index_address: str
+    txn_address: str = "127.0.0.1:50053"
     prelude: list[str] = field(default_factory=lambda: ["set -o pipefail"])
     msg_id: str = ""
     uniq_key: str = ""
@@ -95,6 +96,7 @@ class Shell:
     def substitute(self, command: str) -> str:
         command = command.replace("127.0.0.1:50051", self.log_address)
         command = command.replace("127.0.0.1:50052", self.index_address)
+        command = command.replace("127.0.0.1:50053", self.txn_address)
         if command.startswith("source .venv/bin/activate") and not (ROOT / ".venv/bin/activate").exists():
             command = command.replace(".venv/bin/activate", str(pathlib.Path(sys.prefix) / "bin/activate"))
         if HEX_ID.search(command):
@@ -107,7 +109,8 @@ class Shell:
     def run(self, command: str) -> None:
         actual = self.substitute(command)
         script = "\n".join([*self.prelude, actual])
-        env = {**os.environ, "MQSTORE_ADDRESS": self.log_address, "MQSTORE_INDEX_ADDRESS": self.index_address}
+        env = {**os.environ, "MQSTORE_ADDRESS": self.log_address, "MQSTORE_INDEX_ADDRESS": self.index_address,
+               "MQSTORE_TXN_ADDRESS": self.txn_address}
         forever = "--follow" in actual or "/Tail" in actual
         process = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -141,9 +144,9 @@ class Shell:
 class Launcher:
     """``python -m mqstore_rpc.launcher`` as ``make run`` runs it; stdout read by a thread."""
 
-    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int]):
+    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int]):
         command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir),
-                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1])]
+                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2])]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -186,18 +189,18 @@ def test_readme_marks_the_blocks_it_promises():
 
 
 def test_readme_and_banner_examples_run_as_written(tmp_path):
-    ports = (free_port(), free_port())
+    ports = (free_port(), free_port(), free_port())
     launcher = Launcher(tmp_path / "data", ports)
     try:
         banner = launcher.banner()
-        shell = Shell(f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}")
+        shell = Shell(f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}")
         for command in runnable_commands(README.read_text()):
             shell.run(command)
         assert shell.msg_id and shell.uniq_key and shell.msg_id != shell.uniq_key
         commands = banner_commands(banner)
-        assert f"export MQSTORE_ADDRESS={shell.log_address} MQSTORE_INDEX_ADDRESS={shell.index_address}" \
-            in commands, banner
-        banner_shell = Shell(shell.log_address, shell.index_address)
+        assert f"export MQSTORE_ADDRESS={shell.log_address} MQSTORE_INDEX_ADDRESS={shell.index_address} " \
+               f"MQSTORE_TXN_ADDRESS={shell.txn_address}" in commands, banner
+        banner_shell = Shell(shell.log_address, shell.index_address, shell.txn_address)
         for command in commands:
             banner_shell.run(command)
     finally:

@@ -116,7 +116,7 @@ def test_a_duty_killed_by_a_bug_turns_health_not_serving():
 
 # ---- the processes ---------------------------------------------------------------------------------------
 
-SERVICES = {"commitlog": "commitlog_service.main", "index": "index_service.main"}
+SERVICES = {"commitlog": "commitlog_service.main", "index": "index_service.main", "txn": "txn_service.main"}
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))

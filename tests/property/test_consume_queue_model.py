@@ -38,7 +38,7 @@ def _fill(store: MessageStore, rng: random.Random, batches: int) -> dict:
     for _ in range(batches):
         topic = rng.choice(sorted(TOPICS))
         messages = [_message(rng) for _ in range(rng.randint(1, 8))]
-        for msg, result in zip(messages, store.append(topic, messages)):
+        for msg, result in zip(messages, store.append(topic, messages), strict=True):
             if msg.sys_flag & record.SYSFLAG_TX_MASK in NO_QUEUE_ENTRY:
                 continue  # in the log, in no queue (RocketMQ's half and rolled-back messages)
             key = (topic, result.queue_id)

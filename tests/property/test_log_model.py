@@ -49,7 +49,7 @@ def test_random_ops_against_model(small_config, flush_mode):
     for name, queues in topics.items():
         store.create_topic(name, queues)
     try:
-        for step in range(STEPS):
+        for _ in range(STEPS):
             op = rng.random()
             if op < 0.5:
                 _append(store, rng, topics, model)
@@ -78,13 +78,13 @@ def _append(store, rng, topics, model):
     topic = rng.choice(sorted(topics))
     count = rng.randint(1, 12)
     msgs = []
-    for i in range(count):
+    for _ in range(count):
         size = rng.choice([1, 10, 500, 3000, 7000])
         body = rng.randbytes(size)
         queue = rng.randrange(topics[topic])
         msgs.append(MessageIn(body=body, tags=rng.choice(["", "a", "b"]), queue_id=queue))
     results = store.append(topic, msgs)
-    for msg, res in zip(msgs, results):
+    for msg, res in zip(msgs, results, strict=True):
         key = (topic, res.queue_id)
         assert res.queue_offset == len(model.queues[key])
         model.queues[key].append((res.physical_offset, msg.body))

@@ -292,6 +292,11 @@ def body_length_and_properties(buf, position: int = 0) -> tuple[int, bytes]:
     return body_len, bytes(buf[props_at:props_at + props_len])
 
 
+def peek_sys_flag(buf, position: int) -> int:
+    """SYSFLAG of a valid record without decoding the rest (for Tail's transaction-type filter)."""
+    return INT32.unpack_from(buf, position + SYS_FLAG_AT)[0]
+
+
 def peek_topic(buf, position: int) -> bytes:
     """Topic bytes of a valid record without decoding the rest (for Tail's topic filter)."""
     topic_at = position + BODY_AT_BY_HOST_BYTE[buf[position + SYS_FLAG_HOST_BYTE_AT]]

@@ -123,7 +123,7 @@ class CommitLog:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
         qids, flags = batch.queue_ids, batch.sys_flags
         if any(flags):
-            counts = collections.Counter(q for q, f in zip(qids, flags) if f & record.SYSFLAG_TX_MASK
+            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if f & record.SYSFLAG_TX_MASK
                                          not in _NO_QUEUE_OFFSET_TX)
         else:
             counts = collections.Counter(qids)
@@ -226,10 +226,13 @@ class CommitLog:
         seg = self.segments.find(physical_offset)
         return record_reader.store_timestamp(seg.buffer, physical_offset - seg.start)
 
-    def frame(self, start: int, limit: int, max_bytes: int, topics: frozenset[bytes]):
+    def frame(self, start: int, limit: int, max_bytes: int, topics: frozenset[bytes],
+              tx_types: frozenset[int] = frozenset()):
         """Whole records from ``start`` up to ``limit``: (records bytes, count, next offset).
         Blank records are skipped; with ``topics`` only records of those topics are returned. At least
-        one record is returned when one is visible, whatever its size; a filtered scan stops after
+        one record is returned when one is visible, whatever its size; with ``tx_types`` (SYSFLAG
+        transaction values) a record of another topic is taken too when its type is one of them (the
+        Transaction service follows its topics and every COMMIT record); a filtered scan stops after
         16 x max_bytes so a frame is bounded in time too.
 
         Without ``topics`` a frame is contiguous: its records are the log's bytes
@@ -246,6 +249,7 @@ class CommitLog:
         pos = start - seg.start
         end = min(seg.size, limit - seg.start)
         unpack, frameable, peek_topic = record.PREFIX.unpack_from, record_scan.frameable, record_reader.peek_topic
+        peek_sys_flag, filtered = record_reader.peek_sys_flag, bool(topics or tx_types)
         scan_limit = pos + 16 * max_bytes
         pieces = []
         run_from = -1
@@ -265,7 +269,8 @@ class CommitLog:
                 return seg.read(pos, nxt - pos), 1, seg.start + nxt
             if count and taken + size > max_bytes:
                 break
-            if not topics or peek_topic(buf, pos) in topics:
+            if (not filtered or peek_topic(buf, pos) in topics
+                    or (tx_types and (peek_sys_flag(buf, pos) & record.SYSFLAG_TX_MASK) in tx_types)):
                 if run_from < 0:
                     run_from = pos
                 taken += size

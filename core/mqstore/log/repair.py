@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import pathlib
 import time
@@ -150,7 +151,7 @@ def infer_segment_size(log_dir: pathlib.Path, given: int | None = None) -> int:
         return given
     files = _segment_files(log_dir)
     starts = [segment_name.parse(path.name) for path, _ in files]
-    gaps = {b - a for a, b in zip(starts, starts[1:])}
+    gaps = {b - a for a, b in itertools.pairwise(starts)}
     if gaps:
         return min(gaps)  # a missing segment makes a larger gap; start reports it
     if files:

@@ -16,6 +16,7 @@ commit log tests on a disk that cannot fill up.
 from __future__ import annotations
 
 import errno
+import itertools
 import mmap
 import os
 import pathlib
@@ -197,7 +198,7 @@ class SegmentQueue:
             for seg in segments:
                 seg.close()
             raise
-        for prev, cur in zip(segments, segments[1:]):
+        for prev, cur in itertools.pairwise(segments):
             if cur.start != prev.end:
                 raise FailedPrecondition(
                     f"segment gap in {self.directory}: {prev.path.name} ends at {prev.end} but the next "

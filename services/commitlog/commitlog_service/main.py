@@ -6,7 +6,9 @@ Every :class:`mqstore.config.StoreConfig` field has a flag and a variable named 
 KiB/MiB/GiB suffixes). Every service's flags (mqstore_rpc.settings) are here too: ``--host``
 (127.0.0.1; 0.0.0.0 only inside containers), ``--port`` (50051), ``--max-workers``,
 ``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``; ``--retention-hours`` is a shorthand for
-``--retention-ms``; ``--store-port`` is the port written into message ids (default: the bound port).
+``--retention-ms``; ``--store-port`` is the port written into message ids (default: the bound port);
+``--internal-token`` / ``MQSTORE_INTERNAL_TOKEN`` is the shared secret of the CommitLogInternal service
+(the Transaction service's way into its system topics; commitlog.proto).
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -29,6 +31,7 @@ from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
+from commitlog_service import internal
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 DEFAULT_PORT = 50051
@@ -43,6 +46,7 @@ class CommitLogConfig:
     advertised_port: int = 0      # port written into message ids; 0 = the bound port
     log_level: str = "info"
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
+    internal_token: str = ""      # shared secret of CommitLogInternal; "" = that service refuses every call
 
 
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -51,6 +55,8 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     store.start()
     parts.on_close(store.stop)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CommitLogServicer(store), server))
+    parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
+        internal.CommitLogInternalServicer(store, config.internal_token), server))
     parts.add_health_problem(store.health_problem)
 
 
@@ -65,6 +71,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     S.add_service_flags(parser, DEFAULT_PORT, "data directory")
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
+    parser.add_argument("--internal-token", help="shared secret of the CommitLogInternal service (env "
+                        "MQSTORE_INTERNAL_TOKEN; prefer the variable: flags show in ps)")
     for f in _store_fields():
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
@@ -87,7 +95,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
     args = build_arg_parser().parse_args(argv)
     return CommitLogConfig(store=_store_config(args, env), server=S.server_config(args, env, DEFAULT_PORT),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
-                           log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
+                           log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
+                           internal_token=S.typed(args, env, "internal_token", str, ""))
 
 
 def describe(config: CommitLogConfig, port: int) -> dict:

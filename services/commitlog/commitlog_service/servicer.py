@@ -80,10 +80,15 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
             return convert.stored_message(self._store.get_message(request.physical_offset))
         raise InvalidArgument("locator: set either msg_id or physical_offset")
 
+    def GetMessages(self, request, context):
+        return convert.get_messages_response(self._store.get_messages(list(request.physical_offsets)))
+
     def Tail(self, request, context) -> Iterator[commitlog_pb2.TailFrame]:
         frames = self._store.tail(convert.tail_start(request.start), request.from_physical_offset,
                                   list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
-                                  is_active=context.is_active, hold_retention_as=request.hold_retention_as)
+                                  is_active=context.is_active,
+                                  tx_types=[convert.tx_type_in(t) for t in request.transaction_types],
+                                  hold_retention_as=request.hold_retention_as)
         for frame in frames:
             yield convert.tail_frame(frame)
 

@@ -28,7 +28,7 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_compactor, cli_index, cli_offline
+from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_txn
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser
 from mqstore_rpc.errors import status_for
@@ -162,7 +162,8 @@ def cmd_topic_delete(cli: Cli) -> None:
 class Progress:
     """A progress line on stderr at most once per interval. Not thread-safe."""
 
-    def __init__(self, err: TextIO, enabled: bool, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, err: TextIO, enabled: bool, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
         self._err, self._enabled, self._interval_s, self._clock = err, enabled, interval_s, clock
         self._tty = enabled and err.isatty()
         self._start = self._last = clock()
@@ -365,6 +366,7 @@ def _error_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.modules[__name__])
     cli_index.add_commands(parser)
+    cli_txn.add_commands(parser)
     cli_compactor.add_commands(parser)
     cli_offline.add_commands(parser)
     args = parser.parse_args(argv)

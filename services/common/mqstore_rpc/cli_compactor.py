@@ -97,7 +97,8 @@ def cmd_compact_status(cli) -> None:
             q.queue_id for q in c.stub.ListQueues(pb.ListQueuesRequest(), timeout=cli.args.timeout).queues
             if q.topic == a.topic]
         for queue_id in queues:
-            d = c.stub.DescribeQueue(pb.DescribeQueueRequest(topic=a.topic, queue_id=queue_id), timeout=cli.args.timeout)
+            d = c.stub.DescribeQueue(pb.DescribeQueueRequest(topic=a.topic, queue_id=queue_id),
+                                     timeout=cli.args.timeout)
             cli.emit(d, "\n".join([f"queue {queue_id}:"] + [f"  {f.name}: {v}" for f, v in d.ListFields()
                                                              if f.name not in ("topic", "queue_id")]))
 

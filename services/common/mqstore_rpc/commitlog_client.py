@@ -26,6 +26,7 @@ from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore_rpc.remote_errors import from_rpc_error
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
 _BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb2.TIME_BOUNDARY_UPPER}
 
 
@@ -66,14 +67,17 @@ class CommitLogClient:
                    ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)]
         self._channel = grpc.insecure_channel(address, options=options)
         self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
+        self._internal = commitlog_pb2_grpc.CommitLogInternalStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
 
     # ---- reading the log -----------------------------------------------------------------------------
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int,
-             topics: Sequence[str] = (), hold_retention_as: str = "") -> TailCall:
-        """Frames from ``from_physical_offset`` (a record start), or from the earliest record when None."""
+             topics: Sequence[str] = (), tx_types: Sequence[int] = (), hold_retention_as: str = "") -> TailCall:
+        """Frames from ``from_physical_offset`` (a record start), or from the earliest record when None;
+        with ``topics``/``tx_types`` (SYSFLAG transaction values) only records of those topics or types;
+        ``hold_retention_as``: the commit log holds retention below this stream's start for that follower."""
         if from_physical_offset is None:
             request = commitlog_pb2.TailRequest(start=commitlog_pb2.TAIL_START_EARLIEST)
         else:
@@ -82,6 +86,7 @@ class CommitLogClient:
         request.max_frame_bytes = max_frame_bytes
         request.heartbeat_ms = heartbeat_ms
         request.topics.extend(topics)
+        request.transaction_types.extend(convert.tx_type_out(t) for t in tx_types)
         request.hold_retention_as = hold_retention_as
         return TailCall(self._stub.Tail(request, timeout=self.stream_deadline_s), self.address)
 
@@ -101,6 +106,14 @@ class CommitLogClient:
                     call.cancel()  # a no-op for finished calls; stops the rest after an error
         return out
 
+    def get_messages_batch(self, physical_offsets: Sequence[int]) -> list[model.MessageLookup]:
+        """One GetMessages call per 1000 offsets: each the message or why not (missing, damaged)."""
+        out: list[model.MessageLookup] = []
+        for first in range(0, len(physical_offsets), 1000):
+            request = commitlog_pb2.GetMessagesRequest(physical_offsets=physical_offsets[first:first + 1000])
+            out.extend(convert.get_messages_out(self._call(self._stub.GetMessages, request)))
+        return out
+
     def _message(self, call) -> model.StoredMessage | None:
         try:
             return convert.stored_message_out(call.result())
@@ -109,6 +122,11 @@ class CommitLogClient:
             if isinstance(error, (NotFound, OutOfRange)):
                 return None
             raise error from None
+
+    def topic(self, name: str) -> model.TopicRecord:
+        """DescribeTopic's topic: name, queue count, kind (NotFound for an unknown one)."""
+        t = self._call(self._stub.DescribeTopic, commitlog_pb2.DescribeTopicRequest(name=name)).topic
+        return model.TopicRecord(t.name, t.queue_count, convert.topic_kind_in(t.kind), t.retention_ms, t.created_ms)
 
     def store_info(self) -> model.StoreInfo:
         return convert.store_info_out(self._call(self._stub.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest()))
@@ -141,8 +159,17 @@ class CommitLogClient:
         request = commitlog_pb2.AppendRequest(topic=topic, messages=[convert.message_input(m) for m in messages])
         return [convert.append_result_out(r) for r in self._call(self._stub.Append, request).results]
 
-    def _call(self, method, request, extra_timeout_s: float = 0.0):
+    def internal_append(self, topic: str, messages: Sequence[model.MessageIn], *, writer: str,
+                        token: str) -> list[model.AppendResult]:
+        """CommitLogInternal.Append (commitlog.proto): for the service that owns ``topic`` or writes COMMIT
+        records; ``token`` is the shared secret (PermissionDenied without the right one)."""
+        request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
+                                                      messages=[convert.internal_message(m) for m in messages])
+        response = self._call(self._internal.Append, request, metadata=((TOKEN_METADATA, token),))
+        return [convert.append_result_out(r) for r in response.results]
+
+    def _call(self, method, request, extra_timeout_s: float = 0.0, metadata=None):
         try:
-            return method(request, timeout=self.rpc_timeout_s + extra_timeout_s)
+            return method(request, timeout=self.rpc_timeout_s + extra_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.address) from None

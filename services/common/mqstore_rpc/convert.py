@@ -14,7 +14,8 @@ import socket
 from typing import Iterable, Sequence
 
 from mqstore import model
-from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.format.record import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, SYSFLAG_TX_COMMIT, SYSFLAG_TX_MASK,
+                                   SYSFLAG_TX_NOT, SYSFLAG_TX_PREPARED, SYSFLAG_TX_ROLLBACK)
 from mqstore.format.record_reader import Record
 from mqstore.errors import InvalidArgument
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
@@ -130,7 +131,7 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
     add = response.results.add
     for batch in batches:
         prefix, ts, durability = batch.msg_id_prefix, batch.store_timestamp_ms, _DURABILITY_TO_PB[batch.durability]
-        for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys):
+        for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys, strict=True):
             add(msg_id=f"{prefix}{phys:016X}", uniq_key=uniq, queue_id=qid, queue_offset=qoff, physical_offset=phys,
                 size_bytes=size, store_timestamp_ms=ts, durability=durability)
     return response
@@ -219,3 +220,63 @@ def time_boundary(boundary: int) -> str:
         return _BOUNDARY_FROM_PB[boundary]
     except KeyError:
         raise InvalidArgument(f"boundary: {boundary} is not a TimeBoundary (LOWER = 0, UPPER = 1)") from None
+
+
+# ---- transactions and the internal way in ---------------------------------------------------------------
+
+_TX_TYPE_FROM_PB = {commitlog_pb2.TRANSACTION_TYPE_NOT: SYSFLAG_TX_NOT,
+                    commitlog_pb2.TRANSACTION_TYPE_PREPARED: SYSFLAG_TX_PREPARED,
+                    commitlog_pb2.TRANSACTION_TYPE_COMMIT: SYSFLAG_TX_COMMIT,
+                    commitlog_pb2.TRANSACTION_TYPE_ROLLBACK: SYSFLAG_TX_ROLLBACK}
+_TX_TYPE_TO_PB = {flag: value for value, flag in _TX_TYPE_FROM_PB.items()}
+
+
+def tx_type_in(value: int) -> int:
+    """A TransactionType -> its SYSFLAG bits."""
+    try:
+        return _TX_TYPE_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(f"transaction type {value} is not a TransactionType (NOT = 0, PREPARED = 1, "
+                              f"COMMIT = 2, ROLLBACK = 3)") from None
+
+
+def tx_type_out(sys_flag_tx: int) -> int:
+    return _TX_TYPE_TO_PB[sys_flag_tx]
+
+
+def internal_messages_in(messages: Iterable[commitlog_pb2.InternalMessage], peer: str) -> list[model.MessageIn]:
+    """InternalMessage -> MessageIn, with what the public MessageInput lacks (transaction type, the
+    half's offset, the producer's born host)."""
+    out = messages_in([m.message for m in messages], peer)
+    for m, item in zip(messages, out, strict=True):
+        item.sys_flag = tx_type_in(m.transaction_type)
+        item.prepared_transaction_offset = m.prepared_transaction_offset
+        if m.born_host:
+            item.born_host, item.born_port = host_bytes(m.born_host)
+    return out
+
+
+def internal_message(m: model.MessageIn) -> commitlog_pb2.InternalMessage:
+    """The inverse, for the Transaction service's client."""
+    plain = common_pb2.MessageInput(body=m.body, tags=m.tags, keys=m.keys, properties=m.properties, flag=m.flag,
+                                    born_timestamp_ms=m.born_timestamp_ms, queue_id=m.queue_id,
+                                    sharding_key=m.sharding_key)
+    return commitlog_pb2.InternalMessage(
+        message=plain, transaction_type=tx_type_out(m.sys_flag & SYSFLAG_TX_MASK),
+        prepared_transaction_offset=m.prepared_transaction_offset,
+        born_host=host_text(m.born_host, m.born_port) if m.born_port else "")
+
+
+def get_messages_response(lookups: Sequence[model.MessageLookup]) -> commitlog_pb2.GetMessagesResponse:
+    response = commitlog_pb2.GetMessagesResponse()
+    for lookup in lookups:
+        entry = response.messages.add(found=lookup.message is not None, missing_reason=lookup.missing,
+                                      damaged=lookup.damaged)
+        if lookup.message is not None:
+            entry.message.CopyFrom(stored_message(lookup.message))
+    return response
+
+
+def get_messages_out(response: commitlog_pb2.GetMessagesResponse) -> list[model.MessageLookup]:
+    return [model.MessageLookup(stored_message_out(e.message) if e.found else None, e.missing_reason, e.damaged)
+            for e in response.messages]

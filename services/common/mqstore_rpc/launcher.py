@@ -5,7 +5,9 @@ process group, so Ctrl-C reaches only the launcher, which then stops the childre
 waits until each answers gRPC health with SERVING, creates the ``demo`` topic if missing, and prints the
 endpoints and examples that work as printed in another shell (the venv activated first; the addresses
 exported when the ports are not the defaults). ``--<name>-port`` (``--commitlog-port``,
-``--index-port``, ...) moves a service (the README test runs the launcher on free ports). On Ctrl-C or
+``--index-port``, ...) moves a service (the README test runs the launcher on free ports). The commit
+log and the Transaction service get the same MQSTORE_INTERNAL_TOKEN (the shared secret of
+CommitLogInternal): the variable when set, else a random one kept in ``<data-dir>/internal-token``. On Ctrl-C or
 SIGTERM: SIGTERM to each child, wait, SIGKILL if it does not exit, and exit 0. If a child dies on its
 own, the others are stopped and the launcher exits 1. Adding a service is one row of SERVICES.
 """
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,6 +37,7 @@ READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
 STOP_TIMEOUT_S = 30.0       # SIGTERM, then this long before SIGKILL
 POLL_INTERVAL_S = 0.1
 DEMO_TOPIC = "demo"
+TOKEN_ENV = "MQSTORE_INTERNAL_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ SERVICES = (
         "mqstore pull demo --queue 0")),
     ServiceEntry("index", "index_service.main", 50052, "index", True, "MQSTORE_INDEX_ADDRESS", (
         "mqstore query key demo k1",)),
+    ServiceEntry("txn", "txn_service.main", 50053, "txn", True, "MQSTORE_TXN_ADDRESS", (
+        "mqstore txn send demo paid shipped --group pg",)),
     ServiceEntry("compactor", "compactor_service.main", 50054, "compactor", True, "MQSTORE_COMPACTOR_ADDRESS", (
         "grpcurl -plaintext {address} mqstore.v1.Compactor/Stats",)),
 )
@@ -104,9 +111,9 @@ def services(ports: Mapping[str, int] | None = None) -> tuple[Service, ...]:
 class Child:
     """One service process. Not thread-safe: used by the launcher's main thread only."""
 
-    def __init__(self, service: Service, data_dir: pathlib.Path):
+    def __init__(self, service: Service, data_dir: pathlib.Path, env: Mapping[str, str] | None = None):
         self.service = service
-        self.process = subprocess.Popen(service.command(data_dir), start_new_session=True)
+        self.process = subprocess.Popen(service.command(data_dir), start_new_session=True, env=env)
 
     def wait_healthy(self, stop: threading.Event, timeout_s: float) -> bool:
         """True when health says SERVING; False if the child exited, ``stop`` was set or time ran out."""
@@ -182,12 +189,26 @@ def _install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def internal_token(data_dir: pathlib.Path) -> str:
+    """The shared secret of CommitLogInternal for this data dir: MQSTORE_INTERNAL_TOKEN when set, else the
+    file ``<data-dir>/internal-token`` (created once, mode 0600, random), so restarts keep it."""
+    if given := os.environ.get(TOKEN_ENV):
+        return given
+    path = data_dir / "internal-token"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+    return path.read_text().strip()
+
+
 def _start_all(data_dir: pathlib.Path, ports: Mapping[str, int], stop: threading.Event,
                children: list[Child]) -> bool:
+    env = {**os.environ, TOKEN_ENV: internal_token(data_dir)}  # the commit log and txn share it
     for service in services(ports):
         if not service.available():
             continue
-        child = Child(service, data_dir)
+        child = Child(service, data_dir, env)
         children.append(child)
         if not child.wait_healthy(stop, READY_TIMEOUT_S):
             if not stop.is_set():

@@ -188,7 +188,7 @@ class ManagedServer:
         for closer in reversed(self._closers):
             try:
                 closer()
-            except Exception as exc:  # noqa: BLE001 - every closer runs; the first error is re-raised
+            except Exception as exc:  # every closer runs; the first error is re-raised
                 log.error("server.closer_failed", closer=getattr(closer, "__qualname__", repr(closer)), exc_info=exc)
                 first_error = first_error or exc
         if first_error is not None:

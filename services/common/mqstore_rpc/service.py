@@ -113,7 +113,7 @@ def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
     except BaseException:
         try:
             server.stop(0)  # runs the closers registered so far
-        except Exception:  # noqa: BLE001 - the start failure is what to report; the closer's is logged
+        except Exception:  # the start failure is what to report; the closer's is logged
             log.exception("server.cleanup_failed", service=service.grpc_service)
         raise
     return server, server.port

@@ -80,7 +80,7 @@ def install_output(qlog: QueueLog, bases: list[int], staging: pathlib.Path) -> R
 def check_manifest(manifest: dict, files: list[pathlib.Path], bases: list[int]) -> None:
     if manifest.get("inputs") != bases:
         raise DataLoss(f"the Spark round's manifest names inputs {manifest.get('inputs')}, the round planned {bases}")
-    for out, path in zip(manifest["outputs"], files):
+    for out, path in zip(manifest["outputs"], files, strict=True):
         data = path.read_bytes() if path.exists() else None
         if data is None or len(data) != out["size"] or zlib.crc32(data) != out["crc32"]:
             raise DataLoss(f"the Spark round's output {path} is missing or differs from its manifest; not installed")

@@ -40,7 +40,8 @@ class IndexConfig:
                 f"{self.max_keys_per_message}, so every message fits in one empty file")
         if not 1 <= self.default_max_num <= self.max_max_num:
             raise InvalidArgument("need 1 <= default_max_num <= max_max_num")
-        for name in ("max_scan_entries", "checkpoint_interval_ms", "maintenance_interval_ms", "maintenance_retry_ms", "max_files"):
+        for name in ("max_scan_entries", "checkpoint_interval_ms", "maintenance_interval_ms", "maintenance_retry_ms",
+                     "max_files"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
         if self.tier_min_age_ms < 0:

@@ -156,7 +156,7 @@ class IndexQueries:
             page.index_reads += result.reads
             page.files_searched += result.files_scanned
             offsets = [locator.physical_offset for locator in result.locators]
-            for offset, message in zip(offsets, self._fetch(topic, key, offsets)):
+            for offset, message in zip(offsets, self._fetch(topic, key, offsets), strict=True):
                 if not self._accept(page, offset, message, topic, key, begin_ms, end_ms, uniq_only):
                     continue
                 size = message.record.size

@@ -110,7 +110,7 @@ def _resolve_leftovers(directory: pathlib.Path, tier: Tier | None) -> None:
 
 def _resolve_tier_copies(directory: pathlib.Path, tier: Tier) -> None:
     on_tier = set(tier.list())
-    for first, path in _names(directory, F.CIDX_SUFFIX).items():
+    for path in _names(directory, F.CIDX_SUFFIX).values():
         if path.name in on_tier:
             if _verified_compact(TierReader(tier, path.name)):
                 _delete(path, "tier move had finished")

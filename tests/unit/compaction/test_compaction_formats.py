@@ -52,7 +52,8 @@ def test_segment_golden_and_fields(request):
 
 def test_sparse_entry_golden_and_fields(request):
     entry = sparse_queue.SparseEntry(position=4096, size=211, tag_code=java_string_hash("TagA"),
-                                     store_timestamp_ms=1_700_000_000_456, queue_offset=42, tombstone_seen_s=1_700_000_001)
+                                     store_timestamp_ms=1_700_000_000_456, queue_offset=42,
+                                     tombstone_seen_s=1_700_000_001)
     data = sparse_queue.encode(entry)
     assert data == golden_bytes("sparse_queue_entry.bin", data, request)
     assert len(data) == 46
@@ -88,7 +89,8 @@ def test_routing_uses_the_compaction_key_and_refuses_disagreeing_overrides(tmp_p
     with pytest.raises(InvalidArgument, match="needs a key"):
         _encode(tmp_path, MessageIn(body=b"v", queue_id=1))
     with pytest.raises(InvalidArgument, match=r"messages\[1\].queue_id"):
-        _encode(tmp_path, MessageIn(body=b"v", keys=("user-1",)), MessageIn(body=b"v", keys=("user-1",), queue_id=other))
+        _encode(tmp_path, MessageIn(body=b"v", keys=("user-1",)),
+                MessageIn(body=b"v", keys=("user-1",), queue_id=other))
     sharding = next(s for s in (f"s{i}" for i in range(100)) if ckey.key_queue(s, 4) != queue)
     with pytest.raises(InvalidArgument, match="sharding_key"):
         _encode(tmp_path, MessageIn(body=b"v", keys=("user-1",), sharding_key=sharding))

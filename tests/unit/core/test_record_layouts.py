@@ -42,7 +42,8 @@ def test_every_reader_reads_every_layout(hosts):
     assert len(views) == len(inputs)
     fields = record_scan.index_walk(bytes(data), base=BASE)
     assert fields.error is None and len(fields.fields) == len(inputs)
-    for view, given, (physical_offset, sys_flag, store_ts, topic, props) in zip(views, inputs, fields.fields):
+    rows = zip(views, inputs, fields.fields, strict=True)
+    for view, given, (physical_offset, sys_flag, store_ts, topic, props) in rows:
         assert view.crc_ok() and view.layout.born_host_bytes == len(given["born_host"])
         got = {name: getattr(view, name) for name in ("queue_id", "flag", "queue_offset", "physical_offset",
                                                       "born_timestamp_ms", "born_host", "born_port",

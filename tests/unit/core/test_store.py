@@ -162,7 +162,7 @@ def test_offset_by_time(open_store, fake_clock):
     store = open_store(clock=fake_clock)
     store.create_topic("t", 1)
     times = []
-    for i in range(10):
+    for _ in range(10):
         times.append(store.append("t", [MessageIn(body=b"x")])[0].store_timestamp_ms)
         fake_clock.advance(1000)
     assert store.offset_by_time("t", 0, times[4]) == 4

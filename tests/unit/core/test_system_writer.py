@@ -7,7 +7,8 @@ import pytest
 
 from mqstore import topics
 from mqstore.clock import FakeClock
-from mqstore.errors import FailedPrecondition
+from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.format import record
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 
@@ -38,9 +39,14 @@ def test_system_writer_is_keyword_only(store):
         store.append("RMQ_SYS_TRANS_HALF_TOPIC", [MessageIn(body=b"x")], topics.OWNER_TRANSACTION)
 
 
-def test_a_system_writer_may_also_write_user_topics(store):
+def test_a_system_writer_writes_only_commit_records_into_user_topics(store):
     store.create_topic("orders", 1)
-    assert store.append("orders", [MessageIn(body=b"x")], system_writer=topics.OWNER_TRANSACTION)[0].queue_offset == 0
+    with pytest.raises(InvalidArgument, match="only COMMIT records"):
+        store.append("orders", [MessageIn(body=b"x")], system_writer=topics.OWNER_TRANSACTION)
+    commit = MessageIn(body=b"x", sys_flag=record.SYSFLAG_TX_COMMIT, prepared_transaction_offset=0)
+    assert store.append("orders", [commit], system_writer=topics.OWNER_TRANSACTION)[0].queue_offset == 0
+    with pytest.raises(FailedPrecondition, match="only its own system topics"):
+        store.append("orders", [commit], system_writer=topics.OWNER_SCHEDULE)
 
 
 def test_born_timestamp_zero_is_the_batch_time(store):

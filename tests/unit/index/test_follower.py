@@ -149,9 +149,9 @@ def test_a_new_index_starts_at_the_earliest_record_and_offset_0_is_an_offset(tmp
     at_zero.apply([], 0)  # it has read the log up to offset 0: nothing, but from there
     followers = [index_follower(new, log, FAST), index_follower(at_zero, log, FAST)]
     try:
-        for follower, store in zip(followers, (new, at_zero)):
+        for follower, store in zip(followers, (new, at_zero), strict=True):
             follower.start()
-            wait_until(lambda: store.resume_physical_offset() == log.end(), "the kept records")
+            wait_until(lambda store=store: store.resume_physical_offset() == log.end(), "the kept records")
     finally:
         for follower in followers:
             follower.stop()

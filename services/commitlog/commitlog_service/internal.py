@@ -1,0 +1,54 @@
+"""The CommitLogInternal servicer: the service-to-service way into the log (commitlog.proto says why).
+
+A thin adapter like CommitLogServicer: it checks the caller's shared secret (metadata
+``mqstore-internal-token``, compared in constant time), converts the request and calls
+``MessageStore.append(..., system_writer=writer)``, whose rules (mqstore.transactions,
+store_topics.check_system_writer) decide what the writer may write.
+
+Thread-safe: holds the store (thread-safe) and the token (immutable).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import grpc
+from mqstore.errors import InvalidArgument, PermissionDenied
+from mqstore.store import MessageStore
+from mqstore_rpc import convert
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+
+INTERNAL_SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLogInternal"].full_name
+TOKEN_METADATA = "mqstore-internal-token"
+
+
+def check_token(metadata, expected: str) -> None:
+    """PermissionDenied unless the call's metadata carries ``expected`` (and one is configured)."""
+    if not expected:
+        raise PermissionDenied("this commit log has no internal token configured (setting internal_token, env "
+                               "MQSTORE_INTERNAL_TOKEN), so its internal service refuses every call")
+    given = next((value for key, value in metadata or () if key == TOKEN_METADATA), None)
+    if given is None:
+        raise PermissionDenied(f"CommitLogInternal is for mqstore's own services: the call has no "
+                               f"{TOKEN_METADATA} metadata (clients use CommitLog.Append)")
+    if not hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8")):
+        raise PermissionDenied(f"the {TOKEN_METADATA} metadata does not match this commit log's internal token "
+                               f"(MQSTORE_INTERNAL_TOKEN must be the same for the commit log and its services)")
+
+
+class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
+    def __init__(self, store: MessageStore, token: str):
+        self._store = store
+        self._token = token
+
+    def Append(self, request, context):
+        check_token(context.invocation_metadata(), self._token)
+        if not request.writer:
+            raise InvalidArgument("writer: name the service that writes (\"txn\")")
+        messages = convert.internal_messages_in(request.messages, context.peer())
+        results = self._store.append(request.topic, messages, system_writer=request.writer)
+        return convert.append_response((results,))
+
+
+def add_to_server(servicer: CommitLogInternalServicer, server: grpc.Server) -> None:
+    commitlog_pb2_grpc.add_CommitLogInternalServicer_to_server(servicer, server)

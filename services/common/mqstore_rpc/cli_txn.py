@@ -1,0 +1,165 @@
+"""The Transaction service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
+
+    mqstore txn begin demo first second --group pg [--id T1] [--key K] [--tag T]   (Prepare: prints the id)
+    mqstore txn send demo hello --group pg          (Prepare then Commit: one transactional send)
+    mqstore txn commit T1        mqstore txn rollback T1
+    mqstore txn list [--older-than-ms MS] [--group pg]      mqstore txn show T1
+    mqstore txn resolve T1 rollback --reason "producer gone" [--operator alice]
+    mqstore txn stats
+
+``--txn-address`` (env MQSTORE_TXN_ADDRESS, default 127.0.0.1:50053), before or after the command.
+``--json`` prints the ProtoJSON of each response, one object per line. This module must not import
+``mqstore_rpc.cli`` (which imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+
+import grpc
+
+from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2, txn_pb2_grpc
+
+DEFAULT_TXN_ADDRESS = "127.0.0.1:50053"
+_STATE = {v: k.removeprefix("TRANSACTION_STATE_") for k, v in txn_pb2.TransactionState.items()}
+_DECISION = {v: k.removeprefix("DECISION_") for k, v in txn_pb2.Decision.items()}
+
+
+def _address_option(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("--txn-address", default=default,
+                        help=f"Transaction host:port (env MQSTORE_TXN_ADDRESS, default {DEFAULT_TXN_ADDRESS})")
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    """Add ``txn begin|send|commit|rollback|list|show|resolve|stats`` to the ``mqstore`` parser."""
+    _address_option(parser, os.environ.get("MQSTORE_TXN_ADDRESS", DEFAULT_TXN_ADDRESS))
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    txn = sub.add_parser("txn", help="transactions through the Transaction service")
+    tsub = txn.add_subparsers(dest="txn_command", required=True, metavar="COMMAND")
+    for name, func, text in (("begin", cmd_begin, "store messages as one open transaction (Prepare)"),
+                             ("send", cmd_send, "Prepare and Commit: the messages become visible together")):
+        p = tsub.add_parser(name, help=text)
+        p.add_argument("topic")
+        p.add_argument("bodies", nargs="+", metavar="BODY")
+        p.add_argument("--group", required=True, help="producer group (asked by check-back)")
+        p.add_argument("--id", default="", help="transaction id (default: generated)")
+        p.add_argument("--key", action="append", default=[], help="a key of each message (repeatable)")
+        p.add_argument("--tag", default="", help="the tag of each message")
+        p.set_defaults(func=func)
+    for name, func in (("commit", cmd_commit), ("rollback", cmd_rollback), ("show", cmd_show)):
+        p = tsub.add_parser(name, help=f"{name} a transaction by id")
+        p.add_argument("transaction_id")
+        p.set_defaults(func=func)
+    p = tsub.add_parser("list", help="open and parked transactions, oldest first")
+    p.add_argument("--older-than-ms", type=int, default=0)
+    p.add_argument("--group", default="")
+    p.add_argument("--limit", type=int, default=0, help="default 100")
+    p.set_defaults(func=cmd_list)
+    p = tsub.add_parser("resolve", help="resolve an open or parked transaction by hand (audited)")
+    p.add_argument("transaction_id")
+    p.add_argument("decision", choices=("commit", "rollback"))
+    p.add_argument("--reason", required=True, help="why (kept in the audit trail)")
+    p.add_argument("--operator", default="", help="who (default: the login name)")
+    p.set_defaults(func=cmd_resolve)
+    p = tsub.add_parser("stats", help="counters: OP batching, cache, check-back, oldest open transaction")
+    p.set_defaults(func=cmd_stats)
+    for command in (txn, *tsub.choices.values()):
+        _address_option(command, argparse.SUPPRESS)
+
+
+class _Txn:
+    """A channel to the Transaction service for one command. Not thread-safe."""
+
+    def __init__(self, cli):
+        self.cli = cli
+        self.channel = grpc.insecure_channel(cli.args.txn_address)
+        self.stub = txn_pb2_grpc.TransactionStub(self.channel)
+
+    def call(self, method: str, request):
+        return getattr(self.stub, method)(request, timeout=self.cli.args.timeout)
+
+    def __enter__(self) -> _Txn:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.channel.close()
+
+
+def _prepare(cli, txn: _Txn) -> txn_pb2.PrepareResponse:
+    a = cli.args
+    messages = [common_pb2.MessageInput(body=b.encode("utf-8"), keys=a.key, tags=a.tag) for b in a.bodies]
+    return txn.call("Prepare", txn_pb2.PrepareRequest(topic=a.topic, messages=messages, producer_group=a.group,
+                                                      transaction_id=a.id))
+
+
+def _ended_line(txn_id: str, r: txn_pb2.EndResponse) -> str:
+    line = f"transaction {txn_id}: {_STATE[r.state]}{' (already)' if r.already else ''}"
+    return "\n".join([line, *(f"  msg_id={m.msg_id} uniq_key={m.uniq_key} queue={m.queue_id} offset={m.queue_offset}"
+                              for m in r.results)])
+
+
+def cmd_begin(cli) -> None:
+    with _Txn(cli) as txn:
+        p = _prepare(cli, txn)
+    cli.emit(p, f"transaction {p.transaction_id}: OPEN ({len(p.halves)} half message(s))")
+
+
+def cmd_send(cli) -> None:
+    with _Txn(cli) as txn:
+        p = _prepare(cli, txn)
+        r = txn.call("Commit", txn_pb2.EndRequest(transaction_id=p.transaction_id))
+    cli.emit(r, _ended_line(p.transaction_id, r))
+
+
+def cmd_commit(cli) -> None:
+    with _Txn(cli) as txn:
+        r = txn.call("Commit", txn_pb2.EndRequest(transaction_id=cli.args.transaction_id))
+    cli.emit(r, _ended_line(cli.args.transaction_id, r))
+
+
+def cmd_rollback(cli) -> None:
+    with _Txn(cli) as txn:
+        r = txn.call("Rollback", txn_pb2.EndRequest(transaction_id=cli.args.transaction_id))
+    cli.emit(r, _ended_line(cli.args.transaction_id, r))
+
+
+def _info_line(t: txn_pb2.TransactionInfo) -> str:
+    return (f"{t.transaction_id}  {_STATE[t.state]}  group={t.producer_group}  topic={t.topic}  "
+            f"messages={t.message_count}  age_ms={t.age_ms}  checks={t.checks_sent}  "
+            f"last_answer={_DECISION[t.last_answer]}" + (f"  resolved_by={t.resolved_by}" if t.resolved_by else ""))
+
+
+def cmd_show(cli) -> None:
+    with _Txn(cli) as txn:
+        t = txn.call("Show", txn_pb2.ShowRequest(transaction_id=cli.args.transaction_id))
+    cli.emit(t, _info_line(t))
+
+
+def cmd_list(cli) -> None:
+    a = cli.args
+    with _Txn(cli) as txn:
+        r = txn.call("ListOpen", txn_pb2.ListOpenRequest(older_than_ms=a.older_than_ms, producer_group=a.group,
+                                                         limit=a.limit))
+    if cli.args.json:
+        for t in r.transactions:
+            cli.emit(t, "")
+    else:
+        cli.emit(r, "\n".join(_info_line(t) for t in r.transactions) or "no open transactions")
+
+
+def cmd_resolve(cli) -> None:
+    a = cli.args
+    decision = txn_pb2.DECISION_COMMIT if a.decision == "commit" else txn_pb2.DECISION_ROLLBACK
+    with _Txn(cli) as txn:
+        r = txn.call("ForceResolve", txn_pb2.ForceResolveRequest(
+            transaction_id=a.transaction_id, decision=decision, reason=a.reason,
+            operator=a.operator or getpass.getuser()))
+    cli.emit(r, _ended_line(a.transaction_id, r))
+
+
+def cmd_stats(cli) -> None:
+    with _Txn(cli) as txn:
+        s = txn.call("Stats", txn_pb2.TxnStatsRequest())
+    cli.emit(s, "\n".join(f"{field.name}: {value}" for field, value in s.ListFields()))

@@ -1,0 +1,42 @@
+"""The Transaction service's domain settings: one frozen, validated dataclass (each field is a flag)."""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+from mqstore.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class TxnConfig:
+    data_dir: pathlib.Path
+    op_batch_max_bytes: int = 4096          # an OP message is written when its body reaches this...
+    op_batch_interval_ms: int = 3000        # ...or when its oldest entry has waited this long (RIP-50)
+    cache_max_entries: int = 8000           # half-message cache: entries...
+    cache_max_bytes: int = 256 << 20        # ...and bytes of bodies (8000 x 4 MiB would be 32 GiB)
+    transaction_timeout_ms: int = 6000      # age (store time) before the first check-back
+    check_max: int = 15                     # real checks, then the transaction is parked
+    check_interval_ms: int = 30_000         # between two checks of one transaction
+    check_rate_per_s: int = 200             # checks sent per producer group per second at most
+    check_scan_interval_ms: int = 1000      # how often the check loop looks for due transactions
+    append_max_messages: int = 1000         # one Append to the commit log carries at most this...
+    append_max_bytes: int = 4 << 20         # ...and this many bytes of bodies (the log's limits)
+    checkpoint_interval_ms: int = 1000      # the state snapshot is written this often
+    resolved_keep: int = 100_000            # resolved transactions remembered (idempotent answers)
+    metadata_url: str = ""                  # audit trail database; "" = SQLite in data_dir
+
+    def __post_init__(self) -> None:
+        for name in ("op_batch_max_bytes", "op_batch_interval_ms", "transaction_timeout_ms",
+                     "check_max", "check_interval_ms", "check_rate_per_s", "check_scan_interval_ms",
+                     "append_max_messages", "append_max_bytes", "checkpoint_interval_ms", "resolved_keep"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.cache_max_bytes < 0 or self.cache_max_entries < 0:
+            raise InvalidArgument("cache_max_entries and cache_max_bytes must not be negative (0 = no cache)")
+        if self.append_max_messages > 1000:
+            raise InvalidArgument("append_max_messages is at most 1000 (the commit log's batch limit)")
+
+    @property
+    def metadata_url_resolved(self) -> str:
+        return self.metadata_url or f"sqlite:///{self.data_dir / 'txn-audit.db'}"

@@ -1,0 +1,190 @@
+"""Composition root of the Transaction service: ``python -m txn_service.main --data-dir ./data/txn``.
+
+Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (flags win). Every
+service's flags (``--data-dir``, ``--host``, ``--port`` 50053, ...); its own: ``--commitlog`` (env
+MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--internal-token`` (env MQSTORE_INTERNAL_TOKEN: the
+commit log's shared secret for CommitLogInternal; prefer the variable), ``--rpc-timeout-ms``,
+``--tail-stream-deadline-ms``, and one flag per field of TxnConfig (``--op-batch-max-bytes``,
+``--op-batch-interval-ms``, ``--cache-max-entries``, ``--cache-max-bytes``, ``--transaction-timeout-ms``,
+``--check-max``, ``--check-interval-ms``, ``--metadata-url``, ...) and FollowConfig.
+``MQSTORE_FAILPOINTS`` arms crash points (tests only).
+
+Runs as every service does (mqstore_rpc.service). Until its follower has read the log up to the end it
+saw at start, Prepare/Commit/Rollback/CheckBack answer UNAVAILABLE "recovering" (txn.proto).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from typing import Mapping, Sequence
+
+from mqstore import transactions as tx
+from mqstore.clock import Clock, SystemClock
+from mqstore.errors import DataLoss, InvalidArgument
+from mqstore.follow import FollowConfig, Follower, GapPolicy
+from mqstore.format.record import SYSFLAG_TX_COMMIT
+from mqstore.model import MessageIn, StoredMessage
+from mqstore.topics import OWNER_TRANSACTION
+from mqstore_rpc import service
+from mqstore_rpc import settings as S
+from mqstore_rpc.commitlog_client import CommitLogClient
+from mqstore_rpc.server import ManagedServer, ServerConfig
+
+from .appender import AppendBatcher
+from .audit import AuditTrail
+from .cache import HalfCache
+from .checkback import Checker, CheckHub
+from .config import TxnConfig
+from .coordinator import Coordinator
+from .opbatch import OpBatcher
+from .operations import Operations
+from .persist import Checkpointer
+from .servicer import SERVICE_NAME, TransactionServicer, add_to_server
+from .table import TxnTable
+
+DEFAULT_PORT = 50053
+DEFAULT_COMMITLOG = "127.0.0.1:50051"
+FOLLOWED_TOPICS = (tx.HALF_TOPIC, tx.OP_TOPIC, tx.CHECK_MAX_TOPIC)
+
+
+@dataclasses.dataclass(frozen=True)
+class TxnServiceConfig:
+    txn: TxnConfig
+    server: ServerConfig = ServerConfig()
+    commitlog_address: str = DEFAULT_COMMITLOG
+    internal_token: str = ""
+    follow: FollowConfig = FollowConfig()
+    rpc_timeout_ms: int = 10_000
+    tail_stream_deadline_ms: int = 60_000
+    log_level: str = "info"
+    failpoints: str = ""
+    clock: Clock | None = None    # tests inject a FakeClock; main() leaves the system clock
+
+    def __post_init__(self) -> None:
+        if not self.commitlog_address:
+            raise InvalidArgument("commitlog address (--commitlog / MQSTORE_COMMITLOG) must not be empty")
+        if self.rpc_timeout_ms <= 0 or self.tail_stream_deadline_ms <= 0:
+            raise InvalidArgument("rpc_timeout_ms and tail_stream_deadline_ms must be positive")
+
+
+class TxnTailSource:
+    """The log as the follower sees it: the transaction topics and every COMMIT record."""
+
+    def __init__(self, client: CommitLogClient):
+        self.client = client
+
+    def tail(self, from_physical_offset, *, max_frame_bytes: int, heartbeat_ms: int):
+        return self.client.tail(from_physical_offset, max_frame_bytes=max_frame_bytes, heartbeat_ms=heartbeat_ms,
+                                topics=FOLLOWED_TOPICS, tx_types=(SYSFLAG_TX_COMMIT,))
+
+
+def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
+    """Duties in start order: OP batcher, follower, checker, checkpointer; they stop in reverse, then the
+    pending OP entries are written, the last checkpoint saved and the appender closed."""
+    cfg = config.txn
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    clock = config.clock or SystemClock()
+    client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
+                             stream_deadline_s=config.tail_stream_deadline_ms / 1000,
+                             max_reconnect_backoff_ms=config.follow.backoff_max_ms)
+    parts.on_close(client.close)
+    audit = AuditTrail(cfg.metadata_url_resolved)
+    parts.on_close(audit.close)
+    table = TxnTable(cfg.resolved_keep)
+    checkpointer = Checkpointer(cfg.data_dir / "state.json", table, clock, cfg.checkpoint_interval_ms)
+    checkpointer.load()
+
+    def append(topic: str, messages):
+        return client.internal_append(topic, messages, writer=OWNER_TRANSACTION, token=config.internal_token)
+
+    appender = AppendBatcher(append, max_messages=cfg.append_max_messages, max_bytes=cfg.append_max_bytes,
+                             timeout_s=config.rpc_timeout_ms / 1000)
+    parts.on_close(appender.close)
+    parts.on_close(checkpointer.save_now)
+    ops = OpBatcher(lambda body, offsets: appender.append(tx.OP_TOPIC, [MessageIn(body, tx.OP_TAG, queue_id=0)]),
+                    clock, max_bytes=cfg.op_batch_max_bytes, interval_ms=cfg.op_batch_interval_ms,
+                    on_written=table.mark_op_written)
+    parts.on_close(lambda: ops.drain(config.rpc_timeout_ms / 1000))
+    parts.add_duty(ops)
+    cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes)
+    coordinator = Coordinator(cfg, table, client, appender, ops, cache, clock)
+    parts.add_duty(Follower("txn-follower", TxnTailSource(client), table, config.follow, gap_policy=GapPolicy.SKIP))
+    hub = CheckHub()
+    checker = parts.add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(client, offsets),
+                                     lambda topic, messages: appender.append(topic, messages)))
+    parts.add_duty(checkpointer)
+    parts.on_close(hub.close_all)
+    operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, appender, audit, clock)
+    parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(
+        TransactionServicer(coordinator, hub, checker, operations), server))
+
+
+def read_halves(client: CommitLogClient, offsets: list[int]) -> list[StoredMessage]:
+    out = []
+    for offset, lookup in zip(offsets, client.get_messages_batch(offsets), strict=True):
+        if lookup.message is None:
+            raise DataLoss(f"half message at physical offset {offset} cannot be read: {lookup.missing}")
+        out.append(lookup.message)
+    return out
+
+
+# ---- configuration ------------------------------------------------------------------------------------
+
+_OWN_FLAGS = {
+    "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
+    "internal_token": "shared secret of the commit log's CommitLogInternal service (prefer the variable)",
+    "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
+    "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
+}
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="txn_service", description="mqstore Transaction gRPC service")
+    S.add_service_flags(parser, DEFAULT_PORT, "data directory (checkpoint, audit database)")
+    for name, text in _OWN_FLAGS.items():
+        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
+    S.add_flags(parser, TxnConfig, skip={"data_dir"})
+    S.add_flags(parser, FollowConfig)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TxnServiceConfig:
+    args = build_arg_parser().parse_args(argv)
+    return TxnServiceConfig(
+        txn=TxnConfig(data_dir=S.data_dir(args, env), **S.values_for(args, env, TxnConfig, {"data_dir"})),
+        server=S.server_config(args, env, DEFAULT_PORT),
+        commitlog_address=S.typed(args, env, "commitlog", str, DEFAULT_COMMITLOG),
+        internal_token=S.typed(args, env, "internal_token", str, ""),
+        follow=FollowConfig(**S.values_for(args, env, FollowConfig)),
+        rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
+        tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
+        log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
+
+
+def describe(config: TxnServiceConfig, port: int) -> dict:
+    # The metadata URL may hold a password: only whether it is set.
+    txn = dataclasses.asdict(config.txn) | {"metadata_url": "<set>" if config.txn.metadata_url else ""}
+    return {"txn": txn, "server": dataclasses.asdict(config.server),
+            "follow": dataclasses.asdict(config.follow), "commitlog_address": config.commitlog_address}
+
+
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+
+
+def build_server(config: TxnServiceConfig) -> tuple[ManagedServer, int]:
+    return service.build_server(SERVICE, config)
+
+
+def serving(config: TxnServiceConfig) -> contextlib.AbstractContextManager[tuple[ManagedServer, int]]:
+    return service.serving(SERVICE, config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return service.run(SERVICE, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""OP records batched Nagle-style (RIP-50): resolved halves' queue offsets gather in memory and are
+written as one OP message (tag ``d``, body ``"17,18,23,"``) when the body reaches ``max_bytes`` or
+``interval_ms`` has passed since the oldest pending entry, whichever first.
+
+Unlike RocketMQ (which logs and drops them), a failed OP write keeps its entries at the head of the
+queue and is retried after a backoff (the Duty's). Entries are written in the order they were added,
+so "written up to sequence number n" is one counter, which Rollback waits on (its answer waits for its
+OP record to be durable; txn.proto).
+
+Counters: OP messages written, entries written, flushes by size / by time / other (stop), mean fill
+(body bytes / max_bytes), write failures.
+
+Thread-safe: ``_cond`` guards the queue and the counters; ``write`` (an Append to the commit log) runs on
+the duty's thread without the lock, one batch at a time. Time comes from the injected clock; tests
+call :meth:`flush_due` themselves instead of starting the thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import structlog
+
+from mqstore import failpoints
+from mqstore.background import Duty
+from mqstore.clock import Clock
+from mqstore.errors import Unavailable
+
+log = structlog.get_logger("txn_service.opbatch")
+
+REASON_SIZE, REASON_TIME, REASON_OTHER = "size", "time", "other"
+
+
+@dataclass(frozen=True, slots=True)
+class OpStats:
+    messages_written: int
+    entries_written: int
+    flush_by_size: int
+    flush_by_time: int
+    flush_other: int
+    mean_fill: float
+    write_failures: int
+    pending: int
+
+
+def entry_text(half_queue_offset: int) -> str:
+    return f"{half_queue_offset},"
+
+
+def parse_body(body: bytes) -> list[int]:
+    """Half queue offsets named by an OP body; anything that is not a number is skipped (foreign data)."""
+    return [int(p) for p in body.decode("ascii", "replace").split(",") if p.strip().isdigit()]
+
+
+class OpBatcher(Duty):
+    def __init__(self, write: Callable[[bytes, Sequence[int]], None], clock: Clock, *, max_bytes: int,
+                 interval_ms: int, on_written: Callable[[Sequence[int]], None] = lambda offsets: None):
+        super().__init__("txn-op-batcher", interval_s=0.0, backoff_initial_s=0.05, backoff_max_s=2.0)
+        self._write, self.clock, self.max_bytes, self.interval_ms = write, clock, max_bytes, interval_ms
+        self._on_written = on_written
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[int, str, int]] = collections.deque()  # (seq, text, added ms)
+        self._queued_bytes = 0
+        self._added = self._written_seq = 0
+        self._messages = self._entries = self._by_size = self._by_time = self._other = self._failures = 0
+        self._fill_sum = 0.0
+        self._flush_all = False
+
+    # ---- producers ------------------------------------------------------------------------------------
+    def add(self, half_queue_offsets: Sequence[int]) -> int:
+        """Queue OP entries; returns the sequence number to wait for (:meth:`wait_written`)."""
+        with self._cond:
+            now = self.clock.now_ms()
+            for offset in half_queue_offsets:
+                self._added += 1
+                text = entry_text(offset)
+                self._queue.append((self._added, text, now))
+                self._queued_bytes += len(text)
+            seq = self._added
+            if self._queued_bytes >= self.max_bytes:
+                self.wake()
+            self._cond.notify_all()
+            return seq
+
+    def wait_written(self, seq: int, timeout_s: float) -> None:
+        """Until the entries up to ``seq`` are in a durable OP record; Unavailable after ``timeout_s``."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._written_seq >= seq or self.stopping, timeout_s):
+                raise Unavailable(f"the OP record was not written within {timeout_s:.1f} s (is the commit log "
+                                  f"reachable?); the decision is kept and retried: repeat the call to learn it")
+            if self._written_seq < seq:
+                raise Unavailable("the service is stopping before the OP record was written; repeat the call")
+
+    # ---- the duty -------------------------------------------------------------------------------------
+    def due(self, now_ms: int) -> str:
+        """Why a batch is due now ("" if none): size first, then the age of the oldest entry."""
+        if not self._queue:
+            return ""
+        if self._queued_bytes >= self.max_bytes:
+            return REASON_SIZE
+        if self._flush_all:
+            return REASON_OTHER
+        if now_ms - self._queue[0][2] >= self.interval_ms:
+            return REASON_TIME
+        return ""
+
+    def flush_due(self) -> int:
+        """Write every batch that is due now; returns the OP messages written. Raises when a write fails
+        (its entries stay queued)."""
+        written = 0
+        while True:
+            with self._cond:
+                reason = self.due(self.clock.now_ms())
+                if not reason:
+                    return written
+                batch = self._take_batch()
+            self._write_batch(batch, reason)
+            written += 1
+
+    def _take_batch(self) -> list[tuple[int, str, int]]:
+        """The oldest entries whose texts fit ``max_bytes`` (at least one); left queued until written."""
+        batch, size = [], 0
+        for item in self._queue:
+            if batch and size + len(item[1]) > self.max_bytes:
+                break
+            batch.append(item)
+            size += len(item[1])
+        return batch
+
+    def _write_batch(self, batch, reason: str) -> None:
+        body = "".join(text for _, text, _ in batch).encode("ascii")
+        offsets = [int(text[:-1]) for _, text, _ in batch]
+        try:
+            failpoints.hit("txn.op.before_write")
+            self._write(body, offsets)
+        except BaseException:
+            with self._cond:
+                self._failures += 1
+            raise
+        failpoints.hit("txn.op.after_write")
+        with self._cond:
+            for _ in batch:  # the written ones are the head of the queue: only the duty removes entries
+                _, text, _ = self._queue.popleft()
+                self._queued_bytes -= len(text)
+            self._written_seq = batch[-1][0]
+            self._messages += 1
+            self._entries += len(batch)
+            self._fill_sum += len(body) / self.max_bytes
+            self._by_size += reason == REASON_SIZE
+            self._by_time += reason == REASON_TIME
+            self._other += reason == REASON_OTHER
+            self._cond.notify_all()
+        self._on_written(offsets)
+
+    def step(self) -> None:
+        self.flush_due()
+
+    def pause(self) -> None:
+        with self._cond:
+            if self._queue and not self.due(self.clock.now_ms()):
+                wait_ms = self._queue[0][2] + self.interval_ms - self.clock.now_ms()
+            elif self._queue:
+                return
+            else:
+                wait_ms = self.interval_ms
+        self._wake.wait(max(wait_ms, 1) / 1000)
+        self._wake.clear()
+
+    def drain(self, timeout_s: float) -> None:
+        """Write everything pending now (on stop): best effort, what fails stays for the OP recovery."""
+        with self._cond:
+            self._flush_all = True
+        try:
+            self.flush_due()
+        except Exception as exc:  # noqa: BLE001 - stopping: recovery re-queues these entries at the next start
+            log.warning("op.drain_failed", error=f"{type(exc).__name__}: {exc}", pending=len(self._queue))
+
+    def stats(self) -> OpStats:
+        with self._cond:
+            return OpStats(self._messages, self._entries, self._by_size, self._by_time, self._other,
+                           self._fill_sum / self._messages if self._messages else 0.0, self._failures,
+                           len(self._queue))

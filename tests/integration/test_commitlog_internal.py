@@ -1,0 +1,137 @@
+"""CommitLogInternal (the token-protected way into system topics and COMMIT records), the Tail filter by
+transaction type and the batch GetMessages, through real gRPC on 127.0.0.1 (port 0) and real files."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+import pytest
+
+from commitlog_service.main import serving
+from mqstore.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from mqstore.format import record
+from mqstore.model import MessageIn
+from mqstore.transactions import HALF_TOPIC, OP_TOPIC
+from mqstore_rpc.commitlog_client import CommitLogClient
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2
+from tests.integration.test_commitlog_grpc import create, decode_frame, make_config
+
+pytestmark = pytest.mark.integration
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+def served(tmp_path):
+    config = dataclasses.replace(make_config(tmp_path / "data"), internal_token=TOKEN)
+    with serving(config) as (_, port):
+        client = CommitLogClient(f"127.0.0.1:{port}", rpc_timeout_s=10)
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield client, commitlog_pb2_grpc.CommitLogStub(channel), commitlog_pb2_grpc.CommitLogInternalStub(channel)
+        finally:
+            channel.close()
+            client.close()
+
+
+def half(body: bytes = b"half") -> MessageIn:
+    return MessageIn(body, properties={"REAL_TOPIC": "orders", "REAL_QID": "0", "TRAN_MSG": "true"})
+
+
+def commit_of(phys: int) -> MessageIn:
+    return MessageIn(b"real", queue_id=0, sys_flag=record.SYSFLAG_TX_COMMIT, prepared_transaction_offset=phys,
+                     born_host=b"\x0a\x00\x00\x07", born_port=4242)
+
+
+def test_no_wrong_or_missing_token_is_permission_denied(served, tmp_path):
+    client, _, internal = served
+    with pytest.raises(PermissionDenied, match="does not match"):
+        client.internal_append(HALF_TOPIC, [half()], writer="txn", token="wrong")
+    request = pb.InternalAppendRequest(topic=HALF_TOPIC, writer="txn",
+                                       messages=[pb.InternalMessage(message=common_pb2.MessageInput(body=b"x"))])
+    with pytest.raises(grpc.RpcError) as info:
+        internal.Append(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "no mqstore-internal-token" in info.value.details()
+    with serving(make_config(tmp_path / "other")) as (_, port):  # no token configured: refuses everything
+        other = CommitLogClient(f"127.0.0.1:{port}")
+        try:
+            with pytest.raises(PermissionDenied, match="no internal token configured"):
+                other.internal_append(HALF_TOPIC, [half()], writer="txn", token="")
+        finally:
+            other.close()
+    assert client.queue_info(HALF_TOPIC, 0).max_offset == 0  # nothing written by the refused calls
+
+
+def test_owner_writes_its_topics_and_commit_records_carry_flag_offset_and_born_host(served):
+    client, stub, _ = served
+    create(stub, "orders")
+    (h,) = client.internal_append(HALF_TOPIC, [half()], writer="txn", token=TOKEN)
+    assert h.queue_offset == 0  # NOT_TYPE: a queue offset in the half topic
+    (c,) = client.internal_append("orders", [commit_of(h.physical_offset)], writer="txn", token=TOKEN)
+    stored = client.get_messages_batch([c.physical_offset])[0].message.record
+    assert stored.sys_flag & record.SYSFLAG_TX_MASK == record.SYSFLAG_TX_COMMIT
+    assert stored.prepared_transaction_offset == h.physical_offset
+    assert (stored.born_host, stored.born_port) == (b"\x0a\x00\x00\x07", 4242)
+    assert client.queue_info("orders", 0).max_offset == 1  # visible to consumers with a queue offset
+
+
+def test_refusals_name_the_rule(served):
+    client, stub, _ = served
+    create(stub, "orders")
+    create(stub, "kv", kind=common_pb2.TOPIC_KIND_COMPACTION)
+    with pytest.raises(FailedPrecondition, match="system topic"):
+        client.append(HALF_TOPIC, [MessageIn(b"x")])  # the public door stays shut
+    with pytest.raises(FailedPrecondition, match="Transaction service"):
+        client.internal_append(HALF_TOPIC, [half()], writer="schedule", token=TOKEN)
+    with pytest.raises(InvalidArgument, match="writer 'nobody'"):
+        client.internal_append(HALF_TOPIC, [half()], writer="nobody", token=TOKEN)
+    with pytest.raises(InvalidArgument, match="only COMMIT records"):
+        client.internal_append("orders", [MessageIn(b"plain")], writer="txn", token=TOKEN)
+    with pytest.raises(InvalidArgument, match="COMPACTION"):
+        client.internal_append("kv", [dataclasses.replace(commit_of(0), keys=("k",))], writer="txn", token=TOKEN)
+    with pytest.raises(InvalidArgument, match="NOT_TYPE"):
+        client.internal_append(OP_TOPIC, [commit_of(0)], writer="txn", token=TOKEN)
+    with pytest.raises(FailedPrecondition, match="only its own system topics"):
+        client.internal_append("orders", [commit_of(0)], writer="schedule", token=TOKEN)
+    for topic in ("orders", "kv", HALF_TOPIC, OP_TOPIC):
+        assert client.queue_info(topic, 0).max_offset == 0  # nothing partial written
+
+
+def test_tail_filters_by_topic_or_transaction_type(served):
+    client, stub, _ = served
+    create(stub, "orders")
+    create(stub, "other")
+    client.append("other", [MessageIn(b"plain-1")])
+    (h,) = client.internal_append(HALF_TOPIC, [half()], writer="txn", token=TOKEN)
+    client.append("orders", [MessageIn(b"plain-2")])
+    (c,) = client.internal_append("orders", [commit_of(h.physical_offset)], writer="txn", token=TOKEN)
+    client.append("other", [MessageIn(b"plain-3")])
+    end = client.store_info().visible_physical_offset
+    stream = client.tail(0, max_frame_bytes=1 << 20, heartbeat_ms=50, topics=[HALF_TOPIC],
+                         tx_types=[record.SYSFLAG_TX_COMMIT])
+    seen = []
+    for frame in stream:
+        seen += decode_frame(frame.records)
+        if frame.next_physical_offset >= end:
+            break
+    stream.cancel()
+    assert [r.physical_offset for r in seen] == [h.physical_offset, c.physical_offset]
+    request = pb.TailRequest(start=pb.TAIL_START_EARLIEST, transaction_types=[7])
+    with pytest.raises(grpc.RpcError) as info:
+        next(iter(stub.Tail(request, timeout=10)))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "TransactionType" in info.value.details()
+
+
+def test_get_messages_answers_each_offset_in_order(served):
+    client, stub, _ = served
+    create(stub, "orders")
+    results = client.append("orders", [MessageIn(b"a"), MessageIn(b"b")])
+    end = client.store_info().max_physical_offset
+    lookups = client.get_messages_batch([results[1].physical_offset, 1, results[0].physical_offset, end + 10_000])
+    assert [lk.message.record.body if lk.message else None for lk in lookups] == [b"b", None, b"a", None]
+    assert lookups[1].missing and lookups[3].missing and not lookups[1].damaged
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetMessages(pb.GetMessagesRequest(), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "1 to 1000" in info.value.details()

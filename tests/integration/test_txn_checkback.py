@@ -1,0 +1,179 @@
+"""Check-back through the real bidi stream: a producer that answers COMMIT, one that answers UNKNOWN
+until the transaction is parked, one that disconnects (not counted as checked), one whose clock is hours
+off (decisions use store time), and streams that send garbage. The txn service runs on a FakeClock set
+to the real time, so the test moves time past the timeouts without sleeping."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+
+import grpc
+import pytest
+
+from mqstore.clock import FakeClock
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
+from mqstore_rpc.gen.mqstore.v1 import txn_pb2
+from tests.integration.txn_testing import (RPC_TIMEOUT_S, commitlog, prepare, stats, txn_config, visible,
+                                           wait_ready)
+from tests.support.waiting import wait_until
+from txn_service.main import serving
+
+pytestmark = pytest.mark.integration
+TIMEOUT_MS, INTERVAL_MS = 6000, 30_000
+
+
+class Producer:
+    """One CheckBack stream: answers each check with ``decide(check)``; records the checks it got."""
+
+    def __init__(self, stub, group: str, decide):
+        self.outbox: queue.Queue = queue.Queue()
+        self.checks: queue.Queue = queue.Queue()
+        self.outbox.put(txn_pb2.CheckBackMessage(hello=txn_pb2.CheckBackHello(producer_group=group)))
+        self.call = stub.CheckBack(iter(self.outbox.get, None), timeout=60)
+        self.decide = decide
+        self.error: list[grpc.RpcError] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            for check in self.call:
+                self.checks.put(check)
+                if (decision := self.decide(check)) is not None:
+                    self.outbox.put(txn_pb2.CheckBackMessage(answer=txn_pb2.CheckAnswer(check_id=check.check_id,
+                                                                                       decision=decision)))
+        except grpc.RpcError as exc:
+            self.error.append(exc)
+
+    def next_check(self, timeout_s: float = 10) -> txn_pb2.CheckRequest:
+        return self.checks.get(timeout=timeout_s)
+
+    def close(self):
+        self.outbox.put(None)
+        self.call.cancel()
+        self._thread.join(10)
+
+
+@pytest.fixture
+def env(tmp_path):
+    with commitlog(tmp_path / "log") as (port, log_stub):
+        log_stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=1), timeout=RPC_TIMEOUT_S)
+        clock = FakeClock(time.time_ns() // 1_000_000)
+        config = dataclasses.replace(txn_config(tmp_path / "txn", port, check_max=3), clock=clock)
+        with serving(config) as (_, txn_port):
+            channel = grpc.insecure_channel(f"127.0.0.1:{txn_port}")
+            from mqstore_rpc.gen.mqstore.v1 import txn_pb2_grpc
+            stub = txn_pb2_grpc.TransactionStub(channel)
+            wait_ready(stub)
+            try:
+                yield stub, log_stub, clock, channel
+            finally:
+                channel.close()
+
+
+def show(stub, txn_id):
+    return stub.Show(txn_pb2.ShowRequest(transaction_id=txn_id), timeout=RPC_TIMEOUT_S)
+
+
+def to_store_time(stub, clock, txn_id) -> None:
+    """Move the service's clock to the half's store time (the commit log's real clock ran on meanwhile)."""
+    clock.advance(max(0, show(stub, txn_id).store_timestamp_ms - clock.now_ms()))
+
+
+def test_a_commit_answer_commits_and_store_time_not_the_producers_clock_decides(env):
+    stub, log_stub, clock, _ = env
+    hours_ago = time.time_ns() // 1_000_000 - 5 * 3600 * 1000  # the producer's clock is 5 h behind
+    p = prepare(stub, "orders", [b"late"], born_timestamp_ms=hours_ago)
+    producer = Producer(stub, "pg", lambda check: txn_pb2.DECISION_COMMIT)
+    try:
+        wait_until(lambda: stats(stub).open_streams == 1, "the stream to open")
+        to_store_time(stub, clock, p.transaction_id)
+        clock.advance(TIMEOUT_MS - 1000)  # by store time the half is 5 s old: no check yet
+        with pytest.raises(queue.Empty):
+            producer.next_check(0.3)
+        clock.advance(2000)
+        check = producer.next_check()
+        assert check.transaction_id == p.transaction_id and check.check_times == 1 and check.age_ms >= TIMEOUT_MS
+        assert check.halves[0].body == b"late" and check.halves[0].properties["REAL_TOPIC"] == "orders"
+        wait_until(lambda: show(stub, p.transaction_id).state == txn_pb2.TRANSACTION_STATE_COMMITTED, "the commit")
+        assert [m.body for m in visible(log_stub, "orders")] == [b"late"]
+        assert show(stub, p.transaction_id).resolved_by == "check-back"
+    finally:
+        producer.close()
+
+
+def test_unknown_answers_are_checked_again_then_parked(env):
+    stub, log_stub, clock, _ = env
+    p = prepare(stub, "orders", [b"undecided"])
+    producer = Producer(stub, "pg", lambda check: txn_pb2.DECISION_UNKNOWN)
+    try:
+        wait_until(lambda: stats(stub).open_streams == 1, "the stream to open")
+        to_store_time(stub, clock, p.transaction_id)
+        clock.advance(TIMEOUT_MS)
+        for n in (1, 2, 3):
+            assert producer.next_check().check_times == n
+            wait_until(lambda: show(stub, p.transaction_id).last_answer == txn_pb2.DECISION_UNKNOWN, "the answer")
+            clock.advance(INTERVAL_MS)
+        wait_until(lambda: show(stub, p.transaction_id).state == txn_pb2.TRANSACTION_STATE_PARKED, "parking")
+        info = show(stub, p.transaction_id)
+        assert info.checks_sent == 3 and "check_max" in info.resolved_by
+        parked = visible(log_stub, "TRANS_CHECK_MAX_TIME_TOPIC")
+        assert [m.body for m in parked] == [b"undecided"] and parked[0].properties["TRANSACTION_CHECK_TIMES"] == "3"
+        assert visible(log_stub, "orders") == [] and stats(stub).parked == 1
+        listed = stub.ListOpen(txn_pb2.ListOpenRequest(), timeout=RPC_TIMEOUT_S).transactions
+        assert [t.state for t in listed] == [txn_pb2.TRANSACTION_STATE_PARKED]
+        code = None
+        try:
+            stub.Commit(txn_pb2.EndRequest(transaction_id=p.transaction_id), timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            code = exc.code()
+        assert code == grpc.StatusCode.FAILED_PRECONDITION  # a parked one only through ForceResolve
+    finally:
+        producer.close()
+
+
+def test_a_group_without_a_stream_is_not_counted_as_checked(env):
+    stub, _, clock, _ = env
+    p = prepare(stub, "orders", [b"x"])
+    producer = Producer(stub, "pg", lambda check: None)
+    wait_until(lambda: stats(stub).open_streams == 1, "the stream to open")
+    producer.close()  # the producer disconnects
+    wait_until(lambda: stats(stub).open_streams == 0, "the stream to close")
+    to_store_time(stub, clock, p.transaction_id)
+    for _ in range(5):
+        clock.advance(INTERVAL_MS)
+    scans = stats(stub)
+    wait_until(lambda: stats(stub).checks_sent == scans.checks_sent and show(stub, p.transaction_id).checks_sent == 0,
+               "a quiet checker")
+    assert show(stub, p.transaction_id).state == txn_pb2.TRANSACTION_STATE_OPEN  # never parked without checks
+    again = Producer(stub, "pg", lambda check: txn_pb2.DECISION_ROLLBACK)  # the group comes back
+    try:
+        assert again.next_check().check_times == 1  # the scans without a stream did not count
+        wait_until(lambda: show(stub, p.transaction_id).state == txn_pb2.TRANSACTION_STATE_ROLLED_BACK, "rollback")
+    finally:
+        again.close()
+
+
+def test_streams_sending_garbage_end_with_invalid_argument(env):
+    stub, _, clock, channel = env
+    answer_first = stub.CheckBack(iter([txn_pb2.CheckBackMessage(answer=txn_pb2.CheckAnswer(check_id=1))]),
+                                  timeout=RPC_TIMEOUT_S)
+    with pytest.raises(grpc.RpcError) as info:
+        list(answer_first)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "hello" in info.value.details()
+    producer = Producer(stub, "pg", lambda check: None)
+    producer.outbox.put(txn_pb2.CheckBackMessage(answer=txn_pb2.CheckAnswer(check_id=424242,
+                                                                           decision=txn_pb2.DECISION_COMMIT)))
+    producer._thread.join(10)
+    assert producer.error and producer.error[0].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "was not sent on this stream" in producer.error[0].details()
+    producer.close()
+    raw = channel.stream_stream("/mqstore.v1.Transaction/CheckBack", request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as info:
+        list(raw(iter([b"\xff\xff\xff garbage"]), timeout=RPC_TIMEOUT_S))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert stats(stub).open_streams == 0  # and the service still answers

@@ -1,0 +1,94 @@
+"""Helpers for the Transaction service tests: a commit log and a txn service in this process, real gRPC
+on 127.0.0.1 (port 0), real files; stubs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+
+import grpc
+
+from commitlog_service.main import serving as commitlog_serving
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
+from mqstore_rpc.server import ServerConfig
+from mqstore.follow import FollowConfig
+from tests.integration.test_commitlog_grpc import make_config
+from tests.support.waiting import wait_until
+from txn_service.config import TxnConfig
+from txn_service.main import TxnServiceConfig, serving as txn_serving
+
+TOKEN = "test-token"
+RPC_TIMEOUT_S = 10
+
+
+def txn_config(data_dir: pathlib.Path, commitlog_port: int, **overrides) -> TxnServiceConfig:
+    values = dict(data_dir=data_dir, op_batch_interval_ms=50, check_scan_interval_ms=50, checkpoint_interval_ms=100)
+    values.update(overrides)
+    return TxnServiceConfig(txn=TxnConfig(**values), server=ServerConfig(port=0, grace_s=0.5),
+                            commitlog_address=f"127.0.0.1:{commitlog_port}", internal_token=TOKEN,
+                            follow=FollowConfig(heartbeat_ms=20, backoff_initial_ms=20, backoff_max_ms=200))
+
+
+@contextlib.contextmanager
+def commitlog(data_dir: pathlib.Path, port: int = 0):
+    config = dataclasses.replace(make_config(data_dir), internal_token=TOKEN,
+                                 server=ServerConfig(port=port, grace_s=0.5))
+    with commitlog_serving(config) as (_, bound):
+        channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
+        try:
+            yield bound, commitlog_pb2_grpc.CommitLogStub(channel)
+        finally:
+            channel.close()
+
+
+@contextlib.contextmanager
+def txn_service(data_dir: pathlib.Path, commitlog_port: int, **overrides):
+    with txn_serving(txn_config(data_dir, commitlog_port, **overrides)) as (server, port):
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield server, txn_pb2_grpc.TransactionStub(channel)
+        finally:
+            channel.close()
+
+
+def stats(stub) -> txn_pb2.TxnStats:
+    return stub.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_TIMEOUT_S)
+
+
+def wait_ready(stub) -> txn_pb2.TxnStats:
+    """Until Stats says the service has recovered (polled, bounded by a deadline)."""
+    return wait_until(lambda: (s := stats(stub)) and not s.recovering and s, "the txn service to recover")
+
+
+def msg(body: bytes, **fields) -> common_pb2.MessageInput:
+    return common_pb2.MessageInput(body=body, **fields)
+
+
+def prepare(stub, topic: str, bodies, group: str = "pg", txn_id: str = "", **fields) -> txn_pb2.PrepareResponse:
+    return stub.Prepare(txn_pb2.PrepareRequest(topic=topic, messages=[msg(b, **fields) for b in bodies],
+                                               producer_group=group, transaction_id=txn_id), timeout=RPC_TIMEOUT_S)
+
+
+def commit(stub, txn_id: str) -> txn_pb2.EndResponse:
+    return stub.Commit(txn_pb2.EndRequest(transaction_id=txn_id), timeout=RPC_TIMEOUT_S)
+
+
+def rollback(stub, txn_id: str) -> txn_pb2.EndResponse:
+    return stub.Rollback(txn_pb2.EndRequest(transaction_id=txn_id), timeout=RPC_TIMEOUT_S)
+
+
+def visible(log_stub, topic: str, queue_count: int = 1) -> list:
+    """Every message a consumer can Pull from ``topic``."""
+    out = []
+    for queue_id in range(queue_count):
+        offset = 0
+        while True:
+            r = log_stub.Pull(cpb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=1000),
+                              timeout=RPC_TIMEOUT_S)
+            out += r.messages
+            if not r.messages:
+                break
+            offset = r.next_offset
+    return out

@@ -1,0 +1,69 @@
+"""The appends batched across producers: callers queued while an append to their topic is in flight share
+the next one (group commit per topic), one caller's messages are never split, an append that the log
+refuses as INVALID_ARGUMENT is retried caller by caller so that only the bad one fails."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mqstore.errors import InvalidArgument
+from mqstore.model import AppendResult, MessageIn
+from tests.support.waiting import wait_until
+from txn_service.appender import AppendBatcher
+
+
+class Log:
+    def __init__(self):
+        self.calls: list[tuple[str, list[bytes]]] = []
+        self.attempts: list[list[bytes]] = []
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def append(self, topic, messages):
+        self.entered.set()
+        assert self.release.wait(10)
+        self.attempts.append([m.body for m in messages])
+        if any(m.body == b"bad" for m in messages):
+            raise InvalidArgument("messages[0].body is bad")
+        self.calls.append((topic, [m.body for m in messages]))
+        return [AppendResult("id", "u", 0, i, i, 1, 0, "WRITTEN") for i in range(len(messages))]
+
+
+def test_waiting_callers_share_the_next_append_and_a_bad_one_fails_alone():
+    log = Log()
+    batcher = AppendBatcher(log.append, max_messages=1000, max_bytes=1 << 20, timeout_s=10)
+    results: dict[str, object] = {}
+
+    def call(name, bodies):
+        try:
+            results[name] = len(batcher.append("t", [MessageIn(b) for b in bodies]))
+        except InvalidArgument as exc:
+            results[name] = exc
+
+    first = threading.Thread(target=call, args=("first", [b"a"]))
+    first.start()
+    assert log.entered.wait(10)  # the first caller leads; its append is in flight
+    others = [threading.Thread(target=call, args=(name, bodies))
+              for name, bodies in (("two", [b"b", b"c"]), ("bad", [b"bad"]), ("three", [b"d"]))]
+    for t in others:
+        t.start()
+    wait_until(lambda: len(batcher._queues["t"]) == 3, "the three callers queued behind the leader")
+    log.release.set()
+    for t in (first, *others):
+        t.join(10)
+    assert results["first"] == 1 and results["two"] == 2 and results["three"] == 1
+    assert isinstance(results["bad"], InvalidArgument)
+    assert log.calls[0] == ("t", [b"a"])
+    assert sorted(b for _, bodies in log.calls[1:] for b in bodies) == [b"b", b"c", b"d"]
+    assert log.attempts[1] == [b"b", b"c", b"bad", b"d"]  # the three waiting callers shared one append...
+    assert len(log.calls) == 3  # ...which the log refused: then each alone, and only "bad" failed
+    assert all(bodies != [b"c"] for _, bodies in log.calls)  # "two" was never split
+
+
+def test_a_closed_batcher_refuses():
+    batcher = AppendBatcher(lambda topic, messages: [], max_messages=10, max_bytes=100, timeout_s=1)
+    batcher.close()
+    with pytest.raises(Exception, match="stopping"):
+        batcher.append("t", [MessageIn(b"x")])
