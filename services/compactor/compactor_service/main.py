@@ -40,11 +40,11 @@ from .spark_runner import SparkRunner
 
 DEFAULT_PORT = 50054
 DEFAULT_COMMITLOG = "127.0.0.1:50051"
-# Measured (bench/compactor.py, bench/results/compactor.md, 2 cores): a local round does 34-68 MB/s; the
-# Spark job on local[*] took 73 s for 24 MiB, 82 s for 72 MiB and 129 s for 264 MiB (about 70 s fixed, then
-# ~4.3 MiB/s): no crossover up to 264 MiB, and none to expect on one machine. Spark pays off only on a
-# cluster whose workers together out-scan one machine, so auto sends a round there only when it is far past
-# what a local round does in minutes: 64 GiB (~20 minutes locally).
+# Measured (bench/compactor.py, bench/results/compactor.md, 2 cores, two runs): a local round does 34-130 MB/s;
+# the Spark job on local[*] took 22-73 s for 24 MiB, 31-82 s for 72 MiB and 65-129 s for 264 MiB (20-70 s
+# fixed, then 4-6 MiB/s): no crossover up to 264 MiB, and none to expect on one machine. Spark pays off only
+# on a cluster whose workers together out-scan one machine, so auto sends a round there only when it is far
+# past what a local round does in minutes: 64 GiB (10-30 minutes locally).
 DEFAULT_SPARK_THRESHOLD_BYTES = 64 << 30
 
 
