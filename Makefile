@@ -7,7 +7,12 @@ GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
 .PHONY: setup gen run test bench clean lint compose-check
 
-setup: $(VENV)/.stamp $(GEN_STAMP)
+# The compiled codec (mqstore.codec, Cython) is built by the package's own build (setup.py), here
+# with `pip install -e .`; its sources changing rebuilds it.
+CODEC_SOURCES := setup.py $(wildcard core/mqstore/codec/*.pyx core/mqstore/codec/*.pxd)
+CODEC_STAMP := $(VENV)/.stamp-codec
+
+setup: $(VENV)/.stamp $(CODEC_STAMP) $(GEN_STAMP)
 
 # Every lock file (runtime, build tools, tests, Spark), exact pins; pip itself is pinned in the build lock.
 LOCKS := requirements.lock requirements-build.lock requirements-test.lock requirements-spark.lock
@@ -15,6 +20,9 @@ LOCKS := requirements.lock requirements-build.lock requirements-test.lock requir
 $(VENV)/.stamp: pyproject.toml $(LOCKS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(addprefix -r ,$(LOCKS))
+	touch $@
+
+$(CODEC_STAMP): $(VENV)/.stamp $(CODEC_SOURCES)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -29,8 +37,11 @@ run: setup
 	$(PY) -m mqstore_rpc.launcher --data-dir ./data
 
 # The linter first (seconds): a finding fails the run before the suite starts.
+# The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests
+# again on the pure-Python reference.
 test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -m codec $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no codec test
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -45,7 +56,9 @@ compose-check: setup
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/index_bench.py $(BENCH_ARGS)
+	$(PY) bench/compactor.py $(BENCH_ARGS)
 	$(PY) bench/txn.py $(filter --quick,$(BENCH_ARGS))
 
 clean:
-	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info
+	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info core/*.egg-info
+	rm -f core/mqstore/codec/*.c core/mqstore/codec/*.so

@@ -15,7 +15,7 @@ import time
 import grpc
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
-from procs import BenchError, GrpcServer, cpu_seconds, run_loadgen
+from procs import CODEC_COMPILED, CODEC_PYTHON, PY_SUFFIX, BenchError, GrpcServer, cpu_seconds, run_loadgen
 from redis_peer import RedisServer
 
 TOPIC = "bench"
@@ -73,24 +73,36 @@ def configurations() -> list[tuple[str, int]]:
     return [(shape, n) for shape in SHAPES for n in PRODUCERS] + list(EXTRA)
 
 
-def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: int, log) -> dict:
+def start_servers(work: pathlib.Path, codecs: tuple[str, ...]) -> dict[str, GrpcServer]:
+    """The no-op server and mqstore ASYNC and SYNC on each codec: "ASYNC" / "SYNC" compiled,
+    "ASYNC-py" / "SYNC-py" pure Python (MQSTORE_PURE_PYTHON=1)."""
+    servers = {"noop": GrpcServer.noop(work).start()}
+    for codec in codecs:
+        suffix = PY_SUFFIX if codec == CODEC_PYTHON else ""
+        for mode in ("ASYNC", "SYNC"):
+            servers[mode + suffix] = GrpcServer.commitlog(work / f"append-{mode.lower()}{suffix}", mode,
+                                                          codec=codec).start().check_codec()
+    return servers
+
+
+def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: int, log,
+        codecs: tuple[str, ...] = (CODEC_COMPILED, CODEC_PYTHON)) -> dict:
     """Returns {"runs": [...], "redis": [...], "memory": {...}, "servers": {...}}."""
-    servers = {"noop": GrpcServer.noop(work).start(),
-               "ASYNC": GrpcServer.commitlog(work / "append-async", "ASYNC").start(),
-               "SYNC": GrpcServer.commitlog(work / "append-sync", "SYNC").start()}
+    servers = start_servers(work, codecs)
     redis: dict[str, RedisServer] = {}
     try:
-        for mode in ("ASYNC", "SYNC"):
-            create_topic(servers[mode].target)
+        for key, server in servers.items():
+            if key != "noop":
+                create_topic(server.target)
         if redis_note is not None:
             redis = {"everysec": RedisServer(work, "everysec").start(), "always": RedisServer(work, "always").start()}
         runs, redis_runs = [], []
         for shape, producers in sorted(configurations(), key=lambda c: (c[0], c[1])):
-            for key in ("noop", "ASYNC", "SYNC"):
-                run_ = measure(servers[key], shape, producers, timing, client_procs)
+            for key, server in servers.items():
+                run_ = measure(server, shape, producers, timing, client_procs)
                 run_["mode"] = key
                 runs.append(run_)
-                log("append", f"{key:5} {shape:14} {producers:2}p", run_)
+                log("append", f"{key:8} {shape:14} {producers:2}p", run_)
             if shape == "unary-100":
                 for fsync, server in redis.items():
                     result = server.measure(producers, timing["duration_s"], timing["redis_probe"])

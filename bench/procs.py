@@ -142,20 +142,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# The codecs a server can run (mqstore.codec): the compiled one, or the pure-Python reference.
+CODEC_COMPILED, CODEC_PYTHON = "compiled", "python"
+# Suffix of a mode (ASYNC, SYNC) measured on the pure-Python codec, in the results and tables.
+PY_SUFFIX = "-py"
+
+
 class GrpcServer:
     """An mqstore CommitLog server or the no-op server as a child process, with its JSON log file."""
 
-    def __init__(self, name: str, args: list[str], log_path: pathlib.Path):
+    def __init__(self, name: str, args: list[str], log_path: pathlib.Path, env: dict[str, str] | None = None):
         self.name, self.args, self.log_path = name, args, log_path
+        self.env = {**os.environ, **env} if env else None
+        self.codec = ""  # for a CommitLog server: the codec it must report (check_codec)
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
     @classmethod
     def commitlog(cls, data_dir: pathlib.Path, flush_mode: str, port: int = 0, extra: tuple[str, ...] = (),
-                  log_name: str = ""):
+                  log_name: str = "", codec: str = CODEC_COMPILED):
+        """``codec``: CODEC_PYTHON runs the server with MQSTORE_PURE_PYTHON=1 (mqstore.codec)."""
         args = [PYTHON, "-m", "commitlog_service.main", "--data-dir", str(data_dir), "--host", "127.0.0.1",
                 "--port", str(port), "--flush-mode", flush_mode, *extra]
-        return cls(f"mqstore-{flush_mode}", args, data_dir.parent / (log_name or f"{data_dir.name}.log"))
+        env = {"MQSTORE_PURE_PYTHON": "1" if codec == CODEC_PYTHON else "0"}
+        suffix = "" if codec == CODEC_COMPILED else PY_SUFFIX
+        server = cls(f"mqstore-{flush_mode}{suffix}", args, data_dir.parent / (log_name or f"{data_dir.name}.log"), env)
+        server.codec = codec
+        return server
 
     @classmethod
     def noop(cls, log_dir: pathlib.Path, log_name: str = "noop.log"):
@@ -164,7 +177,7 @@ class GrpcServer:
     def start_timed(self, port: int, timeout_s: float) -> float:
         """Start on a known ``port`` and return the seconds from spawn until gRPC health says SERVING."""
         started = time.perf_counter()
-        self.proc = spawn(self.args, self.log_path)
+        self.proc = spawn(self.args, self.log_path, env=self.env)
         self.port = port
         wait_serving(self.proc, port, timeout_s, interval_s=0.005)
         return time.perf_counter() - started
@@ -173,10 +186,22 @@ class GrpcServer:
         return [e for e in read_json_lines(self.log_path) if e.get("event") == name]
 
     def start(self, timeout_s: float = 120.0) -> "GrpcServer":
-        self.proc = spawn(self.args, self.log_path)
+        self.proc = spawn(self.args, self.log_path, env=self.env)
         started = wait_for_event(self.proc, self.log_path, "server.started", timeout_s)
         self.port = started["port"]
         wait_serving(self.proc, self.port, timeout_s)
+        return self
+
+    def check_codec(self) -> "GrpcServer":
+        """Refuse to measure a server whose GetStoreInfo names another codec than asked for (e.g. a
+        build without the extension measured as 'compiled')."""
+        from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+        with grpc.insecure_channel(self.target) as channel:
+            active = commitlog_pb2_grpc.CommitLogStub(channel).GetStoreInfo(
+                commitlog_pb2.GetStoreInfoRequest(), timeout=30).codec
+        if self.codec and active != self.codec:
+            raise BenchError(f"{self.name} runs the {active!r} codec, not {self.codec!r}: run make setup "
+                             f"(the compiled codec needs a C compiler)")
         return self
 
     @property

@@ -26,7 +26,7 @@ import pathlib
 import time
 
 from append import create_topic
-from procs import BenchError, GrpcServer, kill9
+from procs import CODEC_COMPILED, CODEC_PYTHON, BenchError, GrpcServer, kill9
 from reads import fill, store_info
 
 TOPIC = "bench-recovery"
@@ -67,9 +67,10 @@ def read_log(commitlog_dir: pathlib.Path, start: int, end: int, direct: bool = F
     return elapsed
 
 
-def _restart(data: pathlib.Path, port: int, segment_bytes: int, name: str, timeout_s: float) -> tuple[GrpcServer, dict]:
+def _restart(data: pathlib.Path, port: int, segment_bytes: int, name: str, timeout_s: float,
+             codec: str = CODEC_COMPILED) -> tuple[GrpcServer, dict]:
     server = GrpcServer.commitlog(data, "ASYNC", port=port, extra=("--segment-size-bytes", str(segment_bytes)),
-                                  log_name=f"{name}.log")
+                                  log_name=f"{name}.log", codec=codec)
     seconds = server.start_timed(port, timeout_s)
     started = server.events("store.started")
     detail = {"seconds": seconds, **({k: started[0].get(k) for k in (
@@ -93,11 +94,15 @@ def run(work: pathlib.Path, sizes: dict, log) -> dict:
         out = {"fill": filled, "segment_bytes": segment,
                "log_bytes": before.max_physical_offset - before.min_physical_offset,
                "flushed_at_kill": before.flushed_physical_offset, "end_offset": before.max_physical_offset}
-        for variant, remove_checkpoint in (("checkpoint_kept", False), ("checkpoint_removed", True)):
+        # The last variant is the checkpoint-less restart on the pure-Python codec (its record walk).
+        for variant, remove_checkpoint, codec in (("checkpoint_kept", False, CODEC_COMPILED),
+                                                  ("checkpoint_removed", True, CODEC_COMPILED),
+                                                  ("checkpoint_removed_py", True, CODEC_PYTHON)):
             if remove_checkpoint:
                 (data / "checkpoint").unlink()
-            server, detail = _restart(data, port, segment, f"recovery-{variant}", sizes["recovery_timeout_s"])
+            server, detail = _restart(data, port, segment, f"recovery-{variant}", sizes["recovery_timeout_s"], codec)
             servers.append(server)
+            server.check_codec()
             after = store_info(server.target)
             if after.max_physical_offset != before.max_physical_offset:
                 raise BenchError(f"after restart ({variant}) the log ends at {after.max_physical_offset}, "

@@ -3,9 +3,11 @@
 Groups (``--only NAME[,NAME]``; default all):
   append    Append / AppendStream on mqstore ASYNC and SYNC with 1, 8, 16 (batched only) and 32
             producers, each against the no-op gRPC server and, for 100-message Appends, Redis
-            Streams (everysec against ASYNC, always against SYNC); server memory at the end.
+            Streams (everysec against ASYNC, always against SYNC); server memory at the end. Each
+            on the compiled codec and on the pure-Python one (``--codec``; mqstore.codec).
   read      Pull (1 and 8 consumers) and Tail over a pre-filled log; no-op Pull; the append rate.
-  recovery  restart after kill -9 of a ~1 GiB log, with and without the checkpoint; read it twice.
+  recovery  restart after kill -9 of a ~1 GiB log, with and without the checkpoint (without: on both
+            codecs); read it twice.
   profile   py-spy samples of the server under batched append and during a checkpoint-less
             restart (only if py-spy is installed; needs the recovery group's log, so runs it too).
 
@@ -35,7 +37,7 @@ import reads
 import recovery
 import redis_peer
 import report
-from procs import BenchError, stop_all
+from procs import CODEC_COMPILED, CODEC_PYTHON, BenchError, stop_all
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -72,6 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-profile", action="store_true", help="skip py-spy profiling even if installed")
     parser.add_argument("--client-procs", type=int, default=1, help="load generator processes per workload")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    parser.add_argument("--codec", choices=("both", CODEC_COMPILED, CODEC_PYTHON), default="both",
+                        help="the codecs the append group measures mqstore on (mqstore.codec; default both)")
     args = parser.parse_args(argv)
     chosen = [g.strip() for g in args.only.split(",") if g.strip()] or list(GROUPS)
     unknown = set(chosen) - set(GROUPS)
@@ -145,7 +149,8 @@ def run_groups(args, cfg: dict, work: pathlib.Path, results: dict) -> None:
             except BenchError as exc:
                 print(f"bench: no Redis comparison: {exc}", flush=True)
                 note = None
-            return append.run(work, cfg, note, args.client_procs, log)
+            codecs = (CODEC_COMPILED, CODEC_PYTHON) if args.codec == "both" else (args.codec,)
+            return append.run(work, cfg, note, args.client_procs, log, codecs)
         _run_group("append", append_group, results)
     if "read" in args.groups:
         _run_group("read", lambda: reads.run(work, cfg, log), results)

@@ -16,6 +16,11 @@ from mqstore.config import StoreConfig
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
 
+def pytest_report_header(config):
+    from mqstore import codec
+    return f"mqstore codec: {codec.ACTIVE}" + (f" ({codec.REASON})" if codec.REASON else "")
+
+
 def pytest_configure(config):
     # Tests log through structlog's default dev renderer: keep output quiet and deterministic.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))

@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import failpoints, fs, transactions
+from mqstore import codec, failpoints, fs, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -50,6 +50,7 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, 
                            TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue
+from mqstore.retention_holds import RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
 
@@ -91,6 +92,7 @@ class MessageStore:
         self._running = False
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
+        self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
 
     # ------------------------------------------------------------------ lifecycle
@@ -254,7 +256,8 @@ class MessageStore:
 
     # ------------------------------------------------------------------ append
     def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None) -> AppendResults:
-        """Append one batch, all or nothing. ``system_writer`` is the internal way into system topics:
+        """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
+        (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
         the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
         it, so clients cannot write system topics."""
         self._check_running()
@@ -374,11 +377,12 @@ class MessageStore:
     # ------------------------------------------------------------------ tail
     def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
              heartbeat_ms: int, is_active: Callable[[], bool], tx_types: Sequence[int] = (),
-             linger_ms: int = 0) -> Iterator[TailFrame]:
+             hold_retention_as: str = "", linger_ms: int = 0) -> Iterator[TailFrame]:
         """Frames of whole raw records, only visible ones; an empty frame every heartbeat when idle.
         With ``topics`` and/or ``tx_types`` (SYSFLAG transaction values: 0, 0x4, 0x8, 0xC) a record is
-        sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``. With
-        ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
+        sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``.
+        ``hold_retention_as``: retention keeps the log from the stream's start (mqstore.retention_holds).
+        With ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
         appends share a frame (each frame costs a wake-up and a send on both sides)."""
         self._check_running()
         max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
@@ -389,8 +393,11 @@ class MessageStore:
         wanted = frozenset(t.encode("utf-8") for t in topics)
         wanted_tx = frozenset(tx_types)
         pos = self._tail_start(start, from_physical_offset)
+        held = pos
         cond = self.dispatcher.visible
         while is_active() and self._running:
+            if hold_retention_as:
+                self.retention_holds.hold(hold_retention_as, held, self.clock.now_ms())
             visible = self.visible_offset()
             if pos < visible:
                 pos = max(pos, self.commitlog.min_offset)
@@ -435,13 +442,16 @@ class MessageStore:
         return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
                          self.flusher.flushed_offset if self.flusher else 0, self.visible_offset(),
                          self.config.flush_mode, reason is not None, reason, len(self.segments.segments),
-                         self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}")
+                         self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}",
+                         codec.ACTIVE)
 
     # ------------------------------------------------------------------ retention (the maintenance duty)
     def delete_expired_segments(self) -> int:
         """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
         queue minimums follow (SegmentQueue.delete_expired)."""
         limit = min(self.flusher.flushed_offset, self.dispatcher.dispatched_offset)
+        held = self.retention_holds.low(self.clock.now_ms())  # a compactor's position (retention_holds.py)
+        limit = limit if held is None else min(limit, held)
         return self.segments.delete_expired(limit, self.clock.now_ms(), self.config.retention_ms,
                                             self.before_segment_delete)
 

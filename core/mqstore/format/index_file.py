@@ -45,6 +45,7 @@ does; callers that must not miss a message widen begin_ms by 999 ms and check th
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import pathlib
@@ -52,6 +53,7 @@ import struct
 from array import array
 from dataclasses import dataclass, field
 
+from mqstore import codec
 from mqstore.disk_space import is_no_space
 from mqstore.errors import DataLoss, ResourceExhausted, invariant
 from mqstore.javahash import java_hash_continue, java_string_hash
@@ -103,7 +105,7 @@ def key_hash(key: str) -> int:
     return 0 if h == INT_MIN else abs(h)
 
 
-def key_hashes(prefix_state: int, suffixes) -> list[int]:
+def _key_hashes_python(prefix_state: int, suffixes) -> list[int]:
     """``key_hash(prefix + s)`` for each suffix, from ``java_hash_prefix(prefix)``: the hashes of
     ``topic#key`` for the keys of one message without building the strings."""
     out = []
@@ -111,6 +113,11 @@ def key_hashes(prefix_state: int, suffixes) -> list[int]:
         h = java_hash_continue(prefix_state, suffix)
         out.append(0 if h == INT_MIN else abs(h))
     return out
+
+
+# The compiled hashes (mqstore.codec) when in use: the same results (tests/property/test_codec_scan.py).
+key_hashes = (_key_hashes_python if codec.compiled is None
+              else functools.partial(codec.compiled.key_hashes, fallback=java_hash_continue))
 
 
 def file_size_bytes(slot_count: int, entry_count: int) -> int:

@@ -2,7 +2,8 @@
 
 Small functions over (buffer, position) with ints only, so that issue 10 can compile them (Cython):
 :func:`walk` (recovery: check every record of a segment), :func:`index_walk` (the Index: check a
-Tail frame and take the fields it needs), :func:`routing_fields` (the dispatcher's rebuild),
+Tail frame and take the fields it needs), :func:`routing_fields` and :func:`routing_records` (the
+dispatcher's rebuild),
 :func:`frameable` and :func:`next_record_start` (Tail and readers finding their way past damage).
 
 mqstore.format.record_reader.check is the specification of a valid record: the loop in :func:`_scan`
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Iterator
 
+from mqstore import codec
 from mqstore.errors import invariant
 from mqstore.format.record import (
     BLANK_SIZE, BODY_AT, FIXED_OVERHEAD, HEADER_SIZE, INT32, INT64, LAYOUT_SHIFT, MAGIC_BLANK,
@@ -68,7 +71,8 @@ def index_walk(buf, position: int = 0, *, verify_crc: bool = True, base: int | N
     return FrameFields(out, stop, _why_stopped(buf, stop, limit, verify_crc, base, False) if stop < limit else None)
 
 
-def _scan(buf, position: int, limit: int, verify_crc: bool, base: int | None, out: list | None) -> tuple[int, int, int]:
+def _scan_python(buf, position: int, limit: int, verify_crc: bool, base: int | None,
+                 out: list | None) -> tuple[int, int, int]:
     """The loop of walk and index_walk: exactly :func:`check`'s conditions, in one pass per record.
     Returns (stop position, records, store time of the last one); stops at the first record that is
     not a valid V1 record (or a blank one, or fewer than FIXED_OVERHEAD bytes before ``limit``). Appends
@@ -110,6 +114,10 @@ def _scan(buf, position: int, limit: int, verify_crc: bool, base: int | None, ou
     finally:
         view.release()
     return position, count, last_ts
+
+
+# The compiled loop (mqstore.codec) when in use: the same results (tests/property/test_codec_scan.py).
+_scan = codec.compiled.scan if codec.compiled is not None else _scan_python
 
 
 def _why_stopped(buf, position: int, limit: int, verify_crc: bool, base: int | None,
@@ -201,3 +209,34 @@ def routing_fields(buf, position: int) -> tuple[int, bytes, int, int, int, str, 
     props = buf[props_at + 2:props_at + 2 + PROPERTIES_LENGTH.unpack_from(buf, props_at)[0]]
     tags = find_property(props, PROPERTY_TAGS) or ""
     return size, bytes(buf[topic_at + 1:props_at]), queue_id, queue_offset, sys_flag, tags, store_ts
+
+
+_ROUTING_CHUNK = 4096  # records per call of the compiled walk: bounds the list it builds
+
+
+def _routing_records_python(buf, position: int, end: int) -> Iterator[tuple[int, bytes, int, int, int, str, int]]:
+    """:func:`routing_fields` of each record from ``position`` while it is below ``end``, up to a
+    blank record (the end of a segment's data): the dispatcher's rebuild loop over valid records."""
+    prefix = PREFIX.unpack_from
+    while position < end:
+        if prefix(buf, position)[1] == MAGIC_BLANK:
+            return
+        fields = routing_fields(buf, position)
+        yield fields
+        position += fields[0]
+
+
+def _routing_records_compiled(buf, position: int, end: int) -> Iterator[tuple[int, bytes, int, int, int, str, int]]:
+    """The same in C, a chunk at a time; from a record it does not take on, the reference goes on."""
+    walk = codec.compiled.routing_records
+    while position < end:
+        chunk, position, blank = walk(buf, position, end, _ROUTING_CHUNK)
+        yield from chunk
+        if blank:
+            return
+        if not chunk:
+            yield from _routing_records_python(buf, position, end)
+            return
+
+
+routing_records = _routing_records_python if codec.compiled is None else _routing_records_compiled

@@ -157,11 +157,7 @@ class Dispatcher:
         expect: dict[tuple[str, int], int] = {}  # next queue offset each queue is missing
         runs: dict[tuple[str, int], tuple[int, list]] = {}
         names: dict[bytes, str] = {}
-        prefix, routing_fields = record.PREFIX.unpack_from, record_scan.routing_fields
-        while position < end:
-            if prefix(buf, position)[1] == record.MAGIC_BLANK:
-                break
-            size, topic_bytes, qid, qoff, flag, tags, store_ts = routing_fields(buf, position)
+        for size, topic_bytes, qid, qoff, flag, tags, store_ts in record_scan.routing_records(buf, position, end):
             topic = names.get(topic_bytes) or names.setdefault(topic_bytes, topic_bytes.decode("utf-8", "replace"))
             key = (topic, qid)
             if ((known_topics is None or topic in known_topics) and (only is None or key in only)

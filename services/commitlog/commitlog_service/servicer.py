@@ -13,7 +13,8 @@ from typing import Iterable, Iterator
 import grpc
 from mqstore.errors import InvalidArgument
 from mqstore.store import MessageStore
-from mqstore_rpc import convert
+from mqstore_rpc import append_wire, convert
+from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name
@@ -47,11 +48,16 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
 
     # ---- data ----
 
-    def Append(self, request, context):
-        results = self._store.append(request.topic, convert.messages_in(request.messages, context.peer()))
-        return convert.append_response((results,))
+    # Append and AppendStream take their requests and give their responses through the codec in use
+    # (mqstore_rpc.append_wire): the compiled one works on the wire bytes, with no object per field.
 
-    def AppendStream(self, request_iterator: Iterable[commitlog_pb2.AppendRequest], context):
+    @wire_codec(append_wire.parse_request)
+    def Append(self, request, context):
+        results = self._store.append(request.topic, append_wire.messages(request, context.peer()))
+        return append_wire.append_response((results,))
+
+    @wire_codec(append_wire.parse_request)
+    def AppendStream(self, request_iterator: Iterable, context):
         limit = self._store.config.max_stream_messages
         batches = []
         stored = 0
@@ -62,9 +68,9 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
                     f"AppendStream carries at most {limit} messages (server setting max_stream_messages); this "
                     f"item would make it {stored + len(request.messages)}. The {stored} messages of "
                     f"the earlier items are stored; start a new stream for the rest")
-            batches.append(self._store.append(request.topic, convert.messages_in(request.messages, peer)))
+            batches.append(self._store.append(request.topic, append_wire.messages(request, peer)))
             stored += len(batches[-1])
-        return convert.append_response(batches)
+        return append_wire.append_response(batches)
 
     def Pull(self, request, context):
         result = self._store.pull(request.topic, request.queue_id, request.offset, max_messages=request.max_messages,
@@ -88,7 +94,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
                                   list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
                                   is_active=context.is_active,
                                   tx_types=[convert.tx_type_in(t) for t in request.transaction_types],
-                                  linger_ms=request.linger_ms)
+                                  hold_retention_as=request.hold_retention_as, linger_ms=request.linger_ms)
         for frame in frames:
             yield convert.tail_frame(frame)
 

@@ -14,6 +14,9 @@ and answers INTERNAL "Exception deserializing request!" without a trace in our l
 handler is registered with an identity deserializer and parses the bytes itself (each item of a
 request stream likewise): bytes that are not the request message (garbage, invalid UTF-8 in a string
 field) get INVALID_ARGUMENT naming the method, and one ``rpc.request_unparsable`` event is logged.
+A servicer method marked with :func:`wire_codec` has its requests parsed by its own parser instead of
+the generated deserializer (Append's compiled codec: mqstore_rpc.append_wire), with the same errors,
+and returns its response as serialized bytes, which go out as they are.
 """
 
 from __future__ import annotations
@@ -88,16 +91,33 @@ def _abort(exc: Exception, context: grpc.ServicerContext, method: str) -> None:
     context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
 
-def _parser(deserializer: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any]:
-    """Bytes -> request message, raising InvalidArgument (after one log event) when they do not parse."""
+def wire_codec(parse: Callable[[bytes], Any]) -> Callable[[Callable], Callable]:
+    """Mark a servicer method whose requests ``parse`` turns from bytes into what the method takes
+    (raising protobuf's DecodeError for bytes that are not the request message) and whose responses
+    are already serialized bytes."""
+    def mark(method: Callable) -> Callable:
+        method.wire_parse = parse
+        return method
+    return mark
+
+
+def _pass_bytes(response: bytes) -> bytes:
+    return response
+
+
+def _parser(deserializer: Callable[[bytes], Any] | None, method: str,
+            wire_parse: Callable[[bytes], Any] | None = None) -> Callable[[bytes], Any]:
+    """Bytes -> request message (by ``wire_parse`` if given, else the generated deserializer), raising
+    InvalidArgument (after one log event) when they do not parse."""
     if deserializer is None:
         return lambda raw: raw
     message_type = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
     type_name = message_type.full_name if message_type is not None else "request message"
+    to_request = wire_parse or deserializer
 
     def parse(raw: bytes) -> Any:
         try:
-            return deserializer(raw)
+            return to_request(raw)
         except DecodeError as exc:
             log.warning("rpc.request_unparsable", method=method, request_bytes=len(raw), error=str(exc))
             raise errors.InvalidArgument(
@@ -133,8 +153,11 @@ def _each(parse: Callable) -> Callable:
 
 def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     """The same handler with its behavior wrapped by the error mapping, parsing its own requests."""
-    parse = _parser(handler.request_deserializer, method)
-    serializers = dict(request_deserializer=None, response_serializer=handler.response_serializer)
+    behavior = handler.unary_unary or handler.stream_unary or handler.unary_stream or handler.stream_stream
+    wire_parse = getattr(behavior, "wire_parse", None)
+    parse = _parser(handler.request_deserializer, method, wire_parse)
+    serializers = dict(request_deserializer=None,
+                       response_serializer=_pass_bytes if wire_parse else handler.response_serializer)
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(
             _wrap_unary_response(handler.unary_unary, method, parse), **serializers)

@@ -140,7 +140,7 @@ class FakeLog:
     def store_info(self) -> StoreInfo:
         with self.lock:
             end = self.end_locked()
-            return StoreInfo(self.min_offset, end, end, end, "ASYNC", False, "", 1, 1 << 30, "127.0.0.1:2")
+            return StoreInfo(self.min_offset, end, end, end, "ASYNC", False, "", 1, 1 << 30, "127.0.0.1:2", "python")
 
     def get_messages(self, physical_offsets):
         with self.lock:

@@ -1,0 +1,97 @@
+"""Which codec the hot paths use: the compiled one or the pure-Python reference.
+
+The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
+``_responses``, ``_scan``; C helpers in ``_wire.pxd``), built by the package's own build (setup.py):
+Append from the request's wire bytes to encoded records, and the AppendResponse bytes; the record walk
+with its CRC check (recovery, the Index's Tail frames: record_scan), the consume-queue rebuild's walk
+(record_scan.routing_records); the Java hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
+what the code did before it and stays as the reference: protobuf's parser, mqstore_rpc.convert and
+mqstore.log.encoder. tests/property/test_codec_append.py requires both to give the same bytes and
+the same errors.
+
+Why Cython, and a ``.pyx`` beside the kept Python: it is what aiokafka, grpcio, uvloop and lxml use,
+it needs only gcc and the Python headers (no second toolchain), and it reaches the buffers, str and
+list objects of CPython directly, which is where the time went (a Python object per proto field and
+per record field). Its pure-Python mode would have kept one source, but then the reference would be
+the same code as the thing it checks; separate .pyx modules keep the reference independent, and the
+property tests (tests/property/test_codec_*.py) compare the two on random valid and invalid input.
+
+The choice is made once, here, at import: the compiled codec when it is built and importable, unless
+the environment variable ``MQSTORE_PURE_PYTHON`` is set to anything but "" or "0" (for the CI run that
+covers the Python path, and to compare the two). This is the one module of core/mqstore that reads
+the environment (STYLE.md habit 14 keeps domain code from it): the choice has to be made before any
+configuration object exists, and it is a property of the process, not of a store.
+
+A process that runs on the Python path says so once, with the reason, as the warning
+``codec.pure_python`` (:func:`announce`, called when a store is built); ``ACTIVE`` is what
+GetStoreInfo and ``mqstore store-info`` report.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import types
+
+import structlog
+
+ENV_PURE_PYTHON = "MQSTORE_PURE_PYTHON"
+COMPILED = "compiled"
+PYTHON = "python"
+
+log = structlog.get_logger()
+
+
+def _load() -> tuple[types.SimpleNamespace | None, str]:
+    forced = os.environ.get(ENV_PURE_PYTHON, "")
+    if forced not in ("", "0"):
+        return None, f"{ENV_PURE_PYTHON}={forced} asks for the pure-Python codec"
+    try:
+        from mqstore.codec import _records, _request, _responses, _scan
+    except ImportError as exc:
+        return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
+                      f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
+                      f"with them (make setup) for the compiled codec")
+    _check_layout(_records.WRITES, _scan.LAYOUT)
+    return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
+                                 AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
+                                 scan=_scan.scan, key_hashes=_scan.key_hashes,
+                                 routing_records=_scan.routing_records), ""
+
+
+def _check_layout(writes: dict, reads: dict) -> None:
+    """The compiled encoder writes records, and the compiled walk reads them, where
+    mqstore.format.record (the one definition) says."""
+    from mqstore.errors import invariant
+    from mqstore.format import record
+    layout = record.IPV4
+    expected = {name: getattr(layout, name, None) for name in writes}
+    expected.update(magic=record.MAGIC_V1, fixed_overhead=record.FIXED_OVERHEAD, blank_size=record.BLANK_SIZE,
+                    max_properties_bytes=record.MAX_PROPERTIES_BYTES)
+    invariant(writes == expected, f"the compiled codec writes records at {writes}, mqstore.format.record says "
+                                  f"{expected}: rebuild it (make setup) after changing the layout")
+    expected = {"body_at": record.BODY_AT, "store_timestamp_at": record.STORE_TIMESTAMP_AT}
+    invariant(reads == expected, f"the compiled record walk reads records at {reads}, mqstore.format.record says "
+                                 f"{expected}: rebuild it (make setup) after changing the layout")
+
+
+compiled, REASON = _load()
+ACTIVE = COMPILED if compiled is not None else PYTHON
+
+_announce_lock = threading.Lock()
+_announced = False
+
+
+def announce() -> None:
+    """Log ``codec.pure_python`` once per process when the compiled codec is not in use. Thread-safe."""
+    global _announced
+    if compiled is None:
+        with _announce_lock:
+            if not _announced:
+                _announced = True
+                log.warning("codec.pure_python", reason=REASON)
+
+
+def is_wire_messages(messages) -> bool:
+    """True for the compiled codec's parsed messages (WireMessages), not for a list of MessageIn."""
+    return compiled is not None and type(messages) is compiled.WireMessages

@@ -1,0 +1,374 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""WireMessages to commit log records: what mqstore.log.encoder.MessageEncoder.encode_batch does with
+the messages (batch limits, queue choice, the TAGS/KEYS/UNIQ_KEY rules, user properties, the record
+layout of mqstore.format.record), in C, giving the same EncodedBatch columns.
+
+:meth:`AppendEncoder.encode` first checks every message without taking anything; if the reference
+would refuse any of it, it returns None, having taken no UNIQ_KEY and no round-robin slot, and the
+caller runs the reference encoder on the same messages (WireMessages.to_messages), which raises the
+error that says why. So both paths give the same errors by construction, with the same side effects;
+tests/property/test_codec_append.py checks that they accept and refuse the same requests and produce
+the same bytes.
+
+Thread-safety: an AppendEncoder holds only read-only settings, so one instance serves every thread;
+the state a batch changes (UNIQ_KEY counter, round-robin slots) lives in the Python objects it calls.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING
+from cpython.unicode cimport PyUnicode_DecodeASCII
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memchr, memcmp, memcpy, memset
+
+from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, text_of
+from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64
+
+cdef extern from "zlib.h":
+    unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
+
+# mqstore.format.record (tests compare the bytes with it)
+cdef uint32_t MAGIC_V1 = 0xDAA320A7
+cdef enum:
+    HEADER_SIZE = 88
+    FIXED_OVERHEAD = 91
+    BLANK_SIZE = 8
+    MAX_PROPERTIES_BYTES = 32767
+
+
+# Where _put_record writes each field of the IPv4 layout (the only one gRPC appends produce: BORNHOST
+# is the IPv4 peer, STOREHOST the encoder's IPv4 host), named as mqstore.format.record.Layout's fields;
+# mqstore.codec checks them against record.IPV4 at import, so a change of the layout cannot go unseen.
+WRITES = dict(born_port_at=52, store_timestamp_at=56, store_host_at=64, store_port_at=68, reconsume_times_at=72,
+              prepared_transaction_offset_at=76, body_length_at=84, body_at=HEADER_SIZE, magic=MAGIC_V1,
+              fixed_overhead=FIXED_OVERHEAD, blank_size=BLANK_SIZE, max_properties_bytes=MAX_PROPERTIES_BYTES)
+
+
+cdef struct Plan:
+    Span tags            # the tag stored (the field's or the TAGS property's)
+    Span keys_prop       # the KEYS property, stored as given; ptr NULL: the keys field, joined
+    Py_ssize_t keys_len  # bytes of the KEYS value; 0 = no KEYS
+    Span uniq            # the UNIQ_KEY property; ptr NULL: a generated key
+    Py_ssize_t props_len
+    Py_ssize_t size
+    int32_t qid          # -1 = round robin, assigned once the batch is accepted
+
+
+cdef enum Reserved:
+    USER = 0
+    TAGS = 1
+    KEYS = 2
+    UNIQ_KEY = 3
+
+cdef const char* HEX = b"0123456789ABCDEF"
+
+
+cdef Reserved _reserved(Span name) noexcept nogil:
+    if name.length == 4 and memcmp(name.ptr, b"TAGS", 4) == 0:
+        return TAGS
+    if name.length == 4 and memcmp(name.ptr, b"KEYS", 4) == 0:
+        return KEYS
+    if name.length == 8 and memcmp(name.ptr, b"UNIQ_KEY", 8) == 0:
+        return UNIQ_KEY
+    return USER
+
+
+cdef bint _has_separator(Span s) noexcept nogil:
+    """Holds \\x01 or \\x02, the property separators."""
+    return memchr(s.ptr, 1, s.length) != NULL or memchr(s.ptr, 2, s.length) != NULL
+
+
+cdef bint _valid_key(const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    """encoder._check_keys' rule for one key: non-empty, no space, \\t \\n \\v \\f \\r, \\x01 or \\x02."""
+    cdef Py_ssize_t i
+    if n == 0:
+        return False
+    for i in range(n):
+        if s[i] == 0x20 or s[i] == 1 or s[i] == 2 or 9 <= s[i] <= 13:
+            return False
+    return True
+
+
+cdef bint _valid_keys_property(Span s) noexcept nogil:
+    """The KEYS property as stored: valid keys separated by single spaces."""
+    cdef Py_ssize_t i, start = 0
+    for i in range(s.length + 1):
+        if i == s.length or s.ptr[i] == 0x20:
+            if not _valid_key(s.ptr + start, i - start):
+                return False
+            start = i + 1
+    return True
+
+
+cdef bint _same_keys(WireMessages wire, const Msg* m, Span prop) noexcept nogil:
+    """The keys field equals the KEYS property split at its spaces."""
+    cdef Py_ssize_t k, stop, at = 0
+    cdef Span key
+    for k in range(m.keys_from, m.keys_to):
+        if at > prop.length:
+            return False
+        stop = at
+        while stop < prop.length and prop.ptr[stop] != 0x20:
+            stop += 1
+        key = wire.keys[k]
+        if key.length != stop - at or memcmp(key.ptr, prop.ptr + at, key.length) != 0:
+            return False
+        at = stop + 1
+    return at == prop.length + 1
+
+
+cdef int32_t _queue_of(WireMessages wire, const Msg* m, int32_t queue_count, bint compaction) noexcept nogil:
+    """encoder._queues_for's rule: the queue id, -1 for round robin, -2 if refused."""
+    cdef Span key = m.shard
+    cdef int32_t found
+    if m.has_qid:
+        return m.qid if 0 <= m.qid < queue_count else -2
+    if key.length == 0 and compaction and m.keys_to > m.keys_from:
+        key = wire.keys[m.keys_from]
+    if key.length:
+        found = java_hash_utf8(key.ptr, key.length) % queue_count
+        return found + queue_count if found < 0 else found
+    return -2 if compaction else -1
+
+
+cdef bint _plan(WireMessages wire, const Msg* m, Plan* plan, Py_ssize_t fixed_bytes, Py_ssize_t generated_length,
+                bint compaction, Py_ssize_t segment_size_bytes) noexcept nogil:
+    """Fill ``plan`` with what the message's record holds; False if the reference would refuse it."""
+    cdef Py_ssize_t k, props_len = 0, keys_len = 0
+    cdef const Prop* prop
+    cdef Reserved kind
+    plan.tags = m.tags
+    plan.keys_prop.ptr = plan.uniq.ptr = NULL
+    for k in range(m.props_from, m.props_to):
+        prop = &wire.props[k]
+        kind = _reserved(prop.name)
+        if kind == USER:
+            if (prop.name.length == 0 or prop.value.length == 0 or _has_separator(prop.name)
+                    or _has_separator(prop.value)):
+                return False
+            props_len += prop.name.length + prop.value.length + 2
+        elif kind == TAGS:
+            if prop.value.length == 0 or (m.tags.length and (m.tags.length != prop.value.length or memcmp(
+                    m.tags.ptr, prop.value.ptr, m.tags.length) != 0)):
+                return False
+            plan.tags = prop.value
+        elif kind == KEYS:
+            if not _valid_keys_property(prop.value) or (m.keys_to > m.keys_from and
+                                                        not _same_keys(wire, m, prop.value)):
+                return False
+            plan.keys_prop = prop.value
+            keys_len = prop.value.length
+        else:
+            if not _valid_key(prop.value.ptr, prop.value.length):
+                return False
+            plan.uniq = prop.value
+    if plan.tags.length:
+        if _has_separator(plan.tags):
+            return False
+        props_len += 6 + plan.tags.length
+    if plan.keys_prop.ptr == NULL and m.keys_to > m.keys_from:
+        keys_len = -1
+        for k in range(m.keys_from, m.keys_to):
+            if not _valid_key(wire.keys[k].ptr, wire.keys[k].length):
+                return False
+            keys_len += wire.keys[k].length + 1
+    if keys_len:
+        props_len += 6 + keys_len
+    plan.keys_len = keys_len
+    props_len += 10 + (plan.uniq.length if plan.uniq.ptr != NULL else generated_length)
+    plan.props_len = props_len
+    plan.size = fixed_bytes + m.body.length + props_len
+    return not ((m.body.length == 0 and not compaction) or props_len > MAX_PROPERTIES_BYTES
+                or plan.size + BLANK_SIZE > segment_size_bytes or m.born_ts < 0)
+
+
+cdef inline uint8_t* _put(uint8_t* out, const void* data, Py_ssize_t length) noexcept nogil:
+    memcpy(out, data, length)
+    return out + length
+
+
+cdef uint8_t* _put_properties(uint8_t* out, WireMessages wire, const Msg* m, const Plan* plan,
+                              const uint8_t* generated, Py_ssize_t generated_length) noexcept nogil:
+    """PROPERTIES as encoder._properties builds them: user entries, then TAGS, KEYS, UNIQ_KEY."""
+    cdef Py_ssize_t k
+    cdef const Prop* prop
+    for k in range(m.props_from, m.props_to):
+        prop = &wire.props[k]
+        if _reserved(prop.name) == USER:
+            out = _put(out, prop.name.ptr, prop.name.length)
+            out[0] = 1
+            out = _put(out + 1, prop.value.ptr, prop.value.length)
+            out[0] = 2
+            out += 1
+    if plan.tags.length:
+        out = _put(_put(out, b"TAGS\x01", 5), plan.tags.ptr, plan.tags.length)
+        out[0] = 2
+        out += 1
+    if plan.keys_len:
+        out = _put(out, b"KEYS\x01", 5)
+        if plan.keys_prop.ptr != NULL:
+            out = _put(out, plan.keys_prop.ptr, plan.keys_prop.length)
+        else:
+            for k in range(m.keys_from, m.keys_to):
+                if k > m.keys_from:
+                    out[0] = 0x20
+                    out += 1
+                out = _put(out, wire.keys[k].ptr, wire.keys[k].length)
+        out[0] = 2
+        out += 1
+    out = _put(out, b"UNIQ_KEY\x01", 9)
+    if plan.uniq.ptr != NULL:
+        out = _put(out, plan.uniq.ptr, plan.uniq.length)
+    else:
+        out = _put(out, generated, generated_length)
+    out[0] = 2
+    return out + 1
+
+
+cdef uint32_t _body_crc(Span body) noexcept nogil:
+    """zlib CRC32 of the body & 0x7FFFFFFF (mqstore.format.record.body_crc); zlib takes 32-bit lengths."""
+    cdef unsigned long crc = crc32(0, NULL, 0)
+    cdef Py_ssize_t at = 0, chunk
+    while at < body.length:
+        chunk = min(body.length - at, 1 << 30)
+        crc = crc32(crc, body.ptr + at, <unsigned int>chunk)
+        at += chunk
+    return <uint32_t>(crc & 0x7FFFFFFF)
+
+
+cdef uint8_t* _put_record(uint8_t* out, WireMessages wire, const Msg* m, const Plan* plan, Span topic,
+                          int64_t now_ms, const uint8_t* store_host, int32_t store_port,
+                          const uint8_t* generated, Py_ssize_t generated_length) noexcept nogil:
+    """One V1 record (mqstore.format.record's layout) with queue offset, physical offset and store time
+    zero: the commit log stamps them inside its lock."""
+    put_be32(out, <uint32_t>plan.size)
+    put_be32(out + 4, MAGIC_V1)
+    put_be32(out + 8, _body_crc(m.body))
+    put_be32(out + 12, <uint32_t>plan.qid)
+    put_be32(out + 16, <uint32_t>m.flag)
+    memset(out + 20, 0, 20)  # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG
+    put_be64(out + 40, <uint64_t>(m.born_ts if m.born_ts else now_ms))
+    memcpy(out + 48, wire.born_host, 4)
+    put_be32(out + 52, <uint32_t>wire.born_port)  # offsets: WRITES
+    memset(out + 56, 0, 8)  # STORETIMESTAMP
+    memcpy(out + 64, store_host, 4)
+    put_be32(out + 68, <uint32_t>store_port)
+    memset(out + 72, 0, 12)  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET
+    put_be32(out + 84, <uint32_t>m.body.length)
+    out = _put(out + HEADER_SIZE, m.body.ptr, m.body.length)
+    out[0] = <uint8_t>topic.length
+    out = _put(out + 1, topic.ptr, topic.length)
+    put_be16(out, <uint16_t>plan.props_len)
+    return _put_properties(out + 2, wire, m, plan, generated, generated_length)
+
+
+cdef class AppendEncoder:
+    """encoder.MessageEncoder.encode_batch for WireMessages: the store's limits and host, read-only."""
+
+    cdef Py_ssize_t max_batch_messages, max_body_bytes, max_batch_body_bytes, segment_size_bytes
+    cdef uint8_t store_host[4]
+    cdef int32_t store_port
+
+    def __init__(self, Py_ssize_t max_batch_messages, Py_ssize_t max_body_bytes, Py_ssize_t max_batch_body_bytes,
+                 Py_ssize_t segment_size_bytes, bytes store_host, int32_t store_port):
+        if len(store_host) != 4:
+            raise ValueError(f"store host must be 4 bytes (IPv4), not {len(store_host)}")
+        self.max_batch_messages, self.max_body_bytes = max_batch_messages, max_body_bytes
+        self.max_batch_body_bytes, self.segment_size_bytes = max_batch_body_bytes, segment_size_bytes
+        memcpy(self.store_host, PyBytes_AS_STRING(store_host), 4)
+        self.store_port = store_port
+
+    def encode(self, WireMessages wire, str topic, int32_t queue_count, bint compaction, int64_t now_ms, uniq,
+               take_round_robin):
+        """(buf, sizes, queue ids, tag codes, sys flags, UNIQ_KEYs) of the batch, or None if the
+        reference encoder would refuse any of it (nothing is taken then). ``uniq`` is the encoder's
+        UniqKeyGenerator; ``take_round_robin(topic, count)`` the first of ``count`` round-robin slots."""
+        cdef bytes topic_bytes = topic.encode("utf-8")
+        cdef Span topic_span
+        cdef Py_ssize_t i, total = 0, generated_count = 0, round_robin = 0
+        cdef Plan* plans
+        if queue_count <= 0 or len(topic_bytes) > 255:
+            raise ValueError(f"topic {topic!r}: {queue_count} queues, {len(topic_bytes)} bytes of name")
+        if not self._batch_fits(wire):
+            return None
+        topic_span.ptr, topic_span.length = <const uint8_t*>PyBytes_AS_STRING(topic_bytes), len(topic_bytes)
+        generated_length = uniq.key_length
+        plans = <Plan*>malloc(wire.count * sizeof(Plan))
+        if plans == NULL:
+            raise MemoryError()
+        try:
+            for i in range(wire.count):
+                plans[i].qid = _queue_of(wire, &wire.msgs[i], queue_count, compaction)
+                if plans[i].qid == -2 or not _plan(wire, &wire.msgs[i], &plans[i], FIXED_OVERHEAD + topic_span.length,
+                                                   generated_length, compaction, self.segment_size_bytes):
+                    return None
+                total += plans[i].size
+                generated_count += plans[i].uniq.ptr == NULL
+                round_robin += plans[i].qid == -1
+            # Accepted: now take the UNIQ_KEYs and round-robin slots, as the reference does.
+            if round_robin:
+                _assign_round_robin(plans, wire.count, take_round_robin(topic, round_robin) % queue_count,
+                                    queue_count)
+            prefix, first = uniq.take(generated_count, now_ms) if generated_count else ("", 0)
+            return self._write(wire, plans, total, topic_span, now_ms, prefix.encode("ascii"), first,
+                               generated_length)
+        finally:
+            free(plans)
+
+    cdef bint _batch_fits(self, WireMessages wire):
+        """The batch limits: message count, each body, all bodies."""
+        cdef Py_ssize_t i, bodies = 0
+        if wire.count == 0 or wire.count > self.max_batch_messages:
+            return False
+        for i in range(wire.count):
+            if wire.msgs[i].body.length > self.max_body_bytes:
+                return False
+            bodies += wire.msgs[i].body.length
+        return bodies <= self.max_batch_body_bytes
+
+    cdef object _write(self, WireMessages wire, const Plan* plans, Py_ssize_t total, Span topic, int64_t now_ms,
+                       bytes prefix, first, Py_ssize_t generated_length):
+        """The records back to back, and the columns of EncodedBatch."""
+        cdef Py_ssize_t i, prefix_length = len(prefix)
+        cdef uint32_t counter
+        cdef uint8_t generated[128]
+        cdef uint8_t* out
+        cdef const Plan* plan
+        cdef Msg* m
+        if prefix_length and prefix_length + 4 != generated_length or generated_length > 128:
+            raise ValueError(f"UNIQ_KEY prefix {prefix!r} does not make keys of {generated_length} characters")
+        memcpy(generated, PyBytes_AS_STRING(prefix), prefix_length)
+        counter = <uint32_t>(first & 0xFFFF)
+        buf = PyByteArray_FromStringAndSize(NULL, total)
+        out = <uint8_t*>PyByteArray_AS_STRING(buf)
+        sizes, queue_ids, tag_codes, uniq_keys = [], [], [], []
+        for i in range(wire.count):
+            plan, m = &plans[i], &wire.msgs[i]
+            if plan.uniq.ptr == NULL:
+                _put_hex16(generated + prefix_length, counter)
+                counter = (counter + 1) & 0xFFFF
+                uniq_keys.append(PyUnicode_DecodeASCII(<const char*>generated, generated_length, NULL))
+            else:
+                uniq_keys.append(text_of(plan.uniq))
+            out = _put_record(out, wire, m, plan, topic, now_ms, self.store_host, self.store_port, generated,
+                              generated_length)
+            sizes.append(plan.size)
+            queue_ids.append(plan.qid)
+            tag_codes.append(java_hash_utf8(plan.tags.ptr, plan.tags.length) if plan.tags.length else 0)
+        return buf, sizes, queue_ids, tag_codes, [0] * wire.count, uniq_keys
+
+
+cdef void _assign_round_robin(Plan* plans, Py_ssize_t count, int32_t start, int32_t queue_count) noexcept nogil:
+    """Round-robin queues, one block per batch in message order (encoder._queues_for)."""
+    cdef Py_ssize_t i
+    for i in range(count):
+        if plans[i].qid == -1:
+            plans[i].qid = start
+            start = start + 1 if start + 1 < queue_count else 0
+
+
+cdef inline void _put_hex16(uint8_t* out, uint32_t value) noexcept nogil:
+    out[0] = HEX[(value >> 12) & 0xF]
+    out[1] = HEX[(value >> 8) & 0xF]
+    out[2] = HEX[(value >> 4) & 0xF]
+    out[3] = HEX[value & 0xF]

@@ -1,0 +1,48 @@
+# cython: language_level=3
+"""What _request.pyx parses an AppendRequest into, for _records.pyx to encode: pointers into the
+request's bytes, which WireMessages keeps alive."""
+
+from libc.stdint cimport int32_t, int64_t, uint8_t
+
+
+cdef struct Span:
+    const uint8_t* ptr
+    Py_ssize_t length
+
+
+cdef struct Prop:
+    Span name
+    Span value
+    Py_ssize_t order  # position among the message's entries: the last of a name wins
+
+
+cdef struct Msg:
+    Span body
+    Span tags
+    Span shard
+    int32_t flag
+    int64_t born_ts
+    bint has_qid
+    int32_t qid
+    Py_ssize_t keys_from, keys_to    # WireMessages.keys[keys_from:keys_to], in request order
+    Py_ssize_t props_from, props_to  # WireMessages.props[props_from:props_to], by name, one per name
+
+
+cdef class WireMessages:
+    cdef bytes raw
+    cdef Msg* msgs
+    cdef Py_ssize_t count, msgs_capacity
+    cdef Span* keys
+    cdef Py_ssize_t keys_count, keys_capacity
+    cdef Prop* props
+    cdef Py_ssize_t props_count, props_capacity
+    cdef readonly str topic
+    cdef uint8_t born_host[4]
+    cdef int32_t born_port
+
+    cdef Msg* new_message(self) except NULL
+    cdef int add_key(self, Span key) except -1
+    cdef int add_prop(self, Span name, Span value, Py_ssize_t order) except -1
+
+
+cdef object text_of(Span s)

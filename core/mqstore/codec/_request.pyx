@@ -1,0 +1,270 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""AppendRequest wire bytes to WireMessages: the messages as pointers into the bytes, with no Python
+object per field (the first step of Append's compiled codec; see mqstore.codec).
+
+:func:`parse_request` walks the bytes once and checks them as protobuf does (upb, the parser of the
+Python protobuf package): varints, tags, lengths, groups, nesting depth, the UTF-8 of every string
+field; unknown fields are skipped, the last of a repeated scalar wins, a map entry that holds a field
+other than key and value is dropped (upb keeps it among the unknown fields). It returns None where
+protobuf could refuse the bytes: the caller then parses them with protobuf, which either accepts them
+or says why in its own words, so a malformed request gets protobuf's own error either way.
+
+User properties are kept in order of name (a protobuf map has no order; mqstore_rpc.convert's
+messages_in sorts them the same way), the last entry of a name winning as in protobuf.
+
+Thread-safety: a WireMessages belongs to one request and is not shared.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, qsort, realloc
+from libc.string cimport memcmp, memcpy, memset
+
+from mqstore.codec._wire cimport (WT_LEN, WT_VARINT, read_length, read_varint, read_varint32, skip_field,
+                                  valid_utf8)
+
+from mqstore.model import MessageIn
+
+cdef enum:
+    MAX_DEPTH = 100  # upb's limit on nested messages and groups
+
+
+cdef int grow(void** array, Py_ssize_t* capacity, Py_ssize_t needed, size_t item) except -1:
+    cdef void* moved
+    if needed <= capacity[0]:
+        return 0
+    capacity_new = max(needed, 2 * capacity[0], 8)
+    moved = realloc(array[0], capacity_new * item)
+    if moved == NULL:
+        raise MemoryError()
+    array[0] = moved
+    capacity[0] = capacity_new
+    return 0
+
+
+cdef class WireMessages:
+    """The messages of one AppendRequest as pointers into its bytes (kept alive here). ``topic`` is
+    the request's topic; ``len()`` the number of messages; ``messages`` is the object itself, so a
+    caller reads it like the protobuf request. Its fields are declared in _request.pxd."""
+
+    def __cinit__(self):
+        self.born_host[0] = 127
+        self.born_host[3] = 1
+
+    def __dealloc__(self):
+        free(self.msgs)
+        free(self.keys)
+        free(self.props)
+
+    def __len__(self):
+        return self.count
+
+    @property
+    def messages(self):
+        return self
+
+    def set_peer(self, bytes host, int port):
+        """BORNHOST of every message: the producer's IPv4 address (4 bytes) and port."""
+        if len(host) != 4:
+            raise ValueError(f"born host must be 4 bytes (IPv4), not {len(host)}")
+        memcpy(self.born_host, PyBytes_AS_STRING(host), 4)
+        self.born_port = port
+
+    def to_messages(self):
+        """The messages as MessageIn, exactly as mqstore_rpc.convert.messages_in builds them from the
+        protobuf request: for the reference encoder, when the compiled one refuses a message."""
+        cdef Msg* m
+        cdef Py_ssize_t i, k
+        host, port = PyBytes_FromStringAndSize(<const char*>self.born_host, 4), self.born_port
+        out = []
+        for i in range(self.count):
+            m = &self.msgs[i]
+            keys = tuple(text_of(self.keys[k]) for k in range(m.keys_from, m.keys_to))
+            props = {text_of(self.props[k].name): text_of(self.props[k].value)
+                     for k in range(m.props_from, m.props_to)}
+            out.append(MessageIn(_bytes(m.body), text_of(m.tags), keys, props, m.flag, m.born_ts,
+                                 m.qid if m.has_qid else None, text_of(m.shard), host, port))
+        return out
+
+    cdef Msg* new_message(self) except NULL:
+        grow(<void**>&self.msgs, &self.msgs_capacity, self.count + 1, sizeof(Msg))
+        cdef Msg* m = &self.msgs[self.count]
+        memset(m, 0, sizeof(Msg))
+        m.keys_from = m.keys_to = self.keys_count
+        m.props_from = m.props_to = self.props_count
+        return m
+
+    cdef int add_key(self, Span key) except -1:
+        grow(<void**>&self.keys, &self.keys_capacity, self.keys_count + 1, sizeof(Span))
+        self.keys[self.keys_count] = key
+        self.keys_count += 1
+        return 0
+
+    cdef int add_prop(self, Span name, Span value, Py_ssize_t order) except -1:
+        grow(<void**>&self.props, &self.props_capacity, self.props_count + 1, sizeof(Prop))
+        self.props[self.props_count].name = name
+        self.props[self.props_count].value = value
+        self.props[self.props_count].order = order
+        self.props_count += 1
+        return 0
+
+
+cdef object text_of(Span s):
+    return PyUnicode_DecodeUTF8(<const char*>s.ptr, s.length, NULL)
+
+
+cdef object _bytes(Span s):
+    return PyBytes_FromStringAndSize(<const char*>s.ptr, s.length)
+
+
+# ---- parsing ---------------------------------------------------------------------------------------
+
+def parse_request(bytes raw):
+    """WireMessages of AppendRequest bytes, or None if protobuf might refuse them (see the module doc)."""
+    cdef WireMessages wire = WireMessages.__new__(WireMessages)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(raw)
+    cdef Py_ssize_t at = 0, length
+    cdef uint32_t tag
+    cdef Span topic
+    topic.ptr = p
+    topic.length = 0
+    wire.raw = raw
+    while at < end:
+        at = read_varint32(p, at, end, &tag)
+        if at < 0 or tag >> 3 == 0:
+            return None
+        if tag & 7 == WT_LEN and (tag >> 3 == 1 or tag >> 3 == 2):
+            at = read_length(p, at, end, &length)
+            if at < 0:
+                return None
+            if tag >> 3 == 1:
+                if not valid_utf8(p + at, length):
+                    return None
+                topic.ptr, topic.length = p + at, length
+            elif parse_message(wire, p, at, at + length) < 0:
+                return None
+            at += length
+        else:
+            at = skip_field(p, at, end, tag, MAX_DEPTH)
+            if at < 0:
+                return None
+    wire.topic = text_of(topic)
+    return wire
+
+
+cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssize_t end) except -2:
+    """One MessageInput (p[at:end]) into wire's next Msg; -1 if the bytes are not valid."""
+    cdef Msg* m = wire.new_message()
+    cdef Py_ssize_t length, entries = 0
+    cdef uint32_t tag, field
+    cdef uint64_t value
+    cdef Span span
+    while at < end:
+        at = read_varint32(p, at, end, &tag)
+        field = tag >> 3
+        if at < 0 or field == 0:
+            return -1
+        if tag & 7 == WT_LEN and (field <= 4 or field == 8):
+            at = read_length(p, at, end, &length)
+            if at < 0:
+                return -1
+            span.ptr, span.length = p + at, length
+            if field == 4:
+                if parse_entry(wire, p, at, at + length, entries) < 0:
+                    return -1
+                entries += 1
+            elif field != 1 and not valid_utf8(span.ptr, length):
+                return -1
+            elif field == 1:
+                m.body = span
+            elif field == 2:
+                m.tags = span
+            elif field == 3:
+                wire.add_key(span)
+            else:
+                m.shard = span
+            at += length
+        elif tag & 7 == WT_VARINT and 5 <= field <= 7:
+            at = read_varint(p, at, end, &value)
+            if at < 0:
+                return -1
+            if field == 5:
+                m.flag = <int32_t>value
+            elif field == 6:
+                m.born_ts = <int64_t>value
+            else:
+                m.has_qid, m.qid = True, <int32_t>value
+        else:
+            at = skip_field(p, at, end, tag, MAX_DEPTH - 1)
+            if at < 0:
+                return -1
+    m.keys_to = wire.keys_count
+    m.props_to = _one_per_name(wire, m.props_from)
+    wire.count += 1
+    return 0
+
+
+cdef int parse_entry(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssize_t end,
+                     Py_ssize_t order) except -2:
+    """One properties map entry; kept unless it holds a field other than key and value (upb then
+    keeps the whole entry among the unknown fields instead of in the map)."""
+    cdef Span name, value
+    cdef Py_ssize_t length
+    cdef uint32_t tag
+    cdef bint unknown = False
+    name.ptr = value.ptr = p + at
+    name.length = value.length = 0
+    while at < end:
+        at = read_varint32(p, at, end, &tag)
+        if at < 0 or tag >> 3 == 0:
+            return -1
+        if tag & 7 == WT_LEN and (tag >> 3 == 1 or tag >> 3 == 2):
+            at = read_length(p, at, end, &length)
+            if at < 0 or not valid_utf8(p + at, length):
+                return -1
+            if tag >> 3 == 1:
+                name.ptr, name.length = p + at, length
+            else:
+                value.ptr, value.length = p + at, length
+            at += length
+        else:
+            at = skip_field(p, at, end, tag, MAX_DEPTH - 2)
+            if at < 0:
+                return -1
+            unknown = True
+    if not unknown:
+        wire.add_prop(name, value, order)
+    return 0
+
+
+cdef int _compare_props(const void* a, const void* b) noexcept nogil:
+    cdef const Prop* x = <const Prop*>a
+    cdef const Prop* y = <const Prop*>b
+    cdef int found = memcmp(x.name.ptr, y.name.ptr, min(x.name.length, y.name.length))
+    if found:
+        return found
+    if x.name.length != y.name.length:
+        return -1 if x.name.length < y.name.length else 1
+    return -1 if x.order < y.order else (1 if x.order > y.order else 0)
+
+
+cdef Py_ssize_t _one_per_name(WireMessages wire, Py_ssize_t first) noexcept:
+    """Sort the message's entries (props[first:]) by name (UTF-8 byte order is code point order, as
+    Python sorts str) and keep the last entry of each name; returns the new end."""
+    cdef Py_ssize_t i, out = first, end = wire.props_count
+    cdef Prop* props = wire.props
+    if end - first < 2:
+        return end
+    qsort(&props[first], end - first, sizeof(Prop), _compare_props)
+    for i in range(first, end):
+        if (i + 1 < end and props[i].name.length == props[i + 1].name.length
+                and memcmp(props[i].name.ptr, props[i + 1].name.ptr, props[i].name.length) == 0):
+            continue
+        props[out] = props[i]
+        out += 1
+    wire.props_count = out
+    return out
+
+

@@ -1,0 +1,172 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The record walk (recovery, consume-queue rebuild, the Index's Tail frames) and the Java hash of
+``topic#key`` in C: mqstore.format.record_scan._scan_python and routing_fields, and
+mqstore.format.index_file's key_hashes are the references, and tests/property/test_codec_scan.py requires the same results.
+
+:func:`scan` stops where the reference stops and returns what it returns; why a record failed is
+still said by the reference (record_reader.check), which only runs on the one record that failed.
+
+Thread-safety: pure functions over the caller's buffer (which must not change during the call).
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memchr, memcmp
+
+from mqstore.codec._wire cimport java_hash_utf8_continue
+
+cdef extern from "zlib.h":
+    unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
+
+# mqstore.format.record: the fields _scan reads (checked against record.IPV4 / LAYOUTS by mqstore.codec).
+cdef uint32_t MAGIC_V1 = 0xDAA320A7
+cdef enum:
+    FIXED_OVERHEAD = 91
+    HEADER_SIZE = 88          # BODY of the IPv4 layout
+    HOSTS_V6 = 0x30           # SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6
+    SYS_FLAG_AT = 36
+    PHYSICAL_OFFSET_AT = 28
+    BODY_CRC_AT = 8
+    INT_MIN_HASH = -2147483648
+
+# Per layout (index = (SYSFLAG & HOSTS_V6) >> 4): where the body starts, where STORETIMESTAMP is.
+cdef Py_ssize_t BODY_AT[4]
+cdef Py_ssize_t STORE_TIMESTAMP_AT[4]
+BODY_AT[:] = [88, 100, 100, 112]
+STORE_TIMESTAMP_AT[:] = [56, 68, 56, 68]
+LAYOUT = {"body_at": tuple(BODY_AT), "store_timestamp_at": tuple(STORE_TIMESTAMP_AT)}
+
+
+cdef inline uint32_t be32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+cdef inline int64_t be64(const uint8_t* p) noexcept nogil:
+    return <int64_t>((<uint64_t>be32(p) << 32) | be32(p + 4))
+
+
+def scan(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t limit, bint verify_crc, base, list out):
+    """record_scan._scan_python: (stop position, records, store time of the last one); appends
+    (physical offset, sys flag, store time, topic bytes, properties bytes) per record to ``out``
+    unless it is None."""
+    cdef const uint8_t* p = &buf[0] if buf.shape[0] else NULL
+    cdef Py_ssize_t count = 0, end, body_at, topic_at, props_at, layout
+    cdef int64_t last_ts = 0, store_ts, physical_offset
+    cdef int64_t base_offset = 0 if base is None else base
+    cdef bint check_offset = base is not None
+    cdef int32_t total, body_len, sys_flag
+    cdef uint32_t crc
+    if limit > buf.shape[0]:
+        raise ValueError(f"limit {limit} is past the buffer's {buf.shape[0]} bytes")
+    while limit - position >= FIXED_OVERHEAD:
+        total = <int32_t>be32(p + position)
+        end = position + total
+        sys_flag = <int32_t>be32(p + position + SYS_FLAG_AT)
+        layout = (sys_flag & HOSTS_V6) >> 4
+        body_at = position + BODY_AT[layout]
+        if layout and (end < body_at + 3 or end > limit):
+            break
+        body_len = <int32_t>be32(p + body_at - 4)
+        store_ts = be64(p + position + STORE_TIMESTAMP_AT[layout])
+        physical_offset = be64(p + position + PHYSICAL_OFFSET_AT)
+        topic_at = body_at + body_len
+        if (be32(p + position + 4) != MAGIC_V1 or end > limit or end < body_at + 3 or topic_at < body_at
+                or topic_at >= end or (check_offset and physical_offset != base_offset + position)):
+            break
+        props_at = topic_at + 1 + p[topic_at]
+        if props_at + 2 > end or props_at + 2 + <int16_t>((p[props_at] << 8) | p[props_at + 1]) != end:
+            break
+        if verify_crc:
+            crc = <uint32_t>(crc32(0, p + body_at, <unsigned int>body_len) & 0x7FFFFFFF)
+            if crc != be32(p + position + BODY_CRC_AT):
+                break
+        last_ts = store_ts
+        if out is not None:
+            out.append((physical_offset, sys_flag, store_ts,
+                        PyBytes_FromStringAndSize(<const char*>p + topic_at + 1, props_at - topic_at - 1),
+                        PyBytes_FromStringAndSize(<const char*>p + props_at + 2, end - props_at - 2)))
+        count += 1
+        position = end
+    return position, count, last_ts
+
+
+def key_hashes(uint32_t prefix_state, suffixes, fallback):
+    """index_file.key_hashes: abs(Java hashCode(prefix + s)) for each suffix (Integer.MIN_VALUE -> 0),
+    from the prefix's hash state. A suffix that is not valid UTF-8 text (a lone surrogate) is hashed
+    by ``fallback`` (the reference java_hash_continue)."""
+    cdef const char* text
+    cdef Py_ssize_t length
+    cdef int32_t h
+    out = []
+    for suffix in suffixes:
+        try:
+            text = PyUnicode_AsUTF8AndSize(suffix, &length)
+            h = java_hash_utf8_continue(prefix_state, <const uint8_t*>text, length)
+        except UnicodeEncodeError:
+            h = fallback(prefix_state, suffix)
+        out.append(0 if h == INT_MIN_HASH else (-h if h < 0 else h))
+    return out
+
+
+cdef uint32_t MAGIC_BLANK = 0xCBD43194
+
+
+cdef object _tags_of(const uint8_t* props, Py_ssize_t length):
+    """record_reader.find_property(props, "TAGS") or "": the value of the last entry that starts with
+    TAGS\\x01 and is not empty. (An occurrence of the marker can only lie inside one entry, since it
+    holds no 0x02, so find_property's search and this walk over the entries find the same ones.)"""
+    cdef Py_ssize_t start = 0, end
+    cdef const uint8_t* found = NULL
+    cdef Py_ssize_t found_length = 0
+    cdef const uint8_t* stop
+    while start < length:
+        stop = <const uint8_t*>memchr(props + start, 2, length - start)
+        end = length if stop == NULL else stop - props
+        if end - start > 5 and memcmp(props + start, b"TAGS\x01", 5) == 0:
+            found, found_length = props + start + 5, end - start - 5
+        start = end + 1
+    if found == NULL:
+        return ""
+    return PyUnicode_DecodeUTF8(<const char*>found, found_length, "replace")
+
+
+def routing_records(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end, Py_ssize_t max_records):
+    """record_scan.routing_fields of the records from ``position`` while it is below ``end``, at most
+    ``max_records``: (list of (size, topic bytes, queue id, queue offset, sys flag, TAGS, store time),
+    stop position, whether a blank record stops it). It stops before the first record whose fields
+    do not lie within the buffer as a valid record's do; the caller goes on there with the reference."""
+    cdef const uint8_t* p = &buf[0] if buf.shape[0] else NULL
+    cdef Py_ssize_t n = buf.shape[0], body_at, topic_at, props_at, props_end, record_end, layout
+    cdef int32_t total, body_len, sys_flag
+    out = []
+    while position < end and len(out) < max_records:
+        if n - position < 8:
+            break
+        if be32(p + position + 4) == MAGIC_BLANK:
+            return out, position, True
+        if be32(p + position + 4) != MAGIC_V1 or n - position < FIXED_OVERHEAD:
+            break
+        total = <int32_t>be32(p + position)
+        sys_flag = <int32_t>be32(p + position + SYS_FLAG_AT)
+        layout = (sys_flag & HOSTS_V6) >> 4
+        body_at = position + BODY_AT[layout]
+        record_end = position + total
+        if total < BODY_AT[layout] + 3 or record_end > n:
+            break
+        body_len = <int32_t>be32(p + body_at - 4)
+        topic_at = body_at + body_len
+        if body_len < 0 or topic_at >= record_end:
+            break
+        props_at = topic_at + 1 + p[topic_at]
+        if props_at + 2 > record_end:
+            break
+        props_end = props_at + 2 + <int16_t>((p[props_at] << 8) | p[props_at + 1])
+        if props_end != record_end:
+            break
+        out.append((total, PyBytes_FromStringAndSize(<const char*>p + topic_at + 1, props_at - topic_at - 1),
+                    <int32_t>be32(p + position + 12), be64(p + position + 20), sys_flag,
+                    _tags_of(p + props_at + 2, props_end - props_at - 2),
+                    be64(p + position + STORE_TIMESTAMP_AT[layout])))
+        position = record_end
+    return out, position, False

@@ -1,0 +1,50 @@
+"""Append's request and response on the wire, by the codec in use (mqstore.codec).
+
+Compiled: the request bytes become WireMessages (pointers into them; the store's encoder takes them
+as they are) and the AppendResponse bytes are built from the store's AppendResults columns, with no
+Python object per field. Pure Python (the reference): protobuf parses the request, convert.messages_in
+makes MessageIn, convert.append_response builds the response, which is then serialized.
+
+Bytes the compiled parser does not accept are parsed by protobuf, whose DecodeError says why (the
+error interceptor turns it into INVALID_ARGUMENT): so a malformed request gets protobuf's own words
+on both paths. The servicer's Append and AppendStream use these through errors.wire_codec.
+
+Thread-safety: stateless.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from mqstore import codec, model
+from mqstore_rpc import convert
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
+
+# The enum numbers of the store's durability names, for the compiled response builder.
+DURABILITY_CODES = {model.DURABILITY_WRITTEN: common_pb2.DURABILITY_WRITTEN,
+                    model.DURABILITY_FLUSHED: common_pb2.DURABILITY_FLUSHED}
+
+
+def parse_request(raw: bytes):
+    """AppendRequest bytes -> an object with ``topic`` and ``messages`` (WireMessages or the protobuf
+    message); raises protobuf's DecodeError when the bytes are not an AppendRequest."""
+    if codec.compiled is not None:
+        wire = codec.compiled.parse_append_request(raw)
+        if wire is not None:
+            return wire
+    return commitlog_pb2.AppendRequest.FromString(raw)
+
+
+def messages(request, peer: str):
+    """What MessageStore.append takes for the request's messages; ``peer`` is the gRPC peer string."""
+    if codec.is_wire_messages(request):
+        request.set_peer(*convert.peer_address(peer))
+        return request
+    return convert.messages_in(request.messages, peer)
+
+
+def append_response(batches: Iterable[model.AppendResults]) -> bytes:
+    """Serialized AppendResponse: one AppendResult per appended message, in order."""
+    if codec.compiled is not None:
+        return codec.compiled.append_response(batches, DURABILITY_CODES)
+    return convert.append_response(batches).SerializeToString()

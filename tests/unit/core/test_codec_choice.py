@@ -1,0 +1,52 @@
+"""mqstore.codec's choice at import: compiled when built, else the pure-Python path with one warning."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from structlog.testing import capture_logs
+
+from mqstore import codec
+
+pytestmark = pytest.mark.codec
+
+
+def test_an_unbuilt_extension_gives_the_python_path_with_the_reason(monkeypatch):
+    monkeypatch.delenv(codec.ENV_PURE_PYTHON, raising=False)
+    # The import fails as if the extension had never been built.
+    monkeypatch.setitem(sys.modules, "mqstore.codec._records", None)
+    monkeypatch.delattr(codec, "_records", raising=False)
+    compiled, reason = codec._load()
+    assert compiled is None
+    assert "not built" in reason and "make setup" in reason
+
+
+def test_the_environment_forces_the_python_path(monkeypatch):
+    monkeypatch.setenv(codec.ENV_PURE_PYTHON, "1")
+    assert codec._load() == (None, f"{codec.ENV_PURE_PYTHON}=1 asks for the pure-Python codec")
+    monkeypatch.setenv(codec.ENV_PURE_PYTHON, "0")
+    compiled, reason = codec._load()
+    assert reason == "" or "not built" in reason  # "0" does not force it
+
+
+def test_the_python_path_is_announced_once_per_process(monkeypatch):
+    monkeypatch.setattr(codec, "compiled", None)
+    monkeypatch.setattr(codec, "REASON", "because")
+    monkeypatch.setattr(codec, "_announced", False)
+    with capture_logs() as logs:
+        for _ in range(3):
+            codec.announce()
+    assert logs == [{"event": "codec.pure_python", "reason": "because", "log_level": "warning"}]
+
+
+def test_the_compiled_code_writes_and_reads_where_the_record_module_says():
+    if codec.compiled is None:
+        pytest.skip(f"the compiled codec is not in use: {codec.REASON}")
+    from mqstore.codec import _records, _scan
+    codec._check_layout(_records.WRITES, _scan.LAYOUT)
+    from mqstore.errors import InvariantViolation
+    with pytest.raises(InvariantViolation, match="writes records at"):
+        codec._check_layout({**_records.WRITES, "body_at": 87}, _scan.LAYOUT)
+    with pytest.raises(InvariantViolation, match="reads records at"):
+        codec._check_layout(_records.WRITES, {**_scan.LAYOUT, "body_at": (88, 100, 100, 100)})
