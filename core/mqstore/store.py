@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from typing import Callable, Iterator, Sequence
 
 import structlog
@@ -59,6 +60,7 @@ MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
 MAX_FRAME_BYTES = 4 << 20
+MAX_TAIL_LINGER_MS = 1000  # a Tail's linger_ms is clamped to this
 MAX_GET_MESSAGES = 1000
 
 
@@ -375,14 +377,17 @@ class MessageStore:
     # ------------------------------------------------------------------ tail
     def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
              heartbeat_ms: int, is_active: Callable[[], bool], tx_types: Sequence[int] = (),
-             hold_retention_as: str = "") -> Iterator[TailFrame]:
+             hold_retention_as: str = "", linger_ms: int = 0) -> Iterator[TailFrame]:
         """Frames of whole raw records, only visible ones; an empty frame every heartbeat when idle.
         With ``topics`` and/or ``tx_types`` (SYSFLAG transaction values: 0, 0x4, 0x8, 0xC) a record is
         sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``.
-        ``hold_retention_as``: retention keeps the log from the stream's start (mqstore.retention_holds)."""
+        ``hold_retention_as``: retention keeps the log from the stream's start (mqstore.retention_holds).
+        With ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
+        appends share a frame (each frame costs a wake-up and a send on both sides)."""
         self._check_running()
         max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
         heartbeat_s = min(max(heartbeat_ms if heartbeat_ms > 0 else 1000, 10), 60_000) / 1000
+        linger_s = min(max(linger_ms, 0), MAX_TAIL_LINGER_MS) / 1000
         for name in topics:  # a name that can never exist would filter out everything, silently
             topic_rules.validate_topic_name(name)
         wanted = frozenset(t.encode("utf-8") for t in topics)
@@ -406,6 +411,8 @@ class MessageStore:
                     cond.wait(heartbeat_s)
             if self.visible_offset() <= pos:
                 yield TailFrame(b"", 0, pos, self.visible_offset())
+            elif linger_s:
+                time.sleep(linger_s)  # at most MAX_TAIL_LINGER_MS; the loop then checks is_active and stop
 
     def _tail_start(self, start: str, offset: int) -> int:
         visible = self.visible_offset()

@@ -94,7 +94,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
                                   list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
                                   is_active=context.is_active,
                                   tx_types=[convert.tx_type_in(t) for t in request.transaction_types],
-                                  hold_retention_as=request.hold_retention_as)
+                                  hold_retention_as=request.hold_retention_as, linger_ms=request.linger_ms)
         for frame in frames:
             yield convert.tail_frame(frame)
 

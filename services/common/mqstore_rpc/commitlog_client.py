@@ -74,10 +74,12 @@ class CommitLogClient:
 
     # ---- reading the log -----------------------------------------------------------------------------
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int,
-             topics: Sequence[str] = (), tx_types: Sequence[int] = (), hold_retention_as: str = "") -> TailCall:
+             topics: Sequence[str] = (), tx_types: Sequence[int] = (), hold_retention_as: str = "",
+             linger_ms: int = 0) -> TailCall:
         """Frames from ``from_physical_offset`` (a record start), or from the earliest record when None;
         with ``topics``/``tx_types`` (SYSFLAG transaction values) only records of those topics or types;
-        ``hold_retention_as``: the commit log holds retention below this stream's start for that follower."""
+        ``hold_retention_as``: the commit log holds retention below this stream's start for that follower;
+        ``linger_ms``: see TailRequest.linger_ms."""
         if from_physical_offset is None:
             request = commitlog_pb2.TailRequest(start=commitlog_pb2.TAIL_START_EARLIEST)
         else:
@@ -85,6 +87,7 @@ class CommitLogClient:
                                                 from_physical_offset=from_physical_offset)
         request.max_frame_bytes = max_frame_bytes
         request.heartbeat_ms = heartbeat_ms
+        request.linger_ms = linger_ms
         request.topics.extend(topics)
         request.transaction_types.extend(convert.tx_type_out(t) for t in tx_types)
         request.hold_retention_as = hold_retention_as

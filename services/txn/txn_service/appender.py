@@ -7,7 +7,8 @@ groups it by topic in arrival order into Appends of at most ``max_messages`` mes
 commit visible at once), and hands each caller its own results. An Append that the log refuses as
 INVALID_ARGUMENT is retried one caller at a time, so one bad request fails alone.
 
-Thread-safe: ``_cond`` guards the queues, the leaders and the counters; a leader appends unlocked.
+Thread-safe: ``_lock`` guards the queues, the leaders, the requests' flags and the counters; a leader
+appends unlocked; each caller waits on its request's own event.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ class _Request:
     topic: str
     messages: Sequence[MessageIn]
     body_bytes: int
-    done: threading.Event = field(default_factory=threading.Event)
+    signal: threading.Event = field(default_factory=threading.Event)  # done, or handed the lead
+    lead: bool = False           # this caller appends the next round (set under _lock)
+    taken: bool = False          # in a leader's round: only that round decides the outcome (under _lock)
+    done: bool = False
     results: list[AppendResult] | None = None
     error: BaseException | None = None
 
@@ -40,9 +44,9 @@ class _Request:
 class AppendBatcher:
     def __init__(self, append: AppendFn, *, max_messages: int, max_bytes: int, timeout_s: float):
         self._append, self.max_messages, self.max_bytes, self.timeout_s = append, max_messages, max_bytes, timeout_s
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queues: dict[str, collections.deque[_Request]] = collections.defaultdict(collections.deque)
-        self._leading: set[str] = set()  # topics with an append in flight (one per topic at a time)
+        self._leading: set[str] = set()  # topics with a leader (one per topic at a time)
         self._closed = False
         self.appends = self.appended_messages = 0
 
@@ -51,49 +55,64 @@ class AppendBatcher:
 
         Group commit per topic, without a thread of its own: a caller that finds no append to its
         topic in flight leads one round: it appends everything queued for the topic (its own request
-        and those that arrived), then hands over; a waiting caller whose request is still queued leads
-        the next round. So a lone producer pays no hand-off between threads, under load one Append
+        and those that arrived), then hands the lead to the eldest caller still queued, who leads the
+        next round. So a lone producer pays no hand-off between threads, under load one Append
         carries many producers' messages, and halves, real messages and OP records (other topics) are
-        appended concurrently."""
+        appended concurrently. Each caller is woken once, by its own event (its results, or its
+        turn to lead): no caller is woken for a round it is not in."""
         request = _Request(topic, messages, sum(len(m.body) for m in messages))
         deadline = time.monotonic() + self.timeout_s
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise Unavailable("the Transaction service is stopping; retry on the next start")
             queue = self._queues[topic]
             queue.append(request)
-            while not request.done.is_set() and topic in self._leading:
-                left = deadline - time.monotonic()
-                if left <= 0 and request in queue:
-                    # Never appended later behind the caller's back: a retried Commit must not find its
-                    # first attempt's messages arriving after it (a leader's append has its own timeout).
-                    queue.remove(request)
-                    raise Unavailable(f"the append waited {self.timeout_s:.0f} s for its turn and was not sent; "
-                                      f"retry")
-                self._cond.wait(max(left, 0.05))
-            lead = not request.done.is_set()
-            if lead:
+            if topic not in self._leading:
                 self._leading.add(topic)
+                request.lead = True
+        if not request.lead:
+            self._await_turn(request, queue, deadline)
+        if not request.done:  # handed the lead (or found none): append the queue as it is now
+            with self._lock:
                 pending = list(queue)
                 queue.clear()
-        if lead:
+                for taken in pending:
+                    taken.taken = True
             self._lead(topic, pending)
         if request.error is not None:
             raise request.error
         return request.results
+
+    def _await_turn(self, request: _Request, queue: collections.deque[_Request], deadline: float) -> None:
+        """Until ``request`` is done or its caller is handed the lead; Unavailable (and withdrawn) if it
+        is still queued at ``deadline``."""
+        if request.signal.wait(max(deadline - time.monotonic(), 0)):
+            return
+        with self._lock:
+            if not request.lead and not request.taken:
+                # Never appended later behind the caller's back: a retried Commit must not find its
+                # first attempt's messages arriving after it.
+                queue.remove(request)
+                raise Unavailable(f"the append waited {self.timeout_s:.0f} s for its turn and was not sent; retry")
+        while not request.signal.wait(self.timeout_s):
+            pass  # in a leader's round (or just handed the lead): that append has its own timeout
 
     def _lead(self, topic: str, pending: list[_Request]) -> None:
         try:
             for group in self._groups(pending):
                 self._append_group(group)
         finally:
-            with self._cond:
-                self._leading.discard(topic)
-                self._cond.notify_all()
+            with self._lock:
+                queue = self._queues[topic]
+                if queue:  # hand over: the eldest queued caller leads the next round
+                    queue[0].lead = True
+                    queue[0].signal.set()
+                else:
+                    self._leading.discard(topic)
 
     def close(self) -> None:
         """Refuse new appends (those in flight finish)."""
-        with self._cond:
+        with self._lock:
             self._closed = True
 
     def _groups(self, pending: list[_Request]) -> list[list[_Request]]:
@@ -128,17 +147,19 @@ class AppendBatcher:
             log.exception("txn.append_failed", topic=group[0].topic)
             self._fail(group, exc)
             return
-        with self._cond:
+        with self._lock:
             self.appends += 1
             self.appended_messages += len(messages)
         at = 0
         for request in group:
             request.results = results[at:at + len(request.messages)]
             at += len(request.messages)
-            request.done.set()
+            request.done = True
+            request.signal.set()
 
     @staticmethod
     def _fail(group: list[_Request], exc: BaseException) -> None:
         for request in group:
             request.error = exc
-            request.done.set()
+            request.done = True
+            request.signal.set()

@@ -23,6 +23,8 @@ class TxnConfig:
     append_max_messages: int = 1000         # one Append to the commit log carries at most this...
     append_max_bytes: int = 4 << 20         # ...and this many bytes of bodies (the log's limits)
     checkpoint_interval_ms: int = 1000      # the state snapshot is written this often
+    follow_linger_ms: int = 20              # the follower's Tail gathers new records this long per frame
+                                            # (nothing waits for the follower once it has caught up at start)
     resolved_keep: int = 100_000            # resolved transactions remembered (idempotent answers)
     metadata_url: str = ""                  # audit trail database; "" = SQLite in data_dir
 
@@ -32,6 +34,8 @@ class TxnConfig:
                      "append_max_messages", "append_max_bytes", "checkpoint_interval_ms", "resolved_keep"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if not 0 <= self.follow_linger_ms <= 1000:
+            raise InvalidArgument(f"follow_linger_ms must be in [0, 1000], not {self.follow_linger_ms}")
         if self.cache_max_bytes < 0 or self.cache_max_entries < 0:
             raise InvalidArgument("cache_max_entries and cache_max_bytes must not be negative (0 = no cache)")
         if self.append_max_messages > 1000:

@@ -73,12 +73,14 @@ class TxnServiceConfig:
 class TxnTailSource:
     """The log as the follower sees it: the transaction topics and every COMMIT record."""
 
-    def __init__(self, client: CommitLogClient):
-        self.client = client
+    def __init__(self, client: CommitLogClient, linger_ms: int):
+        self.client, self.linger_ms = client, linger_ms
 
     def tail(self, from_physical_offset, *, max_frame_bytes: int, heartbeat_ms: int):
+        # linger: once caught up, one frame per linger_ms instead of one per append (fewer wake-ups on
+        # both sides; the coordinator changes states itself and waits for the follower only at start)
         return self.client.tail(from_physical_offset, max_frame_bytes=max_frame_bytes, heartbeat_ms=heartbeat_ms,
-                                topics=FOLLOWED_TOPICS, tx_types=(SYSFLAG_TX_COMMIT,))
+                                topics=FOLLOWED_TOPICS, tx_types=(SYSFLAG_TX_COMMIT,), linger_ms=self.linger_ms)
 
 
 def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
@@ -111,7 +113,8 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     parts.add_duty(ops)
     cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes)
     coordinator = Coordinator(cfg, table, client, appender, ops, cache, clock)
-    parts.add_duty(Follower("txn-follower", TxnTailSource(client), table, config.follow, gap_policy=GapPolicy.SKIP))
+    parts.add_duty(Follower("txn-follower", TxnTailSource(client, cfg.follow_linger_ms), table, config.follow,
+                            gap_policy=GapPolicy.SKIP))
     hub = CheckHub()
     checker = parts.add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(client, offsets),
                                      lambda topic, messages: appender.append(topic, messages)))

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 
 import pytest
 
 from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
 from mqstore.format import record_reader
-from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST
+from mqstore import store as store_module
+from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST, TAIL_LATEST
 from mqstore.store import MessageStore
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -157,6 +160,31 @@ def test_tail_frames_whole_records_with_filter(open_store):
     with pytest.raises(OutOfRange):
         next(store.tail(TAIL_AT_OFFSET, end + 100, [], 0, 10, is_active=lambda: True))
 
+
+
+def test_a_caught_up_tail_lingers_so_that_several_appends_share_a_frame(open_store, monkeypatch):
+    store = open_store()
+    store.create_topic("t", 1)
+    store.append("t", [MessageIn(body=b"0")])
+    lingered = []
+
+    def linger(seconds):  # stands in for the wait: another append lands meanwhile
+        lingered.append(seconds)
+        store.append("t", [MessageIn(body=b"2")])
+
+    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(sleep=linger))
+    behind = store.tail(TAIL_EARLIEST, 0, [], 0, 60_000, is_active=lambda: True, linger_ms=50)
+    assert [v.body for v in record_reader.records(next(behind).records)] == [b"0"]
+    assert lingered == []  # a stream behind the log sends at once
+    frames = store.tail(TAIL_LATEST, 0, [], 0, 60_000, is_active=lambda: True, linger_ms=5000)
+    first: list = []
+    reader = threading.Thread(target=lambda: first.append(next(frames)))
+    reader.start()
+    wait_until(lambda: store.dispatcher.visible._waiters, "the tail waiting for new records")
+    store.append("t", [MessageIn(body=b"1")])
+    reader.join(10)
+    assert [v.body for v in record_reader.records(first[0].records)] == [b"1", b"2"]
+    assert lingered == [1.0]  # clamped to MAX_TAIL_LINGER_MS
 
 def test_offset_by_time(open_store, fake_clock):
     store = open_store(clock=fake_clock)
