@@ -40,7 +40,7 @@ import time
 import traceback
 
 import grpc
-from procs import PYTHON, GrpcServer, stop_all
+from procs import PYTHON, GrpcServer, git_rev, stop_all
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -277,14 +277,6 @@ def markdown(rows: list[dict], meta: dict, results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BENCH_DIR,
-                              check=False).stdout.strip()
-    except OSError:
-        return "?"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="mqstore Compactor benchmark")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, short windows")
@@ -319,7 +311,7 @@ def main(argv=None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     meta = {"started": started, "elapsed_s": time.monotonic() - _T0, "mode": "quick" if args.quick else "full",
-            "groups": groups, "git": _git_rev(), "config": cfg,
+            "groups": groups, "git": git_rev(), "config": cfg,
             "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, grpcio {grpc.__version__}"}
     rows = build_rows(results)
     out_dir = RESULTS_DIR / "scratch" if (args.quick or asked) else RESULTS_DIR
