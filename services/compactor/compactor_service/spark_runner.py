@@ -6,8 +6,9 @@ process (``python -m mqstore_spark.round_job``: the service never imports pyspar
 set to this Python and SPARK_LOCAL_IP to loopback unless set, bounded by ``timeout_s``, then
 :func:`install_output` checks the manifest against the staged files (inputs are the planned segments,
 every output's size and CRC32, the SHA-256 digest) and installs them with QueueLog.install (the swap
-every round uses). A job that fails or a manifest that does not check raises: the round fails and the
-queue is quarantined like any other failing round.
+every round uses). Each job logs ``compaction.spark_job`` (the master, the Spark application's id,
+which the job prints last on its stdout, and the seconds it took). A job that fails or a manifest that
+does not check raises: the round fails and the queue is quarantined like any other failing round.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import zlib
+
+import structlog
 
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.qlog import Entries, QueueLog
@@ -27,6 +31,8 @@ from mqstore.compaction.rounds import RoundStats
 from mqstore.compaction.writer import MANIFEST, manifest_of
 from mqstore.errors import DataLoss, Unavailable
 from mqstore.format import compaction_segment as cseg, sparse_queue
+
+log = structlog.get_logger("compactor_service.spark")
 
 
 class SparkRunner:
@@ -48,6 +54,7 @@ class SparkRunner:
         env = dict(os.environ)
         env.setdefault("PYSPARK_PYTHON", self.python)
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        started = time.monotonic()
         try:
             done = subprocess.run([self.python, "-m", "mqstore_spark.round_job", str(path)], env=env,
                                   capture_output=True, timeout=self.timeout_s, check=False)
@@ -58,6 +65,9 @@ class SparkRunner:
         if done.returncode != 0:
             tail = done.stderr.decode("utf-8", "replace")[-2000:]
             raise Unavailable(f"the Spark round job failed (exit {done.returncode}): {tail}")
+        lines = done.stdout.decode("utf-8", "replace").split()
+        log.info("compaction.spark_job", queue_dir=str(qlog.directory), master=self.master,
+                 app_id=lines[-1] if lines else "", seconds=round(time.monotonic() - started, 1))
         return install_output(qlog, request["bases"], pathlib.Path(request["staging"]))
 
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# `make compose-check-spark`: the compactor's heavy round on docker-compose.yml's standalone Spark cluster,
+# on a real Docker engine, through the published ports.
+#
+#   1. build the two images once (docker compose build commitlog compactor: mqstore and mqstore-spark,
+#      tagged MQSTORE_IMAGE_TAG, default spark-check, so that a concurrent `make compose-check` keeps
+#      its mqstore:dev) and print their sizes;
+#   2. docker compose up --wait commitlog, compactor, spark-master, spark-worker; wait until the master
+#      lists the worker ALIVE;
+#   3. scripts/compose_smoke.py spark: a COMPACTION topic with overwritten keys and a tombstone,
+#      Compact(engine=SPARK) on every queue, GetLatest answers the latest values;
+#   4. the round ran on the cluster: the compactor logged compaction.spark_job with master
+#      spark://spark-master:7077 and an application id per round, and the master lists each of those
+#      applications as FINISHED;
+#   5. always (also on failure or Ctrl-C): docker compose down -v (project mqspark: containers, network
+#      and volumes of this check only).
+#
+# Environment: PY, COMPOSE_ENGINE as for scripts/compose_check.sh; COMPOSE_CHECK_SPARK_PORTS (published
+# host ports of commitlog and compactor, default "52051 52054").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+ENGINE=${COMPOSE_ENGINE:-}
+read -r LOG_PORT COMPACTOR_PORT <<< "${COMPOSE_CHECK_SPARK_PORTS:-52051 52054}"
+export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_COMPACTOR_HOST_PORT=$COMPACTOR_PORT
+export MQSTORE_IMAGE_TAG=${MQSTORE_IMAGE_TAG:-spark-check}
+PROJECT=mqspark
+SERVICES=(commitlog compactor spark-master spark-worker)
+MASTER=spark://spark-master:7077
+WAIT_TIMEOUT_S=300
+t0=$SECONDS
+say() { printf '[compose-check-spark %3d s] %s\n' $((SECONDS - t0)) "$*"; }
+compose() { docker compose -p "$PROJECT" "$@"; }
+
+NEAR_PORTS=()
+if [ -n "$ENGINE" ]; then
+    base=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
+    say "engine: $ENGINE up --base $base"
+    host=$("$ENGINE" up --base "$base" | sed -n 's/^export DOCKER_HOST=//p')
+    [ -n "$host" ] || { say "the engine printed no DOCKER_HOST"; exit 1; }
+    export DOCKER_HOST=$host
+    NEAR_PORTS=("$ENGINE" exec)
+fi
+
+cleanup() {
+    status=$?
+    trap - EXIT INT TERM
+    if [ $status -ne 0 ]; then
+        say "FAILED (exit $status); the services' last logs:"
+        compose logs --no-color --tail 30 "${SERVICES[@]}" 2>&1 || true
+    fi
+    say "tearing down (docker compose down -v)"
+    compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
+    exit $status
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The master's state (its web UI's JSON, inside its container: the UI is not published).
+master_json() {
+    compose exec -T spark-master python -c "import sys, urllib.request as u
+sys.stdout.write(u.urlopen('http://127.0.0.1:8080/json/', timeout=5).read().decode())"
+}
+
+say "docker compose build commitlog compactor (mqstore:$MQSTORE_IMAGE_TAG, mqstore-spark:$MQSTORE_IMAGE_TAG)"
+compose build --quiet commitlog compactor
+for image in "mqstore:$MQSTORE_IMAGE_TAG" "mqstore-spark:$MQSTORE_IMAGE_TAG"; do
+    say "image $image: $(( $(docker image inspect "$image" --format '{{.Size}}') / 1000000 )) MB"
+done
+
+say "docker compose up --wait ${SERVICES[*]}"
+compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"
+for _ in $(seq 1 120); do
+    alive=$(master_json 2>/dev/null | "$PY" -c "import json, sys; print(json.load(sys.stdin)['aliveworkers'])" \
+            2>/dev/null || true)
+    [ "${alive:-0}" -ge 1 ] && break
+    sleep 0.5
+done
+[ "${alive:-0}" -ge 1 ] || { say "no worker registered with the master within 60 s"; exit 1; }
+say "healthy; the master lists $alive worker(s); smoke test (spark)"
+"${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py spark --commitlog "127.0.0.1:$LOG_PORT" \
+    --compactor "127.0.0.1:$COMPACTOR_PORT"
+
+jobs=$(compose logs --no-color compactor | grep '"compaction.spark_job"' || true)
+apps=$(printf '%s\n' "$jobs" | grep -F "\"master\": \"$MASTER\"" | grep -o 'app-[0-9]*-[0-9]*' | sort -u || true)
+[ -n "$apps" ] || { say "the compactor logged no Spark job on $MASTER:"; printf '%s\n' "$jobs"; exit 1; }
+master_json | "$PY" -c "import json, sys
+finished = {a['id'] for a in json.load(sys.stdin)['completedapps'] if a['state'] == 'FINISHED'}
+missing = set(sys.argv[1:]) - finished
+sys.exit(f'the master has not finished {sorted(missing)} (finished: {sorted(finished)})' if missing else 0)" $apps
+say "the rounds ran on $MASTER as applications $(echo $apps), all FINISHED there"
+say "passed"
