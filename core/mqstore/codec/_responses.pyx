@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Response messages serialised from the store's results, with no protobuf object per field: the
 bytes protobuf's SerializeToString gives for the same message (fields in number order, zero values
-left out as proto3 does), which tests/property/test_codec_append.py checks.
+left out as proto3 does), which tests/property/test_codec_append.py and test_codec_read.py check.
 
 Thread-safety: pure functions.
 """
