@@ -56,6 +56,7 @@ compose-check: setup
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/index_bench.py $(BENCH_ARGS)
+	$(PY) bench/compactor.py $(BENCH_ARGS)
 	$(PY) bench/txn.py $(filter --quick,$(BENCH_ARGS))
 
 clean:

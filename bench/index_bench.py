@@ -47,7 +47,7 @@ import traceback
 
 import grpc
 import structlog
-from procs import PYTHON, GrpcServer, cpu_seconds, spawn, stop, stop_all
+from procs import PYTHON, GrpcServer, cpu_seconds, git_rev, spawn, stop, stop_all
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -385,14 +385,6 @@ def markdown(rows: list[dict], meta: dict, results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="mqstore Index benchmark")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, short windows")
@@ -428,7 +420,7 @@ def main(argv=None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     meta = {"started": started, "elapsed_s": time.monotonic() - _T0, "mode": "quick" if args.quick else "full",
-            "groups": groups, "git": _git_rev(), "config": cfg,
+            "groups": groups, "git": git_rev(), "config": cfg,
             "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, grpcio {grpc.__version__}, "
                        f"SQLite {sqlite3.sqlite_version}, Linux {platform.release()}"}
     rows = build_rows(results)

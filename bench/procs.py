@@ -251,3 +251,15 @@ def run_loadgen(spec: dict, processes: int = 1, timeout_s: float = 120.0) -> lis
         for proc in procs:
             stop(proc, 2.0)
     return results
+
+
+def git_rev() -> str:
+    """The commit measured, and whether tracked code differed from it (read-only git commands)."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "core", "services", "protos"],
+                                    cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (rev or "unknown") + (" plus uncommitted changes in core/services/protos" if dirty else "")

@@ -23,7 +23,6 @@ import os
 import pathlib
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ import reads
 import recovery
 import redis_peer
 import report
-from procs import CODEC_COMPILED, CODEC_PYTHON, BenchError, stop_all
+from procs import CODEC_COMPILED, CODEC_PYTHON, BenchError, git_rev, stop_all
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -91,21 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _git_rev() -> str:
-    """The commit measured, and whether tracked code differed from it (read-only git commands)."""
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "core", "services", "protos"],
-                                    cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return (rev or "unknown") + (" plus uncommitted changes in core/services/protos" if dirty else "")
-
-
 def _meta(args, elapsed_s: float, started: str) -> dict:
     return {"started": started, "elapsed_s": elapsed_s, "mode": "quick" if args.quick else "full",
-            "groups": args.groups, "git": _git_rev(), "client_procs": args.client_procs,
+            "groups": args.groups, "git": git_rev(), "client_procs": args.client_procs,
             "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, grpcio {grpc.__version__}, "
                        f"Linux {platform.release()}"}
 

@@ -38,6 +38,7 @@ class StoreConfig:
     max_batch_body_bytes: int = 4 * MiB
     max_stream_messages: int = 100_000
     retention_ms: int = 72 * 3600 * 1000
+    retention_hold_max_ms: int = 7 * 24 * 3600 * 1000  # a follower's hold lapses after this long without a Tail
     clean_interval_ms: int = 10_000
     disk_max_used_ratio: float = 0.90
     store_host: str = "127.0.0.1"
@@ -65,7 +66,8 @@ class StoreConfig:
         if not 0 < self.disk_max_used_ratio <= 1:
             raise InvalidArgument("disk_max_used_ratio must be in (0, 1]")
         for name in ("flush_interval_ms", "sync_flush_timeout_ms", "max_body_bytes", "max_batch_messages",
-                     "retention_ms", "clean_interval_ms", "checkpoint_interval_ms", "default_queue_count",
+                     "retention_ms", "retention_hold_max_ms", "clean_interval_ms", "checkpoint_interval_ms",
+                     "default_queue_count",
                      "max_long_poll_waiters"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")

@@ -22,6 +22,8 @@ KNOWN = frozenset({
     "index.compact.after_rename",  # compact file in place, unsealed source not yet deleted
     "index.tier.after_put",      # compact file durable on the tier, local copy not yet deleted
     "index.rebuild.after_rename",  # rebuilt files renamed into place, .damaged not yet deleted
+    "compaction.round.staged",   # a round's output complete in staging/, its install not begun
+    "compaction.roll.sealed",    # the active compaction segment sealed and synced, the next not yet created
     # fs.install (the staged install; its docstring has the steps), each hit after every file of its step:
     "fs.install.staged",         # a staged file moved to <name>.cleaned
     "fs.install.manifest_written",  # the manifest is durable, nothing renamed to .swap yet

@@ -49,6 +49,7 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, 
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
+from mqstore.retention_holds import RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
 
@@ -89,6 +90,7 @@ class MessageStore:
         self._running = False
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
+        self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
 
     # ------------------------------------------------------------------ lifecycle
@@ -391,10 +393,12 @@ class MessageStore:
 
     # ------------------------------------------------------------------ tail
     def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
-             heartbeat_ms: int, is_active: Callable[[], bool], tx_types: Sequence[int] = ()) -> Iterator[TailFrame]:
+             heartbeat_ms: int, is_active: Callable[[], bool], tx_types: Sequence[int] = (),
+             hold_retention_as: str = "") -> Iterator[TailFrame]:
         """Frames of whole raw records, only visible ones; an empty frame every heartbeat when idle.
         With ``topics`` and/or ``tx_types`` (SYSFLAG transaction values: 0, 0x4, 0x8, 0xC) a record is
-        sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``."""
+        sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``.
+        ``hold_retention_as``: retention keeps the log from the stream's start (mqstore.retention_holds)."""
         self._check_running()
         max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
         heartbeat_s = min(max(heartbeat_ms if heartbeat_ms > 0 else 1000, 10), 60_000) / 1000
@@ -403,8 +407,11 @@ class MessageStore:
         wanted = frozenset(t.encode("utf-8") for t in topics)
         wanted_tx = frozenset(tx_types)
         pos = self._tail_start(start, from_physical_offset)
+        held = pos
         cond = self.dispatcher.visible
         while is_active() and self._running:
+            if hold_retention_as:
+                self.retention_holds.hold(hold_retention_as, held, self.clock.now_ms())
             visible = self.visible_offset()
             if pos < visible:
                 pos = max(pos, self.commitlog.min_offset)
@@ -455,6 +462,8 @@ class MessageStore:
         """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
         queue minimums follow (SegmentQueue.delete_expired)."""
         limit = min(self.flusher.flushed_offset, self.dispatcher.dispatched_offset)
+        held = self.retention_holds.low(self.clock.now_ms())  # a compactor's position (retention_holds.py)
+        limit = limit if held is None else min(limit, held)
         return self.segments.delete_expired(limit, self.clock.now_ms(), self.config.retention_ms,
                                             self.before_segment_delete)
 

@@ -17,7 +17,7 @@ import structlog
 from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
 from mqstore.meta import MetadataStore
-from mqstore.model import KIND_NORMAL, KIND_SYSTEM, QueueInfo, TopicRecord
+from mqstore.model import KIND_COMPACTION, KIND_NORMAL, KIND_SYSTEM, QueueInfo, TopicRecord
 
 log = structlog.get_logger()
 
@@ -79,6 +79,7 @@ class TopicRegistry:
         topic_rules.validate_queue_count(queue_count)
         if retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        _refuse_compaction_retention(name, kind, retention_ms)
         self._refuse_write()
         with self._lock:
             created = self.meta.create_topic(name, queue_count, kind, retention_ms)
@@ -96,8 +97,14 @@ class TopicRegistry:
                 raise FailedPrecondition(
                     f"topic {name!r} has {current.queue_count} queues; the queue count may only grow "
                     f"(shrinking would strand messages), asked for {queue_count}")
+            if current.kind == KIND_COMPACTION and queue_count != current.queue_count:
+                raise FailedPrecondition(
+                    f"topic {name!r} is a COMPACTION topic: its keys are routed by hash modulo its "
+                    f"{current.queue_count} queues, so a new queue count would move keys to other queues (and "
+                    f"resurrect old values)")
         if retention_ms is not None and retention_ms < 0:
             raise InvalidArgument(f"retention_ms must not be negative, got {retention_ms}")
+        _refuse_compaction_retention(name, current.kind, retention_ms or 0)
         self._refuse_write()
         with self._lock:
             updated = self.meta.update_topic(name, queue_count or None, retention_ms)
@@ -136,3 +143,12 @@ class TopicRegistry:
         topic_rules.validate_group_name(group)
         self._queue_info(topic, queue_id)
         return self.meta.query_offset(group, topic, queue_id)
+
+
+def _refuse_compaction_retention(name: str, kind: str, retention_ms: int) -> None:
+    """A COMPACTION topic keeps the latest value of every key for ever (the Compactor's log is its long-lived
+    copy; the commit log's segments expire by the store-wide retention, held back by the compactor's
+    watermark): a per-topic retention would contradict that, so it is refused."""
+    if kind == KIND_COMPACTION and retention_ms > 0:
+        raise InvalidArgument(f"topic {name!r}: retention_ms {retention_ms} on a COMPACTION topic is refused; a "
+                              f"compaction topic keeps the latest value per key (delete a key with a tombstone)")

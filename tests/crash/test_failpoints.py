@@ -26,6 +26,7 @@ from mqstore.errors import CorruptLog
 from mqstore.log.repair import repair
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from tests.crash.test_compaction_crash import crash_in_roll, crash_in_round
 from tests.crash.test_staged_install import OUTCOME, REPLACED, UNTOUCHED, _contents, _prepare
 from tests.unit.index.index_testing import BASE_MS, Model, all_pages, record, tiny_config
 
@@ -300,3 +301,15 @@ def _install(name, tmp_path, failpoint):
 def _txn(name, tmp_path, failpoint):
     from tests.crash.txn_crash import crash_at
     crash_at(name, tmp_path)
+
+
+# ---- compaction logs (tests/crash/test_compaction_crash.py also crashes a round at every install step) ----
+
+@scenario("compaction.round.staged")
+def _compaction_round(name, tmp_path, failpoint):
+    crash_in_round(name, tmp_path, failpoint)
+
+
+@scenario("compaction.roll.sealed")
+def _compaction_roll(name, tmp_path, failpoint):
+    crash_in_roll(name, tmp_path, failpoint)

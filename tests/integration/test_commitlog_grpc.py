@@ -79,8 +79,15 @@ def test_topics_create_list_describe_update_delete(stub):
     created = create(stub, "orders", queue_count=0)
     assert (created.name, created.queue_count, created.kind) == ("orders", 4, common_pb2.TOPIC_KIND_NORMAL)
     assert created.created_ms > 0
-    compacted = create(stub, "prices", 2, kind=common_pb2.TOPIC_KIND_COMPACTION, retention_ms=60_000)
-    assert (compacted.kind, compacted.retention_ms) == (common_pb2.TOPIC_KIND_COMPACTION, 60_000)
+    with pytest.raises(grpc.RpcError) as info:  # a compaction topic keeps its keys: no per-topic retention
+        create(stub, "prices", 2, kind=common_pb2.TOPIC_KIND_COMPACTION, retention_ms=60_000)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "COMPACTION" in info.value.details()
+    compacted = create(stub, "prices", 2, kind=common_pb2.TOPIC_KIND_COMPACTION)
+    assert (compacted.kind, compacted.retention_ms) == (common_pb2.TOPIC_KIND_COMPACTION, 0)
+    for update in (dict(queue_count=4), dict(retention_ms=5_000)):  # keys would move queues / expire
+        with pytest.raises(grpc.RpcError) as info:
+            stub.UpdateTopic(pb.UpdateTopicRequest(name="prices", **update), timeout=RPC_TIMEOUT_S)
+        assert info.value.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT)
 
     listed = stub.ListTopics(pb.ListTopicsRequest(), timeout=RPC_TIMEOUT_S).topics
     assert [t.name for t in listed] == ["orders", "prices"]

@@ -100,7 +100,8 @@ def test_a_commit_answer_commits_and_store_time_not_the_producers_clock_decides(
         assert check.halves[0].body == b"late" and check.halves[0].properties["REAL_TOPIC"] == "orders"
         wait_until(lambda: show(stub, p.transaction_id).state == txn_pb2.TRANSACTION_STATE_COMMITTED, "the commit")
         assert [m.body for m in visible(log_stub, "orders")] == [b"late"]
-        assert show(stub, p.transaction_id).resolved_by == "check-back"
+        # The follower may see the COMMIT record before the coordinator records who decided ("recovery" until then).
+        wait_until(lambda: show(stub, p.transaction_id).resolved_by == "check-back", "the decider recorded")
     finally:
         producer.close()
 

@@ -160,7 +160,7 @@ def _expire(store, rng, model):
     """Retention: the oldest segments (not the active one) become older than RETENTION_MS."""
     segments = store.segments.segments
     old = time.time() - 2 * RETENTION_MS / 1000
-    for seg in segments[:rng.randint(0, len(segments) - 1)]:
+    for seg in segments[:rng.randint(0, max(len(segments) - 1, 0))]:
         os.utime(seg.path, (old, old))
     store.flusher.flush_now()  # in ASYNC mode, what is not flushed yet is never deleted
     deleted = store.delete_expired_segments()

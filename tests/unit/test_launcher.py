@@ -10,10 +10,11 @@ from mqstore_rpc import launcher
 
 
 def test_each_row_gives_its_command_with_the_ports_asked_for():
-    commitlog, index, txn = launcher.services({"index": 6002})
-    assert [s.name for s in (commitlog, index, txn)] == [e.name for e in launcher.SERVICES] == [
-        "commitlog", "index", "txn"]
+    commitlog, index, txn, compactor = launcher.services({"index": 6002})
+    assert [s.name for s in (commitlog, index, txn, compactor)] == [e.name for e in launcher.SERVICES] == [
+        "commitlog", "index", "txn", "compactor"]
     assert txn.command(pathlib.Path("/d"))[3:5] == ["--data-dir", "/d/txn"] and txn.port == 50053
+    assert compactor.port == 50054 and compactor.command(pathlib.Path("/d"))[3:5] == ["--data-dir", "/d/compactor"]
     assert (commitlog.port, index.port) == (50051, 6002)
     assert index.command(pathlib.Path("/d")) == [
         sys.executable, "-m", "index_service.main", "--data-dir", "/d/index", "--host", "127.0.0.1",
@@ -26,7 +27,7 @@ def test_every_row_has_a_port_flag(monkeypatch):
     seen = {}
     monkeypatch.setattr(launcher, "run", lambda data_dir, ports: seen.update(ports) or 0)
     assert launcher.main(["--data-dir", "/tmp/x", "--index-port", "6002"]) == 0
-    assert seen == {"commitlog": 50051, "index": 6002, "txn": 50053}
+    assert seen == {"commitlog": 50051, "index": 6002, "txn": 50053, "compactor": 50054}
 
 
 def test_the_internal_token_is_made_once_per_data_dir_and_the_variable_wins(tmp_path, monkeypatch):

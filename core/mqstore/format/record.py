@@ -168,6 +168,7 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_DELETE = "DELETE"  # "true" on a COMPACTION topic: a tombstone (mqstore.compaction.key)
 
 
 def body_crc(body: bytes) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from mqstore import codec, javahash
 from mqstore.config import StoreConfig
+from mqstore.compaction.key import compaction_queue, message_key
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
@@ -219,18 +220,18 @@ class MessageEncoder:
         result = []
         pending_rr = []
         for index, msg in enumerate(messages):
+            if topic.kind == KIND_COMPACTION:  # routed by its compaction key, overrides must agree
+                result.append(compaction_queue(index, topic.name, count, message_key(msg.keys, msg.properties),
+                                               msg.queue_id, msg.sharding_key))
+                continue
             if msg.queue_id is not None:
                 if not 0 <= msg.queue_id < count:
                     raise InvalidArgument(f"messages[{index}].queue_id {msg.queue_id} is outside [0, {count}) for "
                                           f"topic {topic.name}")
                 result.append(msg.queue_id)
                 continue
-            key = msg.sharding_key or (msg.keys[0] if topic.kind == KIND_COMPACTION and msg.keys else "")
-            if key:
-                result.append(javahash.java_string_hash(key) % count)
-            elif topic.kind == KIND_COMPACTION:
-                raise InvalidArgument(f"messages[{index}]: a COMPACTION topic needs a key (keys or sharding_key) "
-                                      f"or an explicit queue_id")
+            if msg.sharding_key:
+                result.append(javahash.java_string_hash(msg.sharding_key) % count)
             else:
                 pending_rr.append(index)
                 result.append(0)

@@ -103,7 +103,8 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         frames = self._store.tail(convert.tail_start(request.start), request.from_physical_offset,
                                   list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
                                   is_active=context.is_active,
-                                  tx_types=[convert.tx_type_in(t) for t in request.transaction_types])
+                                  tx_types=[convert.tx_type_in(t) for t in request.transaction_types],
+                                  hold_retention_as=request.hold_retention_as)
         for frame in frames:
             yield convert.tail_frame(frame)
 

@@ -28,7 +28,7 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_index, cli_offline, cli_txn
+from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_txn
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser
 from mqstore_rpc.errors import status_for
@@ -367,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.modules[__name__])
     cli_index.add_commands(parser)
     cli_txn.add_commands(parser)
+    cli_compactor.add_commands(parser)
     cli_offline.add_commands(parser)
     args = parser.parse_args(argv)
     mqlogging.configure("warning")  # stdout is for results; events of local commands (repair) go to stderr

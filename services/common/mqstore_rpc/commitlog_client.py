@@ -74,9 +74,10 @@ class CommitLogClient:
 
     # ---- reading the log -----------------------------------------------------------------------------
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int,
-             topics: Sequence[str] = (), tx_types: Sequence[int] = ()) -> TailCall:
+             topics: Sequence[str] = (), tx_types: Sequence[int] = (), hold_retention_as: str = "") -> TailCall:
         """Frames from ``from_physical_offset`` (a record start), or from the earliest record when None;
-        with ``topics``/``tx_types`` (SYSFLAG transaction values) only records of those topics or types."""
+        with ``topics``/``tx_types`` (SYSFLAG transaction values) only records of those topics or types;
+        ``hold_retention_as``: the commit log holds retention below this stream's start for that follower."""
         if from_physical_offset is None:
             request = commitlog_pb2.TailRequest(start=commitlog_pb2.TAIL_START_EARLIEST)
         else:
@@ -86,6 +87,7 @@ class CommitLogClient:
         request.heartbeat_ms = heartbeat_ms
         request.topics.extend(topics)
         request.transaction_types.extend(convert.tx_type_out(t) for t in tx_types)
+        request.hold_retention_as = hold_retention_as
         return TailCall(self._stub.Tail(request, timeout=self.stream_deadline_s), self.address)
 
     def get_messages(self, physical_offsets: Sequence[int]) -> list[model.StoredMessage | None]:
@@ -145,6 +147,11 @@ class CommitLogClient:
         request = commitlog_pb2.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                                             max_bytes=max_bytes, tags=tags, long_poll_ms=long_poll_ms)
         return convert.pull_result(self._call(self._stub.Pull, request, long_poll_ms / 1000))
+
+    def topic_kinds(self) -> dict[str, str]:
+        """Topic name -> kind (mqstore.model.KIND_*) of every user topic."""
+        response = self._call(self._stub.ListTopics, commitlog_pb2.ListTopicsRequest())
+        return {t.name: convert.topic_kind_in(t.kind) for t in response.topics}
 
     # ---- writing -------------------------------------------------------------------------------------
     def append(self, topic: str, messages: Sequence[model.MessageIn]) -> list[model.AppendResult]:

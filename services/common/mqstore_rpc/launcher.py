@@ -66,6 +66,8 @@ SERVICES = (
         "mqstore query key demo k1",)),
     ServiceEntry("txn", "txn_service.main", 50053, "txn", True, "MQSTORE_TXN_ADDRESS", (
         "mqstore txn send demo paid shipped --group pg",)),
+    ServiceEntry("compactor", "compactor_service.main", 50054, "compactor", True, "MQSTORE_COMPACTOR_ADDRESS", (
+        "grpcurl -plaintext {address} mqstore.v1.Compactor/Stats",)),
 )
 COMMITLOG_PORT = SERVICES[0].default_port
 

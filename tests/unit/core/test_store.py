@@ -273,3 +273,25 @@ def test_long_polls_beyond_the_limit_answer_at_once(open_store):
     store.append("t", [MessageIn(body=b"wake")])
     waiter.join(15)
     assert [m.record.body for m in holder["r"].messages] == [b"wake"]
+
+
+def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open_store, fake_clock):
+    store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
+                       retention_hold_max_ms=10 * 3_600_000)
+    store.create_topic("t", 1)
+    for i in range(30):
+        store.append("t", [MessageIn(body=bytes([i]) * 1000)])
+    store.flusher.flush_now()
+    segs = store.segments.segments
+    frames = store.tail("offset", segs[1].start,  # a compactor resuming at the second segment
+                         [], 0, 0, is_active=lambda: True, hold_retention_as="compactor")
+    next(frames)  # the stream is open: its start is held
+    frames.close()
+    old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
+    for seg in segs:
+        os.utime(seg.path, (old, old))
+    assert store.delete_expired_segments() == 1  # the first only: the second ends above the hold
+    assert store.segments.segments[0].start == segs[1].start
+    fake_clock.advance(10 * 3_600_000 + 1)  # the follower is gone for longer than retention_hold_max_ms
+    assert store.delete_expired_segments() >= 1
+    assert store.retention_holds.snapshot() == {}

@@ -1,0 +1,329 @@
+"""Compactor benchmark (``make bench`` runs it): writes bench/results/compactor.json and .md.
+
+Groups (``--only compactor-round,compactor-spark,compactor-reads``; default all):
+
+  compactor-round  A local round (engine=local, in a child process of its own) over a compaction log of
+                   1x, 4x and 16x ``base_mib`` of 1 KiB records over ``keys`` keys (so 16x holds 16 times
+                   the versions of the same keys), all segments sealed. Comparison point in the same
+                   run: one pass of the project's record reader (record_reader.records, CRC checked)
+                   over the same segment files, in a child process too. Reported: MB/s of input for
+                   both and their ratio (target: round >= 0.3x the reader pass), and the peak RSS of the
+                   round's process per size (target: 16x within 1.2x of 1x).
+  compactor-spark  The same inputs through the Spark job (mqstore_spark.round_job as the compactor runs it:
+                   a child process with its own SparkSession on local[*]), wall time including the
+                   session start, against the local round's time: where (if anywhere) Spark overtakes
+                   the local engine. spark_threshold_bytes is set from this.
+  compactor-reads  Real processes (CommitLog, Compactor) on 127.0.0.1: a COMPACTION topic of ``kv_keys``
+                   keys x ``kv_versions`` versions of 1 KiB values, compacted. BatchGetLatest with 100
+                   random keys per call, sequential, for ``duration_s`` (keys/s), against NATS JetStream
+                   KV get when a NATS server and client are available (else the row says why not); Scan
+                   of every live key against replaying the raw topic from offset 0 with CommitLog.Pull
+                   (target: Scan <= 0.2x the replay time).
+
+``--quick`` runs tiny sizes and writes to bench/results/scratch/. Every process started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import grpc
+from procs import PYTHON, GrpcServer, git_rev, stop_all
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+GROUPS = ("compactor-round", "compactor-spark", "compactor-reads")
+MiB = 1 << 20
+FULL = {"base_mib": 16, "factors": (1, 4, 16), "spark_factors": (1, 4, 16), "keys": 4000, "segment_mib": 8,
+        "kv_keys": 10_000, "kv_versions": 5, "duration_s": 5.0}
+QUICK = {"base_mib": 1, "factors": (1, 4, 16), "spark_factors": (1,), "keys": 300, "segment_mib": 1,
+         "kv_keys": 500, "kv_versions": 3, "duration_s": 1.0}
+_T0 = time.monotonic()
+
+
+# ---- children (one process per measurement: its peak RSS is its own) ------------------------------------
+
+def _child(spec: dict) -> dict:
+    import structlog
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if spec["kind"] == "generate":
+        return _generate(pathlib.Path(spec["dir"]), spec["bytes"], spec["keys"], spec["segment_bytes"])
+    if spec["kind"] == "reader":
+        from mqstore.format import record_reader
+        started, count, total = time.perf_counter(), 0, 0
+        for path in sorted(pathlib.Path(spec["dir"]).rglob("*.log")):
+            data = path.read_bytes()
+            for view in record_reader.records(data):
+                count += 1
+                total += view.size
+        return {"seconds": time.perf_counter() - started, "records": count, "bytes": total, "rss_kib": _rss()}
+    from mqstore.clock import SystemClock
+    from mqstore.compaction.policy import CompactionConfig
+    from mqstore.compaction.qlog import QueueLog
+    from mqstore.compaction.rounds import run_round
+    config = CompactionConfig(segment_size_bytes=spec["segment_bytes"])
+    qlog = QueueLog(pathlib.Path(spec["dir"]) / "kv" / "0", spec["segment_bytes"], "kv", 0)
+    started = time.perf_counter()
+    stats = run_round(qlog, config, SystemClock().now_ms())
+    seconds = time.perf_counter() - started
+    qlog.close()
+    return {"seconds": seconds, "passes": stats.passes, "records_in": stats.records_in,
+            "records_out": stats.records_out, "rss_kib": _rss()}
+
+
+def _rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _generate(directory: pathlib.Path, total_bytes: int, keys: int, segment_bytes: int) -> dict:
+    from mqstore.compaction.qlog import QueueLog
+    from mqstore.format import record
+    qlog = QueueLog(directory / "kv" / "0", segment_bytes, "kv", 0)
+    topic, written, offset, rng = record.topic_part(b"kv"), 0, 0, random.Random(7)
+    body = b"v" * 1024
+    while written < total_bytes:
+        key = f"key-{rng.randrange(keys):06d}"
+        parts: list[bytes] = []
+        record.encode_parts(parts, topic, body, record.encode_properties({"KEYS": key}), 0, 0, 0, 1,
+                            b"\x7f\0\0\1", 1, b"\x7f\0\0\1", 2, 0)
+        raw = bytearray(b"".join(parts))
+        record.stamp(raw, 0, offset, 0, 1_700_000_000_000 + offset)
+        qlog.append(bytes(raw), offset, 0, 1_700_000_000_000 + offset, key)
+        written, offset = written + len(raw), offset + 1
+    qlog.seal_active()
+    qlog.close()
+    return {"bytes": written, "records": offset}
+
+
+def _run_child(spec: dict, timeout_s: float = 3600) -> dict:
+    done = subprocess.run([PYTHON, str(pathlib.Path(__file__)), "--child", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"child {spec['kind']} failed: {done.stderr[-1500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---- groups -----------------------------------------------------------------------------------------------
+
+def _inputs(work: pathlib.Path, cfg: dict, factor: int) -> tuple[pathlib.Path, int]:
+    """A generated input of factor x base (reused by the groups); a fresh copy per round."""
+    source = work / f"input-{factor}x"
+    if not source.exists():
+        _run_child({"kind": "generate", "dir": str(source), "bytes": factor * cfg["base_mib"] * MiB,
+                    "keys": cfg["keys"], "segment_bytes": cfg["segment_mib"] * MiB})
+    copy = work / f"round-{factor}x"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(source, copy)
+    return copy, sum(p.stat().st_size for p in (source / "kv" / "0").glob("*.log"))
+
+
+def run_round(work: pathlib.Path, cfg: dict) -> dict:
+    rows = []
+    for factor in cfg["factors"]:
+        directory, size = _inputs(work, cfg, factor)
+        reader = _run_child({"kind": "reader", "dir": str(directory)})
+        local = _run_child({"kind": "round", "dir": str(directory), "segment_bytes": cfg["segment_mib"] * MiB})
+        rows.append({"factor": factor, "input_bytes": size, "reader_s": reader["seconds"], "round_s": local["seconds"],
+                     "reader_mb_s": size / 1e6 / reader["seconds"], "round_mb_s": size / 1e6 / local["seconds"],
+                     "round_rss_kib": local["rss_kib"], "reader_rss_kib": reader["rss_kib"], "passes": local["passes"],
+                     "records_in": local["records_in"], "records_out": local["records_out"]})
+        print(f"compactor bench: round {factor}x {rows[-1]}", flush=True)
+    return {"rows": rows}
+
+
+def run_spark(work: pathlib.Path, cfg: dict) -> dict:
+    import dataclasses
+    from mqstore.compaction.policy import CompactionConfig
+    rows = []
+    for factor in cfg["spark_factors"]:
+        directory, size = _inputs(work, cfg, factor)
+        qdir = directory / "kv" / "0"
+        bases = sorted(int(p.name[:20]) for p in qdir.glob("*.log"))[:-1]
+        config = CompactionConfig(segment_size_bytes=cfg["segment_mib"] * MiB)
+        request = {"queue_dir": str(qdir), "bases": bases, "cleaned_offset": -1, "next_offset": 1 << 40,
+                   "now_ms": int(time.time() * 1000), "config": dataclasses.asdict(config),
+                   "staging": str(qdir / "staging"), "master": "local[*]"}
+        path = work / "spark-request.json"
+        path.write_text(json.dumps(request))
+        env = {**os.environ, "PYSPARK_PYTHON": PYTHON, "SPARK_LOCAL_IP": "127.0.0.1"}
+        started = time.perf_counter()
+        done = subprocess.run([PYTHON, "-m", "mqstore_spark.round_job", str(path)], env=env, capture_output=True,
+                              text=True, timeout=3600, check=False)
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"spark job failed: {done.stderr[-1500:]}")
+        rows.append({"factor": factor, "input_bytes": size, "spark_s": seconds})
+        print(f"compactor bench: spark {factor}x {rows[-1]}", flush=True)
+    return {"rows": rows}
+
+
+def run_reads(work: pathlib.Path, cfg: dict) -> dict:
+    from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as clpb, commitlog_pb2_grpc, common_pb2
+    from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
+    log_server = GrpcServer.commitlog(work / "kv-log", "ASYNC").start()
+    args = [PYTHON, "-m", "compactor_service.main", "--data-dir", str(work / "kv-compactor"), "--port", "0",
+            "--commitlog", log_server.target, "--spark-master", "", "--round-interval-ms", "3600000"]
+    compactor = GrpcServer("compactor", args, work / "kv-compactor.log").start()
+    options = [("grpc.max_receive_message_length", 64 * MiB)]
+    with grpc.insecure_channel(log_server.target, options) as lc, \
+            grpc.insecure_channel(compactor.target, options) as cc:
+        log, comp = commitlog_pb2_grpc.CommitLogStub(lc), compactor_pb2_grpc.CompactorStub(cc)
+        log.CreateTopic(clpb.CreateTopicRequest(name="kv", queue_count=4, kind=common_pb2.TOPIC_KIND_COMPACTION))
+        keys = [f"key-{i:07d}" for i in range(cfg["kv_keys"])]
+        value = b"v" * 1024
+        for _ in range(cfg["kv_versions"]):
+            for first in range(0, len(keys), 500):
+                log.Append(clpb.AppendRequest(topic="kv", messages=[common_pb2.MessageInput(body=value, keys=[k])
+                                                                   for k in keys[first:first + 500]]), timeout=60)
+        total = len(keys) * cfg["kv_versions"]
+        deadline = time.monotonic() + 300
+        while comp.Stats(pb.CompactorStatsRequest(), timeout=10).records_applied < total:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the compactor did not apply the topic within 300 s")
+            time.sleep(0.05)
+        comp.Compact(pb.CompactRequest(topic="kv", seal_active=True), timeout=600)
+        rng, calls, got = random.Random(1), 0, 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < cfg["duration_s"]:
+            response = comp.BatchGetLatest(pb.BatchGetLatestRequest(topic="kv", keys=rng.sample(keys, 100)), timeout=10)
+            got += sum(v.found for v in response.values)
+            calls += 1
+        batch_s = time.perf_counter() - started
+        started = time.perf_counter()
+        scanned = sum(len(page.values) for page in comp.Scan(pb.ScanRequest(topic="kv", page_size=1000), timeout=600))
+        scan_s = time.perf_counter() - started
+        started, replayed = time.perf_counter(), 0
+        for queue_id in range(4):
+            offset = 0
+            while True:
+                page = log.Pull(clpb.PullRequest(topic="kv", queue_id=queue_id, offset=offset, max_messages=1000),
+                                timeout=60)
+                if not page.messages:
+                    break
+                replayed += len(page.messages)
+                offset = page.next_offset
+        replay_s = time.perf_counter() - started
+    compactor.stop()
+    log_server.stop()
+    out = {"keys": len(keys), "versions": cfg["kv_versions"], "batch_keys_per_s": calls * 100 / batch_s,
+           "batch_found": got, "batch_calls": calls, "scan_s": scan_s, "scanned": scanned, "replay_s": replay_s,
+           "replayed": replayed, "scan_over_replay": scan_s / replay_s}
+    try:
+        import nats_kv
+        out["nats"] = nats_kv.measure(work, keys, value, cfg["duration_s"])
+    except Exception as exc:  # noqa: BLE001 - the peer is optional: its row says why it did not run
+        traceback.print_exc()
+        out["nats"] = {"skipped": f"{type(exc).__name__}: {exc}"}
+    print(f"compactor bench: reads {out}", flush=True)
+    return out
+
+
+# ---- report ---------------------------------------------------------------------------------------------------
+
+def build_rows(results: dict) -> list[dict]:
+    rows = []
+    local = {r["factor"]: r for r in results.get("compactor-round", {}).get("rows", [])}
+    for r in local.values():
+        rows.append({"what": f"local round {r['factor']}x ({r['input_bytes'] / MiB:.0f} MiB)",
+                     "value": f"{r['round_mb_s']:.1f} MB/s", "comparison": f"reader pass {r['reader_mb_s']:.1f} MB/s",
+                     "ratio": r["round_mb_s"] / r["reader_mb_s"], "target": ">= 0.3"})
+    if local:
+        first, last = local[min(local)], local[max(local)]
+        rows.append({"what": f"peak RSS of a round, {max(local)}x vs {min(local)}x",
+                     "value": f"{last['round_rss_kib'] / 1024:.0f} MiB",
+                     "comparison": f"{first['round_rss_kib'] / 1024:.0f} MiB",
+                     "ratio": last["round_rss_kib"] / first["round_rss_kib"], "target": "<= 1.2"})
+    for r in results.get("compactor-spark", {}).get("rows", []):
+        base = local.get(r["factor"])
+        rows.append({"what": f"Spark round {r['factor']}x ({r['input_bytes'] / MiB:.0f} MiB), session included",
+                     "value": f"{r['spark_s']:.1f} s", "comparison": f"local {base['round_s']:.2f} s" if base else "",
+                     "ratio": r["spark_s"] / base["round_s"] if base else None, "target": "< 1 = Spark faster"})
+    reads = results.get("compactor-reads", {})
+    if "batch_keys_per_s" in reads:
+        nats = reads.get("nats", {})
+        rate = nats.get("get_keys_per_s")
+        rows.append({"what": "BatchGetLatest, 100 keys a call", "value": f"{reads['batch_keys_per_s']:,.0f} keys/s",
+                     "comparison": f"NATS KV get {rate:,.0f} keys/s" if rate else f"NATS KV: {nats.get('skipped')}",
+                     "ratio": reads["batch_keys_per_s"] / rate if rate else None, "target": ">= 1.0"})
+        rows.append({"what": f"Scan of {reads['scanned']:,} live keys", "value": f"{reads['scan_s']:.2f} s",
+                     "comparison": f"replay of {reads['replayed']:,} records from offset 0: {reads['replay_s']:.2f} s",
+                     "ratio": reads["scan_over_replay"], "target": "<= 0.2"})
+    return rows
+
+
+def markdown(rows: list[dict], meta: dict, results: dict) -> str:
+    lines = ["# Compactor benchmark", "",
+             f"{meta['started']}, {meta['mode']} run, {meta['machine']}, git {meta['git']}.",
+             "Workloads: see bench/compactor.py's docstring. Ratios are measured in one run.", "",
+             "| what | mqstore | comparison | ratio | target |", "|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['what']} | {r['value']} | {r['comparison']} | {ratio} | {r['target']} |")
+    for name, result in results.items():
+        if isinstance(result, dict) and result.get("error"):
+            lines.append(f"\n{name} failed: {result['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="mqstore Compactor benchmark")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, short windows")
+    parser.add_argument("--only", default="", help=f"comma-separated groups: {', '.join(GROUPS)}")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args, _ = parser.parse_known_args(argv)
+    if args.child:
+        print(json.dumps(_child(json.loads(args.child))))
+        return 0
+    asked = [g.strip() for g in args.only.split(",") if g.strip()]
+    groups = [g for g in GROUPS if not asked or g in asked]
+    if not groups:
+        print(f"compactor bench: nothing to do for --only {args.only}", flush=True)
+        return 0
+    cfg = QUICK if args.quick else FULL
+    work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-compactor-bench-"))
+    results: dict = {}
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    try:
+        for name, fn in (("compactor-round", run_round), ("compactor-spark", run_spark),
+                         ("compactor-reads", run_reads)):
+            if name in groups:
+                try:
+                    results[name] = fn(work, cfg)
+                except Exception as exc:  # noqa: BLE001 - a failed group is reported in the results, the others run
+                    traceback.print_exc()
+                    results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                    stop_all()
+    finally:
+        stop_all()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    meta = {"started": started, "elapsed_s": time.monotonic() - _T0, "mode": "quick" if args.quick else "full",
+            "groups": groups, "git": git_rev(), "config": cfg,
+            "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, grpcio {grpc.__version__}"}
+    rows = build_rows(results)
+    out_dir = RESULTS_DIR / "scratch" if (args.quick or asked) else RESULTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "compactor" + ("-quick" if args.quick else "") + (f"-{'-'.join(groups)}" if asked else "")
+    (out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "results": results}, indent=2,
+                                                     default=str) + "\n")
+    text = markdown(rows, meta, results)
+    (out_dir / f"{stem}.md").write_text(text)
+    print(text, flush=True)
+    return 1 if any(isinstance(v, dict) and v.get("error") for v in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Compaction of COMPACTION topics (no grpc, no pyspark): shared by the Compactor service and the Spark job.
+
+  key.py          the compaction key: the one definition routing (the commit log) and compaction use
+  offset_map.py   key digest -> latest queue offset, within a memory budget
+  qlog.py         one queue's compaction log: segments + sparse queue index, append, read
+  qlog_files.py   opening a queue's directory after a crash (install leftovers, torn tails)
+  writer.py       the one round writer both engines call (positions, padding, index)
+  rounds.py       a round: select sealed segments, map a prefix, rewrite survivors, install, checkpoint
+  policy.py       settings, triggers (dirty ratio, min/max lag), tombstone retention, quarantine backoff
+  store.py        every queue's log under one directory; rounds per queue, quarantine
+  reads.py        compacted Pull, GetLatest, Scan, offsets of compacted queues
+"""

@@ -1,0 +1,247 @@
+"""One topic/queue's compaction log: segments (format/compaction_segment.py), their sparse index
+(format/sparse_queue.py), the round state, and the latest queue offset of every key.
+
+Directory ``<data>/<topic>/<queue id>/``: ``<base>.log`` + ``<base>.cq`` per segment, ``round.state``
+(JSON: the offset the log is cleaned up to; replaced only inside a round's install, so it always
+matches the segments), and ``staging/`` (a round's output before its install).
+
+Appends go to the active (last) segment and are made durable by :meth:`QueueLog.sync` (the follower
+calls it before its checkpoint). Reads see the in-memory copy of the index, a few arrays.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import pathlib
+import threading
+from array import array
+from dataclasses import dataclass
+
+from mqstore import failpoints, fs
+from mqstore.errors import invariant
+from mqstore.format import compaction_segment as cseg, sparse_queue
+from mqstore.format.sparse_queue import SparseEntry
+
+from . import qlog_files
+
+STATE = "round.state"
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One record read back: its index entry and its bytes (PHYSICALOFFSET = its position here)."""
+
+    entry: SparseEntry
+    raw: bytes
+
+
+class Entries:
+    """The index in columns (compact: a few tens of bytes per record). Not thread-safe: QueueLog's lock."""
+
+    def __init__(self, entries=()):
+        self.offsets, self.positions, self.store_ms = array("q"), array("q"), array("q")
+        self.sizes, self.tags, self.seen = array("i"), array("q"), array("I")
+        self.limit: int | None = None  # a view: only the first ``limit`` entries count
+        for entry in entries:
+            self.add(entry)
+
+    def prefix(self, n: int) -> Entries:
+        """A read-only view of the first ``n`` entries, sharing the columns (no copy: appends after them do
+        not change them, and only the round holding the queue's round lock replaces them)."""
+        view = Entries()
+        view.offsets, view.positions, view.store_ms = self.offsets, self.positions, self.store_ms
+        view.sizes, view.tags, view.seen = self.sizes, self.tags, self.seen
+        view.limit = n
+        return view
+
+    def add(self, e: SparseEntry) -> None:
+        self.offsets.append(e.queue_offset)
+        self.positions.append(e.position)
+        self.store_ms.append(e.store_timestamp_ms)
+        self.sizes.append(e.size)
+        self.tags.append(e.tag_code)
+        self.seen.append(e.tombstone_seen_s)
+
+    def __len__(self) -> int:
+        return len(self.offsets) if self.limit is None else self.limit
+
+    def entry(self, i: int) -> SparseEntry:
+        return SparseEntry(self.positions[i], self.sizes[i], self.tags[i], self.store_ms[i], self.offsets[i],
+                           self.seen[i])
+
+    def first_at_position(self, position: int) -> int:
+        return bisect.bisect_left(self.positions, position, 0, len(self))
+
+
+class QueueLog:
+    """Thread-safe: ``_lock`` guards the files, the index and ``latest``; the follower appends, readers
+    read, and one round at a time (the caller serialises them) replaces the sealed segments."""
+
+    def __init__(self, directory: pathlib.Path, segment_size_bytes: int, topic: str, queue_id: int):
+        self.directory, self.segment_size, self.topic, self.queue_id = directory, segment_size_bytes, topic, queue_id
+        self._lock = threading.RLock()
+        self._read_fds: dict[int, int] = {}
+        qlog_files.clean_directory(directory)
+        self.state = self._load_state()
+        bases = qlog_files.segment_bases(directory) or [0]
+        self.entries = Entries()
+        self.latest: dict[str, int] = {}  # key -> queue offset of its latest record (filled by the owner)
+        for base in bases:
+            if not (directory / cseg.log_name(base)).exists():
+                (directory / cseg.log_name(base)).touch()
+                (directory / cseg.index_name(base)).touch()
+            for entry in qlog_files.load_index(directory, base, active=base == bases[-1]):
+                self.entries.add(entry)
+        self.bases = bases
+        self._open_active(bases[-1])
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def _load_state(self) -> dict:
+        path = self.directory / STATE
+        return json.loads(path.read_bytes()) if path.exists() else {"cleaned_offset": -1}
+
+    @property
+    def cleaned_offset(self) -> int:
+        """Every record at or below this queue offset has been cleaned by a round (-1: none)."""
+        return int(self.state["cleaned_offset"])
+
+    def next_offset(self) -> int:
+        """The queue offset after the last record applied (0 when none; a round may have removed it)."""
+        with self._lock:
+            last = self.entries.offsets[-1] + 1 if len(self.entries) else 0
+            return max(last, int(self.state.get("next_offset", 0)))
+
+    def min_offset(self) -> int:
+        with self._lock:
+            return self.entries.offsets[0] if len(self.entries) else self.next_offset()
+
+    @property
+    def active_base(self) -> int:
+        return self.bases[-1]
+
+    @property
+    def end_position(self) -> int:
+        return self._end
+
+    # ---- appending (the follower's thread) ------------------------------------------------------------
+    def _open_active(self, base: int) -> None:
+        flags = os.O_WRONLY | os.O_CREAT
+        self._log_fd = os.open(self.directory / cseg.log_name(base), flags, 0o644)
+        self._cq_fd = os.open(self.directory / cseg.index_name(base), flags | os.O_APPEND, 0o644)
+        self._end = base + os.fstat(self._log_fd).st_size
+
+    def append(self, raw: bytes, queue_offset: int, tag_code: int, store_timestamp_ms: int, key: str) -> bool:
+        """Append one commit log record; False when its queue offset is already held (a replay)."""
+        with self._lock:
+            if queue_offset < self.next_offset():
+                return False
+            if not cseg.fits(self._end, len(raw), self.segment_size):
+                self._roll()
+            position = self._end
+            os.pwrite(self._log_fd, cseg.relocate(raw, position), position - self.active_base)
+            entry = SparseEntry(position, len(raw), tag_code, store_timestamp_ms, queue_offset)
+            os.write(self._cq_fd, sparse_queue.encode(entry))
+            self.entries.add(entry)
+            self.latest[key] = queue_offset
+            self._end = position + len(raw)
+            return True
+
+    def seal_active(self) -> bool:
+        """Seal the active segment if it holds records (a round may then clean it); False if empty."""
+        with self._lock:
+            if self._end == self.active_base:
+                return False
+            self._roll()
+            return True
+
+    def _roll(self) -> None:
+        """End the active segment with a blank record, make it durable, start the next one."""
+        base = self.active_base
+        os.pwrite(self._log_fd, cseg.blank_for(self._end, self.segment_size), self._end - base)
+        os.ftruncate(self._log_fd, self.segment_size)
+        self.sync()
+        failpoints.hit("compaction.roll.sealed")
+        os.close(self._log_fd)
+        os.close(self._cq_fd)
+        self.bases.append(base + self.segment_size)
+        self._open_active(self.bases[-1])
+        fs.fsync_dir(self.directory)
+
+    def sync(self) -> None:
+        """fsync the active segment, then its index (sealed segments were synced when sealed)."""
+        with self._lock:
+            os.fsync(self._log_fd)
+            os.fsync(self._cq_fd)
+
+    # ---- reading -------------------------------------------------------------------------------------
+    def index_of(self, queue_offset: int) -> int:
+        """Index of the first record at or after ``queue_offset`` ("or next": holes read the next one)."""
+        with self._lock:
+            return bisect.bisect_left(self.entries.offsets, queue_offset)
+
+    def read(self, first: int, count: int, max_bytes: int = 1 << 62) -> list[Stored]:
+        """Records ``first`` .. ``first + count - 1`` of the index (at least one if any, then up to max_bytes)."""
+        out, total = [], 0
+        with self._lock:
+            for i in range(first, min(first + count, len(self.entries))):
+                entry = self.entries.entry(i)
+                if out and total + entry.size > max_bytes:
+                    break
+                out.append(Stored(entry, self._pread(entry.position, entry.size)))
+                total += entry.size
+        return out
+
+    def _pread(self, position: int, size: int) -> bytes:
+        base = cseg.segment_base(position, self.segment_size)
+        fd = self._read_fds.get(base)
+        if fd is None:
+            fd = self._read_fds[base] = os.open(self.directory / cseg.log_name(base), os.O_RDONLY)
+        data = os.pread(fd, size, position - base)
+        if len(data) != size:  # (the message is built only then: this is the read path)
+            invariant(False, f"{self.directory / cseg.log_name(base)} holds the {size} bytes at {position}")
+        return data
+
+    def by_time(self, timestamp_ms: int) -> int:
+        """Queue offset of the first record stored at or after ``timestamp_ms`` (the next offset if none)."""
+        with self._lock:
+            i = bisect.bisect_left(self.entries.store_ms, timestamp_ms)
+            return self.entries.offsets[i] if i < len(self.entries) else self.next_offset()
+
+    # ---- rounds ----------------------------------------------------------------------------------------
+    def sealed(self) -> tuple[list[int], Entries]:
+        """The sealed segments' bases and entries (a view: a round works on it without the lock)."""
+        with self._lock:
+            bases = self.bases[:-1]
+            return bases, self.entries.prefix(self.entries.first_at_position(self.active_base))
+
+    def install(self, staged: list[pathlib.Path], new_entries: Entries, state: dict, replaced_bases: list[int],
+                removed_keys: dict[str, int]) -> None:
+        """Swap a round's output in for the sealed segments ``replaced_bases`` (fs.install: all or nothing).
+        Segments sealed since the round began stay (they lie above every replaced one)."""
+        with self._lock:
+            keep = [b for b in self.bases if b not in replaced_bases]
+            invariant(set(replaced_bases) <= set(self.bases) and keep and (not replaced_bases or
+                      keep[0] > replaced_bases[-1]), "a round replaces sealed segments older than those it keeps")
+            replaced = [n for b in replaced_bases for n in (cseg.log_name(b), cseg.index_name(b))]
+            if (self.directory / STATE).exists():
+                replaced.append(STATE)
+            fs.install(self.directory, staged, replaced)
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+            new_bases = sorted({cseg.segment_base(p, self.segment_size) for p in new_entries.positions})
+            for i in range(self.entries.first_at_position(keep[0]), len(self.entries)):
+                new_entries.add(self.entries.entry(i))
+            self.entries, self.bases, self.state = new_entries, new_bases + keep, state
+            for key, offset in removed_keys.items():
+                if self.latest.get(key) == offset:
+                    del self.latest[key]
+
+    def close(self) -> None:
+        with self._lock:
+            self.sync()
+            for fd in (self._log_fd, self._cq_fd, *self._read_fds.values()):
+                os.close(fd)
+            self._read_fds.clear()

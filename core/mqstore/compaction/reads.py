@@ -1,0 +1,119 @@
+"""Reads of compaction logs: a compacted Pull by queue offset, the latest value of a key, a Scan of every
+live key, and the offsets of a compacted queue (answered from the compaction log itself, never from the
+raw queue: RocketMQ's #7540).
+
+Offsets are the original queue offsets; compacted offsets are holes. A Pull from a hole starts at the
+next record and says which offsets it skipped and why ("compacted"). Nothing below min_offset exists
+any more: a Pull there starts at the first record (RocketMQ's rule, reference §6.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mqstore.errors import InvalidArgument, NotFound
+
+from .qlog import QueueLog, Stored
+from .rounds import key_and_tombstone
+from .store import CompactionStore
+
+MAX_PULL_MESSAGES = 1_000
+MAX_PULL_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Skipped:
+    from_offset: int
+    to_offset: int      # exclusive
+    reason: str         # "compacted": a round removed them (superseded, or expired tombstones)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    records: list[Stored]
+    next_offset: int
+    min_offset: int
+    max_offset: int     # the next offset the queue will hold
+    skipped: list[Skipped]
+
+
+def pull(qlog: QueueLog, offset: int, max_messages: int, max_bytes: int) -> Pulled:
+    if offset < 0:
+        raise InvalidArgument(f"offset must not be negative, got {offset}")
+    max_messages = min(max_messages or 32, MAX_PULL_MESSAGES)
+    max_bytes = min(max_bytes or MAX_PULL_BYTES, MAX_PULL_BYTES)
+    low, high = qlog.min_offset(), qlog.next_offset()
+    records = qlog.read(qlog.index_of(offset), max_messages, max_bytes)
+    skipped, expected = [], offset
+    for stored in records:
+        if stored.entry.queue_offset > expected:
+            skipped.append(Skipped(expected, stored.entry.queue_offset, "compacted"))
+        expected = stored.entry.queue_offset + 1
+    if not records and offset < high:
+        skipped.append(Skipped(offset, high, "compacted"))
+    next_offset = records[-1].entry.queue_offset + 1 if records else max(offset, high) if offset < high else offset
+    return Pulled(records, next_offset, low, high, skipped)
+
+
+@dataclass(frozen=True)
+class Latest:
+    key: str
+    queue_id: int
+    stored: Stored
+    tombstone: bool
+
+
+def get_latest(store: CompactionStore, topic: str, key: str) -> Latest:
+    """The latest record of ``key`` (a tombstone says so); NotFound when the key was never written (or
+    its tombstone's retention is over)."""
+    if not key:
+        raise InvalidArgument("key must not be empty")
+    for slot in store.slots(topic):
+        qlog = slot.qlog
+        offset = qlog.latest.get(key)
+        if offset is None:
+            continue
+        found = qlog.read(qlog.index_of(offset), 1)
+        if found and found[0].entry.queue_offset == offset:
+            return Latest(key, qlog.queue_id, found[0], key_and_tombstone(found[0].raw)[1])
+    if not store.slots(topic):
+        raise NotFound(f"topic {topic!r} has no compaction log here (not a COMPACTION topic, or not written yet)")
+    raise NotFound(f"key {key!r} has no value in topic {topic!r}")
+
+
+@dataclass(frozen=True)
+class ScanPage:
+    items: list[Latest]
+    next_queue_id: int
+    next_offset: int
+    done: bool
+
+
+def scan(store: CompactionStore, topic: str, queue_id: int, offset: int, limit: int,
+         include_tombstones: bool = False) -> ScanPage:
+    """The latest value of live keys, queue by queue in offset order, from the cursor (queue_id, offset);
+    the next cursor. A key written again after the cursor passed it shows up again (at its new offset)."""
+    if limit <= 0 or limit > MAX_PULL_MESSAGES:
+        raise InvalidArgument(f"limit must be in [1, {MAX_PULL_MESSAGES}], got {limit}")
+    slots = [s for s in store.slots(topic) if s.qlog.queue_id >= queue_id]
+    items: list[Latest] = []
+    for slot in slots:
+        qlog = slot.qlog
+        at = offset if qlog.queue_id == queue_id else 0
+        index = qlog.index_of(at)
+        while len(items) < limit:
+            batch = qlog.read(index, min(256, limit * 4))
+            if not batch:
+                break
+            for stored in batch:
+                index += 1
+                at = stored.entry.queue_offset + 1
+                key, tombstone = key_and_tombstone(stored.raw)
+                if key is not None and qlog.latest.get(key) == stored.entry.queue_offset and (
+                        include_tombstones or not tombstone):
+                    items.append(Latest(key, qlog.queue_id, stored, tombstone))
+                    if len(items) == limit:
+                        break
+        if len(items) == limit:
+            return ScanPage(items, qlog.queue_id, at, False)
+    return ScanPage(items, 0, 0, True)

@@ -1,0 +1,45 @@
+"""Retention holds: followers whose data cannot be rebuilt (the compactor) hold back the commit log's
+retention below their position.
+
+A follower names itself in its Tail request (``hold_retention_as``); the stream's start offset is its
+hold, refreshed at every frame of the stream. Retention then deletes no segment that ends above the
+lowest hold. A follower that disappears for ever must not keep the log for ever: a hold lapses when its
+follower has not had a Tail open for ``retention_hold_max_ms`` (StoreConfig, 7 days by default; then
+``retention.hold_lapsed`` is logged, and the follower meets a gap when it comes back, which it reports
+instead of skipping).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import structlog
+
+log = structlog.get_logger("mqstore.retention")
+
+
+class RetentionHolds:
+    """Thread-safe (``_lock``): Tail streams hold, the maintenance duty reads."""
+
+    def __init__(self, max_hold_ms: int):
+        self.max_hold_ms = max_hold_ms
+        self._lock = threading.Lock()
+        self._holds: dict[str, tuple[int, int]] = {}  # follower -> (physical offset, last refreshed ms)
+
+    def hold(self, follower: str, physical_offset: int, now_ms: int) -> None:
+        with self._lock:
+            self._holds[follower] = (physical_offset, now_ms)
+
+    def low(self, now_ms: int) -> int | None:
+        """The lowest live hold (None: nothing holds); lapsed holds are dropped."""
+        with self._lock:
+            for name, (offset, at) in list(self._holds.items()):
+                if now_ms - at > self.max_hold_ms:
+                    del self._holds[name]
+                    log.warning("retention.hold_lapsed", follower=name, physical_offset=offset,
+                                idle_ms=now_ms - at, why="no Tail from it for longer than retention_hold_max_ms")
+            return min((offset for offset, _ in self._holds.values()), default=None)
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        with self._lock:
+            return dict(self._holds)

@@ -1,0 +1,119 @@
+"""The Compactor service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
+
+    mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active]
+    mqstore compact status kv [--queue N]          (DescribeQueue of one queue, or of every queue)
+    mqstore kv get kv user-1 [user-2 ...]          (BatchGetLatest; a tombstone or a missing key says so)
+    mqstore kv scan kv [--include-tombstones]      (every live key's latest value)
+
+``--compactor-address`` (env MQSTORE_COMPACTOR_ADDRESS, default 127.0.0.1:50054), before or after the
+command. ``--json`` prints the ProtoJSON of each response. Must not import mqstore_rpc.cli back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import grpc
+
+from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
+
+DEFAULT_ADDRESS = "127.0.0.1:50054"
+_ENGINES = {"auto": pb.COMPACTION_ENGINE_AUTO, "local": pb.COMPACTION_ENGINE_LOCAL, "spark": pb.COMPACTION_ENGINE_SPARK}
+
+
+def _address_option(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("--compactor-address", default=default,
+                        help=f"Compactor host:port (env MQSTORE_COMPACTOR_ADDRESS, default {DEFAULT_ADDRESS})")
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    _address_option(parser, os.environ.get("MQSTORE_COMPACTOR_ADDRESS", DEFAULT_ADDRESS))
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    compact = sub.add_parser("compact", help="compaction rounds of COMPACTION topics (the Compactor service)")
+    csub = compact.add_subparsers(dest="compact_command", required=True, metavar="COMMAND")
+    p = csub.add_parser("run", help="run a round now and wait for it")
+    p.add_argument("topic")
+    p.add_argument("--queue", type=int, default=None, help="one queue (default: every queue of the topic)")
+    p.add_argument("--engine", choices=sorted(_ENGINES), default="auto")
+    p.add_argument("--seal-active", action="store_true", help="seal the active segment first (clean it too)")
+    p.set_defaults(func=cmd_compact_run)
+    p = csub.add_parser("status", help="clean/dirty bytes, last round, tombstones, quarantine")
+    p.add_argument("topic")
+    p.add_argument("--queue", type=int, default=None)
+    p.set_defaults(func=cmd_compact_status)
+    kv = sub.add_parser("kv", help="latest values of a COMPACTION topic (the Compactor service)")
+    ksub = kv.add_subparsers(dest="kv_command", required=True, metavar="COMMAND")
+    p = ksub.add_parser("get", help="the latest value of each key")
+    p.add_argument("topic")
+    p.add_argument("keys", nargs="+")
+    p.set_defaults(func=cmd_kv_get)
+    p = ksub.add_parser("scan", help="every live key's latest value")
+    p.add_argument("topic")
+    p.add_argument("--include-tombstones", action="store_true")
+    p.set_defaults(func=cmd_kv_scan)
+    for command in (compact, kv, *csub.choices.values(), *ksub.choices.values()):
+        _address_option(command, argparse.SUPPRESS)
+
+
+class _Compactor:
+    def __init__(self, cli):
+        self.cli = cli
+        self.channel = grpc.insecure_channel(cli.args.compactor_address,
+                                             options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.stub = compactor_pb2_grpc.CompactorStub(self.channel)
+
+    def __enter__(self) -> _Compactor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.channel.close()
+
+
+def _value_line(v: pb.LatestValue) -> str:
+    if not v.found:
+        return f"{v.key}: (no value)"
+    if v.tombstone:
+        return f"{v.key}: (deleted)  queue={v.queue_id}  offset={v.queue_offset}"
+    return f"{v.key}: {v.value.decode('utf-8', 'backslashreplace')}  queue={v.queue_id}  offset={v.queue_offset}"
+
+
+def cmd_compact_run(cli) -> None:
+    a = cli.args
+    request = pb.CompactRequest(topic=a.topic, engine=_ENGINES[a.engine], seal_active=a.seal_active)
+    if a.queue is not None:
+        request.queue_id = a.queue
+    with _Compactor(cli) as c:
+        response = c.stub.Compact(request, timeout=max(cli.args.timeout, 3600))
+    cli.emit(response, "\n".join(f"queue {r.queue_id}: {r.result}  engine={r.engine}  passes={r.passes}  "
+                                 f"removed={r.records_removed}  tombstones_removed={r.tombstones_removed}  "
+                                 f"bytes_reclaimed={r.bytes_reclaimed}" for r in response.rounds))
+
+
+def cmd_compact_status(cli) -> None:
+    a = cli.args
+    with _Compactor(cli) as c:
+        queues = [a.queue] if a.queue is not None else [
+            q.queue_id for q in c.stub.ListQueues(pb.ListQueuesRequest(), timeout=cli.args.timeout).queues
+            if q.topic == a.topic]
+        for queue_id in queues:
+            d = c.stub.DescribeQueue(pb.DescribeQueueRequest(topic=a.topic, queue_id=queue_id),
+                                     timeout=cli.args.timeout)
+            cli.emit(d, "\n".join([f"queue {queue_id}:"] + [f"  {f.name}: {v}" for f, v in d.ListFields()
+                                                             if f.name not in ("topic", "queue_id")]))
+
+
+def cmd_kv_get(cli) -> None:
+    a = cli.args
+    with _Compactor(cli) as c:
+        response = c.stub.BatchGetLatest(pb.BatchGetLatestRequest(topic=a.topic, keys=a.keys), timeout=cli.args.timeout)
+    cli.emit(response, "\n".join(_value_line(v) for v in response.values))
+
+
+def cmd_kv_scan(cli) -> None:
+    a = cli.args
+    with _Compactor(cli) as c:
+        for page in c.stub.Scan(pb.ScanRequest(topic=a.topic, include_tombstones=a.include_tombstones),
+                                timeout=max(cli.args.timeout, 600)):
+            if page.values or cli.args.json:
+                cli.emit(page, "\n".join(_value_line(v) for v in page.values))

@@ -1,0 +1,163 @@
+"""What the Compactor's servicer calls: one method per RPC, in mqstore's plain types (no grpc here).
+
+Engine choice for a round (``engine``): "local"; "spark" (the PySpark job, when a Spark runner is
+configured); "auto" = spark when a runner is configured and the round is heavy: its dirty bytes exceed
+``spark_threshold_bytes``, or its dirty records (an upper bound of its keys) would need more than
+``SPARK_MIN_LOCAL_PASSES`` local passes for offset_map_memory_bytes; else local.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from mqstore.background import Duty
+from mqstore.compaction import reads
+from mqstore.compaction.offset_map import ENTRY_COST_BYTES
+from mqstore.compaction.store import CompactionStore, Dirt, QueueSlot, RoundInfo
+from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound
+
+ENGINES = ("auto", "local", "spark")
+SPARK_MIN_LOCAL_PASSES = 16
+MAX_BATCH_KEYS = 1000
+
+
+@dataclass(frozen=True)
+class Description:
+    slot: QueueSlot
+    dirt: Dirt
+    info: RoundInfo
+    running: bool
+    quarantined: bool
+    quarantined_until_ms: int
+    failures: int
+    last_error: str
+    due: str
+    records: int
+    keys: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class ServiceStats:
+    connected: bool
+    checkpoint_physical_offset: int
+    log_end_physical_offset: int
+    problem: str
+    queues: int
+    records_applied: int
+    replica_of: str
+
+
+class CompactorApi:
+    """Thread-safe: the store is; ``spark_round`` (when set) runs one Spark round for a slot."""
+
+    def __init__(self, store: CompactionStore, *, spark_threshold_bytes: int, stats: Callable[[], ServiceStats],
+                 spark_round: Callable[[QueueSlot], RoundInfo] | None = None):
+        self.store, self.spark_threshold_bytes, self._stats, self.spark_round = (
+            store, spark_threshold_bytes, stats, spark_round)
+
+    def _slot(self, topic: str, queue_id: int) -> QueueSlot:
+        if not topic:
+            raise InvalidArgument("topic must not be empty")
+        return self.store.slot(topic, queue_id)
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int) -> reads.Pulled:
+        return reads.pull(self._slot(topic, queue_id).qlog, offset, max_messages, max_bytes)
+
+    def get_latest(self, topic: str, key: str) -> reads.Latest:
+        if not topic:
+            raise InvalidArgument("topic must not be empty")
+        return reads.get_latest(self.store, topic, key)
+
+    def batch_get_latest(self, topic: str, keys: list[str]) -> list[reads.Latest | str]:
+        """The latest value per key, in order; the key itself where it has none."""
+        if len(keys) > MAX_BATCH_KEYS:
+            raise InvalidArgument(f"keys: {len(keys)} in one call, the limit is {MAX_BATCH_KEYS}")
+        out: list[reads.Latest | str] = []
+        for key in keys:
+            try:
+                out.append(self.get_latest(topic, key))
+            except NotFound:
+                out.append(key)
+        return out
+
+    def scan(self, topic: str, cursor: str, page_size: int, include_tombstones: bool) -> reads.ScanPage:
+        queue_id, offset = _parse_cursor(cursor)
+        if not self.store.slots(topic):
+            raise NotFound(f"topic {topic!r} has no compaction log here (not a COMPACTION topic, or not written yet)")
+        return reads.scan(self.store, topic, queue_id, offset, page_size or 500, include_tombstones)
+
+    def compact(self, topic: str, queue_id: int | None, engine: str, seal_active: bool) -> list[tuple[int, RoundInfo]]:
+        """A round on each queue asked for: (queue id, its round)."""
+        if engine not in ENGINES:
+            raise InvalidArgument(f"engine must be one of {ENGINES}, not {engine!r}")
+        if engine == "spark" and self.spark_round is None:
+            raise FailedPrecondition("engine=spark: this compactor has no Spark runner (start it with --spark-master "
+                                     "and the spark extra installed), or ask for engine=local")
+        slots = [self._slot(topic, queue_id)] if queue_id is not None else self.store.slots(topic)
+        if not slots:
+            raise NotFound(f"topic {topic!r} has no compaction log here (not a COMPACTION topic, or not written yet)")
+        return [(slot.qlog.queue_id, self._round(slot, engine, seal_active)) for slot in slots]
+
+    def _round(self, slot: QueueSlot, engine: str, seal_active: bool) -> RoundInfo:
+        if engine == "auto":
+            dirt = self.store.dirt(slot)
+            capacity = self.store.config.offset_map_memory_bytes // ENTRY_COST_BYTES
+            heavy = (dirt.dirty_bytes > self.spark_threshold_bytes
+                     or dirt.dirty_records > SPARK_MIN_LOCAL_PASSES * capacity)
+            engine = "spark" if heavy and self.spark_round is not None else "local"
+        if engine == "spark":
+            if seal_active:
+                slot.qlog.seal_active()
+            return self.spark_round(slot)
+        return self.store.compact(slot, seal_active=seal_active)
+
+    def describe(self, topic: str, queue_id: int) -> Description:
+        slot = self._slot(topic, queue_id)
+        due = self.store.due(slot)
+        q = slot.quarantine
+        qlog = slot.qlog
+        return Description(slot, self.store.dirt(slot), slot.info, slot.running,
+                           q.blocks(self.store.clock.now_ms()), q.until_ms, q.failures, q.error, due,
+                           len(qlog.entries), len(qlog.latest), qlog.min_offset(), qlog.next_offset())
+
+    def offsets(self, topic: str, queue_id: int, timestamp_ms: int) -> tuple[int, int, int]:
+        qlog = self._slot(topic, queue_id).qlog
+        by_time = qlog.by_time(timestamp_ms) if timestamp_ms > 0 else 0
+        return qlog.min_offset(), qlog.next_offset(), by_time
+
+    def queues(self) -> list[tuple[str, int, int, int]]:
+        return [(s.qlog.topic, s.qlog.queue_id, s.qlog.min_offset(), s.qlog.next_offset()) for s in self.store.slots()]
+
+    def stats(self) -> ServiceStats:
+        return self._stats()
+
+
+def _parse_cursor(cursor: str) -> tuple[int, int]:
+    if not cursor:
+        return 0, 0
+    try:
+        queue_id, offset = (int(part) for part in cursor.split(":"))
+    except ValueError:
+        raise InvalidArgument(f"cursor {cursor!r} is not a cursor this service gave (queue:offset)") from None
+    if queue_id < 0 or offset < 0:
+        raise InvalidArgument(f"cursor {cursor!r} is not a cursor this service gave")
+    return queue_id, offset
+
+
+def cursor_of(page: reads.ScanPage) -> str:
+    return "" if page.done else f"{page.next_queue_id}:{page.next_offset}"
+
+
+class RoundDuty(Duty):
+    """Thread ``compactor-rounds``: every round_interval_ms, a round on each due queue (CompactionStore.run_due:
+    a failing queue is quarantined with backoff, the others go on)."""
+
+    def __init__(self, store: CompactionStore):
+        super().__init__("compactor-rounds", interval_s=store.config.round_interval_ms / 1000)
+        self.store = store
+
+    def step(self) -> None:
+        self.store.run_due(lambda: self.stopping)

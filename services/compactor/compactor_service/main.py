@@ -1,0 +1,185 @@
+"""Composition root of the Compactor service: ``python -m compactor_service.main --data-dir ./data/compactor``.
+
+Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (mqstore_rpc.settings).
+Every service's flags (``--data-dir``: the compaction logs go to ``<data-dir>/logs``, the follower's
+checkpoint to ``<data-dir>/follower.checkpoint``; ``--host``, ``--port`` 50054, ...). Its own:
+``--commitlog`` (env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--rpc-timeout-ms``,
+``--tail-stream-deadline-ms``, ``--checkpoint-interval-ms``, ``--spark-threshold-bytes``, and one
+flag per field of CompactionConfig (``--segment-size-bytes``, ``--offset-map-memory-bytes``,
+``--min-cleanable-dirty-ratio``, ``--min-compaction-lag-ms``, ``--max-compaction-lag-ms``,
+``--delete-retention-ms``, ...) and FollowConfig (``--heartbeat-ms``, ``--backoff-max-ms``, ...).
+
+The process runs as every service does (mqstore_rpc.service). It starts even when the commit log is
+not reachable yet: reads answer from the compaction logs it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib.util
+import sys
+from typing import Mapping, Sequence
+
+from mqstore.clock import SystemClock
+from mqstore.compaction.policy import CompactionConfig
+from mqstore.compaction.store import CompactionStore
+from mqstore.errors import InvalidArgument
+from mqstore.follow import FollowConfig
+from mqstore_rpc import service
+from mqstore_rpc import settings as S
+from mqstore_rpc.commitlog_client import CommitLogClient
+from mqstore_rpc.server import ManagedServer, ServerConfig
+
+from .api import CompactorApi, RoundDuty, ServiceStats
+from .replica import ReplicaDuty
+from .projection import CompactionProjection, HoldingSource, compactor_follower
+from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
+from .spark_runner import SparkRunner
+
+DEFAULT_PORT = 50054
+DEFAULT_COMMITLOG = "127.0.0.1:50051"
+# Measured (bench/compactor.py, bench/results/compactor.md, 2 cores, two runs): a local round does 34-130 MB/s;
+# the Spark job on local[*] took 22-73 s for 24 MiB, 31-82 s for 72 MiB and 65-129 s for 264 MiB (20-70 s
+# fixed, then 4-6 MiB/s): no crossover up to 264 MiB, and none to expect on one machine. Spark pays off only
+# on a cluster whose workers together out-scan one machine, so auto sends a round there only when it is far
+# past what a local round does in minutes: 64 GiB (10-30 minutes locally).
+DEFAULT_SPARK_THRESHOLD_BYTES = 64 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactorServiceConfig:
+    data_dir: object
+    server: ServerConfig = ServerConfig()
+    commitlog_address: str = DEFAULT_COMMITLOG
+    compaction: CompactionConfig = CompactionConfig()
+    follow: FollowConfig = FollowConfig()
+    rpc_timeout_ms: int = 10_000
+    tail_stream_deadline_ms: int = 60_000
+    checkpoint_interval_ms: int = 1_000
+    spark_threshold_bytes: int = DEFAULT_SPARK_THRESHOLD_BYTES
+    replica_of: str = ""                     # a primary compactor's host:port: copy its logs, follow no log
+    replica_interval_ms: int = 500
+    spark_master: str = "local[*]"           # "" = no Spark engine; spark://host:7077 for a cluster
+    spark_timeout_ms: int = 1_800_000
+    log_level: str = "info"
+    failpoints: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.commitlog_address:
+            raise InvalidArgument("commitlog address (--commitlog / MQSTORE_COMMITLOG) must not be empty")
+        for name in ("rpc_timeout_ms", "tail_stream_deadline_ms", "checkpoint_interval_ms", "spark_threshold_bytes",
+                     "spark_timeout_ms", "replica_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+
+
+def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
+    """Open the compaction logs, follow the commit log, run rounds, serve. On stop: the threads stop,
+    then the last checkpoint (after an fsync of the logs), then the logs close, then the channel."""
+    client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
+                             stream_deadline_s=config.tail_stream_deadline_ms / 1000,
+                             max_reconnect_backoff_ms=config.follow.backoff_max_ms)
+    parts.on_close(client.close)
+    clock = SystemClock()
+    store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
+    parts.on_close(store.close)
+    if config.replica_of:
+        replica = ReplicaDuty(store, config.replica_of, interval_ms=config.replica_interval_ms,
+                              rpc_timeout_s=config.rpc_timeout_ms / 1000)
+        parts.on_close(replica.close)  # after the duty has stopped (closers run in reverse)
+        parts.add_duty(replica)
+
+        def stats() -> ServiceStats:
+            return ServiceStats(replica.connected, 0, 0, replica.problem(), len(store.slots()), replica.applied,
+                                config.replica_of)
+    else:
+        projection = CompactionProjection(store, client.topic_kinds, config.data_dir / "follower.checkpoint", clock,
+                                          config.checkpoint_interval_ms)
+        parts.on_close(projection.checkpoint)
+        follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))
+
+        def stats() -> ServiceStats:
+            state, (durable, applied) = follower.state(), projection.stats()
+            return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset or 0,
+                                follower.problem(), len(store.slots()), applied, "")
+    parts.add_duty(RoundDuty(store))
+    spark_round = None
+    if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
+        runner = SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000)
+        spark_round = lambda slot: store.compact(slot, engine="spark", runner=runner)  # noqa: E731
+    api = CompactorApi(store, spark_threshold_bytes=config.spark_threshold_bytes, stats=stats,
+                       spark_round=spark_round)
+    parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CompactorServicer(api), server))
+
+
+# ---- configuration ------------------------------------------------------------------------------------
+
+_OWN_FLAGS = {
+    "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
+    "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
+    "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
+    "checkpoint_interval_ms": "the logs are fsynced and the follower checkpointed this often (default 1000)",
+    "replica_of": "a primary Compactor's host:port: copy its compaction logs from offset 0 and keep up, instead "
+                  "of following the commit log (default: none)",
+    "replica_interval_ms": "a replica asks the primary for new records this often (default 500)",
+    "spark_master": "Spark master of heavy rounds (default local[*]; empty: no Spark engine)",
+    "spark_timeout_ms": "a Spark round is stopped after this long (default 1800000)",
+    "spark_threshold_bytes": f"engine=auto sends a round to Spark above these dirty bytes (default "
+                             f"{DEFAULT_SPARK_THRESHOLD_BYTES})",
+}
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="compactor_service", description="mqstore Compactor gRPC service")
+    S.add_service_flags(parser, DEFAULT_PORT, "data directory; the compaction logs go to <data-dir>/logs")
+    for name, text in _OWN_FLAGS.items():
+        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
+    S.add_flags(parser, CompactionConfig)
+    S.add_flags(parser, FollowConfig)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CompactorServiceConfig:
+    args = build_arg_parser().parse_args(argv)
+    return CompactorServiceConfig(
+        data_dir=S.data_dir(args, env), server=S.server_config(args, env, DEFAULT_PORT),
+        commitlog_address=S.typed(args, env, "commitlog", str, DEFAULT_COMMITLOG),
+        compaction=CompactionConfig(**S.values_for(args, env, CompactionConfig)),
+        follow=FollowConfig(**S.values_for(args, env, FollowConfig)),
+        rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
+        tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
+        checkpoint_interval_ms=S.typed(args, env, "checkpoint_interval_ms", S.parse_int, 1_000),
+        spark_threshold_bytes=S.typed(args, env, "spark_threshold_bytes", S.parse_int, DEFAULT_SPARK_THRESHOLD_BYTES),
+        replica_of=S.typed(args, env, "replica_of", str, ""),
+        replica_interval_ms=S.typed(args, env, "replica_interval_ms", S.parse_int, 500),
+        spark_master=S.typed(args, env, "spark_master", str, "local[*]"),
+        spark_timeout_ms=S.typed(args, env, "spark_timeout_ms", S.parse_int, 1_800_000),
+        log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
+
+
+def describe(config: CompactorServiceConfig, port: int) -> dict:
+    return {"compaction": dataclasses.asdict(config.compaction), "follow": dataclasses.asdict(config.follow),
+            "server": dataclasses.asdict(config.server), "commitlog_address": config.commitlog_address,
+            "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes,
+            "spark_master": config.spark_master, "replica_of": config.replica_of}
+
+
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+
+
+def build_server(config: CompactorServiceConfig) -> tuple[ManagedServer, int]:
+    return service.build_server(SERVICE, config)
+
+
+def serving(config: CompactorServiceConfig) -> contextlib.AbstractContextManager[tuple[ManagedServer, int]]:
+    return service.serving(SERVICE, config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return service.run(SERVICE, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
