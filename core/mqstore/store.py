@@ -46,10 +46,10 @@ from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
-                           AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, StoredMessage, StoreInfo,
-                           TailFrame, TopicRecord)
+                           AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, RawPullResult,
+                           StoredMessage, StoreInfo, TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
-from mqstore.queue.pull import LongPolls, read_queue
+from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
 from mqstore.retention_holds import RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
@@ -328,6 +328,18 @@ class MessageStore:
 
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int = 1 << 20,
              tags: Sequence[str] = (), long_poll_ms: int = 0) -> PullResult:
+        return self._pull(read_queue, self.commitlog.decode_at, PullResult, topic, queue_id, offset, max_messages,
+                          max_bytes, tags, long_poll_ms)
+
+    def pull_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int = 1 << 20,
+                 tags: Sequence[str] = (), long_poll_ms: int = 0) -> RawPullResult:
+        """:meth:`pull` with the checked records' bytes instead of decoded messages (the compiled codec's
+        Pull): the same messages, offsets and errors."""
+        return self._pull(read_queue_raw, self.commitlog.checked_at, RawPullResult, topic, queue_id, offset,
+                          max_messages, max_bytes, tags, long_poll_ms)
+
+    def _pull(self, read, read_at, result, topic: str, queue_id: int, offset: int, max_messages: int,
+              max_bytes: int, tags: Sequence[str], long_poll_ms: int):
         self._check_running()
         max_messages = min(max_messages if max_messages > 0 else 32, MAX_PULL_MESSAGES)
         max_bytes = min(max_bytes if max_bytes > 0 else 1 << 20, MAX_PULL_BYTES)
@@ -341,14 +353,20 @@ class MessageStore:
             cq = self._long_polls.wait(lambda: self.queues.get(topic, queue_id), offset, long_poll_ms,
                                        lambda: self._running)
         if cq is None or offset >= cq.max_offset:
-            return PullResult([], offset, lo, cq.max_offset if cq else hi)
-        return read_queue(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, self.commitlog.decode_at)
+            return result([], offset, lo, cq.max_offset if cq else hi)
+        return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
         self._check_running()
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         rec = self.commitlog.decode_at(physical_offset, len(data))
         return StoredMessage(rec, record.offset_msg_id(rec.store_host, rec.store_port, physical_offset))
+
+    def get_message_raw(self, physical_offset: int) -> bytes:
+        """:meth:`get_message` as the checked record's bytes (the compiled codec's GetMessage)."""
+        self._check_running()
+        data = self.commitlog.record_at(physical_offset, self.visible_offset())
+        return self.commitlog.checked_at(physical_offset, len(data))
 
     def get_messages(self, physical_offsets: Sequence[int]) -> list[MessageLookup]:
         """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not
@@ -367,12 +385,13 @@ class MessageStore:
                 out.append(MessageLookup(None, str(exc), damaged=True))
         return out
 
-    def get_message_by_id(self, msg_id: str) -> StoredMessage:
+    def get_message_by_id(self, msg_id: str, raw: bool = False) -> StoredMessage | bytes:
+        """By offset message id; with ``raw``, as :meth:`get_message_raw`."""
         try:
             _, _, physical_offset = record.parse_offset_msg_id(msg_id)
         except ValueError as exc:
             raise InvalidArgument(f"msg_id {msg_id!r} is not an offset message id: {exc}") from None
-        return self.get_message(physical_offset)
+        return self.get_message_raw(physical_offset) if raw else self.get_message(physical_offset)
 
     # ------------------------------------------------------------------ tail
     def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,

@@ -2,7 +2,8 @@
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``; C helpers in ``_wire.pxd``), built by the package's own build (setup.py):
-Append from the request's wire bytes to encoded records, and the AppendResponse bytes; the record walk
+Append from the request's wire bytes to encoded records, and the AppendResponse bytes; the PullResponse
+and StoredMessage bytes (Pull, GetMessage) from the stored records' bytes; the record walk
 with its CRC check (recovery, the Index's Tail frames: record_scan), the consume-queue rebuild's walk
 (record_scan.routing_records); the Java hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
 what the code did before it and stays as the reference: protobuf's parser, mqstore_rpc.convert and
@@ -55,6 +56,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     _check_layout(_records.WRITES, _scan.LAYOUT)
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
+                                 pull_response=_responses.pull_response,
+                                 stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
                                  routing_records=_scan.routing_records), ""
 

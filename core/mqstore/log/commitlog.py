@@ -201,11 +201,19 @@ class CommitLog:
         try:
             return record_reader.decode(data, 0, physical_offset=physical_offset)
         except record_reader.RecordError as exc:
-            where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
-            skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
-            raise DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
-                           f"is not served{skip}",
-                           physical_offset=physical_offset, queue_offset=queue_offset) from None
+            raise _damaged(exc, physical_offset, queue_offset) from None
+
+    def checked_at(self, physical_offset: int, size: int, queue_offset: int | None = None) -> bytes:
+        """:meth:`decode_at` without the decoding: the record's bytes (from position 0), checked the same
+        way (by the record walk, compiled when the codec is), with the same DataLoss."""
+        data = self.read(physical_offset, size)
+        try:
+            if record_scan.walk(data, 0, len(data), base=physical_offset).records == 0:
+                record_reader.decode(data, 0, physical_offset=physical_offset)  # says why (RecordError)
+                invariant(False, f"the record walk refused the record at {physical_offset}, its reference not")
+        except record_reader.RecordError as exc:
+            raise _damaged(exc, physical_offset, queue_offset) from None
+        return data
 
     def check_resume_point(self, physical_offset: int) -> None:
         """InvalidArgument unless a record starts at ``physical_offset`` (below the written offset), where
@@ -282,3 +290,10 @@ class CommitLog:
         if run_from >= 0:
             pieces.append(seg.read(run_from, pos - run_from))
         return b"".join(pieces), count, seg.start + pos
+
+
+def _damaged(exc: record_reader.RecordError, physical_offset: int, queue_offset: int | None) -> DataLoss:
+    where = f"queue offset {queue_offset}, " if queue_offset is not None else ""
+    skip = f"; to skip it, read from queue offset {queue_offset + 1}" if queue_offset is not None else ""
+    return DataLoss(f"the record at {where}physical offset {physical_offset} fails its checks ({exc}); it "
+                    f"is not served{skip}", physical_offset=physical_offset, queue_offset=queue_offset)

@@ -8,17 +8,19 @@ is thread-safe (a bounded semaphore and the dispatcher's ``visible`` condition).
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from mqstore.errors import DataLoss, OutOfRange
 from mqstore.format import record
-from mqstore.format.record_reader import Record
+from mqstore.format.record_reader import Record, RecordView
 from mqstore.log.segment import SegmentClosed
-from mqstore.model import PullResult, StoredMessage
+from mqstore.model import PullResult, RawPullResult, StoredMessage
 from mqstore.queue.consume_queue import ConsumeQueue
 
 # (physical offset, size, queue offset) -> the checked record; raises DataLoss (CommitLog.decode_at).
 DecodeAt = Callable[[int, int, int], Record]
+# The same -> the checked record's bytes, not decoded (CommitLog.checked_at).
+CheckedAt = Callable[[int, int, int], bytes]
 
 
 def read_queue(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str],
@@ -27,41 +29,63 @@ def read_queue(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int,
     ``offset`` whose TAGS is one of ``tags`` (all when empty). Entries whose tag code matches none are
     skipped without reading the log; a code that matches by hash collision is checked on the record.
     A record that fails its checks ends the result before it, or raises DataLoss when it comes first."""
+    taken, next_offset = _collect(cq, offset, max_messages, max_bytes, tags, tag_code, decode_at,
+                                  lambda rec: rec.properties.get(record.PROPERTY_TAGS, ""))
+    messages: list[StoredMessage] = []
+    if taken:  # every message id of one Pull takes the first record's store host
+        first = taken[0][0]
+        host_prefix = record.msg_id_prefix(first.store_host, first.store_port)
+        messages = [StoredMessage(rec, f"{host_prefix}{phys:016X}") for rec, phys in taken]
+    return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+
+
+def read_queue_raw(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str],
+                   tag_code: Callable[[str], int], checked_at: CheckedAt) -> RawPullResult:
+    """:func:`read_queue` giving the checked record bytes instead of decoded records, for the compiled
+    codec's response encoder (mqstore.codec): the same messages, next offset and errors."""
+    taken, next_offset = _collect(cq, offset, max_messages, max_bytes, tags, tag_code, checked_at, _raw_tags)
+    return RawPullResult([data for data, _ in taken], next_offset, cq.min_offset, cq.max_offset)
+
+
+def _raw_tags(data: bytes) -> str:
+    return RecordView(data, 0).property(record.PROPERTY_TAGS) or ""
+
+
+def _collect(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str],
+             tag_code: Callable[[str], int], read_at: Callable[[int, int, int], Any],
+             tags_of: Callable[[Any], str]) -> tuple[list[tuple[Any, int]], int]:
+    """The walk of :func:`read_queue`: ([(what ``read_at`` gave, physical offset)], next offset)."""
     wanted_tags = set(tags)
     wanted_codes = {tag_code(t) for t in wanted_tags}
-    messages: list[StoredMessage] = []
-    taken = 0
+    taken: list[tuple[Any, int]] = []
+    taken_bytes = 0
     next_offset = offset
-    host_prefix = None
     try:
-        while len(messages) < max_messages and next_offset < cq.max_offset:
-            entries = cq.entries(next_offset, max_messages - len(messages))
-            for phys, size, code in entries:
-                if messages and taken + size > max_bytes:
-                    return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+        while len(taken) < max_messages and next_offset < cq.max_offset:
+            for phys, size, code in cq.entries(next_offset, max_messages - len(taken)):
+                if taken and taken_bytes + size > max_bytes:
+                    return taken, next_offset
                 if wanted_codes and code not in wanted_codes:
                     next_offset += 1
                     continue
                 try:
-                    rec = decode_at(phys, size, next_offset)
+                    rec = read_at(phys, size, next_offset)
                 except DataLoss:
-                    if messages:  # serve the good ones; the next Pull starts at the bad one
-                        return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+                    if taken:  # serve the good ones; the next Pull starts at the bad one
+                        return taken, next_offset
                     raise
                 next_offset += 1
-                if wanted_tags and rec.properties.get(record.PROPERTY_TAGS, "") not in wanted_tags:
+                if wanted_tags and tags_of(rec) not in wanted_tags:
                     continue
-                if host_prefix is None:
-                    host_prefix = record.msg_id_prefix(rec.store_host, rec.store_port)
-                messages.append(StoredMessage(rec, f"{host_prefix}{phys:016X}"))
-                taken += size
+                taken.append((rec, phys))
+                taken_bytes += size
     except SegmentClosed:
         if next_offset < cq.min_offset:
             raise OutOfRange(f"offset {next_offset} of {cq.topic}/{cq.queue_id} was removed by retention; "
                              f"the queue now starts at {cq.min_offset}", min_value=cq.min_offset,
                              max_value=cq.max_offset) from None
         raise
-    return PullResult(messages, next_offset, cq.min_offset, cq.max_offset)
+    return taken, next_offset
 
 
 class LongPolls:

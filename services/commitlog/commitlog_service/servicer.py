@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 import grpc
 from mqstore.errors import InvalidArgument
 from mqstore.store import MessageStore
-from mqstore_rpc import append_wire, convert
+from mqstore_rpc import append_wire, convert, read_wire
 from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
@@ -72,19 +72,29 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
             stored += len(batches[-1])
         return append_wire.append_response(batches)
 
-    def Pull(self, request, context):
-        result = self._store.pull(request.topic, request.queue_id, request.offset, max_messages=request.max_messages,
-                                  max_bytes=request.max_bytes, tags=list(request.tags),
-                                  long_poll_ms=request.long_poll_ms)
-        return convert.pull_response(result)
+    # Pull and GetMessage answer with serialized bytes: the compiled codec encodes them from the stored
+    # records' bytes (mqstore_rpc.read_wire), the pure-Python one serializes convert's messages.
 
+    @wire_codec(commitlog_pb2.PullRequest.FromString)
+    def Pull(self, request, context):
+        args = (request.topic, request.queue_id, request.offset)
+        limits = dict(max_messages=request.max_messages, max_bytes=request.max_bytes, tags=list(request.tags),
+                      long_poll_ms=request.long_poll_ms)
+        if read_wire.COMPILED:
+            return read_wire.pull_response(self._store.pull_raw(*args, **limits))
+        return convert.pull_response(self._store.pull(*args, **limits)).SerializeToString()
+
+    @wire_codec(commitlog_pb2.GetMessageRequest.FromString)
     def GetMessage(self, request, context):
         locator = request.WhichOneof("locator")
+        raw = read_wire.COMPILED
         if locator == "msg_id":
-            return convert.stored_message(self._store.get_message_by_id(request.msg_id))
-        if locator == "physical_offset":
-            return convert.stored_message(self._store.get_message(request.physical_offset))
-        raise InvalidArgument("locator: set either msg_id or physical_offset")
+            found = self._store.get_message_by_id(request.msg_id, raw=raw)
+        elif locator == "physical_offset":
+            found = (self._store.get_message_raw if raw else self._store.get_message)(request.physical_offset)
+        else:
+            raise InvalidArgument("locator: set either msg_id or physical_offset")
+        return read_wire.stored_message(found) if raw else convert.stored_message(found).SerializeToString()
 
     def GetMessages(self, request, context):
         return convert.get_messages_response(self._store.get_messages(list(request.physical_offsets)))

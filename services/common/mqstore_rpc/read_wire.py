@@ -1,0 +1,47 @@
+"""Pull's and GetMessage's responses on the wire, by the codec in use (mqstore.codec).
+
+Compiled: the store hands over the checked records' bytes (MessageStore.pull_raw, get_message_raw) and
+the compiled encoder writes the PullResponse / StoredMessage bytes from them, with no Python object
+per field. Pure Python (the reference): the store decodes Records, convert builds the messages, which
+are then serialized. Both give what the other gives once parsed; byte for byte, the compiled bytes are
+the reference's serialized with deterministic=True (map entries sorted by key), which
+tests/property/test_codec_read.py checks. The servicer's Pull and GetMessage answer with these bytes
+(errors.wire_codec: the response serializer passes them through).
+
+Thread-safety: stateless.
+"""
+
+from __future__ import annotations
+
+from mqstore import codec, model
+from mqstore.format import record, record_reader
+from mqstore_rpc import convert
+
+COMPILED = codec.compiled is not None
+
+
+def msg_id_prefix(data: bytes) -> str:
+    """The message id prefix (store host and port) of the record ``data`` starts with."""
+    view = record_reader.RecordView(data, 0)
+    return record.msg_id_prefix(view.store_host, view.store_port)
+
+
+def reference_message(data: bytes, prefix: str) -> bytes:
+    """The reference StoredMessage bytes of one checked record, its message id with ``prefix``: what the
+    compiled encoder hands over for a record it leaves to the reference (IPv6 hosts, text that is not
+    UTF-8)."""
+    rec = record_reader.decode(data, 0, verify_crc=False)
+    message = convert.stored_message(model.StoredMessage(rec, f"{prefix}{rec.physical_offset:016X}"))
+    return message.SerializeToString(deterministic=True)
+
+
+def pull_response(result: model.RawPullResult) -> bytes:
+    """Serialized PullResponse of the checked records (every message id with the first one's host)."""
+    prefix = msg_id_prefix(result.records[0]) if result.records else ""
+    return codec.compiled.pull_response(result.records, prefix, result.next_offset, result.min_offset,
+                                        result.max_offset, reference_message)
+
+
+def stored_message(data: bytes) -> bytes:
+    """Serialized StoredMessage of one checked record (GetMessage)."""
+    return codec.compiled.stored_message(data, msg_id_prefix(data), reference_message)

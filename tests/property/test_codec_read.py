@@ -1,0 +1,190 @@
+"""The compiled Pull / GetMessage encoder against the pure-Python reference (mqstore.codec, issue 10).
+
+Random records (tests/support/records: the store's own encoder; every host layout, int fields at
+their limits, properties with duplicate names, empty names or values, 0x01 inside a value, trailing
+separators, non-ASCII and invalid UTF-8 text) go to the compiled StoredMessage and PullResponse
+encoders and to the reference (convert.stored_message / pull_response, serialized with
+deterministic=True): the bytes must be identical. A record the compiled encoder can take (IPv4 hosts,
+UTF-8 text) must not be handed to the reference, so the test cannot pass by falling back. Then a real
+store: the raw read path (pull_raw, get_message_raw + read_wire) and the decoded one give the same
+bytes and the same errors, with tag filters, byte limits and a damaged record. The compiled module is
+imported directly, so these run under MQSTORE_PURE_PYTHON=1 too.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mqstore import model
+from mqstore.config import StoreConfig
+from mqstore.errors import MqStoreError
+from mqstore.format import record
+from mqstore.format.record_reader import RecordView, decode
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+from mqstore_rpc import convert, read_wire
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
+from tests.support import records
+
+pytestmark = pytest.mark.codec
+
+try:
+    from mqstore.codec import _responses as compiled
+except ImportError as exc:
+    pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler", pytrace=False)
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+V6 = bytes(range(1, 17))
+
+text_bytes = st.one_of(st.text("ab é\U0001F600 ", max_size=6).map(str.encode),
+                       st.sampled_from([b"", b"\xff", b"a\x01b", b" k1  k2 "]))
+item = st.tuples(st.sampled_from([b"TAGS", b"KEYS", b"UNIQ_KEY", b"a", "é".encode(), b""]),
+                 st.sampled_from([b"\x01", b"", b"\x01\x01"]), text_bytes).map(b"".join)
+properties = st.builds(lambda items, tail: b"\x02".join(items) + tail,
+                       st.lists(item, max_size=6), st.sampled_from([b"", b"\x02"]))
+
+
+@st.composite
+def stored_records(draw) -> bytes:
+    born_host = draw(st.sampled_from([records.LOOPBACK_V4, b"\xc0\xa8\x00\xff", V6]))
+    store_host = draw(st.sampled_from([records.LOOPBACK_V4, b"\x0a\x00\x00\x01", V6]))
+    data = bytearray(records.encode(
+        topic=draw(st.sampled_from([b"t", "é".encode(), b"x" * 127, b"\xff"])), body=draw(st.binary(max_size=64)),
+        properties=draw(properties), queue_id=draw(INT32), flag=draw(INT32),
+        sys_flag=draw(st.sampled_from([0, 0x4, 0x8, 0xC, 0x1])), born_timestamp_ms=draw(INT64),
+        born_host=born_host, born_port=draw(INT32), store_host=store_host, store_port=draw(INT32),
+        prepared_transaction_offset=draw(INT64), queue_offset=draw(INT64),
+        physical_offset=draw(st.integers(0, (1 << 63) - 1)), store_timestamp_ms=draw(INT64)))
+    layout = record.LAYOUTS[(data[record.SYS_FLAG_AT + 3] & record.SYSFLAG_HOSTS_V6) >> record.LAYOUT_SHIFT]
+    struct.pack_into(">i", data, layout.reconsume_times_at, draw(INT32))  # stamped by retries, not encode
+    return bytes(data)
+
+
+def expected_fallback(data: bytes) -> bool:
+    """Whether the compiled encoder leaves the record to the reference (IPv6 hosts, text not UTF-8)."""
+    view = RecordView(data, 0)
+    try:
+        view.topic_bytes.decode("utf-8")
+        view.properties_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return bool(view.sys_flag & record.SYSFLAG_HOSTS_V6)
+
+
+class Fallback:
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+
+    def __call__(self, data: bytes, prefix: str) -> bytes:
+        self.records.append(data)
+        return read_wire.reference_message(data, prefix)
+
+
+def reference(data: bytes, prefix: str) -> common_pb2.StoredMessage:
+    rec = decode(data, 0, verify_crc=False)
+    return convert.stored_message(model.StoredMessage(rec, f"{prefix}{rec.physical_offset:016X}"))
+
+
+@SETTINGS
+@given(stored_records())
+def test_stored_message_bytes_are_the_reference_bytes(data):
+    prefix = read_wire.msg_id_prefix(data)
+    fallback = Fallback()
+    got = compiled.stored_message(data, prefix, fallback)
+    assert got == reference(data, prefix).SerializeToString(deterministic=True)
+    assert fallback.records == ([data] if expected_fallback(data) else [])
+    assert common_pb2.StoredMessage.FromString(got) == reference(data, prefix)
+
+
+@SETTINGS
+@given(st.lists(stored_records(), max_size=4), INT64, INT64, INT64)
+def test_pull_response_bytes_are_the_reference_bytes(datas, next_offset, min_offset, max_offset):
+    prefix = read_wire.msg_id_prefix(datas[0]) if datas else ""
+    fallback = Fallback()
+    got = compiled.pull_response(datas, prefix, next_offset, min_offset, max_offset, fallback)
+    want = commitlog_pb2.PullResponse(messages=[reference(d, prefix) for d in datas], next_offset=next_offset,
+                                      min_offset=min_offset, max_offset=max_offset)
+    assert got == want.SerializeToString(deterministic=True)
+    assert fallback.records == [d for d in datas if expected_fallback(d)]
+
+
+# ---- a real store: the raw read path and the decoded one ----------------------------------------------
+
+TAGS = ["", "red", "blue"]
+
+
+def outcome(call):
+    """The call's result, or the type and message of the store error it raised."""
+    try:
+        return call(), None
+    except MqStoreError as exc:
+        return None, (type(exc).__name__, str(exc))
+
+
+def raw_pull(result: model.RawPullResult) -> bytes:
+    """read_wire.pull_response with the compiled module itself (the codec in use may be the Python one)."""
+    prefix = read_wire.msg_id_prefix(result.records[0]) if result.records else ""
+    return compiled.pull_response(result.records, prefix, result.next_offset, result.min_offset, result.max_offset,
+                                  read_wire.reference_message)
+
+
+def raw_message(data: bytes) -> bytes:
+    return compiled.stored_message(data, read_wire.msg_id_prefix(data), read_wire.reference_message)
+
+
+@pytest.fixture(scope="module")
+def filled_store(tmp_path_factory):
+    config = StoreConfig(data_dir=tmp_path_factory.mktemp("read") / "store", segment_size_bytes=16 * 1024,
+                         cq_entries_per_file=64, flush_interval_ms=20, checkpoint_interval_ms=50,
+                         clean_interval_ms=100_000)
+    store = MessageStore(config)
+    store.start()
+    store.create_topic("t", 2)
+    results = []
+    for i in range(12):
+        results += store.append("t", [MessageIn(body=bytes([i, j]) * (30 * j + 1), tags=TAGS[(i + j) % 3],
+                                                keys=(f"k{i}", "all") if j % 2 else (),
+                                                properties={"p": "é" * (j + 1), "z": "v"}, queue_id=(i + j) % 2)
+                                      for j in range(6)])
+    bad = results[20]  # a changed body byte: only the CRC tells, on both paths
+    path = config.commitlog_dir / f"{bad.physical_offset - bad.physical_offset % 16384:020d}"
+    with open(path, "r+b") as f:
+        f.seek(bad.physical_offset % 16384 + record.HEADER_SIZE)  # its first body byte
+        f.write(b"\xee")
+    yield store, results
+    store.stop()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(queue_id=st.integers(-1, 2), offset=st.integers(-1, 40), max_messages=st.integers(0, 40),
+       max_bytes=st.sampled_from([0, 1, 200, 1000]), tags=st.lists(st.sampled_from(TAGS[1:] + ["none"]), max_size=2))
+def test_pull_raw_path_gives_the_reference_bytes_and_errors(filled_store, queue_id, offset, max_messages, max_bytes,
+                                                            tags):
+    store, _ = filled_store
+    args = ("t", queue_id, offset)
+    limits = dict(max_messages=max_messages, max_bytes=max_bytes, tags=tags)
+    raw, raw_error = outcome(lambda: raw_pull(store.pull_raw(*args, **limits)))
+    ref, ref_error = outcome(lambda: convert.pull_response(store.pull(*args, **limits))
+                             .SerializeToString(deterministic=True))
+    assert (raw, raw_error) == (ref, ref_error)
+
+
+def test_get_message_raw_path_gives_the_reference_bytes_and_errors(filled_store):
+    store, results = filled_store
+    offsets = [r.physical_offset for r in results] + [results[3].physical_offset + 1, -5, 1 << 40]
+    for physical_offset in offsets:
+        raw = outcome(lambda at=physical_offset: raw_message(store.get_message_raw(at)))
+        ref = outcome(lambda at=physical_offset: convert.stored_message(store.get_message(at))
+                      .SerializeToString(deterministic=True))
+        assert raw == ref
+    assert outcome(lambda: store.get_message_raw(results[20].physical_offset))[1][0] == "DataLoss"
+    by_id = outcome(lambda: raw_message(store.get_message_by_id(results[7].msg_id, raw=True)))
+    assert by_id == (convert.stored_message(store.get_message_by_id(results[7].msg_id))
+                     .SerializeToString(deterministic=True), None)
