@@ -36,15 +36,7 @@ t0=$SECONDS
 say() { printf '[compose-check %3d s] %s\n' $((SECONDS - t0)) "$*"; }
 compose() { docker compose -p "$PROJECT" "$@"; }
 
-NEAR_PORTS=()
-if [ -n "$ENGINE" ]; then
-    base=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
-    say "engine: $ENGINE up --base $base"
-    host=$("$ENGINE" up --base "$base" | sed -n 's/^export DOCKER_HOST=//p')
-    [ -n "$host" ] || { say "the engine printed no DOCKER_HOST"; exit 1; }
-    export DOCKER_HOST=$host
-    NEAR_PORTS=("$ENGINE" exec)
-fi
+. scripts/compose_engine.sh  # DOCKER_HOST and NEAR_PORTS
 
 state=$(mktemp -d)
 cleanup() {
