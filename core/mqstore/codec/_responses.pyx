@@ -13,6 +13,7 @@ from libc.stdio cimport snprintf
 from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memchr, memcmp, memcpy
 
+from mqstore.codec._request cimport Prop, Span  # one Span and Prop for the request and the response side
 from mqstore.codec._wire cimport put_varint, valid_utf8, varint_size
 
 cdef const char* HEX = b"0123456789ABCDEF"
@@ -126,17 +127,6 @@ cdef enum:
     LOCAL_PROPS = 64    # properties items decoded without a malloc
 
 
-cdef struct Span:
-    const uint8_t* ptr
-    Py_ssize_t length
-
-
-cdef struct Prop:
-    Span name
-    Span value
-    Py_ssize_t index     # order in the record: the last of a name wins, as in decode_properties
-
-
 cdef struct Fields:
     const uint8_t* rec
     Span topic
@@ -173,7 +163,7 @@ cdef int compare_props(const void* a, const void* b) noexcept nogil:
         return c
     if x.name.length != y.name.length:  # one name starts the other: upb puts the longer first
         return 1 if x.name.length < y.name.length else -1
-    return -1 if x.index < y.index else (1 if x.index > y.index else 0)
+    return -1 if x.order < y.order else (1 if x.order > y.order else 0)
 
 
 cdef Py_ssize_t split_props(const uint8_t* p, Py_ssize_t n, Prop* out) noexcept nogil:
@@ -188,7 +178,7 @@ cdef Py_ssize_t split_props(const uint8_t* p, Py_ssize_t n, Prop* out) noexcept 
         if sep != NULL and sep > p + start and sep + 1 < p + end:
             out[count].name.ptr, out[count].name.length = p + start, sep - (p + start)
             out[count].value.ptr, out[count].value.length = sep + 1, p + end - (sep + 1)
-            out[count].index = count
+            out[count].order = count
             count += 1
         start = end + 1
     qsort(out, count, sizeof(Prop), compare_props)
