@@ -1,8 +1,9 @@
 """Which codec the hot paths use: the compiled one or the pure-Python reference.
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
-``_responses``, ``_scan``; C helpers in ``_wire.pxd``), built by the package's own build (setup.py):
-Append from the request's wire bytes to encoded records, and the AppendResponse bytes; the PullResponse
+``_responses``, ``_scan``, ``_stamp``; C helpers in ``_wire.pxd``), built by the package's own build
+(setup.py): Append from the request's wire bytes to encoded records, their placing and stamping under
+the append lock with the consume queue entries (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse
 and StoredMessage bytes (Pull, GetMessage) from the stored records' bytes; the record walk
 with its CRC check (recovery, the Index's Tail frames: record_scan), the consume-queue rebuild's walk
 (record_scan.routing_records); the Java hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
@@ -48,25 +49,26 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     if forced not in ("", "0"):
         return None, f"{ENV_PURE_PYTHON}={forced} asks for the pure-Python codec"
     try:
-        from mqstore.codec import _records, _request, _responses, _scan
+        from mqstore.codec import _records, _request, _responses, _scan, _stamp
     except ImportError as exc:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
-    _check_layout(_records.WRITES, _scan.LAYOUT)
+    _check_layout(_records.WRITES, _scan.LAYOUT, _stamp.LAYOUT)
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
-                                 routing_records=_scan.routing_records), ""
+                                 routing_records=_scan.routing_records, place=_stamp.place,
+                                 stamp=_stamp.stamp), ""
 
 
-def _check_layout(writes: dict, reads: dict) -> None:
-    """The compiled encoder writes records, and the compiled walk reads them, where
-    mqstore.format.record (the one definition) says."""
+def _check_layout(writes: dict, reads: dict, stamps: dict) -> None:
+    """The compiled encoder writes records, the compiled walk reads them and the stamp fills them where
+    mqstore.format.record and cq_unit (the one definition) say."""
     from mqstore.errors import invariant
-    from mqstore.format import record
+    from mqstore.format import cq_unit, record
     layout = record.IPV4
     expected = {name: getattr(layout, name, None) for name in writes}
     expected.update(magic=record.MAGIC_V1, fixed_overhead=record.FIXED_OVERHEAD, blank_size=record.BLANK_SIZE,
@@ -76,6 +78,14 @@ def _check_layout(writes: dict, reads: dict) -> None:
     expected = {"body_at": record.BODY_AT, "store_timestamp_at": record.STORE_TIMESTAMP_AT}
     invariant(reads == expected, f"the compiled record walk reads records at {reads}, mqstore.format.record says "
                                  f"{expected}: rebuild it (make setup) after changing the layout")
+    expected = dict(queue_offset_at=record.QUEUE_OFFSET_AT, physical_offset_at=record.QUEUE_OFFSET_AT + 8,
+                    sys_flag_host_byte_at=record.SYS_FLAG_HOST_BYTE_AT, hosts_v6=record.SYSFLAG_HOSTS_V6,
+                    layout_shift=record.LAYOUT_SHIFT, blank_size=record.BLANK_SIZE, tx_mask=record.SYSFLAG_TX_MASK,
+                    tx_prepared=record.SYSFLAG_TX_PREPARED, tx_rollback=record.SYSFLAG_TX_ROLLBACK,
+                    cq_entry=cq_unit.ENTRY.size, store_timestamp_at=record.STORE_TIMESTAMP_AT)
+    invariant(stamps == expected and record.OFFSETS.format == ">qq" and cq_unit.ENTRY.format == ">qiq",
+              f"the compiled stamp writes at {stamps}, mqstore.format says {expected}: rebuild it (make setup) "
+              f"after changing the layout")
 
 
 compiled, REASON = _load()

@@ -22,25 +22,30 @@ from typing import Callable
 
 import structlog
 
-from mqstore import failpoints
+from mqstore import codec, failpoints
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, invariant
 from mqstore.format import record, record_reader, record_scan
+from mqstore.log import stamp
 from mqstore.log.encoder import EncodedBatch
 from mqstore.log.segment import SegmentQueue
 
 log = structlog.get_logger()
-_NO_QUEUE_OFFSET_TX = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)
+# The batch's placing and stamping under the lock: compiled when the codec is (mqstore.log.stamp).
+_place = stamp.place if codec.compiled is None else codec.compiled.place
+_stamp = stamp.stamp if codec.compiled is None else codec.compiled.stamp
 
 
 @dataclass(slots=True)
 class Written:
     """What the dispatcher needs of an appended batch: per record (physical offset, size, queue id,
-    queue offset, tag code, sys flag), all with one store time; ``end`` is the log end after it."""
+    queue offset, tag code, sys flag), all with one store time; ``end`` is the log end after it;
+    ``runs`` the consume queue entries per queue id (stamp.stamp)."""
 
     topic: str
     end: int
     store_timestamp_ms: int
     entries: list[tuple[int, int, int, int, int, int]]
+    runs: dict[int, tuple[int, bytes, int]]
 
 
 # (topic, {queue id: (first queue offset, end queue offset)}) -> None; raises ResourceExhausted.
@@ -78,38 +83,24 @@ class CommitLog:
             if now < self.last_store_timestamp_ms:
                 now = self.last_store_timestamp_ms
             plan = self._plan(batch.sizes)
+            ranges = self._queue_ranges(batch)
             if self.reserve_queue_files is not None:
-                self.reserve_queue_files(batch.topic, self._queue_ranges(batch))
-            entries = self._assign_and_stamp(batch, plan, now)
+                self.reserve_queue_files(batch.topic, ranges)
+            entries, runs = self._assign_and_stamp(batch, plan, ranges, now)
             self._copy(batch.buf, plan)
             end = plan[-1][1] + plan[-1][3] if plan else self.written_offset
             self.last_store_timestamp_ms = now
             self.written_offset = end
-            written = Written(batch.topic, end, now, entries)
+            written = Written(batch.topic, end, now, entries, runs)
             self.pending.append(written)
         failpoints.hit("log.after_write")
         return written
 
-    def _plan(self, sizes: list[int]) -> list[tuple[int, int, int, int]]:
-        """Chunks of the batch per segment: (buf_from, physical_from, buf_to, length). Creates the
-        segments the batch needs before anything is written."""
-        seg_size = self.segment_size
-        pos = self.written_offset
-        chunks = []
-        buf_from = buf_at = 0
-        phys_from = pos
-        for size in sizes:
-            room = seg_size - pos % seg_size
-            if size + record.BLANK_SIZE > room:
-                if buf_at > buf_from:
-                    chunks.append((buf_from, phys_from, buf_at, buf_at - buf_from))
-                pos += room
-                buf_from, phys_from = buf_at, pos
-            buf_at += size
-            pos += size
-        if buf_at > buf_from:
-            chunks.append((buf_from, phys_from, buf_at, buf_at - buf_from))
-        self._ensure_segments(pos)
+    def _plan(self, sizes: list[int]) -> list[stamp.Chunk]:
+        """Chunks of the batch per segment (stamp.place). Creates the segments the batch needs before
+        anything is written."""
+        chunks, end = _place(sizes, self.written_offset, self.segment_size)
+        self._ensure_segments(end)
         return chunks
 
     def _ensure_segments(self, end: int) -> None:
@@ -123,8 +114,7 @@ class CommitLog:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
         qids, flags = batch.queue_ids, batch.sys_flags
         if any(flags):
-            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if f & record.SYSFLAG_TX_MASK
-                                         not in _NO_QUEUE_OFFSET_TX)
+            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if stamp.takes_queue_offset(f))
         else:
             counts = collections.Counter(qids)
         table, topic = self.next_queue_offsets, batch.topic
@@ -134,31 +124,14 @@ class CommitLog:
             ranges[qid] = (first, first + count)
         return ranges
 
-    def _assign_and_stamp(self, batch: EncodedBatch, plan, now: int):
-        entries = []
-        table = self.next_queue_offsets
-        topic = batch.topic
-        buf = batch.buf
-        stamp = record.stamp
-        sizes, qids, tags, flags = batch.sizes, batch.queue_ids, batch.tag_codes, batch.sys_flags
-        index = 0
-        for buf_from, phys_from, buf_to, _ in plan:
-            at = buf_from
-            while at < buf_to:
-                size, qid, flag = sizes[index], qids[index], flags[index]
-                if flag & record.SYSFLAG_TX_MASK in _NO_QUEUE_OFFSET_TX:
-                    qoff = 0
-                else:
-                    key = (topic, qid)
-                    qoff = table.get(key, 0)
-                    table[key] = qoff + 1
-                phys = phys_from + (at - buf_from)
-                stamp(buf, at, qoff, phys, now)
-                entries.append((phys, size, qid, qoff, tags[index], flag))
-                at += size
-                index += 1
-        invariant(index == len(sizes), "every record of the batch was placed")
-        return entries
+    def _assign_and_stamp(self, batch: EncodedBatch, plan, ranges: dict[int, tuple[int, int]], now: int):
+        """Stamp the batch (stamp.stamp) and advance its queues' next offsets to the ends of ``ranges``."""
+        entries, runs = _stamp(batch.buf, plan, batch.sizes, batch.queue_ids, batch.tag_codes, batch.sys_flags,
+                               {qid: first for qid, (first, _) in ranges.items()}, now)
+        table, topic = self.next_queue_offsets, batch.topic
+        for qid, (_, end) in ranges.items():
+            table[(topic, qid)] = end
+        return entries, runs
 
     def _copy(self, buf: bytearray, plan) -> None:
         cur = self.written_offset

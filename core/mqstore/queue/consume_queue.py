@@ -127,18 +127,24 @@ class ConsumeQueue:
         return True
 
     def put_run(self, first_offset: int, entries: list[tuple[int, int, int]]) -> None:
-        """Write entries for consecutive queue offsets from ``first_offset`` (the dispatcher's batch
-        path: one copy per queue and batch instead of one per message). Idempotent like put."""
+        """Write entries for consecutive queue offsets from ``first_offset`` (the replay's batch path:
+        one copy per queue and run instead of one per message). Idempotent like put."""
+        if entries:
+            pack = cq_unit.ENTRY.pack
+            phys, size, _ = entries[-1]
+            self.put_packed(first_offset, b"".join([pack(*entry) for entry in entries]), phys + size)
+
+    def put_packed(self, first_offset: int, data: bytes, physical_end: int) -> None:
+        """put_run with the entries already in the consume queue unit format (the append path's runs,
+        mqstore.log.stamp); ``physical_end`` is the end of the last entry's record."""
         skip = self.max_offset - first_offset
         if skip > 0:
-            entries = entries[skip:]
+            data = data[skip * ENTRY:]
             first_offset += skip
-        if not entries:
+        if not data:
             return
         if first_offset > self.max_offset:
             self._fill_blanks(first_offset)
-        pack = cq_unit.ENTRY.pack
-        data = b"".join([pack(phys, size, tag) for phys, size, tag in entries])
         byte_at = first_offset * ENTRY
         file_size = self.files.segment_size
         view = memoryview(data)
@@ -147,9 +153,8 @@ class ConsumeQueue:
             self._write(byte_at // ENTRY, view[:room])
             byte_at += min(room, len(view))
             view = view[room:]
-        self.max_offset = first_offset + len(entries)
-        phys, size, _ = entries[-1]
-        self.max_physical_end = phys + size
+        self.max_offset = first_offset + len(data) // ENTRY
+        self.max_physical_end = physical_end
 
     def _fill_blanks(self, queue_offset: int) -> None:
         first_ever = self.max_offset == 0  # no entry yet (its file may have been reserved already)

@@ -97,18 +97,9 @@ class Dispatcher:
             table = self.queues
             while pending and pending[0].end <= confirm_offset:
                 written = pending.popleft()
-                runs: dict[int, tuple[int, list]] = {}
-                for phys, size, qid, qoff, tag, flag in written.entries:
-                    if flag & record.SYSFLAG_TX_MASK in _NO_CQ:
-                        continue
-                    run = runs.get(qid)
-                    if run is None:
-                        runs[qid] = (qoff, [(phys, size, tag)])
-                    else:
-                        run[1].append((phys, size, tag))
-                for qid, (first, entries) in runs.items():
+                for qid, (first, data, physical_end) in written.runs.items():
                     cq = table.queues.get((written.topic, qid)) or table.get_or_create(written.topic, qid)
-                    cq.put_run(first, entries)
+                    cq.put_packed(first, data, physical_end)
                 self.dispatched_offset = written.end
                 self.logics_msg_timestamp_ms = written.store_timestamp_ms
                 advanced = True

@@ -43,10 +43,12 @@ def test_the_python_path_is_announced_once_per_process(monkeypatch):
 def test_the_compiled_code_writes_and_reads_where_the_record_module_says():
     if codec.compiled is None:
         pytest.skip(f"the compiled codec is not in use: {codec.REASON}")
-    from mqstore.codec import _records, _scan
-    codec._check_layout(_records.WRITES, _scan.LAYOUT)
+    from mqstore.codec import _records, _scan, _stamp
+    codec._check_layout(_records.WRITES, _scan.LAYOUT, _stamp.LAYOUT)
     from mqstore.errors import InvariantViolation
     with pytest.raises(InvariantViolation, match="writes records at"):
-        codec._check_layout({**_records.WRITES, "body_at": 87}, _scan.LAYOUT)
+        codec._check_layout({**_records.WRITES, "body_at": 87}, _scan.LAYOUT, _stamp.LAYOUT)
     with pytest.raises(InvariantViolation, match="reads records at"):
-        codec._check_layout(_records.WRITES, {**_scan.LAYOUT, "body_at": (88, 100, 100, 100)})
+        codec._check_layout(_records.WRITES, {**_scan.LAYOUT, "body_at": (88, 100, 100, 100)}, _stamp.LAYOUT)
+    with pytest.raises(InvariantViolation, match="stamp writes at"):
+        codec._check_layout(_records.WRITES, _scan.LAYOUT, {**_stamp.LAYOUT, "queue_offset_at": 24})
