@@ -31,6 +31,14 @@ from mqstore.errors import FailedPrecondition, OutOfRange, ResourceExhausted
 from mqstore.format import segment_name
 
 log = structlog.get_logger()
+
+# Writes of at least this many bytes go through pwrite instead of the mapping. Copying into a mapped
+# page that is not resident costs a page fault with zeroing, ~12 us per 4 KiB page here (bench: 300 us
+# per 100 KiB against 28 us with pwrite), under the append lock and holding the GIL; pwrite fills the
+# page cache directly and releases the GIL while it copies. Both reach the same page-cache pages, so
+# readers of the mapping see the bytes at once, and fdatasync makes both durable. Small writes
+# (consume queue runs, blank records) stay on the mapping, where a system call costs more than the copy.
+_PWRITE_MIN_BYTES = 4096
 PAGE_SIZE = mmap.PAGESIZE
 
 
@@ -96,7 +104,17 @@ class Segment:
         return self._mm
 
     def write(self, position: int, data) -> None:
-        self._mm[position:position + len(data)] = data
+        length = len(data)
+        if length < _PWRITE_MIN_BYTES:
+            self._mm[position:position + length] = data
+            return
+        if not 0 <= position <= self.size - length:  # pwrite would grow the file where the mapping refuses
+            raise ValueError(f"write of {length} bytes at {position} overruns segment {self.path.name}")
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, position)
+            view = view[written:]
+            position += written
 
     def read(self, position: int, length: int) -> bytes:
         mm = self._mm
