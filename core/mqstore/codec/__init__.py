@@ -1,12 +1,13 @@
 """Which codec the hot paths use: the compiled one or the pure-Python reference.
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
-``_responses``, ``_scan``, ``_stamp``; C helpers in ``_wire.pxd``), built by the package's own build
+``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd``), built by the package's own build
 (setup.py): Append from the request's wire bytes to encoded records, their placing and stamping under
 the append lock with the consume queue entries (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse
 and StoredMessage bytes (Pull, GetMessage) from the stored records' bytes; the record walk
 with its CRC check (recovery, the Index's Tail frames: record_scan), the consume-queue rebuild's walk
-(record_scan.routing_records); the Java hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
+(record_scan.routing_records) and the rebuild itself, records to packed consume queue runs
+(``_replay``, mqstore.queue.replay); the Java hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
 what the code did before it and stays as the reference: protobuf's parser, mqstore_rpc.convert and
 mqstore.log.encoder. tests/property/test_codec_append.py requires both to give the same bytes and
 the same errors.
@@ -49,19 +50,20 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     if forced not in ("", "0"):
         return None, f"{ENV_PURE_PYTHON}={forced} asks for the pure-Python codec"
     try:
-        from mqstore.codec import _records, _request, _responses, _scan, _stamp
+        from mqstore.codec import _records, _replay, _request, _responses, _scan, _stamp
     except ImportError as exc:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
     _check_layout(_records.WRITES, _scan.LAYOUT, _stamp.LAYOUT)
+    _check_replay_layout(_replay.LAYOUT)
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
                                  routing_records=_scan.routing_records, place=_stamp.place,
-                                 stamp=_stamp.stamp), ""
+                                 stamp=_stamp.stamp, replay_runs=_replay.replay_runs), ""
 
 
 def _check_layout(writes: dict, reads: dict, stamps: dict) -> None:
@@ -86,6 +88,23 @@ def _check_layout(writes: dict, reads: dict, stamps: dict) -> None:
     invariant(stamps == expected and record.OFFSETS.format == ">qq" and cq_unit.ENTRY.format == ">qiq",
               f"the compiled stamp writes at {stamps}, mqstore.format says {expected}: rebuild it (make setup) "
               f"after changing the layout")
+
+
+def _check_replay_layout(reads: dict) -> None:
+    """The compiled consume-queue rebuild (_replay) reads records and writes entries where
+    mqstore.format.record and cq_unit say."""
+    from mqstore.errors import invariant
+    from mqstore.format import cq_unit, record
+    expected = dict(body_at=record.BODY_AT, store_timestamp_at=record.STORE_TIMESTAMP_AT, magic=record.MAGIC_V1,
+                    magic_blank=record.MAGIC_BLANK, fixed_overhead=record.FIXED_OVERHEAD,
+                    hosts_v6=record.SYSFLAG_HOSTS_V6, layout_shift=record.LAYOUT_SHIFT,
+                    queue_id_at=record.QUEUE_ID_AT, queue_offset_at=record.QUEUE_OFFSET_AT,
+                    sys_flag_at=record.SYS_FLAG_AT, tx_mask=record.SYSFLAG_TX_MASK,
+                    tx_prepared=record.SYSFLAG_TX_PREPARED, tx_rollback=record.SYSFLAG_TX_ROLLBACK,
+                    cq_entry=cq_unit.ENTRY.size)
+    invariant(reads == expected and cq_unit.ENTRY.format == ">qiq",
+              f"the compiled consume-queue rebuild reads records at {reads}, mqstore.format says {expected}: "
+              f"rebuild it (make setup) after changing the layout")
 
 
 compiled, REASON = _load()

@@ -16,12 +16,14 @@ import threading
 
 import structlog
 
+from mqstore import codec
 from mqstore.format import record, record_scan
 from mqstore.log.commitlog import CommitLog
+from mqstore.queue import replay
 from mqstore.queue.consume_queue import ConsumeQueue
 
 log = structlog.get_logger()
-_NO_CQ = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)
+_NO_CQ = replay._NO_CQ  # transactions prepared or rolled back: no consume queue entry
 
 
 class QueueTable:
@@ -85,6 +87,8 @@ class Dispatcher:
         self.visible = threading.Condition()
         self.dispatched_offset = 0
         self.logics_msg_timestamp_ms = 0
+        # The rebuild's compiled walk (None: the reference loop). Its tag codes are MessageEncoder.tag_code's.
+        self.replay_runs = codec.compiled.replay_runs if codec.compiled is not None else None
 
     def run_pending(self, confirm_offset: int) -> None:
         # Taking the lock even when another thread is dispatching our batch: we return only once the
@@ -142,7 +146,21 @@ class Dispatcher:
         return count
 
     def _replay_segment(self, seg, position: int, end: int, known_topics, only, behind) -> int:
-        """Consume queue entries of one segment's records, written per queue run (put_run)."""
+        """Consume queue entries of one segment's records: on the compiled walk when it is built
+        (mqstore.queue.replay), else (and where that cannot decide) with the reference."""
+        if self.replay_runs is not None:
+            done = replay.replay_compiled(self.replay_runs, self.queues, self.tag_code, seg, position, end,
+                                          known_topics, only, behind)
+            if done is not None:
+                count, last_ts = done
+                if last_ts is not None:
+                    self.logics_msg_timestamp_ms = last_ts
+                return count
+        return self._replay_segment_python(seg, position, end, known_topics, only, behind)
+
+    def _replay_segment_python(self, seg, position: int, end: int, known_topics, only, behind) -> int:
+        """Consume queue entries of one segment's records, written per queue run (put_run): the
+        reference, one record at a time."""
         buf = seg.buffer
         count = 0
         expect: dict[tuple[str, int], int] = {}  # next queue offset each queue is missing
