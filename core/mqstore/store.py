@@ -69,6 +69,7 @@ class MessageStore:
         self.config = config
         self.clock = clock or SystemClock()
         self.encoder = MessageEncoder(config)
+        self._msg_id_prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
         self.segments = SegmentQueue(
             config.commitlog_dir, config.segment_size_bytes, preallocate=config.preallocate_segments,
             wrong_size_advice=f"If {config.segment_size_bytes} is this store's segment size, run `mqstore repair "
@@ -280,8 +281,8 @@ class MessageStore:
         else:
             self.dispatcher.run_pending(written.end)
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
-        prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
-        return AppendResults(prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms, durability)
+        return AppendResults(self._msg_id_prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms,
+                             durability)
 
     # ------------------------------------------------------------------ topics and consumer offsets
     def topic(self, name: str) -> TopicRecord:
