@@ -369,17 +369,19 @@ class MessageStore:
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         return self.commitlog.checked_at(physical_offset, len(data))
 
-    def get_messages(self, physical_offsets: Sequence[int]) -> list[MessageLookup]:
+    def get_messages(self, physical_offsets: Sequence[int], raw: bool = False) -> list[MessageLookup]:
         """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not
-        (no record starts there, outside the log, damaged). One bad offset does not fail the others."""
+        (no record starts there, outside the log, damaged). One bad offset does not fail the others.
+        With ``raw``, each found message is the checked record's bytes (:meth:`get_message_raw`)."""
         self._check_running()
         if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
             raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, "
                                   f"not {len(physical_offsets)}")
+        get = self.get_message_raw if raw else self.get_message
         out = []
         for offset in physical_offsets:
             try:
-                out.append(MessageLookup(self.get_message(offset)))
+                out.append(MessageLookup(get(offset)))
             except (NotFound, OutOfRange) as exc:
                 out.append(MessageLookup(None, str(exc)))
             except DataLoss as exc:
