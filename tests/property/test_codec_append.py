@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import pathlib
+import random
 import types
 
 import pytest
@@ -36,7 +37,7 @@ from mqstore.format import record
 from mqstore.log.encoder import MessageEncoder, UniqKeyGenerator
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResults, TopicRecord
 from mqstore_rpc import append_wire, convert
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 from tests.support import wire
 
 pytestmark = pytest.mark.codec
@@ -68,15 +69,15 @@ def compiled_active():
         yield
 
 
-def config(segment_size_bytes: int) -> StoreConfig:
+def config(segment_size_bytes: int, **limits) -> StoreConfig:
     # Small limits, so that random requests reach them: 6 messages, 64-byte bodies, 160 bytes of bodies.
-    return StoreConfig(data_dir=pathlib.Path("/nonexistent"), segment_size_bytes=segment_size_bytes,
-                       max_body_bytes=64, max_batch_messages=6, max_batch_body_bytes=160)
+    limits = dict(max_body_bytes=64, max_batch_messages=6, max_batch_body_bytes=160) | limits
+    return StoreConfig(data_dir=pathlib.Path("/nonexistent"), segment_size_bytes=segment_size_bytes, **limits)
 
 
-def encoder_pair(segment_size_bytes: int) -> tuple[MessageEncoder, MessageEncoder]:
+def encoder_pair(segment_size_bytes: int, **limits) -> tuple[MessageEncoder, MessageEncoder]:
     """A reference and a compiled encoder with the same UNIQ_KEY generator state."""
-    cfg = config(segment_size_bytes)
+    cfg = config(segment_size_bytes, **limits)
     host = b"\x0a\x00\x00\x07"
     reference = MessageEncoder(cfg, uniq=UniqKeyGenerator(host, random=b"\x01\x02\x03\x04", counter=0xFFF0))
     with compiled_active():
@@ -223,6 +224,23 @@ def test_both_codecs_store_and_refuse_alike(requests, segment_size_bytes):
         expected = reference_append(reference, raw)
         assert compiled_append(compiled, raw) == expected
         assert (compiled.uniq._counter, compiled._round_robin) == (reference.uniq._counter, reference._round_robin)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(16, 120), st.integers(0, 1 << 32))
+def test_big_batches_written_without_the_gil_store_alike(count, seed):
+    """Batches of 16 KiB and more are written with the GIL released (_records._put_records): the same
+    bytes, and the generated UNIQ_KEYs in the columns match the ones in the records."""
+    rnd = random.Random(seed)
+    messages = [common_pb2.MessageInput(body=rnd.randbytes(rnd.randint(900, 1100)), tags=rnd.choice(["", "A"]),
+                                           keys=[f"k{i}"], properties={"UNIQ_KEY": f"U{i}"} if i % 3 == 0 else {})
+                for i in range(count)]
+    raw = commitlog_pb2.AppendRequest(topic="t", messages=messages).SerializeToString()
+    reference, compiled = encoder_pair(1 << 20, max_body_bytes=4096, max_batch_messages=1000,
+                                       max_batch_body_bytes=4 << 20)
+    expected = reference_append(reference, raw)
+    assert expected[0] == "ok" and len(expected[2]) >= 16384
+    assert compiled_append(compiled, raw) == expected
 
 
 # ---- AppendResponse alone ------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ cdef enum:
     FIXED_OVERHEAD = 91
     BLANK_SIZE = 8
     MAX_PROPERTIES_BYTES = 32767
+    _NOGIL_FROM_BYTES = 16384  # batches from this size are written without the GIL (AppendEncoder._write)
 
 
 # Where _put_record writes each field of the IPv4 layout (the only one gRPC appends produce: BORNHOST
@@ -334,28 +335,48 @@ cdef class AppendEncoder:
         cdef uint8_t generated[128]
         cdef uint8_t* out
         cdef const Plan* plan
-        cdef Msg* m
         if prefix_length and prefix_length + 4 != generated_length or generated_length > 128:
             raise ValueError(f"UNIQ_KEY prefix {prefix!r} does not make keys of {generated_length} characters")
         memcpy(generated, PyBytes_AS_STRING(prefix), prefix_length)
         counter = <uint32_t>(first & 0xFFFF)
         buf = PyByteArray_FromStringAndSize(NULL, total)
         out = <uint8_t*>PyByteArray_AS_STRING(buf)
+        # The records, body CRCs included (most of the time here), without the GIL when the batch is
+        # big enough to be worth the hand-over: other threads parse and answer meanwhile. The batch's
+        # buffer is this call's own and ``wire`` stays referenced by the caller.
+        if total >= _NOGIL_FROM_BYTES:
+            with nogil:
+                _put_records(out, wire, plans, topic, now_ms, self.store_host, self.store_port, generated,
+                             prefix_length, generated_length, counter)
+        else:
+            _put_records(out, wire, plans, topic, now_ms, self.store_host, self.store_port, generated,
+                         prefix_length, generated_length, counter)
         sizes, queue_ids, tag_codes, uniq_keys = [], [], [], []
         for i in range(wire.count):
-            plan, m = &plans[i], &wire.msgs[i]
-            if plan.uniq.ptr == NULL:
+            plan = &plans[i]
+            if plan.uniq.ptr == NULL:  # the same keys as _put_records wrote, in the same order
                 _put_hex16(generated + prefix_length, counter)
                 counter = (counter + 1) & 0xFFFF
                 uniq_keys.append(PyUnicode_DecodeASCII(<const char*>generated, generated_length, NULL))
             else:
                 uniq_keys.append(text_of(plan.uniq))
-            out = _put_record(out, wire, m, plan, topic, now_ms, self.store_host, self.store_port, generated,
-                              generated_length)
             sizes.append(plan.size)
             queue_ids.append(plan.qid)
             tag_codes.append(java_hash_utf8(plan.tags.ptr, plan.tags.length) if plan.tags.length else 0)
         return buf, sizes, queue_ids, tag_codes, [0] * wire.count, uniq_keys
+
+
+cdef void _put_records(uint8_t* out, WireMessages wire, const Plan* plans, Span topic, int64_t now_ms,
+                       const uint8_t* store_host, int32_t store_port, uint8_t* generated,
+                       Py_ssize_t prefix_length, Py_ssize_t generated_length, uint32_t counter) noexcept nogil:
+    """The batch's records back to back; generated UNIQ_KEYs count up from ``counter`` (mod 2^16)."""
+    cdef Py_ssize_t i
+    for i in range(wire.count):
+        if plans[i].uniq.ptr == NULL:
+            _put_hex16(generated + prefix_length, counter)
+            counter = (counter + 1) & 0xFFFF
+        out = _put_record(out, wire, &wire.msgs[i], &plans[i], topic, now_ms, store_host, store_port, generated,
+                          generated_length)
 
 
 cdef void _assign_round_robin(Plan* plans, Py_ssize_t count, int32_t start, int32_t queue_count) noexcept nogil:
