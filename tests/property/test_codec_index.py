@@ -30,7 +30,7 @@ from index_service.decode import decode_frame
 from index_service.store import IndexStore
 from mqstore import codec
 from mqstore.clock import FakeClock
-from mqstore.format.index_file import CorruptIndexFile
+from mqstore.format.index_file import CorruptIndexFile, key_hash
 from tests.support import records
 
 pytestmark = pytest.mark.codec
@@ -182,27 +182,35 @@ def test_the_compiled_build_writes_the_reference_files(config, frame_list, steps
 
 
 def test_a_bad_slot_stops_both_paths_with_the_same_error_and_bytes(tmp_path):
-    """A slot that points past indexCount (a damaged file): CorruptIndexFile from both, same bytes."""
+    """A slot that points past indexCount (a damaged file), met by the second message of a frame: both
+    raise CorruptIndexFile, with the first message indexed, the same bytes and the same end offset."""
     first = records.encode(topic=b"T", body=b"x", properties=b"KEYS\x01a", physical_offset=BASE,
                            store_timestamp_ms=BASE_MS)
-    second = records.encode(topic=b"T", body=b"x", properties=b"KEYS\x01b c d", physical_offset=BASE + len(first),
+    second = records.encode(topic=b"T", body=b"x", properties=b"KEYS\x01b c", physical_offset=BASE + len(first),
                             store_timestamp_ms=BASE_MS + 5_000)
-    config = {"slot_count": 1, "entry_count": 20, "max_keys_per_message": 4}
-    errors, files = [], []
+    third = records.encode(topic=b"T", body=b"x", properties=b"KEYS\x01d", physical_offset=BASE + len(first)
+                           + len(second), store_timestamp_ms=BASE_MS + 9_000)
+    frame = second + third
+    config = {"slot_count": 1000, "entry_count": 20, "max_keys_per_message": 4}
+    bad_slot = key_hash("T#d") % 1000
+    assert bad_slot not in {key_hash(f"T#{k}") % 1000 for k in "abc"}
+    errors, files, ends = [], [], []
     with compiled_codec():
         for name, apply in (("ref", apply_reference), ("c", apply_compiled)):
             store = open_store(tmp_path / name, config)
             try:
                 apply(store, first, BASE + len(first))
                 current = store._writer.current.file
-                current._mm[40:44] = (7).to_bytes(4, "big")  # the only slot now points at entry 7 of 1
+                current._mm[40 + 4 * bad_slot:44 + 4 * bad_slot] = (7).to_bytes(4, "big")  # entry 7 of 1
                 with pytest.raises(CorruptIndexFile) as raised:
-                    apply(store, second, BASE + len(first) + len(second))
+                    apply(store, frame, BASE + len(first) + len(frame))
                 errors.append(raised.value.reason)
+                ends.append(store.stats().indexed_end_physical_offset)
             finally:
                 store.close()
             files.append(index_files(tmp_path / name))
-    assert errors[0] == errors[1] == "slot 0 points at 7, indexCount is 2"
+    assert errors[0] == errors[1] == f"slot {bad_slot} points at 7, indexCount is 4"
+    assert ends[0] == ends[1] == BASE + len(first)
     assert files[0] == files[1]
 
 

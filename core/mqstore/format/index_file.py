@@ -425,11 +425,11 @@ class IndexFile:
         for slot, head in heads.items():
             SLOT.pack_into(mm, HEADER_SIZE + SLOT_SIZE * slot, head)
 
-    def put_columns(self, columns, start: int) -> tuple[int, int, int, int]:
+    def put_columns(self, columns, start: int) -> tuple[int, int, int]:
         """The compiled put_hashes for many messages (mqstore.codec IndexColumns from record ``start``):
         each message as put_hashes writes it, records without keys skipped, stopping before the first
-        message that does not fit. Returns (record stopped at, messages put, records skipped, physical
-        offset of the last message put or -1); raises CorruptIndexFile as put_hashes does."""
+        message that does not fit. Returns (record stopped at, messages put, records skipped); raises
+        CorruptIndexFile as put_hashes does (the header then covers the messages put before)."""
         h = self.header
         stop, applied, skipped, fields, bad = columns.put(
             self._mm, self.slot_count, self.entry_count, (h.begin_timestamp_ms, h.end_timestamp_ms,
@@ -438,7 +438,7 @@ class IndexFile:
         self.header = Header(*fields)
         if bad is not None:
             self._corrupt(f"slot {bad[0]} points at {bad[1]}, indexCount is {bad[2]}")
-        return stop, applied, skipped, self.header.end_phy_offset if applied else -1
+        return stop, applied, skipped
 
     def flush(self) -> None:
         """Durable when it returns. fdatasync covers pages dirtied through the mapping and, unlike

@@ -98,16 +98,24 @@ class Writer:
             i += 1
         while i < count:
             if self.current is not None:
-                i, applied, skipped, last_phy = self.current.file.put_columns(columns, i)
-                outcome.applied += applied
-                outcome.skipped += skipped
-                if applied:
-                    self.end_phy_offset = last_phy
+                i = self._put_run(columns, i, outcome)
                 if i == count:
                     break
             # record i does not fit the current file (or there is none yet): _file_for starts the next
             self._place(columns.physical_offset(i), columns.store_timestamp_ms(i), columns.hashes_of(i), outcome)
             i += 1
+
+    def _put_run(self, columns, start: int, outcome: PutOutcome) -> int:
+        file = self.current.file
+        entries = file.header.entries
+        try:
+            stop, applied, skipped = file.put_columns(columns, start)
+        finally:  # also when a bad slot stopped the run: the messages put before it are indexed
+            if file.header.entries != entries:
+                self.end_phy_offset = file.header.end_phy_offset
+        outcome.applied += applied
+        outcome.skipped += skipped
+        return stop
 
     def _count_dropped(self, columns, start: int, outcome: PutOutcome) -> None:
         for index, (dropped, topic) in columns.dropped.items():
