@@ -20,7 +20,7 @@ topic; else UNIQ_KEY first (when not empty), then KEYS split on single spaces wi
 duplicates collapse keeping the first; at most ``max_keys``, the others counted in ``dropped`` (record
 index -> (count, topic)). Property values are found as record_reader.find_property does (the last
 non-empty entry of the name). A record whose topic or key values are not valid UTF-8 (the reference
-decodes them with "replace"), or that has more than MAX_RAW_KEYS keys before collapsing, goes to the
+decodes them with "replace"), or that has more than MAX_RAW_KEYS (64) distinct keys, goes to the
 ``fallback`` callable (the reference), which returns (hashes, dropped count, topic).
 
 Thread-safety: an IndexColumns belongs to one thread; :meth:`IndexColumns.put` runs without the GIL
@@ -47,7 +47,7 @@ cdef extern from *:
 cdef enum:
     TX_MASK = 0xC               # record.SYSFLAG_TX_MASK
     TX_ROLLBACK = 0xC           # record.SYSFLAG_TX_ROLLBACK
-    MAX_RAW_KEYS = 64           # more keys than this in one record: the reference handles it
+    MAX_RAW_KEYS = 64           # more distinct keys in one record: the reference handles it
     HEADER_SIZE = 40            # index_file.HEADER_SIZE
     SLOT_SIZE = 4               # index_file.SLOT_SIZE
     ENTRY_SIZE = 20             # index_file.ENTRY_SIZE
