@@ -107,7 +107,7 @@ class StoredMessage:  # not frozen: one per message read (see MessageIn)
 class MessageLookup:
     """One answer of a batch GetMessages: the message, or why there is none."""
 
-    message: StoredMessage | None
+    message: StoredMessage | bytes | None  # bytes: the record's (MessageStore.get_messages(raw=True))
     missing: str = ""        # "" when found; else what the store said (no record there, outside the log)
     damaged: bool = False    # the record is there but fails its checks
 

@@ -69,6 +69,7 @@ class MessageStore:
         self.config = config
         self.clock = clock or SystemClock()
         self.encoder = MessageEncoder(config)
+        self._msg_id_prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
         self.segments = SegmentQueue(
             config.commitlog_dir, config.segment_size_bytes, preallocate=config.preallocate_segments,
             wrong_size_advice=f"If {config.segment_size_bytes} is this store's segment size, run `mqstore repair "
@@ -280,8 +281,8 @@ class MessageStore:
         else:
             self.dispatcher.run_pending(written.end)
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
-        prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
-        return AppendResults(prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms, durability)
+        return AppendResults(self._msg_id_prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms,
+                             durability)
 
     # ------------------------------------------------------------------ topics and consumer offsets
     def topic(self, name: str) -> TopicRecord:
@@ -368,17 +369,19 @@ class MessageStore:
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         return self.commitlog.checked_at(physical_offset, len(data))
 
-    def get_messages(self, physical_offsets: Sequence[int]) -> list[MessageLookup]:
+    def get_messages(self, physical_offsets: Sequence[int], raw: bool = False) -> list[MessageLookup]:
         """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not
-        (no record starts there, outside the log, damaged). One bad offset does not fail the others."""
+        (no record starts there, outside the log, damaged). One bad offset does not fail the others.
+        With ``raw``, each found message is the checked record's bytes (:meth:`get_message_raw`)."""
         self._check_running()
         if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
             raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, "
                                   f"not {len(physical_offsets)}")
+        get = self.get_message_raw if raw else self.get_message
         out = []
         for offset in physical_offsets:
             try:
-                out.append(MessageLookup(self.get_message(offset)))
+                out.append(MessageLookup(get(offset)))
             except (NotFound, OutOfRange) as exc:
                 out.append(MessageLookup(None, str(exc)))
             except DataLoss as exc:

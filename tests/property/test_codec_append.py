@@ -243,6 +243,21 @@ def test_big_batches_written_without_the_gil_store_alike(count, seed):
     assert compiled_append(compiled, raw) == expected
 
 
+def test_compaction_routing_agrees_with_the_reference():
+    """The compaction key's rules (mqstore.compaction.key) on both codecs: no key, a queue_id or
+    sharding_key that disagrees with the key's queue (or agrees), the key from the KEYS property."""
+    def request(**fields) -> bytes:
+        return commitlog_pb2.AppendRequest(topic="c", messages=[common_pb2.MessageInput(body=b"v", **fields)]) \
+            .SerializeToString()
+    cases = [request(queue_id=0), request(), request(sharding_key="s"), request(keys=["k"]),
+             request(properties={"KEYS": "k other"}), request(properties={"KEYS": "k"}, queue_id=0)]
+    cases += [request(keys=["k"], queue_id=q) for q in range(3)]
+    cases += [request(keys=["k"], sharding_key=s) for s in ("a", "b", "c", "k")]
+    for raw in cases:
+        reference, compiled = encoder_pair(4096)
+        assert compiled_append(compiled, raw) == reference_append(reference, raw)
+
+
 # ---- AppendResponse alone ------------------------------------------------------------------------------
 
 int32 = st.integers(-(1 << 31), (1 << 31) - 1)

@@ -12,6 +12,11 @@ what the code did before it and stays as the reference: protobuf's parser, mqsto
 mqstore.log.encoder. tests/property/test_codec_append.py requires both to give the same bytes and
 the same errors.
 
+The Index service's build has its own module, ``_index``: Tail frames to the hashes each record indexes
+and those into its IndexFile (services/index's decode, records and writer, and index_file.put_hashes are
+the reference; index_file checks its layout, since this module cannot import index_file). The record
+check that its walk and ``_scan``'s share is in ``_walk.pxd``.
+
 Why Cython, and a ``.pyx`` beside the kept Python: it is what aiokafka, grpcio, uvloop and lxml use,
 it needs only gcc and the Python headers (no second toolchain), and it reaches the buffers, str and
 list objects of CPython directly, which is where the time went (a Python object per proto field and
@@ -50,7 +55,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     if forced not in ("", "0"):
         return None, f"{ENV_PURE_PYTHON}={forced} asks for the pure-Python codec"
     try:
-        from mqstore.codec import _records, _replay, _request, _responses, _scan, _stamp
+        from mqstore.codec import _index, _records, _replay, _request, _responses, _scan, _stamp
     except ImportError as exc:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
@@ -63,7 +68,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
                                  routing_records=_scan.routing_records, place=_stamp.place,
-                                 stamp=_stamp.stamp, replay_runs=_replay.replay_runs), ""
+                                 stamp=_stamp.stamp, IndexColumns=_index.IndexColumns,
+                                 index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs), ""
 
 
 def _check_layout(writes: dict, reads: dict, stamps: dict) -> None:
@@ -127,3 +133,8 @@ def announce() -> None:
 def is_wire_messages(messages) -> bool:
     """True for the compiled codec's parsed messages (WireMessages), not for a list of MessageIn."""
     return compiled is not None and type(messages) is compiled.WireMessages
+
+
+def is_index_columns(records) -> bool:
+    """True for the compiled codec's index columns (IndexColumns), not for a sequence of IndexRecord."""
+    return compiled is not None and type(records) is compiled.IndexColumns

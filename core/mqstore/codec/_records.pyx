@@ -118,18 +118,49 @@ cdef bint _same_keys(WireMessages wire, const Msg* m, Span prop) noexcept nogil:
     return at == prop.length + 1
 
 
+cdef inline int32_t _hash_queue(Span key, int32_t queue_count) noexcept nogil:
+    """Java String.hashCode of ``key`` floor-modulo ``queue_count`` (Python's %)."""
+    cdef int32_t found = java_hash_utf8(key.ptr, key.length) % queue_count
+    return found + queue_count if found < 0 else found
+
+
 cdef int32_t _queue_of(WireMessages wire, const Msg* m, int32_t queue_count, bint compaction) noexcept nogil:
-    """encoder._queues_for's rule: the queue id, -1 for round robin, -2 if refused."""
-    cdef Span key = m.shard
-    cdef int32_t found
+    """encoder._queues_for's rule for other than COMPACTION topics: the queue id, -1 for round robin, -2
+    if refused. (COMPACTION topics route by the key: _compaction_queue, once the KEYS are known.)"""
+    if compaction:
+        return 0
     if m.has_qid:
         return m.qid if 0 <= m.qid < queue_count else -2
-    if key.length == 0 and compaction and m.keys_to > m.keys_from:
+    if m.shard.length:
+        return _hash_queue(m.shard, queue_count)
+    return -1
+
+
+cdef int32_t _compaction_queue(WireMessages wire, const Msg* m, const Plan* plan,
+                               int32_t queue_count) noexcept nogil:
+    """mqstore.compaction.key.compaction_queue: the queue of the message's first key (the keys field's,
+    else the KEYS property's first entry); -2 where the reference refuses (no key, or a queue_id or
+    sharding_key that disagrees with the key's queue)."""
+    cdef Span key
+    cdef int32_t queue
+    cdef const uint8_t* space
+    if m.keys_to > m.keys_from:
         key = wire.keys[m.keys_from]
-    if key.length:
-        found = java_hash_utf8(key.ptr, key.length) % queue_count
-        return found + queue_count if found < 0 else found
-    return -2 if compaction else -1
+    elif plan.keys_prop.ptr != NULL:
+        key = plan.keys_prop
+        space = <const uint8_t*>memchr(key.ptr, 0x20, key.length)
+        if space != NULL:
+            key.length = space - key.ptr
+    else:
+        return -2
+    if key.length == 0:
+        return -2
+    queue = _hash_queue(key, queue_count)
+    if m.has_qid and m.qid != queue:
+        return -2
+    if m.shard.length and _hash_queue(m.shard, queue_count) != queue:
+        return -2
+    return queue
 
 
 cdef bint _plan(WireMessages wire, const Msg* m, Plan* plan, Py_ssize_t fixed_bytes, Py_ssize_t generated_length,
@@ -303,6 +334,10 @@ cdef class AppendEncoder:
                 if plans[i].qid == -2 or not _plan(wire, &wire.msgs[i], &plans[i], FIXED_OVERHEAD + topic_span.length,
                                                    generated_length, compaction, self.segment_size_bytes):
                     return None
+                if compaction:
+                    plans[i].qid = _compaction_queue(wire, &wire.msgs[i], &plans[i], queue_count)
+                    if plans[i].qid == -2:
+                        return None
                 total += plans[i].size
                 generated_count += plans[i].uniq.ptr == NULL
                 round_robin += plans[i].qid == -1

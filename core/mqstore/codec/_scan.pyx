@@ -14,80 +14,41 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp
 
+from mqstore.codec._walk cimport (FIXED_OVERHEAD, SYS_FLAG_AT, RecordSpan, be32, be64, body_at_of,
+                                  check_record, store_timestamp_at_of)
 from mqstore.codec._wire cimport java_hash_utf8_continue
-
-cdef extern from "zlib.h":
-    unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
 
 # mqstore.format.record: the fields _scan reads (checked against record.IPV4 / LAYOUTS by mqstore.codec).
 cdef uint32_t MAGIC_V1 = 0xDAA320A7
 cdef enum:
-    FIXED_OVERHEAD = 91
-    HEADER_SIZE = 88          # BODY of the IPv4 layout
-    HOSTS_V6 = 0x30           # SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6
-    SYS_FLAG_AT = 36
-    PHYSICAL_OFFSET_AT = 28
-    BODY_CRC_AT = 8
     INT_MIN_HASH = -2147483648
 
 # Per layout (index = (SYSFLAG & HOSTS_V6) >> 4): where the body starts, where STORETIMESTAMP is.
-cdef Py_ssize_t BODY_AT[4]
-cdef Py_ssize_t STORE_TIMESTAMP_AT[4]
-BODY_AT[:] = [88, 100, 100, 112]
-STORE_TIMESTAMP_AT[:] = [56, 68, 56, 68]
-LAYOUT = {"body_at": tuple(BODY_AT), "store_timestamp_at": tuple(STORE_TIMESTAMP_AT)}
-
-
-cdef inline uint32_t be32(const uint8_t* p) noexcept nogil:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
-
-
-cdef inline int64_t be64(const uint8_t* p) noexcept nogil:
-    return <int64_t>((<uint64_t>be32(p) << 32) | be32(p + 4))
+LAYOUT = {"body_at": tuple(body_at_of(layout << 4) for layout in range(4)),
+          "store_timestamp_at": tuple(store_timestamp_at_of(layout << 4) for layout in range(4))}
 
 
 def scan(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t limit, bint verify_crc, base, list out):
     """record_scan._scan_python: (stop position, records, store time of the last one); appends
     (physical offset, sys flag, store time, topic bytes, properties bytes) per record to ``out``
-    unless it is None."""
+    unless it is None. The checks of each record are _walk.check_record's."""
     cdef const uint8_t* p = &buf[0] if buf.shape[0] else NULL
-    cdef Py_ssize_t count = 0, end, body_at, topic_at, props_at, layout
-    cdef int64_t last_ts = 0, store_ts, physical_offset
+    cdef Py_ssize_t count = 0
+    cdef int64_t last_ts = 0
     cdef int64_t base_offset = 0 if base is None else base
     cdef bint check_offset = base is not None
-    cdef int32_t total, body_len, sys_flag
-    cdef uint32_t crc
+    cdef RecordSpan r
     if limit > buf.shape[0]:
         raise ValueError(f"limit {limit} is past the buffer's {buf.shape[0]} bytes")
-    while limit - position >= FIXED_OVERHEAD:
-        total = <int32_t>be32(p + position)
-        end = position + total
-        sys_flag = <int32_t>be32(p + position + SYS_FLAG_AT)
-        layout = (sys_flag & HOSTS_V6) >> 4
-        body_at = position + BODY_AT[layout]
-        if layout and (end < body_at + 3 or end > limit):
-            break
-        body_len = <int32_t>be32(p + body_at - 4)
-        store_ts = be64(p + position + STORE_TIMESTAMP_AT[layout])
-        physical_offset = be64(p + position + PHYSICAL_OFFSET_AT)
-        topic_at = body_at + body_len
-        if (be32(p + position + 4) != MAGIC_V1 or end > limit or end < body_at + 3 or topic_at < body_at
-                or topic_at >= end or (check_offset and physical_offset != base_offset + position)):
-            break
-        props_at = topic_at + 1 + p[topic_at]
-        if props_at + 2 > end or props_at + 2 + <int16_t>((p[props_at] << 8) | p[props_at + 1]) != end:
-            break
-        if verify_crc:
-            crc = <uint32_t>(crc32(0, p + body_at, <unsigned int>body_len) & 0x7FFFFFFF)
-            if crc != be32(p + position + BODY_CRC_AT):
-                break
-        last_ts = store_ts
+    while limit - position >= FIXED_OVERHEAD and check_record(p, position, limit, verify_crc, check_offset,
+                                                              base_offset, &r):
+        last_ts = r.store_timestamp_ms
         if out is not None:
-            out.append((physical_offset, sys_flag, store_ts,
-                        PyBytes_FromStringAndSize(<const char*>p + topic_at + 1, props_at - topic_at - 1),
-                        PyBytes_FromStringAndSize(<const char*>p + props_at + 2, end - props_at - 2)))
+            out.append((r.physical_offset, r.sys_flag, r.store_timestamp_ms,
+                        PyBytes_FromStringAndSize(<const char*>p + r.topic_at + 1, r.props_at - r.topic_at - 1),
+                        PyBytes_FromStringAndSize(<const char*>p + r.props_at + 2, r.end - r.props_at - 2)))
         count += 1
-        position = end
+        position = r.end
     return position, count, last_ts
 
 
@@ -137,7 +98,7 @@ def routing_records(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end,
     stop position, whether a blank record stops it). It stops before the first record whose fields
     do not lie within the buffer as a valid record's do; the caller goes on there with the reference."""
     cdef const uint8_t* p = &buf[0] if buf.shape[0] else NULL
-    cdef Py_ssize_t n = buf.shape[0], body_at, topic_at, props_at, props_end, record_end, layout
+    cdef Py_ssize_t n = buf.shape[0], body_at, topic_at, props_at, props_end, record_end
     cdef int32_t total, body_len, sys_flag
     out = []
     while position < end and len(out) < max_records:
@@ -149,10 +110,9 @@ def routing_records(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end,
             break
         total = <int32_t>be32(p + position)
         sys_flag = <int32_t>be32(p + position + SYS_FLAG_AT)
-        layout = (sys_flag & HOSTS_V6) >> 4
-        body_at = position + BODY_AT[layout]
+        body_at = position + body_at_of(sys_flag)
         record_end = position + total
-        if total < BODY_AT[layout] + 3 or record_end > n:
+        if total < body_at_of(sys_flag) + 3 or record_end > n:
             break
         body_len = <int32_t>be32(p + body_at - 4)
         topic_at = body_at + body_len
@@ -167,6 +127,6 @@ def routing_records(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end,
         out.append((total, PyBytes_FromStringAndSize(<const char*>p + topic_at + 1, props_at - topic_at - 1),
                     <int32_t>be32(p + position + 12), be64(p + position + 20), sys_flag,
                     _tags_of(p + props_at + 2, props_end - props_at - 2),
-                    be64(p + position + STORE_TIMESTAMP_AT[layout])))
+                    be64(p + position + store_timestamp_at_of(sys_flag))))
         position = record_end
     return out, position, False

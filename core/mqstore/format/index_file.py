@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from mqstore import codec
 from mqstore.disk_space import is_no_space
 from mqstore.errors import DataLoss, ResourceExhausted, invariant
+from mqstore.format import record
 from mqstore.javahash import java_hash_continue, java_string_hash
 
 HEADER = struct.Struct(
@@ -118,6 +119,12 @@ def _key_hashes_python(prefix_state: int, suffixes) -> list[int]:
 # The compiled hashes (mqstore.codec) when in use: the same results (tests/property/test_codec_scan.py).
 key_hashes = (_key_hashes_python if codec.compiled is None
               else functools.partial(codec.compiled.key_hashes, fallback=java_hash_continue))
+# The compiled put (IndexFile.put_columns) writes this layout and reads these record flags.
+invariant(codec.compiled is None or codec.compiled.index_layout == {
+    "tx_mask": record.SYSFLAG_TX_MASK, "tx_rollback": record.SYSFLAG_TX_ROLLBACK, "header_size": HEADER_SIZE,
+    "slot_size": SLOT_SIZE, "entry_size": ENTRY_SIZE, "header": HEADER.format, "entry": ENTRY.format,
+    "slot": SLOT.format}, "the compiled index build (mqstore.codec._index) disagrees with index_file's layout: "
+                          "rebuild it (make setup) after changing the layout")
 
 
 def file_size_bytes(slot_count: int, entry_count: int) -> int:
@@ -417,6 +424,21 @@ class IndexFile:
                          number)
         for slot, head in heads.items():
             SLOT.pack_into(mm, HEADER_SIZE + SLOT_SIZE * slot, head)
+
+    def put_columns(self, columns, start: int) -> tuple[int, int, int]:
+        """The compiled put_hashes for many messages (mqstore.codec IndexColumns from record ``start``):
+        each message as put_hashes writes it, records without keys skipped, stopping before the first
+        message that does not fit. Returns (record stopped at, messages put, records skipped); raises
+        CorruptIndexFile as put_hashes does (the header then covers the messages put before)."""
+        h = self.header
+        stop, applied, skipped, fields, bad = columns.put(
+            self._mm, self.slot_count, self.entry_count, (h.begin_timestamp_ms, h.end_timestamp_ms,
+                                                          h.begin_phy_offset, h.end_phy_offset,
+                                                          h.hash_slot_count, h.index_count), start)
+        self.header = Header(*fields)
+        if bad is not None:
+            self._corrupt(f"slot {bad[0]} points at {bad[1]}, indexCount is {bad[2]}")
+        return stop, applied, skipped
 
     def flush(self) -> None:
         """Durable when it returns. fdatasync covers pages dirtied through the mapping and, unlike

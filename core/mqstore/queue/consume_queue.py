@@ -146,6 +146,15 @@ class ConsumeQueue:
         if first_offset > self.max_offset:
             self._fill_blanks(first_offset)
         byte_at = first_offset * ENTRY
+        last = self.files.last()
+        if last is not None and last.start <= byte_at and byte_at + len(data) <= last.end:
+            last.write(byte_at - last.start, data)  # the usual case (reserved by the append): one file
+        else:
+            self._write_across(byte_at, data)
+        self.max_offset = first_offset + len(data) // ENTRY
+        self.max_physical_end = physical_end
+
+    def _write_across(self, byte_at: int, data: bytes) -> None:
         file_size = self.files.segment_size
         view = memoryview(data)
         while view:
@@ -153,8 +162,6 @@ class ConsumeQueue:
             self._write(byte_at // ENTRY, view[:room])
             byte_at += min(room, len(view))
             view = view[room:]
-        self.max_offset = first_offset + len(data) // ENTRY
-        self.max_physical_end = physical_end
 
     def _fill_blanks(self, queue_offset: int) -> None:
         first_ever = self.max_offset == 0  # no entry yet (its file may have been reserved already)

@@ -72,7 +72,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
             stored += len(batches[-1])
         return append_wire.append_response(batches)
 
-    # Pull and GetMessage answer with serialized bytes: the compiled codec encodes them from the stored
+    # Pull, GetMessage and GetMessages answer with serialized bytes: the compiled codec encodes them from the stored
     # records' bytes (mqstore_rpc.read_wire), the pure-Python one serializes convert's messages.
 
     @wire_codec(commitlog_pb2.PullRequest.FromString)
@@ -96,8 +96,12 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
             raise InvalidArgument("locator: set either msg_id or physical_offset")
         return read_wire.stored_message(found) if raw else convert.stored_message(found).SerializeToString()
 
+    @wire_codec(commitlog_pb2.GetMessagesRequest.FromString)
     def GetMessages(self, request, context):
-        return convert.get_messages_response(self._store.get_messages(list(request.physical_offsets)))
+        offsets = list(request.physical_offsets)
+        if read_wire.COMPILED:
+            return read_wire.get_messages_response(self._store.get_messages(offsets, raw=True))
+        return convert.get_messages_response(self._store.get_messages(offsets)).SerializeToString()
 
     def Tail(self, request, context) -> Iterator[commitlog_pb2.TailFrame]:
         frames = self._store.tail(convert.tail_start(request.start), request.from_physical_offset,

@@ -10,6 +10,7 @@ does not need (no dict copy for empty properties, no tuple for empty keys).
 
 from __future__ import annotations
 
+import functools
 import socket
 from typing import Iterable, Sequence
 
@@ -36,6 +37,7 @@ _BOUNDARY_FROM_PB = {commitlog_pb2.TIME_BOUNDARY_LOWER: "lower", commitlog_pb2.T
 
 # ---- peers and hosts ----------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=4096)  # one peer string per connection, asked on every Append
 def peer_address(peer: str) -> tuple[bytes, int]:
     """(IPv4 address, port) of a gRPC peer string such as ``ipv4:127.0.0.1:53211``, for BORNHOST.
 

@@ -1,12 +1,13 @@
-"""Pull's and GetMessage's responses on the wire, by the codec in use (mqstore.codec).
+"""Pull's, GetMessage's and GetMessages' responses on the wire, by the codec in use (mqstore.codec).
 
-Compiled: the store hands over the checked records' bytes (MessageStore.pull_raw, get_message_raw) and
-the compiled encoder writes the PullResponse / StoredMessage bytes from them, with no Python object
-per field. Pure Python (the reference): the store decodes Records, convert builds the messages, which
-are then serialized. Both give what the other gives once parsed; byte for byte, the compiled bytes are
-the reference's serialized with deterministic=True (map entries sorted by key), which
-tests/property/test_codec_read.py checks. The servicer's Pull and GetMessage answer with these bytes
-(errors.wire_codec: the response serializer passes them through).
+Compiled: the store hands over the checked records' bytes (MessageStore.pull_raw, get_message_raw,
+get_messages(raw=True)) and the compiled encoder writes the PullResponse / StoredMessage bytes from
+them, with no Python object per field; GetMessages wraps each StoredMessage in its FoundMessage here
+(a few bytes of framing per message). Pure Python (the reference): the store decodes Records, convert
+builds the messages, which are then serialized. Both give what the other gives once parsed; byte for
+byte, the compiled bytes are the reference's serialized with deterministic=True (map entries sorted by
+key), which tests/property/test_codec_read.py checks. The servicer's Pull, GetMessage and GetMessages
+answer with these bytes (errors.wire_codec: the response serializer passes them through).
 
 Thread-safety: stateless.
 """
@@ -45,3 +46,30 @@ def pull_response(result: model.RawPullResult) -> bytes:
 def stored_message(data: bytes) -> bytes:
     """Serialized StoredMessage of one checked record (GetMessage)."""
     return codec.compiled.stored_message(data, msg_id_prefix(data), reference_message)
+
+
+def get_messages_response(lookups: list[model.MessageLookup], encode_message=stored_message) -> bytes:
+    """Serialized GetMessagesResponse of MessageStore.get_messages(raw=True): per lookup a FoundMessage
+    (field 1), its fields in number order and defaults left out, as protobuf writes them."""
+    out = bytearray()
+    for lookup in lookups:
+        if lookup.message is not None:
+            message = encode_message(lookup.message)
+            found = b"\x08\x01\x12" + _varint(len(message)) + message  # found = true, message
+        else:
+            reason = lookup.missing.encode("utf-8")
+            found = (b"\x1a" + _varint(len(reason)) + reason if reason else b"") + (b"\x20\x01" if lookup.damaged
+                                                                                   else b"")
+        out += b"\x0a"
+        out += _varint(len(found))
+        out += found
+    return bytes(out)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -2,10 +2,10 @@
 
 The follower (thread ``index-follower``) opens ``CommitLog.Tail`` at ``IndexStore.resume_physical_offset()``
 (from the earliest record while the index holds nothing), and :class:`IndexProjection` decodes each
-frame with the shared record codec and applies its records as one batch with the frame's
-``next_physical_offset`` (batching is what makes the build fast; the store checkpoints every
-``checkpoint_interval_ms``). Heartbeat frames advance the resume point past filtered or blank bytes.
-Failures, reconnects, the log being ahead or behind: see mqstore.follow.
+frame with the shared record codec (with the compiled codec: into IndexColumns, columns.py) and applies
+its records as one batch with the frame's ``next_physical_offset`` (batching is what makes the build
+fast; the store checkpoints every ``checkpoint_interval_ms``). Heartbeat frames advance the resume point
+past filtered or blank bytes. Failures, reconnects, the log being ahead or behind: see mqstore.follow.
 
 A record that fails its checks (CRC, lengths) is not indexed: the frame's other records are, and the
 bad range goes back to the follower, which logs it (``follower.damaged_record_skipped``) and keeps it
@@ -28,6 +28,7 @@ from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig, Follower, GapPolicy, TailSource
 from mqstore.model import TailFrame
 
+from . import columns
 from .decode import DamagedRange, decode_frame
 
 THREAD_NAME = "index-follower"
@@ -62,8 +63,13 @@ class IndexProjection:
             if resume is None or frame.next_physical_offset > resume:
                 self.store.apply((), frame.next_physical_offset)
             return ()
-        decoded = decode_frame(frame.records, frame.next_physical_offset)
-        self.store.apply(decoded.records, frame.next_physical_offset)
+        if columns.available():  # the compiled build: the same records, files and ranges
+            decoded = columns.decode_columns(frame.records, frame.next_physical_offset,
+                                             self.store.config.max_keys_per_message)
+            self.store.apply(decoded.columns, frame.next_physical_offset)
+        else:
+            decoded = decode_frame(frame.records, frame.next_physical_offset)
+            self.store.apply(decoded.records, frame.next_physical_offset)
         return decoded.damaged
 
 

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 import structlog
 
-from mqstore import failpoints, fs
+from mqstore import codec, failpoints, fs
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, invariant
 from mqstore.format.index_file import IndexFile
@@ -132,12 +132,16 @@ class IndexStore:
 
     def apply(self, records: Sequence[IndexRecord], next_physical_offset: int) -> PutOutcome:
         """Index a batch in log order. ``next_physical_offset`` is where the batch ends (the offset the
-        follower would read next). Idempotent: re-applying records already indexed is harmless."""
+        follower would read next). Idempotent: re-applying records already indexed is harmless.
+        ``records`` may also be the compiled codec's IndexColumns (columns.decode_columns)."""
         outcome = PutOutcome()
         with self._lock:
             self._check_started()
-            for record in records:
-                self._writer.put(record, outcome)
+            if codec.is_index_columns(records):
+                self._writer.put_columns(records, outcome)
+            else:
+                for record in records:
+                    self._writer.put(record, outcome)
             if self._next_phy_offset is None or next_physical_offset > self._next_phy_offset:
                 self._next_phy_offset = next_physical_offset
         self.counters.applied(outcome.applied, outcome.skipped, outcome.dropped_keys)

@@ -72,13 +72,57 @@ class Writer:
         hashes = self._hashes(record, prefix, keys.keys)
         if phy == self.end_phy_offset:
             hashes = self._missing(hashes, phy)
+        self._place(phy, record.store_timestamp_ms, hashes, outcome)
+
+    def _place(self, phy: int, store_timestamp_ms: int, hashes: list[int], outcome: PutOutcome) -> None:
         if not hashes:
             outcome.skipped += 1
             return
         file = self._file_for(phy, len(hashes))
-        file.file.put_hashes(hashes, phy, record.store_timestamp_ms)
+        file.file.put_hashes(hashes, phy, store_timestamp_ms)
         self.end_phy_offset = phy
         outcome.applied += 1
+
+    def put_columns(self, columns, outcome: PutOutcome) -> None:
+        """:meth:`put` of every record of compiled IndexColumns (mqstore.codec), in log order: the same
+        rules, files and outcome. The current file takes runs of messages in one compiled call; the few
+        records that need more (the one at the last indexed offset, the one that starts the next file)
+        go through the Python steps above."""
+        count, end, i = len(columns), self.end_phy_offset, 0
+        if end is not None:
+            i = columns.first_at_or_after(end)
+            outcome.skipped += i
+        self._count_dropped(columns, i, outcome)
+        if i < count and columns.physical_offset(i) == end:
+            self._place(end, columns.store_timestamp_ms(i), self._missing(columns.hashes_of(i), end), outcome)
+            i += 1
+        while i < count:
+            if self.current is not None:
+                i = self._put_run(columns, i, outcome)
+                if i == count:
+                    break
+            # record i does not fit the current file (or there is none yet): _file_for starts the next
+            self._place(columns.physical_offset(i), columns.store_timestamp_ms(i), columns.hashes_of(i), outcome)
+            i += 1
+
+    def _put_run(self, columns, start: int, outcome: PutOutcome) -> int:
+        file = self.current.file
+        entries = file.header.entries
+        try:
+            stop, applied, skipped = file.put_columns(columns, start)
+        finally:  # also when a bad slot stopped the run: the messages put before it are indexed
+            if file.header.entries != entries:
+                self.end_phy_offset = file.header.end_phy_offset
+        outcome.applied += applied
+        outcome.skipped += skipped
+        return stop
+
+    def _count_dropped(self, columns, start: int, outcome: PutOutcome) -> None:
+        for index, (dropped, topic) in columns.dropped.items():
+            if index >= start:
+                log.warning("index.keys_dropped", physical_offset=columns.physical_offset(index), topic=topic,
+                            indexed=len(columns.hashes_of(index)), dropped=dropped)
+                outcome.dropped_keys += dropped
 
     def _hashes(self, record: IndexRecord, prefix: int, keys: tuple[str, ...]) -> list[int]:
         """Hashes of topic#key for the message's keys. UNIQ_KEYs of one batch differ only in their last
