@@ -101,13 +101,11 @@ def _check_replay_layout(reads: dict) -> None:
     mqstore.format.record and cq_unit say."""
     from mqstore.errors import invariant
     from mqstore.format import cq_unit, record
-    expected = dict(body_at=record.BODY_AT, store_timestamp_at=record.STORE_TIMESTAMP_AT, magic=record.MAGIC_V1,
+    expected = dict(body_at=record.BODY_AT, store_timestamp_at=record.STORE_TIMESTAMP_AT,
                     magic_blank=record.MAGIC_BLANK, fixed_overhead=record.FIXED_OVERHEAD,
-                    hosts_v6=record.SYSFLAG_HOSTS_V6, layout_shift=record.LAYOUT_SHIFT,
                     queue_id_at=record.QUEUE_ID_AT, queue_offset_at=record.QUEUE_OFFSET_AT,
-                    sys_flag_at=record.SYS_FLAG_AT, tx_mask=record.SYSFLAG_TX_MASK,
-                    tx_prepared=record.SYSFLAG_TX_PREPARED, tx_rollback=record.SYSFLAG_TX_ROLLBACK,
-                    cq_entry=cq_unit.ENTRY.size)
+                    tx_mask=record.SYSFLAG_TX_MASK, tx_prepared=record.SYSFLAG_TX_PREPARED,
+                    tx_rollback=record.SYSFLAG_TX_ROLLBACK, cq_entry=cq_unit.ENTRY.size)
     invariant(reads == expected and cq_unit.ENTRY.format == ">qiq",
               f"the compiled consume-queue rebuild reads records at {reads}, mqstore.format says {expected}: "
               f"rebuild it (make setup) after changing the layout")

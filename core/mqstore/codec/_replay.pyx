@@ -7,8 +7,9 @@ with the reference's rules, and tests/property/test_codec_replay.py requires ide
 
 :func:`replay_runs` walks records from a position while it is below an end and:
 - stops at a blank record (the end of a segment's data), and before the first record it does not
-  take on (fields that do not lie within the buffer as a valid record's do: exactly where
-  _scan.routing_records stops); the caller goes on there with the reference, which reads it as it stands;
+  take on (_walk.check_record fails within the buffer, CRC and PHYSICALOFFSET not checked: exactly
+  where _scan.routing_records stops); the caller goes on there with the reference, which reads it as
+  it stands;
 - counts every record it walks and keeps the store time of the last one;
 - skips the records of prepared and rolled-back transactions (dispatch._NO_CQ: they get no entry);
 - groups the others per (topic bytes, queue id) into runs of consecutive queue offsets, in log order
@@ -24,23 +25,20 @@ Thread-safety: a pure function over the caller's buffer (which must not change d
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
-from libc.stdint cimport INT64_MAX, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memchr, memcmp, memset
+from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memchr, memset
 
+from mqstore.codec._walk cimport (FIXED_OVERHEAD, RecordSpan, be32, be64, body_at_of, check_record,
+                                  store_timestamp_at_of)
 from mqstore.codec._wire cimport java_hash_utf8, put_be32, put_be64, valid_utf8
 
-# mqstore.format.record and cq_unit: the fields read and written here (checked by mqstore.codec).
-cdef uint32_t MAGIC_V1 = 0xDAA320A7
+# mqstore.format.record and cq_unit: the fields read and written here besides _walk's (checked by mqstore.codec).
 cdef uint32_t MAGIC_BLANK = 0xCBD43194
 cdef enum:
-    FIXED_OVERHEAD = 91
-    HOSTS_V6 = 0x30           # SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6
-    LAYOUT_SHIFT = 4
     QUEUE_ID_AT = 12
     QUEUE_OFFSET_AT = 20
-    SYS_FLAG_AT = 36
     TX_MASK = 0xC
     TX_PREPARED = 0x4
     TX_ROLLBACK = 0xC
@@ -49,23 +47,11 @@ cdef enum:
     FIRST_RUNS = 4
     FIRST_SLOTS = 64          # hash table slots at start (a power of two; doubles at half full)
 
-cdef Py_ssize_t BODY_AT[4]
-cdef Py_ssize_t STORE_TIMESTAMP_AT[4]
-BODY_AT[:] = [88, 100, 100, 112]
-STORE_TIMESTAMP_AT[:] = [56, 68, 56, 68]
-LAYOUT = {"body_at": tuple(BODY_AT), "store_timestamp_at": tuple(STORE_TIMESTAMP_AT), "magic": MAGIC_V1,
-          "magic_blank": MAGIC_BLANK, "fixed_overhead": FIXED_OVERHEAD, "hosts_v6": HOSTS_V6,
-          "layout_shift": LAYOUT_SHIFT, "queue_id_at": QUEUE_ID_AT, "queue_offset_at": QUEUE_OFFSET_AT,
-          "sys_flag_at": SYS_FLAG_AT, "tx_mask": TX_MASK, "tx_prepared": TX_PREPARED, "tx_rollback": TX_ROLLBACK,
-          "cq_entry": CQ_ENTRY}
-
-
-cdef inline uint32_t be32(const uint8_t* p) noexcept nogil:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
-
-
-cdef inline int64_t be64(const uint8_t* p) noexcept nogil:
-    return <int64_t>((<uint64_t>be32(p) << 32) | be32(p + 4))
+LAYOUT = {"body_at": tuple(body_at_of(layout << 4) for layout in range(4)),
+          "store_timestamp_at": tuple(store_timestamp_at_of(layout << 4) for layout in range(4)),
+          "magic_blank": MAGIC_BLANK, "fixed_overhead": FIXED_OVERHEAD, "queue_id_at": QUEUE_ID_AT,
+          "queue_offset_at": QUEUE_OFFSET_AT, "tx_mask": TX_MASK, "tx_prepared": TX_PREPARED,
+          "tx_rollback": TX_ROLLBACK, "cq_entry": CQ_ENTRY}
 
 
 ctypedef struct Run:
@@ -90,6 +76,19 @@ ctypedef struct Table:        # groups in order of first appearance, found throu
     Py_ssize_t count, capacity
     Py_ssize_t* slots         # group index + 1; 0 is a free slot
     Py_ssize_t slot_count
+
+
+cdef extern from *:
+    void __builtin_prefetch(const void* address) nogil
+
+
+cdef inline bint same_bytes(const uint8_t* a, const uint8_t* b, Py_ssize_t length) noexcept nogil:
+    """memcmp(a, b, length) == 0 for the short strings here (a topic, a property name), without a call."""
+    cdef Py_ssize_t i
+    for i in range(length):
+        if a[i] != b[i]:
+            return False
+    return True
 
 
 cdef inline uint64_t key_hash(const uint8_t* topic, Py_ssize_t length, int32_t queue_id) noexcept nogil:
@@ -130,7 +129,7 @@ cdef Group* find_group(Table* t, const uint8_t* topic, Py_ssize_t length, int32_
     while t.slots[at]:
         g = &t.groups[t.slots[at] - 1]
         if (g.hash == h and g.queue_id == queue_id and g.topic_length == length
-                and memcmp(g.topic, topic, length) == 0):
+                and same_bytes(g.topic, topic, length)):
             return g
         at = (at + 1) & (t.slot_count - 1)
     if t.count == t.capacity:
@@ -181,7 +180,7 @@ cdef int64_t tag_code(const uint8_t* props, Py_ssize_t length) except? -1:
     while start < length:
         stop = <const uint8_t*>memchr(props + start, 2, length - start)
         end = length if stop == NULL else stop - props
-        if end - start > 5 and memcmp(props + start, b"TAGS\x01", 5) == 0:
+        if end - start > 5 and same_bytes(props + start, <const uint8_t*>b"TAGS\x01", 5):
             found, found_length = props + start + 5, end - start - 5
         start = end + 1
     if found == NULL:
@@ -192,33 +191,6 @@ cdef int64_t tag_code(const uint8_t* props, Py_ssize_t length) except? -1:
     decoded = PyUnicode_DecodeUTF8(<const char*>found, found_length, "replace")
     text = PyUnicode_AsUTF8AndSize(decoded, &text_length)
     return java_hash_utf8(<const uint8_t*>text, text_length)
-
-
-cdef Py_ssize_t record_end(const uint8_t* p, Py_ssize_t n, Py_ssize_t position, Py_ssize_t* topic_at,
-                           Py_ssize_t* props_at) noexcept nogil:
-    """The end of the record at ``position`` when its fields lie within the buffer as a valid
-    record's do (_scan.routing_records' conditions), with where its TOPICLENGTH and PROPERTIESLENGTH
-    lie; else -1."""
-    cdef int32_t total, body_length
-    cdef Py_ssize_t layout, body_at, end, at
-    if be32(p + position + 4) != MAGIC_V1 or n - position < FIXED_OVERHEAD:
-        return -1
-    total = <int32_t>be32(p + position)
-    layout = (be32(p + position + SYS_FLAG_AT) & HOSTS_V6) >> LAYOUT_SHIFT
-    body_at = position + BODY_AT[layout]
-    end = position + total
-    if total < BODY_AT[layout] + 3 or end > n:
-        return -1
-    body_length = <int32_t>be32(p + body_at - 4)
-    at = body_at + body_length
-    if body_length < 0 or at >= end:
-        return -1
-    topic_at[0] = at
-    at += 1 + p[at]
-    if at + 2 > end or at + 2 + <int16_t>((p[at] << 8) | p[at + 1]) != end:
-        return -1
-    props_at[0] = at
-    return end
 
 
 cdef list runs_of(Table* t):
@@ -244,9 +216,9 @@ def replay_runs(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end, int
     buffer's byte 0) as consume queue runs: (runs as :func:`runs_of` gives them, stop position,
     whether a blank record stops it, records walked, store time of the last one (0 for none))."""
     cdef const uint8_t* p = &buf[0] if buf.shape[0] else NULL
-    cdef Py_ssize_t n = buf.shape[0], stop, topic_at, props_at, count = 0, index
+    cdef Py_ssize_t n = buf.shape[0], count = 0, index
     cdef int64_t last_ts = 0
-    cdef int32_t sys_flag
+    cdef RecordSpan r
     cdef bint blank = False
     cdef Group* g
     cdef Table t
@@ -263,17 +235,17 @@ def replay_runs(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end, int
             if be32(p + position + 4) == MAGIC_BLANK:
                 blank = True
                 break
-            stop = record_end(p, n, position, &topic_at, &props_at)
-            if stop < 0:
+            # _scan.routing_records' conditions: a V1 record within the buffer, its lengths agreeing.
+            if n - position < FIXED_OVERHEAD or not check_record(p, position, n, False, False, 0, &r):
                 break
-            sys_flag = <int32_t>be32(p + position + SYS_FLAG_AT)
-            if (sys_flag & TX_MASK) != TX_PREPARED and (sys_flag & TX_MASK) != TX_ROLLBACK:
-                g = find_group(&t, p + topic_at + 1, p[topic_at], <int32_t>be32(p + position + QUEUE_ID_AT))
-                add_entry(g, be64(p + position + QUEUE_OFFSET_AT), base + position, <int32_t>(stop - position),
-                          tag_code(p + props_at + 2, stop - props_at - 2))
+            __builtin_prefetch(p + r.end)  # the next header, loaded while this record is handled
+            if (r.sys_flag & TX_MASK) != TX_PREPARED and (r.sys_flag & TX_MASK) != TX_ROLLBACK:
+                g = find_group(&t, p + r.topic_at + 1, p[r.topic_at], <int32_t>be32(p + position + QUEUE_ID_AT))
+                add_entry(g, be64(p + position + QUEUE_OFFSET_AT), base + position, <int32_t>(r.end - position),
+                          tag_code(p + r.props_at + 2, r.end - r.props_at - 2))
             count += 1
-            last_ts = be64(p + position + STORE_TIMESTAMP_AT[(sys_flag & HOSTS_V6) >> LAYOUT_SHIFT])
-            position = stop
+            last_ts = r.store_timestamp_ms
+            position = r.end
         return runs_of(&t), position, blank, count, last_ts
     finally:
         for index in range(t.count):
