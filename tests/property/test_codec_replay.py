@@ -9,8 +9,9 @@ TOTALSIZE or a body byte changed: the compiled walk hands such a record to the r
 it as it stands). Both rebuild consume queues (real files, small ones, so runs cross files) from the
 same starting queues, through Dispatcher.replay and through _replay_range with and without
 known_topics / only / behind. The queue files, the ``behind`` set, the records counted and the last
-store time must be the same (or both must fail the same way). The compiled module is imported
-directly, so these run under MQSTORE_PURE_PYTHON=1 too.
+store time must be the same (or both must fail the same way). Fixed orders of one queue's offsets
+(repeat then gap, and so on) are checked too, since random logs find them rarely. The compiled module
+is imported directly, so these run under MQSTORE_PURE_PYTHON=1 too.
 """
 
 from __future__ import annotations
@@ -281,3 +282,13 @@ def test_the_compiled_path_is_used_unless_names_collide():
                                           None) is None
         finally:
             table.close()
+
+
+def test_the_rebuild_reads_and_writes_where_the_record_module_says():
+    from mqstore import codec
+    from mqstore.errors import InvariantViolation
+    codec._check_replay_layout(compiled.LAYOUT)
+    with pytest.raises(InvariantViolation, match="consume-queue rebuild reads records at"):
+        codec._check_replay_layout({**compiled.LAYOUT, "queue_offset_at": 24})
+    with pytest.raises(InvariantViolation, match="consume-queue rebuild reads records at"):
+        codec._check_replay_layout({**compiled.LAYOUT, "body_at": (88, 100, 100, 100)})
