@@ -163,3 +163,12 @@ def test_routing_tags_follow_find_property():
         log = records.encode(topic=b"t", body=b"x", properties=raw)
         [fields] = compiled.routing_records(log, 0, len(log), 10)[0]
         assert fields == record_scan.routing_fields(log, 0), raw
+
+
+def test_a_position_before_the_buffer_is_refused_not_read():
+    data = build_log([{"body": b"x", "topic": b"t", "properties": {}, "sys_flag": 0, "born_host": HOSTS[0],
+                       "store_host": HOSTS[0], "store_timestamp_ms": 1}])
+    with pytest.raises(ValueError, match="before the buffer"):
+        compiled.routing_records(data, -8, len(data), 10)
+    with pytest.raises(ValueError, match="before the buffer"):
+        compiled.scan(data, -8, len(data), True, None, [])

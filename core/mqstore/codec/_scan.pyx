@@ -40,6 +40,8 @@ def scan(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t limit, bint ver
     cdef RecordSpan r
     if limit > buf.shape[0]:
         raise ValueError(f"limit {limit} is past the buffer's {buf.shape[0]} bytes")
+    if position < 0:
+        raise ValueError(f"position {position} is before the buffer")
     while limit - position >= FIXED_OVERHEAD and check_record(p, position, limit, verify_crc, check_offset,
                                                               base_offset, &r):
         last_ts = r.store_timestamp_ms
@@ -100,6 +102,8 @@ def routing_records(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end,
     cdef const uint8_t* p = &buf[0] if buf.shape[0] else NULL
     cdef Py_ssize_t n = buf.shape[0], body_at, topic_at, props_at, props_end, record_end
     cdef int32_t total, body_len, sys_flag
+    if position < 0:
+        raise ValueError(f"position {position} is before the buffer")
     out = []
     while position < end and len(out) < max_records:
         if n - position < 8:
