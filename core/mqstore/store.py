@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -93,6 +94,7 @@ class MessageStore:
         self._running = False
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
+        self._checkpoint_lock = threading.Lock()
         self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
 
@@ -216,7 +218,13 @@ class MessageStore:
 
     def write_checkpoint(self) -> bool:
         """Flush the consume queues, then replace the manifest and the checkpoint. False when the disk
-        has no room for them: skipped and logged (once), the older checkpoint stays valid."""
+        has no room for them: skipped and logged (once), the older checkpoint stays valid. Serialised:
+        the maintenance duty, start, stop (after a duty that did not stop in time) and tests call it,
+        and two writers of the same temporary files would rename each other's away."""
+        with self._checkpoint_lock:
+            return self._write_checkpoint_locked()
+
+    def _write_checkpoint_locked(self) -> bool:
         dispatched = self.dispatcher.dispatched_offset
         logics_ts = self.dispatcher.logics_msg_timestamp_ms
         for cq in list(self.queues.queues.values()):
