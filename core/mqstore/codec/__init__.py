@@ -1,16 +1,16 @@
 """Which codec the hot paths use: the compiled one or the pure-Python reference.
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
-``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd``), built by the package's own build
-(setup.py): Append from the request's wire bytes to encoded records, their placing and stamping under
-the append lock with the consume queue entries (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse
-and StoredMessage bytes (Pull, GetMessage) from the stored records' bytes; the record walk
-with its CRC check (recovery, the Index's Tail frames: record_scan), the consume-queue rebuild's walk
-(record_scan.routing_records) and the rebuild itself, records to packed consume queue runs
-(``_replay``, mqstore.queue.replay); the Java hashes of ``topic#key`` (index_file.key_hashes). The pure-Python path is
-what the code did before it and stays as the reference: protobuf's parser, mqstore_rpc.convert and
-mqstore.log.encoder. tests/property/test_codec_append.py requires both to give the same bytes and
-the same errors.
+``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
+by the package's own build (setup.py): Append from the request's wire bytes to encoded records, their
+placing and stamping under the append lock with the consume queue entries (mqstore.log.stamp), and the
+AppendResponse bytes; the PullResponse and StoredMessage bytes (Pull, GetMessage, GetMessages) from the
+stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
+record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and the rebuild itself,
+records to packed consume queue runs (``_replay``, mqstore.queue.replay); the Java hashes of
+``topic#key`` (index_file.key_hashes). The pure-Python path is what the code did before it and stays as
+the reference: protobuf's parser, mqstore_rpc.convert, mqstore.log.encoder and stamp, the dispatcher's
+replay loop. tests/property/test_codec_*.py require both to give the same bytes and the same errors.
 
 The Index service's build has its own module, ``_index``: Tail frames to the hashes each record indexes
 and those into its IndexFile (services/index's decode, records and writer, and index_file.put_hashes are
