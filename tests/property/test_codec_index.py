@@ -21,7 +21,7 @@ import types
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from index_service import columns
@@ -31,16 +31,14 @@ from index_service.store import IndexStore
 from mqstore import codec
 from mqstore.clock import FakeClock
 from mqstore.format.index_file import CorruptIndexFile, key_hash
+from tests.support import compiled as support_compiled
 from tests.support import records
 
 pytestmark = pytest.mark.codec
 
-try:
-    from mqstore.codec import _index as compiled
-except ImportError as exc:
-    pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler", pytrace=False)
+compiled = support_compiled.module("_index")
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = support_compiled.examples(300)
 BASE = 1 << 20
 BASE_MS = 1_700_000_000_000
 HOSTS = (records.LOOPBACK_V4, records.LOOPBACK_V6)

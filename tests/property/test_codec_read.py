@@ -28,16 +28,14 @@ from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore_rpc import convert, read_wire
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
+from tests.support import compiled as support_compiled
 from tests.support import records
 
 pytestmark = pytest.mark.codec
 
-try:
-    from mqstore.codec import _responses as compiled
-except ImportError as exc:
-    pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler", pytrace=False)
+compiled = support_compiled.module("_responses")
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = support_compiled.examples(300)
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 V6 = bytes(range(1, 17))

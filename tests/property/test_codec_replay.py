@@ -22,7 +22,7 @@ import tempfile
 import types
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mqstore.config import StoreConfig
@@ -30,16 +30,14 @@ from mqstore.format import cq_unit, record, record_scan
 from mqstore.log.encoder import MessageEncoder
 from mqstore.queue import replay
 from mqstore.queue.dispatch import Dispatcher, QueueTable
+from tests.support import compiled as support_compiled
 from tests.support import records
 
 pytestmark = pytest.mark.codec
 
-try:
-    from mqstore.codec import _replay as compiled
-except ImportError as exc:
-    pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler", pytrace=False)
+compiled = support_compiled.module("_replay")
 
-SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = support_compiled.examples(250)
 BASE = 1 << 20                 # physical offset of the first segment
 ENTRIES_PER_FILE = 4
 TOPICS = [b"alpha", b"beta", "é".encode(), b"\xff", b"\xfe"]

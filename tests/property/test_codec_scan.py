@@ -12,21 +12,19 @@ MQSTORE_PURE_PYTHON=1 too.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mqstore.format import index_file, record, record_scan
 from mqstore.javahash import java_hash_continue, java_hash_prefix
+from tests.support import compiled as support_compiled
 from tests.support import records
 
 pytestmark = pytest.mark.codec
 
-try:
-    from mqstore.codec import _scan as compiled
-except ImportError as exc:
-    pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler", pytrace=False)
+compiled = support_compiled.module("_scan")
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = support_compiled.examples(300)
 BASE = 1 << 20
 HOSTS = (records.LOOPBACK_V4, records.LOOPBACK_V6)
 
