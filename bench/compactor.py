@@ -25,25 +25,21 @@ Groups (``--only compactor-round,compactor-spark,compactor-reads``; default all)
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
-import platform
 import random
 import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
 import grpc
-from procs import PYTHON, GrpcServer, git_rev, stop_all
+import groups
+from procs import PYTHON, GrpcServer
 
-BENCH_DIR = pathlib.Path(__file__).resolve().parent
-RESULTS_DIR = BENCH_DIR / "results"
 GROUPS = ("compactor-round", "compactor-spark", "compactor-reads")
 MiB = 1 << 20
 FULL = {"base_mib": 16, "factors": (1, 4, 16), "spark_factors": (1, 4, 16), "keys": 4000, "segment_mib": 8,
@@ -278,51 +274,19 @@ def markdown(rows: list[dict], meta: dict, results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="mqstore Compactor benchmark")
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, short windows")
-    parser.add_argument("--only", default="", help=f"comma-separated groups: {', '.join(GROUPS)}")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args, _ = parser.parse_known_args(argv)
+    args = groups.parse("mqstore Compactor benchmark", GROUPS, "child", argv)
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return 0
-    asked = [g.strip() for g in args.only.split(",") if g.strip()]
-    groups = [g for g in GROUPS if not asked or g in asked]
-    if not groups:
+    if not args.groups:
         print(f"compactor bench: nothing to do for --only {args.only}", flush=True)
         return 0
     cfg = QUICK if args.quick else FULL
-    work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-compactor-bench-"))
-    results: dict = {}
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    try:
-        for name, fn in (("compactor-round", run_round), ("compactor-spark", run_spark),
-                         ("compactor-reads", run_reads)):
-            if name in groups:
-                try:
-                    results[name] = fn(work, cfg)
-                except Exception as exc:  # noqa: BLE001 - a failed group is reported in the results, the others run
-                    traceback.print_exc()
-                    results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                    stop_all()
-    finally:
-        stop_all()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    meta = {"started": started, "elapsed_s": time.monotonic() - _T0, "mode": "quick" if args.quick else "full",
-            "groups": groups, "git": git_rev(), "config": cfg,
-            "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, grpcio {grpc.__version__}"}
-    rows = build_rows(results)
-    out_dir = RESULTS_DIR / "scratch" if (args.quick or asked) else RESULTS_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "compactor" + ("-quick" if args.quick else "") + (f"-{'-'.join(groups)}" if asked else "")
-    (out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "results": results}, indent=2,
-                                                     default=str) + "\n")
-    text = markdown(rows, meta, results)
-    (out_dir / f"{stem}.md").write_text(text)
-    print(text, flush=True)
-    return 1 if any(isinstance(v, dict) and v.get("error") for v in results.values()) else 0
+    started = groups.now()
+    results = groups.run("compactor", (("compactor-round", run_round), ("compactor-spark", run_spark),
+                                       ("compactor-reads", run_reads)), args, cfg)
+    return groups.write("compactor", args, cfg, started, time.monotonic() - _T0, results, build_rows(results),
+                        markdown)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,8 @@ run.py does. Every process started is stopped at the end, whatever happens.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import pathlib
 import platform
 import random
@@ -41,16 +39,13 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 
 import grpc
 import structlog
-from procs import PYTHON, GrpcServer, cpu_seconds, git_rev, spawn, stop, stop_all
+import groups
+from procs import PYTHON, GrpcServer, cpu_seconds, spawn, stop
 
-BENCH_DIR = pathlib.Path(__file__).resolve().parent
-RESULTS_DIR = BENCH_DIR / "results"
 GROUPS = ("index-build", "index-query")
 MiB = 1 << 20
 
@@ -391,55 +386,19 @@ def markdown(rows: list[dict], meta: dict, results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="mqstore Index benchmark")
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, short windows")
-    parser.add_argument("--only", default="", help=f"comma-separated groups: {', '.join(GROUPS)}")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
-    parser.add_argument("--producer", help=argparse.SUPPRESS)  # internal: run as the producer process
-    args, _ = parser.parse_known_args(argv)  # run.py's own options come along through BENCH_ARGS
-    if args.producer:
-        print(json.dumps(asyncio.run(_produce(json.loads(args.producer)))))
+    args = groups.parse("mqstore Index benchmark", GROUPS, "producer", argv)  # --producer: the producer process
+    if args.child:
+        print(json.dumps(asyncio.run(_produce(json.loads(args.child)))))
         return 0
-    asked = [g.strip() for g in args.only.split(",") if g.strip()]
-    groups = [g for g in GROUPS if not asked or g in asked]
-    if not groups:
+    if not args.groups:
         print(f"index bench: nothing to do for --only {args.only}", flush=True)
         return 0
     cfg = QUICK if args.quick else FULL
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # in-process IndexStore: quiet
-    work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-index-bench-"))
-    results: dict = {}
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    print(f"index bench: groups {', '.join(groups)}; work directory {work}", flush=True)
-    try:
-        for name, fn in (("index-build", run_build), ("index-query", run_query)):
-            if name in groups:
-                try:
-                    results[name] = fn(work, cfg)
-                except Exception as exc:  # noqa: BLE001 - recorded in the results; the other group still runs
-                    traceback.print_exc()
-                    results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                    stop_all()
-    finally:
-        stop_all()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    meta = {"started": started, "elapsed_s": time.monotonic() - _T0, "mode": "quick" if args.quick else "full",
-            "groups": groups, "git": git_rev(), "config": cfg,
-            "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, grpcio {grpc.__version__}, "
-                       f"SQLite {sqlite3.sqlite_version}, Linux {platform.release()}"}
-    rows = build_rows(results)
-    partial = args.quick or bool(asked)
-    out_dir = RESULTS_DIR / "scratch" if partial else RESULTS_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "index" + ("-quick" if args.quick else "") + (f"-{'-'.join(groups)}" if asked else "")
-    (out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "results": results}, indent=2,
-                                                     default=str) + "\n")
-    text = markdown(rows, meta, results)
-    (out_dir / f"{stem}.md").write_text(text)
-    print(text, flush=True)
-    print(f"index bench: wrote {out_dir / stem}.json and .md", flush=True)
-    return 1 if any(isinstance(v, dict) and v.get("error") for v in results.values()) else 0
+    started = groups.now()
+    results = groups.run("index", (("index-build", run_build), ("index-query", run_query)), args, cfg)
+    return groups.write("index", args, cfg, started, time.monotonic() - _T0, results, build_rows(results),
+                        markdown, f", SQLite {sqlite3.sqlite_version}, Linux {platform.release()}")
 
 
 if __name__ == "__main__":
