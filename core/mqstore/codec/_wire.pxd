@@ -43,22 +43,12 @@ cdef inline Py_ssize_t read_varint(const uint8_t* p, Py_ssize_t at, Py_ssize_t e
 
 cdef inline Py_ssize_t read_varint32(const uint8_t* p, Py_ssize_t at, Py_ssize_t end, uint32_t* out) noexcept nogil:
     """A tag or a length: at most 5 bytes, and the value must fit 32 bits (upb rejects the rest)."""
-    cdef uint64_t value = 0
-    cdef unsigned int shift = 0
-    cdef uint8_t b
-    while shift < 35:
-        if at >= end:
-            return -1
-        b = p[at]
-        at += 1
-        value |= (<uint64_t>(b & 0x7F)) << shift
-        if not (b & 0x80):
-            if value >> 32:
-                return -1
-            out[0] = <uint32_t>value
-            return at
-        shift += 7
-    return -1
+    cdef uint64_t value
+    at = read_varint(p, at, min(end, at + 5), &value)
+    if at < 0 or value >> 32:
+        return -1
+    out[0] = <uint32_t>value
+    return at
 
 
 cdef inline Py_ssize_t read_length(const uint8_t* p, Py_ssize_t at, Py_ssize_t end, Py_ssize_t* out) noexcept nogil:
