@@ -232,7 +232,7 @@ def _reference_runs(buf, position: int, end: int, base: int) -> list:
     are counted but get no entry."""
     groups: dict = {}
     for size, topic, qid, qoff, flag, tags, _ in record_scan._routing_records_python(buf, position, end):
-        if flag & record.SYSFLAG_TX_MASK not in replay._NO_CQ:
+        if record.takes_queue_offset(flag):
             runs = groups.setdefault((topic, qid), [])
             entry = cq_unit.encode(base + position, size, TAG_CODE(tags))
             if runs and runs[-1][0] + len(runs[-1][1]) // cq_unit.ENTRY_SIZE == qoff:

@@ -60,7 +60,7 @@ def test_compiled_stamp_equals_the_reference(specs, segment_size, written, first
     assert actual == expected
     entries, runs = actual
     for qid, (first, data, physical_end) in runs.items():  # the runs are what the consume queue reads back
-        mine = [(e[0], e[1], e[4]) for e in entries if e[2] == qid and reference.takes_queue_offset(e[5])]
+        mine = [(e[0], e[1], e[4]) for e in entries if e[2] == qid and record.takes_queue_offset(e[5])]
         assert [cq_unit.ENTRY.unpack_from(data, i * cq_unit.ENTRY.size) for i in range(len(mine))] == mine
         assert first == first_offsets[qid] and physical_end == mine[-1][0] + mine[-1][1]
 

@@ -92,6 +92,9 @@ SYSFLAG_TX_NOT = 0x0
 SYSFLAG_TX_PREPARED = 0x4
 SYSFLAG_TX_COMMIT = 0x8
 SYSFLAG_TX_ROLLBACK = 0xC
+# Records of a prepared (half) or rolled-back transaction take no queue offset and get no consume
+# queue entry (RocketMQ's rule): consumers see a transaction only once committed.
+NO_QUEUE_OFFSET_TX = (SYSFLAG_TX_PREPARED, SYSFLAG_TX_ROLLBACK)
 SYSFLAG_BORN_HOST_V6 = 0x10
 SYSFLAG_STORE_HOST_V6 = 0x20
 SYSFLAG_HOSTS_V6 = SYSFLAG_BORN_HOST_V6 | SYSFLAG_STORE_HOST_V6
@@ -222,6 +225,11 @@ def stamp(buf: bytearray, position: int, queue_offset: int, physical_offset: int
     OFFSETS.pack_into(buf, position + QUEUE_OFFSET_AT, queue_offset, physical_offset)
     layout = (buf[position + SYS_FLAG_HOST_BYTE_AT] & SYSFLAG_HOSTS_V6) >> LAYOUT_SHIFT
     INT64.pack_into(buf, position + STORE_TIMESTAMP_AT[layout], store_timestamp_ms)
+
+
+def takes_queue_offset(sys_flag: int) -> bool:
+    """Whether a record of this SYSFLAG takes a queue offset and a consume queue entry."""
+    return sys_flag & SYSFLAG_TX_MASK not in NO_QUEUE_OFFSET_TX
 
 
 def encode_blank(size_bytes: int) -> bytes:

@@ -114,7 +114,7 @@ class CommitLog:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
         qids, flags = batch.queue_ids, batch.sys_flags
         if any(flags):
-            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if stamp.takes_queue_offset(f))
+            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if record.takes_queue_offset(f))
         else:
             counts = collections.Counter(qids)
         table, topic = self.next_queue_offsets, batch.topic

@@ -24,7 +24,6 @@ from mqstore.format import cq_unit, record
 
 # (buf_from, physical_from, buf_to, length): bytes [buf_from, buf_to) of the batch go to physical_from.
 Chunk = tuple[int, int, int, int]
-NO_QUEUE_OFFSET_TX = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)
 
 
 def place(sizes: list[int], written_offset: int, segment_size: int) -> tuple[list[Chunk], int]:
@@ -48,10 +47,6 @@ def place(sizes: list[int], written_offset: int, segment_size: int) -> tuple[lis
     return chunks, pos
 
 
-def takes_queue_offset(sys_flag: int) -> bool:
-    return sys_flag & record.SYSFLAG_TX_MASK not in NO_QUEUE_OFFSET_TX
-
-
 def stamp(buf: bytearray, chunks: list[Chunk], sizes: list[int], queue_ids: list[int], tag_codes: list[int],
           sys_flags: list[int], first_offsets: dict[int, int], now_ms: int) -> tuple[list[tuple], dict]:
     """Stamp the records of ``buf`` placed by ``chunks``; ``first_offsets``: the next queue offset of
@@ -66,7 +61,7 @@ def stamp(buf: bytearray, chunks: list[Chunk], sizes: list[int], queue_ids: list
         while at < buf_to:
             size, qid, tag, flag = sizes[index], queue_ids[index], tag_codes[index], sys_flags[index]
             phys = phys_from + (at - buf_from)
-            if takes_queue_offset(flag):
+            if record.takes_queue_offset(flag):
                 qoff = next_offsets[qid]
                 next_offsets[qid] = qoff + 1
                 run = runs.get(qid)

@@ -23,7 +23,6 @@ from mqstore.queue import replay
 from mqstore.queue.consume_queue import ConsumeQueue
 
 log = structlog.get_logger()
-_NO_CQ = replay._NO_CQ  # transactions prepared or rolled back: no consume queue entry
 
 
 class QueueTable:
@@ -170,7 +169,7 @@ class Dispatcher:
             topic = names.get(topic_bytes) or names.setdefault(topic_bytes, topic_bytes.decode("utf-8", "replace"))
             key = (topic, qid)
             if ((known_topics is None or topic in known_topics) and (only is None or key in only)
-                    and flag & record.SYSFLAG_TX_MASK not in _NO_CQ and key not in (behind or ())):
+                    and record.takes_queue_offset(flag) and key not in (behind or ())):
                 nxt = expect.get(key)
                 if nxt is None:
                     cq = self.queues.get(topic, qid)

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from mqstore.format import cq_unit, record, record_scan
 
 ENTRY = cq_unit.ENTRY_SIZE
-_NO_CQ = (record.SYSFLAG_TX_PREPARED, record.SYSFLAG_TX_ROLLBACK)  # = dispatch._NO_CQ
 
 
 @dataclass(slots=True)
@@ -125,7 +124,7 @@ def _reference_rest(state: SegmentRuns, tag_code, seg, position: int, end: int, 
     for size, topic_bytes, qid, qoff, flag, tags, store_ts in record_scan._routing_records_python(
             seg.buffer, position, end):
         key = (topic_bytes.decode("utf-8", "replace"), qid)
-        if flag & record.SYSFLAG_TX_MASK not in _NO_CQ and state.admits(key):
+        if record.takes_queue_offset(flag) and state.admits(key):
             physical = seg.start + position
             state.take(key, qoff, cq_unit.encode(physical, size, tag_code(tags)), physical + size)
         last_ts = store_ts
