@@ -34,8 +34,8 @@ Head insertion: a new entry points at the old slot head and becomes the head, so
 first and its entry numbers strictly decrease (a walk that sees otherwise has found corruption).
 
 Write order of one put (differs from RocketMQ on purpose): entry, then header, then slot. A crash
-between them leaves an entry that no chain reaches yet (the key is re-put when the follower re-feeds
-the message at endPhyOffset, see :meth:`IndexFile.contains`), never a slot that points past indexCount
+between them leaves an entry that no chain reaches yet (when the follower re-feeds the message at
+endPhyOffset, :meth:`IndexFile.relink_last_message` finishes its slot writes), never a slot that points past indexCount
 (RocketMQ then treats the whole bucket as empty and loses its older entries).
 
 Time granularity is one second: an entry's time reads back as begin + timeDiff*1000, which is at most
@@ -390,8 +390,8 @@ class IndexFile:
 
     def put_hashes(self, hashes: list[int], phy_offset: int, store_timestamp_ms: int) -> None:
         """Head-insert the keys of one message: every entry, then the header once, then the slots
-        (the order of put_hash, so a crash can only leave this message's last entries unreachable,
-        which the writer repairs by re-putting the keys of the message at endPhyOffset)."""
+        (the order of put_hash, so a crash can only leave this message's entries unreachable, which
+        relink_last_message repairs when the writer is fed the message at endPhyOffset again)."""
         h = self.header
         number = h.index_count
         if number + len(hashes) > self.entry_count:
@@ -424,6 +424,26 @@ class IndexFile:
                          number)
         for slot, head in heads.items():
             SLOT.pack_into(mm, HEADER_SIZE + SLOT_SIZE * slot, head)
+
+    def relink_last_message(self) -> int:
+        """Finish the slot writes of the last put (the message at endPhyOffset), as put_hashes would
+        have done them: a crash between the header and the slots leaves that message's entries counted
+        but unreachable. Its entries are the trailing ones with that physical offset; each becomes its
+        bucket's head unless the slot already points at it or a later one of them. Returns the number
+        of slots written (0 when the put was whole). The result is byte for byte the untorn put."""
+        h = self.header
+        if h.entries == 0:
+            return 0
+        first = h.index_count
+        while first > 1 and self.entry(first - 1).phy_offset == h.end_phy_offset:
+            first -= 1
+        written = 0
+        for number in range(first, h.index_count):
+            slot = self.entry(number).key_hash % self.slot_count
+            if self.slot_head(slot) < number:
+                SLOT.pack_into(self._mm, HEADER_SIZE + SLOT_SIZE * slot, number)
+                written += 1
+        return written
 
     def put_columns(self, columns, start: int) -> tuple[int, int, int]:
         """The compiled put_hashes for many messages (mqstore.codec IndexColumns from record ``start``):

@@ -4,8 +4,9 @@ Used for the live tail (files ``<offset>.idx``) and for rebuilding a quarantined
 ``<offset>.rebuild``). Rules, as RocketMQ's CommitLogDispatcherBuildIndex plus two fixes:
 
 * a record below the last indexed physical offset is skipped (idempotent re-feed);
-* the record AT the last indexed offset is the one a crash may have left half indexed: only its keys
-  that are missing are put (RocketMQ re-puts all of them and so indexes duplicates);
+* the record AT the last indexed offset is the one a crash may have left half indexed: its torn put
+  is finished in place, and only keys still missing are put (RocketMQ re-puts all of them and so
+  indexes duplicates);
 * a message's keys never straddle two files: when the current file has fewer free entries than the
   message has keys, the next file starts at once (named by this message's physical offset).
 """
@@ -139,10 +140,17 @@ class Writer:
 
     def _missing(self, hashes: list[int], phy: int) -> list[int]:
         """Keys of the message at the last indexed offset that a crash may have left out. They are
-        in the current file unless it has no entries (then the message is whole in the previous)."""
+        in the current file unless it has no entries (then the message is whole in the previous).
+        A put torn between its header and its slots is finished in place first (its entries are all
+        there, counted; only slots are missing): no duplicate entries, and no roll, which for a full
+        file holding only this message would need a second file of the same name. Keys still missing
+        after that (entries lost, or a put from before this write order) are put again."""
         file = self.current
         if file is None or file.file.header.entries == 0 or file.file.header.end_phy_offset != phy:
             return []
+        relinked = file.file.relink_last_message()
+        if relinked:
+            log.info("index.torn_put_finished", physical_offset=phy, slots_written=relinked, file=file.file.path.name)
         return [h for h in dict.fromkeys(hashes) if not file.file.contains(h, phy)]
 
     def _file_for(self, phy: int, key_count: int) -> UnsealedHandle:
