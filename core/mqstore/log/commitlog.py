@@ -60,6 +60,10 @@ class CommitLog:
         self.clock = clock
         self.lock = threading.Lock()
         self.written_offset = 0
+        # The page cache holds the log up to here, ahead of written_offset: the segment warmer
+        # publishes how far it has read (mqstore.log.warmer). A hint for Segment.write, never for
+        # correctness; a plain int, replaced whole.
+        self.resident_offset = 0
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
         self.pending: collections.deque[Written] = collections.deque()
@@ -142,7 +146,7 @@ class CommitLog:
                 seg.write(cur - seg.start, record.encode_blank(phys_from - cur))
             seg = self.segments.find(phys_from)
             invariant(phys_from + length <= seg.end, "a chunk stays inside one segment")
-            seg.write(phys_from - seg.start, view[buf_from:buf_to])
+            seg.write(phys_from - seg.start, view[buf_from:buf_to], resident=phys_from + length <= self.resident_offset)
             cur = phys_from + length
 
     # ---- reads (lock-free below written_offset)

@@ -32,12 +32,16 @@ from mqstore.format import segment_name
 
 log = structlog.get_logger()
 
-# Writes of at least this many bytes go through pwrite instead of the mapping. Copying into a mapped
-# page that is not resident costs a page fault with zeroing, ~12 us per 4 KiB page here (bench: 300 us
-# per 100 KiB against 28 us with pwrite), under the append lock and holding the GIL; pwrite fills the
-# page cache directly and releases the GIL while it copies. Both reach the same page-cache pages, so
-# readers of the mapping see the bytes at once, and fdatasync makes both durable. Small writes
-# (consume queue runs, blank records) stay on the mapping, where a system call costs more than the copy.
+# Writes of at least this many bytes go through pwrite instead of the mapping, unless the caller
+# knows the range is in the page cache (the segment warmer has read it). Copying into a mapped page
+# that is not resident costs a page fault with zeroing, ~12 us per 4 KiB page here (bench: 300 us per
+# 100 KiB against 28 us with pwrite), under the append lock and holding the GIL; pwrite fills the page
+# cache directly (and releases the GIL while it copies). Into resident pages the mapped copy is the
+# cheaper one: no system call, and no release and re-take of the GIL inside the append lock (Append
+# 100 x 1 KiB, 16 producers: 0.61x against 0.56x the no-op server, 12.7 against 13.8 us of server CPU
+# a message, medians of 5 alternating runs). Both reach the same page-cache pages, so readers of the
+# mapping see the bytes at once, and fdatasync makes both durable. Small writes (consume queue runs,
+# blank records) stay on the mapping, where a system call costs more than the copy.
 _PWRITE_MIN_BYTES = 4096
 PAGE_SIZE = mmap.PAGESIZE
 
@@ -103,9 +107,11 @@ class Segment:
             raise SegmentClosed(f"segment {self.path.name} was deleted by retention")
         return self._mm
 
-    def write(self, position: int, data) -> None:
+    def write(self, position: int, data, *, resident: bool = False) -> None:
+        """Write ``data`` at ``position``; ``resident``: the range is known to be in the page cache
+        (see _PWRITE_MIN_BYTES for why that chooses the mapping)."""
         length = len(data)
-        if length < _PWRITE_MIN_BYTES:
+        if length < _PWRITE_MIN_BYTES or resident:
             self._mm[position:position + length] = data
             return
         if not 0 <= position <= self.size - length:  # pwrite would grow the file where the mapping refuses

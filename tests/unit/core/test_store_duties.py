@@ -5,7 +5,9 @@ and MessageStore.health_problem names whichever duty a bug ended (None while all
 from __future__ import annotations
 
 import errno
+import os
 import threading
+import time
 
 import pytest
 
@@ -82,3 +84,31 @@ def test_maintenance_retries_os_errors_and_dies_of_a_bug(store, monkeypatch):
     store.maintenance._thread.join(WAIT_S)
     assert store.maintenance.state().retries >= 2  # the bug itself was not retried
     assert "store-maintenance died: InvariantViolation" in store.health_problem()
+
+
+@pytest.mark.parametrize("warm_ahead_bytes", [0, 64 * 1024])
+def test_a_large_write_copies_into_the_mapping_only_where_the_warmer_has_read(small_config, monkeypatch,
+                                                                                warm_ahead_bytes):
+    """Below commitlog.resident_offset (the warmer publishes how far it has read) a write of 4 KiB or
+    more is copied into the mapping; with no warmer it goes through pwrite. The bytes land either way."""
+    s = MessageStore(small_config(warm_ahead_bytes=warm_ahead_bytes))
+    s.start()
+    try:
+        s.create_topic("t", 1)
+        deadline = time.monotonic() + WAIT_S
+        while warm_ahead_bytes and s.commitlog.resident_offset < 32 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.commitlog.resident_offset == (32 * 1024 if warm_ahead_bytes else 0)  # at most two segments ahead
+        pwrites = []
+        real_pwrite = os.pwrite
+
+        def counting(fd, data, position):
+            pwrites.append(len(data))
+            return real_pwrite(fd, data, position)
+        monkeypatch.setattr(os, "pwrite", counting)
+        body = os.urandom(6000)
+        s.append("t", [MessageIn(body=body)])
+        assert bool(pwrites) == (warm_ahead_bytes == 0), pwrites
+        assert body in s.commitlog.segments.find(0).path.read_bytes()
+    finally:
+        s.stop()
