@@ -35,8 +35,8 @@ first and its entry numbers strictly decrease (a walk that sees otherwise has fo
 
 Write order of one put (differs from RocketMQ on purpose): entry, then header, then slot. A crash
 between them leaves an entry that no chain reaches yet (when the follower re-feeds the message at
-endPhyOffset, :meth:`IndexFile.relink_last_message` finishes its slot writes), never a slot that points past indexCount
-(RocketMQ then treats the whole bucket as empty and loses its older entries).
+endPhyOffset, :meth:`IndexFile.relink_last_message` finishes its slot writes), never a slot that
+points past indexCount (RocketMQ then treats the whole bucket as empty and loses its older entries).
 
 Time granularity is one second: an entry's time reads back as begin + timeDiff*1000, which is at most
 999 ms earlier than its real store time. Queries compare that value with [begin_ms, end_ms] as RocketMQ
