@@ -7,8 +7,9 @@ about 2 us per KiB here, all inside the append lock. Reading the range first (os
 releases the GIL) moves that cost to this thread, on the other core; reading never changes the bytes,
 so it cannot race with the writer. How far it has read is published as ``commitlog.resident_offset``:
 below it, large writes copy into the mapping instead of going through pwrite (mqstore.log.segment).
-Segments ahead are created here too, so a roll does not wait for fallocate. A store or OS error (a full disk creating the next segment: appends will say so) is
-retried with backoff; a bug ends the duty and makes the store unhealthy (it used to end it silently).
+Segments ahead are created here too, so a roll does not wait for fallocate. A store or OS error (a
+full disk creating the next segment: appends will say so) is retried with backoff; a bug ends the duty
+and makes the store unhealthy (it used to end it silently).
 
 Thread-safety: reads ``commitlog.written_offset`` (published by the writer) and creates segments
 through SegmentQueue.create (which takes the queue lock; CommitLog treats an existing next segment
