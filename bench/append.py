@@ -3,7 +3,11 @@
 All servers run at once and every configuration is measured back to back on each of them (no-op,
 mqstore ASYNC, mqstore SYNC, then for batched appends Redis everysec and always at the same
 concurrency), so that noise from other work on the machine falls on a configuration and its
-comparison points alike. Server memory is read at the end, after every append workload.
+comparison points alike. The configurations the targets name (TARGET_CONFIGURATIONS) are measured in
+``timing["rounds"]`` such rounds, one after the other, and each server's figures are the medians over
+its rounds (merge_rounds): one round's ratio swung by ±15% between runs on this shared machine, as
+the noise of the moment fell on one side or the other. The pure-Python servers, which no target names,
+run in the first round only. Server memory is read at the end, after every append workload.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ SHAPES = {
 }
 PRODUCERS = (1, 8, 32)
 EXTRA = (("unary-100", 16),)  # the configuration the targets name
+# Issue 10's targets: these are measured in several alternating rounds (the module's docstring).
+TARGET_CONFIGURATIONS = {("unary-100", 16), ("unary-100", 32), ("unary-1", 8)}
+_MEDIANS = ("msgs_per_s", "p50_ms", "p99_ms", "mean_ms", "client_cores")  # and server CPU per message
+_SUMS = ("calls", "errors", "durability_checked")
 
 
 def create_topic(target: str, name: str = TOPIC, queues: int = QUEUES) -> None:
@@ -69,6 +77,31 @@ def measure(server: GrpcServer, shape: str, producers: int, timing: dict, client
             "client_cores": sum(r["client_cores"] for r in results), "client_procs": len(results)}
 
 
+def merge_rounds(results: list[dict]) -> dict:
+    """One server's rounds of one configuration as one result: the median of each measured figure
+    (server CPU per message as a median of its own, so that server_cores / msgs_per_s gives it),
+    counts summed, the rest (the configuration) from the first round; ``rounds_msgs_per_s`` keeps
+    each round's rate."""
+    if len(results) == 1:
+        return results[0]
+    merged = dict(results[0])
+    for key in _MEDIANS:
+        values = [r.get(key) for r in results]
+        if key in merged and None not in values:
+            merged[key] = statistics.median(values)
+    for key in _SUMS:
+        if isinstance(merged.get(key), dict):
+            names = set().union(*(r[key] for r in results))
+            merged[key] = {k: sum(r[key].get(k, 0) for r in results) for k in names}
+        elif key in merged:
+            merged[key] = sum(r[key] for r in results)
+    if "server_cores" in merged and merged["msgs_per_s"]:
+        cpu_per_msg = statistics.median(r["server_cores"] / r["msgs_per_s"] for r in results if r["msgs_per_s"])
+        merged["server_cores"] = cpu_per_msg * merged["msgs_per_s"]
+    merged["rounds_msgs_per_s"] = [r["msgs_per_s"] for r in results]
+    return merged
+
+
 def configurations() -> list[tuple[str, int]]:
     return [(shape, n) for shape in SHAPES for n in PRODUCERS] + list(EXTRA)
 
@@ -98,17 +131,23 @@ def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: 
             redis = {"everysec": RedisServer(work, "everysec").start(), "always": RedisServer(work, "always").start()}
         runs, redis_runs = [], []
         for shape, producers in sorted(configurations(), key=lambda c: (c[0], c[1])):
-            for key, server in servers.items():
-                run_ = measure(server, shape, producers, timing, client_procs)
-                run_["mode"] = key
-                runs.append(run_)
-                log("append", f"{key:8} {shape:14} {producers:2}p", run_)
-            if shape == "unary-100":
-                for fsync, server in redis.items():
-                    result = server.measure(producers, timing["duration_s"], timing["redis_probe"])
-                    result.update(fsync=fsync, producers=producers)
-                    redis_runs.append(result)
-                    log("append", f"redis {fsync:8} {producers:2}c", result)
+            rounds = timing["rounds"] if (shape, producers) in TARGET_CONFIGURATIONS else 1
+            ours: dict[str, list[dict]] = {key: [] for key in servers}
+            theirs: dict[str, list[dict]] = {fsync: [] for fsync in redis}
+            for round_ in range(rounds):
+                tag = f" round {round_ + 1}/{rounds}" if rounds > 1 else ""
+                for key, server in servers.items():
+                    if round_ and key.endswith(PY_SUFFIX):
+                        continue
+                    ours[key].append(measure(server, shape, producers, timing, client_procs))
+                    log("append", f"{key:8} {shape:14} {producers:2}p{tag}", ours[key][-1])
+                if shape == "unary-100":
+                    for fsync, server in redis.items():
+                        theirs[fsync].append(server.measure(producers, timing["duration_s"], timing["redis_probe"]))
+                        log("append", f"redis {fsync:8} {producers:2}c{tag}", theirs[fsync][-1])
+            runs += [dict(merge_rounds(results), mode=key) for key, results in ours.items()]
+            redis_runs += [dict(merge_rounds(results), fsync=fsync, producers=producers)
+                           for fsync, results in theirs.items() if results]
         memory = {key: server.memory_kib() for key, server in servers.items()}
         memory.update({f"redis-{fsync}": server.memory_kib() for fsync, server in redis.items()})
     finally:

@@ -36,10 +36,12 @@ def _cpu_per_msg(run: dict) -> float | None:
     return run["server_cores"] / run["msgs_per_s"] * 1e6 if run["msgs_per_s"] else None
 
 
-def _append_label(mode, shape, producers):
+def _append_label(mode, shape, producers, run: dict | None = None):
+    """``run``: a merged result of several rounds says so (append.merge_rounds)."""
     codec = ", pure-Python codec" if mode.endswith(PY_SUFFIX) else ""
+    rounds = len((run or {}).get("rounds_msgs_per_s", ()))
     return (f"{SHAPES[shape]['label']}, {producers} producer{'s' if producers > 1 else ''}, "
-            f"{mode.removesuffix(PY_SUFFIX)}{codec}")
+            f"{mode.removesuffix(PY_SUFFIX)}{codec}{f' (median of {rounds} rounds)' if rounds > 1 else ''}")
 
 
 def codec_rows(append: dict) -> list[dict]:
@@ -62,7 +64,7 @@ def cpu_rows(append: dict) -> list[dict]:
     for mode in ("ASYNC", "ASYNC" + PY_SUFFIX):
         ours, noop = _find(append["runs"], mode, "unary-100", 16), _find(append["runs"], "noop", "unary-100", 16)
         if ours and noop:
-            rows.append(_row("cpu", f"server CPU per message, {_append_label(mode, 'unary-100', 16)}",
+            rows.append(_row("cpu", f"server CPU per message, {_append_label(mode, 'unary-100', 16, ours)}",
                              _cpu_per_msg(ours), "us", "no-op gRPC server, same calls", _cpu_per_msg(noop),
                              target=("<=", 2.0) if mode == "ASYNC" else None))
     return rows
@@ -74,7 +76,7 @@ def append_rows(append: dict) -> list[dict]:
         if r["mode"] == "noop":
             continue
         noop = _find(append["runs"], "noop", r["shape"], r["producers"])
-        rows.append(_row("append", _append_label(r["mode"], r["shape"], r["producers"]), r["msgs_per_s"], "msgs/s",
+        rows.append(_row("append", _append_label(r["mode"], r["shape"], r["producers"], r), r["msgs_per_s"], "msgs/s",
                          "no-op gRPC server, same calls", noop and noop["msgs_per_s"],
                          p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], server_cores=r["server_cores"],
                          server_cpu_us_per_msg=_cpu_per_msg(r),
@@ -82,7 +84,7 @@ def append_rows(append: dict) -> list[dict]:
     for red in append["redis"]:
         mode = "ASYNC" if red["fsync"] == "everysec" else "SYNC"
         ours = _find(append["runs"], mode, "unary-100", red["producers"])
-        rows.append(_row("redis", _append_label(mode, "unary-100", red["producers"]), ours and ours["msgs_per_s"],
+        rows.append(_row("redis", _append_label(mode, "unary-100", red["producers"], ours), ours and ours["msgs_per_s"],
                          "msgs/s", f"Redis XADD, appendfsync {red['fsync']}, pipeline 100, {red['producers']} "
                          f"connection{'s' if red['producers'] > 1 else ''}", red["msgs_per_s"],
                          p50_ms=ours and ours["p50_ms"], p99_ms=ours and ours["p99_ms"],
@@ -173,7 +175,8 @@ def target_rows(rows: list[dict], results: dict) -> list[dict]:
     for section, key, target in wanted:
         name, _, fsync = key.partition("|")
         for r in rows:
-            if r["section"] == section and r["workload"] == name and (not fsync or fsync in r["comparison"]):
+            workload = r["workload"].split(" (median of ")[0]
+            if r["section"] == section and workload == name and (not fsync or fsync in r["comparison"]):
                 out.append(_row("targets", r["workload"], r["figure"], r["unit"], r["comparison"],
                                 r["comparison_figure"], target=target, p50_ms=r.get("p50_ms"), p99_ms=r.get("p99_ms")))
     out += [dict(r, section="targets") for r in rows if r["target"] and r["section"] in ("read", "recovery", "cpu")]
