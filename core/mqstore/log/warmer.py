@@ -28,7 +28,6 @@ class SegmentWarmer(Duty):
         super().__init__("commitlog-warmer", interval_s=1.0, backoff_initial_s=1.0, backoff_max_s=10.0)
         self.commitlog = commitlog
         self.ahead = warm_ahead_bytes
-        self.warmed_to = 0
         self._scratch = bytearray(_CHUNK)
 
     def start(self) -> None:
@@ -37,12 +36,12 @@ class SegmentWarmer(Duty):
 
     def poke(self) -> None:
         """Called after appends; cheap: wakes the thread only when half the window is used."""
-        if self.commitlog.written_offset + self.ahead // 2 > self.warmed_to:
+        if self.commitlog.written_offset + self.ahead // 2 > self.commitlog.resident_offset:
             self.wake()
 
     def step(self) -> None:
         log_ = self.commitlog
-        start = max(self.warmed_to, log_.written_offset)
+        start = max(log_.resident_offset, log_.written_offset)
         seg_size = log_.segment_size
         # At most into the segment after the current one: small test segments must not multiply.
         target = min(log_.written_offset + self.ahead, (log_.written_offset // seg_size + 2) * seg_size)
@@ -58,4 +57,4 @@ class SegmentWarmer(Duty):
             stop = min(target, seg.end, start + 8 * _CHUNK)
             seg.prefetch(start - seg.start, stop - seg.start, self._scratch)
             start = stop
-            self.warmed_to = log_.resident_offset = start
+            log_.resident_offset = start
