@@ -38,8 +38,8 @@ log = structlog.get_logger()
 # 100 KiB against 28 us with pwrite), under the append lock and holding the GIL; pwrite fills the page
 # cache directly (and releases the GIL while it copies). Into resident pages the mapped copy is the
 # cheaper one: no system call, and no release and re-take of the GIL inside the append lock (Append
-# 100 x 1 KiB, 16 producers: 0.61x against 0.56x the no-op server, 12.7 against 13.8 us of server CPU
-# a message, medians of 5 alternating runs). Both reach the same page-cache pages, so readers of the
+# 100 x 1 KiB, 16 producers: 0.67x against 0.60x the no-op server, 12.7 against 14.4 us of server CPU
+# a message, medians of 9 alternating runs). Both reach the same page-cache pages, so readers of the
 # mapping see the bytes at once, and fdatasync makes both durable. Small writes (consume queue runs,
 # blank records) stay on the mapping, where a system call costs more than the copy.
 _PWRITE_MIN_BYTES = 4096
