@@ -4,7 +4,9 @@
 * kill -9 of the index while producers append: after each restart it catches up from its checkpoint;
   at the end every appended key is found exactly once and the files hold no duplicate entry;
 * kill -9 and restart of the commit log while the index follows: the index keeps answering, reports
-  it is not connected, reconnects and catches up without skipping a record;
+  it is not connected, reconnects and catches up without skipping a record; a batch written before
+  the kill but never acknowledged is indexed once or not at all (a failpoint makes the written case
+  certain);
 * a damaged index file (truncated while the index is stopped): quarantined on start, rebuilt from the
   log while newer ranges answer, and a query over the damaged range says FAILED_PRECONDITION instead
   of returning a partial answer (a failpoint holds the rebuild so that this can be observed).
@@ -72,9 +74,9 @@ def logged(process: ServiceProcess, event: str) -> list[dict]:
     return found
 
 
-def start_log(data_dir, port: int = 0) -> ServiceProcess:
+def start_log(data_dir, port: int = 0, env: dict[str, str] | None = None) -> ServiceProcess:
     return commitlog(data_dir, "--port", str(port), "--segment-size-bytes", "1MiB",
-                     "--preallocate-segments", "false").started()
+                     "--preallocate-segments", "false", env=env).started()
 
 
 class Client:
@@ -118,10 +120,12 @@ def wait_indexed(client: Client) -> index_pb2.IndexStats:
 
 class Producer:
     """Thread ``producer``: appends batches with a unique key per message (and "all") until stopped, the
-    server dies, or MAX_BATCHES; ``acked`` holds (key, AppendResult) of acknowledged messages."""
+    server dies, or MAX_BATCHES; ``acked`` holds (key, AppendResult) of acknowledged messages and
+    ``in_doubt`` the keys of the batch in flight when the server died: written or not, never acknowledged."""
 
     def __init__(self, log_address: str, first: int = 0):
         self.acked: list[tuple[str, pb.AppendResult]] = []
+        self.in_doubt: list[str] = []
         self.stop_event = threading.Event()
         self._address = log_address
         self._next = first
@@ -133,7 +137,11 @@ class Producer:
             self._next += len(keys)
             request = pb.AppendRequest(topic=TOPIC, messages=[
                 common_pb2.MessageInput(body=k.encode(), keys=[k, "all"]) for k in keys])
-            response = stub.Append(request, timeout=RPC_TIMEOUT_S)
+            try:
+                response = stub.Append(request, timeout=RPC_TIMEOUT_S)
+            except grpc.RpcError:
+                self.in_doubt += keys
+                raise
             self.acked += zip(keys, response.results, strict=True)
 
     def _run(self) -> None:
@@ -161,10 +169,17 @@ class Producer:
         wait_until(lambda: len(self.acked) >= count or not self._thread.is_alive(), f"{count} acked messages")
 
 
-def assert_each_key_once(client: Client, acked) -> None:
+def assert_each_key_once(client: Client, acked, in_doubt=()) -> None:
+    """Every acknowledged key is found once, at its offset; a key whose append was in flight when the
+    log was killed may have been written before the kill: it is found once or not at all."""
     for key, result in acked:
         found = client.query(key).locators
         assert [loc.physical_offset for loc in found] == [result.physical_offset], key
+    written = []
+    for key in in_doubt:
+        found = [loc.physical_offset for loc in client.query(key).locators]
+        assert len(found) <= 1, key
+        written += found
     everything, token = [], ""
     for _ in range(1000):
         page = client.query("all", max_num=500, page_token=token)
@@ -172,8 +187,8 @@ def assert_each_key_once(client: Client, acked) -> None:
         token = page.next_page_token
         if not token:
             break
-    assert everything == sorted((r.physical_offset for _, r in acked), reverse=True)
-    assert client.stats().entries == 3 * len(acked)  # UNIQ_KEY, key-N, "all": no duplicate entries
+    assert everything == sorted([r.physical_offset for _, r in acked] + written, reverse=True)
+    assert client.stats().entries == 3 * (len(acked) + len(written))  # UNIQ_KEY, key-N, "all": once each
 
 
 def test_kill9_index_during_appends_loses_and_duplicates_nothing(tmp_path):
@@ -221,7 +236,35 @@ def test_commitlog_restart_while_following(tmp_path):
             more.append(commitlog_pb2_grpc.CommitLogStub(channel), 300)
         up = wait_until(lambda: (s := wait_indexed(client)).connected and s, "the index to reconnect")
         assert up.connected and up.reconnects >= 1 and up.bytes_behind == 0 and up.skipped_bytes == 0
-        assert_each_key_once(client, producer.acked + more.acked)
+        assert_each_key_once(client, producer.acked + more.acked, producer.in_doubt)
+    finally:
+        client.close()
+        index.stop()
+        log_proc.stop()
+
+
+def test_append_written_but_never_acknowledged_is_indexed_once(tmp_path):
+    """The log dies after copying a batch and before answering (failpoint log.after_write=exit): the
+    producer sees an error, the records survive in the page cache, and after the restart the index
+    holds them once, next to the acknowledged ones."""
+    port = free_port()
+    log_proc = start_log(tmp_path / "log", port, env={"MQSTORE_FAILPOINTS": "log.after_write=exit"})
+    index = start_index(tmp_path / "index", log_proc.address)
+    client = Client(log_proc.address, index.address)
+    try:
+        client.log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=2), timeout=RPC_TIMEOUT_S)
+        lost = Producer(log_proc.address)
+        with pytest.raises(grpc.RpcError):
+            lost.append(client.log, BATCH)
+        assert lost.acked == [] and len(lost.in_doubt) == BATCH
+        crash(log_proc)  # already gone; releases its pipe
+        log_proc = start_log(tmp_path / "log", port)
+        more = Producer(log_proc.address, first=1_000)
+        with grpc.insecure_channel(log_proc.address) as channel:
+            more.append(commitlog_pb2_grpc.CommitLogStub(channel), 50)
+        wait_until(lambda: (s := wait_indexed(client)).connected and s, "the index to catch up")
+        assert_each_key_once(client, more.acked, lost.in_doubt)
+        assert all(client.query(key).locators for key in lost.in_doubt), "the unacknowledged batch was written"
     finally:
         client.close()
         index.stop()
