@@ -9,7 +9,7 @@ from index_service import checkpoint as ckpt
 from index_service.store import IndexStore
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument
-from mqstore.format.index_file import IndexFile
+from mqstore.format.index_file import HEADER_SIZE, SLOT_SIZE, IndexFile
 
 
 @pytest.fixture
@@ -92,8 +92,8 @@ def tear_slots_of_last_put(file: IndexFile) -> None:
         first -= 1
     for number in range(file.header.index_count - 1, first - 1, -1):  # oldest prev wins per slot
         entry = file.entry(number)
-        at = 40 + 4 * (entry.key_hash % file.slot_count)
-        file._mm[at:at + 4] = entry.prev_index.to_bytes(4, "big")
+        at = HEADER_SIZE + SLOT_SIZE * (entry.key_hash % file.slot_count)
+        file._mm[at:at + SLOT_SIZE] = entry.prev_index.to_bytes(SLOT_SIZE, "big")
 
 
 @pytest.mark.parametrize("before", [[], [record(50, ["a", "b"])], [record(50, ["a"]), record(60, ["x y"])]])
