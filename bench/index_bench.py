@@ -194,15 +194,15 @@ def _build_result(cfg, produced, first, samples, caught_up, cpu0, cpu1) -> dict:
 # ---- group: query latency ------------------------------------------------------------------------------
 
 def _records(first: int, count: int, user_keys: int):
-    from index_service.records import IndexRecord
+    from mqstore.index.records import IndexRecord
     return [IndexRecord(n * 1200, BASE_MS + n // 5, TOPIC, (f"order-{n}", f"user-{n % user_keys}"))
             for n in range(first, first + count)]
 
 
 def _build_index(root: pathlib.Path, messages: int, user_keys: int, file_entries: int):
-    from index_service.config import IndexConfig
-    from index_service.store import IndexStore
-    from index_service.tier import DirectoryTier
+    from mqstore.index.config import IndexConfig
+    from mqstore.index.store import IndexStore
+    from mqstore.index.tier import DirectoryTier
     config = IndexConfig(root, slot_count=file_entries // 4, entry_count=file_entries + 1, max_keys_per_message=4,
                          checkpoint_interval_ms=10**9, tier_min_age_ms=0)
     store = IndexStore(config, tier=DirectoryTier(root / "tier"))

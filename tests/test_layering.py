@@ -1,9 +1,16 @@
 """The import rules of DESIGN.md §9 and STYLE.md habit 1, checked by walking every module with ``ast``.
 
-- ``core/mqstore`` (the storage engine) imports no grpc, google.protobuf, generated stubs (mqstore_rpc),
-  pyspark or service package; SQLAlchemy only in ``core/mqstore/meta/sql.py``.
+- ``core/mqstore`` (the storage engine and every feature's domain: ``core/mqstore/<feature>/``) imports no
+  grpc, google.protobuf, generated stubs (mqstore_rpc), pyspark or service package.
+- SQL only in ``core/mqstore/meta/``: no other module of the project (core, services, spark, bench)
+  imports SQLAlchemy.
 - ``mqstore_rpc`` (shared gRPC glue) imports no service package.
 - No service package imports another service package (they talk through gRPC stubs only).
+- ``services/<name>/`` holds composition (``main``), the servicer and adapters to other services and
+  processes; the domain of a feature (its state machine, its formats' use) is ``core/mqstore/<feature>/``
+  (index, txn, compaction), so it is covered by the first rule.
+- ``spark/`` (the Spark job) imports the storage engine and pyspark, never grpc, stubs or a service;
+  ``bench/`` talks to the services through gRPC stubs and imports no service package.
 
 Imports inside functions count too, and so do ``importlib.import_module("...")`` / ``__import__("...")``
 with a literal name.
@@ -20,7 +27,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE = ROOT / "core" / "mqstore"
 SERVICES = ROOT / "services"
 SHARED = SERVICES / "common" / "mqstore_rpc"
-SQL_MODULE = CORE / "meta" / "sql.py"
+META = CORE / "meta"
+SPARK = ROOT / "spark" / "mqstore_spark"
+BENCH = ROOT / "bench"
 
 FORBIDDEN_IN_CORE = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools", "google.protobuf", "mqstore_rpc",
                      "pyspark")
@@ -97,11 +106,32 @@ def test_the_packages_exist():
 
 
 def test_core_imports_no_adapter():
-    forbidden = (*FORBIDDEN_IN_CORE, *service_packages(), "sqlalchemy")
+    assert violations(CORE, (*FORBIDDEN_IN_CORE, *service_packages())) == []
 
+
+def test_sql_only_in_meta():
     def allow(path, name):
-        return path == SQL_MODULE and _matches(name, "sqlalchemy")
-    assert violations(CORE, forbidden, allow=allow) == []
+        return META in path.parents
+    found = violations(CORE, ("sqlalchemy",), allow=allow) + violations(SHARED, ("sqlalchemy",))
+    for package in (*service_packages().values(), SPARK):
+        found += violations(package, ("sqlalchemy",))
+    assert found == []
+
+
+def test_the_domains_live_in_core():
+    for feature in ("index", "txn", "compaction"):
+        assert (CORE / feature / "__init__.py").is_file(), feature
+    for name, package in service_packages().items():
+        kept = {path.stem for path in package.glob("*.py")}
+        assert "main" in kept, name
+
+
+def test_spark_job_imports_no_grpc_or_service():
+    assert violations(SPARK, (*FORBIDDEN_IN_CORE[:-1], *service_packages(), "sqlalchemy")) == []
+
+
+def test_bench_imports_no_service_package():
+    assert violations(BENCH, (*service_packages(), "sqlalchemy")) == []
 
 
 def test_shared_glue_imports_no_service():

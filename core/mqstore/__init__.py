@@ -1,11 +1,19 @@
 """mqstore core: the storage engine, with no gRPC, generated stubs or Spark imports.
 
+One rule for where code lives: the domain of a feature (its state machine, its formats' use, its
+rounds) is ``core/mqstore/<feature>/`` and knows no gRPC; ``services/<name>/`` holds composition
+(``main.py``), the servicer and the adapters to other services (tests/test_layering.py).
+
 Map of the package:
   format/      every on-disk byte layout, one module each (record, consume queue entry, checkpoint);
                record_reader and record_scan are the one reader of commit log records
   log/         commit log segments, append, flush, recovery, retention
   queue/       consume queues and the in-process dispatcher that builds them
-  meta/        topic registry and consumer offsets through SQLAlchemy
+  meta/        topic registry, consumer offsets and the transaction audit trail: the only SQL
+  index/       the Index service's domain (IndexFile and RIP-65 files, queries, recovery)
+  txn/         the Transaction service's domain (half messages, OP batches, check-back)
+  compaction/  compaction topics' domain (compaction logs, rounds, latest values)
+  message_keys.py  the message key rules every topic kind shares (compaction key and queue, tombstones)
   store.py     the MessageStore facade that services call; it composes store_topics.py (topic
                registry) and store_space.py (full disk), and runs its duties on background.py
   follow.py    the Tail follower of the services derived from the log (index, compaction logs)

@@ -28,7 +28,7 @@ class TopicRecord:
 @dataclass(slots=True)
 class MessageIn:
     """One message to append. Queue choice: compaction topics: the queue of the compaction key
-    (mqstore.compaction.key; queue_id and sharding_key must agree with it); else queue_id, else
+    (mqstore.message_keys; queue_id and sharding_key must agree with it); else queue_id, else
     hash(sharding_key), else round robin. Not frozen: built once per message on the hot path,
     and a frozen dataclass costs five times as much to construct; treat it as immutable."""
 

@@ -17,8 +17,8 @@ from typing import Callable
 
 import pytest
 
-from index_service.store import IndexStore
-from index_service.tier import DirectoryTier
+from mqstore.index.store import IndexStore
+from mqstore.index.tier import DirectoryTier
 from mqstore import failpoints, fs
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig

@@ -14,7 +14,7 @@ import pytest
 import structlog
 from commitlog_service.main import CommitLogConfig
 from commitlog_service.main import serving as commitlog_serving
-from index_service.config import IndexConfig
+from mqstore.index.config import IndexConfig
 from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
 from mqstore.config import MiB, StoreConfig

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from commitlog_service.main import CommitLogConfig
 from commitlog_service.main import serving as commitlog_serving
-from index_service.config import IndexConfig
-from index_service.follower import FollowerConfig
+from mqstore.index.config import IndexConfig
+from mqstore.index.follower import FollowerConfig
 from index_service.main import IndexServiceConfig, serving
 from mqstore.config import StoreConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb

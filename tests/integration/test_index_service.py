@@ -11,8 +11,8 @@ import time
 
 import grpc
 import pytest
-from index_service.config import IndexConfig
-from index_service.follower import FollowerConfig
+from mqstore.index.config import IndexConfig
+from mqstore.index.follower import FollowerConfig
 from index_service.main import IndexServiceConfig, serving
 from mqstore.javahash import java_string_hash
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb

@@ -17,7 +17,7 @@ from mqstore_rpc.gen.mqstore.v1 import txn_pb2
 from tests.integration.txn_testing import (RPC_TIMEOUT_S, commitlog, prepare, rollback, stats, txn_service,
                                            visible, wait_ready)
 from tests.unit.test_meta_sql import db_url  # noqa: F401 - the sqlite / postgres fixture
-from txn_service.audit import AuditTrail
+from mqstore.meta.txn_audit import AuditTrail
 
 pytestmark = pytest.mark.integration
 MQSTORE = pathlib.Path(sys.executable).with_name("mqstore")

@@ -16,7 +16,7 @@ from mqstore_rpc.server import ServerConfig
 from mqstore.follow import FollowConfig
 from tests.integration.test_commitlog_grpc import make_config
 from tests.support.waiting import wait_until
-from txn_service.config import TxnConfig
+from mqstore.txn.config import TxnConfig
 from txn_service.main import TxnServiceConfig, serving as txn_serving
 
 TOKEN = "test-token"

@@ -244,7 +244,7 @@ def test_big_batches_written_without_the_gil_store_alike(count, seed):
 
 
 def test_compaction_routing_agrees_with_the_reference():
-    """The compaction key's rules (mqstore.compaction.key) on both codecs: no key, a queue_id or
+    """The compaction key's rules (mqstore.message_keys) on both codecs: no key, a queue_id or
     sharding_key that disagrees with the key's queue (or agrees), the key from the KEYS property."""
     def request(**fields) -> bytes:
         return commitlog_pb2.AppendRequest(topic="c", messages=[common_pb2.MessageInput(body=b"v", **fields)]) \

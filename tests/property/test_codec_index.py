@@ -24,10 +24,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from index_service import columns
-from index_service.config import IndexConfig
-from index_service.decode import decode_frame
-from index_service.store import IndexStore
+from mqstore.index import columns
+from mqstore.index.config import IndexConfig
+from mqstore.index.decode import decode_frame
+from mqstore.index.store import IndexStore
 from mqstore import codec
 from mqstore.clock import FakeClock
 from mqstore.format.index_file import CorruptIndexFile, key_hash

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from index_service.config import IndexConfig
-from index_service.records import IndexRecord
-from index_service.store import IndexStore
+from mqstore.index.config import IndexConfig
+from mqstore.index.records import IndexRecord
+from mqstore.index.store import IndexStore
 from mqstore.clock import FakeClock
 from mqstore.format.index_file import IndexFile, key_hash
 from mqstore.javahash import java_string_hash

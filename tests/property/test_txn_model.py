@@ -26,12 +26,12 @@ from mqstore.errors import FailedPrecondition
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import MessageIn, TailFrame
 from mqstore.store import MessageStore
-from txn_service import snapshot
-from txn_service.appender import AppendBatcher
-from txn_service.cache import HalfCache
-from txn_service.config import TxnConfig
-from txn_service.coordinator import Coordinator
-from txn_service.table import COMMITTED, OPEN, TxnTable
+from mqstore.txn import snapshot
+from mqstore.txn.appender import AppendBatcher
+from mqstore.txn.cache import HalfCache
+from mqstore.txn.config import TxnConfig
+from mqstore.txn.coordinator import Coordinator
+from mqstore.txn.table import COMMITTED, OPEN, TxnTable
 
 TOPIC = "orders"
 FOLLOWED = frozenset(t.encode() for t in (tx.HALF_TOPIC, tx.OP_TOPIC, tx.CHECK_MAX_TOPIC))

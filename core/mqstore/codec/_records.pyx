@@ -138,7 +138,7 @@ cdef int32_t _queue_of(WireMessages wire, const Msg* m, int32_t queue_count, bin
 
 cdef int32_t _compaction_queue(WireMessages wire, const Msg* m, const Plan* plan,
                                int32_t queue_count) noexcept nogil:
-    """mqstore.compaction.key.compaction_queue: the queue of the message's first key (the keys field's,
+    """mqstore.message_keys.compaction_queue: the queue of the message's first key (the keys field's,
     else the KEYS property's first entry); -2 where the reference refuses (no key, or a queue_id or
     sharding_key that disagrees with the key's queue)."""
     cdef Span key

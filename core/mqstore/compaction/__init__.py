@@ -1,6 +1,6 @@
 """Compaction of COMPACTION topics (no grpc, no pyspark): shared by the Compactor service and the Spark job.
+The compaction key itself is mqstore.message_keys (the commit log routes by it; it does not import this package).
 
-  key.py          the compaction key: the one definition routing (the commit log) and compaction use
   offset_map.py   key digest -> latest queue offset, within a memory budget
   qlog.py         one queue's compaction log: segments + sparse queue index, append, read
   qlog_files.py   opening a queue's directory after a crash (install leftovers, torn tails)

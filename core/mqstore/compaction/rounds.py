@@ -30,7 +30,7 @@ from mqstore.format import compaction_segment as cseg
 from mqstore.format.record import PROPERTY_KEYS
 from mqstore.format.record_reader import body_length_and_properties, find_property
 
-from . import key as ckey
+from mqstore import message_keys as ckey
 from .offset_map import OffsetMap, digest
 from .policy import CompactionConfig, tombstone_expired
 from .qlog import Entries, QueueLog

@@ -171,7 +171,7 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
-PROPERTY_DELETE = "DELETE"  # "true" on a COMPACTION topic: a tombstone (mqstore.compaction.key)
+PROPERTY_DELETE = "DELETE"  # "true" on a COMPACTION topic: a tombstone (mqstore.message_keys)
 
 
 def body_crc(body: bytes) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mqstore import codec, javahash
 from mqstore.config import StoreConfig
-from mqstore.compaction.key import compaction_queue, message_key
+from mqstore.message_keys import compaction_queue, message_key
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord

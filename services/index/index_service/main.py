@@ -34,14 +34,15 @@ from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from .config import IndexConfig
-from .follower import FollowerConfig, index_follower
-from .lookup import IndexQueries, LookupConfig
-from .maintenance import IndexMaintainer
+from mqstore.index.config import IndexConfig
+from mqstore.index.follower import FollowerConfig, index_follower
+from mqstore.index.lookup import IndexQueries, LookupConfig
+from mqstore.index.maintenance import IndexMaintainer
+from mqstore.index.store import IndexStore
+from mqstore.index.tier import open_tier
+from mqstore.index.upkeep import IndexUpkeep
+
 from .servicer import SERVICE_NAME, IndexServicer, add_to_server
-from .store import IndexStore
-from .tier import open_tier
-from .upkeep import IndexUpkeep
 
 DEFAULT_PORT = 50052
 DEFAULT_COMMITLOG = "127.0.0.1:50051"

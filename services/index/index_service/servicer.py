@@ -11,7 +11,7 @@ import grpc
 from mqstore_rpc.convert import stored_message
 from mqstore_rpc.gen.mqstore.v1 import index_pb2, index_pb2_grpc
 
-from .lookup import IndexQueries, Page, ServiceStats
+from mqstore.index.lookup import IndexQueries, Page, ServiceStats
 
 SERVICE_NAME = index_pb2.DESCRIPTOR.services_by_name["Index"].full_name
 

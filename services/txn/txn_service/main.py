@@ -33,17 +33,18 @@ from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from .appender import AppendBatcher
-from .audit import AuditTrail
-from .cache import HalfCache
-from .checkback import Checker, CheckHub
-from .config import TxnConfig
-from .coordinator import Coordinator
-from .opbatch import OpBatcher
-from .operations import Operations
-from .persist import Checkpointer
+from mqstore.txn.appender import AppendBatcher
+from mqstore.meta.txn_audit import AuditTrail
+from mqstore.txn.cache import HalfCache
+from mqstore.txn.checkback import Checker, CheckHub
+from mqstore.txn.config import TxnConfig
+from mqstore.txn.coordinator import Coordinator
+from mqstore.txn.opbatch import OpBatcher
+from mqstore.txn.operations import Operations
+from mqstore.txn.persist import Checkpointer
+from mqstore.txn.table import TxnTable
+
 from .servicer import SERVICE_NAME, TransactionServicer, add_to_server
-from .table import TxnTable
 
 DEFAULT_PORT = 50053
 DEFAULT_COMMITLOG = "127.0.0.1:50051"

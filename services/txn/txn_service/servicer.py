@@ -19,9 +19,9 @@ from mqstore import topics as topic_rules
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
-from .checkback import Check, CheckHub, CheckSession, Checker
-from .coordinator import Coordinator, Ended
-from .operations import Operations, TxnView, answer_check
+from mqstore.txn.checkback import Check, CheckHub, CheckSession, Checker
+from mqstore.txn.coordinator import Coordinator, Ended
+from mqstore.txn.operations import Operations, TxnView, answer_check
 
 log = structlog.get_logger("txn_service.servicer")
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name

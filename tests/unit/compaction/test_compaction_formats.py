@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from mqstore.compaction import key as ckey
+from mqstore import message_keys as ckey
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.format import compaction_segment as cseg, record, record_reader, sparse_queue

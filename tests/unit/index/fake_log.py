@@ -1,4 +1,4 @@
-"""An in-memory commit log behind index_service.ports.CommitLogReader (so a mqstore.follow.TailSource
+"""An in-memory commit log behind mqstore.index.ports.CommitLogReader (so a mqstore.follow.TailSource
 too), for unit tests of the follower, the upkeep thread and the lookup without sockets. It holds real V1
 record bytes (mqstore.format.record) and can be told to fail: a stream that breaks after some frames, a
 head deleted by retention, damaged record bytes.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import pathlib
 
-from index_service.config import IndexConfig
-from index_service.records import IndexRecord
+from mqstore.index.config import IndexConfig
+from mqstore.index.records import IndexRecord
 
 from tests.support.hashkeys import key_with_min_hash, seeded_random  # noqa: F401 (re-exported)
 

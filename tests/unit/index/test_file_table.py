@@ -1,4 +1,4 @@
-"""FileTable (index_service.table): the index's files and quarantined ranges behind public methods, as
+"""FileTable (mqstore.index.table): the index's files and quarantined ranges behind public methods, as
 IndexStore.files() hands it to the lifecycle and query modules."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from index_service import files as F
-from index_service.table import FileTable
+from mqstore.index import files as F
+from mqstore.index.table import FileTable
 from mqstore.errors import InvariantViolation, NotFound
 
 

@@ -8,11 +8,11 @@ import time
 
 import pytest
 from fake_log import FakeLog
-from index_service.decode import BadFrame, index_records
-from index_service.follower import FollowerConfig, index_follower
-from index_service.records import IndexRecord
-from index_service.store import IndexStore
-from index_service.upkeep import IndexUpkeep
+from mqstore.index.decode import BadFrame, index_records
+from mqstore.index.follower import FollowerConfig, index_follower
+from mqstore.index.records import IndexRecord
+from mqstore.index.store import IndexStore
+from mqstore.index.upkeep import IndexUpkeep
 from index_testing import seeded_random, tiny_config
 from mqstore.background import Backoff
 from mqstore.errors import InvalidArgument

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 from fake_log import FakeLog
-from index_service.decode import decode_frame
-from index_service.follower import index_follower
-from index_service.store import IndexStore
+from mqstore.index.decode import decode_frame
+from mqstore.index.follower import index_follower
+from mqstore.index.store import IndexStore
 from index_testing import tiny_config
 from mqstore.format import record
 from mqstore.model import TAIL_EARLIEST, MessageIn

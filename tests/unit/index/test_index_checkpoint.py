@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from index_service import checkpoint as ckpt
+from mqstore.index import checkpoint as ckpt
 from mqstore.errors import DataLoss
 
 

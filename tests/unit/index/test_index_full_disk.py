@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from index_testing import BASE_MS, all_pages, record, tiny_config
-from index_service.store import IndexStore
+from mqstore.index.store import IndexStore
 from mqstore.clock import FakeClock
 from mqstore.errors import ResourceExhausted
 from tests.support.tmpfs import mounted_tmpfs

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from index_testing import BASE_MS, GOLDEN_DIR, REGENERATE
-from index_service import checkpoint as ckpt
+from mqstore.index import checkpoint as ckpt
 from mqstore.format import compact_index as CI
 from mqstore.format import index_file as IF
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from index_testing import BASE_MS, Model, all_pages, record, tiny_config
-from index_service import checkpoint as ckpt
-from index_service import files as F
-from index_service.query import RangeNotIndexed
-from index_service.store import IndexStore
-from index_service.tier import DirectoryTier
+from mqstore.index import checkpoint as ckpt
+from mqstore.index import files as F
+from mqstore.index.query import RangeNotIndexed
+from mqstore.index.store import IndexStore
+from mqstore.index.tier import DirectoryTier
 from mqstore import failpoints
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition

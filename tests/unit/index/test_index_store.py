@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from index_testing import BASE_MS, Model, all_pages, min_hash_key_for_topic, record, tiny_config
-from index_service import checkpoint as ckpt
-from index_service.store import IndexStore
+from mqstore.index import checkpoint as ckpt
+from mqstore.index.store import IndexStore
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format.index_file import HEADER_SIZE, SLOT_SIZE, IndexFile
@@ -248,9 +248,9 @@ def test_closed_store_refuses(open_store):
 def test_uniq_keys_sharing_a_prefix_are_found_across_topics(tmp_path):
     # UNIQ_KEYs of one batch differ only in the last four characters; the writer reuses the hash state
     # of the shared part. Every key must still be found under its own topic.
-    from index_service.config import IndexConfig
-    from index_service.records import IndexRecord
-    from index_service.store import IndexStore
+    from mqstore.index.config import IndexConfig
+    from mqstore.index.records import IndexRecord
+    from mqstore.index.store import IndexStore
 
     store = IndexStore(IndexConfig(data_dir=tmp_path, slot_count=64, entry_count=1024))
     store.start()

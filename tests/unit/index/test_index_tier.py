@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from index_testing import BASE_MS, Model, all_pages, record, tiny_config
-from index_service.maintenance import IndexMaintainer
-from index_service.store import IndexStore
-from index_service.tier import DirectoryTier, FsspecTier
+from mqstore.index.maintenance import IndexMaintainer
+from mqstore.index.store import IndexStore
+from mqstore.index.tier import DirectoryTier, FsspecTier
 from mqstore.clock import FakeClock
 from mqstore.errors import NotFound
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 from fake_log import BASE_MS, FakeLog
-from index_service import paging
-from index_service.decode import index_records
-from index_service.lookup import IndexQueries, LookupConfig
-from index_service.store import IndexStore
-from index_service.upkeep import UpkeepState
+from mqstore.index import paging
+from mqstore.index.decode import index_records
+from mqstore.index.lookup import IndexQueries, LookupConfig
+from mqstore.index.store import IndexStore
+from mqstore.index.upkeep import UpkeepState
 from index_testing import seeded_random, tiny_config
 from mqstore.errors import InvalidArgument, NotFound
 from mqstore.follow import FollowerState

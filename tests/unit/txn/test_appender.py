@@ -11,7 +11,7 @@ import pytest
 from mqstore.errors import InvalidArgument
 from mqstore.model import AppendResult, MessageIn
 from tests.support.waiting import wait_until
-from txn_service.appender import AppendBatcher
+from mqstore.txn.appender import AppendBatcher
 
 
 class Log:

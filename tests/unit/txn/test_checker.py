@@ -9,9 +9,9 @@ import pathlib
 from mqstore.clock import FakeClock
 from mqstore.errors import DataLoss
 from mqstore.model import TailFrame
-from txn_service.checkback import Checker, CheckHub
-from txn_service.config import TxnConfig
-from txn_service.table import OPEN, PARKED, Half, TxnTable
+from mqstore.txn.checkback import Checker, CheckHub
+from mqstore.txn.config import TxnConfig
+from mqstore.txn.table import OPEN, PARKED, Half, TxnTable
 
 T0 = 1_700_000_000_000
 

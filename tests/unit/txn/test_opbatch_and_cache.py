@@ -7,8 +7,8 @@ import pytest
 
 from mqstore.clock import FakeClock
 from mqstore.errors import Unavailable
-from txn_service.cache import HalfCache
-from txn_service.opbatch import OpBatcher, parse_body
+from mqstore.txn.cache import HalfCache
+from mqstore.txn.opbatch import OpBatcher, parse_body
 
 
 class Log:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
 
-from .audit import AuditTrail
+from mqstore.meta.txn_audit import AuditTrail
 from .cache import HalfCache
 from .checkback import Checker, CheckHub
 from .config import TxnConfig

@@ -34,7 +34,7 @@ from mqstore.model import TailFrame
 
 from .opbatch import parse_body
 
-log = structlog.get_logger("txn_service.table")
+log = structlog.get_logger("mqstore.txn.table")
 
 OPEN, COMMITTED, ROLLED_BACK, PARKED = "OPEN", "COMMITTED", "ROLLED_BACK", "PARKED"
 STATES = (OPEN, COMMITTED, ROLLED_BACK, PARKED)

@@ -43,7 +43,7 @@ from mqstore.model import MessageIn, StoredMessage
 from .config import TxnConfig
 from .table import OPEN, PARKED, Txn, TxnTable
 
-log = structlog.get_logger("txn_service.checkback")
+log = structlog.get_logger("mqstore.txn.checkback")
 COMMIT, ROLLBACK, UNKNOWN = "COMMIT", "ROLLBACK", "UNKNOWN"
 OUTBOX_LIMIT = 10_000  # checks queued on one stream; beyond it the stream is too slow: not sent, not counted
 

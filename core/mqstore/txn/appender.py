@@ -24,7 +24,7 @@ import structlog
 from mqstore.errors import InvalidArgument, MqStoreError, Unavailable
 from mqstore.model import AppendResult, MessageIn
 
-log = structlog.get_logger("txn_service.appender")
+log = structlog.get_logger("mqstore.txn.appender")
 AppendFn = Callable[[str, Sequence[MessageIn]], list[AppendResult]]
 
 

@@ -29,7 +29,7 @@ from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import Unavailable
 
-log = structlog.get_logger("txn_service.opbatch")
+log = structlog.get_logger("mqstore.txn.opbatch")
 
 REASON_SIZE, REASON_TIME, REASON_OTHER = "size", "time", "other"
 

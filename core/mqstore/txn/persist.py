@@ -14,7 +14,7 @@ from mqstore.clock import Clock
 from . import snapshot
 from .table import TxnTable
 
-log = structlog.get_logger("txn_service.persist")
+log = structlog.get_logger("mqstore.txn.persist")
 
 
 class Checkpointer(Duty):

@@ -35,7 +35,7 @@ from .cache import HalfCache
 from .config import TxnConfig
 from .table import COMMITTED, PARKED, ROLLED_BACK, Half, Txn, TxnTable
 
-log = structlog.get_logger("txn_service.coordinator")
+log = structlog.get_logger("mqstore.txn.coordinator")
 _TXN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 TOPIC_INFO_TTL_S = 5.0      # queue counts may grow: topic facts are asked again after this
 MAX_MESSAGES = 1000
