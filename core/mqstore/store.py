@@ -127,7 +127,8 @@ class MessageStore:
         cp = self._read_checkpoint()
         cq_root_existed = cfg.consumequeue_dir.is_dir()
         self.topics.open(MetadataStore(cfg.metadata_url_resolved, self.clock))
-        self.segments.load()
+        # Trailing segments past the flushed offset that a power cut left empty are removed (segment.py).
+        self.segments.load(empty_tail_from=cp.flushed_physical_offset if cp else None)
         start = cp.flushed_physical_offset if cp else self.segments.min_offset
         check_from = check_start(self.segments, cp.flushed_physical_offset if cp else None, cfg.recheck_segments,
                                  cfg.check_all)

@@ -11,6 +11,11 @@ a full disk that write kills the process with SIGBUS. So segments are allocated 
 (posix_fallocate) before they are mapped: a full disk fails the creation with ResourceExhausted, and
 the caller refuses the write that needed the file. ``preallocate=False`` (sparse files) is only for
 commit log tests on a disk that cannot fill up.
+
+What a power cut leaves of a segment whose creation was not durable yet is a trailing segment of size
+0, cut short, or holding only zeros. :meth:`SegmentQueue.load` removes every such trailing segment that
+starts at or after the offset the caller names (the commit log: the checkpoint's flushed offset),
+logging each, and never one below it: a file below it that is cut short refuses the start.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Callable
 
 import structlog
 
-from mqstore import failpoints
+from mqstore import failpoints, fs
 from mqstore.disk_space import is_no_space
 from mqstore.errors import FailedPrecondition, OutOfRange, ResourceExhausted
 from mqstore.format import segment_name
@@ -44,6 +49,34 @@ log = structlog.get_logger()
 # blank records) stay on the mapping, where a system call costs more than the copy.
 _PWRITE_MIN_BYTES = 4096
 PAGE_SIZE = mmap.PAGESIZE
+_SCAN_CHUNK_BYTES = 1 << 20
+
+
+def holds_nonzero_bytes(path: pathlib.Path) -> bool:
+    """Whether the file holds a byte that is not zero. Only ranges the file system reports as data
+    (SEEK_DATA) are read, so a preallocated, never-written segment costs no reading."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        position = 0
+        while position < size:
+            try:
+                position = os.lseek(fd, position, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # no data at or after position
+                    return False
+                raise
+            end = min(os.lseek(fd, position, os.SEEK_HOLE), size)
+            while position < end:
+                chunk = os.pread(fd, min(_SCAN_CHUNK_BYTES, end - position), position)
+                if not chunk:
+                    return False  # cut shorter while reading
+                if chunk.count(0) != len(chunk):
+                    return True
+                position += len(chunk)
+        return False
+    finally:
+        os.close(fd)
 
 
 class SegmentClosed(OutOfRange):
@@ -201,7 +234,11 @@ class SegmentQueue:
         self.lock = threading.Lock()
         self.segments: tuple[Segment, ...] = ()
 
-    def load(self) -> None:
+    def load(self, empty_tail_from: int | None = None) -> None:
+        """Open the segments of the directory. Trailing segments that start at or after
+        ``empty_tail_from`` and are empty (size 0, cut short, or only zeros: what a power cut leaves of
+        a creation that was not durable) are removed first, each logged; None: any trailing segment
+        but the first (without a flushed offset, the first keeps the start)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         names = []
         for path in self.directory.iterdir():
@@ -210,10 +247,8 @@ class SegmentQueue:
             except ValueError:
                 continue  # temp files, .broken copies
         names.sort()
-        if names and names[-1][1].stat().st_size == 0:
-            log.warning("segment.empty_removed", path=str(names[-1][1]))
-            names[-1][1].unlink()
-            names.pop()
+        if names:
+            self._remove_empty_tail(names, names[0][0] + 1 if empty_tail_from is None else empty_tail_from)
         segments = []
         try:
             for _, path in names:
@@ -228,6 +263,25 @@ class SegmentQueue:
                     f"segment gap in {self.directory}: {prev.path.name} ends at {prev.end} but the next "
                     f"file is {cur.path.name}; a segment is missing")
         self.segments = tuple(segments)
+
+    def _remove_empty_tail(self, names: list[tuple[int, pathlib.Path]], removable_from: int) -> None:
+        """Pop and delete from ``names`` (sorted) the trailing empty files starting at or after
+        ``removable_from``. The first file that is whole and holds data ends it."""
+        removed = False
+        while names and names[-1][0] >= removable_from:
+            start, path = names[-1]
+            size = path.stat().st_size
+            holds_data = holds_nonzero_bytes(path)
+            if size >= self.segment_size and holds_data:
+                break  # holds data (a file grown past the segment size is refused by Segment.open)
+            # Short with data: written past removable_from (the flushed offset), never confirmed durable.
+            log.warning("segment.empty_removed", path=str(path), start=start, size_bytes=size,
+                        unflushed_data=holds_data, why="created but never made durable before a crash")
+            path.unlink()
+            names.pop()
+            removed = True
+        if removed:  # a removal undone by a power cut would only be redone, but keep the two in step
+            fs.fsync_dir(self.directory)
 
     @property
     def min_offset(self) -> int:

@@ -42,7 +42,7 @@ class ConsumeQueue:
 
     # ---- load / recover
     def load(self) -> None:
-        self.files.load()
+        self.files.load(empty_tail_from=0)  # derived: any empty trailing file goes, replay refills it
         segs = self.files.segments
         while segs and self._valid_prefix(segs[-1]) == 0:
             log.info("consumequeue.empty_file_removed", topic=self.topic, queue_id=self.queue_id,
