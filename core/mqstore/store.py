@@ -108,7 +108,7 @@ class MessageStore:
         return self.config.data_dir / "checkpoint"
 
     def start(self) -> None:
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(self.config.data_dir)  # the creation rule (mqstore.fs)
         self._take_lock()
         try:
             self._start_locked()

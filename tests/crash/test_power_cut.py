@@ -10,13 +10,17 @@ offset, and never one that holds flushed data.
 from __future__ import annotations
 
 import os
+import random
+import threading
 
 import pytest
 from structlog.testing import capture_logs
 
 from mqstore.errors import FailedPrecondition
-from mqstore.model import MessageIn
+from mqstore.model import DURABILITY_FLUSHED, MessageIn
 from mqstore.store import MessageStore
+from tests.support import powercut
+from tests.support.waiting import WAIT_S, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -132,5 +136,119 @@ def test_consume_queue_files_left_empty_are_removed_and_rebuilt(small_config):
     store.start()
     try:
         _check_all_there(store, acked)
+    finally:
+        store.stop()
+
+
+# ---- creating a segment is durable, and off the append path ---------------------------------------------
+
+def test_the_warmer_creates_the_next_segment_durably_without_holding_appends(small_config, monkeypatch):
+    # The warmer makes the next segment (fallocate, then two fsyncs) while appends into the current
+    # one go on; an append that needs the new segment waits for it and then uses it.
+    config = small_config(warm_ahead_bytes=8 * 1024, flush_mode="SYNC")
+    size = config.segment_size_bytes
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+    real_fallocate = os.posix_fallocate
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def slow_fallocate(fd, offset, length):
+        if hold.is_set() and threading.current_thread().name == "commitlog-warmer":
+            held.set()
+            release.wait(3 * WAIT_S)  # longer than the test waits for the append below
+        real_fallocate(fd, offset, length)
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "posix_fallocate", slow_fallocate)
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store = MessageStore(config)
+    store.start()
+    appender = None
+    try:
+        store.create_topic("t", 2)
+        # Below half the segment the warmer's window (8 KiB ahead) stays inside this segment.
+        while store.commitlog.written_offset < size // 2 - 1024:
+            store.append("t", [MessageIn(body=b"a" * 400, queue_id=0)])
+        hold.set()
+        appended = threading.Event()
+
+        def appends():  # all into the current segment
+            while store.commitlog.written_offset < size // 2 + 512:  # the warmer's window reaches the next one
+                store.append("t", [MessageIn(body=b"b" * 400, queue_id=0)])
+            if held.wait(WAIT_S):
+                store.append("t", [MessageIn(body=b"c" * 400, queue_id=1)])
+                appended.set()
+
+        appender = threading.Thread(target=appends)
+        appender.start()
+        wait_until(held.is_set, "the warmer creating the next segment")
+        assert appended.wait(WAIT_S), "appends into the current segment waited for the next one's creation"
+        release.set()
+        appender.join(WAIT_S)
+        assert not appender.is_alive()
+        while store.commitlog.written_offset < size + 512:  # rolls into the segment the warmer made
+            store.append("t", [MessageIn(body=b"d" * 400, queue_id=0)])
+        second = config.commitlog_dir / f"{size:020d}"
+        assert str(second) in synced and str(config.commitlog_dir) in synced  # the file, then its directory
+        assert synced.index(str(config.commitlog_dir), synced.index(str(second))) > synced.index(str(second))
+    finally:
+        release.set()
+        if appender is not None:
+            appender.join(3 * WAIT_S)
+        store.stop()
+
+
+# ---- a power cut after a random workload (tests/support/powercut.py) ---------------------------------------
+
+def _random_workload(store, rng: random.Random, batches: int) -> list:
+    """Random batches into two topics (the second made halfway, so its queue directories are new);
+    returns every append result."""
+    results = []
+    for b in range(batches):
+        if b == batches // 2:
+            store.create_topic("u", 3)
+        topic = "u" if b > batches // 2 and rng.random() < 0.5 else "t"
+        count = rng.randint(1, 6)
+        batch = [MessageIn(body=bytes([rng.randrange(256)]) * rng.randint(50, 1500), queue_id=rng.randrange(2))
+                 for _ in range(count)]
+        results += [(topic, r, m.body) for r, m in zip(store.append(topic, batch), batch, strict=True)]
+    return results
+
+
+@pytest.mark.parametrize("flush_mode", ["ASYNC", "SYNC"])
+@pytest.mark.parametrize("mode", [powercut.ENTRIES, powercut.SIZES])
+def test_a_power_cut_keeps_every_flushed_message_and_the_store_starts(small_config, flush_mode, mode):
+    seed = random.randrange(1 << 32)
+    print(f"seed {seed}")  # rerun a failure with this seed
+    rng = random.Random(seed)
+    config = small_config(flush_mode=flush_mode, flush_min_dirty_pages=0, warm_ahead_bytes=16 * 1024,
+                          cq_entries_per_file=16)
+    with powercut.PowerCut(mode) as power:
+        store = MessageStore(config)
+        store.start()
+        store.create_topic("t", 2)
+        results = _random_workload(store, rng, batches=rng.randint(40, 80))
+        store.halt()
+        print("\n".join(power.cut()))
+    store = MessageStore(config)
+    store.start()
+    try:
+        end = store.commitlog.written_offset
+        for topic in ("t", "u"):
+            for queue_id in (0, 1):
+                got = store.pull(topic, queue_id, 0, 10_000, 8 << 20).messages
+                sent = [(r, body) for t, r, body in results if t == topic and r.queue_id == queue_id]
+                assert [m.record.queue_offset for m in got] == list(range(len(got)))
+                assert [(m.record.physical_offset, m.record.body) for m in got] == \
+                    [(r.physical_offset, body) for r, body in sent[:len(got)]]
+                # A message acknowledged as flushed is kept, and so is every message before it.
+                flushed = [i for i, (r, _) in enumerate(sent) if r.durability == DURABILITY_FLUSHED]
+                assert len(got) > max(flushed, default=-1), f"{topic}/{queue_id}: a flushed message is lost"
+                lost = [r.physical_offset for r, _ in sent[len(got):] if r.physical_offset + r.size_bytes <= end]
+                assert not lost, f"{topic}/{queue_id}: messages the log still holds are missing: {lost}"
+        store.append("t", [MessageIn(body=b"after the cut", queue_id=0)])
     finally:
         store.stop()

@@ -12,10 +12,17 @@ a full disk that write kills the process with SIGBUS. So segments are allocated 
 the caller refuses the write that needed the file. ``preallocate=False`` (sparse files) is only for
 commit log tests on a disk that cannot fill up.
 
-What a power cut leaves of a segment whose creation was not durable yet is a trailing segment of size
-0, cut short, or holding only zeros. :meth:`SegmentQueue.load` removes every such trailing segment that
-starts at or after the offset the caller names (the commit log: the checkpoint's flushed offset),
-logging each, and never one below it: a file below it that is cut short refuses the start.
+Creation follows the creation rule of mqstore.fs. A commit log segment is made durable as it is created
+(its size fsynced, then its directory), before any record is copied into it: otherwise a power cut
+could drop the file, or leave it empty, under records an fsync had confirmed. The segment warmer
+creates the next segment ahead of the writer, so this happens off the append path. Consume queue files
+are derived: their creation is made durable by the checkpoint that first counts on them
+(``durable_create=False`` and :meth:`SegmentQueue.sync_created`), not on the append path.
+
+What a power cut leaves of a creation that was not durable yet is a trailing segment of size 0, cut
+short, or holding only zeros. :meth:`SegmentQueue.load` removes every such trailing segment that starts
+at or after the offset the caller names (the commit log: the checkpoint's flushed offset), logging
+each, and never one below it: a file below it that is cut short refuses the start.
 """
 
 from __future__ import annotations
@@ -97,7 +104,10 @@ class Segment:
         self._mm = mm
 
     @classmethod
-    def create(cls, directory: pathlib.Path, start: int, size: int, *, preallocate: bool) -> "Segment":
+    def create(cls, directory: pathlib.Path, start: int, size: int, *, preallocate: bool,
+               durable: bool) -> "Segment":
+        """A new segment; ``durable``: its creation is made durable before it is returned (the creation
+        rule of mqstore.fs; otherwise the owner does it later, see the module docstring)."""
         path = directory / segment_name.name_for(start)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -106,6 +116,8 @@ class Segment:
                 os.posix_fallocate(fd, 0, size)
             else:
                 os.ftruncate(fd, size)
+            if durable:
+                fs.sync_created(fd, path)  # the creation rule (mqstore.fs): size, then directory entry
             failpoints.hit("segment.after_create")
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
@@ -221,25 +233,30 @@ class Segment:
 class SegmentQueue:
     """The ordered segments of one directory (RocketMQ's MappedFileQueue).
 
-    Thread-safety: roll, delete and truncate take ``self.lock``; lookups read ``self.segments``, a
-    tuple replaced atomically, so readers never lock.
+    ``durable_create``: each new segment's creation is made durable as it is created; without it the
+    owner calls :meth:`sync_created` before it counts on the new files (see the module docstring).
+
+    Thread-safety: creating (with its fsyncs), deleting and truncating take ``self.lock``; lookups read
+    ``self.segments``, a tuple replaced atomically, so readers never lock.
     """
 
     def __init__(self, directory: pathlib.Path, segment_size_bytes: int, *, preallocate: bool,
-                 wrong_size_advice: str = ""):
+                 wrong_size_advice: str = "", durable_create: bool = True):
         self.directory = directory
         self.segment_size = segment_size_bytes
         self.preallocate = preallocate
+        self.durable_create = durable_create
         self.wrong_size_advice = wrong_size_advice  # what to do about a file of another size (load)
         self.lock = threading.Lock()
         self.segments: tuple[Segment, ...] = ()
+        self._created_unsynced = False  # a file was created whose directory entry is not durable yet
 
     def load(self, empty_tail_from: int | None = None) -> None:
-        """Open the segments of the directory. Trailing segments that start at or after
-        ``empty_tail_from`` and are empty (size 0, cut short, or only zeros: what a power cut leaves of
-        a creation that was not durable) are removed first, each logged; None: any trailing segment
-        but the first (without a flushed offset, the first keeps the start)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Open the segments of the directory (created durably if missing). Trailing segments that
+        start at or after ``empty_tail_from`` and are empty (size 0, cut short, or only zeros: what a
+        power cut leaves of a creation that was not durable) are removed first, each logged; None:
+        any trailing segment but the first (without a flushed offset, the first keeps the start)."""
+        fs.make_dirs(self.directory)  # the creation rule (mqstore.fs)
         names = []
         for path in self.directory.iterdir():
             try:
@@ -307,14 +324,12 @@ class SegmentQueue:
             last = self.last()
             if last is not None and start != last.end:
                 raise FailedPrecondition(f"new segment at {start} does not follow {last.path.name}")
-            seg = Segment.create(self.directory, start, self.segment_size, preallocate=self.preallocate)
-            self.segments = self.segments + (seg,)
-        log.info("segment.created", path=str(seg.path), start=start)
-        return seg
+            return self._create_locked(start)
 
     def ensure(self, end: int, first_start: int) -> None:
         """Create segments until they cover every byte below ``end``; the first one (when there is
-        none) starts at ``first_start``. Idempotent: several threads may ask for the same range."""
+        none) starts at ``first_start``. Idempotent: several threads may ask for the same range, and a
+        caller that needs a segment another thread is creating waits for it on ``self.lock``."""
         last = self.last()
         if last is not None and last.end >= end:
             return
@@ -322,10 +337,24 @@ class SegmentQueue:
             last = self.last()
             next_start = last.end if last is not None else first_start
             while next_start < end:
-                seg = Segment.create(self.directory, next_start, self.segment_size, preallocate=self.preallocate)
-                self.segments = self.segments + (seg,)
-                log.info("segment.created", path=str(seg.path), start=next_start)
-                next_start = seg.end
+                next_start = self._create_locked(next_start).end
+
+    def _create_locked(self, start: int) -> Segment:
+        seg = Segment.create(self.directory, start, self.segment_size, preallocate=self.preallocate,
+                             durable=self.durable_create)
+        if not self.durable_create:
+            self._created_unsynced = True
+        self.segments = self.segments + (seg,)
+        log.info("segment.created", path=str(seg.path), start=start, durable=self.durable_create)
+        return seg
+
+    def sync_created(self) -> None:
+        """Make the directory entries of the files created since the last call durable (the creation
+        rule of mqstore.fs, for ``durable_create=False``). A file's size is made durable by the flush
+        of its first bytes; a file that never got any is an empty tail that load removes."""
+        if self._created_unsynced:
+            self._created_unsynced = False  # before the fsync: a file created meanwhile is covered or flagged
+            fs.fsync_dir(self.directory)
 
     def delete_first(self) -> Segment:
         with self.lock:
@@ -354,13 +383,17 @@ class SegmentQueue:
         return deleted
 
     def delete_from(self, offset: int) -> list[Segment]:
-        """Delete every segment starting at or after ``offset`` (truncation)."""
+        """Delete every segment starting at or after ``offset`` (truncation). The deletion is made
+        durable: later writes count on the files being gone (a file brought back by a power cut would
+        bring back entries or records that were cut)."""
         with self.lock:
             keep = tuple(s for s in self.segments if s.start < offset)
             gone = [s for s in self.segments if s.start >= offset]
             self.segments = keep
         for seg in gone:
             seg.delete()
+        if gone:
+            fs.fsync_dir(self.directory)
         return gone
 
     def close(self) -> None:
