@@ -179,6 +179,8 @@ class MessageStore:
         log.info("store.stopped", end_offset=self.commitlog.written_offset)
 
     def _take_lock(self) -> None:
+        # Not made durable (the creation rule of mqstore.fs): the lock is the flock, not the file's bytes;
+        # a lock file lost to a power cut is created again here.
         fd = os.open(self.config.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -229,7 +231,8 @@ class MessageStore:
         dispatched = self.dispatcher.dispatched_offset
         logics_ts = self.dispatcher.logics_msg_timestamp_ms
         for cq in list(self.queues.queues.values()):
-            cq.flush()
+            cq.flush()  # with the creation of its new files made durable: the manifest counts on them
+        self.queues.sync_created_dirs()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
                               logics_ts, self.clock.now_ms(), *self._checked)
         try:

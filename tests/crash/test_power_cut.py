@@ -16,8 +16,10 @@ import threading
 import pytest
 from structlog.testing import capture_logs
 
+from mqstore import fs
 from mqstore.errors import FailedPrecondition
 from mqstore.model import DURABILITY_FLUSHED, MessageIn
+from mqstore.queue.dispatch import Dispatcher
 from mqstore.store import MessageStore
 from tests.support import powercut
 from tests.support.waiting import WAIT_S, wait_until
@@ -250,5 +252,99 @@ def test_a_power_cut_keeps_every_flushed_message_and_the_store_starts(small_conf
                 lost = [r.physical_offset for r, _ in sent[len(got):] if r.physical_offset + r.size_bytes <= end]
                 assert not lost, f"{topic}/{queue_id}: messages the log still holds are missing: {lost}"
         store.append("t", [MessageIn(body=b"after the cut", queue_id=0)])
+    finally:
+        store.stop()
+
+
+# ---- consume queues: their creation is made durable by the checkpoint, off the append path ---------------
+
+@pytest.mark.parametrize("mode", [powercut.ENTRIES, powercut.SIZES])
+def test_consume_queue_files_a_checkpoint_counts_on_survive_a_power_cut(small_config, mode, monkeypatch):
+    # The manifest written with a checkpoint counts the entries of every queue; had a power cut lost
+    # the queue files (or directories) it counts on, start would rebuild those queues from the log.
+    config = small_config(checkpoint_interval_ms=600_000, warm_ahead_bytes=0, cq_entries_per_file=16)
+    with powercut.PowerCut(mode) as power:
+        store, acked = _filled(config, batches=12)
+        store.create_topic("u", 2)
+        acked_u = store.append("u", [MessageIn(body=b"u" * 700, queue_id=1) for _ in range(20)])
+        store.write_checkpoint()
+        store.halt()
+        power.cut()
+    replayed = []
+    real_replay = Dispatcher.replay
+    monkeypatch.setattr(Dispatcher, "replay", lambda *a, **kw: replayed.append(real_replay(*a, **kw)) or replayed[-1])
+    with capture_logs() as logs:
+        store = MessageStore(config)
+        store.start()
+    try:
+        assert not [e for e in logs if e["event"] == "consumequeue.rebuild"]
+        assert replayed == [0], "the checkpoint's consume queues were lost: start replayed the log into them"
+        _check_all_there(store, acked)
+        assert store.queue_info("u", 1).max_offset == len(acked_u)
+    finally:
+        store.stop()
+
+
+def test_creating_a_consume_queue_file_on_the_append_path_waits_for_no_fsync(small_config, monkeypatch):
+    config = small_config(checkpoint_interval_ms=600_000, warm_ahead_bytes=0, cq_entries_per_file=16)
+    store, _ = _filled(config, batches=1)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    try:
+        queue_dir = config.consumequeue_dir / "t" / "0"
+        before = sorted(queue_dir.iterdir())
+        while sorted(queue_dir.iterdir()) == before:  # until an append reserves the queue's next file
+            store.append("t", [MessageIn(body=b"n" * 100, queue_id=0)])
+        assert not [p for p in synced if p.startswith(str(config.consumequeue_dir / "t"))]  # file nor directory
+        store.write_checkpoint()  # makes the new file's entry durable, before the manifest counts on it
+        assert str(queue_dir) in synced
+        assert synced.index(str(queue_dir)) < synced.index(str(config.consumequeue_dir / "queues.manifest.tmp"))
+    finally:
+        store.stop()
+
+
+def test_consume_queue_files_cut_at_start_stay_deleted(small_config, monkeypatch):
+    # Entries cut at start (their records were past the log's end) must not come back after a power
+    # cut, below entries written later: the files deleted are gone durably before anything is written.
+    config = small_config(warm_ahead_bytes=0, cq_entries_per_file=8)
+    store, acked = _filled(config, batches=8)
+    store.halt()
+    log_dir = config.commitlog_dir
+    for path in sorted(p for p in log_dir.iterdir() if p.name.isdigit())[1:]:
+        os.truncate(path, 0)  # past the flushed offset (the start's checkpoint: 0): removed at start
+    os.remove(config.data_dir / "checkpoint")  # so that the start's own checkpoint counts
+    fsynced: list[str] = []
+    real_fsync_dir = fs.fsync_dir
+    monkeypatch.setattr(fs, "fsync_dir", lambda d: (fsynced.append(str(d)), real_fsync_dir(d)))
+    queue_dir = config.consumequeue_dir / "t" / "0"
+    files_before = sorted(queue_dir.iterdir())
+    store = MessageStore(config)
+    store.start()
+    try:
+        assert store.queue_info("t", 0).max_offset < 8 * (len(files_before) - 1)  # a whole file was cut
+        assert len(list(queue_dir.iterdir())) < len(files_before)
+        assert str(queue_dir) in fsynced
+    finally:
+        store.stop()
+
+
+def test_a_deleted_topics_queue_directories_stay_deleted(small_config, monkeypatch):
+    # Brought back by a power cut, they would serve their old entries to a topic created again under
+    # the same name.
+    config = small_config(warm_ahead_bytes=0)
+    store, _ = _filled(config, batches=2)
+    fsynced: list[str] = []
+    real_fsync_dir = fs.fsync_dir
+    monkeypatch.setattr(fs, "fsync_dir", lambda d: (fsynced.append(str(d)), real_fsync_dir(d)))
+    try:
+        store.delete_topic("t")
+        assert not (config.consumequeue_dir / "t" / "0").exists()
+        assert str(config.consumequeue_dir / "t") in fsynced
     finally:
         store.stop()
