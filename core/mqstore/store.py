@@ -230,13 +230,17 @@ class MessageStore:
     def _write_checkpoint_locked(self) -> bool:
         dispatched = self.dispatcher.dispatched_offset
         logics_ts = self.dispatcher.logics_msg_timestamp_ms
+        # Taken before the flushes: it counts only entries they make durable (entries dispatched
+        # meanwhile are not flushed here, and a manifest counting them could come back from a power cut
+        # longer than its queues, which start would then rebuild from the log's start).
+        manifest = self.dispatcher.manifest()
         for cq in list(self.queues.queues.values()):
             cq.flush()  # with the creation of its new files made durable: the manifest counts on them
         self.queues.sync_created_dirs()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
                               logics_ts, self.clock.now_ms(), *self._checked)
         try:
-            fs.replace_file(self.manifest_path, self.dispatcher.manifest())
+            fs.replace_file(self.manifest_path, manifest)
             fs.replace_file(self.checkpoint_path, cpfmt.encode(cp),
                             before_rename=lambda: failpoints.hit("checkpoint.before_rename"))
         except OSError as exc:

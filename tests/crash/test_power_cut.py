@@ -9,6 +9,7 @@ offset, and never one that holds flushed data.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -19,6 +20,7 @@ from structlog.testing import capture_logs
 from mqstore import fs
 from mqstore.errors import FailedPrecondition
 from mqstore.model import DURABILITY_FLUSHED, MessageIn
+from mqstore.queue.consume_queue import ConsumeQueue
 from mqstore.queue.dispatch import Dispatcher
 from mqstore.store import MessageStore
 from tests.support import powercut
@@ -346,5 +348,28 @@ def test_a_deleted_topics_queue_directories_stay_deleted(small_config, monkeypat
         store.delete_topic("t")
         assert not (config.consumequeue_dir / "t" / "0").exists()
         assert str(config.consumequeue_dir / "t") in fsynced
+    finally:
+        store.stop()
+
+
+def test_the_manifest_counts_only_entries_its_checkpoint_made_durable(small_config, monkeypatch):
+    # Entries dispatched while a checkpoint flushes the queues are not flushed by it: the manifest
+    # written with it must not count them.
+    config = small_config(checkpoint_interval_ms=600_000, warm_ahead_bytes=0)
+    store, _ = _filled(config, batches=2)
+    real_flush = ConsumeQueue.flush
+    during: list[int] = []
+
+    def flush_then_append(cq):
+        real_flush(cq)
+        if cq.topic == "t" and cq.queue_id == 0 and not during:
+            during.append(store.append("t", [MessageIn(body=b"late", queue_id=0)])[0].queue_offset)
+
+    monkeypatch.setattr(ConsumeQueue, "flush", flush_then_append)
+    try:
+        store.write_checkpoint()
+        assert during, "an entry was dispatched during the checkpoint's flushes"
+        counted = {(t, q): n for t, q, n in json.loads(store.manifest_path.read_bytes())["queues"]}
+        assert counted[("t", 0)] <= store.queues.get("t", 0).flushed_offset == during[0]
     finally:
         store.stop()
