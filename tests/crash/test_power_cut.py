@@ -9,6 +9,7 @@ offset, and never one that holds flushed data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -19,6 +20,7 @@ from structlog.testing import capture_logs
 
 from mqstore import fs
 from mqstore.errors import FailedPrecondition
+from mqstore.format import checkpoint as cpfmt
 from mqstore.model import DURABILITY_FLUSHED, MessageIn
 from mqstore.queue.consume_queue import ConsumeQueue
 from mqstore.queue.dispatch import Dispatcher
@@ -373,3 +375,37 @@ def test_the_manifest_counts_only_entries_its_checkpoint_made_durable(small_conf
         assert counted[("t", 0)] <= store.queues.get("t", 0).flushed_offset == during[0]
     finally:
         store.stop()
+
+
+def test_a_commit_log_that_lost_every_segment_refuses_the_start(small_config):
+    config = small_config(warm_ahead_bytes=0)
+    store, _ = _filled(config)
+    store.stop()
+    for path in _segment_files(config):
+        path.unlink()  # e.g. their creation was never made durable (before segments were fsynced)
+    with pytest.raises(FailedPrecondition, match="holds no segment file"):
+        MessageStore(config).start()
+
+
+def test_an_empty_log_keeps_its_position_across_restarts(small_config):
+    # Retention removed every segment with data; the last one, made ahead, holds only zeros. Start keeps
+    # it (it holds the log's position), and the next start finds the log where it was.
+    config = small_config(warm_ahead_bytes=0)
+    store, acked = _filled(config)
+    store.stop()
+    size = config.segment_size_bytes
+    end = acked[-1].physical_offset + acked[-1].size_bytes
+    for path in _segment_files(config):
+        path.unlink()
+    _leave(config.commitlog_dir / f"{end - end % size + size:020d}", _ZEROS, size)
+    cp = cpfmt.decode((config.data_dir / "checkpoint").read_bytes())
+    (config.data_dir / "checkpoint").write_bytes(cpfmt.encode(dataclasses.replace(
+        cp, flushed_physical_offset=end - end % size + size, dispatched_physical_offset=end - end % size + size)))
+    for _ in range(2):
+        store = MessageStore(config)
+        store.start()
+        try:
+            assert [p.name for p in _segment_files(config)] == [f"{end - end % size + size:020d}"]
+            assert store.commitlog.written_offset == end - end % size + size
+        finally:
+            store.stop()

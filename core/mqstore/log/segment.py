@@ -283,14 +283,16 @@ class SegmentQueue:
 
     def _remove_empty_tail(self, names: list[tuple[int, pathlib.Path]], removable_from: int) -> None:
         """Pop and delete from ``names`` (sorted) the trailing empty files starting at or after
-        ``removable_from``. The first file that is whole and holds data ends it."""
+        ``removable_from``. A whole file that holds data ends it, and so does a whole first file: kept
+        even if empty, it holds the log's position, and a directory with no segment at all means that
+        files are missing (recovery refuses that when the checkpoint says data was flushed)."""
         removed = False
         while names and names[-1][0] >= removable_from:
             start, path = names[-1]
             size = path.stat().st_size
             holds_data = holds_nonzero_bytes(path)
-            if size >= self.segment_size and holds_data:
-                break  # holds data (a file grown past the segment size is refused by Segment.open)
+            if size >= self.segment_size and (holds_data or len(names) == 1):
+                break  # (a file grown past the segment size is refused by Segment.open)
             # Short with data: written past removable_from (the flushed offset), never confirmed durable.
             log.warning("segment.empty_removed", path=str(path), start=start, size_bytes=size,
                         unflushed_data=holds_data, why="created but never made durable before a crash")
