@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 from mqstore import fs
 from mqstore.errors import FailedPrecondition
 from mqstore.format import checkpoint as cpfmt
+from mqstore.log.repair import check as offline_check, repair as offline_repair
 from mqstore.model import DURABILITY_FLUSHED, MessageIn
 from mqstore.queue.consume_queue import ConsumeQueue
 from mqstore.queue.dispatch import Dispatcher
@@ -409,3 +410,30 @@ def test_an_empty_log_keeps_its_position_across_restarts(small_config):
             assert store.commitlog.written_offset == end - end % size + size
         finally:
             store.stop()
+
+
+# ---- the offline tools agree with the start ------------------------------------------------------------------
+
+def test_check_and_repair_treat_the_empty_tail_as_the_start_does(small_config):
+    config = small_config(warm_ahead_bytes=0)
+    store, acked = _filled(config)
+    store.stop()
+    size = config.segment_size_bytes
+    first_new = int(_segment_files(config)[-1].name) + size
+    tail = [config.commitlog_dir / f"{first_new + i * size:020d}" for i in range(3)]
+    for path, shape in zip(tail, (_ZERO, _SHORT, _ZEROS), strict=True):
+        _leave(path, shape, size)
+    report = offline_check(config.data_dir)
+    assert report.verdict == "ok" and report.will_start
+    assert ", ".join(p.name for p in tail) in report.detail
+    assert all(p.exists() for p in tail)  # check changes nothing
+    repaired = offline_repair(config.data_dir)
+    assert sorted(repaired.removed_empty_segments) == [str(p) for p in tail]
+    assert repaired.resized_segments == [] and not repaired.corrupt
+    assert not any(p.exists() for p in tail)
+    store = MessageStore(config)
+    store.start()
+    try:
+        _check_all_there(store, acked)
+    finally:
+        store.stop()

@@ -33,6 +33,7 @@ import mmap
 import os
 import pathlib
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 import structlog
@@ -84,6 +85,51 @@ def holds_nonzero_bytes(path: pathlib.Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def segment_paths(directory: pathlib.Path) -> list[pathlib.Path]:
+    """The segment files of ``directory`` in the order of their start offsets (other files, such as
+    temporary files and .broken copies, are left out)."""
+    names = []
+    for path in directory.iterdir():
+        try:
+            names.append((segment_name.parse(path.name), path))
+        except ValueError:
+            continue
+    return [path for _, path in sorted(names)]
+
+
+@dataclass(frozen=True)
+class EmptySegment:
+    path: pathlib.Path
+    start: int
+    size_bytes: int
+    holds_data: bool  # non-zero bytes in a file cut short (written, never flushed)
+
+
+def empty_tail(paths: list[pathlib.Path], segment_size: int, removable_from: int | None) -> list[EmptySegment]:
+    """The empty tail of the segment files ``paths`` (sorted), last first: the trailing files that start
+    at or after ``removable_from`` and are empty, that is of size 0, cut short or holding only zeros:
+    what a power cut leaves of a creation not yet durable. A whole file that holds data ends it, and
+    so does a whole first file: kept even if empty, it holds the log's position, so that a directory
+    with no segment at all means that files are missing (recovery refuses that when the checkpoint
+    says data was flushed). None: no flushed offset is known, the first file is never part of it."""
+    if not paths:
+        return []
+    first = segment_name.parse(paths[0].name)
+    bound = first + 1 if removable_from is None else removable_from
+    tail = []
+    for index in range(len(paths) - 1, -1, -1):
+        path = paths[index]
+        start = segment_name.parse(path.name)
+        if start < bound:
+            break
+        size = path.stat().st_size
+        holds_data = holds_nonzero_bytes(path)
+        if size >= segment_size and (holds_data or index == 0):
+            break  # (a file grown past the segment size is refused by Segment.open)
+        tail.append(EmptySegment(path, start, size, holds_data))
+    return tail
 
 
 class SegmentClosed(OutOfRange):
@@ -251,24 +297,24 @@ class SegmentQueue:
         self.segments: tuple[Segment, ...] = ()
         self._created_unsynced = False  # a file was created whose directory entry is not durable yet
 
-    def load(self, empty_tail_from: int | None = None) -> None:
-        """Open the segments of the directory (created durably if missing). Trailing segments that
-        start at or after ``empty_tail_from`` and are empty (size 0, cut short, or only zeros: what a
-        power cut leaves of a creation that was not durable) are removed first, each logged; None:
-        any trailing segment but the first (without a flushed offset, the first keeps the start)."""
+    def load(self, empty_tail_from: int | None = None, *, remove_empty_tail: bool = True) -> None:
+        """Open the segments of the directory (created durably if missing), but not the empty tail
+        (:func:`empty_tail`, from ``empty_tail_from``): its files are deleted, each logged, or with
+        ``remove_empty_tail=False`` (``mqstore check``, which changes nothing) left alone."""
         fs.make_dirs(self.directory)  # the creation rule (mqstore.fs)
-        names = []
-        for path in self.directory.iterdir():
-            try:
-                names.append((segment_name.parse(path.name), path))
-            except ValueError:
-                continue  # temp files, .broken copies
-        names.sort()
-        if names:
-            self._remove_empty_tail(names, names[0][0] + 1 if empty_tail_from is None else empty_tail_from)
+        paths = segment_paths(self.directory)
+        tail = empty_tail(paths, self.segment_size, empty_tail_from)
+        if tail and remove_empty_tail:
+            for empty in tail:
+                # Short with data: written past the flushed offset, never confirmed durable.
+                log.warning("segment.empty_removed", path=str(empty.path), start=empty.start,
+                            size_bytes=empty.size_bytes, unflushed_data=empty.holds_data,
+                            why="created but never made durable before a crash")
+                empty.path.unlink()
+            fs.fsync_dir(self.directory)  # a removal undone by a power cut is redone, but keep them in step
         segments = []
         try:
-            for _, path in names:
+            for path in paths[:len(paths) - len(tail)]:
                 segments.append(Segment.open(path, self.segment_size, self.wrong_size_advice))
         except BaseException:
             for seg in segments:
@@ -280,27 +326,6 @@ class SegmentQueue:
                     f"segment gap in {self.directory}: {prev.path.name} ends at {prev.end} but the next "
                     f"file is {cur.path.name}; a segment is missing")
         self.segments = tuple(segments)
-
-    def _remove_empty_tail(self, names: list[tuple[int, pathlib.Path]], removable_from: int) -> None:
-        """Pop and delete from ``names`` (sorted) the trailing empty files starting at or after
-        ``removable_from``. A whole file that holds data ends it, and so does a whole first file: kept
-        even if empty, it holds the log's position, and a directory with no segment at all means that
-        files are missing (recovery refuses that when the checkpoint says data was flushed)."""
-        removed = False
-        while names and names[-1][0] >= removable_from:
-            start, path = names[-1]
-            size = path.stat().st_size
-            holds_data = holds_nonzero_bytes(path)
-            if size >= self.segment_size and (holds_data or len(names) == 1):
-                break  # (a file grown past the segment size is refused by Segment.open)
-            # Short with data: written past removable_from (the flushed offset), never confirmed durable.
-            log.warning("segment.empty_removed", path=str(path), start=start, size_bytes=size,
-                        unflushed_data=holds_data, why="created but never made durable before a crash")
-            path.unlink()
-            names.pop()
-            removed = True
-        if removed:  # a removal undone by a power cut would only be redone, but keep the two in step
-            fs.fsync_dir(self.directory)
 
     @property
     def min_offset(self) -> int:
