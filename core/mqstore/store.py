@@ -126,6 +126,8 @@ class MessageStore:
         unclean = self.abort_path.exists()
         cp = self._read_checkpoint()
         cq_root_existed = cfg.consumequeue_dir.is_dir()
+        # The default SQLite file is created here by SQLite, which does not fsync the directory of a new
+        # database: the checkpoint written below, in the same directory, makes its entry durable.
         self.topics.open(MetadataStore(cfg.metadata_url_resolved, self.clock))
         # Trailing segments past the flushed offset that a power cut left empty are removed (segment.py).
         self.segments.load(empty_tail_from=cp.flushed_physical_offset if cp else None)

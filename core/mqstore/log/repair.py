@@ -217,7 +217,7 @@ def _locked(data_dir: str | os.PathLike) -> Iterator[tuple[pathlib.Path, pathlib
     log_dir = root / "commitlog"
     if not log_dir.is_dir():
         raise FailedPrecondition(f"{log_dir} does not exist: is {root} an mqstore data directory?")
-    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)  # not durable: the flock is the lock
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
