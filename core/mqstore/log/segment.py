@@ -294,6 +294,7 @@ class SegmentQueue:
         self.durable_create = durable_create
         self.wrong_size_advice = wrong_size_advice  # what to do about a file of another size (load)
         self.lock = threading.Lock()
+        self._retention_lock = threading.Lock()  # one delete_expired pass at a time
         self.segments: tuple[Segment, ...] = ()
         self._created_unsynced = False  # a file was created whose directory entry is not durable yet
 
@@ -395,18 +396,21 @@ class SegmentQueue:
         """Retention: delete whole segments, oldest first, that end at or below ``limit_offset`` and
         were last written ``retention_ms`` or more before ``now_ms``; never the last one (the active
         segment), and never one after a segment that stays (never from the middle).
-        ``before_delete(new min offset)`` runs before each deletion. Returns how many were deleted."""
+        ``before_delete(new min offset)`` runs before each deletion. Returns how many were deleted.
+        Passes are serialised: two at once would both judge the first segment, and the second's
+        delete_first would then delete the segment after it, unjudged."""
         deleted = 0
-        for seg in self.segments[:-1]:
-            if seg.end > limit_offset:
-                break
-            mtime_ms = int(seg.path.stat().st_mtime * 1000)
-            if mtime_ms + retention_ms > now_ms:
-                break
-            before_delete(seg.end)
-            self.delete_first()
-            log.info("retention.segment_deleted", path=str(seg.path), start=seg.start, age_ms=now_ms - mtime_ms)
-            deleted += 1
+        with self._retention_lock:
+            for seg in self.segments[:-1]:
+                if seg.end > limit_offset:
+                    break
+                mtime_ms = int(seg.path.stat().st_mtime * 1000)
+                if mtime_ms + retention_ms > now_ms:
+                    break
+                before_delete(seg.end)
+                self.delete_first()
+                log.info("retention.segment_deleted", path=str(seg.path), start=seg.start, age_ms=now_ms - mtime_ms)
+                deleted += 1
         return deleted
 
     def delete_from(self, offset: int) -> list[Segment]:
