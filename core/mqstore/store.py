@@ -1,9 +1,10 @@
 """MessageStore: the facade every service and the CLI call; the composition of the storage core.
 
 Start-up (``start``): take the directory lock; resolve leftover temp files; read the checkpoint; load
-segments; re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments``
-segments and everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn
-tail cut, corruption refuses to start; the checkpoint then records the range checked); load consume
+segments, removing the empty ones a power cut left past its flushed offset (mqstore.log.segment);
+re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments`` segments and
+everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn tail cut,
+corruption refuses to start; the checkpoint then records the range checked); load consume
 queues and cut entries past the log end; replay records from the checkpoint's dispatched offset
 (from the log's start when the checkpoint or the consume queue directory is missing); rebuild the
 queue offset table; fsync; write the abort marker; start threads.
