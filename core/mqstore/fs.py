@@ -119,8 +119,10 @@ def make_dirs(directory: pathlib.Path, *, sync: bool = True) -> list[pathlib.Pat
     for path in reversed(missing):
         try:
             path.mkdir()
-        except FileExistsError:  # made meanwhile by another thread; its entry may not be durable yet
-            pass
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            # made meanwhile by another thread, whose sync may not have run yet: sync it here too
         created.append(path)
     if sync:
         sync_dirs(created)

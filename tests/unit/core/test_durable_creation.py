@@ -89,3 +89,10 @@ def test_the_internal_token_survives_a_power_cut_whole(tmp_path, monkeypatch, mo
         token = launcher.internal_token(tmp_path / "data")
         power.cut()
     assert len(token) == 64 and launcher.internal_token(tmp_path / "data") == token
+
+
+def test_make_dirs_over_a_file_says_so(tmp_path):
+    (tmp_path / "a").write_bytes(b"not a directory")
+    for target in (tmp_path / "a", tmp_path / "a" / "b"):
+        with pytest.raises(FileExistsError, match=str(tmp_path / "a")):
+            fs.make_dirs(target)
