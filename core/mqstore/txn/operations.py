@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
+from mqstore.metrics import Registry
 
 from mqstore.meta.txn_audit import AuditTrail
 from .cache import HalfCache
@@ -73,6 +74,35 @@ class Operations:
             raise
         self.audit.finished(entry, "already" if ended.already else "done")
         return ended
+
+    def register_metrics(self, metrics: Registry) -> None:
+        """The figures an operator pages on: transactions by state, the oldest open one, halves and OP
+        messages written and their ratio, check-backs sent and answered (the cache's are its own)."""
+        metrics.gauge_fn("mqstore_txn_transactions", "transactions the service knows, by state",
+                         lambda: {(state,): n for state, n in self.table.counts().items()}, ("state",))
+        metrics.gauge_fn("mqstore_txn_oldest_open_age_seconds", "age of the oldest open transaction (store time)",
+                         self._oldest_open_s)
+        metrics.counter_fn("mqstore_txn_halves_written_total", "half messages written",
+                           lambda: self.coordinator.halves_written)
+        metrics.counter_fn("mqstore_txn_op_messages_written_total", "OP messages written",
+                           lambda: self.ops.stats().messages_written)
+        metrics.gauge_fn("mqstore_txn_half_to_op_ratio", "halves written per OP message written", self._half_to_op)
+        metrics.counter_fn("mqstore_txn_checks_sent_total", "check-back requests sent to producers",
+                           lambda: self.checker.checks_sent)
+        metrics.counter_fn("mqstore_txn_check_answers_total", "check-back answers received",
+                           lambda: self.checker.check_answers)
+        metrics.gauge_fn("mqstore_txn_recovering", "1 until the follower has read the log up to its end at start",
+                         lambda: int(not self.table.ready))
+
+    def _oldest_open_s(self) -> float:
+        now = self.clock.now_ms()
+        with self.table.lock:
+            firsts = [t.first_store_ms for t in self.table.by_id.values() if t.state == OPEN]
+        return (now - min(firsts)) / 1000 if firsts else 0.0
+
+    def _half_to_op(self) -> float:
+        written = self.ops.stats().messages_written
+        return self.coordinator.halves_written / written if written else 0.0
 
     def stats(self) -> dict:
         counts = self.table.counts()

@@ -24,14 +24,18 @@ import dataclasses
 import sys
 from typing import Mapping, Sequence
 
+from mqstore.auth.admin import AccessAdmin
+from mqstore.clock import SystemClock
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
+from mqstore.meta.auth import AuthStore
 from mqstore.store import MessageStore
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
+from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from commitlog_service import internal
+from commitlog_service import access, internal
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 DEFAULT_PORT = 50051
@@ -51,13 +55,26 @@ class CommitLogConfig:
 
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store and serve it; the store stops after the server."""
-    store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port))
+    store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
+                         metrics=parts.metrics)
     store.start()
     parts.on_close(store.stop)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CommitLogServicer(store), server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token), server))
     parts.add_health_problem(store.health_problem)
+    compose_access(config, parts)
+
+
+def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
+    """The Access service (users and rules) over the auth database every service shares; a change
+    drops this server's caches at once."""
+    auth_store = AuthStore(str(config.server.auth.url.reveal()) or default_auth_url(config.store.data_dir),
+                           SystemClock())
+    parts.on_close(auth_store.close)
+    changed = parts.authority.invalidate if parts.authority is not None else (lambda: None)
+    parts.add_servicer(access.SERVICE_NAME, lambda server: access.add_to_server(
+        access.AccessServicer(AccessAdmin(auth_store, changed)), server))
 
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -71,8 +88,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
     S.add_service_flags(parser, DEFAULT_PORT, "data directory")
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
-    parser.add_argument("--internal-token", help="shared secret of the CommitLogInternal service (env "
-                        "MQSTORE_INTERNAL_TOKEN; prefer the variable: flags show in ps)")
     for f in _store_fields():
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
@@ -96,7 +111,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
     return CommitLogConfig(store=_store_config(args, env), server=S.server_config(args, env, DEFAULT_PORT),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
-                           internal_token=S.typed(args, env, "internal_token", str, ""))
+                           internal_token=S.internal_token(args, env))
 
 
 def describe(config: CommitLogConfig, port: int) -> dict:
