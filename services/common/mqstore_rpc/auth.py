@@ -48,8 +48,8 @@ log = structlog.get_logger("mqstore_rpc.auth")
 
 METADATA_KEY = "authorization"
 SCHEME = "Bearer "
-_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("mqstore_principal", default=None)
-_authority: contextvars.ContextVar[Authority | None] = contextvars.ContextVar("mqstore_authority", default=None)
+# The call being served (for a deferred check): set by the interceptor around a unary-response handler.
+_current: contextvars.ContextVar["_Caller | None"] = contextvars.ContextVar("mqstore_caller", default=None)
 
 
 def token(user: str, secret: str) -> str:
@@ -72,13 +72,18 @@ def parse_credentials(metadata) -> tuple[str, str]:
 
 def require(action: str, resource: Resource) -> None:
     """For a servicer whose RPC's table entry is ``deferred``: check the authenticated caller once the
-    resource is known. A no-op when authentication is off."""
-    authority, principal = _authority.get(), _principal.get()
-    if authority is None:
-        return
-    if principal is None:  # a deferred entry always authenticates first; this is a wiring bug
-        raise PermissionDenied("no authenticated caller for this call")
-    authority.authorize(principal, action, resource)
+    resource is known (a denial is logged and counted like the interceptor's). A no-op when
+    authentication is off."""
+    caller = _current.get()
+    if caller is not None:
+        caller.interceptor._check(caller.principal, action, resource, caller.method, caller.context)
+
+
+class _Caller:
+    __slots__ = ("interceptor", "principal", "method", "context")
+
+    def __init__(self, interceptor: "AuthInterceptor", principal: Principal, method: str, context):
+        self.interceptor, self.principal, self.method, self.context = interceptor, principal, method, context
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
@@ -119,10 +124,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def _authorize(self, principal: Principal, need: Need, request, method: str, context) -> None:
         for resource in need.of(request):
-            try:
-                self._authority.authorize(principal, need.action, resource)
-            except PermissionDenied as exc:
-                self._deny(exc, "permission", method, context, principal.name)
+            self._check(principal, need.action, resource, method, context)
+
+    def _check(self, principal: Principal, action: str, resource: Resource, method: str, context) -> None:
+        try:
+            self._authority.authorize(principal, action, resource)
+        except PermissionDenied as exc:
+            self._deny(exc, "permission", method, context, principal.name)
 
     # ---- wrapping --------------------------------------------------------------------------------------
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
@@ -172,12 +180,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         @functools.wraps(behavior)
         def guarded(request, context):
             principal, request = enter(request, context)
-            p, a = _principal.set(principal), _authority.set(self._authority)
+            token = _current.set(_Caller(self, principal, method, context))
             try:
                 return behavior(request, context)
             finally:
-                _principal.reset(p)
-                _authority.reset(a)
+                _current.reset(token)
         return guarded
 
     def _each_checked(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:

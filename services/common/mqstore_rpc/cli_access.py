@@ -63,7 +63,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     asub = acl.add_subparsers(dest="acl_command", required=True, metavar="COMMAND")
     for name, decision in (("grant", pb.RULE_DECISION_ALLOW), ("deny", pb.RULE_DECISION_DENY)):
         p = asub.add_parser(name, help=f"add a rule that {'allows' if name == 'grant' else 'denies'} actions")
-        p.add_argument("user")
+        p.add_argument("rule_user", metavar="USER")  # not "user": that is the global --user
         target = p.add_mutually_exclusive_group(required=True)
         target.add_argument("--topic", metavar="PATTERN")
         target.add_argument("--group", metavar="PATTERN")
@@ -71,7 +71,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--actions", required=True, help="comma-separated: PUB, SUB, ADMIN")
         p.set_defaults(func=cmd_acl_add, decision=decision)
     p = asub.add_parser("list", help="the rules, of one user or all")
-    p.add_argument("user", nargs="?", default="")
+    p.add_argument("rule_user", metavar="USER", nargs="?", default="")
     p.set_defaults(func=cmd_acl_list)
     p = asub.add_parser("revoke", help="delete a rule by its id")
     p.add_argument("rule_id", type=int)
@@ -166,7 +166,7 @@ def cmd_acl_add(cli) -> None:
         kind, pattern = pb.RESOURCE_KIND_TOPIC, a.topic
     else:
         kind, pattern = pb.RESOURCE_KIND_GROUP, a.group
-    request = pb.AddRuleRequest(user=a.user, resource_kind=kind, pattern=pattern, actions=_actions(a.actions),
+    request = pb.AddRuleRequest(user=a.rule_user, resource_kind=kind, pattern=pattern, actions=_actions(a.actions),
                                 decision=a.decision)
     with _Access(cli) as access:
         rule = access.call("AddRule", request)
@@ -175,7 +175,7 @@ def cmd_acl_add(cli) -> None:
 
 def cmd_acl_list(cli) -> None:
     with _Access(cli) as access:
-        response = access.call("ListRules", pb.ListRulesRequest(user=cli.args.user))
+        response = access.call("ListRules", pb.ListRulesRequest(user=cli.args.rule_user))
     cli.emit(response, "\n".join(_rule_line(r) for r in response.rules) or "(no rules)")
 
 
