@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup gen run test bench clean lint compose-check compose-check-spark
+.PHONY: setup gen run run-tls test bench clean lint compose-check compose-check-spark
 
 # The compiled codec (mqstore.codec, Cython) is built by the package's own build (setup.py), here
 # with `pip install -e .`; its sources changing rebuilds it.
@@ -35,6 +35,11 @@ gen: $(GEN_STAMP)
 # Starts every service on 127.0.0.1 with data under ./data and SQLite metadata; Ctrl-C stops them.
 run: setup
 	$(PY) -m mqstore_rpc.launcher --data-dir ./data
+
+# The same with TLS everywhere: a throwaway CA and certificates in ./data/tls (openssl); clients trust
+# data/tls/ca.pem (grpcurl -cacert, mqstore --tls-ca / MQSTORE_TLS_CA). MQSTORE_AUTH=on adds authentication.
+run-tls: setup
+	$(PY) -m mqstore_rpc.launcher --data-dir ./data --tls
 
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests

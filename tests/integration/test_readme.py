@@ -149,6 +149,9 @@ class Launcher:
                    "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2])]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         text=True)
+        self._start_reader()
+
+    def _start_reader(self) -> None:
         self.lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="launcher-stdout", daemon=True)
         self._reader.start()

@@ -110,3 +110,12 @@ def test_the_cli_and_grpcurl_speak_tls(tmp_path, certs):
                                   "mqstore.v1.CommitLog/GetStoreInfo"], capture_output=True, text=True, timeout=60)
         assert grpcurl.returncode == 0, grpcurl.stderr
         assert '"flush_mode": "ASYNC"' in grpcurl.stdout
+
+
+def test_the_container_health_check_speaks_tls(tmp_path, certs):
+    from mqstore_rpc.healthcheck import check
+    with _log(tmp_path, certs, mutual=True) as (_, port):
+        env = {"MQSTORE_TLS_CA": str(certs / "ca.pem"), "MQSTORE_TLS_CLIENT_CERT": str(certs / "client.pem"),
+               "MQSTORE_TLS_CLIENT_KEY": str(certs / "client.key")}
+        assert check(f"127.0.0.1:{port}", env=env) == "SERVING"
+        assert check(f"127.0.0.1:{port}", env={}).startswith("UNREACHABLE")

@@ -10,6 +10,13 @@ log and the Transaction service get the same MQSTORE_INTERNAL_TOKEN (the shared 
 CommitLogInternal): the variable when set, else a random one kept in ``<data-dir>/internal-token``. On Ctrl-C or
 SIGTERM: SIGTERM to each child, wait, SIGKILL if it does not exit, and exit 0. If a child dies on its
 own, the others are stopped and the launcher exits 1. Adding a service is one row of SERVICES.
+
+Operations (mqstore_rpc.settings): each service serves /metrics on its port + 100 (the banner lists
+them). ``--tls`` (``make run-tls``) makes a throwaway CA and certificates in ``<data-dir>/tls``
+(mqstore_rpc.tls_certs, openssl) and starts every service with TLS, the services calling each other
+over it. ``--auth`` (or MQSTORE_AUTH=on) turns authentication on for every service; they share one auth
+database, ``<data-dir>/auth.db`` (MQSTORE_AUTH_URL when set), and call each other as ``service`` with the
+internal token, as the launcher does for its own calls.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore_rpc.peers import Peers
+from mqstore_rpc.secret import Secret
+from mqstore_rpc.tls import client_tls
+from mqstore_rpc.tls_certs import make_ca
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
@@ -38,6 +49,8 @@ STOP_TIMEOUT_S = 30.0       # SIGTERM, then this long before SIGKILL
 POLL_INTERVAL_S = 0.1
 DEMO_TOPIC = "demo"
 TOKEN_ENV = "MQSTORE_INTERNAL_TOKEN"
+METRICS_PORT_OFFSET = 100   # mqstore_rpc.settings: /metrics is on the gRPC port + 100
+PLAINTEXT = Peers()         # no TLS, no credentials
 
 
 @dataclass(frozen=True)
@@ -115,10 +128,10 @@ class Child:
         self.service = service
         self.process = subprocess.Popen(service.command(data_dir), start_new_session=True, env=env)
 
-    def wait_healthy(self, stop: threading.Event, timeout_s: float) -> bool:
+    def wait_healthy(self, stop: threading.Event, timeout_s: float, peers: Peers = PLAINTEXT) -> bool:
         """True when health says SERVING; False if the child exited, ``stop`` was set or time ran out."""
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.service.address) as channel:
+        with peers.channel(self.service.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline and not stop.is_set() and self.process.poll() is None:
                 try:
@@ -142,8 +155,8 @@ class Child:
         return self.process.returncode
 
 
-def ensure_demo_topic(address: str) -> None:
-    with grpc.insecure_channel(address) as channel:
+def ensure_demo_topic(address: str, peers: Peers = PLAINTEXT) -> None:
+    with peers.channel(address) as channel:
         stub = commitlog_pb2_grpc.CommitLogStub(channel)
         try:
             stub.DescribeTopic(commitlog_pb2.DescribeTopicRequest(name=DEMO_TOPIC), timeout=10)
@@ -165,18 +178,32 @@ def _activate_command() -> str | None:
     return f"source {activate}"
 
 
-def banner(children: list[Child]) -> str:
+def banner(children: list[Child], security: "Security | None" = None) -> str:
     """The endpoints and examples that work as printed (in another shell, from this directory)."""
+    security = security or Security()
     lines = ["", "mqstore is running:"]
-    lines += [f"  {c.service.name:<10} {c.service.address}" for c in children]
+    lines += [f"  {c.service.name:<10} {c.service.address}  metrics "
+              f"http://{HOST}:{c.service.port + METRICS_PORT_OFFSET}/metrics" for c in children]
+    if security.ca:
+        lines.append(f"  TLS on: clients trust {security.ca}")
+    if security.auth:
+        lines.append("  authentication on: users and rules with `mqstore user` and `mqstore acl` (README)")
     lines += ["", "Try, in another shell in this directory:"]
     if activate := _activate_command():
         lines.append(f"  {activate}")
     exports = [f"{c.service.entry.address_env}={c.service.address}" for c in children
                if c.service.port != c.service.entry.default_port]
+    if security.ca:
+        exports.append(f"MQSTORE_TLS_CA={security.ca}")
     if exports:
         lines.append("  export " + " ".join(exports))
-    lines += [f"  {example.replace('{address}', c.service.address)}"
+    if security.auth:
+        lines.append(f"  export MQSTORE_USER=service MQSTORE_SECRET=$(cat {security.token_file})"
+                     f"   # the services' identity: make your own users with it")
+    grpcurl = f"grpcurl -cacert {security.ca}" if security.ca else "grpcurl -plaintext"
+    if security.auth:
+        grpcurl += ' -H "authorization: Bearer service:$MQSTORE_SECRET"'
+    lines += [f"  {example.replace('{address}', c.service.address).replace('grpcurl -plaintext', grpcurl)}"
               for c in children for example in c.service.entry.examples]
     lines += ["", "Ctrl-C stops everything.", ""]
     return "\n".join(lines)
@@ -202,34 +229,66 @@ def internal_token(data_dir: pathlib.Path) -> str:
     return path.read_text().strip()
 
 
+@dataclass(frozen=True)
+class Security:
+    """What ``--tls`` and ``--auth`` turned on, and how the launcher's own calls go."""
+
+    ca: str = ""                     # the CA file clients trust ("" = plaintext)
+    auth: bool = False
+    token_file: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    peers: Peers = PLAINTEXT
+
+
+def security(data_dir: pathlib.Path, tls: bool, auth: bool, token: str) -> Security:
+    """The children's environment for TLS (a throwaway CA in <data-dir>/tls) and authentication (one shared
+    auth database), and the launcher's own channel settings."""
+    env: dict[str, str] = {}
+    ca = ""
+    if tls:
+        certs = make_ca(data_dir / "tls")
+        ca = str(certs / "ca.pem")
+        env.update(MQSTORE_TLS_CERT=str(certs / "server.pem"), MQSTORE_TLS_KEY=str(certs / "server.key"),
+                   MQSTORE_TLS_CA=ca)
+    if auth:
+        env.update(MQSTORE_AUTH="on")
+    env.setdefault("MQSTORE_AUTH_URL", os.environ.get("MQSTORE_AUTH_URL") or f"sqlite:///{data_dir / 'auth.db'}")
+    peers = Peers(client_tls(ca) if ca else None, "service", Secret(token))
+    return Security(ca, auth, str(data_dir / "internal-token"), tuple(env.items()), peers)
+
+
 def _start_all(data_dir: pathlib.Path, ports: Mapping[str, int], stop: threading.Event,
-               children: list[Child]) -> bool:
-    env = {**os.environ, TOKEN_ENV: internal_token(data_dir)}  # the commit log and txn share it
+               children: list[Child], secure: Security) -> bool:
+    # The commit log and txn share the internal token; every service gets the TLS and auth settings.
+    env = {**os.environ, TOKEN_ENV: internal_token(data_dir), **dict(secure.env)}
     for service in services(ports):
         if not service.available():
             continue
         child = Child(service, data_dir, env)
         children.append(child)
-        if not child.wait_healthy(stop, READY_TIMEOUT_S):
+        if not child.wait_healthy(stop, READY_TIMEOUT_S, secure.peers):
             if not stop.is_set():
                 print(f"{service.name} did not become healthy (exit status {child.process.poll()})", file=sys.stderr)
             return False
     return True
 
 
-def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None) -> int:
+def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: bool = False,
+        auth: bool = False) -> int:
     """Every installed service, ``ports`` by name (the defaults for the rest), until Ctrl-C; the exit status."""
     ports = ports or {}
     stop = threading.Event()
     _install_stop_handlers(stop)
     data_dir.mkdir(parents=True, exist_ok=True)
+    auth = auth or os.environ.get("MQSTORE_AUTH", "").lower() in ("1", "on", "true", "yes")
+    secure = security(data_dir, tls, auth, internal_token(data_dir))
     children: list[Child] = []
     status = 0
     try:
-        if not _start_all(data_dir, ports, stop, children):
+        if not _start_all(data_dir, ports, stop, children, secure):
             return 0 if stop.is_set() else 1
-        ensure_demo_topic(children[0].service.address)
-        print(banner(children), flush=True)
+        ensure_demo_topic(children[0].service.address, secure.peers)
+        print(banner(children, secure), flush=True)
         while not stop.wait(0.5):  # wake up now and then to notice a child that died on its own
             dead = [c for c in children if c.process.poll() is not None]
             if dead:
@@ -250,8 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     for entry in SERVICES:
         parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
                             help=f"default {entry.default_port}")
+    parser.add_argument("--tls", action="store_true", help="TLS everywhere, with a throwaway CA in <data-dir>/tls")
+    parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
     args = parser.parse_args(argv)
-    return run(args.data_dir.resolve(), {entry.name: getattr(args, entry.name) for entry in SERVICES})
+    ports = {entry.name: getattr(args, entry.name) for entry in SERVICES}
+    if args.tls or args.auth:
+        return run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)
+    return run(args.data_dir.resolve(), ports)
 
 
 def _port(text: str) -> int:
