@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup gen run run-tls test bench clean lint compose-check compose-check-spark
+.PHONY: setup gen run run-tls test bench clean lint compose-check compose-check-spark compose-check-ops
 
 # The compiled codec (mqstore.codec, Cython) is built by the package's own build (setup.py), here
 # with `pip install -e .`; its sources changing rebuilds it.
@@ -62,6 +62,11 @@ compose-check: setup
 # `make test`; a few minutes, see README.md "Docker"): build, up, the round, GetLatest, always torn down.
 compose-check-spark: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_spark.sh
+
+# docker-compose.secure.yml (TLS and authentication) with Prometheus on a real engine (not part of `make
+# test`; a few minutes, see README.md "Docker"): build, up, smoke test over TLS, Prometheus checked, torn down.
+compose-check-ops: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_ops.sh
 
 bench: setup
 	$(PY) bench/run.py $(BENCH_ARGS)

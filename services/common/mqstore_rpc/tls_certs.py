@@ -8,8 +8,10 @@ Made with the system's ``openssl`` (Debian's openssl package; no Python dependen
                           (localhost, 127.0.0.1, ::1 and compose's service names) plus any given
   client.pem, client.key  a client certificate (CN mqstore-client) for mutual TLS (``--tls-client-cert``)
 
-Keys are written mode 0600. Existing files are kept (a second run reuses them) unless ``--force``.
-For local use and tests only: production certificates come from the operator's own CA.
+Keys are written mode 0600; ``--readable-keys`` makes them 0644, for a bind mount into containers whose
+user (uid 10001) does not own them (docker-compose.secure.yml; never for keys that protect anything).
+Existing files are kept (a second run reuses them) unless ``--force``. For local use and tests only:
+production certificates come from the operator's own CA.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def _sign(name: str, subject: str, extensions: str, cwd: pathlib.Path) -> None:
              "-days", str(DAYS), "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=cwd)
 
 
-def make_ca(directory: pathlib.Path, extra_names: Sequence[str] = (), force: bool = False) -> pathlib.Path:
+def make_ca(directory: pathlib.Path, extra_names: Sequence[str] = (), force: bool = False,
+            readable_keys: bool = False) -> pathlib.Path:
     """The files of the module docstring in ``directory``; returns it."""
     directory.mkdir(parents=True, exist_ok=True)
     if not force and all((directory / name).exists() for name in FILES):
@@ -78,6 +81,8 @@ def make_ca(directory: pathlib.Path, extra_names: Sequence[str] = (), force: boo
               "basicConstraints=CA:FALSE\n", work)
         _sign("client", "/CN=mqstore-client", "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n", work)
         for name in FILES:
+            if readable_keys and name.endswith(".key"):
+                os.chmod(work / name, 0o644)
             os.replace(work / name, directory / name)
     return directory
 
@@ -88,9 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", type=pathlib.Path)
     parser.add_argument("--name", action="append", default=[], help="another name for the server certificate")
     parser.add_argument("--force", action="store_true", help="replace existing files")
+    parser.add_argument("--readable-keys", action="store_true",
+                        help="keys mode 0644, for a bind mount into containers (throwaway keys only)")
     args = parser.parse_args(argv)
     try:
-        directory = make_ca(args.directory, args.name, args.force)
+        directory = make_ca(args.directory, args.name, args.force, args.readable_keys)
     except CertError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
