@@ -42,7 +42,7 @@ USER, SECRET = "producer", "producer-secret-0123456789"
 CONFIGS = ("plain", "tls", "auth", "tls+auth")
 BATCH, BODY_BYTES, PRODUCERS = 100, 1024, 16
 FULL = {"warmup_s": 1.0, "duration_s": 4.0, "rounds": 3}
-QUICK = {"warmup_s": 0.3, "duration_s": 0.7, "rounds": 1}
+QUICK = {"warmup_s": 0.5, "duration_s": 2.0, "rounds": 1}
 _T0 = time.monotonic()
 
 
@@ -116,8 +116,10 @@ def _measure(server: GrpcServer, config: str, certs: pathlib.Path, cfg: dict) ->
     result = run_loadgen(spec, 1, timeout_s=cfg["warmup_s"] + cfg["duration_s"] + 60)[0]
     server_cores = (cpu_seconds(server.pid) - cpu0) / (time.perf_counter() - wall0)
     if result["errors"]:
-        raise RuntimeError(f"{config}: {result['errors']} failed calls, first: {result['first_error']}")
+        raise BenchError(f"{config}: failed calls {result['errors']}, first: {result['first_error']}")
     latencies = sorted(result["latencies_ms"])
+    if not latencies:
+        raise BenchError(f"{config}: no call completed inside the {cfg['duration_s']} s window")
     return {"msgs_per_s": result["messages"] / result["window_s"], "calls": result["calls"],
             "p50_ms": latencies[len(latencies) // 2] if latencies else None,
             "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
