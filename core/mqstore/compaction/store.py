@@ -151,12 +151,20 @@ class CompactionStore:
                          lambda: self._per_slot(lambda s: int(s.running)), labels)
         metrics.gauge_fn("mqstore_compactor_round_passes", "passes done by the running (or last) round, of at most "
                          "max_passes", lambda: self._per_slot(lambda s: s.info.stats.passes), labels)
+        metrics.gauge_fn("mqstore_compactor_round_records", "records the running (or last) round's latest pass read "
+                         "(in) and wrote (out)", self._round_records, (*labels, "direction"))
         metrics.gauge_fn("mqstore_compactor_round_max_passes", "the most passes a round makes",
                          lambda: self.config.max_passes)
         metrics.gauge_fn("mqstore_compactor_last_round_seconds", "duration of the queue's last finished round",
                          lambda: self._per_slot(_round_seconds), labels)
         metrics.gauge_fn("mqstore_compactor_quarantined_queues", "queues whose rounds are held back after a "
                          "failure", lambda: sum(self._per_slot(lambda s: int(s.quarantine.failures > 0)).values()))
+
+    def _round_records(self) -> dict[tuple[str, int, str], int]:
+        out = {}
+        for (topic, queue_id), stats in self._per_slot(lambda s: s.info.stats).items():
+            out[(topic, queue_id, "in")], out[(topic, queue_id, "out")] = stats.records_in, stats.records_out
+        return out
 
     def _per_slot(self, read: Callable[[QueueSlot], float]) -> dict[tuple[str, int], float]:
         slots = self.slots()
