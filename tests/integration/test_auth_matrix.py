@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
 import pathlib
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any, Callable
 
 import grpc
 import pytest
+import structlog
 
 from commitlog_service.main import serving as commitlog_serving
 from compactor_service.main import serving as compactor_serving
@@ -30,7 +30,6 @@ from mqstore.index.config import IndexConfig
 from mqstore.index.follower import FollowerConfig
 from mqstore.meta.auth import AuthStore
 from mqstore_rpc import auth as rpc_auth
-from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.gen.mqstore.v1 import access_pb2 as apb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, compactor_pb2 as kpb, index_pb2 as ipb, txn_pb2 as tpb
@@ -265,23 +264,19 @@ def _bearer(user: str, secret: str) -> tuple:
 
 
 def test_every_rpc_of_every_service_gets_its_exact_status(tmp_path):
-    log_lines = io.StringIO()
-    mqlogging.configure("debug", stream=log_lines)  # debug: every mapped error is logged too
-    try:
-        with _services(tmp_path) as (url, servers, peers):
-            world = _prepare_world(url, servers, peers)
-            wait_until(lambda: _probe(world), "the services to see the new users (auth_refresh_ms)")
-            outcomes, denials = _run_matrix(world)
-            scraped = {name: scrape(server.metrics_port) for name, (server, _) in servers.items()}
-    finally:
-        mqlogging.configure("info")
+    # Every event of every level, as the JSON renderer would write it (structlog's capture changes no
+    # global configuration that later tests rely on).
+    with structlog.testing.capture_logs() as events, _services(tmp_path) as (url, servers, peers):
+        world = _prepare_world(url, servers, peers)
+        wait_until(lambda: _probe(world), "the services to see the new users (auth_refresh_ms)")
+        outcomes, denials = _run_matrix(world)
+        scraped = {name: scrape(server.metrics_port) for name, (server, _) in servers.items()}
     wrong = {key: got for key, (got, want) in outcomes.items() if got != want}
     assert wrong == {}, "\n".join(f"{k}: got {g.name}, want {outcomes[k][1].name}" for k, g in wrong.items())
     counted = sum(s.value("mqstore_auth_denied_total") for s in scraped.values())
-    lines = [json.loads(line) for line in log_lines.getvalue().splitlines() if line.startswith("{")]
-    denied_events = [line for line in lines if line["event"] == "auth.denied"]
+    denied_events = [e for e in events if e["event"] == "auth.denied"]
     assert counted == len(denied_events) == denials
-    text = log_lines.getvalue()
+    text = "\n".join(json.dumps(e, default=str) for e in events)
     for secret in [TOKEN, WRONG, *(_secret_of(u) for u in _all_users())]:
         assert secret not in text, "a secret reached a log line"
 
