@@ -41,7 +41,7 @@ TOKEN = "bench-internal-token-0123456789"
 USER, SECRET = "producer", "producer-secret-0123456789"
 CONFIGS = ("plain", "tls", "auth", "tls+auth")
 BATCH, BODY_BYTES, PRODUCERS = 100, 1024, 16
-FULL = {"warmup_s": 1.0, "duration_s": 4.0, "rounds": 3}
+FULL = {"warmup_s": 1.0, "duration_s": 4.0, "rounds": 5}
 QUICK = {"warmup_s": 0.5, "duration_s": 2.0, "rounds": 1}
 _T0 = time.monotonic()
 

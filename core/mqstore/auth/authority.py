@@ -90,13 +90,13 @@ class Authority:
         if name == SERVICE_USER:
             return self._service(secret)
         fp = secrets.fingerprint(secret)
-        with self._lock:
-            cached = self._accepted.get(name)
-            rejected = (name, fp) in self._rejected
-            version = self._version
+        cached = self._accepted.get(name)  # one dict read (atomic); the dicts are replaced, never cleared
         if cached is not None and hmac.compare_digest(cached[0], fp):
             self._hits.inc()
             return cached[1]
+        with self._lock:
+            rejected = (name, fp) in self._rejected
+            version = self._version
         if rejected:
             raise _not_accepted(name)
         user = self._source.user(name)

@@ -177,14 +177,20 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 yield from behavior(request, context)
             return stream_guarded
 
+        if need.deferred:  # the servicer finishes the check: hand it the caller
+            @functools.wraps(behavior)
+            def deferred(request, context):
+                principal, request = enter(request, context)
+                token = _current.set(_Caller(self, principal, method, context))
+                try:
+                    return behavior(request, context)
+                finally:
+                    _current.reset(token)
+            return deferred
+
         @functools.wraps(behavior)
         def guarded(request, context):
-            principal, request = enter(request, context)
-            token = _current.set(_Caller(self, principal, method, context))
-            try:
-                return behavior(request, context)
-            finally:
-                _current.reset(token)
+            return behavior(enter(request, context)[1], context)
         return guarded
 
     def _each_checked(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
