@@ -5,10 +5,11 @@
 * ``authenticate(user, secret)``: the user's :class:`Principal`, or Unauthenticated. The secret is
   checked against its scrypt hash (mqstore.auth.secrets, tens of milliseconds) once; after that a
   SHA-256 fingerprint of the accepted secret is kept in memory, so a call costs a hash and a dict
-  lookup, not a database read. Rejected (user, fingerprint) pairs are remembered too (bounded), so a
-  client retrying a wrong secret does not make the server hash it again on every call. The service
-  identity (``service``, whose secret is MQSTORE_INTERNAL_TOKEN) is checked in constant time without
-  the database.
+  lookup, not a database read. Concurrent calls with the same new credentials share one check
+  (the first hashes, the others wait for its answer): 16 producers starting at once hash once.
+  Rejected (user, fingerprint) pairs are remembered too (bounded), so a client retrying a wrong secret
+  does not make the server hash it again on every call. The service identity (``service``, whose
+  secret is MQSTORE_INTERNAL_TOKEN) is checked in constant time without the database.
 * ``authorize(principal, action, resource)``: None, or PermissionDenied naming the user, the action,
   the resource and the deciding rule (mqstore.auth.model.decide). Decisions are cached per principal.
 
@@ -34,7 +35,7 @@ import structlog
 from mqstore.auth import model, secrets
 from mqstore.auth.model import SERVICE_USER, SUPER, Decision, Resource, Rule, User
 from mqstore.background import Duty
-from mqstore.errors import PermissionDenied, Unauthenticated
+from mqstore.errors import PermissionDenied, Unauthenticated, Unavailable
 from mqstore.metrics import Registry
 
 log = structlog.get_logger("mqstore.auth")
@@ -77,6 +78,7 @@ class Authority:
         self._version = source.version()
         self._accepted: dict[str, tuple[bytes, Principal]] = {}
         self._rejected: dict[tuple[str, bytes], None] = {}
+        self._flights: dict[tuple[str, bytes], _Flight] = {}
         metrics = metrics or Registry()
         self._hits = metrics.counter("mqstore_auth_cache_hits_total",
                                      "calls whose credentials the cache accepted (no secret hashed)")
@@ -94,11 +96,30 @@ class Authority:
         if cached is not None and hmac.compare_digest(cached[0], fp):
             self._hits.inc()
             return cached[1]
+        key = (name, fp)
         with self._lock:
-            rejected = (name, fp) in self._rejected
+            rejected = key in self._rejected
             version = self._version
+            flight = self._flights.get(key)
+            leading = flight is None and not rejected
+            if leading:
+                flight = self._flights[key] = _Flight()
         if rejected:
             raise _not_accepted(name)
+        if not leading:  # another call is checking the same secret: wait for its answer, hash nothing
+            return flight.wait(name)
+        try:
+            flight.principal = self._verify(name, secret, fp, version)
+            return flight.principal
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
+
+    def _verify(self, name: str, secret: str, fp: bytes, version: int) -> Principal:
         user = self._source.user(name)
         self._verifications.inc()
         if not secrets.verify_secret(secret, user.secret_hash if user else _DUMMY_HASH) or user is None:
@@ -172,6 +193,26 @@ class Authority:
 
 
 _SERVICE_PRINCIPAL = Principal(SERVICE_USER, SUPER, ())
+FLIGHT_WAIT_S = 30.0  # a verification (a database read and one scrypt) that takes longer is a stuck database
+
+
+class _Flight:
+    """One verification of a (user, secret) in progress; the calls that come meanwhile wait for it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.principal: Principal | None = None
+        self.error: BaseException | None = None
+
+    def wait(self, name: str) -> Principal:
+        if not self.done.wait(FLIGHT_WAIT_S):
+            raise Unavailable(f"the credentials of user {name!r} are still being checked after {FLIGHT_WAIT_S:.0f} s "
+                              f"(is the auth database reachable?); retry")
+        if self.principal is not None:
+            return self.principal
+        if isinstance(self.error, Unauthenticated):  # the leader's check failed: the same answer
+            raise _not_accepted(name)
+        raise Unavailable(f"the credentials of user {name!r} could not be checked: {self.error}; retry")
 
 
 def _not_accepted(name: str) -> Unauthenticated:

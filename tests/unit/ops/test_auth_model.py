@@ -153,3 +153,43 @@ def test_a_generated_secret_is_returned_once_and_only_its_hash_is_stored(store):
     assert len(created.secret) >= 32
     assert created.secret not in store.user("carol").secret_hash
     assert Authority(store).authenticate("carol", created.secret).name == "carol"
+
+
+def test_concurrent_calls_with_new_credentials_share_one_check(store):
+    """16 producers starting at once: one database read and one scrypt, not 16 (they made the first
+    second of an authenticated benchmark take seconds on 2 cores)."""
+    import threading
+
+    from tests.support.waiting import wait_until
+    AccessAdmin(store).create_user("dave", model.NORMAL, "dave-secret-1")
+    entered, release = [], threading.Event()
+
+    class Slow:
+        def version(self):
+            return store.version()
+
+        def rules(self, name):
+            return store.rules(name)
+
+        def user(self, name):
+            entered.append(name)
+            release.wait(20)
+            return store.user(name)
+
+    registry = Registry()
+    authority = Authority(Slow(), metrics=registry)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(authority.authenticate("dave", "dave-secret-1")))
+               for _ in range(8)]
+    threads[0].start()
+    wait_until(lambda: entered, "the first check to read the user")
+    for t in threads[1:]:
+        t.start()
+    flight = next(iter(authority._flights.values()))
+    # every other call is either waiting for the first one's answer or (without the sharing) reading too
+    wait_until(lambda: len(entered) + len(flight.done._cond._waiters) == 8, "the other calls to be waiting")
+    release.set()
+    for t in threads:
+        t.join(20)
+    assert [p.name for p in results] == ["dave"] * 8
+    assert registry.get("mqstore_auth_secret_verifications_total").value == 1 and entered == ["dave"]
