@@ -149,7 +149,7 @@ class Authority:
 
     # ---- authorization -------------------------------------------------------------------------------
     def decide(self, principal: Principal, action: str, resource: Resource) -> Decision:
-        key = (action, resource.kind, resource.name)
+        key = (action, resource)
         decision = principal.decisions.get(key)
         if decision is None:
             decision = model.decide(principal.kind, principal.rules, action, resource, self.default_decision)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mqstore.errors import InvalidArgument
 
@@ -57,9 +58,9 @@ def is_user_name(name: str) -> bool:
     return bool(_USER_NAME.match(name))
 
 
-@dataclass(frozen=True, slots=True)
-class Resource:
-    """What a call touches: a topic or group by name, or the cluster (name "")."""
+class Resource(NamedTuple):
+    """What a call touches: a topic or group by name, or the cluster (name ""). A tuple: one is made per
+    call on the hot path, and a tuple is the cheapest immutable value to make."""
 
     kind: str
     name: str = ""
