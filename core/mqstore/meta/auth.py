@@ -66,7 +66,7 @@ class AuthStore:
     def __init__(self, url: str, clock: Clock, *, wait_timeout_ms: int = 10_000):
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite" and parsed.database:
-            _make_dir(pathlib.Path(parsed.database).absolute().parent)
+            fs.make_dirs(pathlib.Path(parsed.database).absolute().parent)  # the creation rule (mqstore.fs)
         self._url_text = parsed.render_as_string(hide_password=True)
         self._clock = clock
         self._wait_timeout_ms = wait_timeout_ms
@@ -175,17 +175,6 @@ class AuthStore:
             cause = getattr(exc, "orig", None) or exc
             raise Unavailable(f"auth database {self._url_text} is unavailable or stayed locked for "
                               f"{self._wait_timeout_ms} ms: {cause}; retry later") from exc
-
-
-def _make_dir(directory: pathlib.Path) -> None:
-    """The SQLite file's directory (a service's data dir before its store made it), made durable."""
-    missing = []
-    while not directory.exists():
-        missing.append(directory)
-        directory = directory.parent
-    for path in reversed(missing):
-        path.mkdir(exist_ok=True)
-        fs.fsync_dir(path.parent)
 
 
 def _bump(conn: sa.Connection) -> None:

@@ -25,6 +25,8 @@ import sys
 import tempfile
 from typing import Sequence
 
+from mqstore import fs
+
 SERVER_NAMES = ("localhost", "127.0.0.1", "::1", "commitlog", "index", "txn", "compactor", "gateway")
 DAYS = 30
 FILES = ("ca.pem", "ca.key", "server.pem", "server.key", "client.pem", "client.key")
@@ -67,7 +69,7 @@ def _sign(name: str, subject: str, extensions: str, cwd: pathlib.Path) -> None:
 def make_ca(directory: pathlib.Path, extra_names: Sequence[str] = (), force: bool = False,
             readable_keys: bool = False) -> pathlib.Path:
     """The files of the module docstring in ``directory``; returns it."""
-    directory.mkdir(parents=True, exist_ok=True)
+    fs.make_dirs(directory)  # the creation rule (mqstore.fs)
     if not force and all((directory / name).exists() for name in FILES):
         return directory
     with tempfile.TemporaryDirectory(dir=directory, prefix=".make-") as tmp:
@@ -83,7 +85,9 @@ def make_ca(directory: pathlib.Path, extra_names: Sequence[str] = (), force: boo
         for name in FILES:
             if readable_keys and name.endswith(".key"):
                 os.chmod(work / name, 0o644)
-            os.replace(work / name, directory / name)
+            with open(work / name, "rb") as written:  # openssl wrote it; durable before it takes the name
+                os.fsync(written.fileno())
+            fs.rename_durably(work / name, directory / name)
     return directory
 
 
