@@ -96,8 +96,10 @@ def test_bad_input_gets_the_right_status(log, txn):
         got, details = code_of(call)
         assert got == code and text in details, (code, text, got, details)
     p = prepare(txn, "orders", [b"x"], txn_id="fixed-1")
-    code, details = code_of(lambda: prepare(txn, "orders", [b"x"], txn_id="fixed-1"))
-    assert code == grpc.StatusCode.ALREADY_EXISTS
+    code, details = code_of(lambda: prepare(txn, "orders", [b"y"], txn_id="fixed-1"))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "other messages" in details
+    again = prepare(txn, "orders", [b"x"], txn_id="fixed-1")  # a retry of the same request: the first answer
+    assert again.already and list(again.halves) == list(p.halves) and not p.already
     assert commit(txn, p.transaction_id).state == txn_pb2.TRANSACTION_STATE_COMMITTED  # still serving
     assert stats(txn).open == 0
 
