@@ -10,10 +10,11 @@ stream's incoming answers (domain objects) and sends what :meth:`CheckSession.ch
   a reader (Workers           reads the stream's answers. An answer COMMIT or ROLLBACK stops all further
   ``txn-checkback-reader``)   checks of the transaction at once (Txn.deciding, under the table's lock, before
                               anything else) and is handed to a decider; UNKNOWN is recorded (checks go on)
-  a decider (Workers          applies the decision through the coordinator (by "check-back"); its durability
-  ``txn-check-answer``)       wait (a rollback's OP record) runs here, never on the reader, and never counts as
-                              an unanswered check; a refusal (resolved the other way, the log away) is counted
-                              and logged, and checks resume if the transaction is still open
+  a decider (Workers          applies the decision through the coordinator (by "check-back"): a commit's append,
+  ``txn-check-answer``)       never on the reader; a rollback does not wait for its OP record (nobody waits for
+                              the answer), and the transaction is ROLLED_BACK, no check candidate, meanwhile;
+                              a refusal (resolved the other way, the log away) is counted and logged, and checks
+                              resume if the transaction is still open
 
 Answers of one stream are applied concurrently (``check_answer_workers``). A reader waits while every
 decider is busy and the queue is full: back-pressure on that stream, never an unbounded backlog. At most

@@ -231,7 +231,9 @@ class Coordinator:
         self.table.need_op(txn)
         return results
 
-    def rollback(self, txn_id: str, by: str = "producer") -> Ended:
+    def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
+        """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
+        nobody waits for its outcome, and a decider thread must not sit out an OP batch interval)."""
         self.check_ready()
         txn = self.txn(txn_id)
         with txn.guard:
@@ -247,7 +249,8 @@ class Coordinator:
                     self.cache.discard(half.physical_offset)
                 self.table.resolve(txn, ROLLED_BACK, by)
                 self.table.need_op(txn)
-        self._wait_durable(txn, "rolled back")
+        if wait_durable:
+            self._wait_durable(txn, "rolled back")
         return Ended(ROLLED_BACK, already, [])
 
     def _wait_durable(self, txn: Txn, what: str) -> None:

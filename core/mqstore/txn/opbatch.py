@@ -39,6 +39,7 @@ from mqstore.errors import OutcomeUnknown
 log = structlog.get_logger("mqstore.txn.opbatch")
 
 REASON_SIZE, REASON_TIME, REASON_OTHER = "size", "time", "other"
+MAX_PAUSE_MS = 100  # the duty looks again at least this often: the due time is the injected clock's
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +183,7 @@ class OpBatcher(Duty):
                 return
             else:
                 wait_ms = self.interval_ms
-        self._wake.wait(max(wait_ms, 1) / 1000)
+        self._wake.wait(min(max(wait_ms, 1), MAX_PAUSE_MS) / 1000)
         self._wake.clear()
 
     def drain(self, timeout_s: float) -> None:

@@ -158,11 +158,12 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
 
 
 def decide(coordinator: Coordinator, txn_id: str, decision: str) -> None:
-    """A producer's check answer, applied as its Commit or Rollback would be (by "check-back")."""
+    """A producer's check answer, applied as its Commit or Rollback would be (by "check-back"); a rollback
+    does not wait for its OP record (nobody waits for the answer's outcome)."""
     if decision == "COMMIT":
         coordinator.commit(txn_id, by="check-back")
     else:
-        coordinator.rollback(txn_id, by="check-back")
+        coordinator.rollback(txn_id, by="check-back", wait_durable=False)
 
 
 def read_halves(client: CommitLogClient, offsets: list[int]) -> list[StoredMessage]:
