@@ -366,6 +366,7 @@ class TxnTable:
             if self.target is None:
                 self.target = log_end
             self.applied = next_physical_offset
+            self._forget_old()  # those the follower has just passed may go now
             became_ready = not self._ready.is_set() and self.applied >= self.target
             if became_ready:
                 for txn in list(self.by_id.values()):  # caught up: every missing OP record now
