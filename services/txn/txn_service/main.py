@@ -137,8 +137,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     parts.add_duty(ops)
     cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes)
     coordinator = Coordinator(cfg, table, client, appender, ops, cache, clock, in_doubt)
-    parts.add_duty(Follower("txn-follower", TxnTailSource(client, cfg.follow_linger_ms), TxnProjection(table),
-                            config.follow, gap_policy=GapPolicy.STOP))
+    parts.add_duty(txn_follower(table, TxnTailSource(client, cfg.follow_linger_ms), config.follow))
     parts.add_duty(in_doubt)
     hub = CheckHub(cfg.max_check_streams)
     checker = parts.add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(client, offsets),
@@ -155,6 +154,12 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     checkpointer.counters = operations.counters
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(
         TransactionServicer(coordinator, checkback, operations), server))
+
+
+def txn_follower(table: TxnTable, source, config: FollowConfig) -> Follower:
+    """GapPolicy.STOP: records retention deleted before they were applied cannot be rebuilt (a COMMIT record
+    missed would let a transaction be committed twice), so the follower stays and reports it."""
+    return Follower("txn-follower", source, TxnProjection(table), config, gap_policy=GapPolicy.STOP)
 
 
 def decide(coordinator: Coordinator, txn_id: str, decision: str) -> None:
