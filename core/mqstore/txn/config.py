@@ -34,13 +34,14 @@ class TxnConfig:
     check_answer_workers: int = 8           # check answers applied concurrently...
     check_answer_queue: int = 1000          # ...and queued beyond those (then the stream waits)
     metadata_url: str = ""                  # audit trail database; "" = SQLite in data_dir
+    audit_wait_timeout_ms: int = 5000       # a ForceResolve waits at most this for the audit database
 
     def __post_init__(self) -> None:
         for name in ("op_batch_max_bytes", "op_batch_interval_ms", "transaction_timeout_ms",
                      "check_max", "check_interval_ms", "check_rate_per_s", "check_scan_interval_ms",
                      "append_max_messages", "append_max_bytes", "checkpoint_interval_ms", "resolved_keep",
                      "max_open_transactions", "in_doubt_settle_ms", "max_check_streams", "check_answer_workers",
-                     "check_answer_queue"):
+                     "check_answer_queue", "audit_wait_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
         if not 0 <= self.follow_linger_ms <= 1000:

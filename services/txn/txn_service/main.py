@@ -107,7 +107,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
                              max_reconnect_backoff_ms=config.follow.backoff_max_ms)
     parts.on_close(client.close)
-    audit = AuditTrail(cfg.metadata_url_resolved)
+    audit = AuditTrail(cfg.metadata_url_resolved, wait_timeout_ms=cfg.audit_wait_timeout_ms)
     parts.on_close(audit.close)
     table = TxnTable(cfg.resolved_keep, cfg.max_open_transactions)
     table.on_ready.append(parts.health_changed)
