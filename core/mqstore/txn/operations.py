@@ -25,7 +25,7 @@ from .checker import Checker
 from .config import TxnConfig
 from .coordinator import Coordinator, Ended
 from .opbatch import OpBatcher
-from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, PREPARING, ROLLED_BACK, Txn, TxnTable
+from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, ROLLED_BACK, Txn, TxnTable
 
 MAX_LIST = 10_000
 # Counters kept across restarts (the checkpoint's "counters"): name -> where the live figure comes from.
@@ -135,7 +135,7 @@ class Operations:
         total = self.counters()
         op, cache = self.ops.stats(), self.cache.stats()
         return dict(
-            open=counts[OPEN] + counts[PREPARING], committed=counts[COMMITTED], rolled_back=counts[ROLLED_BACK],
+            open=counts[OPEN], committed=counts[COMMITTED], rolled_back=counts[ROLLED_BACK],
             parked=counts[PARKED], outcome_unknown=counts[OUTCOME_UNKNOWN], in_doubt_appends=self._in_doubt_pending(),
             oldest_open_age_ms=max(open_ages, default=0), halves_written=total["halves_written"],
             op_messages_written=total["op_messages_written"], op_entries_written=total["op_entries_written"],
