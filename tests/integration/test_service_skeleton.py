@@ -114,6 +114,30 @@ def test_a_duty_killed_by_a_bug_turns_health_not_serving():
         assert "InvariantViolation: offsets went backwards" in duties[0].problem()
 
 
+def test_a_service_not_ready_at_start_is_not_serving_until_it_says_it_is():
+    ready = threading.Event()
+    parts_seen: list[service.Composition] = []
+
+    def compose(config, parts: service.Composition) -> None:
+        parts.add_health_problem(lambda: "" if ready.is_set() else "recovering")
+        parts_seen.append(parts)
+
+    with service.serving(skeleton(compose), Config()) as (_, port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def status() -> int:
+            return health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S).status
+
+        assert status() == health_pb2.HealthCheckResponse.NOT_SERVING  # from the first answer (SERVING before)
+        ready.set()
+        parts_seen[0].health_changed()  # the monitor polls now
+        deadline = time.monotonic() + WAIT_S
+        while status() != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, "health never turned SERVING"
+            threading.Event().wait(0.01)
+
+
 # ---- the processes ---------------------------------------------------------------------------------------
 
 SERVICES = {"commitlog": "commitlog_service.main", "index": "index_service.main", "txn": "txn_service.main"}
