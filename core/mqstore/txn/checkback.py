@@ -217,6 +217,10 @@ class CheckBack:
             raise
         return session
 
+    def close(self, session: CheckSession) -> None:
+        """The stream ended (its handler returns): the session is closed and unregistered."""
+        self.hub.close(session)
+
     def _read(self, session: CheckSession, incoming: Iterable[Answer]) -> None:
         try:
             for answer in incoming:

@@ -229,6 +229,8 @@ class Coordinator:
         failpoints.hit("txn.commit.after_real")
         self.table.committed(txn, primary, by)
         self.table.need_op(txn)
+        for half in txn.halves:  # another attempt's halves, if any, are never committed: not worth caching
+            self.cache.discard(half.physical_offset)
         return results
 
     def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:

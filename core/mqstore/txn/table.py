@@ -159,12 +159,6 @@ class TxnTable:
                 out[OUTCOME_UNKNOWN] += bool(txn.unknown)
             return out
 
-    def op_written_at(self, half_queue_offset: int) -> bool:
-        """Whether the half at this half-queue offset has its OP record (an unknown one: yes, long done)."""
-        with self.lock:
-            found = self.by_queue_offset.get(half_queue_offset)
-            return found is None or found[1].op_written
-
     # ---- Prepare's reservation -------------------------------------------------------------------------
     def reserve(self, txn_id: str, group: str, topic: str, digest: str) -> tuple[Txn, bool]:
         """The id's transaction and whether this call created it (PREPARING, for the caller to append).
@@ -197,8 +191,8 @@ class TxnTable:
         """A Prepare whose halves are not known to be written: the id is free again, unless the follower
         has found halves of it meanwhile (then it is OPEN, as the log says)."""
         with self.lock:
-            invariant(txn.state == PREPARING, f"transaction {txn.txn_id} is {txn.state}: only a reservation is "
-                      f"released")
+            if txn.state != PREPARING:
+                return  # the Prepare got past its append (or the log decided meanwhile): nothing to free
             self._touch(txn)
             if txn.halves:
                 txn.state = OPEN

@@ -133,7 +133,7 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             for check in session.checks(context.is_active):
                 yield _check(check)
         finally:
-            self._checkback.hub.close(session)
+            self._checkback.close(session)
 
 
 def add_to_server(servicer: TransactionServicer, server: grpc.Server) -> None:
