@@ -6,7 +6,8 @@ MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--internal-token`` (env MQSTORE_I
 commit log's shared secret for CommitLogInternal; prefer the variable), ``--rpc-timeout-ms``,
 ``--tail-stream-deadline-ms``, and one flag per field of TxnConfig (``--op-batch-max-bytes``,
 ``--op-batch-interval-ms``, ``--cache-max-entries``, ``--cache-max-bytes``, ``--transaction-timeout-ms``,
-``--check-max``, ``--check-interval-ms``, ``--metadata-url``, ...) and FollowConfig.
+``--check-max``, ``--check-interval-ms``, ``--max-open-transactions``, ``--in-doubt-settle-ms``,
+``--max-check-streams``, ``--check-answer-workers``, ``--metadata-url``, ...) and FollowConfig.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 Runs as every service does (mqstore_rpc.service). Until its follower has read the log up to the end it
