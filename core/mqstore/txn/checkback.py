@@ -226,13 +226,20 @@ class CheckBack:
             for answer in incoming:
                 txn_id = session.answered(answer.check_id)
                 if self.sink.record_answer(txn_id, answer.decision):  # checks of it stop here, at once
-                    self.deciders.submit(lambda t=txn_id, d=answer.decision: self._apply(t, d), SUBMIT_WAIT_S)
+                    self._hand_over(txn_id, answer.decision)
                 if session.closed:
                     return
         except MqStoreError as exc:
             session.fail(exc)
         finally:
             self.hub.close(session)
+
+    def _hand_over(self, txn_id: str, decision: str) -> None:
+        try:
+            self.deciders.submit(lambda: self._apply(txn_id, decision), SUBMIT_WAIT_S)
+        except MqStoreError as exc:  # stopping, or no decider free for an hour: checks of it resume later
+            self.sink.answer_done(txn_id, exc)
+            raise
 
     def _apply(self, txn_id: str, decision: str) -> None:
         error = None
