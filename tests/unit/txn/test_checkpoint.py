@@ -9,11 +9,13 @@ import json
 
 import pytest
 
+from mqstore import fs
 from mqstore.clock import FakeClock
 from mqstore.errors import DataLoss
 from mqstore.txn import journal, persist, snapshot
 from mqstore.txn.table import COMMITTED, OPEN, Half, TxnTable
 from tests.conftest import golden_bytes
+from tests.support import powercut
 
 T0 = 1_700_000_000_000
 
@@ -97,3 +99,20 @@ def test_a_foreign_file_refuses_the_start(tmp_path):
     path.write_bytes(b"{not a journal}")
     with pytest.raises(DataLoss, match="delete it to rebuild"):
         snapshot.load(path, TxnTable(resolved_keep=10))
+
+
+@pytest.mark.parametrize("mode", [powercut.ENTRIES, powercut.SIZES])
+def test_what_a_save_wrote_survives_a_power_cut(tmp_path, mode):
+    table, clock = table_with(3), FakeClock(T0)
+    path = tmp_path / "txn" / "state.journal"
+    with powercut.PowerCut(mode) as power:
+        fs.make_dirs(path.parent)  # as the service creates its data directory
+        cp = persist.Checkpointer(path, table, clock, 1000)
+        cp.save_now()  # a full record: a new file (replace_file)
+        table.resolve(table.get("t1"), COMMITTED, "producer")
+        cp.save_now()  # a delta appended (fsynced)
+        cp.close()
+        power.cut()
+    loaded = TxnTable(resolved_keep=1000)
+    snapshot.load(path, loaded)
+    assert loaded.get("t1").state == COMMITTED and len(loaded.by_id) == 3
