@@ -62,6 +62,13 @@ class FlushTimeout(Unavailable):
     """A SYNC append was written but no fsync covered it within the timeout."""
 
 
+class OutcomeUnknown(Unavailable):
+    """A write to another service failed in a way that does not prove nothing was written (the
+    connection dropped, a deadline passed, the peer died or timed out its fsync): it may have landed.
+    The caller must find out from the log before deciding again (the Transaction service's
+    "outcome unknown" state); retrying the same write blindly could apply it twice."""
+
+
 class DataLoss(MqStoreError):
     """Stored bytes fail their checks (CRC, length); nothing from them is served. When one stored
     record is known to be bad, ``physical_offset`` (and for a queue read ``queue_offset``) say which,

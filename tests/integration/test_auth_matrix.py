@@ -140,6 +140,7 @@ CALLS: dict[str, Call] = {
     "/mqstore.v1.Transaction/Show": Call("unary", lambda w: tpb.ShowRequest(transaction_id=w.txns["show"])),
     "/mqstore.v1.Transaction/ForceResolve": Call("unary", lambda w: tpb.ForceResolveRequest(
         transaction_id=w.txns["force"], decision=tpb.DECISION_ROLLBACK, reason="matrix", operator="test")),
+    "/mqstore.v1.Transaction/ListAudit": Call("unary", lambda w: tpb.ListAuditRequest()),
     "/mqstore.v1.Transaction/Stats": Call("unary", lambda w: tpb.TxnStatsRequest()),
     "/mqstore.v1.Compactor/Pull": Call("unary", lambda w: kpb.CompactedPullRequest(topic=KV, queue_id=0)),
     "/mqstore.v1.Compactor/GetLatest": Call("unary", lambda w: kpb.GetLatestRequest(topic=KV, key="key")),

@@ -124,6 +124,7 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.Transaction/ListOpen": _CLUSTER_ADMIN,
     "/mqstore.v1.Transaction/Show": _CLUSTER_ADMIN,
     "/mqstore.v1.Transaction/ForceResolve": _CLUSTER_ADMIN,
+    "/mqstore.v1.Transaction/ListAudit": _CLUSTER_ADMIN,
     "/mqstore.v1.Transaction/Stats": _CLUSTER_ADMIN,
     # ---- Compactor
     "/mqstore.v1.Compactor/Pull": _topic_sub(),
