@@ -175,7 +175,8 @@ class PopService:
                                         byte_budget)
             left_ms = int((give_up_s - self.clock.monotonic_s()) * 1000)
             if deliveries or left_ms <= 0:
-                return ReceiveResult(deliveries, self.clock.now_ms())
+                pop_time_ms = deliveries[0].visible_at_ms - invisible_ms if deliveries else self.clock.now_ms()
+                return ReceiveResult(deliveries, pop_time_ms)
             arrived = self.store.wait_for_messages(self._grown(names, seen), left_ms)
             if not arrived:  # the time is up, the waiting slots are taken, or the store is stopping
                 return ReceiveResult([], self.clock.now_ms())
