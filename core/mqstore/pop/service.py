@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import structlog
 
@@ -35,7 +35,7 @@ from mqstore.pop.config import PopConfig
 from mqstore.pop.counters import PopCounters
 from mqstore.pop.inflight import EXPIRED, OK, Entry, InFlightTable, MsgKey, Reservation
 from mqstore.pop.offsets import PopOffsets
-from mqstore.pop.replay import replay
+from mqstore.pop.replay import reconcile, replay
 from mqstore.pop.revive import REVIVE_GROUP, Reviver
 
 log = structlog.get_logger("mqstore.pop")
@@ -122,6 +122,7 @@ class PopService:
         """Rebuild the in-flight set and pop offsets from the revive log, then serve (and, with ``run_duty``,
         start the revive duty; tests of a fake clock drive :attr:`reviver` themselves)."""
         self.reviver.revive_offset = replay(self, REVIVE_GROUP)
+        reconcile(self, self.config.pop_revive_batch + MAX_BATCH)
         self.started = True
         if run_duty:
             self.reviver.start()
@@ -391,14 +392,17 @@ class PopService:
             raise FailedPrecondition(_why_not(status, h))
         return entry
 
-    def end_entries(self, entries: list[Entry], reason: int, failpoint: str = "") -> AppendResult:
-        """One ACK record for claimed ``entries``, then they leave the in-flight set; a failed append gives
-        the claims back (the entries stay in flight) and raises."""
+    def end_entries(self, entries: list[Entry], reason: int, failpoint: str = "", *,
+                    release_on_failure: bool = True) -> AppendResult:
+        """One ACK record for claimed ``entries``, then they leave the in-flight set; a failed append raises
+        and gives the claims back (the entries stay in flight), unless ``release_on_failure`` is false
+        (the revive duty keeps them to write their ACK again)."""
         body = records.encode_ack([records.AckEntry(e.ck_id, e.key[4], reason) for e in entries])
         try:
             result = self._append_records([(records.TAG_ACK, body)])[0]
         except BaseException:
-            self.inflight.release(entries)
+            if release_on_failure:
+                self.inflight.release(entries)
             raise
         try:
             if failpoint:
@@ -415,20 +419,26 @@ class PopService:
 
     def append_copies(self, topic: str, messages: list[MessageIn]) -> list[AppendResult]:
         """``messages`` in appends that each fit the store's batch limits (count and body bytes)."""
-        limit_count = self.store.config.max_batch_messages
-        limit_bytes = self.store.config.max_batch_body_bytes
         out: list[AppendResult] = []
-        chunk: list[MessageIn] = []
-        chunk_bytes = 0
-        for m in messages:
-            if chunk and (len(chunk) >= limit_count or chunk_bytes + len(m.body) > limit_bytes):
-                out += self.store.append(topic, chunk, system_writer=topic_rules.OWNER_POP)
-                chunk, chunk_bytes = [], 0
-            chunk.append(m)
-            chunk_bytes += len(m.body)
-        if chunk:
+        for chunk in self.chunks(messages, lambda m: len(m.body)):
             out += self.store.append(topic, chunk, system_writer=topic_rules.OWNER_POP)
         return out
+
+    def chunks(self, items: list, body_bytes: Callable[[object], int]) -> Iterator[list]:
+        """``items`` in runs that fit one append (the store's max_batch_messages and max_batch_body_bytes)."""
+        limit_count = self.store.config.max_batch_messages
+        limit_bytes = self.store.config.max_batch_body_bytes
+        chunk: list = []
+        chunk_bytes = 0
+        for item in items:
+            size = body_bytes(item)
+            if chunk and (len(chunk) >= limit_count or chunk_bytes + size > limit_bytes):
+                yield chunk
+                chunk, chunk_bytes = [], 0
+            chunk.append(item)
+            chunk_bytes += size
+        if chunk:
+            yield chunk
 
     # ---- facts -----------------------------------------------------------------------------------------
     def revive_end(self) -> int:

@@ -291,16 +291,32 @@ def test_a_message_whose_record_is_damaged_by_its_expiry_is_counted_lost(env):
     assert bodies(p.receive()) == [b"m1"] and pop_stats(p.pop).counts.lost == 1
 
 
-def test_a_failed_copy_leaves_the_message_in_flight_and_copies_it_again(env, failpoint):
+def test_an_ack_record_that_fails_after_the_copy_is_written_again_without_a_second_copy(env, failpoint):
     p = env(queues=1)
-    send(p, 1)
+    send(p, 2)
+    p.receive()
+    p.clock.advance(INVISIBLE_MS)
+    with failpoint.armed("pop.revive.after_copy"):  # the copies are appended, the ACK record fails
+        with pytest.raises(Exception, match="pop.revive.after_copy"):
+            p.pop.reviver.revive_due()
+    assert pop_stats(p.pop).in_flight == 2 and pop_stats(p.pop).counts.revived == 0
+    assert p.pop.reviver.revive_due() == 0  # wrote the owed ACK record first; nothing else was due
+    assert pop_stats(p.pop).in_flight == 0 and pop_stats(p.pop).counts.revived == 2
+    assert [d.attempt for d in p.receive()] == [2, 2] and p.store.queue_info("%RETRY%g_t", 0).max_offset == 2
+
+
+def test_a_crash_between_the_copy_and_its_ack_record_does_not_copy_again(env, failpoint):
+    p = env(queues=1)
+    send(p, 2)
     p.receive()
     p.clock.advance(INVISIBLE_MS)
     with failpoint.armed("pop.revive.after_copy"):
         with pytest.raises(Exception, match="pop.revive.after_copy"):
             p.pop.reviver.revive_due()
-    assert p.pop.reviver.revive_due() == 1
-    assert [d.attempt for d in p.receive()] == [2, 2]  # the duplicate the crash window allows
+    p.crash()  # the copies are in the retry topic, their entries in flight again after the replay
+    assert pop_stats(p.pop).in_flight == 0  # the start found the copies (POP_CK) and wrote their ACK
+    assert p.expire(0) == 0 and p.store.queue_info("%RETRY%g_t", 0).max_offset == 2
+    assert sorted(d.attempt for d in p.receive()) == [2, 2]
 
 
 def test_requests_are_checked(env):
