@@ -35,6 +35,7 @@ from mqstore.pop.inflight import Entry
 log = structlog.get_logger("mqstore.pop.revive")
 
 REVIVE_GROUP = "CID_RMQ_SYS_REVIVE_GROUP"  # the revive checkpoint is this group's offset of the revive topic
+_REVIVE_STEPS_BEFORE_FLUSH = 16
 
 
 def destination_of(entry: Entry) -> tuple[str, int]:
@@ -57,8 +58,9 @@ class Reviver(Duty):
 
     # ---- the duty -------------------------------------------------------------------------------------
     def step(self) -> None:
-        while self.revive_due() and not self.stopping:
-            pass
+        for _ in range(_REVIVE_STEPS_BEFORE_FLUSH):  # a long backlog of expiries does not hold up the flush
+            if not self.revive_due() or self.stopping:
+                break
         if self.pop.clock.monotonic_s() - self._last_flush_s >= self.pop.config.pop_flush_interval_ms / 1000:
             self.flush()
 

@@ -249,19 +249,25 @@ class PopService:
             try:
                 result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, tags)
                 break
+            except NotFound:
+                return None, []  # the retry topic was deleted since (it comes back with the next redelivery)
             except OutOfRange as exc:
-                if exc.min_value is None or offset >= exc.min_value:
+                if exc.min_value is None or exc.max_value is None:
                     raise
-                log.warning("pop.offset_behind_retention", group=group, topic=source.name,
-                            queue_id=source.queue_id, offset=offset, min_offset=exc.min_value)
+                # Behind the queue's start: retention removed messages never received. Past its end: the
+                # topic was deleted and created again. Either way the queue's first message is next.
+                log.warning("pop.offset_outside_queue", group=group, topic=source.name, queue_id=source.queue_id,
+                            offset=offset, min_offset=exc.min_value, max_offset=exc.max_value)
                 offset = exc.min_value
+                self.offsets.reset(key, offset)
+                continue
             except DataLoss as exc:
                 bad = exc.queue_offset if exc.queue_offset is not None else offset
                 log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
                           queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
                 self.counters.add(damaged_skipped=1)
                 offset = bad + 1
-            self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
+                self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
         else:
             return None, []  # damage after damage: the next receive goes on from here
         deliver, late = [], []

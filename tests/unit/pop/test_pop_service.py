@@ -319,6 +319,33 @@ def test_a_crash_between_the_copy_and_its_ack_record_does_not_copy_again(env, fa
     assert sorted(d.attempt for d in p.receive()) == [2, 2]
 
 
+def test_a_topic_created_again_is_received_from_its_start(env):
+    p = env(queues=1)
+    send(p, 3)
+    p.pop.ack("g", "t", [d.receipt_handle for d in p.receive()])
+    p.store.delete_topic("t")
+    with pytest.raises(NotFound):
+        p.receive()
+    p.store.create_topic("t", 1)
+    send(p, 2, start=10)
+    assert bodies(p.receive()) == [b"m10", b"m11"]
+    p.store.flusher.flush_now()
+    p.pop.reviver.flush()
+    assert p.store.query_offset("g", "t", 0) == p.store.queue_info("t", 0).max_offset
+
+
+def test_messages_removed_by_retention_before_a_receive_are_passed_over(env):
+    p = env(queues=1)
+    send(p, 3)
+    assert bodies(p.receive(batch_size=1)) == [b"m0"]
+    p.clock.advance(5_000)
+    send(p, 2, start=3)
+    p.store.update_topic("t", retention_ms=1_000)
+    p.store.apply_topic_retention()
+    assert p.store.queue_info("t", 0).min_offset == 3
+    assert bodies(p.receive()) == [b"m3", b"m4"]  # m1, m2 are gone; the group's offset 1 moved to 3
+
+
 def test_requests_are_checked(env):
     p = env()
     for kw, match in [(dict(invisible_duration_ms=50), "invisible_duration_ms"), (dict(batch_size=1001), "batch_size"),
