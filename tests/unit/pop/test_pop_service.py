@@ -10,7 +10,8 @@ from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, Resour
 from mqstore.model import MessageIn
 from mqstore.pop import copies
 from mqstore.pop.config import PopConfig
-from mqstore.pop.service import START_LATEST, PopService
+from mqstore.pop.receive import START_LATEST
+from mqstore.pop.service import PopService
 from mqstore.pop.stats import pop_stats
 from mqstore.store import MessageStore
 from tests.unit.core.test_damaged_reads import _damage
