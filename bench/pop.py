@@ -34,6 +34,7 @@ import time
 import grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import diskuse
 from procs import BenchError, git_rev, spawn, stop, stop_all, wait_for_event
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
@@ -182,7 +183,7 @@ def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# Pop consumption benchmark", "",
              f"{meta['when']} at {meta['git']} on {meta['machine']}; {meta['mode']} run: {meta['messages']} messages "
              f"of 1 KiB in {QUEUES} queues, each group consumes all of them; medians of {meta['rounds']} "
-             "alternating round(s). Workload: bench/pop.py.", "",
+             "alternating round(s). Workload: bench/pop.py. " + diskuse.describe(meta), "",
              "| workload | figure | comparison point | comparison | ratio | target |", "|---|---|---|---|---|---|"]
     for r in table:
         met = "" if not r["target"] else (" (met)" if r["ratio"] >= 0.5 else " (**missed**)")
@@ -199,8 +200,10 @@ def main(argv=None) -> int:
     out_dir = RESULTS / "scratch" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-pop-bench-"))
+    watch = diskuse.DiskWatch(work)
     try:
-        raw = measure(cfg, work)
+        with watch:
+            raw = measure(cfg, work)
     except BenchError as exc:
         print(f"pop bench failed: {exc}", file=sys.stderr)
         return 1
@@ -209,7 +212,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git": git_rev(),
             "machine": f"{platform.node()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)",
-            "mode": "quick" if args.quick else "full", **cfg}
+            "mode": "quick" if args.quick else "full", **cfg, **watch.report()}
     table = rows(raw)
     (out_dir / "pop.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": raw}, indent=1) + "\n")
     (out_dir / "pop.md").write_text(markdown(table, meta))
