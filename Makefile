@@ -60,7 +60,7 @@ compose-check-spark: setup
 
 # Every script runs even when one before it failed (each writes what it measured); the exit status says
 # whether any failed. Disk: bench/README.md ("What it needs").
-BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py
+BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py pop.py
 bench: setup
 	@failed=""; for script in $(BENCH_SCRIPTS); do \
 	  args="$(BENCH_ARGS)"; [ $$script = txn.py ] && args="$(filter --quick,$(BENCH_ARGS))"; \
