@@ -30,12 +30,14 @@ from mqstore.errors import InvalidArgument
 from mqstore.gateway.checkback import CheckRelay
 from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
+from mqstore.gateway.consuming import Consuming
 from mqstore.gateway.publishing import Publisher, TopicCache
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
+from .pop_client import PopClient
 from .servicer import SERVICE_NAME, MessagingServicer, add_to_server
 from .txn_client import TxnClient
 
@@ -91,6 +93,8 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     rpc_timeout_s = config.rpc_timeout_ms / 1000
     log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s)
     parts.on_close(log_client.close)
+    pop = PopClient(config.commitlog_address, rpc_timeout_s)
+    parts.on_close(pop.close)
     txn = TxnClient(config.txn_address, rpc_timeout_s=rpc_timeout_s,
                     stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000)
     parts.on_close(txn.close)
@@ -105,7 +109,7 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     parts.add_duty(Housekeeping(registry, relay))
     topics = TopicCache(log_client.topic, clock, cfg.topic_cache_ms)
     publisher = Publisher(topics, cfg.max_body_bytes, log_client.append, txn.prepare)
-    servicer = MessagingServicer(cfg, registry, topics, publisher, relay)
+    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop))
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
 
 

@@ -21,6 +21,7 @@ from mqstore.errors import ClientIdRequired, IllegalAccessPoint, InvalidArgument
 from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, CheckRelay
 from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
+from mqstore.gateway.consuming import Consuming
 from mqstore.gateway.publishing import Publisher, TopicCache, accepted_types
 
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
@@ -36,6 +37,7 @@ SERVICE_NAME = s.DESCRIPTOR.services_by_name["MessagingService"].full_name
 CLIENT_ID_HEADER = "x-mq-client-id"
 BROKER_NAME = "mqstore"
 _RESOLUTIONS = {d.COMMIT: COMMIT, d.ROLLBACK: ROLLBACK, d.TRANSACTION_RESOLUTION_UNSPECIFIED: UNKNOWN}
+_FILTER_TYPES = {d.FILTER_TYPE_UNSPECIFIED: "", d.TAG: "TAG", d.SQL: "SQL"}
 
 
 def client_id(context: grpc.ServicerContext) -> str:
@@ -60,9 +62,9 @@ def overall(statuses: list[d.Status]) -> d.Status:
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, config: GatewayConfig, registry: ClientRegistry, topics: TopicCache, publisher: Publisher,
-                 relay: CheckRelay, consumer=None):
+                 relay: CheckRelay, consuming: Consuming):
         self.config, self.registry, self.topics, self.publisher, self.relay = config, registry, topics, publisher, relay
-        self.consumer = consumer
+        self.consuming = consuming
 
     def _client(self, context) -> str:
         cid = client_id(context)
@@ -136,6 +138,62 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                                   f"{request.resolution}")
         self.relay.resolve(request.transaction_id, decision, from_check)
         return s.EndTransactionResponse(status=ok())
+
+    # ---- consuming -------------------------------------------------------------------------------------
+    @streams_with_status(s.ReceiveMessageResponse)
+    def ReceiveMessage(self, request, context):
+        """Exactly one status item (OK, or MESSAGE_NOT_FOUND when nothing came within the long poll), then
+        the delivery time and the messages, then the end of the stream, inside the client's deadline."""
+        self._client(context)
+        left_s = context.time_remaining()
+        result, invisible_ms = self.consuming.receive(
+            request.group.name, request.message_queue.topic.name,
+            filter_type=_FILTER_TYPES.get(request.filter_expression.type, "unknown"),
+            expression=request.filter_expression.expression, batch_size=request.batch_size,
+            invisible_ms=convert.duration_ms(request.invisible_duration) if request.HasField("invisible_duration")
+            else None, auto_renew=request.auto_renew,
+            long_poll_ms=convert.duration_ms(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout") else None,
+            time_left_ms=None if left_s is None else int(left_s * 1000))
+        # Everything is converted before the first item: a failure after it would be a second status.
+        messages = [convert.message_out(m.message, topic=m.topic, receipt_handle=m.receipt_handle,
+                                        delivery_attempt=m.attempt, invisible_ms=invisible_ms)
+                    for m in result.deliveries]
+        if not messages:
+            yield s.ReceiveMessageResponse(status=d.Status(code=d.MESSAGE_NOT_FOUND,
+                                                           message="no new message within the long poll"))
+            return
+        yield s.ReceiveMessageResponse(status=ok())
+        yield s.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(result.pop_time_ms))
+        for message in messages:
+            yield s.ReceiveMessageResponse(message=message)
+
+    @answers_with_status(s.AckMessageResponse)
+    def AckMessage(self, request, context):
+        self._client(context)
+        if not request.entries:
+            raise InvalidArgument("AckMessage: entries is empty; send the receipt handles to acknowledge")
+        outcomes = self.consuming.ack(request.group.name, request.topic.name,
+                                      [e.receipt_handle for e in request.entries])
+        entries = [s.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle,
+                                           status=ok() if o.status == "ok" else d.Status(
+                                               code=d.INVALID_RECEIPT_HANDLE, message=o.message or o.status))
+                   for e, o in zip(request.entries, outcomes, strict=True)]
+        return s.AckMessageResponse(status=overall([e.status for e in entries]), entries=entries)
+
+    @answers_with_status(s.ChangeInvisibleDurationResponse, echo=lambda r: {"receipt_handle": r.receipt_handle})
+    def ChangeInvisibleDuration(self, request, context):
+        self._client(context)
+        changed = self.consuming.change_invisible_duration(request.group.name, request.topic.name,
+                                                           request.receipt_handle,
+                                                           convert.duration_ms(request.invisible_duration))
+        return s.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=changed.receipt_handle)
+
+    @answers_with_status(s.ForwardMessageToDeadLetterQueueResponse)
+    def ForwardMessageToDeadLetterQueue(self, request, context):
+        self._client(context)
+        dlq = self.consuming.forward_to_dead_letter(request.group.name, request.topic.name, request.receipt_handle)
+        return s.ForwardMessageToDeadLetterQueueResponse(status=ok(f"moved to {dlq}"))
 
     # ---- not served ------------------------------------------------------------------------------------
     def PullMessage(self, request, context):

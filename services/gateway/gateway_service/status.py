@@ -66,8 +66,11 @@ def status_of(exc: errors.MqStoreError) -> d.Status:
     return d.Status(code=code_for(exc), message=str(exc))
 
 
-def answers_with_status(response_type: Callable[..., object]) -> Callable[[Callable], Callable]:
-    """A unary handler whose mqstore errors become ``response_type(status=...)`` (see the module docstring)."""
+def answers_with_status(response_type: Callable[..., object],
+                        echo: Callable[[object], dict] | None = None) -> Callable[[Callable], Callable]:
+    """A unary handler whose mqstore errors become ``response_type(status=..., **echo(request))`` (see the
+    module docstring). ``echo`` gives the fields a refusal must still carry (ChangeInvisibleDuration's
+    receipt handle: the Python client stores it before it looks at the status)."""
     def decorate(handler: Callable) -> Callable:
         @functools.wraps(handler)
         def wrapper(self, request, context):
@@ -77,7 +80,7 @@ def answers_with_status(response_type: Callable[..., object]) -> Callable[[Calla
                 status = status_of(exc)
                 log.info("gateway.refused", method=handler.__name__, code=d.Code.Name(status.code),
                          error=type(exc).__name__, message=str(exc))
-                return response_type(status=status)
+                return response_type(status=status, **(echo(request) if echo else {}))
         return wrapper
     return decorate
 
