@@ -69,6 +69,7 @@ class ClientDriver:
         self.replies: queue.Queue[dict] = queue.Queue()
         self.events: queue.Queue[dict] = queue.Queue()
         self.stderr_lines: list[str] = []
+        self.sent_ids: list[str] = []   # every "sent" event's message id (send_stream), in order
         self._ids = 0
         self._out = threading.Thread(target=self._read_stdout, name=f"{kind}-client-stdout", daemon=True)
         self._out.start()
@@ -81,6 +82,8 @@ class ClientDriver:
     def _read_stdout(self) -> None:
         for line in self.process.stdout:
             item = json.loads(line)
+            if item.get("event") == "sent":
+                self.sent_ids.append(item["message_id"])
             (self.events if "event" in item else self.replies).put(item)
 
     def _next(self, source: queue.Queue, timeout_s: float, what: str) -> dict:
@@ -91,10 +94,18 @@ class ClientDriver:
                                  f"code {self.process.poll()}); stderr:\n{''.join(self.stderr_lines[-40:])}") from None
 
     def call(self, op: str, *, expect_error: bool = False, timeout_s: float = CALL_TIMEOUT_S, **fields) -> dict:
+        self.begin(op, **fields)
+        return self.reply(op, expect_error=expect_error, timeout_s=timeout_s)
+
+    def begin(self, op: str, **fields) -> None:
+        """Send a command without waiting: ``reply()`` takes its answer (commands run one at a time)."""
         self._ids += 1
         self.process.stdin.write(json.dumps({"id": self._ids, "op": op, **fields}) + "\n")
         self.process.stdin.flush()
-        reply = self._next(self.replies, timeout_s, f"{op} {fields}")
+
+    def reply(self, op: str = "the last command", *, expect_error: bool = False,
+              timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        reply = self._next(self.replies, timeout_s, op)
         assert reply["id"] == self._ids, reply
         if expect_error:
             assert not reply["ok"], f"{self.kind} {op} should have failed: {reply}"
@@ -102,8 +113,13 @@ class ClientDriver:
             assert reply["ok"], f"{self.kind} {op} failed: {reply}"
         return reply
 
-    def next_event(self, timeout_s: float = CALL_TIMEOUT_S) -> dict:
-        return self._next(self.events, timeout_s, "a transaction check")
+    def next_event(self, timeout_s: float = CALL_TIMEOUT_S, kind: str = "check") -> dict:
+        """The next event of ``kind`` (others before it are dropped)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            event = self._next(self.events, max(0.0, deadline - time.monotonic()), f"a {kind} event")
+            if event.get("event") == kind:
+                return event
 
     def close(self) -> None:
         if self.process.poll() is None:

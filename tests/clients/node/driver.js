@@ -4,7 +4,8 @@
 // lines on stdin, one reply per command as a JSON line on stdout ({"id": n, "ok": true, ...} or
 // {"id": n, "ok": false, "error": ...}); a transaction check from the server prints an event line
 // {"event": "check", ...} at any time. The same commands as tests/clients/python/rmq_driver.py
-// (see there): producer, send, send_many, half, end, answer, consumer, receive, ack, change, shutdown.
+// (see there): producer, send, send_many, send_stream, half, end, answer, consumer, receive, ack, change,
+// shutdown.
 'use strict';
 
 const readline = require('node:readline');
@@ -67,6 +68,23 @@ class Driver {
       await this.producerClient.send(this.message({ topic: c.topic, body }));
     }
     return { elapsed_s: Number(process.hrtime.bigint() - start) / 1e9 };
+  }
+
+  async send_stream(c) {
+    let sent = 0;
+    let failed = 0;
+    for (let i = 0; i < c.count; i++) {
+      const body = `${c.prefix || 'm'}-${i}`;
+      try {
+        const receipt = await this.producerClient.send(this.message({ topic: c.topic, body }));
+        sent++;
+        emit({ event: 'sent', body, message_id: receipt.messageId });
+      } catch (err) {
+        failed++;
+        emit({ event: 'send_failed', body, error: String(err && err.message || err) });
+      }
+    }
+    return { sent, failed };
   }
 
   async half(c) {

@@ -11,6 +11,8 @@ as tests/clients/node/driver.js:
   producer   {topics, check_answer}          start a Producer with a TransactionChecker answering check_answer
   send       {topic, body, tag, keys, group, properties}       one message (group: a FIFO message group)
   send_many  {topic, count, body_bytes}      count sends in a loop; the elapsed seconds
+  send_stream {topic, count, prefix}        count sends, one event per result ("sent" with its message id, or
+                                             "send_failed"): a crash test kills a service in the middle
   half       {topic, body, tag, keys}        a transactional message, left open: its transaction as "tx"
   end        {tx, decision}                  commit or rollback a transaction of "half"
   answer     {check_answer}                  what the checker answers from now on (COMMIT, ROLLBACK, UNKNOWN)
@@ -94,6 +96,20 @@ class Driver:
         for _ in range(c["count"]):
             self.producer.send(self._message({"topic": c["topic"], "body": body}))
         return {"elapsed_s": time.perf_counter() - start}
+
+    def send_stream(self, c):
+        sent = failed = 0
+        for i in range(c["count"]):
+            body = f"{c.get('prefix', 'm')}-{i}"
+            try:
+                receipt = self.producer.send(self._message({"topic": c["topic"], "body": body}))
+            except Exception as exc:  # noqa: BLE001 - a send refused while a service is down: reported, go on
+                failed += 1
+                emit({"event": "send_failed", "body": body, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            sent += 1
+            emit({"event": "sent", "body": body, "message_id": receipt.message_id})
+        return {"sent": sent, "failed": failed}
 
     def half(self, c):
         transaction = self.producer.begin_transaction()
