@@ -135,5 +135,5 @@ class BodyTooLarge(InvalidArgument):
     """A message body over the advertised limit (RocketMQ 5: MESSAGE_BODY_TOO_LARGE)."""
 
 
-class Unsupported(MqStoreError):
-    """A call or message type the gateway does not serve (RocketMQ 5: UNSUPPORTED or NOT_IMPLEMENTED)."""
+class Unsupported(FailedPrecondition):
+    """A message type the gateway does not serve (RocketMQ 5: UNSUPPORTED)."""

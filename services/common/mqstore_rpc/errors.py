@@ -42,7 +42,6 @@ STATUS_BY_ERROR: dict[type[errors.MqStoreError], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,  # includes FlushTimeout
     errors.DataLoss: grpc.StatusCode.DATA_LOSS,  # includes CorruptLog
-    errors.Unsupported: grpc.StatusCode.UNIMPLEMENTED,  # the gateway's unsupported calls and message types
 }
 
 INTERNAL_MESSAGE = "internal error; the server logged it as event rpc.internal_error"
