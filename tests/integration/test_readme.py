@@ -144,9 +144,10 @@ class Shell:
 class Launcher:
     """``python -m mqstore_rpc.launcher`` as ``make run`` runs it; stdout read by a thread."""
 
-    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int]):
+    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int, int]):
         command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir),
-                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2])]
+                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2]),
+                   "--gateway-port", str(ports[3])]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -189,7 +190,7 @@ def test_readme_marks_the_blocks_it_promises():
 
 
 def test_readme_and_banner_examples_run_as_written(tmp_path):
-    ports = (free_port(), free_port(), free_port())
+    ports = (free_port(), free_port(), free_port(), free_port())
     launcher = Launcher(tmp_path / "data", ports)
     try:
         banner = launcher.banner()
