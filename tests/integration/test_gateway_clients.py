@@ -9,11 +9,14 @@ tag and keys are the stored TAGS and KEYS.
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import grpc
 import pytest
 
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
-from tests.support.gateway import CLIENTS, stack
+from tests.support.gateway import CLIENTS, NODE_DIR, ROOT, client_command, stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
@@ -136,3 +139,21 @@ def txn_state(rig, transaction_id: str) -> str:
         return txn_pb2.TransactionState.Name(info.state).removeprefix("TRANSACTION_STATE_")
     finally:
         channel.close()
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_the_readmes_quickstart_examples_run_as_written(rig, kind, tmp_path):
+    """README.md's "RocketMQ 5 clients" section runs examples/gateway/quickstart.{py,js}: each sends three
+    messages and receives and acks them through the gateway."""
+    topic = f"quickstart_{kind}"
+    rig.create_topic(topic, 2)
+    interpreter = client_command(kind, rig.endpoint)[0]
+    script = ROOT / "examples" / "gateway" / ("quickstart.py" if kind == "python" else "quickstart.js")
+    env = {**os.environ, "HOME": str(tmp_path), "NODE_PATH": str(NODE_DIR / "node_modules")}
+    done = subprocess.run([interpreter, str(script), rig.endpoint, topic], capture_output=True, text=True, env=env,
+                          timeout=WAIT_S * 2, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("sent ")]
+    received = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("received ")]
+    assert len(sent) == 3 and set(received) == set(sent)
+    assert set(by_uniq_key(rig, topic, 2)) == set(sent)

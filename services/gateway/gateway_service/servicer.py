@@ -95,7 +95,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @answers_with_status(s.HeartbeatResponse)
     def Heartbeat(self, request, context):
         group = request.group.name if request.HasField("group") else ""
-        self.registry.touch(client_id(context), client_type_name(request.client_type), group)
+        kind = client_type_name(request.client_type) if request.client_type else ""
+        self.registry.touch(client_id(context), kind, group)
         return s.HeartbeatResponse(status=ok())
 
     @answers_with_status(s.NotifyClientTerminationResponse)
