@@ -200,7 +200,8 @@ def test_readme_and_banner_examples_run_as_written(tmp_path):
         assert shell.msg_id and shell.uniq_key and shell.msg_id != shell.uniq_key
         commands = banner_commands(banner)
         assert f"export MQSTORE_ADDRESS={shell.log_address} MQSTORE_INDEX_ADDRESS={shell.index_address} " \
-               f"MQSTORE_TXN_ADDRESS={shell.txn_address}" in commands, banner
+               f"MQSTORE_TXN_ADDRESS={shell.txn_address} MQSTORE_GATEWAY_ADDRESS=127.0.0.1:{ports[3]}" in commands, \
+            banner
         banner_shell = Shell(shell.log_address, shell.index_address, shell.txn_address)
         for command in commands:
             banner_shell.run(command)
