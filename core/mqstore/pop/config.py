@@ -16,8 +16,9 @@ class PopConfig:
     pop_max_in_flight_total: int = 500_000
     # How often pop offsets and the revive checkpoint are stored (SQL, one transaction).
     pop_flush_interval_ms: int = 1_000
-    # Expired messages copied to retry or dead-letter topics per step of the revive duty.
-    pop_revive_batch: int = 1_000
+    # Expired messages copied to retry or dead-letter topics per step of the revive duty; also the most a
+    # crash inside a step can copy twice (the copies are written before their ACK record).
+    pop_revive_batch: int = 256
 
     def __post_init__(self) -> None:
         for name in ("pop_max_in_flight", "pop_max_in_flight_total", "pop_flush_interval_ms", "pop_revive_batch"):

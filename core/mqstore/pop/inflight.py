@@ -48,6 +48,15 @@ class Entry:
 
 
 @dataclass(slots=True)
+class Reservation:
+    """Room taken by a receive before it reads (:meth:`InFlightTable.reserve`); ``remaining`` shrinks as its
+    messages are added and the rest is given back by :meth:`InFlightTable.unreserve`."""
+    group: str
+    topic: str
+    remaining: int
+
+
+@dataclass(slots=True)
 class _Ck:
     prefix: tuple[str, str, int, int]  # group, topic, source, queue id
     revive_offset: int                 # queue offset of the CK record in the revive topic
@@ -82,27 +91,30 @@ class InFlightTable:
             return sum(1 for k in self._entries if k[:4] == (group, topic, source, queue_id))
 
     # ---- receive ---------------------------------------------------------------------------------------
-    def reserve(self, group: str, topic: str, wanted: int) -> int:
-        """Room for up to ``wanted`` more messages of ``group`` on ``topic`` (0 when full); the caller adds
-        its messages with :meth:`add` and gives back the rest with :meth:`unreserve`."""
+    def reserve(self, group: str, topic: str, wanted: int) -> Reservation:
+        """Room for up to ``wanted`` more messages of ``group`` on ``topic`` (``remaining`` 0 when full); the
+        caller adds its messages with :meth:`add` and gives back the rest with :meth:`unreserve`."""
         with self._lock:
             used = self._per_group[(group, topic)]
             room = max(0, min(wanted, self.max_per_group - used, self.max_total - len(self._entries)
                               - self._reserved_total))
             self._per_group[(group, topic)] = used + room
             self._reserved_total += room
-            return room
+            return Reservation(group, topic, room)
 
-    def unreserve(self, group: str, topic: str, count: int) -> None:
+    def unreserve(self, reservation: Reservation) -> None:
         with self._lock:
-            self._unreserve(group, topic, count)
+            self._unreserve(reservation, reservation.remaining)
 
-    def _unreserve(self, group: str, topic: str, count: int) -> None:
-        invariant(0 <= count <= self._reserved_total, f"unreserve {count} of {self._reserved_total} reserved")
+    def _unreserve(self, reservation: Reservation, count: int) -> None:
+        invariant(0 <= count <= reservation.remaining <= self._reserved_total,
+                  f"unreserve {count} of {reservation.remaining} ({self._reserved_total} reserved in all)")
+        reservation.remaining -= count
         self._reserved_total -= count
-        self._per_group[(group, topic)] -= count
-        if self._per_group[(group, topic)] <= 0:
-            del self._per_group[(group, topic)]
+        key = (reservation.group, reservation.topic)
+        self._per_group[key] -= count
+        if self._per_group[key] <= 0:
+            del self._per_group[key]
 
     @contextlib.contextmanager
     def appending(self, revive_end: int) -> Iterator[None]:
@@ -119,12 +131,14 @@ class InFlightTable:
                 if not self._appending[revive_end]:
                     del self._appending[revive_end]
 
-    def add(self, ck: Checkpoint, ck_id: int, revive_offset: int, *, reserved: int = 0) -> list[Entry]:
-        """Put the messages of ``ck`` in flight (a receive after its CK append: ``reserved`` of them from its
-        reservation; replay and ChangeInvisibleDuration: 0). A key already in flight is replaced."""
+    def add(self, ck: Checkpoint, ck_id: int, revive_offset: int, *,
+            reservation: Reservation | None = None) -> list[Entry]:
+        """Put the messages of ``ck`` in flight (a receive after its CK append, taking their room from its
+        ``reservation``; replay and ChangeInvisibleDuration without one). A key already in flight is
+        replaced."""
         with self._lock:
-            if reserved:
-                self._unreserve(ck.group, ck.topic, reserved)
+            if reservation is not None:
+                self._unreserve(reservation, len(ck.entries))
             ref = self._cks.get(ck_id)
             if ref is None:
                 ref = self._cks[ck_id] = _Ck((ck.group, ck.topic, ck.source, ck.queue_id), revive_offset, 0)

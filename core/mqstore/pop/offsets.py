@@ -4,7 +4,7 @@ They are consumer offsets of the metadata database (the table CommitOffset write
 pop group's progress), loaded on first use and written back in batches by the revive duty
 (:meth:`PopOffsets.take_dirty`). A receive advances an offset in memory after its CK record is
 appended; the CK also carries the offset (POP_OFFSET_AFTER), so an offset not yet written back is
-recovered at start from the revive log (:meth:`raise_floor`).
+recovered at start from the revive log (:meth:`raise_floor`, :meth:`settle`).
 
 Two rules keep a crash from losing a message:
   * an offset is written back only once the CK that advanced it is flushed (``ck_end``): the stored
@@ -20,6 +20,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from typing import Callable
+
+from mqstore.errors import NotFound
 
 QueueKey = tuple[str, str, int]  # group, topic name (a retry topic's own name for its queue), queue id
 
@@ -41,14 +43,32 @@ class PopOffsets:
         self._dirty: dict[QueueKey, _Dirty] = {}
 
     def raise_floor(self, key: QueueKey, offset: int) -> None:
-        """Replay: a CK says the offset of ``key`` was at least ``offset`` (before any receive)."""
+        """Replay: a CK says the offset of ``key`` was at least ``offset``; :meth:`settle` applies it."""
         with self._lock:
             if offset > self._floors.get(key, -1):
                 self._floors[key] = offset
 
+    def settle(self, replay_from: int) -> None:
+        """After the replay: each raised offset above the stored one becomes the offset, to be written
+        back, holding the revive checkpoint at ``replay_from`` (where the replay began) until it is: the
+        CKs it came from are needed again until then. A queue whose topic is gone is skipped."""
+        with self._lock:
+            floors, self._floors = self._floors, {}
+        for key, floor in floors.items():
+            try:
+                stored = self._load(*key)
+            except NotFound:
+                continue
+            with self._lock:
+                if stored is not None and stored >= floor:
+                    self._offsets.setdefault(key, stored)
+                else:
+                    self._offsets[key] = floor
+                    self._dirty[key] = _Dirty(floor, 0, replay_from)
+
     def get(self, key: QueueKey, initial: Callable[[], int]) -> int:
-        """The offset of ``key``: in memory, else stored, else ``initial()`` (the receive's start rule);
-        never below a replayed floor. A first value that was not stored is marked to be stored."""
+        """The offset of ``key``: in memory, else stored, else ``initial()`` (the receive's start rule). A
+        first value that was not stored is marked to be written back."""
         with self._lock:
             found = self._offsets.get(key)
             if found is not None:
@@ -56,18 +76,14 @@ class PopOffsets:
         stored = self._load(*key)
         offset = initial() if stored is None else stored
         with self._lock:
-            floor = self._floors.pop(key, None)
-            if floor is not None and floor > offset:
-                offset = floor
             found = self._offsets.setdefault(key, offset)
-            if found == offset and offset != stored:
+            if stored is None and found == offset:
                 self._dirty.setdefault(key, _Dirty(offset, 0, -1))
             return found
 
     def peek(self, key: QueueKey) -> int | None:
         with self._lock:
-            found = self._offsets.get(key)
-            return found if found is not None else self._floors.get(key)
+            return self._offsets.get(key)
 
     def advance(self, key: QueueKey, offset: int, ck_end: int = 0, revive_offset: int = -1) -> None:
         """After a receive: the next offset of ``key``; ``ck_end`` / ``revive_offset`` of its CK, if any."""

@@ -2,8 +2,9 @@
 
 From the revive checkpoint (the offset of group CID_RMQ_SYS_REVIVE_GROUP, written by the revive duty)
 to the end of the revive queue, in log order: a CK puts its messages in flight (replacing an older CK of
-the same message) and raises the pop offset of its queue to its POP_OFFSET_AFTER; an ACK ends the
-entries still under the CKs it names. Entries whose invisible time passed while the service was down
+the same message) and raises the pop offset of its queue to its POP_OFFSET_AFTER (each raised offset
+above the stored one is written back by the next flush, and holds the checkpoint until then); an ACK
+ends the entries still under the CKs it names. Entries whose invisible time passed while the service was down
 are delivered again by the first revive step. A record that fails its checks or does not decode is
 skipped and logged (pop.replay_damaged / pop.replay_bad_record): its messages, if it was a CK, are not
 delivered again (they were delivered once).
@@ -50,6 +51,7 @@ def replay(pop, revive_group: str) -> int:
             _apply(pop, message)
         count += len(result.messages)
         offset = result.next_offset
+    pop.offsets.settle(start)
     pop.counters.add(replayed_records=count)
     log.info("pop.replayed", from_offset=start, to_offset=offset, records=count, in_flight=len(pop.inflight))
     return checkpoint

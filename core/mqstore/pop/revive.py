@@ -6,7 +6,8 @@ stores pop offsets and the revive checkpoint.
           expired) one append of the copies -> [pop.revive.after_copy] -> one ACK record for them ->
           entries gone. A crash between the copy and the ACK copies those messages once more after the
           restart (a duplicate, never a loss). A record that is gone (retention) or damaged cannot be
-          copied: logged as pop.lost and ended with reason LOST.
+          copied: logged as pop.lost and ended with reason LOST; so is a copy the store refuses
+          (pop.copy_refused), rather than holding up every other expiry.
   flush   every pop_flush_interval_ms: the dirty pop offsets whose CKs are flushed, and the revive
           checkpoint (mqstore.pop.inflight.InFlightTable.low_water, held below any CK whose offset is
           not yet written), in one SQL transaction.
@@ -26,7 +27,7 @@ import structlog
 from mqstore import failpoints
 from mqstore import topics as topic_rules
 from mqstore.background import Duty
-from mqstore.errors import DataLoss, NotFound, OutOfRange
+from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange
 from mqstore.model import MessageIn
 from mqstore.pop import copies, records
 from mqstore.pop.inflight import Entry
@@ -77,11 +78,12 @@ class Reviver(Duty):
                 pending = [e for e in pending if id(e) not in ended]
             for (destination, reason), items in by_destination.items():
                 name = pop.store.ensure_pop_topic(destination).name
-                pop.append_copies(name, [copy for _, copy in items])
+                copied, refused = self._append(name, items)
                 failpoints.hit("pop.revive.after_copy")
-                entries = [entry for entry, _ in items]
-                self._finish(entries, reason)
-                ended = {id(e) for e in entries}
+                if refused:
+                    self._finish(refused, records.REASON_LOST)
+                self._finish(copied, reason)
+                ended = {id(e) for e in copied + refused}
                 pending = [e for e in pending if id(e) not in ended]
         except BaseException:
             pop.inflight.release(pending)
@@ -109,7 +111,31 @@ class Reviver(Duty):
                     (entry, copies.retry_copy(message, topic)))
         return by_destination, lost
 
+    def _append(self, topic: str, items: list[tuple[Entry, MessageIn]]) -> tuple[list[Entry], list[Entry]]:
+        """Append the copies: (entries copied, entries whose copy the store refuses). A refused copy (a
+        record that grew past a limit with the retry properties, a body over a lowered max_body_bytes)
+        would otherwise fail every step again and hold up every other expiry: it is logged as
+        pop.copy_refused and ended LOST, and the others are appended one by one."""
+        try:
+            self.pop.append_copies(topic, [copy for _, copy in items])
+            return [entry for entry, _ in items], []
+        except InvalidArgument:
+            pass  # which copy? one at a time below
+        copied, refused = [], []
+        for entry, copy in items:
+            try:
+                self.pop.append_copies(topic, [copy])
+            except InvalidArgument as exc:
+                log.error("pop.copy_refused", topic=topic, group=entry.key[0], source_topic=entry.key[1],
+                          queue_id=entry.key[3], queue_offset=entry.key[4], error=str(exc))
+                refused.append(entry)
+                continue
+            copied.append(entry)
+        return copied, refused
+
     def _finish(self, entries: list[Entry], reason: int) -> None:
+        if not entries:
+            return
         for start in range(0, len(entries), records.MAX_ACK_ENTRIES):
             self.pop.end_entries(entries[start:start + records.MAX_ACK_ENTRIES], reason)
         counts = {records.REASON_REVIVED: "revived", records.REASON_DEAD: "dead_lettered", records.REASON_LOST: "lost"}

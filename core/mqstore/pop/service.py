@@ -33,7 +33,7 @@ from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, AppendResult, MessageIn,
 from mqstore.pop import copies, handle as handles, records, tag_filter
 from mqstore.pop.config import PopConfig
 from mqstore.pop.counters import PopCounters
-from mqstore.pop.inflight import EXPIRED, OK, Entry, InFlightTable, MsgKey
+from mqstore.pop.inflight import EXPIRED, OK, Entry, InFlightTable, MsgKey, Reservation
 from mqstore.pop.offsets import PopOffsets
 from mqstore.pop.replay import replay
 from mqstore.pop.revive import REVIVE_GROUP, Reviver
@@ -49,6 +49,7 @@ LONG_POLL_RESERVE_MS = 100  # a long poll ends this long before the caller's dea
 MAX_ACK_HANDLES = 1000
 START_EARLIEST, START_LATEST = "earliest", "latest"
 _LOCK_STRIPES = 64
+_MAX_SKIPS_PER_READ = 16  # damaged records (or a retention jump) passed over in one queue by one receive
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,8 @@ class PopService:
                                         byte_budget)
             left_ms = int((give_up_s - self.clock.monotonic_s()) * 1000)
             if deliveries or left_ms <= 0:
-                return ReceiveResult(deliveries, self.clock.now_ms())
+                pop_time_ms = deliveries[0].visible_at_ms - invisible_ms if deliveries else self.clock.now_ms()
+                return ReceiveResult(deliveries, pop_time_ms)
             arrived = self.store.wait_for_messages(self._grown(names, seen), left_ms)
             if not arrived:  # the time is up, the waiting slots are taken, or the store is stopping
                 return ReceiveResult([], self.clock.now_ms())
@@ -207,7 +209,8 @@ class PopService:
     def _pop_once(self, group: str, topic: str, sources: list[Source], tags: tuple[str, ...], batch: int,
                   invisible_ms: int, max_attempts: int, start: str, byte_budget: int) -> list[Delivery]:
         with self._locks[hash((group, topic)) % _LOCK_STRIPES]:
-            room = self.inflight.reserve(group, topic, batch)
+            reservation = self.inflight.reserve(group, topic, batch)
+            room = reservation.remaining
             if not room:
                 raise ResourceExhausted(
                     f"group {group!r} has {self.inflight.count(group, topic)} messages of topic {topic!r} in flight "
@@ -229,9 +232,9 @@ class PopService:
                         byte_budget -= sum(m.record.size for m in read.deliver)
                 if dead:
                     self._dead_letter_late(group, topic, dead)
-                return self._put_in_flight(group, topic, reads, invisible_ms, max_attempts)
+                return self._put_in_flight(group, topic, reads, invisible_ms, max_attempts, reservation)
             finally:
-                self.inflight.unreserve(group, topic, room - taken)
+                self.inflight.unreserve(reservation)
 
     def _read(self, group: str, source: Source, tags: tuple[str, ...], room: int, byte_budget: int,
               max_attempts: int, start: str) -> tuple[_Read | None, list[StoredMessage]]:
@@ -241,22 +244,25 @@ class PopService:
             offset = self.offsets.get(key, lambda: self._initial_offset(source, start))
         except NotFound:
             return None, []  # the retry topic does not exist yet
-        try:
-            result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, tags)
-        except OutOfRange as exc:
-            if exc.min_value is None or offset >= exc.min_value:
-                raise
-            log.warning("pop.offset_behind_retention", group=group, topic=source.name, queue_id=source.queue_id,
-                        offset=offset, min_offset=exc.min_value)
-            self.offsets.advance(key, exc.min_value)
-            return None, []
-        except DataLoss as exc:
-            bad = exc.queue_offset if exc.queue_offset is not None else offset
-            log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
-                      queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
-            self.counters.add(damaged_skipped=1)
-            self.offsets.advance(key, bad + 1)
-            return None, []
+        for _ in range(_MAX_SKIPS_PER_READ):
+            try:
+                result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, tags)
+                break
+            except OutOfRange as exc:
+                if exc.min_value is None or offset >= exc.min_value:
+                    raise
+                log.warning("pop.offset_behind_retention", group=group, topic=source.name,
+                            queue_id=source.queue_id, offset=offset, min_offset=exc.min_value)
+                offset = exc.min_value
+            except DataLoss as exc:
+                bad = exc.queue_offset if exc.queue_offset is not None else offset
+                log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
+                          queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
+                self.counters.add(damaged_skipped=1)
+                offset = bad + 1
+            self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
+        else:
+            return None, []  # damage after damage: the next receive goes on from here
         deliver, late = [], []
         for m in result.messages:
             (late if m.record.reconsume_times + 1 > max_attempts else deliver).append(m)
@@ -277,8 +283,8 @@ class PopService:
         self.append_copies(dlq, [copies.dead_letter_copy(m, topic) for m, _ in dead])
         self.counters.add(dead_lettered=len(dead))
 
-    def _put_in_flight(self, group: str, topic: str, reads: list[_Read], invisible_ms: int,
-                       max_attempts: int) -> list[Delivery]:
+    def _put_in_flight(self, group: str, topic: str, reads: list[_Read], invisible_ms: int, max_attempts: int,
+                       reservation: Reservation) -> list[Delivery]:
         now = self.clock.now_ms()
         visible_at = now + invisible_ms
         cks = [records.Checkpoint(group, topic, r.source.kind, r.source.queue_id, max_attempts, now, visible_at,
@@ -297,7 +303,7 @@ class PopService:
                     self.offsets.advance(key, read.next_offset)
                     continue
                 ck, result = by_source[read.source]
-                self.inflight.add(ck, result.physical_offset, result.queue_offset, reserved=len(read.deliver))
+                self.inflight.add(ck, result.physical_offset, result.queue_offset, reservation=reservation)
                 self.offsets.advance(key, read.next_offset, result.physical_offset + result.size_bytes,
                                      result.queue_offset)
                 for m, entry in zip(read.deliver, ck.entries, strict=True):
