@@ -7,8 +7,9 @@ tests/clients/python/rmq_driver.py) sends 1 KiB messages to an 8-queue topic thr
 a warm-up. Comparison point in the same run, the same loop shape: one process calling the commit log's
 own unary ``CommitLog.Append`` with one 1 KiB message per call, sequentially (a plain grpc client,
 bench/append_loop.py). Rounds alternate (gateway, direct, ...); each figure is the median of the rounds.
-Also reported, without a target: the Node client (1.0.8) through the gateway. Target (issue 18): the
-Python client through the gateway >= 0.5x the direct loop.
+Also reported, without a target: the Python client's own ceiling (the same loop against a no-op v2
+server, bench/noop_v2.py, which stores nothing) and the Node client (1.0.8) through the gateway. Target
+(issue 18): the Python client through the gateway >= 0.5x the direct loop.
 
 A full run writes bench/results/gateway.json and gateway.md; ``--quick`` writes to bench/results/scratch/.
 """
@@ -30,6 +31,7 @@ import time
 import grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import diskuse
 from procs import BenchError, spawn, stop, stop_all, wait_for_event
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
@@ -86,11 +88,27 @@ def direct_rate(address: str, cfg: dict) -> float:
     return cfg["count"] / json.loads(done.stdout)["elapsed_s"]
 
 
+def noop_rate(cfg: dict, home: pathlib.Path) -> float:
+    """The Python client's loop against bench/noop_v2.py: what the client alone allows."""
+    noop = subprocess.Popen([sys.executable, str(ROOT / "bench" / "noop_v2.py")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(noop.stdout.readline())
+        return client_rate("python", f"127.0.0.1:{port}", cfg, home)
+    finally:
+        noop.stdin.close()
+        try:
+            noop.wait(30)
+        except subprocess.TimeoutExpired:
+            noop.kill()
+            noop.wait(30)
+
+
 def measure(cfg: dict, work: pathlib.Path) -> dict:
     if not PY_CLIENT.exists():
         raise BenchError(f"{PY_CLIENT} is missing: run `make rmq-clients`")
     log_proc, log_address = start("commitlog_service.main", ["--data-dir", str(work / "log")], work / "log.err")
-    rates: dict[str, list[float]] = {"python": [], "direct": [], "node": []}
+    rates: dict[str, list[float]] = {"python": [], "direct": [], "noop": [], "node": []}
     try:
         txn_proc, txn_address = start("txn_service.main", ["--data-dir", str(work / "txn"), "--commitlog",
                                                            log_address], work / "txn.err")
@@ -102,6 +120,7 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
         for round_no in range(cfg["rounds"]):
             rates["python"].append(client_rate("python", gw_address, cfg, work / f"home-py-{round_no}"))
             rates["direct"].append(direct_rate(log_address, cfg))
+            rates["noop"].append(noop_rate(cfg, work / f"home-noop-{round_no}"))
             print("round", round_no, {k: round(v[-1], 1) for k, v in rates.items() if v}, flush=True)
         if shutil.which("node") and (ROOT / "tests" / "clients" / "node" / "node_modules").is_dir():
             rates["node"].append(client_rate("node", gw_address, cfg, work / "home-node"))
@@ -117,6 +136,10 @@ def rows(rates: dict) -> list[dict]:
     out = [{"workload": "Python client send(), 1 x 1 KiB per call, sequential, through the gateway (msg/s)",
             "figure": round(py, 1), "comparison": "the same loop calling CommitLog.Append directly (plain grpc)",
             "comparison_figure": round(direct, 1), "ratio": round(py / direct, 3), "target": ">= 0.5"}]
+    noop = statistics.median(rates["noop"])
+    out.append({"workload": "Python client send() against a no-op v2 server (msg/s): the client's own ceiling",
+                "figure": round(noop, 1), "comparison": "the direct Append loop", "comparison_figure": round(direct, 1),
+                "ratio": round(noop / direct, 3), "target": None})
     if rates["node"]:
         node = statistics.median(rates["node"])
         out.append({"workload": "Node client send(), 1 x 1 KiB per call, sequential, through the gateway (msg/s)",
@@ -128,7 +151,7 @@ def rows(rates: dict) -> list[dict]:
 def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# RocketMQ 5 gateway benchmark", "", f"{meta['when']} on {meta['machine']}; {meta['mode']} run: "
              f"{meta['count']} messages per round after {meta['warmup']}, medians of {meta['rounds']} alternating "
-             f"rounds. Workload: bench/gateway.py.", "",
+             f"rounds. Workload: bench/gateway.py. " + diskuse.describe(meta), "",
              "| workload | figure | comparison point | comparison | ratio | target |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['figure']:,} | {r['comparison']} | {r['comparison_figure']:,} | {r['ratio']} | "
               f"{r['target'] or ''} |" for r in table]
@@ -143,8 +166,10 @@ def main(argv=None) -> int:
     out_dir = RESULTS / "scratch" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-gateway-bench-"))
+    watch = diskuse.DiskWatch(work)
     try:
-        rates = measure(cfg, work)
+        with watch:
+            rates = measure(cfg, work)
     except (BenchError, subprocess.TimeoutExpired) as exc:
         print(f"gateway bench failed: {exc}", file=sys.stderr)
         return 1
@@ -153,7 +178,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.node()} "
             f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)",
-            "mode": "quick" if args.quick else "full", **cfg}
+            "mode": "quick" if args.quick else "full", **cfg, **watch.report()}
     table = rows(rates)
     (out_dir / "gateway.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": rates}, indent=1) + "\n")
     (out_dir / "gateway.md").write_text(markdown(table, meta))
