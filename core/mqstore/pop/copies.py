@@ -7,7 +7,9 @@
 
 The body, flag, born time and host, TAGS, KEYS, UNIQ_KEY (the client's message id) and user properties
 are the original's, so a consumer sees the same message again. ORIGIN_MESSAGE_ID is the offset message id
-of the first copy (kept through later retries).
+of the first copy (kept through later retries). A copy made by the revive duty also names the in-flight
+entry it ends, POP_CK = "<ck id>:<queue offset>": after a crash between the copy and its ACK record, the
+start finds the copy there and writes the ACK instead of copying again (mqstore.pop.replay).
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+PROPERTY_POP_CK = "POP_CK"
+
+
+def ck_marker(ck_id: int, queue_offset: int) -> str:
+    return f"{ck_id}:{queue_offset}"
+
+
+def with_marker(copy: MessageIn, ck_id: int, queue_offset: int) -> MessageIn:
+    """``copy`` naming the in-flight entry (CK, queue offset) whose expiry it is."""
+    copy.properties[PROPERTY_POP_CK] = ck_marker(ck_id, queue_offset)
+    return copy
 
 
 def retry_copy(message: StoredMessage, topic: str) -> MessageIn:

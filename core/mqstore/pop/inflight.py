@@ -237,6 +237,11 @@ class InFlightTable:
                 candidates.append(min(self._appending))
             return min(candidates)
 
+    def expired(self, now_ms: int) -> list[Entry]:
+        """Entries whose invisible time has passed and that nobody has claimed (the start's reconciliation)."""
+        with self._lock:
+            return [e for e in self._entries.values() if e.visible_at_ms <= now_ms and not e.busy]
+
     def entries_of(self, group: str, topic: str) -> list[Entry]:
         with self._lock:
             return [e for k, e in self._entries.items() if k[0] == group and k[1] == topic]

@@ -100,6 +100,17 @@ class PopOffsets:
             if dirty.first_revive < 0:
                 dirty.first_revive = revive_offset
 
+    def reset(self, key: QueueKey, offset: int) -> None:
+        """The offset of ``key`` is ``offset`` even if lower (its queue was removed by retention or its topic
+        created again); to be written back."""
+        with self._lock:
+            self._offsets[key] = offset
+            dirty = self._dirty.get(key)
+            if dirty is None:
+                self._dirty[key] = _Dirty(offset, 0, -1)
+            else:
+                dirty.offset = offset
+
     def dirty_rows(self, flushed_physical: int) -> tuple[list[tuple[str, str, int, int]], int | None]:
         """The offsets to write back now (their CKs are flushed up to ``flushed_physical``) as rows
         (group, topic, queue id, offset), and the lowest revive offset behind an offset left unwritten

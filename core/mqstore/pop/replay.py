@@ -8,16 +8,26 @@ ends the entries still under the CKs it names. Entries whose invisible time pass
 are delivered again by the first revive step. A record that fails its checks or does not decode is
 skipped and logged (pop.replay_damaged / pop.replay_bad_record): its messages, if it was a CK, are not
 delivered again (they were delivered once).
+
+Then :func:`reconcile`: a crash inside a revive step (after the copies, before their ACK record) leaves
+expired entries whose copies exist already. Each copy names its entry (property POP_CK, mqstore.pop.copies),
+so the last records of each destination topic of an expired entry are read, and an entry whose copy is
+found is ended with its ACK record instead of being copied a second time. Only the tail is read (the
+copies of the cut step are the destination's last records, after at most a few DLQ moves by receives
+running then), so the check is bounded; a copy it misses is delivered twice, as the contract allows.
 """
 
 from __future__ import annotations
+
+import collections
 
 import structlog
 
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, NotFound
 from mqstore.model import StoredMessage
-from mqstore.pop import records
+from mqstore.pop import copies, records
+from mqstore.pop.revive import destination_of
 
 log = structlog.get_logger("mqstore.pop.replay")
 
@@ -55,6 +65,44 @@ def replay(pop, revive_group: str) -> int:
     pop.counters.add(replayed_records=count)
     log.info("pop.replayed", from_offset=start, to_offset=offset, records=count, in_flight=len(pop.inflight))
     return checkpoint
+
+
+def reconcile(pop, tail_records: int) -> int:
+    """End the expired entries whose copy a cut revive step already wrote (see the module docstring);
+    returns how many."""
+    by_destination = collections.defaultdict(list)
+    for entry in pop.inflight.expired(pop.clock.now_ms()):
+        by_destination[destination_of(entry)].append(entry)
+    ended = 0
+    for (destination, reason), entries in by_destination.items():
+        markers = _tail_markers(pop.store, destination, tail_records)
+        found = [e for e in entries if copies.ck_marker(e.ck_id, e.key[4]) in markers]
+        if found:
+            pop.end_entries(found, reason)
+            pop.counters.add(**{"dead_lettered" if reason == records.REASON_DEAD else "revived": len(found)})
+            log.info("pop.copies_found", topic=destination, entries=len(found),
+                     consequence="ended without a second copy")
+            ended += len(found)
+    return ended
+
+
+def _tail_markers(store, topic: str, count: int) -> set[str]:
+    """The POP_CK markers of the last ``count`` records of ``topic``'s queue 0."""
+    try:
+        info = store.queue_info(topic, 0)
+    except NotFound:
+        return set()
+    offset, markers = max(info.min_offset, info.max_offset - count), set()
+    while offset < info.max_offset:
+        try:
+            result = store.pull(topic, 0, offset, READ_BATCH, 8 << 20)
+        except DataLoss as exc:
+            offset = (exc.queue_offset if exc.queue_offset is not None else offset) + 1
+            continue
+        markers.update(m.record.properties.get(copies.PROPERTY_POP_CK, "") for m in result.messages)
+        offset = result.next_offset
+    markers.discard("")
+    return markers
 
 
 def _apply(pop, message: StoredMessage) -> None:

@@ -35,6 +35,16 @@ from mqstore.pop.inflight import Entry
 log = structlog.get_logger("mqstore.pop.revive")
 
 REVIVE_GROUP = "CID_RMQ_SYS_REVIVE_GROUP"  # the revive checkpoint is this group's offset of the revive topic
+_REVIVE_STEPS_BEFORE_FLUSH = 16
+
+
+def destination_of(entry: Entry) -> tuple[str, int]:
+    """Where an expired entry goes: (its group's DLQ, REASON_DEAD) once its max_attempts-th delivery has
+    expired, else (the retry topic, REASON_REVIVED)."""
+    group, topic = entry.key[0], entry.key[1]
+    if entry.attempt >= entry.max_attempts:
+        return topic_rules.dlq_topic(group), records.REASON_DEAD
+    return topic_rules.retry_topic(group, topic), records.REASON_REVIVED
 
 
 class Reviver(Duty):
@@ -43,12 +53,14 @@ class Reviver(Duty):
         super().__init__("pop-revive", interval_s=0.0, backoff_initial_s=0.05, backoff_max_s=2.0)
         self.pop = pop
         self.revive_offset = 0  # the checkpoint last stored
+        self._owed: list[tuple[list[Entry], int]] = []  # copied (or lost) entries whose ACK is not written yet
         self._last_flush_s = pop.clock.monotonic_s()
 
     # ---- the duty -------------------------------------------------------------------------------------
     def step(self) -> None:
-        while self.revive_due() and not self.stopping:
-            pass
+        for _ in range(_REVIVE_STEPS_BEFORE_FLUSH):  # a long backlog of expiries does not hold up the flush
+            if not self.revive_due() or self.stopping:
+                break
         if self.pop.clock.monotonic_s() - self._last_flush_s >= self.pop.config.pop_flush_interval_ms / 1000:
             self.flush()
 
@@ -64,31 +76,43 @@ class Reviver(Duty):
     # ---- revive ---------------------------------------------------------------------------------------
     def revive_due(self) -> int:
         """Deliver again (or dead-letter) up to pop_revive_batch expired messages; returns how many were
-        ended. Raises when an append fails (the entries not yet ended stay in flight)."""
+        ended. Raises when an append fails: entries not copied yet stay in flight (released); entries
+        copied whose ACK record failed stay claimed, and the next step writes their ACK first (so a
+        failed ACK append never copies a message twice)."""
+        self._write_owed_acks()
         pop = self.pop
         claimed = pop.inflight.claim_expired(pop.clock.now_ms(), pop.config.pop_revive_batch)
         if not claimed:
             return 0
-        pending = list(claimed)
+        pending = {id(e): e for e in claimed}
         try:
             by_destination, lost = self._copies(claimed)
-            if lost:
-                self._finish(lost, records.REASON_LOST)
-                ended = {id(e) for e in lost}
-                pending = [e for e in pending if id(e) not in ended]
+            self._owe(lost, records.REASON_LOST, pending)
             for (destination, reason), items in by_destination.items():
                 name = pop.store.ensure_pop_topic(destination).name
-                copied, refused = self._append(name, items)
-                failpoints.hit("pop.revive.after_copy")
-                if refused:
-                    self._finish(refused, records.REASON_LOST)
-                self._finish(copied, reason)
-                ended = {id(e) for e in copied + refused}
-                pending = [e for e in pending if id(e) not in ended]
+                for chunk in pop.chunks(items, lambda item: len(item[1].body)):
+                    copied, refused = self._append(name, chunk)
+                    self._owe(refused, records.REASON_LOST, pending)
+                    self._owe(copied, reason, pending)
+                    failpoints.hit("pop.revive.after_copy")
+                    self._write_owed_acks()
         except BaseException:
-            pop.inflight.release(pending)
+            pop.inflight.release(list(pending.values()))
             raise
         return len(claimed)
+
+    def _owe(self, entries: list[Entry], reason: int, pending: dict[int, Entry]) -> None:
+        """``entries`` are copied (or cannot be): their ACK record is owed; they are no longer pending."""
+        if entries:
+            self._owed.append((entries, reason))
+            for entry in entries:
+                del pending[id(entry)]
+
+    def _write_owed_acks(self) -> None:
+        while self._owed:
+            entries, reason = self._owed[0]
+            self._finish(entries, reason)
+            self._owed.pop(0)
 
     def _copies(self, claimed: list[Entry]):
         """({(destination topic, reason): [(entry, copy)]}, [entries whose record cannot be read])."""
@@ -103,12 +127,10 @@ class Reviver(Duty):
                           queue_offset=entry.key[4], physical_offset=entry.physical_offset, error=str(exc))
                 lost.append(entry)
                 continue
-            if entry.attempt >= entry.max_attempts:
-                by_destination[(topic_rules.dlq_topic(group), records.REASON_DEAD)].append(
-                    (entry, copies.dead_letter_copy(message, topic)))
-            else:
-                by_destination[(topic_rules.retry_topic(group, topic), records.REASON_REVIVED)].append(
-                    (entry, copies.retry_copy(message, topic)))
+            destination, reason = destination_of(entry)
+            make = copies.dead_letter_copy if reason == records.REASON_DEAD else copies.retry_copy
+            by_destination[(destination, reason)].append(
+                (entry, copies.with_marker(make(message, topic), entry.ck_id, entry.key[4])))
         return by_destination, lost
 
     def _append(self, topic: str, items: list[tuple[Entry, MessageIn]]) -> tuple[list[Entry], list[Entry]]:
@@ -117,14 +139,14 @@ class Reviver(Duty):
         would otherwise fail every step again and hold up every other expiry: it is logged as
         pop.copy_refused and ended LOST, and the others are appended one by one."""
         try:
-            self.pop.append_copies(topic, [copy for _, copy in items])
+            self.pop.store.append(topic, [copy for _, copy in items], system_writer=topic_rules.OWNER_POP)
             return [entry for entry, _ in items], []
         except InvalidArgument:
             pass  # which copy? one at a time below
         copied, refused = [], []
         for entry, copy in items:
             try:
-                self.pop.append_copies(topic, [copy])
+                self.pop.store.append(topic, [copy], system_writer=topic_rules.OWNER_POP)
             except InvalidArgument as exc:
                 log.error("pop.copy_refused", topic=topic, group=entry.key[0], source_topic=entry.key[1],
                           queue_id=entry.key[3], queue_offset=entry.key[4], error=str(exc))
@@ -137,7 +159,7 @@ class Reviver(Duty):
         if not entries:
             return
         for start in range(0, len(entries), records.MAX_ACK_ENTRIES):
-            self.pop.end_entries(entries[start:start + records.MAX_ACK_ENTRIES], reason)
+            self.pop.end_entries(entries[start:start + records.MAX_ACK_ENTRIES], reason, release_on_failure=False)
         counts = {records.REASON_REVIVED: "revived", records.REASON_DEAD: "dead_lettered", records.REASON_LOST: "lost"}
         self.pop.counters.add(**{counts[reason]: len(entries)})
 

@@ -41,7 +41,7 @@ def pop_stats(pop, group: str = "", topic: str = "") -> PopStatsView:
     if group:
         topic_rules.validate_group_name(group)
         rec = pop.store.topic(topic)
-        for source in pop.sources(group, rec, None):
+        for source in pop.receiver.sources(group, rec, None):
             queues.append(_queue_state(pop, group, topic, source))
         group_in_flight = pop.inflight.count(group, topic)
     return PopStatsView(pop.counters.snapshot(), len(pop.inflight), pop.reviver.revive_offset, pop.revive_end(),

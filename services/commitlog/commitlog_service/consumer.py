@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import grpc
 from mqstore.errors import InvalidArgument
-from mqstore.pop import service as pop
+from mqstore.pop import receive, service as pop
 from mqstore.pop.stats import PopStatsView, pop_stats
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2, consumer_pb2, consumer_pb2_grpc
 
 CONSUMER_SERVICE_NAME = consumer_pb2.DESCRIPTOR.services_by_name["Consumer"].full_name
 
-_START = {consumer_pb2.POP_START_EARLIEST: pop.START_EARLIEST, consumer_pb2.POP_START_LATEST: pop.START_LATEST}
+_START = {consumer_pb2.POP_START_EARLIEST: receive.START_EARLIEST,
+          consumer_pb2.POP_START_LATEST: receive.START_LATEST}
 _ACK_STATUS = {"ok": consumer_pb2.ACK_STATUS_OK, "expired": consumer_pb2.ACK_STATUS_EXPIRED,
                "not_in_flight": consumer_pb2.ACK_STATUS_NOT_IN_FLIGHT,
                "invalid": consumer_pb2.ACK_STATUS_INVALID_HANDLE}

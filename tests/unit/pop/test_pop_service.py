@@ -10,7 +10,8 @@ from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, Resour
 from mqstore.model import MessageIn
 from mqstore.pop import copies
 from mqstore.pop.config import PopConfig
-from mqstore.pop.service import START_LATEST, PopService
+from mqstore.pop.receive import START_LATEST
+from mqstore.pop.service import PopService
 from mqstore.pop.stats import pop_stats
 from mqstore.store import MessageStore
 from tests.unit.core.test_damaged_reads import _damage
@@ -291,16 +292,59 @@ def test_a_message_whose_record_is_damaged_by_its_expiry_is_counted_lost(env):
     assert bodies(p.receive()) == [b"m1"] and pop_stats(p.pop).counts.lost == 1
 
 
-def test_a_failed_copy_leaves_the_message_in_flight_and_copies_it_again(env, failpoint):
+def test_an_ack_record_that_fails_after_the_copy_is_written_again_without_a_second_copy(env, failpoint):
     p = env(queues=1)
-    send(p, 1)
+    send(p, 2)
+    p.receive()
+    p.clock.advance(INVISIBLE_MS)
+    with failpoint.armed("pop.revive.after_copy"):  # the copies are appended, the ACK record fails
+        with pytest.raises(Exception, match="pop.revive.after_copy"):
+            p.pop.reviver.revive_due()
+    assert pop_stats(p.pop).in_flight == 2 and pop_stats(p.pop).counts.revived == 0
+    assert p.pop.reviver.revive_due() == 0  # wrote the owed ACK record first; nothing else was due
+    assert pop_stats(p.pop).in_flight == 0 and pop_stats(p.pop).counts.revived == 2
+    assert [d.attempt for d in p.receive()] == [2, 2] and p.store.queue_info("%RETRY%g_t", 0).max_offset == 2
+
+
+def test_a_crash_between_the_copy_and_its_ack_record_does_not_copy_again(env, failpoint):
+    p = env(queues=1)
+    send(p, 2)
     p.receive()
     p.clock.advance(INVISIBLE_MS)
     with failpoint.armed("pop.revive.after_copy"):
         with pytest.raises(Exception, match="pop.revive.after_copy"):
             p.pop.reviver.revive_due()
-    assert p.pop.reviver.revive_due() == 1
-    assert [d.attempt for d in p.receive()] == [2, 2]  # the duplicate the crash window allows
+    p.crash()  # the copies are in the retry topic, their entries in flight again after the replay
+    assert pop_stats(p.pop).in_flight == 0  # the start found the copies (POP_CK) and wrote their ACK
+    assert p.expire(0) == 0 and p.store.queue_info("%RETRY%g_t", 0).max_offset == 2
+    assert sorted(d.attempt for d in p.receive()) == [2, 2]
+
+
+def test_a_topic_created_again_is_received_from_its_start(env):
+    p = env(queues=1)
+    send(p, 3)
+    p.pop.ack("g", "t", [d.receipt_handle for d in p.receive()])
+    p.store.delete_topic("t")
+    with pytest.raises(NotFound):
+        p.receive()
+    p.store.create_topic("t", 1)
+    send(p, 2, start=10)
+    assert bodies(p.receive()) == [b"m10", b"m11"]
+    p.store.flusher.flush_now()
+    p.pop.reviver.flush()
+    assert p.store.query_offset("g", "t", 0) == p.store.queue_info("t", 0).max_offset
+
+
+def test_messages_removed_by_retention_before_a_receive_are_passed_over(env):
+    p = env(queues=1)
+    send(p, 3)
+    assert bodies(p.receive(batch_size=1)) == [b"m0"]
+    p.clock.advance(5_000)
+    send(p, 2, start=3)
+    p.store.update_topic("t", retention_ms=1_000)
+    p.store.apply_topic_retention()
+    assert p.store.queue_info("t", 0).min_offset == 3
+    assert bodies(p.receive()) == [b"m3", b"m4"]  # m1, m2 are gone; the group's offset 1 moved to 3
 
 
 def test_requests_are_checked(env):
