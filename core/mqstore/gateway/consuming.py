@@ -30,8 +30,8 @@ from mqstore import topics as topic_rules
 from mqstore.errors import (FailedPrecondition, IllegalFilterExpression, IllegalInvisibleTime, InvalidArgument,
                             InvalidReceiptHandle)
 from mqstore.pop import handle as handles
-from mqstore.pop.service import (MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, START_EARLIEST, AckOutcome, ChangeResult,
-                                 ReceiveResult)
+from mqstore.pop.receive import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, START_EARLIEST, ReceiveResult
+from mqstore.pop.service import AckOutcome, ChangeResult
 
 from .config import GatewayConfig
 from .publishing import TopicCache

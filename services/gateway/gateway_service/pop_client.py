@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import grpc
-from mqstore.pop.service import START_LATEST, AckOutcome, ChangeResult, Delivery, ReceiveResult
+from mqstore.pop.receive import START_LATEST, Delivery, ReceiveResult
+from mqstore.pop.service import AckOutcome, ChangeResult
 
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import consumer_pb2, consumer_pb2_grpc

@@ -72,7 +72,7 @@ def test_a_consumers_settings_clamp_the_long_poll(asked_ms, expected_ms):
 def test_a_received_message_has_what_both_clients_need():
     m = stored(b"payload", topic="%RETRY%g_t", properties={
         "UNIQ_KEY": "01ABC", "TAGS": "paid", "KEYS": "k1 k2", "color": "blue", "__SHARDINGKEY": "order-1",
-        "RETRY_TOPIC": "t", "ORIGIN_MESSAGE_ID": "7F00"}, queue_id=2, queue_offset=17)
+        "RETRY_TOPIC": "t", "ORIGIN_MESSAGE_ID": "7F00", "POP_CK": "1:2"}, queue_id=2, queue_offset=17)
     out = convert.message_out(m, topic="t", receipt_handle="v1:handle", delivery_attempt=3, invisible_ms=30_000)
     sp = out.system_properties
     assert (out.topic.name, out.body, sp.message_id, sp.tag, list(sp.keys)) == ("t", b"payload", "01ABC", "paid",

@@ -15,7 +15,8 @@ from mqstore.gateway.consuming import Consuming
 from mqstore.gateway.publishing import Publish, Publisher, TopicCache, to_message_in
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, KIND_SYSTEM, AppendResult, TopicRecord
 from mqstore.pop import handle as handles
-from mqstore.pop.service import AckOutcome, ReceiveResult
+from mqstore.pop.receive import ReceiveResult
+from mqstore.pop.service import AckOutcome
 
 TOPICS = {"t": TopicRecord("t", 4, KIND_NORMAL, 0, 0), "kv": TopicRecord("kv", 2, KIND_COMPACTION, 0, 0),
           "RMQ_SYS_TRANS_HALF_TOPIC": TopicRecord("RMQ_SYS_TRANS_HALF_TOPIC", 1, KIND_SYSTEM, 0, 0)}
