@@ -156,3 +156,27 @@ def test_an_end_of_an_unknown_transaction_is_an_invalid_transaction_id(stub):
                                                     transaction_id="no-such-tx", resolution=d.COMMIT,
                                                     source=d.SOURCE_CLIENT), metadata=CLIENT, timeout=TIMEOUT_S)
     assert r.status.code == d.INVALID_TRANSACTION_ID
+
+
+def test_forward_to_the_dead_letter_queue_moves_the_message_for_good(stub):
+    assert send(stub, message(b"poison", "03AA", topic="t")).status.code == d.OK
+    found = []
+    while not found:
+        items, _ = receive(stub, "g_forward", poll_ms=1000, timeout_s=5)
+        found = [i.message for i in items if i.WhichOneof("content") == "message"
+                 and i.message.system_properties.message_id == "03AA"]
+    handle = found[0].system_properties.receipt_handle
+    forwarded = stub.ForwardMessageToDeadLetterQueue(s.ForwardMessageToDeadLetterQueueRequest(
+        group=d.Resource(name="g_forward"), topic=d.Resource(name="t"), receipt_handle=handle, message_id="03AA",
+        delivery_attempt=1, max_delivery_attempts=1), metadata=CLIENT, timeout=TIMEOUT_S)
+    assert forwarded.status.code == d.OK and "%DLQ%g_forward" in forwarded.status.message
+    again = stub.ForwardMessageToDeadLetterQueue(s.ForwardMessageToDeadLetterQueueRequest(
+        group=d.Resource(name="g_forward"), topic=d.Resource(name="t"), receipt_handle=handle, message_id="03AA"),
+        metadata=CLIENT, timeout=TIMEOUT_S)
+    assert again.status.code == d.INVALID_RECEIPT_HANDLE   # not in flight any more
+    route = stub.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="%DLQ%g_forward"), endpoints=ENDPOINTS),
+                            metadata=CLIENT, timeout=TIMEOUT_S)
+    assert route.status.code == d.OK and len(route.message_queues) == 1   # the DLQ can be read like a topic...
+    assert route.message_queues[0].permission == d.READ                  # ...and only pop consumption writes it
+    refused = send(stub, message(b"x", "03AB", topic="%DLQ%g_forward"))
+    assert refused.status.code == d.PRECONDITION_FAILED and "dead-letter" in refused.status.message

@@ -110,6 +110,12 @@ def accepted_types(topic: TopicRecord) -> tuple[str, ...]:
     return ACCEPTED_TYPES[topic.kind]
 
 
+def writable(topic: TopicRecord) -> bool:
+    """False for pop consumption's retry and dead-letter topics: clients read them (a DLQ is consumed like
+    a topic) but only pop consumption writes them, so their routes are READ only."""
+    return not topic_rules.is_pop_owned_topic(topic.name)
+
+
 def to_message_in(p: Publish) -> MessageIn:
     """The mqstore message of a v2 message (see the module docstring); refusals are raised."""
     if not p.message_id:

@@ -92,12 +92,13 @@ def message_out(m: StoredMessage, *, topic: str = "", receipt_handle: str = "", 
     return out
 
 
-def message_queues(topic: TopicRecord, endpoints: d.Endpoints, accepted: tuple[str, ...],
-                   broker_name: str) -> list[d.MessageQueue]:
-    """The route of a topic: one READ_WRITE queue per mqstore queue (ids 0..n-1, so queue 0 always exists:
-    the Node client only ever uses queue 0), all on one broker (id 0, the master) whose endpoints are
-    the ones the client reached the gateway by."""
+def message_queues(topic: TopicRecord, endpoints: d.Endpoints, accepted: tuple[str, ...], broker_name: str,
+                   writable: bool = True) -> list[d.MessageQueue]:
+    """The route of a topic: one READ_WRITE queue (READ when not ``writable``) per mqstore queue (ids
+    0..n-1, so queue 0 always exists: the Node client only ever uses queue 0), all on one broker (id 0,
+    the master) whose endpoints are the ones the client reached the gateway by."""
     broker = d.Broker(name=broker_name, id=0, endpoints=endpoints)
     types = [TYPE_VALUES[t] for t in accepted]
-    return [d.MessageQueue(topic=d.Resource(name=topic.name), id=queue_id, permission=d.READ_WRITE, broker=broker,
+    permission = d.READ_WRITE if writable else d.READ
+    return [d.MessageQueue(topic=d.Resource(name=topic.name), id=queue_id, permission=permission, broker=broker,
                            accept_message_types=types) for queue_id in range(topic.queue_count)]

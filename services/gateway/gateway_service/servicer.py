@@ -22,7 +22,7 @@ from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, CheckRelay
 from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
-from mqstore.gateway.publishing import Publisher, TopicCache, accepted_types
+from mqstore.gateway.publishing import Publisher, TopicCache, accepted_types, writable
 
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
@@ -79,7 +79,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise IllegalAccessPoint("QueryRoute: endpoints is empty; send the access point the client uses")
         topic = self.topics.get(request.topic.name)
         return s.QueryRouteResponse(status=ok(), message_queues=convert.message_queues(
-            topic, request.endpoints, accepted_types(topic), BROKER_NAME))
+            topic, request.endpoints, accepted_types(topic), BROKER_NAME, writable(topic)))
 
     @answers_with_status(s.QueryAssignmentResponse)
     def QueryAssignment(self, request, context):
