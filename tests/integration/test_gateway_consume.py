@@ -155,3 +155,19 @@ def visible_if_created(rig, topic: str) -> list:
         if exc.code() != grpc.StatusCode.NOT_FOUND:
             raise
         return []
+
+
+def test_a_python_push_consumer_consumes_and_a_failure_comes_again(rig, producer):
+    """The Python PushConsumer: QueryAssignment, receives with auto_renew, a failed consumption nacked
+    (ChangeInvisibleDuration) and delivered again with the next attempt."""
+    topic = "push_python"
+    rig.create_topic(topic, 2)
+    sent = {s["message_id"]: f"{topic}-{i}" for i, s in enumerate(produce(producer, topic, 3))}
+    with rig.client("python", "push") as consumer:
+        done = consumer.call("push", group="g_push", topic=topic, fail=[f"{topic}-1"], expect=3, wait_s=WAIT_S)
+        consumed = [consumer.events.get_nowait() for _ in range(consumer.events.qsize())]
+    assert done["complete"], done
+    consumed = [e for e in consumed if e.get("event") == "consumed"]
+    assert {e["message_id"] for e in consumed} == set(sent)
+    again = [(e["attempt"], e["failed"]) for e in consumed if e["body"] == f"{topic}-1"]
+    assert again[:2] == [(1, True), (2, False)]

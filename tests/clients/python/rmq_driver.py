@@ -20,6 +20,9 @@ as tests/clients/node/driver.js:
   receive    {max, invisible_s}              receive; each message with a "handle" (a key into this driver)
   ack        {handle, receipt_handle?}       ack a received message (receipt_handle: ack with that one instead)
   change     {handle, invisible_s}           ChangeInvisibleDuration; the new receipt handle
+  push       {group, topic, fail, expect, wait_s}  a PushConsumer (Python only): every message is consumed
+                                             (an event "consumed"; bodies in fail fail their first
+                                             delivery); returns once expect deliveries succeeded
   shutdown   {}                              shut the clients down and exit
 """
 
@@ -31,8 +34,8 @@ import threading
 import time
 import traceback
 
-from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer,
-                      TransactionChecker, TransactionResolution)
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, MessageListener,
+                      Producer, PushConsumer, SimpleConsumer, TransactionChecker, TransactionResolution)
 
 OUT_LOCK = threading.Lock()
 RESOLUTIONS = {"COMMIT": TransactionResolution.COMMIT, "ROLLBACK": TransactionResolution.ROLLBACK,
@@ -54,6 +57,27 @@ class Checker(TransactionChecker):
         emit({"event": "check", "message_id": message.message_id, "topic": message.topic,
               "body": message.body.decode(), "answer": answer})
         return RESOLUTIONS[answer]
+
+
+class Listener(MessageListener):
+    """Consumes everything; a body named in ``fail`` fails its first delivery (a nack: delivered again)."""
+
+    def __init__(self, fail: set[str], expect: int):
+        self.fail, self.expect = fail, expect
+        self.succeeded = 0
+        self.done = threading.Event()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        body = message.body.decode()
+        failing = body in self.fail and message.delivery_attempt == 1
+        emit({"event": "consumed", "message_id": message.message_id, "body": body,
+              "attempt": message.delivery_attempt, "failed": failing})
+        if failing:
+            return ConsumeResult.FAILURE
+        self.succeeded += 1
+        if self.succeeded >= self.expect:
+            self.done.set()
+        return ConsumeResult.SUCCESS
 
 
 class Driver:
@@ -155,6 +179,15 @@ class Driver:
         m = self.messages[c["handle"]]
         self.consumer.change_invisible_duration(m, c["invisible_s"])
         return {"receipt_handle": m.receipt_handle}
+
+    def push(self, c):
+        listener = Listener(set(c.get("fail", ())), c["expect"])
+        consumer = PushConsumer(self.config, c["group"], listener, {c["topic"]: FilterExpression("*")})
+        consumer.startup()
+        try:
+            return {"complete": listener.done.wait(c.get("wait_s", 60)), "succeeded": listener.succeeded}
+        finally:
+            consumer.shutdown()
 
     def shutdown(self, c):
         for client in (self.producer, self.consumer):
