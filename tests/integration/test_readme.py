@@ -144,9 +144,10 @@ class Shell:
 class Launcher:
     """``python -m mqstore_rpc.launcher`` as ``make run`` runs it; stdout read by a thread."""
 
-    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int]):
+    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int, int]):
         command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir),
-                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2])]
+                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2]),
+                   "--gateway-port", str(ports[3])]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -190,7 +191,7 @@ def test_readme_marks_the_blocks_it_promises():
 
 
 def test_readme_and_banner_examples_run_as_written(tmp_path):
-    ports = (free_port(), free_port(), free_port())
+    ports = (free_port(), free_port(), free_port(), free_port())
     launcher = Launcher(tmp_path / "data", ports)
     try:
         banner = launcher.banner()
@@ -200,7 +201,8 @@ def test_readme_and_banner_examples_run_as_written(tmp_path):
         assert shell.msg_id and shell.uniq_key and shell.msg_id != shell.uniq_key
         commands = banner_commands(banner)
         assert f"export MQSTORE_ADDRESS={shell.log_address} MQSTORE_INDEX_ADDRESS={shell.index_address} " \
-               f"MQSTORE_TXN_ADDRESS={shell.txn_address}" in commands, banner
+               f"MQSTORE_TXN_ADDRESS={shell.txn_address} MQSTORE_GATEWAY_ADDRESS=127.0.0.1:{ports[3]}" in commands, \
+            banner
         banner_shell = Shell(shell.log_address, shell.index_address, shell.txn_address)
         for command in commands:
             banner_shell.run(command)
