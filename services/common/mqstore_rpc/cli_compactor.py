@@ -5,6 +5,11 @@
     mqstore kv get kv user-1 [user-2 ...]          (BatchGetLatest; a tombstone or a missing key says so)
     mqstore kv scan kv [--include-tombstones]      (every live key's latest value)
 
+``compact status`` prints one ``name: value`` line per field (every field, zeros too), the last round
+and the quarantine as sentences, times in UTC. A topic with no compaction log on the compactor (not a
+COMPACTION topic, or nothing written yet) is NOT_FOUND for ``kv get`` as for ``kv scan``, while an
+unknown key of a known topic prints ``(no value)``.
+
 ``--compactor-address`` (env MQSTORE_COMPACTOR_ADDRESS, default 127.0.0.1:50054), before or after the
 command. ``--json`` prints the ProtoJSON of each response. Must not import mqstore_rpc.cli back.
 """
@@ -12,6 +17,7 @@ command. ``--json`` prints the ProtoJSON of each response. Must not import mqsto
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 
 import grpc
@@ -90,6 +96,50 @@ def cmd_compact_run(cli) -> None:
                                  f"bytes_reclaimed={r.bytes_reclaimed}" for r in response.rounds))
 
 
+def _time_text(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _plural(count: int, word: str, plural: str = "") -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {plural or word + 's'}"
+
+
+def _round_text(r: pb.RoundReport) -> str:
+    if not r.started_ms:
+        return "none yet"
+    took = f", took {r.ended_ms - r.started_ms} ms" if r.ended_ms else ", still running"
+    return (f"{r.result} at {_time_text(r.started_ms)}{took} (engine {r.engine}, trigger {r.trigger}, "
+            f"{_plural(r.passes, 'pass', 'passes')}, {_plural(r.keys_mapped, 'key')} mapped, "
+            f"{_plural(r.records_removed, 'record')} and {_plural(r.tombstones_removed, 'tombstone')} removed, "
+            f"{r.bytes_reclaimed} bytes reclaimed)")
+
+
+def _quarantine_text(d: pb.QueueDescription) -> str:
+    if not d.quarantined:
+        return "no" + (f" ({_plural(d.failures, 'failed round')} so far; last error: {d.last_error})"
+                       if d.failures else "")
+    return (f"yes, until {_time_text(d.quarantined_until_ms)} after {_plural(d.failures, 'failed round')}; "
+            f"last error: {d.last_error}")
+
+
+def status_text(d: pb.QueueDescription) -> str:
+    """A QueueDescription as lines a person reads (the CLI's ``compact status``)."""
+    pending = f"{d.tombstones_pending}" + (f" ({d.tombstones_pending_why})" if d.tombstones_pending_why else "")
+    lines = [f"{d.topic} queue {d.queue_id}:",
+             f"  clean_bytes: {d.clean_bytes}", f"  dirty_bytes: {d.dirty_bytes}",
+             f"  active_bytes: {d.active_bytes}", f"  dirty_ratio: {d.dirty_ratio:.2f}",
+             f"  cleaned_up_to_offset: {d.cleaned_up_to_offset}" + (" (no round yet)" if d.cleaned_up_to_offset < 0
+                                                                      else ""),
+             f"  min_offset: {d.min_offset}", f"  max_offset: {d.max_offset}",
+             f"  records: {d.records}", f"  keys: {d.keys}",
+             f"  last_round: {_round_text(d.last_round)}",
+             f"  round_running: {'yes' if d.round_running else 'no'}",
+             f"  due: {d.due or 'no'}",
+             f"  tombstones_pending: {pending}",
+             f"  quarantined: {_quarantine_text(d)}"]
+    return "\n".join(lines)
+
+
 def cmd_compact_status(cli) -> None:
     a = cli.args
     with _Compactor(cli) as c:
@@ -99,14 +149,18 @@ def cmd_compact_status(cli) -> None:
         for queue_id in queues:
             d = c.stub.DescribeQueue(pb.DescribeQueueRequest(topic=a.topic, queue_id=queue_id),
                                      timeout=cli.args.timeout)
-            cli.emit(d, "\n".join([f"queue {queue_id}:"] + [f"  {f.name}: {v}" for f, v in d.ListFields()
-                                                             if f.name not in ("topic", "queue_id")]))
+            cli.emit(d, status_text(d))
 
 
 def cmd_kv_get(cli) -> None:
     a = cli.args
     with _Compactor(cli) as c:
         response = c.stub.BatchGetLatest(pb.BatchGetLatestRequest(topic=a.topic, keys=a.keys), timeout=cli.args.timeout)
+        if not any(v.found for v in response.values):
+            # BatchGetLatest answers found=false for keys of a topic the compactor does not have; Scan
+            # says NOT_FOUND for it (the server's own message): the same answer as `kv scan`.
+            for _ in c.stub.Scan(pb.ScanRequest(topic=a.topic, page_size=1, max_pages=1), timeout=cli.args.timeout):
+                pass
     cli.emit(response, "\n".join(_value_line(v) for v in response.values))
 
 
