@@ -57,13 +57,15 @@ def cli(servers: Servers, *args: str, expect: int = 0) -> subprocess.CompletedPr
     return done
 
 
-def write_kv(servers: Servers, writes: list[tuple[str, bytes]]) -> None:
+def write_kv(servers: Servers, writes: list[tuple[str, bytes]], wait: bool = True) -> None:
     with grpc.insecure_channel(servers.log_address) as channel:
         log = commitlog_pb2_grpc.CommitLogStub(channel)
         log.CreateTopic(clpb.CreateTopicRequest(name="kv", queue_count=1, kind=common_pb2.TOPIC_KIND_COMPACTION),
                         timeout=T)
         log.Append(clpb.AppendRequest(topic="kv", messages=[common_pb2.MessageInput(body=v, keys=[k])
                                                             for k, v in writes]), timeout=T)
+    if not wait:
+        return
     with grpc.insecure_channel(servers.compactor_address) as channel:
         compactor = compactor_pb2_grpc.CompactorStub(channel)
 
@@ -101,6 +103,25 @@ def test_compact_status_prints_a_line_per_field_and_the_last_round_as_one_senten
     assert re.fullmatch(r"ok at 20\d\d-\d\d-\d\dT[\d:.]+\+00:00, took \d+ ms \(engine local, trigger \S.*, "
                         r"1 pass, 2 keys mapped, 1 record and 0 tombstones removed, \d+ bytes reclaimed\)",
                         fields["last_round"]), fields["last_round"]
+
+
+def test_compact_run_right_after_a_send_covers_it(servers):
+    write_kv(servers, [("a", b"1"), ("a", b"2"), ("b", b"3")], wait=False)
+    assert "queue 0: ok" in cli(servers, "compact", "run", "kv", "--seal-active", "--engine", "local").stdout
+    assert cli(servers, "kv", "get", "kv", "a", "b").stdout.splitlines() == ["a: 2  queue=0  offset=1",
+                                                                              "b: 3  queue=0  offset=2"]
+
+
+def test_compact_run_names_the_queue_the_compactor_has_not_applied(servers, tmp_path):
+    other = CommitLogConfig(store=StoreConfig(data_dir=tmp_path / "other", segment_size_bytes=64 * 1024,
+                                              preallocate_segments=False), server=ServerConfig(port=0, grace_s=1.0))
+    with commitlog_serving(other) as (_, port):  # a log the compactor does not follow
+        elsewhere = Servers(f"127.0.0.1:{port}", servers.compactor_address)
+        write_kv(elsewhere, [("a", b"1"), ("b", b"2")], wait=False)
+        done = cli(elsewhere, "--timeout", "2", "compact", "run", "kv", expect=1)
+    assert done.stderr.startswith(f"error: DEADLINE_EXCEEDED: the compactor at {servers.compactor_address} has "
+                                  f"applied queue 0 of kv up to offset 0 of 2 after 2 s; is it following the "
+                                  f"commit log at {elsewhere.log_address}?"), done.stderr
 
 
 def test_an_address_of_the_wrong_service_is_named_with_what_it_serves(servers):

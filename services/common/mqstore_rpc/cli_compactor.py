@@ -1,10 +1,12 @@
 """The Compactor service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
 
-    mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active]
+    mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active] [--no-catch-up]
     mqstore compact status kv [--queue N]          (DescribeQueue of one queue, or of every queue)
     mqstore kv get kv user-1 [user-2 ...]          (BatchGetLatest; a tombstone or a missing key says so)
     mqstore kv scan kv [--include-tombstones]      (every live key's latest value)
 
+``compact run`` first waits (at most ``--timeout``) until the compactor has applied what the commit
+log (``--address``) held for the topic when asked, so a round right after ``mqstore send`` covers it.
 ``compact status`` prints one ``name: value`` line per field (every field, zeros too), the last round
 and the quarantine as sentences, times in UTC. A topic with no compaction log on the compactor (not a
 COMPACTION topic, or nothing written yet) is NOT_FOUND for ``kv get`` as for ``kv scan``, while an
@@ -19,12 +21,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import threading
+import time
 
 import grpc
 
+from mqstore_rpc.cli_args import CliError
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:50054"
+CATCH_UP_POLL_S = 0.05
 _ENGINES = {"auto": pb.COMPACTION_ENGINE_AUTO, "local": pb.COMPACTION_ENGINE_LOCAL, "spark": pb.COMPACTION_ENGINE_SPARK}
 
 
@@ -38,11 +45,13 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     compact = sub.add_parser("compact", help="compaction rounds of COMPACTION topics (the Compactor service)")
     csub = compact.add_subparsers(dest="compact_command", required=True, metavar="COMMAND")
-    p = csub.add_parser("run", help="run a round now and wait for it")
+    p = csub.add_parser("run", help="run a round now over what the topic held when asked, and wait for it")
     p.add_argument("topic")
     p.add_argument("--queue", type=int, default=None, help="one queue (default: every queue of the topic)")
     p.add_argument("--engine", choices=sorted(_ENGINES), default="auto")
     p.add_argument("--seal-active", action="store_true", help="seal the active segment first (clean it too)")
+    p.add_argument("--no-catch-up", dest="catch_up", action="store_false",
+                   help="do not wait for the compactor to apply what the commit log holds first")
     p.set_defaults(func=cmd_compact_run)
     p = csub.add_parser("status", help="clean/dirty bytes, last round, tombstones, quarantine")
     p.add_argument("topic")
@@ -84,12 +93,46 @@ def _value_line(v: pb.LatestValue) -> str:
     return f"{v.key}: {v.value.decode('utf-8', 'backslashreplace')}  queue={v.queue_id}  offset={v.queue_offset}"
 
 
+def _applied_offset(c: _Compactor, topic: str, queue_id: int, timeout_s: float) -> int:
+    try:
+        request = pb.DescribeQueueRequest(topic=topic, queue_id=queue_id)
+        return c.stub.DescribeQueue(request, timeout=timeout_s).max_offset
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return 0  # no compaction log for this queue yet: the compactor has applied nothing of it
+
+
+def catch_up(cli, c: _Compactor, topic: str, queue_id: int | None) -> None:
+    """Wait (at most --timeout) until the compactor has applied every record that the commit log's queues
+    of ``topic`` held when asked (the compaction logs keep the original queue offsets), so that a round
+    run right after a send covers it. CliError DEADLINE_EXCEEDED names the queue that lags."""
+    described = cli.call("DescribeTopic", commitlog_pb2.DescribeTopicRequest(name=topic))
+    wanted = {q.queue_id: q.max_offset for q in described.queues
+              if q.max_offset > 0 and queue_id in (None, q.queue_id)}
+    deadline = time.monotonic() + cli.args.timeout
+    pause = threading.Event()
+    while wanted:
+        for qid, offset in list(wanted.items()):
+            have = _applied_offset(c, topic, qid, cli.args.timeout)
+            if have >= offset:
+                del wanted[qid]
+            elif time.monotonic() > deadline:
+                raise CliError("DEADLINE_EXCEEDED", f"the compactor at {cli.args.compactor_address} has applied "
+                               f"queue {qid} of {topic} up to offset {have} of {offset} after {cli.args.timeout:.0f} "
+                               f"s; is it following the commit log at {cli.args.address}? (mqstore compact status, "
+                               f"Compactor/Stats) Or pass --no-catch-up")
+        pause.wait(CATCH_UP_POLL_S)
+
+
 def cmd_compact_run(cli) -> None:
     a = cli.args
     request = pb.CompactRequest(topic=a.topic, engine=_ENGINES[a.engine], seal_active=a.seal_active)
     if a.queue is not None:
         request.queue_id = a.queue
     with _Compactor(cli) as c:
+        if a.catch_up:
+            catch_up(cli, c, a.topic, a.queue)
         response = c.stub.Compact(request, timeout=max(cli.args.timeout, 3600))
     cli.emit(response, "\n".join(f"queue {r.queue_id}: {r.result}  engine={r.engine}  passes={r.passes}  "
                                  f"removed={r.records_removed}  tombstones_removed={r.tombstones_removed}  "
