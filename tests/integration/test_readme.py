@@ -275,7 +275,9 @@ def test_readme_marks_the_blocks_it_promises():
     commands = runnable_commands(README.read_text())
     assert commands[0] == "source .venv/bin/activate"
     for expected in ("grpcurl -plaintext", "mqstore.v1.CommitLog/Append", "mqstore.v1.Index/QueryByKey",
-                     "mqstore send demo", "mqstore query id demo", "mqstore get ", "--follow", "/Tail"):
+                     "mqstore send demo", "mqstore query id demo", "mqstore get ", "--follow", "/Tail",
+                     "mqstore topic create kv --kind compaction", "mqstore compact run kv", "mqstore kv get kv",
+                     "mqstore.v1.Compactor/Pull", "mqstore txn send"):
         assert any(expected in c for c in commands), f"no runnable README command contains {expected!r}"
 
 
