@@ -97,9 +97,15 @@ class Child:
         return self.process.pid
 
     def _copy_stderr(self) -> None:
+        copying = True
         for line in self.process.stderr:
-            self._err.write(line)
-            self._err.flush()
+            if copying:
+                try:
+                    self._err.write(line)
+                    self._err.flush()
+                except (OSError, ValueError) as exc:  # our stderr is gone (a closed pipe): keep draining the
+                    copying = False                    # child's, so that it never blocks on a full pipe
+                    self._tail.append(f"(the launcher's stderr failed: {exc}; not copying further lines)\n")
             self._tail.append(line)
             if not self._started.is_set() and '"server.started"' in line:
                 self._note_start(line)
