@@ -13,10 +13,10 @@ missing and prints the endpoints, the disk the store takes, and examples that wo
 another shell (the venv activated first; the addresses exported when the ports are not the defaults).
 
 File sizes: a service's defaults are for production (1 GiB commit log segments, preallocated; index
-files of 400 MB), which would make an empty ``make run`` store take 1.6 GB. The launcher gives a new
-data dir smaller files (:data:`EMBEDDED_SIZES`: an empty store takes about 75 MiB) and keeps a data dir
-made with other segment sizes on its own (segment sizes cannot change under an existing log). A
-variable the user set (``MQSTORE_SEGMENT_SIZE_BYTES``, ...) wins over these.
+files of 400 MB; 64 MiB compaction segments), which would make an empty ``make run`` store take 1.6 GB.
+The launcher gives a new data dir smaller files (:data:`EMBEDDED_SIZES`: an empty store takes about 75
+MiB) and keeps a data dir made with other segment sizes on its own (segment sizes cannot change under
+an existing log). A variable the user set (``MQSTORE_SEGMENT_SIZE_BYTES``, ...) wins over these.
 
 The commit log and the Transaction service get the same MQSTORE_INTERNAL_TOKEN (the shared secret of
 CommitLogInternal): the variable when set, else a random one kept in ``<data-dir>/internal-token``. On
@@ -88,7 +88,8 @@ COMMITLOG_PORT = SERVICES[0].default_port
 # 64 MiB commit log segments (preallocated: a full disk fails at creation, not as SIGBUS later), with
 # the next one created 4 MiB ahead of the write position instead of 64 MiB (the warmer's reach), consume
 # queue files of 50,000 entries (1 MB each, one per queue written), index files of 100,000 slots and
-# 400,000 entries (8.4 MB; a new file every 400,000 keys).
+# 400,000 entries (8.4 MB; a new file every 400,000 keys), compaction log segments of 8 MiB (a round
+# writes its output segments whole; a record is at most a 4 MiB body).
 EMBEDDED_SEGMENT_BYTES = 64 * MiB
 EMPTY_STORE_MIB = 75         # one segment, the 1 MiB space reserve, an index file, a few queue files
 EMBEDDED_SIZES: dict[str, tuple[tuple[str, str, str], ...]] = {
@@ -96,6 +97,7 @@ EMBEDDED_SIZES: dict[str, tuple[tuple[str, str, str], ...]] = {
                   ("--warm-ahead-bytes", str(4 * MiB), "MQSTORE_WARM_AHEAD_BYTES"),
                   ("--cq-entries-per-file", "50000", "MQSTORE_CQ_ENTRIES_PER_FILE")),
     "index": (("--slot-count", "100000", "MQSTORE_SLOT_COUNT"), ("--entry-count", "400000", "MQSTORE_ENTRY_COUNT")),
+    "compactor": (("--segment-size-bytes", str(8 * MiB), "MQSTORE_SEGMENT_SIZE_BYTES"),),
 }
 
 
