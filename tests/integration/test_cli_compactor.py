@@ -105,9 +105,10 @@ def test_compact_status_prints_a_line_per_field_and_the_last_round_as_one_senten
                         fields["last_round"]), fields["last_round"]
 
 
-def test_compact_run_right_after_a_send_covers_it(servers):
+def test_compact_run_with_catch_up_right_after_a_send_covers_it(servers):
     write_kv(servers, [("a", b"1"), ("a", b"2"), ("b", b"3")], wait=False)
-    assert "queue 0: ok" in cli(servers, "compact", "run", "kv", "--seal-active", "--engine", "local").stdout
+    assert "queue 0: ok" in cli(servers, "compact", "run", "kv", "--seal-active", "--engine", "local",
+                                "--catch-up").stdout
     assert cli(servers, "kv", "get", "kv", "a", "b").stdout.splitlines() == ["a: 2  queue=0  offset=1",
                                                                               "b: 3  queue=0  offset=2"]
 
@@ -118,7 +119,7 @@ def test_compact_run_names_the_queue_the_compactor_has_not_applied(servers, tmp_
     with commitlog_serving(other) as (_, port):  # a log the compactor does not follow
         elsewhere = Servers(f"127.0.0.1:{port}", servers.compactor_address)
         write_kv(elsewhere, [("a", b"1"), ("b", b"2")], wait=False)
-        done = cli(elsewhere, "--timeout", "2", "compact", "run", "kv", expect=1)
+        done = cli(elsewhere, "--timeout", "2", "compact", "run", "kv", "--catch-up", expect=1)
     assert done.stderr.startswith(f"error: DEADLINE_EXCEEDED: the compactor at {servers.compactor_address} has "
                                   f"applied queue 0 of kv up to offset 0 of 2 after 2 s; is it following the "
                                   f"commit log at {elsewhere.log_address}?"), done.stderr

@@ -1,12 +1,13 @@
 """The Compactor service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
 
-    mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active] [--no-catch-up]
+    mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active] [--catch-up]
     mqstore compact status kv [--queue N]          (DescribeQueue of one queue, or of every queue)
     mqstore kv get kv user-1 [user-2 ...]          (BatchGetLatest; a tombstone or a missing key says so)
     mqstore kv scan kv [--include-tombstones]      (every live key's latest value)
 
-``compact run`` first waits (at most ``--timeout``) until the compactor has applied what the commit
-log (``--address``) held for the topic when asked, so a round right after ``mqstore send`` covers it.
+``compact run --catch-up`` first waits (at most ``--timeout``) until the compactor has applied what the
+commit log at ``--address`` held for the topic when asked, so a round right after ``mqstore send``
+covers it (without it, the round covers what the compactor has applied so far).
 ``compact status`` prints one ``name: value`` line per field (every field, zeros too), the last round
 and the quarantine as sentences, times in UTC. A topic with no compaction log on the compactor (not a
 COMPACTION topic, or nothing written yet) is NOT_FOUND for ``kv get`` as for ``kv scan``, while an
@@ -45,13 +46,14 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     compact = sub.add_parser("compact", help="compaction rounds of COMPACTION topics (the Compactor service)")
     csub = compact.add_subparsers(dest="compact_command", required=True, metavar="COMMAND")
-    p = csub.add_parser("run", help="run a round now over what the topic held when asked, and wait for it")
+    p = csub.add_parser("run", help="run a round now and wait for it")
     p.add_argument("topic")
     p.add_argument("--queue", type=int, default=None, help="one queue (default: every queue of the topic)")
     p.add_argument("--engine", choices=sorted(_ENGINES), default="auto")
     p.add_argument("--seal-active", action="store_true", help="seal the active segment first (clean it too)")
-    p.add_argument("--no-catch-up", dest="catch_up", action="store_false",
-                   help="do not wait for the compactor to apply what the commit log holds first")
+    p.add_argument("--catch-up", action="store_true",
+                   help="first wait until the compactor has applied what the commit log at --address holds for "
+                        "the topic (a round right after a send then covers it)")
     p.set_defaults(func=cmd_compact_run)
     p = csub.add_parser("status", help="clean/dirty bytes, last round, tombstones, quarantine")
     p.add_argument("topic")
@@ -121,7 +123,7 @@ def catch_up(cli, c: _Compactor, topic: str, queue_id: int | None) -> None:
                 raise CliError("DEADLINE_EXCEEDED", f"the compactor at {cli.args.compactor_address} has applied "
                                f"queue {qid} of {topic} up to offset {have} of {offset} after {cli.args.timeout:.0f} "
                                f"s; is it following the commit log at {cli.args.address}? (mqstore compact status, "
-                               f"Compactor/Stats) Or pass --no-catch-up")
+                               f"Compactor/Stats)")
         pause.wait(CATCH_UP_POLL_S)
 
 
