@@ -309,12 +309,11 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
     children: list[Child] = []
     status = 0
     try:
-        if not _start_all(todo, data_dir, stop, children, out):
-            return 0
-        ensure_demo_topic(children[0].address)
-        out.write(banner(children, data_dir, embedded) + "\n")
-        out.flush()
-        status = _watch(children, stop, err)
+        if _start_all(todo, data_dir, stop, children, out):  # else Ctrl-C came first: stop, exit 0
+            ensure_demo_topic(children[0].address)
+            out.write(banner(children, data_dir, embedded) + "\n")
+            out.flush()
+            status = _watch(children, stop, err)
     except StartFailed as exc:
         err.write(f"mqstore did not start: {exc}Stopping the others.\n")
         status = 1
