@@ -96,7 +96,7 @@ test-loaded: setup lint
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 
-# docker-compose.yml on a real Docker engine (not part of `make test`; ~1 minute, see README.md "Docker"):
+# docker-compose.yml on a real Docker engine (not part of `make test`; minutes, see README.md "Docker"):
 # build once, up, a smoke test through the published ports, restart, data kept, always torn down.
 # COMPOSE_ENGINE: the private engine's script (used when present); empty = the ambient DOCKER_HOST.
 COMPOSE_ENGINE ?= $(wildcard /work/shared/tools/docker/engine.sh)
