@@ -332,10 +332,11 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mqstore_rpc.launcher", description="run every mqstore service locally "
                                      "(make run; RUN_ARGS=\"...\" passes these options)")
-    parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"))
+    parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"),
+                        help="where every service keeps its files (default ./data)")
     for entry in SERVICES:
         parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
-                            help=f"default {entry.default_port}")
+                            metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
     args = parser.parse_args(argv)
     return run(args.data_dir.resolve(), {entry.name: getattr(args, entry.name) for entry in SERVICES})
 
