@@ -21,6 +21,9 @@ import structlog
 
 from commitlog_service.main import serving as commitlog_serving
 from compactor_service.main import serving as compactor_serving
+from gateway_service.main import GatewayServiceConfig
+from gateway_service.main import serving as gateway_serving
+from mqstore.gateway.config import GatewayConfig
 from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
 from mqstore.auth import model
@@ -33,6 +36,8 @@ from mqstore_rpc import auth as rpc_auth
 from mqstore_rpc.gen.mqstore.v1 import access_pb2 as apb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, compactor_pb2 as kpb, index_pb2 as ipb, txn_pb2 as tpb
+from mqstore_rpc.gen.mqstore.v1 import consumer_pb2 as ppb
+from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d, service_pb2 as v2
 from mqstore_rpc.permissions import PERMISSIONS
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.secret import Secret
@@ -152,8 +157,88 @@ CALLS: dict[str, Call] = {
     "/mqstore.v1.Compactor/Stats": Call("unary", lambda w: kpb.CompactorStatsRequest()),
     "/mqstore.v1.Compactor/ListQueues": Call("unary", lambda w: kpb.ListQueuesRequest()),
 }
+
+# The gateway answers in the response's Status (the gRPC status OK); every call names its client.
+CLIENT_ID = (("x-mq-client-id", "matrix-client"),)
+ENDPOINTS = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host="127.0.0.1", port=8081)])
+V2 = "/apache.rocketmq.v2.MessagingService/"
+
+
+def _v2_topic(name: str = TOPIC) -> d.Resource:
+    return d.Resource(name=name)
+
+
+def _v2_queue() -> d.MessageQueue:
+    return d.MessageQueue(topic=_v2_topic(), id=0)
+
+
+def _v2_send(w: World) -> v2.SendMessageRequest:
+    message = d.Message(topic=_v2_topic(), body=b"via gateway")
+    message.system_properties.message_id = w.fresh("01")
+    message.system_properties.message_type = d.NORMAL
+    return v2.SendMessageRequest(messages=[message])
+
+
+def _v2_receive(w: World) -> v2.ReceiveMessageRequest:
+    request = v2.ReceiveMessageRequest(group=d.Resource(name=GROUP), message_queue=_v2_queue(), batch_size=1,
+                                       filter_expression=d.FilterExpression(type=d.TAG, expression="*"))
+    request.invisible_duration.FromMilliseconds(30_000)
+    request.long_polling_timeout.FromMilliseconds(1_000)
+    return request
+
+
+def _v2_telemetry(w: World) -> list:
+    settings = d.Settings(client_type=d.PRODUCER, publishing=d.Publishing(topics=[_v2_topic()]))
+    return [v2.TelemetryCommand(settings=settings)]
+
+
+GATEWAY_CALLS: dict[str, Call] = {
+    V2 + "QueryRoute": Call("unary", lambda w: v2.QueryRouteRequest(topic=_v2_topic(), endpoints=ENDPOINTS)),
+    V2 + "Heartbeat": Call("unary", lambda w: v2.HeartbeatRequest(group=d.Resource(name=GROUP),
+                                                                  client_type=d.SIMPLE_CONSUMER)),
+    V2 + "SendMessage": Call("unary", _v2_send),
+    V2 + "QueryAssignment": Call("unary", lambda w: v2.QueryAssignmentRequest(
+        topic=_v2_topic(), group=d.Resource(name=GROUP), endpoints=ENDPOINTS)),
+    V2 + "ReceiveMessage": Call("server_stream", _v2_receive),
+    V2 + "AckMessage": Call("unary", lambda w: v2.AckMessageRequest(
+        group=d.Resource(name=GROUP), topic=_v2_topic(), entries=[v2.AckMessageEntry(message_id="01",
+                                                                                     receipt_handle="bad")])),
+    V2 + "ForwardMessageToDeadLetterQueue": Call("unary", lambda w: v2.ForwardMessageToDeadLetterQueueRequest(
+        group=d.Resource(name=GROUP), topic=_v2_topic(), receipt_handle="bad", message_id="01")),
+    V2 + "PullMessage": Call("server_stream", lambda w: v2.PullMessageRequest(group=d.Resource(name=GROUP),
+                                                                             message_queue=_v2_queue())),
+    V2 + "UpdateOffset": Call("unary", lambda w: v2.UpdateOffsetRequest(group=d.Resource(name=GROUP),
+                                                                         message_queue=_v2_queue())),
+    V2 + "GetOffset": Call("unary", lambda w: v2.GetOffsetRequest(group=d.Resource(name=GROUP),
+                                                                   message_queue=_v2_queue())),
+    V2 + "QueryOffset": Call("unary", lambda w: v2.QueryOffsetRequest(message_queue=_v2_queue())),
+    V2 + "EndTransaction": Call("unary", lambda w: v2.EndTransactionRequest(
+        topic=_v2_topic(), message_id="01", transaction_id="no-such-tx", resolution=d.COMMIT,
+        source=d.SOURCE_CLIENT)),
+    V2 + "Telemetry": Call("bidi", _v2_telemetry),
+    V2 + "NotifyClientTermination": Call("unary", lambda w: v2.NotifyClientTerminationRequest(
+        group=d.Resource(name=GROUP))),
+    V2 + "ChangeInvisibleDuration": Call("unary", lambda w: v2.ChangeInvisibleDurationRequest(
+        group=d.Resource(name=GROUP), topic=_v2_topic(), receipt_handle="bad", message_id="01")),
+    V2 + "RecallMessage": Call("unary", lambda w: v2.RecallMessageRequest(topic=_v2_topic(), recall_handle="x")),
+    V2 + "SyncLiteSubscription": Call("unary", lambda w: v2.SyncLiteSubscriptionRequest(
+        topic=_v2_topic(), group=d.Resource(name=GROUP))),
+}
+CALLS.update({method: dataclasses.replace(call, metadata=CLIENT_ID) for method, call in GATEWAY_CALLS.items()})
+CALLS.update({
+    "/mqstore.v1.Consumer/Receive": Call("unary", lambda w: ppb.ReceiveRequest(
+        group=GROUP, topic=TOPIC, invisible_duration_ms=10_000)),
+    "/mqstore.v1.Consumer/Ack": Call("unary", lambda w: ppb.AckRequest(group=GROUP, topic=TOPIC,
+                                                                       receipt_handles=["bad"])),
+    "/mqstore.v1.Consumer/ChangeInvisibleDuration": Call("unary", lambda w: ppb.ChangeInvisibleDurationRequest(
+        group=GROUP, topic=TOPIC, receipt_handle="bad", invisible_duration_ms=1_000),
+        grpc.StatusCode.INVALID_ARGUMENT),
+    "/mqstore.v1.Consumer/ForwardToDeadLetter": Call("unary", lambda w: ppb.ForwardToDeadLetterRequest(
+        group=GROUP, topic=TOPIC, receipt_handle="bad"), grpc.StatusCode.INVALID_ARGUMENT),
+    "/mqstore.v1.Consumer/Stats": Call("unary", lambda w: ppb.PopStatsRequest()),
+})
 SERVER_OF = {"CommitLog": "commitlog", "CommitLogInternal": "commitlog", "Access": "commitlog", "Index": "index",
-             "Transaction": "txn", "Compactor": "compactor"}
+             "Transaction": "txn", "Compactor": "compactor", "Consumer": "commitlog", "MessagingService": "gateway"}
 
 
 def _secret_of(user: str) -> str:
@@ -197,6 +282,10 @@ def _services(tmp_path: pathlib.Path):
         servers["index"] = stack.enter_context(index_serving(index_config))
         servers["txn"] = stack.enter_context(txn_serving(txn_cfg))
         servers["compactor"] = stack.enter_context(compactor_serving(compactor_cfg))
+        gateway_cfg = GatewayServiceConfig(gateway=GatewayConfig(long_poll_min_ms=500, long_poll_max_ms=3000),
+                                           server=server, commitlog_address=address,
+                                           txn_address=f"127.0.0.1:{servers['txn'][1]}")
+        servers["gateway"] = stack.enter_context(gateway_serving(gateway_cfg))
         yield url, servers, peers
 
 
@@ -298,13 +387,14 @@ def _run_matrix(world: World) -> tuple[dict, int]:
     denials = 0
     for method, call in CALLS.items():
         service = method.split("/")[1].rsplit(".", 1)[1]
-        action = PERMISSIONS[method].action
+        need = PERMISSIONS[method]
+        action = need.action
+        lacking = "only-admin" if need.either else f"others-{action.lower()}"  # PUB or SUB: neither of them
         with grpc.insecure_channel(f"127.0.0.1:{world.ports[SERVER_OF[service]]}") as channel:
             cases = [("no credentials", (), grpc.StatusCode.UNAUTHENTICATED),
                      ("wrong secret", _bearer(f"only-{action.lower()}", WRONG), grpc.StatusCode.UNAUTHENTICATED),
                      ("unknown user", _bearer("nobody", WRONG), grpc.StatusCode.UNAUTHENTICATED),
-                     ("missing permission", _bearer(f"others-{action.lower()}", _secret_of(f"others-{action.lower()}")),
-                      grpc.StatusCode.PERMISSION_DENIED),
+                     ("missing permission", _bearer(lacking, _secret_of(lacking)), grpc.StatusCode.PERMISSION_DENIED),
                      ("allowed", _bearer(f"only-{action.lower()}", _secret_of(f"only-{action.lower()}")), call.allowed)]
             for case, metadata, want in cases:
                 request = call.request(world) if case == "allowed" else _peek(call, world)

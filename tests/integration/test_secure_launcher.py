@@ -15,18 +15,10 @@ from tests.integration.test_readme import Launcher, free_port
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
 
-class SecureLauncher(Launcher):
-    def __init__(self, data_dir, ports: dict[str, int]):
-        command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir), "--tls", "--auth",
-                   *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port)))]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._start_reader()
-
-
 def test_tls_and_auth_from_the_launcher_and_top(tmp_path):
-    ports = {name: free_port() for name in ("commitlog", "index", "txn", "compactor")}
+    ports = {name: free_port() for name in ("commitlog", "index", "txn", "compactor", "gateway")}
     data = tmp_path / "data"
-    launcher = SecureLauncher(data, ports)
+    launcher = Launcher(data, ports, tmp_path / "services.log", ("--tls", "--auth"))
     try:
         banner = launcher.banner()
         ca = data / "tls" / "ca.pem"
@@ -35,7 +27,8 @@ def test_tls_and_auth_from_the_launcher_and_top(tmp_path):
         env = {**os.environ, "MQSTORE_ADDRESS": f"127.0.0.1:{ports['commitlog']}",
                "MQSTORE_INDEX_ADDRESS": f"127.0.0.1:{ports['index']}",
                "MQSTORE_TXN_ADDRESS": f"127.0.0.1:{ports['txn']}",
-               "MQSTORE_COMPACTOR_ADDRESS": f"127.0.0.1:{ports['compactor']}", "MQSTORE_TLS_CA": str(ca)}
+               "MQSTORE_COMPACTOR_ADDRESS": f"127.0.0.1:{ports['compactor']}",
+               "MQSTORE_GATEWAY_ADDRESS": f"127.0.0.1:{ports['gateway']}", "MQSTORE_TLS_CA": str(ca)}
 
         def cli(*args: str, **extra: str) -> str:
             done = subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", *args], capture_output=True, text=True,

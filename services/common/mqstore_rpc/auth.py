@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import itertools
 from typing import Any, Callable, Iterator, Mapping
 
 import grpc
@@ -123,8 +124,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
             self._deny(exc, "bad_credentials", method, context, user[:64])
 
     def _authorize(self, principal: Principal, need: Need, request, method: str, context) -> None:
-        for resource in need.of(request):
-            self._check(principal, need.action, resource, method, context)
+        for actions, resource in need.checks(request):
+            if len(actions) > 1 and any(self._authority.decide(principal, a, resource).allowed for a in actions[1:]):
+                continue  # another action that suffices is allowed
+            self._check(principal, actions[0], resource, method, context)
 
     def _check(self, principal: Principal, action: str, resource: Resource, method: str, context) -> None:
         try:
@@ -194,6 +197,17 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return guarded
 
     def _each_checked(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
+        """The request stream with each item checked. The first item is read and checked here, before the
+        servicer runs (a CheckBack hello, a Telemetry client's settings, the first Append batch): a denial
+        then ends the call with its status even where the servicer reads the stream on another thread.
+        Later items are checked as the servicer takes them."""
+        first = next(requests, None)
+        if first is None:
+            return iter(())
+        self._authorize(principal, need, first, method, context)
+        return itertools.chain((first,), self._checked_rest(requests, principal, need, method, context))
+
+    def _checked_rest(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
         for item in requests:
             self._authorize(principal, need, item, method, context)
             yield item

@@ -5,7 +5,8 @@
     mqstore top --metrics commitlog=10.0.0.5:50151 --metrics index=10.0.0.6:50152
 
 Without ``--metrics`` it reads the services at their gRPC addresses' host and port + 100 (the default
-metrics ports: ``--address``, ``--index-address``, ``--txn-address``, ``--compactor-address``). A
+metrics ports: ``--address``, ``--index-address``, ``--txn-address``, ``--compactor-address``, and the
+gateway's MQSTORE_GATEWAY_ADDRESS, default 127.0.0.1:8081). A
 service that does not answer is shown as down; the others are still shown. Rates are per second
 between the last two scrapes; p99 comes from the histograms' buckets (an upper bound: the bucket's).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 METRICS_PORT_OFFSET = 100  # mqstore_rpc.settings.METRICS_PORT_OFFSET (the CLI does not import settings)
+DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:8081"  # the RocketMQ gateway (env MQSTORE_GATEWAY_ADDRESS)
 CLEAR = "\x1b[H\x1b[2J"
 
 
@@ -203,7 +206,8 @@ def targets_of(args: argparse.Namespace) -> dict[str, str]:
         named = [m.split("=", 1) if "=" in m else (f"#{i + 1}", m) for i, m in enumerate(args.metrics)]
         return {name: target for name, target in named}
     addresses = {"commitlog": args.address, "index": args.index_address, "txn": args.txn_address,
-                 "compactor": args.compactor_address}
+                 "compactor": args.compactor_address,
+                 "gateway": os.environ.get("MQSTORE_GATEWAY_ADDRESS", DEFAULT_GATEWAY_ADDRESS)}
     return {name: _metrics_target(address) for name, address in addresses.items()}
 
 

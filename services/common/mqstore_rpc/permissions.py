@@ -13,8 +13,13 @@ item is checked as it arrives (AppendStream: each batch's topic). Three kinds of
   looked the object up, calls :func:`mqstore_rpc.auth.require` with its topic;
 * :data:`OPEN`: health and reflection, which anyone may call (probes, ``grpcurl list``).
 
-tests/unit/test_permissions.py fails when an RPC of any service in protos/ (or of the gateway's) has
-no entry, or an entry names no RPC.
+tests/unit/ops/test_permissions.py fails when an RPC of a service some server registers (protos/, the
+gateway's apache.rocketmq.v2.MessagingService) has no entry, or an entry names no RPC.
+
+The gateway's RocketMQ clients: with authentication on, the gateway takes the same bearer credentials
+(metadata ``authorization: Bearer <user>:<secret>``). The official RocketMQ 5 SDKs sign each request
+with HMAC-SHA1 of an AccessKey/SecretKey instead, which cannot be checked against a hashed secret: with
+authentication on they cannot use the gateway until they send bearer credentials (README).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any, Callable, Sequence
 
 from mqstore.auth.model import ADMIN, CLUSTER_RESOURCE, PUB, SUB, Resource, group, topic
 
-Resources = Callable[[Any], Sequence[Resource]]
+# A resource function gives the resources a request names; an item may also be (action, resource) when
+# the request names resources for different actions (a RocketMQ client's Telemetry settings).
+Resources = Callable[[Any], Sequence[Resource | tuple[str, Resource]]]
 
 
 @dataclass(frozen=True)
@@ -32,9 +39,15 @@ class Need:
     action: str
     resources: Resources | None = None   # None with deferred: the servicer checks
     deferred: bool = False
+    either: str = ""                     # a second action that also suffices (QueryRoute: PUB or SUB)
 
-    def of(self, request) -> Sequence[Resource]:
-        return self.resources(request) if self.resources is not None else ()
+    def checks(self, request) -> list[tuple[tuple[str, ...], Resource]]:
+        """(actions any one of which suffices, resource) for each resource the request names."""
+        actions = (self.action, self.either) if self.either else (self.action,)
+        out = []
+        for item in self.resources(request) if self.resources is not None else ():
+            out.append((actions, item) if isinstance(item, Resource) else ((item[0],), item[1]))
+        return out
 
 
 OPEN = None  # no credentials needed
@@ -66,6 +79,41 @@ def _check_back(message) -> Sequence[Resource]:
     if message.WhichOneof("kind") == "hello":
         return (group(message.hello.producer_group),)
     return ()
+
+
+def _v2_name(resource) -> str:
+    """A RocketMQ v2 Resource's name (its namespace is not used by mqstore)."""
+    return resource.name
+
+
+def _v2_topic_and_group(request) -> Sequence[Resource]:
+    return (topic(_v2_name(request.topic)), group(_v2_name(request.group)))
+
+
+def _v2_queue_and_group(request) -> Sequence[Resource]:
+    return (topic(_v2_name(request.message_queue.topic)), group(_v2_name(request.group)))
+
+
+def _v2_group_if_any(request) -> Sequence[Resource]:
+    # Producers send no group: authenticating them is the whole check.
+    return (group(_v2_name(request.group)),) if request.HasField("group") and request.group.name else ()
+
+
+def _v2_sent_topics(request) -> Sequence[Resource]:
+    return tuple(topic(name) for name in sorted({_v2_name(m.topic) for m in request.messages}))
+
+
+def _v2_telemetry(command) -> Sequence[tuple[str, Resource]]:
+    # The client's settings say what it will do: publish to topics (PUB), or receive as a group (SUB on
+    # the group and each subscribed topic). The other commands answer what the gateway asked.
+    if not command.HasField("settings"):
+        return ()
+    settings = command.settings
+    out = [(PUB, topic(_v2_name(t))) for t in settings.publishing.topics]
+    if settings.HasField("subscription"):
+        out.append((SUB, group(_v2_name(settings.subscription.group))))
+        out += [(SUB, topic(_v2_name(e.topic))) for e in settings.subscription.subscriptions]
+    return out
 
 
 def _topic_pub(field: str = "topic") -> Need:
@@ -136,6 +184,30 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.Compactor/GetQueueOffsets": _topic_sub(),
     "/mqstore.v1.Compactor/Stats": _CLUSTER_ADMIN,
     "/mqstore.v1.Compactor/ListQueues": _CLUSTER_ADMIN,
+    # ---- Consumer (pop consumption, on the CommitLog server): the topic and the group
+    "/mqstore.v1.Consumer/Receive": Need(SUB, _topic_and_group),
+    "/mqstore.v1.Consumer/Ack": Need(SUB, _topic_and_group),
+    "/mqstore.v1.Consumer/ChangeInvisibleDuration": Need(SUB, _topic_and_group),
+    "/mqstore.v1.Consumer/ForwardToDeadLetter": Need(SUB, _topic_and_group),
+    "/mqstore.v1.Consumer/Stats": _CLUSTER_ADMIN,
+    # ---- the RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService)
+    "/apache.rocketmq.v2.MessagingService/QueryRoute": Need(SUB, lambda r: (topic(_v2_name(r.topic)),), either=PUB),
+    "/apache.rocketmq.v2.MessagingService/Heartbeat": Need(SUB, _v2_group_if_any, either=PUB),
+    "/apache.rocketmq.v2.MessagingService/SendMessage": Need(PUB, _v2_sent_topics),
+    "/apache.rocketmq.v2.MessagingService/QueryAssignment": Need(SUB, _v2_topic_and_group),
+    "/apache.rocketmq.v2.MessagingService/ReceiveMessage": Need(SUB, _v2_queue_and_group),
+    "/apache.rocketmq.v2.MessagingService/AckMessage": Need(SUB, _v2_topic_and_group),
+    "/apache.rocketmq.v2.MessagingService/ForwardMessageToDeadLetterQueue": Need(SUB, _v2_topic_and_group),
+    "/apache.rocketmq.v2.MessagingService/PullMessage": Need(SUB, _v2_queue_and_group),
+    "/apache.rocketmq.v2.MessagingService/UpdateOffset": Need(SUB, _v2_queue_and_group),
+    "/apache.rocketmq.v2.MessagingService/GetOffset": Need(SUB, _v2_queue_and_group),
+    "/apache.rocketmq.v2.MessagingService/QueryOffset": Need(SUB, lambda r: (topic(_v2_name(r.message_queue.topic)),)),
+    "/apache.rocketmq.v2.MessagingService/EndTransaction": Need(PUB, lambda r: (topic(_v2_name(r.topic)),)),
+    "/apache.rocketmq.v2.MessagingService/Telemetry": Need(PUB, _v2_telemetry),
+    "/apache.rocketmq.v2.MessagingService/NotifyClientTermination": Need(SUB, _v2_group_if_any, either=PUB),
+    "/apache.rocketmq.v2.MessagingService/ChangeInvisibleDuration": Need(SUB, _v2_topic_and_group),
+    "/apache.rocketmq.v2.MessagingService/RecallMessage": Need(PUB, lambda r: (topic(_v2_name(r.topic)),)),
+    "/apache.rocketmq.v2.MessagingService/SyncLiteSubscription": Need(SUB, _v2_topic_and_group),
 }
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
