@@ -1,9 +1,11 @@
 """Under SYNC flush the segment warmer writes zeros ahead of the writer (mqstore.log.warmer): an append
 that reaches a range being zeroed waits for the zeros, so they never land on a record; and a store whose
-log ends inside zeroed space starts at its real end."""
+log ends inside zeroed space starts at its real end. The random test holds each chunk's zeros until the
+writer could have moved into it, so it fails when an append does not wait for the claim."""
 
 from __future__ import annotations
 
+import random
 import threading
 
 from mqstore.log.commitlog import CommitLog
@@ -104,3 +106,67 @@ def test_a_log_that_ends_in_zeroed_space_restarts_at_its_end_after_a_crash(small
         assert _bodies(again, "t") == sent
     finally:
         again.stop()
+
+
+def test_zeros_never_land_on_a_record_under_random_concurrent_appends(small_config, monkeypatch):
+    # The claim protocol under load: producers append random batches (crossing segment ends) while the
+    # warmer zeros ahead in small chunks, and every chunk's zeros are held until the writer has moved
+    # into that chunk (or 50 ms passed): without the claim an append lands there and the zeros then
+    # overwrite it. Every acknowledged record must read back, before and after a crash.
+    config = small_config(flush_mode="SYNC", segment_size_bytes=64 * 1024, warm_ahead_bytes=32 * 1024)
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    moved = threading.Condition()
+    zeroed: list[tuple[int, int]] = []
+    real_write_zeros = Segment.write_zeros
+    store = MessageStore(config)
+
+    def held_write_zeros(seg, from_position, to_position, zeros):
+        start = seg.start + from_position
+        with moved:
+            moved.wait_for(lambda: store.commitlog.written_offset > start, 0.05)
+        zeroed.append((start, seg.start + to_position))
+        real_write_zeros(seg, from_position, to_position, zeros)
+
+    monkeypatch.setattr(Segment, "write_zeros", held_write_zeros)
+    store.start()
+    sent: dict[int, list[bytes]] = {}
+    try:
+        store.create_topic("t", 1)
+
+        def producer(number: int, rng: random.Random) -> None:
+            mine = sent.setdefault(number, [])
+            for _ in range(30):
+                batch = [b"%02d-%05d-" % (number, len(mine) + i) + b"z" * rng.randrange(1, 3000)
+                         for i in range(rng.randrange(1, 5))]
+                store.append("t", [MessageIn(body=body) for body in batch])
+                mine.extend(batch)
+                with moved:
+                    moved.notify_all()
+
+        threads = [threading.Thread(target=producer, args=(n, random.Random(seed + n))) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(3 * WAIT_S)
+        assert not any(thread.is_alive() for thread in threads)
+        assert len(zeroed) >= 10, f"the warmer zeroed only {len(zeroed)} chunks: the test exercised too little"
+        assert store.commitlog.written_offset > 3 * config.segment_size_bytes, "the log crossed segment ends"
+        _check(_bodies(store, "t"), sent)
+        end = store.commitlog.written_offset
+    finally:
+        store.halt()  # as kill -9 (SYNC: every acknowledged append was fdatasynced)
+    monkeypatch.undo()
+    again = MessageStore(config)
+    again.start()
+    try:
+        assert again.commitlog.written_offset == end
+        _check(_bodies(again, "t"), sent)
+    finally:
+        again.stop()
+
+
+def _check(read: list[bytes], sent: dict[int, list[bytes]]) -> None:
+    assert sorted(read) == sorted(body for bodies in sent.values() for body in bodies)
+    for number, bodies in sent.items():  # and each producer's in its order
+        assert [body for body in read if body.startswith(b"%02d-" % number)] == bodies
