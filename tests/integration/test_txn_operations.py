@@ -121,6 +121,11 @@ def test_the_txn_commands(env):
     assert "COMMITTED" in run_cli(port, "txn", "commit", "t-1")
     assert "COMMITTED (already)" in run_cli(port, "txn", "commit", "t-1")
     assert "transaction t-2: COMMITTED" in run_cli(port, "txn", "send", "orders", "x", "--group", "pg", "--id", "t-2")
+    assert "error: ALREADY_EXISTS" in run_cli(port, "txn", "send", "orders", "z", "--group", "pg", "--id", "t-2",
+                                             expect=1)
+    one_way = run_cli(port, "txn", "send", "orders", "w", "--group", "pg", "--id", "t-4", "--one-way")
+    assert "transaction t-4: commit sent one-way" in one_way
+    assert "producer (one-way)" in run_cli(port, "txn", "show", "t-4")  # handled before the stream ended
     run_cli(port, "txn", "begin", "orders", "y", "--group", "pg", "--id", "t-3")
     assert "ROLLED_BACK" in run_cli(port, "txn", "resolve", "t-3", "rollback", "--reason", "test")
     assert "error: FAILED_PRECONDITION" in run_cli(port, "txn", "rollback", "t-1", expect=1)
@@ -130,4 +135,4 @@ def test_the_txn_commands(env):
     assert "t-3  ROLLBACK  was=OPEN" in audit and "outcome=done  reason=test" in audit
     assert json.loads(run_cli(port, "--json", "txn", "audit", "--id", "t-3"))["transaction_id"] == "t-3"
     assert "no audit entries" in run_cli(port, "txn", "audit", "--id", "t-1")
-    assert sorted(m.body for m in visible(log_stub, "orders")) == [b"one", b"two", b"x"]
+    assert sorted(m.body for m in visible(log_stub, "orders")) == [b"one", b"two", b"w", b"x"]

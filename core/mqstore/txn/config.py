@@ -31,6 +31,7 @@ class TxnConfig:
                                             # this long after the failure (a request still inside the
                                             # commit log when the caller gave up has landed by then)
     max_check_streams: int = 64             # CheckBack streams open at once (each holds a reader thread)
+    max_transact_streams: int = 64          # Transact streams open at once (each holds a server thread)
     check_answer_workers: int = 8           # check answers applied concurrently...
     check_answer_queue: int = 1000          # ...and queued beyond those (then the stream waits)
     metadata_url: str = ""                  # audit trail database; "" = SQLite in data_dir
@@ -40,7 +41,8 @@ class TxnConfig:
         for name in ("op_batch_max_bytes", "op_batch_interval_ms", "transaction_timeout_ms",
                      "check_max", "check_interval_ms", "check_rate_per_s", "check_scan_interval_ms",
                      "append_max_messages", "append_max_bytes", "checkpoint_interval_ms", "resolved_keep",
-                     "max_open_transactions", "in_doubt_settle_ms", "max_check_streams", "check_answer_workers",
+                     "max_open_transactions", "in_doubt_settle_ms", "max_check_streams", "max_transact_streams",
+                     "check_answer_workers",
                      "check_answer_queue", "audit_wait_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")

@@ -1,0 +1,78 @@
+"""Transact streams' own rules (mqstore.txn.transact): at most max_streams open, a slot given back however a
+stream ends; a one-way end applied as the two-way call (a rollback without waiting for its OP record), its
+failure counted and logged, never raised. And the one mapping of a frame's error (mqstore_rpc.errors)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from mqstore.errors import FailedPrecondition, InvariantViolation, NotFound, ResourceExhausted, Unavailable
+from mqstore_rpc.errors import FrameStatus, frame_outcome
+from mqstore.txn.transact import BY_ONE_WAY, TransactStreams
+
+
+class Coordinator:
+    """What TransactStreams calls, recording the calls; ``fail`` makes them raise."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    def commit(self, txn_id, by="producer"):
+        self.calls.append(("commit", txn_id, by))
+        if self.fail:
+            raise self.fail
+
+    def rollback(self, txn_id, by="producer", wait_durable=True):
+        self.calls.append(("rollback", txn_id, by, wait_durable))
+        if self.fail:
+            raise self.fail
+
+
+def test_streams_beyond_the_limit_are_refused_and_every_end_gives_its_slot_back():
+    streams = TransactStreams(Coordinator(), max_streams=2)
+    with streams.opened(), streams.opened():
+        assert streams.open_streams() == 2
+        with pytest.raises(ResourceExhausted, match="max_transact_streams"), streams.opened():
+            pass
+    assert streams.open_streams() == 0
+    with pytest.raises(RuntimeError), streams.opened():  # a stream that ends with an error
+        raise RuntimeError("the producer went away")
+    assert streams.open_streams() == 0
+
+
+def test_one_way_ends_are_applied_as_their_calls_without_waiting_for_the_op_record():
+    coordinator = Coordinator()
+    streams = TransactStreams(coordinator, max_streams=1)
+    streams.end_one_way("t-1", "COMMIT")
+    streams.end_one_way("t-2", "ROLLBACK")
+    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY), ("rollback", "t-2", BY_ONE_WAY, False)]
+    assert (streams.one_way_ends, streams.one_way_failures) == (2, 0)
+    with pytest.raises(InvariantViolation):
+        streams.end_one_way("t-3", "UNKNOWN")
+
+
+@pytest.mark.parametrize("error", [FailedPrecondition("transaction t is ROLLED_BACK"), NotFound("unknown"),
+                                   Unavailable("recovering")])
+def test_a_failed_one_way_end_is_counted_not_raised(error):
+    streams = TransactStreams(Coordinator(fail=error), max_streams=1)
+    streams.end_one_way("t", "COMMIT")
+    assert (streams.one_way_ends, streams.one_way_failures) == (1, 1)
+
+
+def test_a_failed_one_way_end_that_is_a_bug_is_raised():
+    streams = TransactStreams(Coordinator(fail=KeyError("bug")), max_streams=1)
+    with pytest.raises(KeyError):
+        streams.end_one_way("t", "COMMIT")
+
+
+def test_a_frame_gets_the_status_its_call_would_end_with():
+    def behave(error):
+        raise error
+    assert frame_outcome("/m", lambda a, b: a + b, 1, 2) == 3
+    assert frame_outcome("/m", behave, NotFound("transaction 't' is unknown")) == FrameStatus(
+        grpc.StatusCode.NOT_FOUND, "transaction 't' is unknown", False)
+    assert frame_outcome("/m", behave, Unavailable("recovering")).retriable
+    with pytest.raises(ZeroDivisionError):  # a bug is not an answer: it ends the stream as INTERNAL
+        frame_outcome("/m", lambda: 1 / 0)
