@@ -75,7 +75,37 @@ def unary_producer(stub: txn_pb2_grpc.TransactionStub):
     return transaction, None
 
 
-MODES = {"unary": unary_producer}
+def stream_producer(stub: txn_pb2_grpc.TransactionStub, one_way: bool = False):
+    """Prepare and Commit as frames of the producer's own Transact stream; ``one_way``: the Commit is
+    not answered (the transaction counts once it is sent)."""
+    call = stub.Transact()
+    prepare = txn_pb2.TransactRequest(prepare=_prepare_request())
+    ids = iter(range(1, 1 << 62))
+
+    async def transaction():
+        prepare.request_id = next(ids)
+        await call.write(prepare)
+        answer = await call.read()
+        if answer.HasField("error"):
+            raise BenchError(f"Prepare frame failed: {answer.error}")
+        commit = txn_pb2.TransactRequest(request_id=next(ids), one_way=one_way, commit=txn_pb2.EndRequest(
+            transaction_id=answer.prepared.transaction_id))
+        await call.write(commit)
+        if not one_way:
+            answer = await call.read()
+            if answer.HasField("error"):
+                raise BenchError(f"Commit frame failed: {answer.error}")
+
+    async def close():
+        await call.done_writing()
+        while (answer := await call.read()) is not grpc.aio.EOF:  # the answers still on their way
+            if answer.HasField("error"):
+                raise BenchError(f"a frame failed: {answer.error}")
+    return transaction, close
+
+
+MODES = {"unary": unary_producer, "stream": stream_producer,
+         "one-way": lambda stub: stream_producer(stub, one_way=True)}
 DEFAULT_MODE = "unary"  # the mode of the unbatched and cache-off comparison windows
 
 
@@ -345,19 +375,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=0, help="rounds (default 3, --quick 1)")
+    parser.add_argument("--duration-s", type=float, default=0.0, help="the measuring window (default 4, --quick 1)")
     parser.add_argument("--producers", default="", help="a part: producer counts, e.g. 8,32")
     parser.add_argument("--modes", default="", help=f"a part: modes ({', '.join(MODES)})")
     parser.add_argument("--variants", default="", help=f"a part: variants ({', '.join(VARIANTS)})")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["rounds"] = args.rounds or cfg["rounds"]
+    cfg["duration_s"] = args.duration_s or cfg["duration_s"]
     producer_counts = ([int(x) for x in _names(args.producers, list(map(str, PRODUCERS)), "producers")]
                        or list(PRODUCERS))
     modes = _names(args.modes, MODES, "modes") or list(MODES)
     variants = _names(args.variants, VARIANTS, "variants") or list(VARIANTS)
     if "batched" not in variants:
         variants.insert(0, "batched")
-    partial = bool(args.producers or args.modes or args.variants or args.rounds)
+    partial = bool(args.producers or args.modes or args.variants or args.rounds or args.duration_s)
     out_dir = RESULTS / "scratch" if args.quick or partial else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-txn-bench-"))
