@@ -22,10 +22,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# An unprivileged user that owns only the data volume.
+# An unprivileged user that owns only the data volume (and /auth: the auth database the services share
+# when authentication is on, docker-compose.secure.yml).
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin mqstore \
- && mkdir -p /data \
- && chown mqstore:mqstore /data
+ && mkdir -p /data /auth \
+ && chown mqstore:mqstore /data /auth
 
 # ---- build: a C toolchain for the compiled codec, pinned tools, the runtime dependencies in
 # /opt/mqstore (a venv without pip), stubs from protos/, then the package as a wheel (with the codec's
@@ -65,7 +66,7 @@ RUN python scripts/gen_protos.py \
 FROM base AS runtime
 COPY --from=build /opt/mqstore /opt/mqstore
 ENV PATH=/opt/mqstore/bin:$PATH
-RUN python -c "import commitlog_service.main, index_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc" \
+RUN python -c "import commitlog_service.main, index_service.main, gateway_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc" \
  && python -c "import sys; from mqstore import codec; sys.exit(None if codec.ACTIVE == codec.COMPILED else codec.REASON)"
 USER mqstore
 VOLUME ["/data"]

@@ -47,11 +47,14 @@ from mqstore.log.segment import SegmentQueue
 from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
+from mqstore.metrics import Registry
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
                            AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, RawPullResult,
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
+from mqstore.pop import copies as pop_copies
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
+from mqstore.queue.usage import TopicUsage
 from mqstore.retention_holds import RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
@@ -67,9 +70,10 @@ MAX_GET_MESSAGES = 1000
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig, clock: Clock | None = None):
+    def __init__(self, config: StoreConfig, clock: Clock | None = None, metrics: Registry | None = None):
         self.config = config
         self.clock = clock or SystemClock()
+        self.metrics = metrics = metrics or Registry()
         self.encoder = MessageEncoder(config)
         self._msg_id_prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
         self.segments = SegmentQueue(
@@ -82,7 +86,7 @@ class MessageStore:
         self.commitlog = CommitLog(self.segments, self.clock, reserve_queue_files=self.queues.reserve)
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
         self.flusher: Flusher | None = None
-        self.disk = DiskSpace(config, self.abort_path)
+        self.disk = DiskSpace(config, self.abort_path, metrics)
         self.topics = TopicRegistry(config.default_queue_count, queue_info=self.queue_info,
                                     drop_queues=self._drop_queues,
                                     refuse_write=self.disk.refuse_metadata_write_if_read_only)
@@ -98,6 +102,17 @@ class MessageStore:
         self._checkpoint_lock = threading.Lock()
         self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
+        self._appended = metrics.counter("mqstore_commitlog_appended_messages_total", "messages appended")
+        self._appended_bytes = metrics.counter("mqstore_commitlog_appended_bytes_total", "record bytes appended")
+        self._batches = metrics.counter("mqstore_commitlog_append_batches_total", "batches appended (Append calls)")
+        metrics.gauge_fn("mqstore_commitlog_physical_offset", "log positions: min (oldest record kept), written, "
+                         "flushed, visible (dispatched)", self._positions, ("position",))
+        metrics.gauge_fn("mqstore_commitlog_segments", "commit log segment files", lambda: len(self.segments.segments))
+        usage = TopicUsage(self.queues)
+        metrics.gauge_fn("mqstore_commitlog_topic_bytes", "record bytes a topic holds in the commit log (the live "
+                         "entries of its consume queues)", usage.bytes_by_topic, ("topic",))
+        metrics.gauge_fn("mqstore_consumer_lag_messages", "messages between a group's committed offset and the end "
+                         "of the queue", self.topics.consumer_lag, ("group", "topic", "queue_id"))
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -148,7 +163,7 @@ class MessageStore:
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
         self.before_segment_delete(self.segments.min_offset)
-        self.flusher = Flusher(self.commitlog, cfg, self.clock, self._on_flushed)
+        self.flusher = Flusher(self.commitlog, cfg, self.clock, self._on_flushed, self.metrics)
         self.flusher.flushed_offset = min(start, end)
         self.flusher.flush_now()
         self.write_checkpoint()
@@ -283,7 +298,9 @@ class MessageStore:
         self._check_running()
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
-        if system_writer:  # "" is no writer, as None: the owner check below names the owner
+        if system_writer == topic_rules.OWNER_POP:
+            pop_copies.check_internal_append(rec, messages)
+        elif system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
@@ -293,6 +310,9 @@ class MessageStore:
             self.disk.allocation_failed(str(exc))
             raise
         self.warmer.poke()
+        self._batches.inc()
+        self._appended.inc(len(batch.sizes))
+        self._appended_bytes.inc(len(batch.buf))
         if self.flusher.sync:
             self.flusher.wait_flushed(written.end)
             self.dispatcher.run_pending(self.flusher.flushed_offset)
@@ -329,6 +349,14 @@ class MessageStore:
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.topics.query_offset(group, topic, queue_id)
 
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
+        self.topics.commit_offsets(rows)
+
+    def ensure_pop_topic(self, name: str) -> TopicRecord:
+        """A retry or dead-letter topic of pop consumption, created (one queue) when missing."""
+        return self.topics.ensure_pop_topic(name)
+
     def _drop_queues(self, topic: str) -> None:
         with self.dispatcher.lock:
             self.queues.drop_topic(topic)
@@ -339,6 +367,16 @@ class MessageStore:
         if not 0 <= queue_id < rec.queue_count:
             raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
         return rec, self.queues.get(topic, queue_id)
+
+    def max_offsets(self, queues: Sequence[tuple[str, int]]) -> list[int]:
+        """The max offset of each (topic, queue id), 0 for a queue (or topic) that holds nothing yet: no
+        checks, no lock (pop consumption's long poll asks it on every dispatch)."""
+        get = self.queues.queues.get
+        return [cq.max_offset if (cq := get(key)) is not None else 0 for key in queues]
+
+    def flushed_offset(self) -> int:
+        """Physical offset up to which the log is fsynced."""
+        return self.flusher.flushed_offset if self.flusher else 0
 
     def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
         _, cq = self._queue(topic, queue_id)
@@ -375,6 +413,13 @@ class MessageStore:
         if cq is None or offset >= cq.max_offset:
             return result([], offset, lo, cq.max_offset if cq else hi)
         return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at)
+
+    def wait_for_messages(self, ready: Callable[[], bool], wait_ms: int) -> bool:
+        """Wait up to ``wait_ms`` until ``ready()`` (checked on every dispatch of new records), as a Pull's
+        long poll, sharing its ``max_long_poll_waiters`` slots: with none free it answers at once. Returns
+        ``ready()``'s last value."""
+        self._check_running()
+        return self._long_polls.wait_for(ready, min(max(wait_ms, 0), MAX_LONG_POLL_MS), lambda: self._running)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
         self._check_running()
@@ -485,6 +530,11 @@ class MessageStore:
                          self.config.flush_mode, reason is not None, reason, len(self.segments.segments),
                          self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}",
                          codec.ACTIVE)
+
+    def _positions(self) -> dict[tuple[str], int]:
+        flushed = self.flusher.flushed_offset if self.flusher else 0
+        return {("min",): self.commitlog.min_offset, ("written",): self.commitlog.written_offset,
+                ("flushed",): flushed, ("visible",): self.visible_offset()}
 
     # ------------------------------------------------------------------ retention (the maintenance duty)
     def delete_expired_segments(self) -> int:

@@ -29,7 +29,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import structlog
@@ -213,14 +213,17 @@ class MetadataStore:
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Store the group's next offset for a queue, replacing any earlier one (last write wins)."""
-        _check_non_negative(queue_id=queue_id, offset=offset)
-        stmt = self._insert(offsets_table).values(
-            group_name=group,
-            topic=topic,
-            queue_id=queue_id,
-            committed_offset=offset,
-            updated_ms=self._clock.now_ms(),
-        )
+        self.commit_offsets([(group, topic, queue_id, offset)])
+
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """:meth:`commit_offset` for each (group, topic, queue_id, offset), in one transaction: all of
+        them or none (pop consumption stores its offsets and its revive checkpoint together)."""
+        for _, _, queue_id, offset in rows:
+            _check_non_negative(queue_id=queue_id, offset=offset)
+        if not rows:
+            return
+        now_ms = self._clock.now_ms()
+        stmt = self._insert(offsets_table)
         stmt = stmt.on_conflict_do_update(
             index_elements=list(offsets_table.primary_key.columns),
             set_={
@@ -228,8 +231,10 @@ class MetadataStore:
                 "updated_ms": stmt.excluded.updated_ms,
             },
         )
+        values = [dict(group_name=g, topic=t, queue_id=q, committed_offset=o, updated_ms=now_ms)
+                  for g, t, q, o in rows]
         with self._transaction(write=True) as conn:
-            conn.execute(stmt)
+            conn.execute(stmt, values)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The offset last committed by ``group`` for the queue; NotFound if it never committed."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import structlog
 
@@ -59,12 +59,14 @@ class TransactStreams:
         with self._lock:
             return self._open
 
-    def end_one_way(self, txn_id: str, decision: str) -> None:
-        """Commit or roll back ``txn_id`` for a producer that does not wait for the outcome."""
+    def end_one_way(self, txn_id: str, decision: str, guard: Callable[[], None] = lambda: None) -> None:
+        """Commit or roll back ``txn_id`` for a producer that does not wait for the outcome. ``guard`` runs
+        first and may refuse (the caller's permission): a refusal fails the end like any other error."""
         invariant(decision in (COMMIT, ROLLBACK), f"a one-way end is COMMIT or ROLLBACK, not {decision}")
         with self._lock:
             self.one_way_ends += 1
         try:
+            guard()
             if decision == COMMIT:
                 self.coordinator.commit(txn_id, by=BY_ONE_WAY)
             else:

@@ -87,7 +87,7 @@ class _Txn:
 
     def __init__(self, cli):
         self.cli = cli
-        self.channel = grpc.insecure_channel(cli.args.txn_address)
+        self.channel = cli.channel(cli.args.txn_address)
         self.stub = txn_pb2_grpc.TransactionStub(self.channel)
 
     def call(self, method: str, request):

@@ -11,13 +11,15 @@ Thread-safe: holds no state beyond thread-safe domain objects.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterator
 
 import grpc
 from mqstore import topics as topic_rules
+from mqstore.auth.model import PUB, topic
 from mqstore.errors import InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
-from mqstore_rpc import convert
+from mqstore_rpc import auth, convert
 from mqstore_rpc.errors import FrameStatus, frame_outcome
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
@@ -112,10 +114,17 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                                                    request.producer_group, request.transaction_id))
 
     def Commit(self, request, context):
+        self._may_end(request.transaction_id)
         return _ended(self._coordinator.commit(request.transaction_id))
 
     def Rollback(self, request, context):
+        self._may_end(request.transaction_id)
         return _ended(self._coordinator.rollback(request.transaction_id))
+
+    def _may_end(self, txn_id: str) -> None:
+        """Commit and Rollback name a transaction, not its topic: PUB on that topic (with auth on;
+        mqstore_rpc.permissions, deferred)."""
+        auth.require(PUB, topic(self._coordinator.txn(txn_id).topic))
 
     def Transact(self, request_iterator, context):
         peer = context.peer()
@@ -123,22 +132,27 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             for request in request_iterator:
                 kind = request.WhichOneof("kind")
                 if request.one_way and kind in _ONE_WAY:
-                    self._streams.end_one_way(getattr(request, kind).transaction_id, _ONE_WAY[kind])
+                    txn_id = getattr(request, kind).transaction_id
+                    self._streams.end_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
                     continue
                 outcome = frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer)
                 yield _frame_response(request.request_id, outcome)
 
     def _frame(self, kind: str | None, request, peer: str) -> Prepared | Ended:
-        """One two-way frame, as its unary call."""
+        """One two-way frame, as its unary call (the permission its call needs included: PUB on the topic,
+        checked here with auth on; mqstore_rpc.permissions, deferred)."""
         if kind == "prepare":
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
             p = request.prepare
+            auth.require(PUB, topic(p.topic))
             return self._coordinator.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
                                              p.transaction_id)
         if kind == "commit":
+            self._may_end(request.commit.transaction_id)
             return self._coordinator.commit(request.commit.transaction_id)
         if kind == "rollback":
+            self._may_end(request.rollback.transaction_id)
             return self._coordinator.rollback(request.rollback.transaction_id)
         raise InvalidArgument("TransactRequest: set one of prepare, commit or rollback")
 
