@@ -3,7 +3,10 @@
 Workload, all as real processes on 127.0.0.1 (a commit log, ASYNC flush, and a txn service): N
 producers (1, 8, 32; closed loop, grpc.aio in this process) each run Prepare (one 256-byte message)
 then Commit of the returned id, as fast as they can, for ``duration_s`` after ``warmup_s``. How a
-producer makes its two calls is the mode (MODES): two unary calls. Measured: transactions/s, p50/p99
+producer makes its two calls is the mode (MODES): "unary", two unary calls; "stream", two frames of
+the producer's own Transact stream, each answered; "one-way", the same with the Commit frame one-way
+(not answered: the producer's next Prepare is answered once the service has handled it, frames being
+handled in order; a failed one-way commit would count in Stats one_way_failures). Measured: transactions/s, p50/p99
 of Prepare+Commit, CPU time per transaction of each process (this client, the txn service, the commit
 log: /proc, over the window; steadier than rates on a shared machine), the half:OP message ratio, the
 cache hit rate and the messages per Append to the commit log (the txn service's Stats, differences over

@@ -10,6 +10,7 @@ import pytest
 from mqstore.errors import FailedPrecondition, InvariantViolation, NotFound, ResourceExhausted, Unavailable
 from mqstore_rpc.errors import FrameStatus, frame_outcome
 from mqstore.txn.transact import BY_ONE_WAY, TransactStreams
+from txn_service.main import parse_config
 
 
 class Coordinator:
@@ -76,3 +77,10 @@ def test_a_frame_gets_the_status_its_call_would_end_with():
     assert frame_outcome("/m", behave, Unavailable("recovering")).retriable
     with pytest.raises(ZeroDivisionError):  # a bug is not an answer: it ends the stream as INTERNAL
         frame_outcome("/m", lambda: 1 / 0)
+
+
+def test_the_server_gets_a_handler_thread_per_admitted_stream_unless_told(tmp_path):
+    default = parse_config(["--data-dir", str(tmp_path), "--max-transact-streams", "10", "--max-check-streams", "5"],
+                           {})
+    assert default.server.max_workers == 64 + 10 + 5  # the unary calls' threads stay free while streams are open
+    assert parse_config(["--data-dir", str(tmp_path), "--max-workers", "16"], {}).server.max_workers == 16
