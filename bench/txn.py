@@ -363,6 +363,23 @@ NOTES = [
     "group commit (4 rounds in flight per topic cut the batch to 1.0 message per Append and throughput did",
     "not rise), the 64 handler threads, the OP batch (off the path). Left: the sync gRPC hand-offs (4 hops",
     "per transaction against 1 per Append) and the 1 s checkpoint (JSON, ~6% of the txn server's GIL).",
+    "",
+    "The Transact stream (modes stream and one-way; 2026-11-25, load average 20-28 on 2 cores, so rates",
+    "moved by 2x between rounds and CPU time per transaction is the steadier figure): one stream per producer",
+    "removes the per-call hand-off. CPU over the three processes per transaction, 32 producers: stream 2.4 ms,",
+    "one-way 2.3, unary 3.3 (a plain Append 0.8); 8 producers: 4.6, 3.9, 6.0 (1.0); the txn service's own",
+    "share falls from 1.9-3.0 ms to 1.4 at 32 producers, and the frames reaching the appender together raise",
+    "the messages per Append to the commit log from 3.8 to 6.3. Still short of 0.5x: py-spy on the txn",
+    "service (32 stream producers, 15 s) finds its handler threads mostly waiting, about a third of their",
+    "samples in AppendBatcher._await_turn (one round in flight per topic: the halves' topic, then the real",
+    "topic, each round one CommitLogInternal.Append) and a third in gRPC receiving and sending frames; the",
+    "coordinator's own work is small. So a transaction waits for two group-commit rounds in sequence, and the",
+    "rate is rounds per second x messages per round, set by the commit log's round trip on a loaded machine.",
+    "One-way gains little because a stream's frames are handled in order: the next Prepare waits until the",
+    "one-way Commit is applied. Next: apply one-way ends off the stream's thread (a bounded pool, as check",
+    "answers are) so that the next Prepare's halves share a round with the previous Commit's real messages;",
+    "let a producer keep several transactions in flight on its stream (answers by request_id); write a",
+    "batch's COMMIT records and OP record in one Append (issue item d).",
 ]
 
 
