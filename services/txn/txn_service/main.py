@@ -7,8 +7,8 @@ commit log's shared secret for CommitLogInternal; prefer the variable), ``--rpc-
 ``--tail-stream-deadline-ms``, and one flag per field of TxnConfig (``--op-batch-max-bytes``,
 ``--op-batch-interval-ms``, ``--cache-max-entries``, ``--cache-max-bytes``, ``--transaction-timeout-ms``,
 ``--check-max``, ``--check-interval-ms``, ``--max-open-transactions``, ``--in-doubt-settle-ms``,
-``--max-check-streams``, ``--max-transact-streams``, ``--check-answer-workers``, ``--metadata-url``, ...)
-and FollowConfig. Every open CheckBack or Transact stream holds a handler thread, so unless
+``--max-check-streams``, ``--max-transact-streams``, ``--check-answer-workers``, ``--one-way-workers``,
+``--metadata-url``, ...) and FollowConfig. Every open CheckBack or Transact stream holds a handler thread, so unless
 ``--max-workers`` is given the server gets the usual 64 threads plus one per stream it admits.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
@@ -154,7 +154,11 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     checkback.start()
     parts.on_close(lambda: checkback.stop(config.rpc_timeout_ms / 1000))
     parts.add_health_problem(checkback.problem)
-    streams = TransactStreams(coordinator, cfg.max_transact_streams)
+    streams = TransactStreams(coordinator, cfg.max_transact_streams, workers=cfg.one_way_workers,
+                              max_queued=cfg.one_way_queue, queue_wait_s=config.rpc_timeout_ms / 1000)
+    streams.start()
+    parts.on_close(lambda: streams.stop(config.rpc_timeout_ms / 1000))
+    parts.add_health_problem(streams.problem)
     operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, appender, audit, clock, streams,
                             in_doubt.pending, lambda: in_doubt.settled, base_counters)
     checkpointer.counters = operations.counters

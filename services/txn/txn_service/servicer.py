@@ -133,7 +133,7 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                 kind = request.WhichOneof("kind")
                 if request.one_way and kind in _ONE_WAY:
                     txn_id = getattr(request, kind).transaction_id
-                    self._streams.end_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
+                    self._streams.submit_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
                     continue
                 outcome = frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer)
                 yield _frame_response(request.request_id, outcome)

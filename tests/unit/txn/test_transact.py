@@ -1,13 +1,17 @@
 """Transact streams' own rules (mqstore.txn.transact): at most max_streams open, a slot given back however a
-stream ends; a one-way end applied as the two-way call (a rollback without waiting for its OP record), its
-failure counted and logged, never raised. And the one mapping of a frame's error (mqstore_rpc.errors)."""
+stream ends; a one-way end applied as the two-way call (a rollback without waiting for its OP record), on a
+worker while the stream goes on, its failure (a refused guard, a full queue) counted and logged, never
+raised. And the one mapping of a frame's error (mqstore_rpc.errors)."""
 
 from __future__ import annotations
+
+import threading
 
 import grpc
 import pytest
 
-from mqstore.errors import FailedPrecondition, InvariantViolation, NotFound, ResourceExhausted, Unavailable
+from mqstore.errors import (FailedPrecondition, InvariantViolation, NotFound, PermissionDenied, ResourceExhausted,
+                            Unavailable)
 from mqstore_rpc.errors import FrameStatus, frame_outcome
 from mqstore.txn.transact import BY_ONE_WAY, TransactStreams
 from txn_service.main import parse_config
@@ -84,3 +88,38 @@ def test_the_server_gets_a_handler_thread_per_admitted_stream_unless_told(tmp_pa
                            {})
     assert default.server.max_workers == 64 + 10 + 5  # the unary calls' threads stay free while streams are open
     assert parse_config(["--data-dir", str(tmp_path), "--max-workers", "16"], {}).server.max_workers == 16
+
+
+class Blocking(Coordinator):
+    """Its calls wait for ``release``; ``entered`` is set by the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
+
+    def commit(self, txn_id, by="producer"):
+        super().commit(txn_id, by)
+        self.entered.set()
+        assert self.release.wait(30)
+        self.done.set()
+
+
+def test_a_submitted_one_way_end_runs_on_a_worker_while_the_stream_goes_on():
+    coordinator = Blocking()
+    streams = TransactStreams(coordinator, max_streams=1, workers=1, max_queued=1, queue_wait_s=0.05)
+    streams.start()
+    try:
+        streams.submit_one_way("t-1", "COMMIT")  # returns while the commit is still being applied
+        assert coordinator.entered.wait(30) and not coordinator.done.is_set()
+        assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY)]
+        streams.submit_one_way("t-2", "COMMIT")  # queued behind it (the only worker is busy)
+        streams.submit_one_way("t-3", "COMMIT")  # no room for 0.05 s: counted as failed, left to check-back
+        assert (streams.one_way_ends, streams.one_way_failures) == (3, 1)
+        def refuse():
+            raise PermissionDenied("user u lacks PUB on topic orders")
+        streams.submit_one_way("t-4", "ROLLBACK", guard=refuse)  # refused on the stream's thread, never queued
+        assert (streams.one_way_ends, streams.one_way_failures) == (4, 2)
+    finally:
+        coordinator.release.set()
+        streams.stop(30)
+    assert [c[1] for c in coordinator.calls] == ["t-1", "t-2"]  # the queued one still applied at stop
