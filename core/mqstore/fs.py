@@ -101,6 +101,26 @@ def replace_file(path: pathlib.Path, data: bytes, *, before_rename=None) -> None
     fsync_dir(path.parent)
 
 
+def make_dirs(path: pathlib.Path) -> list[pathlib.Path]:
+    """Create ``path`` and its missing parents durably: each new directory is fsynced, then the directory
+    that holds it (a directory entry survives a power loss only once its parent is fsynced). Returns the
+    directories created, outermost first (none when ``path`` exists)."""
+    missing = []
+    at = path
+    while not at.is_dir():
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+        fsync_dir(directory)
+        fsync_dir(directory.parent)
+    return list(reversed(missing))
+
+
 def rename_durably(src: pathlib.Path, dst: pathlib.Path) -> None:
     os.replace(src, dst)
     fsync_dir(dst.parent)

@@ -42,7 +42,7 @@ class Entries:
 
     def __init__(self, entries=()):
         self.offsets, self.positions, self.store_ms = array("q"), array("q"), array("q")
-        self.sizes, self.tags, self.seen = array("i"), array("q"), array("I")
+        self.sizes, self.tags, self.seen = array("i"), array("q"), array("q")  # seen: tombstone seen-at ms
         self.limit: int | None = None  # a view: only the first ``limit`` entries count
         for entry in entries:
             self.add(entry)
@@ -62,7 +62,7 @@ class Entries:
         self.store_ms.append(e.store_timestamp_ms)
         self.sizes.append(e.size)
         self.tags.append(e.tag_code)
-        self.seen.append(e.tombstone_seen_s)
+        self.seen.append(e.tombstone_seen_ms)
 
     def __len__(self) -> int:
         return len(self.offsets) if self.limit is None else self.limit
@@ -88,14 +88,18 @@ class QueueLog:
         bases = qlog_files.segment_bases(directory) or [0]
         self.entries = Entries()
         self.latest: dict[str, int] = {}  # key -> queue offset of its latest record (filled by the owner)
+        created = False
         for base in bases:
             if not (directory / cseg.log_name(base)).exists():
                 (directory / cseg.log_name(base)).touch()
                 (directory / cseg.index_name(base)).touch()
+                created = True
             for entry in qlog_files.load_index(directory, base, active=base == bases[-1]):
                 self.entries.add(entry)
         self.bases = bases
         self._open_active(bases[-1])
+        if created:  # a new queue's first files: their names are durable before a checkpoint counts on them
+            fs.fsync_dir(directory)
 
     # ---- state ---------------------------------------------------------------------------------------
     def _load_state(self) -> dict:

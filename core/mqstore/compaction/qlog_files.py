@@ -3,6 +3,8 @@
 
   found on open                                       action
   --------------------------------------------------- ----------------------------------------------
+  no directory (a new queue)                          created with its parents, each fsynced with the
+                                                      directory holding it (fs.make_dirs)
   the leftovers of an install cut short               mqstore.fs.recover_install: the old or new set
   ``*.tmp`` files, the ``staging/`` folder             removed (garbage of a round or a state write)
   the newest segment has a .log without .cq or back   the other is created empty (a crash in a roll)
@@ -31,7 +33,7 @@ STAGING = "staging"
 
 
 def clean_directory(directory: pathlib.Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+    fs.make_dirs(directory)  # a new queue's directory (and its topic's) survives a power loss
     fs.recover_install(directory)
     fs.remove_leftovers(directory)
     shutil.rmtree(directory / STAGING, ignore_errors=True)

@@ -15,6 +15,7 @@ from typing import Callable
 
 import structlog
 
+from mqstore import fs
 from mqstore.clock import Clock
 from mqstore.errors import NotFound
 from mqstore.javahash import java_string_hash
@@ -57,7 +58,7 @@ class CompactionStore:
         self.data_dir, self.config, self.clock = data_dir, config, clock
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], QueueSlot] = {}
-        data_dir.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(data_dir)
         for topic_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
             for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 self._open(topic_dir.name, int(queue_dir.name))
@@ -145,16 +146,21 @@ class CompactionStore:
                   quarantined_until_ms=until, why="the queue is quarantined with backoff; the others go on")
 
     def due(self, slot: QueueSlot) -> str:
-        """Why a background round is due on this queue now ("" if not, or while quarantined)."""
+        """Why a background round is due on this queue now ("" if not, or while quarantined). Read-only:
+        DescribeQueue asks it, and a read changes nothing (the sweep seals an overdue active segment)."""
+        return self._due(slot)[0]
+
+    def _due(self, slot: QueueSlot) -> tuple[str, bool]:
+        """(why a round is due, whether the active segment must be sealed for it first)."""
         now = self.clock.now_ms()
         with self._lock:
             if slot.quarantine.blocks(now):
-                return ""
+                return "", False
         d = self.dirt(slot)
         if d.oldest_active_ms is not None and now - d.oldest_active_ms >= self.config.max_compaction_lag_ms:
-            slot.qlog.seal_active()  # records past the deletion deadline must become cleanable
-            d = self.dirt(slot)
-        return due_reason(d.dirty_bytes, d.clean_bytes, d.oldest_dirty_ms, d.expired_tombstones, now, self.config)
+            return "max_compaction_lag", True  # records past the deletion deadline must become cleanable
+        return due_reason(d.dirty_bytes, d.clean_bytes, d.oldest_dirty_ms, d.expired_tombstones, now,
+                          self.config), False
 
     def run_due(self, stopping: Callable[[], bool] = lambda: False) -> int:
         """One background sweep: a round on every due queue; failures quarantine that queue only."""
@@ -162,11 +168,11 @@ class CompactionStore:
         for slot in self.slots():
             if stopping():
                 break
-            reason = self.due(slot)
+            reason, seal = self._due(slot)
             if not reason:
                 continue
             try:
-                self.compact(slot, trigger=reason)
+                self.compact(slot, trigger=reason, seal_active=seal)
                 done += 1
             except Exception as exc:  # noqa: BLE001 - whatever failed (a damaged file, a bug) is this queue's:
                 # compact() quarantined it with backoff and logged it; the others go on (Kafka's KIP-346)

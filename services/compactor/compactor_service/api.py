@@ -43,7 +43,7 @@ class Description:
 class ServiceStats:
     connected: bool
     checkpoint_physical_offset: int
-    log_end_physical_offset: int
+    log_end_physical_offset: int | None  # None until the follower's first frame since start: unknown
     problem: str
     queues: int
     records_applied: int
