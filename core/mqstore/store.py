@@ -36,8 +36,8 @@ from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
-                            ResourceExhausted, Unavailable)
-from mqstore.format import checkpoint as cpfmt, record
+                            ResourceExhausted, Unavailable, shown)
+from mqstore.format import checkpoint as cpfmt, record, record_reader, topic_event
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
@@ -83,8 +83,11 @@ class MessageStore:
         self.flusher: Flusher | None = None
         self.disk = DiskSpace(config, self.abort_path)
         self.topics = TopicRegistry(config.default_queue_count, queue_info=self.queue_info,
-                                    drop_queues=self._drop_queues,
-                                    refuse_write=self.disk.refuse_metadata_write_if_read_only)
+                                    refuse_write=self.disk.refuse_metadata_write_if_read_only,
+                                    log_end=lambda: self.commitlog.written_offset, append_lock=self.commitlog.lock)
+        # A record is part of its topic only at or above the topic's start (store_topics): appends check
+        # their topic under the append lock, and the dispatcher skips batches of a topic deleted since.
+        self.commitlog.topic_start = self.dispatcher.topic_start = self.topics.start_of
         self.maintenance = Maintenance(config, self.clock, write_checkpoint=self.write_checkpoint,
                                        check_disk=self.disk.check,
                                        delete_expired_segments=self.delete_expired_segments,
@@ -136,10 +139,11 @@ class MessageStore:
         end = result.end_offset
         self._checked = (result.checked_from, end)
         self.queues.load()
+        self.queues.drop_unknown(self.topics.names())  # a deleted topic's (a crash in its delete's step 3)
         for cq in self.queues.queues.values():
             cq.truncate_to_log_end(end)
         replay_from = min(cp.dispatched_physical_offset, end) if cp and cq_root_existed else self.segments.min_offset
-        replayed = self.dispatcher.replay(replay_from, end, known_topics=self.topics.names(),
+        replayed = self.dispatcher.replay(replay_from, end, starts=self.topics.starts(),
                                           rebuild=self._queues_behind() if cq_root_existed else frozenset())
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
@@ -157,6 +161,7 @@ class MessageStore:
                  checked_from=result.checked_from, checked_bytes=result.bytes_checked,
                  checked_records=result.records_checked, check_s=round(result.seconds, 3),
                  torn_bytes_cut=result.torn_bytes_cut, replayed_records=replayed, flush_mode=cfg.flush_mode)
+        self._resume_deletes()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if not self._running:
@@ -275,6 +280,10 @@ class MessageStore:
         if system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
+        return self._append_checked(rec, messages)
+
+    def _append_checked(self, rec: TopicRecord, messages) -> AppendResults:
+        """The append of a batch whose writer may write ``rec`` (append's checks, or the store itself)."""
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
             written = self.commitlog.append(batch)
@@ -304,7 +313,41 @@ class MessageStore:
         return self.topics.update(name, queue_count, retention_ms)
 
     def delete_topic(self, name: str) -> None:
-        self.topics.delete(name)
+        """DeleteTopic in the steps of mqstore.store_topics, each safe to crash after (a delete cut short
+        is resumed at start, or by deleting the name again)."""
+        self._check_running()
+        rec = self.topics.begin_delete(name)                                   # 1. marked, hidden
+        failpoints.hit("topic.delete.marked")
+        self._finish_delete(rec)
+
+    def _finish_delete(self, rec: TopicRecord) -> None:
+        self.disk.refuse_if_read_only()
+        self._announce_deleted(rec)                                            # 2. in the log, flushed
+        failpoints.hit("topic.delete.announced")
+        self._drop_queues(rec.name)                                            # 3. consume queues gone
+        failpoints.hit("topic.delete.queues_dropped")
+        self.topics.end_delete(rec.name)                                       # 4. the row: the name is free
+        log.info("topic.deleted", topic=rec.name, start_physical_offset=rec.start_physical_offset)
+
+    def _announce_deleted(self, rec: TopicRecord) -> None:
+        """The DELETED event of ``rec`` in RMQ_SYS_TOPIC_EVENTS, flushed before the delete goes on: a
+        follower that meets it removes what it derived from the topic (in log order, also after being
+        away), and it must not be lost to a power cut once the registry has forgotten the topic."""
+        event = topic_event.TopicEvent(topic_event.DELETED, rec.name, rec.start_physical_offset)
+        message = MessageIn(body=topic_event.encode(event), keys=(rec.name,))
+        written = self._append_checked(self.topics.get(topic_event.TOPIC), [message])
+        end = written.entries[-1][0] + written.entries[-1][1]
+        if self.flusher.flushed_offset < end:
+            self.flusher.flush_now()
+
+    def _resume_deletes(self) -> None:
+        """Finish the deletes a crash cut short (rows still marked): from step 2, which may repeat."""
+        for rec in self.topics.deleting():
+            try:
+                self._finish_delete(rec)
+            except (ResourceExhausted, Unavailable) as exc:  # a full disk, a slow fsync: DeleteTopic retries it
+                log.error("topic.delete_not_resumed", topic=rec.name, error=str(exc),
+                          why="the topic stays hidden; delete it again to finish")
 
     def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
         return self.topics.sorted_topics(include_system)
@@ -319,8 +362,11 @@ class MessageStore:
         return self.topics.query_offset(group, topic, queue_id)
 
     def _drop_queues(self, topic: str) -> None:
-        with self.dispatcher.lock:
+        """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""
+        with self.commitlog.lock, self.dispatcher.lock:
             self.queues.drop_topic(topic)
+            for key in [k for k in self.commitlog.next_queue_offsets if k[0] == topic]:
+                del self.commitlog.next_queue_offsets[key]
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int):
@@ -366,16 +412,25 @@ class MessageStore:
         return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
+        """The record at ``physical_offset``; NotFound also for a record of a deleted topic (store_topics)."""
         self._check_running()
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         rec = self.commitlog.decode_at(physical_offset, len(data))
+        self._check_owned(rec.topic, physical_offset)
         return StoredMessage(rec, record.offset_msg_id(rec.store_host, rec.store_port, physical_offset))
 
     def get_message_raw(self, physical_offset: int) -> bytes:
         """:meth:`get_message` as the checked record's bytes (the compiled codec's GetMessage)."""
         self._check_running()
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
-        return self.commitlog.checked_at(physical_offset, len(data))
+        checked = self.commitlog.checked_at(physical_offset, len(data))
+        self._check_owned(record_reader.peek_topic(checked, 0).decode("utf-8", "replace"), physical_offset)
+        return checked
+
+    def _check_owned(self, topic: str, physical_offset: int) -> None:
+        if not self.topics.owns(topic, physical_offset):
+            raise NotFound(f"the record at physical offset {physical_offset} belongs to a deleted topic "
+                           f"{shown(topic)} (an earlier topic of that name, if one exists now): it is not served")
 
     def get_messages(self, physical_offsets: Sequence[int], raw: bool = False) -> list[MessageLookup]:
         """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not

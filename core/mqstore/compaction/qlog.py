@@ -20,7 +20,7 @@ from array import array
 from dataclasses import dataclass
 
 from mqstore import failpoints, fs
-from mqstore.errors import invariant
+from mqstore.errors import NotFound, invariant, shown
 from mqstore.format import compaction_segment as cseg, sparse_queue
 from mqstore.format.sparse_queue import SparseEntry
 
@@ -83,6 +83,7 @@ class QueueLog:
         self.directory, self.segment_size, self.topic, self.queue_id = directory, segment_size_bytes, topic, queue_id
         self._lock = threading.RLock()
         self._read_fds: dict[int, int] = {}
+        self.closed = False
         qlog_files.clean_directory(directory)
         self.state = self._load_state()
         bases = qlog_files.segment_bases(directory) or [0]
@@ -189,6 +190,9 @@ class QueueLog:
         """Records ``first`` .. ``first + count - 1`` of the index (at least one if any, then up to max_bytes)."""
         out, total = [], 0
         with self._lock:
+            if self.closed:
+                raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log "
+                               f"is gone")
             for i in range(first, min(first + count, len(self.entries))):
                 entry = self.entries.entry(i)
                 if out and total + entry.size > max_bytes:
@@ -244,8 +248,12 @@ class QueueLog:
                     del self.latest[key]
 
     def close(self) -> None:
+        """Sync and close the files; later reads say NotFound (the topic was deleted). Idempotent."""
         with self._lock:
+            if self.closed:
+                return
             self.sync()
             for fd in (self._log_fd, self._cq_fd, *self._read_fds.values()):
                 os.close(fd)
             self._read_fds.clear()
+            self.closed = True

@@ -3,11 +3,18 @@
 ``<data_dir>/<topic>/<queue id>/`` holds one queue's log (qlog.py). The follower (apply) appends the
 records of compaction topics; rounds run per queue, one at a time per queue (``QueueSlot.round_lock``),
 from the background duty or on demand; a failing round quarantines its queue only (policy.py).
+
+A deleted topic's logs go whole (:meth:`CompactionStore.drop_topic`, when the follower meets the
+topic's DELETED event): its queues are closed (a read of them then says NotFound, a round waits for
+the running one and then finds nothing), the directory is renamed to ``<topic>.deleted`` (one atomic,
+fsynced rename: the topic is gone from then on, also after a crash) and then removed. On open a
+``*.deleted`` directory is what a crash left between the two and is removed (topic names hold no dot).
 """
 
 from __future__ import annotations
 
 import pathlib
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,9 +22,9 @@ from typing import Callable
 
 import structlog
 
-from mqstore import fs
+from mqstore import failpoints, fs
 from mqstore.clock import Clock
-from mqstore.errors import NotFound
+from mqstore.errors import NotFound, shown
 from mqstore.javahash import java_string_hash
 
 from .policy import CompactionConfig, Quarantine, due_reason, tombstone_expired
@@ -25,6 +32,7 @@ from .qlog import QueueLog
 from .rounds import RoundStats, Sealed, key_and_tombstone, run_round, sealed_records
 
 log = structlog.get_logger("mqstore.compaction")
+DELETED_SUFFIX = ".deleted"  # a dropped topic's directory between its rename and its removal
 
 
 @dataclass
@@ -59,6 +67,8 @@ class CompactionStore:
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], QueueSlot] = {}
         fs.make_dirs(data_dir)
+        for gone in sorted(data_dir.glob("*" + DELETED_SUFFIX)):
+            _remove_tree(gone)  # renamed by a drop_topic that a crash cut short
         for topic_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
             for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 self._open(topic_dir.name, int(queue_dir.name))
@@ -100,6 +110,24 @@ class CompactionStore:
         for slot in self.slots():
             slot.qlog.sync()
 
+    def drop_topic(self, topic: str) -> int:
+        """Remove every compaction log of ``topic`` (deleted from the commit log), crash-safely (the module
+        docstring); the number of queues dropped. Idempotent: a topic it does not hold is a no-op."""
+        directory = self.data_dir / topic
+        with self._lock:
+            slots = [self._slots.pop(key) for key in [k for k in self._slots if k[0] == topic]]
+        for slot in slots:
+            with slot.round_lock:  # a running round ends first; a later one finds the queue closed
+                slot.qlog.close()
+        if directory.is_dir():
+            failpoints.hit("compaction.topic.dropping")
+            gone = directory.with_name(directory.name + DELETED_SUFFIX)
+            fs.rename_durably(directory, gone)
+            failpoints.hit("compaction.topic.renamed")
+            _remove_tree(gone)
+            log.info("compaction.topic_dropped", topic=topic, queues=len(slots))
+        return len(slots)
+
     def close(self) -> None:
         for slot in self.slots():
             with slot.round_lock:
@@ -111,6 +139,9 @@ class CompactionStore:
         """Run a round on one queue now (waits for a running one); raises what the round raised.
         ``runner(qlog, now_ms)`` is the engine (the local passes by default; the Spark job's)."""
         with slot.round_lock:
+            if slot.qlog.closed:
+                raise NotFound(f"topic {shown(slot.qlog.topic)} queue {slot.qlog.queue_id} was deleted: its "
+                               f"compaction log is gone")
             now = self.clock.now_ms()
             info = RoundInfo(started_ms=now, engine=engine, trigger=trigger)
             with self._lock:
@@ -169,7 +200,7 @@ class CompactionStore:
             if stopping():
                 break
             reason, seal = self._due(slot)
-            if not reason:
+            if not reason or slot.qlog.closed:  # (a topic deleted since the sweep began)
                 continue
             try:
                 self.compact(slot, trigger=reason, seal_active=seal)
@@ -224,6 +255,11 @@ def measure(qlog: QueueLog, now_ms: int, config: CompactionConfig) -> Dirt:
                 kept += 1
                 expired += tombstone_expired(e.seen[i], now_ms, config.delete_retention_ms)
     return Dirt(clean, dirty, young, act, oldest_dirty, oldest_active, kept, expired, dirty_records)
+
+
+def _remove_tree(directory: pathlib.Path) -> None:
+    shutil.rmtree(directory)
+    fs.fsync_dir(directory.parent)
 
 
 def _fill_latest(qlog: QueueLog) -> None:

@@ -46,6 +46,7 @@ class EncodedBatch:
     tag_codes: list[int]
     sys_flags: list[int]
     uniq_keys: list[str]
+    incarnation: int = 0  # the topic's start_physical_offset when it was encoded (the append checks it)
 
 
 class UniqKeyGenerator:
@@ -156,7 +157,8 @@ class MessageEncoder:
             tags.append(tag_code)
             flags.append(msg.sys_flag)
             uniqs.append(uniq)
-        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs)
+        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs,
+                            topic.start_physical_offset)
 
     def _encode_wire(self, topic: TopicRecord, wire, now_ms: int) -> EncodedBatch:
         """The compiled path; a batch it refuses goes through the reference above, which raises why."""
@@ -164,7 +166,7 @@ class MessageEncoder:
                                         self.uniq, self._take_round_robin)
         if encoded is None:
             return self.encode_batch(topic, wire.to_messages(), now_ms)
-        return EncodedBatch(topic.name, *encoded)
+        return EncodedBatch(topic.name, *encoded, topic.start_physical_offset)
 
     def _reject(self, index: int, topic: TopicRecord, msg: MessageIn, props: bytes, size: int) -> None:
         """Raise the error that explains why message ``index`` cannot be stored (or return if it can)."""

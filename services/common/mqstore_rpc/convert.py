@@ -178,7 +178,13 @@ def topic_kind_out(kind: str) -> int:
 
 def topic(t: model.TopicRecord) -> commitlog_pb2.Topic:
     return commitlog_pb2.Topic(name=t.name, queue_count=t.queue_count, kind=topic_kind_out(t.kind),
-                               retention_ms=t.retention_ms, created_ms=t.created_ms)
+                               retention_ms=t.retention_ms, created_ms=t.created_ms,
+                               start_physical_offset=t.start_physical_offset)
+
+
+def topic_out(t: commitlog_pb2.Topic) -> model.TopicRecord:
+    return model.TopicRecord(t.name, t.queue_count, topic_kind_in(t.kind), t.retention_ms, t.created_ms,
+                             t.start_physical_offset)
 
 
 def queue_info(q: model.QueueInfo) -> commitlog_pb2.QueueInfo:

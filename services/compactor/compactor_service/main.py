@@ -96,7 +96,7 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
             return ServiceStats(replica.connected, 0, None, replica.problem(), len(store.slots()), replica.applied,
                                 config.replica_of)
     else:
-        projection = CompactionProjection(store, client.topic_kinds, config.data_dir / "follower.checkpoint", clock,
+        projection = CompactionProjection(store, client.user_topics, config.data_dir / "follower.checkpoint", clock,
                                           config.checkpoint_interval_ms)
         parts.on_close(projection.checkpoint)
         follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))

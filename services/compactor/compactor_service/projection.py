@@ -12,8 +12,18 @@ there, so the hold never sits above data that is not durable yet; re-fed records
 offset (QueueLog.append is idempotent). A record that fails its checks raises DataLoss (unhealthy,
 retried): skipping it could lose a key's latest value.
 
-Which topics are compaction topics: the commit log's topic list (ListTopics), fetched again when a record
-names a topic not seen before (topics are created before they are written, and kinds never change).
+Which topics are compaction topics: the commit log's topic list (ListTopics: each topic's kind and
+start_physical_offset), fetched again when a record names a topic not seen before (topics are created
+before they are written, and kinds never change while a topic lives). A record is applied only if its
+topic is a COMPACTION topic now and the record lies at or above the topic's start_physical_offset:
+records of a deleted topic, or of an earlier topic of the same name, are not the topic's.
+
+A deleted topic: its DELETED event (a record of RMQ_SYS_TOPIC_EVENTS, mqstore.format.topic_event) comes in
+log order, after the topic's last record and before any record of a topic created again with the name;
+applying it drops the topic's compaction logs (CompactionStore.drop_topic: crash-safe, idempotent) and
+forgets what was known of the name, so that its next record asks ListTopics again. A compactor that
+was away meets the event when it comes back (the log holds it: retention is held at the checkpoint),
+and one that crashed after the drop and before its checkpoint meets it again, harmlessly.
 """
 
 from __future__ import annotations
@@ -27,10 +37,10 @@ from mqstore.clock import Clock
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import DataLoss
 from mqstore.follow import FollowConfig, Follower, GapPolicy
-from mqstore.format import follower_checkpoint as fcp
+from mqstore.format import follower_checkpoint as fcp, topic_event
 from mqstore.format.record import PROPERTY_TAGS
 from mqstore.format.record_reader import RecordError, records
-from mqstore.model import KIND_COMPACTION, TailFrame
+from mqstore.model import KIND_COMPACTION, TailFrame, TopicRecord
 
 THREAD_NAME = "compactor-follower"
 HOLD_NAME = "compactor"
@@ -51,9 +61,10 @@ class HoldingSource:
 class CompactionProjection:
     """Called from the follower's thread; ``stats()`` from any (``_lock``)."""
 
-    def __init__(self, store: CompactionStore, topic_kinds, checkpoint_path: pathlib.Path, clock: Clock,
+    def __init__(self, store: CompactionStore, user_topics, checkpoint_path: pathlib.Path, clock: Clock,
                  checkpoint_interval_ms: int):
-        self.store, self.topic_kinds, self.path, self.clock = store, topic_kinds, checkpoint_path, clock
+        """``user_topics()``: name -> TopicRecord of every user topic (CommitLogClient.user_topics)."""
+        self.store, self.user_topics, self.path, self.clock = store, user_topics, checkpoint_path, clock
         self.interval_ms = checkpoint_interval_ms
         self._lock = threading.Lock()
         saved = CHECKPOINT.load(checkpoint_path)
@@ -61,7 +72,7 @@ class CompactionProjection:
         self._applied_records = saved.payload[0] if saved else 0
         self._applied_to = self._durable
         self._saved_ms = clock.now_ms()
-        self._kinds: dict[str, str] = {}
+        self._topics: dict[str, TopicRecord | None] = {}  # None: not a user topic (now)
 
     def resume_offset(self) -> int | None:
         with self._lock:
@@ -83,17 +94,31 @@ class CompactionProjection:
 
     def _apply_record(self, view) -> None:
         topic = view.topic
-        kind = self._kinds.get(topic)
-        if kind is None:
-            self._kinds = dict(self.topic_kinds())
-            kind = self._kinds.setdefault(topic, "")  # "" = not a user topic (a system one): never compacted
-        if kind != KIND_COMPACTION:
+        if topic == topic_event.TOPIC:
+            self._apply_event(view)
+            return
+        if topic in self._topics:
+            found = self._topics[topic]
+        else:
+            self._topics = dict(self.user_topics())
+            found = self._topics.setdefault(topic, None)  # None: not a user topic (a system one, or deleted)
+        if found is None or found.kind != KIND_COMPACTION or view.physical_offset < found.start_physical_offset:
             return
         raw = bytes(view.buf[view.position:view.position + view.size])
         if self.store.append(topic, view.queue_id, raw, view.queue_offset, view.property(PROPERTY_TAGS),
                              view.store_timestamp_ms):
             with self._lock:
                 self._applied_records += 1
+
+    def _apply_event(self, view) -> None:
+        try:
+            event = topic_event.decode(view.body)
+        except ValueError as exc:
+            raise DataLoss(f"the topic event at physical offset {view.physical_offset} does not decode ({exc}); "
+                           f"the compactor cannot tell which topic is gone") from None
+        if event.event == topic_event.DELETED:
+            self._topics.pop(event.topic, None)  # its next record (a topic created again) asks ListTopics
+            self.store.drop_topic(event.topic)
 
     def checkpoint(self) -> None:
         """fsync the logs, then record how far they hold the log (the follower's thread, and close)."""

@@ -1,5 +1,6 @@
 """The compactor's projection: compaction topics only, idempotent replays, a durable checkpoint as the
-resume point, a hold on the commit log's retention, and a gap that stops it (never skipped)."""
+resume point, a hold on the commit log's retention, a gap that stops it (never skipped), and a deleted
+topic: its DELETED event drops its logs, and records below a topic's start are not the topic's."""
 
 from __future__ import annotations
 
@@ -11,16 +12,30 @@ from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import DataLoss, OutOfRange
 from mqstore.follow import FollowConfig, GapPolicy
-from mqstore.model import TailFrame
+from mqstore.format import record, topic_event
+from mqstore.model import KIND_COMPACTION, KIND_NORMAL, TailFrame, TopicRecord
+from tests.support import records as rec
 from tests.support.compaction import BASE_MS, raw
 from tests.support.waiting import wait_until
 
-KINDS = {"kv": "COMPACTION", "plain": "NORMAL"}
+TOPICS = {"kv": TopicRecord("kv", 1, KIND_COMPACTION, 0, 0), "plain": TopicRecord("plain", 1, KIND_NORMAL, 0, 0)}
 
 
-def _projection(tmp_path, clock):
+def _projection(tmp_path, clock, topics=TOPICS):
     store = CompactionStore(tmp_path / "logs", CompactionConfig(), clock)
-    return store, CompactionProjection(store, lambda: KINDS, tmp_path / "cp", clock, checkpoint_interval_ms=1000)
+    return store, CompactionProjection(store, lambda: dict(topics), tmp_path / "cp", clock,
+                                       checkpoint_interval_ms=1000)
+
+
+def _kv(key: str, value: bytes, queue_offset: int, physical_offset: int) -> bytes:
+    return rec.encode(topic=b"kv", body=value, properties=record.encode_properties({"KEYS": key}),
+                      queue_offset=queue_offset, physical_offset=physical_offset, store_timestamp_ms=BASE_MS)
+
+
+def _deleted(name: str, start: int, physical_offset: int) -> bytes:
+    body = topic_event.encode(topic_event.TopicEvent(topic_event.DELETED, name, start))
+    return rec.encode(topic=topic_event.TOPIC.encode(), body=body, properties=record.encode_properties({"KEYS": name}),
+                      physical_offset=physical_offset)
 
 
 def test_only_compaction_topics_are_applied_and_replays_are_harmless(tmp_path):
@@ -65,3 +80,42 @@ def test_the_follower_stops_at_a_gap_and_holds_retention(tmp_path):
     finally:
         follower.stop()
         store.close()
+
+
+def test_a_deleted_topic_is_dropped_in_log_order_and_its_old_records_never_come_back(tmp_path):
+    clock = FakeClock(BASE_MS)
+    topics = dict(TOPICS)
+    store, projection = _projection(tmp_path, clock, topics)
+    old = _kv("a", b"old-1", 0, 100) + _kv("b", b"old-2", 1, 200)
+    projection.apply(TailFrame(old, 2, 300, 300))
+    assert store.slot("kv", 0).qlog.next_offset() == 2 and (tmp_path / "logs" / "kv").is_dir()
+    # kv is deleted (its event at 300) and created again at 400: the registry now says start 400.
+    topics["kv"] = TopicRecord("kv", 1, KIND_COMPACTION, 0, 0, start_physical_offset=400)
+    frame = old + _deleted("kv", 0, 300) + _kv("c", b"new", 0, 400)
+    for _ in range(2):  # and the same again, as after a crash before the checkpoint
+        projection.apply(TailFrame(frame, 4, 500, 500))
+        qlog = store.slot("kv", 0).qlog
+        assert [s.entry.queue_offset for s in qlog.read(0, 10)] == [0] and set(qlog.latest) == {"c"}
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["kv"]
+    store.close()
+
+
+def test_records_below_a_topics_start_are_skipped_before_its_event_is_met(tmp_path):
+    """A compactor that was away: the registry already names the new topic; the old records (below its
+    start) are skipped at once, so no old value shows up even for a moment."""
+    clock = FakeClock(BASE_MS)
+    topics = dict(TOPICS, kv=TopicRecord("kv", 1, KIND_COMPACTION, 0, 0, start_physical_offset=400))
+    store, projection = _projection(tmp_path, clock, topics)
+    projection.apply(TailFrame(_kv("a", b"old", 0, 100), 1, 300, 300))
+    assert store.topics() == []
+    projection.apply(TailFrame(_deleted("kv", 0, 300) + _kv("c", b"new", 0, 400), 2, 500, 500))
+    assert set(store.slot("kv", 0).qlog.latest) == {"c"}
+    store.close()
+
+
+def test_an_event_that_does_not_decode_stops_the_projection(tmp_path):
+    store, projection = _projection(tmp_path, FakeClock(BASE_MS))
+    bad = rec.encode(topic=topic_event.TOPIC.encode(), body=b"nonsense", physical_offset=0)
+    with pytest.raises(DataLoss, match="does not decode"):
+        projection.apply(TailFrame(bad, 1, 100, 100))
+    store.close()
