@@ -3,7 +3,13 @@ retention below their position.
 
 A follower names itself in its Tail request (``hold_retention_as``); the stream's start offset is its
 hold, refreshed at every frame of the stream. Retention then deletes no segment that ends above the
-lowest hold. A follower that disappears for ever must not keep the log for ever: a hold lapses when its
+lowest hold, as far back as compaction data can be: a hold protects the records of COMPACTION topics,
+so the store keeps the log from max(lowest hold, lowest start_physical_offset of the COMPACTION topics)
+and not at all while there is no COMPACTION topic (MessageStore.delete_expired_segments). So a deleted
+topic's hold goes with it: a compactor away while its topics were deleted keeps no log for them, and
+meets a gap that it may skip (compactor_service.projection: the gap can hold no record it needs).
+
+A follower that disappears for ever must not keep the log for ever: a hold lapses when its
 follower has not had a Tail open for ``retention_hold_max_ms`` (StoreConfig, 7 days by default; then
 ``retention.hold_lapsed`` is logged, and the follower meets a gap when it comes back, which it reports
 instead of skipping).

@@ -536,6 +536,9 @@ class MessageStore:
         queue minimums follow (SegmentQueue.delete_expired)."""
         limit = min(self.flusher.flushed_offset, self.dispatcher.dispatched_offset)
         held = self.retention_holds.low(self.clock.now_ms())  # a compactor's position (retention_holds.py)
+        if held is not None:  # a hold protects compaction data: none below the compaction topics' starts
+            floor = self.topics.compaction_floor()
+            held = None if floor is None else max(held, floor)
         limit = limit if held is None else min(limit, held)
         return self.segments.delete_expired(limit, self.clock.now_ms(), self.config.retention_ms,
                                             self.before_segment_delete)

@@ -86,6 +86,12 @@ class TopicRegistry:
         found = self._topics.get(name)
         return None if found is None else found.start_physical_offset
 
+    def compaction_floor(self) -> int | None:
+        """The lowest start_physical_offset of the COMPACTION topics (None: there is none): no record of a
+        compaction topic lies below it, so a retention hold need not keep the log below it."""
+        return min((t.start_physical_offset for t in list(self._topics.values()) if t.kind == KIND_COMPACTION),
+                   default=None)
+
     def owns(self, name: str, physical_offset: int) -> bool:
         """Whether the record of topic ``name`` at ``physical_offset`` is part of the topic as it is now."""
         found = self._topics.get(name)

@@ -2,9 +2,15 @@
 
 Gap policy STOP: a compaction log is durable data (once the commit log has expired a segment it is the
 only copy of those keys), so when retention deleted records before they were applied the follower
-stays there, health turns NOT_SERVING and Stats says why; it never skips. The commit log is asked to
-hold retention below the stream's start (TailRequest.hold_retention_as, :class:`HoldingSource`), so a
-gap needs the compactor to be away longer than the log's retention_hold_max_ms.
+stays there, health turns NOT_SERVING and Stats says why; it never skips a record it may need. The
+commit log is asked to hold retention below the stream's start (TailRequest.hold_retention_as,
+:class:`HoldingSource`), so a gap needs the compactor to be away longer than the log's
+retention_hold_max_ms, with one exception: the hold protects compaction data only, not below the
+COMPACTION topics' starts (none while there is none), so a compactor away while topics were deleted may
+meet a gap with nothing of its own in it. :meth:`CompactionProjection.gap_skippable` tells: when every
+COMPACTION topic now starts at or above the gap's end, the gap held no record of any of them, and every
+log the compactor holds is of a topic deleted since (its records lie below the gap, so below any
+start): those logs are dropped and the gap is skipped.
 
 The resume offset is the *durable* checkpoint: every ``checkpoint_interval_ms`` the logs are fsynced and
 then the checkpoint (mqstore.format.follower_checkpoint, magic "MQCM") is replaced. A stream re-opens
@@ -22,8 +28,9 @@ A deleted topic: its DELETED event (a record of RMQ_SYS_TOPIC_EVENTS, mqstore.fo
 log order, after the topic's last record and before any record of a topic created again with the name;
 applying it drops the topic's compaction logs (CompactionStore.drop_topic: crash-safe, idempotent) and
 forgets what was known of the name, so that its next record asks ListTopics again. A compactor that
-was away meets the event when it comes back (the log holds it: retention is held at the checkpoint),
-and one that crashed after the drop and before its checkpoint meets it again, harmlessly.
+was away meets the event when it comes back (the log holds it while a COMPACTION topic lies above the
+checkpoint: the hold; else retention may have removed it, and the gap is skippable, see above), and
+one that crashed after the drop and before its checkpoint meets it again, harmlessly.
 """
 
 from __future__ import annotations
@@ -33,15 +40,18 @@ import struct
 import threading
 from typing import Sequence
 
+import structlog
+
 from mqstore.clock import Clock
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import DataLoss
-from mqstore.follow import FollowConfig, Follower, GapPolicy
+from mqstore.follow import FollowConfig, Follower, Gap, GapPolicy
 from mqstore.format import follower_checkpoint as fcp, topic_event
 from mqstore.format.record import PROPERTY_TAGS
 from mqstore.format.record_reader import RecordError, records
 from mqstore.model import KIND_COMPACTION, TailFrame, TopicRecord
 
+log = structlog.get_logger("compactor_service.projection")
 THREAD_NAME = "compactor-follower"
 HOLD_NAME = "compactor"
 CHECKPOINT = fcp.CheckpointFormat("compactor checkpoint", 0x4D51434D, 1, struct.Struct(">q"))  # records applied
@@ -72,6 +82,7 @@ class CompactionProjection:
         self._applied_records = saved.payload[0] if saved else 0
         self._applied_to = self._durable
         self._saved_ms = clock.now_ms()
+        self._skipped_gap = False
         self._topics: dict[str, TopicRecord | None] = {}  # None: not a user topic (now)
 
     def resume_offset(self) -> int | None:
@@ -88,7 +99,8 @@ class CompactionProjection:
                                f"{exc.position} of the frame; the compactor does not skip records") from None
         with self._lock:
             self._applied_to = frame.next_physical_offset
-        if self.clock.now_ms() - self._saved_ms >= self.interval_ms:
+        if self._skipped_gap or self.clock.now_ms() - self._saved_ms >= self.interval_ms:
+            self._skipped_gap = False  # a skipped gap is made durable at once: the stream re-opens past it
             self.checkpoint()
         return ()
 
@@ -120,6 +132,23 @@ class CompactionProjection:
             self._topics.pop(event.topic, None)  # its next record (a topic created again) asks ListTopics
             self.store.drop_topic(event.topic)
 
+    def gap_skippable(self, gap: Gap) -> bool:
+        """Whether the deleted log range ``gap`` can have held no record of a COMPACTION topic as it is now
+        (the module docstring); if so, drop the logs of the topics deleted since (all those held)."""
+        topics = self.user_topics()
+        if any(t.kind == KIND_COMPACTION and t.start_physical_offset < gap.end_physical_offset
+               for t in topics.values()):
+            return False
+        held = self.store.topics()
+        for topic in held:
+            self.store.drop_topic(topic)
+        self._topics = dict(topics)
+        self._skipped_gap = True
+        log.warning("compactor.gap_skipped", from_physical_offset=gap.start_physical_offset,
+                    to_physical_offset=gap.end_physical_offset, dropped_topics=held,
+                    why="no COMPACTION topic has records there: every topic it held was deleted since")
+        return True
+
     def checkpoint(self) -> None:
         """fsync the logs, then record how far they hold the log (the follower's thread, and close)."""
         with self._lock:
@@ -137,4 +166,5 @@ class CompactionProjection:
 
 
 def compactor_follower(projection: CompactionProjection, source, config: FollowConfig) -> Follower:
-    return Follower(THREAD_NAME, source, projection, config, gap_policy=GapPolicy.STOP)
+    return Follower(THREAD_NAME, source, projection, config, gap_policy=GapPolicy.STOP,
+                    gap_skippable=projection.gap_skippable)

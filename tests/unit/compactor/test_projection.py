@@ -4,6 +4,8 @@ topic: its DELETED event drops its logs, and records below a topic's start are n
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from compactor_service.projection import CHECKPOINT, CompactionProjection, HoldingSource, compactor_follower
@@ -119,3 +121,45 @@ def test_an_event_that_does_not_decode_stops_the_projection(tmp_path):
     with pytest.raises(DataLoss, match="does not decode"):
         projection.apply(TailFrame(bad, 1, 100, 100))
     store.close()
+
+
+def test_a_gap_holding_no_compaction_record_is_skipped_and_the_deleted_topics_dropped(tmp_path):
+    """Away while kv was deleted (and created again at 5000): retention kept no log for it, the gap
+    [500, 4096) can hold nothing of kv as it is now, so it is skipped and the old kv logs dropped."""
+    clock = FakeClock(BASE_MS)
+    topics = dict(TOPICS)
+    store, projection = _projection(tmp_path, clock, topics)
+    projection.apply(TailFrame(_kv("a", b"old", 0, 100), 1, 500, 500))
+    clock.advance(1000)
+    projection.checkpoint()
+    topics["kv"] = TopicRecord("kv", 1, KIND_COMPACTION, 0, 0, start_physical_offset=5000)
+    opened = []
+
+    class Stream:  # its frames, then open (quiet) until cancelled
+        def __init__(self, frames):
+            self.frames, self.cancelled = frames, threading.Event()
+
+        def __iter__(self):
+            yield from self.frames
+            self.cancelled.wait(10)
+
+        def cancel(self):
+            self.cancelled.set()
+
+    class ShortLog:
+        def tail(self, start, *, max_frame_bytes, heartbeat_ms, hold_retention_as=""):
+            opened.append(start)
+            if start < 4096:
+                raise OutOfRange("gone", min_value=4096, max_value=9000)
+            return Stream([TailFrame(_kv("c", b"new", 0, 5000), 1, 5500, 9000)] if start < 5500 else [])
+
+    follower = compactor_follower(projection, HoldingSource(ShortLog()), FollowConfig(backoff_initial_ms=5,
+                                                                                      backoff_max_ms=20))
+    follower.start()
+    try:
+        wait_until(lambda: projection.stats()[1] == 2, "the follower to go on after the gap")
+        assert follower.state().gap is None and follower.problem() == "" and opened[:2] == [500, 4096]
+        assert set(store.slot("kv", 0).qlog.latest) == {"c"}
+    finally:
+        follower.stop()
+        store.close()
