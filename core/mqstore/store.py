@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, transactions
+from mqstore import codec, failpoints, fs, limits, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -370,6 +370,7 @@ class MessageStore:
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int):
+        limits.at_least_zero("queue_id", queue_id)
         rec = self.topics.get(topic)
         if not 0 <= queue_id < rec.queue_count:
             raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
@@ -396,9 +397,10 @@ class MessageStore:
     def _pull(self, read, read_at, result, topic: str, queue_id: int, offset: int, max_messages: int,
               max_bytes: int, tags: Sequence[str], long_poll_ms: int):
         self._check_running()
-        max_messages = min(max_messages if max_messages > 0 else 32, MAX_PULL_MESSAGES)
-        max_bytes = min(max_bytes if max_bytes > 0 else 1 << 20, MAX_PULL_BYTES)
-        long_poll_ms = min(max(long_poll_ms, 0), MAX_LONG_POLL_MS)
+        max_messages = limits.limit("max_messages", max_messages, default=32, maximum=MAX_PULL_MESSAGES)
+        max_bytes = limits.limit("max_bytes", max_bytes, default=1 << 20, maximum=MAX_PULL_BYTES)
+        long_poll_ms = limits.limit("long_poll_ms", long_poll_ms, default=0, maximum=MAX_LONG_POLL_MS)
+        limits.at_least_zero("offset", offset, "a queue offset")
         _, cq = self._queue(topic, queue_id)
         lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
         if offset < lo or offset > hi:
@@ -414,6 +416,7 @@ class MessageStore:
     def get_message(self, physical_offset: int) -> StoredMessage:
         """The record at ``physical_offset``; NotFound also for a record of a deleted topic (store_topics)."""
         self._check_running()
+        limits.at_least_zero("physical_offset", physical_offset, "a byte address in the commit log")
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         rec = self.commitlog.decode_at(physical_offset, len(data))
         self._check_owned(rec.topic, physical_offset)
@@ -422,6 +425,7 @@ class MessageStore:
     def get_message_raw(self, physical_offset: int) -> bytes:
         """:meth:`get_message` as the checked record's bytes (the compiled codec's GetMessage)."""
         self._check_running()
+        limits.at_least_zero("physical_offset", physical_offset, "a byte address in the commit log")
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         checked = self.commitlog.checked_at(physical_offset, len(data))
         self._check_owned(record_reader.peek_topic(checked, 0).decode("utf-8", "replace"), physical_offset)
@@ -440,6 +444,8 @@ class MessageStore:
         if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
             raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, "
                                   f"not {len(physical_offsets)}")
+        for index, offset in enumerate(physical_offsets):  # a malformed one fails the request, not its entry
+            limits.at_least_zero(f"physical_offsets[{index}]", offset, "a byte address in the commit log")
         get = self.get_message_raw if raw else self.get_message
         out = []
         for offset in physical_offsets:
@@ -456,7 +462,7 @@ class MessageStore:
         try:
             _, _, physical_offset = record.parse_offset_msg_id(msg_id)
         except ValueError as exc:
-            raise InvalidArgument(f"msg_id {msg_id!r} is not an offset message id: {exc}") from None
+            raise InvalidArgument(f"msg_id {shown(msg_id)} is not an offset message id: {exc}") from None
         return self.get_message_raw(physical_offset) if raw else self.get_message(physical_offset)
 
     # ------------------------------------------------------------------ tail
@@ -470,9 +476,11 @@ class MessageStore:
         With ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
         appends share a frame (each frame costs a wake-up and a send on both sides)."""
         self._check_running()
-        max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
-        heartbeat_s = min(max(heartbeat_ms if heartbeat_ms > 0 else 1000, 10), 60_000) / 1000
-        linger_s = min(max(linger_ms, 0), MAX_TAIL_LINGER_MS) / 1000
+        max_frame_bytes = limits.limit("max_frame_bytes", max_frame_bytes, default=1 << 20, maximum=MAX_FRAME_BYTES)
+        heartbeat_s = limits.limit("heartbeat_ms", heartbeat_ms, default=1000, minimum=10, maximum=60_000) / 1000
+        linger_s = limits.limit("linger_ms", linger_ms, default=0, maximum=MAX_TAIL_LINGER_MS) / 1000
+        if start not in (TAIL_EARLIEST, TAIL_LATEST):
+            limits.at_least_zero("from_physical_offset", from_physical_offset, "a record start in the commit log")
         for name in topics:  # a name that can never exist would filter out everything, silently
             topic_rules.validate_topic_name(name)
         wanted = frozenset(t.encode("utf-8") for t in topics)
@@ -516,7 +524,8 @@ class MessageStore:
     # ------------------------------------------------------------------ offsets
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
         if boundary not in ("lower", "upper"):
-            raise InvalidArgument(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+            raise InvalidArgument(f"boundary must be 'lower' or 'upper', not {shown(boundary)}")
+        limits.at_least_zero("timestamp_ms", timestamp_ms, "ms since the epoch")
         _, cq = self._queue(topic, queue_id)
         if cq is None:
             return 0

@@ -35,6 +35,7 @@ from typing import Callable
 
 import structlog
 
+from mqstore import limits
 from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
 from mqstore.meta import MetadataStore
@@ -203,8 +204,9 @@ class TopicRegistry:
     # ---- consumer offsets
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         topic_rules.validate_group_name(group)
+        limits.at_least_zero("offset", offset, "the next queue offset the group will consume")
         info = self._queue_info(topic, queue_id)
-        if offset < 0 or offset > info.max_offset:
+        if offset > info.max_offset:
             raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
                              min_value=0, max_value=info.max_offset)
         self._refuse_write()

@@ -85,7 +85,7 @@ class CompactionStore:
             slot = self._slots.get((topic, queue_id))
             if slot is None:
                 if not create:
-                    raise NotFound(f"no compaction log for topic {topic!r} queue {queue_id}: the compactor has "
+                    raise NotFound(f"no compaction log for topic {shown(topic)} queue {queue_id}: the compactor has "
                                    f"seen no record of it (is it a COMPACTION topic? has it been written?)")
                 slot = self._open(topic, queue_id)
             return slot

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from mqstore import codec, javahash
 from mqstore.config import StoreConfig
 from mqstore.message_keys import compaction_queue, message_key
-from mqstore.errors import InvalidArgument
+from mqstore.errors import InvalidArgument, shown
 from mqstore.format import record
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
 
@@ -191,7 +191,7 @@ class MessageEncoder:
             for name, value in user.items():
                 if name not in _RESERVED:
                     if not name or not value or _BAD_TEXT.search(name) or _BAD_TEXT.search(value):
-                        raise InvalidArgument(f"messages[{index}].properties[{name!r}]: names and values must be "
+                        raise InvalidArgument(f"messages[{index}].properties[{shown(name)}]: names and values must be "
                                               f"non-empty and must not contain the reserved characters \\x01 \\x02")
                     pieces.append(f"{name}\x01{value}\x02")
             tags, keys, uniq = _reserved_properties(index, user, tags, keys)
@@ -262,7 +262,7 @@ def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tupl
         if not prop_tags:
             raise InvalidArgument(f"{tags_at} is empty; leave it out or give a tag")
         if tags and tags != prop_tags:
-            raise InvalidArgument(f"messages[{index}]: tags {tags!r} and {tags_at} {prop_tags!r} differ; "
+            raise InvalidArgument(f"messages[{index}]: tags {shown(tags)} and {tags_at} {shown(prop_tags)} differ; "
                                   f"give the tag once (the field and the property mean the same)")
         tags = prop_tags
     prop_keys = user.get(record.PROPERTY_KEYS)
@@ -271,7 +271,7 @@ def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tupl
         split = tuple(prop_keys.split(" "))
         _check_keys(index, f"properties[{record.PROPERTY_KEYS!r}]", split)
         if keys and tuple(keys) != split:
-            raise InvalidArgument(f"messages[{index}]: keys {list(keys)!r} and {keys_at} {prop_keys!r} "
+            raise InvalidArgument(f"messages[{index}]: keys {shown(list(keys))} and {keys_at} {shown(prop_keys)} "
                                   f"differ; give the keys once (the field and the property mean the same)")
         keys = split
     uniq = user.get(record.PROPERTY_UNIQ_KEY)
@@ -285,7 +285,7 @@ def _check_keys(index: int, field: str, keys) -> None:
     no whitespace (which would split it) and no \\x01 \\x02 (the property separators)."""
     joined = " ".join(keys)
     if _BAD_KEY_CHARS.search(joined) or joined.count(" ") != len(keys) - 1 or "" in keys:
-        raise InvalidArgument(f"messages[{index}].{field}: {list(keys)!r}: each key must be non-empty and "
+        raise InvalidArgument(f"messages[{index}].{field}: {shown(list(keys))}: each key must be non-empty and "
                               f"contain no whitespace and no \\x01 \\x02 (the KEYS property separates keys "
                               f"with single spaces)")
 

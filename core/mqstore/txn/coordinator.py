@@ -27,7 +27,7 @@ from mqstore import failpoints, javahash
 from mqstore import topics as topic_rules
 from mqstore import transactions as tx
 from mqstore.clock import Clock
-from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable, shown
 from mqstore.format import record
 from mqstore.model import AppendResult, MessageIn, StoredMessage, TopicRecord, MessageLookup
 
@@ -94,7 +94,7 @@ class Coordinator:
             tx.check_message_properties(index, m.properties)
         txn_id = txn_id or uuid.uuid4().hex
         if not _TXN_ID.match(txn_id):
-            raise InvalidArgument(f"transaction_id {txn_id!r}: use 1 to 128 of A-Z a-z 0-9 _ . : -")
+            raise InvalidArgument(f"transaction_id {shown(txn_id)}: use 1 to 128 of A-Z a-z 0-9 _ . : -")
         if self.table.get(txn_id) is not None:
             raise AlreadyExists(f"transaction {txn_id} exists already; give a new id or none (one is generated)")
         real = self._topic(topic)
@@ -206,7 +206,7 @@ class Coordinator:
             raise InvalidArgument("transaction_id is empty")
         txn = self.table.get(txn_id)
         if txn is None:
-            raise NotFound(f"transaction {txn_id!r} is unknown (never prepared here, or resolved long ago: the "
+            raise NotFound(f"transaction {shown(txn_id)} is unknown (never prepared here, or resolved long ago: the "
                            f"service remembers the last {self.config.resolved_keep} resolved ones)")
         return txn
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mqstore import limits
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
 
@@ -42,9 +43,8 @@ class Operations:
         self.ops, self.cache, self.appender, self.audit, self.clock = ops, cache, appender, audit, clock
 
     def list_open(self, older_than_ms: int, group: str, limit: int) -> list[TxnView]:
-        if older_than_ms < 0 or limit < 0:
-            raise InvalidArgument("older_than_ms and limit must not be negative")
-        limit = min(limit or 100, MAX_LIST)
+        limits.at_least_zero("older_than_ms", older_than_ms, "0 = every open one")
+        limit = limits.limit("limit", limit, default=100, maximum=MAX_LIST)
         now = self.clock.now_ms()
         with self.table.lock:
             views = [self._view(t, now) for t in self.table.by_id.values()

@@ -82,7 +82,8 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
     def Scan(self, request, context):
         cursor, pages = request.cursor, 0
         while context.is_active():
-            page = self._api.scan(request.topic, cursor, request.page_size, request.include_tombstones)
+            page = self._api.scan(request.topic, cursor, request.page_size, request.include_tombstones,
+                                  request.max_pages)
             cursor, pages = cursor_of(page), pages + 1
             out = pb.ScanPage(next_cursor=cursor)
             for found in page.items:

@@ -105,7 +105,7 @@ def test_pull_ranges_filters_and_long_poll(open_store):
     assert [m.record.body[0] for m in got.messages] == [0, 2, 4, 6, 8] and got.next_offset == 10
     with pytest.raises(OutOfRange, match=r"\[0, 10\]"):
         store.pull("t", 0, 11)
-    with pytest.raises(OutOfRange):
+    with pytest.raises(InvalidArgument, match="offset is -1"):
         store.pull("t", 0, -1)
     with pytest.raises(NotFound):
         store.pull("t", 1, 0)
