@@ -1,8 +1,10 @@
 """The compaction logs of every COMPACTION topic/queue under one directory, and their rounds.
 
-``<data_dir>/<topic>/<queue id>/`` holds one queue's log (qlog.py). The follower (apply) appends the
-records of compaction topics; rounds run per queue, one at a time per queue (``QueueSlot.round_lock``),
-from the background duty or on demand; a failing round quarantines its queue only (policy.py).
+``<data_dir>/<topic>/<queue id>/`` holds one queue's log (qlog.py), and ``<data_dir>/<topic>/topic.incarnation``
+which topic of the name they hold (mqstore.format.topic_incarnation; a record of a newer topic of the
+name replaces an older one's logs). The follower (apply) appends the records of compaction topics;
+rounds run per queue, one at a time per queue (``QueueSlot.round_lock``), from the background duty or
+on demand; a failing round quarantines its queue only (policy.py).
 
 A deleted topic's logs go whole (:meth:`CompactionStore.drop_topic`, when the follower meets the
 topic's DELETED event): its queues are closed (a read of them then says NotFound, a round waits for
@@ -25,6 +27,7 @@ import structlog
 from mqstore import failpoints, fs
 from mqstore.clock import Clock
 from mqstore.errors import NotFound, shown
+from mqstore.format import topic_incarnation
 from mqstore.javahash import java_string_hash
 
 from .policy import CompactionConfig, Quarantine, due_reason, tombstone_expired
@@ -66,10 +69,12 @@ class CompactionStore:
         self.data_dir, self.config, self.clock = data_dir, config, clock
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], QueueSlot] = {}
+        self._incarnations: dict[str, int] = {}  # topic -> its start_physical_offset (topic.incarnation)
         fs.make_dirs(data_dir)
         for gone in sorted(data_dir.glob("*" + DELETED_SUFFIX)):
             _remove_tree(gone)  # renamed by a drop_topic that a crash cut short
         for topic_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
+            self._incarnations[topic_dir.name] = topic_incarnation.load(topic_dir)
             for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 self._open(topic_dir.name, int(queue_dir.name))
 
@@ -98,9 +103,37 @@ class CompactionStore:
         with self._lock:
             return sorted({t for t, _ in self._slots})
 
-    # ---- the follower's side -------------------------------------------------------------------------
+    def incarnation(self, topic: str) -> int | None:
+        """The start_physical_offset of the topic whose logs are held under this name (None: none held)."""
+        with self._lock:
+            return self._incarnations.get(topic)
+
+    # ---- the follower's side (one thread) -------------------------------------------------------------
+    def hold_topic(self, topic: str, incarnation: int) -> bool:
+        """Make the logs under ``topic`` those of the topic of the name that starts at ``incarnation`` (the
+        logs of an older one are dropped first: its delete was not met here, as on a replica whose primary
+        deleted it); False when those of a newer one are held (the record is not theirs)."""
+        held = self.incarnation(topic)
+        if held == incarnation:
+            return True
+        if held is not None:
+            if incarnation < held:
+                return False
+            log.warning("compaction.topic_replaced", topic=topic, held_start=held, start=incarnation)
+            self.drop_topic(topic)
+        topic_dir = self.data_dir / topic
+        fs.make_dirs(topic_dir)
+        topic_incarnation.save(topic_dir, incarnation)  # durable before any record of it
+        with self._lock:
+            self._incarnations[topic] = incarnation
+        return True
+
     def append(self, topic: str, queue_id: int, raw: bytes, queue_offset: int, tags: str | None,
-               store_timestamp_ms: int) -> bool:
+               store_timestamp_ms: int, incarnation: int = 0) -> bool:
+        """Append a record of the topic of the name that starts at ``incarnation`` (:meth:`hold_topic`);
+        False when it is held already (a replay) or belongs to an older topic of the name."""
+        if not self.hold_topic(topic, incarnation):
+            return False
         key, _ = key_and_tombstone(raw)
         tag_code = java_string_hash(tags) if tags else 0
         return self.slot(topic, queue_id, create=True).qlog.append(raw, queue_offset, tag_code, store_timestamp_ms,
@@ -116,6 +149,7 @@ class CompactionStore:
         directory = self.data_dir / topic
         with self._lock:
             slots = [self._slots.pop(key) for key in [k for k in self._slots if k[0] == topic]]
+            self._incarnations.pop(topic, None)
         for slot in slots:
             with slot.round_lock:  # a running round ends first; a later one finds the queue closed
                 slot.qlog.close()

@@ -135,8 +135,10 @@ class CompactorApi:
         by_time = qlog.by_time(timestamp_ms) if timestamp_ms > 0 else 0
         return qlog.min_offset(), qlog.next_offset(), by_time
 
-    def queues(self) -> list[tuple[str, int, int, int]]:
-        return [(s.qlog.topic, s.qlog.queue_id, s.qlog.min_offset(), s.qlog.next_offset()) for s in self.store.slots()]
+    def queues(self) -> list[tuple[str, int, int, int, int]]:
+        """(topic, queue id, min offset, max offset, the topic's start_physical_offset) of every queue held."""
+        return [(s.qlog.topic, s.qlog.queue_id, s.qlog.min_offset(), s.qlog.next_offset(),
+                 self.store.incarnation(s.qlog.topic) or 0) for s in self.store.slots()]
 
     def stats(self) -> ServiceStats:
         return self._stats()

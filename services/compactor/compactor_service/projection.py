@@ -118,7 +118,7 @@ class CompactionProjection:
             return
         raw = bytes(view.buf[view.position:view.position + view.size])
         if self.store.append(topic, view.queue_id, raw, view.queue_offset, view.property(PROPERTY_TAGS),
-                             view.store_timestamp_ms):
+                             view.store_timestamp_ms, found.start_physical_offset):
             with self._lock:
                 self._applied_records += 1
 

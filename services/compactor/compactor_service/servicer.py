@@ -115,8 +115,9 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
         return stats
 
     def ListQueues(self, request, context):
-        return pb.ListQueuesResponse(queues=[pb.QueueRef(topic=t, queue_id=q, min_offset=low, max_offset=high)
-                                             for t, q, low, high in self._api.queues()])
+        return pb.ListQueuesResponse(queues=[pb.QueueRef(topic=t, queue_id=q, min_offset=low, max_offset=high,
+                                                         topic_start_physical_offset=start)
+                                             for t, q, low, high, start in self._api.queues()])
 
 
 def add_to_server(servicer: CompactorServicer, server) -> None:

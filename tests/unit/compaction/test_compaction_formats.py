@@ -8,8 +8,8 @@ import pytest
 
 from mqstore import message_keys as ckey
 from mqstore.config import StoreConfig
-from mqstore.errors import InvalidArgument
-from mqstore.format import compaction_segment as cseg, record, record_reader, sparse_queue
+from mqstore.errors import DataLoss, InvalidArgument
+from mqstore.format import compaction_segment as cseg, record, record_reader, sparse_queue, topic_incarnation
 from mqstore.javahash import java_string_hash
 from mqstore.log.encoder import MessageEncoder
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
@@ -106,3 +106,16 @@ def test_routing_uses_the_compaction_key_and_refuses_disagreeing_overrides(tmp_p
         _encode(tmp_path, MessageIn(body=b"v", keys=("user-1",), sharding_key=sharding))
     same = next(s for s in (f"s{i}" for i in range(100)) if ckey.key_queue(s, 4) == queue)
     assert _encode(tmp_path, MessageIn(body=b"v", keys=("user-1",), sharding_key=same)).queue_ids == [queue]
+
+
+def test_topic_incarnation_golden_and_checks(request, tmp_path):
+    data = topic_incarnation.encode(1_073_741_824)
+    assert data == golden_bytes("topic_incarnation.bin", data, request)
+    assert data[:16] == bytes.fromhex("4D515449" "00000001" "0000000040000000") and len(data) == 20
+    assert topic_incarnation.decode(data, tmp_path) == 1_073_741_824
+    for bad in (data[:-1], data[:8] + b"\x01" + data[9:], b"XXXX" + data[4:]):
+        with pytest.raises(DataLoss):
+            topic_incarnation.decode(bad, tmp_path)
+    assert topic_incarnation.load(tmp_path) == 0  # a directory of a topic older than the file
+    topic_incarnation.save(tmp_path, 77)
+    assert topic_incarnation.load(tmp_path) == 77
