@@ -35,7 +35,7 @@ from mqstore import codec, failpoints, fs, limits, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
-from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
+from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
                             ResourceExhausted, Unavailable, shown)
 from mqstore.format import checkpoint as cpfmt, record, record_reader, topic_event
 from mqstore.log.commitlog import CommitLog
@@ -121,6 +121,7 @@ class MessageStore:
             self.topics.close()
             self._release_lock()
             raise
+        self._resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
 
     def _start_locked(self) -> None:
         cfg = self.config
@@ -161,7 +162,6 @@ class MessageStore:
                  checked_from=result.checked_from, checked_bytes=result.bytes_checked,
                  checked_records=result.records_checked, check_s=round(result.seconds, 3),
                  torn_bytes_cut=result.torn_bytes_cut, replayed_records=replayed, flush_mode=cfg.flush_mode)
-        self._resume_deletes()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if not self._running:
@@ -345,9 +345,9 @@ class MessageStore:
         for rec in self.topics.deleting():
             try:
                 self._finish_delete(rec)
-            except (ResourceExhausted, Unavailable) as exc:  # a full disk, a slow fsync: DeleteTopic retries it
-                log.error("topic.delete_not_resumed", topic=rec.name, error=str(exc),
-                          why="the topic stays hidden; delete it again to finish")
+            except (MqStoreError, OSError) as exc:  # a full disk, a slow fsync...: the store starts all the same
+                log.error("topic.delete_not_resumed", topic=rec.name, error=type(exc).__name__, message=str(exc),
+                          why="the topic stays hidden and its name taken; DeleteTopic of it finishes the delete")
 
     def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
         return self.topics.sorted_topics(include_system)

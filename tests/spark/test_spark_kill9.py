@@ -55,7 +55,7 @@ def test_a_spark_job_left_by_a_killed_compactor_is_killed_at_the_next_start(tmp_
                 call.result()
         compactor = _compactor(data_dir, commitlog_port)
         assert not spark_runner._group_members(pgid, identity["start_ticks"])
-        assert sorted(p.name for p in topic_dir.iterdir()) == ["0"]
+        assert sorted(p.name for p in topic_dir.iterdir()) == ["0", "topic.incarnation"]
         assert not (topic_dir / "0" / "staging").exists()
         assert "compaction.spark_job_killed" in compactor.stderr()
     finally:

@@ -304,8 +304,10 @@ def test_long_polls_beyond_the_limit_answer_at_once(open_store):
 
 
 def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open_store, fake_clock):
+    # clean_interval_ms past the clock's jumps: the maintenance duty must not delete segments concurrently
+    # with the test's own calls (the fake clock drives its monotonic time too).
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
-                       retention_hold_max_ms=10 * 3_600_000)
+                       retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
     store.create_topic("t", 1)
     store.create_topic("kv", 1, kind="COMPACTION")  # the data a hold protects: held from its start, 0
     for i in range(30):
