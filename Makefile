@@ -58,11 +58,16 @@ compose-check: setup
 compose-check-spark: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_spark.sh
 
+# Every script runs even when one before it failed (each writes what it measured); the exit status says
+# whether any failed. Disk: bench/README.md ("What it needs").
+BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py
 bench: setup
-	$(PY) bench/run.py $(BENCH_ARGS)
-	$(PY) bench/index_bench.py $(BENCH_ARGS)
-	$(PY) bench/compactor.py $(BENCH_ARGS)
-	$(PY) bench/txn.py $(filter --quick,$(BENCH_ARGS))
+	@failed=""; for script in $(BENCH_SCRIPTS); do \
+	  args="$(BENCH_ARGS)"; [ $$script = txn.py ] && args="$(filter --quick,$(BENCH_ARGS))"; \
+	  echo "make bench: bench/$$script $$args"; \
+	  $(PY) bench/$$script $$args || failed="$$failed $$script"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed (the others ran; see above)" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info core/*.egg-info

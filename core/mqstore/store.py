@@ -1,9 +1,10 @@
 """MessageStore: the facade every service and the CLI call; the composition of the storage core.
 
 Start-up (``start``): take the directory lock; resolve leftover temp files; read the checkpoint; load
-segments; re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments``
-segments and everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn
-tail cut, corruption refuses to start; the checkpoint then records the range checked); load consume
+segments, removing the empty ones a power cut left past its flushed offset (mqstore.log.segment);
+re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments`` segments and
+everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn tail cut,
+corruption refuses to start; the checkpoint then records the range checked); load consume
 queues and cut entries past the log end; replay records from the checkpoint's dispatched offset
 (from the log's start when the checkpoint or the consume queue directory is missing); rebuild the
 queue offset table; fsync; write the abort marker; start threads.
@@ -111,7 +112,7 @@ class MessageStore:
         return self.config.data_dir / "checkpoint"
 
     def start(self) -> None:
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(self.config.data_dir)  # the creation rule (mqstore.fs)
         self._take_lock()
         try:
             self._start_locked()
@@ -130,8 +131,11 @@ class MessageStore:
         unclean = self.abort_path.exists()
         cp = self._read_checkpoint()
         cq_root_existed = cfg.consumequeue_dir.is_dir()
+        # The default SQLite file is created here by SQLite, which does not fsync the directory of a new
+        # database: the checkpoint written below, in the same directory, makes its entry durable.
         self.topics.open(MetadataStore(cfg.metadata_url_resolved, self.clock))
-        self.segments.load()
+        # Trailing segments past the flushed offset that a power cut left empty are removed (segment.py).
+        self.segments.load(empty_tail_from=cp.flushed_physical_offset if cp else None)
         start = cp.flushed_physical_offset if cp else self.segments.min_offset
         check_from = check_start(self.segments, cp.flushed_physical_offset if cp else None, cfg.recheck_segments,
                                  cfg.check_all)
@@ -183,6 +187,8 @@ class MessageStore:
         log.info("store.stopped", end_offset=self.commitlog.written_offset)
 
     def _take_lock(self) -> None:
+        # Not made durable (the creation rule of mqstore.fs): the lock is the flock, not the file's bytes;
+        # a lock file lost to a power cut is created again here.
         fd = os.open(self.config.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,12 +238,17 @@ class MessageStore:
     def _write_checkpoint_locked(self) -> bool:
         dispatched = self.dispatcher.dispatched_offset
         logics_ts = self.dispatcher.logics_msg_timestamp_ms
+        # Taken before the flushes: it counts only entries they make durable (entries dispatched
+        # meanwhile are not flushed here, and a manifest counting them could come back from a power cut
+        # longer than its queues, which start would then rebuild from the log's start).
+        manifest = self.dispatcher.manifest()
         for cq in list(self.queues.queues.values()):
-            cq.flush()
+            cq.flush()  # with the creation of its new files made durable: the manifest counts on them
+        self.queues.sync_created_dirs()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
                               logics_ts, self.clock.now_ms(), *self._checked)
         try:
-            fs.replace_file(self.manifest_path, self.dispatcher.manifest())
+            fs.replace_file(self.manifest_path, manifest)
             fs.replace_file(self.checkpoint_path, cpfmt.encode(cp),
                             before_rename=lambda: failpoints.hit("checkpoint.before_rename"))
         except OSError as exc:

@@ -89,18 +89,15 @@ class QueueLog:
         bases = qlog_files.segment_bases(directory) or [0]
         self.entries = Entries()
         self.latest: dict[str, int] = {}  # key -> queue offset of its latest record (filled by the owner)
-        created = False
         for base in bases:
             if not (directory / cseg.log_name(base)).exists():
                 (directory / cseg.log_name(base)).touch()
                 (directory / cseg.index_name(base)).touch()
-                created = True
+                fs.fsync_dir(directory)  # the creation rule (mqstore.fs)
             for entry in qlog_files.load_index(directory, base, active=base == bases[-1]):
                 self.entries.add(entry)
         self.bases = bases
         self._open_active(bases[-1])
-        if created:  # a new queue's first files: their names are durable before a checkpoint counts on them
-            fs.fsync_dir(directory)
 
     # ---- state ---------------------------------------------------------------------------------------
     def _load_state(self) -> dict:

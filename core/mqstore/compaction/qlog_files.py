@@ -3,8 +3,8 @@
 
   found on open                                       action
   --------------------------------------------------- ----------------------------------------------
-  no directory (a new queue)                          created with its parents, each fsynced with the
-                                                      directory holding it (fs.make_dirs)
+  no directory (a new queue)                          created with its parents, each made durable in the
+                                                      directory holding it (the creation rule, fs.make_dirs)
   the leftovers of an install cut short               mqstore.fs.recover_install: the old or new set
   ``*.tmp`` files, the ``staging/`` folder             removed (garbage of a round or a state write)
   the newest segment has a .log without .cq or back   the other is created empty (a crash in a roll)
@@ -33,7 +33,7 @@ STAGING = "staging"
 
 
 def clean_directory(directory: pathlib.Path) -> None:
-    fs.make_dirs(directory)  # a new queue's directory (and its topic's) survives a power loss
+    fs.make_dirs(directory)  # the creation rule (mqstore.fs): compaction logs are durable data
     fs.recover_install(directory)
     fs.remove_leftovers(directory)
     shutil.rmtree(directory / STAGING, ignore_errors=True)
@@ -54,6 +54,7 @@ def segment_bases(directory: pathlib.Path) -> list[int]:
                                      f"compaction log is damaged; restore the directory from a replica")
         missing = cseg.index_name(base) if base in logs else cseg.log_name(base)
         (directory / missing).touch()
+        fs.fsync_dir(directory)  # the creation rule (mqstore.fs)
         log.warning("compaction.segment_paired", file=str(directory / missing), why="a crash while rolling")
     return bases
 

@@ -70,7 +70,7 @@ class CompactionStore:
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], QueueSlot] = {}
         self._incarnations: dict[str, int] = {}  # topic -> its start_physical_offset (topic.incarnation)
-        fs.make_dirs(data_dir)
+        fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
         for gone in sorted(data_dir.glob("*" + DELETED_SUFFIX)):
             _remove_tree(gone)  # renamed by a drop_topic that a crash cut short
         for topic_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):

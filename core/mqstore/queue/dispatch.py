@@ -32,16 +32,18 @@ _NOT_A_TOPIC = 1 << 63  # the start of a topic not in ``starts``: above every re
 class QueueTable:
     """(topic, queue id) -> ConsumeQueue, created on first use. Thread-safe: the append path (which
     reserves files) and the dispatcher may both create a queue, so creation and removal take
-    ``_lock``; lookups read the dict without it."""
+    ``_lock``; lookups read the dict without it. A new queue's directories are made durable by the
+    next checkpoint (:meth:`sync_created_dirs`; mqstore.queue.consume_queue says why)."""
 
     def __init__(self, root: pathlib.Path, entries_per_file: int):
         self.root = root
         self.entries_per_file = entries_per_file
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
+        self._created_dirs: list[pathlib.Path] = []  # made by get_or_create, entries not durable yet
 
     def load(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(self.root)  # the creation rule (mqstore.fs)
         for topic_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
             for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 cq = ConsumeQueue(queue_dir, topic_dir.name, int(queue_dir.name), self.entries_per_file)
@@ -59,9 +61,16 @@ class QueueTable:
             cq = self.queues.get((topic, queue_id))
             if cq is None:
                 cq = ConsumeQueue(self.root / topic / str(queue_id), topic, queue_id, self.entries_per_file)
-                cq.files.directory.mkdir(parents=True, exist_ok=True)
+                # The creation rule (mqstore.fs), deferred off the append path to sync_created_dirs.
+                self._created_dirs += fs.make_dirs(cq.files.directory, sync=False)
                 self.queues[(topic, queue_id)] = cq
         return cq
+
+    def sync_created_dirs(self) -> None:
+        """Make the entries of the queue directories created since the last call durable."""
+        with self._lock:
+            created, self._created_dirs = self._created_dirs, []
+        fs.sync_dirs(created)
 
     def reserve(self, topic: str, ranges: dict[int, tuple[int, int]]) -> None:
         """Allocate the files for queue offsets [first, end) of each queue id in ``ranges`` (the append
@@ -72,12 +81,15 @@ class QueueTable:
 
     def drop_topic(self, topic: str) -> None:
         """Remove the topic's consume queues and their directory, durably (a deleted topic's)."""
+        topic_dir = self.root / topic
         with self._lock:
             dropped = [self.queues.pop(k) for k in [k for k in self.queues if k[0] == topic]]
+            # gone with it: nothing of the topic is left to make durable (sync_created_dirs)
+            self._created_dirs = [d for d in self._created_dirs if d != topic_dir and topic_dir not in d.parents]
         for cq in dropped:
             cq.destroy()
-        if (self.root / topic).is_dir():
-            shutil.rmtree(self.root / topic)
+        if topic_dir.is_dir():
+            shutil.rmtree(topic_dir)
             fs.fsync_dir(self.root)
 
     def drop_unknown(self, names: set[str]) -> None:

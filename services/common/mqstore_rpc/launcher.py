@@ -30,6 +30,7 @@ from typing import Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from mqstore import fs
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -199,6 +200,8 @@ def internal_token(data_dir: pathlib.Path) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_hex(32))
+            out.flush()
+            fs.sync_created(fd, path)  # the creation rule (mqstore.fs): a cut must not leave it empty
     return path.read_text().strip()
 
 
@@ -222,7 +225,7 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None) -> int:
     ports = ports or {}
     stop = threading.Event()
     _install_stop_handlers(stop)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
     children: list[Child] = []
     status = 0
     try:

@@ -21,7 +21,7 @@ import dataclasses
 import sys
 from typing import Mapping, Sequence
 
-from mqstore import transactions as tx
+from mqstore import fs, transactions as tx
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.follow import FollowConfig, Follower, GapPolicy
@@ -88,7 +88,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     """Duties in start order: OP batcher, follower, checker, checkpointer; they stop in reverse, then the
     pending OP entries are written, the last checkpoint saved and the appender closed."""
     cfg = config.txn
-    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
     clock = config.clock or SystemClock()
     client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
