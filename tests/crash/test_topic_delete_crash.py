@@ -101,8 +101,8 @@ def test_a_compactor_killed_while_dropping_a_deleted_topic(name, tmp_path, commi
 
 def check_compacted_topic_created_again(compactor) -> None:
     """``t`` (COMPACTION, 2 queues) was deleted with keys k0..k19 and created again with k1 = b"new" only."""
-    found = wait_until(lambda: _latest(compactor, "k1"), "the new value of k1")
-    assert found.value == b"new" and found.queue_offset == 0
+    found = wait_until(lambda: (v := _latest(compactor, "k1")) and v.value == b"new" and v, "the new value of k1")
+    assert found.queue_offset == 0
     for key in ("k0", "k2", "k19"):
         with pytest.raises(grpc.RpcError) as info:
             compactor.GetLatest(cpb.GetLatestRequest(topic="t", key=key), timeout=T)

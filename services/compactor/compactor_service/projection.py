@@ -27,10 +27,13 @@ records of a deleted topic, or of an earlier topic of the same name, are not the
 A deleted topic: its DELETED event (a record of RMQ_SYS_TOPIC_EVENTS, mqstore.format.topic_event) comes in
 log order, after the topic's last record and before any record of a topic created again with the name;
 applying it drops the topic's compaction logs (CompactionStore.drop_topic: crash-safe, idempotent) and
-forgets what was known of the name, so that its next record asks ListTopics again. A compactor that
-was away meets the event when it comes back (the log holds it while a COMPACTION topic lies above the
-checkpoint: the hold; else retention may have removed it, and the gap is skippable, see above), and
-one that crashed after the drop and before its checkpoint meets it again, harmlessly.
+forgets what was known of the name, so that its next record asks ListTopics again. At its first frame
+since start the projection also compares the logs it holds with the registry and drops those of topics
+deleted meanwhile at once (so a compactor back from being away serves nothing of them while it catches
+up). A compactor that was away meets the event when it comes back (the log holds it while a
+COMPACTION topic lies above the checkpoint: the hold; else retention may have removed it, and the gap
+is skippable, see above), and one that crashed after the drop and before its checkpoint meets it
+again, harmlessly.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class CompactionProjection:
         self._applied_to = self._durable
         self._saved_ms = clock.now_ms()
         self._skipped_gap = False
+        self._reconciled = False  # the logs held were checked against the registry (first frame since start)
         self._topics: dict[str, TopicRecord | None] = {}  # None: not a user topic (now)
 
     def resume_offset(self) -> int | None:
@@ -90,6 +94,8 @@ class CompactionProjection:
             return self._durable
 
     def apply(self, frame: TailFrame) -> Sequence:
+        if not self._reconciled:
+            self._reconcile()
         if frame.records:
             try:
                 for view in records(frame.records):
@@ -121,6 +127,20 @@ class CompactionProjection:
                              view.store_timestamp_ms, found.start_physical_offset):
             with self._lock:
                 self._applied_records += 1
+
+    def _reconcile(self) -> None:
+        """At the first frame since start (the commit log answers): drop at once the logs of every topic the
+        registry no longer has as it was (deleted, or deleted and created again), rather than serve them
+        until the follower meets their DELETED events again (it was away, or crashed in a drop)."""
+        topics = self.user_topics()
+        for held in self.store.topics():
+            now = topics.get(held)
+            if now is None or now.kind != KIND_COMPACTION or now.start_physical_offset != self.store.incarnation(held):
+                log.warning("compactor.deleted_topic_dropped", topic=held, held_start=self.store.incarnation(held),
+                            why="the commit log no longer has this topic (deleted while the compactor was away)")
+                self.store.drop_topic(held)
+        self._topics = dict(topics)
+        self._reconciled = True
 
     def _apply_event(self, view) -> None:
         try:

@@ -163,3 +163,23 @@ def test_a_gap_holding_no_compaction_record_is_skipped_and_the_deleted_topics_dr
     finally:
         follower.stop()
         store.close()
+
+
+def test_the_first_frame_since_start_drops_the_logs_of_topics_deleted_meanwhile(tmp_path):
+    """Back after being away (or a crash inside a drop): the registry no longer has kv as held (deleted and
+    created again at 400) nor gone (deleted): their logs go at the first frame, not when the follower meets
+    their DELETED events again; a topic held as it is now stays."""
+    clock = FakeClock(BASE_MS)
+    before = dict(TOPICS, gone=TopicRecord("gone", 1, KIND_COMPACTION, 0, 0),
+                  keep=TopicRecord("keep", 1, KIND_COMPACTION, 0, 0))
+    store, projection = _projection(tmp_path, clock, before)
+    projection.apply(TailFrame(_kv("a", b"old", 0, 100) + raw("b", b"1", 0, BASE_MS, topic="gone")
+                               + raw("c", b"2", 0, BASE_MS, topic="keep"), 3, 300, 300))
+    store.close()
+    back = dict(TOPICS, kv=TopicRecord("kv", 1, KIND_COMPACTION, 0, 0, start_physical_offset=400),
+                keep=TopicRecord("keep", 1, KIND_COMPACTION, 0, 0))
+    again, restarted = _projection(tmp_path, clock, back)
+    assert again.topics() == ["gone", "keep", "kv"]  # as held on disk
+    restarted.apply(TailFrame(b"", 0, 300, 9000))  # a heartbeat: the commit log answers
+    assert again.topics() == ["keep"] and sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["keep"]
+    again.close()
