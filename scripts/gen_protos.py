@@ -1,7 +1,9 @@
 """Generate the Python gRPC stubs from protos/ into services/common/mqstore_rpc/gen/.
 
 protoc writes imports such as ``from mqstore.v1 import common_pb2``; ``mqstore`` is our core package,
-so the generated imports are rewritten to ``mqstore_rpc.gen.mqstore.v1``. Run: ``python scripts/gen_protos.py``.
+so the generated imports are rewritten to ``mqstore_rpc.gen.mqstore.v1``. The vendored RocketMQ 5 protocol
+(protos/apache/rocketmq/v2, see protos/apache/README.md) is generated the same way into
+``mqstore_rpc.gen.apache.rocketmq.v2``. Run: ``python scripts/gen_protos.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from grpc_tools import protoc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos"
 OUT_DIR = ROOT / "services" / "common" / "mqstore_rpc" / "gen"
-_IMPORT = re.compile(r"^from mqstore\.v1 import", re.MULTILINE)
+# protoc's import of a generated package -> where it lives under mqstore_rpc.gen
+_IMPORTS = {"mqstore.v1": re.compile(r"^from mqstore\.v1 import", re.MULTILINE),
+            "apache.rocketmq.v2": re.compile(r"^from apache\.rocketmq\.v2 import", re.MULTILINE)}
 
 
 def main() -> int:
@@ -27,13 +31,15 @@ def main() -> int:
     if protoc.main(args) != 0:
         print("protoc failed", file=sys.stderr)
         return 1
-    for pkg in [OUT_DIR, OUT_DIR / "mqstore", OUT_DIR / "mqstore" / "v1"]:
-        (pkg / "__init__.py").touch()
-    for generated in (OUT_DIR / "mqstore" / "v1").glob("*.py*"):
-        text = generated.read_text()
-        fixed = _IMPORT.sub("from mqstore_rpc.gen.mqstore.v1 import", text)
-        if fixed != text:
-            generated.write_text(fixed)
+    for package, pattern in _IMPORTS.items():
+        parts = package.split(".")
+        for depth in range(len(parts) + 1):
+            (OUT_DIR.joinpath(*parts[:depth]) / "__init__.py").touch()
+        for generated in OUT_DIR.joinpath(*parts).glob("*.py*"):
+            text = generated.read_text()
+            fixed = pattern.sub(f"from mqstore_rpc.gen.{package} import", text)
+            if fixed != text:
+                generated.write_text(fixed)
     print(f"generated {len(protos)} protos into {OUT_DIR.relative_to(ROOT)}")
     return 0
 

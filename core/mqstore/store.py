@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, limits, transactions
+from mqstore import codec, failpoints, fs, limits, retention_holds, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -50,6 +50,7 @@ from mqstore.meta import MetadataStore
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
                            AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, RawPullResult,
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
+from mqstore.pop import copies as pop_copies
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
 from mqstore.retention_holds import RetentionHolds
@@ -288,7 +289,9 @@ class MessageStore:
         self._check_running()
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
-        if system_writer:  # "" is no writer, as None: the owner check below names the owner
+        if system_writer == topic_rules.OWNER_POP:
+            pop_copies.check_internal_append(rec, messages)
+        elif system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
         return self._append_checked(rec, messages)
@@ -372,6 +375,14 @@ class MessageStore:
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.topics.query_offset(group, topic, queue_id)
 
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
+        self.topics.commit_offsets(rows)
+
+    def ensure_pop_topic(self, name: str) -> TopicRecord:
+        """A retry or dead-letter topic of pop consumption, created (one queue) when missing."""
+        return self.topics.ensure_pop_topic(name)
+
     def _drop_queues(self, topic: str) -> None:
         """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""
         with self.commitlog.lock, self.dispatcher.lock:
@@ -386,6 +397,16 @@ class MessageStore:
         if not 0 <= queue_id < rec.queue_count:
             raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
         return rec, self.queues.get(topic, queue_id)
+
+    def max_offsets(self, queues: Sequence[tuple[str, int]]) -> list[int]:
+        """The max offset of each (topic, queue id), 0 for a queue (or topic) that holds nothing yet: no
+        checks, no lock (pop consumption's long poll asks it on every dispatch)."""
+        get = self.queues.queues.get
+        return [cq.max_offset if (cq := get(key)) is not None else 0 for key in queues]
+
+    def flushed_offset(self) -> int:
+        """Physical offset up to which the log is fsynced."""
+        return self.flusher.flushed_offset if self.flusher else 0
 
     def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
         _, cq = self._queue(topic, queue_id)
@@ -423,6 +444,13 @@ class MessageStore:
         if cq is None or offset >= cq.max_offset:
             return result([], offset, lo, cq.max_offset if cq else hi)
         return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at)
+
+    def wait_for_messages(self, ready: Callable[[], bool], wait_ms: int) -> bool:
+        """Wait up to ``wait_ms`` until ``ready()`` (checked on every dispatch of new records), as a Pull's
+        long poll, sharing its ``max_long_poll_waiters`` slots: with none free it answers at once. Returns
+        ``ready()``'s last value."""
+        self._check_running()
+        return self._long_polls.wait_for(ready, min(max(wait_ms, 0), MAX_LONG_POLL_MS), lambda: self._running)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
         """The record at ``physical_offset``; NotFound also for a record of a deleted topic (store_topics)."""
@@ -555,10 +583,10 @@ class MessageStore:
         """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
         queue minimums follow (SegmentQueue.delete_expired)."""
         limit = min(self.flusher.flushed_offset, self.dispatcher.dispatched_offset)
-        held = self.retention_holds.low(self.clock.now_ms())  # a compactor's position (retention_holds.py)
-        if held is not None:  # a hold protects compaction data: none below the compaction topics' starts
-            floor = self.topics.compaction_floor()
-            held = None if floor is None else max(held, floor)
+        # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
+        # below the COMPACTION topics' starts.
+        floors = {retention_holds.COMPACTOR: self.topics.compaction_floor()}
+        held = self.retention_holds.low(self.clock.now_ms(), floors)
         limit = limit if held is None else min(limit, held)
         return self.segments.delete_expired(limit, self.clock.now_ms(), self.config.retention_ms,
                                             self.before_segment_delete)

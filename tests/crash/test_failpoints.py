@@ -307,6 +307,15 @@ def _txn(name, tmp_path, failpoint):
     crash_at(name, tmp_path)
 
 
+# ---- pop consumption (tests/crash/test_pop_kill9.py crashes real processes at the same points) ---------------
+
+@scenario("pop.receive.after_ck", "pop.ack.after_record", "pop.change.after_ck", "pop.forward.after_copy",
+          "pop.revive.after_copy")
+def _pop(name, tmp_path, failpoint):
+    from tests.crash.pop_crash import crash_at
+    crash_at(name, tmp_path)
+
+
 # ---- compaction logs (tests/crash/test_compaction_crash.py also crashes a round at every install step) ----
 
 @scenario("compaction.round.staged")

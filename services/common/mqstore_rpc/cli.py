@@ -4,13 +4,15 @@
     seq 1 100000 | mqstore send demo --tag t       mqstore pull demo --queue 0 --offset 0 --max 10
     mqstore pull demo --queue 0 --follow           mqstore get 7F0000010000C3830000000000000000
     mqstore queue-info demo                        mqstore offset commit demo --group g --queue 0 --offset 5
+    mqstore receive demo --group g --ack           mqstore ack demo --group g HANDLE...
     mqstore store-info --json                      mqstore repair --data-dir ./data
 
 ``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). ``--json`` prints the ProtoJSON of each
 response (snake_case names, int64 as numbers, bytes as base64): one object per line, and for send and
 pull one line per message. ``send`` prints both ids of each message: ``msg_id=`` (the offset message
 id, for ``get``) and ``uniq_key=`` (for ``query id``). Errors print ``error: <STATUS>: <message>`` on
-stderr and exit 1.
+stderr and exit 1; UNIMPLEMENTED names the services the server at that address serves
+(mqstore_rpc.cli_errors).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_txn
+from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_pop, cli_txn
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser
-from mqstore_rpc.errors import status_for
+from mqstore_rpc.cli_errors import error_line
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -355,18 +357,11 @@ def cmd_repair(cli: Cli) -> None:
         cli.out.write(f"{report}\n")
 
 
-def _error_line(exc: BaseException) -> str:
-    if isinstance(exc, grpc.RpcError):
-        return f"error: {exc.code().name}: {exc.details()}"
-    if isinstance(exc, CliError):
-        return f"error: {exc.status}: {exc}"
-    return f"error: {status_for(exc).name}: {exc}"  # the same table the servers use
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.modules[__name__])
     cli_index.add_commands(parser)
     cli_txn.add_commands(parser)
+    cli_pop.add_commands(parser)
     cli_compactor.add_commands(parser)
     cli_offline.add_commands(parser)
     args = parser.parse_args(argv)
@@ -378,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         parser.error(str(exc))
     except (grpc.RpcError, CliError, MqStoreError) as exc:  # MqStoreError: from repair, which runs locally
-        print(_error_line(exc), file=sys.stderr)
+        print(error_line(exc, args), file=sys.stderr)
     except KeyboardInterrupt:
         return 0 if getattr(args, "follow", False) else 130
     except BrokenPipeError:

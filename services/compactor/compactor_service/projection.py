@@ -45,6 +45,7 @@ from typing import Sequence
 
 import structlog
 
+from mqstore import retention_holds
 from mqstore.clock import Clock
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import DataLoss
@@ -56,7 +57,7 @@ from mqstore.model import KIND_COMPACTION, TailFrame, TopicRecord
 
 log = structlog.get_logger("compactor_service.projection")
 THREAD_NAME = "compactor-follower"
-HOLD_NAME = "compactor"
+HOLD_NAME = retention_holds.COMPACTOR  # its floor: the COMPACTION topics' lowest start (retention_holds)
 CHECKPOINT = fcp.CheckpointFormat("compactor checkpoint", 0x4D51434D, 1, struct.Struct(">q"))  # records applied
 
 

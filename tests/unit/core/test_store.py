@@ -354,3 +354,20 @@ def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open
     assert store.pull("kv", 0, 0).messages[0].record.body == bytes([0]) * 1000
     store.delete_topic("kv")
     assert expire_all() >= 1 and store.commitlog.min_offset > start  # no compaction topic left: nothing held
+
+
+def test_another_followers_hold_has_no_floor(open_store, fake_clock):
+    """The Transaction service's hold keeps the log below its position whatever the topics' kinds."""
+    store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
+                       retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
+    store.create_topic("t", 1)
+    for i in range(20):
+        store.append("t", [MessageIn(body=bytes([i]) * 1000)])
+    store.flusher.flush_now()
+    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="txn")
+    next(frames)
+    frames.close()
+    old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
+    for seg in store.segments.segments:
+        os.utime(seg.path, (old, old))
+    assert store.delete_expired_segments() == 0 and store.commitlog.min_offset == 0
