@@ -20,7 +20,7 @@ from typing import Callable
 
 import structlog
 
-from mqstore import failpoints
+from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
@@ -85,15 +85,18 @@ class Receiver:
         """Up to ``batch_size`` messages of ``topic`` (and the group's retry topic) for ``group``, waiting up
         to ``long_poll_ms`` (and ``time_left_ms`` - 100 ms, the caller's deadline) when none is ready."""
         topic_rules.validate_group_name(group)
+        if queue_id is not None:
+            limits.at_least_zero("queue_id", queue_id, "unset = every queue of the topic")
         sources = self.sources(group, self._consumable(topic), queue_id)
         tags = tag_filter.parse(filter_expression)
-        batch = in_range("batch_size", batch_size or DEFAULT_BATCH, 1, MAX_BATCH)
-        invisible_ms = in_range("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
-        attempts = in_range("max_attempts", max_attempts or DEFAULT_MAX_ATTEMPTS, 1, MAX_MAX_ATTEMPTS)
+        batch = limits.within("batch_size", batch_size, 1, MAX_BATCH, default=DEFAULT_BATCH)
+        invisible_ms = limits.within("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS,
+                                     MAX_INVISIBLE_MS)
+        attempts = limits.within("max_attempts", max_attempts, 1, MAX_MAX_ATTEMPTS, default=DEFAULT_MAX_ATTEMPTS)
         if start not in (START_EARLIEST, START_LATEST):
             raise InvalidArgument(f"start must be {START_EARLIEST!r} or {START_LATEST!r}, not {start!r}")
-        byte_budget = min(max_bytes if max_bytes > 0 else DEFAULT_MAX_BYTES, MAX_BYTES)
-        wait_ms = min(max(long_poll_ms, 0), MAX_LONG_POLL_MS)
+        byte_budget = limits.limit("max_bytes", max_bytes, default=DEFAULT_MAX_BYTES, maximum=MAX_BYTES)
+        wait_ms = limits.limit("long_poll_ms", long_poll_ms, default=0, maximum=MAX_LONG_POLL_MS)
         if time_left_ms is not None:
             wait_ms = max(0, min(wait_ms, time_left_ms - LONG_POLL_RESERVE_MS))
         give_up_s = self.clock.monotonic_s() + wait_ms / 1000
@@ -248,8 +251,3 @@ class Receiver:
         self.counters.add(received=len(deliveries))
         return deliveries
 
-
-def in_range(name: str, value: int, low: int, high: int) -> int:
-    if not low <= value <= high:
-        raise InvalidArgument(f"{name} is {value}; it must be between {low} and {high}")
-    return value

@@ -29,6 +29,7 @@ from .coordinator import Coordinator, Ended
 from .opbatch import OpBatcher
 from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, ROLLED_BACK, Txn, TxnTable
 
+MAX_AUDIT_PAGE = 1000
 MAX_LIST = 10_000
 # Counters kept across restarts (the checkpoint's "counters"): name -> where the live figure comes from.
 COUNTERS = ("halves_written", "op_messages_written", "op_entries_written", "op_flush_by_size", "op_flush_by_time",
@@ -133,9 +134,7 @@ class Operations:
     def list_audit(self, txn_id: str, limit: int, page_token: str) -> AuditPage:
         if page_token and not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
             raise InvalidArgument("page_token: pass the next_page_token of the previous answer, or nothing")
-        if limit < 0:
-            raise InvalidArgument("limit must not be negative (0 = 100)")
-        limit = min(limit or 100, 1000)
+        limit = limits.limit("limit", limit, default=100, maximum=MAX_AUDIT_PAGE)
         entries = self.audit.entries(txn_id, int(page_token or 0), limit + 1)
         more = len(entries) > limit
         entries = entries[:limit]
