@@ -367,12 +367,40 @@ HUGE_CASES = [
     ("transaction id of a show", "txn", "Show", txn_pb2.ShowRequest(transaction_id=HUGE), Code.NOT_FOUND),
     ("transaction id of a force", "txn", "ForceResolve", txn_pb2.ForceResolveRequest(
         transaction_id=HUGE, decision=txn_pb2.DECISION_COMMIT, reason=HUGE, operator=HUGE), Code.NOT_FOUND),
+    ("audit page token", "txn", "ListAudit", txn_pb2.ListAuditRequest(page_token=HUGE), Code.INVALID_ARGUMENT),
+    ("receive group", "consumer", "Receive", R(group=HUGE), Code.INVALID_ARGUMENT),
+    ("receive topic", "consumer", "Receive", R(topic=HUGE), Code.INVALID_ARGUMENT),
+    ("receive filter", "consumer", "Receive", R(filter_expression=HUGE + " || x"), Code.INVALID_ARGUMENT),
+    ("ack handle", "consumer", "Ack", consumer_pb2.AckRequest(group="cg", topic="t", receipt_handles=[HUGE]), None),
+    ("ack group", "consumer", "Ack", consumer_pb2.AckRequest(group=HUGE, topic="t", receipt_handles=["x"]),
+     Code.INVALID_ARGUMENT),
+    ("change handle", "consumer", "ChangeInvisibleDuration", consumer_pb2.ChangeInvisibleDurationRequest(
+        group="cg", topic="t", receipt_handle=HUGE, invisible_duration_ms=1000), Code.INVALID_ARGUMENT),
+    ("dead letter handle", "consumer", "ForwardToDeadLetter", consumer_pb2.ForwardToDeadLetterRequest(
+        group="cg", topic="t", receipt_handle=HUGE), Code.INVALID_ARGUMENT),
+    ("pop stats group", "consumer", "Stats", consumer_pb2.PopStatsRequest(group=HUGE, topic="t"),
+     Code.INVALID_ARGUMENT),
+    ("create user name", "access", "CreateUser", access_pb2.CreateUserRequest(name=HUGE), Code.INVALID_ARGUMENT),
+    ("create user secret", "access", "CreateUser", access_pb2.CreateUserRequest(name="u1", secret=HUGE),
+     Code.INVALID_ARGUMENT),
+    ("update an unknown user", "access", "UpdateUser", access_pb2.UpdateUserRequest(name=HUGE, new_secret=True),
+     Code.INVALID_ARGUMENT),
+    ("delete an unknown user", "access", "DeleteUser", access_pb2.DeleteUserRequest(name=HUGE),
+     Code.INVALID_ARGUMENT),
+    ("rule pattern", "access", "AddRule", access_pb2.AddRuleRequest(user="u2", pattern=HUGE,
+                                                                     actions=[access_pb2.ACTION_PUB]),
+     Code.INVALID_ARGUMENT),
+    ("rules of a user", "access", "ListRules", access_pb2.ListRulesRequest(user=HUGE), Code.INVALID_ARGUMENT),
 ]
 
 
 @pytest.mark.parametrize("service, method, request_, code", [c[1:] for c in HUGE_CASES],
                          ids=[c[0] for c in HUGE_CASES])
 def test_a_huge_value_gets_its_status_and_a_short_message(stubs, service, method, request_, code):
+    if code is None:  # answered OK, with a result per item whose message is as short
+        results = _call(stubs, service, method, request_).results
+        assert results and all(len(r.message) < 600 and "h" * 100 not in r.message for r in results), results
+        return
     with pytest.raises(grpc.RpcError) as info:
         _call(stubs, service, method, request_)
     details = info.value.details()
