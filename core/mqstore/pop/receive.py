@@ -45,6 +45,9 @@ class Source:
     kind: int        # records.SOURCE_TOPIC or SOURCE_RETRY
     name: str        # the topic or the retry topic
     queue_id: int
+    # The retry topic's copies stored below this physical offset (the topic's start_physical_offset) were
+    # made for an earlier topic of the name, deleted since: never delivered for this one. 0 for the topic.
+    floor: int = 0
 
 
 @dataclass(slots=True)
@@ -136,7 +139,8 @@ class Receiver:
             queue_ids = (queue_id,)
         else:
             raise NotFound(f"topic {rec.name!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
-        return [Source(records.SOURCE_TOPIC, rec.name, q) for q in queue_ids] + [Source(records.SOURCE_RETRY, retry, 0)]
+        return [Source(records.SOURCE_TOPIC, rec.name, q) for q in queue_ids] + [
+            Source(records.SOURCE_RETRY, retry, 0, rec.start_physical_offset)]
 
     def _pop_once(self, group: str, topic: str, sources: list[Source], tags: tuple[str, ...], batch: int,
                   invisible_ms: int, max_attempts: int, start: str, byte_budget: int) -> list[Delivery]:
@@ -201,10 +205,16 @@ class Receiver:
                 self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
         else:
             return None, []  # damage after damage: the next receive goes on from here
-        deliver, late = [], []
+        deliver, late, stale = [], [], 0
         for m in result.messages:
+            if m.record.physical_offset < source.floor:
+                stale += 1  # a copy for the topic's earlier incarnation: passed over, as a filtered message is
+                continue
             (late if m.record.reconsume_times + 1 > max_attempts else deliver).append(m)
-        self.counters.add(filtered=result.next_offset - offset - len(result.messages))
+        if stale:
+            log.info("pop.stale_retry_copies_skipped", group=group, topic=source.name, count=stale,
+                     topic_start_physical_offset=source.floor)
+        self.counters.add(filtered=result.next_offset - offset - len(result.messages) + stale)
         if result.next_offset == offset:
             return None, []
         return _Read(source, offset, result.next_offset, deliver), late
