@@ -66,7 +66,7 @@ class PopService:
         self.config = config
         self.clock = clock or store.clock
         self.inflight = InFlightTable(config.pop_max_in_flight, config.pop_max_in_flight_total)
-        self.offsets = PopOffsets(self._stored_offset)
+        self.offsets = PopOffsets(self._stored_offset, store.topics.start_of)
         self.counters = PopCounters()
         self.reviver = Reviver(self)
         self.receiver = Receiver(self)

@@ -3,6 +3,8 @@ for every group, so nothing of the old topic (pop offsets, messages in flight, r
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.pop.test_pop_service import INVISIBLE_MS, bodies, env, send  # noqa: F401  (env: the fixture)
 
 
@@ -46,3 +48,27 @@ def test_stored_pop_offsets_of_the_old_topic_do_not_apply_after_a_restart(env): 
     p.store.create_topic("t", 1)
     send(p, 2, start=100)
     assert bodies(p.receive()) == [b"m100", b"m101"]
+
+
+@pytest.mark.parametrize("acked", [True, False], ids=["acked", "in-flight"])
+@pytest.mark.parametrize("restart", ["no-restart", "restart-before-create", "restart-after-create"])
+def test_the_old_topics_pop_offset_does_not_skip_messages_of_a_longer_new_topic(env, restart, acked):  # noqa: F811
+    """The new topic grows past where the group had got in the old one: it still reads from offset 0, from
+    memory, from the stored offsets and from the CKs a restart replays (in flight: the revive checkpoint
+    stays before them)."""
+    p = env(queues=1)
+    send(p, 4)
+    old = p.receive()
+    if acked:
+        p.pop.ack("g", "t", [d.receipt_handle for d in old])
+    p.pop.reviver.flush()
+    p.store.delete_topic("t")
+    p.pop.reviver.flush()  # what the revive duty does now and then: after the delete, too
+    if restart == "restart-before-create":
+        p.crash()
+    p.store.create_topic("t", 1)
+    if restart == "restart-after-create":
+        p.crash()
+    send(p, 10, start=100)
+    p.pop.reviver.flush()
+    assert bodies(p.receive()) == sorted(b"m%d" % i for i in range(100, 110))
