@@ -54,8 +54,9 @@ class CompactionConfig:
             raise InvalidArgument("max_compaction_lag_ms must not be below min_compaction_lag_ms")
 
 
-def tombstone_expired(seen_s: int, now_ms: int, retention_ms: int) -> bool:
-    return seen_s > 0 and now_ms >= seen_s * 1000 + retention_ms
+def tombstone_expired(seen_ms: int, now_ms: int, retention_ms: int) -> bool:
+    """Whether a tombstone first seen by a round at ``seen_ms`` (0: not seen yet) is past its retention."""
+    return seen_ms > 0 and now_ms >= seen_ms + retention_ms
 
 
 def due_reason(dirty_bytes: int, clean_bytes: int, oldest_dirty_ms: int | None, expired_tombstones: int,

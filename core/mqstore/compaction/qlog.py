@@ -20,7 +20,7 @@ from array import array
 from dataclasses import dataclass
 
 from mqstore import failpoints, fs
-from mqstore.errors import invariant
+from mqstore.errors import NotFound, invariant, shown
 from mqstore.format import compaction_segment as cseg, sparse_queue
 from mqstore.format.sparse_queue import SparseEntry
 
@@ -42,7 +42,7 @@ class Entries:
 
     def __init__(self, entries=()):
         self.offsets, self.positions, self.store_ms = array("q"), array("q"), array("q")
-        self.sizes, self.tags, self.seen = array("i"), array("q"), array("I")
+        self.sizes, self.tags, self.seen = array("i"), array("q"), array("q")  # seen: tombstone seen-at ms
         self.limit: int | None = None  # a view: only the first ``limit`` entries count
         for entry in entries:
             self.add(entry)
@@ -62,7 +62,7 @@ class Entries:
         self.store_ms.append(e.store_timestamp_ms)
         self.sizes.append(e.size)
         self.tags.append(e.tag_code)
-        self.seen.append(e.tombstone_seen_s)
+        self.seen.append(e.tombstone_seen_ms)
 
     def __len__(self) -> int:
         return len(self.offsets) if self.limit is None else self.limit
@@ -83,6 +83,7 @@ class QueueLog:
         self.directory, self.segment_size, self.topic, self.queue_id = directory, segment_size_bytes, topic, queue_id
         self._lock = threading.RLock()
         self._read_fds: dict[int, int] = {}
+        self.closed = False
         qlog_files.clean_directory(directory)
         self.state = self._load_state()
         bases = qlog_files.segment_bases(directory) or [0]
@@ -186,6 +187,9 @@ class QueueLog:
         """Records ``first`` .. ``first + count - 1`` of the index (at least one if any, then up to max_bytes)."""
         out, total = [], 0
         with self._lock:
+            if self.closed:
+                raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log "
+                               f"is gone")
             for i in range(first, min(first + count, len(self.entries))):
                 entry = self.entries.entry(i)
                 if out and total + entry.size > max_bytes:
@@ -241,8 +245,12 @@ class QueueLog:
                     del self.latest[key]
 
     def close(self) -> None:
+        """Sync and close the files; later reads say NotFound (the topic was deleted). Idempotent."""
         with self._lock:
+            if self.closed:
+                return
             self.sync()
             for fd in (self._log_fd, self._cq_fd, *self._read_fds.values()):
                 os.close(fd)
             self._read_fds.clear()
+            self.closed = True

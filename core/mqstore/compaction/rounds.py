@@ -156,7 +156,6 @@ def _rewrite(src: Sealed, omap: OffsetMap, writer: RoundWriter, now_ms: int, con
              stats: RoundStats) -> None:
     sealed = src.entries
     stats.records_in = stats.records_out = stats.tombstones_pending = 0
-    now_s = now_ms // 1000
     for i, raw, key, tombstone in sealed_records(src, 0, len(sealed)):
         offset, seen = sealed.offsets[i], sealed.seen[i]
         stats.records_in += 1
@@ -167,7 +166,7 @@ def _rewrite(src: Sealed, omap: OffsetMap, writer: RoundWriter, now_ms: int, con
                 stats.bytes_reclaimed += len(raw)
                 continue
             if tombstone:
-                seen = seen or now_s
+                seen = seen or now_ms
                 if tombstone_expired(seen, now_ms, config.delete_retention_ms):
                     stats.tombstones_removed += 1
                     stats.bytes_reclaimed += len(raw)

@@ -37,11 +37,11 @@ class RoundWriter:
         self._log = bytearray()
         self._cq = bytearray()
 
-    def add(self, raw, queue_offset: int, tag_code: int, store_timestamp_ms: int, tombstone_seen_s: int) -> None:
+    def add(self, raw, queue_offset: int, tag_code: int, store_timestamp_ms: int, tombstone_seen_ms: int) -> None:
         size = len(raw)
         if not cseg.fits(self._position, size, self.segment_size):
             self._seal()
-        entry = SparseEntry(self._position, size, tag_code, store_timestamp_ms, queue_offset, tombstone_seen_s)
+        entry = SparseEntry(self._position, size, tag_code, store_timestamp_ms, queue_offset, tombstone_seen_ms)
         self._log += cseg.relocate(raw, self._position)
         self._cq += sparse_queue.encode(entry)
         self.entries.add(entry)

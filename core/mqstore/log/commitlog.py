@@ -80,6 +80,9 @@ class CommitLog:
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
         self.pending: collections.deque[Written] = collections.deque()
+        # The store's topic registry (store_topics.TopicRegistry.start_of): a batch is appended only while
+        # its topic is the one it was encoded for (not deleted meanwhile, nor deleted and created again).
+        self.topic_start: Callable[[str], int | None] | None = None
 
     # ---- recovery hands over the state it found
     def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
@@ -96,6 +99,9 @@ class CommitLog:
     # ---- append
     def append(self, batch: EncodedBatch) -> Written:
         with self.lock:
+            if self.topic_start is not None and self.topic_start(batch.topic) != batch.incarnation:
+                raise NotFound(f"topic {batch.topic!r} was deleted while this append was under way; nothing of "
+                               f"the batch was written (create the topic again to write to it)")
             now = self.clock.now_ms()
             if now < self.last_store_timestamp_ms:
                 now = self.last_store_timestamp_ms

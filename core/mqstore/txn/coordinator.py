@@ -37,7 +37,7 @@ from mqstore import topics as topic_rules
 from mqstore import transactions as tx
 from mqstore.clock import Clock
 from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutcomeUnknown,
-                            Unavailable)
+                            Unavailable, shown)
 from mqstore.format import record
 from mqstore.model import DURABILITY_WRITTEN, AppendResult, MessageIn, MessageLookup, StoredMessage, TopicRecord
 
@@ -300,7 +300,7 @@ class Coordinator:
             raise InvalidArgument("transaction_id is empty")
         txn = self.table.get(txn_id)
         if txn is None:
-            raise NotFound(f"transaction {txn_id!r} is unknown (never prepared here, or resolved long ago: the "
+            raise NotFound(f"transaction {shown(txn_id)} is unknown (never prepared here, or resolved long ago: the "
                            f"service remembers the last {self.config.resolved_keep} resolved ones)")
         return txn
 

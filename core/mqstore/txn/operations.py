@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from mqstore import limits
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
 from mqstore.metrics import Registry
@@ -29,6 +30,7 @@ from .opbatch import OpBatcher
 from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, ROLLED_BACK, Txn, TxnTable
 from .transact import TransactStreams
 
+MAX_AUDIT_PAGE = 1000
 MAX_LIST = 10_000
 # Counters kept across restarts (the checkpoint's "counters"): name -> where the live figure comes from.
 COUNTERS = ("halves_written", "op_messages_written", "op_entries_written", "op_flush_by_size", "op_flush_by_time",
@@ -73,9 +75,8 @@ class Operations:
         self._lock = threading.Lock()
 
     def list_open(self, older_than_ms: int, group: str, limit: int) -> list[TxnView]:
-        if older_than_ms < 0 or limit < 0:
-            raise InvalidArgument("older_than_ms and limit must not be negative")
-        limit = min(limit or 100, MAX_LIST)
+        limits.at_least_zero("older_than_ms", older_than_ms, "0 = every open one")
+        limit = limits.limit("limit", limit, default=100, maximum=MAX_LIST)
         now = self.clock.now_ms()
         with self.table.lock:
             views = [self._view(t, now) for t in self.table.live()
@@ -136,9 +137,7 @@ class Operations:
     def list_audit(self, txn_id: str, limit: int, page_token: str) -> AuditPage:
         if page_token and not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
             raise InvalidArgument("page_token: pass the next_page_token of the previous answer, or nothing")
-        if limit < 0:
-            raise InvalidArgument("limit must not be negative (0 = 100)")
-        limit = min(limit or 100, 1000)
+        limit = limits.limit("limit", limit, default=100, maximum=MAX_AUDIT_PAGE)
         entries = self.audit.entries(txn_id, int(page_token or 0), limit + 1)
         more = len(entries) > limit
         entries = entries[:limit]
