@@ -8,7 +8,8 @@ AppendResponse bytes; the PullResponse and StoredMessage bytes (Pull, GetMessage
 stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
 record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and the rebuild itself,
 records to packed consume queue runs (``_replay``, mqstore.queue.replay); the Java hashes of
-``topic#key`` (index_file.key_hashes). The pure-Python path is what the code did before it and stays as
+``topic#key`` (index_file.key_hashes); the compaction round's key map, a flat open-addressing table
+(``_offset_map``; mqstore.compaction.offset_map.PyOffsetMap is its reference). The pure-Python path is what the code did before it and stays as
 the reference: protobuf's parser, mqstore_rpc.convert, mqstore.log.encoder and stamp, the dispatcher's
 replay loop. tests/property/test_codec_*.py require both to give the same bytes and the same errors.
 
@@ -55,7 +56,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     if forced not in ("", "0"):
         return None, f"{ENV_PURE_PYTHON}={forced} asks for the pure-Python codec"
     try:
-        from mqstore.codec import _index, _records, _replay, _request, _responses, _scan, _stamp
+        from mqstore.codec import _index, _offset_map, _records, _replay, _request, _responses, _scan, _stamp
     except ImportError as exc:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
@@ -69,7 +70,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
                                  routing_records=_scan.routing_records, place=_stamp.place,
                                  stamp=_stamp.stamp, IndexColumns=_index.IndexColumns,
-                                 index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs), ""
+                                 index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs,
+                                 OffsetMap=_offset_map.OffsetMap, offset_map_layout=_offset_map.LAYOUT), ""
 
 
 def _check_layout(writes: dict, reads: dict, stamps: dict) -> None:
