@@ -9,9 +9,10 @@ stored records' bytes; the record walk with its CRC check (recovery, the Index's
 record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and the rebuild itself,
 records to packed consume queue runs (``_replay``, mqstore.queue.replay); the Java hashes of
 ``topic#key`` (index_file.key_hashes); the compaction round's key map, a flat open-addressing table
-(``_offset_map``; mqstore.compaction.offset_map.PyOffsetMap is its reference). The pure-Python path is what the code did before it and stays as
-the reference: protobuf's parser, mqstore_rpc.convert, mqstore.log.encoder and stamp, the dispatcher's
-replay loop. tests/property/test_codec_*.py require both to give the same bytes and the same errors.
+(``_offset_map``; mqstore.compaction.offset_map.PyOffsetMap is its reference). The pure-Python path
+is what the code did before it and stays as the reference: protobuf's parser, mqstore_rpc.convert,
+mqstore.log.encoder and stamp, the dispatcher's replay loop. tests/property/test_codec_*.py require
+both to give the same bytes and the same errors.
 
 The Index service's build has its own module, ``_index``: Tail frames to the hashes each record indexes
 and those into its IndexFile (services/index's decode, records and writer, and index_file.put_hashes are

@@ -56,6 +56,14 @@ class Entries:
         view.limit = n
         return view
 
+    def spliced(self, lo: int, hi: int, middle: Entries) -> Entries:
+        """A new index: entries [0, lo) of this one, then ``middle``'s, then [hi, len) of this one."""
+        out, n = Entries(), len(self)
+        for name in ("offsets", "positions", "store_ms", "sizes", "tags", "seen"):
+            mine, theirs = getattr(self, name), getattr(middle, name)
+            setattr(out, name, mine[:lo] + theirs[:len(middle)] + mine[hi:n])
+        return out
+
     def add(self, e: SparseEntry) -> None:
         self.offsets.append(e.queue_offset)
         self.positions.append(e.position)
@@ -223,12 +231,17 @@ class QueueLog:
 
     def install(self, staged: list[pathlib.Path], new_entries: Entries, state: dict, replaced_bases: list[int],
                 removed_keys: dict[str, int]) -> None:
-        """Swap a round's output in for the sealed segments ``replaced_bases`` (fs.install: all or nothing).
-        Segments sealed since the round began stay (they lie above every replaced one)."""
+        """Swap a round's output in for the sealed segments ``replaced_bases`` (consecutive ones; none: the
+        state only) with fs.install (all or nothing). The segments below them are kept as they are, and so
+        are those sealed since the round began (they lie above every replaced one)."""
         with self._lock:
-            keep = [b for b in self.bases if b not in replaced_bases]
-            invariant(set(replaced_bases) <= set(self.bases) and keep and (not replaced_bases or
-                      keep[0] > replaced_bases[-1]), "a round replaces sealed segments older than those it keeps")
+            at = self.bases.index(replaced_bases[0]) if replaced_bases else len(self.bases) - 1
+            upto = at + len(replaced_bases)
+            invariant(self.bases[at:upto] == replaced_bases and upto < len(self.bases),
+                      "a round replaces consecutive sealed segments")
+            invariant(not len(new_entries) or (new_entries.positions[0] >= self.bases[at] and
+                                               new_entries.positions[-1] < self.bases[upto]),
+                      "a round's output lies where the segments it replaces were")
             replaced = [n for b in replaced_bases for n in (cseg.log_name(b), cseg.index_name(b))]
             if (self.directory / STATE).exists():
                 replaced.append(STATE)
@@ -237,9 +250,10 @@ class QueueLog:
                 os.close(fd)
             self._read_fds.clear()
             new_bases = sorted({cseg.segment_base(p, self.segment_size) for p in new_entries.positions})
-            for i in range(self.entries.first_at_position(keep[0]), len(self.entries)):
-                new_entries.add(self.entries.entry(i))
-            self.entries, self.bases, self.state = new_entries, new_bases + keep, state
+            old = self.entries
+            self.entries = old.spliced(old.first_at_position(self.bases[at]), old.first_at_position(self.bases[upto]),
+                                       new_entries)
+            self.bases, self.state = self.bases[:at] + new_bases + self.bases[upto:], state
             for key, offset in removed_keys.items():
                 if self.latest.get(key) == offset:
                     del self.latest[key]
