@@ -140,7 +140,7 @@ def key_and_tombstone(raw) -> tuple[str | None, bool]:
 # ---- the local engine: marks through buckets ----------------------------------------------------------------
 
 def mark_local(src: Sealed, lo: int, hi: int, cleaned: int, budget: int, spill: pathlib.Path,
-               stats: RoundStats) -> Marks:
+               stats: RoundStats, progress: Callable[[RoundStats], None] = lambda stats: None) -> Marks:
     """The marks of a round over the dirty range [lo, hi) (after ``cleaned``) with an offset map of
     ``budget`` bytes (the module docstring, step 2); ``spill`` is created for the buckets' files."""
     n = len(src.entries)
@@ -159,7 +159,7 @@ def mark_local(src: Sealed, lo: int, hi: int, cleaned: int, budget: int, spill: 
         d = digest(key)
         buckets[(int.from_bytes(d[:4], "big") * count) >> 32].add(pack(d, i))
     for bucket in buckets:
-        _resolve(bucket, omap, lo, marks.superseded, 0, stats)
+        _resolve(bucket, omap, lo, marks.superseded, 0, stats, progress)
     return marks
 
 
@@ -195,7 +195,8 @@ class _Bucket:
         self.buffer = bytearray()
 
 
-def _resolve(bucket: _Bucket, omap, lo: int, superseded: bytearray, level: int, stats: RoundStats) -> None:
+def _resolve(bucket: _Bucket, omap, lo: int, superseded: bytearray, level: int, stats: RoundStats,
+             progress: Callable[[RoundStats], None]) -> None:
     """Map the bucket's dirty pairs (index >= lo), then mark its superseded pairs; if its dirty keys do not
     fit the map, split it in two by digest bit ``level`` (of bytes 4..15) and resolve each half."""
     omap.clear()
@@ -210,6 +211,7 @@ def _resolve(bucket: _Bucket, omap, lo: int, superseded: bytearray, level: int, 
         for chunk in bucket.chunks():
             omap.mark_superseded(chunk, superseded)
         bucket.drop()
+        progress(stats)
         return
     invariant(level < 96, "a bucket whose keys do not fit the map splits by the digests' bits")
     halves = [_Bucket(bucket.path.with_name(f"{bucket.path.name}.{half}")) for half in (0, 1)]
@@ -219,12 +221,13 @@ def _resolve(bucket: _Bucket, omap, lo: int, superseded: bytearray, level: int, 
             halves[chunk[at + byte] >> shift & 1].add(chunk[at:at + PAIR.size])
     bucket.drop()
     for half in halves:
-        _resolve(half, omap, lo, superseded, level + 1, stats)
+        _resolve(half, omap, lo, superseded, level + 1, stats, progress)
 
 
 def run_round(qlog: QueueLog, config: CompactionConfig, now_ms: int,
               progress: Callable[[RoundStats], None] = lambda stats: None) -> RoundStats:
-    """A local round (the module docstring); stats.passes is 0 when there was nothing to do."""
+    """A local round (the module docstring); stats.passes is 0 when there was nothing to do. ``progress`` is
+    called with the stats after each map filling and after the install."""
     stats = RoundStats()
     bases, entries = qlog.sealed()
     src = Sealed(qlog.directory, qlog.segment_size, bases, entries)
@@ -234,7 +237,8 @@ def run_round(qlog: QueueLog, config: CompactionConfig, now_ms: int,
     staging = qlog.directory / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    marks = mark_local(src, lo, hi, qlog.cleaned_offset, config.offset_map_memory_bytes, staging / SPILL, stats)
+    marks = mark_local(src, lo, hi, qlog.cleaned_offset, config.offset_map_memory_bytes, staging / SPILL, stats,
+                       progress)
     shutil.rmtree(staging / SPILL)
     files, _ = write_marked(src, marks, qlog.cleaned_offset, qlog.next_offset(), now_ms, config, stats, staging)
     stats.passes = max(stats.passes, 1)
