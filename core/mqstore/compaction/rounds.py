@@ -36,11 +36,11 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from mqstore import failpoints
+from mqstore import codec, failpoints
 from mqstore.errors import invariant
 from mqstore.format import compaction_segment as cseg
 from mqstore.format.record import PROPERTY_KEYS
-from mqstore.format.record_reader import body_length_and_properties, find_property
+from mqstore.format.record_reader import body_length_and_properties, body_of, find_property
 
 from mqstore import message_keys as ckey
 from .offset_map import PAIR, OffsetMap, capacity_of, digest
@@ -133,8 +133,22 @@ def dirty_range(entries: Entries, cleaned: int, now_ms: int, config: CompactionC
 
 def key_and_tombstone(raw) -> tuple[str | None, bool]:
     """The compaction key of one record and whether it is a tombstone."""
+    if _compiled_fields is not None:
+        key, tombstone, _ = _compiled_fields(raw)
+        return key, tombstone
     body_length, props = body_length_and_properties(raw)
     return ckey.first_key(find_property(props, PROPERTY_KEYS)), ckey.is_tombstone(body_length, props)
+
+
+def compaction_fields_python(raw) -> tuple[str | None, bool, bytes]:
+    """(key, is tombstone, body) of one valid record: the reference of the codec's compaction_fields."""
+    body_length, props = body_length_and_properties(raw)
+    return (ckey.first_key(find_property(props, PROPERTY_KEYS)), ckey.is_tombstone(body_length, props),
+            body_of(raw))
+
+
+_compiled_fields = codec.compiled.compaction_fields if codec.compiled is not None else None
+compaction_fields = _compiled_fields or compaction_fields_python
 
 
 # ---- the local engine: marks through buckets ----------------------------------------------------------------
@@ -206,7 +220,7 @@ def _resolve(bucket: _Bucket, omap, lo: int, superseded: bytearray, level: int, 
             fits = False
             break
     if fits:
-        stats.passes += 1
+        stats.passes += len(omap) > 0  # (a bucket without dirty keys fills nothing)
         stats.keys_mapped += len(omap)
         for chunk in bucket.chunks():
             omap.mark_superseded(chunk, superseded)
