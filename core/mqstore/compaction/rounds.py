@@ -5,12 +5,13 @@ A round (reference §6.4, without its cliffs; Kafka's cleaner reads and rewrites
      offset and older than min_compaction_lag_ms;
   2. mark: read the sealed records up to the dirty range's end once; spill each keyed record's
      (MD5 digest, entry index) pair to one of P buckets by the digest's first 4 bytes, P =
-     ceil(1.25 x dirty records / the map's capacity), into ``staging/spill/`` (buffers of at most
-     64 KiB each in memory); set a bit per tombstone. Then per bucket: put its dirty pairs into the
-     offset map (offset_map.py; later wins), and mark every pair of the bucket whose key maps to a
-     later record in the *superseded* bitset (one bit per sealed record). A bucket whose dirty keys do
-     not fit the map is split in two by the next digest bit and each half done alike (so a round never
-     fails for its budget: memory is the map + two bitsets + the buffers);
+     ceil(1.25 x dirty records / the map's capacity), into ``staging/spill/`` (a buffer per bucket,
+     all of them together about the budget, at most 64 KiB each); set a bit per tombstone. Then per
+     bucket: put its dirty pairs into the offset map (offset_map.py; later wins), and mark every pair
+     of the bucket whose key maps to a later record in the *superseded* bitset (one bit per sealed
+     record). A bucket whose dirty keys do not fit the map is split in two by the next digest bit and
+     each half done alike (so a round never fails for its budget: memory is the map, the buffers and
+     two bitsets);
   3. rewrite with the one writer (writer.py) into ``staging/``, from the first sealed segment that
      changes (a superseded record, a tombstone to stamp seen-at or past seen-at +
      delete_retention_ms) to the last: the segments below it are kept as they are (their bytes are
@@ -163,7 +164,8 @@ def mark_local(src: Sealed, lo: int, hi: int, cleaned: int, budget: int, spill: 
     omap = OffsetMap(budget)
     count = max(1, math.ceil(BUCKETS_PER_CAPACITY * (hi - lo) / capacity_of(budget)))
     spill.mkdir()
-    buckets = [_Bucket(spill / f"{b}") for b in range(count)]
+    limit = max(PAIR.size, min(BUFFER_BYTES, budget // count))  # all the buffers together: about the budget
+    buckets = [_Bucket(spill / f"{b}", limit) for b in range(count)]
     pack, tombstones = PAIR.pack, marks.tombstones
     for i, _, key, tombstone in sealed_records(src, 0, hi):
         if key is None:
@@ -180,12 +182,12 @@ def mark_local(src: Sealed, lo: int, hi: int, cleaned: int, budget: int, spill: 
 class _Bucket:
     """One bucket's pairs: a file plus a buffer (the buffer goes to the file when it is full)."""
 
-    def __init__(self, path: pathlib.Path):
-        self.path, self.buffer, self.spilled = path, bytearray(), False
+    def __init__(self, path: pathlib.Path, limit: int):
+        self.path, self.limit, self.buffer, self.spilled = path, limit, bytearray(), False
 
     def add(self, pair: bytes) -> None:
         self.buffer += pair
-        if len(self.buffer) >= BUFFER_BYTES:
+        if len(self.buffer) >= self.limit:
             self.flush()
 
     def flush(self) -> None:
@@ -228,7 +230,7 @@ def _resolve(bucket: _Bucket, omap, lo: int, superseded: bytearray, level: int, 
         progress(stats)
         return
     invariant(level < 96, "a bucket whose keys do not fit the map splits by the digests' bits")
-    halves = [_Bucket(bucket.path.with_name(f"{bucket.path.name}.{half}")) for half in (0, 1)]
+    halves = [_Bucket(bucket.path.with_name(f"{bucket.path.name}.{half}"), bucket.limit) for half in (0, 1)]
     byte, shift = 4 + level // 8, 7 - level % 8
     for chunk in bucket.chunks():
         for at in range(0, len(chunk), PAIR.size):
