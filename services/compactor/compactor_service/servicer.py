@@ -24,7 +24,7 @@ def _message(raw: bytes, into=None):
 def latest_value(found, into=None) -> pb.LatestValue:
     if isinstance(found, str):  # a key without value
         return (into or pb.LatestValue)(key=found, found=False)
-    body = record_reader.body_of(found.stored.raw)  # checked when it was stored
+    body = found.value if found.value is not None else record_reader.body_of(found.stored.raw)
     return (into or pb.LatestValue)(key=found.key, found=True, tombstone=found.tombstone, value=body,
                                     queue_id=found.queue_id, queue_offset=found.stored.entry.queue_offset,
                                     store_timestamp_ms=found.stored.entry.store_timestamp_ms)
