@@ -117,7 +117,8 @@ def install_output(qlog: QueueLog, bases: list[int], staging: pathlib.Path) -> R
             for entry in sparse_queue.decode_all(path.read_bytes())[0]:
                 entries.add(entry)
     (staging / MANIFEST).unlink()
-    qlog.install(files, entries, manifest["state"], bases, manifest["removed_keys"])
+    start = manifest.get("rewritten_from", 0)  # the sealed segments below it are kept as they are
+    qlog.install(files, entries, manifest["state"], [b for b in bases if b >= start], manifest["removed_keys"])
     shutil.rmtree(staging, ignore_errors=True)
     stats = RoundStats(**manifest["stats"])
     stats.removed_keys = manifest["removed_keys"]
