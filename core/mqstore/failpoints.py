@@ -38,6 +38,9 @@ KNOWN = frozenset({
     "txn.op.before_write",       # an OP batch is taken (mid batch: entries pending), not yet appended
     "txn.op.after_write",        # the OP message is appended, its entries not yet dropped
     "txn.checkpoint.before_rename",  # temp txn checkpoint written and fsynced, not yet renamed
+    # replication (core/mqstore/replication/README.md says what a crash at each step leaves):
+    "replication.epochs.before_rename",  # temp epoch file written and fsynced, not yet renamed
+    "replication.truncate.after_copy",   # .broken copies of a diverged tail durable, the log not yet cut
 })
 
 _armed: dict[str, str] = {}

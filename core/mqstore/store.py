@@ -51,6 +51,8 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, 
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
+from mqstore.replication import log_ops
+from mqstore.replication.node import SingleNode
 from mqstore.retention_holds import RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
@@ -97,6 +99,9 @@ class MessageStore:
         self._checkpoint_lock = threading.Lock()
         self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
+        # The gate of writes: SingleNode without replication, else the node's role (mqstore.replication.node):
+        # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
+        self.gate = SingleNode()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -264,12 +269,16 @@ class MessageStore:
         return self.dispatcher.dispatched_offset
 
     # ------------------------------------------------------------------ append
-    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None) -> AppendResults:
+    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
+               replication: str | None = None) -> AppendResults:
         """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
         (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
         the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
-        it, so clients cannot write system topics."""
+        it, so clients cannot write system topics. ``replication`` ("ASYNC", "SYNC", None: the node's
+        default) says whether the acknowledgement waits for the in-sync replicas (``gate``)."""
         self._check_running()
+        sync_replication = self.gate.sync_wanted(replication)
+        self.gate.begin_append(sync_replication)
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
         if system_writer:  # "" is no writer, as None: the owner check below names the owner
@@ -289,8 +298,9 @@ class MessageStore:
         else:
             self.dispatcher.run_pending(written.end)
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
+        replicas, epoch = self.gate.finish_append(written.end, sync_replication)
         return AppendResults(self._msg_id_prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms,
-                             durability)
+                             durability, replicas, epoch)
 
     # ------------------------------------------------------------------ topics and consumer offsets
     def topic(self, name: str) -> TopicRecord:
@@ -298,12 +308,15 @@ class MessageStore:
 
     def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
                      retention_ms: int = 0) -> TopicRecord:
+        self.gate.check_writable()
         return self.topics.create(name, queue_count, kind, retention_ms)
 
     def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
+        self.gate.check_writable()
         return self.topics.update(name, queue_count, retention_ms)
 
     def delete_topic(self, name: str) -> None:
+        self.gate.check_writable()
         self.topics.delete(name)
 
     def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
@@ -313,6 +326,7 @@ class MessageStore:
         return self.topics.describe(name)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.gate.check_writable()
         self.topics.commit_offset(group, topic, queue_id, offset)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
@@ -502,6 +516,57 @@ class MessageStore:
                 cutoff = cq.offset_by_time(now - topic.retention_ms, False, self.commitlog.store_timestamp_at)
                 with self.dispatcher.lock:
                     cq.raise_min_offset(min(cutoff, cq.max_offset))
+
+    # ------------------------------------------------------------------ replication (mqstore.replication)
+    def log_end(self) -> int:
+        return self.commitlog.written_offset
+
+    def log_min(self) -> int:
+        return self.commitlog.min_offset
+
+    def flushed_offset(self) -> int:
+        return self.flusher.flushed_offset
+
+    def replica_chunk(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """The leader's side: whole records from ``offset`` (a record start), for a replica."""
+        self._check_running()
+        return log_ops.chunk(self.commitlog, offset, max_bytes)
+
+    def replica_apply(self, offset: int, data: bytes, next_offset: int) -> None:
+        """The replica's side: the leader's bytes at the same physical offsets, then their consume queue
+        entries (under SYNC flush once an fsync covers them, as on the leader)."""
+        self._check_running()
+        self.commitlog.append_replicated(offset, data, next_offset)
+        if self.flusher.sync:
+            self.flusher.wait_flushed(next_offset)
+        self.dispatcher.dispatch_replicated(offset, next_offset)
+
+    def truncate_log(self, offset: int) -> list[str]:
+        """Cut the log to ``offset`` (a replica whose tail diverged from its leader's), keeping .broken
+        copies of the cut segments; consume queues follow. Returns the copies."""
+        self._check_running()
+        copies = log_ops.truncate(self.commitlog, offset, self.dispatcher, self.queues)
+        self.flusher.flushed_offset = min(self.flusher.flushed_offset, offset)
+        self.write_checkpoint()
+        return copies
+
+    def restart_log_at(self, offset: int) -> list[str]:
+        """Start a new, empty log at ``offset`` (a segment start): an empty replica copying a leader whose
+        log starts there. Whatever the log held is kept as .broken copies."""
+        self._check_running()
+        copies = log_ops.restart_at(self.commitlog, offset, self.dispatcher, self.queues)
+        self.flusher.flushed_offset = offset
+        self.write_checkpoint()
+        return copies
+
+    def promote(self) -> None:
+        """A replica becomes leader: the append path's queue offsets and store time from its log."""
+        self.topics.refresh()
+        with self.dispatcher.lock:
+            offsets = self.dispatcher.next_queue_offsets()
+        self.commitlog.restore(self.commitlog.written_offset,
+                               max(self.commitlog.last_store_timestamp_ms, self.dispatcher.logics_msg_timestamp_ms),
+                               offsets)
 
     def halt(self) -> None:
         """Stop like a crash: no final flush, no checkpoint, abort marker left. For crash tests in one

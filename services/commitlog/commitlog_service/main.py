@@ -9,6 +9,9 @@ KiB/MiB/GiB suffixes). Every service's flags (mqstore_rpc.settings) are here too
 ``--retention-ms``; ``--store-port`` is the port written into message ids (default: the bound port);
 ``--internal-token`` / ``MQSTORE_INTERNAL_TOKEN`` is the shared secret of the CommitLogInternal service
 (the Transaction service's way into its system topics; commitlog.proto).
+Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfig` field has a flag and a
+variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
+``--min-insync-replicas``, ``--default-replication ASYNC|SYNC`` and the lag and timeout settings.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -26,12 +29,16 @@ from typing import Mapping, Sequence
 
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
+from mqstore.replication.config import ReplicationConfig
+from mqstore.replication.isr import IsrKeeper
+from mqstore.replication.node import ReplicationNode
+from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from commitlog_service import internal
+from commitlog_service import internal, replication
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 DEFAULT_PORT = 50051
@@ -47,6 +54,7 @@ class CommitLogConfig:
     log_level: str = "info"
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
     internal_token: str = ""      # shared secret of CommitLogInternal; "" = that service refuses every call
+    replication: ReplicationConfig = ReplicationConfig()  # node_id "" = a single node (no replication)
 
 
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -58,12 +66,41 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token), server))
     parts.add_health_problem(store.health_problem)
+    if config.replication.enabled:
+        _compose_replication(config, store, parts)
+
+
+def _compose_replication(config: CommitLogConfig, store: MessageStore, parts: service.Composition) -> None:
+    """The node's replication role (core/mqstore/replication/README.md): a static group's replica copies
+    ``replica_of``; otherwise this node leads a new epoch."""
+    rc = config.replication
+    if not rc.advertised_address:
+        rc = dataclasses.replace(rc, advertised_address=f"{config.server.host}:{parts.port}")
+    node = ReplicationNode(rc, store.clock, config.store.data_dir / "epochs", log_end=store.log_end,
+                           flush_sync=config.store.flush_mode == "SYNC")
+    node.on_promote = store.promote
+    store.gate = node
+    parts.add_servicer(replication.SERVICE_NAME,
+                       lambda server: replication.add_to_server(replication.ReplicationServicer(store, node), server))
+    parts.add_duty(IsrKeeper(node.in_sync, lambda: node.is_leader))
+    if rc.replica_of:
+        store.topics.reload_on_miss = True
+        node.become_replica("", rc.replica_of, node.history.last_epoch)
+        link = replication.GrpcLeaderLink(rc.replication_heartbeat_ms)
+        parts.on_close(link.close)
+        parts.add_duty(ReplicaFollower(store, node, link))
+    else:
+        node.become_leader(node.history.last_epoch + 1, frozenset())
 
 
 # ---- configuration ------------------------------------------------------------------------------------
 
 def _store_fields() -> list[dataclasses.Field]:
     return S.config_fields(StoreConfig, skip=_NOT_FLAGS)
+
+
+def _replication_fields() -> list[dataclasses.Field]:
+    return S.config_fields(ReplicationConfig)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -73,7 +110,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
     parser.add_argument("--internal-token", help="shared secret of the CommitLogInternal service (env "
                         "MQSTORE_INTERNAL_TOKEN; prefer the variable: flags show in ps)")
-    for f in _store_fields():
+    for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
         parser.add_argument(S.flag(f.name), dest=f.name, help=f"env {S.env_name(f.name)}, default {f.default}",
@@ -96,13 +133,15 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
     return CommitLogConfig(store=_store_config(args, env), server=S.server_config(args, env, DEFAULT_PORT),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
-                           internal_token=S.typed(args, env, "internal_token", str, ""))
+                           internal_token=S.typed(args, env, "internal_token", str, ""),
+                           replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)))
 
 
 def describe(config: CommitLogConfig, port: int) -> dict:
     store = {f.name: getattr(config.store, f.name) for f in dataclasses.fields(config.store)}
     store["store_port"] = config.advertised_port or port  # what compose gave the store
-    return {"store": store, "server": dataclasses.asdict(config.server)}
+    return {"store": store, "server": dataclasses.asdict(config.server),
+            "replication": dataclasses.asdict(config.replication)}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)

@@ -1,0 +1,39 @@
+"""Replication settings of one CommitLog node: frozen, validated, built once in main()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mqstore.errors import InvalidArgument
+
+ASYNC = "ASYNC"
+SYNC = "SYNC"
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    node_id: str = ""                       # stable id of this node in its group; "" = replication off
+    replica_of: str = ""                    # host:port of a fixed leader (static replica, no election)
+    advertised_address: str = ""            # host:port other nodes and clients reach this node at
+    default_replication: str = ASYNC        # what an Append without a replication mode gets
+    min_insync_replicas: int = 1            # copies (leader included) a SYNC append needs in sync
+    sync_replication_timeout_ms: int = 5_000  # a SYNC append not confirmed by then: ReplicationTimeout
+    isr_max_lag_bytes: int = 64 << 20       # a replica further behind than this is lagging...
+    isr_max_lag_ms: int = 3_000             # ...and leaves the in-sync set after lagging this long
+    replication_heartbeat_ms: int = 200     # an idle leader's empty data message; the replica acks it
+    replication_chunk_bytes: int = 1 << 20  # the most log bytes in one data message (whole records)
+    replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
+
+    def __post_init__(self) -> None:
+        if self.default_replication not in (ASYNC, SYNC):
+            raise InvalidArgument(f"default_replication must be ASYNC or SYNC, not {self.default_replication!r}")
+        for name in ("min_insync_replicas", "sync_replication_timeout_ms", "isr_max_lag_bytes", "isr_max_lag_ms",
+                     "replication_heartbeat_ms", "replication_chunk_bytes", "replica_backoff_max_ms"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.replica_of and not self.node_id:
+            raise InvalidArgument("replica_of needs node_id: every node of a replication group has its own id")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.node_id)
