@@ -159,3 +159,37 @@ def test_sync_replication_acks_state_copies_and_times_out_without_replicas(tmp_p
         with pytest.raises(grpc.RpcError) as err:
             leader.append("t", 1, pb.REPLICATION_MODE_SYNC)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_returning_old_leader_truncates_only_its_unacknowledged_tail(tmp_path):
+    """a leads epoch 1 with b in sync; SYNC appends reach both. b goes away and a takes ASYNC appends
+    alone (never SYNC-acknowledged). Then b leads epoch 2 and writes; a comes back as b's replica: it cuts
+    exactly its divergent tail (kept as .broken copies), keeps every SYNC-acknowledged record, and ends
+    byte-identical to b."""
+    with started(node_config(tmp_path, "a", min_insync_replicas=2)) as a:
+        a.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=RPC_TIMEOUT_S)
+        with started(node_config(tmp_path, "b", replica_of=a.address)) as b:
+            wait_until(lambda: "b" in a.state().in_sync, "b to join the in-sync set")
+            acked = [r for _ in range(10) for r in a.append("t", 10, pb.REPLICATION_MODE_SYNC)]
+        shared_end = acked[-1].physical_offset + acked[-1].size_bytes
+        assert {r.replicas for r in acked} == {2}
+        a.append("t", 30, pb.REPLICATION_MODE_ASYNC, key="lost")  # a alone: never SYNC-acknowledged
+        a_end = a.end()
+    assert a_end > shared_end
+    with started(node_config(tmp_path, "b")) as b:  # b leads epoch 2 from where it stopped
+        assert b.state().epoch == 2 and b.end() == shared_end
+        written = b.append("t", 5, pb.REPLICATION_MODE_ASYNC, key="new")
+        with started(node_config(tmp_path, "a", replica_of=b.address)) as a:
+            wait_until(lambda: a.end() == b.end() and a.state().leader_id == "b", "a to follow b")
+            end = b.end()
+            assert segment_bytes(tmp_path / "a", end) == segment_bytes(tmp_path / "b", end)
+            assert [(e.epoch, e.start_offset) for e in a.state().epochs] == [(1, 0), (2, shared_end)]
+            for r in acked + list(written):  # every acknowledged record, at its offset, from both
+                got = a.log.GetMessage(pb.GetMessageRequest(physical_offset=r.physical_offset), timeout=RPC_TIMEOUT_S)
+                assert got.body == BODY and got.msg_id[-16:] == r.msg_id[-16:]
+            pull = pb.PullRequest(topic="t", queue_id=0, offset=0, max_messages=1000)
+            wait_until(lambda: a.log.Pull(pull, timeout=RPC_TIMEOUT_S) == b.log.Pull(pull, timeout=RPC_TIMEOUT_S),
+                       "a's consume queue to equal b's")
+            assert not [m for m in a.log.Pull(pull, timeout=RPC_TIMEOUT_S).messages if m.keys[0].startswith("lost")]
+    broken = sorted(p.name for p in (tmp_path / "a" / "commitlog").iterdir() if ".broken" in p.name)
+    assert broken, "the cut tail is kept as .broken copies"
