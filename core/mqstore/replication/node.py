@@ -75,6 +75,9 @@ class ReplicationNode:
         self.in_sync = InSyncSet(config, clock, log_end, flush_sync)
         self._monotonic = monotonic or clock.monotonic_s
         self._lock = threading.Lock()
+        # Held by the replica follower while it changes the log; taken by become_leader, so that the epoch
+        # starts where the copied bytes end and no copied byte follows it.
+        self.apply_lock = threading.Lock()
         self._leadership = Leadership(CANDIDATE, self.history.last_epoch, "", "")
         self.lease_valid_until_s: float | None = None  # None: no lease (static group): never fenced
         self.on_promote: Callable[[], None] = lambda: None  # the store's: queue offsets from its log
@@ -91,7 +94,7 @@ class ReplicationNode:
     def become_leader(self, epoch: int, in_sync: frozenset[str]) -> None:
         """Take ``epoch`` (greater than any this node holds): record it at the log's end, durably,
         before the first write of the epoch."""
-        with self._lock:
+        with self.apply_lock, self._lock:
             if epoch < self.history.last_epoch:
                 raise Unavailable(f"cannot lead epoch {epoch}: this node holds epoch {self.history.last_epoch}")
             self.on_promote()

@@ -98,7 +98,23 @@ class ReplicaFollower(Duty):
                 self._stream = None
 
     def _follow(self, stream: ReplicationStream) -> None:
-        welcome = stream.welcome
+        with self.node.apply_lock:
+            if self.node.is_leader:
+                return
+            self._handshake(stream.welcome)
+        received = False
+        for data in stream:
+            with self.node.apply_lock:
+                if self.node.is_leader:
+                    return  # elected meanwhile: not one more byte of the old leader's
+                self._apply(stream, data)
+            received = True
+            if self.stopping:
+                return
+        if not received and not self.stopping:
+            raise Unavailable("the replication stream ended before its first message (is the leader stopping?)")
+
+    def _handshake(self, welcome: Welcome) -> None:
         lead = self.node.leadership
         if (lead.leader_id, lead.epoch) != (welcome.leader_id, welcome.epoch) and lead.leader_address:
             self.node.become_replica(welcome.leader_id, lead.leader_address, welcome.epoch)
@@ -112,17 +128,12 @@ class ReplicaFollower(Duty):
         self.node.record_epochs(welcome.history, self.store.log_end())
         log.info("replication.following", leader=welcome.leader_id, epoch=welcome.epoch,
                  from_offset=self.store.log_end())
-        received = False
-        for data in stream:
-            if data.offset != self.store.log_end():
-                raise Unavailable(f"the leader sent bytes at {data.offset} but this log ends at "
-                                  f"{self.store.log_end()}; reconnecting for a new handshake")
-            if data.next_offset > data.offset:
-                self.node.record_epochs(welcome.history, data.next_offset)
-                self.store.replica_apply(data.offset, data.data, data.next_offset)
-            stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
-            received = True
-            if self.stopping:
-                return
-        if not received and not self.stopping:
-            raise Unavailable("the replication stream ended before its first message (is the leader stopping?)")
+
+    def _apply(self, stream: ReplicationStream, data: LogData) -> None:
+        if data.offset != self.store.log_end():
+            raise Unavailable(f"the leader sent bytes at {data.offset} but this log ends at "
+                              f"{self.store.log_end()}; reconnecting for a new handshake")
+        if data.next_offset > data.offset:
+            self.node.record_epochs(stream.welcome.history, data.next_offset)
+            self.store.replica_apply(data.offset, data.data, data.next_offset)
+        stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))

@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.replication.config import ReplicationConfig
+from mqstore.replication.controller import Controller
 from mqstore.replication.isr import IsrKeeper
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
@@ -39,6 +40,7 @@ from mqstore_rpc import settings as S
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
 from commitlog_service import internal, replication
+from commitlog_service.etcd_client import EtcdCoordination
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 DEFAULT_PORT = 50051
@@ -83,14 +85,21 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore, parts: se
     parts.add_servicer(replication.SERVICE_NAME,
                        lambda server: replication.add_to_server(replication.ReplicationServicer(store, node), server))
     parts.add_duty(IsrKeeper(node.in_sync, lambda: node.is_leader))
+    store.topics.reload_on_miss = True  # a replica, or a leader that was one, may miss topics created elsewhere
+    if not rc.replica_of and not rc.etcd_endpoints:
+        node.become_leader(node.history.last_epoch + 1, frozenset())  # a static group's leader: a new epoch
+        return
+    link = replication.GrpcLeaderLink(rc.replication_heartbeat_ms)
+    parts.on_close(link.close)
+    follower = parts.add_duty(ReplicaFollower(store, node, link))
     if rc.replica_of:
-        store.topics.reload_on_miss = True
         node.become_replica("", rc.replica_of, node.history.last_epoch)
-        link = replication.GrpcLeaderLink(rc.replication_heartbeat_ms)
-        parts.on_close(link.close)
-        parts.add_duty(ReplicaFollower(store, node, link))
-    else:
-        node.become_leader(node.history.last_epoch + 1, frozenset())
+        return
+    coordination = EtcdCoordination(rc.etcd_endpoints)
+    parts.on_close(coordination.close)
+    controller = Controller(node, coordination, on_leader_change=follower.leader_changed)
+    node.in_sync.publish = controller.publish_isr
+    parts.add_duty(controller)
 
 
 # ---- configuration ------------------------------------------------------------------------------------
