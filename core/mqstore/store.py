@@ -102,6 +102,7 @@ class MessageStore:
         # The gate of writes: SingleNode without replication, else the node's role (mqstore.replication.node):
         # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
         self.gate = SingleNode()
+        self._copied_end = 0  # the log's end when this node was promoted: below it no append is pending
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -248,7 +249,7 @@ class MessageStore:
 
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
-            self.dispatcher.run_pending(flushed_offset)
+            self.dispatcher.run_pending(min(flushed_offset, self.gate.committed_offset()))
 
     def _check_running(self) -> None:
         if not self._running:
@@ -293,12 +294,14 @@ class MessageStore:
         self.warmer.poke()
         if self.flusher.sync:
             self.flusher.wait_flushed(written.end)
-            self.dispatcher.run_pending(self.flusher.flushed_offset)
+            self.dispatcher.run_pending(min(self.flusher.flushed_offset, self.gate.committed_offset()))
             durability = DURABILITY_FLUSHED
         else:
-            self.dispatcher.run_pending(written.end)
+            self.dispatcher.run_pending(min(written.end, self.gate.committed_offset()))
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
         replicas, epoch = self.gate.finish_append(written.end, sync_replication)
+        if sync_replication:
+            self.advance_visible()  # a Pull after the acknowledgement sees it (the ack thread may still dispatch)
         return AppendResults(self._msg_id_prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms,
                              durability, replicas, epoch)
 
@@ -533,13 +536,31 @@ class MessageStore:
         return log_ops.chunk(self.commitlog, offset, max_bytes)
 
     def replica_apply(self, offset: int, data: bytes, next_offset: int) -> None:
-        """The replica's side: the leader's bytes at the same physical offsets, then their consume queue
-        entries (under SYNC flush once an fsync covers them, as on the leader)."""
+        """The replica's side: the leader's bytes at the same physical offsets (under SYNC flush, covered
+        by an fsync before this returns). Visible only up to the leader's committed offset
+        (:meth:`replica_visible`)."""
         self._check_running()
         self.commitlog.append_replicated(offset, data, next_offset)
         if self.flusher.sync:
             self.flusher.wait_flushed(next_offset)
-        self.dispatcher.dispatch_replicated(offset, next_offset)
+
+    def replica_visible(self, committed_offset: int) -> None:
+        """The replica's side: consume queue entries (and so Pull and Tail) up to what its leader says is
+        committed, that is held by every in-sync node: never bytes a failover could cut."""
+        held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
+        target = min(held, committed_offset)
+        if target > self.dispatcher.dispatched_offset:
+            self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, target)
+
+    def advance_visible(self) -> None:
+        """The leader's side: dispatch what became committed (the in-sync set's acknowledgements moved it).
+        Bytes copied while this node was a replica have no pending append: they are dispatched from the log."""
+        held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
+        limit = min(held, self.gate.committed_offset())
+        copied_end = min(self._copied_end, limit)
+        if self.dispatcher.dispatched_offset < copied_end:
+            self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, copied_end)
+        self.dispatcher.run_pending(limit)
 
     def truncate_log(self, offset: int) -> list[str]:
         """Cut the log to ``offset`` (a replica whose tail diverged from its leader's), keeping .broken
@@ -564,6 +585,7 @@ class MessageStore:
         self.topics.refresh()
         with self.dispatcher.lock:
             offsets = self.dispatcher.next_queue_offsets()
+            self._copied_end = self.commitlog.written_offset
         self.commitlog.restore(self.commitlog.written_offset,
                                max(self.commitlog.last_store_timestamp_ms, self.dispatcher.logics_msg_timestamp_ms),
                                offsets)

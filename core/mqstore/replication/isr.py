@@ -66,6 +66,7 @@ class InSyncSet:
         self.leader_end = leader_end
         self.flush_sync = flush_sync
         self.publish = publish or (lambda members: None)
+        self.on_committed: Callable[[], None] = lambda: None  # the committed offset moved (store.advance_visible)
         self.node_id = config.node_id
         self._lock = threading.Lock()
         self._advanced = threading.Condition(self._lock)
@@ -129,8 +130,11 @@ class InSyncSet:
                 # it ends at or below this (the module docstring's W).
                 p.join_mark = self.leader_end()
                 log.info("isr.catching_up", replica=replica_id, offset=written_offset)
-            if self._watermark_locked() != before:
+            advanced = self._watermark_locked() != before
+            if advanced:
                 self._advanced.notify_all()
+        if advanced:
+            self.on_committed()
 
     def maintain(self) -> None:
         """Shrink the set by the replicas that lag, grow it by those that caught up (publishing each
@@ -152,6 +156,8 @@ class InSyncSet:
             for rid in joined:
                 self._progress[rid].join_mark = None
             self._advanced.notify_all()
+        if lagging:
+            self.on_committed()  # a smaller set may hold more
         for rid in sorted(lagging):
             log.warning("isr.shrunk", replica=rid, in_sync=sorted(target))
         for rid in sorted(joined):
@@ -195,6 +201,12 @@ class InSyncSet:
                         f"acknowledged as replicated; they may survive or be cut by a failover, so a retry may "
                         f"duplicate them")
                 self._advanced.wait(min(left, 0.5))
+
+    def committed(self) -> int:
+        """The high watermark: every in-sync node holds the log below it (the leader's end when alone)."""
+        end = self.leader_end()
+        with self._lock:
+            return min(end, self._watermark_locked())
 
     def copies(self, end: int) -> int:
         with self._lock:

@@ -77,7 +77,7 @@ class ReplicaSession:
                 if nxt == self.position:
                     growth.wait(seen, heartbeat_s)
                     chunk, nxt = self.store.replica_chunk(self.position, config.replication_chunk_bytes)
-                yield LogData(self.position, chunk, nxt, self.store.log_end())
+                yield LogData(self.position, chunk, nxt, self.store.log_end(), self.node.in_sync.committed())
                 self.position = nxt
         finally:
             self.node.in_sync.disconnected(self.hello.replica_id)

@@ -32,6 +32,7 @@ class LogData:
     data: bytes
     next_offset: int
     leader_end_offset: int
+    committed_offset: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,11 @@ class ReplicationNode:
         if sync:
             self.in_sync.require_enough()
 
+    def committed_offset(self) -> int:
+        """What readers may see: on the leader, what every in-sync node holds; elsewhere nothing new (a
+        replica makes its leader's committed offset visible itself, store.replica_visible)."""
+        return self.in_sync.committed() if self.is_leader else 0
+
     def finish_append(self, end: int, sync: bool) -> tuple[int, int]:
         """(copies holding [.., end), epoch) once the append may be acknowledged."""
         self.growth.grew()
@@ -180,3 +185,6 @@ class SingleNode:
 
     def finish_append(self, end: int, sync: bool) -> tuple[int, int]:
         return 1, 0
+
+    def committed_offset(self) -> int:
+        return 1 << 62  # one copy: everything written is committed

@@ -137,3 +137,4 @@ class ReplicaFollower(Duty):
             self.node.record_epochs(stream.welcome.history, data.next_offset)
             self.store.replica_apply(data.offset, data.data, data.next_offset)
         stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
+        self.store.replica_visible(data.committed_offset)

@@ -81,6 +81,7 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore, parts: se
     node = ReplicationNode(rc, store.clock, config.store.data_dir / "epochs", log_end=store.log_end,
                            flush_sync=config.store.flush_mode == "SYNC")
     node.on_promote = store.promote
+    node.in_sync.on_committed = store.advance_visible
     store.gate = node
     parts.add_servicer(replication.SERVICE_NAME,
                        lambda server: replication.add_to_server(replication.ReplicationServicer(store, node), server))

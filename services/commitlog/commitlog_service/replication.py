@@ -59,7 +59,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
                          name=f"replication-acks-{h.replica_id}").start()
         for d in session.data(context.is_active):
             yield pb.LeaderMessage(data=pb.LogData(offset=d.offset, data=d.data, next_offset=d.next_offset,
-                                                   leader_end_offset=d.leader_end_offset))
+                                                   leader_end_offset=d.leader_end_offset,
+                                                   committed_offset=d.committed_offset))
 
     def GetReplicationState(self, request, context) -> pb.ReplicationState:
         node, lead = self._node, self._node.leadership
@@ -134,7 +135,7 @@ class GrpcReplicationStream:
     def __iter__(self) -> Iterator[LogData]:
         while (message := self._next()) is not None:
             d = message.data
-            yield LogData(d.offset, d.data, d.next_offset, d.leader_end_offset)
+            yield LogData(d.offset, d.data, d.next_offset, d.leader_end_offset, d.committed_offset)
 
     def ack(self, ack: Ack) -> None:
         self._outbox.put(pb.ReplicaMessage(ack=pb.ReplicaAck(written_offset=ack.written_offset,

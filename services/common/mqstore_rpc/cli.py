@@ -28,7 +28,7 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_txn
+from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_replication, cli_txn
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser
 from mqstore_rpc.errors import status_for
@@ -52,14 +52,35 @@ class Cli:
         self._stub: commitlog_pb2_grpc.CommitLogStub | None = None
 
     @property
+    def channel(self) -> grpc.Channel:
+        """To the first node of ``--address`` (a replication group may be given as ``a:1,b:2,...``)."""
+        if self._channel is None:
+            self._connect(self.args.address.split(",")[0].strip())
+        return self._channel
+
+    def _connect(self, address: str) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
+
+    @property
     def stub(self) -> commitlog_pb2_grpc.CommitLogStub:
-        if self._stub is None:
-            self._channel = grpc.insecure_channel(self.args.address, options=CHANNEL_OPTIONS)
-            self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
+        self.channel  # noqa: B018 - opens it
         return self._stub
 
     def call(self, method: str, request, extra_timeout_s: float = 0.0):
-        return getattr(self.stub, method)(request, timeout=self.args.timeout + extra_timeout_s)
+        """A write that reaches a replica (FAILED_PRECONDITION with the trailer mqstore-leader) is sent once
+        more, to the leader it names: the replica wrote nothing."""
+        try:
+            return getattr(self.stub, method)(request, timeout=self.args.timeout + extra_timeout_s)
+        except grpc.RpcError as exc:
+            leader = dict(exc.trailing_metadata() or ()).get("mqstore-leader") if exc.code() == \
+                grpc.StatusCode.FAILED_PRECONDITION else None
+            if not leader:
+                raise
+            self._connect(leader)
+            return getattr(self._stub, method)(request, timeout=self.args.timeout + extra_timeout_s)
 
     def close(self) -> None:
         if self._channel is not None:
@@ -369,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli_txn.add_commands(parser)
     cli_compactor.add_commands(parser)
     cli_offline.add_commands(parser)
+    cli_replication.add_commands(parser)
     args = parser.parse_args(argv)
     mqlogging.configure("warning")  # stdout is for results; events of local commands (repair) go to stderr
     cli = Cli(args)
