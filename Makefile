@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup gen run test bench clean lint compose-check compose-check-spark
+.PHONY: setup setup-ha gen run run-ha test bench clean lint compose-check compose-check-spark
 
 # The compiled codec (mqstore.codec, Cython) is built by the package's own build (setup.py), here
 # with `pip install -e .`; its sources changing rebuilds it.
@@ -36,10 +36,21 @@ gen: $(GEN_STAMP)
 run: setup
 	$(PY) -m mqstore_rpc.launcher --data-dir ./data
 
+# etcd for the replication tests and `make run-ha`: Debian's etcd-server (3.4.23 in bookworm) when no etcd
+# is on PATH. Needs root (CI and the dev machines are); without it the HA tests skip and say why.
+setup-ha:
+	@command -v etcd >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server </dev/null >/dev/null; } || \
+	  echo "setup-ha: could not install etcd-server (apt-get as root); the replication failover tests will skip" >&2
+
+# Three CommitLog replicas (automatic failover through a throwaway etcd) and the other services on 127.0.0.1.
+run-ha: setup setup-ha
+	$(PY) -m mqstore_rpc.launcher --data-dir ./data-ha --ha
+
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests
 # again on the pure-Python reference.
-test: setup lint
+test: setup setup-ha lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -m codec $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no codec test
 

@@ -250,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     for entry in SERVICES:
         parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
                             help=f"default {entry.default_port}")
+    parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
+                        "through a throwaway etcd, and the other services (mqstore_rpc.launcher_ha; make run-ha)")
     args = parser.parse_args(argv)
+    if args.ha:
+        from mqstore_rpc import launcher_ha  # only this mode needs etcd
+        return launcher_ha.run(args.data_dir.resolve())
     return run(args.data_dir.resolve(), {entry.name: getattr(args, entry.name) for entry in SERVICES})
 
 
