@@ -183,3 +183,27 @@ def _event_time(line: str) -> float:
     import json
     stamp = json.loads(line)["timestamp"]
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_switchover_moves_leadership_to_the_target_without_losing_acks(group):
+    group.start_all()
+    leader, epoch = group.wait_leader()
+    group.log(leader).CreateTopic(pb.CreateTopicRequest(name="s", queue_count=1), timeout=10)
+    wait_until(lambda: len(group.state(leader).in_sync) == 3, "all three nodes in sync", timeout_s=30)
+    acked = group.append(leader, "s", [b"before-%d" % i for i in range(50)])
+    target = next(n for n in group.procs if n != leader)
+    from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
+    stub = replication_pb2_grpc.ReplicationStub(group.channels[target])  # a replica: the CLI's way, to the leader
+    with pytest.raises(grpc.RpcError) as err:
+        stub.TransferLeadership(replication_pb2.TransferLeadershipRequest(target_node_id=target), timeout=30)
+    leader_address = dict(err.value.trailing_metadata())["mqstore-leader"]
+    with grpc.insecure_channel(leader_address) as channel:
+        done = replication_pb2_grpc.ReplicationStub(channel).TransferLeadership(
+            replication_pb2.TransferLeadershipRequest(target_node_id=target), timeout=30)
+    assert done.handed_over_at_offset >= acked[-1].physical_offset + acked[-1].size_bytes
+    new_leader, new_epoch = group.wait_leader(above_epoch=epoch, timeout_s=30)
+    assert (new_leader, new_epoch) == (target, epoch + 1)
+    after = group.append(new_leader, "s", [b"after"])
+    assert after[0].epoch == new_epoch
+    _check_acked_readable(group, new_leader, [(r.physical_offset, b"before-%d" % i, epoch, leader)
+                                              for i, r in enumerate(acked)])

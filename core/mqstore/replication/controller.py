@@ -40,7 +40,7 @@ from typing import Callable, Protocol
 import structlog
 
 from mqstore.background import Duty
-from mqstore.errors import Unavailable
+from mqstore.errors import FailedPrecondition, Unavailable
 from mqstore.replication.node import ReplicationNode
 
 log = structlog.get_logger()
@@ -181,6 +181,35 @@ class Controller(Duty):
                 self.coordination.revoke_lease(self._lease)
             except Unavailable as exc:
                 log.warning("controller.revoke_failed", error=str(exc), effect="the lease lapses after its TTL")
+
+    # ---- switchover -------------------------------------------------------------------------------
+    def transfer(self, target: str, timeout_s: float) -> int:
+        """Hand the leadership to ``target`` (see replication.proto's TransferLeadership); the log end it
+        held. Runs on a handler thread while the controller's duty goes on."""
+        node = self.node
+        node.check_writable()
+        if target not in node.in_sync.published() or target == node.config.node_id:
+            raise FailedPrecondition(f"target_node_id {target!r} is not an in-sync replica of this leader "
+                                     f"(in sync: {sorted(node.in_sync.published())}); pick one of them")
+        node.handing_over_to = target
+        try:
+            deadline = node.clock.monotonic_s() + timeout_s
+            # No write starts meanwhile; one already past the gate may still land, so the end is read again.
+            while node.in_sync.written_by(target) < (end := node.log_end()):
+                if node.clock.monotonic_s() >= deadline:
+                    raise Unavailable(f"{target} did not catch up with this leader's end {end} within "
+                                      f"{timeout_s:g} s; the leadership stays here and writes resume")
+                node.in_sync.wait_progress(0.05)
+            handover = json.dumps({"target": target, "until_ms": node.clock.now_ms() +
+                                   2000 * node.config.lease_ttl_s}).encode()
+            if not self.coordination.commit({self.leader_key: self._leader_revision},
+                                            {self.handover_key: (handover, 0)}, (self.leader_key,)):
+                raise Unavailable("this node's leader key changed meanwhile: it is no longer the leader")
+            self._step_down(f"switchover to {target}")
+            log.warning("controller.handed_over", node=node.config.node_id, target=target, at_offset=end)
+            return end
+        finally:
+            node.handing_over_to = ""
 
     # ---- the in-sync set (InSyncSet.publish) --------------------------------------------------------
     def publish_isr(self, members: frozenset[str]) -> None:

@@ -202,6 +202,16 @@ class InSyncSet:
                         f"duplicate them")
                 self._advanced.wait(min(left, 0.5))
 
+    def written_by(self, replica_id: str) -> int:
+        with self._lock:
+            p = self._progress.get(replica_id)
+            return p.written_offset if p is not None and p.connected else -1
+
+    def wait_progress(self, timeout_s: float) -> None:
+        """Until the next acknowledgement that moves the watermark (or ``timeout_s``)."""
+        with self._lock:
+            self._advanced.wait(timeout_s)
+
     def committed(self) -> int:
         """The high watermark: every in-sync node holds the log below it (the leader's end when alone)."""
         end = self.leader_end()

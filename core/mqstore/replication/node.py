@@ -80,6 +80,7 @@ class ReplicationNode:
         self.apply_lock = threading.Lock()
         self._leadership = Leadership(CANDIDATE, self.history.last_epoch, "", "")
         self.lease_valid_until_s: float | None = None  # None: no lease (static group): never fenced
+        self.handing_over_to = ""  # a switchover in progress: writes are refused meanwhile
         self.on_promote: Callable[[], None] = lambda: None  # the store's: queue offsets from its log
 
     # ---- role ---------------------------------------------------------------------------------------
@@ -140,6 +141,9 @@ class ReplicationNode:
                 "no leader is known yet (an election is running); retry shortly"
             raise NotLeader(f"this commit log ({self.config.node_id}) is a replica and takes no writes: {where}",
                             leader_address=lead.leader_address)
+        if self.handing_over_to:
+            raise Unavailable(f"this commit log ({self.config.node_id}) is handing its leadership over to "
+                              f"{self.handing_over_to}; retry shortly (the new leader takes writes)")
         if self.fenced:
             raise Unavailable(f"this commit log ({self.config.node_id}) may have lost its leadership lease of "
                               f"epoch {lead.epoch}: it takes no writes until it is confirmed or a new leader is "

@@ -83,8 +83,8 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore, parts: se
     node.on_promote = store.promote
     node.in_sync.on_committed = store.advance_visible
     store.gate = node
-    parts.add_servicer(replication.SERVICE_NAME,
-                       lambda server: replication.add_to_server(replication.ReplicationServicer(store, node), server))
+    servicer = replication.ReplicationServicer(store, node)
+    parts.add_servicer(replication.SERVICE_NAME, lambda server: replication.add_to_server(servicer, server))
     parts.add_duty(IsrKeeper(node.in_sync, lambda: node.is_leader))
     store.topics.reload_on_miss = True  # a replica, or a leader that was one, may miss topics created elsewhere
     if not rc.replica_of and not rc.etcd_endpoints:
@@ -100,6 +100,7 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore, parts: se
     parts.on_close(coordination.close)
     controller = Controller(node, coordination, on_leader_change=follower.leader_changed)
     node.in_sync.publish = controller.publish_isr
+    servicer.controller = controller
     parts.add_duty(controller)
 
 

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import grpc
 import structlog
-from mqstore.errors import InvalidArgument, Unavailable
+from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.replication import epochs
 from mqstore.replication.leader import ReplicaSession
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
@@ -41,9 +41,18 @@ def history_in(entries) -> epochs.EpochHistory:
 
 
 class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
-    def __init__(self, store, node: ReplicationNode):
+    def __init__(self, store, node: ReplicationNode, controller=None):
         self._store = store
         self._node = node
+        self.controller = controller  # mqstore.replication.controller.Controller; None in a static group
+
+    def TransferLeadership(self, request, context) -> pb.TransferLeadershipResponse:
+        if self.controller is None:
+            raise FailedPrecondition("this group has no controller (a static group: --replica-of); restart the "
+                                     "nodes with the roles swapped instead")
+        timeout_s = (request.timeout_ms or 10_000) / 1000
+        return pb.TransferLeadershipResponse(
+            handed_over_at_offset=self.controller.transfer(request.target_node_id, timeout_s))
 
     def Replicate(self, request_iterator, context) -> Iterator[pb.LeaderMessage]:
         first = next(request_iterator, None)

@@ -1,9 +1,12 @@
-"""``mqstore replication status``: who leads, the epoch, the in-sync set and each replica's progress, as the
-node at ``--address`` knows it (Replication.GetReplicationState; replication.proto)."""
+"""``mqstore replication status``: who leads, the epoch, the in-sync set and each replica's progress, as
+the node at ``--address`` knows it (Replication.GetReplicationState); ``mqstore replication switchover
+NODE``: move the leadership to an in-sync replica (Replication.TransferLeadership; replication.proto)."""
 
 from __future__ import annotations
 
 import argparse
+
+import grpc
 
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 
@@ -15,6 +18,10 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     rsub = replication.add_subparsers(dest="replication_command", required=True, metavar="COMMAND")
     p = rsub.add_parser("status", help="leader, epoch, in-sync set and every replica's lag (any node answers)")
     p.set_defaults(func=cmd_status)
+    p = rsub.add_parser("switchover", help="move the leadership to an in-sync replica (TransferLeadership)")
+    p.add_argument("target", help="the node id of an in-sync replica")
+    p.add_argument("--timeout-ms", type=int, default=10_000, help="how long the target may take to catch up")
+    p.set_defaults(func=cmd_switchover)
 
 
 def cmd_status(cli) -> None:
@@ -32,3 +39,19 @@ def cmd_status(cli) -> None:
                          f"{r.flushed_offset} lag {r.lag_bytes} B, last ack {r.last_ack_age_ms} ms ago")
     lines.append("epochs: " + ", ".join(f"{e.epoch}@{e.start_offset}" for e in s.epochs))
     cli.emit(s, "\n".join(lines))
+
+
+def cmd_switchover(cli) -> None:
+    stub = replication_pb2_grpc.ReplicationStub(cli.channel)
+    request = replication_pb2.TransferLeadershipRequest(target_node_id=cli.args.target, timeout_ms=cli.args.timeout_ms)
+    try:
+        response = stub.TransferLeadership(request, timeout=cli.args.timeout)
+    except grpc.RpcError as exc:  # asked a replica: ask the leader it names
+        leader = dict(exc.trailing_metadata() or ()).get("mqstore-leader")
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not leader:
+            raise
+        with grpc.insecure_channel(leader) as channel:
+            response = replication_pb2_grpc.ReplicationStub(channel).TransferLeadership(request,
+                                                                                       timeout=cli.args.timeout)
+    cli.emit(response, f"handed over to {cli.args.target} at physical offset {response.handed_over_at_offset}; "
+                       f"it leads once elected (a new epoch)")
