@@ -74,6 +74,7 @@ bench: setup
 	$(PY) bench/index_bench.py $(BENCH_ARGS)
 	$(PY) bench/compactor.py $(BENCH_ARGS)
 	$(PY) bench/txn.py $(filter --quick,$(BENCH_ARGS))
+	$(PY) bench/replication.py $(filter --quick,$(BENCH_ARGS))
 
 clean:
 	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info core/*.egg-info
