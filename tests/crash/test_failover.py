@@ -207,3 +207,37 @@ def test_switchover_moves_leadership_to_the_target_without_losing_acks(group):
     assert after[0].epoch == new_epoch
     _check_acked_readable(group, new_leader, [(r.physical_offset, b"before-%d" % i, epoch, leader)
                                               for i, r in enumerate(acked)])
+
+
+def test_index_follows_the_new_leader_without_loss_or_duplicates(group, tmp_path):
+    """The Index service is given every node (--commitlog a,b,c); the leader is killed between two rounds
+    of keyed appends: every acknowledged key is found once, at its physical offset, after the failover."""
+    from mqstore_rpc.gen.mqstore.v1 import common_pb2, index_pb2, index_pb2_grpc
+    from tests.crash.test_index_crash import start_index
+    group.start_all()
+    leader, epoch = group.wait_leader()
+    group.log(leader).CreateTopic(pb.CreateTopicRequest(name="ix", queue_count=2), timeout=10)
+    wait_until(lambda: len(group.state(leader).in_sync) == 3, "all three nodes in sync", timeout_s=30)
+    nodes = ",".join(group.procs[n].address for n in group.procs)
+    index = start_index(tmp_path / "index", nodes)
+    try:
+        def append_keys(node_id, first):
+            request = pb.AppendRequest(topic="ix", replication=pb.REPLICATION_MODE_SYNC, messages=[
+                common_pb2.MessageInput(body=b"v", keys=[f"key-{first + i}"]) for i in range(50)])
+            return {f"key-{first + i}": r.physical_offset
+                    for i, r in enumerate(group.log(node_id).Append(request, timeout=10).results)}
+        acked = append_keys(leader, 0)
+        stub = index_pb2_grpc.IndexStub(grpc.insecure_channel(index.address))
+
+        def found(key):
+            return [loc.physical_offset for loc in stub.QueryByKey(index_pb2.QueryByKeyRequest(topic="ix", key=key),
+                                                                   timeout=10).locators]
+        wait_until(lambda: found("key-49") == [acked["key-49"]], "the index to catch up", timeout_s=30)
+        group.kill9(leader)
+        leader, epoch = group.wait_leader(above_epoch=epoch, timeout_s=30)
+        acked.update(append_keys(leader, 50))
+        wait_until(lambda: found("key-99") == [acked["key-99"]], "the index to follow the new leader", timeout_s=60)
+        for key, offset in acked.items():
+            assert found(key) == [offset], key  # once, where it was acknowledged
+    finally:
+        index.stop()
