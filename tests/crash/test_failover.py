@@ -203,6 +203,8 @@ def test_switchover_moves_leadership_to_the_target_without_losing_acks(group):
     assert done.handed_over_at_offset >= acked[-1].physical_offset + acked[-1].size_bytes
     new_leader, new_epoch = group.wait_leader(above_epoch=epoch, timeout_s=30)
     assert (new_leader, new_epoch) == (target, epoch + 1)
+    wait_until(lambda: len(group.state(new_leader).in_sync) >= 2, "a replica in sync with the new leader",
+               timeout_s=30)  # a producer would retry NotEnoughReplicas meanwhile
     after = group.append(new_leader, "s", [b"after"])
     assert after[0].epoch == new_epoch
     _check_acked_readable(group, new_leader, [(r.physical_offset, b"before-%d" % i, epoch, leader)

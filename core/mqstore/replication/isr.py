@@ -14,13 +14,17 @@ set in etcd; a no-op without one). It must only name nodes holding every acknowl
   grow    wait for the member at once, remember the leader's end W at that moment, and publish once the
           member has acknowledged W (everything acknowledged before it joined ends at or below W).
 
-Thread-safety: every method may be called from any thread; state is guarded by ``_lock``; waiters wait
-on ``_advanced`` (notified when the in-sync watermark moves or the set changes). ``publish`` runs
-outside the lock, only from :meth:`maintain` (the replication duty's thread).
+Thread-safety: every method may be called from any thread; state is guarded by ``_lock``. A waiting
+append waits on an event of its own, kept in a heap by end offset: an acknowledgement that moves the
+watermark sets exactly the events it satisfies (one Condition for all woke every waiting producer on
+every acknowledgement, as the SYNC flush's once did); a change of the set wakes them all to re-check.
+``publish`` runs outside the lock, only from :meth:`maintain` (the replication duty's thread).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -74,6 +78,8 @@ class InSyncSet:
         self._members: set[str] = {self.node_id}       # what SYNC appends wait for
         self._published: frozenset[str] = frozenset({self.node_id})
         self._closed = ""
+        self._waiters: list[tuple[int, int, threading.Event]] = []  # heap of (end offset, seq, event)
+        self._seq = itertools.count()
 
     # ---- membership ---------------------------------------------------------------------------------
     def reset(self, members: frozenset[str]) -> None:
@@ -86,13 +92,13 @@ class InSyncSet:
                 p = self._progress.setdefault(rid, Progress(rid, ""))
                 p.last_ok_ms = now  # a member that never connects leaves after isr_max_lag_ms
             self._closed = ""
-            self._advanced.notify_all()
+            self._wake_all_locked()
 
     def close(self, why: str) -> None:
         """Leadership ended: every waiting append fails (not acknowledged)."""
         with self._lock:
             self._closed = why
-            self._advanced.notify_all()
+            self._wake_all_locked()
 
     def members(self) -> frozenset[str]:
         with self._lock:
@@ -130,9 +136,10 @@ class InSyncSet:
                 # it ends at or below this (the module docstring's W).
                 p.join_mark = self.leader_end()
                 log.info("isr.catching_up", replica=replica_id, offset=written_offset)
-            advanced = self._watermark_locked() != before
+            watermark = self._watermark_locked()
+            advanced = watermark != before
             if advanced:
-                self._advanced.notify_all()
+                self._release_locked(watermark)
         if advanced:
             self.on_committed()
 
@@ -147,15 +154,16 @@ class InSyncSet:
             joined = {rid for rid in self._members - self._published - lagging
                       if self._offset(self._progress[rid]) >= (self._progress[rid].join_mark or 0)}
             target = frozenset((self._published & self._members) - lagging | joined)
-        if target == self._published:
+        if target == self._published and not lagging:
             return
-        self.publish(target)
+        if target != self._published:  # a member that joined only locally leaves without a publication
+            self.publish(target)
         with self._lock:
             self._members -= lagging
             self._published = target
             for rid in joined:
                 self._progress[rid].join_mark = None
-            self._advanced.notify_all()
+            self._wake_all_locked()
         if lagging:
             self.on_committed()  # a smaller set may hold more
         for rid in sorted(lagging):
@@ -180,8 +188,8 @@ class InSyncSet:
         """Block until every in-sync replica holds [.., end); the number of copies holding it then.
         ReplicationTimeout after sync_replication_timeout_ms, or when the set shrinks below the minimum."""
         deadline = self.clock.monotonic_s() + self.config.sync_replication_timeout_ms / 1000
-        with self._lock:
-            while True:
+        while True:
+            with self._lock:
                 if self._closed:
                     raise ReplicationTimeout(f"records up to physical offset {end} are written on this node but "
                                              f"were not acknowledged: {self._closed}; a retry may duplicate them")
@@ -200,7 +208,9 @@ class InSyncSet:
                         f"after sync_replication_timeout_ms {self.config.sync_replication_timeout_ms}: not "
                         f"acknowledged as replicated; they may survive or be cut by a failover, so a retry may "
                         f"duplicate them")
-                self._advanced.wait(min(left, 0.5))
+                event = threading.Event()
+                heapq.heappush(self._waiters, (end, next(self._seq), event))
+            event.wait(min(left, 0.5))
 
     def written_by(self, replica_id: str) -> int:
         with self._lock:
@@ -217,6 +227,18 @@ class InSyncSet:
         end = self.leader_end()
         with self._lock:
             return min(end, self._watermark_locked())
+
+    def _release_locked(self, watermark: int) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= watermark:
+            heapq.heappop(waiters)[2].set()
+        self._advanced.notify_all()  # a switchover waiting for a replica's progress
+
+    def _wake_all_locked(self) -> None:
+        for _, _, event in self._waiters:
+            event.set()
+        self._waiters.clear()
+        self._advanced.notify_all()
 
     def copies(self, end: int) -> int:
         with self._lock:

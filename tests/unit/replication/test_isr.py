@@ -12,6 +12,9 @@ from mqstore.replication.isr import InSyncSet
 
 
 class FakeClock:
+    """Moves only when told, except that each monotonic read lets 100 ms pass: a wait that no
+    acknowledgement ends reaches its deadline after a few loops, without sleeping."""
+
     def __init__(self):
         self.ms = 1_000_000
 
@@ -19,6 +22,7 @@ class FakeClock:
         return self.ms
 
     def monotonic_s(self):
+        self.ms += 100
         return self.ms / 1000
 
 
