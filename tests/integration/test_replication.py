@@ -159,6 +159,13 @@ def test_sync_replication_acks_state_copies_and_times_out_without_replicas(tmp_p
         with pytest.raises(grpc.RpcError) as err:
             leader.append("t", 1, pb.REPLICATION_MODE_SYNC)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        leader.append("t", 50, pb.REPLICATION_MODE_ASYNC)  # it falls further behind meanwhile
+
+        # it comes back, catches up from its end offset and joins the set again
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:
+            wait_until(lambda: "b" in leader.state().in_sync, "the returning replica to rejoin the in-sync set")
+            assert leader.append("t", 1, pb.REPLICATION_MODE_SYNC)[0].replicas == 2
+            assert replica.end() == leader.end()
 
 
 def test_returning_old_leader_truncates_only_its_unacknowledged_tail(tmp_path):
