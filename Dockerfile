@@ -65,7 +65,7 @@ RUN python scripts/gen_protos.py \
 FROM base AS runtime
 COPY --from=build /opt/mqstore /opt/mqstore
 ENV PATH=/opt/mqstore/bin:$PATH
-RUN python -c "import commitlog_service.main, index_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc" \
+RUN python -c "import commitlog_service.main, index_service.main, gateway_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc" \
  && python -c "import sys; from mqstore import codec; sys.exit(None if codec.ACTIVE == codec.COMPILED else codec.REASON)"
 USER mqstore
 VOLUME ["/data"]

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup setup-ha gen run run-ha test bench clean lint compose-check compose-check-spark
+.PHONY: setup setup-ha gen run run-ha test bench clean lint compose-check compose-check-spark rmq-clients
 
 # The compiled codec (mqstore.codec, Cython) is built by the package's own build (setup.py), here
 # with `pip install -e .`; its sources changing rebuilds it.
@@ -32,6 +32,25 @@ $(GEN_STAMP): $(VENV)/.stamp $(PROTOS) scripts/gen_protos.py
 
 gen: $(GEN_STAMP)
 
+# The official RocketMQ 5 clients the gateway's tests and bench drive, pinned: the Python client in a venv
+# of its own (its generated protobuf modules clash with our stubs of the same protos in one process),
+# the Node client by npm ci from tests/clients/node/package-lock.json (needs node >= 16.19 and npm).
+RMQ_VENV := .venv-rmq
+RMQ_PY_STAMP := $(RMQ_VENV)/.stamp
+NODE_CLIENT := tests/clients/node
+NODE_STAMP := $(NODE_CLIENT)/node_modules/.stamp
+
+rmq-clients: $(RMQ_PY_STAMP) $(NODE_STAMP)
+
+$(RMQ_PY_STAMP): requirements-rmq-client.lock
+	$(PYTHON) -m venv $(RMQ_VENV)
+	$(RMQ_VENV)/bin/python -m pip install -q -r requirements-rmq-client.lock
+	touch $@
+
+$(NODE_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
+	touch $@
+
 # Starts every service on 127.0.0.1 with data under ./data and SQLite metadata; Ctrl-C stops them.
 run: setup
 	$(PY) -m mqstore_rpc.launcher --data-dir ./data
@@ -50,7 +69,7 @@ run-ha: setup setup-ha
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests
 # again on the pure-Python reference.
-test: setup setup-ha lint
+test: setup setup-ha lint rmq-clients
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -m codec $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no codec test
 
@@ -69,13 +88,17 @@ compose-check: setup
 compose-check-spark: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_spark.sh
 
-bench: setup
-	$(PY) bench/run.py $(BENCH_ARGS)
-	$(PY) bench/index_bench.py $(BENCH_ARGS)
-	$(PY) bench/compactor.py $(BENCH_ARGS)
-	$(PY) bench/txn.py $(filter --quick,$(BENCH_ARGS))
-	$(PY) bench/replication.py $(filter --quick,$(BENCH_ARGS))
+# Every script runs even when one before it failed (each writes what it measured); the exit status says
+# whether any failed. Disk: bench/README.md ("What it needs").
+BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py pop.py gateway.py replication.py
+bench: setup rmq-clients
+	@failed=""; for script in $(BENCH_SCRIPTS); do \
+	  args="$(BENCH_ARGS)"; case $$script in txn.py|pop.py|gateway.py|replication.py) args="$(filter --quick,$(BENCH_ARGS))";; esac; \
+	  echo "make bench: bench/$$script $$args"; \
+	  $(PY) bench/$$script $$args || failed="$$failed $$script"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed (the others ran; see above)" >&2; exit 1; fi
 
 clean:
-	rm -rf $(VENV) services/common/mqstore_rpc/gen build *.egg-info core/*.egg-info
+	rm -rf $(VENV) $(RMQ_VENV) $(NODE_CLIENT)/node_modules services/common/mqstore_rpc/gen build *.egg-info core/*.egg-info
 	rm -f core/mqstore/codec/*.c core/mqstore/codec/*.so

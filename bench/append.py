@@ -19,6 +19,7 @@ import time
 import grpc
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+import diskuse
 from procs import CODEC_COMPILED, CODEC_PYTHON, PY_SUFFIX, BenchError, GrpcServer, cpu_seconds, run_loadgen
 from redis_peer import RedisServer
 
@@ -118,6 +119,16 @@ def start_servers(work: pathlib.Path, codecs: tuple[str, ...]) -> dict[str, Grpc
     return servers
 
 
+def keep_within_budget(servers: dict[str, GrpcServer], log) -> None:
+    """Between two measurements: a mqstore server whose data passed the budget starts again empty (its
+    topic created again), so the group's disk use stays bounded (bench/diskuse.py)."""
+    for key, server in servers.items():
+        if server.data_dir is not None and diskuse.allocated_bytes(server.data_dir) > diskuse.SERVER_DATA_BUDGET_BYTES:
+            server.restart_empty().check_codec()
+            create_topic(server.target)
+            log("append", f"{key:8} data reset", {})
+
+
 def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: int, log,
         codecs: tuple[str, ...] = (CODEC_COMPILED, CODEC_PYTHON)) -> dict:
     """Returns {"runs": [...], "redis": [...], "memory": {...}, "servers": {...}}."""
@@ -141,6 +152,7 @@ def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: 
                         continue
                     ours[key].append(measure(server, shape, producers, timing, client_procs))
                     log("append", f"{key:8} {shape:14} {producers:2}p{tag}", ours[key][-1])
+                    keep_within_budget({key: server}, log)
                 if shape == "unary-100":
                     for fsync, server in redis.items():
                         theirs[fsync].append(server.measure(producers, timing["duration_s"], timing["redis_probe"]))

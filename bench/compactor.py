@@ -36,6 +36,7 @@ import sys
 import time
 import traceback
 
+import diskuse
 import grpc
 import groups
 from procs import PYTHON, GrpcServer
@@ -262,7 +263,8 @@ def build_rows(results: dict) -> list[dict]:
 def markdown(rows: list[dict], meta: dict, results: dict) -> str:
     lines = ["# Compactor benchmark", "",
              f"{meta['started']}, {meta['mode']} run, {meta['machine']}, git {meta['git']}.",
-             "Workloads: see bench/compactor.py's docstring. Ratios are measured in one run.", "",
+             "Workloads: see bench/compactor.py's docstring. Ratios are measured in one run. "
+             + diskuse.describe(meta), "",
              "| what | mqstore | comparison | ratio | target |", "|---|---|---|---|---|"]
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"

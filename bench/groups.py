@@ -5,7 +5,8 @@ and writing the results.
   hidden option of the script's own (the process it runs as a child); unknown options are ignored, as
   `make bench` passes run.py's options to every script.
 - Each chosen group runs in one temporary work directory; a group that fails is recorded as
-  ``{"error": ...}`` and the others still run; every process the procs module started is stopped.
+  ``{"error": ...}`` and the others still run; every process the procs module started is stopped, and the
+  group's data is deleted when it ends (bench/diskuse.py); the peak disk use goes into the results.
 - A full run writes ``bench/results/<stem>.json`` and ``.md``; ``--quick`` and ``--only`` runs write to
   ``bench/results/scratch/`` (ignored by git). The exit status is 1 when a group failed.
 """
@@ -23,10 +24,12 @@ import time
 import traceback
 from typing import Callable
 
+import diskuse
 import grpc
 from procs import git_rev, stop_all
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+LAST_DISK: dict = {}  # the disk use of the last run(): written into the results' meta by write()
 
 
 def parse(description: str, groups: tuple[str, ...], child_option: str, argv=None) -> argparse.Namespace:
@@ -46,23 +49,30 @@ def parse(description: str, groups: tuple[str, ...], child_option: str, argv=Non
 
 
 def run(name: str, table: tuple[tuple[str, Callable], ...], args: argparse.Namespace, cfg: dict) -> dict:
-    """{group: its result, or {"error": ...}} for the chosen groups of ``table`` (group, fn(work, cfg))."""
+    """{group: its result, or {"error": ...}} for the chosen groups of ``table`` (group, fn(work, cfg)).
+    The run's peak disk use is kept for :func:`write` (``LAST_DISK``)."""
     work = pathlib.Path(tempfile.mkdtemp(prefix=f"mqstore-{name}-bench-"))
     print(f"{name} bench: groups {', '.join(args.groups)}; work directory {work}", flush=True)
     results: dict = {}
+    watch = diskuse.DiskWatch(work)
     try:
-        for group, fn in table:
-            if group in args.groups:
-                try:
-                    results[group] = fn(work, cfg)
-                except Exception as exc:  # noqa: BLE001 - recorded in the results; the other groups still run
-                    traceback.print_exc()
-                    results[group] = {"error": f"{type(exc).__name__}: {exc}"}
-                    stop_all()
+        with watch:
+            for group, fn in table:
+                if group in args.groups:
+                    try:
+                        results[group] = fn(work, cfg)
+                    except Exception as exc:  # noqa: BLE001 - recorded in the results; the other groups still run
+                        traceback.print_exc()
+                        results[group] = {"error": f"{type(exc).__name__}: {exc}"}
+                        stop_all()
+                    finally:
+                        diskuse.prune(work)
     finally:
         stop_all()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    LAST_DISK.clear()
+    LAST_DISK.update(watch.report())
     return results
 
 
@@ -70,7 +80,7 @@ def write(name: str, args: argparse.Namespace, cfg: dict, started: str, elapsed_
           rows: list[dict], markdown: Callable[[list[dict], dict, dict], str], machine_extra: str = "") -> int:
     """Write the JSON and the Markdown of a run; the exit status (1 when a group failed)."""
     meta = {"started": started, "elapsed_s": elapsed_s, "mode": "quick" if args.quick else "full",
-            "groups": args.groups, "git": git_rev(), "config": cfg,
+            "groups": args.groups, "git": git_rev(), "config": cfg, **LAST_DISK,
             "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, grpcio {grpc.__version__}"
                        + machine_extra}
     out_dir = RESULTS_DIR / "scratch" if args.partial else RESULTS_DIR

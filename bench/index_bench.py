@@ -44,6 +44,7 @@ import time
 import grpc
 import structlog
 import groups
+import diskuse
 from procs import PYTHON, GrpcServer, cpu_seconds, spawn, stop
 
 GROUPS = ("index-build", "index-query")
@@ -358,7 +359,8 @@ def _fmt(value, unit: str) -> str:
 def markdown(rows: list[dict], meta: dict, results: dict) -> str:
     out = [f"# Index benchmark — {meta['started']}", "",
            f"{meta['machine']}; {meta['mode']} run took {meta['elapsed_s']:.0f} s; git {meta['git']}. "
-           "One run on a shared machine: read the ratios. Workloads: bench/index_bench.py's docstring.", "",
+           "One run on a shared machine: read the ratios. Workloads: bench/index_bench.py's docstring. "
+           + diskuse.describe(meta), "",
            "| workload | figure | p50 | comparison point (same run) | its figure | its p50 | ratio | target | notes |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

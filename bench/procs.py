@@ -19,6 +19,8 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import diskuse
+
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 PYTHON = sys.executable
 STARTED: list[subprocess.Popen] = []
@@ -89,11 +91,12 @@ def read_json_lines(path: pathlib.Path) -> list[dict]:
 
 
 def wait_for_event(proc: subprocess.Popen, log_path: pathlib.Path, event: str, timeout_s: float) -> dict:
-    """The first JSON log line with ``event``; BenchError if the process exits or the time runs out."""
+    """The first JSON log line with ``event`` from ``proc`` (a line naming another pid is an earlier
+    process's, in the same log file); BenchError if the process exits or the time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for e in read_json_lines(log_path):
-            if e.get("event") == event:
+            if e.get("event") == event and e.get("pid", proc.pid) == proc.pid:
                 return e
         if proc.poll() is not None:
             raise BenchError(f"{proc.args[:4]} exited with {proc.returncode} before {event}; see {log_path}: "
@@ -155,6 +158,7 @@ class GrpcServer:
         self.name, self.args, self.log_path = name, args, log_path
         self.env = {**os.environ, **env} if env else None
         self.codec = ""  # for a CommitLog server: the codec it must report (check_codec)
+        self.data_dir: pathlib.Path | None = None  # for a CommitLog server: its --data-dir
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -167,7 +171,7 @@ class GrpcServer:
         env = {"MQSTORE_PURE_PYTHON": "1" if codec == CODEC_PYTHON else "0"}
         suffix = "" if codec == CODEC_COMPILED else PY_SUFFIX
         server = cls(f"mqstore-{flush_mode}{suffix}", args, data_dir.parent / (log_name or f"{data_dir.name}.log"), env)
-        server.codec = codec
+        server.codec, server.data_dir = codec, data_dir
         return server
 
     @classmethod
@@ -191,6 +195,14 @@ class GrpcServer:
         self.port = started["port"]
         wait_serving(self.proc, self.port, timeout_s)
         return self
+
+    def restart_empty(self, timeout_s: float = 120.0) -> "GrpcServer":
+        """Stop a CommitLog server, delete its data and start it again on the empty directory (another
+        port, the same flags): how a benchmark keeps its disk use bounded."""
+        if self.stop() != 0:
+            raise BenchError(f"{self.name} exited uncleanly before its data was reset; see {self.log_path}")
+        diskuse.remove(self.data_dir)
+        return self.start(timeout_s)
 
     def check_codec(self) -> "GrpcServer":
         """Refuse to measure a server whose GetStoreInfo names another codec than asked for (e.g. a

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import diskuse
 from append import SHAPES
 from procs import PY_SUFFIX
 
@@ -229,7 +230,8 @@ def markdown(rows: list[dict], meta: dict, notes: list[str], profiles: dict | No
     lines = [f"# CommitLog benchmark — {meta['started']}", "",
              f"{meta['machine']}; {meta['mode']} run took {meta['elapsed_s']:.0f} s; git {meta['git']}. "
              "Figures are from one run on a shared machine: read the ratios, not the absolutes. "
-             "Latency is per call (one Append, one stream, one Pull). How to read this: bench/README.md.", ""]
+             "Latency is per call (one Append, one stream, one Pull). How to read this: bench/README.md. "
+             + diskuse.describe(meta), ""]
     for section, title in SECTIONS:
         chosen = [r for r in rows if r["section"] == section]
         if not chosen:

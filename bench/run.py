@@ -31,6 +31,7 @@ import traceback
 import grpc
 
 import append
+import diskuse
 import pyspy as profiling
 import reads
 import recovery
@@ -125,13 +126,17 @@ def _notes(args, results: dict, cfg: dict) -> list[str]:
     return notes
 
 
-def _run_group(name: str, fn, results: dict) -> None:
+def _run_group(name: str, fn, results: dict, work: pathlib.Path, keep: tuple[str, ...] = ()) -> None:
+    """Run one group; a failure is recorded and the next group still runs. Either way its servers' data
+    is deleted after it (but the directories in ``keep``, which a later group reads)."""
     try:
         results[name] = fn()
     except Exception as exc:  # noqa: BLE001 - recorded in the results and the exit status; other groups go on
         traceback.print_exc()
         results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         stop_all()
+    finally:
+        diskuse.prune(work, keep)
 
 
 def run_groups(args, cfg: dict, work: pathlib.Path, results: dict) -> None:
@@ -144,12 +149,14 @@ def run_groups(args, cfg: dict, work: pathlib.Path, results: dict) -> None:
                 note = None
             codecs = (CODEC_COMPILED, CODEC_PYTHON) if args.codec == "both" else (args.codec,)
             return append.run(work, cfg, note, args.client_procs, log, codecs)
-        _run_group("append", append_group, results)
+        _run_group("append", append_group, results, work)
     if "read" in args.groups:
         codecs = (CODEC_COMPILED, CODEC_PYTHON) if args.codec == "both" else (args.codec,)
-        _run_group("read", lambda: reads.run(work, cfg, log, codecs), results)
+        _run_group("read", lambda: reads.run(work, cfg, log, codecs), results, work)
     if "recovery" in args.groups or "profile" in args.groups:
-        _run_group("recovery", lambda: recovery.run(work, cfg, log), results)
+        # the profile group restarts the recovery group's log: kept until then
+        keep = ("recovery",) if "profile" in args.groups else ()
+        _run_group("recovery", lambda: recovery.run(work, cfg, log), results, work, keep)
     if "profile" in args.groups:
         profile_dir = RESULTS_DIR if not (args.quick or args.only) else RESULTS_DIR / "scratch"
         profile_dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +168,7 @@ def run_groups(args, cfg: dict, work: pathlib.Path, results: dict) -> None:
                     key = "recovery_checkpoint_" + ("removed" if removed else "kept")
                     found[key] = profiling.profile_recovery(work, profile_dir, cfg, log, removed)
             return found
-        _run_group("profile", profile_group, results)
+        _run_group("profile", profile_group, results, work)
 
 
 def main(argv=None) -> int:
@@ -173,8 +180,10 @@ def main(argv=None) -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-bench-"))
     results: dict = {}
     print(f"bench: groups {', '.join(args.groups)}; work directory {work}", flush=True)
+    watch = diskuse.DiskWatch(work)
     try:
-        run_groups(args, cfg, work, results)
+        with watch:
+            run_groups(args, cfg, work, results)
     finally:
         stop_all()
         if not args.keep:
@@ -189,7 +198,7 @@ def main(argv=None) -> int:
         if not ignore.exists():
             ignore.write_text("*\n!.gitignore\n")
     stem = "commitlog" + ("-quick" if args.quick else "") + (f"-{'-'.join(args.groups)}" if args.only else "")
-    meta = _meta(args, elapsed, started)
+    meta = {**_meta(args, elapsed, started), **watch.report()}
     report.write(out_dir, stem, results, rows, meta, _notes(args, results, cfg))
     print(report.markdown(rows, meta, []), flush=True)
     print(f"bench: wrote {out_dir / stem}.json and .md in {elapsed:.0f} s", flush=True)

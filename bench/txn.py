@@ -30,6 +30,7 @@ import time
 import grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import diskuse
 from procs import BenchError, spawn, stop, stop_all, wait_for_event
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
@@ -132,6 +133,7 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
                     results["txn"][name][n] = asyncio.run(run_txn(address, n, cfg))
                 finally:
                     stop(proc)
+                    diskuse.remove(data)
                 print("txn", name, n, results["txn"][name][n], flush=True)
     finally:
         stop(log_proc)
@@ -174,7 +176,8 @@ def _fmt(v) -> str:
 
 def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# Transaction service benchmark", "", f"{meta['when']} on {meta['machine']}; {meta['mode']} run, "
-             f"{meta['duration_s']} s windows after {meta['warmup_s']} s warm-up. Workload and variants: bench/txn.py.",
+             f"{meta['duration_s']} s windows after {meta['warmup_s']} s warm-up. Workload and variants: bench/txn.py. "
+             + diskuse.describe(meta),
              "", "| workload | figure | comparison point | comparison | ratio | target |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {_fmt(r['figure'])} | {r['comparison']} | {_fmt(r['comparison_figure'])} | "
               f"{_fmt(r['ratio'])} | {r['target'] or ''} |" for r in table]
@@ -207,8 +210,10 @@ def main(argv=None) -> int:
     out_dir = RESULTS / "scratch" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-txn-bench-"))
+    watch = diskuse.DiskWatch(work)
     try:
-        results = measure(cfg, work)
+        with watch:
+            results = measure(cfg, work)
     except BenchError as exc:
         print(f"txn bench failed: {exc}", file=sys.stderr)
         return 1
@@ -217,7 +222,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.node()} "
             f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)",
-            "mode": "quick" if args.quick else "full", **cfg}
+            "mode": "quick" if args.quick else "full", **cfg, **watch.report()}
     table = rows(results)
     (out_dir / "txn.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": results}, indent=1) + "\n")
     (out_dir / "txn.md").write_text(markdown(table, meta))

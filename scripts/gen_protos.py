@@ -1,10 +1,11 @@
 """Generate the Python gRPC stubs from protos/ into services/common/mqstore_rpc/gen/.
 
 protoc writes imports such as ``from mqstore.v1 import common_pb2``; ``mqstore`` is our core package,
-so the generated imports are rewritten to ``mqstore_rpc.gen.mqstore.v1``. etcd's v3 API protos (vendored
-under protos/etcd/ by scripts/vendor_etcd_protos.py, for the replication controller's etcd client) get
-the same treatment: ``from etcd.mvcc.mvccpb import kv_pb2`` -> ``mqstore_rpc.gen.etcd.mvcc.mvccpb``.
-Run: ``python scripts/gen_protos.py``.
+so the generated imports are rewritten to ``mqstore_rpc.gen.mqstore.v1``. The vendored RocketMQ 5 protocol
+(protos/apache/rocketmq/v2, see protos/apache/README.md) is generated the same way into
+``mqstore_rpc.gen.apache.rocketmq.v2``, and so are etcd's v3 API protos (vendored under protos/etcd/ by
+scripts/vendor_etcd_protos.py, for the replication controller's etcd client): ``from etcd.mvcc.mvccpb
+import kv_pb2`` -> ``mqstore_rpc.gen.etcd.mvcc.mvccpb``. Run: ``python scripts/gen_protos.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from grpc_tools import protoc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos"
 OUT_DIR = ROOT / "services" / "common" / "mqstore_rpc" / "gen"
-_IMPORT = re.compile(r"^from (mqstore\.v1|etcd\.[a-z.]+) import", re.MULTILINE)
+# protoc's import of a generated package -> where it lives under mqstore_rpc.gen
+_IMPORTS = {package: re.compile(rf"^from {re.escape(package)} import", re.MULTILINE)
+            for package in ("mqstore.v1", "apache.rocketmq.v2", "etcd.etcdserver.etcdserverpb", "etcd.mvcc.mvccpb",
+                            "etcd.auth.authpb")}
 
 
 def main() -> int:
@@ -30,14 +34,17 @@ def main() -> int:
     if protoc.main(args) != 0:
         print("protoc failed", file=sys.stderr)
         return 1
-    leaves = {OUT_DIR / pathlib.Path(proto).parent for proto in protos}
-    for pkg in sorted(leaves | {p for leaf in leaves for p in leaf.parents if OUT_DIR in p.parents}) + [OUT_DIR]:
-        (pkg / "__init__.py").touch()
-    for generated in [*(OUT_DIR / "mqstore").rglob("*.py*"), *(OUT_DIR / "etcd").rglob("*.py*")]:
-        text = generated.read_text()
-        fixed = _IMPORT.sub(r"from mqstore_rpc.gen.\1 import", text)
-        if fixed != text:
-            generated.write_text(fixed)
+    for package in _IMPORTS:
+        parts = package.split(".")
+        for depth in range(len(parts) + 1):
+            (OUT_DIR.joinpath(*parts[:depth]) / "__init__.py").touch()
+    for package in _IMPORTS:  # a package may import another (etcd's rpc imports its kv and auth)
+        for generated in OUT_DIR.joinpath(*package.split(".")).glob("*.py*"):
+            text = fixed = generated.read_text()
+            for imported, pattern in _IMPORTS.items():
+                fixed = pattern.sub(f"from mqstore_rpc.gen.{imported} import", fixed)
+            if fixed != text:
+                generated.write_text(fixed)
     print(f"generated {len(protos)} protos into {OUT_DIR.relative_to(ROOT)}")
     return 0
 

@@ -24,16 +24,25 @@ runs long checks :attr:`Duty.stopping` or waits with :meth:`Duty.sleep`.
 
 Thread-safety: ``start``, ``stop``, ``wake``, ``state`` and ``problem`` may be called from any thread;
 ``step`` runs only on the duty's thread.
+
+:class:`Workers` is the same model for work handed over by other threads (the answers of a check-back
+stream, each stream's reader): a fixed number of named threads, a bounded queue (``submit`` waits while
+it is full: back-pressure, never an unbounded backlog), start, stop(timeout), and the same rule for a
+task that raises something other than the errors it was written to handle: a bug, logged as
+``workers.task_failed`` and named by ``problem()`` (health NOT_SERVING); the worker goes on.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import structlog
 
-from mqstore.errors import MqStoreError
+from mqstore.errors import MqStoreError, Unavailable
 from mqstore.failpoints import FailpointHit
 
 log = structlog.get_logger("mqstore.background")
@@ -176,3 +185,91 @@ class Duty:
 
     def on_died(self, exc: BaseException) -> None:
         """Called on the duty's thread after a bug killed the loop (e.g. wake waiters with an error)."""
+
+
+class Workers:
+    """``workers`` named threads (``name-0``, ...) running tasks from a queue of at most ``max_queued``.
+    Thread-safe: any thread may submit, stop or read the state."""
+
+    def __init__(self, name: str, *, workers: int, max_queued: int):
+        if workers <= 0 or max_queued <= 0:
+            raise ValueError(f"workers and max_queued must be positive, got {workers}, {max_queued}")
+        self.name, self.workers = name, workers
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(max_queued)
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._busy = self._done = 0
+        self._bug = ""
+
+    def start(self) -> None:
+        with self._lock:
+            if self._threads:
+                raise RuntimeError(f"workers {self.name} were started already")
+            self._threads = [threading.Thread(target=self._run, name=f"{self.name}-{i}", daemon=True)
+                             for i in range(self.workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, task: Callable[[], None], timeout_s: float) -> None:
+        """Queue ``task``; waits up to ``timeout_s`` while the queue is full. Unavailable when stopping or
+        still full then (the caller decides: a stream reader passes the wait on to its producer)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._stopping:
+                    raise Unavailable(f"{self.name}: stopping, the task was not taken")
+            try:
+                self._queue.put(task, timeout=min(0.1, max(deadline - time.monotonic(), 0)))
+                return
+            except queue.Full:
+                if time.monotonic() >= deadline:
+                    raise Unavailable(f"{self.name}: {self._queue.maxsize} tasks are queued already "
+                                      f"({self.workers} workers) after {timeout_s:.1f} s; retry") from None
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Take no more tasks; queued ones still run; wait up to ``timeout_s`` for the threads."""
+        with self._lock:
+            self._stopping = True
+            threads = list(self._threads)
+        deadline = time.monotonic() + timeout_s
+        for _ in threads:
+            while True:  # one sentinel per thread, behind the queued tasks
+                try:
+                    self._queue.put(None, timeout=0.1)
+                    break
+                except queue.Full:
+                    if time.monotonic() >= deadline:
+                        break
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0))
+        alive = [t.name for t in threads if t.is_alive()]
+        if alive:
+            log.error("workers.stop_timeout", workers=self.name, alive=alive, timeout_s=timeout_s)
+        return not alive
+
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def problem(self) -> str:
+        with self._lock:
+            return f"workers {self.name}: a task failed with a bug: {self._bug}" if self._bug else ""
+
+    def _run(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            with self._lock:
+                self._busy += 1
+            try:
+                task()
+            except BaseException as exc:  # a bug of the task (it handles its expected errors): reported
+                log.exception("workers.task_failed", workers=self.name)
+                with self._lock:
+                    self._bug = f"{type(exc).__name__}: {exc}"
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._done += 1

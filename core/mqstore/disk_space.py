@@ -52,6 +52,8 @@ class SpaceReserve:
                 return True
         except FileNotFoundError:
             pass
+        # Not made durable (the creation rule of mqstore.fs): the reserve is no data, and one lost to a
+        # power cut is allocated again at the next start.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.posix_fallocate(fd, 0, self.size_bytes)

@@ -77,6 +77,13 @@ class ReplicationTimeout(Unavailable):
     by a later failover, and a retry may duplicate it."""
 
 
+class OutcomeUnknown(Unavailable):
+    """A write to another service failed in a way that does not prove nothing was written (the
+    connection dropped, a deadline passed, the peer died or timed out its fsync): it may have landed.
+    The caller must find out from the log before deciding again (the Transaction service's
+    "outcome unknown" state); retrying the same write blindly could apply it twice."""
+
+
 class DataLoss(MqStoreError):
     """Stored bytes fail their checks (CRC, length); nothing from them is served. When one stored
     record is known to be bad, ``physical_offset`` (and for a queue read ``queue_offset``) say which,
@@ -105,3 +112,55 @@ def invariant(condition: bool, message: str) -> None:
     """Check an internal invariant; unlike ``assert`` this survives ``python -O``."""
     if not condition:
         raise InvariantViolation(message)
+
+
+# ---- refusals of the RocketMQ 5 gateway (core/mqstore/gateway) -------------------------------------
+# The RocketMQ 5 protocol names these cases with codes of its own (gateway_service.status maps each to
+# its apache.rocketmq.v2.Code); through mqstore's own gRPC mapping they are the statuses of their bases.
+
+class TopicNotFound(NotFound):
+    """The topic does not exist (RocketMQ 5: TOPIC_NOT_FOUND)."""
+
+
+class IllegalPropertyKey(InvalidArgument):
+    """A user property uses a name the gateway sets itself (RocketMQ 5: ILLEGAL_MESSAGE_PROPERTY_KEY)."""
+
+
+class IllegalMessageId(InvalidArgument):
+    """A message without a usable message id (RocketMQ 5: ILLEGAL_MESSAGE_ID)."""
+
+
+class IllegalFilterExpression(InvalidArgument):
+    """A filter expression the gateway cannot apply (RocketMQ 5: ILLEGAL_FILTER_EXPRESSION)."""
+
+
+class IllegalInvisibleTime(InvalidArgument):
+    """An invisible duration outside the allowed range (RocketMQ 5: ILLEGAL_INVISIBLE_TIME)."""
+
+
+class InvalidReceiptHandle(InvalidArgument):
+    """A receipt handle that does not parse, or no longer works (RocketMQ 5: INVALID_RECEIPT_HANDLE)."""
+
+
+class InvalidTransactionId(InvalidArgument):
+    """A transaction id that names no transaction (RocketMQ 5: INVALID_TRANSACTION_ID)."""
+
+
+class PropertyConflictsWithType(InvalidArgument):
+    """A message whose fields disagree with its type (RocketMQ 5: MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)."""
+
+
+class ClientIdRequired(InvalidArgument):
+    """A call without the x-mq-client-id header (RocketMQ 5: CLIENT_ID_REQUIRED)."""
+
+
+class IllegalAccessPoint(InvalidArgument):
+    """A route query without the endpoints the client used (RocketMQ 5: ILLEGAL_ACCESS_POINT)."""
+
+
+class BodyTooLarge(InvalidArgument):
+    """A message body over the advertised limit (RocketMQ 5: MESSAGE_BODY_TOO_LARGE)."""
+
+
+class Unsupported(FailedPrecondition):
+    """A message type the gateway does not serve (RocketMQ 5: UNSUPPORTED)."""

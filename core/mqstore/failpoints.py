@@ -41,6 +41,12 @@ KNOWN = frozenset({
     # replication (core/mqstore/replication/README.md says what a crash at each step leaves):
     "replication.epochs.before_rename",  # temp epoch file written and fsynced, not yet renamed
     "replication.truncate.after_copy",   # .broken copies of a diverged tail durable, the log not yet cut
+    # pop consumption (core/mqstore/pop; consumer.proto says what a crash at each step means):
+    "pop.receive.after_ck",      # a receive's CK records are appended, nothing in flight in memory, not answered
+    "pop.ack.after_record",      # an ACK record is appended, the entries not yet ended in memory, not answered
+    "pop.change.after_ck",       # ChangeInvisibleDuration's new CK is appended, the entry not yet replaced
+    "pop.forward.after_copy",    # ForwardToDeadLetter's DLQ copy and ACK are appended, not answered
+    "pop.revive.after_copy",     # expired messages copied to a retry topic or DLQ, their ACK not yet written
 })
 
 _armed: dict[str, str] = {}

@@ -1,4 +1,22 @@
-"""The one protocol for replacing files, and the only module that renames them.
+"""The one protocol for replacing files, the only module that renames them, and the rule for creating them.
+
+Creating a file or a directory (the creation rule): a power cut keeps only what was made durable.
+The entry of a new file in its directory survives only once the directory is fsynced, and its size
+(set by fallocate, ftruncate or writes) only once the file is fsynced or fdatasynced. So every file
+or directory the store creates is made durable before anything relies on it (an acknowledged write,
+a checkpoint or manifest that counts on it):
+
+  - a file: fsync it once its size and first bytes are set, then fsync its directory
+    (:func:`sync_created`); replace_file, copy_durably and install do this for the files they write;
+  - a directory: :func:`make_dirs`, which fsyncs the parent of each directory it creates.
+
+A site may defer this to a later point off the hot path (consume queue files and directories are made
+durable by the checkpoint that first counts on them), or skip it for a file that is not data: a lock
+file, a temporary file, a file derived from the commit log that start rebuilds when it is missing or
+cut short. Each creation site says which in a comment naming this rule. Start removes what a cut
+leaves of a creation that was not yet durable (empty trailing segments: SegmentQueue.load).
+Deleting needs no fsync where a deletion undone by a power cut is redone on start (retention,
+leftovers); it needs one where later writes count on the file being gone (truncation).
 
 replace_file(path, data): write ``path.tmp``, fsync it, rename over ``path``, fsync the directory.
 After a crash at any step either the old or the new content is at ``path``; a leftover ``*.tmp`` is
@@ -79,6 +97,42 @@ def fsync_dir(directory: pathlib.Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_created(fd: int, path: pathlib.Path) -> None:
+    """Make the creation of the file open as ``fd`` at ``path`` durable (the creation rule): its size
+    and contents so far, then its entry in its directory."""
+    os.fsync(fd)
+    fsync_dir(path.parent)
+
+
+def make_dirs(directory: pathlib.Path, *, sync: bool = True) -> list[pathlib.Path]:
+    """``mkdir -p``; returns the directories it created, parents first. With ``sync`` each one's entry
+    is made durable at once (the creation rule: its parent is fsynced); without, the caller must
+    :func:`sync_dirs` them before anything counts on them."""
+    missing = []
+    at = directory
+    while not at.is_dir():
+        missing.append(at)
+        at = at.parent
+    created = []
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            # made meanwhile by another thread, whose sync may not have run yet: sync it here too
+        created.append(path)
+    if sync:
+        sync_dirs(created)
+    return created
+
+
+def sync_dirs(created: Sequence[pathlib.Path]) -> None:
+    """Make the entries of the directories ``created`` (by :func:`make_dirs`) durable."""
+    for parent in dict.fromkeys(path.parent for path in created):
+        fsync_dir(parent)
 
 
 def replace_file(path: pathlib.Path, data: bytes, *, before_rename=None) -> None:

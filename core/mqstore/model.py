@@ -44,6 +44,9 @@ class MessageIn:
     born_port: int = 0
     sys_flag: int = 0
     prepared_transaction_offset: int = 0
+    # RECONSUMETIMES: set only through the store's internal way (system_writer): pop consumption's retry
+    # copies, the services of CommitLogInternal. The public Append leaves it 0.
+    reconsume_times: int = 0
 
 
 @dataclass(slots=True)

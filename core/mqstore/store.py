@@ -1,9 +1,10 @@
 """MessageStore: the facade every service and the CLI call; the composition of the storage core.
 
 Start-up (``start``): take the directory lock; resolve leftover temp files; read the checkpoint; load
-segments; re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments``
-segments and everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn
-tail cut, corruption refuses to start; the checkpoint then records the range checked); load consume
+segments, removing the empty ones a power cut left past its flushed offset (mqstore.log.segment);
+re-check the log (CRC included) from recovery.check_start: the last ``recheck_segments`` segments and
+everything past the checkpoint's flushed offset, or all of it (mqstore.log.recovery: torn tail cut,
+corruption refuses to start; the checkpoint then records the range checked); load consume
 queues and cut entries past the log end; replay records from the checkpoint's dispatched offset
 (from the log's start when the checkpoint or the consume queue directory is missing); rebuild the
 queue offset table; fsync; write the abort marker; start threads.
@@ -49,6 +50,7 @@ from mqstore.meta import MetadataStore
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
                            AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, RawPullResult,
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
+from mqstore.pop import copies as pop_copies
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
 from mqstore.replication import log_ops
@@ -114,7 +116,7 @@ class MessageStore:
         return self.config.data_dir / "checkpoint"
 
     def start(self) -> None:
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(self.config.data_dir)  # the creation rule (mqstore.fs)
         self._take_lock()
         try:
             self._start_locked()
@@ -132,8 +134,11 @@ class MessageStore:
         unclean = self.abort_path.exists()
         cp = self._read_checkpoint()
         cq_root_existed = cfg.consumequeue_dir.is_dir()
+        # The default SQLite file is created here by SQLite, which does not fsync the directory of a new
+        # database: the checkpoint written below, in the same directory, makes its entry durable.
         self.topics.open(MetadataStore(cfg.metadata_url_resolved, self.clock))
-        self.segments.load()
+        # Trailing segments past the flushed offset that a power cut left empty are removed (segment.py).
+        self.segments.load(empty_tail_from=cp.flushed_physical_offset if cp else None)
         start = cp.flushed_physical_offset if cp else self.segments.min_offset
         check_from = check_start(self.segments, cp.flushed_physical_offset if cp else None, cfg.recheck_segments,
                                  cfg.check_all)
@@ -184,6 +189,8 @@ class MessageStore:
         log.info("store.stopped", end_offset=self.commitlog.written_offset)
 
     def _take_lock(self) -> None:
+        # Not made durable (the creation rule of mqstore.fs): the lock is the flock, not the file's bytes;
+        # a lock file lost to a power cut is created again here.
         fd = os.open(self.config.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -233,12 +240,17 @@ class MessageStore:
     def _write_checkpoint_locked(self) -> bool:
         dispatched = self.dispatcher.dispatched_offset
         logics_ts = self.dispatcher.logics_msg_timestamp_ms
+        # Taken before the flushes: it counts only entries they make durable (entries dispatched
+        # meanwhile are not flushed here, and a manifest counting them could come back from a power cut
+        # longer than its queues, which start would then rebuild from the log's start).
+        manifest = self.dispatcher.manifest()
         for cq in list(self.queues.queues.values()):
-            cq.flush()
+            cq.flush()  # with the creation of its new files made durable: the manifest counts on them
+        self.queues.sync_created_dirs()
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
                               logics_ts, self.clock.now_ms(), *self._checked)
         try:
-            fs.replace_file(self.manifest_path, self.dispatcher.manifest())
+            fs.replace_file(self.manifest_path, manifest)
             fs.replace_file(self.checkpoint_path, cpfmt.encode(cp),
                             before_rename=lambda: failpoints.hit("checkpoint.before_rename"))
         except OSError as exc:
@@ -282,7 +294,9 @@ class MessageStore:
         self.gate.begin_append(sync_replication)
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
-        if system_writer:  # "" is no writer, as None: the owner check below names the owner
+        if system_writer == topic_rules.OWNER_POP:
+            pop_copies.check_internal_append(rec, messages)
+        elif system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
@@ -335,6 +349,14 @@ class MessageStore:
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.topics.query_offset(group, topic, queue_id)
 
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
+        self.topics.commit_offsets(rows)
+
+    def ensure_pop_topic(self, name: str) -> TopicRecord:
+        """A retry or dead-letter topic of pop consumption, created (one queue) when missing."""
+        return self.topics.ensure_pop_topic(name)
+
     def _drop_queues(self, topic: str) -> None:
         with self.dispatcher.lock:
             self.queues.drop_topic(topic)
@@ -345,6 +367,16 @@ class MessageStore:
         if not 0 <= queue_id < rec.queue_count:
             raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
         return rec, self.queues.get(topic, queue_id)
+
+    def max_offsets(self, queues: Sequence[tuple[str, int]]) -> list[int]:
+        """The max offset of each (topic, queue id), 0 for a queue (or topic) that holds nothing yet: no
+        checks, no lock (pop consumption's long poll asks it on every dispatch)."""
+        get = self.queues.queues.get
+        return [cq.max_offset if (cq := get(key)) is not None else 0 for key in queues]
+
+    def flushed_offset(self) -> int:
+        """Physical offset up to which the log is fsynced."""
+        return self.flusher.flushed_offset if self.flusher else 0
 
     def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
         _, cq = self._queue(topic, queue_id)
@@ -381,6 +413,13 @@ class MessageStore:
         if cq is None or offset >= cq.max_offset:
             return result([], offset, lo, cq.max_offset if cq else hi)
         return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at)
+
+    def wait_for_messages(self, ready: Callable[[], bool], wait_ms: int) -> bool:
+        """Wait up to ``wait_ms`` until ``ready()`` (checked on every dispatch of new records), as a Pull's
+        long poll, sharing its ``max_long_poll_waiters`` slots: with none free it answers at once. Returns
+        ``ready()``'s last value."""
+        self._check_running()
+        return self._long_polls.wait_for(ready, min(max(wait_ms, 0), MAX_LONG_POLL_MS), lambda: self._running)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
         self._check_running()
@@ -526,9 +565,6 @@ class MessageStore:
 
     def log_min(self) -> int:
         return self.commitlog.min_offset
-
-    def flushed_offset(self) -> int:
-        return self.flusher.flushed_offset
 
     def replica_chunk(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """The leader's side: whole records from ``offset`` (a record start), for a replica."""

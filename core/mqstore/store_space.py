@@ -75,6 +75,8 @@ class DiskSpace:
         """The marker that tells the next start this one did not stop cleanly. False when the disk has
         no room for it: the store must then stay read-only, or a crash would go unnoticed."""
         try:
+            # The creation rule (mqstore.fs): the marker's entry must survive a power cut, its bytes
+            # (the pid, for people) need not, so only the directory is fsynced.
             self.abort_path.write_text(str(os.getpid()))
             fs.fsync_dir(self.config.data_dir)
         except OSError as exc:

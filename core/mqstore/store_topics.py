@@ -10,12 +10,12 @@ serialise on ``_lock``, which is held while the metadata database is written.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import structlog
 
 from mqstore import topics as topic_rules
-from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
+from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OutOfRange, invariant
 from mqstore.meta import MetadataStore
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, KIND_SYSTEM, QueueInfo, TopicRecord
 
@@ -74,8 +74,13 @@ class TopicRegistry:
 
     def check_system_writer(self, topic: TopicRecord, system_writer: str | None) -> None:
         """System topics are written only by the service that owns them (``system_writer`` names it;
-        the gRPC Append never sets it). Other topics take appends from anybody."""
+        the gRPC Append never sets it), and so are pop consumption's retry and dead-letter topics.
+        Other topics take appends from anybody."""
         if topic.kind != KIND_SYSTEM:
+            if topic_rules.is_pop_owned_topic(topic.name) and system_writer != topic_rules.OWNER_POP:
+                raise FailedPrecondition(f"topic {topic.name!r} is a retry or dead-letter topic: only "
+                                         f"{topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_POP]} writes it; "
+                                         f"append to a topic of your own")
             return
         owner = topic_rules.system_topic_owner(topic.name)
         if not owner or system_writer != owner:
@@ -87,6 +92,24 @@ class TopicRegistry:
         topic_rules.validate_topic_name(name)
         if topic_rules.is_system_topic(name) or kind == KIND_SYSTEM:
             raise FailedPrecondition(f"topic {name!r}: system topics are created by the store itself")
+        if topic_rules.is_pop_owned_topic(name):
+            raise FailedPrecondition(f"topic {name!r}: retry (%RETRY%) and dead-letter (%DLQ%) topics are created "
+                                     f"by pop consumption when it first needs them")
+        return self._create(name, queue_count, kind, retention_ms)
+
+    def ensure_pop_topic(self, name: str) -> TopicRecord:
+        """The retry or dead-letter topic ``name`` (one queue, NORMAL), created if missing: pop consumption's
+        own way past :meth:`create`'s refusal of those names."""
+        invariant(topic_rules.is_pop_owned_topic(name), f"{name!r} is a retry or dead-letter topic name")
+        found = self._topics.get(name)
+        if found is not None:
+            return found
+        try:
+            return self._create(name, 1, KIND_NORMAL, 0)
+        except AlreadyExists:  # created by a concurrent caller since the lookup
+            return self.get(name)
+
+    def _create(self, name: str, queue_count: int, kind: str, retention_ms: int) -> TopicRecord:
         queue_count = queue_count or self.default_queue_count
         topic_rules.validate_queue_count(queue_count)
         if retention_ms < 0:
@@ -143,13 +166,19 @@ class TopicRegistry:
 
     # ---- consumer offsets
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        topic_rules.validate_group_name(group)
-        info = self._queue_info(topic, queue_id)
-        if offset < 0 or offset > info.max_offset:
-            raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
-                             min_value=0, max_value=info.max_offset)
+        self.commit_offsets([(group, topic, queue_id, offset)])
+
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """Several (group, topic, queue id, offset) at once, in one transaction; each checked as by
+        :meth:`commit_offset`."""
+        for group, topic, queue_id, offset in rows:
+            topic_rules.validate_group_name(group)
+            info = self._queue_info(topic, queue_id)
+            if offset < 0 or offset > info.max_offset:
+                raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
+                                 min_value=0, max_value=info.max_offset)
         self._refuse_write()
-        self.meta.commit_offset(group, topic, queue_id, offset)
+        self.meta.commit_offsets(rows)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         topic_rules.validate_group_name(group)

@@ -24,17 +24,27 @@ SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 # ``system_writer`` must give to write there. Clients never write system topics.
 OWNER_TRANSACTION = "txn"
 OWNER_SCHEDULE = "schedule"
+OWNER_POP = "pop"
+REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
 SYSTEM_TOPIC_OWNERS = {
     "RMQ_SYS_TRANS_HALF_TOPIC": OWNER_TRANSACTION,  # half (prepared) transaction messages
     "RMQ_SYS_TRANS_OP_HALF_TOPIC": OWNER_TRANSACTION,  # OP records: which half messages are resolved
     "TRANS_CHECK_MAX_TIME_TOPIC": OWNER_TRANSACTION,  # half messages that ran out of check-backs
     "SCHEDULE_TOPIC_XXXX": OWNER_SCHEDULE,  # delayed messages (tag code = delivery time)
+    REVIVE_TOPIC: OWNER_POP,  # pop consumption's in-flight state: CK and ACK records (mqstore.pop.records)
 }
 OWNER_DESCRIPTIONS = {
     OWNER_TRANSACTION: "the Transaction service",
     OWNER_SCHEDULE: "the delayed-message scheduler",
+    OWNER_POP: "pop consumption, the Consumer service of the commit log",
 }
 SYSTEM_TOPICS = frozenset(SYSTEM_TOPIC_OWNERS)
+
+# Pop consumption's per-group topics (RocketMQ's names): NORMAL topics that anybody may read (Pull),
+# created on demand and written only by pop consumption (OWNER_POP), never by CommitLog.Append.
+RETRY_TOPIC_PREFIX = "%RETRY%"
+DLQ_TOPIC_PREFIX = "%DLQ%"
+POP_OWNED_PREFIXES = (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)
 
 
 def validate_topic_name(name: str) -> None:
@@ -55,6 +65,29 @@ def is_system_topic(name: str) -> bool:
 def system_topic_owner(name: str) -> str:
     """The owner (a SYSTEM_TOPIC_OWNERS value) of a system topic; "" for a name nobody owns."""
     return SYSTEM_TOPIC_OWNERS.get(name, "")
+
+
+def is_pop_owned_topic(name: str) -> bool:
+    """True for a retry (%RETRY%...) or dead-letter (%DLQ%...) topic: written only by pop consumption."""
+    return name.startswith(POP_OWNED_PREFIXES)
+
+
+def retry_topic(group: str, topic: str) -> str:
+    """``%RETRY%{group}_{topic}``, the group's retry topic for ``topic``; InvalidArgument when the name
+    does not fit a topic name (a V1 record holds at most 127 bytes of topic)."""
+    return _pop_topic_name(f"{RETRY_TOPIC_PREFIX}{group}_{topic}", "group and topic")
+
+
+def dlq_topic(group: str) -> str:
+    """``%DLQ%{group}``, the group's dead-letter topic."""
+    return _pop_topic_name(f"{DLQ_TOPIC_PREFIX}{group}", "group")
+
+
+def _pop_topic_name(name: str, what: str) -> str:
+    if len(name) > TOPIC_NAME_MAX_CHARS:
+        raise InvalidArgument(f"the {what} are too long for pop consumption: its topic {name[:40]}... would have "
+                              f"{len(name)} characters, the limit is {TOPIC_NAME_MAX_CHARS}; use shorter names")
+    return name
 
 
 def validate_queue_count(queue_count: int) -> None:

@@ -6,15 +6,22 @@ store (MessageStore.append with ``system_writer``) checks them with :func:`check
   record          topic                          SYSFLAG tx type  properties
   --------------- ------------------------------ ---------------- -----------------------------------------
   half message    RMQ_SYS_TRANS_HALF_TOPIC q0    NOT (0)          REAL_TOPIC, REAL_QID, TRAN_MSG=true, PGROUP,
-                                                                  __transactionId__, user properties
-  real (commit)   REAL_TOPIC / REAL_QID          COMMIT (0x8)     the half's minus REAL_*/TRAN_MSG;
-                                                                  PREPAREDTRANSACTIONOFFSET = half's offset
+                                                                  __transactionId__, TRAN_ATTEMPT, TRAN_DIGEST,
+                                                                  user properties
+  real (commit)   REAL_TOPIC / REAL_QID          COMMIT (0x8)     the half's minus REAL_*/TRAN_MSG/TRAN_ATTEMPT/
+                                                                  TRAN_DIGEST; PREPAREDTRANSACTIONOFFSET = the
+                                                                  half's offset
   OP message      RMQ_SYS_TRANS_OP_HALF_TOPIC q0 NOT              tag ``d``; body ``"17,18,23,"`` (half queue
                                                                   offsets, ASCII, each followed by ``,``)
   parked          TRANS_CHECK_MAX_TIME_TOPIC q0  NOT              the half's, TRANSACTION_CHECK_TIMES
 
 The half is NOT_TYPE (not PREPARED) so that it gets a queue offset and a consume-queue entry in the
-half topic: the OP body names halves by that queue offset.
+half topic: the OP body names halves by that queue offset. Two properties are this service's own
+(RocketMQ has neither): TRAN_ATTEMPT names the Prepare call that appended the half (16 hex digits,
+the same on every half of the call), so that a Prepare appended twice is told apart from one of two
+messages; TRAN_DIGEST is the digest of the Prepare request (32 hex digits), so that an identical retry
+gets the first answer also after a restart. CHECK_IMMUNITY_TIME_IN_SECONDS is RocketMQ's: a producer
+sets it on a message to delay its first check-back.
 """
 
 from __future__ import annotations
@@ -35,11 +42,17 @@ PROPERTY_TRAN_MSG = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_TRANSACTION_ID = "__transactionId__"
 PROPERTY_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+PROPERTY_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # the producer's first-check delay, seconds
+PROPERTY_ATTEMPT = "TRAN_ATTEMPT"
+PROPERTY_DIGEST = "TRAN_DIGEST"
+MAX_CHECK_IMMUNITY_S = 7 * 24 * 3600  # longer would outlive the log's default retention (72 h) anyway
 # Delivery-delay properties of RocketMQ 4 and 5: delay + transaction loops HALF <-> SCHEDULE (#1540).
 DELAY_PROPERTIES = ("DELAY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "__STARTDELIVERTIME")
 # Properties the service writes itself: a producer may not set them.
 RESERVED_PROPERTIES = (PROPERTY_TRAN_MSG, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_ID, PROPERTY_CHECK_TIMES,
-                       "REAL_TOPIC", "REAL_QID")
+                       PROPERTY_ATTEMPT, PROPERTY_DIGEST, "REAL_TOPIC", "REAL_QID")
+# A half's properties that its real (COMMIT) message does not carry.
+HALF_ONLY_PROPERTIES = ("REAL_TOPIC", "REAL_QID", PROPERTY_TRAN_MSG, PROPERTY_ATTEMPT, PROPERTY_DIGEST)
 
 
 def tx_type(sys_flag: int) -> int:
@@ -65,6 +78,19 @@ def check_message_properties(index: int, properties: dict[str, str]) -> None:
         if name in properties:
             raise InvalidArgument(f"messages[{index}].properties[{name!r}] is set by the Transaction service; "
                                   f"remove it")
+    immunity = properties.get(PROPERTY_CHECK_IMMUNITY)
+    if immunity is not None and not (_is_number(immunity) and int(immunity) <= MAX_CHECK_IMMUNITY_S):
+        raise InvalidArgument(f"messages[{index}].properties[{PROPERTY_CHECK_IMMUNITY!r}]: give whole seconds in "
+                              f"[0, {MAX_CHECK_IMMUNITY_S}] (the delay before the first check-back)")
+
+
+def immunity_ms(value: str) -> int:
+    """CHECK_IMMUNITY_TIME_IN_SECONDS as milliseconds; 0 when absent or not a number (records of others)."""
+    return min(int(value), MAX_CHECK_IMMUNITY_S) * 1000 if _is_number(value) else 0
+
+
+def _is_number(value: str) -> bool:
+    return 0 < len(value) <= 12 and value.isascii() and value.isdigit()
 
 
 def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn], writer: str) -> None:

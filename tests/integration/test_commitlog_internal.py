@@ -77,6 +77,21 @@ def test_owner_writes_its_topics_and_commit_records_carry_flag_offset_and_born_h
     assert client.queue_info("orders", 0).max_offset == 1  # visible to consumers with a queue offset
 
 
+def test_reconsume_times_go_through_the_internal_way_only(served):
+    client, stub, internal = served
+    create(stub, "orders")
+    (c,) = client.internal_append("orders", [dataclasses.replace(commit_of(0), reconsume_times=3)], writer="txn",
+                                  token=TOKEN)
+    assert client.get_messages_batch([c.physical_offset])[0].message.record.reconsume_times == 3
+    bad = pb.InternalAppendRequest(topic=HALF_TOPIC, writer="txn", messages=[pb.InternalMessage(
+        message=common_pb2.MessageInput(body=b"x"), reconsume_times=-1)])
+    with pytest.raises(grpc.RpcError) as info:
+        internal.Append(bad, timeout=10, metadata=(("mqstore-internal-token", TOKEN),))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "reconsume_times" in info.value.details()
+    (plain,) = client.append("orders", [MessageIn(b"public")])  # the public Append has no such field: 0
+    assert client.get_messages_batch([plain.physical_offset])[0].message.record.reconsume_times == 0
+
+
 def test_refusals_name_the_rule(served):
     client, stub, _ = served
     create(stub, "orders")

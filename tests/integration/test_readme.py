@@ -144,9 +144,10 @@ class Shell:
 class Launcher:
     """``python -m mqstore_rpc.launcher`` as ``make run`` runs it; stdout read by a thread."""
 
-    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int]):
+    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int, int]):
         command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir),
-                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2])]
+                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2]),
+                   "--gateway-port", str(ports[3])]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -184,12 +185,13 @@ def test_readme_marks_the_blocks_it_promises():
     commands = runnable_commands(README.read_text())
     assert commands[0] == "source .venv/bin/activate"
     for expected in ("grpcurl -plaintext", "mqstore.v1.CommitLog/Append", "mqstore.v1.Index/QueryByKey",
-                     "mqstore send demo", "mqstore query id demo", "mqstore get ", "--follow", "/Tail"):
+                     "mqstore send demo", "mqstore query id demo", "mqstore get ", "--follow", "/Tail",
+                     "mqstore receive demo", "xargs mqstore ack demo", "mqstore.v1.Consumer/Receive"):
         assert any(expected in c for c in commands), f"no runnable README command contains {expected!r}"
 
 
 def test_readme_and_banner_examples_run_as_written(tmp_path):
-    ports = (free_port(), free_port(), free_port())
+    ports = (free_port(), free_port(), free_port(), free_port())
     launcher = Launcher(tmp_path / "data", ports)
     try:
         banner = launcher.banner()
@@ -199,7 +201,8 @@ def test_readme_and_banner_examples_run_as_written(tmp_path):
         assert shell.msg_id and shell.uniq_key and shell.msg_id != shell.uniq_key
         commands = banner_commands(banner)
         assert f"export MQSTORE_ADDRESS={shell.log_address} MQSTORE_INDEX_ADDRESS={shell.index_address} " \
-               f"MQSTORE_TXN_ADDRESS={shell.txn_address}" in commands, banner
+               f"MQSTORE_TXN_ADDRESS={shell.txn_address} MQSTORE_GATEWAY_ADDRESS=127.0.0.1:{ports[3]}" in commands, \
+            banner
         banner_shell = Shell(shell.log_address, shell.index_address, shell.txn_address)
         for command in commands:
             banner_shell.run(command)

@@ -114,9 +114,39 @@ def test_a_duty_killed_by_a_bug_turns_health_not_serving():
         assert "InvariantViolation: offsets went backwards" in duties[0].problem()
 
 
+def test_a_service_not_ready_at_start_is_not_serving_until_it_says_it_is():
+    ready = threading.Event()
+    parts_seen: list[service.Composition] = []
+
+    def compose(config, parts: service.Composition) -> None:
+        parts.add_health_problem(lambda: "" if ready.is_set() else "recovering")
+        parts_seen.append(parts)
+
+    with service.serving(skeleton(compose), Config()) as (_, port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def status() -> int:
+            return health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S).status
+
+        assert status() == health_pb2.HealthCheckResponse.NOT_SERVING  # from the first answer (SERVING before)
+        ready.set()
+        parts_seen[0].health_changed()  # the monitor polls now
+        deadline = time.monotonic() + WAIT_S
+        while status() != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, "health never turned SERVING"
+            threading.Event().wait(0.01)
+
+
 # ---- the processes ---------------------------------------------------------------------------------------
 
 SERVICES = {"commitlog": "commitlog_service.main", "index": "index_service.main", "txn": "txn_service.main"}
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket closes
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -134,12 +164,17 @@ def test_exit_codes_and_the_started_event(tmp_path, name):
             assert busy.wait_exit() == 1
             assert busy.wait_for("server.start_failed")["error"] == "OSError"
 
-    good = ServiceProcess(module, ["--data-dir", str(tmp_path / "good"), "--port", "0", "--grace-s", "1"])
+    # The txn service is ready (SERVING) only once it has read the commit log, which is not running here
+    # (a closed port, so that no other commit log on this machine answers).
+    extra = ["--commitlog", f"127.0.0.1:{_closed_port()}"] if name == "txn" else []
+    good = ServiceProcess(module, ["--data-dir", str(tmp_path / "good"), "--port", "0", "--grace-s", "1", *extra])
     try:
         good.started()  # server.started with the bound port
         with grpc.insecure_channel(good.address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S)
-        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        ready = name != "txn"
+        assert reply.status == (health_pb2.HealthCheckResponse.SERVING if ready else
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
     finally:
         assert good.stop() == 0  # SIGTERM
     assert good.wait_for("server.stopped")["port"] == int(good.address.rsplit(":", 1)[1])

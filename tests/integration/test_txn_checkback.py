@@ -5,6 +5,7 @@ to the real time, so the test moves time past the timeouts without sleeping."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -15,7 +16,7 @@ import pytest
 
 from mqstore.clock import FakeClock
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
-from mqstore_rpc.gen.mqstore.v1 import txn_pb2
+from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 from tests.integration.txn_testing import (RPC_TIMEOUT_S, commitlog, prepare, stats, txn_config, visible,
                                            wait_ready)
 from tests.support.waiting import wait_until
@@ -57,21 +58,26 @@ class Producer:
         self._thread.join(10)
 
 
-@pytest.fixture
-def env(tmp_path):
+@contextlib.contextmanager
+def services(tmp_path, **overrides):
     with commitlog(tmp_path / "log") as (port, log_stub):
         log_stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=1), timeout=RPC_TIMEOUT_S)
         clock = FakeClock(time.time_ns() // 1_000_000)
-        config = dataclasses.replace(txn_config(tmp_path / "txn", port, check_max=3), clock=clock)
+        config = dataclasses.replace(txn_config(tmp_path / "txn", port, **{"check_max": 3, **overrides}), clock=clock)
         with serving(config) as (_, txn_port):
             channel = grpc.insecure_channel(f"127.0.0.1:{txn_port}")
-            from mqstore_rpc.gen.mqstore.v1 import txn_pb2_grpc
             stub = txn_pb2_grpc.TransactionStub(channel)
             wait_ready(stub)
             try:
                 yield stub, log_stub, clock, channel
             finally:
                 channel.close()
+
+
+@pytest.fixture
+def env(tmp_path):
+    with services(tmp_path) as parts:
+        yield parts
 
 
 def show(stub, txn_id):
@@ -178,3 +184,40 @@ def test_streams_sending_garbage_end_with_invalid_argument(env):
         list(raw(iter([b"\xff\xff\xff garbage"]), timeout=RPC_TIMEOUT_S))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert stats(stub).open_streams == 0  # and the service still answers
+
+
+@pytest.mark.parametrize("decision", [txn_pb2.DECISION_ROLLBACK, txn_pb2.DECISION_COMMIT])
+def test_answers_stop_the_checks_at_once_and_none_is_parked(tmp_path, decision):
+    """Ten transactions answered at their first check, while the rollbacks wait for their OP record (the
+    OP batch is written only when the fake clock reaches its interval): none is checked again or parked.
+    An eleventh, answered UNKNOWN, shows that the checker scanned after each advance of the clock."""
+    with services(tmp_path, check_interval_ms=1000, op_batch_interval_ms=60_000, check_rate_per_s=1000) as env:
+        stub, log_stub, clock, _ = env
+        ids = [prepare(stub, "orders", [f"m{i}".encode()]).transaction_id for i in range(10)]
+        canary = prepare(stub, "orders", [b"canary"]).transaction_id
+        producer = Producer(stub, "pg", lambda c: txn_pb2.DECISION_UNKNOWN if c.transaction_id == canary else decision)
+        try:
+            wait_until(lambda: stats(stub).open_streams == 1, "the stream to open")
+            to_store_time(stub, clock, canary)
+            clock.advance(TIMEOUT_MS)
+            wait_until(lambda: stats(stub).check_answers == 11, "the eleven answers")
+            for n in (2, 3):
+                clock.advance(1000)
+                wait_until(lambda n=n: show(stub, canary).checks_sent == n, f"check {n} of the canary (a scan)")
+            clock.advance(1000)
+            wait_until(lambda: show(stub, canary).state == txn_pb2.TRANSACTION_STATE_PARKED, "the canary parked")
+            for txn_id in ids:  # answered at once: checked once, never parked, whatever their durability waits
+                info = show(stub, txn_id)
+                assert info.checks_sent == 1 and info.state != txn_pb2.TRANSACTION_STATE_PARKED, info
+            clock.advance(60_000)  # the OP batch is due: every rollback becomes durable
+            expected = (txn_pb2.TRANSACTION_STATE_ROLLED_BACK if decision == txn_pb2.DECISION_ROLLBACK
+                        else txn_pb2.TRANSACTION_STATE_COMMITTED)
+            wait_until(lambda: all(show(stub, t).state == expected for t in ids)
+                       and stats(stub).op_pending_entries == 0, "every answer applied")
+            s = stats(stub)
+            assert s.parked == 1 and s.check_failures == 0 and s.checks_sent == 10 + 3
+            visible_bodies = sorted(m.body for m in visible(log_stub, "orders"))
+            assert visible_bodies == ([] if decision == txn_pb2.DECISION_ROLLBACK
+                                      else sorted(f"m{i}".encode() for i in range(10)))
+        finally:
+            producer.close()

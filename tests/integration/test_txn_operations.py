@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sqlite3
 import subprocess
 import sys
 
@@ -66,6 +67,42 @@ def test_list_show_force_resolve_and_the_audit_trail(env):
         audit.close()
     assert rows[0] == (a, "COMMIT", "OPEN", "alice", "done")
     assert rows[1][:4] == (b, "COMMIT", "ROLLED_BACK", "bob") and "FailedPrecondition" in rows[1][4]
+    page = stub.ListAudit(txn_pb2.ListAuditRequest(limit=1), timeout=RPC_TIMEOUT_S)  # the same through the API
+    assert [(e.transaction_id, e.decision, e.previous_state, e.outcome) for e in page.entries] == \
+        [(a, txn_pb2.DECISION_COMMIT, txn_pb2.TRANSACTION_STATE_OPEN, "done")] and page.next_page_token
+    rest = stub.ListAudit(txn_pb2.ListAuditRequest(page_token=page.next_page_token), timeout=RPC_TIMEOUT_S)
+    assert [e.transaction_id for e in rest.entries] == [b] and rest.next_page_token == ""
+    assert rest.entries[0].reason == "oops" and rest.entries[0].operator == "bob"
+    only_b = stub.ListAudit(txn_pb2.ListAuditRequest(transaction_id=b), timeout=RPC_TIMEOUT_S)
+    assert [e.id for e in only_b.entries] == [rest.entries[0].id]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ListAudit(txn_pb2.ListAuditRequest(page_token="not-ours"), timeout=RPC_TIMEOUT_S)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in info.value.details()
+
+
+def test_an_audit_database_outage_is_unavailable_and_decides_nothing(tmp_path):
+    with commitlog(tmp_path / "log") as (port, log_stub):
+        log_stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=1), timeout=RPC_TIMEOUT_S)
+        with txn_service(tmp_path / "txn", port, audit_wait_timeout_ms=300) as (_, stub):
+            wait_ready(stub)
+            txn_id = prepare(stub, "orders", [b"x"]).transaction_id
+            request = txn_pb2.ForceResolveRequest(transaction_id=txn_id, decision=txn_pb2.DECISION_ROLLBACK,
+                                                  reason="stuck", operator="carol")
+            locker = sqlite3.connect(tmp_path / "txn" / "txn-audit.db", isolation_level=None)
+            try:
+                locker.execute("BEGIN EXCLUSIVE")  # the database stays locked longer than the service waits
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.ForceResolve(request, timeout=RPC_TIMEOUT_S)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # INTERNAL before
+                assert "metadata database" in info.value.details() and "retry" in info.value.details()
+                assert stub.Show(txn_pb2.ShowRequest(transaction_id=txn_id), timeout=RPC_TIMEOUT_S).state == \
+                    txn_pb2.TRANSACTION_STATE_OPEN  # nothing decided without its audit entry
+            finally:
+                locker.execute("ROLLBACK")
+                locker.close()
+            assert stub.ForceResolve(request, timeout=RPC_TIMEOUT_S).state == txn_pb2.TRANSACTION_STATE_ROLLED_BACK
+            entries = stub.ListAudit(txn_pb2.ListAuditRequest(), timeout=RPC_TIMEOUT_S).entries
+            assert [(e.operator, e.outcome) for e in entries] == [("carol", "done")]
 
 
 def run_cli(port: int, *args: str, expect: int = 0) -> str:
@@ -89,4 +126,8 @@ def test_the_txn_commands(env):
     assert "error: FAILED_PRECONDITION" in run_cli(port, "txn", "rollback", "t-1", expect=1)
     assert "error: NOT_FOUND" in run_cli(port, "txn", "show", "nope", expect=1)
     assert "op_messages_written" in run_cli(port, "txn", "stats")
+    audit = run_cli(port, "txn", "audit")
+    assert "t-3  ROLLBACK  was=OPEN" in audit and "outcome=done  reason=test" in audit
+    assert json.loads(run_cli(port, "--json", "txn", "audit", "--id", "t-3"))["transaction_id"] == "t-3"
+    assert "no audit entries" in run_cli(port, "txn", "audit", "--id", "t-1")
     assert sorted(m.body for m in visible(log_stub, "orders")) == [b"one", b"two", b"x"]

@@ -91,13 +91,19 @@ def test_bad_input_gets_the_right_status(log, txn):
         (lambda: prepare(txn, "orders", [b"x"], txn_id="bad id!"), grpc.StatusCode.INVALID_ARGUMENT, "transaction_id"),
         (lambda: prepare(txn, "orders", [b"x"], queue_id=9), grpc.StatusCode.INVALID_ARGUMENT, "queue_id"),
         (lambda: prepare(txn, "orders", [b""]), grpc.StatusCode.INVALID_ARGUMENT, "body"),
+        (lambda: prepare(txn, "orders", [b"x"], properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "soon"}),
+         grpc.StatusCode.INVALID_ARGUMENT, "whole seconds in [0, 604800]"),
+        (lambda: prepare(txn, "orders", [b"x"], properties={"TRAN_ATTEMPT": "x"}), grpc.StatusCode.INVALID_ARGUMENT,
+         "set by the Transaction service"),
     ]
     for call, code, text in cases:
         got, details = code_of(call)
         assert got == code and text in details, (code, text, got, details)
     p = prepare(txn, "orders", [b"x"], txn_id="fixed-1")
-    code, details = code_of(lambda: prepare(txn, "orders", [b"x"], txn_id="fixed-1"))
-    assert code == grpc.StatusCode.ALREADY_EXISTS
+    code, details = code_of(lambda: prepare(txn, "orders", [b"y"], txn_id="fixed-1"))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "other messages" in details
+    again = prepare(txn, "orders", [b"x"], txn_id="fixed-1")  # a retry of the same request: the first answer
+    assert again.already and list(again.halves) == list(p.halves) and not p.already
     assert commit(txn, p.transaction_id).state == txn_pb2.TRANSACTION_STATE_COMMITTED  # still serving
     assert stats(txn).open == 0
 
@@ -138,8 +144,11 @@ def test_restart_recovers_open_and_committed_state(log, tmp_path):
         open_one = prepare(stub, "orders", [b"open"]).transaction_id
         done = prepare(stub, "orders", [b"done"]).transaction_id
         commit(stub, done)
+        before = wait_until(lambda: (s := stats(stub)).op_entries_written == 1 and s, "the OP record")
     with txn_service(tmp_path / "txn", port) as (_, stub):
-        wait_ready(stub)
+        s = wait_ready(stub)  # the counters go on from what the checkpoint recorded (they reset to 0 before)
+        assert (s.halves_written, s.appends, s.op_entries_written, s.cache_hits) == \
+            (before.halves_written, before.appends, before.op_entries_written, before.cache_hits) == (2, 4, 1, 1)
         assert commit(stub, done).already
         assert stats(stub).open == 1 and stats(stub).cache_entries == 0  # the cache is empty after a restart
         assert commit(stub, open_one).state == txn_pb2.TRANSACTION_STATE_COMMITTED  # read from the log (a miss)

@@ -24,11 +24,16 @@ RPC_TIMEOUT_S = 10
 
 
 def txn_config(data_dir: pathlib.Path, commitlog_port: int, **overrides) -> TxnServiceConfig:
+    """TxnConfig fields in ``overrides`` go to the domain's config, the rest (rpc_timeout_ms, ...) to the
+    service's."""
     values = dict(data_dir=data_dir, op_batch_interval_ms=50, check_scan_interval_ms=50, checkpoint_interval_ms=100)
-    values.update(overrides)
+    domain = {f.name for f in dataclasses.fields(TxnConfig)}
+    values.update({k: v for k, v in overrides.items() if k in domain})
+    service = {k: v for k, v in overrides.items() if k not in domain}
     return TxnServiceConfig(txn=TxnConfig(**values), server=ServerConfig(port=0, grace_s=0.5),
                             commitlog_address=f"127.0.0.1:{commitlog_port}", internal_token=TOKEN,
-                            follow=FollowConfig(heartbeat_ms=20, backoff_initial_ms=20, backoff_max_ms=200))
+                            follow=FollowConfig(heartbeat_ms=20, backoff_initial_ms=20, backoff_max_ms=200),
+                            **service)
 
 
 @contextlib.contextmanager

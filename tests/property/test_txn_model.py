@@ -1,12 +1,20 @@
 """The transaction state machine against a model (Hypothesis stateful), on the real domain objects
-(coordinator, table, cache, appender) over a real MessageStore in this process, with restarts.
+(coordinator, table and its projection, cache, appender, OP batcher, in-doubt resolver, checkpoint) over a
+real MessageStore in this process, with restarts and appends of unknown outcome.
 
-Rules: prepare; commit, rollback and check-back answers, alone or racing on threads (many producers
-on one transaction); OP batches written; a restart that loses everything in memory (a crash: pending
-OP entries too), from the last checkpoint or none, followed by catching up with the log. After every
-step: each transaction the model calls COMMITTED has each message visible exactly once, nothing else
-is visible, and the service's state agrees with the model (an OPEN one may have been resolved only by
-a call whose answer the model saw)."""
+Faults: the next appends to the log (halves, real messages, OP records, whichever comes) fail with
+UNAVAILABLE either after they were written ("landed": the commit log died after the write, a SYNC flush
+timed out) or before ("lost"): the service cannot tell which.
+
+Rules: prepare (new ids; identical retries of earlier ones); commit, rollback and check-back answers,
+alone or racing on threads (many producers on one transaction) while the service's background work
+(follower, resolver, OP batcher) runs on another; a restart that loses everything in memory (a crash),
+from the last checkpoint or none. The model keeps, per transaction, the states it may be in given the
+answers seen (an unanswered call widens it). After each step, once the background work is quiet: every
+message is visible at most once, a transaction known COMMITTED has each message visible exactly once,
+an uncertain one all of its messages or none, nothing else is visible, the log holds the halves of one
+Prepare call per transaction (never two), every half of a resolved transaction has its OP record, and
+the service's state is one the model allows."""
 
 from __future__ import annotations
 
@@ -22,46 +30,44 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from mqstore import transactions as tx
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
-from mqstore.errors import FailedPrecondition
+from mqstore.errors import FailedPrecondition, OutcomeUnknown, Unavailable
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import MessageIn, TailFrame
 from mqstore.store import MessageStore
-from mqstore.txn import snapshot
 from mqstore.txn.appender import AppendBatcher
 from mqstore.txn.cache import HalfCache
 from mqstore.txn.config import TxnConfig
 from mqstore.txn.coordinator import Coordinator
-from mqstore.txn.table import COMMITTED, OPEN, TxnTable
+from mqstore.txn.indoubt import InDoubt
+from mqstore.txn.opbatch import OpBatcher
+from mqstore.txn.persist import Checkpointer
+from mqstore.txn.projection import TxnProjection
+from mqstore.txn.table import COMMITTED, OPEN, ROLLED_BACK, TxnTable
 
 TOPIC = "orders"
+ABSENT = "ABSENT"  # the service does not know the id (a Prepare that never landed)
+SETTLE_MS = 5
 FOLLOWED = frozenset(t.encode() for t in (tx.HALF_TOPIC, tx.OP_TOPIC, tx.CHECK_MAX_TOPIC))
 
 
-class SyncOps:
-    """The OP queue, written on demand: ``flush`` writes what is pending; Rollback's wait writes at once."""
+class FaultyLog:
+    """The store's append, with the next appends failing UNAVAILABLE after ("landed") or before ("lost")
+    the write, as the commit log dying or timing out would."""
 
-    def __init__(self, append, on_written):
-        self.append, self.on_written = append, on_written
-        self.pending: list[int] = []
-        self.written = 0
+    def __init__(self, store: MessageStore):
+        self.store = store
+        self.faults: list[str] = []
         self.lock = threading.Lock()
 
-    def add(self, offsets) -> int:
+    def append(self, topic, messages):
         with self.lock:
-            self.pending += offsets
-            return self.written + len(self.pending)
-
-    def wait_written(self, seq: int, timeout_s: float) -> None:
-        self.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            batch, self.pending = self.pending, []
-            if batch:
-                self.append(tx.OP_TOPIC, [MessageIn("".join(f"{o}," for o in batch).encode(), tx.OP_TAG, queue_id=0)])
-                self.written += len(batch)
-        if batch:
-            self.on_written(batch)
+            fault = self.faults.pop(0) if self.faults else ""
+        if fault == "lost":
+            raise Unavailable("injected: the connection dropped before the commit log read the request")
+        results = list(self.store.append(topic, messages, system_writer="txn"))
+        if fault == "landed":
+            raise Unavailable("injected: the commit log died after writing, before answering")
+        return results
 
 
 class TxnMachine(RuleBasedStateMachine):
@@ -73,23 +79,35 @@ class TxnMachine(RuleBasedStateMachine):
                                               preallocate_segments=False, warm_ahead_bytes=0), self.clock)
         self.store.start()
         self.store.create_topic(TOPIC, 2)
-        self.model: dict[str, str] = {}
+        self.log = FaultyLog(self.store)
+        self.possible: dict[str, set[str]] = {}
         self.bodies: dict[str, list[bytes]] = {}
         self.count = 0
         self._open_service(load=False)
 
     # ---- the service, rebuilt at each restart -------------------------------------------------------------
     def _open_service(self, load: bool) -> None:
-        config = TxnConfig(data_dir=self.dir / "txn", cache_max_entries=4)
-        self.table = TxnTable(config.resolved_keep)
+        config = TxnConfig(data_dir=self.dir / "txn", cache_max_entries=4, op_batch_interval_ms=1,
+                           in_doubt_settle_ms=SETTLE_MS)
+        self.table = TxnTable(config.resolved_keep, config.max_open_transactions)
+        self.projection = TxnProjection(self.table)
+        config.data_dir.mkdir(exist_ok=True)
+        self.checkpointer = Checkpointer(config.data_dir / "state.journal", self.table, self.clock, 1000)
         if load:
-            snapshot.load(self.dir / "state.json", self.table)
-        self.appender = AppendBatcher(lambda topic, messages: list(self.store.append(topic, messages,
-                                                                                    system_writer="txn")),
-                                      max_messages=1000, max_bytes=4 << 20, timeout_s=10)
-        self.ops = SyncOps(self.appender.append, self.table.mark_op_written)
+            self.checkpointer.load()
+        else:
+            (config.data_dir / "state.journal").unlink(missing_ok=True)
+        self.appender = AppendBatcher(self.log.append, max_messages=1000, max_bytes=4 << 20, timeout_s=10)
+        self.in_doubt = InDoubt(self.table, lambda: self.store.store_info().max_physical_offset, self.clock,
+                                SETTLE_MS)
+        self.ops = OpBatcher(lambda body, offsets: self.appender.append(tx.OP_TOPIC, [MessageIn(body, tx.OP_TAG,
+                                                                                                queue_id=0)]),
+                             self.clock, max_bytes=4096, interval_ms=1, on_written=self.table.mark_op_written,
+                             on_unknown=lambda offsets: self.in_doubt.add(
+                                 "op", lambda: self.ops.requeue(self.table.requeue_op(offsets))))
         self.coordinator = Coordinator(config, self.table, self, self.appender, self.ops,
-                                       HalfCache(config.cache_max_entries, config.cache_max_bytes), self.clock)
+                                       HalfCache(config.cache_max_entries, config.cache_max_bytes), self.clock,
+                                       self.in_doubt)
         self._catch_up()
         assert self.table.ready
 
@@ -100,35 +118,80 @@ class TxnMachine(RuleBasedStateMachine):
         return self.store.get_messages(offsets)
 
     def _catch_up(self) -> None:
+        """The follower, synchronously: every transaction record up to the visible end."""
         pos = self.table.applied if self.table.applied is not None else self.store.commitlog.min_offset
         while True:
             visible = self.store.visible_offset()
             if pos >= visible:
-                self.table.apply(TailFrame(b"", 0, pos, visible))  # a heartbeat: ready once at the end
+                self.projection.apply(TailFrame(b"", 0, pos, visible))  # a heartbeat: ready once at the end
                 return
             data, count, pos = self.store.commitlog.frame(pos, visible, 1 << 20, FOLLOWED,
                                                           frozenset({SYSFLAG_TX_COMMIT}))
-            self.table.apply(TailFrame(data, count, pos, visible))
+            self.projection.apply(TailFrame(data, count, pos, visible))
+
+    def _background_pass(self) -> None:
+        """One round of the service's duties: follower, in-doubt resolver, OP batcher."""
+        self._catch_up()
+        self.clock.advance(SETTLE_MS)
+        self.in_doubt.settle_due()
+        try:
+            self.ops.flush_due()
+        except OutcomeUnknown:
+            pass  # its entries went to the resolver (on_unknown), as the duty would leave them
+
+    def _quiesce(self) -> None:
+        for _ in range(100):
+            self._background_pass()
+            if not self.in_doubt.pending() and not self.ops.stats().pending:
+                self._catch_up()
+                return
+        raise AssertionError(f"background work never quiet: {self.in_doubt.pending()} in doubt, "
+                             f"{self.ops.stats().pending} OP entries pending")
 
     def teardown(self):
         self.appender.close()
+        self.checkpointer.close()
         self.store.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- rules ---------------------------------------------------------------------------------------------
+    @rule(kind=st.sampled_from(["landed", "lost"]), count=st.integers(1, 2))
+    def arm_faults(self, kind, count):
+        with self.log.lock:
+            self.log.faults = [kind] * count
+
     @rule(size=st.integers(1, 3))
     def prepare(self, size):
         txn_id = f"t{self.count}"
         self.count += 1
-        bodies = [f"{txn_id}-{i}".encode() for i in range(size)]
-        self.coordinator.prepare(TOPIC, [MessageIn(b) for b in bodies], "pg", txn_id)
-        self.model[txn_id], self.bodies[txn_id] = OPEN, bodies
+        self.bodies[txn_id] = [f"{txn_id}-{i}".encode() for i in range(size)]
+        self._prepare(txn_id, {ABSENT})
 
-    @precondition(lambda self: self.model)
+    @precondition(lambda self: self.possible)
+    @rule(data=st.data())
+    def retry_prepare(self, data):
+        """The same request again (a producer that got no answer, or a duplicate)."""
+        txn_id = data.draw(st.sampled_from(sorted(self.possible)))
+        self._prepare(txn_id, self.possible[txn_id])
+
+    def _prepare(self, txn_id: str, before: set[str]) -> None:
+        messages = [MessageIn(b) for b in self.bodies[txn_id]]
+        try:
+            prepared = self.coordinator.prepare(TOPIC, messages, "pg", txn_id)
+        except Unavailable:  # OutcomeUnknown, or an identical one in doubt
+            self.possible[txn_id] = before | {OPEN}
+            return
+        if before == {ABSENT}:
+            assert not prepared.already, (txn_id, prepared)
+        elif ABSENT not in before:
+            assert prepared.already, (txn_id, before, prepared)  # a retry gets the first answer, nothing appended
+        self.possible[txn_id] = {OPEN} if before <= {ABSENT, OPEN} else before
+
+    @precondition(lambda self: self.possible)
     @rule(data=st.data(), calls=st.lists(st.sampled_from(["commit", "rollback", "check-commit", "check-rollback"]),
                                          min_size=1, max_size=4))
     def race(self, data, calls):
-        txn_id = data.draw(st.sampled_from(sorted(self.model)))
+        txn_id = data.draw(st.sampled_from(sorted(self.possible)))
         results: list[tuple[str, object]] = []
 
         def call(kind: str) -> None:
@@ -136,46 +199,83 @@ class TxnMachine(RuleBasedStateMachine):
             method = self.coordinator.commit if kind.endswith("commit") else self.coordinator.rollback
             try:
                 results.append((kind, method(txn_id, by=by).state))
-            except FailedPrecondition as exc:
+            except (FailedPrecondition, Unavailable) as exc:
+                results.append((kind, exc))
+            except Exception as exc:  # noqa: BLE001 - NotFound for an id never prepared: recorded, checked below
                 results.append((kind, exc))
 
         threads = [threading.Thread(target=call, args=(kind,)) for kind in calls]
+        done = threading.Event()
+        background = threading.Thread(target=self._background_until, args=(done,))
+        background.start()
         for t in threads:
             t.start()
         for t in threads:
-            t.join(30)
+            t.join(60)
+        done.set()
+        background.join(60)
+        self._apply_results(txn_id, results)
+
+    def _background_until(self, done: threading.Event) -> None:
+        while not done.is_set():
+            self._background_pass()
+            done.wait(0.001)  # pacing this loop, not synchronising
+
+    def _apply_results(self, txn_id: str, results: list) -> None:
         states = {r for _, r in results if isinstance(r, str)}
         assert len(states) <= 1, results  # every successful call agrees: one decision wins
-        final = states.pop() if states else self.model[txn_id]  # all refused: it was resolved before
-        assert self.model[txn_id] in (OPEN, final), (self.model[txn_id], results)
-        for _kind, r in results:  # a call that lost the race was refused, naming the state
-            assert r == final or (isinstance(r, FailedPrecondition) and final in str(r)), results
-        self.model[txn_id] = final
+        possible = self.possible[txn_id]
+        if states:
+            final = states.pop()
+            assert final in possible | {COMMITTED, ROLLED_BACK}, (possible, results)
+            assert final == COMMITTED or COMMITTED not in possible or possible != {COMMITTED}, (possible, results)
+            self.possible[txn_id] = {final}
+        for kind, r in results:
+            if isinstance(r, FailedPrecondition):  # names the state it is in
+                assert any(s in str(r) for s in (COMMITTED, ROLLED_BACK, "PARKED")), results
+            elif isinstance(r, Unavailable):  # unanswered: it may have taken effect
+                self.possible[txn_id] = self.possible[txn_id] | {COMMITTED if kind.endswith("commit") else ROLLED_BACK}
+            elif not isinstance(r, str):
+                assert ABSENT in possible and "unknown" in str(r), results  # NotFound: never prepared
 
     @rule()
-    def write_ops(self):
-        self.ops.flush()
+    def settle(self):
+        self._quiesce()
 
     @rule(checkpoint=st.booleans())
     def crash_and_restart(self, checkpoint):
-        if checkpoint and self.table.applied is not None:
-            snapshot.save(self.dir / "state.json", self.table, self.clock.now_ms())
-        elif not checkpoint:
-            (self.dir / "state.json").unlink(missing_ok=True)
-        self.appender.close()  # pending OP entries and the cache are lost with the process
+        if checkpoint:
+            self.checkpointer.save_now()
+        self.checkpointer.close()
+        self.appender.close()  # pending OP entries, in-doubt appends and the cache are lost with the process
         self._open_service(load=checkpoint)
 
     # ---- invariants ----------------------------------------------------------------------------------------
     @invariant()
-    def visible_exactly_once_and_states_agree(self):
+    def exactly_once_and_states_agree(self):
+        self._quiesce()
         seen = collections.Counter()
         for queue_id in range(2):
             seen.update(m.record.body for m in self.store.pull(TOPIC, queue_id, 0, max_messages=10_000).messages)
-        expected = collections.Counter(b for t, s in self.model.items() if s == COMMITTED for b in self.bodies[t])
-        assert seen == expected
-        for txn_id, state in self.model.items():
-            assert self.table.get(txn_id).state == state, (txn_id, state)
+        assert all(n == 1 for n in seen.values()), seen  # never twice
+        for txn_id, possible in self.possible.items():
+            visible = [seen[b] for b in self.bodies[txn_id]]
+            txn = self.table.get(txn_id)
+            state = txn.view_state if txn is not None else ABSENT
+            assert state in possible, (txn_id, state, possible)
+            assert visible == [1 if state == COMMITTED else 0] * len(visible), (txn_id, state, visible)
+            if txn is not None and state in (COMMITTED, ROLLED_BACK):
+                assert txn.op_written, (txn_id, state)  # every half of a decided transaction has its OP record
+            self.possible[txn_id] = {state}  # after catching up with the log, what the service says is what is
+        assert sum(seen.values()) == sum(len(self.bodies[t]) for t, p in self.possible.items() if p == {COMMITTED})
+        self._one_prepare_per_transaction()
+
+    def _one_prepare_per_transaction(self) -> None:
+        attempts = collections.defaultdict(set)
+        for m in self.store.pull(tx.HALF_TOPIC, 0, 0, max_messages=100_000).messages:
+            attempts[m.record.properties[tx.PROPERTY_TRANSACTION_ID]].add(m.record.properties[tx.PROPERTY_ATTEMPT])
+        assert all(len(a) == 1 for a in attempts.values()), attempts
 
 
-TxnMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=25, deadline=None)
+TxnMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
 test_txn_state_machine = TxnMachine.TestCase

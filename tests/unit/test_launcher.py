@@ -10,9 +10,9 @@ from mqstore_rpc import launcher
 
 
 def test_each_row_gives_its_command_with_the_ports_asked_for():
-    commitlog, index, txn, compactor = launcher.services({"index": 6002})
-    assert [s.name for s in (commitlog, index, txn, compactor)] == [e.name for e in launcher.SERVICES] == [
-        "commitlog", "index", "txn", "compactor"]
+    commitlog, index, txn, compactor, gateway = launcher.services({"index": 6002})
+    assert [s.name for s in (commitlog, index, txn, compactor, gateway)] == [e.name for e in launcher.SERVICES] == [
+        "commitlog", "index", "txn", "compactor", "gateway"]
     assert txn.command(pathlib.Path("/d"))[3:5] == ["--data-dir", "/d/txn"] and txn.port == 50053
     assert compactor.port == 50054 and compactor.command(pathlib.Path("/d"))[3:5] == ["--data-dir", "/d/compactor"]
     assert (commitlog.port, index.port) == (50051, 6002)
@@ -21,13 +21,16 @@ def test_each_row_gives_its_command_with_the_ports_asked_for():
         "--port", "6002", "--commitlog", "127.0.0.1:50051"]
     assert launcher.services({"commitlog": 7001})[1].extra_args == ("--commitlog", "127.0.0.1:7001")
     assert commitlog.command(pathlib.Path("/d"))[3:5] == ["--data-dir", "/d"] and commitlog.extra_args == ()
+    assert gateway.port == 8081 and gateway.extra_args == ("--commitlog", "127.0.0.1:50051", "--txn",
+                                                          "127.0.0.1:50053")
+    assert launcher.services({"txn": 7003})[4].extra_args[2:] == ("--txn", "127.0.0.1:7003")
 
 
 def test_every_row_has_a_port_flag(monkeypatch):
     seen = {}
     monkeypatch.setattr(launcher, "run", lambda data_dir, ports: seen.update(ports) or 0)
     assert launcher.main(["--data-dir", "/tmp/x", "--index-port", "6002"]) == 0
-    assert seen == {"commitlog": 50051, "index": 6002, "txn": 50053, "compactor": 50054}
+    assert seen == {"commitlog": 50051, "index": 6002, "txn": 50053, "compactor": 50054, "gateway": 8081}
 
 
 def test_the_internal_token_is_made_once_per_data_dir_and_the_variable_wins(tmp_path, monkeypatch):

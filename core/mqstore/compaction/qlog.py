@@ -92,6 +92,7 @@ class QueueLog:
             if not (directory / cseg.log_name(base)).exists():
                 (directory / cseg.log_name(base)).touch()
                 (directory / cseg.index_name(base)).touch()
+                fs.fsync_dir(directory)  # the creation rule (mqstore.fs)
             for entry in qlog_files.load_index(directory, base, active=base == bases[-1]):
                 self.entries.add(entry)
         self.bases = bases

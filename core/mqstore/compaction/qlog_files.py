@@ -31,7 +31,7 @@ STAGING = "staging"
 
 
 def clean_directory(directory: pathlib.Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+    fs.make_dirs(directory)  # the creation rule (mqstore.fs): compaction logs are durable data
     fs.recover_install(directory)
     fs.remove_leftovers(directory)
     shutil.rmtree(directory / STAGING, ignore_errors=True)
@@ -52,6 +52,7 @@ def segment_bases(directory: pathlib.Path) -> list[int]:
                                      f"compaction log is damaged; restore the directory from a replica")
         missing = cseg.index_name(base) if base in logs else cseg.log_name(base)
         (directory / missing).touch()
+        fs.fsync_dir(directory)  # the creation rule (mqstore.fs)
         log.warning("compaction.segment_paired", file=str(directory / missing), why="a crash while rolling")
     return bases
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 import structlog
 
+from mqstore import fs
 from mqstore.clock import Clock
 from mqstore.errors import NotFound
 from mqstore.javahash import java_string_hash
@@ -57,7 +58,7 @@ class CompactionStore:
         self.data_dir, self.config, self.clock = data_dir, config, clock
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], QueueSlot] = {}
-        data_dir.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
         for topic_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
             for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 self._open(topic_dir.name, int(queue_dir.name))

@@ -198,7 +198,7 @@ def _quarantine(config: IndexConfig, tier: Tier | None, first: int, end: int, re
 
 def recover(config: IndexConfig, tier: Tier | None) -> Recovered:
     directory = config.index_dir
-    directory.mkdir(parents=True, exist_ok=True)
+    fs.make_dirs(directory)  # the creation rule (mqstore.fs)
     _resolve_leftovers(directory, tier)
     broken: dict[int, str] = {}
     handles = _open_all(config, tier, broken)

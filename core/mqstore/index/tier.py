@@ -49,7 +49,7 @@ class DirectoryTier:
     def __init__(self, root: pathlib.Path):
         self.root = root
         self.name = f"dir:{root}"
-        root.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(root)  # the creation rule (mqstore.fs)
         fs.remove_leftovers(root)
         self._lock = threading.Lock()
         self.reads_total = 0

@@ -126,11 +126,11 @@ class CommitLog:
         return chunks
 
     def _ensure_segments(self, end: int) -> None:
-        last = self.segments.last()
-        next_start = last.end if last else self.written_offset - self.written_offset % self.segment_size
-        while next_start < end or last is None:
-            last = self.segments.create(next_start)
-            next_start = last.end
+        """The segments below ``end`` (at least the one holding written_offset). The segment warmer has
+        usually created them already, off this path: creating one here (the warmer is off or behind)
+        includes making it durable, two fsyncs (mqstore.log.segment)."""
+        first = self.written_offset - self.written_offset % self.segment_size
+        self.segments.ensure(max(end, first + 1), first)
 
     def _queue_ranges(self, batch: EncodedBatch) -> dict[int, tuple[int, int]]:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""

@@ -29,6 +29,7 @@ _RESERVED = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPER
 _BAD_TEXT = re.compile("[\x01\x02]")
 _BAD_KEY_CHARS = re.compile(r"[\x01\x02\t\n\r\f\v]")
 _TAG_CACHE_LIMIT = 10_000
+MAX_RECONSUME_TIMES = 0x7FFFFFFF  # RECONSUMETIMES is a signed 32-bit field
 # "NAME\x01" of the properties the encoder writes itself (each entry ends in \x02).
 _TAGS_ENTRY = record.PROPERTY_TAGS + record.NAME_VALUE_SEPARATOR
 _KEYS_ENTRY = record.PROPERTY_KEYS + record.NAME_VALUE_SEPARATOR
@@ -147,12 +148,13 @@ class MessageEncoder:
             props, tag_code, uniq = props_of(index, msg, fresh)
             body = msg.body
             size = fixed + len(body) + len(props) + len(msg.born_host)
-            if size > room or not body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0:
+            if (size > room or not body or len(props) > record.MAX_PROPERTIES_BYTES or msg.born_timestamp_ms < 0
+                    or not 0 <= msg.reconsume_times <= MAX_RECONSUME_TIMES):
                 self._reject(index, topic, msg, props, size)
             # born_timestamp_ms 0 means "server time" (the proto says so): the batch's time, not 1970.
             sizes.append(encode_parts(parts, topic_part, body, props, qids[index], msg.flag, msg.sys_flag,
                                       msg.born_timestamp_ms or now_ms, msg.born_host, msg.born_port, host, port,
-                                      msg.prepared_transaction_offset))
+                                      msg.prepared_transaction_offset, msg.reconsume_times))
             tags.append(tag_code)
             flags.append(msg.sys_flag)
             uniqs.append(uniq)
@@ -180,6 +182,9 @@ class MessageEncoder:
                 f"{self.config.segment_size_bytes} bytes")
         if msg.born_timestamp_ms < 0:
             raise InvalidArgument(f"messages[{index}].born_timestamp_ms must not be negative")
+        if not 0 <= msg.reconsume_times <= MAX_RECONSUME_TIMES:
+            raise InvalidArgument(f"messages[{index}].reconsume_times {msg.reconsume_times} is outside "
+                                  f"[0, {MAX_RECONSUME_TIMES}]")
 
     def _properties(self, index: int, msg: MessageIn, fresh) -> tuple[bytes, int, str]:
         user = msg.properties

@@ -130,6 +130,11 @@ def scan(segments: SegmentQueue, start_offset: int, max_write_bytes: int, flushe
     ``progress`` is called with the physical offset reached, every few tens of MiB."""
     segs = segments.segments
     if not segs:
+        if flushed_offset:
+            raise FailedPrecondition(
+                f"the checkpoint says the log was flushed to {flushed_offset}, but {segments.directory} holds no "
+                f"segment file: segment files are missing; restore them (a new empty log would reuse offsets "
+                f"that consume queues and followers hold)")
         return ScanOutcome(start_offset, start_offset, 0, 0)
     if start_offset < segs[0].start:
         start_offset = segs[0].start

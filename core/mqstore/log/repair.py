@@ -3,8 +3,10 @@
 Both take the same directory lock as the server, so they refuse to run while a store runs there.
 
 repair:
-  1. remove the leftovers (``*.tmp``) of an interrupted repair in ``commitlog/`` (fs.copy_durably);
-  2. a segment file whose size is not the segment size (cut short by hand or by a file system that lost
+  1. remove the leftovers (``*.tmp``) of an interrupted repair in ``commitlog/`` (fs.copy_durably), and
+     the empty tail a start would remove (segment.empty_tail: trailing segments past the checkpoint's
+     flushed offset of size 0, cut short or holding only zeros, left by a power cut);
+  2. another segment file whose size is not the segment size (cut short by hand or by a file system that lost
      its tail, or grown): keep a durable ``.broken`` copy, then pad it with zeros to the segment size
      (or cut what is beyond it); a record the truncation cut short is then cut in step 3 as a torn
      tail, or, with data after it, as corruption;
@@ -15,7 +17,8 @@ repair:
 
 check: walks every record of every segment (length, magic, PHYSICALOFFSET, body CRC), changing
 nothing, and gives the verdict the next start would reach with ``--check-all``: ``ok``, ``torn tail``
-(the start cuts it), ``corrupt`` or ``wrong segment size`` (the start refuses; run repair).
+(the start cuts it), ``corrupt`` or ``wrong segment size`` (the start refuses; run repair). The empty
+tail is left out of the walk and named in the detail (the start removes it).
 
 The segment size is the difference between consecutive segment names (each name is the segment's
 first physical offset), or the size of a single file; ``segment_size`` (``--segment-size-bytes``)
@@ -40,7 +43,7 @@ from mqstore.config import StoreConfig, max_write_bytes
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted
 from mqstore.format import checkpoint as cpfmt, segment_name
 from mqstore.log import recovery
-from mqstore.log.segment import SegmentQueue
+from mqstore.log.segment import SegmentQueue, empty_tail, segment_paths
 
 log = structlog.get_logger()
 # Offline tools run without the server's configuration: the default append limits bound a torn tail.
@@ -62,6 +65,7 @@ class RepairReport(recovery.LogRepair):
 
     resized_segments: list[ResizedSegment]
     segment_size_bytes: int
+    removed_empty_segments: list[str]  # the empty tail (segment.empty_tail), removed
 
 
 @dataclass(frozen=True)
@@ -86,19 +90,21 @@ def repair(data_dir: str | os.PathLike, segment_size: int | None = None) -> Repa
     with _locked(data_dir) as (root, log_dir):
         fs.remove_leftovers(log_dir)
         size = infer_segment_size(log_dir, segment_size)
-        resized = [_fix_size(path, size) for path, _ in _wrong_sizes(_segment_files(log_dir), size)]
-        flushed = _checkpoint(root)
+        cp = _checkpoint(root)
+        flushed = cp.flushed_physical_offset if cp else None
+        tail = empty_tail(segment_paths(log_dir), size, flushed)
+        resized = [_fix_size(path, size) for path, _ in _wrong_sizes(_segment_files(log_dir), size, tail)]
         segments = SegmentQueue(log_dir, size, preallocate=False)
-        segments.load()
+        segments.load(flushed)  # removes the empty tail
         try:
-            repaired = recovery.repair(segments, _DEFAULT_MAX_WRITE_BYTES,
-                                       flushed.flushed_physical_offset if flushed else None)
+            repaired = recovery.repair(segments, _DEFAULT_MAX_WRITE_BYTES, flushed)
         finally:
             segments.close()
         # The checkpoint may point past the cut; without it the next start re-checks the whole log.
         (root / "checkpoint").unlink(missing_ok=True)
         fs.fsync_dir(root)
-        return RepairReport(**vars(repaired), resized_segments=resized, segment_size_bytes=size)
+        return RepairReport(**vars(repaired), resized_segments=resized, segment_size_bytes=size,
+                            removed_empty_segments=[str(e.path) for e in tail])
 
 
 def check(data_dir: str | os.PathLike, segment_size: int | None = None,
@@ -111,22 +117,23 @@ def check(data_dir: str | os.PathLike, segment_size: int | None = None,
         cp = _checkpoint(root)
         claim = (f"every record in [{cp.checked_from_physical_offset}, {cp.checked_to_physical_offset}) passed its "
                  f"checks at the last start; flushed to {cp.flushed_physical_offset}" if cp else "no checkpoint")
-        wrong = _wrong_sizes(files, size)
+        tail = empty_tail(segment_paths(log_dir), size, cp.flushed_physical_offset if cp else None)
+        wrong = _wrong_sizes(files, size, tail)
         if wrong:
             detail = "; ".join(f"{path.name} is {actual} bytes, not {size}" for path, actual in wrong)
             return CheckReport("wrong segment size", f"{detail}: run `mqstore repair --data-dir {root} "
                                f"--segment-size-bytes {size}` (pads with zeros, keeps .broken copies)",
                                len(files), 0, 0, time.monotonic() - began, size, 0, 0, claim)
         segments = SegmentQueue(log_dir, size, preallocate=False)
-        segments.load()
+        segments.load(cp.flushed_physical_offset if cp else None, remove_empty_tail=False)
         try:
-            return _check_segments(segments, root, cp, claim, progress, began)
+            return _check_segments(segments, root, cp, claim, progress, began, tail)
         finally:
             segments.close()
 
 
 def _check_segments(segments: SegmentQueue, root: pathlib.Path, cp, claim: str,
-                    progress: Callable[[int, int], None] | None, began: float) -> CheckReport:
+                    progress: Callable[[int, int], None] | None, began: float, tail) -> CheckReport:
     first = segments.min_offset
     total = sum(s.size for s in segments.segments)
     on_step = (lambda offset: progress(offset - first, total)) if progress else None
@@ -139,6 +146,9 @@ def _check_segments(segments: SegmentQueue, root: pathlib.Path, cp, claim: str,
                                         f"{outcome.end_offset}; the next start cuts them")
     else:
         verdict, detail = "ok", "every record checks out"
+    if tail:
+        detail += (f"; the start removes {len(tail)} empty segment(s) past the flushed offset: "
+                   f"{', '.join(e.path.name for e in reversed(tail))}")
     return CheckReport(verdict, detail, len(segments.segments), outcome.records,
                        outcome.end_offset - outcome.start_offset, time.monotonic() - began, segments.segment_size,
                        outcome.start_offset, outcome.end_offset, claim)
@@ -164,19 +174,13 @@ def infer_segment_size(log_dir: pathlib.Path, given: int | None = None) -> int:
 
 
 def _segment_files(log_dir: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
-    files = []
-    for path in log_dir.iterdir():
-        try:
-            files.append((segment_name.parse(path.name), path))
-        except ValueError:
-            continue  # temp files, .broken copies
-    return [(path, path.stat().st_size) for _, path in sorted(files)]
+    return [(path, path.stat().st_size) for path in segment_paths(log_dir)]
 
 
-def _wrong_sizes(files: list[tuple[pathlib.Path, int]], size: int) -> list[tuple[pathlib.Path, int]]:
-    """Files of another size than ``size``; an empty last file is not one (load removes it)."""
-    return [(path, actual) for i, (path, actual) in enumerate(files)
-            if actual != size and not (actual == 0 and i == len(files) - 1)]
+def _wrong_sizes(files: list[tuple[pathlib.Path, int]], size: int, tail) -> list[tuple[pathlib.Path, int]]:
+    """Files of another size than ``size``, but for the empty tail (load removes it)."""
+    removed = {empty.path for empty in tail}
+    return [(path, actual) for path, actual in files if actual != size and path not in removed]
 
 
 def _fix_size(path: pathlib.Path, size: int) -> ResizedSegment:
@@ -213,7 +217,7 @@ def _locked(data_dir: str | os.PathLike) -> Iterator[tuple[pathlib.Path, pathlib
     log_dir = root / "commitlog"
     if not log_dir.is_dir():
         raise FailedPrecondition(f"{log_dir} does not exist: is {root} an mqstore data directory?")
-    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)  # not durable: the flock is the lock
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

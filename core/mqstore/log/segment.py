@@ -11,6 +11,18 @@ a full disk that write kills the process with SIGBUS. So segments are allocated 
 (posix_fallocate) before they are mapped: a full disk fails the creation with ResourceExhausted, and
 the caller refuses the write that needed the file. ``preallocate=False`` (sparse files) is only for
 commit log tests on a disk that cannot fill up.
+
+Creation follows the creation rule of mqstore.fs. A commit log segment is made durable as it is created
+(its size fsynced, then its directory), before any record is copied into it: otherwise a power cut
+could drop the file, or leave it empty, under records an fsync had confirmed. The segment warmer
+creates the next segment ahead of the writer, so this happens off the append path. Consume queue files
+are derived: their creation is made durable by the checkpoint that first counts on them
+(``durable_create=False`` and :meth:`SegmentQueue.sync_created`), not on the append path.
+
+What a power cut leaves of a creation that was not durable yet is a trailing segment of size 0, cut
+short, or holding only zeros. :meth:`SegmentQueue.load` removes every such trailing segment that starts
+at or after the offset the caller names (the commit log: the checkpoint's flushed offset), logging
+each, and never one below it: a file below it that is cut short refuses the start.
 """
 
 from __future__ import annotations
@@ -21,11 +33,12 @@ import mmap
 import os
 import pathlib
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 import structlog
 
-from mqstore import failpoints
+from mqstore import failpoints, fs
 from mqstore.disk_space import is_no_space
 from mqstore.errors import FailedPrecondition, OutOfRange, ResourceExhausted
 from mqstore.format import segment_name
@@ -44,6 +57,79 @@ log = structlog.get_logger()
 # blank records) stay on the mapping, where a system call costs more than the copy.
 _PWRITE_MIN_BYTES = 4096
 PAGE_SIZE = mmap.PAGESIZE
+_SCAN_CHUNK_BYTES = 1 << 20
+
+
+def holds_nonzero_bytes(path: pathlib.Path) -> bool:
+    """Whether the file holds a byte that is not zero. Only ranges the file system reports as data
+    (SEEK_DATA) are read, so a preallocated, never-written segment costs no reading."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        position = 0
+        while position < size:
+            try:
+                position = os.lseek(fd, position, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # no data at or after position
+                    return False
+                raise
+            end = min(os.lseek(fd, position, os.SEEK_HOLE), size)
+            while position < end:
+                chunk = os.pread(fd, min(_SCAN_CHUNK_BYTES, end - position), position)
+                if not chunk:
+                    return False  # cut shorter while reading
+                if chunk.count(0) != len(chunk):
+                    return True
+                position += len(chunk)
+        return False
+    finally:
+        os.close(fd)
+
+
+def segment_paths(directory: pathlib.Path) -> list[pathlib.Path]:
+    """The segment files of ``directory`` in the order of their start offsets (other files, such as
+    temporary files and .broken copies, are left out)."""
+    names = []
+    for path in directory.iterdir():
+        try:
+            names.append((segment_name.parse(path.name), path))
+        except ValueError:
+            continue
+    return [path for _, path in sorted(names)]
+
+
+@dataclass(frozen=True)
+class EmptySegment:
+    path: pathlib.Path
+    start: int
+    size_bytes: int
+    holds_data: bool  # non-zero bytes in a file cut short (written, never flushed)
+
+
+def empty_tail(paths: list[pathlib.Path], segment_size: int, removable_from: int | None) -> list[EmptySegment]:
+    """The empty tail of the segment files ``paths`` (sorted), last first: the trailing files that start
+    at or after ``removable_from`` and are empty, that is of size 0, cut short or holding only zeros:
+    what a power cut leaves of a creation not yet durable. A whole file that holds data ends it, and
+    so does a whole first file: kept even if empty, it holds the log's position, so that a directory
+    with no segment at all means that files are missing (recovery refuses that when the checkpoint
+    says data was flushed). None: no flushed offset is known, the first file is never part of it."""
+    if not paths:
+        return []
+    first = segment_name.parse(paths[0].name)
+    bound = first + 1 if removable_from is None else removable_from
+    tail = []
+    for index in range(len(paths) - 1, -1, -1):
+        path = paths[index]
+        start = segment_name.parse(path.name)
+        if start < bound:
+            break
+        size = path.stat().st_size
+        holds_data = holds_nonzero_bytes(path)
+        if size >= segment_size and (holds_data or index == 0):
+            break  # (a file grown past the segment size is refused by Segment.open)
+        tail.append(EmptySegment(path, start, size, holds_data))
+    return tail
 
 
 class SegmentClosed(OutOfRange):
@@ -64,7 +150,10 @@ class Segment:
         self._mm = mm
 
     @classmethod
-    def create(cls, directory: pathlib.Path, start: int, size: int, *, preallocate: bool) -> "Segment":
+    def create(cls, directory: pathlib.Path, start: int, size: int, *, preallocate: bool,
+               durable: bool) -> "Segment":
+        """A new segment; ``durable``: its creation is made durable before it is returned (the creation
+        rule of mqstore.fs; otherwise the owner does it later, see the module docstring)."""
         path = directory / segment_name.name_for(start)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -73,6 +162,8 @@ class Segment:
                 os.posix_fallocate(fd, 0, size)
             else:
                 os.ftruncate(fd, size)
+            if durable:
+                fs.sync_created(fd, path)  # the creation rule (mqstore.fs): size, then directory entry
             failpoints.hit("segment.after_create")
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
@@ -188,35 +279,43 @@ class Segment:
 class SegmentQueue:
     """The ordered segments of one directory (RocketMQ's MappedFileQueue).
 
-    Thread-safety: roll, delete and truncate take ``self.lock``; lookups read ``self.segments``, a
-    tuple replaced atomically, so readers never lock.
+    ``durable_create``: each new segment's creation is made durable as it is created; without it the
+    owner calls :meth:`sync_created` before it counts on the new files (see the module docstring).
+
+    Thread-safety: creating (with its fsyncs), deleting and truncating take ``self.lock``; lookups read
+    ``self.segments``, a tuple replaced atomically, so readers never lock.
     """
 
     def __init__(self, directory: pathlib.Path, segment_size_bytes: int, *, preallocate: bool,
-                 wrong_size_advice: str = ""):
+                 wrong_size_advice: str = "", durable_create: bool = True):
         self.directory = directory
         self.segment_size = segment_size_bytes
         self.preallocate = preallocate
+        self.durable_create = durable_create
         self.wrong_size_advice = wrong_size_advice  # what to do about a file of another size (load)
         self.lock = threading.Lock()
+        self._retention_lock = threading.Lock()  # one delete_expired pass at a time
         self.segments: tuple[Segment, ...] = ()
+        self._created_unsynced = False  # a file was created whose directory entry is not durable yet
 
-    def load(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        names = []
-        for path in self.directory.iterdir():
-            try:
-                names.append((segment_name.parse(path.name), path))
-            except ValueError:
-                continue  # temp files, .broken copies
-        names.sort()
-        if names and names[-1][1].stat().st_size == 0:
-            log.warning("segment.empty_removed", path=str(names[-1][1]))
-            names[-1][1].unlink()
-            names.pop()
+    def load(self, empty_tail_from: int | None = None, *, remove_empty_tail: bool = True) -> None:
+        """Open the segments of the directory (created durably if missing), but not the empty tail
+        (:func:`empty_tail`, from ``empty_tail_from``): its files are deleted, each logged, or with
+        ``remove_empty_tail=False`` (``mqstore check``, which changes nothing) left alone."""
+        fs.make_dirs(self.directory)  # the creation rule (mqstore.fs)
+        paths = segment_paths(self.directory)
+        tail = empty_tail(paths, self.segment_size, empty_tail_from)
+        if tail and remove_empty_tail:
+            for empty in tail:
+                # Short with data: written past the flushed offset, never confirmed durable.
+                log.warning("segment.empty_removed", path=str(empty.path), start=empty.start,
+                            size_bytes=empty.size_bytes, unflushed_data=empty.holds_data,
+                            why="created but never made durable before a crash")
+                empty.path.unlink()
+            fs.fsync_dir(self.directory)  # a removal undone by a power cut is redone, but keep them in step
         segments = []
         try:
-            for _, path in names:
+            for path in paths[:len(paths) - len(tail)]:
                 segments.append(Segment.open(path, self.segment_size, self.wrong_size_advice))
         except BaseException:
             for seg in segments:
@@ -253,14 +352,12 @@ class SegmentQueue:
             last = self.last()
             if last is not None and start != last.end:
                 raise FailedPrecondition(f"new segment at {start} does not follow {last.path.name}")
-            seg = Segment.create(self.directory, start, self.segment_size, preallocate=self.preallocate)
-            self.segments = self.segments + (seg,)
-        log.info("segment.created", path=str(seg.path), start=start)
-        return seg
+            return self._create_locked(start)
 
     def ensure(self, end: int, first_start: int) -> None:
         """Create segments until they cover every byte below ``end``; the first one (when there is
-        none) starts at ``first_start``. Idempotent: several threads may ask for the same range."""
+        none) starts at ``first_start``. Idempotent: several threads may ask for the same range, and a
+        caller that needs a segment another thread is creating waits for it on ``self.lock``."""
         last = self.last()
         if last is not None and last.end >= end:
             return
@@ -268,10 +365,24 @@ class SegmentQueue:
             last = self.last()
             next_start = last.end if last is not None else first_start
             while next_start < end:
-                seg = Segment.create(self.directory, next_start, self.segment_size, preallocate=self.preallocate)
-                self.segments = self.segments + (seg,)
-                log.info("segment.created", path=str(seg.path), start=next_start)
-                next_start = seg.end
+                next_start = self._create_locked(next_start).end
+
+    def _create_locked(self, start: int) -> Segment:
+        seg = Segment.create(self.directory, start, self.segment_size, preallocate=self.preallocate,
+                             durable=self.durable_create)
+        if not self.durable_create:
+            self._created_unsynced = True
+        self.segments = self.segments + (seg,)
+        log.info("segment.created", path=str(seg.path), start=start, durable=self.durable_create)
+        return seg
+
+    def sync_created(self) -> None:
+        """Make the directory entries of the files created since the last call durable (the creation
+        rule of mqstore.fs, for ``durable_create=False``). A file's size is made durable by the flush
+        of its first bytes; a file that never got any is an empty tail that load removes."""
+        if self._created_unsynced:
+            self._created_unsynced = False  # before the fsync: a file created meanwhile is covered or flagged
+            fs.fsync_dir(self.directory)
 
     def delete_first(self) -> Segment:
         with self.lock:
@@ -285,28 +396,35 @@ class SegmentQueue:
         """Retention: delete whole segments, oldest first, that end at or below ``limit_offset`` and
         were last written ``retention_ms`` or more before ``now_ms``; never the last one (the active
         segment), and never one after a segment that stays (never from the middle).
-        ``before_delete(new min offset)`` runs before each deletion. Returns how many were deleted."""
+        ``before_delete(new min offset)`` runs before each deletion. Returns how many were deleted.
+        Passes are serialised: two at once would both judge the first segment, and the second's
+        delete_first would then delete the segment after it, unjudged."""
         deleted = 0
-        for seg in self.segments[:-1]:
-            if seg.end > limit_offset:
-                break
-            mtime_ms = int(seg.path.stat().st_mtime * 1000)
-            if mtime_ms + retention_ms > now_ms:
-                break
-            before_delete(seg.end)
-            self.delete_first()
-            log.info("retention.segment_deleted", path=str(seg.path), start=seg.start, age_ms=now_ms - mtime_ms)
-            deleted += 1
+        with self._retention_lock:
+            for seg in self.segments[:-1]:
+                if seg.end > limit_offset:
+                    break
+                mtime_ms = int(seg.path.stat().st_mtime * 1000)
+                if mtime_ms + retention_ms > now_ms:
+                    break
+                before_delete(seg.end)
+                self.delete_first()
+                log.info("retention.segment_deleted", path=str(seg.path), start=seg.start, age_ms=now_ms - mtime_ms)
+                deleted += 1
         return deleted
 
     def delete_from(self, offset: int) -> list[Segment]:
-        """Delete every segment starting at or after ``offset`` (truncation)."""
+        """Delete every segment starting at or after ``offset`` (truncation). The deletion is made
+        durable: later writes count on the files being gone (a file brought back by a power cut would
+        bring back entries or records that were cut)."""
         with self.lock:
             keep = tuple(s for s in self.segments if s.start < offset)
             gone = [s for s in self.segments if s.start >= offset]
             self.segments = keep
         for seg in gone:
             seg.delete()
+        if gone:
+            fs.fsync_dir(self.directory)
         return gone
 
     def close(self) -> None:

@@ -7,13 +7,15 @@ about 2 us per KiB here, all inside the append lock. Reading the range first (os
 releases the GIL) moves that cost to this thread, on the other core; reading never changes the bytes,
 so it cannot race with the writer. How far it has read is published as ``commitlog.resident_offset``:
 below it, large writes copy into the mapping instead of going through pwrite (mqstore.log.segment).
-Segments ahead are created here too, so a roll does not wait for fallocate. A store or OS error (a
-full disk creating the next segment: appends will say so) is retried with backoff; a bug ends the duty
-and makes the store unhealthy (it used to end it silently).
+Segments ahead are created here too, so a roll waits neither for fallocate nor for the two fsyncs
+that make the new segment durable (mqstore.log.segment). A store or OS error (a full disk creating the
+next segment: appends will say so) is retried with backoff; a bug ends the duty and makes the store
+unhealthy (it used to end it silently).
 
 Thread-safety: reads ``commitlog.written_offset`` (published by the writer) and creates segments
-through SegmentQueue.create (which takes the queue lock; CommitLog treats an existing next segment
-as already created).
+through SegmentQueue.ensure, under the queue's lock and not the append lock: appends go on while a
+segment is created, and only an append that needs that very segment waits for it (it would otherwise
+create it itself).
 """
 
 from __future__ import annotations
@@ -48,10 +50,7 @@ class SegmentWarmer(Duty):
         while start < target and not self.stopping:
             last = log_.segments.last()
             if last is None or start >= last.end:
-                with log_.lock:  # creating segments is the writer's business; share its lock briefly
-                    last = log_.segments.last()
-                    if last is None or start >= last.end:
-                        log_.segments.create(start - start % seg_size if last is None else last.end)
+                log_.segments.ensure(start + 1, start - start % seg_size)
                 continue
             seg = log_.segments.find(start)
             stop = min(target, seg.end, start + 8 * _CHUNK)

@@ -29,7 +29,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import structlog
@@ -213,14 +213,17 @@ class MetadataStore:
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Store the group's next offset for a queue, replacing any earlier one (last write wins)."""
-        _check_non_negative(queue_id=queue_id, offset=offset)
-        stmt = self._insert(offsets_table).values(
-            group_name=group,
-            topic=topic,
-            queue_id=queue_id,
-            committed_offset=offset,
-            updated_ms=self._clock.now_ms(),
-        )
+        self.commit_offsets([(group, topic, queue_id, offset)])
+
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """:meth:`commit_offset` for each (group, topic, queue_id, offset), in one transaction: all of
+        them or none (pop consumption stores its offsets and its revive checkpoint together)."""
+        for _, _, queue_id, offset in rows:
+            _check_non_negative(queue_id=queue_id, offset=offset)
+        if not rows:
+            return
+        now_ms = self._clock.now_ms()
+        stmt = self._insert(offsets_table)
         stmt = stmt.on_conflict_do_update(
             index_elements=list(offsets_table.primary_key.columns),
             set_={
@@ -228,8 +231,10 @@ class MetadataStore:
                 "updated_ms": stmt.excluded.updated_ms,
             },
         )
+        values = [dict(group_name=g, topic=t, queue_id=q, committed_offset=o, updated_ms=now_ms)
+                  for g, t, q, o in rows]
         with self._transaction(write=True) as conn:
-            conn.execute(stmt)
+            conn.execute(stmt, values)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The offset last committed by ``group`` for the queue; NotFound if it never committed."""
@@ -280,21 +285,8 @@ class MetadataStore:
     def _transaction(self, *, write: bool) -> Iterator[Connection]:
         if self._closed:
             raise FailedPrecondition(f"metadata store {self._url_text} is closed; open a new one")
-        try:
-            with self._engine.connect() as conn:
-                conn.execution_options(**{_WRITE_OPTION: write})
-                with conn.begin():
-                    yield conn
-        except (sa_exc.OperationalError, sa_exc.TimeoutError) as exc:
-            cause = getattr(exc, "orig", None) or exc
-            if _is_disk_full(cause):
-                raise ResourceExhausted(
-                    f"metadata database {self._url_text}: the disk is full ({cause}); free space, "
-                    "then retry") from exc
-            raise Unavailable(
-                f"metadata database {self._url_text} is unavailable or stayed locked for "
-                f"{self._wait_timeout_ms} ms: {cause}; retry later"
-            ) from exc
+        with transaction(self._engine, self._url_text, self._wait_timeout_ms, write=write) as conn:
+            yield conn
 
     def _open_schema(self) -> None:
         with self._transaction(write=True) as conn:
@@ -325,6 +317,39 @@ class MetadataStore:
                 "created by mqstore or was edited by hand; point the metadata URL elsewhere"
             )
         return int(version)
+
+
+def open_engine(url: str, *, wait_timeout_ms: int = 10_000, pool_size: int = 8) -> tuple[Engine, str]:
+    """An engine as the metadata store builds one (SQLite WAL and busy timeout, PostgreSQL statement and
+    lock timeouts, a bounded pool), and the URL to name it by (password hidden). For the other tables
+    of mqstore.meta (txn_audit)."""
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError:
+        raise InvalidArgument("metadata URL is not a database URL: give e.g. sqlite:////abs/path/metadata.db or "
+                              "postgresql+psycopg2://user@host/db") from None
+    return _build_engine(parsed, wait_timeout_ms=wait_timeout_ms, pool_size=pool_size), \
+        parsed.render_as_string(hide_password=True)
+
+
+@contextlib.contextmanager
+def transaction(engine: Engine, url_text: str, wait_timeout_ms: int, *, write: bool) -> Iterator[Connection]:
+    """One database transaction; an outage becomes Unavailable (retriable), a full disk
+    ResourceExhausted, each naming the database (never an INTERNAL error)."""
+    try:
+        with engine.connect() as conn:
+            conn.execution_options(**{_WRITE_OPTION: write})
+            with conn.begin():
+                yield conn
+    except (sa_exc.OperationalError, sa_exc.TimeoutError) as exc:
+        cause = getattr(exc, "orig", None) or exc
+        if _is_disk_full(cause):
+            raise ResourceExhausted(
+                f"metadata database {url_text}: the disk is full ({cause}); free space, then retry") from exc
+        raise Unavailable(
+            f"metadata database {url_text} is unavailable or stayed locked for {wait_timeout_ms} ms: {cause}; "
+            "retry later"
+        ) from exc
 
 
 def _build_engine(url: URL, *, wait_timeout_ms: int, pool_size: int) -> Engine:

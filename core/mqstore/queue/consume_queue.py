@@ -1,6 +1,12 @@
 """Consume queues: per topic/queue files of 20-byte entries (mqstore.format.cq_unit), derived from
 the commit log and rebuilt from it when missing or behind.
 
+Creating files follows the creation rule of mqstore.fs, deferred off the append path: a new file's
+(and a new queue directory's) entry is made durable by the next checkpoint, before the manifest that
+counts on it (``flush``, QueueTable.sync_created_dirs); its size by the flush of its first entries.
+What a power cut leaves of a file created after the last checkpoint (missing, size 0, cut short) is a
+trailing file that ``load`` removes, and the replay from the checkpoint writes its entries again.
+
 Files are allocated for real before they are mapped (mqstore.log.segment), and the append path
 allocates the files a batch's entries need (``reserve``) before the batch is copied into the log: the
 dispatcher runs after the log write, so a full disk found only then would leave records in the log
@@ -20,6 +26,7 @@ import shutil
 
 import structlog
 
+from mqstore import fs
 from mqstore.errors import InvariantViolation
 from mqstore.format import cq_unit
 from mqstore.log.segment import SegmentClosed, SegmentQueue
@@ -33,7 +40,7 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = directory
-        self.files = SegmentQueue(directory, entries_per_file * ENTRY, preallocate=True)
+        self.files = SegmentQueue(directory, entries_per_file * ENTRY, preallocate=True, durable_create=False)
         self.entries_per_file = entries_per_file
         self.min_offset = 0
         self.max_offset = 0
@@ -42,7 +49,7 @@ class ConsumeQueue:
 
     # ---- load / recover
     def load(self) -> None:
-        self.files.load()
+        self.files.load(empty_tail_from=0)  # derived: any empty trailing file goes, replay refills it
         segs = self.files.segments
         while segs and self._valid_prefix(segs[-1]) == 0:
             log.info("consumequeue.empty_file_removed", topic=self.topic, queue_id=self.queue_id,
@@ -188,14 +195,16 @@ class ConsumeQueue:
         seg.write(byte_at - seg.start, data)
 
     def flush(self) -> None:
+        """fdatasync the entries written since the last flush (and with them the sizes of the files
+        they went into), then make the creation of new files durable."""
         target = self.max_offset
-        if target <= self.flushed_offset:
-            return
-        from_byte, to_byte = self.flushed_offset * ENTRY, target * ENTRY
-        for seg in self.files.segments:
-            if seg.end > from_byte and seg.start < to_byte:
-                seg.flush(max(from_byte, seg.start) - seg.start, min(to_byte, seg.end) - seg.start)
-        self.flushed_offset = target
+        if target > self.flushed_offset:
+            from_byte, to_byte = self.flushed_offset * ENTRY, target * ENTRY
+            for seg in self.files.segments:
+                if seg.end > from_byte and seg.start < to_byte:
+                    seg.flush(max(from_byte, seg.start) - seg.start, min(to_byte, seg.end) - seg.start)
+            self.flushed_offset = target
+        self.files.sync_created()
 
     # ---- read
     def entry(self, queue_offset: int) -> tuple[int, int, int]:
@@ -265,3 +274,7 @@ class ConsumeQueue:
     def destroy(self) -> None:
         self.files.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+        # Durable: a queue directory brought back by a power cut would serve its old entries to a
+        # topic created again under the same name, or beside a rebuilt queue.
+        if self.directory.parent.is_dir():
+            fs.fsync_dir(self.directory.parent)

@@ -16,7 +16,7 @@ import threading
 
 import structlog
 
-from mqstore import codec
+from mqstore import codec, fs
 from mqstore.format import record, record_scan
 from mqstore.log.commitlog import CommitLog
 from mqstore.queue import replay
@@ -28,16 +28,18 @@ log = structlog.get_logger()
 class QueueTable:
     """(topic, queue id) -> ConsumeQueue, created on first use. Thread-safe: the append path (which
     reserves files) and the dispatcher may both create a queue, so creation and removal take
-    ``_lock``; lookups read the dict without it."""
+    ``_lock``; lookups read the dict without it. A new queue's directories are made durable by the
+    next checkpoint (:meth:`sync_created_dirs`; mqstore.queue.consume_queue says why)."""
 
     def __init__(self, root: pathlib.Path, entries_per_file: int):
         self.root = root
         self.entries_per_file = entries_per_file
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
+        self._created_dirs: list[pathlib.Path] = []  # made by get_or_create, entries not durable yet
 
     def load(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(self.root)  # the creation rule (mqstore.fs)
         for topic_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
             for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 cq = ConsumeQueue(queue_dir, topic_dir.name, int(queue_dir.name), self.entries_per_file)
@@ -55,9 +57,16 @@ class QueueTable:
             cq = self.queues.get((topic, queue_id))
             if cq is None:
                 cq = ConsumeQueue(self.root / topic / str(queue_id), topic, queue_id, self.entries_per_file)
-                cq.files.directory.mkdir(parents=True, exist_ok=True)
+                # The creation rule (mqstore.fs), deferred off the append path to sync_created_dirs.
+                self._created_dirs += fs.make_dirs(cq.files.directory, sync=False)
                 self.queues[(topic, queue_id)] = cq
         return cq
+
+    def sync_created_dirs(self) -> None:
+        """Make the entries of the queue directories created since the last call durable."""
+        with self._lock:
+            created, self._created_dirs = self._created_dirs, []
+        fs.sync_dirs(created)
 
     def reserve(self, topic: str, ranges: dict[int, tuple[int, int]]) -> None:
         """Allocate the files for queue offsets [first, end) of each queue id in ``ranges`` (the append

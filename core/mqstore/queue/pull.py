@@ -101,16 +101,26 @@ class LongPolls:
     def wait(self, get_queue: Callable[[], ConsumeQueue | None], offset: int, wait_ms: int,
              running: Callable[[], bool]) -> ConsumeQueue | None:
         """The queue once it holds a message at ``offset``, or after ``wait_ms`` (None: no queue yet)."""
+        def arrived() -> bool:
+            cq = get_queue()
+            return cq is not None and cq.max_offset > offset
+        self.wait_for(arrived, wait_ms, running)
+        return get_queue()
+
+    def wait_for(self, ready: Callable[[], bool], wait_ms: int, running: Callable[[], bool]) -> bool:
+        """Until ``ready()`` (checked after each dispatch round), ``wait_ms`` passed or not ``running()``;
+        at once when every slot is taken. Returns ``ready()``'s last value."""
         if not self._slots.acquire(blocking=False):
-            return get_queue()
+            return ready()
         try:
             deadline = self._clock.monotonic_s() + wait_ms / 1000
             with self._visible:
                 while True:
-                    cq = get_queue()
+                    if ready():
+                        return True
                     left = deadline - self._clock.monotonic_s()
-                    if (cq is not None and cq.max_offset > offset) or left <= 0 or not running():
-                        return cq
+                    if left <= 0 or not running():
+                        return False
                     self._visible.wait(min(left, 0.5))
         finally:
             self._slots.release()

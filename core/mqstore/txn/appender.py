@@ -7,6 +7,12 @@ groups it by topic in arrival order into Appends of at most ``max_messages`` mes
 commit visible at once), and hands each caller its own results. An Append that the log refuses as
 INVALID_ARGUMENT is retried one caller at a time, so one bad request fails alone.
 
+Errors each caller gets: the log's own refusal as it is (nothing was written); ``OutcomeUnknown``
+when the append failed in a way that does not prove nothing was written (UNAVAILABLE, a deadline, a
+lost connection, a SYNC flush timeout: mqstore_rpc.remote_errors maps them to Unavailable; or a bug,
+logged); plain ``Unavailable`` when the request was never sent (the batcher is closed, or it waited
+too long for its turn). Nothing here retries an append.
+
 Thread-safe: ``_lock`` guards the queues, the leaders, the requests' flags and the counters; a leader
 appends unlocked; each caller waits on its request's own event.
 """
@@ -21,7 +27,7 @@ from typing import Callable, Sequence
 
 import structlog
 
-from mqstore.errors import InvalidArgument, MqStoreError, Unavailable
+from mqstore.errors import InvalidArgument, MqStoreError, OutcomeUnknown, Unavailable
 from mqstore.model import AppendResult, MessageIn
 
 log = structlog.get_logger("mqstore.txn.appender")
@@ -140,12 +146,18 @@ class AppendBatcher:
                 for request in group:  # find the bad one: each alone
                     self._append_group([request])
             return
+        except Unavailable as exc:
+            self._fail(group, OutcomeUnknown(f"the commit log did not confirm the append to {group[0].topic} "
+                                             f"({exc}): it may or may not have been written"))
+            return
         except MqStoreError as exc:
             self._fail(group, exc)
             return
-        except BaseException as exc:  # a bug: each caller gets it (INTERNAL), the next round goes on
+        except BaseException as exc:  # a bug (logged); whether the log wrote it is unknown: none may retry blindly
             log.exception("txn.append_failed", topic=group[0].topic)
-            self._fail(group, exc)
+            self._fail(group, OutcomeUnknown(f"the append to {group[0].topic} failed unexpectedly "
+                                             f"({type(exc).__name__}, logged as txn.append_failed): it may or may "
+                                             f"not have been written"))
             return
         with self._lock:
             self.appends += 1

@@ -1,27 +1,27 @@
-"""Check-back: the service asks a producer group about transactions left OPEN too long.
+"""Check-back streams: a producer group keeps a CheckBack stream open, the service sends it checks and
+applies its answers. The servicer only converts messages: it hands :meth:`CheckBack.open` the
+stream's incoming answers (domain objects) and sends what :meth:`CheckSession.checks` yields.
 
-A producer group keeps a CheckBack stream open (a :class:`CheckSession` per stream, registered in the
-:class:`CheckHub`). The :class:`Checker` duty looks, every ``check_scan_interval_ms``, at every OPEN
-transaction, oldest first:
+  who                         what, on which thread
+  --------------------------- ------------------------------------------------------------------------------
+  the Checker (checker.py)    offers due checks to a session of the group (its outbox, bounded)
+  the stream's handler        yields the session's checks; each is counted as sent (checks_sent + 1) as it
+                              goes out, and dropped instead if an answer or a decision came first
+  a reader (Workers           reads the stream's answers. An answer COMMIT or ROLLBACK stops all further
+  ``txn-checkback-reader``)   checks of the transaction at once (Txn.deciding, under the table's lock, before
+                              anything else) and is handed to a decider; UNKNOWN is recorded (checks go on)
+  a decider (Workers          applies the decision through the coordinator (by "check-back"): a commit's append,
+  ``txn-check-answer``)       never on the reader; a rollback does not wait for its OP record (nobody waits for
+                              the answer), and the transaction is ROLLED_BACK, no check candidate, meanwhile;
+                              a refusal (resolved the other way, the log away) is counted and logged, and checks
+                              resume if the transaction is still open
 
-  condition (ages by the store's timestamps and this service's clock, never the producer's)  action
-  ----------------------------------------------------------------------------------------  -------------
-  age < transaction_timeout_ms, or the last check < check_interval_ms ago                     skip
-  checks_sent >= check_max                                                                    park it
-  no open stream of its group                                                                 skip, not counted
-  the group's rate limit (check_rate_per_s, a token bucket) is spent                          skip this round
-  otherwise: send a CheckRequest on one of the group's streams (round robin)                  checks_sent + 1
+Answers of one stream are applied concurrently (``check_answer_workers``). A reader waits while every
+decider is busy and the queue is full: back-pressure on that stream, never an unbounded backlog. At most
+``max_check_streams`` streams are open at once (more: RESOURCE_EXHAUSTED). A first message that is not
+a hello, or an answer naming no check sent on the stream, ends it with INVALID_ARGUMENT.
 
-Parking copies the halves to TRANS_CHECK_MAX_TIME_TOPIC (with TRANSACTION_CHECK_TIMES) and marks the
-transaction PARKED (reported in Stats, ListOpen and the log event ``txn.parked``). A failure for one
-transaction (the log unreachable while parking, say) is counted and logged, and the scan goes on with
-the next one: progress never stops at one message (RocketMQ #9500).
-
-An answer COMMIT or ROLLBACK resolves the transaction through the coordinator (by "check-back"); UNKNOWN
-is recorded as the last answer. The answers of a stream are handled on that stream's reader thread.
-
-Thread-safe: the hub's lock guards the sessions; a session's own lock its pending checks; the
-checker's counters its lock. Time comes from the injected clock.
+Thread-safe: the hub's lock guards the sessions; a session's own lock its pending checks and failure.
 """
 
 from __future__ import annotations
@@ -30,22 +30,19 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator, Protocol
 
 import structlog
 
-from mqstore import transactions as tx
-from mqstore.background import Duty
-from mqstore.clock import Clock
-from mqstore.errors import InvalidArgument, MqStoreError
-from mqstore.model import MessageIn, StoredMessage
-
-from .config import TxnConfig
-from .table import OPEN, PARKED, Txn, TxnTable
+from mqstore.background import Workers
+from mqstore.errors import InvalidArgument, MqStoreError, ResourceExhausted
+from mqstore.model import StoredMessage
 
 log = structlog.get_logger("mqstore.txn.checkback")
 COMMIT, ROLLBACK, UNKNOWN = "COMMIT", "ROLLBACK", "UNKNOWN"
 OUTBOX_LIMIT = 10_000  # checks queued on one stream; beyond it the stream is too slow: not sent, not counted
+POLL_S = 0.2           # how often a stream's handler looks whether its stream is still active
+SUBMIT_WAIT_S = 3600.0  # a reader waits this long for a free decider (back-pressure), then ends its stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +55,26 @@ class Check:
     halves: list[StoredMessage]
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    check_id: int
+    decision: str  # COMMIT, ROLLBACK or UNKNOWN
+
+
 class CheckSession:
     """One open CheckBack stream of a producer group."""
 
-    def __init__(self, group: str):
+    def __init__(self, group: str, on_send: Callable[[Check], bool]):
         self.group = group
+        self._on_send = on_send
         self._outbox: queue.Queue[Check | None] = queue.Queue(OUTBOX_LIMIT)
         self._pending: dict[int, str] = {}
-        self._counts_lock = threading.Lock()
+        self._lock = threading.Lock()
         self.closed = False
+        self.failure: MqStoreError | None = None
 
     def offer(self, check: Check) -> bool:
-        with self._counts_lock:
+        with self._lock:
             if self.closed:
                 return False
             try:
@@ -79,172 +84,168 @@ class CheckSession:
             self._pending[check.check_id] = check.txn_id
             return True
 
-    def next_check(self, timeout_s: float) -> Check | None:
-        """The next check to send, None when closed (or nothing within ``timeout_s``: call again)."""
+    def checks(self, is_active: Callable[[], bool]) -> Iterator[Check]:
+        """The checks to send, while the stream is active and the session open; then raises the failure
+        that ended the session, if any. A check whose transaction got an answer or a decision while it
+        was queued is dropped (not sent, not counted)."""
+        while is_active() and not self.closed:
+            check = self.take(POLL_S)
+            if check is not None:
+                yield check
+        with self._lock:
+            failure = self.failure
+        if failure is not None:
+            raise failure
+
+    def take(self, timeout_s: float) -> Check | None:
+        """The next check to send, counted as sent; None when there is none within ``timeout_s`` (or it
+        was dropped, or the session closed)."""
         try:
-            return self._outbox.get(timeout=timeout_s)
+            check = self._outbox.get(timeout=timeout_s)
         except queue.Empty:
             return None
+        return check if check is not None and self._on_send(check) else None
 
     def answered(self, check_id: int) -> str:
         """The transaction a check named; InvalidArgument for a check never sent on this stream."""
-        with self._counts_lock:
+        with self._lock:
             txn_id = self._pending.pop(check_id, None)
         if txn_id is None:
             raise InvalidArgument(f"check_id {check_id} was not sent on this stream (or was answered already); "
                                   f"answer each CheckRequest once, with its check_id")
         return txn_id
 
+    def fail(self, exc: MqStoreError) -> None:
+        with self._lock:
+            self.failure = self.failure or exc
+        self.close()
+
     def close(self) -> None:
-        with self._counts_lock:
+        with self._lock:
             self.closed = True
         try:
             self._outbox.put_nowait(None)
         except queue.Full:
-            pass  # the reader of the outbox is gone or will see `closed`
+            pass  # the handler reading the outbox sees `closed` within POLL_S
 
 
 class CheckHub:
-    def __init__(self):
-        self._counts_lock = threading.Lock()
+    """The open sessions by group; at most ``max_streams`` at once."""
+
+    def __init__(self, max_streams: int = 1 << 30):
+        self.max_streams = max_streams
+        self._lock = threading.Lock()
         self._sessions: dict[str, list[CheckSession]] = {}
         self._turn = itertools.count()
 
-    def open(self, group: str) -> CheckSession:
-        session = CheckSession(group)
-        with self._counts_lock:
+    def open(self, group: str, on_send: Callable[[Check], bool] = lambda check: True) -> CheckSession:
+        session = CheckSession(group, on_send)
+        with self._lock:
+            count = sum(len(s) for s in self._sessions.values())
+            if count >= self.max_streams:
+                raise ResourceExhausted(f"{count} CheckBack streams are open, the limit max_check_streams; close "
+                                        f"idle producers' streams (one per producer is enough) or raise the limit")
             self._sessions.setdefault(group, []).append(session)
         log.info("checkback.stream_opened", group=group)
         return session
 
     def close(self, session: CheckSession) -> None:
         session.close()
-        with self._counts_lock:
+        with self._lock:
             sessions = self._sessions.get(session.group, [])
-            if session in sessions:
-                sessions.remove(session)
+            if session not in sessions:
+                return
+            sessions.remove(session)
         log.info("checkback.stream_closed", group=session.group)
 
     def session_for(self, group: str) -> CheckSession | None:
-        with self._counts_lock:
+        with self._lock:
             sessions = self._sessions.get(group)
             return sessions[next(self._turn) % len(sessions)] if sessions else None
 
     def open_streams(self) -> int:
-        with self._counts_lock:
+        with self._lock:
             return sum(len(s) for s in self._sessions.values())
 
     def close_all(self) -> None:
-        with self._counts_lock:
+        with self._lock:
             sessions = [s for group in self._sessions.values() for s in group]
         for session in sessions:
             self.close(session)
 
 
-class RateLimiter:
-    """A token bucket per group: ``rate_per_s`` checks a second, bursts of ``rate_per_s``."""
+class AnswerSink(Protocol):
+    """What CheckBack needs of the checker (checker.Checker): counting sends, recording answers."""
 
-    def __init__(self, rate_per_s: int, clock: Clock):
-        self.rate, self.clock = rate_per_s, clock
-        self._buckets: dict[str, tuple[float, int]] = {}
+    def on_send(self, check: Check) -> bool: ...
 
-    def allow(self, group: str) -> bool:
-        now = self.clock.now_ms()
-        tokens, at = self._buckets.get(group, (float(self.rate), now))
-        tokens = min(float(self.rate), tokens + (now - at) * self.rate / 1000)
-        if tokens < 1:
-            self._buckets[group] = (tokens, now)
-            return False
-        self._buckets[group] = (tokens - 1, now)
-        return True
+    def record_answer(self, txn_id: str, decision: str) -> bool: ...
+
+    def answer_done(self, txn_id: str, error: MqStoreError | None) -> None: ...
 
 
-class Checker(Duty):
-    def __init__(self, config: TxnConfig, table: TxnTable, hub: CheckHub, clock: Clock,
-                 read_halves: Callable[[list[int]], list[StoredMessage]],
-                 park: Callable[[str, list[MessageIn]], None]):
-        super().__init__("txn-checker", interval_s=config.check_scan_interval_ms / 1000)
-        self.config, self.table, self.hub, self.clock = config, table, hub, clock
-        self._read_halves, self._park = read_halves, park
-        self.limiter = RateLimiter(config.check_rate_per_s, clock)
-        self._ids = itertools.count(1)
-        self._counts_lock = threading.Lock()
-        self.checks_sent = self.check_answers = self.check_failures = self.parked = 0
+class CheckBack:
+    """The streams' readers and the answers' deciders (see the module docstring)."""
 
-    def step(self) -> None:
-        self.scan()
+    def __init__(self, hub: CheckHub, sink: AnswerSink, decide: Callable[[str, str], object], *, max_streams: int,
+                 answer_workers: int, max_queued_answers: int):
+        self.hub, self.sink, self._decide = hub, sink, decide
+        self.readers = Workers("txn-checkback-reader", workers=max_streams, max_queued=max_streams)
+        self.deciders = Workers("txn-check-answer", workers=answer_workers, max_queued=max_queued_answers)
 
-    def scan(self) -> int:
-        """One pass over the OPEN transactions; the checks sent."""
-        if not self.table.ready:
-            return 0
-        with self.table.lock:
-            candidates = sorted((t for t in self.table.by_id.values() if t.state == OPEN),
-                                key=lambda t: t.first_store_ms)
-        sent = 0
-        for txn in candidates:
-            try:
-                sent += self._visit(txn)
-            except MqStoreError as exc:  # one transaction failing must not stop the scan
-                with self._counts_lock:
-                    self.check_failures += 1
-                log.warning("checkback.failed", transaction_id=txn.txn_id, error=f"{type(exc).__name__}: {exc}")
-        return sent
+    def start(self) -> None:
+        self.readers.start()
+        self.deciders.start()
 
-    def _visit(self, txn: Txn) -> int:
-        now = self.clock.now_ms()
-        cfg = self.config
-        if now - txn.first_store_ms < cfg.transaction_timeout_ms:
-            return 0
-        if txn.last_check_ms and now - txn.last_check_ms < cfg.check_interval_ms:
-            return 0
-        if txn.checks_sent >= cfg.check_max:
-            self._park_txn(txn)
-            return 0
-        session = self.hub.session_for(txn.group)
-        if session is None or not self.limiter.allow(txn.group):
-            return 0
-        halves = self._read_halves([h.physical_offset for h in txn.halves])
-        with self.table.lock:
-            if txn.state != OPEN:
-                return 0
-            check = Check(next(self._ids), txn.txn_id, txn.topic, txn.checks_sent + 1, now - txn.first_store_ms,
-                          halves)
-            if not session.offer(check):
-                return 0  # the stream closed or is too slow: not counted as checked
-            txn.checks_sent += 1
-            txn.last_check_ms = now
-        with self._counts_lock:
-            self.checks_sent += 1
-        return 1
+    def stop(self, timeout_s: float) -> None:
+        """Close every stream, then let the readers end and the deciders finish what they hold."""
+        self.hub.close_all()
+        self.readers.stop(timeout_s)
+        self.deciders.stop(timeout_s)
 
-    def _park_txn(self, txn: Txn) -> None:
-        with txn.guard:
-            if txn.state != OPEN:
-                return
-            halves = self._read_halves([h.physical_offset for h in txn.halves])
-            copies = []
-            for half in halves:
-                props = dict(half.record.properties)
-                props[tx.PROPERTY_CHECK_TIMES] = str(txn.checks_sent)
-                copies.append(MessageIn(half.record.body, properties=props, flag=half.record.flag,
-                                        born_timestamp_ms=half.record.born_timestamp_ms, queue_id=0))
-            self._park(tx.CHECK_MAX_TOPIC, copies)
-            self.table.resolve(txn, PARKED, "check-back: no decision after check_max checks")
-        with self._counts_lock:
-            self.parked += 1
-        log.warning("txn.parked", transaction_id=txn.txn_id, group=txn.group, checks_sent=txn.checks_sent,
-                    last_answer=txn.last_answer, topic=tx.CHECK_MAX_TOPIC)
+    def problem(self) -> str:
+        return self.readers.problem() or self.deciders.problem()
 
-    def record_answer(self, txn_id: str, decision: str) -> None:
-        txn = self.table.get(txn_id)
-        with self._counts_lock:
-            self.check_answers += 1
-        if txn is not None:
-            with self.table.lock:
-                txn.last_answer = decision
+    def open(self, group: str, incoming: Iterable[Answer]) -> CheckSession:
+        """A session for a stream whose answers are ``incoming`` (read on a reader thread; an iteration
+        that ends means the producer went away)."""
+        session = self.hub.open(group, self.sink.on_send)
+        try:
+            self.readers.submit(lambda: self._read(session, incoming), timeout_s=0)
+        except MqStoreError:
+            self.hub.close(session)
+            raise
+        return session
 
-    def note_failure(self, txn_id: str, exc: Exception) -> None:
-        with self._counts_lock:
-            self.check_failures += 1
-        log.warning("checkback.answer_refused", transaction_id=txn_id, error=f"{type(exc).__name__}: {exc}")
+    def close(self, session: CheckSession) -> None:
+        """The stream ended (its handler returns): the session is closed and unregistered."""
+        self.hub.close(session)
+
+    def _read(self, session: CheckSession, incoming: Iterable[Answer]) -> None:
+        try:
+            for answer in incoming:
+                txn_id = session.answered(answer.check_id)
+                if self.sink.record_answer(txn_id, answer.decision):  # checks of it stop here, at once
+                    self._hand_over(txn_id, answer.decision)
+                if session.closed:
+                    return
+        except MqStoreError as exc:
+            session.fail(exc)
+        finally:
+            self.hub.close(session)
+
+    def _hand_over(self, txn_id: str, decision: str) -> None:
+        try:
+            self.deciders.submit(lambda: self._apply(txn_id, decision), SUBMIT_WAIT_S)
+        except MqStoreError as exc:  # stopping, or no decider free for an hour: checks of it resume later
+            self.sink.answer_done(txn_id, exc)
+            raise
+
+    def _apply(self, txn_id: str, decision: str) -> None:
+        error = None
+        try:
+            self._decide(txn_id, decision)
+        except MqStoreError as exc:  # already resolved the other way, the log away: counted; checked again later
+            error = exc
+        finally:  # also after a bug (Workers reports it): the transaction must not stay "deciding"
+            self.sink.answer_done(txn_id, error)

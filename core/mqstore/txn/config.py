@@ -26,12 +26,22 @@ class TxnConfig:
     follow_linger_ms: int = 20              # the follower's Tail gathers new records this long per frame
                                             # (nothing waits for the follower once it has caught up at start)
     resolved_keep: int = 100_000            # resolved transactions remembered (idempotent answers)
+    max_open_transactions: int = 100_000    # open, being prepared or parked at once; more: RESOURCE_EXHAUSTED
+    in_doubt_settle_ms: int = 1000          # an append of unknown outcome is settled from the log end asked
+                                            # this long after the failure (a request still inside the
+                                            # commit log when the caller gave up has landed by then)
+    max_check_streams: int = 64             # CheckBack streams open at once (each holds a reader thread)
+    check_answer_workers: int = 8           # check answers applied concurrently...
+    check_answer_queue: int = 1000          # ...and queued beyond those (then the stream waits)
     metadata_url: str = ""                  # audit trail database; "" = SQLite in data_dir
+    audit_wait_timeout_ms: int = 5000       # a ForceResolve waits at most this for the audit database
 
     def __post_init__(self) -> None:
         for name in ("op_batch_max_bytes", "op_batch_interval_ms", "transaction_timeout_ms",
                      "check_max", "check_interval_ms", "check_rate_per_s", "check_scan_interval_ms",
-                     "append_max_messages", "append_max_bytes", "checkpoint_interval_ms", "resolved_keep"):
+                     "append_max_messages", "append_max_bytes", "checkpoint_interval_ms", "resolved_keep",
+                     "max_open_transactions", "in_doubt_settle_ms", "max_check_streams", "check_answer_workers",
+                     "check_answer_queue", "audit_wait_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
         if not 0 <= self.follow_linger_ms <= 1000:

@@ -1,11 +1,18 @@
 """Prepare, Commit, Rollback and ForceResolve: the transaction state machine (txn.proto states when each
-answer is durable and what a crash at each step means).
+answer is durable and what a crash at each step means; table.py the states).
 
-  Prepare   check -> choose the real queue (as the commit log would) -> append the halves (batched with
-            other producers') -> [txn.prepare.after_half] -> OPEN in the table, halves cached -> answer
-  Commit    guard -> halves from the cache, else the log -> append the real messages, one Append ->
-            [txn.commit.after_real] -> COMMITTED -> OP entries queued -> answer
-  Rollback  guard -> ROLLED_BACK -> OP entries queued -> wait until the OP record is durable -> answer
+  Prepare   check -> reserve the id (PREPARING, atomic: a live id is refused, or an identical retry gets
+            the first answer) -> choose the real queue (as the commit log would) -> append the halves
+            (batched with other producers') -> [txn.prepare.after_half] -> OPEN, halves cached -> answer
+  Commit    guard -> halves of the primary attempt from the cache, else the log -> append the real
+            messages, one Append -> [txn.commit.after_real] -> COMMITTED -> OP entries queued -> answer
+  Rollback  guard -> ROLLED_BACK -> OP entries queued -> wait until every half's OP record is written
+            -> answer
+
+An append that fails with OutcomeUnknown (it may have landed) leaves the transaction OUTCOME_UNKNOWN
+(Txn.unknown) and is handed to the in-doubt resolver; until it has settled, Prepare of that id,
+Commit and Rollback answer UNAVAILABLE, and then a retry answers from what the log holds (``already``
+for a commit that landed). An append that failed for sure changes nothing (a reserved id is released).
 
 Thread-safe: a transaction's decisions are serialised by its ``guard`` (TxnTable); the table, the cache,
 the appender and the OP batcher are thread-safe themselves.
@@ -13,13 +20,14 @@ the appender and the OP batcher are thread-safe themselves.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import structlog
 
@@ -27,13 +35,14 @@ from mqstore import failpoints, javahash
 from mqstore import topics as topic_rules
 from mqstore import transactions as tx
 from mqstore.clock import Clock
-from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutcomeUnknown,
+                            Unavailable)
 from mqstore.format import record
-from mqstore.model import AppendResult, MessageIn, StoredMessage, TopicRecord, MessageLookup
+from mqstore.model import DURABILITY_WRITTEN, AppendResult, MessageIn, MessageLookup, StoredMessage, TopicRecord
 
 from .cache import HalfCache
 from .config import TxnConfig
-from .table import COMMITTED, PARKED, ROLLED_BACK, Half, Txn, TxnTable
+from .table import COMMIT, COMMITTED, PARKED, PREPARE, PREPARING, ROLLED_BACK, Half, Txn, TxnTable
 
 log = structlog.get_logger("mqstore.txn.coordinator")
 _TXN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -52,16 +61,27 @@ class Appender(Protocol):
 
 
 class OpQueue(Protocol):
-    def add(self, half_queue_offsets: Sequence[int]) -> int: ...
+    def add(self, half_queue_offsets: Sequence[int]) -> None: ...
 
-    def wait_written(self, seq: int, timeout_s: float) -> None: ...
+
+class InDoubtQueue(Protocol):
+    def add(self, what: str, settle: Callable[[], None]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedHalf:
+    uniq_key: str
+    physical_offset: int
+    half_queue_offset: int
+    real_queue_id: int
 
 
 @dataclass(frozen=True)
 class Prepared:
     transaction_id: str
-    results: list[AppendResult]
-    real_queue_ids: list[int]
+    halves: list[PreparedHalf]
+    durability: str
+    already: bool = False        # an identical retry: the first Prepare's answer
 
 
 @dataclass(frozen=True)
@@ -73,15 +93,14 @@ class Ended:
 
 class Coordinator:
     def __init__(self, config: TxnConfig, table: TxnTable, log_reader: LogReader, appender: Appender,
-                 ops: OpQueue, cache: HalfCache[MessageIn], clock: Clock):
+                 ops: OpQueue, cache: HalfCache[MessageIn], clock: Clock, in_doubt: InDoubtQueue):
         self.config, self.table, self.log_reader, self.appender = config, table, log_reader, appender
-        self.ops, self.cache, self.clock = ops, cache, clock
+        self.ops, self.cache, self.clock, self.in_doubt = ops, cache, clock, in_doubt
         self._topics: dict[str, tuple[TopicRecord, float]] = {}
         self._round_robin: dict[str, itertools.count] = {}
-        self._lock = threading.Lock()  # the two dicts above
-        self._op_seq: dict[str, int] = {}
+        self._lock = threading.Lock()  # the two dicts above and the counter
         self.halves_written = 0
-        table.on_needs_op = self._queue_op_locked
+        table.on_needs_op = self._queue_halves
 
     # ---- Prepare --------------------------------------------------------------------------------------
     def prepare(self, topic: str, messages: Sequence[MessageIn], group: str, txn_id: str = "") -> Prepared:
@@ -94,22 +113,57 @@ class Coordinator:
             tx.check_message_properties(index, m.properties)
         txn_id = txn_id or uuid.uuid4().hex
         if not _TXN_ID.match(txn_id):
-            raise InvalidArgument(f"transaction_id {txn_id!r}: use 1 to 128 of A-Z a-z 0-9 _ . : -")
-        if self.table.get(txn_id) is not None:
-            raise AlreadyExists(f"transaction {txn_id} exists already; give a new id or none (one is generated)")
+            raise InvalidArgument(f"transaction_id: use 1 to 128 of A-Z a-z 0-9 _ . : - (got {len(txn_id)} "
+                                  f"characters that do not match)")
+        digest = request_digest(topic, group, messages)
+        txn, created = self.table.reserve(txn_id, group, topic, digest)
+        if not created:
+            return self._replay(txn, digest)
+        try:
+            return self._append_halves(txn, topic, messages, group, digest)
+        except OutcomeUnknown as exc:
+            self._in_doubt(txn, PREPARE)
+            raise OutcomeUnknown(f"transaction {txn_id}: the outcome of appending its halves is unknown ({exc}); "
+                                 f"retry Prepare with transaction_id {txn_id}: it answers UNAVAILABLE until the "
+                                 f"log has been read past the failure, then the first answer") from None
+        except BaseException:
+            self.table.release(txn)  # nothing was written: the id is free again
+            raise
+
+    def _append_halves(self, txn: Txn, topic: str, messages: Sequence[MessageIn], group: str,
+                       digest: str) -> Prepared:
         real = self._topic(topic)
         tx.check_real_topic(real)
         qids = self._queues(real, messages)
-        halves = [_half_message(m, topic, qid, group, txn_id) for m, qid in zip(messages, qids, strict=True)]
+        attempt = uuid.uuid4().hex[:16]
+        halves = [_half_message(m, topic, qid, group, txn.txn_id, attempt, digest)
+                  for m, qid in zip(messages, qids, strict=True)]
         results = self.appender.append(tx.HALF_TOPIC, halves)
         failpoints.hit("txn.prepare.after_half")
-        self.table.add_halves(txn_id, group, topic, [Half(r.physical_offset, r.queue_offset, r.store_timestamp_ms)
-                                                     for r in results])
+        self.table.prepared(txn, [Half(r.physical_offset, r.queue_offset, r.store_timestamp_ms, r.uniq_key, qid,
+                                       attempt, tx.immunity_ms(m.properties.get(tx.PROPERTY_CHECK_IMMUNITY, "")))
+                                  for m, qid, r in zip(messages, qids, results, strict=True)],
+                            results[0].durability)
         for m, qid, r in zip(messages, qids, results, strict=True):
-            self.cache.put(r.physical_offset, _real_from_input(m, qid, group, txn_id, r), len(m.body))
+            self.cache.put(r.physical_offset, _real_from_input(m, qid, group, txn.txn_id, r), len(m.body))
         with self._lock:
             self.halves_written += len(results)
-        return Prepared(txn_id, results, qids)
+        return Prepared(txn.txn_id, [PreparedHalf(r.uniq_key, r.physical_offset, r.queue_offset, qid)
+                                     for r, qid in zip(results, qids, strict=True)], results[0].durability)
+
+    def _replay(self, txn: Txn, digest: str) -> Prepared:
+        """A Prepare of an id in use: an identical retry gets the first answer, anything else is refused."""
+        with self.table.lock:
+            state, unknown, same = txn.state, txn.unknown, bool(txn.digest) and txn.digest == digest
+            halves = txn.primary()
+        if not same:
+            raise AlreadyExists(f"transaction {txn.txn_id} exists already ({state}) with other messages; give a new "
+                                f"id or none (one is generated)")
+        if state == PREPARING or unknown:
+            raise Unavailable(f"transaction {txn.txn_id}: an identical Prepare is in progress or its outcome is "
+                              f"unknown; retry shortly for its answer")
+        return Prepared(txn.txn_id, [PreparedHalf(h.uniq_key, h.physical_offset, h.queue_offset, h.real_queue_id)
+                                     for h in halves], txn.durability or DURABILITY_WRITTEN, already=True)
 
     def _topic(self, name: str) -> TopicRecord:
         now = time.monotonic()
@@ -145,23 +199,47 @@ class Coordinator:
         self.check_ready()
         txn = self.txn(txn_id)
         with txn.guard:
+            self._check_decidable(txn)
             if txn.state == COMMITTED:
                 return Ended(COMMITTED, True, [])
-            if txn.state == ROLLED_BACK or (txn.state == PARKED and not by.startswith("operator")):
-                raise FailedPrecondition(f"transaction {txn_id} is {txn.state}: it cannot be committed"
-                                         + (" (an operator may, with ForceResolve)" if txn.state == PARKED else ""))
-            messages = self._real_messages(txn)
-            results = self.appender.append(txn.topic, messages)
-            failpoints.hit("txn.commit.after_real")
-            self.table.resolve(txn, COMMITTED, by)
-            self._queue_op(txn)
+            if txn.state == PARKED and not by.startswith("operator"):
+                raise FailedPrecondition(f"transaction {txn_id} is PARKED: it cannot be committed (an operator "
+                                         f"may, with ForceResolve)")
+            rolled_back = txn.state == ROLLED_BACK
+            if not rolled_back:
+                results = self._append_real(txn, by)
+        if rolled_back:  # only once the rollback is durable: it may still be undone by a crash before
+            self._wait_durable(txn, "rolled back")
+            raise FailedPrecondition(f"transaction {txn_id} is ROLLED_BACK: it cannot be committed")
         log.debug("txn.committed", transaction_id=txn_id, messages=len(results), by=by)
         return Ended(COMMITTED, False, results)
 
-    def rollback(self, txn_id: str, by: str = "producer") -> Ended:
+    def _append_real(self, txn: Txn, by: str) -> list[AppendResult]:
+        """Under the guard: the real messages of the primary attempt, one Append; COMMITTED."""
+        with self.table.lock:
+            primary = txn.primary()
+        messages = self._real_messages(txn, primary)
+        try:
+            results = self.appender.append(txn.topic, messages)
+        except OutcomeUnknown as exc:
+            self._in_doubt(txn, COMMIT)
+            raise OutcomeUnknown(f"transaction {txn.txn_id}: the outcome of appending its messages is unknown "
+                                 f"({exc}); retry Commit: it answers UNAVAILABLE until the log has been read past "
+                                 f"the failure, then COMMITTED (already, if they landed)") from None
+        failpoints.hit("txn.commit.after_real")
+        self.table.committed(txn, primary, by)
+        self.table.need_op(txn)
+        for half in txn.halves:  # another attempt's halves, if any, are never committed: not worth caching
+            self.cache.discard(half.physical_offset)
+        return results
+
+    def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
+        """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
+        nobody waits for its outcome, and a decider thread must not sit out an OP batch interval)."""
         self.check_ready()
         txn = self.txn(txn_id)
         with txn.guard:
+            self._check_decidable(txn)
             if txn.state == COMMITTED:
                 raise FailedPrecondition(f"transaction {txn_id} is COMMITTED: it cannot be rolled back")
             if txn.state == PARKED and not by.startswith("operator"):
@@ -170,18 +248,38 @@ class Coordinator:
             already = txn.state == ROLLED_BACK
             if not already:
                 for half in txn.halves:
-                    self.cache.take(half.physical_offset)  # a hit removes the entry; the body is not needed
+                    self.cache.discard(half.physical_offset)
                 self.table.resolve(txn, ROLLED_BACK, by)
-                self._queue_op(txn)
-            with self.table.lock:
-                seq = self._op_seq.get(txn_id, 0)
-        if seq and not txn.op_written:
-            self.ops.wait_written(seq, self.config.op_batch_interval_ms / 1000 + 10)
+                self.table.need_op(txn)
+        if wait_durable:
+            self._wait_durable(txn, "rolled back")
         return Ended(ROLLED_BACK, already, [])
 
-    def _real_messages(self, txn: Txn) -> list[MessageIn]:
+    def _wait_durable(self, txn: Txn, what: str) -> None:
+        timeout_s = self.config.op_batch_interval_ms / 1000 + 10
+        if not self.table.wait_op_written(txn, timeout_s):
+            raise Unavailable(f"transaction {txn.txn_id} is {what}, but its OP record was not written within "
+                              f"{timeout_s:.1f} s (is the commit log reachable?); the decision is kept and its "
+                              f"write retried: repeat the call to learn when it is durable")
+
+    def _check_decidable(self, txn: Txn) -> None:
+        """Under the guard: no decision while the Prepare is unfinished or an append's outcome unknown."""
+        with self.table.lock:
+            state, unknown = txn.state, txn.unknown
+        if unknown:
+            raise Unavailable(f"transaction {txn.txn_id}: the outcome of its last append ({unknown}) is unknown "
+                              f"until the log has been read past the failure; retry shortly (the answer then "
+                              f"says what the log holds)")
+        if state == PREPARING:
+            raise Unavailable(f"transaction {txn.txn_id} is still being prepared; retry once Prepare has answered")
+
+    def _in_doubt(self, txn: Txn, action: str) -> None:
+        self.table.mark_unknown(txn, action)
+        self.in_doubt.add(f"{action.lower()} {txn.txn_id}", lambda: self.table.settle_unknown(txn, action))
+
+    def _real_messages(self, txn: Txn, halves: Sequence[Half]) -> list[MessageIn]:
         """One COMMIT message per half: from the cache (a hit removes it), the misses from the log."""
-        found = {h.physical_offset: self.cache.take(h.physical_offset) for h in txn.halves}
+        found = {h.physical_offset: self.cache.take(h.physical_offset) for h in halves}
         missing = [offset for offset, m in found.items() if m is None]
         if missing:
             for offset, lookup in zip(missing, self.log_reader.get_messages_batch(missing), strict=True):
@@ -189,17 +287,11 @@ class Coordinator:
                     raise DataLoss(f"half message of transaction {txn.txn_id} at physical offset {offset} cannot be "
                                    f"read: {lookup.missing}; nothing was committed")
                 found[offset] = _real_from_half(lookup.message)
-        return [found[h.physical_offset] for h in sorted(txn.halves, key=lambda h: h.physical_offset)]
+        return [found[h.physical_offset] for h in halves]
 
-    def _queue_op(self, txn: Txn) -> None:
-        with self.table.lock:
-            if not txn.op_queued and not txn.op_written:
-                txn.op_queued = True
-                self._queue_op_locked(txn)
-
-    def _queue_op_locked(self, txn: Txn) -> None:
-        """Called with the table's lock held (also by the table itself, for resolutions found in the log)."""
-        self._op_seq[txn.txn_id] = self.ops.add([h.queue_offset for h in txn.halves if not h.op_written])
+    def _queue_halves(self, txn: Txn, halves: list[Half]) -> None:
+        """The table's on_needs_op (called with its lock held)."""
+        self.ops.add([h.queue_offset for h in halves])
 
     def txn(self, txn_id: str) -> Txn:
         if not txn_id:
@@ -216,10 +308,26 @@ class Coordinator:
                               "start (it cannot tell yet what was committed); retry shortly")
 
 
-def _half_message(m: MessageIn, topic: str, qid: int, group: str, txn_id: str) -> MessageIn:
+def request_digest(topic: str, group: str, messages: Sequence[MessageIn]) -> str:
+    """What makes two Prepare requests the same: topic, group and each message's content and routing
+    (not the born host: a retry may come from another connection). 32 hex digits (BLAKE2b-128)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (topic, group):
+        h.update(part.encode("utf-8") + b"\x00")
+    for m in messages:
+        h.update(len(m.body).to_bytes(8, "big") + m.body)
+        fields = [m.tags, *m.keys, "\x01", *(f"{k}\x02{v}" for k, v in sorted(m.properties.items())),
+                  str(m.flag), str(m.born_timestamp_ms), "" if m.queue_id is None else str(m.queue_id), m.sharding_key]
+        h.update("\x00".join(fields).encode("utf-8") + b"\x03")
+    return h.hexdigest()
+
+
+def _half_message(m: MessageIn, topic: str, qid: int, group: str, txn_id: str, attempt: str,
+                  digest: str) -> MessageIn:
     props = dict(m.properties)
     props.update({record.PROPERTY_REAL_TOPIC: topic, record.PROPERTY_REAL_QUEUE_ID: str(qid),
-                  tx.PROPERTY_TRAN_MSG: "true", tx.PROPERTY_PRODUCER_GROUP: group, tx.PROPERTY_TRANSACTION_ID: txn_id})
+                  tx.PROPERTY_TRAN_MSG: "true", tx.PROPERTY_PRODUCER_GROUP: group, tx.PROPERTY_TRANSACTION_ID: txn_id,
+                  tx.PROPERTY_ATTEMPT: attempt, tx.PROPERTY_DIGEST: digest})
     return MessageIn(m.body, m.tags, m.keys, props, m.flag, m.born_timestamp_ms, 0, "", m.born_host, m.born_port)
 
 
@@ -234,10 +342,10 @@ def _real_from_input(m: MessageIn, qid: int, group: str, txn_id: str, half: Appe
 
 def _real_from_half(half: StoredMessage) -> MessageIn:
     r = half.record
-    props = {k: v for k, v in r.properties.items()
-             if k not in (record.PROPERTY_REAL_TOPIC, record.PROPERTY_REAL_QUEUE_ID, tx.PROPERTY_TRAN_MSG)}
+    props = {k: v for k, v in r.properties.items() if k not in tx.HALF_ONLY_PROPERTIES}
     real_qid = r.properties.get(record.PROPERTY_REAL_QUEUE_ID, "")
-    if not real_qid.isdigit():
-        raise DataLoss(f"half message at physical offset {r.physical_offset} has no valid REAL_QID ({real_qid!r})")
+    if not (real_qid.isascii() and real_qid.isdigit()):
+        raise DataLoss(f"half message at physical offset {r.physical_offset} has no valid REAL_QID "
+                       f"({len(real_qid)} characters)")
     return MessageIn(r.body, "", (), props, r.flag, r.born_timestamp_ms, int(real_qid), "", r.born_host, r.born_port,
                      record.SYSFLAG_TX_COMMIT, r.physical_offset)

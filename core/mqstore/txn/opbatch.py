@@ -2,10 +2,17 @@
 written as one OP message (tag ``d``, body ``"17,18,23,"``) when the body reaches ``max_bytes`` or
 ``interval_ms`` has passed since the oldest pending entry, whichever first.
 
-Unlike RocketMQ (which logs and drops them), a failed OP write keeps its entries at the head of the
-queue and is retried after a backoff (the Duty's). Entries are written in the order they were added,
-so "written up to sequence number n" is one counter, which Rollback waits on (its answer waits for its
-OP record to be durable; txn.proto).
+Unlike RocketMQ (which logs and drops them), a failed OP write is never lost:
+
+  the write failed                                  its entries
+  ------------------------------------------------- -----------------------------------------------------
+  definitely (the log refused it)                   stay at the head of the queue, retried after a backoff
+  outcome unknown (mqstore.errors.OutcomeUnknown)   leave the queue and go to ``on_unknown`` (the in-doubt
+                                                    resolver): once the follower has read past the failure,
+                                                    those the log does not hold come back (``requeue``)
+
+so an OP message is not appended twice for one decision. Rollback waits for its halves' OP records
+through the table (TxnTable.wait_op_written), which the batcher's ``on_written`` and the follower mark.
 
 Counters: OP messages written, entries written, flushes by size / by time / other (stop), mean fill
 (body bytes / max_bytes), write failures.
@@ -27,11 +34,12 @@ import structlog
 from mqstore import failpoints
 from mqstore.background import Duty
 from mqstore.clock import Clock
-from mqstore.errors import Unavailable
+from mqstore.errors import OutcomeUnknown
 
 log = structlog.get_logger("mqstore.txn.opbatch")
 
 REASON_SIZE, REASON_TIME, REASON_OTHER = "size", "time", "other"
+MAX_PAUSE_MS = 100  # the duty looks again at least this often: the due time is the injected clock's
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,7 @@ class OpStats:
     mean_fill: float
     write_failures: int
     pending: int
+    unknown_outcomes: int       # writes whose outcome was unknown (their entries went to the resolver)
 
 
 def entry_text(half_queue_offset: int) -> str:
@@ -57,42 +66,40 @@ def parse_body(body: bytes) -> list[int]:
 
 class OpBatcher(Duty):
     def __init__(self, write: Callable[[bytes, Sequence[int]], None], clock: Clock, *, max_bytes: int,
-                 interval_ms: int, on_written: Callable[[Sequence[int]], None] = lambda offsets: None):
+                 interval_ms: int, on_written: Callable[[Sequence[int]], None] = lambda offsets: None,
+                 on_unknown: Callable[[list[int]], None] = lambda offsets: None):
         super().__init__("txn-op-batcher", interval_s=0.0, backoff_initial_s=0.05, backoff_max_s=2.0)
         self._write, self.clock, self.max_bytes, self.interval_ms = write, clock, max_bytes, interval_ms
-        self._on_written = on_written
+        self._on_written, self._on_unknown = on_written, on_unknown
         self._cond = threading.Condition()
-        self._queue: collections.deque[tuple[int, str, int]] = collections.deque()  # (seq, text, added ms)
+        self._queue: collections.deque[tuple[str, int]] = collections.deque()  # (text, added ms)
         self._queued_bytes = 0
-        self._added = self._written_seq = 0
         self._messages = self._entries = self._by_size = self._by_time = self._other = self._failures = 0
+        self._unknown = 0
         self._fill_sum = 0.0
         self._flush_all = False
 
     # ---- producers ------------------------------------------------------------------------------------
-    def add(self, half_queue_offsets: Sequence[int]) -> int:
-        """Queue OP entries; returns the sequence number to wait for (:meth:`wait_written`)."""
+    def add(self, half_queue_offsets: Sequence[int]) -> None:
+        """Queue OP entries (written within ``interval_ms``, sooner when the batch is full)."""
         with self._cond:
             now = self.clock.now_ms()
             for offset in half_queue_offsets:
-                self._added += 1
                 text = entry_text(offset)
-                self._queue.append((self._added, text, now))
+                self._queue.append((text, now))
                 self._queued_bytes += len(text)
-            seq = self._added
             if self._queued_bytes >= self.max_bytes:
                 self.wake()
-            self._cond.notify_all()
-            return seq
 
-    def wait_written(self, seq: int, timeout_s: float) -> None:
-        """Until the entries up to ``seq`` are in a durable OP record; Unavailable after ``timeout_s``."""
+    def requeue(self, half_queue_offsets: Sequence[int]) -> None:
+        """Entries whose write had an unknown outcome and did not land: queued again, due at once when
+        they are the oldest (added at the back: a batch being written is the head of the queue)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._written_seq >= seq or self.stopping, timeout_s):
-                raise Unavailable(f"the OP record was not written within {timeout_s:.1f} s (is the commit log "
-                                  f"reachable?); the decision is kept and retried: repeat the call to learn it")
-            if self._written_seq < seq:
-                raise Unavailable("the service is stopping before the OP record was written; repeat the call")
+            for offset in half_queue_offsets:
+                text = entry_text(offset)
+                self._queue.append((text, 0))
+                self._queued_bytes += len(text)
+        self.wake()
 
     # ---- the duty -------------------------------------------------------------------------------------
     def due(self, now_ms: int) -> str:
@@ -103,7 +110,7 @@ class OpBatcher(Duty):
             return REASON_SIZE
         if self._flush_all:
             return REASON_OTHER
-        if now_ms - self._queue[0][2] >= self.interval_ms:
+        if now_ms - self._queue[0][1] >= self.interval_ms:
             return REASON_TIME
         return ""
 
@@ -120,39 +127,49 @@ class OpBatcher(Duty):
             self._write_batch(batch, reason)
             written += 1
 
-    def _take_batch(self) -> list[tuple[int, str, int]]:
+    def _take_batch(self) -> list[tuple[str, int]]:
         """The oldest entries whose texts fit ``max_bytes`` (at least one); left queued until written."""
         batch, size = [], 0
         for item in self._queue:
-            if batch and size + len(item[1]) > self.max_bytes:
+            if batch and size + len(item[0]) > self.max_bytes:
                 break
             batch.append(item)
-            size += len(item[1])
+            size += len(item[0])
         return batch
 
+    def _drop_head(self, count: int) -> None:
+        """Under ``_cond``: the batch just written (or given up as unknown) is the head of the queue:
+        only the duty removes entries, and others add at the back only."""
+        for _ in range(count):
+            text, _ = self._queue.popleft()
+            self._queued_bytes -= len(text)
+
     def _write_batch(self, batch, reason: str) -> None:
-        body = "".join(text for _, text, _ in batch).encode("ascii")
-        offsets = [int(text[:-1]) for _, text, _ in batch]
+        body = "".join(text for text, _ in batch).encode("ascii")
+        offsets = [int(text[:-1]) for text, _ in batch]
         try:
             failpoints.hit("txn.op.before_write")
             self._write(body, offsets)
+        except OutcomeUnknown:
+            with self._cond:
+                self._failures += 1
+                self._unknown += 1
+                self._drop_head(len(batch))
+            self._on_unknown(offsets)
+            raise
         except BaseException:
             with self._cond:
                 self._failures += 1
             raise
         failpoints.hit("txn.op.after_write")
         with self._cond:
-            for _ in batch:  # the written ones are the head of the queue: only the duty removes entries
-                _, text, _ = self._queue.popleft()
-                self._queued_bytes -= len(text)
-            self._written_seq = batch[-1][0]
+            self._drop_head(len(batch))
             self._messages += 1
             self._entries += len(batch)
             self._fill_sum += len(body) / self.max_bytes
             self._by_size += reason == REASON_SIZE
             self._by_time += reason == REASON_TIME
             self._other += reason == REASON_OTHER
-            self._cond.notify_all()
         self._on_written(offsets)
 
     def step(self) -> None:
@@ -161,12 +178,12 @@ class OpBatcher(Duty):
     def pause(self) -> None:
         with self._cond:
             if self._queue and not self.due(self.clock.now_ms()):
-                wait_ms = self._queue[0][2] + self.interval_ms - self.clock.now_ms()
+                wait_ms = self._queue[0][1] + self.interval_ms - self.clock.now_ms()
             elif self._queue:
                 return
             else:
                 wait_ms = self.interval_ms
-        self._wake.wait(max(wait_ms, 1) / 1000)
+        self._wake.wait(min(max(wait_ms, 1), MAX_PAUSE_MS) / 1000)
         self._wake.clear()
 
     def drain(self, timeout_s: float) -> None:
@@ -182,4 +199,4 @@ class OpBatcher(Duty):
         with self._cond:
             return OpStats(self._messages, self._entries, self._by_size, self._by_time, self._other,
                            self._fill_sum / self._messages if self._messages else 0.0, self._failures,
-                           len(self._queue))
+                           len(self._queue), self._unknown)

@@ -1,22 +1,38 @@
-"""Operator tools and figures: ListOpen, Show, ForceResolve (audited), Stats. Thread-safe: reads the
-table under its lock; ForceResolve goes through the coordinator (the transaction's guard)."""
+"""Operator tools and figures: ListOpen, Show, ForceResolve (audited), ListAudit, Stats.
+
+Stats' counters are totals since the service first ran in its data dir: the checkpoint records them
+(snapshot.py) and a restart adds the counts of the new process to what it recorded; what happened after
+the last checkpoint of a killed process (at most ``checkpoint_interval_ms``) is not counted. Gauges
+(open, cache entries, pending OP entries, ...) describe the process now.
+
+Thread-safe: reads the table under its lock; ForceResolve goes through the coordinator (the
+transaction's guard).
+"""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
+from mqstore.meta.txn_audit import AuditEntry, AuditTrail
 
-from mqstore.meta.txn_audit import AuditTrail
 from .cache import HalfCache
-from .checkback import Checker, CheckHub
+from .checkback import CheckHub
+from .checker import Checker
 from .config import TxnConfig
 from .coordinator import Coordinator, Ended
 from .opbatch import OpBatcher
-from .table import COMMITTED, OPEN, PARKED, ROLLED_BACK, Txn, TxnTable
+from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, ROLLED_BACK, Txn, TxnTable
 
 MAX_LIST = 10_000
+# Counters kept across restarts (the checkpoint's "counters"): name -> where the live figure comes from.
+COUNTERS = ("halves_written", "op_messages_written", "op_entries_written", "op_flush_by_size", "op_flush_by_time",
+            "op_flush_other", "op_fill_sum", "op_write_failures", "op_unknown_outcomes", "cache_hits",
+            "cache_misses", "cache_evictions", "checks_sent", "check_answers", "check_failures", "parked_by_checks",
+            "appends", "appended_messages", "in_doubt_settled")
 
 
 @dataclass(frozen=True)
@@ -35,11 +51,22 @@ class TxnView:
     half_physical_offsets: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class AuditPage:
+    entries: list[AuditEntry]
+    next_page_token: str   # "" when there is no more
+
+
 class Operations:
     def __init__(self, config: TxnConfig, table: TxnTable, coordinator: Coordinator, checker: Checker,
-                 hub: CheckHub, ops: OpBatcher, cache: HalfCache, appender, audit: AuditTrail, clock: Clock):
+                 hub: CheckHub, ops: OpBatcher, cache: HalfCache, appender, audit: AuditTrail, clock: Clock,
+                 in_doubt_pending: Callable[[], int] = lambda: 0, in_doubt_settled: Callable[[], int] = lambda: 0,
+                 base_counters: dict | None = None):
         self.config, self.table, self.coordinator, self.checker, self.hub = config, table, coordinator, checker, hub
         self.ops, self.cache, self.appender, self.audit, self.clock = ops, cache, appender, audit, clock
+        self._in_doubt_pending, self._in_doubt_settled = in_doubt_pending, in_doubt_settled
+        self._base = {name: (base_counters or {}).get(name, 0) for name in COUNTERS}
+        self._lock = threading.Lock()
 
     def list_open(self, older_than_ms: int, group: str, limit: int) -> list[TxnView]:
         if older_than_ms < 0 or limit < 0:
@@ -47,7 +74,7 @@ class Operations:
         limit = min(limit or 100, MAX_LIST)
         now = self.clock.now_ms()
         with self.table.lock:
-            views = [self._view(t, now) for t in self.table.by_id.values()
+            views = [self._view(t, now) for t in self.table.live()
                      if t.state in (OPEN, PARKED) and (not group or t.group == group)]
         views = [v for v in views if v.age_ms >= older_than_ms]
         return sorted(views, key=lambda v: v.store_timestamp_ms)[:limit]
@@ -61,7 +88,8 @@ class Operations:
         if decision not in ("COMMIT", "ROLLBACK"):
             raise InvalidArgument(f"decision must be COMMIT or ROLLBACK, not {decision}")
         txn = self.coordinator.txn(txn_id)
-        entry = self.audit.requested(txn_id, decision, txn.state, reason, operator or "unknown", self.clock.now_ms())
+        entry = self.audit.requested(txn_id, decision, txn.view_state, reason, operator or "unknown",
+                                     self.clock.now_ms())
         by = f"operator {operator or 'unknown'}: {reason}"
         try:
             if decision == "COMMIT":
@@ -74,44 +102,62 @@ class Operations:
         self.audit.finished(entry, "already" if ended.already else "done")
         return ended
 
+    def list_audit(self, txn_id: str, limit: int, page_token: str) -> AuditPage:
+        if page_token and not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
+            raise InvalidArgument("page_token: pass the next_page_token of the previous answer, or nothing")
+        if limit < 0:
+            raise InvalidArgument("limit must not be negative (0 = 100)")
+        limit = min(limit or 100, 1000)
+        entries = self.audit.entries(txn_id, int(page_token or 0), limit + 1)
+        more = len(entries) > limit
+        entries = entries[:limit]
+        return AuditPage(entries, str(entries[-1].id) if more else "")
+
+    def counters(self) -> dict:
+        """The persisted counters: what the checkpoint recorded plus this process's counts."""
+        op, cache, checks = self.ops.stats(), self.cache.stats(), self.checker.counters()
+        live = dict(halves_written=self.coordinator.halves_written, op_messages_written=op.messages_written,
+                    op_entries_written=op.entries_written, op_flush_by_size=op.flush_by_size,
+                    op_flush_by_time=op.flush_by_time, op_flush_other=op.flush_other,
+                    op_fill_sum=op.mean_fill * op.messages_written, op_write_failures=op.write_failures,
+                    op_unknown_outcomes=op.unknown_outcomes, cache_hits=cache.hits, cache_misses=cache.misses,
+                    cache_evictions=cache.evictions, parked_by_checks=self.checker.parked,
+                    appends=self.appender.appends, appended_messages=self.appender.appended_messages,
+                    in_doubt_settled=self._in_doubt_settled(), **checks)
+        return {name: self._base[name] + live[name] for name in COUNTERS}
+
     def stats(self) -> dict:
         counts = self.table.counts()
         now = self.clock.now_ms()
         with self.table.lock:
-            open_ages = [now - t.first_store_ms for t in self.table.by_id.values() if t.state == OPEN]
+            open_ages = [now - t.first_store_ms for t in self.table.live() if t.state == OPEN and t.halves]
             applied = self.table.applied
+        total = self.counters()
         op, cache = self.ops.stats(), self.cache.stats()
-        halves = self.coordinator.halves_written
         return dict(
-            open=counts[OPEN], committed=counts[COMMITTED], rolled_back=counts[ROLLED_BACK], parked=counts[PARKED],
-            oldest_open_age_ms=max(open_ages, default=0), halves_written=halves,
-            op_messages_written=op.messages_written, op_entries_written=op.entries_written,
-            half_to_op_ratio=halves / op.messages_written if op.messages_written else 0.0,
-            op_flush_by_size=op.flush_by_size, op_flush_by_time=op.flush_by_time, op_flush_other=op.flush_other,
-            op_batch_fill=op.mean_fill, op_write_failures=op.write_failures, op_pending_entries=op.pending,
-            cache_entries=cache.entries, cache_bytes=cache.bytes, cache_hits=cache.hits, cache_misses=cache.misses,
-            cache_evictions=cache.evictions, checks_sent=self.checker.checks_sent,
-            check_answers=self.checker.check_answers, check_failures=self.checker.check_failures,
-            appends=self.appender.appends, appended_messages=self.appender.appended_messages,
+            open=counts[OPEN], committed=counts[COMMITTED], rolled_back=counts[ROLLED_BACK],
+            parked=counts[PARKED], outcome_unknown=counts[OUTCOME_UNKNOWN], in_doubt_appends=self._in_doubt_pending(),
+            oldest_open_age_ms=max(open_ages, default=0), halves_written=total["halves_written"],
+            op_messages_written=total["op_messages_written"], op_entries_written=total["op_entries_written"],
+            half_to_op_ratio=(total["halves_written"] / total["op_messages_written"]
+                              if total["op_messages_written"] else 0.0),
+            op_flush_by_size=total["op_flush_by_size"], op_flush_by_time=total["op_flush_by_time"],
+            op_flush_other=total["op_flush_other"],
+            op_batch_fill=(total["op_fill_sum"] / total["op_messages_written"] if total["op_messages_written"]
+                           else 0.0),
+            op_write_failures=total["op_write_failures"], op_unknown_outcomes=total["op_unknown_outcomes"],
+            op_pending_entries=op.pending, cache_entries=cache.entries, cache_bytes=cache.bytes,
+            cache_hits=total["cache_hits"], cache_misses=total["cache_misses"],
+            cache_evictions=total["cache_evictions"], checks_sent=total["checks_sent"],
+            check_answers=total["check_answers"], check_failures=total["check_failures"],
+            appends=total["appends"], appended_messages=total["appended_messages"],
             recovering=not self.table.ready, applied_physical_offset=applied or 0,
-            open_streams=self.hub.open_streams())
+            open_streams=self.hub.open_streams(), in_doubt_settled=total["in_doubt_settled"])
 
     @staticmethod
     def _view(txn: Txn, now: int) -> TxnView:
         first = txn.first_store_ms
-        return TxnView(txn.txn_id, txn.group, txn.topic, txn.state, len(txn.halves), first, now - first,
-                       txn.checks_sent, txn.last_answer, txn.last_check_ms, txn.resolved_by,
-                       tuple(h.physical_offset for h in txn.halves))
-
-
-def answer_check(coordinator: Coordinator, checker: Checker, txn_id: str, decision: str) -> None:
-    """A producer's answer to a check: COMMIT/ROLLBACK resolve (errors such as "already the other way"
-    are recorded, not raised: the stream goes on), UNKNOWN is recorded."""
-    checker.record_answer(txn_id, decision)
-    try:
-        if decision == "COMMIT":
-            coordinator.commit(txn_id, by="check-back")
-        elif decision == "ROLLBACK":
-            coordinator.rollback(txn_id, by="check-back")
-    except MqStoreError as exc:  # already resolved the other way, the log away: recorded; checked again later
-        checker.note_failure(txn_id, exc)
+        primary = txn.primary()
+        return TxnView(txn.txn_id, txn.group, txn.topic, txn.view_state, len(primary), first,
+                       now - first if first else 0, txn.checks_sent, txn.last_answer, txn.last_check_ms,
+                       txn.resolved_by, tuple(h.physical_offset for h in txn.halves))

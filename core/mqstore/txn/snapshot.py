@@ -1,20 +1,24 @@
-"""The Transaction service's checkpoint: where its follower resumes and the transactions it knows.
+"""What the Transaction service's checkpoint records hold (the file's layout: journal.py).
 
-One JSON file ``<data-dir>/txn/state.json`` (derived data: the log holds every fact it records except
-the check counts and last answers), replaced atomically (mqstore.fs.replace_file: temp file, fsync,
-rename, fsync of the directory), written every ``checkpoint_interval_ms`` and at a clean stop:
+Each record is one JSON document:
 
-  {"version": 1, "applied": <physical offset: every record below it is applied>,
-   "written_at_ms": <clock>,
-   "transactions": [{"id", "group", "topic", "state", "checks", "last_answer", "last_check_ms",
-                     "resolved_by", "halves": [[physical_offset, half_queue_offset, store_ms, op_written]]}]}
+  {"version": 2, "kind": "full" | "delta", "applied": <physical offset: every record below it is applied>,
+   "written_at_ms": <clock>, "counters": {<Stats counter>: <total since the service was first started>},
+   "transactions": [{"id", "group", "topic", "state", "digest", "checks", "last_answer", "last_check_ms",
+                     "resolved_by", "durability",
+                     "halves": [[physical_offset, half_queue_offset, store_ms, op_written, committed,
+                                 uniq_key, real_queue_id, attempt, immunity_ms]]}]}
 
-It holds every transaction not fully done and the newest 1000 done ones (a Commit repeated after a
-restart for an older one gets NOT_FOUND, never a second append). It is taken under the table's lock, so
-the offset and the states agree; states may be ahead of
-``applied`` (the service's own writes): re-applying those records changes nothing. No file: start
-from the earliest record of the log. A file that does not parse: refuse to start (DataLoss naming it;
-delete it to rebuild from the log, losing only check counts).
+A full record holds every transaction not fully done (open, parked, or an OP record still to write) and
+the newest KEEP_RESOLVED done ones (a Commit repeated after a restart for an older one gets NOT_FOUND,
+never a second append). A delta holds the transactions that changed since the record before it, as
+they are now: loading applies the records in order, the last word on a transaction wins. Records are
+taken under the table's lock, so the offset and the states agree; states may be ahead of ``applied``
+(the service's own writes): re-applying those records changes nothing.
+
+What is not kept: a reservation with no half yet (if its halves landed they lie past ``applied``, and the
+follower finds them), and whether an append's outcome is unknown (after a restart the service is ready
+only once it has read the log up to the end it saw at start, which settles every such question).
 """
 
 from __future__ import annotations
@@ -22,66 +26,70 @@ from __future__ import annotations
 import json
 import pathlib
 
-from mqstore import failpoints, fs
 from mqstore.errors import DataLoss
 
-from .table import COMMITTED, ROLLED_BACK, STATES, Half, Txn, TxnTable
+from . import journal
+from .table import COMMITTED, OPEN, PREPARING, ROLLED_BACK, STATES, Half, Txn, TxnTable
 
-VERSION = 1
+VERSION = 2
+KEEP_RESOLVED = 1000  # resolved transactions (OP written) kept in a full record, newest
 
 
-KEEP_RESOLVED = 1000  # resolved transactions (OP written) kept in the file, newest: idempotent answers after a restart
+def entry(txn: Txn) -> dict | None:
+    """A transaction as a record holds it (under the table's lock); None for one not kept."""
+    if txn.state == PREPARING and not txn.halves:
+        return None
+    return {"id": txn.txn_id, "group": txn.group, "topic": txn.topic,
+            "state": OPEN if txn.state == PREPARING else txn.state, "digest": txn.digest,
+            "checks": txn.checks_sent, "last_answer": txn.last_answer, "last_check_ms": txn.last_check_ms,
+            "resolved_by": txn.resolved_by, "durability": txn.durability,
+            "halves": [[h.physical_offset, h.queue_offset, h.store_timestamp_ms, h.op_written, h.committed,
+                        h.uniq_key, h.real_queue_id, h.attempt, h.immunity_ms] for h in txn.halves]}
 
 
-def encode(table: TxnTable, now_ms: int) -> bytes:
-    with table.lock:
-        txns = [{"id": t.txn_id, "group": t.group, "topic": t.topic, "state": t.state, "checks": t.checks_sent,
-                 "last_answer": t.last_answer, "last_check_ms": t.last_check_ms, "resolved_by": t.resolved_by,
-                 "halves": [[h.physical_offset, h.queue_offset, h.store_timestamp_ms, h.op_written]
-                            for h in t.halves]}
-                for t in _kept(table)]
-        doc = {"version": VERSION, "applied": table.applied, "written_at_ms": now_ms, "transactions": txns}
+def encode(kind: str, entries: list[dict], applied: int, counters: dict, now_ms: int) -> bytes:
+    doc = {"version": VERSION, "kind": kind, "applied": applied, "written_at_ms": now_ms, "counters": counters,
+           "transactions": entries}
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
-def _kept(table: TxnTable) -> list:
-    """Every transaction not fully done (open, parked, or an OP record still to write), and the newest
-    KEEP_RESOLVED done ones: the file stays small however many the memory holds (resolved_keep)."""
+def kept(table: TxnTable) -> list[Txn]:
+    """For a full record (under the table's lock): every transaction not fully done, and the newest
+    KEEP_RESOLVED done ones, so the record stays small however many the memory holds (resolved_keep)."""
     done = [t for t in table.by_id.values() if t.state in (COMMITTED, ROLLED_BACK) and t.op_written]
     recent = set(map(id, done[-KEEP_RESOLVED:]))  # by_id keeps insertion (prepare) order
     return [t for t in table.by_id.values() if not (t.state in (COMMITTED, ROLLED_BACK) and t.op_written)
             or id(t) in recent]
 
 
-def save(path: pathlib.Path, table: TxnTable, now_ms: int) -> None:
-    fs.replace_file(path, encode(table, now_ms), before_rename=lambda: failpoints.hit("txn.checkpoint.before_rename"))
-
-
-def load(path: pathlib.Path, table: TxnTable) -> bool:
-    """Fill an empty table from the file; False when there is none."""
+def load(path: pathlib.Path, table: TxnTable) -> dict | None:
+    """Fill an empty table from the checkpoint; the counters it recorded, or None when there is none."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return False
-    try:
-        doc = json.loads(data)
-        if doc["version"] != VERSION:
-            raise ValueError(f"version {doc['version']}, this service reads {VERSION}")
-        for item in doc["transactions"]:
-            if item["state"] not in STATES:
-                raise ValueError(f"unknown state {item['state']!r}")
-            txn = table.add_halves(item["id"], item["group"], item["topic"],
-                                   [Half(int(p), int(q), int(ts), bool(w)) for p, q, ts, w in item["halves"]])
-            _restore(table, txn, item)
-        table.applied = doc["applied"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataLoss(f"{path}: the transaction checkpoint does not parse ({exc}); delete it to rebuild the "
-                       f"state from the log (check counts are lost)") from None
-    return True
+        return None
+    counters: dict = {}
+    for position, payload in enumerate(journal.decode(data, path)):
+        try:
+            doc = json.loads(payload)
+            if doc["version"] != VERSION or doc["kind"] != ("full" if position == 0 else "delta"):
+                raise ValueError(f"version {doc['version']} kind {doc['kind']!r}, this service reads version "
+                                 f"{VERSION}, a full record then deltas")
+            for item in doc["transactions"]:
+                table.restore(_txn(item))
+            table.applied, counters = int(doc["applied"]), dict(doc["counters"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataLoss(f"{path}: checkpoint record {position} does not parse ({exc}); delete the file to "
+                           f"rebuild the state from the log (check counts and counters are lost)") from None
+    return counters
 
 
-def _restore(table: TxnTable, txn: Txn, item: dict) -> None:
-    txn.checks_sent, txn.last_answer, txn.last_check_ms = int(item["checks"]), item["last_answer"], \
-        int(item["last_check_ms"])
-    if item["state"] != txn.state:
-        table.resolve(txn, item["state"], item["resolved_by"])
+def _txn(item: dict) -> Txn:
+    if item["state"] not in STATES:
+        raise ValueError(f"unknown state {item['state']!r}")
+    halves = [Half(int(p), int(q), int(ts), str(uk), int(qid), str(attempt), int(immunity), bool(w), bool(c))
+              for p, q, ts, w, c, uk, qid, attempt, immunity in item["halves"]]
+    return Txn(item["id"], item["group"], item["topic"], halves, item["state"], item["digest"],
+               checks_sent=int(item["checks"]), last_answer=item["last_answer"],
+               last_check_ms=int(item["last_check_ms"]), resolved_by=item["resolved_by"],
+               durability=item["durability"])

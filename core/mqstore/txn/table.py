@@ -1,21 +1,38 @@
 """The transactions the service knows: open ones and the resolved ones it still remembers, kept in step
-with the log (it is the follower's projection) and with the service's own writes.
+with the log (the follower's projection, projection.py) and with the service's own writes.
 
-Sources of truth, all records of the commit log (mqstore.transactions has their layout):
-  half record (half topic)         -> the transaction exists, OPEN, with this half
-  COMMIT record (any user topic)   -> its PREPAREDTRANSACTIONOFFSET's transaction is COMMITTED
-  parked copy (check-max topic)    -> PARKED
-  OP record (op topic)             -> those halves are resolved; a transaction still OPEN then was
-                                      rolled back (a commit's COMMIT records always come before its OP)
-The coordinator also changes states directly as it writes (the follower lags); applying a record
-again, or after the direct change, changes nothing (idempotent by physical offset).
+States (txn.proto has the contract):
 
-After a start the table is ``ready`` only once the follower has applied the log up to the end it
-reported first: until then a COMMIT record written before the crash may not have been seen.
+  state        how it is entered                                       leaves to
+  ------------ ------------------------------------------------------- -------------------------------
+  PREPARING    a Prepare reserved the id (atomically: a second Prepare  OPEN (halves appended), or the
+               of a live id never merges into it)                       id is released (nothing written)
+  OPEN         halves appended (or found in the log)                    COMMITTED, ROLLED_BACK, PARKED
+  COMMITTED    COMMIT records appended (or found in the log)            final
+  ROLLED_BACK  decided by a Rollback; durable once every half has an    final
+               OP record (``op_written``)
+  PARKED       copies appended to TRANS_CHECK_MAX_TIME_TOPIC           COMMITTED, ROLLED_BACK (operator)
 
-Thread-safe: ``lock`` guards every map and every Txn's fields. A Txn's own ``guard`` (a separate
-lock) serialises the decisions about one transaction (Commit, Rollback, check answers, ForceResolve):
-take ``guard`` first, then ``lock`` for short reads and writes, never the other way round.
+On top of the state, ``Txn.unknown`` names an append whose outcome is unknown (PREPARE, COMMIT or
+PARK: the commit log may or may not hold it; mqstore.errors.OutcomeUnknown). While it is set the
+transaction takes no decision (callers get UNAVAILABLE) and is not checked back: the in-doubt
+resolver (indoubt.py) clears it once the follower has read the log past the end the commit log
+reported after the failure. Then the records the follower found decide: a COMMIT record makes it
+COMMITTED, a parked copy PARKED, halves OPEN; nothing found means the append did not land (the state
+stays, a PREPARING id is released). ``Txn.deciding`` marks a check-back answer being applied, so
+that the checker neither checks nor parks the transaction meanwhile.
+
+Halves carry the attempt of the Prepare call that appended them (TRAN_ATTEMPT). Normally a
+transaction has one attempt; a second one can only come from a Prepare appended twice (an append whose
+outcome the resolver misjudged, or a log written by an older version). The primary attempt is the one
+committed, else the one of the lowest half; only its halves are ever committed, checked back or
+parked. Every half, of every attempt, gets an OP record once the transaction is COMMITTED or
+ROLLED_BACK: a duplicate is rolled back, never committed twice, never left without an OP record.
+
+Thread-safe: ``lock`` guards every map and every Txn's fields (``op_cond`` is a condition on it, for
+the waits on OP records). A Txn's own ``guard`` (a separate lock) serialises the decisions about one
+transaction (Prepare's end, Commit, Rollback, check answers, parking, ForceResolve): take ``guard``
+first, then ``lock`` for short reads and writes, never the other way round.
 """
 
 from __future__ import annotations
@@ -27,17 +44,15 @@ from typing import Callable, Iterable, Sequence
 
 import structlog
 
-from mqstore import transactions as tx
-from mqstore.errors import invariant
-from mqstore.format import record, record_reader
-from mqstore.model import TailFrame
-
-from .opbatch import parse_body
+from mqstore.errors import ResourceExhausted, invariant
 
 log = structlog.get_logger("mqstore.txn.table")
 
-OPEN, COMMITTED, ROLLED_BACK, PARKED = "OPEN", "COMMITTED", "ROLLED_BACK", "PARKED"
-STATES = (OPEN, COMMITTED, ROLLED_BACK, PARKED)
+PREPARING, OPEN, COMMITTED, ROLLED_BACK, PARKED = "PREPARING", "OPEN", "COMMITTED", "ROLLED_BACK", "PARKED"
+STATES = (PREPARING, OPEN, COMMITTED, ROLLED_BACK, PARKED)
+LIVE_STATES = (PREPARING, OPEN, PARKED)  # counted against max_open_transactions
+OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"      # what views show while Txn.unknown is set
+PREPARE, COMMIT, PARK = "PREPARE", "COMMIT", "PARK"  # appends whose outcome can be unknown
 BY_LOG = "recovery"  # resolved_by of a state learnt from the log (a restart, or the follower ahead of a caller)
 
 
@@ -46,7 +61,13 @@ class Half:
     physical_offset: int
     queue_offset: int            # in the half topic, queue 0: what OP bodies name
     store_timestamp_ms: int
+    uniq_key: str = ""
+    real_queue_id: int = 0
+    attempt: str = ""            # the Prepare call that appended it ("" in logs of older versions)
+    immunity_ms: int = 0         # CHECK_IMMUNITY_TIME_IN_SECONDS of the message, in ms (0 = none)
     op_written: bool = False
+    committed: bool = False      # a COMMIT record names it
+    op_queued: bool = False      # in memory only: its OP entry is with the OP batcher
 
 
 @dataclass(eq=False)
@@ -56,11 +77,14 @@ class Txn:
     topic: str
     halves: list[Half] = field(default_factory=list)
     state: str = OPEN
+    digest: str = ""             # of the Prepare request (coordinator.request_digest): identical retries
+    unknown: str = ""            # PREPARE, COMMIT or PARK: that append's outcome is unknown
+    deciding: str = ""           # in memory only: a check answer (COMMIT/ROLLBACK) is being applied
     checks_sent: int = 0
     last_answer: str = ""
     last_check_ms: int = 0
     resolved_by: str = ""
-    op_queued: bool = False      # in memory only: OP entries handed to the OP batcher
+    durability: str = ""         # of the halves' append, when this process made it
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -71,28 +95,45 @@ class Txn:
     def first_store_ms(self) -> int:
         return min(h.store_timestamp_ms for h in self.halves) if self.halves else 0
 
+    @property
+    def view_state(self) -> str:
+        return OUTCOME_UNKNOWN if self.unknown else self.state
 
-@dataclass(frozen=True, slots=True)
-class Damaged:
-    start_physical_offset: int
-    end_physical_offset: int
-    reason: str
+    def primary(self) -> list[Half]:
+        """The halves of the primary attempt (the committed one, else the lowest), by physical offset."""
+        if not self.halves:
+            return []
+        committed = [h for h in self.halves if h.committed]
+        attempt = (committed[0] if committed else min(self.halves, key=lambda h: h.physical_offset)).attempt
+        return sorted((h for h in self.halves if h.attempt == attempt), key=lambda h: h.physical_offset)
+
+    def first_check_after_ms(self, transaction_timeout_ms: int) -> int:
+        """Age (store time) before the first check: the largest CHECK_IMMUNITY_TIME_IN_SECONDS of its
+        messages, else transaction_timeout_ms (RocketMQ's rule for the check path)."""
+        immunity = max((h.immunity_ms for h in self.primary()), default=0)
+        return immunity or transaction_timeout_ms
 
 
 class TxnTable:
-    def __init__(self, resolved_keep: int, on_needs_op: Callable[[Txn], None] = lambda txn: None):
+    def __init__(self, resolved_keep: int, max_live: int = 1 << 62,
+                 on_needs_op: Callable[[Txn, list[Half]], None] = lambda txn, halves: None):
         self.lock = threading.RLock()
-        self.resolved_keep = resolved_keep
-        self.on_needs_op = on_needs_op
+        self.op_cond = threading.Condition(self.lock)
+        self.resolved_keep, self.max_live = resolved_keep, max_live
+        self.on_needs_op = on_needs_op          # called with ``lock`` held
+        self.on_ready: list[Callable[[], None]] = []
+        self.on_applied: list[Callable[[], None]] = []
         self.by_id: dict[str, Txn] = {}
         self.by_phys: dict[int, Txn] = {}
-        self.by_queue_offset: dict[int, Txn] = {}
+        self.by_queue_offset: dict[int, tuple[Txn, Half]] = {}
+        self._live: set[str] = set()           # ids in LIVE_STATES
         self._resolved: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._dirty: set[str] = set()          # changed since the last checkpoint (persist.py)
         self.applied: int | None = None       # every record below it is applied
         self.target: int | None = None        # the log end seen first after start
         self._ready = threading.Event()
 
-    # ---- the coordinator's view -----------------------------------------------------------------------
+    # ---- reading ---------------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
@@ -101,149 +142,263 @@ class TxnTable:
         with self.lock:
             return self.by_id.get(txn_id)
 
-    def add_halves(self, txn_id: str, group: str, topic: str, halves: Iterable[Half]) -> Txn:
+    def transactions(self) -> list[Txn]:
+        with self.lock:
+            return list(self.by_id.values())
+
+    def live(self) -> list[Txn]:
+        """PREPARING, OPEN and PARKED transactions."""
+        with self.lock:
+            return [self.by_id[i] for i in self._live]
+
+    def counts(self) -> dict[str, int]:
+        with self.lock:
+            out = dict.fromkeys((*STATES, OUTCOME_UNKNOWN), 0)
+            for txn in self.by_id.values():
+                out[txn.state] += 1
+                out[OUTCOME_UNKNOWN] += bool(txn.unknown)
+            return out
+
+    # ---- Prepare's reservation -------------------------------------------------------------------------
+    def reserve(self, txn_id: str, group: str, topic: str, digest: str) -> tuple[Txn, bool]:
+        """The id's transaction and whether this call created it (PREPARING, for the caller to append).
+        ResourceExhausted when max_live transactions are live already."""
         with self.lock:
             txn = self.by_id.get(txn_id)
-            if txn is None:
-                txn = self.by_id[txn_id] = Txn(txn_id, group, topic)
-            for half in halves:
-                if half.physical_offset not in self.by_phys:
-                    txn.halves.append(half)
-                    self.by_phys[half.physical_offset] = txn
-                    self.by_queue_offset[half.queue_offset] = txn
-            return txn
+            if txn is not None:
+                return txn, False
+            if len(self._live) >= self.max_live:
+                raise ResourceExhausted(
+                    f"{len(self._live)} transactions are open, being prepared or parked: the limit "
+                    f"max_open_transactions is {self.max_live}; commit or roll back open ones, resolve parked "
+                    f"ones (mqstore txn list / resolve), or raise the limit")
+            txn = self.by_id[txn_id] = Txn(txn_id, group, topic, state=PREPARING, digest=digest)
+            self._live.add(txn_id)
+            self._touch(txn)
+            return txn, True
 
-    def resolve(self, txn: Txn, state: str, by: str) -> None:
-        """OPEN -> ``state`` (a resolved state is final; the caller checked)."""
+    def prepared(self, txn: Txn, halves: Iterable[Half], durability: str) -> None:
+        """PREPARING -> OPEN with the halves this process appended."""
         with self.lock:
-            invariant(txn.state in (OPEN, PARKED) or txn.state == state,
+            for half in halves:
+                self._add_half(txn, half)
+            txn.durability = durability
+            if txn.state == PREPARING:
+                txn.state = OPEN
+            self._touch(txn)
+
+    def release(self, txn: Txn) -> None:
+        """A Prepare whose halves are not known to be written: the id is free again, unless the follower
+        has found halves of it meanwhile (then it is OPEN, as the log says)."""
+        with self.lock:
+            if txn.state != PREPARING:
+                return  # the Prepare got past its append (or the log decided meanwhile): nothing to free
+            self._touch(txn)
+            if txn.halves:
+                txn.state = OPEN
+            elif self.by_id.get(txn.txn_id) is txn:
+                del self.by_id[txn.txn_id]
+                self._live.discard(txn.txn_id)
+
+    # ---- decisions ---------------------------------------------------------------------------------------
+    def resolve(self, txn: Txn, state: str, by: str) -> None:
+        """OPEN or PARKED -> ``state`` (a resolved state is final; the caller checked)."""
+        with self.lock:
+            invariant(txn.state in (OPEN, PARKED, PREPARING) or txn.state == state,
                       f"transaction {txn.txn_id} is {txn.state}, cannot become {state}")
+            self._touch(txn)
             if txn.state == state:
                 if txn.resolved_by == BY_LOG:  # the follower saw our own record first: name who decided
                     txn.resolved_by = by
                 return
             txn.state, txn.resolved_by = state, by
             if state != PARKED:
+                self._live.discard(txn.txn_id)
                 self._resolved[txn.txn_id] = None
                 self._forget_old()
+
+    def committed(self, txn: Txn, halves: Sequence[Half], by: str) -> None:
+        """The COMMIT records of ``halves`` (the primary attempt) are appended."""
+        with self.lock:
+            for half in halves:
+                half.committed = True
+            self.resolve(txn, COMMITTED, by)
+
+    def mark_unknown(self, txn: Txn, action: str) -> None:
+        with self.lock:
+            txn.unknown = action
+            self._touch(txn)
+        log.warning("txn.outcome_unknown", transaction_id=txn.txn_id, action=action,
+                    why="the append failed in a way that does not prove nothing was written; no new decision "
+                        "until the log has been read past its end")
+
+    def settle_unknown(self, txn: Txn, action: str) -> None:
+        """The follower has read the log past the end seen after the failed ``action``: what it found
+        decided already (landed); what is still unknown did not land."""
+        with self.lock:
+            if txn.unknown != action:
+                return
+            txn.unknown = ""
+            self._touch(txn)
+            if action == PREPARE and txn.state == PREPARING:
+                self.release(txn)
+            state = txn.state
+        log.info("txn.outcome_settled", transaction_id=txn.txn_id, action=action, state=state,
+                 why="the log has been read past the end it had after the failure: what it holds decided")
+
+    def note_check(self, txn: Txn, now_ms: int) -> bool:
+        """Count a check sent, if the transaction is still a check candidate (under ``lock``)."""
+        with self.lock:
+            if txn.state != OPEN or txn.unknown or txn.deciding:
+                return False
+            txn.checks_sent += 1
+            txn.last_check_ms = now_ms
+            self._touch(txn)
+            return True
+
+    def note_answer(self, txn: Txn, decision: str, deciding: bool) -> None:
+        """A check answer arrived: recorded; COMMIT/ROLLBACK stop further checks at once (``deciding``)."""
+        with self.lock:
+            txn.last_answer = decision
+            if deciding:
+                txn.deciding = decision
+            self._touch(txn)
+
+    def done_deciding(self, txn: Txn) -> None:
+        with self.lock:
+            txn.deciding = ""
+
+    # ---- OP records --------------------------------------------------------------------------------------
+    def halves_needing_op(self, txn: Txn) -> list[Half]:
+        """Halves of a COMMITTED or ROLLED_BACK transaction without an OP record or a queued one; marked
+        queued (under ``lock``)."""
+        with self.lock:
+            if txn.state not in (COMMITTED, ROLLED_BACK):
+                return []
+            halves = [h for h in txn.halves if not h.op_written and not h.op_queued]
+            for half in halves:
+                half.op_queued = True
+            return halves
 
     def mark_op_written(self, half_queue_offsets: Sequence[int]) -> None:
         with self.lock:
             for offset in half_queue_offsets:
-                txn = self.by_queue_offset.get(offset)
-                if txn is not None:
-                    for half in txn.halves:
-                        if half.queue_offset == offset:
-                            half.op_written = True
+                found = self.by_queue_offset.get(offset)
+                if found is not None and not found[1].op_written:
+                    found[1].op_written = True
+                    self._touch(found[0])
             self._forget_old()
+            self.op_cond.notify_all()
 
-    def transactions(self) -> list[Txn]:
+    def requeue_op(self, half_queue_offsets: Sequence[int]) -> list[int]:
+        """Of OP entries whose append's outcome was unknown, those the log does not hold (the follower
+        has read past the failure): marked not queued, returned for the OP batcher to add again."""
         with self.lock:
-            return list(self.by_id.values())
-
-    def counts(self) -> dict[str, int]:
-        with self.lock:
-            out = dict.fromkeys(STATES, 0)
-            for txn in self.by_id.values():
-                out[txn.state] += 1
+            out = []
+            for offset in half_queue_offsets:
+                found = self.by_queue_offset.get(offset)
+                if found is not None and not found[1].op_written:
+                    found[1].op_queued = False
+                    out.append(offset)
             return out
+
+    def wait_op_written(self, txn: Txn, timeout_s: float) -> bool:
+        """Until every half of ``txn`` has its OP record; False after ``timeout_s``."""
+        with self.op_cond:
+            return self.op_cond.wait_for(lambda: txn.op_written, timeout_s)
+
+    # ---- the checkpoint's view -------------------------------------------------------------------------
+    def take_dirty(self) -> list[Txn]:
+        """The transactions changed since the last call (under ``lock``); clears the set."""
+        with self.lock:
+            out = [self.by_id[i] for i in self._dirty if i in self.by_id]
+            self._dirty.clear()
+            return out
+
+    def restore(self, txn: Txn) -> None:
+        """Put a transaction read from the checkpoint (empty table, before the follower starts)."""
+        with self.lock:
+            old = self.by_id.get(txn.txn_id)
+            if old is not None:
+                self._drop(old)
+            self.by_id[txn.txn_id] = txn
+            for half in txn.halves:
+                self.by_phys[half.physical_offset] = txn
+                self.by_queue_offset[half.queue_offset] = (txn, half)
+            if txn.state in LIVE_STATES:
+                self._live.add(txn.txn_id)
+            else:
+                self._resolved[txn.txn_id] = None
+
+    # ---- the projection's primitives (projection.py, under ``lock``) --------------------------------------
+    def learn_half(self, txn_id: str, group: str, topic: str, digest: str, half: Half) -> Txn:
+        """A half record from the log; idempotent by physical offset."""
+        with self.lock:
+            known = self.by_phys.get(half.physical_offset)
+            if known is not None:
+                return known
+            txn = self.by_id.get(txn_id)
+            if txn is None:
+                txn = self.by_id[txn_id] = Txn(txn_id, group, topic, digest=digest)
+                self._live.add(txn_id)
+            txn.digest = txn.digest or digest
+            self._add_half(txn, half)
+            if txn.state == PREPARING and txn.unknown == PREPARE:
+                txn.state, txn.unknown = OPEN, ""  # the in-doubt Prepare landed
+            if txn.state in (COMMITTED, ROLLED_BACK) and self.ready:
+                self.need_op(txn)  # a duplicate attempt of a decided transaction: rolled back by its OP
+            self._touch(txn)
+            return txn
+
+    def need_op(self, txn: Txn) -> None:
+        halves = self.halves_needing_op(txn)
+        if halves:
+            self.on_needs_op(txn, halves)
+
+    def set_applied(self, next_physical_offset: int, log_end: int) -> None:
+        with self.lock:
+            if self.target is None:
+                self.target = log_end
+            self.applied = next_physical_offset
+            self._forget_old()  # those the follower has just passed may go now
+            became_ready = not self._ready.is_set() and self.applied >= self.target
+            if became_ready:
+                for txn in list(self.by_id.values()):  # caught up: every missing OP record now
+                    self.need_op(txn)
+                self._ready.set()
+        if became_ready:
+            log.info("txn.recovered", applied_physical_offset=next_physical_offset, transactions=len(self.by_id))
+            for listener in self.on_ready:
+                listener()
+        for listener in self.on_applied:
+            listener()
+
+    def _add_half(self, txn: Txn, half: Half) -> None:
+        if half.physical_offset in self.by_phys:
+            return
+        txn.halves.append(half)
+        self.by_phys[half.physical_offset] = txn
+        self.by_queue_offset[half.queue_offset] = (txn, half)
+
+    def _touch(self, txn: Txn) -> None:
+        self._dirty.add(txn.txn_id)
+
+    def _drop(self, txn: Txn) -> None:
+        del self.by_id[txn.txn_id]
+        self._live.discard(txn.txn_id)
+        for half in txn.halves:
+            self.by_phys.pop(half.physical_offset, None)
+            self.by_queue_offset.pop(half.queue_offset, None)
 
     def _forget_old(self) -> None:
         """Drop the eldest resolved transactions beyond ``resolved_keep`` once their OP records are written
         and the follower has passed their records (else it would bring them back as OPEN)."""
         while len(self._resolved) > self.resolved_keep:
-            txn = self.by_id.get(next(iter(self._resolved)))
-            if txn is not None:
+            txn_id = next(iter(self._resolved))
+            txn = self.by_id.get(txn_id)
+            if txn is not None and txn.state in (COMMITTED, ROLLED_BACK):
                 newest = max((h.physical_offset for h in txn.halves), default=-1)
                 if not txn.op_written or self.applied is None or newest >= self.applied:
                     return
-                del self.by_id[txn.txn_id]
-                for half in txn.halves:
-                    self.by_phys.pop(half.physical_offset, None)
-                    self.by_queue_offset.pop(half.queue_offset, None)
+                self._drop(txn)
             self._resolved.popitem(last=False)
-
-    # ---- the follower's projection --------------------------------------------------------------------
-    def resume_offset(self) -> int | None:
-        with self.lock:
-            return self.applied
-
-    def apply(self, frame: TailFrame) -> Sequence[Damaged]:
-        damaged = []
-        with self.lock:
-            if self.target is None:
-                self.target = frame.log_end_physical_offset
-            for view in _records(frame, damaged):
-                self._apply_record(view)
-            self.applied = frame.next_physical_offset
-            became_ready = not self._ready.is_set() and self.applied >= self.target
-        if became_ready:
-            self._on_ready()
-        return damaged
-
-    def _apply_record(self, view: record_reader.RecordView) -> None:
-        topic = view.topic
-        if view.tx_type == record.SYSFLAG_TX_COMMIT:
-            txn = self.by_phys.get(view.prepared_transaction_offset)
-            if txn is not None and txn.state != COMMITTED:
-                if txn.state == ROLLED_BACK:
-                    log.error("txn.commit_after_rollback_in_log", transaction_id=txn.txn_id,
-                              physical_offset=view.physical_offset)
-                    return
-                self._resolved_by_log(txn, COMMITTED)
-        elif topic == tx.HALF_TOPIC:
-            if view.physical_offset not in self.by_phys:
-                self.add_halves(view.property(tx.PROPERTY_TRANSACTION_ID) or f"?{view.physical_offset}",
-                                view.property(tx.PROPERTY_PRODUCER_GROUP) or "",
-                                view.property(record.PROPERTY_REAL_TOPIC) or "",
-                                [Half(view.physical_offset, view.queue_offset, view.store_timestamp_ms)])
-        elif topic == tx.OP_TOPIC:
-            offsets = parse_body(view.body)
-            for offset in offsets:
-                txn = self.by_queue_offset.get(offset)
-                if txn is not None and txn.state == OPEN:
-                    self._resolved_by_log(txn, ROLLED_BACK)
-            self.mark_op_written(offsets)
-        elif topic == tx.CHECK_MAX_TOPIC:
-            txn = self.by_id.get(view.property(tx.PROPERTY_TRANSACTION_ID) or "")
-            if txn is not None and txn.state == OPEN:
-                self._resolved_by_log(txn, PARKED)
-
-    def _resolved_by_log(self, txn: Txn, state: str) -> None:
-        self.resolve(txn, state, txn.resolved_by or BY_LOG)
-        if self._ready.is_set() and state != PARKED:
-            self._need_op(txn)
-
-    def _need_op(self, txn: Txn) -> None:
-        if not txn.op_queued and not txn.op_written and txn.state in (COMMITTED, ROLLED_BACK):
-            txn.op_queued = True
-            self.on_needs_op(txn)
-
-    def _on_ready(self) -> None:
-        """Caught up: every resolved transaction whose OP record is missing gets it now."""
-        with self.lock:
-            for txn in list(self.by_id.values()):
-                self._need_op(txn)
-            self._ready.set()
-        log.info("txn.recovered", applied_physical_offset=self.applied, transactions=len(self.by_id))
-
-
-def _records(frame: TailFrame, damaged: list) -> Iterable[record_reader.RecordView]:
-    """The sound records of a (filtered) frame; a record failing its checks is skipped and reported."""
-    data, position = frame.records, 0
-    base = frame.next_physical_offset - len(data)  # exact only for a contiguous frame: for the report
-    while position < len(data):
-        try:
-            size = record_reader.check(data, position, len(data), verify_crc=True)
-        except record_reader.RecordError as exc:
-            try:
-                size = record_reader.check(data, position, len(data), verify_crc=False)
-            except record_reader.RecordError:
-                size = len(data) - position  # the rest cannot be walked
-            damaged.append(Damaged(base + position, base + position + size, str(exc)))
-            position += size
-            continue
-        if record_reader.is_blank(data, position):
-            return
-        yield record_reader.RecordView(data, position)
-        position += size

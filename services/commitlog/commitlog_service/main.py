@@ -8,10 +8,13 @@ KiB/MiB/GiB suffixes). Every service's flags (mqstore_rpc.settings) are here too
 ``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``; ``--retention-hours`` is a shorthand for
 ``--retention-ms``; ``--store-port`` is the port written into message ids (default: the bound port);
 ``--internal-token`` / ``MQSTORE_INTERNAL_TOKEN`` is the shared secret of the CommitLogInternal service
-(the Transaction service's way into its system topics; commitlog.proto).
+(the Transaction service's way into its system topics; commitlog.proto). Pop consumption (the
+``mqstore.v1.Consumer`` service on the same port, mqstore.pop) has the flags of
+:class:`mqstore.pop.config.PopConfig` (``--pop-max-in-flight`` / ``MQSTORE_POP_MAX_IN_FLIGHT``, ...).
 Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfig` field has a flag and a
 variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
-``--min-insync-replicas``, ``--default-replication ASYNC|SYNC`` and the lag and timeout settings.
+``--etcd-endpoints`` elects the leader through etcd, ``--min-insync-replicas``, ``--default-replication
+ASYNC|SYNC`` and the lag and timeout settings.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -29,6 +32,8 @@ from typing import Mapping, Sequence
 
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
+from mqstore.pop.config import PopConfig
+from mqstore.pop.service import PopService
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.controller import Controller
 from mqstore.replication.isr import IsrKeeper
@@ -39,7 +44,7 @@ from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from commitlog_service import internal, replication
+from commitlog_service import consumer, internal, replication
 from commitlog_service.etcd_client import EtcdCoordination
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
@@ -52,6 +57,7 @@ _NOT_FLAGS = {"data_dir", "store_port", "extra"}
 class CommitLogConfig:
     store: StoreConfig
     server: ServerConfig = ServerConfig()
+    pop: PopConfig = PopConfig()  # pop consumption, the Consumer service (consumer.proto)
     advertised_port: int = 0      # port written into message ids; 0 = the bound port
     log_level: str = "info"
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
@@ -60,13 +66,20 @@ class CommitLogConfig:
 
 
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
-    """Recover the store and serve it; the store stops after the server."""
+    """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
+    revive duty ends, pop offsets are stored, then the store stops."""
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port))
     store.start()
     parts.on_close(store.stop)
+    pop = PopService(store, config.pop)
+    pop.start(run_duty=False)
+    parts.on_close(pop.stop)
+    parts.add_duty(pop.reviver)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CommitLogServicer(store), server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token), server))
+    parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
+        consumer.ConsumerServicer(pop), server))
     parts.add_health_problem(store.health_problem)
     if config.replication.enabled:
         _compose_replication(config, store, parts)
@@ -121,6 +134,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
     parser.add_argument("--internal-token", help="shared secret of the CommitLogInternal service (env "
                         "MQSTORE_INTERNAL_TOKEN; prefer the variable: flags show in ps)")
+    S.add_flags(parser, PopConfig)
     for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
@@ -142,6 +156,7 @@ def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConf
 def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLogConfig:
     args = build_arg_parser().parse_args(argv)
     return CommitLogConfig(store=_store_config(args, env), server=S.server_config(args, env, DEFAULT_PORT),
+                           pop=PopConfig(**S.values_for(args, env, PopConfig)),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
                            internal_token=S.typed(args, env, "internal_token", str, ""),
@@ -151,7 +166,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
 def describe(config: CommitLogConfig, port: int) -> dict:
     store = {f.name: getattr(config.store, f.name) for f in dataclasses.fields(config.store)}
     store["store_port"] = config.advertised_port or port  # what compose gave the store
-    return {"store": store, "server": dataclasses.asdict(config.server),
+    return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop),
             "replication": dataclasses.asdict(config.replication)}
 
 

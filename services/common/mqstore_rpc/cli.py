@@ -4,6 +4,7 @@
     seq 1 100000 | mqstore send demo --tag t       mqstore pull demo --queue 0 --offset 0 --max 10
     mqstore pull demo --queue 0 --follow           mqstore get 7F0000010000C3830000000000000000
     mqstore queue-info demo                        mqstore offset commit demo --group g --queue 0 --offset 5
+    mqstore receive demo --group g --ack           mqstore ack demo --group g HANDLE...
     mqstore store-info --json                      mqstore repair --data-dir ./data
 
 ``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). ``--json`` prints the ProtoJSON of each
@@ -28,7 +29,7 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_replication, cli_txn
+from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_pop, cli_replication, cli_txn
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser
 from mqstore_rpc.errors import status_for
@@ -388,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.modules[__name__])
     cli_index.add_commands(parser)
     cli_txn.add_commands(parser)
+    cli_pop.add_commands(parser)
     cli_compactor.add_commands(parser)
     cli_offline.add_commands(parser)
     cli_replication.add_commands(parser)

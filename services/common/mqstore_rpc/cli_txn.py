@@ -5,6 +5,7 @@
     mqstore txn commit T1        mqstore txn rollback T1
     mqstore txn list [--older-than-ms MS] [--group pg]      mqstore txn show T1
     mqstore txn resolve T1 rollback --reason "producer gone" [--operator alice]
+    mqstore txn audit [--id T1] [--limit N] [--page-token P]   (ForceResolve's audit trail, oldest first)
     mqstore txn stats
 
 ``--txn-address`` (env MQSTORE_TXN_ADDRESS, default 127.0.0.1:50053), before or after the command.
@@ -33,7 +34,7 @@ def _address_option(parser: argparse.ArgumentParser, default) -> None:
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
-    """Add ``txn begin|send|commit|rollback|list|show|resolve|stats`` to the ``mqstore`` parser."""
+    """Add ``txn begin|send|commit|rollback|list|show|resolve|audit|stats`` to the ``mqstore`` parser."""
     _address_option(parser, os.environ.get("MQSTORE_TXN_ADDRESS", DEFAULT_TXN_ADDRESS))
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     txn = sub.add_parser("txn", help="transactions through the Transaction service")
@@ -63,6 +64,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--reason", required=True, help="why (kept in the audit trail)")
     p.add_argument("--operator", default="", help="who (default: the login name)")
     p.set_defaults(func=cmd_resolve)
+    p = tsub.add_parser("audit", help="the audit trail of resolutions by hand (ForceResolve), oldest first")
+    p.add_argument("--id", default="", help="one transaction's entries only")
+    p.add_argument("--limit", type=int, default=0, help="entries per page (default 100, at most 1000)")
+    p.add_argument("--page-token", default="", help="the next page, as the previous page printed it")
+    p.set_defaults(func=cmd_audit)
     p = tsub.add_parser("stats", help="counters: OP batching, cache, check-back, oldest open transaction")
     p.set_defaults(func=cmd_stats)
     for command in (txn, *tsub.choices.values()):
@@ -157,6 +163,26 @@ def cmd_resolve(cli) -> None:
             transaction_id=a.transaction_id, decision=decision, reason=a.reason,
             operator=a.operator or getpass.getuser()))
     cli.emit(r, _ended_line(a.transaction_id, r))
+
+
+def _audit_line(e: txn_pb2.AuditEntry) -> str:
+    return (f"{e.id}  {e.transaction_id}  {_DECISION[e.decision]}  was={_STATE[e.previous_state]}  "
+            f"operator={e.operator}  at_ms={e.at_ms}  outcome={e.outcome}  reason={e.reason}")
+
+
+def cmd_audit(cli) -> None:
+    a = cli.args
+    with _Txn(cli) as txn:
+        r = txn.call("ListAudit", txn_pb2.ListAuditRequest(transaction_id=a.id, limit=a.limit,
+                                                           page_token=a.page_token))
+    if cli.args.json:
+        for e in r.entries:
+            cli.emit(e, "")
+        return
+    lines = [_audit_line(e) for e in r.entries] or ["no audit entries"]
+    if r.next_page_token:
+        lines.append(f"more: mqstore txn audit --page-token {r.next_page_token}")
+    cli.emit(r, "\n".join(lines))
 
 
 def cmd_stats(cli) -> None:

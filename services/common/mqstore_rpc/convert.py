@@ -279,6 +279,7 @@ def internal_messages_in(messages: Iterable[commitlog_pb2.InternalMessage], peer
     for m, item in zip(messages, out, strict=True):
         item.sys_flag = tx_type_in(m.transaction_type)
         item.prepared_transaction_offset = m.prepared_transaction_offset
+        item.reconsume_times = m.reconsume_times
         if m.born_host:
             item.born_host, item.born_port = host_bytes(m.born_host)
     return out
@@ -291,7 +292,7 @@ def internal_message(m: model.MessageIn) -> commitlog_pb2.InternalMessage:
                                     sharding_key=m.sharding_key)
     return commitlog_pb2.InternalMessage(
         message=plain, transaction_type=tx_type_out(m.sys_flag & SYSFLAG_TX_MASK),
-        prepared_transaction_offset=m.prepared_transaction_offset,
+        prepared_transaction_offset=m.prepared_transaction_offset, reconsume_times=m.reconsume_times,
         born_host=host_text(m.born_host, m.born_port) if m.born_port else "")
 
 

@@ -30,6 +30,7 @@ from typing import Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from mqstore import fs
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -51,6 +52,7 @@ class ServiceEntry:
     follows_commitlog: bool   # gets --commitlog <the commit log's address>
     address_env: str          # where the mqstore CLI looks for it (the banner exports it if not the default)
     examples: tuple[str, ...] = ()  # banner lines that work as printed; {address} is the service's
+    calls_txn: bool = False   # gets --txn <the Transaction service's address>
 
 
 _APPEND_JSON = '{"topic":"demo","messages":[{"body":"aGVsbG8=","keys":["k1"]}]}'
@@ -68,8 +70,12 @@ SERVICES = (
         "mqstore txn send demo paid shipped --group pg",)),
     ServiceEntry("compactor", "compactor_service.main", 50054, "compactor", True, "MQSTORE_COMPACTOR_ADDRESS", (
         "grpcurl -plaintext {address} mqstore.v1.Compactor/Stats",)),
+    # The RocketMQ 5 gateway (apache.rocketmq.v2, for the official clients); it keeps nothing on disk.
+    ServiceEntry("gateway", "gateway_service.main", 8081, "gateway", True, "MQSTORE_GATEWAY_ADDRESS", (
+        "grpcurl -plaintext {address} list",), calls_txn=True),
 )
 COMMITLOG_PORT = SERVICES[0].default_port
+TXN_PORT = next(e.default_port for e in SERVICES if e.name == "txn")
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,11 @@ def services(ports: Mapping[str, int] | None = None) -> tuple[Service, ...]:
     """The table with ports (``ports`` by name; the defaults for the rest), in start order."""
     ports = ports or {}
     commitlog = f"{HOST}:{ports.get('commitlog', COMMITLOG_PORT)}"
+    txn = f"{HOST}:{ports.get('txn', TXN_PORT)}"
     return tuple(Service(e, ports.get(e.name, e.default_port),
-                         ("--commitlog", commitlog) if e.follows_commitlog else ()) for e in SERVICES)
+                         (("--commitlog", commitlog) if e.follows_commitlog else ()) + (("--txn", txn) if e.calls_txn
+                                                                                         else ()))
+                 for e in SERVICES)
 
 
 class Child:
@@ -199,6 +208,8 @@ def internal_token(data_dir: pathlib.Path) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_hex(32))
+            out.flush()
+            fs.sync_created(fd, path)  # the creation rule (mqstore.fs): a cut must not leave it empty
     return path.read_text().strip()
 
 
@@ -222,7 +233,7 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None) -> int:
     ports = ports or {}
     stop = threading.Event()
     _install_stop_handlers(stop)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
     children: list[Child] = []
     status = 0
     try:

@@ -66,25 +66,29 @@ class ServerConfig:
 
 
 class HealthMonitor(Duty):
-    """Duty "health-monitor": every interval it polls ``problem()`` and flips health NOT_SERVING while
-    it returns a non-empty reason (a failed background duty of the domain), SERVING after. A problem()
+    """Duty "health-monitor": every interval, and at once when woken (``wake()``: a service that has
+    become ready says so), it polls ``problem()`` and flips health NOT_SERVING while it returns a
+    non-empty reason (a failed background duty, a service not ready yet), SERVING after. A problem()
     that raises a store or OS error is retried; a bug kills the monitor and health turns NOT_SERVING
     for good (nothing would report a later problem).
 
     Thread-safe: ``check_once()`` may also be called from another thread (tests); it takes ``_check_lock``.
     """
 
-    def __init__(self, server: "ManagedServer", problem: Callable[[], str], interval_s: float = 1.0):
-        super().__init__("health-monitor", interval_s=0.0)
+    def __init__(self, server: "ManagedServer", problem: Callable[[], str], interval_s: float = 1.0,
+                 reported: str = ""):
+        super().__init__("health-monitor", interval_s=interval_s)
         self._server = server
         self._problem = problem
-        self._every_s = interval_s
         self._check_lock = threading.Lock()
-        self._reported = ""
+        self._reported = reported  # what the status set at start says
 
     def step(self) -> None:
-        if not self.sleep(self._every_s):  # wait first: the server has just been marked SERVING
-            self.check_once()
+        self._wake.clear()  # a wake() from now on makes the next pause return at once
+        self.check_once()
+
+    def pause(self) -> None:
+        self._wake.wait(self.interval_s)
 
     def check_once(self) -> None:
         problem = self._problem()
@@ -141,10 +145,16 @@ class ManagedServer:
         """Run after the server has stopped (in reverse order of adding), e.g. ``store.stop``."""
         self._closers.append(closer)
 
-    def monitor_health(self, problem: Callable[[], str], interval_s: float = 1.0) -> HealthMonitor:
-        """Health follows ``problem()`` (empty = healthy) once started; see :class:`HealthMonitor`."""
-        self._monitor = HealthMonitor(self, problem, interval_s)
+    def monitor_health(self, problem: Callable[[], str], interval_s: float = 1.0, reported: str = "") -> HealthMonitor:
+        """Health follows ``problem()`` (empty = healthy) once started; see :class:`HealthMonitor`.
+        ``reported``: the problem the status set now stands for ("" = SERVING)."""
+        self._monitor = HealthMonitor(self, problem, interval_s, reported)
         return self._monitor
+
+    def health_changed(self) -> None:
+        """Poll the health problem now rather than within the interval (no-op before monitoring)."""
+        if self._monitor is not None:
+            self._monitor.wake()
 
     def start(self) -> None:
         names = [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]

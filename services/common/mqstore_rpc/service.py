@@ -12,14 +12,18 @@ close, which background duties to run, which servicers to serve, what makes it u
 Lifecycle of a service process:
   logging -> parse the settings (a bad value: ``config.invalid``, exit 2) -> arm failpoints -> catch
   SIGTERM/SIGINT (a signal during a long start is kept) -> bind -> compose -> start the duties -> health
-  SERVING (a store or OS error on the way: ``server.start_failed``, what was built is closed, exit 1)
+  SERVING if no problem is registered, else NOT_SERVING until there is none (a store or OS error on the
+  way: ``server.start_failed``, what was built is closed, exit 1)
   -> serve, with health and reflection -> ``server.started`` (service, port, pid, config: tests and the
   launcher read the port from it) -> SIGTERM/SIGINT -> ``server.stopping``: health NOT_SERVING, running
   RPCs get ``grace_s``, then the closers run in reverse order of registration (duties stop before the
   stores they use close) -> ``server.stopped``, exit 0.
 
 Health is NOT_SERVING while any registered problem (the service's own, then each duty's: a duty a bug
-has killed) is non-empty (mqstore_rpc.server.HealthMonitor polls them).
+has killed) is non-empty (mqstore_rpc.server.HealthMonitor polls them every second, and at once on
+``Composition.health_changed()``). SERVING means ready: a service that cannot answer its RPCs yet (the
+Transaction service until it has read the log up to the end it saw at start) registers a problem that
+says so, and reports the change when it is ready.
 """
 
 from __future__ import annotations
@@ -85,11 +89,20 @@ class Composition:
                 return reason
         return ""
 
+    def health_changed(self) -> None:
+        """A registered problem may have changed (e.g. the service became ready): health follows now,
+        not within the polling interval. Any thread; a no-op before start."""
+        self.server.health_changed()
+
     def start(self) -> None:
         for duty in self._duties:
             duty.start()
-        self.server.mark_serving()
-        self.server.monitor_health(self.problem)
+        problem = self.problem()
+        if problem:  # never SERVING before ready: health stays NOT_SERVING until the problem clears
+            log.info("health.not_serving", port=self.server.port, problem=problem)
+        else:
+            self.server.mark_serving()
+        self.server.monitor_health(self.problem, reported=problem)
 
 
 @dataclass(frozen=True)

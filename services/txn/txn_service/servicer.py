@@ -1,36 +1,35 @@
 """Transaction gRPC servicer: a thin adapter from mqstore.v1 requests to the coordinator, the check-back
-hub and the operator tools. It never catches mqstore errors (mqstore_rpc.errors maps them).
+streams and the operator tools. It never catches mqstore errors (mqstore_rpc.errors maps them).
 
-CheckBack runs two loops per stream: this handler's generator sends the session's checks, and a reader
-thread (``txn-checkback-reader``) takes the producer's answers; an answer that names no check sent
-on the stream (or a message that is not an answer) ends the stream with INVALID_ARGUMENT.
+CheckBack: the hello is checked here; the stream's answers are converted into domain objects (a message
+that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which ends the stream; the
+producer cancelling ends the iteration) and handed to mqstore.txn.checkback.CheckBack, whose session
+gives the checks to send.
 
 Thread-safe: holds no state beyond thread-safe domain objects.
 """
 
 from __future__ import annotations
 
-import threading
+from typing import Iterator
 
 import grpc
-import structlog
-from mqstore.errors import InvalidArgument, MqStoreError
 from mqstore import topics as topic_rules
+from mqstore.errors import InvalidArgument
+from mqstore.meta.txn_audit import AuditEntry
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
-from mqstore.txn.checkback import Check, CheckHub, CheckSession, Checker
-from mqstore.txn.coordinator import Coordinator, Ended
-from mqstore.txn.operations import Operations, TxnView, answer_check
+from mqstore.txn.checkback import Answer, Check, CheckBack
+from mqstore.txn.coordinator import Coordinator, Ended, Prepared
+from mqstore.txn.operations import Operations, TxnView
+from mqstore.txn.table import STATES, OUTCOME_UNKNOWN
 
-log = structlog.get_logger("txn_service.servicer")
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name
-_STATE_TO_PB = {s: txn_pb2.TransactionState.Value(f"TRANSACTION_STATE_{s}")
-                for s in ("OPEN", "COMMITTED", "ROLLED_BACK", "PARKED")}
+_STATE_TO_PB = {s: txn_pb2.TransactionState.Value(f"TRANSACTION_STATE_{s}") for s in (*STATES, OUTCOME_UNKNOWN)}
 _DECISION_TO_PB = {"": txn_pb2.DECISION_UNSPECIFIED, "COMMIT": txn_pb2.DECISION_COMMIT,
                    "ROLLBACK": txn_pb2.DECISION_ROLLBACK, "UNKNOWN": txn_pb2.DECISION_UNKNOWN}
 _DECISION_FROM_PB = {v: k for k, v in _DECISION_TO_PB.items() if k}
-POLL_S = 0.2  # how often a CheckBack handler looks whether its stream is still active
 
 
 def decision_in(value: int) -> str:
@@ -38,6 +37,15 @@ def decision_in(value: int) -> str:
         return _DECISION_FROM_PB[value]
     except KeyError:
         raise InvalidArgument(f"decision {value} is not COMMIT (1), ROLLBACK (2) or UNKNOWN (3)") from None
+
+
+def _prepared(p: Prepared) -> txn_pb2.PrepareResponse:
+    response = txn_pb2.PrepareResponse(transaction_id=p.transaction_id, already=p.already,
+                                       durability=convert._DURABILITY_TO_PB[p.durability])
+    for h in p.halves:
+        response.halves.add(uniq_key=h.uniq_key, physical_offset=h.physical_offset,
+                            half_queue_offset=h.half_queue_offset, real_queue_id=h.real_queue_id)
+    return response
 
 
 def _ended(e: Ended) -> txn_pb2.EndResponse:
@@ -59,24 +67,35 @@ def _info(v: TxnView) -> txn_pb2.TransactionInfo:
         resolved_by=v.resolved_by, half_physical_offsets=v.half_physical_offsets)
 
 
+def _audit(e: AuditEntry) -> txn_pb2.AuditEntry:
+    return txn_pb2.AuditEntry(id=e.id, transaction_id=e.transaction_id, decision=_DECISION_TO_PB.get(e.decision, 0),
+                              previous_state=_STATE_TO_PB.get(e.previous_state, 0), reason=e.reason,
+                              operator=e.operator, at_ms=e.at_ms, outcome=e.outcome)
+
+
 def _check(c: Check) -> txn_pb2.CheckRequest:
     return txn_pb2.CheckRequest(check_id=c.check_id, transaction_id=c.txn_id, topic=c.topic, check_times=c.check_times,
                                 age_ms=c.age_ms, halves=[convert.stored_message(m) for m in c.halves])
 
 
+def _answers(request_iterator) -> Iterator[Answer]:
+    """The producer's answers as domain objects; ends when the producer closes or cancels its side."""
+    try:
+        for message in request_iterator:
+            if message.WhichOneof("kind") != "answer":
+                raise InvalidArgument("CheckBack: after the hello, send only answers")
+            yield Answer(message.answer.check_id, decision_in(message.answer.decision))
+    except grpc.RpcError:
+        return  # the stream was cancelled: the producer went away
+
+
 class TransactionServicer(txn_pb2_grpc.TransactionServicer):
-    def __init__(self, coordinator: Coordinator, hub: CheckHub, checker: Checker, operations: Operations):
-        self._coordinator, self._hub, self._checker, self._ops = coordinator, hub, checker, operations
+    def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations):
+        self._coordinator, self._checkback, self._ops = coordinator, checkback, operations
 
     def Prepare(self, request, context):
-        prepared = self._coordinator.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
-                                             request.producer_group, request.transaction_id)
-        response = txn_pb2.PrepareResponse(transaction_id=prepared.transaction_id)
-        for r, qid in zip(prepared.results, prepared.real_queue_ids, strict=True):
-            response.halves.add(uniq_key=r.uniq_key, physical_offset=r.physical_offset,
-                                half_queue_offset=r.queue_offset, real_queue_id=qid)
-        response.durability = convert._DURABILITY_TO_PB[prepared.results[0].durability]
-        return response
+        return _prepared(self._coordinator.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
+                                                   request.producer_group, request.transaction_id))
 
     def Commit(self, request, context):
         return _ended(self._coordinator.commit(request.transaction_id))
@@ -95,6 +114,11 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         return _ended(self._ops.force_resolve(request.transaction_id, decision_in(request.decision), request.reason,
                                               request.operator))
 
+    def ListAudit(self, request, context):
+        page = self._ops.list_audit(request.transaction_id, request.limit, request.page_token)
+        return txn_pb2.ListAuditResponse(entries=[_audit(e) for e in page.entries],
+                                         next_page_token=page.next_page_token)
+
     def Stats(self, request, context):
         return txn_pb2.TxnStats(**self._ops.stats())
 
@@ -104,34 +128,12 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             raise InvalidArgument("CheckBack: the first message must be a hello naming the producer group")
         topic_rules.validate_group_name(first.hello.producer_group)
         self._coordinator.check_ready()
-        session = self._hub.open(first.hello.producer_group)
-        failure: list[MqStoreError] = []
-        reader = threading.Thread(target=self._read_answers, args=(request_iterator, session, failure),
-                                  name="txn-checkback-reader", daemon=True)
-        reader.start()
+        session = self._checkback.open(first.hello.producer_group, _answers(request_iterator))
         try:
-            while context.is_active() and not session.closed:
-                check = session.next_check(POLL_S)
-                if check is not None:
-                    yield _check(check)
-            if failure:
-                raise failure[0]
+            for check in session.checks(context.is_active):
+                yield _check(check)
         finally:
-            self._hub.close(session)
-
-    def _read_answers(self, request_iterator, session: CheckSession, failure: list) -> None:
-        try:
-            for message in request_iterator:
-                if message.WhichOneof("kind") != "answer":
-                    raise InvalidArgument("CheckBack: after the hello, send only answers")
-                txn_id = session.answered(message.answer.check_id)
-                answer_check(self._coordinator, self._checker, txn_id, decision_in(message.answer.decision))
-        except MqStoreError as exc:
-            failure.append(exc)
-        except grpc.RpcError:
-            pass  # the stream was cancelled: the producer went away
-        finally:
-            self._hub.close(session)
+            self._checkback.close(session)
 
 
 def add_to_server(servicer: TransactionServicer, server: grpc.Server) -> None:

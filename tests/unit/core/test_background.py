@@ -113,3 +113,32 @@ def test_an_armed_failpoint_is_retried_as_the_io_it_stands_for():
         assert duty.state().retries == 1 and duty.problem() == ""
     finally:
         assert duty.stop(WAIT_S)
+
+
+def test_workers_run_tasks_on_named_threads_with_back_pressure_and_report_a_bug():
+    from mqstore.background import Workers
+    workers = Workers("test-workers", workers=1, max_queued=1)
+    workers.start()
+    release, started, names = threading.Event(), threading.Event(), []
+
+    def blocking() -> None:
+        names.append(threading.current_thread().name)
+        started.set()
+        release.wait(WAIT_S)
+
+    try:
+        workers.submit(blocking, timeout_s=WAIT_S)
+        assert started.wait(WAIT_S) and names == ["test-workers-0"] and workers.busy() == 1
+        workers.submit(lambda: None, timeout_s=WAIT_S)  # queued: the queue holds one
+        with pytest.raises(Unavailable, match="1 tasks are queued already"):
+            workers.submit(lambda: None, timeout_s=0.05)  # full: the caller waits, then is told
+        release.set()
+        workers.submit(_raise(InvariantViolation("a bug in a task")), timeout_s=WAIT_S)
+        done = threading.Event()
+        workers.submit(done.set, timeout_s=WAIT_S)  # the worker goes on after the bug
+        assert done.wait(WAIT_S) and "InvariantViolation: a bug in a task" in workers.problem()
+    finally:
+        release.set()
+        assert workers.stop(WAIT_S)
+    with pytest.raises(Unavailable, match="stopping"):
+        workers.submit(lambda: None, timeout_s=WAIT_S)

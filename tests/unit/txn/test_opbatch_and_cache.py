@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore.errors import Unavailable
+from mqstore.errors import OutcomeUnknown, Unavailable
 from mqstore.txn.cache import HalfCache
 from mqstore.txn.opbatch import OpBatcher, parse_body
 
@@ -15,11 +15,12 @@ class Log:
     def __init__(self):
         self.bodies: list[bytes] = []
         self.fail_next = 0
+        self.unknown = False
 
     def write(self, body: bytes, offsets) -> None:
         if self.fail_next:
             self.fail_next -= 1
-            raise Unavailable("commit log away")
+            raise (OutcomeUnknown if self.unknown else Unavailable)("commit log away")
         self.bodies.append(body)
 
 
@@ -55,16 +56,29 @@ def test_a_batch_is_written_when_its_oldest_entry_is_interval_old():
 
 def test_a_failed_write_keeps_its_entries_and_the_retry_writes_them():
     log, clock = Log(), FakeClock()
-    ops = batcher(log, clock, max_bytes=4)
-    seq = ops.add([7, 8])  # 4 bytes: due by size
+    written = []
+    ops = OpBatcher(log.write, clock, max_bytes=4, interval_ms=3000, on_written=written.extend)
+    ops.add([7, 8])  # 4 bytes: due by size
     log.fail_next = 1
     with pytest.raises(Unavailable):
         ops.flush_due()
-    assert ops.stats().pending == 2 and ops.stats().write_failures == 1
-    with pytest.raises(Unavailable, match="not written within"):
-        ops.wait_written(seq, 0.01)
+    assert ops.stats().pending == 2 and ops.stats().write_failures == 1 and written == []
     assert ops.flush_due() == 1 and log.bodies == [b"7,8,"]  # the retry: the same entries, none lost
-    ops.wait_written(seq, 0.01)  # now durable: returns at once
+    assert written == [7, 8]
+
+
+def test_a_write_of_unknown_outcome_is_handed_over_not_written_again():
+    log, clock = Log(), FakeClock()
+    unknown: list[list[int]] = []
+    ops = OpBatcher(log.write, clock, max_bytes=4, interval_ms=3000, on_unknown=unknown.append)
+    ops.add([7, 8])
+    log.fail_next, log.unknown = 1, True
+    with pytest.raises(OutcomeUnknown):
+        ops.flush_due()
+    assert unknown == [[7, 8]] and ops.stats().pending == 0 and ops.stats().unknown_outcomes == 1
+    assert ops.flush_due() == 0 and log.bodies == []  # not blindly again: the resolver decides
+    ops.requeue([8])  # the resolver found 7's entry in the log: only 8 is written again, at once
+    assert ops.flush_due() == 1 and log.bodies == [b"8,"]
 
 
 def test_cache_evicts_the_eldest_by_count_and_by_bytes_and_a_hit_removes():

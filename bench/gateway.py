@@ -1,0 +1,190 @@
+"""RocketMQ 5 gateway benchmark (run by ``make bench``): ``bench/gateway.py [--quick]``.
+
+Workload, all as real processes on 127.0.0.1 (a commit log with ASYNC flush, a Transaction service, the
+gateway): the official RocketMQ 5 Python client (rocketmq-python-client 5.1.2 in .venv-rmq, driven by
+tests/clients/python/rmq_driver.py) sends 1 KiB messages to an 8-queue topic through the gateway, one
+``producer.send()`` at a time (the client sends one message per request), for ``count`` messages after
+a warm-up. Comparison point in the same run, the same loop shape: one process calling the commit log's
+own unary ``CommitLog.Append`` with one 1 KiB message per call, sequentially (a plain grpc client,
+bench/append_loop.py). Rounds alternate (gateway, direct, ...); each figure is the median of the rounds.
+Also reported, without a target: the Python client's own ceiling (the same loop against a no-op v2
+server, bench/noop_v2.py, which stores nothing) and the Node client (1.0.8) through the gateway. Target
+(issue 18): the Python client through the gateway >= 0.5x the direct loop.
+
+A full run writes bench/results/gateway.json and gateway.md; ``--quick`` writes to bench/results/scratch/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import diskuse
+from procs import BenchError, spawn, stop, stop_all, wait_for_event
+
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+TOKEN = "bench-token"
+TOPIC = "bench"
+BODY_BYTES = 1024
+FULL = {"count": 3000, "warmup": 300, "rounds": 3}
+QUICK = {"count": 200, "warmup": 50, "rounds": 1}
+PY_CLIENT = ROOT / ".venv-rmq" / "bin" / "python"
+CLIENT_TIMEOUT_S = 600
+
+
+def start(module: str, args: list[str], log_path: pathlib.Path):
+    proc = spawn([sys.executable, "-m", module, "--port", "0", *args], log_path,
+                 env={**os.environ, "MQSTORE_INTERNAL_TOKEN": TOKEN})
+    event = wait_for_event(proc, log_path, "server.started", 60)
+    return proc, f"127.0.0.1:{event['port']}"
+
+
+def drive(command: list[str], script: list[dict], home: pathlib.Path) -> list[dict]:
+    """Run a client driver with these commands; its replies (a failed command is a BenchError)."""
+    home.mkdir(parents=True, exist_ok=True)
+    stdin = "".join(json.dumps({"id": i, **c}) + "\n" for i, c in enumerate(script, 1))
+    done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
+                          env={**os.environ, "HOME": str(home)})
+    replies = [r for r in map(json.loads, done.stdout.splitlines()) if "id" in r]
+    failed = [r for r in replies if not r["ok"]]
+    if failed or len(replies) != len(script):
+        raise BenchError(f"{command[1]}: {failed or 'missing replies'}; stderr: {done.stderr[-2000:]}")
+    return replies
+
+
+def client_rate(kind: str, endpoint: str, cfg: dict, home: pathlib.Path) -> float:
+    if kind == "python":
+        command = [str(PY_CLIENT), str(ROOT / "tests" / "clients" / "python" / "rmq_driver.py"), endpoint]
+    else:
+        command = ["node", str(ROOT / "tests" / "clients" / "node" / "driver.js"), endpoint]
+    replies = drive(command, [{"op": "producer", "topics": [TOPIC]},
+                              {"op": "send_many", "topic": TOPIC, "count": cfg["warmup"], "body_bytes": BODY_BYTES},
+                              {"op": "send_many", "topic": TOPIC, "count": cfg["count"], "body_bytes": BODY_BYTES},
+                              {"op": "shutdown"}], home)
+    return cfg["count"] / replies[2]["elapsed_s"]
+
+
+def direct_rate(address: str, cfg: dict) -> float:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "append_loop.py"), address, TOPIC,
+                           str(cfg["warmup"]), str(cfg["count"]), str(BODY_BYTES)],
+                          capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S)
+    if done.returncode != 0:
+        raise BenchError(f"append_loop.py: {done.stderr[-2000:]}")
+    return cfg["count"] / json.loads(done.stdout)["elapsed_s"]
+
+
+def noop_rate(cfg: dict, home: pathlib.Path) -> float:
+    """The Python client's loop against bench/noop_v2.py: what the client alone allows."""
+    noop = subprocess.Popen([sys.executable, str(ROOT / "bench" / "noop_v2.py")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(noop.stdout.readline())
+        return client_rate("python", f"127.0.0.1:{port}", cfg, home)
+    finally:
+        noop.stdin.close()
+        try:
+            noop.wait(30)
+        except subprocess.TimeoutExpired:
+            noop.kill()
+            noop.wait(30)
+
+
+def measure(cfg: dict, work: pathlib.Path) -> dict:
+    if not PY_CLIENT.exists():
+        raise BenchError(f"{PY_CLIENT} is missing: run `make rmq-clients`")
+    log_proc, log_address = start("commitlog_service.main", ["--data-dir", str(work / "log")], work / "log.err")
+    rates: dict[str, list[float]] = {"python": [], "direct": [], "noop": [], "node": []}
+    try:
+        txn_proc, txn_address = start("txn_service.main", ["--data-dir", str(work / "txn"), "--commitlog",
+                                                           log_address], work / "txn.err")
+        gw_proc, gw_address = start("gateway_service.main", ["--commitlog", log_address, "--txn", txn_address],
+                               work / "gateway.err")
+        with grpc.insecure_channel(log_address) as channel:
+            commitlog_pb2_grpc.CommitLogStub(channel).CreateTopic(
+                commitlog_pb2.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
+        for round_no in range(cfg["rounds"]):
+            rates["python"].append(client_rate("python", gw_address, cfg, work / f"home-py-{round_no}"))
+            rates["direct"].append(direct_rate(log_address, cfg))
+            rates["noop"].append(noop_rate(cfg, work / f"home-noop-{round_no}"))
+            print("round", round_no, {k: round(v[-1], 1) for k, v in rates.items() if v}, flush=True)
+        if shutil.which("node") and (ROOT / "tests" / "clients" / "node" / "node_modules").is_dir():
+            rates["node"].append(client_rate("node", gw_address, cfg, work / "home-node"))
+        stop(gw_proc)
+        stop(txn_proc)
+    finally:
+        stop(log_proc)
+    return rates
+
+
+def rows(rates: dict) -> list[dict]:
+    py, direct = statistics.median(rates["python"]), statistics.median(rates["direct"])
+    out = [{"workload": "Python client send(), 1 x 1 KiB per call, sequential, through the gateway (msg/s)",
+            "figure": round(py, 1), "comparison": "the same loop calling CommitLog.Append directly (plain grpc)",
+            "comparison_figure": round(direct, 1), "ratio": round(py / direct, 3), "target": ">= 0.5"}]
+    noop = statistics.median(rates["noop"])
+    out.append({"workload": "Python client send() against a no-op v2 server (msg/s): the client's own ceiling",
+                "figure": round(noop, 1), "comparison": "the direct Append loop", "comparison_figure": round(direct, 1),
+                "ratio": round(noop / direct, 3), "target": None})
+    if rates["node"]:
+        node = statistics.median(rates["node"])
+        out.append({"workload": "Node client send(), 1 x 1 KiB per call, sequential, through the gateway (msg/s)",
+                    "figure": round(node, 1), "comparison": "the direct Append loop",
+                    "comparison_figure": round(direct, 1), "ratio": round(node / direct, 3), "target": None})
+    return out
+
+
+def markdown(table: list[dict], meta: dict) -> str:
+    lines = ["# RocketMQ 5 gateway benchmark", "", f"{meta['when']} on {meta['machine']}; {meta['mode']} run: "
+             f"{meta['count']} messages per round after {meta['warmup']}, medians of {meta['rounds']} alternating "
+             f"rounds. Workload: bench/gateway.py. " + diskuse.describe(meta), "",
+             "| workload | figure | comparison point | comparison | ratio | target |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['workload']} | {r['figure']:,} | {r['comparison']} | {r['comparison_figure']:,} | {r['ratio']} | "
+              f"{r['target'] or ''} |" for r in table]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    out_dir = RESULTS / "scratch" if args.quick else RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-gateway-bench-"))
+    watch = diskuse.DiskWatch(work)
+    try:
+        with watch:
+            rates = measure(cfg, work)
+    except (BenchError, subprocess.TimeoutExpired) as exc:
+        print(f"gateway bench failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.node()} "
+            f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)",
+            "mode": "quick" if args.quick else "full", **cfg, **watch.report()}
+    table = rows(rates)
+    (out_dir / "gateway.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": rates}, indent=1) + "\n")
+    (out_dir / "gateway.md").write_text(markdown(table, meta))
+    print(markdown(table, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The gateway's domain settings: one frozen, validated dataclass (each field is a flag of the service)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mqstore.errors import InvalidArgument
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    # Clients: every one is known by its x-mq-client-id; one not heard of for client_ttl_ms is forgotten
+    # (its Telemetry stream closed). The clients heartbeat every 10 s.
+    max_clients: int = 10_000
+    client_ttl_ms: int = 120_000
+    telemetry_outbox_limit: int = 1_000     # commands queued for one client's Telemetry stream
+    # Publishing: advertised to producers as publishing.max_body_size, and refused above it (must not
+    # exceed the commit log's max_body_bytes, 4 MiB by default).
+    max_body_bytes: int = 4 * MiB
+    topic_cache_ms: int = 5_000             # how long a DescribeTopic answer is reused for routes and sends
+    # Consuming (clamped as the Java proxy clamps them)
+    long_poll_min_ms: int = 5_000
+    long_poll_max_ms: int = 20_000
+    long_poll_reserve_ms: int = 100         # a receive answers this long before the client's deadline
+    receive_batch_max: int = 32
+    max_delivery_attempts: int = 17         # deliveries before the DLQ (RocketMQ: 16 retries + the first)
+    auto_renew_invisible_ms: int = 60_000   # invisible time of a receive with auto_renew (push consumers)
+    # Check-back
+    max_checkback_topics: int = 1_000       # CheckBack streams to the Transaction service at once
+    pending_checks_max: int = 10_000        # checks relayed and not yet answered, remembered (oldest dropped)
+    checkback_retry_max_ms: int = 5_000     # backoff cap when the Transaction service cannot be reached
+
+    def __post_init__(self) -> None:
+        for name in ("max_clients", "client_ttl_ms", "telemetry_outbox_limit", "max_body_bytes", "topic_cache_ms",
+                     "long_poll_min_ms", "long_poll_max_ms", "receive_batch_max", "max_delivery_attempts",
+                     "auto_renew_invisible_ms", "max_checkback_topics", "pending_checks_max",
+                     "checkback_retry_max_ms"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.long_poll_min_ms > self.long_poll_max_ms:
+            raise InvalidArgument(f"long_poll_min_ms ({self.long_poll_min_ms}) must not exceed long_poll_max_ms "
+                                  f"({self.long_poll_max_ms})")
+        if not 0 <= self.long_poll_reserve_ms < self.long_poll_min_ms:
+            raise InvalidArgument(f"long_poll_reserve_ms must be in [0, long_poll_min_ms), not "
+                                  f"{self.long_poll_reserve_ms}")
+        if self.max_body_bytes > 64 * MiB:
+            raise InvalidArgument(f"max_body_bytes is at most 64 MiB (the gRPC message limit), not "
+                                  f"{self.max_body_bytes}")
+        if self.max_delivery_attempts > 1000:
+            raise InvalidArgument(f"max_delivery_attempts is at most 1000, not {self.max_delivery_attempts}")

@@ -1,0 +1,141 @@
+"""Receives and acks of RocketMQ 5 clients as mqstore's pop consumption (consumer.proto, mqstore.pop).
+
+  v2 call                              pop call, and what the gateway decides
+  ------------------------------------ -------------------------------------------------------------------
+  ReceiveMessage                       Receive of the whole topic: ``message_queue.id`` is only a hint (the
+                                       Node client always names queue 0), as the proxy pops its "broker
+                                       acting queue"; batch at most receive_batch_max (32); invisible time
+                                       the request's (auto_renew: auto_renew_invisible_ms); long poll the
+                                       request's clamped to [long_poll_min_ms, long_poll_max_ms] and to the
+                                       client's deadline minus a reserve; max_attempts the gateway's
+                                       max_delivery_attempts; a new group starts at the earliest message
+  AckMessage                           Ack of the entries' handles: a handle that does not work any more
+                                       (expired, acked, replaced, not this group's) is refused
+  ChangeInvisibleDuration              ChangeInvisibleDuration: a new handle
+  ForwardMessageToDeadLetterQueue      ForwardToDeadLetter
+
+Receipt handles are the pop service's, passed through unchanged; the gateway checks that one parses and
+belongs to the group and topic (mqstore.pop.handle) before it asks, so a garbage handle is refused as
+INVALID_RECEIPT_HANDLE without a call. Filters: TAG expressions only (SQL92 needs a filter engine mqstore
+does not have).
+
+Thread-safe: holds no state.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from mqstore import topics as topic_rules
+from mqstore.errors import (FailedPrecondition, IllegalFilterExpression, IllegalInvisibleTime, InvalidArgument,
+                            InvalidReceiptHandle)
+from mqstore.pop import handle as handles
+from mqstore.pop.receive import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, START_EARLIEST, ReceiveResult
+from mqstore.pop.service import AckOutcome, ChangeResult
+
+from .config import GatewayConfig
+from .publishing import TopicCache
+
+TAG, SQL = "TAG", "SQL"
+
+
+class PopPort(Protocol):
+    """The Consumer service as the gateway calls it (an adapter implements it over gRPC)."""
+
+    def receive(self, group: str, topic: str, *, invisible_duration_ms: int, filter_expression: str, batch_size: int,
+                long_poll_ms: int, max_attempts: int, start: str) -> ReceiveResult: ...
+
+    def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[AckOutcome]: ...
+
+    def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
+                                  invisible_duration_ms: int) -> ChangeResult: ...
+
+    def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> str: ...
+
+
+class Consuming:
+    def __init__(self, config: GatewayConfig, topics: TopicCache, pop: PopPort):
+        self.config, self.topics, self.pop = config, topics, pop
+
+    def receive(self, group: str, topic: str, *, filter_type: str, expression: str, batch_size: int,
+                invisible_ms: int | None, auto_renew: bool, long_poll_ms: int | None,
+                time_left_ms: int | None) -> tuple[ReceiveResult, int]:
+        """(what was received, the invisible time given)."""
+        self._names(group, topic)
+        if filter_type not in ("", TAG):
+            raise IllegalFilterExpression(f"filter type {filter_type} is not supported: only TAG expressions "
+                                          f"(\"*\", \"a || b\"); SQL92 filters need a filter engine mqstore lacks")
+        if batch_size < 0:
+            raise InvalidArgument(f"batch_size is {batch_size}; it must be positive")
+        if auto_renew:
+            invisible_ms = self.config.auto_renew_invisible_ms
+        elif invisible_ms is None:
+            raise IllegalInvisibleTime("invisible_duration is required (a simple consumer's receive sets it)")
+        invisible_ms = self._invisible(invisible_ms)
+        result = self.pop.receive(group, topic, invisible_duration_ms=invisible_ms, filter_expression=expression,
+                                  batch_size=min(batch_size or self.config.receive_batch_max,
+                                                 self.config.receive_batch_max),
+                                  long_poll_ms=self.long_poll(long_poll_ms, time_left_ms),
+                                  max_attempts=self.config.max_delivery_attempts, start=START_EARLIEST)
+        return result, invisible_ms
+
+    def long_poll(self, asked_ms: int | None, time_left_ms: int | None) -> int:
+        """The request's long poll clamped as the Java proxy clamps it, and ended before the client's deadline."""
+        cfg = self.config
+        poll_ms = min(max(asked_ms if asked_ms is not None else cfg.long_poll_max_ms, cfg.long_poll_min_ms),
+                      cfg.long_poll_max_ms)
+        if time_left_ms is not None:
+            poll_ms = max(0, min(poll_ms, time_left_ms - 2 * cfg.long_poll_reserve_ms))
+        return poll_ms
+
+    def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[AckOutcome]:
+        """One outcome per handle, in order; a handle that does not parse is refused without a call."""
+        self._names(group, topic)
+        outcomes: list[AckOutcome | None] = [None] * len(receipt_handles)
+        sendable = []
+        for index, text in enumerate(receipt_handles):
+            try:
+                handles.decode(group, topic, text)
+                sendable.append(index)
+            except InvalidArgument as exc:
+                outcomes[index] = AckOutcome(text, "invalid", str(exc))
+        if sendable:
+            for index, outcome in zip(sendable, self.pop.ack(group, topic, [receipt_handles[i] for i in sendable]),
+                                      strict=True):
+                outcomes[index] = outcome
+        return [o for o in outcomes if o is not None]
+
+    def change_invisible_duration(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> ChangeResult:
+        self._names(group, topic)
+        self._handle(group, topic, receipt_handle)
+        invisible_ms = self._invisible(invisible_ms)
+        try:
+            return self.pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
+        except FailedPrecondition as exc:
+            raise InvalidReceiptHandle(f"the receipt handle no longer works: {exc}") from None
+
+    def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> str:
+        self._names(group, topic)
+        self._handle(group, topic, receipt_handle)
+        try:
+            return self.pop.forward_to_dead_letter(group, topic, receipt_handle)
+        except FailedPrecondition as exc:
+            raise InvalidReceiptHandle(f"the receipt handle no longer works: {exc}") from None
+
+    def _names(self, group: str, topic: str) -> None:
+        topic_rules.validate_group_name(group)
+        self.topics.get(topic)
+
+    @staticmethod
+    def _handle(group: str, topic: str, text: str) -> None:
+        try:
+            handles.decode(group, topic, text)
+        except InvalidArgument as exc:
+            raise InvalidReceiptHandle(str(exc)) from None
+
+    @staticmethod
+    def _invisible(invisible_ms: int) -> int:
+        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise IllegalInvisibleTime(f"invisible_duration is {invisible_ms} ms; it must be between "
+                                       f"{MIN_INVISIBLE_MS} ms and {MAX_INVISIBLE_MS} ms (12 h)")
+        return invisible_ms

@@ -1,0 +1,170 @@
+"""Sends of RocketMQ 5 clients as mqstore appends, and the topics' routes.
+
+A v2 message becomes one :class:`mqstore.model.MessageIn`, as the Java proxy builds its broker message
+(SendMessageActivity.buildMessage):
+
+  v2 message (system properties)      mqstore message
+  ----------------------------------- ---------------------------------------------------------------------
+  message_id (client-generated)       property UNIQ_KEY: the Index finds it by this id, and it is what the
+                                      send result and every receive return as message_id
+  tag                                 tags (property TAGS)
+  keys                                keys (property KEYS)
+  message_group (FIFO)                sharding_key (the commit log hashes it to a queue, as the proxy does)
+                                      and property __SHARDINGKEY (returned as message_group on receive)
+  born_timestamp                      born_timestamp_ms
+  user_properties                     properties (the names the gateway sets itself are refused)
+  body                                body (at most max_body_bytes)
+
+The queue is chosen here, never taken from the request: the Node client names queue 0 for every send.
+NORMAL and FIFO sends are one CommitLog.Append each; TRANSACTION sends are Transaction.Prepare with the
+topic as producer group (the proxy's rule, since v2 has no producer group on the wire). DELAY, LITE and
+PRIORITY are refused (Unsupported) and never advertised: mqstore has no scheduler yet.
+
+Thread-safe: the topic cache has its own lock; the rest holds no state.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from mqstore.clock import Clock
+from mqstore.errors import (BodyTooLarge, IllegalMessageId, IllegalPropertyKey, NotFound, PropertyConflictsWithType,
+                            TopicNotFound, Unsupported)
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResult, MessageIn, TopicRecord
+from mqstore import topics as topic_rules
+
+NORMAL, FIFO, DELAY, TRANSACTION = "NORMAL", "FIFO", "DELAY", "TRANSACTION"
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"   # RocketMQ's MessageConst.PROPERTY_SHARDING_KEY: the message group
+# Property names the gateway, the store or the Transaction service set themselves (RocketMQ's MessageConst
+# names among them): a user property of one of these names is refused, as the proxy refuses reserved keys.
+RESERVED_PROPERTIES = frozenset({
+    PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_SHARDING_KEY, "TRAN_MSG", "PGROUP", "REAL_TOPIC",
+    "REAL_QID", "__transactionId__", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "DELAY",
+    "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "RETRY_TOPIC", "RECONSUME_TIME", "MAX_RECONSUME_TIMES",
+    "DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "ORIGIN_MESSAGE_ID", "POP_CK", "MIN_OFFSET", "MAX_OFFSET", "WAIT"})
+# What each topic kind accepts (advertised in the route as accept_message_types).
+ACCEPTED_TYPES = {KIND_NORMAL: (NORMAL, FIFO, TRANSACTION),
+                  # a COMPACTION topic routes by key: a message group would contradict it, and the
+                  # Transaction service refuses these topics
+                  KIND_COMPACTION: (NORMAL,)}
+
+
+@dataclass(frozen=True)
+class Publish:
+    """One message of a SendMessageRequest, in the gateway's terms."""
+    topic: str
+    body: bytes
+    message_id: str
+    message_type: str                 # NORMAL, FIFO, DELAY, TRANSACTION, or the name of another v2 type
+    tag: str = ""
+    keys: tuple[str, ...] = ()
+    message_group: str = ""
+    user_properties: dict[str, str] = field(default_factory=dict)
+    born_timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    message_id: str
+    queue_id: int
+    queue_offset: int
+    transaction_id: str = ""
+
+
+class TopicCache:
+    """DescribeTopic answers, reused for ``ttl_ms`` (routes are asked every 30 s by every client, and every
+    send needs its topic's kind). A topic unknown to the commit log is TopicNotFound (never cached)."""
+
+    def __init__(self, lookup: Callable[[str], TopicRecord], clock: Clock, ttl_ms: int):
+        self._lookup, self.clock, self.ttl_ms = lookup, clock, ttl_ms
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[int, TopicRecord]] = {}
+
+    def get(self, name: str) -> TopicRecord:
+        topic_rules.validate_topic_name(name)
+        now = self.clock.now_ms()
+        with self._lock:
+            cached = self._cache.get(name)
+        if cached is not None and now - cached[0] < self.ttl_ms:
+            return cached[1]
+        try:
+            record = self._lookup(name)
+        except NotFound:
+            with self._lock:
+                self._cache.pop(name, None)
+            raise TopicNotFound(f"topic {name!r} does not exist; create it first (mqstore topic create {name})") \
+                from None
+        if record.kind not in ACCEPTED_TYPES:
+            raise TopicNotFound(f"topic {name!r} is a system topic: clients neither send to nor receive from it")
+        with self._lock:
+            if len(self._cache) >= 100_000:  # bounded: names come from clients
+                self._cache.clear()
+            self._cache[name] = (now, record)
+        return record
+
+
+def accepted_types(topic: TopicRecord) -> tuple[str, ...]:
+    return ACCEPTED_TYPES[topic.kind]
+
+
+def writable(topic: TopicRecord) -> bool:
+    """False for pop consumption's retry and dead-letter topics: clients read them (a DLQ is consumed like
+    a topic) but only pop consumption writes them, so their routes are READ only."""
+    return not topic_rules.is_pop_owned_topic(topic.name)
+
+
+def to_message_in(p: Publish) -> MessageIn:
+    """The mqstore message of a v2 message (see the module docstring); refusals are raised."""
+    if not p.message_id:
+        raise IllegalMessageId("system_properties.message_id is empty; the client generates one per message")
+    for name in p.user_properties:
+        if name in RESERVED_PROPERTIES:
+            raise IllegalPropertyKey(f"user property {name[:64]!r} is a name the server sets itself; "
+                                     f"reserved: {', '.join(sorted(RESERVED_PROPERTIES))}")
+    properties = dict(p.user_properties)
+    properties[PROPERTY_UNIQ_KEY] = p.message_id
+    if p.message_group:
+        properties[PROPERTY_SHARDING_KEY] = p.message_group
+    return MessageIn(p.body, tags=p.tag, keys=p.keys, properties=properties, born_timestamp_ms=p.born_timestamp_ms,
+                     sharding_key=p.message_group)
+
+
+class Publisher:
+    """Sends: ``append(topic, messages)`` is CommitLog.Append, ``prepare(topic, message, group)`` is
+    Transaction.Prepare returning (transaction id, half queue offset)."""
+
+    def __init__(self, topics: TopicCache, max_body_bytes: int,
+                 append: Callable[[str, list[MessageIn]], list[AppendResult]],
+                 prepare: Callable[[str, MessageIn, str], tuple[str, int]]):
+        self.topics, self.max_body_bytes, self._append, self._prepare = topics, max_body_bytes, append, prepare
+
+    def send(self, p: Publish) -> Sent:
+        topic = self.topics.get(p.topic)
+        self._check(p, topic)
+        message = to_message_in(p)
+        if p.message_type == TRANSACTION:
+            transaction_id, half_offset = self._prepare(p.topic, message, p.topic)
+            return Sent(p.message_id, 0, half_offset, transaction_id)
+        try:
+            result = self._append(p.topic, [message])[0]
+        except NotFound as exc:  # deleted since it was cached
+            raise TopicNotFound(f"topic {p.topic!r} does not exist (any more): {exc}") from None
+        return Sent(p.message_id, result.queue_id, result.queue_offset)
+
+    def _check(self, p: Publish, topic: TopicRecord) -> None:
+        if len(p.body) > self.max_body_bytes:
+            raise BodyTooLarge(f"the message body has {len(p.body)} bytes, the limit is {self.max_body_bytes} "
+                               f"(publishing.max_body_size)")
+        if p.message_type in (NORMAL, FIFO, TRANSACTION):
+            if p.message_type not in accepted_types(topic):
+                raise PropertyConflictsWithType(f"topic {p.topic!r} ({topic.kind}) accepts only "
+                                                f"{', '.join(accepted_types(topic))} messages, not {p.message_type}")
+            if (p.message_type == FIFO) != bool(p.message_group):
+                raise PropertyConflictsWithType("a FIFO message needs a message_group, and only a FIFO message "
+                                                f"has one (message_type {p.message_type})")
+            return
+        raise Unsupported(f"message type {p.message_type} is not supported by this gateway (NORMAL, FIFO and "
+                          f"TRANSACTION are; DELAY waits for a scheduler in mqstore)")

@@ -1,0 +1,25 @@
+"""Pop consumption (RocketMQ 5's consume model) in the commit log process: the server owns each group's
+progress, hands out messages with receipt handles and an invisible time, and delivers an unacked message
+again with attempt + 1 (retry topic ``%RETRY%{group}_{topic}``), moving it to ``%DLQ%{group}`` after
+``max_attempts``. consumer.proto is the contract.
+
+The design is RocketMQ's revive design (the older broker path, PopReviveService), with the state in the
+commit log itself so that it is replicated with it:
+
+  step               written first (the durable fact)                then in memory
+  ------------------ ----------------------------------------------- ----------------------------------
+  receive            CK record in rmq_sys_REVIVE_LOG per queue read  in-flight entries; pop offsets
+  ack                ACK record naming (CK, queue offset)            entries removed
+  change invisible   a new CK for the one message                    entry replaced (old handle dead)
+  expiry (revive)    the copy in %RETRY% (or %DLQ%), then an ACK     entry removed
+  flush (1 s)        pop offsets + revive checkpoint in SQL          -
+
+At start the in-flight set and any pop offset not yet in SQL are rebuilt from the revive log from the
+checkpoint (mqstore.pop.service.PopService.start). Why not commit only up to the lowest unacked
+offset (the other design): one unacked message would pin its queue and every message after it would be
+delivered again after a crash; with CK records only the messages in flight are.
+
+Modules: records (the CK/ACK layouts), handle (receipt handles), tag_filter, inflight (the set in
+memory), offsets (pop offsets), copies (retry and DLQ copies), service (PopService, the facade), revive
+(the background duty), config.
+"""

@@ -1,0 +1,255 @@
+"""The receive path of pop consumption (consumer.proto's Receive), for PopService.
+
+  (one group+topic at a time: its lock) reserve room in the in-flight set -> read each queue (the topic's,
+  then the group's retry topic, from a rotating start) from the group's pop offset (tag filter: the consume
+  queue's tag codes, then the real TAGS; damaged records and offsets outside the queue passed over) ->
+  retry copies past max_attempts to the DLQ (append) -> one append of a CK record per queue read ->
+  [pop.receive.after_ck] -> entries in flight, pop offsets advanced -> answer. When nothing is ready, wait
+  (the store's long-poll slots) until a queue grows, within long_poll_ms and the caller's deadline.
+
+Thread-safe: receives of one group and topic serialise on its lock (striped); the rest is the
+PopService's thread-safe parts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import structlog
+
+from mqstore import failpoints
+from mqstore import topics as topic_rules
+from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
+from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
+from mqstore.pop import copies, handle as handles, records, tag_filter
+from mqstore.pop.inflight import Reservation
+
+log = structlog.get_logger("mqstore.pop")
+
+DEFAULT_BATCH, MAX_BATCH = 32, 1000
+MIN_INVISIBLE_MS, MAX_INVISIBLE_MS = 100, 12 * 3600 * 1000
+DEFAULT_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS = 17, 1000
+DEFAULT_MAX_BYTES, MAX_BYTES = 4 << 20, 8 << 20
+MAX_LONG_POLL_MS = 30_000
+LONG_POLL_RESERVE_MS = 100  # a long poll ends this long before the caller's deadline, to answer in time
+START_EARLIEST, START_LATEST = "earliest", "latest"
+_LOCK_STRIPES = 64
+_MAX_SKIPS_PER_READ = 16  # damaged records (or a retention jump) passed over in one queue by one receive
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    kind: int        # records.SOURCE_TOPIC or SOURCE_RETRY
+    name: str        # the topic or the retry topic
+    queue_id: int
+
+
+@dataclass(slots=True)
+class Delivery:
+    message: StoredMessage
+    topic: str               # the topic received from (also for a retry copy)
+    receipt_handle: str
+    attempt: int
+    visible_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveResult:
+    deliveries: list[Delivery]
+    pop_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    source: Source
+    offset: int
+    next_offset: int
+    deliver: list[StoredMessage]
+
+
+class Receiver:
+    def __init__(self, pop):
+        """``pop``: the PopService whose store, in-flight set, offsets and counters a receive uses."""
+        self.pop = pop
+        self.store, self.config, self.clock = pop.store, pop.config, pop.clock
+        self.inflight, self.offsets, self.counters = pop.inflight, pop.offsets, pop.counters
+        self._locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._rotation = itertools.count()
+
+    def receive(self, group: str, topic: str, *, invisible_duration_ms: int, queue_id: int | None = None,
+                filter_expression: str = "", batch_size: int = 0, long_poll_ms: int = 0, max_attempts: int = 0,
+                start: str = START_EARLIEST, max_bytes: int = 0, time_left_ms: int | None = None) -> ReceiveResult:
+        """Up to ``batch_size`` messages of ``topic`` (and the group's retry topic) for ``group``, waiting up
+        to ``long_poll_ms`` (and ``time_left_ms`` - 100 ms, the caller's deadline) when none is ready."""
+        topic_rules.validate_group_name(group)
+        sources = self.sources(group, self._consumable(topic), queue_id)
+        tags = tag_filter.parse(filter_expression)
+        batch = in_range("batch_size", batch_size or DEFAULT_BATCH, 1, MAX_BATCH)
+        invisible_ms = in_range("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
+        attempts = in_range("max_attempts", max_attempts or DEFAULT_MAX_ATTEMPTS, 1, MAX_MAX_ATTEMPTS)
+        if start not in (START_EARLIEST, START_LATEST):
+            raise InvalidArgument(f"start must be {START_EARLIEST!r} or {START_LATEST!r}, not {start!r}")
+        byte_budget = min(max_bytes if max_bytes > 0 else DEFAULT_MAX_BYTES, MAX_BYTES)
+        wait_ms = min(max(long_poll_ms, 0), MAX_LONG_POLL_MS)
+        if time_left_ms is not None:
+            wait_ms = max(0, min(wait_ms, time_left_ms - LONG_POLL_RESERVE_MS))
+        give_up_s = self.clock.monotonic_s() + wait_ms / 1000
+        names = [(s.name, s.queue_id) for s in sources]
+        while True:
+            seen = self.store.max_offsets(names)
+            deliveries = self._pop_once(group, topic, sources, tags, batch, invisible_ms, attempts, start,
+                                        byte_budget)
+            left_ms = int((give_up_s - self.clock.monotonic_s()) * 1000)
+            if deliveries or left_ms <= 0:
+                pop_time_ms = deliveries[0].visible_at_ms - invisible_ms if deliveries else self.clock.now_ms()
+                return ReceiveResult(deliveries, pop_time_ms)
+            arrived = self.store.wait_for_messages(self._grown(names, seen), left_ms)
+            if not arrived:  # the time is up, the waiting slots are taken, or the store is stopping
+                return ReceiveResult([], self.clock.now_ms())
+
+    def _grown(self, names: list[tuple[str, int]], seen: list[int]) -> Callable[[], bool]:
+        """Whether any of the queues ``names`` holds more than ``seen`` (the long poll's condition)."""
+        max_offsets = self.store.max_offsets
+        return lambda: any(now > before for now, before in zip(max_offsets(names), seen, strict=True))
+
+    def _consumable(self, topic: str) -> TopicRecord:
+        rec = self.store.topic(topic)
+        if rec.kind == KIND_SYSTEM or topic_rules.is_pop_owned_topic(topic):
+            raise InvalidArgument(f"topic {topic!r} is a system, retry or dead-letter topic: receive from the topic "
+                                  f"itself (its retry topic is read with it); read dead letters with Pull")
+        if rec.kind == KIND_COMPACTION:
+            raise InvalidArgument(f"topic {topic!r} is a COMPACTION topic: pop consumption is for NORMAL topics; "
+                                  f"read it with Pull or the Compactor")
+        return rec
+
+    def sources(self, group: str, rec: TopicRecord, queue_id: int | None) -> list[Source]:
+        retry = topic_rules.retry_topic(group, rec.name)
+        if queue_id is None:
+            queue_ids = range(rec.queue_count)
+        elif 0 <= queue_id < rec.queue_count:
+            queue_ids = (queue_id,)
+        else:
+            raise NotFound(f"topic {rec.name!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
+        return [Source(records.SOURCE_TOPIC, rec.name, q) for q in queue_ids] + [Source(records.SOURCE_RETRY, retry, 0)]
+
+    def _pop_once(self, group: str, topic: str, sources: list[Source], tags: tuple[str, ...], batch: int,
+                  invisible_ms: int, max_attempts: int, start: str, byte_budget: int) -> list[Delivery]:
+        with self._locks[hash((group, topic)) % _LOCK_STRIPES]:
+            reservation = self.inflight.reserve(group, topic, batch)
+            room = reservation.remaining
+            if not room:
+                raise ResourceExhausted(
+                    f"group {group!r} has {self.inflight.count(group, topic)} messages of topic {topic!r} in flight "
+                    f"(the limit is {self.config.pop_max_in_flight} a group and topic, "
+                    f"{self.config.pop_max_in_flight_total} in all, server settings pop_max_in_flight(_total)); "
+                    f"ack them or let their invisible time pass")
+            taken = 0
+            try:
+                shift = next(self._rotation) % len(sources)
+                reads, dead = [], []
+                for source in sources[shift:] + sources[:shift]:
+                    if taken >= room or byte_budget <= 0:
+                        break
+                    read, late = self._read(group, source, tags, room - taken, byte_budget, max_attempts, start)
+                    if read is not None:
+                        reads.append(read)
+                        dead += [(m, source) for m in late]
+                        taken += len(read.deliver)
+                        byte_budget -= sum(m.record.size for m in read.deliver)
+                if dead:
+                    self._dead_letter_late(group, topic, dead)
+                return self._put_in_flight(group, topic, reads, invisible_ms, max_attempts, reservation)
+            finally:
+                self.inflight.unreserve(reservation)
+
+    def _read(self, group: str, source: Source, tags: tuple[str, ...], room: int, byte_budget: int,
+              max_attempts: int, start: str) -> tuple[_Read | None, list[StoredMessage]]:
+        """One queue from the group's pop offset: (what to deliver, retry copies past max_attempts)."""
+        key = (group, source.name, source.queue_id)
+        try:
+            offset = self.offsets.get(key, lambda: self._initial_offset(source, start))
+        except NotFound:
+            return None, []  # the retry topic does not exist yet
+        for _ in range(_MAX_SKIPS_PER_READ):
+            try:
+                result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, tags)
+                break
+            except NotFound:
+                return None, []  # the retry topic was deleted since (it comes back with the next redelivery)
+            except OutOfRange as exc:
+                if exc.min_value is None or exc.max_value is None:
+                    raise
+                # Behind the queue's start: retention removed messages never received. Past its end: the
+                # topic was deleted and created again. Either way the queue's first message is next.
+                log.warning("pop.offset_outside_queue", group=group, topic=source.name, queue_id=source.queue_id,
+                            offset=offset, min_offset=exc.min_value, max_offset=exc.max_value)
+                offset = exc.min_value
+                self.offsets.reset(key, offset)
+                continue
+            except DataLoss as exc:
+                bad = exc.queue_offset if exc.queue_offset is not None else offset
+                log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
+                          queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
+                self.counters.add(damaged_skipped=1)
+                offset = bad + 1
+                self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
+        else:
+            return None, []  # damage after damage: the next receive goes on from here
+        deliver, late = [], []
+        for m in result.messages:
+            (late if m.record.reconsume_times + 1 > max_attempts else deliver).append(m)
+        self.counters.add(filtered=result.next_offset - offset - len(result.messages))
+        if result.next_offset == offset:
+            return None, []
+        return _Read(source, offset, result.next_offset, deliver), late
+
+    def _initial_offset(self, source: Source, start: str) -> int:
+        info = self.store.queue_info(source.name, source.queue_id)
+        if source.kind == records.SOURCE_TOPIC and start == START_LATEST:
+            return info.max_offset
+        return info.min_offset
+
+    def _dead_letter_late(self, group: str, topic: str, dead: list[tuple[StoredMessage, Source]]) -> None:
+        """Retry copies whose attempts ran out under this receive's max_attempts go to the DLQ unseen."""
+        dlq = self.store.ensure_pop_topic(topic_rules.dlq_topic(group)).name
+        self.pop.append_copies(dlq, [copies.dead_letter_copy(m, topic) for m, _ in dead])
+        self.counters.add(dead_lettered=len(dead))
+
+    def _put_in_flight(self, group: str, topic: str, reads: list[_Read], invisible_ms: int, max_attempts: int,
+                       reservation: Reservation) -> list[Delivery]:
+        now = self.clock.now_ms()
+        visible_at = now + invisible_ms
+        cks = [records.Checkpoint(group, topic, r.source.kind, r.source.queue_id, max_attempts, now, visible_at,
+                                  r.next_offset,
+                                  tuple(records.CkEntry(m.record.queue_offset, m.record.physical_offset,
+                                                        m.record.reconsume_times + 1) for m in r.deliver))
+               for r in reads if r.deliver]
+        deliveries: list[Delivery] = []
+        with self.inflight.appending(self.pop.revive_end()):
+            results = self.pop.append_records([(records.TAG_CK, records.encode_ck(ck)) for ck in cks]) if cks else []
+            failpoints.hit("pop.receive.after_ck")
+            by_source = dict(zip([r.source for r in reads if r.deliver], zip(cks, results, strict=True), strict=True))
+            for read in reads:
+                key = (group, read.source.name, read.source.queue_id)
+                if not read.deliver:
+                    self.offsets.advance(key, read.next_offset)
+                    continue
+                ck, result = by_source[read.source]
+                self.inflight.add(ck, result.physical_offset, result.queue_offset, reservation=reservation)
+                self.offsets.advance(key, read.next_offset, result.physical_offset + result.size_bytes,
+                                     result.queue_offset)
+                for m, entry in zip(read.deliver, ck.entries, strict=True):
+                    h = handles.ReceiptHandle(read.source.kind, read.source.queue_id, entry.queue_offset,
+                                              result.physical_offset, visible_at, entry.attempt)
+                    deliveries.append(Delivery(m, topic, handles.encode(group, topic, h), entry.attempt, visible_at))
+        self.counters.add(received=len(deliveries))
+        return deliveries
+
+
+def in_range(name: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidArgument(f"{name} is {value}; it must be between {low} and {high}")
+    return value

@@ -1,0 +1,5 @@
+import sys
+
+from gateway_service.main import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""Composition root of the RocketMQ 5 gateway: ``python -m gateway_service.main --port 8081``.
+
+It serves ``apache.rocketmq.v2.MessagingService`` (port 8081 by default, RocketMQ's proxy port), so the
+official RocketMQ 5 clients work unchanged, as a client of the other services: sends are
+CommitLog.Append, transactional sends Transaction.Prepare/Commit/Rollback, the Transaction service's
+check-back reaches producers over their Telemetry streams, and receives/acks are the Consumer service's
+pop. It keeps nothing on disk: its state (the clients, their Telemetry streams, the checks in flight)
+is in memory and rebuilt from the clients' own calls after a restart (see services/gateway/README.md).
+
+Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (flags win). Every
+service's flags (``--host``, ``--port`` 8081, ``--max-workers`` 256 here: each client's Telemetry stream
+and each long poll holds a handler thread, ...; ``--data-dir`` is accepted and unused); its own:
+``--commitlog`` (env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--txn`` (env MQSTORE_TXN, default
+127.0.0.1:50053), ``--rpc-timeout-ms``, ``--stream-deadline-ms``, and one flag per field of
+GatewayConfig (``--max-clients``, ``--client-ttl-ms``, ``--max-body-bytes``, ``--max-delivery-attempts``,
+``--long-poll-max-ms``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from typing import Mapping, Sequence
+
+from mqstore.background import Duty
+from mqstore.clock import Clock, SystemClock
+from mqstore.errors import InvalidArgument
+from mqstore.gateway.checkback import CheckRelay
+from mqstore.gateway.clients import ClientRegistry
+from mqstore.gateway.config import GatewayConfig
+from mqstore.gateway.consuming import Consuming
+from mqstore.gateway.publishing import Publisher, TopicCache
+from mqstore_rpc import service
+from mqstore_rpc import settings as S
+from mqstore_rpc.commitlog_client import CommitLogClient
+from mqstore_rpc.server import ManagedServer, ServerConfig
+
+from .pop_client import PopClient
+from .servicer import SERVICE_NAME, MessagingServicer, add_to_server
+from .txn_client import TxnClient
+
+DEFAULT_PORT = 8081
+DEFAULT_MAX_WORKERS = 256
+DEFAULT_COMMITLOG = "127.0.0.1:50051"
+DEFAULT_TXN = "127.0.0.1:50053"
+HOUSEKEEPING_INTERVAL_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayServiceConfig:
+    gateway: GatewayConfig = GatewayConfig()
+    server: ServerConfig = ServerConfig(port=DEFAULT_PORT, max_workers=DEFAULT_MAX_WORKERS)
+    commitlog_address: str = DEFAULT_COMMITLOG
+    txn_address: str = DEFAULT_TXN
+    rpc_timeout_ms: int = 10_000
+    stream_deadline_ms: int = 600_000   # a CheckBack stream is re-opened this often
+    log_level: str = "info"
+    failpoints: str = ""
+    clock: Clock | None = None          # tests inject a FakeClock; main() leaves the system clock
+
+    def __post_init__(self) -> None:
+        if not self.commitlog_address or not self.txn_address:
+            raise InvalidArgument("the commit log and Transaction service addresses (--commitlog, --txn) must not be "
+                                  "empty")
+        if self.rpc_timeout_ms <= 0 or self.stream_deadline_ms <= 0:
+            raise InvalidArgument("rpc_timeout_ms and stream_deadline_ms must be positive")
+        envelope = 64 * 1024  # a message's system properties and user properties around its body
+        if self.server.max_message_bytes < self.gateway.max_body_bytes + envelope:
+            raise InvalidArgument(f"the server's max_message_bytes ({self.server.max_message_bytes}) must exceed "
+                                  f"max_body_bytes ({self.gateway.max_body_bytes}) by {envelope}: a body at the "
+                                  f"advertised limit must fit in a request")
+
+
+class Housekeeping(Duty):
+    """Duty "gateway-housekeeping": forgets silent clients and keeps one CheckBack stream per published topic
+    (the registry's listener does that at once; this catches a stream whose duty is gone)."""
+
+    def __init__(self, registry: ClientRegistry, relay: CheckRelay):
+        super().__init__("gateway-housekeeping", interval_s=HOUSEKEEPING_INTERVAL_S)
+        self.registry, self.relay = registry, relay
+
+    def step(self) -> None:
+        self.registry.expire()
+        self.relay.sync()
+
+
+def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
+    """Closers run in reverse: the registry's streams end, the check relay stops, then the clients close."""
+    cfg = config.gateway
+    clock = config.clock or SystemClock()
+    rpc_timeout_s = config.rpc_timeout_ms / 1000
+    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s)
+    parts.on_close(log_client.close)
+    pop = PopClient(config.commitlog_address, rpc_timeout_s)
+    parts.on_close(pop.close)
+    txn = TxnClient(config.txn_address, rpc_timeout_s=rpc_timeout_s,
+                    stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000)
+    parts.on_close(txn.close)
+    registry = ClientRegistry(clock, max_clients=cfg.max_clients, ttl_ms=cfg.client_ttl_ms,
+                              outbox_limit=cfg.telemetry_outbox_limit)
+    relay = CheckRelay(registry, txn.open_checks, txn, max_topics=cfg.max_checkback_topics,
+                       pending_max=cfg.pending_checks_max, retry_max_ms=cfg.checkback_retry_max_ms)
+    parts.on_close(relay.close)
+    registry.on_change(relay.sync)
+    parts.on_close(registry.close_all)
+    parts.add_health_problem(relay.problem)
+    parts.add_duty(Housekeeping(registry, relay))
+    topics = TopicCache(log_client.topic, clock, cfg.topic_cache_ms)
+    publisher = Publisher(topics, cfg.max_body_bytes, log_client.append, txn.prepare)
+    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop))
+    parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
+
+
+# ---- configuration ------------------------------------------------------------------------------------
+
+_OWN_FLAGS = {
+    "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
+    "txn": f"Transaction service host:port (default {DEFAULT_TXN})",
+    "rpc_timeout_ms": "timeout of each call to the other services (default 10000)",
+    "stream_deadline_ms": "a CheckBack stream to the Transaction service is re-opened this often (default 600000)",
+}
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway_service", description="mqstore's RocketMQ 5 gateway "
+                                     "(apache.rocketmq.v2.MessagingService)")
+    S.add_service_flags(parser, DEFAULT_PORT, "accepted and unused: the gateway keeps nothing on disk")
+    for name, text in _OWN_FLAGS.items():
+        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
+    S.add_flags(parser, GatewayConfig)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> GatewayServiceConfig:
+    args = build_arg_parser().parse_args(argv)
+    server = S.server_config(args, env, DEFAULT_PORT)
+    if S.setting(args, env, "max_workers") is None:
+        server = dataclasses.replace(server, max_workers=DEFAULT_MAX_WORKERS,
+                                     max_concurrent_rpcs=max(server.max_concurrent_rpcs, DEFAULT_MAX_WORKERS))
+    return GatewayServiceConfig(
+        gateway=GatewayConfig(**S.values_for(args, env, GatewayConfig)), server=server,
+        commitlog_address=S.typed(args, env, "commitlog", str, DEFAULT_COMMITLOG),
+        txn_address=S.typed(args, env, "txn", str, DEFAULT_TXN),
+        rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
+        stream_deadline_ms=S.typed(args, env, "stream_deadline_ms", S.parse_int, 600_000),
+        log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
+
+
+def describe(config: GatewayServiceConfig, port: int) -> dict:
+    return {"gateway": dataclasses.asdict(config.gateway), "server": dataclasses.asdict(config.server),
+            "commitlog_address": config.commitlog_address, "txn_address": config.txn_address}
+
+
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+
+
+def build_server(config: GatewayServiceConfig) -> tuple[ManagedServer, int]:
+    return service.build_server(SERVICE, config)
+
+
+def serving(config: GatewayServiceConfig) -> contextlib.AbstractContextManager[tuple[ManagedServer, int]]:
+    return service.serving(SERVICE, config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return service.run(SERVICE, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

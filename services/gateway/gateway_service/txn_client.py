@@ -1,0 +1,108 @@
+"""The gateway's way into the Transaction service (txn.proto), in the gateway domain's terms.
+
+``prepare``/``commit``/``rollback`` are the unary calls; ``open_checks(group)`` opens a CheckBack stream
+(hello with the producer group, then the checks as :class:`mqstore.gateway.checkback.Check`; answers are
+queued onto the request stream). Every gRPC error becomes the mqstore exception it came from
+(mqstore_rpc.remote_errors), so the domain sees Unavailable when the service cannot be reached and
+NotFound for an unknown transaction, which EndTransaction reports as INVALID_TRANSACTION_ID.
+
+Thread-safe (a gRPC channel and stub are); a CheckStream is read by one thread and answered from others.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+import grpc
+from mqstore.errors import InvalidTransactionId, NotFound
+from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, Check
+from mqstore.model import MessageIn
+
+from mqstore_rpc import convert
+from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
+from mqstore_rpc.remote_errors import from_rpc_error
+
+_DECISIONS = {COMMIT: txn_pb2.DECISION_COMMIT, ROLLBACK: txn_pb2.DECISION_ROLLBACK, UNKNOWN: txn_pb2.DECISION_UNKNOWN}
+_END = object()
+
+
+class CheckStream:
+    """One CheckBack stream (mqstore.gateway.checkback.CheckStream)."""
+
+    def __init__(self, stub: txn_pb2_grpc.TransactionStub, group: str, address: str, deadline_s: float):
+        self._outbox: queue.Queue = queue.Queue()
+        self._outbox.put(txn_pb2.CheckBackMessage(hello=txn_pb2.CheckBackHello(producer_group=group)))
+        self._address = address
+        self._lock = threading.Lock()
+        self._closed = False
+        self._call = stub.CheckBack(iter(self._outbox.get, _END), timeout=deadline_s)
+
+    def checks(self) -> Iterator[Check]:
+        try:
+            for request in self._call:
+                yield Check(request.check_id, request.transaction_id, request.topic,
+                            [convert.stored_message_out(m) for m in request.halves])
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:  # the planned re-open of a long stream
+                raise from_rpc_error(exc, self._address) from None
+        finally:
+            self.cancel()
+
+    def answer(self, check_id: int, decision: str) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._outbox.put(txn_pb2.CheckBackMessage(answer=txn_pb2.CheckAnswer(check_id=check_id,
+                                                                                 decision=_DECISIONS[decision])))
+            return True
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._outbox.put(_END)
+        self._call.cancel()
+
+
+class TxnClient:
+    def __init__(self, address: str, *, rpc_timeout_s: float, stream_deadline_s: float, max_reconnect_backoff_ms: int):
+        self.address, self.rpc_timeout_s, self.stream_deadline_s = address, rpc_timeout_s, stream_deadline_s
+        self._channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)])
+        self._stub = txn_pb2_grpc.TransactionStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def prepare(self, topic: str, message: MessageIn, group: str) -> tuple[str, int]:
+        """Transaction.Prepare of one message: (transaction id, the half's queue offset)."""
+        request = txn_pb2.PrepareRequest(topic=topic, messages=[convert.message_input(message)], producer_group=group)
+        response = self._call(self._stub.Prepare, request)
+        return response.transaction_id, response.halves[0].half_queue_offset
+
+    def commit(self, transaction_id: str) -> None:
+        self._end(self._stub.Commit, transaction_id)
+
+    def rollback(self, transaction_id: str) -> None:
+        self._end(self._stub.Rollback, transaction_id)
+
+    def open_checks(self, group: str) -> CheckStream:
+        return CheckStream(self._stub, group, self.address, self.stream_deadline_s)
+
+    def _end(self, method, transaction_id: str) -> None:
+        try:
+            self._call(method, txn_pb2.EndRequest(transaction_id=transaction_id))
+        except NotFound as exc:
+            raise InvalidTransactionId(f"transaction {transaction_id[:128]!r} is not known to the Transaction "
+                                       f"service: {exc}") from None
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.address) from None

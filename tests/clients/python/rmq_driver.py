@@ -1,0 +1,217 @@
+"""Drives the official RocketMQ 5 Python client (rocketmq-python-client, pinned in
+requirements-rmq-client.lock) for mqstore's gateway tests: ``.venv-rmq/bin/python rmq_driver.py ENDPOINT``.
+
+It runs in its own interpreter, the client's venv: the client's generated apache.rocketmq.v2 modules
+clash with mqstore's own stubs of the same protos in one process. The client is used as its users use
+it, unchanged. Commands come as JSON lines on stdin, one reply per command as a JSON line on stdout
+(``{"id": n, "ok": true, ...}`` or ``{"id": n, "ok": false, "error": ..., "code": ...}``); a transaction
+check from the server prints an event line ``{"event": "check", ...}`` at any time. The same commands
+as tests/clients/node/driver.js:
+
+  producer   {topics, check_answer}          start a Producer with a TransactionChecker answering check_answer
+  send       {topic, body, tag, keys, group, properties}       one message (group: a FIFO message group)
+  send_many  {topic, count, body_bytes}      count sends in a loop; the elapsed seconds
+  send_stream {topic, count, prefix}        count sends, one event per result ("sent" with its message id, or
+                                             "send_failed"): a crash test kills a service in the middle
+  half       {topic, body, tag, keys}        a transactional message, left open: its transaction as "tx"
+  end        {tx, decision}                  commit or rollback a transaction of "half"
+  answer     {check_answer}                  what the checker answers from now on (COMMIT, ROLLBACK, UNKNOWN)
+  consumer   {group, topic, tag, await_s}    start a SimpleConsumer (tag: a tag expression, "*" for all)
+  receive    {max, invisible_s}              receive; each message with a "handle" (a key into this driver)
+  ack        {handle, receipt_handle?}       ack a received message (receipt_handle: ack with that one instead)
+  change     {handle, invisible_s}           ChangeInvisibleDuration; the new receipt handle
+  push       {group, topic, fail, expect, wait_s}  a PushConsumer (Python only): every message is consumed
+                                             (an event "consumed"; bodies in fail fail their first
+                                             delivery); returns once expect deliveries succeeded
+  shutdown   {}                              shut the clients down and exit
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import traceback
+
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, MessageListener,
+                      Producer, PushConsumer, SimpleConsumer, TransactionChecker, TransactionResolution)
+
+OUT_LOCK = threading.Lock()
+RESOLUTIONS = {"COMMIT": TransactionResolution.COMMIT, "ROLLBACK": TransactionResolution.ROLLBACK,
+               "UNKNOWN": TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED}
+
+
+def emit(item: dict) -> None:
+    with OUT_LOCK:
+        sys.stdout.write(json.dumps(item) + "\n")
+        sys.stdout.flush()
+
+
+class Checker(TransactionChecker):
+    def __init__(self, answer: str):
+        self.answer = answer
+
+    def check(self, message: Message) -> TransactionResolution:
+        answer = self.answer
+        emit({"event": "check", "message_id": message.message_id, "topic": message.topic,
+              "body": message.body.decode(), "answer": answer})
+        return RESOLUTIONS[answer]
+
+
+class Listener(MessageListener):
+    """Consumes everything; a body named in ``fail`` fails its first delivery (a nack: delivered again)."""
+
+    def __init__(self, fail: set[str], expect: int):
+        self.fail, self.expect = fail, expect
+        self.succeeded = 0
+        self.done = threading.Event()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        body = message.body.decode()
+        failing = body in self.fail and message.delivery_attempt == 1
+        emit({"event": "consumed", "message_id": message.message_id, "body": body,
+              "attempt": message.delivery_attempt, "failed": failing})
+        if failing:
+            return ConsumeResult.FAILURE
+        self.succeeded += 1
+        if self.succeeded >= self.expect:
+            self.done.set()
+        return ConsumeResult.SUCCESS
+
+
+class Driver:
+    def __init__(self, endpoint: str):
+        self.config = ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+        self.producer: Producer | None = None
+        self.consumer: SimpleConsumer | None = None
+        self.checker = Checker("COMMIT")
+        self.transactions: dict[str, object] = {}
+        self.messages: dict[str, Message] = {}
+        self.handles = 0
+
+    def producer_(self, c):
+        self.checker.answer = c.get("check_answer", "COMMIT")
+        self.producer = Producer(self.config, tuple(c["topics"]), checker=self.checker)
+        self.producer.startup()
+        return {}
+
+    def _message(self, c) -> Message:
+        m = Message()
+        m.topic = c["topic"]
+        m.body = c["body"].encode()
+        if c.get("tag"):
+            m.tag = c["tag"]
+        for key in c.get("keys") or ():
+            m.keys = key  # the setter adds one key to the message's set
+        if c.get("group"):
+            m.message_group = c["group"]
+        for name, value in (c.get("properties") or {}).items():
+            m.add_property(name, value)
+        return m
+
+    def send(self, c):
+        receipt = self.producer.send(self._message(c))
+        return {"message_id": receipt.message_id, "offset": receipt.offset}
+
+    def send_many(self, c):
+        body = "x" * c.get("body_bytes", 1024)
+        start = time.perf_counter()
+        for _ in range(c["count"]):
+            self.producer.send(self._message({"topic": c["topic"], "body": body}))
+        return {"elapsed_s": time.perf_counter() - start}
+
+    def send_stream(self, c):
+        sent = failed = 0
+        for i in range(c["count"]):
+            body = f"{c.get('prefix', 'm')}-{i}"
+            try:
+                receipt = self.producer.send(self._message({"topic": c["topic"], "body": body}))
+            except Exception as exc:  # noqa: BLE001 - a send refused while a service is down: reported, go on
+                failed += 1
+                emit({"event": "send_failed", "body": body, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            sent += 1
+            emit({"event": "sent", "body": body, "message_id": receipt.message_id})
+        return {"sent": sent, "failed": failed}
+
+    def half(self, c):
+        transaction = self.producer.begin_transaction()
+        receipt = self.producer.send(self._message(c), transaction)
+        self.transactions[receipt.transaction_id] = transaction
+        return {"message_id": receipt.message_id, "tx": receipt.transaction_id}
+
+    def end(self, c):
+        transaction = self.transactions.pop(c["tx"])
+        (transaction.commit if c["decision"] == "commit" else transaction.rollback)()
+        return {}
+
+    def answer(self, c):
+        self.checker.answer = c["check_answer"]
+        return {}
+
+    def consumer_(self, c):
+        self.consumer = SimpleConsumer(self.config, c["group"], {c["topic"]: FilterExpression(c.get("tag", "*"))},
+                                       await_duration=c.get("await_s", 5))
+        self.consumer.startup()
+        return {}
+
+    def receive(self, c):
+        out = []
+        for m in self.consumer.receive(c.get("max", 16), c.get("invisible_s", 30)):
+            self.handles += 1
+            handle = str(self.handles)
+            self.messages[handle] = m
+            out.append({"handle": handle, "message_id": m.message_id, "topic": m.topic, "body": m.body.decode(),
+                        "tag": m.tag, "keys": sorted(m.keys or ()), "attempt": m.delivery_attempt,
+                        "receipt_handle": m.receipt_handle, "group": m.message_group,
+                        "properties": dict(m.properties or {}), "corrupted": m.corrupted})
+        return {"messages": out}
+
+    def ack(self, c):
+        m = self.messages[c["handle"]]
+        if c.get("receipt_handle"):
+            m.receipt_handle = c["receipt_handle"]
+        self.consumer.ack(m)
+        return {}
+
+    def change(self, c):
+        m = self.messages[c["handle"]]
+        self.consumer.change_invisible_duration(m, c["invisible_s"])
+        return {"receipt_handle": m.receipt_handle}
+
+    def push(self, c):
+        listener = Listener(set(c.get("fail", ())), c["expect"])
+        consumer = PushConsumer(self.config, c["group"], listener, {c["topic"]: FilterExpression("*")})
+        consumer.startup()
+        try:
+            return {"complete": listener.done.wait(c.get("wait_s", 60)), "succeeded": listener.succeeded}
+        finally:
+            consumer.shutdown()
+
+    def shutdown(self, c):
+        for client in (self.producer, self.consumer):
+            if client is not None:
+                client.shutdown()
+        return {}
+
+
+def main() -> int:
+    driver = Driver(sys.argv[1])
+    emit({"event": "ready"})
+    for line in sys.stdin:
+        command = json.loads(line)
+        op = command["op"]
+        try:
+            reply = getattr(driver, op + "_" if op in ("producer", "consumer") else op)(command)
+            emit({"id": command["id"], "ok": True, **reply})
+        except Exception as exc:  # noqa: BLE001 - every client failure is the test's to judge
+            emit({"id": command["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                  "code": getattr(exc, "code", None), "trace": traceback.format_exc(limit=3)})
+        if op == "shutdown":
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""``mqstore receive``, ``ack``, ``change-invisible``, ``dead-letter`` and ``pop-stats`` as subprocesses
+against a real CommitLog server process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_cli import json_lines, run_cli, server  # noqa: F401 - the server fixture
+
+pytestmark = pytest.mark.integration
+
+
+def test_receive_then_ack_by_handle(server):  # noqa: F811 - the imported fixture
+    run_cli(server, "topic", "create", "orders", "--queues", "2")
+    run_cli(server, "send", "orders", "paid 1", "paid 2", "--tag", "paid")
+    run_cli(server, "send", "orders", "open 3", "--tag", "open")
+    out = run_cli(server, "receive", "orders", "--group", "billing", "--filter", "paid").stdout.splitlines()
+    assert len(out) == 2 and all("attempt=1" in line and "tags=paid" in line for line in out)
+    handles = [line.rsplit("handle=", 1)[1] for line in out]
+    acked = run_cli(server, "ack", "orders", "--group", "billing", *handles).stdout
+    assert acked.startswith("acked 2 of 2")
+    again = run_cli(server, "ack", "orders", "--group", "billing", handles[0], "junk", expect=1).stdout
+    assert "acked 0 of 2" in again and "NOT_IN_FLIGHT" in again and "INVALID_HANDLE" in again
+    assert run_cli(server, "receive", "orders", "--group", "billing", "--filter", "paid").stdout == "(no message)\n"
+    stats = run_cli(server, "pop-stats", "orders", "--group", "billing").stdout
+    assert "acked: 2" in stats and "%RETRY%billing_orders queue=0" in stats
+
+
+def test_receive_with_ack_handles_change_and_dead_letter(server):  # noqa: F811
+    run_cli(server, "topic", "create", "jobs", "--queues", "1")
+    run_cli(server, "send", "jobs", "a", "b", "c")
+    assert run_cli(server, "receive", "jobs", "--group", "w", "--batch", "1", "--ack").stdout.endswith("acked 1 of 1\n")
+    (handle,) = run_cli(server, "receive", "jobs", "--group", "w", "--batch", "1", "--handles").stdout.split()
+    changed = run_cli(server, "change-invisible", "jobs", handle, "--group", "w", "--invisible-ms", "60000").stdout
+    new_handle = changed.rsplit("handle=", 1)[1].strip()
+    assert "attempt=1" in changed and new_handle != handle
+    error = run_cli(server, "dead-letter", "jobs", handle, "--group", "w", expect=1).stderr
+    assert error.startswith("error: FAILED_PRECONDITION: no message is in flight")
+    assert "moved to %DLQ%w" in run_cli(server, "dead-letter", "jobs", new_handle, "--group", "w").stdout
+    pulled = run_cli(server, "pull", "%DLQ%w").stdout
+    assert pulled.rstrip().endswith("b")
+    [response] = json_lines(run_cli(server, "--json", "receive", "jobs", "--group", "w").stdout)
+    assert [m["message"]["body"] for m in response["messages"]] == ["Yw=="]  # base64 of "c"
+    error = run_cli(server, "receive", "jobs", "--group", "w", "--invisible-ms", "1", expect=1).stderr
+    assert "INVALID_ARGUMENT" in error and "invisible_duration_ms" in error

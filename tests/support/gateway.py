@@ -1,0 +1,229 @@
+"""The gateway's test rig: the real CommitLog, Transaction and gateway services as processes on 127.0.0.1
+free ports, and the official RocketMQ 5 clients (Python and Node, pinned) in subprocesses driven by JSON
+lines (tests/clients/python/rmq_driver.py, tests/clients/node/driver.js).
+
+``make test`` installs the clients first (``make rmq-clients``: the Python client into .venv-rmq from
+requirements-rmq-client.lock, the Node client with ``npm ci`` into tests/clients/node/node_modules). A
+missing client fails the test with that instruction: it is never skipped.
+
+Every process a test starts is stopped: the rig and each client are context managers. The clients
+write their logs under $HOME/logs, so HOME is the test's own directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from typing import Iterator
+
+import grpc
+import pytest
+
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc
+from tests.support.processes import ServiceProcess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PY_CLIENT = ROOT / ".venv-rmq" / "bin" / "python"
+PY_DRIVER = ROOT / "tests" / "clients" / "python" / "rmq_driver.py"
+NODE_DIR = ROOT / "tests" / "clients" / "node"
+NODE_DRIVER = NODE_DIR / "driver.js"
+TOKEN = "gateway-test-token"
+CALL_TIMEOUT_S = 90      # one client command (a receive long-polls up to its await time on a loaded machine)
+RPC_TIMEOUT_S = 10
+CLIENTS = ("python", "node")
+# The Transaction service asks about a transaction open for 1 s, every 2 s: check-back within seconds.
+FAST_CHECKS = ("--transaction-timeout-ms", "1000", "--check-interval-ms", "2000", "--check-scan-interval-ms", "200",
+               "--op-batch-interval-ms", "50")
+
+
+def client_command(kind: str, endpoint: str) -> list[str]:
+    if kind == "python":
+        if not PY_CLIENT.exists():
+            pytest.fail(f"the RocketMQ Python client is not installed ({PY_CLIENT}): run `make rmq-clients`")
+        return [str(PY_CLIENT), str(PY_DRIVER), endpoint]
+    node = shutil.which("node")
+    if node is None or not (NODE_DIR / "node_modules" / "rocketmq-client-nodejs").is_dir():
+        pytest.fail(f"node or the RocketMQ Node client is missing ({NODE_DIR}/node_modules): install Node.js "
+                    f">= 16.19 and run `make rmq-clients`")
+    return [node, str(NODE_DRIVER), endpoint]
+
+
+class ClientDriver:
+    """One official client in a subprocess. ``call(op, **fields)`` sends a command and returns its reply
+    (AssertionError when it failed, unless ``expect_error``); ``events`` holds the checks it answered."""
+
+    def __init__(self, kind: str, endpoint: str, home: pathlib.Path):
+        self.kind = kind
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "HOME": str(home)}
+        self.process = subprocess.Popen(client_command(kind, endpoint), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=env)
+        self.replies: queue.Queue[dict] = queue.Queue()
+        self.events: queue.Queue[dict] = queue.Queue()
+        self.stderr_lines: list[str] = []
+        self.sent_ids: list[str] = []   # every "sent" event's message id (send_stream), in order
+        self._ids = 0
+        self._out = threading.Thread(target=self._read_stdout, name=f"{kind}-client-stdout", daemon=True)
+        self._out.start()
+        self._err = threading.Thread(target=lambda: self.stderr_lines.extend(self.process.stderr),
+                                     name=f"{kind}-client-stderr", daemon=True)
+        self._err.start()
+        ready = self._next(self.events, 60, "the client to start")
+        assert ready.get("event") == "ready", ready
+
+    def _read_stdout(self) -> None:
+        for line in self.process.stdout:
+            item = json.loads(line)
+            if item.get("event") == "sent":
+                self.sent_ids.append(item["message_id"])
+            (self.events if "event" in item else self.replies).put(item)
+
+    def _next(self, source: queue.Queue, timeout_s: float, what: str) -> dict:
+        try:
+            return source.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"{self.kind} client: no answer within {timeout_s} s waiting for {what} (exit "
+                                 f"code {self.process.poll()}); stderr:\n{''.join(self.stderr_lines[-40:])}") from None
+
+    def call(self, op: str, *, expect_error: bool = False, timeout_s: float = CALL_TIMEOUT_S, **fields) -> dict:
+        self.begin(op, **fields)
+        return self.reply(op, expect_error=expect_error, timeout_s=timeout_s)
+
+    def begin(self, op: str, **fields) -> None:
+        """Send a command without waiting: ``reply()`` takes its answer (commands run one at a time)."""
+        self._ids += 1
+        self.process.stdin.write(json.dumps({"id": self._ids, "op": op, **fields}) + "\n")
+        self.process.stdin.flush()
+
+    def reply(self, op: str = "the last command", *, expect_error: bool = False,
+              timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        reply = self._next(self.replies, timeout_s, op)
+        assert reply["id"] == self._ids, reply
+        if expect_error:
+            assert not reply["ok"], f"{self.kind} {op} should have failed: {reply}"
+        else:
+            assert reply["ok"], f"{self.kind} {op} failed: {reply}"
+        return reply
+
+    def next_event(self, timeout_s: float = CALL_TIMEOUT_S, kind: str = "check") -> dict:
+        """The next event of ``kind`` (others before it are dropped)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            event = self._next(self.events, max(0.0, deadline - time.monotonic()), f"a {kind} event")
+            if event.get("event") == kind:
+                return event
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.call("shutdown", timeout_s=30)
+            except AssertionError:
+                pass  # a client that cannot shut down is killed below: the test has its own assertions
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(15)
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream and not stream.closed:
+                stream.close()
+
+    def __enter__(self) -> "ClientDriver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Stack:
+    """CommitLog, Transaction and gateway processes over one data directory. ``restart_gateway()`` and
+    ``restart_commitlog()`` bring a killed one back on the same port."""
+
+    def __init__(self, tmp: pathlib.Path, gateway_args: tuple[str, ...] = (), txn_args: tuple[str, ...] = FAST_CHECKS):
+        self.tmp, self.gateway_args, self.txn_args = tmp, gateway_args, txn_args
+        self.env = {"MQSTORE_INTERNAL_TOKEN": TOKEN}
+        self.commitlog = self.txn = self.gateway = None
+        self.commitlog_port = self.gateway_port = 0
+
+    def start(self) -> "Stack":
+        self.commitlog = self._commitlog(0)
+        self.commitlog_port = int(self.commitlog.address.rsplit(":", 1)[1])
+        self.txn = ServiceProcess("txn_service.main", ["--data-dir", str(self.tmp / "txn"), "--port", "0",
+                                                       "--grace-s", "1", "--commitlog", self.commitlog.address,
+                                                       *self.txn_args], self.env).started()
+        self.gateway = self._gateway(0)
+        self.gateway_port = int(self.gateway.address.rsplit(":", 1)[1])
+        return self
+
+    def _commitlog(self, port: int) -> ServiceProcess:
+        return ServiceProcess("commitlog_service.main", ["--data-dir", str(self.tmp / "log"), "--port", str(port),
+                                                         "--grace-s", "1"], self.env).started()
+
+    def _gateway(self, port: int) -> ServiceProcess:
+        return ServiceProcess("gateway_service.main", [
+            "--port", str(port), "--grace-s", "1", "--commitlog", self.commitlog.address, "--txn", self.txn.address,
+            "--rpc-timeout-ms", "5000", *self.gateway_args], self.env).started()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.gateway_port}"
+
+    def restart_gateway(self) -> None:
+        self.gateway.stop()
+        self.gateway = self._gateway(self.gateway_port)
+
+    def restart_commitlog(self) -> None:
+        self.commitlog.stop()
+        self.commitlog = self._commitlog(self.commitlog_port)
+
+    def client(self, kind: str, name: str = "") -> ClientDriver:
+        return ClientDriver(kind, self.endpoint, self.tmp / f"home-{kind}-{name or time.monotonic_ns()}")
+
+    @contextlib.contextmanager
+    def log_stub(self) -> Iterator[commitlog_pb2_grpc.CommitLogStub]:
+        channel = grpc.insecure_channel(self.commitlog.address)
+        try:
+            yield commitlog_pb2_grpc.CommitLogStub(channel)
+        finally:
+            channel.close()
+
+    def create_topic(self, name: str, queues: int = 4) -> None:
+        with self.log_stub() as stub:
+            stub.CreateTopic(cpb.CreateTopicRequest(name=name, queue_count=queues), timeout=RPC_TIMEOUT_S)
+
+    def visible(self, topic: str, queues: int = 4) -> list:
+        """Every message a consumer can Pull from ``topic`` (all queues)."""
+        out = []
+        with self.log_stub() as stub:
+            for queue_id in range(queues):
+                offset = 0
+                while True:
+                    r = stub.Pull(cpb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=1000),
+                                  timeout=RPC_TIMEOUT_S)
+                    out += r.messages
+                    if not r.messages:
+                        break
+                    offset = r.next_offset
+        return out
+
+    def stop(self) -> None:
+        for process in (self.gateway, self.txn, self.commitlog):
+            if process is not None:
+                process.stop()
+
+
+@contextlib.contextmanager
+def stack(tmp: pathlib.Path, **kwargs) -> Iterator[Stack]:
+    rig = Stack(tmp, **kwargs)
+    try:
+        yield rig.start()
+    finally:
+        rig.stop()

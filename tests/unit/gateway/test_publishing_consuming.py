@@ -1,0 +1,184 @@
+"""What the gateway decides itself, without a server: how a v2 message becomes an mqstore message, which
+message types and properties it refuses, its topic cache, and how it bounds receives (long poll, invisible
+time, filters, receipt handles checked before any call)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqstore.clock import FakeClock
+from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalFilterExpression, IllegalInvisibleTime,
+                            IllegalMessageId, IllegalPropertyKey, InvalidReceiptHandle, NotFound,
+                            PropertyConflictsWithType, TopicNotFound, Unsupported)
+from mqstore.gateway.config import GatewayConfig
+from mqstore.gateway.consuming import Consuming
+from mqstore.gateway.publishing import Publish, Publisher, TopicCache, to_message_in
+from mqstore.model import KIND_COMPACTION, KIND_NORMAL, KIND_SYSTEM, AppendResult, TopicRecord
+from mqstore.pop import handle as handles
+from mqstore.pop.receive import ReceiveResult
+from mqstore.pop.service import AckOutcome
+
+TOPICS = {"t": TopicRecord("t", 4, KIND_NORMAL, 0, 0), "kv": TopicRecord("kv", 2, KIND_COMPACTION, 0, 0),
+          "RMQ_SYS_TRANS_HALF_TOPIC": TopicRecord("RMQ_SYS_TRANS_HALF_TOPIC", 1, KIND_SYSTEM, 0, 0)}
+
+
+class Lookups:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, name):
+        self.count += 1
+        if name not in TOPICS:
+            raise NotFound(f"topic {name!r} does not exist")
+        return TOPICS[name]
+
+
+def publish(**fields) -> Publish:
+    values = dict(topic="t", body=b"hello", message_id="01AB", message_type="NORMAL")
+    values.update(fields)
+    return Publish(**values)
+
+
+def test_a_v2_message_becomes_an_mqstore_message():
+    m = to_message_in(publish(tag="paid", keys=("k1", "k2"), message_group="order-7", message_type="FIFO",
+                              user_properties={"color": "blue"}, born_timestamp_ms=1234))
+    assert (m.body, m.tags, m.keys, m.sharding_key, m.born_timestamp_ms) == (b"hello", "paid", ("k1", "k2"),
+                                                                             "order-7", 1234)
+    assert m.properties == {"color": "blue", "UNIQ_KEY": "01AB", "__SHARDINGKEY": "order-7"}
+    assert m.queue_id is None   # the queue is the gateway's choice, never the client's
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(message_id=""), IllegalMessageId),
+    (dict(user_properties={"UNIQ_KEY": "x"}), IllegalPropertyKey),
+    (dict(user_properties={"__SHARDINGKEY": "x"}), IllegalPropertyKey),
+    (dict(message_type="DELAY"), Unsupported),
+    (dict(message_type="LITE"), Unsupported),
+    (dict(message_type="FIFO"), PropertyConflictsWithType),                        # FIFO without a group
+    (dict(message_group="g"), PropertyConflictsWithType),                          # a group on a NORMAL one
+    (dict(topic="kv", message_type="TRANSACTION"), PropertyConflictsWithType),     # COMPACTION: NORMAL only
+    (dict(body=b"x" * 1025), BodyTooLarge),
+    (dict(topic="nope"), TopicNotFound),
+    (dict(topic="RMQ_SYS_TRANS_HALF_TOPIC"), TopicNotFound),
+])
+def test_sends_the_gateway_refuses(fields, error):
+    calls = []
+    publisher = Publisher(TopicCache(Lookups(), FakeClock(), 1000), 1024, lambda *a: calls.append(a),
+                          lambda *a: calls.append(a))
+    with pytest.raises(error):
+        publisher.send(publish(**fields))
+    assert calls == []   # refused before any call
+
+
+def test_normal_sends_append_and_transactional_ones_prepare_with_the_topic_as_group():
+    appended, prepared = [], []
+
+    def append(topic, messages):
+        appended.append((topic, messages))
+        return [AppendResult("id", "01AB", 3, 41, 0, 0, 0, "WRITTEN")]
+
+    def prepare(topic, message, group):
+        prepared.append((topic, group))
+        return "tx-1", 9
+    publisher = Publisher(TopicCache(Lookups(), FakeClock(), 1000), 1024, append, prepare)
+    sent = publisher.send(publish())
+    assert (sent.message_id, sent.queue_id, sent.queue_offset, sent.transaction_id) == ("01AB", 3, 41, "")
+    sent = publisher.send(publish(message_type="TRANSACTION"))
+    assert (sent.transaction_id, sent.queue_offset) == ("tx-1", 9) and prepared == [("t", "t")]
+    assert len(appended) == 1
+
+
+def test_the_topic_cache_reuses_answers_for_its_ttl_only():
+    clock, lookups = FakeClock(), Lookups()
+    cache = TopicCache(lookups, clock, 1000)
+    cache.get("t")
+    cache.get("t")
+    assert lookups.count == 1
+    clock.advance(1000)
+    cache.get("t")
+    assert lookups.count == 2
+
+
+# ---- consuming -----------------------------------------------------------------------------------------
+
+class FakePop:
+    def __init__(self):
+        self.calls = []
+
+    def receive(self, group, topic, **kwargs):
+        self.calls.append(("receive", kwargs))
+        return ReceiveResult([], 0)
+
+    def ack(self, group, topic, receipt_handles):
+        self.calls.append(("ack", list(receipt_handles)))
+        return [AckOutcome(h, "ok") for h in receipt_handles]
+
+    def change_invisible_duration(self, group, topic, receipt_handle, invisible_duration_ms):
+        raise FailedPrecondition("the handle's invisible time has passed")
+
+    def forward_to_dead_letter(self, group, topic, receipt_handle):
+        return "%DLQ%g"
+
+
+def consuming(**config) -> tuple[Consuming, FakePop]:
+    pop = FakePop()
+    return Consuming(GatewayConfig(**config), TopicCache(Lookups(), FakeClock(), 1000), pop), pop
+
+
+def receive(c, **fields):
+    values = dict(filter_type="TAG", expression="*", batch_size=16, invisible_ms=30_000, auto_renew=False,
+                  long_poll_ms=None, time_left_ms=None)
+    values.update(fields)
+    return c.receive("g", "t", **values)
+
+
+@pytest.mark.parametrize("asked, left, expected", [
+    (None, None, 20_000), (1_000, None, 5_000), (60_000, None, 20_000), (8_000, None, 8_000),
+    (20_000, 13_000, 12_800), (20_000, 100, 0)])
+def test_the_long_poll_is_clamped_and_ends_before_the_clients_deadline(asked, left, expected):
+    c, pop = consuming()
+    receive(c, long_poll_ms=asked, time_left_ms=left)
+    assert pop.calls[0][1]["long_poll_ms"] == expected
+
+
+def test_a_receive_takes_at_most_the_batch_limit_and_the_gateways_max_attempts():
+    c, pop = consuming(receive_batch_max=32, max_delivery_attempts=5)
+    receive(c, batch_size=500)
+    assert (pop.calls[0][1]["batch_size"], pop.calls[0][1]["max_attempts"]) == (32, 5)
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(filter_type="SQL", expression="a > 1"), IllegalFilterExpression),
+    (dict(invisible_ms=None), IllegalInvisibleTime),
+    (dict(invisible_ms=50), IllegalInvisibleTime),
+    (dict(invisible_ms=13 * 3600 * 1000), IllegalInvisibleTime),
+])
+def test_receives_the_gateway_refuses(fields, error):
+    c, pop = consuming()
+    with pytest.raises(error):
+        receive(c, **fields)
+    assert pop.calls == []
+
+
+def test_auto_renew_takes_the_gateways_invisible_time():
+    c, pop = consuming(auto_renew_invisible_ms=60_000)
+    _, invisible_ms = receive(c, invisible_ms=None, auto_renew=True)
+    assert invisible_ms == 60_000 and pop.calls[0][1]["invisible_duration_ms"] == 60_000
+
+
+def test_a_handle_that_does_not_parse_is_refused_without_a_call():
+    c, pop = consuming()
+    good = handles.encode("g", "t", handles.ReceiptHandle(0, 1, 5, 1000, 2000, 1))
+    other_group = handles.encode("h", "t", handles.ReceiptHandle(0, 1, 5, 1000, 2000, 1))
+    outcomes = c.ack("g", "t", ["garbage", good, other_group])
+    assert [o.status for o in outcomes] == ["invalid", "ok", "invalid"]
+    assert pop.calls == [("ack", [good])]
+    with pytest.raises(InvalidReceiptHandle):
+        c.change_invisible_duration("g", "t", "garbage", 30_000)
+
+
+def test_a_handle_that_no_longer_works_is_an_invalid_receipt_handle():
+    c, _ = consuming()
+    good = handles.encode("g", "t", handles.ReceiptHandle(0, 1, 5, 1000, 2000, 1))
+    with pytest.raises(InvalidReceiptHandle, match="no longer works"):
+        c.change_invisible_duration("g", "t", good, 30_000)

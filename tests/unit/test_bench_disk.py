@@ -1,0 +1,44 @@
+"""bench/diskuse.py: what `make bench` does to stay within the disk it says it needs (bench/README.md)."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import diskuse  # noqa: E402 - bench/ is a folder of scripts, not a package
+
+
+def _write(path: pathlib.Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+
+
+def test_allocated_bytes_counts_written_blocks_not_sparse_holes(tmp_path):
+    _write(tmp_path / "a" / "data", 64 * 1024)
+    with open(tmp_path / "a" / "sparse", "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB apparent size, nothing allocated
+    assert 64 * 1024 <= diskuse.allocated_bytes(tmp_path) < 1 << 20
+    assert diskuse.allocated_bytes(tmp_path / "missing") == 0
+
+
+def test_prune_deletes_data_directories_but_keeps_logs_and_kept_ones(tmp_path):
+    _write(tmp_path / "append-async" / "commitlog" / "00000000000000000000", 4096)
+    _write(tmp_path / "recovery" / "commitlog" / "00000000000000000000", 4096)
+    _write(tmp_path / "append-async.log", 10)
+    diskuse.prune(tmp_path, keep=("recovery",))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["append-async.log", "recovery"]
+
+
+def test_the_watch_reports_the_peak_not_the_end(tmp_path):
+    watch = diskuse.DiskWatch(tmp_path, interval_s=3600)  # samples by hand below
+    _write(tmp_path / "g" / "big", 256 * 1024)
+    watch.sample()
+    diskuse.prune(tmp_path)
+    watch.sample()
+    report = watch.report()
+    assert report["disk_peak_gib"] >= 0 and watch.peak_bytes >= 256 * 1024
+    assert diskuse.allocated_bytes(tmp_path) == 0
+    assert report["disk_min_free_gib"] is not None
+    assert "Peak disk use" in diskuse.describe(report) and diskuse.describe({}) == ""
