@@ -304,8 +304,10 @@ def test_long_polls_beyond_the_limit_answer_at_once(open_store):
 
 
 def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open_store, fake_clock):
+    # The store's maintenance duty cleans too, once its (fake) clock moved clean_interval_ms: the 10 h below
+    # would let it delete the segments between the test's advance and its own call, on a loaded machine.
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
-                       retention_hold_max_ms=10 * 3_600_000)
+                       retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
     store.create_topic("t", 1)
     for i in range(30):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
