@@ -351,10 +351,12 @@ class MessageStore:
 
     def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
         """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
+        self.gate.check_writable()  # a deposed leader's pop offsets must not overwrite the new leader's
         self.topics.commit_offsets(rows)
 
     def ensure_pop_topic(self, name: str) -> TopicRecord:
         """A retry or dead-letter topic of pop consumption, created (one queue) when missing."""
+        self.gate.check_writable()
         return self.topics.ensure_pop_topic(name)
 
     def _drop_queues(self, topic: str) -> None:
@@ -615,6 +617,11 @@ class MessageStore:
         self.flusher.flushed_offset = offset
         self.write_checkpoint()
         return copies
+
+    def promoted_visible(self) -> bool:
+        """A new leader shows its readers everything it copied as a replica (pop consumption replays its
+        revive log only then: mqstore.pop.leadership)."""
+        return self.dispatcher.dispatched_offset >= self._copied_end
 
     def promote(self) -> None:
         """A replica becomes leader: the append path's queue offsets and store time from its log."""

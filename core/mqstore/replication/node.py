@@ -92,6 +92,11 @@ class ReplicationNode:
     def is_leader(self) -> bool:
         return self._leadership.role == LEADER
 
+    def leading_epoch(self) -> int:
+        """The epoch this node leads, 0 when it does not lead (pop consumption's leadership follows it)."""
+        lead = self._leadership
+        return lead.epoch if lead.role == LEADER else 0
+
     def become_leader(self, epoch: int, in_sync: frozenset[str]) -> None:
         """Take ``epoch`` (greater than any this node holds): record it at the log's end, durably,
         before the first write of the epoch."""

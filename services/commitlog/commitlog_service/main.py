@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.pop.config import PopConfig
-from mqstore.pop.service import PopService
+from mqstore.pop.leadership import PopLeadership
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.controller import Controller
 from mqstore.replication.isr import IsrKeeper
@@ -71,21 +71,24 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port))
     store.start()
     parts.on_close(store.stop)
-    pop = PopService(store, config.pop)
-    pop.start(run_duty=False)
-    parts.on_close(pop.stop)
-    parts.add_duty(pop.reviver)
+    node = _compose_replication(config, store, parts) if config.replication.enabled else None
+    pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,
+                        ready=store.promoted_visible)
+    parts.on_close(pop.close)
+    if node is None:  # one node: pop consumption is rebuilt before the server serves
+        parts.add_duty(pop.start_now().reviver)
+    else:  # only the leader runs it, rebuilt at each leadership (mqstore.pop.leadership)
+        parts.add_duty(pop)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CommitLogServicer(store), server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token), server))
     parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
-        consumer.ConsumerServicer(pop), server))
+        consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
-    if config.replication.enabled:
-        _compose_replication(config, store, parts)
 
 
-def _compose_replication(config: CommitLogConfig, store: MessageStore, parts: service.Composition) -> None:
+def _compose_replication(config: CommitLogConfig, store: MessageStore,
+                         parts: service.Composition) -> ReplicationNode:
     """The node's replication role (core/mqstore/replication/README.md): a static group's replica copies
     ``replica_of``; otherwise this node leads a new epoch."""
     rc = config.replication
@@ -102,19 +105,20 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore, parts: se
     store.topics.reload_on_miss = True  # a replica, or a leader that was one, may miss topics created elsewhere
     if not rc.replica_of and not rc.etcd_endpoints:
         node.become_leader(node.history.last_epoch + 1, frozenset())  # a static group's leader: a new epoch
-        return
+        return node
     link = replication.GrpcLeaderLink(rc.replication_heartbeat_ms)
     parts.on_close(link.close)
     follower = parts.add_duty(ReplicaFollower(store, node, link))
     if rc.replica_of:
         node.become_replica("", rc.replica_of, node.history.last_epoch)
-        return
+        return node
     coordination = EtcdCoordination(rc.etcd_endpoints)
     parts.on_close(coordination.close)
     controller = Controller(node, coordination, on_leader_change=follower.leader_changed)
     node.in_sync.publish = controller.publish_isr
     servicer.controller = controller
     parts.add_duty(controller)
+    return node
 
 
 # ---- configuration ------------------------------------------------------------------------------------

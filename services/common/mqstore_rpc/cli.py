@@ -71,18 +71,20 @@ class Cli:
         self.channel  # noqa: B018 - opens it
         return self._stub
 
-    def call(self, method: str, request, extra_timeout_s: float = 0.0):
-        """A write that reaches a replica (FAILED_PRECONDITION with the trailer mqstore-leader) is sent once
-        more, to the leader it names: the replica wrote nothing."""
+    def call(self, method: str, request, extra_timeout_s: float = 0.0, *, service=None):
+        """``method`` of the CommitLog service (or of ``service``, a stub class such as ConsumerStub, on the
+        same node). A write that reaches a replica (FAILED_PRECONDITION with the trailer mqstore-leader) is
+        sent once more, to the leader it names: the replica wrote nothing."""
+        make = service or (lambda channel: self._stub)
         try:
-            return getattr(self.stub, method)(request, timeout=self.args.timeout + extra_timeout_s)
+            return getattr(make(self.channel), method)(request, timeout=self.args.timeout + extra_timeout_s)
         except grpc.RpcError as exc:
             leader = dict(exc.trailing_metadata() or ()).get("mqstore-leader") if exc.code() == \
                 grpc.StatusCode.FAILED_PRECONDITION else None
             if not leader:
                 raise
             self._connect(leader)
-            return getattr(self._stub, method)(request, timeout=self.args.timeout + extra_timeout_s)
+            return getattr(make(self.channel), method)(request, timeout=self.args.timeout + extra_timeout_s)
 
     def close(self) -> None:
         if self._channel is not None:

@@ -30,7 +30,7 @@ from mqstore import model
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc
 from mqstore_rpc.remote_errors import from_rpc_error
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -89,6 +89,7 @@ class CommitLogClient:
             self.address = address
             self._stub = commitlog_pb2_grpc.CommitLogStub(channel)
             self._internal = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+            self._consumer = consumer_pb2_grpc.ConsumerStub(channel)
 
     def _next_node(self, failed: str) -> None:
         """``failed`` could not be reached: use the next listed node (if the client still uses it)."""
@@ -198,17 +199,23 @@ class CommitLogClient:
         records; ``token`` is the shared secret (PermissionDenied without the right one)."""
         request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
                                                       messages=[convert.internal_message(m) for m in messages])
-        response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, internal=True)
+        response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, service="internal")
         return [convert.append_result_out(r) for r in response.results]
 
+    def consumer_call(self, method: str, request, extra_timeout_s: float = 0.0):
+        """``method`` of the Consumer service (pop consumption, consumer.proto) of the node in use, which
+        only the leader of a group serves: a replica's NotLeader sends it to the leader. Every pop call
+        writes, so an unreachable node is not asked again (the next call goes to the next node)."""
+        return self._call(method, request, extra_timeout_s, write=True, service="consumer")
+
     def _call(self, method: str, request, extra_timeout_s: float = 0.0, metadata=None, *, write: bool = False,
-              internal: bool = False):
-        """One call on the node in use. Unreachable: the next node is used from now on, and a read is
-        retried there once (a write is not: it may have been written). NotLeader: a write goes to the
-        leader it names (the replica wrote nothing)."""
+              service: str = "log"):
+        """One call on the node in use (``service``: "log", "internal" or "consumer"). Unreachable: the
+        next node is used from now on, and a read is retried there once (a write is not: it may have been
+        written). NotLeader: a write goes to the leader it names (the replica wrote nothing)."""
         for attempt in range(2):
             address = self.address
-            stub = self._internal if internal else self._stub
+            stub = {"log": self._stub, "internal": self._internal, "consumer": self._consumer}[service]
             try:
                 return getattr(stub, method)(request, timeout=self.rpc_timeout_s + extra_timeout_s, metadata=metadata)
             except grpc.RpcError as exc:
