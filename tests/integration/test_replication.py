@@ -83,7 +83,10 @@ def test_replica_copies_byte_identical_serves_reads_and_refuses_writes(tmp_path)
             producer = threading.Thread(target=produce)
             producer.start()
             try:
-                wait_until(lambda: replica.end() >= leader.end() > 300 * 1024, "the replica to catch up under load")
+                # what the leader held at some moment under load (the replica trails a live leader by the
+                # frames in flight, so "equal at one instant" is a race with the producer, not a property)
+                mark = wait_until(lambda: (end := leader.end()) > 300 * 1024 and end, "the leader to take 300 KiB")
+                wait_until(lambda: replica.end() >= mark, "the replica to catch up under load")
             finally:
                 stop.set()
                 producer.join()
@@ -200,3 +203,49 @@ def test_returning_old_leader_truncates_only_its_unacknowledged_tail(tmp_path):
             assert not [m for m in a.log.Pull(pull, timeout=RPC_TIMEOUT_S).messages if m.keys[0].startswith("lost")]
     broken = sorted(p.name for p in (tmp_path / "a" / "commitlog").iterdir() if ".broken" in p.name)
     assert broken, "the cut tail is kept as .broken copies"
+
+
+def test_a_replica_follows_its_leader_over_mutual_tls_with_authentication_on(tmp_path, certs):
+    """The replication stream goes through the server's TLS and its `service` identity (ServerConfig.peers):
+    a replica copies and acknowledges a SYNC append on a group with mutual TLS and authentication on; a
+    client without credentials is refused the stream."""
+    import dataclasses
+
+    from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as rpb
+    from mqstore_rpc.peers import Peers
+    from mqstore_rpc.secret import Secret
+    from mqstore_rpc.server import AuthConfig
+    from mqstore_rpc.tls import ClientTls, ServerTls
+
+    token = Secret("replication-test-token")
+    tls = ClientTls.from_files(str(certs / "ca.pem"), str(certs / "client.pem"), str(certs / "client.key"))
+    service = Peers(tls, "service", token)
+
+    def secure(config: CommitLogConfig) -> CommitLogConfig:
+        server = ServerConfig(port=0, grace_s=0.5, peers=service,
+                              tls=ServerTls.from_files(str(certs / "server.pem"), str(certs / "server.key"),
+                                                       str(certs / "ca.pem")),
+                              auth=AuthConfig(enabled=True, url=Secret(f"sqlite:///{tmp_path / 'auth.db'}"),
+                                              internal_token=token))
+        return dataclasses.replace(config, server=server)
+
+    with serving(secure(node_config(tmp_path, "a", min_insync_replicas=2))) as (_, leader_port):
+        leader_address = f"localhost:{leader_port}"
+        with serving(secure(node_config(tmp_path, "b", replica_of=leader_address))), \
+                service.channel(leader_address) as channel:
+            log = commitlog_pb2_grpc.CommitLogStub(channel)
+            repl = replication_pb2_grpc.ReplicationStub(channel)
+            log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=RPC_TIMEOUT_S)
+            wait_until(lambda: "b" in repl.GetReplicationState(rpb.GetReplicationStateRequest(),
+                                                               timeout=RPC_TIMEOUT_S).in_sync,
+                       "the replica to join the in-sync set over TLS")
+            results = log.Append(pb.AppendRequest(topic="t", replication=pb.REPLICATION_MODE_SYNC, messages=[
+                common_pb2.MessageInput(body=BODY)] * 3), timeout=RPC_TIMEOUT_S).results
+            assert {r.replicas for r in results} == {2}
+
+        anonymous = Peers(tls)  # TLS but no credentials: the stream is refused
+        with anonymous.channel(leader_address) as channel:
+            stream = replication_pb2_grpc.ReplicationStub(channel).Replicate(iter([]), timeout=RPC_TIMEOUT_S)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(stream))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

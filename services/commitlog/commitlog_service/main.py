@@ -30,8 +30,11 @@ import dataclasses
 import sys
 from typing import Mapping, Sequence
 
+from mqstore.auth.admin import AccessAdmin
+from mqstore.clock import SystemClock
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
+from mqstore.meta.auth import AuthStore
 from mqstore.pop.config import PopConfig
 from mqstore.pop.leadership import PopLeadership
 from mqstore.replication.config import ReplicationConfig
@@ -42,9 +45,10 @@ from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
+from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from commitlog_service import consumer, internal, replication
+from commitlog_service import access, consumer, internal, replication
 from commitlog_service.etcd_client import EtcdCoordination
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
@@ -68,7 +72,8 @@ class CommitLogConfig:
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
-    store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port))
+    store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
+                         metrics=parts.metrics)
     store.start()
     parts.on_close(store.stop)
     node = _compose_replication(config, store, parts) if config.replication.enabled else None
@@ -85,6 +90,18 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
+    compose_access(config, parts)
+
+
+def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
+    """The Access service (users and rules) over the auth database every service shares; a change
+    drops this server's caches at once."""
+    auth_store = AuthStore(str(config.server.auth.url.reveal()) or default_auth_url(config.store.data_dir),
+                           SystemClock())
+    parts.on_close(auth_store.close)
+    changed = parts.authority.invalidate if parts.authority is not None else (lambda: None)
+    parts.add_servicer(access.SERVICE_NAME, lambda server: access.add_to_server(
+        access.AccessServicer(AccessAdmin(auth_store, changed)), server))
 
 
 def _compose_replication(config: CommitLogConfig, store: MessageStore,
@@ -106,7 +123,7 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore,
     if not rc.replica_of and not rc.etcd_endpoints:
         node.become_leader(node.history.last_epoch + 1, frozenset())  # a static group's leader: a new epoch
         return node
-    link = replication.GrpcLeaderLink(rc.replication_heartbeat_ms)
+    link = replication.GrpcLeaderLink(rc.replication_heartbeat_ms, parts.peers)
     parts.on_close(link.close)
     follower = parts.add_duty(ReplicaFollower(store, node, link))
     if rc.replica_of:
@@ -136,8 +153,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
     S.add_service_flags(parser, DEFAULT_PORT, "data directory")
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
-    parser.add_argument("--internal-token", help="shared secret of the CommitLogInternal service (env "
-                        "MQSTORE_INTERNAL_TOKEN; prefer the variable: flags show in ps)")
     S.add_flags(parser, PopConfig)
     for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
@@ -163,7 +178,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
                            pop=PopConfig(**S.values_for(args, env, PopConfig)),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
-                           internal_token=S.typed(args, env, "internal_token", str, ""),
+                           internal_token=S.internal_token(args, env),
                            replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)))
 
 

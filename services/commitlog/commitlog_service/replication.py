@@ -22,6 +22,7 @@ from mqstore.replication.leader import ReplicaSession
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import ReplicationNode
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as pb, replication_pb2_grpc
+from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_rpc_error
 
 log = structlog.get_logger()
@@ -159,8 +160,9 @@ class GrpcReplicationStream:
 class GrpcLeaderLink:
     """mqstore.replication.replica.LeaderLink over gRPC: one channel per leader address. Thread-safe."""
 
-    def __init__(self, heartbeat_ms: int):
+    def __init__(self, heartbeat_ms: int, peers: Peers | None = None):
         self._silence_s = max(2.0, 10 * heartbeat_ms / 1000)
+        self._peers = peers or Peers()  # the server's TLS and its `service` identity (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
 
@@ -168,7 +170,7 @@ class GrpcLeaderLink:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=[
+                channel = self._peers.channel(address, [
                     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
                     ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),

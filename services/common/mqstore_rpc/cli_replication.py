@@ -25,7 +25,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(cli) -> None:
-    stub = replication_pb2_grpc.ReplicationStub(cli.channel)
+    stub = replication_pb2_grpc.ReplicationStub(cli.log_channel)
     s = stub.GetReplicationState(replication_pb2.GetReplicationStateRequest(), timeout=cli.args.timeout)
     lines = [f"node {s.node_id or '-'}  role {s.role}  epoch {s.epoch}  end {s.end_offset}"
              f"{'  FENCED (lease not confirmed)' if s.fenced else ''}",
@@ -42,7 +42,7 @@ def cmd_status(cli) -> None:
 
 
 def cmd_switchover(cli) -> None:
-    stub = replication_pb2_grpc.ReplicationStub(cli.channel)
+    stub = replication_pb2_grpc.ReplicationStub(cli.log_channel)
     request = replication_pb2.TransferLeadershipRequest(target_node_id=cli.args.target, timeout_ms=cli.args.timeout_ms)
     try:
         response = stub.TransferLeadership(request, timeout=cli.args.timeout)
@@ -50,7 +50,7 @@ def cmd_switchover(cli) -> None:
         leader = dict(exc.trailing_metadata() or ()).get("mqstore-leader")
         if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not leader:
             raise
-        with grpc.insecure_channel(leader) as channel:
+        with cli.channel(leader) as channel:
             response = replication_pb2_grpc.ReplicationStub(channel).TransferLeadership(request,
                                                                                        timeout=cli.args.timeout)
     cli.emit(response, f"handed over to {cli.args.target} at physical offset {response.handed_over_at_offset}; "

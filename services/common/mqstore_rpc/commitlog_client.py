@@ -31,6 +31,7 @@ from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc
+from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_rpc_error
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -66,7 +67,7 @@ class CommitLogClient:
     """Thread-safe (a gRPC channel and stub are). ``close()`` once, after the users have stopped."""
 
     def __init__(self, address: str, *, rpc_timeout_s: float = 10.0, stream_deadline_s: float = 60.0,
-                 fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000):
+                 fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000, peers: Peers | None = None):
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
         self.rpc_timeout_s = rpc_timeout_s
         self.stream_deadline_s = stream_deadline_s
@@ -76,6 +77,7 @@ class CommitLogClient:
                          ("grpc.initial_reconnect_backoff_ms", 50),
                          ("grpc.min_reconnect_backoff_ms", 50),
                          ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)]
+        self._peers = peers or Peers()  # TLS and credentials of every node's channel (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._use(self.addresses[0])
@@ -85,7 +87,7 @@ class CommitLogClient:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address, options=self._options)
+                channel = self._channels[address] = self._peers.channel(address, self._options)
             self.address = address
             self._stub = commitlog_pb2_grpc.CommitLogStub(channel)
             self._internal = commitlog_pb2_grpc.CommitLogInternalStub(channel)
