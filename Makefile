@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup setup-run setup-ha gen run run-ha run-tls test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops rmq-clients
+.PHONY: setup setup-run setup-ha gen run run-ha run-tls test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops compose-check-ha rmq-clients
 
 # Stamps per group of lock files, so that `make run` installs only what running needs and `make test`
 # adds the rest. Each step says what it does: the first `make run` takes a few minutes, most of it here.
@@ -149,6 +149,13 @@ compose-check-spark: setup
 # test`; a few minutes, see README.md "Docker"): build, up, smoke test over TLS, Prometheus checked, torn down.
 compose-check-ops: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_ops.sh
+
+# docker-compose.ha.yml (the HA profile: etcd, PostgreSQL, three commit log nodes, the other services) on a
+# real engine (not part of `make test`; minutes, see README.md "Docker"): build, up, kill -9 the leader's
+# container, appends go on through the new leader with every acknowledged message kept, the old leader
+# rejoins; always torn down.
+compose-check-ha: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_ha.sh
 
 # Every script runs even when one before it failed (each writes what it measured); the exit status says
 # whether any failed. Disk: bench/README.md ("What it needs").
