@@ -2,13 +2,15 @@
 
 1. SYNC-replicated Append (a group of three CommitLog nodes, min_insync_replicas 2, ASYNC flush: every
    in-sync node holds the batch before the ack), 16 producers, 100 x 1 KiB per call, against the same load
-   on one node with SYNC flush (one copy, fsync before the ack). Target >= 0.5x.
+   on one node with SYNC flush (one copy, fsync before the ack), in --rounds alternating rounds (medians).
+   Target >= 0.5x.
 2. Replication lag under the full ASYNC Append load (a leader and one replica): the replica's copy rate
    over the leader's append rate in the same window, and the lag at its end. Target >= 1.0x.
 3. Failover: kill -9 of the leader, to the first SYNC append acknowledged by the new leader, with a 5 s
    lease, over --failovers runs (>= 20): the distribution. Target <= 10 s.
 
-``python bench/replication.py [--quick] [--failovers N]``; writes bench/results/replication.json.
+``python bench/replication.py [--quick] [--failovers N] [--rounds N] [--only PART]``; writes
+bench/results/replication.json (a partial run replaces only its parts).
 Needs etcd (make setup-ha) for 1 and 3. Every process it starts is stopped (bench/procs.py).
 """
 
@@ -93,27 +95,32 @@ def _append_rate(target, timing, producers=16):
     return sum(r["messages"] for r in results) / timing["duration_s"]
 
 
-def bench_sync(root, etcd, timing):
-    single = GrpcServer.commitlog(root / "single", "SYNC", extra=("--segment-size-bytes", SEGMENT)).start()
-    try:
-        _stub(single.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
-        one_copy = _append_rate(single.target, timing)
-    finally:
-        single.stop()
+def bench_sync(root, etcd, timing, rounds):
+    """Both setups up at once, the load taking turns (one copy first in even rounds, the group first in odd
+    ones), so that the machine's other load falls on both alike; the medians of the rounds and their ratio."""
+    single = GrpcServer.commitlog(root / "single", "SYNC", extra=("--segment-size-bytes", SEGMENT))
     nodes = [_node(root, f"n{i}", etcd, ("--min-insync-replicas", "2", "--default-replication", "SYNC"))
              for i in (1, 2, 3)]
+    one_copy, replicated = [], []
     try:
+        single.start()
+        _stub(single.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
         for n in nodes:
             n.start()
         leader, _ = _leader(nodes)
         _stub(leader.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
         _wait_in_sync(leader.target, 3)
-        replicated = _append_rate(leader.target, timing)
+        for r in range(rounds):
+            turns = [(one_copy, single.target), (replicated, leader.target)]
+            for figures, target in turns if r % 2 == 0 else reversed(turns):
+                figures.append(_append_rate(target, timing))
     finally:
+        single.stop()
         for n in nodes:
             n.stop()
-    return {"one_copy_sync_flush_msgs_s": one_copy, "three_nodes_sync_replication_msgs_s": replicated,
-            "ratio": replicated / one_copy}
+    one, three = statistics.median(one_copy), statistics.median(replicated)
+    return {"rounds": rounds, "one_copy_rounds_msgs_s": one_copy, "three_nodes_rounds_msgs_s": replicated,
+            "one_copy_sync_flush_msgs_s": one, "three_nodes_sync_replication_msgs_s": three, "ratio": three / one}
 
 
 def bench_lag(root, etcd, timing):
@@ -133,18 +140,27 @@ def bench_lag(root, etcd, timing):
             for name, target in (("leader", leader.target), ("replica", replica.target)):
                 samples[name + "0"] = _state(target).end_offset
             t0 = time.monotonic()
-            time.sleep(timing["duration_s"])
+            series = []
+            while (left := timing["duration_s"] - (time.monotonic() - t0)) > 1.0:
+                time.sleep(1.0)  # the lag each second: steady (frames in flight) or growing (the replica is slower)
+                ahead = _state(leader.target).end_offset
+                series.append(ahead - _state(replica.target).end_offset)
+            time.sleep(max(0.0, left))
             for name, target in (("replica", replica.target), ("leader", leader.target)):  # lag: replica first
                 samples[name + "1"] = _state(target).end_offset
             samples["s"] = time.monotonic() - t0
+            samples["series"] = series
         sampler = threading.Thread(target=sample)
         sampler.start()
         rate = _append_rate(leader.target, timing)
         sampler.join()
+        time.sleep(0.5)  # the load has stopped: what is left is lag, not frames in flight
+        after = _state(leader.target).end_offset - _state(replica.target).end_offset
         leader_bps = (samples["leader1"] - samples["leader0"]) / samples["s"]
         replica_bps = (samples["replica1"] - samples["replica0"]) / samples["s"]
         return {"append_msgs_s": rate, "leader_bytes_s": leader_bps, "replica_bytes_s": replica_bps,
-                "ratio": replica_bps / leader_bps, "final_lag_bytes": samples["leader1"] - samples["replica1"]}
+                "ratio": replica_bps / leader_bps, "final_lag_bytes": samples["leader1"] - samples["replica1"],
+                "lag_bytes_series": samples["series"], "lag_after_load_bytes": after}
     finally:
         for n in nodes:
             n.stop()
@@ -201,6 +217,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="short windows, 3 failovers")
     parser.add_argument("--failovers", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the SYNC comparison")
+    parser.add_argument("--only", choices=("sync", "lag", "failover"), action="append",
+                        help="run only these parts (repeatable); the file then holds only them")
     args = parser.parse_args()
     timing = {"warmup_s": 1.0, "duration_s": 3.0} if args.quick else {"warmup_s": 2.0, "duration_s": 8.0}
     failovers = 3 if args.quick else args.failovers
@@ -211,21 +230,35 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mqstore-bench-repl-") as tmp, etcd_local.LocalEtcd() as etcd:
         root = pathlib.Path(tmp)
         try:
-            results["sync"] = bench_sync(root, etcd.endpoint, timing)
-            results["lag"] = bench_lag(root, etcd.endpoint, timing)
-            results["failover"] = bench_failover(root, etcd.endpoint, failovers)
+            parts = args.only or ("sync", "lag", "failover")
+            if "sync" in parts:
+                results["sync"] = bench_sync(root, etcd.endpoint, timing, args.rounds)
+            if "lag" in parts:
+                results["lag"] = bench_lag(root, etcd.endpoint, timing)
+            if "failover" in parts:
+                results["failover"] = bench_failover(root, etcd.endpoint, failovers)
         finally:
             stop_all()
-    s, lag, f = results["sync"], results["lag"], results["failover"]
-    print(f"SYNC-replicated Append (3 nodes, min in-sync 2) 16 producers 100 x 1 KiB: "
-          f"{s['three_nodes_sync_replication_msgs_s']:,.0f} msg/s = {s['ratio']:.2f}x one copy with SYNC flush "
-          f"({s['one_copy_sync_flush_msgs_s']:,.0f} msg/s); target >= 0.5x")
-    print(f"replication under full ASYNC load: replica {lag['replica_bytes_s'] / 1e6:.1f} MB/s = {lag['ratio']:.2f}x "
-          f"the leader's append rate, final lag {lag['final_lag_bytes']} B; target >= 1.0x")
-    print(f"failover, kill -9 to the first SYNC ack by the new leader (5 s lease), {f['failovers']} runs: "
-          f"min {f['min_s']:.2f} s, median {f['median_s']:.2f} s, p90 {f['p90_s']:.2f} s, max {f['max_s']:.2f} s; "
-          f"target <= 10 s")
+    if s := results.get("sync"):
+        print(f"SYNC-replicated Append (3 nodes, min in-sync 2) 16 producers 100 x 1 KiB: "
+              f"{s['three_nodes_sync_replication_msgs_s']:,.0f} msg/s = {s['ratio']:.2f}x one copy with SYNC flush "
+              f"({s['one_copy_sync_flush_msgs_s']:,.0f} msg/s), medians of {s['rounds']} alternating rounds; "
+              f"target >= 0.5x")
+    if lag := results.get("lag"):
+        print(f"replication under full ASYNC load: replica {lag['replica_bytes_s'] / 1e6:.1f} MB/s = "
+              f"{lag['ratio']:.2f}x the leader's append rate, lag {lag['lag_bytes_series']} B each second, "
+              f"{lag['final_lag_bytes']} B at the end, {lag['lag_after_load_bytes']} B once the load stopped; "
+              f"target >= 1.0x")
+    if f := results.get("failover"):
+        print(f"failover, kill -9 to the first SYNC ack by the new leader (5 s lease), {f['failovers']} runs: "
+              f"min {f['min_s']:.2f} s, median {f['median_s']:.2f} s, p90 {f['p90_s']:.2f} s, "
+              f"max {f['max_s']:.2f} s; target <= 10 s")
     out = BENCH_DIR / "results" / "replication.json"
+    if args.only and out.exists():  # a partial run replaces its parts of the last full one, each part with its rev
+        kept = json.loads(out.read_text())
+        for part in ("sync", "lag", "failover"):
+            if part in kept and part not in results:
+                results[part] = {"rev": kept["rev"], **kept[part]} if "rev" not in kept[part] else kept[part]
     out.write_text(json.dumps(results, indent=2))
     print(f"written {out.relative_to(BENCH_DIR.parent)}")
     return 0
