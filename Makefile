@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup setup-run gen run run-tls test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops rmq-clients
+.PHONY: setup setup-run setup-ha gen run run-ha run-tls test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops compose-check-ha rmq-clients
 
 # Stamps per group of lock files, so that `make run` installs only what running needs and `make test`
 # adds the rest. Each step says what it does: the first `make run` takes a few minutes, most of it here.
@@ -94,6 +94,17 @@ $(NODE_STAMP): $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 run: setup-run
 	$(PY) -m mqstore_rpc.launcher --data-dir ./data $(RUN_ARGS)
 
+# etcd for the replication tests and `make run-ha`: Debian's etcd-server (3.4.23 in bookworm) when no etcd
+# is on PATH. Needs root (CI and the dev machines are); without it the HA tests skip and say why.
+setup-ha:
+	@command -v etcd >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server </dev/null >/dev/null; } || \
+	  echo "setup-ha: could not install etcd-server (apt-get as root); the replication failover tests will skip" >&2
+
+# Three CommitLog replicas (automatic failover through a throwaway etcd) and the other services on 127.0.0.1.
+run-ha: setup-run setup-ha
+	$(PY) -m mqstore_rpc.launcher --data-dir ./data-ha --ha
+
 # The same with TLS everywhere: a throwaway CA and certificates in ./data/tls (openssl); clients trust
 # data/tls/ca.pem (grpcurl -cacert, mqstore --tls-ca / MQSTORE_TLS_CA). MQSTORE_AUTH=on adds authentication.
 run-tls: setup-run
@@ -102,7 +113,7 @@ run-tls: setup-run
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests
 # again on the pure-Python reference.
-test: setup lint rmq-clients
+test: setup setup-ha lint rmq-clients
 	$(MAKE) --no-print-directory test-suite
 
 test-suite: setup rmq-clients
@@ -113,7 +124,7 @@ test-suite: setup rmq-clients
 # each bounded in time and ended with its parent): the suite must pass on a loaded machine the first
 # time. RUNS=3 runs it three times in a row and stops at the first failure.
 RUNS ?= 1
-test-loaded: setup lint rmq-clients
+test-loaded: setup setup-ha lint rmq-clients
 	@for run in $$(seq $(RUNS)); do \
 	  echo "make: test-loaded: run $$run of $(RUNS) under a CPU hog"; \
 	  $(PY) scripts/cpu_hog.py -- $(MAKE) --no-print-directory test-suite || exit $$?; \
@@ -139,12 +150,19 @@ compose-check-spark: setup
 compose-check-ops: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_ops.sh
 
+# docker-compose.ha.yml (the HA profile: etcd, PostgreSQL, three commit log nodes, the other services) on a
+# real engine (not part of `make test`; minutes, see README.md "Docker"): build, up, kill -9 the leader's
+# container, appends go on through the new leader with every acknowledged message kept, the old leader
+# rejoins; always torn down.
+compose-check-ha: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_ha.sh
+
 # Every script runs even when one before it failed (each writes what it measured); the exit status says
 # whether any failed. Disk: bench/README.md ("What it needs").
-BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py pop.py gateway.py security.py
+BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py pop.py gateway.py replication.py security.py
 bench: setup rmq-clients
 	@failed=""; for script in $(BENCH_SCRIPTS); do \
-	  args="$(BENCH_ARGS)"; case $$script in txn.py|pop.py|gateway.py) args="$(filter --quick,$(BENCH_ARGS))";; esac; \
+	  args="$(BENCH_ARGS)"; case $$script in txn.py|pop.py|gateway.py|replication.py) args="$(filter --quick,$(BENCH_ARGS))";; esac; \
 	  echo "make bench: bench/$$script $$args"; \
 	  $(PY) bench/$$script $$args || failed="$$failed $$script"; \
 	done; \

@@ -39,6 +39,15 @@ class FailedPrecondition(MqStoreError):
     """The store is not in a state that allows the operation (protected topic, needs repair...)."""
 
 
+class NotLeader(FailedPrecondition):
+    """A write (append, topic change, offset commit) reached a replica of the commit log; only the leader
+    takes writes. ``leader_address`` ("host:port", "" while no leader is known) is where to send it."""
+
+    def __init__(self, message: str, *, leader_address: str = ""):
+        super().__init__(message)
+        self.leader_address = leader_address
+
+
 class PermissionDenied(MqStoreError):
     """The caller may not do this: a service-to-service door called without the shared secret, or an
     authenticated user without the permission the call needs (the message names it)."""
@@ -60,6 +69,17 @@ class Unavailable(MqStoreError):
 
 class FlushTimeout(Unavailable):
     """A SYNC append was written but no fsync covered it within the timeout."""
+
+
+class NotEnoughReplicas(Unavailable):
+    """A SYNC-replicated append was refused before anything was written: fewer copies are in sync than
+    ``min_insync_replicas`` asks for (Kafka's NOT_ENOUGH_REPLICAS, RocketMQ's IN_SYNC_REPLICAS_NOT_ENOUGH)."""
+
+
+class ReplicationTimeout(Unavailable):
+    """A SYNC-replicated append is written on the leader but not enough in-sync replicas confirmed it in
+    time (RocketMQ's FLUSH_SLAVE_TIMEOUT): it was never acknowledged as durable, may survive or be cut
+    by a later failover, and a retry may duplicate it."""
 
 
 class OutcomeUnknown(Unavailable):

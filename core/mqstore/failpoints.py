@@ -45,6 +45,9 @@ KNOWN = frozenset({
     "txn.op.before_write",       # an OP batch is taken (mid batch: entries pending), not yet appended
     "txn.op.after_write",        # the OP message is appended, its entries not yet dropped
     "txn.checkpoint.before_rename",  # temp txn checkpoint written and fsynced, not yet renamed
+    # replication (core/mqstore/replication/README.md says what a crash at each step leaves):
+    "replication.epochs.before_rename",  # temp epoch file written and fsynced, not yet renamed
+    "replication.truncate.after_copy",   # .broken copies of a diverged tail durable, the log not yet cut
     # pop consumption (core/mqstore/pop; consumer.proto says what a crash at each step means):
     "pop.receive.after_ck",      # a receive's CK records are appended, nothing in flight in memory, not answered
     "pop.ack.after_record",      # an ACK record is appended, the entries not yet ended in memory, not answered

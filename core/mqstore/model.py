@@ -62,6 +62,8 @@ class AppendResult:  # not frozen for the same reason as MessageIn
     size_bytes: int
     store_timestamp_ms: int
     durability: str
+    replicas: int = 1
+    epoch: int = 0
 
 
 class AppendResults:
@@ -69,15 +71,17 @@ class AppendResults:
     already has (so the gRPC layer builds its response without a Python object per message).
     Indexing or iterating yields AppendResult objects."""
 
-    __slots__ = ("msg_id_prefix", "entries", "uniq_keys", "store_timestamp_ms", "durability")
+    __slots__ = ("msg_id_prefix", "entries", "uniq_keys", "store_timestamp_ms", "durability", "replicas", "epoch")
 
     def __init__(self, msg_id_prefix: str, entries: list, uniq_keys: list[str], store_timestamp_ms: int,
-                 durability: str):
+                 durability: str, replicas: int = 1, epoch: int = 0):
         self.msg_id_prefix = msg_id_prefix  # offset msg id = prefix + 16 hex digits of the physical offset
         self.entries = entries  # (physical offset, size, queue id, queue offset, tag code, sys flag)
         self.uniq_keys = uniq_keys
         self.store_timestamp_ms = store_timestamp_ms
         self.durability = durability
+        self.replicas = replicas  # copies holding the batch when acknowledged, the leader included
+        self.epoch = epoch        # the leader epoch that wrote it (0 without replication)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -85,7 +89,7 @@ class AppendResults:
     def __getitem__(self, index: int) -> AppendResult:
         phys, size, qid, qoff, _, _ = self.entries[index]
         return AppendResult(f"{self.msg_id_prefix}{phys:016X}", self.uniq_keys[index], qid, qoff, phys, size,
-                            self.store_timestamp_ms, self.durability)
+                            self.store_timestamp_ms, self.durability, self.replicas, self.epoch)
 
     def __iter__(self):
         return (self[i] for i in range(len(self.entries)))

@@ -54,6 +54,8 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, 
 from mqstore.pop import copies as pop_copies
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
+from mqstore.replication import log_ops
+from mqstore.replication.node import SingleNode
 from mqstore.queue.usage import TopicUsage
 from mqstore.retention_holds import RetentionHolds
 from mqstore.store_space import DiskSpace
@@ -107,6 +109,10 @@ class MessageStore:
         self._checkpoint_lock = threading.Lock()
         self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
+        # The gate of writes: SingleNode without replication, else the node's role (mqstore.replication.node):
+        # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
+        self.gate = SingleNode()
+        self._copied_end = 0  # the log's end when this node was promoted: below it no append is pending
         self._appended = metrics.counter("mqstore_commitlog_appended_messages_total", "messages appended")
         self._appended_bytes = metrics.counter("mqstore_commitlog_appended_bytes_total", "record bytes appended")
         self._batches = metrics.counter("mqstore_commitlog_append_batches_total", "batches appended (Append calls)")
@@ -276,7 +282,7 @@ class MessageStore:
 
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
-            self.dispatcher.run_pending(flushed_offset)
+            self.dispatcher.run_pending(min(flushed_offset, self.gate.committed_offset()))
 
     def _check_running(self) -> None:
         if not self._running:
@@ -297,12 +303,16 @@ class MessageStore:
         return self.dispatcher.dispatched_offset
 
     # ------------------------------------------------------------------ append
-    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None) -> AppendResults:
+    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
+               replication: str | None = None) -> AppendResults:
         """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
         (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
         the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
-        it, so clients cannot write system topics."""
+        it, so clients cannot write system topics. ``replication`` ("ASYNC", "SYNC", None: the node's
+        default) says whether the acknowledgement waits for the in-sync replicas (``gate``)."""
         self._check_running()
+        sync_replication = self.gate.sync_wanted(replication)
+        self.gate.begin_append(sync_replication)
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
         if system_writer == topic_rules.OWNER_POP:
@@ -310,10 +320,12 @@ class MessageStore:
         elif system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
-        return self._append_checked(rec, messages)
+        return self._append_checked(rec, messages, sync_replication)
 
-    def _append_checked(self, rec: TopicRecord, messages) -> AppendResults:
-        """The append of a batch whose writer may write ``rec`` (append's checks, or the store itself)."""
+    def _append_checked(self, rec: TopicRecord, messages, sync_replication: bool) -> AppendResults:
+        """The append of a batch whose writer may write ``rec`` (append's checks, or the store itself);
+        ``sync_replication``: the acknowledgement waits for the in-sync replicas (``gate.begin_append``
+        was called with it)."""
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
             written = self.commitlog.append(batch)
@@ -326,13 +338,16 @@ class MessageStore:
         self._appended_bytes.inc(len(batch.buf))
         if self.flusher.sync:
             self.flusher.wait_flushed(written.end)
-            self.dispatcher.run_pending(self.flusher.flushed_offset)
+            self.dispatcher.run_pending(min(self.flusher.flushed_offset, self.gate.committed_offset()))
             durability = DURABILITY_FLUSHED
         else:
-            self.dispatcher.run_pending(written.end)
+            self.dispatcher.run_pending(min(written.end, self.gate.committed_offset()))
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
+        replicas, epoch = self.gate.finish_append(written.end, sync_replication)
+        if sync_replication:
+            self.advance_visible()  # a Pull after the acknowledgement sees it (the ack thread may still dispatch)
         return AppendResults(self._msg_id_prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms,
-                             durability)
+                             durability, replicas, epoch)
 
     # ------------------------------------------------------------------ topics and consumer offsets
     def topic(self, name: str) -> TopicRecord:
@@ -340,9 +355,11 @@ class MessageStore:
 
     def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
                      retention_ms: int = 0) -> TopicRecord:
+        self.gate.check_writable()
         return self.topics.create(name, queue_count, kind, retention_ms)
 
     def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
+        self.gate.check_writable()
         return self.topics.update(name, queue_count, retention_ms)
 
     def delete_topic(self, name: str) -> None:
@@ -354,6 +371,7 @@ class MessageStore:
         self._finish_delete(rec)
 
     def _finish_delete(self, rec: TopicRecord) -> None:
+        self.gate.check_writable()  # a replica appends nothing of its own (NotLeader names the leader)
         self.disk.refuse_if_read_only()
         self._announce_deleted(rec)                                            # 2. in the log, flushed
         failpoints.hit("topic.delete.announced")
@@ -368,7 +386,9 @@ class MessageStore:
         away), and it must not be lost to a power cut once the registry has forgotten the topic."""
         event = topic_event.TopicEvent(topic_event.DELETED, rec.name, rec.start_physical_offset)
         message = MessageIn(body=topic_event.encode(event), keys=(rec.name,))
-        written = self._append_checked(self.topics.get(topic_event.TOPIC), [message])
+        sync_replication = self.gate.sync_wanted(None)  # the node's default, as an append that names none
+        self.gate.begin_append(sync_replication)
+        written = self._append_checked(self.topics.get(topic_event.TOPIC), [message], sync_replication)
         end = written.entries[-1][0] + written.entries[-1][1]
         if self.flusher.flushed_offset < end:
             self.flusher.flush_now()
@@ -389,6 +409,7 @@ class MessageStore:
         return self.topics.describe(name)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.gate.check_writable()
         self.topics.commit_offset(group, topic, queue_id, offset)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
@@ -396,10 +417,12 @@ class MessageStore:
 
     def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
         """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
+        self.gate.check_writable()  # a deposed leader's pop offsets must not overwrite the new leader's
         self.topics.commit_offsets(rows)
 
     def ensure_pop_topic(self, name: str) -> TopicRecord:
         """A retry or dead-letter topic of pop consumption, created (one queue) when missing."""
+        self.gate.check_writable()
         return self.topics.ensure_pop_topic(name)
 
     def _drop_queues(self, topic: str) -> None:
@@ -632,6 +655,78 @@ class MessageStore:
                 cutoff = cq.offset_by_time(now - topic.retention_ms, False, self.commitlog.store_timestamp_at)
                 with self.dispatcher.lock:
                     cq.raise_min_offset(min(cutoff, cq.max_offset))
+
+    # ------------------------------------------------------------------ replication (mqstore.replication)
+    def log_end(self) -> int:
+        return self.commitlog.written_offset
+
+    def log_min(self) -> int:
+        return self.commitlog.min_offset
+
+    def replica_chunk(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """The leader's side: whole records from ``offset`` (a record start), for a replica."""
+        self._check_running()
+        return log_ops.chunk(self.commitlog, offset, max_bytes)
+
+    def replica_apply(self, offset: int, data: bytes, next_offset: int) -> None:
+        """The replica's side: the leader's bytes at the same physical offsets (under SYNC flush, covered
+        by an fsync before this returns). Visible only up to the leader's committed offset
+        (:meth:`replica_visible`)."""
+        self._check_running()
+        self.commitlog.append_replicated(offset, data, next_offset)
+        if self.flusher.sync:
+            self.flusher.wait_flushed(next_offset)
+
+    def replica_visible(self, committed_offset: int) -> None:
+        """The replica's side: consume queue entries (and so Pull and Tail) up to what its leader says is
+        committed, that is held by every in-sync node: never bytes a failover could cut."""
+        held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
+        target = min(held, committed_offset)
+        if target > self.dispatcher.dispatched_offset:
+            self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, target)
+
+    def advance_visible(self) -> None:
+        """The leader's side: dispatch what became committed (the in-sync set's acknowledgements moved it).
+        Bytes copied while this node was a replica have no pending append: they are dispatched from the log."""
+        held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
+        limit = min(held, self.gate.committed_offset())
+        copied_end = min(self._copied_end, limit)
+        if self.dispatcher.dispatched_offset < copied_end:
+            self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, copied_end)
+        self.dispatcher.run_pending(limit)
+
+    def truncate_log(self, offset: int) -> list[str]:
+        """Cut the log to ``offset`` (a replica whose tail diverged from its leader's), keeping .broken
+        copies of the cut segments; consume queues follow. Returns the copies."""
+        self._check_running()
+        copies = log_ops.truncate(self.commitlog, offset, self.dispatcher, self.queues)
+        self.flusher.flushed_offset = min(self.flusher.flushed_offset, offset)
+        self.write_checkpoint()
+        return copies
+
+    def restart_log_at(self, offset: int) -> list[str]:
+        """Start a new, empty log at ``offset`` (a segment start): an empty replica copying a leader whose
+        log starts there. Whatever the log held is kept as .broken copies."""
+        self._check_running()
+        copies = log_ops.restart_at(self.commitlog, offset, self.dispatcher, self.queues)
+        self.flusher.flushed_offset = offset
+        self.write_checkpoint()
+        return copies
+
+    def promoted_visible(self) -> bool:
+        """A new leader shows its readers everything it copied as a replica (pop consumption replays its
+        revive log only then: mqstore.pop.leadership)."""
+        return self.dispatcher.dispatched_offset >= self._copied_end
+
+    def promote(self) -> None:
+        """A replica becomes leader: the append path's queue offsets and store time from its log."""
+        self.topics.refresh()
+        with self.dispatcher.lock:
+            offsets = self.dispatcher.next_queue_offsets()
+            self._copied_end = self.commitlog.written_offset
+        self.commitlog.restore(self.commitlog.written_offset,
+                               max(self.commitlog.last_store_timestamp_ms, self.dispatcher.logics_msg_timestamp_ms),
+                               offsets)
 
     def halt(self) -> None:
         """Stop like a crash: no final flush, no checkpoint, abort marker left. For crash tests in one

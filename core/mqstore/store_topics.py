@@ -63,6 +63,9 @@ class TopicRegistry:
         self._topics: dict[str, TopicRecord] = {}
         self._deleting: dict[str, TopicRecord] = {}  # step 1 done, step 4 not yet (the module docstring)
         self._lock = threading.Lock()
+        # A commit log replica: a name missing from the in-memory copy is looked up in the database (its
+        # leader may have created it since); set by the replication composition.
+        self.reload_on_miss = False
 
     def open(self, meta: MetadataStore) -> None:
         """Load the registry from ``meta`` (which the registry then owns) and create the system topics."""
@@ -72,6 +75,12 @@ class TopicRegistry:
         for name in sorted(topic_rules.SYSTEM_TOPICS):
             if name not in self._topics:
                 self._topics[name] = meta.create_topic(name, 1, KIND_SYSTEM, 0)
+
+    def refresh(self) -> None:
+        """Reload the registry from the metadata database: a commit log replica shares its leader's
+        (PostgreSQL in HA mode) and learns of topics created there this way."""
+        with self._lock:
+            self._topics = {t.name: t for t in self.meta.list_topics()}
 
     def close(self) -> None:
         if self.meta is not None:
@@ -114,6 +123,9 @@ class TopicRegistry:
 
     def get(self, name: str) -> TopicRecord:
         found = self._topics.get(name)
+        if found is None and self.reload_on_miss and self.meta is not None:
+            self.refresh()
+            found = self._topics.get(name)
         if found is None:
             # A name that could never exist is a malformed request, not a missing topic. Checked only
             # on a miss, so the append path pays nothing for it.

@@ -336,3 +336,51 @@ def _compaction_drop(name, tmp_path, failpoint):
 @scenario("topic.delete.marked", "topic.delete.announced", "topic.delete.queues_dropped")
 def _topic_delete(name, tmp_path, failpoint):
     crash_in_delete(name, tmp_path, failpoint)
+
+
+# ---- replication --------------------------------------------------------------------------------------------
+
+@scenario("replication.epochs.before_rename")
+def _epoch_file_replace(name, tmp_path, failpoint):
+    """A crash while a new leader records its epoch: the old epoch file is whole, the node did not lead
+    (no write of the new epoch happened), and the next election records it."""
+    from mqstore.replication import epochs
+    from mqstore.replication.config import ReplicationConfig
+    from mqstore.replication.node import ReplicationNode
+    config = _config(tmp_path)
+    store, acked = _started(config, 2)
+    path = config.data_dir / "epochs"
+
+    def node() -> ReplicationNode:
+        return ReplicationNode(ReplicationConfig(node_id="a"), FakeClock(), path, log_end=store.log_end,
+                               flush_sync=False)
+    node().become_leader(1, frozenset())
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        node().become_leader(2, frozenset())
+    assert [(e.epoch, e.start_offset) for e in epochs.load(path).entries] == [(1, store.log_end())]
+    again = node()
+    assert not again.is_leader
+    again.become_leader(2, frozenset())
+    assert epochs.load(path).last_epoch == 2
+    store.stop()
+    _check_store(config, acked)
+
+
+@scenario("replication.truncate.after_copy")
+def _truncate_after_copy(name, tmp_path, failpoint):
+    """A crash between the .broken copies of a diverged tail and the cut: the log is whole; after a
+    restart the same truncation runs again and cuts exactly the tail."""
+    config = _config(tmp_path)
+    store, acked = _started(config, 4)
+    point = store.log_end()
+    _fill(store, 2)  # the tail a new leader does not have
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        store.truncate_log(point)
+    assert store.log_end() > point and list(config.commitlog_dir.glob("*.broken*"))
+    store.halt()  # the crash
+    store = MessageStore(config)
+    store.start()
+    store.truncate_log(point)
+    assert store.log_end() == point
+    store.stop()
+    _check_store(config, acked)

@@ -32,11 +32,13 @@ from mqstore.clock import SystemClock
 from mqstore.index.config import IndexConfig
 from mqstore.index.follower import FollowerConfig
 from mqstore.meta.auth import AuthStore
+from mqstore.replication.config import ReplicationConfig
 from mqstore_rpc import auth as rpc_auth
 from mqstore_rpc.gen.mqstore.v1 import access_pb2 as apb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, compactor_pb2 as kpb, index_pb2 as ipb, txn_pb2 as tpb
 from mqstore_rpc.gen.mqstore.v1 import consumer_pb2 as ppb
+from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as rpb
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d, service_pb2 as v2
 from mqstore_rpc.permissions import PERMISSIONS
 from mqstore_rpc.peers import Peers
@@ -248,9 +250,17 @@ CALLS.update({
     "/mqstore.v1.Consumer/ForwardToDeadLetter": Call("unary", lambda w: ppb.ForwardToDeadLetterRequest(
         group=GROUP, topic=TOPIC, receipt_handle="bad"), grpc.StatusCode.INVALID_ARGUMENT),
     "/mqstore.v1.Consumer/Stats": Call("unary", lambda w: ppb.PopStatsRequest()),
+    # The commit log leads a static group of one: an admitted Replicate that opens with an ack instead of
+    # its hello, or a switchover where no controller runs, is refused by the servicer, after the check.
+    "/mqstore.v1.Replication/Replicate": Call("bidi", lambda w: [rpb.ReplicaMessage(ack=rpb.ReplicaAck())],
+                                              grpc.StatusCode.INVALID_ARGUMENT),
+    "/mqstore.v1.Replication/GetReplicationState": Call("unary", lambda w: rpb.GetReplicationStateRequest()),
+    "/mqstore.v1.Replication/TransferLeadership": Call("unary", lambda w: rpb.TransferLeadershipRequest(
+        target_node_id="n2"), grpc.StatusCode.FAILED_PRECONDITION),
 })
 SERVER_OF = {"CommitLog": "commitlog", "CommitLogInternal": "commitlog", "Access": "commitlog", "Index": "index",
-             "Transaction": "txn", "Compactor": "compactor", "Consumer": "commitlog", "MessagingService": "gateway"}
+             "Transaction": "txn", "Compactor": "compactor", "Consumer": "commitlog", "MessagingService": "gateway",
+             "Replication": "commitlog"}
 
 
 def _secret_of(user: str) -> str:
@@ -280,7 +290,8 @@ def _auth(url: str, token: str = TOKEN) -> tuple[ServerConfig, Peers]:
 def _services(tmp_path: pathlib.Path):
     url = f"sqlite:///{tmp_path / 'auth.db'}"
     server, peers = _auth(url)
-    log_config = dataclasses.replace(make_config(tmp_path / "log"), server=server, internal_token=TOKEN)
+    log_config = dataclasses.replace(make_config(tmp_path / "log"), server=server, internal_token=TOKEN,
+                                     replication=ReplicationConfig(node_id="n1"))  # serves mqstore.v1.Replication
     with contextlib.ExitStack() as stack:
         log_server, log_port = stack.enter_context(commitlog_serving(log_config))
         address = f"127.0.0.1:{log_port}"

@@ -263,12 +263,13 @@ def test_compaction_routing_agrees_with_the_reference():
 int32 = st.integers(-(1 << 31), (1 << 31) - 1)
 int64 = st.integers(0, (1 << 63) - 1)
 batches = st.lists(st.builds(
-    lambda prefix, rows, ts, durability: AppendResults(prefix, [r[0] for r in rows], [r[1] for r in rows], ts,
-                                                       durability),
+    lambda prefix, rows, ts, durability, replicas, epoch: AppendResults(
+        prefix, [r[0] for r in rows], [r[1] for r in rows], ts, durability, replicas, epoch),
     st.sampled_from(["7F0000010000C383", "", "0A000007" * 3]),
     st.lists(st.tuples(st.tuples(int64, int32, int32, int64, st.just(0), st.just(0)),
                        st.one_of(st.just(""), st.text(max_size=40))), max_size=5),
-    st.one_of(st.just(0), int64), st.sampled_from(["WRITTEN", "FLUSHED"])), max_size=4)
+    st.one_of(st.just(0), int64), st.sampled_from(["WRITTEN", "FLUSHED"]),
+    st.integers(0, 1 << 10), st.one_of(st.just(0), int64)), max_size=4)  # replicas, epoch (replication)
 
 
 @SETTINGS

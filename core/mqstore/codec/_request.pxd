@@ -37,6 +37,7 @@ cdef class WireMessages:
     cdef Prop* props
     cdef Py_ssize_t props_count, props_capacity
     cdef readonly str topic
+    cdef readonly int32_t replication  # AppendRequest.replication (the ReplicationMode number; 0 unset)
     cdef uint8_t born_host[4]
     cdef int32_t born_port
 

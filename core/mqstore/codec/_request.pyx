@@ -127,6 +127,7 @@ def parse_request(bytes raw):
     cdef Py_ssize_t end = PyBytes_GET_SIZE(raw)
     cdef Py_ssize_t at = 0, length
     cdef uint32_t tag
+    cdef uint64_t replication
     cdef Span topic
     topic.ptr = p
     topic.length = 0
@@ -146,6 +147,11 @@ def parse_request(bytes raw):
             elif parse_message(wire, p, at, at + length) < 0:
                 return None
             at += length
+        elif tag == (3 << 3 | WT_VARINT):  # AppendRequest.replication (an enum: the last one wins)
+            at = read_varint(p, at, end, &replication)
+            if at < 0:
+                return None
+            wire.replication = <int32_t>replication
         else:
             at = skip_field(p, at, end, tag, MAX_DEPTH)
             if at < 0:

@@ -79,6 +79,7 @@ cdef int _put_batch(Buffer* buf, batch, int32_t durability) except -1:
     cdef const char* prefix = PyUnicode_AsUTF8AndSize(batch.msg_id_prefix, &prefix_length)
     cdef const char* uniq
     cdef int64_t store_ts = batch.store_timestamp_ms
+    cdef int64_t replicas = <int32_t>batch.replicas, epoch = batch.epoch
     cdef uint64_t physical_offset, queue_offset
     cdef int64_t queue_id, size  # int32 fields: a negative one is sign-extended to 10 bytes, as protobuf does
     cdef uint8_t* out
@@ -91,7 +92,8 @@ cdef int _put_batch(Buffer* buf, batch, int32_t durability) except -1:
                    + (1 + varint_size(uniq_length) + uniq_length if uniq_length else 0)
                    + int_field_size(<uint64_t>queue_id) + int_field_size(queue_offset)
                    + int_field_size(physical_offset) + int_field_size(<uint64_t>size)
-                   + int_field_size(<uint64_t>store_ts) + int_field_size(<uint64_t>durability))
+                   + int_field_size(<uint64_t>store_ts) + int_field_size(<uint64_t>durability)
+                   + int_field_size(<uint64_t>replicas) + int_field_size(<uint64_t>epoch))
         reserve(buf, 1 + varint_size(<uint64_t>content) + content)
         out, at = buf.data, buf.length
         out[at] = 0x0A  # AppendResponse.results, length-delimited
@@ -109,7 +111,9 @@ cdef int _put_batch(Buffer* buf, batch, int32_t durability) except -1:
         at = put_int_field(out, at, 0x28, physical_offset)
         at = put_int_field(out, at, 0x30, <uint64_t>size)
         at = put_int_field(out, at, 0x38, <uint64_t>store_ts)
-        buf.length = put_int_field(out, at, 0x40, <uint64_t>durability)
+        at = put_int_field(out, at, 0x40, <uint64_t>durability)
+        at = put_int_field(out, at, 0x48, <uint64_t>replicas)
+        buf.length = put_int_field(out, at, 0x50, <uint64_t>epoch)
     return 0
 
 

@@ -28,7 +28,8 @@ from typing import Callable
 import structlog
 
 from mqstore import codec, failpoints
-from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, Unavailable, invariant
+from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange, Unavailable,
+                            invariant)
 from mqstore.format import record, record_reader, record_scan
 from mqstore.log import stamp
 from mqstore.log.encoder import EncodedBatch
@@ -151,6 +152,26 @@ class CommitLog:
                                       f"{ZEROING_WAIT_S:.0f} s (a stalled disk?); nothing of this batch was "
                                       f"written, retry")
                 self._zeroing.wait(min(left, 0.5))
+
+    def append_replicated(self, offset: int, data: bytes, next_offset: int) -> None:
+        """A replica's append: the leader's bytes at the same physical offset (whole records, or a blank
+        record that ends the segment: ``next_offset`` is then the next segment's start)."""
+        with self.lock:
+            if offset != self.written_offset:
+                raise FailedPrecondition(f"replicated bytes start at physical offset {offset} but this log ends at "
+                                         f"{self.written_offset}")
+            end = offset + len(data)
+            invariant(end <= next_offset, "replicated bytes end at or before their next offset")
+            if data:
+                self._ensure_segments(end)
+                if end > self._zeroing_from:  # the warmer's zeros must not land on these bytes
+                    self._wait_for_zeroing(end)
+                seg = self.segments.find(offset)
+                if end > seg.end:
+                    raise FailedPrecondition(f"replicated bytes [{offset}, {end}) cross the end of segment "
+                                             f"{seg.path.name}: the leader's segment size differs")
+                seg.write(offset - seg.start, data)
+            self.written_offset = next_offset
 
     def _plan(self, sizes: list[int]) -> list[stamp.Chunk]:
         """Chunks of the batch per segment (stamp.place). Creates the segments the batch needs before

@@ -139,14 +139,16 @@ class Reviver(Duty):
         would otherwise fail every step again and hold up every other expiry: it is logged as
         pop.copy_refused and ended LOST, and the others are appended one by one."""
         try:
-            self.pop.store.append(topic, [copy for _, copy in items], system_writer=topic_rules.OWNER_POP)
+            self.pop.store.append(topic, [copy for _, copy in items], system_writer=topic_rules.OWNER_POP,
+                                  replication=self.pop.replication)
             return [entry for entry, _ in items], []
         except InvalidArgument:
             pass  # which copy? one at a time below
         copied, refused = [], []
         for entry, copy in items:
             try:
-                self.pop.store.append(topic, [copy], system_writer=topic_rules.OWNER_POP)
+                self.pop.store.append(topic, [copy], system_writer=topic_rules.OWNER_POP,
+                                      replication=self.pop.replication)
             except InvalidArgument as exc:
                 log.error("pop.copy_refused", topic=topic, group=entry.key[0], source_topic=entry.key[1],
                           queue_id=entry.key[3], queue_offset=entry.key[4], error=str(exc))

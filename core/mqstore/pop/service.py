@@ -32,10 +32,16 @@ from mqstore.pop.offsets import PopOffsets
 from mqstore.pop.receive import MAX_BATCH, MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, ReceiveResult, Receiver
 from mqstore.pop.replay import reconcile, replay
 from mqstore.pop.revive import REVIVE_GROUP, Reviver
+from mqstore.replication.config import SYNC
 
 log = structlog.get_logger("mqstore.pop")
 
 MAX_ACK_HANDLES = 1000
+# Every pop record (CK, ACK, retry and dead-letter copies) waits for the in-sync replicas of a replication
+# group, whatever its default: an acknowledged ack must not come back after a failover, nor a received
+# message be forgotten (mqstore.pop.leadership). Kafka commits consumer offsets with acks=all likewise.
+# One node without replication ignores it.
+POP_REPLICATION = SYNC
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,7 @@ class PopService:
         self.counters = PopCounters()
         self.reviver = Reviver(self)
         self.receiver = Receiver(self)
+        self.replication = POP_REPLICATION  # of every pop record (see POP_REPLICATION)
         self.started = False
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -208,13 +215,14 @@ class PopService:
     def append_records(self, bodies: list[tuple[str, bytes]]) -> list[AppendResult]:
         """Records of the revive topic (tag, body), in one append."""
         messages = [MessageIn(body=body, tags=tag) for tag, body in bodies]
-        return list(self.store.append(topic_rules.REVIVE_TOPIC, messages, system_writer=topic_rules.OWNER_POP))
+        return list(self.store.append(topic_rules.REVIVE_TOPIC, messages, system_writer=topic_rules.OWNER_POP,
+                                      replication=self.replication))
 
     def append_copies(self, topic: str, messages: list[MessageIn]) -> list[AppendResult]:
         """``messages`` in appends that each fit the store's batch limits (count and body bytes)."""
         out: list[AppendResult] = []
         for chunk in self.chunks(messages, lambda m: len(m.body)):
-            out += self.store.append(topic, chunk, system_writer=topic_rules.OWNER_POP)
+            out += self.store.append(topic, chunk, system_writer=topic_rules.OWNER_POP, replication=self.replication)
         return out
 
     def chunks(self, items: list, body_bytes: Callable[[object], int]) -> Iterator[list]:

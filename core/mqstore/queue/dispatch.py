@@ -170,6 +170,15 @@ class Dispatcher:
             self.dispatched_offset = to_offset
         return count
 
+    def dispatch_replicated(self, from_offset: int, to_offset: int) -> None:
+        """A replica's new records [from_offset, to_offset): entries from the log (every topic: the leader
+        checked them), then readers are woken."""
+        with self.lock:
+            self._replay_range(from_offset, to_offset, None, None, None)
+            self.dispatched_offset = to_offset
+        with self.visible:
+            self.visible.notify_all()
+
     def _replay_range(self, start: int, end: int, starts, only, behind) -> int:
         count = 0
         for seg in self.commitlog.segments.segments:

@@ -2,10 +2,16 @@
 the commit log process. Each method converts the request, calls one PopService method and converts the
 result; errors become status codes in mqstore_rpc.errors' interceptor.
 
-Thread-safe: holds the PopService (thread-safe) only.
+In a replication group only the leader runs pop consumption (mqstore.pop.leadership): ``current()`` gives
+the running PopService or raises NotLeader (FAILED_PRECONDITION with the leader in the trailer
+``mqstore-leader``, as a write to a replica) or Unavailable (a new leader rebuilding its in-flight set).
+
+Thread-safe: holds ``current`` (thread-safe) only.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import grpc
 from mqstore.errors import InvalidArgument
@@ -26,12 +32,12 @@ _DURABILITY = {"": common_pb2.DURABILITY_UNSPECIFIED, "WRITTEN": common_pb2.DURA
 
 
 class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
-    def __init__(self, service: pop.PopService):
-        self._pop = service
+    def __init__(self, current: Callable[[], pop.PopService]):
+        self._current = current
 
     def Receive(self, request, context):
         remaining_s = context.time_remaining()
-        result = self._pop.receive(
+        result = self._current().receive(
             request.group, request.topic, invisible_duration_ms=request.invisible_duration_ms,
             queue_id=request.queue_id if request.HasField("queue_id") else None,
             filter_expression=request.filter_expression, batch_size=request.batch_size,
@@ -46,25 +52,25 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         return response
 
     def Ack(self, request, context):
-        result = self._pop.ack(request.group, request.topic, list(request.receipt_handles))
+        result = self._current().ack(request.group, request.topic, list(request.receipt_handles))
         return consumer_pb2.AckResponse(
             results=[consumer_pb2.AckResult(receipt_handle=o.receipt_handle, status=_ACK_STATUS[o.status],
                                             message=o.message) for o in result.outcomes],
             durability=_DURABILITY[result.durability])
 
     def ChangeInvisibleDuration(self, request, context):
-        changed = self._pop.change_invisible_duration(request.group, request.topic, request.receipt_handle,
+        changed = self._current().change_invisible_duration(request.group, request.topic, request.receipt_handle,
                                                       request.invisible_duration_ms)
         return consumer_pb2.ChangeInvisibleDurationResponse(receipt_handle=changed.receipt_handle,
                                                             next_visible_time_ms=changed.visible_at_ms,
                                                             delivery_attempt=changed.attempt)
 
     def ForwardToDeadLetter(self, request, context):
-        dlq, result = self._pop.forward_to_dead_letter(request.group, request.topic, request.receipt_handle)
+        dlq, result = self._current().forward_to_dead_letter(request.group, request.topic, request.receipt_handle)
         return consumer_pb2.ForwardToDeadLetterResponse(dead_letter_topic=dlq, result=_append_result(result))
 
     def Stats(self, request, context):
-        return _stats(pop_stats(self._pop, request.group, request.topic))
+        return _stats(pop_stats(self._current(), request.group, request.topic))
 
 
 def _start(value: int) -> str:

@@ -11,6 +11,10 @@ KiB/MiB/GiB suffixes). Every service's flags (mqstore_rpc.settings) are here too
 (the Transaction service's way into its system topics; commitlog.proto). Pop consumption (the
 ``mqstore.v1.Consumer`` service on the same port, mqstore.pop) has the flags of
 :class:`mqstore.pop.config.PopConfig` (``--pop-max-in-flight`` / ``MQSTORE_POP_MAX_IN_FLIGHT``, ...).
+Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfig` field has a flag and a
+variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
+``--etcd-endpoints`` elects the leader through etcd, ``--min-insync-replicas``, ``--default-replication
+ASYNC|SYNC`` and the lag and timeout settings.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -32,14 +36,20 @@ from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.meta.auth import AuthStore
 from mqstore.pop.config import PopConfig
-from mqstore.pop.service import PopService
+from mqstore.pop.leadership import PopLeadership
+from mqstore.replication.config import ReplicationConfig
+from mqstore.replication.controller import Controller
+from mqstore.replication.isr import IsrKeeper
+from mqstore.replication.node import ReplicationNode
+from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from commitlog_service import access, consumer, internal
+from commitlog_service import access, consumer, internal, replication
+from commitlog_service.etcd_client import EtcdCoordination
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 DEFAULT_PORT = 50051
@@ -56,6 +66,7 @@ class CommitLogConfig:
     log_level: str = "info"
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
     internal_token: str = ""      # shared secret of CommitLogInternal; "" = that service refuses every call
+    replication: ReplicationConfig = ReplicationConfig()  # node_id "" = a single node (no replication)
 
 
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -65,15 +76,19 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
                          metrics=parts.metrics)
     store.start()
     parts.on_close(store.stop)
-    pop = PopService(store, config.pop)
-    pop.start(run_duty=False)
-    parts.on_close(pop.stop)
-    parts.add_duty(pop.reviver)
+    node = _compose_replication(config, store, parts) if config.replication.enabled else None
+    pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,
+                        ready=store.promoted_visible)
+    parts.on_close(pop.close)
+    if node is None:  # one node: pop consumption is rebuilt before the server serves
+        parts.add_duty(pop.start_now().reviver)
+    else:  # only the leader runs it, rebuilt at each leadership (mqstore.pop.leadership)
+        parts.add_duty(pop)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CommitLogServicer(store), server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token), server))
     parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
-        consumer.ConsumerServicer(pop), server))
+        consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
     compose_access(config, parts)
 
@@ -89,10 +104,48 @@ def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
         access.AccessServicer(AccessAdmin(auth_store, changed)), server))
 
 
+def _compose_replication(config: CommitLogConfig, store: MessageStore,
+                         parts: service.Composition) -> ReplicationNode:
+    """The node's replication role (core/mqstore/replication/README.md): a static group's replica copies
+    ``replica_of``; otherwise this node leads a new epoch."""
+    rc = config.replication
+    if not rc.advertised_address:
+        rc = dataclasses.replace(rc, advertised_address=f"{config.server.host}:{parts.port}")
+    node = ReplicationNode(rc, store.clock, config.store.data_dir / "epochs", log_end=store.log_end,
+                           flush_sync=config.store.flush_mode == "SYNC")
+    node.on_promote = store.promote
+    node.in_sync.on_committed = store.advance_visible
+    store.gate = node
+    servicer = replication.ReplicationServicer(store, node)
+    parts.add_servicer(replication.SERVICE_NAME, lambda server: replication.add_to_server(servicer, server))
+    parts.add_duty(IsrKeeper(node.in_sync, lambda: node.is_leader))
+    store.topics.reload_on_miss = True  # a replica, or a leader that was one, may miss topics created elsewhere
+    if not rc.replica_of and not rc.etcd_endpoints:
+        node.become_leader(node.history.last_epoch + 1, frozenset())  # a static group's leader: a new epoch
+        return node
+    link = replication.GrpcLeaderLink(rc.replication_heartbeat_ms, parts.peers)
+    parts.on_close(link.close)
+    follower = parts.add_duty(ReplicaFollower(store, node, link))
+    if rc.replica_of:
+        node.become_replica("", rc.replica_of, node.history.last_epoch)
+        return node
+    coordination = EtcdCoordination(rc.etcd_endpoints)
+    parts.on_close(coordination.close)
+    controller = Controller(node, coordination, on_leader_change=follower.leader_changed)
+    node.in_sync.publish = controller.publish_isr
+    servicer.controller = controller
+    parts.add_duty(controller)
+    return node
+
+
 # ---- configuration ------------------------------------------------------------------------------------
 
 def _store_fields() -> list[dataclasses.Field]:
     return S.config_fields(StoreConfig, skip=_NOT_FLAGS)
+
+
+def _replication_fields() -> list[dataclasses.Field]:
+    return S.config_fields(ReplicationConfig)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -101,7 +154,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
     S.add_flags(parser, PopConfig)
-    for f in _store_fields():
+    for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
         parser.add_argument(S.flag(f.name), dest=f.name, help=f"env {S.env_name(f.name)}, default {f.default}",
@@ -125,13 +178,15 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
                            pop=PopConfig(**S.values_for(args, env, PopConfig)),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
-                           internal_token=S.internal_token(args, env))
+                           internal_token=S.internal_token(args, env),
+                           replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)))
 
 
 def describe(config: CommitLogConfig, port: int) -> dict:
     store = {f.name: getattr(config.store, f.name) for f in dataclasses.fields(config.store)}
     store["store_port"] = config.advertised_port or port  # what compose gave the store
-    return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop)}
+    return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop),
+            "replication": dataclasses.asdict(config.replication)}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)

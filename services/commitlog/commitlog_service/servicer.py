@@ -53,7 +53,8 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
 
     @wire_codec(append_wire.parse_request)
     def Append(self, request, context):
-        results = self._store.append(request.topic, append_wire.messages(request, context.peer()))
+        results = self._store.append(request.topic, append_wire.messages(request, context.peer()),
+                                     replication=append_wire.replication(request))
         return append_wire.append_response((results,))
 
     @wire_codec(append_wire.parse_request)
@@ -68,7 +69,8 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
                     f"AppendStream carries at most {limit} messages (server setting max_stream_messages); this "
                     f"item would make it {stored + len(request.messages)}. The {stored} messages of "
                     f"the earlier items are stored; start a new stream for the rest")
-            batches.append(self._store.append(request.topic, append_wire.messages(request, peer)))
+            batches.append(self._store.append(request.topic, append_wire.messages(request, peer),
+                                              replication=append_wire.replication(request)))
             stored += len(batches[-1])
         return append_wire.append_response(batches)
 

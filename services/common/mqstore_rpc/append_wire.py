@@ -43,6 +43,11 @@ def messages(request, peer: str):
     return convert.messages_in(request.messages, peer)
 
 
+def replication(request) -> str | None:
+    """The request's replication mode ("ASYNC", "SYNC", None: the server's default), on either codec."""
+    return convert.replication_mode_in(request.replication)
+
+
 def append_response(batches: Iterable[model.AppendResults]) -> bytes:
     """Serialized AppendResponse: one AppendResult per appended message, in order."""
     if codec.compiled is not None:

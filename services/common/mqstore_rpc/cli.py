@@ -34,7 +34,7 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_access, cli_compactor, cli_index, cli_offline, cli_pop, cli_top, cli_txn
+from mqstore_rpc import cli_access, cli_compactor, cli_index, cli_offline, cli_pop, cli_replication, cli_top, cli_txn
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser, peers_from_args
 from mqstore_rpc.cli_errors import error_line
@@ -67,14 +67,42 @@ class Cli:
         return self.peers.channel(address, options)
 
     @property
+    def first_address(self) -> str:
+        """The first node of ``--address`` (a replication group may be given as ``a:1,b:2,...``)."""
+        return self.args.address.split(",")[0].strip()
+
+    @property
+    def log_channel(self) -> grpc.Channel:
+        """To the commit log node this invocation uses: the first of ``--address``, then a leader it was sent to."""
+        if self._channel is None:
+            self._connect(self.first_address)
+        return self._channel
+
+    def _connect(self, address: str) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self.channel(address, CHANNEL_OPTIONS)
+        self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
+
+    @property
     def stub(self) -> commitlog_pb2_grpc.CommitLogStub:
-        if self._stub is None:
-            self._channel = self.channel(self.args.address, CHANNEL_OPTIONS)
-            self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
+        self.log_channel  # noqa: B018 - opens it
         return self._stub
 
-    def call(self, method: str, request, extra_timeout_s: float = 0.0):
-        return getattr(self.stub, method)(request, timeout=self.args.timeout + extra_timeout_s)
+    def call(self, method: str, request, extra_timeout_s: float = 0.0, *, service=None):
+        """``method`` of the CommitLog service (or of ``service``, a stub class such as ConsumerStub, on the
+        same node). A write that reaches a replica (FAILED_PRECONDITION with the trailer mqstore-leader) is
+        sent once more, to the leader it names: the replica wrote nothing."""
+        make = service or (lambda channel: self._stub)
+        try:
+            return getattr(make(self.log_channel), method)(request, timeout=self.args.timeout + extra_timeout_s)
+        except grpc.RpcError as exc:
+            leader = dict(exc.trailing_metadata() or ()).get("mqstore-leader") if exc.code() == \
+                grpc.StatusCode.FAILED_PRECONDITION else None
+            if not leader:
+                raise
+            self._connect(leader)
+            return getattr(make(self.log_channel), method)(request, timeout=self.args.timeout + extra_timeout_s)
 
     def close(self) -> None:
         if self._channel is not None:
@@ -377,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli_pop.add_commands(parser)
     cli_compactor.add_commands(parser)
     cli_offline.add_commands(parser)
+    cli_replication.add_commands(parser)
     cli_access.add_commands(parser)
     cli_top.add_commands(parser)
     args = parser.parse_args(argv)

@@ -81,7 +81,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 class _Access:
     def __init__(self, cli):
         self.cli = cli
-        self.channel = cli.channel(cli.args.address)
+        self.channel = cli.channel(cli.first_address)  # users and rules: any node (a shared database)
         self.stub = access_pb2_grpc.AccessStub(self.channel)
 
     def call(self, method: str, request):

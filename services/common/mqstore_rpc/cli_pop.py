@@ -63,21 +63,20 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 
 class _Consumer:
-    """A channel to the Consumer service for one command. Not thread-safe."""
+    """The Consumer service of the commit log at ``--address`` for one command; in a replication group the
+    calls follow the leader a replica names (Cli.call). Not thread-safe."""
 
     def __init__(self, cli):
         self.cli = cli
-        self.channel = cli.channel(cli.args.address)
-        self.stub = consumer_pb2_grpc.ConsumerStub(self.channel)
 
     def call(self, method: str, request, extra_timeout_s: float = 0.0):
-        return getattr(self.stub, method)(request, timeout=self.cli.args.timeout + extra_timeout_s)
+        return self.cli.call(method, request, extra_timeout_s, service=consumer_pb2_grpc.ConsumerStub)
 
     def __enter__(self) -> _Consumer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.channel.close()
+        return None  # the Cli closes its channel
 
 
 def _received_line(m: consumer_pb2.ReceivedMessage) -> str:

@@ -205,7 +205,8 @@ def targets_of(args: argparse.Namespace) -> dict[str, str]:
     if args.metrics:
         named = [m.split("=", 1) if "=" in m else (f"#{i + 1}", m) for i, m in enumerate(args.metrics)]
         return {name: target for name, target in named}
-    addresses = {"commitlog": args.address, "index": args.index_address, "txn": args.txn_address,
+    # a replication group's --address (a:1,b:2,...): the first node's figures
+    addresses = {"commitlog": args.address.split(",")[0].strip(), "index": args.index_address, "txn": args.txn_address,
                  "compactor": args.compactor_address,
                  "gateway": os.environ.get("MQSTORE_GATEWAY_ADDRESS", DEFAULT_GATEWAY_ADDRESS)}
     return {name: _metrics_target(address) for name, address in addresses.items()}

@@ -6,6 +6,13 @@ call has a timeout; every gRPC error becomes the mqstore exception it came from
 (mqstore_rpc.remote_errors): ``Unavailable`` when the log cannot be reached, ``OutOfRange`` with the
 valid range, ``NotFound``, ``DataLoss`` and so on. The Tail stream satisfies mqstore.follow.TailSource.
 
+A replication group: ``address`` may list every node (``host:port,host:port,...``). The client uses one
+at a time; when it cannot be reached, the next one is used from the next call on (a read that failed so
+is retried there once); a write that reaches a replica gets NotLeader naming the leader and is sent there
+(nothing was written on the replica, so this is no duplicate). A Tail resumes on whichever node answers
+at the same physical offset: the logs are byte-identical, and a node shows readers only what every in-sync
+node holds, so nothing a follower applied can be cut by a failover.
+
 A Tail stream carries a deadline (``stream_deadline_s``): when it expires the stream just ends and the
 follower re-opens it at its resume offset. That bounds how long a silently dead connection (no RST,
 no heartbeats) can hold a follower, without keepalive pings the server would have to allow. The
@@ -15,14 +22,15 @@ commit log is found again within that bound rather than gRPC's default of up to 
 
 from __future__ import annotations
 
+import threading
 from typing import Iterator, Sequence
 
 import grpc
 from mqstore import model
-from mqstore.errors import NotFound, OutOfRange
+from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_rpc_error
 
@@ -35,9 +43,10 @@ class TailCall:
     """One Tail call. Iterate once; ``cancel()`` from any thread ends it. A deadline that expires
     ends the iteration cleanly (the caller re-opens); other errors raise mqstore exceptions."""
 
-    def __init__(self, call, peer: str):
+    def __init__(self, call, peer: str, on_unreachable=lambda peer: None):
         self._call = call
         self._peer = peer
+        self._on_unreachable = on_unreachable
 
     def __iter__(self) -> Iterator[model.TailFrame]:
         try:
@@ -46,6 +55,8 @@ class TailCall:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return  # the planned end of this stream (see the module docstring)
+            if _unreachable(exc):
+                self._on_unreachable(self._peer)
             raise from_rpc_error(exc, self._peer) from None
 
     def cancel(self) -> None:
@@ -57,21 +68,42 @@ class CommitLogClient:
 
     def __init__(self, address: str, *, rpc_timeout_s: float = 10.0, stream_deadline_s: float = 60.0,
                  fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000, peers: Peers | None = None):
-        self.address = address
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
         self.rpc_timeout_s = rpc_timeout_s
         self.stream_deadline_s = stream_deadline_s
         self.fetch_window = fetch_window  # GetMessage calls in flight at a time
-        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.initial_reconnect_backoff_ms", 50),
-                   ("grpc.min_reconnect_backoff_ms", 50),
-                   ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)]
-        self._channel = (peers or Peers()).channel(address, options)  # TLS and credentials (mqstore_rpc.peers)
-        self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
-        self._internal = commitlog_pb2_grpc.CommitLogInternalStub(self._channel)
+        self._options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                         ("grpc.initial_reconnect_backoff_ms", 50),
+                         ("grpc.min_reconnect_backoff_ms", 50),
+                         ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)]
+        self._peers = peers or Peers()  # TLS and credentials of every node's channel (mqstore_rpc.peers)
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._use(self.addresses[0])
+
+    def _use(self, address: str) -> None:
+        """Send the next calls to ``address`` (channels are kept: calls in flight on another go on)."""
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = self._peers.channel(address, self._options)
+            self.address = address
+            self._stub = commitlog_pb2_grpc.CommitLogStub(channel)
+            self._internal = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+            self._consumer = consumer_pb2_grpc.ConsumerStub(channel)
+
+    def _next_node(self, failed: str) -> None:
+        """``failed`` could not be reached: use the next listed node (if the client still uses it)."""
+        if len(self.addresses) > 1 and self.address == failed:
+            at = self.addresses.index(failed) if failed in self.addresses else -1
+            self._use(self.addresses[(at + 1) % len(self.addresses)])
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
 
     # ---- reading the log -----------------------------------------------------------------------------
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int,
@@ -92,7 +124,7 @@ class CommitLogClient:
         request.topics.extend(topics)
         request.transaction_types.extend(convert.tx_type_out(t) for t in tx_types)
         request.hold_retention_as = hold_retention_as
-        return TailCall(self._stub.Tail(request, timeout=self.stream_deadline_s), self.address)
+        return TailCall(self._stub.Tail(request, timeout=self.stream_deadline_s), self.address, self._next_node)
 
     def get_messages(self, physical_offsets: Sequence[int]) -> list[model.StoredMessage | None]:
         """GetMessage for each offset, in the same order, ``fetch_window`` calls in flight at a time;
@@ -115,7 +147,7 @@ class CommitLogClient:
         out: list[model.MessageLookup] = []
         for first in range(0, len(physical_offsets), 1000):
             request = commitlog_pb2.GetMessagesRequest(physical_offsets=physical_offsets[first:first + 1000])
-            out.extend(convert.get_messages_out(self._call(self._stub.GetMessages, request)))
+            out.extend(convert.get_messages_out(self._call("GetMessages", request)))
         return out
 
     def _message(self, call) -> model.StoredMessage | None:
@@ -130,27 +162,27 @@ class CommitLogClient:
     def topic(self, name: str) -> model.TopicRecord:
         """DescribeTopic's topic: name, queue count, kind (NotFound for an unknown one)."""
         request = commitlog_pb2.DescribeTopicRequest(name=name)
-        return convert.topic_out(self._call(self._stub.DescribeTopic, request).topic)
+        return convert.topic_out(self._call("DescribeTopic", request).topic)
 
     def store_info(self) -> model.StoreInfo:
-        return convert.store_info_out(self._call(self._stub.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest()))
+        return convert.store_info_out(self._call("GetStoreInfo", commitlog_pb2.GetStoreInfoRequest()))
 
     def queue_info(self, topic: str, queue_id: int) -> model.QueueInfo:
         request = commitlog_pb2.GetQueueInfoRequest(topic=topic, queue_id=queue_id)
-        return convert.queue_info_out(self._call(self._stub.GetQueueInfo, request))
+        return convert.queue_info_out(self._call("GetQueueInfo", request))
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
         """First queue offset whose store time is at or after ``timestamp_ms`` ("upper": the last at or before)."""
         request = commitlog_pb2.GetOffsetByTimeRequest(topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms,
                                                        boundary=_BOUNDARIES[boundary])
-        return self._call(self._stub.GetOffsetByTime, request).offset
+        return self._call("GetOffsetByTime", request).offset
 
     def pull(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 0, max_bytes: int = 0,
              tags: Sequence[str] = (), long_poll_ms: int = 0) -> model.PullResult:
         """Pull as the CommitLog API documents it; the timeout is ``rpc_timeout_s`` beyond the long poll."""
         request = commitlog_pb2.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                                             max_bytes=max_bytes, tags=tags, long_poll_ms=long_poll_ms)
-        return convert.pull_result(self._call(self._stub.Pull, request, long_poll_ms / 1000))
+        return convert.pull_result(self._call("Pull", request, long_poll_ms / 1000))
 
     def topic_kinds(self) -> dict[str, str]:
         """Topic name -> kind (mqstore.model.KIND_*) of every user topic."""
@@ -158,14 +190,14 @@ class CommitLogClient:
 
     def user_topics(self) -> dict[str, model.TopicRecord]:
         """Topic name -> topic (kind, start_physical_offset, ...) of every user topic."""
-        response = self._call(self._stub.ListTopics, commitlog_pb2.ListTopicsRequest())
+        response = self._call("ListTopics", commitlog_pb2.ListTopicsRequest())
         return {t.name: convert.topic_out(t) for t in response.topics}
 
     # ---- writing -------------------------------------------------------------------------------------
     def append(self, topic: str, messages: Sequence[model.MessageIn]) -> list[model.AppendResult]:
         """One Append call: the batch is stored whole or not at all; one result per message, in order."""
         request = commitlog_pb2.AppendRequest(topic=topic, messages=[convert.message_input(m) for m in messages])
-        return [convert.append_result_out(r) for r in self._call(self._stub.Append, request).results]
+        return [convert.append_result_out(r) for r in self._call("Append", request, write=True).results]
 
     def internal_append(self, topic: str, messages: Sequence[model.MessageIn], *, writer: str,
                         token: str) -> list[model.AppendResult]:
@@ -173,11 +205,42 @@ class CommitLogClient:
         records; ``token`` is the shared secret (PermissionDenied without the right one)."""
         request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
                                                       messages=[convert.internal_message(m) for m in messages])
-        response = self._call(self._internal.Append, request, metadata=((TOKEN_METADATA, token),))
+        response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, service="internal")
         return [convert.append_result_out(r) for r in response.results]
 
-    def _call(self, method, request, extra_timeout_s: float = 0.0, metadata=None):
-        try:
-            return method(request, timeout=self.rpc_timeout_s + extra_timeout_s, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, self.address) from None
+    def consumer_call(self, method: str, request, extra_timeout_s: float = 0.0):
+        """``method`` of the Consumer service (pop consumption, consumer.proto) of the node in use, which
+        only the leader of a group serves: a replica's NotLeader sends it to the leader. Every pop call
+        writes, so an unreachable node is not asked again (the next call goes to the next node)."""
+        return self._call(method, request, extra_timeout_s, write=True, service="consumer")
+
+    def _call(self, method: str, request, extra_timeout_s: float = 0.0, metadata=None, *, write: bool = False,
+              service: str = "log"):
+        """One call on the node in use (``service``: "log", "internal" or "consumer"). Unreachable: the
+        next node is used from now on, and a read is retried there once (a write is not: it may have been
+        written). NotLeader: a write goes to the leader it names (the replica wrote nothing)."""
+        for attempt in range(2):
+            address = self.address
+            stub = {"log": self._stub, "internal": self._internal, "consumer": self._consumer}[service]
+            try:
+                return getattr(stub, method)(request, timeout=self.rpc_timeout_s + extra_timeout_s, metadata=metadata)
+            except grpc.RpcError as exc:
+                error = from_rpc_error(exc, address)
+                if isinstance(error, NotLeader) and error.leader_address and attempt == 0:
+                    self._use(error.leader_address)
+                    continue
+                if _unreachable(exc):
+                    self._next_node(address)
+                    if not write and attempt == 0 and len(self.addresses) > 1:
+                        continue
+                raise error from None
+        raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _unreachable(exc: grpc.RpcError) -> bool:
+    """The node could not be reached (a transport failure, not an answer of the store: those carry
+    their mqstore-error trailer)."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return not any(key == "mqstore-error" for key, _ in trailing or ())

@@ -133,7 +133,7 @@ def message_input(m: model.MessageIn) -> common_pb2.MessageInput:
 
 def append_result_out(r: commitlog_pb2.AppendResult) -> model.AppendResult:
     return model.AppendResult(r.msg_id, r.uniq_key, r.queue_id, r.queue_offset, r.physical_offset, r.size_bytes,
-                              r.store_timestamp_ms, _DURABILITY_FROM_PB.get(r.durability, ""))
+                              r.store_timestamp_ms, _DURABILITY_FROM_PB.get(r.durability, ""), r.replicas, r.epoch)
 
 
 def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.AppendResponse:
@@ -143,10 +143,25 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
     add = response.results.add
     for batch in batches:
         prefix, ts, durability = batch.msg_id_prefix, batch.store_timestamp_ms, _DURABILITY_TO_PB[batch.durability]
+        replicas, epoch = batch.replicas, batch.epoch
         for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys, strict=True):
             add(msg_id=f"{prefix}{phys:016X}", uniq_key=uniq, queue_id=qid, queue_offset=qoff, physical_offset=phys,
-                size_bytes=size, store_timestamp_ms=ts, durability=durability)
+                size_bytes=size, store_timestamp_ms=ts, durability=durability, replicas=replicas, epoch=epoch)
     return response
+
+
+_REPLICATION_FROM_PB = {commitlog_pb2.REPLICATION_MODE_UNSPECIFIED: None,
+                        commitlog_pb2.REPLICATION_MODE_ASYNC: "ASYNC",
+                        commitlog_pb2.REPLICATION_MODE_SYNC: "SYNC"}
+
+
+def replication_mode_in(value: int) -> str | None:
+    """AppendRequest.replication -> "ASYNC", "SYNC" or None (the server's default)."""
+    try:
+        return _REPLICATION_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(f"replication: unknown ReplicationMode {value}; use REPLICATION_MODE_ASYNC or "
+                              f"REPLICATION_MODE_SYNC (or leave it unset for the server's default)") from None
 
 
 def pull_result(response: commitlog_pb2.PullResponse) -> model.PullResult:

@@ -96,6 +96,8 @@ def _trailing_metadata(exc: errors.MqStoreError) -> tuple[tuple[str, str], ...]:
             items.append(("mqstore-min-value", str(exc.min_value)))
         if exc.max_value is not None:
             items.append(("mqstore-max-value", str(exc.max_value)))
+    if isinstance(exc, errors.NotLeader):  # where writes go: the CLI and the clients follow it
+        items.append(("mqstore-leader", exc.leader_address))
     if isinstance(exc, errors.DataLoss):  # the bad record, so that a reader can skip it (offset + 1)
         if exc.physical_offset is not None:
             items.append(("mqstore-bad-physical-offset", str(exc.physical_offset)))

@@ -412,7 +412,12 @@ def main(argv: list[str] | None = None) -> int:
                             metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
     parser.add_argument("--tls", action="store_true", help="TLS everywhere, with a throwaway CA in <data-dir>/tls")
     parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
+    parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
+                        "through a throwaway etcd, and the other services (mqstore_rpc.launcher_ha; make run-ha)")
     args = parser.parse_args(argv)
+    if args.ha:
+        from mqstore_rpc import launcher_ha  # only this mode needs etcd
+        return launcher_ha.run(args.data_dir.resolve(), tls=args.tls, auth=args.auth)
     ports = {entry.name: getattr(args, entry.name) for entry in SERVICES}
     if args.tls or args.auth:
         return run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)

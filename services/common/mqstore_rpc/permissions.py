@@ -153,6 +153,10 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.CommitLog/GetStoreInfo": _CLUSTER_SUB,
     # Also guarded by its shared secret (commitlog.proto); the services call it as `service`.
     "/mqstore.v1.CommitLogInternal/Append": _CLUSTER_ADMIN,
+    # ---- Replication (on the CommitLog server): a replica's stream reads the whole log as `service`
+    "/mqstore.v1.Replication/Replicate": _CLUSTER_ADMIN,
+    "/mqstore.v1.Replication/GetReplicationState": _CLUSTER_SUB,
+    "/mqstore.v1.Replication/TransferLeadership": _CLUSTER_ADMIN,
     # ---- Access (on the CommitLog server)
     "/mqstore.v1.Access/CreateUser": _CLUSTER_ADMIN,
     "/mqstore.v1.Access/UpdateUser": _CLUSTER_ADMIN,

@@ -6,7 +6,8 @@ same exception tree and never imports grpc. The table is the inverse of ``STATUS
 with no mqstore exception (a connection that failed, a deadline, a cancelled call, an INTERNAL error
 of the peer) become :class:`Unavailable`: the other service could not answer, try again later. The
 trailing metadata ``mqstore-min-value`` / ``mqstore-max-value`` of an OUT_OF_RANGE come back as the
-range of the :class:`OutOfRange`.
+range of the :class:`OutOfRange`; a FAILED_PRECONDITION whose ``mqstore-error`` trailer is
+``NotLeader`` comes back as :class:`NotLeader` with the ``mqstore-leader`` address (a replica answered).
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.MqStoreError]] = {
     code: cls for cls, code in STATUS_BY_ERROR.items()}
 
 
-def _metadata_int(exc: grpc.RpcError, name: str) -> int | None:
+def _metadata(exc: grpc.RpcError, name: str) -> str | None:
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    for key, value in trailing or ():
-        if key == name:
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+    return next((value for key, value in trailing or () if key == name), None)
+
+
+def _metadata_int(exc: grpc.RpcError, name: str) -> int | None:
+    value = _metadata(exc, name)
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 def from_rpc_error(exc: grpc.RpcError, peer: str) -> errors.MqStoreError:
@@ -40,6 +43,8 @@ def from_rpc_error(exc: grpc.RpcError, peer: str) -> errors.MqStoreError:
     if cls is errors.OutOfRange:
         return errors.OutOfRange(message, min_value=_metadata_int(exc, "mqstore-min-value"),
                                  max_value=_metadata_int(exc, "mqstore-max-value"))
+    if cls is errors.FailedPrecondition and _metadata(exc, "mqstore-error") == errors.NotLeader.__name__:
+        return errors.NotLeader(message, leader_address=_metadata(exc, "mqstore-leader") or "")
     if cls is None:
         return errors.Unavailable(message)
     return cls(message)

@@ -93,8 +93,7 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     rpc_timeout_s = config.rpc_timeout_ms / 1000
     log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, peers=parts.peers)
     parts.on_close(log_client.close)
-    pop = PopClient(config.commitlog_address, rpc_timeout_s, parts.peers)
-    parts.on_close(pop.close)
+    pop = PopClient(log_client)  # the same nodes: pop consumption follows the commit log's leader
     txn = TxnClient(config.txn_address, rpc_timeout_s=rpc_timeout_s,
                     stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000,
                     peers=parts.peers)

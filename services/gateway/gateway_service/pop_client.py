@@ -3,21 +3,23 @@ in the domain's types (mqstore.pop.service's Delivery, AckOutcome, ChangeResult)
 becomes the mqstore exception it came from (mqstore_rpc.remote_errors): FailedPrecondition for a handle
 that no longer works, Unavailable when the commit log cannot be reached.
 
-Thread-safe (a gRPC channel and stub are).
+The calls go through the gateway's CommitLogClient (CommitLogClient.consumer_call), so with a replication
+group (``--commitlog a:1,b:2,c:3``) they follow the leader: only the leader serves pop consumption, a
+replica's NotLeader names it, and an unreachable node makes the next call try the next one.
+
+Thread-safe (the CommitLogClient is).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import grpc
 from mqstore.pop.receive import START_LATEST, Delivery, ReceiveResult
 from mqstore.pop.service import AckOutcome, ChangeResult
 
 from mqstore_rpc import convert
-from mqstore_rpc.gen.mqstore.v1 import consumer_pb2, consumer_pb2_grpc
-from mqstore_rpc.remote_errors import from_rpc_error
-from mqstore_rpc.peers import Peers
+from mqstore_rpc.commitlog_client import CommitLogClient
+from mqstore_rpc.gen.mqstore.v1 import consumer_pb2
 
 _ACK_STATUS = {consumer_pb2.ACK_STATUS_OK: "ok", consumer_pb2.ACK_STATUS_EXPIRED: "expired",
                consumer_pb2.ACK_STATUS_NOT_IN_FLIGHT: "not_in_flight",
@@ -25,18 +27,11 @@ _ACK_STATUS = {consumer_pb2.ACK_STATUS_OK: "ok", consumer_pb2.ACK_STATUS_EXPIRED
 
 
 class PopClient:
-    """mqstore.gateway.consuming.PopPort over gRPC. ``close()`` once, after the users have stopped."""
+    """mqstore.gateway.consuming.PopPort over gRPC, on the commit log client it is given (whose owner
+    closes it)."""
 
-    def __init__(self, address: str, rpc_timeout_s: float, peers: Peers | None = None):
-        self._channel = (peers or Peers()).channel(address, [
-            ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 2_000)])
-        self._stub = consumer_pb2_grpc.ConsumerStub(self._channel)
-        self.address, self.rpc_timeout_s = address, rpc_timeout_s
-
-    def close(self) -> None:
-        self._channel.close()
+    def __init__(self, log_client: CommitLogClient):
+        self._log = log_client
 
     def receive(self, group: str, topic: str, *, invisible_duration_ms: int, filter_expression: str, batch_size: int,
                 long_poll_ms: int, max_attempts: int, start: str) -> ReceiveResult:
@@ -44,29 +39,25 @@ class PopClient:
             group=group, topic=topic, filter_expression=filter_expression, batch_size=batch_size,
             invisible_duration_ms=invisible_duration_ms, long_poll_ms=long_poll_ms, max_attempts=max_attempts,
             start=consumer_pb2.POP_START_LATEST if start == START_LATEST else consumer_pb2.POP_START_EARLIEST)
-        response = self._call(self._stub.Receive, request, long_poll_ms / 1000)
+        response = self._call("Receive", request, long_poll_ms / 1000)
         return ReceiveResult([Delivery(convert.stored_message_out(m.message), m.topic, m.receipt_handle,
                                        m.delivery_attempt, m.next_visible_time_ms) for m in response.messages],
                              response.pop_time_ms)
 
     def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[AckOutcome]:
-        response = self._call(self._stub.Ack, consumer_pb2.AckRequest(group=group, topic=topic,
-                                                                      receipt_handles=receipt_handles))
+        response = self._call("Ack", consumer_pb2.AckRequest(group=group, topic=topic, receipt_handles=receipt_handles))
         return [AckOutcome(r.receipt_handle, _ACK_STATUS.get(r.status, "invalid"), r.message) for r in response.results]
 
     def change_invisible_duration(self, group: str, topic: str, receipt_handle: str,
                                   invisible_duration_ms: int) -> ChangeResult:
         request = consumer_pb2.ChangeInvisibleDurationRequest(group=group, topic=topic, receipt_handle=receipt_handle,
                                                               invisible_duration_ms=invisible_duration_ms)
-        response = self._call(self._stub.ChangeInvisibleDuration, request)
+        response = self._call("ChangeInvisibleDuration", request)
         return ChangeResult(response.receipt_handle, response.next_visible_time_ms, response.delivery_attempt)
 
     def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> str:
         request = consumer_pb2.ForwardToDeadLetterRequest(group=group, topic=topic, receipt_handle=receipt_handle)
-        return self._call(self._stub.ForwardToDeadLetter, request).dead_letter_topic
+        return self._call("ForwardToDeadLetter", request).dead_letter_topic
 
-    def _call(self, method, request, extra_timeout_s: float = 0.0):
-        try:
-            return method(request, timeout=self.rpc_timeout_s + extra_timeout_s)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, self.address) from None
+    def _call(self, method: str, request, extra_timeout_s: float = 0.0):
+        return self._log.consumer_call(method, request, extra_timeout_s)

@@ -1,0 +1,268 @@
+"""Replication benchmark (issue 17), ratios taken in one run on this machine:
+
+1. SYNC-replicated Append (a group of three CommitLog nodes, min_insync_replicas 2, ASYNC flush: every
+   in-sync node holds the batch before the ack), 16 producers, 100 x 1 KiB per call, against the same load
+   on one node with SYNC flush (one copy, fsync before the ack), in --rounds alternating rounds (medians).
+   Target >= 0.5x.
+2. Replication lag under the full ASYNC Append load (a leader and one replica): the replica's copy rate
+   over the leader's append rate in the same window, and the lag at its end. Target >= 1.0x.
+3. Failover: kill -9 of the leader, to the first SYNC append acknowledged by the new leader, with a 5 s
+   lease, over --failovers runs (>= 20): the distribution. Target <= 10 s.
+
+``python bench/replication.py [--quick] [--failovers N] [--rounds N] [--only PART]``; writes
+bench/results/replication.json (a partial run replaces only its parts).
+Needs etcd (make setup-ha) for 1 and 3. Every process it starts is stopped (bench/procs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from procs import BenchError, GrpcServer, git_rev, kill9, run_loadgen, stop_all  # noqa: E402
+
+from mqstore_rpc import etcd_local  # noqa: E402
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb  # noqa: E402
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc  # noqa: E402
+
+TOPIC = "bench"
+SEGMENT = "64MiB"
+
+
+def _stub(target):
+    return commitlog_pb2_grpc.CommitLogStub(grpc.insecure_channel(target))
+
+
+def _state(target):
+    with grpc.insecure_channel(target) as ch:
+        return replication_pb2_grpc.ReplicationStub(ch).GetReplicationState(
+            replication_pb2.GetReplicationStateRequest(), timeout=2)
+
+
+def _node(root, name, etcd, extra=(), log_name=""):
+    group = name[0]  # nodes of one group share their metadata database and etcd prefix
+    return GrpcServer.commitlog(root / name, "ASYNC", extra=("--node-id", name, "--etcd-endpoints", etcd,
+                                                             "--etcd-prefix", f"/bench/{group}",
+                                                             "--metadata-url", f"sqlite:///{root / group}.db",
+                                                             "--segment-size-bytes", SEGMENT, *extra),
+                                log_name=log_name)
+
+
+def _leader(nodes, above_epoch=0, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for n in nodes:
+            if n.proc is None or n.proc.poll() is not None:
+                continue
+            try:
+                s = _state(n.target)
+            except grpc.RpcError:
+                continue
+            if s.role == "LEADER" and s.epoch > above_epoch and not s.fenced:
+                return n, s
+        time.sleep(0.01)
+    raise BenchError(f"no leader above epoch {above_epoch} within {timeout_s} s")
+
+
+def _wait_in_sync(target, count, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(_state(target).in_sync) >= count:
+            return
+        time.sleep(0.05)
+    raise BenchError(f"fewer than {count} nodes in sync after {timeout_s} s")
+
+
+def _append_rate(target, timing, producers=16):
+    spec = {"kind": "unary", "target": target, "topic": TOPIC, "batch": 100, "items": 1, "body_bytes": 1024,
+            "concurrency": producers, "channels": 4, "start_at": 0, "warmup_s": timing["warmup_s"],
+            "duration_s": timing["duration_s"], "max_calls": 10_000_000}
+    results = run_loadgen(spec, 1, timeout_s=timing["warmup_s"] + timing["duration_s"] + 60)
+    errors = sum(sum(r["errors"].values()) for r in results)
+    if errors:
+        raise BenchError(f"{errors} appends failed: {results[0]['first_error']}")
+    return sum(r["messages"] for r in results) / timing["duration_s"]
+
+
+def bench_sync(root, etcd, timing, rounds):
+    """Both setups up at once, the load taking turns (one copy first in even rounds, the group first in odd
+    ones), so that the machine's other load falls on both alike; the medians of the rounds and their ratio."""
+    single = GrpcServer.commitlog(root / "single", "SYNC", extra=("--segment-size-bytes", SEGMENT))
+    nodes = [_node(root, f"n{i}", etcd, ("--min-insync-replicas", "2", "--default-replication", "SYNC"))
+             for i in (1, 2, 3)]
+    one_copy, replicated = [], []
+    try:
+        single.start()
+        _stub(single.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
+        for n in nodes:
+            n.start()
+        leader, _ = _leader(nodes)
+        _stub(leader.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
+        _wait_in_sync(leader.target, 3)
+        for r in range(rounds):
+            turns = [(one_copy, single.target), (replicated, leader.target)]
+            for figures, target in turns if r % 2 == 0 else reversed(turns):
+                figures.append(_append_rate(target, timing))
+    finally:
+        single.stop()
+        for n in nodes:
+            n.stop()
+    one, three = statistics.median(one_copy), statistics.median(replicated)
+    return {"rounds": rounds, "one_copy_rounds_msgs_s": one_copy, "three_nodes_rounds_msgs_s": replicated,
+            "one_copy_sync_flush_msgs_s": one, "three_nodes_sync_replication_msgs_s": three, "ratio": three / one}
+
+
+def bench_lag(root, etcd, timing):
+    nodes = [_node(root, f"l{i}", etcd, ("--default-replication", "ASYNC"))
+             for i in (1, 2)]
+    try:
+        for n in nodes:
+            n.start()
+        leader, _ = _leader(nodes)
+        replica = next(n for n in nodes if n is not leader)
+        _stub(leader.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
+        _wait_in_sync(leader.target, 2)
+        samples = {}
+
+        def sample():
+            time.sleep(timing["warmup_s"])
+            for name, target in (("leader", leader.target), ("replica", replica.target)):
+                samples[name + "0"] = _state(target).end_offset
+            t0 = time.monotonic()
+            series = []
+            while (left := timing["duration_s"] - (time.monotonic() - t0)) > 1.0:
+                time.sleep(1.0)  # the lag each second: steady (frames in flight) or growing (the replica is slower)
+                ahead = _state(leader.target).end_offset
+                series.append(ahead - _state(replica.target).end_offset)
+            time.sleep(max(0.0, left))
+            for name, target in (("replica", replica.target), ("leader", leader.target)):  # lag: replica first
+                samples[name + "1"] = _state(target).end_offset
+            samples["s"] = time.monotonic() - t0
+            samples["series"] = series
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        rate = _append_rate(leader.target, timing)
+        sampler.join()
+        time.sleep(0.5)  # the load has stopped: what is left is lag, not frames in flight
+        after = _state(leader.target).end_offset - _state(replica.target).end_offset
+        leader_bps = (samples["leader1"] - samples["leader0"]) / samples["s"]
+        replica_bps = (samples["replica1"] - samples["replica0"]) / samples["s"]
+        return {"append_msgs_s": rate, "leader_bytes_s": leader_bps, "replica_bytes_s": replica_bps,
+                "ratio": replica_bps / leader_bps, "final_lag_bytes": samples["leader1"] - samples["replica1"],
+                "lag_bytes_series": samples["series"], "lag_after_load_bytes": after}
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def bench_failover(root, etcd, count):
+    flags = ("--min-insync-replicas", "2", "--default-replication", "SYNC", "--lease-ttl-s", "5")
+    nodes = [_node(root, f"f{i}", etcd, flags) for i in (1, 2, 3)]
+    times = []
+    try:
+        for n in nodes:
+            n.start()
+        leader, state = _leader(nodes)
+        _stub(leader.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=2), timeout=10)
+        request = pb.AppendRequest(topic=TOPIC, messages=[common_pb2.MessageInput(body=b"x" * 1024)],
+                                   replication=pb.REPLICATION_MODE_SYNC)
+        for run in range(count):
+            _wait_in_sync(leader.target, 3, 120)
+            _stub(leader.target).Append(request, timeout=10)
+            killed_at = time.monotonic()
+            kill9(leader.proc)
+            epoch = state.epoch
+            while True:
+                found = None
+                for n in nodes:
+                    if n is leader:
+                        continue
+                    try:
+                        _stub(n.target).Append(request, timeout=2)
+                        found = n
+                        break
+                    except grpc.RpcError:
+                        continue
+                if found:
+                    times.append(time.monotonic() - killed_at)
+                    break
+                if time.monotonic() - killed_at > 60:
+                    raise BenchError("no SYNC append acknowledged within 60 s of the kill")
+                time.sleep(0.01)
+            leader.stop()
+            name = leader.args[leader.args.index("--node-id") + 1]
+            back = _node(root, name, etcd, flags, log_name=f"restart-{run}.log")
+            nodes[nodes.index(leader)] = back.start()  # back as a replica (a fresh log file: its port is new)
+            leader, state = _leader(nodes, above_epoch=epoch)
+    finally:
+        for n in nodes:
+            n.stop()
+    times.sort()
+    return {"failovers": len(times), "seconds": times, "min_s": times[0], "median_s": statistics.median(times),
+            "p90_s": times[int(0.9 * (len(times) - 1))], "max_s": times[-1]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="short windows, 3 failovers")
+    parser.add_argument("--failovers", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the SYNC comparison")
+    parser.add_argument("--only", choices=("sync", "lag", "failover"), action="append",
+                        help="run only these parts (repeatable); the file then holds only them")
+    args = parser.parse_args()
+    timing = {"warmup_s": 1.0, "duration_s": 3.0} if args.quick else {"warmup_s": 2.0, "duration_s": 8.0}
+    failovers = 3 if args.quick else args.failovers
+    if etcd_local.find_binary() is None:
+        print(f"bench/replication.py: {etcd_local.INSTALL_HINT}", file=sys.stderr)
+        return 1
+    results = {"rev": git_rev(), "timing": timing}
+    with tempfile.TemporaryDirectory(prefix="mqstore-bench-repl-") as tmp, etcd_local.LocalEtcd() as etcd:
+        root = pathlib.Path(tmp)
+        try:
+            parts = args.only or ("sync", "lag", "failover")
+            if "sync" in parts:
+                results["sync"] = bench_sync(root, etcd.endpoint, timing, args.rounds)
+            if "lag" in parts:
+                results["lag"] = bench_lag(root, etcd.endpoint, timing)
+            if "failover" in parts:
+                results["failover"] = bench_failover(root, etcd.endpoint, failovers)
+        finally:
+            stop_all()
+    if s := results.get("sync"):
+        print(f"SYNC-replicated Append (3 nodes, min in-sync 2) 16 producers 100 x 1 KiB: "
+              f"{s['three_nodes_sync_replication_msgs_s']:,.0f} msg/s = {s['ratio']:.2f}x one copy with SYNC flush "
+              f"({s['one_copy_sync_flush_msgs_s']:,.0f} msg/s), medians of {s['rounds']} alternating rounds; "
+              f"target >= 0.5x")
+    if lag := results.get("lag"):
+        print(f"replication under full ASYNC load: replica {lag['replica_bytes_s'] / 1e6:.1f} MB/s = "
+              f"{lag['ratio']:.2f}x the leader's append rate, lag {lag['lag_bytes_series']} B each second, "
+              f"{lag['final_lag_bytes']} B at the end, {lag['lag_after_load_bytes']} B once the load stopped; "
+              f"target >= 1.0x")
+    if f := results.get("failover"):
+        print(f"failover, kill -9 to the first SYNC ack by the new leader (5 s lease), {f['failovers']} runs: "
+              f"min {f['min_s']:.2f} s, median {f['median_s']:.2f} s, p90 {f['p90_s']:.2f} s, "
+              f"max {f['max_s']:.2f} s; target <= 10 s")
+    out = BENCH_DIR / "results" / "replication.json"
+    if args.only and out.exists():  # a partial run replaces its parts of the last full one, each part with its rev
+        kept = json.loads(out.read_text())
+        for part in ("sync", "lag", "failover"):
+            if part in kept and part not in results:
+                results[part] = {"rev": kept["rev"], **kept[part]} if "rev" not in kept[part] else kept[part]
+    out.write_text(json.dumps(results, indent=2))
+    print(f"written {out.relative_to(BENCH_DIR.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Replication settings of one CommitLog node: frozen, validated, built once in main()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mqstore.errors import InvalidArgument
+
+ASYNC = "ASYNC"
+SYNC = "SYNC"
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    node_id: str = ""                       # stable id of this node in its group; "" = replication off
+    replica_of: str = ""                    # host:port of a fixed leader (static replica, no election)
+    advertised_address: str = ""            # host:port other nodes and clients reach this node at
+    default_replication: str = ASYNC        # what an Append without a replication mode gets
+    min_insync_replicas: int = 1            # copies (leader included) a SYNC append needs in sync
+    sync_replication_timeout_ms: int = 5_000  # a SYNC append not confirmed by then: ReplicationTimeout
+    isr_max_lag_bytes: int = 64 << 20       # a replica further behind than this is lagging...
+    isr_max_lag_ms: int = 3_000             # ...and leaves the in-sync set after lagging this long
+    replication_heartbeat_ms: int = 200     # an idle leader's empty data message; the replica acks it
+    replication_chunk_bytes: int = 1 << 20  # the most log bytes in one data message (whole records)
+    replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
+    etcd_endpoints: str = ""                # host:port[,host:port...]: automatic failover through etcd
+    etcd_prefix: str = "/mqstore/commitlog"  # the group's keys: <prefix>/leader, /epoch, /isr, /handover
+    lease_ttl_s: int = 5                    # a leader's etcd lease; it fences itself before it can lapse
+    controller_interval_ms: int = 200       # how often each node renews its lease and reads the leader key
+    unclean_election: bool = False          # let an out-of-sync node lead when no in-sync one can (loses data)
+
+    def __post_init__(self) -> None:
+        if self.default_replication not in (ASYNC, SYNC):
+            raise InvalidArgument(f"default_replication must be ASYNC or SYNC, not {self.default_replication!r}")
+        for name in ("min_insync_replicas", "sync_replication_timeout_ms", "isr_max_lag_bytes", "isr_max_lag_ms",
+                     "replication_heartbeat_ms", "replication_chunk_bytes", "replica_backoff_max_ms", "lease_ttl_s",
+                     "controller_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.replica_of and self.etcd_endpoints:
+            raise InvalidArgument("give replica_of (a static group) or etcd_endpoints (elections), not both")
+        if self.lease_ttl_s < 2:
+            raise InvalidArgument(f"lease_ttl_s must be at least 2 (the leader renews it and fences itself a second "
+                                  f"before it lapses), not {self.lease_ttl_s}")
+        if self.replica_of and not self.node_id:
+            raise InvalidArgument("replica_of needs node_id: every node of a replication group has its own id")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.node_id)

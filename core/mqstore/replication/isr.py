@@ -1,0 +1,279 @@
+"""The leader's view of its replicas: their progress, the in-sync set, and the waits of SYNC-replicated
+appends (group-commit style, like the SYNC flush waiters of mqstore.log.flush).
+
+A replica is *in sync* while it keeps up: its acknowledged offset is within ``isr_max_lag_bytes`` of
+the leader's written end at least once every ``isr_max_lag_ms``, and its stream is connected. It joins
+once it has caught up with the leader's end. A SYNC append is acknowledged once every in-sync replica
+holds its bytes (flushed ones when the flush mode is SYNC) and the in-sync set, the leader included,
+has at least ``min_insync_replicas`` members (Kafka's acks=all with min.insync.replicas; RocketMQ 5's
+SyncStateSet).
+
+The set an election may choose from is the *published* one (``publish``: the controller's compare-and-
+set in etcd; a no-op without one). It must only name nodes holding every acknowledged byte, so:
+  shrink  publish first, then stop waiting for the member (appends still wait for it meanwhile);
+  grow    wait for the member at once, remember the leader's end W at that moment, and publish once the
+          member has acknowledged W (everything acknowledged before it joined ends at or below W).
+
+Thread-safety: every method may be called from any thread; state is guarded by ``_lock``. A waiting
+append waits on an event of its own, kept in a heap by end offset: an acknowledgement that moves the
+watermark sets exactly the events it satisfies (one Condition for all woke every waiting producer on
+every acknowledgement, as the SYNC flush's once did); a change of the set wakes them all to re-check.
+``publish`` runs outside the lock, only from :meth:`maintain` (the replication duty's thread).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import structlog
+
+from mqstore.background import Duty
+from mqstore.errors import NotEnoughReplicas, ReplicationTimeout
+from mqstore.replication.config import ReplicationConfig
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Progress:
+    replica_id: str
+    address: str
+    written_offset: int = 0
+    flushed_offset: int = 0
+    connected: bool = False
+    last_ack_ms: int = 0
+    last_ok_ms: int = 0          # last ack within isr_max_lag_bytes of the leader's end
+    join_mark: int | None = None  # grow: publish once acknowledged up to here
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    replica_id: str
+    address: str
+    written_offset: int
+    flushed_offset: int
+    in_sync: bool
+    connected: bool
+    lag_bytes: int
+    last_ack_age_ms: int
+
+
+class InSyncSet:
+    def __init__(self, config: ReplicationConfig, clock, leader_end: Callable[[], int], flush_sync: bool,
+                 publish: Callable[[frozenset[str]], None] | None = None):
+        self.config = config
+        self.clock = clock
+        self.leader_end = leader_end
+        self.flush_sync = flush_sync
+        self.publish = publish or (lambda members: None)
+        self.on_committed: Callable[[], None] = lambda: None  # the committed offset moved (store.advance_visible)
+        self.node_id = config.node_id
+        self._lock = threading.Lock()
+        self._advanced = threading.Condition(self._lock)
+        self._progress: dict[str, Progress] = {}
+        self._members: set[str] = {self.node_id}       # what SYNC appends wait for
+        self._published: frozenset[str] = frozenset({self.node_id})
+        self._closed = ""
+        self._waiters: list[tuple[int, int, threading.Event]] = []  # heap of (end offset, seq, event)
+        self._seq = itertools.count()
+
+    # ---- membership ---------------------------------------------------------------------------------
+    def reset(self, members: frozenset[str]) -> None:
+        """Start of a leadership: the published set as the election left it (this node included)."""
+        with self._lock:
+            self._members = set(members) | {self.node_id}
+            self._published = frozenset(self._members)
+            now = self.clock.now_ms()
+            for rid in self._members - {self.node_id}:
+                p = self._progress.setdefault(rid, Progress(rid, ""))
+                p.last_ok_ms = now  # a member that never connects leaves after isr_max_lag_ms
+            self._closed = ""
+            self._wake_all_locked()
+
+    def close(self, why: str) -> None:
+        """Leadership ended: every waiting append fails (not acknowledged)."""
+        with self._lock:
+            self._closed = why
+            self._wake_all_locked()
+
+    def members(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._members)
+
+    def published(self) -> frozenset[str]:
+        with self._lock:
+            return self._published
+
+    def connected(self, replica_id: str, address: str) -> None:
+        with self._lock:
+            p = self._progress.setdefault(replica_id, Progress(replica_id, address))
+            p.address, p.connected = address, True
+            p.last_ack_ms = self.clock.now_ms()
+
+    def disconnected(self, replica_id: str) -> None:
+        with self._lock:
+            p = self._progress.get(replica_id)
+            if p is not None:
+                p.connected = False
+                p.last_ok_ms = 0  # leaves the in-sync set at the next maintain()
+
+    def on_ack(self, replica_id: str, written_offset: int, flushed_offset: int) -> None:
+        end = self.leader_end()
+        now = self.clock.now_ms()
+        with self._lock:
+            p = self._progress.setdefault(replica_id, Progress(replica_id, ""))
+            before = self._watermark_locked()
+            p.written_offset, p.flushed_offset, p.last_ack_ms = written_offset, flushed_offset, now
+            if end - written_offset <= self.config.isr_max_lag_bytes:
+                p.last_ok_ms = now
+            if replica_id not in self._members and p.connected and written_offset >= end:
+                self._members.add(replica_id)
+                # Read again now that appends wait for it: every append acknowledged without waiting for
+                # it ends at or below this (the module docstring's W).
+                p.join_mark = self.leader_end()
+                log.info("isr.catching_up", replica=replica_id, offset=written_offset)
+            watermark = self._watermark_locked()
+            advanced = watermark != before
+            if advanced:
+                self._release_locked(watermark)
+        if advanced:
+            self.on_committed()
+
+    def maintain(self) -> None:
+        """Shrink the set by the replicas that lag, grow it by those that caught up (publishing each
+        change as the module docstring says). Runs on the replication duty's thread."""
+        now = self.clock.now_ms()
+        with self._lock:
+            lagging = {rid for rid in self._members - {self.node_id}
+                       if now - self._progress[rid].last_ok_ms > self.config.isr_max_lag_ms
+                       or not self._progress[rid].connected and self._progress[rid].last_ok_ms == 0}
+            joined = {rid for rid in self._members - self._published - lagging
+                      if self._offset(self._progress[rid]) >= (self._progress[rid].join_mark or 0)}
+            target = frozenset((self._published & self._members) - lagging | joined)
+        if target == self._published and not lagging:
+            return
+        if target != self._published:  # a member that joined only locally leaves without a publication
+            self.publish(target)
+        with self._lock:
+            self._members -= lagging
+            self._published = target
+            for rid in joined:
+                self._progress[rid].join_mark = None
+            self._wake_all_locked()
+        if lagging:
+            self.on_committed()  # a smaller set may hold more
+        for rid in sorted(lagging):
+            log.warning("isr.shrunk", replica=rid, in_sync=sorted(target))
+        for rid in sorted(joined):
+            log.info("isr.grew", replica=rid, in_sync=sorted(target))
+
+    # ---- SYNC appends -------------------------------------------------------------------------------
+    def require_enough(self) -> None:
+        """Before a SYNC append is written: NotEnoughReplicas when too few copies are in sync."""
+        with self._lock:
+            if self._closed:
+                raise ReplicationTimeout(self._closed)
+            count = len(self._members)
+        if count < self.config.min_insync_replicas:
+            raise NotEnoughReplicas(
+                f"only {count} of the min_insync_replicas {self.config.min_insync_replicas} copies are in sync "
+                f"(in-sync set: {sorted(self.members())}); nothing was written. Retry once a replica has caught "
+                f"up (mqstore replication status), or append with replication ASYNC")
+
+    def wait(self, end: int) -> int:
+        """Block until every in-sync replica holds [.., end); the number of copies holding it then.
+        ReplicationTimeout after sync_replication_timeout_ms, or when the set shrinks below the minimum."""
+        deadline = self.clock.monotonic_s() + self.config.sync_replication_timeout_ms / 1000
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise ReplicationTimeout(f"records up to physical offset {end} are written on this node but "
+                                             f"were not acknowledged: {self._closed}; a retry may duplicate them")
+                if len(self._members) < self.config.min_insync_replicas:
+                    raise ReplicationTimeout(
+                        f"records up to physical offset {end} are written on the leader, but the in-sync set "
+                        f"shrank to {sorted(self._members)}, below min_insync_replicas "
+                        f"{self.config.min_insync_replicas}: not acknowledged; a retry may duplicate them")
+                if self._watermark_locked() >= end:
+                    return self._copies_locked(end)
+                left = deadline - self.clock.monotonic_s()
+                if left <= 0:
+                    raise ReplicationTimeout(
+                        f"records up to physical offset {end} are written on the leader but "
+                        f"{self._copies_locked(end)} of the in-sync copies {sorted(self._members)} held them "
+                        f"after sync_replication_timeout_ms {self.config.sync_replication_timeout_ms}: not "
+                        f"acknowledged as replicated; they may survive or be cut by a failover, so a retry may "
+                        f"duplicate them")
+                event = threading.Event()
+                heapq.heappush(self._waiters, (end, next(self._seq), event))
+            event.wait(min(left, 0.5))
+
+    def written_by(self, replica_id: str) -> int:
+        with self._lock:
+            p = self._progress.get(replica_id)
+            return p.written_offset if p is not None and p.connected else -1
+
+    def wait_progress(self, timeout_s: float) -> None:
+        """Until the next acknowledgement that moves the watermark (or ``timeout_s``)."""
+        with self._lock:
+            self._advanced.wait(timeout_s)
+
+    def committed(self) -> int:
+        """The high watermark: every in-sync node holds the log below it (the leader's end when alone)."""
+        end = self.leader_end()
+        with self._lock:
+            return min(end, self._watermark_locked())
+
+    def _release_locked(self, watermark: int) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= watermark:
+            heapq.heappop(waiters)[2].set()
+        self._advanced.notify_all()  # a switchover waiting for a replica's progress
+
+    def _wake_all_locked(self) -> None:
+        for _, _, event in self._waiters:
+            event.set()
+        self._waiters.clear()
+        self._advanced.notify_all()
+
+    def copies(self, end: int) -> int:
+        with self._lock:
+            return self._copies_locked(end)
+
+    def _offset(self, p: Progress) -> int:
+        return p.flushed_offset if self.flush_sync else p.written_offset
+
+    def _watermark_locked(self) -> int:
+        """What every in-sync replica holds (the leader's own copy is the append path's business)."""
+        others = [self._offset(self._progress[rid]) for rid in self._members if rid != self.node_id]
+        return min(others) if others else 1 << 62
+
+    def _copies_locked(self, end: int) -> int:
+        return 1 + sum(1 for p in self._progress.values() if p.connected and self._offset(p) >= end)
+
+    # ---- state --------------------------------------------------------------------------------------
+    def views(self) -> list[ProgressView]:
+        end = self.leader_end()
+        now = self.clock.now_ms()
+        with self._lock:
+            return [ProgressView(p.replica_id, p.address, p.written_offset, p.flushed_offset,
+                                 p.replica_id in self._members, p.connected, max(0, end - p.written_offset),
+                                 now - p.last_ack_ms if p.last_ack_ms else -1)
+                    for p in sorted(self._progress.values(), key=lambda p: p.replica_id)]
+
+
+class IsrKeeper(Duty):
+    """Duty "replication-isr": on the leader, :meth:`InSyncSet.maintain` every ``interval_s``."""
+
+    def __init__(self, in_sync: InSyncSet, is_leader: Callable[[], bool], interval_s: float = 0.1):
+        super().__init__("replication-isr", interval_s=interval_s)
+        self.in_sync = in_sync
+        self.is_leader = is_leader
+
+    def step(self) -> None:
+        if self.is_leader():
+            self.in_sync.maintain()

@@ -1,0 +1,87 @@
+"""The leader's side of one replication stream: the handshake, then the log's bytes from the agreed
+offset, and the replica's acknowledgements into the in-sync set.
+
+Handshake: the replica's hello carries its log's [min, end) and epoch history. The leader answers
+``truncate_to`` = divergence.truncation_point(...) (the replica cuts anything above it) and sends from
+there. A replica with an empty log starts at the leader's first segment (``start_empty``). A replica
+whose point lies below the leader's first offset (retention removed what it lacks) or whose segment
+size differs is refused with FailedPrecondition: it cannot become byte-identical.
+
+Thread-safety: one session per stream; ``data()`` runs on the stream's handler thread, ``ack()`` on
+the thread reading the replica's messages; both only touch the thread-safe store and in-sync set.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import structlog
+
+from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.replication import divergence
+from mqstore.replication.messages import Ack, Hello, LogData, Welcome
+from mqstore.replication.node import ReplicationNode
+
+log = structlog.get_logger()
+
+
+class ReplicaSession:
+    def __init__(self, store, node: ReplicationNode, hello: Hello):
+        if not hello.replica_id:
+            raise InvalidArgument("hello.replica_id: name the replica (its setting node_id)")
+        if hello.replica_id == node.config.node_id:
+            raise InvalidArgument(f"hello.replica_id {hello.replica_id!r} is the leader's own id; every node of a "
+                                  f"group needs its own node_id")
+        node.check_writable()  # NotLeader names the leader for a replica that asked the wrong node
+        self.store = store
+        self.node = node
+        self.hello = hello
+        self.welcome = self._welcome()
+        self.position = self.welcome.truncate_to
+        self.epoch = self.welcome.epoch
+
+    def _welcome(self) -> Welcome:
+        hello, store = self.hello, self.store
+        size = store.config.segment_size_bytes
+        if hello.segment_size_bytes != size:
+            raise FailedPrecondition(f"replica {hello.replica_id} has segments of {hello.segment_size_bytes} "
+                                     f"bytes, the leader of {size}: set segment_size_bytes alike on every node")
+        lead = self.node.leadership
+        leader_end, leader_min = store.log_end(), store.log_min()
+        if hello.end_offset == hello.min_offset:  # empty: copy from the leader's first segment
+            return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True)
+        point = divergence.truncation_point(hello.history, hello.end_offset, self.node.history, leader_end)
+        if point < leader_min or point < hello.min_offset:
+            raise FailedPrecondition(
+                f"replica {hello.replica_id} shares the log with the leader only up to physical offset {point}, "
+                f"but the leader holds [{leader_min}, {leader_end}) and the replica [{hello.min_offset}, "
+                f"{hello.end_offset}): it cannot catch up. Move the replica's data directory aside and start it "
+                f"empty: it then copies the leader's log from {leader_min}")
+        if point < hello.end_offset:
+            log.warning("replication.replica_diverged", replica=hello.replica_id, truncate_to=point,
+                        replica_end=hello.end_offset, bytes_to_cut=hello.end_offset - point)
+        return Welcome(lead.leader_id, lead.epoch, point, self.node.history)
+
+    def data(self, is_active: Callable[[], bool]) -> Iterator[LogData]:
+        """Log bytes from the agreed offset, in order; a heartbeat (no bytes) when idle."""
+        config = self.node.config
+        heartbeat_s = config.replication_heartbeat_ms / 1000
+        growth = self.node.growth
+        self.node.in_sync.connected(self.hello.replica_id, self.hello.address)
+        log.info("replication.replica_connected", replica=self.hello.replica_id, address=self.hello.address,
+                 from_offset=self.position, epoch=self.epoch)
+        try:
+            while is_active() and self.node.is_leader and self.node.leadership.epoch == self.epoch:
+                seen = growth.version()
+                chunk, nxt = self.store.replica_chunk(self.position, config.replication_chunk_bytes)
+                if nxt == self.position:
+                    growth.wait(seen, heartbeat_s)
+                    chunk, nxt = self.store.replica_chunk(self.position, config.replication_chunk_bytes)
+                yield LogData(self.position, chunk, nxt, self.store.log_end(), self.node.in_sync.committed())
+                self.position = nxt
+        finally:
+            self.node.in_sync.disconnected(self.hello.replica_id)
+            log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position)
+
+    def ack(self, ack: Ack) -> None:
+        self.node.in_sync.on_ack(self.hello.replica_id, ack.written_offset, ack.flushed_offset)

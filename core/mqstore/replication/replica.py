@@ -1,0 +1,140 @@
+"""The replica's side: a background duty ("replica-follower") that copies its leader's log.
+
+Each step opens a stream to the leader the node knows (``node.leadership.leader_address``), says hello
+(log range, epoch history), and obeys the welcome: with ``start_empty`` it starts a new log at the
+leader's first segment (keeping ``.broken`` copies of whatever it held); otherwise it truncates its log
+to ``truncate_to`` when it is longer (``.broken`` copies of the cut segments, logged as
+``replication.truncated``). Then, for each data message: record the leader's epochs for the bytes it
+is about to hold (durably, first), write the bytes at the same physical offsets (the store dispatches
+them to its own consume queues; under SYNC flush after its fsync), and acknowledge its written and
+flushed offsets on the same stream. Heartbeats are acknowledged too (the leader measures lag by them).
+
+  what happens                              what the follower does
+  ----------------------------------------- ---------------------------------------------------------
+  no leader known                           wait (a backoff) for the controller to name one
+  the leader is away (Unavailable)          reconnect with backoff (at most replica_backoff_max_ms)
+  the node asked is not the leader          NotLeader names the leader: follow it (static group) or
+  (NotLeader)                               wait for the controller; reconnect
+  the stream's offsets disagree with ours   FailedPrecondition: reconnect (a new handshake decides)
+  the node became leader (election)         the stream is cancelled and the duty idles
+
+Thread-safety: runs on its own thread; ``leader_changed()`` (any thread) cancels the open stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator, Protocol
+
+import structlog
+
+from mqstore.background import Duty
+from mqstore.errors import NotLeader, Unavailable
+from mqstore.replication.messages import Ack, Hello, LogData, Welcome
+from mqstore.replication.node import LEADER, ReplicationNode
+
+log = structlog.get_logger()
+
+
+class ReplicationStream(Protocol):
+    welcome: Welcome
+
+    def __iter__(self) -> Iterator[LogData]: ...
+
+    def ack(self, ack: Ack) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+class LeaderLink(Protocol):
+    """Opens replication streams (mqstore_rpc over gRPC; a fake in tests). Thread-safe."""
+
+    def open(self, address: str, hello: Hello) -> ReplicationStream: ...
+
+
+class ReplicaFollower(Duty):
+    def __init__(self, store, node: ReplicationNode, link: LeaderLink):
+        backoff_max_s = node.config.replica_backoff_max_ms / 1000
+        super().__init__("replica-follower", interval_s=0.0, backoff_initial_s=min(0.05, backoff_max_s),
+                         backoff_max_s=backoff_max_s)
+        self.store = store
+        self.node = node
+        self.link = link
+        self._stream_lock = threading.Lock()
+        self._stream: ReplicationStream | None = None
+
+    def leader_changed(self) -> None:
+        with self._stream_lock:
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        self.wake()
+
+    def on_stop(self) -> None:
+        self.leader_changed()
+
+    def step(self) -> None:
+        lead = self.node.leadership
+        if lead.role == LEADER or not lead.leader_address:
+            self.sleep(0.05)
+            return
+        hello = Hello(self.node.config.node_id, self.node.config.advertised_address, self.store.log_end(),
+                      self.store.log_min(), self.node.history, self.store.config.segment_size_bytes)
+        try:
+            stream = self.link.open(lead.leader_address, hello)
+        except NotLeader as exc:
+            if exc.leader_address and self.node.config.replica_of:
+                self.node.become_replica("", exc.leader_address, lead.epoch)
+            raise
+        with self._stream_lock:
+            self._stream = stream
+        if self.stopping or self.node.leadership != lead:
+            stream.cancel()
+        try:
+            self._follow(stream)
+        finally:
+            stream.cancel()
+            with self._stream_lock:
+                self._stream = None
+
+    def _follow(self, stream: ReplicationStream) -> None:
+        with self.node.apply_lock:
+            if self.node.is_leader:
+                return
+            self._handshake(stream.welcome)
+        received = False
+        for data in stream:
+            with self.node.apply_lock:
+                if self.node.is_leader:
+                    return  # elected meanwhile: not one more byte of the old leader's
+                self._apply(stream, data)
+            received = True
+            if self.stopping:
+                return
+        if not received and not self.stopping:
+            raise Unavailable("the replication stream ended before its first message (is the leader stopping?)")
+
+    def _handshake(self, welcome: Welcome) -> None:
+        lead = self.node.leadership
+        if (lead.leader_id, lead.epoch) != (welcome.leader_id, welcome.epoch) and lead.leader_address:
+            self.node.become_replica(welcome.leader_id, lead.leader_address, welcome.epoch)
+        if welcome.start_empty:
+            if self.store.log_end() != welcome.truncate_to or self.store.log_min() != welcome.truncate_to:
+                self.store.restart_log_at(welcome.truncate_to)
+                self.node.truncated(welcome.truncate_to)
+        elif self.store.log_end() > welcome.truncate_to:
+            self.store.truncate_log(welcome.truncate_to)
+            self.node.truncated(welcome.truncate_to)
+        self.node.record_epochs(welcome.history, self.store.log_end())
+        log.info("replication.following", leader=welcome.leader_id, epoch=welcome.epoch,
+                 from_offset=self.store.log_end())
+
+    def _apply(self, stream: ReplicationStream, data: LogData) -> None:
+        if data.offset != self.store.log_end():
+            raise Unavailable(f"the leader sent bytes at {data.offset} but this log ends at "
+                              f"{self.store.log_end()}; reconnecting for a new handshake")
+        if data.next_offset > data.offset:
+            self.node.record_epochs(stream.welcome.history, data.next_offset)
+            self.store.replica_apply(data.offset, data.data, data.next_offset)
+        stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
+        self.store.replica_visible(data.committed_offset)

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `make compose-check-ha`: docker-compose.ha.yml (the HA profile) on a real Docker engine, through its
+# published ports (scripts/compose_ha_smoke.py does the gRPC side):
+#
+#   1. build the three images (mqstore, mqstore-etcd, mqstore-postgres) and up --wait every service;
+#   2. write: SYNC-replicated appends through the leader, acknowledged by the three nodes, found by the index;
+#   3. kill -9 the leader's container (docker compose kill -s SIGKILL): another node is elected, takes SYNC
+#      appends, holds every acknowledged message byte-identical at its offset, the index follows it;
+#   4. start the killed container again: it rejoins as a replica, in sync, serving every message;
+#   5. always (also on failure or Ctrl-C): docker compose down -v (project mqstore-ha-check only).
+#
+# Environment as scripts/compose_check.sh: PY, COMPOSE_ENGINE, COMPOSE_CHECK_HA_PROJECT (mqstore-ha-check),
+# MQSTORE_IMAGE_TAG (dev), COMPOSE_CHECK_HA_PORTS (published host ports of the three nodes and the index,
+# default "51161 51162 51163 51152", apart from compose_check.sh's so both can run on one engine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+ENGINE=${COMPOSE_ENGINE:-}
+read -r N1 N2 N3 INDEX_PORT <<< "${COMPOSE_CHECK_HA_PORTS:-51161 51162 51163 51152}"
+export MQSTORE_COMMITLOG_1_HOST_PORT=$N1 MQSTORE_COMMITLOG_2_HOST_PORT=$N2 MQSTORE_COMMITLOG_3_HOST_PORT=$N3
+export MQSTORE_INDEX_HOST_PORT=$INDEX_PORT MQSTORE_TXN_HOST_PORT=51153 MQSTORE_COMPACTOR_HOST_PORT=51154
+export MQSTORE_GATEWAY_HOST_PORT=51181
+PROJECT=${COMPOSE_CHECK_HA_PROJECT:-mqstore-ha-check}
+SERVICES=(etcd postgres commitlog-1 commitlog-2 commitlog-3 index txn compactor gateway)
+NODES="127.0.0.1:$N1,127.0.0.1:$N2,127.0.0.1:$N3"
+WAIT_TIMEOUT_S=300
+t0=$SECONDS
+say() { printf '[compose-check-ha %3d s] %s\n' $((SECONDS - t0)) "$*"; }
+compose() { docker compose -p "$PROJECT" -f docker-compose.ha.yml "$@"; }
+
+. scripts/compose_engine.sh  # DOCKER_HOST and NEAR_PORTS
+
+state=$(mktemp -d)
+cleanup() {
+    status=$?
+    trap - EXIT INT TERM
+    if [ $status -ne 0 ]; then
+        say "FAILED (exit $status); the services' last logs:"
+        compose logs --no-color --tail 30 2>&1 || true
+    fi
+    say "tearing down (docker compose down -v)"
+    compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
+    rm -rf "$state"
+    exit $status
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "docker compose build (mqstore, mqstore-etcd, mqstore-postgres)"
+compose build --quiet commitlog-1 etcd postgres
+say "docker compose up --wait (${SERVICES[*]})"
+compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"
+smoke() { "${NEAR_PORTS[@]}" "$PY" scripts/compose_ha_smoke.py "$@"; }
+
+say "write: SYNC-replicated appends through the leader"
+out=$(smoke write --nodes "$NODES" --index "127.0.0.1:$INDEX_PORT" --state "$state/acked.json")
+echo "$out"
+leader=$(sed -n 's/^leader=\(n[0-9]\).*/\1/p' <<< "$out")
+[ -n "$leader" ] || { say "the smoke test named no leader"; exit 1; }
+container="commitlog-${leader#n}"
+
+say "kill -9 the leader's container ($container, node $leader)"
+killed_at=$("$PY" -c "import time; print(time.time())")
+compose kill -s SIGKILL "$container" > /dev/null
+smoke failover --nodes "$NODES" --index "127.0.0.1:$INDEX_PORT" --state "$state/acked.json" \
+    --killed "$leader" --killed-at "$killed_at"
+
+say "start $container again: it rejoins as a replica"
+compose start "$container" > /dev/null
+smoke rejoin --nodes "$NODES" --state "$state/acked.json" --node "$leader"
+say "passed"

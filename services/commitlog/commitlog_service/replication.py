@@ -1,0 +1,185 @@
+"""The Replication service (replication.proto) and the replica's gRPC link to its leader: adapters between
+the stream's protos and mqstore.replication's plain messages. The protocol itself is the domain's
+(core/mqstore/replication/README.md).
+
+Thread-safety: the servicer holds the store and the node (both thread-safe); each Replicate call runs on
+its handler thread plus one thread reading the replica's acknowledgements. A link's streams are used by
+the replica's follower thread; ``cancel()`` may come from any thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Iterator
+
+import grpc
+import structlog
+from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
+from mqstore.replication import epochs
+from mqstore.replication.leader import ReplicaSession
+from mqstore.replication.messages import Ack, Hello, LogData, Welcome
+from mqstore.replication.node import ReplicationNode
+from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as pb, replication_pb2_grpc
+from mqstore_rpc.peers import Peers
+from mqstore_rpc.remote_errors import from_rpc_error
+
+log = structlog.get_logger()
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Replication"].full_name
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def history_out(history: epochs.EpochHistory) -> list[pb.EpochEntry]:
+    return [pb.EpochEntry(epoch=e.epoch, start_offset=e.start_offset) for e in history.entries]
+
+
+def history_in(entries) -> epochs.EpochHistory:
+    try:
+        return epochs.EpochHistory(tuple(epochs.EpochEntry(e.epoch, e.start_offset) for e in entries))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"epochs: {exc}") from None
+
+
+class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
+    def __init__(self, store, node: ReplicationNode, controller=None):
+        self._store = store
+        self._node = node
+        self.controller = controller  # mqstore.replication.controller.Controller; None in a static group
+
+    def TransferLeadership(self, request, context) -> pb.TransferLeadershipResponse:
+        if self.controller is None:
+            raise FailedPrecondition("this group has no controller (a static group: --replica-of); restart the "
+                                     "nodes with the roles swapped instead")
+        timeout_s = (request.timeout_ms or 10_000) / 1000
+        return pb.TransferLeadershipResponse(
+            handed_over_at_offset=self.controller.transfer(request.target_node_id, timeout_s))
+
+    def Replicate(self, request_iterator, context) -> Iterator[pb.LeaderMessage]:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("kind") != "hello":
+            raise InvalidArgument("Replicate: the first message must be a hello")
+        h = first.hello
+        session = ReplicaSession(self._store, self._node, Hello(h.replica_id, h.address, h.end_offset, h.min_offset,
+                                                                history_in(h.epochs), h.segment_size_bytes))
+        w = session.welcome
+        yield pb.LeaderMessage(welcome=pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
+                                                        epochs=history_out(w.history), start_empty=w.start_empty))
+        threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
+                         name=f"replication-acks-{h.replica_id}").start()
+        for d in session.data(context.is_active):
+            yield pb.LeaderMessage(data=pb.LogData(offset=d.offset, data=d.data, next_offset=d.next_offset,
+                                                   leader_end_offset=d.leader_end_offset,
+                                                   committed_offset=d.committed_offset))
+
+    def GetReplicationState(self, request, context) -> pb.ReplicationState:
+        node, lead = self._node, self._node.leadership
+        views = node.in_sync.views() if node.is_leader else []
+        return pb.ReplicationState(
+            node_id=node.config.node_id, role=lead.role, leader_id=lead.leader_id, leader_address=lead.leader_address,
+            epoch=lead.epoch, in_sync=sorted(node.in_sync.members()) if node.is_leader else [],
+            min_insync_replicas=node.config.min_insync_replicas, end_offset=self._store.log_end(),
+            epochs=history_out(node.history), default_replication=node.config.default_replication, fenced=node.fenced,
+            replicas=[pb.ReplicaProgress(replica_id=v.replica_id, address=v.address, written_offset=v.written_offset,
+                                         flushed_offset=v.flushed_offset, in_sync=v.in_sync, connected=v.connected,
+                                         lag_bytes=v.lag_bytes, last_ack_age_ms=v.last_ack_age_ms) for v in views])
+
+
+def _read_acks(request_iterator, session: ReplicaSession) -> None:
+    """The replica's acknowledgements, until its stream ends (a cancelled stream raises RpcError)."""
+    try:
+        for message in request_iterator:
+            if message.WhichOneof("kind") == "ack":
+                session.ack(Ack(message.ack.written_offset, message.ack.flushed_offset))
+    except grpc.RpcError as exc:
+        log.info("replication.ack_stream_ended", replica=session.hello.replica_id, error=type(exc).__name__)
+
+
+def add_to_server(servicer: ReplicationServicer, server: grpc.Server) -> None:
+    replication_pb2_grpc.add_ReplicationServicer_to_server(servicer, server)
+
+
+# ---- the replica's side ---------------------------------------------------------------------------------
+
+class GrpcReplicationStream:
+    """One Replicate call: ``welcome`` once open, iterate for data, ``ack()``, ``cancel()`` (any thread). A
+    watchdog cancels the call when the leader sends nothing for ``silence_s`` (its heartbeats stopped: a
+    dead connection or a partition), so the follower reconnects instead of waiting for ever."""
+
+    def __init__(self, stub, address: str, hello: Hello, silence_s: float):
+        self._address = address
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox.put(pb.ReplicaMessage(hello=pb.ReplicaHello(
+            replica_id=hello.replica_id, address=hello.address, end_offset=hello.end_offset,
+            min_offset=hello.min_offset, epochs=history_out(hello.history),
+            segment_size_bytes=hello.segment_size_bytes)))
+        self._call = stub.Replicate(iter(self._outbox.get, None))
+        self._last_s = time.monotonic()
+        self._silence_s = silence_s
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name="replication-watchdog").start()
+        first = self._next()
+        if first is None or first.WhichOneof("kind") != "welcome":
+            self.cancel()
+            raise Unavailable(f"the leader at {address} did not answer the hello with a welcome")
+        w = first.welcome
+        self.welcome = Welcome(w.leader_id, w.epoch, w.truncate_to, history_in(w.epochs), w.start_empty)
+
+    def _next(self):
+        try:
+            message = next(self._call, None)
+        except grpc.RpcError as exc:
+            self.cancel()
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                return None
+            raise from_rpc_error(exc, self._address) from None
+        self._last_s = time.monotonic()
+        return message
+
+    def _watch(self) -> None:
+        while not self._done.wait(self._silence_s / 4):
+            if time.monotonic() - self._last_s > self._silence_s:
+                log.warning("replication.leader_silent", leader=self._address, silent_s=self._silence_s)
+                self.cancel()
+
+    def __iter__(self) -> Iterator[LogData]:
+        while (message := self._next()) is not None:
+            d = message.data
+            yield LogData(d.offset, d.data, d.next_offset, d.leader_end_offset, d.committed_offset)
+
+    def ack(self, ack: Ack) -> None:
+        self._outbox.put(pb.ReplicaMessage(ack=pb.ReplicaAck(written_offset=ack.written_offset,
+                                                            flushed_offset=ack.flushed_offset)))
+
+    def cancel(self) -> None:
+        self._done.set()
+        self._outbox.put(None)
+        self._call.cancel()
+
+
+class GrpcLeaderLink:
+    """mqstore.replication.replica.LeaderLink over gRPC: one channel per leader address. Thread-safe."""
+
+    def __init__(self, heartbeat_ms: int, peers: Peers | None = None):
+        self._silence_s = max(2.0, 10 * heartbeat_ms / 1000)
+        self._peers = peers or Peers()  # the server's TLS and its `service` identity (mqstore_rpc.peers)
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def open(self, address: str, hello: Hello) -> GrpcReplicationStream:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._peers.channel(address, [
+                    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                    ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                    ("grpc.max_reconnect_backoff_ms", 1000)])
+                self._channels[address] = channel
+        return GrpcReplicationStream(replication_pb2_grpc.ReplicationStub(channel), address, hello, self._silence_s)
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()

@@ -1,0 +1,251 @@
+"""Static replication of the CommitLog service (replication.proto) through real gRPC on 127.0.0.1: a leader
+and replicas in this process, sharing one SQLite metadata file, small sparse segments."""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import threading
+
+import grpc
+import pytest
+
+from commitlog_service.main import CommitLogConfig, serving
+from mqstore.config import StoreConfig
+from mqstore.replication.config import ReplicationConfig
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
+from mqstore_rpc.server import ServerConfig
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+SEGMENT_BYTES = 64 * 1024
+RPC_TIMEOUT_S = 10
+BODY = bytes(range(256)) * 4  # 1 KiB
+
+
+def node_config(root: pathlib.Path, node_id: str, replica_of: str = "", **replication) -> CommitLogConfig:
+    store = StoreConfig(data_dir=root / node_id, segment_size_bytes=SEGMENT_BYTES, preallocate_segments=False,
+                        metadata_url=f"sqlite:///{root / 'metadata.db'}")
+    settings = dict(isr_max_lag_ms=1000, sync_replication_timeout_ms=3000, replication_heartbeat_ms=50)
+    settings.update(replication)
+    return CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=0.5),
+                           replication=ReplicationConfig(node_id=node_id, replica_of=replica_of, **settings))
+
+
+class Node:
+    def __init__(self, server, port: int):
+        self.server, self.port = server, port
+        self.address = f"127.0.0.1:{port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.log = commitlog_pb2_grpc.CommitLogStub(self.channel)
+        self.repl = replication_pb2_grpc.ReplicationStub(self.channel)
+
+    def state(self) -> replication_pb2.ReplicationState:
+        return self.repl.GetReplicationState(replication_pb2.GetReplicationStateRequest(), timeout=RPC_TIMEOUT_S)
+
+    def end(self) -> int:
+        return self.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S).max_physical_offset
+
+    def append(self, topic: str, count: int, mode=pb.REPLICATION_MODE_UNSPECIFIED, key: str = "k"):
+        messages = [common_pb2.MessageInput(body=BODY, keys=[f"{key}{i}"]) for i in range(count)]
+        return self.log.Append(pb.AppendRequest(topic=topic, messages=messages, replication=mode),
+                               timeout=RPC_TIMEOUT_S).results
+
+
+@contextlib.contextmanager
+def started(config: CommitLogConfig):
+    with serving(config) as (server, port):
+        node = Node(server, port)
+        try:
+            yield node
+        finally:
+            node.channel.close()
+
+
+def segment_bytes(data_dir: pathlib.Path, end: int) -> dict[str, bytes]:
+    """The segment files that hold data below ``end`` (a leader may have created the next one ahead)."""
+    return {p.name: p.read_bytes() for p in sorted((data_dir / "commitlog").iterdir())
+            if p.name.isdigit() and int(p.name) < end}
+
+
+def test_replica_copies_byte_identical_serves_reads_and_refuses_writes(tmp_path):
+    with started(node_config(tmp_path, "a")) as leader:
+        leader.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=2), timeout=RPC_TIMEOUT_S)
+        first = leader.append("t", 100)
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:
+            stop = threading.Event()
+
+            def produce():  # the leader keeps taking appends while the new replica catches up from zero
+                while not stop.is_set():
+                    leader.append("t", 20)
+            producer = threading.Thread(target=produce)
+            producer.start()
+            try:
+                # what the leader held at some moment under load (the replica trails a live leader by the
+                # frames in flight, so "equal at one instant" is a race with the producer, not a property)
+                mark = wait_until(lambda: (end := leader.end()) > 300 * 1024 and end, "the leader to take 300 KiB")
+                wait_until(lambda: replica.end() >= mark, "the replica to catch up under load")
+            finally:
+                stop.set()
+                producer.join()
+            wait_until(lambda: replica.end() == leader.end(), "the replica to reach the leader's end")
+            assert leader.end() > 4 * SEGMENT_BYTES  # several segments, blank end records included
+            end = leader.end()
+            assert segment_bytes(tmp_path / "b", end) == segment_bytes(tmp_path / "a", end)
+
+            # every read RPC answers on the replica as on the leader
+            for q in (0, 1):
+                info = pb.GetQueueInfoRequest(topic="t", queue_id=q)
+                wait_until(lambda info=info: replica.log.GetQueueInfo(info, timeout=RPC_TIMEOUT_S) ==
+                           leader.log.GetQueueInfo(info, timeout=RPC_TIMEOUT_S), "the replica's queues")
+                pull = pb.PullRequest(topic="t", queue_id=q, offset=0, max_messages=50)
+                assert replica.log.Pull(pull, timeout=RPC_TIMEOUT_S) == leader.log.Pull(pull, timeout=RPC_TIMEOUT_S)
+                by_time = pb.GetOffsetByTimeRequest(topic="t", queue_id=q, timestamp_ms=first[0].store_timestamp_ms)
+                assert (replica.log.GetOffsetByTime(by_time, timeout=RPC_TIMEOUT_S) ==
+                        leader.log.GetOffsetByTime(by_time, timeout=RPC_TIMEOUT_S))
+            got = replica.log.GetMessage(pb.GetMessageRequest(msg_id=first[7].msg_id), timeout=RPC_TIMEOUT_S)
+            assert got.body == BODY and got.physical_offset == first[7].physical_offset
+            many = pb.GetMessagesRequest(physical_offsets=[r.physical_offset for r in first[:10]])
+            assert replica.log.GetMessages(many, timeout=RPC_TIMEOUT_S) == leader.log.GetMessages(many,
+                                                                                                   timeout=RPC_TIMEOUT_S)
+            tail = replica.log.Tail(pb.TailRequest(start=pb.TAIL_START_EARLIEST), timeout=RPC_TIMEOUT_S)
+            assert next(iter(tail)).records[:first[0].size_bytes] == \
+                leader.log.Tail(pb.TailRequest(start=pb.TAIL_START_EARLIEST), timeout=RPC_TIMEOUT_S).next().records[
+                    :first[0].size_bytes]
+            tail.cancel()
+
+            # writes answer FAILED_PRECONDITION with the leader's address in the trailer
+            refused = [
+                lambda: replica.append("t", 1),
+                lambda: replica.log.CreateTopic(pb.CreateTopicRequest(name="u"), timeout=RPC_TIMEOUT_S),
+                lambda: replica.log.CommitOffset(pb.CommitOffsetRequest(group="g", topic="t", queue_id=0, offset=1),
+                                                 timeout=RPC_TIMEOUT_S),
+                lambda: replica.log.DeleteTopic(pb.DeleteTopicRequest(name="t"), timeout=RPC_TIMEOUT_S),
+            ]
+            for call in refused:
+                with pytest.raises(grpc.RpcError) as err:
+                    call()
+                assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert ("mqstore-leader", leader.address) in err.value.trailing_metadata()
+                assert leader.address in err.value.details()
+
+            state = replica.state()
+            assert (state.role, state.leader_address, state.end_offset) == ("REPLICA", leader.address, leader.end())
+            lead = leader.state()
+            assert lead.role == "LEADER" and lead.epoch == 1 and sorted(lead.in_sync) == ["a", "b"]
+            assert [(r.replica_id, r.in_sync, r.connected) for r in lead.replicas] == [("b", True, True)]
+
+
+def test_sync_replication_acks_state_copies_and_times_out_without_replicas(tmp_path):
+    with started(node_config(tmp_path, "a", min_insync_replicas=2)) as leader:
+        leader.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=RPC_TIMEOUT_S)
+        # one copy in sync: a SYNC append is refused before anything is written
+        end = leader.end()
+        with pytest.raises(grpc.RpcError) as err:
+            leader.append("t", 1, pb.REPLICATION_MODE_SYNC)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert ("mqstore-error", "NotEnoughReplicas") in err.value.trailing_metadata()
+        assert leader.end() == end
+        asynchronous = leader.append("t", 1, pb.REPLICATION_MODE_ASYNC)
+        assert (asynchronous[0].replicas, asynchronous[0].epoch) == (1, 1)
+
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:
+            wait_until(lambda: "b" in leader.state().in_sync, "the replica to join the in-sync set")
+            results = leader.append("t", 5, pb.REPLICATION_MODE_SYNC)
+            assert {(r.replicas, r.epoch) for r in results} == {(2, 1)}
+            assert replica.end() >= results[-1].physical_offset + results[-1].size_bytes  # it held them at the ack
+
+        # the replica is gone: the in-sync set shrinks and SYNC appends are refused again
+        wait_until(lambda: list(leader.state().in_sync) == ["a"], "the in-sync set to shrink")
+        with pytest.raises(grpc.RpcError) as err:
+            leader.append("t", 1, pb.REPLICATION_MODE_SYNC)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        leader.append("t", 50, pb.REPLICATION_MODE_ASYNC)  # it falls further behind meanwhile
+
+        # it comes back, catches up from its end offset and joins the set again
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:
+            wait_until(lambda: "b" in leader.state().in_sync, "the returning replica to rejoin the in-sync set")
+            assert leader.append("t", 1, pb.REPLICATION_MODE_SYNC)[0].replicas == 2
+            assert replica.end() == leader.end()
+
+
+def test_returning_old_leader_truncates_only_its_unacknowledged_tail(tmp_path):
+    """a leads epoch 1 with b in sync; SYNC appends reach both. b goes away and a takes ASYNC appends
+    alone (never SYNC-acknowledged). Then b leads epoch 2 and writes; a comes back as b's replica: it cuts
+    exactly its divergent tail (kept as .broken copies), keeps every SYNC-acknowledged record, and ends
+    byte-identical to b."""
+    with started(node_config(tmp_path, "a", min_insync_replicas=2)) as a:
+        a.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=RPC_TIMEOUT_S)
+        with started(node_config(tmp_path, "b", replica_of=a.address)) as b:
+            wait_until(lambda: "b" in a.state().in_sync, "b to join the in-sync set")
+            acked = [r for _ in range(10) for r in a.append("t", 10, pb.REPLICATION_MODE_SYNC)]
+        shared_end = acked[-1].physical_offset + acked[-1].size_bytes
+        assert {r.replicas for r in acked} == {2}
+        a.append("t", 30, pb.REPLICATION_MODE_ASYNC, key="lost")  # a alone: never SYNC-acknowledged
+        a_end = a.end()
+    assert a_end > shared_end
+    with started(node_config(tmp_path, "b")) as b:  # b leads epoch 2 from where it stopped
+        assert b.state().epoch == 2 and b.end() == shared_end
+        written = b.append("t", 5, pb.REPLICATION_MODE_ASYNC, key="new")
+        with started(node_config(tmp_path, "a", replica_of=b.address)) as a:
+            wait_until(lambda: a.end() == b.end() and a.state().leader_id == "b", "a to follow b")
+            end = b.end()
+            assert segment_bytes(tmp_path / "a", end) == segment_bytes(tmp_path / "b", end)
+            assert [(e.epoch, e.start_offset) for e in a.state().epochs] == [(1, 0), (2, shared_end)]
+            for r in acked + list(written):  # every acknowledged record, at its offset, from both
+                got = a.log.GetMessage(pb.GetMessageRequest(physical_offset=r.physical_offset), timeout=RPC_TIMEOUT_S)
+                assert got.body == BODY and got.msg_id[-16:] == r.msg_id[-16:]
+            pull = pb.PullRequest(topic="t", queue_id=0, offset=0, max_messages=1000)
+            wait_until(lambda: a.log.Pull(pull, timeout=RPC_TIMEOUT_S) == b.log.Pull(pull, timeout=RPC_TIMEOUT_S),
+                       "a's consume queue to equal b's")
+            assert not [m for m in a.log.Pull(pull, timeout=RPC_TIMEOUT_S).messages if m.keys[0].startswith("lost")]
+    broken = sorted(p.name for p in (tmp_path / "a" / "commitlog").iterdir() if ".broken" in p.name)
+    assert broken, "the cut tail is kept as .broken copies"
+
+
+def test_a_replica_follows_its_leader_over_mutual_tls_with_authentication_on(tmp_path, certs):
+    """The replication stream goes through the server's TLS and its `service` identity (ServerConfig.peers):
+    a replica copies and acknowledges a SYNC append on a group with mutual TLS and authentication on; a
+    client without credentials is refused the stream."""
+    import dataclasses
+
+    from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as rpb
+    from mqstore_rpc.peers import Peers
+    from mqstore_rpc.secret import Secret
+    from mqstore_rpc.server import AuthConfig
+    from mqstore_rpc.tls import ClientTls, ServerTls
+
+    token = Secret("replication-test-token")
+    tls = ClientTls.from_files(str(certs / "ca.pem"), str(certs / "client.pem"), str(certs / "client.key"))
+    service = Peers(tls, "service", token)
+
+    def secure(config: CommitLogConfig) -> CommitLogConfig:
+        server = ServerConfig(port=0, grace_s=0.5, peers=service,
+                              tls=ServerTls.from_files(str(certs / "server.pem"), str(certs / "server.key"),
+                                                       str(certs / "ca.pem")),
+                              auth=AuthConfig(enabled=True, url=Secret(f"sqlite:///{tmp_path / 'auth.db'}"),
+                                              internal_token=token))
+        return dataclasses.replace(config, server=server)
+
+    with serving(secure(node_config(tmp_path, "a", min_insync_replicas=2))) as (_, leader_port):
+        leader_address = f"localhost:{leader_port}"
+        with serving(secure(node_config(tmp_path, "b", replica_of=leader_address))), \
+                service.channel(leader_address) as channel:
+            log = commitlog_pb2_grpc.CommitLogStub(channel)
+            repl = replication_pb2_grpc.ReplicationStub(channel)
+            log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=RPC_TIMEOUT_S)
+            wait_until(lambda: "b" in repl.GetReplicationState(rpb.GetReplicationStateRequest(),
+                                                               timeout=RPC_TIMEOUT_S).in_sync,
+                       "the replica to join the in-sync set over TLS")
+            results = log.Append(pb.AppendRequest(topic="t", replication=pb.REPLICATION_MODE_SYNC, messages=[
+                common_pb2.MessageInput(body=BODY)] * 3), timeout=RPC_TIMEOUT_S).results
+            assert {r.replicas for r in results} == {2}
+
+        anonymous = Peers(tls)  # TLS but no credentials: the stream is refused
+        with anonymous.channel(leader_address) as channel:
+            stream = replication_pb2_grpc.ReplicationStub(channel).Replicate(iter([]), timeout=RPC_TIMEOUT_S)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(stream))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

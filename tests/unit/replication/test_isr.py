@@ -1,0 +1,123 @@
+"""The in-sync set and the waits of SYNC-replicated appends (mqstore.replication.isr), on a fake clock."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mqstore.errors import NotEnoughReplicas, ReplicationTimeout
+from mqstore.replication.config import ReplicationConfig
+from mqstore.replication.isr import InSyncSet
+
+
+class FakeClock:
+    """Moves only when told, except that each monotonic read lets 100 ms pass: a wait that no
+    acknowledgement ends reaches its deadline after a few loops, without sleeping."""
+
+    def __init__(self):
+        self.ms = 1_000_000
+
+    def now_ms(self):
+        return self.ms
+
+    def monotonic_s(self):
+        self.ms += 100
+        return self.ms / 1000
+
+
+def make(min_insync=2, timeout_ms=1000, lag_ms=3000, published=None, flush_sync=False):
+    clock = FakeClock()
+    end = [0]
+    config = ReplicationConfig(node_id="a", min_insync_replicas=min_insync, sync_replication_timeout_ms=timeout_ms,
+                               isr_max_lag_ms=lag_ms, isr_max_lag_bytes=100)
+    isr = InSyncSet(config,
+                    clock, lambda: end[0], flush_sync, publish=published.append if published is not None else None)
+    return isr, clock, end
+
+
+def test_replica_joins_when_caught_up_and_is_published_after_the_join_mark():
+    published = []
+    isr, clock, end = make(published=published)
+    with pytest.raises(NotEnoughReplicas):
+        isr.require_enough()
+    isr.connected("b", "h:1")
+    end[0] = 500
+    isr.on_ack("b", 400, 400)
+    assert isr.members() == {"a"}                 # behind: not yet in sync
+    ends = iter([500, 600])  # an append ends at 600 while b joins: it may have been acked without b
+    isr.leader_end = lambda: next(ends)
+    isr.on_ack("b", 500, 500)
+    assert isr.members() == {"a", "b"}            # waited for at once...
+    isr.leader_end = lambda: 600
+    isr.maintain()
+    assert published == [] and isr.published() == {"a"}  # ...electable only once it holds the join mark
+    isr.require_enough()
+    isr.on_ack("b", 600, 600)
+    isr.maintain()
+    assert published == [frozenset({"a", "b"})] and isr.published() == {"a", "b"}
+
+
+def test_sync_wait_returns_once_every_member_holds_the_bytes():
+    isr, clock, end = make()
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0)
+    end[0] = 100
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(isr.wait(100)))
+    waiter.start()
+    isr.on_ack("b", 100, 0)
+    waiter.join(5)
+    assert result == [2]
+
+
+def test_flush_sync_waits_for_the_replicas_fsync():
+    isr, clock, end = make(flush_sync=True)
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0)
+    end[0] = 100
+    isr.on_ack("b", 100, 50)  # written, not flushed
+    clock.ms += 2000
+    with pytest.raises(ReplicationTimeout):
+        isr.wait(100)
+
+
+def test_connected_replica_that_does_not_confirm_times_the_append_out():
+    isr, clock, end = make(timeout_ms=500)
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0)
+    end[0] = 100
+    clock.ms += 501  # the deadline passes before the replica acknowledges
+    with pytest.raises(ReplicationTimeout, match="not acknowledged"):
+        isr.wait(100)
+
+
+def test_lagging_or_disconnected_replica_leaves_after_publishing_the_smaller_set():
+    published = []
+    isr, clock, end = make(published=published)
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0)
+    isr.maintain()
+    assert isr.published() == {"a", "b"}
+    end[0] = 1000  # b is now 1000 bytes behind (over the 100 allowed) and does not catch up
+    clock.ms += 3001
+    isr.on_ack("b", 10, 10)
+    isr.maintain()
+    assert isr.members() == {"a"} and published[-1] == frozenset({"a"})
+    with pytest.raises(ReplicationTimeout, match="shrank"):
+        isr.wait(1000)
+    isr.on_ack("b", 1000, 1000)  # caught up: back in
+    assert isr.members() == {"a", "b"}
+    isr.disconnected("b")
+    isr.maintain()
+    assert isr.members() == {"a"}
+
+
+def test_closed_leadership_fails_waiters():
+    isr, clock, end = make(min_insync=1)
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0)
+    end[0] = 10
+    isr.close("this node stopped leading epoch 3")
+    with pytest.raises(ReplicationTimeout, match="stopped leading"):
+        isr.wait(10)
