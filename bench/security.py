@@ -2,7 +2,7 @@
 
 Workload: batched Append (100 x 1 KiB messages per call, 16 producers, ASYNC flush) on a CommitLog server
 process, in these configurations measured in the same run, in alternating rounds (plain, TLS, auth,
-TLS + auth, the TLS variants, then again):
+TLS + auth, the TLS variants, then the same backward, and so on):
 
   plain       plaintext, authentication off (the comparison point of both ratios)
   tls         the server serves TLS (a throwaway CA: mqstore_rpc.tls_certs); the clients check it
@@ -24,8 +24,10 @@ message over the configuration's) is the rate ratio a CPU-bound machine would gi
 average is recorded before every measurement.
 
 Targets: tls / plain at least 0.85x and auth / plain at least 0.95x, judged on the median per-round
-rate ratio. Servers run one at a time (each its own data directory), so that they do not share the 2
-cores. Speed is measured here, never asserted in tests.
+rate ratio and, separately, on the CPU ratio (on a loaded machine the rate follows the scheduler more
+than the code: a round's plain rate moved 5x in one run at load 30 on 2 cores). Servers run one at a
+time (each its own data directory), so that they do not share the 2 cores. Speed is measured here,
+never asserted in tests.
 
 A full run writes bench/results/security.json and .md; ``--quick`` writes to bench/results/scratch/.
 ``--configs plain,tls`` measures only those configurations (plain is always measured).
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,10 +89,14 @@ def _server(work: pathlib.Path, config: str, certs: pathlib.Path, round_no: int)
         extra += ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")]
     if "auth" in config:
         extra += ["--auth", "on"]
-    data = work / f"{config.replace('+', '-')}-{round_no}"
+    data = _data_dir(work, config, round_no)
     server = GrpcServer.commitlog(data, "ASYNC", extra=tuple(extra), log_name=f"{data.name}.log")
     server.env = {**(server.env or os.environ), **env}
     return server
+
+
+def _data_dir(work: pathlib.Path, config: str, round_no: int) -> pathlib.Path:
+    return work / f"{config.replace('+', '-')}-{round_no}"
 
 
 def _start(server: GrpcServer, config: str, certs: pathlib.Path, timeout_s: float = 120.0) -> GrpcServer:
@@ -199,13 +206,17 @@ def run_security(work: pathlib.Path, cfg: dict) -> dict:
     configs = cfg.get("configs", ALL_CONFIGS)
     rounds: dict[str, list[dict]] = {c: [] for c in configs}
     for round_no in range(cfg["rounds"]):
-        for config in configs:
+        # Forward, then backward, then forward...: a load that drifts during a round falls on the first and
+        # the last configurations alike over two rounds.
+        for config in configs if round_no % 2 == 0 else configs[::-1]:
             server = _start(_server(work, config, certs, round_no), config, certs)
             try:
                 _prepare(server, config, certs)
                 figures = _measure(server, config, certs, cfg)
             finally:
                 server.stop()
+                # ~1.3 GiB each (a preallocated segment and the window's writes): 30 of them filled the disk
+                shutil.rmtree(_data_dir(work, config, round_no))
             rounds[config].append(figures)
             print(f"[{time.monotonic() - _T0:6.1f}s] security round {round_no + 1} {config:13} "
                   f"{figures['msgs_per_s']:,.0f} msgs/s p99 {figures['p99_ms']:.2f} ms, CPU us/msg server "
@@ -249,14 +260,16 @@ def markdown(rows: list[dict], meta: dict, results: dict) -> str:
              + (f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f})"
                 if loads else "") + ".", "",
              "Rate ratio: the median over the rounds of (configuration / plain of the same round), with its "
-             "spread; the target is judged on it. CPU us/msg: the server's and the load generator's CPU time per "
-             "message (they share the 2 cores); CPU ratio: plain's total over the configuration's.", "",
+             "spread. CPU us/msg: the server's and the load generator's CPU time per "
+             "message (they share the 2 cores); CPU ratio: plain's total over the configuration's. Targets are "
+             "judged on both ratios.", "",
              "| configuration | msgs/s (min-max) | rate ratio (min-max) | server CPU us/msg | client CPU us/msg | "
              "CPU ratio | p50 ms | p99 ms | target |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         target = TARGETS.get(row["config"])
-        verdict = "" if target is None else f">= {target}x: {'met' if row['ratio'] >= target else 'MISSED'}"
+        verdict = "" if target is None else (f">= {target}x: by rate {'met' if row['ratio'] >= target else 'MISSED'}, "
+                                             f"by CPU {'met' if row['cpu_ratio'] >= target else 'MISSED'}")
         lines.append(f"| {row['config']} | {row['msgs_per_s']:,.0f} ({row['msgs_per_s_min']:,.0f}-"
                      f"{row['msgs_per_s_max']:,.0f}) | {row['ratio']:.2f}x ({row['ratio_min']:.2f}-"
                      f"{row['ratio_max']:.2f}) | {row['server_us_per_msg']:.1f} | {row['client_us_per_msg']:.1f} | "
