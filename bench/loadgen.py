@@ -13,8 +13,9 @@ Kinds (``spec["kind"]``):
   tail    one Tail stream from the earliest record until ``expected_records`` are seen (whole run timed)
 
 Optional spec keys (bench/security.py): ``tls_ca`` (a CA file: the channels speak TLS, checking the
-server's certificate against it) and ``authorization`` (the metadata value ``Bearer user:secret`` sent with
-every call, as mqstore_rpc.auth reads it).
+server's certificate against it), ``authorization`` (the metadata value ``Bearer user:secret`` sent with
+every call, as mqstore_rpc.auth reads it) and ``channel_options`` (more grpc channel arguments,
+``[[name, value], ...]``).
 
 The client must not be the bottleneck: requests are serialised once and sent as bytes (no serialiser),
 append responses come back as bytes (no deserialiser) and only the first response of every task is
@@ -109,9 +110,9 @@ async def _append_task(call, request, per_call: int, window: Window, outcome: Ou
             checked = True
 
 
-def _channels(target: str, count: int, tls_ca: str = "") -> list[grpc.aio.Channel]:
+def _channels(target: str, count: int, tls_ca: str = "", extra_options=()) -> list[grpc.aio.Channel]:
     # A local subchannel pool gives every channel its own connection (otherwise they share one).
-    options = CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]
+    options = CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)] + [tuple(o) for o in extra_options]
     if tls_ca:
         with open(tls_ca, "rb") as f:
             credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
@@ -132,12 +133,18 @@ async def _ready(channels, timeout_s: float) -> None:
     await asyncio.wait_for(asyncio.gather(*(ch.channel_ready() for ch in channels)), timeout_s)
 
 
+async def _cpu_at(wall: float) -> float:
+    """This process's CPU time at wall-clock time ``wall`` (at once if it has passed)."""
+    await asyncio.sleep(max(0.0, wall - time.time()))
+    return time.process_time()
+
+
 async def run_append(spec: dict) -> dict:
     """unary / stream: closed loop of ``concurrency`` tasks; counts what completes inside the window."""
     batch, items = spec["batch"], spec.get("items", 1)
     request = append_request_bytes(spec["topic"], batch, spec["body_bytes"])
     channels = _channels(spec["target"], max(1, min(spec["concurrency"], spec.get("channels", 4))),
-                         spec.get("tls_ca", ""))
+                         spec.get("tls_ca", ""), spec.get("channel_options", ()))
     try:
         await _ready(channels, 10.0)
         if spec["kind"] == "stream":
@@ -152,15 +159,18 @@ async def run_append(spec: dict) -> dict:
         t0 = max(spec["start_at"], ready) + spec["warmup_s"]
         window = Window(t0, t0 + spec["duration_s"])
         cpu0, wall0 = time.process_time(), time.perf_counter()
+        edges = [asyncio.ensure_future(_cpu_at(t)) for t in (window.t0, window.t1)]
         outcome = Outcome()
         tasks = [_append_task(calls[i % len(calls)], request, batch * items, window, outcome, spec["max_calls"])
                  for i in range(spec["concurrency"])]
         await asyncio.gather(*tasks)
+        window_cpu = await edges[1] - await edges[0]
     finally:
         for ch in channels:
             await ch.close()
     cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     return {"calls": window.calls, "messages": window.messages, "window_s": spec["duration_s"], "client_cores": cores,
+            "window_client_cores": window_cpu / spec["duration_s"],
             "latencies_ms": window.latencies_ms, "errors": outcome.errors, "first_error": outcome.first_error,
             "durability": outcome.durability, "checked_responses": outcome.checked_responses}
 

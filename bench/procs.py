@@ -231,8 +231,10 @@ class GrpcServer:
         return stop(self.proc) if self.proc else 0
 
 
-def run_loadgen(spec: dict, processes: int = 1, timeout_s: float = 120.0) -> list[dict]:
-    """Run ``processes`` loadgen processes with the same spec (concurrency split between them).
+def run_loadgen(spec: dict, processes: int = 1, timeout_s: float = 120.0,
+                env: dict[str, str] | None = None) -> list[dict]:
+    """Run ``processes`` loadgen processes with the same spec (concurrency split between them), with
+    ``env`` added to their environment (grpc's variables: bench/security.py).
 
     With several processes they agree on a wall-clock start so that their windows coincide.
     """
@@ -245,7 +247,8 @@ def run_loadgen(spec: dict, processes: int = 1, timeout_s: float = 120.0) -> lis
         if n > 0:
             spec_n = json.dumps({**spec, "concurrency": n})
             procs.append(subprocess.Popen([PYTHON, str(BENCH_DIR / "loadgen.py"), spec_n],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          env={**os.environ, **env} if env else None))
             STARTED.append(procs[-1])
     results = []
     deadline = time.monotonic() + timeout_s

@@ -2,14 +2,18 @@
 
 :class:`Authority` answers two questions for the server interceptor (mqstore_rpc.auth):
 
-* ``authenticate(user, secret)``: the user's :class:`Principal`, or Unauthenticated. The secret is
-  checked against its scrypt hash (mqstore.auth.secrets, tens of milliseconds) once; after that a
-  SHA-256 fingerprint of the accepted secret is kept in memory, so a call costs a hash and a dict
-  lookup, not a database read. Concurrent calls with the same new credentials share one check
-  (the first hashes, the others wait for its answer): 16 producers starting at once hash once.
-  Rejected (user, fingerprint) pairs are remembered too (bounded), so a client retrying a wrong secret
-  does not make the server hash it again on every call. The service identity (``service``, whose
-  secret is MQSTORE_INTERNAL_TOKEN) is checked in constant time without the database.
+* ``authenticate(user, secret, credential)``: the user's :class:`Principal`, or Unauthenticated. The
+  secret is checked against its scrypt hash (mqstore.auth.secrets, tens of milliseconds) once; after
+  that the accepted credential, as the caller presented it (the interceptor's whole ``authorization``
+  value), is the key of a dict of principals, so a call costs one dict lookup (:meth:`cached`): no
+  hash of the secret, no database read. Those keys hold the secrets of the users that called
+  since the last change, in this process's memory only (which receives them with every call anyway);
+  there is one entry per user and secret, dropped with every change. Concurrent calls with the same
+  new credentials share one check (the first hashes, the others wait for its answer): 16 producers
+  starting at once hash once. Rejected (user, SHA-256 of the secret) pairs are remembered too
+  (bounded), so a client retrying a wrong secret does not make the server run scrypt again on every
+  call. The service identity (``service``, whose secret is MQSTORE_INTERNAL_TOKEN) is checked in
+  constant time without the database, then cached like the others.
 * ``authorize(principal, action, resource)``: None, or PermissionDenied naming the user, the action,
   the resource and the deciding rule (mqstore.auth.model.decide). Decisions are cached per principal.
 
@@ -17,10 +21,13 @@ Invalidation: every cache belongs to one *version* of the users and rules (a cou
 every change). ``invalidate()`` drops them at once (the process that made the change calls it);
 ``refresh()`` reads the version and drops them when another process changed it; the
 :class:`AuthRefresh` duty calls it every ``refresh_ms`` (1 s by default), so a change made through one
-service is in force in every service within that time.
+service is in force in every service within ``refresh_ms`` plus one read of the version (a revoked user
+or rule is refused from then on: tests/integration/test_auth_revocation.py). While the database cannot
+be read the caches stay as they were (the duty retries with backoff), so that bound holds only while it
+is readable.
 
-Thread-safety: the caches are swapped under ``_lock``; hashing and database reads run outside it (two
-threads may verify the same new secret at once: both get the same answer).
+Thread-safety: the caches are swapped under ``_lock`` and read without it (a dict read is atomic; the
+dicts are replaced on a change, never cleared); hashing and database reads run outside it.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from mqstore.metrics import Registry
 log = structlog.get_logger("mqstore.auth")
 
 MAX_CACHED_FAILURES = 4096
+MAX_CACHED_CREDENTIALS = 4096   # accepted ones: one per user and secret, unless a client varies the form
 MAX_CACHED_DECISIONS = 4096
 # Verified when the user does not exist, so that an unknown name costs as long as a wrong secret.
 _DUMMY_HASH = "scrypt$16384$8$1$AAAAAAAAAAAAAAAAAAAAAA==$" + "A" * 43 + "="
@@ -58,7 +66,9 @@ class AuthSource(Protocol):
 
 @dataclass
 class Principal:
-    """An authenticated user, its rules as of the cache's version, and its cached decisions."""
+    """An authenticated user, its rules as of the cache's version, and its cached decisions
+    (``(action, resource)`` -> Decision, filled by :meth:`Authority.decide`; the interceptor reads it
+    first, one dict lookup per resource)."""
 
     name: str
     kind: str
@@ -76,26 +86,36 @@ class Authority:
         self._service_secret = service_secret
         self._lock = threading.Lock()
         self._version = source.version()
-        self._accepted: dict[str, tuple[bytes, Principal]] = {}
+        self._accepted: dict[str, Principal] = {}     # presented credential -> principal
         self._rejected: dict[tuple[str, bytes], None] = {}
         self._flights: dict[tuple[str, bytes], _Flight] = {}
         metrics = metrics or Registry()
-        self._hits = metrics.counter("mqstore_auth_cache_hits_total",
-                                     "calls whose credentials the cache accepted (no secret hashed)")
+        self._hits = metrics.counter("mqstore_auth_cache_hits_total", "calls whose credentials the cache "
+                                     "accepted (no secret hashed)").labels()  # the one child: one call less
         self._verifications = metrics.counter("mqstore_auth_secret_verifications_total",
                                               "secrets checked against their stored hash (scrypt)")
         self._invalidations = metrics.counter("mqstore_auth_cache_invalidations_total",
                                               "times the users or rules changed and the caches were dropped")
 
     # ---- authentication ------------------------------------------------------------------------------
-    def authenticate(self, name: str, secret: str) -> Principal:
-        if name == SERVICE_USER:
-            return self._service(secret)
-        fp = secrets.fingerprint(secret)
-        cached = self._accepted.get(name)  # one dict read (atomic); the dicts are replaced, never cleared
-        if cached is not None and hmac.compare_digest(cached[0], fp):
+    def cached(self, credential: str) -> Principal | None:
+        """The principal of ``credential`` if it was accepted since the last change, else None (then
+        :meth:`authenticate`). The hot path: one dict read."""
+        principal = self._accepted.get(credential)  # atomic; the dict is replaced on a change, never cleared
+        if principal is not None:
             self._hits.inc()
-            return cached[1]
+        return principal
+
+    def authenticate(self, name: str, secret: str, credential: str = "") -> Principal:
+        """``credential``: the form the caller presented ``name`` and ``secret`` in (it must determine
+        them both), the key :meth:`cached` finds them by next time; default ``name:secret``."""
+        credential = credential or f"{name}:{secret}"
+        cached = self.cached(credential)
+        if cached is not None:
+            return cached
+        if name == SERVICE_USER:
+            return self._service(secret, credential)
+        fp = secrets.fingerprint(secret)
         key = (name, fp)
         with self._lock:
             rejected = key in self._rejected
@@ -109,7 +129,7 @@ class Authority:
         if not leading:  # another call is checking the same secret: wait for its answer, hash nothing
             return flight.wait(name)
         try:
-            flight.principal = self._verify(name, secret, fp, version)
+            flight.principal = self._verify(name, secret, fp, version, credential)
             return flight.principal
         except BaseException as exc:
             flight.error = exc
@@ -119,24 +139,31 @@ class Authority:
                 del self._flights[key]
             flight.done.set()
 
-    def _verify(self, name: str, secret: str, fp: bytes, version: int) -> Principal:
+    def _verify(self, name: str, secret: str, fp: bytes, version: int, credential: str) -> Principal:
         user = self._source.user(name)
         self._verifications.inc()
         if not secrets.verify_secret(secret, user.secret_hash if user else _DUMMY_HASH) or user is None:
             self._remember_rejected(name, fp, version)
             raise _not_accepted(name)
         principal = Principal(name, user.kind, tuple(self._source.rules(name)))
-        with self._lock:
-            if self._version == version:  # not if the users changed while we were reading them
-                self._accepted[name] = (fp, principal)
+        self._remember_accepted(credential, principal, version)
         return principal
 
-    def _service(self, secret: str) -> Principal:
+    def _remember_accepted(self, credential: str, principal: Principal, version: int) -> None:
+        with self._lock:
+            if self._version != version:  # not if the users changed while we were reading them
+                return
+            accepted = self._accepted if len(self._accepted) < MAX_CACHED_CREDENTIALS else {}
+            accepted = {**accepted, credential: principal}  # a new dict: readers take no lock
+            self._accepted = accepted
+
+    def _service(self, secret: str, credential: str) -> Principal:
         if not self._service_secret:
             raise Unauthenticated(f"user {SERVICE_USER!r} is the services' own identity and this server has "
                                   f"no internal token configured (MQSTORE_INTERNAL_TOKEN)")
         if not hmac.compare_digest(secret.encode("utf-8"), self._service_secret.encode("utf-8")):
             raise _not_accepted(SERVICE_USER)
+        self._remember_accepted(credential, _SERVICE_PRINCIPAL, self._version)
         return _SERVICE_PRINCIPAL
 
     def _remember_rejected(self, name: str, fp: bytes, version: int) -> None:

@@ -65,6 +65,6 @@ def verify_secret(secret: str, stored: str) -> bool:
 
 
 def fingerprint(secret: str) -> bytes:
-    """A fast one-way digest of a presented secret: the key of the verification cache (the secret
-    itself is never kept)."""
+    """A fast one-way digest of a presented secret: the key of the caches of rejected secrets and of
+    checks in progress (mqstore.auth.authority; a wrong secret is never kept itself)."""
     return hashlib.sha256(secret.encode("utf-8")).digest()

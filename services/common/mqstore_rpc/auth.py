@@ -6,7 +6,8 @@ SecretKey): to verify a signature the server must hold the secret itself, while 
 kept only as a salted scrypt hash (a stolen auth database gives no one's secret). What a signature adds
 is protection of the secret in transit and against replay; TLS (mqstore_rpc.tls) gives both to every
 call, so with authentication on across a network, turn TLS on too. Verification is cached
-(mqstore.auth.authority), so a call costs a SHA-256 and a dict lookup.
+(mqstore.auth.authority) by the whole metadata value, and so is each permission decision per user,
+action and resource: a call costs two dict lookups (bench/auth_call.py measures it).
 
 :class:`AuthInterceptor` (the server side, inside the error interceptor so that its errors map to
 status codes in one place): for each RPC of :data:`mqstore_rpc.permissions.PERMISSIONS`,
@@ -114,17 +115,36 @@ class AuthInterceptor(grpc.ServerInterceptor):
         raise exc
 
     def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
+        metadata = context.invocation_metadata()
+        for key, value in metadata:
+            if key == METADATA_KEY:
+                if isinstance(value, str):
+                    principal = self._authority.cached(value)  # the hot path: credentials seen before
+                    if principal is not None:
+                        return principal
+                break
         try:
-            user, secret = parse_credentials(context.invocation_metadata())
+            user, secret = parse_credentials(metadata)
         except Unauthenticated as exc:
             self._deny(exc, "no_credentials", method, context)
         try:
-            return self._authority.authenticate(user, secret)
+            return self._authority.authenticate(user, secret, value)
         except Unauthenticated as exc:
             self._deny(exc, "bad_credentials", method, context, user[:64])
 
     def _authorize(self, principal: Principal, need: Need, request, method: str, context) -> None:
-        for actions, resource in need.checks(request):
+        if need.resources is None:
+            return
+        decisions, action = principal.decisions, need.action
+        for item in need.resources(request):
+            if isinstance(item, Resource):  # the hot path: a decision made before, which allowed
+                decision = decisions.get((action, item))
+                if decision is not None and decision.allowed:
+                    continue
+            self._authorize_slowly(principal, need, item, method, context)
+
+    def _authorize_slowly(self, principal: Principal, need: Need, item, method: str, context) -> None:
+        for actions, resource in need.check(item):
             if len(actions) > 1 and any(self._authority.decide(principal, a, resource).allowed for a in actions[1:]):
                 continue  # another action that suffices is allowed
             self._check(principal, actions[0], resource, method, context)

@@ -45,11 +45,14 @@ class Need:
 
     def checks(self, request) -> list[tuple[tuple[str, ...], Resource]]:
         """(actions any one of which suffices, resource) for each resource the request names."""
-        actions = (self.action, self.either) if self.either else (self.action,)
-        out = []
-        for item in self.resources(request) if self.resources is not None else ():
-            out.append((actions, item) if isinstance(item, Resource) else ((item[0],), item[1]))
-        return out
+        return [check for item in (self.resources(request) if self.resources is not None else ())
+                for check in self.check(item)]
+
+    def check(self, item: Resource | tuple[str, Resource]) -> list[tuple[tuple[str, ...], Resource]]:
+        """(actions any one of which suffices, resource) for one item a resource function gave."""
+        if isinstance(item, Resource):
+            return [((self.action, self.either) if self.either else (self.action,), item)]
+        return [((item[0],), item[1])]
 
 
 OPEN = None  # no credentials needed

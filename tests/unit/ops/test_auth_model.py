@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import random
 
 import pytest
@@ -193,3 +194,36 @@ def test_concurrent_calls_with_new_credentials_share_one_check(store):
         t.join(20)
     assert [p.name for p in results] == ["dave"] * 8
     assert registry.get("mqstore_auth_secret_verifications_total").value == 1 and entered == ["dave"]
+
+
+def test_a_cached_call_hashes_no_secret_and_reads_no_database(store, monkeypatch):
+    """After the first call, credentials are one dict lookup keyed by the presented value: no SHA-256
+    (let alone scrypt) of the secret, no database read; until a change drops the cache."""
+    admin = AccessAdmin(store)
+    admin.create_user("erin", model.NORMAL, "erin-secret-1")
+    admin.add_rule("erin", model.TOPIC, "orders", frozenset({PUB}), ALLOW)
+    authority = Authority(store, service_secret="internal-1234")
+    presented = "Bearer erin:erin-secret-1"
+    assert authority.cached(presented) is None
+    erin = authority.authenticate("erin", "erin-secret-1", presented)
+    service = authority.authenticate("service", "internal-1234", "Bearer service:internal-1234")
+
+    def forbidden(*_args):
+        raise AssertionError("a cached call hashed a secret or read the database")
+    for name in ("fingerprint", "verify_secret"):
+        monkeypatch.setattr(secrets, name, forbidden)
+    for name in ("user", "rules", "version"):
+        monkeypatch.setattr(store, name, forbidden)
+    monkeypatch.setattr(hmac, "compare_digest", forbidden)
+    for _ in range(3):
+        assert authority.cached(presented) is erin
+        assert authority.authenticate("erin", "erin-secret-1", presented) is erin
+        assert authority.authenticate("service", "internal-1234", "Bearer service:internal-1234") is service
+        authority.authorize(erin, PUB, topic("orders"))
+    assert authority.cached("Bearer erin:erin-secret-2") is None           # another secret is not this one
+    monkeypatch.undo()
+    admin.update_user("erin", secret="erin-secret-2")
+    authority.invalidate()
+    assert authority.cached(presented) is None                             # a change drops the cache
+    with pytest.raises(Unauthenticated):
+        authority.authenticate("erin", "erin-secret-1", presented)
