@@ -152,26 +152,49 @@ def write_pass(src: Sealed, lo: int, hi: int, cleaned: int, next_offset: int, om
     return files, manifest
 
 
+KEEP, PENDING, SUPERSEDED, EXPIRED = "keep", "pending", "superseded", "expired"
+
+
+def fate(mapped: bool, superseded: bool, tombstone: bool, seen: int, now_ms: int,
+         config: CompactionConfig) -> tuple[str, int]:
+    """What a pass does with one sealed record, and its tombstone seen-at ms. ``mapped``: the record has a
+    key and lies within the pass's map (offset <= its last offset); ``superseded``: a later record of its
+    key is mapped. Both engines decide with this (the Spark job on its executors, one segment a task):
+    KEEP, PENDING (a tombstone kept within its retention), SUPERSEDED or EXPIRED (both removed)."""
+    if not mapped:
+        return KEEP, seen  # a keyless record (written before keys were required) is kept as it is
+    if superseded:
+        return SUPERSEDED, seen
+    if not tombstone:
+        return KEEP, seen
+    seen = seen or now_ms  # stamped by the pass that first maps it (the round's one clock, ms)
+    return (EXPIRED if tombstone_expired(seen, now_ms, config.delete_retention_ms) else PENDING), seen
+
+
+def count(stats: RoundStats, what: str, size: int, key: str | None, offset: int) -> bool:
+    """Add one record's fate to ``stats``; whether the record is kept."""
+    stats.records_in += 1
+    if what == SUPERSEDED:
+        stats.records_removed += 1
+    elif what == EXPIRED:
+        stats.tombstones_removed += 1
+        stats.removed_keys[key] = offset
+    else:
+        stats.tombstones_pending += what == PENDING
+        stats.records_out += 1
+        return True
+    stats.bytes_reclaimed += size
+    return False
+
+
 def _rewrite(src: Sealed, omap: OffsetMap, writer: RoundWriter, now_ms: int, config: CompactionConfig,
              stats: RoundStats) -> None:
     sealed = src.entries
     stats.records_in = stats.records_out = stats.tombstones_pending = 0
     for i, raw, key, tombstone in sealed_records(src, 0, len(sealed)):
-        offset, seen = sealed.offsets[i], sealed.seen[i]
-        stats.records_in += 1
-        if offset <= omap.last_offset and key is not None:
-            latest = omap.get(digest(key))
-            if latest is not None and offset < latest:
-                stats.records_removed += 1
-                stats.bytes_reclaimed += len(raw)
-                continue
-            if tombstone:
-                seen = seen or now_ms
-                if tombstone_expired(seen, now_ms, config.delete_retention_ms):
-                    stats.tombstones_removed += 1
-                    stats.bytes_reclaimed += len(raw)
-                    stats.removed_keys[key] = offset
-                    continue
-                stats.tombstones_pending += 1
-        writer.add(raw, offset, sealed.tags[i], sealed.store_ms[i], seen)
-        stats.records_out += 1
+        offset = sealed.offsets[i]
+        mapped = key is not None and offset <= omap.last_offset
+        latest = omap.get(digest(key)) if mapped else None
+        what, seen = fate(mapped, latest is not None and offset < latest, tombstone, sealed.seen[i], now_ms, config)
+        if count(stats, what, len(raw), key, offset):
+            writer.add(raw, offset, sealed.tags[i], sealed.store_ms[i], seen)
