@@ -7,6 +7,9 @@
                                                                and the range
   an offset, queue id, time, count        itself               InvalidArgument     the RPC's own answer
                                                                naming the field    (OUT_OF_RANGE, NOT_FOUND)
+  a bounded value (batch_size,            the documented       InvalidArgument     InvalidArgument
+  invisible_duration_ms, max_attempts)    default, or refused  naming the field    (the proto gives the range)
+                                          when it has none     and the range
 
 A negative value is malformed whatever the state of the store, so it is INVALID_ARGUMENT, never read as
 "nothing" or "everything": a Pull that took max_messages -1 as "no messages" answered OK at the queue's
@@ -30,4 +33,15 @@ def at_least_zero(field: str, value: int, meaning: str = "") -> int:
     """An offset, id, time or count: InvalidArgument when negative (``meaning`` says what 0 and up are)."""
     if value < 0:
         raise InvalidArgument(f"{field} is {value}; it must be 0 or more{f' ({meaning})' if meaning else ''}")
+    return value
+
+
+def within(field: str, value: int, low: int, high: int, *, default: int | None = None) -> int:
+    """A value the proto bounds on both sides: 0 = ``default`` when it has one; anything outside [low, high]
+    (negative included) is InvalidArgument naming the field and the range."""
+    if value == 0 and default is not None:
+        return default
+    if not low <= value <= high:
+        zero = f"0 (the default, {default}) or " if default is not None else ""
+        raise InvalidArgument(f"{field} is {value}; give {zero}{low} to {high}")
     return value

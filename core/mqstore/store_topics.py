@@ -7,7 +7,10 @@ A topic has an incarnation, ``start_physical_offset``: the commit log's end when
 log keeps the records of a deleted topic until retention removes them, and a topic created again with
 the same name must not inherit them, so every reader of the log (the consume queues and their rebuild,
 GetMessage, the Compactor, the Index through GetMessage) takes a record of topic T as part of T only if
-T exists and the record lies at or above T's start_physical_offset.
+T exists and the record lies at or above T's start_physical_offset. Pop consumption's retry copies live in
+topics of their own (%RETRY%{group}_T): a Receive of T passes over those stored below T's
+start_physical_offset (copies for the T deleted before), and an old delivery still in flight cannot be
+copied again (its original is no longer T's).
 
 DeleteTopic runs in steps (MessageStore.delete_topic), each safe to crash after; a delete cut short is
 resumed from step 2 when the store starts (rows still marked), and retried by a DeleteTopic of the name:
@@ -97,6 +100,17 @@ class TopicRegistry:
         """Whether the record of topic ``name`` at ``physical_offset`` is part of the topic as it is now."""
         found = self._topics.get(name)
         return found is not None and physical_offset >= found.start_physical_offset
+
+    def consumer_lag(self) -> dict[tuple[str, str, int], int]:
+        """(group, topic, queue id) -> messages from the group's committed offset to the queue's end, for
+        every committed offset of a topic that still exists (one metadata query: for the metrics)."""
+        lag = {}
+        for group, topic, queue_id, offset in self.meta.list_offsets() if self.meta is not None else ():
+            record = self._topics.get(topic)
+            if record is None or queue_id >= record.queue_count:
+                continue
+            lag[(group, topic, queue_id)] = max(0, self._queue_info(topic, queue_id).max_offset - offset)
+        return lag
 
     def get(self, name: str) -> TopicRecord:
         found = self._topics.get(name)

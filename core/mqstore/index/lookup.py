@@ -75,9 +75,10 @@ class ServiceStats:
     maintainer_died: str = ""   # the bug that killed the maintainer thread, "" otherwise
 
     @property
-    def bytes_behind(self) -> int:
+    def bytes_behind(self) -> int | None:
+        """None until the follower's first frame since start: unknown, which is not caught up."""
         end = self.follower.log_end_physical_offset
-        return max(0, end - (self.store.next_physical_offset or 0)) if end is not None else 0
+        return max(0, end - (self.store.next_physical_offset or 0)) if end is not None else None
 
     @property
     def problem(self) -> str:

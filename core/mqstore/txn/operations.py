@@ -18,6 +18,7 @@ from typing import Callable
 from mqstore import limits
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
+from mqstore.metrics import Registry
 from mqstore.meta.txn_audit import AuditEntry, AuditTrail
 
 from .cache import HalfCache
@@ -28,6 +29,7 @@ from .coordinator import Coordinator, Ended
 from .opbatch import OpBatcher
 from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, ROLLED_BACK, Txn, TxnTable
 
+MAX_AUDIT_PAGE = 1000
 MAX_LIST = 10_000
 # Counters kept across restarts (the checkpoint's "counters"): name -> where the live figure comes from.
 COUNTERS = ("halves_written", "op_messages_written", "op_entries_written", "op_flush_by_size", "op_flush_by_time",
@@ -102,12 +104,37 @@ class Operations:
         self.audit.finished(entry, "already" if ended.already else "done")
         return ended
 
+    def register_metrics(self, metrics: Registry) -> None:
+        """The figures an operator pages on: transactions by state, the oldest open one, halves and OP
+        messages written and their ratio, check-backs sent and answered (the cache's are its own)."""
+        metrics.gauge_fn("mqstore_txn_transactions", "transactions the service knows, by state",
+                         lambda: {(state,): n for state, n in self.table.counts().items()}, ("state",))
+        metrics.gauge_fn("mqstore_txn_oldest_open_age_seconds", "age of the oldest open transaction (store time)",
+                         self._oldest_open_s)
+        # The persisted counters (checkpointed across restarts, as Stats reports them).
+        for name, doc in (("halves_written", "half messages written"), ("op_messages_written", "OP messages written"),
+                          ("checks_sent", "check-back requests sent to producers"),
+                          ("check_answers", "check-back answers received")):
+            metrics.counter_fn(f"mqstore_txn_{name}_total", doc, lambda name=name: self.counters()[name])
+        metrics.gauge_fn("mqstore_txn_half_to_op_ratio", "halves written per OP message written", self._half_to_op)
+        metrics.gauge_fn("mqstore_txn_recovering", "1 until the follower has read the log up to its end at start",
+                         lambda: int(not self.table.ready))
+
+    def _oldest_open_s(self) -> float:
+        now = self.clock.now_ms()
+        with self.table.lock:
+            firsts = [t.first_store_ms for t in self.table.by_id.values() if t.state == OPEN]
+        return (now - min(firsts)) / 1000 if firsts else 0.0
+
+    def _half_to_op(self) -> float:
+        counters = self.counters()
+        written = counters["op_messages_written"]
+        return counters["halves_written"] / written if written else 0.0
+
     def list_audit(self, txn_id: str, limit: int, page_token: str) -> AuditPage:
         if page_token and not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
             raise InvalidArgument("page_token: pass the next_page_token of the previous answer, or nothing")
-        if limit < 0:
-            raise InvalidArgument("limit must not be negative (0 = 100)")
-        limit = min(limit or 100, 1000)
+        limit = limits.limit("limit", limit, default=100, maximum=MAX_AUDIT_PAGE)
         entries = self.audit.entries(txn_id, int(page_token or 0), limit + 1)
         more = len(entries) > limit
         entries = entries[:limit]

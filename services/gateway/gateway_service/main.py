@@ -91,12 +91,13 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     cfg = config.gateway
     clock = config.clock or SystemClock()
     rpc_timeout_s = config.rpc_timeout_ms / 1000
-    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s)
+    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, peers=parts.peers)
     parts.on_close(log_client.close)
-    pop = PopClient(config.commitlog_address, rpc_timeout_s)
+    pop = PopClient(config.commitlog_address, rpc_timeout_s, parts.peers)
     parts.on_close(pop.close)
     txn = TxnClient(config.txn_address, rpc_timeout_s=rpc_timeout_s,
-                    stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000)
+                    stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000,
+                    peers=parts.peers)
     parts.on_close(txn.close)
     registry = ClientRegistry(clock, max_clients=cfg.max_clients, ttl_ms=cfg.client_ttl_ms,
                               outbox_limit=cfg.telemetry_outbox_limit)

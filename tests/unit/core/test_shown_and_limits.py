@@ -28,3 +28,13 @@ def test_limits():
     assert limits.at_least_zero("offset", 0) == 0
     with pytest.raises(InvalidArgument, match=r"offset is -5; it must be 0 or more \(a queue offset\)"):
         limits.at_least_zero("offset", -5, "a queue offset")
+
+
+def test_within_takes_the_default_for_zero_and_refuses_anything_outside_its_range():
+    assert limits.within("batch_size", 0, 1, 1000, default=32) == 32
+    assert limits.within("batch_size", 1000, 1, 1000, default=32) == 1000
+    for bad in (-1, 1001):
+        with pytest.raises(InvalidArgument, match=rf"batch_size is {bad}; give 0 \(the default, 32\) or 1 to 1000$"):
+            limits.within("batch_size", bad, 1, 1000, default=32)
+    with pytest.raises(InvalidArgument, match=r"invisible_duration_ms is 0; give 100 to 43200000$"):
+        limits.within("invisible_duration_ms", 0, 100, 43_200_000)
