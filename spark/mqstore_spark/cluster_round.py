@@ -9,7 +9,8 @@ under the shared volume so the executors find its segments and staging at the dr
      tenth record of a key after its first a tombstone;
   2. copy it; run the local engine's round (mqstore.compaction.rounds.run_round, one pass: a map budget
      that holds every key) on one copy, and the Spark job (``python -m mqstore_spark.round_job``, as the
-     compactor runs it) on the other, then install its output as the compactor does (install_output);
+     compactor runs it) on the other, then install its output as the compactor does
+     (mqstore.compaction.staged.install_output);
   3. compare every file of the two queue directories byte for byte (the consume-queue files included);
   4. print one JSON line: records, keys, input bytes, both engines' seconds, the keys' size at the
      local engine's cost per key against the executor memory, and whether the files are identical.
@@ -33,7 +34,9 @@ import time
 from mqstore.compaction.offset_map import ENTRY_COST_BYTES
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.qlog import QueueLog
+from mqstore.compaction.qlog_files import STAGING
 from mqstore.compaction.rounds import run_round
+from mqstore.compaction.staged import install_output
 from mqstore.format import record
 
 MiB = 1 << 20
@@ -65,8 +68,6 @@ def generate(queue_dir: pathlib.Path, records: int, keys: int, segment_bytes: in
 
 def spark_round(queue_dir: pathlib.Path, config: CompactionConfig, master: str, now_ms: int) -> float:
     """The Spark job as the compactor runs it (a child process), its output installed; its seconds."""
-    from compactor_service.spark_runner import install_output
-    from mqstore.compaction.qlog_files import STAGING
     qlog = QueueLog(queue_dir, config.segment_size_bytes, "kv", 0)
     try:
         bases, _ = qlog.sealed()
