@@ -6,8 +6,8 @@ process (``python -m mqstore_spark.round_job``: the service never imports pyspar
 set to this Python and SPARK_LOCAL_IP to loopback unless set, bounded by ``timeout_s``, then
 :func:`mqstore.compaction.staged.install_output` checks the manifest against the staged files (inputs
 are the planned segments, every output's size and CRC32, the SHA-256 digest) and installs them with
-QueueLog.install (the swap every round uses). Each job logs ``compaction.spark_job`` (the master, the Spark application's id,
-which the job prints last on its stdout, and the seconds it took). A job that fails or a manifest that
+QueueLog.install (the swap every round uses). Each job logs ``compaction.spark_job`` (the master, the
+Spark application's id, which the job prints last on its stdout, and the seconds it took). A job that fails or a manifest that
 does not check raises: the round fails and the queue is quarantined like any other failing round.
 
 The job is a process group of its own (its session: the job's Python, Spark's JVM, the JVM's Python
