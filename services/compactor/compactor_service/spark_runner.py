@@ -7,8 +7,9 @@ set to this Python and SPARK_LOCAL_IP to loopback unless set, bounded by ``timeo
 :func:`mqstore.compaction.staged.install_output` checks the manifest against the staged files (inputs
 are the planned segments, every output's size and CRC32, the SHA-256 digest) and installs them with
 QueueLog.install (the swap every round uses). Each job logs ``compaction.spark_job`` (the master, the
-Spark application's id, which the job prints last on its stdout, and the seconds it took). A job that fails or a manifest that
-does not check raises: the round fails and the queue is quarantined like any other failing round.
+Spark application's id, which the job prints last on its stdout, and the seconds it took). A job that
+fails or a manifest that does not check raises: the round fails and the queue is quarantined like any
+other failing round.
 
 The job is a process group of its own (its session: the job's Python, Spark's JVM, the JVM's Python
 workers), recorded while it runs in ``<topic dir>/.<queue>.spark-job.json`` (its process group id and
