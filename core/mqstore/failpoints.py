@@ -40,6 +40,7 @@ KNOWN = frozenset({
     "topic.delete.queues_dropped",  # the consume queues are gone, the row not yet deleted
     # the Transaction service (services/txn; txn.proto says what a crash at each step means):
     "txn.prepare.after_half",    # the halves are appended, Prepare not yet answered
+    "txn.commit.before_real",    # a commit decided (its guard held), the real messages not yet appended
     "txn.commit.after_real",     # the real messages are appended, no OP entry queued, not answered
     "txn.op.before_write",       # an OP batch is taken (mid batch: entries pending), not yet appended
     "txn.op.after_write",        # the OP message is appended, its entries not yet dropped

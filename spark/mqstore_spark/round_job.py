@@ -11,19 +11,25 @@ staging directory and the Spark master. Nothing per key or per record crosses to
      columns the plan needs) and marks a record *superseded* when a later record of its key lies in the
      dirty range: the latest offset per key is a window aggregate over the dirty records, computed on
      the executors (shuffled and spilled by Spark, never held by one process);
-  3. one task per input segment (on an executor) rewrites that segment with the rules every engine
-     uses (mqstore.compaction.rounds.fate: superseded -> dropped, a tombstone past seen-at +
-     delete_retention_ms -> dropped, its key noted), writing the survivors to ``staging/parts/``:
-     ``<base>.log`` (their raw bytes, in log order), ``<base>.cq`` (their index entries in the sparse
-     queue format, positions within the part) and ``<base>.removed`` (JSON: key -> offset of the
-     tombstones removed); the driver collects one row of counters per segment;
-  4. the driver streams the parts, in segment order, one at a time, through the project's one round
-     writer (mqstore.compaction.writer.RoundWriter: positions, blank records and the index depend on
-     the whole sequence), so its files are byte-identical to the local engine's, then writes
-     ``round.manifest`` (inputs, outputs with sizes and CRC32s, a SHA-256 digest, the new round state,
-     the keys whose tombstones it removed, its counters) and prints the Spark application's id as the
-     last line of its stdout (the compactor logs it).
-The compactor validates the manifest against the staged files and installs them with its usual swap.
+  3. one task per input segment (on an executor) decides its records with the rules every engine uses
+     (mqstore.compaction.rounds.fate: superseded -> dropped, a tombstone past seen-at +
+     delete_retention_ms -> dropped, its key noted, a tombstone first seen stamped) and, when the
+     segment changes (rounds.changes: a record dropped or a tombstone stamped), writes the survivors
+     to ``staging/parts/``: ``<base>.log`` (their raw bytes, in log order), ``<base>.cq`` (their index
+     entries in the sparse queue format, positions within the part) and ``<base>.removed`` (JSON: key
+     -> offset of the tombstones removed); the driver collects one row per segment (its counters and
+     whether it changed);
+  4. as the local engine, the round rewrites from the first segment that changes (``rewritten_from``,
+     its base; the segments below are kept as they are): the driver streams, in segment order and one
+     at a time, the part of each changed segment and the records of each unchanged one (read from the
+     sealed segment itself: its part would be the same) through the project's one round writer
+     (mqstore.compaction.writer.RoundWriter: positions, blank records and the index depend on the
+     whole sequence), so its files are byte-identical to the local engine's, then writes
+     ``round.manifest`` (inputs, ``rewritten_from``, outputs with sizes and CRC32s, a SHA-256 digest,
+     the new round state, the keys whose tombstones it removed, its counters) and prints the Spark
+     application's id as the last line of its stdout (the compactor logs it).
+The compactor validates the manifest against the staged files and installs them in place of the sealed
+segments from ``rewritten_from`` on with its usual swap.
 Executors need the staging directory at the same path as the driver (compose: the shared volume).
 """
 
@@ -37,7 +43,7 @@ import shutil
 import sys
 
 from mqstore.compaction.policy import CompactionConfig
-from mqstore.compaction.rounds import RoundStats, count, dirty_range, fate, key_and_tombstone
+from mqstore.compaction.rounds import RoundStats, changes, count, dirty_range, fate, key_and_tombstone
 from mqstore.compaction.writer import RoundWriter, write_manifest
 from mqstore.errors import invariant
 from mqstore.format import compaction_segment as cseg, sparse_queue
@@ -116,27 +122,30 @@ def superseded_positions(spark, queue_dir: pathlib.Path, bases: list[int], clean
 
 
 def rewrite_segment(request: dict, base: int, superseded: list[int] | None, last: int) -> dict:
-    """(On an executor.) Rewrite one sealed segment into ``staging/parts/``; its counters."""
+    """(On an executor.) Decide one sealed segment's records; if it changes, write its part into
+    ``staging/parts/``; its counters and whether it changed."""
     config = CompactionConfig(**request["config"])
     queue_dir, parts = pathlib.Path(request["queue_dir"]), pathlib.Path(request["staging"]) / PARTS
     now_ms, drop = request["now_ms"], set(superseded or ())
     data = (queue_dir / cseg.log_name(base)).read_bytes()
     entries, _ = sparse_queue.decode_all((queue_dir / cseg.index_name(base)).read_bytes())
-    stats, log, cq = RoundStats(), bytearray(), bytearray()
+    stats, log, cq, changed = RoundStats(), bytearray(), bytearray(), False
     for entry in entries:
         at = entry.position - base
         raw = memoryview(data)[at:at + entry.size]
         key, tombstone = key_and_tombstone(raw)
         what, seen = fate(key is not None and entry.queue_offset <= last, entry.position in drop, tombstone,
                           entry.tombstone_seen_ms, now_ms, config)
+        changed = changed or changes(what, entry.tombstone_seen_ms)
         if count(stats, what, entry.size, key, entry.queue_offset):
             cq += sparse_queue.encode(SparseEntry(len(log), entry.size, entry.tag_code, entry.store_timestamp_ms,
                                                   entry.queue_offset, seen))
             log += raw
     invariant(stats.records_removed == len(drop), f"every superseded record of segment {base} is in its index")
-    for suffix, content in ((".log", log), (".cq", cq), (".removed", json.dumps(stats.removed_keys).encode())):
-        (parts / f"{base:020d}{suffix}").write_bytes(content)
-    return {"base": base, **{k: getattr(stats, k) for k in COUNTERS}}
+    if changed:
+        for suffix, content in ((".log", log), (".cq", cq), (".removed", json.dumps(stats.removed_keys).encode())):
+            (parts / f"{base:020d}{suffix}").write_bytes(content)
+    return {"base": base, "changed": changed, **{k: getattr(stats, k) for k in COUNTERS}}
 
 
 def run(spark, request: dict) -> dict:
@@ -159,27 +168,43 @@ def run(spark, request: dict) -> dict:
     rows = tasks.rdd.map(lambda row: {**rewrite_segment(request, row["base"], row["positions"], last),
                                       "keys": row["keys"] or 0}).collect()  # O(segments) rows
     invariant(sorted(r["base"] for r in rows) == sorted(bases), "one task per input segment")
+    rows.sort(key=lambda r: r["base"])
     stats = RoundStats(passes=1, keys_mapped=sum(r["keys"] for r in rows))
     for row in rows:
         for name in COUNTERS:
             setattr(stats, name, getattr(stats, name) + row[name])
+    first = next((n for n, row in enumerate(rows) if row["changed"]), len(rows))
+    start = bases[first] if first < len(bases) else (bases[-1] + config.segment_size_bytes if bases else 0)
+    stats.rewritten_from, stats.records_rewritten = start, sum(row["records_out"] for row in rows[first:])
     state = {"cleaned_offset": last, "next_offset": request["next_offset"]}
-    writer = RoundWriter(staging, config.segment_size_bytes)
-    for base in bases:  # the parts in log order through the one writer, one part in memory at a time
-        part = staging / PARTS / f"{base:020d}"
-        log = part.with_suffix(".log").read_bytes()
-        for entry in sparse_queue.decode_all(part.with_suffix(".cq").read_bytes())[0]:
-            writer.add(memoryview(log)[entry.position:entry.position + entry.size], entry.queue_offset,
-                       entry.tag_code, entry.store_timestamp_ms, entry.tombstone_seen_ms)
-        stats.removed_keys.update(json.loads(part.with_suffix(".removed").read_bytes()))
+    writer = RoundWriter(staging, config.segment_size_bytes, start)
+    for row in rows[first:]:  # in log order through the one writer, one segment in memory at a time
+        _stream(writer, row, queue_dir, staging / PARTS / f"{row['base']:020d}", stats)
     _, manifest = writer.finish(state)
     shutil.rmtree(staging / PARTS)
+    invariant(manifest["rewritten_from"] == start, "the writer starts where the first changed segment did")
     manifest.update(inputs=bases, state=state, removed_keys=stats.removed_keys,
                     stats={k: getattr(stats, k) for k in ("passes", "keys_mapped", "records_removed",
                                                           "tombstones_removed", "tombstones_pending",
-                                                          "bytes_reclaimed")})
+                                                          "bytes_reclaimed", "records_rewritten",
+                                                          "rewritten_from")})
     write_manifest(staging, manifest)
     return manifest
+
+
+def _stream(writer: RoundWriter, row: dict, queue_dir: pathlib.Path, part: pathlib.Path, stats: RoundStats) -> None:
+    """One segment's survivors into the writer: its part if it changed, else its own records (the same)."""
+    if row["changed"]:
+        log, shift = part.with_suffix(".log").read_bytes(), 0
+        index = part.with_suffix(".cq").read_bytes()
+        stats.removed_keys.update(json.loads(part.with_suffix(".removed").read_bytes()))
+    else:
+        log, shift = (queue_dir / cseg.log_name(row["base"])).read_bytes(), row["base"]
+        index = (queue_dir / cseg.index_name(row["base"])).read_bytes()
+    for entry in sparse_queue.decode_all(index)[0]:
+        at = entry.position - shift
+        writer.add(memoryview(log)[at:at + entry.size], entry.queue_offset, entry.tag_code,
+                   entry.store_timestamp_ms, entry.tombstone_seen_ms)
 
 
 def main(argv: list[str]) -> int:

@@ -300,8 +300,8 @@ def _install(name, tmp_path, failpoint):
 
 # ---- the Transaction service (real processes: tests/crash/txn_crash.py) -------------------------------------
 
-@scenario("txn.prepare.after_half", "txn.commit.after_real", "txn.op.before_write", "txn.op.after_write",
-          "txn.checkpoint.before_rename")
+@scenario("txn.prepare.after_half", "txn.commit.before_real", "txn.commit.after_real", "txn.op.before_write",
+          "txn.op.after_write", "txn.checkpoint.before_rename")
 def _txn(name, tmp_path, failpoint):
     from tests.crash.txn_crash import crash_at
     crash_at(name, tmp_path)

@@ -95,11 +95,36 @@ def R(**fields) -> consumer_pb2.ReceiveRequest:
     return consumer_pb2.ReceiveRequest(**{"group": "cg", "topic": "t", "invisible_duration_ms": 30_000, **fields})
 
 
+class FrameFailed(grpc.RpcError):
+    """A Transact frame answered with an error: the status its unary call would have ended with."""
+
+    def __init__(self, error: txn_pb2.FrameError):
+        super().__init__(error.message)
+        self._error = error
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self._error.code)
+
+    def details(self) -> str:
+        return self._error.message
+
+
+def _transact(stub, request: txn_pb2.TransactRequest) -> txn_pb2.TransactResponse:
+    """One frame on a Transact stream; its answer, or FrameFailed when the answer is an error."""
+    [answer] = list(stub.Transact(iter([request]), timeout=T))
+    assert answer.request_id == request.request_id, answer
+    if answer.HasField("error"):
+        raise FrameFailed(answer.error)
+    return answer
+
+
 def _call(stubs: Stubs, service: str, method: str, request):
     stub = getattr(stubs, service)
     metadata = (("mqstore-internal-token", TOKEN),) if service == "internal" else None
     if method == "AppendStream":
         response = stub.AppendStream(iter([request]), timeout=T)
+    elif method == "Transact":
+        response = _transact(stub, request)
     elif method == "CheckBack":  # the stream's first message says whose producer it is
         hello = txn_pb2.CheckBackMessage(hello=txn_pb2.CheckBackHello(producer_group="pg"))
         response = stub.CheckBack(iter([hello, request]), timeout=T)
@@ -221,6 +246,18 @@ NUMERIC = [
     ("prepare queue_id -1", "txn", "Prepare", txn_pb2.PrepareRequest(topic="t", producer_group="pg",
                                                                       messages=[M(queue_id=-1)]),
      Code.INVALID_ARGUMENT, "queue_id"),
+    ("transact request_id -1 (any number, carried back)", "txn", "Transact", txn_pb2.TransactRequest(
+        request_id=-1, prepare=txn_pb2.PrepareRequest(topic="t", producer_group="pg", messages=[M()])), None, ""),
+    ("transact prepare queue_id -1", "txn", "Transact", txn_pb2.TransactRequest(
+        request_id=1, prepare=txn_pb2.PrepareRequest(topic="t", producer_group="pg", messages=[M(queue_id=-1)])),
+     Code.INVALID_ARGUMENT, "queue_id"),
+    ("transact prepare flag -1", "txn", "Transact", txn_pb2.TransactRequest(
+        request_id=2, prepare=txn_pb2.PrepareRequest(topic="t", producer_group="pg", messages=[M(flag=-1)])),
+     None, ""),
+    ("transact prepare born -1", "txn", "Transact", txn_pb2.TransactRequest(
+        request_id=3, prepare=txn_pb2.PrepareRequest(topic="t", producer_group="pg",
+                                                     messages=[M(born_timestamp_ms=-1)])),
+     Code.INVALID_ARGUMENT, "born_timestamp_ms"),
     ("append flag -1 (opaque: any int32)", "log", "Append", pb.AppendRequest(topic="t", messages=[M(flag=-1)]),
      None, ""),
     ("append stream flag -1", "log", "AppendStream", pb.AppendRequest(topic="t", messages=[M(flag=-1)]), None, ""),

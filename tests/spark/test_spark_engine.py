@@ -1,6 +1,7 @@
 """The Spark engine: the data source reads the record format, a Spark round gives byte-identical files to
-the local engine's (multi-pass, tiny budget) on the same input, and what crosses to its driver is one row
-per segment, never a row per key or record."""
+the local engine's (many map fillings, tiny budget) on the same input, rewriting from the same first
+segment that changes, and what crosses to its driver is one row per segment, never a row per key or
+record."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from compactor_service.spark_runner import SparkRunner, install_output
 from mqstore.clock import FakeClock
 from mqstore.compaction import reads
 from mqstore.compaction.offset_map import ENTRY_COST_BYTES
-from mqstore.compaction.policy import CompactionConfig
+from mqstore.compaction.policy import DAY_MS, CompactionConfig
 from mqstore.compaction.store import CompactionStore
 from mqstore_spark import round_job
 from tests.support.compaction import BASE_MS, put
@@ -26,10 +27,12 @@ CONFIG = CompactionConfig(segment_size_bytes=4096, offset_map_memory_bytes=2 * E
                           delete_retention_ms=5_000)
 
 
-def _fill(directory: pathlib.Path, clock: FakeClock, rng, keys: int = 30, config: CompactionConfig = CONFIG) -> int:
+def _fill(directory: pathlib.Path, clock: FakeClock, rng, keys: int = 30, config: CompactionConfig = CONFIG,
+          fresh: bool = False) -> int:
+    """400 records; ``fresh``: those after the first round have keys of their own (its segments stay)."""
     store = CompactionStore(directory, config, clock)
     for offset in range(400):
-        key = f"key-{rng.randint(0, keys)}"
+        key = f"key-{rng.randint(0, keys) + (keys + 1 if fresh and offset > 250 else 0)}"
         value = None if rng.random() < 0.1 else f"{key}={offset}".encode() * rng.randint(1, 6)
         put(store, key, value, offset, clock.now_ms())
         clock.advance(rng.randint(0, 40))
@@ -64,12 +67,14 @@ def _spark_round(spark, config: CompactionConfig):
     return spark_round
 
 
-@pytest.mark.parametrize("config", [CONFIG, dataclasses.replace(CONFIG, min_compaction_lag_ms=3_000)],
-                         ids=["all-dirty", "lagging-tail"])
-def test_spark_and_local_rounds_give_byte_identical_files(spark, tmp_path, config):
+@pytest.mark.parametrize("config,fresh", [(CONFIG, False), (dataclasses.replace(CONFIG, min_compaction_lag_ms=3_000),
+                                                             False),
+                                          (dataclasses.replace(CONFIG, delete_retention_ms=DAY_MS), True)],
+                         ids=["all-dirty", "lagging-tail", "first-segments-kept"])
+def test_spark_and_local_rounds_give_byte_identical_files(spark, tmp_path, config, fresh):
     rng, seed = seeded_random("spark_identical")
     clock = FakeClock(BASE_MS)
-    _fill(tmp_path / "local", clock, rng, config=config)
+    _fill(tmp_path / "local", clock, rng, config=config, fresh=fresh)
     shutil.copytree(tmp_path / "local", tmp_path / "spark")
     clock.advance(6_000)  # some tombstones stamped by the first round are past their retention now
     local = CompactionStore(tmp_path / "local", config, clock)
@@ -81,6 +86,10 @@ def test_spark_and_local_rounds_give_byte_identical_files(spark, tmp_path, confi
     slot = other.slot("kv", 0)
     spark_info = other.compact(slot, engine="spark", runner=_spark_round(spark, config))
     assert spark_info.stats.passes == 1 and spark_info.stats.records_removed > 0
+    assert (spark_info.stats.rewritten_from, spark_info.stats.records_rewritten) == \
+        (info.stats.rewritten_from, info.stats.records_rewritten), f"seed {seed}"
+    assert (info.stats.rewritten_from > 0) == fresh, f"seed {seed}: the first round's segments change only " \
+        f"when later records share their keys or their tombstones expire"
     assert not (slot.qlog.directory / "staging").exists()  # the round's staging folder goes with it
     assert {v.key: v.stored.raw for v in reads.scan(other, "kv", 0, 0, 1000).items} == expected
     other.close()

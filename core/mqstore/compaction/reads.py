@@ -15,7 +15,7 @@ from mqstore import limits
 from mqstore.errors import InvalidArgument, NotFound, shown
 
 from .qlog import QueueLog, Stored
-from .rounds import key_and_tombstone
+from .rounds import compaction_fields, key_and_tombstone
 from .store import CompactionStore
 
 MAX_PULL_MESSAGES = 1_000
@@ -67,6 +67,7 @@ class Latest:
     queue_id: int
     stored: Stored
     tombstone: bool
+    value: bytes | None = None  # the record's body, when the read has taken it out already (Scan)
 
 
 def get_latest(store: CompactionStore, topic: str, key: str) -> Latest:
@@ -115,10 +116,10 @@ def scan(store: CompactionStore, topic: str, queue_id: int, offset: int, limit: 
             for stored in batch:
                 index += 1
                 at = stored.entry.queue_offset + 1
-                key, tombstone = key_and_tombstone(stored.raw)
+                key, tombstone, value = compaction_fields(stored.raw)
                 if key is not None and qlog.latest.get(key) == stored.entry.queue_offset and (
                         include_tombstones or not tombstone):
-                    items.append(Latest(key, qlog.queue_id, stored, tombstone))
+                    items.append(Latest(key, qlog.queue_id, stored, tombstone, value))
                     if len(items) == limit:
                         break
         if len(items) == limit:

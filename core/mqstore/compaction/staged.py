@@ -1,6 +1,7 @@
 """A round staged by another process (the Spark job): its manifest checked against the staged files, then
-installed with QueueLog.install (the swap every round uses). The compactor's Spark runner and
-``mqstore_spark.cluster_round`` install a job's output with this."""
+installed with QueueLog.install (the swap every round uses) in place of the planned sealed segments from
+the manifest's ``rewritten_from`` on (those below it are kept as they are). The compactor's Spark runner
+and ``mqstore_spark.cluster_round`` install a job's output with this."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def install_output(qlog: QueueLog, bases: list[int], staging: pathlib.Path) -> R
             for entry in sparse_queue.decode_all(path.read_bytes())[0]:
                 entries.add(entry)
     (staging / MANIFEST).unlink()
-    qlog.install(files, entries, manifest["state"], bases, manifest["removed_keys"])
+    start = manifest.get("rewritten_from", 0)  # the sealed segments below it are kept as they are
+    qlog.install(files, entries, manifest["state"], [b for b in bases if b >= start], manifest["removed_keys"])
     shutil.rmtree(staging, ignore_errors=True)
     stats = RoundStats(**manifest["stats"])
     stats.removed_keys = manifest["removed_keys"]

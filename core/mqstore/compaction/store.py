@@ -201,26 +201,25 @@ class CompactionStore:
             return info
 
     def _local(self, qlog: QueueLog, now_ms: int, info: RoundInfo | None = None) -> RoundStats:
-        def progress(stats: RoundStats) -> None:  # a running round's passes show in DescribeQueue and metrics
+        def progress(stats: RoundStats) -> None:  # a running round's map fillings show in DescribeQueue and metrics
             if info is not None:
                 with self._lock:
                     info.stats = stats
         return run_round(qlog, self.config, now_ms, progress)
 
     def register_metrics(self, metrics: Registry) -> None:
-        """Per queue: dirty ratio, whether a round runs and its passes so far (of at most max_passes), the
-        last round's duration; and how many queues are quarantined."""
+        """Per queue: dirty ratio, whether a round runs and its passes (map fillings) so far, the last round's
+        duration; and how many queues are quarantined."""
         labels = ("topic", "queue_id")
         metrics.gauge_fn("mqstore_compactor_dirty_ratio", "dirty bytes / (clean + dirty bytes) of the sealed "
                          "segments", lambda: {_key(s): self.dirt(s).dirty_ratio for s in self.slots()}, labels)
         metrics.gauge_fn("mqstore_compactor_round_running", "1 while a round runs on the queue",
                          lambda: self._per_slot(lambda s: int(s.running)), labels)
-        metrics.gauge_fn("mqstore_compactor_round_passes", "passes done by the running (or last) round, of at most "
-                         "max_passes", lambda: self._per_slot(lambda s: s.info.stats.passes), labels)
-        metrics.gauge_fn("mqstore_compactor_round_records", "records the running (or last) round's latest pass read "
-                         "(in) and wrote (out)", self._round_records, (*labels, "direction"))
-        metrics.gauge_fn("mqstore_compactor_round_max_passes", "the most passes a round makes",
-                         lambda: self.config.max_passes)
+        metrics.gauge_fn("mqstore_compactor_round_passes", "offset map fillings of the running (or last) round "
+                         "(more than one when its keys did not fit the map)",
+                         lambda: self._per_slot(lambda s: s.info.stats.passes), labels)
+        metrics.gauge_fn("mqstore_compactor_round_records", "sealed records the last round read (in) and kept "
+                         "(out)", self._round_records, (*labels, "direction"))
         metrics.gauge_fn("mqstore_compactor_last_round_seconds", "duration of the queue's last finished round",
                          lambda: self._per_slot(_round_seconds), labels)
         metrics.gauge_fn("mqstore_compactor_quarantined_queues", "queues whose rounds are held back after a "

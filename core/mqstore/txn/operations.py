@@ -28,6 +28,7 @@ from .config import TxnConfig
 from .coordinator import Coordinator, Ended
 from .opbatch import OpBatcher
 from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, ROLLED_BACK, Txn, TxnTable
+from .transact import TransactStreams
 
 MAX_AUDIT_PAGE = 1000
 MAX_LIST = 10_000
@@ -35,7 +36,7 @@ MAX_LIST = 10_000
 COUNTERS = ("halves_written", "op_messages_written", "op_entries_written", "op_flush_by_size", "op_flush_by_time",
             "op_flush_other", "op_fill_sum", "op_write_failures", "op_unknown_outcomes", "cache_hits",
             "cache_misses", "cache_evictions", "checks_sent", "check_answers", "check_failures", "parked_by_checks",
-            "appends", "appended_messages", "in_doubt_settled")
+            "appends", "appended_messages", "in_doubt_settled", "one_way_ends", "one_way_failures")
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,12 @@ class AuditPage:
 class Operations:
     def __init__(self, config: TxnConfig, table: TxnTable, coordinator: Coordinator, checker: Checker,
                  hub: CheckHub, ops: OpBatcher, cache: HalfCache, appender, audit: AuditTrail, clock: Clock,
+                 streams: TransactStreams,
                  in_doubt_pending: Callable[[], int] = lambda: 0, in_doubt_settled: Callable[[], int] = lambda: 0,
                  base_counters: dict | None = None):
         self.config, self.table, self.coordinator, self.checker, self.hub = config, table, coordinator, checker, hub
         self.ops, self.cache, self.appender, self.audit, self.clock = ops, cache, appender, audit, clock
+        self.streams = streams
         self._in_doubt_pending, self._in_doubt_settled = in_doubt_pending, in_doubt_settled
         self._base = {name: (base_counters or {}).get(name, 0) for name in COUNTERS}
         self._lock = threading.Lock()
@@ -150,7 +153,8 @@ class Operations:
                     op_unknown_outcomes=op.unknown_outcomes, cache_hits=cache.hits, cache_misses=cache.misses,
                     cache_evictions=cache.evictions, parked_by_checks=self.checker.parked,
                     appends=self.appender.appends, appended_messages=self.appender.appended_messages,
-                    in_doubt_settled=self._in_doubt_settled(), **checks)
+                    in_doubt_settled=self._in_doubt_settled(), one_way_ends=self.streams.one_way_ends,
+                    one_way_failures=self.streams.one_way_failures, **checks)
         return {name: self._base[name] + live[name] for name in COUNTERS}
 
     def stats(self) -> dict:
@@ -179,7 +183,9 @@ class Operations:
             check_answers=total["check_answers"], check_failures=total["check_failures"],
             appends=total["appends"], appended_messages=total["appended_messages"],
             recovering=not self.table.ready, applied_physical_offset=applied or 0,
-            open_streams=self.hub.open_streams(), in_doubt_settled=total["in_doubt_settled"])
+            open_streams=self.hub.open_streams(), in_doubt_settled=total["in_doubt_settled"],
+            transact_streams=self.streams.open_streams(), one_way_ends=total["one_way_ends"],
+            one_way_failures=total["one_way_failures"])
 
     @staticmethod
     def _view(txn: Txn, now: int) -> TxnView:

@@ -22,6 +22,7 @@ and returns its response as serialized bytes, which go out as they are.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -64,6 +65,27 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         if code is not None:
             return code
     return grpc.StatusCode.INTERNAL
+
+
+@dataclass(frozen=True, slots=True)
+class FrameStatus:
+    """The status one frame of a stream would have ended a unary call with (a failed frame whose
+    stream goes on: Transaction.Transact)."""
+
+    code: grpc.StatusCode
+    message: str
+    retriable: bool
+
+
+def frame_outcome(method: str, behavior: Callable[..., Any], *args: Any) -> Any:
+    """``behavior(*args)``'s result, or the :class:`FrameStatus` of the mqstore error it raised (the same table
+    and log event as for a call). Anything else is a bug and propagates: it ends the stream as INTERNAL."""
+    try:
+        return behavior(*args)
+    except errors.MqStoreError as exc:
+        code = status_for(exc)
+        log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
+        return FrameStatus(code, str(exc), exc.retriable)
 
 
 def _trailing_metadata(exc: errors.MqStoreError) -> tuple[tuple[str, str], ...]:

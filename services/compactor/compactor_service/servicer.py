@@ -24,8 +24,8 @@ def _message(raw: bytes, into=None):
 def latest_value(found, into=None) -> pb.LatestValue:
     if isinstance(found, str):  # a key without value
         return (into or pb.LatestValue)(key=found, found=False)
-    r = record_reader.RecordView(found.stored.raw, 0)  # checked when it was stored and read; body and two fields
-    return (into or pb.LatestValue)(key=found.key, found=True, tombstone=found.tombstone, value=r.body,
+    body = found.value if found.value is not None else record_reader.body_of(found.stored.raw)
+    return (into or pb.LatestValue)(key=found.key, found=True, tombstone=found.tombstone, value=body,
                                     queue_id=found.queue_id, queue_offset=found.stored.entry.queue_offset,
                                     store_timestamp_ms=found.stored.entry.store_timestamp_ms)
 
