@@ -13,10 +13,14 @@ Groups (``--only compactor-round,compactor-scale,compactor-spark,compactor-reads
                    records of 1 KiB over K keys, then over 4N records over 4K keys (K many times the
                    budget, so the map fills many times): the round time of each and their ratio
                    (target: <= 5x; rounds that rewrite every segment per map filling take 13-18x).
-  compactor-spark  The same inputs through the Spark job (mqstore_spark.round_job as the compactor runs it:
-                   a child process with its own SparkSession on local[*]), wall time including the
-                   session start, against the local round's time: where (if anywhere) Spark overtakes
-                   the local engine. spark_threshold_bytes is set from this.
+  compactor-spark  The same inputs at growing sizes (``spark_factors``) through the Spark job
+                   (mqstore_spark.round_job as the compactor runs it: a child process with its own
+                   SparkSession on local[2]), wall time including the session start, against a local
+                   round of the same input. A line per engine (fixed seconds + microseconds per record,
+                   least squares) gives the round size where Spark overtakes the local engine, or, when
+                   Spark's per-record cost is the higher on this machine, how many executor cores would
+                   match it and the crossover with twice that many (the extrapolation). Sets
+                   spark_threshold_bytes.
   compactor-reads  Real processes (CommitLog, Compactor) on 127.0.0.1: a COMPACTION topic of ``kv_keys``
                    keys x ``kv_versions`` versions of 1 KiB values, compacted. BatchGetLatest with 100
                    random keys per call, sequential, for ``duration_s`` (keys/s), against NATS JetStream
@@ -50,7 +54,7 @@ MiB = 1 << 20
 FULL = {"base_mib": 16, "factors": (1, 4, 16), "spark_factors": (1, 4, 16), "keys": 4000, "segment_mib": 8,
         "kv_keys": 10_000, "kv_versions": 5, "duration_s": 5.0,
         "scale_records": 40_000, "scale_keys": 20_000, "scale_budget_keys": 2_000}
-QUICK = {"base_mib": 1, "factors": (1, 4, 16), "spark_factors": (1,), "keys": 300, "segment_mib": 1,
+QUICK = {"base_mib": 1, "factors": (1, 4, 16), "spark_factors": (1, 4), "keys": 300, "segment_mib": 1,
          "kv_keys": 500, "kv_versions": 3, "duration_s": 1.0,
          "scale_records": 4_000, "scale_keys": 2_000, "scale_budget_keys": 200}
 _T0 = time.monotonic()
@@ -130,8 +134,9 @@ def _inputs(work: pathlib.Path, cfg: dict, factor: int) -> tuple[pathlib.Path, i
     """A generated input of factor x base (reused by the groups); a fresh copy per round."""
     source = work / f"input-{factor}x"
     if not source.exists():
-        _run_child({"kind": "generate", "dir": str(source), "bytes": factor * cfg["base_mib"] * MiB,
-                    "keys": cfg["keys"], "segment_bytes": cfg["segment_mib"] * MiB})
+        made = _run_child({"kind": "generate", "dir": str(source), "bytes": factor * cfg["base_mib"] * MiB,
+                           "keys": cfg["keys"], "segment_bytes": cfg["segment_mib"] * MiB})
+        (work / f"input-{factor}x.json").write_text(json.dumps(made))
     copy = work / f"round-{factor}x"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(source, copy)
@@ -173,17 +178,22 @@ def run_scale(work: pathlib.Path, cfg: dict) -> dict:
 
 
 def run_spark(work: pathlib.Path, cfg: dict) -> dict:
+    """The Spark job (local[2], a child process as the compactor runs it) and the local round on the same
+    inputs of growing size; the crossover from a linear fit of each engine's seconds against records."""
     import dataclasses
     from mqstore.compaction.policy import CompactionConfig
     rows = []
     for factor in cfg["spark_factors"]:
         directory, size = _inputs(work, cfg, factor)
+        records = json.loads((work / f"input-{factor}x.json").read_text())["records"]
+        local = _run_child({"kind": "round", "dir": str(directory), "segment_bytes": cfg["segment_mib"] * MiB})
+        directory, _ = _inputs(work, cfg, factor)  # a fresh copy for the Spark job
         qdir = directory / "kv" / "0"
         bases = sorted(int(p.name[:20]) for p in qdir.glob("*.log"))[:-1]
         config = CompactionConfig(segment_size_bytes=cfg["segment_mib"] * MiB)
         request = {"queue_dir": str(qdir), "bases": bases, "cleaned_offset": -1, "next_offset": 1 << 40,
                    "now_ms": int(time.time() * 1000), "config": dataclasses.asdict(config),
-                   "staging": str(qdir / "staging"), "master": "local[*]"}
+                   "staging": str(qdir / "staging"), "master": "local[2]"}
         path = work / "spark-request.json"
         path.write_text(json.dumps(request))
         env = {**os.environ, "PYSPARK_PYTHON": PYTHON, "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -193,9 +203,42 @@ def run_spark(work: pathlib.Path, cfg: dict) -> dict:
         seconds = time.perf_counter() - started
         if done.returncode != 0:
             raise RuntimeError(f"spark job failed: {done.stderr[-1500:]}")
-        rows.append({"factor": factor, "input_bytes": size, "spark_s": seconds})
+        rows.append({"factor": factor, "input_bytes": size, "records": records, "local_s": local["seconds"],
+                     "local_passes": local["passes"], "spark_s": seconds})
         print(f"compactor bench: spark {factor}x {rows[-1]}", flush=True)
-    return {"rows": rows}
+    return {"rows": rows, "fit": crossover(rows)}
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x: (a, b)."""
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if n > 1 and sxx else 0.0
+    return my - b * mx, b
+
+
+def crossover(rows: list[dict]) -> dict:
+    """Each engine's fixed cost (s) and cost per record (us) from a line through its measured rounds; the
+    round size (records) where Spark's line falls below the local one, measured on local[2] or, when its
+    per-record cost is the higher, the executor cores it would need (its per-record cost divided among
+    them, the fixed cost as measured) and the round size where that many cores overtake the local engine."""
+    if len(rows) < 2:
+        return {"skipped": "one round size: no line to fit"}
+    xs = [r["records"] for r in rows]
+    a_local, b_local = _line(xs, [r["local_s"] for r in rows])
+    a_spark, b_spark = _line(xs, [r["spark_s"] for r in rows])
+    out = {"local_fixed_s": a_local, "local_us_per_record": b_local * 1e6, "spark_fixed_s": a_spark,
+           "spark_us_per_record": b_spark * 1e6, "measured_on": "local[2]"}
+    if b_spark < b_local:
+        out["crossover_records"] = max(0.0, (a_spark - a_local) / (b_local - b_spark))
+        return out
+    cores = 2 * b_spark / b_local  # local[2]: its per-record cost is what 2 cores give
+    out["cores_to_match"] = cores
+    cores_used = 2 * int(cores) + 2  # twice the break-even count: a crossover at a finite size
+    per_record = b_spark * 2 / cores_used
+    out["extrapolated_cores"] = cores_used
+    out["extrapolated_crossover_records"] = max(0.0, (a_spark - a_local) / (b_local - per_record))
+    return out
 
 
 def run_reads(work: pathlib.Path, cfg: dict) -> dict:
@@ -282,11 +325,24 @@ def build_rows(results: dict) -> list[dict]:
                      "value": f"{big['round_s']:.2f} s ({big['passes']} map fillings)",
                      "comparison": f"{small['round_s']:.2f} s ({small['passes']} map fillings)",
                      "ratio": scale["ratio"], "target": "<= 5"})
-    for r in results.get("compactor-spark", {}).get("rows", []):
-        base = local.get(r["factor"])
-        rows.append({"what": f"Spark round {r['factor']}x ({r['input_bytes'] / MiB:.0f} MiB), session included",
-                     "value": f"{r['spark_s']:.1f} s", "comparison": f"local {base['round_s']:.2f} s" if base else "",
-                     "ratio": r["spark_s"] / base["round_s"] if base else None, "target": "< 1 = Spark faster"})
+    spark = results.get("compactor-spark", {})
+    for r in spark.get("rows", []):
+        rows.append({"what": f"Spark round (local[2]) {r['factor']}x ({r['input_bytes'] / MiB:.0f} MiB, "
+                             f"{r['records']:,} records), session included",
+                     "value": f"{r['spark_s']:.1f} s", "comparison": f"local {r['local_s']:.2f} s",
+                     "ratio": r["spark_s"] / r["local_s"], "target": "< 1 = Spark faster"})
+    fit = spark.get("fit", {})
+    if "spark_us_per_record" in fit:
+        if "crossover_records" in fit:
+            where = f"Spark faster above {fit['crossover_records']:,.0f} records on local[2]"
+        else:
+            where = (f"never on local[2]; Spark needs {fit['cores_to_match']:.1f} cores to match the local "
+                     f"per-record cost; with {fit['extrapolated_cores']} cores it would win above "
+                     f"{fit['extrapolated_crossover_records']:,.0f} records")
+        rows.append({"what": "crossover (linear fit: fixed s + us/record)",
+                     "value": f"Spark {fit['spark_fixed_s']:.1f} s + {fit['spark_us_per_record']:.1f} us/record",
+                     "comparison": f"local {fit['local_fixed_s']:.2f} s + {fit['local_us_per_record']:.1f} us/record",
+                     "ratio": None, "target": where})
     reads = results.get("compactor-reads", {})
     if "batch_keys_per_s" in reads:
         nats = reads.get("nats", {})

@@ -5,14 +5,18 @@
 #   1. build the two images once (docker compose build commitlog compactor: mqstore and mqstore-spark,
 #      tagged MQSTORE_IMAGE_TAG, default spark-check, so that a concurrent `make compose-check` keeps
 #      its mqstore:dev) and print their sizes;
-#   2. docker compose up --wait commitlog, compactor, spark-master, spark-worker; wait until the master
-#      lists the worker ALIVE;
+#   2. docker compose up --wait commitlog, compactor, spark-master, spark-worker-1, spark-worker-2; wait
+#      until the master lists both workers ALIVE;
 #   3. scripts/compose_smoke.py spark: a COMPACTION topic with overwritten keys and a tombstone,
 #      Compact(engine=SPARK) on every queue, GetLatest answers the latest values;
 #   4. the round ran on the cluster: the compactor logged compaction.spark_job with master
 #      spark://spark-master:7077 and an application id per round, and the master lists each of those
 #      applications as FINISHED;
-#   5. always (also on failure or Ctrl-C): docker compose down -v (project mqspark: containers, network
+#   5. a round larger than an executor (python -m mqstore_spark.cluster_round in the compactor's container,
+#      the driver): COMPOSE_CHECK_SPARK_ROUND="<records> <keys>" (default "2500000 2000000": 2M keys, 256 MB at
+#      the local engine's 128 B a key, against executors of 512m) generated under the shared volume, run on
+#      the cluster and by the local engine, every file compared byte for byte; its JSON line is printed;
+#   6. always (also on failure or Ctrl-C): docker compose down -v (project mqspark: containers, network
 #      and volumes of this check only).
 #
 # Environment: PY, COMPOSE_ENGINE as for scripts/compose_check.sh; COMPOSE_CHECK_SPARK_PORTS (published
@@ -22,10 +26,11 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
 read -r LOG_PORT COMPACTOR_PORT <<< "${COMPOSE_CHECK_SPARK_PORTS:-52051 52054}"
+read -r ROUND_RECORDS ROUND_KEYS <<< "${COMPOSE_CHECK_SPARK_ROUND:-2500000 2000000}"
 export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_COMPACTOR_HOST_PORT=$COMPACTOR_PORT
 export MQSTORE_IMAGE_TAG=${MQSTORE_IMAGE_TAG:-spark-check}
 PROJECT=mqspark
-SERVICES=(commitlog compactor spark-master spark-worker)
+SERVICES=(commitlog compactor spark-master spark-worker-1 spark-worker-2)
 MASTER=spark://spark-master:7077
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
@@ -65,10 +70,10 @@ compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"
 for _ in $(seq 1 120); do
     alive=$(master_json 2>/dev/null | "$PY" -c "import json, sys; print(json.load(sys.stdin)['aliveworkers'])" \
             2>/dev/null || true)
-    [ "${alive:-0}" -ge 1 ] && break
+    [ "${alive:-0}" -ge 2 ] && break
     sleep 0.5
 done
-[ "${alive:-0}" -ge 1 ] || { say "no worker registered with the master within 60 s"; exit 1; }
+[ "${alive:-0}" -ge 2 ] || { say "the master lists ${alive:-0} of 2 workers after 60 s"; exit 1; }
 say "healthy; the master lists $alive worker(s); smoke test (spark)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py spark --commitlog "127.0.0.1:$LOG_PORT" \
     --compactor "127.0.0.1:$COMPACTOR_PORT"
@@ -81,4 +86,7 @@ finished = {a['id'] for a in json.load(sys.stdin)['completedapps'] if a['state']
 missing = set(sys.argv[1:]) - finished
 sys.exit(f'the master has not finished {sorted(missing)} (finished: {sorted(finished)})' if missing else 0)" $apps
 say "the rounds ran on $MASTER as applications $(echo $apps), all FINISHED there"
+say "a round of $ROUND_RECORDS records over $ROUND_KEYS keys on $MASTER (executors of 512m) and locally"
+compose exec -T compactor python -m mqstore_spark.cluster_round --dir /data/cluster-round \
+    --records "$ROUND_RECORDS" --keys "$ROUND_KEYS" --master "$MASTER" --executor-memory 512m
 say "passed"

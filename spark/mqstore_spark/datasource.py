@@ -6,6 +6,9 @@ Data Source API), decoded by the project's one record reader (mqstore.format.rec
   df = spark.read.format("mqstore").load("data/commitlog")           # the commit log's segments
   df.groupBy("topic").count().show()
 
+A narrower schema (``.schema("file string, position long, key string")``, any of SCHEMA's columns by
+name) makes the reader decode and ship only those columns (the compactor's round needs no bodies).
+
 Options: the path (a directory, searched recursively for compaction log segments ``<20 digits>.log`` and
 commit log segments ``<20 digits>``), or ``files`` (a comma-separated list of segment files). One
 partition per segment file. A segment ends at its blank record or at the zeros after its last record
@@ -47,8 +50,14 @@ def segment_files(root: str) -> list[str]:
     return sorted(str(p) for p in top.rglob("*") if p.is_file() and segment_base(p) is not None)
 
 
-def read_segment(path: str):
-    """Rows of one segment file, in log order."""
+FIELDS = tuple(part.split()[0] for part in SCHEMA.split(", "))
+
+
+def read_segment(path: str, fields: tuple[str, ...] = FIELDS):
+    """Rows of one segment file, in log order: the values of ``fields`` (SCHEMA's names)."""
+    unknown = set(fields) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"the mqstore data source has no column {sorted(unknown)[0]!r}; its columns: {SCHEMA}")
     p = pathlib.Path(path)
     base = segment_base(p)
     data = p.read_bytes()
@@ -62,13 +71,25 @@ def read_segment(path: str):
             raise RecordError(exc.reason, f"{path}: {exc}", at) from None
         if is_blank(data, at):
             return
-        view = RecordView(data, at)
-        raw = memoryview(data)[at:at + size]
-        key, tombstone = key_and_tombstone(raw)
-        yield (path, base + at, view.topic, view.queue_id, view.queue_offset, key, view.property(PROPERTY_KEYS),
-               view.property(PROPERTY_TAGS), view.body, tombstone, view.store_timestamp_ms, view.born_timestamp_ms,
-               size)
+        yield tuple(_column(name, path, base, data, at, size) for name in fields)
         at += size
+
+
+def _column(name: str, path: str, base: int, data: bytes, at: int, size: int):
+    if name == "file":
+        return path
+    if name == "position":
+        return base + at
+    if name == "size":
+        return size
+    if name in ("key", "tombstone"):
+        return key_and_tombstone(memoryview(data)[at:at + size])[name == "tombstone"]
+    view = RecordView(data, at)
+    if name == "keys":
+        return view.property(PROPERTY_KEYS)
+    if name == "tags":
+        return view.property(PROPERTY_TAGS)
+    return getattr(view, name)  # topic, queue_id, queue_offset, body, store/born_timestamp_ms
 
 
 class SegmentPartition(InputPartition):
@@ -86,11 +107,12 @@ class MqstoreDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema) -> DataSourceReader:
-        return MqstoreReader(dict(self.options))
+        return MqstoreReader(dict(self.options), tuple(schema.fieldNames()))
 
 
 class MqstoreReader(DataSourceReader):
-    def __init__(self, options: dict):
+    def __init__(self, options: dict, fields: tuple[str, ...] = FIELDS):
+        self.fields = fields
         files = options.get("files")
         if files:
             self.files = [f for f in files.split(",") if f]
@@ -103,4 +125,4 @@ class MqstoreReader(DataSourceReader):
         return [SegmentPartition(path) for path in self.files]
 
     def read(self, partition):
-        yield from read_segment(partition.path)
+        yield from read_segment(partition.path, self.fields)

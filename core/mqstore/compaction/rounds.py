@@ -315,34 +315,64 @@ def write_marked(src: Sealed, marks: Marks, cleaned: int, next_offset: int, now_
     start = cseg.segment_base(sealed.positions[first], src.segment_size) if first < n else \
         (src.bases[-1] + src.segment_size if src.bases else 0)
     writer = RoundWriter(staging, src.segment_size, start)
-    stats.records_in, stats.records_rewritten = n, 0
-    stats.records_out = stats.tombstones_pending = 0
     begin = sealed.first_at_position(start)  # the records below are kept where they are, unchanged
-    stats.records_out = begin
+    stats.records_in = stats.records_out = begin
+    stats.records_rewritten = 0
     stats.tombstones_pending = sum(1 for _ in _bits(marks.tombstones, min(begin, end)))
     seen_col, offsets = sealed.seen, sealed.offsets
     for i, raw in sealed_raw(src, begin, n):
-        offset, seen = offsets[i], seen_col[i]
-        if i < end:
-            if _bit(marks.superseded, i):
-                stats.records_removed += 1
-                stats.bytes_reclaimed += len(raw)
-                continue
-            if _bit(marks.tombstones, i):
-                seen = seen or now_ms
-                if tombstone_expired(seen, now_ms, config.delete_retention_ms):
-                    stats.tombstones_removed += 1
-                    stats.bytes_reclaimed += len(raw)
-                    stats.removed_keys[key_and_tombstone(raw)[0]] = offset
-                    continue
-                stats.tombstones_pending += 1
-        writer.add(raw, offset, sealed.tags[i], sealed.store_ms[i], seen)
-        stats.records_out += 1
-        stats.records_rewritten += 1
+        offset, mapped = offsets[i], i < end
+        what, seen = fate(mapped, mapped and _bit(marks.superseded, i), mapped and _bit(marks.tombstones, i),
+                          seen_col[i], now_ms, config)
+        if count(stats, what, len(raw), key_and_tombstone(raw)[0] if what == EXPIRED else None, offset):
+            writer.add(raw, offset, sealed.tags[i], sealed.store_ms[i], seen)
+            stats.records_rewritten += 1
     state = {"cleaned_offset": max(cleaned, marks.last), "next_offset": next_offset}
     files, manifest = writer.finish(state)
     stats.last_entries, stats.last_state, stats.rewritten_from = writer.entries, state, start
     return files, manifest
+
+
+KEEP, PENDING, SUPERSEDED, EXPIRED = "keep", "pending", "superseded", "expired"
+
+
+def fate(mapped: bool, superseded: bool, tombstone: bool, seen: int, now_ms: int,
+         config: CompactionConfig) -> tuple[str, int]:
+    """What a round does with one sealed record, and its tombstone seen-at ms. ``mapped``: the record lies
+    at or below the dirty range's last offset (a keyless one, written before keys were required, is never
+    superseded nor a tombstone); ``superseded``: a later record of its key is in the dirty range. Both
+    engines decide with this (the Spark job on its executors, one segment a task): KEEP, PENDING (a
+    tombstone kept within its retention), SUPERSEDED or EXPIRED (both removed)."""
+    if not mapped:
+        return KEEP, seen
+    if superseded:
+        return SUPERSEDED, seen
+    if not tombstone:
+        return KEEP, seen
+    seen = seen or now_ms  # stamped by the round that first maps it (the round's one clock, ms)
+    return (EXPIRED if tombstone_expired(seen, now_ms, config.delete_retention_ms) else PENDING), seen
+
+
+def changes(what: str, seen_before: int) -> bool:
+    """Whether a record of this fate changes its segment: it is removed, or it is a tombstone stamped
+    seen-at now. A round rewrites the sealed segments from the first that changes (both engines)."""
+    return what in (SUPERSEDED, EXPIRED) or (what == PENDING and not seen_before)
+
+
+def count(stats: RoundStats, what: str, size: int, key: str | None, offset: int) -> bool:
+    """Add one record's fate to ``stats`` (``key``: needed for EXPIRED only); whether the record is kept."""
+    stats.records_in += 1
+    if what == SUPERSEDED:
+        stats.records_removed += 1
+    elif what == EXPIRED:
+        stats.tombstones_removed += 1
+        stats.removed_keys[key] = offset
+    else:
+        stats.tombstones_pending += what == PENDING
+        stats.records_out += 1
+        return True
+    stats.bytes_reclaimed += size
+    return False
 
 
 def _bits(bits: bytearray, limit: int) -> Iterator[int]:

@@ -4,11 +4,12 @@
 held, so the sealed segments stay as planned): it writes the job's request, runs the job as a child
 process (``python -m mqstore_spark.round_job``: the service never imports pyspark) with PYSPARK_PYTHON
 set to this Python and SPARK_LOCAL_IP to loopback unless set, bounded by ``timeout_s``, then
-:func:`install_output` checks the manifest against the staged files (inputs are the planned segments,
-every output's size and CRC32, the SHA-256 digest) and installs them with QueueLog.install (the swap
-every round uses). Each job logs ``compaction.spark_job`` (the master, the Spark application's id,
-which the job prints last on its stdout, and the seconds it took). A job that fails or a manifest that
-does not check raises: the round fails and the queue is quarantined like any other failing round.
+:func:`mqstore.compaction.staged.install_output` checks the manifest against the staged files (inputs
+are the planned segments, every output's size and CRC32, the SHA-256 digest) and installs them with
+QueueLog.install (the swap every round uses). Each job logs ``compaction.spark_job`` (the master, the
+Spark application's id, which the job prints last on its stdout, and the seconds it took). A job that
+fails or a manifest that does not check raises: the round fails and the queue is quarantined like any
+other failing round.
 
 The job is a process group of its own (its session: the job's Python, Spark's JVM, the JVM's Python
 workers), recorded while it runs in ``<topic dir>/.<queue>.spark-job.json`` (its process group id and
@@ -35,18 +36,16 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 
 import structlog
 
 from mqstore import fs
 from mqstore.compaction.policy import CompactionConfig
-from mqstore.compaction.qlog import Entries, QueueLog
+from mqstore.compaction.qlog import QueueLog
 from mqstore.compaction.qlog_files import STAGING
 from mqstore.compaction.rounds import RoundStats
-from mqstore.compaction.writer import MANIFEST, manifest_of
-from mqstore.errors import DataLoss, Unavailable
-from mqstore.format import compaction_segment as cseg, sparse_queue
+from mqstore.compaction.staged import check_manifest, install_output  # noqa: F401 - the runner's install
+from mqstore.errors import Unavailable
 
 log = structlog.get_logger("compactor_service.spark")
 REQUEST_SUFFIX = ".spark-request.json"
@@ -105,35 +104,6 @@ class SparkRunner:
         lines = out.decode("utf-8", "replace").split()
         log.info("compaction.spark_job", queue_dir=str(qlog.directory), master=self.master,
                  app_id=lines[-1] if lines else "", seconds=round(time.monotonic() - started, 1))
-
-
-def install_output(qlog: QueueLog, bases: list[int], staging: pathlib.Path) -> RoundStats:
-    manifest = json.loads((staging / MANIFEST).read_text())
-    files = [staging / out["name"] for out in manifest["outputs"]]
-    check_manifest(manifest, files, bases)
-    entries = Entries()
-    for path in files:
-        if path.name.endswith(cseg.INDEX_SUFFIX):
-            for entry in sparse_queue.decode_all(path.read_bytes())[0]:
-                entries.add(entry)
-    (staging / MANIFEST).unlink()
-    start = manifest.get("rewritten_from", 0)  # the sealed segments below it are kept as they are
-    qlog.install(files, entries, manifest["state"], [b for b in bases if b >= start], manifest["removed_keys"])
-    shutil.rmtree(staging, ignore_errors=True)
-    stats = RoundStats(**manifest["stats"])
-    stats.removed_keys = manifest["removed_keys"]
-    return stats
-
-
-def check_manifest(manifest: dict, files: list[pathlib.Path], bases: list[int]) -> None:
-    if manifest.get("inputs") != bases:
-        raise DataLoss(f"the Spark round's manifest names inputs {manifest.get('inputs')}, the round planned {bases}")
-    for out, path in zip(manifest["outputs"], files, strict=True):
-        data = path.read_bytes() if path.exists() else None
-        if data is None or len(data) != out["size"] or zlib.crc32(data) != out["crc32"]:
-            raise DataLoss(f"the Spark round's output {path} is missing or differs from its manifest; not installed")
-    if manifest_of(files)["digest"] != manifest["digest"]:
-        raise DataLoss("the Spark round's outputs do not match the manifest's digest; not installed")
 
 
 # ---- the job's process group, and what a killed compactor left ------------------------------------------
