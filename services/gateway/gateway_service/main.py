@@ -91,7 +91,9 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     cfg = config.gateway
     clock = config.clock or SystemClock()
     rpc_timeout_s = config.rpc_timeout_ms / 1000
-    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s)
+    # Sends are one unary Append each, on the latency path of every producer: no retry machinery (a send
+    # that meets a broken connection fails as PROXY_TIMEOUT, and the client's own backoff sends it again).
+    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, transparent_retries=False)
     parts.on_close(log_client.close)
     pop = PopClient(config.commitlog_address, rpc_timeout_s)
     parts.on_close(pop.close)
