@@ -2,7 +2,7 @@
 
 It serves ``apache.rocketmq.v2.MessagingService`` (port 8081 by default, RocketMQ's proxy port), so the
 official RocketMQ 5 clients work unchanged, as a client of the other services: sends are
-CommitLog.Append, transactional sends Transaction.Prepare/Commit/Rollback, the Transaction service's
+CommitLog(Internal).Append, transactional sends Transaction.Prepare/Commit/Rollback, the Transaction service's
 check-back reaches producers over their Telemetry streams, and receives/acks are the Consumer service's
 pop. It keeps nothing on disk: its state (the clients, their Telemetry streams, the checks in flight)
 is in memory and rebuilt from the clients' own calls after a restart (see services/gateway/README.md).
@@ -11,7 +11,8 @@ Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (f
 service's flags (``--host``, ``--port`` 8081, ``--max-workers`` 256 here: each client's Telemetry stream
 and each long poll holds a handler thread, ...; ``--data-dir`` is accepted and unused); its own:
 ``--commitlog`` (env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--txn`` (env MQSTORE_TXN, default
-127.0.0.1:50053), ``--rpc-timeout-ms``, ``--stream-deadline-ms``, and one flag per field of
+127.0.0.1:50053), ``--internal-token`` (env MQSTORE_INTERNAL_TOKEN, the commit log's: with it sends store
+the producer's address as born host), ``--rpc-timeout-ms``, ``--stream-deadline-ms``, and one flag per field of
 GatewayConfig (``--max-clients``, ``--client-ttl-ms``, ``--max-body-bytes``, ``--max-delivery-attempts``,
 ``--long-poll-max-ms``, ...).
 """
@@ -21,8 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import sys
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
+
+import structlog
 
 from mqstore.background import Duty
 from mqstore.clock import Clock, SystemClock
@@ -32,6 +36,8 @@ from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
 from mqstore.gateway.publishing import Publisher, TopicCache
+from mqstore.model import AppendResult, MessageIn
+from mqstore.relayed import WRITER_GATEWAY
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
@@ -40,6 +46,8 @@ from mqstore_rpc.server import ManagedServer, ServerConfig
 from .pop_client import PopClient
 from .servicer import SERVICE_NAME, MessagingServicer, add_to_server
 from .txn_client import TxnClient
+
+log = structlog.get_logger("gateway_service.main")
 
 DEFAULT_PORT = 8081
 DEFAULT_MAX_WORKERS = 256
@@ -56,6 +64,9 @@ class GatewayServiceConfig:
     txn_address: str = DEFAULT_TXN
     rpc_timeout_ms: int = 10_000
     stream_deadline_ms: int = 600_000   # a CheckBack stream is re-opened this often
+    # CommitLogInternal's shared secret: with it, sends are appended as writer "gateway" and store the
+    # producer's address as born host; without it, through the public Append (born host: the gateway's)
+    internal_token: str = ""
     log_level: str = "info"
     failpoints: str = ""
     clock: Clock | None = None          # tests inject a FakeClock; main() leaves the system clock
@@ -110,9 +121,19 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     parts.add_health_problem(relay.problem)
     parts.add_duty(Housekeeping(registry, relay))
     topics = TopicCache(log_client.topic, clock, cfg.topic_cache_ms)
-    publisher = Publisher(topics, cfg.max_body_bytes, log_client.append, txn.prepare)
+    publisher = Publisher(topics, cfg.max_body_bytes, appender(log_client, config.internal_token), txn.prepare)
     servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop))
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
+
+
+def appender(log_client: CommitLogClient, token: str) -> Callable[[str, list[MessageIn]], list[AppendResult]]:
+    """How sends reach the log: CommitLogInternal.Append as writer "gateway" (the producer's born host)
+    when the gateway has the internal token, else the public Append (the born host is the gateway's)."""
+    if not token:
+        log.warning("gateway.born_host_is_gateway", reason="no internal token (MQSTORE_INTERNAL_TOKEN): sends go "
+                    "through the public Append, which stores the gateway's address as every message's born host")
+        return log_client.append
+    return functools.partial(log_client.internal_append, writer=WRITER_GATEWAY, token=token)
 
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -122,6 +143,8 @@ _OWN_FLAGS = {
     "txn": f"Transaction service host:port (default {DEFAULT_TXN})",
     "rpc_timeout_ms": "timeout of each call to the other services (default 10000)",
     "stream_deadline_ms": "a CheckBack stream to the Transaction service is re-opened this often (default 600000)",
+    "internal_token": "shared secret of the commit log's CommitLogInternal service (prefer the variable): sends "
+                      "then store the producer's address as born host",
 }
 
 
@@ -147,12 +170,14 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> GatewayS
         txn_address=S.typed(args, env, "txn", str, DEFAULT_TXN),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         stream_deadline_ms=S.typed(args, env, "stream_deadline_ms", S.parse_int, 600_000),
+        internal_token=S.typed(args, env, "internal_token", str, ""),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
 
 
 def describe(config: GatewayServiceConfig, port: int) -> dict:
     return {"gateway": dataclasses.asdict(config.gateway), "server": dataclasses.asdict(config.server),
-            "commitlog_address": config.commitlog_address, "txn_address": config.txn_address}
+            "commitlog_address": config.commitlog_address, "txn_address": config.txn_address,
+            "born_host": "producer" if config.internal_token else "gateway"}  # never the token itself
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)

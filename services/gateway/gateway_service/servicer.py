@@ -114,12 +114,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._client(context)
         if not request.messages:
             raise InvalidArgument("SendMessage: messages is empty; send one message per request")
-        entries = [self._send_one(message) for message in request.messages]
+        peer = context.peer()
+        entries = [self._send_one(message, peer) for message in request.messages]
         return s.SendMessageResponse(status=overall([e.status for e in entries]), entries=entries)
 
-    def _send_one(self, message: d.Message) -> s.SendResultEntry:
+    def _send_one(self, message: d.Message, peer: str) -> s.SendResultEntry:
         try:
-            sent = self.publisher.send(convert.publish_in(message))
+            sent = self.publisher.send(convert.publish_in(message, peer))
         except MqStoreError as exc:  # one message's refusal is its entry's status
             log.info("gateway.send_refused", topic=message.topic.name[:127], error=type(exc).__name__,
                      message=str(exc))
