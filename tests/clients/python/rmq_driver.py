@@ -206,8 +206,9 @@ def main() -> int:
             reply = getattr(driver, op + "_" if op in ("producer", "consumer") else op)(command)
             emit({"id": command["id"], "ok": True, **reply})
         except Exception as exc:  # noqa: BLE001 - every client failure is the test's to judge
+            code = getattr(exc, "code", None)  # the client's exceptions: a number; a grpc error: a method
             emit({"id": command["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}",
-                  "code": getattr(exc, "code", None), "trace": traceback.format_exc(limit=3)})
+                  "code": str(code()) if callable(code) else code, "trace": traceback.format_exc(limit=3)})
         if op == "shutdown":
             return 0
     return 0
