@@ -36,6 +36,7 @@ from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
 from mqstore.gateway.publishing import Publisher, TopicCache
+from mqstore.gateway.renewal import Renewals
 from mqstore.model import AppendResult, MessageIn
 from mqstore.relayed import WRITER_GATEWAY
 from mqstore_rpc import service
@@ -54,6 +55,7 @@ DEFAULT_MAX_WORKERS = 256
 DEFAULT_COMMITLOG = "127.0.0.1:50051"
 DEFAULT_TXN = "127.0.0.1:50053"
 HOUSEKEEPING_INTERVAL_S = 1.0
+RENEWAL_INTERVAL_MAX_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,19 @@ class Housekeeping(Duty):
         self.relay.sync()
 
 
+class Renewal(Duty):
+    """Duty "gateway-renewal": renews the invisible time of push consumers' messages (auto_renew) ahead of
+    its end; it looks four times per auto_renew_ahead_ms (at most every second), so that a renewal is
+    never later than the ahead time allows."""
+
+    def __init__(self, renewals: Renewals, ahead_ms: int):
+        super().__init__("gateway-renewal", interval_s=min(RENEWAL_INTERVAL_MAX_S, ahead_ms / 4000))
+        self.renewals = renewals
+
+    def step(self) -> None:
+        self.renewals.renew_due()
+
+
 def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     """Closers run in reverse: the registry's streams end, the check relay stops, then the clients close."""
     cfg = config.gateway
@@ -122,7 +137,11 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     parts.add_duty(Housekeeping(registry, relay))
     topics = TopicCache(log_client.topic, clock, cfg.topic_cache_ms)
     publisher = Publisher(topics, cfg.max_body_bytes, appender(log_client, config.internal_token), txn.prepare)
-    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop))
+    renewals = Renewals(pop, clock, invisible_ms=cfg.auto_renew_invisible_ms, ahead_ms=cfg.auto_renew_ahead_ms,
+                        max_ms=cfg.auto_renew_max_ms, max_entries=cfg.auto_renew_max_messages,
+                        alive=lambda client_id: registry.get(client_id) is not None)
+    parts.add_duty(Renewal(renewals, cfg.auto_renew_ahead_ms))
+    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop, renewals))
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
 
 
