@@ -18,6 +18,7 @@ allows on this machine, measured in the same run as the gateway itself.
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import shutil
 import sys
@@ -82,7 +83,10 @@ class AioFloor(NoopMessaging):
 
 class InProcessFloor(NoopMessaging):
     def __init__(self, data_dir: pathlib.Path):
-        self.store = MessageStore(StoreConfig(data_dir=data_dir, segment_size_bytes=256 << 20))
+        # The commit log's disk limit when the run sets one (a shared machine's disk near the default 90%)
+        ratio = float(os.environ.get("MQSTORE_DISK_MAX_USED_RATIO", "0.9"))
+        self.store = MessageStore(StoreConfig(data_dir=data_dir, segment_size_bytes=256 << 20,
+                                              disk_max_used_ratio=ratio))
         self.store.start()
 
     def SendMessage(self, request, context):
