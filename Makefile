@@ -5,28 +5,54 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup gen run test bench clean lint compose-check compose-check-spark rmq-clients
+.PHONY: setup setup-run gen run test test-suite test-loaded bench clean lint compose-check compose-check-spark rmq-clients
+
+# Stamps per group of lock files, so that `make run` installs only what running needs and `make test`
+# adds the rest. Each step says what it does: the first `make run` takes a few minutes, most of it here.
+#   run:  requirements.lock (runtime), requirements-build.lock (the codec's Cython, the stub generator,
+#         pip itself) and requirements-tools.lock (grpcurl, for the examples)
+#   dev:  requirements-test.lock and requirements-spark.lock on top (make test, make bench, CI)
+RUN_LOCKS := requirements.lock requirements-build.lock requirements-tools.lock
+DEV_LOCKS := requirements-test.lock requirements-spark.lock
+VENV_STAMP := $(VENV)/.stamp-venv
+RUN_STAMP := $(VENV)/.stamp-run
+DEV_STAMP := $(VENV)/.stamp-dev
 
 # The compiled codec (mqstore.codec, Cython) is built by the package's own build (setup.py), here
 # with `pip install -e .`; its sources changing rebuilds it.
 CODEC_SOURCES := setup.py $(wildcard core/mqstore/codec/*.pyx core/mqstore/codec/*.pxd)
 CODEC_STAMP := $(VENV)/.stamp-codec
 
-setup: $(VENV)/.stamp $(CODEC_STAMP) $(GEN_STAMP)
+# The Node.js example (examples/node): its pinned packages, for its test; skipped without npm.
+NODE_EXAMPLE := examples/node
+NODE_STAMP := $(NODE_EXAMPLE)/node_modules/.stamp
 
-# Every lock file (runtime, build tools, tests, Spark), exact pins; pip itself is pinned in the build lock.
-LOCKS := requirements.lock requirements-build.lock requirements-test.lock requirements-spark.lock
+# What `make run` needs; `make setup` is everything (tests, Spark, the Node.js example).
+setup-run: $(RUN_STAMP) $(CODEC_STAMP) $(GEN_STAMP)
+setup: setup-run $(DEV_STAMP) $(NODE_STAMP)
 
-$(VENV)/.stamp: pyproject.toml $(LOCKS)
+$(VENV_STAMP):
+	@echo "make: creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(addprefix -r ,$(LOCKS))
 	touch $@
 
-$(CODEC_STAMP): $(VENV)/.stamp $(CODEC_SOURCES)
+$(RUN_STAMP): $(VENV_STAMP) pyproject.toml $(RUN_LOCKS)
+	@echo "make: installing the runtime and build dependencies ($(RUN_LOCKS); ~1 min)"
+	$(PY) -m pip install -q $(addprefix -r ,$(RUN_LOCKS))
+	touch $@
+
+$(DEV_STAMP): $(RUN_STAMP) $(DEV_LOCKS)
+	@echo "make: installing the test and Spark dependencies ($(DEV_LOCKS); ~1-2 min)"
+	$(PY) -m pip install -q $(addprefix -r ,$(DEV_LOCKS))
+	touch $@
+
+$(CODEC_STAMP): $(RUN_STAMP) $(CODEC_SOURCES)
+	@echo "make: compiling the codec (Cython to C, then gcc; ~30-60 s) and installing the package"
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-$(GEN_STAMP): $(VENV)/.stamp $(PROTOS) scripts/gen_protos.py
+$(GEN_STAMP): $(RUN_STAMP) $(PROTOS) scripts/gen_protos.py
+	@echo "make: generating the gRPC stubs from protos/"
 	$(PY) scripts/gen_protos.py
 	touch $@
 
@@ -38,34 +64,60 @@ gen: $(GEN_STAMP)
 RMQ_VENV := .venv-rmq
 RMQ_PY_STAMP := $(RMQ_VENV)/.stamp
 NODE_CLIENT := tests/clients/node
-NODE_STAMP := $(NODE_CLIENT)/node_modules/.stamp
+NODE_CLIENT_STAMP := $(NODE_CLIENT)/node_modules/.stamp
 
-rmq-clients: $(RMQ_PY_STAMP) $(NODE_STAMP)
+rmq-clients: $(RMQ_PY_STAMP) $(NODE_CLIENT_STAMP)
 
 $(RMQ_PY_STAMP): requirements-rmq-client.lock
+	@echo "make: installing the official RocketMQ 5 Python client into $(RMQ_VENV) (requirements-rmq-client.lock)"
 	$(PYTHON) -m venv $(RMQ_VENV)
 	$(RMQ_VENV)/bin/python -m pip install -q -r requirements-rmq-client.lock
 	touch $@
 
-$(NODE_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
-	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
+$(NODE_CLIENT_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	@echo "make: installing the official RocketMQ 5 Node.js client (npm ci in $(NODE_CLIENT))"
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+$(NODE_STAMP): $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  echo "make: installing the Node.js example's packages (npm ci in $(NODE_EXAMPLE))"; \
+	  (cd $(NODE_EXAMPLE) && npm ci --no-audit --no-fund --loglevel=error) && touch $@; \
+	else \
+	  echo "make: npm not found: the Node.js example's test will be skipped"; \
+	fi
+
 # Starts every service on 127.0.0.1 with data under ./data and SQLite metadata; Ctrl-C stops them.
-run: setup
-	$(PY) -m mqstore_rpc.launcher --data-dir ./data
+# It installs only what running needs (setup-run). RUN_ARGS go to the launcher, for example
+# RUN_ARGS="--commitlog-port 61051 --index-port 61052 --txn-port 61053 --compactor-port 61054"
+# (python -m mqstore_rpc.launcher --help lists them).
+run: setup-run
+	$(PY) -m mqstore_rpc.launcher --data-dir ./data $(RUN_ARGS)
 
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests
 # again on the pure-Python reference.
 test: setup lint rmq-clients
+	$(MAKE) --no-print-directory test-suite
+
+test-suite: setup rmq-clients
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -m codec $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no codec test
 
-lint: setup
+# The same suite while a CPU hog keeps every core busy (scripts/cpu_hog.py: one busy process per core,
+# each bounded in time and ended with its parent): the suite must pass on a loaded machine the first
+# time. RUNS=3 runs it three times in a row and stops at the first failure.
+RUNS ?= 1
+test-loaded: setup lint rmq-clients
+	@for run in $$(seq $(RUNS)); do \
+	  echo "make: test-loaded: run $$run of $(RUNS) under a CPU hog"; \
+	  $(PY) scripts/cpu_hog.py -- $(MAKE) --no-print-directory test-suite || exit $$?; \
+	done
+
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 
-# docker-compose.yml on a real Docker engine (not part of `make test`; ~1 minute, see README.md "Docker"):
+# docker-compose.yml on a real Docker engine (not part of `make test`; minutes, see README.md "Docker"):
 # build once, up, a smoke test through the published ports, restart, data kept, always torn down.
 # COMPOSE_ENGINE: the private engine's script (used when present); empty = the ambient DOCKER_HOST.
 COMPOSE_ENGINE ?= $(wildcard /work/shared/tools/docker/engine.sh)
@@ -89,5 +141,5 @@ bench: setup rmq-clients
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed (the others ran; see above)" >&2; exit 1; fi
 
 clean:
-	rm -rf $(VENV) $(RMQ_VENV) $(NODE_CLIENT)/node_modules services/common/mqstore_rpc/gen build *.egg-info core/*.egg-info
+	rm -rf $(VENV) $(RMQ_VENV) $(NODE_CLIENT)/node_modules $(NODE_EXAMPLE)/node_modules services/common/mqstore_rpc/gen build *.egg-info core/*.egg-info
 	rm -f core/mqstore/codec/*.c core/mqstore/codec/*.so

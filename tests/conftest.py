@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
+
+# Before anything imports grpc (it reads the variable once): a process that has used grpc and then
+# forks for subprocess.Popen with a preexec_fn (pyspark starts its JVM so) runs grpc's post-fork
+# handler in the child, which restarts a poller whose epoll fd Popen's close_fds then closes; the child
+# can die before exec ("epoll_wait error: Bad file descriptor", grpc/grpc#43055), and the Spark session
+# fixture failed with JAVA_GATEWAY_EXITED in a full run. The tests fork only to exec, so they need no
+# fork support; the variable also reaches the service processes they start.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from typing import Iterator
 
 import pytest

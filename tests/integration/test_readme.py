@@ -5,16 +5,21 @@ temporary data dir), on free ports of 127.0.0.1. The test reads every ```sh bloc
 follows a ``<!-- runnable`` comment and runs its commands in order, each in ``bash`` from the
 repository's root, and checks that each exits 0. Only what must differ is substituted:
 
-* the addresses 127.0.0.1:50051 / :50052 (and MQSTORE_ADDRESS / MQSTORE_INDEX_ADDRESS are exported,
-  as the banner says to when the ports are not the defaults);
+* the addresses 127.0.0.1:50051 ... :50054 (and MQSTORE_ADDRESS, MQSTORE_INDEX_ADDRESS,
+  MQSTORE_TXN_ADDRESS and MQSTORE_COMPACTOR_ADDRESS are exported, as the banner says to when the ports
+  are not the defaults): every service runs on a free port, none on the defaults;
 * 32-hex ids: by the offset msg id (or, in ``query id`` / QueryByUniqKey, the UNIQ_KEY) that the last
   ``send`` or ``Append`` printed;
 * ``source .venv/bin/activate``: the venv running this test, when it is not the repository's .venv.
 
 Lines that only set shell state (``source``, ``export``, ``NAME=value``) are replayed before each
-later command. Commands that run until Ctrl-C (``--follow``, ``/Tail``) get ``FOREVER_S``: they must
-still be running then, and are stopped with SIGINT (``mqstore`` must then exit 0). After the README,
-the banner's commands run the same way. Finally the launcher gets SIGINT and must exit 0.
+later command. Commands that run until Ctrl-C (``--follow``, ``/Tail``) must print their first line,
+then still be running ``FOREVER_S`` later; then they get SIGINT and must exit within ``STOP_TIMEOUT_S``
+(``mqstore`` with 0). Waiting for the first line, not a fixed time, is what makes this hold on a loaded
+machine: a Ctrl-C that lands while the interpreter is still importing is not the README's case. Every
+command's process group is killed and its pipes closed whatever happens, so a failure never leaves a
+process or a pipe behind for the next test. After the README, the banner's commands run the same way.
+Finally the launcher gets SIGINT and must exit 0.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -37,10 +43,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 MARKER = "<!-- runnable"
-COMMAND_TIMEOUT_S = 60
-FOREVER_S = 3.0
-START_TIMEOUT_S = 120
+COMMAND_TIMEOUT_S = 120     # one command, on a loaded 2-core machine
+FOREVER_S = 2.0
+START_TIMEOUT_S = 240
 STOP_TIMEOUT_S = 30
+LAUNCHER_STOP_TIMEOUT_S = 180
 BANNER_END = "Ctrl-C stops everything."
 HEX_ID = re.compile(r"\b[0-9A-F]{32}\b")
 MSG_ID = re.compile(r"""(?:msg_id=|"msgId":\s*"|"msg_id":\s*")([0-9A-F]{32})""")
@@ -82,13 +89,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL to the command's process group (bash and what it started), if anything of it is left."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the whole group has exited
+    process.wait(STOP_TIMEOUT_S)
+
+
+class Output:
+    """A command's stdout and stderr, read by two threads as they come (a command that runs until
+    Ctrl-C never fills a pipe and blocks). Thread-safe: lists appended by one thread each."""
+
+    def __init__(self, process: subprocess.Popen):
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._printed = threading.Event()
+        self._threads = [threading.Thread(target=self._read, args=(process.stdout, self._out, self._printed),
+                                          name="readme-stdout", daemon=True),
+                         threading.Thread(target=self._read, args=(process.stderr, self._err, None),
+                                          name="readme-stderr", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    @staticmethod
+    def _read(stream, into: list[str], printed: threading.Event | None) -> None:
+        for line in stream:
+            into.append(line)
+            if printed is not None:
+                printed.set()
+
+    def first_line(self, process: subprocess.Popen, timeout_s: float) -> bool:
+        """True once stdout has a line; False if the process exited first or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        while not self._printed.wait(0.05):
+            if process.poll() is not None or time.monotonic() > deadline:
+                return self._printed.is_set()
+        return True
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(STOP_TIMEOUT_S)
+
+    def out(self) -> str:
+        return "".join(self._out)
+
+    def err(self) -> str:
+        return "".join(self._err)
+
+
 @dataclass
 class Shell:
     """Runs commands as a user would in the activated shell. Not thread-safe."""
 
     log_address: str
     index_address: str
-    txn_address: str = "127.0.0.1:50053"
+    txn_address: str
+    compactor_address: str
     prelude: list[str] = field(default_factory=lambda: ["set -o pipefail"])
     msg_id: str = ""
     uniq_key: str = ""
@@ -97,6 +155,7 @@ class Shell:
         command = command.replace("127.0.0.1:50051", self.log_address)
         command = command.replace("127.0.0.1:50052", self.index_address)
         command = command.replace("127.0.0.1:50053", self.txn_address)
+        command = command.replace("127.0.0.1:50054", self.compactor_address)
         if command.startswith("source .venv/bin/activate") and not (ROOT / ".venv/bin/activate").exists():
             command = command.replace(".venv/bin/activate", str(pathlib.Path(sys.prefix) / "bin/activate"))
         if HEX_ID.search(command):
@@ -110,29 +169,49 @@ class Shell:
         actual = self.substitute(command)
         script = "\n".join([*self.prelude, actual])
         env = {**os.environ, "MQSTORE_ADDRESS": self.log_address, "MQSTORE_INDEX_ADDRESS": self.index_address,
-               "MQSTORE_TXN_ADDRESS": self.txn_address}
+               "MQSTORE_TXN_ADDRESS": self.txn_address, "MQSTORE_COMPACTOR_ADDRESS": self.compactor_address}
         forever = "--follow" in actual or "/Tail" in actual
-        process = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = process.communicate(timeout=FOREVER_S if forever else COMMAND_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            assert forever, f"{actual!r} did not finish within {COMMAND_TIMEOUT_S} s"
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C, as the README says
-            out, err = process.communicate(timeout=COMMAND_TIMEOUT_S)
-            if actual.startswith("mqstore"):
-                assert process.returncode == 0, f"{actual!r} exited {process.returncode} on Ctrl-C: {err}"
-            return
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(STOP_TIMEOUT_S)
-        assert not forever, f"{actual!r} should run until Ctrl-C but exited {process.returncode}: {err}"
+        with subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) as process:
+            output = Output(process)
+            try:
+                if forever:
+                    self._until_ctrl_c(actual, process, output)
+                    return
+                try:
+                    process.wait(COMMAND_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(f"{actual!r} did not finish within {COMMAND_TIMEOUT_S} s; "
+                                         f"stderr: {output.err()}") from None
+            finally:
+                _kill_group(process)
+                output.join()
+        out, err = output.out(), output.err()
         assert process.returncode == 0, f"{actual!r} (README: {command!r}) exited {process.returncode}:\n{err}"
         if STATE.match(actual):
             self.prelude.append(actual)
         if " send " in f" {actual} " or "/Append" in actual:
             self._capture(out)
+
+    @staticmethod
+    def _until_ctrl_c(actual: str, process: subprocess.Popen, output: "Output") -> None:
+        if not output.first_line(process, COMMAND_TIMEOUT_S):
+            raise AssertionError(f"{actual!r} should print and run until Ctrl-C, but printed nothing within "
+                                 f"{COMMAND_TIMEOUT_S} s (exit status {process.poll()}): {output.err()}")
+        try:
+            code = process.wait(FOREVER_S)
+        except subprocess.TimeoutExpired:
+            pass  # still running, as it should
+        else:
+            raise AssertionError(f"{actual!r} should run until Ctrl-C but exited {code}: {output.err()}")
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C, as the README says
+        try:
+            code = process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{actual!r} did not stop within {STOP_TIMEOUT_S} s of Ctrl-C") from None
+        if actual.startswith("mqstore"):
+            assert code == 0, f"{actual!r} exited {code} on Ctrl-C: {output.err()}"
 
     def _capture(self, out: str) -> None:
         if found := MSG_ID.search(out):
@@ -142,14 +221,17 @@ class Shell:
 
 
 class Launcher:
-    """``python -m mqstore_rpc.launcher`` as ``make run`` runs it; stdout read by a thread."""
+    """``python -m mqstore_rpc.launcher`` as ``make run`` runs it, every service on a free port; stdout read
+    by a thread, stderr (the services' logs) into a file."""
 
-    def __init__(self, data_dir: pathlib.Path, ports: tuple[int, int, int, int]):
-        command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir),
-                   "--commitlog-port", str(ports[0]), "--index-port", str(ports[1]), "--txn-port", str(ports[2]),
-                   "--gateway-port", str(ports[3])]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        text=True)
+    def __init__(self, data_dir: pathlib.Path, ports: dict[str, int], log_path: pathlib.Path):
+        command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir)]
+        for name, port in ports.items():
+            command += [f"--{name}-port", str(port)]
+        self.log_path = log_path
+        with open(log_path, "w") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=log, text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="launcher-stdout", daemon=True)
         self._reader.start()
@@ -159,11 +241,19 @@ class Launcher:
             self.lines.put(line)
         self.lines.put(None)
 
+    def log_tail(self, lines: int = 40) -> str:
+        return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
     def banner(self) -> str:
         seen: list[str] = []
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            line = self.lines.get(timeout=START_TIMEOUT_S)
-            assert line is not None, f"the launcher exited {self.process.wait()} before its banner: {seen}"
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no banner within {START_TIMEOUT_S} s: {seen}\n{self.log_tail()}") from None
+            assert line is not None, f"the launcher exited {self.process.wait()} before its banner: {seen}\n" \
+                                     f"{self.log_tail()}"
             seen.append(line)
             if line.strip() == BANNER_END:
                 return "".join(seen)
@@ -172,7 +262,7 @@ class Launcher:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
-                self.process.wait(STOP_TIMEOUT_S * 3)
+                self.process.wait(LAUNCHER_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT_S)
@@ -186,25 +276,32 @@ def test_readme_marks_the_blocks_it_promises():
     assert commands[0] == "source .venv/bin/activate"
     for expected in ("grpcurl -plaintext", "mqstore.v1.CommitLog/Append", "mqstore.v1.Index/QueryByKey",
                      "mqstore send demo", "mqstore query id demo", "mqstore get ", "--follow", "/Tail",
-                     "mqstore receive demo", "xargs mqstore ack demo", "mqstore.v1.Consumer/Receive"):
+                     "mqstore receive demo", "xargs mqstore ack demo", "mqstore.v1.Consumer/Receive",
+                     "mqstore topic create kv --kind compaction", "mqstore compact run kv", "mqstore kv get kv",
+                     "mqstore.v1.Compactor/Pull", "mqstore txn send"):
         assert any(expected in c for c in commands), f"no runnable README command contains {expected!r}"
 
 
 def test_readme_and_banner_examples_run_as_written(tmp_path):
-    ports = (free_port(), free_port(), free_port(), free_port())
-    launcher = Launcher(tmp_path / "data", ports)
+    names = ("commitlog", "index", "txn", "compactor", "gateway")
+    ports: dict[str, int] = {}
+    while len(set(ports.values())) < len(names):
+        ports = {name: free_port() for name in names}
+    launcher = Launcher(tmp_path / "data", ports, tmp_path / "launcher.log")
     try:
         banner = launcher.banner()
-        shell = Shell(f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}")
+        addresses = [f"127.0.0.1:{ports[name]}" for name in ("commitlog", "index", "txn", "compactor")]
+        shell = Shell(*addresses)
         for command in runnable_commands(README.read_text()):
             shell.run(command)
         assert shell.msg_id and shell.uniq_key and shell.msg_id != shell.uniq_key
         commands = banner_commands(banner)
-        assert f"export MQSTORE_ADDRESS={shell.log_address} MQSTORE_INDEX_ADDRESS={shell.index_address} " \
-               f"MQSTORE_TXN_ADDRESS={shell.txn_address} MQSTORE_GATEWAY_ADDRESS=127.0.0.1:{ports[3]}" in commands, \
-            banner
-        banner_shell = Shell(shell.log_address, shell.index_address, shell.txn_address)
+        assert f"export MQSTORE_ADDRESS={addresses[0]} MQSTORE_INDEX_ADDRESS={addresses[1]} " \
+               f"MQSTORE_TXN_ADDRESS={addresses[2]} MQSTORE_COMPACTOR_ADDRESS={addresses[3]} " \
+               f"MQSTORE_GATEWAY_ADDRESS=127.0.0.1:{ports['gateway']}" in commands, banner
+        banner_shell = Shell(*addresses)
         for command in commands:
             banner_shell.run(command)
     finally:
-        assert launcher.stop() == 0
+        status = launcher.stop()
+    assert status == 0, launcher.log_tail()

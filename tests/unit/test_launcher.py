@@ -1,5 +1,7 @@
 """The launcher's table of services (mqstore_rpc.launcher.SERVICES): each row gives a process command, a
---<name>-port flag, the --commitlog address for the services that follow the log, and banner lines."""
+--<name>-port flag, the --commitlog address for the services that follow the log, and banner lines; the
+smaller file sizes of a data dir that ``make run`` creates. (Starting, ports and failures:
+tests/integration/test_launcher.py.)"""
 
 from __future__ import annotations
 
@@ -42,11 +44,39 @@ def test_the_internal_token_is_made_once_per_data_dir_and_the_variable_wins(tmp_
     assert launcher.internal_token(tmp_path) == "given"
 
 
-def test_the_banner_exports_moved_addresses_and_shows_each_rows_examples():
-    class Running:
-        def __init__(self, service):
-            self.service = service
-
-    text = launcher.banner([Running(s) for s in launcher.services({"index": 6002})])
+def test_the_banner_exports_moved_addresses_and_shows_each_rows_examples_and_the_disk(tmp_path):
+    (tmp_path / "file").write_bytes(b"x" * (3 << 20))
+    text = launcher.banner(list(launcher.services({"index": 6002})), tmp_path, embedded=True)
     assert "export MQSTORE_INDEX_ADDRESS=127.0.0.1:6002\n" in text and "MQSTORE_ADDRESS=" not in text
     assert "grpcurl -plaintext 127.0.0.1:50051 list" in text and "mqstore query key demo k1" in text
+    [disk] = [line for line in text.splitlines() if line.startswith("  disk")]
+    assert f"3.0 MiB in {tmp_path} (commit log segments of 64 MiB, preallocated)" in disk, disk
+
+
+def test_a_new_data_dir_gets_the_embedded_sizes_unless_a_variable_sets_them(tmp_path):
+    assert launcher.uses_embedded_sizes(tmp_path / "new")
+    commitlog, index, txn, compactor = launcher.services(embedded=True, env={})
+    assert commitlog.extra_args == ("--segment-size-bytes", str(64 << 20), "--warm-ahead-bytes", str(4 << 20),
+                                    "--cq-entries-per-file", "50000")
+    assert index.extra_args == ("--commitlog", "127.0.0.1:50051", "--slot-count", "100000", "--entry-count", "400000")
+    assert txn.extra_args == ("--commitlog", "127.0.0.1:50051")
+    assert compactor.extra_args == ("--commitlog", "127.0.0.1:50051", "--segment-size-bytes", str(8 << 20))
+    commitlog = launcher.services(embedded=True, env={"MQSTORE_SEGMENT_SIZE_BYTES": "1GiB"})[0]
+    assert commitlog.extra_args == ("--warm-ahead-bytes", str(4 << 20), "--cq-entries-per-file", "50000")
+
+
+def _segment(data_dir: pathlib.Path, size: int) -> None:
+    (data_dir / "commitlog").mkdir(parents=True)
+    with open(data_dir / "commitlog" / f"{0:020d}", "wb") as f:
+        f.truncate(size)  # sparse: the size is what counts
+    (data_dir / "commitlog" / "00000000000000000000.broken").write_bytes(b"")
+
+
+def test_a_data_dir_made_with_other_segment_sizes_keeps_the_services_defaults(tmp_path):
+    _segment(tmp_path / "big", 1 << 30)
+    assert not launcher.uses_embedded_sizes(tmp_path / "big")  # its log would not open with 64 MiB segments
+    assert launcher.services(embedded=False, env={})[0].extra_args == ()
+    assert "segments of 1,024 MiB, preallocated, as this data dir was made" in launcher.sizes_text(
+        tmp_path / "big", embedded=False)
+    _segment(tmp_path / "small", 64 << 20)
+    assert launcher.uses_embedded_sizes(tmp_path / "small")

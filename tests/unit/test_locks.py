@@ -1,8 +1,9 @@
 """The lock files and pyproject.toml agree, and each lock file is exactly what its group needs.
 
 Groups: runtime (pyproject ``dependencies`` -> requirements.lock), build (the ``build`` extra, the
-[build-system] requirements and pip -> requirements-build.lock, on top of the runtime lock), test and
-spark (their extras -> requirements-test.lock / requirements-spark.lock). Every pin is exact (``==``);
+[build-system] requirements and pip -> requirements-build.lock, on top of the runtime lock), tools,
+test and spark (their extras -> requirements-tools.lock / requirements-test.lock /
+requirements-spark.lock). Every pin is exact (``==``);
 a package pinned in two files has one version; each lock holds the whole closure of its group's
 requirements (read from the installed packages' metadata: ``make setup`` installs every lock) and
 nothing else, so the runtime image (requirements.lock only) has everything it imports and no more.
@@ -21,8 +22,8 @@ from packaging.utils import canonicalize_name
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-LOCKS = {"runtime": "requirements.lock", "build": "requirements-build.lock", "test": "requirements-test.lock",
-         "spark": "requirements-spark.lock"}
+LOCKS = {"runtime": "requirements.lock", "build": "requirements-build.lock", "tools": "requirements-tools.lock",
+         "test": "requirements-test.lock", "spark": "requirements-spark.lock"}
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)$")
 
 

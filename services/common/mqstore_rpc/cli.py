@@ -11,7 +11,8 @@
 response (snake_case names, int64 as numbers, bytes as base64): one object per line, and for send and
 pull one line per message. ``send`` prints both ids of each message: ``msg_id=`` (the offset message
 id, for ``get``) and ``uniq_key=`` (for ``query id``). Errors print ``error: <STATUS>: <message>`` on
-stderr and exit 1.
+stderr and exit 1; UNIMPLEMENTED names the services the server at that address serves
+(mqstore_rpc.cli_errors).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mqstore.errors import MqStoreError
 from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_pop, cli_txn
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.cli_args import CliError, UsageError, build_parser
-from mqstore_rpc.errors import status_for
+from mqstore_rpc.cli_errors import error_line
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -356,14 +357,6 @@ def cmd_repair(cli: Cli) -> None:
         cli.out.write(f"{report}\n")
 
 
-def _error_line(exc: BaseException) -> str:
-    if isinstance(exc, grpc.RpcError):
-        return f"error: {exc.code().name}: {exc.details()}"
-    if isinstance(exc, CliError):
-        return f"error: {exc.status}: {exc}"
-    return f"error: {status_for(exc).name}: {exc}"  # the same table the servers use
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.modules[__name__])
     cli_index.add_commands(parser)
@@ -380,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         parser.error(str(exc))
     except (grpc.RpcError, CliError, MqStoreError) as exc:  # MqStoreError: from repair, which runs locally
-        print(_error_line(exc), file=sys.stderr)
+        print(error_line(exc, args), file=sys.stderr)
     except KeyboardInterrupt:
         return 0 if getattr(args, "follow", False) else 130
     except BrokenPipeError:

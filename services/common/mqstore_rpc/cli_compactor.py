@@ -1,9 +1,17 @@
 """The Compactor service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
 
-    mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active]
+    mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active] [--catch-up]
     mqstore compact status kv [--queue N]          (DescribeQueue of one queue, or of every queue)
     mqstore kv get kv user-1 [user-2 ...]          (BatchGetLatest; a tombstone or a missing key says so)
     mqstore kv scan kv [--include-tombstones]      (every live key's latest value)
+
+``compact run --catch-up`` first waits (at most ``--timeout``) until the compactor has applied what the
+commit log at ``--address`` held for the topic when asked, so a round right after ``mqstore send``
+covers it (without it, the round covers what the compactor has applied so far).
+``compact status`` prints one ``name: value`` line per field (every field, zeros too), the last round
+and the quarantine as sentences, times in UTC. A topic with no compaction log on the compactor (not a
+COMPACTION topic, or nothing written yet) is NOT_FOUND for ``kv get`` as for ``kv scan``, while an
+unknown key of a known topic prints ``(no value)``.
 
 ``--compactor-address`` (env MQSTORE_COMPACTOR_ADDRESS, default 127.0.0.1:50054), before or after the
 command. ``--json`` prints the ProtoJSON of each response. Must not import mqstore_rpc.cli back.
@@ -12,13 +20,19 @@ command. ``--json`` prints the ProtoJSON of each response. Must not import mqsto
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import threading
+import time
 
 import grpc
 
+from mqstore_rpc.cli_args import CliError
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:50054"
+CATCH_UP_POLL_S = 0.05
 _ENGINES = {"auto": pb.COMPACTION_ENGINE_AUTO, "local": pb.COMPACTION_ENGINE_LOCAL, "spark": pb.COMPACTION_ENGINE_SPARK}
 
 
@@ -37,6 +51,9 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", type=int, default=None, help="one queue (default: every queue of the topic)")
     p.add_argument("--engine", choices=sorted(_ENGINES), default="auto")
     p.add_argument("--seal-active", action="store_true", help="seal the active segment first (clean it too)")
+    p.add_argument("--catch-up", action="store_true",
+                   help="first wait until the compactor has applied what the commit log at --address holds for "
+                        "the topic (a round right after a send then covers it)")
     p.set_defaults(func=cmd_compact_run)
     p = csub.add_parser("status", help="clean/dirty bytes, last round, tombstones, quarantine")
     p.add_argument("topic")
@@ -78,16 +95,94 @@ def _value_line(v: pb.LatestValue) -> str:
     return f"{v.key}: {v.value.decode('utf-8', 'backslashreplace')}  queue={v.queue_id}  offset={v.queue_offset}"
 
 
+def _applied_offset(c: _Compactor, topic: str, queue_id: int, timeout_s: float) -> int:
+    try:
+        request = pb.DescribeQueueRequest(topic=topic, queue_id=queue_id)
+        return c.stub.DescribeQueue(request, timeout=timeout_s).max_offset
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return 0  # no compaction log for this queue yet: the compactor has applied nothing of it
+
+
+def catch_up(cli, c: _Compactor, topic: str, queue_id: int | None) -> None:
+    """Wait (at most --timeout) until the compactor has applied every record that the commit log's queues
+    of ``topic`` held when asked (the compaction logs keep the original queue offsets), so that a round
+    run right after a send covers it. CliError DEADLINE_EXCEEDED names the queue that lags."""
+    described = cli.call("DescribeTopic", commitlog_pb2.DescribeTopicRequest(name=topic))
+    wanted = {q.queue_id: q.max_offset for q in described.queues
+              if q.max_offset > 0 and queue_id in (None, q.queue_id)}
+    deadline = time.monotonic() + cli.args.timeout
+    pause = threading.Event()
+    while wanted:
+        for qid, offset in list(wanted.items()):
+            have = _applied_offset(c, topic, qid, cli.args.timeout)
+            if have >= offset:
+                del wanted[qid]
+            elif time.monotonic() > deadline:
+                raise CliError("DEADLINE_EXCEEDED", f"the compactor at {cli.args.compactor_address} has applied "
+                               f"queue {qid} of {topic} up to offset {have} of {offset} after {cli.args.timeout:.0f} "
+                               f"s; is it following the commit log at {cli.args.address}? (mqstore compact status, "
+                               f"Compactor/Stats)")
+        pause.wait(CATCH_UP_POLL_S)
+
+
 def cmd_compact_run(cli) -> None:
     a = cli.args
     request = pb.CompactRequest(topic=a.topic, engine=_ENGINES[a.engine], seal_active=a.seal_active)
     if a.queue is not None:
         request.queue_id = a.queue
     with _Compactor(cli) as c:
+        if a.catch_up:
+            catch_up(cli, c, a.topic, a.queue)
         response = c.stub.Compact(request, timeout=max(cli.args.timeout, 3600))
     cli.emit(response, "\n".join(f"queue {r.queue_id}: {r.result}  engine={r.engine}  passes={r.passes}  "
                                  f"removed={r.records_removed}  tombstones_removed={r.tombstones_removed}  "
                                  f"bytes_reclaimed={r.bytes_reclaimed}" for r in response.rounds))
+
+
+def _time_text(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _plural(count: int, word: str, plural: str = "") -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {plural or word + 's'}"
+
+
+def _round_text(r: pb.RoundReport) -> str:
+    if not r.started_ms:
+        return "none yet"
+    took = f", took {r.ended_ms - r.started_ms} ms" if r.ended_ms else ", still running"
+    return (f"{r.result} at {_time_text(r.started_ms)}{took} (engine {r.engine}, trigger {r.trigger}, "
+            f"{_plural(r.passes, 'pass', 'passes')}, {_plural(r.keys_mapped, 'key')} mapped, "
+            f"{_plural(r.records_removed, 'record')} and {_plural(r.tombstones_removed, 'tombstone')} removed, "
+            f"{r.bytes_reclaimed} bytes reclaimed)")
+
+
+def _quarantine_text(d: pb.QueueDescription) -> str:
+    if not d.quarantined:
+        return "no" + (f" ({_plural(d.failures, 'failed round')} so far; last error: {d.last_error})"
+                       if d.failures else "")
+    return (f"yes, until {_time_text(d.quarantined_until_ms)} after {_plural(d.failures, 'failed round')}; "
+            f"last error: {d.last_error}")
+
+
+def status_text(d: pb.QueueDescription) -> str:
+    """A QueueDescription as lines a person reads (the CLI's ``compact status``)."""
+    pending = f"{d.tombstones_pending}" + (f" ({d.tombstones_pending_why})" if d.tombstones_pending_why else "")
+    lines = [f"{d.topic} queue {d.queue_id}:",
+             f"  clean_bytes: {d.clean_bytes}", f"  dirty_bytes: {d.dirty_bytes}",
+             f"  active_bytes: {d.active_bytes}", f"  dirty_ratio: {d.dirty_ratio:.2f}",
+             f"  cleaned_up_to_offset: {d.cleaned_up_to_offset}" + (" (no round yet)" if d.cleaned_up_to_offset < 0
+                                                                      else ""),
+             f"  min_offset: {d.min_offset}", f"  max_offset: {d.max_offset}",
+             f"  records: {d.records}", f"  keys: {d.keys}",
+             f"  last_round: {_round_text(d.last_round)}",
+             f"  round_running: {'yes' if d.round_running else 'no'}",
+             f"  due: {d.due or 'no'}",
+             f"  tombstones_pending: {pending}",
+             f"  quarantined: {_quarantine_text(d)}"]
+    return "\n".join(lines)
 
 
 def cmd_compact_status(cli) -> None:
@@ -99,14 +194,18 @@ def cmd_compact_status(cli) -> None:
         for queue_id in queues:
             d = c.stub.DescribeQueue(pb.DescribeQueueRequest(topic=a.topic, queue_id=queue_id),
                                      timeout=cli.args.timeout)
-            cli.emit(d, "\n".join([f"queue {queue_id}:"] + [f"  {f.name}: {v}" for f, v in d.ListFields()
-                                                             if f.name not in ("topic", "queue_id")]))
+            cli.emit(d, status_text(d))
 
 
 def cmd_kv_get(cli) -> None:
     a = cli.args
     with _Compactor(cli) as c:
         response = c.stub.BatchGetLatest(pb.BatchGetLatestRequest(topic=a.topic, keys=a.keys), timeout=cli.args.timeout)
+        if not any(v.found for v in response.values):
+            # BatchGetLatest answers found=false for keys of a topic the compactor does not have; Scan
+            # says NOT_FOUND for it (the server's own message): the same answer as `kv scan`.
+            for _ in c.stub.Scan(pb.ScanRequest(topic=a.topic, page_size=1, max_pages=1), timeout=cli.args.timeout):
+                pass
     cli.emit(response, "\n".join(_value_line(v) for v in response.values))
 
 

@@ -1,15 +1,28 @@
 """``python -m mqstore_rpc.launcher --data-dir ./data``: every service on loopback, for ``make run``.
 
-Starts each service of the :data:`SERVICES` table whose module is installed as a child process (its own
-process group, so Ctrl-C reaches only the launcher, which then stops the children in reverse order),
-waits until each answers gRPC health with SERVING, creates the ``demo`` topic if missing, and prints the
-endpoints and examples that work as printed in another shell (the venv activated first; the addresses
-exported when the ports are not the defaults). ``--<name>-port`` (``--commitlog-port``,
-``--index-port``, ...) moves a service (the README test runs the launcher on free ports). The commit
-log and the Transaction service get the same MQSTORE_INTERNAL_TOKEN (the shared secret of
-CommitLogInternal): the variable when set, else a random one kept in ``<data-dir>/internal-token``. On Ctrl-C or
-SIGTERM: SIGTERM to each child, wait, SIGKILL if it does not exit, and exit 0. If a child dies on its
-own, the others are stopped and the launcher exits 1. Adding a service is one row of SERVICES.
+Before starting anything it checks that each service's port can be bound on 127.0.0.1; if one cannot,
+it names the port, the service and the flag that moves it (``--commitlog-port``, ``--index-port``,
+``--txn-port``, ``--compactor-port``; ``make run RUN_ARGS="..."``) and exits 1 having started nothing.
+Then it starts the commit log, and once that serves, the services that follow it, each as a child
+process in its own session (so Ctrl-C reaches only the launcher). A child counts as running only when
+it has logged ``server.started`` with its own pid and port and answers gRPC health SERVING for its own
+service (mqstore_rpc.launcher_child: a server of someone else on the port does not count). If any child
+fails to start, the launcher prints which one and its last log lines, stops the others and exits 1;
+"mqstore is running" is printed only once every child serves. Then it creates the ``demo`` topic if
+missing and prints the endpoints, the disk the store takes, and examples that work as printed in
+another shell (the venv activated first; the addresses exported when the ports are not the defaults).
+
+File sizes: a service's defaults are for production (1 GiB commit log segments, preallocated; index
+files of 400 MB; 64 MiB compaction segments), which would make an empty ``make run`` store take 1.6 GB.
+The launcher gives a new data dir smaller files (:data:`EMBEDDED_SIZES`: an empty store takes about 75
+MiB) and keeps a data dir made with other segment sizes on its own (segment sizes cannot change under
+an existing log). A variable the user set (``MQSTORE_SEGMENT_SIZE_BYTES``, ...) wins over these.
+
+The commit log and the Transaction service get the same MQSTORE_INTERNAL_TOKEN (the shared secret of
+CommitLogInternal): the variable when set, else a random one kept in ``<data-dir>/internal-token``. On
+Ctrl-C or SIGTERM: SIGTERM to each child in reverse order, wait, SIGKILL if it does not exit, and exit
+0. If a child dies on its own, the others are stopped and the launcher exits 1. Adding a service is one
+row of SERVICES.
 """
 
 from __future__ import annotations
@@ -20,25 +33,23 @@ import os
 import pathlib
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, TextIO
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mqstore.format import segment_name
 
 from mqstore import fs
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore_rpc.launcher_child import HOST, Child, StartFailed, port_problems
 
-HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
-STOP_TIMEOUT_S = 30.0       # SIGTERM, then this long before SIGKILL
-POLL_INTERVAL_S = 0.1
 DEMO_TOPIC = "demo"
 TOKEN_ENV = "MQSTORE_INTERNAL_TOKEN"
+MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,7 @@ class ServiceEntry:
     data_subdir: str          # its --data-dir under the launcher's; "" = the data dir itself
     follows_commitlog: bool   # gets --commitlog <the commit log's address>
     address_env: str          # where the mqstore CLI looks for it (the banner exports it if not the default)
+    grpc_service: str         # its gRPC service: health is asked for this name
     examples: tuple[str, ...] = ()  # banner lines that work as printed; {address} is the service's
     calls_txn: bool = False   # gets --txn <the Transaction service's address>
 
@@ -59,23 +71,68 @@ _APPEND_JSON = '{"topic":"demo","messages":[{"body":"aGVsbG8=","keys":["k1"]}]}'
 
 # In start order; stopped in reverse. The commit log comes first: the others follow it.
 SERVICES = (
-    ServiceEntry("commitlog", "commitlog_service.main", 50051, "", False, "MQSTORE_ADDRESS", (
+    ServiceEntry("commitlog", "commitlog_service.main", 50051, "", False, "MQSTORE_ADDRESS", "mqstore.v1.CommitLog", (
         "grpcurl -plaintext {address} list",
         f"grpcurl -plaintext -d '{_APPEND_JSON}' {{address}} mqstore.v1.CommitLog/Append",
         "mqstore send demo hello world --queue 0 --key k1",
         "mqstore pull demo --queue 0")),
-    ServiceEntry("index", "index_service.main", 50052, "index", True, "MQSTORE_INDEX_ADDRESS", (
+    ServiceEntry("index", "index_service.main", 50052, "index", True, "MQSTORE_INDEX_ADDRESS", "mqstore.v1.Index", (
         "mqstore query key demo k1",)),
-    ServiceEntry("txn", "txn_service.main", 50053, "txn", True, "MQSTORE_TXN_ADDRESS", (
+    ServiceEntry("txn", "txn_service.main", 50053, "txn", True, "MQSTORE_TXN_ADDRESS", "mqstore.v1.Transaction", (
         "mqstore txn send demo paid shipped --group pg",)),
-    ServiceEntry("compactor", "compactor_service.main", 50054, "compactor", True, "MQSTORE_COMPACTOR_ADDRESS", (
-        "grpcurl -plaintext {address} mqstore.v1.Compactor/Stats",)),
+    ServiceEntry("compactor", "compactor_service.main", 50054, "compactor", True, "MQSTORE_COMPACTOR_ADDRESS",
+                 "mqstore.v1.Compactor", (
+                     "grpcurl -plaintext {address} mqstore.v1.Compactor/Stats",)),
     # The RocketMQ 5 gateway (apache.rocketmq.v2, for the official clients); it keeps nothing on disk.
-    ServiceEntry("gateway", "gateway_service.main", 8081, "gateway", True, "MQSTORE_GATEWAY_ADDRESS", (
-        "grpcurl -plaintext {address} list",), calls_txn=True),
+    ServiceEntry("gateway", "gateway_service.main", 8081, "gateway", True, "MQSTORE_GATEWAY_ADDRESS",
+                 "apache.rocketmq.v2.MessagingService", ("grpcurl -plaintext {address} list",), calls_txn=True),
 )
 COMMITLOG_PORT = SERVICES[0].default_port
 TXN_PORT = next(e.default_port for e in SERVICES if e.name == "txn")
+
+# The smaller files of a data dir that make run creates: (flag, value, the variable that overrides it).
+# 64 MiB commit log segments (preallocated: a full disk fails at creation, not as SIGBUS later), with
+# the next one created 4 MiB ahead of the write position instead of 64 MiB (the warmer's reach), consume
+# queue files of 50,000 entries (1 MB each, one per queue written), index files of 100,000 slots and
+# 400,000 entries (8.4 MB; a new file every 400,000 keys), compaction log segments of 8 MiB (a round
+# writes its output segments whole; a record is at most a 4 MiB body).
+EMBEDDED_SEGMENT_BYTES = 64 * MiB
+EMPTY_STORE_MIB = 75         # one segment, the 1 MiB space reserve, an index file, a few queue files
+EMBEDDED_SIZES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "commitlog": (("--segment-size-bytes", str(EMBEDDED_SEGMENT_BYTES), "MQSTORE_SEGMENT_SIZE_BYTES"),
+                  ("--warm-ahead-bytes", str(4 * MiB), "MQSTORE_WARM_AHEAD_BYTES"),
+                  ("--cq-entries-per-file", "50000", "MQSTORE_CQ_ENTRIES_PER_FILE")),
+    "index": (("--slot-count", "100000", "MQSTORE_SLOT_COUNT"), ("--entry-count", "400000", "MQSTORE_ENTRY_COUNT")),
+    "compactor": (("--segment-size-bytes", str(8 * MiB), "MQSTORE_SEGMENT_SIZE_BYTES"),),
+}
+
+
+def existing_segment_bytes(data_dir: pathlib.Path) -> int | None:
+    """The size of the commit log segments already in ``data_dir`` (None for a new store)."""
+    directory = data_dir / "commitlog"
+    if not directory.is_dir():
+        return None
+    for path in sorted(directory.iterdir()):
+        try:
+            segment_name.parse(path.name)
+        except ValueError:
+            continue  # temp files, .broken copies
+        return path.stat().st_size
+    return None
+
+
+def uses_embedded_sizes(data_dir: pathlib.Path) -> bool:
+    """True for a new data dir or one made with the embedded sizes; False for one made with others (the
+    services' defaults then, so that its log opens)."""
+    existing = existing_segment_bytes(data_dir)
+    return existing is None or existing == EMBEDDED_SEGMENT_BYTES
+
+
+def size_flags(name: str, embedded: bool, env: Mapping[str, str]) -> tuple[str, ...]:
+    if not embedded:
+        return ()
+    return tuple(part for flag, value, variable in EMBEDDED_SIZES.get(name, ()) if variable not in env
+                 for part in (flag, value))
 
 
 @dataclass(frozen=True)
@@ -106,49 +163,22 @@ class Service:
                 "--port", str(self.port), *self.extra_args]
 
 
-def services(ports: Mapping[str, int] | None = None) -> tuple[Service, ...]:
-    """The table with ports (``ports`` by name; the defaults for the rest), in start order."""
+def services(ports: Mapping[str, int] | None = None, embedded: bool = False,
+             env: Mapping[str, str] | None = None) -> tuple[Service, ...]:
+    """The table with ports (``ports`` by name; the defaults for the rest), in start order, with the
+    embedded file sizes when ``embedded`` (except those ``env`` sets)."""
     ports = ports or {}
+    env = os.environ if env is None else env
     commitlog = f"{HOST}:{ports.get('commitlog', COMMITLOG_PORT)}"
     txn = f"{HOST}:{ports.get('txn', TXN_PORT)}"
     return tuple(Service(e, ports.get(e.name, e.default_port),
-                         (("--commitlog", commitlog) if e.follows_commitlog else ()) + (("--txn", txn) if e.calls_txn
-                                                                                         else ()))
-                 for e in SERVICES)
+                         (("--commitlog", commitlog) if e.follows_commitlog else ())
+                         + (("--txn", txn) if e.calls_txn else ())
+                         + size_flags(e.name, embedded, env)) for e in SERVICES)
 
 
-class Child:
-    """One service process. Not thread-safe: used by the launcher's main thread only."""
-
-    def __init__(self, service: Service, data_dir: pathlib.Path, env: Mapping[str, str] | None = None):
-        self.service = service
-        self.process = subprocess.Popen(service.command(data_dir), start_new_session=True, env=env)
-
-    def wait_healthy(self, stop: threading.Event, timeout_s: float) -> bool:
-        """True when health says SERVING; False if the child exited, ``stop`` was set or time ran out."""
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.service.address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline and not stop.is_set() and self.process.poll() is None:
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return True
-                except grpc.RpcError:
-                    pass  # not listening yet: keep polling until the deadline
-                stop.wait(POLL_INTERVAL_S)
-        return False
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                print(f"{self.service.name} did not stop within {STOP_TIMEOUT_S:.0f} s; killing it", file=sys.stderr)
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
-        return self.process.returncode
+def start_child(service: Service, data_dir: pathlib.Path, env: Mapping[str, str]) -> Child:
+    return Child(service.name, service.entry.grpc_service, service.port, service.command(data_dir), env)
 
 
 def ensure_demo_topic(address: str) -> None:
@@ -162,31 +192,58 @@ def ensure_demo_topic(address: str) -> None:
             stub.CreateTopic(commitlog_pb2.CreateTopicRequest(name=DEMO_TOPIC), timeout=10)
 
 
+def disk_bytes(path: pathlib.Path) -> int:
+    """Bytes the files under ``path`` take on disk (allocated blocks, as ``du``; sparse parts are free)."""
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(directory, name), follow_symlinks=False).st_blocks * 512
+            except FileNotFoundError:
+                continue  # removed while we walked (a temp file of a service)
+    return total
+
+
+def sizes_text(data_dir: pathlib.Path, embedded: bool) -> str:
+    """The segment size the store uses, and why the disk it takes is what it is."""
+    if embedded:
+        return f"commit log segments of {EMBEDDED_SEGMENT_BYTES // MiB} MiB, preallocated"
+    existing = existing_segment_bytes(data_dir) or 0
+    return (f"commit log segments of {existing / MiB:,.0f} MiB, preallocated, as this data dir was made; "
+            f"a new data dir gets {EMBEDDED_SEGMENT_BYTES // MiB} MiB ones")
+
+
+def _display(path: pathlib.Path) -> str:
+    try:
+        return str(path.relative_to(pathlib.Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def _activate_command() -> str | None:
     """How another shell gets this venv's ``mqstore`` and ``grpcurl`` on PATH (None outside a venv)."""
     activate = pathlib.Path(sys.prefix) / "bin" / "activate"
     if sys.prefix == sys.base_prefix or not activate.exists():
         return None
-    try:
-        activate = activate.relative_to(pathlib.Path.cwd())
-    except ValueError:
-        pass  # the venv is elsewhere: give its absolute path
-    return f"source {activate}"
+    return f"source {_display(activate)}"
 
 
-def banner(children: list[Child]) -> str:
-    """The endpoints and examples that work as printed (in another shell, from this directory)."""
+def banner(children: list, data_dir: pathlib.Path | None = None, embedded: bool = True) -> str:
+    """The endpoints, the disk the store takes, and examples that work as printed (in another shell, from
+    this directory). ``children`` have ``.name``, ``.address``, ``.port`` (Child or Service)."""
+    rows = {e.name: e for e in SERVICES}
     lines = ["", "mqstore is running:"]
-    lines += [f"  {c.service.name:<10} {c.service.address}" for c in children]
+    lines += [f"  {c.name:<10} {c.address}" for c in children]
+    if data_dir is not None:
+        lines.append(f"  {'disk':<10} {disk_bytes(data_dir) / MiB:,.1f} MiB in {_display(data_dir)} "
+                     f"({sizes_text(data_dir, embedded)})")
     lines += ["", "Try, in another shell in this directory:"]
     if activate := _activate_command():
         lines.append(f"  {activate}")
-    exports = [f"{c.service.entry.address_env}={c.service.address}" for c in children
-               if c.service.port != c.service.entry.default_port]
+    exports = [f"{rows[c.name].address_env}={c.address}" for c in children if c.port != rows[c.name].default_port]
     if exports:
         lines.append("  export " + " ".join(exports))
-    lines += [f"  {example.replace('{address}', c.service.address)}"
-              for c in children for example in c.service.entry.examples]
+    lines += [f"  {example.replace('{address}', c.address)}" for c in children for example in rows[c.name].examples]
     lines += ["", "Ctrl-C stops everything.", ""]
     return "\n".join(lines)
 
@@ -213,54 +270,83 @@ def internal_token(data_dir: pathlib.Path) -> str:
     return path.read_text().strip()
 
 
-def _start_all(data_dir: pathlib.Path, ports: Mapping[str, int], stop: threading.Event,
-               children: list[Child]) -> bool:
+def _start_all(todo: tuple[Service, ...], data_dir: pathlib.Path, stop: threading.Event,
+               children: list[Child], out: TextIO) -> bool:
+    """The commit log first; once it serves, the others together. True when all serve, False when
+    ``stop`` came first; StartFailed names the first child that failed."""
     env = {**os.environ, TOKEN_ENV: internal_token(data_dir)}  # the commit log and txn share it
-    for service in services(ports):
-        if not service.available():
-            continue
-        child = Child(service, data_dir, env)
-        children.append(child)
-        if not child.wait_healthy(stop, READY_TIMEOUT_S):
-            if not stop.is_set():
-                print(f"{service.name} did not become healthy (exit status {child.process.poll()})", file=sys.stderr)
-            return False
+    for wave in (todo[:1], todo[1:]):
+        began = time.monotonic()
+        started = []
+        for service in wave:
+            child = start_child(service, data_dir, env)
+            children.append(child)
+            started.append(child)
+            out.write(f"starting {service.name} on {service.address} (pid {child.pid})\n")
+        out.flush()
+        for child in started:
+            if not child.wait_ready(stop, READY_TIMEOUT_S):
+                return False
+            out.write(f"{child.name} is serving ({time.monotonic() - began:.1f} s)\n")
+            out.flush()
     return True
 
 
-def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None) -> int:
+def _watch(children: list[Child], stop: threading.Event, err: TextIO) -> int:
+    """Until ``stop``: 0; or 1 as soon as a child exits on its own."""
+    while not stop.wait(0.5):  # wake up now and then to notice a child that died on its own
+        for child in children:
+            if child.process.poll() is not None:
+                err.write(f"{child.name} exited with status {child.process.returncode}; stopping the others\n"
+                          f"Its last log lines:\n{child.last_lines()}")
+                return 1
+    return 0
+
+
+def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
+        out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Every installed service, ``ports`` by name (the defaults for the rest), until Ctrl-C; the exit status."""
-    ports = ports or {}
+    embedded = uses_embedded_sizes(data_dir)
+    todo = tuple(s for s in services(ports, embedded) if s.available())
+    if problems := port_problems([(s.name, s.port) for s in todo]):
+        err.write("mqstore did not start anything:\n" + "".join(f"  {p}\n" for p in problems))
+        return 1
     stop = threading.Event()
     _install_stop_handlers(stop)
     fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
+    out.write(f"starting mqstore in {_display(data_dir)}: {sizes_text(data_dir, embedded)}"
+              + (f" (an empty store takes ~{EMPTY_STORE_MIB} MiB)" if embedded else "") + "\n")
     children: list[Child] = []
     status = 0
     try:
-        if not _start_all(data_dir, ports, stop, children):
-            return 0 if stop.is_set() else 1
-        ensure_demo_topic(children[0].service.address)
-        print(banner(children), flush=True)
-        while not stop.wait(0.5):  # wake up now and then to notice a child that died on its own
-            dead = [c for c in children if c.process.poll() is not None]
-            if dead:
-                print(f"{dead[0].service.name} exited with status {dead[0].process.returncode}; stopping",
-                      file=sys.stderr)
-                status = 1
-                break
+        if _start_all(todo, data_dir, stop, children, out):  # else Ctrl-C came first: stop, exit 0
+            ensure_demo_topic(children[0].address)
+            out.write(banner(children, data_dir, embedded) + "\n")
+            out.flush()
+            status = _watch(children, stop, err)
+    except StartFailed as exc:
+        err.write(f"mqstore did not start: {exc}Stopping the others.\n")
+        status = 1
+    except grpc.RpcError as exc:
+        err.write(f"mqstore did not start: creating the {DEMO_TOPIC} topic failed: "
+                  f"{exc.code().name}: {exc.details()}\n")
+        status = 1
     finally:
         for child in reversed(children):
             child.stop()
-    print("stopped", flush=True)
+    out.write("stopped\n")
+    out.flush()
     return status
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mqstore_rpc.launcher", description="run every mqstore service locally")
-    parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"))
+    parser = argparse.ArgumentParser(prog="mqstore_rpc.launcher", description="run every mqstore service locally "
+                                     "(make run; RUN_ARGS=\"...\" passes these options)")
+    parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"),
+                        help="where every service keeps its files (default ./data)")
     for entry in SERVICES:
         parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
-                            help=f"default {entry.default_port}")
+                            metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
     args = parser.parse_args(argv)
     return run(args.data_dir.resolve(), {entry.name: getattr(args, entry.name) for entry in SERVICES})
 
