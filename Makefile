@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup setup-run gen run test test-suite test-loaded bench clean lint compose-check compose-check-spark rmq-clients
+.PHONY: setup setup-run gen run run-tls test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops rmq-clients
 
 # Stamps per group of lock files, so that `make run` installs only what running needs and `make test`
 # adds the rest. Each step says what it does: the first `make run` takes a few minutes, most of it here.
@@ -94,6 +94,11 @@ $(NODE_STAMP): $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 run: setup-run
 	$(PY) -m mqstore_rpc.launcher --data-dir ./data $(RUN_ARGS)
 
+# The same with TLS everywhere: a throwaway CA and certificates in ./data/tls (openssl); clients trust
+# data/tls/ca.pem (grpcurl -cacert, mqstore --tls-ca / MQSTORE_TLS_CA). MQSTORE_AUTH=on adds authentication.
+run-tls: setup-run
+	$(PY) -m mqstore_rpc.launcher --data-dir ./data --tls $(RUN_ARGS)
+
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests
 # again on the pure-Python reference.
@@ -129,9 +134,14 @@ compose-check: setup
 compose-check-spark: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_spark.sh
 
+# docker-compose.secure.yml (TLS and authentication) with Prometheus on a real engine (not part of `make
+# test`; a few minutes, see README.md "Docker"): build, up, smoke test over TLS, Prometheus checked, torn down.
+compose-check-ops: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_ops.sh
+
 # Every script runs even when one before it failed (each writes what it measured); the exit status says
 # whether any failed. Disk: bench/README.md ("What it needs").
-BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py pop.py gateway.py
+BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py pop.py gateway.py security.py
 bench: setup rmq-clients
 	@failed=""; for script in $(BENCH_SCRIPTS); do \
 	  args="$(BENCH_ARGS)"; case $$script in txn.py|pop.py|gateway.py) args="$(filter --quick,$(BENCH_ARGS))";; esac; \

@@ -12,6 +12,10 @@ Kinds (``spec["kind"]``):
   pull    Pull ``max_messages`` per call over ``queues``, one task per queue group (whole run timed)
   tail    one Tail stream from the earliest record until ``expected_records`` are seen (whole run timed)
 
+Optional spec keys (bench/security.py): ``tls_ca`` (a CA file: the channels speak TLS, checking the
+server's certificate against it) and ``authorization`` (the metadata value ``Bearer user:secret`` sent with
+every call, as mqstore_rpc.auth reads it).
+
 The client must not be the bottleneck: requests are serialised once and sent as bytes (no serialiser),
 append responses come back as bytes (no deserialiser) and only the first response of every task is
 parsed and checked (result count and durability). Every loop stops at a call count and a deadline.
@@ -105,10 +109,23 @@ async def _append_task(call, request, per_call: int, window: Window, outcome: Ou
             checked = True
 
 
-def _channels(target: str, count: int) -> list[grpc.aio.Channel]:
+def _channels(target: str, count: int, tls_ca: str = "") -> list[grpc.aio.Channel]:
     # A local subchannel pool gives every channel its own connection (otherwise they share one).
-    return [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(count)]
+    options = CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]
+    if tls_ca:
+        with open(tls_ca, "rb") as f:
+            credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        return [grpc.aio.secure_channel(target, credentials, options=options) for _ in range(count)]
+    return [grpc.aio.insecure_channel(target, options=options) for _ in range(count)]
+
+
+def _authorized(call, spec: dict):
+    """The call with the spec's credentials added (as mqstore_rpc.auth expects them), or as it is."""
+    value = spec.get("authorization")
+    if not value:
+        return call
+    metadata = (("authorization", value),)
+    return lambda request, timeout: call(request, timeout=timeout, metadata=metadata)
 
 
 async def _ready(channels, timeout_s: float) -> None:
@@ -119,7 +136,8 @@ async def run_append(spec: dict) -> dict:
     """unary / stream: closed loop of ``concurrency`` tasks; counts what completes inside the window."""
     batch, items = spec["batch"], spec.get("items", 1)
     request = append_request_bytes(spec["topic"], batch, spec["body_bytes"])
-    channels = _channels(spec["target"], max(1, min(spec["concurrency"], spec.get("channels", 4))))
+    channels = _channels(spec["target"], max(1, min(spec["concurrency"], spec.get("channels", 4))),
+                         spec.get("tls_ca", ""))
     try:
         await _ready(channels, 10.0)
         if spec["kind"] == "stream":
@@ -127,7 +145,7 @@ async def run_append(spec: dict) -> dict:
             requests = [request] * items
             calls = [lambda _r, timeout, s=s: s(iter(requests), timeout=timeout) for s in stubs]
         else:
-            calls = [ch.unary_unary(SERVICE + "Append") for ch in channels]
+            calls = [_authorized(ch.unary_unary(SERVICE + "Append"), spec) for ch in channels]
         ready = time.time()
         if spec["start_at"] and ready > spec["start_at"]:
             raise LoadError(f"connected {ready - spec['start_at']:.2f} s after the agreed start; raise the lead time")

@@ -40,7 +40,12 @@ class FailedPrecondition(MqStoreError):
 
 
 class PermissionDenied(MqStoreError):
-    """The caller may not do this: a service-to-service door called without the shared secret."""
+    """The caller may not do this: a service-to-service door called without the shared secret, or an
+    authenticated user without the permission the call needs (the message names it)."""
+
+
+class Unauthenticated(MqStoreError):
+    """The call carries no credentials, or credentials that are not accepted (mqstore.auth)."""
 
 
 class ResourceExhausted(MqStoreError):

@@ -47,7 +47,9 @@ from typing import Iterator, Protocol, Sequence
 import structlog
 
 from mqstore.background import Duty
+from mqstore.clock import Clock, SystemClock
 from mqstore.errors import InvalidArgument, OutOfRange, Unavailable
+from mqstore.metrics import Registry
 from mqstore.model import TailFrame
 
 log = structlog.get_logger("mqstore.follow")
@@ -141,7 +143,7 @@ class Follower(Duty):
     state is guarded by ``_state_lock``; the open stream is cancelled from ``stop()`` to end a read."""
 
     def __init__(self, name: str, source: TailSource, projection: Projection, config: FollowConfig, *,
-                 gap_policy: GapPolicy = GapPolicy.SKIP):
+                 gap_policy: GapPolicy = GapPolicy.SKIP, clock: Clock | None = None):
         super().__init__(name, interval_s=0.0, backoff_initial_s=config.backoff_initial_ms / 1000,
                          backoff_max_s=config.backoff_max_ms / 1000)
         self.source, self.projection, self.config, self.gap_policy = source, projection, config, gap_policy
@@ -156,6 +158,37 @@ class Follower(Duty):
         self._gap: Gap | None = None
         self._damaged: collections.deque = collections.deque(maxlen=MAX_DAMAGED_RANGES)
         self._damaged_bytes = 0
+        self._clock = clock or SystemClock()
+        self._caught_up_s = self._clock.monotonic_s()  # when the follower last had applied the log's end
+
+    def register_metrics(self, metrics: Registry) -> None:
+        """Its lag behind the log, in bytes and in seconds (how long since it last had applied
+        everything it had seen of the log), whether it is connected, and its reconnects, labelled with
+        the follower's name."""
+        label = (self.name,)
+        metrics.gauge_fn("mqstore_follower_lag_bytes", "log bytes between what the follower has applied and the "
+                         "log's end", lambda: {label: self.lag_bytes()}, ("follower",))
+        metrics.gauge_fn("mqstore_follower_lag_seconds", "seconds since the follower had applied everything up to "
+                         "the log's end (0 while caught up)", lambda: {label: self.lag_seconds()}, ("follower",))
+        metrics.gauge_fn("mqstore_follower_connected", "1 while the follower's Tail stream is open",
+                         lambda: {label: int(self.state().connected)}, ("follower",))
+        metrics.counter_fn("mqstore_follower_reconnects_total", "Tail streams re-opened",
+                           lambda: {label: self.state().reconnects}, ("follower",))
+
+    def lag_bytes(self) -> int:
+        with self._state_lock:
+            end = self._log_end
+        resume = self.projection.resume_offset()
+        if end is None:
+            return 0
+        return max(0, end - (resume if resume is not None else end))
+
+    def lag_seconds(self) -> float:
+        if self.lag_bytes() == 0:
+            return 0.0
+        with self._state_lock:
+            since = self._caught_up_s
+        return max(0.0, self._clock.monotonic_s() - since)
 
     # ---- state ---------------------------------------------------------------------------------------
     def state(self) -> FollowerState:
@@ -244,6 +277,9 @@ class Follower(Duty):
             self._log_end = max(self._log_end or 0, frame.log_end_physical_offset)
         for damaged in self.projection.apply(frame):
             self._skip_damaged(damaged)
+        if frame.next_physical_offset >= frame.log_end_physical_offset:
+            with self._state_lock:
+                self._caught_up_s = self._clock.monotonic_s()
 
     def _skip_damaged(self, damaged: DamagedRange) -> None:
         with self._state_lock:

@@ -47,12 +47,14 @@ from mqstore.log.segment import SegmentQueue
 from mqstore.log.warmer import SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
+from mqstore.metrics import Registry
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
                            AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, RawPullResult,
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
 from mqstore.pop import copies as pop_copies
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
+from mqstore.queue.usage import TopicUsage
 from mqstore.retention_holds import RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
@@ -68,9 +70,10 @@ MAX_GET_MESSAGES = 1000
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig, clock: Clock | None = None):
+    def __init__(self, config: StoreConfig, clock: Clock | None = None, metrics: Registry | None = None):
         self.config = config
         self.clock = clock or SystemClock()
+        self.metrics = metrics = metrics or Registry()
         self.encoder = MessageEncoder(config)
         self._msg_id_prefix = record.msg_id_prefix(self.encoder.store_host, self.encoder.store_port)
         self.segments = SegmentQueue(
@@ -83,7 +86,7 @@ class MessageStore:
         self.commitlog = CommitLog(self.segments, self.clock, reserve_queue_files=self.queues.reserve)
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
         self.flusher: Flusher | None = None
-        self.disk = DiskSpace(config, self.abort_path)
+        self.disk = DiskSpace(config, self.abort_path, metrics)
         self.topics = TopicRegistry(config.default_queue_count, queue_info=self.queue_info,
                                     drop_queues=self._drop_queues,
                                     refuse_write=self.disk.refuse_metadata_write_if_read_only)
@@ -99,6 +102,17 @@ class MessageStore:
         self._checkpoint_lock = threading.Lock()
         self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
+        self._appended = metrics.counter("mqstore_commitlog_appended_messages_total", "messages appended")
+        self._appended_bytes = metrics.counter("mqstore_commitlog_appended_bytes_total", "record bytes appended")
+        self._batches = metrics.counter("mqstore_commitlog_append_batches_total", "batches appended (Append calls)")
+        metrics.gauge_fn("mqstore_commitlog_physical_offset", "log positions: min (oldest record kept), written, "
+                         "flushed, visible (dispatched)", self._positions, ("position",))
+        metrics.gauge_fn("mqstore_commitlog_segments", "commit log segment files", lambda: len(self.segments.segments))
+        usage = TopicUsage(self.queues)
+        metrics.gauge_fn("mqstore_commitlog_topic_bytes", "record bytes a topic holds in the commit log (the live "
+                         "entries of its consume queues)", usage.bytes_by_topic, ("topic",))
+        metrics.gauge_fn("mqstore_consumer_lag_messages", "messages between a group's committed offset and the end "
+                         "of the queue", self.topics.consumer_lag, ("group", "topic", "queue_id"))
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -149,7 +163,7 @@ class MessageStore:
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
         self.before_segment_delete(self.segments.min_offset)
-        self.flusher = Flusher(self.commitlog, cfg, self.clock, self._on_flushed)
+        self.flusher = Flusher(self.commitlog, cfg, self.clock, self._on_flushed, self.metrics)
         self.flusher.flushed_offset = min(start, end)
         self.flusher.flush_now()
         self.write_checkpoint()
@@ -299,6 +313,9 @@ class MessageStore:
             self.disk.allocation_failed(str(exc))
             raise
         self.warmer.poke()
+        self._batches.inc()
+        self._appended.inc(len(batch.sizes))
+        self._appended_bytes.inc(len(batch.buf))
         if self.flusher.sync:
             self.flusher.wait_flushed(written.end)
             self.dispatcher.run_pending(self.flusher.flushed_offset)
@@ -516,6 +533,11 @@ class MessageStore:
                          self.config.flush_mode, reason is not None, reason, len(self.segments.segments),
                          self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}",
                          codec.ACTIVE)
+
+    def _positions(self) -> dict[tuple[str], int]:
+        flushed = self.flusher.flushed_offset if self.flusher else 0
+        return {("min",): self.commitlog.min_offset, ("written",): self.commitlog.written_offset,
+                ("flushed",): flushed, ("visible",): self.visible_offset()}
 
     # ------------------------------------------------------------------ retention (the maintenance duty)
     def delete_expired_segments(self) -> int:

@@ -22,19 +22,29 @@ from mqstore import disk_space, fs
 from mqstore.config import StoreConfig
 from mqstore.errors import ResourceExhausted
 from mqstore.format import cq_unit
+from mqstore.metrics import Registry
 
 log = structlog.get_logger()
 
 
 class DiskSpace:
-    def __init__(self, config: StoreConfig, abort_path: pathlib.Path):
+    def __init__(self, config: StoreConfig, abort_path: pathlib.Path, metrics: Registry | None = None):
         self.config = config
         self.abort_path = abort_path
+        metrics = metrics or Registry()
+        self._used_ratio = metrics.gauge("mqstore_commitlog_disk_used_ratio", "used share of the data directory's "
+                                         "file system at the last disk check")
+        metrics.gauge_fn("mqstore_commitlog_read_only", "1 while the store refuses writes, by reason: disk_full "
+                         "(the disk check) or allocation_failed (a file a write needed)", self._read_only, ("reason",))
         self.reserve = disk_space.SpaceReserve(config.data_dir)
         self._disk_full: str | None = None          # why the disk check found the disk full
         self._allocation_failed: str | None = None  # why a file a write needed could not be allocated
         self._abort_marker_written = False
         self._checkpoint_skipped = False
+
+    def _read_only(self) -> dict[tuple[str], int]:
+        return {("disk_full",): int(self._disk_full is not None),
+                ("allocation_failed",): int(self._allocation_failed is not None)}
 
     def read_only_reason(self) -> str | None:
         """None while the store is writable; otherwise why it is read-only."""
@@ -110,6 +120,7 @@ class DiskSpace:
         """Measure the data directory's file system and apply :meth:`set_usage`."""
         st = os.statvfs(self.config.data_dir)
         used = 1 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0
+        self._used_ratio.set(used)
         self.set_usage(used, free_bytes=st.f_bavail * st.f_frsize)
 
     def set_usage(self, used_ratio: float, free_bytes: int | None = None) -> None:

@@ -51,6 +51,17 @@ class TopicRegistry:
     def names(self) -> set[str]:
         return set(self._topics)
 
+    def consumer_lag(self) -> dict[tuple[str, str, int], int]:
+        """(group, topic, queue id) -> messages from the group's committed offset to the queue's end, for
+        every committed offset of a topic that still exists (one metadata query: for the metrics)."""
+        lag = {}
+        for group, topic, queue_id, offset in self.meta.list_offsets() if self.meta is not None else ():
+            record = self._topics.get(topic)
+            if record is None or queue_id >= record.queue_count:
+                continue
+            lag[(group, topic, queue_id)] = max(0, self._queue_info(topic, queue_id).max_offset - offset)
+        return lag
+
     def get(self, name: str) -> TopicRecord:
         found = self._topics.get(name)
         if found is None:

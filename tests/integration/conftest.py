@@ -17,3 +17,17 @@ def commitlog_port(tmp_path):
                              server=ServerConfig(port=0, grace_s=1.0))
     with commitlog_serving(config) as (_, port):
         yield port
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    """A throwaway CA with a server and a client certificate (mqstore_rpc.tls_certs, openssl)."""
+    from mqstore_rpc.tls_certs import make_ca
+    return make_ca(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def other_certs(tmp_path_factory):
+    """A second, unrelated CA: what a client or server of another installation holds."""
+    from mqstore_rpc.tls_certs import make_ca
+    return make_ca(tmp_path_factory.mktemp("tls-other"))

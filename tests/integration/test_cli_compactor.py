@@ -131,5 +131,5 @@ def test_an_address_of_the_wrong_service_is_named_with_what_it_serves(servers):
                                     f"mqstore.v1.Compactor, not mqstore.v1.CommitLog; is --address right?")
     wrong = cli(servers, "kv", "scan", "kv", "--compactor-address", servers.log_address, expect=1)
     assert wrong.stderr.startswith(f"error: UNIMPLEMENTED: the server at {servers.log_address} serves "
-                                   f"mqstore.v1.CommitLog")
+                                   f"mqstore.v1.Access, mqstore.v1.CommitLog")  # sorted: the Access service too
     assert wrong.stderr.strip().endswith("not mqstore.v1.Compactor; is --compactor-address right?")

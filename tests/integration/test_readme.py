@@ -224,8 +224,9 @@ class Launcher:
     """``python -m mqstore_rpc.launcher`` as ``make run`` runs it, every service on a free port; stdout read
     by a thread, stderr (the services' logs) into a file."""
 
-    def __init__(self, data_dir: pathlib.Path, ports: dict[str, int], log_path: pathlib.Path):
-        command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir)]
+    def __init__(self, data_dir: pathlib.Path, ports: dict[str, int], log_path: pathlib.Path,
+                 extra_args: tuple[str, ...] = ()):
+        command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir), *extra_args]
         for name, port in ports.items():
             command += [f"--{name}-port", str(port)]
         self.log_path = log_path

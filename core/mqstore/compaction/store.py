@@ -7,6 +7,7 @@ from the background duty or on demand; a failing round quarantines its queue onl
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import threading
 import time
@@ -19,6 +20,7 @@ from mqstore import fs
 from mqstore.clock import Clock
 from mqstore.errors import NotFound
 from mqstore.javahash import java_string_hash
+from mqstore.metrics import Registry
 
 from .policy import CompactionConfig, Quarantine, due_reason, tombstone_expired
 from .qlog import QueueLog
@@ -119,7 +121,7 @@ class CompactionStore:
             try:
                 if seal_active:
                     slot.qlog.seal_active()
-                info.stats = (runner or self._local)(slot.qlog, now)
+                info.stats = (runner or functools.partial(self._local, info=info))(slot.qlog, now)
             except Exception as exc:
                 self._round_failed(slot, info, exc)
                 raise
@@ -133,8 +135,42 @@ class CompactionStore:
                      seconds=round(time.monotonic() - started, 3))
             return info
 
-    def _local(self, qlog: QueueLog, now_ms: int) -> RoundStats:
-        return run_round(qlog, self.config, now_ms)
+    def _local(self, qlog: QueueLog, now_ms: int, info: RoundInfo | None = None) -> RoundStats:
+        def progress(stats: RoundStats) -> None:  # a running round's passes show in DescribeQueue and metrics
+            if info is not None:
+                with self._lock:
+                    info.stats = stats
+        return run_round(qlog, self.config, now_ms, progress)
+
+    def register_metrics(self, metrics: Registry) -> None:
+        """Per queue: dirty ratio, whether a round runs and its passes so far (of at most max_passes), the
+        last round's duration; and how many queues are quarantined."""
+        labels = ("topic", "queue_id")
+        metrics.gauge_fn("mqstore_compactor_dirty_ratio", "dirty bytes / (clean + dirty bytes) of the sealed "
+                         "segments", lambda: {_key(s): self.dirt(s).dirty_ratio for s in self.slots()}, labels)
+        metrics.gauge_fn("mqstore_compactor_round_running", "1 while a round runs on the queue",
+                         lambda: self._per_slot(lambda s: int(s.running)), labels)
+        metrics.gauge_fn("mqstore_compactor_round_passes", "passes done by the running (or last) round, of at most "
+                         "max_passes", lambda: self._per_slot(lambda s: s.info.stats.passes), labels)
+        metrics.gauge_fn("mqstore_compactor_round_records", "records the running (or last) round's latest pass read "
+                         "(in) and wrote (out)", self._round_records, (*labels, "direction"))
+        metrics.gauge_fn("mqstore_compactor_round_max_passes", "the most passes a round makes",
+                         lambda: self.config.max_passes)
+        metrics.gauge_fn("mqstore_compactor_last_round_seconds", "duration of the queue's last finished round",
+                         lambda: self._per_slot(_round_seconds), labels)
+        metrics.gauge_fn("mqstore_compactor_quarantined_queues", "queues whose rounds are held back after a "
+                         "failure", lambda: sum(self._per_slot(lambda s: int(s.quarantine.failures > 0)).values()))
+
+    def _round_records(self) -> dict[tuple[str, int, str], int]:
+        out = {}
+        for (topic, queue_id), stats in self._per_slot(lambda s: s.info.stats).items():
+            out[(topic, queue_id, "in")], out[(topic, queue_id, "out")] = stats.records_in, stats.records_out
+        return out
+
+    def _per_slot(self, read: Callable[[QueueSlot], float]) -> dict[tuple[str, int], float]:
+        slots = self.slots()
+        with self._lock:
+            return {_key(s): read(s) for s in slots}
 
     def _round_failed(self, slot: QueueSlot, info: RoundInfo, exc: Exception) -> None:
         with self._lock:
@@ -176,6 +212,15 @@ class CompactionStore:
 
     def dirt(self, slot: QueueSlot) -> "Dirt":
         return measure(slot.qlog, self.clock.now_ms(), self.config)
+
+
+def _key(slot: QueueSlot) -> tuple[str, int]:
+    return (slot.qlog.topic, slot.qlog.queue_id)
+
+
+def _round_seconds(slot: QueueSlot) -> float:
+    info = slot.info
+    return (info.ended_ms - info.started_ms) / 1000 if info.ended_ms else 0.0
 
 
 @dataclass(frozen=True)

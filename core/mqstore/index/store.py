@@ -26,6 +26,7 @@ from mqstore import codec, failpoints, fs
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, invariant
 from mqstore.format.index_file import IndexFile
+from mqstore.metrics import Registry
 
 from . import checkpoint as ckpt
 from . import files as F
@@ -283,6 +284,22 @@ class IndexStore:
             self._last_error = error
 
     # -- stats -------------------------------------------------------------------------------------
+    def register_metrics(self, metrics: Registry) -> None:
+        """Records indexed, queries and their reads, files per layout, entries (the build lag is the
+        follower's, mqstore.follow)."""
+        c = self.counters
+        metrics.counter_fn("mqstore_index_records_indexed_total", "log records put into the index",
+                           lambda: c.records_applied)
+        metrics.counter_fn("mqstore_index_queries_total", "queries answered", lambda: c.queries)
+        metrics.counter_fn("mqstore_index_query_reads_total", "ranged reads of compact files by queries",
+                           lambda: c.query_reads_total)
+        metrics.gauge_fn("mqstore_index_files", "index files by layout and tier", self._files, ("layout",))
+        metrics.gauge_fn("mqstore_index_entries", "index entries in every file", lambda: self.stats().entries)
+
+    def _files(self) -> dict[tuple[str], int]:
+        s = self.stats()
+        return {("unsealed",): s.files_unsealed, ("compact",): s.files_compact_local, ("tiered",): s.files_compact_tier}
+
     def stats(self) -> IndexStats:
         with self._lock:
             infos = self._table.infos()

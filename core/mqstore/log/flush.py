@@ -28,10 +28,11 @@ from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import FlushTimeout, Unavailable
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.segment import PAGE_SIZE
+from mqstore.metrics import Registry
 
 
 class Flusher(Duty):
-    def __init__(self, commitlog: CommitLog, config: StoreConfig, clock, on_flushed):
+    def __init__(self, commitlog: CommitLog, config: StoreConfig, clock, on_flushed, metrics: Registry | None = None):
         super().__init__("commitlog-flush", interval_s=config.flush_interval_ms / 1000, retry_on=())
         self.commitlog = commitlog
         self.config = config
@@ -46,6 +47,12 @@ class Flusher(Duty):
         self._wanted_more = threading.Condition(self._lock)
         self._wanted = 0
         self._last_thorough_s = clock.monotonic_s()
+        metrics = metrics or Registry()
+        self._flushes = metrics.counter("mqstore_commitlog_flushes_total", "fsyncs of the commit log that covered "
+                                        "new records")
+        self._flushed_bytes = metrics.counter("mqstore_commitlog_flushed_bytes_total", "record bytes made durable")
+        self._flush_seconds = metrics.histogram("mqstore_commitlog_flush_seconds", "time of one flush (fsync of "
+                                                "the dirty range)")
 
     def stop(self, timeout_s: float = 10.0) -> bool:
         """End the duty, then flush what is left."""
@@ -80,9 +87,13 @@ class Flusher(Duty):
         stamp = self.commitlog.last_store_timestamp_ms
         start = self.flushed_offset
         if target > start:
+            began = self.clock.monotonic_s()
             for seg in self.commitlog.segments.segments:
                 if seg.end > start and seg.start < target:
                     seg.flush(max(start, seg.start) - seg.start, min(target, seg.end) - seg.start)
+            self._flush_seconds.observe(self.clock.monotonic_s() - began)
+            self._flushes.inc()
+            self._flushed_bytes.inc(target - start)
             failpoints.hit("log.after_flush")
         with self._lock:
             if target > self.flushed_offset:

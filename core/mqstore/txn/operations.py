@@ -17,6 +17,7 @@ from typing import Callable
 
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
+from mqstore.metrics import Registry
 from mqstore.meta.txn_audit import AuditEntry, AuditTrail
 
 from .cache import HalfCache
@@ -101,6 +102,33 @@ class Operations:
             raise
         self.audit.finished(entry, "already" if ended.already else "done")
         return ended
+
+    def register_metrics(self, metrics: Registry) -> None:
+        """The figures an operator pages on: transactions by state, the oldest open one, halves and OP
+        messages written and their ratio, check-backs sent and answered (the cache's are its own)."""
+        metrics.gauge_fn("mqstore_txn_transactions", "transactions the service knows, by state",
+                         lambda: {(state,): n for state, n in self.table.counts().items()}, ("state",))
+        metrics.gauge_fn("mqstore_txn_oldest_open_age_seconds", "age of the oldest open transaction (store time)",
+                         self._oldest_open_s)
+        # The persisted counters (checkpointed across restarts, as Stats reports them).
+        for name, doc in (("halves_written", "half messages written"), ("op_messages_written", "OP messages written"),
+                          ("checks_sent", "check-back requests sent to producers"),
+                          ("check_answers", "check-back answers received")):
+            metrics.counter_fn(f"mqstore_txn_{name}_total", doc, lambda name=name: self.counters()[name])
+        metrics.gauge_fn("mqstore_txn_half_to_op_ratio", "halves written per OP message written", self._half_to_op)
+        metrics.gauge_fn("mqstore_txn_recovering", "1 until the follower has read the log up to its end at start",
+                         lambda: int(not self.table.ready))
+
+    def _oldest_open_s(self) -> float:
+        now = self.clock.now_ms()
+        with self.table.lock:
+            firsts = [t.first_store_ms for t in self.table.by_id.values() if t.state == OPEN]
+        return (now - min(firsts)) / 1000 if firsts else 0.0
+
+    def _half_to_op(self) -> float:
+        counters = self.counters()
+        written = counters["op_messages_written"]
+        return counters["halves_written"] / written if written else 0.0
 
     def list_audit(self, txn_id: str, limit: int, page_token: str) -> AuditPage:
         if page_token and not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):

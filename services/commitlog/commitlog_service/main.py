@@ -26,16 +26,20 @@ import dataclasses
 import sys
 from typing import Mapping, Sequence
 
+from mqstore.auth.admin import AccessAdmin
+from mqstore.clock import SystemClock
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
+from mqstore.meta.auth import AuthStore
 from mqstore.pop.config import PopConfig
 from mqstore.pop.service import PopService
 from mqstore.store import MessageStore
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
+from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from commitlog_service import consumer, internal
+from commitlog_service import access, consumer, internal
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 DEFAULT_PORT = 50051
@@ -57,7 +61,8 @@ class CommitLogConfig:
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
-    store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port))
+    store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
+                         metrics=parts.metrics)
     store.start()
     parts.on_close(store.stop)
     pop = PopService(store, config.pop)
@@ -70,6 +75,18 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
         consumer.ConsumerServicer(pop), server))
     parts.add_health_problem(store.health_problem)
+    compose_access(config, parts)
+
+
+def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
+    """The Access service (users and rules) over the auth database every service shares; a change
+    drops this server's caches at once."""
+    auth_store = AuthStore(str(config.server.auth.url.reveal()) or default_auth_url(config.store.data_dir),
+                           SystemClock())
+    parts.on_close(auth_store.close)
+    changed = parts.authority.invalidate if parts.authority is not None else (lambda: None)
+    parts.add_servicer(access.SERVICE_NAME, lambda server: access.add_to_server(
+        access.AccessServicer(AccessAdmin(auth_store, changed)), server))
 
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -83,8 +100,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
     S.add_service_flags(parser, DEFAULT_PORT, "data directory")
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
-    parser.add_argument("--internal-token", help="shared secret of the CommitLogInternal service (env "
-                        "MQSTORE_INTERNAL_TOKEN; prefer the variable: flags show in ps)")
     S.add_flags(parser, PopConfig)
     for f in _store_fields():
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
@@ -110,7 +125,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
                            pop=PopConfig(**S.values_for(args, env, PopConfig)),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
-                           internal_token=S.typed(args, env, "internal_token", str, ""))
+                           internal_token=S.internal_token(args, env))
 
 
 def describe(config: CommitLogConfig, port: int) -> dict:

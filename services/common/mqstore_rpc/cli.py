@@ -7,9 +7,12 @@
     mqstore receive demo --group g --ack           mqstore ack demo --group g HANDLE...
     mqstore store-info --json                      mqstore repair --data-dir ./data
 
-``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). ``--json`` prints the ProtoJSON of each
-response (snake_case names, int64 as numbers, bytes as base64): one object per line, and for send and
-pull one line per message. ``send`` prints both ids of each message: ``msg_id=`` (the offset message
+``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). TLS: ``--tls-ca`` (env MQSTORE_TLS_CA: the
+CA that signed the servers' certificates), ``--tls-client-cert``/``--tls-client-key`` for mutual TLS,
+``--tls-server-name``; credentials when the servers require them: ``--user`` (env MQSTORE_USER) and the
+secret from MQSTORE_SECRET or ``--secret-file`` (never a flag: flags show in ps). ``--json`` prints the
+ProtoJSON of each response (snake_case names, int64 as numbers, bytes as base64): one object per line,
+and for send and pull one line per message. ``send`` prints both ids of each message: ``msg_id=`` (the offset message
 id, for ``get``) and ``uniq_key=`` (for ``query id``). Errors print ``error: <STATUS>: <message>`` on
 stderr and exit 1; UNIMPLEMENTED names the services the server at that address serves
 (mqstore_rpc.cli_errors).
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import sys
@@ -30,11 +34,12 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_compactor, cli_index, cli_offline, cli_pop, cli_txn
+from mqstore_rpc import cli_access, cli_compactor, cli_index, cli_offline, cli_pop, cli_top, cli_txn
 from mqstore_rpc import logging as mqlogging
-from mqstore_rpc.cli_args import CliError, UsageError, build_parser
+from mqstore_rpc.cli_args import CliError, UsageError, build_parser, peers_from_args
 from mqstore_rpc.cli_errors import error_line
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
+from mqstore_rpc.peers import Peers
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 BATCH_BODY_BYTES = 4 * 1024 * 1024      # the server's default limit on the bodies of one Append
@@ -53,10 +58,18 @@ class Cli:
         self._channel: grpc.Channel | None = None
         self._stub: commitlog_pb2_grpc.CommitLogStub | None = None
 
+    @functools.cached_property
+    def peers(self) -> Peers:
+        """TLS and credentials of every channel this invocation opens (cli_args: --tls-*, --user)."""
+        return peers_from_args(self.args)
+
+    def channel(self, address: str, options=()) -> grpc.Channel:
+        return self.peers.channel(address, options)
+
     @property
     def stub(self) -> commitlog_pb2_grpc.CommitLogStub:
         if self._stub is None:
-            self._channel = grpc.insecure_channel(self.args.address, options=CHANNEL_OPTIONS)
+            self._channel = self.channel(self.args.address, CHANNEL_OPTIONS)
             self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
         return self._stub
 
@@ -364,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli_pop.add_commands(parser)
     cli_compactor.add_commands(parser)
     cli_offline.add_commands(parser)
+    cli_access.add_commands(parser)
+    cli_top.add_commands(parser)
     args = parser.parse_args(argv)
     mqlogging.configure("warning")  # stdout is for results; events of local commands (repair) go to stderr
     cli = Cli(args)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 from types import ModuleType
+
+from mqstore_rpc.peers import Peers
+from mqstore_rpc.secret import Secret
+from mqstore_rpc.tls import client_tls
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
@@ -117,6 +122,40 @@ def _add_offset_commands(sub, commands: ModuleType) -> None:
     p.set_defaults(func=commands.cmd_offset_query)
 
 
+_SECURITY_OPTIONS = {
+    "tls_ca": "CA that signed the servers' certificates: TLS (env MQSTORE_TLS_CA)",
+    "tls_client_cert": "client certificate for mutual TLS (env MQSTORE_TLS_CLIENT_CERT)",
+    "tls_client_key": "its key (env MQSTORE_TLS_CLIENT_KEY)",
+    "tls_server_name": "name the servers' certificate must carry (default: the host; env MQSTORE_TLS_SERVER_NAME)",
+    "user": "user to authenticate as (env MQSTORE_USER); the secret comes from MQSTORE_SECRET or --secret-file",
+    "secret_file": "file holding the user's secret (env MQSTORE_SECRET_FILE)",
+}
+
+
+def _add_security_options(parser: argparse.ArgumentParser) -> None:
+    for name, text in _SECURITY_OPTIONS.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name,
+                            default=os.environ.get("MQSTORE_" + name.upper(), ""), help=text)
+
+
+def peers_from_args(args: argparse.Namespace, env=os.environ) -> Peers:
+    """TLS and credentials from the options (the environment fills what they leave out)."""
+    tls = client_tls(args.tls_ca, args.tls_client_cert, args.tls_client_key, args.tls_server_name)
+    if not args.user:
+        return Peers(tls)
+    secret = env.get("MQSTORE_SECRET", "")
+    if args.secret_file:
+        try:
+            secret = pathlib.Path(args.secret_file).read_text().strip()
+        except OSError as exc:
+            raise CliError("INVALID_ARGUMENT", f"--secret-file: cannot read {args.secret_file}: "
+                                               f"{exc.strerror or exc}") from None
+    if not secret:
+        raise CliError("UNAUTHENTICATED", f"--user {args.user} needs its secret: set MQSTORE_SECRET or "
+                                          f"--secret-file")
+    return Peers(tls, args.user, Secret(secret))
+
+
 def build_parser(commands: ModuleType) -> argparse.ArgumentParser:
     """``commands`` is the module holding the ``cmd_*`` functions (mqstore_rpc.cli)."""
     parser = argparse.ArgumentParser(prog="mqstore", description="mqstore command line (talks gRPC to CommitLog)")
@@ -124,6 +163,7 @@ def build_parser(commands: ModuleType) -> argparse.ArgumentParser:
                         help=f"CommitLog host:port (env MQSTORE_ADDRESS, default {DEFAULT_ADDRESS})")
     parser.add_argument("--json", action="store_true", help="print ProtoJSON, one object per line")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    _add_security_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_topic_commands(sub, commands)
     _add_data_commands(sub, commands)

@@ -76,8 +76,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 class _Compactor:
     def __init__(self, cli):
         self.cli = cli
-        self.channel = grpc.insecure_channel(cli.args.compactor_address,
-                                             options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.channel = cli.channel(cli.args.compactor_address, [("grpc.max_receive_message_length", 64 << 20)])
         self.stub = compactor_pb2_grpc.CompactorStub(self.channel)
 
     def __enter__(self) -> _Compactor:

@@ -20,7 +20,6 @@ import argparse
 import datetime
 import os
 
-import grpc
 
 from mqstore_rpc.gen.mqstore.v1 import index_pb2, index_pb2_grpc
 
@@ -79,7 +78,7 @@ class _Index:
         self.cli = cli
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        self.channel = grpc.insecure_channel(cli.args.index_address, options=options)
+        self.channel = cli.channel(cli.args.index_address, options)
         self.stub = index_pb2_grpc.IndexStub(self.channel)
 
     def call(self, method: str, request):

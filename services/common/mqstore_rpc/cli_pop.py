@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 
-import grpc
 
 from mqstore_rpc.gen.mqstore.v1 import consumer_pb2, consumer_pb2_grpc
 
@@ -68,7 +67,7 @@ class _Consumer:
 
     def __init__(self, cli):
         self.cli = cli
-        self.channel = grpc.insecure_channel(cli.args.address)
+        self.channel = cli.channel(cli.args.address)
         self.stub = consumer_pb2_grpc.ConsumerStub(self.channel)
 
     def call(self, method: str, request, extra_timeout_s: float = 0.0):

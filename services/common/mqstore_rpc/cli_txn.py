@@ -19,7 +19,6 @@ import argparse
 import getpass
 import os
 
-import grpc
 
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2, txn_pb2_grpc
 
@@ -80,7 +79,7 @@ class _Txn:
 
     def __init__(self, cli):
         self.cli = cli
-        self.channel = grpc.insecure_channel(cli.args.txn_address)
+        self.channel = cli.channel(cli.args.txn_address)
         self.stub = txn_pb2_grpc.TransactionStub(self.channel)
 
     def call(self, method: str, request):

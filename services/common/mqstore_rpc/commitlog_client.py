@@ -23,6 +23,7 @@ from mqstore.errors import NotFound, OutOfRange
 
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_rpc_error
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -55,7 +56,8 @@ class CommitLogClient:
     """Thread-safe (a gRPC channel and stub are). ``close()`` once, after the users have stopped."""
 
     def __init__(self, address: str, *, rpc_timeout_s: float = 10.0, stream_deadline_s: float = 60.0,
-                 fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000, transparent_retries: bool = True):
+                 fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000, peers: Peers | None = None,
+                 transparent_retries: bool = True):
         """``transparent_retries=False`` turns off grpc's retry machinery on the channel (option
         ``grpc.enable_retries``): a call that meets a broken connection fails at once (Unavailable) rather
         than being sent again, and each unary call is cheaper (measured by the gateway, bench/gateway.py)."""
@@ -69,7 +71,7 @@ class CommitLogClient:
                    ("grpc.min_reconnect_backoff_ms", 50),
                    ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms),
                    ("grpc.enable_retries", int(transparent_retries))]
-        self._channel = grpc.insecure_channel(address, options=options)
+        self._channel = (peers or Peers()).channel(address, options)  # TLS and credentials (mqstore_rpc.peers)
         self._stub = commitlog_pb2_grpc.CommitLogStub(self._channel)
         self._internal = commitlog_pb2_grpc.CommitLogInternalStub(self._channel)
 

@@ -40,6 +40,7 @@ STATUS_BY_ERROR: dict[type[errors.MqStoreError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,  # includes FlushTimeout
     errors.DataLoss: grpc.StatusCode.DATA_LOSS,  # includes CorruptLog
 }

@@ -7,6 +7,11 @@ would test the wrong server). Exit status 0 when the service (``--service``, def
 as a whole) is SERVING; 1 when it is not, is not listening or does not answer within ``--timeout-s``;
 one line on stdout says which. 2 for bad arguments.
 
+TLS: when the service serves TLS, the check trusts ``MQSTORE_TLS_CA`` (the same variable the services
+read for their calls to each other), presents ``MQSTORE_TLS_CLIENT_CERT``/``_KEY`` when the server
+requires client certificates, and checks the name ``MQSTORE_TLS_SERVER_NAME`` when set. Health needs no
+credentials, also with authentication on.
+
 Only grpc and grpc_health are imported: Docker runs this every few seconds, so it starts fast.
 """
 
@@ -34,9 +39,28 @@ def target(address: str | None, env: Mapping[str, str]) -> str:
     return f"127.0.0.1:{int(port)}"
 
 
-def check(address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+def _channel(address: str, env: Mapping[str, str]) -> grpc.Channel:
+    ca = env.get("MQSTORE_TLS_CA", "")
+    if not ca:
+        return grpc.insecure_channel(address)
+    cert, key = env.get("MQSTORE_TLS_CLIENT_CERT", ""), env.get("MQSTORE_TLS_CLIENT_KEY", "")
+
+    def read(path: str) -> bytes | None:
+        with open(path, "rb") as f:
+            return f.read()
+    credentials = grpc.ssl_channel_credentials(read(ca), read(key) if key else None, read(cert) if cert else None)
+    name = env.get("MQSTORE_TLS_SERVER_NAME", "")
+    return grpc.secure_channel(address, credentials, [("grpc.ssl_target_name_override", name)] if name else [])
+
+
+def check(address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,
+          env: Mapping[str, str] = os.environ) -> str:
     """The health status name (SERVING, NOT_SERVING, ...), or ``UNREACHABLE: <why>``."""
-    with grpc.insecure_channel(address) as channel:
+    try:
+        channel = _channel(address, env)
+    except OSError as exc:
+        return f"UNREACHABLE: cannot read a TLS file: {exc}"
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s,
@@ -57,7 +81,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] = os.environ)
         address = target(args.address, env)
     except ValueError as exc:
         parser.error(str(exc))
-    status = check(address, args.service, args.timeout_s)
+    status = check(address, args.service, args.timeout_s, env)
     print(f"{address} {args.service or '(server)'}: {status}")
     return 0 if status == "SERVING" else 1
 

@@ -23,6 +23,13 @@ CommitLogInternal): the variable when set, else a random one kept in ``<data-dir
 Ctrl-C or SIGTERM: SIGTERM to each child in reverse order, wait, SIGKILL if it does not exit, and exit
 0. If a child dies on its own, the others are stopped and the launcher exits 1. Adding a service is one
 row of SERVICES.
+
+Operations (mqstore_rpc.settings): each service serves /metrics on its port + 100 (checked free with the
+gRPC ports; the banner lists them). ``--tls`` (``make run-tls``) makes a throwaway CA and certificates
+in ``<data-dir>/tls`` (mqstore_rpc.tls_certs, openssl) and starts every service with TLS, the services
+calling each other over it. ``--auth`` (or MQSTORE_AUTH=on) turns authentication on for every service;
+they share one auth database, ``<data-dir>/auth.db`` (MQSTORE_AUTH_URL when set), and call each other
+as ``service`` with the internal token, as the launcher does for its own calls.
 """
 
 from __future__ import annotations
@@ -45,11 +52,17 @@ from mqstore.format import segment_name
 from mqstore import fs
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore_rpc.launcher_child import HOST, Child, StartFailed, port_problems
+from mqstore_rpc.peers import Peers
+from mqstore_rpc.secret import Secret
+from mqstore_rpc.tls import client_tls
+from mqstore_rpc.tls_certs import make_ca
 
 READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
 DEMO_TOPIC = "demo"
 TOKEN_ENV = "MQSTORE_INTERNAL_TOKEN"
 MiB = 1 << 20
+METRICS_PORT_OFFSET = 100   # mqstore_rpc.settings: /metrics is on the gRPC port + 100
+PLAINTEXT = Peers()         # no TLS, no credentials
 
 
 @dataclass(frozen=True)
@@ -177,12 +190,42 @@ def services(ports: Mapping[str, int] | None = None, embedded: bool = False,
                          + size_flags(e.name, embedded, env)) for e in SERVICES)
 
 
-def start_child(service: Service, data_dir: pathlib.Path, env: Mapping[str, str]) -> Child:
-    return Child(service.name, service.entry.grpc_service, service.port, service.command(data_dir), env)
+def start_child(service: Service, data_dir: pathlib.Path, env: Mapping[str, str],
+                peers: Peers = PLAINTEXT) -> Child:
+    return Child(service.name, service.entry.grpc_service, service.port, service.command(data_dir), env,
+                 channel=peers.channel)
 
 
-def ensure_demo_topic(address: str) -> None:
-    with grpc.insecure_channel(address) as channel:
+@dataclass(frozen=True)
+class Security:
+    """What ``--tls`` and ``--auth`` turned on, and how the launcher's own calls go."""
+
+    ca: str = ""                     # the CA file clients trust ("" = plaintext)
+    auth: bool = False
+    token_file: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    peers: Peers = PLAINTEXT
+
+
+def security(data_dir: pathlib.Path, tls: bool, auth: bool, token: str) -> Security:
+    """The children's environment for TLS (a throwaway CA in <data-dir>/tls) and authentication (one shared
+    auth database), and the launcher's own channel settings."""
+    env: dict[str, str] = {}
+    ca = ""
+    if tls:
+        certs = make_ca(data_dir / "tls")
+        ca = str(certs / "ca.pem")
+        env.update(MQSTORE_TLS_CERT=str(certs / "server.pem"), MQSTORE_TLS_KEY=str(certs / "server.key"),
+                   MQSTORE_TLS_CA=ca)
+    if auth:
+        env.update(MQSTORE_AUTH="on")
+    env["MQSTORE_AUTH_URL"] = os.environ.get("MQSTORE_AUTH_URL") or f"sqlite:///{data_dir / 'auth.db'}"
+    peers = Peers(client_tls(ca) if ca else None, "service", Secret(token))
+    return Security(ca, auth, str(data_dir / "internal-token"), tuple(env.items()), peers)
+
+
+def ensure_demo_topic(address: str, peers: Peers = PLAINTEXT) -> None:
+    with peers.channel(address) as channel:
         stub = commitlog_pb2_grpc.CommitLogStub(channel)
         try:
             stub.DescribeTopic(commitlog_pb2.DescribeTopicRequest(name=DEMO_TOPIC), timeout=10)
@@ -228,12 +271,19 @@ def _activate_command() -> str | None:
     return f"source {_display(activate)}"
 
 
-def banner(children: list, data_dir: pathlib.Path | None = None, embedded: bool = True) -> str:
+def banner(children: list, data_dir: pathlib.Path | None = None, embedded: bool = True,
+           security: Security | None = None) -> str:
     """The endpoints, the disk the store takes, and examples that work as printed (in another shell, from
     this directory). ``children`` have ``.name``, ``.address``, ``.port`` (Child or Service)."""
     rows = {e.name: e for e in SERVICES}
+    security = security or Security()
     lines = ["", "mqstore is running:"]
-    lines += [f"  {c.name:<10} {c.address}" for c in children]
+    lines += [f"  {c.name:<10} {c.address}  metrics http://{HOST}:{c.port + METRICS_PORT_OFFSET}/metrics"
+              for c in children]
+    if security.ca:
+        lines.append(f"  TLS on: clients trust {security.ca}")
+    if security.auth:
+        lines.append("  authentication on: users and rules with `mqstore user` and `mqstore acl` (README)")
     if data_dir is not None:
         lines.append(f"  {'disk':<10} {disk_bytes(data_dir) / MiB:,.1f} MiB in {_display(data_dir)} "
                      f"({sizes_text(data_dir, embedded)})")
@@ -241,9 +291,18 @@ def banner(children: list, data_dir: pathlib.Path | None = None, embedded: bool 
     if activate := _activate_command():
         lines.append(f"  {activate}")
     exports = [f"{rows[c.name].address_env}={c.address}" for c in children if c.port != rows[c.name].default_port]
+    if security.ca:
+        exports.append(f"MQSTORE_TLS_CA={security.ca}")
     if exports:
         lines.append("  export " + " ".join(exports))
-    lines += [f"  {example.replace('{address}', c.address)}" for c in children for example in rows[c.name].examples]
+    if security.auth:
+        lines.append(f"  export MQSTORE_USER=service MQSTORE_SECRET=$(cat {security.token_file})"
+                     f"   # the services' identity: make your own users with it")
+    grpcurl = f"grpcurl -cacert {security.ca}" if security.ca else "grpcurl -plaintext"
+    if security.auth:
+        grpcurl += ' -H "authorization: Bearer service:$MQSTORE_SECRET"'
+    lines += [f"  {example.replace('{address}', c.address).replace('grpcurl -plaintext', grpcurl)}"
+              for c in children for example in rows[c.name].examples]
     lines += ["", "Ctrl-C stops everything.", ""]
     return "\n".join(lines)
 
@@ -271,15 +330,16 @@ def internal_token(data_dir: pathlib.Path) -> str:
 
 
 def _start_all(todo: tuple[Service, ...], data_dir: pathlib.Path, stop: threading.Event,
-               children: list[Child], out: TextIO) -> bool:
+               children: list[Child], out: TextIO, secure: Security) -> bool:
     """The commit log first; once it serves, the others together. True when all serve, False when
     ``stop`` came first; StartFailed names the first child that failed."""
-    env = {**os.environ, TOKEN_ENV: internal_token(data_dir)}  # the commit log and txn share it
+    # The commit log and txn share the internal token; every service gets the TLS and auth settings.
+    env = {**os.environ, TOKEN_ENV: internal_token(data_dir), **dict(secure.env)}
     for wave in (todo[:1], todo[1:]):
         began = time.monotonic()
         started = []
         for service in wave:
-            child = start_child(service, data_dir, env)
+            child = start_child(service, data_dir, env, secure.peers)
             children.append(child)
             started.append(child)
             out.write(f"starting {service.name} on {service.address} (pid {child.pid})\n")
@@ -304,24 +364,27 @@ def _watch(children: list[Child], stop: threading.Event, err: TextIO) -> int:
 
 
 def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
-        out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+        out: TextIO = sys.stdout, err: TextIO = sys.stderr, *, tls: bool = False, auth: bool = False) -> int:
     """Every installed service, ``ports`` by name (the defaults for the rest), until Ctrl-C; the exit status."""
     embedded = uses_embedded_sizes(data_dir)
     todo = tuple(s for s in services(ports, embedded) if s.available())
-    if problems := port_problems([(s.name, s.port) for s in todo]):
+    wanted = [(s.name, s.port) for s in todo] + [(f"{s.name} metrics", s.port + METRICS_PORT_OFFSET) for s in todo]
+    if problems := port_problems(wanted):
         err.write("mqstore did not start anything:\n" + "".join(f"  {p}\n" for p in problems))
         return 1
     stop = threading.Event()
     _install_stop_handlers(stop)
     fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
+    auth = auth or os.environ.get("MQSTORE_AUTH", "").lower() in ("1", "on", "true", "yes")
+    secure = security(data_dir, tls, auth, internal_token(data_dir))
     out.write(f"starting mqstore in {_display(data_dir)}: {sizes_text(data_dir, embedded)}"
               + (f" (an empty store takes ~{EMPTY_STORE_MIB} MiB)" if embedded else "") + "\n")
     children: list[Child] = []
     status = 0
     try:
-        if _start_all(todo, data_dir, stop, children, out):  # else Ctrl-C came first: stop, exit 0
-            ensure_demo_topic(children[0].address)
-            out.write(banner(children, data_dir, embedded) + "\n")
+        if _start_all(todo, data_dir, stop, children, out, secure):  # else Ctrl-C came first: stop, exit 0
+            ensure_demo_topic(children[0].address, secure.peers)
+            out.write(banner(children, data_dir, embedded, secure) + "\n")
             out.flush()
             status = _watch(children, stop, err)
     except StartFailed as exc:
@@ -347,8 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     for entry in SERVICES:
         parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
                             metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
+    parser.add_argument("--tls", action="store_true", help="TLS everywhere, with a throwaway CA in <data-dir>/tls")
+    parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
     args = parser.parse_args(argv)
-    return run(args.data_dir.resolve(), {entry.name: getattr(args, entry.name) for entry in SERVICES})
+    ports = {entry.name: getattr(args, entry.name) for entry in SERVICES}
+    if args.tls or args.auth:
+        return run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)
+    return run(args.data_dir.resolve(), ports)
 
 
 def _port(text: str) -> int:

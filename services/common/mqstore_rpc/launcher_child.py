@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Mapping, Sequence, TextIO
+from typing import Callable, Mapping, Sequence, TextIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -77,8 +77,10 @@ class Child:
     """
 
     def __init__(self, name: str, grpc_service: str, port: int, command: Sequence[str],
-                 env: Mapping[str, str] | None = None, err: TextIO | None = None):
+                 env: Mapping[str, str] | None = None, err: TextIO | None = None,
+                 channel: Callable[[str], grpc.Channel] = grpc.insecure_channel):
         self.name, self.grpc_service, self.port = name, grpc_service, port
+        self._channel = channel  # how the health probe connects (TLS when the launcher's --tls)
         self._err = err if err is not None else sys.stderr
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._started = threading.Event()
@@ -154,7 +156,7 @@ class Child:
                 return False
 
     def _health(self) -> int:
-        with grpc.insecure_channel(self.address) as channel:
+        with self._channel(self.address) as channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(service=self.grpc_service), timeout=HEALTH_TIMEOUT_S)

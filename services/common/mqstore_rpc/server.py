@@ -1,11 +1,15 @@
 """Assembles a gRPC server the same way for every mqstore service.
 
-``create_server(config)`` gives a :class:`ManagedServer`: a ``grpc.Server`` with a bounded thread pool,
-64 MiB message limits, the error interceptor, gRPC health and server reflection, already bound to
-``host:port`` (port 0 picks a free port, read it from ``.port``). The service registers its servicers,
-adds what must be closed after the server stops (``add_closer(store.stop)``), calls ``start()`` and
-then ``serve_until_signal()``, which returns after SIGTERM or SIGINT (caught by a
-:class:`StopSignals` installed first thing in ``main()``) and a graceful stop.
+``create_server(config, registry)`` gives a :class:`ManagedServer`: a ``grpc.Server`` with a bounded thread
+pool, 64 MiB message limits, the interceptors (per-RPC metrics outermost, then the error mapping, then
+any the caller adds: authentication), gRPC health and server reflection, already bound to ``host:port``
+(port 0 picks a free port, read it from ``.port``) in plaintext or, with ``config.tls``, TLS only
+(mutual when a client CA is set: mqstore_rpc.tls), and the ``/metrics`` exporter of ``registry`` on
+``config.metrics_port`` when it is set (mqstore_rpc.metrics; ``.metrics_port`` is the bound one). The
+service registers its servicers, adds what must be closed after the server stops
+(``add_closer(store.stop)``), calls ``start()`` and then ``serve_until_signal()``, which returns after
+SIGTERM or SIGINT (caught by a :class:`StopSignals` installed first thing in ``main()``) and a graceful
+stop.
 
 Lifecycle of a service process:
   create_server -> register servicers -> start domain objects -> start() -> mark_serving()
@@ -28,11 +32,36 @@ from grpc_reflection.v1alpha import reflection
 
 from mqstore.background import Duty
 from mqstore.errors import InvalidArgument
+from mqstore.metrics import Registry
 from mqstore_rpc.errors import ErrorInterceptor
+from mqstore_rpc.metrics import MetricsExporter, RpcMetrics
+from mqstore_rpc.peers import Peers
+from mqstore_rpc.secret import Secret
+from mqstore_rpc.tls import ServerTls
 
 log = structlog.get_logger("mqstore_rpc.server")
 
 MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Authentication and permissions of a server (mqstore_rpc.auth). ``url``: the auth database every
+    service shares; ``internal_token``: the secret of the services' own identity ``service``."""
+
+    enabled: bool = False
+    url: Secret = Secret()               # a database URL may hold a password
+    default_decision: str = "deny"       # when no rule of a user matches: deny or allow
+    refresh_ms: int = 1_000              # how often the users' version is read (changes by others)
+    internal_token: Secret = Secret()
+
+    def __post_init__(self) -> None:
+        if self.default_decision not in ("allow", "deny"):
+            raise InvalidArgument(f"auth_default must be allow or deny, not {self.default_decision!r}")
+        if self.refresh_ms <= 0:
+            raise InvalidArgument(f"auth_refresh_ms must be positive, not {self.refresh_ms}")
+        if self.enabled and not self.url:
+            raise InvalidArgument("auth is on but auth_url (--auth-url / MQSTORE_AUTH_URL) is not set")
 
 
 @dataclass(frozen=True)
@@ -46,10 +75,17 @@ class ServerConfig:
     max_message_bytes: int = 64 * MiB    # send and receive
     grace_s: float = 5.0                 # how long running RPCs may finish on stop
     stop_timeout_s: float = 30.0         # bound on waiting for the server to stop after the grace period
+    metrics_host: str = ""               # where /metrics listens; "" = host
+    metrics_port: int | None = None      # None = no /metrics; 0 = any free port
+    tls: ServerTls | None = None         # None = plaintext
+    auth: AuthConfig = AuthConfig()      # authentication and permissions (off by default)
+    peers: Peers = Peers()               # how this service calls the others (TLS, its own identity)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"port must be in [0, 65535], not {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise InvalidArgument(f"metrics_port must be in [0, 65535] or off, not {self.metrics_port}")
         for name in ("max_workers", "max_concurrent_rpcs", "max_message_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
@@ -115,13 +151,16 @@ class ManagedServer:
     first). ``add_closer`` and ``add_service_names`` are for the composition root, before ``start()``.
     """
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, registry: Registry | None = None,
+                 interceptors: Sequence[grpc.ServerInterceptor] = ()):
         self.config = config
+        self.registry = registry or Registry()
         self._executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc-handler")
         options = [("grpc.max_send_message_length", config.max_message_bytes),
                    ("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]  # two servers must never share a port silently
-        self.grpc_server = grpc.server(self._executor, interceptors=[ErrorInterceptor()], options=options,
+        chain = [RpcMetrics(self.registry), ErrorInterceptor(), *interceptors]
+        self.grpc_server = grpc.server(self._executor, interceptors=chain, options=options,
                                        maximum_concurrent_rpcs=config.max_concurrent_rpcs)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
@@ -133,9 +172,20 @@ class ManagedServer:
         self._stopped = threading.Event()
         self._stopping = False
         try:
-            self.port = self.grpc_server.add_insecure_port(config.address)
+            if config.tls is None:
+                self.port = self.grpc_server.add_insecure_port(config.address)
+            else:
+                self.port = self.grpc_server.add_secure_port(config.address, config.tls.credentials())
         except RuntimeError as exc:  # grpc's way of saying the address is taken or not ours
             raise OSError(f"cannot bind {config.address}: in use, or not an address of this host ({exc})") from None
+        self._exporter: MetricsExporter | None = None
+        if config.metrics_port is not None:
+            self._exporter = MetricsExporter(self.registry, config.metrics_host or config.host, config.metrics_port)
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port /metrics is served on (None: not served)."""
+        return self._exporter.port if self._exporter is not None else None
 
     def add_service_names(self, names: Sequence[str]) -> None:
         """Full service names (``mqstore.v1.CommitLog``) for health and reflection."""
@@ -189,6 +239,8 @@ class ManagedServer:
             if not done.wait(grace + self.config.stop_timeout_s):
                 log.warning("server.stop_timeout", port=self.port, waited_s=grace + self.config.stop_timeout_s)
             self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._exporter is not None:
+                self._exporter.stop()
             self._run_closers()
         finally:
             self._stopped.set()
@@ -205,8 +257,9 @@ class ManagedServer:
             raise first_error
 
 
-def create_server(config: ServerConfig) -> ManagedServer:
-    return ManagedServer(config)
+def create_server(config: ServerConfig, registry: Registry | None = None,
+                  interceptors: Sequence[grpc.ServerInterceptor] = ()) -> ManagedServer:
+    return ManagedServer(config, registry, interceptors)
 
 
 class StopSignals:

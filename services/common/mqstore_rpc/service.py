@@ -24,6 +24,13 @@ has killed) is non-empty (mqstore_rpc.server.HealthMonitor polls them every seco
 ``Composition.health_changed()``). SERVING means ready: a service that cannot answer its RPCs yet (the
 Transaction service until it has read the log up to the end it saw at start) registers a problem that
 says so, and reports the change when it is ready.
+
+What every service gets here, from the settings every service has (mqstore_rpc.settings): a metrics
+registry (``Composition.metrics``, served at ``/metrics`` on ``--metrics-port``: mqstore_rpc.metrics),
+TLS on its port (``--tls-cert``/``--tls-key``/``--tls-client-ca``: mqstore_rpc.tls), authentication
+and permissions when ``--auth`` is on (the auth database, the Authority and its refresh duty, the
+interceptor: mqstore_rpc.auth), and ``Composition.peers``, how it calls the other services (TLS
+client settings and its own identity).
 """
 
 from __future__ import annotations
@@ -36,11 +43,17 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import grpc
 import structlog
 from mqstore import failpoints
+from mqstore.auth.authority import Authority, AuthRefresh
 from mqstore.background import Duty
+from mqstore.clock import SystemClock
 from mqstore.errors import InvalidArgument, MqStoreError
+from mqstore.meta.auth import AuthStore
+from mqstore.metrics import Registry
 
 from mqstore_rpc import logging as mqlogging
-from mqstore_rpc.server import ManagedServer, StopSignals, create_server, serve_until_signal
+from mqstore_rpc.auth import AuthInterceptor
+from mqstore_rpc.peers import Peers
+from mqstore_rpc.server import ManagedServer, ServerConfig, StopSignals, create_server, serve_until_signal
 
 log = structlog.get_logger("mqstore_rpc.service")
 
@@ -51,10 +64,22 @@ class Composition:
     """What a composition function registers on a bound server. Not thread-safe: used by the
     composition root only, before the server starts."""
 
-    def __init__(self, server: ManagedServer):
+    def __init__(self, server: ManagedServer, authority: Authority | None = None):
         self.server = server
+        self.authority = authority      # None while authentication is off
         self._duties: list[Duty] = []
         self._problems: list[Callable[[], str]] = []
+
+    @property
+    def metrics(self) -> Registry:
+        """The service's registry: the domain registers its figures here (mqstore.metrics)."""
+        return self.server.registry
+
+    @property
+    def peers(self) -> Peers:
+        """How this service calls the others: ``parts.peers.channel(address)``, or pass it to
+        CommitLogClient."""
+        return self.server.config.peers
 
     @property
     def port(self) -> int:
@@ -115,12 +140,36 @@ class ServiceDef:
     describe: Callable[[Any, int], dict] = lambda config, port: {}      # config fields for server.started
 
 
+def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | None, AuthStore | None]:
+    if not config.auth.enabled:
+        return None, None
+    store = AuthStore(str(config.auth.url.reveal()), SystemClock())
+    try:
+        authority = Authority(store, default_decision=config.auth.default_decision,
+                              service_secret=str(config.auth.internal_token.reveal()), metrics=registry)
+    except BaseException:
+        store.close()
+        raise
+    return authority, store
+
+
 def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
     """Bind and compose; returns the server (not started) and its port. ``server.stop()`` stops the
     duties and closes what the composition opened."""
-    server = create_server(config.server)
-    parts = Composition(server)
+    registry = Registry()
+    authority, auth_store = _authority(config.server, registry)
+    interceptors = [AuthInterceptor(authority, registry)] if authority is not None else []
     try:
+        server = create_server(config.server, registry, interceptors)
+    except BaseException:
+        if auth_store is not None:
+            auth_store.close()
+        raise
+    parts = Composition(server, authority)
+    try:
+        if auth_store is not None:
+            parts.on_close(auth_store.close)
+            parts.add_duty(AuthRefresh(authority, config.server.auth.refresh_ms))
         service.compose(config, parts)
         parts.start()
     except BaseException:
@@ -163,10 +212,17 @@ def run(service: ServiceDef, argv: Sequence[str] | None = None, env: Mapping[str
         return EXIT_START_FAILED
     server.start()
     log.info("server.started", service=service.grpc_service, port=port, pid=os.getpid(),
+             metrics_port=server.metrics_port, tls=_tls_mode(config.server), auth=config.server.auth.enabled,
              failpoints=config.failpoints, config=service.describe(config, port))
     serve_until_signal(server, signals, on_signal=lambda name: log.info("server.stopping", signal=name, port=port))
     log.info("server.stopped", port=port)
     return EXIT_OK
+
+
+def _tls_mode(config: ServerConfig) -> str:
+    if config.tls is None:
+        return "off"
+    return "mutual" if config.tls.mutual else "on"
 
 
 def _error_fields(exc: Exception) -> dict:

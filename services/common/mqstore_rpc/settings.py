@@ -6,8 +6,15 @@ accept ``_`` separators and KiB/MiB/GiB suffixes, booleans 1/0/true/false/yes/no
 does not parse raises InvalidArgument naming the flag and the variable.
 
 Every service has the flags of :func:`add_service_flags` (``--data-dir``, ``--host``, ``--port``,
-``--max-workers``, ``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``) and reads
-``MQSTORE_FAILPOINTS``; :func:`server_config` and friends read them.
+``--max-workers``, ``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``; the operations settings:
+``--metrics-host``/``--metrics-port``, the server's TLS ``--tls-cert``/``--tls-key``/``--tls-client-ca``,
+the TLS of its calls to the other services ``--tls-ca``/``--tls-client-cert``/``--tls-client-key``/
+``--tls-server-name``, ``--auth``/``--auth-url``/``--auth-default``/``--auth-refresh-ms`` and
+``--internal-token``) and reads ``MQSTORE_FAILPOINTS``; :func:`server_config` and friends read them.
+
+Metrics: ``/metrics`` is served on the gRPC port + :data:`METRICS_PORT_OFFSET` (50151 for the commit
+log's 50051) unless ``--metrics-port`` says another port, ``0`` (any free port) or ``off``; a server on
+port 0 (tests) serves no metrics unless asked.
 """
 
 from __future__ import annotations
@@ -19,7 +26,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from mqstore.errors import InvalidArgument
 
-from mqstore_rpc.server import ServerConfig
+from mqstore_rpc.peers import Peers
+from mqstore_rpc.secret import Secret
+from mqstore_rpc.server import AuthConfig, ServerConfig
+from mqstore_rpc.tls import ServerTls, client_tls
+
+METRICS_PORT_OFFSET = 100
+SERVICE_USER = "service"  # mqstore.auth.model.SERVICE_USER: the services' own identity
 
 ENV_PREFIX = "MQSTORE_"
 _SIZE_SUFFIXES = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
@@ -104,6 +117,21 @@ _SERVICE_FLAGS = {
     "max_concurrent_rpcs": f"RPCs admitted at once (default {ServerConfig.max_concurrent_rpcs})",
     "grace_s": f"seconds running RPCs get on stop (default {ServerConfig.grace_s:g})",
     "log_level": "debug, info, warning, error (default info)",
+    "metrics_host": "address /metrics listens on (default: --host)",
+    "metrics_port": f"port of /metrics: a number, 0 = any free one, off (default: gRPC port + {METRICS_PORT_OFFSET})",
+    "tls_cert": "this server's TLS certificate chain (PEM); with --tls-key the server speaks TLS only",
+    "tls_key": "this server's TLS private key (PEM)",
+    "tls_client_ca": "CA of client certificates: clients must present one signed by it (mutual TLS)",
+    "tls_ca": "CA that signed the other services' certificates: calls to them use TLS",
+    "tls_client_cert": "certificate this service presents to the others (mutual TLS)",
+    "tls_client_key": "key of --tls-client-cert",
+    "tls_server_name": "name the other services' certificates must carry (default: the host called)",
+    "auth": "authentication and permissions: on or off (default off)",
+    "auth_url": "the auth database every service shares, a SQLAlchemy URL (default sqlite in the data dir)",
+    "auth_default": "decision when no rule of a user matches: deny or allow (default deny)",
+    "auth_refresh_ms": "how often users and rules are re-read for changes (default 1000)",
+    "internal_token": "secret of the services' own identity, user 'service' (prefer the variable: flags "
+                      "show in ps)",
 }
 
 
@@ -111,7 +139,9 @@ def add_service_flags(parser: argparse.ArgumentParser, default_port: int, data_d
     parser.add_argument(flag("data_dir"), dest="data_dir",
                         help=f"{data_dir_help} (required); env {env_name('data_dir')}")
     for name, text in _SERVICE_FLAGS.items():
-        parser.add_argument(flag(name), dest=name, help=f"{text.format(port=default_port)}; env {env_name(name)}")
+        switch = dict(nargs="?", const="on") if name == "auth" else {}  # `--auth` alone turns it on
+        parser.add_argument(flag(name), dest=name, help=f"{text.format(port=default_port)}; env {env_name(name)}",
+                            **switch)
 
 
 def data_dir(args: argparse.Namespace, env: Mapping[str, str]) -> pathlib.Path:
@@ -123,11 +153,63 @@ def data_dir(args: argparse.Namespace, env: Mapping[str, str]) -> pathlib.Path:
 
 def server_config(args: argparse.Namespace, env: Mapping[str, str], default_port: int) -> ServerConfig:
     d = ServerConfig()
-    return ServerConfig(host=typed(args, env, "host", str, d.host),
-                        port=typed(args, env, "port", parse_int, default_port),
+    port = typed(args, env, "port", parse_int, default_port)
+    return ServerConfig(host=typed(args, env, "host", str, d.host), port=port,
                         max_workers=typed(args, env, "max_workers", parse_int, d.max_workers),
                         max_concurrent_rpcs=typed(args, env, "max_concurrent_rpcs", parse_int, d.max_concurrent_rpcs),
-                        grace_s=typed(args, env, "grace_s", float, d.grace_s))
+                        grace_s=typed(args, env, "grace_s", float, d.grace_s),
+                        metrics_host=typed(args, env, "metrics_host", str, ""),
+                        metrics_port=metrics_port(args, env, port), tls=server_tls(args, env),
+                        auth=auth_config(args, env), peers=peers(args, env))
+
+
+def metrics_port(args: argparse.Namespace, env: Mapping[str, str], grpc_port: int) -> int | None:
+    """None (no /metrics) for ``off``, else the port; by default the gRPC port + METRICS_PORT_OFFSET
+    (off for a gRPC port of 0: tests ask for metrics explicitly)."""
+    text = setting(args, env, "metrics_port")
+    if text is None:
+        return grpc_port + METRICS_PORT_OFFSET if grpc_port else None
+    if text.strip().lower() == "off":
+        return None
+    return typed(args, env, "metrics_port", parse_int, None)
+
+
+def server_tls(args: argparse.Namespace, env: Mapping[str, str]) -> ServerTls | None:
+    cert, key, ca = (setting(args, env, name) or "" for name in ("tls_cert", "tls_key", "tls_client_ca"))
+    if not cert and not key:
+        if ca:
+            raise InvalidArgument("tls_client_ca needs tls_cert and tls_key: mutual TLS is TLS first")
+        return None
+    return ServerTls.from_files(cert, key, ca)
+
+
+def internal_token(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """The services' shared secret (``--internal-token`` / MQSTORE_INTERNAL_TOKEN), "" when not set."""
+    return typed(args, env, "internal_token", str, "")
+
+
+def default_auth_url(directory: pathlib.Path) -> str:
+    """The auth database when auth_url is not set: a SQLite file in the data directory."""
+    return f"sqlite:///{directory.resolve() / 'auth.db'}"
+
+
+def auth_config(args: argparse.Namespace, env: Mapping[str, str]) -> AuthConfig:
+    enabled = typed(args, env, "auth", parse_bool, False)
+    url = setting(args, env, "auth_url") or ""
+    if enabled and not url:
+        url = default_auth_url(data_dir(args, env))
+    return AuthConfig(enabled=enabled, url=Secret(url), default_decision=typed(args, env, "auth_default", str, "deny"),
+                      refresh_ms=typed(args, env, "auth_refresh_ms", parse_int, 1_000),
+                      internal_token=Secret(internal_token(args, env)))
+
+
+def peers(args: argparse.Namespace, env: Mapping[str, str]) -> Peers:
+    """TLS of this service's calls to the others, and its identity there (``service`` with the internal
+    token, when one is set)."""
+    tls = client_tls(*(setting(args, env, name) or "" for name in
+                       ("tls_ca", "tls_client_cert", "tls_client_key", "tls_server_name")))
+    token = internal_token(args, env)
+    return Peers(tls, SERVICE_USER if token else "", Secret(token))
 
 
 def log_level(args: argparse.Namespace, env: Mapping[str, str]) -> str:

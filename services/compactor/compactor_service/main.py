@@ -80,14 +80,14 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
     then the last checkpoint (after an fsync of the logs), then the logs close, then the channel."""
     client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
-                             max_reconnect_backoff_ms=config.follow.backoff_max_ms)
+                             max_reconnect_backoff_ms=config.follow.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
     clock = SystemClock()
     store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
     parts.on_close(store.close)
     if config.replica_of:
         replica = ReplicaDuty(store, config.replica_of, interval_ms=config.replica_interval_ms,
-                              rpc_timeout_s=config.rpc_timeout_ms / 1000)
+                              rpc_timeout_s=config.rpc_timeout_ms / 1000, peers=parts.peers)
         parts.on_close(replica.close)  # after the duty has stopped (closers run in reverse)
         parts.add_duty(replica)
 
@@ -99,11 +99,13 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
                                           config.checkpoint_interval_ms)
         parts.on_close(projection.checkpoint)
         follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))
+        follower.register_metrics(parts.metrics)
 
         def stats() -> ServiceStats:
             state, (durable, applied) = follower.state(), projection.stats()
             return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset or 0,
                                 follower.problem(), len(store.slots()), applied, "")
+    store.register_metrics(parts.metrics)
     parts.add_duty(RoundDuty(store))
     spark_round = None
     if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed

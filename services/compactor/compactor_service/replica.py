@@ -21,6 +21,7 @@ from mqstore.errors import Unavailable
 from mqstore.format.record import PROPERTY_TAGS
 from mqstore.format.record_reader import decode
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
+from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_rpc_error
 
 log = structlog.get_logger("compactor_service.replica")
@@ -31,10 +32,11 @@ MAX_PAGES_PER_STEP = 10_000
 class ReplicaDuty(Duty):
     """Thread-safe state (``_state_lock``): applied count, connected, last error."""
 
-    def __init__(self, store: CompactionStore, primary: str, *, interval_ms: int, rpc_timeout_s: float):
+    def __init__(self, store: CompactionStore, primary: str, *, interval_ms: int, rpc_timeout_s: float,
+                 peers: Peers | None = None):
         super().__init__("compactor-replica", interval_s=interval_ms / 1000, backoff_max_s=5.0)
         self.store, self.primary, self.rpc_timeout_s = store, primary, rpc_timeout_s
-        self._channel = grpc.insecure_channel(primary, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._channel = (peers or Peers()).channel(primary, [("grpc.max_receive_message_length", 64 << 20)])
         self._stub = compactor_pb2_grpc.CompactorStub(self._channel)
         self._state_lock = threading.Lock()
         self.applied = 0

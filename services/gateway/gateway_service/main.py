@@ -9,10 +9,10 @@ is in memory and rebuilt from the clients' own calls after a restart (see servic
 
 Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (flags win). Every
 service's flags (``--host``, ``--port`` 8081, ``--max-workers`` 256 here: each client's Telemetry stream
-and each long poll holds a handler thread, ...; ``--data-dir`` is accepted and unused); its own:
+and each long poll holds a handler thread, ...; ``--data-dir`` is accepted and unused; ``--internal-token``,
+env MQSTORE_INTERNAL_TOKEN, the commit log's: with it sends store the producer's address as born host); its own:
 ``--commitlog`` (env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--txn`` (env MQSTORE_TXN, default
-127.0.0.1:50053), ``--internal-token`` (env MQSTORE_INTERNAL_TOKEN, the commit log's: with it sends store
-the producer's address as born host), ``--rpc-timeout-ms``, ``--stream-deadline-ms``, and one flag per field of
+127.0.0.1:50053), ``--rpc-timeout-ms``, ``--stream-deadline-ms``, and one flag per field of
 GatewayConfig (``--max-clients``, ``--client-ttl-ms``, ``--max-body-bytes``, ``--max-delivery-attempts``,
 ``--long-poll-max-ms``, ...).
 """
@@ -119,12 +119,14 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     rpc_timeout_s = config.rpc_timeout_ms / 1000
     # Sends are one unary Append each, on the latency path of every producer: no retry machinery (a send
     # that meets a broken connection fails as PROXY_TIMEOUT, and the client's own backoff sends it again).
-    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, transparent_retries=False)
+    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, peers=parts.peers,
+                                 transparent_retries=False)
     parts.on_close(log_client.close)
-    pop = PopClient(config.commitlog_address, rpc_timeout_s)
+    pop = PopClient(config.commitlog_address, rpc_timeout_s, parts.peers)
     parts.on_close(pop.close)
     txn = TxnClient(config.txn_address, rpc_timeout_s=rpc_timeout_s,
-                    stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000)
+                    stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000,
+                    peers=parts.peers)
     parts.on_close(txn.close)
     registry = ClientRegistry(clock, max_clients=cfg.max_clients, ttl_ms=cfg.client_ttl_ms,
                               outbox_limit=cfg.telemetry_outbox_limit)
@@ -162,8 +164,6 @@ _OWN_FLAGS = {
     "txn": f"Transaction service host:port (default {DEFAULT_TXN})",
     "rpc_timeout_ms": "timeout of each call to the other services (default 10000)",
     "stream_deadline_ms": "a CheckBack stream to the Transaction service is re-opened this often (default 600000)",
-    "internal_token": "shared secret of the commit log's CommitLogInternal service (prefer the variable): sends "
-                      "then store the producer's address as born host",
 }
 
 
@@ -189,7 +189,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> GatewayS
         txn_address=S.typed(args, env, "txn", str, DEFAULT_TXN),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         stream_deadline_ms=S.typed(args, env, "stream_deadline_ms", S.parse_int, 600_000),
-        internal_token=S.typed(args, env, "internal_token", str, ""),
+        internal_token=S.internal_token(args, env),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
 
 

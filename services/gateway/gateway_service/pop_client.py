@@ -17,6 +17,7 @@ from mqstore.pop.service import AckOutcome, ChangeResult
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import consumer_pb2, consumer_pb2_grpc
 from mqstore_rpc.remote_errors import from_rpc_error
+from mqstore_rpc.peers import Peers
 
 _ACK_STATUS = {consumer_pb2.ACK_STATUS_OK: "ok", consumer_pb2.ACK_STATUS_EXPIRED: "expired",
                consumer_pb2.ACK_STATUS_NOT_IN_FLIGHT: "not_in_flight",
@@ -26,8 +27,8 @@ _ACK_STATUS = {consumer_pb2.ACK_STATUS_OK: "ok", consumer_pb2.ACK_STATUS_EXPIRED
 class PopClient:
     """mqstore.gateway.consuming.PopPort over gRPC. ``close()`` once, after the users have stopped."""
 
-    def __init__(self, address: str, rpc_timeout_s: float):
-        self._channel = grpc.insecure_channel(address, options=[
+    def __init__(self, address: str, rpc_timeout_s: float, peers: Peers | None = None):
+        self._channel = (peers or Peers()).channel(address, [
             ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", 2_000)])

@@ -23,6 +23,7 @@ from mqstore.model import MessageIn
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 from mqstore_rpc.remote_errors import from_rpc_error
+from mqstore_rpc.peers import Peers
 
 _DECISIONS = {COMMIT: txn_pb2.DECISION_COMMIT, ROLLBACK: txn_pb2.DECISION_ROLLBACK, UNKNOWN: txn_pb2.DECISION_UNKNOWN}
 _END = object()
@@ -68,9 +69,10 @@ class CheckStream:
 
 
 class TxnClient:
-    def __init__(self, address: str, *, rpc_timeout_s: float, stream_deadline_s: float, max_reconnect_backoff_ms: int):
+    def __init__(self, address: str, *, rpc_timeout_s: float, stream_deadline_s: float, max_reconnect_backoff_ms: int,
+                 peers: Peers | None = None):
         self.address, self.rpc_timeout_s, self.stream_deadline_s = address, rpc_timeout_s, stream_deadline_s
-        self._channel = grpc.insecure_channel(address, options=[
+        self._channel = (peers or Peers()).channel(address, [
             ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)])

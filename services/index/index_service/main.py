@@ -74,13 +74,15 @@ def compose(config: IndexServiceConfig, parts: service.Composition) -> None:
     stop first, then the store closes (its checkpoint), then the channel to the commit log."""
     client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
-                             max_reconnect_backoff_ms=config.follower.backoff_max_ms)
+                             max_reconnect_backoff_ms=config.follower.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
     store = IndexStore(config.index, tier=open_tier(config.tier_dir, config.tier_url))
     store.start()
     parts.on_close(store.close)
     maintainer = parts.add_duty(IndexMaintainer(store))
     follower = parts.add_duty(index_follower(store, client, config.follower))
+    follower.register_metrics(parts.metrics)
+    store.register_metrics(parts.metrics)
     upkeep = parts.add_duty(IndexUpkeep(store, client, config.follower))
     queries = IndexQueries(store, client, follower.state, upkeep.state, config.lookup,
                            maintainer_died=lambda: maintainer.state().died)

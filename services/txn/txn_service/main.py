@@ -106,7 +106,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     clock = config.clock or SystemClock()
     client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
-                             max_reconnect_backoff_ms=config.follow.backoff_max_ms)
+                             max_reconnect_backoff_ms=config.follow.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
     audit = AuditTrail(cfg.metadata_url_resolved, wait_timeout_ms=cfg.audit_wait_timeout_ms)
     parts.on_close(audit.close)
@@ -136,9 +136,10 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
                                                             lambda: ops.requeue(table.requeue_op(offsets))))
     parts.on_close(lambda: ops.drain(config.rpc_timeout_ms / 1000))
     parts.add_duty(ops)
-    cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes)
+    cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes, parts.metrics)
     coordinator = Coordinator(cfg, table, client, appender, ops, cache, clock, in_doubt)
-    parts.add_duty(txn_follower(table, TxnTailSource(client, cfg.follow_linger_ms), config.follow))
+    parts.add_duty(txn_follower(table, TxnTailSource(client, cfg.follow_linger_ms), config.follow)).register_metrics(
+        parts.metrics)
     parts.add_duty(in_doubt)
     hub = CheckHub(cfg.max_check_streams)
     checker = parts.add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(client, offsets),
@@ -153,6 +154,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, appender, audit, clock,
                             in_doubt.pending, lambda: in_doubt.settled, base_counters)
     checkpointer.counters = operations.counters
+    operations.register_metrics(parts.metrics)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(
         TransactionServicer(coordinator, checkback, operations), server))
 
@@ -185,7 +187,6 @@ def read_halves(client: CommitLogClient, offsets: list[int]) -> list[StoredMessa
 
 _OWN_FLAGS = {
     "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
-    "internal_token": "shared secret of the commit log's CommitLogInternal service (prefer the variable)",
     "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
     "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
 }
@@ -207,7 +208,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TxnServi
         txn=TxnConfig(data_dir=S.data_dir(args, env), **S.values_for(args, env, TxnConfig, {"data_dir"})),
         server=S.server_config(args, env, DEFAULT_PORT),
         commitlog_address=S.typed(args, env, "commitlog", str, DEFAULT_COMMITLOG),
-        internal_token=S.typed(args, env, "internal_token", str, ""),
+        internal_token=S.internal_token(args, env),
         follow=FollowConfig(**S.values_for(args, env, FollowConfig)),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),

@@ -15,9 +15,10 @@ from typing import Iterator
 
 import grpc
 from mqstore import topics as topic_rules
+from mqstore.auth.model import PUB, topic
 from mqstore.errors import InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
-from mqstore_rpc import convert
+from mqstore_rpc import auth, convert
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
 from mqstore.txn.checkback import Answer, Check, CheckBack
@@ -98,10 +99,17 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                                                    request.producer_group, request.transaction_id))
 
     def Commit(self, request, context):
+        self._may_end(request.transaction_id)
         return _ended(self._coordinator.commit(request.transaction_id))
 
     def Rollback(self, request, context):
+        self._may_end(request.transaction_id)
         return _ended(self._coordinator.rollback(request.transaction_id))
+
+    def _may_end(self, txn_id: str) -> None:
+        """Commit and Rollback name a transaction, not its topic: PUB on that topic (with auth on;
+        mqstore_rpc.permissions, deferred)."""
+        auth.require(PUB, topic(self._coordinator.txn(txn_id).topic))
 
     def ListOpen(self, request, context):
         views = self._ops.list_open(request.older_than_ms, request.producer_group, request.limit)

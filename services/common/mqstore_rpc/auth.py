@@ -1,0 +1,250 @@
+"""Authentication and permissions on every server, and credentials on every client.
+
+Credentials are a bearer token in the call metadata, ``authorization: Bearer <user>:<secret>``. Why a
+bearer token and not a signed request (RocketMQ 5 signs each request with HMAC-SHA1 of an AccessKey/
+SecretKey): to verify a signature the server must hold the secret itself, while a bearer secret can be
+kept only as a salted scrypt hash (a stolen auth database gives no one's secret). What a signature adds
+is protection of the secret in transit and against replay; TLS (mqstore_rpc.tls) gives both to every
+call, so with authentication on across a network, turn TLS on too. Verification is cached
+(mqstore.auth.authority), so a call costs a SHA-256 and a dict lookup.
+
+:class:`AuthInterceptor` (the server side, inside the error interceptor so that its errors map to
+status codes in one place): for each RPC of :data:`mqstore_rpc.permissions.PERMISSIONS`,
+
+  no ``authorization`` metadata, or not ``Bearer <user>:<secret>``   UNAUTHENTICATED (says what to send)
+  unknown user or wrong secret                                       UNAUTHENTICATED (which of the two is
+                                                                     not said; the secret never is)
+  the user lacks the action on a resource the request names          PERMISSION_DENIED (names the user,
+                                                                     action, resource and how to grant it)
+
+Each denial is one event ``auth.denied`` (method, user, reason, peer; never a secret) and one count of
+``mqstore_auth_denied_total{reason}`` (no_credentials, bad_credentials, permission). An RPC missing from
+the table is refused (PERMISSION_DENIED naming the method) rather than let through. Health and
+reflection are open.
+
+:class:`BearerToken` (the client side) adds the metadata to every call of a channel
+(mqstore_rpc.tls.open_channel's interceptors).
+
+Thread-safety: the interceptor caches its wrapped handlers per method; the authority is thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import itertools
+from typing import Any, Callable, Iterator, Mapping
+
+import grpc
+import structlog
+
+from mqstore.auth.authority import Authority, Principal
+from mqstore.auth.model import Resource
+from mqstore.errors import PermissionDenied, Unauthenticated
+from mqstore.metrics import Registry
+
+from mqstore_rpc.permissions import OPEN_PREFIXES, PERMISSIONS, Need
+
+log = structlog.get_logger("mqstore_rpc.auth")
+
+METADATA_KEY = "authorization"
+SCHEME = "Bearer "
+# The call being served (for a deferred check): set by the interceptor around a unary-response handler.
+_current: contextvars.ContextVar["_Caller | None"] = contextvars.ContextVar("mqstore_caller", default=None)
+
+
+def token(user: str, secret: str) -> str:
+    """The metadata value for these credentials."""
+    return f"{SCHEME}{user}:{secret}"
+
+
+def parse_credentials(metadata) -> tuple[str, str]:
+    """(user, secret) from the call's metadata; Unauthenticated when absent or malformed (the value is
+    never quoted: it may be a secret)."""
+    value = next((v for k, v in metadata or () if k == METADATA_KEY), None)
+    if value is None:
+        raise Unauthenticated(f"no credentials: authentication is on; send the metadata "
+                              f"'{METADATA_KEY}: Bearer <user>:<secret>' (mqstore: --user and MQSTORE_SECRET)")
+    if isinstance(value, bytes) or not value.startswith(SCHEME) or ":" not in value[len(SCHEME):]:
+        raise Unauthenticated(f"the {METADATA_KEY} metadata is not 'Bearer <user>:<secret>'")
+    user, _, secret = value[len(SCHEME):].partition(":")
+    return user, secret
+
+
+def require(action: str, resource: Resource) -> None:
+    """For a servicer whose RPC's table entry is ``deferred``: check the authenticated caller once the
+    resource is known (a denial is logged and counted like the interceptor's). A no-op when
+    authentication is off."""
+    caller = _current.get()
+    if caller is not None:
+        caller.interceptor._check(caller.principal, action, resource, caller.method, caller.context)
+
+
+class _Caller:
+    __slots__ = ("interceptor", "principal", "method", "context")
+
+    def __init__(self, interceptor: "AuthInterceptor", principal: Principal, method: str, context):
+        self.interceptor, self.principal, self.method, self.context = interceptor, principal, method, context
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    def __init__(self, authority: Authority, registry: Registry, permissions: Mapping[str, Need | None] = PERMISSIONS):
+        self._authority = authority
+        self._permissions = permissions
+        self._denied = registry.counter("mqstore_auth_denied_total", "calls refused by authentication or "
+                                        "permissions, by reason", ("reason",))
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    # ---- checks ----------------------------------------------------------------------------------------
+    def _deny(self, exc: Exception, reason: str, method: str, context: grpc.ServicerContext, user: str = "") -> None:
+        self._denied.labels(reason).inc()
+        log.warning("auth.denied", method=method, user=user, reason=reason, peer=context.peer(), message=str(exc))
+        raise exc
+
+    def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
+        try:
+            user, secret = parse_credentials(context.invocation_metadata())
+        except Unauthenticated as exc:
+            self._deny(exc, "no_credentials", method, context)
+        try:
+            return self._authority.authenticate(user, secret)
+        except Unauthenticated as exc:
+            self._deny(exc, "bad_credentials", method, context, user[:64])
+
+    def _authorize(self, principal: Principal, need: Need, request, method: str, context) -> None:
+        for actions, resource in need.checks(request):
+            if len(actions) > 1 and any(self._authority.decide(principal, a, resource).allowed for a in actions[1:]):
+                continue  # another action that suffices is allowed
+            self._check(principal, actions[0], resource, method, context)
+
+    def _check(self, principal: Principal, action: str, resource: Resource, method: str, context) -> None:
+        try:
+            self._authority.authorize(principal, action, resource)
+        except PermissionDenied as exc:
+            self._deny(exc, "permission", method, context, principal.name)
+
+    # ---- wrapping --------------------------------------------------------------------------------------
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        behavior = handler.unary_unary or handler.stream_unary or handler.unary_stream or handler.stream_stream
+        if method not in self._permissions:
+            wrapped = self._refuse(behavior, method)
+        else:
+            wrapped = self._guard(behavior, self._permissions[method], method, handler.request_streaming,
+                                  handler.response_streaming)
+        serializers = dict(request_deserializer=handler.request_deserializer,
+                           response_serializer=handler.response_serializer)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(wrapped, **serializers)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(wrapped, **serializers)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(wrapped, **serializers)
+        return grpc.stream_stream_rpc_method_handler(wrapped, **serializers)
+
+    def _refuse(self, behavior: Callable, method: str) -> Callable:
+        @functools.wraps(behavior)
+        def refuse(request, context):
+            self._deny(PermissionDenied(f"{method} has no entry in the permission table "
+                                        f"(mqstore_rpc.permissions): refused"), "permission", method, context)
+        return refuse
+
+    def _guard(self, behavior: Callable, need: Need | None, method: str, request_streaming: bool,
+               response_streaming: bool) -> Callable:
+        if need is None:
+            return behavior
+
+        def enter(request, context):
+            principal = self._authenticate(method, context)
+            if request_streaming:
+                return principal, self._each_checked(request, principal, need, method, context)
+            if not need.deferred:
+                self._authorize(principal, need, request, method, context)
+            return principal, request
+
+        if response_streaming:  # no deferred entry streams its responses: no caller to hand over
+            @functools.wraps(behavior)
+            def stream_guarded(request, context) -> Iterator[Any]:
+                _, request = enter(request, context)
+                yield from behavior(request, context)
+            return stream_guarded
+
+        if need.deferred:  # the servicer finishes the check: hand it the caller
+            @functools.wraps(behavior)
+            def deferred(request, context):
+                principal, request = enter(request, context)
+                token = _current.set(_Caller(self, principal, method, context))
+                try:
+                    return behavior(request, context)
+                finally:
+                    _current.reset(token)
+            return deferred
+
+        @functools.wraps(behavior)
+        def guarded(request, context):
+            return behavior(enter(request, context)[1], context)
+        return guarded
+
+    def _each_checked(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
+        """The request stream with each item checked. The first item is read and checked here, before the
+        servicer runs (a CheckBack hello, a Telemetry client's settings, the first Append batch): a denial
+        then ends the call with its status even where the servicer reads the stream on another thread.
+        Later items are checked as the servicer takes them."""
+        first = next(requests, None)
+        if first is None:
+            return iter(())
+        self._authorize(principal, need, first, method, context)
+        return itertools.chain((first,), self._checked_rest(requests, principal, need, method, context))
+
+    def _checked_rest(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
+        for item in requests:
+            self._authorize(principal, need, item, method, context)
+            yield item
+
+
+# ---- the client side ----------------------------------------------------------------------------------
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, details: grpc.ClientCallDetails, metadata):
+        self.method, self.timeout, self.credentials = details.method, details.timeout, details.credentials
+        self.wait_for_ready, self.compression = details.wait_for_ready, details.compression
+        self.metadata = metadata
+
+
+class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                  grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <user>:<secret>`` to every call of a channel."""
+
+    def __init__(self, user: str, secret: str):
+        self._item = (METADATA_KEY, token(user, secret))
+        self.user = user
+
+    def __repr__(self) -> str:
+        return f"BearerToken(user={self.user!r})"  # never the secret
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        return _CallDetails(details, [*(details.metadata or ()), self._item])
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
+

@@ -1,0 +1,35 @@
+"""How a process calls mqstore's services: TLS and credentials in one place.
+
+A :class:`Peers` is part of every service's configuration (``ServerConfig.peers``: the CommitLog client
+of a follower, a compactor replica's channel to its primary) and of the CLI's: ``channel(address)``
+opens a channel with TLS when a CA is configured (mqstore_rpc.tls) and adds the bearer credentials to
+every call when a user is set (mqstore_rpc.auth). A service calls the others as the services' own
+identity, user ``service`` with MQSTORE_INTERNAL_TOKEN as its secret, whenever that token is set (a
+server with authentication off ignores it).
+
+Immutable, so thread-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import grpc
+
+from mqstore_rpc.auth import BearerToken
+from mqstore_rpc.secret import Secret
+from mqstore_rpc.tls import ClientTls, open_channel
+
+
+@dataclass(frozen=True)
+class Peers:
+    tls: ClientTls | None = None
+    user: str = ""
+    secret: Secret = Secret()
+
+    def interceptors(self) -> tuple[BearerToken, ...]:
+        return (BearerToken(self.user, str(self.secret.reveal())),) if self.user else ()
+
+    def channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
+        return open_channel(address, self.tls, options, self.interceptors())
