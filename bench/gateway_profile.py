@@ -101,10 +101,15 @@ class Driver:
 
     def close(self) -> None:
         try:
-            self.call(op="shutdown")
+            if self.proc.poll() is None:
+                self.call(op="shutdown")
         finally:
             self.proc.stdin.close()
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
 
 
 class Spy:
@@ -170,8 +175,7 @@ def direct_round(log_address: str, log_pid: int, cfg: dict) -> dict:
         run(cfg["warmup"])
         return measured({"client": loop.pid, "commitlog": log_pid}, lambda: run(cfg["count"]), cfg["count"])
     finally:
-        loop.stdin.close()
-        loop.wait(30)
+        close_served(loop)
 
 
 def served(script: str, *args: str) -> tuple[subprocess.Popen, int]:
