@@ -24,7 +24,7 @@ from mqstore_rpc.launcher_child import Child, StartFailed, free_port, port_probl
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LAUNCHER_TIMEOUT_S = 240  # four services start and stop on a loaded 2-core machine
+LAUNCHER_TIMEOUT_S = 240  # five services start and stop on a loaded 2-core machine
 STARTED = re.compile(r"^starting (\w+) on 127\.0\.0\.1:(\d+) \(pid (\d+)\)$", re.M)
 
 
@@ -36,10 +36,10 @@ def run_launcher(data_dir: pathlib.Path, ports: dict[str, int], env: dict[str, s
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
-def four_free_ports(besides: int = 0) -> dict[str, int]:
+def free_ports_for_all(besides: int = 0) -> dict[str, int]:
     """A distinct free port for each service, none of them ``besides``."""
     ports: dict[str, int] = {}
-    while len(set(ports.values()) - {besides}) < 4:
+    while len(set(ports.values()) - {besides}) < len(launcher.SERVICES):
         ports = {e.name: free_port() for e in launcher.SERVICES}
     return ports
 
@@ -63,7 +63,7 @@ def listening(port: int = 0):
 
 def test_a_port_in_use_stops_the_launcher_before_it_starts_anything(tmp_path):
     with listening() as taken:
-        ports = four_free_ports(besides=taken)
+        ports = free_ports_for_all(besides=taken)
         ports["compactor"] = taken
         done = run_launcher(tmp_path / "data", ports)
     assert done.returncode == 1, done.stderr
@@ -82,7 +82,7 @@ def test_port_problems_name_each_port_in_use_and_a_port_asked_twice():
 
 
 def test_a_child_that_fails_to_start_is_named_and_the_others_are_stopped(tmp_path):
-    ports = four_free_ports()
+    ports = free_ports_for_all()
     # Read by the compactor only: it refuses the setting and exits 2 while the others start fine.
     done = run_launcher(tmp_path / "data", ports, env={"MQSTORE_DELETE_RETENTION_MS": "-1"})
     assert done.returncode == 1, done.stdout + done.stderr
@@ -91,7 +91,7 @@ def test_a_child_that_fails_to_start_is_named_and_the_others_are_stopped(tmp_pat
     report = done.stderr[done.stderr.index("mqstore did not start"):]
     assert "config.invalid" in report and "delete_retention_ms" in report  # its last log lines
     started = {name: int(pid) for name, _, pid in STARTED.findall(done.stdout)}
-    assert set(started) == {"commitlog", "index", "txn", "compactor"}, done.stdout
+    assert set(started) == {"commitlog", "index", "txn", "compactor", "gateway"}, done.stdout
     assert [name for name, pid in started.items() if alive(pid)] == []
     assert port_problems(list(ports.items())) == []  # every port free again
 

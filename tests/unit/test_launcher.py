@@ -55,12 +55,13 @@ def test_the_banner_exports_moved_addresses_and_shows_each_rows_examples_and_the
 
 def test_a_new_data_dir_gets_the_embedded_sizes_unless_a_variable_sets_them(tmp_path):
     assert launcher.uses_embedded_sizes(tmp_path / "new")
-    commitlog, index, txn, compactor = launcher.services(embedded=True, env={})
+    commitlog, index, txn, compactor, gateway = launcher.services(embedded=True, env={})
     assert commitlog.extra_args == ("--segment-size-bytes", str(64 << 20), "--warm-ahead-bytes", str(4 << 20),
                                     "--cq-entries-per-file", "50000")
     assert index.extra_args == ("--commitlog", "127.0.0.1:50051", "--slot-count", "100000", "--entry-count", "400000")
     assert txn.extra_args == ("--commitlog", "127.0.0.1:50051")
     assert compactor.extra_args == ("--commitlog", "127.0.0.1:50051", "--segment-size-bytes", str(8 << 20))
+    assert gateway.extra_args == ("--commitlog", "127.0.0.1:50051", "--txn", "127.0.0.1:50053")
     commitlog = launcher.services(embedded=True, env={"MQSTORE_SEGMENT_SIZE_BYTES": "1GiB"})[0]
     assert commitlog.extra_args == ("--warm-ahead-bytes", str(4 << 20), "--cq-entries-per-file", "50000")
 
