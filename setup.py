@@ -16,7 +16,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 CODEC_DIR = "core/mqstore/codec"
-MODULES = ("_request", "_records", "_responses", "_scan", "_stamp", "_index", "_replay")
+MODULES = ("_request", "_records", "_responses", "_scan", "_stamp", "_index", "_replay", "_offset_map")
 REQUIRE = os.environ.get("MQSTORE_REQUIRE_COMPILED", "") not in ("", "0")
 
 

@@ -4,10 +4,12 @@ All servers run at once and every configuration is measured back to back on each
 mqstore ASYNC, mqstore SYNC, then for batched appends Redis everysec and always at the same
 concurrency), so that noise from other work on the machine falls on a configuration and its
 comparison points alike. The configurations the targets name (TARGET_CONFIGURATIONS) are measured in
-``timing["rounds"]`` such rounds, one after the other, and each server's figures are the medians over
-its rounds (merge_rounds): one round's ratio swung by ±15% between runs on this shared machine, as
-the noise of the moment fell on one side or the other. The pure-Python servers, which no target names,
-run in the first round only. Server memory is read at the end, after every append workload.
+``timing["rounds"]`` such rounds, one after the other, and more up to ``timing["max_rounds"]`` while one
+round's ratio of a target's pair moves by more than 10% from the median of its rounds (unsettled); each
+server's figures are the medians over its rounds (merge_rounds): one round's ratio swung by ±15% between
+runs on this shared machine, as the noise of the moment fell on one side or the other. The pure-Python
+servers, which no target names, run in the first round only. Server memory is read at the end, after
+every append workload.
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ SHAPES = {
 }
 PRODUCERS = (1, 8, 32)
 EXTRA = (("unary-100", 16),)  # the configuration the targets name
-# Issue 10's targets: these are measured in several alternating rounds (the module's docstring).
-TARGET_CONFIGURATIONS = {("unary-100", 16), ("unary-100", 32), ("unary-1", 8)}
+# Issue 10's targets: these are measured in several alternating rounds (the module's docstring), and the
+# server pairs whose ratio each target names (a Redis server as "redis-<fsync>"): while one round's ratio
+# of a pair is more than SETTLED off the median of its rounds, rounds are added up to timing["max_rounds"].
+TARGET_PAIRS = {("unary-100", 16): (("ASYNC", "noop"), ("ASYNC", "redis-everysec")),
+                ("unary-100", 32): (("SYNC", "redis-always"),),
+                ("unary-1", 8): (("ASYNC", "noop"),)}
+TARGET_CONFIGURATIONS = set(TARGET_PAIRS)
+SETTLED = 0.10
 _MEDIANS = ("msgs_per_s", "p50_ms", "p99_ms", "mean_ms", "client_cores")  # and server CPU per message
 _SUMS = ("calls", "errors", "durability_checked")
 
@@ -103,6 +111,17 @@ def merge_rounds(results: list[dict]) -> dict:
     return merged
 
 
+def unsettled(rounds_by_server: dict[str, list[dict]], pairs) -> bool:
+    """Whether one round's ratio of a pair (figure over comparison, round by round) is more than SETTLED
+    off the median of that pair's round ratios; pairs with a server not measured are skipped."""
+    for ours, theirs in pairs:
+        a, b = rounds_by_server.get(ours, []), rounds_by_server.get(theirs, [])
+        ratios = [x["msgs_per_s"] / y["msgs_per_s"] for x, y in zip(a, b, strict=False) if y["msgs_per_s"]]
+        if ratios and any(abs(r / statistics.median(ratios) - 1) > SETTLED for r in ratios):
+            return True
+    return False
+
+
 def configurations() -> list[tuple[str, int]]:
     return [(shape, n) for shape in SHAPES for n in PRODUCERS] + list(EXTRA)
 
@@ -142,11 +161,16 @@ def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: 
             redis = {"everysec": RedisServer(work, "everysec").start(), "always": RedisServer(work, "always").start()}
         runs, redis_runs = [], []
         for shape, producers in sorted(configurations(), key=lambda c: (c[0], c[1])):
-            rounds = timing["rounds"] if (shape, producers) in TARGET_CONFIGURATIONS else 1
+            target = (shape, producers) in TARGET_CONFIGURATIONS
+            rounds = timing["rounds"] if target else 1
             ours: dict[str, list[dict]] = {key: [] for key in servers}
             theirs: dict[str, list[dict]] = {fsync: [] for fsync in redis}
-            for round_ in range(rounds):
-                tag = f" round {round_ + 1}/{rounds}" if rounds > 1 else ""
+            round_ = -1
+            while (round_ := round_ + 1) < rounds or (
+                    target and round_ < timing.get("max_rounds", rounds)
+                    and unsettled(ours | {f"redis-{f}": r for f, r in theirs.items()}, TARGET_PAIRS[shape, producers])):
+                tag = (f" round {round_ + 1}/{rounds}" if round_ < rounds else f" round {round_ + 1} (unsettled)") \
+                    if rounds > 1 else ""
                 for key, server in servers.items():
                     if round_ and key.endswith(PY_SUFFIX):
                         continue

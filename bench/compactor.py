@@ -1,6 +1,6 @@
 """Compactor benchmark (``make bench`` runs it): writes bench/results/compactor.json and .md.
 
-Groups (``--only compactor-round,compactor-spark,compactor-reads``; default all):
+Groups (``--only compactor-round,compactor-scale,compactor-spark,compactor-reads``; default all):
 
   compactor-round  A local round (engine=local, in a child process of its own) over a compaction log of
                    1x, 4x and 16x ``base_mib`` of 1 KiB records over ``keys`` keys (so 16x holds 16 times
@@ -9,6 +9,10 @@ Groups (``--only compactor-round,compactor-spark,compactor-reads``; default all)
                    over the same segment files, in a child process too. Reported: MB/s of input for
                    both and their ratio (target: round >= 0.3x the reader pass), and the peak RSS of the
                    round's process per size (target: 16x within 1.2x of 1x).
+  compactor-scale  A local round at a fixed offset map budget (``scale_budget_keys`` keys) over N
+                   records of 1 KiB over K keys, then over 4N records over 4K keys (K many times the
+                   budget, so the map fills many times): the round time of each and their ratio
+                   (target: <= 5x; rounds that rewrite every segment per map filling take 13-18x).
   compactor-spark  The same inputs through the Spark job (mqstore_spark.round_job as the compactor runs it:
                    a child process with its own SparkSession on local[*]), wall time including the
                    session start, against the local round's time: where (if anywhere) Spark overtakes
@@ -41,12 +45,14 @@ import grpc
 import groups
 from procs import PYTHON, GrpcServer
 
-GROUPS = ("compactor-round", "compactor-spark", "compactor-reads")
+GROUPS = ("compactor-round", "compactor-scale", "compactor-spark", "compactor-reads")
 MiB = 1 << 20
 FULL = {"base_mib": 16, "factors": (1, 4, 16), "spark_factors": (1, 4, 16), "keys": 4000, "segment_mib": 8,
-        "kv_keys": 10_000, "kv_versions": 5, "duration_s": 5.0}
+        "kv_keys": 10_000, "kv_versions": 5, "duration_s": 5.0,
+        "scale_records": 40_000, "scale_keys": 20_000, "scale_budget_keys": 2_000}
 QUICK = {"base_mib": 1, "factors": (1, 4, 16), "spark_factors": (1,), "keys": 300, "segment_mib": 1,
-         "kv_keys": 500, "kv_versions": 3, "duration_s": 1.0}
+         "kv_keys": 500, "kv_versions": 3, "duration_s": 1.0,
+         "scale_records": 4_000, "scale_keys": 2_000, "scale_budget_keys": 200}
 _T0 = time.monotonic()
 
 
@@ -56,7 +62,8 @@ def _child(spec: dict) -> dict:
     import structlog
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     if spec["kind"] == "generate":
-        return _generate(pathlib.Path(spec["dir"]), spec["bytes"], spec["keys"], spec["segment_bytes"])
+        return _generate(pathlib.Path(spec["dir"]), spec["bytes"], spec["keys"], spec["segment_bytes"],
+                         spec.get("records"))
     if spec["kind"] == "reader":
         from mqstore.format import record_reader
         started, count, total = time.perf_counter(), 0, 0
@@ -70,7 +77,10 @@ def _child(spec: dict) -> dict:
     from mqstore.compaction.policy import CompactionConfig
     from mqstore.compaction.qlog import QueueLog
     from mqstore.compaction.rounds import run_round
-    config = CompactionConfig(segment_size_bytes=spec["segment_bytes"])
+    from mqstore.compaction.offset_map import ENTRY_COST_BYTES
+    budget = spec.get("budget_keys")
+    config = CompactionConfig(segment_size_bytes=spec["segment_bytes"],
+                              **({"offset_map_memory_bytes": budget * ENTRY_COST_BYTES} if budget else {}))
     qlog = QueueLog(pathlib.Path(spec["dir"]) / "kv" / "0", spec["segment_bytes"], "kv", 0)
     started = time.perf_counter()
     stats = run_round(qlog, config, SystemClock().now_ms())
@@ -84,13 +94,15 @@ def _rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def _generate(directory: pathlib.Path, total_bytes: int, keys: int, segment_bytes: int) -> dict:
+def _generate(directory: pathlib.Path, total_bytes: int, keys: int, segment_bytes: int,
+              records: int | None = None) -> dict:
+    """``total_bytes`` of records (or ``records`` of them) with keys drawn at random from ``keys``."""
     from mqstore.compaction.qlog import QueueLog
     from mqstore.format import record
     qlog = QueueLog(directory / "kv" / "0", segment_bytes, "kv", 0)
     topic, written, offset, rng = record.topic_part(b"kv"), 0, 0, random.Random(7)
     body = b"v" * 1024
-    while written < total_bytes:
+    while written < total_bytes if records is None else offset < records:
         key = f"key-{rng.randrange(keys):06d}"
         parts: list[bytes] = []
         record.encode_parts(parts, topic, body, record.encode_properties({"KEYS": key}), 0, 0, 0, 1,
@@ -138,6 +150,26 @@ def run_round(work: pathlib.Path, cfg: dict) -> dict:
                      "records_in": local["records_in"], "records_out": local["records_out"]})
         print(f"compactor bench: round {factor}x {rows[-1]}", flush=True)
     return {"rows": rows}
+
+
+def run_scale(work: pathlib.Path, cfg: dict) -> dict:
+    rows = []
+    for factor in (1, 4):
+        source = work / f"scale-{factor}x"
+        if not source.exists():
+            _run_child({"kind": "generate", "dir": str(source), "bytes": 0, "records": factor * cfg["scale_records"],
+                        "keys": factor * cfg["scale_keys"], "segment_bytes": cfg["segment_mib"] * MiB})
+        copy = work / f"scale-round-{factor}x"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(source, copy)
+        local = _run_child({"kind": "round", "dir": str(copy), "segment_bytes": cfg["segment_mib"] * MiB,
+                            "budget_keys": cfg["scale_budget_keys"]})
+        shutil.rmtree(copy)
+        rows.append({"factor": factor, "records": factor * cfg["scale_records"], "keys": factor * cfg["scale_keys"],
+                     "budget_keys": cfg["scale_budget_keys"], "round_s": local["seconds"], "passes": local["passes"],
+                     "records_out": local["records_out"], "rss_kib": local["rss_kib"]})
+        print(f"compactor bench: scale {factor}x {rows[-1]}", flush=True)
+    return {"rows": rows, "ratio": rows[1]["round_s"] / rows[0]["round_s"]}
 
 
 def run_spark(work: pathlib.Path, cfg: dict) -> dict:
@@ -242,6 +274,14 @@ def build_rows(results: dict) -> list[dict]:
                      "value": f"{last['round_rss_kib'] / 1024:.0f} MiB",
                      "comparison": f"{first['round_rss_kib'] / 1024:.0f} MiB",
                      "ratio": last["round_rss_kib"] / first["round_rss_kib"], "target": "<= 1.2"})
+    scale = results.get("compactor-scale", {})
+    if "ratio" in scale:
+        small, big = scale["rows"]
+        rows.append({"what": f"local round, {big['records']:,} records / {big['keys']:,} keys vs "
+                             f"{small['records']:,} / {small['keys']:,}, map budget {big['budget_keys']:,} keys",
+                     "value": f"{big['round_s']:.2f} s ({big['passes']} map fillings)",
+                     "comparison": f"{small['round_s']:.2f} s ({small['passes']} map fillings)",
+                     "ratio": scale["ratio"], "target": "<= 5"})
     for r in results.get("compactor-spark", {}).get("rows", []):
         base = local.get(r["factor"])
         rows.append({"what": f"Spark round {r['factor']}x ({r['input_bytes'] / MiB:.0f} MiB), session included",
@@ -285,7 +325,8 @@ def main(argv=None) -> int:
         return 0
     cfg = QUICK if args.quick else FULL
     started = groups.now()
-    results = groups.run("compactor", (("compactor-round", run_round), ("compactor-spark", run_spark),
+    results = groups.run("compactor", (("compactor-round", run_round), ("compactor-scale", run_scale),
+                                       ("compactor-spark", run_spark),
                                        ("compactor-reads", run_reads)), args, cfg)
     return groups.write("compactor", args, cfg, started, time.monotonic() - _T0, results, build_rows(results),
                         markdown)

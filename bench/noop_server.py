@@ -17,18 +17,29 @@ against this server is the share of the gRPC ceiling the store keeps.
 
 Like the real service it logs ``server.started`` (JSON, stderr) with the bound port, and stops on
 SIGTERM / SIGINT.
+
+``--flavour`` picks the gRPC server around the same servicer (bench/grpc_flavours.py compares them):
+
+  flavour     server
+  ----------- ------------------------------------------------------------------------------------------
+  sync        mqstore_rpc.server as every service builds it (thread pool, metrics + error interceptors)
+  sync-bare   the same grpc.server, thread pool and options without interceptors (what they cost a call)
+  aio         grpc.aio.server, the same options, handlers as coroutines on one event loop, no interceptors
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import sys
 import threading
+from concurrent import futures
 
+import grpc
 import structlog
-
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mqstore.format.record import PROPERTY_UNIQ_KEY
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
@@ -81,23 +92,100 @@ def _stored_message(body_bytes: int = 1024) -> common_pb2.StoredMessage:
         body_crc=123_456_789)
 
 
+class AioNoopCommitLog(commitlog_pb2_grpc.CommitLogServicer):
+    """The same answers as NoopCommitLog from coroutines (grpc.aio)."""
+
+    def __init__(self) -> None:
+        self._sync = NoopCommitLog()
+
+    async def Append(self, request, context):
+        return commitlog_pb2.AppendResponse(results=[_RESULT] * len(request.messages))
+
+    async def AppendStream(self, request_iterator, context):
+        count = 0
+        async for request in request_iterator:
+            count += len(request.messages)
+        return commitlog_pb2.AppendResponse(results=[_RESULT] * count)
+
+    async def Pull(self, request, context):
+        return self._sync.Pull(request, context)
+
+    async def GetStoreInfo(self, request, context):
+        return commitlog_pb2.StoreInfo(flush_mode="NOOP")
+
+
+FLAVOURS = ("sync", "sync-bare", "aio")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="no-op CommitLog server (benchmark ceiling)")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1, 0 = any free port")
+    parser.add_argument("--flavour", choices=FLAVOURS, default="sync", help="the gRPC server (module docstring)")
     args = parser.parse_args(argv)
     mqlogging.configure("info")
+    if args.flavour == "aio":
+        return asyncio.run(_serve_aio(args.port))
+    if args.flavour == "sync-bare":
+        return _serve_sync_bare(args.port)
     server = create_server(ServerConfig(host="127.0.0.1", port=args.port))
     commitlog_pb2_grpc.add_CommitLogServicer_to_server(NoopCommitLog(), server.grpc_server)
     server.add_service_names([commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name])
     server.start()
     server.mark_serving()
-    log.info("server.started", service="noop", port=server.port, pid=os.getpid())
+    log.info("server.started", service="noop", flavour=args.flavour, port=server.port, pid=os.getpid())
+    _wait_for_signal()
+    server.stop()
+    log.info("server.stopped", port=server.port)
+    return 0
+
+
+def _wait_for_signal() -> None:
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
     stopping.wait()  # on POSIX a signal interrupts this wait, so the handler runs at once
-    server.stop()
-    log.info("server.stopped", port=server.port)
+
+
+def _serve_sync_bare(port: int) -> int:
+    config = ServerConfig(host="127.0.0.1", port=port)
+    executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc-handler")
+    server = grpc.server(executor, options=_options(config), maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+    commitlog_pb2_grpc.add_CommitLogServicer_to_server(NoopCommitLog(), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(config.address)
+    server.start()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("server.started", service="noop", flavour="sync-bare", port=bound, pid=os.getpid())
+    _wait_for_signal()
+    server.stop(config.grace_s).wait()
+    executor.shutdown(wait=False)
+    log.info("server.stopped", port=bound)
+    return 0
+
+
+def _options(config: ServerConfig) -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.max_receive_message_length", config.max_message_bytes), ("grpc.so_reuseport", 0)]
+
+
+async def _serve_aio(port: int) -> int:
+    config = ServerConfig(host="127.0.0.1", port=port)
+    server = grpc.aio.server(options=_options(config), maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+    commitlog_pb2_grpc.add_CommitLogServicer_to_server(AioNoopCommitLog(), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(config.address)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("server.started", service="noop", flavour="aio", port=bound, pid=os.getpid())
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    await server.stop(config.grace_s)
+    log.info("server.stopped", port=bound)
     return 0
 
 

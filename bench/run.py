@@ -44,10 +44,12 @@ RESULTS_DIR = BENCH_DIR / "results"
 GROUPS = ("append", "read", "recovery", "profile")
 MiB = 1 << 20
 
-FULL = {"warmup_s": 1.0, "duration_s": 4.0, "rounds": 3, "profile_s": 8.0, "channels": 1, "redis_probe": 20_000,
+FULL = {"warmup_s": 1.0, "duration_s": 4.0, "rounds": 3, "max_rounds": 5, "profile_s": 8.0, "channels": 1,
+        "redis_probe": 20_000,
         "read_fill_bytes": 400 * MiB, "log_bytes": 1024 * MiB, "segment_bytes": 256 * MiB,
         "fill_timeout_s": 240.0, "read_timeout_s": 60.0, "recovery_timeout_s": 300.0}
-QUICK = {"warmup_s": 0.3, "duration_s": 0.7, "rounds": 2, "profile_s": 1.0, "channels": 1, "redis_probe": 3_000,
+QUICK = {"warmup_s": 0.3, "duration_s": 0.7, "rounds": 2, "max_rounds": 2, "profile_s": 1.0, "channels": 1,
+         "redis_probe": 3_000,
          "read_fill_bytes": 16 * MiB, "log_bytes": 32 * MiB, "segment_bytes": 8 * MiB,
          "fill_timeout_s": 60.0, "read_timeout_s": 20.0, "recovery_timeout_s": 60.0}
 
@@ -109,7 +111,9 @@ def _notes(args, results: dict, cfg: dict) -> list[str]:
         "1 KiB bodies; topic with 8 queues, queue chosen round robin.",
         f"The Append configurations the targets name "
         f"({', '.join(f'{shape} {n}p' for shape, n in sorted(append.TARGET_CONFIGURATIONS))}) "
-        f"are measured in {cfg['rounds']} rounds, each round every server (no-op, mqstore, Redis) in turn; their "
+        f"are measured in {cfg['rounds']} rounds (up to {cfg['max_rounds']} while one round's ratio of a target "
+        "moves by more than 10% from the median of its rounds), each round every server (no-op, mqstore, Redis) "
+        "in turn; their "
         "figures are the medians over the rounds (each round's rate: 'rounds_msgs_per_s' in the JSON), and the "
         "ratio is median over median. The pure-Python codec runs in the first round only.",
         "Redis latency is per request inside a pipeline of 100 (so comparable to our per-call latency of a "

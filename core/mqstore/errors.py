@@ -89,6 +89,23 @@ class CorruptLog(DataLoss):
         self.position = position
 
 
+SHOWN_CHARS = 64  # of a user value in an error message
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A value the caller gave, for an error message: its repr when short, else the repr of its first
+    ``limit`` characters (or bytes) and how long it was, e.g. ``'aaaa'... (40960 bytes)``. Keys, topic
+    names, ids, tokens and properties have no small bound of their own, and a message that repeats one
+    whole can outgrow gRPC's status trailer (about 8 KiB), which turns the answer into another error."""
+    if isinstance(value, (str, bytes, bytearray)):
+        if len(value) <= limit:
+            return repr(value)
+        size = len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else len(value)
+        return f"{value[:limit]!r}... ({size} bytes)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class InvariantViolation(AssertionError):
     """A bug: an internal invariant does not hold. Never caused by bad input."""
 

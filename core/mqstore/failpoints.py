@@ -24,6 +24,8 @@ KNOWN = frozenset({
     "index.rebuild.after_rename",  # rebuilt files renamed into place, .damaged not yet deleted
     "compaction.round.staged",   # a round's output complete in staging/, its install not begun
     "compaction.roll.sealed",    # the active compaction segment sealed and synced, the next not yet created
+    "compaction.topic.dropping",  # a deleted topic's queues closed, its directory not yet renamed
+    "compaction.topic.renamed",  # its directory renamed to <topic>.deleted (durably), not yet removed
     # fs.install (the staged install; its docstring has the steps), each hit after every file of its step:
     "fs.install.staged",         # a staged file moved to <name>.cleaned
     "fs.install.manifest_written",  # the manifest is durable, nothing renamed to .swap yet
@@ -32,8 +34,13 @@ KNOWN = frozenset({
     "fs.install.old_deleted",    # an old file renamed to .deleted
     "fs.install.renamed",        # a .swap file renamed to its name
     "fs.install.cleaned_up",     # a .deleted file removed, the manifest not yet
+    # DeleteTopic (mqstore.store_topics has the steps; a delete cut short is resumed at start):
+    "topic.delete.marked",       # the row is marked deleting and the topic hidden, nothing announced
+    "topic.delete.announced",    # the DELETED event is in the log (flushed), the queues not yet dropped
+    "topic.delete.queues_dropped",  # the consume queues are gone, the row not yet deleted
     # the Transaction service (services/txn; txn.proto says what a crash at each step means):
     "txn.prepare.after_half",    # the halves are appended, Prepare not yet answered
+    "txn.commit.before_real",    # a commit decided (its guard held), the real messages not yet appended
     "txn.commit.after_real",     # the real messages are appended, no OP entry queued, not answered
     "txn.op.before_write",       # an OP batch is taken (mid batch: entries pending), not yet appended
     "txn.op.after_write",        # the OP message is appended, its entries not yet dropped

@@ -28,7 +28,9 @@ is fed again after a reconnect, so ``apply`` must be idempotent by physical offs
 
 The gap policy is the projection's to choose: SKIP for data that can be rebuilt from the log (an
 index), STOP for data that cannot (a compaction log: once the log has expired a segment it is the
-only copy, so skipping would lose keys silently).
+only copy, so skipping would lose keys silently). A STOP follower may still skip a gap that its
+``gap_skippable(gap)`` says can hold no record it needs (the compactor's, when every compaction topic
+of the gap was deleted); it is then skipped as under SKIP.
 
 A record that fails its checks is not a failure of the stream: ``apply`` returns the damaged ranges it
 skipped (objects with ``start_physical_offset``, ``end_physical_offset`` and ``reason``); the follower
@@ -42,7 +44,7 @@ import collections
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import structlog
 
@@ -143,10 +145,12 @@ class Follower(Duty):
     state is guarded by ``_state_lock``; the open stream is cancelled from ``stop()`` to end a read."""
 
     def __init__(self, name: str, source: TailSource, projection: Projection, config: FollowConfig, *,
-                 gap_policy: GapPolicy = GapPolicy.SKIP, clock: Clock | None = None):
+                 gap_policy: GapPolicy = GapPolicy.SKIP, gap_skippable: Callable[[Gap], bool] | None = None,
+                 clock: Clock | None = None):
         super().__init__(name, interval_s=0.0, backoff_initial_s=config.backoff_initial_ms / 1000,
                          backoff_max_s=config.backoff_max_ms / 1000)
         self.source, self.projection, self.config, self.gap_policy = source, projection, config, gap_policy
+        self.gap_skippable = gap_skippable
         self._state_lock = threading.Lock()
         self._stream: TailStream | None = None
         self._connected = False
@@ -300,7 +304,7 @@ class Follower(Duty):
             self._failed(exc, "follower.ahead_of_log", healthy=True, log_end_physical_offset=high)
             return False
         gap = Gap(start, low)
-        if self.gap_policy is GapPolicy.STOP:
+        if self.gap_policy is GapPolicy.STOP and not (self.gap_skippable is not None and self.gap_skippable(gap)):
             with self._state_lock:
                 new = self._gap != gap
                 self._connected, self._gap, self._healthy = False, gap, False

@@ -18,7 +18,7 @@ A message is a tombstone (deletes its key) when its body is empty or it carries 
 
 from __future__ import annotations
 
-from mqstore.errors import InvalidArgument
+from mqstore.errors import InvalidArgument, shown
 from mqstore.format.record import PROPERTY_DELETE, PROPERTY_KEYS
 from mqstore.format.record_reader import find_property
 from mqstore.javahash import java_string_hash
@@ -61,10 +61,10 @@ def compaction_queue(index: int, topic: str, queue_count: int, key: str | None, 
                               f"(keys, or the KEYS property); its first key is the compaction key")
     queue = key_queue(key, queue_count)
     if queue_id is not None and queue_id != queue:
-        raise InvalidArgument(f"messages[{index}].queue_id {queue_id} disagrees with the queue of its key {key!r} "
+        raise InvalidArgument(f"messages[{index}].queue_id {queue_id} disagrees with the queue of its key {shown(key)} "
                               f"({queue}) on COMPACTION topic {topic}; leave queue_id out (a key lives in one queue)")
     if sharding_key and key_queue(sharding_key, queue_count) != queue:
-        raise InvalidArgument(f"messages[{index}].sharding_key {sharding_key!r} routes to queue "
-                              f"{key_queue(sharding_key, queue_count)}, but its key {key!r} lives in queue {queue} "
-                              f"on COMPACTION topic {topic}; leave sharding_key out")
+        raise InvalidArgument(f"messages[{index}].sharding_key {shown(sharding_key)} routes to queue "
+                              f"{key_queue(sharding_key, queue_count)}, but its key {shown(key)} lives in queue "
+                              f"{queue} on COMPACTION topic {topic}; leave sharding_key out")
     return queue

@@ -23,6 +23,9 @@ class TopicRecord:
     kind: str
     retention_ms: int  # 0 = store default
     created_ms: int
+    # The topic's incarnation: the commit log's end when it was created. The log's records of this
+    # name below it belong to a deleted topic of the same name and are not part of this one.
+    start_physical_offset: int = 0
 
 
 @dataclass(slots=True)

@@ -32,19 +32,19 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, relayed, transactions
+from mqstore import codec, failpoints, fs, limits, relayed, retention_holds, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
-from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
-                            ResourceExhausted, Unavailable)
-from mqstore.format import checkpoint as cpfmt, record
+from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
+                            ResourceExhausted, Unavailable, shown)
+from mqstore.format import checkpoint as cpfmt, record, record_reader, topic_event
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
 from mqstore.log.recovery import check_start, recover
 from mqstore.log.segment import SegmentQueue
-from mqstore.log.warmer import SegmentWarmer
+from mqstore.log.warmer import WARM_READ, WARM_ZEROS, SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.metrics import Registry
@@ -88,13 +88,18 @@ class MessageStore:
         self.flusher: Flusher | None = None
         self.disk = DiskSpace(config, self.abort_path, metrics)
         self.topics = TopicRegistry(config.default_queue_count, queue_info=self.queue_info,
-                                    drop_queues=self._drop_queues,
-                                    refuse_write=self.disk.refuse_metadata_write_if_read_only)
+                                    refuse_write=self.disk.refuse_metadata_write_if_read_only,
+                                    log_end=lambda: self.commitlog.written_offset, append_lock=self.commitlog.lock)
+        # A record is part of its topic only at or above the topic's start (store_topics): appends check
+        # their topic under the append lock, and the dispatcher skips batches of a topic deleted since.
+        self.commitlog.topic_start = self.dispatcher.topic_start = self.topics.start_of
         self.maintenance = Maintenance(config, self.clock, write_checkpoint=self.write_checkpoint,
                                        check_disk=self.disk.check,
                                        delete_expired_segments=self.delete_expired_segments,
                                        apply_topic_retention=self.apply_topic_retention)
-        self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes)
+        sync = config.flush_mode == FLUSH_SYNC
+        self.commitlog.map_copies = not sync  # (mqstore.log.commitlog)
+        self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_READ)
         self._lock_fd: int | None = None
         self._running = False
         self.recovery = None
@@ -134,6 +139,7 @@ class MessageStore:
             self.topics.close()
             self._release_lock()
             raise
+        self._resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
 
     def _start_locked(self) -> None:
         cfg = self.config
@@ -155,10 +161,11 @@ class MessageStore:
         end = result.end_offset
         self._checked = (result.checked_from, end)
         self.queues.load()
+        self.queues.drop_unknown(self.topics.names())  # a deleted topic's (a crash in its delete's step 3)
         for cq in self.queues.queues.values():
             cq.truncate_to_log_end(end)
         replay_from = min(cp.dispatched_physical_offset, end) if cp and cq_root_existed else self.segments.min_offset
-        replayed = self.dispatcher.replay(replay_from, end, known_topics=self.topics.names(),
+        replayed = self.dispatcher.replay(replay_from, end, starts=self.topics.starts(),
                                           rebuild=self._queues_behind() if cq_root_existed else frozenset())
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
@@ -306,6 +313,10 @@ class MessageStore:
         elif system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
+        return self._append_checked(rec, messages)
+
+    def _append_checked(self, rec: TopicRecord, messages) -> AppendResults:
+        """The append of a batch whose writer may write ``rec`` (append's checks, or the store itself)."""
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
             written = self.commitlog.append(batch)
@@ -338,7 +349,41 @@ class MessageStore:
         return self.topics.update(name, queue_count, retention_ms)
 
     def delete_topic(self, name: str) -> None:
-        self.topics.delete(name)
+        """DeleteTopic in the steps of mqstore.store_topics, each safe to crash after (a delete cut short
+        is resumed at start, or by deleting the name again)."""
+        self._check_running()
+        rec = self.topics.begin_delete(name)                                   # 1. marked, hidden
+        failpoints.hit("topic.delete.marked")
+        self._finish_delete(rec)
+
+    def _finish_delete(self, rec: TopicRecord) -> None:
+        self.disk.refuse_if_read_only()
+        self._announce_deleted(rec)                                            # 2. in the log, flushed
+        failpoints.hit("topic.delete.announced")
+        self._drop_queues(rec.name)                                            # 3. consume queues gone
+        failpoints.hit("topic.delete.queues_dropped")
+        self.topics.end_delete(rec.name)                                       # 4. the row: the name is free
+        log.info("topic.deleted", topic=rec.name, start_physical_offset=rec.start_physical_offset)
+
+    def _announce_deleted(self, rec: TopicRecord) -> None:
+        """The DELETED event of ``rec`` in RMQ_SYS_TOPIC_EVENTS, flushed before the delete goes on: a
+        follower that meets it removes what it derived from the topic (in log order, also after being
+        away), and it must not be lost to a power cut once the registry has forgotten the topic."""
+        event = topic_event.TopicEvent(topic_event.DELETED, rec.name, rec.start_physical_offset)
+        message = MessageIn(body=topic_event.encode(event), keys=(rec.name,))
+        written = self._append_checked(self.topics.get(topic_event.TOPIC), [message])
+        end = written.entries[-1][0] + written.entries[-1][1]
+        if self.flusher.flushed_offset < end:
+            self.flusher.flush_now()
+
+    def _resume_deletes(self) -> None:
+        """Finish the deletes a crash cut short (rows still marked): from step 2, which may repeat."""
+        for rec in self.topics.deleting():
+            try:
+                self._finish_delete(rec)
+            except (MqStoreError, OSError) as exc:  # a full disk, a slow fsync...: the store starts all the same
+                log.error("topic.delete_not_resumed", topic=rec.name, error=type(exc).__name__, message=str(exc),
+                          why="the topic stays hidden and its name taken; DeleteTopic of it finishes the delete")
 
     def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
         return self.topics.sorted_topics(include_system)
@@ -361,11 +406,15 @@ class MessageStore:
         return self.topics.ensure_pop_topic(name)
 
     def _drop_queues(self, topic: str) -> None:
-        with self.dispatcher.lock:
+        """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""
+        with self.commitlog.lock, self.dispatcher.lock:
             self.queues.drop_topic(topic)
+            for key in [k for k in self.commitlog.next_queue_offsets if k[0] == topic]:
+                del self.commitlog.next_queue_offsets[key]
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int):
+        limits.at_least_zero("queue_id", queue_id)
         rec = self.topics.get(topic)
         if not 0 <= queue_id < rec.queue_count:
             raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
@@ -402,9 +451,10 @@ class MessageStore:
     def _pull(self, read, read_at, result, topic: str, queue_id: int, offset: int, max_messages: int,
               max_bytes: int, tags: Sequence[str], long_poll_ms: int):
         self._check_running()
-        max_messages = min(max_messages if max_messages > 0 else 32, MAX_PULL_MESSAGES)
-        max_bytes = min(max_bytes if max_bytes > 0 else 1 << 20, MAX_PULL_BYTES)
-        long_poll_ms = min(max(long_poll_ms, 0), MAX_LONG_POLL_MS)
+        max_messages = limits.limit("max_messages", max_messages, default=32, maximum=MAX_PULL_MESSAGES)
+        max_bytes = limits.limit("max_bytes", max_bytes, default=1 << 20, maximum=MAX_PULL_BYTES)
+        long_poll_ms = limits.limit("long_poll_ms", long_poll_ms, default=0, maximum=MAX_LONG_POLL_MS)
+        limits.at_least_zero("offset", offset, "a queue offset")
         _, cq = self._queue(topic, queue_id)
         lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
         if offset < lo or offset > hi:
@@ -425,16 +475,27 @@ class MessageStore:
         return self._long_polls.wait_for(ready, min(max(wait_ms, 0), MAX_LONG_POLL_MS), lambda: self._running)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
+        """The record at ``physical_offset``; NotFound also for a record of a deleted topic (store_topics)."""
         self._check_running()
+        limits.at_least_zero("physical_offset", physical_offset, "a byte address in the commit log")
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         rec = self.commitlog.decode_at(physical_offset, len(data))
+        self._check_owned(rec.topic, physical_offset)
         return StoredMessage(rec, record.offset_msg_id(rec.store_host, rec.store_port, physical_offset))
 
     def get_message_raw(self, physical_offset: int) -> bytes:
         """:meth:`get_message` as the checked record's bytes (the compiled codec's GetMessage)."""
         self._check_running()
+        limits.at_least_zero("physical_offset", physical_offset, "a byte address in the commit log")
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
-        return self.commitlog.checked_at(physical_offset, len(data))
+        checked = self.commitlog.checked_at(physical_offset, len(data))
+        self._check_owned(record_reader.peek_topic(checked, 0).decode("utf-8", "replace"), physical_offset)
+        return checked
+
+    def _check_owned(self, topic: str, physical_offset: int) -> None:
+        if not self.topics.owns(topic, physical_offset):
+            raise NotFound(f"the record at physical offset {physical_offset} belongs to a deleted topic "
+                           f"{shown(topic)} (an earlier topic of that name, if one exists now): it is not served")
 
     def get_messages(self, physical_offsets: Sequence[int], raw: bool = False) -> list[MessageLookup]:
         """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not
@@ -444,6 +505,8 @@ class MessageStore:
         if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
             raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, "
                                   f"not {len(physical_offsets)}")
+        for index, offset in enumerate(physical_offsets):  # a malformed one fails the request, not its entry
+            limits.at_least_zero(f"physical_offsets[{index}]", offset, "a byte address in the commit log")
         get = self.get_message_raw if raw else self.get_message
         out = []
         for offset in physical_offsets:
@@ -460,7 +523,7 @@ class MessageStore:
         try:
             _, _, physical_offset = record.parse_offset_msg_id(msg_id)
         except ValueError as exc:
-            raise InvalidArgument(f"msg_id {msg_id!r} is not an offset message id: {exc}") from None
+            raise InvalidArgument(f"msg_id {shown(msg_id)} is not an offset message id: {exc}") from None
         return self.get_message_raw(physical_offset) if raw else self.get_message(physical_offset)
 
     # ------------------------------------------------------------------ tail
@@ -474,9 +537,11 @@ class MessageStore:
         With ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
         appends share a frame (each frame costs a wake-up and a send on both sides)."""
         self._check_running()
-        max_frame_bytes = min(max_frame_bytes if max_frame_bytes > 0 else 1 << 20, MAX_FRAME_BYTES)
-        heartbeat_s = min(max(heartbeat_ms if heartbeat_ms > 0 else 1000, 10), 60_000) / 1000
-        linger_s = min(max(linger_ms, 0), MAX_TAIL_LINGER_MS) / 1000
+        max_frame_bytes = limits.limit("max_frame_bytes", max_frame_bytes, default=1 << 20, maximum=MAX_FRAME_BYTES)
+        heartbeat_s = limits.limit("heartbeat_ms", heartbeat_ms, default=1000, minimum=10, maximum=60_000) / 1000
+        linger_s = limits.limit("linger_ms", linger_ms, default=0, maximum=MAX_TAIL_LINGER_MS) / 1000
+        if start not in (TAIL_EARLIEST, TAIL_LATEST):
+            limits.at_least_zero("from_physical_offset", from_physical_offset, "a record start in the commit log")
         for name in topics:  # a name that can never exist would filter out everything, silently
             topic_rules.validate_topic_name(name)
         wanted = frozenset(t.encode("utf-8") for t in topics)
@@ -520,7 +585,8 @@ class MessageStore:
     # ------------------------------------------------------------------ offsets
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
         if boundary not in ("lower", "upper"):
-            raise InvalidArgument(f"boundary must be 'lower' or 'upper', not {boundary!r}")
+            raise InvalidArgument(f"boundary must be 'lower' or 'upper', not {shown(boundary)}")
+        limits.at_least_zero("timestamp_ms", timestamp_ms, "ms since the epoch")
         _, cq = self._queue(topic, queue_id)
         if cq is None:
             return 0
@@ -544,7 +610,10 @@ class MessageStore:
         """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
         queue minimums follow (SegmentQueue.delete_expired)."""
         limit = min(self.flusher.flushed_offset, self.dispatcher.dispatched_offset)
-        held = self.retention_holds.low(self.clock.now_ms())  # a compactor's position (retention_holds.py)
+        # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
+        # below the COMPACTION topics' starts.
+        floors = {retention_holds.COMPACTOR: self.topics.compaction_floor()}
+        held = self.retention_holds.low(self.clock.now_ms(), floors)
         limit = limit if held is None else min(limit, held)
         return self.segments.delete_expired(limit, self.clock.now_ms(), self.config.retention_ms,
                                             self.before_segment_delete)

@@ -3,8 +3,32 @@ counts that only grow) on top of mqstore.meta, with an in-memory copy of the reg
 append path never queries SQL. The store holds one :class:`TopicRegistry` and gives it the few things
 it needs of the rest of the store as callables.
 
+A topic has an incarnation, ``start_physical_offset``: the commit log's end when it was created. The
+log keeps the records of a deleted topic until retention removes them, and a topic created again with
+the same name must not inherit them, so every reader of the log (the consume queues and their rebuild,
+GetMessage, the Compactor, the Index through GetMessage) takes a record of topic T as part of T only if
+T exists and the record lies at or above T's start_physical_offset. Pop consumption's retry copies live in
+topics of their own (%RETRY%{group}_T): a Receive of T passes over those stored below T's
+start_physical_offset (copies for the T deleted before), and an old delivery still in flight cannot be
+copied again (its original is no longer T's).
+
+DeleteTopic runs in steps (MessageStore.delete_topic), each safe to crash after; a delete cut short is
+resumed from step 2 when the store starts (rows still marked), and retried by a DeleteTopic of the name:
+
+  step                                                    after a crash here
+  ------------------------------------------------------- ----------------------------------------------
+  1. the row is marked deleting (SQL) and the topic       hidden: appends and reads say NotFound, a
+     hidden from this registry under the append lock       CreateTopic of the name FailedPrecondition
+  2. a DELETED event (mqstore.format.topic_event) is      followers have the event, in log order (a
+     appended to RMQ_SYS_TOPIC_EVENTS and flushed          second one on resume is harmless)
+  3. the consume queues and next queue offsets go         Pull, queue info: nothing (also after a rebuild:
+                                                          the topic is not in the registry)
+  4. the row and its consumer offsets are deleted         the name is free: a new topic starts at queue
+                                                          offset 0, above the event
+
 Thread-safety: lookups read the in-memory dict without a lock (one dict read is atomic); changes
-serialise on ``_lock``, which is held while the metadata database is written.
+serialise on ``_lock``, which is held while the metadata database is written; hiding a topic also
+takes the append lock given at construction, so that no append of it lands after the hiding.
 """
 
 from __future__ import annotations
@@ -14,6 +38,7 @@ from typing import Callable, Sequence
 
 import structlog
 
+from mqstore import limits
 from mqstore import topics as topic_rules
 from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OutOfRange, invariant
 from mqstore.meta import MetadataStore
@@ -24,22 +49,26 @@ log = structlog.get_logger()
 
 class TopicRegistry:
     def __init__(self, default_queue_count: int, *, queue_info: Callable[[str, int], QueueInfo],
-                 drop_queues: Callable[[str], None], refuse_write: Callable[[], None]):
+                 refuse_write: Callable[[], None], log_end: Callable[[], int], append_lock: threading.Lock):
         """``queue_info(topic, queue id)`` checks that the queue exists and gives its range;
-        ``drop_queues(topic)`` removes a deleted topic's consume queues; ``refuse_write()`` raises
-        while metadata must not be written (a full disk)."""
+        ``refuse_write()`` raises while metadata must not be written (a full disk); ``log_end()`` is
+        the commit log's written end (a new topic's start_physical_offset); ``append_lock`` is the
+        commit log's, taken to hide a topic being deleted (appends check their topic under it)."""
         self.default_queue_count = default_queue_count
         self._queue_info = queue_info
-        self._drop_queues = drop_queues
         self._refuse_write = refuse_write
+        self._log_end = log_end
+        self._append_lock = append_lock
         self.meta: MetadataStore | None = None
         self._topics: dict[str, TopicRecord] = {}
+        self._deleting: dict[str, TopicRecord] = {}  # step 1 done, step 4 not yet (the module docstring)
         self._lock = threading.Lock()
 
     def open(self, meta: MetadataStore) -> None:
         """Load the registry from ``meta`` (which the registry then owns) and create the system topics."""
         self.meta = meta
         self._topics = {t.name: t for t in meta.list_topics()}
+        self._deleting = {t.name: t for t in meta.deleting_topics()}
         for name in sorted(topic_rules.SYSTEM_TOPICS):
             if name not in self._topics:
                 self._topics[name] = meta.create_topic(name, 1, KIND_SYSTEM, 0)
@@ -50,6 +79,27 @@ class TopicRegistry:
 
     def names(self) -> set[str]:
         return set(self._topics)
+
+    def starts(self) -> dict[str, int]:
+        """Every topic's start_physical_offset: the records the consume queues are rebuilt from."""
+        return {name: t.start_physical_offset for name, t in list(self._topics.items())}
+
+    def start_of(self, name: str) -> int | None:
+        """The topic's start_physical_offset; None when there is no such topic (deleted, or being deleted).
+        The append path asks it under the append lock, the dispatcher for every batch: one dict read."""
+        found = self._topics.get(name)
+        return None if found is None else found.start_physical_offset
+
+    def compaction_floor(self) -> int | None:
+        """The lowest start_physical_offset of the COMPACTION topics (None: there is none): no record of a
+        compaction topic lies below it, so a retention hold need not keep the log below it."""
+        return min((t.start_physical_offset for t in list(self._topics.values()) if t.kind == KIND_COMPACTION),
+                   default=None)
+
+    def owns(self, name: str, physical_offset: int) -> bool:
+        """Whether the record of topic ``name`` at ``physical_offset`` is part of the topic as it is now."""
+        found = self._topics.get(name)
+        return found is not None and physical_offset >= found.start_physical_offset
 
     def consumer_lag(self) -> dict[tuple[str, str, int], int]:
         """(group, topic, queue id) -> messages from the group's committed offset to the queue's end, for
@@ -116,9 +166,15 @@ class TopicRegistry:
         _refuse_compaction_retention(name, kind, retention_ms)
         self._refuse_write()
         with self._lock:
-            created = self.meta.create_topic(name, queue_count, kind, retention_ms)
+            if name in self._deleting:
+                raise FailedPrecondition(f"topic {name!r} is being deleted (a delete was cut short); DeleteTopic "
+                                         f"it again to finish, then create it")
+            # Every record of an earlier topic of this name, and its delete event, lie below the log's
+            # end now: the new topic starts above them.
+            created = self.meta.create_topic(name, queue_count, kind, retention_ms, self._log_end())
             self._topics[name] = created
-        log.info("topic.created", topic=name, queue_count=queue_count, kind=kind)
+        log.info("topic.created", topic=name, queue_count=queue_count, kind=kind,
+                 start_physical_offset=created.start_physical_offset)
         return created
 
     def update(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
@@ -145,15 +201,34 @@ class TopicRegistry:
             self._topics[name] = updated
         return updated
 
-    def delete(self, name: str) -> None:
-        current = self.get(name)
-        if current.kind == KIND_SYSTEM:
-            raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be deleted")
+    # ---- deleting (the steps of the module docstring; MessageStore.delete_topic runs them)
+    def begin_delete(self, name: str) -> TopicRecord:
+        """Step 1: mark the row, hide the topic. A topic whose delete was cut short is returned as it
+        is (DeleteTopic resumes it)."""
+        with self._lock:
+            resumed = self._deleting.get(name)
+            if resumed is not None:
+                return resumed
+            current = self.get(name)
+            if current.kind == KIND_SYSTEM:
+                raise FailedPrecondition(f"topic {name!r} is a system topic and cannot be deleted")
+            self._refuse_write()
+            self.meta.mark_topic_deleting(name)
+            with self._append_lock:
+                self._deleting[name] = self._topics.pop(name)
+        log.info("topic.deleting", topic=name, start_physical_offset=current.start_physical_offset)
+        return current
+
+    def end_delete(self, name: str) -> None:
+        """Step 4: the row and the consumer offsets go; the name is free."""
         with self._lock:
             self.meta.delete_topic(name)
-            self._topics.pop(name, None)
-            self._drop_queues(name)
-        log.info("topic.deleted", topic=name)
+            self._deleting.pop(name, None)
+
+    def deleting(self) -> list[TopicRecord]:
+        """The deletes cut short (by a crash, or a failure in step 2 or 3), to be resumed."""
+        with self._lock:
+            return sorted(self._deleting.values(), key=lambda t: t.name)
 
     def sorted_topics(self, include_system: bool = False) -> list[TopicRecord]:
         return sorted((t for t in self._topics.values() if include_system or t.kind != KIND_SYSTEM),
@@ -172,8 +247,9 @@ class TopicRegistry:
         :meth:`commit_offset`."""
         for group, topic, queue_id, offset in rows:
             topic_rules.validate_group_name(group)
+            limits.at_least_zero("offset", offset, "the next queue offset the group will consume")
             info = self._queue_info(topic, queue_id)
-            if offset < 0 or offset > info.max_offset:
+            if offset > info.max_offset:
                 raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
                                  min_value=0, max_value=info.max_offset)
         self._refuse_write()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from mqstore.errors import InvalidArgument
+from mqstore.format import topic_event
 
 TOPIC_NAME_MAX_CHARS = 127
 GROUP_NAME_MAX_CHARS = 120
@@ -25,6 +26,7 @@ SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 OWNER_TRANSACTION = "txn"
 OWNER_SCHEDULE = "schedule"
 OWNER_POP = "pop"
+OWNER_STORE = ""  # the commit log itself: no writer may name it, the store appends these records alone
 REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
 SYSTEM_TOPIC_OWNERS = {
     "RMQ_SYS_TRANS_HALF_TOPIC": OWNER_TRANSACTION,  # half (prepared) transaction messages
@@ -32,11 +34,13 @@ SYSTEM_TOPIC_OWNERS = {
     "TRANS_CHECK_MAX_TIME_TOPIC": OWNER_TRANSACTION,  # half messages that ran out of check-backs
     "SCHEDULE_TOPIC_XXXX": OWNER_SCHEDULE,  # delayed messages (tag code = delivery time)
     REVIVE_TOPIC: OWNER_POP,  # pop consumption's in-flight state: CK and ACK records (mqstore.pop.records)
+    topic_event.TOPIC: OWNER_STORE,  # topic events (a topic deleted): mqstore.format.topic_event
 }
 OWNER_DESCRIPTIONS = {
     OWNER_TRANSACTION: "the Transaction service",
     OWNER_SCHEDULE: "the delayed-message scheduler",
     OWNER_POP: "pop consumption, the Consumer service of the commit log",
+    OWNER_STORE: "the commit log itself, on DeleteTopic,",
 }
 SYSTEM_TOPICS = frozenset(SYSTEM_TOPIC_OWNERS)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.errors import FailedPrecondition, InvalidArgument, shown
 from mqstore.format.record import SYSFLAG_TX_COMMIT, SYSFLAG_TX_MASK, SYSFLAG_TX_NOT
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, MessageIn, TopicRecord
 from mqstore import topics as topic_rules
@@ -100,7 +100,7 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn], wri
     system topics take only NOT_TYPE records, user topics only COMMIT records with a prepared offset, and
     only from the Transaction service."""
     if writer not in topic_rules.OWNER_DESCRIPTIONS:
-        raise InvalidArgument(f"writer {writer[:64]!r} is not one of the store's internal writers; known: "
+        raise InvalidArgument(f"writer {shown(writer)} is not one of the store's internal writers; known: "
                               f"{sorted([*topic_rules.OWNER_DESCRIPTIONS, WRITER_GATEWAY])}")
     if topic.kind == KIND_SYSTEM:
         for index, m in enumerate(messages):
@@ -109,7 +109,7 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn], wri
                                       f"with no prepared offset")
         return
     if writer != topic_rules.OWNER_TRANSACTION:
-        raise FailedPrecondition(f"writer {writer!r} may write only its own system topics, not {topic.name!r}")
+        raise FailedPrecondition(f"writer {shown(writer)} may write only its own system topics, not {topic.name!r}")
     check_real_topic(topic)
     for index, m in enumerate(messages):
         # The half's offset may be 0 (the first record of a log), so only its sign is checked.

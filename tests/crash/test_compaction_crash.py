@@ -16,6 +16,7 @@ from mqstore.clock import FakeClock
 from mqstore.compaction import reads
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.store import CompactionStore
+from mqstore.errors import NotFound
 from tests.support.compaction import BASE_MS, put
 
 pytestmark = pytest.mark.crash
@@ -91,3 +92,30 @@ def crash_in_roll(name: str, tmp_path: pathlib.Path, failpoint) -> None:
 
 def test_crash_after_sealing_a_segment(tmp_path, failpoint):
     crash_in_roll("compaction.roll.sealed", tmp_path, failpoint)
+
+
+def crash_in_drop(name: str, tmp_path: pathlib.Path, failpoint) -> None:
+    """A deleted topic's logs: a crash before or after the rename of its directory, then a reopen, and
+    the drop met again (the follower resumes before the DELETED event): the topic is gone for good,
+    the other topic untouched, and a topic of the same name starts empty."""
+    clock = FakeClock(BASE_MS)
+    store, _ = _filled(tmp_path, clock)
+    put(store, "other-key", b"stays", 0, clock.now_ms(), topic="other")
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        store.drop_topic("kv")
+    with pytest.raises(NotFound):
+        store.slot("kv", 0)  # gone from the table at once, whatever the disk says
+    again = CompactionStore(tmp_path, CONFIG, clock)
+    renamed = name == "compaction.topic.renamed"
+    assert again.topics() == (["other"] if renamed else ["kv", "other"])  # the rename is the commit point
+    again.drop_topic("kv")  # the DELETED event, met again after the restart
+    assert again.topics() == ["other"] and sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+    assert reads.get_latest(again, "other", "other-key").stored.entry.queue_offset == 0
+    put(again, "k0", b"new", 0, clock.now_ms())
+    assert [o for o, _ in _contents(again)] == [0]
+    again.close()
+
+
+@pytest.mark.parametrize("name", ["compaction.topic.dropping", "compaction.topic.renamed"])
+def test_crash_while_dropping_a_deleted_topic(name, tmp_path, failpoint):
+    crash_in_drop(name, tmp_path, failpoint)

@@ -26,7 +26,8 @@ from mqstore.errors import CorruptLog
 from mqstore.log.repair import repair
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
-from tests.crash.test_compaction_crash import crash_in_roll, crash_in_round
+from tests.crash.test_compaction_crash import crash_in_drop, crash_in_roll, crash_in_round
+from tests.crash.test_topic_delete_crash import crash_in_delete
 from tests.crash.test_staged_install import OUTCOME, REPLACED, UNTOUCHED, _contents, _prepare
 from tests.unit.index.index_testing import BASE_MS, Model, all_pages, record, tiny_config
 
@@ -299,8 +300,8 @@ def _install(name, tmp_path, failpoint):
 
 # ---- the Transaction service (real processes: tests/crash/txn_crash.py) -------------------------------------
 
-@scenario("txn.prepare.after_half", "txn.commit.after_real", "txn.op.before_write", "txn.op.after_write",
-          "txn.checkpoint.before_rename")
+@scenario("txn.prepare.after_half", "txn.commit.before_real", "txn.commit.after_real", "txn.op.before_write",
+          "txn.op.after_write", "txn.checkpoint.before_rename")
 def _txn(name, tmp_path, failpoint):
     from tests.crash.txn_crash import crash_at
     crash_at(name, tmp_path)
@@ -325,3 +326,13 @@ def _compaction_round(name, tmp_path, failpoint):
 @scenario("compaction.roll.sealed")
 def _compaction_roll(name, tmp_path, failpoint):
     crash_in_roll(name, tmp_path, failpoint)
+
+
+@scenario("compaction.topic.dropping", "compaction.topic.renamed")
+def _compaction_drop(name, tmp_path, failpoint):
+    crash_in_drop(name, tmp_path, failpoint)
+
+
+@scenario("topic.delete.marked", "topic.delete.announced", "topic.delete.queues_dropped")
+def _topic_delete(name, tmp_path, failpoint):
+    crash_in_delete(name, tmp_path, failpoint)

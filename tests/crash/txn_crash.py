@@ -2,7 +2,8 @@
 that an armed failpoint kills (os._exit(137), as kill -9) at one step; then a txn process without it.
 
 Workload: transactions t0, t1, ... (fixed ids, two messages each), prepared and then committed (even)
-or rolled back (odd), until the first call fails (the process died). The invariants after the restart:
+or rolled back (odd), until the first call fails (the process died); the calls are unary ones or frames
+of one Transact stream. The invariants after the restart:
 every acknowledged commit is visible exactly once, nothing of a rolled-back transaction is ever
 visible, nothing is committed twice; the transaction in flight at the crash is OPEN (its halves
 stored) or reached its state, and repeating its call completes it; then nothing is left open.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import pathlib
+import queue
 
 import grpc
 
@@ -25,12 +27,12 @@ RPC_S = 10
 ROUNDS = 12
 
 
-def txn_process(data_dir: pathlib.Path, log_address: str, failpoint: str = "") -> ServiceProcess:
+def txn_process(data_dir: pathlib.Path, log_address: str, failpoint: str = "", *extra: str) -> ServiceProcess:
     env = {"MQSTORE_INTERNAL_TOKEN": TOKEN, "MQSTORE_FAILPOINTS": failpoint}
     return ServiceProcess("txn_service.main", [
         "--data-dir", str(data_dir), "--port", "0", "--grace-s", "1", "--commitlog", log_address,
         "--op-batch-interval-ms", "30", "--checkpoint-interval-ms", "20", "--heartbeat-ms", "20",
-        "--backoff-initial-ms", "20", "--backoff-max-ms", "200"], env)
+        "--backoff-initial-ms", "20", "--backoff-max-ms", "200", *extra], env)
 
 
 def _ready(stub) -> bool:
@@ -51,27 +53,60 @@ def _visible(log_stub) -> collections.Counter:
         offset = r.next_offset
 
 
-def _workload(stub) -> tuple[dict[str, str], str, str]:
+class _Unary:
+    """The workload's calls as unary calls; a failed call raises grpc.RpcError."""
+
+    def __init__(self, stub):
+        self.stub = stub
+
+    def call(self, step: str, request) -> None:
+        getattr(self.stub, step.capitalize())(request, timeout=RPC_S)
+
+    def close(self) -> None:
+        pass
+
+
+class _Stream:
+    """The same calls as frames of one Transact stream: a frame answered with an error, or the stream
+    broken (the process died), is a failed call."""
+
+    def __init__(self, stub):
+        self._outbox: queue.Queue = queue.Queue()
+        self._answers = stub.Transact(iter(self._outbox.get, None), timeout=60)
+
+    def call(self, step: str, request) -> None:
+        self._outbox.put(txn_pb2.TransactRequest(**{step: request}))
+        if next(self._answers).WhichOneof("kind") == "error":
+            raise grpc.RpcError(f"the {step} frame was answered with an error")
+
+    def close(self) -> None:
+        self._outbox.put(None)
+
+
+def _workload(stub, via: str) -> tuple[dict[str, str], str, str]:
     """Acknowledged outcomes by id, and the id and step in flight when a call failed."""
     done: dict[str, str] = {}
-    for i in range(ROUNDS):
-        txn_id = f"t{i}"
-        messages = [common_pb2.MessageInput(body=f"{txn_id}-{n}".encode()) for n in range(2)]
-        try:
-            stub.Prepare(txn_pb2.PrepareRequest(topic="orders", messages=messages, producer_group="pg",
-                                                transaction_id=txn_id), timeout=RPC_S)
-        except grpc.RpcError:
-            return done, txn_id, "prepare"
-        step = "commit" if i % 2 == 0 else "rollback"
-        try:
-            getattr(stub, step.capitalize())(txn_pb2.EndRequest(transaction_id=txn_id), timeout=RPC_S)
-        except grpc.RpcError:
-            return done, txn_id, step
-        done[txn_id] = step
-    return done, "", ""
+    calls = _Stream(stub) if via == "stream" else _Unary(stub)
+    try:
+        for i in range(ROUNDS):
+            txn_id = f"t{i}"
+            messages = [common_pb2.MessageInput(body=f"{txn_id}-{n}".encode()) for n in range(2)]
+            for step in ("prepare", "commit" if i % 2 == 0 else "rollback"):
+                request = (txn_pb2.PrepareRequest(topic="orders", messages=messages, producer_group="pg",
+                                                  transaction_id=txn_id) if step == "prepare"
+                           else txn_pb2.EndRequest(transaction_id=txn_id))
+                try:
+                    calls.call(step, request)
+                except grpc.RpcError:
+                    return done, txn_id, step
+            done[txn_id] = step
+        return done, "", ""
+    finally:
+        calls.close()
 
 
-def crash_at(name: str, tmp_path: pathlib.Path) -> None:
+def crash_at(name: str, tmp_path: pathlib.Path, via: str = "unary") -> None:
+    """``via``: the producer's calls as unary calls or as frames of a Transact stream."""
     log = commitlog(tmp_path / "log", "--segment-size-bytes", "1MiB", "--preallocate-segments", "false",
                     env={"MQSTORE_INTERNAL_TOKEN": TOKEN})
     with log:
@@ -85,7 +120,7 @@ def crash_at(name: str, tmp_path: pathlib.Path) -> None:
                 with grpc.insecure_channel(first.address) as channel:
                     stub = txn_pb2_grpc.TransactionStub(channel)
                     wait_until(lambda: _ready(stub) or first.process.poll() is not None, "the first txn process")
-                    done, in_flight, step = _workload(stub)
+                    done, in_flight, step = _workload(stub, via)
                 assert first.wait_exit() == 137, f"{name} was never reached: {first.stderr()[-2000:]}"
             with txn_process(tmp_path / "txn", log.address) as second:
                 second.started()

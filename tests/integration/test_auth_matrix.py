@@ -63,6 +63,15 @@ class Call:
     request: Callable[["World"], Any]          # the request (a list of items for a request stream)
     allowed: grpc.StatusCode = grpc.StatusCode.OK
     metadata: tuple = ()
+    answer: Callable[[bytes], grpc.StatusCode] | None = None  # the status the first streamed answer carries
+
+
+def _frame_status(raw: bytes) -> grpc.StatusCode:
+    """A Transact answer's status: a frame is checked as its unary call, and refused in its ``error``."""
+    answer = tpb.TransactResponse.FromString(raw)
+    if answer.WhichOneof("kind") != "error":
+        return grpc.StatusCode.OK
+    return next(code for code in grpc.StatusCode if code.value[0] == answer.error.code)
 
 
 @dataclass
@@ -141,6 +150,9 @@ CALLS: dict[str, Call] = {
     # An admitted CheckBack ends with OK when the producer closes its side after the hello.
     "/mqstore.v1.Transaction/CheckBack": Call("bidi", lambda w: [tpb.CheckBackMessage(
         hello=tpb.CheckBackHello(producer_group=GROUP))]),
+    # Frames are checked as their unary calls (PUB on the topic): a refused one is answered in its error.
+    "/mqstore.v1.Transaction/Transact": Call("bidi", lambda w: [tpb.TransactRequest(request_id=1, prepare=(
+        tpb.PrepareRequest(topic=TOPIC, messages=[_msg()], producer_group=GROUP)))], answer=_frame_status),
     "/mqstore.v1.Transaction/ListOpen": Call("unary", lambda w: tpb.ListOpenRequest()),
     "/mqstore.v1.Transaction/Show": Call("unary", lambda w: tpb.ShowRequest(transaction_id=w.txns["show"])),
     "/mqstore.v1.Transaction/ForceResolve": Call("unary", lambda w: tpb.ForceResolveRequest(
@@ -303,8 +315,10 @@ def _invoke(channel: grpc.Channel, method: str, call: Call, request, metadata) -
             stub(iter(request) if call.kind == "client_stream" else request, timeout=timeout, metadata=metadata)
         else:
             responses = stub(iter(request) if call.kind == "bidi" else request, timeout=timeout, metadata=metadata)
-            next(iter(responses), None)
+            first = next(iter(responses), None)
             responses.cancel()
+            if call.answer is not None and first is not None:
+                return call.answer(first)
     except grpc.RpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK

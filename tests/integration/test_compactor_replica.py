@@ -69,3 +69,29 @@ def _held(stub) -> list:
         return everything(stub, "kv", 0)
     except grpc.RpcError:
         return []
+
+
+def test_a_replica_follows_its_primary_through_a_delete_and_a_topic_created_again(tmp_path):
+    """The primary drops kv at its DELETED event; the replica, which copies the primary and not the log,
+    learns it from ListQueues (kv gone, or held as another topic: topic_start_physical_offset)."""
+    with commitlog(tmp_path / "log").started() as log_process, \
+            compactor(tmp_path / "primary", "--commitlog", log_process.address) as primary_process, \
+            compactor(tmp_path / "replica", "--replica-of", primary_process.address) as replica_process, \
+            grpc.insecure_channel(log_process.address) as log_channel, \
+            grpc.insecure_channel(primary_process.address) as primary_channel, \
+            grpc.insecure_channel(replica_process.address) as replica_channel:
+        log = commitlog_pb2_grpc.CommitLogStub(log_channel)
+        replica = compactor_pb2_grpc.CompactorStub(replica_channel)
+        create = clpb.CreateTopicRequest(name="kv", queue_count=1, kind=common_pb2.TOPIC_KIND_COMPACTION)
+        log.CreateTopic(create, timeout=T)
+        append(log, [(f"k{i}", b"old") for i in range(20)])
+        wait_until(lambda: len(_held(replica)) == 20, "the replica to copy the old topic")
+        log.DeleteTopic(clpb.DeleteTopicRequest(name="kv"), timeout=T)
+        wait_until(lambda: replica.ListQueues(pb.ListQueuesRequest(), timeout=T).queues == [],
+                   "the replica to drop the deleted topic")
+        created = log.CreateTopic(create, timeout=T)
+        append(log, [("k1", b"new")])
+        wait_until(lambda: _held(replica) == [(0, "k1", b"new")], "the replica to copy the new topic from 0")
+        refs = compactor_pb2_grpc.CompactorStub(primary_channel).ListQueues(pb.ListQueuesRequest(), timeout=T).queues
+        assert [(r.topic, r.topic_start_physical_offset) for r in refs] == [("kv", created.start_physical_offset)]
+        assert (tmp_path / "replica" / "logs" / "kv" / "topic.incarnation").exists()

@@ -181,3 +181,25 @@ def test_the_cli_runs_rounds_and_reads_latest_values(services):
     assert [line.split(":")[0] for line in _cli("kv", "scan", "kv", "--compactor-address", address).splitlines()] == [
         "a", "b"]
     assert "cleaned_up_to_offset: 3" in _cli("compact", "status", "kv", "--compactor-address", address)
+
+
+def test_stats_after_a_restart_does_not_claim_caught_up_before_it_has_seen_the_log(tmp_path, commitlog_port):
+    write_config = compactor_config(tmp_path / "compactor", commitlog_port)
+    with serving(write_config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{commitlog_port}") as log_channel, \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        compactor = compactor_pb2_grpc.CompactorStub(channel)
+        write_kv(commitlog_pb2_grpc.CommitLogStub(log_channel), "kv", [("a", b"1")], queues=1)
+        wait_until(lambda: applied(compactor, "kv", 1, 1), "the compactor to apply the record")
+        stats = wait_until(lambda: (s := compactor.Stats(pb.CompactorStatsRequest(), timeout=T)).HasField(
+            "bytes_behind") and s.bytes_behind == 0 and s, "the compactor to be caught up")
+        assert stats.connected and stats.log_end_physical_offset > 0
+    # Restarted while the commit log cannot be reached (a port nothing listens on): it knows its checkpoint only.
+    with serving(dataclasses.replace(write_config, commitlog_address="127.0.0.1:1")) as (_, port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stats = compactor_pb2_grpc.CompactorStub(channel).Stats(pb.CompactorStatsRequest(), timeout=T)
+        assert not stats.connected and stats.checkpoint_physical_offset > 0
+        assert not stats.HasField("log_end_physical_offset") and not stats.HasField("bytes_behind")
+    with serving(write_config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        compactor = compactor_pb2_grpc.CompactorStub(channel)
+        wait_until(lambda: compactor.Stats(pb.CompactorStatsRequest(), timeout=T).HasField("bytes_behind"),
+                   "the follower's first frame")

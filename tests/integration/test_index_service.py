@@ -275,3 +275,25 @@ def test_damaged_file_is_rebuilt_while_other_ranges_answer(tmp_path, commitlog_p
                 for i in (0, 17, 59):
                     assert [loc.physical_offset for loc in query(s.index, "r", f"old{i}").locators] == [
                         old[i].physical_offset]
+
+
+def test_stats_after_a_restart_does_not_claim_caught_up_before_it_has_seen_the_log(tmp_path, commitlog_port):
+    config = index_config(tmp_path / "index", commitlog_port)
+    with serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{commitlog_port}") as log_channel, \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        s = Services(commitlog_pb2_grpc.CommitLogStub(log_channel), index_pb2_grpc.IndexStub(channel), config)
+        s.log.CreateTopic(pb.CreateTopicRequest(name="T", queue_count=1), timeout=RPC_TIMEOUT_S)
+        append(s.log, "T", [keyed(i, f"k{i}") for i in range(3)])
+        caught_up = wait_until(lambda: (st := wait_indexed(s)).HasField("bytes_behind") and st.bytes_behind == 0
+                               and st, "the index to be caught up")
+        assert caught_up.connected and caught_up.log_end_physical_offset > 0
+    # Restarted while the commit log cannot be reached (a port nothing listens on): it knows its checkpoint only.
+    with serving(dataclasses.replace(config, commitlog_address="127.0.0.1:1")) as (_, port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        away = stats(index_pb2_grpc.IndexStub(channel))
+        assert not away.connected and away.indexed_physical_offset > 0
+        assert not away.HasField("log_end_physical_offset") and not away.HasField("bytes_behind")
+    with serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        index = index_pb2_grpc.IndexStub(channel)
+        back = wait_until(lambda: (st := stats(index)).HasField("bytes_behind") and st, "the follower's first frame")
+        assert back.log_end_physical_offset >= caught_up.log_end_physical_offset

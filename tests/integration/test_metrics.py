@@ -167,6 +167,5 @@ def test_compactor_round_figures(tmp_path, log):
         assert after.value("mqstore_compactor_dirty_ratio", topic="kv", queue_id="0") == 0
         assert after.value("mqstore_compactor_last_round_seconds", topic="kv") >= 0
         assert after.value("mqstore_compactor_quarantined_queues") == 0
-        assert after.value("mqstore_compactor_round_max_passes") >= 1
         assert after.value("mqstore_compactor_round_records", topic="kv", direction="in") == 20
         assert after.value("mqstore_compactor_round_records", topic="kv", direction="out") == 4  # a value per key

@@ -15,6 +15,7 @@ import pytest
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2
+from tests.support.waiting import wait_until
 from tests.integration.txn_testing import (RPC_TIMEOUT_S, commitlog, prepare, rollback, stats, txn_service,
                                            visible, wait_ready)
 from tests.unit.test_meta_sql import db_url  # noqa: F401 - the sqlite / postgres fixture
@@ -121,6 +122,11 @@ def test_the_txn_commands(env):
     assert "COMMITTED" in run_cli(port, "txn", "commit", "t-1")
     assert "COMMITTED (already)" in run_cli(port, "txn", "commit", "t-1")
     assert "transaction t-2: COMMITTED" in run_cli(port, "txn", "send", "orders", "x", "--group", "pg", "--id", "t-2")
+    assert "error: ALREADY_EXISTS" in run_cli(port, "txn", "send", "orders", "z", "--group", "pg", "--id", "t-2",
+                                             expect=1)
+    one_way = run_cli(port, "txn", "send", "orders", "w", "--group", "pg", "--id", "t-4", "--one-way")
+    assert "transaction t-4: commit sent one-way" in one_way
+    wait_until(lambda: "producer (one-way)" in run_cli(port, "txn", "show", "t-4"), "the one-way commit")
     run_cli(port, "txn", "begin", "orders", "y", "--group", "pg", "--id", "t-3")
     assert "ROLLED_BACK" in run_cli(port, "txn", "resolve", "t-3", "rollback", "--reason", "test")
     assert "error: FAILED_PRECONDITION" in run_cli(port, "txn", "rollback", "t-1", expect=1)
@@ -130,4 +136,4 @@ def test_the_txn_commands(env):
     assert "t-3  ROLLBACK  was=OPEN" in audit and "outcome=done  reason=test" in audit
     assert json.loads(run_cli(port, "--json", "txn", "audit", "--id", "t-3"))["transaction_id"] == "t-3"
     assert "no audit entries" in run_cli(port, "txn", "audit", "--id", "t-1")
-    assert sorted(m.body for m in visible(log_stub, "orders")) == [b"one", b"two", b"x"]
+    assert sorted(m.body for m in visible(log_stub, "orders")) == [b"one", b"two", b"w", b"x"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import pathlib
+import queue
 
 import grpc
 
@@ -97,3 +99,37 @@ def visible(log_stub, topic: str, queue_count: int = 1) -> list:
                 break
             offset = r.next_offset
     return out
+
+
+class Frames:
+    """One Transact stream: ``ask`` sends a frame and returns its answer; ``send`` sends one without
+    waiting (a one-way frame is never answered). ``close`` ends the producer's side and returns the
+    answers still on their way; ``cancel`` breaks the stream."""
+
+    def __init__(self, stub, timeout_s: float = 60):
+        self._outbox: queue.Queue = queue.Queue()
+        self.call = stub.Transact(iter(self._outbox.get, None), timeout=timeout_s)
+        self._ids = itertools.count(1)
+
+    def send(self, one_way: bool = False, **kind) -> int:
+        request_id = next(self._ids)
+        self._outbox.put(txn_pb2.TransactRequest(request_id=request_id, one_way=one_way, **kind))
+        return request_id
+
+    def ask(self, **kind) -> txn_pb2.TransactResponse:
+        request_id = self.send(**kind)
+        answer = next(self.call)
+        assert answer.request_id == request_id, (answer, request_id)
+        return answer
+
+    def prepare(self, topic: str, bodies, group: str = "pg", txn_id: str = "", **fields) -> txn_pb2.TransactResponse:
+        return self.ask(prepare=txn_pb2.PrepareRequest(topic=topic, messages=[msg(b, **fields) for b in bodies],
+                                                       producer_group=group, transaction_id=txn_id))
+
+    def close(self) -> list[txn_pb2.TransactResponse]:
+        self._outbox.put(None)
+        return list(self.call)
+
+    def cancel(self) -> None:
+        self.call.cancel()
+        self._outbox.put(None)

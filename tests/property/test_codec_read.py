@@ -192,14 +192,17 @@ def test_get_message_raw_path_gives_the_reference_bytes_and_errors(filled_store)
                                                                    HealthCheck.function_scoped_fixture])
 @given(picks=st.lists(st.integers(0, 80), min_size=1, max_size=20))
 def test_get_messages_raw_path_gives_the_reference_bytes(filled_store, picks):
-    """Found, damaged (results[20]), not a record start, before and past the log: FoundMessage framing
-    and StoredMessage bytes as protobuf's."""
+    """Found, damaged (results[20]), not a record start, past the log: FoundMessage framing and
+    StoredMessage bytes as protobuf's. (A negative offset fails the whole request, on both paths.)"""
     store, results = filled_store
-    choices = [r.physical_offset for r in results] + [results[3].physical_offset + 1, 0, -5, 1 << 40]
+    choices = [r.physical_offset for r in results] + [results[3].physical_offset + 1, 0,
+                                                       results[9].physical_offset + 2, 1 << 40]
     offsets = [choices[i % len(choices)] for i in picks] + [results[20].physical_offset, choices[-4], 1 << 40]
     raw = read_wire.get_messages_response(store.get_messages(offsets, raw=True), encode_message=raw_message)
     ref = convert.get_messages_response(store.get_messages(offsets)).SerializeToString(deterministic=True)
     assert raw == ref
     parsed = commitlog_pb2.GetMessagesResponse.FromString(raw)
     assert len(parsed.messages) == len(offsets)
+    for raw_path in (True, False):
+        assert outcome(lambda r=raw_path: store.get_messages(offsets + [-5], raw=r))[1][0] == "InvalidArgument"
 

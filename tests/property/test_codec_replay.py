@@ -8,8 +8,9 @@ record or not, and maybe one damaged record in the middle (its magic, properties
 TOTALSIZE or a body byte changed: the compiled walk hands such a record to the reference, which reads
 it as it stands). Both rebuild consume queues (real files, small ones, so runs cross files) from the
 same starting queues, through Dispatcher.replay and through _replay_range with and without
-known_topics / only / behind. The queue files, the ``behind`` set, the records counted and the last
-store time must be the same (or both must fail the same way). Fixed orders of one queue's offsets
+starts (topics and their start physical offsets, anywhere in the log) / only / behind. The queue
+files, the ``behind`` set, the records counted and the last store time must be the same (or both must
+fail the same way). Fixed orders of one queue's offsets
 (repeat then gap, and so on) are checked too, since random logs find them rarely. The compiled module
 is imported directly, so these run under MQSTORE_PURE_PYTHON=1 too.
 """
@@ -180,15 +181,22 @@ def _compare(segments, queues, call) -> None:
             c_table.close()
 
 
+def _starts(segments):
+    """None, or some topics with the physical offset each starts at (the records below it belong to a
+    deleted topic of the same name): anywhere from before the log to past its end."""
+    offsets = st.integers(min_value=max(0, BASE - 1), max_value=segments[-1].end + 1) | st.just(0)
+    return st.none() | st.dictionaries(st.sampled_from(["alpha", "beta", "é", "\ufffd"]), offsets)
+
+
 @SETTINGS
 @given(logs(), existing, st.data())
 def test_replay_rebuilds_the_queues_the_reference_rebuilds(log, queues, data):
     """Dispatcher.replay from the log's start or from the second segment (then queues found behind
-    are rebuilt from the start), with or without known topics and queues known to be behind."""
+    are rebuilt from the start), with or without topic starts and queues known to be behind."""
     segments, _, _ = log
     start = data.draw(st.sampled_from([BASE, segments[1].start]))
     end = data.draw(st.sampled_from([segments[1].end, segments[1].end - 1, segments[0].end]))
-    known = data.draw(st.none() | st.sets(st.sampled_from(["alpha", "beta", "é", "\ufffd"])))
+    known = data.draw(_starts(segments))
     rebuild = data.draw(st.sets(keys, max_size=2))
     _compare(segments, queues, lambda d: d.replay(start, end, known, rebuild))
 
@@ -196,11 +204,11 @@ def test_replay_rebuilds_the_queues_the_reference_rebuilds(log, queues, data):
 @SETTINGS
 @given(logs(), existing, st.data())
 def test_a_replayed_range_follows_the_reference_rules(log, queues, data):
-    """_replay_range from any record of the first segment, with any known_topics / only / behind."""
+    """_replay_range from any record of the first segment, with any topic starts / only / behind."""
     segments, first_starts, _ = log
     start = BASE + data.draw(st.sampled_from(first_starts or [0]))
     end = data.draw(st.sampled_from([segments[1].end, segments[1].end - 1, segments[0].end, start + 1]))
-    known = data.draw(st.none() | st.sets(st.sampled_from(["alpha", "beta", "é", "\ufffd"])))
+    known = data.draw(_starts(segments))
     only = data.draw(st.none() | st.sets(keys))
     behind = data.draw(st.none() | st.sets(keys, max_size=2))
 

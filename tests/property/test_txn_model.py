@@ -6,14 +6,14 @@ Faults: the next appends to the log (halves, real messages, OP records, whicheve
 UNAVAILABLE either after they were written ("landed": the commit log died after the write, a SYNC flush
 timed out) or before ("lost"): the service cannot tell which.
 
-Rules: prepare (new ids; identical retries of earlier ones); commit, rollback and check-back answers,
-alone or racing on threads (many producers on one transaction) while the service's background work
-(follower, resolver, OP batcher) runs on another; a restart that loses everything in memory (a crash),
-from the last checkpoint or none. The model keeps, per transaction, the states it may be in given the
-answers seen (an unanswered call widens it). After each step, once the background work is quiet: every
-message is visible at most once, a transaction known COMMITTED has each message visible exactly once,
-an uncertain one all of its messages or none, nothing else is visible, the log holds the halves of one
-Prepare call per transaction (never two), every half of a resolved transaction has its OP record, and
+Rules: prepare (new ids; identical retries of earlier ones); commit, rollback, check-back answers and one-way
+ends (a Transact frame nobody waits for), alone or racing on threads (many producers on one transaction) while
+the service's background work (follower, resolver, OP batcher) runs on another; a restart that loses
+everything in memory (a crash), from the last checkpoint or none. The model keeps, per transaction, the states
+it may be in given the answers seen (an unanswered call widens it). After each step, once the background work
+is quiet: every message is visible at most once, a transaction known COMMITTED has each message visible
+exactly once, an uncertain one all of its messages or none, nothing else is visible, the log holds the halves
+of one Prepare call per transaction (never two), every half of a resolved transaction has its OP record, and
 the service's state is one the model allows."""
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from mqstore.txn.opbatch import OpBatcher
 from mqstore.txn.persist import Checkpointer
 from mqstore.txn.projection import TxnProjection
 from mqstore.txn.table import COMMITTED, OPEN, ROLLED_BACK, TxnTable
+from mqstore.txn.transact import TransactStreams
 
 TOPIC = "orders"
 ABSENT = "ABSENT"  # the service does not know the id (a Prepare that never landed)
@@ -108,6 +109,7 @@ class TxnMachine(RuleBasedStateMachine):
         self.coordinator = Coordinator(config, self.table, self, self.appender, self.ops,
                                        HalfCache(config.cache_max_entries, config.cache_max_bytes), self.clock,
                                        self.in_doubt)
+        self.streams = TransactStreams(self.coordinator, max_streams=64)
         self._catch_up()
         assert self.table.ready
 
@@ -188,13 +190,18 @@ class TxnMachine(RuleBasedStateMachine):
         self.possible[txn_id] = {OPEN} if before <= {ABSENT, OPEN} else before
 
     @precondition(lambda self: self.possible)
-    @rule(data=st.data(), calls=st.lists(st.sampled_from(["commit", "rollback", "check-commit", "check-rollback"]),
+    @rule(data=st.data(), calls=st.lists(st.sampled_from(["commit", "rollback", "check-commit", "check-rollback",
+                                                          "one-way-commit", "one-way-rollback"]),
                                          min_size=1, max_size=4))
     def race(self, data, calls):
         txn_id = data.draw(st.sampled_from(sorted(self.possible)))
         results: list[tuple[str, object]] = []
 
         def call(kind: str) -> None:
+            if kind.startswith("one-way"):  # never answered, never raises: it may or may not have taken effect
+                self.streams.end_one_way(txn_id, "COMMIT" if kind.endswith("commit") else "ROLLBACK")
+                results.append((kind, None))
+                return
             by = "check-back" if kind.startswith("check") else "producer"
             method = self.coordinator.commit if kind.endswith("commit") else self.coordinator.rollback
             try:
@@ -233,7 +240,7 @@ class TxnMachine(RuleBasedStateMachine):
         for kind, r in results:
             if isinstance(r, FailedPrecondition):  # names the state it is in
                 assert any(s in str(r) for s in (COMMITTED, ROLLED_BACK, "PARKED")), results
-            elif isinstance(r, Unavailable):  # unanswered: it may have taken effect
+            elif isinstance(r, Unavailable) or r is None:  # unanswered: it may have taken effect
                 self.possible[txn_id] = self.possible[txn_id] | {COMMITTED if kind.endswith("commit") else ROLLED_BACK}
             elif not isinstance(r, str):
                 assert ABSENT in possible and "unknown" in str(r), results  # NotFound: never prepared

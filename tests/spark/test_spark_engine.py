@@ -74,6 +74,7 @@ def test_spark_and_local_rounds_give_byte_identical_files(spark, tmp_path):
         return install_output(qlog, request["bases"], pathlib.Path(request["staging"]))
 
     other.compact(slot, engine="spark", runner=spark_round)
+    assert not (slot.qlog.directory / "staging").exists()  # the round's staging folder goes with it
     assert {v.key: v.stored.raw for v in reads.scan(other, "kv", 0, 0, 1000).items} == expected
     other.close()
     names = _files(tmp_path / "local")

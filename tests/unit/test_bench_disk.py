@@ -1,4 +1,5 @@
-"""bench/diskuse.py: what `make bench` does to stay within the disk it says it needs (bench/README.md)."""
+"""bench/diskuse.py: what `make bench` does to stay within the disk it says it needs (bench/README.md); and
+bench/append.py's rule for adding rounds to a target's measurement."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
-import diskuse  # noqa: E402 - bench/ is a folder of scripts, not a package
+import append  # noqa: E402 - bench/ is a folder of scripts, not a package
+import diskuse  # noqa: E402
 
 
 def _write(path: pathlib.Path, size: int) -> None:
@@ -42,3 +44,17 @@ def test_the_watch_reports_the_peak_not_the_end(tmp_path):
     assert diskuse.allocated_bytes(tmp_path) == 0
     assert report["disk_min_free_gib"] is not None
     assert "Peak disk use" in diskuse.describe(report) and diskuse.describe({}) == ""
+
+
+def test_a_target_gets_more_rounds_while_one_rounds_ratio_moves_by_more_than_ten_percent():
+    def rounds(*rates):
+        return [{"msgs_per_s": r} for r in rates]
+
+    pair = (("SYNC", "redis-always"),)
+    steady = {"SYNC": rounds(100, 105, 98), "redis-always": rounds(100, 100, 100)}
+    assert not append.unsettled(steady, pair)
+    moved = {"SYNC": rounds(100, 125, 98), "redis-always": rounds(100, 100, 100)}
+    assert append.unsettled(moved, pair)  # 1.25 against a median of 1.0
+    both_moved = {"SYNC": rounds(100, 125, 98), "redis-always": rounds(100, 125, 98)}
+    assert not append.unsettled(both_moved, pair)  # the noise fell on both: the ratio held
+    assert not append.unsettled({"SYNC": rounds(100)}, pair)  # Redis not measured: nothing to compare

@@ -147,6 +147,45 @@ def test_delete_topic(store: MetadataStore) -> None:
     assert store.get_topic("orders").queue_count == 2
 
 
+def test_a_delete_in_two_steps_keeps_the_row_marked_until_it_ends(store: MetadataStore) -> None:
+    store.create_topic("orders", 4, KIND_NORMAL, 0, start_physical_offset=4096)
+    store.create_topic("keep", 4, KIND_NORMAL, 0)
+    store.commit_offset("g", "orders", 0, 3)
+    marked = store.mark_topic_deleting("orders")
+    assert marked.start_physical_offset == 4096 and marked.queue_count == 4
+    assert [t.name for t in store.list_topics()] == ["keep"]
+    assert [(t.name, t.start_physical_offset) for t in store.deleting_topics()] == [("orders", 4096)]
+    with pytest.raises(AlreadyExists):  # the name is free only once the delete has ended
+        store.create_topic("orders", 2, KIND_NORMAL, 0)
+    assert store.query_offset("g", "orders", 0) == 3
+    store.delete_topic("orders")
+    assert store.deleting_topics() == [] and store.list_offsets(topic="orders") == []
+    assert store.create_topic("orders", 2, KIND_NORMAL, 0, start_physical_offset=9000).start_physical_offset == 9000
+    with pytest.raises(NotFound):
+        store.mark_topic_deleting("nope")
+
+
+def test_a_version_1_database_migrates_with_every_topic_at_offset_0(db_url: str, fake_clock: FakeClock) -> None:
+    engine = sqlalchemy.create_engine(db_url, poolclass=NullPool)
+    with engine.begin() as conn:  # what version 1 created, with one topic in it
+        conn.exec_driver_sql("CREATE TABLE schema_version (id INTEGER PRIMARY KEY, version INTEGER NOT NULL)")
+        conn.exec_driver_sql("INSERT INTO schema_version VALUES (1, 1)")
+        conn.exec_driver_sql("CREATE TABLE topics (name VARCHAR(255) PRIMARY KEY, queue_count INTEGER NOT NULL, "
+                             "kind VARCHAR(16) NOT NULL, retention_ms BIGINT NOT NULL, created_ms BIGINT NOT NULL)")
+        conn.exec_driver_sql("CREATE TABLE consumer_offsets (group_name VARCHAR(255) NOT NULL, topic VARCHAR(255) "
+                             "NOT NULL, queue_id INTEGER NOT NULL, committed_offset BIGINT NOT NULL, updated_ms "
+                             "BIGINT NOT NULL, PRIMARY KEY (group_name, topic, queue_id))")
+        conn.exec_driver_sql("INSERT INTO topics VALUES ('old', 3, 'NORMAL', 0, 5)")
+    engine.dispose()
+    store = MetadataStore(db_url, fake_clock)
+    try:
+        assert store.list_topics() == [TopicRecord("old", 3, KIND_NORMAL, 0, 5, start_physical_offset=0)]
+        assert store.deleting_topics() == []
+    finally:
+        store.close()
+    assert SCHEMA_VERSION == 2
+
+
 def test_delete_topic_removes_its_offsets_only(store: MetadataStore) -> None:
     store.create_topic("orders", 2, KIND_NORMAL, 0)
     store.create_topic("keep", 2, KIND_NORMAL, 0)

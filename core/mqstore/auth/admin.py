@@ -70,7 +70,7 @@ class AccessAdmin:
 
     def delete_rule(self, rule_id: int) -> None:
         if rule_id <= 0:
-            raise InvalidArgument("rule_id: the positive id `mqstore acl list` shows")
+            raise InvalidArgument(f"id is {rule_id}; give a rule's id: 1 or more, as `mqstore acl list` shows")
         self._store.delete_rule(rule_id)
         self._changed()
 

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mqstore.errors import InvalidArgument
+from mqstore.errors import InvalidArgument, shown
 
 PUB, SUB, ADMIN = "PUB", "SUB", "ADMIN"
 ACTIONS = (PUB, SUB, ADMIN)
@@ -107,7 +107,7 @@ class Rule:
     def __post_init__(self) -> None:
         check_user_name(self.user)
         if self.kind not in RESOURCE_KINDS:
-            raise InvalidArgument(f"resource kind: one of {', '.join(RESOURCE_KINDS)}, not {self.kind[:20]!r}")
+            raise InvalidArgument(f"resource kind: one of {', '.join(RESOURCE_KINDS)}, not {shown(self.kind)}")
         if self.kind == CLUSTER and self.pattern != "*":
             raise InvalidArgument("a cluster rule's pattern is *")
         if not _PATTERN.match(self.pattern):
@@ -116,7 +116,7 @@ class Rule:
         if not self.actions or not self.actions <= set(ACTIONS):
             raise InvalidArgument(f"actions: one or more of {', '.join(ACTIONS)}")
         if self.decision not in DECISIONS:
-            raise InvalidArgument(f"decision: allow or deny, not {self.decision[:20]!r}")
+            raise InvalidArgument(f"decision: allow or deny, not {shown(self.decision)}")
 
     def matches(self, action: str, resource: Resource) -> bool:
         return action in self.actions and resource.kind == self.kind and pattern_matches(self.pattern, resource.name)

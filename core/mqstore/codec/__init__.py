@@ -8,9 +8,12 @@ AppendResponse bytes; the PullResponse and StoredMessage bytes (Pull, GetMessage
 stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
 record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and the rebuild itself,
 records to packed consume queue runs (``_replay``, mqstore.queue.replay); the Java hashes of
-``topic#key`` (index_file.key_hashes). The pure-Python path is what the code did before it and stays as
-the reference: protobuf's parser, mqstore_rpc.convert, mqstore.log.encoder and stamp, the dispatcher's
-replay loop. tests/property/test_codec_*.py require both to give the same bytes and the same errors.
+``topic#key`` (index_file.key_hashes); the compaction round's key map, a flat open-addressing table
+(``_offset_map``; mqstore.compaction.offset_map.PyOffsetMap is its reference) and a compaction
+record's key, tombstone flag and body (``_scan.compaction_fields``; rounds.compaction_fields_python).
+The pure-Python path is what the code did before it and stays as the reference: protobuf's parser,
+mqstore_rpc.convert, mqstore.log.encoder and stamp, the dispatcher's replay loop. tests/property/test_codec_*.py require
+both to give the same bytes and the same errors.
 
 The Index service's build has its own module, ``_index``: Tail frames to the hashes each record indexes
 and those into its IndexFile (services/index's decode, records and writer, and index_file.put_hashes are
@@ -55,7 +58,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     if forced not in ("", "0"):
         return None, f"{ENV_PURE_PYTHON}={forced} asks for the pure-Python codec"
     try:
-        from mqstore.codec import _index, _records, _replay, _request, _responses, _scan, _stamp
+        from mqstore.codec import _index, _offset_map, _records, _replay, _request, _responses, _scan, _stamp
     except ImportError as exc:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
@@ -67,9 +70,11 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
+                                 compaction_fields=_scan.compaction_fields,
                                  routing_records=_scan.routing_records, place=_stamp.place,
                                  stamp=_stamp.stamp, IndexColumns=_index.IndexColumns,
-                                 index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs), ""
+                                 index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs,
+                                 OffsetMap=_offset_map.OffsetMap, offset_map_layout=_offset_map.LAYOUT), ""
 
 
 def _check_layout(writes: dict, reads: dict, stamps: dict) -> None:

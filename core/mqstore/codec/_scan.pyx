@@ -134,3 +134,49 @@ def routing_records(const uint8_t[::1] buf, Py_ssize_t position, Py_ssize_t end,
                     be64(p + position + store_timestamp_at_of(sys_flag))))
         position = record_end
     return out, position, False
+
+
+cdef inline bint _entry_is(const uint8_t* e, Py_ssize_t n, const char* name, Py_ssize_t name_len) noexcept nogil:
+    return n > name_len + 1 and memcmp(e, name, name_len) == 0 and e[name_len] == 1  # (a value, not empty)
+
+
+def compaction_fields(const uint8_t[::1] raw):
+    """mqstore.compaction.rounds.compaction_fields_python: (the compaction key or None, whether the record is a
+    tombstone, its body) of one valid record: the first word of the last non-empty KEYS property, decoded as
+    UTF-8 with replacement; a tombstone has an empty body or a last non-empty DELETE property of "true"."""
+    cdef Py_ssize_t n = raw.shape[0]
+    if n < FIXED_OVERHEAD:
+        raise ValueError(f"not a valid record: {n} bytes")
+    cdef const uint8_t* p = &raw[0]
+    cdef Py_ssize_t body_at = body_at_of(<int32_t>be32(p + SYS_FLAG_AT))
+    cdef Py_ssize_t body_len = <int32_t>be32(p + body_at - 4)
+    cdef Py_ssize_t topic_at = body_at + body_len
+    if body_len < 0 or topic_at >= n:
+        raise ValueError("not a valid record: its body runs past its end")
+    cdef Py_ssize_t props_at = topic_at + 3 + p[topic_at]
+    if props_at > n:
+        raise ValueError("not a valid record: its topic runs past its end")
+    cdef Py_ssize_t props_end = props_at + ((<Py_ssize_t>p[props_at - 2] << 8) | p[props_at - 1])
+    if props_end > n:
+        raise ValueError("not a valid record: its properties run past its end")
+    cdef const uint8_t* key = NULL
+    cdef Py_ssize_t key_len = 0, at = props_at, end, k
+    cdef int delete = -1  # the last non-empty DELETE: -1 none, 1 "true", 0 another value
+    cdef const void* stop
+    while at < props_end:
+        stop = memchr(p + at, 2, props_end - at)
+        end = props_end if stop == NULL else <const uint8_t*>stop - p
+        if _entry_is(p + at, end - at, "KEYS", 4):
+            key, key_len = p + at + 5, end - at - 5
+        elif _entry_is(p + at, end - at, "DELETE", 6):
+            delete = 1 if end - at - 7 == 4 and memcmp(p + at + 7, b"true", 4) == 0 else 0
+        at = end + 1
+    word = None
+    if key != NULL:
+        for k in range(key_len):
+            if key[k] == 0x20:
+                key_len = k
+                break
+        if key_len:
+            word = PyUnicode_DecodeUTF8(<const char*>key, key_len, "replace")
+    return word, body_len == 0 or delete == 1, PyBytes_FromStringAndSize(<const char*>p + body_at, body_len)

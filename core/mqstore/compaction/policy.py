@@ -35,7 +35,6 @@ class CompactionConfig:
     delete_retention_ms: int = DAY_MS           # a tombstone is kept this long after the round that first saw it
     quarantine_initial_ms: int = 1_000
     quarantine_max_ms: int = 600_000
-    max_passes: int = 10_000                    # a round's passes (each maps what fits the budget)
     round_interval_ms: int = 15_000             # how often the background duty checks the triggers
 
     def __post_init__(self) -> None:
@@ -46,7 +45,7 @@ class CompactionConfig:
         for name in ("min_compaction_lag_ms", "delete_retention_ms"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must not be negative, not {getattr(self, name)}")
-        for name in ("max_compaction_lag_ms", "quarantine_initial_ms", "quarantine_max_ms", "max_passes",
+        for name in ("max_compaction_lag_ms", "quarantine_initial_ms", "quarantine_max_ms",
                      "round_interval_ms", "offset_map_memory_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
@@ -54,8 +53,9 @@ class CompactionConfig:
             raise InvalidArgument("max_compaction_lag_ms must not be below min_compaction_lag_ms")
 
 
-def tombstone_expired(seen_s: int, now_ms: int, retention_ms: int) -> bool:
-    return seen_s > 0 and now_ms >= seen_s * 1000 + retention_ms
+def tombstone_expired(seen_ms: int, now_ms: int, retention_ms: int) -> bool:
+    """Whether a tombstone first seen by a round at ``seen_ms`` (0: not seen yet) is past its retention."""
+    return seen_ms > 0 and now_ms >= seen_ms + retention_ms
 
 
 def due_reason(dirty_bytes: int, clean_bytes: int, oldest_dirty_ms: int | None, expired_tombstones: int,

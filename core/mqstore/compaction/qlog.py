@@ -20,7 +20,7 @@ from array import array
 from dataclasses import dataclass
 
 from mqstore import failpoints, fs
-from mqstore.errors import invariant
+from mqstore.errors import NotFound, invariant, shown
 from mqstore.format import compaction_segment as cseg, sparse_queue
 from mqstore.format.sparse_queue import SparseEntry
 
@@ -42,7 +42,7 @@ class Entries:
 
     def __init__(self, entries=()):
         self.offsets, self.positions, self.store_ms = array("q"), array("q"), array("q")
-        self.sizes, self.tags, self.seen = array("i"), array("q"), array("I")
+        self.sizes, self.tags, self.seen = array("i"), array("q"), array("q")  # seen: tombstone seen-at ms
         self.limit: int | None = None  # a view: only the first ``limit`` entries count
         for entry in entries:
             self.add(entry)
@@ -56,13 +56,21 @@ class Entries:
         view.limit = n
         return view
 
+    def spliced(self, lo: int, hi: int, middle: Entries) -> Entries:
+        """A new index: entries [0, lo) of this one, then ``middle``'s, then [hi, len) of this one."""
+        out, n = Entries(), len(self)
+        for name in ("offsets", "positions", "store_ms", "sizes", "tags", "seen"):
+            mine, theirs = getattr(self, name), getattr(middle, name)
+            setattr(out, name, mine[:lo] + theirs[:len(middle)] + mine[hi:n])
+        return out
+
     def add(self, e: SparseEntry) -> None:
         self.offsets.append(e.queue_offset)
         self.positions.append(e.position)
         self.store_ms.append(e.store_timestamp_ms)
         self.sizes.append(e.size)
         self.tags.append(e.tag_code)
-        self.seen.append(e.tombstone_seen_s)
+        self.seen.append(e.tombstone_seen_ms)
 
     def __len__(self) -> int:
         return len(self.offsets) if self.limit is None else self.limit
@@ -83,6 +91,7 @@ class QueueLog:
         self.directory, self.segment_size, self.topic, self.queue_id = directory, segment_size_bytes, topic, queue_id
         self._lock = threading.RLock()
         self._read_fds: dict[int, int] = {}
+        self.closed = False
         qlog_files.clean_directory(directory)
         self.state = self._load_state()
         bases = qlog_files.segment_bases(directory) or [0]
@@ -183,15 +192,31 @@ class QueueLog:
             return bisect.bisect_left(self.entries.offsets, queue_offset)
 
     def read(self, first: int, count: int, max_bytes: int = 1 << 62) -> list[Stored]:
-        """Records ``first`` .. ``first + count - 1`` of the index (at least one if any, then up to max_bytes)."""
-        out, total = [], 0
+        """Records ``first`` .. ``first + count - 1`` of the index (at least one if any, then up to max_bytes);
+        one pread per segment for the lot (the records of a segment lie side by side)."""
+        out: list[Stored] = []
         with self._lock:
-            for i in range(first, min(first + count, len(self.entries))):
-                entry = self.entries.entry(i)
-                if out and total + entry.size > max_bytes:
+            if self.closed:
+                raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log "
+                               f"is gone")
+            e = self.entries
+            positions, sizes, end, total = e.positions, e.sizes, min(first + count, len(e)), 0
+            for i in range(first, end):
+                if i > first and total + sizes[i] > max_bytes:
+                    end = i
                     break
-                out.append(Stored(entry, self._pread(entry.position, entry.size)))
-                total += entry.size
+                total += sizes[i]
+            i = first
+            while i < end:
+                base = cseg.segment_base(positions[i], self.segment_size)
+                j = bisect.bisect_left(positions, base + self.segment_size, i, end)
+                data = self._pread(positions[i], positions[j - 1] + sizes[j - 1] - positions[i])
+                start = positions[i]
+                for k in range(i, j):
+                    at = positions[k] - start
+                    out.append(Stored(SparseEntry(positions[k], sizes[k], e.tags[k], e.store_ms[k], e.offsets[k],
+                                                  e.seen[k]), data[at:at + sizes[k]]))
+                i = j
         return out
 
     def _pread(self, position: int, size: int) -> bytes:
@@ -219,12 +244,17 @@ class QueueLog:
 
     def install(self, staged: list[pathlib.Path], new_entries: Entries, state: dict, replaced_bases: list[int],
                 removed_keys: dict[str, int]) -> None:
-        """Swap a round's output in for the sealed segments ``replaced_bases`` (fs.install: all or nothing).
-        Segments sealed since the round began stay (they lie above every replaced one)."""
+        """Swap a round's output in for the sealed segments ``replaced_bases`` (consecutive ones; none: the
+        state only) with fs.install (all or nothing). The segments below them are kept as they are, and so
+        are those sealed since the round began (they lie above every replaced one)."""
         with self._lock:
-            keep = [b for b in self.bases if b not in replaced_bases]
-            invariant(set(replaced_bases) <= set(self.bases) and keep and (not replaced_bases or
-                      keep[0] > replaced_bases[-1]), "a round replaces sealed segments older than those it keeps")
+            at = self.bases.index(replaced_bases[0]) if replaced_bases else len(self.bases) - 1
+            upto = at + len(replaced_bases)
+            invariant(self.bases[at:upto] == replaced_bases and upto < len(self.bases),
+                      "a round replaces consecutive sealed segments")
+            invariant(not len(new_entries) or (new_entries.positions[0] >= self.bases[at] and
+                                               new_entries.positions[-1] < self.bases[upto]),
+                      "a round's output lies where the segments it replaces were")
             replaced = [n for b in replaced_bases for n in (cseg.log_name(b), cseg.index_name(b))]
             if (self.directory / STATE).exists():
                 replaced.append(STATE)
@@ -233,16 +263,21 @@ class QueueLog:
                 os.close(fd)
             self._read_fds.clear()
             new_bases = sorted({cseg.segment_base(p, self.segment_size) for p in new_entries.positions})
-            for i in range(self.entries.first_at_position(keep[0]), len(self.entries)):
-                new_entries.add(self.entries.entry(i))
-            self.entries, self.bases, self.state = new_entries, new_bases + keep, state
+            old = self.entries
+            self.entries = old.spliced(old.first_at_position(self.bases[at]), old.first_at_position(self.bases[upto]),
+                                       new_entries)
+            self.bases, self.state = self.bases[:at] + new_bases + self.bases[upto:], state
             for key, offset in removed_keys.items():
                 if self.latest.get(key) == offset:
                     del self.latest[key]
 
     def close(self) -> None:
+        """Sync and close the files; later reads say NotFound (the topic was deleted). Idempotent."""
         with self._lock:
+            if self.closed:
+                return
             self.sync()
             for fd in (self._log_fd, self._cq_fd, *self._read_fds.values()):
                 os.close(fd)
             self._read_fds.clear()
+            self.closed = True

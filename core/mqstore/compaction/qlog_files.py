@@ -3,6 +3,8 @@
 
   found on open                                       action
   --------------------------------------------------- ----------------------------------------------
+  no directory (a new queue)                          created with its parents, each made durable in the
+                                                      directory holding it (the creation rule, fs.make_dirs)
   the leftovers of an install cut short               mqstore.fs.recover_install: the old or new set
   ``*.tmp`` files, the ``staging/`` folder             removed (garbage of a round or a state write)
   the newest segment has a .log without .cq or back   the other is created empty (a crash in a roll)

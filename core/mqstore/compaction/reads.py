@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqstore.errors import InvalidArgument, NotFound
+from mqstore import limits
+from mqstore.errors import InvalidArgument, NotFound, shown
 
 from .qlog import QueueLog, Stored
-from .rounds import key_and_tombstone
+from .rounds import compaction_fields, key_and_tombstone
 from .store import CompactionStore
 
 MAX_PULL_MESSAGES = 1_000
 MAX_PULL_BYTES = 4 << 20
+DEFAULT_SCAN_PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,9 @@ class Pulled:
 
 
 def pull(qlog: QueueLog, offset: int, max_messages: int, max_bytes: int) -> Pulled:
-    if offset < 0:
-        raise InvalidArgument(f"offset must not be negative, got {offset}")
-    max_messages = min(max_messages or 32, MAX_PULL_MESSAGES)
-    max_bytes = min(max_bytes or MAX_PULL_BYTES, MAX_PULL_BYTES)
+    limits.at_least_zero("offset", offset, "an original queue offset")
+    max_messages = limits.limit("max_messages", max_messages, default=32, maximum=MAX_PULL_MESSAGES)
+    max_bytes = limits.limit("max_bytes", max_bytes, default=MAX_PULL_BYTES, maximum=MAX_PULL_BYTES)
     low, high = qlog.min_offset(), qlog.next_offset()
     records = qlog.read(qlog.index_of(offset), max_messages, max_bytes)
     skipped, expected = [], offset
@@ -55,12 +56,18 @@ def pull(qlog: QueueLog, offset: int, max_messages: int, max_bytes: int) -> Pull
     return Pulled(records, next_offset, low, high, skipped)
 
 
+def no_log(topic: str) -> NotFound:
+    return NotFound(f"topic {shown(topic)} has no compaction log here (not a COMPACTION topic, or not written yet, "
+                    f"or deleted)")
+
+
 @dataclass(frozen=True)
 class Latest:
     key: str
     queue_id: int
     stored: Stored
     tombstone: bool
+    value: bytes | None = None  # the record's body, when the read has taken it out already (Scan)
 
 
 def get_latest(store: CompactionStore, topic: str, key: str) -> Latest:
@@ -77,8 +84,8 @@ def get_latest(store: CompactionStore, topic: str, key: str) -> Latest:
         if found and found[0].entry.queue_offset == offset:
             return Latest(key, qlog.queue_id, found[0], key_and_tombstone(found[0].raw)[1])
     if not store.slots(topic):
-        raise NotFound(f"topic {topic!r} has no compaction log here (not a COMPACTION topic, or not written yet)")
-    raise NotFound(f"key {key!r} has no value in topic {topic!r}")
+        raise no_log(topic)
+    raise NotFound(f"key {shown(key)} has no value in topic {shown(topic)}")
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,8 @@ def scan(store: CompactionStore, topic: str, queue_id: int, offset: int, limit: 
     """The latest value of live keys, queue by queue in offset order, from the cursor (queue_id, offset);
     the next cursor. A key written again after the cursor passed it shows up again (at its new offset)."""
     if limit <= 0 or limit > MAX_PULL_MESSAGES:
-        raise InvalidArgument(f"limit must be in [1, {MAX_PULL_MESSAGES}], got {limit}")
+        raise InvalidArgument(f"page_size is {limit}; give 0 (the default, {DEFAULT_SCAN_PAGE}) or 1 to "
+                              f"{MAX_PULL_MESSAGES}")
     slots = [s for s in store.slots(topic) if s.qlog.queue_id >= queue_id]
     items: list[Latest] = []
     for slot in slots:
@@ -108,10 +116,10 @@ def scan(store: CompactionStore, topic: str, queue_id: int, offset: int, limit: 
             for stored in batch:
                 index += 1
                 at = stored.entry.queue_offset + 1
-                key, tombstone = key_and_tombstone(stored.raw)
+                key, tombstone, value = compaction_fields(stored.raw)
                 if key is not None and qlog.latest.get(key) == stored.entry.queue_offset and (
                         include_tombstones or not tombstone):
-                    items.append(Latest(key, qlog.queue_id, stored, tombstone))
+                    items.append(Latest(key, qlog.queue_id, stored, tombstone, value))
                     if len(items) == limit:
                         break
         if len(items) == limit:

@@ -1,14 +1,23 @@
 """The compaction logs of every COMPACTION topic/queue under one directory, and their rounds.
 
-``<data_dir>/<topic>/<queue id>/`` holds one queue's log (qlog.py). The follower (apply) appends the
-records of compaction topics; rounds run per queue, one at a time per queue (``QueueSlot.round_lock``),
-from the background duty or on demand; a failing round quarantines its queue only (policy.py).
+``<data_dir>/<topic>/<queue id>/`` holds one queue's log (qlog.py), and ``<data_dir>/<topic>/topic.incarnation``
+which topic of the name they hold (mqstore.format.topic_incarnation; a record of a newer topic of the
+name replaces an older one's logs). The follower (apply) appends the records of compaction topics;
+rounds run per queue, one at a time per queue (``QueueSlot.round_lock``), from the background duty or
+on demand; a failing round quarantines its queue only (policy.py).
+
+A deleted topic's logs go whole (:meth:`CompactionStore.drop_topic`, when the follower meets the
+topic's DELETED event): its queues are closed (a read of them then says NotFound, a round waits for
+the running one and then finds nothing), the directory is renamed to ``<topic>.deleted`` (one atomic,
+fsynced rename: the topic is gone from then on, also after a crash) and then removed. On open a
+``*.deleted`` directory is what a crash left between the two and is removed (topic names hold no dot).
 """
 
 from __future__ import annotations
 
 import functools
 import pathlib
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,9 +25,10 @@ from typing import Callable
 
 import structlog
 
-from mqstore import fs
+from mqstore import failpoints, fs
 from mqstore.clock import Clock
-from mqstore.errors import NotFound
+from mqstore.errors import NotFound, shown
+from mqstore.format import topic_incarnation
 from mqstore.javahash import java_string_hash
 from mqstore.metrics import Registry
 
@@ -27,6 +37,7 @@ from .qlog import QueueLog
 from .rounds import RoundStats, Sealed, key_and_tombstone, run_round, sealed_records
 
 log = structlog.get_logger("mqstore.compaction")
+DELETED_SUFFIX = ".deleted"  # a dropped topic's directory between its rename and its removal
 
 
 @dataclass
@@ -60,8 +71,12 @@ class CompactionStore:
         self.data_dir, self.config, self.clock = data_dir, config, clock
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], QueueSlot] = {}
+        self._incarnations: dict[str, int] = {}  # topic -> its start_physical_offset (topic.incarnation)
         fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
+        for gone in sorted(data_dir.glob("*" + DELETED_SUFFIX)):
+            _remove_tree(gone)  # renamed by a drop_topic that a crash cut short
         for topic_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
+            self._incarnations[topic_dir.name] = topic_incarnation.load(topic_dir)
             for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 self._open(topic_dir.name, int(queue_dir.name))
 
@@ -77,7 +92,7 @@ class CompactionStore:
             slot = self._slots.get((topic, queue_id))
             if slot is None:
                 if not create:
-                    raise NotFound(f"no compaction log for topic {topic!r} queue {queue_id}: the compactor has "
+                    raise NotFound(f"no compaction log for topic {shown(topic)} queue {queue_id}: the compactor has "
                                    f"seen no record of it (is it a COMPACTION topic? has it been written?)")
                 slot = self._open(topic, queue_id)
             return slot
@@ -90,9 +105,37 @@ class CompactionStore:
         with self._lock:
             return sorted({t for t, _ in self._slots})
 
-    # ---- the follower's side -------------------------------------------------------------------------
+    def incarnation(self, topic: str) -> int | None:
+        """The start_physical_offset of the topic whose logs are held under this name (None: none held)."""
+        with self._lock:
+            return self._incarnations.get(topic)
+
+    # ---- the follower's side (one thread) -------------------------------------------------------------
+    def hold_topic(self, topic: str, incarnation: int) -> bool:
+        """Make the logs under ``topic`` those of the topic of the name that starts at ``incarnation`` (the
+        logs of an older one are dropped first: its delete was not met here, as on a replica whose primary
+        deleted it); False when those of a newer one are held (the record is not theirs)."""
+        held = self.incarnation(topic)
+        if held == incarnation:
+            return True
+        if held is not None:
+            if incarnation < held:
+                return False
+            log.warning("compaction.topic_replaced", topic=topic, held_start=held, start=incarnation)
+            self.drop_topic(topic)
+        topic_dir = self.data_dir / topic
+        fs.make_dirs(topic_dir)
+        topic_incarnation.save(topic_dir, incarnation)  # durable before any record of it
+        with self._lock:
+            self._incarnations[topic] = incarnation
+        return True
+
     def append(self, topic: str, queue_id: int, raw: bytes, queue_offset: int, tags: str | None,
-               store_timestamp_ms: int) -> bool:
+               store_timestamp_ms: int, incarnation: int = 0) -> bool:
+        """Append a record of the topic of the name that starts at ``incarnation`` (:meth:`hold_topic`);
+        False when it is held already (a replay) or belongs to an older topic of the name."""
+        if not self.hold_topic(topic, incarnation):
+            return False
         key, _ = key_and_tombstone(raw)
         tag_code = java_string_hash(tags) if tags else 0
         return self.slot(topic, queue_id, create=True).qlog.append(raw, queue_offset, tag_code, store_timestamp_ms,
@@ -101,6 +144,25 @@ class CompactionStore:
     def sync(self) -> None:
         for slot in self.slots():
             slot.qlog.sync()
+
+    def drop_topic(self, topic: str) -> int:
+        """Remove every compaction log of ``topic`` (deleted from the commit log), crash-safely (the module
+        docstring); the number of queues dropped. Idempotent: a topic it does not hold is a no-op."""
+        directory = self.data_dir / topic
+        with self._lock:
+            slots = [self._slots.pop(key) for key in [k for k in self._slots if k[0] == topic]]
+            self._incarnations.pop(topic, None)
+        for slot in slots:
+            with slot.round_lock:  # a running round ends first; a later one finds the queue closed
+                slot.qlog.close()
+        if directory.is_dir():
+            failpoints.hit("compaction.topic.dropping")
+            gone = directory.with_name(directory.name + DELETED_SUFFIX)
+            fs.rename_durably(directory, gone)
+            failpoints.hit("compaction.topic.renamed")
+            _remove_tree(gone)
+            log.info("compaction.topic_dropped", topic=topic, queues=len(slots))
+        return len(slots)
 
     def close(self) -> None:
         for slot in self.slots():
@@ -113,6 +175,9 @@ class CompactionStore:
         """Run a round on one queue now (waits for a running one); raises what the round raised.
         ``runner(qlog, now_ms)`` is the engine (the local passes by default; the Spark job's)."""
         with slot.round_lock:
+            if slot.qlog.closed:
+                raise NotFound(f"topic {shown(slot.qlog.topic)} queue {slot.qlog.queue_id} was deleted: its "
+                               f"compaction log is gone")
             now = self.clock.now_ms()
             info = RoundInfo(started_ms=now, engine=engine, trigger=trigger)
             with self._lock:
@@ -136,26 +201,25 @@ class CompactionStore:
             return info
 
     def _local(self, qlog: QueueLog, now_ms: int, info: RoundInfo | None = None) -> RoundStats:
-        def progress(stats: RoundStats) -> None:  # a running round's passes show in DescribeQueue and metrics
+        def progress(stats: RoundStats) -> None:  # a running round's map fillings show in DescribeQueue and metrics
             if info is not None:
                 with self._lock:
                     info.stats = stats
         return run_round(qlog, self.config, now_ms, progress)
 
     def register_metrics(self, metrics: Registry) -> None:
-        """Per queue: dirty ratio, whether a round runs and its passes so far (of at most max_passes), the
-        last round's duration; and how many queues are quarantined."""
+        """Per queue: dirty ratio, whether a round runs and its passes (map fillings) so far, the last round's
+        duration; and how many queues are quarantined."""
         labels = ("topic", "queue_id")
         metrics.gauge_fn("mqstore_compactor_dirty_ratio", "dirty bytes / (clean + dirty bytes) of the sealed "
                          "segments", lambda: {_key(s): self.dirt(s).dirty_ratio for s in self.slots()}, labels)
         metrics.gauge_fn("mqstore_compactor_round_running", "1 while a round runs on the queue",
                          lambda: self._per_slot(lambda s: int(s.running)), labels)
-        metrics.gauge_fn("mqstore_compactor_round_passes", "passes done by the running (or last) round, of at most "
-                         "max_passes", lambda: self._per_slot(lambda s: s.info.stats.passes), labels)
-        metrics.gauge_fn("mqstore_compactor_round_records", "records the running (or last) round's latest pass read "
-                         "(in) and wrote (out)", self._round_records, (*labels, "direction"))
-        metrics.gauge_fn("mqstore_compactor_round_max_passes", "the most passes a round makes",
-                         lambda: self.config.max_passes)
+        metrics.gauge_fn("mqstore_compactor_round_passes", "offset map fillings of the running (or last) round "
+                         "(more than one when its keys did not fit the map)",
+                         lambda: self._per_slot(lambda s: s.info.stats.passes), labels)
+        metrics.gauge_fn("mqstore_compactor_round_records", "sealed records the last round read (in) and kept "
+                         "(out)", self._round_records, (*labels, "direction"))
         metrics.gauge_fn("mqstore_compactor_last_round_seconds", "duration of the queue's last finished round",
                          lambda: self._per_slot(_round_seconds), labels)
         metrics.gauge_fn("mqstore_compactor_quarantined_queues", "queues whose rounds are held back after a "
@@ -182,16 +246,21 @@ class CompactionStore:
                   quarantined_until_ms=until, why="the queue is quarantined with backoff; the others go on")
 
     def due(self, slot: QueueSlot) -> str:
-        """Why a background round is due on this queue now ("" if not, or while quarantined)."""
+        """Why a background round is due on this queue now ("" if not, or while quarantined). Read-only:
+        DescribeQueue asks it, and a read changes nothing (the sweep seals an overdue active segment)."""
+        return self._due(slot)[0]
+
+    def _due(self, slot: QueueSlot) -> tuple[str, bool]:
+        """(why a round is due, whether the active segment must be sealed for it first)."""
         now = self.clock.now_ms()
         with self._lock:
             if slot.quarantine.blocks(now):
-                return ""
+                return "", False
         d = self.dirt(slot)
         if d.oldest_active_ms is not None and now - d.oldest_active_ms >= self.config.max_compaction_lag_ms:
-            slot.qlog.seal_active()  # records past the deletion deadline must become cleanable
-            d = self.dirt(slot)
-        return due_reason(d.dirty_bytes, d.clean_bytes, d.oldest_dirty_ms, d.expired_tombstones, now, self.config)
+            return "max_compaction_lag", True  # records past the deletion deadline must become cleanable
+        return due_reason(d.dirty_bytes, d.clean_bytes, d.oldest_dirty_ms, d.expired_tombstones, now,
+                          self.config), False
 
     def run_due(self, stopping: Callable[[], bool] = lambda: False) -> int:
         """One background sweep: a round on every due queue; failures quarantine that queue only."""
@@ -199,11 +268,11 @@ class CompactionStore:
         for slot in self.slots():
             if stopping():
                 break
-            reason = self.due(slot)
-            if not reason:
+            reason, seal = self._due(slot)
+            if not reason or slot.qlog.closed:  # (a topic deleted since the sweep began)
                 continue
             try:
-                self.compact(slot, trigger=reason)
+                self.compact(slot, trigger=reason, seal_active=seal)
                 done += 1
             except Exception as exc:  # noqa: BLE001 - whatever failed (a damaged file, a bug) is this queue's:
                 # compact() quarantined it with backoff and logged it; the others go on (Kafka's KIP-346)
@@ -264,6 +333,11 @@ def measure(qlog: QueueLog, now_ms: int, config: CompactionConfig) -> Dirt:
                 kept += 1
                 expired += tombstone_expired(e.seen[i], now_ms, config.delete_retention_ms)
     return Dirt(clean, dirty, young, act, oldest_dirty, oldest_active, kept, expired, dirty_records)
+
+
+def _remove_tree(directory: pathlib.Path) -> None:
+    shutil.rmtree(directory)
+    fs.fsync_dir(directory.parent)
 
 
 def _fill_latest(qlog: QueueLog) -> None:

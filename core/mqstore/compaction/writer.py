@@ -1,13 +1,16 @@
 """The one round writer: both engines (local, Spark) hand it the surviving records in log order and
 get byte-identical files (positions, PHYSICALOFFSET, blank records and padding, the sparse index).
 
-Output segments are numbered from position 0 again (as RocketMQ does); each is sealed (a blank record,
-then zeros to ``segment_size_bytes``), so it never collides with the active segment: a subsequence of
-the input packs into no more segments than the input (the greedy packing of a subsequence never ends
-a segment earlier), and the input's sealed segments all lie below the active one.
+Output segments are numbered from ``start`` (the base of the first sealed segment a round rewrites;
+the ones below it are kept, and RocketMQ's and the former rounds' start of 0 is the case of none kept);
+each is sealed (a blank record, then zeros to ``segment_size_bytes``), so it never collides with the
+active segment: a subsequence of the input packs into no more segments than the input (the greedy
+packing of a subsequence never ends a segment earlier), and the input's sealed segments all lie below
+the active one.
 
 Memory: one segment's bytes at a time. The manifest lists every output file with its size and CRC32
-and a SHA-256 digest over them all (the Spark job writes it; the compactor checks it before install).
+and a SHA-256 digest over them all, and ``rewritten_from`` (``start``: the sealed segments from there on
+are the ones the output replaces); the Spark job writes it, the compactor checks it before install.
 """
 
 from __future__ import annotations
@@ -29,19 +32,19 @@ MANIFEST = "round.manifest"
 class RoundWriter:
     """Not thread-safe: one round's output, in ``staging`` (created empty by the caller)."""
 
-    def __init__(self, staging: pathlib.Path, segment_size_bytes: int):
-        self.staging, self.segment_size = staging, segment_size_bytes
+    def __init__(self, staging: pathlib.Path, segment_size_bytes: int, start: int = 0):
+        self.staging, self.segment_size, self.start = staging, segment_size_bytes, start
         self.entries = Entries()
         self.files: list[pathlib.Path] = []
-        self._position = 0
+        self._position = start
         self._log = bytearray()
         self._cq = bytearray()
 
-    def add(self, raw, queue_offset: int, tag_code: int, store_timestamp_ms: int, tombstone_seen_s: int) -> None:
+    def add(self, raw, queue_offset: int, tag_code: int, store_timestamp_ms: int, tombstone_seen_ms: int) -> None:
         size = len(raw)
         if not cseg.fits(self._position, size, self.segment_size):
             self._seal()
-        entry = SparseEntry(self._position, size, tag_code, store_timestamp_ms, queue_offset, tombstone_seen_s)
+        entry = SparseEntry(self._position, size, tag_code, store_timestamp_ms, queue_offset, tombstone_seen_ms)
         self._log += cseg.relocate(raw, self._position)
         self._cq += sparse_queue.encode(entry)
         self.entries.add(entry)
@@ -68,7 +71,7 @@ class RoundWriter:
         """Seal the last segment, write the round state; the staged files and the manifest."""
         self._seal()
         self._write(STATE, json.dumps(state, sort_keys=True).encode())
-        return list(self.files), manifest_of(self.files)
+        return list(self.files), {**manifest_of(self.files), "rewritten_from": self.start}
 
 
 def manifest_of(files: list[pathlib.Path]) -> dict:

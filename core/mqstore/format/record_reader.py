@@ -292,6 +292,12 @@ def body_length_and_properties(buf, position: int = 0) -> tuple[int, bytes]:
     return body_len, bytes(buf[props_at:props_at + props_len])
 
 
+def body_of(buf, position: int = 0) -> bytes:
+    """BODY of a valid record, without decoding the rest (the compactor's GetLatest and Scan values)."""
+    body_at = position + BODY_AT_BY_HOST_BYTE[buf[position + SYS_FLAG_HOST_BYTE_AT]]
+    return bytes(buf[body_at:body_at + INT32.unpack_from(buf, body_at - 4)[0]])
+
+
 def peek_sys_flag(buf, position: int) -> int:
     """SYSFLAG of a valid record without decoding the rest (for Tail's transaction-type filter)."""
     return INT32.unpack_from(buf, position + SYS_FLAG_AT)[0]

@@ -11,11 +11,16 @@ segment's valid data ends (RocketMQ's rule: the log is cut to the end of the las
       20    8 store timestamp      ms, the record's STORETIMESTAMP
       28    8 queue offset         the record's original queue offset (msgBaseOffset; holes allowed)
       36    2 batch size           always 1 (one message per record)
-      38    4 compacted offset     -1, as RocketMQ writes it
-      42    4 tombstone seen at    seconds since the epoch of the round that first mapped this tombstone
-                                   (RocketMQ's reserved field, 0 there): 0 = not a tombstone, or not yet
-                                   seen by a round. A tombstone is removed by the first round at or after
-                                   seen-at + delete_retention_ms.
+      38    8 tombstone seen at    ms since the epoch of the round that first mapped this tombstone
+                                   (signed; where RocketMQ has its 4-byte compacted offset and 4 reserved
+                                   bytes): 0 = not a tombstone, or not yet seen by a round. A tombstone is
+                                   removed by the first round at or after seen-at + delete_retention_ms.
+
+Entries written before milliseconds (layout 1) kept RocketMQ's compacted offset there, -1 in bytes
+38..42, and the seen-at time in whole *seconds* (unsigned) in 42..46. Read as one signed 64-bit field
+such an entry is negative (its top bit is set), which no time in ms is: :func:`decode` takes the low
+32 bits as seconds and gives seen-at = seconds x 1000, so old files read correctly; a round rewrites
+them in this layout. (Seconds let a tombstone go up to 999 ms before its retention ended.)
 
 One index file per compaction log segment, with the same name (``<20 digits>.cq`` next to
 ``<20 digits>.log``), holding the entries of that segment's records in log order; queue offsets grow
@@ -37,11 +42,10 @@ ENTRY = struct.Struct(
     "q"  # 20 store timestamp ms
     "q"  # 28 queue offset (original)
     "h"  # 36 batch size (1)
-    "i"  # 38 compacted offset (-1)
-    "I"  # 42 tombstone seen at, seconds (0: none)
+    "q"  # 38 tombstone seen at, ms (0: none; negative: layout 1, see the docstring)
 )
 ENTRY_SIZE = ENTRY.size  # 46
-COMPACTED_OFFSET_NONE = -1
+_SECONDS_MASK = 0xFFFF_FFFF  # layout 1: the low 32 bits of the field were the seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +55,21 @@ class SparseEntry:
     tag_code: int
     store_timestamp_ms: int
     queue_offset: int
-    tombstone_seen_s: int = 0
+    tombstone_seen_ms: int = 0
 
 
 def encode(entry: SparseEntry) -> bytes:
     return ENTRY.pack(entry.position, entry.size, entry.tag_code, entry.store_timestamp_ms, entry.queue_offset, 1,
-                      COMPACTED_OFFSET_NONE, entry.tombstone_seen_s)
+                      entry.tombstone_seen_ms)
 
 
 def decode(buf, at: int) -> SparseEntry | None:
     """The entry at byte ``at``, or None when it is not a valid entry (the end of the valid data)."""
-    position, size, tag, store_ms, queue_offset, batch, _, seen = ENTRY.unpack_from(buf, at)
+    position, size, tag, store_ms, queue_offset, batch, seen = ENTRY.unpack_from(buf, at)
     if position < 0 or size <= 0 or queue_offset < 0 or batch != 1:
         return None
+    if seen < 0:  # layout 1: -1 (compacted offset) in the high half, seconds in the low half
+        seen = (seen & _SECONDS_MASK) * 1000
     return SparseEntry(position, size, tag, store_ms, queue_offset, seen)
 
 

@@ -6,7 +6,8 @@ injected ``CommitLogReader``:
 
   check                                           failing candidates are
   ----------------------------------------------- ---------------------------------------------------
-  the log still holds the message                 dropped, counted in ``missing_removed`` (retention)
+  the log still serves the message                dropped, counted in ``missing_removed`` (retention, or
+                                                  its topic was deleted: GetMessage is NOT_FOUND for it)
   real topic == topic, and key in KEYS or         dropped, counted in ``collisions_removed``
   key == UNIQ_KEY (by uniq key: key == UNIQ_KEY)  (another key with the same hash)
   begin_ms <= real store time <= end_ms           dropped (the index time is up to 999 ms early)
@@ -28,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mqstore.errors import InvalidArgument, NotFound, Unavailable, invariant
+from mqstore import limits
+from mqstore.errors import InvalidArgument, NotFound, Unavailable, invariant, shown
 from mqstore.follow import FollowerState
 from mqstore.model import StoredMessage
 
@@ -73,9 +75,10 @@ class ServiceStats:
     maintainer_died: str = ""   # the bug that killed the maintainer thread, "" otherwise
 
     @property
-    def bytes_behind(self) -> int:
+    def bytes_behind(self) -> int | None:
+        """None until the follower's first frame since start: unknown, which is not caught up."""
         end = self.follower.log_end_physical_offset
-        return max(0, end - (self.store.next_physical_offset or 0)) if end is not None else 0
+        return max(0, end - (self.store.next_physical_offset or 0)) if end is not None else None
 
     @property
     def problem(self) -> str:
@@ -127,7 +130,7 @@ class IndexQueries:
         if not page.messages:
             resume = self.store.resume_physical_offset()
             covers = "nothing yet" if resume is None else f"the log below physical offset {resume}"
-            raise NotFound(f"no message with UNIQ_KEY {uniq_key!r} in topic {topic!r} is indexed (the index "
+            raise NotFound(f"no message with UNIQ_KEY {shown(uniq_key)} in topic {shown(topic)} is indexed (the index "
                            f"covers {covers})")
         return page
 
@@ -136,6 +139,8 @@ class IndexQueries:
         consume queue answers it: a binary search on store times)."""
         if not topic:
             raise InvalidArgument("topic must not be empty")
+        limits.at_least_zero("queue_id", queue_id)
+        limits.at_least_zero("timestamp_ms", timestamp_ms, "ms since the epoch")
         try:
             return self.source.offset_by_time(topic, queue_id, timestamp_ms)
         except Unavailable as exc:
@@ -178,9 +183,9 @@ class IndexQueries:
             return self.source.get_messages(offsets)
         except Unavailable as exc:
             raise Unavailable(
-                f"cannot verify the {len(offsets)} index candidate(s) for key {key!r} in topic {topic!r}: the "
-                f"index keeps only a hash of each key, so each candidate is checked against its message in the "
-                f"commit log, which did not answer ({exc}). Retry when the commit log is back (IndexStats."
+                f"cannot verify the {len(offsets)} index candidate(s) for key {shown(key)} in topic {shown(topic)}: "
+                f"the index keeps only a hash of each key, so each candidate is checked against its message in "
+                f"the commit log, which did not answer ({exc}). Retry when the commit log is back (IndexStats."
                 f"connected turns true); Stats, and queries for keys without index entries, answer meanwhile"
             ) from exc
 

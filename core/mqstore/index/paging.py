@@ -28,6 +28,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from mqstore import limits
 from mqstore.errors import InvalidArgument
 
 TOKEN = struct.Struct(
@@ -84,9 +85,7 @@ def decode(token: str, fp: int) -> Cursor:
 
 def clamp_max_num(max_num: int, default: int, maximum: int) -> int:
     """0 means the default; above the maximum is clamped (before anything is allocated)."""
-    if max_num < 0:
-        raise InvalidArgument(f"max_num must be >= 0, not {max_num}")
-    return default if max_num == 0 else min(max_num, maximum)
+    return limits.limit("max_num", max_num, default=default, maximum=maximum)
 
 
 def check_time_range(begin_ms: int, end_ms: int) -> None:

@@ -9,8 +9,13 @@ that claims the remainder. Segments needed by a batch are created before any byt
 are the consume queue files its entries will need (``reserve_queue_files``, called under the lock once
 the queue offsets are known), so a full disk rejects the batch whole.
 
+Zeroing ahead (SYNC; mqstore.log.warmer): the segment warmer writes zeros into the log ahead of the
+writer. It claims the range first (:meth:`claim_for_zeroing`, under ``lock``, so no append is placing
+bytes then, and only past ``written_offset``) and releases it once the zeros are durable; an append whose
+batch would reach into the claimed range waits for the release. So zeros never land on a record.
+
 Thread-safety: ``append`` is serialised by ``lock``; ``written_offset`` is published after the copy,
-so readers may read any byte below it without a lock.
+so readers may read any byte below it without a lock. The zeroing claim is guarded by ``_zeroing``.
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ from typing import Callable
 import structlog
 
 from mqstore import codec, failpoints
-from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, invariant
+from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, Unavailable, invariant
 from mqstore.format import record, record_reader, record_scan
 from mqstore.log import stamp
 from mqstore.log.encoder import EncodedBatch
-from mqstore.log.segment import SegmentQueue
+from mqstore.log.segment import PAGE_SIZE, SegmentQueue
 
 log = structlog.get_logger()
 # The batch's placing and stamping under the lock: compiled when the codec is (mqstore.log.stamp).
 _place = stamp.place if codec.compiled is None else codec.compiled.place
 _stamp = stamp.stamp if codec.compiled is None else codec.compiled.stamp
+_NO_CLAIM = 1 << 63  # _zeroing_from while the warmer writes no zeros
+ZEROING_WAIT_S = 30.0  # an append waits this long at most for the warmer's zeros ahead of it
 
 
 @dataclass(slots=True)
@@ -64,9 +71,18 @@ class CommitLog:
         # publishes how far it has read (mqstore.log.warmer). A hint for Segment.write, never for
         # correctness; a plain int, replaced whole.
         self.resident_offset = 0
+        # How a batch is copied (Segment.write): through the mapping where the page cache holds the range,
+        # else by pwrite; False: always by pwrite (SYNC, where an fdatasync follows every append: it
+        # write-protects the mapped pages it writes back, and the next copy into them faults again).
+        self.map_copies = True
+        self._zeroing = threading.Condition(threading.Lock())
+        self._zeroing_from = _NO_CLAIM
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
         self.pending: collections.deque[Written] = collections.deque()
+        # The store's topic registry (store_topics.TopicRegistry.start_of): a batch is appended only while
+        # its topic is the one it was encoded for (not deleted meanwhile, nor deleted and created again).
+        self.topic_start: Callable[[str], int | None] | None = None
 
     # ---- recovery hands over the state it found
     def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
@@ -83,22 +99,58 @@ class CommitLog:
     # ---- append
     def append(self, batch: EncodedBatch) -> Written:
         with self.lock:
+            if self.topic_start is not None and self.topic_start(batch.topic) != batch.incarnation:
+                raise NotFound(f"topic {batch.topic!r} was deleted while this append was under way; nothing of "
+                               f"the batch was written (create the topic again to write to it)")
             now = self.clock.now_ms()
             if now < self.last_store_timestamp_ms:
                 now = self.last_store_timestamp_ms
             plan = self._plan(batch.sizes)
+            end = plan[-1][1] + plan[-1][3] if plan else self.written_offset
+            if end > self._zeroing_from:
+                self._wait_for_zeroing(end)
             ranges = self._queue_ranges(batch)
             if self.reserve_queue_files is not None:
                 self.reserve_queue_files(batch.topic, ranges)
             entries, runs = self._assign_and_stamp(batch, plan, ranges, now)
             self._copy(batch.buf, plan)
-            end = plan[-1][1] + plan[-1][3] if plan else self.written_offset
             self.last_store_timestamp_ms = now
             self.written_offset = end
             written = Written(batch.topic, end, now, entries, runs)
             self.pending.append(written)
         failpoints.hit("log.after_write")
         return written
+
+    # ---- zeroing ahead (the segment warmer)
+    def claim_for_zeroing(self, start: int, end: int) -> int:
+        """Claim [from, end) for the warmer's zeros, from = ``start`` or, if the writer is past it, the
+        first page boundary after ``written_offset``; returns from (nothing is claimed when it is at or
+        past ``end``). Release with :meth:`release_zeroing`."""
+        with self.lock:  # no append is placing bytes now: the next one starts at written_offset
+            start = max(start, -(-self.written_offset // PAGE_SIZE) * PAGE_SIZE)
+            if start < end:
+                with self._zeroing:
+                    invariant(self._zeroing_from == _NO_CLAIM, "one zeroing claim at a time")
+                    self._zeroing_from = start
+        return start
+
+    def release_zeroing(self) -> None:
+        with self._zeroing:
+            self._zeroing_from = _NO_CLAIM
+            self._zeroing.notify_all()
+
+    def _wait_for_zeroing(self, end: int) -> None:
+        """Under ``lock``: wait until no claimed range starts below ``end`` (the writer caught up with the
+        warmer's zeros)."""
+        deadline = self.clock.monotonic_s() + ZEROING_WAIT_S
+        with self._zeroing:
+            while end > self._zeroing_from:
+                left = deadline - self.clock.monotonic_s()
+                if left <= 0:
+                    raise Unavailable(f"the segment warmer has been writing zeros ahead of the log for over "
+                                      f"{ZEROING_WAIT_S:.0f} s (a stalled disk?); nothing of this batch was "
+                                      f"written, retry")
+                self._zeroing.wait(min(left, 0.5))
 
     def _plan(self, sizes: list[int]) -> list[stamp.Chunk]:
         """Chunks of the batch per segment (stamp.place). Creates the segments the batch needs before
@@ -146,7 +198,8 @@ class CommitLog:
                 seg.write(cur - seg.start, record.encode_blank(phys_from - cur))
             seg = self.segments.find(phys_from)
             invariant(phys_from + length <= seg.end, "a chunk stays inside one segment")
-            seg.write(phys_from - seg.start, view[buf_from:buf_to], resident=phys_from + length <= self.resident_offset)
+            seg.write(phys_from - seg.start, view[buf_from:buf_to],
+                      resident=self.map_copies and phys_from + length <= self.resident_offset)
             cur = phys_from + length
 
     # ---- reads (lock-free below written_offset)

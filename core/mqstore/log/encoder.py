@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from mqstore import codec, javahash
 from mqstore.config import StoreConfig
 from mqstore.message_keys import compaction_queue, message_key
-from mqstore.errors import InvalidArgument
+from mqstore.errors import InvalidArgument, shown
 from mqstore.format import record
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
 
@@ -47,6 +47,7 @@ class EncodedBatch:
     tag_codes: list[int]
     sys_flags: list[int]
     uniq_keys: list[str]
+    incarnation: int = 0  # the topic's start_physical_offset when it was encoded (the append checks it)
 
 
 class UniqKeyGenerator:
@@ -158,7 +159,8 @@ class MessageEncoder:
             tags.append(tag_code)
             flags.append(msg.sys_flag)
             uniqs.append(uniq)
-        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs)
+        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs,
+                            topic.start_physical_offset)
 
     def _encode_wire(self, topic: TopicRecord, wire, now_ms: int) -> EncodedBatch:
         """The compiled path; a batch it refuses goes through the reference above, which raises why."""
@@ -166,7 +168,7 @@ class MessageEncoder:
                                         self.uniq, self._take_round_robin)
         if encoded is None:
             return self.encode_batch(topic, wire.to_messages(), now_ms)
-        return EncodedBatch(topic.name, *encoded)
+        return EncodedBatch(topic.name, *encoded, topic.start_physical_offset)
 
     def _reject(self, index: int, topic: TopicRecord, msg: MessageIn, props: bytes, size: int) -> None:
         """Raise the error that explains why message ``index`` cannot be stored (or return if it can)."""
@@ -194,7 +196,7 @@ class MessageEncoder:
             for name, value in user.items():
                 if name not in _RESERVED:
                     if not name or not value or _BAD_TEXT.search(name) or _BAD_TEXT.search(value):
-                        raise InvalidArgument(f"messages[{index}].properties[{name!r}]: names and values must be "
+                        raise InvalidArgument(f"messages[{index}].properties[{shown(name)}]: names and values must be "
                                               f"non-empty and must not contain the reserved characters \\x01 \\x02")
                     pieces.append(f"{name}\x01{value}\x02")
             tags, keys, uniq = _reserved_properties(index, user, tags, keys)
@@ -265,7 +267,7 @@ def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tupl
         if not prop_tags:
             raise InvalidArgument(f"{tags_at} is empty; leave it out or give a tag")
         if tags and tags != prop_tags:
-            raise InvalidArgument(f"messages[{index}]: tags {tags!r} and {tags_at} {prop_tags!r} differ; "
+            raise InvalidArgument(f"messages[{index}]: tags {shown(tags)} and {tags_at} {shown(prop_tags)} differ; "
                                   f"give the tag once (the field and the property mean the same)")
         tags = prop_tags
     prop_keys = user.get(record.PROPERTY_KEYS)
@@ -274,7 +276,7 @@ def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tupl
         split = tuple(prop_keys.split(" "))
         _check_keys(index, f"properties[{record.PROPERTY_KEYS!r}]", split)
         if keys and tuple(keys) != split:
-            raise InvalidArgument(f"messages[{index}]: keys {list(keys)!r} and {keys_at} {prop_keys!r} "
+            raise InvalidArgument(f"messages[{index}]: keys {shown(list(keys))} and {keys_at} {shown(prop_keys)} "
                                   f"differ; give the keys once (the field and the property mean the same)")
         keys = split
     uniq = user.get(record.PROPERTY_UNIQ_KEY)
@@ -288,7 +290,7 @@ def _check_keys(index: int, field: str, keys) -> None:
     no whitespace (which would split it) and no \\x01 \\x02 (the property separators)."""
     joined = " ".join(keys)
     if _BAD_KEY_CHARS.search(joined) or joined.count(" ") != len(keys) - 1 or "" in keys:
-        raise InvalidArgument(f"messages[{index}].{field}: {list(keys)!r}: each key must be non-empty and "
+        raise InvalidArgument(f"messages[{index}].{field}: {shown(list(keys))}: each key must be non-empty and "
                               f"contain no whitespace and no \\x01 \\x02 (the KEYS property separates keys "
                               f"with single spaces)")
 

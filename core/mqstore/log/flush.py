@@ -10,16 +10,22 @@ No error is retried (``retry_on=()``): after a failed fsync the kernel may have 
 pages, so a retry that succeeds would confirm data that is gone. The duty dies instead: ``error`` is
 set, every waiter is woken with Unavailable, and ``problem()`` makes the store unhealthy.
 
-Thread-safety: ``flushed_offset``, ``_wanted`` and ``error`` are guarded by ``_lock``. Two conditions
-share it: appends wait on ``_flushed`` (notified after each fsync), the duty's thread on ``_wanted_more``
-(notified when an append wants more flushed than asked so far). One condition for both made every
-append wake every waiting append just to reach the flush thread: with 32 producers that thundering herd
-was a third of the server's time (py-spy). ``flush_now`` runs on the duty's thread, and on the starting
-or stopping thread while the duty is not running.
+Thread-safety: ``flushed_offset``, ``_wanted``, ``_parked`` and ``error`` are guarded by ``_lock``. The
+duty's thread waits on ``_wanted_more`` (notified when an append wants more flushed than asked so far).
+A SYNC append parks on a lock of its own, held in ``_parked`` (a heap by end offset); after an fsync
+the flush runs the dispatch (``on_flushed``), then releases exactly the appends that fsync covers. One
+condition for all waiters woke every waiting append after every fsync, and each one the fsync did not
+cover went back to sleep: with fsyncs of a few hundred microseconds (mqstore.log.warmer) that herd cost
+more than the fsyncs saved. Releasing before the dispatch made each woken append wait once more, on the
+dispatcher's lock. An append re-checks ``flushed_offset`` after every wake-up (and every 0.5 s), so only
+an fsync that covers it lets it return. ``flush_now`` runs on the duty's thread, and on the starting or
+stopping thread while the duty is not running.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 
 from mqstore import failpoints
@@ -43,9 +49,10 @@ class Flusher(Duty):
         self.physic_msg_timestamp_ms = commitlog.last_store_timestamp_ms
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self._flushed = threading.Condition(self._lock)
         self._wanted_more = threading.Condition(self._lock)
         self._wanted = 0
+        self._parked: list[tuple[int, int, threading.Lock]] = []  # (offset, seq, held lock): a heap
+        self._seq = itertools.count()
         self._last_thorough_s = clock.monotonic_s()
         metrics = metrics or Registry()
         self._flushes = metrics.counter("mqstore_commitlog_flushes_total", "fsyncs of the commit log that covered "
@@ -67,19 +74,24 @@ class Flusher(Duty):
     def wait_flushed(self, offset: int) -> None:
         timeout_s = self.config.sync_flush_timeout_ms / 1000
         deadline = self.clock.monotonic_s() + timeout_s
+        parked = threading.Lock()
+        parked.acquire()
         with self._lock:
+            if self.flushed_offset >= offset:
+                return
             if offset > self._wanted:
                 self._wanted = offset
                 self._wanted_more.notify()
-            while self.flushed_offset < offset:
-                if self.error is not None:
-                    raise Unavailable(f"the flush service failed: {self.error}; the store needs a restart")
-                left = deadline - self.clock.monotonic_s()
-                if left <= 0:
-                    raise FlushTimeout(
-                        f"records up to physical offset {offset} are written but no fsync confirmed them within "
-                        f"{self.config.sync_flush_timeout_ms} ms; they may survive, so a retry may duplicate them")
-                self._flushed.wait(min(left, 0.5))
+            heapq.heappush(self._parked, (offset, next(self._seq), parked))
+        while self.flushed_offset < offset:  # an int published under _lock, never lowered
+            if self.error is not None:
+                raise Unavailable(f"the flush service failed: {self.error}; the store needs a restart")
+            left = deadline - self.clock.monotonic_s()
+            if left <= 0:
+                raise FlushTimeout(
+                    f"records up to physical offset {offset} are written but no fsync confirmed them within "
+                    f"{self.config.sync_flush_timeout_ms} ms; they may survive, so a retry may duplicate them")
+            parked.acquire(timeout=min(left, 0.5))
 
     def flush_now(self) -> int:
         """Flush everything written so far; returns the flushed offset."""
@@ -95,12 +107,21 @@ class Flusher(Duty):
             self._flushes.inc()
             self._flushed_bytes.inc(target - start)
             failpoints.hit("log.after_flush")
+        covered = []
         with self._lock:
             if target > self.flushed_offset:
                 self.flushed_offset = target
                 self.physic_msg_timestamp_ms = stamp
-            self._flushed.notify_all()
-        self.on_flushed(target)
+            parked = self._parked
+            while parked and parked[0][0] <= self.flushed_offset:
+                covered.append(heapq.heappop(parked)[2])
+        # Dispatch first, then wake the appends it covers: woken first, each would wait for the dispatch
+        # on the dispatcher's lock (a second sleep and wake-up each).
+        try:
+            self.on_flushed(target)
+        finally:
+            for lock in covered:
+                lock.release()
         return target
 
     def _due(self) -> bool:
@@ -130,9 +151,10 @@ class Flusher(Duty):
     def on_stop(self) -> None:
         with self._lock:
             self._wanted_more.notify_all()
-            self._flushed.notify_all()
 
     def on_died(self, exc: BaseException) -> None:
         with self._lock:
             self.error = exc
-            self._flushed.notify_all()
+            for _, _, parked in self._parked:
+                parked.release()
+            self._parked.clear()

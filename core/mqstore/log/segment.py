@@ -54,7 +54,8 @@ log = structlog.get_logger()
 # 100 x 1 KiB, 16 producers: 0.67x against 0.60x the no-op server, 12.7 against 14.4 us of server CPU
 # a message, medians of 9 alternating runs). Both reach the same page-cache pages, so readers of the
 # mapping see the bytes at once, and fdatasync makes both durable. Small writes (consume queue runs,
-# blank records) stay on the mapping, where a system call costs more than the copy.
+# blank records) stay on the mapping, where a system call costs more than the copy. Under SYNC flush the
+# commit log writes every large batch with pwrite (CommitLog.map_copies says why).
 _PWRITE_MIN_BYTES = 4096
 PAGE_SIZE = mmap.PAGESIZE
 _SCAN_CHUNK_BYTES = 1 << 20
@@ -224,7 +225,13 @@ class Segment:
 
     def flush(self, from_position: int, to_position: int) -> None:
         """Make the byte range durable. fdatasync writes back every dirty page of the file, including
-        pages dirtied through the mapping, and (unlike mmap.flush) releases the GIL while it waits."""
+        pages dirtied through the mapping, and (unlike mmap.flush) releases the GIL while it waits. It
+        suffices for a preallocated file: the size was made durable at creation, and the one metadata a
+        write into fallocated space changes (its extent turns from unwritten to written) is "needed for a
+        subsequent data retrieval", which fdatasync(2) makes durable too (ext4 writes the extent tree); that
+        commit is what makes it slower there than in zeroed space (mqstore.log.warmer). msync(MS_SYNC)
+        would do the same work (Linux runs the file's fsync for the range, data only) but mmap.flush
+        holds the GIL."""
         if to_position <= from_position or self._mm is None:
             return
         os.fdatasync(self._fd)
@@ -238,6 +245,23 @@ class Segment:
         step = len(scratch)
         for at in range(from_position, min(to_position, self.size), step):
             os.preadv(fd, [scratch], at)
+
+    def write_zeros(self, from_position: int, to_position: int, zeros: bytes) -> None:
+        """Write zeros over [from_position, to_position) and make them durable (the segment warmer's
+        zeroing ahead of the writer, mqstore.log.warmer; the caller holds the range's claim, so no record
+        is there). Through a descriptor of its own: an fdatasync reports a failed writeback once per open
+        file, and the flush service's fdatasync, on the segment's own descriptor, must see every failure
+        of the records' pages, none taken by this one."""
+        if self._mm is None:
+            return
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            position = from_position
+            while position < to_position:
+                position += os.pwrite(fd, memoryview(zeros)[:to_position - position], position)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def data_ranges(self, position: int):
         """(start, end) ranges at or after ``position`` that may hold data, from SEEK_DATA/SEEK_HOLE.

@@ -8,11 +8,15 @@ Backends: a SQLite file (``sqlite:////abs/path/metadata.db``; WAL journal, busy 
 emits BEGIN itself because sqlite3's legacy mode skips it before SELECT and DDL) or PostgreSQL
 (``postgresql+psycopg2://user@host:port/db``; statement and lock timeouts on every connection).
 
-Schema version 1 (tables: columns):
+Schema version 2 (tables: columns):
 
   schema_version:    id (always 1: one row), version
   topics:            name PK, queue_count, kind (a model.KIND_* string), retention_ms (0 = store
-                     default), created_ms
+                     default), created_ms; since version 2: start_physical_offset (the commit log's
+                     end when the topic was created: the log's records of this name below it belong to
+                     a deleted topic of the same name; 0 for topics of version 1) and deleting (1 while
+                     a DeleteTopic is under way: the row is kept until the delete has been announced
+                     in the log and the queues are gone, so that a crash resumes it; 0 otherwise)
   consumer_offsets:  (group_name, topic, queue_id) PK, committed_offset (the next queue offset the
                      group will consume), updated_ms
 
@@ -79,6 +83,8 @@ topics_table = Table(
     Column("kind", String(_KIND_MAX_CHARS), nullable=False),
     Column("retention_ms", BigInteger, nullable=False),
     Column("created_ms", BigInteger, nullable=False),
+    Column("start_physical_offset", BigInteger, nullable=False, server_default="0"),  # version 2
+    Column("deleting", Integer, nullable=False, server_default="0"),  # version 2: 1 while deleting
 )
 
 offsets_table = Table(
@@ -95,10 +101,22 @@ offsets_table = Table(
 )
 
 
+# The topics table as version 1 created it (frozen: a fresh database replays every step in order).
+_V1_TOPICS = Table(
+    "topics",
+    MetaData(),
+    Column("name", String(_NAME_MAX_CHARS), primary_key=True),
+    Column("queue_count", Integer, nullable=False),
+    Column("kind", String(_KIND_MAX_CHARS), nullable=False),
+    Column("retention_ms", BigInteger, nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+)
+
+
 def _migrate_to_v1(conn: Connection) -> None:
     # When a later version alters these tables, freeze the v1 definitions here (copies of the
     # Tables as they were) so that a fresh database still replays every step in order.
-    for table in (topics_table, offsets_table):
+    for table in (_V1_TOPICS, offsets_table):
         if inspect(conn).has_table(table.name):
             raise FailedPrecondition(
                 f"table {table.name!r} exists but the database has no mqstore schema version; "
@@ -107,7 +125,13 @@ def _migrate_to_v1(conn: Connection) -> None:
         table.create(conn)
 
 
-MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = ((1, _migrate_to_v1),)
+def _migrate_to_v2(conn: Connection) -> None:
+    """A topic's incarnation (start_physical_offset) and the deleting mark (the module docstring)."""
+    for column in ("start_physical_offset BIGINT NOT NULL DEFAULT 0", "deleting INTEGER NOT NULL DEFAULT 0"):
+        conn.exec_driver_sql(f"ALTER TABLE topics ADD COLUMN {column}")
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = ((1, _migrate_to_v1), (2, _migrate_to_v2))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -148,16 +172,20 @@ class MetadataStore:
 
     # -- topics ------------------------------------------------------------------------------------
 
-    def create_topic(self, name: str, queue_count: int, kind: str, retention_ms: int) -> TopicRecord:
-        """Insert a topic; AlreadyExists if the name is taken. created_ms comes from the clock."""
+    def create_topic(self, name: str, queue_count: int, kind: str, retention_ms: int,
+                     start_physical_offset: int = 0) -> TopicRecord:
+        """Insert a topic; AlreadyExists if the name is taken (also by a topic being deleted).
+        created_ms comes from the clock."""
         _check_kind(kind)
-        _check_non_negative(queue_count=queue_count, retention_ms=retention_ms)
+        _check_non_negative(queue_count=queue_count, retention_ms=retention_ms,
+                            start_physical_offset=start_physical_offset)
         record = TopicRecord(
             name=name,
             queue_count=queue_count,
             kind=kind,
             retention_ms=retention_ms,
             created_ms=self._clock.now_ms(),
+            start_physical_offset=start_physical_offset,
         )
         stmt = (
             self._insert(topics_table)
@@ -190,8 +218,19 @@ class MetadataStore:
             log.info("meta.topic_updated", topic=name, **changes)
         return record
 
+    def mark_topic_deleting(self, name: str) -> TopicRecord:
+        """The first step of a delete: the row stays, marked, until :meth:`delete_topic`; a marked
+        topic is listed by :meth:`deleting_topics` only. NotFound if absent."""
+        stmt = update(topics_table).where(topics_table.c.name == name).values(deleting=1)
+        with self._transaction(write=True) as conn:
+            if conn.execute(stmt).rowcount == 0:
+                raise _topic_not_found(name)
+            record = _select_topic(conn, name)
+        log.info("meta.topic_deleting", topic=name)
+        return record
+
     def delete_topic(self, name: str) -> None:
-        """Delete a topic and every consumer offset committed for it; NotFound if absent."""
+        """Delete a topic (marked or not) and every consumer offset committed for it; NotFound if absent."""
         with self._transaction(write=True) as conn:
             if conn.execute(delete(topics_table).where(topics_table.c.name == name)).rowcount == 0:
                 raise _topic_not_found(name)
@@ -199,14 +238,21 @@ class MetadataStore:
         log.info("meta.topic_deleted", topic=name, offsets_deleted=offsets.rowcount)
 
     def get_topic(self, name: str) -> TopicRecord:
-        """The topic named ``name``; NotFound if there is none."""
+        """The topic named ``name`` (being deleted or not); NotFound if there is none."""
         with self._transaction(write=False) as conn:
             return _select_topic(conn, name)
 
     def list_topics(self) -> list[TopicRecord]:
-        """Every topic, sorted by name (code point order, whatever the database's collation)."""
+        """Every topic not being deleted, sorted by name (code point order, whatever the database's collation)."""
+        return self._topics_where(deleting=0)
+
+    def deleting_topics(self) -> list[TopicRecord]:
+        """The topics whose delete was begun and not finished (a crash cut it short), sorted by name."""
+        return self._topics_where(deleting=1)
+
+    def _topics_where(self, *, deleting: int) -> list[TopicRecord]:
         with self._transaction(write=False) as conn:
-            rows = conn.execute(select(topics_table)).all()
+            rows = conn.execute(select(topics_table).where(topics_table.c.deleting == deleting)).all()
         return sorted((_topic_record(row) for row in rows), key=lambda record: record.name)
 
     # -- consumer offsets --------------------------------------------------------------------------
@@ -482,7 +528,9 @@ def _topic_not_found(name: str) -> NotFound:
 
 
 def _topic_record(row: Any) -> TopicRecord:
-    return TopicRecord(**row._mapping)  # _mapping is public API: the row as a column -> value map
+    columns = dict(row._mapping)  # _mapping is public API: the row as a column -> value map
+    del columns["deleting"]  # a state of the row, not of the topic (list_topics / deleting_topics)
+    return TopicRecord(**columns)
 
 
 def _check_kind(kind: str) -> None:

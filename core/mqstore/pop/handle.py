@@ -18,7 +18,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from mqstore.errors import InvalidArgument
+from mqstore.errors import InvalidArgument, shown
 
 VERSION = "v1"
 MAX_HANDLE_CHARS = 160  # v1 with every field at its widest is under 100
@@ -54,21 +54,21 @@ def encode(group: str, topic: str, handle: ReceiptHandle) -> str:
 
 def decode(group: str, topic: str, text: str) -> ReceiptHandle:
     """The handle ``text`` names; InvalidArgument when it does not parse or was not issued for this group
-    and topic (the message quotes at most the first 40 characters)."""
-    shown = text[:40] + ("..." if len(text) > 40 else "")
+    and topic (the message quotes at most the start of it: errors.shown)."""
+    quoted = shown(text)
     if len(text) > MAX_HANDLE_CHARS:
-        raise InvalidArgument(f"receipt handle {shown!r} is {len(text)} characters long; handles have at most "
+        raise InvalidArgument(f"receipt handle {quoted} is {len(text)} characters long; handles have at most "
                               f"{MAX_HANDLE_CHARS}: pass it exactly as Receive returned it")
     fields, _, checksum = text.rpartition(":")
     parts = fields.split(":")
     if len(parts) != 7 or parts[0] != VERSION:
-        raise InvalidArgument(f"receipt handle {shown!r} is not a receipt handle of this store (expected "
+        raise InvalidArgument(f"receipt handle {quoted} is not a receipt handle of this store (expected "
                               f"{VERSION}:<7 fields>:<checksum>); pass it exactly as Receive returned it")
     if checksum != _checksum(group, topic, fields):
-        raise InvalidArgument(f"receipt handle {shown!r} was not issued for group {group!r} and topic {topic!r}, or "
+        raise InvalidArgument(f"receipt handle {quoted} was not issued for group {group!r} and topic {topic!r}, or "
                               f"it was altered (its checksum does not match)")
     try:
         source, queue_id, queue_offset, ck_id, visible_at_ms, attempt = (int(p) for p in parts[1:])
     except ValueError:
-        raise InvalidArgument(f"receipt handle {shown!r} has a field that is not a number") from None
+        raise InvalidArgument(f"receipt handle {quoted} has a field that is not a number") from None
     return ReceiptHandle(source, queue_id, queue_offset, ck_id, visible_at_ms, attempt)

@@ -12,6 +12,11 @@ Two rules keep a crash from losing a message:
   * the revive checkpoint never passes the CK behind an offset not yet written back
     (:meth:`take_dirty`'s second result), so the replay at start still finds that CK.
 
+A topic deleted and created again (CommitLog.DeleteTopic) is another topic of the same name, starting at
+queue offset 0: the offsets kept in memory for a name belong to the topic whose start_physical_offset
+they were taken under (``start_of``), and are forgotten, written back or not, once the name has another
+start or none (the delete removed the stored ones with the topic's consumer offsets).
+
 Thread-safe: one lock; the callers serialise receives of one queue themselves (PopService's queue locks).
 """
 
@@ -34,9 +39,13 @@ class _Dirty:
 
 
 class PopOffsets:
-    def __init__(self, load: Callable[[str, str, int], int | None]):
-        """``load(group, topic, queue id)``: the stored offset, None when the group never stored one."""
+    def __init__(self, load: Callable[[str, str, int], int | None],
+                 start_of: Callable[[str], int | None] = lambda topic: 0):
+        """``load(group, topic, queue id)``: the stored offset, None when the group never stored one;
+        ``start_of(topic)``: the topic's start_physical_offset, None when there is no such topic."""
         self._load = load
+        self._start_of = start_of
+        self._starts: dict[str, int | None] = {}  # topic -> the start the offsets kept of it were taken under
         self._lock = threading.Lock()
         self._offsets: dict[QueueKey, int] = {}
         self._floors: dict[QueueKey, int] = {}
@@ -66,10 +75,27 @@ class PopOffsets:
                     self._offsets[key] = floor
                     self._dirty[key] = _Dirty(floor, 0, replay_from)
 
+    def _forget_if_replaced(self, topic: str) -> None:
+        """Under the lock: drop what is kept of ``topic`` if the name is now another topic, or none."""
+        now = self._start_of(topic)
+        if topic not in self._starts:
+            self._starts[topic] = now
+            return
+        if self._starts[topic] == now:
+            return
+        for table in (self._offsets, self._dirty, self._floors):
+            for key in [k for k in table if k[1] == topic]:
+                del table[key]
+        if now is None:
+            del self._starts[topic]
+        else:
+            self._starts[topic] = now
+
     def get(self, key: QueueKey, initial: Callable[[], int]) -> int:
         """The offset of ``key``: in memory, else stored, else ``initial()`` (the receive's start rule). A
         first value that was not stored is marked to be written back."""
         with self._lock:
+            self._forget_if_replaced(key[1])
             found = self._offsets.get(key)
             if found is not None:
                 return found
@@ -117,6 +143,8 @@ class PopOffsets:
         (None: none), which caps the revive checkpoint. Nothing changes until :meth:`written`."""
         rows, held = [], None
         with self._lock:
+            for topic in {key[1] for key in self._dirty}:
+                self._forget_if_replaced(topic)
             for key, dirty in self._dirty.items():
                 if dirty.ck_end <= flushed_physical:
                     rows.append((*key, dirty.offset))

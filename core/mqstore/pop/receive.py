@@ -20,7 +20,7 @@ from typing import Callable
 
 import structlog
 
-from mqstore import failpoints
+from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
@@ -45,6 +45,9 @@ class Source:
     kind: int        # records.SOURCE_TOPIC or SOURCE_RETRY
     name: str        # the topic or the retry topic
     queue_id: int
+    # The retry topic's copies stored below this physical offset (the topic's start_physical_offset) were
+    # made for an earlier topic of the name, deleted since: never delivered for this one. 0 for the topic.
+    floor: int = 0
 
 
 @dataclass(slots=True)
@@ -85,15 +88,18 @@ class Receiver:
         """Up to ``batch_size`` messages of ``topic`` (and the group's retry topic) for ``group``, waiting up
         to ``long_poll_ms`` (and ``time_left_ms`` - 100 ms, the caller's deadline) when none is ready."""
         topic_rules.validate_group_name(group)
+        if queue_id is not None:
+            limits.at_least_zero("queue_id", queue_id, "unset = every queue of the topic")
         sources = self.sources(group, self._consumable(topic), queue_id)
         tags = tag_filter.parse(filter_expression)
-        batch = in_range("batch_size", batch_size or DEFAULT_BATCH, 1, MAX_BATCH)
-        invisible_ms = in_range("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
-        attempts = in_range("max_attempts", max_attempts or DEFAULT_MAX_ATTEMPTS, 1, MAX_MAX_ATTEMPTS)
+        batch = limits.within("batch_size", batch_size, 1, MAX_BATCH, default=DEFAULT_BATCH)
+        invisible_ms = limits.within("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS,
+                                     MAX_INVISIBLE_MS)
+        attempts = limits.within("max_attempts", max_attempts, 1, MAX_MAX_ATTEMPTS, default=DEFAULT_MAX_ATTEMPTS)
         if start not in (START_EARLIEST, START_LATEST):
             raise InvalidArgument(f"start must be {START_EARLIEST!r} or {START_LATEST!r}, not {start!r}")
-        byte_budget = min(max_bytes if max_bytes > 0 else DEFAULT_MAX_BYTES, MAX_BYTES)
-        wait_ms = min(max(long_poll_ms, 0), MAX_LONG_POLL_MS)
+        byte_budget = limits.limit("max_bytes", max_bytes, default=DEFAULT_MAX_BYTES, maximum=MAX_BYTES)
+        wait_ms = limits.limit("long_poll_ms", long_poll_ms, default=0, maximum=MAX_LONG_POLL_MS)
         if time_left_ms is not None:
             wait_ms = max(0, min(wait_ms, time_left_ms - LONG_POLL_RESERVE_MS))
         give_up_s = self.clock.monotonic_s() + wait_ms / 1000
@@ -133,7 +139,8 @@ class Receiver:
             queue_ids = (queue_id,)
         else:
             raise NotFound(f"topic {rec.name!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
-        return [Source(records.SOURCE_TOPIC, rec.name, q) for q in queue_ids] + [Source(records.SOURCE_RETRY, retry, 0)]
+        return [Source(records.SOURCE_TOPIC, rec.name, q) for q in queue_ids] + [
+            Source(records.SOURCE_RETRY, retry, 0, rec.start_physical_offset)]
 
     def _pop_once(self, group: str, topic: str, sources: list[Source], tags: tuple[str, ...], batch: int,
                   invisible_ms: int, max_attempts: int, start: str, byte_budget: int) -> list[Delivery]:
@@ -198,10 +205,16 @@ class Receiver:
                 self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
         else:
             return None, []  # damage after damage: the next receive goes on from here
-        deliver, late = [], []
+        deliver, late, stale = [], [], 0
         for m in result.messages:
+            if m.record.physical_offset < source.floor:
+                stale += 1  # a copy for the topic's earlier incarnation: passed over, as a filtered message is
+                continue
             (late if m.record.reconsume_times + 1 > max_attempts else deliver).append(m)
-        self.counters.add(filtered=result.next_offset - offset - len(result.messages))
+        if stale:
+            log.info("pop.stale_retry_copies_skipped", group=group, topic=source.name, count=stale,
+                     topic_start_physical_offset=source.floor)
+        self.counters.add(filtered=result.next_offset - offset - len(result.messages) + stale)
         if result.next_offset == offset:
             return None, []
         return _Read(source, offset, result.next_offset, deliver), late
@@ -248,8 +261,3 @@ class Receiver:
         self.counters.add(received=len(deliveries))
         return deliveries
 
-
-def in_range(name: str, value: int, low: int, high: int) -> int:
-    if not low <= value <= high:
-        raise InvalidArgument(f"{name} is {value}; it must be between {low} and {high}")
-    return value

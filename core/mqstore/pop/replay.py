@@ -111,8 +111,10 @@ def _apply(pop, message: StoredMessage) -> None:
         if records.kind_of(rec.body) == records.KIND_CK:
             ck = records.decode_ck(rec.body)
             pop.inflight.add(ck, rec.physical_offset, rec.queue_offset)
-            if ck.pop_offset_after >= 0:
-                name = pop.source_name(ck.group, ck.topic, ck.source)
+            name = pop.source_name(ck.group, ck.topic, ck.source)
+            start = pop.store.topics.start_of(name)
+            # A CK written before its queue's topic was (re)created is of a topic of the name deleted since.
+            if ck.pop_offset_after >= 0 and start is not None and rec.physical_offset >= start:
                 pop.offsets.raise_floor((ck.group, name, ck.queue_id), ck.pop_offset_after)
         else:
             for entry in records.decode_ack(rec.body):

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import failpoints
+from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock
 from mqstore.errors import FailedPrecondition, InvalidArgument, MqStoreError, NotFound, Unavailable
@@ -29,8 +29,7 @@ from mqstore.pop.config import PopConfig
 from mqstore.pop.counters import PopCounters
 from mqstore.pop.inflight import EXPIRED, OK, Entry, InFlightTable, MsgKey
 from mqstore.pop.offsets import PopOffsets
-from mqstore.pop.receive import (MAX_BATCH, MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, ReceiveResult, Receiver,
-                                 in_range)
+from mqstore.pop.receive import MAX_BATCH, MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, ReceiveResult, Receiver
 from mqstore.pop.replay import reconcile, replay
 from mqstore.pop.revive import REVIVE_GROUP, Reviver
 
@@ -67,7 +66,7 @@ class PopService:
         self.config = config
         self.clock = clock or store.clock
         self.inflight = InFlightTable(config.pop_max_in_flight, config.pop_max_in_flight_total)
-        self.offsets = PopOffsets(self._stored_offset)
+        self.offsets = PopOffsets(self._stored_offset, store.topics.start_of)
         self.counters = PopCounters()
         self.reviver = Reviver(self)
         self.receiver = Receiver(self)
@@ -143,7 +142,7 @@ class PopService:
                                   invisible_duration_ms: int) -> ChangeResult:
         self._check_started()
         self._check_names(group, topic)
-        invisible_ms = in_range("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
+        invisible_ms = limits.within("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         h = handles.decode(group, topic, receipt_handle)
         entry = self._claim_or_raise(group, topic, h)
         now = self.clock.now_ms()

@@ -7,7 +7,7 @@ entry's tag hash code first and then the record's real TAGS (hash collisions), a
 
 from __future__ import annotations
 
-from mqstore.errors import InvalidArgument
+from mqstore.errors import InvalidArgument, shown
 
 MAX_TAGS = 64
 MAX_EXPRESSION_CHARS = 4096
@@ -25,10 +25,10 @@ def parse(expression: str) -> tuple[str, ...]:
     for part in text.split("||"):
         tag = part.strip()
         if not tag:
-            raise InvalidArgument(f"filter_expression {text[:60]!r}: an empty tag between '||'; write tags as "
+            raise InvalidArgument(f"filter_expression {shown(text)}: an empty tag between '||'; write tags as "
                                   f"'a || b', or '*' for every message")
         if any(c.isspace() or c in "|\x01\x02" for c in tag) or tag == _SUB_ALL:
-            raise InvalidArgument(f"filter_expression {text[:60]!r}: tag {tag[:40]!r} holds whitespace, '|', '*' or "
+            raise InvalidArgument(f"filter_expression {shown(text)}: tag {shown(tag)} holds whitespace, '|', '*' or "
                                   f"a control separator; only TAG expressions ('a || b', '*') are supported")
         tags.append(tag)
     unique = tuple(sorted(set(tags)))

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 import threading
+
+from typing import Callable
 
 import structlog
 
@@ -23,6 +26,7 @@ from mqstore.queue import replay
 from mqstore.queue.consume_queue import ConsumeQueue
 
 log = structlog.get_logger()
+_NOT_A_TOPIC = 1 << 63  # the start of a topic not in ``starts``: above every record
 
 
 class QueueTable:
@@ -76,10 +80,23 @@ class QueueTable:
             cq.reserve(first, end)
 
     def drop_topic(self, topic: str) -> None:
+        """Remove the topic's consume queues and their directory, durably (a deleted topic's)."""
+        topic_dir = self.root / topic
         with self._lock:
             dropped = [self.queues.pop(k) for k in [k for k in self.queues if k[0] == topic]]
+            # gone with it: nothing of the topic is left to make durable (sync_created_dirs)
+            self._created_dirs = [d for d in self._created_dirs if d != topic_dir and topic_dir not in d.parents]
         for cq in dropped:
             cq.destroy()
+        if topic_dir.is_dir():
+            shutil.rmtree(topic_dir)
+            fs.fsync_dir(self.root)
+
+    def drop_unknown(self, names: set[str]) -> None:
+        """Drop the queues of topics not in ``names`` (left by a delete cut short, or by older versions)."""
+        for topic in sorted({t for t, _ in self.queues} - names):
+            log.warning("consumequeue.dropped_unknown_topic", topic=topic, why="the topic does not exist (deleted)")
+            self.drop_topic(topic)
 
     def close(self) -> None:
         for cq in self.queues.values():
@@ -95,6 +112,10 @@ class Dispatcher:
         self.visible = threading.Condition()
         self.dispatched_offset = 0
         self.logics_msg_timestamp_ms = 0
+        # The topic registry's start_of (set by the store): batches of a topic deleted since they were
+        # appended, or below its start, get no entries (store_topics: a record belongs to its topic only
+        # at or above the topic's start). None: every batch is dispatched.
+        self.topic_start: Callable[[str], int | None] | None = None
         # The rebuild's compiled walk (None: the reference loop). Its tag codes are MessageEncoder.tag_code's.
         self.replay_runs = codec.compiled.replay_runs if codec.compiled is not None else None
 
@@ -107,11 +128,14 @@ class Dispatcher:
         with self.lock:
             advanced = False
             table = self.queues
+            topic_start = self.topic_start
             while pending and pending[0].end <= confirm_offset:
                 written = pending.popleft()
-                for qid, (first, data, physical_end) in written.runs.items():
-                    cq = table.queues.get((written.topic, qid)) or table.get_or_create(written.topic, qid)
-                    cq.put_packed(first, data, physical_end)
+                start = topic_start(written.topic) if topic_start is not None else 0
+                if start is not None and written.entries[0][0] >= start:
+                    for qid, (first, data, physical_end) in written.runs.items():
+                        cq = table.queues.get((written.topic, qid)) or table.get_or_create(written.topic, qid)
+                        cq.put_packed(first, data, physical_end)
                 self.dispatched_offset = written.end
                 self.logics_msg_timestamp_ms = written.store_timestamp_ms
                 advanced = True
@@ -119,18 +143,21 @@ class Dispatcher:
             with self.visible:
                 self.visible.notify_all()
 
-    def replay(self, from_offset: int, to_offset: int, known_topics=None, rebuild=frozenset()) -> int:
+    def replay(self, from_offset: int, to_offset: int, starts: dict[str, int] | None = None,
+               rebuild=frozenset()) -> int:
         """Re-dispatch every record in [from_offset, to_offset) from the log; returns records seen.
 
         A queue that is missing or behind (its next entry would leave a gap, while the log still holds
         older records) is rebuilt from the start of the log: destroyed and replayed for that queue only.
-        Records of topics not in ``known_topics`` (deleted topics) are skipped. Queues in ``rebuild``
-        are known to be missing or behind already (the manifest said so).
+        With ``starts`` (topic -> start_physical_offset), a record is dispatched only if its topic is
+        there and it lies at or above that start (the records of deleted topics, and of an earlier
+        topic of the same name, are skipped). Queues in ``rebuild`` are known to be missing or behind
+        already (the manifest said so).
         """
         with self.lock:
             start = max(from_offset, self.commitlog.min_offset)
             behind: set[tuple[str, int]] = set(rebuild)
-            count = self._replay_range(start, to_offset, known_topics, None, behind if start > self.commitlog.min_offset
+            count = self._replay_range(start, to_offset, starts, None, behind if start > self.commitlog.min_offset
                                        else None)
             if behind:
                 log.warning("consumequeue.rebuild", queues=sorted(f"{t}/{q}" for t, q in behind),
@@ -139,34 +166,34 @@ class Dispatcher:
                     stale = self.queues.queues.pop(key, None)
                     if stale is not None:
                         stale.destroy()
-                self._replay_range(self.commitlog.min_offset, to_offset, known_topics, behind, None)
+                self._replay_range(self.commitlog.min_offset, to_offset, starts, behind, None)
             self.dispatched_offset = to_offset
         return count
 
-    def _replay_range(self, start: int, end: int, known_topics, only, behind) -> int:
+    def _replay_range(self, start: int, end: int, starts, only, behind) -> int:
         count = 0
         for seg in self.commitlog.segments.segments:
             if seg.end <= start or seg.start >= end:
                 continue
-            count += self._replay_segment(seg, start - seg.start, min(seg.size, end - seg.start), known_topics,
+            count += self._replay_segment(seg, start - seg.start, min(seg.size, end - seg.start), starts,
                                           only, behind)
             start = seg.end
         return count
 
-    def _replay_segment(self, seg, position: int, end: int, known_topics, only, behind) -> int:
+    def _replay_segment(self, seg, position: int, end: int, starts, only, behind) -> int:
         """Consume queue entries of one segment's records: on the compiled walk when it is built
         (mqstore.queue.replay), else (and where that cannot decide) with the reference."""
         if self.replay_runs is not None:
             done = replay.replay_compiled(self.replay_runs, self.queues, self.tag_code, seg, position, end,
-                                          known_topics, only, behind)
+                                          starts, only, behind)
             if done is not None:
                 count, last_ts = done
                 if last_ts is not None:
                     self.logics_msg_timestamp_ms = last_ts
                 return count
-        return self._replay_segment_python(seg, position, end, known_topics, only, behind)
+        return self._replay_segment_python(seg, position, end, starts, only, behind)
 
-    def _replay_segment_python(self, seg, position: int, end: int, known_topics, only, behind) -> int:
+    def _replay_segment_python(self, seg, position: int, end: int, starts, only, behind) -> int:
         """Consume queue entries of one segment's records, written per queue run (put_run): the
         reference, one record at a time."""
         buf = seg.buffer
@@ -177,8 +204,9 @@ class Dispatcher:
         for size, topic_bytes, qid, qoff, flag, tags, store_ts in record_scan.routing_records(buf, position, end):
             topic = names.get(topic_bytes) or names.setdefault(topic_bytes, topic_bytes.decode("utf-8", "replace"))
             key = (topic, qid)
-            if ((known_topics is None or topic in known_topics) and (only is None or key in only)
-                    and record.takes_queue_offset(flag) and key not in (behind or ())):
+            if ((starts is None or seg.start + position >= starts.get(topic, _NOT_A_TOPIC))
+                    and (only is None or key in only) and record.takes_queue_offset(flag)
+                    and key not in (behind or ())):
                 nxt = expect.get(key)
                 if nxt is None:
                     cq = self.queues.get(topic, qid)

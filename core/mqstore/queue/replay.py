@@ -4,8 +4,9 @@ The compiled walk (codec _replay.replay_runs) turns a segment's records into run
 queue offsets per (topic, queue id), entries already packed; :class:`SegmentRuns` applies them with
 the rules of the reference loop, Dispatcher._replay_segment_python, which takes one record at a time:
 
-- a queue is considered only if its topic is in ``known_topics`` (when given), the queue is in
-  ``only`` (when given) and not in ``behind``;
+- a queue is considered only if its topic is in ``starts`` (when given), the queue is in ``only``
+  (when given) and not in ``behind``; of a run, only the entries at or above the topic's start
+  physical offset are taken (those below belong to a deleted topic of the same name);
 - its next offset is what this segment already took for it, else the consume queue's max offset;
 - an entry below the next offset is there already: it is dropped (a run that starts below is trimmed);
 - an entry above it is a gap: with ``behind`` given, the queue is added to ``behind`` and gets no more
@@ -44,20 +45,26 @@ class _Pending:
 class SegmentRuns:
     """The state of one segment's replay: the next offset per queue, the runs not written yet."""
 
-    def __init__(self, queues, known_topics, only, behind):
+    def __init__(self, queues, starts, only, behind):
         self.queues = queues
-        self.known_topics = known_topics
+        self.starts = starts
         self.only = only
         self.behind = behind
         self.expect: dict[tuple[str, int], int] = {}
         self.pending: dict[tuple[str, int], _Pending] = {}
 
     def admits(self, key: tuple[str, int]) -> bool:
-        return ((self.known_topics is None or key[0] in self.known_topics) and (self.only is None or key in self.only)
+        return ((self.starts is None or key[0] in self.starts) and (self.only is None or key in self.only)
                 and key not in (self.behind or ()))
 
     def take(self, key: tuple[str, int], first: int, data: bytes, physical_end: int) -> None:
         """Entries for offsets [first, first + len(data) // ENTRY) of an admitted queue."""
+        if self.starts is not None:
+            below = _count_below(data, self.starts[key[0]])
+            if below:  # records of a deleted topic of the same name: not this topic's
+                if below * ENTRY == len(data):
+                    return
+                data, first = data[below * ENTRY:], first + below
         nxt = self.expect.get(key)
         if nxt is None:
             cq = self.queues.get(*key)
@@ -92,7 +99,19 @@ class SegmentRuns:
         self.queues.get_or_create(*key).put_packed(pending.first, data, pending.physical_end)
 
 
-def replay_compiled(runs_of, queues, tag_code, seg, position: int, end: int, known_topics, only,
+def _count_below(data: bytes, start: int) -> int:
+    """How many of the packed entries (in log order) point below physical offset ``start``."""
+    lo, hi = 0, len(data) // ENTRY
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cq_unit.decode(data, mid * ENTRY)[0] < start:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def replay_compiled(runs_of, queues, tag_code, seg, position: int, end: int, starts, only,
                     behind) -> tuple[int, int] | None:
     """Dispatcher._replay_segment on the compiled walk ``runs_of``: (records walked, store time of the
     last one, or None when there was none); None when two different topic byte strings decode to the
@@ -106,7 +125,7 @@ def replay_compiled(runs_of, queues, tag_code, seg, position: int, end: int, kno
         if names.setdefault(topic, topic_bytes) != topic_bytes:
             return None
         named.append(((topic, queue_id), runs))
-    state = SegmentRuns(queues, known_topics, only, behind)
+    state = SegmentRuns(queues, starts, only, behind)
     for key, runs in named:
         for first, data, physical_end in runs:
             if not state.admits(key):

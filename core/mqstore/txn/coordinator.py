@@ -4,8 +4,9 @@ answer is durable and what a crash at each step means; table.py the states).
   Prepare   check -> reserve the id (PREPARING, atomic: a live id is refused, or an identical retry gets
             the first answer) -> choose the real queue (as the commit log would) -> append the halves
             (batched with other producers') -> [txn.prepare.after_half] -> OPEN, halves cached -> answer
-  Commit    guard -> halves of the primary attempt from the cache, else the log -> append the real
-            messages, one Append -> [txn.commit.after_real] -> COMMITTED -> OP entries queued -> answer
+  Commit    guard -> halves of the primary attempt from the cache, else the log -> [txn.commit.before_real]
+            -> append the real messages, one Append -> [txn.commit.after_real] -> COMMITTED -> OP entries
+            queued -> answer
   Rollback  guard -> ROLLED_BACK -> OP entries queued -> wait until every half's OP record is written
             -> answer
 
@@ -36,7 +37,7 @@ from mqstore import topics as topic_rules
 from mqstore import transactions as tx
 from mqstore.clock import Clock
 from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutcomeUnknown,
-                            Unavailable)
+                            Unavailable, shown)
 from mqstore.format import record
 from mqstore.model import DURABILITY_WRITTEN, AppendResult, MessageIn, MessageLookup, StoredMessage, TopicRecord
 
@@ -219,6 +220,7 @@ class Coordinator:
         with self.table.lock:
             primary = txn.primary()
         messages = self._real_messages(txn, primary)
+        failpoints.hit("txn.commit.before_real")
         try:
             results = self.appender.append(txn.topic, messages)
         except OutcomeUnknown as exc:
@@ -298,7 +300,7 @@ class Coordinator:
             raise InvalidArgument("transaction_id is empty")
         txn = self.table.get(txn_id)
         if txn is None:
-            raise NotFound(f"transaction {txn_id!r} is unknown (never prepared here, or resolved long ago: the "
+            raise NotFound(f"transaction {shown(txn_id)} is unknown (never prepared here, or resolved long ago: the "
                            f"service remembers the last {self.config.resolved_keep} resolved ones)")
         return txn
 

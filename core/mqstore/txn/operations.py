@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from mqstore import limits
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument, MqStoreError
 from mqstore.metrics import Registry
@@ -27,13 +28,15 @@ from .config import TxnConfig
 from .coordinator import Coordinator, Ended
 from .opbatch import OpBatcher
 from .table import COMMITTED, OPEN, OUTCOME_UNKNOWN, PARKED, ROLLED_BACK, Txn, TxnTable
+from .transact import TransactStreams
 
+MAX_AUDIT_PAGE = 1000
 MAX_LIST = 10_000
 # Counters kept across restarts (the checkpoint's "counters"): name -> where the live figure comes from.
 COUNTERS = ("halves_written", "op_messages_written", "op_entries_written", "op_flush_by_size", "op_flush_by_time",
             "op_flush_other", "op_fill_sum", "op_write_failures", "op_unknown_outcomes", "cache_hits",
             "cache_misses", "cache_evictions", "checks_sent", "check_answers", "check_failures", "parked_by_checks",
-            "appends", "appended_messages", "in_doubt_settled")
+            "appends", "appended_messages", "in_doubt_settled", "one_way_ends", "one_way_failures")
 
 
 @dataclass(frozen=True)
@@ -61,18 +64,19 @@ class AuditPage:
 class Operations:
     def __init__(self, config: TxnConfig, table: TxnTable, coordinator: Coordinator, checker: Checker,
                  hub: CheckHub, ops: OpBatcher, cache: HalfCache, appender, audit: AuditTrail, clock: Clock,
+                 streams: TransactStreams,
                  in_doubt_pending: Callable[[], int] = lambda: 0, in_doubt_settled: Callable[[], int] = lambda: 0,
                  base_counters: dict | None = None):
         self.config, self.table, self.coordinator, self.checker, self.hub = config, table, coordinator, checker, hub
         self.ops, self.cache, self.appender, self.audit, self.clock = ops, cache, appender, audit, clock
+        self.streams = streams
         self._in_doubt_pending, self._in_doubt_settled = in_doubt_pending, in_doubt_settled
         self._base = {name: (base_counters or {}).get(name, 0) for name in COUNTERS}
         self._lock = threading.Lock()
 
     def list_open(self, older_than_ms: int, group: str, limit: int) -> list[TxnView]:
-        if older_than_ms < 0 or limit < 0:
-            raise InvalidArgument("older_than_ms and limit must not be negative")
-        limit = min(limit or 100, MAX_LIST)
+        limits.at_least_zero("older_than_ms", older_than_ms, "0 = every open one")
+        limit = limits.limit("limit", limit, default=100, maximum=MAX_LIST)
         now = self.clock.now_ms()
         with self.table.lock:
             views = [self._view(t, now) for t in self.table.live()
@@ -133,9 +137,7 @@ class Operations:
     def list_audit(self, txn_id: str, limit: int, page_token: str) -> AuditPage:
         if page_token and not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
             raise InvalidArgument("page_token: pass the next_page_token of the previous answer, or nothing")
-        if limit < 0:
-            raise InvalidArgument("limit must not be negative (0 = 100)")
-        limit = min(limit or 100, 1000)
+        limit = limits.limit("limit", limit, default=100, maximum=MAX_AUDIT_PAGE)
         entries = self.audit.entries(txn_id, int(page_token or 0), limit + 1)
         more = len(entries) > limit
         entries = entries[:limit]
@@ -151,7 +153,8 @@ class Operations:
                     op_unknown_outcomes=op.unknown_outcomes, cache_hits=cache.hits, cache_misses=cache.misses,
                     cache_evictions=cache.evictions, parked_by_checks=self.checker.parked,
                     appends=self.appender.appends, appended_messages=self.appender.appended_messages,
-                    in_doubt_settled=self._in_doubt_settled(), **checks)
+                    in_doubt_settled=self._in_doubt_settled(), one_way_ends=self.streams.one_way_ends,
+                    one_way_failures=self.streams.one_way_failures, **checks)
         return {name: self._base[name] + live[name] for name in COUNTERS}
 
     def stats(self) -> dict:
@@ -180,7 +183,9 @@ class Operations:
             check_answers=total["check_answers"], check_failures=total["check_failures"],
             appends=total["appends"], appended_messages=total["appended_messages"],
             recovering=not self.table.ready, applied_physical_offset=applied or 0,
-            open_streams=self.hub.open_streams(), in_doubt_settled=total["in_doubt_settled"])
+            open_streams=self.hub.open_streams(), in_doubt_settled=total["in_doubt_settled"],
+            transact_streams=self.streams.open_streams(), one_way_ends=total["one_way_ends"],
+            one_way_failures=total["one_way_failures"])
 
     @staticmethod
     def _view(txn: Txn, now: int) -> TxnView:

@@ -173,11 +173,26 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 self._authorize(principal, need, request, method, context)
             return principal, request
 
-        if response_streaming:  # no deferred entry streams its responses: no caller to hand over
+        if response_streaming:
             @functools.wraps(behavior)
             def stream_guarded(request, context) -> Iterator[Any]:
-                _, request = enter(request, context)
-                yield from behavior(request, context)
+                principal, request = enter(request, context)
+                if not need.deferred:
+                    yield from behavior(request, context)
+                    return
+                # Deferred (Transact): the servicer checks as it takes each request. The caller is handed
+                # over for each step of the response generator only, set and reset on the thread that runs
+                # that step, so it never outlives the step on a pool thread.
+                caller, responses = _Caller(self, principal, method, context), behavior(request, context)
+                while True:
+                    token = _current.set(caller)
+                    try:
+                        response = next(responses)
+                    except StopIteration:
+                        return
+                    finally:
+                        _current.reset(token)
+                    yield response
             return stream_guarded
 
         if need.deferred:  # the servicer finishes the check: hand it the caller

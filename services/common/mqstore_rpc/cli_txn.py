@@ -1,7 +1,7 @@
 """The Transaction service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
 
     mqstore txn begin demo first second --group pg [--id T1] [--key K] [--tag T]   (Prepare: prints the id)
-    mqstore txn send demo hello --group pg          (Prepare then Commit: one transactional send)
+    mqstore txn send demo hello --group pg [--one-way]   (Prepare then Commit on one Transact stream)
     mqstore txn commit T1        mqstore txn rollback T1
     mqstore txn list [--older-than-ms MS] [--group pg]      mqstore txn show T1
     mqstore txn resolve T1 rollback --reason "producer gone" [--operator alice]
@@ -18,13 +18,17 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import queue
 
+import grpc
 
+from mqstore_rpc.cli_args import CliError
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2, txn_pb2_grpc
 
 DEFAULT_TXN_ADDRESS = "127.0.0.1:50053"
 _STATE = {v: k.removeprefix("TRANSACTION_STATE_") for k, v in txn_pb2.TransactionState.items()}
 _DECISION = {v: k.removeprefix("DECISION_") for k, v in txn_pb2.Decision.items()}
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # a frame's error code -> its name
 
 
 def _address_option(parser: argparse.ArgumentParser, default) -> None:
@@ -47,6 +51,10 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--id", default="", help="transaction id (default: generated)")
         p.add_argument("--key", action="append", default=[], help="a key of each message (repeatable)")
         p.add_argument("--tag", default="", help="the tag of each message")
+        if name == "send":
+            p.add_argument("--one-way", action="store_true",
+                           help="do not wait for the commit's outcome (a failed or lost commit is decided by "
+                                "check-back: the producer group must answer it)")
         p.set_defaults(func=func)
     for name, func in (("commit", cmd_commit), ("rollback", cmd_rollback), ("show", cmd_show)):
         p = tsub.add_parser(name, help=f"{name} a transaction by id")
@@ -92,11 +100,14 @@ class _Txn:
         self.channel.close()
 
 
-def _prepare(cli, txn: _Txn) -> txn_pb2.PrepareResponse:
+def _prepare_request(cli) -> txn_pb2.PrepareRequest:
     a = cli.args
     messages = [common_pb2.MessageInput(body=b.encode("utf-8"), keys=a.key, tags=a.tag) for b in a.bodies]
-    return txn.call("Prepare", txn_pb2.PrepareRequest(topic=a.topic, messages=messages, producer_group=a.group,
-                                                      transaction_id=a.id))
+    return txn_pb2.PrepareRequest(topic=a.topic, messages=messages, producer_group=a.group, transaction_id=a.id)
+
+
+def _prepare(cli, txn: _Txn) -> txn_pb2.PrepareResponse:
+    return txn.call("Prepare", _prepare_request(cli))
 
 
 def _ended_line(txn_id: str, r: txn_pb2.EndResponse) -> str:
@@ -111,10 +122,32 @@ def cmd_begin(cli) -> None:
     cli.emit(p, f"transaction {p.transaction_id}: OPEN ({len(p.halves)} half message(s))")
 
 
+def _answer(response: txn_pb2.TransactResponse):
+    """The frame's response, or its error as the CLI reports a failed call."""
+    if response.WhichOneof("kind") == "error":
+        raise CliError(_CODE_NAMES.get(response.error.code, str(response.error.code)), response.error.message)
+    return getattr(response, response.WhichOneof("kind"))
+
+
 def cmd_send(cli) -> None:
+    """Prepare, then Commit (``--one-way``: not answered), as two frames of one Transact stream."""
+    outbox: queue.Queue = queue.Queue()
     with _Txn(cli) as txn:
-        p = _prepare(cli, txn)
-        r = txn.call("Commit", txn_pb2.EndRequest(transaction_id=p.transaction_id))
+        answers = txn.stub.Transact(iter(outbox.get, None), timeout=cli.args.timeout)
+        try:
+            outbox.put(txn_pb2.TransactRequest(request_id=1, prepare=_prepare_request(cli)))
+            p = _answer(next(answers))
+            outbox.put(txn_pb2.TransactRequest(request_id=2, one_way=cli.args.one_way,
+                                               commit=txn_pb2.EndRequest(transaction_id=p.transaction_id)))
+            outbox.put(None)  # the stream ends once the commit frame is handled
+            rest = list(answers)
+        finally:
+            outbox.put(None)
+    if cli.args.one_way:
+        cli.emit(p, f"transaction {p.transaction_id}: commit sent one-way (not answered; check-back decides it if "
+                    f"it failed)")
+        return
+    r = _answer(rest[0])
     cli.emit(r, _ended_line(p.transaction_id, r))
 
 

@@ -134,8 +134,8 @@ class CommitLogClient:
 
     def topic(self, name: str) -> model.TopicRecord:
         """DescribeTopic's topic: name, queue count, kind (NotFound for an unknown one)."""
-        t = self._call(self._stub.DescribeTopic, commitlog_pb2.DescribeTopicRequest(name=name)).topic
-        return model.TopicRecord(t.name, t.queue_count, convert.topic_kind_in(t.kind), t.retention_ms, t.created_ms)
+        request = commitlog_pb2.DescribeTopicRequest(name=name)
+        return convert.topic_out(self._call(self._stub.DescribeTopic, request).topic)
 
     def store_info(self) -> model.StoreInfo:
         return convert.store_info_out(self._call(self._stub.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest()))
@@ -159,8 +159,12 @@ class CommitLogClient:
 
     def topic_kinds(self) -> dict[str, str]:
         """Topic name -> kind (mqstore.model.KIND_*) of every user topic."""
+        return {name: t.kind for name, t in self.user_topics().items()}
+
+    def user_topics(self) -> dict[str, model.TopicRecord]:
+        """Topic name -> topic (kind, start_physical_offset, ...) of every user topic."""
         response = self._call(self._stub.ListTopics, commitlog_pb2.ListTopicsRequest())
-        return {t.name: convert.topic_kind_in(t.kind) for t in response.topics}
+        return {t.name: convert.topic_out(t) for t in response.topics}
 
     # ---- writing -------------------------------------------------------------------------------------
     def append(self, topic: str, messages: Sequence[model.MessageIn]) -> list[model.AppendResult]:

@@ -18,7 +18,7 @@ from mqstore import model
 from mqstore.format.record import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, SYSFLAG_TX_COMMIT, SYSFLAG_TX_MASK,
                                    SYSFLAG_TX_NOT, SYSFLAG_TX_PREPARED, SYSFLAG_TX_ROLLBACK)
 from mqstore.format.record_reader import Record
-from mqstore.errors import InvalidArgument
+from mqstore.errors import InvalidArgument, shown
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
 LOOPBACK_V4 = b"\x7f\x00\x00\x01"
@@ -67,7 +67,7 @@ def host_bytes(text: str) -> tuple[bytes, int]:
             return socket.inet_pton(socket.AF_INET6, host[1:-1]), int(port)
         return socket.inet_aton(host), int(port)
     except (OSError, ValueError):
-        raise InvalidArgument(f"not a host ip:port: {text!r}") from None
+        raise InvalidArgument(f"not a host ip:port: {shown(text)}") from None
 
 
 # ---- messages -----------------------------------------------------------------------------------------
@@ -178,7 +178,13 @@ def topic_kind_out(kind: str) -> int:
 
 def topic(t: model.TopicRecord) -> commitlog_pb2.Topic:
     return commitlog_pb2.Topic(name=t.name, queue_count=t.queue_count, kind=topic_kind_out(t.kind),
-                               retention_ms=t.retention_ms, created_ms=t.created_ms)
+                               retention_ms=t.retention_ms, created_ms=t.created_ms,
+                               start_physical_offset=t.start_physical_offset)
+
+
+def topic_out(t: commitlog_pb2.Topic) -> model.TopicRecord:
+    return model.TopicRecord(t.name, t.queue_count, topic_kind_in(t.kind), t.retention_ms, t.created_ms,
+                             t.start_physical_offset)
 
 
 def queue_info(q: model.QueueInfo) -> commitlog_pb2.QueueInfo:

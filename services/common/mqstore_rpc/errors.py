@@ -22,6 +22,7 @@ and returns its response as serialized bytes, which go out as they are.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -46,6 +47,11 @@ STATUS_BY_ERROR: dict[type[errors.MqStoreError], grpc.StatusCode] = {
 }
 
 INTERNAL_MESSAGE = "internal error; the server logged it as event rpc.internal_error"
+# The status message and the trailers travel as HTTP/2 headers (the message percent-encoded: up to 3
+# bytes per byte), and gRPC refuses headers past about 8 KiB, turning the answer into another error.
+# Messages show user values through mqstore.errors.shown; this bounds whatever still gets through.
+MAX_MESSAGE_BYTES = 2048
+MAX_TRAILER_BYTES = 256
 
 # Services we do not wrap: grpc's own health and reflection handle their errors, and health's Watch
 # relies on attributes of its handler function that a wrapper would hide.
@@ -61,6 +67,27 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+@dataclass(frozen=True, slots=True)
+class FrameStatus:
+    """The status one frame of a stream would have ended a unary call with (a failed frame whose
+    stream goes on: Transaction.Transact)."""
+
+    code: grpc.StatusCode
+    message: str
+    retriable: bool
+
+
+def frame_outcome(method: str, behavior: Callable[..., Any], *args: Any) -> Any:
+    """``behavior(*args)``'s result, or the :class:`FrameStatus` of the mqstore error it raised (the same table
+    and log event as for a call). Anything else is a bug and propagates: it ends the stream as INTERNAL."""
+    try:
+        return behavior(*args)
+    except errors.MqStoreError as exc:
+        code = status_for(exc)
+        log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
+        return FrameStatus(code, str(exc), exc.retriable)
+
+
 def _trailing_metadata(exc: errors.MqStoreError) -> tuple[tuple[str, str], ...]:
     """Machine-readable facts a client may act on without parsing the message."""
     items = [("mqstore-error", type(exc).__name__), ("mqstore-retriable", "true" if exc.retriable else "false")]
@@ -74,7 +101,15 @@ def _trailing_metadata(exc: errors.MqStoreError) -> tuple[tuple[str, str], ...]:
             items.append(("mqstore-bad-physical-offset", str(exc.physical_offset)))
         if exc.queue_offset is not None:
             items.append(("mqstore-bad-queue-offset", str(exc.queue_offset)))
-    return tuple(items)
+    return tuple((name, _bounded(value, MAX_TRAILER_BYTES)) for name, value in items)
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text`` cut to at most about ``limit`` UTF-8 bytes, saying so."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore") + f"... (cut: the message had {len(data)} bytes)"
 
 
 def _abort(exc: Exception, context: grpc.ServicerContext, method: str) -> None:
@@ -83,7 +118,7 @@ def _abort(exc: Exception, context: grpc.ServicerContext, method: str) -> None:
         code = status_for(exc)
         log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
         context.set_trailing_metadata(_trailing_metadata(exc))
-        context.abort(code, str(exc))
+        context.abort(code, _bounded(str(exc), MAX_MESSAGE_BYTES))
     if isinstance(exc, grpc.RpcError) and not context.is_active():
         # The client went away (its request stream raised): nothing to report to anybody.
         log.info("rpc.cancelled", method=method)

@@ -10,7 +10,9 @@ item is checked as it arrives (AppendStream: each batch's topic). Three kinds of
   (GetMessage by position reads any topic's record; Stats and other figures);
 * ``deferred``: the request names an object whose topic only the service knows (Commit and Rollback
   name a transaction id): the interceptor authenticates the caller, and the servicer, once it has
-  looked the object up, calls :func:`mqstore_rpc.auth.require` with its topic;
+  looked the object up, calls :func:`mqstore_rpc.auth.require` with its topic (Transact: for each
+  frame, as its unary call would be checked; a denied frame is answered PERMISSION_DENIED in its
+  ``error`` and the stream goes on);
 * :data:`OPEN`: health and reflection, which anyone may call (probes, ``grpcurl list``).
 
 tests/unit/ops/test_permissions.py fails when an RPC of a service some server registers (protos/, the
@@ -168,6 +170,7 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.Transaction/Prepare": _topic_pub(),
     "/mqstore.v1.Transaction/Commit": Need(PUB, deferred=True),
     "/mqstore.v1.Transaction/Rollback": Need(PUB, deferred=True),
+    "/mqstore.v1.Transaction/Transact": Need(PUB, deferred=True),  # each frame as its call: the servicer checks
     "/mqstore.v1.Transaction/CheckBack": Need(PUB, _check_back),
     "/mqstore.v1.Transaction/ListOpen": _CLUSTER_ADMIN,
     "/mqstore.v1.Transaction/Show": _CLUSTER_ADMIN,

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from mqstore import limits
 from mqstore.background import Duty
 from mqstore.compaction import reads
 from mqstore.compaction.offset_map import ENTRY_COST_BYTES
 from mqstore.compaction.store import CompactionStore, Dirt, QueueSlot, RoundInfo
-from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound
+from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 
 ENGINES = ("auto", "local", "spark")
 SPARK_MIN_LOCAL_PASSES = 16
@@ -43,7 +44,7 @@ class Description:
 class ServiceStats:
     connected: bool
     checkpoint_physical_offset: int
-    log_end_physical_offset: int
+    log_end_physical_offset: int | None  # None until the follower's first frame since start: unknown
     problem: str
     queues: int
     records_applied: int
@@ -61,6 +62,7 @@ class CompactorApi:
     def _slot(self, topic: str, queue_id: int) -> QueueSlot:
         if not topic:
             raise InvalidArgument("topic must not be empty")
+        limits.at_least_zero("queue_id", queue_id)
         return self.store.slot(topic, queue_id)
 
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int) -> reads.Pulled:
@@ -83,22 +85,26 @@ class CompactorApi:
                 out.append(key)
         return out
 
-    def scan(self, topic: str, cursor: str, page_size: int, include_tombstones: bool) -> reads.ScanPage:
+    def scan(self, topic: str, cursor: str, page_size: int, include_tombstones: bool, max_pages: int = 0
+             ) -> reads.ScanPage:
+        """One page; ``max_pages`` (0 = until the end) is the caller's to count, checked here."""
+        limits.at_least_zero("max_pages", max_pages, "0 = until the end")
         queue_id, offset = _parse_cursor(cursor)
         if not self.store.slots(topic):
-            raise NotFound(f"topic {topic!r} has no compaction log here (not a COMPACTION topic, or not written yet)")
-        return reads.scan(self.store, topic, queue_id, offset, page_size or 500, include_tombstones)
+            raise reads.no_log(topic)
+        return reads.scan(self.store, topic, queue_id, offset, page_size or reads.DEFAULT_SCAN_PAGE,
+                          include_tombstones)
 
     def compact(self, topic: str, queue_id: int | None, engine: str, seal_active: bool) -> list[tuple[int, RoundInfo]]:
         """A round on each queue asked for: (queue id, its round)."""
         if engine not in ENGINES:
-            raise InvalidArgument(f"engine must be one of {ENGINES}, not {engine!r}")
+            raise InvalidArgument(f"engine must be one of {ENGINES}, not {shown(engine)}")
         if engine == "spark" and self.spark_round is None:
             raise FailedPrecondition("engine=spark: this compactor has no Spark runner (start it with --spark-master "
                                      "and the spark extra installed), or ask for engine=local")
         slots = [self._slot(topic, queue_id)] if queue_id is not None else self.store.slots(topic)
         if not slots:
-            raise NotFound(f"topic {topic!r} has no compaction log here (not a COMPACTION topic, or not written yet)")
+            raise reads.no_log(topic)
         return [(slot.qlog.queue_id, self._round(slot, engine, seal_active)) for slot in slots]
 
     def _round(self, slot: QueueSlot, engine: str, seal_active: bool) -> RoundInfo:
@@ -124,12 +130,15 @@ class CompactorApi:
                            len(qlog.entries), len(qlog.latest), qlog.min_offset(), qlog.next_offset())
 
     def offsets(self, topic: str, queue_id: int, timestamp_ms: int) -> tuple[int, int, int]:
+        limits.at_least_zero("timestamp_ms", timestamp_ms, "0 = no time; else ms since the epoch")
         qlog = self._slot(topic, queue_id).qlog
         by_time = qlog.by_time(timestamp_ms) if timestamp_ms > 0 else 0
         return qlog.min_offset(), qlog.next_offset(), by_time
 
-    def queues(self) -> list[tuple[str, int, int, int]]:
-        return [(s.qlog.topic, s.qlog.queue_id, s.qlog.min_offset(), s.qlog.next_offset()) for s in self.store.slots()]
+    def queues(self) -> list[tuple[str, int, int, int, int]]:
+        """(topic, queue id, min offset, max offset, the topic's start_physical_offset) of every queue held."""
+        return [(s.qlog.topic, s.qlog.queue_id, s.qlog.min_offset(), s.qlog.next_offset(),
+                 self.store.incarnation(s.qlog.topic) or 0) for s in self.store.slots()]
 
     def stats(self) -> ServiceStats:
         return self._stats()
@@ -141,9 +150,9 @@ def _parse_cursor(cursor: str) -> tuple[int, int]:
     try:
         queue_id, offset = (int(part) for part in cursor.split(":"))
     except ValueError:
-        raise InvalidArgument(f"cursor {cursor!r} is not a cursor this service gave (queue:offset)") from None
+        raise InvalidArgument(f"cursor {shown(cursor)} is not a cursor this service gave (queue:offset)") from None
     if queue_id < 0 or offset < 0:
-        raise InvalidArgument(f"cursor {cursor!r} is not a cursor this service gave")
+        raise InvalidArgument(f"cursor {shown(cursor)} is not a cursor this service gave")
     return queue_id, offset
 
 

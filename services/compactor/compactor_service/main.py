@@ -36,7 +36,7 @@ from .api import CompactorApi, RoundDuty, ServiceStats
 from .replica import ReplicaDuty
 from .projection import CompactionProjection, HoldingSource, compactor_follower
 from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
-from .spark_runner import SparkRunner
+from . import spark_runner
 
 DEFAULT_PORT = 50054
 DEFAULT_COMMITLOG = "127.0.0.1:50051"
@@ -83,6 +83,7 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
                              max_reconnect_backoff_ms=config.follow.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
     clock = SystemClock()
+    spark_runner.clean_leftovers(config.data_dir / "logs")  # before the logs open: a job left running writes there
     store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
     parts.on_close(store.close)
     if config.replica_of:
@@ -92,10 +93,10 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
         parts.add_duty(replica)
 
         def stats() -> ServiceStats:
-            return ServiceStats(replica.connected, 0, 0, replica.problem(), len(store.slots()), replica.applied,
+            return ServiceStats(replica.connected, 0, None, replica.problem(), len(store.slots()), replica.applied,
                                 config.replica_of)
     else:
-        projection = CompactionProjection(store, client.topic_kinds, config.data_dir / "follower.checkpoint", clock,
+        projection = CompactionProjection(store, client.user_topics, config.data_dir / "follower.checkpoint", clock,
                                           config.checkpoint_interval_ms)
         parts.on_close(projection.checkpoint)
         follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))
@@ -103,13 +104,13 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
 
         def stats() -> ServiceStats:
             state, (durable, applied) = follower.state(), projection.stats()
-            return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset or 0,
+            return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset,
                                 follower.problem(), len(store.slots()), applied, "")
     store.register_metrics(parts.metrics)
     parts.add_duty(RoundDuty(store))
     spark_round = None
     if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
-        runner = SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000)
+        runner = spark_runner.SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000)
         spark_round = lambda slot: store.compact(slot, engine="spark", runner=runner)  # noqa: E731
     api = CompactorApi(store, spark_threshold_bytes=config.spark_threshold_bytes, stats=stats,
                        spark_round=spark_round)

@@ -7,6 +7,11 @@ Pull with raw = true from the replica's own next offset (0 on a new replica: the
 records, holes and all) until the primary has nothing newer, appending each record as stored (the
 same bytes; the replica's append rewrites only PHYSICALOFFSET, to its own position). The replica's
 own rounds compact what it holds. The primary being away is a disconnection, retried with backoff.
+
+A topic deleted on the primary (its DELETED event, see compactor_service.projection) is no longer
+listed: the replica drops its copy. One deleted and created again is listed with another
+``topic_start_physical_offset``: the replica drops its copy of the older topic and copies the new one
+from offset 0 (CompactionStore.append of a record of the newer topic would too).
 """
 
 from __future__ import annotations
@@ -57,12 +62,20 @@ class ReplicaDuty(Duty):
         queues = self._call(self._stub.ListQueues, pb.ListQueuesRequest()).queues
         with self._state_lock:
             self.connected = True
+        listed = {ref.topic: ref.topic_start_physical_offset for ref in queues}
+        for topic in self.store.topics():
+            if listed.get(topic, -1) != self.store.incarnation(topic):
+                log.info("compactor.replica_topic_dropped", topic=topic, primary_start=listed.get(topic),
+                         held_start=self.store.incarnation(topic), why="deleted on the primary (or created again)")
+                self.store.drop_topic(topic)
         for ref in queues:
             if self.stopping:
                 return
-            self._copy(ref.topic, ref.queue_id)
+            self._copy(ref.topic, ref.queue_id, ref.topic_start_physical_offset)
 
-    def _copy(self, topic: str, queue_id: int) -> None:
+    def _copy(self, topic: str, queue_id: int, incarnation: int) -> None:
+        if not self.store.hold_topic(topic, incarnation):
+            return  # (a newer topic of the name is held: the primary's list is older than what was copied)
         slot = self.store.slot(topic, queue_id, create=True)
         for _ in range(MAX_PAGES_PER_STEP):
             offset = slot.qlog.next_offset()
@@ -76,7 +89,7 @@ class ReplicaDuty(Duty):
                     raise Unavailable(f"the primary {self.primary} answered a record of {r.topic}/{r.queue_id} "
                                       f"for {topic}/{queue_id}")
                 if self.store.append(topic, queue_id, raw, r.queue_offset, r.properties.get(PROPERTY_TAGS),
-                                     r.store_timestamp_ms):
+                                     r.store_timestamp_ms, incarnation):
                     with self._state_lock:
                         self.applied += 1
             slot.qlog.sync()  # durable before it is counted as copied

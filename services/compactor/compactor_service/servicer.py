@@ -24,8 +24,8 @@ def _message(raw: bytes, into=None):
 def latest_value(found, into=None) -> pb.LatestValue:
     if isinstance(found, str):  # a key without value
         return (into or pb.LatestValue)(key=found, found=False)
-    r = record_reader.RecordView(found.stored.raw, 0)  # checked when it was stored and read; body and two fields
-    return (into or pb.LatestValue)(key=found.key, found=True, tombstone=found.tombstone, value=r.body,
+    body = found.value if found.value is not None else record_reader.body_of(found.stored.raw)
+    return (into or pb.LatestValue)(key=found.key, found=True, tombstone=found.tombstone, value=body,
                                     queue_id=found.queue_id, queue_offset=found.stored.entry.queue_offset,
                                     store_timestamp_ms=found.stored.entry.store_timestamp_ms)
 
@@ -82,7 +82,8 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
     def Scan(self, request, context):
         cursor, pages = request.cursor, 0
         while context.is_active():
-            page = self._api.scan(request.topic, cursor, request.page_size, request.include_tombstones)
+            page = self._api.scan(request.topic, cursor, request.page_size, request.include_tombstones,
+                                  request.max_pages)
             cursor, pages = cursor_of(page), pages + 1
             out = pb.ScanPage(next_cursor=cursor)
             for found in page.items:
@@ -105,16 +106,18 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
 
     def Stats(self, request, context):
         s = self._api.stats()
-        return pb.CompactorStats(connected=s.connected, checkpoint_physical_offset=s.checkpoint_physical_offset,
-                                 log_end_physical_offset=s.log_end_physical_offset,
-                                 bytes_behind=max(0, s.log_end_physical_offset - s.checkpoint_physical_offset),
-                                 healthy=not s.problem, problem=s.problem, queues=s.queues,
-                                 records_applied=s.records_applied, replica_of=s.replica_of)
-
+        stats = pb.CompactorStats(connected=s.connected, checkpoint_physical_offset=s.checkpoint_physical_offset,
+                                  healthy=not s.problem, problem=s.problem, queues=s.queues,
+                                  records_applied=s.records_applied, replica_of=s.replica_of)
+        if s.log_end_physical_offset is not None:  # else unknown: left unset, never 0
+            stats.log_end_physical_offset = s.log_end_physical_offset
+            stats.bytes_behind = max(0, s.log_end_physical_offset - s.checkpoint_physical_offset)
+        return stats
 
     def ListQueues(self, request, context):
-        return pb.ListQueuesResponse(queues=[pb.QueueRef(topic=t, queue_id=q, min_offset=low, max_offset=high)
-                                             for t, q, low, high in self._api.queues()])
+        return pb.ListQueuesResponse(queues=[pb.QueueRef(topic=t, queue_id=q, min_offset=low, max_offset=high,
+                                                         topic_start_physical_offset=start)
+                                             for t, q, low, high, start in self._api.queues()])
 
 
 def add_to_server(servicer: CompactorServicer, server) -> None:

@@ -9,6 +9,18 @@ every output's size and CRC32, the SHA-256 digest) and installs them with QueueL
 every round uses). Each job logs ``compaction.spark_job`` (the master, the Spark application's id,
 which the job prints last on its stdout, and the seconds it took). A job that fails or a manifest that
 does not check raises: the round fails and the queue is quarantined like any other failing round.
+
+The job is a process group of its own (its session: the job's Python, Spark's JVM, the JVM's Python
+workers), recorded while it runs in ``<topic dir>/.<queue>.spark-job.json`` (its process group id and
+the leader's start time, so that a recycled pid is never taken for it). A job past its timeout is
+killed as a group. Whatever a round left in the topic's directory is removed when it ends, and
+:func:`clean_leftovers` removes what a killed compactor left, before the compaction logs are opened:
+
+  left by a kill -9 during a Spark round           at the next start
+  ------------------------------------------------ ----------------------------------------------------
+  ``.<queue>.spark-job.json`` and the job running  the job's process group killed (SIGKILL), file removed
+  ``.<queue>.spark-request.json``                  removed
+  ``<queue>/staging/`` (the job's output)          removed (qlog_files.clean_directory, on open)
 """
 
 from __future__ import annotations
@@ -17,13 +29,17 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 
 import structlog
 
+from mqstore import fs
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.qlog import Entries, QueueLog
 from mqstore.compaction.qlog_files import STAGING
@@ -33,10 +49,13 @@ from mqstore.errors import DataLoss, Unavailable
 from mqstore.format import compaction_segment as cseg, sparse_queue
 
 log = structlog.get_logger("compactor_service.spark")
+REQUEST_SUFFIX = ".spark-request.json"
+JOB_SUFFIX = ".spark-job.json"
+KILL_WAIT_S = 10.0  # how long a killed job's processes may take to go
 
 
 class SparkRunner:
-    """Thread-safe (no state): one child process per round."""
+    """Thread-safe (no state): one child process group per round."""
 
     def __init__(self, config: CompactionConfig, master: str, timeout_s: float, python: str = sys.executable):
         self.config, self.master, self.timeout_s, self.python = config, master, timeout_s, python
@@ -49,26 +68,43 @@ class SparkRunner:
 
     def __call__(self, qlog: QueueLog, now_ms: int) -> RoundStats:
         request = self.request(qlog, now_ms)
-        path = qlog.directory.parent / f".{qlog.queue_id}.spark-request.json"
-        path.write_text(json.dumps(request))
+        request_path = qlog.directory.parent / f".{qlog.queue_id}{REQUEST_SUFFIX}"
+        job_path = qlog.directory.parent / f".{qlog.queue_id}{JOB_SUFFIX}"
+        staging = pathlib.Path(request["staging"])
+        fs.replace_file(request_path, json.dumps(request).encode())
+        try:
+            self._run_job(qlog, request_path, job_path)
+            return install_output(qlog, request["bases"], staging)
+        finally:
+            job_path.unlink(missing_ok=True)
+            request_path.unlink(missing_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)  # what a failed job or an installed round left there
+
+    def _run_job(self, qlog: QueueLog, request_path: pathlib.Path, job_path: pathlib.Path) -> None:
         env = dict(os.environ)
         env.setdefault("PYSPARK_PYTHON", self.python)
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         started = time.monotonic()
+        child = subprocess.Popen([self.python, "-m", "mqstore_spark.round_job", str(request_path)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         try:
-            done = subprocess.run([self.python, "-m", "mqstore_spark.round_job", str(path)], env=env,
-                                  capture_output=True, timeout=self.timeout_s, check=False)
+            fs.replace_file(job_path, json.dumps(_identity(child.pid)).encode())
+            out, err = child.communicate(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            raise Unavailable(f"the Spark round of {qlog.directory} ran longer than {self.timeout_s} s") from None
-        finally:
-            path.unlink(missing_ok=True)
-        if done.returncode != 0:
-            tail = done.stderr.decode("utf-8", "replace")[-2000:]
-            raise Unavailable(f"the Spark round job failed (exit {done.returncode}): {tail}")
-        lines = done.stdout.decode("utf-8", "replace").split()
+            _kill_group(child.pid)
+            child.communicate()
+            raise Unavailable(f"the Spark round of {qlog.directory} ran longer than {self.timeout_s} s; its job "
+                              f"was killed") from None
+        except BaseException:
+            _kill_group(child.pid)  # the round is failing here: its job must not go on writing into staging/
+            child.communicate()
+            raise
+        if child.returncode != 0:
+            tail = err.decode("utf-8", "replace")[-2000:]
+            raise Unavailable(f"the Spark round job failed (exit {child.returncode}): {tail}")
+        lines = out.decode("utf-8", "replace").split()
         log.info("compaction.spark_job", queue_dir=str(qlog.directory), master=self.master,
                  app_id=lines[-1] if lines else "", seconds=round(time.monotonic() - started, 1))
-        return install_output(qlog, request["bases"], pathlib.Path(request["staging"]))
 
 
 def install_output(qlog: QueueLog, bases: list[int], staging: pathlib.Path) -> RoundStats:
@@ -81,7 +117,9 @@ def install_output(qlog: QueueLog, bases: list[int], staging: pathlib.Path) -> R
             for entry in sparse_queue.decode_all(path.read_bytes())[0]:
                 entries.add(entry)
     (staging / MANIFEST).unlink()
-    qlog.install(files, entries, manifest["state"], bases, manifest["removed_keys"])
+    start = manifest.get("rewritten_from", 0)  # the sealed segments below it are kept as they are
+    qlog.install(files, entries, manifest["state"], [b for b in bases if b >= start], manifest["removed_keys"])
+    shutil.rmtree(staging, ignore_errors=True)
     stats = RoundStats(**manifest["stats"])
     stats.removed_keys = manifest["removed_keys"]
     return stats
@@ -96,3 +134,84 @@ def check_manifest(manifest: dict, files: list[pathlib.Path], bases: list[int]) 
             raise DataLoss(f"the Spark round's output {path} is missing or differs from its manifest; not installed")
     if manifest_of(files)["digest"] != manifest["digest"]:
         raise DataLoss("the Spark round's outputs do not match the manifest's digest; not installed")
+
+
+# ---- the job's process group, and what a killed compactor left ------------------------------------------
+
+def clean_leftovers(logs_dir: pathlib.Path) -> int:
+    """Kill the Spark jobs a killed compactor left running and remove their request and job files (before
+    the compaction logs are opened: a job left running would write into a queue's staging/). Returns the
+    number of jobs killed."""
+    killed = 0
+    if not logs_dir.is_dir():
+        return 0
+    for topic_dir in sorted(p for p in logs_dir.iterdir() if p.is_dir()):
+        for job_path in sorted(topic_dir.glob(f".*{JOB_SUFFIX}")):
+            killed += _kill_recorded(job_path)
+            job_path.unlink()
+        for request_path in sorted(topic_dir.glob(f".*{REQUEST_SUFFIX}")):
+            request_path.unlink()
+            log.warning("compaction.spark_leftover_removed", file=str(request_path),
+                        why="a Spark round was cut short (the compactor was killed)")
+    return killed
+
+
+def _kill_recorded(job_path: pathlib.Path) -> int:
+    try:
+        job = json.loads(job_path.read_bytes())
+        pgid, boot_id, start_ticks = int(job["pgid"]), str(job["boot_id"]), int(job["start_ticks"])
+    except (ValueError, KeyError, TypeError) as exc:  # a torn file: the job never got past its first second
+        log.warning("compaction.spark_job_file_unreadable", file=str(job_path), error=str(exc))
+        return 0
+    if boot_id != _boot_id():
+        return 0  # written before a reboot: that job is gone
+    members = _group_members(pgid, start_ticks)
+    if not members:
+        return 0
+    log.warning("compaction.spark_job_killed", file=str(job_path), pgid=pgid, processes=len(members),
+                why="a Spark round of a compactor that was killed was still running")
+    _kill_group(pgid, start_ticks)
+    return 1
+
+
+def _identity(pid: int) -> dict:
+    """What tells this job's process group from a later one with a recycled id."""
+    return {"pgid": pid, "boot_id": _boot_id(), "start_ticks": _stat(pid)[2]}
+
+
+def _boot_id() -> str:
+    return pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _stat(pid: int) -> tuple[str, int, int]:
+    """(state, process group id, start time in clock ticks since boot) of a process; OSError when gone."""
+    text = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ... starttime
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _group_members(pgid: int, not_before_ticks: int) -> list[int]:
+    """Live processes (not zombies) of group ``pgid`` started no earlier than its leader (the job's own)."""
+    members = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, group, started = _stat(int(entry.name))
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if group == pgid and started >= not_before_ticks and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _kill_group(pgid: int, not_before_ticks: int = 0) -> None:
+    """SIGKILL the process group and wait (at most KILL_WAIT_S) until its processes are gone."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + KILL_WAIT_S
+    pause = threading.Event()
+    while _group_members(pgid, not_before_ticks) and time.monotonic() < deadline:
+        pause.wait(0.02)

@@ -37,7 +37,7 @@ def stats_response(s: ServiceStats) -> index_pb2.IndexStats:
         unsealed_files=store.files_unsealed, compact_files=store.files_compact_local,
         tiered_files=store.files_compact_tier, entries=store.entries,
         indexed_physical_offset=store.next_physical_offset or 0,
-        log_end_physical_offset=s.follower.log_end_physical_offset or 0, bytes_behind=s.bytes_behind,
+        log_end_physical_offset=s.follower.log_end_physical_offset, bytes_behind=s.bytes_behind,  # None: unset
         reads_per_query=store.reads_per_query, queries=store.queries, connected=s.follower.connected,
         rebuilding_ranges=[f"[{r.start_physical_offset}, {r.end_physical_offset})" for r in store.needs_rebuild],
         healthy=not s.problem, last_error=s.last_error, records_indexed=store.records_applied,

@@ -7,7 +7,9 @@ commit log's shared secret for CommitLogInternal; prefer the variable), ``--rpc-
 ``--tail-stream-deadline-ms``, and one flag per field of TxnConfig (``--op-batch-max-bytes``,
 ``--op-batch-interval-ms``, ``--cache-max-entries``, ``--cache-max-bytes``, ``--transaction-timeout-ms``,
 ``--check-max``, ``--check-interval-ms``, ``--max-open-transactions``, ``--in-doubt-settle-ms``,
-``--max-check-streams``, ``--check-answer-workers``, ``--metadata-url``, ...) and FollowConfig.
+``--max-check-streams``, ``--max-transact-streams``, ``--check-answer-workers``, ``--one-way-workers``,
+``--metadata-url``, ...) and FollowConfig. Every open CheckBack or Transact stream holds a handler thread, so unless
+``--max-workers`` is given the server gets the usual 64 threads plus one per stream it admits.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 Runs as every service does (mqstore_rpc.service). Until its follower has read the log up to the end it
@@ -52,6 +54,7 @@ from mqstore.txn.operations import Operations
 from mqstore.txn.persist import Checkpointer
 from mqstore.txn.projection import TxnProjection
 from mqstore.txn.table import TxnTable
+from mqstore.txn.transact import TransactStreams
 
 from .servicer import SERVICE_NAME, TransactionServicer, add_to_server
 
@@ -151,12 +154,17 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     checkback.start()
     parts.on_close(lambda: checkback.stop(config.rpc_timeout_ms / 1000))
     parts.add_health_problem(checkback.problem)
-    operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, appender, audit, clock,
+    streams = TransactStreams(coordinator, cfg.max_transact_streams, workers=cfg.one_way_workers,
+                              max_queued=cfg.one_way_queue, queue_wait_s=config.rpc_timeout_ms / 1000)
+    streams.start()
+    parts.on_close(lambda: streams.stop(config.rpc_timeout_ms / 1000))
+    parts.add_health_problem(streams.problem)
+    operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, appender, audit, clock, streams,
                             in_doubt.pending, lambda: in_doubt.settled, base_counters)
     checkpointer.counters = operations.counters
     operations.register_metrics(parts.metrics)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(
-        TransactionServicer(coordinator, checkback, operations), server))
+        TransactionServicer(coordinator, checkback, operations, streams), server))
 
 
 def txn_follower(table: TxnTable, source, config: FollowConfig) -> Follower:
@@ -204,15 +212,25 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TxnServiceConfig:
     args = build_arg_parser().parse_args(argv)
+    txn = TxnConfig(data_dir=S.data_dir(args, env), **S.values_for(args, env, TxnConfig, {"data_dir"}))
+    server = S.server_config(args, env, DEFAULT_PORT)
+    if S.setting(args, env, "max_workers") is None:  # every open stream holds a handler thread: room for them too
+        server = dataclasses.replace(server, max_workers=server_threads(txn))
     return TxnServiceConfig(
-        txn=TxnConfig(data_dir=S.data_dir(args, env), **S.values_for(args, env, TxnConfig, {"data_dir"})),
-        server=S.server_config(args, env, DEFAULT_PORT),
+        txn=txn,
+        server=server,
         commitlog_address=S.typed(args, env, "commitlog", str, DEFAULT_COMMITLOG),
         internal_token=S.internal_token(args, env),
         follow=FollowConfig(**S.values_for(args, env, FollowConfig)),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
+
+
+def server_threads(txn: TxnConfig) -> int:
+    """The default handler threads: those of every service, for the unary calls, plus one per stream the
+    service admits (CheckBack, Transact), so that open streams never leave a call waiting for a thread."""
+    return ServerConfig.max_workers + txn.max_check_streams + txn.max_transact_streams
 
 
 def describe(config: TxnServiceConfig, port: int) -> dict:

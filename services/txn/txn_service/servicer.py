@@ -11,6 +11,7 @@ Thread-safe: holds no state beyond thread-safe domain objects.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterator
 
 import grpc
@@ -19,14 +20,18 @@ from mqstore.auth.model import PUB, topic
 from mqstore.errors import InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
 from mqstore_rpc import auth, convert
+from mqstore_rpc.errors import FrameStatus, frame_outcome
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
 from mqstore.txn.checkback import Answer, Check, CheckBack
 from mqstore.txn.coordinator import Coordinator, Ended, Prepared
 from mqstore.txn.operations import Operations, TxnView
 from mqstore.txn.table import STATES, OUTCOME_UNKNOWN
+from mqstore.txn.transact import COMMIT, ROLLBACK, TransactStreams
 
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name
+TRANSACT_METHOD = f"/{SERVICE_NAME}/Transact"
+_ONE_WAY = {"commit": COMMIT, "rollback": ROLLBACK}
 _STATE_TO_PB = {s: txn_pb2.TransactionState.Value(f"TRANSACTION_STATE_{s}") for s in (*STATES, OUTCOME_UNKNOWN)}
 _DECISION_TO_PB = {"": txn_pb2.DECISION_UNSPECIFIED, "COMMIT": txn_pb2.DECISION_COMMIT,
                    "ROLLBACK": txn_pb2.DECISION_ROLLBACK, "UNKNOWN": txn_pb2.DECISION_UNKNOWN}
@@ -79,6 +84,15 @@ def _check(c: Check) -> txn_pb2.CheckRequest:
                                 age_ms=c.age_ms, halves=[convert.stored_message(m) for m in c.halves])
 
 
+def _frame_response(request_id: int, outcome: Prepared | Ended | FrameStatus) -> txn_pb2.TransactResponse:
+    if isinstance(outcome, FrameStatus):
+        return txn_pb2.TransactResponse(request_id=request_id, error=txn_pb2.FrameError(
+            code=outcome.code.value[0], message=outcome.message, retriable=outcome.retriable))
+    if isinstance(outcome, Prepared):
+        return txn_pb2.TransactResponse(request_id=request_id, prepared=_prepared(outcome))
+    return txn_pb2.TransactResponse(request_id=request_id, ended=_ended(outcome))
+
+
 def _answers(request_iterator) -> Iterator[Answer]:
     """The producer's answers as domain objects; ends when the producer closes or cancels its side."""
     try:
@@ -91,8 +105,9 @@ def _answers(request_iterator) -> Iterator[Answer]:
 
 
 class TransactionServicer(txn_pb2_grpc.TransactionServicer):
-    def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations):
-        self._coordinator, self._checkback, self._ops = coordinator, checkback, operations
+    def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
+                 streams: TransactStreams):
+        self._coordinator, self._checkback, self._ops, self._streams = coordinator, checkback, operations, streams
 
     def Prepare(self, request, context):
         return _prepared(self._coordinator.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
@@ -110,6 +125,36 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         """Commit and Rollback name a transaction, not its topic: PUB on that topic (with auth on;
         mqstore_rpc.permissions, deferred)."""
         auth.require(PUB, topic(self._coordinator.txn(txn_id).topic))
+
+    def Transact(self, request_iterator, context):
+        peer = context.peer()
+        with self._streams.opened():
+            for request in request_iterator:
+                kind = request.WhichOneof("kind")
+                if request.one_way and kind in _ONE_WAY:
+                    txn_id = getattr(request, kind).transaction_id
+                    self._streams.submit_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
+                    continue
+                outcome = frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer)
+                yield _frame_response(request.request_id, outcome)
+
+    def _frame(self, kind: str | None, request, peer: str) -> Prepared | Ended:
+        """One two-way frame, as its unary call (the permission its call needs included: PUB on the topic,
+        checked here with auth on; mqstore_rpc.permissions, deferred)."""
+        if kind == "prepare":
+            if request.one_way:
+                raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
+            p = request.prepare
+            auth.require(PUB, topic(p.topic))
+            return self._coordinator.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
+                                             p.transaction_id)
+        if kind == "commit":
+            self._may_end(request.commit.transaction_id)
+            return self._coordinator.commit(request.commit.transaction_id)
+        if kind == "rollback":
+            self._may_end(request.rollback.transaction_id)
+            return self._coordinator.rollback(request.rollback.transaction_id)
+        raise InvalidArgument("TransactRequest: set one of prepare, commit or rollback")
 
     def ListOpen(self, request, context):
         views = self._ops.list_open(request.older_than_ms, request.producer_group, request.limit)

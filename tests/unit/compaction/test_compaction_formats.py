@@ -8,8 +8,8 @@ import pytest
 
 from mqstore import message_keys as ckey
 from mqstore.config import StoreConfig
-from mqstore.errors import InvalidArgument
-from mqstore.format import compaction_segment as cseg, record, record_reader, sparse_queue
+from mqstore.errors import DataLoss, InvalidArgument
+from mqstore.format import compaction_segment as cseg, record, record_reader, sparse_queue, topic_incarnation
 from mqstore.javahash import java_string_hash
 from mqstore.log.encoder import MessageEncoder
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
@@ -53,16 +53,26 @@ def test_segment_golden_and_fields(request):
 def test_sparse_entry_golden_and_fields(request):
     entry = sparse_queue.SparseEntry(position=4096, size=211, tag_code=java_string_hash("TagA"),
                                      store_timestamp_ms=1_700_000_000_456, queue_offset=42,
-                                     tombstone_seen_s=1_700_000_001)
+                                     tombstone_seen_ms=1_700_000_001_789)
     data = sparse_queue.encode(entry)
     assert data == golden_bytes("sparse_queue_entry.bin", data, request)
     assert len(data) == 46
-    assert struct.unpack_from(">qiqqqhiI", data) == (4096, 211, java_string_hash("TagA"), 1_700_000_000_456, 42, 1,
-                                                      -1, 1_700_000_001)
+    assert struct.unpack_from(">qiqqqhq", data) == (4096, 211, java_string_hash("TagA"), 1_700_000_000_456, 42, 1,
+                                                     1_700_000_001_789)
     assert sparse_queue.decode(data, 0) == entry
     entries, valid = sparse_queue.decode_all(data * 2 + data[:20])  # a torn third entry
     assert entries == [entry, entry] and valid == 92
     assert sparse_queue.decode(bytes(46), 0) is None  # size 0, batch 0: the end of the valid data
+    plain = sparse_queue.SparseEntry(0, 100, 0, 1_700_000_000_000, 7)
+    assert sparse_queue.encode(plain)[38:] == bytes(8)  # not a tombstone: 0, not RocketMQ's -1 any more
+
+
+def test_a_layout_1_entry_reads_its_seconds_as_ms():
+    """Entries written before milliseconds hold -1 (compacted offset) in 38..42 and seconds in 42..46."""
+    old = struct.pack(">qiqqqhiI", 4096, 211, 7, 1_700_000_000_456, 42, 1, -1, 1_700_000_001)
+    assert sparse_queue.decode(old, 0).tombstone_seen_ms == 1_700_000_001_000
+    never = struct.pack(">qiqqqhiI", 4096, 211, 7, 1_700_000_000_456, 42, 1, -1, 0)
+    assert sparse_queue.decode(never, 0).tombstone_seen_ms == 0  # not a tombstone, or not yet seen
 
 
 def test_compaction_key_is_the_first_key():
@@ -96,3 +106,16 @@ def test_routing_uses_the_compaction_key_and_refuses_disagreeing_overrides(tmp_p
         _encode(tmp_path, MessageIn(body=b"v", keys=("user-1",), sharding_key=sharding))
     same = next(s for s in (f"s{i}" for i in range(100)) if ckey.key_queue(s, 4) == queue)
     assert _encode(tmp_path, MessageIn(body=b"v", keys=("user-1",), sharding_key=same)).queue_ids == [queue]
+
+
+def test_topic_incarnation_golden_and_checks(request, tmp_path):
+    data = topic_incarnation.encode(1_073_741_824)
+    assert data == golden_bytes("topic_incarnation.bin", data, request)
+    assert data[:16] == bytes.fromhex("4D515449" "00000001" "0000000040000000") and len(data) == 20
+    assert topic_incarnation.decode(data, tmp_path) == 1_073_741_824
+    for bad in (data[:-1], data[:8] + b"\x01" + data[9:], b"XXXX" + data[4:]):
+        with pytest.raises(DataLoss):
+            topic_incarnation.decode(bad, tmp_path)
+    assert topic_incarnation.load(tmp_path) == 0  # a directory of a topic older than the file
+    topic_incarnation.save(tmp_path, 77)
+    assert topic_incarnation.load(tmp_path) == 77

@@ -59,3 +59,43 @@ def test_a_failing_queue_is_quarantined_with_backoff_and_the_others_go_on(tmp_pa
     store.run_due()
     assert q.failures == 2 and q.until_ms == clock.now_ms() + 2_000  # the backoff doubled
     store.close()
+
+
+def test_asking_whether_a_round_is_due_changes_nothing(tmp_path):
+    """DescribeQueue asks ``due``: a read must not seal the active segment, even one past max lag."""
+    clock = FakeClock(BASE_MS)
+    store = CompactionStore(tmp_path, CONFIG, clock)
+    put(store, "k0", b"v", 0, clock.now_ms())
+    slot = store.slot("kv", 0)
+    clock.advance(60_000)  # the active segment's record is past max_compaction_lag_ms
+    for _ in range(3):
+        assert store.due(slot) == "max_compaction_lag"
+    assert slot.qlog.bases == [0] and store.dirt(slot).active_bytes > 0  # still active, nothing sealed
+    assert sorted(p.name for p in slot.qlog.directory.iterdir()) == [cseg.index_name(0), cseg.log_name(0)]
+    assert store.run_due() == 1  # the sweep seals it and cleans it
+    assert len(slot.qlog.bases) == 2 and store.dirt(slot).active_bytes == 0
+    store.close()
+
+
+def test_a_tombstone_is_kept_its_whole_retention_to_the_millisecond(tmp_path):
+    """Seen-at is stored in ms: a tombstone first seen at ...999 ms is not removed 999 ms early."""
+    config = CompactionConfig(segment_size_bytes=4096, delete_retention_ms=10_000)
+    clock = FakeClock(BASE_MS)
+    store = CompactionStore(tmp_path, config, clock)
+    put(store, "k0", b"v", 0, clock.now_ms())
+    put(store, "k0", None, 1, clock.now_ms())
+    slot = store.slot("kv", 0)
+    clock.advance(999)
+    seen_ms = clock.now_ms()  # a round sees the tombstone at BASE_MS + 999
+    store.compact(slot, seal_active=True)
+    assert [slot.qlog.entries.seen[i] for i in range(len(slot.qlog.entries))] == [seen_ms]
+    clock.advance(10_000 - 1)  # 1 ms before seen-at + retention (whole seconds said: expired 998 ms ago)
+    store.compact(slot)
+    assert store.dirt(slot).tombstones_kept == 1 and "k0" in slot.qlog.latest
+    clock.advance(1)
+    store.compact(slot)
+    assert store.dirt(slot).tombstones_kept == 0 and "k0" not in slot.qlog.latest
+    store.close()
+    reopened = CompactionStore(tmp_path, config, clock)  # nothing of the tombstone comes back from the files
+    assert "k0" not in reopened.slot("kv", 0).qlog.latest
+    reopened.close()

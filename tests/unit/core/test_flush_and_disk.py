@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import errno
 import os
+import random
+import threading
 
 import pytest
 
 from mqstore.errors import FlushTimeout, ResourceExhausted, Unavailable
 from mqstore.log.flush import Flusher
+from mqstore.log.segment import Segment
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from tests.support.waiting import WAIT_S
 
 
 @pytest.fixture
@@ -38,6 +42,46 @@ def test_sync_wait_times_out_with_a_clear_status(store):
     with pytest.raises(FlushTimeout, match="50 ms") as info:
         idle.wait_flushed(written.end)
     assert "retry may duplicate" in str(info.value) and isinstance(info.value, Unavailable)
+
+
+def test_a_sync_append_returns_only_once_an_fdatasync_covers_it(store, monkeypatch):
+    # Every fsync of the flush service is held until an append has written past what it covers, so each
+    # one finishes while appends it does not cover wait: the flush must release only those it covers
+    # (each waits on a lock of its own), and each of those only once the fsync is done.
+    s = store(flush_mode="SYNC", sync_flush_timeout_ms=20_000)
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    durable = [0]  # the log's end as far as a finished fdatasync covers it
+    moved = threading.Condition()
+    real_flush = Segment.flush
+
+    def held_flush(seg, from_position, to_position):
+        if threading.current_thread().name == "commitlog-flush":
+            with moved:  # until an append wrote past this flush (it then waits for the next one)
+                moved.wait_for(lambda: s.commitlog.written_offset > seg.start + to_position, 0.2)
+        real_flush(seg, from_position, to_position)
+        durable[0] = max(durable[0], seg.start + to_position)
+
+    monkeypatch.setattr(Segment, "flush", held_flush)
+    early: list[tuple[int, int]] = []
+
+    def producer(rng: random.Random) -> None:
+        for _ in range(40):
+            results = s.append("t", [MessageIn(body=b"x" * rng.randrange(1, 600)) for _ in range(rng.randrange(1, 4))])
+            end = results[-1].physical_offset + results[-1].size_bytes
+            if durable[0] < end:
+                early.append((end, durable[0]))
+            with moved:
+                moved.notify_all()
+
+    threads = [threading.Thread(target=producer, args=(random.Random(seed + i),)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(3 * WAIT_S)
+    assert not any(thread.is_alive() for thread in threads)
+    assert early == [], f"appends acknowledged before an fdatasync covered them (end, durable): {early[:5]}"
+    assert s.flusher.flushed_offset == s.commitlog.written_offset
 
 
 def test_dead_flush_service_fails_sync_appends_and_reports_unhealthy(store, failpoint):

@@ -9,7 +9,7 @@ import pytest
 
 from mqstore.errors import DataLoss
 from mqstore.config import StoreConfig
-from mqstore.format import checkpoint, cq_unit, record, record_reader, record_scan, segment_name
+from mqstore.format import checkpoint, cq_unit, record, record_reader, record_scan, segment_name, topic_event
 from mqstore.javahash import java_string_hash
 from mqstore.log.encoder import MessageEncoder
 from mqstore.model import KIND_NORMAL, MessageIn, TopicRecord
@@ -202,3 +202,19 @@ def test_walk_agrees_with_check_on_damage():
     damaged[second + 95] ^= 0xFF  # inside the second record's body
     walked = record_scan.walk(damaged, 0, len(damaged))
     assert (walked.stop, walked.records, walked.error.reason) == (second, 1, "crc")
+
+
+def test_topic_event_golden_and_fields(request):
+    event = topic_event.TopicEvent(topic_event.DELETED, "orders|eu", 1_073_741_824)
+    data = topic_event.encode(event)
+    assert data == golden_bytes("topic_event.bin", data, request)
+    assert data == bytes.fromhex("4D515445" "01" "01" "0000000040000000" "0009") + b"orders|eu"
+    assert topic_event.decode(data) == event
+    for bad in (data[:15], data[:-1], data + b"x", b"XXXX" + data[4:], data[:4] + b"\2" + data[5:],
+                data[:5] + b"\7" + data[6:]):
+        with pytest.raises(ValueError):
+            topic_event.decode(bad)
+    for wrong in (topic_event.TopicEvent(9, "t", 0), topic_event.TopicEvent(topic_event.DELETED, "", 0),
+                  topic_event.TopicEvent(topic_event.DELETED, "t", -1)):
+        with pytest.raises(ValueError):
+            topic_event.encode(wrong)

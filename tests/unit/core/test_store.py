@@ -105,7 +105,7 @@ def test_pull_ranges_filters_and_long_poll(open_store):
     assert [m.record.body[0] for m in got.messages] == [0, 2, 4, 6, 8] and got.next_offset == 10
     with pytest.raises(OutOfRange, match=r"\[0, 10\]"):
         store.pull("t", 0, 11)
-    with pytest.raises(OutOfRange):
+    with pytest.raises(InvalidArgument, match="offset is -1"):
         store.pull("t", 0, -1)
     with pytest.raises(NotFound):
         store.pull("t", 1, 0)
@@ -304,9 +304,12 @@ def test_long_polls_beyond_the_limit_answer_at_once(open_store):
 
 
 def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open_store, fake_clock):
+    # clean_interval_ms past the clock's jumps: the maintenance duty must not delete segments concurrently
+    # with the test's own calls (the fake clock drives its monotonic time too).
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
-                       retention_hold_max_ms=10 * 3_600_000)
+                       retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
     store.create_topic("t", 1)
+    store.create_topic("kv", 1, kind="COMPACTION")  # the data a hold protects: held from its start, 0
     for i in range(30):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
@@ -323,3 +326,48 @@ def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open
     fake_clock.advance(10 * 3_600_000 + 1)  # the follower is gone for longer than retention_hold_max_ms
     assert store.delete_expired_segments() >= 1
     assert store.retention_holds.snapshot() == {}
+
+
+def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open_store, fake_clock):
+    """The compactor's hold protects compaction data: not below the first compaction topic's start, and not
+    at all once the last compaction topic is deleted (its hold goes with it)."""
+    store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
+                       retention_hold_max_ms=10 * 3_600_000)
+    store.create_topic("t", 1)
+    for i in range(20):
+        store.append("t", [MessageIn(body=bytes([i]) * 1000)])
+    store.create_topic("kv", 1, kind="COMPACTION")  # starts in the third segment
+    for i in range(20):
+        store.append("kv", [MessageIn(body=bytes([i]) * 1000, keys=(f"k{i}",))])
+    store.flusher.flush_now()
+    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="compactor")
+    next(frames)  # a compactor holds the whole log
+    frames.close()
+    start = store.topic("kv").start_physical_offset
+
+    def expire_all():
+        old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
+        for seg in store.segments.segments:
+            os.utime(seg.path, (old, old))
+        return store.delete_expired_segments()
+    assert expire_all() >= 1 and store.commitlog.min_offset <= start  # kept from the segment holding kv's start
+    assert store.pull("kv", 0, 0).messages[0].record.body == bytes([0]) * 1000
+    store.delete_topic("kv")
+    assert expire_all() >= 1 and store.commitlog.min_offset > start  # no compaction topic left: nothing held
+
+
+def test_another_followers_hold_has_no_floor(open_store, fake_clock):
+    """The Transaction service's hold keeps the log below its position whatever the topics' kinds."""
+    store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
+                       retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
+    store.create_topic("t", 1)
+    for i in range(20):
+        store.append("t", [MessageIn(body=bytes([i]) * 1000)])
+    store.flusher.flush_now()
+    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="txn")
+    next(frames)
+    frames.close()
+    old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
+    for seg in store.segments.segments:
+        os.utime(seg.path, (old, old))
+    assert store.delete_expired_segments() == 0 and store.commitlog.min_offset == 0

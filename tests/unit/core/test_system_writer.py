@@ -30,8 +30,13 @@ def test_only_the_owner_writes_a_system_topic(store, topic):
         with pytest.raises(FailedPrecondition, match=topics.OWNER_DESCRIPTIONS[owner]):
             store.append(topic, [MessageIn(body=b"x")], system_writer=writer)
     assert store.queue_info(topic, 0).max_offset == 0
-    result = store.append(topic, [MessageIn(body=b"x")], system_writer=owner)
-    assert result[0].queue_offset == 0 and store.queue_info(topic, 0).max_offset == 1
+    if owner == topics.OWNER_STORE:  # no writer may name it: the store appends there itself
+        store.create_topic("gone", 1)
+        store.delete_topic("gone")
+    else:
+        result = store.append(topic, [MessageIn(body=b"x")], system_writer=owner)
+        assert result[0].queue_offset == 0
+    assert store.queue_info(topic, 0).max_offset == 1
 
 
 def test_system_writer_is_keyword_only(store):

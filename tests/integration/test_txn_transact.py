@@ -1,0 +1,200 @@
+"""Transact streams through real gRPC (a commit log and a txn service in this process, 127.0.0.1, port 0):
+frames answered as their unary calls, failed frames answered with their status while the stream goes on,
+the stream limit, one-way ends (applied, never answered, counted), a stream broken mid-transaction, and
+a one-way Commit lost while the commit log is away, which check-back then decides."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+import grpc
+import pytest
+
+from mqstore.clock import FakeClock
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
+from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
+from tests.integration.test_txn_checkback import TIMEOUT_MS, Producer, to_store_time
+from tests.integration.txn_testing import (RPC_TIMEOUT_S, Frames, commit, commitlog, prepare, stats, txn_config,
+                                           txn_service, visible, wait_ready)
+from tests.support.waiting import wait_until
+from txn_service.main import serving
+
+pytestmark = pytest.mark.integration
+COMMITTED, ROLLED_BACK = txn_pb2.TRANSACTION_STATE_COMMITTED, txn_pb2.TRANSACTION_STATE_ROLLED_BACK
+
+
+@pytest.fixture
+def log(tmp_path):
+    with commitlog(tmp_path / "log") as (port, stub):
+        stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=2), timeout=RPC_TIMEOUT_S)
+        yield port, stub
+
+
+@pytest.fixture
+def txn(log, tmp_path):
+    port, _ = log
+    with txn_service(tmp_path / "txn", port) as (_, stub):
+        wait_ready(stub)
+        yield stub
+
+
+def end(txn_id: str) -> txn_pb2.EndRequest:
+    return txn_pb2.EndRequest(transaction_id=txn_id)
+
+
+def show(stub, txn_id: str) -> txn_pb2.TransactionInfo:
+    return stub.Show(txn_pb2.ShowRequest(transaction_id=txn_id), timeout=RPC_TIMEOUT_S)
+
+
+def bodies(log_stub) -> list[bytes]:
+    return sorted(m.body for m in visible(log_stub, "orders", 2))
+
+
+def test_frames_answer_as_the_unary_calls(log, txn):
+    _, log_stub = log
+    frames = Frames(txn)
+    p = frames.prepare("orders", [b"a", b"b"], txn_id="t-1")
+    assert p.WhichOneof("kind") == "prepared" and len(p.prepared.halves) == 2 and not p.prepared.already
+    assert p.prepared.durability and bodies(log_stub) == []
+    assert stats(txn).transact_streams == 1
+    assert prepare(txn, "orders", [b"a", b"b"], txn_id="t-1").already  # the same Prepare as the unary one
+    c = frames.ask(commit=end("t-1"))
+    assert c.ended.state == COMMITTED and not c.ended.already and len(c.ended.results) == 2
+    assert bodies(log_stub) == [b"a", b"b"]
+    assert frames.ask(commit=end("t-1")).ended.already and commit(txn, "t-1").already
+    refused = frames.ask(rollback=end("t-1")).error
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "COMMITTED" in refused.message
+    assert not refused.retriable
+    frames.prepare("orders", [b"never"], txn_id="t-2")
+    rolled = frames.ask(rollback=end("t-2"))
+    assert rolled.ended.state == ROLLED_BACK and stats(txn).op_entries_written >= 1  # answered once durable
+    assert frames.close() == []
+    wait_until(lambda: stats(txn).transact_streams == 0, "the stream's slot to be given back")
+    assert bodies(log_stub) == [b"a", b"b"] and show(txn, "t-1").resolved_by == "producer"
+
+
+def test_a_failed_frame_answers_its_status_and_the_stream_goes_on(log, txn):
+    frames = Frames(txn)
+    cases = [
+        (dict(commit=end("nope")), grpc.StatusCode.NOT_FOUND, "unknown"),
+        (dict(rollback=end("")), grpc.StatusCode.INVALID_ARGUMENT, "transaction_id"),
+        ({}, grpc.StatusCode.INVALID_ARGUMENT, "set one of prepare, commit or rollback"),
+        (dict(one_way=True, prepare=txn_pb2.PrepareRequest(topic="orders", producer_group="pg")),
+         grpc.StatusCode.INVALID_ARGUMENT, "only a Commit or Rollback frame may be one-way"),
+        (dict(prepare=txn_pb2.PrepareRequest(topic="missing", producer_group="pg")),
+         grpc.StatusCode.INVALID_ARGUMENT, "1 to 1000"),
+    ]
+    for kind, code, text in cases:
+        error = frames.ask(**kind).error
+        assert (error.code, text in error.message, error.retriable) == (code.value[0], True, False), (kind, error)
+    frames.prepare("orders", [b"x"], txn_id="fixed")
+    other = frames.prepare("orders", [b"y"], txn_id="fixed").error
+    assert other.code == grpc.StatusCode.ALREADY_EXISTS.value[0] and "other messages" in other.message
+    assert frames.ask(commit=end("fixed")).ended.state == COMMITTED  # the stream still serves
+    frames.close()
+
+
+def test_streams_beyond_the_limit_are_refused_until_one_ends(log, tmp_path):
+    port, _ = log
+    with txn_service(tmp_path / "txn", port, max_transact_streams=2) as (_, stub):
+        wait_ready(stub)
+        first, second = Frames(stub), Frames(stub)
+        for frames in (first, second):
+            assert frames.prepare("orders", [b"x"]).prepared.transaction_id
+        third = Frames(stub)
+        third.send(commit=end("t"))
+        with pytest.raises(grpc.RpcError) as refused:
+            next(third.call)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_transact_streams" in refused.value.details()
+        first.cancel()
+        wait_until(lambda: stats(stub).transact_streams == 1, "the cancelled stream's slot to be given back")
+        fourth = Frames(stub)
+        assert fourth.prepare("orders", [b"y"]).prepared.transaction_id
+        second.close()
+        fourth.close()
+
+
+def test_a_one_way_end_is_applied_and_never_answered(log, txn):
+    _, log_stub = log
+    frames = Frames(txn)
+    for txn_id in ("t-1", "t-2"):
+        frames.prepare("orders", [txn_id.encode()], txn_id=txn_id)
+    frames.send(one_way=True, commit=end("t-1"))
+    frames.send(one_way=True, rollback=end("t-2"))
+    frames.send(one_way=True, commit=end("t-2"))   # refused (rolled back): nobody is told, it is counted
+    frames.send(one_way=True, commit=end("nope"))  # likewise
+    answer = frames.prepare("orders", [b"t-3"], txn_id="t-3")  # the next answer is the next two-way frame's
+    assert answer.prepared.transaction_id == "t-3"
+    # Applied by workers while the stream went on: the refused ones counted (which of t-2's two ends came
+    # first is the workers' race; exactly one of them took effect).
+    wait_until(lambda: (stats(txn).one_way_ends, stats(txn).one_way_failures) == (4, 2)
+               and show(txn, "t-1").state == COMMITTED and show(txn, "t-2").state in (COMMITTED, ROLLED_BACK),
+               "the one-way ends")
+    assert show(txn, "t-1").state == COMMITTED and show(txn, "t-1").resolved_by == "producer (one-way)"
+    t2 = show(txn, "t-2").state
+    assert bodies(log_stub) == ([b"t-1"] if t2 == ROLLED_BACK else [b"t-1", b"t-2"]), t2
+    wait_until(lambda: stats(txn).op_pending_entries == 0, "the OP records")
+    assert frames.close() == []
+
+
+def test_a_broken_stream_leaves_the_transaction_to_a_retry(log, txn):
+    _, log_stub = log
+    first = Frames(txn)
+    first.prepare("orders", [b"p"], txn_id="t-1")
+    first.cancel()  # the producer's stream breaks after its Prepare was answered
+    wait_until(lambda: stats(txn).transact_streams == 0, "the broken stream's slot to be given back")
+    assert show(txn, "t-1").state == txn_pb2.TRANSACTION_STATE_OPEN
+    second = Frames(txn)
+    assert second.ask(commit=end("t-1")).ended.state == COMMITTED
+    second.prepare("orders", [b"q"], txn_id="t-2")
+    second.send(commit=end("t-2"))
+    second.cancel()  # broken while its Commit may be in progress: the retry answers the state reached
+    third = Frames(txn)
+    retried = third.ask(commit=end("t-2")).ended
+    assert retried.state == COMMITTED
+    assert bodies(log_stub) == [b"p", b"q"]  # each exactly once, whichever attempt appended it
+    third.close()
+
+
+def test_a_one_way_commit_lost_while_the_log_is_away_is_decided_by_check_back(tmp_path):
+    clock = FakeClock(time.time_ns() // 1_000_000)
+    with contextlib.ExitStack() as stack:
+        first_log = commitlog(tmp_path / "log")
+        port, log_stub = first_log.__enter__()
+        log_up = True
+        try:
+            log_stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=1), timeout=RPC_TIMEOUT_S)
+            config = dataclasses.replace(txn_config(tmp_path / "txn", port, check_max=3), clock=clock)
+            _, txn_port = stack.enter_context(serving(config))
+            channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{txn_port}"))
+            stub = txn_pb2_grpc.TransactionStub(channel)
+            wait_ready(stub)
+            frames = Frames(stub)
+            frames.prepare("orders", [b"paid"], txn_id="t-1")
+            first_log.__exit__(None, None, None)  # the commit log goes away
+            log_up = False
+            frames.send(one_way=True, commit=end("t-1"))
+            assert frames.ask(commit=end("nope")).error.code == grpc.StatusCode.NOT_FOUND.value[0]  # the stream goes on
+            wait_until(lambda: stats(stub).one_way_failures == 1, "the one-way commit to fail")
+            assert show(stub, "t-1").state == txn_pb2.TRANSACTION_STATE_OUTCOME_UNKNOWN  # it may have landed
+        finally:
+            if log_up:
+                first_log.__exit__(None, None, None)
+        with commitlog(tmp_path / "log", port=port) as (_, log_stub):
+            clock.advance(config.txn.in_doubt_settle_ms)
+            wait_until(lambda: show(stub, "t-1").state == txn_pb2.TRANSACTION_STATE_OPEN,
+                       "the log to say the commit never landed")
+            producer = Producer(stub, "pg", lambda check: txn_pb2.DECISION_COMMIT)
+            try:
+                wait_until(lambda: stats(stub).open_streams == 1, "the check-back stream to open")
+                to_store_time(stub, clock, "t-1")
+                clock.advance(TIMEOUT_MS)
+                assert producer.next_check().transaction_id == "t-1"
+                wait_until(lambda: show(stub, "t-1").state == COMMITTED, "check-back's commit")
+                assert [m.body for m in visible(log_stub, "orders")] == [b"paid"]
+            finally:
+                producer.close()
+            frames.close()

@@ -1,0 +1,125 @@
+"""Transact streams' own rules (mqstore.txn.transact): at most max_streams open, a slot given back however a
+stream ends; a one-way end applied as the two-way call (a rollback without waiting for its OP record), on a
+worker while the stream goes on, its failure (a refused guard, a full queue) counted and logged, never
+raised. And the one mapping of a frame's error (mqstore_rpc.errors)."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from mqstore.errors import (FailedPrecondition, InvariantViolation, NotFound, PermissionDenied, ResourceExhausted,
+                            Unavailable)
+from mqstore_rpc.errors import FrameStatus, frame_outcome
+from mqstore.txn.transact import BY_ONE_WAY, TransactStreams
+from txn_service.main import parse_config
+
+
+class Coordinator:
+    """What TransactStreams calls, recording the calls; ``fail`` makes them raise."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    def commit(self, txn_id, by="producer"):
+        self.calls.append(("commit", txn_id, by))
+        if self.fail:
+            raise self.fail
+
+    def rollback(self, txn_id, by="producer", wait_durable=True):
+        self.calls.append(("rollback", txn_id, by, wait_durable))
+        if self.fail:
+            raise self.fail
+
+
+def test_streams_beyond_the_limit_are_refused_and_every_end_gives_its_slot_back():
+    streams = TransactStreams(Coordinator(), max_streams=2)
+    with streams.opened(), streams.opened():
+        assert streams.open_streams() == 2
+        with pytest.raises(ResourceExhausted, match="max_transact_streams"), streams.opened():
+            pass
+    assert streams.open_streams() == 0
+    with pytest.raises(RuntimeError), streams.opened():  # a stream that ends with an error
+        raise RuntimeError("the producer went away")
+    assert streams.open_streams() == 0
+
+
+def test_one_way_ends_are_applied_as_their_calls_without_waiting_for_the_op_record():
+    coordinator = Coordinator()
+    streams = TransactStreams(coordinator, max_streams=1)
+    streams.end_one_way("t-1", "COMMIT")
+    streams.end_one_way("t-2", "ROLLBACK")
+    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY), ("rollback", "t-2", BY_ONE_WAY, False)]
+    assert (streams.one_way_ends, streams.one_way_failures) == (2, 0)
+    with pytest.raises(InvariantViolation):
+        streams.end_one_way("t-3", "UNKNOWN")
+
+
+@pytest.mark.parametrize("error", [FailedPrecondition("transaction t is ROLLED_BACK"), NotFound("unknown"),
+                                   Unavailable("recovering")])
+def test_a_failed_one_way_end_is_counted_not_raised(error):
+    streams = TransactStreams(Coordinator(fail=error), max_streams=1)
+    streams.end_one_way("t", "COMMIT")
+    assert (streams.one_way_ends, streams.one_way_failures) == (1, 1)
+
+
+def test_a_failed_one_way_end_that_is_a_bug_is_raised():
+    streams = TransactStreams(Coordinator(fail=KeyError("bug")), max_streams=1)
+    with pytest.raises(KeyError):
+        streams.end_one_way("t", "COMMIT")
+
+
+def test_a_frame_gets_the_status_its_call_would_end_with():
+    def behave(error):
+        raise error
+    assert frame_outcome("/m", lambda a, b: a + b, 1, 2) == 3
+    assert frame_outcome("/m", behave, NotFound("transaction 't' is unknown")) == FrameStatus(
+        grpc.StatusCode.NOT_FOUND, "transaction 't' is unknown", False)
+    assert frame_outcome("/m", behave, Unavailable("recovering")).retriable
+    with pytest.raises(ZeroDivisionError):  # a bug is not an answer: it ends the stream as INTERNAL
+        frame_outcome("/m", lambda: 1 / 0)
+
+
+def test_the_server_gets_a_handler_thread_per_admitted_stream_unless_told(tmp_path):
+    default = parse_config(["--data-dir", str(tmp_path), "--max-transact-streams", "10", "--max-check-streams", "5"],
+                           {})
+    assert default.server.max_workers == 64 + 10 + 5  # the unary calls' threads stay free while streams are open
+    assert parse_config(["--data-dir", str(tmp_path), "--max-workers", "16"], {}).server.max_workers == 16
+
+
+class Blocking(Coordinator):
+    """Its calls wait for ``release``; ``entered`` is set by the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
+
+    def commit(self, txn_id, by="producer"):
+        super().commit(txn_id, by)
+        self.entered.set()
+        assert self.release.wait(30)
+        self.done.set()
+
+
+def test_a_submitted_one_way_end_runs_on_a_worker_while_the_stream_goes_on():
+    coordinator = Blocking()
+    streams = TransactStreams(coordinator, max_streams=1, workers=1, max_queued=1, queue_wait_s=0.05)
+    streams.start()
+    try:
+        streams.submit_one_way("t-1", "COMMIT")  # returns while the commit is still being applied
+        assert coordinator.entered.wait(30) and not coordinator.done.is_set()
+        assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY)]
+        streams.submit_one_way("t-2", "COMMIT")  # queued behind it (the only worker is busy)
+        streams.submit_one_way("t-3", "COMMIT")  # no room for 0.05 s: counted as failed, left to check-back
+        assert (streams.one_way_ends, streams.one_way_failures) == (3, 1)
+        def refuse():
+            raise PermissionDenied("user u lacks PUB on topic orders")
+        streams.submit_one_way("t-4", "ROLLBACK", guard=refuse)  # refused on the stream's thread, never queued
+        assert (streams.one_way_ends, streams.one_way_failures) == (4, 2)
+    finally:
+        coordinator.release.set()
+        streams.stop(30)
+    assert [c[1] for c in coordinator.calls] == ["t-1", "t-2"]  # the queued one still applied at stop
