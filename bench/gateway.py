@@ -8,8 +8,10 @@ a warm-up. Comparison point in the same run, the same loop shape: one process ca
 own unary ``CommitLog.Append`` with one 1 KiB message per call, sequentially (a plain grpc client,
 bench/append_loop.py). Rounds alternate (gateway, direct, ...); each figure is the median of the rounds.
 Also reported, without a target: the Python client's own ceiling (the same loop against a no-op v2
-server, bench/noop_v2.py, which stores nothing) and the Node client (1.0.8) through the gateway. Target
-(issue 18): the Python client through the gateway >= 0.5x the direct loop.
+server, bench/noop_v2.py, which stores nothing), the floors of the design (bench/gateway_floor.py: a
+minimal sync proxy, the same on grpc.aio, and a minimal server that appends in its own process) and the
+Node client (1.0.8) through the gateway. Target (issue 18): the Python client through the gateway >= 0.5x
+the direct loop.
 
 A full run writes bench/results/gateway.json and gateway.md; ``--quick`` writes to bench/results/scratch/.
 """
@@ -44,6 +46,10 @@ BODY_BYTES = 1024
 FULL = {"count": 3000, "warmup": 300, "rounds": 3}
 QUICK = {"count": 200, "warmup": 50, "rounds": 1}
 PY_CLIENT = ROOT / ".venv-rmq" / "bin" / "python"
+# bench/gateway_floor.py's minimal v2 servers: what the design allows, measured in the same rounds
+FLOORS = {"sync": "a minimal sync proxy (parse, one unary Append, answer: gateway_floor.py sync)",
+          "aio": "the same minimal proxy on grpc.aio with an aio channel (gateway_floor.py aio)",
+          "inproc": "a minimal server appending in its own process, no hop (gateway_floor.py inproc)"}
 CLIENT_TIMEOUT_S = 600
 
 
@@ -104,11 +110,32 @@ def noop_rate(cfg: dict, home: pathlib.Path) -> float:
             noop.wait(30)
 
 
+def floor_rate(mode: str, log_address: str, cfg: dict, home: pathlib.Path) -> float:
+    """The Python client's loop against bench/gateway_floor.py in ``mode`` (sync, aio, inproc)."""
+    floor = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gateway_floor.py"), mode, log_address],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = floor.stdout.readline()
+        while line and not line.strip().isdigit():  # the in-process store logs to stdout first
+            line = floor.stdout.readline()
+        if not line:
+            raise BenchError(f"gateway_floor.py {mode} exited with {floor.wait(30)} before serving")
+        return client_rate("python", f"127.0.0.1:{int(line)}", cfg, home)
+    finally:
+        floor.stdin.close()
+        try:
+            floor.wait(30)
+        except subprocess.TimeoutExpired:
+            floor.kill()
+            floor.wait(30)
+
+
 def measure(cfg: dict, work: pathlib.Path) -> dict:
     if not PY_CLIENT.exists():
         raise BenchError(f"{PY_CLIENT} is missing: run `make rmq-clients`")
     log_proc, log_address = start("commitlog_service.main", ["--data-dir", str(work / "log")], work / "log.err")
-    rates: dict[str, list[float]] = {"python": [], "direct": [], "noop": [], "node": []}
+    rates: dict[str, list[float]] = {"python": [], "direct": [], "noop": [], "node": [],
+                                     **{f"floor_{mode}": [] for mode in FLOORS}}
     try:
         txn_proc, txn_address = start("txn_service.main", ["--data-dir", str(work / "txn"), "--commitlog",
                                                            log_address], work / "txn.err")
@@ -121,6 +148,8 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
             rates["python"].append(client_rate("python", gw_address, cfg, work / f"home-py-{round_no}"))
             rates["direct"].append(direct_rate(log_address, cfg))
             rates["noop"].append(noop_rate(cfg, work / f"home-noop-{round_no}"))
+            for mode in FLOORS:
+                rates[f"floor_{mode}"].append(floor_rate(mode, log_address, cfg, work / f"home-{mode}-{round_no}"))
             print("round", round_no, {k: round(v[-1], 1) for k, v in rates.items() if v}, flush=True)
         if shutil.which("node") and (ROOT / "tests" / "clients" / "node" / "node_modules").is_dir():
             rates["node"].append(client_rate("node", gw_address, cfg, work / "home-node"))
@@ -140,6 +169,12 @@ def rows(rates: dict) -> list[dict]:
     out.append({"workload": "Python client send() against a no-op v2 server (msg/s): the client's own ceiling",
                 "figure": round(noop, 1), "comparison": "the direct Append loop", "comparison_figure": round(direct, 1),
                 "ratio": round(noop / direct, 3), "target": None})
+    for mode, label in FLOORS.items():
+        if rates[f"floor_{mode}"]:
+            floor = statistics.median(rates[f"floor_{mode}"])
+            out.append({"workload": f"Python client send() against {label} (msg/s): a floor of the design",
+                        "figure": round(floor, 1), "comparison": "the direct Append loop",
+                        "comparison_figure": round(direct, 1), "ratio": round(floor / direct, 3), "target": None})
     if rates["node"]:
         node = statistics.median(rates["node"])
         out.append({"workload": "Node client send(), 1 x 1 KiB per call, sequential, through the gateway (msg/s)",

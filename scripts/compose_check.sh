@@ -18,18 +18,19 @@
 # script with `up [--base IMAGE]` and `exec CMD...`, such as the private engine's engine.sh: it is
 # started if needed, and the smoke test runs through its `exec`, where the published ports are; when
 # empty, the ambient DOCKER_HOST is used and the ports are reached directly), COMPOSE_CHECK_PORTS
-# (published host ports, default "51051 51052", so that a running `make run` does not clash),
+# (published host ports of the commit log, the index and the gateway, default "51051 51052 51081", so
+# that a running `make run` does not clash),
 # COMPOSE_CHECK_PROJECT (default mqstore-check) and MQSTORE_IMAGE_TAG (default dev), to run beside
 # another check on the same engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
-read -r LOG_PORT INDEX_PORT <<< "${COMPOSE_CHECK_PORTS:-51051 51052}"
-export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_INDEX_HOST_PORT=$INDEX_PORT
+read -r LOG_PORT INDEX_PORT GATEWAY_PORT <<< "${COMPOSE_CHECK_PORTS:-51051 51052 51081}"
+export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_INDEX_HOST_PORT=$INDEX_PORT MQSTORE_GATEWAY_HOST_PORT=$GATEWAY_PORT
 PROJECT=${COMPOSE_CHECK_PROJECT:-mqstore-check}
 IMAGE=mqstore:${MQSTORE_IMAGE_TAG:-dev}
-LEAN_SERVICES=(commitlog index txn)
+LEAN_SERVICES=(commitlog index txn gateway)
 WAIT_TIMEOUT_S=300
 export SLOW_START_S=${SLOW_START_S:-30}
 t0=$SECONDS
@@ -74,18 +75,18 @@ case "$info" in
 esac
 say "services healthy; smoke test (write)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py write --commitlog "127.0.0.1:$LOG_PORT" \
-    --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
+    --index "127.0.0.1:$INDEX_PORT" --gateway "127.0.0.1:$GATEWAY_PORT" --state "$state/appended.json"
 
 say "restart: docker compose stop, then up --wait on the same volumes"
 compose stop --timeout 30
-for service in commitlog index; do  # a graceful stop (SIGTERM: flush, checkpoint) exits 0
+for service in commitlog index txn gateway; do  # a graceful stop (SIGTERM: flush, checkpoint) exits 0
     code=$(docker inspect "$(compose ps -a -q "$service")" --format '{{.State.ExitCode}}')
     [ "$code" = 0 ] || { say "$service exited $code on SIGTERM, not 0"; exit 1; }
 done
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${LEAN_SERVICES[@]}"
 say "healthy again; smoke test (verify)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
-    --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
+    --index "127.0.0.1:$INDEX_PORT" --gateway "127.0.0.1:$GATEWAY_PORT" --state "$state/appended.json"
 
 say "slow commit log: restart with commitlog starting ${SLOW_START_S} s late (scripts/compose-slow-commitlog.yml)"
 compose stop --timeout 30
@@ -102,5 +103,5 @@ say "index healthy while commitlog is still starting: the index does not wait fo
 slow up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${LEAN_SERVICES[@]}"
 say "both healthy; smoke test (verify)"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_smoke.py verify --commitlog "127.0.0.1:$LOG_PORT" \
-    --index "127.0.0.1:$INDEX_PORT" --state "$state/appended.json"
+    --index "127.0.0.1:$INDEX_PORT" --gateway "127.0.0.1:$GATEWAY_PORT" --state "$state/appended.json"
 say "passed"

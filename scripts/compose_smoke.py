@@ -1,8 +1,10 @@
 """The smoke test of `make compose-check`, through the published ports of the compose stack.
 
-    python scripts/compose_smoke.py write  --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 --state S
+    python scripts/compose_smoke.py write  --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 \
+        --gateway 127.0.0.1:51081 --state S
     (restart the services)
-    python scripts/compose_smoke.py verify --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 --state S
+    python scripts/compose_smoke.py verify --commitlog 127.0.0.1:51051 --index 127.0.0.1:51052 \
+        --gateway 127.0.0.1:51081 --state S
     python scripts/compose_smoke.py spark  --commitlog 127.0.0.1:52051 --compactor 127.0.0.1:52054
 
 ``write`` checks that the commit log runs the compiled codec (GetStoreInfo), creates a topic, appends
@@ -31,11 +33,17 @@ import grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, compactor_pb2 as cpb, compactor_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import index_pb2, index_pb2_grpc
+from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as v2d
+from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as v2s
+from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc as v2grpc
 
 TOPIC = "smoke"
 QUEUES = 2
 MESSAGES = 50
 SHARED_KEY = "smoke-all"
+GATEWAY_TOPIC = "smoke-gw"
+GATEWAY_MESSAGES = 5
+GATEWAY_CLIENT_ID = "compose-smoke"
 RPC_TIMEOUT_S = 10
 KV_TOPIC = "smoke-kv"
 KV_KEYS = 40
@@ -80,13 +88,13 @@ class Stack:
                                             timeout=RPC_TIMEOUT_S).indexed_physical_offset >= end,
                    f"the index to reach physical offset {end}")
 
-    def pull_all(self) -> dict[str, bytes]:
+    def pull_all(self, topic: str = TOPIC) -> dict[str, bytes]:
         """uniq_key -> body for every message of the topic."""
         found: dict[str, bytes] = {}
         for queue_id in range(QUEUES):
             offset = 0
             for _ in range(MESSAGES * 2):  # bounded: each pull advances or ends the loop
-                r = self.log.Pull(pb.PullRequest(topic=TOPIC, queue_id=queue_id, offset=offset, max_messages=64),
+                r = self.log.Pull(pb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=64),
                                   timeout=RPC_TIMEOUT_S)
                 found.update((m.uniq_key, m.body) for m in r.messages)
                 if r.next_offset >= r.max_offset or r.next_offset == offset:
@@ -139,6 +147,52 @@ def append(stack: Stack, first: int, count: int) -> list[dict]:
             for i, r in zip(range(first, first + count), results, strict=True)]
 
 
+class Gateway:
+    """The gateway's published port, spoken to as a RocketMQ 5 client does (x-mq-client-id on every call)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.insecure_channel(address)
+        self.stub = v2grpc.MessagingServiceStub(self.channel)
+        self.metadata = (("x-mq-client-id", GATEWAY_CLIENT_ID),)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def wait_route(self) -> None:
+        """QueryRoute answers OK with the topic's queues (the gateway may still be starting)."""
+        def routed() -> bool:
+            host, _, port = self.address.rpartition(":")
+            reply = self.stub.QueryRoute(v2s.QueryRouteRequest(
+                topic=v2d.Resource(name=GATEWAY_TOPIC), endpoints=v2d.Endpoints(
+                    scheme=v2d.IPv4, addresses=[v2d.Address(host=host, port=int(port))])),
+                timeout=RPC_TIMEOUT_S, metadata=self.metadata)
+            return reply.status.code == v2d.OK and len(reply.message_queues) == QUEUES
+        wait_until(routed, f"the gateway to route topic {GATEWAY_TOPIC}")
+
+    def send(self, first: int, count: int) -> list[str]:
+        """``count`` NORMAL messages, one SendMessage each (as the clients send); their message ids."""
+        ids = []
+        for i in range(first, first + count):
+            message_id = f"01SMOKE{i:027d}"
+            message = v2d.Message(topic=v2d.Resource(name=GATEWAY_TOPIC), body=b"gw-%d" % i,
+                                  system_properties=v2d.SystemProperties(message_id=message_id,
+                                                                         message_type=v2d.NORMAL))
+            reply = self.stub.SendMessage(v2s.SendMessageRequest(messages=[message]), timeout=RPC_TIMEOUT_S,
+                                          metadata=self.metadata)
+            check(reply.status.code == v2d.OK and [e.message_id for e in reply.entries] == [message_id],
+                  f"SendMessage through the gateway: {v2d.Code.Name(reply.status.code)} {reply.status.message}")
+            ids.append(message_id)
+        return ids
+
+
+def verify_gateway_messages(stack: Stack, ids: list[str]) -> None:
+    found = stack.pull_all(GATEWAY_TOPIC)
+    for i, message_id in enumerate(ids):
+        check(found.get(message_id) == b"gw-%d" % i, f"message {message_id} sent through the gateway not pulled "
+                                                     f"back intact")
+
+
 def check_codec(stack: Stack) -> None:
     """The image's build compiles the codec (Dockerfile: MQSTORE_REQUIRE_COMPILED): the service must say so."""
     active = stack.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S).codec
@@ -146,25 +200,38 @@ def check_codec(stack: Stack) -> None:
                                 f"compiles it: see the Dockerfile's build stage)")
 
 
-def write(stack: Stack, state: pathlib.Path) -> None:
+def write(stack: Stack, gateway: Gateway | None, state: pathlib.Path) -> None:
     stack.wait_ready()
     check_codec(stack)
     stack.log.CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=QUEUES), timeout=RPC_TIMEOUT_S)
     appended = append(stack, 0, MESSAGES)
     verify_messages(stack, appended)
-    state.write_text(json.dumps(appended))
+    sent: list[str] = []
+    if gateway is not None:
+        stack.log.CreateTopic(pb.CreateTopicRequest(name=GATEWAY_TOPIC, queue_count=QUEUES), timeout=RPC_TIMEOUT_S)
+        gateway.wait_route()
+        sent = gateway.send(0, GATEWAY_MESSAGES)
+        verify_gateway_messages(stack, sent)
+    state.write_text(json.dumps({"appended": appended, "gateway": sent}))
     print(f"write: codec compiled; created {TOPIC}, appended {len(appended)} messages; pulled, fetched and "
-          f"queried them back")
+          f"queried them back; {len(sent)} messages sent through the gateway pulled back")
 
 
-def verify(stack: Stack, state: pathlib.Path) -> None:
-    appended = json.loads(state.read_text())
+def verify(stack: Stack, gateway: Gateway | None, state: pathlib.Path) -> None:
+    saved = json.loads(state.read_text())
+    appended, sent = saved["appended"], saved["gateway"]
     stack.wait_ready()
     verify_messages(stack, appended)
     appended += append(stack, len(appended), 1)
     verify_messages(stack, appended)
-    state.write_text(json.dumps(appended))  # a later verify expects this message too
-    print(f"verify: all {len(appended) - 1} messages kept across the restart; appending still works")
+    if gateway is not None:
+        verify_gateway_messages(stack, sent)
+        gateway.wait_route()
+        sent += gateway.send(len(sent), 1)
+        verify_gateway_messages(stack, sent)
+    state.write_text(json.dumps({"appended": appended, "gateway": sent}))  # a later verify expects these too
+    print(f"verify: all {len(appended) - 1} messages (and {max(len(sent) - 1, 0)} sent through the gateway) kept "
+          f"across the restart; appending and sending still work")
 
 
 def spark(commitlog: str, compactor: str) -> None:
@@ -223,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("phase", choices=["write", "verify", "spark"])
     parser.add_argument("--commitlog", required=True, help="published host:port of CommitLog")
     parser.add_argument("--index", help="published host:port of Index (write, verify)")
+    parser.add_argument("--gateway", help="published host:port of the RocketMQ 5 gateway (write, verify; optional)")
     parser.add_argument("--state", type=pathlib.Path, help="what write appended, for verify")
     parser.add_argument("--compactor", help="published host:port of Compactor (spark)")
     args = parser.parse_args(argv)
@@ -231,17 +299,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase != "spark" and not (args.index and args.state):
         parser.error(f"{args.phase} needs --index and --state")
     stack = Stack(args.commitlog, args.index or args.commitlog)
+    gateway = Gateway(args.gateway) if args.gateway else None
     try:
         if args.phase == "spark":
             spark(args.commitlog, args.compactor)
         else:
-            (write if args.phase == "write" else verify)(stack, args.state)
+            (write if args.phase == "write" else verify)(stack, gateway, args.state)
     except (SmokeFailure, grpc.RpcError) as exc:
         detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
         print(f"compose smoke test failed ({args.phase}): {detail}", file=sys.stderr)
         return 1
     finally:
         stack.close()
+        if gateway is not None:
+            gateway.close()
     return 0
 
 

@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, limits, retention_holds, transactions
+from mqstore import codec, failpoints, fs, limits, relayed, retention_holds, transactions
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -308,7 +308,8 @@ class MessageStore:
         """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
         (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
         the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
-        it, so clients cannot write system topics. ``replication`` ("ASYNC", "SYNC", None: the node's
+        it, so clients cannot write system topics. The gateway names itself too (mqstore.relayed), to
+        store its producers' born hosts in user topics. ``replication`` ("ASYNC", "SYNC", None: the node's
         default) says whether the acknowledgement waits for the in-sync replicas (``gate``)."""
         self._check_running()
         sync_replication = self.gate.sync_wanted(replication)
@@ -317,6 +318,8 @@ class MessageStore:
         rec = self.topics.get(topic)
         if system_writer == topic_rules.OWNER_POP:
             pop_copies.check_internal_append(rec, messages)
+        elif system_writer == relayed.WRITER_GATEWAY:
+            relayed.check_internal_append(rec, messages)
         elif system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)

@@ -32,6 +32,7 @@ from mqstore.errors import FailedPrecondition, InvalidArgument, shown
 from mqstore.format.record import SYSFLAG_TX_COMMIT, SYSFLAG_TX_MASK, SYSFLAG_TX_NOT
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, MessageIn, TopicRecord
 from mqstore import topics as topic_rules
+from mqstore.relayed import WRITER_GATEWAY
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
@@ -99,8 +100,8 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn], wri
     system topics take only NOT_TYPE records, user topics only COMMIT records with a prepared offset, and
     only from the Transaction service."""
     if writer not in topic_rules.OWNER_DESCRIPTIONS:
-        raise InvalidArgument(f"writer {shown(writer)} is not a service that owns system topics; known: "
-                              f"{sorted(topic_rules.OWNER_DESCRIPTIONS)}")
+        raise InvalidArgument(f"writer {shown(writer)} is not one of the store's internal writers; known: "
+                              f"{sorted([*topic_rules.OWNER_DESCRIPTIONS, WRITER_GATEWAY])}")
     if topic.kind == KIND_SYSTEM:
         for index, m in enumerate(messages):
             if tx_type(m.sys_flag) != SYSFLAG_TX_NOT or m.prepared_transaction_offset:

@@ -27,6 +27,11 @@ class GatewayConfig:
     receive_batch_max: int = 32
     max_delivery_attempts: int = 17         # deliveries before the DLQ (RocketMQ: 16 retries + the first)
     auto_renew_invisible_ms: int = 60_000   # invisible time of a receive with auto_renew (push consumers)
+    # ... renewed by that much again when within auto_renew_ahead_ms of its end, for at most
+    # auto_renew_max_ms after the receive (the proxy: 10 s ahead, 3 h), for at most auto_renew_max_messages
+    auto_renew_ahead_ms: int = 10_000
+    auto_renew_max_ms: int = 3 * 3_600_000
+    auto_renew_max_messages: int = 100_000
     # Check-back
     max_checkback_topics: int = 1_000       # CheckBack streams to the Transaction service at once
     pending_checks_max: int = 10_000        # checks relayed and not yet answered, remembered (oldest dropped)
@@ -35,7 +40,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         for name in ("max_clients", "client_ttl_ms", "telemetry_outbox_limit", "max_body_bytes", "topic_cache_ms",
                      "long_poll_min_ms", "long_poll_max_ms", "receive_batch_max", "max_delivery_attempts",
-                     "auto_renew_invisible_ms", "max_checkback_topics", "pending_checks_max",
+                     "auto_renew_invisible_ms", "auto_renew_ahead_ms", "auto_renew_max_ms", "auto_renew_max_messages",
+                     "max_checkback_topics", "pending_checks_max",
                      "checkback_retry_max_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
@@ -45,6 +51,10 @@ class GatewayConfig:
         if not 0 <= self.long_poll_reserve_ms < self.long_poll_min_ms:
             raise InvalidArgument(f"long_poll_reserve_ms must be in [0, long_poll_min_ms), not "
                                   f"{self.long_poll_reserve_ms}")
+        if self.auto_renew_ahead_ms >= self.auto_renew_invisible_ms:
+            raise InvalidArgument(f"auto_renew_ahead_ms ({self.auto_renew_ahead_ms}) must be less than "
+                                  f"auto_renew_invisible_ms ({self.auto_renew_invisible_ms}): a renewal comes that "
+                                  f"long before the invisible time ends")
         if self.max_body_bytes > 64 * MiB:
             raise InvalidArgument(f"max_body_bytes is at most 64 MiB (the gRPC message limit), not "
                                   f"{self.max_body_bytes}")

@@ -5,7 +5,8 @@
   ReceiveMessage                       Receive of the whole topic: ``message_queue.id`` is only a hint (the
                                        Node client always names queue 0), as the proxy pops its "broker
                                        acting queue"; batch at most receive_batch_max (32); invisible time
-                                       the request's (auto_renew: auto_renew_invisible_ms); long poll the
+                                       the request's (auto_renew: auto_renew_invisible_ms, renewed in the
+                                       background until acked: mqstore.gateway.renewal); long poll the
                                        request's clamped to [long_poll_min_ms, long_poll_max_ms] and to the
                                        client's deadline minus a reserve; max_attempts the gateway's
                                        max_delivery_attempts; a new group starts at the earliest message
@@ -35,6 +36,7 @@ from mqstore.pop.service import AckOutcome, ChangeResult
 
 from .config import GatewayConfig
 from .publishing import TopicCache
+from .renewal import Renewals
 
 TAG, SQL = "TAG", "SQL"
 
@@ -54,13 +56,16 @@ class PopPort(Protocol):
 
 
 class Consuming:
-    def __init__(self, config: GatewayConfig, topics: TopicCache, pop: PopPort):
-        self.config, self.topics, self.pop = config, topics, pop
+    def __init__(self, config: GatewayConfig, topics: TopicCache, pop: PopPort, renewals: Renewals | None = None):
+        """``renewals``: where receives with auto_renew are kept invisible (mqstore.gateway.renewal); None
+        gives them auto_renew_invisible_ms and nothing more."""
+        self.config, self.topics, self.pop, self.renewals = config, topics, pop, renewals
 
     def receive(self, group: str, topic: str, *, filter_type: str, expression: str, batch_size: int,
                 invisible_ms: int | None, auto_renew: bool, long_poll_ms: int | None,
-                time_left_ms: int | None) -> tuple[ReceiveResult, int]:
-        """(what was received, the invisible time given)."""
+                time_left_ms: int | None, client_id: str = "") -> tuple[ReceiveResult, int]:
+        """(what was received, the invisible time given). With ``auto_renew`` the deliveries are renewed
+        for ``client_id`` until it acks them (or goes away)."""
         self._names(group, topic)
         if filter_type not in ("", TAG):
             raise IllegalFilterExpression(f"filter type {filter_type} is not supported: only TAG expressions "
@@ -77,6 +82,8 @@ class Consuming:
                                                  self.config.receive_batch_max),
                                   long_poll_ms=self.long_poll(long_poll_ms, time_left_ms),
                                   max_attempts=self.config.max_delivery_attempts, start=START_EARLIEST)
+        if auto_renew and self.renewals is not None and result.deliveries:
+            self.renewals.add(client_id, group, topic, result.deliveries)
         return result, invisible_ms
 
     def long_poll(self, asked_ms: int | None, time_left_ms: int | None) -> int:
@@ -100,8 +107,8 @@ class Consuming:
             except InvalidArgument as exc:
                 outcomes[index] = AckOutcome(text, "invalid", str(exc))
         if sendable:
-            for index, outcome in zip(sendable, self.pop.ack(group, topic, [receipt_handles[i] for i in sendable]),
-                                      strict=True):
+            current = [self._current(group, receipt_handles[i]) for i in sendable]
+            for index, outcome in zip(sendable, self.pop.ack(group, topic, current), strict=True):
                 outcomes[index] = outcome
         return [o for o in outcomes if o is not None]
 
@@ -110,7 +117,8 @@ class Consuming:
         self._handle(group, topic, receipt_handle)
         invisible_ms = self._invisible(invisible_ms)
         try:
-            return self.pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
+            return self.pop.change_invisible_duration(group, topic, self._current(group, receipt_handle),
+                                                      invisible_ms)
         except FailedPrecondition as exc:
             raise InvalidReceiptHandle(f"the receipt handle no longer works: {exc}") from None
 
@@ -118,9 +126,14 @@ class Consuming:
         self._names(group, topic)
         self._handle(group, topic, receipt_handle)
         try:
-            return self.pop.forward_to_dead_letter(group, topic, receipt_handle)
+            return self.pop.forward_to_dead_letter(group, topic, self._current(group, receipt_handle))
         except FailedPrecondition as exc:
             raise InvalidReceiptHandle(f"the receipt handle no longer works: {exc}") from None
+
+    def _current(self, group: str, receipt_handle: str) -> str:
+        """The handle that works now for the one the client holds (renewed ones were replaced); its
+        renewal ends here."""
+        return self.renewals.take(group, receipt_handle) if self.renewals is not None else receipt_handle
 
     def _names(self, group: str, topic: str) -> None:
         topic_rules.validate_group_name(group)

@@ -12,6 +12,8 @@ A v2 message becomes one :class:`mqstore.model.MessageIn`, as the Java proxy bui
   message_group (FIFO)                sharding_key (the commit log hashes it to a queue, as the proxy does)
                                       and property __SHARDINGKEY (returned as message_group on receive)
   born_timestamp                      born_timestamp_ms
+  (the producer's address)            born_host (when the gateway appends through CommitLogInternal,
+                                      writer "gateway": see Publisher)
   user_properties                     properties (the names the gateway sets itself are refused)
   body                                body (at most max_body_bytes)
 
@@ -52,9 +54,11 @@ ACCEPTED_TYPES = {KIND_NORMAL: (NORMAL, FIFO, TRANSACTION),
                   KIND_COMPACTION: (NORMAL,)}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Publish:
-    """One message of a SendMessageRequest, in the gateway's terms."""
+    """One message of a SendMessageRequest, in the gateway's terms. Not frozen: built once per send on the
+    hot path (as MessageIn, a frozen dataclass costs several times as much to construct); treat it as
+    immutable."""
     topic: str
     body: bytes
     message_id: str
@@ -64,6 +68,10 @@ class Publish:
     message_group: str = ""
     user_properties: dict[str, str] = field(default_factory=dict)
     born_timestamp_ms: int = 0
+    # The producer's address as the gateway sees it (IPv4 bytes, port); port 0 = unknown (the commit log
+    # then stores the gateway's own address)
+    born_host: bytes = b"\x7f\x00\x00\x01"
+    born_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +137,14 @@ def to_message_in(p: Publish) -> MessageIn:
     if p.message_group:
         properties[PROPERTY_SHARDING_KEY] = p.message_group
     return MessageIn(p.body, tags=p.tag, keys=p.keys, properties=properties, born_timestamp_ms=p.born_timestamp_ms,
-                     sharding_key=p.message_group)
+                     sharding_key=p.message_group, born_host=p.born_host, born_port=p.born_port)
 
 
 class Publisher:
-    """Sends: ``append(topic, messages)`` is CommitLog.Append, ``prepare(topic, message, group)`` is
-    Transaction.Prepare returning (transaction id, half queue offset)."""
+    """Sends: ``append(topic, messages)`` is CommitLogInternal.Append with writer "gateway" (the record's
+    born host is the producer's), or CommitLog.Append when the gateway has no internal token (the born
+    host is then the gateway's); ``prepare(topic, message, group)`` is Transaction.Prepare returning
+    (transaction id, half queue offset)."""
 
     def __init__(self, topics: TopicCache, max_body_bytes: int,
                  append: Callable[[str, list[MessageIn]], list[AppendResult]],

@@ -2,14 +2,15 @@
 
 It serves ``apache.rocketmq.v2.MessagingService`` (port 8081 by default, RocketMQ's proxy port), so the
 official RocketMQ 5 clients work unchanged, as a client of the other services: sends are
-CommitLog.Append, transactional sends Transaction.Prepare/Commit/Rollback, the Transaction service's
+CommitLog(Internal).Append, transactional sends Transaction.Prepare/Commit/Rollback, the Transaction service's
 check-back reaches producers over their Telemetry streams, and receives/acks are the Consumer service's
 pop. It keeps nothing on disk: its state (the clients, their Telemetry streams, the checks in flight)
 is in memory and rebuilt from the clients' own calls after a restart (see services/gateway/README.md).
 
 Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (flags win). Every
 service's flags (``--host``, ``--port`` 8081, ``--max-workers`` 256 here: each client's Telemetry stream
-and each long poll holds a handler thread, ...; ``--data-dir`` is accepted and unused); its own:
+and each long poll holds a handler thread, ...; ``--data-dir`` is accepted and unused; ``--internal-token``,
+env MQSTORE_INTERNAL_TOKEN, the commit log's: with it sends store the producer's address as born host); its own:
 ``--commitlog`` (env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--txn`` (env MQSTORE_TXN, default
 127.0.0.1:50053), ``--rpc-timeout-ms``, ``--stream-deadline-ms``, and one flag per field of
 GatewayConfig (``--max-clients``, ``--client-ttl-ms``, ``--max-body-bytes``, ``--max-delivery-attempts``,
@@ -21,8 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import sys
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
+
+import structlog
 
 from mqstore.background import Duty
 from mqstore.clock import Clock, SystemClock
@@ -32,6 +36,9 @@ from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
 from mqstore.gateway.publishing import Publisher, TopicCache
+from mqstore.gateway.renewal import Renewals
+from mqstore.model import AppendResult, MessageIn
+from mqstore.relayed import WRITER_GATEWAY
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
@@ -41,11 +48,14 @@ from .pop_client import PopClient
 from .servicer import SERVICE_NAME, MessagingServicer, add_to_server
 from .txn_client import TxnClient
 
+log = structlog.get_logger("gateway_service.main")
+
 DEFAULT_PORT = 8081
 DEFAULT_MAX_WORKERS = 256
 DEFAULT_COMMITLOG = "127.0.0.1:50051"
 DEFAULT_TXN = "127.0.0.1:50053"
 HOUSEKEEPING_INTERVAL_S = 1.0
+RENEWAL_INTERVAL_MAX_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +66,9 @@ class GatewayServiceConfig:
     txn_address: str = DEFAULT_TXN
     rpc_timeout_ms: int = 10_000
     stream_deadline_ms: int = 600_000   # a CheckBack stream is re-opened this often
+    # CommitLogInternal's shared secret: with it, sends are appended as writer "gateway" and store the
+    # producer's address as born host; without it, through the public Append (born host: the gateway's)
+    internal_token: str = ""
     log_level: str = "info"
     failpoints: str = ""
     clock: Clock | None = None          # tests inject a FakeClock; main() leaves the system clock
@@ -86,12 +99,28 @@ class Housekeeping(Duty):
         self.relay.sync()
 
 
+class Renewal(Duty):
+    """Duty "gateway-renewal": renews the invisible time of push consumers' messages (auto_renew) ahead of
+    its end; it looks four times per auto_renew_ahead_ms (at most every second), so that a renewal is
+    never later than the ahead time allows."""
+
+    def __init__(self, renewals: Renewals, ahead_ms: int):
+        super().__init__("gateway-renewal", interval_s=min(RENEWAL_INTERVAL_MAX_S, ahead_ms / 4000))
+        self.renewals = renewals
+
+    def step(self) -> None:
+        self.renewals.renew_due()
+
+
 def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     """Closers run in reverse: the registry's streams end, the check relay stops, then the clients close."""
     cfg = config.gateway
     clock = config.clock or SystemClock()
     rpc_timeout_s = config.rpc_timeout_ms / 1000
-    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, peers=parts.peers)
+    # Sends are one unary Append each, on the latency path of every producer: no retry machinery (a send
+    # that meets a broken connection fails as PROXY_TIMEOUT, and the client's own backoff sends it again).
+    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, peers=parts.peers,
+                                 transparent_retries=False)
     parts.on_close(log_client.close)
     pop = PopClient(log_client)  # the same nodes: pop consumption follows the commit log's leader
     txn = TxnClient(config.txn_address, rpc_timeout_s=rpc_timeout_s,
@@ -108,9 +137,23 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     parts.add_health_problem(relay.problem)
     parts.add_duty(Housekeeping(registry, relay))
     topics = TopicCache(log_client.topic, clock, cfg.topic_cache_ms)
-    publisher = Publisher(topics, cfg.max_body_bytes, log_client.append, txn.prepare)
-    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop))
+    publisher = Publisher(topics, cfg.max_body_bytes, appender(log_client, config.internal_token), txn.prepare)
+    renewals = Renewals(pop, clock, invisible_ms=cfg.auto_renew_invisible_ms, ahead_ms=cfg.auto_renew_ahead_ms,
+                        max_ms=cfg.auto_renew_max_ms, max_entries=cfg.auto_renew_max_messages,
+                        alive=lambda client_id: registry.get(client_id) is not None)
+    parts.add_duty(Renewal(renewals, cfg.auto_renew_ahead_ms))
+    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop, renewals))
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
+
+
+def appender(log_client: CommitLogClient, token: str) -> Callable[[str, list[MessageIn]], list[AppendResult]]:
+    """How sends reach the log: CommitLogInternal.Append as writer "gateway" (the producer's born host)
+    when the gateway has the internal token, else the public Append (the born host is the gateway's)."""
+    if not token:
+        log.warning("gateway.born_host_is_gateway", reason="no internal token (MQSTORE_INTERNAL_TOKEN): sends go "
+                    "through the public Append, which stores the gateway's address as every message's born host")
+        return log_client.append
+    return functools.partial(log_client.internal_append, writer=WRITER_GATEWAY, token=token)
 
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -145,12 +188,14 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> GatewayS
         txn_address=S.typed(args, env, "txn", str, DEFAULT_TXN),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         stream_deadline_ms=S.typed(args, env, "stream_deadline_ms", S.parse_int, 600_000),
+        internal_token=S.internal_token(args, env),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
 
 
 def describe(config: GatewayServiceConfig, port: int) -> dict:
     return {"gateway": dataclasses.asdict(config.gateway), "server": dataclasses.asdict(config.server),
-            "commitlog_address": config.commitlog_address, "txn_address": config.txn_address}
+            "commitlog_address": config.commitlog_address, "txn_address": config.txn_address,
+            "born_host": "producer" if config.internal_token else "gateway"}  # never the token itself
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)

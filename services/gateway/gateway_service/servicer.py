@@ -114,12 +114,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._client(context)
         if not request.messages:
             raise InvalidArgument("SendMessage: messages is empty; send one message per request")
-        entries = [self._send_one(message) for message in request.messages]
+        peer = context.peer()
+        entries = [self._send_one(message, peer) for message in request.messages]
         return s.SendMessageResponse(status=overall([e.status for e in entries]), entries=entries)
 
-    def _send_one(self, message: d.Message) -> s.SendResultEntry:
+    def _send_one(self, message: d.Message, peer: str) -> s.SendResultEntry:
         try:
-            sent = self.publisher.send(convert.publish_in(message))
+            sent = self.publisher.send(convert.publish_in(message, peer))
         except MqStoreError as exc:  # one message's refusal is its entry's status
             log.info("gateway.send_refused", topic=message.topic.name[:127], error=type(exc).__name__,
                      message=str(exc))
@@ -145,7 +146,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def ReceiveMessage(self, request, context):
         """Exactly one status item (OK, or MESSAGE_NOT_FOUND when nothing came within the long poll), then
         the delivery time and the messages, then the end of the stream, inside the client's deadline."""
-        self._client(context)
+        cid = self._client(context)
         left_s = context.time_remaining()
         result, invisible_ms = self.consuming.receive(
             request.group.name, request.message_queue.topic.name,
@@ -155,7 +156,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             else None, auto_renew=request.auto_renew,
             long_poll_ms=convert.duration_ms(request.long_polling_timeout)
             if request.HasField("long_polling_timeout") else None,
-            time_left_ms=None if left_s is None else int(left_s * 1000))
+            time_left_ms=None if left_s is None else int(left_s * 1000), client_id=cid)
         # Everything is converted before the first item: a failure after it would be a second status.
         messages = [convert.message_out(m.message, topic=m.topic, receipt_handle=m.receipt_handle,
                                         delivery_attempt=m.attempt, invisible_ms=invisible_ms)

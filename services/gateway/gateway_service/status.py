@@ -58,8 +58,12 @@ def code_for(exc: errors.MqStoreError) -> int:
     return d.INTERNAL_SERVER_ERROR
 
 
+_OK = d.Status(code=d.OK, message="OK")
+
+
 def ok(message: str = "OK") -> d.Status:
-    return d.Status(code=d.OK, message=message)
+    """An OK status; the plain one is shared (a message field assigned from it is a copy: never mutate it)."""
+    return _OK if message == "OK" else d.Status(code=d.OK, message=message)
 
 
 def status_of(exc: errors.MqStoreError) -> d.Status:

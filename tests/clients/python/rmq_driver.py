@@ -20,9 +20,10 @@ as tests/clients/node/driver.js:
   receive    {max, invisible_s}              receive; each message with a "handle" (a key into this driver)
   ack        {handle, receipt_handle?}       ack a received message (receipt_handle: ack with that one instead)
   change     {handle, invisible_s}           ChangeInvisibleDuration; the new receipt handle
-  push       {group, topic, fail, expect, wait_s}  a PushConsumer (Python only): every message is consumed
-                                             (an event "consumed"; bodies in fail fail their first
-                                             delivery); returns once expect deliveries succeeded
+  push       {group, topic, fail, expect, wait_s, work_s}  a PushConsumer (Python only): every message is
+                                             consumed (an event "consumed" as it starts; bodies in fail fail
+                                             their first delivery; each takes work_s); returns once expect
+                                             deliveries succeeded
   shutdown   {}                              shut the clients down and exit
 """
 
@@ -60,10 +61,12 @@ class Checker(TransactionChecker):
 
 
 class Listener(MessageListener):
-    """Consumes everything; a body named in ``fail`` fails its first delivery (a nack: delivered again)."""
+    """Consumes everything; a body named in ``fail`` fails its first delivery (a nack: delivered again);
+    ``work_s``: each consumption takes that long (a slow consumer: longer than the invisible time, it
+    needs the server to renew it)."""
 
-    def __init__(self, fail: set[str], expect: int):
-        self.fail, self.expect = fail, expect
+    def __init__(self, fail: set[str], expect: int, work_s: float = 0.0):
+        self.fail, self.expect, self.work_s = fail, expect, work_s
         self.succeeded = 0
         self.done = threading.Event()
 
@@ -72,6 +75,8 @@ class Listener(MessageListener):
         failing = body in self.fail and message.delivery_attempt == 1
         emit({"event": "consumed", "message_id": message.message_id, "body": body,
               "attempt": message.delivery_attempt, "failed": failing})
+        if self.work_s:
+            time.sleep(self.work_s)  # the consumer's work itself, not a synchronisation
         if failing:
             return ConsumeResult.FAILURE
         self.succeeded += 1
@@ -181,7 +186,7 @@ class Driver:
         return {"receipt_handle": m.receipt_handle}
 
     def push(self, c):
-        listener = Listener(set(c.get("fail", ())), c["expect"])
+        listener = Listener(set(c.get("fail", ())), c["expect"], c.get("work_s", 0.0))
         consumer = PushConsumer(self.config, c["group"], listener, {c["topic"]: FilterExpression("*")})
         consumer.startup()
         try:
@@ -206,8 +211,9 @@ def main() -> int:
             reply = getattr(driver, op + "_" if op in ("producer", "consumer") else op)(command)
             emit({"id": command["id"], "ok": True, **reply})
         except Exception as exc:  # noqa: BLE001 - every client failure is the test's to judge
+            code = getattr(exc, "code", None)  # the client's exceptions: a number; a grpc error: a method
             emit({"id": command["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}",
-                  "code": getattr(exc, "code", None), "trace": traceback.format_exc(limit=3)})
+                  "code": str(code()) if callable(code) else code, "trace": traceback.format_exc(limit=3)})
         if op == "shutdown":
             return 0
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqstore import topics
+from mqstore import relayed, topics
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format import record
@@ -61,3 +61,30 @@ def test_born_timestamp_zero_is_the_batch_time(store):
     first, second = store.pull("t", 0, 0).messages
     assert first.record.born_timestamp_ms == store.clock.now_ms() > 0
     assert second.record.born_timestamp_ms == 42
+
+
+def test_the_gateway_writes_its_clients_plain_messages_with_their_born_host(store):
+    store.create_topic("orders", 1)
+    producer = MessageIn(body=b"x", born_host=b"\x0a\x01\x02\x03", born_port=50123)
+    store.append("orders", [producer], system_writer=relayed.WRITER_GATEWAY)
+    (stored,) = store.pull("orders", 0, 0).messages
+    assert (stored.record.born_host, stored.record.born_port) == (b"\x0a\x01\x02\x03", 50123)
+    refused = [MessageIn(body=b"x", sys_flag=record.SYSFLAG_TX_COMMIT),
+               MessageIn(body=b"x", sys_flag=record.SYSFLAG_TX_PREPARED),
+               MessageIn(body=b"x", prepared_transaction_offset=8), MessageIn(body=b"x", reconsume_times=1)]
+    for message in refused:
+        with pytest.raises(InvalidArgument, match="plain messages"):
+            store.append("orders", [message], system_writer=relayed.WRITER_GATEWAY)
+    for topic in sorted(topics.SYSTEM_TOPICS):
+        with pytest.raises(FailedPrecondition, match="system topic"):
+            store.append(topic, [MessageIn(body=b"x")], system_writer=relayed.WRITER_GATEWAY)
+    retry = store.topics.ensure_pop_topic(topics.retry_topic("g", "orders")).name
+    with pytest.raises(FailedPrecondition, match="retry or dead-letter"):
+        store.append(retry, [MessageIn(body=b"x")], system_writer=relayed.WRITER_GATEWAY)
+    assert store.queue_info("orders", 0).max_offset == 1 and store.queue_info(retry, 0).max_offset == 0
+
+
+def test_an_unknown_writer_is_refused_naming_the_known_ones(store):
+    store.create_topic("orders", 1)
+    with pytest.raises(InvalidArgument, match="'gateway', 'pop', 'schedule', 'txn'"):
+        store.append("orders", [MessageIn(body=b"x")], system_writer="nobody")

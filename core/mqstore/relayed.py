@@ -1,0 +1,29 @@
+"""What a gateway may append for its clients through the store's internal way (MessageStore.append's
+``system_writer`` ``gateway``: CommitLogInternal.Append with writer "gateway").
+
+The RocketMQ 5 gateway takes that way for one reason: the record's BORNHOST is then the producer's
+address (InternalMessage.born_host) rather than the gateway's own, which is all the public Append can
+store. Everything else stays as a client's append: user topics only (the registry refuses system topics
+and pop consumption's retry and dead-letter topics: store_topics.check_system_writer, which follows this
+check), and plain records: no transaction type, no prepared offset, no reconsume count.
+
+Thread-safety: stateless.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from mqstore.errors import InvalidArgument
+from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_TX_NOT
+from mqstore.model import MessageIn, TopicRecord
+
+WRITER_GATEWAY = "gateway"
+
+
+def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn]) -> None:
+    for index, m in enumerate(messages):
+        if m.sys_flag & SYSFLAG_TX_MASK != SYSFLAG_TX_NOT or m.prepared_transaction_offset or m.reconsume_times:
+            raise InvalidArgument(f"messages[{index}]: the gateway appends its clients' plain messages (no "
+                                  f"transaction_type, prepared_transaction_offset or reconsume_times) into "
+                                  f"{topic.name!r}; transactions go through the Transaction service")
