@@ -198,7 +198,7 @@ class MessageStore:
         self.maintenance.stop(timeout_s)
         self.warmer.stop(timeout_s)
         self.flusher.stop(timeout_s)
-        self.dispatcher.run_pending(self.flusher.flushed_offset)
+        self._dispatch_to(self.flusher.flushed_offset)
         checkpointed = self.write_checkpoint()
         if checkpointed and self.dispatcher.dispatched_offset >= self.commitlog.written_offset:
             self.abort_path.unlink(missing_ok=True)
@@ -282,7 +282,7 @@ class MessageStore:
 
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
-            self.dispatcher.run_pending(min(flushed_offset, self.gate.committed_offset()))
+            self._dispatch_to(min(flushed_offset, self.gate.committed_offset()))
 
     def _check_running(self) -> None:
         if not self._running:
@@ -341,10 +341,10 @@ class MessageStore:
         self._appended_bytes.inc(len(batch.buf))
         if self.flusher.sync:
             self.flusher.wait_flushed(written.end)
-            self.dispatcher.run_pending(min(self.flusher.flushed_offset, self.gate.committed_offset()))
+            self._dispatch_to(min(self.flusher.flushed_offset, self.gate.committed_offset()))
             durability = DURABILITY_FLUSHED
         else:
-            self.dispatcher.run_pending(min(written.end, self.gate.committed_offset()))
+            self._dispatch_to(min(written.end, self.gate.committed_offset()))
             durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
         replicas, epoch = self.gate.finish_append(written.end, sync_replication)
         if sync_replication:
@@ -692,7 +692,13 @@ class MessageStore:
         """The leader's side: dispatch what became committed (the in-sync set's acknowledgements moved it).
         Bytes copied while this node was a replica have no pending append: they are dispatched from the log."""
         held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
-        limit = min(held, self.gate.committed_offset())
+        self._dispatch_to(min(held, self.gate.committed_offset()))
+
+    def _dispatch_to(self, limit: int) -> None:
+        """Consume queue entries up to ``limit``: first the bytes this node copied as a replica before it
+        led (they have no pending append: from the log), then its own pending appends. Every dispatch goes
+        through here, in that order, so an append's entries never go in before the copied records below
+        them (the appending thread and the acknowledgement thread of a new leader both dispatch)."""
         copied_end = min(self._copied_end, limit)
         if self.dispatcher.dispatched_offset < copied_end:
             self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, copied_end)

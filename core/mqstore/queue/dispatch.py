@@ -174,6 +174,9 @@ class Dispatcher:
         """A replica's new records [from_offset, to_offset): entries from the log (every topic: the leader
         checked them), then readers are woken."""
         with self.lock:
+            from_offset = max(from_offset, self.dispatched_offset)  # another thread may have dispatched them
+            if to_offset <= from_offset:
+                return
             self._replay_range(from_offset, to_offset, None, None, None)
             self.dispatched_offset = to_offset
         with self.visible:

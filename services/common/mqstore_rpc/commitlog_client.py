@@ -41,12 +41,16 @@ _BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb
 
 class TailCall:
     """One Tail call. Iterate once; ``cancel()`` from any thread ends it. A deadline that expires
-    ends the iteration cleanly (the caller re-opens); other errors raise mqstore exceptions."""
+    ends the iteration cleanly (the caller re-opens); other errors raise mqstore exceptions.
+    ``on_unreachable(peer)`` is told of a node that cannot serve the stream: unreachable, or behind it
+    (OutOfRange with its visible end below ``from_offset``: a replica that has not yet made visible what
+    the follower has already applied, after a failover); the client then uses the next listed node."""
 
-    def __init__(self, call, peer: str, on_unreachable=lambda peer: None):
+    def __init__(self, call, peer: str, on_unreachable=lambda peer: None, from_offset: int | None = None):
         self._call = call
         self._peer = peer
         self._on_unreachable = on_unreachable
+        self._from_offset = from_offset
 
     def __iter__(self) -> Iterator[model.TailFrame]:
         try:
@@ -55,9 +59,14 @@ class TailCall:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return  # the planned end of this stream (see the module docstring)
-            if _unreachable(exc):
+            error = from_rpc_error(exc, self._peer)
+            if _unreachable(exc) or self._behind(error):
                 self._on_unreachable(self._peer)
-            raise from_rpc_error(exc, self._peer) from None
+            raise error from None
+
+    def _behind(self, error: Exception) -> bool:
+        return (isinstance(error, OutOfRange) and self._from_offset is not None and error.max_value is not None
+                and error.max_value < self._from_offset)
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -130,7 +139,8 @@ class CommitLogClient:
         request.topics.extend(topics)
         request.transaction_types.extend(convert.tx_type_out(t) for t in tx_types)
         request.hold_retention_as = hold_retention_as
-        return TailCall(self._stub.Tail(request, timeout=self.stream_deadline_s), self.address, self._next_node)
+        return TailCall(self._stub.Tail(request, timeout=self.stream_deadline_s), self.address, self._next_node,
+                        from_physical_offset)
 
     def get_messages(self, physical_offsets: Sequence[int]) -> list[model.StoredMessage | None]:
         """GetMessage for each offset, in the same order, ``fetch_window`` calls in flight at a time;
