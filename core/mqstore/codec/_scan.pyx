@@ -2,11 +2,15 @@
 """The record walk (recovery, consume-queue rebuild, the Index's Tail frames) and the Java hash of
 ``topic#key`` in C: mqstore.format.record_scan._scan_python and routing_fields, and
 mqstore.format.index_file's key_hashes are the references, and tests/property/test_codec_scan.py requires the same results.
+A compaction record's key, tombstone flag and body (compaction_fields; rounds.compaction_fields_python, checked by
+test_codec_compaction_fields.py), and the Compactor Scan's LatestValue bytes of a chunk of compaction log records
+(scan_values; reads.scan's Latest items serialized, checked page by page by test_codec_scan_page.py).
 
 :func:`scan` stops where the reference stops and returns what it returns; why a record failed is
 still said by the reference (record_reader.check), which only runs on the one record that failed.
 
-Thread-safety: pure functions over the caller's buffer (which must not change during the call).
+Thread-safety: pure functions over the caller's buffer (which must not change during the call); scan_values
+reads the caller's ``latest`` dict and appends to its bytearray holding the GIL throughout.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
