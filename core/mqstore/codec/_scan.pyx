@@ -2,21 +2,26 @@
 """The record walk (recovery, consume-queue rebuild, the Index's Tail frames) and the Java hash of
 ``topic#key`` in C: mqstore.format.record_scan._scan_python and routing_fields, and
 mqstore.format.index_file's key_hashes are the references, and tests/property/test_codec_scan.py requires the same results.
+A compaction record's key, tombstone flag and body (compaction_fields; rounds.compaction_fields_python, checked by
+test_codec_compaction_fields.py), and the Compactor Scan's LatestValue bytes of a chunk of compaction log records
+(scan_values; reads.scan's Latest items serialized, checked page by page by test_codec_scan_page.py).
 
 :func:`scan` stops where the reference stops and returns what it returns; why a record failed is
 still said by the reference (record_reader.check), which only runs on the one record that failed.
 
-Thread-safety: pure functions over the caller's buffer (which must not change during the call).
+Thread-safety: pure functions over the caller's buffer (which must not change during the call); scan_values
+reads the caller's ``latest`` dict and appends to its bytearray holding the GIL throughout.
 """
 
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memchr, memcmp
+from libc.string cimport memchr, memcmp, memcpy
 
 from mqstore.codec._walk cimport (FIXED_OVERHEAD, SYS_FLAG_AT, RecordSpan, be32, be64, body_at_of,
                                   check_record, store_timestamp_at_of)
-from mqstore.codec._wire cimport java_hash_utf8_continue
+from mqstore.codec._wire cimport java_hash_utf8_continue, put_varint, varint_size
 
 # mqstore.format.record: the fields _scan reads (checked against record.IPV4 / LAYOUTS by mqstore.codec).
 cdef uint32_t MAGIC_V1 = 0xDAA320A7
@@ -140,14 +145,18 @@ cdef inline bint _entry_is(const uint8_t* e, Py_ssize_t n, const char* name, Py_
     return n > name_len + 1 and memcmp(e, name, name_len) == 0 and e[name_len] == 1  # (a value, not empty)
 
 
-def compaction_fields(const uint8_t[::1] raw):
-    """mqstore.compaction.rounds.compaction_fields_python: (the compaction key or None, whether the record is a
-    tombstone, its body) of one valid record: the first word of the last non-empty KEYS property, decoded as
-    UTF-8 with replacement; a tombstone has an empty body or a last non-empty DELETE property of "true"."""
-    cdef Py_ssize_t n = raw.shape[0]
+cdef struct KeyFields:
+    const uint8_t* key  # the first word of the last non-empty KEYS (NULL: none)
+    Py_ssize_t key_len
+    Py_ssize_t body_at
+    Py_ssize_t body_len
+    bint tombstone
+
+
+cdef int _key_fields(const uint8_t* p, Py_ssize_t n, KeyFields* f) except -1:
+    """The compaction fields of the valid record ``p[:n]`` (compaction_fields's, without objects)."""
     if n < FIXED_OVERHEAD:
         raise ValueError(f"not a valid record: {n} bytes")
-    cdef const uint8_t* p = &raw[0]
     cdef Py_ssize_t body_at = body_at_of(<int32_t>be32(p + SYS_FLAG_AT))
     cdef Py_ssize_t body_len = <int32_t>be32(p + body_at - 4)
     cdef Py_ssize_t topic_at = body_at + body_len
@@ -171,12 +180,105 @@ def compaction_fields(const uint8_t[::1] raw):
         elif _entry_is(p + at, end - at, "DELETE", 6):
             delete = 1 if end - at - 7 == 4 and memcmp(p + at + 7, b"true", 4) == 0 else 0
         at = end + 1
-    word = None
     if key != NULL:
         for k in range(key_len):
             if key[k] == 0x20:
                 key_len = k
                 break
-        if key_len:
-            word = PyUnicode_DecodeUTF8(<const char*>key, key_len, "replace")
-    return word, body_len == 0 or delete == 1, PyBytes_FromStringAndSize(<const char*>p + body_at, body_len)
+        if not key_len:
+            key = NULL
+    f.key, f.key_len, f.body_at, f.body_len = key, key_len, body_at, body_len
+    f.tombstone = body_len == 0 or delete == 1
+    return 0
+
+
+def compaction_fields(const uint8_t[::1] raw):
+    """mqstore.compaction.rounds.compaction_fields_python: (the compaction key or None, whether the record is a
+    tombstone, its body) of one valid record: the first word of the last non-empty KEYS property, decoded as
+    UTF-8 with replacement; a tombstone has an empty body or a last non-empty DELETE property of "true"."""
+    cdef Py_ssize_t n = raw.shape[0]
+    cdef KeyFields f
+    _key_fields(&raw[0] if n else NULL, n, &f)
+    cdef const uint8_t* p = &raw[0]
+    word = None if f.key == NULL else PyUnicode_DecodeUTF8(<const char*>f.key, f.key_len, "replace")
+    return word, f.tombstone, PyBytes_FromStringAndSize(<const char*>p + f.body_at, f.body_len)
+
+
+# ---- Scan: the ScanPage.values of a chunk of compaction log records ---------------------------------------
+# What mqstore.compaction.reads.scan's reference take (Latest items) and compactor_service.servicer.latest_value
+# give once serialized: per live record a LatestValue, fields in number order, zero values left out.
+
+cdef inline Py_ssize_t _int_field_size(uint64_t value) noexcept nogil:
+    return 1 + varint_size(value) if value else 0
+
+
+cdef inline Py_ssize_t _put_int_field(uint8_t* out, Py_ssize_t at, uint8_t tag, uint64_t value) noexcept nogil:
+    if value:
+        out[at] = tag
+        at = put_varint(out, at + 1, value)
+    return at
+
+
+def scan_values(const uint8_t[::1] data, int64_t start, const int64_t[::1] positions, const int32_t[::1] sizes,
+                const int64_t[::1] offsets, const int64_t[::1] store_ms, dict latest, int32_t queue_id,
+                bint include_tombstones, Py_ssize_t room, bytearray out):
+    """The take of mqstore.compaction.reads.scan in wire bytes: for each record of the chunk (a qlog.Chunk's
+    buffer and columns) that is the latest of its key (``latest[key] == its queue offset``) and not a
+    tombstone unless ``include_tombstones``, appends a ScanPage.values item (a LatestValue: key, found,
+    tombstone, value, queue_id, queue_offset, store_timestamp_ms) to ``out``, at most ``room`` of them,
+    stopping after the room-th. Returns (records gone through, values appended)."""
+    cdef Py_ssize_t count = offsets.shape[0], i, at, n, content, size, key_len, old
+    cdef Py_ssize_t kept = 0
+    cdef const uint8_t* p
+    cdef const char* key
+    cdef uint8_t* w
+    cdef KeyFields f
+    cdef object found
+    if positions.shape[0] != count or sizes.shape[0] != count or store_ms.shape[0] != count:
+        raise ValueError("the chunk's columns differ in length")
+    for i in range(count):
+        at = positions[i] - start
+        n = sizes[i]
+        if at < 0 or n < 0 or at + n > data.shape[0]:
+            raise ValueError(f"record {i} of the chunk lies outside its {data.shape[0]} bytes")
+        p = &data[0] + at
+        _key_fields(p, n, &f)
+        if f.key == NULL or (f.tombstone and not include_tombstones):
+            continue
+        word = PyUnicode_DecodeUTF8(<const char*>f.key, f.key_len, "replace")
+        found = latest.get(word)
+        if found is None or <int64_t>found != offsets[i]:
+            continue
+        key = PyUnicode_AsUTF8AndSize(word, &key_len)
+        content = (1 + varint_size(<uint64_t>key_len) + key_len + 2 + (2 if f.tombstone else 0)
+                   + (1 + varint_size(<uint64_t>f.body_len) + f.body_len if f.body_len else 0)
+                   + _int_field_size(<uint64_t><int64_t>queue_id) + _int_field_size(<uint64_t>offsets[i])
+                   + _int_field_size(<uint64_t>store_ms[i]))
+        size = 1 + varint_size(<uint64_t>content) + content
+        old = len(out)
+        PyByteArray_Resize(out, old + size)
+        w = <uint8_t*>PyByteArray_AS_STRING(out)
+        at = old
+        w[at] = 0x0A  # ScanPage.values
+        at = put_varint(w, at + 1, <uint64_t>content)
+        w[at] = 0x0A  # key
+        at = put_varint(w, at + 1, <uint64_t>key_len)
+        memcpy(w + at, key, key_len)
+        at += key_len
+        w[at], w[at + 1] = 0x10, 1  # found
+        at += 2
+        if f.tombstone:
+            w[at], w[at + 1] = 0x18, 1
+            at += 2
+        if f.body_len:
+            w[at] = 0x22  # value
+            at = put_varint(w, at + 1, <uint64_t>f.body_len)
+            memcpy(w + at, p + f.body_at, f.body_len)
+            at += f.body_len
+        at = _put_int_field(w, at, 0x28, <uint64_t><int64_t>queue_id)
+        at = _put_int_field(w, at, 0x30, <uint64_t>offsets[i])
+        at = _put_int_field(w, at, 0x38, <uint64_t>store_ms[i])
+        kept += 1
+        if kept == room:
+            return i + 1, kept
+    return count, kept

@@ -37,6 +37,26 @@ class Stored:
     raw: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Records of one segment side by side (``data``, its first byte at position ``start``) and their index
+    columns (copies: the log goes on appending to its own)."""
+
+    data: bytes
+    start: int
+    positions: array
+    sizes: array
+    offsets: array
+    store_ms: array
+    tags: array
+    seen: array
+
+    def stored(self, i: int) -> Stored:
+        at = self.positions[i] - self.start
+        return Stored(SparseEntry(self.positions[i], self.sizes[i], self.tags[i], self.store_ms[i], self.offsets[i],
+                                  self.seen[i]), self.data[at:at + self.sizes[i]])
+
+
 class Entries:
     """The index in columns (compact: a few tens of bytes per record). Not thread-safe: QueueLog's lock."""
 
@@ -218,6 +238,25 @@ class QueueLog:
                                                   e.seen[k]), data[at:at + sizes[k]]))
                 i = j
         return out
+
+    def read_chunk(self, first: int, count: int) -> Chunk:
+        """Records ``first`` .. ``first + count - 1`` of the index that lie in the segment of the first one, as
+        one buffer and copies of their index columns (one pread; no object per record: Scan's walk)."""
+        with self._lock:
+            if self.closed:
+                raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log "
+                               f"is gone")
+            e = self.entries
+            end = min(first + count, len(e))
+            if first >= end:
+                return Chunk(b"", 0, array("q"), array("i"), array("q"), array("q"), array("q"), array("q"))
+            positions, sizes = e.positions, e.sizes
+            base = cseg.segment_base(positions[first], self.segment_size)
+            end = bisect.bisect_left(positions, base + self.segment_size, first, end)
+            start = positions[first]
+            data = self._pread(start, positions[end - 1] + sizes[end - 1] - start)
+            return Chunk(data, start, positions[first:end], sizes[first:end], e.offsets[first:end],
+                         e.store_ms[first:end], e.tags[first:end], e.seen[first:end])
 
     def _pread(self, position: int, size: int) -> bytes:
         base = cseg.segment_base(position, self.segment_size)

@@ -10,11 +10,12 @@ any more: a Pull there starts at the first record (RocketMQ's rule, reference §
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from mqstore import limits
 from mqstore.errors import InvalidArgument, NotFound, shown
 
-from .qlog import QueueLog, Stored
+from .qlog import Chunk, QueueLog, Stored
 from .rounds import compaction_fields, key_and_tombstone
 from .store import CompactionStore
 
@@ -96,32 +97,52 @@ class ScanPage:
     done: bool
 
 
+Take = Callable[[QueueLog, Chunk, int], "tuple[int, int]"]
+
+
 def scan(store: CompactionStore, topic: str, queue_id: int, offset: int, limit: int,
-         include_tombstones: bool = False) -> ScanPage:
+         include_tombstones: bool = False, take: Take | None = None) -> ScanPage:
     """The latest value of live keys, queue by queue in offset order, from the cursor (queue_id, offset);
-    the next cursor. A key written again after the cursor passed it shows up again (at its new offset)."""
+    the next cursor. A key written again after the cursor passed it shows up again (at its new offset).
+
+    ``take(qlog, chunk, room)`` is what a page does with a chunk of records: it keeps the live ones (the
+    latest of their key, and not tombstones unless asked for), at most ``room``, stopping after the
+    room-th, and says how many records it went through and how many it kept. Without it the page's
+    ``items`` are Latest objects (the reference); the Compactor service passes the compiled codec's,
+    which writes the page's wire bytes instead (compactor_service.scan_wire)."""
     if limit <= 0 or limit > MAX_PULL_MESSAGES:
         raise InvalidArgument(f"page_size is {limit}; give 0 (the default, {DEFAULT_SCAN_PAGE}) or 1 to "
                               f"{MAX_PULL_MESSAGES}")
-    slots = [s for s in store.slots(topic) if s.qlog.queue_id >= queue_id]
     items: list[Latest] = []
-    for slot in slots:
+    if take is None:
+        take = _latest_items(items, include_tombstones)
+    taken = 0
+    for slot in [s for s in store.slots(topic) if s.qlog.queue_id >= queue_id]:
         qlog = slot.qlog
         at = offset if qlog.queue_id == queue_id else 0
-        index = qlog.index_of(at)
-        while len(items) < limit:
-            batch = qlog.read(index, min(256, limit * 4))
-            if not batch:
+        while taken < limit:
+            chunk = qlog.read_chunk(qlog.index_of(at), min(256, limit * 4))
+            if not chunk.offsets:
                 break
-            for stored in batch:
-                index += 1
-                at = stored.entry.queue_offset + 1
-                key, tombstone, value = compaction_fields(stored.raw)
-                if key is not None and qlog.latest.get(key) == stored.entry.queue_offset and (
-                        include_tombstones or not tombstone):
-                    items.append(Latest(key, qlog.queue_id, stored, tombstone, value))
-                    if len(items) == limit:
-                        break
-        if len(items) == limit:
+            went, kept = take(qlog, chunk, limit - taken)
+            taken += kept
+            at = chunk.offsets[went - 1] + 1
+        if taken == limit:
             return ScanPage(items, qlog.queue_id, at, False)
     return ScanPage(items, 0, 0, True)
+
+
+def _latest_items(items: list[Latest], include_tombstones: bool) -> Take:
+    """The reference ``take`` of :func:`scan`: a Latest per live record, into ``items``."""
+    def take(qlog: QueueLog, chunk: Chunk, room: int) -> tuple[int, int]:
+        kept = 0
+        for i in range(len(chunk.offsets)):
+            stored = chunk.stored(i)
+            key, tombstone, value = compaction_fields(stored.raw)
+            if key is not None and qlog.latest.get(key) == chunk.offsets[i] and (include_tombstones or not tombstone):
+                items.append(Latest(key, qlog.queue_id, stored, tombstone, value))
+                kept += 1
+                if kept == room:
+                    return i + 1, kept
+        return len(chunk.offsets), kept
+    return take

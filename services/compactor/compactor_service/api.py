@@ -85,15 +85,16 @@ class CompactorApi:
                 out.append(key)
         return out
 
-    def scan(self, topic: str, cursor: str, page_size: int, include_tombstones: bool, max_pages: int = 0
-             ) -> reads.ScanPage:
-        """One page; ``max_pages`` (0 = until the end) is the caller's to count, checked here."""
+    def scan(self, topic: str, cursor: str, page_size: int, include_tombstones: bool, max_pages: int = 0,
+             take: reads.Take | None = None) -> reads.ScanPage:
+        """One page; ``max_pages`` (0 = until the end) is the caller's to count, checked here. ``take``: what
+        the page keeps of the records (reads.scan; by default Latest items)."""
         limits.at_least_zero("max_pages", max_pages, "0 = until the end")
         queue_id, offset = _parse_cursor(cursor)
         if not self.store.slots(topic):
             raise reads.no_log(topic)
         return reads.scan(self.store, topic, queue_id, offset, page_size or reads.DEFAULT_SCAN_PAGE,
-                          include_tombstones)
+                          include_tombstones, take)
 
     def compact(self, topic: str, queue_id: int | None, engine: str, seal_active: bool) -> list[tuple[int, RoundInfo]]:
         """A round on each queue asked for: (queue id, its round)."""

@@ -9,9 +9,12 @@ from __future__ import annotations
 from mqstore.format import record_reader
 from mqstore.model import StoredMessage
 from mqstore_rpc.convert import stored_message
+from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 
-from .api import CompactorApi, Description, cursor_of
+from . import scan_wire
+from .api import CompactorApi, Description
+from .scan_wire import latest_value
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Compactor"].full_name
 _ENGINES = {pb.COMPACTION_ENGINE_AUTO: "auto", pb.COMPACTION_ENGINE_LOCAL: "local", pb.COMPACTION_ENGINE_SPARK: "spark"}
@@ -19,15 +22,6 @@ _ENGINES = {pb.COMPACTION_ENGINE_AUTO: "auto", pb.COMPACTION_ENGINE_LOCAL: "loca
 
 def _message(raw: bytes, into=None):
     return stored_message(StoredMessage(record_reader.decode(raw), ""), into)
-
-
-def latest_value(found, into=None) -> pb.LatestValue:
-    if isinstance(found, str):  # a key without value
-        return (into or pb.LatestValue)(key=found, found=False)
-    body = found.value if found.value is not None else record_reader.body_of(found.stored.raw)
-    return (into or pb.LatestValue)(key=found.key, found=True, tombstone=found.tombstone, value=body,
-                                    queue_id=found.queue_id, queue_offset=found.stored.entry.queue_offset,
-                                    store_timestamp_ms=found.stored.entry.store_timestamp_ms)
 
 
 def round_report(queue_id: int, info) -> pb.RoundReport:
@@ -79,16 +73,17 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
             latest_value(found, response.values.add)
         return response
 
+    # Scan answers with serialized pages: the compiled codec writes them from the compaction log's records
+    # (scan_wire), the pure-Python one serializes the reference's LatestValue messages.
+
+    @wire_codec(pb.ScanRequest.FromString)
     def Scan(self, request, context):
         cursor, pages = request.cursor, 0
         while context.is_active():
-            page = self._api.scan(request.topic, cursor, request.page_size, request.include_tombstones,
-                                  request.max_pages)
-            cursor, pages = cursor_of(page), pages + 1
-            out = pb.ScanPage(next_cursor=cursor)
-            for found in page.items:
-                latest_value(found, out.values.add)
-            yield out
+            page, encoded = scan_wire.page(self._api, request.topic, cursor, request.page_size,
+                                           request.include_tombstones, request.max_pages)
+            cursor, pages = scan_wire.cursor_of(page), pages + 1
+            yield encoded
             if page.done or (request.max_pages and pages >= request.max_pages):
                 return
 
