@@ -106,8 +106,11 @@ class TopicRegistry:
                    default=None)
 
     def owns(self, name: str, physical_offset: int) -> bool:
-        """Whether the record of topic ``name`` at ``physical_offset`` is part of the topic as it is now."""
-        found = self._topics.get(name)
+        """Whether the record of topic ``name`` at ``physical_offset`` is part of the topic as it is now.
+        A replica looks a name it does not know up in the database first, as :meth:`get` does: it holds
+        the records its leader wrote of topics created there, and after a failover it serves readers that
+        verify them by GetMessage (the Index)."""
+        found = self._find(name)
         return found is not None and physical_offset >= found.start_physical_offset
 
     def consumer_lag(self) -> dict[tuple[str, str, int], int]:
@@ -121,11 +124,16 @@ class TopicRegistry:
             lag[(group, topic, queue_id)] = max(0, self._queue_info(topic, queue_id).max_offset - offset)
         return lag
 
-    def get(self, name: str) -> TopicRecord:
+    def _find(self, name: str) -> TopicRecord | None:
+        """The topic ``name``, reloading the registry on a miss when ``reload_on_miss`` (a replica)."""
         found = self._topics.get(name)
         if found is None and self.reload_on_miss and self.meta is not None:
             self.refresh()
             found = self._topics.get(name)
+        return found
+
+    def get(self, name: str) -> TopicRecord:
+        found = self._find(name)
         if found is None:
             # A name that could never exist is a malformed request, not a missing topic. Checked only
             # on a miss, so the append path pays nothing for it.

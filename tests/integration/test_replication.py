@@ -249,3 +249,24 @@ def test_a_replica_follows_its_leader_over_mutual_tls_with_authentication_on(tmp
             with pytest.raises(grpc.RpcError) as refused:
                 next(iter(stream))
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_replica_serves_get_message_of_a_topic_created_on_its_leader_after_it_started(tmp_path):
+    """GetMessage on a replica checks the record's topic against its registry (the topic's incarnation): a
+    topic the leader created after the replica loaded its registry is looked up in the shared database,
+    not answered NOT_FOUND (after a failover the Index verifies every key it finds this way)."""
+    with started(node_config(tmp_path, "a")) as leader:
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:
+            wait_until(lambda: "b" in leader.state().in_sync, "the replica to join the in-sync set")
+            leader.log.CreateTopic(pb.CreateTopicRequest(name="late", queue_count=1), timeout=RPC_TIMEOUT_S)
+            results = leader.append("late", 3, pb.REPLICATION_MODE_SYNC)
+            end = results[-1].physical_offset + results[-1].size_bytes
+            wait_until(lambda: replica.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S)
+                       .visible_physical_offset >= end, "the replica to make the records visible")
+            many = pb.GetMessagesRequest(physical_offsets=[r.physical_offset for r in results])
+            got = replica.log.GetMessages(many, timeout=RPC_TIMEOUT_S)
+            assert [m.found for m in got.messages] == [True] * 3, [m.missing_reason for m in got.messages]
+            assert got == leader.log.GetMessages(many, timeout=RPC_TIMEOUT_S)
+            one = replica.log.GetMessage(pb.GetMessageRequest(physical_offset=results[1].physical_offset),
+                                         timeout=RPC_TIMEOUT_S)
+            assert (one.topic, one.physical_offset, one.body) == ("late", results[1].physical_offset, BODY)
