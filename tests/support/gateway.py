@@ -158,7 +158,7 @@ class Stack:
         self.commitlog_port = int(self.commitlog.address.rsplit(":", 1)[1])
         self.txn = ServiceProcess("txn_service.main", ["--data-dir", str(self.tmp / "txn"), "--port", "0",
                                                        "--grace-s", "1", "--commitlog", self.commitlog.address,
-                                                       *self.txn_args], self.env).started()
+                                                       *self.txn_args], self.env).started().serving()
         self.gateway = self._gateway(0)
         self.gateway_port = int(self.gateway.address.rsplit(":", 1)[1])
         return self

@@ -77,6 +77,30 @@ class ServiceProcess:
         self.address = f"127.0.0.1:{event['port']}"
         return self
 
+    def serving(self, timeout_s: float = START_TIMEOUT_S) -> "ServiceProcess":
+        """Wait until the standard health check answers SERVING: a started service may still be recovering
+        (the Transaction service reads the log up to the end it saw at start, answering UNAVAILABLE until
+        then), and health means ready. Stops the process before raising, as started() does."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        deadline, status = time.monotonic() + timeout_s, None
+        try:
+            with grpc.insecure_channel(self.address) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                while time.monotonic() < deadline:
+                    try:
+                        status = stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+                    except grpc.RpcError as exc:
+                        status = exc.code()
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return self
+                    time.sleep(0.05)
+            raise AssertionError(f"{self.address} not SERVING within {timeout_s} s (last: {status}); "
+                                 f"stderr:\n{self.stderr()}")
+        except BaseException:
+            self.stop()
+            raise
+
     def wait_exit(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         code = self.process.wait(timeout_s)
         self._reader.join(KILL_TIMEOUT_S)
