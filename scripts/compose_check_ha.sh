@@ -28,23 +28,7 @@ t0=$SECONDS
 say() { printf '[compose-check-ha %3d s] %s\n' $((SECONDS - t0)) "$*"; }
 compose() { docker compose -p "$PROJECT" -f docker-compose.ha.yml "$@"; }
 
-. scripts/compose_engine.sh  # DOCKER_HOST and NEAR_PORTS
-
-state=$(mktemp -d)
-cleanup() {
-    status=$?
-    trap - EXIT INT TERM
-    if [ $status -ne 0 ]; then
-        say "FAILED (exit $status); the services' last logs:"
-        compose logs --no-color --tail 30 2>&1 || true
-    fi
-    say "tearing down (docker compose down -v)"
-    compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
-    rm -rf "$state"
-    exit $status
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. scripts/compose_engine.sh  # DOCKER_HOST, NEAR_PORTS, $state and the teardown on exit
 
 say "docker compose build (mqstore, mqstore-etcd, mqstore-postgres)"
 compose build --quiet commitlog-1 etcd postgres

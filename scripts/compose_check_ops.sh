@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make compose-check-ops`: docker-compose.yml + docker-compose.secure.yml on a real Docker engine: TLS and
-# authentication on the lean services (commitlog, index, txn), Prometheus scraping them.
+# authentication on the lean services (commitlog, index, txn, gateway), Prometheus scraping them.
 #
 #   1. a throwaway CA (python -m mqstore_rpc.tls_certs --readable-keys) in a temporary directory;
 #   2. build the mqstore image and the Prometheus image (Debian's package; deploy/prometheus/Dockerfile);
@@ -8,7 +8,7 @@
 #      plaintext and missing credentials refused, a user and a rule made as `service`, the user's calls
 #      allowed and denied as its rule says, the index following over TLS, Prometheus' targets up, its
 #      alert rules loaded and the appends counted;
-#   4. always: docker compose down -v (project mqstore-ops; host ports 53051-53053 and 59090).
+#   4. always: docker compose down -v (project mqstore-ops; host ports 53051-53053, 53081 and 59090).
 #
 # Environment as scripts/compose_check.sh: PY, COMPOSE_ENGINE, MQSTORE_IMAGE_TAG; COMPOSE_CHECK_PROJECT.
 set -euo pipefail
@@ -17,31 +17,15 @@ PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
 PROJECT=${COMPOSE_CHECK_PROJECT:-mqstore-ops}
 export MQSTORE_COMMITLOG_HOST_PORT=53051 MQSTORE_INDEX_HOST_PORT=53052 MQSTORE_TXN_HOST_PORT=53053
-export MQSTORE_PROMETHEUS_HOST_PORT=59090
+export MQSTORE_GATEWAY_HOST_PORT=53081 MQSTORE_PROMETHEUS_HOST_PORT=59090
 export MQSTORE_INTERNAL_TOKEN=${MQSTORE_INTERNAL_TOKEN:-ops-check-$RANDOM$RANDOM$RANDOM}
-SERVICES=(commitlog index txn prometheus)
+SERVICES=(commitlog index txn gateway prometheus)
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
 say() { printf '[compose-check-ops %3d s] %s\n' $((SECONDS - t0)) "$*"; }
 compose() { docker compose -p "$PROJECT" -f docker-compose.yml -f docker-compose.secure.yml "$@"; }
 
-. scripts/compose_engine.sh  # DOCKER_HOST and NEAR_PORTS
-
-state=$(mktemp -d)
-cleanup() {
-    status=$?
-    trap - EXIT INT TERM
-    if [ $status -ne 0 ]; then
-        say "FAILED (exit $status); the services' last logs:"
-        compose logs --no-color --tail 30 2>&1 || true
-    fi
-    say "tearing down (docker compose down -v)"
-    compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
-    rm -rf "$state"
-    exit $status
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. scripts/compose_engine.sh  # DOCKER_HOST, NEAR_PORTS, $state and the teardown on exit
 
 "$PY" -m mqstore_rpc.tls_certs "$state/tls" --readable-keys
 chmod 755 "$state" "$state/tls"

@@ -31,27 +31,14 @@ export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_COMPACTOR_HOST_PORT=$COMPAC
 export MQSTORE_IMAGE_TAG=${MQSTORE_IMAGE_TAG:-spark-check}
 PROJECT=mqspark
 SERVICES=(commitlog compactor spark-master spark-worker-1 spark-worker-2)
+LOG_SERVICES=("${SERVICES[@]}")
 MASTER=spark://spark-master:7077
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
 say() { printf '[compose-check-spark %3d s] %s\n' $((SECONDS - t0)) "$*"; }
 compose() { docker compose -p "$PROJECT" "$@"; }
 
-. scripts/compose_engine.sh  # DOCKER_HOST and NEAR_PORTS
-
-cleanup() {
-    status=$?
-    trap - EXIT INT TERM
-    if [ $status -ne 0 ]; then
-        say "FAILED (exit $status); the services' last logs:"
-        compose logs --no-color --tail 30 "${SERVICES[@]}" 2>&1 || true
-    fi
-    say "tearing down (docker compose down -v)"
-    compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
-    exit $status
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. scripts/compose_engine.sh  # DOCKER_HOST, NEAR_PORTS, $state and the teardown on exit
 
 # The master's state (its web UI's JSON, inside its container: the UI is not published).
 master_json() {

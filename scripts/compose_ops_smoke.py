@@ -105,9 +105,9 @@ def main() -> int:
                                         timeout=TIMEOUT_S).locators)
 
     base = f"http://{args.prometheus}"
-    _until("Prometheus scrapes commitlog, index and txn", lambda: {
+    _until("Prometheus scrapes commitlog, index, txn and gateway", lambda: {
         t["labels"]["service"] for t in _prometheus(base, "/api/v1/targets")["activeTargets"]
-        if t["health"] == "up"} >= {"commitlog", "index", "txn"})
+        if t["health"] == "up"} >= {"commitlog", "index", "txn", "gateway"})
     rules = [r["name"] for g in _prometheus(base, "/api/v1/rules")["groups"] for r in g["rules"]]
     assert {"MqstoreStoreReadOnly", "MqstoreFollowerStalled", "MqstoreHangingTransactions"} <= set(rules), rules
     print(f"ok: alert rules loaded: {', '.join(sorted(rules))}")
