@@ -114,3 +114,22 @@ def test_failures_are_mqstore_errors(log, tmp_path):
                 call()
     finally:
         down.close()
+
+
+def test_get_messages_moves_to_the_next_node_when_one_is_unreachable(log):
+    """As every other read: a node that cannot be reached is not asked again, so a follower's retry of
+    GetMessage (the Index verifying its candidates after a failover) reaches the next listed node."""
+    client, port = log
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        commitlog_pb2_grpc.CommitLogStub(channel).CreateTopic(pb.CreateTopicRequest(name="nodes", queue_count=1),
+                                                              timeout=RPC_TIMEOUT_S)
+    [written] = client.append("nodes", [MessageIn(body=b"kept")])
+    both = CommitLogClient(f"127.0.0.1:1,127.0.0.1:{port}", rpc_timeout_s=2)  # the first listed node is down
+    try:
+        with pytest.raises(Unavailable):
+            both.get_messages([written.physical_offset])
+        assert both.address == f"127.0.0.1:{port}"
+        [found] = both.get_messages([written.physical_offset])
+        assert found.record.body == b"kept"
+    finally:
+        both.close()

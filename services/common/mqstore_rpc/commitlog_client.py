@@ -145,14 +145,16 @@ class CommitLogClient:
     def get_messages(self, physical_offsets: Sequence[int]) -> list[model.StoredMessage | None]:
         """GetMessage for each offset, in the same order, ``fetch_window`` calls in flight at a time;
         None where no record starts there any more (NOT_FOUND, OUT_OF_RANGE: retention removed it).
-        Any other error (DataLoss for a damaged record, Unavailable) is raised."""
+        Any other error (DataLoss for a damaged record, Unavailable) is raised; an unreachable node is not
+        asked again, as in ``_call`` (the caller's retry goes to the next listed node)."""
         out: list[model.StoredMessage | None] = []
         for first in range(0, len(physical_offsets), self.fetch_window):
-            calls = [self._stub.GetMessage.future(commitlog_pb2.GetMessageRequest(physical_offset=offset),
-                                                  timeout=self.rpc_timeout_s)
+            address, stub = self.address, self._stub
+            calls = [stub.GetMessage.future(commitlog_pb2.GetMessageRequest(physical_offset=offset),
+                                            timeout=self.rpc_timeout_s)
                      for offset in physical_offsets[first:first + self.fetch_window]]
             try:
-                out.extend(self._message(call) for call in calls)
+                out.extend(self._message(call, address) for call in calls)
             finally:
                 for call in calls:
                     call.cancel()  # a no-op for finished calls; stops the rest after an error
@@ -166,13 +168,15 @@ class CommitLogClient:
             out.extend(convert.get_messages_out(self._call("GetMessages", request)))
         return out
 
-    def _message(self, call) -> model.StoredMessage | None:
+    def _message(self, call, address: str) -> model.StoredMessage | None:
         try:
             return convert.stored_message_out(call.result())
         except grpc.RpcError as exc:
-            error = from_rpc_error(exc, self.address)
+            error = from_rpc_error(exc, address)
             if isinstance(error, (NotFound, OutOfRange)):
                 return None
+            if _unreachable(exc):
+                self._next_node(address)
             raise error from None
 
     def topic(self, name: str) -> model.TopicRecord:
