@@ -74,7 +74,10 @@ class TopicRegistry:
         self._deleting = {t.name: t for t in meta.deleting_topics()}
         for name in sorted(topic_rules.SYSTEM_TOPICS):
             if name not in self._topics:
-                self._topics[name] = meta.create_topic(name, 1, KIND_SYSTEM, 0)
+                try:
+                    self._topics[name] = meta.create_topic(name, 1, KIND_SYSTEM, 0)
+                except AlreadyExists:  # another node sharing the database (HA) created it since the list
+                    self._topics[name] = meta.get_topic(name)
 
     def refresh(self) -> None:
         """Reload the registry from the metadata database: a commit log replica shares its leader's

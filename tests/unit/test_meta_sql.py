@@ -403,3 +403,27 @@ def test_missing_directory_refused(tmp_path, fake_clock: FakeClock) -> None:
 def test_unsupported_backend_refused(fake_clock: FakeClock) -> None:
     with pytest.raises(InvalidArgument, match="supported are sqlite"):
         MetadataStore("mysql://user:secret@localhost/db", fake_clock)
+
+
+def test_nodes_sharing_a_database_open_their_registries_at_the_same_time(db_url, fake_clock) -> None:
+    """Commit log nodes sharing one database (HA, PostgreSQL) each create the system topics they do not
+    find at start. A node that listed the topics before another created them must take the other's rows,
+    not fail to start with AlreadyExists (seen in make compose-check-ha: one node of three died at start)."""
+    from mqstore.store_topics import TopicRegistry
+    from mqstore.topics import SYSTEM_TOPICS
+
+    def registry() -> TopicRegistry:
+        return TopicRegistry(4, queue_info=lambda topic, queue_id: None, refuse_write=lambda: None,
+                             log_end=lambda: 0, append_lock=threading.Lock())
+
+    first, late = registry(), registry()
+    first.open(MetadataStore(db_url, fake_clock))
+    stale = MetadataStore(db_url, fake_clock)
+    stale.list_topics = lambda: []  # what it listed before the first node created the system topics
+    late.open(stale)
+    try:
+        assert late.names() == first.names() >= SYSTEM_TOPICS
+        assert {n: late.get(n) for n in SYSTEM_TOPICS} == {n: first.get(n) for n in SYSTEM_TOPICS}
+    finally:
+        first.close()
+        late.close()
