@@ -30,7 +30,7 @@ from mqstore.auth.model import Rule, User
 from mqstore import fs
 from mqstore.clock import Clock
 from mqstore.errors import AlreadyExists, FailedPrecondition, NotFound, Unavailable
-from mqstore.meta.sql import _WRITE_OPTION, _build_engine
+from mqstore.meta.sql import _WRITE_OPTION, _build_engine, lock_schema
 
 log = structlog.get_logger("mqstore.meta.auth")
 
@@ -72,7 +72,8 @@ class AuthStore:
         self._wait_timeout_ms = wait_timeout_ms
         self._engine = _build_engine(parsed, wait_timeout_ms=wait_timeout_ms, pool_size=4)
         try:
-            with self._transaction() as conn:
+            with self._transaction(write=True) as conn:  # several services open one database at start
+                lock_schema(conn)
                 _META.create_all(conn)
                 row = conn.execute(sa.select(SCHEMA.c.schema_version)).scalar_one_or_none()
                 if row is None:

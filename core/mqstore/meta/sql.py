@@ -336,9 +336,7 @@ class MetadataStore:
 
     def _open_schema(self) -> None:
         with self._transaction(write=True) as conn:
-            if conn.dialect.name == "postgresql":
-                # Two processes opening an empty database at once would both CREATE TABLE.
-                conn.execute(select(func.pg_advisory_xact_lock(_PG_SCHEMA_LOCK_KEY)))
+            lock_schema(conn)
             stored = self._stored_version(conn)
             if stored > SCHEMA_VERSION:
                 raise FailedPrecondition(
@@ -363,6 +361,15 @@ class MetadataStore:
                 "created by mqstore or was edited by hand; point the metadata URL elsewhere"
             )
         return int(version)
+
+
+def lock_schema(conn: Connection) -> None:
+    """Serialise schema creation across processes opening one database at once (every service of `make
+    run --auth` opens the shared auth database at start): in a write transaction (SQLite BEGIN IMMEDIATE
+    holds the file's write lock already), plus PostgreSQL's transaction-scoped advisory lock, so that two
+    processes never both CREATE TABLE."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(_PG_SCHEMA_LOCK_KEY)))
 
 
 def open_engine(url: str, *, wait_timeout_ms: int = 10_000, pool_size: int = 8) -> tuple[Engine, str]:

@@ -59,6 +59,7 @@ class AuditTrail:
         self.wait_timeout_ms = wait_timeout_ms
         try:
             with self._transaction(write=True) as conn:
+                sql.lock_schema(conn)
                 _META.create_all(conn)
         except BaseException:
             self.engine.dispose()
