@@ -198,7 +198,7 @@ def describe(config: GatewayServiceConfig, port: int) -> dict:
             "born_host": "producer" if config.internal_token else "gateway"}  # never the token itself
 
 
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, signed_requests=True)
 
 
 def build_server(config: GatewayServiceConfig) -> tuple[ManagedServer, int]:
