@@ -443,17 +443,18 @@ def _run_matrix(world: World) -> tuple[dict, int]:
                      ("unknown user", _bearer("nobody", WRONG), grpc.StatusCode.UNAUTHENTICATED),
                      ("missing permission", _bearer(lacking, _secret_of(lacking)), grpc.StatusCode.PERMISSION_DENIED),
                      ("allowed", _bearer(f"only-{action.lower()}", _secret_of(f"only-{action.lower()}")), call.allowed)]
-            if service == "MessagingService":  # the RocketMQ SDKs' signed requests, as the same users
-                allowed_key, lacking_key = world.sdk_keys[f"only-{action.lower()}"], world.sdk_keys[lacking]
-                cases += [("signed, wrong secret key", _signed(allowed_key[0], WRONG), grpc.StatusCode.UNAUTHENTICATED),
-                          ("signed, unknown access key", _signed("MQ00000000000000", WRONG),
-                           grpc.StatusCode.UNAUTHENTICATED),
-                          ("signed, 20 min old", _signed(*allowed_key, age_s=1200), grpc.StatusCode.UNAUTHENTICATED),
-                          ("signed, missing permission", _signed(*lacking_key), grpc.StatusCode.PERMISSION_DENIED),
-                          ("signed, allowed", _signed(*allowed_key), call.allowed)]
-            else:  # the other services take bearer credentials only
-                key = world.sdk_keys[f"only-{action.lower()}"]
-                cases.append(("signed, not the gateway", _signed(*key), grpc.StatusCode.UNAUTHENTICATED))
+            # The RocketMQ SDKs' signed requests, as the same users: refused before the allowed call (which
+            # may use up what it names); the gateway takes them, the other services take bearer only.
+            allowed_key, lacking_key = world.sdk_keys[f"only-{action.lower()}"], world.sdk_keys[lacking]
+            if service == "MessagingService":
+                cases[-1:-1] = [
+                    ("signed, wrong secret key", _signed(allowed_key[0], WRONG), grpc.StatusCode.UNAUTHENTICATED),
+                    ("signed, unknown access key", _signed("MQ00000000000000", WRONG), grpc.StatusCode.UNAUTHENTICATED),
+                    ("signed, 20 min old", _signed(*allowed_key, age_s=1200), grpc.StatusCode.UNAUTHENTICATED),
+                    ("signed, missing permission", _signed(*lacking_key), grpc.StatusCode.PERMISSION_DENIED)]
+                cases.append(("signed, allowed", _signed(*allowed_key), call.allowed))
+            else:
+                cases.insert(-1, ("signed, not the gateway", _signed(*allowed_key), grpc.StatusCode.UNAUTHENTICATED))
             for case, metadata, want in cases:
                 request = call.request(world) if case in ("allowed", "signed, allowed") else _peek(call, world)
                 got = _invoke(channel, method, call, request, (*metadata, *call.metadata))
