@@ -114,6 +114,6 @@ def test_no_log_line_holds_a_secret_key_or_a_signature(rig):
             client.call("send", topic=TOPIC, body="refused", expect_error=True)
     keys = [k.access_key for k in rig.access.ListSdkKeys(apb.ListSdkKeysRequest(user="app"), timeout=10).keys]
     assert ak in keys
-    logs = "\n".join(p.stderr() + p.stdout() for p in (rig.gateway, rig.commitlog, rig.txn))
+    logs = "\n".join(p.stderr() + p.stdout for p in (rig.gateway, rig.commitlog, rig.txn))
     assert sk not in logs and sk[::-1] not in logs
     assert "Signature=" not in logs and "MQv2-HMAC-SHA1 Credential" not in logs
