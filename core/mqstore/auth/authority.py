@@ -18,8 +18,10 @@
   request (mqstore.auth.signature; the gateway only). The first call with an access key reads the key
   and its user from the database and opens the sealed secret key under the kek (mqstore.auth.sealing);
   after that (access key -> principal and secret key) is cached like the bearer credentials, so a call
-  costs one dict lookup, the date check and one HMAC-SHA1 (per call: the signed date changes every
-  second). Unknown access keys are remembered too (bounded), so they cost no database read when retried.
+  costs one dict lookup, the date check and one HMAC-SHA1. A verified (authorization value, date-time)
+  pair is cached as well (:meth:`cached_signed`): the SDK signs the date to the second, so the calls a
+  client makes within the same second cost one dict lookup and the skew check, no HMAC. Unknown access
+  keys are remembered too (bounded), so they cost no database read when retried.
 * ``authorize(principal, action, resource)``: None, or PermissionDenied naming the user, the action,
   the resource and the deciding rule (mqstore.auth.model.decide). Decisions are cached per principal.
 
@@ -106,6 +108,7 @@ class Authority:
         self._max_skew_ms = max_skew_ms
         self._signing: dict[str, tuple[Principal, bytes]] = {}   # access key -> (principal, secret key)
         self._unknown_keys: dict[str, None] = {}
+        self._verified: dict[tuple[str, str], tuple[Principal, int]] = {}  # (value, date-time) -> (.., signed ms)
         metrics = metrics or Registry()
         self._hits = metrics.counter("mqstore_auth_cache_hits_total", "calls whose credentials the cache "
                                      "accepted (no secret hashed)").labels()  # the one child: one call less
@@ -192,16 +195,36 @@ class Authority:
             self._rejected[(name, fp)] = None
 
     # ---- signed requests (the RocketMQ SDKs) ---------------------------------------------------------
-    def authenticate_signed(self, signed: Signed) -> Principal:
+    def cached_signed(self, authorization: str, date_time: str) -> Principal | None:
+        """The principal of a signed request verified before with this very authorization value and
+        date-time, if its date is still within the skew window; else None (then parse and
+        :meth:`authenticate_signed`)."""
+        entry = self._verified.get((authorization, date_time))  # atomic; replaced on a change, never cleared
+        if entry is None or abs(entry[1] - self._clock.now_ms()) > self._max_skew_ms:
+            return None
+        self._hits.inc()
+        return entry[0]
+
+    def authenticate_signed(self, signed: Signed, authorization: str = "") -> Principal:
         """The principal of the user owning ``signed.access_key`` if the signature is theirs and its date
-        is within the skew window; else Unauthenticated (the message never holds a secret)."""
-        signature.check_fresh(signed, self._clock.now_ms(), self._max_skew_ms)
+        is within the skew window; else Unauthenticated (the message never holds a secret).
+        ``authorization``: the metadata value ``signed`` was parsed from, the key of :meth:`cached_signed`."""
+        version = self._version
+        signed_ms = signature.check_fresh(signed, self._clock.now_ms(), self._max_skew_ms)
         entry = self._signing.get(signed.access_key)  # atomic; replaced on a change, never cleared
         if entry is None:
             entry = self._load_signing(signed.access_key)
         principal, secret_key = entry
         if not signature.verify(secret_key, signed):
             raise _key_not_accepted(signed.access_key)
+        if authorization:
+            with self._lock:
+                if self._version == version:
+                    if len(self._verified) >= MAX_CACHED_CREDENTIALS:
+                        self._verified = {}
+                    # Set in place (one per client and second: a copy each time would cost O(entries)); a
+                    # concurrent reader's get sees the dict before or after the set, both whole.
+                    self._verified[(authorization, signed.date_time)] = (principal, signed_ms)
         self._hits.inc()
         return principal
 
@@ -278,6 +301,7 @@ class Authority:
         self._rejected = {}
         self._signing = {}
         self._unknown_keys = {}
+        self._verified = {}
         self._invalidations.inc()
 
 

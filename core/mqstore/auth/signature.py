@@ -85,13 +85,16 @@ def date_ms(date_time: str) -> int:
     return calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)) * 1000
 
 
-def check_fresh(signed: Signed, now_ms: int, max_skew_ms: int = MAX_SKEW_MS) -> None:
-    """Unauthenticated unless the signed date-time is within ``max_skew_ms`` of ``now_ms``."""
-    skew = date_ms(signed.date_time) - now_ms
+def check_fresh(signed: Signed, now_ms: int, max_skew_ms: int = MAX_SKEW_MS) -> int:
+    """The signed date-time in milliseconds; Unauthenticated unless it is within ``max_skew_ms`` of
+    ``now_ms``."""
+    signed_ms = date_ms(signed.date_time)
+    skew = signed_ms - now_ms
     if abs(skew) > max_skew_ms:
         raise Unauthenticated(f"{DATE_HEADER} is {abs(skew) // 1000} s {'ahead of' if skew > 0 else 'behind'} the "
                               f"server's clock; at most {max_skew_ms // 1000} s are accepted (check the client's "
                               f"clock and that it signs in UTC)")
+    return signed_ms
 
 
 def sign(secret_key: str, date_time: str) -> bytes:

@@ -152,12 +152,16 @@ class AuthInterceptor(grpc.ServerInterceptor):
                                        f"requests ({signature.ALGORITHM}, the RocketMQ SDKs') are taken by the "
                                        f"RocketMQ gateway only"), "no_credentials", method, context)
         date_time = next((v for k, v in metadata if k == signature.DATE_HEADER), None)
+        if isinstance(date_time, str):
+            principal = self._authority.cached_signed(value, date_time)  # the same signature this second
+            if principal is not None:
+                return principal
         try:
             signed = signature.parse(value, date_time if isinstance(date_time, str) else None)
         except Unauthenticated as exc:
             self._deny(exc, "no_credentials", method, context)
         try:
-            return self._authority.authenticate_signed(signed)
+            return self._authority.authenticate_signed(signed, value)
         except Unauthenticated as exc:
             shown = signed.access_key if is_access_key(signed.access_key) else "(not a valid access key)"
             self._deny(exc, "bad_credentials", method, context, access_key=shown)

@@ -221,3 +221,27 @@ def test_a_key_under_another_kek_or_none_is_refused_and_logged(store, tmp_path):
         Authority(store, clock=clock).authenticate_signed(signed)
     with pytest.raises(FailedPrecondition, match="no key-encryption key"):
         AccessAdmin(store).create_sdk_key("carol")
+
+
+def test_the_same_signature_within_its_second_costs_no_hmac_until_a_change_or_its_window_ends(store, tmp_path,
+                                                                                             monkeypatch):
+    clock = FakeClock(DATE_MS)
+    kek = Kek(tmp_path / "auth.kek", create=True)
+    authority = Authority(store, kek=kek, clock=clock)
+    admin = AccessAdmin(store, authority.invalidate, kek)
+    admin.create_user("dave", model.NORMAL, "dave-secret-1")
+    created = admin.create_sdk_key("dave")
+    signed = signed_now(clock, created.key.access_key, created.secret_key)
+    value = header(created.key.access_key, signed.signature.hex())
+    assert authority.cached_signed(value, signed.date_time) is None
+    dave = authority.authenticate_signed(signed, value)
+    hmacs = []
+    monkeypatch.setattr(signature, "verify", lambda *a: hmacs.append(a) or True)
+    assert authority.cached_signed(value, signed.date_time) is dave
+    assert authority.cached_signed(value, "20231013T063058Z") is None         # the date is part of the key
+    assert hmacs == []
+    clock.advance(signature.MAX_SKEW_MS + 1000)
+    assert authority.cached_signed(value, signed.date_time) is None           # out of its window: checked again
+    clock.advance(-signature.MAX_SKEW_MS - 1000)
+    admin.revoke_sdk_key(created.key.access_key)                               # a change drops it at once
+    assert authority.cached_signed(value, signed.date_time) is None
