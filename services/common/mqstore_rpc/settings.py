@@ -130,8 +130,8 @@ _SERVICE_FLAGS = {
     "auth_url": "the auth database every service shares, a SQLAlchemy URL (default sqlite in the data dir)",
     "auth_default": "decision when no rule of a user matches: deny or allow (default deny)",
     "auth_refresh_ms": "how often users and rules are re-read for changes (default 1000)",
-    "auth_kek_file": "key-encryption key of the SDK keys' secrets, the same file for the CommitLog server and the "
-                     "gateway; made 0600 on first use (default <data-dir>/auth.kek)",
+    "auth_kek_file": "key-encryption key of the SDK keys' secrets, the same file for the CommitLog server (which "
+                     "makes it 0600 on first use) and the gateway (default <data-dir>/auth.kek)",
     "internal_token": "secret of the services' own identity, user 'service' (prefer the variable: flags "
                       "show in ps)",
 }
