@@ -52,7 +52,6 @@ NONCE_BYTES = 16
 TAG_BYTES = 32
 KEK_BYTES = 32
 HEADER = struct.Struct(">B16s")    # version, nonce
-_BLOCK = struct.Struct(">I")       # the keystream block counter
 _ENC_LABEL = b"mqstore sdk-key encryption"
 _MAC_LABEL = b"mqstore sdk-key mac"
 
@@ -66,7 +65,7 @@ def _subkeys(kek: bytes) -> tuple[bytes, bytes]:
 
 
 def _keystream(enc_key: bytes, nonce: bytes, length: int) -> bytes:
-    blocks = (hmac.digest(enc_key, nonce + _BLOCK.pack(i), hashlib.sha256) for i in range(-(-length // 32)))
+    blocks = (hmac.digest(enc_key, nonce + i.to_bytes(4, "big"), hashlib.sha256) for i in range(-(-length // 32)))
     return b"".join(blocks)[:length]
 
 

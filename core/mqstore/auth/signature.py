@@ -66,7 +66,8 @@ def parse(authorization: str, date_time: str | None) -> Signed:
         raise Unauthenticated(f"SignedHeaders must be {DATE_HEADER}: the only header this server checks")
     access_key = fields["Credential"].split("/", 1)[0]
     if not access_key:
-        raise Unauthenticated("the authorization metadata names no access key (Credential=)")
+        raise Unauthenticated("the request is signed without an access key (Credential=): give the SDK the "
+                              "credentials of an SDK key (`mqstore user sdk-key create USER` makes one)")
     if not _HEX.match(fields["Signature"]):
         raise Unauthenticated("Signature: 40 hexadecimal digits (HMAC-SHA1)")
     if date_time is None:

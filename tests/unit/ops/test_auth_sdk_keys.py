@@ -56,7 +56,7 @@ def test_the_signature_is_hmac_sha1_of_the_date_time_in_hex():
     ("MQv2-HMAC-SHA1 Credential=MQABCDEF12, SignedHeaders=host, Signature=" + "0" * 40, DATE, "SignedHeaders"),
     (header("MQABCDEF12", "zz" * 20), DATE, "40 hexadecimal"),
     (header("MQABCDEF12", "00" * 19), DATE, "40 hexadecimal"),
-    (header("", "00" * 20), DATE, "names no access key"),
+    (header("", "00" * 20), DATE, "signed without an access key.*mqstore user sdk-key create"),
     (header("MQABCDEF12", "00" * 20), None, "needs the x-mq-date-time"),
     (header("MQABCDEF12", "00" * 20) + ", Credential=x", DATE, "is not 'MQv2-HMAC-SHA1"),
 ])
@@ -245,3 +245,26 @@ def test_the_same_signature_within_its_second_costs_no_hmac_until_a_change_or_it
     clock.advance(-signature.MAX_SKEW_MS - 1000)
     admin.revoke_sdk_key(created.key.access_key)                               # a change drops it at once
     assert authority.cached_signed(value, signed.date_time) is None
+
+
+def test_a_key_revoked_or_a_user_deleted_by_another_process_is_refused_after_refresh(store, tmp_path):
+    clock = FakeClock(DATE_MS)
+    kek = Kek(tmp_path / "auth.kek", create=True)
+    authority = Authority(store, kek=kek, clock=clock)
+    elsewhere = AuthStore(f"sqlite:///{tmp_path / 'auth.db'}", SystemClock())
+    try:
+        other = AccessAdmin(elsewhere, kek=kek)   # another server: this authority's caches are not dropped
+        other.create_user("erin", model.NORMAL, "erin-secret-1")
+        first, second = other.create_sdk_key("erin"), other.create_sdk_key("erin")
+        for created in (first, second):
+            authority.authenticate_signed(signed_now(clock, created.key.access_key, created.secret_key))
+        other.revoke_sdk_key(first.key.access_key)
+        assert authority.refresh()
+        with pytest.raises(Unauthenticated):
+            authority.authenticate_signed(signed_now(clock, first.key.access_key, first.secret_key))
+        other.delete_user("erin")
+        assert authority.refresh()
+        with pytest.raises(Unauthenticated):
+            authority.authenticate_signed(signed_now(clock, second.key.access_key, second.secret_key))
+    finally:
+        elsewhere.close()
