@@ -35,7 +35,8 @@ be read the caches stay as they were (the duty retries with backoff), so that bo
 is readable.
 
 Thread-safety: the caches are swapped under ``_lock`` and read without it (a dict read is atomic; the
-dicts are replaced on a change, never cleared); hashing and database reads run outside it.
+dicts are replaced on a change, never cleared; the one of verified signed requests, one entry per
+client and second, is also added to in place under the lock); hashing and database reads run outside it.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ class Authority:
         """The principal of a signed request verified before with this very authorization value and
         date-time, if its date is still within the skew window; else None (then parse and
         :meth:`authenticate_signed`)."""
-        entry = self._verified.get((authorization, date_time))  # atomic; replaced on a change, never cleared
+        entry = self._verified.get((authorization, date_time))  # atomic; set under the lock, replaced on a change
         if entry is None or abs(entry[1] - self._clock.now_ms()) > self._max_skew_ms:
             return None
         self._hits.inc()
