@@ -286,7 +286,8 @@ def banner(children: list, data_dir: pathlib.Path | None = None, embedded: bool 
     if security.ca:
         lines.append(f"  TLS on: clients trust {security.ca}")
     if security.auth:
-        lines.append("  authentication on: users and rules with `mqstore user` and `mqstore acl` (README)")
+        lines.append("  authentication on: users and rules with `mqstore user` and `mqstore acl`, RocketMQ SDK keys "
+                     "with `mqstore user sdk-key` (README)")
     if data_dir is not None:
         lines.append(f"  {'disk':<10} {disk_bytes(data_dir) / MiB:,.1f} MiB in {_display(data_dir)} "
                      f"({sizes_text(data_dir, embedded)})")
