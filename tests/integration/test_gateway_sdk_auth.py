@@ -1,7 +1,8 @@
 """The official RocketMQ 5 clients (Python 5.1.2, Node 1.0.8), unchanged, authenticate to the gateway with
 SDK credentials (an access key and secret key made by the Access service): they sign every request
 (MQv2-HMAC-SHA1) and act as the user owning the key, whose rules apply. A wrong secret key, an unknown
-access key, a topic the user may not publish to, and a revoked key are refused; no log line of any
+access key, a topic the user may not publish to, a revoked key and a deleted user's key are refused (within
+the refresh interval); no log line of any
 service holds a secret key or a signature.
 """
 
@@ -100,6 +101,22 @@ def test_a_revoked_key_is_refused_within_the_refresh_interval(rig):
             reply = client.call("send", topic=TOPIC, body="after revocation", expect_error=None)
             return not reply["ok"]
         wait_until(refused, "the revoked key to be refused", timeout_s=WAIT_S)
+    assert any(e.get("access_key") == ak and e["reason"] == "bad_credentials" for e in denials(rig))
+
+
+def test_deleting_the_user_refuses_its_keys_within_the_refresh_interval(rig):
+    rig.access.CreateUser(apb.CreateUserRequest(name="short-lived"), timeout=10)
+    rig.access.AddRule(apb.AddRuleRequest(user="short-lived", resource_kind=apb.RESOURCE_KIND_TOPIC, pattern=TOPIC,
+                                          actions=[apb.ACTION_PUB]), timeout=10)
+    created = rig.access.CreateSdkKey(apb.CreateSdkKeyRequest(user="short-lived"), timeout=10)
+    ak = created.key.access_key
+    with rig.client("node", "deleted", credentials=(ak, created.secret_key)) as client:
+        client.call("producer", topics=[TOPIC])
+        client.call("send", topic=TOPIC, body="before deletion")
+        rig.access.DeleteUser(apb.DeleteUserRequest(name="short-lived"), timeout=10)
+        wait_until(lambda: not client.call("send", topic=TOPIC, body="after deletion", expect_error=None)["ok"],
+                   "the deleted user's key to be refused", timeout_s=WAIT_S)
+    assert ak not in [k.access_key for k in rig.access.ListSdkKeys(apb.ListSdkKeysRequest(), timeout=10).keys]
     assert any(e.get("access_key") == ak and e["reason"] == "bad_credentials" for e in denials(rig))
 
 
