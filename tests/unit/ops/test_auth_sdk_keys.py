@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import random
 import stat
 import threading
 import time
@@ -116,6 +117,26 @@ def test_seal_round_trips_and_refuses_tampering_another_kek_and_another_row():
         sealing.open_sealed(KEK, sealed, "MQOTHERKEY1")                       # moved to another access key
     with pytest.raises(SealError, match="at least 49 bytes"):
         sealing.open_sealed(KEK, sealed[:40], "MQABCDEF12")
+
+
+def test_sealing_matches_a_plain_model_on_random_secrets_keys_and_tampering():
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rnd = random.Random(seed)
+    alphabet = "abcXYZ019-_éß"
+    for _ in range(200):
+        kek = rnd.randbytes(32)
+        secret = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(8, 256)))
+        access_key = "MQ" + "".join(rnd.choice("0123456789ABCDEF") for _ in range(rnd.randint(6, 30)))
+        sealed = sealing.seal(kek, secret, access_key)
+        assert len(sealed) == sealing.HEADER.size + len(secret.encode()) + sealing.TAG_BYTES   # the model: no padding
+        assert sealing.open_sealed(kek, sealed, access_key) == secret                         # ...and a round trip
+        damaged = bytearray(sealed)
+        damaged[rnd.randrange(len(damaged))] ^= 1 << rnd.randrange(8)
+        with pytest.raises(SealError):                                                         # any bit flipped
+            sealing.open_sealed(kek, bytes(damaged), access_key)
+        with pytest.raises(SealError):                                                         # cut anywhere
+            sealing.open_sealed(kek, sealed[:rnd.randrange(len(sealed))], access_key)
 
 
 def test_the_kek_file_is_made_0600_once_and_shared(tmp_path):
