@@ -1,10 +1,12 @@
 """Authentication end to end: a real CommitLog process with auth and TLS on, users and rules managed with
-``mqstore user`` and ``mqstore acl`` (first as the services' own identity), the rules in force at once,
+``mqstore user`` and ``mqstore acl`` (first as the services' own identity), SDK keys made, listed and
+revoked with ``mqstore user sdk-key``, the rules in force at once,
 patterns, and no secret in any line the server logged."""
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -66,6 +68,22 @@ def test_users_and_rules_from_the_cli_with_auth_and_tls_on(tmp_path, certs):
         _ok(_cli(address, certs, "acl", "revoke", first, **as_service))
         _refused(_cli(address, certs, "send", "orders-1", "again", **alice_creds), "PERMISSION_DENIED")  # at once
 
+        made = _ok(_cli(address, certs, "user", "sdk-key", "create", "alice", **as_service))
+        access_key = made.split("access key: ", 1)[1].split()[0]
+        secret_key = made.split("secret key: ", 1)[1].split()[0]
+        kek = tmp_path / "log" / "auth.kek"                        # made on first use, next to the data
+        assert stat.S_IMODE(kek.stat().st_mode) == 0o600 and kek.stat().st_size == 32
+        listed = _ok(_cli(address, certs, "user", "sdk-key", "list", "alice", **as_service))
+        assert access_key in listed and "user=alice" in listed and secret_key not in listed
+        denied = _refused(_cli(address, certs, "user", "sdk-key", "create", "alice", **alice_creds),
+                          "PERMISSION_DENIED")
+        assert "user 'alice' lacks ADMIN" in denied
+        _refused(_cli(address, certs, "user", "sdk-key", "create", "nobody", **as_service), "NOT_FOUND")
+        _ok(_cli(address, certs, "user", "sdk-key", "revoke", access_key, **as_service))
+        assert "(no SDK keys)" in _ok(_cli(address, certs, "user", "sdk-key", "list", **as_service))
+        _refused(_cli(address, certs, "user", "sdk-key", "revoke", access_key, **as_service), "NOT_FOUND")
+        _refused(_cli(address, certs, "user", "sdk-key", "revoke", "bad key!", **as_service), "INVALID_ARGUMENT")
+
         renewed = _ok(_cli(address, certs, "user", "update", "alice", "--new-secret", **as_service))
         new_secret = renewed.split("secret: ", 1)[1].split()[0]
         _refused(_cli(address, certs, "pull", "orders-1", **alice_creds), "UNAUTHENTICATED")
@@ -75,5 +93,6 @@ def test_users_and_rules_from_the_cli_with_auth_and_tls_on(tmp_path, certs):
         assert server.stop() == 0
     logged = server.stderr()
     assert "auth.denied" in logged
-    for secret in (TOKEN, alice, new_secret, "guessed-token", (certs / "server.key").read_text().splitlines()[1]):
+    server_key = (certs / "server.key").read_text().splitlines()[1]
+    for secret in (TOKEN, alice, new_secret, secret_key, "guessed-token", server_key):
         assert secret not in logged, "a secret reached the server's log"

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import json
 import pathlib
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,6 +31,7 @@ from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
 from mqstore.auth import model
 from mqstore.auth.admin import AccessAdmin
+from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
 from mqstore.index.config import IndexConfig
 from mqstore.index.follower import FollowerConfig
@@ -86,6 +90,8 @@ class World:
     txns: dict[str, str] = dataclasses.field(default_factory=dict)
     rule_id: int = 0
     created: int = 0
+    sdk_keys: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # user -> (access, secret key)
+    revocable: str = ""                        # an access key RevokeSdkKey may revoke
 
     def fresh(self, prefix: str) -> str:
         self.created += 1
@@ -140,6 +146,9 @@ CALLS: dict[str, Call] = {
         user="victim", resource_kind=apb.RESOURCE_KIND_TOPIC, pattern="x*", actions=[apb.ACTION_SUB])),
     "/mqstore.v1.Access/DeleteRule": Call("unary", lambda w: apb.DeleteRuleRequest(id=w.rule_id)),
     "/mqstore.v1.Access/ListRules": Call("unary", lambda w: apb.ListRulesRequest()),
+    "/mqstore.v1.Access/CreateSdkKey": Call("unary", lambda w: apb.CreateSdkKeyRequest(user="victim")),
+    "/mqstore.v1.Access/ListSdkKeys": Call("unary", lambda w: apb.ListSdkKeysRequest()),
+    "/mqstore.v1.Access/RevokeSdkKey": Call("unary", lambda w: apb.RevokeSdkKeyRequest(access_key=w.revocable)),
     "/mqstore.v1.Index/QueryByKey": Call("unary", lambda w: ipb.QueryByKeyRequest(topic=TOPIC, key="k")),
     "/mqstore.v1.Index/QueryByUniqKey": Call("unary", lambda w: ipb.QueryByUniqKeyRequest(
         topic=TOPIC, uniq_key=w.uniq_key)),
@@ -267,8 +276,9 @@ def _secret_of(user: str) -> str:
     return f"secret-of-{user}-0123456789"
 
 
-def _users(admin: AccessAdmin) -> None:
-    """only-X: exactly action X on every topic, group and the cluster; others-X: the two other actions."""
+def _users(admin: AccessAdmin, world: World) -> None:
+    """only-X: exactly action X on every topic, group and the cluster; others-X: the two other actions.
+    Each has an SDK key too (the gateway's signed requests)."""
     for action in model.ACTIONS:
         others = frozenset(model.ACTIONS) - {action}
         for name, actions in ((f"only-{action.lower()}", frozenset({action})), (f"others-{action.lower()}", others)):
@@ -276,20 +286,23 @@ def _users(admin: AccessAdmin) -> None:
             for kind in (model.TOPIC, model.GROUP):
                 admin.add_rule(name, kind, "*", actions, model.ALLOW)
             admin.add_rule(name, model.CLUSTER, "*", actions, model.ALLOW)
+            created = admin.create_sdk_key(name)
+            world.sdk_keys[name] = (created.key.access_key, created.secret_key)
     admin.create_user("victim", model.NORMAL, _secret_of("victim"))
+    world.revocable = admin.create_sdk_key("victim").key.access_key
     admin.create_user("doomed-user", model.NORMAL, _secret_of("doomed-user"))
 
 
-def _auth(url: str, token: str = TOKEN) -> tuple[ServerConfig, Peers]:
+def _auth(url: str, token: str = TOKEN, kek_file: str = "") -> tuple[ServerConfig, Peers]:
     peers = Peers(None, "service", Secret(token))
-    auth = AuthConfig(enabled=True, url=Secret(url), refresh_ms=100, internal_token=Secret(token))
+    auth = AuthConfig(enabled=True, url=Secret(url), refresh_ms=100, internal_token=Secret(token), kek_file=kek_file)
     return ServerConfig(port=0, grace_s=0.5, metrics_port=0, auth=auth, peers=peers), peers
 
 
 @contextlib.contextmanager
 def _services(tmp_path: pathlib.Path):
     url = f"sqlite:///{tmp_path / 'auth.db'}"
-    server, peers = _auth(url)
+    server, peers = _auth(url, kek_file=str(tmp_path / "auth.kek"))
     log_config = dataclasses.replace(make_config(tmp_path / "log"), server=server, internal_token=TOKEN,
                                      replication=ReplicationConfig(node_id="n1"))  # serves mqstore.v1.Replication
     with contextlib.ExitStack() as stack:
@@ -309,7 +322,7 @@ def _services(tmp_path: pathlib.Path):
                                            server=server, commitlog_address=address,
                                            txn_address=f"127.0.0.1:{servers['txn'][1]}")
         servers["gateway"] = stack.enter_context(gateway_serving(gateway_cfg))
-        yield url, servers, peers
+        yield url, servers, peers, tmp_path / "auth.kek"
 
 
 def _stub(channel: grpc.Channel, method: str, kind: str):
@@ -335,7 +348,7 @@ def _invoke(channel: grpc.Channel, method: str, call: Call, request, metadata) -
     return grpc.StatusCode.OK
 
 
-def _prepare_world(url: str, servers: dict, peers: Peers) -> World:
+def _prepare_world(url: str, servers: dict, peers: Peers, kek_file: pathlib.Path) -> World:
     world = World({name: port for name, (_, port) in servers.items()})
     with peers.channel(f"127.0.0.1:{world.ports['commitlog']}") as channel:
         def log(method, request):
@@ -366,8 +379,8 @@ def _prepare_world(url: str, servers: dict, peers: Peers) -> World:
                                                                    timeout=TIMEOUT_S)).locators, "the index")
     store = AuthStore(url, SystemClock())
     try:
-        admin = AccessAdmin(store)
-        _users(admin)
+        admin = AccessAdmin(store, kek=Kek(kek_file, create=True))
+        _users(admin, world)
         world.rule_id = admin.add_rule("victim", model.TOPIC, "gone", frozenset({model.SUB}), model.ALLOW).rule_id
     finally:
         store.close()
@@ -378,11 +391,19 @@ def _bearer(user: str, secret: str) -> tuple:
     return ((rpc_auth.METADATA_KEY, rpc_auth.token(user, secret)),)
 
 
+def _signed(access_key: str, secret_key: str, age_s: int = 0) -> tuple:
+    """What a RocketMQ SDK sends with these credentials (mqstore.auth.signature), signed ``age_s`` ago."""
+    date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() - age_s))
+    digest = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+    return ((rpc_auth.METADATA_KEY, f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, "
+                                    f"Signature={digest}"), ("x-mq-date-time", date))
+
+
 def test_every_rpc_of_every_service_gets_its_exact_status(tmp_path):
     # Every event of every level, as the JSON renderer would write it (structlog's capture changes no
     # global configuration that later tests rely on).
-    with structlog.testing.capture_logs() as events, _services(tmp_path) as (url, servers, peers):
-        world = _prepare_world(url, servers, peers)
+    with structlog.testing.capture_logs() as events, _services(tmp_path) as (url, servers, peers, kek_file):
+        world = _prepare_world(url, servers, peers, kek_file)
         wait_until(lambda: _probe(world), "the services to see the new users (auth_refresh_ms)")
         outcomes, denials = _run_matrix(world)
         scraped = {name: scrape(server.metrics_port) for name, (server, _) in servers.items()}
@@ -392,8 +413,9 @@ def test_every_rpc_of_every_service_gets_its_exact_status(tmp_path):
     denied_events = [e for e in events if e["event"] == "auth.denied"]
     assert counted == len(denied_events) == denials
     text = "\n".join(json.dumps(e, default=str) for e in events)
-    for secret in [TOKEN, WRONG, *(_secret_of(u) for u in _all_users())]:
+    for secret in [TOKEN, WRONG, *(_secret_of(u) for u in _all_users()), *(sk for _, sk in world.sdk_keys.values())]:
         assert secret not in text, "a secret reached a log line"
+    assert "Signature=" not in text, "a signature reached a log line"
 
 
 def _all_users() -> list[str]:
@@ -421,20 +443,30 @@ def _run_matrix(world: World) -> tuple[dict, int]:
                      ("unknown user", _bearer("nobody", WRONG), grpc.StatusCode.UNAUTHENTICATED),
                      ("missing permission", _bearer(lacking, _secret_of(lacking)), grpc.StatusCode.PERMISSION_DENIED),
                      ("allowed", _bearer(f"only-{action.lower()}", _secret_of(f"only-{action.lower()}")), call.allowed)]
+            # The RocketMQ SDKs' signed requests, as the same users: refused before the allowed call (which
+            # may use up what it names); the gateway takes them, the other services take bearer only.
+            allowed_key, lacking_key = world.sdk_keys[f"only-{action.lower()}"], world.sdk_keys[lacking]
+            if service == "MessagingService":
+                cases[-1:-1] = [
+                    ("signed, wrong secret key", _signed(allowed_key[0], WRONG), grpc.StatusCode.UNAUTHENTICATED),
+                    ("signed, unknown access key", _signed("MQ00000000000000", WRONG), grpc.StatusCode.UNAUTHENTICATED),
+                    ("signed, 20 min old", _signed(*allowed_key, age_s=1200), grpc.StatusCode.UNAUTHENTICATED),
+                    ("signed, missing permission", _signed(*lacking_key), grpc.StatusCode.PERMISSION_DENIED)]
+                cases.append(("signed, allowed", _signed(*allowed_key), call.allowed))
+            else:
+                cases.insert(-1, ("signed, not the gateway", _signed(*allowed_key), grpc.StatusCode.UNAUTHENTICATED))
             for case, metadata, want in cases:
-                request = call.request(world) if case == "allowed" else _peek(call, world)
+                request = call.request(world) if case in ("allowed", "signed, allowed") else _peek(call, world)
                 got = _invoke(channel, method, call, request, (*metadata, *call.metadata))
                 outcomes[(method, case)] = (got, want)
                 denials += want in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) and \
-                    case != "allowed"
+                    case not in ("allowed", "signed, allowed")
     return outcomes, denials
 
 
 def _peek(call: Call, world: World):
     """The request of a refused call: the same shape, without using up what the allowed call needs."""
-    snapshot = World(world.ports, world.physical_offset, world.uniq_key, dict(world.txns), world.rule_id,
-                     world.created)
-    return call.request(snapshot)
+    return call.request(dataclasses.replace(world, txns=dict(world.txns)))
 
 
 def test_the_matrix_covers_every_rpc_in_the_permission_table():

@@ -428,6 +428,10 @@ HUGE_CASES = [
                                                                      actions=[access_pb2.ACTION_PUB]),
      Code.INVALID_ARGUMENT),
     ("rules of a user", "access", "ListRules", access_pb2.ListRulesRequest(user=HUGE), Code.INVALID_ARGUMENT),
+    ("sdk key of a user", "access", "CreateSdkKey", access_pb2.CreateSdkKeyRequest(user=HUGE), Code.INVALID_ARGUMENT),
+    ("sdk keys of a user", "access", "ListSdkKeys", access_pb2.ListSdkKeysRequest(user=HUGE), Code.INVALID_ARGUMENT),
+    ("revoke an access key", "access", "RevokeSdkKey", access_pb2.RevokeSdkKeyRequest(access_key=HUGE),
+     Code.INVALID_ARGUMENT),
 ]
 
 

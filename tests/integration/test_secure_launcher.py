@@ -4,11 +4,18 @@ TLS and auth, and prints how to reach them; the CLI works through it as the bann
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import stat
 import subprocess
 import sys
+import time
 
+import grpc
 import pytest
+
+from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d, service_pb2 as v2, service_pb2_grpc as v2_grpc
 
 from tests.integration.test_readme import Launcher, free_port
 
@@ -43,6 +50,22 @@ def test_tls_and_auth_from_the_launcher_and_top(tmp_path):
         refused = subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", "topic", "list"], capture_output=True,
                                  text=True, timeout=60, env=env)
         assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+        # An SDK key made through the CommitLog server opens on the gateway: the launcher gave both one kek file.
+        made = cli("user", "sdk-key", "create", "ops", MQSTORE_USER="service", MQSTORE_SECRET=token)
+        access_key, secret_key = (made.split(f"{label}: ", 1)[1].split()[0] for label in ("access key", "secret key"))
+        assert stat.S_IMODE((data / "auth.kek").stat().st_mode) == 0o600
+        date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        digest = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+        signed = (("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, "
+                                    f"Signature={digest}"),
+                  ("x-mq-date-time", date), ("x-mq-client-id", "launcher-test"))
+        with grpc.secure_channel(f"localhost:{ports['gateway']}",
+                                 grpc.ssl_channel_credentials(ca.read_bytes())) as channel:
+            route = v2_grpc.MessagingServiceStub(channel).QueryRoute(v2.QueryRouteRequest(
+                topic=d.Resource(name="demo"), endpoints=d.Endpoints(
+                    scheme=d.IPv4, addresses=[d.Address(host="127.0.0.1", port=ports["gateway"])])),
+                metadata=signed, timeout=30)
+        assert route.status.code == d.OK and route.message_queues, route
         top = cli("top", "--once", "--interval", "0.5")
         for name in ports:
             assert f"{name:<10} 127.0.0.1:{ports[name] + 100}  up" in top, top

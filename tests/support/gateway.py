@@ -28,6 +28,7 @@ import pytest
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc
+from mqstore_rpc.auth import BearerToken
 from tests.support.processes import ServiceProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -60,10 +61,12 @@ class ClientDriver:
     """One official client in a subprocess. ``call(op, **fields)`` sends a command and returns its reply
     (AssertionError when it failed, unless ``expect_error``); ``events`` holds the checks it answered."""
 
-    def __init__(self, kind: str, endpoint: str, home: pathlib.Path):
+    def __init__(self, kind: str, endpoint: str, home: pathlib.Path, credentials: tuple[str, str] | None = None):
         self.kind = kind
         home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "HOME": str(home)}
+        if credentials is not None:  # an SDK key: the client signs every request with it
+            env.update(RMQ_ACCESS_KEY=credentials[0], RMQ_SECRET_KEY=credentials[1])
         self.process = subprocess.Popen(client_command(kind, endpoint), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=env)
         self.replies: queue.Queue[dict] = queue.Queue()
@@ -93,7 +96,7 @@ class ClientDriver:
             raise AssertionError(f"{self.kind} client: no answer within {timeout_s} s waiting for {what} (exit "
                                  f"code {self.process.poll()}); stderr:\n{''.join(self.stderr_lines[-40:])}") from None
 
-    def call(self, op: str, *, expect_error: bool = False, timeout_s: float = CALL_TIMEOUT_S, **fields) -> dict:
+    def call(self, op: str, *, expect_error: bool | None = False, timeout_s: float = CALL_TIMEOUT_S, **fields) -> dict:
         self.begin(op, **fields)
         return self.reply(op, expect_error=expect_error, timeout_s=timeout_s)
 
@@ -103,10 +106,13 @@ class ClientDriver:
         self.process.stdin.write(json.dumps({"id": self._ids, "op": op, **fields}) + "\n")
         self.process.stdin.flush()
 
-    def reply(self, op: str = "the last command", *, expect_error: bool = False,
+    def reply(self, op: str = "the last command", *, expect_error: bool | None = False,
               timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        """The answer to the last command; ``expect_error`` None: either outcome (the caller looks)."""
         reply = self._next(self.replies, timeout_s, op)
         assert reply["id"] == self._ids, reply
+        if expect_error is None:
+            return reply
         if expect_error:
             assert not reply["ok"], f"{self.kind} {op} should have failed: {reply}"
         else:
@@ -147,9 +153,13 @@ class Stack:
     """CommitLog, Transaction and gateway processes over one data directory. ``restart_gateway()`` and
     ``restart_commitlog()`` bring a killed one back on the same port."""
 
-    def __init__(self, tmp: pathlib.Path, gateway_args: tuple[str, ...] = (), txn_args: tuple[str, ...] = FAST_CHECKS):
-        self.tmp, self.gateway_args, self.txn_args = tmp, gateway_args, txn_args
+    def __init__(self, tmp: pathlib.Path, gateway_args: tuple[str, ...] = (), txn_args: tuple[str, ...] = FAST_CHECKS,
+                 auth: bool = False):
+        self.tmp, self.gateway_args, self.txn_args, self.auth = tmp, gateway_args, txn_args, auth
         self.env = {"MQSTORE_INTERNAL_TOKEN": TOKEN}
+        if auth:  # one auth database and kek file for every service; the rig calls as `service`
+            self.env.update(MQSTORE_AUTH="on", MQSTORE_AUTH_URL=f"sqlite:///{tmp / 'auth.db'}",
+                            MQSTORE_AUTH_KEK_FILE=str(tmp / "auth.kek"), MQSTORE_AUTH_REFRESH_MS="200")
         self.commitlog = self.txn = self.gateway = None
         self.commitlog_port = self.gateway_port = 0
 
@@ -184,12 +194,19 @@ class Stack:
         self.commitlog.stop()
         self.commitlog = self._commitlog(self.commitlog_port)
 
-    def client(self, kind: str, name: str = "") -> ClientDriver:
-        return ClientDriver(kind, self.endpoint, self.tmp / f"home-{kind}-{name or time.monotonic_ns()}")
+    def client(self, kind: str, name: str = "", credentials: tuple[str, str] | None = None) -> ClientDriver:
+        return ClientDriver(kind, self.endpoint, self.tmp / f"home-{kind}-{name or time.monotonic_ns()}", credentials)
+
+    def channel(self) -> grpc.Channel:
+        """A channel to the CommitLog server; with auth on, calling as ``service`` (a super user)."""
+        channel = grpc.insecure_channel(self.commitlog.address)
+        if self.auth:
+            channel = grpc.intercept_channel(channel, BearerToken("service", TOKEN))
+        return channel
 
     @contextlib.contextmanager
     def log_stub(self) -> Iterator[commitlog_pb2_grpc.CommitLogStub]:
-        channel = grpc.insecure_channel(self.commitlog.address)
+        channel = self.channel()
         try:
             yield commitlog_pb2_grpc.CommitLogStub(channel)
         finally:

@@ -2,7 +2,9 @@
 
 Checks every input (mqstore.auth.model, mqstore.auth.secrets), hashes secrets before they reach the
 store (a generated secret is returned once, to be handed to its user, and never stored in clear),
-refuses the reserved service identity, and drops the caches of this process's Authority after each
+seals SDK secret keys under the kek (mqstore.auth.sealing: the server must recompute their signatures, so
+they cannot be only hashed; a generated one is returned once), refuses the reserved service identity,
+and drops the caches of this process's Authority after each
 change (the other services follow within their refresh interval).
 
 Thread-safe: the store and the authority are.
@@ -11,10 +13,12 @@ Thread-safe: the store and the authority are.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import secrets as random
 from typing import Callable
 
 from mqstore.auth import model, secrets
-from mqstore.auth.model import SERVICE_USER, Rule, User
+from mqstore.auth.model import SERVICE_USER, Rule, SdkKey, User
+from mqstore.auth.sealing import Kek
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.meta.auth import AuthStore
 
@@ -25,10 +29,17 @@ class Created:
     secret: str     # the generated secret (shown once), or "" when the caller gave one
 
 
+@dataclass(frozen=True, slots=True)
+class CreatedSdkKey:
+    key: SdkKey
+    secret_key: str  # shown once: kept only sealed
+
+
 class AccessAdmin:
-    def __init__(self, store: AuthStore, changed: Callable[[], None] = lambda: None):
+    def __init__(self, store: AuthStore, changed: Callable[[], None] = lambda: None, kek: Kek | None = None):
         self._store = store
         self._changed = changed
+        self._kek = kek
 
     def create_user(self, name: str, kind: str, secret: str = "") -> Created:
         self._check_name(name)
@@ -78,6 +89,28 @@ class AccessAdmin:
         if user:
             model.check_user_name(user)
         return self._store.rules(user)
+
+    def create_sdk_key(self, user: str) -> CreatedSdkKey:
+        """A new access key and secret key for ``user`` (a user may hold several: rotate by creating a new
+        one, then revoking the old)."""
+        self._check_name(user)
+        if self._kek is None:
+            raise FailedPrecondition("this server has no key-encryption key for SDK secrets: give it "
+                                     "--auth-kek-file (MQSTORE_AUTH_KEK_FILE) or --data-dir")
+        access_key = "MQ" + random.token_hex(10).upper()
+        secret_key = secrets.generate()
+        key = self._store.create_sdk_key(access_key, user, self._kek.seal(secret_key, access_key))
+        self._changed()
+        return CreatedSdkKey(key, secret_key)
+
+    def sdk_keys(self, user: str = "") -> list[SdkKey]:
+        if user:
+            model.check_user_name(user)
+        return self._store.sdk_keys(user)
+
+    def revoke_sdk_key(self, access_key: str) -> None:
+        self._store.delete_sdk_key(model.check_access_key(access_key))
+        self._changed()
 
     @staticmethod
     def _check_name(name: str) -> None:

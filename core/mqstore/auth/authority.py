@@ -14,6 +14,14 @@
   (bounded), so a client retrying a wrong secret does not make the server run scrypt again on every
   call. The service identity (``service``, whose secret is MQSTORE_INTERNAL_TOKEN) is checked in
   constant time without the database, then cached like the others.
+* ``authenticate_signed(signed)``: the principal of the user owning the access key of an SDK's signed
+  request (mqstore.auth.signature; the gateway only). The first call with an access key reads the key
+  and its user from the database and opens the sealed secret key under the kek (mqstore.auth.sealing);
+  after that (access key -> principal and secret key) is cached like the bearer credentials, so a call
+  costs one dict lookup, the date check and one HMAC-SHA1. A verified (authorization value, date-time)
+  pair is cached as well (:meth:`cached_signed`): the SDK signs the date to the second, so the calls a
+  client makes within the same second cost one dict lookup and the skew check, no HMAC. Unknown access
+  keys are remembered too (bounded), so they cost no database read when retried.
 * ``authorize(principal, action, resource)``: None, or PermissionDenied naming the user, the action,
   the resource and the deciding rule (mqstore.auth.model.decide). Decisions are cached per principal.
 
@@ -27,7 +35,8 @@ be read the caches stay as they were (the duty retries with backoff), so that bo
 is readable.
 
 Thread-safety: the caches are swapped under ``_lock`` and read without it (a dict read is atomic; the
-dicts are replaced on a change, never cleared); hashing and database reads run outside it.
+dicts are replaced on a change, never cleared; the one of verified signed requests, one entry per
+client and second, is also added to in place under the lock); hashing and database reads run outside it.
 """
 
 from __future__ import annotations
@@ -39,10 +48,13 @@ from typing import Protocol
 
 import structlog
 
-from mqstore.auth import model, secrets
-from mqstore.auth.model import SERVICE_USER, SUPER, Decision, Resource, Rule, User
+from mqstore.auth import model, secrets, signature
+from mqstore.auth.model import SERVICE_USER, SUPER, Decision, Resource, Rule, SdkKey, User
+from mqstore.auth.sealing import Kek
+from mqstore.auth.signature import Signed
 from mqstore.background import Duty
-from mqstore.errors import PermissionDenied, Unauthenticated, Unavailable
+from mqstore.clock import Clock, SystemClock
+from mqstore.errors import FailedPrecondition, PermissionDenied, Unauthenticated, Unavailable
 from mqstore.metrics import Registry
 
 log = structlog.get_logger("mqstore.auth")
@@ -63,6 +75,8 @@ class AuthSource(Protocol):
 
     def rules(self, user: str) -> list[Rule]: ...
 
+    def sdk_key(self, access_key: str) -> SdkKey | None: ...
+
 
 @dataclass
 class Principal:
@@ -78,7 +92,8 @@ class Principal:
 
 class Authority:
     def __init__(self, source: AuthSource, *, default_decision: str = model.DENY, service_secret: str = "",
-                 metrics: Registry | None = None):
+                 metrics: Registry | None = None, kek: Kek | None = None, clock: Clock | None = None,
+                 max_skew_ms: int = signature.MAX_SKEW_MS):
         if default_decision not in model.DECISIONS:
             raise ValueError(f"default decision is allow or deny, not {default_decision!r}")
         self._source = source
@@ -89,6 +104,12 @@ class Authority:
         self._accepted: dict[str, Principal] = {}     # presented credential -> principal
         self._rejected: dict[tuple[str, bytes], None] = {}
         self._flights: dict[tuple[str, bytes], _Flight] = {}
+        self._kek = kek
+        self._clock = clock or SystemClock()
+        self._max_skew_ms = max_skew_ms
+        self._signing: dict[str, tuple[Principal, bytes]] = {}   # access key -> (principal, secret key)
+        self._unknown_keys: dict[str, None] = {}
+        self._verified: dict[tuple[str, str], tuple[Principal, int]] = {}  # (value, date-time) -> (.., signed ms)
         metrics = metrics or Registry()
         self._hits = metrics.counter("mqstore_auth_cache_hits_total", "calls whose credentials the cache "
                                      "accepted (no secret hashed)").labels()  # the one child: one call less
@@ -174,6 +195,69 @@ class Authority:
                 self._rejected.clear()
             self._rejected[(name, fp)] = None
 
+    # ---- signed requests (the RocketMQ SDKs) ---------------------------------------------------------
+    def cached_signed(self, authorization: str, date_time: str) -> Principal | None:
+        """The principal of a signed request verified before with this very authorization value and
+        date-time, if its date is still within the skew window; else None (then parse and
+        :meth:`authenticate_signed`)."""
+        entry = self._verified.get((authorization, date_time))  # atomic; set under the lock, replaced on a change
+        if entry is None or abs(entry[1] - self._clock.now_ms()) > self._max_skew_ms:
+            return None
+        self._hits.inc()
+        return entry[0]
+
+    def authenticate_signed(self, signed: Signed, authorization: str = "") -> Principal:
+        """The principal of the user owning ``signed.access_key`` if the signature is theirs and its date
+        is within the skew window; else Unauthenticated (the message never holds a secret).
+        ``authorization``: the metadata value ``signed`` was parsed from, the key of :meth:`cached_signed`."""
+        version = self._version
+        signed_ms = signature.check_fresh(signed, self._clock.now_ms(), self._max_skew_ms)
+        entry = self._signing.get(signed.access_key)  # atomic; replaced on a change, never cleared
+        if entry is None:
+            entry = self._load_signing(signed.access_key)
+        principal, secret_key = entry
+        if not signature.verify(secret_key, signed):
+            raise _key_not_accepted(signed.access_key)
+        if authorization:
+            with self._lock:
+                if self._version == version:
+                    if len(self._verified) >= MAX_CACHED_CREDENTIALS:
+                        self._verified = {}
+                    # Set in place (one per client and second: a copy each time would cost O(entries)); a
+                    # concurrent reader's get sees the dict before or after the set, both whole.
+                    self._verified[(authorization, signed.date_time)] = (principal, signed_ms)
+        self._hits.inc()
+        return principal
+
+    def _load_signing(self, access_key: str) -> tuple[Principal, bytes]:
+        version = self._version
+        if access_key in self._unknown_keys:
+            raise _key_not_accepted(access_key)
+        key = self._source.sdk_key(access_key) if model.is_access_key(access_key) else None
+        user = self._source.user(key.user) if key is not None else None
+        if key is None or user is None:
+            with self._lock:
+                if self._version == version:
+                    if len(self._unknown_keys) >= MAX_CACHED_FAILURES:
+                        self._unknown_keys = {}
+                    self._unknown_keys = {**self._unknown_keys, access_key: None}
+            raise _key_not_accepted(access_key)
+        if self._kek is None:
+            raise Unauthenticated("this server has no key-encryption key (--auth-kek-file, MQSTORE_AUTH_KEK_FILE), "
+                                  "so it cannot check signed requests; use bearer credentials or configure it")
+        try:
+            secret_key = self._kek.open(key.sealed_secret, access_key).encode("utf-8")
+        except FailedPrecondition as exc:  # a missing or another kek, or an altered row: the operator's to fix
+            log.error("auth.sdk_key_unusable", access_key=access_key, user=key.user, message=str(exc))
+            raise Unauthenticated(f"the SDK key {access_key!r} cannot be checked by this server (its key-encryption "
+                                  f"key does not open it; the server's log says why)") from None
+        entry = (Principal(user.name, user.kind, tuple(self._source.rules(user.name))), secret_key)
+        with self._lock:
+            if self._version == version:
+                signing = self._signing if len(self._signing) < MAX_CACHED_CREDENTIALS else {}
+                self._signing = {**signing, access_key: entry}
+        return entry
+
     # ---- authorization -------------------------------------------------------------------------------
     def decide(self, principal: Principal, action: str, resource: Resource) -> Decision:
         key = (action, resource)
@@ -216,6 +300,9 @@ class Authority:
         self._version = version
         self._accepted = {}
         self._rejected = {}
+        self._signing = {}
+        self._unknown_keys = {}
+        self._verified = {}
         self._invalidations.inc()
 
 
@@ -245,6 +332,12 @@ class _Flight:
 def _not_accepted(name: str) -> Unauthenticated:
     shown = repr(name) if model.is_user_name(name) else "(not a valid user name)"
     return Unauthenticated(f"the credentials of user {shown} are not accepted (unknown user or wrong secret)")
+
+
+def _key_not_accepted(access_key: str) -> Unauthenticated:
+    shown = repr(access_key) if model.is_access_key(access_key) else "(not a valid access key)"
+    return Unauthenticated(f"the signature of access key {shown} is not accepted (unknown or revoked access key, "
+                           f"or a wrong secret key)")
 
 
 class AuthRefresh(Duty):

@@ -44,6 +44,7 @@ USER_KINDS = (SUPER, NORMAL)
 SERVICE_USER = "service"
 
 _USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+_ACCESS_KEY = re.compile(r"^[A-Za-z0-9]{8,64}$")
 # Topic and group names as mqstore.topics allows them ([%|a-zA-Z0-9_-]{1,127}), plus an optional "*".
 _PATTERN = re.compile(r"^(\*|[%|a-zA-Z0-9_-]{1,127}\*?)$")
 
@@ -52,6 +53,16 @@ def check_user_name(name: str) -> str:
     if not _USER_NAME.match(name):
         raise InvalidArgument("user name: 1 to 64 characters of A-Z a-z 0-9 _ . @ -")
     return name
+
+
+def check_access_key(access_key: str) -> str:
+    if not _ACCESS_KEY.match(access_key):
+        raise InvalidArgument("access key: 8 to 64 characters of A-Z a-z 0-9, as `mqstore user sdk-key list` shows")
+    return access_key
+
+
+def is_access_key(access_key: str) -> bool:
+    return bool(_ACCESS_KEY.match(access_key))
 
 
 def is_user_name(name: str) -> bool:
@@ -91,6 +102,17 @@ class User:
     secret_hash: str   # mqstore.auth.secrets format; never logged or returned
     created_ms: int
     updated_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SdkKey:
+    """An SDK credential of a user: the access key the RocketMQ SDKs send in clear, and its secret key
+    sealed under the kek (mqstore.auth.sealing; never logged or returned)."""
+
+    access_key: str
+    user: str
+    sealed_secret: str
+    created_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,10 @@ Tables (created when missing; their own version row, independent of the topic re
                 the secret), created_ms, updated_ms
   auth_rules:   id PK (auto), user_name (indexed), resource_kind (topic|group|cluster), pattern,
                 actions ("PUB,SUB"), decision (allow|deny), created_ms
+  auth_sdk_keys: access_key PK, user_name (indexed), sealed_secret (mqstore.auth.sealing: the SDK secret
+                key encrypted under the kek, which is not in this database), created_ms
 
-Every change runs in one transaction that also bumps ``version``. Deleting a user deletes its rules.
+Every change runs in one transaction that also bumps ``version``. Deleting a user deletes its rules and SDK keys.
 
 Thread-safe: SQLAlchemy's engine and pool are; each method is one short transaction.
 """
@@ -26,7 +28,7 @@ import structlog
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from mqstore.auth.model import Rule, User
+from mqstore.auth.model import Rule, SdkKey, User
 from mqstore import fs
 from mqstore.clock import Clock
 from mqstore.errors import AlreadyExists, FailedPrecondition, NotFound, Unavailable
@@ -58,6 +60,13 @@ RULES = sa.Table(
     sa.Column("pattern", sa.String(128), nullable=False),
     sa.Column("actions", sa.String(64), nullable=False),
     sa.Column("decision", sa.String(8), nullable=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+)
+SDK_KEYS = sa.Table(
+    "auth_sdk_keys", _META,
+    sa.Column("access_key", sa.String(64), primary_key=True),
+    sa.Column("user_name", sa.String(64), nullable=False, index=True),
+    sa.Column("sealed_secret", sa.String(512), nullable=False),
     sa.Column("created_ms", sa.BigInteger, nullable=False),
 )
 
@@ -113,6 +122,18 @@ class AuthStore:
         return [Rule(r.user_name, r.resource_kind, r.pattern, frozenset(r.actions.split(",")), r.decision, r.id)
                 for r in rows]
 
+    def sdk_key(self, access_key: str) -> SdkKey | None:
+        with self._transaction() as conn:
+            row = conn.execute(SDK_KEYS.select().where(SDK_KEYS.c.access_key == access_key)).one_or_none()
+        return None if row is None else _sdk_key(row)
+
+    def sdk_keys(self, user: str = "") -> list[SdkKey]:
+        query = SDK_KEYS.select().order_by(SDK_KEYS.c.created_ms, SDK_KEYS.c.access_key)
+        if user:
+            query = query.where(SDK_KEYS.c.user_name == user)
+        with self._transaction() as conn:
+            return [_sdk_key(row) for row in conn.execute(query).all()]
+
     # ---- changes (each bumps the version) ------------------------------------------------------------
     def create_user(self, name: str, kind: str, secret_hash: str) -> User:
         now = self._clock.now_ms()
@@ -142,8 +163,9 @@ class AuthStore:
             if conn.execute(USERS.delete().where(USERS.c.name == name)).rowcount == 0:
                 raise _no_user(name)
             rules = conn.execute(RULES.delete().where(RULES.c.user_name == name)).rowcount
+            keys = conn.execute(SDK_KEYS.delete().where(SDK_KEYS.c.user_name == name)).rowcount
             _bump(conn)
-        log.info("auth.user_deleted", user=name, rules_deleted=rules)
+        log.info("auth.user_deleted", user=name, rules_deleted=rules, sdk_keys_deleted=keys)
 
     def add_rule(self, rule: Rule) -> Rule:
         with self._transaction(write=True) as conn:
@@ -165,6 +187,27 @@ class AuthStore:
             _bump(conn)
         log.info("auth.rule_deleted", rule_id=rule_id)
 
+    def create_sdk_key(self, access_key: str, user: str, sealed_secret: str) -> SdkKey:
+        key = SdkKey(access_key, user, sealed_secret, self._clock.now_ms())
+        with self._transaction(write=True) as conn:
+            if conn.execute(sa.select(USERS.c.name).where(USERS.c.name == key.user)).first() is None:
+                raise _no_user(key.user)
+            if conn.execute(sa.select(SDK_KEYS.c.access_key).where(
+                    SDK_KEYS.c.access_key == key.access_key)).first() is not None:
+                raise AlreadyExists(f"access key {key.access_key!r} exists already")
+            conn.execute(SDK_KEYS.insert().values(access_key=key.access_key, user_name=key.user,
+                                                  sealed_secret=key.sealed_secret, created_ms=key.created_ms))
+            _bump(conn)
+        log.info("auth.sdk_key_created", user=key.user, access_key=key.access_key)
+        return key
+
+    def delete_sdk_key(self, access_key: str) -> None:
+        with self._transaction(write=True) as conn:
+            if conn.execute(SDK_KEYS.delete().where(SDK_KEYS.c.access_key == access_key)).rowcount == 0:
+                raise NotFound(f"there is no SDK key {access_key!r}; `mqstore user sdk-key list` shows them")
+            _bump(conn)
+        log.info("auth.sdk_key_revoked", access_key=access_key)
+
     @contextlib.contextmanager
     def _transaction(self, write: bool = False) -> Iterator[sa.Connection]:
         try:
@@ -180,6 +223,10 @@ class AuthStore:
 
 def _bump(conn: sa.Connection) -> None:
     conn.execute(SCHEMA.update().values(version=SCHEMA.c.version + 1))
+
+
+def _sdk_key(row) -> SdkKey:
+    return SdkKey(row.access_key, row.user_name, row.sealed_secret, row.created_ms)
 
 
 def _no_user(name: str) -> NotFound:

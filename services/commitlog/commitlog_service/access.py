@@ -1,4 +1,4 @@
-"""The Access servicer (access.proto): users and rules, a thin adapter over mqstore.auth.admin.
+"""The Access servicer (access.proto): users, rules and SDK keys, a thin adapter over mqstore.auth.admin.
 
 Served on the CommitLog server. Thread-safe: holds the admin object (thread-safe) only.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 from mqstore.auth import model
 from mqstore.auth.admin import AccessAdmin
-from mqstore.auth.model import Rule, User
+from mqstore.auth.model import Rule, SdkKey, User
 from mqstore.errors import InvalidArgument
 from mqstore_rpc.gen.mqstore.v1 import access_pb2 as pb, access_pb2_grpc
 
@@ -38,6 +38,10 @@ def _user(u: User) -> pb.User:
 def _rule(r: Rule) -> pb.AccessRule:
     return pb.AccessRule(id=r.rule_id, user=r.user, resource_kind=_RESOURCE_TO_PB[r.kind], pattern=r.pattern,
                          actions=[_ACTION_TO_PB[a] for a in sorted(r.actions)], decision=_DECISION_TO_PB[r.decision])
+
+
+def _sdk_key(k: SdkKey) -> pb.SdkKey:
+    return pb.SdkKey(access_key=k.access_key, user=k.user, created_ms=k.created_ms)  # never the secret
 
 
 class AccessServicer(access_pb2_grpc.AccessServicer):
@@ -76,6 +80,17 @@ class AccessServicer(access_pb2_grpc.AccessServicer):
 
     def ListRules(self, request, context):
         return pb.ListRulesResponse(rules=[_rule(r) for r in self._admin.rules(request.user)])
+
+    def CreateSdkKey(self, request, context):
+        created = self._admin.create_sdk_key(request.user)
+        return pb.SdkKeySecret(key=_sdk_key(created.key), secret_key=created.secret_key)
+
+    def ListSdkKeys(self, request, context):
+        return pb.ListSdkKeysResponse(keys=[_sdk_key(k) for k in self._admin.sdk_keys(request.user)])
+
+    def RevokeSdkKey(self, request, context):
+        self._admin.revoke_sdk_key(request.access_key)
+        return pb.RevokeSdkKeyResponse()
 
 
 def add_to_server(servicer: AccessServicer, server: grpc.Server) -> None:

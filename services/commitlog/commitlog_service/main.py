@@ -27,10 +27,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import pathlib
 import sys
 from typing import Mapping, Sequence
 
 from mqstore.auth.admin import AccessAdmin
+from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
@@ -94,14 +96,16 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
-    """The Access service (users and rules) over the auth database every service shares; a change
-    drops this server's caches at once."""
+    """The Access service (users, rules, SDK keys) over the auth database every service shares; a change
+    drops this server's caches at once. SDK secret keys are sealed under the kek file (made on first use;
+    ``<data-dir>/auth.kek`` unless --auth-kek-file names another)."""
     auth_store = AuthStore(str(config.server.auth.url.reveal()) or default_auth_url(config.store.data_dir),
                            SystemClock())
     parts.on_close(auth_store.close)
     changed = parts.authority.invalidate if parts.authority is not None else (lambda: None)
+    kek = Kek(pathlib.Path(config.server.auth.kek_file or config.store.data_dir / "auth.kek"), create=True)
     parts.add_servicer(access.SERVICE_NAME, lambda server: access.add_to_server(
-        access.AccessServicer(AccessAdmin(auth_store, changed)), server))
+        access.AccessServicer(AccessAdmin(auth_store, changed, kek)), server))
 
 
 def _compose_replication(config: CommitLogConfig, store: MessageStore,

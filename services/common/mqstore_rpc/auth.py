@@ -5,14 +5,21 @@ bearer token and not a signed request (RocketMQ 5 signs each request with HMAC-S
 SecretKey): to verify a signature the server must hold the secret itself, while a bearer secret can be
 kept only as a salted scrypt hash (a stolen auth database gives no one's secret). What a signature adds
 is protection of the secret in transit and against replay; TLS (mqstore_rpc.tls) gives both to every
-call, so with authentication on across a network, turn TLS on too. Verification is cached
-(mqstore.auth.authority) by the whole metadata value, and so is each permission decision per user,
-action and resource: a call costs two dict lookups (bench/auth_call.py measures it).
+call, so with authentication on across a network, turn TLS on too. The RocketMQ gateway
+(``signed_requests``) also takes the official SDKs' signed requests, ``authorization: MQv2-HMAC-SHA1
+Credential=<access key>, ...`` with ``x-mq-date-time`` (mqstore.auth.signature), whose secret keys the
+server keeps sealed under a key-encryption key (mqstore.auth.sealing); any other service refuses them.
+Verification is cached (mqstore.auth.authority) by the whole metadata value (a signed request: by its
+access key, plus one HMAC-SHA1 per call), and so is each permission decision per user, action and
+resource: a call costs two dict lookups (bench/auth_call.py measures it).
 
 :class:`AuthInterceptor` (the server side, inside the error interceptor so that its errors map to
 status codes in one place): for each RPC of :data:`mqstore_rpc.permissions.PERMISSIONS`,
 
   no ``authorization`` metadata, or not ``Bearer <user>:<secret>``   UNAUTHENTICATED (says what to send)
+  (gateway) a malformed signed request or no x-mq-date-time          UNAUTHENTICATED (no_credentials)
+  (gateway) unknown or revoked access key, wrong signature, or a     UNAUTHENTICATED (bad_credentials)
+  date-time more than 15 min from the server's clock
   unknown user or wrong secret                                       UNAUTHENTICATED (which of the two is
                                                                      not said; the secret never is)
   the user lacks the action on a resource the request names          PERMISSION_DENIED (names the user,
@@ -39,8 +46,9 @@ from typing import Any, Callable, Iterator, Mapping
 import grpc
 import structlog
 
+from mqstore.auth import signature
 from mqstore.auth.authority import Authority, Principal
-from mqstore.auth.model import Resource
+from mqstore.auth.model import Resource, is_access_key
 from mqstore.errors import PermissionDenied, Unauthenticated
 from mqstore.metrics import Registry
 
@@ -89,8 +97,10 @@ class _Caller:
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
-    def __init__(self, authority: Authority, registry: Registry, permissions: Mapping[str, Need | None] = PERMISSIONS):
+    def __init__(self, authority: Authority, registry: Registry, permissions: Mapping[str, Need | None] = PERMISSIONS,
+                 *, signed_requests: bool = False):
         self._authority = authority
+        self._signed_requests = signed_requests
         self._permissions = permissions
         self._denied = registry.counter("mqstore_auth_denied_total", "calls refused by authentication or "
                                         "permissions, by reason", ("reason",))
@@ -109,9 +119,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return wrapped
 
     # ---- checks ----------------------------------------------------------------------------------------
-    def _deny(self, exc: Exception, reason: str, method: str, context: grpc.ServicerContext, user: str = "") -> None:
+    def _deny(self, exc: Exception, reason: str, method: str, context: grpc.ServicerContext, user: str = "",
+              **fields: str) -> None:
         self._denied.labels(reason).inc()
-        log.warning("auth.denied", method=method, user=user, reason=reason, peer=context.peer(), message=str(exc))
+        log.warning("auth.denied", method=method, user=user, reason=reason, peer=context.peer(), message=str(exc),
+                    **fields)
         raise exc
 
     def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
@@ -122,6 +134,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     principal = self._authority.cached(value)  # the hot path: credentials seen before
                     if principal is not None:
                         return principal
+                    if signature.is_signed(value):
+                        return self._authenticate_signed(value, metadata, method, context)
                 break
         try:
             user, secret = parse_credentials(metadata)
@@ -131,6 +145,26 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return self._authority.authenticate(user, secret, value)
         except Unauthenticated as exc:
             self._deny(exc, "bad_credentials", method, context, user[:64])
+
+    def _authenticate_signed(self, value: str, metadata, method: str, context: grpc.ServicerContext) -> Principal:
+        if not self._signed_requests:
+            self._deny(Unauthenticated(f"this service takes '{METADATA_KEY}: Bearer <user>:<secret>'; signed "
+                                       f"requests ({signature.ALGORITHM}, the RocketMQ SDKs') are taken by the "
+                                       f"RocketMQ gateway only"), "no_credentials", method, context)
+        date_time = next((v for k, v in metadata if k == signature.DATE_HEADER), None)
+        if isinstance(date_time, str):
+            principal = self._authority.cached_signed(value, date_time)  # the same signature this second
+            if principal is not None:
+                return principal
+        try:
+            signed = signature.parse(value, date_time if isinstance(date_time, str) else None)
+        except Unauthenticated as exc:
+            self._deny(exc, "no_credentials", method, context)
+        try:
+            return self._authority.authenticate_signed(signed, value)
+        except Unauthenticated as exc:
+            shown = signed.access_key if is_access_key(signed.access_key) else "(not a valid access key)"
+            self._deny(exc, "bad_credentials", method, context, access_key=shown)
 
     def _authorize(self, principal: Principal, need: Need, request, method: str, context) -> None:
         if need.resources is None:

@@ -28,7 +28,8 @@ Operations (mqstore_rpc.settings): each service serves /metrics on its port + 10
 gRPC ports; the banner lists them). ``--tls`` (``make run-tls``) makes a throwaway CA and certificates
 in ``<data-dir>/tls`` (mqstore_rpc.tls_certs, openssl) and starts every service with TLS, the services
 calling each other over it. ``--auth`` (or MQSTORE_AUTH=on) turns authentication on for every service;
-they share one auth database, ``<data-dir>/auth.db`` (MQSTORE_AUTH_URL when set), and call each other
+they share one auth database, ``<data-dir>/auth.db`` (MQSTORE_AUTH_URL when set), and one key-encryption
+key of SDK secret keys, ``<data-dir>/auth.kek`` (MQSTORE_AUTH_KEK_FILE when set), and call each other
 as ``service`` with the internal token, as the launcher does for its own calls.
 """
 
@@ -220,6 +221,8 @@ def security(data_dir: pathlib.Path, tls: bool, auth: bool, token: str) -> Secur
     if auth:
         env.update(MQSTORE_AUTH="on")
     env["MQSTORE_AUTH_URL"] = os.environ.get("MQSTORE_AUTH_URL") or f"sqlite:///{data_dir / 'auth.db'}"
+    # One key-encryption key of SDK secret keys for all: the CommitLog server seals, the gateway opens.
+    env["MQSTORE_AUTH_KEK_FILE"] = os.environ.get("MQSTORE_AUTH_KEK_FILE") or str(data_dir.resolve() / "auth.kek")
     peers = Peers(client_tls(ca) if ca else None, "service", Secret(token))
     return Security(ca, auth, str(data_dir / "internal-token"), tuple(env.items()), peers)
 
@@ -283,7 +286,8 @@ def banner(children: list, data_dir: pathlib.Path | None = None, embedded: bool 
     if security.ca:
         lines.append(f"  TLS on: clients trust {security.ca}")
     if security.auth:
-        lines.append("  authentication on: users and rules with `mqstore user` and `mqstore acl` (README)")
+        lines.append("  authentication on: users and rules with `mqstore user` and `mqstore acl`, RocketMQ SDK keys "
+                     "with `mqstore user sdk-key` (README)")
     if data_dir is not None:
         lines.append(f"  {'disk':<10} {disk_bytes(data_dir) / MiB:,.1f} MiB in {_display(data_dir)} "
                      f"({sizes_text(data_dir, embedded)})")

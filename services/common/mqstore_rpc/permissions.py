@@ -168,6 +168,9 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.Access/AddRule": _CLUSTER_ADMIN,
     "/mqstore.v1.Access/DeleteRule": _CLUSTER_ADMIN,
     "/mqstore.v1.Access/ListRules": _CLUSTER_ADMIN,
+    "/mqstore.v1.Access/CreateSdkKey": _CLUSTER_ADMIN,
+    "/mqstore.v1.Access/ListSdkKeys": _CLUSTER_ADMIN,
+    "/mqstore.v1.Access/RevokeSdkKey": _CLUSTER_ADMIN,
     # ---- Index
     "/mqstore.v1.Index/QueryByKey": _topic_sub(),
     "/mqstore.v1.Index/QueryByUniqKey": _topic_sub(),

@@ -54,6 +54,9 @@ class AuthConfig:
     default_decision: str = "deny"       # when no rule of a user matches: deny or allow
     refresh_ms: int = 1_000              # how often the users' version is read (changes by others)
     internal_token: Secret = Secret()
+    # The key-encryption key of SDK secret keys (mqstore.auth.sealing): the CommitLog server's Access service
+    # seals with it (creating it on first use), the gateway opens with it; "" = none (no SDK keys)
+    kek_file: str = ""
 
     def __post_init__(self) -> None:
         if self.default_decision not in ("allow", "deny"):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -44,6 +45,7 @@ import grpc
 import structlog
 from mqstore import failpoints
 from mqstore.auth.authority import Authority, AuthRefresh
+from mqstore.auth.sealing import Kek
 from mqstore.background import Duty
 from mqstore.clock import SystemClock
 from mqstore.errors import InvalidArgument, MqStoreError
@@ -138,6 +140,7 @@ class ServiceDef:
     parse_config: Callable[[Sequence[str] | None, Mapping[str, str]], Any]
     compose: Callable[[Any, Composition], None]
     describe: Callable[[Any, int], dict] = lambda config, port: {}      # config fields for server.started
+    signed_requests: bool = False   # with auth on, also take the RocketMQ SDKs' signed requests (the gateway)
 
 
 def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | None, AuthStore | None]:
@@ -145,8 +148,9 @@ def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | No
         return None, None
     store = AuthStore(str(config.auth.url.reveal()), SystemClock())
     try:
+        kek = Kek(pathlib.Path(config.auth.kek_file), create=False) if config.auth.kek_file else None
         authority = Authority(store, default_decision=config.auth.default_decision,
-                              service_secret=str(config.auth.internal_token.reveal()), metrics=registry)
+                              service_secret=str(config.auth.internal_token.reveal()), metrics=registry, kek=kek)
     except BaseException:
         store.close()
         raise
@@ -158,7 +162,8 @@ def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
     duties and closes what the composition opened."""
     registry = Registry()
     authority, auth_store = _authority(config.server, registry)
-    interceptors = [AuthInterceptor(authority, registry)] if authority is not None else []
+    interceptors = ([AuthInterceptor(authority, registry, signed_requests=service.signed_requests)]
+                    if authority is not None else [])
     try:
         server = create_server(config.server, registry, interceptors)
     except BaseException:

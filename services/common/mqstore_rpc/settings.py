@@ -9,7 +9,7 @@ Every service has the flags of :func:`add_service_flags` (``--data-dir``, ``--ho
 ``--max-workers``, ``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``; the operations settings:
 ``--metrics-host``/``--metrics-port``, the server's TLS ``--tls-cert``/``--tls-key``/``--tls-client-ca``,
 the TLS of its calls to the other services ``--tls-ca``/``--tls-client-cert``/``--tls-client-key``/
-``--tls-server-name``, ``--auth``/``--auth-url``/``--auth-default``/``--auth-refresh-ms`` and
+``--tls-server-name``, ``--auth``/``--auth-url``/``--auth-default``/``--auth-refresh-ms``/``--auth-kek-file`` and
 ``--internal-token``) and reads ``MQSTORE_FAILPOINTS``; :func:`server_config` and friends read them.
 
 Metrics: ``/metrics`` is served on the gRPC port + :data:`METRICS_PORT_OFFSET` (50151 for the commit
@@ -130,6 +130,8 @@ _SERVICE_FLAGS = {
     "auth_url": "the auth database every service shares, a SQLAlchemy URL (default sqlite in the data dir)",
     "auth_default": "decision when no rule of a user matches: deny or allow (default deny)",
     "auth_refresh_ms": "how often users and rules are re-read for changes (default 1000)",
+    "auth_kek_file": "key-encryption key of the SDK keys' secrets, the same file for the CommitLog server (which "
+                     "makes it 0600 on first use) and the gateway (default <data-dir>/auth.kek)",
     "internal_token": "secret of the services' own identity, user 'service' (prefer the variable: flags "
                       "show in ps)",
 }
@@ -200,7 +202,15 @@ def auth_config(args: argparse.Namespace, env: Mapping[str, str]) -> AuthConfig:
         url = default_auth_url(data_dir(args, env))
     return AuthConfig(enabled=enabled, url=Secret(url), default_decision=typed(args, env, "auth_default", str, "deny"),
                       refresh_ms=typed(args, env, "auth_refresh_ms", parse_int, 1_000),
-                      internal_token=Secret(internal_token(args, env)))
+                      internal_token=Secret(internal_token(args, env)), kek_file=kek_file(args, env))
+
+
+def kek_file(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """``--auth-kek-file``, else ``<data-dir>/auth.kek`` when there is a data directory, else ""."""
+    path = setting(args, env, "auth_kek_file") or ""
+    if not path and setting(args, env, "data_dir"):
+        path = str(data_dir(args, env).resolve() / "auth.kek")
+    return path
 
 
 def peers(args: argparse.Namespace, env: Mapping[str, str]) -> Peers:

@@ -14,7 +14,8 @@ env MQSTORE_INTERNAL_TOKEN, the commit log's: with it sends store the producer's
 ``--commitlog`` (env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--txn`` (env MQSTORE_TXN, default
 127.0.0.1:50053), ``--rpc-timeout-ms``, ``--stream-deadline-ms``, and one flag per field of
 GatewayConfig (``--max-clients``, ``--client-ttl-ms``, ``--max-body-bytes``, ``--max-delivery-attempts``,
-``--long-poll-max-ms``, ...).
+``--long-poll-max-ms``, ...). With ``--auth`` it also takes the RocketMQ SDKs' signed requests
+(ServiceDef.signed_requests; their secret keys opened with ``--auth-kek-file``, services/gateway/README.md).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def describe(config: GatewayServiceConfig, port: int) -> dict:
             "born_host": "producer" if config.internal_token else "gateway"}  # never the token itself
 
 
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, signed_requests=True)
 
 
 def build_server(config: GatewayServiceConfig) -> tuple[ManagedServer, int]:

@@ -5,7 +5,8 @@
 // {"id": n, "ok": false, "error": ...}); a transaction check from the server prints an event line
 // {"event": "check", ...} at any time. The same commands as tests/clients/python/rmq_driver.py
 // (see there): producer, send, send_many, send_stream, half, end, answer, consumer, receive, ack, change,
-// shutdown.
+// shutdown. With RMQ_ACCESS_KEY and RMQ_SECRET_KEY in the environment the clients sign their requests with
+// them (SDK credentials); without, they send none.
 'use strict';
 
 const readline = require('node:readline');
@@ -25,6 +26,9 @@ function emit(item) {
 class Driver {
   constructor(endpoint) {
     this.endpoint = endpoint;
+    // SDK credentials from the environment (the gateway's signed-request tests), else none.
+    this.credentials = process.env.RMQ_ACCESS_KEY
+      ? { accessKey: process.env.RMQ_ACCESS_KEY, accessSecret: process.env.RMQ_SECRET_KEY || '' } : undefined;
     this.checkAnswer = 'COMMIT';
     this.transactions = new Map();
     this.messages = new Map();
@@ -42,7 +46,7 @@ class Driver {
       },
     };
     this.producerClient = new Producer({ endpoints: this.endpoint, namespace: '', topics: c.topics, checker,
-      requestTimeout: 10000 });
+      requestTimeout: 10000, sessionCredentials: this.credentials });
     await this.producerClient.startup();
     return {};
   }
@@ -109,7 +113,8 @@ class Driver {
   async consumer(c) {
     const subscriptions = new Map([ [ c.topic, new FilterExpression(c.tag || '*') ] ]);
     this.consumerClient = new SimpleConsumer({ endpoints: this.endpoint, namespace: '', consumerGroup: c.group,
-      subscriptions, awaitDuration: (c.await_s || 5) * 1000, requestTimeout: 10000 });
+      subscriptions, awaitDuration: (c.await_s || 5) * 1000, requestTimeout: 10000,
+      sessionCredentials: this.credentials });
     await this.consumerClient.startup();
     return {};
   }

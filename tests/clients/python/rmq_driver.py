@@ -25,11 +25,15 @@ as tests/clients/node/driver.js:
                                              their first delivery; each takes work_s); returns once expect
                                              deliveries succeeded
   shutdown   {}                              shut the clients down and exit
+
+With RMQ_ACCESS_KEY and RMQ_SECRET_KEY in the environment the clients sign their requests with them (SDK
+credentials); without, they send none.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -87,7 +91,9 @@ class Listener(MessageListener):
 
 class Driver:
     def __init__(self, endpoint: str):
-        self.config = ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+        # SDK credentials from the environment (the gateway's signed-request tests), else none.
+        credentials = Credentials(os.environ.get("RMQ_ACCESS_KEY", ""), os.environ.get("RMQ_SECRET_KEY", ""))
+        self.config = ClientConfiguration(endpoint, credentials, request_timeout=10)
         self.producer: Producer | None = None
         self.consumer: SimpleConsumer | None = None
         self.checker = Checker("COMMIT")
