@@ -728,13 +728,22 @@ class MessageStore:
         return self.dispatcher.dispatched_offset >= self._copied_end
 
     def promote(self) -> None:
-        """A replica becomes leader: the append path's queue offsets and store time from its log."""
+        """A replica becomes leader: the append path's queue offsets and store time from its log, the records
+        it copied but has not made visible yet included. A replica dispatches only up to the committed
+        offset its leader last told it, which trails the bytes it holds (the next heartbeat brings it); a
+        leader gone in between leaves records here that no consume queue holds yet (:meth:`_dispatch_to`
+        puts them in once the new in-sync set holds them), and the first append must take the queue
+        offsets after theirs, not the same ones again."""
         self.topics.refresh()
         with self.dispatcher.lock:
             offsets = self.dispatcher.next_queue_offsets()
             self._copied_end = self.commitlog.written_offset
+            copied, copied_ts = self.dispatcher.queue_ends(self.dispatcher.dispatched_offset, self._copied_end,
+                                                           self.topics.starts())
+        offsets.update(copied)
         self.commitlog.restore(self.commitlog.written_offset,
-                               max(self.commitlog.last_store_timestamp_ms, self.dispatcher.logics_msg_timestamp_ms),
+                               max(self.commitlog.last_store_timestamp_ms, self.dispatcher.logics_msg_timestamp_ms,
+                                   copied_ts or 0),
                                offsets)
 
     def halt(self) -> None:

@@ -40,13 +40,6 @@ def _held(stub) -> list:
         return []
 
 
-# Known broken on main since the merge of replication with topic incarnations (issue 17 stays open for it):
-# after the leader's kill the compactor's follower resumes on a node that shows it a visible log end of 0
-# and it holds only the first 100 records (0 of the 100 appended to the new leader) for 60 s. Passed on the
-# replication branch alone; the Index's equivalent (a replica not knowing a topic created after it
-# started) is fixed. Not strict: it is to pass again once the cause is found.
-@pytest.mark.xfail(reason="compactor does not follow the new leader after a failover on merged main "
-                          "(issue 17: under investigation)", strict=False)
 def test_compactor_and_its_replicas_follow_the_new_leader_without_loss_or_duplicates(group, tmp_path):
     group.start_all()
     leader, epoch = group.wait_leader()

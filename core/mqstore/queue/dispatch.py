@@ -262,3 +262,27 @@ class Dispatcher:
 
     def next_queue_offsets(self) -> dict[tuple[str, int], int]:
         return {key: cq.max_offset for key, cq in self.queues.queues.items()}
+
+    def queue_ends(self, from_offset: int, to_offset: int, starts: dict[str, int]) -> tuple[dict[tuple[str, int], int],
+                                                                                         int | None]:
+        """Under ``lock``: the next queue offset of each queue by the records in [from_offset, to_offset) of
+        the log, as they carry it (the last one's + 1), and the store time of the last record (None: no
+        record there). Only records that take a queue offset and belong to their topic as it is now (at
+        or above its start in ``starts``). Reads the log, writes no entry: a new leader's records copied
+        as a replica and not dispatched yet (MessageStore.promote)."""
+        ends: dict[tuple[str, int], int] = {}
+        last_ts = None
+        start = max(from_offset, self.commitlog.min_offset)
+        for seg in self.commitlog.segments.segments:
+            if seg.end <= start or seg.start >= to_offset:
+                continue
+            position = start - seg.start
+            for size, topic_bytes, qid, qoff, flag, _, store_ts in record_scan.routing_records(
+                    seg.buffer, position, min(seg.size, to_offset - seg.start)):
+                topic = topic_bytes.decode("utf-8", "replace")
+                if record.takes_queue_offset(flag) and seg.start + position >= starts.get(topic, _NOT_A_TOPIC):
+                    ends[(topic, qid)] = qoff + 1
+                last_ts = store_ts
+                position += size
+            start = seg.end
+        return ends, last_ts
