@@ -19,6 +19,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
 T = 10
+WAIT_S = 180  # deadlines, not sleeps: a run under two busy loops took up to 183 s in all
 KEYS = 10
 
 
@@ -45,7 +46,7 @@ def test_compactor_and_its_replicas_follow_the_new_leader_without_loss_or_duplic
     leader, epoch = group.wait_leader()
     group.log(leader).CreateTopic(clpb.CreateTopicRequest(name="kv", queue_count=1,
                                                           kind=common_pb2.TOPIC_KIND_COMPACTION), timeout=T)
-    wait_until(lambda: len(group.state(leader).in_sync) == 3, "all three nodes in sync", timeout_s=30)
+    wait_until(lambda: len(group.state(leader).in_sync) == 3, "all three nodes in sync", timeout_s=90)
     nodes = ",".join(group.procs[n].address for n in group.procs)
     appended: list[tuple[str, bytes]] = []  # what the commit log acknowledged, in log order (one queue)
 
@@ -63,16 +64,16 @@ def test_compactor_and_its_replicas_follow_the_new_leader_without_loss_or_duplic
                 grpc.insecure_channel(replica_process.address) as replica_channel:
             replica = compactor_pb2_grpc.CompactorStub(replica_channel)
             append(leader, 0)
-            wait_until(lambda: len(_held(primary)) == 100, "the primary to apply the first round", timeout_s=60)
+            wait_until(lambda: len(_held(primary)) == 100, "the primary to apply the first round", timeout_s=WAIT_S)
 
             group.kill9(leader)
-            leader, epoch = group.wait_leader(above_epoch=epoch, timeout_s=30)
+            leader, epoch = group.wait_leader(above_epoch=epoch, timeout_s=90)
             wait_until(lambda: len(group.state(leader).in_sync) >= 2, "a replica in sync with the new leader",
-                       timeout_s=30)
+                       timeout_s=90)
             append(leader, 100)
             expected = [(offset, key, body) for offset, (key, body) in enumerate(appended)]
-            wait_until(lambda: _held(primary) == expected, "the primary to follow the new leader", timeout_s=60)
-            wait_until(lambda: _held(replica) == expected, "its replica to keep up", timeout_s=60)
+            wait_until(lambda: _held(primary) == expected, "the primary to follow the new leader", timeout_s=WAIT_S)
+            wait_until(lambda: _held(replica) == expected, "its replica to keep up", timeout_s=WAIT_S)
 
             primary.Compact(pb.CompactRequest(topic="kv", seal_active=True), timeout=120)
             latest = {key: body for key, body in appended}
@@ -85,4 +86,4 @@ def test_compactor_and_its_replicas_follow_the_new_leader_without_loss_or_duplic
                     grpc.insecure_channel(rebuilt_process.address) as rebuilt_channel:
                 rebuilt = compactor_pb2_grpc.CompactorStub(rebuilt_channel)
                 wait_until(lambda: _held(rebuilt) == compacted, "a new replica to rebuild the compacted log from "
-                           "offset 0", timeout_s=60)
+                           "offset 0", timeout_s=WAIT_S)
