@@ -6,7 +6,8 @@
 #   2. build the mqstore image and the Prometheus image (Debian's package; deploy/prometheus/Dockerfile);
 #   3. up --wait (the health checks speak TLS); scripts/compose_ops_smoke.py through the published ports:
 #      plaintext and missing credentials refused, a user and a rule made as `service`, the user's calls
-#      allowed and denied as its rule says, the index following over TLS, Prometheus' targets up, its
+#      allowed and denied as its rule says, the index following over TLS, an SDK key made on the commit log
+#      signing a RocketMQ call the gateway accepts (a wrong one refused), Prometheus' targets up, its
 #      alert rules loaded and the appends counted;
 #   4. always: docker compose down -v (project mqstore-ops; host ports 53051-53053, 53081 and 59090).
 #
@@ -37,6 +38,6 @@ say "docker compose up --wait ${SERVICES[*]} (TLS and authentication on)"
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"
 say "services healthy over TLS; smoke test"
 "${NEAR_PORTS[@]}" "$PY" scripts/compose_ops_smoke.py --commitlog "localhost:$MQSTORE_COMMITLOG_HOST_PORT" \
-    --index "localhost:$MQSTORE_INDEX_HOST_PORT" --prometheus "127.0.0.1:$MQSTORE_PROMETHEUS_HOST_PORT" \
+    --index "localhost:$MQSTORE_INDEX_HOST_PORT" --gateway "localhost:$MQSTORE_GATEWAY_HOST_PORT" --prometheus "127.0.0.1:$MQSTORE_PROMETHEUS_HOST_PORT" \
     --ca "$state/tls/ca.pem" --token "$MQSTORE_INTERNAL_TOKEN"
 say "passed"

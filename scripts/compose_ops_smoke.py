@@ -13,6 +13,8 @@ scraping them.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import sys
 import time
@@ -21,6 +23,7 @@ import urllib.request
 
 import grpc
 
+from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as v2d, service_pb2 as v2, service_pb2_grpc as v2_grpc
 from mqstore_rpc.gen.mqstore.v1 import access_pb2 as apb, access_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb, commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.gen.mqstore.v1 import index_pb2, index_pb2_grpc
@@ -66,6 +69,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--commitlog", required=True)
     parser.add_argument("--index", required=True)
+    parser.add_argument("--gateway", required=True, help="host:port of the RocketMQ gateway")
     parser.add_argument("--prometheus", required=True, help="host:port of Prometheus")
     parser.add_argument("--ca", required=True)
     parser.add_argument("--token", required=True, help="the internal token (user `service`)")
@@ -103,6 +107,29 @@ def main() -> int:
         _until("the index found the message by key (it follows the log over TLS as service)",
                lambda: index.QueryByKey(index_pb2.QueryByKeyRequest(topic="ops-1", key="smoke-key"),
                                         timeout=TIMEOUT_S).locators)
+
+    # The RocketMQ SDKs sign each request with an SDK key (HMAC-SHA1 of x-mq-date-time): the key is made on
+    # the commit log, sealed under the kek file every service mounts, and opened by the gateway.
+    with service.channel(args.commitlog) as channel:
+        sdk = access_pb2_grpc.AccessStub(channel).CreateSdkKey(apb.CreateSdkKeyRequest(user="smoke"),
+                                                                timeout=TIMEOUT_S)
+    route = v2.QueryRouteRequest(topic=v2d.Resource(name="ops-1"), endpoints=v2d.Endpoints(
+        scheme=v2d.DOMAIN_NAME, addresses=[v2d.Address(host="localhost", port=8081)]))
+    with Peers(tls).channel(args.gateway) as channel:
+        gateway = v2_grpc.MessagingServiceStub(channel)
+        for what, secret_key, expected in (("an SDK-signed QueryRoute", sdk.secret_key, grpc.StatusCode.OK),
+                                           ("a QueryRoute signed with a wrong secret key", "wrong",
+                                            grpc.StatusCode.UNAUTHENTICATED)):
+            date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            digest = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+            signed = (("authorization", f"MQv2-HMAC-SHA1 Credential={sdk.key.access_key}, "
+                                        f"SignedHeaders=x-mq-date-time, Signature={digest}"), ("x-mq-date-time", date),
+                      ("x-mq-client-id", "compose-ops-smoke"))
+            code = _code(lambda m=signed: gateway.QueryRoute(route, metadata=m, timeout=TIMEOUT_S))
+            _expect(f"the gateway answers {what}", code, expected)
+            if code == grpc.StatusCode.OK:
+                answer = gateway.QueryRoute(route, metadata=signed, timeout=TIMEOUT_S)
+                assert answer.status.code == v2d.OK and answer.message_queues, answer
 
     base = f"http://{args.prometheus}"
     _until("Prometheus scrapes commitlog, index, txn and gateway", lambda: {
