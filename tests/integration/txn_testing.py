@@ -26,13 +26,14 @@ RPC_TIMEOUT_S = 10
 
 
 def txn_config(data_dir: pathlib.Path, commitlog_port: int, **overrides) -> TxnServiceConfig:
-    """TxnConfig fields in ``overrides`` go to the domain's config, the rest (rpc_timeout_ms, ...) to the
-    service's."""
+    """TxnConfig fields in ``overrides`` go to the domain's config, ``port`` to the server's, the rest
+    (rpc_timeout_ms, ...) to the service's."""
+    port = overrides.pop("port", 0)
     values = dict(data_dir=data_dir, op_batch_interval_ms=50, check_scan_interval_ms=50, checkpoint_interval_ms=100)
     domain = {f.name for f in dataclasses.fields(TxnConfig)}
     values.update({k: v for k, v in overrides.items() if k in domain})
     service = {k: v for k, v in overrides.items() if k not in domain}
-    return TxnServiceConfig(txn=TxnConfig(**values), server=ServerConfig(port=0, grace_s=0.5),
+    return TxnServiceConfig(txn=TxnConfig(**values), server=ServerConfig(port=port, grace_s=0.5),
                             commitlog_address=f"127.0.0.1:{commitlog_port}", internal_token=TOKEN,
                             follow=FollowConfig(heartbeat_ms=20, backoff_initial_ms=20, backoff_max_ms=200),
                             **service)
