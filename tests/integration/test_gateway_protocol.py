@@ -9,23 +9,19 @@ calls and message types the gateway refuses with the protocol's own codes."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 import grpc
 import pytest
 
-from commitlog_service.main import serving as commitlog_serving
 from gateway_service.main import GatewayServiceConfig, serving as gateway_serving
 from mqstore.gateway.config import GatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc
-from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc
 from mqstore_rpc.server import ServerConfig
-from tests.integration.txn_testing import TOKEN, commitlog, make_config, txn_service, wait_ready
+from tests.integration.txn_testing import commitlog, commitlog_with_gateway, txn_service, wait_ready
 from tests.support.gateway import MODES, free_port
 
 pytestmark = pytest.mark.integration
@@ -54,16 +50,11 @@ def cluster_gateway(tmp):
 def local_gateway(tmp):
     """The commit log serving the gateway itself; it is told the Transaction service's port first."""
     txn_port = free_port()
-    config = dataclasses.replace(make_config(tmp / "log"), internal_token=TOKEN,
-                                 server=ServerConfig(port=0, grace_s=0.5),
-                                 gateway=LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}",
-                                                            gateway=GATEWAY))
-    with commitlog_serving(config) as (server, log_port):
-        with grpc.insecure_channel(f"127.0.0.1:{log_port}") as channel:
-            create_topics(commitlog_pb2_grpc.CommitLogStub(channel))
+    with commitlog_with_gateway(tmp / "log", txn_port, GATEWAY) as (_, log_port, gateway_port, log_stub):
+        create_topics(log_stub)
         with txn_service(tmp / "txn", log_port, port=txn_port) as (_, txn_stub):
             wait_ready(txn_stub)
-            yield server.extra_ports["gateway"]
+            yield gateway_port
 
 
 def create_topics(log_stub) -> None:

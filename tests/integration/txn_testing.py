@@ -12,6 +12,8 @@ import queue
 import grpc
 
 from commitlog_service.main import serving as commitlog_serving
+from mqstore.gateway.config import GatewayConfig
+from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.server import ServerConfig
@@ -47,6 +49,23 @@ def commitlog(data_dir: pathlib.Path, port: int = 0):
         channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
         try:
             yield bound, commitlog_pb2_grpc.CommitLogStub(channel)
+        finally:
+            channel.close()
+
+
+@contextlib.contextmanager
+def commitlog_with_gateway(data_dir: pathlib.Path, txn_port: int, gateway: GatewayConfig | None = None,
+                           internal_token: str = TOKEN):
+    """A commit log serving the RocketMQ 5 gateway itself (Local mode), told the Transaction service's port
+    before that service starts: (the server, its port, the gateway's port, a CommitLog stub)."""
+    config = dataclasses.replace(make_config(data_dir), internal_token=internal_token,
+                                 server=ServerConfig(port=0, grace_s=0.5),
+                                 gateway=LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}",
+                                                            gateway=gateway or GatewayConfig()))
+    with commitlog_serving(config) as (server, bound):
+        channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
+        try:
+            yield server, bound, server.extra_ports["gateway"], commitlog_pb2_grpc.CommitLogStub(channel)
         finally:
             channel.close()
 
