@@ -1,8 +1,8 @@
 """Local mode of the gateway (the v2 MessagingService served by the commit log process, --gateway-port), in
 this process over real gRPC on 127.0.0.1: what differs from Cluster mode only in where it runs. A replica's
 gateway accepts no send (the store's NotLeader, answered PRECONDITION_FAILED as the Cluster gateway answers
-it), and the gateway's RPCs are counted in the commit log's metrics. The protocol, the clients, the crashes
-and the born host are checked in both modes by the other test_gateway* suites."""
+it; receives too), and the gateway's RPCs are counted in the commit log's metrics. The protocol, the clients,
+the crashes and the born host are checked in both modes by the other test_gateway* suites."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def send(stub, message_id: str, topic: str = "t") -> s.SendMessageResponse:
     return stub.SendMessage(s.SendMessageRequest(messages=[m]), metadata=CLIENT, timeout=TIMEOUT_S)
 
 
+def receive_request(group: str, topic: str) -> s.ReceiveMessageRequest:
+    request = s.ReceiveMessageRequest(group=d.Resource(name=group), message_queue=d.MessageQueue(
+        topic=d.Resource(name=topic)), filter_expression=d.FilterExpression(type=d.TAG, expression="*"), batch_size=8)
+    request.invisible_duration.FromMilliseconds(30_000)
+    request.long_polling_timeout.FromMilliseconds(1_000)
+    return request
+
+
 def log_end(port: int) -> int:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         return commitlog_pb2_grpc.CommitLogStub(channel).GetStoreInfo(
@@ -65,7 +73,11 @@ def test_a_replicas_local_gateway_refuses_sends_and_its_leaders_takes_them(tmp_p
             wait_until(lambda: log_end(replica_port) == log_end(leader_port), "the replica to catch up")
             before = log_end(leader_port)
             with grpc.insecure_channel(f"127.0.0.1:{replica.extra_ports['gateway']}") as channel:
-                reply = send(service_pb2_grpc.MessagingServiceStub(channel), "01LOCAL0000000000000000000000002")
+                stub = service_pb2_grpc.MessagingServiceStub(channel)
+                reply = send(stub, "01LOCAL0000000000000000000000002")
+                received = list(stub.ReceiveMessage(receive_request("g", "t"), metadata=CLIENT, timeout=TIMEOUT_S))
+            # pop consumption runs on the leader only: a receive is refused in the status as well
+            assert [r.status.code for r in received] == [d.PRECONDITION_FAILED], received
             assert reply.entries[0].status.code == d.PRECONDITION_FAILED, reply
             assert reply.status.code == d.PRECONDITION_FAILED
             assert "leader" in reply.entries[0].status.message.lower()
