@@ -103,7 +103,10 @@ def test_check_back_after_a_gateway_restart_waits_for_a_reachable_producer(tmp_p
             # The Python producer still heartbeats and sends through the new gateway, but has no Telemetry
             # stream: no CheckBack stream is open for its topic, so no check is sent or counted. Observed
             # over three check intervals (2 s each).
-            py.call("send", topic=topic, body="after restart")
+            # (in Local mode the restart is the commit log's, which takes longer: the client's channel may be
+            # in its reconnect backoff, so the send is repeated until it goes through)
+            wait_until(lambda: py.call("send", topic=topic, body="after restart", expect_error=None)["ok"],
+                       "a send through the restarted gateway", WAIT_S, poll_s=0.5)
             counted = checks_sent(rig, half["tx"])
             try:
                 event = py.events.get(timeout=6)   # a bounded wait for an event that must not come

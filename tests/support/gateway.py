@@ -62,7 +62,8 @@ def client_command(kind: str, endpoint: str) -> list[str]:
 
 class ClientDriver:
     """One official client in a subprocess. ``call(op, **fields)`` sends a command and returns its reply
-    (AssertionError when it failed, unless ``expect_error``); ``events`` holds the checks it answered."""
+    (AssertionError when it failed, unless ``expect_error``; None: either way); ``events`` holds the checks
+    it answered."""
 
     def __init__(self, kind: str, endpoint: str, home: pathlib.Path):
         self.kind = kind
@@ -97,7 +98,8 @@ class ClientDriver:
             raise AssertionError(f"{self.kind} client: no answer within {timeout_s} s waiting for {what} (exit "
                                  f"code {self.process.poll()}); stderr:\n{''.join(self.stderr_lines[-40:])}") from None
 
-    def call(self, op: str, *, expect_error: bool = False, timeout_s: float = CALL_TIMEOUT_S, **fields) -> dict:
+    def call(self, op: str, *, expect_error: bool | None = False, timeout_s: float = CALL_TIMEOUT_S,
+             **fields) -> dict:
         self.begin(op, **fields)
         return self.reply(op, expect_error=expect_error, timeout_s=timeout_s)
 
@@ -107,10 +109,12 @@ class ClientDriver:
         self.process.stdin.write(json.dumps({"id": self._ids, "op": op, **fields}) + "\n")
         self.process.stdin.flush()
 
-    def reply(self, op: str = "the last command", *, expect_error: bool = False,
+    def reply(self, op: str = "the last command", *, expect_error: bool | None = False,
               timeout_s: float = CALL_TIMEOUT_S) -> dict:
         reply = self._next(self.replies, timeout_s, op)
         assert reply["id"] == self._ids, reply
+        if expect_error is None:  # either outcome: the caller reads reply["ok"]
+            return reply
         if expect_error:
             assert not reply["ok"], f"{self.kind} {op} should have failed: {reply}"
         else:
