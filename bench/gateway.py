@@ -1,17 +1,19 @@
 """RocketMQ 5 gateway benchmark (run by ``make bench``): ``bench/gateway.py [--quick]``.
 
 Workload, all as real processes on 127.0.0.1 (a commit log with ASYNC flush, a Transaction service, the
-gateway): the official RocketMQ 5 Python client (rocketmq-python-client 5.1.2 in .venv-rmq, driven by
-tests/clients/python/rmq_driver.py) sends 1 KiB messages to an 8-queue topic through the gateway, one
-``producer.send()`` at a time (the client sends one message per request), for ``count`` messages after
-a warm-up. Comparison point in the same run, the same loop shape: one process calling the commit log's
-own unary ``CommitLog.Append`` with one 1 KiB message per call, sequentially (a plain grpc client,
-bench/append_loop.py). Rounds alternate (gateway, direct, ...); each figure is the median of the rounds.
-Also reported, without a target: the Python client's own ceiling (the same loop against a no-op v2
-server, bench/noop_v2.py, which stores nothing), the floors of the design (bench/gateway_floor.py: a
-minimal sync proxy, the same on grpc.aio, and a minimal server that appends in its own process) and the
-Node client (1.0.8) through the gateway. Target (issue 18): the Python client through the gateway >= 0.5x
-the direct loop.
+gateway in Cluster mode, i.e. its own process; and for Local mode a second commit log serving the gateway
+itself, ``--gateway-port``, with its own Transaction service): the official RocketMQ 5 Python client
+(rocketmq-python-client 5.1.2 in .venv-rmq, driven by tests/clients/python/rmq_driver.py) sends 1 KiB messages
+to an 8-queue topic through the gateway, one ``producer.send()`` at a time (the client sends one message per
+request), for ``count`` messages after a warm-up. Comparison point in the same run, the same loop shape: one
+process calling the commit log's own unary ``CommitLog.Append`` with one 1 KiB message per call, sequentially
+(a plain grpc client, bench/append_loop.py). Rounds alternate (Cluster gateway, direct, Local gateway, ...);
+each figure is the median of the rounds, and each ratio's spread is the lowest and highest of the per-round
+ratios. Also reported, without a target: the Python client's own ceiling (the same loop against a no-op v2
+server, bench/noop_v2.py, which stores nothing), the floors of the design (bench/gateway_floor.py: a minimal
+sync proxy, the same on grpc.aio, and a minimal server that appends in its own process) and the Node client
+(1.0.8) through the gateway. Target (issue 18): the Python client through the gateway >= 0.5x the direct loop
+(both modes are reported against the same direct loop).
 
 A full run writes bench/results/gateway.json and gateway.md; ``--quick`` writes to bench/results/scratch/.
 """
@@ -35,6 +37,7 @@ import grpc
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import diskuse
 from procs import BenchError, spawn, stop, stop_all, wait_for_event
+import socket
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
@@ -53,11 +56,27 @@ FLOORS = {"sync": "a minimal sync proxy (parse, one unary Append, answer: gatewa
 CLIENT_TIMEOUT_S = 600
 
 
-def start(module: str, args: list[str], log_path: pathlib.Path):
-    proc = spawn([sys.executable, "-m", module, "--port", "0", *args], log_path,
-                 env={**os.environ, "MQSTORE_INTERNAL_TOKEN": TOKEN})
-    event = wait_for_event(proc, log_path, "server.started", 60)
+def start(module: str, args: list[str], log_path: pathlib.Path, port: int = 0):
+    proc, event = start_event(module, args, log_path, port)
     return proc, f"127.0.0.1:{event['port']}"
+
+
+def start_event(module: str, args: list[str], log_path: pathlib.Path, port: int = 0):
+    proc = spawn([sys.executable, "-m", module, "--port", str(port), *args], log_path,
+                 env={**os.environ, "MQSTORE_INTERNAL_TOKEN": TOKEN})
+    return proc, wait_for_event(proc, log_path, "server.started", 60)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def create_topic(address: str) -> None:
+    with grpc.insecure_channel(address) as channel:
+        commitlog_pb2_grpc.CommitLogStub(channel).CreateTopic(
+            commitlog_pb2.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
 
 
 def drive(command: list[str], script: list[dict], home: pathlib.Path) -> list[dict]:
@@ -134,25 +153,36 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
     if not PY_CLIENT.exists():
         raise BenchError(f"{PY_CLIENT} is missing: run `make rmq-clients`")
     log_proc, log_address = start("commitlog_service.main", ["--data-dir", str(work / "log")], work / "log.err")
-    rates: dict[str, list[float]] = {"python": [], "direct": [], "noop": [], "node": [],
+    rates: dict[str, list[float]] = {"python": [], "direct": [], "local": [], "noop": [], "node": [], "node_local": [],
                                      **{f"floor_{mode}": [] for mode in FLOORS}}
     try:
         txn_proc, txn_address = start("txn_service.main", ["--data-dir", str(work / "txn"), "--commitlog",
                                                            log_address], work / "txn.err")
         gw_proc, gw_address = start("gateway_service.main", ["--commitlog", log_address, "--txn", txn_address],
                                work / "gateway.err")
-        with grpc.insecure_channel(log_address) as channel:
-            commitlog_pb2_grpc.CommitLogStub(channel).CreateTopic(
-                commitlog_pb2.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
+        create_topic(log_address)
+        # Local mode: a second commit log serving the gateway itself, told its Transaction service's port
+        local_txn_port = free_port()
+        local_proc, event = start_event("commitlog_service.main", [
+            "--data-dir", str(work / "local-log"), "--gateway-port", "0",
+            "--gateway-txn", f"127.0.0.1:{local_txn_port}"], work / "local-log.err")
+        local_log, local_gw = f"127.0.0.1:{event['port']}", f"127.0.0.1:{event['ports']['gateway']}"
+        local_txn_proc, _ = start("txn_service.main", ["--data-dir", str(work / "local-txn"), "--commitlog", local_log],
+                                  work / "local-txn.err", port=local_txn_port)
+        create_topic(local_log)
         for round_no in range(cfg["rounds"]):
             rates["python"].append(client_rate("python", gw_address, cfg, work / f"home-py-{round_no}"))
             rates["direct"].append(direct_rate(log_address, cfg))
+            rates["local"].append(client_rate("python", local_gw, cfg, work / f"home-local-{round_no}"))
             rates["noop"].append(noop_rate(cfg, work / f"home-noop-{round_no}"))
             for mode in FLOORS:
                 rates[f"floor_{mode}"].append(floor_rate(mode, log_address, cfg, work / f"home-{mode}-{round_no}"))
             print("round", round_no, {k: round(v[-1], 1) for k, v in rates.items() if v}, flush=True)
         if shutil.which("node") and (ROOT / "tests" / "clients" / "node" / "node_modules").is_dir():
             rates["node"].append(client_rate("node", gw_address, cfg, work / "home-node"))
+            rates["node_local"].append(client_rate("node", local_gw, cfg, work / "home-node-local"))
+        stop(local_txn_proc)
+        stop(local_proc)
         stop(gw_proc)
         stop(txn_proc)
     finally:
@@ -160,36 +190,56 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
     return rates
 
 
+def spread(rates: dict, name: str) -> str:
+    """The lowest and highest per-round ratio of ``name`` to the direct loop of the same round."""
+    ratios = [a / b for a, b in zip(rates[name], rates["direct"], strict=True)]
+    return f"{min(ratios):.3f}-{max(ratios):.3f}"
+
+
 def rows(rates: dict) -> list[dict]:
     py, direct = statistics.median(rates["python"]), statistics.median(rates["direct"])
-    out = [{"workload": "Python client send(), 1 x 1 KiB per call, sequential, through the gateway (msg/s)",
+    local = statistics.median(rates["local"])
+    out = [{"workload": "Python client send(), 1 x 1 KiB per call, sequential, through the gateway in Cluster mode "
+                        "(its own process) (msg/s)",
             "figure": round(py, 1), "comparison": "the same loop calling CommitLog.Append directly (plain grpc)",
-            "comparison_figure": round(direct, 1), "ratio": round(py / direct, 3), "target": ">= 0.5"}]
+            "comparison_figure": round(direct, 1), "ratio": round(py / direct, 3), "spread": spread(rates, "python"),
+            "target": ">= 0.5"},
+           {"workload": "the same through the gateway in Local mode (served by the commit log process, "
+                        "--gateway-port) (msg/s)",
+            "figure": round(local, 1), "comparison": "the same direct Append loop",
+            "comparison_figure": round(direct, 1), "ratio": round(local / direct, 3),
+            "spread": spread(rates, "local"), "target": ">= 0.5"}]
     noop = statistics.median(rates["noop"])
     out.append({"workload": "Python client send() against a no-op v2 server (msg/s): the client's own ceiling",
                 "figure": round(noop, 1), "comparison": "the direct Append loop", "comparison_figure": round(direct, 1),
-                "ratio": round(noop / direct, 3), "target": None})
+                "ratio": round(noop / direct, 3), "spread": spread(rates, "noop"), "target": None})
     for mode, label in FLOORS.items():
         if rates[f"floor_{mode}"]:
             floor = statistics.median(rates[f"floor_{mode}"])
             out.append({"workload": f"Python client send() against {label} (msg/s): a floor of the design",
                         "figure": round(floor, 1), "comparison": "the direct Append loop",
-                        "comparison_figure": round(direct, 1), "ratio": round(floor / direct, 3), "target": None})
-    if rates["node"]:
-        node = statistics.median(rates["node"])
-        out.append({"workload": "Node client send(), 1 x 1 KiB per call, sequential, through the gateway (msg/s)",
-                    "figure": round(node, 1), "comparison": "the direct Append loop",
-                    "comparison_figure": round(direct, 1), "ratio": round(node / direct, 3), "target": None})
+                        "comparison_figure": round(direct, 1), "ratio": round(floor / direct, 3),
+                        "spread": spread(rates, f"floor_{mode}"), "target": None})
+    for name, label in (("node", "Cluster"), ("node_local", "Local")):
+        if rates[name]:  # one round, after the others
+            node = statistics.median(rates[name])
+            out.append({"workload": f"Node client send(), 1 x 1 KiB per call, sequential, through the gateway in "
+                                    f"{label} mode (msg/s)",
+                        "figure": round(node, 1), "comparison": "the direct Append loop (median)",
+                        "comparison_figure": round(direct, 1), "ratio": round(node / direct, 3), "spread": "one round",
+                        "target": None})
     return out
 
 
 def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# RocketMQ 5 gateway benchmark", "", f"{meta['when']} on {meta['machine']}; {meta['mode']} run: "
              f"{meta['count']} messages per round after {meta['warmup']}, medians of {meta['rounds']} alternating "
-             f"rounds. Workload: bench/gateway.py. " + diskuse.describe(meta), "",
-             "| workload | figure | comparison point | comparison | ratio | target |", "|---|---|---|---|---|---|"]
+             f"rounds (spread: the lowest and highest per-round ratio). Workload: bench/gateway.py. "
+             + diskuse.describe(meta), "",
+             "| workload | figure | comparison point | comparison | ratio | spread | target |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['figure']:,} | {r['comparison']} | {r['comparison_figure']:,} | {r['ratio']} | "
-              f"{r['target'] or ''} |" for r in table]
+              f"{r['spread']} | {r['target'] or ''} |" for r in table]
     return "\n".join(lines) + "\n"
 
 

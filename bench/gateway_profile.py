@@ -5,7 +5,9 @@ bench/gateway.py gives the rates; this gives, for the same workloads, each proce
 (utime + stime from /proc, over the measured sends only, after a warm-up) next to the wall time per
 message, so that a ratio can be explained process by process:
 
-  gateway   the official Python client (.venv-rmq) -> gateway_service -> commitlog_service
+  gateway   the official Python client (.venv-rmq) -> gateway_service -> commitlog_service (Cluster mode)
+  local     the same client -> a second commitlog_service serving the gateway itself (Local mode,
+            ``--gateway-port``: no hop; its process is "commitlog+gateway")
   floor     the same client -> bench/gateway_floor.py sync (parse, one unary Append, answer) -> commit log
   direct    a plain grpc loop calling CommitLog.Append (bench/append_loop.py's shape) -> commit log
   noop      the same client -> bench/noop_v2.py (stores nothing): the client's own cost
@@ -31,13 +33,9 @@ import sys
 import tempfile
 import time
 
-import grpc
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from gateway import BODY_BYTES, PY_CLIENT, ROOT, TOPIC, start
+from gateway import BODY_BYTES, PY_CLIENT, ROOT, TOPIC, create_topic, free_port, start, start_event
 from procs import BenchError, stop, stop_all
-
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 DRIVER = ROOT / "tests" / "clients" / "python" / "rmq_driver.py"
@@ -200,19 +198,28 @@ def close_served(proc: subprocess.Popen) -> None:
 
 def profile(cfg: dict, work: pathlib.Path, spy_dir: pathlib.Path | None) -> dict[str, list[dict]]:
     log_proc, log_address = start("commitlog_service.main", ["--data-dir", str(work / "log")], work / "log.err")
-    results: dict[str, list[dict]] = {"gateway": [], "floor": [], "direct": [], "noop": []}
+    results: dict[str, list[dict]] = {"gateway": [], "local": [], "floor": [], "direct": [], "noop": []}
     try:
         txn_proc, txn_address = start("txn_service.main", ["--data-dir", str(work / "txn"), "--commitlog",
                                                            log_address], work / "txn.err")
         gw_proc, gw_address = start("gateway_service.main", ["--commitlog", log_address, "--txn", txn_address],
                                     work / "gateway.err")
-        with grpc.insecure_channel(log_address) as channel:
-            commitlog_pb2_grpc.CommitLogStub(channel).CreateTopic(
-                commitlog_pb2.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
+        create_topic(log_address)
+        local_txn_port = free_port()
+        local_proc, event = start_event("commitlog_service.main", [
+            "--data-dir", str(work / "local-log"), "--gateway-port", "0",
+            "--gateway-txn", f"127.0.0.1:{local_txn_port}"], work / "local-log.err")
+        local_txn_proc, _ = start("txn_service.main", ["--data-dir", str(work / "local-txn"), "--commitlog",
+                                                       f"127.0.0.1:{event['port']}"], work / "local-txn.err",
+                                  port=local_txn_port)
+        create_topic(f"127.0.0.1:{event['port']}")
         for round_no in range(cfg["rounds"]):
             servers = {"gateway": gw_proc.pid, "commitlog": log_proc.pid}
             results["gateway"].append(client_round(gw_address, servers, cfg, work / f"home-gw-{round_no}",
                                                    spy_dir if round_no == 0 else None))
+            results["local"].append(client_round(f"127.0.0.1:{event['ports']['gateway']}",
+                                                 {"commitlog+gateway": local_proc.pid}, cfg,
+                                                 work / f"home-local-{round_no}"))
             floor, port = served("gateway_floor.py", "sync", log_address)
             try:
                 results["floor"].append(client_round(f"127.0.0.1:{port}", {"floor": floor.pid,
@@ -228,6 +235,8 @@ def profile(cfg: dict, work: pathlib.Path, spy_dir: pathlib.Path | None) -> dict
             finally:
                 close_served(noop)
             print("round", round_no, {k: round(v[-1]["wall_ms"], 3) for k, v in results.items()}, flush=True)
+        stop(local_txn_proc)
+        stop(local_proc)
         stop(gw_proc)
         stop(txn_proc)
     finally:

@@ -3,7 +3,9 @@ a wrong secret, a user lacking the permission the RPC needs, and a user holding 
 exact status. Every denial is one ``auth.denied`` event and one count, and no secret reaches a log line.
 
 The four services run in this process on one shared auth database, as the launcher runs them, each
-following the commit log as the services' own identity (``service`` with the internal token).
+following the commit log as the services' own identity (``service`` with the internal token). The
+gateway's calls are made to both of its deployments: its own server (Cluster mode) and the commit log's
+second port (Local mode), which takes the same credentials and permissions.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from compactor_service.main import serving as compactor_serving
 from gateway_service.main import GatewayServiceConfig
 from gateway_service.main import serving as gateway_serving
 from mqstore.gateway.config import GatewayConfig
+from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
 from mqstore.auth import model
@@ -51,6 +54,7 @@ from mqstore_rpc.server import AuthConfig, ServerConfig
 from tests.integration.test_commitlog_grpc import make_config
 from tests.integration.test_compactor_service import compactor_config
 from tests.integration.txn_testing import TOKEN, txn_config
+from tests.support.gateway import free_port
 from tests.support.scrape import scrape
 from tests.support.waiting import wait_until
 from txn_service.main import serving as txn_serving
@@ -303,8 +307,12 @@ def _auth(url: str, token: str = TOKEN, kek_file: str = "") -> tuple[ServerConfi
 def _services(tmp_path: pathlib.Path):
     url = f"sqlite:///{tmp_path / 'auth.db'}"
     server, peers = _auth(url, kek_file=str(tmp_path / "auth.kek"))
+    txn_port = free_port()  # the commit log's Local-mode gateway is told it before the service starts
+    local_gateway = LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}",
+                                       gateway=GatewayConfig(long_poll_min_ms=500, long_poll_max_ms=3000))
     log_config = dataclasses.replace(make_config(tmp_path / "log"), server=server, internal_token=TOKEN,
-                                     replication=ReplicationConfig(node_id="n1"))  # serves mqstore.v1.Replication
+                                     replication=ReplicationConfig(node_id="n1"),  # serves mqstore.v1.Replication
+                                     gateway=local_gateway)
     with contextlib.ExitStack() as stack:
         log_server, log_port = stack.enter_context(commitlog_serving(log_config))
         address = f"127.0.0.1:{log_port}"
@@ -312,7 +320,8 @@ def _services(tmp_path: pathlib.Path):
             index=IndexConfig(tmp_path / "index", slot_count=16, entry_count=64, max_keys_per_message=8),
             server=server, commitlog_address=address,
             follower=FollowerConfig(heartbeat_ms=50, backoff_initial_ms=20, backoff_max_ms=200))
-        txn_cfg = dataclasses.replace(txn_config(tmp_path / "txn", log_port), server=server)
+        txn_cfg = dataclasses.replace(txn_config(tmp_path / "txn", log_port),
+                                      server=dataclasses.replace(server, port=txn_port))
         compactor_cfg = dataclasses.replace(compactor_config(tmp_path / "compactor", log_port), server=server)
         servers = {"commitlog": (log_server, log_port)}
         servers["index"] = stack.enter_context(index_serving(index_config))
@@ -322,7 +331,7 @@ def _services(tmp_path: pathlib.Path):
                                            server=server, commitlog_address=address,
                                            txn_address=f"127.0.0.1:{servers['txn'][1]}")
         servers["gateway"] = stack.enter_context(gateway_serving(gateway_cfg))
-        yield url, servers, peers, tmp_path / "auth.kek"
+        yield url, servers, peers, tmp_path / "auth.kek", log_server.extra_ports["gateway"]
 
 
 def _stub(channel: grpc.Channel, method: str, kind: str):
@@ -402,8 +411,10 @@ def _signed(access_key: str, secret_key: str, age_s: int = 0) -> tuple:
 def test_every_rpc_of_every_service_gets_its_exact_status(tmp_path):
     # Every event of every level, as the JSON renderer would write it (structlog's capture changes no
     # global configuration that later tests rely on).
-    with structlog.testing.capture_logs() as events, _services(tmp_path) as (url, servers, peers, kek_file):
+    with structlog.testing.capture_logs() as events, \
+            _services(tmp_path) as (url, servers, peers, kek_file, local_port):
         world = _prepare_world(url, servers, peers, kek_file)
+        world.ports["gateway-local"] = local_port  # its denials are counted in the commit log's metrics
         wait_until(lambda: _probe(world), "the services to see the new users (auth_refresh_ms)")
         outcomes, denials = _run_matrix(world)
         scraped = {name: scrape(server.metrics_port) for name, (server, _) in servers.items()}
@@ -430,14 +441,15 @@ def _probe(world: World) -> bool:
 
 
 def _run_matrix(world: World) -> tuple[dict, int]:
-    outcomes: dict[tuple[str, str], tuple[grpc.StatusCode, grpc.StatusCode]] = {}
+    outcomes: dict[tuple[str, ...], tuple[grpc.StatusCode, grpc.StatusCode]] = {}
     denials = 0
-    for method, call in CALLS.items():
+    for method, call, server in [(m, c, server) for m, c in CALLS.items()
+                                 for server in _servers_of(m.split("/")[1].rsplit(".", 1)[1])]:
         service = method.split("/")[1].rsplit(".", 1)[1]
         need = PERMISSIONS[method]
         action = need.action
         lacking = "only-admin" if need.either else f"others-{action.lower()}"  # PUB or SUB: neither of them
-        with grpc.insecure_channel(f"127.0.0.1:{world.ports[SERVER_OF[service]]}") as channel:
+        with grpc.insecure_channel(f"127.0.0.1:{world.ports[server]}") as channel:
             cases = [("no credentials", (), grpc.StatusCode.UNAUTHENTICATED),
                      ("wrong secret", _bearer(f"only-{action.lower()}", WRONG), grpc.StatusCode.UNAUTHENTICATED),
                      ("unknown user", _bearer("nobody", WRONG), grpc.StatusCode.UNAUTHENTICATED),
@@ -458,10 +470,15 @@ def _run_matrix(world: World) -> tuple[dict, int]:
             for case, metadata, want in cases:
                 request = call.request(world) if case in ("allowed", "signed, allowed") else _peek(call, world)
                 got = _invoke(channel, method, call, request, (*metadata, *call.metadata))
-                outcomes[(method, case)] = (got, want)
+                outcomes[(method, case, server)] = (got, want)
                 denials += want in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) and \
                     case not in ("allowed", "signed, allowed")
     return outcomes, denials
+
+
+def _servers_of(service: str) -> tuple[str, ...]:
+    """The gateway's calls are made to both deployments: its own process and the commit log's port."""
+    return (SERVER_OF[service], "gateway-local") if service == "MessagingService" else (SERVER_OF[service],)
 
 
 def _peek(call: Call, world: World):

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.gateway import stack
+from tests.support.gateway import MODES, stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 INVISIBLE_S, AHEAD_S, WORK_S = 3, 2, 8
 WAIT_S = 90
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    with stack(tmp_path_factory.mktemp("renew"), gateway_args=(
+@pytest.fixture(scope="module", params=MODES)
+def rig(request, tmp_path_factory):
+    with stack(tmp_path_factory.mktemp(f"renew-{request.param}"), mode=request.param, gateway_args=(
             "--auto-renew-invisible-ms", str(INVISIBLE_S * 1000), "--auto-renew-ahead-ms", str(AHEAD_S * 1000))) as s:
         yield s
 

@@ -1,6 +1,7 @@
 """A message sent through the gateway stores the producer's address as its born host (the gateway appends
 through CommitLogInternal as writer "gateway" when it has the internal token), and the gateway's own
-address without the token (the public Append: what the README says then). Real gRPC on 127.0.0.1, port 0,
+address without the token (the public Append: what the README says then); in Local mode (the gateway
+served by the commit log process) the producer's address, with no token at all. Real gRPC on 127.0.0.1, port 0,
 a commit log, a Transaction service and a gateway in this process."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.server import ServerConfig
-from tests.integration.txn_testing import TOKEN, commitlog, txn_service
+from tests.integration.txn_testing import TOKEN, commitlog, commitlog_with_gateway, txn_service
+from tests.support.gateway import free_port
 
 pytestmark = pytest.mark.integration
 CLIENT = (("x-mq-client-id", "born-host-test"),)
@@ -87,3 +89,16 @@ def test_without_the_internal_token_the_born_host_is_the_gateways(tmp_path):
         host, _, born_port = stored.born_host.rpartition(":")
         # the address the gateway reached the commit log from: neither the producer's nor unknown
         assert host == "127.0.0.1" and int(born_port) not in local_ports_to(port) | {0}
+
+
+def test_in_local_mode_the_born_host_is_the_producers_address_without_a_token(tmp_path):
+    txn_port = free_port()
+    with commitlog_with_gateway(tmp_path / "log", txn_port, internal_token="") as (_, _, port, log_stub):
+        log_stub.CreateTopic(cpb.CreateTopicRequest(name="t", queue_count=2), timeout=TIMEOUT_S)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            stored = send_and_fetch(stub, log_stub, "01BORNHOST000000000000000000000003")
+            producer_ports = local_ports_to(port)
+    assert producer_ports, "no connection of this process to the gateway found"
+    host, _, born_port = stored.born_host.rpartition(":")
+    assert host == "127.0.0.1" and int(born_port) in producer_ports, (stored.born_host, producer_ports)

@@ -16,16 +16,16 @@ import grpc
 import pytest
 
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
-from tests.support.gateway import CLIENTS, NODE_DIR, ROOT, client_command, stack
+from tests.support.gateway import CLIENTS, MODES, NODE_DIR, ROOT, client_command, stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 WAIT_S = 60
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    with stack(tmp_path_factory.mktemp("gateway")) as s:
+@pytest.fixture(scope="module", params=MODES)
+def rig(request, tmp_path_factory):
+    with stack(tmp_path_factory.mktemp(f"gateway-{request.param}"), mode=request.param) as s:
         yield s
 
 

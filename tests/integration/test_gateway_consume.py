@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.support.gateway import CLIENTS, stack
+from tests.support.gateway import CLIENTS, MODES, stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
@@ -18,9 +18,10 @@ MAX_ATTEMPTS = 3
 WAIT_S = 60
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    with stack(tmp_path_factory.mktemp("gateway"), gateway_args=("--max-delivery-attempts", str(MAX_ATTEMPTS))) as s:
+@pytest.fixture(scope="module", params=MODES)
+def rig(request, tmp_path_factory):
+    with stack(tmp_path_factory.mktemp(f"gateway-{request.param}"), mode=request.param,
+               gateway_args=("--max-delivery-attempts", str(MAX_ATTEMPTS))) as s:
         yield s
 
 

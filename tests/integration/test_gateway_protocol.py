@@ -1,11 +1,14 @@
 """The gateway's wire contract, checked with raw apache.rocketmq.v2 stubs against a commit log, a Transaction
-service and a gateway in this process (real gRPC on 127.0.0.1, port 0): statuses in ``Status.code`` with
+service and a gateway in this process (real gRPC on 127.0.0.1, port 0), the gateway in both deployments
+(Cluster mode: its own server calling the commit log over gRPC; Local mode: served by the commit log's
+composition, calling the store directly): statuses in ``Status.code`` with
 the gRPC status OK, the receive stream's shape (exactly one status item, then the delivery time and the
 messages, then the end, inside the caller's deadline), the route advertising only what works, and the
 calls and message types the gateway refuses with the protocol's own codes."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import grpc
@@ -18,7 +21,8 @@ from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.server import ServerConfig
-from tests.integration.txn_testing import commitlog, txn_service, wait_ready
+from tests.integration.txn_testing import commitlog, commitlog_with_gateway, txn_service, wait_ready
+from tests.support.gateway import MODES, free_port
 
 pytestmark = pytest.mark.integration
 CLIENT = (("x-mq-client-id", "protocol-test"),)
@@ -26,23 +30,47 @@ TIMEOUT_S = 10
 ENDPOINTS = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host="127.0.0.1", port=8081)])
 
 
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("protocol")
+GATEWAY = GatewayConfig(long_poll_min_ms=1000, long_poll_max_ms=3000)
+
+
+@contextlib.contextmanager
+def cluster_gateway(tmp):
     with commitlog(tmp / "log") as (log_port, log_stub):
-        log_stub.CreateTopic(cpb.CreateTopicRequest(name="t", queue_count=3), timeout=TIMEOUT_S)
-        log_stub.CreateTopic(cpb.CreateTopicRequest(name="kv", queue_count=2, kind=2), timeout=TIMEOUT_S)
+        create_topics(log_stub)
         with txn_service(tmp / "txn", log_port) as (txn_server, txn_stub):
             wait_ready(txn_stub)
-            config = GatewayServiceConfig(
-                gateway=GatewayConfig(long_poll_min_ms=1000, long_poll_max_ms=3000), server=ServerConfig(port=0),
-                commitlog_address=f"127.0.0.1:{log_port}", txn_address=f"127.0.0.1:{txn_server.port}")
+            config = GatewayServiceConfig(gateway=GATEWAY, server=ServerConfig(port=0),
+                                          commitlog_address=f"127.0.0.1:{log_port}",
+                                          txn_address=f"127.0.0.1:{txn_server.port}")
             with gateway_serving(config) as (_, port):
-                channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-                try:
-                    yield service_pb2_grpc.MessagingServiceStub(channel)
-                finally:
-                    channel.close()
+                yield port
+
+
+@contextlib.contextmanager
+def local_gateway(tmp):
+    """The commit log serving the gateway itself; it is told the Transaction service's port first."""
+    txn_port = free_port()
+    with commitlog_with_gateway(tmp / "log", txn_port, GATEWAY) as (_, log_port, gateway_port, log_stub):
+        create_topics(log_stub)
+        with txn_service(tmp / "txn", log_port, port=txn_port) as (_, txn_stub):
+            wait_ready(txn_stub)
+            yield gateway_port
+
+
+def create_topics(log_stub) -> None:
+    log_stub.CreateTopic(cpb.CreateTopicRequest(name="t", queue_count=3), timeout=TIMEOUT_S)
+    log_stub.CreateTopic(cpb.CreateTopicRequest(name="kv", queue_count=2, kind=2), timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def stub(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"protocol-{request.param}")
+    with (cluster_gateway if request.param == "cluster" else local_gateway)(tmp) as port:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield service_pb2_grpc.MessagingServiceStub(channel)
+        finally:
+            channel.close()
 
 
 def message(body: bytes, message_id: str, topic: str = "t", message_type=d.NORMAL, **system) -> d.Message:

@@ -8,6 +8,7 @@ service holds a secret key or a signature.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -23,7 +24,13 @@ WAIT_S = 60
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    with stack(tmp_path_factory.mktemp("gateway-sdk"), auth=True) as s:
+    with _rig(tmp_path_factory, "cluster") as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _rig(tmp_path_factory, mode: str):
+    with stack(tmp_path_factory.mktemp(f"gateway-sdk-{mode}"), auth=True, mode=mode) as s:
         for topic in (TOPIC, FORBIDDEN):
             s.create_topic(topic, 2)
         with s.channel() as channel:
@@ -134,3 +141,17 @@ def test_no_log_line_holds_a_secret_key_or_a_signature(rig):
     logs = "\n".join(p.stderr() + p.stdout for p in (rig.gateway, rig.commitlog, rig.txn))
     assert sk not in logs and sk[::-1] not in logs
     assert "Signature=" not in logs and "MQv2-HMAC-SHA1 Credential" not in logs
+
+
+def test_in_local_mode_the_commit_logs_gateway_port_takes_sdk_credentials(tmp_path_factory):
+    """The gateway served by the commit log process (Local mode) takes the SDKs' signed requests on its
+    gateway port, as the gateway's own process does, while the commit log's own port refuses them."""
+    with _rig(tmp_path_factory, "local") as local:
+        ak, sk = new_key(local)
+        with local.client("python", "local-producer", credentials=(ak, sk)) as producer:
+            producer.call("producer", topics=[TOPIC])
+            assert producer.call("send", topic=TOPIC, body="local", tag="t")["message_id"]
+        with local.client("python", "local-refused", credentials=(ak, "not-the-secret-key-at-all")) as client:
+            client.begin("producer", topics=[TOPIC])
+            if client.reply("producer", expect_error=None)["ok"]:
+                client.call("send", topic=TOPIC, body="refused", expect_error=True)

@@ -12,6 +12,8 @@ import queue
 import grpc
 
 from commitlog_service.main import serving as commitlog_serving
+from mqstore.gateway.config import GatewayConfig
+from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.server import ServerConfig
@@ -26,13 +28,14 @@ RPC_TIMEOUT_S = 10
 
 
 def txn_config(data_dir: pathlib.Path, commitlog_port: int, **overrides) -> TxnServiceConfig:
-    """TxnConfig fields in ``overrides`` go to the domain's config, the rest (rpc_timeout_ms, ...) to the
-    service's."""
+    """TxnConfig fields in ``overrides`` go to the domain's config, ``port`` to the server's, the rest
+    (rpc_timeout_ms, ...) to the service's."""
+    port = overrides.pop("port", 0)
     values = dict(data_dir=data_dir, op_batch_interval_ms=50, check_scan_interval_ms=50, checkpoint_interval_ms=100)
     domain = {f.name for f in dataclasses.fields(TxnConfig)}
     values.update({k: v for k, v in overrides.items() if k in domain})
     service = {k: v for k, v in overrides.items() if k not in domain}
-    return TxnServiceConfig(txn=TxnConfig(**values), server=ServerConfig(port=0, grace_s=0.5),
+    return TxnServiceConfig(txn=TxnConfig(**values), server=ServerConfig(port=port, grace_s=0.5),
                             commitlog_address=f"127.0.0.1:{commitlog_port}", internal_token=TOKEN,
                             follow=FollowConfig(heartbeat_ms=20, backoff_initial_ms=20, backoff_max_ms=200),
                             **service)
@@ -46,6 +49,23 @@ def commitlog(data_dir: pathlib.Path, port: int = 0):
         channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
         try:
             yield bound, commitlog_pb2_grpc.CommitLogStub(channel)
+        finally:
+            channel.close()
+
+
+@contextlib.contextmanager
+def commitlog_with_gateway(data_dir: pathlib.Path, txn_port: int, gateway: GatewayConfig | None = None,
+                           internal_token: str = TOKEN):
+    """A commit log serving the RocketMQ 5 gateway itself (Local mode), told the Transaction service's port
+    before that service starts: (the server, its port, the gateway's port, a CommitLog stub)."""
+    config = dataclasses.replace(make_config(data_dir), internal_token=internal_token,
+                                 server=ServerConfig(port=0, grace_s=0.5),
+                                 gateway=LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}",
+                                                            gateway=gateway or GatewayConfig()))
+    with commitlog_serving(config) as (server, bound):
+        channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
+        try:
+            yield server, bound, server.extra_ports["gateway"], commitlog_pb2_grpc.CommitLogStub(channel)
         finally:
             channel.close()
 

@@ -1,6 +1,8 @@
 """The gateway's test rig: the real CommitLog, Transaction and gateway services as processes on 127.0.0.1
-free ports, and the official RocketMQ 5 clients (Python and Node, pinned) in subprocesses driven by JSON
-lines (tests/clients/python/rmq_driver.py, tests/clients/node/driver.js).
+free ports, in either deployment (``MODES``): "cluster", the gateway as its own process, or "local", the
+gateway served by the commit log process (``--gateway-port``); and the official RocketMQ 5 clients (Python
+and Node, pinned) in subprocesses driven by JSON lines (tests/clients/python/rmq_driver.py,
+tests/clients/node/driver.js).
 
 ``make test`` installs the clients first (``make rmq-clients``: the Python client into .venv-rmq from
 requirements-rmq-client.lock, the Node client with ``npm ci`` into tests/clients/node/node_modules). A
@@ -18,6 +20,7 @@ import os
 import pathlib
 import queue
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -40,6 +43,7 @@ TOKEN = "gateway-test-token"
 CALL_TIMEOUT_S = 90      # one client command (a receive long-polls up to its await time on a loaded machine)
 RPC_TIMEOUT_S = 10
 CLIENTS = ("python", "node")
+MODES = ("cluster", "local")   # the gateway as its own process, or inside the commit log process
 # The Transaction service asks about a transaction open for 1 s, every 2 s: check-back within seconds.
 FAST_CHECKS = ("--transaction-timeout-ms", "1000", "--check-interval-ms", "2000", "--check-scan-interval-ms", "200",
                "--op-batch-interval-ms", "50")
@@ -59,7 +63,8 @@ def client_command(kind: str, endpoint: str) -> list[str]:
 
 class ClientDriver:
     """One official client in a subprocess. ``call(op, **fields)`` sends a command and returns its reply
-    (AssertionError when it failed, unless ``expect_error``); ``events`` holds the checks it answered."""
+    (AssertionError when it failed, unless ``expect_error``; None: either way); ``events`` holds the checks
+    it answered."""
 
     def __init__(self, kind: str, endpoint: str, home: pathlib.Path, credentials: tuple[str, str] | None = None):
         self.kind = kind
@@ -96,7 +101,8 @@ class ClientDriver:
             raise AssertionError(f"{self.kind} client: no answer within {timeout_s} s waiting for {what} (exit "
                                  f"code {self.process.poll()}); stderr:\n{''.join(self.stderr_lines[-40:])}") from None
 
-    def call(self, op: str, *, expect_error: bool | None = False, timeout_s: float = CALL_TIMEOUT_S, **fields) -> dict:
+    def call(self, op: str, *, expect_error: bool | None = False, timeout_s: float = CALL_TIMEOUT_S,
+             **fields) -> dict:
         self.begin(op, **fields)
         return self.reply(op, expect_error=expect_error, timeout_s=timeout_s)
 
@@ -111,7 +117,7 @@ class ClientDriver:
         """The answer to the last command; ``expect_error`` None: either outcome (the caller looks)."""
         reply = self._next(self.replies, timeout_s, op)
         assert reply["id"] == self._ids, reply
-        if expect_error is None:
+        if expect_error is None:  # either outcome: the caller reads reply["ok"]
             return reply
         if expect_error:
             assert not reply["ok"], f"{self.kind} {op} should have failed: {reply}"
@@ -149,33 +155,64 @@ class ClientDriver:
         self.close()
 
 
+def free_port() -> int:
+    """A port free now (Local mode: the commit log is told the Transaction service's port before that
+    service, which reads the log, can start)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class Stack:
     """CommitLog, Transaction and gateway processes over one data directory. ``restart_gateway()`` and
-    ``restart_commitlog()`` bring a killed one back on the same port."""
+    ``restart_commitlog()`` bring a killed one back on the same port. In Local mode ``gateway`` is the
+    commit log process (it serves the gateway), so both restarts restart it; ``gateway_args`` are given
+    to it as ``--gateway-*`` flags."""
 
     def __init__(self, tmp: pathlib.Path, gateway_args: tuple[str, ...] = (), txn_args: tuple[str, ...] = FAST_CHECKS,
-                 auth: bool = False):
-        self.tmp, self.gateway_args, self.txn_args, self.auth = tmp, gateway_args, txn_args, auth
+                 auth: bool = False, mode: str = "cluster"):
+        assert mode in MODES, mode
+        self.tmp, self.gateway_args, self.txn_args, self.auth, self.mode = tmp, gateway_args, txn_args, auth, mode
         self.env = {"MQSTORE_INTERNAL_TOKEN": TOKEN}
         if auth:  # one auth database and kek file for every service; the rig calls as `service`
             self.env.update(MQSTORE_AUTH="on", MQSTORE_AUTH_URL=f"sqlite:///{tmp / 'auth.db'}",
                             MQSTORE_AUTH_KEK_FILE=str(tmp / "auth.kek"), MQSTORE_AUTH_REFRESH_MS="200")
-        self.commitlog = self.txn = self.gateway = None
-        self.commitlog_port = self.gateway_port = 0
+        self.commitlog = self.txn = self._gateway_process = None
+        self.commitlog_port = self.gateway_port = self.txn_port = 0
+
+    @property
+    def gateway(self) -> ServiceProcess | None:
+        return self.commitlog if self.mode == "local" else self._gateway_process
 
     def start(self) -> "Stack":
+        self.txn_port = free_port() if self.mode == "local" else 0
         self.commitlog = self._commitlog(0)
         self.commitlog_port = int(self.commitlog.address.rsplit(":", 1)[1])
-        self.txn = ServiceProcess("txn_service.main", ["--data-dir", str(self.tmp / "txn"), "--port", "0",
-                                                       "--grace-s", "1", "--commitlog", self.commitlog.address,
-                                                       *self.txn_args], self.env).started().serving()
-        self.gateway = self._gateway(0)
-        self.gateway_port = int(self.gateway.address.rsplit(":", 1)[1])
+        self.txn = ServiceProcess("txn_service.main", ["--data-dir", str(self.tmp / "txn"), "--port",
+                                                       str(self.txn_port), "--grace-s", "1", "--commitlog",
+                                                       self.commitlog.address, *self.txn_args],
+                                  self.env).started().serving()
+        if self.mode == "cluster":
+            self._gateway_process = self._gateway(0)
+            self.gateway_port = int(self._gateway_process.address.rsplit(":", 1)[1])
         return self
 
     def _commitlog(self, port: int) -> ServiceProcess:
-        return ServiceProcess("commitlog_service.main", ["--data-dir", str(self.tmp / "log"), "--port", str(port),
-                                                         "--grace-s", "1"], self.env).started()
+        args = ["--data-dir", str(self.tmp / "log"), "--port", str(port), "--grace-s", "1"]
+        if self.mode == "cluster":
+            return ServiceProcess("commitlog_service.main", args, self.env).started()
+        local = [a.replace("--", "--gateway-", 1) if a.startswith("--") else a for a in self.gateway_args]
+        process = ServiceProcess("commitlog_service.main", [
+            *args, "--gateway-port", str(self.gateway_port), "--gateway-txn", f"127.0.0.1:{self.txn_port}",
+            "--gateway-rpc-timeout-ms", "5000", *local], self.env)
+        try:
+            event = process.wait_for("server.started")
+        except BaseException:
+            process.stop()
+            raise
+        process.address = f"127.0.0.1:{event['port']}"
+        self.gateway_port = event["ports"]["gateway"]
+        return process
 
     def _gateway(self, port: int) -> ServiceProcess:
         return ServiceProcess("gateway_service.main", [
@@ -187,8 +224,11 @@ class Stack:
         return f"127.0.0.1:{self.gateway_port}"
 
     def restart_gateway(self) -> None:
-        self.gateway.stop()
-        self.gateway = self._gateway(self.gateway_port)
+        if self.mode == "local":
+            self.restart_commitlog()
+            return
+        self._gateway_process.stop()
+        self._gateway_process = self._gateway(self.gateway_port)
 
     def restart_commitlog(self) -> None:
         self.commitlog.stop()
@@ -232,7 +272,7 @@ class Stack:
         return out
 
     def stop(self) -> None:
-        for process in (self.gateway, self.txn, self.commitlog):
+        for process in (self._gateway_process, self.txn, self.commitlog):
             if process is not None:
                 process.stop()
 

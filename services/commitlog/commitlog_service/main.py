@@ -15,6 +15,12 @@ Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfi
 variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
 ``--etcd-endpoints`` elects the leader through etcd, ``--min-insync-replicas``, ``--default-replication
 ASYNC|SYNC`` and the lag and timeout settings.
+Local mode of the RocketMQ 5 gateway (services/gateway/README.md, *Cluster mode and Local mode*):
+``--gateway-port PORT`` (env ``MQSTORE_GATEWAY_PORT``) serves ``apache.rocketmq.v2.MessagingService`` on that
+port from this process, sends going straight to the store; ``--gateway-txn HOST:PORT`` is the Transaction
+service (default 127.0.0.1:50053), ``--gateway-rpc-timeout-ms``, ``--gateway-stream-deadline-ms``,
+``--gateway-max-workers`` (256) and ``--gateway-<field>`` for each field of GatewayConfig
+(``--gateway-max-clients``, ...; ``--gateway-max-body-bytes`` defaults to the store's ``--max-body-bytes``).
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -36,6 +42,7 @@ from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
+from mqstore.gateway.config import GatewayConfig
 from mqstore.meta.auth import AuthStore
 from mqstore.pop.config import PopConfig
 from mqstore.pop.leadership import PopLeadership
@@ -47,6 +54,8 @@ from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
+from mqstore_rpc.gateway.composition import DEFAULT_MAX_WORKERS as GATEWAY_MAX_WORKERS
+from mqstore_rpc.gateway.composition import DEFAULT_TXN, LocalGatewayConfig, compose_local
 from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
@@ -69,6 +78,7 @@ class CommitLogConfig:
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
     internal_token: str = ""      # shared secret of CommitLogInternal; "" = that service refuses every call
     replication: ReplicationConfig = ReplicationConfig()  # node_id "" = a single node (no replication)
+    gateway: LocalGatewayConfig | None = None  # the RocketMQ 5 gateway in this process (Local mode); None = off
 
 
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -93,6 +103,8 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
     compose_access(config, parts)
+    if config.gateway is not None:
+        compose_local(config.gateway, config.server, store, pop.current, store.clock, parts)
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -158,12 +170,42 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
     S.add_flags(parser, PopConfig)
+    for name, text in _GATEWAY_FLAGS.items():
+        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
+    for f in S.config_fields(GatewayConfig):
+        name = f"gateway_{f.name}"
+        parser.add_argument(S.flag(name), dest=name, help=f"Local-mode gateway: {f.name} (services/gateway/README.md); "
+                            f"env {S.env_name(name)}, default {f.default}")
     for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
         parser.add_argument(S.flag(f.name), dest=f.name, help=f"env {S.env_name(f.name)}, default {f.default}",
                             **switch)
     return parser
+
+
+_GATEWAY_FLAGS = {
+    "gateway_port": "serve the RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService) from this process on this "
+                    "port (Local mode; 0 = any free port); unset = no gateway here",
+    "gateway_txn": f"Local-mode gateway: the Transaction service's host:port (default {DEFAULT_TXN})",
+    "gateway_rpc_timeout_ms": "Local-mode gateway: timeout of each call to the Transaction service (default 10000)",
+    "gateway_stream_deadline_ms": "Local-mode gateway: a CheckBack stream is re-opened this often (default 600000)",
+    "gateway_max_workers": f"Local-mode gateway: handler threads of its port (default {GATEWAY_MAX_WORKERS})",
+}
+
+
+def _gateway_config(args: argparse.Namespace, env: Mapping[str, str], store: StoreConfig) -> LocalGatewayConfig | None:
+    port = S.typed(args, env, "gateway_port", S.parse_int, None)
+    if port is None:
+        return None
+    values = {f.name: S.typed(args, env, f"gateway_{f.name}", S.parser_for(f.default), f.default)
+              for f in S.config_fields(GatewayConfig) if S.setting(args, env, f"gateway_{f.name}") is not None}
+    values.setdefault("max_body_bytes", store.max_body_bytes)  # the gateway advertises what the store takes
+    return LocalGatewayConfig(
+        port=port, txn_address=S.typed(args, env, "gateway_txn", str, DEFAULT_TXN), gateway=GatewayConfig(**values),
+        rpc_timeout_ms=S.typed(args, env, "gateway_rpc_timeout_ms", S.parse_int, 10_000),
+        stream_deadline_ms=S.typed(args, env, "gateway_stream_deadline_ms", S.parse_int, 600_000),
+        max_workers=S.typed(args, env, "gateway_max_workers", S.parse_int, GATEWAY_MAX_WORKERS))
 
 
 def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConfig:
@@ -178,19 +220,22 @@ def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConf
 
 def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLogConfig:
     args = build_arg_parser().parse_args(argv)
-    return CommitLogConfig(store=_store_config(args, env), server=S.server_config(args, env, DEFAULT_PORT),
+    store = _store_config(args, env)
+    return CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT),
                            pop=PopConfig(**S.values_for(args, env, PopConfig)),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
                            internal_token=S.internal_token(args, env),
-                           replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)))
+                           replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)),
+                           gateway=_gateway_config(args, env, store))
 
 
 def describe(config: CommitLogConfig, port: int) -> dict:
     store = {f.name: getattr(config.store, f.name) for f in dataclasses.fields(config.store)}
     store["store_port"] = config.advertised_port or port  # what compose gave the store
     return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop),
-            "replication": dataclasses.asdict(config.replication)}
+            "replication": dataclasses.asdict(config.replication),
+            "gateway": dataclasses.asdict(config.gateway) if config.gateway is not None else None}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)

@@ -39,6 +39,7 @@ Thread-safety: the interceptor caches its wrapped handlers per method; the autho
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import itertools
 from typing import Any, Callable, Iterator, Mapping
@@ -105,6 +106,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._denied = registry.counter("mqstore_auth_denied_total", "calls refused by authentication or "
                                         "permissions, by reason", ("reason",))
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def taking_signed_requests(self) -> "AuthInterceptor":
+        """The same authority, permissions and denial counter, also taking the SDKs' signed requests: for a
+        gateway served by another service's process (the commit log's Local mode)."""
+        other = copy.copy(self)
+        other._signed_requests, other._wrapped = True, {}
+        return other
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
         handler = continuation(handler_call_details)

@@ -155,20 +155,24 @@ class ManagedServer:
     """
 
     def __init__(self, config: ServerConfig, registry: Registry | None = None,
-                 interceptors: Sequence[grpc.ServerInterceptor] = ()):
+                 interceptors: Sequence[grpc.ServerInterceptor] = (), rpc_metrics: RpcMetrics | None = None):
+        """``rpc_metrics``: another server's per-RPC figures on the same ``registry`` (a second port of
+        one process counts its RPCs in the same families); None makes them."""
         self.config = config
         self.registry = registry or Registry()
+        self.rpc_metrics = rpc_metrics or RpcMetrics(self.registry)
         self._executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc-handler")
         options = [("grpc.max_send_message_length", config.max_message_bytes),
                    ("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]  # two servers must never share a port silently
-        chain = [RpcMetrics(self.registry), ErrorInterceptor(), *interceptors]
+        chain = [self.rpc_metrics, ErrorInterceptor(), *interceptors]
         self.grpc_server = grpc.server(self._executor, interceptors=chain, options=options,
                                        maximum_concurrent_rpcs=config.max_concurrent_rpcs)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self._service_names: list[str] = []
+        self.extra_ports: dict[str, int] = {}  # other ports this process serves on, by name (service.Composition)
         self._closers: list[Callable[[], None]] = []
         self._monitor: HealthMonitor | None = None
         self._stop_lock = threading.Lock()

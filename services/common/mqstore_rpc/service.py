@@ -14,8 +14,9 @@ Lifecycle of a service process:
   SIGTERM/SIGINT (a signal during a long start is kept) -> bind -> compose -> start the duties -> health
   SERVING if no problem is registered, else NOT_SERVING until there is none (a store or OS error on the
   way: ``server.start_failed``, what was built is closed, exit 1)
-  -> serve, with health and reflection -> ``server.started`` (service, port, pid, config: tests and the
-  launcher read the port from it) -> SIGTERM/SIGINT -> ``server.stopping``: health NOT_SERVING, running
+  -> serve, with health and reflection -> ``server.started`` (service, port, pid, ports (a second port by
+  name: Composition.add_server), config: tests and the launcher read the port from it)
+  -> SIGTERM/SIGINT -> ``server.stopping``: health NOT_SERVING, running
   RPCs get ``grace_s``, then the closers run in reverse order of registration (duties stop before the
   stores they use close) -> ``server.stopped``, exit 0.
 
@@ -66,11 +67,14 @@ class Composition:
     """What a composition function registers on a bound server. Not thread-safe: used by the
     composition root only, before the server starts."""
 
-    def __init__(self, server: ManagedServer, authority: Authority | None = None):
+    def __init__(self, server: ManagedServer, authority: Authority | None = None,
+                 interceptors: Sequence[grpc.ServerInterceptor] = ()):
         self.server = server
         self.authority = authority      # None while authentication is off
+        self._interceptors = tuple(interceptors)
         self._duties: list[Duty] = []
         self._problems: list[Callable[[], str]] = []
+        self._servers: list[tuple[ManagedServer, list[Callable[[], str]]]] = []
 
     @property
     def metrics(self) -> Registry:
@@ -106,6 +110,24 @@ class Composition:
         register(self.server.grpc_server)
         self.server.add_service_names([service_name])
 
+    def add_server(self, name: str, config: ServerConfig, *, signed_requests: bool = False,
+                   ) -> tuple[ManagedServer, Callable[[Callable[[], str]], None]]:
+        """A second port of this process (the commit log's Local-mode gateway): its RPCs are counted in
+        this service's metrics and pass the same authentication (``signed_requests``: also the RocketMQ SDKs'
+        signed requests, as the gateway's own process takes them); its health is NOT_SERVING while this
+        service's is or while a problem given to the returned function is non-empty. Started after the
+        duties; stopped when this service stops, before what was registered earlier closes. Its bound port
+        is in ``server.started`` as ``ports[name]``. Returns the server (``.grpc_server`` takes servicers,
+        ``.port`` is the bound port) and that function."""
+        interceptors = [i.taking_signed_requests() if signed_requests and isinstance(i, AuthInterceptor) else i
+                        for i in self._interceptors]
+        extra = ManagedServer(config, self.server.registry, interceptors, rpc_metrics=self.server.rpc_metrics)
+        self.server.extra_ports[name] = extra.port
+        self.server.add_closer(extra.stop)
+        problems: list[Callable[[], str]] = []
+        self._servers.append((extra, problems))
+        return extra, problems.append
+
     def add_health_problem(self, problem: Callable[[], str]) -> None:
         """``problem()`` is "" while healthy, else why not (polled every second)."""
         self._problems.append(problem)
@@ -130,6 +152,17 @@ class Composition:
         else:
             self.server.mark_serving()
         self.server.monitor_health(self.problem, reported=problem)
+        for extra, problems in self._servers:
+            extra_problem = _first_problem([self.problem, *problems])
+            reported = extra_problem()
+            if not reported:
+                extra.mark_serving()
+            extra.monitor_health(extra_problem, reported=reported)
+            extra.start()
+
+
+def _first_problem(problems: Sequence[Callable[[], str]]) -> Callable[[], str]:
+    return lambda: next((reason for problem in problems if (reason := problem())), "")
 
 
 @dataclass(frozen=True)
@@ -170,7 +203,7 @@ def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
         if auth_store is not None:
             auth_store.close()
         raise
-    parts = Composition(server, authority)
+    parts = Composition(server, authority, interceptors)
     try:
         if auth_store is not None:
             parts.on_close(auth_store.close)
@@ -218,7 +251,7 @@ def run(service: ServiceDef, argv: Sequence[str] | None = None, env: Mapping[str
     server.start()
     log.info("server.started", service=service.grpc_service, port=port, pid=os.getpid(),
              metrics_port=server.metrics_port, tls=_tls_mode(config.server), auth=config.server.auth.enabled,
-             failpoints=config.failpoints, config=service.describe(config, port))
+             failpoints=config.failpoints, ports=server.extra_ports, config=service.describe(config, port))
     serve_until_signal(server, signals, on_signal=lambda name: log.info("server.stopping", signal=name, port=port))
     log.info("server.stopped", port=port)
     return EXIT_OK

@@ -23,31 +23,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import sys
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import structlog
 
-from mqstore.background import Duty
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import InvalidArgument
-from mqstore.gateway.checkback import CheckRelay
-from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
-from mqstore.gateway.consuming import Consuming
-from mqstore.gateway.publishing import Publisher, TopicCache
-from mqstore.gateway.renewal import Renewals
-from mqstore.model import AppendResult, MessageIn
-from mqstore.relayed import WRITER_GATEWAY
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
+from mqstore_rpc.gateway.composition import compose_gateway, transaction_client
+from mqstore_rpc.gateway.remote_log import RemoteLog
+from mqstore_rpc.gateway.servicer import SERVICE_NAME
 from mqstore_rpc.server import ManagedServer, ServerConfig
-
-from .pop_client import PopClient
-from .servicer import SERVICE_NAME, MessagingServicer, add_to_server
-from .txn_client import TxnClient
 
 log = structlog.get_logger("gateway_service.main")
 
@@ -55,8 +45,6 @@ DEFAULT_PORT = 8081
 DEFAULT_MAX_WORKERS = 256
 DEFAULT_COMMITLOG = "127.0.0.1:50051"
 DEFAULT_TXN = "127.0.0.1:50053"
-HOUSEKEEPING_INTERVAL_S = 1.0
-RENEWAL_INTERVAL_MAX_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,74 +75,17 @@ class GatewayServiceConfig:
                                   f"advertised limit must fit in a request")
 
 
-class Housekeeping(Duty):
-    """Duty "gateway-housekeeping": forgets silent clients and keeps one CheckBack stream per published topic
-    (the registry's listener does that at once; this catches a stream whose duty is gone)."""
-
-    def __init__(self, registry: ClientRegistry, relay: CheckRelay):
-        super().__init__("gateway-housekeeping", interval_s=HOUSEKEEPING_INTERVAL_S)
-        self.registry, self.relay = registry, relay
-
-    def step(self) -> None:
-        self.registry.expire()
-        self.relay.sync()
-
-
-class Renewal(Duty):
-    """Duty "gateway-renewal": renews the invisible time of push consumers' messages (auto_renew) ahead of
-    its end; it looks four times per auto_renew_ahead_ms (at most every second), so that a renewal is
-    never later than the ahead time allows."""
-
-    def __init__(self, renewals: Renewals, ahead_ms: int):
-        super().__init__("gateway-renewal", interval_s=min(RENEWAL_INTERVAL_MAX_S, ahead_ms / 4000))
-        self.renewals = renewals
-
-    def step(self) -> None:
-        self.renewals.renew_due()
-
-
 def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
-    """Closers run in reverse: the registry's streams end, the check relay stops, then the clients close."""
-    cfg = config.gateway
-    clock = config.clock or SystemClock()
-    rpc_timeout_s = config.rpc_timeout_ms / 1000
+    """Cluster mode: the gateway on the CommitLog service's gRPC API (mqstore.gateway.log). Closers run in
+    reverse: the registry's streams end, the check relay stops, then the clients close."""
     # Sends are one unary Append each, on the latency path of every producer: no retry machinery (a send
     # that meets a broken connection fails as PROXY_TIMEOUT, and the client's own backoff sends it again).
-    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=rpc_timeout_s, peers=parts.peers,
-                                 transparent_retries=False)
+    log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
+                                 peers=parts.peers, transparent_retries=False)
     parts.on_close(log_client.close)
-    pop = PopClient(log_client)  # the same nodes: pop consumption follows the commit log's leader
-    txn = TxnClient(config.txn_address, rpc_timeout_s=rpc_timeout_s,
-                    stream_deadline_s=config.stream_deadline_ms / 1000, max_reconnect_backoff_ms=2_000,
-                    peers=parts.peers)
-    parts.on_close(txn.close)
-    registry = ClientRegistry(clock, max_clients=cfg.max_clients, ttl_ms=cfg.client_ttl_ms,
-                              outbox_limit=cfg.telemetry_outbox_limit)
-    relay = CheckRelay(registry, txn.open_checks, txn, max_topics=cfg.max_checkback_topics,
-                       pending_max=cfg.pending_checks_max, retry_max_ms=cfg.checkback_retry_max_ms)
-    parts.on_close(relay.close)
-    registry.on_change(relay.sync)
-    parts.on_close(registry.close_all)
-    parts.add_health_problem(relay.problem)
-    parts.add_duty(Housekeeping(registry, relay))
-    topics = TopicCache(log_client.topic, clock, cfg.topic_cache_ms)
-    publisher = Publisher(topics, cfg.max_body_bytes, appender(log_client, config.internal_token), txn.prepare)
-    renewals = Renewals(pop, clock, invisible_ms=cfg.auto_renew_invisible_ms, ahead_ms=cfg.auto_renew_ahead_ms,
-                        max_ms=cfg.auto_renew_max_ms, max_entries=cfg.auto_renew_max_messages,
-                        alive=lambda client_id: registry.get(client_id) is not None)
-    parts.add_duty(Renewal(renewals, cfg.auto_renew_ahead_ms))
-    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, pop, renewals))
-    parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
-
-
-def appender(log_client: CommitLogClient, token: str) -> Callable[[str, list[MessageIn]], list[AppendResult]]:
-    """How sends reach the log: CommitLogInternal.Append as writer "gateway" (the producer's born host)
-    when the gateway has the internal token, else the public Append (the born host is the gateway's)."""
-    if not token:
-        log.warning("gateway.born_host_is_gateway", reason="no internal token (MQSTORE_INTERNAL_TOKEN): sends go "
-                    "through the public Append, which stores the gateway's address as every message's born host")
-        return log_client.append
-    return functools.partial(log_client.internal_append, writer=WRITER_GATEWAY, token=token)
+    txn = transaction_client(config.txn_address, config.rpc_timeout_ms, config.stream_deadline_ms, parts.peers, parts)
+    compose_gateway(config.gateway, RemoteLog(log_client, config.internal_token), txn,
+                    config.clock or SystemClock(), parts, parts.add_servicer, parts.add_health_problem)
 
 
 # ---- configuration ------------------------------------------------------------------------------------

@@ -17,3 +17,19 @@ def test_the_internal_token_comes_from_the_flag_or_the_variable_and_is_never_des
     # the log renders what JSON cannot (Secret) by repr, as the server.started event does
     assert described["born_host"] == "producer" and "flag-secret" not in json.dumps(described, default=repr)
     assert describe(parse_config([], {}), 8081)["born_host"] == "gateway"
+
+
+def test_local_mode_is_off_unless_a_gateway_port_is_given_and_takes_gateway_flags():
+    from commitlog_service.main import describe as describe_log, parse_config as parse_log
+    assert parse_log(["--data-dir", "/tmp/x"], {}).gateway is None
+    config = parse_log(["--data-dir", "/tmp/x", "--gateway-port", "18081", "--gateway-txn", "10.0.0.1:50053",
+                        "--gateway-max-delivery-attempts", "5", "--max-body-bytes", "1MiB"],
+                       {"MQSTORE_GATEWAY_MAX_CLIENTS": "7"})
+    local = config.gateway
+    assert (local.port, local.txn_address) == (18081, "10.0.0.1:50053")
+    assert (local.gateway.max_delivery_attempts, local.gateway.max_clients) == (5, 7)
+    # the gateway advertises the body limit the store takes, unless told otherwise
+    assert local.gateway.max_body_bytes == config.store.max_body_bytes == 1024 * 1024
+    assert describe_log(config, 50051)["gateway"]["port"] == 18081
+    from_env = parse_log(["--data-dir", "/tmp/x"], {"MQSTORE_GATEWAY_PORT": "0"}).gateway
+    assert from_env is not None and from_env.port == 0 and from_env.txn_address == "127.0.0.1:50053"

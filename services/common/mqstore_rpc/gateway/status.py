@@ -22,7 +22,7 @@ import structlog
 from mqstore import errors
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 
-log = structlog.get_logger("gateway_service.status")
+log = structlog.get_logger("mqstore_rpc.gateway.status")
 
 CODE_BY_ERROR: dict[type[errors.MqStoreError], int] = {
     errors.TopicNotFound: d.TOPIC_NOT_FOUND,
