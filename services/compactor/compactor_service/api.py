@@ -2,8 +2,11 @@
 
 Engine choice for a round (``engine``): "local"; "spark" (the PySpark job, when a Spark runner is
 configured); "auto" = spark when a runner is configured and the round is heavy: its dirty bytes exceed
-``spark_threshold_bytes``, or its dirty records (an upper bound of its keys) would need more than
-``SPARK_MIN_LOCAL_PASSES`` local passes for offset_map_memory_bytes; else local.
+``spark_threshold_bytes``, or its dirty records (an upper bound of its keys) exceed ``SPARK_MIN_LOCAL_PASSES``
+fillings of the offset map (offset_map_memory_bytes / ENTRY_COST_BYTES keys each; a local round then spills
+its key digests to that many buckets on this machine's disk and fills the map once per bucket,
+mqstore.compaction.rounds); else local. The local engine is linear in the data at any budget, so Spark pays
+off only where one machine's disk or time is the limit (bench/results/compactor.md: never on 2 cores).
 """
 
 from __future__ import annotations
