@@ -96,6 +96,10 @@ class TopicRegistry:
         """Every topic's start_physical_offset: the records the consume queues are rebuilt from."""
         return {name: t.start_physical_offset for name, t in list(self._topics.items())}
 
+    def copied_starts(self) -> CopiedStarts:
+        """The topics' starts for one round of a replica's dispatch (:class:`CopiedStarts`)."""
+        return CopiedStarts(self)
+
     def start_of(self, name: str) -> int | None:
         """The topic's start_physical_offset; None when there is no such topic (deleted, or being deleted).
         The append path asks it under the append lock, the dispatcher for every batch: one dict read."""
@@ -282,6 +286,46 @@ class TopicRegistry:
         topic_rules.validate_group_name(group)
         self._queue_info(topic, queue_id)
         return self.meta.query_offset(group, topic, queue_id)
+
+
+class CopiedStarts:
+    """topic -> start_physical_offset for one round of a replica's dispatch (Dispatcher.dispatch_replicated),
+    read as a dict is by the replay (``in``, ``[]``, ``get``): this node's in-memory registry, until a name is
+    missing from it (a topic its leader created since) or :meth:`reload` is called (the round met a DELETED
+    event); from then on, for the rest of the round, the topics as the shared database has them now (read
+    once; a name it does not have is no topic, and its records get no entries). The dispatch runs under the
+    dispatcher's lock, which DeleteTopic takes (after the append lock) while another DeleteTopic holds the
+    registry's lock to take the append lock: so the database is read here without the registry's lock, and
+    the caller brings the registry along (:meth:`TopicRegistry.refresh`) after the round when ``reloaded``.
+    Used by one thread, the dispatching one."""
+
+    def __init__(self, registry: TopicRegistry):
+        self._registry = registry
+        self._loaded: dict[str, int] | None = None
+
+    @property
+    def reloaded(self) -> bool:
+        return self._loaded is not None
+
+    def get(self, name: str, default: int | None = None) -> int | None:
+        if self._loaded is None:
+            found = self._registry.start_of(name)
+            if found is not None or not self._registry.reload_on_miss:
+                return default if found is None else found
+            self.reload()
+        return self._loaded.get(name, default)
+
+    def reload(self) -> None:
+        self._loaded = {t.name: t.start_physical_offset for t in self._registry.meta.list_topics()}
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def __getitem__(self, name: str) -> int:
+        found = self.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
 
 
 def _refuse_compaction_retention(name: str, kind: str, retention_ms: int) -> None:
