@@ -370,6 +370,7 @@ class MessageStore:
         """DeleteTopic in the steps of mqstore.store_topics, each safe to crash after (a delete cut short
         is resumed at start, or by deleting the name again)."""
         self._check_running()
+        self.gate.check_writable()  # before step 1: a replica must not mark its leader's row (the shared database)
         rec = self.topics.begin_delete(name)                                   # 1. marked, hidden
         failpoints.hit("topic.delete.marked")
         self._finish_delete(rec)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore.errors import NotFound
+from mqstore.errors import NotFound, NotLeader
 from mqstore.model import MessageIn
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.node import ReplicationNode
@@ -190,3 +190,31 @@ def test_a_replica_that_holds_a_delete_it_did_not_dispatch_yet_serves_and_append
         replica.stop()
         if leader_running:
             leader.stop()
+
+
+def test_a_delete_topic_sent_to_a_replica_is_refused_and_deletes_nothing(small_config, tmp_path):
+    """DeleteTopic on a replica answers NotLeader (naming the leader) before its first step: the shared
+    database's row is not marked deleting (the leader would finish that delete at its next start, and the
+    replica, reading the database, would stop showing the topic's records meanwhile)."""
+    leader, leader_node = _open(small_config, tmp_path, "a")
+    replica, replica_node = _open(small_config, tmp_path, "b")
+    try:
+        leader_node.become_leader(1, frozenset({"a"}))
+        replica_node.become_replica("a", "a", 1)
+        leader.create_topic("t", FIRST_QUEUES)
+        first = _append(leader, "first", FIRST_QUEUES, 2)
+        _copy(leader, replica)
+        with pytest.raises(NotLeader):
+            replica.delete_topic("t")
+        assert leader.topics.meta.deleting_topics() == []
+        second = _append(leader, "second", FIRST_QUEUES, 2)
+        _copy(leader, replica)
+        assert _queues(replica) == _queues(leader)
+        assert [replica.get_message(r.physical_offset).record.body for r in first + second] == \
+            [f"{prefix}-{i}".encode() for prefix in ("first", "second") for i in range(2 * FIRST_QUEUES)]
+        leader.stop()
+        leader, leader_node = _open(small_config, tmp_path, "a")  # its start resumes no delete of t
+        assert leader.topic("t").queue_count == FIRST_QUEUES
+    finally:
+        replica.stop()
+        leader.stop()
