@@ -81,9 +81,11 @@ class TopicRegistry:
 
     def refresh(self) -> None:
         """Reload the registry from the metadata database: a commit log replica shares its leader's
-        (PostgreSQL in HA mode) and learns of topics created there this way."""
+        (PostgreSQL in HA mode) and learns of topics created there this way, and of deletes cut short there
+        (a new leader finishes them when DeleteTopic names them again)."""
         with self._lock:
             self._topics = {t.name: t for t in self.meta.list_topics()}
+            self._deleting = {t.name: t for t in self.meta.deleting_topics()}
 
     def close(self) -> None:
         if self.meta is not None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore.errors import NotFound, NotLeader
+from mqstore.errors import FailedPrecondition, NotFound, NotLeader
+from mqstore.failpoints import FailpointHit
 from mqstore.model import MessageIn
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.node import ReplicationNode
@@ -218,3 +219,40 @@ def test_a_delete_topic_sent_to_a_replica_is_refused_and_deletes_nothing(small_c
     finally:
         replica.stop()
         leader.stop()
+
+
+@pytest.mark.parametrize("step", ["topic.delete.marked", "topic.delete.announced", "topic.delete.queues_dropped"])
+def test_a_new_leader_finishes_a_delete_its_old_leader_cut_short(small_config, tmp_path, failpoint, step):
+    """The leader dies in the middle of a DeleteTopic (the row in the shared database marked deleting); after
+    a failover the new leader refuses a CreateTopic of the name as being deleted (it used to try to create
+    it, the row being there), and a DeleteTopic of the name finishes the delete (it used to answer NotFound:
+    the delete could not be finished until the new leader restarted). Then the name is free and a topic
+    created again with it starts at queue offset 0."""
+    leader, leader_node = _open(small_config, tmp_path, "a")
+    replica, replica_node = _open(small_config, tmp_path, "b")
+    try:
+        leader_node.become_leader(1, frozenset({"a"}))
+        replica_node.become_replica("a", "a", 1)
+        leader.create_topic("t", FIRST_QUEUES)
+        first = _append(leader, "first", FIRST_QUEUES, FIRST)
+        _copy(leader, replica)
+        with failpoint.armed(step):
+            with pytest.raises(FailpointHit):
+                leader.delete_topic("t")
+        _copy(leader, replica)
+        leader.halt()  # kill -9 of the leader in the middle of the delete
+        replica_node.become_leader(2, frozenset({"b"}))
+        with pytest.raises(FailedPrecondition, match="being deleted"):
+            replica.create_topic("t", SECOND_QUEUES)
+        replica.delete_topic("t")
+        assert replica.topics.deleting() == [] and replica.topics.meta.deleting_topics() == []
+        replica.create_topic("t", SECOND_QUEUES)
+        second = _append(replica, "second", SECOND_QUEUES, SECOND)
+        assert _queues(replica) == _expected("second", SECOND_QUEUES, SECOND)
+        for r in first:
+            with pytest.raises(NotFound):
+                replica.get_message(r.physical_offset)
+        assert [replica.get_message(r.physical_offset).record.body for r in second] == \
+            [f"second-{i}".encode() for i in range(len(second))]
+    finally:
+        replica.stop()
