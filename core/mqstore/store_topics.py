@@ -7,10 +7,12 @@ A topic has an incarnation, ``start_physical_offset``: the commit log's end when
 log keeps the records of a deleted topic until retention removes them, and a topic created again with
 the same name must not inherit them, so every reader of the log (the consume queues and their rebuild,
 GetMessage, the Compactor, the Index through GetMessage) takes a record of topic T as part of T only if
-T exists and the record lies at or above T's start_physical_offset. Pop consumption's retry copies live in
-topics of their own (%RETRY%{group}_T): a Receive of T passes over those stored below T's
-start_physical_offset (copies for the T deleted before), and an old delivery still in flight cannot be
-copied again (its original is no longer T's).
+T exists and the record lies at or above T's start_physical_offset. A commit log replica too: it dispatches
+the records it copies with the starts of the database it shares with its leader (CopiedStarts), and drops
+a topic's consume queues where it meets the topic's DELETED event (Dispatcher.dispatch_replicated).
+Pop consumption's retry copies live in topics of their own (%RETRY%{group}_T): a Receive of T passes over
+those stored below T's start_physical_offset (copies for the T deleted before), and an old delivery still
+in flight cannot be copied again (its original is no longer T's).
 
 DeleteTopic runs in steps (MessageStore.delete_topic), each safe to crash after; a delete cut short is
 resumed from step 2 when the store starts (rows still marked), and retried by a DeleteTopic of the name:
@@ -312,8 +314,8 @@ class CopiedStarts:
     def get(self, name: str, default: int | None = None) -> int | None:
         if self._loaded is None:
             found = self._registry.start_of(name)
-            if found is not None or not self._registry.reload_on_miss:
-                return default if found is None else found
+            if found is not None:
+                return found
             self.reload()
         return self._loaded.get(name, default)
 

@@ -1,8 +1,10 @@
 """The dispatcher ("reput"): turns appended records into consume queue entries.
 
 Two sources, same result: ``run_pending`` takes the routing facts the append path already knows
-(no re-parse on the hot path); ``replay`` re-reads records from the log (recovery, rebuild). Writes are
-idempotent by queue offset, so replaying records that were already dispatched is harmless.
+(no re-parse on the hot path); ``replay`` re-reads records from the log (recovery, rebuild), and so does
+``dispatch_replicated`` (a replica's copied records, which also applies the DELETED topic events among them
+as its leader's DeleteTopic did). Writes are idempotent by queue offset, so replaying records that were
+already dispatched is harmless.
 
 Thread-safety: everything that writes consume queues holds ``self.lock``. ``visible`` is a Condition
 notified after every round that made records visible (Pull long-polls and Tail wait on it).
