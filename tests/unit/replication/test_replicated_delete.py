@@ -21,6 +21,7 @@ from mqstore.model import MessageIn
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.node import ReplicationNode
 from mqstore.store import MessageStore
+from tests.support.hashkeys import seeded_random
 
 FIRST_QUEUES, SECOND_QUEUES = 2, 3
 FIRST, SECOND = 12, 4  # records per queue of each incarnation: more of the first, so that offsets collide
@@ -256,3 +257,76 @@ def test_a_new_leader_finishes_a_delete_its_old_leader_cut_short(small_config, t
             [f"second-{i}".encode() for i in range(len(second))]
     finally:
         replica.stop()
+
+
+def test_a_replica_against_a_model_of_topics_deleted_and_created_again(small_config, tmp_path):
+    """Random steps from a printed seed on a leader and its replica: appends, deletes, creations of two names
+    with 1 to 3 queues, copies made visible up to the leader's end or an earlier committed offset, restarts
+    of the replica. Whenever the replica shows the leader's whole log, both answer as the model (each name:
+    its latest topic's queues, offsets from 0). At the end the leader dies and the replica, promoted, appends
+    to every queue after the model's offsets."""
+    rng, _ = seeded_random("replicated_delete_model")
+    leader, leader_node = _open(small_config, tmp_path, "a")
+    replica, replica_node = _open(small_config, tmp_path, "b")
+    leader_running = True
+    model: dict[str, list[list[bytes]]] = {}  # name -> queue -> bodies of its latest topic
+    committed = [leader.log_end()]  # record boundaries the leader had at some moment (committed offsets)
+    serial = 0
+
+    def check(store: MessageStore) -> None:
+        for name, queues in model.items():
+            assert store.topic(name).queue_count == len(queues)
+            for queue_id, bodies in enumerate(queues):
+                pulled = store.pull(name, queue_id, 0, max_messages=1000)
+                assert [(m.record.queue_offset, m.record.body) for m in pulled.messages] == list(enumerate(bodies))
+                assert store.queue_info(name, queue_id).max_offset == len(bodies)
+        for name in {"t", "u"} - set(model):
+            with pytest.raises(NotFound):
+                store.topic(name)
+
+    try:
+        leader_node.become_leader(1, frozenset({"a"}))
+        replica_node.become_replica("a", "a", 1)
+        for _ in range(150):
+            step = rng.choice(["append", "append", "append", "delete", "create", "copy", "copy", "restart"])
+            name = rng.choice(["t", "u"])
+            if step == "append" and name in model:
+                count = rng.randint(1, 8)
+                queue_ids = [rng.randrange(len(model[name])) for _ in range(count)]
+                bodies = [f"{name}-{serial + i}".encode() for i in range(count)]
+                serial += count
+                leader.append(name, [MessageIn(body=b, queue_id=q) for b, q in zip(bodies, queue_ids, strict=True)],
+                              replication="ASYNC")
+                for b, q in zip(bodies, queue_ids, strict=True):
+                    model[name][q].append(b)
+            elif step == "delete" and name in model:
+                leader.delete_topic(name)
+                del model[name]
+            elif step == "create" and name not in model:
+                queue_count = rng.randint(1, 3)
+                leader.create_topic(name, queue_count)
+                model[name] = [[] for _ in range(queue_count)]
+            elif step == "copy":
+                shown = max(replica.visible_offset(), rng.choice(committed))
+                _copy(leader, replica, visible_to=rng.choice([shown, leader.log_end()]))
+            elif step == "restart":
+                replica, replica_node = _restart(replica, replica_node, small_config, tmp_path, "b")
+            committed.append(leader.log_end())
+            check(leader)
+            if replica.visible_offset() == leader.log_end():
+                check(replica)
+        _copy(leader, replica, visible_to=rng.choice([replica.visible_offset(), leader.log_end()]))
+        leader.halt()
+        leader_running = False
+        replica_node.become_leader(2, frozenset({"b"}))
+        for name, queues in model.items():
+            results = replica.append(name, [MessageIn(body=f"{name}-new-{q}".encode(), queue_id=q)
+                                            for q in range(len(queues))], replication="ASYNC")
+            assert [r.queue_offset for r in results] == [len(bodies) for bodies in queues]
+            for q, bodies in enumerate(queues):
+                bodies.append(f"{name}-new-{q}".encode())
+        check(replica)
+    finally:
+        replica.stop()
+        if leader_running:
+            leader.stop()
