@@ -83,8 +83,11 @@ def _check_same(leader: MessageStore, replica: MessageStore, first: list, second
             [f"second-{i}".encode() for i in range(len(second))]
 
 
-def _restart(store: MessageStore, node: ReplicationNode, small_config, tmp_path, name: str):
-    store.stop()
+def _restart(store: MessageStore, node: ReplicationNode, small_config, tmp_path, name: str, crash: bool = False):
+    if crash:
+        store.halt()  # as kill -9: no checkpoint, the abort marker stays; the start replays from an older one
+    else:
+        store.stop()
     store, node = _open(small_config, tmp_path, name)
     node.become_replica("a", "a", 1)
     return store, node
@@ -139,7 +142,7 @@ def test_a_replica_of_a_topic_deleted_and_created_again_serves_the_leaders_queue
             leader.stop()
 
 
-@pytest.mark.parametrize("then", ["restart", "failover", "failover_before_the_creation"])
+@pytest.mark.parametrize("then", ["restart", "restart_after_kill_9", "failover", "failover_before_the_creation"])
 def test_a_replica_that_holds_a_delete_it_did_not_dispatch_yet_serves_and_appends_as_its_leader(
         small_config, tmp_path, then):
     """The replica holds the bytes of the delete (and of the topic created again, but for
@@ -165,8 +168,9 @@ def test_a_replica_that_holds_a_delete_it_did_not_dispatch_yet_serves_and_append
             second = _append(leader, "second", 1, SECOND)  # queue 0 alone: the others hold none of them
         _copy(leader, replica, visible_to=shown)
 
-        if then == "restart":
-            replica, replica_node = _restart(replica, replica_node, small_config, tmp_path, "b")
+        if then.startswith("restart"):
+            replica, replica_node = _restart(replica, replica_node, small_config, tmp_path, "b",
+                                             crash=then == "restart_after_kill_9")
             assert _queues(replica) == _queues(leader) == {0: (0, SECOND, [(i, f"second-{i}".encode())
                                                                             for i in range(SECOND)]),
                                                            1: (0, 0, []), 2: (0, 0, [])}
