@@ -171,8 +171,9 @@ class MessageStore:
         for cq in self.queues.queues.values():
             cq.truncate_to_log_end(end)
         replay_from = min(cp.dispatched_physical_offset, end) if cp and cq_root_existed else self.segments.min_offset
-        replayed = self.dispatcher.replay(replay_from, end, starts=self.topics.starts(),
-                                          rebuild=self._queues_behind() if cq_root_existed else frozenset())
+        starts = self.topics.starts()
+        rebuild = (self._queues_behind() | self.queues.of_earlier_topics(starts)) if cq_root_existed else frozenset()
+        replayed = self.dispatcher.replay(replay_from, end, starts=starts, rebuild=rebuild)
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
         self.before_segment_delete(self.segments.min_offset)
@@ -369,6 +370,7 @@ class MessageStore:
         """DeleteTopic in the steps of mqstore.store_topics, each safe to crash after (a delete cut short
         is resumed at start, or by deleting the name again)."""
         self._check_running()
+        self.gate.check_writable()  # before step 1: a replica must not mark its leader's row (the shared database)
         rec = self.topics.begin_delete(name)                                   # 1. marked, hidden
         failpoints.hit("topic.delete.marked")
         self._finish_delete(rec)
@@ -686,7 +688,7 @@ class MessageStore:
         held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
         target = min(held, committed_offset)
         if target > self.dispatcher.dispatched_offset:
-            self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, target)
+            self._dispatch_copied(target)
 
     def advance_visible(self) -> None:
         """The leader's side: dispatch what became committed (the in-sync set's acknowledgements moved it).
@@ -701,8 +703,17 @@ class MessageStore:
         them (the appending thread and the acknowledgement thread of a new leader both dispatch)."""
         copied_end = min(self._copied_end, limit)
         if self.dispatcher.dispatched_offset < copied_end:
-            self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, copied_end)
+            self._dispatch_copied(copied_end)
         self.dispatcher.run_pending(limit)
+
+    def _dispatch_copied(self, limit: int) -> None:
+        """Consume queue entries of the records this node copied from its leader, up to ``limit``, with the
+        topics as they are now (a topic deleted or created on the leader since this node last looked:
+        store_topics.CopiedStarts); the registry is brought along when the round read the database."""
+        starts = self.topics.copied_starts()
+        self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, limit, starts)
+        if starts.reloaded:
+            self.topics.refresh()
 
     def truncate_log(self, offset: int) -> list[str]:
         """Cut the log to ``offset`` (a replica whose tail diverged from its leader's), keeping .broken
@@ -735,11 +746,16 @@ class MessageStore:
         puts them in once the new in-sync set holds them), and the first append must take the queue
         offsets after theirs, not the same ones again."""
         self.topics.refresh()
+        starts = self.topics.starts()
         with self.dispatcher.lock:
+            # Queues of a topic deleted since, or of its earlier incarnation, whose DELETED event is among the
+            # records not dispatched yet: gone now, as the old leader dropped them (the event drops them again
+            # when it is dispatched), so that a topic of the name appended here starts at queue offset 0.
+            self.queues.drop_unknown(set(starts))
+            self.queues.drop(self.queues.of_earlier_topics(starts))
             offsets = self.dispatcher.next_queue_offsets()
             self._copied_end = self.commitlog.written_offset
-            copied, copied_ts = self.dispatcher.queue_ends(self.dispatcher.dispatched_offset, self._copied_end,
-                                                           self.topics.starts())
+            copied, copied_ts = self.dispatcher.queue_ends(self.dispatcher.dispatched_offset, self._copied_end, starts)
         offsets.update(copied)
         self.commitlog.restore(self.commitlog.written_offset,
                                max(self.commitlog.last_store_timestamp_ms, self.dispatcher.logics_msg_timestamp_ms,

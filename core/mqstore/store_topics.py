@@ -7,10 +7,12 @@ A topic has an incarnation, ``start_physical_offset``: the commit log's end when
 log keeps the records of a deleted topic until retention removes them, and a topic created again with
 the same name must not inherit them, so every reader of the log (the consume queues and their rebuild,
 GetMessage, the Compactor, the Index through GetMessage) takes a record of topic T as part of T only if
-T exists and the record lies at or above T's start_physical_offset. Pop consumption's retry copies live in
-topics of their own (%RETRY%{group}_T): a Receive of T passes over those stored below T's
-start_physical_offset (copies for the T deleted before), and an old delivery still in flight cannot be
-copied again (its original is no longer T's).
+T exists and the record lies at or above T's start_physical_offset. A commit log replica too: it dispatches
+the records it copies with the starts of the database it shares with its leader (CopiedStarts), and drops
+a topic's consume queues where it meets the topic's DELETED event (Dispatcher.dispatch_replicated).
+Pop consumption's retry copies live in topics of their own (%RETRY%{group}_T): a Receive of T passes over
+those stored below T's start_physical_offset (copies for the T deleted before), and an old delivery still
+in flight cannot be copied again (its original is no longer T's).
 
 DeleteTopic runs in steps (MessageStore.delete_topic), each safe to crash after; a delete cut short is
 resumed from step 2 when the store starts (rows still marked), and retried by a DeleteTopic of the name:
@@ -81,9 +83,11 @@ class TopicRegistry:
 
     def refresh(self) -> None:
         """Reload the registry from the metadata database: a commit log replica shares its leader's
-        (PostgreSQL in HA mode) and learns of topics created there this way."""
+        (PostgreSQL in HA mode) and learns of topics created there this way, and of deletes cut short there
+        (a new leader finishes them when DeleteTopic names them again)."""
         with self._lock:
             self._topics = {t.name: t for t in self.meta.list_topics()}
+            self._deleting = {t.name: t for t in self.meta.deleting_topics()}
 
     def close(self) -> None:
         if self.meta is not None:
@@ -95,6 +99,10 @@ class TopicRegistry:
     def starts(self) -> dict[str, int]:
         """Every topic's start_physical_offset: the records the consume queues are rebuilt from."""
         return {name: t.start_physical_offset for name, t in list(self._topics.items())}
+
+    def copied_starts(self) -> CopiedStarts:
+        """The topics' starts for one round of a replica's dispatch (:class:`CopiedStarts`)."""
+        return CopiedStarts(self)
 
     def start_of(self, name: str) -> int | None:
         """The topic's start_physical_offset; None when there is no such topic (deleted, or being deleted).
@@ -282,6 +290,46 @@ class TopicRegistry:
         topic_rules.validate_group_name(group)
         self._queue_info(topic, queue_id)
         return self.meta.query_offset(group, topic, queue_id)
+
+
+class CopiedStarts:
+    """topic -> start_physical_offset for one round of a replica's dispatch (Dispatcher.dispatch_replicated),
+    read as a dict is by the replay (``in``, ``[]``, ``get``): this node's in-memory registry, until a name is
+    missing from it (a topic its leader created since) or :meth:`reload` is called (the round met a DELETED
+    event); from then on, for the rest of the round, the topics as the shared database has them now (read
+    once; a name it does not have is no topic, and its records get no entries). The dispatch runs under the
+    dispatcher's lock, which DeleteTopic takes (after the append lock) while another DeleteTopic holds the
+    registry's lock to take the append lock: so the database is read here without the registry's lock, and
+    the caller brings the registry along (:meth:`TopicRegistry.refresh`) after the round when ``reloaded``.
+    Used by one thread, the dispatching one."""
+
+    def __init__(self, registry: TopicRegistry):
+        self._registry = registry
+        self._loaded: dict[str, int] | None = None
+
+    @property
+    def reloaded(self) -> bool:
+        return self._loaded is not None
+
+    def get(self, name: str, default: int | None = None) -> int | None:
+        if self._loaded is None:
+            found = self._registry.start_of(name)
+            if found is not None:
+                return found
+            self.reload()
+        return self._loaded.get(name, default)
+
+    def reload(self) -> None:
+        self._loaded = {t.name: t.start_physical_offset for t in self._registry.meta.list_topics()}
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def __getitem__(self, name: str) -> int:
+        found = self.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
 
 
 def _refuse_compaction_retention(name: str, kind: str, retention_ms: int) -> None:

@@ -270,3 +270,62 @@ def test_a_replica_serves_get_message_of_a_topic_created_on_its_leader_after_it_
             one = replica.log.GetMessage(pb.GetMessageRequest(physical_offset=results[1].physical_offset),
                                          timeout=RPC_TIMEOUT_S)
             assert (one.topic, one.physical_offset, one.body) == ("late", results[1].physical_offset, BODY)
+
+
+def _answers(node: Node, topic: str, queues: int) -> list:
+    """What a reader of every queue of ``topic`` gets: GetQueueInfo and a Pull of the whole queue."""
+    out = []
+    for q in range(queues):
+        info = node.log.GetQueueInfo(pb.GetQueueInfoRequest(topic=topic, queue_id=q), timeout=RPC_TIMEOUT_S)
+        out.append((info, node.log.Pull(pb.PullRequest(topic=topic, queue_id=q, offset=info.min_offset,
+                                                       max_messages=1000), timeout=RPC_TIMEOUT_S)))
+    return out
+
+
+def _visible(node: Node) -> int:
+    return node.log.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S).visible_physical_offset
+
+
+def _recreate(leader: Node, queues: int, count: int, key: str) -> list:
+    leader.log.DeleteTopic(pb.DeleteTopicRequest(name="t"), timeout=RPC_TIMEOUT_S)
+    leader.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=queues), timeout=RPC_TIMEOUT_S)
+    return list(leader.append("t", count, key=key))
+
+
+def test_a_replica_serves_a_topic_deleted_and_created_again_as_its_leader_does(tmp_path):
+    """The leader deletes t and creates it again (queue offsets from 0 again, above the old records), while
+    its replica follows it and while the replica is away; the replica answers GetQueueInfo, Pull and GetMessages
+    as the leader does, live, when it catches up, and after its restart: no record of an earlier t, the
+    latest t's at offsets 0... After a failover onto it, its appends to t take the offsets after the latest t's."""
+    with started(node_config(tmp_path, "a")) as leader:
+        leader.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=2), timeout=RPC_TIMEOUT_S)
+        old = list(leader.append("t", 60, key="first"))  # more records than the later t's take, per queue
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:
+            wait_until(lambda: _answers(replica, "t", 2) == _answers(leader, "t", 2), "the replica's queues of t")
+            old += _recreate(leader, 3, 9, "second")  # live
+            end = leader.end()
+            wait_until(lambda: _visible(replica) >= end, "the replica to show the second t")
+            assert _answers(replica, "t", 3) == _answers(leader, "t", 3)
+        current = _recreate(leader, 2, 10, "third")  # the replica is away
+        end = leader.end()
+        wait_until(lambda: _visible(leader) >= end, "the leader to show the third t (the in-sync set shrunk)")
+        lookup = pb.GetMessagesRequest(physical_offsets=[r.physical_offset for r in old + current])
+        expected = leader.log.GetMessages(lookup, timeout=RPC_TIMEOUT_S)
+        assert [m.found for m in expected.messages] == [False] * len(old) + [True] * len(current)
+        assert sorted((r.queue_id, r.queue_offset) for r in current) == \
+            sorted((q, o) for q in range(2) for o in range(sum(r.queue_id == q for r in current)))
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:  # it catches up
+            wait_until(lambda: _visible(replica) >= end, "the returning replica to show the third t")
+            assert _answers(replica, "t", 2) == _answers(leader, "t", 2)
+            assert replica.log.GetMessages(lookup, timeout=RPC_TIMEOUT_S) == expected
+        with started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:  # a restart, caught up
+            wait_until(lambda: _visible(replica) >= end, "the restarted replica to show the third t")
+            assert _answers(replica, "t", 2) == _answers(leader, "t", 2)
+            assert replica.log.GetMessages(lookup, timeout=RPC_TIMEOUT_S) == expected
+        ends = {q: i.max_offset for q, (i, _) in enumerate(_answers(leader, "t", 2))}
+    with started(node_config(tmp_path, "b")) as b:  # the failover: b leads epoch 2 from its copy
+        appended = b.append("t", 6, key="fourth")
+        for r in appended:
+            assert r.queue_offset == ends[r.queue_id]
+            ends[r.queue_id] += 1
+        assert [i.max_offset for i, _ in _answers(b, "t", 2)] == [ends[0], ends[1]]

@@ -223,6 +223,16 @@ class ConsumeQueue:
         data = seg.read(byte_at - seg.start, stop - byte_at)
         return list(cq_unit.ENTRY.iter_unpack(data))
 
+    def holds_below(self, physical_offset: int) -> bool:
+        """Whether the queue's entries point below ``physical_offset`` (entries are in log order: its first
+        live entry does; with none live, its last one did): a topic's queue holding records of an earlier
+        topic of the same name."""
+        if self.min_offset < self.max_offset:
+            phys, size, _ = self.entry(self.min_offset)
+            if size != cq_unit.BLANK_SIZE_FIELD:
+                return phys < physical_offset
+        return 0 < self.max_physical_end <= physical_offset
+
     def offset_by_time(self, timestamp_ms: int, upper: bool, store_time_of) -> int:
         """LOWER: first offset with store time >= ts; UPPER: last offset with store time <= ts.
         Clamped into [min_offset, max_offset]."""

@@ -1,8 +1,10 @@
 """The dispatcher ("reput"): turns appended records into consume queue entries.
 
 Two sources, same result: ``run_pending`` takes the routing facts the append path already knows
-(no re-parse on the hot path); ``replay`` re-reads records from the log (recovery, rebuild). Writes are
-idempotent by queue offset, so replaying records that were already dispatched is harmless.
+(no re-parse on the hot path); ``replay`` re-reads records from the log (recovery, rebuild), and so does
+``dispatch_replicated`` (a replica's copied records, which also applies the DELETED topic events among them
+as its leader's DeleteTopic did). Writes are idempotent by queue offset, so replaying records that were
+already dispatched is harmless.
 
 Thread-safety: everything that writes consume queues holds ``self.lock``. ``visible`` is a Condition
 notified after every round that made records visible (Pull long-polls and Tail wait on it).
@@ -20,7 +22,8 @@ from typing import Callable
 import structlog
 
 from mqstore import codec, fs
-from mqstore.format import record, record_scan
+from mqstore.errors import DataLoss
+from mqstore.format import cq_unit, record, record_scan, topic_event
 from mqstore.log.commitlog import CommitLog
 from mqstore.queue import replay
 from mqstore.queue.consume_queue import ConsumeQueue
@@ -92,11 +95,29 @@ class QueueTable:
             shutil.rmtree(topic_dir)
             fs.fsync_dir(self.root)
 
+    def drop(self, keys: set[tuple[str, int]]) -> None:
+        """Remove these queues (durably); replay or dispatch creates them again from the log."""
+        for key in sorted(keys):
+            log.warning("consumequeue.dropped_earlier_topic", topic=key[0], queue_id=key[1],
+                        why="it holds records below the topic's start (of a deleted topic of that name)")
+            with self._lock:
+                cq = self.queues.pop(key, None)
+                if cq is not None:  # gone with it: nothing of it is left to make durable (sync_created_dirs)
+                    self._created_dirs = [d for d in self._created_dirs
+                                          if d != cq.directory and cq.directory not in d.parents]
+            if cq is not None:
+                cq.destroy()
+
     def drop_unknown(self, names: set[str]) -> None:
         """Drop the queues of topics not in ``names`` (left by a delete cut short, or by older versions)."""
         for topic in sorted({t for t, _ in self.queues} - names):
             log.warning("consumequeue.dropped_unknown_topic", topic=topic, why="the topic does not exist (deleted)")
             self.drop_topic(topic)
+
+    def of_earlier_topics(self, starts: dict[str, int]) -> set[tuple[str, int]]:
+        """The queues of topics in ``starts`` that hold records below the topic's start: an earlier topic's of
+        the same name (a replica stopped after copying its records and before dispatching its DELETED event)."""
+        return {key for key, cq in list(self.queues.items()) if key[0] in starts and cq.holds_below(starts[key[0]])}
 
     def close(self) -> None:
         for cq in self.queues.values():
@@ -170,17 +191,49 @@ class Dispatcher:
             self.dispatched_offset = to_offset
         return count
 
-    def dispatch_replicated(self, from_offset: int, to_offset: int) -> None:
-        """A replica's new records [from_offset, to_offset): entries from the log (every topic: the leader
-        checked them), then readers are woken."""
+    def dispatch_replicated(self, from_offset: int, to_offset: int, starts) -> None:
+        """A replica's new records [from_offset, to_offset): entries from the log, as its leader made them,
+        then readers are woken. ``starts`` (store_topics.CopiedStarts) is the shared registry: a record gets
+        an entry only if it is part of its topic as the topic is now (at or above its start), as in
+        :meth:`replay`. A DELETED topic event (mqstore.format.topic_event) among them is where the leader
+        dropped the topic's consume queues: the replica drops its own there too, unless the topic as it is
+        now was created before the event (a repeated event of an older incarnation), and then replays the
+        records after the event for the topic as it is now (created again: queue offsets from 0 again)."""
         with self.lock:
             from_offset = max(from_offset, self.dispatched_offset)  # another thread may have dispatched them
             if to_offset <= from_offset:
                 return
-            self._replay_range(from_offset, to_offset, None, None, None)
+            events = self.queues.get(topic_event.TOPIC, 0)
+            seen = events.max_offset if events is not None else 0
+            self._replay_range(from_offset, to_offset, starts, None, None)
+            events = self.queues.get(topic_event.TOPIC, 0)
+            for queue_offset in range(seen, events.max_offset if events is not None else 0):
+                self._apply_copied_event(events.entry(queue_offset), to_offset, starts)
             self.dispatched_offset = to_offset
         with self.visible:
             self.visible.notify_all()
+
+    def _apply_copied_event(self, entry: tuple[int, int, int], to_offset: int, starts) -> None:
+        """Under ``lock``: a topic event a replica copied (:meth:`dispatch_replicated`)."""
+        physical_offset, size, _ = entry
+        if size == cq_unit.BLANK_SIZE_FIELD:
+            return
+        try:
+            event = topic_event.decode(self.commitlog.decode_at(physical_offset, size).body)
+        except ValueError as exc:
+            raise DataLoss(f"the topic event at physical offset {physical_offset} does not decode ({exc}); the "
+                           f"replica cannot tell which topic is gone") from None
+        if event.event != topic_event.DELETED:
+            return
+        starts.reload()  # the registry learns of the delete (and of a topic of the name created since)
+        start = starts.get(event.topic)
+        if start is not None and start <= physical_offset:
+            return  # the topic now was there before the event: it deletes an older incarnation, already gone
+        self.queues.drop_topic(event.topic)
+        log.info("consumequeue.dropped_deleted_topic", topic=event.topic, event_offset=physical_offset,
+                 start_physical_offset=event.start_physical_offset)
+        if start is not None:  # created again since: its records after the event, from queue offset 0
+            self._replay_range(physical_offset + size, to_offset, {event.topic: start}, None, None)
 
     def _replay_range(self, start: int, end: int, starts, only, behind) -> int:
         count = 0
