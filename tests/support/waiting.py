@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
-WAIT_S = 20
+# A deadline, not a sleep: a passing test waits only as long as its condition takes. 60 s, because on a 2-core
+# machine under a CPU hog a follower's reconnect (a connection attempt timing out, then its backoff) took
+# longer than 20 s, and a test then failed that would have passed a few seconds later.
+WAIT_S = 60
 
 
 def wait_until(condition, what: str, timeout_s: float = WAIT_S, poll_s: float = 0.005):
