@@ -17,42 +17,19 @@ from __future__ import annotations
 
 import pytest
 
-from mqstore.clock import FakeClock
 from mqstore.model import MessageIn
-from mqstore.replication.config import ReplicationConfig
-from mqstore.replication.node import ReplicationNode
 from mqstore.store import MessageStore
+from tests.unit.replication.pair import copy, open_node
 
 QUEUES = 2
 FIRST = 10  # per queue, appended to the old leader
 
-
-def _open(small_config, tmp_path, name: str) -> tuple[MessageStore, ReplicationNode]:
-    config = small_config(data_dir=tmp_path / name, metadata_url=f"sqlite:///{tmp_path / 'meta.db'}",
-                          preallocate_segments=False)
-    store = MessageStore(config, FakeClock())
-    store.start()
-    store.topics.reload_on_miss = True  # as the replication composition sets it
-    node = ReplicationNode(ReplicationConfig(node_id=name), FakeClock(), config.data_dir / "epochs",
-                           log_end=store.log_end, flush_sync=False)
-    node.on_promote = store.promote
-    node.in_sync.on_committed = store.advance_visible
-    store.gate = node
-    return store, node
 
 
 def _append(store: MessageStore, topic: str, prefix: str, per_queue: int) -> list:
     return list(store.append(topic, [MessageIn(body=f"{prefix}-{i}".encode(), queue_id=i % QUEUES)
                                      for i in range(per_queue * QUEUES)], replication="ASYNC"))
 
-
-def _copy(leader: MessageStore, replica: MessageStore, visible_to: int) -> None:
-    """What the replica's follower does (ReplicaFollower._apply): the leader's bytes up to its end, made
-    visible only up to ``visible_to``, the committed offset the replica last heard of."""
-    while replica.log_end() < leader.log_end():
-        chunk, nxt = leader.replica_chunk(replica.log_end(), 1 << 20)
-        replica.replica_apply(replica.log_end(), chunk, nxt)
-    replica.replica_visible(visible_to)
 
 
 def _queue(store: MessageStore, topic: str, queue_id: int) -> list[tuple[int, bytes]]:
@@ -62,8 +39,8 @@ def _queue(store: MessageStore, topic: str, queue_id: int) -> list[tuple[int, by
 @pytest.mark.parametrize("visible", ["none", "half", "all"])
 def test_a_new_leader_appends_after_the_queue_offsets_it_copied_but_did_not_show_yet(small_config, tmp_path,
                                                                                      visible):
-    old, old_node = _open(small_config, tmp_path, "a")
-    new, new_node = _open(small_config, tmp_path, "b")
+    old, old_node = open_node(small_config, tmp_path, "a")
+    new, new_node = open_node(small_config, tmp_path, "b")
     old_running = True
     try:
         old_node.become_leader(1, frozenset({"a"}))
@@ -72,7 +49,7 @@ def test_a_new_leader_appends_after_the_queue_offsets_it_copied_but_did_not_show
         first = _append(old, "t", "old", FIRST // 2)
         middle = first[-1].physical_offset + first[-1].size_bytes
         first += _append(old, "t", "old", FIRST - FIRST // 2)
-        _copy(old, new, {"none": 0, "half": middle, "all": old.log_end()}[visible])
+        copy(old, new, {"none": 0, "half": middle, "all": old.log_end()}[visible])
         old.halt()  # kill -9 of the old leader before its next heartbeat
         old_running = False
 

@@ -14,45 +14,23 @@ from __future__ import annotations
 
 import pytest
 
-from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, NotFound, NotLeader
 from mqstore.failpoints import FailpointHit
 from mqstore.model import MessageIn
-from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.node import ReplicationNode
 from mqstore.store import MessageStore
+from tests.unit.replication.pair import copy, open_node
 from tests.support.hashkeys import seeded_random
 
 FIRST_QUEUES, SECOND_QUEUES = 2, 3
 FIRST, SECOND = 12, 4  # records per queue of each incarnation: more of the first, so that offsets collide
 
 
-def _open(small_config, tmp_path, name: str) -> tuple[MessageStore, ReplicationNode]:
-    config = small_config(data_dir=tmp_path / name, metadata_url=f"sqlite:///{tmp_path / 'meta.db'}",
-                          preallocate_segments=False)
-    store = MessageStore(config, FakeClock())
-    store.start()
-    store.topics.reload_on_miss = True  # as the replication composition sets it
-    node = ReplicationNode(ReplicationConfig(node_id=name), FakeClock(), config.data_dir / "epochs",
-                           log_end=store.log_end, flush_sync=False)
-    node.on_promote = store.promote
-    node.in_sync.on_committed = store.advance_visible
-    store.gate = node
-    return store, node
-
 
 def _append(store: MessageStore, prefix: str, queues: int, per_queue: int) -> list:
     return list(store.append("t", [MessageIn(body=f"{prefix}-{i}".encode(), queue_id=i % queues)
                                    for i in range(per_queue * queues)], replication="ASYNC"))
 
-
-def _copy(leader: MessageStore, replica: MessageStore, visible_to: int | None = None) -> None:
-    """What the replica's follower does (ReplicaFollower._apply): the leader's bytes up to its end, then
-    visible up to ``visible_to`` (the committed offset it last heard of; default the leader's end)."""
-    while replica.log_end() < leader.log_end():
-        chunk, nxt = leader.replica_chunk(replica.log_end(), 1 << 20)
-        replica.replica_apply(replica.log_end(), chunk, nxt)
-    replica.replica_visible(leader.log_end() if visible_to is None else visible_to)
 
 
 def _queues(store: MessageStore) -> dict[int, tuple]:
@@ -88,7 +66,7 @@ def _restart(store: MessageStore, node: ReplicationNode, small_config, tmp_path,
         store.halt()  # as kill -9: no checkpoint, the abort marker stays; the start replays from an older one
     else:
         store.stop()
-    store, node = _open(small_config, tmp_path, name)
+    store, node = open_node(small_config, tmp_path, name)
     node.become_replica("a", "a", 1)
     return store, node
 
@@ -99,28 +77,28 @@ def test_a_replica_of_a_topic_deleted_and_created_again_serves_the_leaders_queue
     """connected: the replica copies each step as the leader takes it; away: it copies the first incarnation,
     then everything else at once, delete and creation included. Then again after a restart of the replica,
     and after a failover onto it the new leader appends to t after the second incarnation's offsets."""
-    leader, leader_node = _open(small_config, tmp_path, "a")
-    replica, replica_node = _open(small_config, tmp_path, "b")
+    leader, leader_node = open_node(small_config, tmp_path, "a")
+    replica, replica_node = open_node(small_config, tmp_path, "b")
     leader_running = True
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
         leader.create_topic("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, FIRST)
-        _copy(leader, replica)
+        copy(leader, replica)
         assert _queues(replica) == _queues(leader) == _expected("first", FIRST_QUEUES, FIRST)
 
         leader.delete_topic("t")
         if replica_was == "connected":
-            _copy(leader, replica)
+            copy(leader, replica)
             with pytest.raises(NotFound):
                 replica.queue_info("t", 0)
         leader.create_topic("t", SECOND_QUEUES)
         if replica_was == "connected":
-            _copy(leader, replica)
+            copy(leader, replica)
             assert _queues(replica) == _queues(leader) == _expected("second", SECOND_QUEUES, 0)
         second = _append(leader, "second", SECOND_QUEUES, SECOND)
-        _copy(leader, replica)
+        copy(leader, replica)
         _check_same(leader, replica, first, second)
 
         replica, replica_node = _restart(replica, replica_node, small_config, tmp_path, "b")
@@ -151,22 +129,22 @@ def test_a_replica_that_holds_a_delete_it_did_not_dispatch_yet_serves_and_append
     failover onto it (the new leader's queue offsets: its queues of the first incarnation are not the
     topic's), leaves it with the leader's queues; its appends to the topic take offsets after the second
     incarnation's in every queue, from 0 where it has none."""
-    leader, leader_node = _open(small_config, tmp_path, "a")
-    replica, replica_node = _open(small_config, tmp_path, "b")
+    leader, leader_node = open_node(small_config, tmp_path, "a")
+    replica, replica_node = open_node(small_config, tmp_path, "b")
     leader_running = True
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
         leader.create_topic("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, FIRST)
-        _copy(leader, replica)
+        copy(leader, replica)
         shown = leader.log_end()
         leader.delete_topic("t")
         second = []
         if then != "failover_before_the_creation":
             leader.create_topic("t", SECOND_QUEUES)
             second = _append(leader, "second", 1, SECOND)  # queue 0 alone: the others hold none of them
-        _copy(leader, replica, visible_to=shown)
+        copy(leader, replica, visible_to=shown)
 
         if then.startswith("restart"):
             replica, replica_node = _restart(replica, replica_node, small_config, tmp_path, "b",
@@ -202,24 +180,24 @@ def test_a_delete_topic_sent_to_a_replica_is_refused_and_deletes_nothing(small_c
     """DeleteTopic on a replica answers NotLeader (naming the leader) before its first step: the shared
     database's row is not marked deleting (the leader would finish that delete at its next start, and the
     replica, reading the database, would stop showing the topic's records meanwhile)."""
-    leader, leader_node = _open(small_config, tmp_path, "a")
-    replica, replica_node = _open(small_config, tmp_path, "b")
+    leader, leader_node = open_node(small_config, tmp_path, "a")
+    replica, replica_node = open_node(small_config, tmp_path, "b")
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
         leader.create_topic("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, 2)
-        _copy(leader, replica)
+        copy(leader, replica)
         with pytest.raises(NotLeader):
             replica.delete_topic("t")
         assert leader.topics.meta.deleting_topics() == []
         second = _append(leader, "second", FIRST_QUEUES, 2)
-        _copy(leader, replica)
+        copy(leader, replica)
         assert _queues(replica) == _queues(leader)
         assert [replica.get_message(r.physical_offset).record.body for r in first + second] == \
             [f"{prefix}-{i}".encode() for prefix in ("first", "second") for i in range(2 * FIRST_QUEUES)]
         leader.stop()
-        leader, leader_node = _open(small_config, tmp_path, "a")  # its start resumes no delete of t
+        leader, leader_node = open_node(small_config, tmp_path, "a")  # its start resumes no delete of t
         assert leader.topic("t").queue_count == FIRST_QUEUES
     finally:
         replica.stop()
@@ -233,18 +211,18 @@ def test_a_new_leader_finishes_a_delete_its_old_leader_cut_short(small_config, t
     it, the row being there), and a DeleteTopic of the name finishes the delete (it used to answer NotFound:
     the delete could not be finished until the new leader restarted). Then the name is free and a topic
     created again with it starts at queue offset 0."""
-    leader, leader_node = _open(small_config, tmp_path, "a")
-    replica, replica_node = _open(small_config, tmp_path, "b")
+    leader, leader_node = open_node(small_config, tmp_path, "a")
+    replica, replica_node = open_node(small_config, tmp_path, "b")
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
         leader.create_topic("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, FIRST)
-        _copy(leader, replica)
+        copy(leader, replica)
         with failpoint.armed(step):
             with pytest.raises(FailpointHit):
                 leader.delete_topic("t")
-        _copy(leader, replica)
+        copy(leader, replica)
         leader.halt()  # kill -9 of the leader in the middle of the delete
         replica_node.become_leader(2, frozenset({"b"}))
         with pytest.raises(FailedPrecondition, match="being deleted"):
@@ -270,8 +248,8 @@ def test_a_replica_against_a_model_of_topics_deleted_and_created_again(small_con
     its latest topic's queues, offsets from 0). At the end the leader dies and the replica, promoted, appends
     to every queue after the model's offsets."""
     rng, _ = seeded_random("replicated_delete_model")
-    leader, leader_node = _open(small_config, tmp_path, "a")
-    replica, replica_node = _open(small_config, tmp_path, "b")
+    leader, leader_node = open_node(small_config, tmp_path, "a")
+    replica, replica_node = open_node(small_config, tmp_path, "b")
     leader_running = True
     model: dict[str, list[list[bytes]]] = {}  # name -> queue -> bodies of its latest topic
     committed = [leader.log_end()]  # record boundaries the leader had at some moment (committed offsets)
@@ -312,14 +290,14 @@ def test_a_replica_against_a_model_of_topics_deleted_and_created_again(small_con
                 model[name] = [[] for _ in range(queue_count)]
             elif step == "copy":
                 shown = max(replica.visible_offset(), rng.choice(committed))
-                _copy(leader, replica, visible_to=rng.choice([shown, leader.log_end()]))
+                copy(leader, replica, visible_to=rng.choice([shown, leader.log_end()]))
             elif step == "restart":
                 replica, replica_node = _restart(replica, replica_node, small_config, tmp_path, "b")
             committed.append(leader.log_end())
             check(leader)
             if replica.visible_offset() == leader.log_end():
                 check(replica)
-        _copy(leader, replica, visible_to=rng.choice([replica.visible_offset(), leader.log_end()]))
+        copy(leader, replica, visible_to=rng.choice([replica.visible_offset(), leader.log_end()]))
         leader.halt()
         leader_running = False
         replica_node.become_leader(2, frozenset({"b"}))
