@@ -24,19 +24,17 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import diskuse
-from procs import BenchError, spawn, stop, stop_all, wait_for_event
+from procs import BenchError, run_meta, spawn, stop, stop_all, wait_for_event, write_table
 import socket
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
@@ -261,13 +259,8 @@ def main(argv=None) -> int:
     finally:
         stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.node()} "
-            f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)",
-            "mode": "quick" if args.quick else "full", **cfg, **watch.report()}
-    table = rows(rates)
-    (out_dir / "gateway.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": rates}, indent=1) + "\n")
-    (out_dir / "gateway.md").write_text(markdown(table, meta))
-    print(markdown(table, meta))
+    meta = run_meta("quick" if args.quick else "full", **cfg, **watch.report())
+    write_table(out_dir, "gateway", meta, rows(rates), rates, markdown)
     return 0
 
 

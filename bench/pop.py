@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import sys
@@ -35,7 +33,7 @@ import grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import diskuse
-from procs import BenchError, git_rev, spawn, stop, stop_all, wait_for_event
+from procs import BenchError, run_meta, spawn, stop, stop_all, wait_for_event, write_table
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.gen.mqstore.v1 import consumer_pb2, consumer_pb2_grpc
@@ -210,13 +208,8 @@ def main(argv=None) -> int:
     finally:
         stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git": git_rev(),
-            "machine": f"{platform.node()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)",
-            "mode": "quick" if args.quick else "full", **cfg, **watch.report()}
-    table = rows(raw)
-    (out_dir / "pop.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": raw}, indent=1) + "\n")
-    (out_dir / "pop.md").write_text(markdown(table, meta))
-    print(markdown(table, meta))
+    meta = run_meta("quick" if args.quick else "full", **cfg, **watch.report())
+    write_table(out_dir, "pop", meta, rows(raw), raw, markdown)
     return 0
 
 

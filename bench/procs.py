@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import platform
 import signal
 import socket
 import subprocess
@@ -278,3 +279,20 @@ def git_rev() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return (rev or "unknown") + (" plus uncommitted changes in core/services/protos" if dirty else "")
+
+
+def run_meta(mode: str, **extra) -> dict:
+    """What every table of a single bench's run begins with: when, the machine and its load at the end, the
+    mode (quick, partial, full) and the commit measured, then ``extra`` (its workload and disk figures)."""
+    return {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.node()} "
+            f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)", "mode": mode,
+            "git": git_rev(), **extra}
+
+
+def write_table(out_dir: pathlib.Path, stem: str, meta: dict, table: list[dict], raw, markdown) -> None:
+    """``stem``.json (meta, rows and the raw measurements) and ``stem``.md (``markdown(table, meta)``, also
+    printed) in ``out_dir``."""
+    (out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": raw}, indent=1) + "\n")
+    text = markdown(table, meta)
+    (out_dir / f"{stem}.md").write_text(text)
+    print(text)

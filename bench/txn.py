@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import sys
@@ -46,7 +44,7 @@ import grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import diskuse
-from procs import BenchError, cpu_seconds, git_rev, spawn, stop, stop_all, wait_for_event
+from procs import BenchError, cpu_seconds, run_meta, spawn, stop, stop_all, wait_for_event, write_table
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
 
@@ -337,7 +335,7 @@ def _fmt(v) -> str:
 
 def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# Transaction service benchmark", "",
-             f"{meta['when']} on {meta['machine']}; {meta['mode']} run of {meta['rev']}, {meta['rounds']} "
+             f"{meta['when']} on {meta['machine']}; {meta['mode']} run of {meta['git']}, {meta['rounds']} "
              f"alternating round(s) of {meta['duration_s']} s windows after {meta['warmup_s']} s warm-up. Workload, "
              f"modes and variants: bench/txn.py. Ratios are medians of the per-round ratios (spread: lowest-"
              f"highest). " + diskuse.describe(meta),
@@ -428,14 +426,9 @@ def main(argv=None) -> int:
     finally:
         stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.node()} "
-            f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)",
-            "mode": "quick" if args.quick else "partial" if partial else "full", "rev": git_rev(), **cfg,
-            "producers": producer_counts, "modes": modes, "variants": variants, **watch.report()}
-    table = rows(results, producer_counts, modes, variants)
-    (out_dir / "txn.json").write_text(json.dumps({"meta": meta, "rows": table, "raw": results}, indent=1) + "\n")
-    (out_dir / "txn.md").write_text(markdown(table, meta))
-    print(markdown(table, meta))
+    meta = run_meta("quick" if args.quick else "partial" if partial else "full", **cfg, producers=producer_counts,
+                    modes=modes, variants=variants, **watch.report())
+    write_table(out_dir, "txn", meta, rows(results, producer_counts, modes, variants), results, markdown)
     return 0
 
 
