@@ -17,7 +17,10 @@
 #      to find the latest offset per key by itself one executor would hold 2.6M keys of 256 bytes and an
 #      8-byte offset each, 686 MB, 1.28x an executor's whole 512m heap) generated under the shared volume
 #      (~1.1 GB a copy), run on the cluster and by the local engine, every file compared byte for byte;
-#      its JSON line is printed;
+#      its JSON line is printed. Measured at 38b9d8d (2 cores, load average 7-12 from other work): make
+#      compose-check-spark passed in 811 s (build 219 s, up 22 s, smoke rounds 207 s, this round 353 s);
+#      3,000,000 records (1.11 GB) over 2,600,000 keys of 256 B, generated in 60 s, local engine 50.9 s,
+#      Spark 221.6 s on both workers, identical files, keys_and_offsets_over_executor_memory 1.279;
 #   6. always (also on failure or Ctrl-C): docker compose down -v (project mqspark: containers, network
 #      and volumes of this check only).
 #
