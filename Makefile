@@ -140,8 +140,9 @@ COMPOSE_ENGINE ?= $(wildcard /work/shared/tools/docker/engine.sh)
 compose-check: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check.sh
 
-# The compactor's round with engine=SPARK on compose's standalone Spark master and worker (not part of
-# `make test`; a few minutes, see README.md "Docker"): build, up, the round, GetLatest, always torn down.
+# The compactor's round with engine=SPARK on compose's standalone Spark master and workers (not part of
+# `make test`; ~14 min, see README.md "Docker"): build, up, the rounds, GetLatest, a generated round larger
+# than an executor on the cluster and locally (identical files), always torn down.
 compose-check-spark: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_spark.sh
 

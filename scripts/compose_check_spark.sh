@@ -13,9 +13,14 @@
 #      spark://spark-master:7077 and an application id per round, and the master lists each of those
 #      applications as FINISHED;
 #   5. a round larger than an executor (python -m mqstore_spark.cluster_round in the compactor's container,
-#      the driver): COMPOSE_CHECK_SPARK_ROUND="<records> <keys>" (default "2500000 2000000": 2M keys, 256 MB at
-#      the local engine's 128 B a key, against executors of 512m) generated under the shared volume, run on
-#      the cluster and by the local engine, every file compared byte for byte; its JSON line is printed;
+#      the driver): COMPOSE_CHECK_SPARK_ROUND="<records> <keys> [<key bytes>]" (default "3000000 2600000 256":
+#      to find the latest offset per key by itself one executor would hold 2.6M keys of 256 bytes and an
+#      8-byte offset each, 686 MB, 1.28x an executor's whole 512m heap) generated under the shared volume
+#      (~1.1 GB a copy), run on the cluster and by the local engine, every file compared byte for byte;
+#      its JSON line is printed. Measured at 38b9d8d (2 cores, load average 7-12 from other work): make
+#      compose-check-spark passed in 811 s (build 219 s, up 22 s, smoke rounds 207 s, this round 353 s);
+#      3,000,000 records (1.11 GB) over 2,600,000 keys of 256 B, generated in 60 s, local engine 50.9 s,
+#      Spark 221.6 s on both workers, identical files, keys_and_offsets_over_executor_memory 1.279;
 #   6. always (also on failure or Ctrl-C): docker compose down -v (project mqspark: containers, network
 #      and volumes of this check only).
 #
@@ -26,7 +31,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
 read -r LOG_PORT COMPACTOR_PORT <<< "${COMPOSE_CHECK_SPARK_PORTS:-52051 52054}"
-read -r ROUND_RECORDS ROUND_KEYS <<< "${COMPOSE_CHECK_SPARK_ROUND:-2500000 2000000}"
+read -r ROUND_RECORDS ROUND_KEYS ROUND_KEY_BYTES <<< "${COMPOSE_CHECK_SPARK_ROUND:-3000000 2600000 256}"
 export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_COMPACTOR_HOST_PORT=$COMPACTOR_PORT
 export MQSTORE_IMAGE_TAG=${MQSTORE_IMAGE_TAG:-spark-check}
 PROJECT=mqspark
@@ -73,7 +78,9 @@ finished = {a['id'] for a in json.load(sys.stdin)['completedapps'] if a['state']
 missing = set(sys.argv[1:]) - finished
 sys.exit(f'the master has not finished {sorted(missing)} (finished: {sorted(finished)})' if missing else 0)" $apps
 say "the rounds ran on $MASTER as applications $(echo $apps), all FINISHED there"
-say "a round of $ROUND_RECORDS records over $ROUND_KEYS keys on $MASTER (executors of 512m) and locally"
+say "a round of $ROUND_RECORDS records over $ROUND_KEYS keys of ${ROUND_KEY_BYTES:-14} bytes on $MASTER" \
+    "(executors of 512m) and locally"
 compose exec -T compactor python -m mqstore_spark.cluster_round --dir /data/cluster-round \
-    --records "$ROUND_RECORDS" --keys "$ROUND_KEYS" --master "$MASTER" --executor-memory 512m
+    --records "$ROUND_RECORDS" --keys "$ROUND_KEYS" ${ROUND_KEY_BYTES:+--key-bytes "$ROUND_KEY_BYTES"} \
+    --master "$MASTER" --executor-memory 512m
 say "passed"

@@ -1,19 +1,23 @@
 """A round larger than an executor on a Spark cluster, checked against the local engine:
-``python -m mqstore_spark.cluster_round --dir DIR --records N --keys K [--master URL]``.
+``python -m mqstore_spark.cluster_round --dir DIR --records N --keys K [--key-bytes B] [--master URL]``.
 
 ``make compose-check-spark`` runs it in compose's compactor container (the driver), on the standalone
 cluster (spark-master, spark-worker-1 and -2, executors of spark.executor.memory each), over a queue
 under the shared volume so the executors find its segments and staging at the driver's paths:
 
-  1. generate a sealed compaction log of N records over K keys (small bodies: many keys per byte), every
-     tenth record of a key after its first a tombstone;
-  2. copy it; run the local engine's round (mqstore.compaction.rounds.run_round, one pass: a map budget
-     that holds every key) on one copy, and the Spark job (``python -m mqstore_spark.round_job``, as the
-     compactor runs it) on the other, then install its output as the compactor does
-     (mqstore.compaction.staged.install_output);
+  1. generate a sealed compaction log of N records over K keys of B bytes each (small bodies; a key is
+     ``key-<10 digits>`` padded with the hex of its SHAKE-128, so Spark's compressed shuffle and spill
+     files carry the keys' full size), every tenth record of a key after its first a tombstone;
+  2. copy it; run the local engine's round (mqstore.compaction.rounds.run_round with a map budget that
+     holds every key, 32 B each; it still splits the records into ceil(1.25 x records / keys) buckets, a
+     map filling each: ``local_passes``) on one copy, and the Spark job (``python -m
+     mqstore_spark.round_job``, as the compactor runs it) on the other, then install its output as the
+     compactor does (mqstore.compaction.staged.install_output);
   3. compare every file of the two queue directories byte for byte (the consume-queue files included);
-  4. print one JSON line: records, keys, input bytes, both engines' seconds, the keys' size at the
-     local engine's cost per key against the executor memory, and whether the files are identical.
+  4. print one JSON line: records, keys, key bytes, input bytes, both engines' seconds, and what one
+     executor would hold to find the latest offset per key by itself (every key's bytes and an 8-byte
+     offset each) against the executor's whole heap (``--executor-memory``), and whether the files are
+     identical.
 Exits 1 when they are not (or the job fails). The work directory is removed at the end.
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import filecmp
+import hashlib
 import json
 import os
 import pathlib
@@ -41,18 +46,29 @@ from mqstore.format import record
 
 MiB = 1 << 20
 BASE_MS = 1_700_000_000_000
+OFFSET_BYTES = 8  # what one executor would keep per key beside the key itself: its latest offset
+KEY_PREFIX_BYTES = len("key-0000000000")
+MEMORY_UNITS = {"k": 1 << 10, "m": MiB, "g": 1 << 30}
 
 
-def generate(queue_dir: pathlib.Path, records: int, keys: int, segment_bytes: int, body_bytes: int = 16,
-             seed: int = 7) -> int:
-    """A sealed compaction log of ``records`` records over ``keys`` keys (each key at least once while
-    records >= keys); its size in bytes."""
+def key_name(k: int, key_bytes: int) -> str:
+    """Key number ``k``, ``key_bytes`` long: ``key-<10 digits>``, then the hex of its SHAKE-128 (filler
+    that a compressed shuffle cannot shrink, unlike a run of one character)."""
+    prefix = f"key-{k:010d}"
+    pad = key_bytes - len(prefix)
+    return prefix + hashlib.shake_128(prefix.encode()).hexdigest((pad + 1) // 2)[:pad] if pad > 0 else prefix
+
+
+def generate(queue_dir: pathlib.Path, records: int, keys: int, segment_bytes: int, key_bytes: int = KEY_PREFIX_BYTES,
+             body_bytes: int = 16, seed: int = 7) -> int:
+    """A sealed compaction log of ``records`` records over ``keys`` keys of ``key_bytes`` bytes (each key at
+    least once while records >= keys); its size in bytes."""
     qlog = QueueLog(queue_dir, segment_bytes, "kv", 0)
     topic, rng, written = record.topic_part(b"kv"), random.Random(seed), 0
     body = b"v" * body_bytes
     for offset in range(records):
         k = offset if offset < keys else rng.randrange(keys)
-        key = f"key-{k:010d}"
+        key = key_name(k, key_bytes)
         tombstone = offset >= keys and offset % 10 == 0
         parts: list[bytes] = []
         record.encode_parts(parts, topic, b"" if tombstone else body, record.encode_properties({"KEYS": key}),
@@ -61,6 +77,8 @@ def generate(queue_dir: pathlib.Path, records: int, keys: int, segment_bytes: in
         record.stamp(raw, 0, offset, 0, BASE_MS + offset)
         qlog.append(bytes(raw), offset, 0, BASE_MS + offset, key)
         written += len(raw)
+        if len(qlog.latest) >= 65536:
+            qlog.latest.clear()  # nothing reads it here; whole, 2.6M keys of 256 B would take ~1 GB
     qlog.seal_active()
     qlog.close()
     return written
@@ -107,35 +125,65 @@ def differing(a: pathlib.Path, b: pathlib.Path) -> list[str]:
     return mismatch + errors
 
 
+def memory_bytes(text: str) -> int:
+    """Spark's memory notation (``512m``, ``1g``, ``768k``) in bytes."""
+    return int(text[:-1]) * MEMORY_UNITS[text[-1].lower()]
+
+
+def memory_arg(text: str) -> str:
+    if len(text) < 2 or text[-1].lower() not in MEMORY_UNITS or not text[:-1].isdigit():
+        raise argparse.ArgumentTypeError(f"a memory size such as 512m or 1g, not {text[:20]!r}")
+    return text
+
+
+def key_bytes_arg(text: str) -> int:
+    value = int(text)
+    if not KEY_PREFIX_BYTES <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"--key-bytes must be in [{KEY_PREFIX_BYTES}, 4096], not {value}")
+    return value
+
+
+def figures(args: argparse.Namespace, config: CompactionConfig, size: int, seconds: dict, passes: int,
+            diff: list[str]) -> dict:
+    """The JSON line: what ran, both engines' seconds, and what one executor would hold by itself (every
+    key's bytes and its latest offset) against its whole heap."""
+    held = args.keys * (args.key_bytes + OFFSET_BYTES)
+    memory = memory_bytes(args.executor_memory)
+    return {"master": args.master, "records": args.records, "keys": args.keys, "key_bytes": args.key_bytes,
+            "input_bytes": size, "generate_s": round(seconds["generate"], 1), "local_s": round(seconds["local"], 1),
+            "local_passes": passes, "local_map_bytes": config.offset_map_memory_bytes,
+            "spark_s": round(seconds["spark"], 1), "executor_memory": args.executor_memory,
+            "executor_memory_bytes": memory, "keys_and_offsets_bytes": held,
+            "keys_and_offsets_over_executor_memory": round(held / memory, 3),
+            "identical": not diff, "differing": diff[:10]}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, type=pathlib.Path)
     parser.add_argument("--records", type=int, required=True)
     parser.add_argument("--keys", type=int, required=True)
+    parser.add_argument("--key-bytes", type=key_bytes_arg, default=KEY_PREFIX_BYTES,
+                        help=f"each key's length (default {KEY_PREFIX_BYTES}: key-<10 digits>, no padding)")
     parser.add_argument("--master", default=os.environ.get("MQSTORE_SPARK_MASTER", "local[2]"))
     parser.add_argument("--segment-mib", type=int, default=64)
-    parser.add_argument("--executor-memory", default="512m", help="what the executors were given (reported)")
+    parser.add_argument("--executor-memory", type=memory_arg, default="512m",
+                        help="what the executors were given (reported)")
     args = parser.parse_args(argv)
     shutil.rmtree(args.dir, ignore_errors=True)
     try:
         config = CompactionConfig(segment_size_bytes=args.segment_mib * MiB,
                                   offset_map_memory_bytes=(args.keys + 1) * ENTRY_COST_BYTES)
         started = time.perf_counter()
-        size = generate(args.dir / "local" / "kv" / "0", args.records, args.keys, config.segment_size_bytes)
-        generate_s = time.perf_counter() - started
+        size = generate(args.dir / "local" / "kv" / "0", args.records, args.keys, config.segment_size_bytes,
+                        args.key_bytes)
+        seconds = {"generate": time.perf_counter() - started}
         shutil.copytree(args.dir / "local", args.dir / "spark")
         now_ms = BASE_MS + args.records + 1
-        local_s, passes = local_round(args.dir / "local" / "kv" / "0", config, now_ms)
-        spark_s = spark_round(args.dir / "spark" / "kv" / "0", config, args.master, now_ms)
+        seconds["local"], passes = local_round(args.dir / "local" / "kv" / "0", config, now_ms)
+        seconds["spark"] = spark_round(args.dir / "spark" / "kv" / "0", config, args.master, now_ms)
         diff = differing(args.dir / "local", args.dir / "spark")
-        units = {"k": 1 << 10, "m": MiB, "g": 1 << 30}
-        memory = int(args.executor_memory[:-1]) * units[args.executor_memory[-1].lower()]
-        print(json.dumps({"master": args.master, "records": args.records, "keys": args.keys, "input_bytes": size,
-                          "generate_s": round(generate_s, 1), "local_s": round(local_s, 1), "local_passes": passes,
-                          "spark_s": round(spark_s, 1), "executor_memory": args.executor_memory,
-                          "keys_at_local_map_cost_bytes": args.keys * ENTRY_COST_BYTES,
-                          "keys_over_executor_memory": round(args.keys * ENTRY_COST_BYTES / memory, 2),
-                          "identical": not diff, "differing": diff[:10]}), flush=True)
+        print(json.dumps(figures(args, config, size, seconds, passes, diff)), flush=True)
         return 0 if not diff else 1
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
