@@ -11,7 +11,8 @@
 #      Compact(engine=SPARK) on every queue, GetLatest answers the latest values;
 #   4. the round ran on the cluster: the compactor logged compaction.spark_job with master
 #      spark://spark-master:7077 and an application id per round, and the master lists each of those
-#      applications as FINISHED;
+#      applications as FINISHED; and no JVM of those rounds is left <defunct> in the compactor's container
+#      (docker-compose.yml gives it an init process);
 #   5. a round larger than an executor (python -m mqstore_spark.cluster_round in the compactor's container,
 #      the driver): COMPOSE_CHECK_SPARK_ROUND="<records> <keys> [<key bytes>]" (default "3000000 2600000 256":
 #      to find the latest offset per key by itself one executor would hold 2.6M keys of 256 bytes and an
@@ -78,6 +79,11 @@ finished = {a['id'] for a in json.load(sys.stdin)['completedapps'] if a['state']
 missing = set(sys.argv[1:]) - finished
 sys.exit(f'the master has not finished {sorted(missing)} (finished: {sorted(finished)})' if missing else 0)" $apps
 say "the rounds ran on $MASTER as applications $(echo $apps), all FINISHED there"
+# No JVM of a finished round is left <defunct> in the compactor's container (its init reaps them).
+zombies=$(compose exec -T compactor python -c "import os
+print(sum(1 for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/stat').read().rsplit(') ', 1)[1][0] == 'Z'))")
+[ "$zombies" = 0 ] || { say "the compactor's container holds $zombies defunct process(es) after the rounds"; exit 1; }
+say "no defunct process left in the compactor's container"
 say "a round of $ROUND_RECORDS records over $ROUND_KEYS keys of ${ROUND_KEY_BYTES:-14} bytes on $MASTER" \
     "(executors of 512m) and locally"
 compose exec -T compactor python -m mqstore_spark.cluster_round --dir /data/cluster-round \
