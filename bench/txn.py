@@ -133,7 +133,8 @@ def start_local(data: pathlib.Path, variant_flags: list[str], log_path: pathlib.
     txn_flags = [f"--txn-{flag[2:]}" if flag.startswith("--") else flag for flag in variant_flags]
     proc, address = start("commitlog_service.main", ["--data-dir", str(data), "--txn-port", "0", *txn_flags],
                           log_path)
-    txn_port = wait_for_event(proc, log_path, "txn.local", 10)["port"]
+    # server.started names its pid (the log file is an earlier round's too); ports: the second ports by name
+    txn_port = wait_for_event(proc, log_path, "server.started", 10)["ports"]["txn"]
     create_topic(address)
     return proc, address, f"127.0.0.1:{txn_port}"
 

@@ -12,13 +12,16 @@ Everything else (coordinator, follower, checker, in-doubt resolver, OP batching,
 code in both modes: mqstore_rpc.txn.composition builds it on a TxnLog.
 
 What LocalTxnLog does is what the CommitLog service's servicers do with the same calls, minus the
-conversions: ``append`` is CommitLogInternal.Append as writer "txn" (so a replica refuses it with NotLeader
-as it refuses every write, and the store's rules say what "txn" may write); ``topic`` is DescribeTopic's
-topic (NotFound for an unknown one); ``get_messages_batch`` is GetMessages (in chunks of the store's
-limit); ``max_physical_offset`` is GetStoreInfo's; ``tail`` is the Tail servicer's call of
-``MessageStore.tail`` with the Transaction service's filter (:data:`FOLLOWED_TOPICS`, COMMIT records) and
-its retention hold (:data:`HOLD_NAME`). A local Tail stream ends when cancelled, at the latest one
-heartbeat later (the store's tail looks at ``is_active`` between frames, as it does for a gRPC stream).
+conversions: ``append`` is CommitLogInternal.Append as writer "txn" (the store's rules say what "txn" may
+write); ``topic`` is DescribeTopic's topic (NotFound for an unknown one); ``get_messages_batch`` is
+GetMessages (in chunks of the store's limit); ``max_physical_offset`` is GetStoreInfo's; ``tail`` is the
+Tail servicer's call of ``MessageStore.tail`` with the Transaction service's filter (:data:`FOLLOWED_TOPICS`,
+COMMIT records) and its retention hold (:data:`HOLD_NAME`). A local Tail stream ends when cancelled, at the
+latest one heartbeat later (the store's tail looks at ``is_active`` between frames, as for a gRPC stream).
+``check_writable`` is the store's gate: NotLeader on a replica, as its store answers every write. The
+coordinator asks it before Prepare, Commit and Rollback, so the service of a replica decides nothing (its
+table follows the leader's records through the replicated log; a Rollback, which writes only an OP record
+later, would otherwise be decided there and never reach the log).
 
 Thread-safe: the store is; LocalTxnLog holds nothing else, and each LocalTail is one follower's.
 """
@@ -60,13 +63,23 @@ class TxnLog(Protocol):
         """The end of the log (GetStoreInfo.max_physical_offset)."""
         ...
 
+    def check_writable(self) -> None:
+        """Raises (NotLeader, Unavailable) when the log takes no writes from this service now."""
+        ...
+
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> TailStream:
         """The follower's stream (mqstore.follow.TailSource): records of FOLLOWED_TOPICS and every COMMIT
         record, retention held below its start as HOLD_NAME, linger as configured."""
         ...
 
 
+class WriteGate(Protocol):
+    def check_writable(self) -> None: ...
+
+
 class StoreLike(Protocol):
+    gate: WriteGate
+
     def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
                replication: str | None = None) -> Sequence[AppendResult]: ...
 
@@ -124,6 +137,9 @@ class LocalTxnLog:
 
     def max_physical_offset(self) -> int:
         return self._store.store_info().max_physical_offset
+
+    def check_writable(self) -> None:
+        self._store.gate.check_writable()  # a replica: NotLeader, as its store answers every write
 
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> LocalTail:
         start = TAIL_EARLIEST if from_physical_offset is None else TAIL_AT_OFFSET

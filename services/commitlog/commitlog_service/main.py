@@ -246,7 +246,11 @@ def _txn_config(args: argparse.Namespace, env: Mapping[str, str], store: StoreCo
               for f in S.config_fields(TxnConfig, skip={"data_dir"})
               if S.setting(args, env, f"txn_{f.name}") is not None}
     data_dir = S.typed(args, env, "txn_data_dir", pathlib.Path, store.data_dir / "txn")
-    return LocalTxnConfig(port=port, txn=TxnConfig(data_dir=data_dir, **values),
+    try:
+        txn = TxnConfig(data_dir=data_dir, **values)
+    except InvalidArgument as exc:  # the domain names its field: say which flag sets it
+        raise InvalidArgument(f"Local-mode Transaction service (--txn-<field> / MQSTORE_TXN_<FIELD>): {exc}") from None
+    return LocalTxnConfig(port=port, txn=txn,
                           rpc_timeout_ms=S.typed(args, env, "txn_rpc_timeout_ms", S.parse_int, 10_000),
                           max_workers=S.typed(args, env, "txn_max_workers", S.parse_int, None))
 
@@ -285,8 +289,8 @@ def describe(config: CommitLogConfig, port: int) -> dict:
 def _describe_txn(local: LocalTxnConfig | None) -> dict | None:
     if local is None:
         return None
-    described = dataclasses.asdict(local)  # the metadata URL may hold a password: only whether it is set
-    described["txn"]["metadata_url"] = "<set>" if local.txn.metadata_url else ""
+    described = dataclasses.asdict(dataclasses.replace(local, clock=None))
+    described["txn"]["metadata_url"] = "<set>" if local.txn.metadata_url else ""  # it may hold a password
     return described
 
 

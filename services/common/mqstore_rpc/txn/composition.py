@@ -53,6 +53,7 @@ class LocalTxnConfig:
     follow: FollowConfig = FollowConfig()
     rpc_timeout_ms: int = 10_000            # how long a caller waits for its append, as in Cluster mode
     max_workers: int | None = None          # handler threads of the port; None = as txn_service (server_threads)
+    clock: Clock | None = None              # tests inject a FakeClock; None = the store's clock
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -72,7 +73,8 @@ def server_threads(txn: TxnConfig) -> int:
 def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike, clock: Clock,
                   parts: service.Composition) -> int:
     """Local mode: the Transaction service on this process's store (mqstore.txn.log.LocalTxnLog), served on
-    a second port with this server's TLS, authentication and metrics. Returns the bound port."""
+    a second port with this server's TLS, authentication and metrics; ``clock`` is the store's (a test's
+    ``local.clock`` wins). Returns the bound port."""
     workers = local.max_workers or server_threads(local.txn)
     config = dataclasses.replace(server, port=local.port, max_workers=workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, workers), metrics_port=None)
@@ -83,7 +85,7 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
         txn_server.add_service_names([name])
 
     compose_txn(local.txn, local.follow, local.rpc_timeout_ms, LocalTxnLog(store, local.txn.follow_linger_ms),
-                clock, parts, serve, add_problem, txn_server.health_changed)
+                local.clock or clock, parts, serve, add_problem, txn_server.health_changed)
     log.info("txn.local", port=txn_server.port, data_dir=str(local.txn.data_dir))
     return txn_server.port
 
@@ -122,7 +124,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     parts.on_close(lambda: ops.drain(timeout_s))
     parts.add_duty(ops)
     cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes, parts.metrics)
-    coordinator = Coordinator(cfg, table, txn_log, appender, ops, cache, clock, in_doubt)
+    coordinator = Coordinator(cfg, table, txn_log, appender, ops, cache, clock, in_doubt, txn_log.check_writable)
     parts.add_duty(txn_follower(table, txn_log, follow)).register_metrics(parts.metrics)
     parts.add_duty(in_doubt)
     hub = CheckHub(cfg.max_check_streams)

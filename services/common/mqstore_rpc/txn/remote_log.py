@@ -32,6 +32,9 @@ class RemoteTxnLog:
     def max_physical_offset(self) -> int:
         return self._client.store_info().max_physical_offset
 
+    def check_writable(self) -> None:
+        return None  # the client sends writes to the group's leader; the commit log answers for itself
+
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> TailCall:
         # linger: once caught up, one frame per linger_ms instead of one per append (fewer wake-ups on
         # both sides; the coordinator changes states itself and waits for the follower only at start)
