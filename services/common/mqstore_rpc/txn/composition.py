@@ -10,11 +10,13 @@ appender closed (the caller registers the closers of what it made before calling
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import grpc
 import structlog
 from mqstore import fs, transactions as tx
+from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.follow import FollowConfig, Follower, GapPolicy
@@ -85,7 +87,8 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
         txn_server.add_service_names([name])
 
     compose_txn(local.txn, local.follow, local.rpc_timeout_ms, LocalTxnLog(store, local.txn.follow_linger_ms),
-                local.clock or clock, parts, serve, add_problem, txn_server.health_changed)
+                local.clock or clock, parts, serve, add_problem, txn_server.health_changed,
+                add_duty=functools.partial(parts.add_duty, health=add_problem))
     log.info("txn.local", port=txn_server.port, data_dir=str(local.txn.data_dir))
     return txn_server.port
 
@@ -93,10 +96,14 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
 def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_log: TxnLog, clock: Clock,
                 parts: service.Composition, serve: Callable[[str, Callable[[grpc.Server], None]], None],
                 add_health_problem: Callable[[Callable[[], str]], None],
-                health_changed: Callable[[], None]) -> TransactionServicer:
-    """Build the Transaction service on ``txn_log``; its duties and closers are ``parts``';
-    ``serve(name, register)`` registers the servicer on the server that serves it; ``add_health_problem``
-    makes that server NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now."""
+                health_changed: Callable[[], None],
+                add_duty: Callable[[Duty], Duty] | None = None) -> TransactionServicer:
+    """Build the Transaction service on ``txn_log``; its closers are ``parts``'; ``serve(name, register)``
+    registers the servicer on the server that serves it; ``add_health_problem`` makes that server
+    NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
+    a duty (default ``parts.add_duty``; in Local mode one whose problem turns the Transaction port's health
+    only: a follower stopped at a gap must not make the commit log NOT_SERVING)."""
+    add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
     timeout_s = rpc_timeout_ms / 1000
     audit = AuditTrail(cfg.metadata_url_resolved, wait_timeout_ms=cfg.audit_wait_timeout_ms)
@@ -122,15 +129,15 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                     on_unknown=lambda offsets: in_doubt.add(f"op batch of {len(offsets)}",
                                                             lambda: ops.requeue(table.requeue_op(offsets))))
     parts.on_close(lambda: ops.drain(timeout_s))
-    parts.add_duty(ops)
+    add_duty(ops)
     cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes, parts.metrics)
     coordinator = Coordinator(cfg, table, txn_log, appender, ops, cache, clock, in_doubt, txn_log.check_writable)
-    parts.add_duty(txn_follower(table, txn_log, follow)).register_metrics(parts.metrics)
-    parts.add_duty(in_doubt)
+    add_duty(txn_follower(table, txn_log, follow)).register_metrics(parts.metrics)
+    add_duty(in_doubt)
     hub = CheckHub(cfg.max_check_streams)
-    checker = parts.add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(txn_log, offsets),
+    checker = add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(txn_log, offsets),
                                      lambda topic, messages: appender.append(topic, messages), in_doubt.add))
-    parts.add_duty(checkpointer)
+    add_duty(checkpointer)
     checkback = CheckBack(hub, checker, lambda txn_id, decision: decide(coordinator, txn_id, decision),
                           max_streams=cfg.max_check_streams, answer_workers=cfg.check_answer_workers,
                           max_queued_answers=cfg.check_answer_queue)
