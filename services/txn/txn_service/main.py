@@ -17,6 +17,10 @@ saw at start, Prepare/Commit/Rollback/CheckBack answer UNAVAILABLE "recovering" 
 health is NOT_SERVING. The follower holds the commit log's retention below its position (as "txn") and
 stops at a gap rather than skip records it never applied (GapPolicy.STOP: health NOT_SERVING, Stats and
 the log event ``follower.gap`` say why): the table cannot be rebuilt without them.
+
+This is Cluster mode: the service in its own process, on the commit log over gRPC (RemoteTxnLog). The same
+service (mqstore_rpc.txn.composition) runs inside the commit log process in Local mode
+(``commitlog_service --txn-port``; README, *The Transaction service*).
 """
 
 from __future__ import annotations
