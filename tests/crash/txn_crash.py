@@ -35,6 +35,25 @@ def txn_process(data_dir: pathlib.Path, log_address: str, failpoint: str = "", *
         "--backoff-initial-ms", "20", "--backoff-max-ms", "200", *extra], env)
 
 
+def local_process(data_dir: pathlib.Path, failpoint: str = "", *extra: str) -> ServiceProcess:
+    """A commit log serving the Transaction service itself (Local mode, --txn-port); its state in
+    <data_dir>/txn. ``started_local`` waits for it and gives the Transaction port's address."""
+    return commitlog(data_dir, "--segment-size-bytes", "1MiB", "--preallocate-segments", "false", "--txn-port", "0",
+                     "--txn-op-batch-interval-ms", "30", "--txn-checkpoint-interval-ms", "20", *extra,
+                     env={"MQSTORE_INTERNAL_TOKEN": TOKEN, "MQSTORE_FAILPOINTS": failpoint})
+
+
+def started_local(process: ServiceProcess) -> str:
+    """Wait for ``server.started`` (as ServiceProcess.started); the Transaction port's address."""
+    try:
+        event = process.wait_for("server.started", 60)
+    except BaseException:
+        process.stop()
+        raise
+    process.address = f"127.0.0.1:{event['port']}"
+    return f"127.0.0.1:{event['ports']['txn']}"
+
+
 def _ready(stub) -> bool:
     try:
         return not stub.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_S).recovering
@@ -133,6 +152,30 @@ def crash_at(name: str, tmp_path: pathlib.Path, via: str = "unary") -> None:
                     _check_after(stub, log_stub, done, in_flight, step)
         finally:
             log_channel.close()
+
+
+def crash_local_at(name: str, tmp_path: pathlib.Path, via: str = "unary") -> None:
+    """As :func:`crash_at` in Local mode: the failpoint kills the commit log process that hosts the
+    Transaction service (log and service die together, as kill -9 of that process); then the same process
+    without it, on the same directories."""
+    with local_process(tmp_path / "log", f"{name}=exit") as first:
+        txn_address = started_local(first)
+        with grpc.insecure_channel(first.address) as log_channel, grpc.insecure_channel(txn_address) as channel:
+            commitlog_pb2_grpc.CommitLogStub(log_channel).CreateTopic(
+                cpb.CreateTopicRequest(name="orders", queue_count=1), timeout=RPC_S)
+            stub = txn_pb2_grpc.TransactionStub(channel)
+            wait_until(lambda: _ready(stub) or first.process.poll() is not None, "the first process")
+            done, in_flight, step = _workload(stub, via)
+        assert first.wait_exit() == 137, f"{name} was never reached: {first.stderr()[-2000:]}"
+    with local_process(tmp_path / "log") as second:
+        txn_address = started_local(second)
+        with grpc.insecure_channel(second.address) as log_channel, grpc.insecure_channel(txn_address) as channel:
+            stub = txn_pb2_grpc.TransactionStub(channel)
+            if name == "txn.commit.after_real":  # recognised as committed from its COMMIT records
+                wait_until(lambda: _ready(stub), "the txn service to recover")
+                assert (in_flight, step) == ("t0", "commit")
+                assert _state(stub, "t0") == txn_pb2.TRANSACTION_STATE_COMMITTED
+            _check_after(stub, commitlog_pb2_grpc.CommitLogStub(log_channel), done, in_flight, step)
 
 
 def _state(stub, txn_id: str) -> int:

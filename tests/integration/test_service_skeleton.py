@@ -114,6 +114,39 @@ def test_a_duty_killed_by_a_bug_turns_health_not_serving():
         assert "InvariantViolation: offsets went backwards" in duties[0].problem()
 
 
+def test_a_duty_of_a_second_port_turns_only_that_ports_health():
+    """A Local-mode service's duty (the Transaction service's follower in the commit log process): its
+    problem makes its own port NOT_SERVING and leaves the process's main port SERVING."""
+    duties: list[Recorded] = []
+    second: list = []
+    parts_seen: list[service.Composition] = []
+
+    def compose(config, parts: service.Composition) -> None:
+        parts_seen.append(parts)
+        parts.add_servicer("test.Skeleton", lambda grpc_server: None)
+        server, add_problem = parts.add_server("second", ServerConfig(port=0, grace_s=0.5))
+        server.add_service_names(["test.Second"])
+        second.append(server)
+        duties.append(parts.add_duty(Recorded([], "second-upkeep"), health=add_problem))
+
+    with service.serving(skeleton(compose), Config()) as (_, port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as main_channel, \
+            grpc.insecure_channel(f"127.0.0.1:{second[0].port}") as second_channel:
+        def status(channel, name: str) -> int:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=name),
+                                                             timeout=WAIT_S).status
+
+        assert status(second_channel, "test.Second") == health_pb2.HealthCheckResponse.SERVING
+        duties[0].bug.set()
+        deadline = time.monotonic() + WAIT_S
+        while status(second_channel, "test.Second") != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "the second port's health never turned NOT_SERVING"
+            threading.Event().wait(0.05)
+        assert "offsets went backwards" in duties[0].problem()
+        assert parts_seen[0].problem() == ""  # what the main port's health follows
+        assert status(main_channel, "test.Skeleton") == health_pb2.HealthCheckResponse.SERVING
+
+
 def test_a_service_not_ready_at_start_is_not_serving_until_it_says_it_is():
     ready = threading.Event()
     parts_seen: list[service.Composition] = []

@@ -6,7 +6,6 @@ to the real time, so the test moves time past the timeouts without sleeping."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import queue
 import threading
 import time
@@ -15,12 +14,9 @@ import grpc
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
-from tests.integration.txn_testing import (RPC_TIMEOUT_S, commitlog, prepare, stats, txn_config, visible,
-                                           wait_ready)
+from tests.integration.txn_testing import MODES, RPC_TIMEOUT_S, prepare, stats, txn_stack, visible
 from tests.support.waiting import wait_until
-from txn_service.main import serving
 
 pytestmark = pytest.mark.integration
 TIMEOUT_MS, INTERVAL_MS = 6000, 30_000
@@ -59,24 +55,21 @@ class Producer:
 
 
 @contextlib.contextmanager
-def services(tmp_path, **overrides):
-    with commitlog(tmp_path / "log") as (port, log_stub):
-        log_stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=1), timeout=RPC_TIMEOUT_S)
-        clock = FakeClock(time.time_ns() // 1_000_000)
-        config = dataclasses.replace(txn_config(tmp_path / "txn", port, **{"check_max": 3, **overrides}), clock=clock)
-        with serving(config) as (_, txn_port):
-            channel = grpc.insecure_channel(f"127.0.0.1:{txn_port}")
-            stub = txn_pb2_grpc.TransactionStub(channel)
-            wait_ready(stub)
-            try:
-                yield stub, log_stub, clock, channel
-            finally:
-                channel.close()
+def services(tmp_path, mode: str = "cluster", **overrides):
+    """The commit log and the Transaction service in ``mode`` (MODES), the service on a FakeClock (the
+    commit log's store times stay real)."""
+    clock = FakeClock(time.time_ns() // 1_000_000)
+    with txn_stack(tmp_path, mode, {"orders": 1}, **{"check_max": 3, **overrides}, clock=clock) as stack:
+        channel = grpc.insecure_channel(f"127.0.0.1:{stack.txn_port}")
+        try:
+            yield txn_pb2_grpc.TransactionStub(channel), stack.log, clock, channel
+        finally:
+            channel.close()
 
 
-@pytest.fixture
-def env(tmp_path):
-    with services(tmp_path) as parts:
+@pytest.fixture(params=MODES)
+def env(request, tmp_path):
+    with services(tmp_path, request.param) as parts:
         yield parts
 
 
@@ -186,12 +179,13 @@ def test_streams_sending_garbage_end_with_invalid_argument(env):
     assert stats(stub).open_streams == 0  # and the service still answers
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("decision", [txn_pb2.DECISION_ROLLBACK, txn_pb2.DECISION_COMMIT])
-def test_answers_stop_the_checks_at_once_and_none_is_parked(tmp_path, decision):
+def test_answers_stop_the_checks_at_once_and_none_is_parked(tmp_path, decision, mode):
     """Ten transactions answered at their first check, while the rollbacks wait for their OP record (the
     OP batch is written only when the fake clock reaches its interval): none is checked again or parked.
     An eleventh, answered UNKNOWN, shows that the checker scanned after each advance of the clock."""
-    with services(tmp_path, check_interval_ms=1000, op_batch_interval_ms=60_000, check_rate_per_s=1000) as env:
+    with services(tmp_path, mode, check_interval_ms=1000, op_batch_interval_ms=60_000, check_rate_per_s=1000) as env:
         stub, log_stub, clock, _ = env
         ids = [prepare(stub, "orders", [f"m{i}".encode()]).transaction_id for i in range(10)]
         canary = prepare(stub, "orders", [b"canary"]).transaction_id

@@ -16,8 +16,8 @@ import pytest
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2
 from tests.support.waiting import wait_until
-from tests.integration.txn_testing import (RPC_TIMEOUT_S, commitlog, prepare, rollback, stats, txn_service,
-                                           visible, wait_ready)
+from tests.integration.txn_testing import (MODES, RPC_TIMEOUT_S, commitlog, prepare, rollback, stats, txn_service,
+                                           txn_stack, visible, wait_ready)
 from tests.unit.test_meta_sql import db_url  # noqa: F401 - the sqlite / postgres fixture
 from mqstore.meta.txn_audit import AuditTrail
 
@@ -25,13 +25,11 @@ pytestmark = pytest.mark.integration
 MQSTORE = pathlib.Path(sys.executable).with_name("mqstore")
 
 
-@pytest.fixture
-def env(tmp_path, db_url):  # noqa: F811
-    with commitlog(tmp_path / "log") as (port, log_stub):
-        log_stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=1), timeout=RPC_TIMEOUT_S)
-        with txn_service(tmp_path / "txn", port, metadata_url=db_url) as (server, stub):
-            wait_ready(stub)
-            yield stub, log_stub, server.port, db_url
+@pytest.fixture(params=MODES)
+def env(request, tmp_path, db_url):  # noqa: F811
+    """Both deployments: the operator tools are the same on a Local-mode port."""
+    with txn_stack(tmp_path, request.param, {"orders": 1}, metadata_url=db_url) as stack:
+        yield stack.txn, stack.log, stack.txn_port, db_url
 
 
 def test_list_show_force_resolve_and_the_audit_trail(env):

@@ -16,8 +16,8 @@ from mqstore.clock import FakeClock
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 from tests.integration.test_txn_checkback import TIMEOUT_MS, Producer, to_store_time
-from tests.integration.txn_testing import (RPC_TIMEOUT_S, Frames, commit, commitlog, prepare, stats, txn_config,
-                                           txn_service, visible, wait_ready)
+from tests.integration.txn_testing import (MODES, RPC_TIMEOUT_S, Frames, commit, commitlog, prepare, stats, txn_config,
+                                           txn_stack, visible, wait_ready)
 from tests.support.waiting import wait_until
 from txn_service.main import serving
 
@@ -25,19 +25,29 @@ pytestmark = pytest.mark.integration
 COMMITTED, ROLLED_BACK = txn_pb2.TRANSACTION_STATE_COMMITTED, txn_pb2.TRANSACTION_STATE_ROLLED_BACK
 
 
+@pytest.fixture(params=MODES)
+def stack(request, tmp_path):
+    """A commit log and the Transaction service, in both deployments (Cluster mode, Local mode)."""
+    with txn_stack(tmp_path, request.param, {"orders": 2}) as parts:
+        yield parts
+
+
 @pytest.fixture
-def log(tmp_path):
+def log(stack):
+    return stack.log_port, stack.log
+
+
+@pytest.fixture
+def txn(stack):
+    return stack.txn
+
+
+@pytest.fixture
+def cluster_log(tmp_path):
+    """The commit log alone, for the tests that start (and restart) a Cluster-mode service themselves."""
     with commitlog(tmp_path / "log") as (port, stub):
         stub.CreateTopic(cpb.CreateTopicRequest(name="orders", queue_count=2), timeout=RPC_TIMEOUT_S)
         yield port, stub
-
-
-@pytest.fixture
-def txn(log, tmp_path):
-    port, _ = log
-    with txn_service(tmp_path / "txn", port) as (_, stub):
-        wait_ready(stub)
-        yield stub
 
 
 def end(txn_id: str) -> txn_pb2.EndRequest:
@@ -96,10 +106,10 @@ def test_a_failed_frame_answers_its_status_and_the_stream_goes_on(log, txn):
     frames.close()
 
 
-def test_streams_beyond_the_limit_are_refused_until_one_ends(log, tmp_path):
-    port, _ = log
-    with txn_service(tmp_path / "txn", port, max_transact_streams=2) as (_, stub):
-        wait_ready(stub)
+@pytest.mark.parametrize("mode", MODES)
+def test_streams_beyond_the_limit_are_refused_until_one_ends(mode, tmp_path):
+    with txn_stack(tmp_path, mode, {"orders": 2}, max_transact_streams=2) as stack:
+        stub = stack.txn
         first, second = Frames(stub), Frames(stub)
         for frames in (first, second):
             assert frames.prepare("orders", [b"x"]).prepared.transaction_id

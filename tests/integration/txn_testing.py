@@ -1,5 +1,7 @@
 """Helpers for the Transaction service tests: a commit log and a txn service in this process, real gRPC
-on 127.0.0.1 (port 0), real files; stubs."""
+on 127.0.0.1 (port 0), real files; stubs. Both deployments (MODES): "cluster", the txn service on its own
+server talking to the commit log over gRPC; "local", the commit log serving the Transaction service itself
+(commitlog_service --txn-port)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import dataclasses
 import itertools
 import pathlib
 import queue
+import typing
 
 import grpc
 
@@ -17,6 +20,7 @@ from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.server import ServerConfig
+from mqstore_rpc.txn.composition import LocalTxnConfig
 from mqstore.follow import FollowConfig
 from tests.integration.test_commitlog_grpc import make_config
 from tests.support.waiting import wait_until
@@ -25,20 +29,78 @@ from txn_service.main import TxnServiceConfig, serving as txn_serving
 
 TOKEN = "test-token"
 RPC_TIMEOUT_S = 10
+MODES = ("cluster", "local")
+TEST_FOLLOW = FollowConfig(heartbeat_ms=20, backoff_initial_ms=20, backoff_max_ms=200)
+
+
+def _split(data_dir: pathlib.Path, overrides: dict) -> tuple[TxnConfig, dict]:
+    """The domain's config from the TxnConfig fields of ``overrides`` (with the tests' short intervals),
+    and the rest."""
+    values = dict(data_dir=data_dir, op_batch_interval_ms=50, check_scan_interval_ms=50, checkpoint_interval_ms=100)
+    domain = {f.name for f in dataclasses.fields(TxnConfig)}
+    values.update({k: v for k, v in overrides.items() if k in domain})
+    return TxnConfig(**values), {k: v for k, v in overrides.items() if k not in domain}
 
 
 def txn_config(data_dir: pathlib.Path, commitlog_port: int, **overrides) -> TxnServiceConfig:
     """TxnConfig fields in ``overrides`` go to the domain's config, ``port`` to the server's, the rest
     (rpc_timeout_ms, ...) to the service's."""
     port = overrides.pop("port", 0)
-    values = dict(data_dir=data_dir, op_batch_interval_ms=50, check_scan_interval_ms=50, checkpoint_interval_ms=100)
-    domain = {f.name for f in dataclasses.fields(TxnConfig)}
-    values.update({k: v for k, v in overrides.items() if k in domain})
-    service = {k: v for k, v in overrides.items() if k not in domain}
-    return TxnServiceConfig(txn=TxnConfig(**values), server=ServerConfig(port=port, grace_s=0.5),
+    txn, service = _split(data_dir, overrides)
+    return TxnServiceConfig(txn=txn, server=ServerConfig(port=port, grace_s=0.5),
                             commitlog_address=f"127.0.0.1:{commitlog_port}", internal_token=TOKEN,
-                            follow=FollowConfig(heartbeat_ms=20, backoff_initial_ms=20, backoff_max_ms=200),
-                            **service)
+                            follow=TEST_FOLLOW, **service)
+
+
+def local_txn_config(data_dir: pathlib.Path, **overrides) -> LocalTxnConfig:
+    """Local mode's settings: TxnConfig fields in ``overrides`` as txn_config's, the rest (rpc_timeout_ms,
+    port, ...) to LocalTxnConfig."""
+    txn, rest = _split(data_dir, overrides)
+    return LocalTxnConfig(**{"port": 0, **rest}, txn=txn, follow=TEST_FOLLOW)
+
+
+@contextlib.contextmanager
+def commitlog_with_txn(data_dir: pathlib.Path, txn_data_dir: pathlib.Path, port: int = 0, **overrides):
+    """A commit log serving the Transaction service itself (Local mode): (the server, its port, the
+    Transaction port, a CommitLog stub)."""
+    config = dataclasses.replace(make_config(data_dir), internal_token=TOKEN,
+                                 server=ServerConfig(port=port, grace_s=0.5),
+                                 txn=local_txn_config(txn_data_dir, **overrides))
+    with commitlog_serving(config) as (server, bound):
+        channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
+        try:
+            yield server, bound, server.extra_ports["txn"], commitlog_pb2_grpc.CommitLogStub(channel)
+        finally:
+            channel.close()
+
+
+class Stack(typing.NamedTuple):
+    log_port: int
+    log: commitlog_pb2_grpc.CommitLogStub
+    txn: txn_pb2_grpc.TransactionStub
+    txn_port: int
+    mode: str
+
+
+@contextlib.contextmanager
+def txn_stack(root: pathlib.Path, mode: str, topics: dict[str, int], **overrides):
+    """A commit log with ``topics`` (name: queue count) and a recovered Transaction service in ``mode``
+    (MODES), data under ``root`` (log/, txn/); ``overrides`` as txn_config's (``clock`` too). A Stack."""
+    with contextlib.ExitStack() as stack:
+        if mode == "cluster":
+            port, log_stub = stack.enter_context(commitlog(root / "log"))
+        else:
+            _, port, txn_port, log_stub = stack.enter_context(commitlog_with_txn(root / "log", root / "txn",
+                                                                                 **overrides))
+        for name, queues in topics.items():
+            log_stub.CreateTopic(cpb.CreateTopicRequest(name=name, queue_count=queues), timeout=RPC_TIMEOUT_S)
+        if mode == "cluster":
+            server, _ = stack.enter_context(txn_service(root / "txn", port, **overrides))
+            txn_port = server.port
+        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{txn_port}"))
+        stub = txn_pb2_grpc.TransactionStub(channel)
+        wait_ready(stub)
+        yield Stack(port, log_stub, stub, txn_port, mode)
 
 
 @contextlib.contextmanager

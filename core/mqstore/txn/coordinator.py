@@ -94,8 +94,13 @@ class Ended:
 
 class Coordinator:
     def __init__(self, config: TxnConfig, table: TxnTable, log_reader: LogReader, appender: Appender,
-                 ops: OpQueue, cache: HalfCache[MessageIn], clock: Clock, in_doubt: InDoubtQueue):
+                 ops: OpQueue, cache: HalfCache[MessageIn], clock: Clock, in_doubt: InDoubtQueue,
+                 check_writable: Callable[[], None] = lambda: None):
+        """``check_writable()`` raises (NotLeader, Unavailable) when the log takes no writes now: Prepare,
+        Commit and Rollback are refused before they change anything (Local mode on a replica, whose table
+        follows the leader's log and must not decide on its own)."""
         self.config, self.table, self.log_reader, self.appender = config, table, log_reader, appender
+        self.check_writable = check_writable
         self.ops, self.cache, self.clock, self.in_doubt = ops, cache, clock, in_doubt
         self._topics: dict[str, tuple[TopicRecord, float]] = {}
         self._round_robin: dict[str, itertools.count] = {}
@@ -106,6 +111,7 @@ class Coordinator:
     # ---- Prepare --------------------------------------------------------------------------------------
     def prepare(self, topic: str, messages: Sequence[MessageIn], group: str, txn_id: str = "") -> Prepared:
         self.check_ready()
+        self.check_writable()
         topic_rules.validate_topic_name(topic)
         topic_rules.validate_group_name(group)
         if not 1 <= len(messages) <= MAX_MESSAGES:
@@ -198,6 +204,7 @@ class Coordinator:
     # ---- Commit / Rollback ----------------------------------------------------------------------------
     def commit(self, txn_id: str, by: str = "producer") -> Ended:
         self.check_ready()
+        self.check_writable()
         txn = self.txn(txn_id)
         with txn.guard:
             self._check_decidable(txn)
@@ -239,6 +246,7 @@ class Coordinator:
         """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
         nobody waits for its outcome, and a decider thread must not sit out an OP batch interval)."""
         self.check_ready()
+        self.check_writable()
         txn = self.txn(txn_id)
         with txn.guard:
             self._check_decidable(txn)

@@ -21,6 +21,14 @@ port from this process, sends going straight to the store; ``--gateway-txn HOST:
 service (default 127.0.0.1:50053), ``--gateway-rpc-timeout-ms``, ``--gateway-stream-deadline-ms``,
 ``--gateway-max-workers`` (256) and ``--gateway-<field>`` for each field of GatewayConfig
 (``--gateway-max-clients``, ...; ``--gateway-max-body-bytes`` defaults to the store's ``--max-body-bytes``).
+Local mode of the Transaction service (README, *Transaction service: Cluster mode and Local mode*):
+``--txn-port PORT`` (env ``MQSTORE_TXN_PORT``; 0 = any free port) serves ``mqstore.v1.Transaction`` on that
+port from this process, its half, OP and COMMIT records going straight to the store; its state (checkpoint
+journal, audit database) is in ``--txn-data-dir`` (default ``<data-dir>/txn``), ``--txn-rpc-timeout-ms``
+(10000: how long a call waits for its append), ``--txn-max-workers`` (default: 64 plus one per stream it
+admits) and ``--txn-<field>`` for each field of TxnConfig (``--txn-op-batch-max-bytes``,
+``--txn-one-way-workers``, ...). Its port is in ``server.started`` (``ports.txn``) and in the event
+``txn.local``. The Local-mode gateway's ``--gateway-txn`` can name it.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -52,12 +60,15 @@ from mqstore.replication.isr import IsrKeeper
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
+from mqstore.txn.config import TxnConfig
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.gateway.composition import DEFAULT_MAX_WORKERS as GATEWAY_MAX_WORKERS
 from mqstore_rpc.gateway.composition import DEFAULT_TXN, LocalGatewayConfig, compose_local
 from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
+from mqstore_rpc.txn.composition import LocalTxnConfig
+from mqstore_rpc.txn.composition import compose_local as compose_local_txn
 
 from commitlog_service import access, consumer, internal, replication
 from commitlog_service.etcd_client import EtcdCoordination
@@ -79,6 +90,7 @@ class CommitLogConfig:
     internal_token: str = ""      # shared secret of CommitLogInternal; "" = that service refuses every call
     replication: ReplicationConfig = ReplicationConfig()  # node_id "" = a single node (no replication)
     gateway: LocalGatewayConfig | None = None  # the RocketMQ 5 gateway in this process (Local mode); None = off
+    txn: LocalTxnConfig | None = None  # the Transaction service in this process (Local mode); None = off
 
 
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -103,6 +115,8 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
     compose_access(config, parts)
+    if config.txn is not None:  # before the gateway: its closers run after the gateway's
+        compose_local_txn(config.txn, config.server, store, store.clock, parts)
     if config.gateway is not None:
         compose_local(config.gateway, config.server, store, pop.current, store.clock, parts)
 
@@ -176,6 +190,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         name = f"gateway_{f.name}"
         parser.add_argument(S.flag(name), dest=name, help=f"Local-mode gateway: {f.name} (services/gateway/README.md); "
                             f"env {S.env_name(name)}, default {f.default}")
+    for name, text in _TXN_FLAGS.items():
+        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
+    for f in S.config_fields(TxnConfig, skip={"data_dir"}):
+        name = f"txn_{f.name}"
+        parser.add_argument(S.flag(name), dest=name, help=f"Local-mode Transaction service: {f.name} (README); "
+                            f"env {S.env_name(name)}, default {f.default}")
     for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
@@ -208,6 +228,33 @@ def _gateway_config(args: argparse.Namespace, env: Mapping[str, str], store: Sto
         max_workers=S.typed(args, env, "gateway_max_workers", S.parse_int, GATEWAY_MAX_WORKERS))
 
 
+_TXN_FLAGS = {
+    "txn_port": "serve the Transaction service (mqstore.v1.Transaction) from this process on this port (Local mode; "
+                "0 = any free port); unset = no Transaction service here",
+    "txn_data_dir": "Local-mode Transaction service: its state directory (default <data-dir>/txn)",
+    "txn_rpc_timeout_ms": "Local-mode Transaction service: how long a call waits for its append (default 10000)",
+    "txn_max_workers": "Local-mode Transaction service: handler threads of its port (default 64 plus one per "
+                       "stream it admits)",
+}
+
+
+def _txn_config(args: argparse.Namespace, env: Mapping[str, str], store: StoreConfig) -> LocalTxnConfig | None:
+    port = S.typed(args, env, "txn_port", S.parse_int, None)
+    if port is None:
+        return None
+    values = {f.name: S.typed(args, env, f"txn_{f.name}", S.parser_for(f.default), f.default)
+              for f in S.config_fields(TxnConfig, skip={"data_dir"})
+              if S.setting(args, env, f"txn_{f.name}") is not None}
+    data_dir = S.typed(args, env, "txn_data_dir", pathlib.Path, store.data_dir / "txn")
+    try:
+        txn = TxnConfig(data_dir=data_dir, **values)
+    except InvalidArgument as exc:  # the domain names its field: say which flag sets it
+        raise InvalidArgument(f"Local-mode Transaction service (--txn-<field> / MQSTORE_TXN_<FIELD>): {exc}") from None
+    return LocalTxnConfig(port=port, txn=txn,
+                          rpc_timeout_ms=S.typed(args, env, "txn_rpc_timeout_ms", S.parse_int, 10_000),
+                          max_workers=S.typed(args, env, "txn_max_workers", S.parse_int, None))
+
+
 def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConfig:
     values = S.values_for(args, env, StoreConfig, _NOT_FLAGS)
     hours = S.typed(args, env, "retention_hours", float, None)
@@ -227,7 +274,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
                            internal_token=S.internal_token(args, env),
                            replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)),
-                           gateway=_gateway_config(args, env, store))
+                           gateway=_gateway_config(args, env, store), txn=_txn_config(args, env, store))
 
 
 def describe(config: CommitLogConfig, port: int) -> dict:
@@ -235,7 +282,16 @@ def describe(config: CommitLogConfig, port: int) -> dict:
     store["store_port"] = config.advertised_port or port  # what compose gave the store
     return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop),
             "replication": dataclasses.asdict(config.replication),
-            "gateway": dataclasses.asdict(config.gateway) if config.gateway is not None else None}
+            "gateway": dataclasses.asdict(config.gateway) if config.gateway is not None else None,
+            "txn": _describe_txn(config.txn)}
+
+
+def _describe_txn(local: LocalTxnConfig | None) -> dict | None:
+    if local is None:
+        return None
+    described = dataclasses.asdict(dataclasses.replace(local, clock=None))
+    described["txn"]["metadata_url"] = "<set>" if local.txn.metadata_url else ""  # it may hold a password
+    return described
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)

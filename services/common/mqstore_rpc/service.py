@@ -73,6 +73,7 @@ class Composition:
         self.authority = authority      # None while authentication is off
         self._interceptors = tuple(interceptors)
         self._duties: list[Duty] = []
+        self._own_duties: list[Duty] = []  # those whose problem is this service's (add_duty's ``health``)
         self._problems: list[Callable[[], str]] = []
         self._servers: list[tuple[ManagedServer, list[Callable[[], str]]]] = []
 
@@ -97,10 +98,16 @@ class Composition:
         composition that fails half way closes what it had opened."""
         self.server.add_closer(closer)
 
-    def add_duty(self, duty: Duty) -> Duty:
+    def add_duty(self, duty: Duty, health: Callable[[Callable[[], str]], None] | None = None) -> Duty:
         """Started once the composition is complete; stopped (before what was registered earlier closes)
-        when the server stops; health turns NOT_SERVING if a bug kills it."""
+        when the server stops; health turns NOT_SERVING while it has a problem (a bug killed it, or its own
+        ``problem()``). ``health``: the duty serves a second port only (the function add_server returned),
+        so its problem turns that port's health, not this service's."""
         self._duties.append(duty)
+        if health is None:
+            self._own_duties.append(duty)
+        else:
+            health(duty.problem)
         self.server.add_closer(duty.stop)
         return duty
 
@@ -133,7 +140,7 @@ class Composition:
         self._problems.append(problem)
 
     def problem(self) -> str:
-        for problem in [*self._problems, *(duty.problem for duty in self._duties)]:
+        for problem in [*self._problems, *(duty.problem for duty in self._own_duties)]:
             if reason := problem():
                 return reason
         return ""

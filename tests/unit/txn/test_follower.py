@@ -8,7 +8,7 @@ from mqstore.errors import OutOfRange
 from mqstore.follow import FollowConfig, GapPolicy
 from mqstore.txn.table import TxnTable
 from tests.support.waiting import wait_until
-from txn_service.main import HOLD_NAME, TxnTailSource, txn_follower
+from txn_service.main import HOLD_NAME, RemoteTxnLog, txn_follower
 
 
 class GoneLog:
@@ -27,7 +27,7 @@ def test_the_follower_holds_retention_and_stops_at_a_gap():
     table = TxnTable(resolved_keep=10)
     table.set_applied(500, 500)
     log = GoneLog()
-    follower = txn_follower(table, TxnTailSource(log, linger_ms=0), FollowConfig(backoff_initial_ms=5,
+    follower = txn_follower(table, RemoteTxnLog(log, "", linger_ms=0), FollowConfig(backoff_initial_ms=5,
                                                                                  backoff_max_ms=20))
     assert follower.gap_policy is GapPolicy.STOP
     follower.start()

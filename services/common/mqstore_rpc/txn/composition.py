@@ -1,0 +1,182 @@
+"""The Transaction service built on a TxnLog (mqstore.txn.log), the same for both deployments: txn_service's
+compose (Cluster mode, RemoteTxnLog over gRPC) and commitlog_service's (Local mode, LocalTxnLog on the store
+in the same process) call :func:`compose_txn`.
+
+Duties in start order: OP batcher, follower, in-doubt resolver, checker, checkpointer; they stop in reverse,
+then the check-back streams close, the pending OP entries are written, the last checkpoint saved and the
+appender closed (the caller registers the closers of what it made before calling: the client, the store).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import grpc
+import structlog
+from mqstore import fs, transactions as tx
+from mqstore.background import Duty
+from mqstore.clock import Clock
+from mqstore.errors import DataLoss, InvalidArgument
+from mqstore.follow import FollowConfig, Follower, GapPolicy
+from mqstore.meta.txn_audit import AuditTrail
+from mqstore.model import MessageIn, StoredMessage
+from mqstore.txn.appender import AppendBatcher
+from mqstore.txn.cache import HalfCache
+from mqstore.txn.checkback import CheckBack, CheckHub
+from mqstore.txn.checker import Checker
+from mqstore.txn.config import TxnConfig
+from mqstore.txn.coordinator import Coordinator
+from mqstore.txn.indoubt import InDoubt
+from mqstore.txn.log import LocalTxnLog, StoreLike, TxnLog
+from mqstore.txn.opbatch import OpBatcher
+from mqstore.txn.operations import Operations
+from mqstore.txn.persist import Checkpointer
+from mqstore.txn.projection import TxnProjection
+from mqstore.txn.table import TxnTable
+from mqstore.txn.transact import TransactStreams
+
+from mqstore_rpc import service
+from mqstore_rpc.server import ServerConfig
+
+from .servicer import SERVICE_NAME, TransactionServicer, add_to_server
+
+log = structlog.get_logger("mqstore_rpc.txn.composition")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTxnConfig:
+    """Local mode: the Transaction service served by the commit log process on its own port (commitlog_service
+    ``--txn-port``; ``--txn-data-dir``, ``--txn-<field>`` of TxnConfig, env ``MQSTORE_TXN_*``)."""
+
+    port: int                               # the Transaction port; 0 = any free port (tests)
+    txn: TxnConfig                          # data_dir: --txn-data-dir, default <data-dir>/txn
+    follow: FollowConfig = FollowConfig()
+    rpc_timeout_ms: int = 10_000            # how long a caller waits for its append, as in Cluster mode
+    max_workers: int | None = None          # handler threads of the port; None = as txn_service (server_threads)
+    clock: Clock | None = None              # tests inject a FakeClock; None = the store's clock
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"txn_port must be in 0..65535, not {self.port}")
+        if self.rpc_timeout_ms <= 0:
+            raise InvalidArgument(f"txn_rpc_timeout_ms must be positive, not {self.rpc_timeout_ms}")
+        if self.max_workers is not None and self.max_workers <= 0:
+            raise InvalidArgument(f"txn_max_workers must be positive, not {self.max_workers}")
+
+
+def server_threads(txn: TxnConfig) -> int:
+    """The default handler threads: those of every service, for the unary calls, plus one per stream the
+    service admits (CheckBack, Transact), so that open streams never leave a call waiting for a thread."""
+    return ServerConfig.max_workers + txn.max_check_streams + txn.max_transact_streams
+
+
+def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike, clock: Clock,
+                  parts: service.Composition) -> int:
+    """Local mode: the Transaction service on this process's store (mqstore.txn.log.LocalTxnLog), served on
+    a second port with this server's TLS, authentication and metrics; ``clock`` is the store's (a test's
+    ``local.clock`` wins). Returns the bound port."""
+    workers = local.max_workers or server_threads(local.txn)
+    config = dataclasses.replace(server, port=local.port, max_workers=workers,
+                                 max_concurrent_rpcs=max(server.max_concurrent_rpcs, workers), metrics_port=None)
+    txn_server, add_problem = parts.add_server("txn", config)
+
+    def serve(name: str, register: Callable[[grpc.Server], None]) -> None:
+        register(txn_server.grpc_server)
+        txn_server.add_service_names([name])
+
+    compose_txn(local.txn, local.follow, local.rpc_timeout_ms, LocalTxnLog(store, local.txn.follow_linger_ms),
+                local.clock or clock, parts, serve, add_problem, txn_server.health_changed,
+                add_duty=functools.partial(parts.add_duty, health=add_problem))
+    log.info("txn.local", port=txn_server.port, data_dir=str(local.txn.data_dir))
+    return txn_server.port
+
+
+def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_log: TxnLog, clock: Clock,
+                parts: service.Composition, serve: Callable[[str, Callable[[grpc.Server], None]], None],
+                add_health_problem: Callable[[Callable[[], str]], None],
+                health_changed: Callable[[], None],
+                add_duty: Callable[[Duty], Duty] | None = None) -> TransactionServicer:
+    """Build the Transaction service on ``txn_log``; its closers are ``parts``'; ``serve(name, register)``
+    registers the servicer on the server that serves it; ``add_health_problem`` makes that server
+    NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
+    a duty (default ``parts.add_duty``; in Local mode one whose problem turns the Transaction port's health
+    only: a follower stopped at a gap must not make the commit log NOT_SERVING)."""
+    add_duty = add_duty or parts.add_duty
+    fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
+    timeout_s = rpc_timeout_ms / 1000
+    audit = AuditTrail(cfg.metadata_url_resolved, wait_timeout_ms=cfg.audit_wait_timeout_ms)
+    parts.on_close(audit.close)
+    table = TxnTable(cfg.resolved_keep, cfg.max_open_transactions)
+    table.on_ready.append(health_changed)
+    add_health_problem(lambda: "" if table.ready else "recovering: reading the log up to the end it saw at "
+                       "start (Prepare, Commit and Rollback answer UNAVAILABLE until then)")
+    checkpointer = Checkpointer(cfg.data_dir / "state.journal", table, clock, cfg.checkpoint_interval_ms)
+    base_counters = checkpointer.load()
+    if (cfg.data_dir / "state.json").exists():  # the checkpoint of versions before the journal
+        log.warning("txn.checkpoint_legacy_ignored", path=str(cfg.data_dir / "state.json"),
+                    why="this version keeps state.journal; without one the state is rebuilt from the log (check "
+                        "counts are lost); the old file can be deleted")
+    appender = AppendBatcher(txn_log.append, max_messages=cfg.append_max_messages, max_bytes=cfg.append_max_bytes,
+                             timeout_s=timeout_s)
+    parts.on_close(appender.close)
+    parts.on_close(checkpointer.close)
+    in_doubt = InDoubt(table, txn_log.max_physical_offset, clock, cfg.in_doubt_settle_ms)
+    ops = OpBatcher(lambda body, offsets: appender.append(tx.OP_TOPIC, [MessageIn(body, tx.OP_TAG, queue_id=0)]),
+                    clock, max_bytes=cfg.op_batch_max_bytes, interval_ms=cfg.op_batch_interval_ms,
+                    on_written=table.mark_op_written,
+                    on_unknown=lambda offsets: in_doubt.add(f"op batch of {len(offsets)}",
+                                                            lambda: ops.requeue(table.requeue_op(offsets))))
+    parts.on_close(lambda: ops.drain(timeout_s))
+    add_duty(ops)
+    cache: HalfCache[MessageIn] = HalfCache(cfg.cache_max_entries, cfg.cache_max_bytes, parts.metrics)
+    coordinator = Coordinator(cfg, table, txn_log, appender, ops, cache, clock, in_doubt, txn_log.check_writable)
+    add_duty(txn_follower(table, txn_log, follow)).register_metrics(parts.metrics)
+    add_duty(in_doubt)
+    hub = CheckHub(cfg.max_check_streams)
+    checker = add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(txn_log, offsets),
+                                     lambda topic, messages: appender.append(topic, messages), in_doubt.add))
+    add_duty(checkpointer)
+    checkback = CheckBack(hub, checker, lambda txn_id, decision: decide(coordinator, txn_id, decision),
+                          max_streams=cfg.max_check_streams, answer_workers=cfg.check_answer_workers,
+                          max_queued_answers=cfg.check_answer_queue)
+    checkback.start()
+    parts.on_close(lambda: checkback.stop(timeout_s))
+    add_health_problem(checkback.problem)
+    streams = TransactStreams(coordinator, cfg.max_transact_streams, workers=cfg.one_way_workers,
+                              max_queued=cfg.one_way_queue, queue_wait_s=timeout_s)
+    streams.start()
+    parts.on_close(lambda: streams.stop(timeout_s))
+    add_health_problem(streams.problem)
+    operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, appender, audit, clock, streams,
+                            in_doubt.pending, lambda: in_doubt.settled, base_counters)
+    checkpointer.counters = operations.counters
+    operations.register_metrics(parts.metrics)
+    servicer = TransactionServicer(coordinator, checkback, operations, streams)
+    serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))
+    return servicer
+
+
+def txn_follower(table: TxnTable, source, config: FollowConfig) -> Follower:
+    """GapPolicy.STOP: records retention deleted before they were applied cannot be rebuilt (a COMMIT record
+    missed would let a transaction be committed twice), so the follower stays and reports it."""
+    return Follower("txn-follower", source, TxnProjection(table), config, gap_policy=GapPolicy.STOP)
+
+
+def decide(coordinator: Coordinator, txn_id: str, decision: str) -> None:
+    """A producer's check answer, applied as its Commit or Rollback would be (by "check-back"); a rollback
+    does not wait for its OP record (nobody waits for the answer's outcome)."""
+    if decision == "COMMIT":
+        coordinator.commit(txn_id, by="check-back")
+    else:
+        coordinator.rollback(txn_id, by="check-back", wait_durable=False)
+
+
+def read_halves(txn_log: TxnLog, offsets: list[int]) -> list[StoredMessage]:
+    out = []
+    for offset, lookup in zip(offsets, txn_log.get_messages_batch(offsets), strict=True):
+        if lookup.message is None:
+            raise DataLoss(f"half message at physical offset {offset} cannot be read: {lookup.missing}")
+        out.append(lookup.message)
+    return out

@@ -1,0 +1,43 @@
+"""The Transaction service's TxnLog (mqstore.txn.log) over gRPC, for Cluster mode: CommitLogInternal.Append
+as writer "txn" (with the commit log's internal token), DescribeTopic, GetMessages, GetStoreInfo and Tail of
+the CommitLog service, through one CommitLogClient (which follows a replication group's leader).
+
+Thread-safe (the CommitLogClient is); the owner closes the client.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from mqstore.model import AppendResult, MessageIn, MessageLookup, TopicRecord
+from mqstore.topics import OWNER_TRANSACTION
+from mqstore.txn.log import FOLLOWED_TOPICS, FOLLOWED_TX_TYPES, HOLD_NAME
+
+from mqstore_rpc.commitlog_client import CommitLogClient, TailCall
+
+
+class RemoteTxnLog:
+    def __init__(self, client: CommitLogClient, internal_token: str, linger_ms: int):
+        self._client, self._token, self._linger_ms = client, internal_token, linger_ms
+
+    def append(self, topic: str, messages: Sequence[MessageIn]) -> Sequence[AppendResult]:
+        return self._client.internal_append(topic, messages, writer=OWNER_TRANSACTION, token=self._token)
+
+    def topic(self, name: str) -> TopicRecord:
+        return self._client.topic(name)
+
+    def get_messages_batch(self, physical_offsets: Sequence[int]) -> list[MessageLookup]:
+        return self._client.get_messages_batch(physical_offsets)
+
+    def max_physical_offset(self) -> int:
+        return self._client.store_info().max_physical_offset
+
+    def check_writable(self) -> None:
+        return None  # the client sends writes to the group's leader; the commit log answers for itself
+
+    def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> TailCall:
+        # linger: once caught up, one frame per linger_ms instead of one per append (fewer wake-ups on
+        # both sides; the coordinator changes states itself and waits for the follower only at start)
+        return self._client.tail(from_physical_offset, max_frame_bytes=max_frame_bytes, heartbeat_ms=heartbeat_ms,
+                                 topics=FOLLOWED_TOPICS, tx_types=FOLLOWED_TX_TYPES, linger_ms=self._linger_ms,
+                                 hold_retention_as=HOLD_NAME)

@@ -1,0 +1,75 @@
+"""LocalTxnLog (mqstore.txn.log), the Transaction service's way into the store of its own process (Local
+mode): the same answers as the CommitLog service gives the Cluster-mode service (writer "txn", the
+follower's filter and retention hold), and a Tail that ends when cancelled."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mqstore import transactions as tx
+from mqstore.errors import InvalidArgument, NotFound
+from mqstore.format.record import SYSFLAG_TX_COMMIT
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+from mqstore.txn.log import HOLD_NAME, LocalTxnLog
+
+
+@pytest.fixture
+def store(small_config):
+    store = MessageStore(small_config())
+    store.start()
+    yield store
+    store.stop()
+
+
+def test_appends_as_the_txn_writer_and_reads_back(store):
+    log = LocalTxnLog(store, linger_ms=0)
+    store.create_topic("orders", 1)
+    results = log.append(tx.HALF_TOPIC, [MessageIn(b"half-1"), MessageIn(b"half-2")])
+    assert isinstance(results, list) and [r.queue_offset for r in results] == [0, 1]  # a list: the appender slices
+    offsets = [r.physical_offset for r in results]
+    found = log.get_messages_batch([*offsets, offsets[1] + 1])
+    assert [f.message.record.body for f in found[:2]] == [b"half-1", b"half-2"]
+    assert found[2].message is None and found[2].missing
+    assert log.topic("orders").queue_count == 1 and log.max_physical_offset() == store.store_info().max_physical_offset
+    with pytest.raises(NotFound):
+        log.topic("missing")
+    # the store's rules for writer "txn": plain records into user topics are refused, as over gRPC
+    with pytest.raises(InvalidArgument):
+        log.append("orders", [MessageIn(b"plain")])
+
+
+def test_the_tail_carries_the_transaction_topics_and_commits_and_holds_retention(store):
+    log = LocalTxnLog(store, linger_ms=0)
+    store.create_topic("orders", 1)
+    store.append("orders", [MessageIn(b"not followed")])
+    half = log.append(tx.HALF_TOPIC, [MessageIn(b"half")])[0]
+    log.append("orders", [MessageIn(b"real", sys_flag=SYSFLAG_TX_COMMIT,
+                                    prepared_transaction_offset=half.physical_offset)])
+    end = store.store_info().max_physical_offset
+    stream = log.tail(None, max_frame_bytes=1 << 20, heartbeat_ms=10)
+    records = 0
+    for frame in stream:
+        records += frame.record_count
+        if frame.next_physical_offset >= end:
+            break
+    stream.cancel()
+    assert records == 2  # the half and the COMMIT record, not the plain message
+    assert HOLD_NAME in store.retention_holds.snapshot()
+
+
+def test_a_cancelled_tail_ends_while_it_waits_for_records(store):
+    stream = LocalTxnLog(store, linger_ms=0).tail(0, max_frame_bytes=0, heartbeat_ms=50)
+    frames, ended = [], threading.Event()
+
+    def follow():
+        for frame in stream:
+            frames.append(frame)
+        ended.set()
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    stream.cancel()
+    assert ended.wait(10), "the tail did not end after cancel"
+    thread.join(10)
