@@ -24,7 +24,7 @@ A ratio is taken within its block, and the table gives the median over the round
 (lowest-highest) of the per-round ratios; figures are medians too. One round's ratio moved by more
 than 10% between runs on this shared machine.
 
-Hosts (``--hosts cluster,local``, default cluster): "cluster" is the Transaction service as its own process
+Hosts (``--hosts cluster,local``, default both): "cluster" is the Transaction service as its own process
 (txn_service) on the shared commit log; "local" is the Transaction service in the commit log's process
 (commitlog_service --txn-port, README *Transaction service: Cluster mode and Local mode*): each local block
 starts its own commit log with the service (the variant's flags as --txn-<flag>), runs the plain Append
@@ -493,7 +493,7 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default="", help=f"a part: modes ({', '.join(MODES)})")
     parser.add_argument("--variants", default="", help=f"a part: variants ({', '.join(VARIANTS)})")
     parser.add_argument("--hosts", default="", help=f"where the Transaction service runs ({', '.join(HOSTS)}; "
-                        "default cluster)")
+                        "default both)")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["rounds"] = args.rounds or cfg["rounds"]
@@ -502,7 +502,7 @@ def main(argv=None) -> int:
                        or list(PRODUCERS))
     modes = _names(args.modes, MODES, "modes") or list(MODES)
     variants = _names(args.variants, VARIANTS, "variants") or list(VARIANTS)
-    hosts = _names(args.hosts, HOSTS, "hosts") or ["cluster"]
+    hosts = _names(args.hosts, HOSTS, "hosts") or list(HOSTS)
     if "batched" not in variants:
         variants.insert(0, "batched")
     partial = bool(args.producers or args.modes or args.variants or args.rounds or args.duration_s or args.hosts)
