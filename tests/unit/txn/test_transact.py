@@ -123,3 +123,31 @@ def test_a_submitted_one_way_end_runs_on_a_worker_while_the_stream_goes_on():
         coordinator.release.set()
         streams.stop(30)
     assert [c[1] for c in coordinator.calls] == ["t-1", "t-2"]  # the queued one still applied at stop
+
+
+class Recording(Coordinator):
+    """Records the thread each call ran on."""
+
+    def __init__(self, fail: Exception | None = None):
+        super().__init__(fail)
+        self.threads: list[int] = []
+
+    def commit(self, txn_id, by="producer"):
+        self.threads.append(threading.get_ident())
+        super().commit(txn_id, by)
+
+
+def test_an_inline_one_way_end_is_applied_on_the_streams_thread_before_it_returns():
+    coordinator = Recording()
+    streams = TransactStreams(coordinator, max_streams=1, workers=1, inline=True)  # Local mode; never started
+    streams.submit_one_way("t-1", "COMMIT")
+    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY)]  # applied already, no worker involved
+    assert coordinator.threads == [threading.get_ident()]
+    def refuse():
+        raise PermissionDenied("user u lacks PUB on topic orders")
+    streams.submit_one_way("t-2", "COMMIT", guard=refuse)  # refused: counted, never applied, never raised
+    failing = TransactStreams(Recording(fail=Unavailable("recovering")), max_streams=1, inline=True)
+    failing.submit_one_way("t-3", "COMMIT")
+    assert (streams.one_way_ends, streams.one_way_failures) == (2, 1)
+    assert (failing.one_way_ends, failing.one_way_failures) == (1, 1)
+    assert [c[1] for c in coordinator.calls] == ["t-1"]

@@ -88,7 +88,7 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
 
     compose_txn(local.txn, local.follow, local.rpc_timeout_ms, LocalTxnLog(store, local.txn.follow_linger_ms),
                 local.clock or clock, parts, serve, add_problem, txn_server.health_changed,
-                add_duty=functools.partial(parts.add_duty, health=add_problem))
+                add_duty=functools.partial(parts.add_duty, health=add_problem), one_way_inline=True)
     log.info("txn.local", port=txn_server.port, data_dir=str(local.txn.data_dir))
     return txn_server.port
 
@@ -97,12 +97,13 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                 parts: service.Composition, serve: Callable[[str, Callable[[grpc.Server], None]], None],
                 add_health_problem: Callable[[Callable[[], str]], None],
                 health_changed: Callable[[], None],
-                add_duty: Callable[[Duty], Duty] | None = None) -> TransactionServicer:
+                add_duty: Callable[[Duty], Duty] | None = None, one_way_inline: bool = False) -> TransactionServicer:
     """Build the Transaction service on ``txn_log``; its closers are ``parts``'; ``serve(name, register)``
     registers the servicer on the server that serves it; ``add_health_problem`` makes that server
     NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
     a duty (default ``parts.add_duty``; in Local mode one whose problem turns the Transaction port's health
-    only: a follower stopped at a gap must not make the commit log NOT_SERVING)."""
+    only: a follower stopped at a gap must not make the commit log NOT_SERVING); ``one_way_inline``: one-way
+    ends are applied on their stream's thread (Local mode: mqstore.txn.transact says why)."""
     add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
     timeout_s = rpc_timeout_ms / 1000
@@ -145,7 +146,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     parts.on_close(lambda: checkback.stop(timeout_s))
     add_health_problem(checkback.problem)
     streams = TransactStreams(coordinator, cfg.max_transact_streams, workers=cfg.one_way_workers,
-                              max_queued=cfg.one_way_queue, queue_wait_s=timeout_s)
+                              max_queued=cfg.one_way_queue, queue_wait_s=timeout_s, inline=one_way_inline)
     streams.start()
     parts.on_close(lambda: streams.stop(timeout_s))
     add_health_problem(streams.problem)
