@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, limits, relayed, retention_holds, transactions
+from mqstore import codec, failpoints, fs, limits, relayed, retention_holds, transactions, waits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -585,13 +585,14 @@ class MessageStore:
                 if count:
                     yield TailFrame(data, count, pos, visible)
                 continue
-            with cond:
+            with waits.waiting(), cond:  # a Tail stream waits most of its life: its handler thread does not count
                 if self.visible_offset() <= pos:
                     cond.wait(heartbeat_s)
             if self.visible_offset() <= pos:
                 yield TailFrame(b"", 0, pos, self.visible_offset())
             elif linger_s:
-                time.sleep(linger_s)  # at most MAX_TAIL_LINGER_MS; the loop then checks is_active and stop
+                with waits.waiting():
+                    time.sleep(linger_s)  # at most MAX_TAIL_LINGER_MS; the loop then checks is_active and stop
 
     def _tail_start(self, start: str, offset: int) -> int:
         visible = self.visible_offset()

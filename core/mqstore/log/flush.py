@@ -28,7 +28,7 @@ import heapq
 import itertools
 import threading
 
-from mqstore import failpoints
+from mqstore import failpoints, waits
 from mqstore.background import Duty
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import FlushTimeout, Unavailable
@@ -91,7 +91,8 @@ class Flusher(Duty):
                 raise FlushTimeout(
                     f"records up to physical offset {offset} are written but no fsync confirmed them within "
                     f"{self.config.sync_flush_timeout_ms} ms; they may survive, so a retry may duplicate them")
-            parked.acquire(timeout=min(left, 0.5))
+            with waits.waiting():  # a SYNC append's fsync: the handler pool runs others meanwhile (group commit)
+                parked.acquire(timeout=min(left, 0.5))
 
     def flush_now(self) -> int:
         """Flush everything written so far; returns the flushed offset."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
+from mqstore import waits
 from mqstore.errors import DataLoss, OutOfRange
 from mqstore.format import record
 from mqstore.format.record_reader import Record, RecordView
@@ -114,7 +115,7 @@ class LongPolls:
             return ready()
         try:
             deadline = self._clock.monotonic_s() + wait_ms / 1000
-            with self._visible:
+            with waits.waiting(), self._visible:  # a long poll: its handler thread does not count while it waits
                 while True:
                     if ready():
                         return True

@@ -31,6 +31,7 @@ from typing import Callable
 
 import structlog
 
+from mqstore import waits
 from mqstore.background import Duty
 from mqstore.errors import NotEnoughReplicas, ReplicationTimeout
 from mqstore.replication.config import ReplicationConfig
@@ -210,7 +211,8 @@ class InSyncSet:
                         f"duplicate them")
                 event = threading.Event()
                 heapq.heappush(self._waiters, (end, next(self._seq), event))
-            event.wait(min(left, 0.5))
+            with waits.waiting():  # many appends wait here at once: let the handler pool run others meanwhile
+                event.wait(min(left, 0.5))
 
     def written_by(self, replica_id: str) -> int:
         with self._lock:

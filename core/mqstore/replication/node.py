@@ -22,6 +22,7 @@ from typing import Callable
 
 import structlog
 
+from mqstore import waits
 from mqstore.errors import NotLeader, Unavailable
 from mqstore.replication import epochs
 from mqstore.replication.config import SYNC, ReplicationConfig
@@ -58,7 +59,7 @@ class LogGrowth:
         return self._version
 
     def wait(self, seen: int, timeout_s: float) -> None:
-        with self._cond:
+        with waits.waiting(), self._cond:  # a replica's stream between chunks: its handler thread does not count
             if self._version == seen:
                 self._cond.wait(timeout_s)
 

@@ -64,6 +64,7 @@ from mqstore.store import MessageStore
 from mqstore.txn.config import TxnConfig
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
+from mqstore_rpc.executor import RUNNING
 from mqstore_rpc.gateway.composition import DEFAULT_MAX_WORKERS as GATEWAY_MAX_WORKERS
 from mqstore_rpc.gateway.composition import DEFAULT_TXN, LocalGatewayConfig, compose_local
 from mqstore_rpc.settings import default_auth_url
@@ -269,7 +270,7 @@ def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConf
 def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLogConfig:
     args = build_arg_parser().parse_args(argv)
     store = _store_config(args, env)
-    return CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT),
+    return CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT, default_running=RUNNING),
                            pop=PopConfig(**S.values_for(args, env, PopConfig)),
                            advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),

@@ -29,7 +29,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from mqstore import errors
+from mqstore import errors, waits
 
 log = structlog.get_logger("mqstore_rpc.errors")
 
@@ -185,8 +185,9 @@ def _wrap_stream_response(behavior: Callable, method: str, parse: Callable) -> C
 
 
 def _each(parse: Callable) -> Callable:
-    """The parser of a request stream: parses every item as it is taken."""
-    return lambda raw_items: map(parse, raw_items)
+    """The parser of a request stream: parses every item as it is taken (each wait for one says so to the
+    handler pool: mqstore.waits)."""
+    return lambda raw_items: map(parse, waits.iterate(raw_items))
 
 
 def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:

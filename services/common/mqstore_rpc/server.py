@@ -1,11 +1,12 @@
 """Assembles a gRPC server the same way for every mqstore service.
 
-``create_server(config, registry)`` gives a :class:`ManagedServer`: a ``grpc.Server`` with a bounded thread
-pool, 64 MiB message limits, the interceptors (per-RPC metrics outermost, then the error mapping, then
-any the caller adds: authentication), gRPC health and server reflection, already bound to ``host:port``
-(port 0 picks a free port, read it from ``.port``) in plaintext or, with ``config.tls``, TLS only
-(mutual when a client CA is set: mqstore_rpc.tls), and the ``/metrics`` exporter of ``registry`` on
-``config.metrics_port`` when it is set (mqstore_rpc.metrics; ``.metrics_port`` is the bound one). The
+``create_server(config, registry)`` gives a :class:`ManagedServer`: a ``grpc.Server`` on a bounded thread
+pool (mqstore_rpc.executor; ``max_running_handlers`` caps the calls that run at once), 64 MiB message
+limits, the interceptors (per-RPC metrics outermost, then the error mapping, then any the caller adds:
+authentication), gRPC health and server reflection, already bound to ``host:port`` (port 0 picks a free
+port, read it from ``.port``) in plaintext or, with ``config.tls``, TLS only (mutual when a client CA is
+set: mqstore_rpc.tls), and the ``/metrics`` exporter of ``registry`` on ``config.metrics_port`` when it is
+set (mqstore_rpc.metrics; ``.metrics_port`` is the bound one). The
 service registers its servicers, adds what must be closed after the server stops
 (``add_closer(store.stop)``), calls ``start()`` and then ``serve_until_signal()``, which returns after
 SIGTERM or SIGINT (caught by a :class:`StopSignals` installed first thing in ``main()``) and a graceful
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from concurrent import futures
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -34,6 +34,7 @@ from mqstore.background import Duty
 from mqstore.errors import InvalidArgument
 from mqstore.metrics import Registry
 from mqstore_rpc.errors import ErrorInterceptor
+from mqstore_rpc.executor import HandlerPool
 from mqstore_rpc.metrics import MetricsExporter, RpcMetrics
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.secret import Secret
@@ -74,6 +75,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0                        # 0 = any free port (tests)
     max_workers: int = 64                # handler threads; long polls and Tail streams each hold one
+    max_running_handlers: int = 0        # calls that run at once, waits not counted (executor); 0 = max_workers
     max_concurrent_rpcs: int = 1024      # beyond this new RPCs get RESOURCE_EXHAUSTED instead of queueing
     max_message_bytes: int = 64 * MiB    # send and receive
     grace_s: float = 5.0                 # how long running RPCs may finish on stop
@@ -92,6 +94,9 @@ class ServerConfig:
         for name in ("max_workers", "max_concurrent_rpcs", "max_message_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.max_running_handlers < 0:
+            raise InvalidArgument(f"max_running_handlers must be 0 (no cap) or positive, not "
+                                  f"{self.max_running_handlers}")
         if self.max_concurrent_rpcs < self.max_workers:
             raise InvalidArgument(f"max_concurrent_rpcs ({self.max_concurrent_rpcs}) must be at least "
                                   f"max_workers ({self.max_workers})")
@@ -161,7 +166,8 @@ class ManagedServer:
         self.config = config
         self.registry = registry or Registry()
         self.rpc_metrics = rpc_metrics or RpcMetrics(self.registry)
-        self._executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc-handler")
+        self._executor = HandlerPool(config.max_workers,
+                                     max_running=config.max_running_handlers or config.max_workers)
         options = [("grpc.max_send_message_length", config.max_message_bytes),
                    ("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]  # two servers must never share a port silently

@@ -114,6 +114,8 @@ _SERVICE_FLAGS = {
     "host": "address to bind (default 127.0.0.1; 0.0.0.0 only inside containers)",
     "port": "port to bind, 0 = any (default {port})",
     "max_workers": f"gRPC handler threads (default {ServerConfig.max_workers})",
+    "max_running_handlers": "gRPC calls that run at once, not counting those that wait (mqstore_rpc.executor; 0 = "
+                            "as many as there are threads; default 4 for the CommitLog service, 0 for the others)",
     "max_concurrent_rpcs": f"RPCs admitted at once (default {ServerConfig.max_concurrent_rpcs})",
     "grace_s": f"seconds running RPCs get on stop (default {ServerConfig.grace_s:g})",
     "log_level": "debug, info, warning, error (default info)",
@@ -153,11 +155,15 @@ def data_dir(args: argparse.Namespace, env: Mapping[str, str]) -> pathlib.Path:
     return pathlib.Path(text)
 
 
-def server_config(args: argparse.Namespace, env: Mapping[str, str], default_port: int) -> ServerConfig:
+def server_config(args: argparse.Namespace, env: Mapping[str, str], default_port: int,
+                  default_running: int = 0) -> ServerConfig:
+    """``default_running``: the service's default max_running_handlers (mqstore_rpc.executor says which
+    services cap their running calls and why)."""
     d = ServerConfig()
     port = typed(args, env, "port", parse_int, default_port)
     return ServerConfig(host=typed(args, env, "host", str, d.host), port=port,
                         max_workers=typed(args, env, "max_workers", parse_int, d.max_workers),
+                        max_running_handlers=typed(args, env, "max_running_handlers", parse_int, default_running),
                         max_concurrent_rpcs=typed(args, env, "max_concurrent_rpcs", parse_int, d.max_concurrent_rpcs),
                         grace_s=typed(args, env, "grace_s", float, d.grace_s),
                         metrics_host=typed(args, env, "metrics_host", str, ""),
