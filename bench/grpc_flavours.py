@@ -12,7 +12,11 @@ switches and CPU migrations per call from ``perf stat``) and the paired ratios a
 
 What it answers: ``sync`` against ``sync-bare`` is what the interceptor chain (per-RPC metrics and the
 error mapping, mqstore_rpc.server) costs a call; ``aio`` against ``sync`` is what an asyncio server would
-win at the gRPC layer alone, before any store work is added to it. Not part of ``make bench``.
+win at the gRPC layer alone, before any store work is added to it. ``--burn-us 10,40`` adds no-ops whose
+Append first spends that much CPU holding the GIL: what a longer handler costs beyond its own time.
+``--running 0,4`` runs the sync no-op and mqstore with each max_running_handlers (mqstore_rpc.executor; the
+plain ones run with the CommitLog service's default); ``--mode SYNC --shape unary-100 --producers 32`` asks
+the same of SYNC group commit. Not part of ``make bench``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--duration-s", type=float, default=4.0)
     parser.add_argument("--no-mqstore", action="store_true", help="the no-op flavours only")
+    parser.add_argument("--flavours", default=",".join(FLAVOURS), help="the no-op flavours to run (sync always runs)")
+    parser.add_argument("--burn-us", default="", help="comma-separated: also run the sync no-op whose Append "
+                        "spends this much CPU first (noop_server.py --burn-us), e.g. 10,40")
+    parser.add_argument("--running", default="", help="comma-separated max_running_handlers values: run the sync "
+                        "no-op and mqstore ASYNC with each (mqstore_rpc.executor; 0 = no cap), e.g. 0,4")
+    parser.add_argument("--mode", choices=("ASYNC", "SYNC"), default="ASYNC", help="mqstore's flush mode")
     parser.add_argument("--perf", action="store_true", help="perf stat each server: context switches, migrations")
     args = parser.parse_args(argv)
     timing = {"warmup_s": 1.0, "duration_s": args.duration_s, "channels": 1}
@@ -47,13 +57,28 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mqstore-flavours-") as tmp:
         work = pathlib.Path(tmp)
         try:
+            flavours = ["sync"] + [f for f in args.flavours.split(",") if f and f != "sync"]
             servers = {f"noop-{f}": GrpcServer(f"noop-{f}", [PYTHON, str(BENCH_DIR / "noop_server.py"), "--port", "0",
                                                              "--flavour", f], work / f"noop-{f}.log").start()
-                       for f in FLAVOURS}
+                       for f in flavours}
+            for burn in (b for b in args.burn_us.split(",") if b):
+                name = f"noop-sync-burn{burn}"
+                servers[name] = GrpcServer(name, [PYTHON, str(BENCH_DIR / "noop_server.py"), "--port", "0",
+                                                  "--burn-us", burn], work / f"{name}.log").start()
             if not args.no_mqstore:
-                mq = GrpcServer.commitlog(work / "mqstore", "ASYNC").start().check_codec()
+                mq = GrpcServer.commitlog(work / "mqstore", args.mode).start().check_codec()
                 append.create_topic(mq.target)
-                servers["mqstore-ASYNC"] = mq
+                servers[f"mqstore-{args.mode}"] = mq
+            for running in (r for r in args.running.split(",") if r):
+                name = f"noop-sync-r{running}"
+                servers[name] = GrpcServer(name, [PYTHON, str(BENCH_DIR / "noop_server.py"), "--port", "0",
+                                                  "--max-running-handlers", running], work / f"{name}.log").start()
+                if not args.no_mqstore:
+                    name = f"mqstore-{args.mode}-r{running}"
+                    mq = GrpcServer.commitlog(work / name, args.mode, extra=("--max-running-handlers", running),
+                                              log_name=f"{name}.log").start().check_codec()
+                    append.create_topic(mq.target)
+                    servers[name] = mq
             for round_ in range(args.rounds):
                 for name, server in servers.items():
                     perf = _start_perf(server.pid, work / "perf.txt") if args.perf else None
@@ -71,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_all()
     summary = _summary(results)
-    summary["meta"] = {"shape": args.shape, "producers": args.producers, "rounds": args.rounds,
+    summary["meta"] = {"shape": args.shape, "producers": args.producers, "rounds": args.rounds, "mode": args.mode,
                        "duration_s": args.duration_s, "loadavg": os.getloadavg()}
     out = BENCH_DIR / "results" / "scratch"
     out.mkdir(parents=True, exist_ok=True)
@@ -87,9 +112,10 @@ def _calls(r: dict, timing: dict, shape: dict) -> float:
 
 
 def _start_perf(pid: int, out: pathlib.Path) -> subprocess.Popen:
-    """perf stat on the server: context switches and migrations (this VM exposes no hardware counters,
-    so no instruction counts)."""
-    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "context-switches,cpu-migrations", "-p", str(pid),
+    """perf stat on the server: context switches, migrations and page faults (this VM exposes no hardware
+    counters, so no instruction counts)."""
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "context-switches,cpu-migrations,page-faults",
+                             "-p", str(pid),
                              "-o", str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 

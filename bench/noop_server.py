@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -43,6 +44,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mqstore.format.record import PROPERTY_UNIQ_KEY
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
+from mqstore_rpc.executor import RUNNING
 from mqstore_rpc.server import ServerConfig, create_server
 
 log = structlog.get_logger("noop_server")
@@ -58,10 +60,13 @@ MAX_PULL_MESSAGES = 10_000
 class NoopCommitLog(commitlog_pb2_grpc.CommitLogServicer):
     """Thread-safe: the only state is a cache of prebuilt, never-modified messages (a benign race)."""
 
-    def __init__(self) -> None:
+    def __init__(self, burn_us: float = 0.0) -> None:
         self._pull_cache: dict[int, list[common_pb2.StoredMessage]] = {}
+        self._burn_s = burn_us / 1e6
 
     def Append(self, request, context):
+        if self._burn_s:
+            _burn(self._burn_s)
         return commitlog_pb2.AppendResponse(results=[_RESULT] * len(request.messages))
 
     def AppendStream(self, request_iterator, context):
@@ -121,14 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="no-op CommitLog server (benchmark ceiling)")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1, 0 = any free port")
     parser.add_argument("--flavour", choices=FLAVOURS, default="sync", help="the gRPC server (module docstring)")
+    parser.add_argument("--burn-us", type=float, default=0.0,
+                        help="sync flavour: each Append first spends this much thread CPU holding the GIL (bench/"
+                             "grpc_flavours.py --burn-us: does a longer handler cost more than its own time?)")
+    parser.add_argument("--max-running-handlers", type=int, default=RUNNING,
+                        help=f"sync flavour: as the CommitLog service's setting (default {RUNNING}, as its)")
     args = parser.parse_args(argv)
+    running = {"max_running_handlers": args.max_running_handlers}
     mqlogging.configure("info")
     if args.flavour == "aio":
         return asyncio.run(_serve_aio(args.port))
     if args.flavour == "sync-bare":
         return _serve_sync_bare(args.port)
-    server = create_server(ServerConfig(host="127.0.0.1", port=args.port))
-    commitlog_pb2_grpc.add_CommitLogServicer_to_server(NoopCommitLog(), server.grpc_server)
+    server = create_server(ServerConfig(host="127.0.0.1", port=args.port, **running))
+    commitlog_pb2_grpc.add_CommitLogServicer_to_server(NoopCommitLog(args.burn_us), server.grpc_server)
     server.add_service_names([commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name])
     server.start()
     server.mark_serving()
@@ -137,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     server.stop()
     log.info("server.stopped", port=server.port)
     return 0
+
+
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU in Python bytecode (the GIL held, as a store's handler holds it)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 def _wait_for_signal() -> None:
