@@ -14,7 +14,8 @@ File sizes: the services' defaults are for production (1 GiB commit log segments
 next one created ahead of the writer; consume queue files of 5.7 MB; index files of 400 MB), and with them
 every service a test started kept over 1 GB in pytest's temp dir: a full run left 25-28 GB there. So a
 ServiceProcess gets the small sizes of :data:`SMALL_FILES` through the environment; a flag the test passes
-wins (flags win over variables), and so does a variable in its ``env``.
+wins (flags win over variables), and so does a variable in its ``env``; the same variable in the test
+process's own environment does not.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ LAST_LINES = 20
 MiB = 1024 * 1024
 
 # Per module: 16 MiB commit log segments (a 4 MiB body still fits one) created 4 MiB ahead of the
-# writer instead of 64 MiB, consume queue files of 50,000 entries (1 MB), index files of 100,000 slots
-# and 400,000 entries (8.4 MB), compaction log segments of 8 MiB (mqstore_rpc.launcher's, for make run).
+# writer instead of 64 MiB; the rest as mqstore_rpc.launcher gives make run: consume queue files of
+# 50,000 entries (1 MB), index files of 100,000 slots and 400,000 entries (8.4 MB), compaction log
+# segments of 8 MiB.
 SMALL_FILES: dict[str, dict[str, str]] = {
     "commitlog_service.main": {"MQSTORE_SEGMENT_SIZE_BYTES": str(16 * MiB), "MQSTORE_WARM_AHEAD_BYTES": str(4 * MiB),
                                "MQSTORE_CQ_ENTRIES_PER_FILE": "50000"},
