@@ -92,3 +92,55 @@ def golden_bytes(name: str, produced: bytes, request) -> bytes:
 def pytest_addoption(parser):
     parser.addoption("--regen-golden", action="store_true", default=False,
                      help="rewrite golden byte files from the current code (on purpose only)")
+
+
+# The disk the run's temp dir holds at its end (pytest keeps every test's tmp_path until a later run),
+# reported in the terminal summary, with the largest directories: a full run once left 25-28 GB there
+# (services started with 1 GiB segments, allocated for real) and two runs filled the disk. A run over
+# TEMP_LIMIT_BYTES fails, so that a helper starting services with production sizes again cannot go unseen.
+TEMP_LIMIT_BYTES = 8 * 1024 ** 3
+BASETEMP = pytest.StashKey[pathlib.Path]()
+TEMP_USE = pytest.StashKey[tuple[int, list[tuple[int, str]]]]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _basetemp_to_measure(request, tmp_path_factory) -> None:
+    request.config.stash[BASETEMP] = tmp_path_factory.getbasetemp()
+
+
+def allocated_bytes(path: pathlib.Path) -> int:
+    """Bytes of disk the files under ``path`` take (blocks: a sparse file counts what it allocated)."""
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # a file gone meanwhile
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+    return total
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own, which may remove the temp dir of a passing run
+def pytest_sessionfinish(session):
+    basetemp = session.config.stash.get(BASETEMP, None)
+    if basetemp is None or not basetemp.is_dir():
+        return
+    sizes = sorted(((allocated_bytes(entry), entry.name) for entry in basetemp.iterdir()
+                    if not entry.is_symlink()), reverse=True)  # pytest's <name>current links
+    total = sum(size for size, _ in sizes)
+    session.config.stash[TEMP_USE] = (total, sizes[:5])
+    if total > TEMP_LIMIT_BYTES and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if TEMP_USE not in config.stash:
+        return
+    total, largest = config.stash[TEMP_USE]
+    over = total > TEMP_LIMIT_BYTES
+    terminalreporter.write_sep("=", "disk in the temp dir", red=over, bold=over)
+    terminalreporter.write_line(f"{config.stash[BASETEMP]}: {total / 1024 ** 2:,.0f} MiB (limit "
+                                f"{TEMP_LIMIT_BYTES / 1024 ** 2:,.0f} MiB); largest: "
+                                + ", ".join(f"{name} {size / 1024 ** 2:,.0f} MiB" for size, name in largest))
+    if over:
+        terminalreporter.write_line("over the limit: the run fails. A test or helper keeps large files in its "
+                                    "tmp_path (services started with production file sizes?): "
+                                    "tests/support/processes.py SMALL_FILES", red=True)

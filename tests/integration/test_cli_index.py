@@ -41,7 +41,9 @@ def servers(tmp_path_factory):
     log_config = CommitLogConfig(store=StoreConfig(data_dir=root / "log", segment_size_bytes=64 * 1024,
                                                    preallocate_segments=False), server=ServerConfig(port=0, grace_s=1))
     with commitlog_serving(log_config) as (_, log_port):
-        index_config = IndexServiceConfig(index=IndexConfig(root / "index"), server=ServerConfig(port=0, grace_s=1),
+        # Small index files (the default's first file is 400 MB, allocated for real).
+        index = IndexConfig(root / "index", slot_count=1000, entry_count=4000)
+        index_config = IndexServiceConfig(index=index, server=ServerConfig(port=0, grace_s=1),
                                           commitlog_address=f"127.0.0.1:{log_port}",
                                           follower=FollowerConfig(heartbeat_ms=50))
         with serving(index_config) as (_, index_port), grpc.insecure_channel(f"127.0.0.1:{log_port}") as ch, \

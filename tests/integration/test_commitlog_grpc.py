@@ -26,8 +26,10 @@ RPC_TIMEOUT_S = 10
 
 
 def make_config(data_dir: pathlib.Path, **store_overrides) -> CommitLogConfig:
-    store = StoreConfig(data_dir=data_dir, segment_size_bytes=SEGMENT_BYTES, preallocate_segments=False,
-                        **store_overrides)
+    # Consume queue files of 50,000 entries (1 MB): the default's are 5.7 MB each, allocated for real, one
+    # per queue written, and this config serves many tests.
+    store = StoreConfig(**{"data_dir": data_dir, "segment_size_bytes": SEGMENT_BYTES, "preallocate_segments": False,
+                           "cq_entries_per_file": 50_000, **store_overrides})
     return CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=1.0))
 
 

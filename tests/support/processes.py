@@ -9,6 +9,13 @@ The stop deadline is generous on purpose: on a loaded 2-core machine a clean sto
 RPCs, duties joined, flush, checkpoint) has taken more than 30 s, and a test that asserts ``stop() ==
 0`` then saw -9. A stop that needs SIGKILL says so on stderr with the child's last log lines (pytest
 shows them with the failure), so a slow stop is never mistaken for a crash.
+
+File sizes: the services' defaults are for production (1 GiB commit log segments, allocated for real, the
+next one created ahead of the writer; consume queue files of 5.7 MB; index files of 400 MB), and with them
+every service a test started kept over 1 GB in pytest's temp dir: a full run left 25-28 GB there. So a
+ServiceProcess gets the small sizes of :data:`SMALL_FILES` through the environment; a flag the test passes
+wins (flags win over variables), and so does a variable in its ``env``; the same variable in the test
+process's own environment does not.
 """
 
 from __future__ import annotations
@@ -26,12 +33,24 @@ START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 120        # SIGTERM to exit; then SIGKILL (reported)
 KILL_TIMEOUT_S = 30
 LAST_LINES = 20
+MiB = 1024 * 1024
+
+# Per module: 16 MiB commit log segments (a 4 MiB body still fits one) created 4 MiB ahead of the
+# writer instead of 64 MiB; the rest as mqstore_rpc.launcher gives make run: consume queue files of
+# 50,000 entries (1 MB), index files of 100,000 slots and 400,000 entries (8.4 MB), compaction log
+# segments of 8 MiB.
+SMALL_FILES: dict[str, dict[str, str]] = {
+    "commitlog_service.main": {"MQSTORE_SEGMENT_SIZE_BYTES": str(16 * MiB), "MQSTORE_WARM_AHEAD_BYTES": str(4 * MiB),
+                               "MQSTORE_CQ_ENTRIES_PER_FILE": "50000"},
+    "index_service.main": {"MQSTORE_SLOT_COUNT": "100000", "MQSTORE_ENTRY_COUNT": "400000"},
+    "compactor_service.main": {"MQSTORE_SEGMENT_SIZE_BYTES": str(8 * MiB)},
+}
 
 
 class ServiceProcess:
     def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None):
         command = [sys.executable, "-m", module, *args]
-        full_env = {**os.environ, **(env or {})}
+        full_env = {**os.environ, **SMALL_FILES.get(module, {}), **(env or {})}
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         env=full_env)
         self.events: queue.Queue[dict] = queue.Queue()
