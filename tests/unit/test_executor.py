@@ -54,7 +54,8 @@ def test_last_idle_first():
         release_first = threading.Event()
         first = pool.submit(lambda: (release_first.wait(WAIT_S), threading.current_thread().name)[1])
         second = pool.submit(lambda: threading.current_thread().name)
-        second_name = second.result(WAIT_S)  # idle first
+        second_name = second.result(WAIT_S)
+        _wait_idle(pool, 1)  # idle first (a result is out just before its thread is back on the stack)
         release_first.set()
         first_name = first.result(WAIT_S)    # idle last
         assert first_name != second_name

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import structlog
 
+from mqstore import waits
 from mqstore.errors import InvalidArgument, MqStoreError, OutcomeUnknown, Unavailable
 from mqstore.model import AppendResult, MessageIn
 
@@ -92,16 +93,18 @@ class AppendBatcher:
     def _await_turn(self, request: _Request, queue: collections.deque[_Request], deadline: float) -> None:
         """Until ``request`` is done or its caller is handed the lead; Unavailable (and withdrawn) if it
         is still queued at ``deadline``."""
-        if request.signal.wait(max(deadline - time.monotonic(), 0)):
-            return
+        with waits.waiting():  # the handler pool runs other calls meanwhile (mqstore.waits)
+            if request.signal.wait(max(deadline - time.monotonic(), 0)):
+                return
         with self._lock:
             if not request.lead and not request.taken:
                 # Never appended later behind the caller's back: a retried Commit must not find its
                 # first attempt's messages arriving after it.
                 queue.remove(request)
                 raise Unavailable(f"the append waited {self.timeout_s:.0f} s for its turn and was not sent; retry")
-        while not request.signal.wait(self.timeout_s):
-            pass  # in a leader's round (or just handed the lead): that append has its own timeout
+        with waits.waiting():
+            while not request.signal.wait(self.timeout_s):
+                pass  # in a leader's round (or just handed the lead): that append has its own timeout
 
     def _lead(self, topic: str, pending: list[_Request]) -> None:
         try:

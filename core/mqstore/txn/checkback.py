@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 import structlog
 
+from mqstore import waits
 from mqstore.background import Workers
 from mqstore.errors import InvalidArgument, MqStoreError, ResourceExhausted
 from mqstore.model import StoredMessage
@@ -101,7 +102,8 @@ class CheckSession:
         """The next check to send, counted as sent; None when there is none within ``timeout_s`` (or it
         was dropped, or the session closed)."""
         try:
-            check = self._outbox.get(timeout=timeout_s)
+            with waits.waiting():  # a CheckBack stream waits most of its life: its handler thread does not count
+                check = self._outbox.get(timeout=timeout_s)
         except queue.Empty:
             return None
         return check if check is not None and self._on_send(check) else None

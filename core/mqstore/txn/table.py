@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Sequence
 
 import structlog
 
+from mqstore import waits
 from mqstore.errors import ResourceExhausted, invariant
 
 log = structlog.get_logger("mqstore.txn.table")
@@ -304,7 +305,7 @@ class TxnTable:
 
     def wait_op_written(self, txn: Txn, timeout_s: float) -> bool:
         """Until every half of ``txn`` has its OP record; False after ``timeout_s``."""
-        with self.op_cond:
+        with waits.waiting(), self.op_cond:  # up to an OP batch interval: other calls run meanwhile
             return self.op_cond.wait_for(lambda: txn.op_written, timeout_s)
 
     # ---- the checkpoint's view -------------------------------------------------------------------------

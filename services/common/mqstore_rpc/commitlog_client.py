@@ -26,7 +26,7 @@ import threading
 from typing import Iterator, Sequence
 
 import grpc
-from mqstore import model
+from mqstore import model, waits
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
@@ -243,7 +243,9 @@ class CommitLogClient:
             address = self.address
             stub = {"log": self._stub, "internal": self._internal, "consumer": self._consumer}[service]
             try:
-                return getattr(stub, method)(request, timeout=self.rpc_timeout_s + extra_timeout_s, metadata=metadata)
+                with waits.waiting():  # a handler calling another service: the handler pool runs others meanwhile
+                    return getattr(stub, method)(request, timeout=self.rpc_timeout_s + extra_timeout_s,
+                                                 metadata=metadata)
             except grpc.RpcError as exc:
                 error = from_rpc_error(exc, address)
                 if isinstance(error, NotLeader) and error.leader_address and attempt == 0:

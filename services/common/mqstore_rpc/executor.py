@@ -5,20 +5,22 @@ grpc's sync server submits each call to the executor it is given. With the stand
 call goes to a thread of its own as long as one is free (up to max_workers, 64): under a steady load of
 short calls a dozen threads take turns, each woken for one call, each then waiting for the GIL that the
 others hold, each found cold (its stack and objects out of the CPU caches). One GIL runs one of them at a
-time anyway. Here at most ``max_running`` calls run at once (the server setting max_running_handlers: RUNNING,
-4, for the CommitLog service, whose waits say so, below; 0, no cap, for the others, whose handlers wait on
-their calls to other services and on batchers that do not); a call submitted beyond that waits in a queue,
-in arrival order, and the thread that finishes a call takes the next one without going to sleep. Idle
-threads wait on a stack, each on a lock of its own, and a call goes to the one on top. bench/README.md,
-*Which gRPC server for single messages*, has the figures.
+time anyway. Here at most ``max_running`` calls run at once (the server setting max_running_handlers:
+RUNNING, 4, for the CommitLog service; 0, no cap, for the others, where a cap measured no gain: the
+Transaction service's cost is elsewhere); a call submitted beyond that waits in a queue, in arrival order,
+and the thread that finishes a call takes the next one without going to sleep. Idle threads wait on a
+stack, each on a lock of its own, and a call goes to the one on top. bench/README.md, *Which gRPC server
+for single messages*, has the figures.
 
 A call that waits (a long poll, a Tail stream between frames, a stream waiting for its client's next
 message, a SYNC append waiting for its fsync) must not hold a place while it waits, or four of them would
 stop the server. Two ways out:
 
   - the wait says so (mqstore.waits.waiting(): the SYNC flush, the SYNC replication acknowledgement, long
-    polls, Tail and replica streams between frames, and every request stream's wait for its next message,
-    taken through mqstore.waits.iterate by the error wrapper): its place is free at once, taken back after;
+    polls, Tail and replica streams between frames, every request stream's wait for its next message,
+    taken through mqstore.waits.iterate by the error wrapper, and, for the services that may be capped by
+    their setting, every call through CommitLogClient, the txn appender's and OP waits and check-back
+    streams): its place is free at once, taken back after;
   - any other wait is found by a monitor thread, which runs only while calls are queued: every TICK_S it
     reads the CPU clock of each running thread, and a thread whose clock did not move for STALL_TICKS
     readings does not count until it moves again. A queued call then waits at most about

@@ -93,7 +93,7 @@ def compose_local(local: LocalGatewayConfig, server: ServerConfig, store: StoreL
     served on a second port with this server's TLS, authentication and metrics. Returns the bound port."""
     config = dataclasses.replace(server, port=local.port, max_workers=local.max_workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, local.max_workers),
-                                 metrics_port=None, max_running_handlers=0)  # its waits do not say so (executor)
+                                 metrics_port=None, max_running_handlers=0)  # uncapped, as gateway_service
     envelope = 64 * 1024  # as gateway_service's config checks: a body at the limit must fit in a request
     if config.max_message_bytes < local.gateway.max_body_bytes + envelope:
         raise InvalidArgument(f"the server's max_message_bytes ({config.max_message_bytes}) must exceed the "

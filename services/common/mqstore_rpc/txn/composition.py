@@ -80,7 +80,7 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
     workers = local.max_workers or server_threads(local.txn)
     config = dataclasses.replace(server, port=local.port, max_workers=workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, workers), metrics_port=None,
-                                 max_running_handlers=0)  # its waits (the appender's) do not say so (executor)
+                                 max_running_handlers=0)  # capped, it measured the same (bench/README.md)
     txn_server, add_problem = parts.add_server("txn", config)
 
     def serve(name: str, register: Callable[[grpc.Server], None]) -> None:
