@@ -3,9 +3,10 @@ thread pool running it can let another thread run meanwhile.
 
 The gRPC servers' handler pool (mqstore_rpc.executor) runs at most a few handlers at a time, since one GIL
 runs one of them anyway; a handler that waits does not count while it waits. The pool finds waiting handlers
-on its own, by their CPU clocks, within a few milliseconds; the few waits on the hot path that many calls
-make at once (a SYNC append's fsync, a SYNC-replicated append's replica acknowledgement) say so at once with
-``with waits.waiting():``, so that group commit sees every concurrent append without that delay.
+on its own, by their CPU clocks, within about 40 ms; the waits that calls make often or many at once (a SYNC
+append's fsync, a replica's acknowledgement, long polls, Tail streams: mqstore_rpc.executor lists them) say
+so at once with ``with waits.waiting():``, so that group commit sees every concurrent append without that
+delay. A pool without a cap sets no hooks.
 
 A stream's handler waits for its client's next message inside grpc's request iterator: the servers' error
 wrapper (mqstore_rpc.errors) takes every request stream through :func:`iterate`, which says so around each

@@ -14,6 +14,7 @@ import pytest
 
 from commitlog_service.main import CommitLogConfig, parse_config, serving
 from mqstore.config import FLUSH_SYNC, StoreConfig
+from mqstore.errors import InvalidArgument
 from mqstore_rpc.executor import RUNNING
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2
@@ -87,5 +88,5 @@ def test_the_commit_log_caps_its_running_calls_by_default_other_services_do_not(
     assert parse_config(["--max-running-handlers", "0"], env).server.max_running_handlers == 0
     assert parse_config([], {**env, "MQSTORE_MAX_RUNNING_HANDLERS": "2"}).server.max_running_handlers == 2
     assert ServerConfig().max_running_handlers == 0
-    with pytest.raises(Exception, match="max_running_handlers must be 0"):
+    with pytest.raises(InvalidArgument, match="max_running_handlers must be 0"):
         ServerConfig(max_running_handlers=-1)

@@ -182,7 +182,8 @@ class HandlerPool(futures.Executor):
         with self._lock:
             worker.clock = time.pthread_getcpuclockid(threading.get_ident())
             item = worker.item
-        waits.set_hooks(lambda: self._waits(worker), lambda: self._resumes(worker))
+        if self.max_running < self.max_workers:  # uncapped, a wait frees nothing: no hook on the hot path
+            waits.set_hooks(lambda: self._waits(worker), lambda: self._resumes(worker))
         while item is not None:
             _run(item)
             with self._lock:
