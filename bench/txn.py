@@ -1,21 +1,22 @@
 """Transaction service benchmark (run by ``make bench`` after the commit log's): ``bench/txn.py [--quick]``.
 
-Workload, all as real processes on 127.0.0.1 (a commit log, ASYNC flush, and a txn service): N
-producers (1, 8, 32; closed loop, grpc.aio in this process) each run Prepare (one 256-byte message)
-then Commit of the returned id, as fast as they can, for ``duration_s`` after ``warmup_s``. How a
-producer makes its two calls is the mode (MODES): "unary", two unary calls; "stream", two frames of
-the producer's own Transact stream, each answered; "one-way", the same with the Commit frame one-way
-(not answered: the producer's next Prepare is answered once the service has handled it, frames being
-handled in order; a failed one-way commit would count in Stats one_way_failures). Measured: transactions/s, p50/p99
-of Prepare+Commit, CPU time per transaction of each process (this client, the txn service, the commit
-log: /proc, over the window; steadier than rates on a shared machine), the half:OP message ratio, the
-cache hit rate and the messages per Append to the commit log (the txn service's Stats, differences over
-the window). Comparison points in the same run, with the same producers: plain unary Append of one such
-message to the commit log; two sequential Appends (the latency a producer would pay without the
-service); the txn service with batching off (one OP message per half: --op-batch-max-bytes 1, and no
-merging of producers' appends: --append-max-messages 1); and with the cache off (--cache-max-entries 0).
-Targets (issue 20): Prepare+Commit >= 0.5x plain Append at 8 and 32 producers; batched >= 2x unbatched;
-p50 at 1 producer <= 1.5x two sequential Appends; half:OP >= 100:1.
+Workload, all as real processes on 127.0.0.1 (a commit log, ASYNC flush, and a txn service): N producers
+(1, 8, 32; closed loop, grpc.aio in this process) each run Prepare (one 256-byte message) then Commit of
+the returned id, as fast as they can, for ``duration_s`` after ``warmup_s``. How a producer makes its
+two calls is the mode (MODES): "unary", two unary calls; "stream", two frames of the producer's own
+Transact stream, each answered; "one-way", the same with the Commit frame one-way (not answered: the
+producer's next Prepare is answered once the service has handled it, frames being handled in order; a
+failed one-way commit would count in Stats one_way_failures); "carried", the one-way Commit carried by
+the producer's next Prepare frame (txn.proto, carried ends): one frame each way. Measured:
+transactions/s, p50/p99 of Prepare+Commit, CPU time per transaction of each process (this client, the
+txn service, the commit log: /proc, over the window; steadier than rates on a shared machine), the
+half:OP message ratio, the cache hit rate and the messages per Append to the commit log (the txn
+service's Stats, differences over the window). Comparison points in the same run, with the same
+producers: plain unary Append of one such message to the commit log; two sequential Appends (the latency
+a producer would pay without the service); the txn service with batching off (one OP message per half:
+--op-batch-max-bytes 1, and no merging of producers' appends: --append-max-messages 1); and with the
+cache off (--cache-max-entries 0). Targets (issue 20): Prepare+Commit >= 0.5x plain Append at 8 and 32
+producers; batched >= 2x unbatched; p50 at 1 producer <= 1.5x two sequential Appends; half:OP >= 100:1.
 
 Rounds: every figure is measured ``rounds`` times, alternating: for each producer count and round, each
 variant's block is a plain Append window followed by that variant's windows (one txn service started
@@ -113,8 +114,36 @@ def stream_producer(stub: txn_pb2_grpc.TransactionStub, one_way: bool = False):
     return transaction, close
 
 
+def carried_producer(stub: txn_pb2_grpc.TransactionStub):
+    """Prepare frames, each carrying the one-way Commit of the producer's previous transaction (txn.proto
+    Transact, carried ends): one frame each way per transaction. A producer that had no next Prepare
+    would send the end alone after its linger; in this closed loop the next Prepare follows at once, so
+    the transaction counts when its Commit is handed to the stream (as in one-way mode, where it counts
+    once sent); ``close`` sends the last one alone."""
+    call = stub.Transact()
+    prepare = txn_pb2.TransactRequest(prepare=_prepare_request())
+    ids = iter(range(1, 1 << 62))
+
+    async def transaction():
+        prepare.request_id = next(ids)
+        await call.write(prepare)
+        del prepare.ends[:]
+        answer = await call.read()
+        if answer.HasField("error"):
+            raise BenchError(f"Prepare frame failed: {answer.error}")
+        prepare.ends.add(transaction_id=answer.prepared.transaction_id, decision=txn_pb2.DECISION_COMMIT)
+
+    async def close():
+        if prepare.ends:
+            await call.write(txn_pb2.TransactRequest(request_id=next(ids), ends=prepare.ends))
+        await call.done_writing()
+        while (answer := await call.read()) is not grpc.aio.EOF:
+            raise BenchError(f"a frame of carried ends only was answered: {answer}")
+    return transaction, close
+
+
 MODES = {"unary": unary_producer, "stream": stream_producer,
-         "one-way": lambda stub: stream_producer(stub, one_way=True)}
+         "one-way": lambda stub: stream_producer(stub, one_way=True), "carried": carried_producer}
 DEFAULT_MODE = "unary"  # the mode of the unbatched and cache-off comparison windows
 
 

@@ -1,6 +1,7 @@
 """Transact streams through real gRPC (a commit log and a txn service in this process, 127.0.0.1, port 0):
 frames answered as their unary calls, failed frames answered with their status while the stream goes on,
-the stream limit, one-way ends (applied, never answered, counted), a stream broken mid-transaction, and
+the stream limit, one-way ends (applied, never answered, counted), ends carried by later frames (the same;
+a malformed one refuses its frame whole), a stream broken mid-transaction, and
 a one-way Commit lost while the commit log is away, which check-back then decides."""
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def test_a_failed_frame_answers_its_status_and_the_stream_goes_on(log, txn):
     cases = [
         (dict(commit=end("nope")), grpc.StatusCode.NOT_FOUND, "unknown"),
         (dict(rollback=end("")), grpc.StatusCode.INVALID_ARGUMENT, "transaction_id"),
-        ({}, grpc.StatusCode.INVALID_ARGUMENT, "set one of prepare, commit or rollback"),
+        ({}, grpc.StatusCode.INVALID_ARGUMENT, "set one of prepare, commit or rollback, or carry ends"),
         (dict(one_way=True, prepare=txn_pb2.PrepareRequest(topic="orders", producer_group="pg")),
          grpc.StatusCode.INVALID_ARGUMENT, "only a Commit or Rollback frame may be one-way"),
         (dict(prepare=txn_pb2.PrepareRequest(topic="missing", producer_group="pg")),
@@ -150,6 +151,67 @@ def test_a_one_way_end_is_applied_and_never_answered(log, txn):
     assert frames.close() == []
 
 
+def carried(txn_id: str, decision: int = txn_pb2.DECISION_COMMIT) -> txn_pb2.CarriedEnd:
+    return txn_pb2.CarriedEnd(transaction_id=txn_id, decision=decision)
+
+
+def test_carried_ends_are_applied_as_one_way_frames_and_never_answered(log, txn):
+    _, log_stub = log
+    frames = Frames(txn)
+    for txn_id in ("t-1", "t-2", "t-3"):
+        frames.prepare("orders", [txn_id.encode()], txn_id=txn_id)
+    # A Prepare carrying two ends (one refused: unknown) is answered as the Prepare alone.
+    answer = frames.prepare("orders", [b"t-4"], txn_id="t-4",
+                            ends=[carried("t-1"), carried("t-2", txn_pb2.DECISION_ROLLBACK), carried("nope")])
+    assert answer.prepared.transaction_id == "t-4"
+    frames.send(ends=[carried("t-3"), carried("t-4")])  # ends only: never answered
+    last = frames.prepare("orders", [b"t-5"], txn_id="t-5")  # the next answer is the next two-way frame's
+    assert last.prepared.transaction_id == "t-5"
+    wait_until(lambda: (stats(txn).one_way_ends, stats(txn).one_way_failures) == (5, 1)
+               and all(show(txn, t).state == COMMITTED for t in ("t-1", "t-3", "t-4"))
+               and show(txn, "t-2").state == ROLLED_BACK, "the carried ends")
+    assert show(txn, "t-1").resolved_by == "producer (one-way)"
+    assert show(txn, "t-5").state == txn_pb2.TRANSACTION_STATE_OPEN
+    assert bodies(log_stub) == [b"t-1", b"t-3", b"t-4"]
+    assert frames.close() == []
+
+
+def test_a_frame_with_malformed_ends_is_refused_whole_and_answered(log, txn):
+    _, log_stub = log
+    frames = Frames(txn)
+    frames.prepare("orders", [b"t-1"], txn_id="t-1")
+    cases = [  # each with a valid end of t-1 first: none of the frame may be applied
+        (dict(ends=[carried("t-1"), carried("t-1", txn_pb2.DECISION_UNKNOWN)]), "ends[1].decision"),
+        (dict(ends=[carried("t-1"), carried("t-1", txn_pb2.DECISION_UNSPECIFIED)]), "ends[1].decision"),
+        (dict(ends=[carried("t-1")] * 1001), "at most 1000"),
+        (dict(commit=end("t-1"), ends=[carried("t-1"), carried("t-1", 7)]), "ends[1].decision"),
+        (dict(prepare=txn_pb2.PrepareRequest(topic="orders", producer_group="pg", transaction_id="t-2",
+                                              messages=[txn_pb2.PrepareRequest().messages.add(body=b"t-2")]),
+              ends=[carried("t-1"), carried("t-1", txn_pb2.DECISION_UNKNOWN)]), "ends[1].decision"),
+    ]
+    for kind, text in cases:
+        error = frames.ask(**kind).error  # answered although an ends-only frame would not be
+        assert (error.code, text in error.message) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], True), (text, error)
+    assert show(txn, "t-1").state == txn_pb2.TRANSACTION_STATE_OPEN and bodies(log_stub) == []
+    assert (stats(txn).one_way_ends, stats(txn).open) == (0, 1)  # no t-2 either
+    assert frames.ask(commit=end("t-1")).ended.state == COMMITTED  # the stream still serves
+    assert frames.close() == []
+
+
+def test_a_carried_end_is_applied_before_the_frames_own_request_in_local_mode(tmp_path):
+    """Local mode applies one-way ends on the stream's thread: an end carried by a two-way Commit of the
+    same transaction has committed it by the time the Commit runs (Cluster mode's workers may race it)."""
+    with txn_stack(tmp_path, "local", {"orders": 2}) as parts:
+        frames = Frames(parts.txn)
+        frames.prepare("orders", [b"a"], txn_id="t-1")
+        answer = frames.ask(commit=end("t-1"), ends=[carried("t-1")])
+        assert answer.ended.state == COMMITTED and answer.ended.already
+        frames.prepare("orders", [b"b"], txn_id="t-2")
+        refused = frames.ask(commit=end("t-2"), ends=[carried("t-2", txn_pb2.DECISION_ROLLBACK)]).error
+        assert refused.code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "ROLLED_BACK" in refused.message
+        assert frames.close() == []
+
+
 def test_a_broken_stream_leaves_the_transaction_to_a_retry(log, txn):
     _, log_stub = log
     first = Frames(txn)
@@ -169,7 +231,8 @@ def test_a_broken_stream_leaves_the_transaction_to_a_retry(log, txn):
     third.close()
 
 
-def test_a_one_way_commit_lost_while_the_log_is_away_is_decided_by_check_back(tmp_path):
+@pytest.mark.parametrize("how", ["one-way frame", "carried"])
+def test_a_one_way_commit_lost_while_the_log_is_away_is_decided_by_check_back(how, tmp_path):
     clock = FakeClock(time.time_ns() // 1_000_000)
     with contextlib.ExitStack() as stack:
         first_log = commitlog(tmp_path / "log")
@@ -186,8 +249,12 @@ def test_a_one_way_commit_lost_while_the_log_is_away_is_decided_by_check_back(tm
             frames.prepare("orders", [b"paid"], txn_id="t-1")
             first_log.__exit__(None, None, None)  # the commit log goes away
             log_up = False
-            frames.send(one_way=True, commit=end("t-1"))
-            assert frames.ask(commit=end("nope")).error.code == grpc.StatusCode.NOT_FOUND.value[0]  # the stream goes on
+            if how == "carried":  # by the next frame, which is answered as if it carried nothing
+                answer = frames.ask(commit=end("nope"), ends=[carried("t-1")])
+            else:
+                frames.send(one_way=True, commit=end("t-1"))
+                answer = frames.ask(commit=end("nope"))
+            assert answer.error.code == grpc.StatusCode.NOT_FOUND.value[0]  # the stream goes on
             wait_until(lambda: stats(stub).one_way_failures == 1, "the one-way commit to fail")
             assert show(stub, "t-1").state == txn_pb2.TRANSACTION_STATE_OUTCOME_UNKNOWN  # it may have landed
         finally:

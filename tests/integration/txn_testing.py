@@ -204,9 +204,11 @@ class Frames:
         assert answer.request_id == request_id, (answer, request_id)
         return answer
 
-    def prepare(self, topic: str, bodies, group: str = "pg", txn_id: str = "", **fields) -> txn_pb2.TransactResponse:
+    def prepare(self, topic: str, bodies, group: str = "pg", txn_id: str = "", ends=(),
+                **fields) -> txn_pb2.TransactResponse:
+        """A Prepare frame (carrying ``ends``), answered."""
         return self.ask(prepare=txn_pb2.PrepareRequest(topic=topic, messages=[msg(b, **fields) for b in bodies],
-                                                       producer_group=group, transaction_id=txn_id))
+                                                       producer_group=group, transaction_id=txn_id), ends=ends)
 
     def close(self) -> list[txn_pb2.TransactResponse]:
         self._outbox.put(None)

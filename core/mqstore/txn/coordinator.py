@@ -25,8 +25,8 @@ import hashlib
 import itertools
 import re
 import threading
+import os
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -49,6 +49,32 @@ log = structlog.get_logger("mqstore.txn.coordinator")
 _TXN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 TOPIC_INFO_TTL_S = 5.0      # queue counts may grow: topic facts are asked again after this
 MAX_MESSAGES = 1000
+
+
+class _Ids:
+    """Unguessable, unique ids without a system call each: BLAKE2b keyed with 32 random bytes drawn once per
+    process, over a counter. ``uuid.uuid4`` draws from the kernel for every id, and ``os.urandom`` lets go of
+    the GIL around the call: in a server whose threads are all busy, each such call waits for a turn at
+    the GIL (in the Transaction service it cost ~16 us of a Prepare's wall time, twice per Prepare, bench/
+    txn.py). Keyed BLAKE2b is a PRF: without the key the ids are unpredictable as uuid4's, and a fresh key
+    per process keeps them unique across restarts (a collision of 128-bit outputs is as unlikely as one of
+    uuid4's 122 random bits). Thread-safe: ``next`` on an itertools.count is atomic under the GIL."""
+
+    def __init__(self) -> None:
+        self._rekey()
+        os.register_at_fork(after_in_child=self._rekey)  # a forked child must not repeat its parent's ids
+
+    def _rekey(self) -> None:
+        self._key = os.urandom(32)
+        self._counter = itertools.count()
+
+    def next(self, size_bytes: int) -> str:
+        """``2 * size_bytes`` hex digits."""
+        return hashlib.blake2b(next(self._counter).to_bytes(8, "little"), key=self._key,
+                               digest_size=size_bytes).hexdigest()
+
+
+_IDS = _Ids()
 
 
 class LogReader(Protocol):
@@ -118,7 +144,7 @@ class Coordinator:
             raise InvalidArgument(f"messages: give 1 to {MAX_MESSAGES} messages, not {len(messages)}")
         for index, m in enumerate(messages):
             tx.check_message_properties(index, m.properties)
-        txn_id = txn_id or uuid.uuid4().hex
+        txn_id = txn_id or _IDS.next(16)
         if not _TXN_ID.match(txn_id):
             raise InvalidArgument(f"transaction_id: use 1 to 128 of A-Z a-z 0-9 _ . : - (got {len(txn_id)} "
                                   f"characters that do not match)")
@@ -142,7 +168,7 @@ class Coordinator:
         real = self._topic(topic)
         tx.check_real_topic(real)
         qids = self._queues(real, messages)
-        attempt = uuid.uuid4().hex[:16]
+        attempt = _IDS.next(8)
         halves = [_half_message(m, topic, qid, group, txn.txn_id, attempt, digest)
                   for m, qid in zip(messages, qids, strict=True)]
         results = self.appender.append(tx.HALF_TOPIC, halves)

@@ -32,6 +32,8 @@ from mqstore.txn.transact import COMMIT, ROLLBACK, TransactStreams
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name
 TRANSACT_METHOD = f"/{SERVICE_NAME}/Transact"
 _ONE_WAY = {"commit": COMMIT, "rollback": ROLLBACK}
+_CARRIED_DECISION = {txn_pb2.DECISION_COMMIT: COMMIT, txn_pb2.DECISION_ROLLBACK: ROLLBACK}
+MAX_CARRIED_ENDS = 1000
 _STATE_TO_PB = {s: txn_pb2.TransactionState.Value(f"TRANSACTION_STATE_{s}") for s in (*STATES, OUTCOME_UNKNOWN)}
 _DECISION_TO_PB = {"": txn_pb2.DECISION_UNSPECIFIED, "COMMIT": txn_pb2.DECISION_COMMIT,
                    "ROLLBACK": txn_pb2.DECISION_ROLLBACK, "UNKNOWN": txn_pb2.DECISION_UNKNOWN}
@@ -131,12 +133,35 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         with self._streams.opened():
             for request in request_iterator:
                 kind = request.WhichOneof("kind")
+                if request.ends:
+                    refused = frame_outcome(TRANSACT_METHOD, self._carried, request.ends)
+                    if refused is not None:
+                        yield _frame_response(request.request_id, refused)
+                        continue
+                    if kind is None:
+                        continue  # ends only: not answered
                 if request.one_way and kind in _ONE_WAY:
                     txn_id = getattr(request, kind).transaction_id
                     self._streams.submit_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
                     continue
                 outcome = frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer)
                 yield _frame_response(request.request_id, outcome)
+
+    def _carried(self, ends) -> None:
+        """A frame's carried ends (Transact): all checked first (a malformed one refuses the frame, none of
+        it applied), then each submitted as its one-way frame would be, in order."""
+        if len(ends) > MAX_CARRIED_ENDS:
+            raise InvalidArgument(f"ends: carry at most {MAX_CARRIED_ENDS} ends in one frame, not {len(ends)}")
+        decisions = []
+        for index, carried in enumerate(ends):
+            decision = _CARRIED_DECISION.get(carried.decision)
+            if decision is None:
+                raise InvalidArgument(f"ends[{index}].decision: a carried end is DECISION_COMMIT (1) or "
+                                      f"DECISION_ROLLBACK (2), not {carried.decision}")
+            decisions.append(decision)
+        for carried, decision in zip(ends, decisions, strict=True):
+            txn_id = carried.transaction_id
+            self._streams.submit_one_way(txn_id, decision, guard=functools.partial(self._may_end, txn_id))
 
     def _frame(self, kind: str | None, request, peer: str) -> Prepared | Ended:
         """One two-way frame, as its unary call (the permission its call needs included: PUB on the topic,
@@ -154,7 +179,7 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         if kind == "rollback":
             self._may_end(request.rollback.transaction_id)
             return self._coordinator.rollback(request.rollback.transaction_id)
-        raise InvalidArgument("TransactRequest: set one of prepare, commit or rollback")
+        raise InvalidArgument("TransactRequest: set one of prepare, commit or rollback, or carry ends")
 
     def ListOpen(self, request, context):
         views = self._ops.list_open(request.older_than_ms, request.producer_group, request.limit)
