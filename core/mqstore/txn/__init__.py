@@ -7,9 +7,9 @@ system topics) is mqstore.transactions.
   table.py        the transactions the service knows and their states
   projection.py   the table as the follower's projection of the log
   coordinator.py  Prepare, Commit, Rollback: the state machine
-  transact.py     Transact streams: their limit, one-way ends
+  transact.py     Transact streams: their limit, one-way and carried ends
   indoubt.py      appends of unknown outcome, settled from the log
-  appender.py     Appends to the commit log, merged across concurrent callers
+  appender.py     Appends to the commit log, merged across concurrent callers (direct in Local mode)
   opbatch.py      OP records batched by size and time (RIP-50)
   cache.py        the LRU cache of half messages
   checkback.py    the check-back streams: sessions, their readers and the answers' deciders

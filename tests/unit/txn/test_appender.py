@@ -1,6 +1,8 @@
 """The appends batched across producers: callers queued while an append to their topic is in flight share
 the next one (group commit per topic), one caller's messages are never split, an append that the log
-refuses as INVALID_ARGUMENT is retried caller by caller so that only the bad one fails."""
+refuses as INVALID_ARGUMENT is retried caller by caller so that only the bad one fails. Both appenders (the
+batcher, and Local mode's direct one) give a caller the same errors: the log's refusal as it is,
+OUTCOME_UNKNOWN when the append may have landed."""
 
 from __future__ import annotations
 
@@ -8,10 +10,10 @@ import threading
 
 import pytest
 
-from mqstore.errors import InvalidArgument
+from mqstore.errors import FailedPrecondition, InvalidArgument, OutcomeUnknown, Unavailable
 from mqstore.model import AppendResult, MessageIn
 from tests.support.waiting import wait_until
-from mqstore.txn.appender import AppendBatcher
+from mqstore.txn.appender import AppendBatcher, DirectAppender
 
 
 class Log:
@@ -62,8 +64,43 @@ def test_waiting_callers_share_the_next_append_and_a_bad_one_fails_alone():
     assert all(bodies != [b"c"] for _, bodies in log.calls)  # "two" was never split
 
 
-def test_a_closed_batcher_refuses():
-    batcher = AppendBatcher(lambda topic, messages: [], max_messages=10, max_bytes=100, timeout_s=1)
-    batcher.close()
-    with pytest.raises(Exception, match="stopping"):
-        batcher.append("t", [MessageIn(b"x")])
+APPENDERS = {"batcher": lambda append: AppendBatcher(append, max_messages=10, max_bytes=100, timeout_s=1),
+             "direct": DirectAppender}
+
+
+@pytest.mark.parametrize("kind", APPENDERS)
+def test_a_closed_appender_refuses(kind):
+    appender = APPENDERS[kind](lambda topic, messages: [])
+    appender.close()
+    with pytest.raises(Unavailable, match="stopping") as refused:
+        appender.append("t", [MessageIn(b"x")])
+    assert type(refused.value) is Unavailable  # not sent: plainly retriable, not of unknown outcome
+
+
+@pytest.mark.parametrize("kind", APPENDERS)
+@pytest.mark.parametrize("raised, expected, text", [
+    (InvalidArgument("messages[0].body is bad"), InvalidArgument, "is bad"),       # the log's refusal, as it is
+    (FailedPrecondition("read-only"), FailedPrecondition, "read-only"),
+    (Unavailable("flush timed out"), OutcomeUnknown, "may or may not have been written"),  # it may have landed
+    (KeyError("a bug"), OutcomeUnknown, "logged as txn.append_failed"),
+])
+def test_a_failed_append_gives_its_caller_the_same_error_from_either_appender(kind, raised, expected, text):
+    def append(topic, messages):
+        raise raised
+    appender = APPENDERS[kind](append)
+    with pytest.raises(expected, match=text):
+        appender.append("t", [MessageIn(b"x")])
+    assert (appender.appends, appender.appended_messages) == (0, 0)
+
+
+def test_the_direct_appender_appends_on_the_callers_thread_and_counts():
+    threads = []
+
+    def append(topic, messages):
+        threads.append(threading.get_ident())
+        return [AppendResult("id", "u", 0, i, i, 1, 0, "WRITTEN") for i in range(len(messages))]
+    appender = DirectAppender(append)
+    assert [r.queue_offset for r in appender.append("t", [MessageIn(b"a"), MessageIn(b"b")])] == [0, 1]
+    appender.append("t", [MessageIn(b"c")])
+    assert threads == [threading.get_ident()] * 2
+    assert (appender.appends, appender.appended_messages) == (2, 3)

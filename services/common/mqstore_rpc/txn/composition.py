@@ -22,7 +22,7 @@ from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.follow import FollowConfig, Follower, GapPolicy
 from mqstore.meta.txn_audit import AuditTrail
 from mqstore.model import MessageIn, StoredMessage
-from mqstore.txn.appender import AppendBatcher
+from mqstore.txn.appender import AppendBatcher, DirectAppender
 from mqstore.txn.cache import HalfCache
 from mqstore.txn.checkback import CheckBack, CheckHub
 from mqstore.txn.checker import Checker
@@ -89,7 +89,7 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
 
     compose_txn(local.txn, local.follow, local.rpc_timeout_ms, LocalTxnLog(store, local.txn.follow_linger_ms),
                 local.clock or clock, parts, serve, add_problem, txn_server.health_changed,
-                add_duty=functools.partial(parts.add_duty, health=add_problem), one_way_inline=True)
+                add_duty=functools.partial(parts.add_duty, health=add_problem), in_process=True)
     log.info("txn.local", port=txn_server.port, data_dir=str(local.txn.data_dir))
     return txn_server.port
 
@@ -98,13 +98,15 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                 parts: service.Composition, serve: Callable[[str, Callable[[grpc.Server], None]], None],
                 add_health_problem: Callable[[Callable[[], str]], None],
                 health_changed: Callable[[], None],
-                add_duty: Callable[[Duty], Duty] | None = None, one_way_inline: bool = False) -> TransactionServicer:
+                add_duty: Callable[[Duty], Duty] | None = None, in_process: bool = False) -> TransactionServicer:
     """Build the Transaction service on ``txn_log``; its closers are ``parts``'; ``serve(name, register)``
     registers the servicer on the server that serves it; ``add_health_problem`` makes that server
     NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
     a duty (default ``parts.add_duty``; in Local mode one whose problem turns the Transaction port's health
-    only: a follower stopped at a gap must not make the commit log NOT_SERVING); ``one_way_inline``: one-way
-    ends are applied on their stream's thread (Local mode: mqstore.txn.transact says why)."""
+    only: a follower stopped at a gap must not make the commit log NOT_SERVING); ``in_process``: the log is in
+    this process (Local mode): one-way ends are applied on their stream's thread (mqstore.txn.transact says
+    why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
+    append_max_* settings do not apply)."""
     add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
     timeout_s = rpc_timeout_ms / 1000
@@ -120,8 +122,11 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
         log.warning("txn.checkpoint_legacy_ignored", path=str(cfg.data_dir / "state.json"),
                     why="this version keeps state.journal; without one the state is rebuilt from the log (check "
                         "counts are lost); the old file can be deleted")
-    appender = AppendBatcher(txn_log.append, max_messages=cfg.append_max_messages, max_bytes=cfg.append_max_bytes,
-                             timeout_s=timeout_s)
+    if in_process:
+        appender: AppendBatcher | DirectAppender = DirectAppender(txn_log.append)
+    else:
+        appender = AppendBatcher(txn_log.append, max_messages=cfg.append_max_messages,
+                                 max_bytes=cfg.append_max_bytes, timeout_s=timeout_s)
     parts.on_close(appender.close)
     parts.on_close(checkpointer.close)
     in_doubt = InDoubt(table, txn_log.max_physical_offset, clock, cfg.in_doubt_settle_ms)
@@ -147,7 +152,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     parts.on_close(lambda: checkback.stop(timeout_s))
     add_health_problem(checkback.problem)
     streams = TransactStreams(coordinator, cfg.max_transact_streams, workers=cfg.one_way_workers,
-                              max_queued=cfg.one_way_queue, queue_wait_s=timeout_s, inline=one_way_inline)
+                              max_queued=cfg.one_way_queue, queue_wait_s=timeout_s, inline=in_process)
     streams.start()
     parts.on_close(lambda: streams.stop(timeout_s))
     add_health_problem(streams.problem)
