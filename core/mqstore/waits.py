@@ -10,7 +10,10 @@ delay. A pool without a cap sets no hooks.
 
 A stream's handler waits for its client's next message inside grpc's request iterator: the servers' error
 wrapper (mqstore_rpc.errors) takes every request stream through :func:`iterate`, which says so around each
-wait. Outside such a pool (tests, background duties, other thread pools) ``waiting()`` does nothing.
+wait; a capped pool handles each message after that wait as it would a new call, once a place is free.
+The same wrapper takes every response stream through :func:`responses`: grpc waits for each response to be
+written before it asks for the next, and that wait says so too. Outside such a pool (tests, background
+duties, other thread pools) ``waiting()`` does nothing.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ T = TypeVar("T")
 _local = threading.local()
 
 
-def set_hooks(begin: Callable[[], None], end: Callable[[], None]) -> None:
-    """Called by a pool on each of its threads: ``begin`` before this thread waits, ``end`` after."""
+def set_hooks(begin: Callable[[], None], end: Callable[[], None], resume: Callable[[], None] | None = None) -> None:
+    """Called by a pool on each of its threads: ``begin`` before this thread waits, ``end`` after; ``resume``
+    (default ``end``) after a request stream's wait (:func:`iterate`), where the thread holds nothing of
+    the service's, so that the pool may keep it waiting for a place, as it would a new call."""
     _local.hooks = (begin, end)
+    _local.stream_hooks = (begin, resume or end)
 
 
 @contextlib.contextmanager
@@ -43,14 +49,17 @@ def waiting() -> Iterator[None]:
 
 
 def iterate(items: Iterable[T]) -> Iterator[T]:
-    """``items``, each taken under ``waiting()``; called on the thread that will iterate."""
-    hooks = getattr(_local, "hooks", None)
+    """``items``, each taken under ``waiting()`` of the thread that takes it (leaving the wait by its pool's
+    ``resume`` hook; a thread of no capped pool, as the check-back readers that take a CheckBack stream's
+    answers, takes them as they are). The thread must hold no lock while it takes the next item."""
+    return _iterate(iter(items))
+
+
+def _iterate(items: Iterator[T]) -> Iterator[T]:
+    hooks = getattr(_local, "stream_hooks", None)  # of the thread that runs this generator
     if hooks is None:
-        return iter(items)
-    return _iterate(iter(items), hooks)
-
-
-def _iterate(items: Iterator[T], hooks: tuple[Callable[[], None], Callable[[], None]]) -> Iterator[T]:
+        yield from items
+        return
     begin, end = hooks
     while True:
         begin()
@@ -61,3 +70,23 @@ def _iterate(items: Iterator[T], hooks: tuple[Callable[[], None], Callable[[], N
         finally:
             end()
         yield item
+
+
+def responses(items: Iterable[T]) -> Iterator[T]:
+    """``items`` (a stream handler's responses), each yielded under ``waiting()`` of the thread that takes
+    them: grpc sends a response and waits for it to be written before it asks for the next."""
+    return _responses(iter(items))
+
+
+def _responses(items: Iterator[T]) -> Iterator[T]:
+    hooks = getattr(_local, "hooks", None)
+    if hooks is None:
+        yield from items
+        return
+    begin, end = hooks
+    for item in items:
+        begin()
+        try:
+            yield item
+        finally:
+            end()

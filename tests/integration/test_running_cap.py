@@ -1,7 +1,9 @@
 """The CommitLog server with its running calls capped (max_running_handlers, mqstore_rpc.executor): calls that
 wait (long polls, a Tail stream, a client stream waiting for its next item, SYNC appends waiting for their
-fsync) never keep the others from running, even with a cap of one. Liveness only: every wait here is for a
-result that must come, bounded by a deadline; no timing is asserted."""
+fsync) never keep the others from running, even with a cap of one; nor do the Local-mode Transaction port's
+streams, whose every frame waits for a place (Transact streams, two-way Rollbacks waiting for their OP
+record, a CheckBack stream). Liveness only: every wait here is for a result that must come, bounded by a
+deadline; no timing is asserted."""
 
 from __future__ import annotations
 
@@ -90,3 +92,48 @@ def test_the_commit_log_caps_its_running_calls_by_default_other_services_do_not(
     assert ServerConfig().max_running_handlers == 0
     with pytest.raises(InvalidArgument, match="max_running_handlers must be 0"):
         ServerConfig(max_running_handlers=-1)
+
+
+def test_transact_streams_all_progress_on_a_local_transaction_port_capped_at_one(tmp_path):
+    """16 producers' Transact streams (Prepares carrying the previous Commit) and 4 that roll back two-way
+    (answered once the OP record is durable), with a CheckBack stream open, on a SYNC commit log whose ports
+    are both capped at one running call: every transaction ends as its producer asked."""
+    from tests.integration.test_txn_checkback import Producer
+    from tests.integration.txn_testing import Frames, stats, txn_stack
+    from tests.support.waiting import wait_until
+    from mqstore_rpc.gen.mqstore.v1 import txn_pb2
+
+    producers, rounds = 16, 4
+    with txn_stack(tmp_path, "local", {"orders": QUEUES}, max_running_handlers=1, flush_mode=FLUSH_SYNC,
+                   op_batch_interval_ms=200) as parts:
+        checkback = Producer(parts.txn, "pg", lambda check: None)  # open, never answering: it only waits
+
+        def carrying(i: int) -> list[str]:
+            frames, ids, ends = Frames(parts.txn), [], []
+            for r in range(rounds):
+                answer = frames.prepare("orders", [b"%d-%d" % (i, r)], ends=ends)
+                ids.append(answer.prepared.transaction_id)
+                ends = [txn_pb2.CarriedEnd(transaction_id=ids[-1], decision=txn_pb2.DECISION_COMMIT)]
+            frames.send(ends=ends)
+            assert frames.close() == []
+            return ids
+
+        def rolling_back(i: int) -> str:
+            frames = Frames(parts.txn)
+            txn_id = frames.prepare("orders", [b"never %d" % i]).prepared.transaction_id
+            ended = frames.ask(rollback=txn_pb2.EndRequest(transaction_id=txn_id)).ended
+            assert ended.state == txn_pb2.TRANSACTION_STATE_ROLLED_BACK
+            assert frames.close() == []
+            return txn_id
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=producers + 4) as pool:
+                committed = [pool.submit(carrying, i) for i in range(producers)]
+                rolled = [pool.submit(rolling_back, i) for i in range(4)]
+                ids = [t for f in committed for t in f.result(RPC_TIMEOUT_S * 4)]
+                assert len({f.result(RPC_TIMEOUT_S * 4) for f in rolled}) == 4
+            wait_until(lambda: stats(parts.txn).committed == len(ids), "the carried commits to be applied")
+            assert (stats(parts.txn).committed, stats(parts.txn).rolled_back) == (producers * rounds, 4)
+            assert stats(parts.txn).one_way_failures == 0
+        finally:
+            checkback.close()

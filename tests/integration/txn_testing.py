@@ -19,6 +19,7 @@ from mqstore.gateway.config import GatewayConfig
 from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
+from mqstore_rpc.executor import RUNNING
 from mqstore_rpc.server import ServerConfig
 from mqstore_rpc.txn.composition import LocalTxnConfig
 from mqstore.follow import FollowConfig
@@ -60,11 +61,16 @@ def local_txn_config(data_dir: pathlib.Path, **overrides) -> LocalTxnConfig:
 
 
 @contextlib.contextmanager
-def commitlog_with_txn(data_dir: pathlib.Path, txn_data_dir: pathlib.Path, port: int = 0, **overrides):
+def commitlog_with_txn(data_dir: pathlib.Path, txn_data_dir: pathlib.Path, port: int = 0,
+                       max_running_handlers: int = RUNNING, flush_mode: str | None = None, **overrides):
     """A commit log serving the Transaction service itself (Local mode): (the server, its port, the
-    Transaction port, a CommitLog stub)."""
-    config = dataclasses.replace(make_config(data_dir), internal_token=TOKEN,
-                                 server=ServerConfig(port=port, grace_s=0.5),
+    Transaction port, a CommitLog stub). Both ports capped as commitlog_service caps them by default;
+    ``flush_mode``: the store's (default make_config's)."""
+    config = make_config(data_dir)
+    if flush_mode is not None:
+        config = dataclasses.replace(config, store=dataclasses.replace(config.store, flush_mode=flush_mode))
+    config = dataclasses.replace(config, internal_token=TOKEN,
+                                 server=ServerConfig(port=port, grace_s=0.5, max_running_handlers=max_running_handlers),
                                  txn=local_txn_config(txn_data_dir, **overrides))
     with commitlog_serving(config) as (server, bound):
         channel = grpc.insecure_channel(f"127.0.0.1:{bound}")

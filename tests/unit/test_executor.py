@@ -108,7 +108,7 @@ def test_at_most_max_running_calls_run_the_others_wait_in_order():
             assert started.acquire(timeout=WAIT_S)
         order = []
         queued = [pool.submit(order.append, i) for i in range(5)]
-        assert pool.counts() == {"threads": 2, "idle": 0, "running": 2, "waiting": 0, "queued": 5}
+        assert pool.counts() == {"threads": 2, "idle": 0, "running": 2, "waiting": 0, "queued": 5, "resuming": 0}
         stop.set()
         futures.wait(queued + spinners, timeout=WAIT_S)
         assert order == [0, 1, 2, 3, 4]
@@ -164,6 +164,75 @@ def test_a_request_stream_waits_for_each_item_as_a_wait():
         assert list(waits.iterate([1, 2])) == [1, 2]  # outside a pool: the items as they are
     finally:
         pool.shutdown(cancel_futures=True)
+
+
+def test_a_stream_handles_its_next_message_once_a_place_is_free_in_arrival_order():
+    """max_running 1: a stream handler that got its next message while the place is taken waits for it (it
+    still counts as waiting), in line with the calls queued: one queued before the message came runs before
+    it, one queued after runs after it."""
+    pool = HandlerPool(4, max_running=1, stall_ticks=NEVER)
+    try:
+        items: queue.Queue = queue.Queue()
+        order: list[str] = []
+        stop, spinning = threading.Event(), threading.Event()
+
+        def stream_handler():
+            for item in waits.iterate(iter(items.get, None)):
+                order.append(item)
+
+        def spin():
+            spinning.set()
+            while not stop.is_set():
+                pass
+
+        handler = pool.submit(stream_handler)
+        _wait_for(lambda: pool.counts()["waiting"] == 1)
+        spinner = pool.submit(spin)
+        assert spinning.wait(WAIT_S)
+        first = pool.submit(order.append, "queued before")
+        items.put("the stream's message")
+        _wait_for(lambda: pool.counts()["resuming"] == 1)
+        second = pool.submit(order.append, "queued after")
+        assert pool.counts() == {"threads": 2, "idle": 0, "running": 2, "waiting": 1, "queued": 2, "resuming": 1}
+        assert order == []  # nothing runs while the spinner holds the place
+        stop.set()
+        futures.wait([spinner, first, second], timeout=WAIT_S)
+        _wait_for(lambda: len(order) == 3)
+        assert order == ["queued before", "the stream's message", "queued after"]
+        items.put(None)
+        handler.result(WAIT_S)
+        _wait_idle(pool, pool.counts()["threads"])
+        assert pool.counts()["resuming"] == 0 and pool.counts()["waiting"] == 0
+    finally:
+        stop.set()
+        items.put(None)
+        pool.shutdown(cancel_futures=True)
+
+
+def test_a_stream_resuming_at_shutdown_goes_on():
+    """Shutdown lets a stream thread that waits for a place go on (its call ends as its client ends it)."""
+    pool = HandlerPool(4, max_running=1, stall_ticks=NEVER)
+    items: queue.Queue = queue.Queue()
+    stop, spinning = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def spin():
+        spinning.set()
+        while not stop.is_set():
+            pass
+
+    handler = pool.submit(lambda: [seen.append(i) for i in waits.iterate(iter(items.get, None))])
+    _wait_for(lambda: pool.counts()["waiting"] == 1)
+    pool.submit(spin)
+    assert spinning.wait(WAIT_S)
+    items.put("a")
+    _wait_for(lambda: pool.counts()["resuming"] == 1)
+    pool.shutdown(wait=False)
+    _wait_for(lambda: seen == ["a"])  # went on although the spinner still holds the place
+    items.put(None)
+    handler.result(WAIT_S)
+    stop.set()
+    pool.shutdown()
 
 
 def test_the_monitor_finds_calls_that_wait_without_saying_so():

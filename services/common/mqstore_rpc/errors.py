@@ -178,7 +178,7 @@ def _wrap_stream_response(behavior: Callable, method: str, parse: Callable) -> C
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
-            yield from behavior(parse(request_or_iterator), context)
+            yield from waits.responses(behavior(parse(request_or_iterator), context))
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
             _abort(exc, context, method)
     return wrapper
