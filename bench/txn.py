@@ -85,28 +85,39 @@ def unary_producer(stub: txn_pb2_grpc.TransactionStub):
     return transaction, None
 
 
-def stream_producer(stub: txn_pb2_grpc.TransactionStub, one_way: bool = False):
-    """Prepare and Commit as frames of the producer's own Transact stream; ``one_way``: the Commit is
-    not answered (the transaction counts once it is sent)."""
+def stream_producer(stub: txn_pb2_grpc.TransactionStub, commit: str = "two-way"):
+    """Prepare and Commit as frames of the producer's own Transact stream. ``commit``: "two-way", an answered
+    Commit frame; "one-way", a Commit frame not answered (the transaction counts once it is sent);
+    "carried", the Commit carried by the producer's next Prepare frame (txn.proto Transact, carried ends:
+    one frame each way per transaction). A producer with no next Prepare would send the end alone after
+    its linger; in this closed loop the next Prepare follows at once, so a carried transaction counts when
+    its Commit is handed to the stream, as a one-way one does; ``close`` sends the last end alone."""
     call = stub.Transact()
     prepare = txn_pb2.TransactRequest(prepare=_prepare_request())
     ids = iter(range(1, 1 << 62))
 
+    async def answered(what: str) -> txn_pb2.TransactResponse:
+        answer = await call.read()
+        if answer.HasField("error"):
+            raise BenchError(f"{what} frame failed: {answer.error}")
+        return answer
+
     async def transaction():
         prepare.request_id = next(ids)
         await call.write(prepare)
-        answer = await call.read()
-        if answer.HasField("error"):
-            raise BenchError(f"Prepare frame failed: {answer.error}")
-        commit = txn_pb2.TransactRequest(request_id=next(ids), one_way=one_way, commit=txn_pb2.EndRequest(
-            transaction_id=answer.prepared.transaction_id))
-        await call.write(commit)
-        if not one_way:
-            answer = await call.read()
-            if answer.HasField("error"):
-                raise BenchError(f"Commit frame failed: {answer.error}")
+        del prepare.ends[:]
+        txn_id = (await answered("Prepare")).prepared.transaction_id
+        if commit == "carried":
+            prepare.ends.add(transaction_id=txn_id, decision=txn_pb2.DECISION_COMMIT)
+            return
+        await call.write(txn_pb2.TransactRequest(request_id=next(ids), one_way=commit == "one-way",
+                                                 commit=txn_pb2.EndRequest(transaction_id=txn_id)))
+        if commit == "two-way":
+            await answered("Commit")
 
     async def close():
+        if prepare.ends:  # a frame of ends only: never answered
+            await call.write(txn_pb2.TransactRequest(request_id=next(ids), ends=prepare.ends))
         await call.done_writing()
         while (answer := await call.read()) is not grpc.aio.EOF:  # the answers still on their way
             if answer.HasField("error"):
@@ -114,36 +125,9 @@ def stream_producer(stub: txn_pb2_grpc.TransactionStub, one_way: bool = False):
     return transaction, close
 
 
-def carried_producer(stub: txn_pb2_grpc.TransactionStub):
-    """Prepare frames, each carrying the one-way Commit of the producer's previous transaction (txn.proto
-    Transact, carried ends): one frame each way per transaction. A producer that had no next Prepare
-    would send the end alone after its linger; in this closed loop the next Prepare follows at once, so
-    the transaction counts when its Commit is handed to the stream (as in one-way mode, where it counts
-    once sent); ``close`` sends the last one alone."""
-    call = stub.Transact()
-    prepare = txn_pb2.TransactRequest(prepare=_prepare_request())
-    ids = iter(range(1, 1 << 62))
-
-    async def transaction():
-        prepare.request_id = next(ids)
-        await call.write(prepare)
-        del prepare.ends[:]
-        answer = await call.read()
-        if answer.HasField("error"):
-            raise BenchError(f"Prepare frame failed: {answer.error}")
-        prepare.ends.add(transaction_id=answer.prepared.transaction_id, decision=txn_pb2.DECISION_COMMIT)
-
-    async def close():
-        if prepare.ends:
-            await call.write(txn_pb2.TransactRequest(request_id=next(ids), ends=prepare.ends))
-        await call.done_writing()
-        while (answer := await call.read()) is not grpc.aio.EOF:
-            raise BenchError(f"a frame of carried ends only was answered: {answer}")
-    return transaction, close
-
-
 MODES = {"unary": unary_producer, "stream": stream_producer,
-         "one-way": lambda stub: stream_producer(stub, one_way=True), "carried": carried_producer}
+         "one-way": lambda stub: stream_producer(stub, "one-way"),
+         "carried": lambda stub: stream_producer(stub, "carried")}
 DEFAULT_MODE = "unary"  # the mode of the unbatched and cache-off comparison windows
 
 

@@ -192,7 +192,7 @@ class DirectAppender:
     (an append takes no round trip, so callers rarely meet: 1.0 message per append measured, bench/txn.py)
     and the batcher's queue, events and hand-offs cost 10-25% of a transaction's rate; concurrent SYNC
     appends still share a flush, in the store's own group commit. Thread-safe: ``_lock`` guards the
-    counters and the closed flag."""
+    counters; ``_closed`` is only ever set (a call racing close may still append, as in the batcher)."""
 
     def __init__(self, append: AppendFn):
         self._append = append

@@ -12,9 +12,8 @@ that waits in a queue, in arrival order, and the thread that finishes a call tak
 going to sleep. A stream is handled under the same cap, message by message: after its wait for the
 client's next message, a stream's thread handles it once a place is free, in line with the queued calls
 (_resumes_in_line); 32 producers' Transact streams cost a transaction ~25% less CPU that way than all
-running at once. Idle threads wait on a
-stack, each on a lock of its own, and a call goes to the one on top. bench/README.md, *Which gRPC server
-for single messages*, has the figures.
+running at once. Idle threads wait on a stack, each on a lock of its own, and a call goes to the one on
+top. bench/README.md, *Which gRPC server for single messages*, has the figures.
 
 A call that waits (a long poll, a Tail stream between frames, a stream waiting for its client's next
 message, a SYNC append waiting for its fsync) must not hold a place while it waits, or four of them would

@@ -32,7 +32,6 @@ from mqstore.txn.transact import COMMIT, ROLLBACK, TransactStreams
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name
 TRANSACT_METHOD = f"/{SERVICE_NAME}/Transact"
 _ONE_WAY = {"commit": COMMIT, "rollback": ROLLBACK}
-_CARRIED_DECISION = {txn_pb2.DECISION_COMMIT: COMMIT, txn_pb2.DECISION_ROLLBACK: ROLLBACK}
 MAX_CARRIED_ENDS = 1000
 _STATE_TO_PB = {s: txn_pb2.TransactionState.Value(f"TRANSACTION_STATE_{s}") for s in (*STATES, OUTCOME_UNKNOWN)}
 _DECISION_TO_PB = {"": txn_pb2.DECISION_UNSPECIFIED, "COMMIT": txn_pb2.DECISION_COMMIT,
@@ -154,8 +153,8 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             raise InvalidArgument(f"ends: carry at most {MAX_CARRIED_ENDS} ends in one frame, not {len(ends)}")
         decisions = []
         for index, carried in enumerate(ends):
-            decision = _CARRIED_DECISION.get(carried.decision)
-            if decision is None:
+            decision = _DECISION_FROM_PB.get(carried.decision)
+            if decision not in (COMMIT, ROLLBACK):
                 raise InvalidArgument(f"ends[{index}].decision: a carried end is DECISION_COMMIT (1) or "
                                       f"DECISION_ROLLBACK (2), not {carried.decision}")
             decisions.append(decision)
