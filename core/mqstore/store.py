@@ -281,6 +281,11 @@ class MessageStore:
         self.disk.checkpoint_written()
         return True
 
+    def append_waits(self) -> bool:
+        """Whether an append's acknowledgement waits now for a flush (SYNC flush mode) or for the in-sync
+        replicas (SYNC replication by default), rather than only for the write."""
+        return bool(self.flusher is not None and self.flusher.sync) or self.gate.sync_wanted(None)
+
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
             self._dispatch_to(min(flushed_offset, self.gate.committed_offset()))

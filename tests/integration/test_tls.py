@@ -18,10 +18,12 @@ from index_service.main import serving as index_serving
 from mqstore.index.config import IndexConfig
 from mqstore.index.follower import FollowerConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2, index_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2, index_pb2_grpc, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.server import ServerConfig
 from mqstore_rpc.tls import ClientTls, ServerTls
+from mqstore_rpc.txn.composition import LocalTxnConfig
+from mqstore.txn.config import TxnConfig
 from tests.integration.test_commitlog_grpc import make_config
 from tests.integration.test_grpcurl import _grpcurl_binary
 from tests.support.waiting import wait_until
@@ -70,6 +72,23 @@ def test_mutual_tls_needs_a_client_certificate_of_the_ca(tmp_path, certs, other_
         assert _refused(port, Peers(_client_tls(certs))) == grpc.StatusCode.UNAVAILABLE              # no certificate
         assert _refused(port, Peers(_client_tls(certs, other_certs))) == grpc.StatusCode.UNAVAILABLE  # another CA's
         assert _refused(port, Peers()) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_local_transaction_port_on_grpc_aio_takes_mutual_tls_only(tmp_path, certs, other_certs):
+    server = ServerConfig(port=0, grace_s=0.5, tls=_server_tls(certs, mutual=True))
+    config = dataclasses.replace(make_config(tmp_path / "log"), server=server,
+                                 txn=LocalTxnConfig(port=0, txn=TxnConfig(data_dir=tmp_path / "txn")))
+    with commitlog_serving(config) as (log_server, _):
+        address = f"localhost:{log_server.extra_ports['txn']}"
+
+        def stats(peers: Peers) -> txn_pb2.TxnStats:
+            with peers.channel(address) as channel:
+                return txn_pb2_grpc.TransactionStub(channel).Stats(txn_pb2.TxnStatsRequest(), timeout=TIMEOUT_S)
+        wait_until(lambda: not stats(Peers(_client_tls(certs, certs))).recovering, "the transaction service")
+        for peers in (Peers(), Peers(_client_tls(certs)), Peers(_client_tls(certs, other_certs))):
+            with pytest.raises(grpc.RpcError) as refused:
+                stats(peers)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_the_index_follows_a_commit_log_over_mutual_tls(tmp_path, certs):

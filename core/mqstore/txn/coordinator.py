@@ -228,7 +228,10 @@ class Coordinator:
         return out
 
     # ---- Commit / Rollback ----------------------------------------------------------------------------
-    def commit(self, txn_id: str, by: str = "producer") -> Ended:
+    def commit(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
+        """``wait_durable`` False: a Commit of a rolled-back transaction is refused at once, not once the
+        rollback's OP record is written (a one-way end: nobody hears the refusal, and its thread may be
+        serving other streams)."""
         self.check_ready()
         self.check_writable()
         txn = self.txn(txn_id)
@@ -243,7 +246,8 @@ class Coordinator:
             if not rolled_back:
                 results = self._append_real(txn, by)
         if rolled_back:  # only once the rollback is durable: it may still be undone by a crash before
-            self._wait_durable(txn, "rolled back")
+            if wait_durable:
+                self._wait_durable(txn, "rolled back")
             raise FailedPrecondition(f"transaction {txn_id} is ROLLED_BACK: it cannot be committed")
         log.debug("txn.committed", transaction_id=txn_id, messages=len(results), by=by)
         return Ended(COMMITTED, False, results)

@@ -67,6 +67,11 @@ class TxnLog(Protocol):
         """Raises (NotLeader, Unavailable) when the log takes no writes from this service now."""
         ...
 
+    def append_waits(self) -> bool:
+        """Whether an append now waits for anything but this process's own work (a round trip, a flush, a
+        replica): Local mode's Transact answers frames on the event loop only while it does not."""
+        ...
+
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> TailStream:
         """The follower's stream (mqstore.follow.TailSource): records of FOLLOWED_TOPICS and every COMMIT
         record, retention held below its start as HOLD_NAME, linger as configured."""
@@ -140,6 +145,10 @@ class LocalTxnLog:
 
     def check_writable(self) -> None:
         self._store.gate.check_writable()  # a replica: NotLeader, as its store answers every write
+
+    def append_waits(self) -> bool:
+        """Whether an append waits now for a flush or replicas (the store's SYNC modes)."""
+        return self._store.append_waits()
 
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> LocalTail:
         start = TAIL_EARLIEST if from_physical_offset is None else TAIL_AT_OFFSET

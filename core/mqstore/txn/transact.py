@@ -18,7 +18,8 @@ else changes. This module keeps what is the stream's own:
                                         txn.py, Local mode, 8 producers: 1.80x the CPU of a plain Append
                                         against 2.04x with workers). Either way it is applied as the two-way
                                         call would be (by "producer (one-way)"); nobody waits for it, so a
-                                        rollback does not wait for its OP record. A failure (the guard's, the
+                                        rollback does not wait for its OP record, nor the refusal of a
+                                        Commit of a rolled-back transaction for that one's. A failure (the guard's, the
                                         call's, or no room for it: every worker busy and the queue full for
                                         ``queue_wait_s``, or stopping) is logged (txn.one_way_failed) and
                                         counted, never raised: the transaction stays as it was and
@@ -121,7 +122,7 @@ class TransactStreams:
     def _apply(self, txn_id: str, decision: str) -> None:
         try:
             if decision == COMMIT:
-                self.coordinator.commit(txn_id, by=BY_ONE_WAY)
+                self.coordinator.commit(txn_id, by=BY_ONE_WAY, wait_durable=False)
             else:
                 self.coordinator.rollback(txn_id, by=BY_ONE_WAY, wait_durable=False)
         except MqStoreError as exc:  # nobody to tell: the transaction is as it was, check-back decides it

@@ -41,8 +41,9 @@ from __future__ import annotations
 import contextvars
 import copy
 import functools
+import inspect
 import itertools
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping
 
 import grpc
 import structlog
@@ -226,6 +227,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
                response_streaming: bool) -> Callable:
         if need is None:
             return behavior
+        if inspect.isasyncgenfunction(behavior):
+            return self._guard_async(behavior, need, method, request_streaming)
+        if inspect.iscoroutinefunction(behavior) and not request_streaming:
+            return self._guard_async_unary(behavior, need, method)
 
         def enter(request, context):
             principal = self._authenticate(method, context)
@@ -272,6 +277,68 @@ class AuthInterceptor(grpc.ServerInterceptor):
         def guarded(request, context):
             return behavior(enter(request, context)[1], context)
         return guarded
+
+    def _guard_async(self, behavior: Callable, need: Need, method: str, request_streaming: bool) -> Callable:
+        """:meth:`_guard` for a stream answered on a grpc.aio server's loop (mqstore_rpc.aio): the same
+        checks in the same order. The credentials are checked on the loop (a user seen before: a cache
+        lookup; a first call of a user waits for the auth database once)."""
+        @functools.wraps(behavior)
+        async def stream_guarded(request, context) -> AsyncIterator[Any]:
+            principal = self._authenticate(method, context)
+            if request_streaming:
+                request = await self._each_checked_async(request, principal, need, method, context)
+            elif not need.deferred:
+                self._authorize(principal, need, request, method, context)
+            responses = behavior(request, context)
+            if not need.deferred:
+                async for response in responses:
+                    yield response
+                return
+            # Deferred (Transact): the caller is set for each step of the response generator only (each
+            # step runs in the call's own task, so it is never seen by another call).
+            caller = _Caller(self, principal, method, context)
+            while True:
+                token = _current.set(caller)
+                try:
+                    response = await responses.__anext__()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    _current.reset(token)
+                yield response
+        return stream_guarded
+
+    def _guard_async_unary(self, behavior: Callable, need: Need, method: str) -> Callable:
+        """:meth:`_guard` for a unary call answered on a grpc.aio server's loop (mqstore_rpc.aio)."""
+        @functools.wraps(behavior)
+        async def guarded(request, context):
+            principal = self._authenticate(method, context)
+            if not need.deferred:
+                self._authorize(principal, need, request, method, context)
+                return await behavior(request, context)
+            token = _current.set(_Caller(self, principal, method, context))  # this call's own task
+            try:
+                return await behavior(request, context)
+            finally:
+                _current.reset(token)
+        return guarded
+
+    async def _each_checked_async(self, requests: AsyncIterator[Any], principal: Principal, need: Need, method: str,
+                                  context) -> AsyncIterator[Any]:
+        """:meth:`_each_checked` of a request stream read on the loop."""
+        requests = aiter(requests)
+        first = await anext(requests, None)
+        if first is not None:
+            self._authorize(principal, need, first, method, context)
+
+        async def checked() -> AsyncIterator[Any]:
+            if first is None:
+                return
+            yield first
+            async for item in requests:
+                self._authorize(principal, need, item, method, context)
+                yield item
+        return checked()
 
     def _each_checked(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
         """The request stream with each item checked. The first item is read and checked here, before the

@@ -17,13 +17,17 @@ field) get INVALID_ARGUMENT naming the method, and one ``rpc.request_unparsable`
 A servicer method marked with :func:`wire_codec` has its requests parsed by its own parser instead of
 the generated deserializer (Append's compiled codec: mqstore_rpc.append_wire), with the same errors,
 and returns its response as serialized bytes, which go out as they are.
+
+A handler whose behavior is a coroutine (a unary call) or an async generator (a stream's responses), answered
+on a grpc.aio server's loop (mqstore_rpc.aio), is wrapped alike, with ``await context.abort``.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 import structlog
@@ -114,19 +118,29 @@ def _bounded(text: str, limit: int) -> str:
     return data[:limit].decode("utf-8", "ignore") + f"... (cut: the message had {len(data)} bytes)"
 
 
-def _abort(exc: Exception, context: grpc.ServicerContext, method: str) -> None:
-    """Ends the RPC with the status of ``exc``; always raises (context.abort raises)."""
+def _status(exc: Exception, context, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status ``exc`` ends the RPC with (its trailers set on ``context``), logged as its kind says."""
     if isinstance(exc, errors.MqStoreError):
         code = status_for(exc)
         log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
         context.set_trailing_metadata(_trailing_metadata(exc))
-        context.abort(code, _bounded(str(exc), MAX_MESSAGE_BYTES))
+        return code, _bounded(str(exc), MAX_MESSAGE_BYTES)
+    log.error("rpc.internal_error", method=method, error=type(exc).__name__, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+
+
+def _abort(exc: Exception, context: grpc.ServicerContext, method: str) -> None:
+    """Ends the RPC with the status of ``exc``; always raises (context.abort raises)."""
     if isinstance(exc, grpc.RpcError) and not context.is_active():
         # The client went away (its request stream raised): nothing to report to anybody.
         log.info("rpc.cancelled", method=method)
         raise exc
-    log.error("rpc.internal_error", method=method, error=type(exc).__name__, exc_info=exc)
-    context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+    context.abort(*_status(exc, context, method))
+
+
+async def _abort_async(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> None:
+    """:func:`_abort` on a grpc.aio server (a client that went away cancels the handler's task instead)."""
+    await context.abort(*_status(exc, context, method))
 
 
 def wire_codec(parse: Callable[[bytes], Any]) -> Callable[[Callable], Callable]:
@@ -184,6 +198,35 @@ def _wrap_stream_response(behavior: Callable, method: str, parse: Callable) -> C
     return wrapper
 
 
+def _wrap_async_unary_response(behavior: Callable, method: str, parse: Callable) -> Callable:
+    @functools.wraps(behavior)
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behavior(parse(request), context)
+        except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
+            await _abort_async(exc, context, method)
+    return wrapper
+
+
+def _wrap_async_stream_response(behavior: Callable, method: str, parse: Callable) -> Callable:
+    @functools.wraps(behavior)
+    async def wrapper(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for response in behavior(parse(request_or_iterator), context):
+                yield response
+        except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
+            await _abort_async(exc, context, method)
+    return wrapper
+
+
+def _each_async(parse: Callable) -> Callable:
+    """The parser of a request stream read on a grpc.aio server's loop."""
+    async def parsed(raw_items: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        async for raw in raw_items:
+            yield parse(raw)
+    return parsed
+
+
 def _each(parse: Callable) -> Callable:
     """The parser of a request stream: parses every item as it is taken (each wait for one says so to the
     handler pool: mqstore.waits)."""
@@ -197,6 +240,16 @@ def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodH
     parse = _parser(handler.request_deserializer, method, wire_parse)
     serializers = dict(request_deserializer=None,
                        response_serializer=_pass_bytes if wire_parse else handler.response_serializer)
+    if inspect.isasyncgenfunction(behavior):
+        wrapped = _wrap_async_stream_response(behavior, method, _each_async(parse) if handler.request_streaming
+                                              else parse)
+        make = (grpc.stream_stream_rpc_method_handler if handler.request_streaming
+                else grpc.unary_stream_rpc_method_handler)
+        return make(wrapped, **serializers)
+    if inspect.iscoroutinefunction(behavior):
+        if handler.request_streaming:
+            raise TypeError(f"{method}: an async handler of a request stream is answered with an async generator")
+        return grpc.unary_unary_rpc_method_handler(_wrap_async_unary_response(behavior, method, parse), **serializers)
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(
             _wrap_unary_response(handler.unary_unary, method, parse), **serializers)

@@ -14,7 +14,9 @@ Per RPC, the names of go-grpc-prometheus, which gRPC dashboards and alerts expec
   grpc_server_msg_received_total                request messages received (a stream counts each)
   grpc_server_msg_sent_total                    response messages sent
 
-An RPC refused by grpc itself before any handler runs (RESOURCE_EXHAUSTED for a request over
+On a grpc.aio server (mqstore_rpc.aio) a stream that its client cancels is counted by how its handler ends:
+grpc.aio ends the request stream as if the client had closed it, so a handler waiting for the next request
+ends OK. An RPC refused by grpc itself before any handler runs (RESOURCE_EXHAUSTED for a request over
 max_message_bytes or beyond max_concurrent_rpcs, UNIMPLEMENTED for an unknown method) is not counted:
 no interceptor sees it. Health and reflection are counted like every other service.
 
@@ -25,9 +27,11 @@ stopped by the composition root.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 import structlog
@@ -175,6 +179,13 @@ class RpcMetrics(grpc.ServerInterceptor):
     def _wrap(self, handler: grpc.RpcMethodHandler, figures: _MethodFigures) -> grpc.RpcMethodHandler:
         serializers = dict(request_deserializer=handler.request_deserializer,
                            response_serializer=handler.response_serializer)
+        behavior = handler.unary_unary or handler.stream_unary or handler.unary_stream or handler.stream_stream
+        if inspect.iscoroutinefunction(behavior) and not handler.request_streaming:  # on a grpc.aio loop
+            return grpc.unary_unary_rpc_method_handler(self._async_unary(behavior, figures), **serializers)
+        if inspect.isasyncgenfunction(behavior):  # answered on a grpc.aio server's loop (mqstore_rpc.aio)
+            make = (grpc.stream_stream_rpc_method_handler if handler.request_streaming
+                    else grpc.unary_stream_rpc_method_handler)
+            return make(self._async_stream(behavior, figures, handler.request_streaming), **serializers)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, figures, False), **serializers)
         if handler.stream_unary is not None:
@@ -234,6 +245,64 @@ class RpcMetrics(grpc.ServerInterceptor):
                 figures.handled(code).inc()
                 figures.seconds.observe(clock() - start)
         return wrapper
+
+    def _async_unary(self, behavior: Callable, figures: _MethodFigures) -> Callable:
+        clock = self._clock
+
+        @functools.wraps(behavior)
+        async def wrapper(request, context):
+            figures.started.inc()
+            figures.received.inc()
+            start = clock()
+            error = None
+            try:
+                response = await behavior(request, context)
+                figures.sent.inc()
+                return response
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                code = _code_of(context, error)
+                if isinstance(error, asyncio.CancelledError):
+                    code = grpc.StatusCode.CANCELLED
+                figures.handled(code).inc()
+                figures.seconds.observe(clock() - start)
+        return wrapper
+
+    def _async_stream(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
+        clock = self._clock
+
+        @functools.wraps(behavior)
+        async def wrapper(request_or_iterator, context):
+            figures.started.inc()
+            start = clock()
+            error = None
+            if streaming:
+                request_or_iterator = _async_counting(request_or_iterator, figures.received)
+            else:
+                figures.received.inc()
+            try:
+                async for response in behavior(request_or_iterator, context):
+                    figures.sent.inc()
+                    yield response
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                code = _code_of(context, error)
+                if isinstance(error, (asyncio.CancelledError, GeneratorExit)) or (
+                        error is None and code is grpc.StatusCode.OK and context.cancelled()):
+                    code = grpc.StatusCode.CANCELLED  # the client went away
+                figures.handled(code).inc()
+                figures.seconds.observe(clock() - start)
+        return wrapper
+
+
+async def _async_counting(items: AsyncIterator[Any], counter) -> AsyncIterator[Any]:
+    async for item in items:
+        counter.inc()
+        yield item
 
 
 def _counting(items, counter) -> Iterator[Any]:

@@ -10,7 +10,8 @@ set (mqstore_rpc.metrics; ``.metrics_port`` is the bound one). The
 service registers its servicers, adds what must be closed after the server stops
 (``add_closer(store.stop)``), calls ``start()`` and then ``serve_until_signal()``, which returns after
 SIGTERM or SIGINT (caught by a :class:`StopSignals` installed first thing in ``main()``) and a graceful
-stop.
+stop. ``ManagedServer(..., aio=True)`` is the same server on grpc.aio, whose ``async def`` handlers run on
+an event loop of its own (mqstore_rpc.aio: Local mode's Transaction port).
 
 Lifecycle of a service process:
   create_server -> register servicers -> start domain objects -> start() -> mark_serving()
@@ -33,6 +34,7 @@ from grpc_reflection.v1alpha import reflection
 from mqstore.background import Duty
 from mqstore.errors import InvalidArgument
 from mqstore.metrics import Registry
+from mqstore_rpc import aio as aio_server
 from mqstore_rpc.errors import ErrorInterceptor
 from mqstore_rpc.executor import HandlerPool
 from mqstore_rpc.metrics import MetricsExporter, RpcMetrics
@@ -160,9 +162,12 @@ class ManagedServer:
     """
 
     def __init__(self, config: ServerConfig, registry: Registry | None = None,
-                 interceptors: Sequence[grpc.ServerInterceptor] = (), rpc_metrics: RpcMetrics | None = None):
+                 interceptors: Sequence[grpc.ServerInterceptor] = (), rpc_metrics: RpcMetrics | None = None,
+                 aio: bool = False):
         """``rpc_metrics``: another server's per-RPC figures on the same ``registry`` (a second port of
-        one process counts its RPCs in the same families); None makes them."""
+        one process counts its RPCs in the same families); None makes them. ``aio``: a grpc.aio server
+        (mqstore_rpc.aio): ``async def`` handlers run on its event loop, every other handler in the handler
+        pool as here."""
         self.config = config
         self.registry = registry or Registry()
         self.rpc_metrics = rpc_metrics or RpcMetrics(self.registry)
@@ -172,8 +177,18 @@ class ManagedServer:
                    ("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]  # two servers must never share a port silently
         chain = [self.rpc_metrics, ErrorInterceptor(), *interceptors]
-        self.grpc_server = grpc.server(self._executor, interceptors=chain, options=options,
+        self._loop: aio_server.LoopThread | None = None
+        if aio:
+            self._loop = aio_server.LoopThread()
+
+            async def make() -> grpc.aio.Server:
+                return grpc.aio.server(migration_thread_pool=self._executor,
+                                       interceptors=[aio_server.Interceptors(chain)], options=options,
                                        maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+            self.grpc_server = self._loop.run(make)
+        else:
+            self.grpc_server = grpc.server(self._executor, interceptors=chain, options=options,
+                                           maximum_concurrent_rpcs=config.max_concurrent_rpcs)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -190,10 +205,16 @@ class ManagedServer:
             else:
                 self.port = self.grpc_server.add_secure_port(config.address, config.tls.credentials())
         except RuntimeError as exc:  # grpc's way of saying the address is taken or not ours
+            self._close_loop()
             raise OSError(f"cannot bind {config.address}: in use, or not an address of this host ({exc})") from None
         self._exporter: MetricsExporter | None = None
         if config.metrics_port is not None:
             self._exporter = MetricsExporter(self.registry, config.metrics_host or config.host, config.metrics_port)
+
+    @property
+    def pool(self) -> HandlerPool:
+        """The handler pool: where this server runs its synchronous handlers."""
+        return self._executor
 
     @property
     def metrics_port(self) -> int | None:
@@ -222,7 +243,10 @@ class ManagedServer:
     def start(self) -> None:
         names = [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.grpc_server)
-        self.grpc_server.start()
+        if self._loop is not None:
+            self._loop.run(self.grpc_server.start, self.config.stop_timeout_s)
+        else:
+            self.grpc_server.start()
         if self._monitor is not None:
             self._monitor.start()
 
@@ -248,15 +272,30 @@ class ManagedServer:
             self.health.enter_graceful_shutdown()
             if self._monitor is not None:
                 self._monitor.stop(self.config.stop_timeout_s)
-            done = self.grpc_server.stop(grace)
-            if not done.wait(grace + self.config.stop_timeout_s):
+            if not self._stop_grpc(grace):
                 log.warning("server.stop_timeout", port=self.port, waited_s=grace + self.config.stop_timeout_s)
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._close_loop()
             if self._exporter is not None:
                 self._exporter.stop()
             self._run_closers()
         finally:
             self._stopped.set()
+
+    def _stop_grpc(self, grace: float) -> bool:
+        """grpc's stop: no new calls, running ones cancelled after ``grace``; False if that timed out."""
+        bound = grace + self.config.stop_timeout_s
+        if self._loop is None:
+            return self.grpc_server.stop(grace).wait(bound)
+        try:
+            self._loop.run(lambda: self.grpc_server.stop(grace), bound)
+            return True
+        except TimeoutError:
+            return False
+
+    def _close_loop(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
 
     def _run_closers(self) -> None:
         first_error: BaseException | None = None

@@ -117,18 +117,19 @@ class Composition:
         register(self.server.grpc_server)
         self.server.add_service_names([service_name])
 
-    def add_server(self, name: str, config: ServerConfig, *, signed_requests: bool = False,
+    def add_server(self, name: str, config: ServerConfig, *, signed_requests: bool = False, aio: bool = False,
                    ) -> tuple[ManagedServer, Callable[[Callable[[], str]], None]]:
-        """A second port of this process (the commit log's Local-mode gateway): its RPCs are counted in
-        this service's metrics and pass the same authentication (``signed_requests``: also the RocketMQ SDKs'
-        signed requests, as the gateway's own process takes them); its health is NOT_SERVING while this
-        service's is or while a problem given to the returned function is non-empty. Started after the
-        duties; stopped when this service stops, before what was registered earlier closes. Its bound port
-        is in ``server.started`` as ``ports[name]``. Returns the server (``.grpc_server`` takes servicers,
-        ``.port`` is the bound port) and that function."""
+        """A second port of this process (the commit log's Local-mode gateway and Transaction service): its
+        RPCs are counted in this service's metrics and pass the same authentication (``signed_requests``:
+        also the RocketMQ SDKs' signed requests, as the gateway's own process takes them); its health is
+        NOT_SERVING while this service's is or while a problem given to the returned function is non-empty.
+        Started after the duties; stopped when this service stops, before what was registered earlier
+        closes. Its bound port is in ``server.started`` as ``ports[name]``. ``aio``: a grpc.aio server
+        (mqstore_rpc.aio). Returns the server (``.grpc_server`` takes servicers, ``.port`` is the bound port)
+        and that function."""
         interceptors = [i.taking_signed_requests() if signed_requests and isinstance(i, AuthInterceptor) else i
                         for i in self._interceptors]
-        extra = ManagedServer(config, self.server.registry, interceptors, rpc_metrics=self.server.rpc_metrics)
+        extra = ManagedServer(config, self.server.registry, interceptors, rpc_metrics=self.server.rpc_metrics, aio=aio)
         self.server.extra_ports[name] = extra.port
         self.server.add_closer(extra.stop)
         problems: list[Callable[[], str]] = []

@@ -24,8 +24,8 @@ class Coordinator:
         self.calls: list[tuple] = []
         self.fail = fail
 
-    def commit(self, txn_id, by="producer"):
-        self.calls.append(("commit", txn_id, by))
+    def commit(self, txn_id, by="producer", wait_durable=True):
+        self.calls.append(("commit", txn_id, by, wait_durable))
         if self.fail:
             raise self.fail
 
@@ -52,7 +52,7 @@ def test_one_way_ends_are_applied_as_their_calls_without_waiting_for_the_op_reco
     streams = TransactStreams(coordinator, max_streams=1)
     streams.end_one_way("t-1", "COMMIT")
     streams.end_one_way("t-2", "ROLLBACK")
-    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY), ("rollback", "t-2", BY_ONE_WAY, False)]
+    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False), ("rollback", "t-2", BY_ONE_WAY, False)]
     assert (streams.one_way_ends, streams.one_way_failures) == (2, 0)
     with pytest.raises(InvariantViolation):
         streams.end_one_way("t-3", "UNKNOWN")
@@ -97,8 +97,8 @@ class Blocking(Coordinator):
         super().__init__()
         self.entered, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
 
-    def commit(self, txn_id, by="producer"):
-        super().commit(txn_id, by)
+    def commit(self, txn_id, by="producer", wait_durable=True):
+        super().commit(txn_id, by, wait_durable)
         self.entered.set()
         assert self.release.wait(30)
         self.done.set()
@@ -111,7 +111,7 @@ def test_a_submitted_one_way_end_runs_on_a_worker_while_the_stream_goes_on():
     try:
         streams.submit_one_way("t-1", "COMMIT")  # returns while the commit is still being applied
         assert coordinator.entered.wait(30) and not coordinator.done.is_set()
-        assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY)]
+        assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False)]
         streams.submit_one_way("t-2", "COMMIT")  # queued behind it (the only worker is busy)
         streams.submit_one_way("t-3", "COMMIT")  # no room for 0.05 s: counted as failed, left to check-back
         assert (streams.one_way_ends, streams.one_way_failures) == (3, 1)
@@ -132,16 +132,16 @@ class Recording(Coordinator):
         super().__init__(fail)
         self.threads: list[int] = []
 
-    def commit(self, txn_id, by="producer"):
+    def commit(self, txn_id, by="producer", wait_durable=True):
         self.threads.append(threading.get_ident())
-        super().commit(txn_id, by)
+        super().commit(txn_id, by, wait_durable)
 
 
 def test_an_inline_one_way_end_is_applied_on_the_streams_thread_before_it_returns():
     coordinator = Recording()
     streams = TransactStreams(coordinator, max_streams=1, workers=1, inline=True)  # Local mode; never started
     streams.submit_one_way("t-1", "COMMIT")
-    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY)]  # applied already, no worker involved
+    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False)]  # applied already, no worker involved
     assert coordinator.threads == [threading.get_ident()]
     def refuse():
         raise PermissionDenied("user u lacks PUB on topic orders")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from concurrent.futures import Executor
 from typing import Callable
 
 import grpc
@@ -40,7 +41,7 @@ from mqstore.txn.transact import TransactStreams
 from mqstore_rpc import service
 from mqstore_rpc.server import ServerConfig
 
-from .servicer import SERVICE_NAME, TransactionServicer, add_to_server
+from .servicer import SERVICE_NAME, LoopTransactionServicer, TransactionServicer, add_to_server
 
 log = structlog.get_logger("mqstore_rpc.txn.composition")
 
@@ -82,7 +83,8 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
     # for a place (mqstore_rpc.executor), which at 32 producers saves 10-30% of a transaction's CPU.
     config = dataclasses.replace(server, port=local.port, max_workers=workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, workers), metrics_port=None)
-    txn_server, add_problem = parts.add_server("txn", config)
+    # grpc.aio: Transact's frames are answered on the port's event loop (mqstore_rpc.aio says why)
+    txn_server, add_problem = parts.add_server("txn", config, aio=True)
 
     def serve(name: str, register: Callable[[grpc.Server], None]) -> None:
         register(txn_server.grpc_server)
@@ -90,7 +92,8 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
 
     compose_txn(local.txn, local.follow, local.rpc_timeout_ms, LocalTxnLog(store, local.txn.follow_linger_ms),
                 local.clock or clock, parts, serve, add_problem, txn_server.health_changed,
-                add_duty=functools.partial(parts.add_duty, health=add_problem), in_process=True)
+                add_duty=functools.partial(parts.add_duty, health=add_problem), in_process=True,
+                loop_pool=txn_server.pool)
     log.info("txn.local", port=txn_server.port, data_dir=str(local.txn.data_dir))
     return txn_server.port
 
@@ -99,7 +102,8 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                 parts: service.Composition, serve: Callable[[str, Callable[[grpc.Server], None]], None],
                 add_health_problem: Callable[[Callable[[], str]], None],
                 health_changed: Callable[[], None],
-                add_duty: Callable[[Duty], Duty] | None = None, in_process: bool = False) -> TransactionServicer:
+                add_duty: Callable[[Duty], Duty] | None = None, in_process: bool = False,
+                loop_pool: Executor | None = None) -> TransactionServicer:
     """Build the Transaction service on ``txn_log``; its closers are ``parts``'; ``serve(name, register)``
     registers the servicer on the server that serves it; ``add_health_problem`` makes that server
     NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
@@ -107,7 +111,9 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     only: a follower stopped at a gap must not make the commit log NOT_SERVING); ``in_process``: the log is in
     this process (Local mode): one-way ends are applied on their stream's thread (mqstore.txn.transact says
     why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
-    append_max_* settings do not apply)."""
+    append_max_* settings do not apply); ``loop_pool`` (Local mode, with ``in_process``): the server is a
+    grpc.aio one, Transact is answered on its loop and frames that may wait run in this pool
+    (servicer.LoopTransactionServicer)."""
     add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
     timeout_s = rpc_timeout_ms / 1000
@@ -161,7 +167,11 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                             in_doubt.pending, lambda: in_doubt.settled, base_counters)
     checkpointer.counters = operations.counters
     operations.register_metrics(parts.metrics)
-    servicer = TransactionServicer(coordinator, checkback, operations, streams)
+    if loop_pool is not None:
+        servicer: TransactionServicer = LoopTransactionServicer(coordinator, checkback, operations, streams,
+                                                                txn_log.append_waits, loop_pool)
+    else:
+        servicer = TransactionServicer(coordinator, checkback, operations, streams)
     serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     return servicer
 

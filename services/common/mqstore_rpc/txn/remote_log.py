@@ -35,6 +35,9 @@ class RemoteTxnLog:
     def check_writable(self) -> None:
         return None  # the client sends writes to the group's leader; the commit log answers for itself
 
+    def append_waits(self) -> bool:
+        return True  # a round trip to the commit log
+
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> TailCall:
         # linger: once caught up, one frame per linger_ms instead of one per append (fewer wake-ups on
         # both sides; the coordinator changes states itself and waits for the follower only at start)

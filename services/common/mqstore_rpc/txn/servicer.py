@@ -6,18 +6,26 @@ that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which 
 producer cancelling ends the iteration) and handed to mqstore.txn.checkback.CheckBack, whose session
 gives the checks to send.
 
+Transact on the event loop (:class:`LoopTransactionServicer`, Local mode's port: mqstore_rpc.aio): a frame
+whose work cannot wait is handled on the loop; a frame that may (a two-way Commit or Rollback: a rollback
+waits for its OP record; any frame while the log's appends wait for a flush or for replicas) runs in the
+server's handler pool, and the stream takes its next frame once it is answered, so frames stay in order.
+
 Thread-safe: holds no state beyond thread-safe domain objects.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
-from typing import Iterator
+from concurrent.futures import Executor
+from typing import AsyncIterator, Callable, Iterator, TypeVar
 
 import grpc
 from mqstore import topics as topic_rules
 from mqstore.auth.model import PUB, topic
-from mqstore.errors import InvalidArgument
+from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
 from mqstore_rpc import auth, convert
 from mqstore_rpc.errors import FrameStatus, frame_outcome
@@ -26,9 +34,10 @@ from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 from mqstore.txn.checkback import Answer, Check, CheckBack
 from mqstore.txn.coordinator import Coordinator, Ended, Prepared
 from mqstore.txn.operations import Operations, TxnView
-from mqstore.txn.table import STATES, OUTCOME_UNKNOWN
+from mqstore.txn.table import OUTCOME_UNKNOWN, ROLLED_BACK, STATES
 from mqstore.txn.transact import COMMIT, ROLLBACK, TransactStreams
 
+T = TypeVar("T")
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name
 TRANSACT_METHOD = f"/{SERVICE_NAME}/Transact"
 _ONE_WAY = {"commit": COMMIT, "rollback": ROLLBACK}
@@ -111,16 +120,25 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         self._coordinator, self._checkback, self._ops, self._streams = coordinator, checkback, operations, streams
 
     def Prepare(self, request, context):
-        return _prepared(self._coordinator.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
-                                                   request.producer_group, request.transaction_id))
+        return _prepared(self._prepare(request, context.peer()))
 
     def Commit(self, request, context):
-        self._may_end(request.transaction_id)
-        return _ended(self._coordinator.commit(request.transaction_id))
+        return _ended(self._commit(request.transaction_id))
 
     def Rollback(self, request, context):
-        self._may_end(request.transaction_id)
-        return _ended(self._coordinator.rollback(request.transaction_id))
+        return _ended(self._rollback(request.transaction_id))
+
+    def _prepare(self, p, peer: str) -> Prepared:
+        return self._coordinator.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
+                                         p.transaction_id)
+
+    def _commit(self, txn_id: str, wait_durable: bool = True) -> Ended:
+        self._may_end(txn_id)
+        return self._coordinator.commit(txn_id, wait_durable=wait_durable)
+
+    def _rollback(self, txn_id: str) -> Ended:
+        self._may_end(txn_id)
+        return self._coordinator.rollback(txn_id)
 
     def _may_end(self, txn_id: str) -> None:
         """Commit and Rollback name a transaction, not its topic: PUB on that topic (with auth on;
@@ -131,20 +149,26 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         peer = context.peer()
         with self._streams.opened():
             for request in request_iterator:
-                kind = request.WhichOneof("kind")
-                if request.ends:
-                    refused = frame_outcome(TRANSACT_METHOD, self._carried, request.ends)
-                    if refused is not None:
-                        yield _frame_response(request.request_id, refused)
-                        continue
-                    if kind is None:
-                        continue  # ends only: not answered
-                if request.one_way and kind in _ONE_WAY:
-                    txn_id = getattr(request, kind).transaction_id
-                    self._streams.submit_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
-                    continue
-                outcome = frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer)
-                yield _frame_response(request.request_id, outcome)
+                response = self._handle(request, peer)
+                if response is not None:
+                    yield response
+
+    def _handle(self, request, peer: str, wait_durable: bool = True) -> txn_pb2.TransactResponse | None:
+        """One Transact frame: its answer, or None for a frame that is not answered (one-way, ends only).
+        ``wait_durable`` False: a Commit of a rolled-back transaction is refused before that is durable."""
+        kind = request.WhichOneof("kind")
+        if request.ends:
+            refused = frame_outcome(TRANSACT_METHOD, self._carried, request.ends)
+            if refused is not None:
+                return _frame_response(request.request_id, refused)
+            if kind is None:
+                return None  # ends only: not answered
+        if request.one_way and kind in _ONE_WAY:
+            txn_id = getattr(request, kind).transaction_id
+            self._streams.submit_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
+            return None
+        return _frame_response(request.request_id,
+                               frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer, wait_durable))
 
     def _carried(self, ends) -> None:
         """A frame's carried ends (Transact): all checked first (a malformed one refuses the frame, none of
@@ -162,22 +186,18 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             txn_id = carried.transaction_id
             self._streams.submit_one_way(txn_id, decision, guard=functools.partial(self._may_end, txn_id))
 
-    def _frame(self, kind: str | None, request, peer: str) -> Prepared | Ended:
+    def _frame(self, kind: str | None, request, peer: str, wait_durable: bool = True) -> Prepared | Ended:
         """One two-way frame, as its unary call (the permission its call needs included: PUB on the topic,
         checked here with auth on; mqstore_rpc.permissions, deferred)."""
         if kind == "prepare":
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
-            p = request.prepare
-            auth.require(PUB, topic(p.topic))
-            return self._coordinator.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
-                                             p.transaction_id)
+            auth.require(PUB, topic(request.prepare.topic))
+            return self._prepare(request.prepare, peer)
         if kind == "commit":
-            self._may_end(request.commit.transaction_id)
-            return self._coordinator.commit(request.commit.transaction_id)
+            return self._commit(request.commit.transaction_id, wait_durable)
         if kind == "rollback":
-            self._may_end(request.rollback.transaction_id)
-            return self._coordinator.rollback(request.rollback.transaction_id)
+            return self._rollback(request.rollback.transaction_id)
         raise InvalidArgument("TransactRequest: set one of prepare, commit or rollback, or carry ends")
 
     def ListOpen(self, request, context):
@@ -211,6 +231,69 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                 yield _check(check)
         finally:
             self._checkback.close(session)
+
+
+class LoopTransactionServicer(TransactionServicer):
+    """The Transaction service with Prepare, Commit, Rollback and Transact answered on a grpc.aio server's
+    loop (the module docstring); every other call as :class:`TransactionServicer`'s, in the handler pool.
+    ``append_waits()``: whether the log's appends wait now (a SYNC flush or SYNC replication); ``pool``:
+    where what may wait runs. A Commit is tried on the loop without waiting (``wait_durable`` False): only
+    if the transaction turns out rolled back and that is not durable yet is it taken again in the pool,
+    where the refusal waits for the rollback's OP record as the synchronous call's does."""
+
+    def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
+                 streams: TransactStreams, append_waits: Callable[[], bool], pool: Executor):
+        super().__init__(coordinator, checkback, operations, streams)
+        self._append_waits, self._pool = append_waits, pool
+
+    async def Prepare(self, request, context):
+        prepare = functools.partial(self._prepare, request, context.peer())
+        return _prepared(await self._in_pool(prepare) if self._append_waits() else prepare())
+
+    async def Commit(self, request, context):
+        txn_id = request.transaction_id
+        if not self._append_waits():
+            try:
+                return _ended(self._commit(txn_id, wait_durable=False))
+            except FailedPrecondition:
+                if not self._rollback_pending(txn_id):
+                    raise
+        return _ended(await self._in_pool(functools.partial(self._commit, txn_id)))
+
+    async def Rollback(self, request, context):
+        return _ended(await self._in_pool(functools.partial(self._rollback, request.transaction_id)))
+
+    async def Transact(self, request_iterator, context) -> AsyncIterator[txn_pb2.TransactResponse]:
+        peer = context.peer()
+        with self._streams.opened():
+            async for request in request_iterator:
+                if self._append_waits() or (request.WhichOneof("kind") == "rollback" and not request.one_way):
+                    response = await self._in_pool(functools.partial(self._handle, request, peer))
+                else:
+                    response = self._handle(request, peer, wait_durable=False)
+                    if self._refused_until_durable(request, response):  # its ends are applied: only the Commit
+                        response = await self._in_pool(functools.partial(self._commit_frame, request, peer))
+                if response is not None:
+                    yield response
+
+    def _refused_until_durable(self, request, response: txn_pb2.TransactResponse | None) -> bool:
+        """A two-way Commit frame refused on the loop because its transaction is rolled back, not durably yet."""
+        return (response is not None and response.HasField("error") and request.WhichOneof("kind") == "commit"
+                and self._rollback_pending(request.commit.transaction_id))
+
+    def _commit_frame(self, request, peer: str) -> txn_pb2.TransactResponse:
+        return _frame_response(request.request_id, frame_outcome(TRANSACT_METHOD, self._frame, "commit", request, peer))
+
+    def _rollback_pending(self, txn_id: str) -> bool:
+        """The transaction is rolled back and its OP records are not all written yet."""
+        txn = self._coordinator.table.get(txn_id)
+        return txn is not None and txn.state == ROLLED_BACK and not txn.op_written
+
+    async def _in_pool(self, call: Callable[[], T]) -> T:
+        """``call()`` on a pool thread, with this call's context (the caller of a deferred permission check:
+        mqstore_rpc.auth) going along."""
+        run = functools.partial(contextvars.copy_context().run, call)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
 
 
 def add_to_server(servicer: TransactionServicer, server: grpc.Server) -> None:
