@@ -60,7 +60,8 @@ class TransactStreams:
         self.one_way_ends = self.one_way_failures = 0
 
     def start(self) -> None:
-        self.enders.start()
+        if not self.inline:  # inline: every end is applied on its stream's thread, the workers are never used
+            self.enders.start()
 
     def stop(self, timeout_s: float) -> None:
         """Take no more one-way ends; those queued are still applied (up to ``timeout_s``)."""

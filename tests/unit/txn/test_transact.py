@@ -151,3 +151,14 @@ def test_an_inline_one_way_end_is_applied_on_the_streams_thread_before_it_return
     assert (streams.one_way_ends, streams.one_way_failures) == (2, 1)
     assert (failing.one_way_ends, failing.one_way_failures) == (1, 1)
     assert [c[1] for c in coordinator.calls] == ["t-1"]
+
+
+def test_inline_streams_start_no_worker_threads():
+    streams = TransactStreams(Coordinator(), max_streams=1, inline=True)
+    streams.start()
+    try:
+        assert not [t for t in threading.enumerate() if t.name.startswith("txn-one-way")]
+        streams.submit_one_way("t-1", "COMMIT")  # applied on this thread all the same
+        assert streams.coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False)]
+    finally:
+        streams.stop(1.0)
