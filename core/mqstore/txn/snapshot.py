@@ -10,7 +10,7 @@ Each record is one JSON document:
                                  uniq_key, real_queue_id, attempt, immunity_ms]]}]}
 
 A full record holds every transaction not fully done (open, parked, or an OP record still to write) and
-the newest KEEP_RESOLVED done ones (a Commit repeated after a restart for an older one gets NOT_FOUND,
+the KEEP_RESOLVED most recently resolved done ones (a Commit repeated after a restart for an older one gets NOT_FOUND,
 never a second append). A delta holds the transactions that changed since the record before it, as
 they are now: loading applies the records in order, the last word on a transaction wins. Records are
 taken under the table's lock, so the offset and the states agree; states may be ahead of ``applied``
@@ -29,7 +29,7 @@ import pathlib
 from mqstore.errors import DataLoss
 
 from . import journal
-from .table import COMMITTED, OPEN, PREPARING, ROLLED_BACK, STATES, Half, Txn, TxnTable
+from .table import OPEN, PREPARING, STATES, Half, Txn, TxnTable
 
 VERSION = 2
 KEEP_RESOLVED = 1000  # resolved transactions (OP written) kept in a full record, newest
@@ -54,12 +54,10 @@ def encode(kind: str, entries: list[dict], applied: int, counters: dict, now_ms:
 
 
 def kept(table: TxnTable) -> list[Txn]:
-    """For a full record (under the table's lock): every transaction not fully done, and the newest
-    KEEP_RESOLVED done ones, so the record stays small however many the memory holds (resolved_keep)."""
-    done = [t for t in table.by_id.values() if t.state in (COMMITTED, ROLLED_BACK) and t.op_written]
-    recent = set(map(id, done[-KEEP_RESOLVED:]))  # by_id keeps insertion (prepare) order
-    return [t for t in table.by_id.values() if not (t.state in (COMMITTED, ROLLED_BACK) and t.op_written)
-            or id(t) in recent]
+    """For a full record (under the table's lock): every transaction not fully done, and the KEEP_RESOLVED
+    most recently resolved done ones, so the record stays small however many the memory holds
+    (resolved_keep); found without walking those (TxnTable.undone, newest_done)."""
+    return table.undone() + table.newest_done(KEEP_RESOLVED)
 
 
 def load(path: pathlib.Path, table: TxnTable) -> dict | None:

@@ -128,7 +128,8 @@ class TxnTable:
         self.by_phys: dict[int, Txn] = {}
         self.by_queue_offset: dict[int, tuple[Txn, Half]] = {}
         self._live: set[str] = set()           # ids in LIVE_STATES
-        self._resolved: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._resolved: collections.OrderedDict[str, None] = collections.OrderedDict()  # in the order resolved
+        self._op_pending: set[str] = set()     # resolved, an OP record still to write (may hold stale ids)
         self._dirty: set[str] = set()          # changed since the last checkpoint (persist.py)
         self.applied: int | None = None       # every record below it is applied
         self.target: int | None = None        # the log end seen first after start
@@ -216,6 +217,7 @@ class TxnTable:
             if state != PARKED:
                 self._live.discard(txn.txn_id)
                 self._resolved[txn.txn_id] = None
+                self._op_pending.add(txn.txn_id)
                 self._forget_old()
 
     def committed(self, txn: Txn, halves: Sequence[Half], by: str) -> None:
@@ -288,6 +290,8 @@ class TxnTable:
                 if found is not None and not found[1].op_written:
                     found[1].op_written = True
                     self._touch(found[0])
+                    if found[0].op_written:
+                        self._op_pending.discard(found[0].txn_id)
             self._forget_old()
             self.op_cond.notify_all()
 
@@ -309,6 +313,30 @@ class TxnTable:
             return self.op_cond.wait_for(lambda: txn.op_written, timeout_s)
 
     # ---- the checkpoint's view -------------------------------------------------------------------------
+    def undone(self) -> list[Txn]:
+        """Every transaction not fully done: live, or resolved with an OP record still to write (under
+        ``lock``). Costs what it returns, not what the table remembers (resolved_keep)."""
+        with self.lock:
+            out = [self.by_id[i] for i in self._live]
+            for txn_id in self._op_pending:
+                txn = self.by_id.get(txn_id)
+                if txn is not None and txn.state in (COMMITTED, ROLLED_BACK) and not txn.op_written:
+                    out.append(txn)
+            return out
+
+    def newest_done(self, count: int) -> list[Txn]:
+        """The ``count`` most recently resolved transactions whose OP records are all written, newest first
+        (under ``lock``)."""
+        with self.lock:
+            out: list[Txn] = []
+            for txn_id in reversed(self._resolved):
+                if len(out) >= count:
+                    break
+                txn = self.by_id.get(txn_id)
+                if txn is not None and txn.state in (COMMITTED, ROLLED_BACK) and txn.op_written:
+                    out.append(txn)
+            return out
+
     def take_dirty(self) -> list[Txn]:
         """The transactions changed since the last call (under ``lock``); clears the set."""
         with self.lock:
@@ -330,6 +358,8 @@ class TxnTable:
                 self._live.add(txn.txn_id)
             else:
                 self._resolved[txn.txn_id] = None
+                if not txn.op_written:
+                    self._op_pending.add(txn.txn_id)
 
     # ---- the projection's primitives (projection.py, under ``lock``) --------------------------------------
     def learn_half(self, txn_id: str, group: str, topic: str, digest: str, half: Half) -> Txn:
@@ -380,6 +410,8 @@ class TxnTable:
         txn.halves.append(half)
         self.by_phys[half.physical_offset] = txn
         self.by_queue_offset[half.queue_offset] = (txn, half)
+        if txn.state in (COMMITTED, ROLLED_BACK) and not half.op_written:  # a duplicate attempt's half
+            self._op_pending.add(txn.txn_id)
 
     def _touch(self, txn: Txn) -> None:
         self._dirty.add(txn.txn_id)
@@ -387,6 +419,7 @@ class TxnTable:
     def _drop(self, txn: Txn) -> None:
         del self.by_id[txn.txn_id]
         self._live.discard(txn.txn_id)
+        self._op_pending.discard(txn.txn_id)
         for half in txn.halves:
             self.by_phys.pop(half.physical_offset, None)
             self.by_queue_offset.pop(half.queue_offset, None)

@@ -184,3 +184,74 @@ def test_resolved_transactions_beyond_resolved_keep_are_forgotten():
     p.apply(log.frame())  # the follower has passed them all: they may go
     assert len(table.by_id) <= 6 and len(table.by_phys) <= 6 and len(table.by_queue_offset) <= 6
     assert table.get("t49").state == COMMITTED
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_full_checkpoint_keeps_every_undone_transaction_and_the_newest_done_ones(seed, monkeypatch):
+    """snapshot.kept (TxnTable.undone + newest_done, kept without walking the table) against a model that
+    walks it, after each of a random run of steps: halves, commits, rollbacks, parking, OP records written
+    in any order, duplicate halves of decided transactions, old ones forgotten past resolved_keep."""
+    import random
+
+    from mqstore.txn import snapshot
+
+    monkeypatch.setattr(snapshot, "KEEP_RESOLVED", 4)
+    rng = random.Random(seed)
+    log = Log()
+    queued: list[int] = []
+    table = TxnTable(resolved_keep=12, on_needs_op=lambda txn, halves: queued.extend(h.queue_offset for h in halves))
+    p = TxnProjection(table)
+    p.apply(log.frame())
+    halves: dict[str, list[int]] = {}
+
+    def done(t) -> bool:
+        return t.state in (COMMITTED, ROLLED_BACK) and t.op_written
+
+    for step in range(300):
+        live = [i for i in halves if (t := table.get(i)) is not None and t.state in (OPEN, PARKED)]
+        decided = [i for i in halves if (t := table.get(i)) is not None and t.state in (COMMITTED, ROLLED_BACK)]
+        action = rng.choice(["new", "new", "commit", "rollback", "park", "op", "op", "duplicate"])
+        if action == "new" or not live and action in ("commit", "rollback", "park"):
+            txn_id = f"t{step}"
+            halves[txn_id] = [log.half(txn_id, "a")[0] for _ in range(rng.randint(1, 2))]
+        elif action == "commit":
+            log.commit(halves[rng.choice(live)][0])
+        elif action == "rollback":
+            txn = table.get(rng.choice(live))
+            table.resolve(txn, ROLLED_BACK, "producer")
+            table.need_op(txn)
+        elif action == "park":
+            log.parked(rng.choice(live))
+        elif action == "op" and queued:
+            rng.shuffle(queued)
+            take = rng.randint(1, len(queued))
+            log.op(*queued[:take])
+            del queued[:take]
+        elif action == "duplicate" and decided:
+            txn_id = rng.choice(decided)
+            halves[txn_id].append(log.half(txn_id, f"dup{step}")[0])
+        p.apply(log.frame())
+        with table.lock:
+            got = [t.txn_id for t in snapshot.kept(table)]
+            undone = {t.txn_id for t in table.by_id.values() if not done(t)}
+            newest = [i for i in table._resolved if i in table.by_id and done(table.by_id[i])][-4:]
+        assert len(got) == len(set(got)), got
+        assert set(got) == undone | set(newest), (step, action, sorted(set(got) ^ (undone | set(newest))))
+
+
+def test_a_restored_transaction_with_an_op_record_to_write_is_undone():
+    from mqstore.txn import snapshot
+
+    log = Log()
+    physical, q = log.half("rolled", "a")
+    log.half("done", "a")
+    table, p, _ = projection(log)
+    table.resolve(table.get("rolled"), ROLLED_BACK, "producer")  # its OP record not written yet
+    log.commit(table.get("done").halves[0].physical_offset)
+    log.op(table.get("done").halves[0].queue_offset)
+    p.apply(log.frame())
+    restored = TxnTable(resolved_keep=1000)
+    for txn in snapshot.kept(table):
+        restored.restore(snapshot._txn(snapshot.entry(txn)))
+    assert [t.txn_id for t in restored.undone()] == ["rolled"]
+    assert [t.txn_id for t in restored.newest_done(10)] == ["done"]
