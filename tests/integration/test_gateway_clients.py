@@ -16,15 +16,15 @@ import grpc
 import pytest
 
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
-from tests.support.gateway import CLIENTS, MODES, NODE_DIR, ROOT, client_command, stack
+from tests.support.gateway import ALL_LOCAL, CLIENTS, MODES, NODE_DIR, ROOT, client_command, stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 WAIT_S = 60
 
 
-@pytest.fixture(scope="module", params=MODES)
-def rig(request, tmp_path_factory):
+@pytest.fixture(scope="module", params=(*MODES, ALL_LOCAL))  # ALL_LOCAL: the SDKs' transactions on the Local
+def rig(request, tmp_path_factory):                            # Transaction port (grpc.aio), found by default
     with stack(tmp_path_factory.mktemp(f"gateway-{request.param}"), mode=request.param) as s:
         yield s
 
@@ -132,7 +132,7 @@ def test_an_unknown_answer_leaves_the_transaction_open_and_it_is_asked_again(rig
 
 
 def txn_state(rig, transaction_id: str) -> str:
-    channel = grpc.insecure_channel(rig.txn.address)
+    channel = grpc.insecure_channel(rig.txn_address)
     try:
         info = txn_pb2_grpc.TransactionStub(channel).Show(txn_pb2.ShowRequest(transaction_id=transaction_id),
                                                           timeout=10)

@@ -44,6 +44,8 @@ CALL_TIMEOUT_S = 90      # one client command (a receive long-polls up to its aw
 RPC_TIMEOUT_S = 10
 CLIENTS = ("python", "node")
 MODES = ("cluster", "local")   # the gateway as its own process, or inside the commit log process
+# The gateway and the Transaction service both inside the commit log process (--txn-port, no --gateway-txn)
+ALL_LOCAL = "all-local"
 # The Transaction service asks about a transaction open for 1 s, every 2 s: check-back within seconds.
 FAST_CHECKS = ("--transaction-timeout-ms", "1000", "--check-interval-ms", "2000", "--check-scan-interval-ms", "200",
                "--op-batch-interval-ms", "50")
@@ -167,11 +169,12 @@ class Stack:
     """CommitLog, Transaction and gateway processes over one data directory. ``restart_gateway()`` and
     ``restart_commitlog()`` bring a killed one back on the same port. In Local mode ``gateway`` is the
     commit log process (it serves the gateway), so both restarts restart it; ``gateway_args`` are given
-    to it as ``--gateway-*`` flags."""
+    to it as ``--gateway-*`` flags. In ``ALL_LOCAL`` mode the commit log process serves the Transaction
+    service too (``txn_args`` as ``--txn-*`` flags) and its gateway finds it without ``--gateway-txn``."""
 
     def __init__(self, tmp: pathlib.Path, gateway_args: tuple[str, ...] = (), txn_args: tuple[str, ...] = FAST_CHECKS,
                  auth: bool = False, mode: str = "cluster"):
-        assert mode in MODES, mode
+        assert mode in (*MODES, ALL_LOCAL), mode
         self.tmp, self.gateway_args, self.txn_args, self.auth, self.mode = tmp, gateway_args, txn_args, auth, mode
         self.env = {"MQSTORE_INTERNAL_TOKEN": TOKEN}
         if auth:  # one auth database and kek file for every service; the rig calls as `service`
@@ -182,12 +185,18 @@ class Stack:
 
     @property
     def gateway(self) -> ServiceProcess | None:
-        return self.commitlog if self.mode == "local" else self._gateway_process
+        return self._gateway_process if self.mode == "cluster" else self.commitlog
+
+    @property
+    def txn_address(self) -> str:
+        return f"127.0.0.1:{self.txn_port}" if self.mode == ALL_LOCAL else self.txn.address
 
     def start(self) -> "Stack":
-        self.txn_port = free_port() if self.mode == "local" else 0
+        self.txn_port = free_port() if self.mode != "cluster" else 0
         self.commitlog = self._commitlog(0)
         self.commitlog_port = int(self.commitlog.address.rsplit(":", 1)[1])
+        if self.mode == ALL_LOCAL:
+            return self
         self.txn = ServiceProcess("txn_service.main", ["--data-dir", str(self.tmp / "txn"), "--port",
                                                        str(self.txn_port), "--grace-s", "1", "--commitlog",
                                                        self.commitlog.address, *self.txn_args],
@@ -202,14 +211,21 @@ class Stack:
         if self.mode == "cluster":
             return ServiceProcess("commitlog_service.main", args, self.env).started()
         local = [a.replace("--", "--gateway-", 1) if a.startswith("--") else a for a in self.gateway_args]
+        if self.mode == ALL_LOCAL:
+            local += ["--txn-port", str(self.txn_port),
+                      *(a.replace("--", "--txn-", 1) if a.startswith("--") else a for a in self.txn_args)]
+        else:
+            local += ["--gateway-txn", f"127.0.0.1:{self.txn_port}"]
         process = ServiceProcess("commitlog_service.main", [
-            *args, "--gateway-port", str(self.gateway_port), "--gateway-txn", f"127.0.0.1:{self.txn_port}",
-            "--gateway-rpc-timeout-ms", "5000", *local], self.env)
+            *args, "--gateway-port", str(self.gateway_port), "--gateway-rpc-timeout-ms", "5000", *local], self.env)
         try:
             event = process.wait_for("server.started")
         except BaseException:
             process.stop()
             raise
+        if self.mode == ALL_LOCAL:  # the Transaction port is ready once it has read the log (its own health)
+            process.address = f"127.0.0.1:{event['ports']['txn']}"
+            process.serving()
         process.address = f"127.0.0.1:{event['port']}"
         self.gateway_port = event["ports"]["gateway"]
         return process
@@ -224,7 +240,7 @@ class Stack:
         return f"127.0.0.1:{self.gateway_port}"
 
     def restart_gateway(self) -> None:
-        if self.mode == "local":
+        if self.mode != "cluster":
             self.restart_commitlog()
             return
         self._gateway_process.stop()

@@ -18,9 +18,10 @@ ASYNC|SYNC`` and the lag and timeout settings.
 Local mode of the RocketMQ 5 gateway (services/gateway/README.md, *Cluster mode and Local mode*):
 ``--gateway-port PORT`` (env ``MQSTORE_GATEWAY_PORT``) serves ``apache.rocketmq.v2.MessagingService`` on that
 port from this process, sends going straight to the store; ``--gateway-txn HOST:PORT`` is the Transaction
-service (default 127.0.0.1:50053), ``--gateway-rpc-timeout-ms``, ``--gateway-stream-deadline-ms``,
-``--gateway-max-workers`` (256) and ``--gateway-<field>`` for each field of GatewayConfig
-(``--gateway-max-clients``, ...; ``--gateway-max-body-bytes`` defaults to the store's ``--max-body-bytes``).
+service (default: this process's own with ``--txn-port``, else 127.0.0.1:50053), ``--gateway-rpc-timeout-ms``,
+``--gateway-stream-deadline-ms``, ``--gateway-max-workers`` (256) and ``--gateway-<field>`` for each field of
+GatewayConfig (``--gateway-max-clients``, ...; ``--gateway-max-body-bytes`` defaults to the store's
+``--max-body-bytes``).
 Local mode of the Transaction service (README, *Transaction service: Cluster mode and Local mode*):
 ``--txn-port PORT`` (env ``MQSTORE_TXN_PORT``; 0 = any free port) serves ``mqstore.v1.Transaction`` on that
 port from this process, its half, OP and COMMIT records going straight to the store; its state (checkpoint
@@ -29,7 +30,7 @@ journal, audit database) is in ``--txn-data-dir`` (default ``<data-dir>/txn``), 
 admits) and ``--txn-<field>`` for each field of TxnConfig (``--txn-op-batch-max-bytes``,
 ``--txn-cache-max-entries``, ...; one-way ends are applied on their stream's thread, so ``--txn-one-way-workers``
 is unused). Its port is in ``server.started`` (``ports.txn``) and in the event
-``txn.local``. The Local-mode gateway's ``--gateway-txn`` can name it.
+``txn.local``. A Local-mode gateway of the same process uses it unless ``--gateway-txn`` names another.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -117,10 +118,11 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
     compose_access(config, parts)
+    txn_port = None
     if config.txn is not None:  # before the gateway: its closers run after the gateway's
-        compose_local_txn(config.txn, config.server, store, store.clock, parts)
-    if config.gateway is not None:
-        compose_local(config.gateway, config.server, store, pop.current, store.clock, parts)
+        txn_port = compose_local_txn(config.txn, config.server, store, store.clock, parts)
+    if config.gateway is not None:  # its Transaction service: --gateway-txn, else the one above, if any
+        compose_local(config.gateway, config.server, store, pop.current, store.clock, parts, txn_port)
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -209,7 +211,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 _GATEWAY_FLAGS = {
     "gateway_port": "serve the RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService) from this process on this "
                     "port (Local mode; 0 = any free port); unset = no gateway here",
-    "gateway_txn": f"Local-mode gateway: the Transaction service's host:port (default {DEFAULT_TXN})",
+    "gateway_txn": f"Local-mode gateway: the Transaction service's host:port (default: this process's own with "
+                   f"--txn-port, else {DEFAULT_TXN})",
     "gateway_rpc_timeout_ms": "Local-mode gateway: timeout of each call to the Transaction service (default 10000)",
     "gateway_stream_deadline_ms": "Local-mode gateway: a CheckBack stream is re-opened this often (default 600000)",
     "gateway_max_workers": f"Local-mode gateway: handler threads of its port (default {GATEWAY_MAX_WORKERS})",
@@ -224,7 +227,7 @@ def _gateway_config(args: argparse.Namespace, env: Mapping[str, str], store: Sto
               for f in S.config_fields(GatewayConfig) if S.setting(args, env, f"gateway_{f.name}") is not None}
     values.setdefault("max_body_bytes", store.max_body_bytes)  # the gateway advertises what the store takes
     return LocalGatewayConfig(
-        port=port, txn_address=S.typed(args, env, "gateway_txn", str, DEFAULT_TXN), gateway=GatewayConfig(**values),
+        port=port, txn_address=S.typed(args, env, "gateway_txn", str, ""), gateway=GatewayConfig(**values),
         rpc_timeout_ms=S.typed(args, env, "gateway_rpc_timeout_ms", S.parse_int, 10_000),
         stream_deadline_ms=S.typed(args, env, "gateway_stream_deadline_ms", S.parse_int, 600_000),
         max_workers=S.typed(args, env, "gateway_max_workers", S.parse_int, GATEWAY_MAX_WORKERS))

@@ -32,4 +32,11 @@ def test_local_mode_is_off_unless_a_gateway_port_is_given_and_takes_gateway_flag
     assert local.gateway.max_body_bytes == config.store.max_body_bytes == 1024 * 1024
     assert describe_log(config, 50051)["gateway"]["port"] == 18081
     from_env = parse_log(["--data-dir", "/tmp/x"], {"MQSTORE_GATEWAY_PORT": "0"}).gateway
-    assert from_env is not None and from_env.port == 0 and from_env.txn_address == "127.0.0.1:50053"
+    # no --gateway-txn: the process's own Transaction port if it serves one, else 127.0.0.1:50053 (at compose)
+    assert from_env is not None and from_env.port == 0 and from_env.txn_address == ""
+
+
+def test_a_local_gateway_reaches_its_own_transaction_port_on_a_reachable_host():
+    from mqstore_rpc.gateway.composition import _reachable
+    assert [_reachable(h) for h in ("0.0.0.0", "::", "", "127.0.0.1", "10.1.2.3", "::1")] == [
+        "127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1", "10.1.2.3", "[::1]"]

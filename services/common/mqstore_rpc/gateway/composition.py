@@ -71,7 +71,8 @@ class LocalGatewayConfig:
     ``--gateway-port``; ``--gateway-*`` flags, env ``MQSTORE_GATEWAY_*``)."""
 
     port: int                               # the MessagingService port; 0 = any free port (tests)
-    txn_address: str = DEFAULT_TXN          # the Transaction service (transactional sends, check-back)
+    txn_address: str = ""                   # the Transaction service (transactional sends, check-back); "" =
+                                            # this process's own (--txn-port) if it serves one, else DEFAULT_TXN
     gateway: GatewayConfig = GatewayConfig()
     rpc_timeout_ms: int = 10_000            # each call to the Transaction service
     stream_deadline_ms: int = 600_000       # a CheckBack stream is re-opened this often
@@ -80,17 +81,18 @@ class LocalGatewayConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"gateway_port must be in 0..65535, not {self.port}")
-        if not self.txn_address:
-            raise InvalidArgument("gateway_txn (the Transaction service's host:port) must not be empty")
         if self.rpc_timeout_ms <= 0 or self.stream_deadline_ms <= 0 or self.max_workers <= 0:
             raise InvalidArgument("gateway_rpc_timeout_ms, gateway_stream_deadline_ms and gateway_max_workers must "
                                   "be positive")
 
 
 def compose_local(local: LocalGatewayConfig, server: ServerConfig, store: StoreLike,
-                  pop_current: Callable[[], PopService], clock: Clock, parts: service.Composition) -> int:
+                  pop_current: Callable[[], PopService], clock: Clock, parts: service.Composition,
+                  local_txn_port: int | None = None) -> int:
     """Local mode: the gateway on this process's store and pop consumption (mqstore.gateway.log.LocalLog),
-    served on a second port with this server's TLS, authentication and metrics. Returns the bound port."""
+    served on a second port with this server's TLS, authentication and metrics. ``local_txn_port``: this
+    process's Transaction port, if it serves one (the default Transaction service then). Returns the bound
+    port."""
     config = dataclasses.replace(server, port=local.port, max_workers=local.max_workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, local.max_workers),
                                  metrics_port=None, max_running_handlers=0)  # uncapped, as gateway_service
@@ -99,15 +101,24 @@ def compose_local(local: LocalGatewayConfig, server: ServerConfig, store: StoreL
         raise InvalidArgument(f"the server's max_message_bytes ({config.max_message_bytes}) must exceed the "
                               f"gateway's max_body_bytes ({local.gateway.max_body_bytes}) by {envelope}")
     gateway_server, add_problem = parts.add_server("gateway", config, signed_requests=True)
-    txn = transaction_client(local.txn_address, local.rpc_timeout_ms, local.stream_deadline_ms, parts.peers, parts)
+    txn_address = local.txn_address or (DEFAULT_TXN if local_txn_port is None
+                                        else f"{_reachable(server.host)}:{local_txn_port}")
+    txn = transaction_client(txn_address, local.rpc_timeout_ms, local.stream_deadline_ms, parts.peers, parts)
 
     def serve(name: str, register: Callable[[grpc.Server], None]) -> None:
         register(gateway_server.grpc_server)
         gateway_server.add_service_names([name])
 
     compose_gateway(local.gateway, LocalLog(store, pop_current), txn, clock, parts, serve, add_problem)
-    log.info("gateway.local", port=gateway_server.port, txn_address=local.txn_address)
+    log.info("gateway.local", port=gateway_server.port, txn_address=txn_address)
     return gateway_server.port
+
+
+def _reachable(host: str) -> str:
+    """How this process reaches its own port bound on ``host`` (a wildcard: the loopback address)."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def transaction_client(address: str, rpc_timeout_ms: int, stream_deadline_ms: int, peers: Peers,
