@@ -531,6 +531,12 @@ NOTES = [
     "Appends, unary 1.30x. Batched vs unbatched in Local mode 1.1-1.3x (an in-process append costs little",
     "unbatched too). Cluster mode is unchanged: its frames need the CommitLogClient's answers, so they would",
     "go to the pool and back; the txn service's appends and Tail on grpc.aio's client are what is next there.",
+    "Measured: txn_service on grpc.aio with every frame in its pool (--modes stream,carried --producers 8,32",
+    "--rounds 2, alternating with the sync server): carried 1,433 against 1,490 txn/s (8) and 1,398 against",
+    "1,591 (32), stream 924 against 959 and 1,510 against 1,376: no gain, not kept. A second run of the",
+    "Local figures at 2e45a3c (the checkpointer's full records no longer walk the table): carried 0.86x (8",
+    "producers) and 0.65x (32: the plain Append of this run 6,665/s against 5,787), one-way 0.72x and 0.56x,",
+    "stream 0.61x and 0.47x, unary 0.39x and 0.29x; a transaction's rate the same in both runs.",
 ]
 
 
