@@ -1,5 +1,5 @@
-"""Local mode's Transaction port on grpc.aio (mqstore_rpc.aio): Transact's frames answered on the event loop,
-frames that may wait in the handler pool, every other call in the pool; with the server skeleton's
+"""Local mode's Transaction port on grpc.aio (mqstore_rpc.aio): Prepare, Commit and Transact's frames answered
+on the event loop, what may wait in the handler pool, the other calls in the pool; with the server skeleton's
 authentication, per-frame permission checks, error mapping, per-RPC metrics, health and reflection, and a
 stop that ends open streams. The protocol itself is checked in both modes by the other test_txn_* suites."""
 

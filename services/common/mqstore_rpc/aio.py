@@ -12,7 +12,7 @@ How a ManagedServer with ``aio=True`` differs from the synchronous one:
   what                       how
   -------------------------  ------------------------------------------------------------------------------
   the server                 ``grpc.aio.server`` on an event loop of its own, run by the thread
-                             ``grpc-aio-<port>`` (:class:`LoopThread`); start and stop are that loop's
+                             ``grpc-aio-loop`` (:class:`LoopThread`); start and stop are that loop's
   async handlers             run on the loop: an ``async def`` unary call, or an ``async def`` generator of
                              a stream's responses; the interceptors (metrics, errors, authentication) wrap
                              them with their async variants. A handler must not block the loop: what may

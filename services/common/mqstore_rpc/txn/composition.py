@@ -79,11 +79,11 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
     a second port with this server's TLS, authentication and metrics; ``clock`` is the store's (a test's
     ``local.clock`` wins). Returns the bound port."""
     workers = local.max_workers or server_threads(local.txn)
-    # The commit log's max_running_handlers, in a pool of the port's own: a Transact stream's every frame waits
-    # for a place (mqstore_rpc.executor), which at 32 producers saves 10-30% of a transaction's CPU.
+    # The commit log's max_running_handlers, in a pool of the port's own: what runs in the pool (frames and
+    # calls that may wait, the other calls) waits for a place there (mqstore_rpc.executor).
     config = dataclasses.replace(server, port=local.port, max_workers=workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, workers), metrics_port=None)
-    # grpc.aio: Transact's frames are answered on the port's event loop (mqstore_rpc.aio says why)
+    # grpc.aio: Prepare, Commit and Transact's frames are answered on the port's event loop (mqstore_rpc.aio)
     txn_server, add_problem = parts.add_server("txn", config, aio=True)
 
     def serve(name: str, register: Callable[[grpc.Server], None]) -> None:
@@ -112,7 +112,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     this process (Local mode): one-way ends are applied on their stream's thread (mqstore.txn.transact says
     why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
     append_max_* settings do not apply); ``loop_pool`` (Local mode, with ``in_process``): the server is a
-    grpc.aio one, Transact is answered on its loop and frames that may wait run in this pool
+    grpc.aio one: Prepare, Commit and Transact are answered on its loop, what may wait runs in this pool
     (servicer.LoopTransactionServicer)."""
     add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)

@@ -6,10 +6,11 @@ that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which 
 producer cancelling ends the iteration) and handed to mqstore.txn.checkback.CheckBack, whose session
 gives the checks to send.
 
-Transact on the event loop (:class:`LoopTransactionServicer`, Local mode's port: mqstore_rpc.aio): a frame
-whose work cannot wait is handled on the loop; a frame that may (a two-way Commit or Rollback: a rollback
-waits for its OP record; any frame while the log's appends wait for a flush or for replicas) runs in the
-server's handler pool, and the stream takes its next frame once it is answered, so frames stay in order.
+On the event loop (:class:`LoopTransactionServicer`, Local mode's port: mqstore_rpc.aio): a Prepare, Commit
+or Transact frame whose work cannot wait is handled on the loop; one that may (a Rollback waits for its OP
+record; a Commit refused for a rollback not yet durable waits for that; anything while the log's appends
+wait for a flush or for replicas) runs in the server's handler pool, and a stream takes its next frame once
+this one is answered, so frames stay in order.
 
 Thread-safe: holds no state beyond thread-safe domain objects.
 """
