@@ -39,6 +39,8 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import grpc
 
+from mqstore_rpc.handlers import PerMethod, behavior_of, like
+
 T = TypeVar("T")
 
 
@@ -103,10 +105,6 @@ def _with_sync_context(behavior: Callable) -> Callable:
     return call
 
 
-_MAKERS = {(False, False): grpc.unary_unary_rpc_method_handler, (True, False): grpc.stream_unary_rpc_method_handler,
-           (False, True): grpc.unary_stream_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
-
-
 class Interceptors(grpc.aio.ServerInterceptor):
     """The synchronous interceptors ``chain`` (outermost first, as grpc.server takes them) on a grpc.aio
     server; a synchronous handler's behavior gets a :class:`SyncContext`. Thread-safe: holds a cache of
@@ -114,26 +112,21 @@ class Interceptors(grpc.aio.ServerInterceptor):
 
     def __init__(self, chain: Sequence[grpc.ServerInterceptor]):
         self._chain = list(reversed(chain))  # innermost first
-        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler]] = {}
+        self._wrapped = PerMethod()
 
     async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = handler
-        for interceptor in self._chain:
-            wrapped = interceptor.intercept_service(functools.partial(_given, wrapped), handler_call_details)
-        behavior = wrapped.unary_unary or wrapped.stream_unary or wrapped.unary_stream or wrapped.stream_stream
-        if not (inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior)):
-            wrapped = _MAKERS[wrapped.request_streaming, wrapped.response_streaming](
-                _with_sync_context(behavior), request_deserializer=wrapped.request_deserializer,
-                response_serializer=wrapped.response_serializer)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+
+        def wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+            for interceptor in self._chain:
+                handler = interceptor.intercept_service(functools.partial(_given, handler), handler_call_details)
+            behavior = behavior_of(handler)
+            if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
+                return handler
+            return like(handler, _with_sync_context(behavior))
+        return self._wrapped.get(handler_call_details.method, handler, wrap)
 
 
 def _given(handler: grpc.RpcMethodHandler, _details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:

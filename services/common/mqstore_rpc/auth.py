@@ -54,6 +54,7 @@ from mqstore.auth.model import Resource, is_access_key
 from mqstore.errors import PermissionDenied, Unauthenticated
 from mqstore.metrics import Registry
 
+from mqstore_rpc.handlers import PerMethod, behavior_of, like
 from mqstore_rpc.permissions import OPEN_PREFIXES, PERMISSIONS, Need
 
 log = structlog.get_logger("mqstore_rpc.auth")
@@ -106,13 +107,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._permissions = permissions
         self._denied = registry.counter("mqstore_auth_denied_total", "calls refused by authentication or "
                                         "permissions, by reason", ("reason",))
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped = PerMethod()
 
     def taking_signed_requests(self) -> "AuthInterceptor":
         """The same authority, permissions and denial counter, also taking the SDKs' signed requests: for a
         gateway served by another service's process (the commit log's Local mode)."""
         other = copy.copy(self)
-        other._signed_requests, other._wrapped = True, {}
+        other._signed_requests, other._wrapped = True, PerMethod()
         return other
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
@@ -120,12 +121,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.get(method, handler, lambda h: self._wrap(h, method))
 
     # ---- checks ----------------------------------------------------------------------------------------
     def _deny(self, exc: Exception, reason: str, method: str, context: grpc.ServicerContext, user: str = "",
@@ -200,21 +196,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     # ---- wrapping --------------------------------------------------------------------------------------
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        behavior = handler.unary_unary or handler.stream_unary or handler.unary_stream or handler.stream_stream
+        behavior = behavior_of(handler)
         if method not in self._permissions:
-            wrapped = self._refuse(behavior, method)
-        else:
-            wrapped = self._guard(behavior, self._permissions[method], method, handler.request_streaming,
-                                  handler.response_streaming)
-        serializers = dict(request_deserializer=handler.request_deserializer,
-                           response_serializer=handler.response_serializer)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(wrapped, **serializers)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(wrapped, **serializers)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(wrapped, **serializers)
-        return grpc.stream_stream_rpc_method_handler(wrapped, **serializers)
+            return like(handler, self._refuse(behavior, method))
+        return like(handler, self._guard(behavior, self._permissions[method], method, handler.request_streaming,
+                                         handler.response_streaming))
 
     def _refuse(self, behavior: Callable, method: str) -> Callable:
         @functools.wraps(behavior)

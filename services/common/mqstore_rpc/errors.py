@@ -34,6 +34,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from mqstore import errors, waits
+from mqstore_rpc.handlers import PerMethod, behavior_of, like
 
 log = structlog.get_logger("mqstore_rpc.errors")
 
@@ -235,32 +236,21 @@ def _each(parse: Callable) -> Callable:
 
 def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     """The same handler with its behavior wrapped by the error mapping, parsing its own requests."""
-    behavior = handler.unary_unary or handler.stream_unary or handler.unary_stream or handler.stream_stream
+    behavior = behavior_of(handler)
     wire_parse = getattr(behavior, "wire_parse", None)
     parse = _parser(handler.request_deserializer, method, wire_parse)
     serializers = dict(request_deserializer=None,
                        response_serializer=_pass_bytes if wire_parse else handler.response_serializer)
     if inspect.isasyncgenfunction(behavior):
-        wrapped = _wrap_async_stream_response(behavior, method, _each_async(parse) if handler.request_streaming
-                                              else parse)
-        make = (grpc.stream_stream_rpc_method_handler if handler.request_streaming
-                else grpc.unary_stream_rpc_method_handler)
-        return make(wrapped, **serializers)
+        return like(handler, _wrap_async_stream_response(
+            behavior, method, _each_async(parse) if handler.request_streaming else parse), **serializers)
     if inspect.iscoroutinefunction(behavior):
         if handler.request_streaming:
             raise TypeError(f"{method}: an async handler of a request stream is answered with an async generator")
-        return grpc.unary_unary_rpc_method_handler(_wrap_async_unary_response(behavior, method, parse), **serializers)
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            _wrap_unary_response(handler.unary_unary, method, parse), **serializers)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(
-            _wrap_unary_response(handler.stream_unary, method, _each(parse)), **serializers)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            _wrap_stream_response(handler.unary_stream, method, parse), **serializers)
-    return grpc.stream_stream_rpc_method_handler(
-        _wrap_stream_response(handler.stream_stream, method, _each(parse)), **serializers)
+        return like(handler, _wrap_async_unary_response(behavior, method, parse), **serializers)
+    each = _each(parse) if handler.request_streaming else parse
+    wrap = _wrap_stream_response if handler.response_streaming else _wrap_unary_response
+    return like(handler, wrap(behavior, method, each), **serializers)
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
@@ -271,16 +261,11 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped = PerMethod()
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
         handler = continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method.startswith(_UNWRAPPED_PREFIX):
             return handler
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = wrap_handler(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.get(method, handler, lambda h: wrap_handler(h, method))

@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from mqstore import metrics as core_metrics
 from mqstore.metrics import HistogramValue, Registry
+from mqstore_rpc.handlers import PerMethod, behavior_of, like
 
 log = structlog.get_logger("mqstore_rpc.metrics")
 
@@ -137,6 +138,10 @@ class _MethodFigures:
             child = self._by_code[code] = self._handled.labels(*self.labels, code.name)
         return child
 
+    def ended(self, code: grpc.StatusCode, seconds: float) -> None:
+        self.handled(code).inc()
+        self.seconds.observe(seconds)
+
 
 def _code_of(context: grpc.ServicerContext, exc: BaseException | None) -> grpc.StatusCode:
     """The status the RPC ends with: what the handler (or the error interceptor's abort) set."""
@@ -162,40 +167,23 @@ class RpcMetrics(grpc.ServerInterceptor):
         self.received = registry.counter("grpc_server_msg_received_total", "request messages received",
                                          _RPC_LABELS)
         self.sent = registry.counter("grpc_server_msg_sent_total", "response messages sent", _RPC_LABELS)
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped = PerMethod()
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, _MethodFigures(self, method, _rpc_type(handler)))
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.get(method, handler, lambda h: self._wrap(h, _MethodFigures(self, method, _rpc_type(h))))
 
     def _wrap(self, handler: grpc.RpcMethodHandler, figures: _MethodFigures) -> grpc.RpcMethodHandler:
-        serializers = dict(request_deserializer=handler.request_deserializer,
-                           response_serializer=handler.response_serializer)
-        behavior = handler.unary_unary or handler.stream_unary or handler.unary_stream or handler.stream_stream
-        if inspect.iscoroutinefunction(behavior) and not handler.request_streaming:  # on a grpc.aio loop
-            return grpc.unary_unary_rpc_method_handler(self._async_unary(behavior, figures), **serializers)
-        if inspect.isasyncgenfunction(behavior):  # answered on a grpc.aio server's loop (mqstore_rpc.aio)
-            make = (grpc.stream_stream_rpc_method_handler if handler.request_streaming
-                    else grpc.unary_stream_rpc_method_handler)
-            return make(self._async_stream(behavior, figures, handler.request_streaming), **serializers)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, figures, False), **serializers)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, figures, True),
-                                                        **serializers)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, figures, False),
-                                                        **serializers)
-        return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, figures, True),
-                                                     **serializers)
+        behavior, streaming = behavior_of(handler), handler.request_streaming
+        if inspect.iscoroutinefunction(behavior) and not streaming:  # on a grpc.aio server's loop (mqstore_rpc.aio)
+            return like(handler, self._async_unary(behavior, figures))
+        if inspect.isasyncgenfunction(behavior):  # answered on a grpc.aio server's loop
+            return like(handler, self._async_stream(behavior, figures, streaming))
+        wrap = self._stream if handler.response_streaming else self._unary
+        return like(handler, wrap(behavior, figures, streaming))
 
     def _counted(self, requests, figures: _MethodFigures, streaming: bool):
         if not streaming:
@@ -219,8 +207,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 error = exc
                 raise
             finally:
-                figures.handled(_code_of(context, error)).inc()
-                figures.seconds.observe(clock() - start)
+                figures.ended(_code_of(context, error), clock() - start)
         return wrapper
 
     def _stream(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
@@ -242,8 +229,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 code = _code_of(context, error)
                 if error is None and code is grpc.StatusCode.OK and not context.is_active():
                     code = grpc.StatusCode.CANCELLED  # the client went away (a Tail that was cancelled)
-                figures.handled(code).inc()
-                figures.seconds.observe(clock() - start)
+                figures.ended(code, clock() - start)
         return wrapper
 
     def _async_unary(self, behavior: Callable, figures: _MethodFigures) -> Callable:
@@ -266,8 +252,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 code = _code_of(context, error)
                 if isinstance(error, asyncio.CancelledError):
                     code = grpc.StatusCode.CANCELLED
-                figures.handled(code).inc()
-                figures.seconds.observe(clock() - start)
+                figures.ended(code, clock() - start)
         return wrapper
 
     def _async_stream(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
@@ -294,8 +279,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 if isinstance(error, (asyncio.CancelledError, GeneratorExit)) or (
                         error is None and code is grpc.StatusCode.OK and context.cancelled()):
                     code = grpc.StatusCode.CANCELLED  # the client went away
-                figures.handled(code).inc()
-                figures.seconds.observe(clock() - start)
+                figures.ended(code, clock() - start)
         return wrapper
 
 
