@@ -17,7 +17,7 @@ from mqstore import transactions as tx
 from mqstore.model import MessageIn
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
-from mqstore_rpc.gen.mqstore.v1 import txn_pb2
+from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2
 from mqstore.txn.opbatch import parse_body
 from tests.integration.txn_testing import (RPC_TIMEOUT_S, TOKEN, commit, commitlog, prepare, rollback, stats,
                                            txn_service, visible, wait_ready)
@@ -115,6 +115,50 @@ def test_a_prepare_whose_answer_was_lost_gives_its_first_answer_and_one_set_of_h
     assert commit(stub, "p1").state == txn_pb2.TRANSACTION_STATE_COMMITTED
     assert sorted(m.body for m in visible(log_stub, "orders", 2)) == [b"x", b"y"]
     wait_until(lambda: set(op_entries(log_stub)) == {h.queue_offset for h in halves}, "an OP record for each half")
+
+
+def test_a_prepare_whose_caller_gave_up_mid_append_still_learns_its_outcome(env):
+    """On the Transaction port's event loop, a Prepare whose RPC ends (the producer's deadline) while its
+    append is in flight runs on to the append's outcome, as a thread would: its id is not freed behind a
+    half that may land, so the producer's retry never appends a second set of halves."""
+    stub, log_stub, proxy, _ = env
+    proxy.hold_streams()
+    proxy.arm(APPEND, "past_deadline")  # held past the service's own deadline (rpc_timeout_ms 2000)
+    request = txn_pb2.PrepareRequest(topic="orders", messages=[common_pb2.MessageInput(body=b"k")],
+                                     producer_group="pg", transaction_id="k1")
+    code, _ = status_of(lambda: stub.Prepare(request, timeout=0.3))  # the producer gives up first
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    code, details = status_of(lambda: stub.Prepare(request, timeout=RPC_TIMEOUT_S))
+    assert code == grpc.StatusCode.UNAVAILABLE and "k1" in details  # still in progress, or its outcome unknown
+    proxy.release_streams()
+    again = until_answered(lambda: stub.Prepare(request, timeout=RPC_TIMEOUT_S), "the retried prepare")
+    assert again.already and len(again.halves) == 1
+    assert [m.body for m in visible(log_stub, tx.HALF_TOPIC)] == [b"k"]  # appended once
+
+
+def test_a_carried_commit_whose_outcome_is_unknown_is_settled_from_the_log_and_appended_once(env):
+    """Cluster mode's Transact on the loop: a carried Commit's append whose answer is lost is a one-way
+    failure (counted, never answered); the transaction is OUTCOME_UNKNOWN until the log is read past it,
+    then COMMITTED from what landed; the stream's next frame is answered meanwhile."""
+    stub, log_stub, proxy, _ = env
+    p = prepare(stub, "orders", [b"c"], txn_id="c1")
+    proxy.hold_streams()
+    proxy.arm(APPEND, "answer_lost")
+    frames = [txn_pb2.TransactRequest(request_id=1, ends=[txn_pb2.CarriedEnd(
+                  transaction_id="c1", decision=txn_pb2.DECISION_COMMIT)]),
+              txn_pb2.TransactRequest(request_id=2, prepare=txn_pb2.PrepareRequest(
+                  topic="orders", messages=[common_pb2.MessageInput(body=b"n")], producer_group="pg",
+                  transaction_id="c2"))]
+    answers = list(stub.Transact(iter(frames), timeout=RPC_TIMEOUT_S))
+    assert [a.request_id for a in answers] == [2] and answers[0].prepared.transaction_id == "c2"
+    assert proxy.hits == [(APPEND, "answer_lost")]
+    assert stats(stub).one_way_failures == 1
+    assert state(stub, "c1") == txn_pb2.TRANSACTION_STATE_OUTCOME_UNKNOWN
+    proxy.release_streams()
+    wait_until(lambda: state(stub, "c1") == txn_pb2.TRANSACTION_STATE_COMMITTED, "c1 settled from the log")
+    assert commit(stub, "c1").already
+    assert [m.body for m in visible(log_stub, "orders", 2)] == [b"c"]  # landed once, never appended again
+    wait_until(lambda: op_entries(log_stub)[p.halves[0].half_queue_offset] == 1, "c1's OP record")
 
 
 def test_a_generated_id_is_named_when_its_prepare_is_unknown(env):

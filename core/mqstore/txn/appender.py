@@ -19,11 +19,12 @@ appends unlocked; each caller waits on its request's own event.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import structlog
 
@@ -125,18 +126,7 @@ class AppendBatcher:
             self._closed = True
 
     def _groups(self, pending: list[_Request]) -> list[list[_Request]]:
-        """Per topic in arrival order, cut at the message and byte limits (a request is never cut)."""
-        by_topic: dict[str, list[list[_Request]]] = {}
-        for request in pending:
-            groups = by_topic.setdefault(request.topic, [[]])
-            last = groups[-1]
-            count = sum(len(r.messages) for r in last) + len(request.messages)
-            size = sum(r.body_bytes for r in last) + request.body_bytes
-            if last and (count > self.max_messages or size > self.max_bytes):
-                groups.append([request])
-            else:
-                last.append(request)
-        return [group for groups in by_topic.values() for group in groups]
+        return _groups(pending, self.max_messages, self.max_bytes)
 
     def _append_group(self, group: list[_Request]) -> None:
         messages = [m for request in group for m in request.messages]
@@ -170,20 +160,164 @@ class AppendBatcher:
             request.signal.set()
 
 
+def _groups(pending: list, max_messages: int, max_bytes: int) -> list[list]:
+    """Requests per topic in arrival order, cut at the message and byte limits (a request is never cut)."""
+    by_topic: dict[str, list[list]] = {}
+    for request in pending:
+        groups = by_topic.setdefault(request.topic, [[]])
+        last = groups[-1]
+        count = sum(len(r.messages) for r in last) + len(request.messages)
+        size = sum(r.body_bytes for r in last) + request.body_bytes
+        if last and (count > max_messages or size > max_bytes):
+            groups.append([request])
+        else:
+            last.append(request)
+    return [group for groups in by_topic.values() for group in groups]
+
+
+@dataclass(eq=False, slots=True)
+class _LoopRequest:
+    topic: str
+    messages: Sequence[MessageIn]
+    body_bytes: int
+    result: asyncio.Future
+    expiry: asyncio.TimerHandle | None = None
+    taken: bool = False      # in a leader's round: only that round decides the outcome
+
+
+class LoopAppendBatcher:
+    """AppendBatcher's group commit for coroutines of one event loop (Cluster mode's Transaction port on
+    grpc.aio, mqstore_rpc.txn.servicer): the same grouping (per topic, arrival order, at most
+    ``max_messages`` and ``max_bytes`` per Append, a caller's messages never split), the same retry of a
+    refused group one caller at a time and the same errors (the module docstring). ``append`` is the
+    coroutine ``append(topic, messages)`` of the log (the CommitLog client's grpc.aio call): while one
+    Append of a topic is in flight, the callers that arrive queue for the next, which a leader task sends
+    as soon as that one is answered, so the loop's thread never waits and no other thread is involved.
+
+    A caller still queued after ``timeout_s`` gets Unavailable and its request is withdrawn (never sent
+    later behind its back); one in a leader's round waits for that Append, which has its own timeout. A
+    caller cancelled while queued is withdrawn too; once taken, its messages are sent regardless.
+
+    Not thread-safe: every method is called on the loop's thread (the counters may be read from any)."""
+
+    def __init__(self, append: Callable[[str, Sequence[MessageIn]], Awaitable[list[AppendResult]]], *,
+                 max_messages: int, max_bytes: int, timeout_s: float):
+        self._append, self.max_messages, self.max_bytes, self.timeout_s = append, max_messages, max_bytes, timeout_s
+        self._queues: dict[str, collections.deque[_LoopRequest]] = collections.defaultdict(collections.deque)
+        self._leaders: dict[str, asyncio.Task] = {}
+        self._closed = False
+        self.appends = self.appended_messages = 0
+
+    async def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
+        """Append ``messages`` to ``topic`` (all or none), batched with other callers' on this loop."""
+        if self._closed:
+            raise Unavailable("the Transaction service is stopping; retry on the next start")
+        loop = asyncio.get_running_loop()
+        request = _LoopRequest(topic, messages, sum(len(m.body) for m in messages), loop.create_future())
+        request.expiry = loop.call_later(self.timeout_s, self._expire, request)
+        self._queues[topic].append(request)
+        if topic not in self._leaders:
+            self._leaders[topic] = loop.create_task(self._lead(topic))
+        try:
+            return await request.result
+        except asyncio.CancelledError:
+            self._withdraw(request)
+            raise
+
+    def _expire(self, request: _LoopRequest) -> None:
+        if self._withdraw(request):
+            request.result.set_exception(
+                Unavailable(f"the append waited {self.timeout_s:.0f} s for its turn and was not sent; retry"))
+
+    def _withdraw(self, request: _LoopRequest) -> bool:
+        """Take a request not yet in a round out of its queue; False if a round has it."""
+        if request.taken:
+            return False
+        request.taken = True
+        request.expiry.cancel()
+        self._queues[request.topic].remove(request)
+        return True
+
+    async def _lead(self, topic: str) -> None:
+        queue = self._queues[topic]
+        try:
+            while queue:
+                pending = list(queue)
+                queue.clear()
+                for request in pending:
+                    request.taken = True
+                    request.expiry.cancel()
+                for group in _groups(pending, self.max_messages, self.max_bytes):
+                    await self._append_group(group)
+        finally:
+            del self._leaders[topic]
+
+    async def _append_group(self, group: list[_LoopRequest]) -> None:
+        messages = [m for request in group for m in request.messages]
+        topic = group[0].topic
+        try:
+            results = await self._append(topic, messages)
+        except BaseException as exc:
+            error = _as_caller_error(exc, topic) if isinstance(exc, Exception) else OutcomeUnknown(
+                f"the append to {topic} was cut off by the service stopping: it may or may not have been written")
+            if isinstance(error, InvalidArgument) and len(group) > 1:
+                for request in group:  # find the bad one: each alone
+                    await self._append_group([request])
+            else:
+                for request in group:
+                    if not request.result.done():  # not cancelled by its caller
+                        request.result.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise  # the loop is stopping (CancelledError): the leader ends too
+            return
+        self.appends += 1
+        self.appended_messages += len(messages)
+        at = 0
+        for request in group:
+            if not request.result.done():
+                request.result.set_result(results[at:at + len(request.messages)])
+            at += len(request.messages)
+
+    def close(self) -> None:
+        """Refuse new appends (those in flight finish)."""
+        self._closed = True
+
+
+class AppendCounts:
+    """The counters of several appenders as one (Stats: a thread's and the loop's batcher in Cluster mode)."""
+
+    def __init__(self, *appenders):
+        self._appenders = appenders
+
+    @property
+    def appends(self) -> int:
+        return sum(a.appends for a in self._appenders)
+
+    @property
+    def appended_messages(self) -> int:
+        return sum(a.appended_messages for a in self._appenders)
+
+
 def _appended(append: AppendFn, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
     """``append(topic, messages)`` with its errors as callers get them (the module docstring): the log's
     own refusal as it is, OutcomeUnknown when it may have been written (Unavailable, or a bug: logged)."""
     try:
         return append(topic, messages)
-    except Unavailable as exc:
-        raise OutcomeUnknown(f"the commit log did not confirm the append to {topic} ({exc}): it may or may not "
-                             f"have been written") from None
-    except MqStoreError:
-        raise
-    except BaseException as exc:  # a bug (logged); whether the log wrote it is unknown: none may retry blindly
-        log.exception("txn.append_failed", topic=topic)
-        raise OutcomeUnknown(f"the append to {topic} failed unexpectedly ({type(exc).__name__}, logged as "
-                             f"txn.append_failed): it may or may not have been written") from None
+    except BaseException as exc:  # noqa: BLE001 (turned into the error the caller gets; a bug is logged)
+        raise _as_caller_error(exc, topic) from None
+
+
+def _as_caller_error(exc: BaseException, topic: str) -> BaseException:
+    """The error a caller gets for an append that raised ``exc``."""
+    if isinstance(exc, Unavailable):
+        return OutcomeUnknown(f"the commit log did not confirm the append to {topic} ({exc}): it may or may not "
+                              f"have been written")
+    if isinstance(exc, MqStoreError):
+        return exc
+    # a bug (logged); whether the log wrote it is unknown: none may retry blindly
+    log.error("txn.append_failed", topic=topic, exc_info=exc)
+    return OutcomeUnknown(f"the append to {topic} failed unexpectedly ({type(exc).__name__}, logged as "
+                          f"txn.append_failed): it may or may not have been written")
 
 
 class DirectAppender:

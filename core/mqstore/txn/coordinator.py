@@ -21,6 +21,7 @@ the appender and the OP batcher are thread-safe themselves.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import re
@@ -28,7 +29,7 @@ import threading
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Generator, Protocol, Sequence, TypeVar
 
 import structlog
 
@@ -75,6 +76,101 @@ class _Ids:
 
 
 _IDS = _Ids()
+
+
+# ---- steps: the coordinator's work as generators, run on a thread or on an event loop ------------------------
+#
+# Prepare, Commit and Rollback are written once, as generators that yield what they need from outside
+# (an Append, a read of the log, a transaction's guard) and get its result back (or its error raised where
+# they yielded). ``_run_on_loop`` gives them on an event loop (the grpc.aio Transaction port): an Append is
+# awaited through ``LoopIo.append``, a read runs in ``LoopIo.read`` (a pool thread), and a guard held by a
+# thread is not waited for: GuardBusy, and the caller runs the call on a thread. ``Coordinator._run`` runs
+# the same driver on the calling thread with a LoopIo whose every call waits there (the appender, the log
+# reader, a blocking acquire), so it never suspends.
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    topic: str
+    messages: Sequence[MessageIn]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    call: Callable[[], Any]      # a read of the log; may wait
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    lock: threading.Lock         # acquired for the generator, which releases it
+
+
+T = TypeVar("T")
+Steps = Generator[Append | Read | Guard, Any, T]
+
+
+class GuardBusy(Exception):
+    """On the loop: a thread holds the transaction's guard. Nothing was changed; run it on a thread."""
+
+
+class LoopIo(Protocol):
+    """What the steps need on an event loop: ``append`` (awaited, e.g. mqstore.txn.appender.
+    LoopAppendBatcher.append), ``read`` (a blocking read run off the loop), ``acquire`` (a guard without
+    waiting: False if a thread holds it) and ``in_pool`` (a whole call on a thread, for a guard held by one)."""
+
+    async def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]: ...
+
+    async def read(self, call: Callable[[], T]) -> T: ...
+
+    def acquire(self, lock: threading.Lock) -> bool: ...
+
+    async def in_pool(self, call: Callable[[], T]) -> T: ...
+
+
+class _ThreadIo:
+    """LoopIo for steps run on a thread (Coordinator._run): everything waits, nothing suspends."""
+
+    def __init__(self, appender: "Appender"):
+        self._appender = appender
+
+    async def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
+        return self._appender.append(topic, messages)
+
+    async def read(self, call: Callable[[], T]) -> T:
+        return call()
+
+    def acquire(self, lock: threading.Lock) -> bool:
+        return lock.acquire()
+
+    async def in_pool(self, call: Callable[[], T]) -> T:
+        return call()
+
+
+def _advance(steps: Steps[T], value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """(True, the result) once the steps have returned, else (False, the next step)."""
+    try:
+        return False, steps.send(value) if error is None else steps.throw(error)
+    except StopIteration as done:
+        return True, done.value
+
+
+async def _run_on_loop(io: LoopIo, steps: Steps[T]) -> T:
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        done, step = _advance(steps, value, error)
+        if done:
+            return step
+        value = error = None
+        try:
+            if type(step) is Append:
+                value = await io.append(step.topic, step.messages)
+            elif type(step) is Guard:
+                if not io.acquire(step.lock):
+                    error = GuardBusy()
+            else:
+                value = await io.read(step.call)
+        except BaseException as exc:  # noqa: BLE001 (raised in the generator, where it yielded)
+            error = exc
 
 
 class LogReader(Protocol):
@@ -127,6 +223,7 @@ class Coordinator:
         follows the leader's log and must not decide on its own)."""
         self.config, self.table, self.log_reader, self.appender = config, table, log_reader, appender
         self.check_writable = check_writable
+        self._on_thread = _ThreadIo(appender)
         self.ops, self.cache, self.clock, self.in_doubt = ops, cache, clock, in_doubt
         self._topics: dict[str, tuple[TopicRecord, float]] = {}
         self._round_robin: dict[str, itertools.count] = {}
@@ -134,8 +231,25 @@ class Coordinator:
         self.halves_written = 0
         table.on_needs_op = self._queue_halves
 
+    def _run(self, steps: Steps[T]) -> T:
+        """The steps on this thread (the module's *steps*): the loop's driver, whose awaits never suspend."""
+        run = _run_on_loop(self._on_thread, steps)
+        try:
+            run.send(None)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("a thread's steps never suspend")
+
     # ---- Prepare --------------------------------------------------------------------------------------
     def prepare(self, topic: str, messages: Sequence[MessageIn], group: str, txn_id: str = "") -> Prepared:
+        return self._run(self._prepare(topic, messages, group, txn_id))
+
+    async def prepare_async(self, io: "LoopIo", topic: str, messages: Sequence[MessageIn], group: str,
+                            txn_id: str = "") -> Prepared:
+        """:meth:`prepare` on an event loop, its appends and reads through ``io`` (:class:`LoopIo`)."""
+        return await _run_on_loop(io, self._prepare(topic, messages, group, txn_id))
+
+    def _prepare(self, topic: str, messages: Sequence[MessageIn], group: str, txn_id: str) -> Steps[Prepared]:
         self.check_ready()
         self.check_writable()
         topic_rules.validate_topic_name(topic)
@@ -153,7 +267,7 @@ class Coordinator:
         if not created:
             return self._replay(txn, digest)
         try:
-            return self._append_halves(txn, topic, messages, group, digest)
+            return (yield from self._append_halves(txn, topic, messages, group, digest))
         except OutcomeUnknown as exc:
             self._in_doubt(txn, PREPARE)
             raise OutcomeUnknown(f"transaction {txn_id}: the outcome of appending its halves is unknown ({exc}); "
@@ -164,14 +278,14 @@ class Coordinator:
             raise
 
     def _append_halves(self, txn: Txn, topic: str, messages: Sequence[MessageIn], group: str,
-                       digest: str) -> Prepared:
-        real = self._topic(topic)
+                       digest: str) -> Steps[Prepared]:
+        real = yield from self._topic(topic)
         tx.check_real_topic(real)
         qids = self._queues(real, messages)
         attempt = _IDS.next(8)
         halves = [_half_message(m, topic, qid, group, txn.txn_id, attempt, digest)
                   for m, qid in zip(messages, qids, strict=True)]
-        results = self.appender.append(tx.HALF_TOPIC, halves)
+        results = yield Append(tx.HALF_TOPIC, halves)
         failpoints.hit("txn.prepare.after_half")
         self.table.prepared(txn, [Half(r.physical_offset, r.queue_offset, r.store_timestamp_ms, r.uniq_key, qid,
                                        attempt, tx.immunity_ms(m.properties.get(tx.PROPERTY_CHECK_IMMUNITY, "")))
@@ -198,13 +312,13 @@ class Coordinator:
         return Prepared(txn.txn_id, [PreparedHalf(h.uniq_key, h.physical_offset, h.queue_offset, h.real_queue_id)
                                      for h in halves], txn.durability or DURABILITY_WRITTEN, already=True)
 
-    def _topic(self, name: str) -> TopicRecord:
+    def _topic(self, name: str) -> Steps[TopicRecord]:
         now = time.monotonic()
         with self._lock:
             cached = self._topics.get(name)
         if cached is not None and now - cached[1] < TOPIC_INFO_TTL_S:
             return cached[0]
-        topic = self.log_reader.topic(name)
+        topic = yield Read(functools.partial(self.log_reader.topic, name))
         with self._lock:
             self._topics[name] = (topic, now)
         return topic
@@ -232,10 +346,24 @@ class Coordinator:
         """``wait_durable`` False: a Commit of a rolled-back transaction is refused at once, not once the
         rollback's OP record is written (a one-way end: nobody hears the refusal, and its thread may be
         serving other streams)."""
+        return self._run(self._commit(txn_id, by, wait_durable))
+
+    async def end_async(self, io: "LoopIo", decision: str, txn_id: str, by: str = "producer") -> Ended:
+        """:meth:`commit` (``decision`` "COMMIT") or :meth:`rollback` ("ROLLBACK") on an event loop, with
+        ``wait_durable`` False (the loop never waits for an OP record); run by ``io.in_pool`` if a thread
+        holds the transaction's guard."""
+        steps, on_thread = (self._commit, self.commit) if decision == "COMMIT" else (self._rollback, self.rollback)
+        try:
+            return await _run_on_loop(io, steps(txn_id, by, False))
+        except GuardBusy:
+            return await io.in_pool(functools.partial(on_thread, txn_id, by, False))
+
+    def _commit(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
         self.check_ready()
         self.check_writable()
         txn = self.txn(txn_id)
-        with txn.guard:
+        yield Guard(txn.guard)
+        try:
             self._check_decidable(txn)
             if txn.state == COMMITTED:
                 return Ended(COMMITTED, True, [])
@@ -244,7 +372,9 @@ class Coordinator:
                                          f"may, with ForceResolve)")
             rolled_back = txn.state == ROLLED_BACK
             if not rolled_back:
-                results = self._append_real(txn, by)
+                results = yield from self._append_real(txn, by)
+        finally:
+            txn.guard.release()
         if rolled_back:  # only once the rollback is durable: it may still be undone by a crash before
             if wait_durable:
                 self._wait_durable(txn, "rolled back")
@@ -252,14 +382,14 @@ class Coordinator:
         log.debug("txn.committed", transaction_id=txn_id, messages=len(results), by=by)
         return Ended(COMMITTED, False, results)
 
-    def _append_real(self, txn: Txn, by: str) -> list[AppendResult]:
+    def _append_real(self, txn: Txn, by: str) -> Steps[list[AppendResult]]:
         """Under the guard: the real messages of the primary attempt, one Append; COMMITTED."""
         with self.table.lock:
             primary = txn.primary()
-        messages = self._real_messages(txn, primary)
+        messages = yield from self._real_messages(txn, primary)
         failpoints.hit("txn.commit.before_real")
         try:
-            results = self.appender.append(txn.topic, messages)
+            results = yield Append(txn.topic, messages)
         except OutcomeUnknown as exc:
             self._in_doubt(txn, COMMIT)
             raise OutcomeUnknown(f"transaction {txn.txn_id}: the outcome of appending its messages is unknown "
@@ -275,10 +405,14 @@ class Coordinator:
     def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
         """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
         nobody waits for its outcome, and a decider thread must not sit out an OP batch interval)."""
+        return self._run(self._rollback(txn_id, by, wait_durable))
+
+    def _rollback(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
         self.check_ready()
         self.check_writable()
         txn = self.txn(txn_id)
-        with txn.guard:
+        yield Guard(txn.guard)
+        try:
             self._check_decidable(txn)
             if txn.state == COMMITTED:
                 raise FailedPrecondition(f"transaction {txn_id} is COMMITTED: it cannot be rolled back")
@@ -291,6 +425,8 @@ class Coordinator:
                     self.cache.discard(half.physical_offset)
                 self.table.resolve(txn, ROLLED_BACK, by)
                 self.table.need_op(txn)
+        finally:
+            txn.guard.release()
         if wait_durable:
             self._wait_durable(txn, "rolled back")
         return Ended(ROLLED_BACK, already, [])
@@ -317,12 +453,13 @@ class Coordinator:
         self.table.mark_unknown(txn, action)
         self.in_doubt.add(f"{action.lower()} {txn.txn_id}", lambda: self.table.settle_unknown(txn, action))
 
-    def _real_messages(self, txn: Txn, halves: Sequence[Half]) -> list[MessageIn]:
+    def _real_messages(self, txn: Txn, halves: Sequence[Half]) -> Steps[list[MessageIn]]:
         """One COMMIT message per half: from the cache (a hit removes it), the misses from the log."""
         found = {h.physical_offset: self.cache.take(h.physical_offset) for h in halves}
         missing = [offset for offset, m in found.items() if m is None]
         if missing:
-            for offset, lookup in zip(missing, self.log_reader.get_messages_batch(missing), strict=True):
+            lookups = yield Read(functools.partial(self.log_reader.get_messages_batch, missing))
+            for offset, lookup in zip(missing, lookups, strict=True):
                 if lookup.message is None:
                     raise DataLoss(f"half message of transaction {txn.txn_id} at physical offset {offset} cannot be "
                                    f"read: {lookup.missing}; nothing was committed")

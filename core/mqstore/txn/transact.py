@@ -42,7 +42,7 @@ import structlog
 from mqstore.background import Workers
 from mqstore.errors import MqStoreError, ResourceExhausted, invariant
 
-from .coordinator import Coordinator
+from .coordinator import Coordinator, LoopIo
 
 log = structlog.get_logger("mqstore.txn.transact")
 COMMIT, ROLLBACK = "COMMIT", "ROLLBACK"
@@ -119,6 +119,19 @@ class TransactStreams:
             self._failed(txn_id, decision, exc)
             return
         self._apply(txn_id, decision)
+
+    async def end_one_way_async(self, io: LoopIo, txn_id: str, decision: str,
+                                guard: Callable[[], None] = lambda: None) -> None:
+        """:meth:`end_one_way` on an event loop (Cluster mode's grpc.aio port), the coordinator's appends
+        through ``io`` (mqstore.txn.coordinator.LoopIo)."""
+        invariant(decision in (COMMIT, ROLLBACK), f"a one-way end is COMMIT or ROLLBACK, not {decision}")
+        with self._lock:
+            self.one_way_ends += 1
+        try:
+            guard()
+            await self.coordinator.end_async(io, decision, txn_id, by=BY_ONE_WAY)
+        except MqStoreError as exc:  # as _apply's
+            self._failed(txn_id, decision, exc)
 
     def _apply(self, txn_id: str, decision: str) -> None:
         try:

@@ -95,6 +95,8 @@ class CommitLogClient:
         self._peers = peers or Peers()  # TLS and credentials of every node's channel (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_async's, on its loop
+        self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
         self._use(self.addresses[0])
 
     def _use(self, address: str) -> None:
@@ -228,6 +230,36 @@ class CommitLogClient:
         response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, service="internal")
         return [convert.append_result_out(r) for r in response.results]
 
+    async def internal_append_async(self, topic: str, messages: Sequence[model.MessageIn], *, writer: str,
+                                    token: str) -> list[model.AppendResult]:
+        """:meth:`internal_append` on grpc.aio, for a caller on an event loop (Cluster mode's Transaction
+        port): the same node, leader-following and errors, on a grpc.aio channel per node opened on the
+        caller's loop (one loop per client: :meth:`close_async` closes them on it)."""
+        request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
+                                                      messages=[convert.internal_message(m) for m in messages])
+        metadata = ((TOKEN_METADATA, token), *self._peers.metadata())
+        for attempt in range(2):
+            address = self.address
+            stub = self._aio_stubs.get(address)
+            if stub is None:
+                channel = self._aio_channels[address] = self._peers.aio_channel(address, self._options)
+                stub = self._aio_stubs[address] = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+            try:
+                response = await stub.Append(request, timeout=self.rpc_timeout_s, metadata=metadata)
+            except grpc.RpcError as exc:
+                error = self._failed(exc, address, attempt, write=True)
+                if error is None:
+                    continue
+                raise error from None
+            return [convert.append_result_out(r) for r in response.results]
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    async def close_async(self) -> None:
+        """Close the grpc.aio channels (on their loop)."""
+        channels, self._aio_channels, self._aio_stubs = list(self._aio_channels.values()), {}, {}
+        for channel in channels:
+            await channel.close()
+
     def consumer_call(self, method: str, request, extra_timeout_s: float = 0.0):
         """``method`` of the Consumer service (pop consumption, consumer.proto) of the node in use, which
         only the leader of a group serves: a replica's NotLeader sends it to the leader. Every pop call
@@ -247,16 +279,24 @@ class CommitLogClient:
                     return getattr(stub, method)(request, timeout=self.rpc_timeout_s + extra_timeout_s,
                                                  metadata=metadata)
             except grpc.RpcError as exc:
-                error = from_rpc_error(exc, address)
-                if isinstance(error, NotLeader) and error.leader_address and attempt == 0:
-                    self._use(error.leader_address)
+                error = self._failed(exc, address, attempt, write)
+                if error is None:
                     continue
-                if _unreachable(exc):
-                    self._next_node(address)
-                    if not write and attempt == 0 and len(self.addresses) > 1:
-                        continue
                 raise error from None
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _failed(self, exc: grpc.RpcError, address: str, attempt: int, write: bool) -> Exception | None:
+        """A call to ``address`` failed: None to send it again (to the node now in use), else the error to
+        raise. NotLeader: the leader it names, once; unreachable: the next node, and a read once more."""
+        error = from_rpc_error(exc, address)
+        if isinstance(error, NotLeader) and error.leader_address and attempt == 0:
+            self._use(error.leader_address)
+            return None
+        if _unreachable(exc):
+            self._next_node(address)
+            if not write and attempt == 0 and len(self.addresses) > 1:
+                return None
+        return error
 
 
 def _unreachable(exc: grpc.RpcError) -> bool:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import grpc
 import structlog
@@ -88,9 +88,21 @@ def frame_outcome(method: str, behavior: Callable[..., Any], *args: Any) -> Any:
     try:
         return behavior(*args)
     except errors.MqStoreError as exc:
-        code = status_for(exc)
-        log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
-        return FrameStatus(code, str(exc), exc.retriable)
+        return frame_status(method, exc)
+
+
+async def frame_outcome_async(method: str, behavior: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """:func:`frame_outcome` of a coroutine function."""
+    try:
+        return await behavior(*args)
+    except errors.MqStoreError as exc:
+        return frame_status(method, exc)
+
+
+def frame_status(method: str, exc: errors.MqStoreError) -> FrameStatus:
+    code = status_for(exc)
+    log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
+    return FrameStatus(code, str(exc), exc.retriable)
 
 
 def _trailing_metadata(exc: errors.MqStoreError) -> tuple[tuple[str, str], ...]:

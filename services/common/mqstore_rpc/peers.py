@@ -17,7 +17,7 @@ from typing import Sequence
 
 import grpc
 
-from mqstore_rpc.auth import BearerToken
+from mqstore_rpc.auth import METADATA_KEY, BearerToken, token
 from mqstore_rpc.secret import Secret
 from mqstore_rpc.tls import ClientTls, open_channel
 
@@ -33,3 +33,14 @@ class Peers:
 
     def channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
         return open_channel(address, self.tls, options, self.interceptors())
+
+    def aio_channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
+        """A grpc.aio channel (open it on the loop that uses it) with this TLS; its calls carry
+        :meth:`metadata` themselves (grpc.aio takes no synchronous interceptors)."""
+        if self.tls is None:
+            return grpc.aio.insecure_channel(address, options=list(options))
+        return grpc.aio.secure_channel(address, self.tls.credentials(), options=[*options, *self.tls.options()])
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The credentials as call metadata (what :meth:`interceptors` adds to a synchronous channel's calls)."""
+        return ((METADATA_KEY, token(self.user, str(self.secret.reveal()))),) if self.user else ()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import grpc
 import structlog
@@ -178,6 +178,7 @@ class ManagedServer:
                    ("grpc.so_reuseport", 0)]  # two servers must never share a port silently
         chain = [self.rpc_metrics, ErrorInterceptor(), *interceptors]
         self._loop: aio_server.LoopThread | None = None
+        self._loop_closers: list[Callable[[], Awaitable[None]]] = []
         if aio:
             self._loop = aio_server.LoopThread()
 
@@ -293,9 +294,20 @@ class ManagedServer:
         except TimeoutError:
             return False
 
+    def add_loop_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """A grpc.aio server's: ``await closer()`` on its loop once the server has stopped, before the loop
+        closes (what was opened on the loop, e.g. a grpc.aio client channel)."""
+        self._loop_closers.append(closer)
+
     def _close_loop(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
+        if self._loop is None:
+            return
+        for closer in reversed(self._loop_closers):
+            try:
+                self._loop.run(closer, self.config.stop_timeout_s)
+            except Exception:  # the others still run; the loop closes anyway
+                log.exception("server.loop_closer_failed", port=self.port)
+        self._loop.close()
 
     def _run_closers(self) -> None:
         first_error: BaseException | None = None
@@ -310,8 +322,8 @@ class ManagedServer:
 
 
 def create_server(config: ServerConfig, registry: Registry | None = None,
-                  interceptors: Sequence[grpc.ServerInterceptor] = ()) -> ManagedServer:
-    return ManagedServer(config, registry, interceptors)
+                  interceptors: Sequence[grpc.ServerInterceptor] = (), aio: bool = False) -> ManagedServer:
+    return ManagedServer(config, registry, interceptors, aio=aio)
 
 
 class StopSignals:

@@ -77,9 +77,10 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
                              max_reconnect_backoff_ms=config.follow.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
+    parts.server.add_loop_closer(client.close_async)
     txn_log = RemoteTxnLog(client, config.internal_token, config.txn.follow_linger_ms)
     compose_txn(config.txn, config.follow, config.rpc_timeout_ms, txn_log, config.clock or SystemClock(), parts,
-                parts.add_servicer, parts.add_health_problem, parts.health_changed)
+                parts.add_servicer, parts.add_health_problem, parts.health_changed, loop_pool=parts.server.pool)
 
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -125,7 +126,9 @@ def describe(config: TxnServiceConfig, port: int) -> dict:
             "follow": dataclasses.asdict(config.follow), "commitlog_address": config.commitlog_address}
 
 
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+# grpc.aio: Prepare, Commit and Transact's frames are answered on the server's event loop, their appends
+# awaited there (mqstore_rpc.txn.servicer.LoopTransactionServicer)
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=True)
 
 
 def build_server(config: TxnServiceConfig) -> tuple[ManagedServer, int]:

@@ -6,6 +6,7 @@ OUTCOME_UNKNOWN when the append may have landed."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from mqstore.errors import FailedPrecondition, InvalidArgument, OutcomeUnknown, Unavailable
 from mqstore.model import AppendResult, MessageIn
 from tests.support.waiting import wait_until
-from mqstore.txn.appender import AppendBatcher, DirectAppender
+from mqstore.txn.appender import AppendBatcher, DirectAppender, LoopAppendBatcher
 
 
 class Log:
@@ -104,3 +105,116 @@ def test_the_direct_appender_appends_on_the_callers_thread_and_counts():
     appender.append("t", [MessageIn(b"c")])
     assert threads == [threading.get_ident()] * 2
     assert (appender.appends, appender.appended_messages) == (2, 3)
+
+
+# ---- the loop's batcher (Cluster mode's grpc.aio Transaction port) -----------------------------------------
+
+class LoopLog:
+    """An async log whose appends wait for ``release``."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, list[bytes]]] = []
+        self.attempts: list[list[bytes]] = []
+        self.release = asyncio.Event()
+        self.in_flight = 0
+
+    async def append(self, topic, messages):
+        self.in_flight += 1
+        try:
+            await self.release.wait()
+        finally:
+            self.in_flight -= 1
+        self.attempts.append([m.body for m in messages])
+        if any(m.body == b"bad" for m in messages):
+            raise InvalidArgument("messages[0].body is bad")
+        self.calls.append((topic, [m.body for m in messages]))
+        return [AppendResult("id", "u", 0, i, i, 1, 0, "WRITTEN") for i in range(len(messages))]
+
+
+async def _settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def _outcome(task: asyncio.Task):
+    return task.exception() or len(task.result())
+
+
+def test_the_loop_batcher_shares_the_next_append_and_a_bad_one_fails_alone():
+    async def run():
+        log = LoopLog()
+        batcher = LoopAppendBatcher(log.append, max_messages=1000, max_bytes=1 << 20, timeout_s=10)
+        first = asyncio.ensure_future(batcher.append("t", [MessageIn(b"a")]))
+        await _settle()
+        assert log.in_flight == 1  # the first caller's append is in flight; the others queue for the next
+        others = {name: asyncio.ensure_future(batcher.append("t", [MessageIn(b) for b in bodies]))
+                  for name, bodies in (("two", [b"b", b"c"]), ("bad", [b"bad"]), ("three", [b"d"]))}
+        other_topic = asyncio.ensure_future(batcher.append("u", [MessageIn(b"x")]))
+        await _settle()
+        assert log.in_flight == 2  # another topic is not held up by "t"'s round
+        log.release.set()
+        await asyncio.wait([first, other_topic, *others.values()])
+        assert _outcome(first) == 1 and _outcome(others["two"]) == 2 and _outcome(others["three"]) == 1
+        assert isinstance(others["bad"].exception(), InvalidArgument)
+        t_calls = [bodies for topic, bodies in log.calls if topic == "t"]
+        assert t_calls[0] == [b"a"] and sorted(b for bodies in t_calls[1:] for b in bodies) == [b"b", b"c", b"d"]
+        assert [b"b", b"c", b"bad", b"d"] in log.attempts  # shared one append, refused: then each alone
+        assert len(t_calls) == 3 and [b"c"] not in t_calls  # "two" was never split
+        assert (batcher.appends, batcher.appended_messages) == (4, 5)
+    asyncio.run(run())
+
+
+def test_the_loop_batcher_cuts_rounds_at_its_limits_never_inside_a_caller():
+    async def run():
+        log = LoopLog()
+        log.release.set()
+        batcher = LoopAppendBatcher(log.append, max_messages=3, max_bytes=1 << 20, timeout_s=10)
+        calls = [batcher.append("t", [MessageIn(bytes([i]))] * n) for i, n in enumerate((1, 2, 2, 3))]
+        await asyncio.gather(*calls)
+        # all four queued before the round: 1+2 fit in 3, the next 2 would not (a caller is never cut), then 3
+        assert [len(bodies) for _, bodies in log.calls] == [3, 2, 3]
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("raised, expected, text", [
+    (InvalidArgument("messages[0].body is bad"), InvalidArgument, "is bad"),
+    (FailedPrecondition("read-only"), FailedPrecondition, "read-only"),
+    (Unavailable("deadline"), OutcomeUnknown, "may or may not have been written"),
+    (KeyError("a bug"), OutcomeUnknown, "logged as txn.append_failed"),
+])
+def test_the_loop_batcher_gives_the_same_errors_as_the_thread_one(raised, expected, text):
+    async def append(topic, messages):
+        raise raised
+
+    async def run():
+        batcher = LoopAppendBatcher(append, max_messages=10, max_bytes=100, timeout_s=1)
+        with pytest.raises(expected, match=text):
+            await batcher.append("t", [MessageIn(b"x")])
+        assert (batcher.appends, batcher.appended_messages) == (0, 0)
+        batcher.close()
+        with pytest.raises(Unavailable, match="stopping") as refused:
+            await batcher.append("t", [MessageIn(b"x")])
+        assert type(refused.value) is Unavailable
+    asyncio.run(run())
+
+
+def test_the_loop_batcher_withdraws_a_caller_that_waited_too_long_or_went_away_never_sending_it_later():
+    async def run():
+        log = LoopLog()
+        batcher = LoopAppendBatcher(log.append, max_messages=10, max_bytes=100, timeout_s=0.2)
+        first = asyncio.ensure_future(batcher.append("t", [MessageIn(b"a")]))
+        await _settle()
+        late = asyncio.ensure_future(batcher.append("t", [MessageIn(b"late")]))
+        gone = asyncio.ensure_future(batcher.append("t", [MessageIn(b"gone")]))
+        await _settle()
+        gone.cancel()
+        with pytest.raises(Unavailable, match="was not sent") as refused:
+            await late  # still queued after timeout_s: the first append is held
+        assert type(refused.value) is Unavailable  # plainly retriable: it was never sent
+        assert first.done() is False  # a caller in a round waits for it, whatever its timeout
+        log.release.set()
+        assert len(await first) == 1
+        await _settle()
+        assert log.calls == [("t", [b"a"])]  # neither the withdrawn nor the cancelled caller was sent later
+        assert not batcher._queues["t"] and not batcher._leaders
+    asyncio.run(run())

@@ -15,7 +15,7 @@ from mqstore.model import DURABILITY_WRITTEN
 from mqstore.txn.coordinator import Ended, Prepared
 from mqstore_rpc import auth
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2
-from mqstore_rpc.txn.servicer import LoopTransactionServicer
+from mqstore_rpc.txn.servicer import LoopTransactionServicer, PortIo
 from mqstore.txn.transact import TransactStreams
 
 PREPARE = txn_pb2.TransactRequest(request_id=1, prepare=txn_pb2.PrepareRequest(topic="t"))
@@ -30,18 +30,26 @@ class Recording(LoopTransactionServicer):
     """Records where each frame or call ran, how, and the caller it saw; answers each frame with its request
     id, refuses a Commit of "pending" (a rolled-back transaction whose OP record is not written yet)."""
 
-    def __init__(self, append_waits: bool, pool):
-        super().__init__(None, None, None, TransactStreams(None, max_streams=1), lambda: append_waits, pool)
+    def __init__(self, append_waits: bool, pool, overlaps: bool = False):
+        super().__init__(None, None, None, TransactStreams(None, max_streams=1), lambda: append_waits,
+                         PortIo(None, pool, overlaps))
         self.ran: list[tuple] = []
 
     def _note(self, what, wait_durable=True):
         self.ran.append((what, threading.current_thread().name, auth._current.get(), wait_durable))
 
-    def _handle(self, request, peer, wait_durable=True):
+    def _handle(self, request, peer, wait_durable=True):  # a whole frame in the pool
         self._note(request.request_id, wait_durable)
-        if request.WhichOneof("kind") == "commit" and request.commit.transaction_id == "pending":
-            return txn_pb2.TransactResponse(request_id=request.request_id, error=txn_pb2.FrameError(code=9))
         return txn_pb2.TransactResponse(request_id=request.request_id)
+
+    async def _end(self, txn_id, decision, ends):  # a one-way or carried end on the loop
+        async def end():
+            await asyncio.sleep(0)
+            self._note(f"end {txn_id}", False)
+        if self._io.overlaps:
+            ends.append(asyncio.ensure_future(end()))
+        else:
+            await end()
 
     def _commit_frame(self, request, peer):
         self._note(f"commit frame {request.request_id}")
@@ -51,9 +59,17 @@ class Recording(LoopTransactionServicer):
         self._note("Prepare")
         return Prepared("t-1", [], DURABILITY_WRITTEN)
 
+    async def _prepare_async(self, p, peer):
+        self._note("Prepare", False)
+        return Prepared("t-1", [], DURABILITY_WRITTEN)
+
     def _commit(self, txn_id, wait_durable=True):
         self._note("Commit " + txn_id, wait_durable)
-        if txn_id == "pending" and not wait_durable:
+        return Ended("COMMITTED", False, [])
+
+    async def _commit_async(self, txn_id):
+        self._note("Commit " + txn_id, False)
+        if txn_id == "pending":
             raise FailedPrecondition("rolled back")
         return Ended("COMMITTED", False, [])
 
@@ -63,6 +79,17 @@ class Recording(LoopTransactionServicer):
 
     def _rollback_pending(self, txn_id):
         return txn_id == "pending"
+
+
+class Caller:
+    """A caller of deferred permission checks (mqstore_rpc.auth) that allows everything."""
+    principal = method = context = None
+
+    def __init__(self):
+        self.interceptor = self
+
+    def _check(self, *args):
+        pass
 
 
 class Context:
@@ -94,31 +121,59 @@ def _transact(servicer: Recording, caller: object, frames) -> list[int]:
     return _run(servicer, caller, answers)
 
 
-@pytest.mark.parametrize("append_waits, in_pool", [(False, {5}), (True, {1, 2, 3, 4, 5})])
-def test_frames_that_may_wait_run_in_the_pool_in_order_with_their_caller(append_waits, in_pool):
-    caller = object()
+def test_frames_run_on_the_loop_in_order_with_their_caller_a_rollback_in_the_pool():
+    caller = Caller()
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
-        servicer = Recording(append_waits, pool)
-        assert _transact(servicer, caller, FRAMES) == [1, 2, 3, 4, 5]  # in order, each answered before the next
-    assert [w for w, _, _, _ in servicer.ran] == [1, 2, 3, 4, 5]
-    assert {w for w, where, _, _ in servicer.ran if where == "pool"} == in_pool
+        servicer = Recording(False, pool)
+        assert _transact(servicer, caller, FRAMES) == [1, 4, 5]  # in order; ends only and one-way: no answer
+    assert [(w, where) for w, where, _, _ in servicer.ran] == [
+        ("Prepare", "loop"), ("end a", "loop"), ("end b", "loop"), ("Commit c", "loop"), (5, "pool")]
     assert all(seen for _, _, seen, _ in servicer.ran)  # a deferred check in the pool sees the caller
     # on the loop, a frame never waits for a rollback's OP record
     assert all(not durable for _, where, _, durable in servicer.ran if where == "loop")
 
 
+def test_while_appends_wait_every_frame_runs_in_the_pool_in_order():
+    caller = Caller()
+    with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
+        servicer = Recording(True, pool)
+        _transact(servicer, caller, FRAMES)
+    assert [(w, where) for w, where, _, _ in servicer.ran] == [(f.request_id, "pool") for f in FRAMES]
+    assert all(seen for _, _, seen, _ in servicer.ran)
+
+
+def test_overlapped_ends_are_applied_before_the_next_answer():
+    """Cluster mode (io.overlaps): a carried end runs alongside its frame's Prepare; the frame is answered
+    once the end is applied, and ends of frames that are not answered are waited for at the stream's end."""
+    caller = Caller()
+    carried_prepare = txn_pb2.TransactRequest(request_id=8, prepare=txn_pb2.PrepareRequest(topic="t"),
+                                              ends=[txn_pb2.CarriedEnd(transaction_id="e", decision=1)])
+    with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
+        servicer = Recording(False, pool, overlaps=True)
+        answers = []
+
+        async def run():
+            async for answer in servicer.Transact(_frames([carried_prepare, ONE_WAY]), Context()):
+                answers.append((answer.request_id, [w for w, *_ in servicer.ran]))
+            return [w for w, *_ in servicer.ran]
+        ran = _run(servicer, caller, run)
+    assert answers == [(8, ["Prepare", "end e"])]  # the end started first and finished after the Prepare
+    assert ran == ["Prepare", "end e", "end b"]    # the last one-way end, at the stream's end
+
+
 def test_a_commit_refused_on_the_loop_for_a_rollback_not_yet_durable_is_answered_from_the_pool():
     pending = txn_pb2.TransactRequest(request_id=7, commit=txn_pb2.EndRequest(transaction_id="pending"))
-    caller = object()
+    caller = Caller()
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         servicer = Recording(False, pool)
         assert _transact(servicer, caller, [pending, PREPARE]) == [7, 1]
-    assert servicer.ran == [(7, "loop", True, False), ("commit frame 7", "pool", True, True), (1, "loop", True, False)]
+    assert servicer.ran == [("Commit pending", "loop", True, False), ("commit frame 7", "pool", True, True),
+                            ("Prepare", "loop", True, False)]
 
 
 @pytest.mark.parametrize("append_waits", [False, True])
 def test_unary_calls_run_on_the_loop_unless_they_may_wait(append_waits):
-    caller = object()
+    caller = Caller()
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         servicer = Recording(append_waits, pool)
 
@@ -129,7 +184,7 @@ def test_unary_calls_run_on_the_loop_unless_they_may_wait(append_waits):
             await servicer.Rollback(txn_pb2.EndRequest(transaction_id="d"), Context())
         _run(servicer, caller, calls)
     on_loop = "pool" if append_waits else "loop"
-    expected = [("Prepare", on_loop, True, True), ("Commit c", on_loop, True, append_waits)]
+    expected = [("Prepare", on_loop, True, append_waits), ("Commit c", on_loop, True, append_waits)]
     if not append_waits:
         expected.append(("Commit pending", "loop", True, False))  # refused on the loop: not durable yet
     expected += [("Commit pending", "pool", True, True), ("Rollback", "pool", True, True)]

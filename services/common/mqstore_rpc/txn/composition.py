@@ -23,7 +23,7 @@ from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.follow import FollowConfig, Follower, GapPolicy
 from mqstore.meta.txn_audit import AuditTrail
 from mqstore.model import MessageIn, StoredMessage
-from mqstore.txn.appender import AppendBatcher, DirectAppender
+from mqstore.txn.appender import AppendBatcher, AppendCounts, DirectAppender, LoopAppendBatcher
 from mqstore.txn.cache import HalfCache
 from mqstore.txn.checkback import CheckBack, CheckHub
 from mqstore.txn.checker import Checker
@@ -41,7 +41,7 @@ from mqstore.txn.transact import TransactStreams
 from mqstore_rpc import service
 from mqstore_rpc.server import ServerConfig
 
-from .servicer import SERVICE_NAME, LoopTransactionServicer, TransactionServicer, add_to_server
+from .servicer import SERVICE_NAME, LoopTransactionServicer, PortIo, TransactionServicer, add_to_server, inline_append
 
 log = structlog.get_logger("mqstore_rpc.txn.composition")
 
@@ -111,9 +111,10 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     only: a follower stopped at a gap must not make the commit log NOT_SERVING); ``in_process``: the log is in
     this process (Local mode): one-way ends are applied on their stream's thread (mqstore.txn.transact says
     why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
-    append_max_* settings do not apply); ``loop_pool`` (Local mode, with ``in_process``): the server is a
-    grpc.aio one: Prepare, Commit and Transact are answered on its loop, what may wait runs in this pool
-    (servicer.LoopTransactionServicer)."""
+    append_max_* settings do not apply); ``loop_pool``: the server is a grpc.aio one: Prepare, Commit and
+    Transact are answered on its loop, what may wait runs in this pool (servicer.LoopTransactionServicer);
+    in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_async`` (the
+    AppendBatcher still serves the threads: OP records, check-back answers, calls run in the pool)."""
     add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
     timeout_s = rpc_timeout_ms / 1000
@@ -163,17 +164,33 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     streams.start()
     parts.on_close(lambda: streams.stop(timeout_s))
     add_health_problem(streams.problem)
-    operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, appender, audit, clock, streams,
+    counted = appender
+    if loop_pool is not None:
+        if in_process:  # the store's append does not wait (unless loop_blocks): called on the loop
+            io = PortIo(inline_append(appender.append), loop_pool, overlaps=False)
+            loop_blocks = txn_log.append_waits
+        else:  # the loop's own group commit over the client's grpc.aio Append
+            loop_appender = LoopAppendBatcher(txn_log.append_async, max_messages=cfg.append_max_messages,
+                                              max_bytes=cfg.append_max_bytes, timeout_s=timeout_s)
+            parts.on_close(loop_appender.close)
+            counted = AppendCounts(appender, loop_appender)
+            io = PortIo(loop_appender.append, loop_pool, overlaps=True)
+            loop_blocks = _never
+    operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, counted, audit, clock, streams,
                             in_doubt.pending, lambda: in_doubt.settled, base_counters)
     checkpointer.counters = operations.counters
     operations.register_metrics(parts.metrics)
     if loop_pool is not None:
         servicer: TransactionServicer = LoopTransactionServicer(coordinator, checkback, operations, streams,
-                                                                txn_log.append_waits, loop_pool)
+                                                                loop_blocks, io)
     else:
         servicer = TransactionServicer(coordinator, checkback, operations, streams)
     serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     return servicer
+
+
+def _never() -> bool:
+    return False
 
 
 def txn_follower(table: TxnTable, source, config: FollowConfig) -> Follower:

@@ -20,16 +20,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import threading
 from concurrent.futures import Executor
-from typing import AsyncIterator, Callable, Iterator, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 import grpc
 from mqstore import topics as topic_rules
 from mqstore.auth.model import PUB, topic
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
+from mqstore.model import AppendResult, MessageIn
 from mqstore_rpc import auth, convert
-from mqstore_rpc.errors import FrameStatus, frame_outcome
+from mqstore_rpc.errors import FrameStatus, frame_outcome, frame_outcome_async
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
 from mqstore.txn.checkback import Answer, Check, CheckBack
@@ -104,6 +106,20 @@ def _frame_response(request_id: int, outcome: Prepared | Ended | FrameStatus) ->
     return txn_pb2.TransactResponse(request_id=request_id, ended=_ended(outcome))
 
 
+def _carried_decisions(ends) -> list[str]:
+    """Each carried end's decision, all checked (InvalidArgument: none of the frame is applied)."""
+    if len(ends) > MAX_CARRIED_ENDS:
+        raise InvalidArgument(f"ends: carry at most {MAX_CARRIED_ENDS} ends in one frame, not {len(ends)}")
+    decisions = []
+    for index, carried in enumerate(ends):
+        decision = _DECISION_FROM_PB.get(carried.decision)
+        if decision not in (COMMIT, ROLLBACK):
+            raise InvalidArgument(f"ends[{index}].decision: a carried end is DECISION_COMMIT (1) or "
+                                  f"DECISION_ROLLBACK (2), not {carried.decision}")
+        decisions.append(decision)
+    return decisions
+
+
 def _answers(request_iterator) -> Iterator[Answer]:
     """The producer's answers as domain objects; ends when the producer closes or cancels its side."""
     try:
@@ -174,16 +190,7 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
     def _carried(self, ends) -> None:
         """A frame's carried ends (Transact): all checked first (a malformed one refuses the frame, none of
         it applied), then each submitted as its one-way frame would be, in order."""
-        if len(ends) > MAX_CARRIED_ENDS:
-            raise InvalidArgument(f"ends: carry at most {MAX_CARRIED_ENDS} ends in one frame, not {len(ends)}")
-        decisions = []
-        for index, carried in enumerate(ends):
-            decision = _DECISION_FROM_PB.get(carried.decision)
-            if decision not in (COMMIT, ROLLBACK):
-                raise InvalidArgument(f"ends[{index}].decision: a carried end is DECISION_COMMIT (1) or "
-                                      f"DECISION_ROLLBACK (2), not {carried.decision}")
-            decisions.append(decision)
-        for carried, decision in zip(ends, decisions, strict=True):
+        for carried, decision in zip(ends, _carried_decisions(ends), strict=True):
             txn_id = carried.transaction_id
             self._streams.submit_one_way(txn_id, decision, guard=functools.partial(self._may_end, txn_id))
 
@@ -234,48 +241,140 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             self._checkback.close(session)
 
 
+class PortIo:
+    """The coordinator's LoopIo (mqstore.txn.coordinator) on a grpc.aio port: ``append`` is awaited on the
+    loop (Cluster mode: LoopAppendBatcher.append over the CommitLog client's grpc.aio call; Local mode: the
+    in-process appender, called on the loop); reads of the log and calls whose guard a thread holds run
+    in ``pool`` with the caller's context (the caller of a deferred permission check: mqstore_rpc.auth).
+    ``overlaps``: an append is a round trip, so a stream's one-way and carried ends are worth overlapping
+    with its next frame (Cluster mode); without, they are applied before it (Local mode, as inline)."""
+
+    def __init__(self, append: Callable[[str, Sequence[MessageIn]], Awaitable[list[AppendResult]]], pool: Executor,
+                 overlaps: bool):
+        self.append, self._pool, self.overlaps = append, pool, overlaps
+
+    async def read(self, call: Callable[[], T]) -> T:
+        return await self.in_pool(call)
+
+    def acquire(self, lock: threading.Lock) -> bool:
+        return lock.acquire(blocking=False)
+
+    async def in_pool(self, call: Callable[[], T]) -> T:
+        run = functools.partial(contextvars.copy_context().run, call)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+
+
+def inline_append(append: Callable[[str, Sequence[MessageIn]], list[AppendResult]]):
+    """A synchronous in-process ``append`` as PortIo's coroutine (Local mode: it does not wait while the
+    store's appends do not)."""
+    async def call(topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
+        return append(topic, messages)
+    return call
+
+
 class LoopTransactionServicer(TransactionServicer):
     """The Transaction service with Prepare, Commit, Rollback and Transact answered on a grpc.aio server's
     loop (the module docstring); every other call as :class:`TransactionServicer`'s, in the handler pool.
-    ``append_waits()``: whether the log's appends wait now (a SYNC flush or SYNC replication); ``pool``:
-    where what may wait runs. A Commit is tried on the loop without waiting (``wait_durable`` False): only
-    if the transaction turns out rolled back and that is not durable yet is it taken again in the pool,
-    where the refusal waits for the rollback's OP record as the synchronous call's does."""
+
+    On the loop the coordinator's steps run with ``io`` (:class:`PortIo`). ``loop_blocks()``: whether an
+    append would hold the loop's thread now (Local mode while the store's appends wait for a SYNC flush or
+    SYNC replication): then the call or frame runs in the pool, as on a synchronous server. A Commit is
+    tried on the loop without waiting: only if the transaction turns out rolled back and that is not
+    durable yet is it taken again in the pool, where the refusal waits for the rollback's OP record as the
+    synchronous call's does. A coordinator call started on the loop runs to its end even if its RPC is
+    cancelled meanwhile (as a thread would): its append may have landed.
+
+    A stream's one-way and carried ends: applied before its next frame is read (Local mode), or (``io.
+    overlaps``, Cluster mode) started at once and waited for before the stream's next answer, so that a
+    carried Commit's append and the next Prepare's travel together; at most MAX_CARRIED_ENDS of them are
+    outstanding. Either way as TransactStreams applies them (counted, never answered, a failure logged)."""
 
     def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
-                 streams: TransactStreams, append_waits: Callable[[], bool], pool: Executor):
+                 streams: TransactStreams, loop_blocks: Callable[[], bool], io: PortIo):
         super().__init__(coordinator, checkback, operations, streams)
-        self._append_waits, self._pool = append_waits, pool
+        self._loop_blocks, self._io = loop_blocks, io
 
     async def Prepare(self, request, context):
-        prepare = functools.partial(self._prepare, request, context.peer())
-        return _prepared(await self._in_pool(prepare) if self._append_waits() else prepare())
+        if self._loop_blocks():
+            return _prepared(await self._io.in_pool(functools.partial(self._prepare, request, context.peer())))
+        return _prepared(await _to_end(self._prepare_async(request, context.peer())))
 
     async def Commit(self, request, context):
         txn_id = request.transaction_id
-        if not self._append_waits():
+        if not self._loop_blocks():
             try:
-                return _ended(self._commit(txn_id, wait_durable=False))
+                return _ended(await _to_end(self._commit_async(txn_id)))
             except FailedPrecondition:
                 if not self._rollback_pending(txn_id):
                     raise
-        return _ended(await self._in_pool(functools.partial(self._commit, txn_id)))
+        return _ended(await self._io.in_pool(functools.partial(self._commit, txn_id)))
 
     async def Rollback(self, request, context):
-        return _ended(await self._in_pool(functools.partial(self._rollback, request.transaction_id)))
+        return _ended(await self._io.in_pool(functools.partial(self._rollback, request.transaction_id)))
 
     async def Transact(self, request_iterator, context) -> AsyncIterator[txn_pb2.TransactResponse]:
         peer = context.peer()
+        # the stream's ends started and not yet waited for (io.overlaps); a stream that ends early leaves
+        # them to finish on their own
+        ends: list[asyncio.Task] = []
         with self._streams.opened():
             async for request in request_iterator:
-                if self._append_waits() or (request.WhichOneof("kind") == "rollback" and not request.one_way):
-                    response = await self._in_pool(functools.partial(self._handle, request, peer))
+                if self._loop_blocks() or (request.WhichOneof("kind") == "rollback" and not request.one_way):
+                    await _all_done(ends)
+                    response = await self._io.in_pool(functools.partial(self._handle, request, peer))
                 else:
-                    response = self._handle(request, peer, wait_durable=False)
+                    response = await self._handle_on_loop(request, peer, ends)
                     if self._refused_until_durable(request, response):  # its ends are applied: only the Commit
-                        response = await self._in_pool(functools.partial(self._commit_frame, request, peer))
+                        response = await self._io.in_pool(functools.partial(self._commit_frame, request, peer))
+                if response is not None or len(ends) >= MAX_CARRIED_ENDS:
+                    await _all_done(ends)
                 if response is not None:
                     yield response
+            await _all_done(ends)
+
+    async def _handle_on_loop(self, request, peer: str, ends: list[asyncio.Task]) -> txn_pb2.TransactResponse | None:
+        """:meth:`_handle` on the loop: one-way and carried ends go to :meth:`_end`."""
+        kind = request.WhichOneof("kind")
+        if request.ends:
+            checked = frame_outcome(TRANSACT_METHOD, _carried_decisions, request.ends)
+            if isinstance(checked, FrameStatus):
+                return _frame_response(request.request_id, checked)
+            for carried, decision in zip(request.ends, checked, strict=True):
+                await self._end(carried.transaction_id, decision, ends)
+            if kind is None:
+                return None  # ends only: not answered
+        if request.one_way and kind in _ONE_WAY:
+            await self._end(getattr(request, kind).transaction_id, _ONE_WAY[kind], ends)
+            return None
+        return _frame_response(request.request_id,
+                               await frame_outcome_async(TRANSACT_METHOD, self._frame_async, kind, request, peer))
+
+    async def _end(self, txn_id: str, decision: str, ends: list[asyncio.Task]) -> None:
+        guard = functools.partial(self._may_end, txn_id)
+        end = self._streams.end_one_way_async(self._io, txn_id, decision, guard=guard)
+        if self._io.overlaps:
+            ends.append(asyncio.ensure_future(end))
+        else:
+            await end
+
+    async def _frame_async(self, kind: str | None, request, peer: str) -> Prepared | Ended:
+        """:meth:`_frame` on the loop (a Rollback frame never comes here: it waits, so it runs in the pool)."""
+        if kind == "prepare":
+            if request.one_way:
+                raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
+            auth.require(PUB, topic(request.prepare.topic))
+            return await _to_end(self._prepare_async(request.prepare, peer))
+        if kind == "commit":
+            return await _to_end(self._commit_async(request.commit.transaction_id))
+        return self._frame(kind, request, peer)  # refuses what is not a frame
+
+    async def _prepare_async(self, p, peer: str) -> Prepared:
+        return await self._coordinator.prepare_async(self._io, p.topic, convert.messages_in(p.messages, peer),
+                                                     p.producer_group, p.transaction_id)
+
+    async def _commit_async(self, txn_id: str) -> Ended:
+        self._may_end(txn_id)
+        return await self._coordinator.end_async(self._io, COMMIT, txn_id)
 
     def _refused_until_durable(self, request, response: txn_pb2.TransactResponse | None) -> bool:
         """A two-way Commit frame refused on the loop because its transaction is rolled back, not durably yet."""
@@ -290,11 +389,17 @@ class LoopTransactionServicer(TransactionServicer):
         txn = self._coordinator.table.get(txn_id)
         return txn is not None and txn.state == ROLLED_BACK and not txn.op_written
 
-    async def _in_pool(self, call: Callable[[], T]) -> T:
-        """``call()`` on a pool thread, with this call's context (the caller of a deferred permission check:
-        mqstore_rpc.auth) going along."""
-        run = functools.partial(contextvars.copy_context().run, call)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+
+async def _to_end(work: Awaitable[T]) -> T:
+    """``work``'s result; if the caller is cancelled meanwhile, ``work`` still runs to its end (its append may
+    land: the table must learn of it as a thread's call would)."""
+    return await asyncio.shield(asyncio.ensure_future(work))
+
+
+async def _all_done(ends: list[asyncio.Task]) -> None:
+    """Wait for the stream's outstanding ends (their failures are counted, never raised)."""
+    while ends:
+        await ends.pop(0)
 
 
 def add_to_server(servicer: TransactionServicer, server: grpc.Server) -> None:
