@@ -16,7 +16,10 @@ else changes. This module keeps what is the stream's own:
                                         the stream's thread before the next frame is read: a hand-off
                                         between threads costs more than the append it would overlap (bench/
                                         txn.py, Local mode, 8 producers: 1.80x the CPU of a plain Append
-                                        against 2.04x with workers). Either way it is applied as the two-way
+                                        against 2.04x with workers). On a grpc.aio port's event loop
+                                        (:meth:`end_one_way_async`) it is a coroutine of the stream, which
+                                        (Cluster mode) overlaps the next frame and is waited for before
+                                        that frame's answer. Either way it is applied as the two-way
                                         call would be (by "producer (one-way)"); nobody waits for it, so a
                                         rollback does not wait for its OP record, nor the refusal of a
                                         Commit of a rolled-back transaction for that one's. A failure (the guard's, the

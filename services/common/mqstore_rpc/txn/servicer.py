@@ -6,11 +6,13 @@ that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which 
 producer cancelling ends the iteration) and handed to mqstore.txn.checkback.CheckBack, whose session
 gives the checks to send.
 
-On the event loop (:class:`LoopTransactionServicer`, Local mode's port: mqstore_rpc.aio): a Prepare, Commit
-or Transact frame whose work cannot wait is handled on the loop; one that may (a Rollback waits for its OP
-record; a Commit refused for a rollback not yet durable waits for that; anything while the log's appends
-wait for a flush or for replicas) runs in the server's handler pool, and a stream takes its next frame once
-this one is answered, so frames stay in order.
+On the event loop (:class:`LoopTransactionServicer`, the grpc.aio Transaction port of both modes:
+mqstore_rpc.aio): a Prepare, Commit or Transact frame is handled on the loop, the coordinator's steps
+awaiting their appends there (Cluster mode: the loop's own group commit over the CommitLog client's
+grpc.aio Append; Local mode: the store's append, which does not wait); what may wait (a Rollback waits for
+its OP record; a Commit refused for a rollback not yet durable waits for that; in Local mode anything while
+the store's appends wait for a flush or for replicas) runs in the server's handler pool, and a stream takes
+its next frame once this one is answered, so frames stay in order.
 
 Thread-safe: holds no state beyond thread-safe domain objects.
 """
