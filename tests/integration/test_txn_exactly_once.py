@@ -144,12 +144,15 @@ def test_a_carried_commit_whose_outcome_is_unknown_is_settled_from_the_log_and_a
     p = prepare(stub, "orders", [b"c"], txn_id="c1")
     proxy.hold_streams()
     proxy.arm(APPEND, "answer_lost")
-    frames = [txn_pb2.TransactRequest(request_id=1, ends=[txn_pb2.CarriedEnd(
-                  transaction_id="c1", decision=txn_pb2.DECISION_COMMIT)]),
-              txn_pb2.TransactRequest(request_id=2, prepare=txn_pb2.PrepareRequest(
-                  topic="orders", messages=[common_pb2.MessageInput(body=b"n")], producer_group="pg",
-                  transaction_id="c2"))]
-    answers = list(stub.Transact(iter(frames), timeout=RPC_TIMEOUT_S))
+
+    def frames():
+        yield txn_pb2.TransactRequest(request_id=1, ends=[txn_pb2.CarriedEnd(
+            transaction_id="c1", decision=txn_pb2.DECISION_COMMIT)])
+        # the end's append meets the fault first (the next frame's would overlap it)
+        wait_until(lambda: proxy.hits, "the carried Commit's append")
+        yield txn_pb2.TransactRequest(request_id=2, prepare=txn_pb2.PrepareRequest(
+            topic="orders", messages=[common_pb2.MessageInput(body=b"n")], producer_group="pg", transaction_id="c2"))
+    answers = list(stub.Transact(frames(), timeout=RPC_TIMEOUT_S))
     assert [a.request_id for a in answers] == [2] and answers[0].prepared.transaction_id == "c2"
     assert proxy.hits == [(APPEND, "answer_lost")]
     assert stats(stub).one_way_failures == 1

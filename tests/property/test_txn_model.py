@@ -7,7 +7,8 @@ UNAVAILABLE either after they were written ("landed": the commit log died after 
 timed out) or before ("lost"): the service cannot tell which.
 
 Rules: prepare (new ids; identical retries of earlier ones); commit, rollback, check-back answers and one-way
-ends (a Transact frame nobody waits for), alone or racing on threads (many producers on one transaction) while
+ends (a Transact frame nobody waits for), each also as the grpc.aio port runs it (on an event loop, where a
+guard held by a thread sends the call to the pool), alone or racing on threads (many producers on one transaction) while
 the service's background work (follower, resolver, OP batcher) runs on another; a restart that loses
 everything in memory (a crash), from the last checkpoint or none. The model keeps, per transaction, the states
 it may be in given the answers seen (an unanswered call widens it). After each step, once the background work
@@ -18,7 +19,9 @@ the service's state is one the model allows."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
 import shutil
 import tempfile
 import threading
@@ -44,6 +47,7 @@ from mqstore.txn.persist import Checkpointer
 from mqstore.txn.projection import TxnProjection
 from mqstore.txn.table import COMMITTED, OPEN, ROLLED_BACK, TxnTable
 from mqstore.txn.transact import TransactStreams
+from mqstore_rpc.txn.servicer import PortIo, inline_append
 
 TOPIC = "orders"
 ABSENT = "ABSENT"  # the service does not know the id (a Prepare that never landed)
@@ -84,6 +88,7 @@ class TxnMachine(RuleBasedStateMachine):
         self.possible: dict[str, set[str]] = {}
         self.bodies: dict[str, list[bytes]] = {}
         self.count = 0
+        self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="model-pool")  # the port's pool
         self._open_service(load=False)
 
     # ---- the service, rebuilt at each restart -------------------------------------------------------------
@@ -110,6 +115,7 @@ class TxnMachine(RuleBasedStateMachine):
                                        HalfCache(config.cache_max_entries, config.cache_max_bytes), self.clock,
                                        self.in_doubt)
         self.streams = TransactStreams(self.coordinator, max_streams=64)
+        self.io = PortIo(inline_append(self.appender.append), self.pool, overlaps=False)
         self._catch_up()
         assert self.table.ready
 
@@ -151,6 +157,7 @@ class TxnMachine(RuleBasedStateMachine):
                              f"{self.ops.stats().pending} OP entries pending")
 
     def teardown(self):
+        self.pool.shutdown()
         self.appender.close()
         self.checkpointer.close()
         self.store.stop()
@@ -162,24 +169,27 @@ class TxnMachine(RuleBasedStateMachine):
         with self.log.lock:
             self.log.faults = [kind] * count
 
-    @rule(size=st.integers(1, 3))
-    def prepare(self, size):
+    @rule(size=st.integers(1, 3), on_loop=st.booleans())
+    def prepare(self, size, on_loop):
         txn_id = f"t{self.count}"
         self.count += 1
         self.bodies[txn_id] = [f"{txn_id}-{i}".encode() for i in range(size)]
-        self._prepare(txn_id, {ABSENT})
+        self._prepare(txn_id, {ABSENT}, on_loop)
 
     @precondition(lambda self: self.possible)
-    @rule(data=st.data())
-    def retry_prepare(self, data):
+    @rule(data=st.data(), on_loop=st.booleans())
+    def retry_prepare(self, data, on_loop):
         """The same request again (a producer that got no answer, or a duplicate)."""
         txn_id = data.draw(st.sampled_from(sorted(self.possible)))
-        self._prepare(txn_id, self.possible[txn_id])
+        self._prepare(txn_id, self.possible[txn_id], on_loop)
 
-    def _prepare(self, txn_id: str, before: set[str]) -> None:
+    def _prepare(self, txn_id: str, before: set[str], on_loop: bool) -> None:
         messages = [MessageIn(b) for b in self.bodies[txn_id]]
         try:
-            prepared = self.coordinator.prepare(TOPIC, messages, "pg", txn_id)
+            if on_loop:  # the grpc.aio port's path: the same steps, driven on an event loop
+                prepared = asyncio.run(self.coordinator.prepare_async(self.io, TOPIC, messages, "pg", txn_id))
+            else:
+                prepared = self.coordinator.prepare(TOPIC, messages, "pg", txn_id)
         except Unavailable:  # OutcomeUnknown, or an identical one in doubt
             self.possible[txn_id] = before | {OPEN}
             return
@@ -190,28 +200,40 @@ class TxnMachine(RuleBasedStateMachine):
         self.possible[txn_id] = {OPEN} if before <= {ABSENT, OPEN} else before
 
     @precondition(lambda self: self.possible)
-    @rule(data=st.data(), calls=st.lists(st.sampled_from(["commit", "rollback", "check-commit", "check-rollback",
-                                                          "one-way-commit", "one-way-rollback"]),
+    @rule(data=st.data(), calls=st.lists(st.tuples(st.sampled_from(["commit", "rollback", "check-commit",
+                                                                    "check-rollback", "one-way-commit",
+                                                                    "one-way-rollback"]), st.booleans()),
                                          min_size=1, max_size=4))
     def race(self, data, calls):
+        """Each call with ``on_loop``: a Commit or a one-way end as the grpc.aio port runs it, on an event loop
+        of the calling thread (a guard another thread holds is not waited for there: the call goes to the
+        pool). A Rollback and a check answer always run on a thread (the port runs a Rollback in its pool: it
+        waits for its OP record)."""
         txn_id = data.draw(st.sampled_from(sorted(self.possible)))
         results: list[tuple[str, object]] = []
 
-        def call(kind: str) -> None:
+        def call(kind: str, on_loop: bool) -> None:
+            decision = "COMMIT" if kind.endswith("commit") else "ROLLBACK"
             if kind.startswith("one-way"):  # never answered, never raises: it may or may not have taken effect
-                self.streams.end_one_way(txn_id, "COMMIT" if kind.endswith("commit") else "ROLLBACK")
+                if on_loop:
+                    asyncio.run(self.streams.end_one_way_async(self.io, txn_id, decision))
+                else:
+                    self.streams.end_one_way(txn_id, decision)
                 results.append((kind, None))
                 return
             by = "check-back" if kind.startswith("check") else "producer"
             method = self.coordinator.commit if kind.endswith("commit") else self.coordinator.rollback
             try:
+                if on_loop and kind == "commit":
+                    results.append((kind, asyncio.run(self.coordinator.end_async(self.io, decision, txn_id)).state))
+                    return
                 results.append((kind, method(txn_id, by=by).state))
             except (FailedPrecondition, Unavailable) as exc:
                 results.append((kind, exc))
             except Exception as exc:  # noqa: BLE001 - NotFound for an id never prepared: recorded, checked below
                 results.append((kind, exc))
 
-        threads = [threading.Thread(target=call, args=(kind,)) for kind in calls]
+        threads = [threading.Thread(target=call, args=(kind, on_loop)) for kind, on_loop in calls]
         done = threading.Event()
         background = threading.Thread(target=self._background_until, args=(done,))
         background.start()
