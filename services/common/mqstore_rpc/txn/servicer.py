@@ -299,13 +299,13 @@ class LoopTransactionServicer(TransactionServicer):
     async def Prepare(self, request, context):
         if self._loop_blocks():
             return _prepared(await self._io.in_pool(functools.partial(self._prepare, request, context.peer())))
-        return _prepared(await _to_end(self._prepare_async(request, context.peer())))
+        return _prepared(await self._to_end(self._prepare_async(request, context.peer())))
 
     async def Commit(self, request, context):
         txn_id = request.transaction_id
         if not self._loop_blocks():
             try:
-                return _ended(await _to_end(self._commit_async(txn_id)))
+                return _ended(await self._to_end(self._commit_async(txn_id)))
             except FailedPrecondition:
                 if not self._rollback_pending(txn_id):
                     raise
@@ -365,9 +365,9 @@ class LoopTransactionServicer(TransactionServicer):
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
             auth.require(PUB, topic(request.prepare.topic))
-            return await _to_end(self._prepare_async(request.prepare, peer))
+            return await self._to_end(self._prepare_async(request.prepare, peer))
         if kind == "commit":
-            return await _to_end(self._commit_async(request.commit.transaction_id))
+            return await self._to_end(self._commit_async(request.commit.transaction_id))
         return self._frame(kind, request, peer)  # refuses what is not a frame
 
     async def _prepare_async(self, p, peer: str) -> Prepared:
@@ -377,6 +377,14 @@ class LoopTransactionServicer(TransactionServicer):
     async def _commit_async(self, txn_id: str) -> Ended:
         self._may_end(txn_id)
         return await self._coordinator.end_async(self._io, COMMIT, txn_id)
+
+    async def _to_end(self, work: Awaitable[T]) -> T:
+        """``work``'s result; if the caller is cancelled meanwhile, ``work`` still runs to its end (its append
+        may land: the table must learn of it as a thread's call would). Without ``io.overlaps`` (Local mode)
+        an append never suspends the coroutine, so nothing can cut one short and no task is needed."""
+        if not self._io.overlaps:
+            return await work
+        return await asyncio.shield(asyncio.ensure_future(work))
 
     def _refused_until_durable(self, request, response: txn_pb2.TransactResponse | None) -> bool:
         """A two-way Commit frame refused on the loop because its transaction is rolled back, not durably yet."""
@@ -390,12 +398,6 @@ class LoopTransactionServicer(TransactionServicer):
         """The transaction is rolled back and its OP records are not all written yet."""
         txn = self._coordinator.table.get(txn_id)
         return txn is not None and txn.state == ROLLED_BACK and not txn.op_written
-
-
-async def _to_end(work: Awaitable[T]) -> T:
-    """``work``'s result; if the caller is cancelled meanwhile, ``work`` still runs to its end (its append may
-    land: the table must learn of it as a thread's call would)."""
-    return await asyncio.shield(asyncio.ensure_future(work))
 
 
 async def _all_done(ends: list[asyncio.Task]) -> None:
