@@ -196,18 +196,10 @@ class RpcMetrics(grpc.ServerInterceptor):
 
         @functools.wraps(behavior)
         def wrapper(request_or_iterator, context):
-            figures.started.inc()
-            start = clock()
-            error = None
-            try:
+            with _Timed(figures, clock, context, _code_of):
                 response = behavior(self._counted(request_or_iterator, figures, streaming), context)
                 figures.sent.inc()
                 return response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                figures.ended(_code_of(context, error), clock() - start)
         return wrapper
 
     def _stream(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
@@ -215,21 +207,10 @@ class RpcMetrics(grpc.ServerInterceptor):
 
         @functools.wraps(behavior)
         def wrapper(request_or_iterator, context):
-            figures.started.inc()
-            start = clock()
-            error = None
-            try:
+            with _Timed(figures, clock, context, _stream_code):
                 for response in behavior(self._counted(request_or_iterator, figures, streaming), context):
                     figures.sent.inc()
                     yield response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                code = _code_of(context, error)
-                if error is None and code is grpc.StatusCode.OK and not context.is_active():
-                    code = grpc.StatusCode.CANCELLED  # the client went away (a Tail that was cancelled)
-                figures.ended(code, clock() - start)
         return wrapper
 
     def _async_unary(self, behavior: Callable, figures: _MethodFigures) -> Callable:
@@ -237,22 +218,11 @@ class RpcMetrics(grpc.ServerInterceptor):
 
         @functools.wraps(behavior)
         async def wrapper(request, context):
-            figures.started.inc()
-            figures.received.inc()
-            start = clock()
-            error = None
-            try:
+            with _Timed(figures, clock, context, _async_unary_code):
+                figures.received.inc()
                 response = await behavior(request, context)
                 figures.sent.inc()
                 return response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                code = _code_of(context, error)
-                if isinstance(error, asyncio.CancelledError):
-                    code = grpc.StatusCode.CANCELLED
-                figures.ended(code, clock() - start)
         return wrapper
 
     def _async_stream(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
@@ -260,27 +230,53 @@ class RpcMetrics(grpc.ServerInterceptor):
 
         @functools.wraps(behavior)
         async def wrapper(request_or_iterator, context):
-            figures.started.inc()
-            start = clock()
-            error = None
-            if streaming:
-                request_or_iterator = _async_counting(request_or_iterator, figures.received)
-            else:
-                figures.received.inc()
-            try:
+            with _Timed(figures, clock, context, _async_stream_code):
+                if streaming:
+                    request_or_iterator = _async_counting(request_or_iterator, figures.received)
+                else:
+                    figures.received.inc()
                 async for response in behavior(request_or_iterator, context):
                     figures.sent.inc()
                     yield response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                code = _code_of(context, error)
-                if isinstance(error, (asyncio.CancelledError, GeneratorExit)) or (
-                        error is None and code is grpc.StatusCode.OK and context.cancelled()):
-                    code = grpc.StatusCode.CANCELLED  # the client went away
-                figures.ended(code, clock() - start)
         return wrapper
+
+
+class _Timed:
+    """One call's figures: started on entry; on exit ended, with the status ``code_of(context, error)``
+    gives for the error it ended with (None: none) and the time in between."""
+
+    __slots__ = ("_figures", "_clock", "_context", "_code_of", "_start")
+
+    def __init__(self, figures: _MethodFigures, clock: Callable[[], float], context,
+                 code_of: Callable[[Any, BaseException | None], grpc.StatusCode]):
+        self._figures, self._clock, self._context, self._code_of = figures, clock, context, code_of
+
+    def __enter__(self) -> None:
+        self._figures.started.inc()
+        self._start = self._clock()
+
+    def __exit__(self, exc_type, error: BaseException | None, traceback) -> bool:
+        self._figures.ended(self._code_of(self._context, error), self._clock() - self._start)
+        return False  # the error goes on
+
+
+def _stream_code(context: grpc.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
+    code = _code_of(context, error)
+    if error is None and code is grpc.StatusCode.OK and not context.is_active():
+        return grpc.StatusCode.CANCELLED  # the client went away (a Tail that was cancelled)
+    return code
+
+
+def _async_unary_code(context, error: BaseException | None) -> grpc.StatusCode:
+    return grpc.StatusCode.CANCELLED if isinstance(error, asyncio.CancelledError) else _code_of(context, error)
+
+
+def _async_stream_code(context, error: BaseException | None) -> grpc.StatusCode:
+    code = _code_of(context, error)
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)) or (
+            error is None and code is grpc.StatusCode.OK and context.cancelled()):
+        return grpc.StatusCode.CANCELLED  # the client went away
+    return code
 
 
 async def _async_counting(items: AsyncIterator[Any], counter) -> AsyncIterator[Any]:
