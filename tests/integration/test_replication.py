@@ -133,8 +133,10 @@ def test_replica_copies_byte_identical_serves_reads_and_refuses_writes(tmp_path)
 
             state = replica.state()
             assert (state.role, state.leader_address, state.end_offset) == ("REPLICA", leader.address, leader.end())
+            # published (and counted) one in-sync check after it caught up
+            wait_until(lambda: sorted(leader.state().in_sync) == ["a", "b"], "b in the published in-sync set")
             lead = leader.state()
-            assert lead.role == "LEADER" and lead.epoch == 1 and sorted(lead.in_sync) == ["a", "b"]
+            assert lead.role == "LEADER" and lead.epoch == 1
             assert [(r.replica_id, r.in_sync, r.connected) for r in lead.replicas] == [("b", True, True)]
 
 

@@ -14,6 +14,14 @@ set in etcd; a no-op without one). It must only name nodes holding every acknowl
   grow    wait for the member at once, remember the leader's end W at that moment, and publish once the
           member has acknowledged W (everything acknowledged before it joined ends at or below W).
 
+Only published members count toward ``min_insync_replicas`` (Kafka's KIP-841). A member that joined but
+is not yet published is waited for, but an append it helped acknowledge would otherwise rest on a copy no
+election may choose: with the published set at {leader}, losing the leader would leave no electable node
+though a replica held every acknowledged byte. So while a replica is joining, a set published at
+{leader} still refuses SYNC appends (NotEnoughReplicas) until the publication, one ``maintain`` later.
+The published set is always a subset of the members (a shrink takes both at once, a grow adds to the
+members first).
+
 Thread-safety: every method may be called from any thread; state is guarded by ``_lock``. A waiting
 append waits on an event of its own, kept in a heap by end offset: an acknowledgement that moves the
 watermark sets exactly the events it satisfies (one Condition for all woke every waiting producer on
@@ -178,12 +186,14 @@ class InSyncSet:
         with self._lock:
             if self._closed:
                 raise ReplicationTimeout(self._closed)
-            count = len(self._members)
+            count, published = len(self._published), sorted(self._published)
+            joining = sorted(self._members - self._published)
         if count < self.config.min_insync_replicas:
             raise NotEnoughReplicas(
                 f"only {count} of the min_insync_replicas {self.config.min_insync_replicas} copies are in sync "
-                f"(in-sync set: {sorted(self.members())}); nothing was written. Retry once a replica has caught "
-                f"up (mqstore replication status), or append with replication ASYNC")
+                f"(published in-sync set: {published}; joining: {joining or 'none'}); nothing was written. Retry "
+                f"once a replica has caught up and been published (mqstore replication status), or append with "
+                f"replication ASYNC")
 
     def wait(self, end: int) -> int:
         """Block until every in-sync replica holds [.., end); the number of copies holding it then.
@@ -191,16 +201,9 @@ class InSyncSet:
         deadline = self.clock.monotonic_s() + self.config.sync_replication_timeout_ms / 1000
         while True:
             with self._lock:
-                if self._closed:
-                    raise ReplicationTimeout(f"records up to physical offset {end} are written on this node but "
-                                             f"were not acknowledged: {self._closed}; a retry may duplicate them")
-                if len(self._members) < self.config.min_insync_replicas:
-                    raise ReplicationTimeout(
-                        f"records up to physical offset {end} are written on the leader, but the in-sync set "
-                        f"shrank to {sorted(self._members)}, below min_insync_replicas "
-                        f"{self.config.min_insync_replicas}: not acknowledged; a retry may duplicate them")
-                if self._watermark_locked() >= end:
-                    return self._copies_locked(end)
+                copies = self._ready_locked(end)
+                if copies is not None:
+                    return copies
                 left = deadline - self.clock.monotonic_s()
                 if left <= 0:
                     raise ReplicationTimeout(
@@ -213,6 +216,23 @@ class InSyncSet:
                 heapq.heappush(self._waiters, (end, next(self._seq), event))
             with waits.waiting():  # many appends wait here at once: let the handler pool run others meanwhile
                 event.wait(min(left, 0.5))
+
+    def ready(self, end: int) -> int | None:
+        """:meth:`wait`'s condition, without waiting: the copies holding [.., end) once it may be
+        acknowledged, None while it may not yet; ReplicationTimeout when it never will."""
+        with self._lock:
+            return self._ready_locked(end)
+
+    def _ready_locked(self, end: int) -> int | None:
+        if self._closed:
+            raise ReplicationTimeout(f"records up to physical offset {end} are written on this node but "
+                                     f"were not acknowledged: {self._closed}; a retry may duplicate them")
+        if len(self._published) < self.config.min_insync_replicas:
+            raise ReplicationTimeout(
+                f"records up to physical offset {end} are written on the leader, but the in-sync set "
+                f"shrank to {sorted(self._published)}, below min_insync_replicas "
+                f"{self.config.min_insync_replicas}: not acknowledged; a retry may duplicate them")
+        return self._copies_locked(end) if self._watermark_locked() >= end else None
 
     def written_by(self, replica_id: str) -> int:
         with self._lock:
@@ -263,7 +283,7 @@ class InSyncSet:
         now = self.clock.now_ms()
         with self._lock:
             return [ProgressView(p.replica_id, p.address, p.written_offset, p.flushed_offset,
-                                 p.replica_id in self._members, p.connected, max(0, end - p.written_offset),
+                                 p.replica_id in self._published, p.connected, max(0, end - p.written_offset),
                                  now - p.last_ack_ms if p.last_ack_ms else -1)
                     for p in sorted(self._progress.values(), key=lambda p: p.replica_id)]
 

@@ -77,7 +77,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         views = node.in_sync.views() if node.is_leader else []
         return pb.ReplicationState(
             node_id=node.config.node_id, role=lead.role, leader_id=lead.leader_id, leader_address=lead.leader_address,
-            epoch=lead.epoch, in_sync=sorted(node.in_sync.members()) if node.is_leader else [],
+            epoch=lead.epoch, in_sync=sorted(node.in_sync.published()) if node.is_leader else [],
             min_insync_replicas=node.config.min_insync_replicas, end_offset=self._store.log_end(),
             epochs=history_out(node.history), default_replication=node.config.default_replication, fenced=node.fenced,
             replicas=[pb.ReplicaProgress(replica_id=v.replica_id, address=v.address, written_offset=v.written_offset,

@@ -52,16 +52,48 @@ def test_replica_joins_when_caught_up_and_is_published_after_the_join_mark():
     isr.leader_end = lambda: 600
     isr.maintain()
     assert published == [] and isr.published() == {"a"}  # ...electable only once it holds the join mark
-    isr.require_enough()
+    with pytest.raises(NotEnoughReplicas, match=r"joining: \['b'\]"):
+        isr.require_enough()  # ...and counted toward the minimum only then (KIP-841)
     isr.on_ack("b", 600, 600)
     isr.maintain()
     assert published == [frozenset({"a", "b"})] and isr.published() == {"a", "b"}
+    isr.require_enough()
+
+
+def test_an_acknowledged_append_rests_on_published_copies_only():
+    """The failover window: the set is published at {a} (b was shrunk), b catches up again, and a SYNC
+    append ends. Until b is published, no election could pick b, so the append must not be acknowledged
+    on b's copy: a waiter that got in before the shrink fails instead of being acknowledged."""
+    published = []
+    isr, clock, end = make(published=published)
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0)
+    isr.maintain()
+    assert isr.published() == {"a", "b"}
+    end[0] = 1000
+    clock.ms += 3001
+    isr.maintain()                         # b lags: published {a}
+    assert published[-1] == frozenset({"a"})
+    isr.on_ack("b", 1000, 1000)             # b caught up: waited for, not yet published
+    assert isr.members() == {"a", "b"} and isr.published() == {"a"}
+    with pytest.raises(ReplicationTimeout, match="shrank"):
+        isr.wait(1000)                      # held by b, yet not acknowledged: b is not electable
+    isr.maintain()                          # b holds its join mark: published
+    assert isr.published() == {"a", "b"}
+    assert isr.wait(1000) == 2
+
+
+def published_pair(isr):
+    """b connected, caught up and published: the set an append may count on."""
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0)
+    isr.maintain()
+    assert isr.published() == {"a", "b"}
 
 
 def test_sync_wait_returns_once_every_member_holds_the_bytes():
     isr, clock, end = make()
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 0, 0)
+    published_pair(isr)
     end[0] = 100
     result = []
     waiter = threading.Thread(target=lambda: result.append(isr.wait(100)))
@@ -73,8 +105,7 @@ def test_sync_wait_returns_once_every_member_holds_the_bytes():
 
 def test_flush_sync_waits_for_the_replicas_fsync():
     isr, clock, end = make(flush_sync=True)
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 0, 0)
+    published_pair(isr)
     end[0] = 100
     isr.on_ack("b", 100, 50)  # written, not flushed
     clock.ms += 2000
@@ -84,8 +115,7 @@ def test_flush_sync_waits_for_the_replicas_fsync():
 
 def test_connected_replica_that_does_not_confirm_times_the_append_out():
     isr, clock, end = make(timeout_ms=500)
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 0, 0)
+    published_pair(isr)
     end[0] = 100
     clock.ms += 501  # the deadline passes before the replica acknowledges
     with pytest.raises(ReplicationTimeout, match="not acknowledged"):
