@@ -3,13 +3,14 @@ transaction type and the batch GetMessages, through real gRPC on 127.0.0.1 (port
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import grpc
 import pytest
 
 from commitlog_service.main import serving
-from mqstore.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from mqstore.format import record
 from mqstore.model import MessageIn
 from mqstore.transactions import HALF_TOPIC, OP_TOPIC
@@ -112,6 +113,68 @@ def test_refusals_name_the_rule(served):
         client.internal_append("orders", [commit_of(0)], writer="schedule", token=TOKEN)
     for topic in ("orders", "kv", HALF_TOPIC, OP_TOPIC):
         assert client.queue_info(topic, 0).max_offset == 0  # nothing partial written
+
+
+def test_append_batches_gives_each_batch_its_own_outcome_all_or_nothing(served):
+    """CommitLogInternal.AppendBatches through the client's grpc.aio call: a refused batch fails alone
+    with the error Append would have given it, whole (its good messages are not written either), and
+    the batches after it are appended."""
+    client, stub, _ = served
+    create(stub, "orders")
+    port = client.address.rsplit(":", 1)[1]
+
+    async def run():
+        aio = CommitLogClient(f"127.0.0.1:{port}", rpc_timeout_s=10)
+        try:
+            return await aio.internal_append_batches_async([
+                (HALF_TOPIC, [half(b"h1"), half(b"h2")]),
+                ("orders", [commit_of(0), MessageIn(b"plain")]),   # one bad message: the whole batch refused
+                ("nowhere", [commit_of(0)]),
+                ("orders", [commit_of(7)]),
+            ], writer="txn", token=TOKEN)
+        finally:
+            await aio.close_async()
+
+    halves, mixed, missing, commit = asyncio.run(run())
+    assert [r.queue_offset for r in halves] == [0, 1]
+    assert isinstance(mixed, InvalidArgument) and "only COMMIT records" in str(mixed)
+    assert isinstance(missing, NotFound) and "nowhere" in str(missing)
+    assert len(commit) == 1 and commit[0].queue_offset == 0  # the mixed batch wrote nothing before it
+    stored = client.get_messages_batch([commit[0].physical_offset])[0].message.record
+    assert stored.prepared_transaction_offset == 7
+    assert client.queue_info(HALF_TOPIC, 0).max_offset == 2 and client.queue_info("orders", 0).max_offset == 1
+
+
+def test_append_batches_refuses_a_bad_call_whole(served):
+    client, stub, internal = served
+    create(stub, "orders")
+    token = (("mqstore-internal-token", TOKEN),)
+
+    def batch(topic=HALF_TOPIC, count=1):
+        return pb.InternalAppendBatch(topic=topic, messages=[
+            pb.InternalMessage(message=common_pb2.MessageInput(body=b"x"))] * count)
+
+    cases = [
+        (pb.InternalAppendBatchesRequest(writer="txn", batches=[batch()]), (), grpc.StatusCode.PERMISSION_DENIED,
+         "no mqstore-internal-token"),
+        (pb.InternalAppendBatchesRequest(batches=[batch()]), token, grpc.StatusCode.INVALID_ARGUMENT, "writer"),
+        (pb.InternalAppendBatchesRequest(writer="txn"), token, grpc.StatusCode.INVALID_ARGUMENT,
+         "batches: 0 given; send 1..100"),
+        (pb.InternalAppendBatchesRequest(writer="txn", batches=[batch()] * 101), token,
+         grpc.StatusCode.INVALID_ARGUMENT, "batches: 101 given"),
+        (pb.InternalAppendBatchesRequest(writer="txn", batches=[batch(count=1000)] * 10 + [batch()]), token,
+         grpc.StatusCode.INVALID_ARGUMENT, "10001 messages in all; send at most 10000"),
+    ]
+    for request, metadata, code, text in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            internal.AppendBatches(request, timeout=30, metadata=metadata)
+        assert (info.value.code(), text in info.value.details()) == (code, True), info.value.details()
+    assert client.queue_info(HALF_TOPIC, 0).max_offset == 0  # nothing written by the refused calls
+    answer = internal.AppendBatches(pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        batch(count=2), pb.InternalAppendBatch(topic="orders")]), timeout=10, metadata=token)
+    assert [r.WhichOneof("outcome") for r in answer.results] == ["appended", "error"]  # the service goes on
+    assert answer.results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert answer.results[1].error.error == "InvalidArgument" and answer.results[1].error.message
 
 
 def test_tail_filters_by_topic_or_transaction_type(served):

@@ -96,9 +96,10 @@ def R(**fields) -> consumer_pb2.ReceiveRequest:
 
 
 class FrameFailed(grpc.RpcError):
-    """A Transact frame answered with an error: the status its unary call would have ended with."""
+    """A Transact frame or an AppendBatches batch answered with an error (a FrameError or BatchError): the
+    status its unary call would have ended with."""
 
-    def __init__(self, error: txn_pb2.FrameError):
+    def __init__(self, error):
         super().__init__(error.message)
         self._error = error
 
@@ -118,6 +119,16 @@ def _transact(stub, request: txn_pb2.TransactRequest) -> txn_pb2.TransactRespons
     return answer
 
 
+def _append_batches(stub, request: pb.InternalAppendBatchesRequest, metadata):
+    """AppendBatches; FrameFailed with the first batch's error, if any."""
+    answer = stub.AppendBatches(request, timeout=T, metadata=metadata)
+    assert len(answer.results) == len(request.batches), answer
+    for result in answer.results:
+        if result.HasField("error"):
+            raise FrameFailed(result.error)
+    return answer
+
+
 def _call(stubs: Stubs, service: str, method: str, request):
     stub = getattr(stubs, service)
     metadata = (("mqstore-internal-token", TOKEN),) if service == "internal" else None
@@ -125,6 +136,8 @@ def _call(stubs: Stubs, service: str, method: str, request):
         response = stub.AppendStream(iter([request]), timeout=T)
     elif method == "Transact":
         response = _transact(stub, request)
+    elif method == "AppendBatches":
+        response = _append_batches(stub, request, metadata)
     elif method == "CheckBack":  # the stream's first message says whose producer it is
         hello = txn_pb2.CheckBackMessage(hello=txn_pb2.CheckBackHello(producer_group="pg"))
         response = stub.CheckBack(iter([hello, request]), timeout=T)
@@ -278,6 +291,22 @@ NUMERIC = [
     ("internal reconsume_times -1", "internal", "Append", pb.InternalAppendRequest(
         topic="t", writer="txn", messages=[commit(M(), reconsume_times=-1)]),
      Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
+    ("batches flag -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(flag=-1))])]), None, ""),
+    ("batches queue_id -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M())]),
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(queue_id=-1))])]),
+     Code.INVALID_ARGUMENT, "queue_id"),
+    ("batches born -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(born_timestamp_ms=-1))])]),
+     Code.INVALID_ARGUMENT, "born_timestamp_ms"),
+    ("batches reconsume_times -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(), reconsume_times=-1)])]),
+     Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
+    ("batches prepared offset -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[pb.InternalMessage(
+            message=M(), transaction_type=pb.TRANSACTION_TYPE_COMMIT, prepared_transaction_offset=-1)])]),
+     Code.INVALID_ARGUMENT, "prepared_transaction_offset"),
     ("prepare born -1", "txn", "Prepare", txn_pb2.PrepareRequest(topic="t", producer_group="pg",
                                                                   messages=[M(born_timestamp_ms=-1)]),
      Code.INVALID_ARGUMENT, "born_timestamp_ms"),

@@ -25,7 +25,8 @@ from tests.support.grpc_proxy import FaultyProxy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-APPEND = "/mqstore.v1.CommitLogInternal/Append"
+APPEND = "/mqstore.v1.CommitLogInternal/AppendBatches"  # Prepare's and Commit's appends (the loop's group commit)
+OP_APPEND = "/mqstore.v1.CommitLogInternal/Append"       # the OP records' (the thread batcher's)
 SETTLE_MS = 200
 
 
@@ -177,10 +178,10 @@ def test_a_generated_id_is_named_when_its_prepare_is_unknown(env):
 def test_an_op_write_of_unknown_outcome_is_not_written_again(env):
     stub, log_stub, proxy, _ = env
     p = prepare(stub, "orders", [b"r"], txn_id="r1")
-    proxy.arm(APPEND, "answer_lost")  # the next append is the rollback's OP record
+    proxy.arm(OP_APPEND, "answer_lost")  # the next append is the rollback's OP record
     done = until_answered(lambda: rollback(stub, "r1"), "the rollback")
     assert done.state == txn_pb2.TRANSACTION_STATE_ROLLED_BACK
-    assert proxy.hits == [(APPEND, "answer_lost")]
+    assert proxy.hits == [(OP_APPEND, "answer_lost")]
     assert op_entries(log_stub) == {p.halves[0].half_queue_offset: 1}  # one OP record: the one that landed
     assert stats(stub).op_unknown_outcomes == 1
     code, details = status_of(lambda: commit(stub, "r1"))

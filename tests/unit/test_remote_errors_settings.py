@@ -10,8 +10,9 @@ import grpc
 import pytest
 from mqstore import errors
 from mqstore_rpc import settings as S
-from mqstore_rpc.errors import STATUS_BY_ERROR
-from mqstore_rpc.remote_errors import from_rpc_error
+from mqstore_rpc.errors import STATUS_BY_ERROR, status_for
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
+from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
 
 
 class FakeRpcError(grpc.RpcError):
@@ -57,6 +58,31 @@ class Sample:
     ratio: float = 0.5
     enabled: bool = False
     name: str = "x"
+
+
+def _batch_error(exc: errors.MqStoreError) -> commitlog_pb2.BatchError:
+    """As CommitLogInternal.AppendBatches reports a refused batch."""
+    return commitlog_pb2.BatchError(code=status_for(exc).value[0], message=str(exc), error=type(exc).__name__,
+                                    retriable=exc.retriable)
+
+
+REFUSED = [errors.InvalidArgument("bad"), errors.NotFound("no topic"), errors.FlushTimeout("slow"),
+           errors.NotLeader("replica", leader_address="h:1"), errors.OutOfRange("past"),
+           errors.NotEnoughReplicas("1 of 2"), errors.TopicNotFound("no such topic")]
+
+
+@pytest.mark.parametrize("exc", REFUSED, ids=lambda exc: type(exc).__name__)
+def test_a_refused_batch_comes_back_as_the_exception_it_was(exc):
+    error = from_batch_error(_batch_error(exc), "log:1")
+    assert type(error) is type(exc) and "log:1" in str(error) and str(exc) in str(error)
+
+
+def test_a_batch_error_of_an_unknown_name_falls_back_to_its_code():
+    error = from_batch_error(commitlog_pb2.BatchError(code=grpc.StatusCode.NOT_FOUND.value[0], message="m",
+                                                      error="SomethingNewer"), "log:1")
+    assert type(error) is errors.NotFound
+    error = from_batch_error(commitlog_pb2.BatchError(code=99, message="m", error="object"), "log:1")
+    assert type(error) is errors.Unavailable  # never a non-mqstore class named by the peer
 
 
 def test_flags_win_over_the_environment_which_wins_over_defaults():

@@ -185,28 +185,42 @@ class _LoopRequest:
     taken: bool = False      # in a leader's round: only that round decides the outcome
 
 
+AppendManyFn = Callable[[list[tuple[str, list[MessageIn]]]],
+                         Awaitable[list[list[AppendResult] | BaseException]]]
+CALL_MAX_BATCHES = 100          # CommitLogInternal.AppendBatches: batches per call...
+CALL_MAX_MESSAGES = 10_000      # ...and messages per call (commitlog.proto)
+
+
 class LoopAppendBatcher:
     """AppendBatcher's group commit for coroutines of one event loop (Cluster mode's Transaction port on
     grpc.aio, mqstore_rpc.txn.servicer): the same grouping (per topic, arrival order, at most
-    ``max_messages`` and ``max_bytes`` per Append, a caller's messages never split), the same retry of a
-    refused group one caller at a time and the same errors (the module docstring). ``append`` is the
-    coroutine ``append(topic, messages)`` of the log (the CommitLog client's grpc.aio call): while one
-    Append of a topic is in flight, the callers that arrive queue for the next, which a leader task sends
-    as soon as that one is answered, so the loop's thread never waits and no other thread is involved.
+    ``max_messages`` and ``max_bytes`` per batch, a caller's messages never split), the same retry of a
+    refused group one caller at a time and the same errors (the module docstring).
+
+    Unlike the thread batcher, one round covers every topic: ``append_many`` is the coroutine
+    ``append_many([(topic, messages), ...])`` of the log (CommitLogInternal.AppendBatches on the CommitLog
+    client's grpc.aio channel), which appends each batch on its own (all or nothing per batch) and returns
+    each one's results or error, in order. So a round's halves and the previous round's committed messages
+    go in one call, not one per topic. While a call is in flight, the callers that arrive queue for the
+    next, which a leader task sends as soon as that one is answered: the loop's thread never waits and no
+    other thread is involved. A round's batches go in calls within the same limits as one batch: at most
+    ``max_messages`` messages and ``max_bytes`` of bodies in all (and CALL_MAX_BATCHES batches), so
+    ``max_messages`` 1 still means one message per call to the log (bench/txn.py's unbatched variant).
 
     A caller still queued after ``timeout_s`` gets Unavailable and its request is withdrawn (never sent
-    later behind its back); one in a leader's round waits for that Append, which has its own timeout. A
+    later behind its back); one in a leader's round waits for that call, which has its own timeout. A
     caller cancelled while queued is withdrawn too; once taken, its messages are sent regardless.
 
     Not thread-safe: every method is called on the loop's thread (the counters may be read from any)."""
 
-    def __init__(self, append: Callable[[str, Sequence[MessageIn]], Awaitable[list[AppendResult]]], *,
-                 max_messages: int, max_bytes: int, timeout_s: float):
-        self._append, self.max_messages, self.max_bytes, self.timeout_s = append, max_messages, max_bytes, timeout_s
-        self._queues: dict[str, collections.deque[_LoopRequest]] = collections.defaultdict(collections.deque)
-        self._leaders: dict[str, asyncio.Task] = {}
+    def __init__(self, append_many: AppendManyFn, *, max_messages: int, max_bytes: int, timeout_s: float):
+        self._append_many = append_many
+        self.max_messages, self.max_bytes, self.timeout_s = max_messages, max_bytes, timeout_s
+        self._call_messages = min(max_messages, CALL_MAX_MESSAGES)
+        self._queue: collections.deque[_LoopRequest] = collections.deque()
+        self._leader: asyncio.Task | None = None
         self._closed = False
-        self.appends = self.appended_messages = 0
+        self.appends = self.appended_messages = 0   # calls to the log, and the messages they carried
 
     async def append(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
         """Append ``messages`` to ``topic`` (all or none), batched with other callers' on this loop."""
@@ -215,9 +229,9 @@ class LoopAppendBatcher:
         loop = asyncio.get_running_loop()
         request = _LoopRequest(topic, messages, sum(len(m.body) for m in messages), loop.create_future())
         request.expiry = loop.call_later(self.timeout_s, self._expire, request)
-        self._queues[topic].append(request)
-        if topic not in self._leaders:
-            self._leaders[topic] = loop.create_task(self._lead(topic))
+        self._queue.append(request)
+        if self._leader is None:
+            self._leader = loop.create_task(self._lead())
         try:
             return await request.result
         except asyncio.CancelledError:
@@ -230,16 +244,16 @@ class LoopAppendBatcher:
                 Unavailable(f"the append waited {self.timeout_s:.0f} s for its turn and was not sent; retry"))
 
     def _withdraw(self, request: _LoopRequest) -> bool:
-        """Take a request not yet in a round out of its queue; False if a round has it."""
+        """Take a request not yet in a round out of the queue; False if a round has it."""
         if request.taken:
             return False
         request.taken = True
         request.expiry.cancel()
-        self._queues[request.topic].remove(request)
+        self._queue.remove(request)
         return True
 
-    async def _lead(self, topic: str) -> None:
-        queue = self._queues[topic]
+    async def _lead(self) -> None:
+        queue = self._queue
         try:
             while queue:
                 pending = list(queue)
@@ -247,36 +261,64 @@ class LoopAppendBatcher:
                 for request in pending:
                     request.taken = True
                     request.expiry.cancel()
-                for group in _groups(pending, self.max_messages, self.max_bytes):
-                    await self._append_group(group)
+                for call in self._calls(_groups(pending, self.max_messages, self.max_bytes)):
+                    await self._append_groups(call)
         finally:
-            del self._leaders[topic]
+            self._leader = None
 
-    async def _append_group(self, group: list[_LoopRequest]) -> None:
-        messages = [m for request in group for m in request.messages]
-        topic = group[0].topic
+    def _calls(self, groups: list[list[_LoopRequest]]) -> list[list[list[_LoopRequest]]]:
+        """``groups`` packed into calls, in order, within the call limits."""
+        calls: list[list[list[_LoopRequest]]] = []
+        count = size = 0
+        for group in groups:
+            group_count = sum(len(r.messages) for r in group)
+            group_size = sum(r.body_bytes for r in group)
+            if not calls or (len(calls[-1]) >= CALL_MAX_BATCHES or count + group_count > self._call_messages
+                             or size + group_size > self.max_bytes):
+                calls.append([])
+                count = size = 0
+            calls[-1].append(group)
+            count += group_count
+            size += group_size
+        return calls
+
+    async def _append_groups(self, groups: list[list[_LoopRequest]]) -> None:
+        batches = [(group[0].topic, [m for request in group for m in request.messages]) for group in groups]
         try:
-            results = await self._append(topic, messages)
+            outcomes = await self._append_many(batches)
         except BaseException as exc:
-            error = _as_caller_error(exc, topic) if isinstance(exc, Exception) else OutcomeUnknown(
-                f"the append to {topic} was cut off by the service stopping: it may or may not have been written")
-            if isinstance(error, InvalidArgument) and len(group) > 1:
-                for request in group:  # find the bad one: each alone
-                    await self._append_group([request])
-            else:
-                for request in group:
-                    if not request.result.done():  # not cancelled by its caller
-                        request.result.set_exception(error)
+            for group, (topic, _) in zip(groups, batches, strict=True):
+                error = _as_caller_error(exc, topic) if isinstance(exc, Exception) else OutcomeUnknown(
+                    f"the append to {topic} was cut off by the service stopping: it may or may not have been "
+                    f"written")
+                self._fail(group, error)
             if not isinstance(exc, Exception):
                 raise  # the loop is stopping (CancelledError): the leader ends too
             return
         self.appends += 1
-        self.appended_messages += len(messages)
-        at = 0
+        alone: list[list[_LoopRequest]] = []
+        for group, (topic, messages), outcome in zip(groups, batches, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                error = _as_caller_error(outcome, topic)
+                if isinstance(error, InvalidArgument) and len(group) > 1:
+                    alone.extend([request] for request in group)  # find the bad one: each alone
+                else:
+                    self._fail(group, error)
+                continue
+            self.appended_messages += len(messages)
+            at = 0
+            for request in group:
+                if not request.result.done():  # not cancelled by its caller
+                    request.result.set_result(outcome[at:at + len(request.messages)])
+                at += len(request.messages)
+        for call in self._calls(alone):
+            await self._append_groups(call)
+
+    @staticmethod
+    def _fail(group: list[_LoopRequest], error: BaseException) -> None:
         for request in group:
-            if not request.result.done():
-                request.result.set_result(results[at:at + len(request.messages)])
-            at += len(request.messages)
+            if not request.result.done():  # not cancelled by its caller
+                request.result.set_exception(error)
 
     def close(self) -> None:
         """Refuse new appends (those in flight finish)."""

@@ -13,13 +13,19 @@ from __future__ import annotations
 import hmac
 
 import grpc
-from mqstore.errors import InvalidArgument, PermissionDenied
+import structlog
+from mqstore.errors import InvalidArgument, MqStoreError, NotLeader, PermissionDenied
 from mqstore.store import MessageStore
 from mqstore_rpc import convert
+from mqstore_rpc.errors import status_for
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 INTERNAL_SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLogInternal"].full_name
 TOKEN_METADATA = "mqstore-internal-token"
+MAX_BATCHES = 100                # AppendBatches: batches per call
+MAX_BATCHES_MESSAGES = 10_000    # AppendBatches: messages per call, all batches together
+
+log = structlog.get_logger()
 
 
 def check_token(metadata, expected: str) -> None:
@@ -48,6 +54,45 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         messages = convert.internal_messages_in(request.messages, context.peer())
         results = self._store.append(request.topic, messages, system_writer=request.writer)
         return convert.append_response((results,))
+
+
+    def AppendBatches(self, request, context):
+        """Each batch one Append with its own outcome (commitlog.proto). NotLeader on the first batch is
+        the call's (a replica wrote nothing; the client follows the leader); a later batch's refusal,
+        NotLeader included (leadership lost between batches), is that batch's."""
+        check_token(context.invocation_metadata(), self._token)
+        if not request.writer:
+            raise InvalidArgument("writer: name the service that writes (\"txn\")")
+        batches = request.batches
+        if not 1 <= len(batches) <= MAX_BATCHES:
+            raise InvalidArgument(f"batches: {len(batches)} given; send 1..{MAX_BATCHES} per call")
+        total = sum(len(batch.messages) for batch in batches)
+        if total > MAX_BATCHES_MESSAGES:
+            raise InvalidArgument(f"batches: {total} messages in all; send at most {MAX_BATCHES_MESSAGES} per "
+                                  f"call (split them over several calls)")
+        peer = context.peer()
+        response = commitlog_pb2.InternalAppendBatchesResponse()
+        for at, batch in enumerate(batches):
+            outcome = response.results.add()
+            try:
+                messages = convert.internal_messages_in(batch.messages, peer)
+                results = self._store.append(batch.topic, messages, system_writer=request.writer)
+            except NotLeader as exc:
+                if at == 0:
+                    raise
+                self._refused(outcome, batch.topic, exc)
+            except MqStoreError as exc:
+                self._refused(outcome, batch.topic, exc)
+            else:
+                convert.append_results_into(outcome.appended, (results,))
+        return response
+
+    @staticmethod
+    def _refused(outcome, topic: str, exc: MqStoreError) -> None:
+        code = status_for(exc)
+        log.debug("rpc.batch_error", topic=topic, code=code.name, error=type(exc).__name__, message=str(exc))
+        outcome.error.code, outcome.error.message = code.value[0], str(exc)
+        outcome.error.error, outcome.error.retriable = type(exc).__name__, exc.retriable
 
 
 def add_to_server(servicer: CommitLogInternalServicer, server: grpc.Server) -> None:

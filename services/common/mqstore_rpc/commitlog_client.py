@@ -26,13 +26,13 @@ import threading
 from typing import Iterator, Sequence
 
 import grpc
-from mqstore import model, waits
+from mqstore import errors, model, waits
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc
 from mqstore_rpc.peers import Peers
-from mqstore_rpc.remote_errors import from_rpc_error
+from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
@@ -95,7 +95,7 @@ class CommitLogClient:
         self._peers = peers or Peers()  # TLS and credentials of every node's channel (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
-        self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_async's, on its loop
+        self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_batches_async's, on its loop
         self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
         self._use(self.addresses[0])
 
@@ -230,13 +230,29 @@ class CommitLogClient:
         response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, service="internal")
         return [convert.append_result_out(r) for r in response.results]
 
-    async def internal_append_async(self, topic: str, messages: Sequence[model.MessageIn], *, writer: str,
-                                    token: str) -> list[model.AppendResult]:
-        """:meth:`internal_append` on grpc.aio, for a caller on an event loop (Cluster mode's Transaction
-        port): the same node, leader-following and errors, on a grpc.aio channel per node opened on the
+    async def internal_append_batches_async(
+            self, batches: Sequence[tuple[str, Sequence[model.MessageIn]]], *, writer: str,
+            token: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
+        """CommitLogInternal.AppendBatches (commitlog.proto) on grpc.aio, for a caller on an event loop
+        (Cluster mode's Transaction port): several topics' batches in one call, each all or nothing with
+        its own outcome, returned in order: its results, or the error it would have raised as
+        :meth:`internal_append` (a failure of the whole call raises, as there). The same node,
+        leader-following and errors as :meth:`_call`, on a grpc.aio channel per node opened on the
         caller's loop (one loop per client: :meth:`close_async` closes them on it)."""
-        request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
-                                                      messages=[convert.internal_message(m) for m in messages])
+        request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
+            commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
+            for topic, messages in batches])
+        response, address = await self._internal_async("AppendBatches", request, token)
+        if len(response.results) != len(batches):
+            raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
+                                     f"{len(batches)} batches: the batches may or may not have been written")
+        return [[convert.append_result_out(r) for r in outcome.appended.results]
+                if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
+                for outcome in response.results]
+
+    async def _internal_async(self, method: str, request, token: str):
+        """(response, address) of CommitLogInternal ``method`` on the node in use, on this loop's channel
+        to it; :meth:`_call`'s leader-following and errors."""
         metadata = ((TOKEN_METADATA, token), *self._peers.metadata())
         for attempt in range(2):
             address = self.address
@@ -245,13 +261,12 @@ class CommitLogClient:
                 channel = self._aio_channels[address] = self._peers.aio_channel(address, self._options)
                 stub = self._aio_stubs[address] = commitlog_pb2_grpc.CommitLogInternalStub(channel)
             try:
-                response = await stub.Append(request, timeout=self.rpc_timeout_s, metadata=metadata)
+                return await getattr(stub, method)(request, timeout=self.rpc_timeout_s, metadata=metadata), address
             except grpc.RpcError as exc:
                 error = self._failed(exc, address, attempt, write=True)
                 if error is None:
                     continue
                 raise error from None
-            return [convert.append_result_out(r) for r in response.results]
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def close_async(self) -> None:

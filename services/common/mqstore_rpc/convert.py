@@ -140,6 +140,12 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
     """Hot path (one result per appended message), from the store's columns: ``results.add(...)``
     builds each result in place (passing ready messages to the constructor would copy each again)."""
     response = commitlog_pb2.AppendResponse()
+    append_results_into(response, batches)
+    return response
+
+
+def append_results_into(response: commitlog_pb2.AppendResponse, batches: Iterable[model.AppendResults]) -> None:
+    """:func:`append_response` into a response that is part of another message (AppendBatchResult)."""
     add = response.results.add
     for batch in batches:
         prefix, ts, durability = batch.msg_id_prefix, batch.store_timestamp_ms, _DURABILITY_TO_PB[batch.durability]
@@ -147,7 +153,6 @@ def append_response(batches: Iterable[model.AppendResults]) -> commitlog_pb2.App
         for (phys, size, qid, qoff, _, _), uniq in zip(batch.entries, batch.uniq_keys, strict=True):
             add(msg_id=f"{prefix}{phys:016X}", uniq_key=uniq, queue_id=qid, queue_offset=qoff, physical_offset=phys,
                 size_bytes=size, store_timestamp_ms=ts, durability=durability, replicas=replicas, epoch=epoch)
-    return response
 
 
 _REPLICATION_FROM_PB = {commitlog_pb2.REPLICATION_MODE_UNSPECIFIED: None,

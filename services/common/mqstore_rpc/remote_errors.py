@@ -48,3 +48,25 @@ def from_rpc_error(exc: grpc.RpcError, peer: str) -> errors.MqStoreError:
     if cls is None:
         return errors.Unavailable(message)
     return cls(message)
+
+
+def from_batch_error(error, peer: str) -> errors.MqStoreError:
+    """The mqstore exception of one batch that CommitLogInternal.AppendBatches refused (a BatchError):
+    the class its ``error`` names, else the one of its code, as :func:`from_rpc_error` would give."""
+    try:
+        code = grpc.StatusCode[_CODE_NAMES.get(error.code, "UNKNOWN")]
+    except KeyError:
+        code = grpc.StatusCode.UNKNOWN
+    message = f"{peer} answered {code.name}: {error.message}"
+    named = getattr(errors, error.error, None) if error.error else None
+    cls = named if isinstance(named, type) and issubclass(named, errors.MqStoreError) else ERROR_BY_STATUS.get(code)
+    if cls is None:
+        return errors.Unavailable(message)
+    if issubclass(cls, errors.NotLeader):
+        return errors.NotLeader(message, leader_address="")
+    if issubclass(cls, errors.OutOfRange):
+        return errors.OutOfRange(message)
+    return cls(message)
+
+
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}

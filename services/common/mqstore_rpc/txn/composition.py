@@ -113,7 +113,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
     append_max_* settings do not apply); ``loop_pool``: the server is a grpc.aio one: Prepare, Commit and
     Transact are answered on its loop, what may wait runs in this pool (servicer.LoopTransactionServicer);
-    in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_async`` (the
+    in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_many_async`` (the
     AppendBatcher still serves the threads: OP records, check-back answers, calls run in the pool)."""
     add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
@@ -170,7 +170,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
             io = PortIo(inline_append(appender.append), loop_pool, overlaps=False)
             loop_blocks = txn_log.append_waits
         else:  # the loop's own group commit over the client's grpc.aio Append
-            loop_appender = LoopAppendBatcher(txn_log.append_async, max_messages=cfg.append_max_messages,
+            loop_appender = LoopAppendBatcher(txn_log.append_many_async, max_messages=cfg.append_max_messages,
                                               max_bytes=cfg.append_max_bytes, timeout_s=timeout_s)
             parts.on_close(loop_appender.close)
             counted = AppendCounts(appender, loop_appender)

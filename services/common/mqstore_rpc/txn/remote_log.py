@@ -23,9 +23,10 @@ class RemoteTxnLog:
     def append(self, topic: str, messages: Sequence[MessageIn]) -> Sequence[AppendResult]:
         return self._client.internal_append(topic, messages, writer=OWNER_TRANSACTION, token=self._token)
 
-    async def append_async(self, topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
-        """:meth:`append` on grpc.aio, for the Transaction port's loop (CommitLogClient.internal_append_async)."""
-        return await self._client.internal_append_async(topic, messages, writer=OWNER_TRANSACTION, token=self._token)
+    async def append_many_async(self, batches):
+        """Several topics' batches in one call, each with its own results or error (LoopAppendBatcher's
+        ``append_many``: CommitLogClient.internal_append_batches_async)."""
+        return await self._client.internal_append_batches_async(batches, writer=OWNER_TRANSACTION, token=self._token)
 
     def topic(self, name: str) -> TopicRecord:
         return self._client.topic(name)
