@@ -27,7 +27,8 @@ Sealed layout (bytes; stored base64 in auth_sdk_keys.sealed_secret, mqstore.meta
 The kek file (``<data-dir>/auth.kek`` or MQSTORE_AUTH_KEK_FILE): exactly 32 random bytes, no header,
 created 0600 on first use (the first ``mqstore user sdk-key create``) with the creation rule (fsync of
 the file and its directory) and never replaced: two processes creating it at once both end up with the
-one that was linked first. Every process that seals or opens (the CommitLog server's Access service,
+one that was linked first. A temporary file that a crash left beside it is removed by the next process
+that may create it. Every process that seals or opens (the CommitLog server's Access service,
 the gateway) must be given the same file.
 
 Thread-safe: :class:`Kek` loads the key once under a lock; sealing and opening are pure.
@@ -138,6 +139,8 @@ class Kek:
         return open_sealed(self.key(), from_text(text), associated)
 
     def _load(self) -> bytes:
+        if self._create:
+            _remove_stale_temps(self.path)
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -152,6 +155,30 @@ class Kek:
             raise FailedPrecondition(f"the key-encryption key {self.path} holds {len(data)} bytes, not {KEK_BYTES}: "
                                      f"not a kek file mqstore made")
         return data
+
+
+def _remove_stale_temps(path: pathlib.Path) -> None:
+    """Delete the temporary files of :func:`_create` left by a process that died before unlinking its own
+    (key material that nothing will ever use). A file whose process still runs is left to it; a reused pid
+    only keeps a stray file a while longer."""
+    for temp in path.parent.glob(f"{path.name}.*.*.tmp"):
+        pid = temp.name[len(path.name) + 1:].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            temp.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _create(path: pathlib.Path) -> bytes:

@@ -8,6 +8,8 @@ import hmac
 import os
 import random
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -137,6 +139,24 @@ def test_sealing_matches_a_plain_model_on_random_secrets_keys_and_tampering():
             sealing.open_sealed(kek, bytes(damaged), access_key)
         with pytest.raises(SealError):                                                         # cut anywhere
             sealing.open_sealed(kek, sealed[:rnd.randrange(len(sealed))], access_key)
+
+
+def test_a_dead_process_temporary_kek_file_is_removed_and_a_live_one_kept(tmp_path):
+    """A crash between writing the temporary file and unlinking it leaves 32 bytes of key material
+    beside the kek; the next process that may create the kek removes it, unless its maker still runs."""
+    path = tmp_path / "auth.kek"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stray = tmp_path / f"auth.kek.{dead.pid}.0a1b2c3d.tmp"
+    live = tmp_path / f"auth.kek.{os.getpid()}.0a1b2c3d.tmp"
+    other = tmp_path / "auth.kek.backup.1.tmp"  # not one of ours
+    for file in (stray, live, other):
+        file.write_bytes(os.urandom(32))
+    with pytest.raises(FailedPrecondition):
+        Kek(path, create=False).key()
+    assert stray.exists()                      # an opener (the gateway) never deletes anything
+    assert len(Kek(path, create=True).key()) == 32
+    assert not stray.exists() and live.exists() and other.exists()
 
 
 def test_the_kek_file_is_made_0600_once_and_shared(tmp_path):
