@@ -145,6 +145,44 @@ def test_append_batches_gives_each_batch_its_own_outcome_all_or_nothing(served):
     assert client.queue_info(HALF_TOPIC, 0).max_offset == 2 and client.queue_info("orders", 0).max_offset == 1
 
 
+def test_append_batches_falls_back_to_one_append_per_batch_on_an_older_commit_log():
+    """A rolling upgrade: the Transaction service is newer than the commit log, which answers
+    AppendBatches UNIMPLEMENTED (it did nothing). The client then sends one Append per batch, with the
+    same per-batch outcomes, and does not ask again."""
+    calls = []
+
+    class OlderLog(commitlog_pb2_grpc.CommitLogInternalServicer):
+        async def AppendBatches(self, request, context):  # what grpc answers for a method it does not know
+            calls.append(("AppendBatches", len(request.batches)))
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+
+        async def Append(self, request, context):
+            calls.append((request.topic, len(request.messages)))
+            if request.topic == "nowhere":
+                await context.abort(grpc.StatusCode.NOT_FOUND, "topic nowhere does not exist")
+            return pb.AppendResponse(results=[pb.AppendResult(queue_offset=i) for i in range(len(request.messages))])
+
+    async def run():
+        server = grpc.aio.server()
+        commitlog_pb2_grpc.add_CommitLogInternalServicer_to_server(OlderLog(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = CommitLogClient(f"127.0.0.1:{port}", rpc_timeout_s=10)
+        try:
+            first = await client.internal_append_batches_async(
+                [("a", [half(), half()]), ("nowhere", [half()]), ("b", [half()])], writer="txn", token=TOKEN)
+            second = await client.internal_append_batches_async([("c", [half()])], writer="txn", token=TOKEN)
+            return first, second
+        finally:
+            await client.close_async()
+            await server.stop(0)
+
+    (a, missing, b), (c,) = asyncio.run(run())
+    assert [r.queue_offset for r in a] == [0, 1] and len(b) == 1 and len(c) == 1
+    assert isinstance(missing, NotFound) and "nowhere" in str(missing)
+    assert calls == [("AppendBatches", 3), ("a", 2), ("nowhere", 1), ("b", 1), ("c", 1)]  # asked once
+
+
 def test_append_batches_refuses_a_bad_call_whole(served):
     client, stub, internal = served
     create(stub, "orders")

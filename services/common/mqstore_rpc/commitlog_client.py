@@ -26,6 +26,7 @@ import threading
 from typing import Iterator, Sequence
 
 import grpc
+import structlog
 from mqstore import errors, model, waits
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
@@ -33,6 +34,8 @@ from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
+
+log = structlog.get_logger()
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
@@ -97,6 +100,7 @@ class CommitLogClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_batches_async's, on its loop
         self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
+        self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
         self._use(self.addresses[0])
 
     def _use(self, address: str) -> None:
@@ -238,17 +242,41 @@ class CommitLogClient:
         its own outcome, returned in order: its results, or the error it would have raised as
         :meth:`internal_append` (a failure of the whole call raises, as there). The same node,
         leader-following and errors as :meth:`_call`, on a grpc.aio channel per node opened on the
-        caller's loop (one loop per client: :meth:`close_async` closes them on it)."""
+        caller's loop (one loop per client: :meth:`close_async` closes them on it). A commit log older
+        than AppendBatches (UNIMPLEMENTED: it did nothing) gets one Append per batch from then on."""
+        if self._batches_unimplemented:
+            return await self._append_batches_one_by_one(batches, writer, token)
         request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
             commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
             for topic, messages in batches])
-        response, address = await self._internal_async("AppendBatches", request, token)
+        try:
+            response, address = await self._internal_async("AppendBatches", request, token)
+        except _Unimplemented:  # a commit log older than AppendBatches (a rolling upgrade): nothing was written
+            self._batches_unimplemented = True
+            log.warning("commitlog_client.append_batches_unimplemented", address=self.address,
+                        hint="the commit log predates CommitLogInternal.AppendBatches: one Append per batch until "
+                             "this client restarts; upgrade the commit log")
+            return await self._append_batches_one_by_one(batches, writer, token)
         if len(response.results) != len(batches):
             raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
                                      f"{len(batches)} batches: the batches may or may not have been written")
         return [[convert.append_result_out(r) for r in outcome.appended.results]
                 if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
                 for outcome in response.results]
+
+    async def _append_batches_one_by_one(self, batches, writer: str, token: str):
+        """AppendBatches' outcomes from one CommitLogInternal.Append per batch, in order (an older log)."""
+        outcomes: list[list[model.AppendResult] | errors.MqStoreError] = []
+        for topic, messages in batches:
+            request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
+                                                          messages=[convert.internal_message(m) for m in messages])
+            try:
+                response, _ = await self._internal_async("Append", request, token)
+            except errors.MqStoreError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append([convert.append_result_out(r) for r in response.results])
+        return outcomes
 
     async def _internal_async(self, method: str, request, token: str):
         """(response, address) of CommitLogInternal ``method`` on the node in use, on this loop's channel
@@ -263,6 +291,8 @@ class CommitLogClient:
             try:
                 return await getattr(stub, method)(request, timeout=self.rpc_timeout_s, metadata=metadata), address
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise _Unimplemented(method) from None
                 error = self._failed(exc, address, attempt, write=True)
                 if error is None:
                     continue
@@ -312,6 +342,10 @@ class CommitLogClient:
             if not write and attempt == 0 and len(self.addresses) > 1:
                 return None
         return error
+
+
+class _Unimplemented(Exception):
+    """The node does not serve this method (grpc UNIMPLEMENTED: it did nothing)."""
 
 
 def _unreachable(exc: grpc.RpcError) -> bool:
