@@ -145,6 +145,9 @@ CALLS: dict[str, Call] = {
     "/mqstore.v1.CommitLogInternal/AppendBatches": Call("unary", lambda w: cpb.InternalAppendBatchesRequest(),
                                                         grpc.StatusCode.INVALID_ARGUMENT,
                                                         (("mqstore-internal-token", TOKEN),)),
+    "/mqstore.v1.CommitLogInternal/AppendBatchesStream": Call(
+        "bidi", lambda w: [cpb.InternalAppendBatchesRequest()], grpc.StatusCode.INVALID_ARGUMENT,
+        (("mqstore-internal-token", TOKEN),)),
     "/mqstore.v1.Access/CreateUser": Call("unary", lambda w: apb.CreateUserRequest(name=w.fresh("made"))),
     "/mqstore.v1.Access/UpdateUser": Call("unary", lambda w: apb.UpdateUserRequest(name="victim", new_secret=True)),
     "/mqstore.v1.Access/DeleteUser": Call("unary", lambda w: apb.DeleteUserRequest(name="doomed-user")),

@@ -152,9 +152,10 @@ def test_append_batches_falls_back_to_one_append_per_batch_on_an_older_commit_lo
     calls = []
 
     class OlderLog(commitlog_pb2_grpc.CommitLogInternalServicer):
-        async def AppendBatches(self, request, context):  # what grpc answers for a method it does not know
-            calls.append(("AppendBatches", len(request.batches)))
+        async def AppendBatchesStream(self, requests, context):  # what grpc answers for a method it does not know
+            calls.append(("AppendBatchesStream", 0))
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            yield  # an async generator, as a stream handler is
 
         async def Append(self, request, context):
             calls.append((request.topic, len(request.messages)))
@@ -180,7 +181,78 @@ def test_append_batches_falls_back_to_one_append_per_batch_on_an_older_commit_lo
     (a, missing, b), (c,) = asyncio.run(run())
     assert [r.queue_offset for r in a] == [0, 1] and len(b) == 1 and len(c) == 1
     assert isinstance(missing, NotFound) and "nowhere" in str(missing)
-    assert calls == [("AppendBatches", 3), ("a", 2), ("nowhere", 1), ("b", 1), ("c", 1)]  # asked once
+    assert calls == [("AppendBatchesStream", 0), ("a", 2), ("nowhere", 1), ("b", 1), ("c", 1)]  # asked once
+
+
+def test_append_batches_stream_answers_in_order_and_a_request_refused_whole_ends_it(served):
+    client, stub, internal = served
+    create(stub, "orders")
+
+    def request(writer="txn", body=b"x"):
+        return pb.InternalAppendBatchesRequest(writer=writer, batches=[pb.InternalAppendBatch(
+            topic=HALF_TOPIC, messages=[pb.InternalMessage(message=common_pb2.MessageInput(body=body))])])
+
+    answers = internal.AppendBatchesStream(iter([request(body=b"1"), request(body=b"2"), request(writer=""),
+                                                 request(body=b"never")]),
+                                           timeout=10, metadata=(("mqstore-internal-token", TOKEN),))
+    got = []
+    with pytest.raises(grpc.RpcError) as info:
+        for answer in answers:
+            got.append(answer.results[0].appended.results[0].queue_offset)
+    assert got == [0, 1]  # each request answered in order
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "writer" in info.value.details()
+    assert client.queue_info(HALF_TOPIC, 0).max_offset == 2  # the request after the refused one: not processed
+    with pytest.raises(grpc.RpcError) as info:  # the token is checked when the stream opens
+        list(internal.AppendBatchesStream(iter([request()]), timeout=10))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_the_batch_stream_follows_the_leader_a_replica_names():
+    """NotLeader ends a replica's stream before its request was processed: the client sends the request
+    to the leader it names, on a stream of its own, and keeps using that one."""
+    calls = []
+
+    class Replica(commitlog_pb2_grpc.CommitLogInternalServicer):
+        def __init__(self, leader):
+            self.leader = leader
+
+        async def AppendBatchesStream(self, requests, context):
+            async for _ in requests:
+                calls.append("replica")
+                context.set_trailing_metadata((("mqstore-error", "NotLeader"), ("mqstore-leader", self.leader)))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a replica: writes go to the leader")
+            yield  # an async generator, as a stream handler is
+
+    class Leader(commitlog_pb2_grpc.CommitLogInternalServicer):
+        async def AppendBatchesStream(self, requests, context):
+            async for request in requests:
+                calls.append("leader")
+                yield pb.InternalAppendBatchesResponse(results=[pb.AppendBatchResult(appended=pb.AppendResponse(
+                    results=[pb.AppendResult(queue_offset=len(calls))]))] * len(request.batches))
+
+    async def run():
+        servers, ports = [], []
+        for make in (Leader, None):
+            server = grpc.aio.server()
+            port = server.add_insecure_port("127.0.0.1:0")
+            commitlog_pb2_grpc.add_CommitLogInternalServicer_to_server(
+                make() if make else Replica(f"127.0.0.1:{ports[0]}"), server)
+            await server.start()
+            servers.append(server)
+            ports.append(port)
+        client = CommitLogClient(f"127.0.0.1:{ports[1]}", rpc_timeout_s=10)
+        try:
+            first = await client.internal_append_batches_async([("a", [half()])], writer="txn", token=TOKEN)
+            second = await client.internal_append_batches_async([("b", [half()])], writer="txn", token=TOKEN)
+            return first, second, client.address, ports[0]
+        finally:
+            await client.close_async()
+            for server in servers:
+                await server.stop(0)
+
+    ([first], [second], address, leader_port) = asyncio.run(run())
+    assert calls == ["replica", "leader", "leader"] and address == f"127.0.0.1:{leader_port}"
+    assert (first[0].queue_offset, second[0].queue_offset) == (2, 3)
 
 
 def test_append_batches_refuses_a_bad_call_whole(served):

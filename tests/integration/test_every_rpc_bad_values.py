@@ -129,6 +129,17 @@ def _append_batches(stub, request: pb.InternalAppendBatchesRequest, metadata):
     return answer
 
 
+class _StreamOfOne:
+    """AppendBatchesStream with one request, called as AppendBatches."""
+
+    def __init__(self, stub):
+        self._stub = stub
+
+    def AppendBatches(self, request, timeout, metadata):
+        [answer] = list(self._stub.AppendBatchesStream(iter([request]), timeout=timeout, metadata=metadata))
+        return answer
+
+
 def _call(stubs: Stubs, service: str, method: str, request):
     stub = getattr(stubs, service)
     metadata = (("mqstore-internal-token", TOKEN),) if service == "internal" else None
@@ -138,6 +149,8 @@ def _call(stubs: Stubs, service: str, method: str, request):
         response = _transact(stub, request)
     elif method == "AppendBatches":
         response = _append_batches(stub, request, metadata)
+    elif method == "AppendBatchesStream":
+        response = _append_batches(_StreamOfOne(stub), request, metadata)
     elif method == "CheckBack":  # the stream's first message says whose producer it is
         hello = txn_pb2.CheckBackMessage(hello=txn_pb2.CheckBackHello(producer_group="pg"))
         response = stub.CheckBack(iter([hello, request]), timeout=T)
@@ -304,6 +317,21 @@ NUMERIC = [
         writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(), reconsume_times=-1)])]),
      Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
     ("batches prepared offset -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[pb.InternalMessage(
+            message=M(), transaction_type=pb.TRANSACTION_TYPE_COMMIT, prepared_transaction_offset=-1)])]),
+     Code.INVALID_ARGUMENT, "prepared_transaction_offset"),
+    ("stream batches flag -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(flag=-1))])]), None, ""),
+    ("stream batches queue_id -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(queue_id=-1))])]),
+     Code.INVALID_ARGUMENT, "queue_id"),
+    ("stream batches born -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(born_timestamp_ms=-1))])]),
+     Code.INVALID_ARGUMENT, "born_timestamp_ms"),
+    ("stream batches reconsume_times -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(), reconsume_times=-1)])]),
+     Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
+    ("stream batches prepared offset -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
         writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[pb.InternalMessage(
             message=M(), transaction_type=pb.TRANSACTION_TYPE_COMMIT, prepared_transaction_offset=-1)])]),
      Code.INVALID_ARGUMENT, "prepared_transaction_offset"),

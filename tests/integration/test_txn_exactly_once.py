@@ -25,7 +25,7 @@ from tests.support.grpc_proxy import FaultyProxy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-APPEND = "/mqstore.v1.CommitLogInternal/AppendBatches"  # Prepare's and Commit's appends (the loop's group commit)
+APPEND = "/mqstore.v1.CommitLogInternal/AppendBatchesStream"  # Prepare's and Commit's appends (the loop's)
 OP_APPEND = "/mqstore.v1.CommitLogInternal/Append"       # the OP records' (the thread batcher's)
 SETTLE_MS = 200
 

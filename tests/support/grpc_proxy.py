@@ -1,7 +1,8 @@
 """A gRPC proxy in front of a real server, for faults that a real process cannot be made to show on cue:
 an answer lost after the server did the work, an answer that comes after the caller's deadline, a request
-lost before the server saw it. Every call is forwarded byte for byte (metadata included), unary calls and
-server streams (Tail); a fault is armed per method for the next calls. ``hold_streams()`` stops passing
+lost before the server saw it. Every call is forwarded byte for byte (metadata included), unary calls,
+server streams (Tail) and CommitLogInternal's lock-step streams (a response per request); a fault is
+armed per method for the next calls (for a lock-step stream: its next requests). ``hold_streams()`` stops passing
 stream messages on (a follower that lags: it sees nothing new) until ``release_streams()``.
 
   fault            what the caller sees                         what the server did
@@ -16,6 +17,7 @@ Binds 127.0.0.1 port 0; ``stop()`` ends it (use it as a context manager).
 
 from __future__ import annotations
 
+import queue
 import threading
 from concurrent import futures
 
@@ -108,6 +110,40 @@ class FaultyProxy:
                 context.abort(exc.code(), exc.details())
 
 
+    def lockstep(self, method: str, requests, context: grpc.ServicerContext):
+        """A bidirectional stream whose every request is answered by one response in order
+        (AppendBatchesStream), forwarded one request at a time; a fault armed for ``method`` applies to
+        the next request: "request_lost" ends the stream before forwarding it, "answer_lost" after the
+        server answered it, "past_deadline" holds that answer until the caller gives up (cancels)."""
+        outbox: queue.Queue = queue.Queue()
+        call = self._channel.stream_stream(method, request_serializer=None, response_deserializer=None)(
+            iter(outbox.get, None), metadata=context.invocation_metadata())
+        context.add_callback(call.cancel)
+        try:
+            for request in requests:
+                fault = self._take(method)
+                if fault == "request_lost":
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "injected by the test proxy: the request was lost")
+                outbox.put(request)
+                response = next(call)
+                if fault == "answer_lost":
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "injected by the test proxy: the answer was lost")
+                if fault == "past_deadline":
+                    gone = threading.Event()
+                    context.add_callback(gone.set)  # runs when the caller cancels the stream
+                    if not gone.wait(60):
+                        raise AssertionError("past_deadline: the caller never gave up")
+                    return
+                yield response
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                context.abort(exc.code(), exc.details())
+        except StopIteration:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the server ended the stream without answering")
+        finally:
+            outbox.put(None)
+
+
 def _remaining(context: grpc.ServicerContext) -> float | None:
     remaining = context.time_remaining()
     return None if remaining is None or remaining > 1e6 else max(remaining, 0.001)
@@ -119,6 +155,9 @@ class _Handler(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details):
         method = handler_call_details.method
+        if method.endswith("Stream") and "CommitLogInternal" in method:
+            return grpc.stream_stream_rpc_method_handler(
+                lambda requests, context: self.proxy.lockstep(method, requests, context), **_IDENTITY)
         if method.endswith("/Tail"):
             return grpc.unary_stream_rpc_method_handler(
                 lambda request, context: self.proxy.stream(method, request, context), **_IDENTITY)

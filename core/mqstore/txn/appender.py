@@ -198,8 +198,8 @@ class LoopAppendBatcher:
     refused group one caller at a time and the same errors (the module docstring).
 
     Unlike the thread batcher, one round covers every topic: ``append_many`` is the coroutine
-    ``append_many([(topic, messages), ...])`` of the log (CommitLogInternal.AppendBatches on the CommitLog
-    client's grpc.aio channel), which appends each batch on its own (all or nothing per batch) and returns
+    ``append_many([(topic, messages), ...])`` of the log (CommitLogInternal.AppendBatchesStream, kept open by
+    the CommitLog client on this loop), which appends each batch on its own (all or nothing per batch) and returns
     each one's results or error, in order. So a round's halves and the previous round's committed messages
     go in one call, not one per topic. While a call is in flight, the callers that arrive queue for the
     next, which a leader task sends as soon as that one is answered: the loop's thread never waits and no

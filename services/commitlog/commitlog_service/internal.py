@@ -61,6 +61,16 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         the call's (a replica wrote nothing; the client follows the leader); a later batch's refusal,
         NotLeader included (leadership lost between batches), is that batch's."""
         check_token(context.invocation_metadata(), self._token)
+        return self._append_batches(request, context.peer())
+
+    def AppendBatchesStream(self, request_iterator, context):
+        """AppendBatches for each request of the stream, answered in order (commitlog.proto)."""
+        check_token(context.invocation_metadata(), self._token)
+        peer = context.peer()
+        for request in request_iterator:
+            yield self._append_batches(request, peer)
+
+    def _append_batches(self, request, peer: str):
         if not request.writer:
             raise InvalidArgument("writer: name the service that writes (\"txn\")")
         batches = request.batches
@@ -70,7 +80,6 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         if total > MAX_BATCHES_MESSAGES:
             raise InvalidArgument(f"batches: {total} messages in all; send at most {MAX_BATCHES_MESSAGES} per "
                                   f"call (split them over several calls)")
-        peer = context.peer()
         response = commitlog_pb2.InternalAppendBatchesResponse()
         for at, batch in enumerate(batches):
             outcome = response.results.add()

@@ -22,6 +22,8 @@ commit log is found again within that bound rather than gRPC's default of up to 
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import threading
 from typing import Iterator, Sequence
 
@@ -101,6 +103,7 @@ class CommitLogClient:
         self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_batches_async's, on its loop
         self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
         self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
+        self._batch_streams: dict[str, _BatchStream] = {}  # AppendBatchesStream per node, on its loop
         self._use(self.addresses[0])
 
     def _use(self, address: str) -> None:
@@ -238,19 +241,22 @@ class CommitLogClient:
             self, batches: Sequence[tuple[str, Sequence[model.MessageIn]]], *, writer: str,
             token: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
         """CommitLogInternal.AppendBatches (commitlog.proto) on grpc.aio, for a caller on an event loop
-        (Cluster mode's Transaction port): several topics' batches in one call, each all or nothing with
-        its own outcome, returned in order: its results, or the error it would have raised as
-        :meth:`internal_append` (a failure of the whole call raises, as there). The same node,
-        leader-following and errors as :meth:`_call`, on a grpc.aio channel per node opened on the
-        caller's loop (one loop per client: :meth:`close_async` closes them on it). A commit log older
-        than AppendBatches (UNIMPLEMENTED: it did nothing) gets one Append per batch from then on."""
+        (Cluster mode's Transaction port): several topics' batches at once, each all or nothing with its
+        own outcome, returned in order: its results, or the error it would have raised as
+        :meth:`internal_append` (a failure of the whole request raises, as there). Sent as a request of
+        an AppendBatchesStream kept open to the node in use (one message of an open stream costs both
+        ends about half a unary call), with the same leader-following and errors as :meth:`_call`; a
+        request not answered within ``rpc_timeout_s`` tears the stream down (Unavailable: it may or may
+        not have been written) and the next one opens another. The channel and streams are opened on
+        the caller's loop (one loop per client: :meth:`close_async` closes them on it). A commit log
+        older than the stream (UNIMPLEMENTED: it did nothing) gets one Append per batch from then on."""
         if self._batches_unimplemented:
             return await self._append_batches_one_by_one(batches, writer, token)
         request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
             commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
             for topic, messages in batches])
         try:
-            response, address = await self._internal_async("AppendBatches", request, token)
+            response, address = await self._on_batch_stream(request, token)
         except _Unimplemented:  # a commit log older than AppendBatches (a rolling upgrade): nothing was written
             self._batches_unimplemented = True
             log.warning("commitlog_client.append_batches_unimplemented", address=self.address,
@@ -263,6 +269,41 @@ class CommitLogClient:
         return [[convert.append_result_out(r) for r in outcome.appended.results]
                 if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
                 for outcome in response.results]
+
+    async def _on_batch_stream(self, request, token: str):
+        """(response, address) of ``request`` on this loop's AppendBatchesStream to the node in use, opened
+        when there is none or it ended; :meth:`_call`'s leader-following and errors. No answer within
+        ``rpc_timeout_s``: the stream is torn down (everything it still owed has an unknown outcome)."""
+        for attempt in range(2):
+            address = self.address
+            stream = self._batch_streams.get(address)
+            if stream is None or stream.error is not None:
+                stub = self._aio_stub(address)
+                metadata = ((TOKEN_METADATA, token), *self._peers.metadata())
+                stream = self._batch_streams[address] = _BatchStream(stub.AppendBatchesStream(metadata=metadata))
+            answer = await stream.send(request)
+            try:
+                return await asyncio.wait_for(asyncio.shield(answer), self.rpc_timeout_s), address
+            except asyncio.TimeoutError:
+                error = errors.Unavailable(f"{address} did not answer AppendBatches within {self.rpc_timeout_s:g} s: "
+                                           f"the batches may or may not have been written")
+                stream.end(error)
+                raise error from None
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise _Unimplemented("AppendBatchesStream") from None
+                error = self._failed(exc, address, attempt, write=True)
+                if error is None:
+                    continue  # NotLeader: this request was not processed; send it to the leader
+                raise error from None
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _aio_stub(self, address: str) -> commitlog_pb2_grpc.CommitLogInternalStub:
+        stub = self._aio_stubs.get(address)
+        if stub is None:
+            channel = self._aio_channels[address] = self._peers.aio_channel(address, self._options)
+            stub = self._aio_stubs[address] = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+        return stub
 
     async def _append_batches_one_by_one(self, batches, writer: str, token: str):
         """AppendBatches' outcomes from one CommitLogInternal.Append per batch, in order (an older log)."""
@@ -284,10 +325,7 @@ class CommitLogClient:
         metadata = ((TOKEN_METADATA, token), *self._peers.metadata())
         for attempt in range(2):
             address = self.address
-            stub = self._aio_stubs.get(address)
-            if stub is None:
-                channel = self._aio_channels[address] = self._peers.aio_channel(address, self._options)
-                stub = self._aio_stubs[address] = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+            stub = self._aio_stub(address)
             try:
                 return await getattr(stub, method)(request, timeout=self.rpc_timeout_s, metadata=metadata), address
             except grpc.RpcError as exc:
@@ -300,7 +338,10 @@ class CommitLogClient:
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def close_async(self) -> None:
-        """Close the grpc.aio channels (on their loop)."""
+        """End the AppendBatches streams and close the grpc.aio channels (on their loop)."""
+        for stream in self._batch_streams.values():
+            stream.end(errors.Unavailable("the client is closing"))
+        self._batch_streams = {}
         channels, self._aio_channels, self._aio_stubs = list(self._aio_channels.values()), {}, {}
         for channel in channels:
             await channel.close()
@@ -342,6 +383,67 @@ class CommitLogClient:
             if not write and attempt == 0 and len(self.addresses) > 1:
                 return None
         return error
+
+
+class _BatchStream:
+    """One open AppendBatchesStream (on the caller's loop): requests are written in order and each is
+    answered by the next response, which a reader task hands to the futures in the order they were
+    sent. When the stream ends (an error status, a broken connection, :meth:`end`), every future still
+    waiting gets that error and the stream takes no more requests (the client opens a new one)."""
+
+    def __init__(self, call):
+        self.call = call
+        self.error: BaseException | None = None
+        self._pending: collections.deque[asyncio.Future] = collections.deque()
+        self._writing = asyncio.Lock()  # a request's place in _pending is its place on the wire
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def send(self, request) -> asyncio.Future:
+        """The future of ``request``'s response (or of the error that ended the stream)."""
+        answer = asyncio.get_running_loop().create_future()
+        if self.error is not None:
+            answer.set_exception(self.error)
+            return answer
+        async with self._writing:
+            if self.error is not None:
+                answer.set_exception(self.error)
+                return answer
+            self._pending.append(answer)
+            try:
+                await self.call.write(request)
+            except grpc.RpcError as exc:
+                self.end(exc)
+            except Exception as exc:  # noqa: BLE001 (the call ended under us: an unknown outcome)
+                self.end(errors.Unavailable(f"the AppendBatches stream broke while sending ({type(exc).__name__}): "
+                                            f"the batches may or may not have been written"))
+        return answer
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                response = await self.call.read()
+                if response is grpc.aio.EOF:
+                    raise errors.Unavailable("the commit log ended the AppendBatches stream without answering: "
+                                             "the batches may or may not have been written")
+                if self._pending:
+                    answer = self._pending.popleft()
+                    if not answer.done():
+                        answer.set_result(response)
+        except asyncio.CancelledError:
+            self.end(errors.Unavailable("the AppendBatches stream was cancelled: the batches may or may not have "
+                                        "been written"))
+        except (grpc.RpcError, errors.MqStoreError) as exc:
+            self.end(exc)
+
+    def end(self, error: BaseException) -> None:
+        """No more requests; every one still waiting gets ``error``."""
+        if self.error is None:
+            self.error = error
+            self.call.cancel()
+        while self._pending:
+            answer = self._pending.popleft()
+            if not answer.done():
+                answer.set_exception(error)
 
 
 class _Unimplemented(Exception):

@@ -157,6 +157,7 @@ PERMISSIONS: dict[str, Need | None] = {
     # Also guarded by its shared secret (commitlog.proto); the services call it as `service`.
     "/mqstore.v1.CommitLogInternal/Append": _CLUSTER_ADMIN,
     "/mqstore.v1.CommitLogInternal/AppendBatches": _CLUSTER_ADMIN,
+    "/mqstore.v1.CommitLogInternal/AppendBatchesStream": _CLUSTER_ADMIN,
     # ---- Replication (on the CommitLog server): a replica's stream reads the whole log as `service`
     "/mqstore.v1.Replication/Replicate": _CLUSTER_ADMIN,
     "/mqstore.v1.Replication/GetReplicationState": _CLUSTER_SUB,
