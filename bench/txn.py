@@ -572,6 +572,14 @@ NOTES = [
     "3,758 txn/s), not kept. At 8 producers the loop is busy 57% of the time: latency bound (a frame waits",
     "for the call in flight, then its own: ~1.4 ms each at ~715 calls/s). The commit log spends ~0.5 ms of",
     "CPU per call, half of it in gRPC's sync server; that per-call cost is what is next.",
+    "",
+    "Over a stream (2026-11-29, be74f7a): the loop's requests go over an AppendBatchesStream kept open to the",
+    "commit log (a stream message costs a sync server 66-74 us of CPU against 131-173 us per unary call).",
+    "Two runs, 3 rounds: carried 0.59x / 0.62x plain Append at 8 producers (3,113-3,260 txn/s) and 0.65x /",
+    "0.63x at 32; one-way 0.50x / 0.47x and 0.59x / 0.54x; two-way frames 0.37x / 0.34x and 0.51x / 0.50x;",
+    "unary 0.22x and 0.27x. CPU per carried transaction 0.46-0.47 ms at 8 producers. p50 at 1 producer:",
+    "carried 0.99-1.02x two sequential Appends, one-way 1.24x, two-way 1.77-1.81x, unary 2.27x. Batched",
+    "vs unbatched: carried 5.0x, one-way 3.8-3.9x, two-way 2.8-3.9x, unary 2.2-2.7x.",
 ]
 
 
