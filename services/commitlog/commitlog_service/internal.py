@@ -3,7 +3,8 @@
 A thin adapter like CommitLogServicer: it checks the caller's shared secret (metadata
 ``mqstore-internal-token``, compared in constant time), converts the request and calls
 ``MessageStore.append(..., system_writer=writer)``, whose rules (mqstore.transactions,
-store_topics.check_system_writer) decide what the writer may write.
+store_topics.check_system_writer) decide what the writer may write. AppendBatches and
+AppendBatchesStream do that per batch, each batch's refusal reported in its own result.
 
 Thread-safe: holds the store (thread-safe) and the token (immutable).
 """
@@ -54,7 +55,6 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         messages = convert.internal_messages_in(request.messages, context.peer())
         results = self._store.append(request.topic, messages, system_writer=request.writer)
         return convert.append_response((results,))
-
 
     def AppendBatches(self, request, context):
         """Each batch one Append with its own outcome (commitlog.proto). NotLeader on the first batch is

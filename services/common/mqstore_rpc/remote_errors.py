@@ -53,10 +53,7 @@ def from_rpc_error(exc: grpc.RpcError, peer: str) -> errors.MqStoreError:
 def from_batch_error(error, peer: str) -> errors.MqStoreError:
     """The mqstore exception of one batch that CommitLogInternal.AppendBatches refused (a BatchError):
     the class its ``error`` names, else the one of its code, as :func:`from_rpc_error` would give."""
-    try:
-        code = grpc.StatusCode[_CODE_NAMES.get(error.code, "UNKNOWN")]
-    except KeyError:
-        code = grpc.StatusCode.UNKNOWN
+    code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
     message = f"{peer} answered {code.name}: {error.message}"
     named = getattr(errors, error.error, None) if error.error else None
     cls = named if isinstance(named, type) and issubclass(named, errors.MqStoreError) else ERROR_BY_STATUS.get(code)
@@ -69,4 +66,4 @@ def from_batch_error(error, peer: str) -> errors.MqStoreError:
     return cls(message)
 
 
-_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
