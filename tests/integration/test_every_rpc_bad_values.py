@@ -159,6 +159,26 @@ def _call(stubs: Stubs, service: str, method: str, request):
     return list(response) if method in ("Tail", "Scan", "CheckBack") else response
 
 
+# AppendBatches, and AppendBatchesStream with the same requests (NUMERIC below)
+BATCHES_NUMERIC = [
+    ("batches flag -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(flag=-1))])]), None, ""),
+    ("batches queue_id -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M())]),
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(queue_id=-1))])]),
+     Code.INVALID_ARGUMENT, "queue_id"),
+    ("batches born -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(born_timestamp_ms=-1))])]),
+     Code.INVALID_ARGUMENT, "born_timestamp_ms"),
+    ("batches reconsume_times -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(), reconsume_times=-1)])]),
+     Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
+    ("batches prepared offset -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
+        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[pb.InternalMessage(
+            message=M(), transaction_type=pb.TRANSACTION_TYPE_COMMIT, prepared_transaction_offset=-1)])]),
+     Code.INVALID_ARGUMENT, "prepared_transaction_offset"),
+]
+
 # (id, service, method, request, expected code or None for OK, a fragment the message must hold)
 NUMERIC = [
     ("create queue_count -1", "log", "CreateTopic", pb.CreateTopicRequest(name="n1", queue_count=-1),
@@ -304,37 +324,8 @@ NUMERIC = [
     ("internal reconsume_times -1", "internal", "Append", pb.InternalAppendRequest(
         topic="t", writer="txn", messages=[commit(M(), reconsume_times=-1)]),
      Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
-    ("batches flag -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
-        pb.InternalAppendBatch(topic="t", messages=[commit(M(flag=-1))])]), None, ""),
-    ("batches queue_id -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
-        pb.InternalAppendBatch(topic="t", messages=[commit(M())]),
-        pb.InternalAppendBatch(topic="t", messages=[commit(M(queue_id=-1))])]),
-     Code.INVALID_ARGUMENT, "queue_id"),
-    ("batches born -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
-        pb.InternalAppendBatch(topic="t", messages=[commit(M(born_timestamp_ms=-1))])]),
-     Code.INVALID_ARGUMENT, "born_timestamp_ms"),
-    ("batches reconsume_times -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
-        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(), reconsume_times=-1)])]),
-     Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
-    ("batches prepared offset -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
-        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[pb.InternalMessage(
-            message=M(), transaction_type=pb.TRANSACTION_TYPE_COMMIT, prepared_transaction_offset=-1)])]),
-     Code.INVALID_ARGUMENT, "prepared_transaction_offset"),
-    ("stream batches flag -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
-        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(flag=-1))])]), None, ""),
-    ("stream batches queue_id -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
-        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(queue_id=-1))])]),
-     Code.INVALID_ARGUMENT, "queue_id"),
-    ("stream batches born -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
-        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(born_timestamp_ms=-1))])]),
-     Code.INVALID_ARGUMENT, "born_timestamp_ms"),
-    ("stream batches reconsume_times -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
-        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(), reconsume_times=-1)])]),
-     Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
-    ("stream batches prepared offset -1", "internal", "AppendBatchesStream", pb.InternalAppendBatchesRequest(
-        writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[pb.InternalMessage(
-            message=M(), transaction_type=pb.TRANSACTION_TYPE_COMMIT, prepared_transaction_offset=-1)])]),
-     Code.INVALID_ARGUMENT, "prepared_transaction_offset"),
+    *BATCHES_NUMERIC,
+    *[(f"stream {name}", service, "AppendBatchesStream", *rest) for name, service, _, *rest in BATCHES_NUMERIC],
     ("prepare born -1", "txn", "Prepare", txn_pb2.PrepareRequest(topic="t", producer_group="pg",
                                                                   messages=[M(born_timestamp_ms=-1)]),
      Code.INVALID_ARGUMENT, "born_timestamp_ms"),

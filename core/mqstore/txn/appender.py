@@ -187,8 +187,7 @@ class _LoopRequest:
 
 AppendManyFn = Callable[[list[tuple[str, list[MessageIn]]]],
                          Awaitable[list[list[AppendResult] | BaseException]]]
-CALL_MAX_BATCHES = 100          # CommitLogInternal.AppendBatches: batches per call...
-CALL_MAX_MESSAGES = 10_000      # ...and messages per call (commitlog.proto)
+CALL_MAX_BATCHES = 100          # CommitLogInternal.AppendBatches: batches per request (commitlog.proto)
 
 
 class LoopAppendBatcher:
@@ -216,7 +215,6 @@ class LoopAppendBatcher:
     def __init__(self, append_many: AppendManyFn, *, max_messages: int, max_bytes: int, timeout_s: float):
         self._append_many = append_many
         self.max_messages, self.max_bytes, self.timeout_s = max_messages, max_bytes, timeout_s
-        self._call_messages = min(max_messages, CALL_MAX_MESSAGES)
         self._queue: collections.deque[_LoopRequest] = collections.deque()
         self._leader: asyncio.Task | None = None
         self._closed = False
@@ -273,7 +271,7 @@ class LoopAppendBatcher:
         for group in groups:
             group_count = sum(len(r.messages) for r in group)
             group_size = sum(r.body_bytes for r in group)
-            if not calls or (len(calls[-1]) >= CALL_MAX_BATCHES or count + group_count > self._call_messages
+            if not calls or (len(calls[-1]) >= CALL_MAX_BATCHES or count + group_count > self.max_messages
                              or size + group_size > self.max_bytes):
                 calls.append([])
                 count = size = 0

@@ -66,10 +66,7 @@ def test_an_acknowledged_append_rests_on_published_copies_only():
     on b's copy: a waiter that got in before the shrink fails instead of being acknowledged."""
     published = []
     isr, clock, end = make(published=published)
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 0, 0)
-    isr.maintain()
-    assert isr.published() == {"a", "b"}
+    published_pair(isr)
     end[0] = 1000
     clock.ms += 3001
     isr.maintain()                         # b lags: published {a}
@@ -125,10 +122,7 @@ def test_connected_replica_that_does_not_confirm_times_the_append_out():
 def test_lagging_or_disconnected_replica_leaves_after_publishing_the_smaller_set():
     published = []
     isr, clock, end = make(published=published)
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 0, 0)
-    isr.maintain()
-    assert isr.published() == {"a", "b"}
+    published_pair(isr)
     end[0] = 1000  # b is now 1000 bytes behind (over the 100 allowed) and does not catch up
     clock.ms += 3001
     isr.on_ack("b", 10, 10)
