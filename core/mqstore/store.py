@@ -44,7 +44,7 @@ from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
 from mqstore.log.recovery import check_start, recover
 from mqstore.log.segment import SegmentQueue
-from mqstore.log.warmer import WARM_READ, WARM_ZEROS, SegmentWarmer
+from mqstore.log.warmer import WARM_CREATE, WARM_ZEROS, SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.metrics import Registry
@@ -100,8 +100,7 @@ class MessageStore:
                                        delete_expired_segments=self.delete_expired_segments,
                                        apply_topic_retention=self.apply_topic_retention)
         sync = config.flush_mode == FLUSH_SYNC
-        self.commitlog.map_copies = not sync  # (mqstore.log.commitlog)
-        self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_READ)
+        self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_CREATE)
         self._lock_fd: int | None = None
         self._running = False
         self.recovery = None

@@ -68,14 +68,10 @@ class CommitLog:
         self.clock = clock
         self.lock = threading.Lock()
         self.written_offset = 0
-        # The page cache holds the log up to here, ahead of written_offset: the segment warmer
-        # publishes how far it has read (mqstore.log.warmer). A hint for Segment.write, never for
-        # correctness; a plain int, replaced whole.
+        # SYNC: the log is zeroed and fdatasynced up to here, ahead of written_offset: the segment warmer
+        # publishes how far (mqstore.log.warmer). Its own bookkeeping, never for correctness; a plain int,
+        # replaced whole.
         self.resident_offset = 0
-        # How a batch is copied (Segment.write): through the mapping where the page cache holds the range,
-        # else by pwrite; False: always by pwrite (SYNC, where an fdatasync follows every append: it
-        # write-protects the mapped pages it writes back, and the next copy into them faults again).
-        self.map_copies = True
         self._zeroing = threading.Condition(threading.Lock())
         self._zeroing_from = _NO_CLAIM
         self.last_store_timestamp_ms = 0
@@ -219,8 +215,7 @@ class CommitLog:
                 seg.write(cur - seg.start, record.encode_blank(phys_from - cur))
             seg = self.segments.find(phys_from)
             invariant(phys_from + length <= seg.end, "a chunk stays inside one segment")
-            seg.write(phys_from - seg.start, view[buf_from:buf_to],
-                      resident=self.map_copies and phys_from + length <= self.resident_offset)
+            seg.write(phys_from - seg.start, view[buf_from:buf_to])
             cur = phys_from + length
 
     # ---- reads (lock-free below written_offset)

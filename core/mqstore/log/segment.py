@@ -45,17 +45,14 @@ from mqstore.format import segment_name
 
 log = structlog.get_logger()
 
-# Writes of at least this many bytes go through pwrite instead of the mapping, unless the caller
-# knows the range is in the page cache (the segment warmer has read it). Copying into a mapped page
+# Writes of at least this many bytes go through pwrite instead of the mapping. Copying into a mapped page
 # that is not resident costs a page fault with zeroing, ~12 us per 4 KiB page here (bench: 300 us per
 # 100 KiB against 28 us with pwrite), under the append lock and holding the GIL; pwrite fills the page
-# cache directly (and releases the GIL while it copies). Into resident pages the mapped copy is the
-# cheaper one: no system call, and no release and re-take of the GIL inside the append lock (Append
-# 100 x 1 KiB, 16 producers: 0.67x against 0.60x the no-op server, 12.7 against 14.4 us of server CPU
-# a message, medians of 9 alternating runs). Both reach the same page-cache pages, so readers of the
-# mapping see the bytes at once, and fdatasync makes both durable. Small writes (consume queue runs,
-# blank records) stay on the mapping, where a system call costs more than the copy. Under SYNC flush the
-# commit log writes every large batch with pwrite (CommitLog.map_copies says why).
+# cache directly, without zeroing first (and releases the GIL while it copies). Both reach the same
+# page-cache pages, so readers of the mapping see the bytes at once, and fdatasync makes both durable.
+# Small writes (consume queue runs, blank records, single small records) stay on the mapping, where a
+# system call costs more than the copy. Reading the range ahead into the page cache so that batches could
+# be copied through the mapping instead cost more than it saved (mqstore.log.warmer).
 _PWRITE_MIN_BYTES = 4096
 PAGE_SIZE = mmap.PAGESIZE
 _SCAN_CHUNK_BYTES = 1 << 20
@@ -199,11 +196,10 @@ class Segment:
             raise SegmentClosed(f"segment {self.path.name} was deleted by retention")
         return self._mm
 
-    def write(self, position: int, data, *, resident: bool = False) -> None:
-        """Write ``data`` at ``position``; ``resident``: the range is known to be in the page cache
-        (see _PWRITE_MIN_BYTES for why that chooses the mapping)."""
+    def write(self, position: int, data) -> None:
+        """Write ``data`` at ``position`` (_PWRITE_MIN_BYTES says how)."""
         length = len(data)
-        if length < _PWRITE_MIN_BYTES or resident:
+        if length < _PWRITE_MIN_BYTES:
             self._mm[position:position + length] = data
             return
         if not 0 <= position <= self.size - length:  # pwrite would grow the file where the mapping refuses
@@ -235,16 +231,6 @@ class Segment:
         if to_position <= from_position or self._mm is None:
             return
         os.fdatasync(self._fd)
-
-    def prefetch(self, from_position: int, to_position: int, scratch: bytearray) -> None:
-        """Read the range into the page cache (os.preadv releases the GIL), so that later copies into
-        the mapping find their pages present instead of faulting them in one by one."""
-        fd = self._fd
-        if self._mm is None:
-            return
-        step = len(scratch)
-        for at in range(from_position, min(to_position, self.size), step):
-            os.preadv(fd, [scratch], at)
 
     def write_zeros(self, from_position: int, to_position: int, zeros: bytes) -> None:
         """Write zeros over [from_position, to_position) and make them durable (the segment warmer's
