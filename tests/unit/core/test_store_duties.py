@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 
 import pytest
 
@@ -15,6 +14,7 @@ from mqstore.errors import InvariantViolation, Unavailable
 from mqstore.log.segment import Segment
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from tests.support.waiting import wait_until
 
 WAIT_S = 10.0
 
@@ -130,10 +130,8 @@ def test_under_async_the_warmer_creates_the_segments_ahead_and_touches_no_page(s
     s.start()
     try:
         s.create_topic("t", 1)
-        deadline = time.monotonic() + WAIT_S
-        while len(s.commitlog.segments.segments) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        first, second = s.commitlog.segments.segments[:2]  # at most two segments ahead: the current and next
+        wait_until(lambda: len(s.commitlog.segments.segments) >= 2, "the warmer to create the next segment")
+        second = s.commitlog.segments.segments[1]  # at most two segments ahead: the current and next
         assert len(s.commitlog.segments.segments) == 2 and s.commitlog.resident_offset == 0
         assert not second.path.read_bytes().strip(b"\0")  # nothing written into it
         creators = []
