@@ -20,6 +20,12 @@ How a ManagedServer with ``aio=True`` differs from the synchronous one:
   every other handler        runs in the server's handler pool (mqstore_rpc.executor) as on a synchronous
                              server (grpc's ``migration_thread_pool``), with the same interceptors, seeing a
                              context that has what a synchronous one has (:class:`SyncContext`)
+  a synchronous response     runs on one pool thread, as grpc would run it, but its responses are handed to
+  stream                     the loop by :func:`_driven_stream`, not by grpc: grpc's hand-off blocks the thread
+                             on a one-item queue that nothing reads once the client has cancelled, so each
+                             cancelled stream (a Tail, a replica's stream) would hold a pool thread until the
+                             server stops. Here the thread computes a response only when the loop asks for
+                             one, and the call's end (a cancel included) ends it and closes the handler
   health, reflection, TLS    as on the synchronous server (the health servicer's calls in the pool,
                              grpc's async reflection servicer on the loop)
 
@@ -32,16 +38,19 @@ Thread-safety: the loop runs on its own thread; :meth:`LoopThread.run` may be ca
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import threading
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 import grpc
+import structlog
 
 from mqstore_rpc.handlers import PerMethod, behavior_of, like
 
 T = TypeVar("T")
+log = structlog.get_logger("mqstore_rpc.aio")
 
 
 class LoopThread:
@@ -107,11 +116,13 @@ def _with_sync_context(behavior: Callable) -> Callable:
 
 class Interceptors(grpc.aio.ServerInterceptor):
     """The synchronous interceptors ``chain`` (outermost first, as grpc.server takes them) on a grpc.aio
-    server; a synchronous handler's behavior gets a :class:`SyncContext`. Thread-safe: holds a cache of
-    the outermost handlers per method (registered methods only, so bounded; a race only wraps twice)."""
+    server; a synchronous handler's behavior gets a :class:`SyncContext`, and a synchronous response stream
+    is driven from the loop in ``pool`` (:func:`_driven_stream`). Thread-safe: holds a cache of the outermost
+    handlers per method (registered methods only, so bounded; a race only wraps twice)."""
 
-    def __init__(self, chain: Sequence[grpc.ServerInterceptor]):
+    def __init__(self, chain: Sequence[grpc.ServerInterceptor], pool: concurrent.futures.Executor):
         self._chain = list(reversed(chain))  # innermost first
+        self._pool = pool
         self._wrapped = PerMethod()
 
     async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
@@ -125,9 +136,204 @@ class Interceptors(grpc.aio.ServerInterceptor):
             behavior = behavior_of(handler)
             if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
                 return handler
+            if handler.response_streaming:
+                return like(handler, _driven_stream(behavior, self._pool, handler.request_streaming))
             return like(handler, _with_sync_context(behavior))
         return self._wrapped.get(handler_call_details.method, handler, wrap)
 
 
 def _given(handler: grpc.RpcMethodHandler, _details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
     return handler
+
+
+# ---- synchronous response streams ------------------------------------------------------------------------
+
+_END = object()  # the stream's responses are all sent
+
+
+class _Aborted(BaseException):
+    """``context.abort`` in a synchronous stream handler: the loop ends the call with this status. A
+    BaseException, so that the handler's wrappers (``except Exception``) let it through, as they let through
+    the exception a synchronous server's abort raises once the status is set."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+
+class _StreamEnded(grpc.RpcError):
+    """A request stream read from a handler's thread ended abnormally (the call was cancelled), as a
+    synchronous server's request iterator raises grpc.RpcError then."""
+
+
+class _LoopContext:
+    """A grpc.aio call's context as a synchronous handler's thread uses it: what grpc.aio makes coroutines
+    (abort, send_initial_metadata) and the callbacks at the call's end; everything else is the context's."""
+
+    __slots__ = ("_context", "_loop")
+
+    def __init__(self, context: Any, loop: asyncio.AbstractEventLoop):
+        self._context, self._loop = context, loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
+        if trailing_metadata:
+            self._context.set_trailing_metadata(trailing_metadata)
+        raise _Aborted(code, details)
+
+    def send_initial_metadata(self, metadata: Sequence) -> None:
+        asyncio.run_coroutine_threadsafe(_awaited(self._context.send_initial_metadata(metadata)), self._loop).result()
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        self._context.add_done_callback(lambda _context: callback())
+        return True
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+class _BlockingRequests:
+    """A grpc.aio call's request stream as a synchronous handler's threads read it: each item is awaited on
+    the loop. Ends with StopIteration, or with grpc.RpcError once the call has ended (:meth:`cancel`)."""
+
+    def __init__(self, requests: Any, loop: asyncio.AbstractEventLoop):
+        self._requests, self._loop = requests, loop
+        self._lock = threading.Lock()
+        self._pending: concurrent.futures.Future | None = None
+        self._cancelled = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._cancelled:
+                raise _StreamEnded()
+            self._pending = pending = asyncio.run_coroutine_threadsafe(_awaited(self._requests.__anext__()),
+                                                                       self._loop)
+        try:
+            return pending.result()
+        except StopAsyncIteration:
+            raise StopIteration from None
+        except (Exception, concurrent.futures.CancelledError) as exc:
+            raise _StreamEnded() from exc
+
+    def cancel(self) -> None:
+        """The call has ended: a read in progress and every later one raise grpc.RpcError."""
+        with self._lock:
+            self._cancelled = True
+            pending = self._pending
+        if pending is not None:
+            pending.cancel()
+
+
+class _Producer:
+    """A synchronous handler's responses, computed on one pool thread one at a time, each when the loop
+    asks for it (:meth:`next`), until the handler ends or the loop says the call has ended (:meth:`end`).
+
+    Thread-safe: ``_wanted`` and ``_ended`` are guarded by ``_lock``; the loop's future is resolved on the
+    loop (call_soon_threadsafe)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._asked = threading.Condition(self._lock)
+        self._wanted: asyncio.Future | None = None
+        self._ended = False
+
+    def next(self) -> asyncio.Future:
+        """On the loop: the next response, _END after the last; raises what the handler raised."""
+        future = self._loop.create_future()
+        with self._lock:
+            self._wanted = future
+            self._asked.notify()
+        return future
+
+    def end(self) -> None:
+        """On the loop: the call has ended; the thread closes the handler once its current step returns."""
+        with self._lock:
+            self._ended = True
+            self._asked.notify()
+
+    def run(self, make: Callable[[], Iterator[Any]]) -> None:
+        """On the pool thread: the handler's responses, one per :meth:`next`."""
+        responses: Iterator[Any] | None = None
+        try:
+            while True:
+                wanted = self._wait_asked()
+                if wanted is None:
+                    return
+                try:
+                    if responses is None:
+                        responses = iter(make())
+                    item = next(responses, _END)
+                except BaseException as exc:  # noqa: BLE001 - handed to the loop, which ends the call with it
+                    self._hand(wanted, None, exc)
+                    return
+                self._hand(wanted, item, None)
+                if item is _END:
+                    return
+        finally:
+            close = getattr(responses, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:  # noqa: BLE001 - a handler's cleanup failing must not kill the pool thread
+                    log.warning("rpc.stream_close_failed", error=type(exc).__name__, message=str(exc))
+
+    def _wait_asked(self) -> asyncio.Future | None:
+        with self._lock:
+            while self._wanted is None and not self._ended:
+                if self._loop.is_closed():
+                    return None
+                self._asked.wait(1.0)
+            if self._ended:
+                return None
+            wanted, self._wanted = self._wanted, None
+            return wanted
+
+    def _hand(self, future: asyncio.Future, item: Any, exc: BaseException | None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(_settle, future, item, exc)
+        except RuntimeError:  # the loop is closed: nobody waits for it
+            pass
+
+
+def _settle(future: asyncio.Future, item: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(item)
+
+
+def _driven_stream(behavior: Callable, pool: concurrent.futures.Executor, request_streaming: bool) -> Callable:
+    """A synchronous response-streaming ``behavior`` as an async generator: the behavior runs on one thread of
+    ``pool`` with a :class:`SyncContext` (its request stream, if any, read through the loop), and each of its
+    responses is sent from the loop. When the call ends, however it ends, the thread is told to stop: it
+    closes the behavior's generator after the step it is in (a Tail between frames returns within its
+    heartbeat, seeing ``is_active()`` false) and goes back to the pool."""
+    async def drive(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        loop = asyncio.get_running_loop()
+        requests = _BlockingRequests(request_or_iterator, loop) if request_streaming else request_or_iterator
+        sync_context = SyncContext(_LoopContext(context, loop))
+        producer = _Producer(loop)
+        pool.submit(producer.run, lambda: behavior(requests, sync_context))
+        try:
+            while True:
+                try:
+                    item = await producer.next()
+                except _Aborted as aborted:
+                    await context.abort(aborted.code, aborted.details)
+                if item is _END:
+                    return
+                yield item
+        finally:
+            producer.end()
+            if request_streaming:
+                requests.cancel()
+    return drive

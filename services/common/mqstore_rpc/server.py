@@ -184,7 +184,7 @@ class ManagedServer:
 
             async def make() -> grpc.aio.Server:
                 return grpc.aio.server(migration_thread_pool=self._executor,
-                                       interceptors=[aio_server.Interceptors(chain)], options=options,
+                                       interceptors=[aio_server.Interceptors(chain, self._executor)], options=options,
                                        maximum_concurrent_rpcs=config.max_concurrent_rpcs)
             self.grpc_server = self._loop.run(make)
         else:
@@ -211,6 +211,11 @@ class ManagedServer:
         self._exporter: MetricsExporter | None = None
         if config.metrics_port is not None:
             self._exporter = MetricsExporter(self.registry, config.metrics_host or config.host, config.metrics_port)
+
+    @property
+    def on_event_loop(self) -> bool:
+        """A grpc.aio server (``aio=True``)."""
+        return self._loop is not None
 
     @property
     def pool(self) -> HandlerPool:
