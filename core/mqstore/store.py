@@ -316,6 +316,28 @@ class MessageStore:
         it, so clients cannot write system topics. The gateway names itself too (mqstore.relayed), to
         store its producers' born hosts in user topics. ``replication`` ("ASYNC", "SYNC", None: the node's
         default) says whether the acknowledgement waits for the in-sync replicas (``gate``)."""
+        rec, sync_replication = self._writable(topic, messages, system_writer, replication)
+        return self._append_checked(rec, messages, sync_replication)
+
+    async def append_async(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
+                           replication: str | None = None) -> AppendResults:
+        """:meth:`append` on an event loop (the CommitLog's Append on its grpc.aio port): the batch is
+        written on the loop's thread, then its waits are awaited, not blocked on: the fsync that covers it
+        (SYNC flush: Flusher.flushed) and the in-sync replicas' acknowledgement (SYNC replication). The
+        same checks, errors and results as :meth:`append`; a cancelled await leaves the batch written, as a
+        caller that went away during a blocking append would."""
+        rec, sync_replication = self._writable(topic, messages, system_writer, replication)
+        written, uniq_keys = self._write(rec, messages)
+        if self.flusher.sync:
+            await self.flusher.flushed(written.end)
+        durability = self._dispatch_written(written.end)
+        replicas, epoch = await self.gate.finish_append_async(written.end, sync_replication)
+        return self._acknowledged(written, uniq_keys, durability, replicas, epoch, sync_replication)
+
+    def _writable(self, topic: str, messages, system_writer: str | None,
+                 replication: str | None) -> tuple[TopicRecord, bool]:
+        """The topic's record and whether the append waits for the in-sync replicas, once the batch may be
+        written by ``system_writer`` (``gate.begin_append`` is called)."""
         self._check_running()
         sync_replication = self.gate.sync_wanted(replication)
         self.gate.begin_append(sync_replication)
@@ -328,12 +350,21 @@ class MessageStore:
         elif system_writer:  # "" is no writer, as None: the owner check below names the owner
             transactions.check_internal_append(rec, messages, system_writer)
         self.topics.check_system_writer(rec, system_writer)
-        return self._append_checked(rec, messages, sync_replication)
+        return rec, sync_replication
 
     def _append_checked(self, rec: TopicRecord, messages, sync_replication: bool) -> AppendResults:
         """The append of a batch whose writer may write ``rec`` (append's checks, or the store itself);
         ``sync_replication``: the acknowledgement waits for the in-sync replicas (``gate.begin_append``
         was called with it)."""
+        written, uniq_keys = self._write(rec, messages)
+        if self.flusher.sync:
+            self.flusher.wait_flushed(written.end)
+        durability = self._dispatch_written(written.end)
+        replicas, epoch = self.gate.finish_append(written.end, sync_replication)
+        return self._acknowledged(written, uniq_keys, durability, replicas, epoch, sync_replication)
+
+    def _write(self, rec: TopicRecord, messages):
+        """Encode and write the batch: (what the commit log wrote, the batch's unique keys)."""
         batch = self.encoder.encode_batch(rec, messages, self.clock.now_ms())
         try:
             written = self.commitlog.append(batch)
@@ -344,17 +375,22 @@ class MessageStore:
         self._batches.inc()
         self._appended.inc(len(batch.sizes))
         self._appended_bytes.inc(len(batch.buf))
+        return written, batch.uniq_keys
+
+    def _dispatch_written(self, end: int) -> str:
+        """After the write (and, under SYNC flush, the fsync that covers ``end``): dispatch what readers may
+        see; the durability the append is acknowledged with."""
         if self.flusher.sync:
-            self.flusher.wait_flushed(written.end)
             self._dispatch_to(min(self.flusher.flushed_offset, self.gate.committed_offset()))
-            durability = DURABILITY_FLUSHED
-        else:
-            self._dispatch_to(min(written.end, self.gate.committed_offset()))
-            durability = DURABILITY_FLUSHED if self.flusher.flushed_offset >= written.end else DURABILITY_WRITTEN
-        replicas, epoch = self.gate.finish_append(written.end, sync_replication)
+            return DURABILITY_FLUSHED
+        self._dispatch_to(min(end, self.gate.committed_offset()))
+        return DURABILITY_FLUSHED if self.flusher.flushed_offset >= end else DURABILITY_WRITTEN
+
+    def _acknowledged(self, written, uniq_keys, durability: str, replicas: int, epoch: int,
+                      sync_replication: bool) -> AppendResults:
         if sync_replication:
             self.advance_visible()  # a Pull after the acknowledgement sees it (the ack thread may still dispatch)
-        return AppendResults(self._msg_id_prefix, written.entries, batch.uniq_keys, written.store_timestamp_ms,
+        return AppendResults(self._msg_id_prefix, written.entries, uniq_keys, written.store_timestamp_ms,
                              durability, replicas, epoch)
 
     # ------------------------------------------------------------------ topics and consumer offsets

@@ -14,10 +14,16 @@ wait; a capped pool handles each message after that wait as it would a new call,
 The same wrapper takes every response stream through :func:`responses`: grpc waits for each response to be
 written before it asks for the next, and that wait says so too. Outside such a pool (tests, background
 duties, other thread pools) ``waiting()`` does nothing.
+
+A call answered on an event loop (the CommitLog's Append on its grpc.aio port) does not park a thread: it
+awaits a :class:`LoopWaiter`, which the thread that would have woken a parked one (the flush, a replica's
+acknowledgement) wakes the same way (``release()`` / ``set()``). :func:`wake` wakes a list of both kinds,
+handing each loop's waiters over in one call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -90,3 +96,59 @@ def _responses(items: Iterator[T]) -> Iterator[T]:
             yield item
         finally:
             end()
+
+
+class LoopWaiter:
+    """A waiter that an event loop awaits (its ``future``, with a timeout of the awaiter's) and any thread
+    wakes, with the methods of a parked thread's lock (``release``) and event (``set``). Made on the loop.
+    Waking it twice, or after its awaiter was cancelled, does nothing."""
+
+    __slots__ = ("loop", "future")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.future: asyncio.Future = self.loop.create_future()
+
+    def release(self) -> None:
+        _hand_over(self.loop, (self.future,))
+
+    def rearm(self) -> None:
+        """On the loop, after its future was resolved by a timeout rather than by the waker: a fresh one.
+        A wake that raced with this resolved the old one; the awaiter re-checks its condition after
+        rearming, before it awaits again, so it misses nothing."""
+        self.future = self.loop.create_future()
+
+    set = release
+
+
+def wake(waiters: list, first: Callable[[], None] | None = None) -> None:
+    """Wake each of ``waiters``: a parked thread's lock (released) or event (set), or a :class:`LoopWaiter`,
+    handing the loop waiters over to their loop in one call per loop rather than one each. ``first``: run
+    on each such loop just before its waiters are woken (the flush's dispatch, when only loops wait)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+    for waiter in waiters:
+        if isinstance(waiter, LoopWaiter):
+            by_loop.setdefault(waiter.loop, []).append(waiter.future)
+        elif isinstance(waiter, threading.Event):
+            waiter.set()
+        else:
+            waiter.release()
+    for loop, futures in by_loop.items():
+        _hand_over(loop, futures, first)
+
+
+def _hand_over(loop: asyncio.AbstractEventLoop, futures, first: Callable[[], None] | None = None) -> None:
+    try:
+        loop.call_soon_threadsafe(_resolve, futures, first)
+    except RuntimeError:  # the loop is closed: nobody awaits them any more
+        pass
+
+
+def _resolve(futures, first: Callable[[], None] | None = None) -> None:
+    try:
+        if first is not None:
+            first()
+    finally:
+        for future in futures:
+            if not future.done():
+                future.set_result(None)

@@ -18,8 +18,9 @@ condition for all waiters woke every waiting append after every fsync, and each 
 cover went back to sleep: with fsyncs of a few hundred microseconds (mqstore.log.warmer) that herd cost
 more than the fsyncs saved. Releasing before the dispatch made each woken append wait once more, on the
 dispatcher's lock. An append re-checks ``flushed_offset`` after every wake-up (and every 0.5 s), so only
-an fsync that covers it lets it return. ``flush_now`` runs on the duty's thread, and on the starting or
-stopping thread while the duty is not running.
+an fsync that covers it lets it return. An append on an event loop (:meth:`flushed`) awaits a
+mqstore.waits.LoopWaiter in the same heap instead of parking. ``flush_now`` runs on the duty's thread,
+and on the starting or stopping thread while the duty is not running.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Flusher(Duty):
         self._lock = threading.Lock()
         self._wanted_more = threading.Condition(self._lock)
         self._wanted = 0
-        self._parked: list[tuple[int, int, threading.Lock]] = []  # (offset, seq, held lock): a heap
+        self._parked: list[tuple[int, int, threading.Lock | waits.LoopWaiter]] = []  # (offset, seq, waiter): a heap
         self._seq = itertools.count()
         self._last_thorough_s = clock.monotonic_s()
         metrics = metrics or Registry()
@@ -72,27 +73,58 @@ class Flusher(Duty):
         super().stop(timeout_s)
 
     def wait_flushed(self, offset: int) -> None:
-        timeout_s = self.config.sync_flush_timeout_ms / 1000
-        deadline = self.clock.monotonic_s() + timeout_s
+        deadline = self.clock.monotonic_s() + self.config.sync_flush_timeout_ms / 1000
         parked = threading.Lock()
         parked.acquire()
+        if not self._park(offset, parked):
+            return
+        while self.flushed_offset < offset:  # an int published under _lock, never lowered
+            left = self._left_s(offset, deadline)
+            with waits.waiting():  # a SYNC append's fsync: the handler pool runs others meanwhile (group commit)
+                parked.acquire(timeout=min(left, 0.5))
+
+    async def flushed(self, offset: int) -> None:
+        """:meth:`wait_flushed` on an event loop: the append awaits a waiter (mqstore.waits.LoopWaiter) that
+        the fsync covering ``offset`` wakes, with the rest of that fsync's loop waiters in one hand-off."""
+        if self.flushed_offset >= offset:
+            return
+        deadline = self.clock.monotonic_s() + self.config.sync_flush_timeout_ms / 1000
+        waiter = waits.LoopWaiter()
+        if not self._park(offset, waiter):
+            return
+        while self.flushed_offset < offset:
+            left = self._left_s(offset, deadline)
+            if waiter.future.done():  # woken by the timer below, not by an fsync
+                waiter.rearm()
+                continue
+            timer = waiter.loop.call_later(min(left, 0.5), _expire, waiter.future)
+            try:
+                await waiter.future
+            finally:
+                timer.cancel()
+
+    def _park(self, offset: int, waiter: threading.Lock | waits.LoopWaiter) -> bool:
+        """Park ``waiter`` until an fsync covers ``offset``, asking the duty for it; False when one has."""
         with self._lock:
             if self.flushed_offset >= offset:
-                return
+                return False
             if offset > self._wanted:
                 self._wanted = offset
                 self._wanted_more.notify()
-            heapq.heappush(self._parked, (offset, next(self._seq), parked))
-        while self.flushed_offset < offset:  # an int published under _lock, never lowered
-            if self.error is not None:
-                raise Unavailable(f"the flush service failed: {self.error}; the store needs a restart")
-            left = deadline - self.clock.monotonic_s()
-            if left <= 0:
-                raise FlushTimeout(
-                    f"records up to physical offset {offset} are written but no fsync confirmed them within "
-                    f"{self.config.sync_flush_timeout_ms} ms; they may survive, so a retry may duplicate them")
-            with waits.waiting():  # a SYNC append's fsync: the handler pool runs others meanwhile (group commit)
-                parked.acquire(timeout=min(left, 0.5))
+            heapq.heappush(self._parked, (offset, next(self._seq), waiter))
+        return True
+
+    def _left_s(self, offset: int, deadline: float) -> float:
+        """The seconds an append may still wait for ``offset``: Unavailable once the duty died, FlushTimeout
+        past ``deadline``."""
+        if self.error is not None:
+            raise Unavailable(f"the flush service failed: {self.error}; the store needs a restart")
+        left = deadline - self.clock.monotonic_s()
+        if left <= 0:
+            raise FlushTimeout(
+                f"records up to physical offset {offset} are written but no fsync confirmed them within "
+                f"{self.config.sync_flush_timeout_ms} ms; they may survive, so a retry may duplicate them")
+        return left
 
     def flush_now(self) -> int:
         """Flush everything written so far; returns the flushed offset."""
@@ -117,12 +149,16 @@ class Flusher(Duty):
             while parked and parked[0][0] <= self.flushed_offset:
                 covered.append(heapq.heappop(parked)[2])
         # Dispatch first, then wake the appends it covers: woken first, each would wait for the dispatch
-        # on the dispatcher's lock (a second sleep and wake-up each).
+        # on the dispatcher's lock (a second sleep and wake-up each). When only appends on an event loop
+        # wait, the loop dispatches, in the same hand-off that wakes them: this thread then holds the GIL
+        # only for that hand-off, rather than taking turns with the loop for the dispatch.
+        if covered and all(isinstance(waiter, waits.LoopWaiter) for waiter in covered):
+            waits.wake(covered, first=lambda: self.on_flushed(target))
+            return target
         try:
             self.on_flushed(target)
         finally:
-            for lock in covered:
-                lock.release()
+            waits.wake(covered)
         return target
 
     def _due(self) -> bool:
@@ -156,6 +192,10 @@ class Flusher(Duty):
     def on_died(self, exc: BaseException) -> None:
         with self._lock:
             self.error = exc
-            for _, _, parked in self._parked:
-                parked.release()
+            waits.wake([parked for _, _, parked in self._parked])
             self._parked.clear()
+
+
+def _expire(future) -> None:
+    if not future.done():
+        future.set_result(None)

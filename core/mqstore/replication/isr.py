@@ -31,6 +31,7 @@ every acknowledgement, as the SYNC flush's once did); a change of the set wakes 
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import threading
@@ -87,7 +88,7 @@ class InSyncSet:
         self._members: set[str] = {self.node_id}       # what SYNC appends wait for
         self._published: frozenset[str] = frozenset({self.node_id})
         self._closed = ""
-        self._waiters: list[tuple[int, int, threading.Event]] = []  # heap of (end offset, seq, event)
+        self._waiters: list[tuple[int, int, threading.Event | waits.LoopWaiter]] = []  # heap of (end, seq, waiter)
         self._seq = itertools.count()
 
     # ---- membership ---------------------------------------------------------------------------------
@@ -200,22 +201,40 @@ class InSyncSet:
         ReplicationTimeout after sync_replication_timeout_ms, or when the set shrinks below the minimum."""
         deadline = self.clock.monotonic_s() + self.config.sync_replication_timeout_ms / 1000
         while True:
-            with self._lock:
-                copies = self._ready_locked(end)
-                if copies is not None:
-                    return copies
-                left = deadline - self.clock.monotonic_s()
-                if left <= 0:
-                    raise ReplicationTimeout(
-                        f"records up to physical offset {end} are written on the leader but "
-                        f"{self._copies_locked(end)} of the in-sync copies {sorted(self._members)} held them "
-                        f"after sync_replication_timeout_ms {self.config.sync_replication_timeout_ms}: not "
-                        f"acknowledged as replicated; they may survive or be cut by a failover, so a retry may "
-                        f"duplicate them")
-                event = threading.Event()
-                heapq.heappush(self._waiters, (end, next(self._seq), event))
+            event = threading.Event()
+            copies, left = self._ready_or_park(end, deadline, event)
+            if copies is not None:
+                return copies
             with waits.waiting():  # many appends wait here at once: let the handler pool run others meanwhile
                 event.wait(min(left, 0.5))
+
+    async def wait_async(self, end: int) -> int:
+        """:meth:`wait` on an event loop: awaits a mqstore.waits.LoopWaiter that the acknowledgement wakes."""
+        deadline = self.clock.monotonic_s() + self.config.sync_replication_timeout_ms / 1000
+        while True:
+            waiter = waits.LoopWaiter()
+            copies, left = self._ready_or_park(end, deadline, waiter)
+            if copies is not None:
+                return copies
+            await asyncio.wait((waiter.future,), timeout=min(left, 0.5))
+
+    def _ready_or_park(self, end: int, deadline: float, waiter) -> tuple[int | None, float]:
+        """(copies, 0) once [.., end) may be acknowledged; else (None, seconds left), ``waiter`` parked
+        until the watermark passes ``end`` or the set changes. ReplicationTimeout past ``deadline``."""
+        with self._lock:
+            copies = self._ready_locked(end)
+            if copies is not None:
+                return copies, 0.0
+            left = deadline - self.clock.monotonic_s()
+            if left <= 0:
+                raise ReplicationTimeout(
+                    f"records up to physical offset {end} are written on the leader but "
+                    f"{self._copies_locked(end)} of the in-sync copies {sorted(self._members)} held them "
+                    f"after sync_replication_timeout_ms {self.config.sync_replication_timeout_ms}: not "
+                    f"acknowledged as replicated; they may survive or be cut by a failover, so a retry may "
+                    f"duplicate them")
+            heapq.heappush(self._waiters, (end, next(self._seq), waiter))
+            return None, left
 
     def ready(self, end: int) -> int | None:
         """:meth:`wait`'s condition, without waiting: the copies holding [.., end) once it may be
@@ -251,14 +270,14 @@ class InSyncSet:
             return min(end, self._watermark_locked())
 
     def _release_locked(self, watermark: int) -> None:
-        waiters = self._waiters
+        waiters, woken = self._waiters, []
         while waiters and waiters[0][0] <= watermark:
-            heapq.heappop(waiters)[2].set()
+            woken.append(heapq.heappop(waiters)[2])
+        waits.wake(woken)
         self._advanced.notify_all()  # a switchover waiting for a replica's progress
 
     def _wake_all_locked(self) -> None:
-        for _, _, event in self._waiters:
-            event.set()
+        waits.wake([waiter for _, _, waiter in self._waiters])
         self._waiters.clear()
         self._advanced.notify_all()
 

@@ -174,7 +174,17 @@ class ReplicationNode:
         epoch = self._leadership.epoch
         if not sync:
             return self.in_sync.copies(end), epoch
-        copies = self.in_sync.wait(end)
+        return self._still_leading(end, epoch, self.in_sync.wait(end))
+
+    async def finish_append_async(self, end: int, sync: bool) -> tuple[int, int]:
+        """:meth:`finish_append` on an event loop: the in-sync replicas' acknowledgement is awaited."""
+        self.growth.grew()
+        epoch = self._leadership.epoch
+        if not sync:
+            return self.in_sync.copies(end), epoch
+        return self._still_leading(end, epoch, await self.in_sync.wait_async(end))
+
+    def _still_leading(self, end: int, epoch: int, copies: int) -> tuple[int, int]:
         if self.fenced or self._leadership.epoch != epoch:
             raise Unavailable(f"records up to physical offset {end} were replicated, but this node's leadership of "
                               f"epoch {epoch} may have lapsed meanwhile: not acknowledged; a retry may duplicate")
@@ -194,6 +204,9 @@ class SingleNode:
         return None
 
     def finish_append(self, end: int, sync: bool) -> tuple[int, int]:
+        return 1, 0
+
+    async def finish_append_async(self, end: int, sync: bool) -> tuple[int, int]:
         return 1, 0
 
     def committed_offset(self) -> int:

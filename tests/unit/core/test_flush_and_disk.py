@@ -3,6 +3,7 @@ while a segment is created: each gives its own clear error, loses nothing acknow
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import random
@@ -33,18 +34,34 @@ def store(small_config):
         s.stop()
 
 
-def test_sync_wait_times_out_with_a_clear_status(store):
+@pytest.fixture(params=["thread", "loop"])
+def on(request):
+    """Where a SYNC append waits for its fsync: parked on a thread (MessageStore.append, Flusher.wait_flushed)
+    or awaited on an event loop (append_async, Flusher.flushed: the CommitLog's Append on its grpc.aio port)."""
+    return request.param
+
+
+def _append(s: MessageStore, on: str, messages: list[MessageIn]):
+    if on == "thread":
+        return s.append("t", messages)
+    return asyncio.run(s.append_async("t", messages))
+
+
+def test_sync_wait_times_out_with_a_clear_status(store, on):
     s = store(flush_mode="SYNC", sync_flush_timeout_ms=50)
     batch = s.encoder.encode_batch(s.topic("t"), [MessageIn(body=b"x")], s.clock.now_ms())
     written = s.commitlog.append(batch)
     idle = Flusher(s.commitlog, s.config, s.clock, on_flushed=lambda offset: None)  # never started
     idle.flushed_offset = 0
     with pytest.raises(FlushTimeout, match="50 ms") as info:
-        idle.wait_flushed(written.end)
+        if on == "thread":
+            idle.wait_flushed(written.end)
+        else:
+            asyncio.run(idle.flushed(written.end))
     assert "retry may duplicate" in str(info.value) and isinstance(info.value, Unavailable)
 
 
-def test_a_sync_append_returns_only_once_an_fdatasync_covers_it(store, monkeypatch):
+def test_a_sync_append_returns_only_once_an_fdatasync_covers_it(store, monkeypatch, on):
     # Every fsync of the flush service is held until an append has written past what it covers, so each
     # one finishes while appends it does not cover wait: the flush must release only those it covers
     # (each waits on a lock of its own), and each of those only once the fsync is done.
@@ -65,33 +82,87 @@ def test_a_sync_append_returns_only_once_an_fdatasync_covers_it(store, monkeypat
     monkeypatch.setattr(Segment, "flush", held_flush)
     early: list[tuple[int, int]] = []
 
+    def acknowledged(results) -> None:
+        end = results[-1].physical_offset + results[-1].size_bytes
+        if durable[0] < end:
+            early.append((end, durable[0]))
+        with moved:
+            moved.notify_all()
+
+    def batch(rng: random.Random) -> list[MessageIn]:
+        return [MessageIn(body=b"x" * rng.randrange(1, 600)) for _ in range(rng.randrange(1, 4))]
+
     def producer(rng: random.Random) -> None:
         for _ in range(40):
-            results = s.append("t", [MessageIn(body=b"x" * rng.randrange(1, 600)) for _ in range(rng.randrange(1, 4))])
-            end = results[-1].physical_offset + results[-1].size_bytes
-            if durable[0] < end:
-                early.append((end, durable[0]))
-            with moved:
-                moved.notify_all()
+            acknowledged(s.append("t", batch(rng)))
 
-    threads = [threading.Thread(target=producer, args=(random.Random(seed + i),)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(3 * WAIT_S)
-    assert not any(thread.is_alive() for thread in threads)
+    async def coroutine_producer(rng: random.Random) -> None:  # six on one loop: the fsync wakes several at once
+        for _ in range(40):
+            acknowledged(await s.append_async("t", batch(rng)))
+
+    async def coroutine_producers() -> None:
+        await asyncio.wait_for(asyncio.gather(*(coroutine_producer(random.Random(seed + i)) for i in range(6))),
+                               3 * WAIT_S)
+
+    if on == "loop":
+        asyncio.run(coroutine_producers())
+    else:
+        threads = [threading.Thread(target=producer, args=(random.Random(seed + i),)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(3 * WAIT_S)
+        assert not any(thread.is_alive() for thread in threads)
     assert early == [], f"appends acknowledged before an fdatasync covered them (end, durable): {early[:5]}"
     assert s.flusher.flushed_offset == s.commitlog.written_offset
 
 
-def test_dead_flush_service_fails_sync_appends_and_reports_unhealthy(store, failpoint):
+def test_dead_flush_service_fails_sync_appends_and_reports_unhealthy(store, failpoint, on):
     s = store(flush_mode="SYNC", sync_flush_timeout_ms=5_000)
-    s.append("t", [MessageIn(body=b"before")])
+    _append(s, on, [MessageIn(body=b"before")])
     with failpoint.armed("log.after_flush"):
         with pytest.raises(Unavailable, match="flush service failed"):
-            s.append("t", [MessageIn(body=b"after")])
+            _append(s, on, [MessageIn(body=b"after")])
         assert "commitlog-flush died: FailpointHit: log.after_flush" in s.health_problem()
     assert [m.record.body for m in s.pull("t", 0, 0).messages] == [b"before"]
+
+
+def test_an_append_whose_caller_went_away_leaves_the_others_waiting_for_their_fsync(store, monkeypatch):
+    # On the loop a caller that goes away cancels its append's wait: the batch stays written (as after a
+    # blocking append whose client left), the flush still wakes the appends it covers, and waking the
+    # cancelled one does nothing.
+    s = store(flush_mode="SYNC", sync_flush_timeout_ms=20_000)
+    held = threading.Event()
+    real_flush = Segment.flush
+
+    def held_flush(seg, from_position, to_position):
+        if threading.current_thread().name == "commitlog-flush":
+            assert held.wait(WAIT_S), "the test never let the fsync go"
+        real_flush(seg, from_position, to_position)
+
+    monkeypatch.setattr(Segment, "flush", held_flush)
+    failures: list[dict] = []
+
+    async def run() -> list:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: failures.append(context))
+        before = s.commitlog.written_offset
+        gone = asyncio.create_task(s.append_async("t", [MessageIn(body=b"gone")]))
+        stays = asyncio.create_task(s.append_async("t", [MessageIn(body=b"stays")]))
+        while s.commitlog.written_offset == before or not s.flusher._parked:  # both written, the fsync held
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0)
+        assert not gone.done() and not stays.done()  # neither acknowledged while its fsync is held
+        gone.cancel()
+        held.set()
+        results = await asyncio.wait_for(stays, WAIT_S)
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        return results
+
+    results = asyncio.run(run())
+    assert results.durability == "FLUSHED" and failures == []
+    assert [m.record.body for m in s.pull("t", 0, 0).messages] == [b"gone", b"stays"]
+    assert s.flusher.flushed_offset == s.commitlog.written_offset
 
 
 def test_full_disk_while_creating_a_segment_rejects_the_batch_whole(store, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -36,6 +37,15 @@ def make(min_insync=2, timeout_ms=1000, lag_ms=3000, published=None, flush_sync=
     return isr, clock, end
 
 
+@pytest.fixture(params=["thread", "loop"])
+def wait(request):
+    """A SYNC append's wait: a parked thread (InSyncSet.wait) or a coroutine on an event loop (wait_async,
+    the CommitLog's Append on its grpc.aio port); the same outcomes either way."""
+    if request.param == "thread":
+        return lambda isr, end: isr.wait(end)
+    return lambda isr, end: asyncio.run(isr.wait_async(end))
+
+
 def test_replica_joins_when_caught_up_and_is_published_after_the_join_mark():
     published = []
     isr, clock, end = make(published=published)
@@ -60,7 +70,7 @@ def test_replica_joins_when_caught_up_and_is_published_after_the_join_mark():
     isr.require_enough()
 
 
-def test_an_acknowledged_append_rests_on_published_copies_only():
+def test_an_acknowledged_append_rests_on_published_copies_only(wait):
     """The failover window: the set is published at {a} (b was shrunk), b catches up again, and a SYNC
     append ends. Until b is published, no election could pick b, so the append must not be acknowledged
     on b's copy: a waiter that got in before the shrink fails instead of being acknowledged."""
@@ -74,10 +84,10 @@ def test_an_acknowledged_append_rests_on_published_copies_only():
     isr.on_ack("b", 1000, 1000)             # b caught up: waited for, not yet published
     assert isr.members() == {"a", "b"} and isr.published() == {"a"}
     with pytest.raises(ReplicationTimeout, match="shrank"):
-        isr.wait(1000)                      # held by b, yet not acknowledged: b is not electable
+        wait(isr, 1000)                      # held by b, yet not acknowledged: b is not electable
     isr.maintain()                          # b holds its join mark: published
     assert isr.published() == {"a", "b"}
-    assert isr.wait(1000) == 2
+    assert wait(isr, 1000) == 2
 
 
 def published_pair(isr):
@@ -88,38 +98,38 @@ def published_pair(isr):
     assert isr.published() == {"a", "b"}
 
 
-def test_sync_wait_returns_once_every_member_holds_the_bytes():
+def test_sync_wait_returns_once_every_member_holds_the_bytes(wait):
     isr, clock, end = make()
     published_pair(isr)
     end[0] = 100
     result = []
-    waiter = threading.Thread(target=lambda: result.append(isr.wait(100)))
+    waiter = threading.Thread(target=lambda: result.append(wait(isr, 100)))
     waiter.start()
     isr.on_ack("b", 100, 0)
     waiter.join(5)
     assert result == [2]
 
 
-def test_flush_sync_waits_for_the_replicas_fsync():
+def test_flush_sync_waits_for_the_replicas_fsync(wait):
     isr, clock, end = make(flush_sync=True)
     published_pair(isr)
     end[0] = 100
     isr.on_ack("b", 100, 50)  # written, not flushed
     clock.ms += 2000
     with pytest.raises(ReplicationTimeout):
-        isr.wait(100)
+        wait(isr, 100)
 
 
-def test_connected_replica_that_does_not_confirm_times_the_append_out():
+def test_connected_replica_that_does_not_confirm_times_the_append_out(wait):
     isr, clock, end = make(timeout_ms=500)
     published_pair(isr)
     end[0] = 100
     clock.ms += 501  # the deadline passes before the replica acknowledges
     with pytest.raises(ReplicationTimeout, match="not acknowledged"):
-        isr.wait(100)
+        wait(isr, 100)
 
 
-def test_lagging_or_disconnected_replica_leaves_after_publishing_the_smaller_set():
+def test_lagging_or_disconnected_replica_leaves_after_publishing_the_smaller_set(wait):
     published = []
     isr, clock, end = make(published=published)
     published_pair(isr)
@@ -129,7 +139,7 @@ def test_lagging_or_disconnected_replica_leaves_after_publishing_the_smaller_set
     isr.maintain()
     assert isr.members() == {"a"} and published[-1] == frozenset({"a"})
     with pytest.raises(ReplicationTimeout, match="shrank"):
-        isr.wait(1000)
+        wait(isr, 1000)
     isr.on_ack("b", 1000, 1000)  # caught up: back in
     assert isr.members() == {"a", "b"}
     isr.disconnected("b")
@@ -137,11 +147,11 @@ def test_lagging_or_disconnected_replica_leaves_after_publishing_the_smaller_set
     assert isr.members() == {"a"}
 
 
-def test_closed_leadership_fails_waiters():
+def test_closed_leadership_fails_waiters(wait):
     isr, clock, end = make(min_insync=1)
     isr.connected("b", "h:1")
     isr.on_ack("b", 0, 0)
     end[0] = 10
     isr.close("this node stopped leading epoch 3")
     with pytest.raises(ReplicationTimeout, match="stopped leading"):
-        isr.wait(10)
+        wait(isr, 10)
