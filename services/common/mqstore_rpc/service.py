@@ -182,7 +182,8 @@ class ServiceDef:
     compose: Callable[[Any, Composition], None]
     describe: Callable[[Any, int], dict] = lambda config, port: {}      # config fields for server.started
     signed_requests: bool = False   # with auth on, also take the RocketMQ SDKs' signed requests (the gateway)
-    aio: bool = False               # a grpc.aio server (mqstore_rpc.aio; the Transaction service)
+    aio: bool | Callable[[Any], bool] = False  # a grpc.aio server (mqstore_rpc.aio; the Transaction service), or
+                                               # what says so from the config (the CommitLog service)
 
 
 def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | None, AuthStore | None]:
@@ -207,7 +208,8 @@ def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
     interceptors = ([AuthInterceptor(authority, registry, signed_requests=service.signed_requests)]
                     if authority is not None else [])
     try:
-        server = create_server(config.server, registry, interceptors, aio=service.aio)
+        aio = service.aio(config) if callable(service.aio) else service.aio
+        server = create_server(config.server, registry, interceptors, aio=aio)
     except BaseException:
         if auth_store is not None:
             auth_store.close()
