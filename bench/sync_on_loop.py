@@ -1,5 +1,8 @@
 """What SYNC group commit would gain with Append answered on an event loop: a prototype against the service.
 
+The service now does this under SYNC (``--append-on-loop``, bench/README.md *Append on the event loop*); the
+prototype stays as the upper bound of that design without the interceptors.
+
 ``.venv/bin/python bench/sync_on_loop.py [--rounds 3] [--mode SYNC] [--shape unary-100] [--producers 32]``
 measures, in alternating rounds, the CommitLog service (a synchronous gRPC server: each SYNC append parks
 its handler thread until an fsync covers it, and each is woken on its own) against this file's ``--serve``
