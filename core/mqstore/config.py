@@ -32,6 +32,7 @@ class StoreConfig:
     flush_min_dirty_pages: int = 4
     flush_thorough_interval_ms: int = 10_000
     sync_flush_timeout_ms: int = 5_000
+    sync_flush_delay_us: int = 0          # SYNC: wait this long before an fsync, so that more appends share it
     cq_flush_interval_ms: int = 1_000
     max_body_bytes: int = 4 * MiB
     max_batch_messages: int = 1000
@@ -61,6 +62,9 @@ class StoreConfig:
                 f"segment_size_bytes must be a multiple of 4096 and at least 4 KiB, not {self.segment_size_bytes}")
         if self.cq_entries_per_file < 2:
             raise InvalidArgument("cq_entries_per_file must be at least 2")
+        if not 0 <= self.sync_flush_delay_us <= 100_000:
+            raise InvalidArgument(f"sync_flush_delay_us must be in [0, 100000] (at most 100 ms), not "
+                                  f"{self.sync_flush_delay_us}")
         if self.recheck_segments < 0:
             raise InvalidArgument(f"recheck_segments must be 0 or more, not {self.recheck_segments}")
         if not 0 < self.disk_max_used_ratio <= 1:

@@ -4,7 +4,10 @@ ASYNC: every ``flush_interval_ms``, when at least ``flush_min_dirty_pages`` page
 data every ``flush_thorough_interval_ms``). Appends do not wait.
 SYNC (group commit): an append waits in ``wait_flushed`` until an fsync covers its end offset. The
 thread flushes everything written so far, so appends that arrive while an fsync runs share the next
-one. A wait that outlives ``sync_flush_timeout_ms`` raises FlushTimeout.
+one. A wait that outlives ``sync_flush_timeout_ms`` raises FlushTimeout. ``sync_flush_delay_us`` (0 by
+default) makes the thread wait that long after an append asks, before the fsync, so that more appends share
+it: fewer fsyncs and fewer hand-offs per append under many producers, that much more latency for each
+(MySQL's binlog_group_commit_sync_delay; bench/README.md, *Append on the event loop*, has the figures).
 
 No error is retried (``retry_on=()``): after a failed fsync the kernel may have dropped the dirty
 pages, so a retry that succeeds would confirm data that is gone. The duty dies instead: ``error`` is
@@ -28,6 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 
 from mqstore import failpoints, waits
 from mqstore.background import Duty
@@ -176,6 +180,8 @@ class Flusher(Duty):
     # ---- the duty
     def step(self) -> None:
         if self._due():
+            if self.sync and self.config.sync_flush_delay_us and self._wanted > self.flushed_offset:
+                time.sleep(self.config.sync_flush_delay_us / 1e6)  # let more appends join this fsync
             self.flush_now()
 
     def pause(self) -> None:

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from mqstore.errors import FlushTimeout, ResourceExhausted, Unavailable
+from mqstore.errors import FlushTimeout, InvalidArgument, ResourceExhausted, Unavailable
 from mqstore.log.flush import Flusher
 from mqstore.log.segment import Segment
 from mqstore.model import MessageIn
@@ -163,6 +163,27 @@ def test_an_append_whose_caller_went_away_leaves_the_others_waiting_for_their_fs
     assert results.durability == "FLUSHED" and failures == []
     assert [m.record.body for m in s.pull("t", 0, 0).messages] == [b"gone", b"stays"]
     assert s.flusher.flushed_offset == s.commitlog.written_offset
+
+
+def test_a_flush_delay_lets_concurrent_appends_share_one_fsync(store):
+    # sync_flush_delay_us: the flush waits before its fsync, so appends written meanwhile join it. Eight
+    # appends written one after another on one loop (each writes before it first awaits) share one fsync.
+    s = store(flush_mode="SYNC", sync_flush_delay_us=100_000)
+    before = s.flusher._flushes.value
+
+    async def run():
+        return await asyncio.wait_for(asyncio.gather(
+            *(s.append_async("t", [MessageIn(body=b"m%d" % i)]) for i in range(8))), WAIT_S)
+
+    results = asyncio.run(run())
+    assert {r.durability for r in results} == {"FLUSHED"}
+    assert s.flusher._flushes.value - before == 1
+    assert s.flusher.flushed_offset == s.commitlog.written_offset
+
+
+def test_a_flush_delay_out_of_range_is_refused(small_config):
+    with pytest.raises(InvalidArgument, match="sync_flush_delay_us must be in"):
+        small_config(flush_mode="SYNC", sync_flush_delay_us=100_001)
 
 
 def test_full_disk_while_creating_a_segment_rejects_the_batch_whole(store, monkeypatch):
