@@ -153,8 +153,8 @@ _END = object()  # the stream's responses are all sent
 
 class _Aborted(BaseException):
     """``context.abort`` in a synchronous stream handler: the loop ends the call with this status. A
-    BaseException, so that the handler's wrappers (``except Exception``) let it through, as they let through
-    the exception a synchronous server's abort raises once the status is set."""
+    BaseException, so that the handler's wrappers (``except Exception``: the error mapping) let it through
+    rather than map it once more, as an internal error."""
 
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(code, details)
