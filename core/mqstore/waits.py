@@ -99,9 +99,9 @@ def _responses(items: Iterator[T]) -> Iterator[T]:
 
 
 class LoopWaiter:
-    """A waiter that an event loop awaits (its ``future``, with a timeout of the awaiter's) and any thread
-    wakes, with the methods of a parked thread's lock (``release``) and event (``set``). Made on the loop.
-    Waking it twice, or after its awaiter was cancelled, does nothing."""
+    """A waiter that an event loop awaits (:meth:`wait`) and any thread wakes through :func:`wake`, kept in
+    the same heaps as parked threads' locks and events. Made on the loop. Waking it after its awaiter was
+    cancelled does nothing."""
 
     __slots__ = ("loop", "future")
 
@@ -109,16 +109,24 @@ class LoopWaiter:
         self.loop = asyncio.get_running_loop()
         self.future: asyncio.Future = self.loop.create_future()
 
-    def release(self) -> None:
-        _hand_over(self.loop, (self.future,))
+    async def wait(self, timeout_s: float) -> None:
+        """Until woken (then every later wait returns at once), or until ``timeout_s`` has passed. After a
+        timeout the awaiter re-checks its condition before it waits again: a wake that raced with the
+        timeout resolved either the old future or the fresh one, so it is never missed."""
+        future = self.future
+        if future.done():
+            return
+        timer = self.loop.call_later(timeout_s, _expire, self, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
 
-    def rearm(self) -> None:
-        """On the loop, after its future was resolved by a timeout rather than by the waker: a fresh one.
-        A wake that raced with this resolved the old one; the awaiter re-checks its condition after
-        rearming, before it awaits again, so it misses nothing."""
-        self.future = self.loop.create_future()
 
-    set = release
+def _expire(waiter: LoopWaiter, future: asyncio.Future) -> None:
+    if not future.done():
+        waiter.future = waiter.loop.create_future()  # the next wait waits afresh
+        future.set_result(None)
 
 
 def wake(waiters: list, first: Callable[[], None] | None = None) -> None:

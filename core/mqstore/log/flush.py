@@ -97,15 +97,7 @@ class Flusher(Duty):
         if not self._park(offset, waiter):
             return
         while self.flushed_offset < offset:
-            left = self._left_s(offset, deadline)
-            if waiter.future.done():  # woken by the timer below, not by an fsync
-                waiter.rearm()
-                continue
-            timer = waiter.loop.call_later(min(left, 0.5), _expire, waiter.future)
-            try:
-                await waiter.future
-            finally:
-                timer.cancel()
+            await waiter.wait(min(self._left_s(offset, deadline), 0.5))
 
     def _park(self, offset: int, waiter: threading.Lock | waits.LoopWaiter) -> bool:
         """Park ``waiter`` until an fsync covers ``offset``, asking the duty for it; False when one has."""
@@ -201,7 +193,3 @@ class Flusher(Duty):
             waits.wake([parked for _, _, parked in self._parked])
             self._parked.clear()
 
-
-def _expire(future) -> None:
-    if not future.done():
-        future.set_result(None)

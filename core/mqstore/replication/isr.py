@@ -31,7 +31,6 @@ every acknowledgement, as the SYNC flush's once did); a change of the set wakes 
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import threading
@@ -216,7 +215,7 @@ class InSyncSet:
             copies, left = self._ready_or_park(end, deadline, waiter)
             if copies is not None:
                 return copies
-            await asyncio.wait((waiter.future,), timeout=min(left, 0.5))
+            await waiter.wait(min(left, 0.5))
 
     def _ready_or_park(self, end: int, deadline: float, waiter) -> tuple[int | None, float]:
         """(copies, 0) once [.., end) may be acknowledged; else (None, seconds left), ``waiter`` parked
