@@ -1,12 +1,13 @@
-"""SYNC group commit with a flush delay, against Redis ``appendfsync always``, in one run.
+"""SYNC group commit with each flush delay, against Redis ``appendfsync always``, in one run.
 
-``.venv/bin/python bench/sync_delay.py [--rounds 3] [--delays-us 0,300,1000] [--producers 1,32]``
-measures Append 100 x 1 KiB under ``--flush-mode SYNC`` with each ``--sync-flush-delay-us`` (0 is the
-default: the fsync starts as soon as an append asks; a delay lets more appends join each fsync, for that much
-more latency each), in alternating rounds with Redis Streams under ``appendfsync always`` (pipeline 100, the
-same number of connections as producers). Prints each round and the medians with their ratio to Redis, and
-writes bench/results/scratch/sync_delay.json. Each round runs on an empty store, deleted after it. Not part
-of ``make bench`` (bench/README.md, *Append on the event loop*, has its figures).
+``.venv/bin/python bench/sync_delay.py [--rounds 3] [--delays-us 0,1000,2000] [--producers 1,2,8,32]
+[--append-on-loop auto]`` measures Append 100 x 1 KiB under ``--flush-mode SYNC`` with each
+``--sync-flush-delay-us`` (0: the fsync starts as soon as an append asks; otherwise the longest it waits for
+as many appends as the last fsync acknowledged, 2000 by default: mqstore.log.flush), in alternating rounds
+with Redis Streams under ``appendfsync always`` (pipeline 100, the same number of connections as producers).
+Prints each round and the medians with their ratio to Redis, and writes bench/results/scratch/sync_delay.json.
+Each round runs on an empty store, deleted after it. Not part of ``make bench`` (bench/README.md, *Append on
+the event loop*, has its figures).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from procs import BENCH_DIR, GrpcServer, stop_all
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--delays-us", default="0,300,1000")
-    parser.add_argument("--producers", default="1,32")
+    parser.add_argument("--delays-us", default="0,1000,2000")
+    parser.add_argument("--producers", default="1,2,8,32")
+    parser.add_argument("--append-on-loop", default="auto", choices=("auto", "true", "false"))
     parser.add_argument("--duration-s", type=float, default=5.0)
     args = parser.parse_args(argv)
     delays = [int(d) for d in args.delays_us.split(",")]
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(args.rounds):
                 for delay in delays:
                     data = work / f"sync-{delay}-{producers}-{round_}"
-                    server = GrpcServer.commitlog(data, "SYNC", extra=("--sync-flush-delay-us", str(delay)))
+                    server = GrpcServer.commitlog(data, "SYNC", extra=("--sync-flush-delay-us", str(delay),
+                                                                      "--append-on-loop", args.append_on_loop))
                     server.start().check_codec()
                     append.create_topic(server.target)
                     try:

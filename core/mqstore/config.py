@@ -32,7 +32,7 @@ class StoreConfig:
     flush_min_dirty_pages: int = 4
     flush_thorough_interval_ms: int = 10_000
     sync_flush_timeout_ms: int = 5_000
-    sync_flush_delay_us: int = 0          # SYNC: wait this long before an fsync, so that more appends share it
+    sync_flush_delay_us: int = 2000       # SYNC: the longest an fsync waits for more appends to share it (log/flush.py)
     cq_flush_interval_ms: int = 1_000
     max_body_bytes: int = 4 * MiB
     max_batch_messages: int = 1000

@@ -95,6 +95,24 @@ def test_per_rpc_and_commitlog_figures_move_with_the_calls(log):
     assert not gone.has("mqstore_consumer_lag_messages", topic="m")
 
 
+def test_sync_fsyncs_show_their_group_commit(tmp_path):
+    # Under SYNC each fsync counts the appends it acknowledged, and the flush delay says how its waits
+    # ended. Appends one after another: each fsync acknowledges one, and a lone producer never waits a
+    # delay out (an append that an interval's flush happened to cover first is in no fsync's count).
+    config = dataclasses.replace(make_config(tmp_path / "log", flush_mode="SYNC"), server=METRICS)
+    with commitlog_serving(config) as (server, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = commitlog_pb2_grpc.CommitLogStub(channel)
+        stub.CreateTopic(cpb.CreateTopicRequest(name="s", queue_count=1), timeout=TIMEOUT_S)
+        for i in range(3):
+            assert _append(stub, "s", [b"m%d" % i]).results[0].durability == common_pb2.DURABILITY_FLUSHED
+        scraped = scrape(server.metrics_port)
+    fsyncs = scraped.value("mqstore_commitlog_flush_appends_count")
+    assert fsyncs in (2, 3) and scraped.value("mqstore_commitlog_flush_appends_sum") == fsyncs
+    assert scraped.value("mqstore_commitlog_flush_appends_bucket", le="1.0") == fsyncs
+    assert scraped.value("mqstore_commitlog_flush_delays_total", ended="joined") == fsyncs
+    assert scraped.value("mqstore_commitlog_flush_delays_total", ended="ran_out") == 0
+
+
 def test_a_full_disk_shows_as_read_only_with_its_reason(tmp_path):
     config = dataclasses.replace(make_config(tmp_path / "log", disk_max_used_ratio=0.0001), server=METRICS)
     with commitlog_serving(config) as (server, _):

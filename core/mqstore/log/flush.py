@@ -4,10 +4,17 @@ ASYNC: every ``flush_interval_ms``, when at least ``flush_min_dirty_pages`` page
 data every ``flush_thorough_interval_ms``). Appends do not wait.
 SYNC (group commit): an append waits in ``wait_flushed`` until an fsync covers its end offset. The
 thread flushes everything written so far, so appends that arrive while an fsync runs share the next
-one. A wait that outlives ``sync_flush_timeout_ms`` raises FlushTimeout. ``sync_flush_delay_us`` (0 by
-default) makes the thread wait that long after an append asks, before the fsync, so that more appends share
-it: fewer fsyncs and fewer hand-offs per append under many producers, that much more latency for each
-(MySQL's binlog_group_commit_sync_delay; bench/README.md, *Append on the event loop*, has the figures).
+one. A wait that outlives ``sync_flush_timeout_ms`` raises FlushTimeout.
+
+The flush delay (``sync_flush_delay_us``, 2 ms by default; 0 turns it off): once an append asks, the thread
+waits up to that long before its fsync for more appends to join it, and starts the fsync as soon as as many
+appends wait as the last fsync acknowledged. Under many producers each fsync then covers several appends
+(fewer fsyncs, and fewer hand-offs between this thread and the handlers); a lone producer's fsync covered
+one append, so its next one starts at once. The count learns: an fsync raises it to the number it covered,
+and a delay that runs out halves it first, so when producers go away their count falls within a few fsyncs.
+This is MySQL's binlog_group_commit_sync_delay with binlog_group_commit_sync_no_delay_count, the count
+learned rather than set; ``mqstore_commitlog_flush_appends`` and ``mqstore_commitlog_flush_delays_total``
+show what it does (bench/README.md, *Append on the event loop*, has the figures).
 
 No error is retried (``retry_on=()``): after a failed fsync the kernel may have dropped the dirty
 pages, so a retry that succeeds would confirm data that is gone. The duty dies instead: ``error`` is
@@ -56,6 +63,8 @@ class Flusher(Duty):
         self._lock = threading.Lock()
         self._wanted_more = threading.Condition(self._lock)
         self._wanted = 0
+        self._gather = 1  # the flush delay ends once this many appends wait: what the last fsync acknowledged
+        self._gathering = False  # the duty is in the delay: an append wakes it only once _gather appends wait
         self._parked: list[tuple[int, int, threading.Lock | waits.LoopWaiter]] = []  # (offset, seq, waiter): a heap
         self._seq = itertools.count()
         self._last_thorough_s = clock.monotonic_s()
@@ -65,6 +74,14 @@ class Flusher(Duty):
         self._flushed_bytes = metrics.counter("mqstore_commitlog_flushed_bytes_total", "record bytes made durable")
         self._flush_seconds = metrics.histogram("mqstore_commitlog_flush_seconds", "time of one flush (fsync of "
                                                 "the dirty range)")
+        self._flush_appends = metrics.histogram("mqstore_commitlog_flush_appends", "SYNC: appends that one fsync "
+                                                "acknowledged (the group commit's size)",
+                                                buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self._delays = metrics.counter("mqstore_commitlog_flush_delays_total", "SYNC fsyncs that waited for more "
+                                       "appends (sync_flush_delay_us), by how the wait ended: enough appends "
+                                       "joined, or the delay ran out", ("ended",))
+        self._delays_joined = self._delays.labels("joined")
+        self._delays_ran_out = self._delays.labels("ran_out")
 
     def stop(self, timeout_s: float = 10.0) -> bool:
         """End the duty, then flush what is left."""
@@ -104,10 +121,15 @@ class Flusher(Duty):
         with self._lock:
             if self.flushed_offset >= offset:
                 return False
+            heapq.heappush(self._parked, (offset, next(self._seq), waiter))
+            wake = False
             if offset > self._wanted:
                 self._wanted = offset
+                wake = not self._gathering
+            if self._gathering and len(self._parked) >= self._gather:  # parked threads may come in any order
+                wake = True
+            if wake:
                 self._wanted_more.notify()
-            heapq.heappush(self._parked, (offset, next(self._seq), waiter))
         return True
 
     def _left_s(self, offset: int, deadline: float) -> float:
@@ -144,6 +166,10 @@ class Flusher(Duty):
             parked = self._parked
             while parked and parked[0][0] <= self.flushed_offset:
                 covered.append(heapq.heappop(parked)[2])
+            if covered:
+                self._gather = max(len(covered), self._gather)
+        if covered:
+            self._flush_appends.observe(len(covered))
         # Dispatch first, then wake the appends it covers: woken first, each would wait for the dispatch
         # on the dispatcher's lock (a second sleep and wake-up each). When only appends on an event loop
         # wait, the loop dispatches, in the same hand-off that wakes them: this thread then holds the GIL
@@ -173,8 +199,29 @@ class Flusher(Duty):
     def step(self) -> None:
         if self._due():
             if self.sync and self.config.sync_flush_delay_us and self._wanted > self.flushed_offset:
-                time.sleep(self.config.sync_flush_delay_us / 1e6)  # let more appends join this fsync
+                self._delay()
             self.flush_now()
+
+    def _delay(self) -> None:
+        """Wait up to ``sync_flush_delay_us`` for more appends to join the next fsync: until as many wait as
+        the last fsync acknowledged (``_gather``, which the fsync then raises to what it covers). A delay
+        that runs out halves it."""
+        deadline = time.monotonic() + self.config.sync_flush_delay_us / 1e6
+        with self._lock:
+            self._gathering = True
+            try:
+                while len(self._parked) < self._gather:
+                    left = deadline - time.monotonic()
+                    if self.stopping:
+                        return
+                    if left <= 0:
+                        self._gather = max(1, self._gather // 2)
+                        self._delays_ran_out.inc()
+                        return
+                    self._wanted_more.wait(left)
+                self._delays_joined.inc()
+            finally:
+                self._gathering = False
 
     def pause(self) -> None:
         """The interval; in SYNC mode not at all while an append waits for more than is flushed."""

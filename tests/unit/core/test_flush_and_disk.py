@@ -165,20 +165,69 @@ def test_an_append_whose_caller_went_away_leaves_the_others_waiting_for_their_fs
     assert s.flusher.flushed_offset == s.commitlog.written_offset
 
 
-def test_a_flush_delay_lets_concurrent_appends_share_one_fsync(store):
-    # sync_flush_delay_us: the flush waits before its fsync, so appends written meanwhile join it. Eight
-    # appends written one after another on one loop (each writes before it first awaits) share one fsync.
+def _delays(s: MessageStore) -> dict[str, float]:
+    return {ended: s.flusher._delays.labels(ended).value for ended in ("joined", "ran_out")}
+
+
+def test_a_lone_producer_never_waits_for_the_flush_delay(store, on):
+    # The delay ends once as many appends wait as the last fsync acknowledged: one, for a lone producer, so
+    # its fsync starts at once. With the longest delay allowed, a single wait would show as a delay run out.
     s = store(flush_mode="SYNC", sync_flush_delay_us=100_000)
-    before = s.flusher._flushes.value
+    for i in range(5):
+        assert _append(s, on, [MessageIn(body=b"m%d" % i)]).durability == "FLUSHED"
+    assert _delays(s)["ran_out"] == 0
+    assert s.flusher._gather == 1
 
-    async def run():
+
+def test_the_flush_delay_gathers_as_many_appends_as_the_last_fsync_acknowledged(store, monkeypatch):
+    s = store(flush_mode="SYNC", sync_flush_delay_us=100_000, sync_flush_timeout_ms=20_000)
+    holding = threading.Event()
+    let_go = threading.Event()
+    real_flush = Segment.flush
+
+    def flush(seg, from_position, to_position):
+        if threading.current_thread().name == "commitlog-flush" and not holding.is_set():
+            holding.set()
+            assert let_go.wait(WAIT_S), "the test never let the fsync go"
+        real_flush(seg, from_position, to_position)
+
+    monkeypatch.setattr(Segment, "flush", flush)
+    flushes = s.flusher._flushes
+
+    async def appends(n: int, first: int) -> list:
         return await asyncio.wait_for(asyncio.gather(
-            *(s.append_async("t", [MessageIn(body=b"m%d" % i)]) for i in range(8))), WAIT_S)
+            *(s.append_async("t", [MessageIn(body=b"m%d" % (first + i))]) for i in range(n))), WAIT_S)
 
-    results = asyncio.run(run())
-    assert {r.durability for r in results} == {"FLUSHED"}
-    assert s.flusher._flushes.value - before == 1
-    assert s.flusher.flushed_offset == s.commitlog.written_offset
+    async def seven_behind_a_held_fsync() -> list:
+        batch = asyncio.create_task(appends(7, 1))
+        while len(s.flusher._parked) < 8:  # the first append's fsync is held; seven more wait behind it
+            await asyncio.sleep(0.005)
+        let_go.set()
+        return await batch
+
+    # One append's fsync is held while seven more are written: the next fsync acknowledges those seven.
+    first = threading.Thread(target=s.append, args=("t", [MessageIn(body=b"m0")]))
+    first.start()
+    assert holding.wait(WAIT_S)
+    assert asyncio.run(seven_behind_a_held_fsync())[-1].durability == "FLUSHED"
+    first.join(WAIT_S)
+    assert s.flusher._gather == 7 and _delays(s)["ran_out"] == 0
+
+    # So the next delay waits for seven: seven appends at once share one fsync, without waiting it out.
+    before = flushes.value
+    assert {r.durability for r in asyncio.run(appends(7, 8))} == {"FLUSHED"}
+    assert flushes.value - before == 1 and _delays(s)["ran_out"] == 0
+    group = s.flusher._flush_appends.value  # mqstore_commitlog_flush_appends: the group commits' sizes
+    assert (group.count, group.sum) == (3, 1 + 7 + 7)
+
+    # Producers that go away: each delay that runs out halves the count, so a lone producer waits out
+    # two delays (7 -> 3 -> 1) and then none.
+    for i, ran_out in enumerate((1, 2, 2, 2)):
+        assert _append(s, "loop", [MessageIn(body=b"lone%d" % i)]).durability == "FLUSHED"
+        assert _delays(s)["ran_out"] == ran_out
+    assert s.flusher._gather == 1
+    assert [m.record.body for m in s.pull("t", 0, 0, max_messages=100).messages][:15] == \
+        [b"m%d" % i for i in range(15)]
 
 
 def test_a_flush_delay_out_of_range_is_refused(small_config):
