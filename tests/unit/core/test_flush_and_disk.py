@@ -170,58 +170,82 @@ def _delays(s: MessageStore) -> dict[str, float]:
 
 
 def test_a_lone_producer_never_waits_for_the_flush_delay(store, on):
-    # The delay ends once as many appends wait as the last fsync acknowledged: one, for a lone producer, so
-    # its fsync starts at once. With the longest delay allowed, a single wait would show as a delay run out.
+    # A lone producer's fsyncs acknowledge one append each, too few for a delay: its fsync starts at once.
+    # With the longest delay allowed, a single wait would show as a delay run out.
     s = store(flush_mode="SYNC", sync_flush_delay_us=100_000)
     for i in range(5):
         assert _append(s, on, [MessageIn(body=b"m%d" % i)]).durability == "FLUSHED"
-    assert _delays(s)["ran_out"] == 0
+    assert _delays(s) == {"joined": 0, "ran_out": 0}
     assert s.flusher._gather == 1
 
 
-def test_the_flush_delay_gathers_as_many_appends_as_the_last_fsync_acknowledged(store, monkeypatch):
-    s = store(flush_mode="SYNC", sync_flush_delay_us=100_000, sync_flush_timeout_ms=20_000)
-    holding = threading.Event()
+def _hold_the_first_fsync(monkeypatch) -> threading.Event:
+    """Hold the flush thread's next fsync until the returned event is set; ``holding`` (its attribute) is
+    set once it holds."""
     let_go = threading.Event()
+    let_go.holding = threading.Event()
     real_flush = Segment.flush
 
     def flush(seg, from_position, to_position):
-        if threading.current_thread().name == "commitlog-flush" and not holding.is_set():
-            holding.set()
+        if threading.current_thread().name == "commitlog-flush" and not let_go.holding.is_set():
+            let_go.holding.set()
             assert let_go.wait(WAIT_S), "the test never let the fsync go"
         real_flush(seg, from_position, to_position)
 
     monkeypatch.setattr(Segment, "flush", flush)
-    flushes = s.flusher._flushes
+    return let_go
 
-    async def appends(n: int, first: int) -> list:
-        return await asyncio.wait_for(asyncio.gather(
-            *(s.append_async("t", [MessageIn(body=b"m%d" % (first + i))]) for i in range(n))), WAIT_S)
 
-    async def seven_behind_a_held_fsync() -> list:
-        batch = asyncio.create_task(appends(7, 1))
-        while len(s.flusher._parked) < 8:  # the first append's fsync is held; seven more wait behind it
+async def _appends(s: MessageStore, n: int, first: int) -> list:
+    """``n`` appends at once on this loop (each writes before it first awaits)."""
+    return await asyncio.wait_for(asyncio.gather(
+        *(s.append_async("t", [MessageIn(body=b"m%d" % (first + i))]) for i in range(n))), WAIT_S)
+
+
+def _group_behind_a_held_fsync(s: MessageStore, monkeypatch, n: int) -> None:
+    """One append's fsync is held while ``n`` more are written: the next fsync acknowledges those ``n``."""
+    let_go = _hold_the_first_fsync(monkeypatch)
+
+    async def behind() -> list:
+        batch = asyncio.create_task(_appends(s, n, 1))
+        while len(s.flusher._parked) < n + 1:
             await asyncio.sleep(0.005)
         let_go.set()
         return await batch
 
-    # One append's fsync is held while seven more are written: the next fsync acknowledges those seven.
     first = threading.Thread(target=s.append, args=("t", [MessageIn(body=b"m0")]))
     first.start()
-    assert holding.wait(WAIT_S)
-    assert asyncio.run(seven_behind_a_held_fsync())[-1].durability == "FLUSHED"
+    assert let_go.holding.wait(WAIT_S)
+    assert {r.durability for r in asyncio.run(behind())} == {"FLUSHED"}
     first.join(WAIT_S)
-    assert s.flusher._gather == 7 and _delays(s)["ran_out"] == 0
+    assert s.flusher._gather == n
+
+
+def test_two_producers_never_wait_for_the_flush_delay(store, monkeypatch):
+    # Two appends at a time: each fsync acknowledges at most two, too few for a delay, so neither waits
+    # for the other.
+    s = store(flush_mode="SYNC", sync_flush_delay_us=100_000, sync_flush_timeout_ms=20_000)
+    _group_behind_a_held_fsync(s, monkeypatch, 2)
+    for round_ in range(5):
+        assert {r.durability for r in asyncio.run(_appends(s, 2, 3 + 2 * round_))} == {"FLUSHED"}
+    assert _delays(s) == {"joined": 0, "ran_out": 0}
+
+
+def test_the_flush_delay_gathers_as_many_appends_as_the_last_fsync_acknowledged(store, monkeypatch):
+    s = store(flush_mode="SYNC", sync_flush_delay_us=100_000, sync_flush_timeout_ms=20_000)
+    flushes = s.flusher._flushes
+    _group_behind_a_held_fsync(s, monkeypatch, 7)
+    assert _delays(s)["ran_out"] == 0
 
     # So the next delay waits for seven: seven appends at once share one fsync, without waiting it out.
     before = flushes.value
-    assert {r.durability for r in asyncio.run(appends(7, 8))} == {"FLUSHED"}
+    assert {r.durability for r in asyncio.run(_appends(s, 7, 8))} == {"FLUSHED"}
     assert flushes.value - before == 1 and _delays(s)["ran_out"] == 0
     group = s.flusher._flush_appends.value  # mqstore_commitlog_flush_appends: the group commits' sizes
     assert (group.count, group.sum) == (3, 1 + 7 + 7)
 
     # Producers that go away: each delay that runs out halves the count, so a lone producer waits out
-    # two delays (7 -> 3 -> 1) and then none.
+    # two delays (7 -> 3 -> 1) and then none (under three).
     for i, ran_out in enumerate((1, 2, 2, 2)):
         assert _append(s, "loop", [MessageIn(body=b"lone%d" % i)]).durability == "FLUSHED"
         assert _delays(s)["ran_out"] == ran_out
