@@ -1,9 +1,14 @@
 """The append group: mqstore (ASYNC and SYNC) against the no-op gRPC server and Redis Streams.
 
-All servers run at once and every configuration is measured back to back on each of them (no-op,
-mqstore ASYNC, mqstore SYNC, then for batched appends Redis everysec and always at the same
-concurrency), so that noise from other work on the machine falls on a configuration and its
-comparison points alike. The configurations the targets name (TARGET_CONFIGURATIONS) are measured in
+All servers run at once and every configuration is measured back to back on each of them (the no-op,
+mqstore ASYNC and SYNC, and for batched appends Redis everysec and always at the same concurrency), so
+that noise from other work on the machine falls on a configuration and its comparison points alike.
+Each target's pair is measured side by side, in an order that alternates from round to round
+(round_order): an fsync-bound server measures lower right after one that left gigabytes of page cache
+to write back, so each of SYNC and Redis always follows an ASYNC writer in one round and an fsync-bound
+one in the next; the pure-Python servers come last.
+
+The configurations the targets name (TARGET_CONFIGURATIONS) are measured in
 ``timing["rounds"]`` such rounds, one after the other, and more up to ``timing["max_rounds"]`` while one
 round's ratio of a target's pair moves by more than 10% from the median of its rounds (unsettled); each
 server's figures are the medians over its rounds (merge_rounds): one round's ratio swung by ±15% between
@@ -122,6 +127,27 @@ def unsettled(rounds_by_server: dict[str, list[dict]], pairs) -> bool:
     return False
 
 
+def round_order(keys: list[str], fsyncs: list[str], round_: int) -> list[tuple[str, str]]:
+    """The order of one round's measurements, as ("ours", server key) and ("redis", fsync) steps.
+
+    The no-op first; then mqstore ASYNC beside Redis everysec and mqstore SYNC beside Redis always, the
+    two of each pair swapped in odd rounds (even: ASYNC, everysec, SYNC, always; odd: everysec, ASYNC,
+    always, SYNC), so that across two rounds each fsync-bound server follows a page-cache writer once
+    and an fsync-bound one once; the rest (the pure-Python servers) last. ``fsyncs`` is empty where
+    Redis is not measured."""
+    pairs = [("ASYNC", "everysec"), ("SYNC", "always")]
+    steps = [("ours", k) for k in keys if k == "noop"]
+    for ours, theirs in pairs:
+        pair = [("ours", ours)] if ours in keys else []
+        if theirs in fsyncs:
+            pair.insert(0 if round_ % 2 else len(pair), ("redis", theirs))
+        steps += pair
+    paired = {name for _, name in steps}
+    steps += [("ours", k) for k in keys if k not in paired]
+    steps += [("redis", f) for f in fsyncs if f not in paired]
+    return steps
+
+
 def configurations() -> list[tuple[str, int]]:
     return [(shape, n) for shape in SHAPES for n in PRODUCERS] + list(EXTRA)
 
@@ -171,16 +197,16 @@ def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: 
                     and unsettled(ours | {f"redis-{f}": r for f, r in theirs.items()}, TARGET_PAIRS[shape, producers])):
                 tag = (f" round {round_ + 1}/{rounds}" if round_ < rounds else f" round {round_ + 1} (unsettled)") \
                     if rounds > 1 else ""
-                for key, server in servers.items():
-                    if round_ and key.endswith(PY_SUFFIX):
+                keys = [key for key in servers if not (round_ and key.endswith(PY_SUFFIX))]
+                fsyncs = list(redis) if shape == "unary-100" else []
+                for side, name in round_order(keys, fsyncs, round_):
+                    if side == "redis":
+                        theirs[name].append(redis[name].measure(producers, timing["duration_s"], timing["redis_probe"]))
+                        log("append", f"redis {name:8} {producers:2}c{tag}", theirs[name][-1])
                         continue
-                    ours[key].append(measure(server, shape, producers, timing, client_procs))
-                    log("append", f"{key:8} {shape:14} {producers:2}p{tag}", ours[key][-1])
-                    keep_within_budget({key: server}, log)
-                if shape == "unary-100":
-                    for fsync, server in redis.items():
-                        theirs[fsync].append(server.measure(producers, timing["duration_s"], timing["redis_probe"]))
-                        log("append", f"redis {fsync:8} {producers:2}c{tag}", theirs[fsync][-1])
+                    ours[name].append(measure(servers[name], shape, producers, timing, client_procs))
+                    log("append", f"{name:8} {shape:14} {producers:2}p{tag}", ours[name][-1])
+                    keep_within_budget({name: servers[name]}, log)
             runs += [dict(merge_rounds(results), mode=key) for key, results in ours.items()]
             redis_runs += [dict(merge_rounds(results), fsync=fsync, producers=producers)
                            for fsync, results in theirs.items() if results]

@@ -113,7 +113,8 @@ def _notes(args, results: dict, cfg: dict) -> list[str]:
         f"({', '.join(f'{shape} {n}p' for shape, n in sorted(append.TARGET_CONFIGURATIONS))}) "
         f"are measured in {cfg['rounds']} rounds (up to {cfg['max_rounds']} while one round's ratio of a target "
         "moves by more than 10% from the median of its rounds), each round every server (no-op, mqstore, Redis) "
-        "in turn; their "
+        "in turn, each target's pair side by side and in alternating order (bench/append.py round_order: "
+        "mqstore ASYNC beside Redis everysec, SYNC beside Redis always, swapped every other round); their "
         "figures are the medians over the rounds (each round's rate: 'rounds_msgs_per_s' in the JSON), and the "
         "ratio is median over median. The pure-Python codec runs in the first round only.",
         "Redis latency is per request inside a pipeline of 100 (so comparable to our per-call latency of a "

@@ -369,9 +369,10 @@ def host_rows(results: dict, producer_counts: list[int], modes: list[str], varia
         for mode in modes:
             label = f"{where}{mode}, {n} producers"
             batched = [b[block_key(host, "batched", n)] for b in blocks]
+            at = {"host": host, "mode": mode, "producers": n}
             out.append(_ratio_row(f"Prepare+Commit ({label}) txn/s", "plain unary Append, same producers",
                                   [(b[mode]["ops_per_s"], b["append"]["ops_per_s"]) for b in batched],
-                                  ">= 0.5" if n in (8, 32) else None))
+                                  ">= 0.5" if n in (8, 32) else None) | at | {"kind": "rate"})
             out.append(_ratio_row(f"CPU ms per txn, all processes ({label})", "per plain Append (client + log)",
                                   [(_cpu(b[mode]), _cpu(b["append"])) for b in batched], None))
             if "unbatched" in variants:
@@ -380,10 +381,12 @@ def host_rows(results: dict, producer_counts: list[int], modes: list[str], varia
                                       [(b[mode]["ops_per_s"], u[mode]["ops_per_s"],
                                         (b[mode]["ops_per_s"] / b["append"]["ops_per_s"])
                                         / (u[mode]["ops_per_s"] / u["append"]["ops_per_s"]))
-                                       for b, u in zip(batched, unbatched, strict=True)], ">= 2"))
+                                       for b, u in zip(batched, unbatched, strict=True)], ">= 2")
+                           | at | {"kind": "batched"})
             out.append(_ratio_row(f"Prepare+Commit p50 ms ({label})", "two sequential Appends p50 (1 producer)",
                                   [(b[mode]["p50_ms"], r["two_appends"].get(1, {}).get("p50_ms"))
-                                   for b, r in zip(batched, rounds, strict=True)], "<= 1.5" if n == 1 else None))
+                                   for b, r in zip(batched, rounds, strict=True)], "<= 1.5" if n == 1 else None)
+                       | at | {"kind": "p50"})
             out.append({"workload": f"messages per Append to the commit log ({label})",
                         "figure": _median([b[mode]["messages_per_append"] for b in batched]),
                         "comparison": "", "comparison_figure": None, "ratio": None, "spread": None, "target": None})
@@ -414,13 +417,43 @@ def _fmt(v) -> str:
     return f"{v:,.2f}" if isinstance(v, float) else str(v)
 
 
+SUMMARY = (("rate", 8, ">= 0.5", "Prepare+Commit / plain Append, 8 producers (>= 0.5)"),
+           ("rate", 32, ">= 0.5", "the same, 32 producers (>= 0.5)"),
+           ("batched", 8, ">= 2", "batched / unbatched, 8 producers (>= 2)"),
+           ("batched", 32, ">= 2", "the same, 32 producers (>= 2)"),
+           ("p50", 1, "<= 1.5", "p50 / two sequential Appends, 1 producer (<= 1.5)"))
+
+
+def _met(ratio: float | None, target: str) -> str:
+    if ratio is None:
+        return "-"
+    op, bound = target.split()
+    ok = ratio >= float(bound) if op == ">=" else ratio <= float(bound)
+    return f"{ratio:.2f} " + ("met" if ok else "**missed**")
+
+
+def summary(table: list[dict]) -> list[str]:
+    """The issue's targets per place and mode, one row each: which modes meet which target."""
+    by = {(r["host"], r["mode"], r["kind"], r["producers"]): r for r in table if "kind" in r}
+    places = list(dict.fromkeys((r["host"], r["mode"]) for r in table if "kind" in r))
+    if not places:
+        return []
+    lines = ["## Targets by mode", "", "| host, mode | " + " | ".join(t[3] for t in SUMMARY) + " |",
+             "|---|" + "---|" * len(SUMMARY)]
+    for host, mode in places:
+        cells = [_met(by[host, mode, kind, n]["ratio"], target) if (host, mode, kind, n) in by else "-"
+                 for kind, n, target, _ in SUMMARY]
+        lines.append(f"| {host}, {mode} | " + " | ".join(cells) + " |")
+    return lines + ["", "## Every figure", ""]
+
+
 def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# Transaction service benchmark", "",
              f"{meta['when']} on {meta['machine']}; {meta['mode']} run of {meta['git']}, {meta['rounds']} "
              f"alternating round(s) of {meta['duration_s']} s windows after {meta['warmup_s']} s warm-up. Workload, "
              f"modes and variants: bench/txn.py. Ratios are medians of the per-round ratios (spread: lowest-"
              f"highest). " + diskuse.describe(meta),
-             "", "| workload | figure | comparison point | comparison | ratio | spread | target |",
+             "", *summary(table), "| workload | figure | comparison point | comparison | ratio | spread | target |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['workload']} | {_fmt(r['figure'])} | {r['comparison']} | {_fmt(r['comparison_figure'])} | "
               f"{_fmt(r['ratio'])} | {_fmt(r['spread'])} | {r['target'] or ''} |" for r in table]
