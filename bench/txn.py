@@ -613,6 +613,21 @@ NOTES = [
     "unary 0.22x and 0.27x. CPU per carried transaction 0.46-0.47 ms at 8 producers. p50 at 1 producer:",
     "carried 0.99-1.02x two sequential Appends, one-way 1.24x, two-way 1.77-1.81x, unary 2.27x. Batched",
     "vs unbatched: carried 5.0x, one-way 3.8-3.9x, two-way 2.8-3.9x, unary 2.2-2.7x.",
+    "",
+    "The full run of 186d966 (make bench, 2026-11-29; the table above, its summary first): carried and one-way",
+    "ends meet every target in Cluster mode (carried 0.62x / 0.65x plain Append at 8 / 32 producers, p50 1.04x",
+    "two sequential Appends, batched 4.5x / 5.5x unbatched, 1.6x at 1 producer, whose appends there are no",
+    "others to merge with; one-way 0.56x / 0.64x, p50 1.24x) and the rate and",
+    "p50 targets in Local mode (carried 0.82x / 0.72x, p50 0.46x), where batching gains 1.0-1.3x (an unbatched",
+    "in-process append costs little too). Missed, where a producer waits for its Commit's answer: two-way",
+    "frames in Cluster mode 0.41x at 8 producers and p50 1.72x, two unary calls 0.27x / 0.29x and p50 2.34x",
+    "(Local 0.36x / 0.32x). Where the time goes at 1 producer, two-way: two sequential Appends take 0.92 ms",
+    "(p50), the transaction 1.59 ms. If its two frames' round trips to the service cost what an Append's does",
+    "(~0.46 ms each), the other ~0.67 ms is, behind each frame, a round trip from the service to the commit",
+    "log and the coordinator's work: the hop Local mode removes (two-way p50 0.76x there). At 8 producers each",
+    "producer waits for the two in sequence, so the rate is latency-bound (the carried end instead overlaps",
+    "the next Prepare's append). Next for them: nothing short of that hop; a producer that needs Cluster mode",
+    "and the answer pays it.",
 ]
 
 
