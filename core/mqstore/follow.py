@@ -170,24 +170,35 @@ class Follower(Duty):
         everything it had seen of the log), whether it is connected, and its reconnects, labelled with
         the follower's name."""
         label = (self.name,)
+
+        def lag_bytes() -> dict:
+            lag = self.lag_bytes()
+            return {} if lag is None else {label: lag}
+
         metrics.gauge_fn("mqstore_follower_lag_bytes", "log bytes between what the follower has applied and the "
-                         "log's end", lambda: {label: self.lag_bytes()}, ("follower",))
+                         "log's end (absent until a Tail frame has told it where the log ends)", lag_bytes,
+                         ("follower",))
         metrics.gauge_fn("mqstore_follower_lag_seconds", "seconds since the follower had applied everything up to "
-                         "the log's end (0 while caught up)", lambda: {label: self.lag_seconds()}, ("follower",))
+                         "the log's end (0 while caught up; counted from its start until a Tail frame has shown "
+                         "it caught up)", lambda: {label: self.lag_seconds()}, ("follower",))
         metrics.gauge_fn("mqstore_follower_connected", "1 while the follower's Tail stream is open",
                          lambda: {label: int(self.state().connected)}, ("follower",))
         metrics.counter_fn("mqstore_follower_reconnects_total", "Tail streams re-opened",
                            lambda: {label: self.state().reconnects}, ("follower",))
 
-    def lag_bytes(self) -> int:
+    def lag_bytes(self) -> int | None:
+        """Bytes between what the follower has applied and the log's end; None until a Tail frame has told
+        it where the log ends (a follower that never reached the log is not "caught up")."""
         with self._state_lock:
             end = self._log_end
-        resume = self.projection.resume_offset()
         if end is None:
-            return 0
+            return None
+        resume = self.projection.resume_offset()
         return max(0, end - (resume if resume is not None else end))
 
     def lag_seconds(self) -> float:
+        """0 while caught up; else the seconds since it last was, counted from its start if it never was
+        (so a follower that cannot reach the log shows a lag that grows)."""
         if self.lag_bytes() == 0:
             return 0.0
         with self._state_lock:

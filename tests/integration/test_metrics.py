@@ -134,7 +134,8 @@ def test_index_build_lag_and_follower_figures(tmp_path, log):
             "mqstore_index_records_indexed_total") == 7 and s, "the index to index the 7 records")
         follower = "index-follower"
         assert indexed.value("mqstore_follower_connected", follower=follower) == 1
-        caught_up = wait_until(lambda: (s := scrape(server.metrics_port)).value(
+        caught_up = wait_until(lambda: (s := scrape(server.metrics_port)).has(  # absent before the first frame
+            "mqstore_follower_lag_bytes", follower=follower) and s.value(
             "mqstore_follower_lag_bytes", follower=follower) == 0 and s, "the index to catch up")
         assert caught_up.value("mqstore_follower_lag_seconds", follower=follower) == 0
         assert caught_up.value("grpc_server_started_total", grpc_service="mqstore.v1.Index") == 0
@@ -175,7 +176,8 @@ def test_compactor_round_figures(tmp_path, log):
         compactor = compactor_pb2_grpc.CompactorStub(channel)
         def following() -> bool:
             scraped = scrape(server.metrics_port)
-            return (scraped.value("mqstore_follower_lag_bytes", follower="compactor-follower") == 0
+            return (scraped.has("mqstore_follower_lag_bytes", follower="compactor-follower")
+                    and scraped.value("mqstore_follower_lag_bytes", follower="compactor-follower") == 0
                     and scraped.has("mqstore_compactor_dirty_ratio", topic="kv"))
         wait_until(following, "the compactor to follow the log")
         report = compactor.Compact(compactor_pb2.CompactRequest(topic="kv", seal_active=True), timeout=60).rounds[0]

@@ -123,11 +123,12 @@ def _rpc_line(now: Sample, before: Sample | None, seconds: float) -> str:
 
 def _follower_lines(now: Sample) -> list[str]:
     lines = []
-    for labels, lag in now.rows("mqstore_follower_lag_bytes"):
+    for labels, up in now.rows("mqstore_follower_connected"):
         name = labels.get("follower", "")
         seconds = now.get("mqstore_follower_lag_seconds", follower=name)
-        connected = "connected" if now.get("mqstore_follower_connected", follower=name) else "DISCONNECTED"
-        lines.append(f"  follower  {name}: lag {_bytes(lag)} ({seconds:,.1f} s)  {connected}")
+        lag = next((v for ls, v in now.rows("mqstore_follower_lag_bytes") if ls.get("follower") == name), None)
+        shown = "unknown (no Tail frame yet)" if lag is None else _bytes(lag)
+        lines.append(f"  follower  {name}: lag {shown} ({seconds:,.1f} s)  {'connected' if up else 'DISCONNECTED'}")
     return lines
 
 

@@ -219,3 +219,30 @@ def test_config_is_validated():
         FollowConfig(heartbeat_ms=0)
     with pytest.raises(InvalidArgument, match="backoff_max_ms"):
         FollowConfig(backoff_initial_ms=10, backoff_max_ms=5)
+
+
+def test_the_lag_is_unknown_until_a_frame_and_its_seconds_count_from_the_start():
+    """A follower that never reached the log is not "caught up": no lag in bytes (the metric is absent),
+    and its lag in seconds grows from its start, so that an alert on the lag fires for it."""
+    from mqstore.clock import FakeClock
+    from mqstore.metrics import Registry
+
+    clock = FakeClock()
+    log = MemoryLog(end=50)
+    log.refuse_opens = Unavailable("connection refused")
+    follower = Follower("test-follower", log, Recorder(), FAST, clock=clock)
+    registry = Registry()
+    follower.register_metrics(registry)
+    follower.start()
+    try:
+        wait_until(lambda: len(log.opened) >= 2, "the follower to try the log twice")
+        clock.advance(7_000)
+        assert follower.lag_bytes() is None and follower.lag_seconds() == 7.0
+        assert registry.get("mqstore_follower_lag_bytes").value == {}  # absent from /metrics
+        assert registry.get("mqstore_follower_lag_seconds").value == {("test-follower",): 7.0}
+        log.refuse_opens = None  # the log comes back: the first frame tells the follower where it ends
+        wait_until(lambda: follower.lag_bytes() == 0, "the follower to catch up")
+        assert follower.lag_seconds() == 0.0
+        assert registry.get("mqstore_follower_lag_bytes").value == {("test-follower",): 0}
+    finally:
+        assert follower.stop(WAIT_S)

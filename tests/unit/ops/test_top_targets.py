@@ -21,3 +21,14 @@ def test_a_replication_group_address_scrapes_its_first_node():
 
 def test_one_address_scrapes_its_port_plus_100():
     assert targets_of(_args("--address", "10.0.0.5:6000"))["commitlog"] == "10.0.0.5:6100"
+
+
+def test_a_follower_without_a_tail_frame_yet_shows_its_lag_as_unknown():
+    sample = cli_top.Sample()
+    for name, connected in (("index-follower", 1), ("txn-follower", 0)):
+        sample.values[("mqstore_follower_connected", (("follower", name),))] = connected
+        sample.values[("mqstore_follower_lag_seconds", (("follower", name),))] = 0.0 if connected else 12.5
+    sample.values[("mqstore_follower_lag_bytes", (("follower", "index-follower"),))] = 2048
+    lines = cli_top._follower_lines(sample)
+    assert lines == ["  follower  index-follower: lag 2.0 KiB (0.0 s)  connected",
+                     "  follower  txn-follower: lag unknown (no Tail frame yet) (12.5 s)  DISCONNECTED"]
