@@ -115,6 +115,42 @@ def test_each_frame_is_checked_as_its_call_on_the_loop_and_in_the_pool(tmp_path)
         assert shown.state == txn_pb2.TRANSACTION_STATE_OPEN  # the refused Rollback changed nothing
 
 
+def test_a_users_first_call_is_checked_off_the_loop_while_the_loop_answers_others(tmp_path, monkeypatch):
+    """A first call checks its secret against the auth database (a read and a scrypt hash): on a thread,
+    so the port's loop answers the calls of users already checked meanwhile. Held here until the other
+    call is answered: on the loop, that call would wait for it and miss its deadline."""
+    from mqstore.auth import secrets
+
+    checking, release = threading.Event(), threading.Event()
+    verify = secrets.verify_secret
+
+    def held(secret: str, stored: str) -> bool:
+        if secret == WRITER_SECRET:
+            checking.set()
+            release.wait(RPC_TIMEOUT_S)
+        return verify(secret, stored)
+
+    monkeypatch.setattr(secrets, "verify_secret", held)
+    with local_port(tmp_path, auth=True) as (_, service, address):
+        with grpc.insecure_channel(address) as channel:
+            writer = ((rpc_auth.METADATA_KEY, rpc_auth.token(WRITER, WRITER_SECRET)),)
+            first = txn_pb2_grpc.TransactionStub(channel).Prepare.future(txn_pb2.PrepareRequest(
+                topic="orders", messages=[msg(b"first")], producer_group="pg"), metadata=writer,
+                timeout=RPC_TIMEOUT_S)
+            try:
+                assert checking.wait(RPC_TIMEOUT_S), "the writer's secret to be checked"
+                other = txn_pb2_grpc.TransactionStub(service).Prepare(txn_pb2.PrepareRequest(
+                    topic="orders", messages=[msg(b"other")], producer_group="pg"), timeout=RPC_TIMEOUT_S / 2)
+                assert other.transaction_id and not first.done()
+            finally:
+                release.set()
+            assert first.result().transaction_id
+            _, transact = _transact(channel, WRITER, "not-the-secret")  # a refusal off the loop maps as on it
+            with pytest.raises(grpc.RpcError) as refused:
+                list(transact([_prepare(1, "orders")]))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
+
+
 def test_a_stream_on_the_loop_is_counted_and_its_errors_mapped(tmp_path):
     with local_port(tmp_path, max_transact_streams=1) as (server, channel, _):
         _, transact = _transact(channel)

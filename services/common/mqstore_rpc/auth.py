@@ -33,11 +33,16 @@ reflection are open.
 :class:`BearerToken` (the client side) adds the metadata to every call of a channel
 (mqstore_rpc.tls.open_channel's interceptors).
 
+On a grpc.aio server's loop (mqstore_rpc.aio) the cached credentials are found on the loop; a call with
+credentials not seen since the last change is checked on a thread of the loop's executor, so a user's first
+call (or every user's, after a change of the users or rules) does not stop the loop for its scrypt hash.
+
 Thread-safety: the interceptor caches its wrapped handlers per method; the authority is thread-safe.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import copy
 import functools
@@ -99,6 +104,18 @@ class _Caller:
         self.interceptor, self.principal, self.method, self.context = interceptor, principal, method, context
 
 
+class _Peer:
+    """What a denial made off the loop logs of its call: the peer, read on the loop."""
+
+    __slots__ = ("_peer",)
+
+    def __init__(self, peer: str):
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, authority: Authority, registry: Registry, permissions: Mapping[str, Need | None] = PERMISSIONS,
                  *, signed_requests: bool = False):
@@ -131,8 +148,37 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     **fields)
         raise exc
 
+    def _cached(self, metadata) -> Principal | None:
+        """The caller's principal if its credentials were accepted before (one dict read), else None."""
+        for key, value in metadata:
+            if key == METADATA_KEY:
+                if not isinstance(value, str):
+                    return None
+                principal = self._authority.cached(value)
+                if principal is None and self._signed_requests and signature.is_signed(value):
+                    date_time = next((v for k, v in metadata if k == signature.DATE_HEADER), None)
+                    if isinstance(date_time, str):
+                        principal = self._authority.cached_signed(value, date_time)
+                return principal
+        return None
+
+    async def _authenticate_async(self, method: str, context) -> Principal:
+        """:meth:`_authenticate` for a call on a grpc.aio server's loop: credentials seen before are found
+        on the loop (a dict read); new ones (a database read and a scrypt hash, tens of milliseconds) and
+        refusals are checked on a thread of the loop's executor, so the loop answers other calls meanwhile."""
+        metadata = context.invocation_metadata() or ()
+        principal = self._cached(metadata)
+        if principal is not None:
+            return principal
+        caller = _Peer(context.peer())
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self._authenticate_metadata, method, metadata, caller))
+
     def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
-        metadata = context.invocation_metadata()
+        return self._authenticate_metadata(method, context.invocation_metadata(), context)
+
+    def _authenticate_metadata(self, method: str, metadata, context) -> Principal:
+        """``context``: what a denial is logged with (its ``peer()``)."""
         for key, value in metadata:
             if key == METADATA_KEY:
                 if isinstance(value, str):
@@ -266,11 +312,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def _guard_async(self, behavior: Callable, need: Need, method: str, request_streaming: bool) -> Callable:
         """:meth:`_guard` for a stream answered on a grpc.aio server's loop (mqstore_rpc.aio): the same
-        checks in the same order. The credentials are checked on the loop (a user seen before: a cache
-        lookup; a first call of a user waits for the auth database once)."""
+        checks in the same order. Credentials seen before are found on the loop; new ones are checked on a
+        thread (:meth:`_authenticate_async`)."""
         @functools.wraps(behavior)
         async def stream_guarded(request, context) -> AsyncIterator[Any]:
-            principal = self._authenticate(method, context)
+            principal = await self._authenticate_async(method, context)
             if request_streaming:
                 request = await self._each_checked_async(request, principal, need, method, context)
             elif not need.deferred:
@@ -298,7 +344,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         """:meth:`_guard` for a unary call answered on a grpc.aio server's loop (mqstore_rpc.aio)."""
         @functools.wraps(behavior)
         async def guarded(request, context):
-            principal = self._authenticate(method, context)
+            principal = await self._authenticate_async(method, context)
             if not need.deferred:
                 self._authorize(principal, need, request, method, context)
                 return await behavior(request, context)
