@@ -309,3 +309,25 @@ def test_a_key_revoked_or_a_user_deleted_by_another_process_is_refused_after_ref
             authority.authenticate_signed(signed_now(clock, second.key.access_key, second.secret_key))
     finally:
         elsewhere.close()
+
+
+def test_a_signed_request_verified_for_the_gateway_is_not_taken_from_the_cache_by_another_port(store, tmp_path):
+    """The commit log's process serves the gateway (signed requests) and its other ports with one authority:
+    what a grpc.aio port finds cached on its loop must be what that port would accept."""
+    from mqstore_rpc.auth import METADATA_KEY, AuthInterceptor
+
+    clock = FakeClock(DATE_MS)
+    kek = Kek(tmp_path / "auth.kek", create=True)
+    authority = Authority(store, kek=kek, clock=clock)
+    admin = AccessAdmin(store, authority.invalidate, kek)
+    admin.create_user("erin", model.NORMAL, "erin-secret-1")
+    created = admin.create_sdk_key("erin")
+    signed = signed_now(clock, created.key.access_key, created.secret_key)
+    value = header(created.key.access_key, signed.signature.hex())
+    metadata = ((METADATA_KEY, value), (signature.DATE_HEADER, signed.date_time))
+    port = AuthInterceptor(authority, Registry())
+    gateway = port.taking_signed_requests()
+    assert gateway._cached(metadata) is None
+    erin = authority.authenticate_signed(signed, value)  # the gateway's first call
+    assert gateway._cached(metadata) is erin
+    assert port._cached(metadata) is None  # refused as the synchronous path refuses it (UNAUTHENTICATED)
