@@ -7,13 +7,14 @@ there. A replica with an empty log starts at the leader's first segment (``start
 whose point lies below the leader's first offset (retention removed what it lacks) or whose segment
 size differs is refused with FailedPrecondition: it cannot become byte-identical.
 
-Thread-safety: one session per stream; ``data()`` runs on the stream's handler thread, ``ack()`` on
-the thread reading the replica's messages; both only touch the thread-safe store and in-sync set.
+Thread-safety: one session per stream; ``data()`` runs on the stream's handler thread (``data_async()``
+on a grpc.aio port's loop), ``ack()`` on the thread (or task) reading the replica's messages; both only
+touch the thread-safe store and in-sync set.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import structlog
 
@@ -64,24 +65,54 @@ class ReplicaSession:
 
     def data(self, is_active: Callable[[], bool]) -> Iterator[LogData]:
         """Log bytes from the agreed offset, in order; a heartbeat (no bytes) when idle."""
-        config = self.node.config
-        heartbeat_s = config.replication_heartbeat_ms / 1000
-        growth = self.node.growth
+        growth, heartbeat_s = self.node.growth, self.node.config.replication_heartbeat_ms / 1000
+        self._connected()
+        try:
+            while is_active() and self._leading():
+                seen = growth.version()
+                chunk, nxt = self._chunk()
+                if nxt == self.position:
+                    growth.wait(seen, heartbeat_s)
+                    chunk, nxt = self._chunk()
+                yield self._sent(chunk, nxt)
+        finally:
+            self._disconnected()
+
+    async def data_async(self) -> AsyncIterator[LogData]:
+        """:meth:`data` on an event loop (the stream's end cancels it): the log's growth is awaited there,
+        so no thread is handed each message."""
+        growth, heartbeat_s = self.node.growth, self.node.config.replication_heartbeat_ms / 1000
+        self._connected()
+        try:
+            while self._leading():
+                seen = growth.version()
+                chunk, nxt = self._chunk()
+                if nxt == self.position:
+                    await growth.wait_async(seen, heartbeat_s)
+                    chunk, nxt = self._chunk()
+                yield self._sent(chunk, nxt)
+        finally:
+            self._disconnected()
+
+    def _leading(self) -> bool:
+        return self.node.is_leader and self.node.leadership.epoch == self.epoch
+
+    def _chunk(self) -> tuple[bytes, int]:
+        return self.store.replica_chunk(self.position, self.node.config.replication_chunk_bytes)
+
+    def _sent(self, chunk: bytes, nxt: int) -> LogData:
+        data = LogData(self.position, chunk, nxt, self.store.log_end(), self.node.in_sync.committed())
+        self.position = nxt
+        return data
+
+    def _connected(self) -> None:
         self.node.in_sync.connected(self.hello.replica_id, self.hello.address)
         log.info("replication.replica_connected", replica=self.hello.replica_id, address=self.hello.address,
                  from_offset=self.position, epoch=self.epoch)
-        try:
-            while is_active() and self.node.is_leader and self.node.leadership.epoch == self.epoch:
-                seen = growth.version()
-                chunk, nxt = self.store.replica_chunk(self.position, config.replication_chunk_bytes)
-                if nxt == self.position:
-                    growth.wait(seen, heartbeat_s)
-                    chunk, nxt = self.store.replica_chunk(self.position, config.replication_chunk_bytes)
-                yield LogData(self.position, chunk, nxt, self.store.log_end(), self.node.in_sync.committed())
-                self.position = nxt
-        finally:
-            self.node.in_sync.disconnected(self.hello.replica_id)
-            log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position)
+
+    def _disconnected(self) -> None:
+        self.node.in_sync.disconnected(self.hello.replica_id)
+        log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position)
 
     def ack(self, ack: Ack) -> None:
         self.node.in_sync.on_ack(self.hello.replica_id, ack.written_offset, ack.flushed_offset)

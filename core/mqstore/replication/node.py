@@ -44,16 +44,21 @@ class Leadership:
 
 
 class LogGrowth:
-    """Wakes replication streams when the leader's log grows. Thread-safe."""
+    """Wakes replication streams when the leader's log grows: a stream's handler thread (:meth:`wait`) or a
+    stream answered on an event loop (:meth:`wait_async`). Thread-safe."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._version = 0
+        self._loop_waiters: list[waits.LoopWaiter] = []
 
     def grew(self) -> None:
         with self._cond:
             self._version += 1
             self._cond.notify_all()
+            woken, self._loop_waiters = self._loop_waiters, []
+        if woken:
+            waits.wake(woken)
 
     def version(self) -> int:
         return self._version
@@ -62,6 +67,20 @@ class LogGrowth:
         with waits.waiting(), self._cond:  # a replica's stream between chunks: its handler thread does not count
             if self._version == seen:
                 self._cond.wait(timeout_s)
+
+    async def wait_async(self, seen: int, timeout_s: float) -> None:
+        """:meth:`wait` on an event loop: until the log grows past version ``seen``, or ``timeout_s``."""
+        waiter = waits.LoopWaiter()
+        with self._cond:
+            if self._version != seen:
+                return
+            self._loop_waiters.append(waiter)
+        try:
+            await waiter.wait(timeout_s)
+        finally:
+            with self._cond:
+                if waiter in self._loop_waiters:  # timed out or cancelled: not woken
+                    self._loop_waiters.remove(waiter)
 
 
 class ReplicationNode:

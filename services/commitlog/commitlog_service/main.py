@@ -165,7 +165,8 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore,
     node.on_promote = store.promote
     node.in_sync.on_committed = store.advance_visible
     store.gate = node
-    servicer = replication.ReplicationServicer(store, node)
+    kind = replication.LoopReplicationServicer if on_loop(config) else replication.ReplicationServicer
+    servicer = kind(store, node)
     parts.add_servicer(replication.SERVICE_NAME, lambda server: replication.add_to_server(servicer, server))
     parts.add_duty(IsrKeeper(node.in_sync, lambda: node.is_leader))
     store.topics.reload_on_miss = True  # a replica, or a leader that was one, may miss topics created elsewhere

@@ -3,16 +3,18 @@ the stream's protos and mqstore.replication's plain messages. The protocol itsel
 (core/mqstore/replication/README.md).
 
 Thread-safety: the servicer holds the store and the node (both thread-safe); each Replicate call runs on
-its handler thread plus one thread reading the replica's acknowledgements. A link's streams are used by
+its handler thread plus one thread reading the replica's acknowledgements (on a grpc.aio port,
+:class:`LoopReplicationServicer`: on the loop, a task reading them). A link's streams are used by
 the replica's follower thread; ``cancel()`` may come from any thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
 import grpc
 import structlog
@@ -56,21 +58,19 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
             handed_over_at_offset=self.controller.transfer(request.target_node_id, timeout_s))
 
     def Replicate(self, request_iterator, context) -> Iterator[pb.LeaderMessage]:
-        first = next(request_iterator, None)
+        session = self._session(next(request_iterator, None))
+        yield _welcome(session.welcome)
+        threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
+                         name=f"replication-acks-{session.hello.replica_id}").start()
+        for d in session.data(context.is_active):
+            yield _data(d)
+
+    def _session(self, first) -> ReplicaSession:
         if first is None or first.WhichOneof("kind") != "hello":
             raise InvalidArgument("Replicate: the first message must be a hello")
         h = first.hello
-        session = ReplicaSession(self._store, self._node, Hello(h.replica_id, h.address, h.end_offset, h.min_offset,
-                                                                history_in(h.epochs), h.segment_size_bytes))
-        w = session.welcome
-        yield pb.LeaderMessage(welcome=pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
-                                                        epochs=history_out(w.history), start_empty=w.start_empty))
-        threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
-                         name=f"replication-acks-{h.replica_id}").start()
-        for d in session.data(context.is_active):
-            yield pb.LeaderMessage(data=pb.LogData(offset=d.offset, data=d.data, next_offset=d.next_offset,
-                                                   leader_end_offset=d.leader_end_offset,
-                                                   committed_offset=d.committed_offset))
+        return ReplicaSession(self._store, self._node, Hello(h.replica_id, h.address, h.end_offset, h.min_offset,
+                                                             history_in(h.epochs), h.segment_size_bytes))
 
     def GetReplicationState(self, request, context) -> pb.ReplicationState:
         node, lead = self._node, self._node.leadership
@@ -83,6 +83,44 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
             replicas=[pb.ReplicaProgress(replica_id=v.replica_id, address=v.address, written_offset=v.written_offset,
                                          flushed_offset=v.flushed_offset, in_sync=v.in_sync, connected=v.connected,
                                          lag_bytes=v.lag_bytes, last_ack_age_ms=v.last_ack_age_ms) for v in views])
+
+
+class LoopReplicationServicer(ReplicationServicer):
+    """On a grpc.aio port (the commit log's ``--append-on-loop``): Replicate answered on the event loop. Each
+    data message and each acknowledgement is handled there, where the synchronous handler handed every one
+    between a pool thread and the loop (a leader of two replicas spent ~13 us of CPU a SYNC-replicated
+    message so, bench/README.md *The replication benchmark*). The rest as the synchronous servicer."""
+
+    async def Replicate(self, request_iterator, context) -> AsyncIterator[pb.LeaderMessage]:
+        requests = aiter(request_iterator)
+        session = self._session(await anext(requests, None))
+        yield _welcome(session.welcome)
+        acks = asyncio.ensure_future(_read_acks_async(requests, session))
+        try:
+            async for d in session.data_async():
+                yield _data(d)
+        finally:
+            acks.cancel()
+
+
+def _welcome(w: Welcome) -> pb.LeaderMessage:
+    return pb.LeaderMessage(welcome=pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
+                                                     epochs=history_out(w.history), start_empty=w.start_empty))
+
+
+def _data(d: LogData) -> pb.LeaderMessage:
+    return pb.LeaderMessage(data=pb.LogData(offset=d.offset, data=d.data, next_offset=d.next_offset,
+                                            leader_end_offset=d.leader_end_offset, committed_offset=d.committed_offset))
+
+
+async def _read_acks_async(requests: AsyncIterator, session: ReplicaSession) -> None:
+    """:func:`_read_acks` as a task on the loop, cancelled when the stream's handler ends."""
+    try:
+        async for message in requests:
+            if message.WhichOneof("kind") == "ack":
+                session.ack(Ack(message.ack.written_offset, message.ack.flushed_offset))
+    except (grpc.RpcError, grpc.aio.BaseError) as exc:  # the call ended under it
+        log.info("replication.ack_stream_ended", replica=session.hello.replica_id, error=type(exc).__name__)
 
 
 def _read_acks(request_iterator, session: ReplicaSession) -> None:
