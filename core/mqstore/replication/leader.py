@@ -14,6 +14,7 @@ touch the thread-safe store and in-sync set.
 
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator, Callable, Iterator
 
 import structlog
@@ -24,6 +25,7 @@ from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import ReplicationNode
 
 log = structlog.get_logger()
+CATCH_UP_BYTES = 16 << 20  # data_async: further behind the log's end than this, a chunk is read on a thread
 
 
 class ReplicaSession:
@@ -80,12 +82,18 @@ class ReplicaSession:
 
     async def data_async(self) -> AsyncIterator[LogData]:
         """:meth:`data` on an event loop (the stream's end cancels it): the log's growth is awaited there,
-        so no thread is handed each message."""
+        so no thread is handed each message. A replica more than CATCH_UP_BYTES behind the log's end reads
+        from a thread: those bytes may have left the page cache, and a read from the disk must not hold
+        the loop (every other call of the port waits on it)."""
         growth, heartbeat_s = self.node.growth, self.node.config.replication_heartbeat_ms / 1000
+        loop = asyncio.get_running_loop()
         self._connected()
         try:
             while self._leading():
                 seen = growth.version()
+                if self.store.log_end() - self.position > CATCH_UP_BYTES:
+                    yield self._sent(*await loop.run_in_executor(None, self._chunk))
+                    continue
                 chunk, nxt = self._chunk()
                 if nxt == self.position:
                     await growth.wait_async(seen, heartbeat_s)

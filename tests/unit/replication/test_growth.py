@@ -44,3 +44,45 @@ def test_a_loop_waiter_returns_at_once_after_growth_and_leaves_nothing_behind_on
         growth.grew()  # waking no one is harmless
 
     asyncio.run(main())
+
+
+def test_a_replica_far_behind_is_read_on_a_thread_and_one_near_the_end_on_the_loop():
+    """data_async: bytes more than CATCH_UP_BYTES behind the log's end may be on the disk only, so they are
+    read off the loop; the tail, in the page cache, is read on it."""
+    from types import SimpleNamespace
+
+    from mqstore.replication import leader
+
+    end = 3 * leader.CATCH_UP_BYTES
+    readers: list[tuple[int, str]] = []
+
+    class Store:
+        def log_end(self):
+            return end
+
+        def replica_chunk(self, offset, max_bytes):
+            readers.append((offset, threading.current_thread().name))
+            nxt = min(end, offset + max_bytes)
+            return b"x" * (nxt - offset), nxt
+
+    in_sync = SimpleNamespace(connected=lambda *a: None, disconnected=lambda *a: None, committed=lambda: 0)
+    node = SimpleNamespace(growth=LogGrowth(), is_leader=True, leadership=SimpleNamespace(epoch=1), in_sync=in_sync,
+                           config=SimpleNamespace(replication_heartbeat_ms=10, replication_chunk_bytes=8 << 20))
+    session = object.__new__(leader.ReplicaSession)  # the handshake is the other tests' business
+    session.store, session.node, session.position, session.epoch = Store(), node, 0, 1
+    session.hello = SimpleNamespace(replica_id="r", address="a")
+
+    async def main():
+        loop_thread = threading.current_thread().name
+        stream = session.data_async()
+        while session.position < end:
+            await asyncio.wait_for(anext(stream), LONG_S)
+        await stream.aclose()
+        return loop_thread
+
+    loop_thread = asyncio.run(main())
+    far = [name for offset, name in readers if end - offset > leader.CATCH_UP_BYTES]
+    near = [name for offset, name in readers if end - offset <= leader.CATCH_UP_BYTES]
+    assert far and near
+    assert all(name != loop_thread for name in far)
+    assert all(name == loop_thread for name in near)
