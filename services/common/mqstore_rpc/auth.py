@@ -149,18 +149,17 @@ class AuthInterceptor(grpc.ServerInterceptor):
         raise exc
 
     def _cached(self, metadata) -> Principal | None:
-        """The caller's principal if its credentials were accepted before (one dict read), else None."""
-        for key, value in metadata:
-            if key == METADATA_KEY:
-                if not isinstance(value, str):
-                    return None
-                principal = self._authority.cached(value)
-                if principal is None and self._signed_requests and signature.is_signed(value):
-                    date_time = next((v for k, v in metadata if k == signature.DATE_HEADER), None)
-                    if isinstance(date_time, str):
-                        principal = self._authority.cached_signed(value, date_time)
-                return principal
-        return None
+        """The caller's principal if its credentials were accepted before (one dict read: the hot path),
+        else None (then :meth:`_authenticate_new`)."""
+        value = next((v for k, v in metadata if k == METADATA_KEY), None)
+        if not isinstance(value, str):
+            return None
+        principal = self._authority.cached(value)
+        if principal is None and self._signed_requests and signature.is_signed(value):
+            date_time = next((v for k, v in metadata if k == signature.DATE_HEADER), None)
+            if isinstance(date_time, str):
+                principal = self._authority.cached_signed(value, date_time)  # the same signature this second
+        return principal
 
     async def _authenticate_async(self, method: str, context) -> Principal:
         """:meth:`_authenticate` for a call on a grpc.aio server's loop: credentials seen before are found
@@ -172,22 +171,19 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return principal
         caller = _Peer(context.peer())
         return await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self._authenticate_metadata, method, metadata, caller))
+            None, functools.partial(self._authenticate_new, method, metadata, caller))
 
     def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
-        return self._authenticate_metadata(method, context.invocation_metadata(), context)
+        metadata = context.invocation_metadata()
+        principal = self._cached(metadata)
+        return principal if principal is not None else self._authenticate_new(method, metadata, context)
 
-    def _authenticate_metadata(self, method: str, metadata, context) -> Principal:
-        """``context``: what a denial is logged with (its ``peer()``)."""
-        for key, value in metadata:
-            if key == METADATA_KEY:
-                if isinstance(value, str):
-                    principal = self._authority.cached(value)  # the hot path: credentials seen before
-                    if principal is not None:
-                        return principal
-                    if signature.is_signed(value):
-                        return self._authenticate_signed(value, metadata, method, context)
-                break
+    def _authenticate_new(self, method: str, metadata, context) -> Principal:
+        """Credentials :meth:`_cached` does not hold: checked (the database, a hash), or refused.
+        ``context``: what a denial is logged with (its ``peer()``)."""
+        value = next((v for k, v in metadata if k == METADATA_KEY), None)
+        if isinstance(value, str) and signature.is_signed(value):
+            return self._authenticate_signed(value, metadata, method, context)
         try:
             user, secret = parse_credentials(metadata)
         except Unauthenticated as exc:
@@ -203,10 +199,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
                                        f"requests ({signature.ALGORITHM}, the RocketMQ SDKs') are taken by the "
                                        f"RocketMQ gateway only"), "no_credentials", method, context)
         date_time = next((v for k, v in metadata if k == signature.DATE_HEADER), None)
-        if isinstance(date_time, str):
-            principal = self._authority.cached_signed(value, date_time)  # the same signature this second
-            if principal is not None:
-                return principal
         try:
             signed = signature.parse(value, date_time if isinstance(date_time, str) else None)
         except Unauthenticated as exc:

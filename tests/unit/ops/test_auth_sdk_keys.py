@@ -264,16 +264,22 @@ def test_a_key_under_another_kek_or_none_is_refused_and_logged(store, tmp_path):
         AccessAdmin(store).create_sdk_key("carol")
 
 
-def test_the_same_signature_within_its_second_costs_no_hmac_until_a_change_or_its_window_ends(store, tmp_path,
-                                                                                             monkeypatch):
+def _user_signing_now(store, tmp_path, user: str):
+    """A user with an SDK key, and a request signed with it now: (clock, authority, admin, the request, its
+    authorization value)."""
     clock = FakeClock(DATE_MS)
     kek = Kek(tmp_path / "auth.kek", create=True)
     authority = Authority(store, kek=kek, clock=clock)
     admin = AccessAdmin(store, authority.invalidate, kek)
-    admin.create_user("dave", model.NORMAL, "dave-secret-1")
-    created = admin.create_sdk_key("dave")
+    admin.create_user(user, model.NORMAL, f"{user}-secret-1")
+    created = admin.create_sdk_key(user)
     signed = signed_now(clock, created.key.access_key, created.secret_key)
-    value = header(created.key.access_key, signed.signature.hex())
+    return clock, authority, admin, signed, header(created.key.access_key, signed.signature.hex())
+
+
+def test_the_same_signature_within_its_second_costs_no_hmac_until_a_change_or_its_window_ends(store, tmp_path,
+                                                                                             monkeypatch):
+    clock, authority, admin, signed, value = _user_signing_now(store, tmp_path, "dave")
     assert authority.cached_signed(value, signed.date_time) is None
     dave = authority.authenticate_signed(signed, value)
     hmacs = []
@@ -284,7 +290,7 @@ def test_the_same_signature_within_its_second_costs_no_hmac_until_a_change_or_it
     clock.advance(signature.MAX_SKEW_MS + 1000)
     assert authority.cached_signed(value, signed.date_time) is None           # out of its window: checked again
     clock.advance(-signature.MAX_SKEW_MS - 1000)
-    admin.revoke_sdk_key(created.key.access_key)                               # a change drops it at once
+    admin.revoke_sdk_key(signed.access_key)                                    # a change drops it at once
     assert authority.cached_signed(value, signed.date_time) is None
 
 
@@ -316,14 +322,7 @@ def test_a_signed_request_verified_for_the_gateway_is_not_taken_from_the_cache_b
     what a grpc.aio port finds cached on its loop must be what that port would accept."""
     from mqstore_rpc.auth import METADATA_KEY, AuthInterceptor
 
-    clock = FakeClock(DATE_MS)
-    kek = Kek(tmp_path / "auth.kek", create=True)
-    authority = Authority(store, kek=kek, clock=clock)
-    admin = AccessAdmin(store, authority.invalidate, kek)
-    admin.create_user("erin", model.NORMAL, "erin-secret-1")
-    created = admin.create_sdk_key("erin")
-    signed = signed_now(clock, created.key.access_key, created.secret_key)
-    value = header(created.key.access_key, signed.signature.hex())
+    _, authority, _, signed, value = _user_signing_now(store, tmp_path, "erin")
     metadata = ((METADATA_KEY, value), (signature.DATE_HEADER, signed.date_time))
     port = AuthInterceptor(authority, Registry())
     gateway = port.taking_signed_requests()
