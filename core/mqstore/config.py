@@ -39,7 +39,8 @@ class StoreConfig:
     max_batch_body_bytes: int = 4 * MiB
     max_stream_messages: int = 100_000
     retention_ms: int = 72 * 3600 * 1000
-    retention_hold_max_ms: int = 7 * 24 * 3600 * 1000  # a follower's hold lapses after this long without a Tail
+    retention_hold_max_ms: int = 7 * 24 * 3600 * 1000  # the longest a hold outlives its last refresh (retention_holds)
+    retention_hold_grace_ms: int = 60_000  # a user's hold ends this long after its stream closes (retention_holds)
     clean_interval_ms: int = 10_000
     disk_max_used_ratio: float = 0.90
     store_host: str = "127.0.0.1"
@@ -65,6 +66,8 @@ class StoreConfig:
         if not 0 <= self.sync_flush_delay_us <= 100_000:
             raise InvalidArgument(f"sync_flush_delay_us must be in [0, 100000] (at most 100 ms), not "
                                   f"{self.sync_flush_delay_us}")
+        if self.retention_hold_grace_ms < 0:
+            raise InvalidArgument(f"retention_hold_grace_ms must be 0 or more, not {self.retention_hold_grace_ms}")
         if self.recheck_segments < 0:
             raise InvalidArgument(f"recheck_segments must be 0 or more, not {self.recheck_segments}")
         if not 0 < self.disk_max_used_ratio <= 1:

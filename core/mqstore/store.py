@@ -57,7 +57,7 @@ from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
 from mqstore.replication import log_ops
 from mqstore.replication.node import SingleNode
 from mqstore.queue.usage import TopicUsage
-from mqstore.retention_holds import RetentionHolds
+from mqstore.retention_holds import HoldInfo, RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
 
@@ -69,6 +69,7 @@ MAX_LONG_POLL_MS = 30_000
 MAX_FRAME_BYTES = 4 << 20
 MAX_TAIL_LINGER_MS = 1000  # a Tail's linger_ms is clamped to this
 MAX_GET_MESSAGES = 1000
+MAX_HOLD_NAME = 127  # TailRequest.hold_retention_as, in characters
 
 
 class MessageStore:
@@ -106,7 +107,7 @@ class MessageStore:
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
         self._checkpoint_lock = threading.Lock()
-        self.retention_holds = RetentionHolds(config.retention_hold_max_ms)
+        self.retention_holds = RetentionHolds(config.retention_hold_max_ms, config.retention_hold_grace_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
         # The gate of writes: SingleNode without replication, else the node's role (mqstore.replication.node):
         # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
@@ -594,11 +595,13 @@ class MessageStore:
     # ------------------------------------------------------------------ tail
     def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
              heartbeat_ms: int, is_active: Callable[[], bool], tx_types: Sequence[int] = (),
-             hold_retention_as: str = "", linger_ms: int = 0) -> Iterator[TailFrame]:
+             hold_retention_as: str = "", linger_ms: int = 0, hold_durable: bool = False) -> Iterator[TailFrame]:
         """Frames of whole raw records, only visible ones; an empty frame every heartbeat when idle.
         With ``topics`` and/or ``tx_types`` (SYSFLAG transaction values: 0, 0x4, 0x8, 0xC) a record is
         sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``.
-        ``hold_retention_as``: retention keeps the log from the stream's start (mqstore.retention_holds).
+        ``hold_retention_as``: retention keeps the log from the stream's start while the stream is open,
+        then for the grace period, or for retention_hold_max_ms when ``hold_durable`` (named by the
+        internal identity: mqstore.retention_holds).
         With ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
         appends share a frame (each frame costs a wake-up and a send on both sides)."""
         self._check_running()
@@ -611,12 +614,27 @@ class MessageStore:
             topic_rules.validate_topic_name(name)
         wanted = frozenset(t.encode("utf-8") for t in topics)
         wanted_tx = frozenset(tx_types)
+        if len(hold_retention_as) > MAX_HOLD_NAME:
+            raise InvalidArgument(f"hold_retention_as: at most {MAX_HOLD_NAME} characters, not "
+                                  f"{len(hold_retention_as)}; name the follower (e.g. 'compactor')")
         pos = self._tail_start(start, from_physical_offset)
-        held = pos
+        if not hold_retention_as:
+            yield from self._tail_frames(pos, max_frame_bytes, heartbeat_s, linger_s, is_active, wanted, wanted_tx)
+            return
+        self.retention_holds.open(hold_retention_as, pos, self.clock.now_ms(), durable=hold_durable)
+        try:
+            yield from self._tail_frames(pos, max_frame_bytes, heartbeat_s, linger_s, is_active, wanted, wanted_tx,
+                                         hold_retention_as)
+        finally:
+            self.retention_holds.close(hold_retention_as, self.clock.now_ms())
+
+    def _tail_frames(self, pos: int, max_frame_bytes: int, heartbeat_s: float, linger_s: float,
+                     is_active: Callable[[], bool], wanted: frozenset, wanted_tx: frozenset,
+                     hold: str = "") -> Iterator[TailFrame]:
         cond = self.dispatcher.visible
         while is_active() and self._running:
-            if hold_retention_as:
-                self.retention_holds.hold(hold_retention_as, held, self.clock.now_ms())
+            if hold:
+                self.retention_holds.refresh(hold, self.clock.now_ms())
             visible = self.visible_offset()
             if pos < visible:
                 pos = max(pos, self.commitlog.min_offset)
@@ -657,6 +675,10 @@ class MessageStore:
         if cq is None:
             return 0
         return cq.offset_by_time(timestamp_ms, boundary == "upper", self.commitlog.store_timestamp_at)
+
+    def list_retention_holds(self) -> list[HoldInfo]:
+        """The live retention holds by name (mqstore.retention_holds), lapsed ones dropped first."""
+        return self.retention_holds.listing(self.clock.now_ms())
 
     def store_info(self) -> StoreInfo:
         reason = self.disk.read_only_reason()

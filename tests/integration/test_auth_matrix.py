@@ -137,6 +137,7 @@ CALLS: dict[str, Call] = {
     "/mqstore.v1.CommitLog/QueryOffset": Call("unary", lambda w: cpb.QueryOffsetRequest(
         group=GROUP, topic=TOPIC, queue_id=0)),
     "/mqstore.v1.CommitLog/GetStoreInfo": Call("unary", lambda w: cpb.GetStoreInfoRequest()),
+    "/mqstore.v1.CommitLog/ListRetentionHolds": Call("unary", lambda w: cpb.ListRetentionHoldsRequest()),
     # Past authentication and the permission, the shared secret is checked, then the request:
     # INVALID_ARGUMENT (no writer) shows both were passed.
     "/mqstore.v1.CommitLogInternal/Append": Call("unary", lambda w: cpb.InternalAppendRequest(topic=TOPIC),

@@ -427,6 +427,8 @@ HUGE_CASES = [
     ("offsets of an unknown topic", "compactor", "GetQueueOffsets", cpb.GetQueueOffsetsRequest(topic=HUGE),
      Code.NOT_FOUND),
     ("msg id", "log", "GetMessage", pb.GetMessageRequest(msg_id=HUGE), Code.INVALID_ARGUMENT),
+    ("retention hold name", "log", "Tail", pb.TailRequest(start=pb.TAIL_START_LATEST, hold_retention_as=HUGE),
+     Code.INVALID_ARGUMENT),
     ("topic", "log", "Pull", pb.PullRequest(topic=HUGE), Code.INVALID_ARGUMENT),
     ("topic of a delete", "log", "DeleteTopic", pb.DeleteTopicRequest(name=HUGE), Code.INVALID_ARGUMENT),
     ("a key with a space", "log", "Append", pb.AppendRequest(topic="t", messages=[M(keys=[HUGE + " x"])]),

@@ -154,4 +154,5 @@ class LocalTxnLog:
         start = TAIL_EARLIEST if from_physical_offset is None else TAIL_AT_OFFSET
         return LocalTail(lambda is_active: self._store.tail(
             start, from_physical_offset or 0, list(FOLLOWED_TOPICS), max_frame_bytes, heartbeat_ms,
-            is_active=is_active, tx_types=FOLLOWED_TX_TYPES, hold_retention_as=HOLD_NAME, linger_ms=self._linger_ms))
+            is_active=is_active, tx_types=FOLLOWED_TX_TYPES, hold_retention_as=HOLD_NAME, linger_ms=self._linger_ms,
+            hold_durable=True))  # in the commit log's own process: the internal identity (retention_holds)

@@ -125,7 +125,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         parts.add_duty(pop.start_now().reviver)
     else:  # only the leader runs it, rebuilt at each leadership (mqstore.pop.leadership)
         parts.add_duty(pop)
-    servicer = LoopCommitLogServicer(store) if on_loop(config) else CommitLogServicer(store)
+    servicer = (LoopCommitLogServicer if on_loop(config) else CommitLogServicer)(store, auth=config.server.auth.enabled)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token), server))

@@ -9,12 +9,14 @@ Thread-safe: holds no state of its own beyond the store, which is thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable, Iterator
 
 import grpc
+from mqstore.auth.model import SERVICE_USER
 from mqstore.errors import InvalidArgument
 from mqstore.store import MessageStore
-from mqstore_rpc import append_wire, convert, read_wire
+from mqstore_rpc import append_wire, auth, convert, read_wire
 from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
@@ -22,8 +24,19 @@ SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name
 
 
 class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
-    def __init__(self, store: MessageStore):
+    def __init__(self, store: MessageStore, *, auth: bool = False):
+        """``auth``: authentication is on, so a hold is durable only when the internal identity names it."""
         self._store = store
+        self._auth = auth
+
+    def _durable_hold(self, context) -> bool:
+        """Whether a Tail's retention hold outlives its stream for retention_hold_max_ms (mqstore.retention_holds):
+        named by the internal identity, or by anyone with authentication off (every caller is trusted then).
+        The interceptor has authenticated the caller and checked ADMIN on the cluster before this runs."""
+        if not self._auth:
+            return True
+        user, _ = auth.parse_credentials(context.invocation_metadata())
+        return user == SERVICE_USER
 
     # ---- topics ----
 
@@ -107,13 +120,23 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         return convert.get_messages_response(self._store.get_messages(offsets)).SerializeToString()
 
     def Tail(self, request, context) -> Iterator[commitlog_pb2.TailFrame]:
+        durable = bool(request.hold_retention_as) and self._durable_hold(context)
         frames = self._store.tail(convert.tail_start(request.start), request.from_physical_offset,
                                   list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
                                   is_active=context.is_active,
                                   tx_types=[convert.tx_type_in(t) for t in request.transaction_types],
-                                  hold_retention_as=request.hold_retention_as, linger_ms=request.linger_ms)
-        for frame in frames:
-            yield convert.tail_frame(frame)
+                                  hold_retention_as=request.hold_retention_as, linger_ms=request.linger_ms,
+                                  hold_durable=durable)
+        with contextlib.closing(frames):  # a cancelled stream ends its hold now (its grace starts), not at GC
+            for frame in frames:
+                yield convert.tail_frame(frame)
+
+    def ListRetentionHolds(self, request, context):
+        return commitlog_pb2.ListRetentionHoldsResponse(holds=[
+            commitlog_pb2.RetentionHold(name=h.name, physical_offset=h.physical_offset, open_streams=h.open_streams,
+                                        durable=h.durable, refreshed_ms=h.refreshed_ms, closed_ms=h.closed_ms,
+                                        lapses_at_ms=h.lapses_at_ms)
+            for h in self._store.list_retention_holds()])
 
     # ---- offsets ----
 

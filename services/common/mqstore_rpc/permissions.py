@@ -70,12 +70,14 @@ def _topic_and_group(request) -> Sequence[Resource]:
     return (topic(request.topic), group(request.group))
 
 
-def _tail(request) -> Sequence[Resource]:
+def _tail(request) -> Sequence[Resource | tuple[str, Resource]]:
     # A Tail without a topic filter (or with transaction types, which select records of any topic)
-    # reads the whole log: the cluster. With topics only: each of them.
+    # reads the whole log: the cluster. With topics only: each of them. Naming a retention hold stops
+    # retention of the whole log: ADMIN on the cluster too (mqstore.retention_holds).
+    hold = ((ADMIN, CLUSTER_RESOURCE),) if request.hold_retention_as else ()
     if not request.topics or request.transaction_types:
-        return (CLUSTER_RESOURCE,)
-    return tuple(topic(name) for name in request.topics)
+        return (CLUSTER_RESOURCE, *hold)
+    return (*(topic(name) for name in request.topics), *hold)
 
 
 def _check_back(message) -> Sequence[Resource]:
@@ -154,6 +156,7 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.CommitLog/CommitOffset": Need(SUB, _topic_and_group),
     "/mqstore.v1.CommitLog/QueryOffset": Need(SUB, _topic_and_group),
     "/mqstore.v1.CommitLog/GetStoreInfo": _CLUSTER_SUB,
+    "/mqstore.v1.CommitLog/ListRetentionHolds": _CLUSTER_ADMIN,
     # Also guarded by its shared secret (commitlog.proto); the services call it as `service`.
     "/mqstore.v1.CommitLogInternal/Append": _CLUSTER_ADMIN,
     "/mqstore.v1.CommitLogInternal/AppendBatches": _CLUSTER_ADMIN,

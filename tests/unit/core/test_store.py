@@ -315,7 +315,8 @@ def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open
     store.flusher.flush_now()
     segs = store.segments.segments
     frames = store.tail("offset", segs[1].start,  # a compactor resuming at the second segment
-                         [], 0, 0, is_active=lambda: True, hold_retention_as="compactor")
+                         [], 0, 0, is_active=lambda: True, hold_retention_as="compactor",
+                         hold_durable=True)
     next(frames)  # the stream is open: its start is held
     frames.close()
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
@@ -340,7 +341,8 @@ def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open
     for i in range(20):
         store.append("kv", [MessageIn(body=bytes([i]) * 1000, keys=(f"k{i}",))])
     store.flusher.flush_now()
-    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="compactor")
+    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="compactor",
+                        hold_durable=True)
     next(frames)  # a compactor holds the whole log
     frames.close()
     start = store.topic("kv").start_physical_offset
@@ -364,7 +366,8 @@ def test_another_followers_hold_has_no_floor(open_store, fake_clock):
     for i in range(20):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
-    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="txn")
+    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="txn",
+                        hold_durable=True)
     next(frames)
     frames.close()
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
