@@ -3,6 +3,26 @@
 RocketMQ's ``TopicValidator``: names use only ``[%|a-zA-Z0-9_-]``; a topic is at most 127 characters
 (so it fits the 1-byte TOPICLENGTH of a V1 record), a group at most 120. The facade calls these before
 it touches the metadata store, which enforces none of them.
+
+Pop consumption's own topics, named so that no two (group, topic) pairs share one:
+
+  topic          name                        written by                      read by
+  -------------- --------------------------- ------------------------------- -------------------------------
+  retry          ``%RETRY%{group}+{topic}``  pop consumption (the revive     Receive of {topic} by {group};
+                                             duty), one queue                Pull needs SUB on {group} too
+  dead letter    ``%DLQ%{group}``            pop consumption                 Pull needs SUB on {group} too
+  retry, legacy  ``%RETRY%{group}_{topic}``  versions before this one        Receive, each message by its
+                                                                             owner only (below)
+
+``+`` is RocketMQ 5's separator (KeyBuilder.buildPopRetryTopicV2, ``POP_RETRY_SEPARATOR_V2``): it is not a
+legal character of a group or topic name, so the name splits one way only, and a client can neither
+create such a topic nor name one that is not pop's (:func:`validate_topic_name` takes ``+`` only in a
+well-formed retry name; CreateTopic refuses every ``%RETRY%``/``%DLQ%`` name). The legacy name of
+RocketMQ 4 and of earlier versions of this store, with ``_``, collides: (``billing_svc``, ``payments``)
+and (``billing``, ``svc_payments``) share ``%RETRY%billing_svc_payments``. Stores that have such topics
+keep them: mqstore.pop.receive reads a group's legacy topic beside its new one and delivers from it only
+the messages whose owner is that group and topic (mqstore.pop.legacy), so an unacked message left
+there is delivered once more to its own consumers and to nobody else; new retry copies go to the new name.
 """
 
 from __future__ import annotations
@@ -44,15 +64,21 @@ OWNER_DESCRIPTIONS = {
 }
 SYSTEM_TOPICS = frozenset(SYSTEM_TOPIC_OWNERS)
 
-# Pop consumption's per-group topics (RocketMQ's names): NORMAL topics that anybody may read (Pull),
-# created on demand and written only by pop consumption (OWNER_POP), never by CommitLog.Append.
+# Pop consumption's per-group topics (RocketMQ's names, the module docstring): NORMAL topics, created on
+# demand and written only by pop consumption (OWNER_POP), never by CommitLog.Append; reading one needs SUB
+# on the group it names as well (mqstore.auth.authority).
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
 POP_OWNED_PREFIXES = (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)
+RETRY_SEPARATOR = "+"          # RocketMQ 5's POP_RETRY_SEPARATOR_V2: illegal in group and topic names
+RETRY_SEPARATOR_LEGACY = "_"   # RocketMQ 4's (and this store's before): legal in names, so names collide
 
 
 def validate_topic_name(name: str) -> None:
-    """Raise InvalidArgument unless ``name`` is a legal topic name."""
+    """Raise InvalidArgument unless ``name`` is a legal topic name: a name a client may create, or a retry
+    topic's (``%RETRY%{group}+{topic}``, which only pop consumption creates)."""
+    if isinstance(name, str) and RETRY_SEPARATOR in name and parse_retry_topic(name) is not None:
+        return
     _validate_name("topic", name, TOPIC_NAME_MAX_CHARS)
 
 
@@ -77,14 +103,53 @@ def is_pop_owned_topic(name: str) -> bool:
 
 
 def retry_topic(group: str, topic: str) -> str:
-    """``%RETRY%{group}_{topic}``, the group's retry topic for ``topic``; InvalidArgument when the name
-    does not fit a topic name (a V1 record holds at most 127 bytes of topic)."""
-    return _pop_topic_name(f"{RETRY_TOPIC_PREFIX}{group}_{topic}", "group and topic")
+    """``%RETRY%{group}+{topic}``, the group's retry topic for ``topic`` (RocketMQ 5's
+    buildPopRetryTopicV2): distinct for every pair of legal names. InvalidArgument when the name does not
+    fit a topic name (a V1 record holds at most 127 bytes of topic)."""
+    return _pop_topic_name(f"{RETRY_TOPIC_PREFIX}{group}{RETRY_SEPARATOR}{topic}", "group and topic")
+
+
+def legacy_retry_topic(group: str, topic: str) -> str:
+    """``%RETRY%{group}_{topic}``, the name earlier versions gave the retry topic (ambiguous: the module
+    docstring); read during the migration only, never written."""
+    return _pop_topic_name(f"{RETRY_TOPIC_PREFIX}{group}{RETRY_SEPARATOR_LEGACY}{topic}", "group and topic")
+
+
+def parse_retry_topic(name: str) -> tuple[str, str] | None:
+    """(group, topic) of a retry topic name ``%RETRY%{group}+{topic}`` of legal names; None for any
+    other name (a legacy one included)."""
+    if not name.startswith(RETRY_TOPIC_PREFIX) or len(name) > TOPIC_NAME_MAX_CHARS:
+        return None
+    group, sep, topic = name[len(RETRY_TOPIC_PREFIX):].partition(RETRY_SEPARATOR)
+    if not sep or not _is_legal(group, GROUP_NAME_MAX_CHARS) or not _is_legal(topic, TOPIC_NAME_MAX_CHARS):
+        return None
+    return group, topic
 
 
 def dlq_topic(group: str) -> str:
-    """``%DLQ%{group}``, the group's dead-letter topic."""
+    """``%DLQ%{group}``, the group's dead-letter topic (one name per group: no collision)."""
     return _pop_topic_name(f"{DLQ_TOPIC_PREFIX}{group}", "group")
+
+
+def pop_topic_groups(name: str) -> tuple[str, ...]:
+    """The consumer groups whose messages the retry or dead-letter topic ``name`` may hold: one for a
+    retry (``%RETRY%{group}+{topic}``) or dead-letter name; for a legacy retry name
+    (``%RETRY%{group}_{topic}``) every group it may encode (the part before each ``_``; the whole rest
+    when there is none, as RocketMQ 4's push consumers name theirs ``%RETRY%{group}``); () for any other
+    name. Reading such a topic needs SUB on each of them."""
+    if name.startswith(DLQ_TOPIC_PREFIX):
+        rest = name[len(DLQ_TOPIC_PREFIX):]
+        return (rest,) if rest else ()
+    if not name.startswith(RETRY_TOPIC_PREFIX):
+        return ()
+    parsed = parse_retry_topic(name)
+    if parsed is not None:
+        return (parsed[0],)
+    rest = name[len(RETRY_TOPIC_PREFIX):]
+    if not rest:
+        return ()
+    splits = [rest[:i] for i, c in enumerate(rest) if c == RETRY_SEPARATOR_LEGACY and 0 < i < len(rest) - 1]
+    return tuple(splits) or (rest,)
 
 
 def _pop_topic_name(name: str, what: str) -> str:
@@ -126,6 +191,10 @@ def _validate_name(what: str, name: str, max_chars: int) -> None:
             f"{illegal.start()} (0-based); allowed are {NAME_CHARSET_DESCRIPTION} "
             f"(names match {_pattern(max_chars)})"
         )
+
+
+def _is_legal(name: str, max_chars: int) -> bool:
+    return 0 < len(name) <= max_chars and _ILLEGAL_NAME_CHAR.search(name) is None
 
 
 def _pattern(max_chars: int) -> str:

@@ -23,7 +23,7 @@ def test_receive_then_ack_by_handle(server):  # noqa: F811 - the imported fixtur
     assert "acked 0 of 2" in again and "NOT_IN_FLIGHT" in again and "INVALID_HANDLE" in again
     assert run_cli(server, "receive", "orders", "--group", "billing", "--filter", "paid").stdout == "(no message)\n"
     stats = run_cli(server, "pop-stats", "orders", "--group", "billing").stdout
-    assert "acked: 2" in stats and "%RETRY%billing_orders queue=0" in stats
+    assert "acked: 2" in stats and "%RETRY%billing+orders queue=0" in stats
 
 
 def test_receive_with_ack_handles_change_and_dead_letter(server):  # noqa: F811

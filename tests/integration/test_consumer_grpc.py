@@ -78,7 +78,7 @@ def test_receive_with_a_tag_filter_then_ack(stubs):
     assert again.results[0].status == cpb.ACK_STATUS_NOT_IN_FLIGHT and "acked" in again.results[0].message
     stats = stubs.pop.Stats(cpb.PopStatsRequest(group="g", topic="orders"), timeout=RPC_TIMEOUT_S)
     assert (stats.received, stats.acked, stats.filtered, stats.group_in_flight) == (2, 2, 1, 0)
-    assert [q.topic for q in stats.queues] == ["orders", "orders", "%RETRY%g_orders"]
+    assert [q.topic for q in stats.queues] == ["orders", "orders", "%RETRY%g+orders"]
 
 
 def test_status_codes(stubs):
@@ -120,7 +120,7 @@ def test_an_unacked_message_wakes_a_waiting_receive_with_attempt_two_then_goes_t
     second = stubs.receive("jobs", invisible_duration_ms=300, max_attempts=2, long_poll_ms=20_000, timeout_s=30)
     assert time.monotonic() - started < 20  # woken by the retry copy, not by the end of the poll
     (again,) = second.messages
-    assert (again.delivery_attempt, again.message.topic, again.message.reconsume_times) == (2, "%RETRY%g_jobs", 1)
+    assert (again.delivery_attempt, again.message.topic, again.message.reconsume_times) == (2, "%RETRY%g+jobs", 1)
     assert again.message.uniq_key == first.messages[0].message.uniq_key
     assert again.message.properties["RETRY_TOPIC"] == "jobs"
     third = stubs.receive("jobs", invisible_duration_ms=300, max_attempts=2, long_poll_ms=1_500, timeout_s=30)

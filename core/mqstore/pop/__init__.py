@@ -1,6 +1,6 @@
 """Pop consumption (RocketMQ 5's consume model) in the commit log process: the server owns each group's
 progress, hands out messages with receipt handles and an invisible time, and delivers an unacked message
-again with attempt + 1 (retry topic ``%RETRY%{group}_{topic}``), moving it to ``%DLQ%{group}`` after
+again with attempt + 1 (retry topic ``%RETRY%{group}+{topic}``), moving it to ``%DLQ%{group}`` after
 ``max_attempts``. consumer.proto is the contract.
 
 The design is RocketMQ's revive design (the older broker path, PopReviveService), with the state in the
@@ -20,6 +20,6 @@ offset (the other design): one unacked message would pin its queue and every mes
 delivered again after a crash; with CK records only the messages in flight are.
 
 Modules: records (the CK/ACK layouts), handle (receipt handles), tag_filter, inflight (the set in
-memory), offsets (pop offsets), copies (retry and DLQ copies), service (PopService, the facade), revive
-(the background duty), config.
+memory), offsets (pop offsets), copies (retry and DLQ copies), legacy (the migration from the legacy
+retry topic names), service (PopService, the facade), revive (the background duty), config.
 """

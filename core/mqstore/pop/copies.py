@@ -2,7 +2,7 @@
 
   copy        topic                       RECONSUMETIMES     properties added to the original's
   ----------- --------------------------- ------------------ ------------------------------------------
-  retry       %RETRY%{group}_{topic} q0   original's + 1     RETRY_TOPIC = topic, ORIGIN_MESSAGE_ID
+  retry       %RETRY%{group}+{topic} q0   original's + 1     RETRY_TOPIC = topic, ORIGIN_MESSAGE_ID
   dead letter %DLQ%{group} q0             original's         DLQ_ORIGIN_TOPIC = topic, DLQ_ORIGIN_MESSAGE_ID
 
 The body, flag, born time and host, TAGS, KEYS, UNIQ_KEY (the client's message id) and user properties
@@ -41,7 +41,7 @@ def with_marker(copy: MessageIn, ck_id: int, queue_offset: int) -> MessageIn:
 def retry_copy(message: StoredMessage, topic: str) -> MessageIn:
     """The copy of ``message`` (received from ``topic`` or its retry topic) for the retry topic."""
     properties = dict(message.record.properties)
-    properties.setdefault(PROPERTY_RETRY_TOPIC, topic)
+    properties[PROPERTY_RETRY_TOPIC] = topic  # ours, whatever the producer set (mqstore.pop.legacy reads it)
     properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
     return _copy(message, properties, message.record.reconsume_times + 1)
 

@@ -5,9 +5,10 @@ A handle is one line of text (one shell word), decodable without a lookup:
 
   v1:<source>:<queue id>:<queue offset>:<ck id>:<next visible ms>:<attempt>:<checksum>
 
-source 0 is the topic's queue, 1 the group's retry topic; ck id is the physical offset of the CK record
-that put the message in flight (mqstore.pop.records), so a handle names one delivery: a later CK for
-the same message (ChangeInvisibleDuration, a redelivery) makes the older handle stop working. The
+source 0 is the topic's queue, 2 the group's retry topic, 1 its legacy retry topic; ck id is the
+physical offset of the CK record that put the message in flight (mqstore.pop.records), so a handle
+names one delivery: a later CK for the same message (ChangeInvisibleDuration, a redelivery) makes the
+older handle stop working. The
 checksum is the CRC-32 (8 hex digits) of the group, the topic and the fields: garbage, a truncated
 handle or one issued for another group or topic is told apart from a handle that merely expired. It
 is not a secret: whoever holds a handle may ack it (as in RocketMQ).
@@ -34,7 +35,7 @@ class ReceiptHandle:
     attempt: int
 
     def describe(self) -> str:
-        where = "retry topic" if self.source else "queue"
+        where = {0: "queue", 1: "legacy retry topic"}.get(self.source, "retry topic")
         return f"{where} {self.queue_id} offset {self.queue_offset}"
 
 

@@ -4,9 +4,9 @@ every change is made only after the record that makes it durable is appended, an
 :meth:`apply_ack` are also how the set is rebuilt from that topic at start.
 
 A message is keyed ``(group, topic, source, queue id, queue offset)`` (``topic`` is the topic received
-from; source 1 is its retry topic). Its entry names the CK that put it in flight (``ck_id``, the CK
-record's physical offset): a later CK for the same key replaces the entry (ChangeInvisibleDuration),
-and an ACK ends it only when it names the entry's current CK.
+from; source 2 is its retry topic, 1 its legacy retry topic: mqstore.pop.records). Its entry names the
+CK that put it in flight (``ck_id``, the CK record's physical offset): a later CK for the same key
+replaces the entry (ChangeInvisibleDuration), and an ACK ends it only when it names the entry's current CK.
 
 Writers claim an entry before they append its record (``busy``): an ack, a change of invisible time and
 the revive duty's copy exclude each other, and a failed append releases the claim. Memory is bounded by

@@ -1,7 +1,9 @@
 """The receive path of pop consumption (consumer.proto's Receive), for PopService.
 
   (one group+topic at a time: its lock) reserve room in the in-flight set -> read each queue (the topic's,
-  then the group's retry topic, from a rotating start) from the group's pop offset (tag filter: the consume
+  then the group's retry topic and, while one exists, its legacy retry topic, whose messages are
+  delivered to their owner only: mqstore.pop.legacy; from a rotating start) from the group's pop
+  offset (tag filter: the consume
   queue's tag codes, then the real TAGS; damaged records and offsets outside the queue passed over) ->
   retry copies past max_attempts to the DLQ (append) -> one append of a CK record per queue read ->
   [pop.receive.after_ck] -> entries in flight, pop offsets advanced -> answer. When nothing is ready, wait
@@ -24,7 +26,7 @@ from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
-from mqstore.pop import copies, handle as handles, records, tag_filter
+from mqstore.pop import copies, handle as handles, legacy, records, tag_filter
 from mqstore.pop.inflight import Reservation
 
 log = structlog.get_logger("mqstore.pop")
@@ -42,7 +44,7 @@ _MAX_SKIPS_PER_READ = 16  # damaged records (or a retention jump) passed over in
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    kind: int        # records.SOURCE_TOPIC or SOURCE_RETRY
+    kind: int        # records.SOURCE_TOPIC, SOURCE_RETRY or SOURCE_RETRY_LEGACY
     name: str        # the topic or the retry topic
     queue_id: int
     # The retry topic's copies stored below this physical offset (the topic's start_physical_offset) were
@@ -132,6 +134,8 @@ class Receiver:
         return rec
 
     def sources(self, group: str, rec: TopicRecord, queue_id: int | None) -> list[Source]:
+        """The queues a receive of ``group`` reads: the topic's, its retry topic, and its legacy retry
+        topic while one exists (mqstore.pop.legacy)."""
         retry = topic_rules.retry_topic(group, rec.name)
         if queue_id is None:
             queue_ids = range(rec.queue_count)
@@ -139,8 +143,12 @@ class Receiver:
             queue_ids = (queue_id,)
         else:
             raise NotFound(f"topic {rec.name!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
-        return [Source(records.SOURCE_TOPIC, rec.name, q) for q in queue_ids] + [
+        out = [Source(records.SOURCE_TOPIC, rec.name, q) for q in queue_ids] + [
             Source(records.SOURCE_RETRY, retry, 0, rec.start_physical_offset)]
+        legacy_name = topic_rules.legacy_retry_topic(group, rec.name)
+        if self.store.topics.start_of(legacy_name) is not None:
+            out.append(Source(records.SOURCE_RETRY_LEGACY, legacy_name, 0, rec.start_physical_offset))
+        return out
 
     def _pop_once(self, group: str, topic: str, sources: list[Source], tags: tuple[str, ...], batch: int,
                   invisible_ms: int, max_attempts: int, start: str, byte_budget: int) -> list[Delivery]:
@@ -160,7 +168,8 @@ class Receiver:
                 for source in sources[shift:] + sources[:shift]:
                     if taken >= room or byte_budget <= 0:
                         break
-                    read, late = self._read(group, source, tags, room - taken, byte_budget, max_attempts, start)
+                    read, late = self._read(group, topic, source, tags, room - taken, byte_budget, max_attempts,
+                                            start)
                     if read is not None:
                         reads.append(read)
                         dead += [(m, source) for m in late]
@@ -172,9 +181,10 @@ class Receiver:
             finally:
                 self.inflight.unreserve(reservation)
 
-    def _read(self, group: str, source: Source, tags: tuple[str, ...], room: int, byte_budget: int,
+    def _read(self, group: str, topic: str, source: Source, tags: tuple[str, ...], room: int, byte_budget: int,
               max_attempts: int, start: str) -> tuple[_Read | None, list[StoredMessage]]:
-        """One queue from the group's pop offset: (what to deliver, retry copies past max_attempts)."""
+        """One queue from the group's pop offset: (what to deliver, retry copies past max_attempts). A
+        legacy retry topic's messages of another group or topic are passed over (mqstore.pop.legacy)."""
         key = (group, source.name, source.queue_id)
         try:
             offset = self.offsets.get(key, lambda: self._initial_offset(source, start))
@@ -205,16 +215,20 @@ class Receiver:
                 self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
         else:
             return None, []  # damage after damage: the next receive goes on from here
-        deliver, late, stale = [], [], 0
+        deliver, late, stale, foreign = [], [], 0, 0
         for m in result.messages:
             if m.record.physical_offset < source.floor:
                 stale += 1  # a copy for the topic's earlier incarnation: passed over, as a filtered message is
+                continue
+            legacy_source = source.kind == records.SOURCE_RETRY_LEGACY
+            if legacy_source and legacy.owner(self.store, source.name, m) != (group, topic):
+                foreign += 1  # another group's and topic's, under the same legacy name: never this group's
                 continue
             (late if m.record.reconsume_times + 1 > max_attempts else deliver).append(m)
         if stale:
             log.info("pop.stale_retry_copies_skipped", group=group, topic=source.name, count=stale,
                      topic_start_physical_offset=source.floor)
-        self.counters.add(filtered=result.next_offset - offset - len(result.messages) + stale)
+        self.counters.add(filtered=result.next_offset - offset - len(result.messages) + stale + foreign)
         if result.next_offset == offset:
             return None, []
         return _Read(source, offset, result.next_offset, deliver), late

@@ -11,7 +11,9 @@ Its "ck id" is the physical offset of its commit log record.
   offset   size  field              meaning
   -------- ----- ------------------ -----------------------------------------------------------------
        0     1   KIND               1 (CK)
-       1     1   SOURCE             0: the topic's queue; 1: the group's retry topic (queue 0)
+       1     1   SOURCE             0: the topic's queue; 2: the group's retry topic %RETRY%{group}+{topic}
+                                    (queue 0); 1: its legacy retry topic %RETRY%{group}_{topic}, written
+                                    by earlier versions, read during the migration (mqstore.pop.legacy)
        2     2   MAX_ATTEMPTS       unsigned: deliveries before the DLQ (the receive's max_attempts)
        4     4   QUEUE_ID
        8     8   POP_TIME_MS        store clock when the messages were taken
@@ -55,7 +57,9 @@ TAG_CK = "ck"
 TAG_ACK = "ack"
 
 SOURCE_TOPIC = 0
-SOURCE_RETRY = 1
+SOURCE_RETRY_LEGACY = 1  # what earlier versions wrote as "the retry topic": its name then had "_"
+SOURCE_RETRY = 2
+SOURCES = (SOURCE_TOPIC, SOURCE_RETRY_LEGACY, SOURCE_RETRY)
 
 REASON_ACKED = 0       # a client acked it
 REASON_REVIVED = 1     # expired: copied to the retry topic
@@ -135,7 +139,7 @@ def encode_ck(ck: Checkpoint) -> bytes:
     group, topic = ck.group.encode("utf-8"), ck.topic.encode("utf-8")
     invariant(1 <= len(ck.entries) <= MAX_CK_ENTRIES, f"a CK names 1..{MAX_CK_ENTRIES} messages")
     invariant(len(group) <= 255 and len(topic) <= 255, "group and topic fit one length byte")
-    invariant(ck.source in (SOURCE_TOPIC, SOURCE_RETRY), f"source {ck.source} is 0 or 1")
+    invariant(ck.source in SOURCES, f"source {ck.source} is one of {SOURCES}")
     parts = [CK_HEADER.pack(KIND_CK, ck.source, ck.max_attempts, ck.queue_id, ck.pop_time_ms, ck.visible_at_ms,
                             ck.pop_offset_after, len(ck.entries), len(group), len(topic)), group, topic]
     parts += [CK_ENTRY.pack(e.queue_offset, e.physical_offset, e.attempt) for e in ck.entries]
@@ -162,7 +166,7 @@ def decode_ck(body: bytes) -> Checkpoint:
         raise BadRecord(f"a CK body has at least {CK_HEADER.size} bytes, this one {len(body)}")
     kind, source, max_attempts, queue_id, pop_ms, visible_ms, after, count, g, t = CK_HEADER.unpack_from(body)
     entries_at = CK_HEADER.size + g + t
-    if kind != KIND_CK or source not in (SOURCE_TOPIC, SOURCE_RETRY) or len(body) != entries_at + count * CK_ENTRY.size:
+    if kind != KIND_CK or source not in SOURCES or len(body) != entries_at + count * CK_ENTRY.size:
         raise BadRecord(f"CK body of {len(body)} bytes: kind {kind}, source {source}, {count} entries, names of "
                         f"{g} and {t} bytes do not add up")
     try:

@@ -76,6 +76,8 @@ def reconcile(pop, tail_records: int) -> int:
     ended = 0
     for (destination, reason), entries in by_destination.items():
         markers = _tail_markers(pop.store, destination, tail_records)
+        if reason == records.REASON_REVIVED:  # a step cut by the upgrade copied to the legacy name
+            markers |= _tail_markers(pop.store, topic_rules.legacy_retry_topic(*entries[0].key[:2]), tail_records)
         found = [e for e in entries if copies.ck_marker(e.ck_id, e.key[4]) in markers]
         if found:
             pop.end_entries(found, reason)

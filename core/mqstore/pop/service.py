@@ -246,7 +246,12 @@ class PopService:
         return self.store.queue_info(topic_rules.REVIVE_TOPIC, 0).max_offset
 
     def source_name(self, group: str, topic: str, source: int) -> str:
-        return topic if source == records.SOURCE_TOPIC else topic_rules.retry_topic(group, topic)
+        """The topic a CK's ``source`` (mqstore.pop.records) of ``group`` and ``topic`` names."""
+        if source == records.SOURCE_TOPIC:
+            return topic
+        if source == records.SOURCE_RETRY_LEGACY:
+            return topic_rules.legacy_retry_topic(group, topic)
+        return topic_rules.retry_topic(group, topic)
 
     def _stored_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         try:

@@ -107,12 +107,12 @@ def test_an_unacked_message_comes_back_from_the_retry_topic_with_attempt_plus_on
     again = p.receive()
     assert len(again) == 1 and again[0].attempt == 2 and again[0].topic == "t"
     record = again[0].message.record
-    assert record.topic == "%RETRY%g_t" and record.reconsume_times == 1 and record.body == first[1].message.record.body
+    assert record.topic == "%RETRY%g+t" and record.reconsume_times == 1 and record.body == first[1].message.record.body
     assert record.properties[copies.PROPERTY_RETRY_TOPIC] == "t"
     assert again[0].message.uniq_key == first[1].message.uniq_key  # the client's message id is kept
-    assert p.store.pull("%RETRY%g_t", 0, 0).messages[0].record.body == record.body  # readable by Pull
+    assert p.store.pull("%RETRY%g+t", 0, 0).messages[0].record.body == record.body  # readable by Pull
     with pytest.raises(FailedPrecondition, match="retry or dead-letter topic"):
-        p.store.append("%RETRY%g_t", [MessageIn(body=b"x")])
+        p.store.append("%RETRY%g+t", [MessageIn(body=b"x")])
     with pytest.raises(FailedPrecondition, match="created by pop consumption"):
         p.store.create_topic("%DLQ%g", 1)
     assert p.expire() == 1 and p.receive()[0].attempt == 3  # and again, from the retry topic itself
@@ -303,7 +303,7 @@ def test_an_ack_record_that_fails_after_the_copy_is_written_again_without_a_seco
     assert pop_stats(p.pop).in_flight == 2 and pop_stats(p.pop).counts.revived == 0
     assert p.pop.reviver.revive_due() == 0  # wrote the owed ACK record first; nothing else was due
     assert pop_stats(p.pop).in_flight == 0 and pop_stats(p.pop).counts.revived == 2
-    assert [d.attempt for d in p.receive()] == [2, 2] and p.store.queue_info("%RETRY%g_t", 0).max_offset == 2
+    assert [d.attempt for d in p.receive()] == [2, 2] and p.store.queue_info("%RETRY%g+t", 0).max_offset == 2
 
 
 def test_a_crash_between_the_copy_and_its_ack_record_does_not_copy_again(env, failpoint):
@@ -316,7 +316,7 @@ def test_a_crash_between_the_copy_and_its_ack_record_does_not_copy_again(env, fa
             p.pop.reviver.revive_due()
     p.crash()  # the copies are in the retry topic, their entries in flight again after the replay
     assert pop_stats(p.pop).in_flight == 0  # the start found the copies (POP_CK) and wrote their ACK
-    assert p.expire(0) == 0 and p.store.queue_info("%RETRY%g_t", 0).max_offset == 2
+    assert p.expire(0) == 0 and p.store.queue_info("%RETRY%g+t", 0).max_offset == 2
     assert sorted(d.attempt for d in p.receive()) == [2, 2]
 
 

@@ -27,7 +27,7 @@ def test_retry_copies_of_the_old_topic_are_not_delivered_for_the_new_one(env):  
     p = env(queues=1)
     send(p, 2)
     assert len(p.receive()) == 2
-    p.expire()  # both copied to %RETRY%g_t, to be delivered again
+    p.expire()  # both copied to %RETRY%g+t, to be delivered again
     p.store.delete_topic("t")
     p.store.create_topic("t", 1)
     send(p, 1, start=100)

@@ -10,7 +10,8 @@ from mqstore.pop import records
 from mqstore.pop.records import AckEntry, BadRecord, Checkpoint, CkEntry
 from tests.conftest import golden_bytes
 
-CK = Checkpoint(group="g1", topic="orders", source=records.SOURCE_RETRY, queue_id=3, max_attempts=17,
+# Source 1, the legacy retry topic: the golden bytes are those earlier versions wrote, still decoded alike.
+CK = Checkpoint(group="g1", topic="orders", source=records.SOURCE_RETRY_LEGACY, queue_id=3, max_attempts=17,
                 pop_time_ms=1_700_000_000_000, visible_at_ms=1_700_000_060_000, pop_offset_after=42,
                 entries=(CkEntry(40, 4096, 1), CkEntry(41, 8192, 2)))
 ACKS = [AckEntry(4096, 40, records.REASON_ACKED), AckEntry(12_288, 7, records.REASON_DEAD)]
@@ -20,9 +21,17 @@ def test_ck_golden_and_layout(request):
     body = records.encode_ck(CK)
     assert body == golden_bytes("pop_ck.bin", body, request)
     assert len(body) == records.CK_HEADER.size + len("g1") + len("orders") + 2 * records.CK_ENTRY.size == 84
-    assert body[0] == records.KIND_CK and body[1] == records.SOURCE_RETRY
+    assert body[0] == records.KIND_CK and body[1] == records.SOURCE_RETRY_LEGACY == 1
     assert body[36:38] == b"g1" and body[38:44] == b"orders"
     assert records.decode_ck(body) == CK
+
+
+def test_a_ck_of_the_retry_topic_says_source_2_and_no_other_source_decodes():
+    ck = Checkpoint(**{**{f: getattr(CK, f) for f in CK.__slots__}, "source": records.SOURCE_RETRY})
+    body = records.encode_ck(ck)
+    assert body[1] == 2 and records.decode_ck(body) == ck
+    with pytest.raises(BadRecord, match="source 3"):
+        records.decode_ck(body[:1] + b"\x03" + body[2:])
 
 
 def test_ack_golden_and_layout(request):
