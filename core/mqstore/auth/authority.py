@@ -23,7 +23,9 @@
   client makes within the same second cost one dict lookup and the skew check, no HMAC. Unknown access
   keys are remembered too (bounded), so they cost no database read when retried.
 * ``authorize(principal, action, resource)``: None, or PermissionDenied naming the user, the action,
-  the resource and the deciding rule (mqstore.auth.model.decide). Decisions are cached per principal.
+  the resource and the deciding rule (mqstore.auth.model.decide), after the topics no rule decides alone
+  (system topics: the service identity only; retry and dead-letter topics: their group too;
+  mqstore.auth.reserved). Decisions are cached per principal.
 
 Invalidation: every cache belongs to one *version* of the users and rules (a counter the store bumps on
 every change). ``invalidate()`` drops them at once (the process that made the change calls it);
@@ -48,7 +50,7 @@ from typing import Protocol
 
 import structlog
 
-from mqstore.auth import model, secrets, signature
+from mqstore.auth import model, reserved, secrets, signature
 from mqstore.auth.model import SERVICE_USER, SUPER, Decision, Resource, Rule, SdkKey, User
 from mqstore.auth.sealing import Kek
 from mqstore.auth.signature import Signed
@@ -262,8 +264,10 @@ class Authority:
     def decide(self, principal: Principal, action: str, resource: Resource) -> Decision:
         key = (action, resource)
         decision = principal.decisions.get(key)
-        if decision is None:
-            decision = model.decide(principal.kind, principal.rules, action, resource, self.default_decision)
+        if decision is None:  # system, retry and dead-letter topics first (mqstore.auth.reserved), then the rules
+            decision = reserved.decide(principal.name, action, resource, lambda a, r: self.decide(principal, a, r))
+            if decision is None:
+                decision = model.decide(principal.kind, principal.rules, action, resource, self.default_decision)
             if len(principal.decisions) >= MAX_CACHED_DECISIONS:
                 principal.decisions.clear()
             principal.decisions[key] = decision
@@ -274,6 +278,8 @@ class Authority:
         decision = self.decide(principal, action, resource)
         if decision.allowed:
             return
+        if decision.reason:
+            raise PermissionDenied(f"user {principal.name!r} lacks {action} on {resource}: {decision.reason}")
         why = (f"denied by its rule {decision.rule.describe()}" if decision.rule is not None else
                f"no rule of the user grants it and the default policy is {self.default_decision}")
         raise PermissionDenied(f"user {principal.name!r} lacks {action} on {resource}: {why}; an admin grants it "

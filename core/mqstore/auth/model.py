@@ -168,6 +168,7 @@ def pattern_matches(pattern: str, name: str) -> bool:
 class Decision:
     allowed: bool
     rule: Rule | None      # the deciding rule; None: the default policy (or a super user)
+    reason: str = ""       # a denial's whole explanation, when no rule alone made it (mqstore.auth.reserved)
 
 
 def decide(user_kind: str, rules: tuple[Rule, ...], action: str, resource: Resource, default: str) -> Decision:
