@@ -323,7 +323,8 @@ def _describe_txn(local: LocalTxnConfig | None) -> dict | None:
     return described
 
 
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=on_loop)
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=on_loop,
+                             data_dir=lambda config: config.store.data_dir)
 
 
 def build_server(config: CommitLogConfig) -> tuple[ManagedServer, int]:

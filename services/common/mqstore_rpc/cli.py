@@ -6,6 +6,7 @@
     mqstore queue-info demo                        mqstore offset commit demo --group g --queue 0 --offset 5
     mqstore receive demo --group g --ack           mqstore ack demo --group g HANDLE...
     mqstore store-info --json                      mqstore repair --data-dir ./data
+    mqstore retention-holds
 
 ``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). TLS: ``--tls-ca`` (env MQSTORE_TLS_CA: the
 CA that signed the servers' certificates), ``--tls-client-cert``/``--tls-client-key`` for mutual TLS,
@@ -381,6 +382,27 @@ def cmd_store_info(cli: Cli) -> None:
     s = cli.call("GetStoreInfo", commitlog_pb2.GetStoreInfoRequest())
     lines = [f"{field.name}: {getattr(s, field.name)}" for field in s.DESCRIPTOR.fields]
     cli.emit(s, "\n".join(lines))
+
+
+def cmd_retention_holds(cli: Cli) -> None:
+    """One line per hold (mqstore.retention_holds): name, physical offset, open streams or since when closed,
+    whether durable (named by the internal identity), when it lapses (UTC)."""
+    holds = cli.call("ListRetentionHolds", commitlog_pb2.ListRetentionHoldsRequest()).holds
+    if cli.args.json:
+        for hold in holds:
+            cli.emit(hold, "")
+        return
+    if not holds:
+        cli.out.write("no retention holds\n")
+    for h in holds:
+        state = f"open streams={h.open_streams}" if h.open_streams else f"closed at {_utc(h.closed_ms)}"
+        cli.out.write(f"{h.name} physical_offset={h.physical_offset} {state} durable={str(h.durable).lower()} "
+                      f"lapses at {_utc(h.lapses_at_ms)}\n")
+    cli.out.flush()
+
+
+def _utc(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def cmd_repair(cli: Cli) -> None:

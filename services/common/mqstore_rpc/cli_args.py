@@ -170,6 +170,8 @@ def build_parser(commands: ModuleType) -> argparse.ArgumentParser:
     _add_offset_commands(sub, commands)
     p = sub.add_parser("store-info", help="log-wide offsets, flush mode, read-only state")
     p.set_defaults(func=commands.cmd_store_info)
+    p = sub.add_parser("retention-holds", help="the retention holds that keep the log now (needs ADMIN on the cluster)")
+    p.set_defaults(func=commands.cmd_retention_holds)
     p = sub.add_parser("repair", help="repair a stopped store's log (keeps a .broken copy); runs locally")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--segment-size-bytes", type=int, default=None,

@@ -53,6 +53,7 @@ from mqstore.format import segment_name
 from mqstore import fs
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore_rpc.launcher_child import HOST, Child, StartFailed, port_problems
+from mqstore_rpc import private_files
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.secret import Secret
 from mqstore_rpc.tls import client_tls
@@ -378,7 +379,7 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
         return 1
     stop = threading.Event()
     _install_stop_handlers(stop)
-    fs.make_dirs(data_dir)  # the creation rule (mqstore.fs)
+    private_files.make_data_dir(data_dir)  # 0700, the creation rule (mqstore.fs)
     auth = auth or os.environ.get("MQSTORE_AUTH", "").lower() in ("1", "on", "true", "yes")
     secure = security(data_dir, tls, auth, internal_token(data_dir))
     out.write(f"starting mqstore in {_display(data_dir)}: {sizes_text(data_dir, embedded)}"
@@ -419,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
                         "through a throwaway etcd, and the other services (mqstore_rpc.launcher_ha; make run-ha)")
     args = parser.parse_args(argv)
+    private_files.private_umask()  # what it makes (the data dir, the token, tls/) is its user's only, as the services
     if args.ha:
         from mqstore_rpc import launcher_ha  # only this mode needs etcd
         return launcher_ha.run(args.data_dir.resolve(), tls=args.tls, auth=args.auth)

@@ -10,8 +10,10 @@ close, which background duties to run, which servicers to serve, what makes it u
   server for tests and benchmarks, in this process, on port 0.
 
 Lifecycle of a service process:
-  logging -> parse the settings (a bad value: ``config.invalid``, exit 2) -> arm failpoints -> catch
-  SIGTERM/SIGINT (a signal during a long start is kept) -> bind -> compose -> start the duties -> health
+  umask 077 -> logging -> parse the settings (a bad value: ``config.invalid``, exit 2) -> arm failpoints
+  -> catch SIGTERM/SIGINT (a signal during a long start is kept) -> the data directory (made 0700 when
+  missing; ``security.data_dir_open`` and ``security.secret_in_data_dir`` warnings: mqstore_rpc.private_files)
+  -> bind -> compose -> start the duties -> health
   SERVING if no problem is registered, else NOT_SERVING until there is none (a store or OS error on the
   way: ``server.start_failed``, what was built is closed, exit 1)
   -> serve, with health and reflection -> ``server.started`` (service, port, pid, ports (a second port by
@@ -54,6 +56,7 @@ from mqstore.meta.auth import AuthStore
 from mqstore.metrics import Registry
 
 from mqstore_rpc import logging as mqlogging
+from mqstore_rpc import private_files
 from mqstore_rpc.auth import AuthInterceptor
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.server import ManagedServer, ServerConfig, StopSignals, create_server, serve_until_signal
@@ -184,6 +187,7 @@ class ServiceDef:
     signed_requests: bool = False   # with auth on, also take the RocketMQ SDKs' signed requests (the gateway)
     aio: bool | Callable[[Any], bool] = False  # a grpc.aio server (mqstore_rpc.aio; the Transaction service), or
                                                # what says so from the config (the CommitLog service)
+    data_dir: Callable[[Any], pathlib.Path | None] = lambda config: None  # its data directory (None: keeps none)
 
 
 def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | None, AuthStore | None]:
@@ -244,6 +248,7 @@ def serving(service: ServiceDef, config) -> Iterator[tuple[ManagedServer, int]]:
 def run(service: ServiceDef, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """The service process; returns the exit status (0 stopped by a signal, 1 start failed, 2 bad config)."""
     env = os.environ if env is None else env
+    private_files.private_umask()  # data dirs 0700, files 0600 (mqstore_rpc.private_files)
     mqlogging.configure("info")
     try:
         config = service.parse_config(argv, env)
@@ -254,6 +259,10 @@ def run(service: ServiceDef, argv: Sequence[str] | None = None, env: Mapping[str
         return EXIT_BAD_CONFIG
     signals = StopSignals().install()  # before the (possibly long) start: a SIGTERM then stops cleanly
     try:
+        data_dir = service.data_dir(config)
+        private_files.warn_open_data_dir(data_dir)
+        private_files.make_data_dir(data_dir)
+        private_files.warn_secrets_in_data_dir(data_dir, config.server)
         server, port = build_server(service, config)
     except (MqStoreError, OSError) as exc:
         signals.restore()

@@ -169,7 +169,8 @@ def describe(config: CompactorServiceConfig, port: int) -> dict:
             "spark_master": config.spark_master, "replica_of": config.replica_of}
 
 
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe,
+                             data_dir=lambda config: config.data_dir)
 
 
 def build_server(config: CompactorServiceConfig) -> tuple[ManagedServer, int]:

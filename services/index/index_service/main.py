@@ -133,7 +133,8 @@ def describe(config: IndexServiceConfig, port: int) -> dict:
         "commitlog_address": config.commitlog_address, "tier_dir": config.tier_dir, "tier_url": config.tier_url}
 
 
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe)
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe,
+                             data_dir=lambda config: config.index.data_dir)
 
 
 def build_server(config: IndexServiceConfig) -> tuple[ManagedServer, int]:

@@ -129,7 +129,8 @@ def describe(config: TxnServiceConfig, port: int) -> dict:
 
 # grpc.aio: Prepare, Commit and Transact's frames are answered on the server's event loop, their appends
 # awaited there (mqstore_rpc.txn.servicer.LoopTransactionServicer)
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=True)
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=True,
+                             data_dir=lambda config: config.txn.data_dir)
 
 
 def build_server(config: TxnServiceConfig) -> tuple[ManagedServer, int]:
