@@ -10,10 +10,15 @@
   since the last change, in this process's memory only (which receives them with every call anyway);
   there is one entry per user and secret, dropped with every change. Concurrent calls with the same
   new credentials share one check (the first hashes, the others wait for its answer): 16 producers
-  starting at once hash once. Rejected (user, SHA-256 of the secret) pairs are remembered too
-  (bounded), so a client retrying a wrong secret does not make the server run scrypt again on every
-  call. The service identity (``service``, whose secret is MQSTORE_INTERNAL_TOKEN) is checked in
-  constant time without the database, then cached like the others.
+  starting at once hash once. Failed authentication is kept cheap (mqstore.auth.throttle): at most
+  two verifications run at once (a check beyond waits up to 2 s, then Unavailable: retry); a failed
+  (user, SHA-256 of the secret) pair is refused without a hash for 30 s; after 10 failures in a row
+  from one peer address (``peer``, given by the interceptor) or for one user name, new credentials of
+  that peer or user are refused without a hash (:class:`Throttled`, UNAUTHENTICATED with the time to
+  wait) for 1 s, doubled at every further failure up to 60 s, until a success; credentials this process
+  accepted before pass the backoff (a revoked secret is still refused by its hash). The service
+  identity (``service``, whose secret is MQSTORE_INTERNAL_TOKEN) is checked in constant time without
+  the database, then cached like the others.
 * ``authenticate_signed(signed)``: the principal of the user owning the access key of an SDK's signed
   request (mqstore.auth.signature; the gateway only). The first call with an access key reads the key
   and its user from the database and opens the sealed secret key under the kek (mqstore.auth.sealing);
@@ -38,12 +43,16 @@ is readable.
 
 Thread-safety: the caches are swapped under ``_lock`` and read without it (a dict read is atomic; the
 dicts are replaced on a change, never cleared; the one of verified signed requests, one entry per
-client and second, is also added to in place under the lock); hashing and database reads run outside it.
+client and second, is also added to in place under the lock); the accepted fingerprints (``_known_good``)
+are read and changed under it; the rejected cache and the backoff tables lock themselves
+(mqstore.auth.throttle); hashing and database reads run outside every lock (under the hash gate).
 """
 
 from __future__ import annotations
 
+import collections
 import hmac
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -54,6 +63,7 @@ from mqstore.auth import model, reserved, secrets, signature
 from mqstore.auth.model import SERVICE_USER, SUPER, Decision, Resource, Rule, SdkKey, User
 from mqstore.auth.sealing import Kek
 from mqstore.auth.signature import Signed
+from mqstore.auth.throttle import FailureBackoff, HashGate, RejectedCache, Throttle
 from mqstore.background import Duty
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import FailedPrecondition, PermissionDenied, Unauthenticated, Unavailable
@@ -95,7 +105,7 @@ class Principal:
 class Authority:
     def __init__(self, source: AuthSource, *, default_decision: str = model.DENY, service_secret: str = "",
                  metrics: Registry | None = None, kek: Kek | None = None, clock: Clock | None = None,
-                 max_skew_ms: int = signature.MAX_SKEW_MS):
+                 max_skew_ms: int = signature.MAX_SKEW_MS, throttle: Throttle | None = None):
         if default_decision not in model.DECISIONS:
             raise ValueError(f"default decision is allow or deny, not {default_decision!r}")
         self._source = source
@@ -104,10 +114,19 @@ class Authority:
         self._lock = threading.Lock()
         self._version = source.version()
         self._accepted: dict[str, Principal] = {}     # presented credential -> principal
-        self._rejected: dict[tuple[str, bytes], None] = {}
         self._flights: dict[tuple[str, bytes], _Flight] = {}
         self._kek = kek
         self._clock = clock or SystemClock()
+        throttle = throttle or Throttle()
+        self.throttle = throttle
+        monotonic = self._clock.monotonic_s
+        self._rejected = RejectedCache(throttle.rejected_ttl_s, throttle.rejected_max, monotonic)
+        self._gate = HashGate(throttle.hash_limit, throttle.hash_wait_s)
+        backoff = (throttle.failures_before_backoff, throttle.backoff_base_s, throttle.backoff_max_s,
+                   throttle.backoff_forget_s, throttle.backoff_max_keys, monotonic)
+        self._peer_failures, self._user_failures = FailureBackoff(*backoff), FailureBackoff(*backoff)
+        # (user, fingerprint) pairs this process accepted: they pass the backoff (kept across changes)
+        self._known_good: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
         self._max_skew_ms = max_skew_ms
         self._signing: dict[str, tuple[Principal, bytes]] = {}   # access key -> (principal, secret key)
         self._unknown_keys: dict[str, None] = {}
@@ -119,6 +138,10 @@ class Authority:
                                               "secrets checked against their stored hash (scrypt)")
         self._invalidations = metrics.counter("mqstore_auth_cache_invalidations_total",
                                               "times the users or rules changed and the caches were dropped")
+        throttled = metrics.counter("mqstore_auth_throttled_total", "new credentials refused or shed without a "
+                                    "hash: a failed secret retried (rejected), a peer or user in its failure "
+                                    "backoff (backoff), no place to hash in time (busy)", ("reason",))
+        self._throttled = {reason: throttled.labels(reason) for reason in ("rejected", "backoff", "busy")}
 
     # ---- authentication ------------------------------------------------------------------------------
     def cached(self, credential: str) -> Principal | None:
@@ -129,9 +152,10 @@ class Authority:
             self._hits.inc()
         return principal
 
-    def authenticate(self, name: str, secret: str, credential: str = "") -> Principal:
+    def authenticate(self, name: str, secret: str, credential: str = "", peer: str = "") -> Principal:
         """``credential``: the form the caller presented ``name`` and ``secret`` in (it must determine
-        them both), the key :meth:`cached` finds them by next time; default ``name:secret``."""
+        them both), the key :meth:`cached` finds them by next time; default ``name:secret``. ``peer``: the
+        caller's address without its port (the key of the per-peer backoff; "" = none)."""
         credential = credential or f"{name}:{secret}"
         cached = self.cached(credential)
         if cached is not None:
@@ -140,19 +164,20 @@ class Authority:
             return self._service(secret, credential)
         fp = secrets.fingerprint(secret)
         key = (name, fp)
+        if key in self._rejected:
+            self._throttled["rejected"].inc()
+            raise _not_accepted(name)
+        self._refuse_if_backing_off(name, fp, peer)
         with self._lock:
-            rejected = key in self._rejected
             version = self._version
             flight = self._flights.get(key)
-            leading = flight is None and not rejected
+            leading = flight is None
             if leading:
                 flight = self._flights[key] = _Flight()
-        if rejected:
-            raise _not_accepted(name)
         if not leading:  # another call is checking the same secret: wait for its answer, hash nothing
             return flight.wait(name)
         try:
-            flight.principal = self._verify(name, secret, fp, version, credential)
+            flight.principal = self._gated_verify(name, secret, fp, version, credential, peer)
             return flight.principal
         except BaseException as exc:
             flight.error = exc
@@ -162,13 +187,59 @@ class Authority:
                 del self._flights[key]
             flight.done.set()
 
-    def _verify(self, name: str, secret: str, fp: bytes, version: int, credential: str) -> Principal:
+    def refuse_cheaply(self, name: str, secret: str, peer: str = "") -> None:
+        """Unauthenticated when :meth:`authenticate` would refuse these credentials without a hash (their
+        secret failed lately, or the peer or user is in its failure backoff); else nothing (they may be
+        cached, or need a check). For a caller that must not wait for a hash to hear a cheap refusal."""
+        if name == SERVICE_USER:
+            return
+        fp = secrets.fingerprint(secret)
+        if (name, fp) in self._rejected:
+            self._throttled["rejected"].inc()
+            raise _not_accepted(name)
+        self._refuse_if_backing_off(name, fp, peer)
+
+    def _refuse_if_backing_off(self, name: str, fp: bytes, peer: str) -> None:
+        with self._lock:
+            if (name, fp) in self._known_good:  # accepted before by this process: its hash decides
+                return
+        wait_s = max(self._peer_failures.blocked_for(peer) if peer else 0.0, self._user_failures.blocked_for(name))
+        if wait_s > 0:
+            self._throttled["backoff"].inc()
+            raise Throttled(f"too many failed logins from this address or for user {_shown(name)}: new "
+                            f"credentials are refused for {math.ceil(wait_s)} s more; retry after that with the right "
+                            f"secret (credentials accepted before still work)", wait_s)
+
+    def _gated_verify(self, name: str, secret: str, fp: bytes, version: int, credential: str,
+                      peer: str) -> Principal:
+        try:
+            with self._gate.held(name):
+                if (name, fp) in self._rejected:  # found out while this call waited for a place
+                    raise _not_accepted(name)
+                self._refuse_if_backing_off(name, fp, peer)
+                return self._verify(name, secret, fp, version, credential, peer)
+        except Unavailable:
+            self._throttled["busy"].inc()
+            raise
+
+    def _verify(self, name: str, secret: str, fp: bytes, version: int, credential: str, peer: str = "") -> Principal:
         user = self._source.user(name)
         self._verifications.inc()
         if not secrets.verify_secret(secret, user.secret_hash if user else _DUMMY_HASH) or user is None:
             self._remember_rejected(name, fp, version)
+            if peer:
+                self._peer_failures.failed(peer)
+            self._user_failures.failed(name)
             raise _not_accepted(name)
         principal = Principal(name, user.kind, tuple(self._source.rules(name)))
+        if peer:
+            self._peer_failures.succeeded(peer)
+        self._user_failures.succeeded(name)
+        with self._lock:
+            self._known_good[(name, fp)] = None
+            self._known_good.move_to_end((name, fp))
+            while len(self._known_good) > MAX_CACHED_CREDENTIALS:
+                self._known_good.popitem(last=False)
         self._remember_accepted(credential, principal, version)
         return principal
 
@@ -191,11 +262,11 @@ class Authority:
 
     def _remember_rejected(self, name: str, fp: bytes, version: int) -> None:
         with self._lock:
+            if (name, fp) in self._known_good:  # no longer its secret (a change): it no longer passes the backoff
+                del self._known_good[(name, fp)]
             if self._version != version:
                 return
-            if len(self._rejected) >= MAX_CACHED_FAILURES:
-                self._rejected.clear()
-            self._rejected[(name, fp)] = None
+            self._rejected.add((name, fp))
 
     # ---- signed requests (the RocketMQ SDKs) ---------------------------------------------------------
     def cached_signed(self, authorization: str, date_time: str) -> Principal | None:
@@ -305,7 +376,7 @@ class Authority:
     def _drop(self, version: int) -> None:
         self._version = version
         self._accepted = {}
-        self._rejected = {}
+        self._rejected.clear()
         self._signing = {}
         self._unknown_keys = {}
         self._verified = {}
@@ -335,9 +406,21 @@ class _Flight:
         raise Unavailable(f"the credentials of user {name!r} could not be checked: {self.error}; retry")
 
 
+class Throttled(Unauthenticated):
+    """New credentials refused without a check: their peer or user is in its failure backoff
+    (mqstore.auth.throttle). ``retry_after_s``: what is left of the window."""
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def _shown(name: str) -> str:
+    return repr(name) if model.is_user_name(name) else "(not a valid user name)"
+
+
 def _not_accepted(name: str) -> Unauthenticated:
-    shown = repr(name) if model.is_user_name(name) else "(not a valid user name)"
-    return Unauthenticated(f"the credentials of user {shown} are not accepted (unknown user or wrong secret)")
+    return Unauthenticated(f"the credentials of user {_shown(name)} are not accepted (unknown user or wrong secret)")
 
 
 def _key_not_accepted(access_key: str) -> Unauthenticated:

@@ -124,22 +124,38 @@ class Interceptors(grpc.aio.ServerInterceptor):
         self._chain = list(reversed(chain))  # innermost first
         self._pool = pool
         self._wrapped = PerMethod()
+        # Interceptors that give some calls another handler (the authentication's screened one, for
+        # credentials not cached: mqstore_rpc.auth): asked per call, their answer is part of the cache key
+        self._screens = [i for i in chain if hasattr(i, "screens")]
 
     async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
+        method = handler_call_details.method
+        screened = any(i.screens(handler_call_details, handler) for i in self._screens)
+        details = _Screened(handler_call_details, screened) if self._screens else handler_call_details
 
         def wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             for interceptor in self._chain:
-                handler = interceptor.intercept_service(functools.partial(_given, handler), handler_call_details)
+                handler = interceptor.intercept_service(functools.partial(_given, handler), details)
             behavior = behavior_of(handler)
             if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
                 return handler
             if handler.response_streaming:
                 return like(handler, _driven_stream(behavior, self._pool, handler.request_streaming))
             return like(handler, _with_sync_context(behavior))
-        return self._wrapped.get(handler_call_details.method, handler, wrap)
+        return self._wrapped.get((method, True) if screened else method, handler, wrap)
+
+
+class _Screened:
+    """A call's details with the screening decided once (``screened``), so that the handler cached for
+    one answer is never made from the other."""
+
+    __slots__ = ("method", "invocation_metadata", "screened")
+
+    def __init__(self, details: grpc.HandlerCallDetails, screened: bool):
+        self.method, self.invocation_metadata, self.screened = details.method, details.invocation_metadata, screened
 
 
 def _given(handler: grpc.RpcMethodHandler, _details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:

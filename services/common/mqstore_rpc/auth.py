@@ -43,23 +43,27 @@ Thread-safety: the interceptor caches its wrapped handlers per method; the autho
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import copy
 import functools
 import inspect
+import ipaddress
 import itertools
+import threading
+import time
 from typing import Any, AsyncIterator, Callable, Iterator, Mapping
 
 import grpc
 import structlog
 
 from mqstore.auth import signature
-from mqstore.auth.authority import Authority, Principal
+from mqstore.auth.authority import Authority, Principal, Throttled
 from mqstore.auth.model import Resource, is_access_key
-from mqstore.errors import PermissionDenied, Unauthenticated
+from mqstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from mqstore.metrics import Registry
 
-from mqstore_rpc.handlers import PerMethod, behavior_of, like
+from mqstore_rpc.handlers import PerMethod, as_request_stream, behavior_of, like
 from mqstore_rpc.permissions import OPEN_PREFIXES, PERMISSIONS, Need
 
 log = structlog.get_logger("mqstore_rpc.auth")
@@ -104,6 +108,83 @@ class _Caller:
         self.interceptor, self.principal, self.method, self.context = interceptor, principal, method, context
 
 
+def peer_address(peer: str) -> str:
+    """The key of a peer's failure backoff: its address without the port (``ipv4:10.0.0.7:5123`` ->
+    ``10.0.0.7``), an IPv6 one as its /64 (one host holds a whole /64), anything else as it is."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    if kind == "ipv6":
+        host = (rest.rpartition(":")[0] or rest).strip("[]").replace("%25", "%").partition("%")[0]
+        try:
+            return str(ipaddress.IPv6Network(f"{host}/64", strict=False))
+        except ValueError:
+            return host
+    return peer
+
+
+class DenialLog:
+    """Which denials get their own ``auth.denied`` line: per (reason, peer address, user or access key),
+    the first ``burst`` of each ``interval_s``, and no more than ``max_lines`` lines in all per interval; the
+    others are counted, and one ``auth.denied_suppressed`` line per interval says how many (by reason and
+    by peer, the ten busiest), written with the first denial after the interval or by :meth:`flush` (the
+    server's stop). mqstore_auth_denied_total counts every denial, logged or not. Thread-safe (a lock)."""
+
+    MAX_KEYS = 4096
+    TOP_PEERS = 10
+
+    def __init__(self, interval_s: float = 10.0, burst: int = 5, max_lines: int = 200,
+                 clock: Callable[[], float] = time.monotonic):
+        self._interval_s, self._burst, self._max_lines, self._clock = interval_s, burst, max_lines, clock
+        self._lock = threading.Lock()
+        self._start = clock()
+        self._seen: dict[tuple[str, str, str], int] = {}
+        self._lines = 0
+        self._suppressed: collections.Counter = collections.Counter()  # (reason, peer) -> count
+
+    def admit(self, reason: str, peer: str, subject: str) -> bool:
+        """True: log this denial; False: it was counted for the summary."""
+        with self._lock:
+            summary = self._roll() if self._clock() - self._start >= self._interval_s else None
+            key = (reason, peer, subject)
+            seen = self._seen.get(key)
+            if seen is None and len(self._seen) >= self.MAX_KEYS:
+                key = (reason, peer, "*")
+                seen = self._seen.get(key)
+            seen = (seen or 0) + 1
+            self._seen[key] = seen
+            admitted = seen <= self._burst and self._lines < self._max_lines
+            if admitted:
+                self._lines += 1
+            else:
+                self._suppressed[reason, peer] += 1
+        if summary:
+            log.warning("auth.denied_suppressed", **summary)
+        return admitted
+
+    def flush(self) -> None:
+        """Write the summary of the interval so far (if anything was suppressed) and start a new one."""
+        with self._lock:
+            summary = self._roll()
+        if summary:
+            log.warning("auth.denied_suppressed", **summary)
+
+    def _roll(self) -> dict | None:
+        suppressed, now = self._suppressed, self._clock()
+        summary = None
+        if suppressed:
+            by_reason: collections.Counter = collections.Counter()
+            by_peer: collections.Counter = collections.Counter()
+            for (reason, peer), count in suppressed.items():
+                by_reason[reason] += count
+                by_peer[peer] += count
+            summary = dict(suppressed=sum(suppressed.values()), interval_s=round(now - self._start, 3),
+                           by_reason=dict(by_reason), by_peer=dict(by_peer.most_common(self.TOP_PEERS)),
+                           peers=len(by_peer))
+        self._start, self._seen, self._lines, self._suppressed = now, {}, 0, collections.Counter()
+        return summary
+
+
 class _Peer:
     """What a denial made off the loop logs of its call: the peer, read on the loop."""
 
@@ -118,19 +199,21 @@ class _Peer:
 
 class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, authority: Authority, registry: Registry, permissions: Mapping[str, Need | None] = PERMISSIONS,
-                 *, signed_requests: bool = False):
+                 *, signed_requests: bool = False, denial_log: DenialLog | None = None):
         self._authority = authority
         self._signed_requests = signed_requests
         self._permissions = permissions
         self._denied = registry.counter("mqstore_auth_denied_total", "calls refused by authentication or "
                                         "permissions, by reason", ("reason",))
+        self.denial_log = denial_log or DenialLog()
         self._wrapped = PerMethod()
+        self._screened = PerMethod()
 
     def taking_signed_requests(self) -> "AuthInterceptor":
-        """The same authority, permissions and denial counter, also taking the SDKs' signed requests: for a
-        gateway served by another service's process (the commit log's Local mode)."""
+        """The same authority, permissions, denial counter and denial log, also taking the SDKs' signed
+        requests: for a gateway served by another service's process (the commit log's Local mode)."""
         other = copy.copy(self)
-        other._signed_requests, other._wrapped = True, PerMethod()
+        other._signed_requests, other._wrapped, other._screened = True, PerMethod(), PerMethod()
         return other
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
@@ -138,14 +221,39 @@ class AuthInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
+        screened = getattr(handler_call_details, "screened", None)  # decided by mqstore_rpc.aio, else here
+        if screened is None:
+            screened = self.screens(handler_call_details, handler)
+        if screened:
+            return self._screened.get(method, handler, lambda h: self._wrap_screened(h, method))
         return self._wrapped.get(method, handler, lambda h: self._wrap(h, method))
+
+    def screens(self, handler_call_details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler | None) -> bool:
+        """True when this call gets the screened handler: a unary request whose credentials are not cached.
+        grpc runs intercept_service before it reads the request message (the synchronous server on its
+        polling thread, grpc.aio on its loop), so this is one dict read, no more; the screened handler
+        is a request stream of that one message, which authenticates the caller (refusing, or checking
+        new credentials) before it takes the message: an unauthenticated caller's body is never read
+        (tests/integration/test_attack_auth_flood.py measures the server's memory under 60 MiB ones)."""
+        method = handler_call_details.method
+        if handler is None or handler.request_streaming or method.startswith(OPEN_PREFIXES):
+            return False  # a request stream is read only after the check anyway (the guard's enter)
+        if method in self._permissions and self._permissions[method] is None:
+            return False
+        return self._cached(handler_call_details.invocation_metadata or ()) is None
+
+    def flush(self) -> None:
+        """Log the summary of the denials not logged one by one (the server's stop)."""
+        self.denial_log.flush()
 
     # ---- checks ----------------------------------------------------------------------------------------
     def _deny(self, exc: Exception, reason: str, method: str, context: grpc.ServicerContext, user: str = "",
               **fields: str) -> None:
         self._denied.labels(reason).inc()
-        log.warning("auth.denied", method=method, user=user, reason=reason, peer=context.peer(), message=str(exc),
-                    **fields)
+        peer = context.peer()
+        if self.denial_log.admit(reason, peer_address(peer), user or fields.get("access_key", "")):
+            log.warning("auth.denied", method=method, user=user, reason=reason, peer=peer, message=str(exc),
+                        **fields)
         raise exc
 
     def _cached(self, metadata) -> Principal | None:
@@ -170,8 +278,27 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if principal is not None:
             return principal
         caller = _Peer(context.peer())
+        self._refuse_cheaply(method, metadata, caller)  # on the loop: what needs no hash nor database
         return await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self._authenticate_new, method, metadata, caller))
+
+    def _refuse_cheaply(self, method: str, metadata, context) -> None:
+        """The refusals of bearer credentials that cost no hash and no database read (malformed, a secret
+        that failed lately, a peer or user in its failure backoff), made where the call is, so that a flood
+        of them never queues on the executor's few threads; what remains is :meth:`_authenticate_new`'s."""
+        value = next((v for k, v in metadata if k == METADATA_KEY), None)
+        if isinstance(value, str) and signature.is_signed(value):
+            return
+        try:
+            user, secret = parse_credentials(metadata)
+        except Unauthenticated as exc:
+            self._deny(exc, "no_credentials", method, context)
+        try:
+            self._authority.refuse_cheaply(user, secret, peer_address(context.peer()))
+        except Unauthenticated as exc:
+            self._deny(exc, "throttled" if isinstance(exc, Throttled) else "bad_credentials", method, context,
+                       user[:64])
+
 
     def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
         metadata = context.invocation_metadata()
@@ -189,9 +316,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
         except Unauthenticated as exc:
             self._deny(exc, "no_credentials", method, context)
         try:
-            return self._authority.authenticate(user, secret, value)
+            return self._authority.authenticate(user, secret, value, peer_address(context.peer()))
         except Unauthenticated as exc:
-            self._deny(exc, "bad_credentials", method, context, user[:64])
+            self._deny(exc, "throttled" if isinstance(exc, Throttled) else "bad_credentials", method, context,
+                       user[:64])
 
     def _authenticate_signed(self, value: str, metadata, method: str, context: grpc.ServicerContext) -> Principal:
         if not self._signed_requests:
@@ -239,6 +367,51 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return like(handler, self._refuse(behavior, method))
         return like(handler, self._guard(behavior, self._permissions[method], method, handler.request_streaming,
                                          handler.response_streaming))
+
+    def _wrap_screened(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """The unary-request ``handler`` as a request stream (:meth:`screens`): the caller is authenticated
+        before its one message is taken, then the message goes to the usual guarded behavior."""
+        guarded = behavior_of(self._wrapped.get(method, handler, lambda h: self._wrap(h, method)))
+        if method not in self._permissions:
+            guarded_refuse = guarded
+
+            def refuse_unread(requests, context):
+                return guarded_refuse(None, context)
+            return as_request_stream(handler, _unary_request(refuse_unread, guarded))
+
+        def first(requests):
+            request = next(requests, None)
+            if request is None:
+                raise InvalidArgument(f"{method}: no request message came; send one")
+            return request
+
+        async def first_async(requests):
+            request = await anext(aiter(requests), None)
+            if request is None:
+                raise InvalidArgument(f"{method}: no request message came; send one")
+            return request
+
+        if inspect.isasyncgenfunction(guarded):
+            async def screened_async_stream(requests, context):
+                await self._authenticate_async(method, context)
+                async for response in guarded(await first_async(requests), context):
+                    yield response
+            return as_request_stream(handler, _unary_request(screened_async_stream, guarded))
+        if inspect.iscoroutinefunction(guarded):
+            async def screened_async(requests, context):
+                await self._authenticate_async(method, context)
+                return await guarded(await first_async(requests), context)
+            return as_request_stream(handler, _unary_request(screened_async, guarded))
+        if handler.response_streaming:
+            def screened_stream(requests, context):
+                self._authenticate(method, context)
+                yield from guarded(first(requests), context)
+            return as_request_stream(handler, _unary_request(screened_stream, guarded))
+
+        def screened(requests, context):
+            self._authenticate(method, context)
+            return guarded(first(requests), context)
+        return as_request_stream(handler, _unary_request(screened, guarded))
 
     def _refuse(self, behavior: Callable, method: str) -> Callable:
         @functools.wraps(behavior)
@@ -379,6 +552,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
         for item in requests:
             self._authorize(principal, need, item, method, context)
             yield item
+
+
+def _unary_request(behavior: Callable, like_behavior: Callable) -> Callable:
+    """``behavior`` with ``like_behavior``'s attributes (a wire parser: mqstore_rpc.errors.wire_codec), marked
+    as the request stream of a unary call (per-RPC metrics label it unary)."""
+    behavior = functools.wraps(like_behavior)(behavior)
+    behavior.unary_request = True
+    return behavior
 
 
 # ---- the client side ----------------------------------------------------------------------------------

@@ -26,17 +26,30 @@ def like(handler: grpc.RpcMethodHandler, behavior: Callable, **serializers: Any)
     return _MAKERS[handler.request_streaming, handler.response_streaming](behavior, **(given | serializers))
 
 
+def as_request_stream(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
+    """A request-streaming handler with ``handler``'s response kind and serializers: grpc reads no request
+    message before ``behavior`` takes one from its iterator (mqstore_rpc.auth's screened unary calls)."""
+    return _MAKERS[True, handler.response_streaming](behavior, request_deserializer=handler.request_deserializer,
+                                                     response_serializer=handler.response_serializer)
+
+
+VARIANTS = 4  # wrapped handlers kept per method: the registered one and what interceptors inside made of it
+
+
 class PerMethod:
-    """Each method's wrapped handler, made once per registered handler (``wrap(handler)``)."""
+    """Each method's wrapped handler, made once per handler given (``wrap(handler)``): the registered one,
+    or a variant an inner interceptor returns for some calls (the authentication's screened handler), up
+    to :data:`VARIANTS` per method (the newest first)."""
 
     def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[Any, tuple[tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler], ...]] = {}
 
-    def get(self, method: str, handler: grpc.RpcMethodHandler,
+    def get(self, method: Any, handler: grpc.RpcMethodHandler,
             wrap: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> grpc.RpcMethodHandler:
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
+        cached = self._wrapped.get(method, ())
+        for given, wrapped in cached:
+            if given is handler:
+                return wrapped
         wrapped = wrap(handler)
-        self._wrapped[method] = (handler, wrapped)
+        self._wrapped[method] = ((handler, wrapped), *cached[:VARIANTS - 1])
         return wrapped

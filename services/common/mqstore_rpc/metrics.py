@@ -108,7 +108,7 @@ class MetricsExporter:
 # ---- per-RPC figures ------------------------------------------------------------------------------------
 
 def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
-    if handler.request_streaming:
+    if handler.request_streaming and not getattr(behavior_of(handler), "unary_request", False):
         return "bidi_stream" if handler.response_streaming else "client_stream"
     return "server_stream" if handler.response_streaming else "unary"
 
@@ -178,8 +178,8 @@ class RpcMetrics(grpc.ServerInterceptor):
 
     def _wrap(self, handler: grpc.RpcMethodHandler, figures: _MethodFigures) -> grpc.RpcMethodHandler:
         behavior, streaming = behavior_of(handler), handler.request_streaming
-        if inspect.iscoroutinefunction(behavior) and not streaming:  # on a grpc.aio server's loop (mqstore_rpc.aio)
-            return like(handler, self._async_unary(behavior, figures))
+        if inspect.iscoroutinefunction(behavior):  # on a grpc.aio server's loop (mqstore_rpc.aio)
+            return like(handler, self._async_unary(behavior, figures, streaming))
         if inspect.isasyncgenfunction(behavior):  # answered on a grpc.aio server's loop
             return like(handler, self._async_stream(behavior, figures, streaming))
         wrap = self._stream if handler.response_streaming else self._unary
@@ -213,13 +213,16 @@ class RpcMetrics(grpc.ServerInterceptor):
                     yield response
         return wrapper
 
-    def _async_unary(self, behavior: Callable, figures: _MethodFigures) -> Callable:
+    def _async_unary(self, behavior: Callable, figures: _MethodFigures, streaming: bool = False) -> Callable:
         clock = self._clock
 
         @functools.wraps(behavior)
         async def wrapper(request, context):
             with _Timed(figures, clock, context, _async_unary_code):
-                figures.received.inc()
+                if streaming:
+                    request = _async_counting(request, figures.received)
+                else:
+                    figures.received.inc()
                 response = await behavior(request, context)
                 figures.sent.inc()
                 return response

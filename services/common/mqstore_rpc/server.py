@@ -31,6 +31,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqstore.auth.throttle import Throttle
 from mqstore.background import Duty
 from mqstore.errors import InvalidArgument
 from mqstore.metrics import Registry
@@ -60,6 +61,8 @@ class AuthConfig:
     # The key-encryption key of SDK secret keys (mqstore.auth.sealing): the CommitLog server's Access service
     # seals with it (creating it on first use), the gateway opens with it; "" = none (no SDK keys)
     kek_file: str = ""
+    # What keeps failed authentication cheap: concurrent hashes, the failed-secret cache, the failure backoff
+    throttle: Throttle = Throttle()
 
     def __post_init__(self) -> None:
         if self.default_decision not in ("allow", "deny"):

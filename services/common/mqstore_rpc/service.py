@@ -197,7 +197,8 @@ def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | No
     try:
         kek = Kek(pathlib.Path(config.auth.kek_file), create=False) if config.auth.kek_file else None
         authority = Authority(store, default_decision=config.auth.default_decision,
-                              service_secret=str(config.auth.internal_token.reveal()), metrics=registry, kek=kek)
+                              service_secret=str(config.auth.internal_token.reveal()), metrics=registry, kek=kek,
+                              throttle=config.auth.throttle)
     except BaseException:
         store.close()
         raise
@@ -222,6 +223,8 @@ def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
     try:
         if auth_store is not None:
             parts.on_close(auth_store.close)
+            for interceptor in interceptors:
+                parts.on_close(interceptor.flush)  # the summary of the denials not logged one by one
             parts.add_duty(AuthRefresh(authority, config.server.auth.refresh_ms))
         service.compose(config, parts)
         parts.start()
