@@ -59,15 +59,16 @@ def _as(user: str) -> tuple:
     return _bearer(user, _secret(user))
 
 
-@pytest.fixture
-def log(tmp_path):
-    """A commit log with auth on, 64 KiB segments and 1 s retention checked every 100 ms; users ``reader``
-    (SUB on every topic and the cluster) and ``operator`` (also ADMIN)."""
+@pytest.fixture(params=[False, True], ids=["threads", "loop"])
+def log(tmp_path, request):
+    """A commit log with auth on, 64 KiB segments and 1 s retention checked every 100 ms, on both kinds of port
+    (main.on_loop); users ``reader`` (SUB on every topic and the cluster) and ``operator`` (also ADMIN)."""
     url = f"sqlite:///{tmp_path / 'auth.db'}"
     server, _ = _auth(url, kek_file=str(tmp_path / "auth.kek"))
     config = dataclasses.replace(
         make_config(tmp_path / "log", segment_size_bytes=SEGMENT, retention_ms=1000, clean_interval_ms=100,
-                    flush_interval_ms=50, retention_hold_grace_ms=GRACE_MS), server=server, internal_token=TOKEN)
+                    flush_interval_ms=50, retention_hold_grace_ms=GRACE_MS), server=server, internal_token=TOKEN,
+        append_on_loop=request.param)
     store = AuthStore(url, SystemClock())
     try:
         admin = AccessAdmin(store, kek=Kek(tmp_path / "auth.kek", create=True))
