@@ -78,18 +78,20 @@ class RetentionHolds:
         self._holds: dict[str, _Hold] = {}
 
     def open(self, follower: str, physical_offset: int, now_ms: int, *, durable: bool) -> None:
-        """A stream naming ``follower`` starts at ``physical_offset``. Two streams of one name hold from
-        the lower start; the newest stream says whether it is durable."""
+        """A stream naming ``follower`` starts at ``physical_offset``. Streams of one name open at once
+        hold from the lowest start, and the hold is durable when any of them is (an administrator's
+        stream of the same name does not shorten a service's hold)."""
         with self._lock:
             hold = self._holds.get(follower)
             if hold is None:
                 hold = self._holds[follower] = _Hold(physical_offset, now_ms, durable)
             elif hold.open_streams:
                 hold.offset = min(hold.offset, physical_offset)
+                hold.durable = hold.durable or durable
             else:
-                hold.offset = physical_offset
+                hold.offset, hold.durable = physical_offset, durable
             hold.open_streams += 1
-            hold.refreshed_ms, hold.closed_ms, hold.durable = now_ms, 0, durable
+            hold.refreshed_ms, hold.closed_ms = now_ms, 0
 
     def refresh(self, follower: str, now_ms: int) -> None:
         """A frame of an open stream (a lapsed hold stays lapsed until a new stream opens it)."""

@@ -113,3 +113,15 @@ def test_the_store_ends_a_users_hold_after_the_grace_and_deletes_what_it_held(op
     assert store.delete_expired_segments() == 0  # within the grace: still held
     fake_clock.advance(60_001)
     assert store.delete_expired_segments() >= 1 and store.list_retention_holds() == []
+
+
+def test_an_open_durable_hold_stays_durable_when_a_users_stream_of_its_name_joins():
+    holds = RetentionHolds(MAX, GRACE)
+    holds.open(COMPACTOR, 100, 0, durable=True)
+    holds.open(COMPACTOR, 50, 0, durable=False)
+    holds.close(COMPACTOR, 10)
+    holds.close(COMPACTOR, 20)
+    assert holds.low(20 + GRACE + 1) == 50
+    holds.open(COMPACTOR, 70, 30, durable=False)  # reopened by a user alone: a user's hold
+    holds.close(COMPACTOR, 40)
+    assert holds.low(40 + GRACE + 1) is None
