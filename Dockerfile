@@ -23,10 +23,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # An unprivileged user that owns only the data volume (and /auth: the auth database the services share
-# when authentication is on, and /kek: the key-encryption key of SDK secrets; docker-compose.secure.yml).
+# when authentication is on, and /kek: the key-encryption key of SDK secrets; docker-compose.secure.yml),
+# 0700 as the services make their directories (umask 077: mqstore_rpc.private_files); a new named volume
+# takes the mode of the image's directory.
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin mqstore \
  && mkdir -p /data /auth /kek \
- && chown mqstore:mqstore /data /auth /kek
+ && chown mqstore:mqstore /data /auth /kek \
+ && chmod 0700 /data /auth /kek
 
 # ---- build: a C toolchain for the compiled codec, pinned tools, the runtime dependencies in
 # /opt/mqstore (a venv without pip), stubs from protos/, then the package as a wheel (with the codec's
