@@ -15,6 +15,11 @@ item is checked as it arrives (AppendStream: each batch's topic). Three kinds of
   ``error`` and the stream goes on);
 * :data:`OPEN`: health and reflection, which anyone may call (probes, ``grpcurl list``).
 
+Whatever a resource function names, two kinds of topic are decided before the user's rules
+(mqstore.auth.reserved, in Authority.decide, so every entry and every deferred check is covered): a
+system topic (``RMQ_SYS_*``, ``rmq_sys_REVIVE_LOG``, ...) only for the internal identity ``service``, a
+super user refused too; a retry or dead-letter topic needs the action on the group it encodes as well.
+
 tests/unit/ops/test_permissions.py fails when an RPC of a service some server registers (protos/, the
 gateway's apache.rocketmq.v2.MessagingService) has no entry, or an entry names no RPC.
 
