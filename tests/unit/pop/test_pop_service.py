@@ -113,8 +113,11 @@ def test_an_unacked_message_comes_back_from_the_retry_topic_with_attempt_plus_on
     assert p.store.pull("%RETRY%g+t", 0, 0).messages[0].record.body == record.body  # readable by Pull
     with pytest.raises(FailedPrecondition, match="retry or dead-letter topic"):
         p.store.append("%RETRY%g+t", [MessageIn(body=b"x")])
-    with pytest.raises(FailedPrecondition, match="created by pop consumption"):
-        p.store.create_topic("%DLQ%g", 1)
+    for name in ("%DLQ%g", "%RETRY%x+y", "%RETRY%x_y"):  # a '+' name too, though it is a legal topic name
+        with pytest.raises(FailedPrecondition, match="created by pop consumption"):
+            p.store.create_topic(name, 1)
+    with pytest.raises(InvalidArgument, match=r"illegal character '\+'"):
+        p.store.create_topic("x+y", 1)
     assert p.expire() == 1 and p.receive()[0].attempt == 3  # and again, from the retry topic itself
 
 
