@@ -17,11 +17,20 @@ a gateway restart), still be asked: until then nothing is sent and nothing is co
   none (it went away since), or its outbox is full      left unanswered, logged gateway.check_unrouted:
                                                         the Transaction service asks again later
 
-  on EndTransaction(transaction id, decision, from a check?)                   action
+  on EndTransaction(topic, transaction id, decision, from a check?)            action
   ---------------------------------------------------------------------------- ---------------------------
-  from a check, the check pending and its stream open                           CheckAnswer on that stream
-  COMMIT / ROLLBACK otherwise (the client's own, or the stream has gone)        Commit / Rollback directly
+  from a check, the check pending, of that topic, and its stream open           CheckAnswer on that stream
+  COMMIT / ROLLBACK otherwise (the client's own, or the stream has gone)        Commit / Rollback directly,
+                                                                                naming the topic
   UNKNOWN otherwise                                                             nothing (asked again later)
+
+Authorization follows the transaction, never the name a client gives: the gateway checked the client's PUB
+on the topic its EndTransaction names (mqstore_rpc.permissions), so that topic must be the transaction's
+own. A pending check answers only an EndTransaction naming the check's topic; a direct Commit or Rollback
+names the topic (and the producer group, the topic: see above) and the Transaction service refuses a
+transaction prepared otherwise as an unknown id (txn.proto, EndRequest). A check goes only to a producer
+whose session publishes its topic (ClientRegistry.producer_for): its settings declared it, checked PUB on
+it for the session's user, and the session is bound to that user (mqstore.gateway.clients).
 
 Thread-safe: ``_lock`` guards the duties map, the pending checks and the counters. The duties run on
 their own threads; ``resolve`` runs on the caller's.
@@ -76,15 +85,18 @@ class CheckStream(Protocol):
 
 
 class Resolver(Protocol):
-    def commit(self, transaction_id: str) -> None: ...
+    """Ends a transaction prepared on ``topic`` (refused as an unknown id if it was not)."""
 
-    def rollback(self, transaction_id: str) -> None: ...
+    def commit(self, transaction_id: str, topic: str) -> None: ...
+
+    def rollback(self, transaction_id: str, topic: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
     check_id: int
     stream: CheckStream
+    topic: str
 
 
 class TopicChecks(Duty):
@@ -175,7 +187,7 @@ class CheckRelay:
         if target is not None and check.halves:
             client_id, outbox = target
             with self._lock:
-                self._pending[check.transaction_id] = _Pending(check.check_id, stream)
+                self._pending[check.transaction_id] = _Pending(check.check_id, stream, check.topic)
                 self._pending.move_to_end(check.transaction_id)
                 while len(self._pending) > self.pending_max:
                     self._pending.popitem(last=False)
@@ -195,19 +207,24 @@ class CheckRelay:
                     "the producer's Telemetry stream is not read" if check.halves else "the check names no half")
 
     # ---- an answer arrives ---------------------------------------------------------------------------
-    def resolve(self, transaction_id: str, decision: str, from_check: bool) -> None:
-        """The producer's decision (EndTransaction); errors of a direct Commit/Rollback are raised."""
+    def resolve(self, transaction_id: str, decision: str, from_check: bool, topic: str) -> None:
+        """The producer's decision (EndTransaction naming ``topic``); errors of a direct Commit/Rollback are
+        raised. A pending check of another topic is not this answer's (it stays pending)."""
         with self._lock:
-            pending = self._pending.pop(transaction_id, None)
+            pending = self._pending.get(transaction_id)
+            if pending is not None and pending.topic == topic:
+                del self._pending[transaction_id]
+            else:
+                pending = None
         if from_check and pending is not None and pending.stream.answer(pending.check_id, decision):
             with self._lock:
                 self.answered_on_stream += 1
             log.info("gateway.check_answered", transaction_id=transaction_id, decision=decision)
             return
         if decision == COMMIT:
-            self.resolver.commit(transaction_id)
+            self.resolver.commit(transaction_id, topic)
         elif decision == ROLLBACK:
-            self.resolver.rollback(transaction_id)
+            self.resolver.rollback(transaction_id, topic)
         else:
             log.info("gateway.check_unknown", transaction_id=transaction_id,
                      why="the producer does not know yet; the Transaction service asks again later")

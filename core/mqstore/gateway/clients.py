@@ -19,22 +19,38 @@ Heartbeats (every 10 s) and every other call keep a client alive; NotifyClientTe
 At most ``max_clients`` sessions: a new client beyond it gets ResourceExhausted (the Java proxy has no
 limit; an unbounded map is a memory leak waiting for a client that changes its id on every start).
 
-Thread-safe: ``_lock`` guards the sessions map and every session's fields; an Outbox has its own lock.
-Listeners are called without the lock held.
+Sessions belong to their user (with authentication on; ``user`` None = authentication off, where none of
+this applies). A client id is bound to the user who first presented it until its session ends (removed, or
+expired): a call of another user with that id is refused (PermissionDenied, which names neither the owner
+nor anything of the session, and leaves the session as it was: its stream stays, its last sign of life is
+not refreshed). Only the owner ends it or opens its Telemetry stream, or a caller the servicer lets take
+it over (``take_over``: an ADMIN of the cluster), to whom the session then belongs. Per-user quotas, so
+that one user cannot deny another (ResourceExhausted, the protocol's TOO_MANY_REQUESTS, for that user only):
+
+  quota                    counts                                   refused
+  ------------------------ ---------------------------------------- -----------------------------------
+  max_clients_per_user     the user's sessions (below max_clients:  a new client id of that user
+                           a flood of random ids meets it first)
+  max_streams_per_user     the user's sessions with an open stream  a stream of a session without one
+  max_receives_per_user    the user's receives in flight            a receive (:meth:`receiving`)
+
+Thread-safe: ``_lock`` guards the sessions map, the per-user counts and every session's fields; an Outbox
+has its own lock. Listeners are called without the lock held.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import structlog
 
 from mqstore.clock import Clock
-from mqstore.errors import ResourceExhausted
+from mqstore.errors import PermissionDenied, ResourceExhausted, shown
 
 log = structlog.get_logger("mqstore.gateway.clients")
 
@@ -81,6 +97,8 @@ class ClientSession:
     group: str = ""                        # a consumer's group
     last_seen_ms: int = 0
     outbox: Outbox | None = field(default=None, repr=False)
+    user: str | None = None                # who presented the id first (None: authentication is off)
+    settled: bool = False                  # its settings came (on a Telemetry stream): type, topics, group
 
     @property
     def reachable(self) -> bool:
@@ -89,10 +107,17 @@ class ClientSession:
 
 
 class ClientRegistry:
-    def __init__(self, clock: Clock, *, max_clients: int, ttl_ms: int, outbox_limit: int):
+    def __init__(self, clock: Clock, *, max_clients: int, ttl_ms: int, outbox_limit: int,
+                 max_clients_per_user: int | None = None, max_streams_per_user: int | None = None,
+                 max_receives_per_user: int | None = None):
+        """The ``*_per_user`` quotas: None = none (then only ``max_clients`` bounds the table)."""
         self.clock, self.max_clients, self.ttl_ms, self.outbox_limit = clock, max_clients, ttl_ms, outbox_limit
+        self.max_clients_per_user, self.max_streams_per_user = max_clients_per_user, max_streams_per_user
+        self.max_receives_per_user = max_receives_per_user
         self._lock = threading.Lock()
         self._sessions: dict[str, ClientSession] = {}
+        self._by_user: dict[str, set[str]] = {}      # user -> its client ids
+        self._receiving: dict[str, int] = {}         # user -> receives in flight
         self._listeners: list[Callable[[], None]] = []
         self._turn = itertools.count()
 
@@ -104,39 +129,83 @@ class ClientRegistry:
         for listener in self._listeners:
             listener()
 
-    def _session(self, client_id: str) -> ClientSession:
-        """The session (created if new); the caller holds ``_lock``."""
+    def _session(self, client_id: str, user: str | None, take_over: bool = False) -> ClientSession:
+        """The session of ``user`` (created if new); the caller holds ``_lock``. PermissionDenied when it
+        is another user's (unless ``take_over``: it becomes ``user``'s), ResourceExhausted over a bound;
+        a refusal changes nothing."""
         session = self._sessions.get(client_id)
         if session is None:
+            if user is not None and self.max_clients_per_user is not None and \
+                    len(self._by_user.get(user, ())) >= self.max_clients_per_user:
+                raise ResourceExhausted(
+                    f"user {shown(user)} has {self.max_clients_per_user} client sessions at this gateway, its "
+                    f"quota (max_clients_per_user): reuse a client's id, end unused ones with "
+                    f"NotifyClientTermination (silent ones are forgotten after {self.ttl_ms} ms), or ask the "
+                    f"operator to raise --max-clients-per-user")
             if len(self._sessions) >= self.max_clients:
                 raise ResourceExhausted(f"the gateway serves at most {self.max_clients} clients (setting "
                                         f"max_clients) and all are live; retry after some disconnect")
-            session = self._sessions[client_id] = ClientSession(client_id)
-            log.info("gateway.client_registered", client_id=client_id)
+            session = self._sessions[client_id] = ClientSession(client_id, user=user)
+            if user is not None:
+                self._by_user.setdefault(user, set()).add(client_id)
+            log.info("gateway.client_registered", client_id=client_id, user=user)
+        elif session.user != user:
+            if not take_over:
+                raise PermissionDenied(
+                    f"client id {shown(client_id)} belongs to another user's session at this gateway: give each "
+                    f"client an id of its own (the RocketMQ clients make one per process), or wait until that "
+                    f"session ends (its user's NotifyClientTermination, or {self.ttl_ms} ms without a call)")
+            self._unbind(session)
+            session.user = user
+            if user is not None:
+                self._by_user.setdefault(user, set()).add(client_id)
+            log.warning("gateway.client_taken_over", client_id=client_id, user=user)
         session.last_seen_ms = self.clock.now_ms()
         return session
 
-    def touch(self, client_id: str, client_type: str = "", group: str = "") -> None:
+    def _unbind(self, session: ClientSession) -> None:
+        """Forget ``session`` in its user's count; the caller holds ``_lock``."""
+        ids = self._by_user.get(session.user) if session.user is not None else None
+        if ids is not None:
+            ids.discard(session.client_id)
+            if not ids:
+                del self._by_user[session.user]
+
+    def touch(self, client_id: str, client_type: str = "", group: str = "", user: str | None = None) -> None:
         """Any call of the client keeps it alive; a heartbeat also says its type and group."""
         with self._lock:
-            session = self._session(client_id)
+            session = self._session(client_id, user)
             session.client_type = client_type or session.client_type
             session.group = group or session.group
 
-    def attach(self, client_id: str) -> Outbox:
-        """A Telemetry stream opened: its outbox (an older stream's outbox of the client is closed)."""
+    def attach(self, client_id: str, user: str | None = None, *, take_over: bool = False) -> Outbox:
+        """A Telemetry stream opened: its outbox (an older stream's outbox of the client is closed).
+        ResourceExhausted when the session has no open stream and ``user`` has ``max_streams_per_user``."""
         with self._lock:
-            session = self._session(client_id)
+            existing = self._sessions.get(client_id)
+            if existing is not None and existing.user != user and not take_over:
+                self._session(client_id, user)  # refused: another user's
+            if user is not None and self.max_streams_per_user is not None and \
+                    (existing is None or existing.user != user or not existing.reachable):
+                streams = sum(1 for c in self._by_user.get(user, ()) if self._sessions[c].reachable)
+                if streams >= self.max_streams_per_user:
+                    raise ResourceExhausted(
+                        f"user {shown(user)} has {streams} Telemetry streams open at this gateway, its quota "
+                        f"(max_streams_per_user): close unused clients, or ask the operator to raise "
+                        f"--max-streams-per-user")
+            session = self._session(client_id, user, take_over)
             old, session.outbox = session.outbox, Outbox(self.outbox_limit)
             outbox = session.outbox
         if old is not None:
             old.close()
         return outbox
 
-    def apply_settings(self, client_id: str, client_type: str, topics: Iterable[str], group: str) -> None:
+    def apply_settings(self, client_id: str, client_type: str, topics: Iterable[str], group: str,
+                       user: str | None = None) -> None:
         with self._lock:
-            session = self._session(client_id)
+            session = self._session(client_id, user)
             session.client_type, session.topics, session.group = client_type, frozenset(topics), group
+            session.settled = True
         log.info("gateway.client_settings", client_id=client_id, client_type=client_type,
                  topics=sorted(session.topics), group=group)
         self._changed()
@@ -150,24 +219,70 @@ class ClientRegistry:
                 session.outbox = None
         self._changed()
 
-    def remove(self, client_id: str, why: str) -> None:
+    def remove(self, client_id: str, why: str, user: str | None = None, *, take_over: bool = False) -> None:
+        """End a session (nothing if there is none): PermissionDenied when it is another user's (unless
+        ``take_over``)."""
         with self._lock:
-            session = self._sessions.pop(client_id, None)
-        if session is None:
-            return
+            session = self._sessions.get(client_id)
+            if session is None:
+                return
+            if session.user != user and not take_over:
+                self._session(client_id, user)  # refused: another user's
+            self._drop(session)
+        self._closed(session, why)
+
+    def _drop(self, session: ClientSession) -> None:
+        """Forget ``session``; the caller holds ``_lock``."""
+        del self._sessions[session.client_id]
+        self._unbind(session)
+
+    def _closed(self, session: ClientSession, why: str) -> None:
+        """After ``_drop``, without the lock: its stream ends, the listeners hear of it."""
         if session.outbox is not None:
             session.outbox.close()
-        log.info("gateway.client_removed", client_id=client_id, why=why)
+        log.info("gateway.client_removed", client_id=session.client_id, why=why)
         self._changed()
 
     def expire(self) -> int:
         """Forget the clients not heard of for ``ttl_ms``; how many."""
         cutoff = self.clock.now_ms() - self.ttl_ms
         with self._lock:
-            stale = [c for c, s in self._sessions.items() if s.last_seen_ms < cutoff]
-        for client_id in stale:
-            self.remove(client_id, f"silent for more than {self.ttl_ms} ms")
+            stale = [s for s in self._sessions.values() if s.last_seen_ms < cutoff]
+            for session in stale:
+                self._drop(session)
+        for session in stale:
+            self._closed(session, f"silent for more than {self.ttl_ms} ms")
         return len(stale)
+
+    @contextlib.contextmanager
+    def receiving(self, user: str | None) -> Iterator[None]:
+        """Around one receive (a long poll) of ``user``: ResourceExhausted when ``user`` has
+        ``max_receives_per_user`` in flight already."""
+        if user is None or self.max_receives_per_user is None:
+            yield
+            return
+        with self._lock:
+            held = self._receiving.get(user, 0)
+            if held >= self.max_receives_per_user:
+                raise ResourceExhausted(
+                    f"user {shown(user)} has {held} receives in flight at this gateway, its quota "
+                    f"(max_receives_per_user): wait for one to end before the next, or ask the operator to "
+                    f"raise --max-receives-per-user")
+            self._receiving[user] = held + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._receiving[user] - 1
+                if left:
+                    self._receiving[user] = left
+                else:
+                    del self._receiving[user]
+
+    def clients_of(self, user: str) -> int:
+        """How many sessions ``user`` has."""
+        with self._lock:
+            return len(self._by_user.get(user, ()))
 
     def published_topics(self) -> set[str]:
         """The topics published by a reachable producer."""

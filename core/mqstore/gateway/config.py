@@ -16,6 +16,13 @@ class GatewayConfig:
     max_clients: int = 10_000
     client_ttl_ms: int = 120_000
     telemetry_outbox_limit: int = 1_000     # commands queued for one client's Telemetry stream
+    # Per user, with authentication on (a client id belongs to the user who first presented it), so that
+    # one user cannot deny another; over a quota that user's call gets TOO_MANY_REQUESTS. Each Telemetry
+    # stream and each long poll holds a handler thread (--max-workers, 256): one user's streams plus
+    # receives should stay well below it. Without authentication there are no users and no quotas.
+    max_clients_per_user: int = 1_000       # client ids (sessions); must be below max_clients
+    max_streams_per_user: int = 64          # open Telemetry streams
+    max_receives_per_user: int = 64         # ReceiveMessage long polls in flight
     # Publishing: advertised to producers as publishing.max_body_size, and refused above it (must not
     # exceed the commit log's max_body_bytes, 4 MiB by default).
     max_body_bytes: int = 4 * MiB
@@ -38,13 +45,18 @@ class GatewayConfig:
     checkback_retry_max_ms: int = 5_000     # backoff cap when the Transaction service cannot be reached
 
     def __post_init__(self) -> None:
-        for name in ("max_clients", "client_ttl_ms", "telemetry_outbox_limit", "max_body_bytes", "topic_cache_ms",
+        for name in ("max_clients", "client_ttl_ms", "telemetry_outbox_limit", "max_clients_per_user",
+                     "max_streams_per_user", "max_receives_per_user", "max_body_bytes", "topic_cache_ms",
                      "long_poll_min_ms", "long_poll_max_ms", "receive_batch_max", "max_delivery_attempts",
                      "auto_renew_invisible_ms", "auto_renew_ahead_ms", "auto_renew_max_ms", "auto_renew_max_messages",
                      "max_checkback_topics", "pending_checks_max",
                      "checkback_retry_max_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.max_clients_per_user >= self.max_clients:
+            raise InvalidArgument(f"max_clients_per_user ({self.max_clients_per_user}) must be below max_clients "
+                                  f"({self.max_clients}): one user must not be able to fill the client table; "
+                                  f"lower --max-clients-per-user or raise --max-clients")
         if self.long_poll_min_ms > self.long_poll_max_ms:
             raise InvalidArgument(f"long_poll_min_ms ({self.long_poll_min_ms}) must not exceed long_poll_max_ms "
                                   f"({self.long_poll_max_ms})")

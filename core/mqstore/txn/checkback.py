@@ -16,6 +16,11 @@ stream's incoming answers (domain objects) and sends what :meth:`CheckSession.ch
                               a refusal (resolved the other way, the log away) is counted and logged, and checks
                               resume if the transaction is still open
 
+Which stream: a check goes to a session of its transaction's producer group whose ``allows(topic)``
+(the stream's user may PUB the transaction's topic, with authentication on; the servicer gives it), round
+robin among them; none allows it: not offered (waits, uncounted, as with no stream). A stream's answers
+may name only checks sent on it, so a stream never decides a transaction it was not shown.
+
 Answers of one stream are applied concurrently (``check_answer_workers``). A reader waits while every
 decider is busy and the queue is full: back-pressure on that stream, never an unbounded backlog. At most
 ``max_check_streams`` streams are open at once (more: RESOURCE_EXHAUSTED). A first message that is not
@@ -62,11 +67,16 @@ class Answer:
     decision: str  # COMMIT, ROLLBACK or UNKNOWN
 
 
-class CheckSession:
-    """One open CheckBack stream of a producer group."""
+def _anything(topic: str) -> bool:
+    return True
 
-    def __init__(self, group: str, on_send: Callable[[Check], bool]):
-        self.group = group
+
+class CheckSession:
+    """One open CheckBack stream of a producer group; ``allows(topic)``: whether its checks may carry a
+    transaction of ``topic`` (its user's PUB on it)."""
+
+    def __init__(self, group: str, on_send: Callable[[Check], bool], allows: Callable[[str], bool] = _anything):
+        self.group, self.allows = group, allows
         self._on_send = on_send
         self._outbox: queue.Queue[Check | None] = queue.Queue(OUTBOX_LIMIT)
         self._pending: dict[int, str] = {}
@@ -140,8 +150,9 @@ class CheckHub:
         self._sessions: dict[str, list[CheckSession]] = {}
         self._turn = itertools.count()
 
-    def open(self, group: str, on_send: Callable[[Check], bool] = lambda check: True) -> CheckSession:
-        session = CheckSession(group, on_send)
+    def open(self, group: str, on_send: Callable[[Check], bool] = lambda check: True,
+             allows: Callable[[str], bool] = _anything) -> CheckSession:
+        session = CheckSession(group, on_send, allows)
         with self._lock:
             count = sum(len(s) for s in self._sessions.values())
             if count >= self.max_streams:
@@ -160,10 +171,13 @@ class CheckHub:
             sessions.remove(session)
         log.info("checkback.stream_closed", group=session.group)
 
-    def session_for(self, group: str) -> CheckSession | None:
+    def session_for(self, group: str, topic: str) -> CheckSession | None:
+        """A session of ``group`` that may carry a check of ``topic`` (round robin), or None."""
         with self._lock:
-            sessions = self._sessions.get(group)
-            return sessions[next(self._turn) % len(sessions)] if sessions else None
+            sessions = list(self._sessions.get(group, ()))
+            turn = next(self._turn)
+        allowed = [s for s in sessions if s.allows(topic)]  # outside the lock: may ask the authority
+        return allowed[turn % len(allowed)] if allowed else None
 
     def open_streams(self) -> int:
         with self._lock:
@@ -208,10 +222,10 @@ class CheckBack:
     def problem(self) -> str:
         return self.readers.problem() or self.deciders.problem()
 
-    def open(self, group: str, incoming: Iterable[Answer]) -> CheckSession:
+    def open(self, group: str, incoming: Iterable[Answer], allows: Callable[[str], bool] = _anything) -> CheckSession:
         """A session for a stream whose answers are ``incoming`` (read on a reader thread; an iteration
-        that ends means the producer went away)."""
-        session = self.hub.open(group, self.sink.on_send)
+        that ends means the producer went away), carrying checks of the topics ``allows``."""
+        session = self.hub.open(group, self.sink.on_send, allows)
         try:
             self.readers.submit(lambda: self._read(session, incoming), timeout_s=0)
         except MqStoreError:

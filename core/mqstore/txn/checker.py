@@ -8,7 +8,7 @@ transaction, oldest first:
   (RocketMQ's per-message property), else transaction_timeout_ms
   the last check < check_interval_ms ago                                                      skip
   checks_sent >= check_max                                                                    park it
-  no open stream of its group                                                                 skip, not counted
+  no open stream of its group whose user may PUB its topic                                    skip, not counted
   the group's rate limit (check_rate_per_s, a token bucket) is spent                          skip this round
   otherwise: offer a CheckRequest to one of the group's streams (round robin)                 sent: + 1
 
@@ -112,7 +112,7 @@ class Checker(Duty):
         if checks >= cfg.check_max:
             self._park_txn(txn)
             return 0
-        session = self.hub.session_for(txn.group)
+        session = self.hub.session_for(txn.group, txn.topic)
         if session is None or not self.limiter.allow(txn.group):
             return 0
         halves = self._read_halves(offsets)

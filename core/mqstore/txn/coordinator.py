@@ -265,7 +265,7 @@ class Coordinator:
         digest = request_digest(topic, group, messages)
         txn, created = self.table.reserve(txn_id, group, topic, digest)
         if not created:
-            return self._replay(txn, digest)
+            return self._replay(txn, digest, topic, group)
         try:
             return (yield from self._append_halves(txn, topic, messages, group, digest))
         except OutcomeUnknown as exc:
@@ -298,14 +298,17 @@ class Coordinator:
         return Prepared(txn.txn_id, [PreparedHalf(r.uniq_key, r.physical_offset, r.queue_offset, qid)
                                      for r, qid in zip(results, qids, strict=True)], results[0].durability)
 
-    def _replay(self, txn: Txn, digest: str) -> Prepared:
+    def _replay(self, txn: Txn, digest: str, topic: str, group: str) -> Prepared:
         """A Prepare of an id in use: an identical retry gets the first answer, anything else is refused."""
         with self.table.lock:
             state, unknown, same = txn.state, txn.unknown, bool(txn.digest) and txn.digest == digest
             halves = txn.primary()
         if not same:
-            raise AlreadyExists(f"transaction {txn.txn_id} exists already ({state}) with other messages; give a new "
-                                f"id or none (one is generated)")
+            # The state only to a caller naming the same topic and group (the one that prepared it): no more
+            # than that an id is in use to any other caller (txn.proto: no existence oracle)
+            shown_state = f" ({state})" if (txn.topic, txn.group) == (topic, group) else ""
+            raise AlreadyExists(f"transaction {txn.txn_id} exists already{shown_state} with other messages; give a "
+                                f"new id or none (one is generated)")
         if state == PREPARING or unknown:
             raise Unavailable(f"transaction {txn.txn_id}: an identical Prepare is in progress or its outcome is "
                               f"unknown; retry shortly for its answer")
@@ -475,9 +478,16 @@ class Coordinator:
             raise InvalidArgument("transaction_id is empty")
         txn = self.table.get(txn_id)
         if txn is None:
-            raise NotFound(f"transaction {shown(txn_id)} is unknown (never prepared here, or resolved long ago: the "
-                           f"service remembers the last {self.config.resolved_keep} resolved ones)")
+            raise self.unknown(txn_id)
         return txn
+
+    def unknown(self, txn_id: str) -> NotFound:
+        """The refusal of an id that names no transaction the caller may see: the same for an unknown id and
+        for one the caller may not touch (txn.proto: no existence oracle), so it names no topic."""
+        return NotFound(f"transaction {shown(txn_id)} is unknown to you: never prepared here, resolved long ago (the "
+                        f"service remembers the last {self.config.resolved_keep} resolved ones), or prepared on a "
+                        f"topic or producer group you may not publish to (PUB on both is needed: an admin grants "
+                        f"it); check the id against the one Prepare returned")
 
     def check_ready(self) -> None:
         if not self.table.ready:

@@ -70,8 +70,10 @@ log = structlog.get_logger("mqstore_rpc.auth")
 
 METADATA_KEY = "authorization"
 SCHEME = "Bearer "
-# The call being served (for a deferred check): set by the interceptor around a unary-response handler.
-_current: contextvars.ContextVar["_Caller | None"] = contextvars.ContextVar("mqstore_caller", default=None)
+# The call being served: set by the interceptor around each authenticated handler (a unary-response
+# handler's run, each step of a response stream), read by :func:`require` and :func:`current_caller`.
+_current: contextvars.ContextVar["Caller | None"] = contextvars.ContextVar("mqstore_caller", default=None)
+_DENIAL = "_mqstore_auth_denial"  # the attribute that marks an exception raised by this module's checks
 
 
 def token(user: str, secret: str) -> str:
@@ -93,19 +95,60 @@ def parse_credentials(metadata) -> tuple[str, str]:
 
 
 def require(action: str, resource: Resource) -> None:
-    """For a servicer whose RPC's table entry is ``deferred``: check the authenticated caller once the
-    resource is known (a denial is logged and counted like the interceptor's). A no-op when
-    authentication is off."""
+    """For a servicer whose RPC's table entry is ``deferred`` (or any servicer that finds a resource the
+    request does not name): check the authenticated caller once the resource is known (a denial is
+    logged and counted like the interceptor's). A no-op when authentication is off."""
     caller = _current.get()
     if caller is not None:
         caller.interceptor._check(caller.principal, action, resource, caller.method, caller.context)
 
 
-class _Caller:
+def current_caller() -> "Caller | None":
+    """The authenticated caller of the call being served, None when authentication is off. Valid in the
+    handler (a unary call's run, each step of a response stream, sync or grpc.aio); a servicer that goes
+    on on another thread (a Telemetry stream's reader) takes it along."""
+    return _current.get()
+
+
+def caller_name() -> str | None:
+    """The authenticated user (principal name) of the call being served, None when authentication is off."""
+    caller = _current.get()
+    return None if caller is None else caller.principal.name
+
+
+def is_denial(exc: BaseException) -> bool:
+    """Whether ``exc`` is this module's refusal of the caller (UNAUTHENTICATED, PERMISSION_DENIED), as
+    opposed to an error of the same class from a service the servicer called (a handler that answers
+    errors in its response, the gateway, lets these through to the error interceptor)."""
+    return getattr(exc, _DENIAL, False)
+
+
+class Caller:
+    """The authenticated caller of one call (:func:`current_caller`). Thread-safe: immutable, and the
+    authority it asks is thread-safe."""
+
     __slots__ = ("interceptor", "principal", "method", "context")
 
     def __init__(self, interceptor: "AuthInterceptor", principal: Principal, method: str, context):
         self.interceptor, self.principal, self.method, self.context = interceptor, principal, method, context
+
+    @property
+    def name(self) -> str:
+        return self.principal.name
+
+    def allowed(self, action: str, resource: Resource) -> bool:
+        """Whether the caller may do ``action`` on ``resource`` (nothing logged: a question, not a check)."""
+        return self.interceptor._authority.decide(self.principal, action, resource).allowed
+
+    def require(self, action: str, resource: Resource) -> None:
+        """PermissionDenied unless the caller may do ``action`` on ``resource``; logged and counted as the
+        interceptor's denials."""
+        self.interceptor._check(self.principal, action, resource, self.method, self.context)
+
+    def refuse(self, exc: PermissionDenied) -> None:
+        """Refuse the call with ``exc`` (a servicer's own reason: its message says what to do), logged and
+        counted as the interceptor's denials."""
+        self.interceptor._deny(exc, "permission", self.method, self.context, self.principal.name)
 
 
 def peer_address(peer: str) -> str:
@@ -254,6 +297,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if self.denial_log.admit(reason, peer_address(peer), user or fields.get("access_key", "")):
             log.warning("auth.denied", method=method, user=user, reason=reason, peer=peer, message=str(exc),
                         **fields)
+        setattr(exc, _DENIAL, True)
         raise exc
 
     def _cached(self, metadata) -> Principal | None:
@@ -441,38 +485,35 @@ class AuthInterceptor(grpc.ServerInterceptor):
             @functools.wraps(behavior)
             def stream_guarded(request, context) -> Iterator[Any]:
                 principal, request = enter(request, context)
-                if not need.deferred:
-                    yield from behavior(request, context)
-                    return
-                # Deferred (Transact): the servicer checks as it takes each request. The caller is handed
-                # over for each step of the response generator only, set and reset on the thread that runs
-                # that step, so it never outlives the step on a pool thread.
-                caller, responses = _Caller(self, principal, method, context), behavior(request, context)
-                while True:
-                    token = _current.set(caller)
-                    try:
-                        response = next(responses)
-                    except StopIteration:
-                        return
-                    finally:
-                        _current.reset(token)
-                    yield response
+                # The servicer may ask who calls (current_caller) or check as it takes each request
+                # (deferred: Transact). The caller is handed over for each step of the response generator
+                # only, set and reset on the thread that runs that step, so it never outlives the step on a
+                # pool thread. Closing this stream closes the servicer's (as ``yield from`` would).
+                caller, responses = Caller(self, principal, method, context), iter(behavior(request, context))
+                try:
+                    while True:
+                        token = _current.set(caller)
+                        try:
+                            response = next(responses)
+                        except StopIteration:
+                            return
+                        finally:
+                            _current.reset(token)
+                        yield response
+                finally:
+                    if hasattr(responses, "close"):
+                        responses.close()
             return stream_guarded
 
-        if need.deferred:  # the servicer finishes the check: hand it the caller
-            @functools.wraps(behavior)
-            def deferred(request, context):
-                principal, request = enter(request, context)
-                token = _current.set(_Caller(self, principal, method, context))
-                try:
-                    return behavior(request, context)
-                finally:
-                    _current.reset(token)
-            return deferred
-
+        # The servicer may ask who calls (current_caller), or finish the check (deferred): hand it the caller.
         @functools.wraps(behavior)
         def guarded(request, context):
-            return behavior(enter(request, context)[1], context)
+            principal, request = enter(request, context)
+            token = _current.set(Caller(self, principal, method, context))
+            try:
+                return behavior(request, context)
+            finally:
+                _current.reset(token)
         return guarded
 
     def _guard_async(self, behavior: Callable, need: Need, method: str, request_streaming: bool) -> Callable:
@@ -487,13 +528,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             elif not need.deferred:
                 self._authorize(principal, need, request, method, context)
             responses = behavior(request, context)
-            if not need.deferred:
-                async for response in responses:
-                    yield response
-                return
-            # Deferred (Transact): the caller is set for each step of the response generator only (each
-            # step runs in the call's own task, so it is never seen by another call).
-            caller = _Caller(self, principal, method, context)
+            # The caller (current_caller; deferred checks: Transact) is set for each step of the response
+            # generator only (each step runs in the call's own task, so it is never seen by another call).
+            caller = Caller(self, principal, method, context)
             while True:
                 token = _current.set(caller)
                 try:
@@ -512,8 +549,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             principal = await self._authenticate_async(method, context)
             if not need.deferred:
                 self._authorize(principal, need, request, method, context)
-                return await behavior(request, context)
-            token = _current.set(_Caller(self, principal, method, context))  # this call's own task
+            token = _current.set(Caller(self, principal, method, context))  # this call's own task
             try:
                 return await behavior(request, context)
             finally:

@@ -10,9 +10,10 @@ item is checked as it arrives (AppendStream: each batch's topic). Three kinds of
   (GetMessage by position reads any topic's record; Stats and other figures);
 * ``deferred``: the request names an object whose topic only the service knows (Commit and Rollback
   name a transaction id): the interceptor authenticates the caller, and the servicer, once it has
-  looked the object up, calls :func:`mqstore_rpc.auth.require` with its topic (Transact: for each
-  frame, as its unary call would be checked; a denied frame is answered PERMISSION_DENIED in its
-  ``error`` and the stream goes on);
+  looked the object up, calls :func:`mqstore_rpc.auth.require` with its topic and producer group, and
+  answers a denial as it answers an unknown id (txn.proto: no existence oracle) (Transact: for each
+  frame, as its unary call would be checked; a denied frame is answered in its ``error``, as its call
+  would be, and the stream goes on);
 * :data:`OPEN`: health and reflection, which anyone may call (probes, ``grpcurl list``).
 
 Whatever a resource function names, two kinds of topic are decided before the user's rules
@@ -85,9 +86,16 @@ def _tail(request) -> Sequence[Resource | tuple[str, Resource]]:
     return (*(topic(name) for name in request.topics), *hold)
 
 
+def _prepare(request) -> Sequence[Resource]:
+    # The topic and the producer group the halves are recorded with (PGROUP), as RocketMQ ACL 2.0 checks
+    # a producer's Group resource: check-back asks that group, and ending the transaction needs PUB on both.
+    return (topic(request.topic), group(request.producer_group))
+
+
 def _check_back(message) -> Sequence[Resource]:
-    # The hello names the producer group whose checks the stream receives; answers name a check sent
-    # on this stream, which the hello already allowed.
+    # The hello names the producer group whose checks the stream receives; the servicer sends only the
+    # checks of topics the stream's user may PUB (mqstore.txn.checkback), and answers name a check sent
+    # on this stream.
     if message.WhichOneof("kind") == "hello":
         return (group(message.hello.producer_group),)
     return ()
@@ -187,7 +195,8 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.Index/QueryByTime": _topic_sub(),
     "/mqstore.v1.Index/Stats": _CLUSTER_ADMIN,
     # ---- Transaction
-    "/mqstore.v1.Transaction/Prepare": _topic_pub(),
+    "/mqstore.v1.Transaction/Prepare": Need(PUB, _prepare),
+    # PUB on the transaction's own topic and group, looked up by id; refused as an unknown id (no oracle)
     "/mqstore.v1.Transaction/Commit": Need(PUB, deferred=True),
     "/mqstore.v1.Transaction/Rollback": Need(PUB, deferred=True),
     "/mqstore.v1.Transaction/Transact": Need(PUB, deferred=True),  # each frame as its call: the servicer checks
@@ -225,6 +234,8 @@ PERMISSIONS: dict[str, Need | None] = {
     "/apache.rocketmq.v2.MessagingService/UpdateOffset": Need(SUB, _v2_queue_and_group),
     "/apache.rocketmq.v2.MessagingService/GetOffset": Need(SUB, _v2_queue_and_group),
     "/apache.rocketmq.v2.MessagingService/QueryOffset": Need(SUB, lambda r: (topic(_v2_name(r.message_queue.topic)),)),
+    # The request's topic, which the Transaction service then requires to be the transaction's own (and
+    # its producer group the topic, the gateway's rule): EndRequest.topic and producer_group, else NOT_FOUND
     "/apache.rocketmq.v2.MessagingService/EndTransaction": Need(PUB, lambda r: (topic(_v2_name(r.topic)),)),
     "/apache.rocketmq.v2.MessagingService/Telemetry": Need(PUB, _v2_telemetry),
     "/apache.rocketmq.v2.MessagingService/NotifyClientTermination": Need(SUB, _v2_group_if_any, either=PUB),

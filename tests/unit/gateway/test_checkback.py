@@ -45,11 +45,11 @@ class FakeResolver:
     def __init__(self):
         self.calls: list[tuple[str, str]] = []
 
-    def commit(self, transaction_id: str) -> None:
-        self.calls.append(("commit", transaction_id))
+    def commit(self, transaction_id: str, topic: str) -> None:
+        self.calls.append(("commit", transaction_id, topic))
 
-    def rollback(self, transaction_id: str) -> None:
-        self.calls.append(("rollback", transaction_id))
+    def rollback(self, transaction_id: str, topic: str) -> None:
+        self.calls.append(("rollback", transaction_id, topic))
 
 
 def half() -> StoredMessage:
@@ -94,7 +94,7 @@ def test_a_check_goes_to_a_producer_and_its_answer_back_on_the_same_stream():
         streams["t"].incoming.put(Check(7, "tx-1", "t", [half()]))
         command = wait_until(lambda: outbox.take(0.05), "the command on the producer's outbox")
         assert isinstance(command, RecoverTransaction) and command.transaction_id == "tx-1" and command.topic == "t"
-        relay.resolve("tx-1", COMMIT, from_check=True)
+        relay.resolve("tx-1", COMMIT, from_check=True, topic="t")
         assert streams["t"].answers == [(7, COMMIT)] and resolver.calls == []
     finally:
         relay.close()
@@ -132,8 +132,25 @@ def test_answers_without_a_live_check_resolve_directly():
     stream = FakeStream("t")
     relay.deliver(stream, Check(3, "tx-3", "t", [half()]))
     stream.cancel()                                            # the Transaction service went away since
-    relay.resolve("tx-3", ROLLBACK, from_check=True)
-    relay.resolve("tx-4", COMMIT, from_check=False)            # the producer's own commit
-    relay.resolve("tx-5", UNKNOWN, from_check=True)            # nothing to do: asked again later
-    assert resolver.calls == [("rollback", "tx-3"), ("commit", "tx-4")]
+    relay.resolve("tx-3", ROLLBACK, from_check=True, topic="t")
+    relay.resolve("tx-4", COMMIT, from_check=False, topic="t")  # the producer's own commit
+    relay.resolve("tx-5", UNKNOWN, from_check=True, topic="t")  # nothing to do: asked again later
+    assert resolver.calls == [("rollback", "tx-3", "t"), ("commit", "tx-4", "t")]
     assert stream.answers == []
+
+
+def test_an_answer_naming_another_topic_is_not_the_checks_answer():
+    """Authorization follows the transaction: an EndTransaction naming a topic the client may PUB does not
+    answer a pending check of another topic on its stream (the gateway's own identity would decide it);
+    it goes to the Transaction service with the topic it named, which refuses a transaction of another."""
+    reg, _, resolver, relay = rig()
+    reg.attach("victim")
+    reg.apply_settings("victim", PRODUCER, ["secret"], "")
+    relay.close()
+    stream = FakeStream("secret")
+    relay.deliver(stream, Check(9, "tx-9", "secret", [half()]))
+    relay.resolve("tx-9", ROLLBACK, from_check=True, topic="pubt")     # the attacker's, naming its own topic
+    assert stream.answers == [] and resolver.calls == [("rollback", "tx-9", "pubt")]
+    assert relay.stats()["pending"] == 1                               # still the victim's to answer
+    relay.resolve("tx-9", COMMIT, from_check=True, topic="secret")     # the victim's answer
+    assert stream.answers == [(9, COMMIT)]

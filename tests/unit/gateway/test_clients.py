@@ -8,7 +8,7 @@ import random
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore.errors import ResourceExhausted
+from mqstore.errors import PermissionDenied, ResourceExhausted
 from mqstore.gateway.clients import PRODUCER, ClientRegistry, Outbox
 
 TTL_MS = 1_000
@@ -111,3 +111,112 @@ def test_the_outbox_is_bounded_and_ends_when_closed():
     outbox.close()
     assert not outbox.put(4)
     assert outbox.take(0) == 2 and outbox.take(0) is None
+
+
+# ---- sessions belong to their user (authentication on) ------------------------------------------------
+
+def quota_registry(clock, **quotas) -> ClientRegistry:
+    values = {"max_clients": 100, "max_clients_per_user": 10, "max_streams_per_user": 10,
+              "max_receives_per_user": 10, **quotas}
+    return ClientRegistry(clock, ttl_ms=TTL_MS, outbox_limit=4, **values)
+
+
+def test_a_client_id_belongs_to_its_first_user_and_another_users_calls_change_nothing():
+    clock = FakeClock()
+    reg = quota_registry(clock)
+    outbox = reg.attach("p", "alice")
+    reg.apply_settings("p", PRODUCER, ["t"], "", "alice")
+    seen = reg.get("p").last_seen_ms
+    clock.advance(10)
+    for refused in (lambda: reg.touch("p", user="bob"), lambda: reg.attach("p", "bob"),
+                    lambda: reg.apply_settings("p", PRODUCER, ["x"], "", "bob"),
+                    lambda: reg.remove("p", "test", "bob")):
+        with pytest.raises(PermissionDenied, match="belongs to another user's session") as caught:
+            refused()
+        assert "alice" not in str(caught.value) and "'t'" not in str(caught.value)  # nothing of the victim's
+    session = reg.get("p")
+    assert (session.user, session.topics, session.last_seen_ms) == ("alice", frozenset({"t"}), seen)
+    assert not outbox.closed and reg.producer_for("t") == ("p", outbox)
+    assert reg.clients_of("bob") == 0
+    reg.touch("p", user="alice")  # its owner goes on
+    reg.remove("p", "test", "alice")
+    assert outbox.closed and reg.get("p") is None
+
+
+def test_an_expired_or_ended_session_frees_its_client_id():
+    clock = FakeClock()
+    reg = quota_registry(clock)
+    reg.touch("p", user="alice")
+    clock.advance(TTL_MS + 1)
+    assert reg.expire() == 1 and reg.clients_of("alice") == 0
+    reg.touch("p", user="bob")
+    assert reg.get("p").user == "bob"
+    reg.remove("p", "test", "bob")
+    reg.attach("p", "alice")
+    assert reg.get("p").user == "alice"
+
+
+def test_taking_a_session_over_moves_it_to_the_new_user_and_closes_the_old_stream():
+    reg = quota_registry(FakeClock())
+    old = reg.attach("p", "alice")
+    new = reg.attach("p", "admin", take_over=True)
+    assert old.closed and not new.closed
+    assert reg.get("p").user == "admin" and (reg.clients_of("alice"), reg.clients_of("admin")) == (0, 1)
+    with pytest.raises(PermissionDenied):
+        reg.touch("p", user="alice")
+    reg.remove("p", "test", "alice", take_over=True)
+    assert new.closed and reg.clients_of("admin") == 0
+
+
+def test_a_flood_of_one_user_meets_its_quota_and_not_the_table():
+    reg = quota_registry(FakeClock(), max_clients=10, max_clients_per_user=4)
+    refused = 0
+    for i in range(1000):
+        try:
+            reg.touch(f"flood-{i}", user="mallory")
+        except ResourceExhausted as exc:
+            assert "max_clients_per_user" in str(exc)
+            refused += 1
+    assert refused == 1000 - 4 and reg.clients_of("mallory") == 4
+    for i in range(4):
+        reg.touch(f"alice-{i}", user="alice")  # another user is served
+    reg.touch("flood-0", user="mallory")  # a known client of the flooder still is too
+    reg.remove("flood-0", "test", "mallory")
+    reg.touch("flood-new", user="mallory")  # its quota has room again
+
+
+def test_a_users_streams_are_bounded_a_reopened_stream_counts_once():
+    reg = quota_registry(FakeClock(), max_streams_per_user=2)
+    a, _ = reg.attach("a", "alice"), reg.attach("b", "alice")
+    reg.touch("c", user="alice")  # a session without a stream does not count
+    with pytest.raises(ResourceExhausted, match="max_streams_per_user"):
+        reg.attach("c", "alice")
+    assert not reg.get("c").reachable
+    reg.attach("a", "alice")  # the same session's new stream replaces its old one
+    assert a.closed
+    reg.attach("d", "bob")  # another user's stream is not counted
+    reg.detach("b", reg.get("b").outbox)
+    reg.attach("c", "alice")
+
+
+def test_a_users_receives_in_flight_are_bounded():
+    reg = quota_registry(FakeClock(), max_receives_per_user=2)
+    with reg.receiving("alice"), reg.receiving("alice"):
+        with pytest.raises(ResourceExhausted, match="max_receives_per_user"):
+            with reg.receiving("alice"):
+                pass
+        with reg.receiving("bob"):
+            pass
+    with reg.receiving("alice"), reg.receiving("alice"):  # both ended: room again
+        pass
+
+
+def test_without_authentication_there_is_no_owner_and_no_quota():
+    reg = quota_registry(FakeClock(), max_clients_per_user=1, max_streams_per_user=1, max_receives_per_user=1)
+    for name in ("a", "b", "c"):
+        reg.attach(name)
+        reg.touch(name)
+    with reg.receiving(None), reg.receiving(None):
+        pass
+    reg.remove("a", "test")
+    assert len(reg) == 2

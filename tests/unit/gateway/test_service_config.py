@@ -24,7 +24,7 @@ def test_local_mode_is_off_unless_a_gateway_port_is_given_and_takes_gateway_flag
     assert parse_log(["--data-dir", "/tmp/x"], {}).gateway is None
     config = parse_log(["--data-dir", "/tmp/x", "--gateway-port", "18081", "--gateway-txn", "10.0.0.1:50053",
                         "--gateway-max-delivery-attempts", "5", "--max-body-bytes", "1MiB"],
-                       {"MQSTORE_GATEWAY_MAX_CLIENTS": "7"})
+                       {"MQSTORE_GATEWAY_MAX_CLIENTS": "7", "MQSTORE_GATEWAY_MAX_CLIENTS_PER_USER": "3"})
     local = config.gateway
     assert (local.port, local.txn_address) == (18081, "10.0.0.1:50053")
     assert (local.gateway.max_delivery_attempts, local.gateway.max_clients) == (5, 7)
@@ -40,3 +40,20 @@ def test_a_local_gateway_reaches_its_own_transaction_port_on_a_reachable_host():
     from mqstore_rpc.gateway.composition import _reachable
     assert [_reachable(h) for h in ("0.0.0.0", "::", "", "127.0.0.1", "10.1.2.3", "::1")] == [
         "127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1", "10.1.2.3", "[::1]"]
+
+
+def test_the_per_user_quotas_are_flags_of_both_modes_and_below_the_client_table():
+    import pytest
+
+    from commitlog_service.main import parse_config as parse_log
+    from mqstore.errors import InvalidArgument
+    from mqstore.gateway.config import GatewayConfig
+    cluster = parse_config(["--max-clients-per-user", "50", "--max-streams-per-user", "5"],
+                           {"MQSTORE_MAX_RECEIVES_PER_USER": "7"}).gateway
+    assert (cluster.max_clients_per_user, cluster.max_streams_per_user, cluster.max_receives_per_user) == (50, 5, 7)
+    local = parse_log(["--data-dir", "/tmp/x", "--gateway-port", "0", "--gateway-max-receives-per-user", "3"], {})
+    assert local.gateway.gateway.max_receives_per_user == 3
+    with pytest.raises(InvalidArgument, match="lower --max-clients-per-user"):  # one user would fill the table
+        GatewayConfig(max_clients=100, max_clients_per_user=100)
+    with pytest.raises(InvalidArgument, match="max_streams_per_user must be positive"):
+        GatewayConfig(max_streams_per_user=0)

@@ -97,3 +97,17 @@ def test_an_answer_stops_the_checks_at_once_also_a_check_already_queued(tmp_path
     checker.answer_done("t0", None)  # (had the decision failed, checks resume)
     clock.advance(1000)
     assert checker.scan() == 1
+
+
+def test_a_check_goes_only_to_a_stream_whose_user_may_publish_its_topic(tmp_path):
+    """A stream of the group whose user may not PUB the transaction's topic never gets its check (its
+    halves): the check goes to one that may, and with none that may it waits, not counted."""
+    table, clock, hub, checker, _, _ = setup(tmp_path, 1, check_rate_per_s=100, check_max=10)
+    other = hub.open("pg", checker.on_send, allows=lambda topic: topic != "orders")
+    clock.advance(10_000)
+    assert checker.scan() == 0 and sent(other) == [] and table.get("t0").checks_sent == 0
+    owner = hub.open("pg", checker.on_send, allows=lambda topic: topic == "orders")
+    for _ in range(4):  # round robin among the streams that may carry it: always the owner's
+        table.get("t0").last_check_ms = 0
+        assert checker.scan() == 1
+        assert sent(owner) == ["t0"] and sent(other) == []

@@ -42,7 +42,7 @@ class Recording(LoopTransactionServicer):
         self._note(request.request_id, wait_durable)
         return txn_pb2.TransactResponse(request_id=request.request_id)
 
-    async def _end(self, txn_id, decision, ends):  # a one-way or carried end on the loop
+    async def _end(self, txn_id, decision, ends, expected=("", "")):  # a one-way or carried end on the loop
         async def end():
             await asyncio.sleep(0)
             self._note(f"end {txn_id}", False)
@@ -63,17 +63,17 @@ class Recording(LoopTransactionServicer):
         self._note("Prepare", False)
         return Prepared("t-1", [], DURABILITY_WRITTEN)
 
-    def _commit(self, txn_id, wait_durable=True):
+    def _commit(self, txn_id, wait_durable=True, expected=("", "")):
         self._note("Commit " + txn_id, wait_durable)
         return Ended("COMMITTED", False, [])
 
-    async def _commit_async(self, txn_id):
+    async def _commit_async(self, txn_id, expected=("", "")):
         self._note("Commit " + txn_id, False)
         if txn_id == "pending":
             raise FailedPrecondition("rolled back")
         return Ended("COMMITTED", False, [])
 
-    def _rollback(self, txn_id):
+    def _rollback(self, txn_id, expected=("", "")):
         self._note("Rollback")
         return Ended("ROLLED_BACK", False, [])
 

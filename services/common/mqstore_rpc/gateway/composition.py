@@ -138,7 +138,9 @@ def compose_gateway(cfg: GatewayConfig, log: LogPort, txn: TxnClient, clock: Clo
     ``serve(name, register)`` registers the servicer on the server that serves it; ``add_health_problem``
     makes that server NOT_SERVING while the check relay has a problem."""
     registry = ClientRegistry(clock, max_clients=cfg.max_clients, ttl_ms=cfg.client_ttl_ms,
-                              outbox_limit=cfg.telemetry_outbox_limit)
+                              outbox_limit=cfg.telemetry_outbox_limit, max_clients_per_user=cfg.max_clients_per_user,
+                              max_streams_per_user=cfg.max_streams_per_user,
+                              max_receives_per_user=cfg.max_receives_per_user)
     relay = CheckRelay(registry, txn.open_checks, txn, max_topics=cfg.max_checkback_topics,
                        pending_max=cfg.pending_checks_max, retry_max_ms=cfg.checkback_retry_max_ms)
     parts.on_close(relay.close)

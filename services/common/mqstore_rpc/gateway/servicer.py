@@ -138,7 +138,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if decision is None or (decision == UNKNOWN and not from_check):
             raise InvalidArgument(f"EndTransaction: resolution must be COMMIT (1) or ROLLBACK (2), not "
                                   f"{request.resolution}")
-        self.relay.resolve(request.transaction_id, decision, from_check)
+        # The topic the interceptor checked PUB on: the transaction must be of it (mqstore.gateway.checkback)
+        self.relay.resolve(request.transaction_id, decision, from_check, request.topic.name)
         return s.EndTransactionResponse(status=ok())
 
     # ---- consuming -------------------------------------------------------------------------------------

@@ -10,6 +10,11 @@ is a bug and still reaches the interceptor (gRPC INTERNAL, logged as rpc.interna
 
 A streaming response (ReceiveMessage) ends with exactly one status item instead; a Telemetry stream
 writes it as a TelemetryCommand with that status.
+
+The exception: a refusal of the caller by mqstore_rpc.auth (:func:`mqstore_rpc.auth.is_denial`: a
+servicer's own check, such as a client id that belongs to another user's session) goes on to the error
+interceptor, and the call ends with gRPC PERMISSION_DENIED or UNAUTHENTICATED, as the interceptor's own
+refusals do; a PermissionDenied from a service the gateway called is the gateway's own configuration.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Callable
 import structlog
 
 from mqstore import errors
+from mqstore_rpc.auth import is_denial
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 
 log = structlog.get_logger("mqstore_rpc.gateway.status")
@@ -81,6 +87,8 @@ def answers_with_status(response_type: Callable[..., object],
             try:
                 return handler(self, request, context)
             except errors.MqStoreError as exc:
+                if is_denial(exc):
+                    raise
                 status = status_of(exc)
                 log.info("gateway.refused", method=handler.__name__, code=d.Code.Name(status.code),
                          error=type(exc).__name__, message=str(exc))
@@ -97,6 +105,8 @@ def streams_with_status(response_type: Callable[..., object]) -> Callable[[Calla
             try:
                 yield from handler(self, request, context)
             except errors.MqStoreError as exc:
+                if is_denial(exc):
+                    raise
                 status = status_of(exc)
                 log.info("gateway.refused", method=handler.__name__, code=d.Code.Name(status.code),
                          error=type(exc).__name__, message=str(exc))

@@ -15,18 +15,32 @@ a non-zero ``publishing.max_body_size`` (both clients copy it blindly, 0 breaks 
 *exponential* backoff policy (Node asserts it), ``metric.on = false``; for consumers the long-polling
 timeout clamped to [long_poll_min_ms, long_poll_max_ms], ``receive_batch_size`` and the delivery
 attempts before the DLQ as ``backoff_policy.max_attempts``.
+
+With authentication on, a stream belongs to its client's session and so to the session's user
+(mqstore.gateway.clients): another user's stream with that client id is refused (PERMISSION_DENIED; the
+session and its stream stay as they were) unless the caller is an ADMIN of the cluster, who takes the
+session over. Every command is checked: settings by the interceptor (PUB on the publishing topics, SUB on
+the group and the subscribed topics: the first command before the stream is attached, later ones as the
+reader takes them), any command by the session's binding to the stream's user; a stream whose first
+command is not settings only continues a session of this user whose settings came before (and the user
+must still hold what they need), else it is refused: a client always writes its settings first. A later
+command refused ends the stream with that refusal.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Iterator
 
 import grpc
 import structlog
+from mqstore.auth.model import ADMIN, CLUSTER_RESOURCE, PUB, SUB, group, topic
+from mqstore.errors import MqStoreError, PermissionDenied
 from mqstore.gateway.checkback import RecoverTransaction
 from mqstore.gateway.clients import ClientRegistry, Outbox
 from mqstore.gateway.config import GatewayConfig
+from mqstore_rpc.auth import Caller, is_denial
 
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
@@ -69,20 +83,67 @@ def client_type_name(value: int) -> str:
     return d.ClientType.Name(value) if value in d.ClientType.values() else f"client type {value}"
 
 
-def register_settings(registry: ClientRegistry, client_id: str, settings: d.Settings) -> None:
+def register_settings(registry: ClientRegistry, client_id: str, settings: d.Settings, user: str | None = None) -> None:
     topics = [r.name for r in settings.publishing.topics] if settings.HasField("publishing") else []
     group = settings.subscription.group.name if settings.HasField("subscription") else ""
-    registry.apply_settings(client_id, client_type_name(settings.client_type), topics, group)
+    registry.apply_settings(client_id, client_type_name(settings.client_type), topics, group, user)
+
+
+def as_caller(caller: Caller | None, action):
+    """``action()``, a registry call for ``caller``: a PermissionDenied it raises (another user's client id)
+    is the caller's denial (logged and counted as the interceptor's, answered PERMISSION_DENIED)."""
+    try:
+        return action()
+    except PermissionDenied as exc:
+        if caller is None or is_denial(exc):  # no users; or logged and counted already
+            raise
+        caller.refuse(exc)
 
 
 class TelemetryStream:
-    """One open Telemetry call of ``client_id``; ``commands()`` is the response stream."""
+    """One open Telemetry call of ``client_id``; ``commands()`` is the response stream. ``caller``: the
+    authenticated caller (None: authentication is off), ``first``: the first command, read and checked by
+    the interceptor already (with authentication on)."""
 
-    def __init__(self, registry: ClientRegistry, config: GatewayConfig, client_id: str):
-        self.registry, self.config, self.client_id = registry, config, client_id
-        self.outbox: Outbox = registry.attach(client_id)
+    def __init__(self, registry: ClientRegistry, config: GatewayConfig, client_id: str, caller: Caller | None = None,
+                 first: s.TelemetryCommand | None = None):
+        self.registry, self.config, self.client_id, self.caller = registry, config, client_id, caller
+        self.user = caller.name if caller is not None else None
+        self.first = first
+        self.failure: MqStoreError | None = None   # what ended the stream from the reader (before its close)
+        if caller is not None and first is not None and first.WhichOneof("command") != "settings":
+            as_caller(caller, self._continues)
+        self.outbox: Outbox = as_caller(caller, self._attach)
+
+    def _attach(self) -> Outbox:
+        try:
+            return self.registry.attach(self.client_id, self.user)
+        except PermissionDenied:
+            if self.caller is None or not self.caller.allowed(ADMIN, CLUSTER_RESOURCE):
+                raise
+            return self.registry.attach(self.client_id, self.user, take_over=True)
+
+    def _continues(self) -> None:
+        """A stream that does not begin with settings continues a session of this user with settings: the
+        user must still hold what they need; PermissionDenied otherwise."""
+        session = self.registry.get(self.client_id)
+        if session is not None and session.user != self.user:
+            if self.caller.allowed(ADMIN, CLUSTER_RESOURCE):
+                return
+            self.registry.touch(self.client_id, user=self.user)  # refused: another user's
+        if session is None or not session.settled:
+            raise PermissionDenied(
+                f"a Telemetry stream must begin with the client's settings (the gateway checks them against the "
+                f"user's rights), and client id {self.client_id[:64]!r} has no settings of user {self.user!r} "
+                f"that this stream would continue: write the settings command first")
+        for name in sorted(session.topics):
+            self.caller.require(PUB, topic(name))
+        if session.group:
+            self.caller.require(SUB, group(session.group))
 
     def commands(self, request_iterator, context: grpc.ServicerContext) -> Iterator[s.TelemetryCommand]:
+        if self.first is not None:
+            request_iterator = itertools.chain((self.first,), request_iterator)
         reader = threading.Thread(target=self._read, args=(request_iterator,), name="gateway-telemetry-reader",
                                   daemon=True)
         reader.start()
@@ -91,6 +152,8 @@ class TelemetryStream:
                 item = self.outbox.take(POLL_S)
                 if item is None:
                     if self.outbox.closed:
+                        if self.failure is not None:
+                            raise self.failure
                         return
                     continue
                 yield self._command(item)
@@ -103,16 +166,21 @@ class TelemetryStream:
                 self._handle(command)
         except grpc.RpcError:
             pass  # the client's stream broke: the client went away; the detach below says so
+        except MqStoreError as exc:  # a command refused (the interceptor's check, or the session's user)
+            self.failure = exc
         finally:
             self.registry.detach(self.client_id, self.outbox)
-            log.info("gateway.telemetry_closed", client_id=self.client_id)
+            log.info("gateway.telemetry_closed", client_id=self.client_id, refused=self.failure is not None)
 
     def _handle(self, command: s.TelemetryCommand) -> None:
         kind = command.WhichOneof("command")
         if kind == "settings":
-            register_settings(self.registry, self.client_id, command.settings)
+            as_caller(self.caller, lambda: register_settings(self.registry, self.client_id, command.settings,
+                                                             self.user))
             self.outbox.put(s.TelemetryCommand(status=ok(), settings=settings_reply(command.settings, self.config)))
         else:  # thread stack traces, verify results: answers to commands the gateway never sends
+            if self.caller is not None:  # still this user's session (a sign of life)
+                as_caller(self.caller, lambda: self.registry.touch(self.client_id, user=self.user))
             log.info("gateway.telemetry_ignored", client_id=self.client_id, command=kind or "none")
 
     @staticmethod

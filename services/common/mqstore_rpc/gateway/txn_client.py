@@ -1,10 +1,12 @@
 """The gateway's way into the Transaction service (txn.proto), in the gateway domain's terms.
 
-``prepare``/``commit``/``rollback`` are the unary calls; ``open_checks(group)`` opens a CheckBack stream
-(hello with the producer group, then the checks as :class:`mqstore.gateway.checkback.Check`; answers are
-queued onto the request stream). Every gRPC error becomes the mqstore exception it came from
-(mqstore_rpc.remote_errors), so the domain sees Unavailable when the service cannot be reached and
-NotFound for an unknown transaction, which EndTransaction reports as INVALID_TRANSACTION_ID.
+``prepare``/``commit``/``rollback`` are the unary calls (an end names the topic its client named, which
+the Transaction service requires to be the transaction's own: txn.proto's EndRequest);
+``open_checks(group)`` opens a CheckBack stream (hello with the producer group, then the checks as
+:class:`mqstore.gateway.checkback.Check`; answers are queued onto the request stream). Every gRPC error
+becomes the mqstore exception it came from (mqstore_rpc.remote_errors), so the domain sees Unavailable
+when the service cannot be reached and NotFound for an unknown transaction (or one of another topic),
+which EndTransaction reports as INVALID_TRANSACTION_ID.
 
 Thread-safe (a gRPC channel and stub are); a CheckStream is read by one thread and answered from others.
 """
@@ -87,18 +89,20 @@ class TxnClient:
         response = self._call(self._stub.Prepare, request)
         return response.transaction_id, response.halves[0].half_queue_offset
 
-    def commit(self, transaction_id: str) -> None:
-        self._end(self._stub.Commit, transaction_id)
+    def commit(self, transaction_id: str, topic: str) -> None:
+        """Transaction.Commit of a transaction prepared on ``topic`` (the producer group is the topic, the
+        gateway's rule): one prepared otherwise is refused as an unknown id."""
+        self._end(self._stub.Commit, transaction_id, topic)
 
-    def rollback(self, transaction_id: str) -> None:
-        self._end(self._stub.Rollback, transaction_id)
+    def rollback(self, transaction_id: str, topic: str) -> None:
+        self._end(self._stub.Rollback, transaction_id, topic)
 
     def open_checks(self, group: str) -> CheckStream:
         return CheckStream(self._stub, group, self.address, self.stream_deadline_s)
 
-    def _end(self, method, transaction_id: str) -> None:
+    def _end(self, method, transaction_id: str, topic: str) -> None:
         try:
-            self._call(method, txn_pb2.EndRequest(transaction_id=transaction_id))
+            self._call(method, txn_pb2.EndRequest(transaction_id=transaction_id, topic=topic, producer_group=topic))
         except NotFound as exc:
             raise InvalidTransactionId(f"transaction {transaction_id[:128]!r} is not known to the Transaction "
                                        f"service: {exc}") from None

@@ -1,6 +1,12 @@
 """Transaction gRPC servicer: a thin adapter from mqstore.v1 requests to the coordinator, the check-back
 streams and the operator tools. It never catches mqstore errors (mqstore_rpc.errors maps them).
 
+Authorization (with auth on) follows the transaction, never a name the caller gives in its place: Commit
+and Rollback (and their frames) look the transaction up and require PUB on the topic and producer group it
+was prepared with (:meth:`TransactionServicer._may_end`); one the caller may not end is answered as an
+unknown id (NOT_FOUND, the same message: no existence oracle, txn.proto), the denial still logged and
+counted.
+
 CheckBack: the hello is checked here; the stream's answers are converted into domain objects (a message
 that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which ends the stream; the
 producer cancelling ends the iteration) and handed to mqstore.txn.checkback.CheckBack, whose session
@@ -28,8 +34,8 @@ from typing import AsyncIterator, Awaitable, Callable, Iterator, Sequence, TypeV
 
 import grpc
 from mqstore import topics as topic_rules
-from mqstore.auth.model import PUB, topic
-from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.auth.model import PUB, group, topic
+from mqstore.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from mqstore.meta.txn_audit import AuditEntry
 from mqstore.model import AppendResult, MessageIn
 from mqstore_rpc import auth, convert
@@ -122,6 +128,18 @@ def _carried_decisions(ends) -> list[str]:
     return decisions
 
 
+def _expected(end: txn_pb2.EndRequest) -> tuple[str, str]:
+    """The topic and producer group an EndRequest says its transaction was prepared with ("": any)."""
+    return end.topic, end.producer_group
+
+
+def _may_prepare(p: txn_pb2.PrepareRequest) -> None:
+    """A Prepare frame's permission, as its unary call's (mqstore_rpc.permissions): PUB on the topic and on
+    the producer group."""
+    auth.require(PUB, topic(p.topic))
+    auth.require(PUB, group(p.producer_group))
+
+
 def _answers(request_iterator) -> Iterator[Answer]:
     """The producer's answers as domain objects; ends when the producer closes or cancels its side."""
     try:
@@ -142,27 +160,37 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         return _prepared(self._prepare(request, context.peer()))
 
     def Commit(self, request, context):
-        return _ended(self._commit(request.transaction_id))
+        return _ended(self._commit(request.transaction_id, expected=_expected(request)))
 
     def Rollback(self, request, context):
-        return _ended(self._rollback(request.transaction_id))
+        return _ended(self._rollback(request.transaction_id, expected=_expected(request)))
 
     def _prepare(self, p, peer: str) -> Prepared:
         return self._coordinator.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
                                          p.transaction_id)
 
-    def _commit(self, txn_id: str, wait_durable: bool = True) -> Ended:
-        self._may_end(txn_id)
+    def _commit(self, txn_id: str, wait_durable: bool = True, expected: tuple[str, str] = ("", "")) -> Ended:
+        self._may_end(txn_id, expected)
         return self._coordinator.commit(txn_id, wait_durable=wait_durable)
 
-    def _rollback(self, txn_id: str) -> Ended:
-        self._may_end(txn_id)
+    def _rollback(self, txn_id: str, expected: tuple[str, str] = ("", "")) -> Ended:
+        self._may_end(txn_id, expected)
         return self._coordinator.rollback(txn_id)
 
-    def _may_end(self, txn_id: str) -> None:
-        """Commit and Rollback name a transaction, not its topic: PUB on that topic (with auth on;
-        mqstore_rpc.permissions, deferred)."""
-        auth.require(PUB, topic(self._coordinator.txn(txn_id).topic))
+    def _may_end(self, txn_id: str, expected: tuple[str, str] = ("", "")) -> None:
+        """Commit and Rollback name a transaction, not its topic: PUB on the topic and the producer group it
+        was prepared with (with auth on; mqstore_rpc.permissions, deferred), and, when the request says
+        them (``expected``: EndRequest.topic, producer_group; the gateway's), those must be its own. A
+        transaction failing either is refused as an unknown id: NotFound, the same message (no oracle)."""
+        txn = self._coordinator.txn(txn_id)
+        want_topic, want_group = expected
+        if (want_topic and want_topic != txn.topic) or (want_group and want_group != txn.group):
+            raise self._coordinator.unknown(txn_id)
+        try:
+            auth.require(PUB, topic(txn.topic))
+            auth.require(PUB, group(txn.group))
+        except PermissionDenied:  # logged and counted as a denial; the caller sees an unknown id
+            raise self._coordinator.unknown(txn_id) from None
 
     def Transact(self, request_iterator, context):
         peer = context.peer()
@@ -183,8 +211,9 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             if kind is None:
                 return None  # ends only: not answered
         if request.one_way and kind in _ONE_WAY:
-            txn_id = getattr(request, kind).transaction_id
-            self._streams.submit_one_way(txn_id, _ONE_WAY[kind], guard=functools.partial(self._may_end, txn_id))
+            end = getattr(request, kind)
+            self._streams.submit_one_way(end.transaction_id, _ONE_WAY[kind],
+                                         guard=functools.partial(self._may_end, end.transaction_id, _expected(end)))
             return None
         return _frame_response(request.request_id,
                                frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer, wait_durable))
@@ -202,12 +231,12 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         if kind == "prepare":
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
-            auth.require(PUB, topic(request.prepare.topic))
+            _may_prepare(request.prepare)
             return self._prepare(request.prepare, peer)
         if kind == "commit":
-            return self._commit(request.commit.transaction_id, wait_durable)
+            return self._commit(request.commit.transaction_id, wait_durable, _expected(request.commit))
         if kind == "rollback":
-            return self._rollback(request.rollback.transaction_id)
+            return self._rollback(request.rollback.transaction_id, _expected(request.rollback))
         raise InvalidArgument("TransactRequest: set one of prepare, commit or rollback, or carry ends")
 
     def ListOpen(self, request, context):
@@ -302,17 +331,18 @@ class LoopTransactionServicer(TransactionServicer):
         return _prepared(await self._to_end(self._prepare_async(request, context.peer())))
 
     async def Commit(self, request, context):
-        txn_id = request.transaction_id
+        txn_id, expected = request.transaction_id, _expected(request)
         if not self._loop_blocks():
             try:
-                return _ended(await self._to_end(self._commit_async(txn_id)))
+                return _ended(await self._to_end(self._commit_async(txn_id, expected)))
             except FailedPrecondition:
                 if not self._rollback_pending(txn_id):
                     raise
-        return _ended(await self._io.in_pool(functools.partial(self._commit, txn_id)))
+        return _ended(await self._io.in_pool(functools.partial(self._commit, txn_id, expected=expected)))
 
     async def Rollback(self, request, context):
-        return _ended(await self._io.in_pool(functools.partial(self._rollback, request.transaction_id)))
+        return _ended(await self._io.in_pool(functools.partial(self._rollback, request.transaction_id,
+                                                               _expected(request))))
 
     async def Transact(self, request_iterator, context) -> AsyncIterator[txn_pb2.TransactResponse]:
         peer = context.peer()
@@ -346,13 +376,15 @@ class LoopTransactionServicer(TransactionServicer):
             if kind is None:
                 return None  # ends only: not answered
         if request.one_way and kind in _ONE_WAY:
-            await self._end(getattr(request, kind).transaction_id, _ONE_WAY[kind], ends)
+            end = getattr(request, kind)
+            await self._end(end.transaction_id, _ONE_WAY[kind], ends, _expected(end))
             return None
         return _frame_response(request.request_id,
                                await frame_outcome_async(TRANSACT_METHOD, self._frame_async, kind, request, peer))
 
-    async def _end(self, txn_id: str, decision: str, ends: list[asyncio.Task]) -> None:
-        guard = functools.partial(self._may_end, txn_id)
+    async def _end(self, txn_id: str, decision: str, ends: list[asyncio.Task],
+                   expected: tuple[str, str] = ("", "")) -> None:
+        guard = functools.partial(self._may_end, txn_id, expected)
         end = self._streams.end_one_way_async(self._io, txn_id, decision, guard=guard)
         if self._io.overlaps:
             ends.append(asyncio.ensure_future(end))
@@ -364,18 +396,18 @@ class LoopTransactionServicer(TransactionServicer):
         if kind == "prepare":
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
-            auth.require(PUB, topic(request.prepare.topic))
+            _may_prepare(request.prepare)
             return await self._to_end(self._prepare_async(request.prepare, peer))
         if kind == "commit":
-            return await self._to_end(self._commit_async(request.commit.transaction_id))
+            return await self._to_end(self._commit_async(request.commit.transaction_id, _expected(request.commit)))
         return self._frame(kind, request, peer)  # refuses what is not a frame
 
     async def _prepare_async(self, p, peer: str) -> Prepared:
         return await self._coordinator.prepare_async(self._io, p.topic, convert.messages_in(p.messages, peer),
                                                      p.producer_group, p.transaction_id)
 
-    async def _commit_async(self, txn_id: str) -> Ended:
-        self._may_end(txn_id)
+    async def _commit_async(self, txn_id: str, expected: tuple[str, str] = ("", "")) -> Ended:
+        self._may_end(txn_id, expected)
         return await self._coordinator.end_async(self._io, COMMIT, txn_id)
 
     async def _to_end(self, work: Awaitable[T]) -> T:

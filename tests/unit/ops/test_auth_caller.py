@@ -1,0 +1,83 @@
+"""mqstore_rpc.auth.current_caller: the authenticated caller is known to the servicer in every kind of
+handler (a unary call, each step of a response stream, synchronous and on a grpc.aio loop), never outside
+the call, and its own refusals are the interceptor's (logged, counted, marked as the caller's denial)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from mqstore.auth import model
+from mqstore.auth.admin import AccessAdmin
+from mqstore.auth.authority import Authority
+from mqstore.clock import SystemClock
+from mqstore.errors import PermissionDenied
+from mqstore.meta.auth import AuthStore
+from mqstore.metrics import Registry
+from mqstore_rpc import auth
+from mqstore_rpc.permissions import Need
+
+METHOD = "/test.Service/Call"
+
+
+class Context:
+    def invocation_metadata(self):
+        return ((auth.METADATA_KEY, auth.token("ann", "ann-secret-1")),)
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+
+@pytest.fixture
+def interceptor(tmp_path):
+    store = AuthStore(f"sqlite:///{tmp_path / 'auth.db'}", SystemClock())
+    AccessAdmin(store).create_user("ann", model.NORMAL, "ann-secret-1")
+    yield auth.AuthInterceptor(Authority(store), Registry(), {METHOD: Need(model.PUB, lambda request: ())})
+    store.close()
+
+
+def wrapped(interceptor: auth.AuthInterceptor, handler: grpc.RpcMethodHandler):
+    return interceptor._wrap(handler, METHOD)
+
+
+def test_a_synchronous_unary_call_and_each_step_of_a_stream_know_their_caller(interceptor):
+    unary = wrapped(interceptor, grpc.unary_unary_rpc_method_handler(lambda request, context: auth.caller_name()))
+    assert unary.unary_unary(b"", Context()) == "ann"
+
+    def steps(request, context):
+        yield auth.caller_name()
+        yield auth.caller_name()
+    stream = wrapped(interceptor, grpc.unary_stream_rpc_method_handler(steps)).unary_stream(b"", Context())
+    assert next(stream) == "ann"
+    assert auth.caller_name() is None  # between steps, on this thread, the caller is not set
+    assert list(stream) == ["ann"]
+    assert auth.current_caller() is None
+
+
+def test_a_call_on_a_loop_knows_its_caller(interceptor):
+    async def unary(request, context):
+        return auth.caller_name()
+
+    async def steps(request, context):
+        yield auth.caller_name()
+        yield auth.current_caller().name
+
+    async def run():
+        answered = await wrapped(interceptor, grpc.unary_unary_rpc_method_handler(unary)).unary_unary(b"", Context())
+        streamed = [a async for a in wrapped(interceptor, grpc.unary_stream_rpc_method_handler(steps)).unary_stream(
+            b"", Context())]
+        return answered, streamed
+    assert asyncio.run(run()) == ("ann", ["ann", "ann"])
+
+
+def test_a_servicers_refusal_is_the_callers_denial(interceptor):
+    def call(request, context):
+        caller = auth.current_caller()
+        assert not caller.allowed(model.ADMIN, model.CLUSTER_RESOURCE)
+        caller.refuse(PermissionDenied("not yours: use your own id"))
+    handler = wrapped(interceptor, grpc.unary_unary_rpc_method_handler(call))
+    with pytest.raises(PermissionDenied, match="not yours") as caught:
+        handler.unary_unary(b"", Context())
+    assert auth.is_denial(caught.value) and not auth.is_denial(PermissionDenied("from a service we called"))
