@@ -10,6 +10,12 @@ QueryOffset (the remoting-era pull model; neither official client of this protoc
 RecallMessage (recalls delayed messages: mqstore has no scheduler) and SyncLiteSubscription (lite
 topics) get NOT_IMPLEMENTED.
 
+With authentication on, a client id belongs to the user who first presented it (mqstore.gateway.clients):
+any call of another user with it is refused, PERMISSION_DENIED as the interceptor's refusals, and only
+that user or an ADMIN of the cluster ends its session (NotifyClientTermination) or opens its Telemetry
+stream (telemetry.py). A user over one of its quotas (clients, Telemetry streams, receives in flight) gets
+TOO_MANY_REQUESTS; other users do not.
+
 Thread-safe: holds no state beyond thread-safe domain objects.
 """
 
@@ -17,20 +23,23 @@ from __future__ import annotations
 
 import grpc
 import structlog
-from mqstore.errors import ClientIdRequired, IllegalAccessPoint, InvalidArgument, InvalidTransactionId, MqStoreError
+from mqstore.auth.model import ADMIN, CLUSTER_RESOURCE
+from mqstore.errors import (ClientIdRequired, IllegalAccessPoint, InvalidArgument, InvalidTransactionId, MqStoreError,
+                            PermissionDenied)
 from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, CheckRelay
 from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
 from mqstore.gateway.publishing import Publisher, TopicCache, accepted_types, writable
 
+from mqstore_rpc import auth
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc
 
 from . import convert
 from .status import answers_with_status, ok, status_of, streams_with_status
-from .telemetry import TelemetryStream, client_type_name
+from .telemetry import TelemetryStream, as_caller, client_type_name
 
 log = structlog.get_logger("mqstore_rpc.gateway.servicer")
 SERVICE_NAME = s.DESCRIPTOR.services_by_name["MessagingService"].full_name
@@ -66,9 +75,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.config, self.registry, self.topics, self.publisher, self.relay = config, registry, topics, publisher, relay
         self.consuming = consuming
 
-    def _client(self, context) -> str:
+    def _client(self, context, client_type: str = "", group: str = "") -> str:
+        """The caller's client id, kept alive: PERMISSION_DENIED when it is another user's."""
         cid = client_id(context)
-        self.registry.touch(cid)
+        caller = auth.current_caller()
+        as_caller(caller, lambda: self.registry.touch(cid, client_type, group, caller.name if caller else None))
         return cid
 
     # ---- routes and clients ----------------------------------------------------------------------------
@@ -96,17 +107,33 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def Heartbeat(self, request, context):
         group = request.group.name if request.HasField("group") else ""
         kind = client_type_name(request.client_type) if request.client_type else ""
-        self.registry.touch(client_id(context), kind, group)
+        self._client(context, kind, group)
         return s.HeartbeatResponse(status=ok())
 
     @answers_with_status(s.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request, context):
-        self.registry.remove(client_id(context), "NotifyClientTermination")
+        cid, caller = client_id(context), auth.current_caller()
+        if caller is None:
+            self.registry.remove(cid, "NotifyClientTermination")
+            return s.NotifyClientTerminationResponse(status=ok())
+        try:
+            self.registry.remove(cid, "NotifyClientTermination", caller.name)
+        except PermissionDenied as exc:  # another user's session: its user's or an admin's to end
+            if not caller.allowed(ADMIN, CLUSTER_RESOURCE):
+                caller.refuse(exc)
+            self.registry.remove(cid, f"NotifyClientTermination by admin {caller.name}", caller.name, take_over=True)
         return s.NotifyClientTerminationResponse(status=ok())
 
     @streams_with_status(s.TelemetryCommand)
     def Telemetry(self, request_iterator, context):
-        yield from TelemetryStream(self.registry, self.config, client_id(context)).commands(request_iterator, context)
+        cid, caller = client_id(context), auth.current_caller()
+        first = None
+        if caller is not None:  # the interceptor read and checked the first command: it waits here
+            first = next(request_iterator, None)
+            if first is None:
+                return  # the client closed its side without a command
+        stream = TelemetryStream(self.registry, self.config, cid, caller, first)
+        yield from stream.commands(request_iterator, context)
 
     # ---- producing -------------------------------------------------------------------------------------
     @answers_with_status(s.SendMessageResponse)
@@ -149,15 +176,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         the delivery time and the messages, then the end of the stream, inside the client's deadline."""
         cid = self._client(context)
         left_s = context.time_remaining()
-        result, invisible_ms = self.consuming.receive(
-            request.group.name, request.message_queue.topic.name,
-            filter_type=_FILTER_TYPES.get(request.filter_expression.type, "unknown"),
-            expression=request.filter_expression.expression, batch_size=request.batch_size,
-            invisible_ms=convert.duration_ms(request.invisible_duration) if request.HasField("invisible_duration")
-            else None, auto_renew=request.auto_renew,
-            long_poll_ms=convert.duration_ms(request.long_polling_timeout)
-            if request.HasField("long_polling_timeout") else None,
-            time_left_ms=None if left_s is None else int(left_s * 1000), client_id=cid)
+        with self.registry.receiving(auth.caller_name()):
+            result, invisible_ms = self._receive(request, cid, left_s)
         # Everything is converted before the first item: a failure after it would be a second status.
         messages = [convert.message_out(m.message, topic=m.topic, receipt_handle=m.receipt_handle,
                                         delivery_attempt=m.attempt, invisible_ms=invisible_ms)
@@ -170,6 +190,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         yield s.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(result.pop_time_ms))
         for message in messages:
             yield s.ReceiveMessageResponse(message=message)
+
+    def _receive(self, request, cid: str, left_s: float | None):
+        return self.consuming.receive(
+            request.group.name, request.message_queue.topic.name,
+            filter_type=_FILTER_TYPES.get(request.filter_expression.type, "unknown"),
+            expression=request.filter_expression.expression, batch_size=request.batch_size,
+            invisible_ms=convert.duration_ms(request.invisible_duration) if request.HasField("invisible_duration")
+            else None, auto_renew=request.auto_renew,
+            long_poll_ms=convert.duration_ms(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout") else None,
+            time_left_ms=None if left_s is None else int(left_s * 1000), client_id=cid)
 
     @answers_with_status(s.AckMessageResponse)
     def AckMessage(self, request, context):
