@@ -5,7 +5,7 @@ Authorization (with auth on) follows the transaction, never a name the caller gi
 and Rollback (and their frames) look the transaction up and require PUB on the topic and producer group it
 was prepared with (:meth:`TransactionServicer._may_end`); one the caller may not end is answered as an
 unknown id (NOT_FOUND, the same message: no existence oracle, txn.proto), the denial still logged and
-counted.
+counted. A CheckBack stream carries only checks of topics its user may PUB.
 
 CheckBack: the hello is checked here; the stream's answers are converted into domain objects (a message
 that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which ends the stream; the
@@ -140,6 +140,17 @@ def _may_prepare(p: txn_pb2.PrepareRequest) -> None:
     auth.require(PUB, group(p.producer_group))
 
 
+def _may_publish() -> Callable[[str], bool]:
+    """For a CheckBack stream (called in its handler): whether its user may PUB a topic, the test that
+    picks the checks it carries (mqstore.txn.checkback); every topic with authentication off. The user's
+    rules as of the stream's opening; a False is no denial (nothing logged): that check goes to another
+    stream of the group, or waits for one."""
+    caller = auth.current_caller()
+    if caller is None:
+        return lambda name: True
+    return lambda name: caller.allowed(PUB, topic(name))
+
+
 def _answers(request_iterator) -> Iterator[Answer]:
     """The producer's answers as domain objects; ends when the producer closes or cancels its side."""
     try:
@@ -264,7 +275,7 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             raise InvalidArgument("CheckBack: the first message must be a hello naming the producer group")
         topic_rules.validate_group_name(first.hello.producer_group)
         self._coordinator.check_ready()
-        session = self._checkback.open(first.hello.producer_group, _answers(request_iterator))
+        session = self._checkback.open(first.hello.producer_group, _answers(request_iterator), _may_publish())
         try:
             for check in session.checks(context.is_active):
                 yield _check(check)
