@@ -220,3 +220,72 @@ def test_without_authentication_there_is_no_owner_and_no_quota():
         pass
     reg.remove("a", "test")
     assert len(reg) == 2
+
+
+@pytest.mark.parametrize("seed", [random.randrange(1 << 30) for _ in range(5)])
+def test_binding_and_quotas_agree_with_a_model(seed):
+    print(f"seed={seed}")
+    rnd = random.Random(seed)
+    clock = FakeClock()
+    reg = quota_registry(clock, max_clients=8, max_clients_per_user=4, max_streams_per_user=2)
+    model: dict[str, list] = {}   # client id -> [user, last seen, has an open stream]
+    outboxes: dict[str, Outbox] = {}
+
+    def count(user: str, streaming: bool = False) -> int:
+        return sum(1 for e in model.values() if e[0] == user and (e[2] or not streaming))
+
+    def admit(cid: str, user: str) -> str:
+        """The model's answer to a call of ``user`` with ``cid`` that creates or keeps its session."""
+        if cid in model:
+            return "denied" if model[cid][0] != user else "ok"
+        return "exhausted" if count(user) >= 4 or len(model) >= 8 else "ok"
+
+    for _ in range(600):
+        cid, user = rnd.choice([f"c{i}" for i in range(12)]), rnd.choice(["u1", "u2", "u3"])
+        op = rnd.choice(["touch", "attach", "detach", "remove", "expire", "tick"])
+        if op in ("touch", "attach"):
+            want = admit(cid, user)
+            if want == "ok" and op == "attach" and not (cid in model and model[cid][2]) and count(user, True) >= 2:
+                want = "exhausted"
+            try:
+                if op == "touch":
+                    reg.touch(cid, user=user)
+                else:
+                    outboxes[cid] = reg.attach(cid, user)
+                got = "ok"
+            except PermissionDenied:
+                got = "denied"
+            except ResourceExhausted:
+                got = "exhausted"
+            assert got == want, (seed, op, cid, user)
+            if got == "ok":
+                entry = model.setdefault(cid, [user, 0, False])
+                entry[1] = clock.now_ms()
+                entry[2] = entry[2] or op == "attach"
+        elif op == "detach" and cid in outboxes:
+            reg.detach(cid, outboxes.pop(cid))
+            if cid in model:
+                model[cid][2] = False
+        elif op == "remove":
+            want = "denied" if cid in model and model[cid][0] != user else "ok"
+            try:
+                reg.remove(cid, "test", user)
+                got = "ok"
+            except PermissionDenied:
+                got = "denied"
+            assert got == want, (seed, op, cid, user)
+            if got == "ok" and model.pop(cid, None) is not None:
+                outboxes.pop(cid, None)
+        elif op == "expire":
+            reg.expire()
+            for gone in [c for c, e in model.items() if e[1] < clock.now_ms() - TTL_MS]:
+                del model[gone]
+                outboxes.pop(gone, None)
+        else:
+            clock.advance(rnd.randint(1, 400))
+        assert len(reg) == len(model)
+        for name in ("u1", "u2", "u3"):
+            assert reg.clients_of(name) == count(name), (seed, name)
+        for c, entry in model.items():
+            session = reg.get(c)
+            assert (session.user, session.reachable) == (entry[0], entry[2]), (seed, c)
