@@ -11,8 +11,9 @@
   there is one entry per user and secret, dropped with every change. Concurrent calls with the same
   new credentials share one check (the first hashes, the others wait for its answer): 16 producers
   starting at once hash once. Failed authentication is kept cheap (mqstore.auth.throttle): at most
-  two verifications run at once (a check beyond waits up to 2 s, then Unavailable: retry); a failed
-  (user, SHA-256 of the secret) pair is refused without a hash for 30 s; after 10 failures in a row
+  two verifications run at once in the process, on two threads of their own (a check beyond waits up
+  to 2 s, then Unavailable: retry); a failed (user, SHA-256 of the secret) pair is refused without a
+  hash for 30 s; after 10 failures in a row
   from one peer address (``peer``, given by the interceptor) or for one user name, new credentials of
   that peer or user are refused without a hash (:class:`Throttled`, UNAUTHENTICATED with the time to
   wait) for 1 s, doubled at every further failure up to 60 s, until a success; credentials this process
@@ -63,7 +64,7 @@ from mqstore.auth import model, reserved, secrets, signature
 from mqstore.auth.model import SERVICE_USER, SUPER, Decision, Resource, Rule, SdkKey, User
 from mqstore.auth.sealing import Kek
 from mqstore.auth.signature import Signed
-from mqstore.auth.throttle import FailureBackoff, HashGate, RejectedCache, Throttle
+from mqstore.auth.throttle import FailureBackoff, RejectedCache, Throttle, shared_gate
 from mqstore.background import Duty
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import FailedPrecondition, PermissionDenied, Unauthenticated, Unavailable
@@ -121,7 +122,7 @@ class Authority:
         self.throttle = throttle
         monotonic = self._clock.monotonic_s
         self._rejected = RejectedCache(throttle.rejected_ttl_s, throttle.rejected_max, monotonic)
-        self._gate = HashGate(throttle.hash_limit, throttle.hash_wait_s)
+        self._gate = shared_gate(throttle.hash_limit, throttle.hash_wait_s, throttle.hash_waiters)
         backoff = (throttle.failures_before_backoff, throttle.backoff_base_s, throttle.backoff_max_s,
                    throttle.backoff_forget_s, throttle.backoff_max_keys, monotonic)
         self._peer_failures, self._user_failures = FailureBackoff(*backoff), FailureBackoff(*backoff)
@@ -212,12 +213,13 @@ class Authority:
 
     def _gated_verify(self, name: str, secret: str, fp: bytes, version: int, credential: str,
                       peer: str) -> Principal:
+        def check() -> Principal:
+            if (name, fp) in self._rejected:  # found out while this call waited for a place
+                raise _not_accepted(name)
+            self._refuse_if_backing_off(name, fp, peer)
+            return self._verify(name, secret, fp, version, credential, peer)
         try:
-            with self._gate.held(name):
-                if (name, fp) in self._rejected:  # found out while this call waited for a place
-                    raise _not_accepted(name)
-                self._refuse_if_backing_off(name, fp, peer)
-                return self._verify(name, secret, fp, version, credential, peer)
+            return self._gate.run(name, check)
         except Unavailable:
             self._throttled["busy"].inc()
             raise

@@ -5,9 +5,16 @@ memory (mqstore.auth.secrets), on purpose. Unthrottled, 40 threads sending rando
 run at once: a legitimate cached caller's median went from 3 ms to 2.6 s and the process grew by 850 MiB
 (issue 32). So:
 
-* :class:`HashGate`: at most ``limit`` verifications run at once in a process (2 by default); a check
-  beyond waits up to ``wait_s`` for a place, then is refused with Unavailable (retry). Credentials
-  accepted before never come here: they are one dict read (Authority.cached).
+* :class:`HashGate`: at most ``limit`` verifications run at once in a process (2 by default; every
+  Authority of a process with the same settings shares one gate: :func:`shared_gate`), on the gate's own
+  ``limit`` threads; a check beyond waits up to ``wait_s`` for a place, then is refused with Unavailable
+  (retry), as is at once a check that finds ``waiters`` (16) waiting already: a waiting call is a request
+  whose body grpc may be receiving meanwhile, up to its HTTP/2 flow-control window (mqstore_rpc.auth).
+  Its own threads, because the allocator keeps the 16 MiB that scrypt took in the arena of the thread
+  that ran it (glibc serves a second 16 MiB block from the arena): hashed on the handler threads, 13
+  failed logins left 13 threads holding 16 MiB each (a commit log went from 74 to 270 MiB under a flood
+  the gate held to 2 at once), and after each hash its thread hands the memory back (malloc_trim).
+  Credentials accepted before never come here: they are one dict read (Authority.cached).
 * :class:`RejectedCache`: (user, SHA-256 of the secret) pairs that failed, each remembered for ``ttl_s``
   (30 s by default, so a client retrying a wrong secret costs no hash, and a secret that becomes valid
   through a change of the users, which drops the cache, or after the TTL is accepted). At most
@@ -32,13 +39,17 @@ wait is a semaphore's).
 from __future__ import annotations
 
 import collections
-import contextlib
+import concurrent.futures
+import ctypes
+import ctypes.util
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, TypeVar
 
 from mqstore import waits
 from mqstore.errors import InvalidArgument, Unavailable
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class Throttle:
 
     hash_limit: int = 2              # scrypt verifications at once per process
     hash_wait_s: float = 2.0         # how long a new credential waits for a place before Unavailable
+    hash_waiters: int = 16           # new credentials waiting for a place at most; beyond, Unavailable at once
     rejected_ttl_s: float = 30.0     # how long a failed (user, secret) is refused without a hash
     rejected_max: int = 4096
     failures_before_backoff: int = 10
@@ -56,7 +68,7 @@ class Throttle:
     backoff_max_keys: int = 8192
 
     def __post_init__(self) -> None:
-        for name in ("hash_limit", "rejected_max", "failures_before_backoff", "backoff_max_keys"):
+        for name in ("hash_limit", "hash_waiters", "rejected_max", "failures_before_backoff", "backoff_max_keys"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"auth throttle: {name} must be at least 1, not {getattr(self, name)}")
         for name in ("hash_wait_s", "rejected_ttl_s", "backoff_base_s", "backoff_max_s", "backoff_forget_s"):
@@ -67,26 +79,80 @@ class Throttle:
 
 
 class HashGate:
-    """At most ``limit`` holders at once; :meth:`held` waits up to ``wait_s`` (saying so to the handler
-    pool: mqstore.waits) and raises Unavailable when no place came."""
+    """Runs ``check()`` on one of its ``limit`` threads (made on first use, kept for the process's life);
+    :meth:`run` waits up to ``wait_s`` for a place (saying so to the handler pool: mqstore.waits) and
+    raises Unavailable when no place came, or at once when ``waiters`` calls wait already (each waiting
+    call is a request whose body grpc may be receiving, up to its HTTP/2 window: mqstore_rpc.auth), then
+    waits for the check's answer (or error)."""
 
-    def __init__(self, limit: int, wait_s: float):
+    def __init__(self, limit: int, wait_s: float, waiters: int = 16):
         self.limit = limit
         self._wait_s = wait_s
+        self._max_waiters = waiters
+        self._waiters = 0
+        self._lock = threading.Lock()
         self._places = threading.BoundedSemaphore(limit)
+        self._threads = concurrent.futures.ThreadPoolExecutor(limit, thread_name_prefix="auth-hash")
 
-    @contextlib.contextmanager
-    def held(self, name: str) -> Iterator[None]:
+    def run(self, name: str, check: Callable[[], T]) -> T:
+        if not self._places.acquire(blocking=False):
+            with self._lock:
+                queued = self._waiters < self._max_waiters
+                if queued:
+                    self._waiters += 1
+            if not queued:
+                raise self._busy(name)
+            try:
+                with waits.waiting():
+                    got = self._places.acquire(timeout=self._wait_s)
+            finally:
+                with self._lock:
+                    self._waiters -= 1
+            if not got:
+                raise self._busy(name)
         with waits.waiting():
-            got = self._places.acquire(timeout=self._wait_s)
-        if not got:
-            raise Unavailable(f"the credentials of user {name!r} could not be checked: this server is checking "
-                              f"{self.limit} other new credentials and none finished within {self._wait_s:g} s "
-                              f"(many failed logins?); retry in a few seconds")
-        try:
-            yield
-        finally:
-            self._places.release()
+            try:
+                return self._threads.submit(_trimmed, check).result()  # a place is free: it starts at once
+            finally:
+                self._places.release()
+
+    def _busy(self, name: str) -> Unavailable:
+        return Unavailable(f"the credentials of user {name!r} could not be checked: this server is checking "
+                           f"{self.limit} other new credentials, more wait, and none finished within "
+                           f"{self._wait_s:g} s (many failed logins?); retry in a few seconds")
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: the allocator keeps what it keeps
+        return None
+
+
+_malloc_trim = _find_malloc_trim()
+
+
+def _trimmed(check: Callable[[], T]) -> T:
+    """``check()``, then the memory its scrypt freed handed back to the system (glibc's malloc_trim: after
+    a first 16 MiB block, glibc serves the next ones from the thread's arena and keeps them there)."""
+    try:
+        return check()
+    finally:
+        if _malloc_trim is not None:
+            _malloc_trim(0)
+
+
+_gates: dict[tuple[int, float, int], HashGate] = {}
+_gates_lock = threading.Lock()
+
+
+def shared_gate(limit: int, wait_s: float, waiters: int = 16) -> HashGate:
+    """The process's gate with these settings (made on first use)."""
+    with _gates_lock:
+        gate = _gates.get((limit, wait_s, waiters))
+        if gate is None:
+            gate = _gates[limit, wait_s, waiters] = HashGate(limit, wait_s, waiters)
+        return gate
 
 
 class RejectedCache:

@@ -7,6 +7,7 @@ FakeClock: nothing here sleeps."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import structlog
@@ -15,7 +16,7 @@ from mqstore.auth import model
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.authority import Authority, Throttled
 from mqstore.auth.model import ALLOW, PUB
-from mqstore.auth.throttle import FailureBackoff, RejectedCache, Throttle
+from mqstore.auth.throttle import FailureBackoff, HashGate, RejectedCache, Throttle
 from mqstore.clock import FakeClock, SystemClock
 from mqstore.errors import Unauthenticated, Unavailable
 from mqstore.meta.auth import AuthStore
@@ -127,8 +128,8 @@ def test_failures_for_one_user_refuse_its_new_credentials_but_not_those_accepted
     assert authority.authenticate("bob", "bob-secret-1", peer="10.9.9.0").name == "bob"  # another user: fine
 
 
-def test_at_most_limit_secrets_are_hashed_at_once_the_rest_wait_briefly_then_are_told_to_retry(store):
-    entered, release = [], threading.Event()
+def test_at_most_limit_secrets_are_hashed_at_once_on_two_threads_the_rest_wait_briefly_then_retry(store):
+    entered, threads, release = [], set(), threading.Event()
 
     class Slow:
         def version(self):
@@ -139,6 +140,7 @@ def test_at_most_limit_secrets_are_hashed_at_once_the_rest_wait_briefly_then_are
 
         def user(self, name):
             entered.append(name)
+            threads.add(threading.current_thread().name)
             release.wait(20)
             return store.user(name)
 
@@ -169,6 +171,32 @@ def test_at_most_limit_secrets_are_hashed_at_once_the_rest_wait_briefly_then_are
         t.join(20)
     assert len(errors) == 2 and all(isinstance(e, Unauthenticated) for e in errors)
     assert authority.authenticate("alice", "alice-secret-1").name == "alice"  # a place again
+    # on the gate's own threads, whose allocator arenas keep scrypt's 16 MiB, not on every caller's
+    assert len(threads) <= 2 and all(name.startswith("auth-hash") for name in threads)
+
+
+def test_a_check_that_finds_the_waiting_line_full_is_shed_at_once():
+    gate = HashGate(limit=1, wait_s=20.0, waiters=1)
+    holding, release, answers = threading.Event(), threading.Event(), []
+
+    def slow() -> str:
+        holding.set()
+        release.wait(20)
+        return "held"
+    holder = threading.Thread(target=lambda: answers.append(gate.run("a", slow)))
+    holder.start()
+    assert holding.wait(20)
+    waiter = threading.Thread(target=lambda: answers.append(gate.run("b", lambda: "waited")))
+    waiter.start()
+    wait_until(lambda: gate._waiters == 1, "the second check to wait for the place")
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="more wait"):
+        gate.run("c", lambda: "never")                           # the line is full: no 20 s wait
+    assert time.monotonic() - started < 10
+    release.set()
+    for t in (holder, waiter):
+        t.join(20)
+    assert answers == ["held", "waited"]
 
 
 def test_the_backoff_table_is_bounded_and_full_of_blocking_keys_keeps_them():
