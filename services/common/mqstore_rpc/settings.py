@@ -24,6 +24,7 @@ import dataclasses
 import pathlib
 from typing import Any, Callable, Iterable, Mapping
 
+from mqstore.auth.throttle import Throttle
 from mqstore.errors import InvalidArgument
 
 from mqstore_rpc.peers import Peers
@@ -132,6 +133,9 @@ _SERVICE_FLAGS = {
     "auth_url": "the auth database every service shares, a SQLAlchemy URL (default sqlite in the data dir)",
     "auth_default": "decision when no rule of a user matches: deny or allow (default deny)",
     "auth_refresh_ms": "how often users and rules are re-read for changes (default 1000)",
+    "auth_hash_limit": "secrets checked against their scrypt hash at once, in this process (default 2)",
+    "auth_failures_before_backoff": "failed logins in a row from one address or for one user after which its new "
+                                    "credentials are refused for a while, without a hash (default 10)",
     "auth_kek_file": "key-encryption key of the SDK keys' secrets, the same file for the CommitLog server (which "
                      "makes it 0600 on first use) and the gateway (default <data-dir>/auth.kek)",
     "internal_token": "secret of the services' own identity, user 'service' (prefer the variable: flags "
@@ -202,13 +206,17 @@ def default_auth_url(directory: pathlib.Path) -> str:
 
 
 def auth_config(args: argparse.Namespace, env: Mapping[str, str]) -> AuthConfig:
+    d = Throttle()
     enabled = typed(args, env, "auth", parse_bool, False)
     url = setting(args, env, "auth_url") or ""
     if enabled and not url:
         url = default_auth_url(data_dir(args, env))
     return AuthConfig(enabled=enabled, url=Secret(url), default_decision=typed(args, env, "auth_default", str, "deny"),
                       refresh_ms=typed(args, env, "auth_refresh_ms", parse_int, 1_000),
-                      internal_token=Secret(internal_token(args, env)), kek_file=kek_file(args, env))
+                      internal_token=Secret(internal_token(args, env)), kek_file=kek_file(args, env),
+                      throttle=Throttle(hash_limit=typed(args, env, "auth_hash_limit", parse_int, d.hash_limit),
+                                        failures_before_backoff=typed(args, env, "auth_failures_before_backoff",
+                                                                      parse_int, d.failures_before_backoff)))
 
 
 def kek_file(args: argparse.Namespace, env: Mapping[str, str]) -> str:
