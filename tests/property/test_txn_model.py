@@ -42,12 +42,12 @@ from mqstore.txn.cache import HalfCache
 from mqstore.txn.config import TxnConfig
 from mqstore.txn.coordinator import Coordinator
 from mqstore.txn.indoubt import InDoubt
+from mqstore.txn.onloop import PortIo, inline_append
 from mqstore.txn.opbatch import OpBatcher
 from mqstore.txn.persist import Checkpointer
 from mqstore.txn.projection import TxnProjection
 from mqstore.txn.table import COMMITTED, OPEN, ROLLED_BACK, TxnTable
 from mqstore.txn.transact import TransactStreams
-from mqstore_rpc.txn.servicer import PortIo, inline_append
 
 TOPIC = "orders"
 ABSENT = "ABSENT"  # the service does not know the id (a Prepare that never landed)

@@ -8,6 +8,7 @@ system topics) is mqstore.transactions.
   projection.py   the table as the follower's projection of the log
   coordinator.py  Prepare, Commit, Rollback: the state machine
   transact.py     Transact streams: their limit, one-way and carried ends
+  onloop.py       the calls of a grpc.aio port: on its event loop or on a thread, a refused Commit retried
   indoubt.py      appends of unknown outcome, settled from the log
   appender.py     Appends to the commit log, merged across concurrent callers (direct in Local mode)
   opbatch.py      OP records batched by size and time (RIP-50)

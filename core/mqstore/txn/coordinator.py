@@ -38,7 +38,7 @@ from mqstore import topics as topic_rules
 from mqstore import transactions as tx
 from mqstore.clock import Clock
 from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutcomeUnknown,
-                            Unavailable, shown)
+                            PermissionDenied, Unavailable, shown)
 from mqstore.format import record
 from mqstore.model import DURABILITY_WRITTEN, AppendResult, MessageIn, MessageLookup, StoredMessage, TopicRecord
 
@@ -480,6 +480,29 @@ class Coordinator:
         if txn is None:
             raise self.unknown(txn_id)
         return txn
+
+    def check_end(self, txn_id: str, expected: tuple[str, str] = ("", ""),
+                  permit: Callable[[str, str], None] = lambda topic, group: None) -> None:
+        """Whether a caller may commit or roll back ``txn_id``: a transaction names no topic in its Commit and
+        Rollback, so the one it was prepared with is checked: ``expected`` (the topic and producer group the
+        request says it was prepared with, "": any; the gateway's EndTransaction) must be its own, and
+        ``permit(topic, group)`` (the caller's permission; raises PermissionDenied) must pass. Either refusal
+        is :meth:`unknown`: NotFound, the same message as for an id never prepared (txn.proto: no existence
+        oracle)."""
+        txn = self.txn(txn_id)
+        want_topic, want_group = expected
+        if (want_topic and want_topic != txn.topic) or (want_group and want_group != txn.group):
+            raise self.unknown(txn_id)
+        try:
+            permit(txn.topic, txn.group)
+        except PermissionDenied:  # logged and counted as a denial by whoever raised it; the caller sees an unknown id
+            raise self.unknown(txn_id) from None
+
+    def rollback_pending(self, txn_id: str) -> bool:
+        """The transaction is rolled back and its OP records are not all written yet: a Commit refused without
+        waiting (``wait_durable`` False) is refused by one that waits only once the rollback is durable."""
+        txn = self.table.get(txn_id)
+        return txn is not None and txn.state == ROLLED_BACK and not txn.op_written
 
     def unknown(self, txn_id: str) -> NotFound:
         """The refusal of an id that names no transaction the caller may see: the same for an unknown id and

@@ -1,6 +1,7 @@
-"""LoopTransactionServicer (mqstore_rpc.txn.servicer): which Transact frames and unary calls are handled on
-the event loop and which in the handler pool, in order, with the caller of a deferred permission check
-carried to the pool; a Commit refused on the loop while a rollback is not durable is taken again there."""
+"""LoopTransactionServicer (mqstore_rpc.txn.servicer) over mqstore.txn.onloop.LoopCalls: which Transact frames
+and unary calls the coordinator gets on the event loop and which in the handler pool, in order, with the
+caller of a deferred permission check carried to the pool; a Commit refused on the loop while a rollback is
+not durable is taken again there."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import pytest
 from mqstore.errors import FailedPrecondition
 from mqstore.model import DURABILITY_WRITTEN
 from mqstore.txn.coordinator import Ended, Prepared
+from mqstore.txn.onloop import LoopCalls, PortIo
+from mqstore.txn.transact import BY_ONE_WAY, TransactStreams
 from mqstore_rpc import auth
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2
-from mqstore_rpc.txn.servicer import LoopTransactionServicer, PortIo
-from mqstore.txn.transact import TransactStreams
+from mqstore_rpc.txn.servicer import LoopTransactionServicer
 
 PREPARE = txn_pb2.TransactRequest(request_id=1, prepare=txn_pb2.PrepareRequest(topic="t"))
 CARRIED = txn_pb2.TransactRequest(request_id=2, ends=[txn_pb2.CarriedEnd(transaction_id="a", decision=1)])
@@ -26,59 +28,65 @@ ROLLBACK = txn_pb2.TransactRequest(request_id=5, rollback=txn_pb2.EndRequest(tra
 FRAMES = [PREPARE, CARRIED, ONE_WAY, COMMIT, ROLLBACK]
 
 
-class Recording(LoopTransactionServicer):
-    """Records where each frame or call ran, how, and the caller it saw; answers each frame with its request
-    id, refuses a Commit of "pending" (a rolled-back transaction whose OP record is not written yet)."""
+class RecordingCoordinator:
+    """Records where each call ran (its thread), how (``wait_durable``) and the caller it saw; refuses a
+    Commit of "pending" (a rolled-back transaction whose OP record is not written yet) without waiting, and
+    a one-way end ("end <id>") suspends once on the loop."""
 
-    def __init__(self, append_waits: bool, pool, overlaps: bool = False):
-        super().__init__(None, None, None, TransactStreams(None, max_streams=1), lambda: append_waits,
-                         PortIo(None, pool, overlaps))
+    def __init__(self):
         self.ran: list[tuple] = []
 
     def _note(self, what, wait_durable=True):
         self.ran.append((what, threading.current_thread().name, auth._current.get(), wait_durable))
 
-    def _handle(self, request, peer, wait_durable=True):  # a whole frame in the pool
-        self._note(request.request_id, wait_durable)
-        return txn_pb2.TransactResponse(request_id=request.request_id)
-
-    async def _end(self, txn_id, decision, ends, expected=("", "")):  # a one-way or carried end on the loop
-        async def end():
-            await asyncio.sleep(0)
-            self._note(f"end {txn_id}", False)
-        if self._io.overlaps:
-            ends.append(asyncio.ensure_future(end()))
-        else:
-            await end()
-
-    def _commit_frame(self, request, peer):
-        self._note(f"commit frame {request.request_id}")
-        return txn_pb2.TransactResponse(request_id=request.request_id)
-
-    def _prepare(self, p, peer):
+    def prepare(self, topic, messages, group, txn_id=""):
         self._note("Prepare")
         return Prepared("t-1", [], DURABILITY_WRITTEN)
 
-    async def _prepare_async(self, p, peer):
+    async def prepare_async(self, io, topic, messages, group, txn_id=""):
         self._note("Prepare", False)
         return Prepared("t-1", [], DURABILITY_WRITTEN)
 
-    def _commit(self, txn_id, wait_durable=True, expected=("", "")):
-        self._note("Commit " + txn_id, wait_durable)
+    def commit(self, txn_id, by="producer", wait_durable=True):
+        self._note(("end " if by == BY_ONE_WAY else "Commit ") + txn_id, wait_durable)
         return Ended("COMMITTED", False, [])
 
-    async def _commit_async(self, txn_id, expected=("", "")):
+    def rollback(self, txn_id, by="producer", wait_durable=True):
+        self._note(("end " if by == BY_ONE_WAY else "Rollback ") + txn_id, wait_durable)
+        return Ended("ROLLED_BACK", False, [])
+
+    async def end_async(self, io, decision, txn_id, by="producer"):
+        if by == BY_ONE_WAY:
+            await asyncio.sleep(0)
+            self._note(f"end {txn_id}", False)
+            return Ended(decision, False, [])
         self._note("Commit " + txn_id, False)
         if txn_id == "pending":
             raise FailedPrecondition("rolled back")
         return Ended("COMMITTED", False, [])
 
-    def _rollback(self, txn_id, expected=("", "")):
-        self._note("Rollback")
-        return Ended("ROLLED_BACK", False, [])
+    def check_end(self, txn_id, expected=("", ""), permit=None):
+        pass
 
-    def _rollback_pending(self, txn_id):
+    def rollback_pending(self, txn_id):
         return txn_id == "pending"
+
+
+class Recording(LoopTransactionServicer):
+    def __init__(self, append_waits: bool, pool, overlaps: bool = False):
+        coordinator = RecordingCoordinator()
+        streams = TransactStreams(coordinator, max_streams=1, inline=True)
+        super().__init__(coordinator, None, None, streams,
+                         LoopCalls(coordinator, streams, lambda: append_waits, PortIo(None, pool, overlaps)))
+        self.coordinator = coordinator
+
+    @property
+    def ran(self):
+        return self.coordinator.ran
+
+    @ran.setter
+    def ran(self, value):
+        self.coordinator.ran = value
 
 
 class Caller:
@@ -127,7 +135,7 @@ def test_frames_run_on_the_loop_in_order_with_their_caller_a_rollback_in_the_poo
         servicer = Recording(False, pool)
         assert _transact(servicer, caller, FRAMES) == [1, 4, 5]  # in order; ends only and one-way: no answer
     assert [(w, where) for w, where, _, _ in servicer.ran] == [
-        ("Prepare", "loop"), ("end a", "loop"), ("end b", "loop"), ("Commit c", "loop"), (5, "pool")]
+        ("Prepare", "loop"), ("end a", "loop"), ("end b", "loop"), ("Commit c", "loop"), ("Rollback d", "pool")]
     assert all(seen for _, _, seen, _ in servicer.ran)  # a deferred check in the pool sees the caller
     # on the loop, a frame never waits for a rollback's OP record
     assert all(not durable for _, where, _, durable in servicer.ran if where == "loop")
@@ -138,7 +146,8 @@ def test_while_appends_wait_every_frame_runs_in_the_pool_in_order():
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         servicer = Recording(True, pool)
         _transact(servicer, caller, FRAMES)
-    assert [(w, where) for w, where, _, _ in servicer.ran] == [(f.request_id, "pool") for f in FRAMES]
+    assert [(w, where) for w, where, _, _ in servicer.ran] == [
+        ("Prepare", "pool"), ("end a", "pool"), ("end b", "pool"), ("Commit c", "pool"), ("Rollback d", "pool")]
     assert all(seen for _, _, seen, _ in servicer.ran)
 
 
@@ -167,7 +176,7 @@ def test_a_commit_refused_on_the_loop_for_a_rollback_not_yet_durable_is_answered
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         servicer = Recording(False, pool)
         assert _transact(servicer, caller, [pending, PREPARE]) == [7, 1]
-    assert servicer.ran == [("Commit pending", "loop", True, False), ("commit frame 7", "pool", True, True),
+    assert servicer.ran == [("Commit pending", "loop", True, False), ("Commit pending", "pool", True, True),
                             ("Prepare", "loop", True, False)]
 
 
@@ -187,5 +196,5 @@ def test_unary_calls_run_on_the_loop_unless_they_may_wait(append_waits):
     expected = [("Prepare", on_loop, True, append_waits), ("Commit c", on_loop, True, append_waits)]
     if not append_waits:
         expected.append(("Commit pending", "loop", True, False))  # refused on the loop: not durable yet
-    expected += [("Commit pending", "pool", True, True), ("Rollback", "pool", True, True)]
+    expected += [("Commit pending", "pool", True, True), ("Rollback d", "pool", True, True)]
     assert servicer.ran == expected

@@ -31,6 +31,7 @@ from mqstore.txn.config import TxnConfig
 from mqstore.txn.coordinator import Coordinator
 from mqstore.txn.indoubt import InDoubt
 from mqstore.txn.log import LocalTxnLog, StoreLike, TxnLog
+from mqstore.txn.onloop import LoopCalls, PortIo, inline_append
 from mqstore.txn.opbatch import OpBatcher
 from mqstore.txn.operations import Operations
 from mqstore.txn.persist import Checkpointer
@@ -41,7 +42,7 @@ from mqstore.txn.transact import TransactStreams
 from mqstore_rpc import service
 from mqstore_rpc.server import ServerConfig
 
-from .servicer import SERVICE_NAME, LoopTransactionServicer, PortIo, TransactionServicer, add_to_server, inline_append
+from .servicer import SERVICE_NAME, LoopTransactionServicer, TransactionServicer, add_to_server
 
 log = structlog.get_logger("mqstore_rpc.txn.composition")
 
@@ -112,7 +113,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     this process (Local mode): one-way ends are applied on their stream's thread (mqstore.txn.transact says
     why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
     append_max_* settings do not apply); ``loop_pool``: the server is a grpc.aio one: Prepare, Commit and
-    Transact are answered on its loop, what may wait runs in this pool (servicer.LoopTransactionServicer);
+    Transact are answered on its loop, what may wait runs in this pool (mqstore.txn.onloop.LoopCalls);
     in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_many_async`` (the
     AppendBatcher still serves the threads: OP records, check-back answers, calls run in the pool)."""
     add_duty = add_duty or parts.add_duty
@@ -182,7 +183,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     operations.register_metrics(parts.metrics)
     if loop_pool is not None:
         servicer: TransactionServicer = LoopTransactionServicer(coordinator, checkback, operations, streams,
-                                                                loop_blocks, io)
+                                                                LoopCalls(coordinator, streams, loop_blocks, io))
     else:
         servicer = TransactionServicer(coordinator, checkback, operations, streams)
     serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))

@@ -2,10 +2,10 @@
 streams and the operator tools. It never catches mqstore errors (mqstore_rpc.errors maps them).
 
 Authorization (with auth on) follows the transaction, never a name the caller gives in its place: Commit
-and Rollback (and their frames) look the transaction up and require PUB on the topic and producer group it
-was prepared with (:meth:`TransactionServicer._may_end`); one the caller may not end is answered as an
-unknown id (NOT_FOUND, the same message: no existence oracle, txn.proto), the denial still logged and
-counted. A CheckBack stream carries only checks of topics its user may PUB.
+and Rollback (and their frames) require PUB on the topic and producer group it was prepared with
+(:func:`_may_end`, given to mqstore.txn.coordinator.Coordinator.check_end, which looks the transaction up);
+one the caller may not end is answered as an unknown id (NOT_FOUND, the same message: no existence oracle,
+txn.proto), the denial still logged and counted. A CheckBack stream carries only checks of topics its user may PUB.
 
 CheckBack: the hello is checked here; the stream's answers are converted into domain objects (a message
 that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which ends the stream; the
@@ -13,46 +13,37 @@ producer cancelling ends the iteration) and handed to mqstore.txn.checkback.Chec
 gives the checks to send.
 
 On the event loop (:class:`LoopTransactionServicer`, the grpc.aio Transaction port of both modes:
-mqstore_rpc.aio): a Prepare, Commit or Transact frame is handled on the loop, the coordinator's steps
-awaiting their appends there (Cluster mode: the loop's own group commit over the CommitLog client's
-grpc.aio Append; Local mode: the store's append, which does not wait); what may wait (a Rollback waits for
-its OP record; a Commit refused for a rollback not yet durable waits for that; in Local mode anything while
-the store's appends wait for a flush or for replicas) runs in the server's handler pool, and a stream takes
-its next frame once this one is answered, so frames stay in order.
+mqstore_rpc.aio): what runs on the loop and what in the server's handler pool, the retry of a refused
+Commit and a stream's ends are mqstore.txn.onloop's (LoopCalls): the servicer converts and calls it once
+per call or frame.
 
 Thread-safe: holds no state beyond thread-safe domain objects.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import functools
-import threading
-from concurrent.futures import Executor
-from typing import AsyncIterator, Awaitable, Callable, Iterator, Sequence, TypeVar
+from typing import AsyncIterator, Callable, Iterator
 
 import grpc
 from mqstore import topics as topic_rules
 from mqstore.auth.model import PUB, group, topic
-from mqstore.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from mqstore.errors import InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
-from mqstore.model import AppendResult, MessageIn
 from mqstore_rpc import auth, convert
 from mqstore_rpc.errors import FrameStatus, frame_outcome, frame_outcome_async
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
 from mqstore.txn.checkback import Answer, Check, CheckBack
 from mqstore.txn.coordinator import Coordinator, Ended, Prepared
+from mqstore.txn.onloop import MAX_CARRIED_ENDS, LoopCalls, StreamEnds
 from mqstore.txn.operations import Operations, TxnView
-from mqstore.txn.table import OUTCOME_UNKNOWN, ROLLED_BACK, STATES
+from mqstore.txn.table import OUTCOME_UNKNOWN, STATES
 from mqstore.txn.transact import COMMIT, ROLLBACK, TransactStreams
 
-T = TypeVar("T")
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name
 TRANSACT_METHOD = f"/{SERVICE_NAME}/Transact"
 _ONE_WAY = {"commit": COMMIT, "rollback": ROLLBACK}
-MAX_CARRIED_ENDS = 1000
 _STATE_TO_PB = {s: txn_pb2.TransactionState.Value(f"TRANSACTION_STATE_{s}") for s in (*STATES, OUTCOME_UNKNOWN)}
 _DECISION_TO_PB = {"": txn_pb2.DECISION_UNSPECIFIED, "COMMIT": txn_pb2.DECISION_COMMIT,
                    "ROLLBACK": txn_pb2.DECISION_ROLLBACK, "UNKNOWN": txn_pb2.DECISION_UNKNOWN}
@@ -140,6 +131,13 @@ def _may_prepare(p: txn_pb2.PrepareRequest) -> None:
     auth.require(PUB, group(p.producer_group))
 
 
+def _may_end(topic_name: str, group_name: str) -> None:
+    """The permission to end a transaction prepared on ``topic_name`` by ``group_name`` (with auth on;
+    mqstore_rpc.permissions, deferred): PUB on both. Coordinator.check_end turns a refusal into an unknown id."""
+    auth.require(PUB, topic(topic_name))
+    auth.require(PUB, group(group_name))
+
+
 def _may_publish() -> Callable[[str], bool]:
     """For a CheckBack stream (called in its handler): whether its user may PUB a topic, the test that
     picks the checks it carries (mqstore.txn.checkback); every topic with authentication off. The user's
@@ -181,27 +179,12 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                                          p.transaction_id)
 
     def _commit(self, txn_id: str, wait_durable: bool = True, expected: tuple[str, str] = ("", "")) -> Ended:
-        self._may_end(txn_id, expected)
+        self._coordinator.check_end(txn_id, expected, _may_end)
         return self._coordinator.commit(txn_id, wait_durable=wait_durable)
 
     def _rollback(self, txn_id: str, expected: tuple[str, str] = ("", "")) -> Ended:
-        self._may_end(txn_id, expected)
+        self._coordinator.check_end(txn_id, expected, _may_end)
         return self._coordinator.rollback(txn_id)
-
-    def _may_end(self, txn_id: str, expected: tuple[str, str] = ("", "")) -> None:
-        """Commit and Rollback name a transaction, not its topic: PUB on the topic and the producer group it
-        was prepared with (with auth on; mqstore_rpc.permissions, deferred), and, when the request says
-        them (``expected``: EndRequest.topic, producer_group; the gateway's), those must be its own. A
-        transaction failing either is refused as an unknown id: NotFound, the same message (no oracle)."""
-        txn = self._coordinator.txn(txn_id)
-        want_topic, want_group = expected
-        if (want_topic and want_topic != txn.topic) or (want_group and want_group != txn.group):
-            raise self._coordinator.unknown(txn_id)
-        try:
-            auth.require(PUB, topic(txn.topic))
-            auth.require(PUB, group(txn.group))
-        except PermissionDenied:  # logged and counted as a denial; the caller sees an unknown id
-            raise self._coordinator.unknown(txn_id) from None
 
     def Transact(self, request_iterator, context):
         peer = context.peer()
@@ -223,8 +206,8 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                 return None  # ends only: not answered
         if request.one_way and kind in _ONE_WAY:
             end = getattr(request, kind)
-            self._streams.submit_one_way(end.transaction_id, _ONE_WAY[kind],
-                                         guard=functools.partial(self._may_end, end.transaction_id, _expected(end)))
+            self._streams.submit_one_way(end.transaction_id, _ONE_WAY[kind], guard=functools.partial(
+                self._coordinator.check_end, end.transaction_id, _expected(end), _may_end))
             return None
         return _frame_response(request.request_id,
                                frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer, wait_durable))
@@ -234,7 +217,8 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         it applied), then each submitted as its one-way frame would be, in order."""
         for carried, decision in zip(ends, _carried_decisions(ends), strict=True):
             txn_id = carried.transaction_id
-            self._streams.submit_one_way(txn_id, decision, guard=functools.partial(self._may_end, txn_id))
+            self._streams.submit_one_way(txn_id, decision, guard=functools.partial(
+                self._coordinator.check_end, txn_id, ("", ""), _may_end))
 
     def _frame(self, kind: str | None, request, peer: str, wait_durable: bool = True) -> Prepared | Ended:
         """One two-way frame, as its unary call (the permission its call needs included: PUB on the topic,
@@ -283,170 +267,81 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
             self._checkback.close(session)
 
 
-class PortIo:
-    """The coordinator's LoopIo (mqstore.txn.coordinator) on a grpc.aio port: ``append`` is awaited on the
-    loop (Cluster mode: LoopAppendBatcher.append over the CommitLog client's grpc.aio call; Local mode: the
-    in-process appender, called on the loop); reads of the log and calls whose guard a thread holds run
-    in ``pool`` with the caller's context (the caller of a deferred permission check: mqstore_rpc.auth).
-    ``overlaps``: an append is a round trip, so a stream's one-way and carried ends are worth overlapping
-    with its next frame (Cluster mode); without, they are applied before it (Local mode, as inline)."""
-
-    def __init__(self, append: Callable[[str, Sequence[MessageIn]], Awaitable[list[AppendResult]]], pool: Executor,
-                 overlaps: bool):
-        self.append, self._pool, self.overlaps = append, pool, overlaps
-
-    async def read(self, call: Callable[[], T]) -> T:
-        return await self.in_pool(call)
-
-    def acquire(self, lock: threading.Lock) -> bool:
-        return lock.acquire(blocking=False)
-
-    async def in_pool(self, call: Callable[[], T]) -> T:
-        run = functools.partial(contextvars.copy_context().run, call)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
-
-
-def inline_append(append: Callable[[str, Sequence[MessageIn]], list[AppendResult]]):
-    """A synchronous in-process ``append`` as PortIo's coroutine (Local mode: it does not wait while the
-    store's appends do not)."""
-    async def call(topic: str, messages: Sequence[MessageIn]) -> list[AppendResult]:
-        return append(topic, messages)
-    return call
-
-
 class LoopTransactionServicer(TransactionServicer):
-    """The Transaction service with Prepare, Commit, Rollback and Transact answered on a grpc.aio server's
-    loop (the module docstring); every other call as :class:`TransactionServicer`'s, in the handler pool.
-
-    On the loop the coordinator's steps run with ``io`` (:class:`PortIo`). ``loop_blocks()``: whether an
-    append would hold the loop's thread now (Local mode while the store's appends wait for a SYNC flush or
-    SYNC replication): then the call or frame runs in the pool, as on a synchronous server. A Commit is
-    tried on the loop without waiting: only if the transaction turns out rolled back and that is not
-    durable yet is it taken again in the pool, where the refusal waits for the rollback's OP record as the
-    synchronous call's does. A coordinator call started on the loop runs to its end even if its RPC is
-    cancelled meanwhile (as a thread would): its append may have landed.
-
-    A stream's one-way and carried ends: applied before its next frame is read (Local mode), or (``io.
-    overlaps``, Cluster mode) started at once and waited for before the stream's next answer, so that a
-    carried Commit's append and the next Prepare's travel together; at most MAX_CARRIED_ENDS of them are
-    outstanding. Either way as TransactStreams applies them (counted, never answered, a failure logged)."""
+    """The Transaction service with Prepare, Commit, Rollback and Transact answered through ``calls``
+    (mqstore.txn.onloop.LoopCalls: which run on a grpc.aio server's loop and which in its handler pool, a
+    refused Commit taken again there, a stream's ends); every other call as :class:`TransactionServicer`'s,
+    in the handler pool."""
 
     def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
-                 streams: TransactStreams, loop_blocks: Callable[[], bool], io: PortIo):
+                 streams: TransactStreams, calls: LoopCalls):
         super().__init__(coordinator, checkback, operations, streams)
-        self._loop_blocks, self._io = loop_blocks, io
+        self._calls = calls
 
     async def Prepare(self, request, context):
-        if self._loop_blocks():
-            return _prepared(await self._io.in_pool(functools.partial(self._prepare, request, context.peer())))
-        return _prepared(await self._to_end(self._prepare_async(request, context.peer())))
+        return _prepared(await self._calls.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
+                                                   request.producer_group, request.transaction_id))
 
     async def Commit(self, request, context):
-        txn_id, expected = request.transaction_id, _expected(request)
-        if not self._loop_blocks():
-            try:
-                return _ended(await self._to_end(self._commit_async(txn_id, expected)))
-            except FailedPrecondition:
-                if not self._rollback_pending(txn_id):
-                    raise
-        return _ended(await self._io.in_pool(functools.partial(self._commit, txn_id, expected=expected)))
+        guard = functools.partial(self._coordinator.check_end, request.transaction_id, _expected(request), _may_end)
+        return _ended(await self._calls.commit(request.transaction_id, guard))
 
     async def Rollback(self, request, context):
-        return _ended(await self._io.in_pool(functools.partial(self._rollback, request.transaction_id,
-                                                               _expected(request))))
+        guard = functools.partial(self._coordinator.check_end, request.transaction_id, _expected(request), _may_end)
+        return _ended(await self._calls.rollback(request.transaction_id, guard))
 
     async def Transact(self, request_iterator, context) -> AsyncIterator[txn_pb2.TransactResponse]:
-        peer = context.peer()
-        # the stream's ends started and not yet waited for (io.overlaps); a stream that ends early leaves
-        # them to finish on their own
-        ends: list[asyncio.Task] = []
+        peer, calls = context.peer(), self._calls
+        ends = calls.ends()
         with self._streams.opened():
             async for request in request_iterator:
-                if self._loop_blocks() or (request.WhichOneof("kind") == "rollback" and not request.one_way):
-                    await _all_done(ends)
-                    response = await self._io.in_pool(functools.partial(self._handle, request, peer))
+                kind = request.WhichOneof("kind")
+                if calls.frame_on_loop(kind, request.one_way):
+                    response = await self._handle_on_loop(kind, request, peer, ends)
                 else:
-                    response = await self._handle_on_loop(request, peer, ends)
-                    if self._refused_until_durable(request, response):  # its ends are applied: only the Commit
-                        response = await self._io.in_pool(functools.partial(self._commit_frame, request, peer))
-                if response is not None or len(ends) >= MAX_CARRIED_ENDS:
-                    await _all_done(ends)
+                    await ends.settle()
+                    response = await calls.in_pool(functools.partial(self._handle, request, peer))
+                if response is not None or ends.full():
+                    await ends.settle()
                 if response is not None:
                     yield response
-            await _all_done(ends)
+            await ends.settle()
 
-    async def _handle_on_loop(self, request, peer: str, ends: list[asyncio.Task]) -> txn_pb2.TransactResponse | None:
-        """:meth:`_handle` on the loop: one-way and carried ends go to :meth:`_end`."""
-        kind = request.WhichOneof("kind")
+    async def _handle_on_loop(self, kind: str | None, request, peer: str,
+                              ends: StreamEnds) -> txn_pb2.TransactResponse | None:
+        """:meth:`_handle` on the loop: one-way and carried ends go to ``ends``."""
         if request.ends:
             checked = frame_outcome(TRANSACT_METHOD, _carried_decisions, request.ends)
             if isinstance(checked, FrameStatus):
                 return _frame_response(request.request_id, checked)
+            check_end = self._coordinator.check_end
             for carried, decision in zip(request.ends, checked, strict=True):
-                await self._end(carried.transaction_id, decision, ends)
+                await ends.end(carried.transaction_id, decision,
+                               functools.partial(check_end, carried.transaction_id, ("", ""), _may_end))
             if kind is None:
                 return None  # ends only: not answered
         if request.one_way and kind in _ONE_WAY:
             end = getattr(request, kind)
-            await self._end(end.transaction_id, _ONE_WAY[kind], ends, _expected(end))
+            await ends.end(end.transaction_id, _ONE_WAY[kind],
+                           functools.partial(self._coordinator.check_end, end.transaction_id, _expected(end), _may_end))
             return None
         return _frame_response(request.request_id,
                                await frame_outcome_async(TRANSACT_METHOD, self._frame_async, kind, request, peer))
 
-    async def _end(self, txn_id: str, decision: str, ends: list[asyncio.Task],
-                   expected: tuple[str, str] = ("", "")) -> None:
-        guard = functools.partial(self._may_end, txn_id, expected)
-        end = self._streams.end_one_way_async(self._io, txn_id, decision, guard=guard)
-        if self._io.overlaps:
-            ends.append(asyncio.ensure_future(end))
-        else:
-            await end
-
     async def _frame_async(self, kind: str | None, request, peer: str) -> Prepared | Ended:
-        """:meth:`_frame` on the loop (a Rollback frame never comes here: it waits, so it runs in the pool)."""
+        """:meth:`_frame` on the loop (a two-way Rollback frame never comes here: it runs in the pool)."""
         if kind == "prepare":
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
-            _may_prepare(request.prepare)
-            return await self._to_end(self._prepare_async(request.prepare, peer))
+            p = request.prepare
+            _may_prepare(p)
+            return await self._calls.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
+                                             p.transaction_id, on_loop=True)
         if kind == "commit":
-            return await self._to_end(self._commit_async(request.commit.transaction_id, _expected(request.commit)))
+            txn_id = request.commit.transaction_id
+            guard = functools.partial(self._coordinator.check_end, txn_id, _expected(request.commit), _may_end)
+            return await self._calls.commit(txn_id, guard, on_loop=True)
         return self._frame(kind, request, peer)  # refuses what is not a frame
-
-    async def _prepare_async(self, p, peer: str) -> Prepared:
-        return await self._coordinator.prepare_async(self._io, p.topic, convert.messages_in(p.messages, peer),
-                                                     p.producer_group, p.transaction_id)
-
-    async def _commit_async(self, txn_id: str, expected: tuple[str, str] = ("", "")) -> Ended:
-        self._may_end(txn_id, expected)
-        return await self._coordinator.end_async(self._io, COMMIT, txn_id)
-
-    async def _to_end(self, work: Awaitable[T]) -> T:
-        """``work``'s result; if the caller is cancelled meanwhile, ``work`` still runs to its end (its append
-        may land: the table must learn of it as a thread's call would). Without ``io.overlaps`` (Local mode)
-        an append never suspends the coroutine, so nothing can cut one short and no task is needed."""
-        if not self._io.overlaps:
-            return await work
-        return await asyncio.shield(asyncio.ensure_future(work))
-
-    def _refused_until_durable(self, request, response: txn_pb2.TransactResponse | None) -> bool:
-        """A two-way Commit frame refused on the loop because its transaction is rolled back, not durably yet."""
-        return (response is not None and response.HasField("error") and request.WhichOneof("kind") == "commit"
-                and self._rollback_pending(request.commit.transaction_id))
-
-    def _commit_frame(self, request, peer: str) -> txn_pb2.TransactResponse:
-        return _frame_response(request.request_id, frame_outcome(TRANSACT_METHOD, self._frame, "commit", request, peer))
-
-    def _rollback_pending(self, txn_id: str) -> bool:
-        """The transaction is rolled back and its OP records are not all written yet."""
-        txn = self._coordinator.table.get(txn_id)
-        return txn is not None and txn.state == ROLLED_BACK and not txn.op_written
-
-
-async def _all_done(ends: list[asyncio.Task]) -> None:
-    """Wait for the stream's outstanding ends (their failures are counted, never raised)."""
-    while ends:
-        await ends.pop(0)
 
 
 def add_to_server(servicer: TransactionServicer, server: grpc.Server) -> None:
