@@ -19,6 +19,7 @@ import pytest
 import structlog
 
 from mqstore import failpoints
+from mqstore import system_writers  # noqa: F401  (the composition of a process: every system writer registered)
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
 

@@ -4,8 +4,8 @@
 The RocketMQ 5 gateway takes that way for one reason: the record's BORNHOST is then the producer's
 address (InternalMessage.born_host) rather than the gateway's own, which is all the public Append can
 store. Everything else stays as a client's append: user topics only (the registry refuses system topics
-and pop consumption's retry and dead-letter topics: store_topics.check_system_writer, which follows this
-check), and plain records: no transaction type, no prepared offset, no reconsume count.
+and pop consumption's retry and dead-letter topics: mqstore.writers, which follows this check), and
+plain records: no transaction type, no prepared offset, no reconsume count.
 
 Thread-safety: stateless.
 """
@@ -17,6 +17,7 @@ from typing import Sequence
 from mqstore.errors import InvalidArgument
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_TX_NOT
 from mqstore.model import MessageIn, TopicRecord
+from mqstore.writers import WriterRules
 
 WRITER_GATEWAY = "gateway"
 
@@ -27,3 +28,7 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn]) -> 
             raise InvalidArgument(f"messages[{index}]: the gateway appends its clients' plain messages (no "
                                   f"transaction_type, prepared_transaction_offset or reconsume_times) into "
                                   f"{topic.name!r}; transactions go through the Transaction service")
+
+
+# The gateway as a system writer (mqstore.writers; registered by mqstore.system_writers): no topic of its own.
+RULES = WriterRules(WRITER_GATEWAY, "the gateway", check=check_internal_append)

@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, limits, relayed, retention_holds, transactions, waits
+from mqstore import codec, failpoints, fs, limits, retention_holds, waits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -51,7 +51,6 @@ from mqstore.metrics import Registry
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
                            AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, RawPullResult,
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
-from mqstore.pop import copies as pop_copies
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
 from mqstore.replication import log_ops
@@ -60,6 +59,7 @@ from mqstore.queue.usage import TopicUsage
 from mqstore.retention_holds import HoldInfo, RetentionHolds
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
+from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
 
 log = structlog.get_logger()
 
@@ -70,11 +70,19 @@ MAX_FRAME_BYTES = 4 << 20
 MAX_TAIL_LINGER_MS = 1000  # a Tail's linger_ms is clamped to this
 MAX_GET_MESSAGES = 1000
 MAX_HOLD_NAME = 127  # TailRequest.hold_retention_as, in characters
+# The store as a system writer (mqstore.writers): its topic events, which no writer may name.
+STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
+                           frozenset({topic_event.TOPIC}))
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig, clock: Clock | None = None, metrics: Registry | None = None):
+    def __init__(self, config: StoreConfig, clock: Clock | None = None, metrics: Registry | None = None,
+                 writers: Writers | None = None):
+        """``writers``: the system writers' rules (mqstore.writers), the process's registry by default
+        (mqstore.system_writers fills it); the store adds its own."""
         self.config = config
+        self.writers = writers if writers is not None else SYSTEM_WRITERS
+        self.writers.register(STORE_WRITER)
         self.clock = clock or SystemClock()
         self.metrics = metrics = metrics or Registry()
         self.encoder = MessageEncoder(config)
@@ -313,8 +321,8 @@ class MessageStore:
                replication: str | None = None) -> AppendResults:
         """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
         (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
-        the owning service (mqstore.topics.SYSTEM_TOPIC_OWNERS) names itself; the gRPC API never sets
-        it, so clients cannot write system topics. The gateway names itself too (mqstore.relayed), to
+        the owning writer names itself and its registered rules decide (mqstore.writers); the gRPC API never
+        sets it, so clients cannot write system topics. The gateway names itself too (mqstore.relayed), to
         store its producers' born hosts in user topics. ``replication`` ("ASYNC", "SYNC", None: the node's
         default) says whether the acknowledgement waits for the in-sync replicas (``gate``)."""
         rec, sync_replication = self._writable(topic, messages, system_writer, replication)
@@ -344,13 +352,7 @@ class MessageStore:
         self.gate.begin_append(sync_replication)
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
-        if system_writer == topic_rules.OWNER_POP:
-            pop_copies.check_internal_append(rec, messages)
-        elif system_writer == relayed.WRITER_GATEWAY:
-            relayed.check_internal_append(rec, messages)
-        elif system_writer:  # "" is no writer, as None: the owner check below names the owner
-            transactions.check_internal_append(rec, messages, system_writer)
-        self.topics.check_system_writer(rec, system_writer)
+        self.writers.check(rec, messages, system_writer)
         return rec, sync_replication
 
     def _append_checked(self, rec: TopicRecord, messages, sync_replication: bool) -> AppendResults:

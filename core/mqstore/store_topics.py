@@ -152,22 +152,6 @@ class TopicRegistry:
             raise NotFound(f"topic {name!r} does not exist; create it first (CreateTopic / `mqstore topic create`)")
         return found
 
-    def check_system_writer(self, topic: TopicRecord, system_writer: str | None) -> None:
-        """System topics are written only by the service that owns them (``system_writer`` names it;
-        the gRPC Append never sets it), and so are pop consumption's retry and dead-letter topics.
-        Other topics take appends from anybody."""
-        if topic.kind != KIND_SYSTEM:
-            if topic_rules.is_pop_owned_topic(topic.name) and system_writer != topic_rules.OWNER_POP:
-                raise FailedPrecondition(f"topic {topic.name!r} is a retry or dead-letter topic: only "
-                                         f"{topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_POP]} writes it; "
-                                         f"append to a topic of your own")
-            return
-        owner = topic_rules.system_topic_owner(topic.name)
-        if not owner or system_writer != owner:
-            who = topic_rules.OWNER_DESCRIPTIONS.get(owner, "the store itself")
-            raise FailedPrecondition(f"topic {topic.name!r} is a system topic: only {who} writes it; "
-                                     f"append to a topic of your own")
-
     def create(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL, retention_ms: int = 0) -> TopicRecord:
         topic_rules.validate_topic_name(name)
         if topic_rules.is_system_topic(name) or kind == KIND_SYSTEM:

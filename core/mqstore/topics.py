@@ -41,28 +41,33 @@ NAME_CHARSET_DESCRIPTION = "letters a-z A-Z, digits 0-9, '%', '|', '_' and '-'"
 _ILLEGAL_NAME_CHAR = re.compile(r"[^%|a-zA-Z0-9_-]")
 
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
-# The service that owns (alone writes) each system topic; the name MessageStore.append's
-# ``system_writer`` must give to write there. Clients never write system topics.
+# The names of the system writers (MessageStore.append's ``system_writer``). Which topics each writes and
+# what it may write there is the writer's to say: it registers its rules (mqstore.writers) at its
+# composition, and the store knows none of them. Clients never write system topics.
 OWNER_TRANSACTION = "txn"
 OWNER_SCHEDULE = "schedule"
 OWNER_POP = "pop"
 OWNER_STORE = ""  # the commit log itself: no writer may name it, the store appends these records alone
 REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
-SYSTEM_TOPIC_OWNERS = {
-    "RMQ_SYS_TRANS_HALF_TOPIC": OWNER_TRANSACTION,  # half (prepared) transaction messages
-    "RMQ_SYS_TRANS_OP_HALF_TOPIC": OWNER_TRANSACTION,  # OP records: which half messages are resolved
-    "TRANS_CHECK_MAX_TIME_TOPIC": OWNER_TRANSACTION,  # half messages that ran out of check-backs
-    "SCHEDULE_TOPIC_XXXX": OWNER_SCHEDULE,  # delayed messages (tag code = delivery time)
-    REVIVE_TOPIC: OWNER_POP,  # pop consumption's in-flight state: CK and ACK records (mqstore.pop.records)
-    topic_event.TOPIC: OWNER_STORE,  # topic events (a topic deleted): mqstore.format.topic_event
-}
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# Descriptions of the writers' names, for mqstore.transactions' check of a writer's name (the registry's
+# WriterRules.description says the same; this goes once that check asks mqstore.writers).
 OWNER_DESCRIPTIONS = {
     OWNER_TRANSACTION: "the Transaction service",
     OWNER_SCHEDULE: "the delayed-message scheduler",
     OWNER_POP: "pop consumption, the Consumer service of the commit log",
     OWNER_STORE: "the commit log itself, on DeleteTopic,",
 }
-SYSTEM_TOPICS = frozenset(SYSTEM_TOPIC_OWNERS)
+# The system topics: reserved in every process whether or not their writer is registered there (no client
+# creates, changes, deletes or writes one; the store creates them at start).
+SYSTEM_TOPICS = frozenset({
+    "RMQ_SYS_TRANS_HALF_TOPIC",  # half (prepared) transaction messages
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",  # OP records: which half messages are resolved
+    "TRANS_CHECK_MAX_TIME_TOPIC",  # half messages that ran out of check-backs
+    SCHEDULE_TOPIC,  # delayed messages (tag code = delivery time)
+    REVIVE_TOPIC,  # pop consumption's in-flight state: CK and ACK records (mqstore.pop.records)
+    topic_event.TOPIC,  # topic events (a topic deleted): mqstore.format.topic_event
+})
 
 # Pop consumption's per-group topics (RocketMQ's names, the module docstring): NORMAL topics, created on
 # demand and written only by pop consumption (OWNER_POP), never by CommitLog.Append; reading one needs SUB
@@ -90,11 +95,6 @@ def validate_group_name(name: str) -> None:
 def is_system_topic(name: str) -> bool:
     """True for the store's own topics, which clients may not create, change or delete."""
     return name in SYSTEM_TOPICS or name.startswith(SYSTEM_TOPIC_PREFIX)
-
-
-def system_topic_owner(name: str) -> str:
-    """The owner (a SYSTEM_TOPIC_OWNERS value) of a system topic; "" for a name nobody owns."""
-    return SYSTEM_TOPIC_OWNERS.get(name, "")
 
 
 def is_pop_owned_topic(name: str) -> bool:

@@ -20,6 +20,7 @@ from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_TX_NOT
 from mqstore.model import KIND_SYSTEM, MessageIn, StoredMessage, TopicRecord
+from mqstore.writers import WriterRules
 
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
@@ -62,7 +63,7 @@ def _copy(message: StoredMessage, properties: dict[str, str], reconsume_times: i
 def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn]) -> None:
     """What pop consumption (MessageStore.append's system_writer ``pop``) may write: its revive topic and
     the retry and dead-letter topics, ordinary (NOT_TYPE) records only. Which system topic is whose is the
-    registry's check (store_topics.check_system_writer), which follows this one."""
+    registry's check (mqstore.writers), which follows this one."""
     if topic.kind != KIND_SYSTEM and not topic_rules.is_pop_owned_topic(topic.name):
         raise FailedPrecondition(f"writer {topic_rules.OWNER_POP!r} writes only retry (%RETRY%) and dead-letter "
                                  f"(%DLQ%) topics, not {topic.name!r}")
@@ -70,3 +71,10 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn]) -> 
         if m.sys_flag & SYSFLAG_TX_MASK != SYSFLAG_TX_NOT or m.prepared_transaction_offset:
             raise InvalidArgument(f"messages[{index}]: pop consumption writes NOT_TYPE records with no prepared "
                                   f"offset into {topic.name!r}")
+
+
+# Pop consumption as a system writer (mqstore.writers; registered by mqstore.system_writers): its revive
+# topic, and the retry and dead-letter topics, which no other writer nor any client writes.
+RULES = WriterRules(topic_rules.OWNER_POP, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_POP],
+                    frozenset({topic_rules.REVIVE_TOPIC}), topic_rules.POP_OWNED_PREFIXES,
+                    "a retry or dead-letter topic", check_internal_append)

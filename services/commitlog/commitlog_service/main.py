@@ -64,6 +64,7 @@ from mqstore.replication.isr import IsrKeeper
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
+from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
 from mqstore.txn.config import TxnConfig
 from mqstore_rpc import service
 from mqstore_rpc import settings as S

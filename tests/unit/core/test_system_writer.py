@@ -7,10 +7,11 @@ import pytest
 
 from mqstore import relayed, topics
 from mqstore.clock import FakeClock
-from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.errors import FailedPrecondition, InvalidArgument, InvariantViolation
 from mqstore.format import record
-from mqstore.model import MessageIn
+from mqstore.model import KIND_NORMAL, MessageIn, TopicRecord
 from mqstore.store import MessageStore
+from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
 
 
 @pytest.fixture
@@ -24,10 +25,11 @@ def store(small_config):
 
 @pytest.mark.parametrize("topic", sorted(topics.SYSTEM_TOPICS))
 def test_only_the_owner_writes_a_system_topic(store, topic):
-    owner = topics.system_topic_owner(topic)
-    others = [o for o in topics.OWNER_DESCRIPTIONS if o != owner]
+    rules = SYSTEM_WRITERS.owner_of(topic)
+    owner = rules.owner
+    others = [o for o in SYSTEM_WRITERS.owners() if o != owner]
     for writer in [None, "", *others]:
-        with pytest.raises(FailedPrecondition, match=topics.OWNER_DESCRIPTIONS[owner]):
+        with pytest.raises(FailedPrecondition, match=rules.description):
             store.append(topic, [MessageIn(body=b"x")], system_writer=writer)
     assert store.queue_info(topic, 0).max_offset == 0
     if owner == topics.OWNER_STORE:  # no writer may name it: the store appends there itself
@@ -88,3 +90,51 @@ def test_an_unknown_writer_is_refused_naming_the_known_ones(store):
     store.create_topic("orders", 1)
     with pytest.raises(InvalidArgument, match="'gateway', 'pop', 'schedule', 'txn'"):
         store.append("orders", [MessageIn(body=b"x")], system_writer="nobody")
+
+
+def test_every_system_topic_has_one_registered_writer():
+    assert {name: SYSTEM_WRITERS.owner_of(name) is not None for name in topics.SYSTEM_TOPICS} == dict.fromkeys(
+        topics.SYSTEM_TOPICS, True)
+
+
+def test_a_writer_registered_from_outside_is_asked_by_the_store(small_config):
+    """A new system writer registers its rules; the store is not edited for it (and knows no writer)."""
+    asked = []
+
+    def check(topic, messages):
+        asked.append((topic.name, len(messages)))
+        if topic.name != "mine":
+            raise FailedPrecondition("the test writer writes only 'mine'")
+
+    writers = Writers()
+    writers.register(WriterRules("tester", "the test writer", prefixes=("mine",), prefixed_what="the tester's",
+                                 check=check))
+    s = MessageStore(small_config(), FakeClock(), writers=writers)
+    s.start()
+    try:
+        s.create_topic("mine", 1)
+        s.create_topic("other", 1)
+        assert s.append("mine", [MessageIn(body=b"x")], system_writer="tester")[0].queue_offset == 0
+        with pytest.raises(FailedPrecondition, match="only the test writer writes it"):
+            s.append("mine", [MessageIn(body=b"x")])
+        with pytest.raises(FailedPrecondition, match="writes only 'mine'"):
+            s.append("other", [MessageIn(body=b"x")], system_writer="tester")
+        with pytest.raises(InvalidArgument, match=r"known: \['tester'\]"):
+            s.append("other", [MessageIn(body=b"x")], system_writer=topics.OWNER_POP)
+        with pytest.raises(FailedPrecondition, match="no writer of this process"):  # txn is not registered here
+            s.append("RMQ_SYS_TRANS_HALF_TOPIC", [MessageIn(body=b"x")])
+        assert asked == [("mine", 1), ("other", 1)]
+    finally:
+        s.stop()
+
+
+def test_two_writers_of_one_topic_are_a_composition_bug():
+    writers = Writers()
+    writers.register(WriterRules("a", "A", frozenset({topics.SCHEDULE_TOPIC})))
+    writers.register(WriterRules("a", "A", frozenset({topics.SCHEDULE_TOPIC})))  # the same again: nothing
+    with pytest.raises(InvariantViolation, match="two writers"):
+        writers.register(WriterRules("b", "B", frozenset({topics.SCHEDULE_TOPIC})))
+    with pytest.raises(InvariantViolation, match="not a system topic"):
+        writers.register(WriterRules("c", "C", frozenset({"orders"})))
+    topic = TopicRecord("orders", 1, KIND_NORMAL, 0, 0)
+    writers.check(topic, [MessageIn(body=b"x")], None)  # anybody writes an ordinary topic
