@@ -4,7 +4,9 @@
   grpc, google.protobuf, generated stubs (mqstore_rpc), pyspark or service package.
 - SQL only in ``core/mqstore/meta/``: no other module of the project (core, services, spark, bench)
   imports SQLAlchemy.
-- ``mqstore_rpc`` (shared gRPC glue) imports no service package.
+- ``mqstore_rpc`` (shared gRPC glue) imports no service package, nor the command line.
+- ``mqstore_cli`` (``services/cli/``, the ``mqstore`` command line) is a client: it talks to the services
+  through their stubs and imports no service package.
 - No service package imports another service package (they talk through gRPC stubs only).
 - ``services/<name>/`` holds composition (``main``), the servicer and adapters to other services and
   processes; the domain of a feature (its state machine, its formats' use) is ``core/mqstore/<feature>/``
@@ -27,6 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE = ROOT / "core" / "mqstore"
 SERVICES = ROOT / "services"
 SHARED = SERVICES / "common" / "mqstore_rpc"
+CLI = SERVICES / "cli" / "mqstore_cli"
 META = CORE / "meta"
 SPARK = ROOT / "spark" / "mqstore_spark"
 BENCH = ROOT / "bench"
@@ -36,11 +39,12 @@ FORBIDDEN_IN_CORE = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools", "go
 
 
 def service_packages() -> dict[str, pathlib.Path]:
-    """Every package directly under services/<service>/ except the shared one: name -> directory."""
+    """Every package directly under services/<service>/ except the shared one and the command line:
+    name -> directory."""
     found = {}
     for init in sorted(SERVICES.glob("*/*/__init__.py")):
         package = init.parent
-        if package != SHARED:
+        if package not in (SHARED, CLI):
             found[package.name] = package
     return found
 
@@ -106,7 +110,7 @@ def test_the_packages_exist():
 
 
 def test_core_imports_no_adapter():
-    assert violations(CORE, (*FORBIDDEN_IN_CORE, *service_packages())) == []
+    assert violations(CORE, (*FORBIDDEN_IN_CORE, *service_packages(), CLI.name)) == []
 
 
 def test_sql_only_in_meta():
@@ -135,7 +139,12 @@ def test_bench_imports_no_service_package():
 
 
 def test_shared_glue_imports_no_service():
-    assert violations(SHARED, tuple(service_packages())) == []
+    assert violations(SHARED, (*service_packages(), CLI.name)) == []
+
+
+def test_the_command_line_imports_no_service():
+    assert (CLI / "main.py").is_file()
+    assert violations(CLI, (*service_packages(), "sqlalchemy")) == []
 
 
 @pytest.mark.parametrize("service", sorted(service_packages()))

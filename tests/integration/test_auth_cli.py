@@ -20,7 +20,7 @@ TOKEN = "e2e-internal-token-5f3a9c"
 
 def _cli(address: str, certs, *args: str, user: str = "", secret: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "MQSTORE_TLS_CA": str(certs / "ca.pem"), "MQSTORE_USER": user, "MQSTORE_SECRET": secret}
-    return subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", "--address", address, *args],
+    return subprocess.run([sys.executable, "-m", "mqstore_cli", "--address", address, *args],
                           capture_output=True, text=True, timeout=60, env=env)
 
 

@@ -50,7 +50,7 @@ def servers(tmp_path):
 
 def cli(servers: Servers, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
     """The mqstore command line as a process (in-process, it would configure logging on pytest's streams)."""
-    done = subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", "--address", servers.log_address,
+    done = subprocess.run([sys.executable, "-m", "mqstore_cli", "--address", servers.log_address,
                            "--compactor-address", servers.compactor_address, *args],
                           capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert done.returncode == expect, f"mqstore {' '.join(args)} exited {done.returncode}: {done.stderr}"

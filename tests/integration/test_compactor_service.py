@@ -164,7 +164,7 @@ def test_keyless_and_disagreeing_appends_are_refused(services):
 
 def _cli(*args: str) -> str:
     """The mqstore command line as a process (in-process, it would configure logging on pytest's streams)."""
-    done = subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", *args], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-m", "mqstore_cli", *args], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout

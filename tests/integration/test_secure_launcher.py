@@ -38,7 +38,7 @@ def test_tls_and_auth_from_the_launcher_and_top(tmp_path):
                "MQSTORE_GATEWAY_ADDRESS": f"127.0.0.1:{ports['gateway']}", "MQSTORE_TLS_CA": str(ca)}
 
         def cli(*args: str, **extra: str) -> str:
-            done = subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", *args], capture_output=True, text=True,
+            done = subprocess.run([sys.executable, "-m", "mqstore_cli", *args], capture_output=True, text=True,
                                   timeout=60, env={**env, **extra})
             assert done.returncode == 0, done.stderr
             return done.stdout
@@ -47,7 +47,7 @@ def test_tls_and_auth_from_the_launcher_and_top(tmp_path):
         made = cli("user", "create", "ops", "--super", MQSTORE_USER="service", MQSTORE_SECRET=token)
         ops = dict(MQSTORE_USER="ops", MQSTORE_SECRET=made.split("secret: ", 1)[1].split()[0])
         cli("send", "demo", "hello", "--key", "k1", **ops)
-        refused = subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", "topic", "list"], capture_output=True,
+        refused = subprocess.run([sys.executable, "-m", "mqstore_cli", "topic", "list"], capture_output=True,
                                  text=True, timeout=60, env=env)
         assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
         # An SDK key made through the CommitLog server opens on the gateway: the launcher gave both one kek file.

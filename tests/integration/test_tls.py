@@ -113,7 +113,7 @@ def test_the_index_follows_a_commit_log_over_mutual_tls(tmp_path, certs):
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mqstore_rpc.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mqstore_cli", *args], capture_output=True, text=True,
                           timeout=60, env={**os.environ, **(env or {})})
 
 

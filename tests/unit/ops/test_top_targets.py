@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from mqstore_rpc import cli, cli_compactor, cli_index, cli_top, cli_txn
-from mqstore_rpc.cli_args import build_parser
-from mqstore_rpc.cli_top import targets_of
+from mqstore_cli import compactor as cli_compactor
+from mqstore_cli import index as cli_index
+from mqstore_cli import main as cli
+from mqstore_cli import top as cli_top
+from mqstore_cli import txn as cli_txn
+from mqstore_cli.args import build_parser
+from mqstore_cli.top import targets_of
 
 
 def _args(*argv: str):

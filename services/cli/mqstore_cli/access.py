@@ -19,7 +19,7 @@ ending in ``*`` (quote it for the shell), or ``*``. A new user's secret is read 
 the official RocketMQ 5 SDKs take as credentials (AccessKey/SecretKey): they sign their requests to the
 gateway with it, as the user who owns it.
 
-Imported by ``mqstore_rpc.cli``; must not import it back.
+Imported by ``mqstore_cli.main``; must not import it back.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from mqstore_rpc.cli_args import CliError
+from mqstore_cli.args import CliError
 from mqstore_rpc.gen.mqstore.v1 import access_pb2 as pb, access_pb2_grpc
 
 _KINDS = {"normal": pb.USER_KIND_NORMAL, "super": pb.USER_KIND_SUPER}

@@ -8,7 +8,7 @@ segments, records, bytes, time and the verdict the next start would reach (``ok`
 start cuts it; ``corrupt``, ``wrong segment size``: the start refuses, run ``mqstore repair``). Exit
 status 0 when the store would start, 1 when it would not.
 
-This module is imported by ``mqstore_rpc.cli`` and must not import it back.
+This module is imported by ``mqstore_cli.main`` and must not import it back.
 """
 
 from __future__ import annotations

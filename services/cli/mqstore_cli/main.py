@@ -16,7 +16,7 @@ ProtoJSON of each response (snake_case names, int64 as numbers, bytes as base64)
 and for send and pull one line per message. ``send`` prints both ids of each message: ``msg_id=`` (the offset message
 id, for ``get``) and ``uniq_key=`` (for ``query id``). Errors print ``error: <STATUS>: <message>`` on
 stderr and exit 1; UNIMPLEMENTED names the services the server at that address serves
-(mqstore_rpc.cli_errors).
+(mqstore_cli.errors).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import grpc
 from google.protobuf import json_format
 
 from mqstore.errors import MqStoreError
-from mqstore_rpc import cli_access, cli_compactor, cli_index, cli_offline, cli_pop, cli_replication, cli_top, cli_txn
+from mqstore_cli import access, compactor, index, offline, pop, replication, top, txn
 from mqstore_rpc import logging as mqlogging
-from mqstore_rpc.cli_args import CliError, UsageError, build_parser, peers_from_args
-from mqstore_rpc.cli_errors import error_line
+from mqstore_cli.args import CliError, UsageError, build_parser, peers_from_args
+from mqstore_cli.errors import error_line
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.peers import Peers
 
@@ -61,7 +61,7 @@ class Cli:
 
     @functools.cached_property
     def peers(self) -> Peers:
-        """TLS and credentials of every channel this invocation opens (cli_args: --tls-*, --user)."""
+        """TLS and credentials of every channel this invocation opens (mqstore_cli.args: --tls-*, --user)."""
         return peers_from_args(self.args)
 
     def channel(self, address: str, options=()) -> grpc.Channel:
@@ -422,14 +422,14 @@ def cmd_repair(cli: Cli) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.modules[__name__])
-    cli_index.add_commands(parser)
-    cli_txn.add_commands(parser)
-    cli_pop.add_commands(parser)
-    cli_compactor.add_commands(parser)
-    cli_offline.add_commands(parser)
-    cli_replication.add_commands(parser)
-    cli_access.add_commands(parser)
-    cli_top.add_commands(parser)
+    index.add_commands(parser)
+    txn.add_commands(parser)
+    pop.add_commands(parser)
+    compactor.add_commands(parser)
+    offline.add_commands(parser)
+    replication.add_commands(parser)
+    access.add_commands(parser)
+    top.add_commands(parser)
     args = parser.parse_args(argv)
     mqlogging.configure("warning")  # stdout is for results; events of local commands (repair) go to stderr
     cli = Cli(args)

@@ -1,4 +1,4 @@
-"""The Transaction service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
+"""The Transaction service's commands of the ``mqstore`` command line (registered by ``mqstore_cli.main``).
 
     mqstore txn begin demo first second --group pg [--id T1] [--key K] [--tag T]   (Prepare: prints the id)
     mqstore txn send demo hello --group pg [--one-way]   (Prepare then Commit on one Transact stream)
@@ -10,7 +10,7 @@
 
 ``--txn-address`` (env MQSTORE_TXN_ADDRESS, default 127.0.0.1:50053), before or after the command.
 ``--json`` prints the ProtoJSON of each response, one object per line. This module must not import
-``mqstore_rpc.cli`` (which imports it).
+``mqstore_cli.main`` (which imports it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import queue
 
 import grpc
 
-from mqstore_rpc.cli_args import CliError
+from mqstore_cli.args import CliError
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2, txn_pb2_grpc
 
 DEFAULT_TXN_ADDRESS = "127.0.0.1:50053"

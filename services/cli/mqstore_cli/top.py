@@ -11,7 +11,7 @@ service that does not answer is shown as down; the others are still shown. Rates
 between the last two scrapes; p99 comes from the histograms' buckets (an upper bound: the bucket's).
 
 Each frame is plain lines (the terminal is cleared between frames with ANSI codes when stdout is one).
-Imported by ``mqstore_rpc.cli``; must not import it back.
+Imported by ``mqstore_cli.main``; must not import it back.
 """
 
 from __future__ import annotations

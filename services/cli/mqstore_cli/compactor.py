@@ -1,4 +1,4 @@
-"""The Compactor service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
+"""The Compactor service's commands of the ``mqstore`` command line (registered by ``mqstore_cli.main``).
 
     mqstore compact run kv [--queue N] [--engine auto|local|spark] [--seal-active] [--catch-up]
     mqstore compact status kv [--queue N]          (DescribeQueue of one queue, or of every queue)
@@ -14,7 +14,7 @@ COMPACTION topic, or nothing written yet) is NOT_FOUND for ``kv get`` as for ``k
 unknown key of a known topic prints ``(no value)``.
 
 ``--compactor-address`` (env MQSTORE_COMPACTOR_ADDRESS, default 127.0.0.1:50054), before or after the
-command. ``--json`` prints the ProtoJSON of each response. Must not import mqstore_rpc.cli back.
+command. ``--json`` prints the ProtoJSON of each response. Must not import mqstore_cli.main back.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 
 import grpc
 
-from mqstore_rpc.cli_args import CliError
+from mqstore_cli.args import CliError
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from mqstore_rpc.cli_args import CliError
+from mqstore_cli.args import CliError
 from mqstore_rpc.errors import status_for
 
 REFLECTION_TIMEOUT_S = 5.0

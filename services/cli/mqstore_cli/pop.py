@@ -1,4 +1,4 @@
-"""Pop consumption's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``): the
+"""Pop consumption's commands of the ``mqstore`` command line (registered by ``mqstore_cli.main``): the
 Consumer service of the commit log (consumer.proto), at ``--address`` like the CommitLog commands.
 
     mqstore receive demo --group g [--ack] [--batch 32] [--invisible-ms 30000] [--wait-ms 0]
@@ -11,7 +11,7 @@ Consumer service of the commit log (consumer.proto), at ``--address`` like the C
 ``receive`` prints a line per message: where it is stored, its delivery attempt, tags, body and receipt
 handle; ``--handles`` prints only the handles, one a line (``| xargs mqstore ack demo --group g``).
 ``--json`` prints the ProtoJSON of each response, one object per line. This module must not import
-``mqstore_rpc.cli`` (which imports it).
+``mqstore_cli.main`` (which imports it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The argument parser of the ``mqstore`` command line (the commands live in ``mqstore_rpc.cli``)."""
+"""The argument parser of the ``mqstore`` command line (the commands live in ``mqstore_cli.main``)."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def peers_from_args(args: argparse.Namespace, env=os.environ) -> Peers:
 
 
 def build_parser(commands: ModuleType) -> argparse.ArgumentParser:
-    """``commands`` is the module holding the ``cmd_*`` functions (mqstore_rpc.cli)."""
+    """``commands`` is the module holding the ``cmd_*`` functions (mqstore_cli.main)."""
     parser = argparse.ArgumentParser(prog="mqstore", description="mqstore command line (talks gRPC to CommitLog)")
     parser.add_argument("--address", default=os.environ.get("MQSTORE_ADDRESS", DEFAULT_ADDRESS),
                         help=f"CommitLog host:port (env MQSTORE_ADDRESS, default {DEFAULT_ADDRESS})")

@@ -1,4 +1,4 @@
-"""The Index service's commands of the ``mqstore`` command line (registered by ``mqstore_rpc.cli``).
+"""The Index service's commands of the ``mqstore`` command line (registered by ``mqstore_cli.main``).
 
     mqstore query key demo order-42 [--begin-ms MS] [--end-ms MS] [--max N] [--messages] [--all]
     mqstore query id demo 7F0000017A2B18B4AAC25E4A7E210000 [--messages]
@@ -10,7 +10,7 @@
 and, when there is more, ``next page: <token>`` on stderr (pass it back with ``--page-token``);
 ``--all`` follows the tokens to the end (at most ``--max-pages`` pages).
 
-This module is imported by ``mqstore_rpc.cli`` and must not import it back (the time and JSON helpers
+This module is imported by ``mqstore_cli.main`` and must not import it back (the time and JSON helpers
 it needs come through the ``cli`` object at run time).
 """
 
