@@ -345,6 +345,14 @@ class Coordinator:
         return out
 
     # ---- Commit / Rollback ----------------------------------------------------------------------------
+    def decide(self, txn_id: str, decision: str) -> None:
+        """A producer's check answer (mqstore.txn.checkback), applied as its Commit or Rollback would be (by
+        "check-back"); a rollback does not wait for its OP record (nobody waits for the answer's outcome)."""
+        if decision == "COMMIT":
+            self.commit(txn_id, by="check-back")
+        else:
+            self.rollback(txn_id, by="check-back", wait_durable=False)
+
     def commit(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
         """``wait_durable`` False: a Commit of a rolled-back transaction is refused at once, not once the
         rollback's OP record is written (a one-way end: nobody hears the refusal, and its thread may be

@@ -31,10 +31,11 @@ from __future__ import annotations
 from typing import Callable, Iterator, Protocol, Sequence
 
 from mqstore import transactions as tx
+from mqstore.errors import DataLoss
 from mqstore.follow import TailStream
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import (TAIL_AT_OFFSET, TAIL_EARLIEST, AppendResult, MessageIn, MessageLookup, StoreInfo,
-                           TailFrame, TopicRecord)
+                           StoredMessage, TailFrame, TopicRecord)
 from mqstore.store import MAX_GET_MESSAGES
 from mqstore.topics import OWNER_TRANSACTION
 
@@ -76,6 +77,16 @@ class TxnLog(Protocol):
         """The follower's stream (mqstore.follow.TailSource): records of FOLLOWED_TOPICS and every COMMIT
         record, retention held below its start as HOLD_NAME, linger as configured."""
         ...
+
+
+def read_halves(txn_log: TxnLog, offsets: list[int]) -> list[StoredMessage]:
+    """The half messages at ``offsets`` (the checker's); one that cannot be read is DataLoss."""
+    out = []
+    for offset, lookup in zip(offsets, txn_log.get_messages_batch(offsets), strict=True):
+        if lookup.message is None:
+            raise DataLoss(f"half message at physical offset {offset} cannot be read: {lookup.missing}")
+        out.append(lookup.message)
+    return out
 
 
 class WriteGate(Protocol):

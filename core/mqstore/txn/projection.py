@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import structlog
 
 from mqstore import transactions as tx
+from mqstore.follow import FollowConfig, Follower, GapPolicy, TailSource
 from mqstore.format import record, record_reader
 from mqstore.model import TailFrame
 
@@ -31,6 +32,13 @@ from .opbatch import parse_body
 from .table import BY_LOG, COMMIT, COMMITTED, OPEN, PARK, PARKED, PREPARING, ROLLED_BACK, Half, Txn, TxnTable
 
 log = structlog.get_logger("mqstore.txn.projection")
+
+
+def txn_follower(table: TxnTable, source: TailSource, config: FollowConfig) -> Follower:
+    """The table's follower. GapPolicy.STOP: records retention deleted before they were applied cannot be
+    rebuilt (a COMMIT record missed would let a transaction be committed twice), so the follower stays and
+    reports it."""
+    return Follower("txn-follower", source, TxnProjection(table), config, gap_policy=GapPolicy.STOP)
 
 
 class Damaged:

@@ -37,11 +37,12 @@ from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
 from mqstore.txn.config import TxnConfig
 from mqstore.txn.log import HOLD_NAME
+from mqstore.txn.projection import txn_follower
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
-from mqstore_rpc.txn.composition import compose_txn, server_threads, txn_follower
+from mqstore_rpc.txn.composition import compose_txn, server_threads
 from mqstore_rpc.txn.remote_log import RemoteTxnLog
 from mqstore_rpc.txn.servicer import SERVICE_NAME
 

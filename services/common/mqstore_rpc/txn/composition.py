@@ -19,10 +19,10 @@ import structlog
 from mqstore import fs, transactions as tx
 from mqstore.background import Duty
 from mqstore.clock import Clock
-from mqstore.errors import DataLoss, InvalidArgument
-from mqstore.follow import FollowConfig, Follower, GapPolicy
+from mqstore.errors import InvalidArgument
+from mqstore.follow import FollowConfig
 from mqstore.meta.txn_audit import AuditTrail
-from mqstore.model import MessageIn, StoredMessage
+from mqstore.model import MessageIn
 from mqstore.txn.appender import AppendBatcher, AppendCounts, DirectAppender, LoopAppendBatcher
 from mqstore.txn.cache import HalfCache
 from mqstore.txn.checkback import CheckBack, CheckHub
@@ -30,12 +30,12 @@ from mqstore.txn.checker import Checker
 from mqstore.txn.config import TxnConfig
 from mqstore.txn.coordinator import Coordinator
 from mqstore.txn.indoubt import InDoubt
-from mqstore.txn.log import LocalTxnLog, StoreLike, TxnLog
+from mqstore.txn.log import LocalTxnLog, StoreLike, TxnLog, read_halves
 from mqstore.txn.onloop import LoopCalls, PortIo, inline_append
 from mqstore.txn.opbatch import OpBatcher
 from mqstore.txn.operations import Operations
 from mqstore.txn.persist import Checkpointer
-from mqstore.txn.projection import TxnProjection
+from mqstore.txn.projection import txn_follower
 from mqstore.txn.table import TxnTable
 from mqstore.txn.transact import TransactStreams
 
@@ -154,7 +154,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     checker = add_duty(Checker(cfg, table, hub, clock, lambda offsets: read_halves(txn_log, offsets),
                                      lambda topic, messages: appender.append(topic, messages), in_doubt.add))
     add_duty(checkpointer)
-    checkback = CheckBack(hub, checker, lambda txn_id, decision: decide(coordinator, txn_id, decision),
+    checkback = CheckBack(hub, checker, coordinator.decide,
                           max_streams=cfg.max_check_streams, answer_workers=cfg.check_answer_workers,
                           max_queued_answers=cfg.check_answer_queue)
     checkback.start()
@@ -193,26 +193,3 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
 def _never() -> bool:
     return False
 
-
-def txn_follower(table: TxnTable, source, config: FollowConfig) -> Follower:
-    """GapPolicy.STOP: records retention deleted before they were applied cannot be rebuilt (a COMMIT record
-    missed would let a transaction be committed twice), so the follower stays and reports it."""
-    return Follower("txn-follower", source, TxnProjection(table), config, gap_policy=GapPolicy.STOP)
-
-
-def decide(coordinator: Coordinator, txn_id: str, decision: str) -> None:
-    """A producer's check answer, applied as its Commit or Rollback would be (by "check-back"); a rollback
-    does not wait for its OP record (nobody waits for the answer's outcome)."""
-    if decision == "COMMIT":
-        coordinator.commit(txn_id, by="check-back")
-    else:
-        coordinator.rollback(txn_id, by="check-back", wait_durable=False)
-
-
-def read_halves(txn_log: TxnLog, offsets: list[int]) -> list[StoredMessage]:
-    out = []
-    for offset, lookup in zip(offsets, txn_log.get_messages_batch(offsets), strict=True):
-        if lookup.message is None:
-            raise DataLoss(f"half message at physical offset {offset} cannot be read: {lookup.missing}")
-        out.append(lookup.message)
-    return out
