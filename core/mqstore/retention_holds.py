@@ -8,7 +8,7 @@ lowest hold. A hold may have a floor, below which it keeps nothing: the compacto
 from max(its hold, lowest start_physical_offset of the COMPACTION topics), and not at all while there is
 no COMPACTION topic (MessageStore.delete_expired_segments). So a deleted topic's hold goes with it: a
 compactor away while its topics were deleted keeps no log for them, and meets a gap that it may skip
-(compactor_service.projection: the gap can hold no record it needs). Other holds (the Transaction
+(mqstore.compaction.projection: the gap can hold no record it needs). Other holds (the Transaction
 service's) have no floor.
 
 Who may hold, and for how long (a hold stops retention of the whole log, so it is an operator's tool):

@@ -10,4 +10,5 @@ The compaction key itself is mqstore.message_keys (the commit log routes by it; 
   policy.py       settings, triggers (dirty ratio, min/max lag), tombstone retention, quarantine backoff
   store.py        every queue's log under one directory; rounds per queue, quarantine
   reads.py        compacted Pull, GetLatest, Scan, offsets of compacted queues
+  projection.py   Tail frames -> compaction logs: the follower's projection, its checkpoint and gap policy
 """

@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 from mqstore.clock import SystemClock
 from mqstore.compaction.policy import CompactionConfig
+from mqstore.compaction.projection import CompactionProjection, compactor_follower
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
@@ -34,7 +35,7 @@ from mqstore_rpc.server import ManagedServer, ServerConfig
 
 from .api import CompactorApi, RoundDuty, ServiceStats
 from .replica import ReplicaDuty
-from .projection import CompactionProjection, HoldingSource, compactor_follower
+from .tail import HoldingSource
 from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
 from . import spark_runner
 

@@ -8,7 +8,7 @@ records, holes and all) until the primary has nothing newer, appending each reco
 same bytes; the replica's append rewrites only PHYSICALOFFSET, to its own position). The replica's
 own rounds compact what it holds. The primary being away is a disconnection, retried with backoff.
 
-A topic deleted on the primary (its DELETED event, see compactor_service.projection) is no longer
+A topic deleted on the primary (its DELETED event, see mqstore.compaction.projection) is no longer
 listed: the replica drops its copy. One deleted and created again is listed with another
 ``topic_start_physical_offset``: the replica drops its copy of the older topic and copies the new one
 from offset 0 (CompactionStore.append of a record of the newer topic would too).

@@ -1,6 +1,7 @@
-"""The compactor's projection: compaction topics only, idempotent replays, a durable checkpoint as the
-resume point, a hold on the commit log's retention, a gap that stops it (never skipped), and a deleted
-topic: its DELETED event drops its logs, and records below a topic's start are not the topic's."""
+"""The compactor's projection (mqstore.compaction.projection): compaction topics only, idempotent replays, a
+durable checkpoint as the resume point, a gap that stops it (never skipped unless it can hold no record of
+a compaction topic), and a deleted topic: its DELETED event drops its logs, and records below a topic's
+start are not the topic's. The hold on the commit log's retention: tests/unit/compactor/test_tail.py."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import threading
 
 import pytest
 
-from compactor_service.projection import CHECKPOINT, CompactionProjection, HoldingSource, compactor_follower
 from mqstore.clock import FakeClock
 from mqstore.compaction.policy import CompactionConfig
+from mqstore.compaction.projection import CHECKPOINT, CompactionProjection, compactor_follower
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import DataLoss, OutOfRange
 from mqstore.follow import FollowConfig, GapPolicy
@@ -67,18 +68,17 @@ def test_the_follower_stops_at_a_gap_and_holds_retention(tmp_path):
     calls = []
 
     class GoneLog:  # retention deleted [500, 4096) before the compactor applied it
-        def tail(self, start, *, max_frame_bytes, heartbeat_ms, hold_retention_as=""):
-            calls.append((start, hold_retention_as))
+        def tail(self, start, *, max_frame_bytes, heartbeat_ms):
+            calls.append(start)
             raise OutOfRange("gone", min_value=4096, max_value=9000)
 
-    follower = compactor_follower(projection, HoldingSource(GoneLog()), FollowConfig(backoff_initial_ms=5,
-                                                                                     backoff_max_ms=20))
+    follower = compactor_follower(projection, GoneLog(), FollowConfig(backoff_initial_ms=5, backoff_max_ms=20))
     assert follower.gap_policy is GapPolicy.STOP
     follower.start()
     try:
         wait_until(lambda: follower.state().gap is not None, "the follower to stop at the gap")
         assert "cannot be rebuilt" in follower.problem()
-        assert projection.resume_offset() == 500 and calls[0] == (500, "compactor")
+        assert projection.resume_offset() == 500 and calls[0] == 500
     finally:
         follower.stop()
         store.close()
@@ -147,14 +147,13 @@ def test_a_gap_holding_no_compaction_record_is_skipped_and_the_deleted_topics_dr
             self.cancelled.set()
 
     class ShortLog:
-        def tail(self, start, *, max_frame_bytes, heartbeat_ms, hold_retention_as=""):
+        def tail(self, start, *, max_frame_bytes, heartbeat_ms):
             opened.append(start)
             if start < 4096:
                 raise OutOfRange("gone", min_value=4096, max_value=9000)
             return Stream([TailFrame(_kv("c", b"new", 0, 5000), 1, 5500, 9000)] if start < 5500 else [])
 
-    follower = compactor_follower(projection, HoldingSource(ShortLog()), FollowConfig(backoff_initial_ms=5,
-                                                                                      backoff_max_ms=20))
+    follower = compactor_follower(projection, ShortLog(), FollowConfig(backoff_initial_ms=5, backoff_max_ms=20))
     follower.start()
     try:
         wait_until(lambda: projection.stats()[1] == 2, "the follower to go on after the gap")

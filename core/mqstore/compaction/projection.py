@@ -1,16 +1,16 @@
 """The compactor's side of the Tail follower (mqstore.follow): Tail frames -> compaction logs.
 
 Gap policy STOP: a compaction log is durable data (once the commit log has expired a segment it is the
-only copy of those keys), so when retention deleted records before they were applied the follower
-stays there, health turns NOT_SERVING and Stats says why; it never skips a record it may need. The
-commit log is asked to hold retention below the stream's start (TailRequest.hold_retention_as,
-:class:`HoldingSource`), so a gap needs the compactor to be away longer than the log's
-retention_hold_max_ms, with one exception: the hold protects compaction data only, not below the
-COMPACTION topics' starts (none while there is none), so a compactor away while topics were deleted may
-meet a gap with nothing of its own in it. :meth:`CompactionProjection.gap_skippable` tells: when every
-COMPACTION topic now starts at or above the gap's end, the gap held no record of any of them, and every
-log the compactor holds is of a topic deleted since (its records lie below the gap, so below any
-start): those logs are dropped and the gap is skipped.
+only copy of those keys), so when retention deleted records before they were applied the follower stays
+there, health turns NOT_SERVING and Stats says why; it never skips a record it may need. The commit log
+is asked to hold retention below the stream's start (TailRequest.hold_retention_as as HOLD_NAME: the
+service's Tail source, compactor_service.tail.HoldingSource), so a gap needs the compactor to be away
+longer than the log's retention_hold_max_ms, with one exception: the hold protects compaction data only,
+not below the COMPACTION topics' starts (none while there is none), so a compactor away while topics were
+deleted may meet a gap with nothing of its own in it. :meth:`CompactionProjection.gap_skippable` tells:
+when every COMPACTION topic now starts at or above the gap's end, the gap held no record of any of them,
+and every log the compactor holds is of a topic deleted since (its records lie below the gap, so below
+any start): those logs are dropped and the gap is skipped.
 
 The resume offset is the *durable* checkpoint: every ``checkpoint_interval_ms`` the logs are fsynced and
 then the checkpoint (mqstore.format.follower_checkpoint, magic "MQCM") is replaced. A stream re-opens
@@ -49,27 +49,16 @@ from mqstore import retention_holds
 from mqstore.clock import Clock
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import DataLoss
-from mqstore.follow import FollowConfig, Follower, Gap, GapPolicy
+from mqstore.follow import FollowConfig, Follower, Gap, GapPolicy, TailSource
 from mqstore.format import follower_checkpoint as fcp, topic_event
 from mqstore.format.record import PROPERTY_TAGS
 from mqstore.format.record_reader import RecordError, records
 from mqstore.model import KIND_COMPACTION, TailFrame, TopicRecord
 
-log = structlog.get_logger("compactor_service.projection")
+log = structlog.get_logger("mqstore.compaction.projection")
 THREAD_NAME = "compactor-follower"
 HOLD_NAME = retention_holds.COMPACTOR  # its floor: the COMPACTION topics' lowest start (retention_holds)
 CHECKPOINT = fcp.CheckpointFormat("compactor checkpoint", 0x4D51434D, 1, struct.Struct(">q"))  # records applied
-
-
-class HoldingSource:
-    """A TailSource whose streams hold the commit log's retention (thread-safe: the client is)."""
-
-    def __init__(self, client, name: str = HOLD_NAME):
-        self.client, self.name = client, name
-
-    def tail(self, from_physical_offset, *, max_frame_bytes: int, heartbeat_ms: int):
-        return self.client.tail(from_physical_offset, max_frame_bytes=max_frame_bytes, heartbeat_ms=heartbeat_ms,
-                                hold_retention_as=self.name)
 
 
 class CompactionProjection:
@@ -186,6 +175,8 @@ class CompactionProjection:
             return self._durable, self._applied_records
 
 
-def compactor_follower(projection: CompactionProjection, source, config: FollowConfig) -> Follower:
+def compactor_follower(projection: CompactionProjection, source: TailSource, config: FollowConfig) -> Follower:
+    """The projection's follower: GapPolicy.STOP, a gap skipped only when :meth:`CompactionProjection.
+    gap_skippable` says so (the module docstring)."""
     return Follower(THREAD_NAME, source, projection, config, gap_policy=GapPolicy.STOP,
                     gap_skippable=projection.gap_skippable)
