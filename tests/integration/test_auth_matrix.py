@@ -57,6 +57,7 @@ from tests.integration.test_compactor_service import compactor_config
 from tests.integration.txn_testing import TOKEN, txn_config
 from tests.support.gateway import free_port
 from tests.support.scrape import scrape
+from tests.support.transport import PLAINTEXT, TRANSPORTS, Transport
 from tests.support.waiting import wait_until
 from txn_service.main import serving as txn_serving
 
@@ -100,6 +101,7 @@ class World:
     created: int = 0
     sdk_keys: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # user -> (access, secret key)
     revocable: str = ""                        # an access key RevokeSdkKey may revoke
+    transport: Transport = PLAINTEXT           # how the matrix's calls reach the servers
 
     def fresh(self, prefix: str) -> str:
         self.created += 1
@@ -310,17 +312,22 @@ def _users(admin: AccessAdmin, world: World) -> None:
     admin.create_user("doomed-user", model.NORMAL, _secret_of("doomed-user"))
 
 
-def _auth(url: str, token: str = TOKEN, kek_file: str = "") -> tuple[ServerConfig, Peers]:
-    peers = Peers(None, "service", Secret(token))
+def _auth(url: str, token: str = TOKEN, kek_file: str = "",
+          transport: Transport = PLAINTEXT) -> tuple[ServerConfig, Peers]:
+    """A server's settings with authentication on, served over ``transport``, and how the services call each
+    other (as the internal identity, over the same transport: with the client certificate over mutual TLS)."""
+    peers = Peers(transport.client(), "service", Secret(token))
     auth = AuthConfig(enabled=True, url=Secret(url), refresh_ms=100, internal_token=Secret(token), kek_file=kek_file)
-    return ServerConfig(port=0, grace_s=0.5, metrics_port=0, auth=auth, peers=peers), peers
+    return ServerConfig(port=0, grace_s=0.5, metrics_port=0, auth=auth, peers=peers, tls=transport.server()), peers
 
 
 @contextlib.contextmanager
-def _services(tmp_path: pathlib.Path, **txn_overrides):
-    """``txn_overrides``: the Transaction service's settings, as txn_config's (transaction_timeout_ms, ...)."""
+def _services(tmp_path: pathlib.Path, transport: Transport = PLAINTEXT, **txn_overrides):
+    """``transport``: every server's, the Local gateway port's included (open a client's channel with
+    ``transport.channel(port)``); ``txn_overrides``: the Transaction service's settings, as txn_config's
+    (transaction_timeout_ms, ...)."""
     url = f"sqlite:///{tmp_path / 'auth.db'}"
-    server, peers = _auth(url, kek_file=str(tmp_path / "auth.kek"))
+    server, peers = _auth(url, kek_file=str(tmp_path / "auth.kek"), transport=transport)
     txn_port = free_port()  # the commit log's Local-mode gateway is told it before the service starts
     local_gateway = LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}",
                                        gateway=GatewayConfig(long_poll_min_ms=500, long_poll_max_ms=3000))
@@ -423,13 +430,20 @@ def _signed(access_key: str, secret_key: str, age_s: int = 0) -> tuple:
                                     f"Signature={digest}"), ("x-mq-date-time", date))
 
 
-def test_every_rpc_of_every_service_gets_its_exact_status(tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_rpc_of_every_service_gets_its_exact_status(tmp_path, transport, certs):
+    """Over TLS too: the channel's encryption changes no answer (issue 32's attacks ran over TLS)."""
+    transport = Transport(transport, certs)
     # Every event of every level, as the JSON renderer would write it (structlog's capture changes no
     # global configuration that later tests rely on).
     with structlog.testing.capture_logs() as events, \
-            _services(tmp_path) as (url, servers, peers, kek_file, local_port):
+            _services(tmp_path, transport) as (url, servers, peers, kek_file, local_port):
         world = _prepare_world(url, servers, peers, kek_file)
+        world.transport = transport
         world.ports["gateway-local"] = local_port  # its denials are counted in the commit log's metrics
+        if transport.kind != "plaintext":   # every port speaks TLS only, the Local gateway's too
+            assert {name: _plaintext_refused(port) for name, port in world.ports.items()} == \
+                dict.fromkeys(world.ports, True)
         wait_until(lambda: _probe(world), "the services to see the new users (auth_refresh_ms)")
         outcomes, denials = _run_matrix(world)
         scraped = {name: scrape(server.metrics_port) for name, (server, _) in servers.items()}
@@ -451,8 +465,18 @@ def _all_users() -> list[str]:
     return [f"{p}-{a.lower()}" for a in model.ACTIONS for p in ("only", "others")] + ["victim", "doomed-user"]
 
 
+def _plaintext_refused(port: int) -> bool:
+    """A plaintext call to ``port`` fails its connection (a TLS port's handshake): UNAVAILABLE."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=TIMEOUT_S)
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAVAILABLE
+    return False
+
+
 def _probe(world: World) -> bool:
-    with grpc.insecure_channel(f"127.0.0.1:{world.ports['compactor']}") as channel:
+    with world.transport.channel(world.ports["compactor"]) as channel:
         code = _invoke(channel, "/mqstore.v1.Compactor/Stats", CALLS["/mqstore.v1.Compactor/Stats"],
                        kpb.CompactorStatsRequest(), _bearer("only-admin", _secret_of("only-admin")))
     return code == grpc.StatusCode.OK
@@ -467,7 +491,7 @@ def _run_matrix(world: World) -> tuple[dict, int]:
         need = PERMISSIONS[method]
         action = need.action
         lacking = "only-admin" if need.either else f"others-{action.lower()}"  # PUB or SUB: neither of them
-        with grpc.insecure_channel(f"127.0.0.1:{world.ports[server]}") as channel:
+        with world.transport.channel(world.ports[server]) as channel:
             cases = [("no credentials", (), grpc.StatusCode.UNAUTHENTICATED),
                      ("wrong secret", _bearer(f"only-{action.lower()}", WRONG), grpc.StatusCode.UNAUTHENTICATED),
                      ("unknown user", _bearer("nobody", WRONG), grpc.StatusCode.UNAUTHENTICATED),
