@@ -1,8 +1,8 @@
 """Attacks on the gateway's client sessions (issue 32: "Gateway client sessions are keyed by x-mq-client-id
 and not bound to the user; a Telemetry stream whose first command carries no settings is not checked at
 all" and "A user with no rights fills the gateway's client table"), with authentication on, in both
-gateway modes (Cluster: its own server; Local: the commit log's second port), raw apache.rocketmq.v2
-stubs with bearer credentials.
+gateway modes (Cluster: its own server; Local: the commit log's second port), in plaintext and over TLS,
+raw apache.rocketmq.v2 stubs with bearer credentials.
 
 Users: ``victim`` (PUB and SUB on topic ``secret``, SUB on group ``vgroup``), ``pubonly`` (PUB on topic
 ``pubt``), ``noperm`` (no rule), ``flooder`` (PUB on ``pubt``), ``reader`` and ``other`` (SUB on ``pubt``
@@ -40,6 +40,7 @@ from tests.integration.test_auth_matrix import _auth, _bearer, _secret_of
 from tests.integration.test_commitlog_grpc import make_config
 from tests.integration.txn_testing import TOKEN, txn_config
 from tests.support.gateway import MODES, free_port
+from tests.support.transport import TRANSPORTS, Transport
 from tests.support.waiting import wait_until
 from txn_service.main import serving as txn_serving
 
@@ -172,11 +173,11 @@ class Rig:
 
 
 @contextlib.contextmanager
-def _services(tmp, mode: str) -> Iterator[int]:
+def _services(tmp, mode: str, transport: Transport) -> Iterator[int]:
     """The commit log, the Transaction service (checks a transaction open for 1 s) and the gateway in
-    ``mode``, authentication on; yields the gateway's port once the users are seen."""
+    ``mode``, authentication on, every server over ``transport``; yields the gateway's port."""
     url = f"sqlite:///{tmp / 'auth.db'}"
-    server, peers = _auth(url)
+    server, peers = _auth(url, transport=transport)
     txn_port = free_port()
     local = LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}", gateway=GATEWAY) \
         if mode == "local" else None
@@ -208,10 +209,11 @@ def _services(tmp, mode: str) -> Iterator[int]:
         yield port
 
 
-@pytest.fixture(scope="module", params=MODES)
-def rig(request, tmp_path_factory) -> Iterator[Rig]:
-    with _services(tmp_path_factory.mktemp(f"sessions-{request.param}"), request.param) as port, \
-            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+@pytest.fixture(scope="module", params=[(m, t) for t in TRANSPORTS for m in MODES], ids="-".join)
+def rig(request, tmp_path_factory, certs) -> Iterator[Rig]:
+    mode, transport = request.param[0], Transport(request.param[1], certs)
+    with _services(tmp_path_factory.mktemp(f"sessions-{mode}-{transport.kind}"), mode, transport) as port, \
+            transport.channel(port) as channel:
         rig = Rig(service_pb2_grpc.MessagingServiceStub(channel))
 
         def seen() -> bool:

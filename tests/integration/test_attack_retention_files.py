@@ -9,8 +9,8 @@
 * a service's files are its user's only (umask 077: data dir 0700, databases, their WAL, segments 0600),
   and it warns at start when the kek sits in its data directory.
 
-The commit log runs in this process (the retention cases) or as a process of its own (the file cases: the
-umask is the process's).
+The commit log runs in this process (the retention cases, in plaintext and over TLS) or as a process of
+its own (the file cases: the umask is the process's; the transport changes no file).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from tests.integration.test_cli import CLI_TIMEOUT_S, MQSTORE
 from tests.integration.test_commitlog_grpc import make_config
 from tests.integration.txn_testing import TOKEN
 from tests.support.processes import commitlog as commitlog_process
+from tests.support.transport import TRANSPORTS, Transport
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -59,16 +60,18 @@ def _as(user: str) -> tuple:
     return _bearer(user, _secret(user))
 
 
-@pytest.fixture(params=[False, True], ids=["threads", "loop"])
-def log(tmp_path, request):
+@pytest.fixture(params=[(p, t) for t in TRANSPORTS for p in ("threads", "loop")], ids="-".join)
+def log(tmp_path, request, certs):
     """A commit log with auth on, 64 KiB segments and 1 s retention checked every 100 ms, on both kinds of port
-    (main.on_loop); users ``reader`` (SUB on every topic and the cluster) and ``operator`` (also ADMIN)."""
+    (main.on_loop), in plaintext and over TLS; users ``reader`` (SUB on every topic and the cluster) and
+    ``operator`` (also ADMIN). Yields a CommitLog stub, the port and the CLI's environment for it."""
+    transport = Transport(request.param[1], certs)
     url = f"sqlite:///{tmp_path / 'auth.db'}"
-    server, _ = _auth(url, kek_file=str(tmp_path / "auth.kek"))
+    server, _ = _auth(url, kek_file=str(tmp_path / "auth.kek"), transport=transport)
     config = dataclasses.replace(
         make_config(tmp_path / "log", segment_size_bytes=SEGMENT, retention_ms=1000, clean_interval_ms=100,
                     flush_interval_ms=50, retention_hold_grace_ms=GRACE_MS), server=server, internal_token=TOKEN,
-        append_on_loop=request.param)
+        append_on_loop=request.param[0] == "loop")
     store = AuthStore(url, SystemClock())
     try:
         admin = AccessAdmin(store, kek=Kek(tmp_path / "auth.kek", create=True))
@@ -78,11 +81,11 @@ def log(tmp_path, request):
                 admin.add_rule(user, kind, "*", frozenset(actions), model.ALLOW)
     finally:
         store.close()
-    with commitlog_serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with commitlog_serving(config) as (_, port), transport.channel(port) as channel:
         stub = commitlog_pb2_grpc.CommitLogStub(channel)
         stub.CreateTopic(cpb.CreateTopicRequest(name="t", queue_count=1), metadata=SERVICE, timeout=T)
         wait_until(lambda: _answers(stub, OPERATOR), "the server to see the new users (auth_refresh_ms)")
-        yield stub, port
+        yield stub, port, ({"MQSTORE_TLS_CA": str(certs / "ca.pem")} if transport.kind == "tls" else {})
 
 
 def _answers(stub, user: str) -> bool:
@@ -120,7 +123,7 @@ def _tail(stub, metadata, **fields):
 
 
 def test_a_sub_only_users_tail_cannot_hold_retention_and_the_log_is_deleted(log):
-    log, _ = log
+    log, _, _ = log
     _fill(log, 19)
     assert _info(log).segment_count >= 18
     with pytest.raises(grpc.RpcError) as denied:
@@ -139,7 +142,7 @@ def test_a_sub_only_users_tail_cannot_hold_retention_and_the_log_is_deleted(log)
 
 
 def test_an_admins_hold_ends_after_the_grace_and_the_services_outlives_its_stream(log):
-    log, port = log
+    log, port, tls_env = log
     starts = _fill(log, 12)
     kept = starts[6]  # the internal identity holds from here
     backup = _tail(log, _as(OPERATOR), start=cpb.TAIL_START_EARLIEST, hold_retention_as="backup")
@@ -160,8 +163,8 @@ def test_an_admins_hold_ends_after_the_grace_and_the_services_outlives_its_strea
     assert set(_holds(log)) == {"svc"}
     assert _info(log).min_physical_offset == kept - kept % SEGMENT
     shown = subprocess.run([str(MQSTORE), "--address", f"127.0.0.1:{port}", "--user", OPERATOR, "retention-holds"],
-                           env={**os.environ, "MQSTORE_SECRET": _secret(OPERATOR)}, capture_output=True, text=True,
-                           timeout=CLI_TIMEOUT_S, check=True)  # what an operator sees
+                           env={**os.environ, **tls_env, "MQSTORE_SECRET": _secret(OPERATOR)}, capture_output=True,
+                           text=True, timeout=CLI_TIMEOUT_S, check=True)  # what an operator sees
     assert shown.stdout.startswith(f"svc physical_offset={kept} closed at ") and "durable=true" in shown.stdout
 
 

@@ -1,6 +1,6 @@
 """Issue 32, "unambiguous system names": the attacks of its table, run against every service with
 authentication on (the rig of test_auth_matrix: the four services and the gateway in both modes, in this
-process, on one auth database).
+process, on one auth database), in plaintext and over TLS.
 
 * Retry topic names collided: ``%RETRY%{group}_{topic}`` made (``billing_svc``, ``payments``) and
   (``billing``, ``svc_payments``) share one, so a user with SUB on ``svc_payments`` and group ``billing``
@@ -30,6 +30,7 @@ from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, compactor_pb2 as kpb, index_pb2 as ipb, txn_pb2 as tpb
 from mqstore_rpc.gen.mqstore.v1 import consumer_pb2 as ppb
 from tests.integration.test_auth_matrix import _bearer, _services, _stub
+from tests.support.transport import TRANSPORTS, Transport
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -70,15 +71,15 @@ USERS = {
 
 
 class Rig:
-    def __init__(self, servers: dict, peers, local_port: int):
+    def __init__(self, servers: dict, peers, local_port: int, transport: Transport):
         self.ports = {name: port for name, (_, port) in servers.items()}
         self.ports["gateway-local"] = local_port
-        self.peers = peers
+        self.peers, self.transport = peers, transport
         self._channels: dict[str, grpc.Channel] = {}
 
     def channel(self, service: str) -> grpc.Channel:
         if service not in self._channels:
-            self._channels[service] = grpc.insecure_channel(f"127.0.0.1:{self.ports[service]}")
+            self._channels[service] = self.transport.channel(self.ports[service])
         return self._channels[service]
 
     def call(self, service: str, method: str, request, user: str = "", kind: str = "unary", metadata=()):
@@ -105,10 +106,11 @@ def _once(stub, request, kind: str, metadata):
         responses.cancel()
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("attack-system-names")
-    with _services(tmp) as (url, servers, peers, kek_file, local_port):
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def rig(request, tmp_path_factory, certs):
+    tmp = tmp_path_factory.mktemp(f"attack-system-names-{request.param}")
+    transport = Transport(request.param, certs)
+    with _services(tmp, transport) as (url, servers, peers, kek_file, local_port):
         store = AuthStore(url, SystemClock())
         try:
             admin = AccessAdmin(store, kek=Kek(str(kek_file), create=True))
@@ -119,7 +121,7 @@ def rig(tmp_path_factory):
                     admin.add_rule(user, kind, pattern, actions, decision)
         finally:
             store.close()
-        r = Rig(servers, peers, local_port)
+        r = Rig(servers, peers, local_port, transport)
         for name, kind in (("secret", common_pb2.TOPIC_KIND_NORMAL), ("kv", common_pb2.TOPIC_KIND_COMPACTION)):
             r.call("commitlog", "/mqstore.v1.CommitLog/CreateTopic",
                    cpb.CreateTopicRequest(name=name, queue_count=1, kind=kind))

@@ -7,7 +7,8 @@ The users are the issue's: ``pubonly`` PUB on topic ``pubt``; ``grp`` PUB on eve
 ``A``; the victim ``bob`` PUB and SUB on topic ``secret`` and group ``bobpg``. All services run in this
 process with authentication on (test_auth_matrix's rig); the gateway's calls are made to both of its
 deployments, its own server (Cluster mode) and the commit log's second port (Local mode), which share
-the one Transaction service.
+the one Transaction service. The rig runs in plaintext and over TLS (every server, the services calling
+each other over it too).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d, service_pb2 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb, commitlog_pb2_grpc, common_pb2, txn_pb2 as tpb
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2_grpc
 from tests.integration.test_auth_matrix import _bearer, _secret_of, _services
+from tests.support.transport import TRANSPORTS, Transport
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -70,12 +72,18 @@ class Rig:
         return tpb.TransactionState.Name(self.show(txn_id).state)
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory) -> Iterator[Rig]:
-    tmp = tmp_path_factory.mktemp("attack-txn")
-    with _services(tmp, **TXN_SETTINGS) as (url, servers, peers, kek_file, local_port), \
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def rig(request, tmp_path_factory, certs) -> Iterator[Rig]:
+    with serving(tmp_path_factory.mktemp(f"attack-txn-{request.param}"), Transport(request.param, certs)) as r:
+        yield r
+
+
+@contextlib.contextmanager
+def serving(tmp, transport: Transport) -> Iterator[Rig]:
+    """The services over ``transport``, the users of _rules and the topics made; yields once the users are seen."""
+    with _services(tmp, transport, **TXN_SETTINGS) as (url, servers, peers, kek_file, local_port), \
             contextlib.ExitStack() as stack:
-        ports = {name: port for name, (_, port) in servers.items()}
+        ports = {name: port for name, (_, port) in servers.items()} | {"gateway-local": local_port}
         service = stack.enter_context(peers.channel(f"127.0.0.1:{ports['commitlog']}"))
         log = commitlog_pb2_grpc.CommitLogStub(service)
         for topic in (PUBT, A, SECRET):
@@ -85,8 +93,9 @@ def rig(tmp_path_factory) -> Iterator[Rig]:
             _rules(AccessAdmin(store, kek=Kek(kek_file, create=True)))
         finally:
             store.close()
-        channels = {name: stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{port}"))
-                    for name, port in (("txn", ports["txn"]), ("cluster", ports["gateway"]), ("local", local_port))}
+        channels = {name: stack.enter_context(transport.channel(port))
+                    for name, port in (("txn", ports["txn"]), ("cluster", ports["gateway"]),
+                                       ("local", ports["gateway-local"]))}
         r = Rig(ports, stack.enter_context(peers.channel(f"127.0.0.1:{ports['txn']}")), channels)
         wait_until(lambda: not r.admin_txn.Stats(tpb.TxnStatsRequest(), timeout=TIMEOUT_S).recovering,
                    "the Transaction service to recover")
