@@ -90,9 +90,9 @@ $(NODE_STAMP): $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 # Starts every service on 127.0.0.1 with data under ./data and SQLite metadata; Ctrl-C stops them.
 # It installs only what running needs (setup-run). RUN_ARGS go to the launcher, for example
 # RUN_ARGS="--commitlog-port 61051 --index-port 61052 --txn-port 61053 --compactor-port 61054"
-# (python -m mqstore_rpc.launcher --help lists them).
+# (python -m mqstore_launcher --help lists them).
 run: setup-run
-	$(PY) -m mqstore_rpc.launcher --data-dir ./data $(RUN_ARGS)
+	$(PY) -m mqstore_launcher --data-dir ./data $(RUN_ARGS)
 
 # etcd for the replication tests and `make run-ha`: Debian's etcd-server (3.4.23 in bookworm) when no etcd
 # is on PATH. Needs root (CI and the dev machines are); without it the HA tests skip and say why.
@@ -103,12 +103,12 @@ setup-ha:
 
 # Three CommitLog replicas (automatic failover through a throwaway etcd) and the other services on 127.0.0.1.
 run-ha: setup-run setup-ha
-	$(PY) -m mqstore_rpc.launcher --data-dir ./data-ha --ha
+	$(PY) -m mqstore_launcher --data-dir ./data-ha --ha
 
 # The same with TLS everywhere: a throwaway CA and certificates in ./data/tls (openssl); clients trust
 # data/tls/ca.pem (grpcurl -cacert, mqstore --tls-ca / MQSTORE_TLS_CA). MQSTORE_AUTH=on adds authentication.
 run-tls: setup-run
-	$(PY) -m mqstore_rpc.launcher --data-dir ./data --tls $(RUN_ARGS)
+	$(PY) -m mqstore_launcher --data-dir ./data --tls $(RUN_ARGS)
 
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests

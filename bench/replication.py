@@ -32,7 +32,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 from procs import BenchError, GrpcServer, git_rev, kill9, run_loadgen, stop_all  # noqa: E402
 
-from mqstore_rpc import etcd_local  # noqa: E402
+from mqstore_launcher import etcd_local  # noqa: E402
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb  # noqa: E402
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc  # noqa: E402
 

@@ -8,6 +8,9 @@
 - ``mqstore_cli`` (``services/cli/``, the ``mqstore`` command line) is a client: it talks to the services
   through their stubs and imports no service package.
 - No service package imports another service package (they talk through gRPC stubs only).
+- ``mqstore_launcher`` (``services/launcher/``) is the composition root above the services: the only package
+  that may import more than one service package, and none of core, the shared glue, the command line, a
+  service or the Spark job imports it.
 - ``services/<name>/`` holds composition (``main``), the servicer and adapters to other services and
   processes; the domain of a feature (its state machine, its formats' use) is ``core/mqstore/<feature>/``
   (index, txn, compaction), so it is covered by the first rule.
@@ -30,6 +33,7 @@ CORE = ROOT / "core" / "mqstore"
 SERVICES = ROOT / "services"
 SHARED = SERVICES / "common" / "mqstore_rpc"
 CLI = SERVICES / "cli" / "mqstore_cli"
+LAUNCHER = SERVICES / "launcher" / "mqstore_launcher"
 META = CORE / "meta"
 SPARK = ROOT / "spark" / "mqstore_spark"
 BENCH = ROOT / "bench"
@@ -39,12 +43,12 @@ FORBIDDEN_IN_CORE = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools", "go
 
 
 def service_packages() -> dict[str, pathlib.Path]:
-    """Every package directly under services/<service>/ except the shared one and the command line:
-    name -> directory."""
+    """Every package directly under services/<service>/ except the shared one, the command line and the
+    launcher: name -> directory."""
     found = {}
     for init in sorted(SERVICES.glob("*/*/__init__.py")):
         package = init.parent
-        if package not in (SHARED, CLI):
+        if package not in (SHARED, CLI, LAUNCHER):
             found[package.name] = package
     return found
 
@@ -144,7 +148,19 @@ def test_shared_glue_imports_no_service():
 
 def test_the_command_line_imports_no_service():
     assert (CLI / "main.py").is_file()
-    assert violations(CLI, (*service_packages(), "sqlalchemy")) == []
+    assert violations(CLI, (*service_packages(), "sqlalchemy", LAUNCHER.name)) == []
+
+
+def test_only_the_launcher_imports_more_than_one_service():
+    services = service_packages()
+    below = {**services, SHARED.name: SHARED, CLI.name: CLI, "core": CORE, "spark": SPARK}
+    for name, package in below.items():
+        imported = {other for path in package.rglob("*.py") for _, module in imports_of(path, package)
+                    for other in services if _matches(module, other)}
+        assert imported <= {name}, f"{package.relative_to(ROOT)} imports {sorted(imported - {name})}"
+        assert violations(package, (LAUNCHER.name,)) == []
+    assert (LAUNCHER / "__init__.py").is_file()
+    assert violations(LAUNCHER, ("sqlalchemy",)) == []
 
 
 @pytest.mark.parametrize("service", sorted(service_packages()))

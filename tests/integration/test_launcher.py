@@ -1,4 +1,4 @@
-"""``make run``'s launcher (python -m mqstore_rpc.launcher) starting real services: a port that cannot be
+"""``make run``'s launcher (python -m mqstore_launcher) starting real services: a port that cannot be
 bound stops it before anything starts; a child that fails to start is named with its last log lines,
 the others are stopped and "mqstore is running" is never printed; a server of someone else on a child's
 port is not taken for the child. (The launcher that works: tests/integration/test_readme.py.)"""
@@ -18,8 +18,8 @@ from concurrent import futures
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from mqstore_rpc import launcher
-from mqstore_rpc.launcher_child import Child, StartFailed, free_port, port_problems
+from mqstore_launcher import launcher
+from mqstore_launcher.child import Child, StartFailed, free_port, port_problems
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -29,7 +29,7 @@ STARTED = re.compile(r"^starting (\w+) on 127\.0\.0\.1:(\d+) \(pid (\d+)\)$", re
 
 
 def run_launcher(data_dir: pathlib.Path, ports: dict[str, int], env: dict[str, str] | None = None):
-    command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir)]
+    command = [sys.executable, "-m", "mqstore_launcher", "--data-dir", str(data_dir)]
     for name, port in ports.items():
         command += [f"--{name}-port", str(port)]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LAUNCHER_TIMEOUT_S,

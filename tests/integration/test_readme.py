@@ -1,6 +1,6 @@
 """The README's examples, and those of the ``make run`` banner, run as written against real services.
 
-The services are started the way ``make run`` starts them (``python -m mqstore_rpc.launcher`` with a
+The services are started the way ``make run`` starts them (``python -m mqstore_launcher`` with a
 temporary data dir), on free ports of 127.0.0.1. The test reads every ```sh block of README.md that
 follows a ``<!-- runnable`` comment and runs its commands in order, each in ``bash`` from the
 repository's root, and checks that each exits 0. Only what must differ is substituted:
@@ -221,12 +221,12 @@ class Shell:
 
 
 class Launcher:
-    """``python -m mqstore_rpc.launcher`` as ``make run`` runs it, every service on a free port; stdout read
+    """``python -m mqstore_launcher`` as ``make run`` runs it, every service on a free port; stdout read
     by a thread, stderr (the services' logs) into a file."""
 
     def __init__(self, data_dir: pathlib.Path, ports: dict[str, int], log_path: pathlib.Path,
                  extra_args: tuple[str, ...] = ()):
-        command = [sys.executable, "-m", "mqstore_rpc.launcher", "--data-dir", str(data_dir), *extra_args]
+        command = [sys.executable, "-m", "mqstore_launcher", "--data-dir", str(data_dir), *extra_args]
         for name, port in ports.items():
             command += [f"--{name}-port", str(port)]
         self.log_path = log_path

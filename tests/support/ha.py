@@ -1,4 +1,4 @@
-"""A replication group of real CommitLog processes on 127.0.0.1 with a throwaway etcd (mqstore_rpc.etcd_local),
+"""A replication group of real CommitLog processes on 127.0.0.1 with a throwaway etcd (mqstore_launcher.etcd_local),
 for the failover tests: start, kill -9, restart nodes; find the leader; append and read through it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from mqstore_rpc import etcd_local
+from mqstore_launcher import etcd_local
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, replication_pb2, replication_pb2_grpc
 from tests.support.processes import ServiceProcess, commitlog

@@ -36,7 +36,7 @@ LAST_LINES = 20
 MiB = 1024 * 1024
 
 # Per module: 16 MiB commit log segments (a 4 MiB body still fits one) created 4 MiB ahead of the
-# writer instead of 64 MiB; the rest as mqstore_rpc.launcher gives make run: consume queue files of
+# writer instead of 64 MiB; the rest as mqstore_launcher gives make run: consume queue files of
 # 50,000 entries (1 MB), index files of 100,000 slots and 400,000 entries (8.4 MB), compaction log
 # segments of 8 MiB.
 SMALL_FILES: dict[str, dict[str, str]] = {

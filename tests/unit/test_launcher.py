@@ -1,4 +1,4 @@
-"""The launcher's table of services (mqstore_rpc.launcher.SERVICES): each row gives a process command, a
+"""The launcher's table of services (mqstore_launcher.launcher.SERVICES): each row gives a process command, a
 --<name>-port flag, the --commitlog address for the services that follow the log, and banner lines; the
 smaller file sizes of a data dir that ``make run`` creates. (Starting, ports and failures:
 tests/integration/test_launcher.py.)"""
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from mqstore_rpc import launcher
+from mqstore_launcher import launcher
+from mqstore_launcher import main as launcher_main
 
 
 def test_each_row_gives_its_command_with_the_ports_asked_for():
@@ -31,7 +32,7 @@ def test_each_row_gives_its_command_with_the_ports_asked_for():
 def test_every_row_has_a_port_flag(monkeypatch):
     seen = {}
     monkeypatch.setattr(launcher, "run", lambda data_dir, ports: seen.update(ports) or 0)
-    assert launcher.main(["--data-dir", "/tmp/x", "--index-port", "6002"]) == 0
+    assert launcher_main.main(["--data-dir", "/tmp/x", "--index-port", "6002"]) == 0
     assert seen == {"commitlog": 50051, "index": 6002, "txn": 50053, "compactor": 50054, "gateway": 8081}
 
 

@@ -35,7 +35,7 @@ log = structlog.get_logger("mqstore_rpc.files")
 
 UMASK = 0o077
 DIR_MODE = 0o700
-# Secrets found by name in a directory looked in: what `make run` (mqstore_rpc.launcher) and
+# Secrets found by name in a directory looked in: what `make run` (mqstore_launcher) and
 # mqstore_rpc.tls_certs write there.
 KNOWN_SECRETS = (("auth_kek", "auth.kek"), ("internal_token", "internal-token"), ("tls_ca_key", "tls/ca.key"),
                  ("tls_ca_key", "ca.key"))

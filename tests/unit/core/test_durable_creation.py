@@ -12,7 +12,7 @@ from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.store import CompactionStore
 from mqstore.index.store import IndexStore
 from mqstore.index.tier import DirectoryTier
-from mqstore_rpc import launcher
+from mqstore_launcher import launcher
 from tests.support import powercut
 from tests.support.compaction import BASE_MS, put
 from tests.unit.index.index_testing import record, tiny_config

@@ -1,4 +1,4 @@
-"""The processes of ``make run`` (mqstore_rpc.launcher): checking ports before anything starts, and
+"""The processes of ``make run`` (mqstore_launcher.launcher): checking ports before anything starts, and
 knowing that the server answering on a port is the child the launcher started.
 
 A port's answer alone proves nothing: another program (another ``make run``, someone's server) may hold

@@ -1,4 +1,4 @@
-"""``python -m mqstore_rpc.launcher --data-dir ./data``: every service on loopback, for ``make run``.
+"""``python -m mqstore_launcher --data-dir ./data``: every service on loopback, for ``make run``.
 
 Before starting anything it checks that each service's port can be bound on 127.0.0.1; if one cannot,
 it names the port, the service and the flag that moves it (``--commitlog-port``, ``--index-port``,
@@ -6,7 +6,7 @@ it names the port, the service and the flag that moves it (``--commitlog-port``,
 Then it starts the commit log, and once that serves, the services that follow it, each as a child
 process in its own session (so Ctrl-C reaches only the launcher). A child counts as running only when
 it has logged ``server.started`` with its own pid and port and answers gRPC health SERVING for its own
-service (mqstore_rpc.launcher_child: a server of someone else on the port does not count). If any child
+service (mqstore_launcher.child: a server of someone else on the port does not count). If any child
 fails to start, the launcher prints which one and its last log lines, stops the others and exits 1;
 "mqstore is running" is printed only once every child serves. Then it creates the ``demo`` topic if
 missing and prints the endpoints, the disk the store takes, and examples that work as printed in
@@ -35,7 +35,6 @@ as ``service`` with the internal token, as the launcher does for its own calls.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import pathlib
@@ -51,13 +50,14 @@ import grpc
 from mqstore.format import segment_name
 
 from mqstore import fs
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
-from mqstore_rpc.launcher_child import HOST, Child, StartFailed, port_problems
 from mqstore_rpc import private_files
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.secret import Secret
 from mqstore_rpc.tls import client_tls
 from mqstore_rpc.tls_certs import make_ca
+
+from mqstore_launcher.child import HOST, Child, StartFailed, port_problems
 
 READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
 DEMO_TOPIC = "demo"
@@ -405,37 +405,3 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
     out.write("stopped\n")
     out.flush()
     return status
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mqstore_rpc.launcher", description="run every mqstore service locally "
-                                     "(make run; RUN_ARGS=\"...\" passes these options)")
-    parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"),
-                        help="where every service keeps its files (default ./data)")
-    for entry in SERVICES:
-        parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
-                            metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
-    parser.add_argument("--tls", action="store_true", help="TLS everywhere, with a throwaway CA in <data-dir>/tls")
-    parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
-    parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
-                        "through a throwaway etcd, and the other services (mqstore_rpc.launcher_ha; make run-ha)")
-    args = parser.parse_args(argv)
-    private_files.private_umask()  # what it makes (the data dir, the token, tls/) is its user's only, as the services
-    if args.ha:
-        from mqstore_rpc import launcher_ha  # only this mode needs etcd
-        return launcher_ha.run(args.data_dir.resolve(), tls=args.tls, auth=args.auth)
-    ports = {entry.name: getattr(args, entry.name) for entry in SERVICES}
-    if args.tls or args.auth:
-        return run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)
-    return run(args.data_dir.resolve(), ports)
-
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"a port is 1..65535, not {port}")  # 0 would hide the address
-    return port
-
-
-if __name__ == "__main__":
-    sys.exit(main())

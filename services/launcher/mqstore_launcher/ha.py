@@ -1,6 +1,6 @@
-"""``python -m mqstore_rpc.launcher --ha --data-dir ./data-ha`` (``make run-ha``): the launcher's HA mode.
+"""``python -m mqstore_launcher --ha --data-dir ./data-ha`` (``make run-ha``): the launcher's HA mode.
 
-Starts a throwaway etcd on free 127.0.0.1 ports (mqstore_rpc.etcd_local; its data under
+Starts a throwaway etcd on free 127.0.0.1 ports (mqstore_launcher.etcd_local; its data under
 ``<data-dir>/etcd``), three CommitLog nodes n1, n2, n3 on 50051, 50061, 50071 (automatic failover through
 that etcd; SYNC replication with min_insync_replicas 2 by default; topic metadata in one SQLite file they
 share, ``<data-dir>/metadata.db``: on one machine that is the shared database PostgreSQL is in a real
@@ -21,9 +21,11 @@ import time
 import grpc
 
 from mqstore import fs
-from mqstore_rpc import etcd_local, launcher, launcher_child
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
+
+from mqstore_launcher import child as launcher_child
+from mqstore_launcher import etcd_local, launcher
 
 NODES = (("n1", 50051), ("n2", 50061), ("n3", 50071))
 LEADER_TIMEOUT_S = 60.0

@@ -1,0 +1,47 @@
+"""``python -m mqstore_launcher`` (``make run``, ``make run-ha``, ``make run-tls``): its options, then the
+launcher of every service on loopback (:mod:`mqstore_launcher.launcher`) or, with ``--ha``, its HA mode
+(:mod:`mqstore_launcher.ha`, which builds on the first; neither imports this module)."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from mqstore_rpc import private_files
+
+from mqstore_launcher import launcher
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mqstore_launcher", description="run every mqstore service locally "
+                                     "(make run; RUN_ARGS=\"...\" passes these options)")
+    parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"),
+                        help="where every service keeps its files (default ./data)")
+    for entry in launcher.SERVICES:
+        parser.add_argument(f"--{entry.name}-port", dest=entry.name, type=_port, default=entry.default_port,
+                            metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
+    parser.add_argument("--tls", action="store_true", help="TLS everywhere, with a throwaway CA in <data-dir>/tls")
+    parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
+    parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
+                        "through a throwaway etcd, and the other services (mqstore_launcher.ha; make run-ha)")
+    args = parser.parse_args(argv)
+    private_files.private_umask()  # what it makes (the data dir, the token, tls/) is its user's only, as the services
+    if args.ha:
+        from mqstore_launcher import ha  # only this mode needs etcd
+        return ha.run(args.data_dir.resolve(), tls=args.tls, auth=args.auth)
+    ports = {entry.name: getattr(args, entry.name) for entry in launcher.SERVICES}
+    if args.tls or args.auth:
+        return launcher.run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)
+    return launcher.run(args.data_dir.resolve(), ports)
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 1..65535, not {port}")  # 0 would hide the address
+    return port
+
+
+if __name__ == "__main__":
+    sys.exit(main())
