@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from mqstore.errors import InvalidArgument
 
+MAX_GET_MESSAGES = 1000  # GetMessages: physical offsets per call (MessageStore.get_messages; its callers chunk by it)
+
 
 def limit(field: str, value: int, *, default: int, maximum: int, minimum: int = 1) -> int:
     """A limit: 0 = ``default``; otherwise clamped into [minimum, maximum]; negative is InvalidArgument."""

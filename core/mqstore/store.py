@@ -39,6 +39,7 @@ from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
                             ResourceExhausted, Unavailable, shown)
 from mqstore.format import checkpoint as cpfmt, record, record_reader, topic_event
+from mqstore.limits import MAX_GET_MESSAGES
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
 from mqstore.log.flush import Flusher
@@ -68,7 +69,6 @@ MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
 MAX_FRAME_BYTES = 4 << 20
 MAX_TAIL_LINGER_MS = 1000  # a Tail's linger_ms is clamped to this
-MAX_GET_MESSAGES = 1000
 MAX_HOLD_NAME = 127  # TailRequest.hold_retention_as, in characters
 # The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],

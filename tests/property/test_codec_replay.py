@@ -291,10 +291,10 @@ def test_the_compiled_path_is_used_unless_names_collide():
 
 
 def test_the_rebuild_reads_and_writes_where_the_record_module_says():
-    from mqstore import codec
     from mqstore.errors import InvariantViolation
-    codec._check_replay_layout(compiled.LAYOUT)
+    from mqstore.format import codec_layout
+    codec_layout.check_replay_layout(compiled.LAYOUT)
     with pytest.raises(InvariantViolation, match="consume-queue rebuild reads records at"):
-        codec._check_replay_layout({**compiled.LAYOUT, "queue_offset_at": 24})
+        codec_layout.check_replay_layout({**compiled.LAYOUT, "queue_offset_at": 24})
     with pytest.raises(InvariantViolation, match="consume-queue rebuild reads records at"):
-        codec._check_replay_layout({**compiled.LAYOUT, "body_at": (88, 100, 100, 100)})
+        codec_layout.check_replay_layout({**compiled.LAYOUT, "body_at": (88, 100, 100, 100)})

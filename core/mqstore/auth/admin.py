@@ -1,6 +1,6 @@
 """Managing users and rules (the Access API, ``mqstore user ...`` and ``mqstore acl ...``).
 
-Checks every input (mqstore.auth.model, mqstore.auth.secrets), hashes secrets before they reach the
+Checks every input (mqstore.access, mqstore.auth.secrets), hashes secrets before they reach the
 store (a generated secret is returned once, to be handed to its user, and never stored in clear),
 seals SDK secret keys under the kek (mqstore.auth.sealing: the server must recompute their signatures, so
 they cannot be only hashed; a generated one is returned once), refuses the reserved service identity,
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import secrets as random
 from typing import Callable
 
-from mqstore.auth import model, secrets
-from mqstore.auth.model import SERVICE_USER, Rule, SdkKey, User
+from mqstore import access as model
+from mqstore.access import SERVICE_USER, Rule, SdkKey, User
+from mqstore.auth import secrets
 from mqstore.auth.sealing import Kek
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.meta.auth import AuthStore

@@ -29,7 +29,7 @@
   client makes within the same second cost one dict lookup and the skew check, no HMAC. Unknown access
   keys are remembered too (bounded), so they cost no database read when retried.
 * ``authorize(principal, action, resource)``: None, or PermissionDenied naming the user, the action,
-  the resource and the deciding rule (mqstore.auth.model.decide), after the topics no rule decides alone
+  the resource and the deciding rule (mqstore.access.decide), after the topics no rule decides alone
   (system topics: the service identity only; retry and dead-letter topics: their group too;
   mqstore.auth.reserved). Decisions are cached per principal.
 
@@ -60,8 +60,9 @@ from typing import Protocol
 
 import structlog
 
-from mqstore.auth import model, reserved, secrets, signature
-from mqstore.auth.model import SERVICE_USER, SUPER, Decision, Resource, Rule, SdkKey, User
+from mqstore import access as model
+from mqstore.access import SERVICE_USER, SUPER, Decision, Resource, Rule, SdkKey, User
+from mqstore.auth import reserved, secrets, signature
 from mqstore.auth.sealing import Kek
 from mqstore.auth.signature import Signed
 from mqstore.auth.throttle import FailureBackoff, RejectedCache, Throttle, shared_gate

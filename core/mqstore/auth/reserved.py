@@ -9,7 +9,7 @@ table, and the servicers' deferred checks) is covered in one place.
   on ``*`` would otherwise reach them and bypass a deny rule on the topic whose messages they carry
   (``allow SUB *, deny SUB secret``: a Pull of ``RMQ_SYS_TRANS_HALF_TOPIC`` returned the halves of
   ``secret``). Any action naming one needs the services' own identity (``service``,
-  mqstore.auth.model.SERVICE_USER): no rule grants it, and a super user is refused too. RocketMQ lets an
+  mqstore.access.SERVICE_USER): no rule grants it, and a super user is refused too. RocketMQ lets an
   admin read system topics; the issue this follows asks for the internal identity alone, and an operator
   who must look inside one does it with the service's credentials (where MQSTORE_INTERNAL_TOKEN is).
   Reading the whole log (Tail without topics, GetMessage by position) is a CLUSTER read, a separate
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Callable
 
 from mqstore import topics as topic_rules
-from mqstore.auth.model import SERVICE_USER, TOPIC, Decision, Resource, group
+from mqstore.access import SERVICE_USER, TOPIC, Decision, Resource, group
 
 
 def decide(user: str, action: str, resource: Resource,

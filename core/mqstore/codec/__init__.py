@@ -19,8 +19,11 @@ both to give the same bytes and the same errors.
 
 The Index service's build has its own module, ``_index``: Tail frames to the hashes each record indexes
 and those into its IndexFile (services/index's decode, records and writer, and index_file.put_hashes are
-the reference; index_file checks its layout, since this module cannot import index_file). The record
-check that its walk and ``_scan``'s share is in ``_walk.pxd``.
+the reference; index_file checks its layout). The record check that its walk and ``_scan``'s share is
+in ``_walk.pxd``. This package sits below mqstore.format and imports none of it: each compiled module
+states the layout it was built for (``records_writes``, ``scan_layout``, ``stamp_layout``,
+``replay_layout``, ``index_layout``) and the format modules check it against theirs at import
+(mqstore.format.codec_layout, index_file).
 
 Why Cython, and a ``.pyx`` beside the kept Python: it is what aiokafka, grpcio, uvloop and lxml use,
 it needs only gcc and the Python headers (no second toolchain), and it reaches the buffers, str and
@@ -65,8 +68,6 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
         return None, (f"the compiled codec is not built ({exc}): the package was installed without a C "
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
-    _check_layout(_records.WRITES, _scan.LAYOUT, _stamp.LAYOUT)
-    _check_replay_layout(_replay.LAYOUT)
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
@@ -76,46 +77,9 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  routing_records=_scan.routing_records, place=_stamp.place,
                                  stamp=_stamp.stamp, IndexColumns=_index.IndexColumns,
                                  index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs,
-                                 OffsetMap=_offset_map.OffsetMap, offset_map_layout=_offset_map.LAYOUT), ""
-
-
-def _check_layout(writes: dict, reads: dict, stamps: dict) -> None:
-    """The compiled encoder writes records, the compiled walk reads them and the stamp fills them where
-    mqstore.format.record and cq_unit (the one definition) say."""
-    from mqstore.errors import invariant
-    from mqstore.format import cq_unit, record
-    layout = record.IPV4
-    expected = {name: getattr(layout, name, None) for name in writes}
-    expected.update(magic=record.MAGIC_V1, fixed_overhead=record.FIXED_OVERHEAD, blank_size=record.BLANK_SIZE,
-                    max_properties_bytes=record.MAX_PROPERTIES_BYTES)
-    invariant(writes == expected, f"the compiled codec writes records at {writes}, mqstore.format.record says "
-                                  f"{expected}: rebuild it (make setup) after changing the layout")
-    expected = {"body_at": record.BODY_AT, "store_timestamp_at": record.STORE_TIMESTAMP_AT}
-    invariant(reads == expected, f"the compiled record walk reads records at {reads}, mqstore.format.record says "
-                                 f"{expected}: rebuild it (make setup) after changing the layout")
-    expected = dict(queue_offset_at=record.QUEUE_OFFSET_AT, physical_offset_at=record.QUEUE_OFFSET_AT + 8,
-                    sys_flag_host_byte_at=record.SYS_FLAG_HOST_BYTE_AT, hosts_v6=record.SYSFLAG_HOSTS_V6,
-                    layout_shift=record.LAYOUT_SHIFT, blank_size=record.BLANK_SIZE, tx_mask=record.SYSFLAG_TX_MASK,
-                    tx_prepared=record.SYSFLAG_TX_PREPARED, tx_rollback=record.SYSFLAG_TX_ROLLBACK,
-                    cq_entry=cq_unit.ENTRY.size, store_timestamp_at=record.STORE_TIMESTAMP_AT)
-    invariant(stamps == expected and record.OFFSETS.format == ">qq" and cq_unit.ENTRY.format == ">qiq",
-              f"the compiled stamp writes at {stamps}, mqstore.format says {expected}: rebuild it (make setup) "
-              f"after changing the layout")
-
-
-def _check_replay_layout(reads: dict) -> None:
-    """The compiled consume-queue rebuild (_replay) reads records and writes entries where
-    mqstore.format.record and cq_unit say."""
-    from mqstore.errors import invariant
-    from mqstore.format import cq_unit, record
-    expected = dict(body_at=record.BODY_AT, store_timestamp_at=record.STORE_TIMESTAMP_AT,
-                    magic_blank=record.MAGIC_BLANK, fixed_overhead=record.FIXED_OVERHEAD,
-                    queue_id_at=record.QUEUE_ID_AT, queue_offset_at=record.QUEUE_OFFSET_AT,
-                    tx_mask=record.SYSFLAG_TX_MASK, tx_prepared=record.SYSFLAG_TX_PREPARED,
-                    tx_rollback=record.SYSFLAG_TX_ROLLBACK, cq_entry=cq_unit.ENTRY.size)
-    invariant(reads == expected and cq_unit.ENTRY.format == ">qiq",
-              f"the compiled consume-queue rebuild reads records at {reads}, mqstore.format says {expected}: "
-              f"rebuild it (make setup) after changing the layout")
+                                 OffsetMap=_offset_map.OffsetMap, offset_map_layout=_offset_map.LAYOUT,
+                                 records_writes=_records.WRITES, scan_layout=_scan.LAYOUT,
+                                 stamp_layout=_stamp.LAYOUT, replay_layout=_replay.LAYOUT), ""
 
 
 compiled, REASON = _load()

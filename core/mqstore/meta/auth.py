@@ -28,7 +28,7 @@ import structlog
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from mqstore.auth.model import Rule, SdkKey, User
+from mqstore.access import Rule, SdkKey, User
 from mqstore import fs
 from mqstore.clock import Clock
 from mqstore.errors import AlreadyExists, FailedPrecondition, NotFound, Unavailable

@@ -36,7 +36,7 @@ from mqstore.follow import TailStream
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import (TAIL_AT_OFFSET, TAIL_EARLIEST, AppendResult, MessageIn, MessageLookup, StoreInfo,
                            StoredMessage, TailFrame, TopicRecord)
-from mqstore.store import MAX_GET_MESSAGES
+from mqstore.limits import MAX_GET_MESSAGES
 from mqstore.topics import OWNER_TRANSACTION
 
 FOLLOWED_TOPICS = (tx.HALF_TOPIC, tx.OP_TOPIC, tx.CHECK_MAX_TOPIC)

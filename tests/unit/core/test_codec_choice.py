@@ -8,6 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from mqstore import codec
+from mqstore.format import codec_layout
 from tests.support import compiled as support_compiled
 
 pytestmark = pytest.mark.codec
@@ -44,11 +45,11 @@ def test_the_python_path_is_announced_once_per_process(monkeypatch):
 def test_the_compiled_code_writes_and_reads_where_the_record_module_says():
     # The modules themselves, not codec.compiled: so this also runs under MQSTORE_PURE_PYTHON=1.
     _records, _scan, _stamp = (support_compiled.module(name) for name in ("_records", "_scan", "_stamp"))
-    codec._check_layout(_records.WRITES, _scan.LAYOUT, _stamp.LAYOUT)
+    codec_layout.check_layout(_records.WRITES, _scan.LAYOUT, _stamp.LAYOUT)
     from mqstore.errors import InvariantViolation
     with pytest.raises(InvariantViolation, match="writes records at"):
-        codec._check_layout({**_records.WRITES, "body_at": 87}, _scan.LAYOUT, _stamp.LAYOUT)
+        codec_layout.check_layout({**_records.WRITES, "body_at": 87}, _scan.LAYOUT, _stamp.LAYOUT)
     with pytest.raises(InvariantViolation, match="reads records at"):
-        codec._check_layout(_records.WRITES, {**_scan.LAYOUT, "body_at": (88, 100, 100, 100)}, _stamp.LAYOUT)
+        codec_layout.check_layout(_records.WRITES, {**_scan.LAYOUT, "body_at": (88, 100, 100, 100)}, _stamp.LAYOUT)
     with pytest.raises(InvariantViolation, match="stamp writes at"):
-        codec._check_layout(_records.WRITES, _scan.LAYOUT, {**_stamp.LAYOUT, "queue_offset_at": 24})
+        codec_layout.check_layout(_records.WRITES, _scan.LAYOUT, {**_stamp.LAYOUT, "queue_offset_at": 24})
