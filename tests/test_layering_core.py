@@ -64,6 +64,7 @@ LAYERS = {
     "mqstore.store": STORE,
     "mqstore.store_topics": STORE,
     "mqstore.store_space": STORE,
+    "mqstore.store_retention": STORE,
     "mqstore.maintenance": STORE,     # the store's maintenance duty
     # 3: features, each using the store (or its log through the services).
     "mqstore.pop": FEATURE,

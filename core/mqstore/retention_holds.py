@@ -6,7 +6,7 @@ hold, refreshed at every frame of the stream. Retention then deletes no segment 
 lowest hold. A hold may have a floor, below which it keeps nothing: the compactor's (named
 :data:`COMPACTOR`) protects the records of COMPACTION topics only, so the store keeps the log for it
 from max(its hold, lowest start_physical_offset of the COMPACTION topics), and not at all while there is
-no COMPACTION topic (MessageStore.delete_expired_segments). So a deleted topic's hold goes with it: a
+no COMPACTION topic (mqstore.store_retention). So a deleted topic's hold goes with it: a
 compactor away while its topics were deleted keeps no log for them, and meets a gap that it may skip
 (mqstore.compaction.projection: the gap can hold no record it needs). Other holds (the Transaction
 service's) have no floor.

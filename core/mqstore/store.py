@@ -11,7 +11,8 @@ queue offset table; fsync; write the abort marker; start threads.
 A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
 
 Composition: the store holds its parts and gives each the narrow callables it needs: the topic
-registry (mqstore.store_topics), the full-disk state (mqstore.store_space), and three background duties
+registry (mqstore.store_topics), the full-disk state (mqstore.store_space), retention of the log and
+topics with the followers' holds (mqstore.store_retention: ``store.retention``), and three background duties
 (mqstore.background): the flush service, the segment warmer and the maintenance duty.
 
 On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
@@ -32,7 +33,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, limits, retention_holds, waits
+from mqstore import codec, failpoints, fs, limits, waits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -57,7 +58,7 @@ from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
 from mqstore.replication import log_ops
 from mqstore.replication.node import SingleNode
 from mqstore.queue.usage import TopicUsage
-from mqstore.retention_holds import HoldInfo, RetentionHolds
+from mqstore.store_retention import Retention
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
 from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
@@ -104,10 +105,13 @@ class MessageStore:
         # A record is part of its topic only at or above the topic's start (store_topics): appends check
         # their topic under the append lock, and the dispatcher skips batches of a topic deleted since.
         self.commitlog.topic_start = self.dispatcher.topic_start = self.topics.start_of
+        self.retention = Retention(config, self.clock, segments=self.segments, queues=self.queues,
+                                   commitlog=self.commitlog, dispatcher=self.dispatcher, topics=self.topics,
+                                   flushed_offset=self.flushed_offset)
         self.maintenance = Maintenance(config, self.clock, write_checkpoint=self.write_checkpoint,
                                        check_disk=self.disk.check,
-                                       delete_expired_segments=self.delete_expired_segments,
-                                       apply_topic_retention=self.apply_topic_retention)
+                                       delete_expired_segments=self.retention.delete_expired_segments,
+                                       apply_topic_retention=self.retention.apply_topic_retention)
         sync = config.flush_mode == FLUSH_SYNC
         self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_CREATE)
         self._lock_fd: int | None = None
@@ -115,7 +119,6 @@ class MessageStore:
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
         self._checkpoint_lock = threading.Lock()
-        self.retention_holds = RetentionHolds(config.retention_hold_max_ms, config.retention_hold_grace_ms)
         self._long_polls = LongPolls(config.max_long_poll_waiters, self.dispatcher.visible, self.clock)
         # The gate of writes: SingleNode without replication, else the node's role (mqstore.replication.node):
         # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
@@ -184,7 +187,7 @@ class MessageStore:
         replayed = self.dispatcher.replay(replay_from, end, starts=starts, rebuild=rebuild)
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
-        self.before_segment_delete(self.segments.min_offset)
+        self.retention.before_segment_delete(self.segments.min_offset)
         self.flusher = Flusher(self.commitlog, cfg, self.clock, self._on_flushed, self.metrics)
         self.flusher.flushed_offset = min(start, end)
         self.flusher.flush_now()
@@ -623,20 +626,21 @@ class MessageStore:
         if not hold_retention_as:
             yield from self._tail_frames(pos, max_frame_bytes, heartbeat_s, linger_s, is_active, wanted, wanted_tx)
             return
-        self.retention_holds.open(hold_retention_as, pos, self.clock.now_ms(), durable=hold_durable)
+        self.retention.holds.open(hold_retention_as, pos, self.clock.now_ms(), durable=hold_durable)
         try:
             yield from self._tail_frames(pos, max_frame_bytes, heartbeat_s, linger_s, is_active, wanted, wanted_tx,
                                          hold_retention_as)
         finally:
-            self.retention_holds.close(hold_retention_as, self.clock.now_ms())
+            self.retention.holds.close(hold_retention_as, self.clock.now_ms())
 
     def _tail_frames(self, pos: int, max_frame_bytes: int, heartbeat_s: float, linger_s: float,
                      is_active: Callable[[], bool], wanted: frozenset, wanted_tx: frozenset,
                      hold: str = "") -> Iterator[TailFrame]:
         cond = self.dispatcher.visible
+        holds = self.retention.holds
         while is_active() and self._running:
             if hold:
-                self.retention_holds.refresh(hold, self.clock.now_ms())
+                holds.refresh(hold, self.clock.now_ms())
             visible = self.visible_offset()
             if pos < visible:
                 pos = max(pos, self.commitlog.min_offset)
@@ -678,10 +682,6 @@ class MessageStore:
             return 0
         return cq.offset_by_time(timestamp_ms, boundary == "upper", self.commitlog.store_timestamp_at)
 
-    def list_retention_holds(self) -> list[HoldInfo]:
-        """The live retention holds by name (mqstore.retention_holds), lapsed ones dropped first."""
-        return self.retention_holds.listing(self.clock.now_ms())
-
     def store_info(self) -> StoreInfo:
         reason = self.disk.read_only_reason()
         return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
@@ -694,37 +694,6 @@ class MessageStore:
         flushed = self.flusher.flushed_offset if self.flusher else 0
         return {("min",): self.commitlog.min_offset, ("written",): self.commitlog.written_offset,
                 ("flushed",): flushed, ("visible",): self.visible_offset()}
-
-    # ------------------------------------------------------------------ retention (the maintenance duty)
-    def delete_expired_segments(self) -> int:
-        """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
-        queue minimums follow (SegmentQueue.delete_expired)."""
-        limit = min(self.flusher.flushed_offset, self.dispatcher.dispatched_offset)
-        # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
-        # below the COMPACTION topics' starts.
-        floors = {retention_holds.COMPACTOR: self.topics.compaction_floor()}
-        held = self.retention_holds.low(self.clock.now_ms(), floors)
-        limit = limit if held is None else min(limit, held)
-        return self.segments.delete_expired(limit, self.clock.now_ms(), self.config.retention_ms,
-                                            self.before_segment_delete)
-
-    def before_segment_delete(self, new_min_offset: int) -> None:
-        with self.dispatcher.lock:
-            for cq in list(self.queues.queues.values()):
-                cq.correct_min_offset(new_min_offset)
-
-    def apply_topic_retention(self) -> None:
-        now = self.clock.now_ms()
-        for topic in self.topics.sorted_topics(include_system=True):
-            if topic.retention_ms <= 0:
-                continue
-            for queue_id in range(topic.queue_count):
-                cq = self.queues.get(topic.name, queue_id)
-                if cq is None or cq.max_offset == cq.min_offset:
-                    continue
-                cutoff = cq.offset_by_time(now - topic.retention_ms, False, self.commitlog.store_timestamp_at)
-                with self.dispatcher.lock:
-                    cq.raise_min_offset(min(cutoff, cq.max_offset))
 
     # ------------------------------------------------------------------ replication (mqstore.replication)
     def log_end(self) -> int:

@@ -163,7 +163,7 @@ def _expire(store, rng, model):
     for seg in segments[:rng.randint(0, max(len(segments) - 1, 0))]:
         os.utime(seg.path, (old, old))
     store.flusher.flush_now()  # in ASYNC mode, what is not flushed yet is never deleted
-    deleted = store.delete_expired_segments()
+    deleted = store.retention.delete_expired_segments()
     new_min = store.commitlog.min_offset
     assert new_min >= model.min_offset and (deleted > 0) == (new_min > model.min_offset)
     model.min_offset = new_min

@@ -136,7 +136,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
             commitlog_pb2.RetentionHold(name=h.name, physical_offset=h.physical_offset, open_streams=h.open_streams,
                                         durable=h.durable, refreshed_ms=h.refreshed_ms, closed_ms=h.closed_ms,
                                         lapses_at_ms=h.lapses_at_ms)
-            for h in self._store.list_retention_holds()])
+            for h in self._store.retention.list_holds()])
 
     # ---- offsets ----
 

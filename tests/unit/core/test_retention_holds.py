@@ -104,15 +104,15 @@ def test_the_store_ends_a_users_hold_after_the_grace_and_deletes_what_it_held(op
     store.flusher.flush_now()
     frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="backup")
     next(frames)
-    assert [(h.name, h.open_streams) for h in store.list_retention_holds()] == [("backup", 1)]
+    assert [(h.name, h.open_streams) for h in store.retention.list_holds()] == [("backup", 1)]
     frames.close()  # the stream ends: the grace starts
-    assert [(h.name, h.open_streams, h.durable) for h in store.list_retention_holds()] == [("backup", 0, False)]
+    assert [(h.name, h.open_streams, h.durable) for h in store.retention.list_holds()] == [("backup", 0, False)]
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
     for seg in store.segments.segments:
         os.utime(seg.path, (old, old))
-    assert store.delete_expired_segments() == 0  # within the grace: still held
+    assert store.retention.delete_expired_segments() == 0  # within the grace: still held
     fake_clock.advance(60_001)
-    assert store.delete_expired_segments() >= 1 and store.list_retention_holds() == []
+    assert store.retention.delete_expired_segments() >= 1 and store.retention.list_holds() == []
 
 
 def test_an_open_durable_hold_stays_durable_when_a_users_stream_of_its_name_joins():

@@ -211,7 +211,7 @@ def test_retention_deletes_oldest_segments_and_queues_follow(open_store, fake_cl
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
     for seg in segs[:2]:
         os.utime(seg.path, (old, old))
-    deleted = store.delete_expired_segments()
+    deleted = store.retention.delete_expired_segments()
     assert deleted == 2 and store.segments.segments[0].start == segs[2].start
     info = store.queue_info("t", 0)
     assert info.min_offset > 0 and info.max_offset == 30
@@ -221,7 +221,7 @@ def test_retention_deletes_oldest_segments_and_queues_follow(open_store, fake_cl
         store.pull("t", 0, 0)
     for seg in store.segments.segments:
         os.utime(seg.path, (old, old))
-    store.delete_expired_segments()
+    store.retention.delete_expired_segments()
     first = store.segments.segments[0]  # never the active segment (the one being written)
     assert first.start <= store.commitlog.written_offset < first.end
 
@@ -232,7 +232,7 @@ def test_topic_retention_hides_old_messages(open_store, fake_clock):
     store.append("t", [MessageIn(body=b"old")] * 3)
     fake_clock.advance(120_000)
     store.append("t", [MessageIn(body=b"new")])
-    store.apply_topic_retention()
+    store.retention.apply_topic_retention()
     assert store.queue_info("t", 0).min_offset == 3
 
 
@@ -322,11 +322,11 @@ def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
     for seg in segs:
         os.utime(seg.path, (old, old))
-    assert store.delete_expired_segments() == 1  # the first only: the second ends above the hold
+    assert store.retention.delete_expired_segments() == 1  # the first only: the second ends above the hold
     assert store.segments.segments[0].start == segs[1].start
     fake_clock.advance(10 * 3_600_000 + 1)  # the follower is gone for longer than retention_hold_max_ms
-    assert store.delete_expired_segments() >= 1
-    assert store.retention_holds.snapshot() == {}
+    assert store.retention.delete_expired_segments() >= 1
+    assert store.retention.holds.snapshot() == {}
 
 
 def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open_store, fake_clock):
@@ -351,7 +351,7 @@ def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open
         old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
         for seg in store.segments.segments:
             os.utime(seg.path, (old, old))
-        return store.delete_expired_segments()
+        return store.retention.delete_expired_segments()
     assert expire_all() >= 1 and store.commitlog.min_offset <= start  # kept from the segment holding kv's start
     assert store.pull("kv", 0, 0).messages[0].record.body == bytes([0]) * 1000
     store.delete_topic("kv")
@@ -373,4 +373,4 @@ def test_another_followers_hold_has_no_floor(open_store, fake_clock):
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
     for seg in store.segments.segments:
         os.utime(seg.path, (old, old))
-    assert store.delete_expired_segments() == 0 and store.commitlog.min_offset == 0
+    assert store.retention.delete_expired_segments() == 0 and store.commitlog.min_offset == 0

@@ -345,7 +345,7 @@ def test_messages_removed_by_retention_before_a_receive_are_passed_over(env):
     p.clock.advance(5_000)
     send(p, 2, start=3)
     p.store.update_topic("t", retention_ms=1_000)
-    p.store.apply_topic_retention()
+    p.store.retention.apply_topic_retention()
     assert p.store.queue_info("t", 0).min_offset == 3
     assert bodies(p.receive()) == [b"m3", b"m4"]  # m1, m2 are gone; the group's offset 1 moved to 3
 

@@ -57,7 +57,7 @@ def test_the_tail_carries_the_transaction_topics_and_commits_and_holds_retention
             break
     stream.cancel()
     assert records == 2  # the half and the COMMIT record, not the plain message
-    assert HOLD_NAME in store.retention_holds.snapshot()
+    assert HOLD_NAME in store.retention.holds.snapshot()
 
 
 def test_a_cancelled_tail_ends_while_it_waits_for_records(store):

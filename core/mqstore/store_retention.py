@@ -1,0 +1,79 @@
+"""Retention of the commit log and of topics, and the followers' holds on it: the part of the store that
+removes what is old. The store holds one :class:`Retention` (``store.retention``); its maintenance duty
+runs :meth:`Retention.delete_expired_segments` and :meth:`Retention.apply_topic_retention`.
+
+- Whole segments past ``retention_ms`` go, never past what is flushed and dispatched, nor below the
+  lowest live retention hold (mqstore.retention_holds: a follower's Tail names one); the compactor's hold
+  protects compaction data only: nothing below the COMPACTION topics' starts. Consume queue minimums
+  follow (:meth:`Retention.before_segment_delete`).
+- A topic with its own ``retention_ms`` has its consume queues' minimums raised past what is older.
+
+Thread-safety: every method may be called from any thread. Consume queue minimums change under the
+dispatcher's lock; segments are deleted by SegmentQueue.delete_expired (the maintenance duty's thread);
+the holds are RetentionHolds' (thread-safe).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from mqstore import retention_holds
+from mqstore.clock import Clock
+from mqstore.config import StoreConfig
+from mqstore.log.commitlog import CommitLog
+from mqstore.log.segment import SegmentQueue
+from mqstore.queue.dispatch import Dispatcher, QueueTable
+from mqstore.retention_holds import HoldInfo, RetentionHolds
+from mqstore.store_topics import TopicRegistry
+
+
+class Retention:
+    def __init__(self, config: StoreConfig, clock: Clock, *, segments: SegmentQueue, queues: QueueTable,
+                 commitlog: CommitLog, dispatcher: Dispatcher, topics: TopicRegistry,
+                 flushed_offset: Callable[[], int]):
+        """``flushed_offset()``: the log's fsynced end (the flusher's; segments above it are kept)."""
+        self._config = config
+        self._clock = clock
+        self._segments = segments
+        self._queues = queues
+        self._commitlog = commitlog
+        self._dispatcher = dispatcher
+        self._topics = topics
+        self._flushed_offset = flushed_offset
+        self.holds = RetentionHolds(config.retention_hold_max_ms, config.retention_hold_grace_ms)
+
+    def delete_expired_segments(self) -> int:
+        """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
+        queue minimums follow (SegmentQueue.delete_expired). Returns how many segments went."""
+        limit = min(self._flushed_offset(), self._dispatcher.dispatched_offset)
+        # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
+        # below the COMPACTION topics' starts.
+        floors = {retention_holds.COMPACTOR: self._topics.compaction_floor()}
+        held = self.holds.low(self._clock.now_ms(), floors)
+        limit = limit if held is None else min(limit, held)
+        return self._segments.delete_expired(limit, self._clock.now_ms(), self._config.retention_ms,
+                                             self.before_segment_delete)
+
+    def before_segment_delete(self, new_min_offset: int) -> None:
+        """Every consume queue's minimum at or above the log's new minimum (its entries below are gone)."""
+        with self._dispatcher.lock:
+            for cq in list(self._queues.queues.values()):
+                cq.correct_min_offset(new_min_offset)
+
+    def apply_topic_retention(self) -> None:
+        """Each topic with its own retention_ms: its consume queues' minimums past what is older."""
+        now = self._clock.now_ms()
+        for topic in self._topics.sorted_topics(include_system=True):
+            if topic.retention_ms <= 0:
+                continue
+            for queue_id in range(topic.queue_count):
+                cq = self._queues.get(topic.name, queue_id)
+                if cq is None or cq.max_offset == cq.min_offset:
+                    continue
+                cutoff = cq.offset_by_time(now - topic.retention_ms, False, self._commitlog.store_timestamp_at)
+                with self._dispatcher.lock:
+                    cq.raise_min_offset(min(cutoff, cq.max_offset))
+
+    def list_holds(self) -> list[HoldInfo]:
+        """The live retention holds by name (mqstore.retention_holds), lapsed ones dropped first."""
+        return self.holds.listing(self._clock.now_ms())
