@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from compactor_service.api import CompactorApi, ServiceStats
 from compactor_service.scan_wire import page
 from mqstore.clock import FakeClock
+from mqstore.compaction.api import CompactorApi, ServiceStats
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.store import CompactionStore
 from tests.support import compiled as support_compiled

@@ -12,4 +12,5 @@ The compaction key itself is mqstore.message_keys (the commit log routes by it; 
   reads.py        compacted Pull, GetLatest, Scan, offsets of compacted queues
   projection.py   Tail frames -> compaction logs: the follower's projection, its checkpoint and gap policy
   replica.py      a replica's copy of its primary's logs: what is kept, dropped and appended
+  api.py          the Compactor service's calls (CompactorApi: arguments, a round's engine), RoundDuty
 """

@@ -23,6 +23,7 @@ import sys
 from typing import Mapping, Sequence
 
 from mqstore.clock import SystemClock
+from mqstore.compaction.api import CompactorApi, RoundDuty, ServiceStats
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.projection import CompactionProjection, compactor_follower
 from mqstore.compaction.store import CompactionStore
@@ -33,7 +34,6 @@ from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from .api import CompactorApi, RoundDuty, ServiceStats
 from .replica import ReplicaDuty
 from .tail import HoldingSource
 from .servicer import SERVICE_NAME, CompactorServicer, add_to_server

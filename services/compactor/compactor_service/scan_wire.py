@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from mqstore import codec
 from mqstore.compaction import reads
+from mqstore.compaction.api import CompactorApi, cursor_of
 from mqstore.format import record_reader
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb
-
-from .api import CompactorApi, cursor_of
 
 # The codec's scan_values when the compiled codec is in use, else None (the reference).
 SCAN_VALUES = codec.compiled.scan_values if codec.compiled is not None else None

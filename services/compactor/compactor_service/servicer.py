@@ -6,6 +6,7 @@ state beyond the CompactorApi, which is thread-safe.
 
 from __future__ import annotations
 
+from mqstore.compaction.api import CompactorApi, Description
 from mqstore.format import record_reader
 from mqstore.model import StoredMessage
 from mqstore_rpc.convert import stored_message
@@ -13,7 +14,6 @@ from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 
 from . import scan_wire
-from .api import CompactorApi, Description
 from .scan_wire import latest_value
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Compactor"].full_name

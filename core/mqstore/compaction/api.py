@@ -1,4 +1,5 @@
-"""What the Compactor's servicer calls: one method per RPC, in mqstore's plain types (no grpc here).
+"""What the Compactor's servicer (compactor_service.servicer) calls: one method per RPC, in mqstore's plain
+types; the rules of each call (arguments, the engine of a round) are here, the servicer only converts.
 
 Engine choice for a round (``engine``): "local"; "spark" (the PySpark job, when a Spark runner is
 configured); "auto" = spark when a runner is configured and the round is heavy: its dirty bytes exceed
