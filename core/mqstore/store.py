@@ -466,16 +466,6 @@ class MessageStore:
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.topics.query_offset(group, topic, queue_id)
 
-    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
-        """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
-        self.gate.check_writable()  # a deposed leader's pop offsets must not overwrite the new leader's
-        self.topics.commit_offsets(rows)
-
-    def ensure_pop_topic(self, name: str) -> TopicRecord:
-        """A retry or dead-letter topic of pop consumption, created (one queue) when missing."""
-        self.gate.check_writable()
-        return self.topics.ensure_pop_topic(name)
-
     def _drop_queues(self, topic: str) -> None:
         """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""
         with self.commitlog.lock, self.dispatcher.lock:
@@ -490,12 +480,6 @@ class MessageStore:
         if not 0 <= queue_id < rec.queue_count:
             raise NotFound(f"topic {topic!r} has queues 0..{rec.queue_count - 1}; there is no queue {queue_id}")
         return rec, self.queues.get(topic, queue_id)
-
-    def max_offsets(self, queues: Sequence[tuple[str, int]]) -> list[int]:
-        """The max offset of each (topic, queue id), 0 for a queue (or topic) that holds nothing yet: no
-        checks, no lock (pop consumption's long poll asks it on every dispatch)."""
-        get = self.queues.queues.get
-        return [cq.max_offset if (cq := get(key)) is not None else 0 for key in queues]
 
     def flushed_offset(self) -> int:
         """Physical offset up to which the log is fsynced."""

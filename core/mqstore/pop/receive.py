@@ -26,7 +26,7 @@ from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
-from mqstore.pop import copies, handle as handles, legacy, records, tag_filter
+from mqstore.pop import copies, handle as handles, legacy, records, storage, tag_filter
 from mqstore.pop.inflight import Reservation
 
 log = structlog.get_logger("mqstore.pop")
@@ -107,7 +107,7 @@ class Receiver:
         give_up_s = self.clock.monotonic_s() + wait_ms / 1000
         names = [(s.name, s.queue_id) for s in sources]
         while True:
-            seen = self.store.max_offsets(names)
+            seen = storage.max_offsets(self.store, names)
             deliveries = self._pop_once(group, topic, sources, tags, batch, invisible_ms, attempts, start,
                                         byte_budget)
             left_ms = int((give_up_s - self.clock.monotonic_s()) * 1000)
@@ -120,8 +120,8 @@ class Receiver:
 
     def _grown(self, names: list[tuple[str, int]], seen: list[int]) -> Callable[[], bool]:
         """Whether any of the queues ``names`` holds more than ``seen`` (the long poll's condition)."""
-        max_offsets = self.store.max_offsets
-        return lambda: any(now > before for now, before in zip(max_offsets(names), seen, strict=True))
+        store, max_offsets = self.store, storage.max_offsets
+        return lambda: any(now > before for now, before in zip(max_offsets(store, names), seen, strict=True))
 
     def _consumable(self, topic: str) -> TopicRecord:
         rec = self.store.topic(topic)
@@ -241,7 +241,7 @@ class Receiver:
 
     def _dead_letter_late(self, group: str, topic: str, dead: list[tuple[StoredMessage, Source]]) -> None:
         """Retry copies whose attempts ran out under this receive's max_attempts go to the DLQ unseen."""
-        dlq = self.store.ensure_pop_topic(topic_rules.dlq_topic(group)).name
+        dlq = storage.ensure_topic(self.store, topic_rules.dlq_topic(group)).name
         self.pop.append_copies(dlq, [copies.dead_letter_copy(m, topic) for m, _ in dead])
         self.counters.add(dead_lettered=len(dead))
 

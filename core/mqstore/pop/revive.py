@@ -29,7 +29,7 @@ from mqstore import topics as topic_rules
 from mqstore.background import Duty
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange
 from mqstore.model import MessageIn
-from mqstore.pop import copies, records
+from mqstore.pop import copies, records, storage
 from mqstore.pop.inflight import Entry
 
 log = structlog.get_logger("mqstore.pop.revive")
@@ -89,7 +89,7 @@ class Reviver(Duty):
             by_destination, lost = self._copies(claimed)
             self._owe(lost, records.REASON_LOST, pending)
             for (destination, reason), items in by_destination.items():
-                name = pop.store.ensure_pop_topic(destination).name
+                name = storage.ensure_topic(pop.store, destination).name
                 for chunk in pop.chunks(items, lambda item: len(item[1].body)):
                     copied, refused = self._append(name, chunk)
                     self._owe(refused, records.REASON_LOST, pending)
@@ -181,7 +181,7 @@ class Reviver(Duty):
             writes.append((REVIVE_GROUP, topic_rules.REVIVE_TOPIC, 0, low))
         if not writes:
             return
-        pop.store.commit_offsets(writes)
+        storage.commit_offsets(pop.store, writes)
         pop.offsets.written(rows)
         self.revive_offset = max(self.revive_offset, low)
 
@@ -189,7 +189,7 @@ class Reviver(Duty):
         """The rows whose queue still exists and holds the offset (a topic deleted or re-created since
         the receive would fail the whole transaction); the others are dropped and logged."""
         keep = []
-        maxima = self.pop.store.max_offsets([(topic, queue_id) for _, topic, queue_id, _ in rows])
+        maxima = storage.max_offsets(self.pop.store, [(topic, queue_id) for _, topic, queue_id, _ in rows])
         for row, max_offset in zip(rows, maxima, strict=True):
             group, topic, queue_id, offset = row
             try:

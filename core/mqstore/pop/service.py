@@ -24,7 +24,7 @@ from mqstore import topics as topic_rules
 from mqstore.clock import Clock
 from mqstore.errors import FailedPrecondition, InvalidArgument, MqStoreError, NotFound, Unavailable
 from mqstore.model import AppendResult, MessageIn
-from mqstore.pop import copies, handle as handles, records
+from mqstore.pop import copies, handle as handles, records, storage
 from mqstore.pop.config import PopConfig
 from mqstore.pop.counters import PopCounters
 from mqstore.pop.inflight import EXPIRED, OK, Entry, InFlightTable, MsgKey
@@ -177,7 +177,7 @@ class PopService:
         entry = self._claim_or_raise(group, topic, h)
         try:
             message = self.store.get_message(entry.physical_offset)
-            dlq = self.store.ensure_pop_topic(topic_rules.dlq_topic(group)).name
+            dlq = storage.ensure_topic(self.store, topic_rules.dlq_topic(group)).name
             result = self.append_copies(dlq, [copies.dead_letter_copy(message, topic)])[0]
         except BaseException:
             self.inflight.release([entry])

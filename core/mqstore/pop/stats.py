@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mqstore import topics as topic_rules
 from mqstore.errors import InvalidArgument, NotFound
+from mqstore.pop import storage
 from mqstore.pop.counters import PopCounts
 
 NEVER = -1  # the pop offset of a queue the group never received from
@@ -55,6 +56,6 @@ def _queue_state(pop, group: str, topic: str, source) -> QueueState:
             offset = pop.store.query_offset(group, source.name, source.queue_id)
         except NotFound:  # never received (or the retry topic does not exist yet)
             offset = NEVER
-    max_offset = pop.store.max_offsets([(source.name, source.queue_id)])[0]
+    max_offset = storage.max_offsets(pop.store, [(source.name, source.queue_id)])[0]
     in_flight = pop.inflight.count_queue(group, topic, source.kind, source.queue_id)
     return QueueState(source.name, source.queue_id, offset, max_offset, in_flight)

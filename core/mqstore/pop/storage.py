@@ -1,0 +1,33 @@
+"""What pop consumption asks of the store beyond appends and reads: its retry and dead-letter topics,
+its offsets in batches, and the ends of queues for its long poll. Functions of the store's parts
+(MessageStore.gate, topics, queues), so that the store's face carries none of them.
+
+Thread-safety: as the parts they call (each is thread-safe).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from mqstore.model import TopicRecord
+from mqstore.store import MessageStore
+
+
+def ensure_topic(store: MessageStore, name: str) -> TopicRecord:
+    """A retry or dead-letter topic of pop consumption, created (one queue) when missing; a replica refuses
+    (NotLeader names the leader)."""
+    store.gate.check_writable()
+    return store.topics.ensure_pop_topic(name)
+
+
+def commit_offsets(store: MessageStore, rows: Sequence[tuple[str, str, int, int]]) -> None:
+    """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
+    store.gate.check_writable()  # a deposed leader's pop offsets must not overwrite the new leader's
+    store.topics.commit_offsets(rows)
+
+
+def max_offsets(store: MessageStore, queues: Sequence[tuple[str, int]]) -> list[int]:
+    """The max offset of each (topic, queue id), 0 for a queue (or topic) that holds nothing yet: no
+    checks, no lock (pop consumption's long poll asks it on every dispatch)."""
+    get = store.queues.queues.get
+    return [cq.max_offset if (cq := get(key)) is not None else 0 for key in queues]
