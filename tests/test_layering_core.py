@@ -69,7 +69,6 @@ LAYERS = {
     # 3: features, each using the store (or its log through the services).
     "mqstore.pop": FEATURE,
     "mqstore.txn": FEATURE,
-    "mqstore.transactions": FEATURE,
     "mqstore.compaction": FEATURE,
     "mqstore.index": FEATURE,
     "mqstore.gateway": FEATURE,

@@ -5,7 +5,7 @@ A process whose store takes appends from other parts of mqstore imports it at it
 log (its internal way in serves the Transaction service, the gateway and pop consumption of other
 processes), and the tests. Each writer's rules are its feature's (pop consumption: mqstore.pop.copies;
 the gateway: mqstore.relayed; the Transaction service and the delayed-message scheduler: below, with
-mqstore.transactions' check); the store's own (its topic events) are registered by the store.
+mqstore.txn.records' check); the store's own (its topic events) are registered by the store.
 
 Thread-safety: the registration runs once, at import.
 """
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import functools
 
-from mqstore import relayed, transactions
+from mqstore import relayed
 from mqstore import topics as topic_rules
 from mqstore.pop import copies as pop_copies
+from mqstore.txn import records as transactions
 from mqstore.writers import SYSTEM_WRITERS, WriterRules
 
 # The Transaction service: its three system topics, NOT_TYPE records there; COMMIT records of a prepared
-# half into user topics (mqstore.transactions.check_internal_append).
+# half into user topics (mqstore.txn.records.check_internal_append).
 TRANSACTION = WriterRules(
     topic_rules.OWNER_TRANSACTION, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_TRANSACTION],
     frozenset({transactions.HALF_TOPIC, transactions.OP_TOPIC, transactions.CHECK_MAX_TOPIC}),

@@ -50,7 +50,7 @@ OWNER_POP = "pop"
 OWNER_STORE = ""  # the commit log itself: no writer may name it, the store appends these records alone
 REVIVE_TOPIC = "rmq_sys_REVIVE_LOG"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-# Descriptions of the writers' names, for mqstore.transactions' check of a writer's name (the registry's
+# Descriptions of the writers' names, for mqstore.txn.records' check of a writer's name (the registry's
 # WriterRules.description says the same; this goes once that check asks mqstore.writers).
 OWNER_DESCRIPTIONS = {
     OWNER_TRANSACTION: "the Transaction service",

@@ -13,7 +13,7 @@ import socket
 import grpc
 import pytest
 
-from mqstore import transactions as tx
+from mqstore.txn import records as tx
 from mqstore.txn.opbatch import parse_body
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, txn_pb2

@@ -14,7 +14,7 @@ from commitlog_service.main import serving
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from mqstore.format import record
 from mqstore.model import MessageIn
-from mqstore.transactions import HALF_TOPIC, OP_TOPIC
+from mqstore.txn.records import HALF_TOPIC, OP_TOPIC
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2

@@ -13,7 +13,7 @@ import concurrent.futures
 import grpc
 import pytest
 
-from mqstore import transactions as tx
+from mqstore.txn import records as tx
 from mqstore.model import MessageIn
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb

@@ -30,7 +30,7 @@ import pathlib
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mqstore import transactions as tx
+from mqstore.txn import records as tx
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
 from mqstore.errors import FailedPrecondition, OutcomeUnknown, Unavailable

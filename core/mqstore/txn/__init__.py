@@ -1,8 +1,9 @@
 """The Transaction service's domain (no grpc): half messages, commit and rollback, OP records batched
 Nagle-style, the half-message cache and check-back, each decision exactly once also when an append's
 outcome is unknown. services/txn/ composes it and serves it over gRPC. The records' layout (properties,
-system topics) is mqstore.transactions.
+system topics) is records.py.
 
+  records.py      the records' layout and the rules of the internal way into the log (the store's check)
   config.py       TxnConfig
   table.py        the transactions the service knows and their states
   projection.py   the table as the follower's projection of the log

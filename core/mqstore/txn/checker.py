@@ -32,12 +32,12 @@ from typing import Callable
 
 import structlog
 
-from mqstore import transactions as tx
 from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import MqStoreError, OutcomeUnknown
 from mqstore.model import MessageIn, StoredMessage
 
+from . import records as tx
 from .checkback import COMMIT, ROLLBACK, Check, CheckHub
 from .config import TxnConfig
 from .table import OPEN, PARK, PARKED, Txn, TxnTable

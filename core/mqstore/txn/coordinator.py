@@ -35,13 +35,13 @@ import structlog
 
 from mqstore import failpoints, javahash
 from mqstore import topics as topic_rules
-from mqstore import transactions as tx
 from mqstore.clock import Clock
 from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutcomeUnknown,
                             PermissionDenied, Unavailable, shown)
 from mqstore.format import record
 from mqstore.model import DURABILITY_WRITTEN, AppendResult, MessageIn, MessageLookup, StoredMessage, TopicRecord
 
+from . import records as tx
 from .cache import HalfCache
 from .config import TxnConfig
 from .table import COMMIT, COMMITTED, PARKED, PREPARE, PREPARING, ROLLED_BACK, Half, Txn, TxnTable

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Protocol, Sequence
 
-from mqstore import transactions as tx
 from mqstore.errors import DataLoss
 from mqstore.follow import TailStream
 from mqstore.format.record import SYSFLAG_TX_COMMIT
@@ -38,6 +37,8 @@ from mqstore.model import (TAIL_AT_OFFSET, TAIL_EARLIEST, AppendResult, MessageI
                            StoredMessage, TailFrame, TopicRecord)
 from mqstore.limits import MAX_GET_MESSAGES
 from mqstore.topics import OWNER_TRANSACTION
+
+from . import records as tx
 
 FOLLOWED_TOPICS = (tx.HALF_TOPIC, tx.OP_TOPIC, tx.CHECK_MAX_TOPIC)
 FOLLOWED_TX_TYPES = (SYSFLAG_TX_COMMIT,)

@@ -1,7 +1,7 @@
 """The table as the follower's projection of the log (mqstore.follow.Projection): Tail frames of the
 transaction topics and every COMMIT record -> TxnTable.
 
-  record (mqstore.transactions)       what it tells the table
+  record (records.py)                 what it tells the table
   ----------------------------------- --------------------------------------------------------------------
   half record (half topic)            the transaction exists (OPEN unless known), with this half of its
                                       attempt; an in-doubt Prepare landed
@@ -23,11 +23,11 @@ from typing import Iterable, Sequence
 
 import structlog
 
-from mqstore import transactions as tx
 from mqstore.follow import FollowConfig, Follower, GapPolicy, TailSource
 from mqstore.format import record, record_reader
 from mqstore.model import TailFrame
 
+from . import records as tx
 from .opbatch import parse_body
 from .table import BY_LOG, COMMIT, COMMITTED, OPEN, PARK, PARKED, PREPARING, ROLLED_BACK, Half, Txn, TxnTable
 
@@ -109,7 +109,7 @@ class TxnProjection:
 
 
 def half_of(view: record_reader.RecordView) -> Half:
-    """The table's Half of a half record (properties as mqstore.transactions writes them)."""
+    """The table's Half of a half record (properties as mqstore.txn.records writes them)."""
     real_qid = view.property(record.PROPERTY_REAL_QUEUE_ID) or ""
     return Half(view.physical_offset, view.queue_offset, view.store_timestamp_ms,
                 uniq_key=view.property(record.PROPERTY_UNIQ_KEY) or "",

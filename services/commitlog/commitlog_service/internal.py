@@ -2,7 +2,7 @@
 
 A thin adapter like CommitLogServicer: it checks the caller's shared secret (metadata
 ``mqstore-internal-token``, compared in constant time), converts the request and calls
-``MessageStore.append(..., system_writer=writer)``, whose rules (mqstore.transactions,
+``MessageStore.append(..., system_writer=writer)``, whose rules (mqstore.txn.records,
 store_topics.check_system_writer) decide what the writer may write. AppendBatches and
 AppendBatchesStream do that per batch, each batch's refusal reported in its own result.
 

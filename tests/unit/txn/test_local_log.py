@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from mqstore import transactions as tx
+from mqstore.txn import records as tx
 from mqstore.errors import InvalidArgument, NotFound
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import MessageIn

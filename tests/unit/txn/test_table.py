@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from mqstore import transactions as tx
+from mqstore.txn import records as tx
 from mqstore.errors import ResourceExhausted
 from mqstore.format import record
 from mqstore.model import TailFrame

@@ -16,7 +16,8 @@ from typing import Callable
 
 import grpc
 import structlog
-from mqstore import fs, transactions as tx
+from mqstore import fs
+from mqstore.txn import records as tx
 from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument
