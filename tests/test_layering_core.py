@@ -53,13 +53,12 @@ LAYERS = {
     "mqstore.queue": LOG,
     "mqstore.meta": LOG,
     # Replication's modules that the write path uses: the gate every append passes (node: SingleNode, or a
-    # replicated node's role with its epochs, in-sync set and settings) and the cut of a diverged log
-    # (log_ops); the rest of replication (leader, replica, controller...) is a feature.
+    # replicated node's role with its epochs, in-sync set and settings); the rest of replication (leader,
+    # replica, controller, the operations on a store's log: store_ops, log_ops) is a feature.
     "mqstore.replication.node": LOG,
     "mqstore.replication.epochs": LOG,
     "mqstore.replication.isr": LOG,
     "mqstore.replication.config": LOG,
-    "mqstore.replication.log_ops": LOG,
     # 2: the store and the parts it composes.
     "mqstore.store": STORE,
     "mqstore.store_topics": STORE,

@@ -55,7 +55,6 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, 
                            StoredMessage, StoreInfo, TailFrame, TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
-from mqstore.replication import log_ops
 from mqstore.replication.node import SingleNode
 from mqstore.queue.usage import TopicUsage
 from mqstore.store_retention import Retention
@@ -301,7 +300,9 @@ class MessageStore:
         if self.config.flush_mode == FLUSH_SYNC:
             self._dispatch_to(min(flushed_offset, self.gate.committed_offset()))
 
-    def _check_running(self) -> None:
+    def check_running(self) -> None:
+        """Unavailable unless the store serves (started, not stopping): every call that reads or writes the
+        log checks it first, also those of the modules that use the store (mqstore.replication.store_ops)."""
         if not self._running:
             raise Unavailable("the store is not running (starting or stopping); retry shortly")
 
@@ -350,7 +351,7 @@ class MessageStore:
                  replication: str | None) -> tuple[TopicRecord, bool]:
         """The topic's record and whether the append waits for the in-sync replicas, once the batch may be
         written by ``system_writer`` (``gate.begin_append`` is called)."""
-        self._check_running()
+        self.check_running()
         sync_replication = self.gate.sync_wanted(replication)
         self.gate.begin_append(sync_replication)
         self.disk.refuse_if_read_only()
@@ -415,7 +416,7 @@ class MessageStore:
     def delete_topic(self, name: str) -> None:
         """DeleteTopic in the steps of mqstore.store_topics, each safe to crash after (a delete cut short
         is resumed at start, or by deleting the name again)."""
-        self._check_running()
+        self.check_running()
         self.gate.check_writable()  # before step 1: a replica must not mark its leader's row (the shared database)
         rec = self.topics.begin_delete(name)                                   # 1. marked, hidden
         failpoints.hit("topic.delete.marked")
@@ -505,7 +506,7 @@ class MessageStore:
 
     def _pull(self, read, read_at, result, topic: str, queue_id: int, offset: int, max_messages: int,
               max_bytes: int, tags: Sequence[str], long_poll_ms: int):
-        self._check_running()
+        self.check_running()
         max_messages = limits.limit("max_messages", max_messages, default=32, maximum=MAX_PULL_MESSAGES)
         max_bytes = limits.limit("max_bytes", max_bytes, default=1 << 20, maximum=MAX_PULL_BYTES)
         long_poll_ms = limits.limit("long_poll_ms", long_poll_ms, default=0, maximum=MAX_LONG_POLL_MS)
@@ -526,12 +527,12 @@ class MessageStore:
         """Wait up to ``wait_ms`` until ``ready()`` (checked on every dispatch of new records), as a Pull's
         long poll, sharing its ``max_long_poll_waiters`` slots: with none free it answers at once. Returns
         ``ready()``'s last value."""
-        self._check_running()
+        self.check_running()
         return self._long_polls.wait_for(ready, min(max(wait_ms, 0), MAX_LONG_POLL_MS), lambda: self._running)
 
     def get_message(self, physical_offset: int) -> StoredMessage:
         """The record at ``physical_offset``; NotFound also for a record of a deleted topic (store_topics)."""
-        self._check_running()
+        self.check_running()
         limits.at_least_zero("physical_offset", physical_offset, "a byte address in the commit log")
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         rec = self.commitlog.decode_at(physical_offset, len(data))
@@ -540,7 +541,7 @@ class MessageStore:
 
     def get_message_raw(self, physical_offset: int) -> bytes:
         """:meth:`get_message` as the checked record's bytes (the compiled codec's GetMessage)."""
-        self._check_running()
+        self.check_running()
         limits.at_least_zero("physical_offset", physical_offset, "a byte address in the commit log")
         data = self.commitlog.record_at(physical_offset, self.visible_offset())
         checked = self.commitlog.checked_at(physical_offset, len(data))
@@ -556,7 +557,7 @@ class MessageStore:
         """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not
         (no record starts there, outside the log, damaged). One bad offset does not fail the others.
         With ``raw``, each found message is the checked record's bytes (:meth:`get_message_raw`)."""
-        self._check_running()
+        self.check_running()
         if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
             raise InvalidArgument(f"physical_offsets: give 1 to {MAX_GET_MESSAGES} offsets, "
                                   f"not {len(physical_offsets)}")
@@ -593,7 +594,7 @@ class MessageStore:
         internal identity: mqstore.retention_holds).
         With ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
         appends share a frame (each frame costs a wake-up and a send on both sides)."""
-        self._check_running()
+        self.check_running()
         max_frame_bytes = limits.limit("max_frame_bytes", max_frame_bytes, default=1 << 20, maximum=MAX_FRAME_BYTES)
         heartbeat_s = limits.limit("heartbeat_ms", heartbeat_ms, default=1000, minimum=10, maximum=60_000) / 1000
         linger_s = limits.limit("linger_ms", linger_ms, default=0, maximum=MAX_TAIL_LINGER_MS) / 1000
@@ -686,20 +687,6 @@ class MessageStore:
     def log_min(self) -> int:
         return self.commitlog.min_offset
 
-    def replica_chunk(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        """The leader's side: whole records from ``offset`` (a record start), for a replica."""
-        self._check_running()
-        return log_ops.chunk(self.commitlog, offset, max_bytes)
-
-    def replica_apply(self, offset: int, data: bytes, next_offset: int) -> None:
-        """The replica's side: the leader's bytes at the same physical offsets (under SYNC flush, covered
-        by an fsync before this returns). Visible only up to the leader's committed offset
-        (:meth:`replica_visible`)."""
-        self._check_running()
-        self.commitlog.append_replicated(offset, data, next_offset)
-        if self.flusher.sync:
-            self.flusher.wait_flushed(next_offset)
-
     def replica_visible(self, committed_offset: int) -> None:
         """The replica's side: consume queue entries (and so Pull and Tail) up to what its leader says is
         committed, that is held by every in-sync node: never bytes a failover could cut."""
@@ -732,24 +719,6 @@ class MessageStore:
         self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, limit, starts)
         if starts.reloaded:
             self.topics.refresh()
-
-    def truncate_log(self, offset: int) -> list[str]:
-        """Cut the log to ``offset`` (a replica whose tail diverged from its leader's), keeping .broken
-        copies of the cut segments; consume queues follow. Returns the copies."""
-        self._check_running()
-        copies = log_ops.truncate(self.commitlog, offset, self.dispatcher, self.queues)
-        self.flusher.flushed_offset = min(self.flusher.flushed_offset, offset)
-        self.write_checkpoint()
-        return copies
-
-    def restart_log_at(self, offset: int) -> list[str]:
-        """Start a new, empty log at ``offset`` (a segment start): an empty replica copying a leader whose
-        log starts there. Whatever the log held is kept as .broken copies."""
-        self._check_running()
-        copies = log_ops.restart_at(self.commitlog, offset, self.dispatcher, self.queues)
-        self.flusher.flushed_offset = offset
-        self.write_checkpoint()
-        return copies
 
     def promoted_visible(self) -> bool:
         """A new leader shows its readers everything it copied as a replica (pop consumption replays its

@@ -25,6 +25,7 @@ from mqstore.config import StoreConfig
 from mqstore.errors import CorruptLog
 from mqstore.log.repair import repair
 from mqstore.model import MessageIn
+from mqstore.replication import store_ops
 from mqstore.store import MessageStore
 from tests.crash.test_compaction_crash import crash_in_drop, crash_in_roll, crash_in_round
 from tests.crash.test_topic_delete_crash import crash_in_delete
@@ -375,12 +376,12 @@ def _truncate_after_copy(name, tmp_path, failpoint):
     point = store.log_end()
     _fill(store, 2)  # the tail a new leader does not have
     with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
-        store.truncate_log(point)
+        store_ops.truncate(store, point)
     assert store.log_end() > point and list(config.commitlog_dir.glob("*.broken*"))
     store.halt()  # the crash
     store = MessageStore(config)
     store.start()
-    store.truncate_log(point)
+    store_ops.truncate(store, point)
     assert store.log_end() == point
     store.stop()
     _check_store(config, acked)

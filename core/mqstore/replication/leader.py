@@ -20,7 +20,7 @@ from typing import AsyncIterator, Callable, Iterator
 import structlog
 
 from mqstore.errors import FailedPrecondition, InvalidArgument
-from mqstore.replication import divergence
+from mqstore.replication import divergence, store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import ReplicationNode
 
@@ -106,7 +106,7 @@ class ReplicaSession:
         return self.node.is_leader and self.node.leadership.epoch == self.epoch
 
     def _chunk(self) -> tuple[bytes, int]:
-        return self.store.replica_chunk(self.position, self.node.config.replication_chunk_bytes)
+        return store_ops.chunk(self.store, self.position, self.node.config.replication_chunk_bytes)
 
     def _sent(self, chunk: bytes, nxt: int) -> LogData:
         data = LogData(self.position, chunk, nxt, self.store.log_end(), self.node.in_sync.committed())

@@ -30,6 +30,7 @@ import structlog
 
 from mqstore.background import Duty
 from mqstore.errors import NotLeader, Unavailable
+from mqstore.replication import store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import LEADER, ReplicationNode
 
@@ -120,10 +121,10 @@ class ReplicaFollower(Duty):
             self.node.become_replica(welcome.leader_id, lead.leader_address, welcome.epoch)
         if welcome.start_empty:
             if self.store.log_end() != welcome.truncate_to or self.store.log_min() != welcome.truncate_to:
-                self.store.restart_log_at(welcome.truncate_to)
+                store_ops.restart_at(self.store, welcome.truncate_to)
                 self.node.truncated(welcome.truncate_to)
         elif self.store.log_end() > welcome.truncate_to:
-            self.store.truncate_log(welcome.truncate_to)
+            store_ops.truncate(self.store, welcome.truncate_to)
             self.node.truncated(welcome.truncate_to)
         self.node.record_epochs(welcome.history, self.store.log_end())
         log.info("replication.following", leader=welcome.leader_id, epoch=welcome.epoch,
@@ -135,6 +136,6 @@ class ReplicaFollower(Duty):
                               f"{self.store.log_end()}; reconnecting for a new handshake")
         if data.next_offset > data.offset:
             self.node.record_epochs(stream.welcome.history, data.next_offset)
-            self.store.replica_apply(data.offset, data.data, data.next_offset)
+            store_ops.apply(self.store, data.offset, data.data, data.next_offset)
         stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
         self.store.replica_visible(data.committed_offset)

@@ -5,6 +5,7 @@ follower makes (ReplicaFollower._apply). For tests of what a replica holds and w
 from __future__ import annotations
 
 from mqstore.clock import FakeClock
+from mqstore.replication import store_ops
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.node import ReplicationNode
 from mqstore.store import MessageStore
@@ -28,6 +29,6 @@ def copy(leader: MessageStore, replica: MessageStore, visible_to: int | None = N
     """The leader's bytes up to its end, then visible up to ``visible_to`` (the committed offset the replica
     last heard of; default the leader's end)."""
     while replica.log_end() < leader.log_end():
-        chunk, nxt = leader.replica_chunk(replica.log_end(), 1 << 20)
-        replica.replica_apply(replica.log_end(), chunk, nxt)
+        chunk, nxt = store_ops.chunk(leader, replica.log_end(), 1 << 20)
+        store_ops.apply(replica, replica.log_end(), chunk, nxt)
     replica.replica_visible(leader.log_end() if visible_to is None else visible_to)

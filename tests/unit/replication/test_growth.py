@@ -60,7 +60,7 @@ def test_a_replica_far_behind_is_read_on_a_thread_and_one_near_the_end_on_the_lo
         def log_end(self):
             return end
 
-        def replica_chunk(self, offset, max_bytes):
+        def chunk(self, offset, max_bytes):
             readers.append((offset, threading.current_thread().name))
             nxt = min(end, offset + max_bytes)
             return b"x" * (nxt - offset), nxt
@@ -70,6 +70,7 @@ def test_a_replica_far_behind_is_read_on_a_thread_and_one_near_the_end_on_the_lo
                            config=SimpleNamespace(replication_heartbeat_ms=10, replication_chunk_bytes=8 << 20))
     session = object.__new__(leader.ReplicaSession)  # the handshake is the other tests' business
     session.store, session.node, session.position, session.epoch = Store(), node, 0, 1
+    session._chunk = lambda: session.store.chunk(session.position, node.config.replication_chunk_bytes)
     session.hello = SimpleNamespace(replica_id="r", address="a")
 
     async def main():
