@@ -87,10 +87,15 @@ def _anyone() -> None:
     pass
 
 
+def _anyone_may(topic: str, group: str) -> None:
+    pass
+
+
 class LoopCalls:
     """Prepare, Commit, Rollback and a stream's ends on the loop or on a thread (the module docstring).
-    ``guard()`` (a Commit's, a Rollback's, an end's) is the caller's check that it may end the transaction
-    (Coordinator.check_end); it runs where the end runs, before it."""
+    A Commit or Rollback is checked first, where it runs: Coordinator.check_end(txn_id, ``expected``,
+    ``permit``), ``permit(topic, group)`` being the caller's permission; a stream's end takes its ``guard()``
+    (TransactStreams)."""
 
     def __init__(self, coordinator: Coordinator, streams: TransactStreams, loop_blocks: Callable[[], bool],
                  io: PortIo):
@@ -112,28 +117,31 @@ class LoopCalls:
             return await self.io.in_pool(functools.partial(self._coordinator.prepare, topic, messages, group, txn_id))
         return await self._to_end(self._coordinator.prepare_async(self.io, topic, messages, group, txn_id))
 
-    async def commit(self, txn_id: str, guard: Callable[[], None] = _anyone, on_loop: bool = False) -> Ended:
+    async def commit(self, txn_id: str, expected: tuple[str, str] = ("", ""),
+                     permit: Callable[[str, str], None] = _anyone_may, on_loop: bool = False) -> Ended:
         """Commit, tried on the loop (unless ``loop_blocks()`` and not ``on_loop``) without waiting; a refusal
         because the transaction is rolled back, not durably yet, is taken again on a thread."""
         if on_loop or not self._loop_blocks():
             try:
-                guard()
+                self._coordinator.check_end(txn_id, expected, permit)
                 return await self._to_end(self._coordinator.end_async(self.io, COMMIT, txn_id))
             except FailedPrecondition:
                 if not self._coordinator.rollback_pending(txn_id):
                     raise
-        return await self.io.in_pool(functools.partial(self._commit_on_thread, txn_id, guard))
+        return await self.io.in_pool(functools.partial(self._commit_on_thread, txn_id, expected, permit))
 
-    def _commit_on_thread(self, txn_id: str, guard: Callable[[], None]) -> Ended:
-        guard()
+    def _commit_on_thread(self, txn_id: str, expected: tuple[str, str], permit: Callable[[str, str], None]) -> Ended:
+        self._coordinator.check_end(txn_id, expected, permit)
         return self._coordinator.commit(txn_id)
 
-    async def rollback(self, txn_id: str, guard: Callable[[], None] = _anyone) -> Ended:
+    async def rollback(self, txn_id: str, expected: tuple[str, str] = ("", ""),
+                       permit: Callable[[str, str], None] = _anyone_may) -> Ended:
         """Rollback, on a thread: it waits for its OP record."""
-        return await self.io.in_pool(functools.partial(self._rollback_on_thread, txn_id, guard))
+        return await self.io.in_pool(functools.partial(self._rollback_on_thread, txn_id, expected, permit))
 
-    def _rollback_on_thread(self, txn_id: str, guard: Callable[[], None]) -> Ended:
-        guard()
+    def _rollback_on_thread(self, txn_id: str, expected: tuple[str, str],
+                            permit: Callable[[str, str], None]) -> Ended:
+        self._coordinator.check_end(txn_id, expected, permit)
         return self._coordinator.rollback(txn_id)
 
     def ends(self) -> StreamEnds:

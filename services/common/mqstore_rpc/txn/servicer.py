@@ -283,12 +283,10 @@ class LoopTransactionServicer(TransactionServicer):
                                                    request.producer_group, request.transaction_id))
 
     async def Commit(self, request, context):
-        guard = functools.partial(self._coordinator.check_end, request.transaction_id, _expected(request), _may_end)
-        return _ended(await self._calls.commit(request.transaction_id, guard))
+        return _ended(await self._calls.commit(request.transaction_id, _expected(request), _may_end))
 
     async def Rollback(self, request, context):
-        guard = functools.partial(self._coordinator.check_end, request.transaction_id, _expected(request), _may_end)
-        return _ended(await self._calls.rollback(request.transaction_id, guard))
+        return _ended(await self._calls.rollback(request.transaction_id, _expected(request), _may_end))
 
     async def Transact(self, request_iterator, context) -> AsyncIterator[txn_pb2.TransactResponse]:
         peer, calls = context.peer(), self._calls
@@ -338,9 +336,8 @@ class LoopTransactionServicer(TransactionServicer):
             return await self._calls.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
                                              p.transaction_id, on_loop=True)
         if kind == "commit":
-            txn_id = request.commit.transaction_id
-            guard = functools.partial(self._coordinator.check_end, txn_id, _expected(request.commit), _may_end)
-            return await self._calls.commit(txn_id, guard, on_loop=True)
+            return await self._calls.commit(request.commit.transaction_id, _expected(request.commit), _may_end,
+                                            on_loop=True)
         return self._frame(kind, request, peer)  # refuses what is not a frame
 
 
