@@ -69,14 +69,14 @@ RUN python scripts/gen_protos.py \
 FROM base AS runtime
 COPY --from=build /opt/mqstore /opt/mqstore
 ENV PATH=/opt/mqstore/bin:$PATH
-RUN python -c "import commitlog_service.main, index_service.main, gateway_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc" \
+RUN python -c "import mqstore_launcher.node, commitlog_service.main, index_service.main, gateway_service.main, mqstore_rpc.healthcheck, mqstore_rpc.gen.mqstore.v1.commitlog_pb2_grpc" \
  && python -c "import sys; from mqstore import codec; sys.exit(None if codec.ACTIVE == codec.COMPILED else codec.REASON)"
 USER mqstore
 VOLUME ["/data"]
 EXPOSE 50051 50052
 # 0.0.0.0 only inside a container: the published port decides who can reach it. The port comes from
 # MQSTORE_PORT (default 50051), which the health check (python -m mqstore_rpc.healthcheck) reads too.
-CMD ["python", "-m", "commitlog_service.main", "--host", "0.0.0.0", "--data-dir", "/data"]
+CMD ["python", "-m", "mqstore_launcher.node", "--host", "0.0.0.0", "--data-dir", "/data"]
 
 # ---- spark: pyspark into a copy of the runtime venv, then a Java runtime from Debian
 FROM build AS spark-build
@@ -102,4 +102,4 @@ ENV PATH=/opt/mqstore/bin:$PATH
 RUN python -c "import pyspark, pyarrow, pandas, compactor_service.main, mqstore_spark.round_job" && java -version
 USER mqstore
 VOLUME ["/data"]
-CMD ["python", "-m", "commitlog_service.main", "--host", "0.0.0.0", "--data-dir", "/data"]
+CMD ["python", "-m", "mqstore_launcher.node", "--host", "0.0.0.0", "--data-dir", "/data"]

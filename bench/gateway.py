@@ -161,7 +161,7 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
         create_topic(log_address)
         # Local mode: a second commit log serving the gateway itself, told its Transaction service's port
         local_txn_port = free_port()
-        local_proc, event = start_event("commitlog_service.main", [
+        local_proc, event = start_event("mqstore_launcher.node", [
             "--data-dir", str(work / "local-log"), "--gateway-port", "0",
             "--gateway-txn", f"127.0.0.1:{local_txn_port}"], work / "local-log.err")
         local_log, local_gw = f"127.0.0.1:{event['port']}", f"127.0.0.1:{event['ports']['gateway']}"

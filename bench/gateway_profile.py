@@ -206,7 +206,7 @@ def profile(cfg: dict, work: pathlib.Path, spy_dir: pathlib.Path | None) -> dict
                                     work / "gateway.err")
         create_topic(log_address)
         local_txn_port = free_port()
-        local_proc, event = start_event("commitlog_service.main", [
+        local_proc, event = start_event("mqstore_launcher.node", [
             "--data-dir", str(work / "local-log"), "--gateway-port", "0",
             "--gateway-txn", f"127.0.0.1:{local_txn_port}"], work / "local-log.err")
         local_txn_proc, _ = start("txn_service.main", ["--data-dir", str(work / "local-txn"), "--commitlog",

@@ -144,7 +144,7 @@ def start_local(data: pathlib.Path, variant_flags: list[str], log_path: pathlib.
     """A commit log serving the Transaction service itself (Local mode), with the bench topic: the process,
     the commit log's address and the Transaction port's."""
     txn_flags = [f"--txn-{flag[2:]}" if flag.startswith("--") else flag for flag in variant_flags]
-    proc, address = start("commitlog_service.main", ["--data-dir", str(data), "--txn-port", "0", *txn_flags],
+    proc, address = start("mqstore_launcher.node", ["--data-dir", str(data), "--txn-port", "0", *txn_flags],
                           log_path)
     # server.started names its pid (the log file is an earlier round's too); ports: the second ports by name
     txn_port = wait_for_event(proc, log_path, "server.started", 10)["ports"]["txn"]

@@ -30,6 +30,7 @@ from mqstore.auth.admin import AccessAdmin
 from mqstore.clock import SystemClock
 from mqstore.gateway.config import GatewayConfig
 from mqstore.meta.auth import AuthStore
+from mqstore_launcher.node import LocalMode
 from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
@@ -181,7 +182,8 @@ def _services(tmp, mode: str, transport: Transport) -> Iterator[int]:
     txn_port = free_port()
     local = LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}", gateway=GATEWAY) \
         if mode == "local" else None
-    log_config = dataclasses.replace(make_config(tmp / "log"), server=server, internal_token=TOKEN, gateway=local)
+    log_config = dataclasses.replace(make_config(tmp / "log"), server=server, internal_token=TOKEN,
+                                     hosted=(LocalMode(gateway=local),))
     with contextlib.ExitStack() as stack:
         log_server, log_port = stack.enter_context(commitlog_serving(log_config))
         txn = dataclasses.replace(txn_config(tmp / "txn", log_port, transaction_timeout_ms=1000,

@@ -30,6 +30,7 @@ from compactor_service.main import serving as compactor_serving
 from gateway_service.main import GatewayServiceConfig
 from gateway_service.main import serving as gateway_serving
 from mqstore.gateway.config import GatewayConfig
+from mqstore_launcher.node import LocalMode
 from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
@@ -333,7 +334,7 @@ def _services(tmp_path: pathlib.Path, transport: Transport = PLAINTEXT, **txn_ov
                                        gateway=GatewayConfig(long_poll_min_ms=500, long_poll_max_ms=3000))
     log_config = dataclasses.replace(make_config(tmp_path / "log"), server=server, internal_token=TOKEN,
                                      replication=ReplicationConfig(node_id="n1"),  # serves mqstore.v1.Replication
-                                     gateway=local_gateway)
+                                     hosted=(LocalMode(gateway=local_gateway),))
     with contextlib.ExitStack() as stack:
         log_server, log_port = stack.enter_context(commitlog_serving(log_config))
         address = f"127.0.0.1:{log_port}"

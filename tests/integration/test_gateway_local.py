@@ -15,6 +15,7 @@ import pytest
 from commitlog_service.main import CommitLogConfig, serving
 from mqstore.config import StoreConfig
 from mqstore.replication.config import ReplicationConfig
+from mqstore_launcher.node import LocalMode
 from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
@@ -34,7 +35,7 @@ def node_config(root: pathlib.Path, node_id: str, replica_of: str = "", gateway:
     store = StoreConfig(data_dir=root / node_id, segment_size_bytes=64 * 1024, preallocate_segments=False,
                         metadata_url=f"sqlite:///{root / 'metadata.db'}")
     local = LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{free_port()}") if gateway else None
-    return CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=0.5), gateway=local,
+    return CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=0.5), hosted=(LocalMode(gateway=local),),
                            replication=ReplicationConfig(node_id=node_id, replica_of=replica_of,
                                                          replication_heartbeat_ms=50))
 

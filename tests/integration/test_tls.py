@@ -17,6 +17,7 @@ from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
 from mqstore.index.config import IndexConfig
 from mqstore.index.follower import FollowerConfig
+from mqstore_launcher.node import LocalMode
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2, index_pb2_grpc, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.peers import Peers
@@ -76,8 +77,8 @@ def test_mutual_tls_needs_a_client_certificate_of_the_ca(tmp_path, certs, other_
 
 def test_the_local_transaction_port_on_grpc_aio_takes_mutual_tls_only(tmp_path, certs, other_certs):
     server = ServerConfig(port=0, grace_s=0.5, tls=_server_tls(certs, mutual=True))
-    config = dataclasses.replace(make_config(tmp_path / "log"), server=server,
-                                 txn=LocalTxnConfig(port=0, txn=TxnConfig(data_dir=tmp_path / "txn")))
+    local = LocalTxnConfig(port=0, txn=TxnConfig(data_dir=tmp_path / "txn"))
+    config = dataclasses.replace(make_config(tmp_path / "log"), server=server, hosted=(LocalMode(txn=local),))
     with commitlog_serving(config) as (log_server, _):
         address = f"localhost:{log_server.extra_ports['txn']}"
 

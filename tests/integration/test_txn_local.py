@@ -15,6 +15,7 @@ import pytest
 from commitlog_service.main import CommitLogConfig, serving
 from mqstore.config import StoreConfig
 from mqstore.replication.config import ReplicationConfig
+from mqstore_launcher.node import LocalMode
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.server import ServerConfig
@@ -50,7 +51,7 @@ def node_config(root: pathlib.Path, node_id: str, replica_of: str = "") -> Commi
     store = StoreConfig(data_dir=root / node_id, segment_size_bytes=64 * 1024, preallocate_segments=False,
                         metadata_url=f"sqlite:///{root / 'metadata.db'}")
     return CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=0.5),
-                           txn=local_txn_config(root / node_id / "txn"),
+                           hosted=(LocalMode(txn=local_txn_config(root / node_id / "txn")),),
                            replication=ReplicationConfig(node_id=node_id, replica_of=replica_of,
                                                          replication_heartbeat_ms=50))
 

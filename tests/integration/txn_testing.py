@@ -16,6 +16,7 @@ import grpc
 
 from commitlog_service.main import serving as commitlog_serving
 from mqstore.gateway.config import GatewayConfig
+from mqstore_launcher.node import LocalMode
 from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
@@ -71,7 +72,7 @@ def commitlog_with_txn(data_dir: pathlib.Path, txn_data_dir: pathlib.Path, port:
         config = dataclasses.replace(config, store=dataclasses.replace(config.store, flush_mode=flush_mode))
     config = dataclasses.replace(config, internal_token=TOKEN,
                                  server=ServerConfig(port=port, grace_s=0.5, max_running_handlers=max_running_handlers),
-                                 txn=local_txn_config(txn_data_dir, **overrides))
+                                 hosted=(LocalMode(txn=local_txn_config(txn_data_dir, **overrides)),))
     with commitlog_serving(config) as (server, bound):
         channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
         try:
@@ -128,8 +129,9 @@ def commitlog_with_gateway(data_dir: pathlib.Path, txn_port: int, gateway: Gatew
     before that service starts: (the server, its port, the gateway's port, a CommitLog stub)."""
     config = dataclasses.replace(make_config(data_dir), internal_token=internal_token,
                                  server=ServerConfig(port=0, grace_s=0.5),
-                                 gateway=LocalGatewayConfig(port=0, txn_address=f"127.0.0.1:{txn_port}",
-                                                            gateway=gateway or GatewayConfig()))
+                                 hosted=(LocalMode(gateway=LocalGatewayConfig(
+                                     port=0, txn_address=f"127.0.0.1:{txn_port}", gateway=gateway or GatewayConfig(),
+                                 )),))
     with commitlog_serving(config) as (server, bound):
         channel = grpc.insecure_channel(f"127.0.0.1:{bound}")
         try:

@@ -32,7 +32,7 @@ import pytest
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc
 from mqstore_rpc.auth import BearerToken
-from tests.support.processes import ServiceProcess
+from tests.support.processes import COMMITLOG, ServiceProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PY_CLIENT = ROOT / ".venv-rmq" / "bin" / "python"
@@ -209,14 +209,14 @@ class Stack:
     def _commitlog(self, port: int) -> ServiceProcess:
         args = ["--data-dir", str(self.tmp / "log"), "--port", str(port), "--grace-s", "1"]
         if self.mode == "cluster":
-            return ServiceProcess("commitlog_service.main", args, self.env).started()
+            return ServiceProcess(COMMITLOG, args, self.env).started()
         local = [a.replace("--", "--gateway-", 1) if a.startswith("--") else a for a in self.gateway_args]
         if self.mode == ALL_LOCAL:
             local += ["--txn-port", str(self.txn_port),
                       *(a.replace("--", "--txn-", 1) if a.startswith("--") else a for a in self.txn_args)]
         else:
             local += ["--gateway-txn", f"127.0.0.1:{self.txn_port}"]
-        process = ServiceProcess("commitlog_service.main", [
+        process = ServiceProcess(COMMITLOG, [
             *args, "--gateway-port", str(self.gateway_port), "--gateway-rpc-timeout-ms", "5000", *local], self.env)
         try:
             event = process.wait_for("server.started")

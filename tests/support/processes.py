@@ -39,9 +39,10 @@ MiB = 1024 * 1024
 # writer instead of 64 MiB; the rest as mqstore_launcher gives make run: consume queue files of
 # 50,000 entries (1 MB), index files of 100,000 slots and 400,000 entries (8.4 MB), compaction log
 # segments of 8 MiB.
+COMMITLOG = "mqstore_launcher.node"  # mqstore-commitlog: the commit log with Local mode's flags
 SMALL_FILES: dict[str, dict[str, str]] = {
-    "commitlog_service.main": {"MQSTORE_SEGMENT_SIZE_BYTES": str(16 * MiB), "MQSTORE_WARM_AHEAD_BYTES": str(4 * MiB),
-                               "MQSTORE_CQ_ENTRIES_PER_FILE": "50000"},
+    COMMITLOG: {"MQSTORE_SEGMENT_SIZE_BYTES": str(16 * MiB), "MQSTORE_WARM_AHEAD_BYTES": str(4 * MiB),
+                "MQSTORE_CQ_ENTRIES_PER_FILE": "50000"},
     "index_service.main": {"MQSTORE_SLOT_COUNT": "100000", "MQSTORE_ENTRY_COUNT": "400000"},
     "compactor_service.main": {"MQSTORE_SEGMENT_SIZE_BYTES": str(8 * MiB)},
 }
@@ -167,5 +168,5 @@ class ServiceProcess:
 
 
 def commitlog(data_dir, *extra: str, env: dict[str, str] | None = None) -> ServiceProcess:
-    return ServiceProcess("commitlog_service.main",
+    return ServiceProcess(COMMITLOG,
                           ["--data-dir", str(data_dir), "--port", "0", "--grace-s", "1", *extra], env)

@@ -17,22 +17,10 @@ Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfi
 variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
 ``--etcd-endpoints`` elects the leader through etcd, ``--min-insync-replicas``, ``--default-replication
 ASYNC|SYNC`` and the lag and timeout settings.
-Local mode of the RocketMQ 5 gateway (services/gateway/README.md, *Cluster mode and Local mode*):
-``--gateway-port PORT`` (env ``MQSTORE_GATEWAY_PORT``) serves ``apache.rocketmq.v2.MessagingService`` on that
-port from this process, sends going straight to the store; ``--gateway-txn HOST:PORT`` is the Transaction
-service (default: this process's own with ``--txn-port``, else 127.0.0.1:50053), ``--gateway-rpc-timeout-ms``,
-``--gateway-stream-deadline-ms``, ``--gateway-max-workers`` (256) and ``--gateway-<field>`` for each field of
-GatewayConfig (``--gateway-max-clients``, ...; ``--gateway-max-body-bytes`` defaults to the store's
-``--max-body-bytes``).
-Local mode of the Transaction service (README, *Transaction service: Cluster mode and Local mode*):
-``--txn-port PORT`` (env ``MQSTORE_TXN_PORT``; 0 = any free port) serves ``mqstore.v1.Transaction`` on that
-port from this process, its half, OP and COMMIT records going straight to the store; its state (checkpoint
-journal, audit database) is in ``--txn-data-dir`` (default ``<data-dir>/txn``), ``--txn-rpc-timeout-ms``
-(10000: how long a call waits for its append), ``--txn-max-workers`` (default: 64 plus one per stream it
-admits) and ``--txn-<field>`` for each field of TxnConfig (``--txn-op-batch-max-bytes``,
-``--txn-cache-max-entries``, ...; one-way ends are applied on their stream's thread, so ``--txn-one-way-workers``
-is unused). Its port is in ``server.started`` (``ports.txn``) and in the event
-``txn.local``. A Local-mode gateway of the same process uses it unless ``--gateway-txn`` names another.
+Local mode (the RocketMQ 5 gateway and the Transaction service served from this process, each on a port
+of its own: ``--gateway-port``, ``--txn-port`` and their flags) is composed above the services, by
+mqstore_launcher.node (``mqstore-commitlog``): this module imports neither service; it takes what it hosts
+as :class:`Hosted` parts (``CommitLogConfig.hosted``) and their flags as :class:`HostedFlags`.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
@@ -47,17 +35,17 @@ import contextlib
 import dataclasses
 import pathlib
 import sys
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import InvalidArgument
-from mqstore.gateway.config import GatewayConfig
 from mqstore.meta.auth import AuthStore
 from mqstore.pop.config import PopConfig
 from mqstore.pop.leadership import PopLeadership
+from mqstore.pop.service import PopService
 from mqstore.replication.config import SYNC, ReplicationConfig
 from mqstore.replication.controller import Controller
 from mqstore.replication.isr import IsrKeeper
@@ -65,16 +53,11 @@ from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
-from mqstore.txn.config import TxnConfig
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.executor import RUNNING
-from mqstore_rpc.gateway.composition import DEFAULT_MAX_WORKERS as GATEWAY_MAX_WORKERS
-from mqstore_rpc.gateway.composition import DEFAULT_TXN, LocalGatewayConfig, compose_local
 from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
-from mqstore_rpc.txn.composition import LocalTxnConfig
-from mqstore_rpc.txn.composition import compose_local as compose_local_txn
 
 from commitlog_service import access, consumer, internal, replication
 from commitlog_service.etcd_client import EtcdCoordination
@@ -95,9 +78,39 @@ class CommitLogConfig:
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
     internal_token: str = ""      # shared secret of CommitLogInternal; "" = that service refuses every call
     replication: ReplicationConfig = ReplicationConfig()  # node_id "" = a single node (no replication)
-    gateway: LocalGatewayConfig | None = None  # the RocketMQ 5 gateway in this process (Local mode); None = off
-    txn: LocalTxnConfig | None = None  # the Transaction service in this process (Local mode); None = off
+    hosted: tuple[Hosted, ...] = ()  # other services' parts served from this process (Local mode: the gateway,
+                                     # the Transaction service; mqstore_launcher.node), composed in this order
     append_on_loop: bool | None = None  # a grpc.aio port answering Append on its loop; None = when appends wait
+
+
+class Hosted(Protocol):
+    """A part of another service served from this process on a port of its own (Local mode: the RocketMQ 5
+    gateway and the Transaction service, made by mqstore_launcher.node). Immutable."""
+
+    def compose(self, host: Host, parts: service.Composition) -> None:
+        """Build it on this process's store, once the commit log's own services are composed."""
+
+    def describe(self) -> dict:
+        """Its keys in the config of ``server.started``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """What this process gives a hosted part: its config, its store and pop consumption (the current
+    leadership's: PopLeadership.current)."""
+
+    config: CommitLogConfig
+    store: MessageStore
+    pop: Callable[[], PopService]
+
+
+@dataclasses.dataclass(frozen=True)
+class HostedFlags:
+    """How a hosted part is set on this service's command line: ``add_flags`` adds its flags (after pop
+    consumption's), ``parse`` makes the part from them and the store's settings."""
+
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    parse: Callable[[argparse.Namespace, Mapping[str, str], StoreConfig], Hosted]
 
 
 def on_loop(config: CommitLogConfig) -> bool:
@@ -134,11 +147,8 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
     compose_access(config, parts)
-    txn_port = None
-    if config.txn is not None:  # before the gateway: its closers run after the gateway's
-        txn_port = compose_local_txn(config.txn, config.server, store, store.clock, parts)
-    if config.gateway is not None:  # its Transaction service: --gateway-txn, else the one above, if any
-        compose_local(config.gateway, config.server, store, pop.current, store.clock, parts, txn_port)
+    for part in config.hosted:  # Local mode
+        part.compose(Host(config, store, pop.current), parts)
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -199,7 +209,7 @@ def _replication_fields() -> list[dataclasses.Field]:
     return S.config_fields(ReplicationConfig)
 
 
-def build_arg_parser() -> argparse.ArgumentParser:
+def build_arg_parser(hosted_flags: Sequence[HostedFlags] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="commitlog_service", description="mqstore CommitLog gRPC service")
     S.add_service_flags(parser, DEFAULT_PORT, "data directory")
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
@@ -208,76 +218,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "SYNC), true or false: serve the port on grpc.aio and answer Append on its event loop; env "
                         "MQSTORE_APPEND_ON_LOOP")
     S.add_flags(parser, PopConfig)
-    for name, text in _GATEWAY_FLAGS.items():
-        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
-    for f in S.config_fields(GatewayConfig):
-        name = f"gateway_{f.name}"
-        parser.add_argument(S.flag(name), dest=name, help=f"Local-mode gateway: {f.name} (services/gateway/README.md); "
-                            f"env {S.env_name(name)}, default {f.default}")
-    for name, text in _TXN_FLAGS.items():
-        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
-    for f in S.config_fields(TxnConfig, skip={"data_dir"}):
-        name = f"txn_{f.name}"
-        parser.add_argument(S.flag(name), dest=name, help=f"Local-mode Transaction service: {f.name} (README); "
-                            f"env {S.env_name(name)}, default {f.default}")
+    for hosted in hosted_flags:
+        hosted.add_flags(parser)
     for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
         parser.add_argument(S.flag(f.name), dest=f.name, help=f"env {S.env_name(f.name)}, default {f.default}",
                             **switch)
     return parser
-
-
-_GATEWAY_FLAGS = {
-    "gateway_port": "serve the RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService) from this process on this "
-                    "port (Local mode; 0 = any free port); unset = no gateway here",
-    "gateway_txn": f"Local-mode gateway: the Transaction service's host:port (default: this process's own with "
-                   f"--txn-port, else {DEFAULT_TXN})",
-    "gateway_rpc_timeout_ms": "Local-mode gateway: timeout of each call to the Transaction service (default 10000)",
-    "gateway_stream_deadline_ms": "Local-mode gateway: a CheckBack stream is re-opened this often (default 600000)",
-    "gateway_max_workers": f"Local-mode gateway: handler threads of its port (default {GATEWAY_MAX_WORKERS})",
-}
-
-
-def _gateway_config(args: argparse.Namespace, env: Mapping[str, str], store: StoreConfig) -> LocalGatewayConfig | None:
-    port = S.typed(args, env, "gateway_port", S.parse_int, None)
-    if port is None:
-        return None
-    values = {f.name: S.typed(args, env, f"gateway_{f.name}", S.parser_for(f.default), f.default)
-              for f in S.config_fields(GatewayConfig) if S.setting(args, env, f"gateway_{f.name}") is not None}
-    values.setdefault("max_body_bytes", store.max_body_bytes)  # the gateway advertises what the store takes
-    return LocalGatewayConfig(
-        port=port, txn_address=S.typed(args, env, "gateway_txn", str, ""), gateway=GatewayConfig(**values),
-        rpc_timeout_ms=S.typed(args, env, "gateway_rpc_timeout_ms", S.parse_int, 10_000),
-        stream_deadline_ms=S.typed(args, env, "gateway_stream_deadline_ms", S.parse_int, 600_000),
-        max_workers=S.typed(args, env, "gateway_max_workers", S.parse_int, GATEWAY_MAX_WORKERS))
-
-
-_TXN_FLAGS = {
-    "txn_port": "serve the Transaction service (mqstore.v1.Transaction) from this process on this port (Local mode; "
-                "0 = any free port); unset = no Transaction service here",
-    "txn_data_dir": "Local-mode Transaction service: its state directory (default <data-dir>/txn)",
-    "txn_rpc_timeout_ms": "Local-mode Transaction service: how long a call waits for its append (default 10000)",
-    "txn_max_workers": "Local-mode Transaction service: handler threads of its port (default 64 plus one per "
-                       "stream it admits)",
-}
-
-
-def _txn_config(args: argparse.Namespace, env: Mapping[str, str], store: StoreConfig) -> LocalTxnConfig | None:
-    port = S.typed(args, env, "txn_port", S.parse_int, None)
-    if port is None:
-        return None
-    values = {f.name: S.typed(args, env, f"txn_{f.name}", S.parser_for(f.default), f.default)
-              for f in S.config_fields(TxnConfig, skip={"data_dir"})
-              if S.setting(args, env, f"txn_{f.name}") is not None}
-    data_dir = S.typed(args, env, "txn_data_dir", pathlib.Path, store.data_dir / "txn")
-    try:
-        txn = TxnConfig(data_dir=data_dir, **values)
-    except InvalidArgument as exc:  # the domain names its field: say which flag sets it
-        raise InvalidArgument(f"Local-mode Transaction service (--txn-<field> / MQSTORE_TXN_<FIELD>): {exc}") from None
-    return LocalTxnConfig(port=port, txn=txn,
-                          rpc_timeout_ms=S.typed(args, env, "txn_rpc_timeout_ms", S.parse_int, 10_000),
-                          max_workers=S.typed(args, env, "txn_max_workers", S.parse_int, None))
 
 
 def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConfig:
@@ -290,8 +238,12 @@ def _store_config(args: argparse.Namespace, env: Mapping[str, str]) -> StoreConf
     return StoreConfig(data_dir=S.data_dir(args, env), **values)
 
 
-def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLogConfig:
-    args = build_arg_parser().parse_args(argv)
+def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
+                 hosted_flags: Sequence[HostedFlags] = ()) -> CommitLogConfig:
+    """The settings; ``hosted_flags``: the flags of the parts this process hosts (Local mode), none here."""
+    if not hosted_flags:
+        _refuse_local_mode(env)
+    args = build_arg_parser(hosted_flags).parse_args(argv)
     store = _store_config(args, env)
     return CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT, default_running=RUNNING),
                            pop=PopConfig(**S.values_for(args, env, PopConfig)),
@@ -299,8 +251,17 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> CommitLo
                            log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
                            internal_token=S.internal_token(args, env),
                            replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)),
-                           gateway=_gateway_config(args, env, store), txn=_txn_config(args, env, store),
+                           hosted=tuple(hosted.parse(args, env, store) for hosted in hosted_flags),
                            append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None))
+
+
+def _refuse_local_mode(env: Mapping[str, str]) -> None:
+    """A variable that turns Local mode on is not ignored where no Local mode is composed (its flags are
+    refused by the parser)."""
+    for name in ("MQSTORE_GATEWAY_PORT", "MQSTORE_TXN_PORT"):
+        if env.get(name):
+            raise InvalidArgument(f"{name} is set, but this command serves no Local mode: run mqstore-commitlog "
+                                  f"(python -m mqstore_launcher.node), or unset it")
 
 
 def _auto_or_bool(text: str) -> bool | None:
@@ -312,16 +273,8 @@ def describe(config: CommitLogConfig, port: int) -> dict:
     store["store_port"] = config.advertised_port or port  # what compose gave the store
     return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop),
             "replication": dataclasses.asdict(config.replication),
-            "gateway": dataclasses.asdict(config.gateway) if config.gateway is not None else None,
-            "txn": _describe_txn(config.txn), "append_on_loop": on_loop(config)}
-
-
-def _describe_txn(local: LocalTxnConfig | None) -> dict | None:
-    if local is None:
-        return None
-    described = dataclasses.asdict(dataclasses.replace(local, clock=None))
-    described["txn"]["metadata_url"] = "<set>" if local.txn.metadata_url else ""  # it may hold a password
-    return described
+            **{key: value for part in config.hosted for key, value in part.describe().items()},
+            "append_on_loop": on_loop(config)}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=on_loop,

@@ -86,7 +86,7 @@ _APPEND_JSON = '{"topic":"demo","messages":[{"body":"aGVsbG8=","keys":["k1"]}]}'
 
 # In start order; stopped in reverse. The commit log comes first: the others follow it.
 SERVICES = (
-    ServiceEntry("commitlog", "commitlog_service.main", 50051, "", False, "MQSTORE_ADDRESS", "mqstore.v1.CommitLog", (
+    ServiceEntry("commitlog", "mqstore_launcher.node", 50051, "", False, "MQSTORE_ADDRESS", "mqstore.v1.CommitLog", (
         "grpcurl -plaintext {address} list",
         f"grpcurl -plaintext -d '{_APPEND_JSON}' {{address}} mqstore.v1.CommitLog/Append",
         "mqstore send demo hello world --queue 0 --key k1",
