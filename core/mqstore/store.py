@@ -97,7 +97,7 @@ class MessageStore:
         self.commitlog = CommitLog(self.segments, self.clock, reserve_queue_files=self.queues.reserve)
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.encoder.tag_code)
         self.flusher: Flusher | None = None
-        self.disk = DiskSpace(config, self.abort_path, metrics)
+        self.disk = DiskSpace(config, self._abort_path, metrics)
         self.topics = TopicRegistry(config.default_queue_count, queue_info=self.queue_info,
                                     refuse_write=self.disk.refuse_metadata_write_if_read_only,
                                     log_end=lambda: self.commitlog.written_offset, append_lock=self.commitlog.lock)
@@ -137,11 +137,11 @@ class MessageStore:
 
     # ------------------------------------------------------------------ lifecycle
     @property
-    def abort_path(self):
+    def _abort_path(self):
         return self.config.data_dir / "abort"
 
     @property
-    def checkpoint_path(self):
+    def _checkpoint_path(self):
         return self.config.data_dir / "checkpoint"
 
     def start(self) -> None:
@@ -161,7 +161,7 @@ class MessageStore:
         cfg = self.config
         fs.remove_leftovers(cfg.data_dir)
         self.disk.check_before_start()  # before anything is written: a full disk starts read-only
-        unclean = self.abort_path.exists()
+        unclean = self._abort_path.exists()
         cp = self._read_checkpoint()
         cq_root_existed = cfg.consumequeue_dir.is_dir()
         # The default SQLite file is created here by SQLite, which does not fsync the directory of a new
@@ -212,7 +212,7 @@ class MessageStore:
         self._dispatch_to(self.flusher.flushed_offset)
         checkpointed = self.write_checkpoint()
         if checkpointed and self.dispatcher.dispatched_offset >= self.commitlog.written_offset:
-            self.abort_path.unlink(missing_ok=True)
+            self._abort_path.unlink(missing_ok=True)
             fs.fsync_dir(self.config.data_dir)
         self.queues.close()
         self.segments.close()
@@ -239,7 +239,7 @@ class MessageStore:
 
     def _read_checkpoint(self) -> cpfmt.Checkpoint | None:
         try:
-            return cpfmt.decode(self.checkpoint_path.read_bytes())
+            return cpfmt.decode(self._checkpoint_path.read_bytes())
         except FileNotFoundError:
             return None
         except DataLoss as exc:
@@ -247,12 +247,12 @@ class MessageStore:
             return None
 
     @property
-    def manifest_path(self):
+    def _manifest_path(self):
         return self.config.consumequeue_dir / "queues.manifest"
 
     def _queues_behind(self) -> set[tuple[str, int]]:
         try:
-            behind = self.dispatcher.queues_behind(self.manifest_path.read_bytes())
+            behind = self.dispatcher.queues_behind(self._manifest_path.read_bytes())
         except FileNotFoundError:
             return set()
         except (ValueError, KeyError, TypeError) as exc:
@@ -282,8 +282,8 @@ class MessageStore:
         cp = cpfmt.Checkpoint(self.flusher.flushed_offset, dispatched, self.flusher.physic_msg_timestamp_ms,
                               logics_ts, self.clock.now_ms(), *self._checked)
         try:
-            fs.replace_file(self.manifest_path, manifest)
-            fs.replace_file(self.checkpoint_path, cpfmt.encode(cp),
+            fs.replace_file(self._manifest_path, manifest)
+            fs.replace_file(self._checkpoint_path, cpfmt.encode(cp),
                             before_rename=lambda: failpoints.hit("checkpoint.before_rename"))
         except OSError as exc:
             self.disk.checkpoint_skipped_for(exc)  # re-raised unless the disk is full

@@ -376,7 +376,8 @@ def test_the_manifest_counts_only_entries_its_checkpoint_made_durable(small_conf
     try:
         store.write_checkpoint()
         assert during, "an entry was dispatched during the checkpoint's flushes"
-        counted = {(t, q): n for t, q, n in json.loads(store.manifest_path.read_bytes())["queues"]}
+        manifest = json.loads((store.config.consumequeue_dir / "queues.manifest").read_bytes())
+        counted = {(t, q): n for t, q, n in manifest["queues"]}
         assert counted[("t", 0)] <= store.queues.get("t", 0).flushed_offset == during[0]
     finally:
         store.stop()
