@@ -39,6 +39,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 import structlog
 
+from mqstore import topics as topic_rules
 from mqstore import waits
 from mqstore.background import Workers
 from mqstore.errors import InvalidArgument, MqStoreError, ResourceExhausted
@@ -204,8 +205,10 @@ class CheckBack:
     """The streams' readers and the answers' deciders (see the module docstring)."""
 
     def __init__(self, hub: CheckHub, sink: AnswerSink, decide: Callable[[str, str], object], *, max_streams: int,
-                 answer_workers: int, max_queued_answers: int):
-        self.hub, self.sink, self._decide = hub, sink, decide
+                 answer_workers: int, max_queued_answers: int, check_ready: Callable[[], None] = lambda: None):
+        """``check_ready()`` raises (Unavailable) while the service cannot take a stream yet (recovering:
+        Coordinator.check_ready)."""
+        self.hub, self.sink, self._decide, self._check_ready = hub, sink, decide, check_ready
         self.readers = Workers("txn-checkback-reader", workers=max_streams, max_queued=max_streams)
         self.deciders = Workers("txn-check-answer", workers=answer_workers, max_queued=max_queued_answers)
 
@@ -223,8 +226,11 @@ class CheckBack:
         return self.readers.problem() or self.deciders.problem()
 
     def open(self, group: str, incoming: Iterable[Answer], allows: Callable[[str], bool] = _anything) -> CheckSession:
-        """A session for a stream whose answers are ``incoming`` (read on a reader thread; an iteration
-        that ends means the producer went away), carrying checks of the topics ``allows``."""
+        """A session for a stream of producer group ``group`` (a valid group name; the service ready) whose
+        answers are ``incoming`` (read on a reader thread; an iteration that ends means the producer went
+        away), carrying checks of the topics ``allows``."""
+        topic_rules.validate_group_name(group)
+        self._check_ready()
         session = self.hub.open(group, self.sink.on_send, allows)
         try:
             self.readers.submit(lambda: self._read(session, incoming), timeout_s=0)

@@ -157,7 +157,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     add_duty(checkpointer)
     checkback = CheckBack(hub, checker, coordinator.decide,
                           max_streams=cfg.max_check_streams, answer_workers=cfg.check_answer_workers,
-                          max_queued_answers=cfg.check_answer_queue)
+                          max_queued_answers=cfg.check_answer_queue, check_ready=coordinator.check_ready)
     checkback.start()
     parts.on_close(lambda: checkback.stop(timeout_s))
     add_health_problem(checkback.problem)

@@ -26,7 +26,6 @@ import functools
 from typing import AsyncIterator, Callable, Iterator
 
 import grpc
-from mqstore import topics as topic_rules
 from mqstore.auth.model import PUB, group, topic
 from mqstore.errors import InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
@@ -257,8 +256,6 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("kind") != "hello":
             raise InvalidArgument("CheckBack: the first message must be a hello naming the producer group")
-        topic_rules.validate_group_name(first.hello.producer_group)
-        self._coordinator.check_ready()
         session = self._checkback.open(first.hello.producer_group, _answers(request_iterator), _may_publish())
         try:
             for check in session.checks(context.is_active):
