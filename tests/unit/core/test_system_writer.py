@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from mqstore import relayed, topics
@@ -138,3 +141,15 @@ def test_two_writers_of_one_topic_are_a_composition_bug():
         writers.register(WriterRules("c", "C", frozenset({"orders"})))
     topic = TopicRecord("orders", 1, KIND_NORMAL, 0, 0)
     writers.check(topic, [MessageIn(body=b"x")], None)  # anybody writes an ordinary topic
+
+
+def test_the_commit_logs_composition_registers_every_system_writer():
+    """The commit log takes other processes' appends (CommitLogInternal): its main composes every writer's
+    rules (mqstore.system_writers), without the tests' conftest."""
+    code = ("import commitlog_service.main\nfrom mqstore import topics\nfrom mqstore.format import topic_event\n"
+            "from mqstore.writers import SYSTEM_WRITERS\n"
+            "print(SYSTEM_WRITERS.owners(), all(SYSTEM_WRITERS.owner_of(t) for t in topics.SYSTEM_TOPICS\n"
+            "                                   if t != topic_event.TOPIC))  # the store's own: its store adds it")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['gateway',", "'pop',", "'schedule',", "'txn']", "True"]
