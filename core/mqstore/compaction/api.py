@@ -43,6 +43,11 @@ class Description:
     min_offset: int
     max_offset: int
 
+    @property
+    def tombstones_pending_why(self) -> str:
+        """Why the queue still holds tombstones ("" when it holds none)."""
+        return "within delete_retention_ms of the round that first saw them" if self.dirt.tombstones_kept else ""
+
 
 @dataclass(frozen=True)
 class ServiceStats:
@@ -53,6 +58,13 @@ class ServiceStats:
     queues: int
     records_applied: int
     replica_of: str
+
+    @property
+    def bytes_behind(self) -> int | None:
+        """How far the compaction logs lag the commit log's end (None: its end is unknown)."""
+        if self.log_end_physical_offset is None:
+            return None
+        return max(0, self.log_end_physical_offset - self.checkpoint_physical_offset)
 
 
 class CompactorApi:

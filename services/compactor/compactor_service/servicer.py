@@ -34,16 +34,14 @@ def round_report(queue_id: int, info) -> pb.RoundReport:
 
 def description(d: Description) -> pb.QueueDescription:
     qlog, dirt = d.slot.qlog, d.dirt
-    why = ""
-    if dirt.tombstones_kept:
-        why = "within delete_retention_ms of the round that first saw them"
     return pb.QueueDescription(
         topic=qlog.topic, queue_id=qlog.queue_id, clean_bytes=dirt.clean_bytes, dirty_bytes=dirt.dirty_bytes,
         active_bytes=dirt.active_bytes, dirty_ratio=dirt.dirty_ratio, cleaned_up_to_offset=qlog.cleaned_offset,
         min_offset=d.min_offset, max_offset=d.max_offset, records=d.records, keys=d.keys,
         last_round=round_report(qlog.queue_id, d.info), round_running=d.running,
-        tombstones_pending=dirt.tombstones_kept, tombstones_pending_why=why, quarantined=d.quarantined,
-        quarantined_until_ms=d.quarantined_until_ms, failures=d.failures, last_error=d.last_error, due=d.due)
+        tombstones_pending=dirt.tombstones_kept, tombstones_pending_why=d.tombstones_pending_why,
+        quarantined=d.quarantined, quarantined_until_ms=d.quarantined_until_ms, failures=d.failures,
+        last_error=d.last_error, due=d.due)
 
 
 class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
@@ -106,7 +104,7 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
                                   records_applied=s.records_applied, replica_of=s.replica_of)
         if s.log_end_physical_offset is not None:  # else unknown: left unset, never 0
             stats.log_end_physical_offset = s.log_end_physical_offset
-            stats.bytes_behind = max(0, s.log_end_physical_offset - s.checkpoint_physical_offset)
+            stats.bytes_behind = s.bytes_behind
         return stats
 
     def ListQueues(self, request, context):
