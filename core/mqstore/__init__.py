@@ -14,8 +14,14 @@ Map of the package:
   txn/         the Transaction service's domain (half messages, OP batches, check-back)
   compaction/  compaction topics' domain (compaction logs, rounds, latest values)
   message_keys.py  the message key rules every topic kind shares (compaction key and queue, tombstones)
-  store.py     the MessageStore facade that services call; it composes store_topics.py (topic
-               registry) and store_space.py (full disk), and runs its duties on background.py
+  store.py     the MessageStore facade that services call: the write path, the read path and recovery of
+               the log and its queues; it composes store_topics.py (topic registry), store_space.py (full
+               disk) and store_retention.py (retention, holds), and runs its duties on background.py
+  writers.py   the registry of system writers (owner, topics, checks) that the store asks; each feature
+               registers its rules (system_writers.py composes them); no writer is known to the store
+  access.py    the access model (users, rules, the decision): stored by meta/, used by auth/
+  Layers (tests/test_layering_core.py): formats and shared pieces -> log/, queue/, meta/ -> the store ->
+               features (pop/, txn/, compaction/, index/, gateway/, replication/, auth/...), no cycle
   follow.py    the Tail follower of the services derived from the log (index, compaction logs)
   background.py  the base of every background thread (Duty)
   fs.py        the only module that renames files: atomic replace, durable copy, staged install

@@ -2,8 +2,8 @@
 
 A thin adapter like CommitLogServicer: it checks the caller's shared secret (metadata
 ``mqstore-internal-token``, compared in constant time), converts the request and calls
-``MessageStore.append(..., system_writer=writer)``, whose rules (mqstore.txn.records,
-store_topics.check_system_writer) decide what the writer may write. AppendBatches and
+``MessageStore.append(..., system_writer=writer)``, whose rules (each writer's, registered in
+mqstore.writers by mqstore.system_writers) decide what the writer may write. AppendBatches and
 AppendBatchesStream do that per batch, each batch's refusal reported in its own result.
 
 Thread-safe: holds the store (thread-safe) and the token (immutable).
