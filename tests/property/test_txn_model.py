@@ -43,7 +43,7 @@ from mqstore.txn.config import TxnConfig
 from mqstore.txn.coordinator import Coordinator
 from mqstore.txn.indoubt import InDoubt
 from mqstore.txn.onloop import PortIo, inline_append
-from mqstore.txn.opbatch import OpBatcher
+from mqstore.txn.opbatch import OpBatcher, op_writer
 from mqstore.txn.persist import Checkpointer
 from mqstore.txn.projection import TxnProjection
 from mqstore.txn.table import COMMITTED, OPEN, ROLLED_BACK, TxnTable
@@ -106,9 +106,8 @@ class TxnMachine(RuleBasedStateMachine):
         self.appender = AppendBatcher(self.log.append, max_messages=1000, max_bytes=4 << 20, timeout_s=10)
         self.in_doubt = InDoubt(self.table, lambda: self.store.store_info().max_physical_offset, self.clock,
                                 SETTLE_MS)
-        self.ops = OpBatcher(lambda body, offsets: self.appender.append(tx.OP_TOPIC, [MessageIn(body, tx.OP_TAG,
-                                                                                                queue_id=0)]),
-                             self.clock, max_bytes=4096, interval_ms=1, on_written=self.table.mark_op_written,
+        self.ops = OpBatcher(op_writer(self.appender.append), self.clock, max_bytes=4096, interval_ms=1,
+                             on_written=self.table.mark_op_written,
                              on_unknown=lambda offsets: self.in_doubt.add(
                                  "op", lambda: self.ops.requeue(self.table.requeue_op(offsets))))
         self.coordinator = Coordinator(config, self.table, self, self.appender, self.ops,

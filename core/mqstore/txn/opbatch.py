@@ -35,6 +35,9 @@ from mqstore import failpoints
 from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import OutcomeUnknown
+from mqstore.model import AppendResult, MessageIn
+
+from . import records as tx
 
 log = structlog.get_logger("mqstore.txn.opbatch")
 
@@ -53,6 +56,14 @@ class OpStats:
     write_failures: int
     pending: int
     unknown_outcomes: int       # writes whose outcome was unknown (their entries went to the resolver)
+
+
+def op_writer(append: Callable[[str, Sequence[MessageIn]], list[AppendResult]]) -> Callable[[bytes, list[int]], object]:
+    """OpBatcher's ``write`` over an ``append(topic, messages)``: one OP message, on OP_TOPIC queue 0 with tag
+    ``d`` (mqstore.txn.records)."""
+    def write(body: bytes, offsets: list[int]) -> list[AppendResult]:
+        return append(tx.OP_TOPIC, [MessageIn(body, tx.OP_TAG, queue_id=0)])
+    return write
 
 
 def entry_text(half_queue_offset: int) -> str:

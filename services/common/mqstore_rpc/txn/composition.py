@@ -17,7 +17,6 @@ from typing import Callable
 import grpc
 import structlog
 from mqstore import fs
-from mqstore.txn import records as tx
 from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import InvalidArgument
@@ -33,7 +32,7 @@ from mqstore.txn.coordinator import Coordinator
 from mqstore.txn.indoubt import InDoubt
 from mqstore.txn.log import LocalTxnLog, StoreLike, TxnLog, read_halves
 from mqstore.txn.onloop import LoopCalls, PortIo, inline_append
-from mqstore.txn.opbatch import OpBatcher
+from mqstore.txn.opbatch import OpBatcher, op_writer
 from mqstore.txn.operations import Operations
 from mqstore.txn.persist import Checkpointer
 from mqstore.txn.projection import txn_follower
@@ -140,9 +139,8 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     parts.on_close(appender.close)
     parts.on_close(checkpointer.close)
     in_doubt = InDoubt(table, txn_log.max_physical_offset, clock, cfg.in_doubt_settle_ms)
-    ops = OpBatcher(lambda body, offsets: appender.append(tx.OP_TOPIC, [MessageIn(body, tx.OP_TAG, queue_id=0)]),
-                    clock, max_bytes=cfg.op_batch_max_bytes, interval_ms=cfg.op_batch_interval_ms,
-                    on_written=table.mark_op_written,
+    ops = OpBatcher(op_writer(appender.append), clock, max_bytes=cfg.op_batch_max_bytes,
+                    interval_ms=cfg.op_batch_interval_ms, on_written=table.mark_op_written,
                     on_unknown=lambda offsets: in_doubt.add(f"op batch of {len(offsets)}",
                                                             lambda: ops.requeue(table.requeue_op(offsets))))
     parts.on_close(lambda: ops.drain(timeout_s))
