@@ -49,7 +49,8 @@ def _relative(path: pathlib.Path) -> str:
 
 def _ours(name: str) -> bool:
     """A frame of mqstore's own code (the generic frames above it are in every stack)."""
-    return any(f"({package}/" in name for package in ("mqstore", "mqstore_rpc", "commitlog_service"))
+    ours = ("mqstore", "mqstore_rpc", "commitlog_service", "gateway_service", "txn_service")
+    return any(f"({package}/" in name for package in ours)
 
 
 def summarize(raw: pathlib.Path, top: int = 15) -> dict:

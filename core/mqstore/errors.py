@@ -137,7 +137,7 @@ def invariant(condition: bool, message: str) -> None:
 
 
 # ---- refusals of the RocketMQ 5 gateway (core/mqstore/gateway) -------------------------------------
-# The RocketMQ 5 protocol names these cases with codes of its own (mqstore_rpc.gateway.status maps each to
+# The RocketMQ 5 protocol names these cases with codes of its own (gateway_service.status maps each to
 # its apache.rocketmq.v2.Code); through mqstore's own gRPC mapping they are the statuses of their bases.
 
 class TopicNotFound(NotFound):

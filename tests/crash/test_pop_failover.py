@@ -1,7 +1,7 @@
 """Pop consumption in a replication group (issue 17 with consumer.proto), real processes on 127.0.0.1: three
 CommitLog nodes and etcd. Only the leader serves pop consumption (a replica answers FAILED_PRECONDITION naming
 the leader, as for Append, and runs no pop duty); kill -9 of the leader with messages in flight: the consumer,
-following the leader as the gateway does (mqstore_rpc.gateway.pop_client on a CommitLogClient given every node),
+following the leader as the gateway does (gateway_service.pop_client on a CommitLogClient given every node),
 acks on the new leader the handles the old one gave out, never sees an acked message again, and gets every
 unacked one again once its invisible time has passed."""
 
@@ -11,7 +11,7 @@ import time
 
 import grpc
 import pytest
-from mqstore_rpc.gateway.pop_client import PopClient
+from gateway_service.pop_client import PopClient
 from mqstore.errors import NotLeader, Unavailable
 
 from mqstore_rpc.commitlog_client import CommitLogClient

@@ -31,7 +31,7 @@ from mqstore.clock import SystemClock
 from mqstore.gateway.config import GatewayConfig
 from mqstore.meta.auth import AuthStore
 from mqstore_launcher.node import LocalMode
-from mqstore_rpc.gateway.composition import LocalGatewayConfig
+from gateway_service.composition import LocalGatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc

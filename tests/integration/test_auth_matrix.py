@@ -31,7 +31,7 @@ from gateway_service.main import GatewayServiceConfig
 from gateway_service.main import serving as gateway_serving
 from mqstore.gateway.config import GatewayConfig
 from mqstore_launcher.node import LocalMode
-from mqstore_rpc.gateway.composition import LocalGatewayConfig
+from gateway_service.composition import LocalGatewayConfig
 from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
 from mqstore.auth import model

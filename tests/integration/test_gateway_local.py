@@ -16,7 +16,7 @@ from commitlog_service.main import CommitLogConfig, serving
 from mqstore.config import StoreConfig
 from mqstore.replication.config import ReplicationConfig
 from mqstore_launcher.node import LocalMode
-from mqstore_rpc.gateway.composition import LocalGatewayConfig
+from gateway_service.composition import LocalGatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc

@@ -17,7 +17,7 @@ import grpc
 from commitlog_service.main import serving as commitlog_serving
 from mqstore.gateway.config import GatewayConfig
 from mqstore_launcher.node import LocalMode
-from mqstore_rpc.gateway.composition import LocalGatewayConfig
+from gateway_service.composition import LocalGatewayConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.executor import RUNNING

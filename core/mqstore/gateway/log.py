@@ -1,14 +1,14 @@
 """The commit log as the gateway sees it: one small interface, :class:`LogPort`, with two implementations.
 
-  Cluster mode   the gateway is its own process (gateway_service): mqstore_rpc.gateway.remote_log.RemoteLog
+  Cluster mode   the gateway is its own process (gateway_service): gateway_service.remote_log.RemoteLog
                  calls the CommitLog service over gRPC (DescribeTopic, CommitLogInternal.Append as writer
                  "gateway", the Consumer service)
-  Local mode     the gateway runs inside the commit log process (commitlog_service --gateway-port, as
+  Local mode     the gateway runs inside the commit log process (mqstore-commitlog --gateway-port, as
                  RocketMQ 5's proxy runs inside its broker): :class:`LocalLog` calls the store and pop
                  consumption directly, with no gRPC hop
 
 Everything else (validation, message ids, the topic cache, the client registry, check-back through the
-Transaction service) is the same code in both modes: mqstore_rpc.gateway.composition builds it on a
+Transaction service) is the same code in both modes: gateway_service.composition builds it on a
 LogPort.
 
 What LocalLog does is what the CommitLog service's servicers do with the same calls, minus the

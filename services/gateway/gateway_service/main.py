@@ -34,10 +34,11 @@ from mqstore.gateway.config import GatewayConfig
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
-from mqstore_rpc.gateway.composition import compose_gateway, transaction_client
-from mqstore_rpc.gateway.remote_log import RemoteLog
-from mqstore_rpc.gateway.servicer import SERVICE_NAME
 from mqstore_rpc.server import ManagedServer, ServerConfig
+
+from gateway_service.composition import compose_gateway, transaction_client
+from gateway_service.remote_log import RemoteLog
+from gateway_service.servicer import SERVICE_NAME
 
 log = structlog.get_logger("gateway_service.main")
 

@@ -29,17 +29,18 @@ import dataclasses
 import sys
 from typing import Mapping, Sequence
 
-from commitlog_service import main as commitlog
-from commitlog_service.main import CommitLogConfig, Host, HostedFlags
 from mqstore.config import StoreConfig
 from mqstore_rpc import service
-from mqstore_rpc.gateway import composition as gateway_composition
-from mqstore_rpc.gateway import local as gateway_local
-from mqstore_rpc.gateway.composition import LocalGatewayConfig
 from mqstore_rpc.server import ManagedServer
 from mqstore_rpc.txn import composition as txn_composition
 from mqstore_rpc.txn import local as txn_local
 from mqstore_rpc.txn.composition import LocalTxnConfig
+
+from commitlog_service import main as commitlog
+from commitlog_service.main import CommitLogConfig, Host, HostedFlags
+from gateway_service import composition as gateway_composition
+from gateway_service import local as gateway_local
+from gateway_service.composition import LocalGatewayConfig
 
 
 @dataclasses.dataclass(frozen=True)

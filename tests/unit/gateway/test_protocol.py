@@ -14,9 +14,9 @@ from mqstore import errors
 from mqstore.gateway.config import GatewayConfig
 from mqstore.model import KIND_NORMAL, TopicRecord
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
-from mqstore_rpc.gateway import convert, status
-from mqstore_rpc.gateway.servicer import overall
-from mqstore_rpc.gateway.telemetry import settings_reply
+from gateway_service import convert, status
+from gateway_service.servicer import overall
+from gateway_service.telemetry import settings_reply
 from tests.unit.gateway.messages import stored
 
 

@@ -38,7 +38,7 @@ def test_local_mode_is_off_unless_a_gateway_port_is_given_and_takes_gateway_flag
 
 
 def test_a_local_gateway_reaches_its_own_transaction_port_on_a_reachable_host():
-    from mqstore_rpc.gateway.composition import _reachable
+    from gateway_service.composition import _reachable
     assert [_reachable(h) for h in ("0.0.0.0", "::", "", "127.0.0.1", "10.1.2.3", "::1")] == [
         "127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1", "10.1.2.3", "[::1]"]
 

@@ -1,7 +1,7 @@
 """apache.rocketmq.v2.MessagingService: a thin adapter from the RocketMQ 5 protocol to the gateway domain
 (mqstore.gateway) and, through it, to the CommitLog and Transaction services.
 
-Every outcome travels in the response's ``status`` (mqstore_rpc.gateway.status maps mqstore errors to the
+Every outcome travels in the response's ``status`` (gateway_service.status maps mqstore errors to the
 protocol's codes); the gRPC status is OK unless the gateway has a bug. Every call must carry the
 ``x-mq-client-id`` header (CLIENT_ID_REQUIRED otherwise) and counts as a sign of life of that client.
 
