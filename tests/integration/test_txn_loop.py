@@ -20,6 +20,7 @@ from mqstore.auth import model
 from mqstore.auth.admin import AccessAdmin
 from mqstore.clock import SystemClock
 from mqstore.meta.auth import AuthStore
+from mqstore_launcher.node import LocalMode
 from mqstore_rpc import auth as rpc_auth
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, txn_pb2, txn_pb2_grpc
@@ -69,7 +70,7 @@ def local_port(tmp_path: pathlib.Path, auth: bool = False, **overrides):
         server = dataclasses.replace(server, peers=Peers(None, "service", Secret(TOKEN)), auth=AuthConfig(
             enabled=True, url=Secret(url), refresh_ms=100, internal_token=Secret(TOKEN)))
     config = dataclasses.replace(make_config(tmp_path / "log"), internal_token=TOKEN, server=server,
-                                 txn=local_txn_config(tmp_path / "txn", **overrides))
+                                 hosted=(LocalMode(txn=local_txn_config(tmp_path / "txn", **overrides)),))
     with commitlog_serving(config) as (log_server, log_port):
         service = [rpc_auth.BearerToken("service", TOKEN)] if auth else []
         with grpc.intercept_channel(grpc.insecure_channel(f"127.0.0.1:{log_port}"), *service) as channel:
