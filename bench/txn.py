@@ -27,7 +27,7 @@ than 10% between runs on this shared machine.
 
 Hosts (``--hosts cluster,local``, default both): "cluster" is the Transaction service as its own process
 (txn_service) on the shared commit log; "local" is the Transaction service in the commit log's process
-(commitlog_service --txn-port, README *Transaction service: Cluster mode and Local mode*): each local block
+(mqstore-commitlog --txn-port, README *Transaction service: Cluster mode and Local mode*): each local block
 starts its own commit log with the service (the variant's flags as --txn-<flag>), runs the plain Append
 window against that commit log, then the txn windows against its --txn-port; the CPU per transaction is
 then the client's and that one process's.
@@ -510,7 +510,7 @@ NOTES = [
     "hand-off around each. Next: the Transaction service in the commit log's own process (Local mode, as",
     "the gateway has and as RocketMQ's broker writes half and OP messages itself).",
     "",
-    "Local mode (--hosts local: the Transaction service in the commit log process, commitlog_service --txn-port;",
+    "Local mode (--hosts local: the Transaction service in the commit log process, mqstore-commitlog --txn-port;",
     "2026-11-26, run of 84f5f52 with --producers 8,32 --modes one-way,stream --variants batched --rounds 3",
     "--hosts cluster,local, load average ~8): 8 producers one-way 0.47x plain Append (rounds 0.47-0.51), stream",
     "0.47x (0.47-0.52); 32 producers one-way 0.53x (0.45-0.63), stream 0.52x (0.30-0.55). CPU per transaction",

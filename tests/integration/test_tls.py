@@ -23,7 +23,7 @@ from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.server import ServerConfig
 from mqstore_rpc.tls import ClientTls, ServerTls
-from mqstore_rpc.txn.composition import LocalTxnConfig
+from txn_service.composition import LocalTxnConfig
 from mqstore.txn.config import TxnConfig
 from tests.integration.test_commitlog_grpc import make_config
 from tests.integration.test_grpcurl import _grpcurl_binary

@@ -1,7 +1,7 @@
 """Helpers for the Transaction service tests: a commit log and a txn service in this process, real gRPC
 on 127.0.0.1 (port 0), real files; stubs. Both deployments (MODES): "cluster", the txn service on its own
 server talking to the commit log over gRPC; "local", the commit log serving the Transaction service itself
-(commitlog_service --txn-port)."""
+(mqstore-commitlog --txn-port)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, txn_pb2, txn_pb2_grpc
 from mqstore_rpc.executor import RUNNING
 from mqstore_rpc.server import ServerConfig
-from mqstore_rpc.txn.composition import LocalTxnConfig
+from txn_service.composition import LocalTxnConfig
 from mqstore.follow import FollowConfig
 from tests.integration.test_commitlog_grpc import make_config
 from tests.support.waiting import wait_until

@@ -192,7 +192,7 @@ CALL_MAX_BATCHES = 100          # CommitLogInternal.AppendBatches: batches per r
 
 class LoopAppendBatcher:
     """AppendBatcher's group commit for coroutines of one event loop (Cluster mode's Transaction port on
-    grpc.aio, mqstore_rpc.txn.servicer): the same grouping (per topic, arrival order, at most
+    grpc.aio, txn_service.servicer): the same grouping (per topic, arrival order, at most
     ``max_messages`` and ``max_bytes`` per batch, a caller's messages never split), the same retry of a
     refused group one caller at a time and the same errors (the module docstring).
 

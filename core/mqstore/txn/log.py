@@ -1,15 +1,15 @@
 """The commit log as the Transaction service sees it: one small interface, :class:`TxnLog`, with two
 implementations (as the gateway's mqstore.gateway.log.LogPort).
 
-  Cluster mode   the Transaction service is its own process (txn_service): mqstore_rpc.txn.remote_log
+  Cluster mode   the Transaction service is its own process (txn_service): txn_service.remote_log
                  .RemoteTxnLog calls the CommitLog service over gRPC (CommitLogInternal.Append as writer
                  "txn", DescribeTopic, GetMessages, GetStoreInfo, Tail)
-  Local mode     the Transaction service runs inside the commit log process (commitlog_service --txn-port,
+  Local mode     the Transaction service runs inside the commit log process (mqstore-commitlog --txn-port,
                  as RocketMQ's TransactionalMessageService runs inside its broker): :class:`LocalTxnLog`
                  calls the store directly, with no gRPC hop and no second process
 
 Everything else (coordinator, follower, checker, in-doubt resolver, OP batching, checkpoints) is the same
-code in both modes: mqstore_rpc.txn.composition builds it on a TxnLog.
+code in both modes: txn_service.composition builds it on a TxnLog.
 
 What LocalTxnLog does is what the CommitLog service's servicers do with the same calls, minus the
 conversions: ``append`` is CommitLogInternal.Append as writer "txn" (the store's rules say what "txn" may

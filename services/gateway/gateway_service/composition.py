@@ -1,5 +1,6 @@
 """The gateway built on a LogPort, the same for both deployments (mqstore.gateway.log): gateway_service's
-compose (Cluster mode, RemoteLog) and commitlog_service's (Local mode, LocalLog) call :func:`compose_gateway`.
+compose (Cluster mode, RemoteLog) and :func:`compose_local` (Local mode, LocalLog on the store of the commit
+log's process, composed there by mqstore_launcher.node) call :func:`compose_gateway`.
 
 Closers run in reverse: the registry's streams end, the check relay stops, then the Transaction client
 closes (the caller registers the closers of what it made before calling: the clients, the store).
@@ -67,7 +68,7 @@ class Renewal(Duty):
 
 @dataclasses.dataclass(frozen=True)
 class LocalGatewayConfig:
-    """Local mode: the gateway served by the commit log process on its own port (commitlog_service
+    """Local mode: the gateway served by the commit log process on its own port (mqstore-commitlog
     ``--gateway-port``; ``--gateway-*`` flags, env ``MQSTORE_GATEWAY_*``)."""
 
     port: int                               # the MessagingService port; 0 = any free port (tests)

@@ -32,15 +32,15 @@ from typing import Mapping, Sequence
 from mqstore.config import StoreConfig
 from mqstore_rpc import service
 from mqstore_rpc.server import ManagedServer
-from mqstore_rpc.txn import composition as txn_composition
-from mqstore_rpc.txn import local as txn_local
-from mqstore_rpc.txn.composition import LocalTxnConfig
 
 from commitlog_service import main as commitlog
 from commitlog_service.main import CommitLogConfig, Host, HostedFlags
 from gateway_service import composition as gateway_composition
 from gateway_service import local as gateway_local
 from gateway_service.composition import LocalGatewayConfig
+from txn_service import composition as txn_composition
+from txn_service import local as txn_local
+from txn_service.composition import LocalTxnConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,8 @@ stops at a gap rather than skip records it never applied (GapPolicy.STOP: health
 the log event ``follower.gap`` say why): the table cannot be rebuilt without them.
 
 This is Cluster mode: the service in its own process, on the commit log over gRPC (RemoteTxnLog). The same
-service (mqstore_rpc.txn.composition) runs inside the commit log process in Local mode
-(``commitlog_service --txn-port``; README, *The Transaction service*).
+service (txn_service.composition) runs inside the commit log process in Local mode
+(``mqstore-commitlog --txn-port``, composed by mqstore_launcher.node; README, *The Transaction service*).
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
-from mqstore_rpc.txn.composition import compose_txn, server_threads
-from mqstore_rpc.txn.remote_log import RemoteTxnLog
-from mqstore_rpc.txn.servicer import SERVICE_NAME
+
+from txn_service.composition import compose_txn, server_threads
+from txn_service.remote_log import RemoteTxnLog
+from txn_service.servicer import SERVICE_NAME
 
 __all__ = ["HOLD_NAME", "RemoteTxnLog", "txn_follower"]  # the follower's parts, for tests
 
@@ -73,7 +74,7 @@ class TxnServiceConfig:
 
 
 def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
-    """Cluster mode: the Transaction service (mqstore_rpc.txn.composition) on the commit log over gRPC
+    """Cluster mode: the Transaction service (txn_service.composition) on the commit log over gRPC
     (RemoteTxnLog); the client closes after everything built on it."""
     client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
@@ -129,7 +130,7 @@ def describe(config: TxnServiceConfig, port: int) -> dict:
 
 
 # grpc.aio: Prepare, Commit and Transact's frames are answered on the server's event loop, their appends
-# awaited there (mqstore_rpc.txn.servicer.LoopTransactionServicer)
+# awaited there (txn_service.servicer.LoopTransactionServicer)
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=True,
                              data_dir=lambda config: config.txn.data_dir)
 

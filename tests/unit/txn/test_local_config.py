@@ -1,4 +1,4 @@
-"""The commit log's settings of the Transaction service in Local mode (commitlog_service --txn-port): off
+"""The commit log's settings of the Transaction service in Local mode (mqstore-commitlog --txn-port): off
 unless a port is given, --txn-data-dir defaulting under the commit log's data directory, --txn-<field> for
 each TxnConfig field, and a bad value refused at start with the flag that sets it."""
 

@@ -1,4 +1,4 @@
-"""LoopTransactionServicer (mqstore_rpc.txn.servicer) over mqstore.txn.onloop.LoopCalls: which Transact frames
+"""LoopTransactionServicer (txn_service.servicer) over mqstore.txn.onloop.LoopCalls: which Transact frames
 and unary calls the coordinator gets on the event loop and which in the handler pool, in order, with the
 caller of a deferred permission check carried to the pool; a Commit refused on the loop while a rollback is
 not durable is taken again there."""
@@ -18,7 +18,7 @@ from mqstore.txn.onloop import LoopCalls, PortIo
 from mqstore.txn.transact import BY_ONE_WAY, TransactStreams
 from mqstore_rpc import auth
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2
-from mqstore_rpc.txn.servicer import LoopTransactionServicer
+from txn_service.servicer import LoopTransactionServicer
 
 PREPARE = txn_pb2.TransactRequest(request_id=1, prepare=txn_pb2.PrepareRequest(topic="t"))
 CARRIED = txn_pb2.TransactRequest(request_id=2, ends=[txn_pb2.CarriedEnd(transaction_id="a", decision=1)])

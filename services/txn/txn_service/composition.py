@@ -1,6 +1,6 @@
 """The Transaction service built on a TxnLog (mqstore.txn.log), the same for both deployments: txn_service's
-compose (Cluster mode, RemoteTxnLog over gRPC) and commitlog_service's (Local mode, LocalTxnLog on the store
-in the same process) call :func:`compose_txn`.
+compose (Cluster mode, RemoteTxnLog over gRPC) and :func:`compose_local` (Local mode, LocalTxnLog on the store
+of the commit log's process, composed there by mqstore_launcher.node) call :func:`compose_txn`.
 
 Duties in start order: OP batcher, follower, in-doubt resolver, checker, checkpointer; they stop in reverse,
 then the check-back streams close, the pending OP entries are written, the last checkpoint saved and the
@@ -49,7 +49,7 @@ log = structlog.get_logger("mqstore_rpc.txn.composition")
 
 @dataclasses.dataclass(frozen=True)
 class LocalTxnConfig:
-    """Local mode: the Transaction service served by the commit log process on its own port (commitlog_service
+    """Local mode: the Transaction service served by the commit log process on its own port (mqstore-commitlog
     ``--txn-port``; ``--txn-data-dir``, ``--txn-<field>`` of TxnConfig, env ``MQSTORE_TXN_*``)."""
 
     port: int                               # the Transaction port; 0 = any free port (tests)
