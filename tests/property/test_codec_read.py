@@ -26,7 +26,8 @@ from mqstore.format import record
 from mqstore.format.record_reader import RecordView, decode
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
-from mqstore_rpc import convert, read_wire
+from commitlog_service import read_wire
+from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 from tests.support import compiled as support_compiled
 from tests.support import records

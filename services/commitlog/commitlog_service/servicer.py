@@ -16,9 +16,11 @@ import grpc
 from mqstore.auth.model import SERVICE_USER
 from mqstore.errors import InvalidArgument
 from mqstore.store import MessageStore
-from mqstore_rpc import append_wire, auth, convert, read_wire
+from mqstore_rpc import append_wire, auth, convert
 from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+
+from commitlog_service import read_wire
 
 SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name
 
@@ -89,7 +91,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         return append_wire.append_response(batches)
 
     # Pull, GetMessage and GetMessages answer with serialized bytes: the compiled codec encodes them from the stored
-    # records' bytes (mqstore_rpc.read_wire), the pure-Python one serializes convert's messages.
+    # records' bytes (commitlog_service.read_wire), the pure-Python one serializes convert's messages.
 
     @wire_codec(commitlog_pb2.PullRequest.FromString)
     def Pull(self, request, context):
