@@ -4,7 +4,8 @@
   grpc, google.protobuf, generated stubs (mqstore_rpc), pyspark or service package.
 - SQL only in ``core/mqstore/meta/``: no other module of the project (core, services, spark, bench)
   imports SQLAlchemy.
-- ``mqstore_rpc`` (shared gRPC glue) imports no service package, nor the command line.
+- ``mqstore_rpc`` (shared gRPC glue) imports no service package, nor the command line, and holds no
+  service's servicer or composition: each service's are its own package's (its one subpackage is gen/).
 - ``mqstore_cli`` (``services/cli/``, the ``mqstore`` command line) is a client: it talks to the services
   through their stubs and imports no service package.
 - No service package imports another service package (they talk through gRPC stubs only).
@@ -144,6 +145,16 @@ def test_bench_imports_no_service_package():
 
 def test_shared_glue_imports_no_service():
     assert violations(SHARED, (*service_packages(), CLI.name)) == []
+
+
+def test_each_service_owns_its_servicer_and_the_shared_glue_holds_none():
+    """A service's servicers and composition are its own package's (Local mode included: the launcher
+    composes them into the commit log's process); mqstore_rpc has no subpackage but the generated stubs."""
+    for name, package in service_packages().items():
+        assert (package / "servicer.py").is_file(), name
+    for name in ("txn_service", "gateway_service"):
+        assert (service_packages()[name] / "composition.py").is_file(), name
+    assert sorted(p.name for p in SHARED.iterdir() if (p / "__init__.py").is_file()) == ["gen"]
 
 
 def test_the_command_line_imports_no_service():
