@@ -32,7 +32,7 @@ from mqstore_rpc.server import ServerConfig
 from .servicer import SERVICE_NAME, MessagingServicer, add_to_server
 from .txn_client import TxnClient
 
-log = structlog.get_logger("mqstore_rpc.gateway.composition")
+log = structlog.get_logger("gateway_service.composition")
 
 DEFAULT_TXN = "127.0.0.1:50053"
 DEFAULT_MAX_WORKERS = 256  # each client's Telemetry stream and each long poll holds a handler thread

@@ -22,7 +22,7 @@ from mqstore_rpc.commitlog_client import CommitLogClient
 
 from .pop_client import PopClient
 
-log = structlog.get_logger("mqstore_rpc.gateway.remote_log")
+log = structlog.get_logger("gateway_service.remote_log")
 
 
 class RemoteLog:

@@ -41,7 +41,7 @@ from . import convert
 from .status import answers_with_status, ok, status_of, streams_with_status
 from .telemetry import TelemetryStream, as_caller, client_type_name
 
-log = structlog.get_logger("mqstore_rpc.gateway.servicer")
+log = structlog.get_logger("gateway_service.servicer")
 SERVICE_NAME = s.DESCRIPTOR.services_by_name["MessagingService"].full_name
 CLIENT_ID_HEADER = "x-mq-client-id"
 BROKER_NAME = "mqstore"

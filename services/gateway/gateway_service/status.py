@@ -28,7 +28,7 @@ from mqstore import errors
 from mqstore_rpc.auth import is_denial
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 
-log = structlog.get_logger("mqstore_rpc.gateway.status")
+log = structlog.get_logger("gateway_service.status")
 
 CODE_BY_ERROR: dict[type[errors.MqStoreError], int] = {
     errors.TopicNotFound: d.TOPIC_NOT_FOUND,

@@ -48,7 +48,7 @@ from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from . import convert
 from .status import ok
 
-log = structlog.get_logger("mqstore_rpc.gateway.telemetry")
+log = structlog.get_logger("gateway_service.telemetry")
 POLL_S = 0.2   # how often the writer looks whether the call is still active
 
 

@@ -44,7 +44,7 @@ from mqstore_rpc.server import ServerConfig
 
 from .servicer import SERVICE_NAME, LoopTransactionServicer, TransactionServicer, add_to_server
 
-log = structlog.get_logger("mqstore_rpc.txn.composition")
+log = structlog.get_logger("txn_service.composition")
 
 
 @dataclasses.dataclass(frozen=True)
