@@ -1,4 +1,4 @@
-"""The import rules of docs/DESIGN.md §4 and STYLE.md habit 1, checked by walking every module with ``ast``.
+"""The import rules of docs/DESIGN.md §4 and docs/STYLE.md (Shape), checked by walking every module with ``ast``.
 
 - ``core/mqstore`` (the storage engine and every feature's domain: ``core/mqstore/<feature>/``) imports no
   grpc, google.protobuf, generated stubs (mqstore_rpc), pyspark or service package.
