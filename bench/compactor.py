@@ -47,6 +47,7 @@ import traceback
 import diskuse
 import grpc
 import groups
+from mqstore import defaults
 from procs import PYTHON, GrpcServer
 
 GROUPS = ("compactor-round", "compactor-scale", "compactor-spark", "compactor-reads")
@@ -248,7 +249,7 @@ def run_reads(work: pathlib.Path, cfg: dict) -> dict:
     args = [PYTHON, "-m", "compactor_service.main", "--data-dir", str(work / "kv-compactor"), "--port", "0",
             "--commitlog", log_server.target, "--spark-master", "", "--round-interval-ms", "3600000"]
     compactor = GrpcServer("compactor", args, work / "kv-compactor.log").start()
-    options = [("grpc.max_receive_message_length", 64 * MiB)]
+    options = [("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES)]
     with grpc.insecure_channel(log_server.target, options) as lc, \
             grpc.insecure_channel(compactor.target, options) as cc:
         log, comp = commitlog_pb2_grpc.CommitLogStub(lc), compactor_pb2_grpc.CompactorStub(cc)

@@ -45,6 +45,7 @@ import grpc
 import structlog
 import groups
 import diskuse
+from mqstore import defaults
 from procs import PYTHON, GrpcServer, cpu_seconds, spawn, stop
 
 GROUPS = ("index-build", "index-query")
@@ -85,7 +86,8 @@ def _requests(count: int) -> list[bytes]:
 
 async def _produce(spec: dict) -> dict:
     requests = _requests(200)  # 20,000 distinct messages, cycled
-    channel = grpc.aio.insecure_channel(spec["target"], options=[("grpc.max_send_message_length", 64 * MiB)])
+    channel = grpc.aio.insecure_channel(spec["target"],
+                                        options=[("grpc.max_send_message_length", defaults.MAX_MESSAGE_BYTES)])
     append = channel.unary_unary("/mqstore.v1.CommitLog/Append")
     deadline = time.monotonic() + spec["seconds"]
     counts = {"calls": 0, "errors": 0}

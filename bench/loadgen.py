@@ -32,10 +32,12 @@ import time
 
 import grpc
 
+from mqstore import defaults
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
 SERVICE = "/mqstore.v1.CommitLog/"
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", defaults.MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES)]
 TOTALSIZE = struct.Struct(">i")  # first field of every commit log record (mqstore.format.record)
 RPC_TIMEOUT_S = 30.0
 DURABILITY_NAMES = {v: common_pb2.Durability.Name(v) for v in common_pb2.Durability.values()}

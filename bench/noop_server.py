@@ -41,6 +41,7 @@ from concurrent import futures
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from mqstore import defaults
 from mqstore.format.record import PROPERTY_UNIQ_KEY
 from mqstore_rpc import logging as mqlogging
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
@@ -93,7 +94,7 @@ def _stored_message(body_bytes: int = 1024) -> common_pb2.StoredMessage:
         topic="bench", queue_id=0, queue_offset=1, physical_offset=1_000_000, size_bytes=body_bytes + 126,
         msg_id="7F00000100009C4300000000000F4240", uniq_key="7F0000010000" + "AB" * 10, body=body,
         properties={PROPERTY_UNIQ_KEY: "7F0000010000" + "AB" * 10}, born_timestamp_ms=1_790_000_000_000,
-        store_timestamp_ms=1_790_000_000_000, born_host="127.0.0.1:50000", store_host="127.0.0.1:50051",
+        store_timestamp_ms=1_790_000_000_000, born_host="127.0.0.1:50000", store_host=defaults.COMMITLOG_ADDRESS,
         body_crc=123_456_789)
 
 

@@ -32,6 +32,7 @@ LAYERS = {
     "mqstore.format": BASE,           # every on-disk byte layout
     "mqstore.codec": BASE,            # the compiled codec: below format, which checks its layouts
     "mqstore.errors": BASE,
+    "mqstore.defaults": BASE,         # every default address, port and size limit
     "mqstore.clock": BASE,
     "mqstore.config": BASE,
     "mqstore.model": BASE,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass, field
 
+from mqstore import defaults
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
 
@@ -34,7 +35,7 @@ class StoreConfig:
     sync_flush_timeout_ms: int = 5_000
     sync_flush_delay_us: int = 2000       # SYNC: the longest an fsync waits for more appends to share it (log/flush.py)
     cq_flush_interval_ms: int = 1_000
-    max_body_bytes: int = 4 * MiB
+    max_body_bytes: int = defaults.MAX_BODY_BYTES
     max_batch_messages: int = 1000
     max_batch_body_bytes: int = 4 * MiB
     max_stream_messages: int = 100_000
@@ -43,8 +44,8 @@ class StoreConfig:
     retention_hold_grace_ms: int = 60_000  # a user's hold ends this long after its stream closes (retention_holds)
     clean_interval_ms: int = 10_000
     disk_max_used_ratio: float = 0.90
-    store_host: str = "127.0.0.1"
-    store_port: int = 50051
+    store_host: str = defaults.HOST
+    store_port: int = defaults.COMMITLOG_PORT
     metadata_url: str = ""  # "" = SQLite file <data_dir>/metadata.db
     default_queue_count: int = 4
     checkpoint_interval_ms: int = 1_000

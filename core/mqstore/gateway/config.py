@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mqstore import defaults
 from mqstore.errors import InvalidArgument
 
 MiB = 1024 * 1024
@@ -25,7 +26,7 @@ class GatewayConfig:
     max_receives_per_user: int = 64         # ReceiveMessage long polls in flight
     # Publishing: advertised to producers as publishing.max_body_size, and refused above it (must not
     # exceed the commit log's max_body_bytes, 4 MiB by default).
-    max_body_bytes: int = 4 * MiB
+    max_body_bytes: int = defaults.MAX_BODY_BYTES
     topic_cache_ms: int = 5_000             # how long a DescribeTopic answer is reused for routes and sends
     # Consuming (clamped as the Java proxy clamps them)
     long_poll_min_ms: int = 5_000
@@ -67,8 +68,9 @@ class GatewayConfig:
             raise InvalidArgument(f"auto_renew_ahead_ms ({self.auto_renew_ahead_ms}) must be less than "
                                   f"auto_renew_invisible_ms ({self.auto_renew_invisible_ms}): a renewal comes that "
                                   f"long before the invisible time ends")
-        if self.max_body_bytes > 64 * MiB:
-            raise InvalidArgument(f"max_body_bytes is at most 64 MiB (the gRPC message limit), not "
+        if self.max_body_bytes > defaults.MAX_MESSAGE_BYTES:
+            raise InvalidArgument(f"max_body_bytes is at most {defaults.MAX_MESSAGE_BYTES // MiB} MiB (the gRPC "
+                                  f"message limit), not "
                                   f"{self.max_body_bytes}")
         if self.max_delivery_attempts > 1000:
             raise InvalidArgument(f"max_delivery_attempts is at most 1000, not {self.max_delivery_attempts}")

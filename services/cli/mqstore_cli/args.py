@@ -7,11 +7,12 @@ import os
 import pathlib
 from types import ModuleType
 
+from mqstore import defaults
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.secret import Secret
 from mqstore_rpc.tls import client_tls
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_ADDRESS = defaults.COMMITLOG_ADDRESS
 
 
 class UsageError(Exception):

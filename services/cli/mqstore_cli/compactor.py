@@ -27,11 +27,12 @@ import time
 
 import grpc
 
+from mqstore import defaults
 from mqstore_cli.args import CliError
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 
-DEFAULT_ADDRESS = "127.0.0.1:50054"
+DEFAULT_ADDRESS = defaults.COMPACTOR_ADDRESS
 CATCH_UP_POLL_S = 0.05
 _ENGINES = {"auto": pb.COMPACTION_ENGINE_AUTO, "local": pb.COMPACTION_ENGINE_LOCAL, "spark": pb.COMPACTION_ENGINE_SPARK}
 
@@ -76,7 +77,8 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 class _Compactor:
     def __init__(self, cli):
         self.cli = cli
-        self.channel = cli.channel(cli.args.compactor_address, [("grpc.max_receive_message_length", 64 << 20)])
+        self.channel = cli.channel(cli.args.compactor_address,
+                                   [("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES)])
         self.stub = compactor_pb2_grpc.CompactorStub(self.channel)
 
     def __enter__(self) -> _Compactor:

@@ -21,10 +21,11 @@ import datetime
 import os
 
 
+from mqstore import defaults
 from mqstore_rpc.gen.mqstore.v1 import index_pb2, index_pb2_grpc
 
-DEFAULT_INDEX_ADDRESS = "127.0.0.1:50052"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+DEFAULT_INDEX_ADDRESS = defaults.INDEX_ADDRESS
+MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 DEFAULT_MAX_PAGES = 1_000
 
 

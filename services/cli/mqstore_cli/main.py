@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Iterator, Sequence, TextIO
 import grpc
 from google.protobuf import json_format
 
+from mqstore import defaults
 from mqstore.errors import MqStoreError
 from mqstore_cli import access, compactor, index, offline, pop, replication, top, txn
 from mqstore_rpc import logging as mqlogging
@@ -42,7 +43,7 @@ from mqstore_cli.errors import error_line
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.peers import Peers
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 BATCH_BODY_BYTES = 4 * 1024 * 1024      # the server's default limit on the bodies of one Append
 FOLLOW_LONG_POLL_MS = 5_000
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

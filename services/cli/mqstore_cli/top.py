@@ -25,10 +25,11 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from mqstore import defaults
 from prometheus_client.parser import text_string_to_metric_families
 
-METRICS_PORT_OFFSET = 100  # mqstore_rpc.settings.METRICS_PORT_OFFSET (the CLI does not import settings)
-DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:8081"  # the RocketMQ gateway (env MQSTORE_GATEWAY_ADDRESS)
+METRICS_PORT_OFFSET = defaults.METRICS_PORT_OFFSET
+DEFAULT_GATEWAY_ADDRESS = defaults.GATEWAY_ADDRESS  # the RocketMQ gateway (env MQSTORE_GATEWAY_ADDRESS)
 CLEAR = "\x1b[H\x1b[2J"
 
 

@@ -22,10 +22,11 @@ import queue
 
 import grpc
 
+from mqstore import defaults
 from mqstore_cli.args import CliError
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2, txn_pb2_grpc
 
-DEFAULT_TXN_ADDRESS = "127.0.0.1:50053"
+DEFAULT_TXN_ADDRESS = defaults.TXN_ADDRESS
 _STATE = {v: k.removeprefix("TRANSACTION_STATE_") for k, v in txn_pb2.TransactionState.items()}
 _DECISION = {v: k.removeprefix("DECISION_") for k, v in txn_pb2.Decision.items()}
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # a frame's error code -> its name

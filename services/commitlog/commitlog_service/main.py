@@ -37,6 +37,7 @@ import pathlib
 import sys
 from typing import Callable, Mapping, Protocol, Sequence
 
+from mqstore import defaults
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
@@ -63,7 +64,7 @@ from commitlog_service import access, consumer, internal, replication
 from commitlog_service.etcd_client import EtcdCoordination
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, LoopCommitLogServicer, add_to_server
 
-DEFAULT_PORT = 50051
+DEFAULT_PORT = defaults.COMMITLOG_PORT
 # StoreConfig fields that do not get a generic flag: set from other flags, or not user settings.
 _NOT_FLAGS = {"data_dir", "store_port", "extra"}
 

@@ -18,6 +18,7 @@ from typing import AsyncIterator, Iterator
 
 import grpc
 import structlog
+from mqstore import defaults
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.replication import epochs
 from mqstore.replication.leader import ReplicaSession
@@ -29,7 +30,7 @@ from mqstore_rpc.remote_errors import from_rpc_error
 
 log = structlog.get_logger()
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Replication"].full_name
-_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 
 
 def history_out(history: epochs.EpochHistory) -> list[pb.EpochEntry]:

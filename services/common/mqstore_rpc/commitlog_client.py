@@ -29,7 +29,7 @@ from typing import Iterator, Sequence
 
 import grpc
 import structlog
-from mqstore import errors, model, waits
+from mqstore import defaults, errors, model, waits
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
@@ -39,7 +39,7 @@ from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
 
 log = structlog.get_logger()
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
 _BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb2.TIME_BOUNDARY_UPPER}
 

@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mqstore import defaults
 
 DEFAULT_TIMEOUT_S = 3.0
 
@@ -36,7 +37,7 @@ def target(address: str | None, env: Mapping[str, str]) -> str:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"no --address and MQSTORE_PORT is {port!r}, not a port number: "
                          f"set one of them to the server's port")
-    return f"127.0.0.1:{int(port)}"
+    return defaults.address(int(port))
 
 
 def _channel(address: str, env: Mapping[str, str]) -> grpc.Channel:

@@ -31,6 +31,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqstore import defaults
 from mqstore.auth.throttle import Throttle
 from mqstore.background import Duty
 from mqstore.errors import InvalidArgument
@@ -44,8 +45,6 @@ from mqstore_rpc.secret import Secret
 from mqstore_rpc.tls import ServerTls
 
 log = structlog.get_logger("mqstore_rpc.server")
-
-MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -77,12 +76,12 @@ class AuthConfig:
 class ServerConfig:
     """How a service listens. Validated on construction."""
 
-    host: str = "127.0.0.1"
+    host: str = defaults.HOST
     port: int = 0                        # 0 = any free port (tests)
     max_workers: int = 64                # handler threads; long polls and Tail streams each hold one
     max_running_handlers: int = 0        # calls that run at once, waits not counted (executor); 0 = max_workers
     max_concurrent_rpcs: int = 1024      # beyond this new RPCs get RESOURCE_EXHAUSTED instead of queueing
-    max_message_bytes: int = 64 * MiB    # send and receive
+    max_message_bytes: int = defaults.MAX_MESSAGE_BYTES  # send and receive
     grace_s: float = 5.0                 # how long running RPCs may finish on stop
     stop_timeout_s: float = 30.0         # bound on waiting for the server to stop after the grace period
     metrics_host: str = ""               # where /metrics listens; "" = host

@@ -24,6 +24,7 @@ import dataclasses
 import pathlib
 from typing import Any, Callable, Iterable, Mapping
 
+from mqstore import defaults
 from mqstore.auth.throttle import Throttle
 from mqstore.errors import InvalidArgument
 
@@ -32,7 +33,7 @@ from mqstore_rpc.secret import Secret
 from mqstore_rpc.server import AuthConfig, ServerConfig
 from mqstore_rpc.tls import ServerTls, client_tls
 
-METRICS_PORT_OFFSET = 100
+METRICS_PORT_OFFSET = defaults.METRICS_PORT_OFFSET
 SERVICE_USER = "service"  # mqstore.auth.model.SERVICE_USER: the services' own identity
 
 ENV_PREFIX = "MQSTORE_"

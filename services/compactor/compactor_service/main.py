@@ -22,6 +22,7 @@ import importlib.util
 import sys
 from typing import Mapping, Sequence
 
+from mqstore import defaults
 from mqstore.clock import SystemClock
 from mqstore.compaction.api import CompactorApi, RoundDuty, ServiceStats
 from mqstore.compaction.policy import CompactionConfig
@@ -39,8 +40,8 @@ from .tail import HoldingSource
 from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
 from . import spark_runner
 
-DEFAULT_PORT = 50054
-DEFAULT_COMMITLOG = "127.0.0.1:50051"
+DEFAULT_PORT = defaults.COMPACTOR_PORT
+DEFAULT_COMMITLOG = defaults.COMMITLOG_ADDRESS
 # Measured (bench/compactor.py, bench/results/compactor.md, 2 cores, two runs): a local round does 34-130 MB/s;
 # the Spark job on local[*] took 22-73 s for 24 MiB, 31-82 s for 72 MiB and 65-129 s for 264 MiB (20-70 s
 # fixed, then 4-6 MiB/s): no crossover up to 264 MiB, and none to expect on one machine. Spark pays off only

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import grpc
 import structlog
+from mqstore import defaults
 from mqstore.background import Duty
 from mqstore.compaction.replica import ReplicaCopy
 from mqstore.compaction.store import CompactionStore
@@ -35,7 +36,8 @@ class ReplicaDuty(Duty):
         super().__init__("compactor-replica", interval_s=interval_ms / 1000, backoff_max_s=5.0)
         self.store, self.primary, self.rpc_timeout_s = store, primary, rpc_timeout_s
         self._copy = ReplicaCopy(store, primary)
-        self._channel = (peers or Peers()).channel(primary, [("grpc.max_receive_message_length", 64 << 20)])
+        self._channel = (peers or Peers()).channel(
+            primary, [("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES)])
         self._stub = compactor_pb2_grpc.CompactorStub(self._channel)
         self._state_lock = threading.Lock()
         self.connected = False

@@ -13,6 +13,7 @@ from typing import Callable
 
 import grpc
 import structlog
+from mqstore import defaults
 from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.gateway.checkback import CheckRelay
@@ -34,7 +35,7 @@ from .txn_client import TxnClient
 
 log = structlog.get_logger("gateway_service.composition")
 
-DEFAULT_TXN = "127.0.0.1:50053"
+DEFAULT_TXN = defaults.TXN_ADDRESS
 DEFAULT_MAX_WORKERS = 256  # each client's Telemetry stream and each long poll holds a handler thread
 HOUSEKEEPING_INTERVAL_S = 1.0
 RENEWAL_INTERVAL_MAX_S = 1.0

@@ -28,6 +28,7 @@ from typing import Mapping, Sequence
 
 import structlog
 
+from mqstore import defaults
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import InvalidArgument
 from mqstore.gateway.config import GatewayConfig
@@ -42,10 +43,10 @@ from gateway_service.servicer import SERVICE_NAME
 
 log = structlog.get_logger("gateway_service.main")
 
-DEFAULT_PORT = 8081
+DEFAULT_PORT = defaults.GATEWAY_PORT
 DEFAULT_MAX_WORKERS = 256
-DEFAULT_COMMITLOG = "127.0.0.1:50051"
-DEFAULT_TXN = "127.0.0.1:50053"
+DEFAULT_COMMITLOG = defaults.COMMITLOG_ADDRESS
+DEFAULT_TXN = defaults.TXN_ADDRESS
 
 
 @dataclasses.dataclass(frozen=True)

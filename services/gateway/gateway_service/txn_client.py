@@ -18,6 +18,7 @@ import threading
 from typing import Iterator
 
 import grpc
+from mqstore import defaults
 from mqstore.errors import InvalidTransactionId, NotFound
 from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, Check
 from mqstore.model import MessageIn
@@ -75,7 +76,8 @@ class TxnClient:
                  peers: Peers | None = None):
         self.address, self.rpc_timeout_s, self.stream_deadline_s = address, rpc_timeout_s, stream_deadline_s
         self._channel = (peers or Peers()).channel(address, [
-            ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", defaults.MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES),
             ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)])
         self._stub = txn_pb2_grpc.TransactionStub(self._channel)

@@ -28,6 +28,7 @@ import pathlib
 import sys
 from typing import Mapping, Sequence
 
+from mqstore import defaults
 from mqstore.errors import InvalidArgument
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
@@ -44,8 +45,8 @@ from mqstore.index.upkeep import IndexUpkeep
 
 from .servicer import SERVICE_NAME, IndexServicer, add_to_server
 
-DEFAULT_PORT = 50052
-DEFAULT_COMMITLOG = "127.0.0.1:50051"
+DEFAULT_PORT = defaults.INDEX_PORT
+DEFAULT_COMMITLOG = defaults.COMMITLOG_ADDRESS
 
 
 @dataclasses.dataclass(frozen=True)

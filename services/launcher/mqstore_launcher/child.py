@@ -26,8 +26,9 @@ from typing import Callable, Mapping, Sequence, TextIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mqstore import defaults
 
-HOST = "127.0.0.1"
+HOST = defaults.HOST
 STOP_TIMEOUT_S = 30.0       # SIGTERM, then this long before SIGKILL
 POLL_INTERVAL_S = 0.1
 HEALTH_TIMEOUT_S = 5.0

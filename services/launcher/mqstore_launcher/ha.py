@@ -20,14 +20,14 @@ import time
 
 import grpc
 
-from mqstore import fs
+from mqstore import defaults, fs
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
 
 from mqstore_launcher import child as launcher_child
 from mqstore_launcher import etcd_local, launcher
 
-NODES = (("n1", 50051), ("n2", 50061), ("n3", 50071))
+NODES = tuple((f"n{i + 1}", defaults.COMMITLOG_PORT + i * defaults.HA_NODE_PORT_STEP) for i in range(3))
 LEADER_TIMEOUT_S = 60.0
 
 

@@ -49,7 +49,7 @@ from typing import Mapping, TextIO
 import grpc
 from mqstore.format import segment_name
 
-from mqstore import fs
+from mqstore import defaults, fs
 from mqstore_rpc import private_files
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore_rpc.peers import Peers
@@ -63,7 +63,7 @@ READY_TIMEOUT_S = 120.0     # recovery of a large log can take a while
 DEMO_TOPIC = "demo"
 TOKEN_ENV = "MQSTORE_INTERNAL_TOKEN"
 MiB = 1 << 20
-METRICS_PORT_OFFSET = 100   # mqstore_rpc.settings: /metrics is on the gRPC port + 100
+METRICS_PORT_OFFSET = defaults.METRICS_PORT_OFFSET   # mqstore_rpc.settings: /metrics is on the gRPC port + 100
 PLAINTEXT = Peers()         # no TLS, no credentials
 
 
@@ -86,20 +86,21 @@ _APPEND_JSON = '{"topic":"demo","messages":[{"body":"aGVsbG8=","keys":["k1"]}]}'
 
 # In start order; stopped in reverse. The commit log comes first: the others follow it.
 SERVICES = (
-    ServiceEntry("commitlog", "mqstore_launcher.node", 50051, "", False, "MQSTORE_ADDRESS", "mqstore.v1.CommitLog", (
-        "grpcurl -plaintext {address} list",
-        f"grpcurl -plaintext -d '{_APPEND_JSON}' {{address}} mqstore.v1.CommitLog/Append",
-        "mqstore send demo hello world --queue 0 --key k1",
-        "mqstore pull demo --queue 0")),
-    ServiceEntry("index", "index_service.main", 50052, "index", True, "MQSTORE_INDEX_ADDRESS", "mqstore.v1.Index", (
-        "mqstore query key demo k1",)),
-    ServiceEntry("txn", "txn_service.main", 50053, "txn", True, "MQSTORE_TXN_ADDRESS", "mqstore.v1.Transaction", (
-        "mqstore txn send demo paid shipped --group pg",)),
-    ServiceEntry("compactor", "compactor_service.main", 50054, "compactor", True, "MQSTORE_COMPACTOR_ADDRESS",
-                 "mqstore.v1.Compactor", (
+    ServiceEntry("commitlog", "mqstore_launcher.node", defaults.COMMITLOG_PORT, "", False, "MQSTORE_ADDRESS",
+                 "mqstore.v1.CommitLog", (
+                     "grpcurl -plaintext {address} list",
+                     f"grpcurl -plaintext -d '{_APPEND_JSON}' {{address}} mqstore.v1.CommitLog/Append",
+                     "mqstore send demo hello world --queue 0 --key k1",
+                     "mqstore pull demo --queue 0")),
+    ServiceEntry("index", "index_service.main", defaults.INDEX_PORT, "index", True, "MQSTORE_INDEX_ADDRESS",
+                 "mqstore.v1.Index", ("mqstore query key demo k1",)),
+    ServiceEntry("txn", "txn_service.main", defaults.TXN_PORT, "txn", True, "MQSTORE_TXN_ADDRESS",
+                 "mqstore.v1.Transaction", ("mqstore txn send demo paid shipped --group pg",)),
+    ServiceEntry("compactor", "compactor_service.main", defaults.COMPACTOR_PORT, "compactor", True,
+                 "MQSTORE_COMPACTOR_ADDRESS", "mqstore.v1.Compactor", (
                      "grpcurl -plaintext {address} mqstore.v1.Compactor/Stats",)),
     # The RocketMQ 5 gateway (apache.rocketmq.v2, for the official clients); it keeps nothing on disk.
-    ServiceEntry("gateway", "gateway_service.main", 8081, "gateway", True, "MQSTORE_GATEWAY_ADDRESS",
+    ServiceEntry("gateway", "gateway_service.main", defaults.GATEWAY_PORT, "gateway", True, "MQSTORE_GATEWAY_ADDRESS",
                  "apache.rocketmq.v2.MessagingService", ("grpcurl -plaintext {address} list",), calls_txn=True),
 )
 COMMITLOG_PORT = SERVICES[0].default_port

@@ -32,6 +32,7 @@ import dataclasses
 import sys
 from typing import Mapping, Sequence
 
+from mqstore import defaults
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
@@ -49,8 +50,8 @@ from txn_service.servicer import SERVICE_NAME
 
 __all__ = ["HOLD_NAME", "RemoteTxnLog", "txn_follower"]  # the follower's parts, for tests
 
-DEFAULT_PORT = 50053
-DEFAULT_COMMITLOG = "127.0.0.1:50051"
+DEFAULT_PORT = defaults.TXN_PORT
+DEFAULT_COMMITLOG = defaults.COMMITLOG_ADDRESS
 
 
 @dataclasses.dataclass(frozen=True)
