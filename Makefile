@@ -102,8 +102,10 @@ setup-ha:
 	  echo "setup-ha: could not install etcd-server (apt-get as root); the replication failover tests will skip" >&2
 
 # Three CommitLog replicas (automatic failover through a throwaway etcd) and the other services on 127.0.0.1.
+# RUN_ARGS move the ports as for `make run`: n1 is on --commitlog-port, n2 and n3 10 and 20 above it
+# unless --commitlog-n2-port / --commitlog-n3-port say otherwise.
 run-ha: setup-run setup-ha
-	$(PY) -m mqstore_launcher --data-dir ./data-ha --ha
+	$(PY) -m mqstore_launcher --data-dir ./data-ha --ha $(RUN_ARGS)
 
 # The same with TLS everywhere: a throwaway CA and certificates in ./data/tls (openssl); clients trust
 # data/tls/ca.pem (grpcurl -cacert, mqstore --tls-ca / MQSTORE_TLS_CA). MQSTORE_AUTH=on adds authentication.

@@ -1,7 +1,8 @@
 """``make run``'s launcher (python -m mqstore_launcher) starting real services: a port that cannot be
 bound stops it before anything starts; a child that fails to start is named with its last log lines,
 the others are stopped and "mqstore is running" is never printed; a server of someone else on a child's
-port is not taken for the child. (The launcher that works: tests/integration/test_readme.py.)"""
+port is not taken for the child; ``make run-ha`` (--ha) checks its ports the same way and serves on the
+ports it is given. (The launcher that works: tests/integration/test_readme.py.)"""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from concurrent import futures
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from mqstore_launcher import launcher
+from mqstore_launcher import etcd_local, launcher
 from mqstore_launcher.child import Child, StartFailed, free_port, port_problems
+from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
+
+from tests.integration.test_readme import Launcher
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -28,8 +32,9 @@ LAUNCHER_TIMEOUT_S = 240  # five services start and stop on a loaded 2-core mach
 STARTED = re.compile(r"^starting (\w+) on 127\.0\.0\.1:(\d+) \(pid (\d+)\)$", re.M)
 
 
-def run_launcher(data_dir: pathlib.Path, ports: dict[str, int], env: dict[str, str] | None = None):
-    command = [sys.executable, "-m", "mqstore_launcher", "--data-dir", str(data_dir)]
+def run_launcher(data_dir: pathlib.Path, ports: dict[str, int], env: dict[str, str] | None = None,
+                 extra: tuple[str, ...] = ()):
+    command = [sys.executable, "-m", "mqstore_launcher", "--data-dir", str(data_dir), *extra]
     for name, port in ports.items():
         command += [f"--{name}-port", str(port)]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LAUNCHER_TIMEOUT_S,
@@ -122,3 +127,56 @@ def test_a_server_of_someone_else_on_the_port_is_not_taken_for_the_child(tmp_pat
     finally:
         child.stop()
         foreign.server.stop(None)
+
+
+def test_run_ha_with_a_port_in_use_stops_before_it_starts_anything(tmp_path):
+    with listening() as taken:
+        ports = free_ports_for_all(besides=taken)
+        ports["commitlog-n2"] = taken
+        done = run_launcher(tmp_path / "data", ports, extra=("--ha",))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"port {taken} of commitlog-n2 on 127.0.0.1 is in use" in done.stderr
+    assert "--commitlog-n2-port" in done.stderr and "make run-ha RUN_ARGS=" in done.stderr
+    assert not (tmp_path / "data").exists()  # no etcd, no node: nothing started, nothing made
+
+
+def _serving(address: str, service: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                               timeout=10)
+        except grpc.RpcError:
+            return False
+    return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _role(address: str) -> str:
+    with grpc.insecure_channel(address) as channel:
+        return replication_pb2_grpc.ReplicationStub(channel).GetReplicationState(
+            replication_pb2.GetReplicationStateRequest(), timeout=10).role
+
+
+@pytest.mark.slow
+def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path):
+    if etcd_local.find_binary() is None:
+        pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
+    names = [e.name for e in launcher.SERVICES] + ["commitlog-n2", "commitlog-n3"]
+    ports: dict[str, int] = {}
+    while len({p + offset for p in ports.values() for offset in (0, launcher.METRICS_PORT_OFFSET)}) < 2 * len(names):
+        ports = {name: free_port() for name in names}  # none of them a default, none another's metrics port
+    ha_launcher = Launcher(tmp_path / "data", ports, tmp_path / "launcher.log", ("--ha",))
+    try:
+        banner = ha_launcher.banner()
+        nodes = [f"127.0.0.1:{ports[name]}" for name in ("commitlog", "commitlog-n2", "commitlog-n3")]
+        rest = ha_launcher.lines.get(timeout=60)
+        assert rest is not None and f"The commit log nodes: {','.join(nodes)} (leader now: " in rest, rest
+        roles = [_role(address) for address in nodes]
+        assert roles.count("LEADER") == 1, roles
+        assert all(_serving(address, "mqstore.v1.CommitLog") for address in nodes)
+        for entry in launcher.SERVICES[1:]:
+            address = f"127.0.0.1:{ports[entry.name]}"
+            assert f"{entry.name:<10} {address}" in banner
+            assert _serving(address, entry.grpc_service), f"{entry.name} does not serve on {address}"
+    finally:
+        status = ha_launcher.stop()
+    assert status == 0, ha_launcher.log_tail()

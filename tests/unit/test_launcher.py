@@ -8,6 +8,7 @@ from __future__ import annotations
 import pathlib
 import sys
 
+import pytest
 from mqstore_launcher import launcher
 from mqstore_launcher import main as launcher_main
 
@@ -82,3 +83,36 @@ def test_a_data_dir_made_with_other_segment_sizes_keeps_the_services_defaults(tm
         tmp_path / "big", embedded=False)
     _segment(tmp_path / "small", 64 << 20)
     assert launcher.uses_embedded_sizes(tmp_path / "small")
+
+
+def test_the_ha_port_plan_puts_n1_on_the_commit_log_port_and_n2_n3_above_it_or_where_asked():
+    from mqstore_launcher import ha
+    assert ha.node_ports() == ha.NODES == (("n1", 50051), ("n2", 50061), ("n3", 50071))
+    assert ha.node_ports({"commitlog": 61051, "index": 61052}) == (("n1", 61051), ("n2", 61061), ("n3", 61071))
+    assert ha.node_ports({"commitlog": 61051, "commitlog-n3": 7003}) == (("n1", 61051), ("n2", 61061), ("n3", 7003))
+    with pytest.raises(ValueError, match="node n3's port would be 65540: give it one with --commitlog-n3-port"):
+        ha.node_ports({"commitlog": 65520})
+    others = launcher.services({"index": 6002})[1:2]
+    assert ha.wanted_ports(ha.node_ports({"commitlog": 6001}), others) == [
+        ("commitlog", 6001), ("commitlog-n2", 6011), ("commitlog-n3", 6021), ("index", 6002),
+        ("commitlog metrics", 6101), ("commitlog-n2 metrics", 6111), ("commitlog-n3 metrics", 6121),
+        ("index metrics", 6102)]
+
+
+def test_ha_mode_takes_the_port_flags_of_make_run_and_the_nodes_own(monkeypatch):
+    from mqstore_launcher import ha
+    seen = {}
+    monkeypatch.setattr(ha, "run", lambda data_dir, ports, tls, auth: seen.update(ports) or 0)
+    assert launcher_main.main(["--data-dir", "/tmp/x", "--ha", "--commitlog-port", "61051", "--gateway-port",
+                               "61081", "--commitlog-n3-port", "61099"]) == 0
+    assert seen == {"commitlog": 61051, "index": 50052, "txn": 50053, "compactor": 50054, "gateway": 61081,
+                    "commitlog-n3": 61099}
+    assert [port for _, port in ha.node_ports(seen)] == [61051, 61061, 61099]
+
+
+def test_a_node_port_without_ha_or_beyond_65535_is_a_usage_error(capsys):
+    for argv, said in ((["--commitlog-n2-port", "6002"], "--commitlog-n2-port is for --ha (make run-ha) only"),
+                       (["--ha", "--commitlog-port", "65530"], "node n2's port would be 65540")):
+        with pytest.raises(SystemExit) as exited:
+            launcher_main.main(["--data-dir", "/tmp/x", *argv])
+        assert exited.value.code == 2 and said in capsys.readouterr().err

@@ -39,10 +39,11 @@ class StartFailed(Exception):
     """A child did not come up; the message names it, says why and quotes its last log lines."""
 
 
-def port_problems(wanted: Sequence[tuple[str, int]]) -> list[str]:
+def port_problems(wanted: Sequence[tuple[str, int]], make_target: str = "run") -> list[str]:
     """For each (service name, port) that cannot be bound on HOST now, a line naming the port, the service
-    and the flag that moves it; empty when every port is free. Binds with SO_REUSEADDR, as gRPC does,
-    so a connection of an earlier run in TIME_WAIT is not taken for a server."""
+    and the flag that moves it (``make <make_target> RUN_ARGS=...``); empty when every port is free. Binds
+    with SO_REUSEADDR, as gRPC does, so a connection of an earlier run in TIME_WAIT is not taken for a
+    server."""
     problems: list[str] = []
     seen: dict[int, str] = {}
     for name, port in wanted:
@@ -59,7 +60,7 @@ def port_problems(wanted: Sequence[tuple[str, int]]) -> list[str]:
                 why = "is in use (another mqstore, or another program)" if exc.errno == errno.EADDRINUSE \
                     else f"cannot be bound ({exc.strerror})"
                 problems.append(f"port {port} of {name} on {HOST} {why}: choose another with --{name}-port N, "
-                                f"e.g. make run RUN_ARGS=\"--{name}-port {free_port()}\"")
+                                f"e.g. make {make_target} RUN_ARGS=\"--{name}-port {free_port()}\"")
     return problems
 
 

@@ -1,13 +1,17 @@
 """``python -m mqstore_launcher --ha --data-dir ./data-ha`` (``make run-ha``): the launcher's HA mode.
 
-Starts a throwaway etcd on free 127.0.0.1 ports (mqstore_launcher.etcd_local; its data under
-``<data-dir>/etcd``), three CommitLog nodes n1, n2, n3 on 50051, 50061, 50071 (automatic failover through
+Checks first that every port it needs can be bound on 127.0.0.1 (as ``make run``: a port in use stops it
+before anything starts, naming the flag that moves it). Then it starts a throwaway etcd on free 127.0.0.1
+ports (mqstore_launcher.etcd_local; its data under ``<data-dir>/etcd``), three CommitLog nodes n1, n2, n3
+(:func:`node_ports`: n1 on ``--commitlog-port``, 50051 by default, n2 and n3 on ``--commitlog-n2-port`` and
+``--commitlog-n3-port``, by default 10 and 20 above n1: 50061, 50071) (automatic failover through
 that etcd; SYNC replication with min_insync_replicas 2 by default; topic metadata in one SQLite file they
 share, ``<data-dir>/metadata.db``: on one machine that is the shared database PostgreSQL is in a real
-deployment), waits until they are healthy and one leads, then the other services with ``--commitlog`` set
-to all three nodes (they follow whichever leads), and prints the endpoints. Ctrl-C stops everything, etcd
-last. Try a failover: kill the leader's process (``mqstore replication status`` names it) and watch
-another node take over within the lease (5 s).
+deployment), waits until they are healthy and one leads, then the other services on their ports
+(``--index-port``, ``--txn-port``, ... as ``make run``) with ``--commitlog`` set to all three nodes (they
+follow whichever leads), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
+Ctrl-C stops everything, etcd last. Try a failover: kill the leader's process (``mqstore replication
+status`` names it) and watch another node take over within the lease (5 s).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pathlib
 import sys
 import threading
 import time
+from typing import Mapping, Sequence
 
 import grpc
 
@@ -26,18 +31,48 @@ from mqstore_rpc.peers import Peers
 
 from mqstore_launcher import child as launcher_child
 from mqstore_launcher import etcd_local, launcher
+from mqstore_launcher.child import port_problems
 
-NODES = tuple((f"n{i + 1}", defaults.COMMITLOG_PORT + i * defaults.HA_NODE_PORT_STEP) for i in range(3))
+NODE_IDS = ("n1", "n2", "n3")
 LEADER_TIMEOUT_S = 60.0
 
 
-def _node_services(etcd_endpoint: str, data_dir: pathlib.Path, embedded: bool) -> list[launcher.Service]:
+def node_flag(node_id: str) -> str:
+    """The name whose ``--<name>-port`` moves that node: n1 is the commit log's own (``--commitlog-port``)."""
+    return "commitlog" if node_id == NODE_IDS[0] else f"commitlog-{node_id}"
+
+
+def node_ports(ports: Mapping[str, int] | None = None) -> tuple[tuple[str, int], ...]:
+    """(node id, port) of n1, n2, n3: ``ports`` by :func:`node_flag` name (``commitlog``, ``commitlog-n2``,
+    ``commitlog-n3``); a node not named there is ``HA_NODE_PORT_STEP`` times its rank above n1."""
+    ports = ports or {}
+    first = ports.get("commitlog") or defaults.COMMITLOG_PORT
+    plan = tuple((node_id, ports.get(node_flag(node_id)) or first + rank * defaults.HA_NODE_PORT_STEP)
+                 for rank, node_id in enumerate(NODE_IDS))
+    for node_id, port in plan:
+        if not 0 < port < 65536:
+            raise ValueError(f"node {node_id}'s port would be {port}: give it one with --{node_flag(node_id)}-port")
+    return plan
+
+
+NODES = node_ports()  # the default plan: n1 50051, n2 50061, n3 50071
+
+
+def wanted_ports(nodes: Sequence[tuple[str, int]], others: Sequence[launcher.Service]) -> list[tuple[str, int]]:
+    """What must be free before anything starts: each node's and service's port and its /metrics port, by
+    the name of the flag that moves it."""
+    grpc_ports = [(node_flag(node_id), port) for node_id, port in nodes] + [(s.name, s.port) for s in others]
+    return grpc_ports + [(f"{name} metrics", port + launcher.METRICS_PORT_OFFSET) for name, port in grpc_ports]
+
+
+def _node_services(etcd_endpoint: str, data_dir: pathlib.Path, embedded: bool,
+                   nodes: Sequence[tuple[str, int]] = NODES) -> list[launcher.Service]:
     base = launcher.SERVICES[0]
     return [launcher.Service(
         dataclasses.replace(base, name=f"commitlog-{node_id}", default_port=port, data_subdir=node_id),
         port, ("--node-id", node_id, "--etcd-endpoints", etcd_endpoint, "--metadata-url",
                f"sqlite:///{data_dir / 'metadata.db'}", "--min-insync-replicas", "2", "--default-replication",
-               "SYNC", *launcher.size_flags("commitlog", embedded, launcher.os.environ))) for node_id, port in NODES]
+               "SYNC", *launcher.size_flags("commitlog", embedded, launcher.os.environ))) for node_id, port in nodes]
 
 
 def wait_leader(addresses: list[str], stop: threading.Event, timeout_s: float,
@@ -58,12 +93,21 @@ def wait_leader(addresses: list[str], stop: threading.Event, timeout_s: float,
     return None
 
 
-def run(data_dir: pathlib.Path, *, tls: bool = False, auth: bool = False) -> int:
-    """As launcher.run, with the commit log as three nodes of a replication group (``tls``/``auth`` too)."""
+def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: bool = False,
+        auth: bool = False) -> int:
+    """As launcher.run, with the commit log as three nodes of a replication group (``tls``/``auth`` too):
+    ``ports`` by flag name (``commitlog``, ``commitlog-n2``, ``commitlog-n3``, ``index``, ...; the defaults,
+    and n2 and n3 derived from n1, for the rest)."""
+    nodes = node_ports(ports)
+    embedded = launcher.uses_embedded_sizes(data_dir / nodes[0][0])
+    others = [s for s in launcher.services(ports, embedded)[1:] if s.available()]
+    if problems := port_problems(wanted_ports(nodes, others), make_target="run-ha"):
+        print("mqstore did not start anything:\n" + "".join(f"  {p}\n" for p in problems), end="",
+              file=sys.stderr)
+        return 1
     stop = threading.Event()
     launcher._install_stop_handlers(stop)
     fs.make_dirs(data_dir / "etcd")
-    embedded = launcher.uses_embedded_sizes(data_dir / NODES[0][0])
     auth = auth or launcher.os.environ.get("MQSTORE_AUTH", "").lower() in ("1", "on", "true", "yes")
     secure = launcher.security(data_dir, tls, auth, launcher.internal_token(data_dir))
     etcd = etcd_local.LocalEtcd(data_dir=str(data_dir / "etcd")).start()
@@ -71,29 +115,28 @@ def run(data_dir: pathlib.Path, *, tls: bool = False, auth: bool = False) -> int
     status = 0
     try:
         env = {**launcher.os.environ, launcher.TOKEN_ENV: launcher.internal_token(data_dir), **dict(secure.env)}
-        nodes = _node_services(etcd.endpoint, data_dir, embedded)
-        for service in nodes:
+        node_services = _node_services(etcd.endpoint, data_dir, embedded, nodes)
+        for service in node_services:
             children.append(launcher.start_child(service, data_dir, env, secure.peers))
         for child in children:
             if not child.wait_ready(stop, launcher.READY_TIMEOUT_S):
                 return 0 if stop.is_set() else 1
-        addresses = [s.address for s in nodes]
+        addresses = [s.address for s in node_services]
         leader = wait_leader(addresses, stop, LEADER_TIMEOUT_S, secure.peers)
         if leader is None:
             print("no commit log node was elected leader", file=sys.stderr)
             return 0 if stop.is_set() else 1
         group = ",".join(addresses)
-        for service in launcher.services(embedded=embedded)[1:]:
-            if not service.available():
-                continue
-            args = tuple(a if a != launcher.services()[0].address else group for a in service.extra_args)
+        n1 = addresses[0]  # launcher.services gives the others --commitlog <n1>: they get the whole group
+        for service in others:
+            args = tuple(a if a != n1 else group for a in service.extra_args)
             child = launcher.start_child(launcher.Service(service.entry, service.port, args), data_dir, env,
                                          secure.peers)
             children.append(child)
             if not child.wait_ready(stop, launcher.READY_TIMEOUT_S):
                 return 0 if stop.is_set() else 1
         launcher.ensure_demo_topic(leader, secure.peers)
-        leader_port = next(s.port for s in nodes if s.address == leader)
+        leader_port = next(s.port for s in node_services if s.address == leader)
         shown = [launcher.Service(launcher.SERVICES[0], leader_port)] + children[len(nodes):]  # leader: "commitlog"
         print(launcher.banner(shown, data_dir, embedded, secure)
               + f"The commit log nodes: {group} (leader now: {leader}); etcd on {etcd.endpoint}.\n"

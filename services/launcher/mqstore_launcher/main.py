@@ -8,6 +8,7 @@ import argparse
 import pathlib
 import sys
 
+from mqstore import defaults
 from mqstore_rpc import private_files
 
 from mqstore_launcher import launcher
@@ -15,7 +16,7 @@ from mqstore_launcher import launcher
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mqstore_launcher", description="run every mqstore service locally "
-                                     "(make run; RUN_ARGS=\"...\" passes these options)")
+                                     "(make run, make run-ha; RUN_ARGS=\"...\" passes these options)")
     parser.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path("data"),
                         help="where every service keeps its files (default ./data)")
     for entry in launcher.SERVICES:
@@ -25,15 +26,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
     parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
                         "through a throwaway etcd, and the other services (mqstore_launcher.ha; make run-ha)")
+    for rank, node_id in enumerate(HA_NODES, 1):
+        parser.add_argument(f"--commitlog-{node_id}-port", dest=f"commitlog-{node_id}", type=_port, default=None,
+                            metavar="PORT", help=f"with --ha: node {node_id}'s port on 127.0.0.1 (default: "
+                            f"--commitlog-port + {rank * defaults.HA_NODE_PORT_STEP}); n1 is on --commitlog-port")
     args = parser.parse_args(argv)
+    ports = {entry.name: getattr(args, entry.name) for entry in launcher.SERVICES}
+    node_ports = {f"commitlog-{n}": getattr(args, f"commitlog-{n}") for n in HA_NODES
+                  if getattr(args, f"commitlog-{n}") is not None}
+    if node_ports and not args.ha:
+        parser.error(f"--{next(iter(node_ports))}-port is for --ha (make run-ha) only")
     private_files.private_umask()  # what it makes (the data dir, the token, tls/) is its user's only, as the services
     if args.ha:
         from mqstore_launcher import ha  # only this mode needs etcd
-        return ha.run(args.data_dir.resolve(), tls=args.tls, auth=args.auth)
-    ports = {entry.name: getattr(args, entry.name) for entry in launcher.SERVICES}
+        try:
+            ha.node_ports({**ports, **node_ports})
+        except ValueError as exc:  # n2 or n3 derived above 65535
+            parser.error(str(exc))
+        return ha.run(args.data_dir.resolve(), {**ports, **node_ports}, tls=args.tls, auth=args.auth)
     if args.tls or args.auth:
         return launcher.run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)
     return launcher.run(args.data_dir.resolve(), ports)
+
+
+HA_NODES = ("n2", "n3")  # mqstore_launcher.ha.NODE_IDS after n1 (not imported here: ha needs etcd's client)
 
 
 def _port(text: str) -> int:
