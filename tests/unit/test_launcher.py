@@ -31,7 +31,7 @@ def test_each_row_gives_its_command_with_the_ports_asked_for():
 
 def test_every_row_has_a_port_flag(monkeypatch):
     seen = {}
-    monkeypatch.setattr(launcher, "run", lambda data_dir, ports: seen.update(ports) or 0)
+    monkeypatch.setattr(launcher, "run", lambda data_dir, ports, **_: seen.update(ports) or 0)
     assert launcher_main.main(["--data-dir", "/tmp/x", "--index-port", "6002"]) == 0
     assert seen == {"commitlog": 50051, "index": 6002, "txn": 50053, "compactor": 50054, "gateway": 8081}
 

@@ -58,8 +58,9 @@ def wait_leader(addresses: list[str], stop: threading.Event, timeout_s: float,
     return None
 
 
-def run(data_dir: pathlib.Path, *, tls: bool = False, auth: bool = False) -> int:
-    """As launcher.run, with the commit log as three nodes of a replication group (``tls``/``auth`` too)."""
+def run(data_dir: pathlib.Path, *, tls: bool = False, auth: bool = False, service_logs: str = "files") -> int:
+    """As launcher.run, with the commit log as three nodes of a replication group (``tls``/``auth`` and
+    ``service_logs`` too: the nodes' logs are <data-dir>/logs/commitlog-n1.log, ...)."""
     stop = threading.Event()
     launcher._install_stop_handlers(stop)
     fs.make_dirs(data_dir / "etcd")
@@ -73,7 +74,7 @@ def run(data_dir: pathlib.Path, *, tls: bool = False, auth: bool = False) -> int
         env = {**launcher.os.environ, launcher.TOKEN_ENV: launcher.internal_token(data_dir), **dict(secure.env)}
         nodes = _node_services(etcd.endpoint, data_dir, embedded)
         for service in nodes:
-            children.append(launcher.start_child(service, data_dir, env, secure.peers))
+            children.append(launcher.start_child(service, data_dir, env, secure.peers, service_logs))
         for child in children:
             if not child.wait_ready(stop, launcher.READY_TIMEOUT_S):
                 return 0 if stop.is_set() else 1
@@ -88,7 +89,7 @@ def run(data_dir: pathlib.Path, *, tls: bool = False, auth: bool = False) -> int
                 continue
             args = tuple(a if a != launcher.services()[0].address else group for a in service.extra_args)
             child = launcher.start_child(launcher.Service(service.entry, service.port, args), data_dir, env,
-                                         secure.peers)
+                                         secure.peers, service_logs)
             children.append(child)
             if not child.wait_ready(stop, launcher.READY_TIMEOUT_S):
                 return 0 if stop.is_set() else 1

@@ -23,17 +23,18 @@ def main(argv: list[str] | None = None) -> int:
                             metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
     parser.add_argument("--tls", action="store_true", help="TLS everywhere, with a throwaway CA in <data-dir>/tls")
     parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
+    parser.add_argument("--service-logs", choices=launcher.SERVICE_LOGS, default="files",
+                        help="files (default): each service's JSON log goes to <data-dir>/logs/<service>.log, the "
+                        "terminal keeps the launcher's own lines; stream: the services' logs on this terminal too")
     parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
                         "through a throwaway etcd, and the other services (mqstore_launcher.ha; make run-ha)")
     args = parser.parse_args(argv)
     private_files.private_umask()  # what it makes (the data dir, the token, tls/) is its user's only, as the services
     if args.ha:
         from mqstore_launcher import ha  # only this mode needs etcd
-        return ha.run(args.data_dir.resolve(), tls=args.tls, auth=args.auth)
+        return ha.run(args.data_dir.resolve(), tls=args.tls, auth=args.auth, service_logs=args.service_logs)
     ports = {entry.name: getattr(args, entry.name) for entry in launcher.SERVICES}
-    if args.tls or args.auth:
-        return launcher.run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)
-    return launcher.run(args.data_dir.resolve(), ports)
+    return launcher.run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth, service_logs=args.service_logs)
 
 
 def _port(text: str) -> int:
