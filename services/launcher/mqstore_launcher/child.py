@@ -9,8 +9,8 @@ keeps its terminal for its own lines) or, without one, copies it to the launcher
 for the ``server.started`` event carrying the child's own pid, which the service logs only once it has
 bound its port (``grpc.so_reuseport`` off: no other server shares it) and is serving. Only then does it
 ask gRPC health, for the child's own gRPC service name (``mqstore.v1.Compactor``, ...), and requires
-SERVING. It keeps the child's last log lines for the
-report when the child fails to start (the lines of this run: a log file keeps those of earlier runs too).
+SERVING. It keeps the child's last log lines for the report when the child fails to start (the lines
+of this run: a log file keeps those of earlier runs too).
 """
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ class Child:
         self.log_path = log_path
         self._channel = channel  # how the health probe connects (TLS when the launcher's --tls)
         self._report = err if err is not None else sys.stderr  # the launcher's own lines
-        self._err = self._report                                  # where the child's output goes
+        self._output = self._report  # where the child's output goes
         if log_path is not None:
             log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._err = open(log_path, "a", encoding="utf-8", errors="backslashreplace")  # closed by stop()
+            self._output = open(log_path, "a", encoding="utf-8", errors="backslashreplace")  # closed by stop()
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._started = threading.Event()
         self._started_port: int | None = None
@@ -116,8 +116,8 @@ class Child:
         for line in self.process.stdout:
             if copying:
                 try:
-                    self._err.write(line)
-                    self._err.flush()
+                    self._output.write(line)
+                    self._output.flush()
                 except (OSError, ValueError) as exc:  # our stderr or the file failed (a closed pipe, a full
                     copying = False                    # disk): keep draining the child's, so it never blocks
                     self._tail.append(f"(writing its log failed: {exc}; not copying further lines)\n")
@@ -192,5 +192,5 @@ class Child:
         self._reader.join(STOP_TIMEOUT_S)
         self.process.stdout.close()
         if self.log_path is not None and not self._reader.is_alive():
-            self._err.close()
+            self._output.close()
         return self.process.returncode
