@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup setup-run setup-ha gen run run-ha run-tls test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops compose-check-ha rmq-clients
+.PHONY: setup setup-run setup-ha gen run run-ha run-tls node-example test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops compose-check-ha rmq-clients
 
 # Stamps per group of lock files, so that `make run` installs only what running needs and `make test`
 # adds the rest. Each step says what it does: the first `make run` takes a few minutes, most of it here.
@@ -86,6 +86,12 @@ $(NODE_STAMP): $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 	else \
 	  echo "make: npm not found: the Node.js example's test will be skipped"; \
 	fi
+
+# The Node.js example's packages, for `node examples/node/example.js` (README, "Other languages"): as
+# above, but without npm it fails saying so instead of skipping.
+node-example:
+	@command -v npm >/dev/null 2>&1 || { echo "make: npm not found: install Node.js (>= 16) with npm, then make node-example again"; exit 1; }
+	@$(MAKE) --no-print-directory $(NODE_STAMP)
 
 # Starts every service on 127.0.0.1 with data under ./data and SQLite metadata; Ctrl-C stops them.
 # It installs only what running needs (setup-run). RUN_ARGS go to the launcher, for example

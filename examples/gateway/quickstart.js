@@ -5,13 +5,24 @@
 // tests/clients/node/package-lock.json (`make rmq-clients`); it logs under $HOME/logs/rocketmq/.
 'use strict';
 
-const { Producer, SimpleConsumer, FilterExpression } = require('rocketmq-client-nodejs');
+const { Producer, SimpleConsumer, FilterExpression, getDefaultLogger } = require('rocketmq-client-nodejs');
 
 const endpoints = process.argv[2] || '127.0.0.1:8081';
 const topic = process.argv[3] || 'demo';
 
+// A client's shutdown() closes its logger and then logs once more (Producer.shutdown in 1.0.8), which
+// prints "log stream had been closed" with a stack trace. So both clients share one logger (the client's
+// own file logger) that they cannot close, and it is closed here, once both have shut down.
+const fileLogger = getDefaultLogger();
+const logger = {
+  debug: (...args) => fileLogger.debug(...args),
+  info: (...args) => fileLogger.info(...args),
+  warn: (...args) => fileLogger.warn(...args),
+  error: (...args) => fileLogger.error(...args),
+};
+
 async function main() {
-  const producer = new Producer({ endpoints, namespace: '', topics: [ topic ] });
+  const producer = new Producer({ endpoints, namespace: '', topics: [ topic ], logger });
   await producer.startup();
   const sent = new Set();
   for (let i = 0; i < 3; i++) {
@@ -22,7 +33,7 @@ async function main() {
   }
   await producer.shutdown();
 
-  const consumer = new SimpleConsumer({ endpoints, namespace: '', consumerGroup: 'quickstart-node',
+  const consumer = new SimpleConsumer({ endpoints, namespace: '', consumerGroup: 'quickstart-node', logger,
     subscriptions: new Map([ [ topic, new FilterExpression('greeting') ] ]), awaitDuration: 5000 });
   await consumer.startup();
   while (sent.size > 0) {
@@ -35,4 +46,5 @@ async function main() {
   await consumer.shutdown();
 }
 
-main().then(() => process.exit(0), err => { console.error(err); process.exit(1); });
+main().then(() => 0, err => { console.error(err); return 1; })
+  .then(status => { fileLogger.close(); process.exit(status); });

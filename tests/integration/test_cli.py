@@ -70,8 +70,16 @@ def test_send_from_stdin_pull_and_get(server):
     as_json = json_lines(run_cli(server, "--json", "pull", "lines", "--offset", "3", "--max", "10").stdout)
     assert [base64.b64decode(m["body"]) for m in as_json] == [b"four", b"five"]
 
-    detail = run_cli(server, "get", sent[1]["msg_id"]).stdout
-    assert f"msg_id: {sent[1]['msg_id']}" in detail and "body: two" in detail
+    mine = run_cli(server, "get", sent[1]["msg_id"])
+    assert f"msg_id: {sent[1]['msg_id']}" in mine.stdout and "body: two" in mine.stdout and mine.stderr == ""
+    # The same offset in an id of the store at 10.0.0.7:50051 (README's ids have 127.0.0.1:50051): said so.
+    other = "0A000007" + "0000C383" + sent[1]["msg_id"][-16:]
+    theirs = run_cli(server, "get", other)
+    assert "body: two" in theirs.stdout  # what this store holds at that offset, shown as asked
+    assert theirs.stderr.startswith(f"warning: {other} is an id of the store at 10.0.0.7:50051, not of "
+                                    f"{server.address}"), theirs.stderr
+    [as_json] = json_lines(run_cli(server, "--json", "get", other).stdout)
+    assert as_json["id_store_host"] == "10.0.0.7:50051"
     [by_offset] = json_lines(run_cli(server, "--json", "get", "--physical-offset",
                                      str(sent[1]["physical_offset"])).stdout)
     assert by_offset["msg_id"] == sent[1]["msg_id"]

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from commitlog_service import read_wire
 from commitlog_service.main import CommitLogConfig, on_loop, parse_config, serving
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
@@ -213,6 +214,31 @@ def test_get_message_by_id_and_physical_offset_across_segments(stub):
         by_offset = stub.GetMessage(pb.GetMessageRequest(physical_offset=r.physical_offset), timeout=RPC_TIMEOUT_S)
         assert by_id == by_offset
         assert by_id.queue_offset == r.queue_offset and by_id.body == body + b"%d" % r.queue_offset
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "reference"])
+def test_get_message_by_an_id_of_another_store_says_which_store_the_id_names(stub, monkeypatch, compiled):
+    """An offset message id is hex(store ip, port, physical offset): an id whose ip and port are not those
+    of the record at its offset was minted by another store, and the answer says so (id_store_host)
+    instead of passing that record off as the message (issue 38, item 5)."""
+    if compiled and not read_wire.COMPILED:
+        pytest.skip("the compiled codec is not built here")
+    monkeypatch.setattr(read_wire, "COMPILED", compiled)
+    create(stub, "ids", 1)
+    [r] = append(stub, "ids", [msg(b"mine")])
+    _, port, offset = record.parse_offset_msg_id(r.msg_id)
+    mine = stub.GetMessage(pb.GetMessageRequest(msg_id=r.msg_id), timeout=RPC_TIMEOUT_S)
+    assert mine.id_store_host == "" and mine.body == b"mine"
+    assert stub.GetMessage(pb.GetMessageRequest(msg_id=r.msg_id.lower()), timeout=RPC_TIMEOUT_S).id_store_host == ""
+    for host, other_port, address in ((b"\x0a\x00\x00\x07", port, f"10.0.0.7:{port}"),
+                                      (b"\x7f\x00\x00\x01", port + 1, f"127.0.0.1:{port + 1}")):
+        other = record.offset_msg_id(host, other_port, offset)
+        theirs = stub.GetMessage(pb.GetMessageRequest(msg_id=other), timeout=RPC_TIMEOUT_S)
+        assert theirs.id_store_host == address
+        theirs.ClearField("id_store_host")
+        assert theirs == mine  # what this store holds there, said to be an answer to another store's id
+    by_offset = stub.GetMessage(pb.GetMessageRequest(physical_offset=offset), timeout=RPC_TIMEOUT_S)
+    assert by_offset.id_store_host == ""
 
 
 def test_tail_from_earliest_with_topic_filter(stub):

@@ -156,6 +156,23 @@ def test_append_batches_gives_each_batch_its_own_outcome_all_or_nothing(served):
     assert client.queue_info(HALF_TOPIC, 0).max_offset == 2 and client.queue_info("orders", 0).max_offset == 1
 
 
+def test_close_async_leaves_no_task_of_the_batch_stream_pending(served):
+    """close_async ends each AppendBatches stream in order: the call cancelled, its reader task cancelled
+    and awaited, the call's end awaited; so the loop that stops after it (a service's) destroys no pending
+    task ("Task was destroyed but it is pending!": issue 38, item 3)."""
+    client, stub, _ = served
+    create(stub, "orders")
+
+    async def run():
+        aio = CommitLogClient(client.address, rpc_timeout_s=10)
+        for n in range(3):
+            await aio.internal_append_batches_async([(HALF_TOPIC, [half(b"h%d" % n)])], writer="txn", token=TOKEN)
+        await aio.close_async()
+        return [repr(task) for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+
+    assert run_aio(run) == []
+
+
 def test_append_batches_falls_back_to_one_append_per_batch_on_an_older_commit_log():
     """A rolling upgrade: the Transaction service is newer than the commit log, which answers
     AppendBatches UNIMPLEMENTED (it did nothing). The client then sends one Append per batch, with the

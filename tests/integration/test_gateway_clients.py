@@ -10,6 +10,7 @@ tag and keys are the stored TAGS and KEYS.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import grpc
@@ -21,6 +22,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 WAIT_S = 60
+# A stack trace on stderr: a Node one ("    at fn (file.js:1:2)") or a Python one.
+STACK_TRACE = re.compile(r"^\s+at \S.*:\d+:\d+\)?$|^Traceback \(most recent call last\)", re.M)
 
 
 @pytest.fixture(scope="module", params=(*MODES, ALL_LOCAL))  # ALL_LOCAL: the SDKs' transactions on the Local
@@ -153,6 +156,7 @@ def test_the_readmes_quickstart_examples_run_as_written(rig, kind, tmp_path):
     done = subprocess.run([interpreter, str(script), rig.endpoint, topic], capture_output=True, text=True, env=env,
                           timeout=WAIT_S * 2, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert STACK_TRACE.search(done.stderr) is None, done.stderr[-3000:]  # a clean run: no stack trace at shutdown
     sent = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("sent ")]
     received = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("received ")]
     assert len(sent) == 3 and set(received) == set(sent)

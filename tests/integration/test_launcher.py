@@ -1,15 +1,18 @@
 """``make run``'s launcher (python -m mqstore_launcher) starting real services: a port that cannot be
-bound stops it before anything starts; a child that fails to start is named with its last log lines,
-the others are stopped and "mqstore is running" is never printed; a server of someone else on a child's
-port is not taken for the child; ``make run-ha`` (--ha) checks its ports the same way and serves on the
-ports it is given. (The launcher that works: tests/integration/test_readme.py.)"""
+bound stops it before anything starts; its terminal holds its own lines only, each service's JSON log
+going to <data-dir>/logs (``--service-logs stream``: on its stderr); a child that fails to start is named
+with its last log lines, the others are stopped and "mqstore is running" is never printed; a server of
+someone else on a child's port is not taken for the child; ``make run-ha`` (--ha) checks its ports the same
+way and serves on the ports it is given. (The launcher's examples: tests/integration/test_readme.py.)"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -29,16 +32,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAUNCHER_TIMEOUT_S = 240  # five services start and stop on a loaded 2-core machine
-STARTED = re.compile(r"^starting (\w+) on 127\.0\.0\.1:(\d+) \(pid (\d+)\)$", re.M)
+STARTED = re.compile(r"^starting (\w+) on 127\.0\.0\.1:(\d+) \(pid (\d+)\)", re.M)
+
+
+def launcher_command(data_dir: pathlib.Path, ports: dict[str, int], *extra_args: str) -> list[str]:
+    command = [sys.executable, "-m", "mqstore_launcher", "--data-dir", str(data_dir), *extra_args]
+    for name, port in ports.items():
+        command += [f"--{name}-port", str(port)]
+    return command
 
 
 def run_launcher(data_dir: pathlib.Path, ports: dict[str, int], env: dict[str, str] | None = None,
-                 extra: tuple[str, ...] = ()):
-    command = [sys.executable, "-m", "mqstore_launcher", "--data-dir", str(data_dir), *extra]
-    for name, port in ports.items():
-        command += [f"--{name}-port", str(port)]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LAUNCHER_TIMEOUT_S,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+                 *extra_args: str):
+    return subprocess.run(launcher_command(data_dir, ports, *extra_args), cwd=ROOT, capture_output=True, text=True,
+                          timeout=LAUNCHER_TIMEOUT_S, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
 def free_ports_for_all(besides: int = 0) -> dict[str, int]:
@@ -86,15 +93,69 @@ def test_port_problems_name_each_port_in_use_and_a_port_asked_twice():
     assert problems[1] == f"port {free} is asked for both commitlog and txn: give txn another one with --txn-port"
 
 
-def test_a_child_that_fails_to_start_is_named_and_the_others_are_stopped(tmp_path):
+def json_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.lstrip().startswith("{")]
+
+
+def started_events(text: str) -> dict[str, int]:
+    """service.name or module -> pid of each server.started line in ``text``."""
+    events = [json.loads(line) for line in json_lines(text)]
+    return {e.get("service", "?"): e["pid"] for e in events if e.get("event") == "server.started"}
+
+
+def test_the_terminal_holds_the_launchers_lines_and_each_service_logs_to_a_file(tmp_path):
+    data_dir, ports = tmp_path / "data", free_ports_for_all()
+    with open(tmp_path / "stderr", "w+") as stderr, \
+            subprocess.Popen(launcher_command(data_dir, ports), cwd=ROOT, stdin=subprocess.DEVNULL, text=True,
+                             stdout=subprocess.PIPE, stderr=stderr) as process:
+        try:
+            seen = []
+            for line in process.stdout:  # ends at EOF if the launcher exits: the assertion below then says so
+                seen.append(line)
+                if line.strip() == "Ctrl-C stops everything.":
+                    break
+            process.send_signal(signal.SIGINT)
+            out, _ = process.communicate(timeout=LAUNCHER_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        out = "".join(seen) + out
+        err = (tmp_path / "stderr").read_text()
+    assert process.returncode == 0, out + err
+    assert "mqstore is running" in out and out.rstrip().endswith("stopped")
+    assert json_lines(out) == [] and json_lines(err) == [], err  # no service's log line on the terminal
+    logs = data_dir / "logs"
+    names = [e.name for e in launcher.SERVICES]
+    assert f"  logs       {logs}/{{{','.join(names)}}}.log" in out, out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("stopping ")] == names[::-1]
+    pids = {name: int(pid) for name, _, pid in STARTED.findall(out)}
+    for name in names:
+        assert f"(pid {pids[name]}), its log in {logs / name}.log" in out
+        assert pids[name] in started_events((logs / f"{name}.log").read_text()).values(), name
+    assert f"an empty store takes ~{launcher.empty_store_mib()} MiB" in out
+    measured = float(re.search(r"^  disk +([\d.,]+) MiB", out, re.M).group(1))
+    assert abs(measured - launcher.empty_store_mib()) < 1, out  # the start line's estimate, the banner's measure
+
+
+@pytest.mark.parametrize("service_logs", ["files", "stream"])
+def test_a_child_that_fails_to_start_is_named_and_the_others_are_stopped(tmp_path, service_logs):
     ports = free_ports_for_all()
     # Read by the compactor only: it refuses the setting and exits 2 while the others start fine.
-    done = run_launcher(tmp_path / "data", ports, env={"MQSTORE_DELETE_RETENTION_MS": "-1"})
+    done = run_launcher(tmp_path / "data", ports, {"MQSTORE_DELETE_RETENTION_MS": "-1"},
+                        "--service-logs", service_logs)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "mqstore is running" not in done.stdout
     assert f"mqstore did not start: compactor (127.0.0.1:{ports['compactor']}) exited with status 2" in done.stderr
     report = done.stderr[done.stderr.index("mqstore did not start"):]
     assert "config.invalid" in report and "delete_retention_ms" in report  # its last log lines
+    assert json_lines(done.stdout) == []
+    commitlog_log = tmp_path / "data" / "logs" / "commitlog.log"
+    if service_logs == "files":
+        assert json_lines(done.stderr[:done.stderr.index("mqstore did not start")]) == []
+        assert "config.invalid" in (tmp_path / "data" / "logs" / "compactor.log").read_text()
+        assert started_events(commitlog_log.read_text())
+    else:  # the services' lines on the launcher's stderr, as they come; no log files
+        assert started_events(done.stderr) and not commitlog_log.parent.exists()
     started = {name: int(pid) for name, _, pid in STARTED.findall(done.stdout)}
     assert set(started) == {"commitlog", "index", "txn", "compactor", "gateway"}, done.stdout
     assert [name for name, pid in started.items() if alive(pid)] == []
@@ -133,7 +194,7 @@ def test_run_ha_with_a_port_in_use_stops_before_it_starts_anything(tmp_path):
     with listening() as taken:
         ports = free_ports_for_all(besides=taken)
         ports["commitlog-n2"] = taken
-        done = run_launcher(tmp_path / "data", ports, extra=("--ha",))
+        done = run_launcher(tmp_path / "data", ports, None, "--ha")
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"port {taken} of commitlog-n2 on 127.0.0.1 is in use" in done.stderr
     assert "--commitlog-n2-port" in done.stderr and "make run-ha RUN_ARGS=" in done.stderr

@@ -23,6 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "node"
 NODE = shutil.which("node")
 RUN_TIMEOUT_S = 120
+STACK_TRACE = re.compile(r"^\s+at \S.*:\d+:\d+\)?$", re.M)  # a Node stack frame
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def run_example(address: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(NODE is None, reason="node is not installed: the Node.js example cannot run here")
 def test_the_node_example_appends_with_keys_and_pulls_them_back(server):
     done = run_example(server.address)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # a clean run: nothing on stderr, no stack trace
     lines = done.stdout.splitlines()
     assert lines[0] == "created topic node-demo"
     appended = [re.fullmatch(r"appended msg_id=([0-9A-F]{32}) uniq_key=[0-9A-F]{32} queue=0 offset=(\d) "
@@ -70,3 +71,15 @@ def test_the_node_example_prints_the_status_and_the_trailers_of_an_error(server)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("error: INVALID_ARGUMENT: topic name 'bad name' has the illegal character")
     assert done.stderr.strip().endswith("(mqstore-error=InvalidArgument, mqstore-retriable=false)")
+    assert STACK_TRACE.search(done.stderr) is None, done.stderr  # the error said in one line, no stack trace
+
+
+def test_the_readmes_node_block_installs_the_packages_first():
+    """README's Node.js block starts with the install step (a newcomer's first `node examples/node/example.js`
+    failed with "Cannot find module '@grpc/grpc-js'"), a make target that exists."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("node examples/node/example.js") - 200:readme.index("node examples/node/example.js")]
+    assert "```sh\nmake node-example " in block, block
+    dry = subprocess.run(["make", "-n", "node-example"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S)  # -n: says what it would run, installs nothing
+    assert dry.returncode == 0, dry.stdout + dry.stderr

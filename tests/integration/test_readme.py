@@ -222,14 +222,14 @@ class Shell:
 
 class Launcher:
     """``python -m mqstore_launcher`` as ``make run`` runs it, every service on a free port; stdout read
-    by a thread, stderr (the services' logs) into a file."""
+    by a thread, stderr into a file (the services' logs are in <data-dir>/logs)."""
 
     def __init__(self, data_dir: pathlib.Path, ports: dict[str, int], log_path: pathlib.Path,
                  extra_args: tuple[str, ...] = ()):
         command = [sys.executable, "-m", "mqstore_launcher", "--data-dir", str(data_dir), *extra_args]
         for name, port in ports.items():
             command += [f"--{name}-port", str(port)]
-        self.log_path = log_path
+        self.log_path, self.data_dir = log_path, data_dir
         with open(log_path, "w") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             stderr=log, text=True)
@@ -243,7 +243,11 @@ class Launcher:
         self.lines.put(None)
 
     def log_tail(self, lines: int = 40) -> str:
-        return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+        """The last lines of the launcher's stderr and of each service's log (<data-dir>/logs)."""
+        def tail(path: pathlib.Path) -> str:
+            return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+        logs = sorted((self.data_dir / "logs").glob("*.log"))
+        return tail(self.log_path) + "".join(f"--- {path.name}:\n{tail(path)}" for path in logs)
 
     def banner(self) -> str:
         seen: list[str] = []

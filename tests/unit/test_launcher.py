@@ -32,7 +32,7 @@ def test_each_row_gives_its_command_with_the_ports_asked_for():
 
 def test_every_row_has_a_port_flag(monkeypatch):
     seen = {}
-    monkeypatch.setattr(launcher, "run", lambda data_dir, ports: seen.update(ports) or 0)
+    monkeypatch.setattr(launcher, "run", lambda data_dir, ports, **_: seen.update(ports) or 0)
     assert launcher_main.main(["--data-dir", "/tmp/x", "--index-port", "6002"]) == 0
     assert seen == {"commitlog": 50051, "index": 6002, "txn": 50053, "compactor": 50054, "gateway": 8081}
 
@@ -102,7 +102,7 @@ def test_the_ha_port_plan_puts_n1_on_the_commit_log_port_and_n2_n3_above_it_or_w
 def test_ha_mode_takes_the_port_flags_of_make_run_and_the_nodes_own(monkeypatch):
     from mqstore_launcher import ha
     seen = {}
-    monkeypatch.setattr(ha, "run", lambda data_dir, ports, tls, auth: seen.update(ports) or 0)
+    monkeypatch.setattr(ha, "run", lambda data_dir, ports, tls, auth, service_logs: seen.update(ports) or 0)
     assert launcher_main.main(["--data-dir", "/tmp/x", "--ha", "--commitlog-port", "61051", "--gateway-port",
                                "61081", "--commitlog-n3-port", "61099"]) == 0
     assert seen == {"commitlog": 61051, "index": 50052, "txn": 50053, "compactor": 50054, "gateway": 61081,

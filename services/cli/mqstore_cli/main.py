@@ -317,6 +317,11 @@ def cmd_get(cli: Cli) -> None:
     else:
         request = commitlog_pb2.GetMessageRequest(physical_offset=a.physical_offset)
     m = cli.call("GetMessage", request)
+    if m.id_store_host:  # the id came from another store: this is whatever this one holds at its offset
+        cli.err.write(f"warning: {a.msg_id} is an id of the store at {m.id_store_host}, not of {cli.first_address} "
+                      f"(whose record at physical offset {m.physical_offset} is shown, written by {m.store_host}): "
+                      f"ask the store that gave the id (--address {m.id_store_host}), or look the message up "
+                      f"by key or uniq key in the index\n")
     cli.emit(m, _message_detail(m))
 
 

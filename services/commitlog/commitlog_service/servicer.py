@@ -15,10 +15,11 @@ from typing import Iterable, Iterator
 import grpc
 from mqstore.auth.model import SERVICE_USER
 from mqstore.errors import InvalidArgument
+from mqstore.format import record
 from mqstore.store import MessageStore
 from mqstore_rpc import append_wire, auth, convert
 from mqstore_rpc.errors import wire_codec
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 from commitlog_service import read_wire
 
@@ -112,7 +113,11 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
             found = (self._store.get_message_raw if raw else self._store.get_message)(request.physical_offset)
         else:
             raise InvalidArgument("locator: set either msg_id or physical_offset")
-        return read_wire.stored_message(found) if raw else convert.stored_message(found).SerializeToString()
+        answer = read_wire.stored_message(found) if raw else convert.stored_message(found).SerializeToString()
+        if locator == "msg_id":
+            prefix = read_wire.msg_id_prefix(found) if raw else found.msg_id[:-16]
+            answer += _id_from_another_store(request.msg_id, prefix)
+        return answer
 
     @wire_codec(commitlog_pb2.GetMessagesRequest.FromString)
     def GetMessages(self, request, context):
@@ -178,3 +183,14 @@ class LoopCommitLogServicer(CommitLogServicer):
 
 def add_to_server(servicer: CommitLogServicer, server: grpc.Server) -> None:
     commitlog_pb2_grpc.add_CommitLogServicer_to_server(servicer, server)
+
+
+def _id_from_another_store(msg_id: str, record_prefix: str) -> bytes:
+    """StoredMessage.id_store_host, serialized, when the offset message id ``msg_id`` (valid: the store
+    read its offset) names another store than the record found there (``record_prefix``, its id's host
+    and port); b"" when it names this record's. Appended to the StoredMessage bytes: a serialized field
+    after the others is what protobuf writes for it."""
+    host, port, _ = record.parse_offset_msg_id(msg_id)
+    if record.msg_id_prefix(host, port) == record_prefix.upper():
+        return b""
+    return common_pb2.StoredMessage(id_store_host=convert.host_text(host, port)).SerializeToString()

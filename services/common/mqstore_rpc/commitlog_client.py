@@ -338,10 +338,11 @@ class CommitLogClient:
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def close_async(self) -> None:
-        """End the AppendBatches streams and close the grpc.aio channels (on their loop)."""
-        for stream in self._batch_streams.values():
-            stream.end(errors.Unavailable("the client is closing"))
-        self._batch_streams = {}
+        """End the AppendBatches streams (each awaited to its end: no task of theirs is left pending for the
+        loop to destroy when it stops) and close the grpc.aio channels (on their loop)."""
+        streams, self._batch_streams = list(self._batch_streams.values()), {}
+        for stream in streams:
+            await stream.aclose(errors.Unavailable("the client is closing"), self.rpc_timeout_s)
         channels, self._aio_channels, self._aio_stubs = list(self._aio_channels.values()), {}, {}
         for channel in channels:
             await channel.close()
@@ -438,6 +439,26 @@ class _BatchStream:
             log.error("commitlog_client.batch_stream_failed", exc_info=exc)
             self.end(errors.Unavailable(f"the AppendBatches stream failed unexpectedly ({type(exc).__name__}, "
                                         f"logged): the batches may or may not have been written"))
+
+    async def aclose(self, error: BaseException, timeout_s: float) -> None:
+        """Close it cleanly, in order: no more requests (``send`` answers ``error``), the request stream
+        half-closed, so that the commit log answers what it was sent and ends the call; the call's status
+        awaited (grpc.aio's status task ends with it); then the reader task, which has seen the end, awaited.
+        A stream already ended, or one not ended within ``timeout_s``, is cancelled instead. Nothing of it
+        is left pending for the loop to destroy when it stops."""
+        if self.error is None:
+            self.error = error
+            try:
+                async with self._writing:  # after the request being written, if any
+                    await asyncio.wait_for(self.call.done_writing(), timeout_s)
+                await asyncio.wait_for(self.call.code(), timeout_s)
+            except (asyncio.TimeoutError, grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError):
+                self.call.cancel()  # broken or too slow: the outcome of what it owed is unknown
+        else:
+            self.call.cancel()  # a no-op when it has ended
+        self._reader.cancel()  # a no-op when it has seen the end
+        await asyncio.gather(self._reader, return_exceptions=True)
+        self.end(error)  # what is still waiting (nothing, after a clean end)
 
     def end(self, error: BaseException) -> None:
         """No more requests; every one still waiting gets ``error``."""

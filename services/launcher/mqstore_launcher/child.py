@@ -3,12 +3,14 @@ knowing that the server answering on a port is the child the launcher started.
 
 A port's answer alone proves nothing: another program (another ``make run``, someone's server) may hold
 the port while the child fails to bind it, and a health probe would reach that other server. So a
-:class:`Child` trusts only its own process: it copies the child's stderr (JSON log lines) to the
-launcher's stderr line by line and watches for the ``server.started`` event carrying the child's own
-pid, which the service logs only once it has bound its port (``grpc.so_reuseport`` off: no other server
-shares it) and is serving. Only then does it ask gRPC health, for the child's own gRPC service name
-(``mqstore.v1.Compactor``, ...), and requires SERVING. It keeps the child's last log lines for the
-report when the child fails to start.
+:class:`Child` trusts only its own process: it reads the child's output (its JSON log lines on stderr,
+and stdout with them) line by line, appends each to the child's log file (``log_path``: the launcher
+keeps its terminal for its own lines) or, without one, copies it to the launcher's stderr, and watches
+for the ``server.started`` event carrying the child's own pid, which the service logs only once it has
+bound its port (``grpc.so_reuseport`` off: no other server shares it) and is serving. Only then does it
+ask gRPC health, for the child's own gRPC service name (``mqstore.v1.Compactor``, ...), and requires
+SERVING. It keeps the child's last log lines for the report when the child fails to start (the lines
+of this run: a log file keeps those of earlier runs too).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import collections
 import errno
 import json
+import pathlib
 import signal
 import socket
 import subprocess
@@ -74,22 +77,32 @@ def free_port() -> int:
 class Child:
     """One service process, in its own session (Ctrl-C in the terminal reaches only the launcher).
 
-    Thread-safety: a reader thread (``<name>-stderr``) copies stderr and records the start event; every
+    ``log_path``: the file its output is appended to (created with its directory; None: the launcher's
+    stderr, ``err``).
+
+    Thread-safety: a reader thread (``<name>-output``) copies the output and records the start event; every
     other method is for the launcher's main thread.
     """
 
     def __init__(self, name: str, grpc_service: str, port: int, command: Sequence[str],
                  env: Mapping[str, str] | None = None, err: TextIO | None = None,
-                 channel: Callable[[str], grpc.Channel] = grpc.insecure_channel):
+                 channel: Callable[[str], grpc.Channel] = grpc.insecure_channel,
+                 log_path: pathlib.Path | None = None):
         self.name, self.grpc_service, self.port = name, grpc_service, port
+        self.log_path = log_path
         self._channel = channel  # how the health probe connects (TLS when the launcher's --tls)
-        self._err = err if err is not None else sys.stderr
+        self._report = err if err is not None else sys.stderr  # the launcher's own lines
+        self._output = self._report  # where the child's output goes
+        if log_path is not None:
+            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._output = open(log_path, "a", encoding="utf-8", errors="backslashreplace")  # closed by stop()
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._started = threading.Event()
         self._started_port: int | None = None
         self.process = subprocess.Popen(list(command), start_new_session=True, env=env, stdin=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True, errors="backslashreplace")
-        self._reader = threading.Thread(target=self._copy_stderr, name=f"{name}-stderr", daemon=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        errors="backslashreplace")
+        self._reader = threading.Thread(target=self._copy_output, name=f"{name}-output", daemon=True)
         self._reader.start()
 
     @property
@@ -100,16 +113,16 @@ class Child:
     def pid(self) -> int:
         return self.process.pid
 
-    def _copy_stderr(self) -> None:
+    def _copy_output(self) -> None:
         copying = True
-        for line in self.process.stderr:
+        for line in self.process.stdout:
             if copying:
                 try:
-                    self._err.write(line)
-                    self._err.flush()
-                except (OSError, ValueError) as exc:  # our stderr is gone (a closed pipe): keep draining the
-                    copying = False                    # child's, so that it never blocks on a full pipe
-                    self._tail.append(f"(the launcher's stderr failed: {exc}; not copying further lines)\n")
+                    self._output.write(line)
+                    self._output.flush()
+                except (OSError, ValueError) as exc:  # our stderr or the file failed (a closed pipe, a full
+                    copying = False                    # disk): keep draining the child's, so it never blocks
+                    self._tail.append(f"(writing its log failed: {exc}; not copying further lines)\n")
             self._tail.append(line)
             if not self._started.is_set() and '"server.started"' in line:
                 self._note_start(line)
@@ -175,9 +188,11 @@ class Child:
             try:
                 self.process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                self._err.write(f"{self.name} did not stop within {STOP_TIMEOUT_S:.0f} s of SIGTERM; killing it\n")
+                self._report.write(f"{self.name} did not stop within {STOP_TIMEOUT_S:.0f} s of SIGTERM; killing it\n")
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT_S)
         self._reader.join(STOP_TIMEOUT_S)
-        self.process.stderr.close()
+        self.process.stdout.close()
+        if self.log_path is not None and not self._reader.is_alive():
+            self._output.close()
         return self.process.returncode

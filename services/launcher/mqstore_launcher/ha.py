@@ -94,10 +94,11 @@ def wait_leader(addresses: list[str], stop: threading.Event, timeout_s: float,
 
 
 def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: bool = False,
-        auth: bool = False) -> int:
+        auth: bool = False, service_logs: str = "files") -> int:
     """As launcher.run, with the commit log as three nodes of a replication group (``tls``/``auth`` too):
     ``ports`` by flag name (``commitlog``, ``commitlog-n2``, ``commitlog-n3``, ``index``, ...; the defaults,
-    and n2 and n3 derived from n1, for the rest)."""
+    and n2 and n3 derived from n1, for the rest); ``service_logs`` as launcher.run's (the nodes' logs are
+    <data-dir>/logs/commitlog-n1.log, ...)."""
     nodes = node_ports(ports)
     embedded = launcher.uses_embedded_sizes(data_dir / nodes[0][0])
     others = [s for s in launcher.services(ports, embedded)[1:] if s.available()]
@@ -117,7 +118,7 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
         env = {**launcher.os.environ, launcher.TOKEN_ENV: launcher.internal_token(data_dir), **dict(secure.env)}
         node_services = _node_services(etcd.endpoint, data_dir, embedded, nodes)
         for service in node_services:
-            children.append(launcher.start_child(service, data_dir, env, secure.peers))
+            children.append(launcher.start_child(service, data_dir, env, secure.peers, service_logs))
         for child in children:
             if not child.wait_ready(stop, launcher.READY_TIMEOUT_S):
                 return 0 if stop.is_set() else 1
@@ -131,7 +132,7 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
         for service in others:
             args = tuple(a if a != n1 else group for a in service.extra_args)
             child = launcher.start_child(launcher.Service(service.entry, service.port, args), data_dir, env,
-                                         secure.peers)
+                                         secure.peers, service_logs)
             children.append(child)
             if not child.wait_ready(stop, launcher.READY_TIMEOUT_S):
                 return 0 if stop.is_set() else 1

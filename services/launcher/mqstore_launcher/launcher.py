@@ -6,17 +6,21 @@ it names the port, the service and the flag that moves it (``--commitlog-port``,
 Then it starts the commit log, and once that serves, the services that follow it, each as a child
 process in its own session (so Ctrl-C reaches only the launcher). A child counts as running only when
 it has logged ``server.started`` with its own pid and port and answers gRPC health SERVING for its own
-service (mqstore_launcher.child: a server of someone else on the port does not count). If any child
-fails to start, the launcher prints which one and its last log lines, stops the others and exits 1;
+service (mqstore_launcher.child: a server of someone else on the port does not count). Each service's
+output (its JSON log) is appended to ``<data-dir>/logs/<name>.log``, named as it starts and in the banner,
+so that the terminal holds the launcher's own lines; ``--service-logs stream`` copies it to the
+launcher's stderr instead. If any child fails to start, the launcher prints which one and its last log
+lines, stops the others and exits 1;
 "mqstore is running" is printed only once every child serves. Then it creates the ``demo`` topic if
 missing and prints the endpoints, the disk the store takes, and examples that work as printed in
 another shell (the venv activated first; the addresses exported when the ports are not the defaults).
 
 File sizes: a service's defaults are for production (1 GiB commit log segments, preallocated; index
 files of 400 MB; 64 MiB compaction segments), which would make an empty ``make run`` store take 1.6 GB.
-The launcher gives a new data dir smaller files (:data:`EMBEDDED_SIZES`: an empty store takes about 75
-MiB) and keeps a data dir made with other segment sizes on its own (segment sizes cannot change under
-an existing log). A variable the user set (``MQSTORE_SEGMENT_SIZE_BYTES``, ...) wins over these.
+The launcher gives a new data dir smaller files (:data:`EMBEDDED_SIZES`: an empty store takes about
+:func:`empty_store_mib`, 65 MiB) and keeps a data dir made with other segment sizes on its own (segment
+sizes cannot change under an existing log). A variable the user set (``MQSTORE_SEGMENT_SIZE_BYTES``,
+...) wins over these.
 
 The commit log and the Transaction service get the same MQSTORE_INTERNAL_TOKEN (the shared secret of
 CommitLogInternal): the variable when set, else a random one kept in ``<data-dir>/internal-token``. On
@@ -49,7 +53,7 @@ from typing import Mapping, TextIO
 import grpc
 from mqstore.format import segment_name
 
-from mqstore import defaults, fs
+from mqstore import defaults, disk_space, fs
 from mqstore_rpc import private_files
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore_rpc.peers import Peers
@@ -113,7 +117,6 @@ TXN_PORT = next(e.default_port for e in SERVICES if e.name == "txn")
 # 400,000 entries (8.4 MB; a new file every 400,000 keys), compaction log segments of 8 MiB (a round
 # writes its output segments whole; a record is at most a 4 MiB body).
 EMBEDDED_SEGMENT_BYTES = 64 * MiB
-EMPTY_STORE_MIB = 75         # one segment, the 1 MiB space reserve, an index file, a few queue files
 EMBEDDED_SIZES: dict[str, tuple[tuple[str, str, str], ...]] = {
     "commitlog": (("--segment-size-bytes", str(EMBEDDED_SEGMENT_BYTES), "MQSTORE_SEGMENT_SIZE_BYTES"),
                   ("--warm-ahead-bytes", str(4 * MiB), "MQSTORE_WARM_AHEAD_BYTES"),
@@ -121,6 +124,13 @@ EMBEDDED_SIZES: dict[str, tuple[tuple[str, str, str], ...]] = {
     "index": (("--slot-count", "100000", "MQSTORE_SLOT_COUNT"), ("--entry-count", "400000", "MQSTORE_ENTRY_COUNT")),
     "compactor": (("--segment-size-bytes", str(8 * MiB), "MQSTORE_SEGMENT_SIZE_BYTES"),),
 }
+
+
+def empty_store_mib() -> int:
+    """What a new data dir takes on disk before the first message: the commit log's first segment
+    (preallocated) and its space reserve (mqstore.disk_space); index and consume queue files are sparse
+    until written. The banner's disk line measures it (``disk_bytes``)."""
+    return round((EMBEDDED_SEGMENT_BYTES + disk_space.SPACE_RESERVE_BYTES) / MiB)
 
 
 def existing_segment_bytes(data_dir: pathlib.Path) -> int | None:
@@ -193,10 +203,21 @@ def services(ports: Mapping[str, int] | None = None, embedded: bool = False,
                          + size_flags(e.name, embedded, env)) for e in SERVICES)
 
 
+SERVICE_LOGS = ("files", "stream")  # --service-logs: each service's log in a file (the default), or on stderr
+LOGS_SUBDIR = "logs"
+
+
+def log_path(data_dir: pathlib.Path, name: str) -> pathlib.Path:
+    """Where ``--service-logs files`` appends a service's JSON log: ``<data-dir>/logs/<name>.log``."""
+    return data_dir / LOGS_SUBDIR / f"{name}.log"
+
+
 def start_child(service: Service, data_dir: pathlib.Path, env: Mapping[str, str],
-                peers: Peers = PLAINTEXT) -> Child:
+                peers: Peers = PLAINTEXT, service_logs: str = "files") -> Child:
+    """The service's process; its log appended to :func:`log_path` (``files``) or copied to stderr (``stream``)."""
     return Child(service.name, service.entry.grpc_service, service.port, service.command(data_dir), env,
-                 channel=peers.channel)
+                 channel=peers.channel,
+                 log_path=log_path(data_dir, service.name) if service_logs == "files" else None)
 
 
 @dataclass(frozen=True)
@@ -293,6 +314,10 @@ def banner(children: list, data_dir: pathlib.Path | None = None, embedded: bool 
     if data_dir is not None:
         lines.append(f"  {'disk':<10} {disk_bytes(data_dir) / MiB:,.1f} MiB in {_display(data_dir)} "
                      f"({sizes_text(data_dir, embedded)})")
+    logs = [c.log_path for c in children if getattr(c, "log_path", None) is not None]
+    if logs:
+        lines.append(f"  {'logs':<10} {_display(logs[0].parent)}/{{{','.join(p.stem for p in logs)}}}.log "
+                     f"(each service's JSON log; --service-logs stream puts them on this terminal)")
     lines += ["", "Try, in another shell in this directory:"]
     if activate := _activate_command():
         lines.append(f"  {activate}")
@@ -336,7 +361,7 @@ def internal_token(data_dir: pathlib.Path) -> str:
 
 
 def _start_all(todo: tuple[Service, ...], data_dir: pathlib.Path, stop: threading.Event,
-               children: list[Child], out: TextIO, secure: Security) -> bool:
+               children: list[Child], out: TextIO, secure: Security, service_logs: str) -> bool:
     """The commit log first; once it serves, the others together. True when all serve, False when
     ``stop`` came first; StartFailed names the first child that failed."""
     # The commit log and txn share the internal token; every service gets the TLS and auth settings.
@@ -345,10 +370,11 @@ def _start_all(todo: tuple[Service, ...], data_dir: pathlib.Path, stop: threadin
         began = time.monotonic()
         started = []
         for service in wave:
-            child = start_child(service, data_dir, env, secure.peers)
+            child = start_child(service, data_dir, env, secure.peers, service_logs)
             children.append(child)
             started.append(child)
-            out.write(f"starting {service.name} on {service.address} (pid {child.pid})\n")
+            out.write(f"starting {service.name} on {service.address} (pid {child.pid})"
+                      + (f", its log in {_display(child.log_path)}" if child.log_path else "") + "\n")
         out.flush()
         for child in started:
             if not child.wait_ready(stop, READY_TIMEOUT_S):
@@ -370,8 +396,10 @@ def _watch(children: list[Child], stop: threading.Event, err: TextIO) -> int:
 
 
 def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
-        out: TextIO = sys.stdout, err: TextIO = sys.stderr, *, tls: bool = False, auth: bool = False) -> int:
-    """Every installed service, ``ports`` by name (the defaults for the rest), until Ctrl-C; the exit status."""
+        out: TextIO = sys.stdout, err: TextIO = sys.stderr, *, tls: bool = False, auth: bool = False,
+        service_logs: str = "files") -> int:
+    """Every installed service, ``ports`` by name (the defaults for the rest), until Ctrl-C; the exit status.
+    ``service_logs``: "files" (each service's log in <data-dir>/logs) or "stream" (on ``err``)."""
     embedded = uses_embedded_sizes(data_dir)
     todo = tuple(s for s in services(ports, embedded) if s.available())
     wanted = [(s.name, s.port) for s in todo] + [(f"{s.name} metrics", s.port + METRICS_PORT_OFFSET) for s in todo]
@@ -384,11 +412,13 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
     auth = auth or os.environ.get("MQSTORE_AUTH", "").lower() in ("1", "on", "true", "yes")
     secure = security(data_dir, tls, auth, internal_token(data_dir))
     out.write(f"starting mqstore in {_display(data_dir)}: {sizes_text(data_dir, embedded)}"
-              + (f" (an empty store takes ~{EMPTY_STORE_MIB} MiB)" if embedded else "") + "\n")
+              + (f" (an empty store takes ~{empty_store_mib()} MiB: the first segment and a "
+                 f"{disk_space.SPACE_RESERVE_BYTES // MiB} MiB space reserve)" if embedded else "") + "\n")
     children: list[Child] = []
     status = 0
     try:
-        if _start_all(todo, data_dir, stop, children, out, secure):  # else Ctrl-C came first: stop, exit 0
+        # False: Ctrl-C came first (stop, exit 0)
+        if _start_all(todo, data_dir, stop, children, out, secure, service_logs):
             ensure_demo_topic(children[0].address, secure.peers)
             out.write(banner(children, data_dir, embedded, secure) + "\n")
             out.flush()
@@ -402,6 +432,8 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None,
         status = 1
     finally:
         for child in reversed(children):
+            out.write(f"stopping {child.name}\n")
+            out.flush()
             child.stop()
     out.write("stopped\n")
     out.flush()

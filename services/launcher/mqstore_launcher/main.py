@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
                             metavar="PORT", help=f"{entry.name}'s port on 127.0.0.1 (default {entry.default_port})")
     parser.add_argument("--tls", action="store_true", help="TLS everywhere, with a throwaway CA in <data-dir>/tls")
     parser.add_argument("--auth", action="store_true", help="authentication and permissions on (or MQSTORE_AUTH=on)")
+    parser.add_argument("--service-logs", choices=launcher.SERVICE_LOGS, default="files",
+                        help="files (default): each service's JSON log goes to <data-dir>/logs/<service>.log, the "
+                        "terminal keeps the launcher's own lines; stream: the services' logs on this terminal too")
     parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
                         "through a throwaway etcd, and the other services (mqstore_launcher.ha; make run-ha)")
     for rank, node_id in enumerate(HA_NODES, 1):
@@ -43,10 +46,9 @@ def main(argv: list[str] | None = None) -> int:
             ha.node_ports({**ports, **node_ports})
         except ValueError as exc:  # n2 or n3 derived above 65535
             parser.error(str(exc))
-        return ha.run(args.data_dir.resolve(), {**ports, **node_ports}, tls=args.tls, auth=args.auth)
-    if args.tls or args.auth:
-        return launcher.run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth)
-    return launcher.run(args.data_dir.resolve(), ports)
+        return ha.run(args.data_dir.resolve(), {**ports, **node_ports}, tls=args.tls, auth=args.auth,
+                      service_logs=args.service_logs)
+    return launcher.run(args.data_dir.resolve(), ports, tls=args.tls, auth=args.auth, service_logs=args.service_logs)
 
 
 HA_NODES = ("n2", "n3")  # mqstore_launcher.ha.NODE_IDS after n1 (not imported here: ha needs etcd's client)
