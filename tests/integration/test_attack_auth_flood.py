@@ -21,8 +21,8 @@ import json
 import multiprocessing
 import os
 import pathlib
-import secrets as random
 import statistics
+import sys
 import threading
 import time
 
@@ -37,6 +37,11 @@ from mqstore_rpc.auth import token
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, commitlog_pb2, commitlog_pb2_grpc
 from tests.support.processes import commitlog
 from tests.support.scrape import scrape
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+# The attackers are bench/auth_flood.py's (one copy of them): 16 threads of Appends, each with a new random
+# secret, half for alice and half for a new unknown user.
+from auth_flood import attack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 INTERNAL = "flood-internal-token-77"
@@ -88,42 +93,6 @@ def log_server(data: pathlib.Path, *extra: str):
                 commitlog_pb2.CreateTopicRequest(name=TOPIC_NAME, queue_count=1), timeout=RPC_TIMEOUT_S,
                 metadata=_metadata("service", INTERNAL))
             yield server, address, started["metrics_port"], channel
-
-
-def attack(address: str, seconds: float, threads: int, results) -> None:
-    """In a process of its own (so that its threads do not slow the legitimate caller's process): each
-    thread sends Appends with a new random secret, half for alice, half for a new unknown user, for
-    ``seconds``; puts "flooding" on ``results`` once every thread has its channel, then the count of
-    calls by status code."""
-    codes: dict[str, int] = {}
-    lock = threading.Lock()
-    ready = threading.Barrier(threads + 1)
-    deadline: list[float] = []
-
-    def one_thread() -> None:
-        with grpc.insecure_channel(address) as channel:
-            append = commitlog_pb2_grpc.CommitLogStub(channel).Append
-            ready.wait(RPC_TIMEOUT_S)
-            i = 0
-            while time.monotonic() < deadline[0]:
-                user = USER if i % 2 else f"nobody-{random.token_hex(4)}"
-                try:
-                    append(_append_request(), timeout=RPC_TIMEOUT_S, metadata=_metadata(user, random.token_hex(12)))
-                    code = "OK"
-                except grpc.RpcError as exc:
-                    code = exc.code().name
-                with lock:
-                    codes[code] = codes.get(code, 0) + 1
-                i += 1
-    workers = [threading.Thread(target=one_thread) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    deadline.append(time.monotonic() + seconds)
-    ready.wait(RPC_TIMEOUT_S)
-    results.put("flooding")
-    for w in workers:
-        w.join(seconds + RPC_TIMEOUT_S)
-    results.put(codes)
 
 
 def _timed_appends(append, until: float, at_most: int) -> list[float]:
