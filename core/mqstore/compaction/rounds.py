@@ -39,6 +39,7 @@ from typing import Callable, Iterator
 
 from mqstore import codec, failpoints
 from mqstore.errors import invariant
+from mqstore.format import codec_layout  # noqa: F401  (checks the compiled codec's layouts, at import)
 from mqstore.format import compaction_segment as cseg
 from mqstore.format.record import PROPERTY_KEYS
 from mqstore.format.record_reader import body_length_and_properties, body_of, find_property

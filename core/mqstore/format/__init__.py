@@ -1,3 +1,5 @@
-"""On-disk formats. Each module defines one layout once; nobody else slices those bytes."""
+"""On-disk formats. Each module defines one layout once; nobody else slices those bytes.
 
-from mqstore.format import codec_layout  # noqa: F401  (the compiled codec checked against these layouts)
+Nothing is imported here: mqstore.codec's compiled modules import mqstore.model, which imports
+format.record, so an import of the codec from this package would be circular (format.codec_layout).
+"""

@@ -1,9 +1,12 @@
 """The compiled codec's record and consume queue layouts checked against mqstore.format's, at import.
 
 The compiled modules (mqstore.codec) write and read records where they were built to; this module, run
-when mqstore.format is first imported (its ``__init__``), refuses to go on when that differs from the one
-definition here (record, cq_unit): the codec was built from older sources. mqstore.codec sits below
-mqstore.format and imports none of it; the index layout is checked by format.index_file.
+at import by the modules that use them (mqstore.log.encoder for the log and its queues,
+mqstore.compaction.rounds for compaction), refuses to go on when that differs from the one definition
+here (record, cq_unit): the codec was built from older sources. mqstore.codec imports no module of
+mqstore.format, but its compiled modules import mqstore.model, which imports format.record: so
+mqstore.format's ``__init__`` must not import this module (a process whose first import is the codec, a
+Spark worker's, would meet the codec half made); the index layout is checked by format.index_file.
 
 Thread-safety: runs once, at import.
 """
@@ -50,6 +53,11 @@ def check_replay_layout(reads: dict) -> None:
               f"rebuild it (make setup) after changing the layout")
 
 
-if codec.compiled is not None:
-    check_layout(codec.compiled.records_writes, codec.compiled.scan_layout, codec.compiled.stamp_layout)
-    check_replay_layout(codec.compiled.replay_layout)
+def check_compiled() -> None:
+    """Both checks on the compiled codec in use (none on the pure-Python one)."""
+    if codec.compiled is not None:
+        check_layout(codec.compiled.records_writes, codec.compiled.scan_layout, codec.compiled.stamp_layout)
+        check_replay_layout(codec.compiled.replay_layout)
+
+
+check_compiled()

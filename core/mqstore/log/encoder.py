@@ -22,6 +22,7 @@ from mqstore import codec, javahash
 from mqstore.config import StoreConfig
 from mqstore.message_keys import compaction_queue, message_key
 from mqstore.errors import InvalidArgument, shown
+from mqstore.format import codec_layout  # noqa: F401  (checks the compiled codec's layouts, at import)
 from mqstore.format import record
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
 

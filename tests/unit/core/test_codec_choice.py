@@ -53,3 +53,14 @@ def test_the_compiled_code_writes_and_reads_where_the_record_module_says():
         codec_layout.check_layout(_records.WRITES, {**_scan.LAYOUT, "body_at": (88, 100, 100, 100)}, _stamp.LAYOUT)
     with pytest.raises(InvariantViolation, match="stamp writes at"):
         codec_layout.check_layout(_records.WRITES, _scan.LAYOUT, {**_stamp.LAYOUT, "queue_offset_at": 24})
+
+
+@pytest.mark.parametrize("first", ["mqstore.codec", "mqstore.compaction.rounds", "mqstore.model", "mqstore.format"])
+def test_any_first_import_of_the_codec_or_the_formats_loads(first):
+    # A Spark worker's first import is the compaction round (and so the codec, whose compiled modules import
+    # mqstore.model and so format.record): when format's __init__ checked the codec, that process met the
+    # codec half made ("partially initialized module 'mqstore.codec'") and every Spark round failed.
+    import subprocess
+    program = f"import {first}; import mqstore.log.encoder, mqstore.compaction.rounds"
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
