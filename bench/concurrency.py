@@ -8,7 +8,7 @@ The same servicer (commitlog_service, ``--flush-mode ASYNC``) served by:
   aio    the grpc.aio port (``--append-on-loop true``; mqstore_rpc.aio): Append answered on the event
          loop, every other handler in the pool through the shim (SyncContext; a response stream driven
          by the loop, _driven_stream)
-  loop   a prototype of the aio port without the shim's hop for reads (this file's ``--serve``: the
+  loop   a prototype of the aio port without the shim's hop for reads (bench/reads_on_loop.py: the
          service's main with Pull and GetStoreInfo answered on the loop too, as ``async def`` handlers
          calling the same code; Pull has no long poll here, so it never waits). What grpc.aio costs
          on its own, against what the loop -> pool -> loop hop adds
@@ -41,8 +41,9 @@ import diskuse
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
 from procs import GrpcServer, cpu_seconds, run_loadgen, run_meta, stop_all, write_table
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-PORTS = {"sync": "false", "aio": "true", "loop": "true"}  # loop: aio with reads on the loop (serve_reads_on_loop)
+BENCH = pathlib.Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+PORTS = {"sync": "false", "aio": "true", "loop": "true"}  # loop: aio with reads on the loop (reads_on_loop.py)
 CALLERS = (1, 16)
 PULL_MESSAGES = 32
 TAIL_RECORDS = 4096  # 1 KiB bodies: ~4.6 MB of records per stream
@@ -55,7 +56,7 @@ WORKLOADS = {
     "tail": f"Tail, {TAIL_RECORDS} records/stream",
 }
 FULL = {"warmup_s": 0.5, "duration_s": 2.5, "rounds": 3}
-QUICK = {"warmup_s": 0.2, "duration_s": 0.5, "rounds": 1}
+QUICK = {"warmup_s": 0.2, "duration_s": 0.4, "rounds": 1}
 
 
 def spec(workload: str, server: GrpcServer, callers: int, cfg: dict) -> dict:
@@ -98,28 +99,10 @@ def fill(server: GrpcServer) -> None:
                  "max_calls": 10_000, "timeout_s": 60.0})
 
 
-def serve_reads_on_loop(argv: list[str]) -> int:
-    """The CommitLog service's main, its grpc.aio servicer with Pull and GetStoreInfo as ``async def``
-    handlers (run on the loop by mqstore_rpc.aio, with the interceptors' async variants)."""
-    from commitlog_service import main as service_main
-    from commitlog_service.servicer import CommitLogServicer, LoopCommitLogServicer
-
-    class ReadsOnLoop(LoopCommitLogServicer):
-        async def Pull(self, request, context):
-            return CommitLogServicer.Pull(self, request, context)
-        Pull.wire_parse = CommitLogServicer.Pull.wire_parse
-
-        async def GetStoreInfo(self, request, context):
-            return CommitLogServicer.GetStoreInfo(self, request, context)
-
-    service_main.LoopCommitLogServicer = ReadsOnLoop
-    return service_main.main(argv)
-
-
 def start(work: pathlib.Path, name: str) -> GrpcServer:
     server = GrpcServer.commitlog(work / name, "ASYNC", extra=("--append-on-loop", PORTS[name]))
     if name == "loop":
-        server.args[1:3] = [__file__, "--serve"]  # [python, -m, commitlog_service.main, ...]
+        server.args[1:3] = [str(BENCH / "reads_on_loop.py")]  # [python, -m, commitlog_service.main, ...]
     return server.start()
 
 
@@ -184,7 +167,7 @@ def markdown(table: list[dict], meta: dict) -> str:
              "bench/concurrency.py.", "",
              "Ports: sync = the synchronous server (--append-on-loop false), aio = the grpc.aio port "
              "(--append-on-loop true: reads through the shim, in the pool), loop = aio with Pull and GetStoreInfo "
-             "on the loop too (a prototype, this file's --serve). Ratios: figure / sync's.", "",
+             "on the loop too (a prototype, bench/reads_on_loop.py). Ratios: figure / sync's.", "",
              "| workload | callers | sync calls/s | aio | loop | sync p50/p99 ms | aio p50/p99 | loop p50/p99 | "
              "sync CPU µs/call | aio | loop |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
@@ -204,12 +187,7 @@ def markdown(table: list[dict], meta: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="the synchronous port vs the grpc.aio port (bench/README.md)")
     parser.add_argument("--quick", action="store_true", help="one short round (under a minute)")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the loop port; then its flags
-    args, rest = parser.parse_known_args(argv)
-    if args.serve:
-        return serve_reads_on_loop(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     out_dir = RESULTS / "scratch" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
