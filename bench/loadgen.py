@@ -11,6 +11,10 @@ Kinds (``spec["kind"]``):
   fill    Append batches until ``target_bytes`` of records are stored    (whole run timed)
   pull    Pull ``max_messages`` per call over ``queues``, one task per queue group (whole run timed)
   tail    one Tail stream from the earliest record until ``expected_records`` are seen (whole run timed)
+  call    any unary ``method`` with ``requests_hex`` (task i sends request i mod n, responses not
+          parsed; bench/concurrency.py: Pull, GetStoreInfo)            (throughput window + latency)
+  tails   closed loop of Tail streams from the earliest record, each until ``expected_records``
+          (bench/concurrency.py; latency per stream)                   (throughput window + latency)
 
 Optional spec keys (bench/security.py): ``tls_ca`` (a CA file: the channels speak TLS, checking the
 server's certificate against it), ``authorization`` (the metadata value ``Bearer user:secret`` sent with
@@ -285,7 +289,75 @@ async def run_tail(spec: dict) -> dict:
     return {**totals, "elapsed_s": elapsed}
 
 
-RUNNERS = {"unary": run_append, "stream": run_append, "fill": run_fill, "pull": run_pull, "tail": run_tail}
+async def _windowed(spec: dict, make_call, one_call) -> dict:
+    """A closed loop of ``concurrency`` tasks doing ``one_call(call, i)`` (it returns the messages it
+    counted) until the window ends; what completes inside the window is counted, with its latency."""
+    channels = _channels(spec["target"], max(1, min(spec["concurrency"], spec.get("channels", 4))))
+    try:
+        await _ready(channels, 10.0)
+        calls = [make_call(ch) for ch in channels]
+        t0 = time.time() + spec["warmup_s"]
+        window, outcome = Window(t0, t0 + spec["duration_s"]), Outcome()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+
+        async def task(i: int) -> None:
+            call = calls[i % len(calls)]
+            for _ in range(spec["max_calls"]):
+                if time.time() >= window.t1:
+                    return
+                started = time.perf_counter()
+                try:
+                    messages = await one_call(call, i)
+                except grpc.aio.AioRpcError as exc:
+                    outcome.error(exc)
+                    await asyncio.sleep(0.01)  # do not spin on a failing server
+                    continue
+                window.record(time.time(), time.perf_counter() - started, messages)
+
+        await asyncio.gather(*(task(i) for i in range(spec["concurrency"])))
+    finally:
+        for ch in channels:
+            await ch.close()
+    return {"calls": window.calls, "messages": window.messages, "window_s": spec["duration_s"],
+            "client_cores": (time.process_time() - cpu0) / (time.perf_counter() - wall0),
+            "latencies_ms": window.latencies_ms, "errors": outcome.errors, "first_error": outcome.first_error,
+            "durability": {}, "checked_responses": 0}
+
+
+async def run_call(spec: dict) -> dict:
+    """call: the same unary ``method`` again and again; task i sends ``requests_hex[i % n]``."""
+    requests = [bytes.fromhex(r) for r in spec["requests_hex"]]
+
+    async def one(call, i: int) -> int:
+        await call(requests[i % len(requests)], timeout=RPC_TIMEOUT_S)
+        return spec.get("per_call", 1)
+    return await _windowed(spec, lambda ch: ch.unary_unary(SERVICE + spec["method"]), one)
+
+
+async def run_tails(spec: dict) -> dict:
+    """tails: each task opens a Tail from the earliest record, reads ``expected_records`` records and
+    cancels it, then the next; a call is one such stream, its messages the records read."""
+    request = commitlog_pb2.TailRequest(start=commitlog_pb2.TAIL_START_EARLIEST,
+                                        max_frame_bytes=spec["max_frame_bytes"], heartbeat_ms=100)
+
+    async def one(tail, _i: int) -> int:
+        records = 0
+        call = tail(request, timeout=RPC_TIMEOUT_S)
+        try:
+            async for frame in call:
+                records += frame.record_count
+                if records >= spec["expected_records"]:
+                    return records
+        finally:
+            call.cancel()
+        raise LoadError(f"tails: the stream ended after {records} of {spec['expected_records']} records")
+    return await _windowed(spec, lambda ch: ch.unary_stream(
+        SERVICE + "Tail", request_serializer=commitlog_pb2.TailRequest.SerializeToString, response_deserializer=
+                                                              commitlog_pb2.TailFrame.FromString), one)
+
+
+RUNNERS = {"unary": run_append, "stream": run_append, "fill": run_fill, "pull": run_pull, "tail": run_tail,
+           "call": run_call, "tails": run_tails}
 
 
 def main() -> None:

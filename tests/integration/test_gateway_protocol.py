@@ -9,6 +9,8 @@ calls and message types the gateway refuses with the protocol's own codes."""
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 import time
 
 import grpc
@@ -23,6 +25,7 @@ from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.server import ServerConfig
 from tests.integration.txn_testing import commitlog, commitlog_with_gateway, txn_service, wait_ready
 from tests.support.gateway import MODES, free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 CLIENT = (("x-mq-client-id", "protocol-test"),)
@@ -208,3 +211,27 @@ def test_forward_to_the_dead_letter_queue_moves_the_message_for_good(stub):
     assert route.message_queues[0].permission == d.READ                  # ...and only pop consumption writes it
     refused = send(stub, message(b"x", "03AB", topic="%DLQ%g_forward"))
     assert refused.status.code == d.PRECONDITION_FAILED and "dead-letter" in refused.status.message
+
+
+def _readers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("gateway-telemetry-reader")]
+
+
+@pytest.mark.parametrize("ending", ["client cancels", "client ends its writes"])
+def test_a_telemetry_streams_reader_thread_ends_with_its_stream(stub, ending):
+    """Each Telemetry stream's reader thread (telemetry.py) is the stream's helper: once the stream is over,
+    whichever side ended it, no reader thread is left (counted by name, with a deadline)."""
+    wait_until(lambda: not _readers(), "the readers of earlier streams to end")
+    requests: queue.Queue = queue.Queue()
+    call = stub.Telemetry(iter(requests.get, None), metadata=(("x-mq-client-id", f"reader-{len(ending)}"),),
+                          timeout=TIMEOUT_S * 3)
+    requests.put(s.TelemetryCommand(settings=d.Settings(client_type=d.PRODUCER, publishing=d.Publishing(
+        topics=[d.Resource(name="t")]))))
+    assert next(call).HasField("settings")
+    assert len(_readers()) == 1
+    if ending == "client cancels":
+        call.cancel()
+    else:
+        requests.put(None)  # the client's writes end: the reader detaches, the server ends the stream
+        assert list(call) == []
+    wait_until(lambda: not _readers(), "the stream's reader thread to end with its stream")

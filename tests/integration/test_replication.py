@@ -3,16 +3,23 @@ and replicas in this process, sharing one SQLite metadata file, small sparse seg
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import pathlib
 import threading
+import time
+import types
 
 import grpc
 import pytest
 
 from commitlog_service.main import CommitLogConfig, serving
+from commitlog_service.replication import GrpcLeaderLink
 from mqstore.config import StoreConfig
 from mqstore.replication.config import ReplicationConfig
+from mqstore.replication.epochs import EpochHistory
+from mqstore.replication.messages import Hello
+from mqstore.replication.replica import ReplicaFollower
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 from mqstore_rpc.server import ServerConfig
@@ -331,3 +338,84 @@ def test_a_replica_serves_a_topic_deleted_and_created_again_as_its_leader_does(t
             assert r.queue_offset == ends[r.queue_id]
             ends[r.queue_id] += 1
         assert [i.max_offset for i, _ in _answers(b, "t", 2)] == [ends[0], ends[1]]
+
+
+def _threads(prefix: str) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def _hello(replica_id: str) -> Hello:
+    return Hello(replica_id, "127.0.0.1:1", 0, 0, EpochHistory(), SEGMENT_BYTES)
+
+
+def test_a_replica_streams_watchdog_is_a_duty_and_both_stream_helpers_end_with_the_stream(tmp_path):
+    """The replica's watchdog (a Duty: steps while the leader's heartbeats come, stops and reports when the
+    stream is cancelled) and the leader's ack reader of that stream (on the synchronous port) leave no
+    thread once the stream is over (counted by name, with a deadline)."""
+    with started(node_config(tmp_path, "a")) as leader:
+        assert not _threads("replication-acks-w")
+        link = GrpcLeaderLink(heartbeat_ms=50)
+        try:
+            stream = link.open(leader.address, _hello("w"))
+            assert stream.welcome.leader_id == "a"
+            wait_until(lambda: stream.watchdog.state().steps >= 2, "the watchdog to look twice")
+            assert stream.watchdog.state().alive and _threads("replication-acks-w")
+            assert link.problem() == ""
+            stream.cancel()
+            state = stream.watchdog.state()
+            assert not state.alive and state.died == "" and state.retries == 0
+            assert not _threads("replication-watchdog")
+            wait_until(lambda: not _threads("replication-acks-w"), "the leader's ack reader to end with the stream")
+        finally:
+            link.close()
+
+
+def test_the_watchdog_cancels_a_stream_whose_leader_falls_silent_and_stops(tmp_path):
+    """A leader that answers the hello and then sends nothing (no heartbeat: a fault a real leader does not
+    show on demand, so a stand-in on a real gRPC server): the watchdog cancels the stream after the silence,
+    the iteration ends, and the watchdog's thread is gone."""
+    def replicate(request_iterator, context):
+        next(request_iterator)
+        yield replication_pb2.LeaderMessage(welcome=replication_pb2.LeaderWelcome(leader_id="mute", epoch=1))
+        ended = threading.Event()
+        context.add_callback(ended.set)
+        ended.wait(30)  # silent on the wire until the call ends
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("mqstore.v1.Replication", {
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            replicate, request_deserializer=replication_pb2.ReplicaMessage.FromString,
+            response_serializer=replication_pb2.LeaderMessage.SerializeToString)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    link = GrpcLeaderLink(heartbeat_ms=50)  # silence: 2 s, the floor
+    try:
+        stream = link.open(f"127.0.0.1:{port}", _hello("s"))
+        started_s = time.monotonic()
+        assert list(stream) == []  # ends when the watchdog cancels the call
+        assert time.monotonic() - started_s >= 1.5
+        wait_until(lambda: not stream.watchdog.state().alive, "the watchdog to stop after cancelling")
+        assert stream.watchdog.state().steps >= 1 and link.problem() == ""
+        assert not _threads("replication-watchdog")
+    finally:
+        link.close()
+        server.stop(0)
+
+
+def test_a_bug_in_the_watchdog_is_the_links_and_so_the_followers_problem(tmp_path):
+    """The watchdog is a Duty: a bug in its step kills it and is reported (GrpcLeaderLink.problem), which the
+    replica's follower adds to its own health (ReplicaFollower.problem: NOT_SERVING)."""
+    with started(node_config(tmp_path, "a")) as leader:
+        link = GrpcLeaderLink(heartbeat_ms=50)
+        follower = ReplicaFollower(None, types.SimpleNamespace(config=types.SimpleNamespace(
+            replica_backoff_max_ms=1000)), link)  # never started: only its health is read
+        try:
+            stream = link.open(leader.address, _hello("b"))
+            assert follower.problem() == ""
+            stream.silent_s = lambda: 1 / 0  # the bug: the next step raises ZeroDivisionError
+            wait_until(lambda: "ZeroDivisionError" in link.problem(), "the watchdog's death to be reported")
+            assert "replication-watchdog" in follower.problem()
+            assert not stream.watchdog.state().alive
+            stream.cancel()
+        finally:
+            link.close()

@@ -52,6 +52,10 @@ class LeaderLink(Protocol):
 
     def open(self, address: str, hello: Hello) -> ReplicationStream: ...
 
+    def problem(self) -> str:
+        """"" while healthy; why not (a stream's helper died of a bug), for the follower's health."""
+        ...
+
 
 class ReplicaFollower(Duty):
     def __init__(self, store, node: ReplicationNode, link: LeaderLink):
@@ -73,6 +77,9 @@ class ReplicaFollower(Duty):
 
     def on_stop(self) -> None:
         self.leader_changed()
+
+    def problem(self) -> str:
+        return super().problem() or self.link.problem()
 
     def step(self) -> None:
         lead = self.node.leadership

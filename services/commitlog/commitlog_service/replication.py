@@ -6,6 +6,21 @@ Thread-safety: the servicer holds the store and the node (both thread-safe); eac
 its handler thread plus one thread reading the replica's acknowledgements (on a grpc.aio port,
 :class:`LoopReplicationServicer`: on the loop, a task reading them). A link's streams are used by
 the replica's follower thread; ``cancel()`` may come from any thread.
+
+The threads, and why each is one:
+
+  thread                        whose            ends
+  ----------------------------  ---------------  ----------------------------------------------------------
+  replication-acks-<replica>    one Replicate    with its stream: grpc ends the request iterator (StopIteration
+                                call on the      or RpcError) once the call is over, and the handler joins it
+                                synchronous      (a bounded wait) when it leaves. It stays a thread because on
+                                port             a synchronous server reading the replica's messages blocks,
+                                                 while the handler's thread blocks yielding data; on the
+                                                 grpc.aio port it is a task of the call (LoopReplicationServicer)
+  replication-watchdog          one replica's    a :class:`~mqstore.background.Duty` (:class:`SilenceWatch`):
+                                stream           stopped and joined by the stream's ``cancel()``, which the
+                                                 follower always calls (and the stream's own end); a bug in it
+                                                 is the link's ``problem()``, so the follower's health
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from typing import AsyncIterator, Iterator
 import grpc
 import structlog
 from mqstore import defaults
+from mqstore.background import Duty
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.replication import epochs
 from mqstore.replication.leader import ReplicaSession
@@ -31,6 +47,7 @@ from mqstore_rpc.remote_errors import from_rpc_error
 log = structlog.get_logger()
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Replication"].full_name
 _MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
+ACK_READER_JOIN_S = 1.0  # a Replicate handler's wait for its ack reader once the call is over
 
 
 def history_out(history: epochs.EpochHistory) -> list[pb.EpochEntry]:
@@ -61,10 +78,15 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
     def Replicate(self, request_iterator, context) -> Iterator[pb.LeaderMessage]:
         session = self._session(next(request_iterator, None))
         yield _welcome(session.welcome)
-        threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
-                         name=f"replication-acks-{session.hello.replica_id}").start()
-        for d in session.data(context.is_active):
-            yield _data(d)
+        reader = threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
+                                  name=f"replication-acks-{session.hello.replica_id}")
+        reader.start()
+        try:
+            for d in session.data(context.is_active):
+                yield _data(d)
+        finally:
+            if not context.is_active():  # the call is over, so its request iterator ends: the reader with it
+                reader.join(ACK_READER_JOIN_S)
 
     def _session(self, first) -> ReplicaSession:
         if first is None or first.WhichOneof("kind") != "hello":
@@ -154,9 +176,8 @@ class GrpcReplicationStream:
             segment_size_bytes=hello.segment_size_bytes)))
         self._call = stub.Replicate(iter(self._outbox.get, None))
         self._last_s = time.monotonic()
-        self._silence_s = silence_s
-        self._done = threading.Event()
-        threading.Thread(target=self._watch, daemon=True, name="replication-watchdog").start()
+        self.watchdog = SilenceWatch(self, address, silence_s)
+        self.watchdog.start()
         first = self._next()
         if first is None or first.WhichOneof("kind") != "welcome":
             self.cancel()
@@ -172,14 +193,13 @@ class GrpcReplicationStream:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 return None
             raise from_rpc_error(exc, self._address) from None
+        if message is None:
+            self.cancel()  # the leader ended the stream: its watchdog with it
         self._last_s = time.monotonic()
         return message
 
-    def _watch(self) -> None:
-        while not self._done.wait(self._silence_s / 4):
-            if time.monotonic() - self._last_s > self._silence_s:
-                log.warning("replication.leader_silent", leader=self._address, silent_s=self._silence_s)
-                self.cancel()
+    def silent_s(self) -> float:
+        return time.monotonic() - self._last_s
 
     def __iter__(self) -> Iterator[LogData]:
         while (message := self._next()) is not None:
@@ -191,9 +211,24 @@ class GrpcReplicationStream:
                                                             flushed_offset=ack.flushed_offset)))
 
     def cancel(self) -> None:
-        self._done.set()
+        """End the call and its watchdog (joined, a bounded wait; from the watchdog itself: not joined)."""
         self._outbox.put(None)
         self._call.cancel()
+        self.watchdog.stop(timeout_s=2.0)
+
+
+class SilenceWatch(Duty):
+    """A stream's watchdog: cancels it when the leader has sent nothing for ``silence_s``, looking every
+    quarter of that. Started with the stream, stopped by its ``cancel()``."""
+
+    def __init__(self, stream: GrpcReplicationStream, address: str, silence_s: float):
+        super().__init__("replication-watchdog", interval_s=silence_s / 4)
+        self._stream, self._address, self._silence_s = stream, address, silence_s
+
+    def step(self) -> None:
+        if self._stream.silent_s() > self._silence_s:
+            log.warning("replication.leader_silent", leader=self._address, silent_s=self._silence_s)
+            self._stream.cancel()
 
 
 class GrpcLeaderLink:
@@ -204,6 +239,7 @@ class GrpcLeaderLink:
         self._peers = peers or Peers()  # the server's TLS and its `service` identity (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._last: GrpcReplicationStream | None = None  # the stream opened last: its watchdog's health
 
     def open(self, address: str, hello: Hello) -> GrpcReplicationStream:
         with self._lock:
@@ -215,7 +251,16 @@ class GrpcLeaderLink:
                     ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
                     ("grpc.max_reconnect_backoff_ms", 1000)])
                 self._channels[address] = channel
-        return GrpcReplicationStream(replication_pb2_grpc.ReplicationStub(channel), address, hello, self._silence_s)
+        stream = GrpcReplicationStream(replication_pb2_grpc.ReplicationStub(channel), address, hello, self._silence_s)
+        with self._lock:
+            self._last = stream
+        return stream
+
+    def problem(self) -> str:
+        """"" while healthy; why not when the last stream's watchdog died of a bug (ReplicaFollower's health)."""
+        with self._lock:
+            stream = self._last
+        return stream.watchdog.problem() if stream is not None else ""
 
     def close(self) -> None:
         with self._lock:

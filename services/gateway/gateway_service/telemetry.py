@@ -6,9 +6,15 @@ Between writes the stream carries the server's commands: here RecoverOrphanedTra
 check-back of a transaction (mqstore.gateway.checkback).
 
 Two loops per stream: the handler's generator writes what the client's :class:`Outbox` holds, and a
-reader thread (``gateway-telemetry-reader``) takes the client's writes, answering settings through the
-same outbox. When the client's stream ends (or the server stops) the reader detaches the outbox from
-the registry, which closes it, so the generator ends too.
+reader thread (``gateway-telemetry-reader-<n>``, one per stream) takes the client's writes, answering
+settings through the same outbox. When the client's stream ends (or the server stops) the reader detaches
+the outbox from the registry, which closes it, so the generator ends too. The reader is the stream's
+helper, not background work: the gateway's port is synchronous, where reading the client's commands
+blocks while the handler's thread waits on the outbox, so it needs a thread of its own. It lives exactly
+as long as its call: grpc ends the request iterator (StopIteration or RpcError) once the call is over, and
+the handler joins it (a bounded wait, READER_JOIN_S) when the call ended first; when the handler ends
+first (the outbox closed: a takeover, a refused command) the reader ends as grpc closes the call, right
+after. Their number is bounded by the port's concurrent calls and the users' Telemetry quotas.
 
 Settings the clients depend on (rocketmq-v2-gateway.md §2; the Java proxy's GrpcClientSettingsManager):
 a non-zero ``publishing.max_body_size`` (both clients copy it blindly, 0 breaks every later send), an
@@ -50,6 +56,8 @@ from .status import ok
 
 log = structlog.get_logger("gateway_service.telemetry")
 POLL_S = 0.2   # how often the writer looks whether the call is still active
+READER_JOIN_S = 1.0  # the handler's wait for its reader once the call is over
+_READERS = itertools.count(1)  # numbers the readers' thread names
 
 
 def settings_reply(settings: d.Settings, config: GatewayConfig) -> d.Settings:
@@ -144,8 +152,8 @@ class TelemetryStream:
     def commands(self, request_iterator, context: grpc.ServicerContext) -> Iterator[s.TelemetryCommand]:
         if self.first is not None:
             request_iterator = itertools.chain((self.first,), request_iterator)
-        reader = threading.Thread(target=self._read, args=(request_iterator,), name="gateway-telemetry-reader",
-                                  daemon=True)
+        reader = threading.Thread(target=self._read, args=(request_iterator,), daemon=True,
+                                  name=f"gateway-telemetry-reader-{next(_READERS)}")
         reader.start()
         try:
             while context.is_active():
@@ -159,6 +167,8 @@ class TelemetryStream:
                 yield self._command(item)
         finally:
             self.registry.detach(self.client_id, self.outbox)
+            if not context.is_active():  # the call is over, so its request iterator ends: the reader with it
+                reader.join(READER_JOIN_S)
 
     def _read(self, request_iterator) -> None:
         try:
