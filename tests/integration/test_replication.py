@@ -16,6 +16,7 @@ from mqstore.replication.config import ReplicationConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 from mqstore_rpc.server import ServerConfig
+from tests.support.processes import commitlog
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -331,3 +332,33 @@ def test_a_replica_serves_a_topic_deleted_and_created_again_as_its_leader_does(t
             assert r.queue_offset == ends[r.queue_id]
             ends[r.queue_id] += 1
         assert [i.max_offset for i, _ in _answers(b, "t", 2)] == [ends[0], ends[1]]
+
+
+# ---- topic metadata every node shares (issue 34) ------------------------------------------------------
+
+@pytest.mark.parametrize("args, env", [
+    (("--etcd-endpoints", "127.0.0.1:1"), {}),                                   # the default: <data-dir>/metadata.db
+    (("--replica-of", "127.0.0.1:1"), {"MQSTORE_METADATA_URL": "sqlite:///{data}/meta/metadata.db"}),
+    (("--replica-of", "127.0.0.1:1", "--metadata-url", "sqlite://"), {}),          # in memory
+])
+def test_a_group_node_without_shared_topic_metadata_refuses_to_start(tmp_path, args, env):
+    """Three nodes with --node-id/--etcd-endpoints and no --metadata-url started, acknowledged an append on 2
+    copies, and then a replica answered NOT_FOUND for the topic (its own SQLite file had none) and the
+    message could not be reached after the leader's kill -9. Such a node exits 2 at once, naming the flag."""
+    data = tmp_path / "n1"
+    env = {key: value.format(data=data) for key, value in env.items()}
+    with commitlog(data, "--node-id", "n1", *args, env=env) as node:
+        assert node.wait_exit() == 2
+        message = node.wait_for("config.invalid")["message"]
+    assert "--metadata-url (MQSTORE_METADATA_URL)" in message and "PostgreSQL URL" in message, message
+    assert "inside this node's data dir" in message or "in memory" in message, message
+    assert not (data / "commitlog").exists()  # refused before anything was opened
+
+
+def test_a_group_node_with_shared_topic_metadata_starts(tmp_path):
+    """The same node given a database outside its data dir (one SQLite file the nodes of one machine share,
+    as make run-ha and these tests do; PostgreSQL across machines) starts, as a replica of its leader."""
+    with commitlog(tmp_path / "n2", "--node-id", "n2", "--replica-of", "127.0.0.1:1",
+                   env={"MQSTORE_METADATA_URL": f"sqlite:///{tmp_path / 'metadata.db'}"}) as node:
+        node.started()
+        assert node.stop() == 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pathlib
 import sys
 
+import pytest
+
 from mqstore_launcher import launcher
 from mqstore_launcher import main as launcher_main
 
@@ -82,3 +84,18 @@ def test_a_data_dir_made_with_other_segment_sizes_keeps_the_services_defaults(tm
         tmp_path / "big", embedded=False)
     _segment(tmp_path / "small", 64 << 20)
     assert launcher.uses_embedded_sizes(tmp_path / "small")
+
+
+def test_ha_mode_gives_its_nodes_topic_metadata_they_share(tmp_path):
+    """make run-ha's three nodes share one SQLite file beside their data dirs (one machine), which a group
+    node accepts; a file inside a node's data dir (the default) is refused (commitlog_service.main)."""
+    from commitlog_service.main import parse_config
+    from mqstore.errors import InvalidArgument
+    from mqstore_launcher import ha
+    for node in ha._node_services("127.0.0.1:2379", tmp_path, embedded=False):
+        argv = node.command(tmp_path)[3:]
+        assert parse_config(argv, {}).store.metadata_url == f"sqlite:///{tmp_path / 'metadata.db'}"
+        at = argv.index("--metadata-url")
+        without = argv[:at] + argv[at + 2:]
+        with pytest.raises(InvalidArgument, match=r"--metadata-url \(MQSTORE_METADATA_URL\)"):
+            parse_config(without, {})
