@@ -174,6 +174,45 @@ def test_sync_replication_acks_state_copies_and_times_out_without_replicas(tmp_p
             assert replica.end() == leader.end()
 
 
+def test_no_sync_ack_reports_fewer_copies_than_min_insync_when_both_replicas_stop_under_load(tmp_path):
+    """Issue 34's check end to end: SYNC appends from several threads while both replicas of a three-node
+    group stop at once. Each append is either acknowledged with at least min_insync_replicas copies or
+    refused (UNAVAILABLE); an ack once said replicas=1 ms after both streams dropped (the deterministic
+    case: test_isr's ..._after_they_disconnect)."""
+    with started(node_config(tmp_path, "a", min_insync_replicas=2)) as leader:
+        leader.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=4), timeout=RPC_TIMEOUT_S)
+        acked, refused, stop = [], [], threading.Event()
+
+        def produce(key: str) -> None:
+            for i in range(10_000):  # bounded; ends once appends are refused after the replicas stop
+                if stop.is_set():
+                    return
+                try:
+                    acked.extend(r.replicas for r in leader.append("t", 1, pb.REPLICATION_MODE_SYNC, f"{key}{i}-"))
+                except grpc.RpcError as err:
+                    refused.append(err.code())
+                    if len(refused) >= 20:
+                        return
+
+        with contextlib.ExitStack() as replicas:
+            for rid in ("b", "c"):
+                replicas.enter_context(started(node_config(tmp_path, rid, replica_of=leader.address)))
+            wait_until(lambda: sorted(leader.state().in_sync) == ["a", "b", "c"], "both replicas in the set")
+            producers = [threading.Thread(target=produce, args=(f"p{n}",)) for n in range(4)]
+            for producer in producers:
+                producer.start()
+            wait_until(lambda: len(acked) >= 200, "SYNC appends acknowledged by the group")
+        try:  # both replicas stopped: appends in flight are acknowledged or refused
+            wait_until(lambda: len(refused) >= 20 or not any(p.is_alive() for p in producers),
+                       "SYNC appends refused once the replicas are gone")
+        finally:
+            stop.set()
+            for producer in producers:
+                producer.join(RPC_TIMEOUT_S * 2)
+        assert refused and set(refused) == {grpc.StatusCode.UNAVAILABLE}
+        assert min(acked) >= 2, sorted(set(acked))
+
+
 def test_returning_old_leader_truncates_only_its_unacknowledged_tail(tmp_path):
     """a leads epoch 1 with b in sync; SYNC appends reach both. b goes away and a takes ASYNC appends
     alone (never SYNC-acknowledged). Then b leads epoch 2 and writes; a comes back as b's replica: it cuts
