@@ -54,6 +54,7 @@ class Progress:
     written_offset: int = 0
     flushed_offset: int = 0
     connected: bool = False
+    streams: int = 0             # open streams: a reconnect may open the next before the last one's end is seen
     last_ack_ms: int = 0
     last_ok_ms: int = 0          # last ack within isr_max_lag_bytes of the leader's end
     join_mark: int | None = None  # grow: publish once acknowledged up to here
@@ -127,14 +128,20 @@ class InSyncSet:
         with self._lock:
             p = self._progress.setdefault(replica_id, Progress(replica_id, address))
             p.address, p.connected = address, True
+            p.streams += 1
             p.last_ack_ms = self.clock.now_ms()
 
     def disconnected(self, replica_id: str) -> None:
+        """A stream of the replica ended. It is disconnected once its last one has: a replica that reconnects
+        at once opens its new stream before the old one's handler notices the end (a sync server's handler
+        sees it at its next heartbeat), and that end must not mark the new stream's replica disconnected."""
         with self._lock:
             p = self._progress.get(replica_id)
             if p is not None:
-                p.connected = False
-                p.last_ok_ms = 0  # leaves the in-sync set at the next maintain()
+                p.streams = max(0, p.streams - 1)
+                if p.streams == 0:
+                    p.connected = False
+                    p.last_ok_ms = 0  # leaves the in-sync set at the next maintain()
 
     def on_ack(self, replica_id: str, written_offset: int, flushed_offset: int) -> None:
         end = self.leader_end()

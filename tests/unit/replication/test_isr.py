@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,6 +12,8 @@ from mqstore import waits
 from mqstore.errors import NotEnoughReplicas, ReplicationTimeout
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.isr import InSyncSet
+from mqstore.replication.leader import ReplicaSession
+from mqstore.replication.messages import Ack
 from tests.support.waiting import wait_until
 
 
@@ -235,4 +238,38 @@ def test_a_new_leadership_counts_no_acknowledgement_of_an_earlier_one():
     isr.on_ack("b", 800, 800)
     assert isr.ready(900) is None
     isr.on_ack("b", 900, 900)
+    assert isr.ready(900) == 2
+
+
+def test_a_replica_that_reconnects_before_its_old_stream_ends_stays_connected():
+    """A replica reconnects within its backoff (50 ms) while the leader's handler of its old stream still
+    waits for the next heartbeat (200 ms) to see that stream's end. That end must not mark the replica
+    disconnected: it was left out of the set and could not rejoin while its new stream ran."""
+    isr, clock, end = make()
+    published_pair(isr)
+    isr.connected("b", "h:1")        # the new stream...
+    isr.disconnected("b")            # ...then the old one's end
+    assert [v.connected for v in isr.views()] == [True] and isr.written_by("b") == 0
+    end[0] = 100
+    isr.on_ack("b", 100, 100)
+    isr.maintain()
+    assert isr.members() == {"a", "b"} and isr.ready(100) == 2
+    isr.disconnected("b")            # its last stream ends: disconnected, and out at the next check
+    isr.maintain()
+    assert isr.members() == {"a"} and [v.connected for v in isr.views()] == [False]
+
+
+def test_an_acknowledgement_read_after_its_streams_leadership_ended_counts_for_nothing():
+    """A replica's ack of epoch 1's stream, read once this node leads epoch 3 from a log cut back since."""
+    isr, clock, end = make(timeout_ms=60_000)
+    node = SimpleNamespace(in_sync=isr, is_leader=True, leadership=SimpleNamespace(epoch=3))
+    stale = object.__new__(ReplicaSession)  # the handshake is the other tests' business
+    stale.node, stale.epoch, stale.hello = node, 1, SimpleNamespace(replica_id="b", address="h:1")
+    isr.reset(frozenset({"a", "b"}))
+    end[0] = 900
+    stale.ack(Ack(1000, 1000))
+    assert isr.ready(900) is None
+    current = object.__new__(ReplicaSession)
+    current.node, current.epoch, current.hello = node, 3, stale.hello
+    current.ack(Ack(900, 900))
     assert isr.ready(900) == 2
