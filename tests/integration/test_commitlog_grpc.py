@@ -351,7 +351,8 @@ def test_sync_flush_mode_acknowledges_flushed(tmp_path, append_on_loop):
 @pytest.mark.parametrize("argv, env, expected", [
     ([], {}, False),                                                      # ASYNC: the synchronous server
     (["--flush-mode", "SYNC"], {}, True),                                 # appends wait for their fsync
-    (["--node-id", "a", "--replica-of", "h:1", "--default-replication", "SYNC"], {}, True),  # ... for replicas
+    (["--node-id", "a", "--replica-of", "h:1", "--default-replication", "SYNC"],  # ... for replicas
+     {"MQSTORE_METADATA_URL": "sqlite:////shared/metadata.db"}, True),
     (["--flush-mode", "SYNC", "--append-on-loop", "false"], {}, False),   # the flag wins
     ([], {"MQSTORE_APPEND_ON_LOOP": "true"}, True),                       # so does the variable
     (["--append-on-loop", "auto"], {"MQSTORE_FLUSH_MODE": "SYNC"}, True),

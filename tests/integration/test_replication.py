@@ -23,6 +23,7 @@ from mqstore.replication.replica import ReplicaFollower
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
 from mqstore_rpc.server import ServerConfig
+from tests.support.processes import commitlog
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -178,6 +179,45 @@ def test_sync_replication_acks_state_copies_and_times_out_without_replicas(tmp_p
             wait_until(lambda: "b" in leader.state().in_sync, "the returning replica to rejoin the in-sync set")
             assert leader.append("t", 1, pb.REPLICATION_MODE_SYNC)[0].replicas == 2
             assert replica.end() == leader.end()
+
+
+def test_no_sync_ack_reports_fewer_copies_than_min_insync_when_both_replicas_stop_under_load(tmp_path):
+    """Issue 34's check end to end: SYNC appends from several threads while both replicas of a three-node
+    group stop at once. Each append is either acknowledged with at least min_insync_replicas copies or
+    refused (UNAVAILABLE); an ack once said replicas=1 ms after both streams dropped (the deterministic
+    case: test_isr's ..._after_they_disconnect)."""
+    with started(node_config(tmp_path, "a", min_insync_replicas=2)) as leader:
+        leader.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=4), timeout=RPC_TIMEOUT_S)
+        acked, refused, stop = [], [], threading.Event()
+
+        def produce(key: str) -> None:
+            for i in range(10_000):  # bounded; ends once appends are refused after the replicas stop
+                if stop.is_set():
+                    return
+                try:
+                    acked.extend(r.replicas for r in leader.append("t", 1, pb.REPLICATION_MODE_SYNC, f"{key}{i}-"))
+                except grpc.RpcError as err:
+                    refused.append(err.code())
+                    if len(refused) >= 20:
+                        return
+
+        with contextlib.ExitStack() as replicas:
+            for rid in ("b", "c"):
+                replicas.enter_context(started(node_config(tmp_path, rid, replica_of=leader.address)))
+            wait_until(lambda: sorted(leader.state().in_sync) == ["a", "b", "c"], "both replicas in the set")
+            producers = [threading.Thread(target=produce, args=(f"p{n}",)) for n in range(4)]
+            for producer in producers:
+                producer.start()
+            wait_until(lambda: len(acked) >= 200, "SYNC appends acknowledged by the group")
+        try:  # both replicas stopped: appends in flight are acknowledged or refused
+            wait_until(lambda: len(refused) >= 20 or not any(p.is_alive() for p in producers),
+                       "SYNC appends refused once the replicas are gone")
+        finally:
+            stop.set()
+            for producer in producers:
+                producer.join(RPC_TIMEOUT_S * 2)
+        assert refused and set(refused) == {grpc.StatusCode.UNAVAILABLE}
+        assert min(acked) >= 2, sorted(set(acked))
 
 
 def test_returning_old_leader_truncates_only_its_unacknowledged_tail(tmp_path):
@@ -419,3 +459,33 @@ def test_a_bug_in_the_watchdog_is_the_links_and_so_the_followers_problem(tmp_pat
             stream.cancel()
         finally:
             link.close()
+
+
+# ---- topic metadata every node shares (issue 34) ------------------------------------------------------
+
+@pytest.mark.parametrize("args, env", [
+    (("--etcd-endpoints", "127.0.0.1:1"), {}),                                   # the default: <data-dir>/metadata.db
+    (("--replica-of", "127.0.0.1:1"), {"MQSTORE_METADATA_URL": "sqlite:///{data}/meta/metadata.db"}),
+    (("--replica-of", "127.0.0.1:1", "--metadata-url", "sqlite://"), {}),          # in memory
+])
+def test_a_group_node_without_shared_topic_metadata_refuses_to_start(tmp_path, args, env):
+    """Three nodes with --node-id/--etcd-endpoints and no --metadata-url started, acknowledged an append on 2
+    copies, and then a replica answered NOT_FOUND for the topic (its own SQLite file had none) and the
+    message could not be reached after the leader's kill -9. Such a node exits 2 at once, naming the flag."""
+    data = tmp_path / "n1"
+    env = {key: value.format(data=data) for key, value in env.items()}
+    with commitlog(data, "--node-id", "n1", *args, env=env) as node:
+        assert node.wait_exit() == 2
+        message = node.wait_for("config.invalid")["message"]
+    assert "--metadata-url (MQSTORE_METADATA_URL)" in message and "PostgreSQL URL" in message, message
+    assert "inside this node's data dir" in message or "in memory" in message, message
+    assert not (data / "commitlog").exists()  # refused before anything was opened
+
+
+def test_a_group_node_with_shared_topic_metadata_starts(tmp_path):
+    """The same node given a database outside its data dir (one SQLite file the nodes of one machine share,
+    as make run-ha and these tests do; PostgreSQL across machines) starts, as a replica of its leader."""
+    with commitlog(tmp_path / "n2", "--node-id", "n2", "--replica-of", "127.0.0.1:1",
+                   env={"MQSTORE_METADATA_URL": f"sqlite:///{tmp_path / 'metadata.db'}"}) as node:
+        node.started()
+        assert node.stop() == 0

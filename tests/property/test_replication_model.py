@@ -228,6 +228,7 @@ def _acknowledge(cluster: Cluster) -> None:
                    or n in cluster.stores and cluster.stores[n].log_end() >= end]
         assert len(holders) >= MIN_INSYNC, (
             f"acknowledged up to {end} with published {sorted(cluster.published)}: held by {holders} only")
+        assert ready >= MIN_INSYNC, f"acknowledged up to {end} reporting {ready} copies (issue 34)"
         for r in results:
             cluster.acked[r.physical_offset] = record_bytes(store, r.physical_offset, r.size_bytes)
     cluster.pending = still

@@ -372,6 +372,17 @@ def lock_schema(conn: Connection) -> None:
         conn.execute(select(func.pg_advisory_xact_lock(_PG_SCHEMA_LOCK_KEY)))
 
 
+def sqlite_file(url: str) -> str | None:
+    """Where a SQLite URL keeps its database: the file's absolute path, ":memory:" for an in-memory one;
+    None for any other backend (commitlog_service.main refuses per-node SQLite for a replication group)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    if parsed.database in (None, "", ":memory:"):
+        return ":memory:"
+    return os.path.abspath(parsed.database)
+
+
 def open_engine(url: str, *, wait_timeout_ms: int = 10_000, pool_size: int = 8) -> tuple[Engine, str]:
     """An engine as the metadata store builds one (SQLite WAL and busy timeout, PostgreSQL statement and
     lock timeouts, a bounded pool), and the URL to name it by (password hidden). For the other tables

@@ -54,6 +54,7 @@ class Progress:
     written_offset: int = 0
     flushed_offset: int = 0
     connected: bool = False
+    streams: int = 0             # open streams: a reconnect may open the next before the last one's end is seen
     last_ack_ms: int = 0
     last_ok_ms: int = 0          # last ack within isr_max_lag_bytes of the leader's end
     join_mark: int | None = None  # grow: publish once acknowledged up to here
@@ -92,10 +93,16 @@ class InSyncSet:
 
     # ---- membership ---------------------------------------------------------------------------------
     def reset(self, members: frozenset[str]) -> None:
-        """Start of a leadership: the published set as the election left it (this node included)."""
+        """Start of a leadership: the published set as the election left it (this node included). What
+        replicas acknowledged to an earlier leadership of this node counts for nothing: the log may have
+        been cut back below it since (a divergence), so an append of this one would be acknowledged on
+        bytes no replica holds; each replica's progress starts again from its first acknowledgement."""
         with self._lock:
             self._members = set(members) | {self.node_id}
             self._published = frozenset(self._members)
+            for p in self._progress.values():
+                p.written_offset = p.flushed_offset = 0
+                p.join_mark = None
             now = self.clock.now_ms()
             for rid in self._members - {self.node_id}:
                 p = self._progress.setdefault(rid, Progress(rid, ""))
@@ -121,14 +128,20 @@ class InSyncSet:
         with self._lock:
             p = self._progress.setdefault(replica_id, Progress(replica_id, address))
             p.address, p.connected = address, True
+            p.streams += 1
             p.last_ack_ms = self.clock.now_ms()
 
     def disconnected(self, replica_id: str) -> None:
+        """A stream of the replica ended. It is disconnected once its last one has: a replica that reconnects
+        at once opens its new stream before the old one's handler notices the end (a sync server's handler
+        sees it at its next heartbeat), and that end must not mark the new stream's replica disconnected."""
         with self._lock:
             p = self._progress.get(replica_id)
             if p is not None:
-                p.connected = False
-                p.last_ok_ms = 0  # leaves the in-sync set at the next maintain()
+                p.streams = max(0, p.streams - 1)
+                if p.streams == 0:
+                    p.connected = False
+                    p.last_ok_ms = 0  # leaves the in-sync set at the next maintain()
 
     def on_ack(self, replica_id: str, written_offset: int, flushed_offset: int) -> None:
         end = self.leader_end()
@@ -250,7 +263,14 @@ class InSyncSet:
                 f"records up to physical offset {end} are written on the leader, but the in-sync set "
                 f"shrank to {sorted(self._published)}, below min_insync_replicas "
                 f"{self.config.min_insync_replicas}: not acknowledged; a retry may duplicate them")
-        return self._copies_locked(end) if self._watermark_locked() >= end else None
+        if self._watermark_locked() < end:
+            return None
+        copies = self._copies_locked(end)
+        if copies < self.config.min_insync_replicas:  # cannot happen (every member holds it): never ack so
+            raise ReplicationTimeout(
+                f"records up to physical offset {end} are held by {copies} copies, below min_insync_replicas "
+                f"{self.config.min_insync_replicas}: not acknowledged; a retry may duplicate them")
+        return copies
 
     def written_by(self, replica_id: str) -> int:
         with self._lock:
@@ -293,7 +313,14 @@ class InSyncSet:
         return min(others) if others else 1 << 62
 
     def _copies_locked(self, end: int) -> int:
-        return 1 + sum(1 for p in self._progress.values() if p.connected and self._offset(p) >= end)
+        """The leader and each replica that acknowledged [.., end): every member of the set (a member whose
+        stream dropped since still holds what it acknowledged, and stays a member until ``maintain``) and
+        any connected replica. Counting only the connected ones under-reported an acknowledged append
+        whose replicas' streams dropped between its wake and its count (issue 34: replicas=1 with
+        min_insync_replicas 2); counted so, an append acknowledged once the watermark passed its end has
+        at least as many copies as the set has members, hence at least min_insync_replicas."""
+        return 1 + sum(1 for rid, p in self._progress.items()
+                       if rid != self.node_id and (p.connected or rid in self._members) and self._offset(p) >= end)
 
     # ---- state --------------------------------------------------------------------------------------
     def views(self) -> list[ProgressView]:

@@ -123,4 +123,7 @@ class ReplicaSession:
         log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position)
 
     def ack(self, ack: Ack) -> None:
-        self.node.in_sync.on_ack(self.hello.replica_id, ack.written_offset, ack.flushed_offset)
+        """Into the in-sync set, while this stream's leadership lasts: an acknowledgement read after it ended
+        (this node may lead again by then, from a log cut back since) is of bytes of that leadership."""
+        if self._leading():
+            self.node.in_sync.on_ack(self.hello.replica_id, ack.written_offset, ack.flushed_offset)

@@ -16,7 +16,8 @@ loop (auto, the default: under ``--flush-mode SYNC`` or ``--default-replication 
 Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfig` field has a flag and a
 variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
 ``--etcd-endpoints`` elects the leader through etcd, ``--min-insync-replicas``, ``--default-replication
-ASYNC|SYNC`` and the lag and timeout settings.
+ASYNC|SYNC`` and the lag and timeout settings. A node of a group (``--etcd-endpoints`` or ``--replica-of``)
+refuses SQLite topic metadata inside its data dir (the default) or in memory: :func:`refuse_unshared_metadata`.
 Local mode (the RocketMQ 5 gateway and the Transaction service served from this process, each on a port
 of its own: ``--gateway-port``, ``--txn-port`` and their flags) is composed above the services, by
 mqstore_launcher.node (``mqstore-commitlog``): this module imports neither service; it takes what it hosts
@@ -44,6 +45,7 @@ from mqstore.clock import SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.meta.auth import AuthStore
+from mqstore.meta.sql import sqlite_file
 from mqstore.pop.config import PopConfig
 from mqstore.pop.leadership import PopLeadership
 from mqstore.pop.service import PopService
@@ -246,14 +248,47 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
         _refuse_local_mode(env)
     args = build_arg_parser(hosted_flags).parse_args(argv)
     store = _store_config(args, env)
-    return CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT, default_running=RUNNING),
-                           pop=PopConfig(**S.values_for(args, env, PopConfig)),
-                           advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
-                           log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
-                           internal_token=S.internal_token(args, env),
-                           replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)),
-                           hosted=tuple(hosted.parse(args, env, store) for hosted in hosted_flags),
-                           append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None))
+    config = CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT, default_running=RUNNING),
+                             pop=PopConfig(**S.values_for(args, env, PopConfig)),
+                             advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
+                             log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
+                             internal_token=S.internal_token(args, env),
+                             replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)),
+                             hosted=tuple(hosted.parse(args, env, store) for hosted in hosted_flags),
+                             append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None))
+    refuse_unshared_metadata(config)
+    return config
+
+
+def refuse_unshared_metadata(config: CommitLogConfig) -> None:
+    """A node of a replication group (``--etcd-endpoints`` or ``--replica-of``) needs topic metadata every node
+    of the group shares: the nodes' logs are byte-identical, but a topic lives in the metadata database, so
+    with a database of its own a replica answers NOT_FOUND for a topic its leader created and a message
+    acknowledged on 2 copies cannot be read once the leader is gone (issue 34). What is refused is the one
+    database that cannot be shared: SQLite inside this node's data dir (the default when --metadata-url is
+    not given) or in memory. A SQLite file elsewhere is shared by nodes on one machine (make run-ha gives
+    them ``<data-dir>/metadata.db``, the tests a file beside the nodes' dirs); across machines, PostgreSQL."""
+    rc = config.replication
+    if not (rc.etcd_endpoints or rc.replica_of):
+        return
+    file = sqlite_file(config.store.metadata_url_resolved)
+    if file is None:
+        return
+    where = "in memory" if file == ":memory:" else None
+    if where is None:
+        path = pathlib.Path(file).resolve()
+        if not path.is_relative_to(config.store.data_dir.absolute().resolve()):
+            return
+        where = f"{path}, inside this node's data dir" + ("" if config.store.metadata_url else
+                                                         " (the default: --metadata-url was not given)")
+    role = "--etcd-endpoints" if rc.etcd_endpoints else "--replica-of"
+    raise InvalidArgument(
+        f"this commit log node is started for replication ({role}) but its topic metadata is SQLite {where}: "
+        f"no other node of the group sees the topics it creates, so a replica answers NOT_FOUND for them and a "
+        f"message acknowledged on several copies cannot be read after a failover. Give --metadata-url "
+        f"(MQSTORE_METADATA_URL) a database every node of the group shares: a PostgreSQL URL "
+        f"(postgresql+psycopg2://USER:PASSWORD@HOST:5432/DB), or, for nodes on one machine only, a SQLite file "
+        f"outside every node's data dir (sqlite:////PATH/metadata.db, as make run-ha does)")
 
 
 def _refuse_local_mode(env: Mapping[str, str]) -> None:

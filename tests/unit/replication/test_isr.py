@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from mqstore import waits
 from mqstore.errors import NotEnoughReplicas, ReplicationTimeout
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.isr import InSyncSet
+from mqstore.replication.leader import ReplicaSession
+from mqstore.replication.messages import Ack
+from tests.support.waiting import wait_until
 
 
 class FakeClock:
@@ -155,3 +160,116 @@ def test_closed_leadership_fails_waiters(wait):
     isr.close("this node stopped leading epoch 3")
     with pytest.raises(ReplicationTimeout, match="stopped leading"):
         wait(isr, 10)
+
+
+def published_trio(isr):
+    """b and c connected, caught up and published: three copies, min_insync_replicas 2 (issue 34's setup)."""
+    for rid in ("b", "c"):
+        isr.connected(rid, f"h:{rid}")
+        isr.on_ack(rid, 0, 0)
+    isr.maintain()
+    assert isr.published() == {"a", "b", "c"}
+
+
+def test_an_acknowledged_append_reports_the_copies_that_acknowledged_it_after_they_disconnect(wait, monkeypatch):
+    """Issue 34: a SYNC ack said replicas=1 with min_insync_replicas 2, ms after both replication streams
+    dropped. Both replicas acknowledge past the append's end, which wakes its waiter; both streams drop before
+    the waiter runs (the wake is held back here, as a busy machine holds back a woken thread). The waiter
+    finds the watermark past its end and the set still published at three (the shrink waits for maintain):
+    it is acknowledged, and must say so with the three copies that hold it, not the one still connected."""
+    isr, clock, end = make(timeout_ms=60_000)
+    published_trio(isr)
+    end[0] = 100
+    held = []
+    monkeypatch.setattr("mqstore.replication.isr.waits.wake", held.extend)
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(wait(isr, 100)))
+    waiter.start()
+    wait_until(lambda: isr._waiters, "the append to wait for its acknowledgements")
+    isr.on_ack("b", 100, 100)
+    isr.on_ack("c", 100, 100)        # the watermark passes 100: the waiter is woken...
+    assert len(held) == 1
+    isr.disconnected("b")
+    isr.disconnected("c")            # ...and both streams drop before it runs
+    monkeypatch.undo()
+    waits.wake(held)
+    waiter.join(10)
+    assert result == [3]
+    assert isr.copies(100) == 3      # what an ASYNC append ending there would report too
+
+
+def test_no_append_is_acknowledged_with_fewer_than_min_insync_copies():
+    """Whatever the replicas' connections do after they acknowledged, an append is either refused or
+    reported with at least min_insync_replicas copies (each member of the set holds what is acknowledged)."""
+    for drop in ([], ["b"], ["c"], ["b", "c"]):
+        isr, clock, end = make(timeout_ms=60_000)
+        published_trio(isr)
+        end[0] = 100
+        isr.on_ack("b", 100, 100)
+        isr.on_ack("c", 60, 60)      # c lags: 100 not yet acknowledged
+        assert isr.ready(100) is None
+        isr.on_ack("c", 100, 100)
+        for rid in drop:
+            isr.disconnected(rid)
+        assert isr.ready(100) == 3, drop
+        isr.maintain()               # the dropped ones leave the set
+        if len(drop) == 2:
+            with pytest.raises(ReplicationTimeout, match="shrank"):
+                isr.ready(100)
+        else:
+            assert isr.ready(100) >= 2, drop
+
+
+def test_a_new_leadership_counts_no_acknowledgement_of_an_earlier_one():
+    """This node led epoch 1 and b acknowledged up to 1000 then; another leader's epoch 2 cut the log back
+    to 500 and wrote to 800 (both copied it); this node leads epoch 3 from 800. b's acknowledgement of 1000
+    was of bytes that are gone: an append ending at 900 must wait for b's acknowledgement in this epoch,
+    not be acknowledged on the old one (it was, with 2 copies of which b held none)."""
+    isr, clock, end = make(min_insync=2, timeout_ms=60_000)
+    published_pair(isr)
+    end[0] = 1000
+    isr.on_ack("b", 1000, 1000)
+    isr.disconnected("b")
+    isr.close("this node stopped leading epoch 1")
+    end[0] = 900                     # epoch 3: 800 copied from epoch 2's leader, then an append to 900
+    isr.reset(frozenset({"a", "b"}))
+    assert isr.ready(900) is None and isr.committed() == 0
+    isr.connected("b", "h:1")
+    isr.on_ack("b", 800, 800)
+    assert isr.ready(900) is None
+    isr.on_ack("b", 900, 900)
+    assert isr.ready(900) == 2
+
+
+def test_a_replica_that_reconnects_before_its_old_stream_ends_stays_connected():
+    """A replica reconnects within its backoff (50 ms) while the leader's handler of its old stream still
+    waits for the next heartbeat (200 ms) to see that stream's end. That end must not mark the replica
+    disconnected: it was left out of the set and could not rejoin while its new stream ran."""
+    isr, clock, end = make()
+    published_pair(isr)
+    isr.connected("b", "h:1")        # the new stream...
+    isr.disconnected("b")            # ...then the old one's end
+    assert [v.connected for v in isr.views()] == [True] and isr.written_by("b") == 0
+    end[0] = 100
+    isr.on_ack("b", 100, 100)
+    isr.maintain()
+    assert isr.members() == {"a", "b"} and isr.ready(100) == 2
+    isr.disconnected("b")            # its last stream ends: disconnected, and out at the next check
+    isr.maintain()
+    assert isr.members() == {"a"} and [v.connected for v in isr.views()] == [False]
+
+
+def test_an_acknowledgement_read_after_its_streams_leadership_ended_counts_for_nothing():
+    """A replica's ack of epoch 1's stream, read once this node leads epoch 3 from a log cut back since."""
+    isr, clock, end = make(timeout_ms=60_000)
+    node = SimpleNamespace(in_sync=isr, is_leader=True, leadership=SimpleNamespace(epoch=3))
+    stale = object.__new__(ReplicaSession)  # the handshake is the other tests' business
+    stale.node, stale.epoch, stale.hello = node, 1, SimpleNamespace(replica_id="b", address="h:1")
+    isr.reset(frozenset({"a", "b"}))
+    end[0] = 900
+    stale.ack(Ack(1000, 1000))
+    assert isr.ready(900) is None
+    current = object.__new__(ReplicaSession)
+    current.node, current.epoch, current.hello = node, 3, stale.hello
+    current.ack(Ack(900, 900))
+    assert isr.ready(900) == 2
