@@ -1,5 +1,6 @@
-# Sourced by every scripts/compose_check*.sh, after they define `say` and `compose` (and, if they want the
-# failure logs of some services only, LOG_SERVICES). The Docker engine the check runs on. ENGINE (their COMPOSE_ENGINE) is a script with `up [--base IMAGE]`
+# Sourced by every scripts/compose_check*.sh, after they define `say`, `compose` and BUILD_SERVICES (the
+# services whose images the check builds; and, if they want the failure logs of some services only,
+# LOG_SERVICES). The Docker engine the check runs on. ENGINE (their COMPOSE_ENGINE) is a script with `up [--base IMAGE]`
 # and `exec CMD...`, such as the private engine's engine.sh: it is started if needed (on the Dockerfile's
 # base image), DOCKER_HOST points at it, and NEAR_PORTS is the prefix that runs a command where the
 # published ports are. With ENGINE empty, the ambient DOCKER_HOST is used and the ports are reached directly.
@@ -13,8 +14,36 @@ if [ -n "$ENGINE" ]; then
     NEAR_PORTS=("$ENGINE" exec)
 fi
 
+# The images the check builds are removed at its end (also on failure or Ctrl-C), unless
+# COMPOSE_CHECK_KEEP_IMAGES=1 (a later check then rebuilds only what changed): the tags of BUILD_SERVICES
+# (`compose config --images`; an image a running container uses stays, said so), then every untagged
+# image that was not untagged before the check (the classic builder's stage images, and the image a
+# rebuild took a tag from). Untagged images from before the check are left alone.
+KEEP_IMAGES=${COMPOSE_CHECK_KEEP_IMAGES:-0}
+untagged() { docker images --quiet --no-trunc --filter dangling=true 2> /dev/null | sort -u; }
+untagged_before=$(untagged)
+remove_images() {
+    if [ "$KEEP_IMAGES" = 1 ]; then
+        say "keeping the images (COMPOSE_CHECK_KEEP_IMAGES=1)"
+        return
+    fi
+    local images image removed=0 kept=()
+    images=$(compose config --images "${BUILD_SERVICES[@]}" 2> /dev/null | sort -u) || images=
+    for image in $images $(comm -13 <(echo "$untagged_before") <(untagged)); do
+        if docker image inspect "$image" > /dev/null 2>&1; then
+            if docker image rm "$image" > /dev/null 2>&1; then removed=$((removed + 1)); else kept+=("$image"); fi
+        fi
+    done
+    # Removing a tag can leave its former stage images untagged: once more for those.
+    for image in $(comm -13 <(echo "$untagged_before") <(untagged)); do
+        docker image rm "$image" > /dev/null 2>&1 && removed=$((removed + 1))
+    done
+    say "removed $removed images (COMPOSE_CHECK_KEEP_IMAGES=1 keeps them)${kept[*]:+; in use, kept: ${kept[*]}}"
+}
+
 # $state: a scratch directory for the check. On any exit the project is torn down with its volumes (after
-# the services' last logs when the check failed) and $state removed: a check never leaves containers behind.
+# the services' last logs when the check failed), the images removed as above and $state removed: a check
+# never leaves containers behind.
 state=$(mktemp -d)
 cleanup() {
     status=$?
@@ -25,6 +54,7 @@ cleanup() {
     fi
     say "tearing down (docker compose down -v)"
     compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
+    remove_images
     rm -rf "$state"
     exit $status
 }
