@@ -14,31 +14,41 @@ if [ -n "$ENGINE" ]; then
     NEAR_PORTS=("$ENGINE" exec)
 fi
 
-# The images the check builds are removed at its end (also on failure or Ctrl-C), unless
-# COMPOSE_CHECK_KEEP_IMAGES=1 (a later check then rebuilds only what changed): the tags of BUILD_SERVICES
-# (`compose config --images`; an image a running container uses stays, said so), then every untagged
-# image that was not untagged before the check (the classic builder's stage images, and the image a
-# rebuild took a tag from). Untagged images from before the check are left alone.
+# The images. At its end (also on failure or Ctrl-C) a check removes the images its build untagged: the
+# image one of its tags named before, when the build moved the tag to a new image (a rebuild after a
+# change). Unless COMPOSE_CHECK_KEEP_IMAGES=1 (then the next check finds them; with the classic builder
+# they are its build cache), it also removes the images it built: the tags of BUILD_SERVICES (`compose
+# config --images`) and every image untagged since it began (the classic builder's stage images). An
+# image a running container uses stays, named; images untagged before the check are left alone.
 KEEP_IMAGES=${COMPOSE_CHECK_KEEP_IMAGES:-0}
 untagged() { docker images --quiet --no-trunc --filter dangling=true 2> /dev/null | sort -u; }
+check_images() { compose config --images "${BUILD_SERVICES[@]}" 2> /dev/null | sort -u; }
 untagged_before=$(untagged)
+tagged_before=$(for image in $(check_images); do docker image inspect "$image" --format '{{.Id}}' 2> /dev/null || true; done)
 remove_images() {
-    if [ "$KEEP_IMAGES" = 1 ]; then
-        say "keeping the images (COMPOSE_CHECK_KEEP_IMAGES=1)"
-        return
-    fi
-    local images image removed=0 kept=()
-    images=$(compose config --images "${BUILD_SERVICES[@]}" 2> /dev/null | sort -u) || images=
-    for image in $images $(comm -13 <(echo "$untagged_before") <(untagged)); do
-        if docker image inspect "$image" > /dev/null 2>&1; then
-            if docker image rm "$image" > /dev/null 2>&1; then removed=$((removed + 1)); else kept+=("$image"); fi
+    local image removed=0 kept=()
+    remove_image() {
+        [[ " ${kept[*]} " == *" $1 "* ]] && return 0  # in use: named once
+        if docker image inspect "$1" > /dev/null 2>&1; then
+            if docker image rm "$1" > /dev/null 2>&1; then removed=$((removed + 1)); else kept+=("$1"); fi
         fi
+    }
+    for image in $tagged_before; do
+        if [ "$(docker image inspect "$image" --format '{{len .RepoTags}}' 2> /dev/null)" = 0 ]; then remove_image "$image"; fi
+    done
+    if [ "$KEEP_IMAGES" = 1 ]; then
+        say "removed $removed images a rebuild untagged; kept the images it built (COMPOSE_CHECK_KEEP_IMAGES=1)${kept[*]:+; in use, kept: ${kept[*]}}"
+        return 0
+    fi
+    for image in $(check_images) $(comm -13 <(echo "$untagged_before") <(untagged)); do
+        remove_image "$image"
     done
     # Removing a tag can leave its former stage images untagged: once more for those.
     for image in $(comm -13 <(echo "$untagged_before") <(untagged)); do
-        docker image rm "$image" > /dev/null 2>&1 && removed=$((removed + 1))
+        remove_image "$image"
     done
-    say "removed $removed images (COMPOSE_CHECK_KEEP_IMAGES=1 keeps them)${kept[*]:+; in use, kept: ${kept[*]}}"
+    say "removed $removed images (COMPOSE_CHECK_KEEP_IMAGES=1 keeps those it built)${kept[*]:+; in use, kept: ${kept[*]}}"
+    return 0
 }
 
 # $state: a scratch directory for the check. On any exit the project is torn down with its volumes (after

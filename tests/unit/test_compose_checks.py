@@ -31,20 +31,23 @@ CHECKS = [
     ("compose_check_spark.sh", "COMPOSE_CHECK_SPARK_PORTS", 2, ["docker-compose.yml"], {"mqstore", "mqstore-spark"}),
 ]
 
-# The stand-in docker. Images named by `compose config --images` are mqstore-<kind>:<tag>; `docker images
-# --filter dangling=true` answers one untagged image from before the check and, once a build has run, one
-# the build left (until it is removed).
+# The stand-in docker. Each image `compose config --images` names (mqstore-<kind>:<tag>) names an older
+# image until `docker compose build`, which moves the tag to a new one and leaves the older untagged;
+# `docker images --filter dangling=true` answers those, one image untagged before the check and, once
+# built, one stage image; `docker image rm` removes.
 FAKE_DOCKER = r'''
 import json, os, sys
 log, state_file = os.environ["FAKE_DOCKER_LOG"], os.environ["FAKE_DOCKER_LOG"] + ".state"
 args = sys.argv[1:]
 with open(log, "a") as f:
     f.write(json.dumps({"argv": args, "env": {k: v for k, v in os.environ.items() if k.startswith("MQSTORE_")}}) + "\n")
-state = json.load(open(state_file)) if os.path.exists(state_file) else {"built": False, "removed": []}
+state = json.load(open(state_file)) if os.path.exists(state_file) else {"built": False, "removed": [], "tags": []}
 def save():
     json.dump(state, open(state_file, "w"))
 KINDS = {"compactor": "mqstore-spark", "etcd": "mqstore-etcd", "postgres": "mqstore-postgres",
          "prometheus": "mqstore-prometheus"}
+def previous(tag):
+    return "sha256:previous-" + tag.split(":")[0]
 if args[0] == "compose":
     i = 1
     while args[i] in ("-p", "-f"):
@@ -52,23 +55,29 @@ if args[0] == "compose":
     command = args[i]
     if command == "build":
         state["built"] = True
-        save()
     elif command == "config" and "--images" in args:
         tag = os.environ.get("MQSTORE_IMAGE_TAG", "dev")
-        names = {KINDS.get(s, "mqstore") + ":" + tag for s in args[args.index("--images") + 1:]}
-        print("\n".join(sorted(names)))
+        names = sorted({KINDS.get(s, "mqstore") + ":" + tag for s in args[args.index("--images") + 1:]})
+        state["tags"] = sorted(set(state["tags"]) | set(names))
+        print("\n".join(names))
     elif command == "up":
         sys.exit(1)
 elif args[0] == "images":
-    untagged = ["sha256:before"] + (["sha256:stage"] if state["built"] else [])
+    untagged = ["sha256:before"] + (["sha256:stage"] + [previous(t) for t in state["tags"]] if state["built"] else [])
     print("\n".join(i for i in untagged if i not in state["removed"]))
 elif args[:2] == ["image", "inspect"]:
-    if args[2] in state["removed"]:
+    image, form = args[2], args[args.index("--format") + 1] if "--format" in args else ""
+    if image in state["removed"]:
         sys.exit(1)
-    print(300000000)
+    if form == "{{.Id}}":
+        print(("sha256:new-" + image.split(":")[0]) if state["built"] else previous(image))
+    elif form == "{{len .RepoTags}}":
+        print(0 if image.startswith(("sha256:previous-", "sha256:stage", "sha256:before")) and state["built"] else 1)
+    else:
+        print(300000000)
 elif args[:2] == ["image", "rm"]:
     state["removed"] += args[2:]
-    save()
+save()
 '''
 
 
@@ -149,12 +158,16 @@ def test_a_check_removes_the_images_it_built_unless_asked_to_keep_them(tmp_path,
     done, calls = run_check(tmp_path, script, {"COMPOSE_CHECK_KEEP_IMAGES": "1"} if keep else {})
     assert done.returncode != 0
     assert any(c["argv"][0] == "compose" and "down" in c["argv"] for c in calls), done.stdout + done.stderr
-    removed = {image for c in calls if c["argv"][:2] == ["image", "rm"] for image in c["argv"][2:]}
+    removed = [image for c in calls if c["argv"][:2] == ["image", "rm"] for image in c["argv"][2:]]
+    # the images its tags named before the build moved them, always; not the one untagged before it
+    untagged_by_rebuild = {f"sha256:previous-{image}" for image in images}
     if keep:
-        assert removed == set()
-        assert "keeping the images (COMPOSE_CHECK_KEEP_IMAGES=1)" in done.stdout
+        assert sorted(removed) == sorted(untagged_by_rebuild), done.stdout
+        assert f"removed {len(images)} images a rebuild untagged; kept the images it built " \
+               "(COMPOSE_CHECK_KEEP_IMAGES=1)" in done.stdout
     else:
         tag = "spark-check" if script == "compose_check_spark.sh" else "dev"
-        # its tags and the untagged image its build left; not the one that was untagged before it
-        assert removed == {f"{image}:{tag}" for image in images} | {"sha256:stage"}, done.stdout
-        assert f"removed {len(images) + 1} images" in done.stdout
+        # and its tags, and the stage image its build left
+        expected = untagged_by_rebuild | {f"{image}:{tag}" for image in images} | {"sha256:stage"}
+        assert sorted(removed) == sorted(expected), done.stdout
+        assert f"removed {len(expected)} images" in done.stdout
