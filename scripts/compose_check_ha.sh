@@ -7,7 +7,8 @@
 #   3. kill -9 the leader's container (docker compose kill -s SIGKILL): another node is elected, takes SYNC
 #      appends, holds every acknowledged message byte-identical at its offset, the index follows it;
 #   4. start the killed container again: it rejoins as a replica, in sync, serving every message;
-#   5. always (also on failure or Ctrl-C): docker compose down -v (project mqstore-ha-check only).
+#   5. always (also on failure or Ctrl-C): docker compose down -v (project mqstore-ha-check only), and its
+#      three images removed unless COMPOSE_CHECK_KEEP_IMAGES=1 (scripts/compose_engine.sh).
 #
 # Environment as scripts/compose_check.sh: PY, COMPOSE_ENGINE, COMPOSE_CHECK_KEEP_IMAGES,
 # COMPOSE_CHECK_HA_PROJECT (mqstore-ha-check), MQSTORE_IMAGE_TAG (dev), COMPOSE_CHECK_HA_PORTS (the published
