@@ -142,7 +142,8 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 
 # docker-compose.yml on a real Docker engine (not part of `make test`; minutes, see README.md "Docker"):
-# build once, up, a smoke test through the published ports, restart, data kept, always torn down.
+# build once, up, a smoke test through the published ports, restart, data kept, always torn down. Every
+# compose-check* removes the images it built at its end unless COMPOSE_CHECK_KEEP_IMAGES=1.
 # COMPOSE_ENGINE: the private engine's script (used when present); empty = the ambient DOCKER_HOST.
 COMPOSE_ENGINE ?= $(wildcard /work/shared/tools/docker/engine.sh)
 compose-check: setup

@@ -12,25 +12,31 @@
 #   4. again with the commit log starting SLOW_START_S (30) s late: the index must turn healthy without
 #      waiting for it (depends_on: service_started), then everything is verified once more;
 #   5. always (also on failure or Ctrl-C): docker compose down -v, which removes this check's
-#      containers, network and volumes (project mqstore-check: a `mqstore` stack is not touched).
+#      containers, network and volumes (project mqstore-check: a `mqstore` stack is not touched), then
+#      the image it built and the untagged images its build left, unless COMPOSE_CHECK_KEEP_IMAGES=1
+#      (then a next check rebuilds only what changed).
 #
 # Environment: PY (a python with the package installed; make passes the venv's), COMPOSE_ENGINE (a
 # script with `up [--base IMAGE]` and `exec CMD...`, such as the private engine's engine.sh: it is
 # started if needed, and the smoke test runs through its `exec`, where the published ports are; when
 # empty, the ambient DOCKER_HOST is used and the ports are reached directly), COMPOSE_CHECK_PORTS
-# (published host ports of the commit log, the index and the gateway, default "51051 51052 51081", so
-# that a running `make run` does not clash),
-# COMPOSE_CHECK_PROJECT (default mqstore-check) and MQSTORE_IMAGE_TAG (default dev), to run beside
-# another check on the same engine.
+# (published host ports of the commit log, the index, the gateway and txn, default
+# "51051 51052 51081 51053", so that a running `make run` does not clash; a shorter list keeps the
+# defaults of the ports it leaves out), COMPOSE_CHECK_PROJECT (default mqstore-check) and
+# MQSTORE_IMAGE_TAG (default dev), to run beside another check on the same engine;
+# COMPOSE_CHECK_KEEP_IMAGES=1 keeps the images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
-read -r LOG_PORT INDEX_PORT GATEWAY_PORT <<< "${COMPOSE_CHECK_PORTS:-51051 51052 51081}"
+read -r LOG_PORT INDEX_PORT GATEWAY_PORT TXN_PORT <<< "${COMPOSE_CHECK_PORTS:-}"
+LOG_PORT=${LOG_PORT:-51051} INDEX_PORT=${INDEX_PORT:-51052} GATEWAY_PORT=${GATEWAY_PORT:-51081}
 export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_INDEX_HOST_PORT=$INDEX_PORT MQSTORE_GATEWAY_HOST_PORT=$GATEWAY_PORT
+export MQSTORE_TXN_HOST_PORT=${TXN_PORT:-51053}
 PROJECT=${COMPOSE_CHECK_PROJECT:-mqstore-check}
 IMAGE=mqstore:${MQSTORE_IMAGE_TAG:-dev}
 LEAN_SERVICES=(commitlog index txn gateway)
+BUILD_SERVICES=(commitlog)  # one image, mqstore; index, txn and gateway run it
 WAIT_TIMEOUT_S=300
 export SLOW_START_S=${SLOW_START_S:-30}
 t0=$SECONDS
@@ -40,7 +46,7 @@ compose() { docker compose -p "$PROJECT" "$@"; }
 . scripts/compose_engine.sh  # DOCKER_HOST, NEAR_PORTS, $state and the teardown on exit
 
 say "docker compose build (one image: $IMAGE)"
-compose build --quiet commitlog
+compose build --quiet "${BUILD_SERVICES[@]}"
 image=$(compose config --images "${LEAN_SERVICES[@]}" | sort -u)
 [ "$image" = "$IMAGE" ] || { say "expected one image $IMAGE, compose names: $image"; exit 1; }
 size=$(docker image inspect "$IMAGE" --format '{{.Size}}')

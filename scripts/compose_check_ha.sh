@@ -7,21 +7,28 @@
 #   3. kill -9 the leader's container (docker compose kill -s SIGKILL): another node is elected, takes SYNC
 #      appends, holds every acknowledged message byte-identical at its offset, the index follows it;
 #   4. start the killed container again: it rejoins as a replica, in sync, serving every message;
-#   5. always (also on failure or Ctrl-C): docker compose down -v (project mqstore-ha-check only).
+#   5. always (also on failure or Ctrl-C): docker compose down -v (project mqstore-ha-check only), and its
+#      three images removed unless COMPOSE_CHECK_KEEP_IMAGES=1 (scripts/compose_engine.sh).
 #
-# Environment as scripts/compose_check.sh: PY, COMPOSE_ENGINE, COMPOSE_CHECK_HA_PROJECT (mqstore-ha-check),
-# MQSTORE_IMAGE_TAG (dev), COMPOSE_CHECK_HA_PORTS (published host ports of the three nodes and the index,
-# default "51161 51162 51163 51152", apart from compose_check.sh's so both can run on one engine).
+# Environment as scripts/compose_check.sh: PY, COMPOSE_ENGINE, COMPOSE_CHECK_KEEP_IMAGES,
+# COMPOSE_CHECK_HA_PROJECT (mqstore-ha-check), MQSTORE_IMAGE_TAG (dev), COMPOSE_CHECK_HA_PORTS (the published
+# host ports of every service it runs: the three nodes, the index, txn, the compactor and the gateway,
+# default "51161 51162 51163 51152 51153 51154 51181", apart from compose_check.sh's so both can run on one
+# engine; a shorter list keeps the defaults of the ports it leaves out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
-read -r N1 N2 N3 INDEX_PORT <<< "${COMPOSE_CHECK_HA_PORTS:-51161 51162 51163 51152}"
-export MQSTORE_COMMITLOG_1_HOST_PORT=$N1 MQSTORE_COMMITLOG_2_HOST_PORT=$N2 MQSTORE_COMMITLOG_3_HOST_PORT=$N3
-export MQSTORE_INDEX_HOST_PORT=$INDEX_PORT MQSTORE_TXN_HOST_PORT=51153 MQSTORE_COMPACTOR_HOST_PORT=51154
-export MQSTORE_GATEWAY_HOST_PORT=51181
+read -r N1 N2 N3 INDEX_PORT TXN_PORT COMPACTOR_PORT GATEWAY_PORT <<< "${COMPOSE_CHECK_HA_PORTS:-}"
+export MQSTORE_COMMITLOG_1_HOST_PORT=${N1:-51161} MQSTORE_COMMITLOG_2_HOST_PORT=${N2:-51162}
+export MQSTORE_COMMITLOG_3_HOST_PORT=${N3:-51163} MQSTORE_INDEX_HOST_PORT=${INDEX_PORT:-51152}
+export MQSTORE_TXN_HOST_PORT=${TXN_PORT:-51153} MQSTORE_COMPACTOR_HOST_PORT=${COMPACTOR_PORT:-51154}
+export MQSTORE_GATEWAY_HOST_PORT=${GATEWAY_PORT:-51181}
+N1=$MQSTORE_COMMITLOG_1_HOST_PORT N2=$MQSTORE_COMMITLOG_2_HOST_PORT N3=$MQSTORE_COMMITLOG_3_HOST_PORT
+INDEX_PORT=$MQSTORE_INDEX_HOST_PORT
 PROJECT=${COMPOSE_CHECK_HA_PROJECT:-mqstore-ha-check}
 SERVICES=(etcd postgres commitlog-1 commitlog-2 commitlog-3 index txn compactor gateway)
+BUILD_SERVICES=(commitlog-1 etcd postgres)  # the images: mqstore, mqstore-etcd, mqstore-postgres
 NODES="127.0.0.1:$N1,127.0.0.1:$N2,127.0.0.1:$N3"
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
@@ -31,7 +38,7 @@ compose() { docker compose -p "$PROJECT" -f docker-compose.ha.yml "$@"; }
 . scripts/compose_engine.sh  # DOCKER_HOST, NEAR_PORTS, $state and the teardown on exit
 
 say "docker compose build (mqstore, mqstore-etcd, mqstore-postgres)"
-compose build --quiet commitlog-1 etcd postgres
+compose build --quiet "${BUILD_SERVICES[@]}"
 say "docker compose up --wait (${SERVICES[*]})"
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"
 smoke() { "${NEAR_PORTS[@]}" "$PY" scripts/compose_ha_smoke.py "$@"; }

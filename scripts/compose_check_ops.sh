@@ -9,18 +9,24 @@
 #      allowed and denied as its rule says, the index following over TLS, an SDK key made on the commit log
 #      signing a RocketMQ call the gateway accepts (a wrong one refused), Prometheus' targets up, its
 #      alert rules loaded and the appends counted;
-#   4. always: docker compose down -v (project mqstore-ops; host ports 53051-53053, 53081 and 59090).
+#   4. always: docker compose down -v, and the images removed unless COMPOSE_CHECK_KEEP_IMAGES=1.
 #
-# Environment as scripts/compose_check.sh: PY, COMPOSE_ENGINE, MQSTORE_IMAGE_TAG; COMPOSE_CHECK_PROJECT.
+# Environment as scripts/compose_check.sh: PY, COMPOSE_ENGINE, MQSTORE_IMAGE_TAG, COMPOSE_CHECK_KEEP_IMAGES;
+# COMPOSE_CHECK_OPS_PROJECT (default mqstore-ops), COMPOSE_CHECK_OPS_PORTS (the published host ports of the
+# commit log, the index, txn, the gateway and Prometheus, default "53051 53052 53053 53081 59090"; a
+# shorter list keeps the defaults of the ports it leaves out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
-PROJECT=${COMPOSE_CHECK_PROJECT:-mqstore-ops}
-export MQSTORE_COMMITLOG_HOST_PORT=53051 MQSTORE_INDEX_HOST_PORT=53052 MQSTORE_TXN_HOST_PORT=53053
-export MQSTORE_GATEWAY_HOST_PORT=53081 MQSTORE_PROMETHEUS_HOST_PORT=59090
+PROJECT=${COMPOSE_CHECK_OPS_PROJECT:-mqstore-ops}
+read -r LOG_PORT INDEX_PORT TXN_PORT GATEWAY_PORT PROMETHEUS_PORT <<< "${COMPOSE_CHECK_OPS_PORTS:-}"
+export MQSTORE_COMMITLOG_HOST_PORT=${LOG_PORT:-53051} MQSTORE_INDEX_HOST_PORT=${INDEX_PORT:-53052}
+export MQSTORE_TXN_HOST_PORT=${TXN_PORT:-53053} MQSTORE_GATEWAY_HOST_PORT=${GATEWAY_PORT:-53081}
+export MQSTORE_PROMETHEUS_HOST_PORT=${PROMETHEUS_PORT:-59090}
 export MQSTORE_INTERNAL_TOKEN=${MQSTORE_INTERNAL_TOKEN:-ops-check-$RANDOM$RANDOM$RANDOM}
 SERVICES=(commitlog index txn gateway prometheus)
+BUILD_SERVICES=(commitlog prometheus)  # the images: mqstore and mqstore-prometheus
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
 say() { printf '[compose-check-ops %3d s] %s\n' $((SECONDS - t0)) "$*"; }
@@ -33,7 +39,7 @@ chmod 755 "$state" "$state/tls"
 export MQSTORE_TLS_DIR=$state/tls
 
 say "docker compose build (mqstore and Prometheus images)"
-compose build --quiet commitlog prometheus
+compose build --quiet "${BUILD_SERVICES[@]}"
 say "docker compose up --wait ${SERVICES[*]} (TLS and authentication on)"
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"
 say "services healthy over TLS; smoke test"

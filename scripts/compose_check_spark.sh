@@ -23,20 +23,23 @@
 #      3,000,000 records (1.11 GB) over 2,600,000 keys of 256 B, generated in 60 s, local engine 50.9 s,
 #      Spark 221.6 s on both workers, identical files, keys_and_offsets_over_executor_memory 1.279;
 #   6. always (also on failure or Ctrl-C): docker compose down -v (project mqspark: containers, network
-#      and volumes of this check only).
+#      and volumes of this check only), and its two images removed unless COMPOSE_CHECK_KEEP_IMAGES=1.
 #
-# Environment: PY, COMPOSE_ENGINE as for scripts/compose_check.sh; COMPOSE_CHECK_SPARK_PORTS (published
-# host ports of commitlog and compactor, default "52051 52054").
+# Environment: PY, COMPOSE_ENGINE, COMPOSE_CHECK_KEEP_IMAGES as for scripts/compose_check.sh;
+# COMPOSE_CHECK_SPARK_PORTS (published host ports of commitlog and compactor, default "52051 52054"; a
+# shorter list keeps the default of the port it leaves out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ENGINE=${COMPOSE_ENGINE:-}
-read -r LOG_PORT COMPACTOR_PORT <<< "${COMPOSE_CHECK_SPARK_PORTS:-52051 52054}"
+read -r LOG_PORT COMPACTOR_PORT <<< "${COMPOSE_CHECK_SPARK_PORTS:-}"
+LOG_PORT=${LOG_PORT:-52051} COMPACTOR_PORT=${COMPACTOR_PORT:-52054}
 read -r ROUND_RECORDS ROUND_KEYS ROUND_KEY_BYTES <<< "${COMPOSE_CHECK_SPARK_ROUND:-3000000 2600000 256}"
 export MQSTORE_COMMITLOG_HOST_PORT=$LOG_PORT MQSTORE_COMPACTOR_HOST_PORT=$COMPACTOR_PORT
 export MQSTORE_IMAGE_TAG=${MQSTORE_IMAGE_TAG:-spark-check}
 PROJECT=mqspark
 SERVICES=(commitlog compactor spark-master spark-worker-1 spark-worker-2)
+BUILD_SERVICES=(commitlog compactor)  # the images: mqstore and mqstore-spark
 LOG_SERVICES=("${SERVICES[@]}")
 MASTER=spark://spark-master:7077
 WAIT_TIMEOUT_S=300
@@ -53,7 +56,7 @@ sys.stdout.write(u.urlopen('http://127.0.0.1:8080/json/', timeout=5).read().deco
 }
 
 say "docker compose build commitlog compactor (mqstore:$MQSTORE_IMAGE_TAG, mqstore-spark:$MQSTORE_IMAGE_TAG)"
-compose build --quiet commitlog compactor
+compose build --quiet "${BUILD_SERVICES[@]}"
 for image in "mqstore:$MQSTORE_IMAGE_TAG" "mqstore-spark:$MQSTORE_IMAGE_TAG"; do
     say "image $image: $(( $(docker image inspect "$image" --format '{{.Size}}') / 1000000 )) MB"
 done

@@ -1,5 +1,6 @@
-# Sourced by every scripts/compose_check*.sh, after they define `say` and `compose` (and, if they want the
-# failure logs of some services only, LOG_SERVICES). The Docker engine the check runs on. ENGINE (their COMPOSE_ENGINE) is a script with `up [--base IMAGE]`
+# Sourced by every scripts/compose_check*.sh, after they define `say`, `compose` and BUILD_SERVICES (the
+# services whose images the check builds; and, if they want the failure logs of some services only,
+# LOG_SERVICES). The Docker engine the check runs on. ENGINE (their COMPOSE_ENGINE) is a script with `up [--base IMAGE]`
 # and `exec CMD...`, such as the private engine's engine.sh: it is started if needed (on the Dockerfile's
 # base image), DOCKER_HOST points at it, and NEAR_PORTS is the prefix that runs a command where the
 # published ports are. With ENGINE empty, the ambient DOCKER_HOST is used and the ports are reached directly.
@@ -13,8 +14,46 @@ if [ -n "$ENGINE" ]; then
     NEAR_PORTS=("$ENGINE" exec)
 fi
 
+# The images. At its end (also on failure or Ctrl-C) a check removes the images its build untagged: the
+# image one of its tags named before, when the build moved the tag to a new image (a rebuild after a
+# change). Unless COMPOSE_CHECK_KEEP_IMAGES=1 (then the next check finds them; with the classic builder
+# they are its build cache), it also removes the images it built: the tags of BUILD_SERVICES (`compose
+# config --images`) and every image untagged since it began (the classic builder's stage images). An
+# image a running container uses stays, named; images untagged before the check are left alone.
+KEEP_IMAGES=${COMPOSE_CHECK_KEEP_IMAGES:-0}
+untagged() { docker images --quiet --no-trunc --filter dangling=true 2> /dev/null | sort -u; }
+check_images() { compose config --images "${BUILD_SERVICES[@]}" 2> /dev/null | sort -u; }
+untagged_before=$(untagged)
+tagged_before=$(for image in $(check_images); do docker image inspect "$image" --format '{{.Id}}' 2> /dev/null || true; done)
+remove_images() {
+    local image removed=0 kept=()
+    remove_image() {
+        [[ " ${kept[*]} " == *" $1 "* ]] && return 0  # in use: named once
+        if docker image inspect "$1" > /dev/null 2>&1; then
+            if docker image rm "$1" > /dev/null 2>&1; then removed=$((removed + 1)); else kept+=("$1"); fi
+        fi
+    }
+    for image in $tagged_before; do
+        if [ "$(docker image inspect "$image" --format '{{len .RepoTags}}' 2> /dev/null)" = 0 ]; then remove_image "$image"; fi
+    done
+    if [ "$KEEP_IMAGES" = 1 ]; then
+        say "removed $removed images a rebuild untagged; kept the images it built (COMPOSE_CHECK_KEEP_IMAGES=1)${kept[*]:+; in use, kept: ${kept[*]}}"
+        return 0
+    fi
+    for image in $(check_images) $(comm -13 <(echo "$untagged_before") <(untagged)); do
+        remove_image "$image"
+    done
+    # Removing a tag can leave its former stage images untagged: once more for those.
+    for image in $(comm -13 <(echo "$untagged_before") <(untagged)); do
+        remove_image "$image"
+    done
+    say "removed $removed images (COMPOSE_CHECK_KEEP_IMAGES=1 keeps those it built)${kept[*]:+; in use, kept: ${kept[*]}}"
+    return 0
+}
+
 # $state: a scratch directory for the check. On any exit the project is torn down with its volumes (after
-# the services' last logs when the check failed) and $state removed: a check never leaves containers behind.
+# the services' last logs when the check failed), the images removed as above and $state removed: a check
+# never leaves containers behind.
 state=$(mktemp -d)
 cleanup() {
     status=$?
@@ -25,6 +64,7 @@ cleanup() {
     fi
     say "tearing down (docker compose down -v)"
     compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
+    remove_images
     rm -rf "$state"
     exit $status
 }

@@ -1,0 +1,173 @@
+"""The compose files and the `make compose-check*` scripts, without an engine: every published port is
+`127.0.0.1:${VARIABLE:-default}`, a variable README.md names; each check's port list moves every port it
+publishes; each check removes the images it built unless COMPOSE_CHECK_KEEP_IMAGES=1.
+
+The scripts run against a stand-in `docker` (first on PATH; COMPOSE_ENGINE empty) that records each call
+with the MQSTORE_* environment it saw and fails `docker compose up`: what a check publishes is decided by
+then, and its teardown (the images removed or kept) runs after that failure as after any other."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+PUBLISHED = re.compile(r'^\s+- "127\.0\.0\.1:\$\{(MQSTORE_\w+_HOST_PORT):-(\d+)\}:(\d+)"')
+
+# script, its port list variable, how many ports the list holds, its compose files, its built images
+CHECKS = [
+    ("compose_check.sh", "COMPOSE_CHECK_PORTS", 4, ["docker-compose.yml"], {"mqstore"}),
+    ("compose_check_ha.sh", "COMPOSE_CHECK_HA_PORTS", 7, ["docker-compose.ha.yml"],
+     {"mqstore", "mqstore-etcd", "mqstore-postgres"}),
+    ("compose_check_ops.sh", "COMPOSE_CHECK_OPS_PORTS", 5, ["docker-compose.yml", "docker-compose.secure.yml"],
+     {"mqstore", "mqstore-prometheus"}),
+    ("compose_check_spark.sh", "COMPOSE_CHECK_SPARK_PORTS", 2, ["docker-compose.yml"], {"mqstore", "mqstore-spark"}),
+]
+
+# The stand-in docker. Each image `compose config --images` names (mqstore-<kind>:<tag>) names an older
+# image until `docker compose build`, which moves the tag to a new one and leaves the older untagged;
+# `docker images --filter dangling=true` answers those, one image untagged before the check and, once
+# built, one stage image; `docker image rm` removes.
+FAKE_DOCKER = r'''
+import json, os, sys
+log, state_file = os.environ["FAKE_DOCKER_LOG"], os.environ["FAKE_DOCKER_LOG"] + ".state"
+args = sys.argv[1:]
+with open(log, "a") as f:
+    f.write(json.dumps({"argv": args, "env": {k: v for k, v in os.environ.items() if k.startswith("MQSTORE_")}}) + "\n")
+state = json.load(open(state_file)) if os.path.exists(state_file) else {"built": False, "removed": [], "tags": []}
+def save():
+    json.dump(state, open(state_file, "w"))
+KINDS = {"compactor": "mqstore-spark", "etcd": "mqstore-etcd", "postgres": "mqstore-postgres",
+         "prometheus": "mqstore-prometheus"}
+def previous(tag):
+    return "sha256:previous-" + tag.split(":")[0]
+if args[0] == "compose":
+    i = 1
+    while args[i] in ("-p", "-f"):
+        i += 2
+    command = args[i]
+    if command == "build":
+        state["built"] = True
+    elif command == "config" and "--images" in args:
+        tag = os.environ.get("MQSTORE_IMAGE_TAG", "dev")
+        names = sorted({KINDS.get(s, "mqstore") + ":" + tag for s in args[args.index("--images") + 1:]})
+        state["tags"] = sorted(set(state["tags"]) | set(names))
+        print("\n".join(names))
+    elif command == "up":
+        sys.exit(1)
+elif args[0] == "images":
+    untagged = ["sha256:before"] + (["sha256:stage"] + [previous(t) for t in state["tags"]] if state["built"] else [])
+    print("\n".join(i for i in untagged if i not in state["removed"]))
+elif args[:2] == ["image", "inspect"]:
+    image, form = args[2], args[args.index("--format") + 1] if "--format" in args else ""
+    if image in state["removed"]:
+        sys.exit(1)
+    if form == "{{.Id}}":
+        print(("sha256:new-" + image.split(":")[0]) if state["built"] else previous(image))
+    elif form == "{{len .RepoTags}}":
+        print(0 if image.startswith(("sha256:previous-", "sha256:stage", "sha256:before")) and state["built"] else 1)
+    else:
+        print(300000000)
+elif args[:2] == ["image", "rm"]:
+    state["removed"] += args[2:]
+save()
+'''
+
+
+def published_ports(compose_file: str) -> dict[str, list[str]]:
+    """service -> the host port variables of its published ports (every ports entry must be one)."""
+    ports: dict[str, list[str]] = {}
+    service, in_services, in_ports = None, False, False
+    for line in (ROOT / compose_file).read_text().splitlines():
+        if re.match(r"^\S", line):
+            in_services = line.startswith("services:")
+            service = None
+        elif in_services and (m := re.match(r"^  ([a-z0-9-]+):\s*$", line)):
+            service, in_ports = m.group(1), False
+        elif service and re.match(r"^    ports:", line):
+            in_ports = True
+        elif service and in_ports and re.match(r"^      - ", line):
+            m = PUBLISHED.match(line)
+            assert m, f"{compose_file}, {service}: {line.strip()} is not 127.0.0.1:${{VARIABLE:-default}}:port"
+            ports.setdefault(service, []).append(m.group(1))
+        elif re.match(r"^    \S", line):
+            in_ports = False
+    return ports
+
+
+def run_check(tmp_path: pathlib.Path, script: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    docker = bin_dir / "docker"
+    docker.write_text(f"#!{sys.executable}\n{FAKE_DOCKER}")
+    docker.chmod(0o755)
+    log = tmp_path / "docker.log"
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("MQSTORE_", "COMPOSE_", "DOCKER_"))}
+    full_env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", COMPOSE_ENGINE="", PY=sys.executable,
+                    FAKE_DOCKER_LOG=str(log), **env)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / script)], env=full_env, capture_output=True, text=True,
+                          timeout=120)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
+
+
+def test_every_published_port_is_a_variable_the_readme_names():
+    names = set()
+    for compose_file in sorted(p.name for p in ROOT.glob("docker-compose*.yml")):
+        for variables in published_ports(compose_file).values():
+            names.update(variables)
+    assert {"MQSTORE_COMMITLOG_HOST_PORT", "MQSTORE_COMMITLOG_1_HOST_PORT", "MQSTORE_PROMETHEUS_HOST_PORT"} <= names
+    assert sorted(n for n in names if n not in README) == [], "host port variables README.md does not name"
+    for _, ports_variable, _, _, _ in CHECKS:
+        assert ports_variable in README
+    assert "COMPOSE_CHECK_KEEP_IMAGES" in README
+
+
+@pytest.mark.parametrize("script, ports_variable, count, compose_files, _images", CHECKS)
+def test_a_checks_port_list_moves_every_port_it_publishes(tmp_path, script, ports_variable, count,
+                                                          compose_files, _images):
+    ports = [str(61001 + i) for i in range(count)]
+    done, calls = run_check(tmp_path, script, {ports_variable: " ".join(ports)})
+    assert done.returncode != 0
+    up = [c for c in calls if c["argv"][0] == "compose" and "up" in c["argv"]]
+    assert up, done.stdout + done.stderr
+    services = up[0]["argv"][up[0]["argv"].index("--wait-timeout") + 2:]
+    published: dict[str, list[str]] = {}
+    for compose_file in compose_files:
+        for service, variables in published_ports(compose_file).items():
+            published.setdefault(service, []).extend(variables)
+    variables = [v for s in services for v in published.get(s, [])]
+    assert variables, services
+    # each port of the list once, and nothing else (no fixed port, no compose file default)
+    seen = {v: up[0]["env"].get(v) for v in variables}
+    assert sorted(seen.values(), key=str) == ports, seen
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("script, _ports_variable, _count, _compose_files, images", CHECKS)
+def test_a_check_removes_the_images_it_built_unless_asked_to_keep_them(tmp_path, script, _ports_variable, _count,
+                                                                      _compose_files, images, keep):
+    done, calls = run_check(tmp_path, script, {"COMPOSE_CHECK_KEEP_IMAGES": "1"} if keep else {})
+    assert done.returncode != 0
+    assert any(c["argv"][0] == "compose" and "down" in c["argv"] for c in calls), done.stdout + done.stderr
+    removed = [image for c in calls if c["argv"][:2] == ["image", "rm"] for image in c["argv"][2:]]
+    # the images its tags named before the build moved them, always; not the one untagged before it
+    untagged_by_rebuild = {f"sha256:previous-{image}" for image in images}
+    if keep:
+        assert sorted(removed) == sorted(untagged_by_rebuild), done.stdout
+        assert f"removed {len(images)} images a rebuild untagged; kept the images it built " \
+               "(COMPOSE_CHECK_KEEP_IMAGES=1)" in done.stdout
+    else:
+        tag = "spark-check" if script == "compose_check_spark.sh" else "dev"
+        # and its tags, and the stage image its build left
+        expected = untagged_by_rebuild | {f"{image}:{tag}" for image in images} | {"sha256:stage"}
+        assert sorted(removed) == sorted(expected), done.stdout
+        assert f"removed {len(expected)} images" in done.stdout
