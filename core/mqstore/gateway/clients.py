@@ -23,9 +23,10 @@ Sessions belong to their user (with authentication on; ``user`` None = authentic
 this applies). A client id is bound to the user who first presented it until its session ends (removed, or
 expired): a call of another user with that id is refused (PermissionDenied, which names neither the owner
 nor anything of the session, and leaves the session as it was: its stream stays, its last sign of life is
-not refreshed). Only the owner ends it or opens its Telemetry stream, or a caller the servicer lets take
-it over (``take_over``: an ADMIN of the cluster), to whom the session then belongs. Per-user quotas, so
-that one user cannot deny another (ResourceExhausted, the protocol's TOO_MANY_REQUESTS, for that user only):
+not refreshed). Only the owner ends it or opens its Telemetry stream, or an ADMIN of the cluster (``admin``:
+the servicer says whether the caller holds ADMIN), who takes it over: the session then belongs to the admin.
+Per-user quotas, so that one user cannot deny another (ResourceExhausted, the protocol's TOO_MANY_REQUESTS,
+for that user only):
 
   quota                    counts                                   refused
   ------------------------ ---------------------------------------- -----------------------------------
@@ -178,12 +179,14 @@ class ClientRegistry:
             session.client_type = client_type or session.client_type
             session.group = group or session.group
 
-    def attach(self, client_id: str, user: str | None = None, *, take_over: bool = False) -> Outbox:
+    def attach(self, client_id: str, user: str | None = None, *, admin: bool = False) -> Outbox:
         """A Telemetry stream opened: its outbox (an older stream's outbox of the client is closed).
-        ResourceExhausted when the session has no open stream and ``user`` has ``max_streams_per_user``."""
+        PermissionDenied when the session is another user's and ``user`` is no ADMIN of the cluster (an
+        admin takes it over); ResourceExhausted when the session has no open stream and ``user`` has
+        ``max_streams_per_user``."""
         with self._lock:
             existing = self._sessions.get(client_id)
-            if existing is not None and existing.user != user and not take_over:
+            if existing is not None and existing.user != user and not admin:
                 self._session(client_id, user)  # refused: another user's
             if user is not None and self.max_streams_per_user is not None and \
                     (existing is None or existing.user != user or not existing.reachable):
@@ -193,7 +196,7 @@ class ClientRegistry:
                         f"user {shown(user)} has {streams} Telemetry streams open at this gateway, its quota "
                         f"(max_streams_per_user): close unused clients, or ask the operator to raise "
                         f"--max-streams-per-user")
-            session = self._session(client_id, user, take_over)
+            session = self._session(client_id, user, take_over=admin)
             old, session.outbox = session.outbox, Outbox(self.outbox_limit)
             outbox = session.outbox
         if old is not None:
@@ -219,15 +222,17 @@ class ClientRegistry:
                 session.outbox = None
         self._changed()
 
-    def remove(self, client_id: str, why: str, user: str | None = None, *, take_over: bool = False) -> None:
-        """End a session (nothing if there is none): PermissionDenied when it is another user's (unless
-        ``take_over``)."""
+    def remove(self, client_id: str, why: str, user: str | None = None, *, admin: bool = False) -> None:
+        """End a session (nothing if there is none): its user's to end, or an ADMIN's of the cluster
+        (``admin``: ``why`` then names the admin); PermissionDenied for anyone else."""
         with self._lock:
             session = self._sessions.get(client_id)
             if session is None:
                 return
-            if session.user != user and not take_over:
-                self._session(client_id, user)  # refused: another user's
+            if session.user != user:
+                if not admin:
+                    self._session(client_id, user)  # refused: another user's
+                why = f"{why} by admin {user}"
             self._drop(session)
         self._closed(session, why)
 
@@ -295,6 +300,24 @@ class ClientRegistry:
             found = [(s.client_id, s.outbox) for s in self._sessions.values()
                      if s.client_type == PRODUCER and s.reachable and topic in s.topics]
             return found[next(self._turn) % len(found)] if found else None
+
+    def continued(self, client_id: str, user: str | None, *, admin: bool = False) -> ClientSession | None:
+        """The session with settings that a Telemetry stream of ``user`` not beginning with settings
+        continues (the servicer then checks that the user still holds what they name). None when it is
+        another user's and ``admin`` (an ADMIN of the cluster takes it over: nothing of it to check);
+        PermissionDenied when it is another user's otherwise, or when there is no session with settings."""
+        with self._lock:
+            session = self._sessions.get(client_id)
+            if session is not None and session.user != user:
+                if admin:
+                    return None
+                self._session(client_id, user)  # refused: another user's
+            if session is None or not session.settled:
+                raise PermissionDenied(
+                    f"a Telemetry stream must begin with the client's settings (the gateway checks them against "
+                    f"the user's rights), and client id {client_id[:64]!r} has no settings of user {user!r} "
+                    f"that this stream would continue: write the settings command first")
+            return session
 
     def get(self, client_id: str) -> ClientSession | None:
         with self._lock:

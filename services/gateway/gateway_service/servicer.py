@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import grpc
 import structlog
-from mqstore.auth.model import ADMIN, CLUSTER_RESOURCE
-from mqstore.errors import (ClientIdRequired, IllegalAccessPoint, InvalidArgument, InvalidTransactionId, MqStoreError,
-                            PermissionDenied)
+from mqstore.errors import ClientIdRequired, IllegalAccessPoint, InvalidArgument, InvalidTransactionId, MqStoreError
 from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, CheckRelay
 from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
@@ -39,7 +37,7 @@ from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc
 
 from . import convert
 from .status import answers_with_status, ok, status_of, streams_with_status
-from .telemetry import TelemetryStream, as_caller, client_type_name
+from .telemetry import TelemetryStream, as_caller, client_type_name, is_admin
 
 log = structlog.get_logger("gateway_service.servicer")
 SERVICE_NAME = s.DESCRIPTOR.services_by_name["MessagingService"].full_name
@@ -113,15 +111,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @answers_with_status(s.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request, context):
         cid, caller = client_id(context), auth.current_caller()
-        if caller is None:
-            self.registry.remove(cid, "NotifyClientTermination")
-            return s.NotifyClientTerminationResponse(status=ok())
-        try:
-            self.registry.remove(cid, "NotifyClientTermination", caller.name)
-        except PermissionDenied as exc:  # another user's session: its user's or an admin's to end
-            if not caller.allowed(ADMIN, CLUSTER_RESOURCE):
-                caller.refuse(exc)
-            self.registry.remove(cid, f"NotifyClientTermination by admin {caller.name}", caller.name, take_over=True)
+        user, admin = (caller.name, is_admin(caller)) if caller is not None else (None, False)
+        as_caller(caller, lambda: self.registry.remove(cid, "NotifyClientTermination", user, admin=admin))
         return s.NotifyClientTerminationResponse(status=ok())
 
     @streams_with_status(s.TelemetryCommand)

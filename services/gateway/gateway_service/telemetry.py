@@ -108,6 +108,12 @@ def as_caller(caller: Caller | None, action):
         caller.refuse(exc)
 
 
+def is_admin(caller: Caller) -> bool:
+    """Whether ``caller`` holds ADMIN on the cluster (mqstore.gateway.clients: an admin may end or take
+    over another user's session)."""
+    return caller.allowed(ADMIN, CLUSTER_RESOURCE)
+
+
 class TelemetryStream:
     """One open Telemetry call of ``client_id``; ``commands()`` is the response stream. ``caller``: the
     authenticated caller (None: authentication is off), ``first``: the first command, read and checked by
@@ -117,6 +123,7 @@ class TelemetryStream:
                  first: s.TelemetryCommand | None = None):
         self.registry, self.config, self.client_id, self.caller = registry, config, client_id, caller
         self.user = caller.name if caller is not None else None
+        self.admin = caller is not None and is_admin(caller)
         self.first = first
         self.failure: MqStoreError | None = None   # what ended the stream from the reader (before its close)
         if caller is not None and first is not None and first.WhichOneof("command") != "settings":
@@ -124,26 +131,14 @@ class TelemetryStream:
         self.outbox: Outbox = as_caller(caller, self._attach)
 
     def _attach(self) -> Outbox:
-        try:
-            return self.registry.attach(self.client_id, self.user)
-        except PermissionDenied:
-            if self.caller is None or not self.caller.allowed(ADMIN, CLUSTER_RESOURCE):
-                raise
-            return self.registry.attach(self.client_id, self.user, take_over=True)
+        return self.registry.attach(self.client_id, self.user, admin=self.admin)
 
     def _continues(self) -> None:
         """A stream that does not begin with settings continues a session of this user with settings: the
         user must still hold what they need; PermissionDenied otherwise."""
-        session = self.registry.get(self.client_id)
-        if session is not None and session.user != self.user:
-            if self.caller.allowed(ADMIN, CLUSTER_RESOURCE):
-                return
-            self.registry.touch(self.client_id, user=self.user)  # refused: another user's
-        if session is None or not session.settled:
-            raise PermissionDenied(
-                f"a Telemetry stream must begin with the client's settings (the gateway checks them against the "
-                f"user's rights), and client id {self.client_id[:64]!r} has no settings of user {self.user!r} "
-                f"that this stream would continue: write the settings command first")
+        session = self.registry.continued(self.client_id, self.user, admin=self.admin)
+        if session is None:
+            return
         for name in sorted(session.topics):
             self.caller.require(PUB, topic(name))
         if session.group:

@@ -159,13 +159,32 @@ def test_an_expired_or_ended_session_frees_its_client_id():
 def test_taking_a_session_over_moves_it_to_the_new_user_and_closes_the_old_stream():
     reg = quota_registry(FakeClock())
     old = reg.attach("p", "alice")
-    new = reg.attach("p", "admin", take_over=True)
+    new = reg.attach("p", "admin", admin=True)
     assert old.closed and not new.closed
     assert reg.get("p").user == "admin" and (reg.clients_of("alice"), reg.clients_of("admin")) == (0, 1)
     with pytest.raises(PermissionDenied):
         reg.touch("p", user="alice")
-    reg.remove("p", "test", "alice", take_over=True)
+    reg.remove("p", "test", "alice", admin=True)
     assert new.closed and reg.clients_of("admin") == 0
+
+
+def test_only_the_owner_or_an_admin_ends_or_continues_a_session():
+    reg = quota_registry(FakeClock())
+    reg.attach("p", "alice")
+    reg.apply_settings("p", PRODUCER, ["t"], "", "alice")
+    with pytest.raises(PermissionDenied):
+        reg.remove("p", "test", "bob")
+    with pytest.raises(PermissionDenied):
+        reg.attach("p", "bob")
+    with pytest.raises(PermissionDenied):
+        reg.continued("p", "bob")
+    assert reg.get("p").user == "alice" and not reg.get("p").outbox.closed
+    assert reg.continued("p", "alice").topics == {"t"}
+    assert reg.continued("p", "admin", admin=True) is None  # another user's: the admin takes it over
+    with pytest.raises(PermissionDenied):
+        reg.continued("q", "alice")  # no session with settings to continue
+    reg.remove("p", "test", "admin", admin=True)
+    assert reg.get("p") is None and reg.clients_of("alice") == 0
 
 
 def test_a_flood_of_one_user_meets_its_quota_and_not_the_table():
