@@ -66,6 +66,7 @@ LAYERS = {
     "mqstore.store_space": STORE,
     "mqstore.store_retention": STORE,
     "mqstore.maintenance": STORE,     # the store's maintenance duty
+    "mqstore.stream_appends": STORE,  # one AppendStream call's appends and their limit
     # 3: features, each using the store (or its log through the services).
     "mqstore.pop": FEATURE,
     "mqstore.txn": FEATURE,

@@ -17,6 +17,7 @@ from mqstore.auth.model import SERVICE_USER
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
 from mqstore.store import MessageStore
+from mqstore.stream_appends import StreamAppends
 from mqstore_rpc import append_wire, auth, convert
 from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
@@ -76,20 +77,12 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
 
     @wire_codec(append_wire.parse_request)
     def AppendStream(self, request_iterator: Iterable, context):
-        limit = self._store.config.max_stream_messages
-        batches = []
-        stored = 0
-        peer = context.peer()
+        appends, peer = StreamAppends(self._store), context.peer()
         for request in request_iterator:
-            if stored + len(request.messages) > limit:
-                raise InvalidArgument(
-                    f"AppendStream carries at most {limit} messages (server setting max_stream_messages); this "
-                    f"item would make it {stored + len(request.messages)}. The {stored} messages of "
-                    f"the earlier items are stored; start a new stream for the rest")
-            batches.append(self._store.append(request.topic, append_wire.messages(request, peer),
-                                              replication=append_wire.replication(request)))
-            stored += len(batches[-1])
-        return append_wire.append_response(batches)
+            appends.admit(len(request.messages))
+            appends.append(request.topic, append_wire.messages(request, peer),
+                           replication=append_wire.replication(request))
+        return append_wire.append_response(appends.batches)
 
     # Pull, GetMessage and GetMessages answer with serialized bytes: the compiled codec encodes them from the stored
     # records' bytes (commitlog_service.read_wire), the pure-Python one serializes convert's messages.
