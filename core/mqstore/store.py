@@ -13,7 +13,8 @@ A clean ``stop`` flushes everything, writes the checkpoint and removes the abort
 Composition: the store holds its parts and gives each the narrow callables it needs: the topic
 registry (mqstore.store_topics), the full-disk state (mqstore.store_space), retention of the log and
 topics with the followers' holds (mqstore.store_retention: ``store.retention``), and three background duties
-(mqstore.background): the flush service, the segment warmer and the maintenance duty.
+(mqstore.background): the flush service, the segment warmer and the maintenance duty. Tail streams of the log
+are not the store's: mqstore.tailing reads them through it.
 
 On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
 CommitOffset get ResourceExhausted, reads go on; a checkpoint that does not fit is skipped and the abort
@@ -28,12 +29,11 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, limits, waits
+from mqstore import codec, failpoints, fs, limits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -50,9 +50,9 @@ from mqstore.log.warmer import WARM_CREATE, WARM_ZEROS, SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.metrics import Registry
-from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, TAIL_EARLIEST, TAIL_LATEST,
-                           AppendResults, MessageIn, MessageLookup, PullResult, QueueInfo, RawPullResult,
-                           StoredMessage, StoreInfo, TailFrame, TopicRecord)
+from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, AppendResults, MessageIn,
+                           MessageLookup, PullResult, QueueInfo, RawPullResult, StoredMessage, StoreInfo,
+                           TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
 from mqstore.replication.node import SingleNode
@@ -67,9 +67,6 @@ log = structlog.get_logger()
 MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
-MAX_FRAME_BYTES = 4 << 20
-MAX_TAIL_LINGER_MS = 1000  # a Tail's linger_ms is clamped to this
-MAX_HOLD_NAME = 127  # TailRequest.hold_retention_as, in characters
 # The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
                            frozenset({topic_event.TOPIC}))
@@ -299,6 +296,11 @@ class MessageStore:
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
             self._dispatch_to(min(flushed_offset, self.gate.committed_offset()))
+
+    @property
+    def running(self) -> bool:
+        """Whether the store serves (started, not stopping): a Tail stream (mqstore.tailing) ends when not."""
+        return self._running
 
     def check_running(self) -> None:
         """Unavailable unless the store serves (started, not stopping): every call that reads or writes the
@@ -581,81 +583,6 @@ class MessageStore:
         except ValueError as exc:
             raise InvalidArgument(f"msg_id {shown(msg_id)} is not an offset message id: {exc}") from None
         return self.get_message_raw(physical_offset) if raw else self.get_message(physical_offset)
-
-    # ------------------------------------------------------------------ tail
-    def tail(self, start: str, from_physical_offset: int, topics: Sequence[str], max_frame_bytes: int,
-             heartbeat_ms: int, is_active: Callable[[], bool], tx_types: Sequence[int] = (),
-             hold_retention_as: str = "", linger_ms: int = 0, hold_durable: bool = False) -> Iterator[TailFrame]:
-        """Frames of whole raw records, only visible ones; an empty frame every heartbeat when idle.
-        With ``topics`` and/or ``tx_types`` (SYSFLAG transaction values: 0, 0x4, 0x8, 0xC) a record is
-        sent when its topic is one of ``topics`` or its transaction type one of ``tx_types``.
-        ``hold_retention_as``: retention keeps the log from the stream's start while the stream is open,
-        then for the grace period, or for retention_hold_max_ms when ``hold_durable`` (named by the
-        internal identity: mqstore.retention_holds).
-        With ``linger_ms``, a caught-up stream woken by new records waits that long first, so that several
-        appends share a frame (each frame costs a wake-up and a send on both sides)."""
-        self.check_running()
-        max_frame_bytes = limits.limit("max_frame_bytes", max_frame_bytes, default=1 << 20, maximum=MAX_FRAME_BYTES)
-        heartbeat_s = limits.limit("heartbeat_ms", heartbeat_ms, default=1000, minimum=10, maximum=60_000) / 1000
-        linger_s = limits.limit("linger_ms", linger_ms, default=0, maximum=MAX_TAIL_LINGER_MS) / 1000
-        if start not in (TAIL_EARLIEST, TAIL_LATEST):
-            limits.at_least_zero("from_physical_offset", from_physical_offset, "a record start in the commit log")
-        for name in topics:  # a name that can never exist would filter out everything, silently
-            topic_rules.validate_topic_name(name)
-        wanted = frozenset(t.encode("utf-8") for t in topics)
-        wanted_tx = frozenset(tx_types)
-        if len(hold_retention_as) > MAX_HOLD_NAME:
-            raise InvalidArgument(f"hold_retention_as: at most {MAX_HOLD_NAME} characters, not "
-                                  f"{len(hold_retention_as)}; name the follower (e.g. 'compactor')")
-        pos = self._tail_start(start, from_physical_offset)
-        if not hold_retention_as:
-            yield from self._tail_frames(pos, max_frame_bytes, heartbeat_s, linger_s, is_active, wanted, wanted_tx)
-            return
-        self.retention.holds.open(hold_retention_as, pos, self.clock.now_ms(), durable=hold_durable)
-        try:
-            yield from self._tail_frames(pos, max_frame_bytes, heartbeat_s, linger_s, is_active, wanted, wanted_tx,
-                                         hold_retention_as)
-        finally:
-            self.retention.holds.close(hold_retention_as, self.clock.now_ms())
-
-    def _tail_frames(self, pos: int, max_frame_bytes: int, heartbeat_s: float, linger_s: float,
-                     is_active: Callable[[], bool], wanted: frozenset, wanted_tx: frozenset,
-                     hold: str = "") -> Iterator[TailFrame]:
-        cond = self.dispatcher.visible
-        holds = self.retention.holds
-        while is_active() and self._running:
-            if hold:
-                holds.refresh(hold, self.clock.now_ms())
-            visible = self.visible_offset()
-            if pos < visible:
-                pos = max(pos, self.commitlog.min_offset)
-                data, count, nxt = self.commitlog.frame(pos, visible, max_frame_bytes, wanted, wanted_tx)
-                pos = nxt
-                if count:
-                    yield TailFrame(data, count, pos, visible)
-                continue
-            with waits.waiting(), cond:  # a Tail stream waits most of its life: its handler thread does not count
-                if self.visible_offset() <= pos:
-                    cond.wait(heartbeat_s)
-            if self.visible_offset() <= pos:
-                yield TailFrame(b"", 0, pos, self.visible_offset())
-            elif linger_s:
-                with waits.waiting():
-                    time.sleep(linger_s)  # at most MAX_TAIL_LINGER_MS; the loop then checks is_active and stop
-
-    def _tail_start(self, start: str, offset: int) -> int:
-        visible = self.visible_offset()
-        low = self.commitlog.min_offset
-        if start == TAIL_EARLIEST:
-            return low
-        if start == TAIL_LATEST:
-            return visible
-        if offset < low or offset > visible:
-            raise OutOfRange(f"from_physical_offset {offset} is outside the log: valid [{low}, {visible}]",
-                             min_value=low, max_value=visible)
-        if offset < visible:
-            self.commitlog.check_resume_point(offset)
-        return offset
 
     # ------------------------------------------------------------------ offsets
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from mqstore import tailing
 from mqstore.errors import OutOfRange
 from mqstore.format import record_reader
 from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
@@ -124,7 +125,7 @@ def _tail(store, start, from_offset, topics):
     """Every record Tail gives from ``from_offset`` up to the visible end, as (physical offset, topic, body)."""
     visible = store.visible_offset()
     got = []
-    frames = store.tail(start, from_offset, topics, 4096, 10, is_active=lambda: True)
+    frames = tailing.tail(store, start, from_offset, topics, 4096, 10, is_active=lambda: True)
     try:
         for frame in frames:
             # An unfiltered frame is the log's bytes [next - len, next): each record names its offset.
@@ -151,7 +152,7 @@ def _tail_and_compare(store, rng, model):
     assert got == [r for r in visible[first:] if not topics or r[1] in topics]
     if model.min_offset > 0:
         with pytest.raises(OutOfRange) as below:
-            next(store.tail(TAIL_AT_OFFSET, rng.randrange(model.min_offset), topics, 4096, 10,
+            next(tailing.tail(store, TAIL_AT_OFFSET, rng.randrange(model.min_offset), topics, 4096, 10,
                             is_active=lambda: True))
         assert (below.value.min_value, below.value.max_value) == (model.min_offset, store.visible_offset())
 

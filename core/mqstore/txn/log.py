@@ -15,7 +15,7 @@ What LocalTxnLog does is what the CommitLog service's servicers do with the same
 conversions: ``append`` is CommitLogInternal.Append as writer "txn" (the store's rules say what "txn" may
 write); ``topic`` is DescribeTopic's topic (NotFound for an unknown one); ``get_messages_batch`` is
 GetMessages (in chunks of the store's limit); ``max_physical_offset`` is GetStoreInfo's; ``tail`` is the
-Tail servicer's call of ``MessageStore.tail`` with the Transaction service's filter (:data:`FOLLOWED_TOPICS`,
+Tail servicer's call of ``mqstore.tailing.tail`` with the Transaction service's filter (:data:`FOLLOWED_TOPICS`,
 COMMIT records) and its retention hold (:data:`HOLD_NAME`). A local Tail stream ends when cancelled, at the
 latest one heartbeat later (the store's tail looks at ``is_active`` between frames, as for a gRPC stream).
 ``check_writable`` is the store's gate: NotLeader on a replica, as its store answers every write. The
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Protocol, Sequence
 
+from mqstore import tailing
 from mqstore.errors import DataLoss
 from mqstore.follow import TailStream
 from mqstore.format.record import SYSFLAG_TX_COMMIT
@@ -164,7 +165,7 @@ class LocalTxnLog:
 
     def tail(self, from_physical_offset: int | None, *, max_frame_bytes: int, heartbeat_ms: int) -> LocalTail:
         start = TAIL_EARLIEST if from_physical_offset is None else TAIL_AT_OFFSET
-        return LocalTail(lambda is_active: self._store.tail(
-            start, from_physical_offset or 0, list(FOLLOWED_TOPICS), max_frame_bytes, heartbeat_ms,
+        return LocalTail(lambda is_active: tailing.tail(
+            self._store, start, from_physical_offset or 0, list(FOLLOWED_TOPICS), max_frame_bytes, heartbeat_ms,
             is_active=is_active, tx_types=FOLLOWED_TX_TYPES, hold_retention_as=HOLD_NAME, linger_ms=self._linger_ms,
             hold_durable=True))  # in the commit log's own process: the internal identity (retention_holds)

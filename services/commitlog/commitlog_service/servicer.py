@@ -13,6 +13,7 @@ import contextlib
 from typing import Iterable, Iterator
 
 import grpc
+from mqstore import tailing
 from mqstore.auth.model import SERVICE_USER
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
@@ -121,12 +122,12 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
 
     def Tail(self, request, context) -> Iterator[commitlog_pb2.TailFrame]:
         durable = bool(request.hold_retention_as) and self._durable_hold(context)
-        frames = self._store.tail(convert.tail_start(request.start), request.from_physical_offset,
-                                  list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
-                                  is_active=context.is_active,
-                                  tx_types=[convert.tx_type_in(t) for t in request.transaction_types],
-                                  hold_retention_as=request.hold_retention_as, linger_ms=request.linger_ms,
-                                  hold_durable=durable)
+        frames = tailing.tail(self._store, convert.tail_start(request.start), request.from_physical_offset,
+                              list(request.topics), request.max_frame_bytes, request.heartbeat_ms,
+                              is_active=context.is_active,
+                              tx_types=[convert.tx_type_in(t) for t in request.transaction_types],
+                              hold_retention_as=request.hold_retention_as, linger_ms=request.linger_ms,
+                              hold_durable=durable)
         with contextlib.closing(frames):  # a cancelled stream ends its hold now (its grace starts), not at GC
             for frame in frames:
                 yield convert.tail_frame(frame)

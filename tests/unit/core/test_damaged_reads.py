@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from mqstore import tailing
 from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.format import record, record_reader
 from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
@@ -64,7 +65,7 @@ def test_pull_with_a_tag_filter_names_the_damaged_record_after_the_skipped_ones(
 def _tail_all(store, start=TAIL_EARLIEST, offset=0):
     """Every frame up to the visible end (no waiting: stops at the first heartbeat)."""
     frames = []
-    for frame in store.tail(start, offset, [], 1 << 20, 10, lambda: True):
+    for frame in tailing.tail(store, start, offset, [], 1 << 20, 10, lambda: True):
         if not frame.record_count:
             return frames
         frames.append(frame)

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from mqstore import tailing
 from mqstore.format import record, record_reader, record_scan
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
@@ -127,7 +128,7 @@ def test_a_store_keeps_ipv6_born_hosts_through_pull_tail_and_restart(small_confi
         assert sorted((m.record.born_host, m.record.body) for m in got) == sorted(
             (m.born_host, m.body) for m in sent if m.tags == "t1")
         assert all(m.record.sys_flag & record.SYSFLAG_HOSTS_V6 == record.SYSFLAG_BORN_HOST_V6 for m in got)
-        frame = next(store.tail("earliest", 0, ["t"], 1 << 20, 10, is_active=lambda: True))
+        frame = next(tailing.tail(store, "earliest", 0, ["t"], 1 << 20, 10, is_active=lambda: True))
         assert [v.born_host for v in record_reader.records(frame.records)] == [m.born_host for m in sent][
             :frame.record_count]
     finally:

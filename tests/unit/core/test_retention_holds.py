@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from mqstore import tailing
 from mqstore.model import MessageIn
 from mqstore.retention_holds import COMPACTOR, RetentionHolds
 from mqstore.store import MessageStore
@@ -102,7 +103,7 @@ def test_the_store_ends_a_users_hold_after_the_grace_and_deletes_what_it_held(op
     for i in range(20):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
-    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="backup")
+    frames = tailing.tail(store, "offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="backup")
     next(frames)
     assert [(h.name, h.open_streams) for h in store.retention.list_holds()] == [("backup", 1)]
     frames.close()  # the stream ends: the grace starts

@@ -9,9 +9,9 @@ import types
 
 import pytest
 
+from mqstore import tailing
 from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
 from mqstore.format import record_reader
-from mqstore import store as store_module
 from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST, TAIL_LATEST
 from mqstore.store import MessageStore
 from tests.support.waiting import wait_until
@@ -145,7 +145,7 @@ def test_tail_frames_whole_records_with_filter(open_store):
     for i in range(20):
         store.append("a" if i % 3 else "b", [MessageIn(body=bytes([i]) * 700)])
     end = store.commitlog.written_offset
-    frames = store.tail(TAIL_EARLIEST, 0, ["b"], 4096, 10, is_active=lambda: True)
+    frames = tailing.tail(store, TAIL_EARLIEST, 0, ["b"], 4096, 10, is_active=lambda: True)
     seen = []
     for frame in frames:
         if frame.record_count == 0:
@@ -156,9 +156,9 @@ def test_tail_frames_whole_records_with_filter(open_store):
         assert sum(view.size for view in views) == len(frame.records)
     assert seen == [i for i in range(20) if i % 3 == 0]
     with pytest.raises(InvalidArgument):
-        next(store.tail(TAIL_AT_OFFSET, 5, [], 0, 10, is_active=lambda: True))
+        next(tailing.tail(store, TAIL_AT_OFFSET, 5, [], 0, 10, is_active=lambda: True))
     with pytest.raises(OutOfRange):
-        next(store.tail(TAIL_AT_OFFSET, end + 100, [], 0, 10, is_active=lambda: True))
+        next(tailing.tail(store, TAIL_AT_OFFSET, end + 100, [], 0, 10, is_active=lambda: True))
 
 
 
@@ -172,11 +172,11 @@ def test_a_caught_up_tail_lingers_so_that_several_appends_share_a_frame(open_sto
         lingered.append(seconds)
         store.append("t", [MessageIn(body=b"2")])
 
-    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(sleep=linger))
-    behind = store.tail(TAIL_EARLIEST, 0, [], 0, 60_000, is_active=lambda: True, linger_ms=50)
+    monkeypatch.setattr(tailing, "time", types.SimpleNamespace(sleep=linger))
+    behind = tailing.tail(store, TAIL_EARLIEST, 0, [], 0, 60_000, is_active=lambda: True, linger_ms=50)
     assert [v.body for v in record_reader.records(next(behind).records)] == [b"0"]
     assert lingered == []  # a stream behind the log sends at once
-    frames = store.tail(TAIL_LATEST, 0, [], 0, 60_000, is_active=lambda: True, linger_ms=5000)
+    frames = tailing.tail(store, TAIL_LATEST, 0, [], 0, 60_000, is_active=lambda: True, linger_ms=5000)
     first: list = []
     reader = threading.Thread(target=lambda: first.append(next(frames)))
     reader.start()
@@ -314,7 +314,7 @@ def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
     segs = store.segments.segments
-    frames = store.tail("offset", segs[1].start,  # a compactor resuming at the second segment
+    frames = tailing.tail(store, "offset", segs[1].start,  # a compactor resuming at the second segment
                          [], 0, 0, is_active=lambda: True, hold_retention_as="compactor",
                          hold_durable=True)
     next(frames)  # the stream is open: its start is held
@@ -341,7 +341,7 @@ def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open
     for i in range(20):
         store.append("kv", [MessageIn(body=bytes([i]) * 1000, keys=(f"k{i}",))])
     store.flusher.flush_now()
-    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="compactor",
+    frames = tailing.tail(store, "offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="compactor",
                         hold_durable=True)
     next(frames)  # a compactor holds the whole log
     frames.close()
@@ -366,7 +366,7 @@ def test_another_followers_hold_has_no_floor(open_store, fake_clock):
     for i in range(20):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
-    frames = store.tail("offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="txn",
+    frames = tailing.tail(store, "offset", 0, [], 0, 0, is_active=lambda: True, hold_retention_as="txn",
                         hold_durable=True)
     next(frames)
     frames.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from fake_log import FakeLog
+from mqstore import tailing
 from mqstore.index.decode import decode_frame
 from mqstore.index.follower import index_follower
 from mqstore.index.store import IndexStore
@@ -107,7 +108,7 @@ def test_frames_of_a_real_tail_decode_around_a_damaged_record(small_config, at, 
             f.seek(bad.physical_offset % size + at)
             f.write(data(bad.size_bytes))
         records, damaged = [], []
-        for frame in log_store.tail(TAIL_EARLIEST, 0, [], 2048, 10, lambda: True):
+        for frame in tailing.tail(log_store, TAIL_EARLIEST, 0, [], 2048, 10, lambda: True):
             if not frame.record_count:
                 break
             decoded = decode_frame(frame.records, frame.next_physical_offset)
