@@ -29,7 +29,7 @@ import grpc
 from mqstore.auth import signature
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.authority import Authority
-from mqstore.auth.model import ALLOW, NORMAL, PUB, TOPIC
+from mqstore.access import ALLOW, NORMAL, PUB, TOPIC
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
 from mqstore.meta.auth import AuthStore

@@ -42,7 +42,7 @@ import grpc
 from procs import BENCH_DIR, BenchError, GrpcServer, memory_kib, run_meta, stop_all, write_table
 
 from mqstore.auth.admin import AccessAdmin
-from mqstore.auth.model import ALLOW, NORMAL, PUB, TOPIC
+from mqstore.access import ALLOW, NORMAL, PUB, TOPIC
 from mqstore.clock import SystemClock
 from mqstore.meta.auth import AuthStore
 from mqstore_rpc.auth import token

@@ -25,7 +25,7 @@ import pytest
 from commitlog_service.main import serving as commitlog_serving
 from gateway_service.main import GatewayServiceConfig
 from gateway_service.main import serving as gateway_serving
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.clock import SystemClock
 from mqstore.gateway.config import GatewayConfig
@@ -53,15 +53,15 @@ CHECK_TIMEOUT_S = 60     # a check-back: the transaction's timeout (1 s), the ch
 GATEWAY = GatewayConfig(long_poll_min_ms=500, long_poll_max_ms=10_000, max_clients=200, max_clients_per_user=20,
                         max_streams_per_user=3, max_receives_per_user=2)
 RULES: dict[str, list[tuple[str, str, frozenset[str]]]] = {
-    "victim": [(model.TOPIC, "secret", frozenset({model.PUB, model.SUB})),
-               (model.GROUP, "vgroup", frozenset({model.SUB}))],
-    "pubonly": [(model.TOPIC, "pubt", frozenset({model.PUB}))],
+    "victim": [(access.TOPIC, "secret", frozenset({access.PUB, access.SUB})),
+               (access.GROUP, "vgroup", frozenset({access.SUB}))],
+    "pubonly": [(access.TOPIC, "pubt", frozenset({access.PUB}))],
     "noperm": [],
-    "flooder": [(model.TOPIC, "pubt", frozenset({model.PUB}))],
-    "reader": [(model.TOPIC, "pubt", frozenset({model.SUB})), (model.GROUP, "rgroup", frozenset({model.SUB}))],
-    "other": [(model.TOPIC, "pubt", frozenset({model.SUB})), (model.GROUP, "ogroup", frozenset({model.SUB}))],
-    "streamer": [(model.TOPIC, "pubt", frozenset({model.PUB}))],
-    "admin": [(model.CLUSTER, "*", frozenset({model.ADMIN}))],
+    "flooder": [(access.TOPIC, "pubt", frozenset({access.PUB}))],
+    "reader": [(access.TOPIC, "pubt", frozenset({access.SUB})), (access.GROUP, "rgroup", frozenset({access.SUB}))],
+    "other": [(access.TOPIC, "pubt", frozenset({access.SUB})), (access.GROUP, "ogroup", frozenset({access.SUB}))],
+    "streamer": [(access.TOPIC, "pubt", frozenset({access.PUB}))],
+    "admin": [(access.CLUSTER, "*", frozenset({access.ADMIN}))],
 }
 
 
@@ -203,9 +203,9 @@ def _services(tmp, mode: str, transport: Transport) -> Iterator[int]:
         try:
             admin = AccessAdmin(store)
             for user, rules in RULES.items():
-                admin.create_user(user, model.NORMAL, _secret_of(user))
+                admin.create_user(user, access.NORMAL, _secret_of(user))
                 for kind, pattern, actions in rules:
-                    admin.add_rule(user, kind, pattern, actions, model.ALLOW)
+                    admin.add_rule(user, kind, pattern, actions, access.ALLOW)
         finally:
             store.close()
         yield port

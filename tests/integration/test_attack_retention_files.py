@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from commitlog_service.main import serving as commitlog_serving
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
@@ -49,7 +49,7 @@ SEGMENT = 64 * 1024
 GRACE_MS = 3000
 BODY = b"r" * (15 * 1024)  # four messages a batch: about one segment
 READER, OPERATOR = "reader", "operator"
-SERVICE = _bearer(model.SERVICE_USER, TOKEN)
+SERVICE = _bearer(access.SERVICE_USER, TOKEN)
 
 
 def _secret(user: str) -> str:
@@ -75,10 +75,10 @@ def log(tmp_path, request, certs):
     store = AuthStore(url, SystemClock())
     try:
         admin = AccessAdmin(store, kek=Kek(tmp_path / "auth.kek", create=True))
-        for user, actions in ((READER, {model.SUB}), (OPERATOR, {model.SUB, model.ADMIN})):
-            admin.create_user(user, model.NORMAL, _secret(user))
-            for kind in (model.TOPIC, model.CLUSTER):
-                admin.add_rule(user, kind, "*", frozenset(actions), model.ALLOW)
+        for user, actions in ((READER, {access.SUB}), (OPERATOR, {access.SUB, access.ADMIN})):
+            admin.create_user(user, access.NORMAL, _secret(user))
+            for kind in (access.TOPIC, access.CLUSTER):
+                admin.add_rule(user, kind, "*", frozenset(actions), access.ALLOW)
     finally:
         store.close()
     with commitlog_serving(config) as (_, port), transport.channel(port) as channel:

@@ -20,7 +20,7 @@ import itertools
 import grpc
 import pytest
 
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
@@ -40,7 +40,7 @@ SYSTEM = (HALF, "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SC
           "rmq_sys_REVIVE_LOG")
 GATEWAY_MODES = ("gateway", "gateway-local")   # Cluster mode (its own process), Local mode (the commit log's port)
 ENDPOINTS = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host="127.0.0.1", port=8081)])
-ALL = frozenset(model.ACTIONS)
+ALL = frozenset(access.ACTIONS)
 _names = itertools.count(1)
 
 
@@ -51,22 +51,22 @@ def _secret(user: str) -> str:
 # user -> its rules (kind, pattern, actions, decision); "root" is a super user
 USERS = {
     # The victim: its topics payments-* and secret, its consumer group billing_svc, a compaction topic.
-    "victim": [(model.TOPIC, "payments-*", frozenset({model.PUB, model.SUB}), model.ALLOW),
-               (model.TOPIC, "secret", frozenset({model.PUB, model.SUB}), model.ALLOW),
-               (model.TOPIC, "kv", frozenset({model.PUB, model.SUB}), model.ALLOW),
-               (model.GROUP, "*", frozenset({model.PUB, model.SUB}), model.ALLOW)],
+    "victim": [(access.TOPIC, "payments-*", frozenset({access.PUB, access.SUB}), access.ALLOW),
+               (access.TOPIC, "secret", frozenset({access.PUB, access.SUB}), access.ALLOW),
+               (access.TOPIC, "kv", frozenset({access.PUB, access.SUB}), access.ALLOW),
+               (access.GROUP, "*", frozenset({access.PUB, access.SUB}), access.ALLOW)],
     # The issue's attacker: SUB on svc_payments-* and the group billing, nothing of the victim's.
-    "mallory": [(model.TOPIC, "svc_payments-*", frozenset({model.PUB, model.SUB}), model.ALLOW),
-                (model.GROUP, "billing", frozenset({model.SUB}), model.ALLOW)],
+    "mallory": [(access.TOPIC, "svc_payments-*", frozenset({access.PUB, access.SUB}), access.ALLOW),
+                (access.GROUP, "billing", frozenset({access.SUB}), access.ALLOW)],
     # SUB on every topic, and on the group billing only.
-    "peeker": [(model.TOPIC, "*", frozenset({model.SUB}), model.ALLOW),
-               (model.GROUP, "billing", frozenset({model.SUB}), model.ALLOW)],
+    "peeker": [(access.TOPIC, "*", frozenset({access.SUB}), access.ALLOW),
+               (access.GROUP, "billing", frozenset({access.SUB}), access.ALLOW)],
     # allow SUB * (and every action on every group), deny SUB secret.
-    "snoop": [(model.TOPIC, "*", frozenset({model.SUB}), model.ALLOW),
-              (model.TOPIC, "secret", frozenset({model.SUB}), model.DENY),
-              (model.GROUP, "*", ALL, model.ALLOW)],
+    "snoop": [(access.TOPIC, "*", frozenset({access.SUB}), access.ALLOW),
+              (access.TOPIC, "secret", frozenset({access.SUB}), access.DENY),
+              (access.GROUP, "*", ALL, access.ALLOW)],
     # Even ADMIN and PUB on every topic, group and the cluster.
-    "admin": [(kind, "*", ALL, model.ALLOW) for kind in (model.TOPIC, model.GROUP, model.CLUSTER)],
+    "admin": [(kind, "*", ALL, access.ALLOW) for kind in (access.TOPIC, access.GROUP, access.CLUSTER)],
 }
 
 
@@ -114,9 +114,9 @@ def rig(request, tmp_path_factory, certs):
         store = AuthStore(url, SystemClock())
         try:
             admin = AccessAdmin(store, kek=Kek(str(kek_file), create=True))
-            admin.create_user("root", model.SUPER, _secret("root"))
+            admin.create_user("root", access.SUPER, _secret("root"))
             for user, rules in USERS.items():
-                admin.create_user(user, model.NORMAL, _secret(user))
+                admin.create_user(user, access.NORMAL, _secret(user))
                 for kind, pattern, actions, decision in rules:
                     admin.add_rule(user, kind, pattern, actions, decision)
         finally:

@@ -22,7 +22,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
@@ -45,13 +45,13 @@ _ids = itertools.count(1)
 
 
 def _rules(admin: AccessAdmin) -> None:
-    both = frozenset({model.PUB, model.SUB})
-    for name, rules in (("pubonly", [(model.TOPIC, PUBT, {model.PUB})]),
-                        ("grp", [(model.GROUP, "*", {model.PUB}), (model.TOPIC, A, {model.PUB})]),
-                        ("bob", [(model.TOPIC, SECRET, both), (model.GROUP, BOBPG, both)])):
-        admin.create_user(name, model.NORMAL, _secret_of(name))
+    both = frozenset({access.PUB, access.SUB})
+    for name, rules in (("pubonly", [(access.TOPIC, PUBT, {access.PUB})]),
+                        ("grp", [(access.GROUP, "*", {access.PUB}), (access.TOPIC, A, {access.PUB})]),
+                        ("bob", [(access.TOPIC, SECRET, both), (access.GROUP, BOBPG, both)])):
+        admin.create_user(name, access.NORMAL, _secret_of(name))
         for kind, pattern, actions in rules:
-            admin.add_rule(name, kind, pattern, frozenset(actions), model.ALLOW)
+            admin.add_rule(name, kind, pattern, frozenset(actions), access.ALLOW)
 
 
 class Rig:

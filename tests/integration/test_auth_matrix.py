@@ -34,7 +34,7 @@ from mqstore_launcher.node import LocalMode
 from gateway_service.composition import LocalGatewayConfig
 from index_service.main import IndexServiceConfig
 from index_service.main import serving as index_serving
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
@@ -299,18 +299,18 @@ def _secret_of(user: str) -> str:
 def _users(admin: AccessAdmin, world: World) -> None:
     """only-X: exactly action X on every topic, group and the cluster; others-X: the two other actions.
     Each has an SDK key too (the gateway's signed requests)."""
-    for action in model.ACTIONS:
-        others = frozenset(model.ACTIONS) - {action}
+    for action in access.ACTIONS:
+        others = frozenset(access.ACTIONS) - {action}
         for name, actions in ((f"only-{action.lower()}", frozenset({action})), (f"others-{action.lower()}", others)):
-            admin.create_user(name, model.NORMAL, _secret_of(name))
-            for kind in (model.TOPIC, model.GROUP):
-                admin.add_rule(name, kind, "*", actions, model.ALLOW)
-            admin.add_rule(name, model.CLUSTER, "*", actions, model.ALLOW)
+            admin.create_user(name, access.NORMAL, _secret_of(name))
+            for kind in (access.TOPIC, access.GROUP):
+                admin.add_rule(name, kind, "*", actions, access.ALLOW)
+            admin.add_rule(name, access.CLUSTER, "*", actions, access.ALLOW)
             created = admin.create_sdk_key(name)
             world.sdk_keys[name] = (created.key.access_key, created.secret_key)
-    admin.create_user("victim", model.NORMAL, _secret_of("victim"))
+    admin.create_user("victim", access.NORMAL, _secret_of("victim"))
     world.revocable = admin.create_sdk_key("victim").key.access_key
-    admin.create_user("doomed-user", model.NORMAL, _secret_of("doomed-user"))
+    admin.create_user("doomed-user", access.NORMAL, _secret_of("doomed-user"))
 
 
 def _auth(url: str, token: str = TOKEN, kek_file: str = "",
@@ -413,7 +413,7 @@ def _prepare_world(url: str, servers: dict, peers: Peers, kek_file: pathlib.Path
     try:
         admin = AccessAdmin(store, kek=Kek(kek_file, create=True))
         _users(admin, world)
-        world.rule_id = admin.add_rule("victim", model.TOPIC, "gone", frozenset({model.SUB}), model.ALLOW).rule_id
+        world.rule_id = admin.add_rule("victim", access.TOPIC, "gone", frozenset({access.SUB}), access.ALLOW).rule_id
     finally:
         store.close()
     return world
@@ -463,7 +463,7 @@ def test_every_rpc_of_every_service_gets_its_exact_status(tmp_path, transport, c
 
 
 def _all_users() -> list[str]:
-    return [f"{p}-{a.lower()}" for a in model.ACTIONS for p in ("only", "others")] + ["victim", "doomed-user"]
+    return [f"{p}-{a.lower()}" for a in access.ACTIONS for p in ("only", "others")] + ["victim", "doomed-user"]
 
 
 def _plaintext_refused(port: int) -> bool:

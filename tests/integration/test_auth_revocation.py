@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from mqstore.auth.admin import AccessAdmin
-from mqstore.auth.model import ALLOW, NORMAL, PUB, TOPIC
+from mqstore.access import ALLOW, NORMAL, PUB, TOPIC
 from mqstore.clock import SystemClock
 from mqstore.meta.auth import AuthStore
 from mqstore_rpc.auth import token

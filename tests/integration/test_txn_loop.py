@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from commitlog_service.main import serving as commitlog_serving
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.clock import SystemClock
 from mqstore.meta.auth import AuthStore
@@ -62,9 +62,9 @@ def local_port(tmp_path: pathlib.Path, auth: bool = False, **overrides):
         store = AuthStore(url, SystemClock())
         try:
             admin = AccessAdmin(store)
-            admin.create_user(WRITER, model.NORMAL, WRITER_SECRET)
-            admin.add_rule(WRITER, model.TOPIC, "orders", frozenset({model.PUB}), model.ALLOW)
-            admin.add_rule(WRITER, model.GROUP, "pg", frozenset({model.PUB}), model.ALLOW)  # Prepare's group
+            admin.create_user(WRITER, access.NORMAL, WRITER_SECRET)
+            admin.add_rule(WRITER, access.TOPIC, "orders", frozenset({access.PUB}), access.ALLOW)
+            admin.add_rule(WRITER, access.GROUP, "pg", frozenset({access.PUB}), access.ALLOW)  # Prepare's group
         finally:
             store.close()
         server = dataclasses.replace(server, peers=Peers(None, "service", Secret(TOKEN)), auth=AuthConfig(

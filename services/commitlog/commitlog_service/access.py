@@ -6,21 +6,21 @@ Served on the CommitLog server. Thread-safe: holds the admin object (thread-safe
 from __future__ import annotations
 
 import grpc
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
-from mqstore.auth.model import Rule, SdkKey, User
+from mqstore.access import Rule, SdkKey, User
 from mqstore.errors import InvalidArgument
 from mqstore_rpc.gen.mqstore.v1 import access_pb2 as pb, access_pb2_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Access"].full_name
-_KIND_TO_PB = {model.NORMAL: pb.USER_KIND_NORMAL, model.SUPER: pb.USER_KIND_SUPER}
+_KIND_TO_PB = {access.NORMAL: pb.USER_KIND_NORMAL, access.SUPER: pb.USER_KIND_SUPER}
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
-_RESOURCE_TO_PB = {model.TOPIC: pb.RESOURCE_KIND_TOPIC, model.GROUP: pb.RESOURCE_KIND_GROUP,
-                   model.CLUSTER: pb.RESOURCE_KIND_CLUSTER}
+_RESOURCE_TO_PB = {access.TOPIC: pb.RESOURCE_KIND_TOPIC, access.GROUP: pb.RESOURCE_KIND_GROUP,
+                   access.CLUSTER: pb.RESOURCE_KIND_CLUSTER}
 _RESOURCE_FROM_PB = {v: k for k, v in _RESOURCE_TO_PB.items()}
-_ACTION_TO_PB = {model.PUB: pb.ACTION_PUB, model.SUB: pb.ACTION_SUB, model.ADMIN: pb.ACTION_ADMIN}
+_ACTION_TO_PB = {access.PUB: pb.ACTION_PUB, access.SUB: pb.ACTION_SUB, access.ADMIN: pb.ACTION_ADMIN}
 _ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
-_DECISION_TO_PB = {model.ALLOW: pb.RULE_DECISION_ALLOW, model.DENY: pb.RULE_DECISION_DENY}
+_DECISION_TO_PB = {access.ALLOW: pb.RULE_DECISION_ALLOW, access.DENY: pb.RULE_DECISION_DENY}
 _DECISION_FROM_PB = {v: k for k, v in _DECISION_TO_PB.items()}
 
 

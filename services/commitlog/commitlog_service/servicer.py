@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 
 import grpc
 from mqstore import tailing
-from mqstore.auth.model import SERVICE_USER
+from mqstore.access import SERVICE_USER
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
 from mqstore.store import MessageStore

@@ -80,7 +80,7 @@ import structlog
 
 from mqstore.auth import signature
 from mqstore.auth.authority import Authority, Principal, Throttled
-from mqstore.auth.model import Resource, is_access_key
+from mqstore.access import Resource, is_access_key
 from mqstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from mqstore.metrics import Registry
 

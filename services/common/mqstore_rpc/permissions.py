@@ -1,7 +1,7 @@
 """What each RPC touches and the permission it needs: one table for every service (with auth on).
 
 :data:`PERMISSIONS` maps the full method name (``/mqstore.v1.CommitLog/Append``) to a :class:`Need`:
-the action (PUB, SUB, ADMIN; mqstore.auth.model) and the resources a request names, read from the
+the action (PUB, SUB, ADMIN; mqstore.access) and the resources a request names, read from the
 request by the interceptor (mqstore_rpc.auth) before the servicer runs. For a stream of requests every
 item is checked as it arrives (AppendStream: each batch's topic). Three kinds of entries:
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from mqstore.auth.model import ADMIN, CLUSTER_RESOURCE, PUB, SUB, Resource, group, topic
+from mqstore.access import ADMIN, CLUSTER_RESOURCE, PUB, SUB, Resource, group, topic
 
 # A resource function gives the resources a request names; an item may also be (action, resource) when
 # the request names resources for different actions (a RocketMQ client's Telemetry settings).

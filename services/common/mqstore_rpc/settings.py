@@ -34,7 +34,7 @@ from mqstore_rpc.server import AuthConfig, ServerConfig
 from mqstore_rpc.tls import ServerTls, client_tls
 
 METRICS_PORT_OFFSET = defaults.METRICS_PORT_OFFSET
-SERVICE_USER = "service"  # mqstore.auth.model.SERVICE_USER: the services' own identity
+SERVICE_USER = "service"  # mqstore.access.SERVICE_USER: the services' own identity
 
 ENV_PREFIX = "MQSTORE_"
 _SIZE_SUFFIXES = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}

@@ -41,7 +41,7 @@ from typing import Iterator
 
 import grpc
 import structlog
-from mqstore.auth.model import ADMIN, CLUSTER_RESOURCE, PUB, SUB, group, topic
+from mqstore.access import ADMIN, CLUSTER_RESOURCE, PUB, SUB, group, topic
 from mqstore.errors import MqStoreError, PermissionDenied
 from mqstore.gateway.checkback import RecoverTransaction
 from mqstore.gateway.clients import ClientRegistry, Outbox

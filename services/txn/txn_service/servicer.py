@@ -26,7 +26,7 @@ import functools
 from typing import AsyncIterator, Callable, Iterator
 
 import grpc
-from mqstore.auth.model import PUB, group, topic
+from mqstore.access import PUB, group, topic
 from mqstore.errors import InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
 from mqstore_rpc import auth, convert

@@ -9,7 +9,7 @@ import asyncio
 import grpc
 import pytest
 
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.authority import Authority
 from mqstore.clock import SystemClock
@@ -33,8 +33,8 @@ class Context:
 @pytest.fixture
 def interceptor(tmp_path):
     store = AuthStore(f"sqlite:///{tmp_path / 'auth.db'}", SystemClock())
-    AccessAdmin(store).create_user("ann", model.NORMAL, "ann-secret-1")
-    yield auth.AuthInterceptor(Authority(store), Registry(), {METHOD: Need(model.PUB, lambda request: ())})
+    AccessAdmin(store).create_user("ann", access.NORMAL, "ann-secret-1")
+    yield auth.AuthInterceptor(Authority(store), Registry(), {METHOD: Need(access.PUB, lambda request: ())})
     store.close()
 
 
@@ -75,7 +75,7 @@ def test_a_call_on_a_loop_knows_its_caller(interceptor):
 def test_a_servicers_refusal_is_the_callers_denial(interceptor):
     def call(request, context):
         caller = auth.current_caller()
-        assert not caller.allowed(model.ADMIN, model.CLUSTER_RESOURCE)
+        assert not caller.allowed(access.ADMIN, access.CLUSTER_RESOURCE)
         caller.refuse(PermissionDenied("not yours: use your own id"))
     handler = wrapped(interceptor, grpc.unary_unary_rpc_method_handler(call))
     with pytest.raises(PermissionDenied, match="not yours") as caught:

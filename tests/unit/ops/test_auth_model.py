@@ -7,38 +7,39 @@ import random
 
 import pytest
 
-from mqstore.auth import model, secrets
+from mqstore import access
+from mqstore.auth import secrets
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.authority import Authority
-from mqstore.auth.model import ADMIN, ALLOW, DENY, PUB, SUB, Rule, decide, group, topic
+from mqstore.access import ADMIN, ALLOW, DENY, PUB, SUB, Rule, decide, group, topic
 from mqstore.clock import SystemClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
 from mqstore.meta.auth import AuthStore
 from mqstore.metrics import Registry
 
 
-def rule(pattern: str, decision: str = ALLOW, actions=(PUB,), kind: str = model.TOPIC) -> Rule:
+def rule(pattern: str, decision: str = ALLOW, actions=(PUB,), kind: str = access.TOPIC) -> Rule:
     return Rule("u", kind, pattern, frozenset(actions), decision)
 
 
 def test_the_most_specific_rule_decides_and_deny_wins_a_tie():
     rules = (rule("*"), rule("orders-*", DENY), rule("orders-eu", ALLOW))
-    assert decide(model.NORMAL, rules, PUB, topic("payments"), DENY).allowed          # "*"
-    assert not decide(model.NORMAL, rules, PUB, topic("orders-us"), DENY).allowed     # the prefix beats "*"
-    assert decide(model.NORMAL, rules, PUB, topic("orders-eu"), DENY).allowed         # the literal beats the prefix
+    assert decide(access.NORMAL, rules, PUB, topic("payments"), DENY).allowed          # "*"
+    assert not decide(access.NORMAL, rules, PUB, topic("orders-us"), DENY).allowed     # the prefix beats "*"
+    assert decide(access.NORMAL, rules, PUB, topic("orders-eu"), DENY).allowed         # the literal beats the prefix
     tie = (rule("orders-eu", ALLOW), rule("orders-eu", DENY))
-    assert not decide(model.NORMAL, tie, PUB, topic("orders-eu"), DENY).allowed
+    assert not decide(access.NORMAL, tie, PUB, topic("orders-eu"), DENY).allowed
     longer = (rule("orders-*", ALLOW), rule("orders-eu-*", DENY))
-    assert not decide(model.NORMAL, longer, PUB, topic("orders-eu-1"), ALLOW).allowed
+    assert not decide(access.NORMAL, longer, PUB, topic("orders-eu-1"), ALLOW).allowed
 
 
 def test_actions_kinds_default_policy_and_super_users():
-    rules = (rule("t", actions=(SUB,)), rule("t", kind=model.GROUP))
-    assert not decide(model.NORMAL, rules, PUB, topic("t"), DENY).allowed      # SUB does not give PUB
-    assert decide(model.NORMAL, rules, PUB, group("t"), DENY).allowed          # the group rule is the group's
-    assert decide(model.NORMAL, (), ADMIN, topic("x"), ALLOW).allowed          # no rule: the default
-    assert not decide(model.NORMAL, (), ADMIN, topic("x"), DENY).allowed
-    assert decide(model.SUPER, (rule("*", DENY, (ADMIN,)),), ADMIN, topic("x"), DENY).allowed
+    rules = (rule("t", actions=(SUB,)), rule("t", kind=access.GROUP))
+    assert not decide(access.NORMAL, rules, PUB, topic("t"), DENY).allowed      # SUB does not give PUB
+    assert decide(access.NORMAL, rules, PUB, group("t"), DENY).allowed          # the group rule is the group's
+    assert decide(access.NORMAL, (), ADMIN, topic("x"), ALLOW).allowed          # no rule: the default
+    assert not decide(access.NORMAL, (), ADMIN, topic("x"), DENY).allowed
+    assert decide(access.SUPER, (rule("*", DENY, (ADMIN,)),), ADMIN, topic("x"), DENY).allowed
 
 
 def test_the_decision_matches_a_plain_model_on_random_rules():
@@ -60,17 +61,17 @@ def test_the_decision_matches_a_plain_model_on_random_rules():
             expected = all(r.decision == ALLOW for r in matching if rank(r) == top)
         else:
             expected = default == ALLOW
-        assert decide(model.NORMAL, rules, action, topic(name), default).allowed == expected, (rules, action, name)
+        assert decide(access.NORMAL, rules, action, topic(name), default).allowed == expected, (rules, action, name)
 
 
 def test_malformed_rules_and_names_are_refused():
     for bad in (dict(pattern="a b"), dict(pattern="a*b"), dict(kind="queue"), dict(decision="maybe"),
-                dict(actions=frozenset()), dict(actions=frozenset({"READ"})), dict(kind=model.CLUSTER, pattern="x")):
-        values = dict(user="u", kind=model.TOPIC, pattern="t", actions=frozenset({PUB}), decision=ALLOW) | bad
+                dict(actions=frozenset()), dict(actions=frozenset({"READ"})), dict(kind=access.CLUSTER, pattern="x")):
+        values = dict(user="u", kind=access.TOPIC, pattern="t", actions=frozenset({PUB}), decision=ALLOW) | bad
         with pytest.raises(InvalidArgument):
             Rule(**values)
     with pytest.raises(InvalidArgument):
-        model.check_user_name("has space")
+        access.check_user_name("has space")
 
 
 def test_secrets_are_salted_hashes_that_verify():
@@ -95,8 +96,8 @@ def test_verification_is_cached_until_a_change(store):
     registry = Registry()
     authority = Authority(store, service_secret="internal-1234", metrics=registry)
     admin = AccessAdmin(store, authority.invalidate)
-    admin.create_user("alice", model.NORMAL, "alice-secret-1")
-    admin.add_rule("alice", model.TOPIC, "orders-*", frozenset({PUB}), ALLOW)
+    admin.create_user("alice", access.NORMAL, "alice-secret-1")
+    admin.add_rule("alice", access.TOPIC, "orders-*", frozenset({PUB}), ALLOW)
     verified = registry.get("mqstore_auth_secret_verifications_total")
     for _ in range(50):
         alice = authority.authenticate("alice", "alice-secret-1")
@@ -121,11 +122,11 @@ def test_changes_made_by_another_process_are_seen_on_refresh(store, tmp_path):
     elsewhere = AuthStore(f"sqlite:///{tmp_path / 'auth.db'}", SystemClock())
     try:
         other = AccessAdmin(elsewhere)
-        other.create_user("bob", model.NORMAL, "bob-secret-1")
-        other.add_rule("bob", model.TOPIC, "t", frozenset({SUB}), ALLOW)
+        other.create_user("bob", access.NORMAL, "bob-secret-1")
+        other.add_rule("bob", access.TOPIC, "t", frozenset({SUB}), ALLOW)
         bob = authority.authenticate("bob", "bob-secret-1")
         authority.authorize(bob, SUB, topic("t"))
-        other.add_rule("bob", model.TOPIC, "t", frozenset({SUB}), DENY)
+        other.add_rule("bob", access.TOPIC, "t", frozenset({SUB}), DENY)
         authority.authorize(bob, SUB, topic("t"))              # still the cached rules...
         assert authority.refresh()                             # ...until the version moves
         with pytest.raises(PermissionDenied, match="denied by its rule"):
@@ -140,17 +141,17 @@ def test_changes_made_by_another_process_are_seen_on_refresh(store, tmp_path):
 
 def test_the_service_identity_is_the_internal_token_and_cannot_be_managed(store):
     authority = Authority(store, service_secret="internal-1234")
-    assert authority.authenticate("service", "internal-1234").kind == model.SUPER
+    assert authority.authenticate("service", "internal-1234").kind == access.SUPER
     with pytest.raises(Unauthenticated):
         authority.authenticate("service", "guess")
     with pytest.raises(Unauthenticated, match="no internal token"):
         Authority(store).authenticate("service", "anything")
     with pytest.raises(FailedPrecondition):
-        AccessAdmin(store).create_user("service", model.SUPER, "whatever-123")
+        AccessAdmin(store).create_user("service", access.SUPER, "whatever-123")
 
 
 def test_a_generated_secret_is_returned_once_and_only_its_hash_is_stored(store):
-    created = AccessAdmin(store).create_user("carol", model.NORMAL)
+    created = AccessAdmin(store).create_user("carol", access.NORMAL)
     assert len(created.secret) >= 32
     assert created.secret not in store.user("carol").secret_hash
     assert Authority(store).authenticate("carol", created.secret).name == "carol"
@@ -162,7 +163,7 @@ def test_concurrent_calls_with_new_credentials_share_one_check(store):
     import threading
 
     from tests.support.waiting import wait_until
-    AccessAdmin(store).create_user("dave", model.NORMAL, "dave-secret-1")
+    AccessAdmin(store).create_user("dave", access.NORMAL, "dave-secret-1")
     entered, release = [], threading.Event()
 
     class Slow:
@@ -200,8 +201,8 @@ def test_a_cached_call_hashes_no_secret_and_reads_no_database(store, monkeypatch
     """After the first call, credentials are one dict lookup keyed by the presented value: no SHA-256
     (let alone scrypt) of the secret, no database read; until a change drops the cache."""
     admin = AccessAdmin(store)
-    admin.create_user("erin", model.NORMAL, "erin-secret-1")
-    admin.add_rule("erin", model.TOPIC, "orders", frozenset({PUB}), ALLOW)
+    admin.create_user("erin", access.NORMAL, "erin-secret-1")
+    admin.add_rule("erin", access.TOPIC, "orders", frozenset({PUB}), ALLOW)
     authority = Authority(store, service_secret="internal-1234")
     presented = "Bearer erin:erin-secret-1"
     assert authority.cached(presented) is None

@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from mqstore.auth import model, sealing, signature
+from mqstore import access
+from mqstore.auth import sealing, signature
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.authority import Authority
-from mqstore.auth.model import ALLOW, PUB, SUB, topic
+from mqstore.access import ALLOW, PUB, SUB, topic
 from mqstore.auth.sealing import Kek, SealError
 from mqstore.clock import FakeClock, SystemClock
 from mqstore.errors import FailedPrecondition, NotFound, PermissionDenied, Unauthenticated
@@ -198,11 +199,11 @@ def test_signed_requests_map_to_the_keys_user_and_are_cached(store, tmp_path, mo
     kek = Kek(tmp_path / "auth.kek", create=True)
     authority = Authority(store, metrics=registry, kek=Kek(tmp_path / "auth.kek", create=False), clock=clock)
     admin = AccessAdmin(store, authority.invalidate, kek)
-    admin.create_user("alice", model.NORMAL, "alice-secret-1")
-    admin.add_rule("alice", model.TOPIC, "orders-*", frozenset({PUB}), ALLOW)
+    admin.create_user("alice", access.NORMAL, "alice-secret-1")
+    admin.add_rule("alice", access.TOPIC, "orders-*", frozenset({PUB}), ALLOW)
     created = admin.create_sdk_key("alice")
     ak, sk = created.key.access_key, created.secret_key
-    assert model.is_access_key(ak) and sk not in store.sdk_key(ak).sealed_secret
+    assert access.is_access_key(ak) and sk not in store.sdk_key(ak).sealed_secret
     assert [k.access_key for k in admin.sdk_keys("alice")] == [ak]
     alice = authority.authenticate_signed(signed_now(clock, ak, sk))
     assert alice.name == "alice"
@@ -229,7 +230,7 @@ def test_unknown_revoked_and_deleted_keys_are_refused(store, tmp_path):
     kek = Kek(tmp_path / "auth.kek", create=True)
     authority = Authority(store, kek=kek, clock=clock)
     admin = AccessAdmin(store, authority.invalidate, kek)
-    admin.create_user("bob", model.NORMAL, "bob-secret-1")
+    admin.create_user("bob", access.NORMAL, "bob-secret-1")
     first, second = admin.create_sdk_key("bob"), admin.create_sdk_key("bob")
     for created in (first, second):
         authority.authenticate_signed(signed_now(clock, created.key.access_key, created.secret_key))
@@ -252,7 +253,7 @@ def test_unknown_revoked_and_deleted_keys_are_refused(store, tmp_path):
 def test_a_key_under_another_kek_or_none_is_refused_and_logged(store, tmp_path):
     clock = FakeClock(DATE_MS)
     admin = AccessAdmin(store, kek=Kek(tmp_path / "auth.kek", create=True))
-    admin.create_user("carol", model.NORMAL, "carol-secret-1")
+    admin.create_user("carol", access.NORMAL, "carol-secret-1")
     created = admin.create_sdk_key("carol")
     signed = signed_now(clock, created.key.access_key, created.secret_key)
     other = Kek(tmp_path / "other.kek", create=True)
@@ -271,7 +272,7 @@ def _user_signing_now(store, tmp_path, user: str):
     kek = Kek(tmp_path / "auth.kek", create=True)
     authority = Authority(store, kek=kek, clock=clock)
     admin = AccessAdmin(store, authority.invalidate, kek)
-    admin.create_user(user, model.NORMAL, f"{user}-secret-1")
+    admin.create_user(user, access.NORMAL, f"{user}-secret-1")
     created = admin.create_sdk_key(user)
     signed = signed_now(clock, created.key.access_key, created.secret_key)
     return clock, authority, admin, signed, header(created.key.access_key, signed.signature.hex())
@@ -301,7 +302,7 @@ def test_a_key_revoked_or_a_user_deleted_by_another_process_is_refused_after_ref
     elsewhere = AuthStore(f"sqlite:///{tmp_path / 'auth.db'}", SystemClock())
     try:
         other = AccessAdmin(elsewhere, kek=kek)   # another server: this authority's caches are not dropped
-        other.create_user("erin", model.NORMAL, "erin-secret-1")
+        other.create_user("erin", access.NORMAL, "erin-secret-1")
         first, second = other.create_sdk_key("erin"), other.create_sdk_key("erin")
         for created in (first, second):
             authority.authenticate_signed(signed_now(clock, created.key.access_key, created.secret_key))

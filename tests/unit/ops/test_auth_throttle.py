@@ -12,10 +12,10 @@ import time
 import pytest
 import structlog
 
-from mqstore.auth import model
+from mqstore import access
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.authority import Authority, Throttled
-from mqstore.auth.model import ALLOW, PUB
+from mqstore.access import ALLOW, PUB
 from mqstore.auth.throttle import FailureBackoff, HashGate, RejectedCache, Throttle
 from mqstore.clock import FakeClock, SystemClock
 from mqstore.errors import Unauthenticated, Unavailable
@@ -32,8 +32,8 @@ def store(tmp_path):
     s = AuthStore(f"sqlite:///{tmp_path / 'auth.db'}", SystemClock())
     admin = AccessAdmin(s)
     for name in ("alice", "bob"):
-        admin.create_user(name, model.NORMAL, f"{name}-secret-1")
-        admin.add_rule(name, model.TOPIC, "orders", frozenset({PUB}), ALLOW)
+        admin.create_user(name, access.NORMAL, f"{name}-secret-1")
+        admin.add_rule(name, access.TOPIC, "orders", frozenset({PUB}), ALLOW)
     yield s
     s.close()
 

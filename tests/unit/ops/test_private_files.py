@@ -7,7 +7,7 @@ import stat
 
 from structlog.testing import capture_logs
 
-from mqstore.auth.model import ADMIN, CLUSTER_RESOURCE, SUB, topic
+from mqstore.access import ADMIN, CLUSTER_RESOURCE, SUB, topic
 from mqstore_rpc import private_files
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.permissions import PERMISSIONS
