@@ -95,3 +95,20 @@ def test_flags_win_over_the_environment_which_wins_over_defaults():
     with pytest.raises(errors.InvalidArgument, match="--enabled / MQSTORE_ENABLED"):
         S.values_for(parser.parse_args(["--enabled", "maybe"]), {}, Sample)
     assert S.parse_int("1_000") == 1000 and S.parse_int("2MiB") == 2 << 20
+
+
+def test_a_hosted_part_names_its_flags_and_variables_with_its_prefix():
+    """Local mode's parts (gateway_service.local, txn_service.local) share this: --<prefix><field>."""
+    parser = argparse.ArgumentParser()
+    S.add_texts(parser, {"part_port": "serve the part on this port"})
+    S.add_flags(parser, Sample, skip={"name"}, prefix="part_", about="Local-mode part: {field} (README)")
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["part_port"] == "serve the part on this port; env MQSTORE_PART_PORT"
+    assert helps["part_size_bytes"] == "Local-mode part: size_bytes (README); env MQSTORE_PART_SIZE_BYTES, default 10"
+    assert "part_name" not in helps and "size_bytes" not in helps
+    args = parser.parse_args(["--part-size-bytes", "2KiB", "--part-port", "7"])
+    env = {"MQSTORE_PART_RATIO": "0.25", "MQSTORE_RATIO": "0.75", "MQSTORE_PART_NAME": "skipped"}
+    assert S.values_for(args, env, Sample, skip={"name"}, prefix="part_") == {"size_bytes": 2048, "ratio": 0.25}
+    assert S.typed(args, env, "part_port", S.parse_int, None) == 7
+    with pytest.raises(errors.InvalidArgument, match="--part-enabled / MQSTORE_PART_ENABLED"):
+        S.values_for(parser.parse_args(["--part-enabled", "maybe"]), {}, Sample, prefix="part_")

@@ -82,10 +82,23 @@ def config_fields(cls, skip: Iterable[str] = ()) -> list[dataclasses.Field]:
             if f.name not in skipped and f.default is not dataclasses.MISSING]
 
 
-def add_flags(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:
-    """One flag per field of ``cls`` (its value is parsed later, so the environment can fill gaps)."""
+def add_flags(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = (), prefix: str = "",
+              about: str = "") -> None:
+    """One flag per field of ``cls`` (its value is parsed later, so the environment can fill gaps).
+
+    A part hosted on another service's command line (Local mode) names its flags ``--<prefix><field>``
+    (``prefix="gateway_"``: ``--gateway-max-body-bytes``, ``MQSTORE_GATEWAY_MAX_BODY_BYTES``) and leads each help
+    with ``about``, formatted with the field's name (``"Local-mode gateway: {field}"``)."""
     for f in config_fields(cls, skip):
-        parser.add_argument(flag(f.name), dest=f.name, help=f"env {env_name(f.name)}, default {f.default}")
+        name = prefix + f.name
+        lead = about.format(field=f.name) + "; " if about else ""
+        parser.add_argument(flag(name), dest=name, help=f"{lead}env {env_name(name)}, default {f.default}")
+
+
+def add_texts(parser: argparse.ArgumentParser, texts: Mapping[str, str]) -> None:
+    """One flag per name of ``texts`` (name -> help), read later with :func:`typed`."""
+    for name, text in texts.items():
+        parser.add_argument(flag(name), dest=name, help=f"{text}; env {env_name(name)}")
 
 
 def setting(args: argparse.Namespace, env: Mapping[str, str], name: str) -> str | None:
@@ -104,10 +117,12 @@ def typed(args: argparse.Namespace, env: Mapping[str, str], name: str, parse: Ca
         raise InvalidArgument(f"{name} ({flag(name)} / {env_name(name)}): {exc}") from None
 
 
-def values_for(args: argparse.Namespace, env: Mapping[str, str], cls, skip: Iterable[str] = ()) -> dict:
-    """The fields of ``cls`` given by a flag or a variable, parsed by the type of their default."""
-    return {f.name: typed(args, env, f.name, parser_for(f.default), f.default)
-            for f in config_fields(cls, skip) if setting(args, env, f.name) is not None}
+def values_for(args: argparse.Namespace, env: Mapping[str, str], cls, skip: Iterable[str] = (),
+               prefix: str = "") -> dict:
+    """The fields of ``cls`` given by a flag or a variable (``--<prefix><field>``, see :func:`add_flags`), parsed
+    by the type of their default, keyed by the field's name."""
+    return {f.name: typed(args, env, prefix + f.name, parser_for(f.default), f.default)
+            for f in config_fields(cls, skip) if setting(args, env, prefix + f.name) is not None}
 
 
 # ---- the settings every service has -----------------------------------------------------------------

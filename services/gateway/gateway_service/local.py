@@ -29,20 +29,16 @@ FLAGS = {
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    for name, text in FLAGS.items():
-        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
-    for f in S.config_fields(GatewayConfig):
-        name = f"gateway_{f.name}"
-        parser.add_argument(S.flag(name), dest=name, help=f"Local-mode gateway: {f.name} (services/gateway/README.md); "
-                            f"env {S.env_name(name)}, default {f.default}")
+    S.add_texts(parser, FLAGS)
+    S.add_flags(parser, GatewayConfig, prefix="gateway_",
+                about="Local-mode gateway: {field} (services/gateway/README.md)")
 
 
 def parse(args: argparse.Namespace, env: Mapping[str, str], store: StoreConfig) -> LocalGatewayConfig | None:
     port = S.typed(args, env, "gateway_port", S.parse_int, None)
     if port is None:
         return None
-    values = {f.name: S.typed(args, env, f"gateway_{f.name}", S.parser_for(f.default), f.default)
-              for f in S.config_fields(GatewayConfig) if S.setting(args, env, f"gateway_{f.name}") is not None}
+    values = S.values_for(args, env, GatewayConfig, prefix="gateway_")
     values.setdefault("max_body_bytes", store.max_body_bytes)  # the gateway advertises what the store takes
     return LocalGatewayConfig(
         port=port, txn_address=S.typed(args, env, "gateway_txn", str, ""), gateway=GatewayConfig(**values),

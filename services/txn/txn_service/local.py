@@ -29,21 +29,16 @@ FLAGS = {
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    for name, text in FLAGS.items():
-        parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
-    for f in S.config_fields(TxnConfig, skip={"data_dir"}):
-        name = f"txn_{f.name}"
-        parser.add_argument(S.flag(name), dest=name, help=f"Local-mode Transaction service: {f.name} (README); "
-                            f"env {S.env_name(name)}, default {f.default}")
+    S.add_texts(parser, FLAGS)
+    S.add_flags(parser, TxnConfig, skip={"data_dir"}, prefix="txn_",
+                about="Local-mode Transaction service: {field} (README)")
 
 
 def parse(args: argparse.Namespace, env: Mapping[str, str], store: StoreConfig) -> LocalTxnConfig | None:
     port = S.typed(args, env, "txn_port", S.parse_int, None)
     if port is None:
         return None
-    values = {f.name: S.typed(args, env, f"txn_{f.name}", S.parser_for(f.default), f.default)
-              for f in S.config_fields(TxnConfig, skip={"data_dir"})
-              if S.setting(args, env, f"txn_{f.name}") is not None}
+    values = S.values_for(args, env, TxnConfig, skip={"data_dir"}, prefix="txn_")
     data_dir = S.typed(args, env, "txn_data_dir", pathlib.Path, store.data_dir / "txn")
     try:
         txn = TxnConfig(data_dir=data_dir, **values)
