@@ -15,8 +15,10 @@ How a ManagedServer with ``aio=True`` differs from the synchronous one:
                              ``grpc-aio-loop`` (:class:`LoopThread`); start and stop are that loop's
   async handlers             run on the loop: an ``async def`` unary call, or an ``async def`` generator of
                              a stream's responses; the interceptors (metrics, errors, authentication) wrap
-                             them with their async variants. A handler must not block the loop: what may
-                             wait (an fsync, another service) it runs in the pool (run_in_executor)
+                             them with async adapters around the same rule as the synchronous ones (each
+                             rule is written once: scripts/shape_measures.py counts it). A handler must not
+                             block the loop: what may wait (an fsync, another service) it runs in the pool
+                             (run_in_executor)
   every other handler        runs in the server's handler pool (mqstore_rpc.executor) as on a synchronous
                              server (grpc's ``migration_thread_pool``), with the same interceptors, seeing a
                              context that has what a synchronous one has (:class:`SyncContext`)

@@ -58,6 +58,10 @@ checked on a thread of the loop's executor, so a user's first call (or every use
 the users or rules) does not stop the loop for its scrypt hash. mqstore_rpc.aio asks :meth:`screens` per
 call and caches the screened handler apart.
 
+The checks are written once for both kinds of handler (:meth:`AuthInterceptor._cached`, ``_refuse_cheaply``,
+``_authenticate_new`` with ``_bearer`` and ``_refused_login``, ``_authorize``, ``_deny``, :func:`_one_request`); the
+wrappers of a synchronous handler and of an async one only call or await them.
+
 Thread-safety: the interceptor caches its wrapped handlers per method; the authority is thread-safe.
 """
 
@@ -354,15 +358,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         value = next((v for k, v in metadata if k == METADATA_KEY), None)
         if isinstance(value, str) and signature.is_signed(value):
             return
-        try:
-            user, secret = parse_credentials(metadata)
-        except Unauthenticated as exc:
-            self._deny(exc, "no_credentials", method, context)
+        user, secret = self._bearer(metadata, method, context)
         try:
             self._authority.refuse_cheaply(user, secret, peer_address(context.peer()))
         except Unauthenticated as exc:
-            self._deny(exc, "throttled" if isinstance(exc, Throttled) else "bad_credentials", method, context,
-                       user[:64])
+            self._refused_login(exc, user, method, context)
 
     def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
         metadata = context.invocation_metadata()
@@ -375,15 +375,23 @@ class AuthInterceptor(grpc.ServerInterceptor):
         value = next((v for k, v in metadata if k == METADATA_KEY), None)
         if isinstance(value, str) and signature.is_signed(value):
             return self._authenticate_signed(value, metadata, method, context)
-        try:
-            user, secret = parse_credentials(metadata)
-        except Unauthenticated as exc:
-            self._deny(exc, "no_credentials", method, context)
+        user, secret = self._bearer(metadata, method, context)
         try:
             return self._authority.authenticate(user, secret, value, peer_address(context.peer()))
         except Unauthenticated as exc:
-            self._deny(exc, "throttled" if isinstance(exc, Throttled) else "bad_credentials", method, context,
-                       user[:64])
+            self._refused_login(exc, user, method, context)
+
+    def _bearer(self, metadata, method: str, context) -> tuple[str, str]:
+        """(user, secret) of the call's bearer credentials; refused (no_credentials) when absent or malformed."""
+        try:
+            return parse_credentials(metadata)
+        except Unauthenticated as exc:
+            self._deny(exc, "no_credentials", method, context)
+
+    def _refused_login(self, exc: Unauthenticated, user: str, method: str, context) -> None:
+        """Refuse the call for ``user``'s bearer credentials: throttled, or bad (which of user and secret is
+        not said)."""
+        self._deny(exc, "throttled" if isinstance(exc, Throttled) else "bad_credentials", method, context, user[:64])
 
     def _authenticate_signed(self, value: str, metadata, method: str, context: grpc.ServicerContext) -> Principal:
         if not self._signed_requests:
@@ -402,6 +410,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
             self._deny(exc, "bad_credentials", method, context, access_key=shown)
 
     def _authorize(self, principal: Principal, need: Need, request, method: str, context) -> None:
+        """The resources ``request`` names, checked for ``need``'s action. None of them when the servicer
+        checks them itself (a ``deferred`` need has no resources: mqstore_rpc.permissions.Need)."""
         if need.resources is None:
             return
         decisions, action = principal.decisions, need.action
@@ -444,16 +454,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return as_request_stream(handler, _unary_request(refuse_unread, guarded))
 
         def first(requests):
-            request = next(requests, None)
-            if request is None:
-                raise InvalidArgument(f"{method}: no request message came; send one")
-            return request
+            return _one_request(next(requests, None), method)
 
         async def first_async(requests):
-            request = await anext(aiter(requests), None)
-            if request is None:
-                raise InvalidArgument(f"{method}: no request message came; send one")
-            return request
+            return _one_request(await anext(aiter(requests), None), method)
 
         if inspect.isasyncgenfunction(guarded):
             async def screened_async_stream(requests, context):
@@ -497,8 +501,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             principal = self._authenticate(method, context)
             if request_streaming:
                 return principal, self._each_checked(request, principal, need, method, context)
-            if not need.deferred:
-                self._authorize(principal, need, request, method, context)
+            self._authorize(principal, need, request, method, context)
             return principal, request
 
         if response_streaming:
@@ -545,7 +548,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             principal = await self._authenticate_async(method, context)
             if request_streaming:
                 request = await self._each_checked_async(request, principal, need, method, context)
-            elif not need.deferred:
+            else:
                 self._authorize(principal, need, request, method, context)
             responses = behavior(request, context)
             # The caller (current_caller; deferred checks: Transact) is set for each step of the response
@@ -567,8 +570,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         @functools.wraps(behavior)
         async def guarded(request, context):
             principal = await self._authenticate_async(method, context)
-            if not need.deferred:
-                self._authorize(principal, need, request, method, context)
+            self._authorize(principal, need, request, method, context)
             token = _current.set(Caller(self, principal, method, context))  # this call's own task
             try:
                 return await behavior(request, context)
@@ -608,6 +610,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
         for item in requests:
             self._authorize(principal, need, item, method, context)
             yield item
+
+
+def _one_request(request, method: str):
+    """A screened unary call's one request message (None: the client sent none, which is refused)."""
+    if request is None:
+        raise InvalidArgument(f"{method}: no request message came; send one")
+    return request
 
 
 def _unary_request(behavior: Callable, like_behavior: Callable) -> Callable:

@@ -19,7 +19,9 @@ the generated deserializer (Append's compiled codec: mqstore_rpc.append_wire), w
 and returns its response as serialized bytes, which go out as they are.
 
 A handler whose behavior is a coroutine (a unary call) or an async generator (a stream's responses), answered
-on a grpc.aio server's loop (mqstore_rpc.aio), is wrapped alike, with ``await context.abort``.
+on a grpc.aio server's loop (mqstore_rpc.aio), is wrapped alike, with ``await context.abort``: the rule (which
+status, which trailers, what is logged) is :func:`_ending` for both kinds, and the wrappers around it only
+call or await.
 """
 
 from __future__ import annotations
@@ -100,9 +102,14 @@ async def frame_outcome_async(method: str, behavior: Callable[..., Awaitable[Any
 
 
 def frame_status(method: str, exc: errors.MqStoreError) -> FrameStatus:
+    return FrameStatus(_mapped(method, exc), str(exc), exc.retriable)
+
+
+def _mapped(method: str, exc: errors.MqStoreError) -> grpc.StatusCode:
+    """The status of an mqstore error, logged (a call's or a frame's)."""
     code = status_for(exc)
     log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
-    return FrameStatus(code, str(exc), exc.retriable)
+    return code
 
 
 def _trailing_metadata(exc: errors.MqStoreError) -> tuple[tuple[str, str], ...]:
@@ -131,29 +138,21 @@ def _bounded(text: str, limit: int) -> str:
     return data[:limit].decode("utf-8", "ignore") + f"... (cut: the message had {len(data)} bytes)"
 
 
-def _status(exc: Exception, context, method: str) -> tuple[grpc.StatusCode, str]:
-    """The status ``exc`` ends the RPC with (its trailers set on ``context``), logged as its kind says."""
+def _ending(exc: Exception, context, method: str, on_loop: bool) -> tuple[grpc.StatusCode, str]:
+    """The rule of this interceptor, for both kinds of handler: the status ``exc`` ends the RPC with (its
+    trailers set on ``context``), logged as its kind says. When the client went away (a synchronous
+    handler's request stream raised grpc.RpcError after the call ended) there is nothing to report to
+    anybody: ``exc`` is raised again (on a grpc.aio loop the call's task is cancelled instead, which no
+    ``except Exception`` sees). The adapters only differ in ``context.abort`` or ``await context.abort``."""
+    if not on_loop and isinstance(exc, grpc.RpcError) and not context.is_active():
+        log.info("rpc.cancelled", method=method)
+        raise exc
     if isinstance(exc, errors.MqStoreError):
-        code = status_for(exc)
-        log.debug("rpc.error", method=method, code=code.name, error=type(exc).__name__, message=str(exc))
+        code = _mapped(method, exc)
         context.set_trailing_metadata(_trailing_metadata(exc))
         return code, _bounded(str(exc), MAX_MESSAGE_BYTES)
     log.error("rpc.internal_error", method=method, error=type(exc).__name__, exc_info=exc)
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
-
-
-def _abort(exc: Exception, context: grpc.ServicerContext, method: str) -> None:
-    """Ends the RPC with the status of ``exc``; always raises (context.abort raises)."""
-    if isinstance(exc, grpc.RpcError) and not context.is_active():
-        # The client went away (its request stream raised): nothing to report to anybody.
-        log.info("rpc.cancelled", method=method)
-        raise exc
-    context.abort(*_status(exc, context, method))
-
-
-async def _abort_async(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> None:
-    """:func:`_abort` on a grpc.aio server (a client that went away cancels the handler's task instead)."""
-    await context.abort(*_status(exc, context, method))
 
 
 def wire_codec(parse: Callable[[bytes], Any]) -> Callable[[Callable], Callable]:
@@ -197,7 +196,7 @@ def _wrap_unary_response(behavior: Callable, method: str, parse: Callable) -> Ca
         try:
             return behavior(parse(request_or_iterator), context)
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            _abort(exc, context, method)
+            context.abort(*_ending(exc, context, method, on_loop=False))
     return wrapper
 
 
@@ -207,7 +206,7 @@ def _wrap_stream_response(behavior: Callable, method: str, parse: Callable) -> C
         try:
             yield from waits.responses(behavior(parse(request_or_iterator), context))
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            _abort(exc, context, method)
+            context.abort(*_ending(exc, context, method, on_loop=False))
     return wrapper
 
 
@@ -217,7 +216,7 @@ def _wrap_async_unary_response(behavior: Callable, method: str, parse: Callable)
         try:
             return await behavior(parse(request), context)
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            await _abort_async(exc, context, method)
+            await context.abort(*_ending(exc, context, method, on_loop=True))
     return wrapper
 
 
@@ -228,7 +227,7 @@ def _wrap_async_stream_response(behavior: Callable, method: str, parse: Callable
             async for response in behavior(parse(request_or_iterator), context):
                 yield response
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            await _abort_async(exc, context, method)
+            await context.abort(*_ending(exc, context, method, on_loop=True))
     return wrapper
 
 

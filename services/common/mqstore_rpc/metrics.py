@@ -20,6 +20,9 @@ ends OK. An RPC refused by grpc itself before any handler runs (RESOURCE_EXHAUST
 max_message_bytes or beyond max_concurrent_rpcs, UNIMPLEMENTED for an unknown method) is not counted:
 no interceptor sees it. Health and reflection are counted like every other service.
 
+What a call counts and with which status is :class:`_MethodFigures`' rule, the same for a synchronous handler
+and an async one; their wrappers only call or await.
+
 Thread-safety: the interceptor's state is the metric children per method, created once (a race only
 creates the same child twice through Metric.labels, which is locked); the exporter is started and
 stopped by the composition root.
@@ -119,11 +122,13 @@ def _split(method: str) -> tuple[str, str]:
 
 
 class _MethodFigures:
-    """The metric children of one method, resolved once."""
+    """The rule of this interceptor for one method's handler: its metric children, resolved once, and what a
+    call counts (:meth:`receive`, :meth:`ended`). The wrappers around a synchronous handler and an async one
+    (on a grpc.aio server's loop) share it and only differ in call or await."""
 
-    def __init__(self, rpc: "RpcMetrics", method: str, grpc_type: str):
+    def __init__(self, rpc: "RpcMetrics", method: str, handler: grpc.RpcMethodHandler, on_loop: bool):
         service, name = _split(method)
-        labels = (grpc_type, service, name)
+        labels = (_rpc_type(handler), service, name)
         self.labels = labels
         self.started = rpc.started.labels(*labels)
         self.seconds = rpc.seconds.labels(*labels)
@@ -131,6 +136,21 @@ class _MethodFigures:
         self.sent = rpc.sent.labels(*labels)
         self._handled = rpc.handled
         self._by_code: dict[grpc.StatusCode, Any] = {}
+        self._stream, self._on_loop = handler.response_streaming, on_loop
+        if not handler.request_streaming:
+            self.receive = self._received_one
+        else:
+            self.receive = self._received_each_async if on_loop else self._received_each
+
+    def _received_one(self, request: Any) -> Any:
+        self.received.inc()
+        return request
+
+    def _received_each(self, requests: Iterator[Any]) -> Iterator[Any]:
+        return _counting(requests, self.received)
+
+    def _received_each_async(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        return _async_counting(requests, self.received)
 
     def handled(self, code: grpc.StatusCode):
         child = self._by_code.get(code)
@@ -138,19 +158,26 @@ class _MethodFigures:
             child = self._by_code[code] = self._handled.labels(*self.labels, code.name)
         return child
 
-    def ended(self, code: grpc.StatusCode, seconds: float) -> None:
+    def ended(self, context, error: BaseException | None, seconds: float) -> None:
+        """One call ended with ``error`` (None: none) after ``seconds``: counted by the status it ended with.
+
+        That status is what the handler (or the error interceptor's abort) set, else OK without an error and
+        UNKNOWN with one, except when the client went away: a grpc.aio call's task cancelled (or its response
+        generator closed), or a response stream that ended OK after its call had ended (a Tail that was
+        cancelled: ``not is_active()`` on a synchronous context, ``cancelled()`` on a grpc.aio one)."""
+        if self._on_loop and isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+            code = grpc.StatusCode.CANCELLED
+        else:
+            code = context.code() if hasattr(context, "code") else None
+            if isinstance(code, int) and not isinstance(code, grpc.StatusCode):  # some grpc versions keep its number
+                code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+            elif not isinstance(code, grpc.StatusCode):
+                code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
+            if self._stream and error is None and code is grpc.StatusCode.OK and (
+                    context.cancelled() if self._on_loop else not context.is_active()):
+                code = grpc.StatusCode.CANCELLED
         self.handled(code).inc()
         self.seconds.observe(seconds)
-
-
-def _code_of(context: grpc.ServicerContext, exc: BaseException | None) -> grpc.StatusCode:
-    """The status the RPC ends with: what the handler (or the error interceptor's abort) set."""
-    code = context.code() if hasattr(context, "code") else None
-    if isinstance(code, grpc.StatusCode):
-        return code
-    if isinstance(code, int):  # some grpc versions keep the code's number
-        return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-    return grpc.StatusCode.OK if exc is None else grpc.StatusCode.UNKNOWN
 
 
 class RpcMetrics(grpc.ServerInterceptor):
@@ -173,113 +200,78 @@ class RpcMetrics(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
-        return self._wrapped.get(method, handler, lambda h: self._wrap(h, _MethodFigures(self, method, _rpc_type(h))))
+        return self._wrapped.get(handler_call_details.method, handler,
+                                 lambda h: self._wrap(h, handler_call_details.method))
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, figures: _MethodFigures) -> grpc.RpcMethodHandler:
-        behavior, streaming = behavior_of(handler), handler.request_streaming
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        behavior = behavior_of(handler)
         if inspect.iscoroutinefunction(behavior):  # on a grpc.aio server's loop (mqstore_rpc.aio)
-            return like(handler, self._async_unary(behavior, figures, streaming))
-        if inspect.isasyncgenfunction(behavior):  # answered on a grpc.aio server's loop
-            return like(handler, self._async_stream(behavior, figures, streaming))
-        wrap = self._stream if handler.response_streaming else self._unary
-        return like(handler, wrap(behavior, figures, streaming))
+            wrap, on_loop = _async_unary, True
+        elif inspect.isasyncgenfunction(behavior):  # answered on a grpc.aio server's loop
+            wrap, on_loop = _async_stream, True
+        else:
+            wrap, on_loop = (_stream if handler.response_streaming else _unary), False
+        return like(handler, wrap(behavior, _MethodFigures(self, method, handler, on_loop), self._clock))
 
-    def _counted(self, requests, figures: _MethodFigures, streaming: bool):
-        if not streaming:
-            figures.received.inc()
-            return requests
-        return _counting(requests, figures.received)
 
-    def _unary(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
-        clock = self._clock
+# The adapters: the same steps around a synchronous behavior and an async one, the rule being _MethodFigures'.
 
-        @functools.wraps(behavior)
-        def wrapper(request_or_iterator, context):
-            with _Timed(figures, clock, context, _code_of):
-                response = behavior(self._counted(request_or_iterator, figures, streaming), context)
+def _unary(behavior: Callable, figures: _MethodFigures, clock: Callable[[], float]) -> Callable:
+    @functools.wraps(behavior)
+    def wrapper(request_or_iterator, context):
+        with _Timed(figures, clock, context):
+            response = behavior(figures.receive(request_or_iterator), context)
+            figures.sent.inc()
+            return response
+    return wrapper
+
+
+def _async_unary(behavior: Callable, figures: _MethodFigures, clock: Callable[[], float]) -> Callable:
+    @functools.wraps(behavior)
+    async def wrapper(request_or_iterator, context):
+        with _Timed(figures, clock, context):
+            response = await behavior(figures.receive(request_or_iterator), context)
+            figures.sent.inc()
+            return response
+    return wrapper
+
+
+def _stream(behavior: Callable, figures: _MethodFigures, clock: Callable[[], float]) -> Callable:
+    @functools.wraps(behavior)
+    def wrapper(request_or_iterator, context):
+        with _Timed(figures, clock, context):
+            for response in behavior(figures.receive(request_or_iterator), context):
                 figures.sent.inc()
-                return response
-        return wrapper
+                yield response
+    return wrapper
 
-    def _stream(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
-        clock = self._clock
 
-        @functools.wraps(behavior)
-        def wrapper(request_or_iterator, context):
-            with _Timed(figures, clock, context, _stream_code):
-                for response in behavior(self._counted(request_or_iterator, figures, streaming), context):
-                    figures.sent.inc()
-                    yield response
-        return wrapper
-
-    def _async_unary(self, behavior: Callable, figures: _MethodFigures, streaming: bool = False) -> Callable:
-        clock = self._clock
-
-        @functools.wraps(behavior)
-        async def wrapper(request, context):
-            with _Timed(figures, clock, context, _async_unary_code):
-                if streaming:
-                    request = _async_counting(request, figures.received)
-                else:
-                    figures.received.inc()
-                response = await behavior(request, context)
+def _async_stream(behavior: Callable, figures: _MethodFigures, clock: Callable[[], float]) -> Callable:
+    @functools.wraps(behavior)
+    async def wrapper(request_or_iterator, context):
+        with _Timed(figures, clock, context):
+            async for response in behavior(figures.receive(request_or_iterator), context):
                 figures.sent.inc()
-                return response
-        return wrapper
-
-    def _async_stream(self, behavior: Callable, figures: _MethodFigures, streaming: bool) -> Callable:
-        clock = self._clock
-
-        @functools.wraps(behavior)
-        async def wrapper(request_or_iterator, context):
-            with _Timed(figures, clock, context, _async_stream_code):
-                if streaming:
-                    request_or_iterator = _async_counting(request_or_iterator, figures.received)
-                else:
-                    figures.received.inc()
-                async for response in behavior(request_or_iterator, context):
-                    figures.sent.inc()
-                    yield response
-        return wrapper
+                yield response
+    return wrapper
 
 
 class _Timed:
-    """One call's figures: started on entry; on exit ended, with the status ``code_of(context, error)``
-    gives for the error it ended with (None: none) and the time in between."""
+    """One call's figures: started on entry; on exit ended (:meth:`_MethodFigures.ended`) with the error it
+    ended with (None: none) and the time in between."""
 
-    __slots__ = ("_figures", "_clock", "_context", "_code_of", "_start")
+    __slots__ = ("_figures", "_clock", "_context", "_start")
 
-    def __init__(self, figures: _MethodFigures, clock: Callable[[], float], context,
-                 code_of: Callable[[Any, BaseException | None], grpc.StatusCode]):
-        self._figures, self._clock, self._context, self._code_of = figures, clock, context, code_of
+    def __init__(self, figures: _MethodFigures, clock: Callable[[], float], context):
+        self._figures, self._clock, self._context = figures, clock, context
 
     def __enter__(self) -> None:
         self._figures.started.inc()
         self._start = self._clock()
 
     def __exit__(self, exc_type, error: BaseException | None, traceback) -> bool:
-        self._figures.ended(self._code_of(self._context, error), self._clock() - self._start)
+        self._figures.ended(self._context, error, self._clock() - self._start)
         return False  # the error goes on
-
-
-def _stream_code(context: grpc.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
-    code = _code_of(context, error)
-    if error is None and code is grpc.StatusCode.OK and not context.is_active():
-        return grpc.StatusCode.CANCELLED  # the client went away (a Tail that was cancelled)
-    return code
-
-
-def _async_unary_code(context, error: BaseException | None) -> grpc.StatusCode:
-    return grpc.StatusCode.CANCELLED if isinstance(error, asyncio.CancelledError) else _code_of(context, error)
-
-
-def _async_stream_code(context, error: BaseException | None) -> grpc.StatusCode:
-    code = _code_of(context, error)
-    if isinstance(error, (asyncio.CancelledError, GeneratorExit)) or (
-            error is None and code is grpc.StatusCode.OK and context.cancelled()):
-        return grpc.StatusCode.CANCELLED  # the client went away
-    return code
 
 
 async def _async_counting(items: AsyncIterator[Any], counter) -> AsyncIterator[Any]:

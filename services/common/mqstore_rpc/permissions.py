@@ -49,6 +49,10 @@ class Need:
     deferred: bool = False
     either: str = ""                     # a second action that also suffices (QueryRoute: PUB or SUB)
 
+    def __post_init__(self) -> None:
+        if self.deferred and self.resources is not None:  # the interceptor checks no resource of a deferred need
+            raise ValueError("a deferred Need names no resources: its servicer checks them (mqstore_rpc.auth.require)")
+
     def checks(self, request) -> list[tuple[tuple[str, ...], Resource]]:
         """(actions any one of which suffices, resource) for each resource the request names."""
         return [check for item in (self.resources(request) if self.resources is not None else ())
