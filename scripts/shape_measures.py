@@ -1,0 +1,213 @@
+"""The measures of issue 33 ("one shape for the house") at a tree: ``python scripts/shape_measures.py [--root DIR]
+[--json]``. Run from the repository (the root defaults to it); ``--root`` measures another checkout (``git
+archive REV | tar -x -C DIR``), so that a closing note's before and after figures come from the same script.
+
+  measure                      how it is counted
+  ---------------------------  ------------------------------------------------------------------------------
+  largest class, module        lines of the longest ``class`` statement and of the longest .py file under
+                               core/ and services/ (generated stubs, ``gen/``, left out)
+  store's face                 public methods (and properties) of ``MessageStore`` (core/mqstore/store.py)
+  import cycles in core        strongly connected components of core's import graph, between modules and
+                               between its parts (tests/test_layering_core.py's walk: every import, module
+                               level, inside functions and importlib's with a literal name)
+  services importing services  imports, by any package but the launcher (the composition root above them),
+                               of a service package other than its own
+  sync/async pairs             functions of one scope (a module, a class, a function) whose names are the same
+                               but for an ``async`` part (``append``/``append_async``, ``_unary``/
+                               ``_async_unary``): one operation written twice, or an adapter pair around one
+  interceptor implementations  per server interceptor (mqstore_rpc.errors, .metrics, .auth): 1, or 2 when one
+                               of its sync/async pairs holds its rule itself (one of RULE_MARKS: a status
+                               mapped, a log event, a figure labelled or observed, a refusal), not only calls
+                               to it: the rule was written twice, once for each kind of handler
+
+The pairs and the rule-holding pairs are listed, so a reader can judge each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import pathlib
+import re
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# What shows that a function holds an interceptor's rule rather than calling it (source text of the function).
+RULE_MARKS = {
+    "errors": (r"\bstatus_for\(", r"\blog\.\w+\(", r"set_trailing_metadata\(", r"StatusCode\."),
+    "metrics": (r"StatusCode\.", r"\.observe\(", r"\.labels\(", r"CancelledError"),
+    "auth": (r"\._deny\(", r"\blog\.\w+\(", r"\braise\b", r"parse_credentials\(", r"\.deferred\b",
+             r"\._authority\.\w+\("),
+}
+INTERCEPTORS = {name: f"services/common/mqstore_rpc/{name}.py" for name in RULE_MARKS}
+SKIPPED_DIRS = {"gen", "__pycache__"}
+
+
+def python_files(root: pathlib.Path) -> list[pathlib.Path]:
+    files = []
+    for top in ("core", "services"):
+        for path in sorted((root / top).rglob("*.py")):
+            if not SKIPPED_DIRS & set(path.relative_to(root).parts):
+                files.append(path)
+    return files
+
+
+def largest(root: pathlib.Path) -> dict:
+    best_module, best_class = ("", 0), ("", 0)
+    for path in python_files(root):
+        text = path.read_text()
+        lines = len(text.splitlines())
+        name = str(path.relative_to(root))
+        if lines > best_module[1]:
+            best_module = (name, lines)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > best_class[1]:
+                    best_class = (f"{name}:{node.name}", size)
+    return {"largest_module": {"where": best_module[0], "lines": best_module[1]},
+            "largest_class": {"where": best_class[0], "lines": best_class[1]}}
+
+
+def store_face(root: pathlib.Path) -> dict:
+    tree = ast.parse((root / "core/mqstore/store.py").read_text())
+    store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MessageStore")
+    methods, properties = [], []
+    for node in store.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            decorators = {ast.unparse(d) for d in node.decorator_list}
+            if "property" in decorators or any(d.endswith(".setter") for d in decorators):
+                if node.name not in properties:
+                    properties.append(node.name)
+            else:
+                methods.append(node.name)
+    return {"public_methods": len(methods), "properties": len(properties), "methods": methods,
+            "property_names": properties}
+
+
+def _layering(root: pathlib.Path):
+    """tests/test_layering(_core)'s walk of imports, imported from this checkout (its rules, one copy)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from tests import test_layering, test_layering_core
+    return test_layering, test_layering_core
+
+
+def core_cycles(root: pathlib.Path) -> dict:
+    _, core = _layering(root)
+    graph = core.import_graph(root / "core" / "mqstore")
+    between_modules = core.cycles(graph)
+    between_parts = core.cycles(core.package_graph(graph))
+    return {"between_modules": len(between_modules), "between_parts": len(between_parts),
+            "cycles": between_modules + between_parts}
+
+
+def service_imports(root: pathlib.Path) -> dict:
+    layering, _ = _layering(root)
+    services_dir = root / "services"
+    packages = {init.parent.name: init.parent for init in sorted(services_dir.glob("*/*/__init__.py"))}
+    shared = {"mqstore_rpc", "mqstore_cli", "mqstore_launcher"}
+    services = {name for name in packages if name not in shared}
+    found = []
+    for name, package in packages.items():
+        if name == "mqstore_launcher":
+            continue
+        for path in sorted(package.rglob("*.py")):
+            for line, module in layering.imports_of(path, package):
+                top = module.split(".")[0]
+                if top in services and top != name:
+                    found.append(f"{path.relative_to(root)}:{line} imports {module}")
+    return {"count": len(found), "imports": sorted(set(found))}
+
+
+def _scopes(tree: ast.AST):
+    """(scope name, its direct function definitions) for the module, each class and each function."""
+    def functions(body):
+        return [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    yield "", functions(tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, functions(node.body)
+
+
+def _without_async(name: str) -> str | None:
+    """The name with its ``async`` part taken out, None when it has none."""
+    parts = name.split("_")
+    if "async" not in parts:
+        return None
+    kept = [p for p in parts if p != "async"]
+    return "_".join(kept).replace("__", "_").rstrip("_") or None
+
+
+def async_pairs(root: pathlib.Path) -> list[dict]:
+    pairs = []
+    for path in python_files(root):
+        text = path.read_text()
+        for scope, functions in _scopes(ast.parse(text)):
+            by_name = {f.name: f for f in functions}
+            for name, function in by_name.items():
+                base = _without_async(name)
+                if base is None:
+                    continue
+                twin = by_name.get(base) or by_name.get(base.lstrip("_")) or by_name.get("_" + base.lstrip("_"))
+                if twin is not None:
+                    pairs.append({"file": str(path.relative_to(root)), "scope": scope, "sync": twin.name,
+                                  "async": name, "sync_source": ast.get_source_segment(text, twin) or "",
+                                  "async_source": ast.get_source_segment(text, function) or ""})
+    return pairs
+
+
+def interceptor_implementations(root: pathlib.Path, pairs: list[dict]) -> dict:
+    out = {}
+    for name, relative in INTERCEPTORS.items():
+        marks = [re.compile(m) for m in RULE_MARKS[name]]
+        ruled = [f"{p['sync']}/{p['async']}" for p in pairs if p["file"] == relative
+                 and any(m.search(p["sync_source"]) or m.search(p["async_source"]) for m in marks)]
+        out[name] = {"implementations": 2 if ruled else 1, "pairs_holding_the_rule": ruled}
+    return {"total": sum(v["implementations"] for v in out.values()), "by_interceptor": out}
+
+
+def measures(root: pathlib.Path) -> dict:
+    pairs = async_pairs(root)
+    return {**largest(root), "store_face": store_face(root), "core_import_cycles": core_cycles(root),
+            "services_importing_services": service_imports(root),
+            "sync_async_pairs": {"count": len(pairs),
+                                 "pairs": [f"{p['file']}:{p['scope'] or '<module>'}: {p['sync']} / {p['async']}"
+                                           for p in pairs]},
+            "interceptor_implementations": interceptor_implementations(root, pairs)}
+
+
+def report(m: dict) -> str:
+    face, cycles, services = m["store_face"], m["core_import_cycles"], m["services_importing_services"]
+    interceptors = m["interceptor_implementations"]
+    lines = [
+        f"largest class:   {m['largest_class']['lines']} lines ({m['largest_class']['where']})",
+        f"largest module:  {m['largest_module']['lines']} lines ({m['largest_module']['where']})",
+        f"MessageStore:    {face['public_methods']} public methods, {face['properties']} properties",
+        f"core cycles:     {cycles['between_modules']} between modules, {cycles['between_parts']} between parts",
+        f"services importing services: {services['count']}",
+        *(f"  {line}" for line in services["imports"]),
+        f"sync/async pairs: {m['sync_async_pairs']['count']}",
+        *(f"  {line}" for line in m["sync_async_pairs"]["pairs"]),
+        f"interceptor implementations: {interceptors['total']}",
+        *(f"  {name}: {v['implementations']}" + (f" (rule written in both: {', '.join(v['pairs_holding_the_rule'])})"
+                                                 if v["pairs_holding_the_rule"] else "")
+          for name, v in interceptors["by_interceptor"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=pathlib.Path, default=REPO, help="the tree to measure (default: this one)")
+    parser.add_argument("--json", action="store_true", help="print the measures as JSON")
+    args = parser.parse_args(argv)
+    found = measures(args.root.resolve())
+    print(json.dumps(found, indent=2) if args.json else report(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
