@@ -44,8 +44,11 @@ USER, SECRET = "producer", "producer-secret-0123456789"
 
 
 class _Details:
-    method = METHOD
-    invocation_metadata = ()
+    """A call's details as grpc gives them to intercept_service: the method and the call's metadata (the
+    authentication screens a call whose credentials it has not cached: mqstore_rpc.auth)."""
+
+    def __init__(self, metadata):
+        self.method, self.invocation_metadata = METHOD, metadata
 
 
 class _Context:
@@ -62,19 +65,29 @@ class _Context:
 
 
 def _resolve(interceptors, handler):
-    """The handler a server would run, through ``interceptors`` in order (as grpc chains them)."""
+    """The handler a server would run for a call with ``context``'s metadata, through ``interceptors`` in order
+    (as grpc chains them)."""
     def at(i: int, details):
         if i == len(interceptors):
             return handler
         return interceptors[i].intercept_service(lambda d: at(i + 1, d), details)
-    return lambda: at(0, _Details)
+    return lambda context: at(0, _Details(context.invocation_metadata()))
+
+
+def _call(resolve, request, context):
+    """One call as the server makes it: a unary request, or the screened handler's request stream of one
+    message (credentials not cached yet)."""
+    handler = resolve(context)
+    if handler.unary_unary is not None:
+        return handler.unary_unary(request, context)
+    return handler.stream_unary(iter((request,)), context)
 
 
 def _us_per_call(resolve, request, context, calls: int) -> float:
-    resolve().unary_unary(request, context)  # the first call: the secret's check and the rules' read
+    _call(resolve, request, context)  # the first call: the secret's check and the rules' read
     t0 = time.process_time()
     for _ in range(calls):
-        resolve().unary_unary(request, context)
+        resolve(context).unary_unary(request, context)
     return (time.process_time() - t0) / calls * 1e6
 
 
@@ -123,13 +136,13 @@ def main(argv=None) -> int:
             resolve = _resolve(gateway_auth, handler)
             t0 = time.process_time()
             for context_each in contexts:
-                resolve().unary_unary(request, context_each)
+                _call(resolve, request, context_each)
             print(f"{'auth, SDK signature':22} {(time.process_time() - t0) / len(contexts) * 1e6:6.2f} CPU us/call "
                   f"(a new signature each call: {len(contexts)} calls)", flush=True)
             if args.profile:
                 resolve = _resolve(chains["auth"], handler)
                 profile = cProfile.Profile()
-                profile.runcall(lambda: [resolve().unary_unary(request, context) for _ in range(args.calls)])
+                profile.runcall(lambda: [resolve(context).unary_unary(request, context) for _ in range(args.calls)])
                 pstats.Stats(profile).sort_stats("tottime").print_stats(12)
         finally:
             store.close()
