@@ -14,5 +14,5 @@ def test_the_auth_bench_measures_every_chain():
     done = subprocess.run([sys.executable, str(BENCH), "--calls", "200"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     measured = [line.split("  ")[0] for line in done.stdout.splitlines() if "CPU us/call" in line]
-    assert measured == ["none", "auth", "metrics+errors", "metrics+errors+auth", "auth, SDK signature",
-                        "auth, SDK signature"]
+    assert measured == ["none", "auth", "metrics+errors", "metrics+errors+auth", "metrics+errors, loop",
+                        "metrics+errors+auth, loop", "auth, SDK signature", "auth, SDK signature"]
