@@ -39,7 +39,8 @@ from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
                             ResourceExhausted, Unavailable, shown)
-from mqstore.format import checkpoint as cpfmt, record, record_reader, topic_event
+from mqstore.consumer_offsets import ConsumerOffsets
+from mqstore.format import checkpoint as cpfmt, offset_commit, record, record_reader, topic_event
 from mqstore.limits import MAX_GET_MESSAGES
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
@@ -69,7 +70,7 @@ MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
 # The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
-                           frozenset({topic_event.TOPIC}))
+                           frozenset({topic_event.TOPIC, offset_commit.TOPIC}))
 
 
 class MessageStore:
@@ -101,9 +102,13 @@ class MessageStore:
         # A record is part of its topic only at or above the topic's start (store_topics): appends check
         # their topic under the append lock, and the dispatcher skips batches of a topic deleted since.
         self.commitlog.topic_start = self.dispatcher.topic_start = self.topics.start_of
+        # Consumer offsets: records of the store's own topic, a map in memory (mqstore.consumer_offsets).
+        self.offsets = self.topics.offsets = ConsumerOffsets(self._append_offsets, self._read_offsets,
+                                                             self._offsets_bounds)
         self.retention = Retention(config, self.clock, segments=self.segments, queues=self.queues,
                                    commitlog=self.commitlog, dispatcher=self.dispatcher, topics=self.topics,
-                                   flushed_offset=self.flushed_offset)
+                                   flushed_offset=self.flushed_offset, offsets=self.offsets,
+                                   writable=self.gate_writable)
         self.maintenance = Maintenance(config, self.clock, write_checkpoint=self.write_checkpoint,
                                        check_disk=self.disk.check,
                                        delete_expired_segments=self.retention.delete_expired_segments,
@@ -152,6 +157,8 @@ class MessageStore:
             self.topics.close()
             self._release_lock()
             raise
+        self.offsets.catch_up()  # the map, from the offsets topic's min offset
+        self._import_sql_offsets()
         self._resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
 
     def _start_locked(self) -> None:
@@ -431,6 +438,7 @@ class MessageStore:
         failpoints.hit("topic.delete.announced")
         self._drop_queues(rec.name)                                            # 3. consume queues gone
         failpoints.hit("topic.delete.queues_dropped")
+        self.offsets.delete_topic(rec.name)                                    # 4. offsets: tombstones,
         self.topics.end_delete(rec.name)                                       # 4. the row: the name is free
         log.info("topic.deleted", topic=rec.name, start_physical_offset=rec.start_physical_offset)
 
@@ -463,8 +471,50 @@ class MessageStore:
         return self.topics.describe(name)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self.gate.check_writable()
-        self.topics.commit_offset(group, topic, queue_id, offset)
+        self.commit_offsets([(group, topic, queue_id, offset)])
+
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """Several (group, topic, queue id, offset) at once, all stored or none (one record of the offsets
+        topic: mqstore.consumer_offsets); each checked as CommitOffset checks it."""
+        self.check_running()
+        self.gate.check_writable()  # a replica (or a deposed leader) refuses, naming its leader
+        self.topics.check_offsets(rows)
+        self.offsets.commit(rows)
+
+    def gate_writable(self) -> bool:
+        """Whether this node takes writes now (a replica does not)."""
+        try:
+            self.gate.check_writable()
+        except MqStoreError:
+            return False
+        return True
+
+    def _append_offsets(self, body: bytes) -> None:
+        """One record of the offsets topic through the store's write path (its topic events' way: no writer
+        may name the store), with the node's default replication."""
+        self.check_running()
+        sync_replication = self.gate.sync_wanted(None)
+        self.gate.begin_append(sync_replication)
+        self.disk.refuse_if_read_only()
+        self._append_checked(self.topics.get(offset_commit.TOPIC), [MessageIn(body=body)], sync_replication)
+
+    def _read_offsets(self, queue_offset: int, count: int) -> list[tuple[int, int, bytes]]:
+        result = self.pull(offset_commit.TOPIC, 0, queue_offset, count, MAX_PULL_BYTES)
+        return [(m.record.queue_offset, m.record.physical_offset, m.record.body) for m in result.messages]
+
+    def _offsets_bounds(self) -> tuple[int, int]:
+        cq = self.queues.get(offset_commit.TOPIC, 0)
+        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+
+    def _import_sql_offsets(self) -> None:
+        """Once: the consumer offsets of the SQL table of earlier versions, into an empty offsets topic (on a
+        node that takes writes; the rows of topics gone since are left out)."""
+        if not self.gate_writable() or self._offsets_bounds()[1] > 0:
+            return
+        rows = [row for row in self.topics.meta.list_offsets() if row[1] in self.topics.names()]
+        if rows and self.offsets.import_rows(rows):
+            log.info("offsets.migrated", rows=len(rows), source="sql consumer_offsets table",
+                     why="consumer offsets live in the offsets topic now; the table is no longer written")
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.topics.query_offset(group, topic, queue_id)
