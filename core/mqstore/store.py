@@ -68,6 +68,7 @@ log = structlog.get_logger()
 MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
+OFFSETS_VISIBLE_WAIT_MS = 5_000  # a new leader's QueryOffset waits so long for its copied records' visibility
 # The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
                            frozenset({topic_event.TOPIC, offset_commit.TOPIC}))
@@ -517,7 +518,18 @@ class MessageStore:
                      why="consumer offsets live in the offsets topic now; the table is no longer written")
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        self._offsets_visible()
         return self.topics.query_offset(group, topic, queue_id)
+
+    def _offsets_visible(self) -> None:
+        """A new leader answers offsets once it shows everything it copied as a replica: the last offsets its
+        old leader acknowledged lie there (waits up to OFFSETS_VISIBLE_WAIT_MS, then Unavailable)."""
+        if self.promoted_visible():
+            return
+        if not self.wait_for_messages(self.promoted_visible, OFFSETS_VISIBLE_WAIT_MS):
+            raise Unavailable("this node leads since a moment and does not show every record it copied as a "
+                              "replica yet (its in-sync replicas have not acknowledged them): consumer offsets "
+                              "would be older than acknowledged; retry in a moment")
 
     def _drop_queues(self, topic: str) -> None:
         """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""
