@@ -139,6 +139,7 @@ class ConsumerOffsets:
         if low <= self._next == high:
             return
         with self._lock:
+            low, high = self._bounds()  # again: another thread may have read past what was seen above
             if high < self._next:  # the log was cut below what the map read (a replica's divergent tail)
                 log.warning("offsets.map_rebuilt", next_offset=self._next, max_offset=high)
                 self._map, self._next = OffsetMap(), 0

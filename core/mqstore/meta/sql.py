@@ -138,7 +138,7 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 class MetadataStore:
-    """The topic registry and consumer group offsets, in SQLite or PostgreSQL.
+    """The topic registry (and earlier versions' consumer offsets), in SQLite or PostgreSQL.
 
     Thread-safe: every method checks a connection out of a bounded pool and runs one short
     transaction on it; no Python lock is held across database calls. Several processes may share

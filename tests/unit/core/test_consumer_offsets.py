@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import pytest
 
 from mqstore.clock import SystemClock
-from mqstore.consumer_offsets import OffsetMap
+from mqstore.consumer_offsets import ConsumerOffsets, OffsetMap
 from mqstore.errors import InvalidArgument, NotFound, OutOfRange
 from mqstore.format import offset_commit
 from mqstore.format.offset_commit import TOMBSTONE, Row
@@ -95,6 +96,26 @@ def test_the_map_is_the_latest_row_of_each_key_in_log_order():
     assert live.rows() == sorted((*k, v[0]) for k, v in model.items())
     assert live.floor() == min((v[1] for v in model.values()), default=None)
     assert live.keys_of("t1") == sorted(k for k in model if k[1] == "t1")
+
+
+def test_a_stale_look_at_the_queue_never_rebuilds_the_map():
+    """A thread that saw the queue's end before another read past it (the race of concurrent commits) finds
+    the map ahead of what it saw: it must not take that for a cut log and read everything again."""
+    records = [(0, 100, offset_commit.encode([Row("g", "t", 0, 5)])),
+               (1, 200, offset_commit.encode([Row("g", "t", 0, 6)]))]
+    reads: list[int] = []
+    looks = [(0, 1)]  # the first look is stale; then the truth
+
+    def read(queue_offset, count):
+        reads.append(queue_offset)
+        return records[queue_offset:queue_offset + count]
+
+    offsets = ConsumerOffsets(lambda body: None, read, lambda: looks.pop() if looks else (0, len(records)))
+    offsets._next = 2  # another thread applied both records meanwhile
+    offsets._map.apply(100, [Row("g", "t", 0, 5)])
+    offsets._map.apply(200, [Row("g", "t", 0, 6)])
+    offsets.catch_up()
+    assert reads == [] and offsets.get("g", "t", 0) == 6
 
 
 # ---- the store
@@ -234,3 +255,28 @@ def test_the_sql_offsets_of_an_earlier_version_are_imported_once(open_store, sma
     again.stop()
     third = open_store()  # the table still has the old rows: not imported again over newer commits
     assert third.query_offset("g", "t", 0) == 5 and len(_records(third)) == 2
+
+
+def test_concurrent_commits_read_each_record_once_and_keep_the_latest(open_store):
+    store = open_store()
+    store.create_topic("t", 4)
+    store.append("t", [MessageIn(body=b"x", queue_id=i % 4) for i in range(400)])
+    read = store.offsets._read
+    seen: list[int] = []
+
+    def counted(queue_offset, count):
+        records = read(queue_offset, count)
+        seen.extend(r[0] for r in records)
+        return records
+    store.offsets._read = counted
+
+    def committer(index: int) -> None:
+        for offset in range(1, 101):
+            store.commit_offset(f"g{index}", "t", index % 4, offset)
+    threads = [threading.Thread(target=committer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert store.offsets.rows() == sorted((f"g{i}", "t", i % 4, 100) for i in range(8))
+    assert sorted(seen) == list(range(800)), "every record applied once, in order, never a rebuild"
