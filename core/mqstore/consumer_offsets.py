@@ -120,10 +120,12 @@ class _Exclusion:
 
 
 class ConsumerOffsets:
-    def __init__(self, append: Callable[[bytes], None], read: Read, bounds: Callable[[], tuple[int, int]]):
-        """``append(body)``: one record of the offsets topic, acknowledged (the store's write path; raises as
-        an append does); ``read``: the topic's records from a queue offset (:data:`Read`); ``bounds()``:
-        the topic's consume queue (min offset, max offset)."""
+    def __init__(self, append: Callable[[bytes, str | None], None], read: Read,
+                 bounds: Callable[[], tuple[int, int]]):
+        """``append(body, replication)``: one record of the offsets topic, acknowledged (the store's write
+        path, with ``replication`` as an append's, None the node's default; raises as an append does);
+        ``read``: the topic's records from a queue offset (:data:`Read`); ``bounds()``: the topic's consume
+        queue (min offset, max offset)."""
         self._append = append
         self._read = read
         self._bounds = bounds
@@ -182,9 +184,10 @@ class ConsumerOffsets:
             return self._map.floor()
 
     # ---- writes
-    def commit(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
-        """Store the rows (checked by the caller), in one record per MAX_ROWS, in order."""
-        self._write([Row(*row) for row in rows])
+    def commit(self, rows: Sequence[tuple[str, str, int, int]], replication: str | None = None) -> None:
+        """Store the rows (checked by the caller), in one record per MAX_ROWS, in order; ``replication`` as
+        an append's (None: the node's default)."""
+        self._write([Row(*row) for row in rows], replication)
 
     def delete_topic(self, topic: str) -> int:
         """Tombstones for every key of ``topic``; returns how many."""
@@ -213,7 +216,7 @@ class ConsumerOffsets:
             with self._lock:
                 rows = self._map.live_below(physical_offset)
             for start in range(0, len(rows), offset_commit.MAX_ROWS):
-                self._append(offset_commit.encode(rows[start:start + offset_commit.MAX_ROWS]))
+                self._append(offset_commit.encode(rows[start:start + offset_commit.MAX_ROWS]), None)
             self.catch_up()
         finally:
             self._writes.leave_alone()
@@ -221,13 +224,13 @@ class ConsumerOffsets:
             log.info("offsets.rewritten", rows=len(rows), below=physical_offset)
         return len(rows)
 
-    def _write(self, rows: list[Row]) -> None:
+    def _write(self, rows: list[Row], replication: str | None = None) -> None:
         if not rows:
             return
         self._writes.enter_shared()
         try:
             for start in range(0, len(rows), offset_commit.MAX_ROWS):
-                self._append(offset_commit.encode(rows[start:start + offset_commit.MAX_ROWS]))
+                self._append(offset_commit.encode(rows[start:start + offset_commit.MAX_ROWS]), replication)
         finally:
             self._writes.leave_shared()
         self.catch_up()

@@ -113,7 +113,8 @@ class MessageStore:
         self.maintenance = Maintenance(config, self.clock, write_checkpoint=self.write_checkpoint,
                                        check_disk=self.disk.check,
                                        delete_expired_segments=self.retention.delete_expired_segments,
-                                       apply_topic_retention=self.retention.apply_topic_retention)
+                                       apply_topic_retention=self.retention.apply_topic_retention,
+                                       follow_offsets=self.offsets.catch_up)
         sync = config.flush_mode == FLUSH_SYNC
         self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_CREATE)
         self._lock_fd: int | None = None
@@ -147,7 +148,9 @@ class MessageStore:
     def _checkpoint_path(self):
         return self.config.data_dir / "checkpoint"
 
-    def start(self) -> None:
+    def start(self, import_sql_offsets: bool = True) -> None:
+        """Recover and serve. ``import_sql_offsets``: import an earlier version's SQL consumer offsets into an
+        empty offsets topic (a single node; a node of a replication group appends nothing of its own)."""
         fs.make_dirs(self.config.data_dir)  # the creation rule (mqstore.fs)
         self._take_lock()
         try:
@@ -159,7 +162,8 @@ class MessageStore:
             self._release_lock()
             raise
         self.offsets.catch_up()  # the map, from the offsets topic's min offset
-        self._import_sql_offsets()
+        if import_sql_offsets:
+            self._import_sql_offsets()
         self._resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
 
     def _start_locked(self) -> None:
@@ -474,13 +478,14 @@ class MessageStore:
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self.commit_offsets([(group, topic, queue_id, offset)])
 
-    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]], replication: str | None = None) -> None:
         """Several (group, topic, queue id, offset) at once, all stored or none (one record of the offsets
-        topic: mqstore.consumer_offsets); each checked as CommitOffset checks it."""
+        topic: mqstore.consumer_offsets); each checked as CommitOffset checks it. ``replication`` as an
+        append's: None the node's default (pop consumption's are SYNC, as its other records)."""
         self.check_running()
         self.gate.check_writable()  # a replica (or a deposed leader) refuses, naming its leader
         self.topics.check_offsets(rows)
-        self.offsets.commit(rows)
+        self.offsets.commit(rows, replication)
 
     def gate_writable(self) -> bool:
         """Whether this node takes writes now (a replica does not)."""
@@ -490,11 +495,11 @@ class MessageStore:
             return False
         return True
 
-    def _append_offsets(self, body: bytes) -> None:
+    def _append_offsets(self, body: bytes, replication: str | None) -> None:
         """One record of the offsets topic through the store's write path (its topic events' way: no writer
-        may name the store), with the node's default replication."""
+        may name the store), with ``replication`` (None: the node's default)."""
         self.check_running()
-        sync_replication = self.gate.sync_wanted(None)
+        sync_replication = self.gate.sync_wanted(replication)
         self.gate.begin_append(sync_replication)
         self.disk.refuse_if_read_only()
         self._append_checked(self.topics.get(offset_commit.TOPIC), [MessageIn(body=body)], sync_replication)

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+import structlog
+
 from mqstore import retention_holds
 from mqstore.clock import Clock
 from mqstore.config import StoreConfig
 from mqstore.consumer_offsets import ConsumerOffsets
+from mqstore.errors import MqStoreError
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.segment import SegmentQueue
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.retention_holds import HoldInfo, RetentionHolds
 from mqstore.store_topics import TopicRegistry
+
+log = structlog.get_logger()
 
 
 class Retention:
@@ -55,7 +60,11 @@ class Retention:
         now_ms = self._clock.now_ms()
         expired_end = self._expired_end(now_ms)
         if expired_end is not None and self._writable():
-            self._offsets.rewrite_below(expired_end)
+            try:
+                self._offsets.rewrite_below(expired_end)
+            except (MqStoreError, OSError) as exc:  # a full disk, a lost leadership: retention goes on below
+                log.warning("offsets.rewrite_failed", below=expired_end, error=type(exc).__name__, message=str(exc),
+                            why="the segments holding live offsets are kept (the floor) until a rewrite succeeds")
         limit = min(self._flushed_offset(), self._dispatcher.dispatched_offset)
         offsets_floor = self._offsets.floor()
         if offsets_floor is not None:

@@ -182,7 +182,7 @@ class Reviver(Duty):
             writes.append((REVIVE_GROUP, topic_rules.REVIVE_TOPIC, 0, low))
         if not writes:
             return
-        storage.commit_offsets(pop.store, writes)
+        storage.commit_offsets(pop.store, writes, pop.replication)
         pop.offsets.written(rows)
         self.revive_offset = max(self.revive_offset, low)
 

@@ -21,11 +21,12 @@ def ensure_topic(store: MessageStore, name: str) -> TopicRecord:
     return store.topics.ensure_pop_topic(name)
 
 
-def commit_offsets(store: MessageStore, rows: Sequence[tuple[str, str, int, int]]) -> None:
+def commit_offsets(store: MessageStore, rows: Sequence[tuple[str, str, int, int]], replication: str) -> None:
     """Several (group, topic, queue id, offset), all stored or none (pop consumption's batches: its offsets
     with its revive checkpoint, last; one record of the offsets topic, mqstore.consumer_offsets). A replica, or
-    a deposed leader, refuses: its pop offsets must not overwrite the new leader's."""
-    store.commit_offsets(rows)
+    a deposed leader, refuses: its pop offsets must not overwrite the new leader's. ``replication``: pop's
+    (mqstore.pop.service.POP_REPLICATION: SYNC, as every pop record, so a new leader holds them)."""
+    store.commit_offsets(rows, replication)
 
 
 def max_offsets(store: MessageStore, queues: Sequence[tuple[str, int]]) -> list[int]:

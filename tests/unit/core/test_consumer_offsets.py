@@ -14,7 +14,7 @@ import pytest
 
 from mqstore.clock import SystemClock
 from mqstore.consumer_offsets import ConsumerOffsets, OffsetMap
-from mqstore.errors import InvalidArgument, NotFound, OutOfRange
+from mqstore.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.format import offset_commit
 from mqstore.format.offset_commit import TOMBSTONE, Row
 from mqstore.meta.sql import MetadataStore
@@ -110,7 +110,7 @@ def test_a_stale_look_at_the_queue_never_rebuilds_the_map():
         reads.append(queue_offset)
         return records[queue_offset:queue_offset + count]
 
-    offsets = ConsumerOffsets(lambda body: None, read, lambda: looks.pop() if looks else (0, len(records)))
+    offsets = ConsumerOffsets(lambda body, replication: None, read, lambda: looks.pop() if looks else (0, len(records)))
     offsets._next = 2  # another thread applied both records meanwhile
     offsets._map.apply(100, [Row("g", "t", 0, 5)])
     offsets._map.apply(200, [Row("g", "t", 0, 6)])
@@ -233,6 +233,13 @@ def test_retention_never_passes_a_live_offset_on_a_node_that_does_not_rewrite(op
     for seg in store.segments.segments:
         os.utime(seg.path, (old, old))
     store.retention._writable = lambda: False  # as a replica: it keeps what its map still needs
+    assert store.retention.delete_expired_segments() == 0
+    assert store.query_offset("idle", "t", 0) == 1
+    store.retention._writable = lambda: True
+
+    def full(below):
+        raise ResourceExhausted("the disk is full")
+    store.offsets.rewrite_below = full  # a leader whose rewrite fails: retention goes on, below the floor
     assert store.retention.delete_expired_segments() == 0
     assert store.query_offset("idle", "t", 0) == 1
 
