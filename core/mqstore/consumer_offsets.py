@@ -204,7 +204,6 @@ class ConsumerOffsets:
         if not rows or self._bounds()[1] > 0:
             return False
         self.commit(rows)
-        log.info("offsets.imported_from_sql", rows=len(rows))
         return True
 
     def rewrite_below(self, physical_offset: int) -> int:
