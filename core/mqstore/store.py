@@ -127,6 +127,8 @@ class MessageStore:
         # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
         self.gate = SingleNode()
         self._copied_end = 0  # the log's end when this node was promoted: below it no append is pending
+        self._sql_offsets_pending = False  # an earlier version's SQL offsets to import once leading (start)
+        self._sql_offsets_lock = threading.Lock()
         self._appended = metrics.counter("mqstore_commitlog_appended_messages_total", "messages appended")
         self._appended_bytes = metrics.counter("mqstore_commitlog_appended_bytes_total", "record bytes appended")
         self._batches = metrics.counter("mqstore_commitlog_append_batches_total", "batches appended (Append calls)")
@@ -150,7 +152,9 @@ class MessageStore:
 
     def start(self, import_sql_offsets: bool = True) -> None:
         """Recover and serve. ``import_sql_offsets``: import an earlier version's SQL consumer offsets into an
-        empty offsets topic (a single node; a node of a replication group appends nothing of its own)."""
+        empty offsets topic now (a single node); False: on the first CommitOffset or QueryOffset this node
+        answers as the leader (a node of a replication group appends nothing at start, when it is no
+        leader yet: :meth:`_import_sql_offsets_once`)."""
         fs.make_dirs(self.config.data_dir)  # the creation rule (mqstore.fs)
         self._take_lock()
         try:
@@ -162,6 +166,7 @@ class MessageStore:
             self._release_lock()
             raise
         self.offsets.catch_up()  # the map, from the offsets topic's min offset
+        self._sql_offsets_pending = not import_sql_offsets
         if import_sql_offsets:
             self._import_sql_offsets()
         self._resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
@@ -485,6 +490,7 @@ class MessageStore:
         self.check_running()
         self.gate.check_writable()  # a replica (or a deposed leader) refuses, naming its leader
         self.topics.check_offsets(rows)
+        self._offsets_visible()
         self.offsets.commit(rows, replication)
 
     def gate_writable(self) -> bool:
@@ -528,13 +534,24 @@ class MessageStore:
 
     def _offsets_visible(self) -> None:
         """A new leader answers offsets once it shows everything it copied as a replica: the last offsets its
-        old leader acknowledged lie there (waits up to OFFSETS_VISIBLE_WAIT_MS, then Unavailable)."""
-        if self.promoted_visible():
-            return
-        if not self.wait_for_messages(self.promoted_visible, OFFSETS_VISIBLE_WAIT_MS):
+        old leader acknowledged lie there (waits up to OFFSETS_VISIBLE_WAIT_MS, then Unavailable). Then the
+        earlier version's SQL offsets, if still to import (:meth:`start`)."""
+        if not self.promoted_visible() and not self.wait_for_messages(self.promoted_visible,
+                                                                        OFFSETS_VISIBLE_WAIT_MS):
             raise Unavailable("this node leads since a moment and does not show every record it copied as a "
                               "replica yet (its in-sync replicas have not acknowledged them): consumer offsets "
                               "would be older than acknowledged; retry in a moment")
+        if self._sql_offsets_pending:
+            self._import_sql_offsets_once()
+
+    def _import_sql_offsets_once(self) -> None:
+        """A node of a replication group: the import of :meth:`_import_sql_offsets`, by the first leader that
+        answers offsets (the shared database's rows; an offsets topic that holds a record already, this
+        node's or copied from an earlier leader, is not imported into)."""
+        with self._sql_offsets_lock:
+            if self._sql_offsets_pending and self.gate_writable():
+                self._import_sql_offsets()
+                self._sql_offsets_pending = False
 
     def _drop_queues(self, topic: str) -> None:
         """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""

@@ -13,6 +13,8 @@ import time
 import grpc
 import pytest
 
+from mqstore.clock import SystemClock
+from mqstore.meta import MetadataStore
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from tests.crash.test_failover import TTL_FLAGS
 from tests.support.ha import Group, etcd_or_skip
@@ -121,3 +123,34 @@ def test_the_new_leader_answers_every_acknowledged_offset(group, tmp_path):
                    f"replica {replica} to answer every acknowledged offset", timeout_s=30)
     with sqlite3.connect(tmp_path / "metadata.db") as db:
         assert db.execute("select count(*) from consumer_offsets").fetchone() == (0,)
+
+
+def test_a_group_imports_an_earlier_versions_sql_offsets_once_through_its_leader(group, tmp_path):
+    group.start_all()
+    leader, _ = group.wait_leader()
+    stub = group.log(leader)
+    stub.CreateTopic(pb.CreateTopicRequest(name="ha", queue_count=QUEUES), timeout=10)
+    wait_until(lambda: len(group.state(leader).in_sync) == 3, "all three nodes in sync", timeout_s=30)
+    group.append(leader, "ha", [b"m"] * 20)
+    group.stop()
+    meta = MetadataStore(f"sqlite:///{tmp_path / 'metadata.db'}", SystemClock())
+    meta.commit_offsets([("old", "ha", 0, 4), ("old", "ha", 1, 5)])  # what an earlier version's CommitOffset wrote
+    meta.close()
+    group.start_all()
+    leader, _ = group.wait_leader()
+    assert not [n for n, p in group.procs.items() if any('"offsets.migrated"' in line for line in p.lines)]
+    # The leader imports on its first offsets call, with SYNC replication: until its replicas are in sync
+    # the call is UNAVAILABLE (retriable), never an answer without the imported rows.
+    wait_until(lambda: _answers(group.log(leader), [4, 5]), "the leader to import and answer", timeout_s=30)
+    for node_id in group.procs:  # the import is a record of the log: every node answers it
+        wait_until(lambda node_id=node_id: _answers(group.log(node_id), [4, 5]), f"{node_id} to hold the import")
+    imported = [n for n, p in group.procs.items() if any('"offsets.migrated"' in line for line in p.lines)]
+    assert imported == [leader]
+
+
+def _answers(stub, expected: list[int]) -> bool:
+    try:
+        return [stub.QueryOffset(pb.QueryOffsetRequest(group="old", topic="ha", queue_id=q), timeout=10).offset
+                for q in range(QUEUES)] == expected
+    except grpc.RpcError:
+        return False
