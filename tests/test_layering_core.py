@@ -63,6 +63,7 @@ LAYERS = {
     # 2: the store and the parts it composes.
     "mqstore.store": STORE,
     "mqstore.store_topics": STORE,
+    "mqstore.consumer_offsets": STORE,  # consumer offsets: records of the log, a map in memory
     "mqstore.store_space": STORE,
     "mqstore.store_retention": STORE,
     "mqstore.maintenance": STORE,     # the store's maintenance duty

@@ -9,7 +9,7 @@ Map of the package:
                record_reader and record_scan are the one reader of commit log records
   log/         commit log segments, append, flush, recovery, retention
   queue/       consume queues and the in-process dispatcher that builds them
-  meta/        topic registry, consumer offsets and the transaction audit trail: the only SQL
+  meta/        topic registry, earlier versions' consumer offsets, the transaction audit trail: the only SQL
   index/       the Index service's domain (IndexFile and RIP-65 files, queries, recovery)
   txn/         the Transaction service's domain (half messages, OP batches, check-back)
   compaction/  compaction topics' domain (compaction logs, rounds, latest values)

@@ -6,6 +6,9 @@ runs :meth:`Retention.delete_expired_segments` and :meth:`Retention.apply_topic_
   lowest live retention hold (mqstore.retention_holds: a follower's Tail names one); the compactor's hold
   protects compaction data only: nothing below the COMPACTION topics' starts. Consume queue minimums
   follow (:meth:`Retention.before_segment_delete`).
+- Consumer offsets (mqstore.consumer_offsets) are never lost to retention: before the expired segments go,
+  the leader re-appends the live offsets they hold (``offsets.rewrite_below``), and the lowest record still
+  holding a live offset is a floor on every node (``offsets.floor``), whatever the rewrite managed.
 - A topic with its own ``retention_ms`` has its consume queues' minimums raised past what is older.
 
 Thread-safety: every method may be called from any thread. Consume queue minimums change under the
@@ -17,21 +20,28 @@ from __future__ import annotations
 
 from typing import Callable
 
+import structlog
+
 from mqstore import retention_holds
 from mqstore.clock import Clock
 from mqstore.config import StoreConfig
+from mqstore.consumer_offsets import ConsumerOffsets
+from mqstore.errors import MqStoreError
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.segment import SegmentQueue
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.retention_holds import HoldInfo, RetentionHolds
 from mqstore.store_topics import TopicRegistry
 
+log = structlog.get_logger()
+
 
 class Retention:
     def __init__(self, config: StoreConfig, clock: Clock, *, segments: SegmentQueue, queues: QueueTable,
                  commitlog: CommitLog, dispatcher: Dispatcher, topics: TopicRegistry,
-                 flushed_offset: Callable[[], int]):
-        """``flushed_offset()``: the log's fsynced end (the flusher's; segments above it are kept)."""
+                 flushed_offset: Callable[[], int], offsets: ConsumerOffsets, writable: Callable[[], bool]):
+        """``flushed_offset()``: the log's fsynced end (the flusher's; segments above it are kept);
+        ``offsets``: the consumer offsets, kept; ``writable()``: whether this node appends (the leader)."""
         self._config = config
         self._clock = clock
         self._segments = segments
@@ -40,19 +50,42 @@ class Retention:
         self._dispatcher = dispatcher
         self._topics = topics
         self._flushed_offset = flushed_offset
+        self._offsets = offsets
+        self._writable = writable
         self.holds = RetentionHolds(config.retention_hold_max_ms, config.retention_hold_grace_ms)
 
     def delete_expired_segments(self) -> int:
         """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
         queue minimums follow (SegmentQueue.delete_expired). Returns how many segments went."""
+        now_ms = self._clock.now_ms()
+        expired_end = self._expired_end(now_ms)
+        if expired_end is not None and self._writable():
+            try:
+                self._offsets.rewrite_below(expired_end)
+            except (MqStoreError, OSError) as exc:  # a full disk, a lost leadership: retention goes on below
+                log.warning("offsets.rewrite_failed", below=expired_end, error=type(exc).__name__, message=str(exc),
+                            why="the segments holding live offsets are kept (the floor) until a rewrite succeeds")
         limit = min(self._flushed_offset(), self._dispatcher.dispatched_offset)
+        offsets_floor = self._offsets.floor()
+        if offsets_floor is not None:
+            limit = min(limit, offsets_floor)
         # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
         # below the COMPACTION topics' starts.
         floors = {retention_holds.COMPACTOR: self._topics.compaction_floor()}
         held = self.holds.low(self._clock.now_ms(), floors)
         limit = limit if held is None else min(limit, held)
-        return self._segments.delete_expired(limit, self._clock.now_ms(), self._config.retention_ms,
+        return self._segments.delete_expired(limit, now_ms, self._config.retention_ms,
                                              self.before_segment_delete)
+
+    def _expired_end(self, now_ms: int) -> int | None:
+        """The end of the oldest segments past ``retention_ms`` (as SegmentQueue.delete_expired judges them,
+        the active one never), None when none is."""
+        end = None
+        for seg in self._segments.segments[:-1]:
+            if int(seg.path.stat().st_mtime * 1000) + self._config.retention_ms > now_ms:
+                break
+            end = seg.end
+        return end
 
     def before_segment_delete(self, new_min_offset: int) -> None:
         """Every consume queue's minimum at or above the log's new minimum (its entries below are gone)."""

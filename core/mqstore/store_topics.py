@@ -1,4 +1,4 @@
-"""Topic registry and consumer offsets of the MessageStore: the rules (names, system topics, queue
+"""Topic registry and the checks of consumer offsets of the MessageStore: the rules (names, system topics, queue
 counts that only grow) on top of mqstore.meta, with an in-memory copy of the registry so that the
 append path never queries SQL. The store holds one :class:`TopicRegistry` and gives it the few things
 it needs of the rest of the store as callables.
@@ -25,8 +25,9 @@ resumed from step 2 when the store starts (rows still marked), and retried by a 
      appended to RMQ_SYS_TOPIC_EVENTS and flushed          second one on resume is harmless)
   3. the consume queues and next queue offsets go         Pull, queue info: nothing (also after a rebuild:
                                                           the topic is not in the registry)
-  4. the row and its consumer offsets are deleted         the name is free: a new topic starts at queue
-                                                          offset 0, above the event
+  4. tombstones of its consumer offsets are appended to   the name is free: a new topic starts at queue
+     RMQ_SYS_CONSUMER_OFFSETS (mqstore.consumer_offsets),  offset 0, above the event, with no offsets
+     then the row is deleted
 
 Thread-safety: lookups read the in-memory dict without a lock (one dict read is atomic); changes
 serialise on ``_lock``, which is held while the metadata database is written; hiding a topic also
@@ -65,6 +66,7 @@ class TopicRegistry:
         self._topics: dict[str, TopicRecord] = {}
         self._deleting: dict[str, TopicRecord] = {}  # step 1 done, step 4 not yet (the module docstring)
         self._lock = threading.Lock()
+        self.offsets = None  # the store's ConsumerOffsets (mqstore.consumer_offsets)
         # A commit log replica: a name missing from the in-memory copy is looked up in the database (its
         # leader may have created it since); set by the replication composition.
         self.reload_on_miss = False
@@ -128,7 +130,7 @@ class TopicRegistry:
         """(group, topic, queue id) -> messages from the group's committed offset to the queue's end, for
         every committed offset of a topic that still exists (one metadata query: for the metrics)."""
         lag = {}
-        for group, topic, queue_id, offset in self.meta.list_offsets() if self.meta is not None else ():
+        for group, topic, queue_id, offset in self.offsets.rows() if self.offsets is not None else ():
             record = self._topics.get(topic)
             if record is None or queue_id >= record.queue_count:
                 continue
@@ -235,7 +237,7 @@ class TopicRegistry:
         return current
 
     def end_delete(self, name: str) -> None:
-        """Step 4: the row and the consumer offsets go; the name is free."""
+        """Step 4 (after the offsets' tombstones, MessageStore): the row goes; the name is free."""
         with self._lock:
             self.meta.delete_topic(name)
             self._deleting.pop(name, None)
@@ -253,13 +255,10 @@ class TopicRegistry:
         topic = self.get(name)
         return topic, [self._queue_info(name, q) for q in range(topic.queue_count)]
 
-    # ---- consumer offsets
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self.commit_offsets([(group, topic, queue_id, offset)])
-
-    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
-        """Several (group, topic, queue id, offset) at once, in one transaction; each checked as by
-        :meth:`commit_offset`."""
+    # ---- consumer offsets (stored in the log: mqstore.consumer_offsets, set as ``offsets`` by the store)
+    def check_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
+        """Raise unless every (group, topic, queue id, offset) may be committed: a legal group, an existing
+        queue, an offset in [0, the queue's max offset] (OutOfRange)."""
         for group, topic, queue_id, offset in rows:
             topic_rules.validate_group_name(group)
             limits.at_least_zero("offset", offset, "the next queue offset the group will consume")
@@ -268,12 +267,15 @@ class TopicRegistry:
                 raise OutOfRange(f"offset {offset} for {topic}/{queue_id} is outside [0, {info.max_offset}]",
                                  min_value=0, max_value=info.max_offset)
         self._refuse_write()
-        self.meta.commit_offsets(rows)
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         topic_rules.validate_group_name(group)
         self._queue_info(topic, queue_id)
-        return self.meta.query_offset(group, topic, queue_id)
+        offset = self.offsets.get(group, topic, queue_id)
+        if offset is None:
+            raise NotFound(f"group {group!r} has committed no offset for topic {topic!r} queue {queue_id}; "
+                           "start from the queue's min or max offset as the consumer's policy says")
+        return offset
 
 
 class CopiedStarts:

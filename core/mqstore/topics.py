@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from mqstore.errors import InvalidArgument
-from mqstore.format import topic_event
+from mqstore.format import offset_commit, topic_event
 
 TOPIC_NAME_MAX_CHARS = 127
 GROUP_NAME_MAX_CHARS = 120
@@ -67,6 +67,7 @@ SYSTEM_TOPICS = frozenset({
     SCHEDULE_TOPIC,  # delayed messages (tag code = delivery time)
     REVIVE_TOPIC,  # pop consumption's in-flight state: CK and ACK records (mqstore.pop.records)
     topic_event.TOPIC,  # topic events (a topic deleted): mqstore.format.topic_event
+    offset_commit.TOPIC,  # consumer offsets: mqstore.format.offset_commit, mqstore.consumer_offsets
 })
 
 # Pop consumption's per-group topics (RocketMQ's names, the module docstring): NORMAL topics, created on

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 TIMEOUT_S = 10
 HALF = "RMQ_SYS_TRANS_HALF_TOPIC"
 SYSTEM = (HALF, "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SCHEDULE_TOPIC_XXXX",
-          "rmq_sys_REVIVE_LOG")
+          "rmq_sys_REVIVE_LOG", "RMQ_SYS_CONSUMER_OFFSETS", "RMQ_SYS_TOPIC_EVENTS")
 GATEWAY_MODES = ("gateway", "gateway-local")   # Cluster mode (its own process), Local mode (the commit log's port)
 ENDPOINTS = d.Endpoints(scheme=d.IPv4, addresses=[d.Address(host="127.0.0.1", port=8081)])
 ALL = frozenset(access.ACTIONS)
@@ -268,6 +268,11 @@ def test_every_system_topic_is_refused_to_a_rule_on_star_and_to_a_super_user(rig
         _denied(rig, "commitlog", "/mqstore.v1.CommitLog/Pull", cpb.PullRequest(topic=topic), user)
         _denied(rig, "commitlog", "/mqstore.v1.CommitLog/Tail",
                 cpb.TailRequest(start=cpb.TAIL_START_EARLIEST, topics=[topic]), user, "server_stream")
+        # the offsets topic's own rows (a pop group's revive checkpoint is one) are no user's either
+        for method, request in (("QueryOffset", cpb.QueryOffsetRequest(group="g", topic=topic)),
+                                ("CommitOffset", cpb.CommitOffsetRequest(group="g", topic=topic, offset=0)),
+                                ("Append", cpb.AppendRequest(topic=topic, messages=[common_pb2.MessageInput()]))):
+            _denied(rig, "commitlog", f"/mqstore.v1.CommitLog/{method}", request, user)
 
 
 @pytest.mark.parametrize("mode", GATEWAY_MODES)

@@ -77,11 +77,13 @@ def test_per_rpc_and_commitlog_figures_move_with_the_calls(log):
     assert _rpc(after, "Append", "NOT_FOUND") == 1
     assert after.value("grpc_server_handling_seconds_count", grpc_method="Append") == 3
     assert after.value("grpc_server_msg_received_total", grpc_method="Append") == 3
-    assert after.value("mqstore_commitlog_appended_messages_total") == 10
-    assert after.value("mqstore_commitlog_append_batches_total") == 2
-    assert after.value("mqstore_commitlog_appended_bytes_total") == sum(sizes)
+    # the CommitOffset is a record of RMQ_SYS_CONSUMER_OFFSETS (mqstore.consumer_offsets): one more of each
+    assert after.value("mqstore_commitlog_appended_messages_total") == 10 + 1
+    assert after.value("mqstore_commitlog_append_batches_total") == 2 + 1
+    offsets_bytes = after.value("mqstore_commitlog_topic_bytes", topic="RMQ_SYS_CONSUMER_OFFSETS")
+    assert after.value("mqstore_commitlog_appended_bytes_total") == sum(sizes) + offsets_bytes
     assert after.value("mqstore_commitlog_topic_bytes", topic="m") == sum(sizes)
-    assert after.value("mqstore_commitlog_physical_offset", position="written") == sum(sizes)
+    assert after.value("mqstore_commitlog_physical_offset", position="written") == sum(sizes) + offsets_bytes
     assert after.value("mqstore_consumer_lag_messages", group="g1", topic="m", queue_id="0") == 10 - 3
     assert after.value("mqstore_commitlog_flush_seconds_count") == after.value("mqstore_commitlog_flushes_total")
     assert after.value("mqstore_commitlog_read_only", reason="disk_full") == 0

@@ -150,14 +150,14 @@ def test_delete_topic(store: MetadataStore) -> None:
 def test_a_delete_in_two_steps_keeps_the_row_marked_until_it_ends(store: MetadataStore) -> None:
     store.create_topic("orders", 4, KIND_NORMAL, 0, start_physical_offset=4096)
     store.create_topic("keep", 4, KIND_NORMAL, 0)
-    store.commit_offset("g", "orders", 0, 3)
+    store.commit_offsets([("g", "orders", 0, 3)])
     marked = store.mark_topic_deleting("orders")
     assert marked.start_physical_offset == 4096 and marked.queue_count == 4
     assert [t.name for t in store.list_topics()] == ["keep"]
     assert [(t.name, t.start_physical_offset) for t in store.deleting_topics()] == [("orders", 4096)]
     with pytest.raises(AlreadyExists):  # the name is free only once the delete has ended
         store.create_topic("orders", 2, KIND_NORMAL, 0)
-    assert store.query_offset("g", "orders", 0) == 3
+    assert _offset(store, "g", "orders", 0) == 3
     store.delete_topic("orders")
     assert store.deleting_topics() == [] and store.list_offsets(topic="orders") == []
     assert store.create_topic("orders", 2, KIND_NORMAL, 0, start_physical_offset=9000).start_physical_offset == 9000
@@ -191,12 +191,12 @@ def test_delete_topic_removes_its_offsets_only(store: MetadataStore) -> None:
     store.create_topic("keep", 2, KIND_NORMAL, 0)
     for group in ("g1", "g2"):
         for queue_id in (0, 1):
-            store.commit_offset(group, "orders", queue_id, 10 + queue_id)
-            store.commit_offset(group, "keep", queue_id, 20 + queue_id)
+            store.commit_offsets([(group, "orders", queue_id, 10 + queue_id)])
+            store.commit_offsets([(group, "keep", queue_id, 20 + queue_id)])
     store.delete_topic("orders")
     assert store.list_offsets(topic="orders") == []
     with pytest.raises(NotFound):
-        store.query_offset("g1", "orders", 0)
+        _offset(store, "g1", "orders", 0)
     assert store.list_offsets() == [
         ("g1", "keep", 0, 20),
         ("g1", "keep", 1, 21),
@@ -211,9 +211,9 @@ def test_bad_arguments_rejected(store: MetadataStore) -> None:
     with pytest.raises(InvalidArgument, match="retention_ms is -1"):
         store.create_topic("orders", 1, KIND_NORMAL, -1)
     with pytest.raises(InvalidArgument, match="offset is -5"):
-        store.commit_offset("g", "orders", 0, -5)
+        store.commit_offsets([("g", "orders", 0, -5)])
     with pytest.raises(InvalidArgument, match="queue_id is -1"):
-        store.commit_offset("g", "orders", -1, 0)
+        store.commit_offsets([("g", "orders", -1, 0)])
     assert store.list_topics() == []
     assert store.list_offsets() == []
 
@@ -221,21 +221,25 @@ def test_bad_arguments_rejected(store: MetadataStore) -> None:
 # -- offsets -------------------------------------------------------------------------------------
 
 
-def test_offset_never_committed_raises_not_found(store: MetadataStore) -> None:
-    with pytest.raises(NotFound, match="group 'g' has committed no offset for topic 'orders' queue 3"):
-        store.query_offset("g", "orders", 3)
+def _offset(store: MetadataStore, group: str, topic: str, queue_id: int) -> int:
+    """The table's offset of the key (the store reads offsets from its offsets topic now: the table is only
+    read by the import at start, mqstore.store)."""
+    found = [o for g, t, q, o in store.list_offsets(group=group, topic=topic) if q == queue_id]
+    if not found:
+        raise NotFound(f"no row for {group}/{topic}/{queue_id}")
+    return found[0]
 
 
 def test_commit_offset_upserts(store: MetadataStore) -> None:
-    store.commit_offset("g", "orders", 0, 5)
-    assert store.query_offset("g", "orders", 0) == 5
-    store.commit_offset("g", "orders", 0, 9)
-    assert store.query_offset("g", "orders", 0) == 9
-    store.commit_offset("g", "orders", 0, 2)  # going back is allowed: a reset
-    assert store.query_offset("g", "orders", 0) == 2
+    store.commit_offsets([("g", "orders", 0, 5)])
+    assert _offset(store, "g", "orders", 0) == 5
+    store.commit_offsets([("g", "orders", 0, 9)])
+    assert _offset(store, "g", "orders", 0) == 9
+    store.commit_offsets([("g", "orders", 0, 2)])  # going back is allowed: a reset
+    assert _offset(store, "g", "orders", 0) == 2
     big = 2**62
-    store.commit_offset("g", "orders", 1, big)
-    assert store.query_offset("g", "orders", 1) == big
+    store.commit_offsets([("g", "orders", 1, big)])
+    assert _offset(store, "g", "orders", 1) == big
     assert store.list_offsets() == [("g", "orders", 0, 2), ("g", "orders", 1, big)]
 
 
@@ -248,7 +252,7 @@ def test_list_offsets_filters(store: MetadataStore) -> None:
         ("G0", "a", 0, 9),
     ]
     for row in rows:
-        store.commit_offset(*row)
+        store.commit_offsets([row])
     assert store.list_offsets() == sorted(rows)
     assert store.list_offsets(group="g1") == [("g1", "a", 0, 4), ("g1", "a", 2, 1), ("g1", "b", 0, 3)]
     assert store.list_offsets(topic="a") == [("G0", "a", 0, 9), ("g1", "a", 0, 4), ("g1", "a", 2, 1)]
@@ -263,10 +267,10 @@ def test_concurrent_commits_last_value_wins(store: MetadataStore) -> None:
     def worker(thread_id: int) -> None:
         start.wait()
         for i in range(COMMITS_PER_THREAD):
-            store.commit_offset("g", "orders", thread_id, i)
-            store.commit_offset("g", "shared", 0, thread_id * 1000 + i)
+            store.commit_offsets([("g", "orders", thread_id, i)])
+            store.commit_offsets([("g", "shared", 0, thread_id * 1000 + i)])
             if i % 10 == 0:
-                store.query_offset("g", "orders", thread_id)
+                _offset(store, "g", "orders", thread_id)
 
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         futures = [pool.submit(worker, t) for t in range(THREADS)]
@@ -275,9 +279,9 @@ def test_concurrent_commits_last_value_wins(store: MetadataStore) -> None:
 
     last = COMMITS_PER_THREAD - 1
     for thread_id in range(THREADS):
-        assert store.query_offset("g", "orders", thread_id) == last
+        assert _offset(store, "g", "orders", thread_id) == last
     # The shared key holds the final write of whichever thread committed last.
-    assert store.query_offset("g", "shared", 0) in {t * 1000 + last for t in range(THREADS)}
+    assert _offset(store, "g", "shared", 0) in {t * 1000 + last for t in range(THREADS)}
     assert len(store.list_offsets(topic="orders")) == THREADS
 
 
@@ -287,12 +291,12 @@ def test_concurrent_commits_last_value_wins(store: MetadataStore) -> None:
 def test_reopen_keeps_data(db_url: str, fake_clock: FakeClock) -> None:
     first = MetadataStore(db_url, fake_clock)
     created = first.create_topic("orders", 4, KIND_COMPACTION, 3600_000)
-    first.commit_offset("g", "orders", 3, 42)
+    first.commit_offsets([("g", "orders", 3, 42)])
     first.close()
     second = MetadataStore(db_url, FakeClock(start_ms=0))
     try:
         assert second.get_topic("orders") == created
-        assert second.query_offset("g", "orders", 3) == 42
+        assert _offset(second, "g", "orders", 3) == 42
     finally:
         second.close()
 
@@ -370,10 +374,10 @@ def test_sqlite_locked_past_timeout_is_unavailable(tmp_path, fake_clock: FakeClo
     try:
         holder.execute("BEGIN EXCLUSIVE")
         with pytest.raises(Unavailable, match="locked"):
-            store.commit_offset("g", "orders", 0, 1)
+            store.commit_offsets([("g", "orders", 0, 1)])
         holder.execute("ROLLBACK")
-        store.commit_offset("g", "orders", 0, 1)  # works again once the lock is gone
-        assert store.query_offset("g", "orders", 0) == 1
+        store.commit_offsets([("g", "orders", 0, 1)])  # works again once the lock is gone
+        assert _offset(store, "g", "orders", 0) == 1
     finally:
         holder.close()
         store.close()

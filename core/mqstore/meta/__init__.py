@@ -1,4 +1,4 @@
-"""Topic registry and consumer group offsets, kept in SQL (SQLite file or PostgreSQL)."""
+"""Topic registry, kept in SQL (SQLite file or PostgreSQL); the consumer offsets of earlier versions, read once."""
 
 from mqstore.meta.sql import SCHEMA_VERSION, MetadataStore
 

@@ -1,4 +1,4 @@
-"""Topic registry and consumer offsets in a SQL database, through SQLAlchemy 2.x Core.
+"""Topic registry (and the consumer offsets of earlier versions) in a SQL database, through SQLAlchemy 2.x Core.
 
 This is the only module of ``mqstore`` that imports SQLAlchemy. It stores rows and knows nothing of
 topic naming rules or system topics: the facade checks those (``mqstore.topics``) before calling it.
@@ -18,7 +18,9 @@ Schema version 2 (tables: columns):
                      a DeleteTopic is under way: the row is kept until the delete has been announced
                      in the log and the queues are gone, so that a crash resumes it; 0 otherwise)
   consumer_offsets:  (group_name, topic, queue_id) PK, committed_offset (the next queue offset the
-                     group will consume), updated_ms
+                     group will consume), updated_ms. Earlier versions' consumer offsets: the store keeps
+                     them in its offsets topic now (mqstore.consumer_offsets) and reads this table once,
+                     to import it into an empty offsets topic; DeleteTopic still removes a topic's rows
 
 On open, the steps in ``MIGRATIONS`` newer than the stored version run in one transaction; a stored
 version newer than ``SCHEMA_VERSION`` refuses to open. To change the schema, append a step.
@@ -136,7 +138,7 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 class MetadataStore:
-    """The topic registry and consumer group offsets, in SQLite or PostgreSQL.
+    """The topic registry (and earlier versions' consumer offsets), in SQLite or PostgreSQL.
 
     Thread-safe: every method checks a connection out of a bounded pool and runs one short
     transaction on it; no Python lock is held across database calls. Several processes may share
@@ -257,13 +259,11 @@ class MetadataStore:
 
     # -- consumer offsets --------------------------------------------------------------------------
 
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Store the group's next offset for a queue, replacing any earlier one (last write wins)."""
-        self.commit_offsets([(group, topic, queue_id, offset)])
-
     def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]]) -> None:
-        """:meth:`commit_offset` for each (group, topic, queue_id, offset), in one transaction: all of
-        them or none (pop consumption stores its offsets and its revive checkpoint together)."""
+        """Store each (group, topic, queue_id, offset), replacing any earlier one, in one transaction. The
+        store no longer calls it: consumer offsets live in its offsets topic (mqstore.consumer_offsets), and
+        this table is only read once, by the import at start. Kept as the old write path for the bench's
+        comparison point (bench/offsets.py) and for the tests that build an earlier version's table."""
         for _, _, queue_id, offset in rows:
             _check_non_negative(queue_id=queue_id, offset=offset)
         if not rows:
@@ -282,26 +282,11 @@ class MetadataStore:
         with self._transaction(write=True) as conn:
             conn.execute(stmt, values)
 
-    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        """The offset last committed by ``group`` for the queue; NotFound if it never committed."""
-        stmt = select(offsets_table.c.committed_offset).where(
-            offsets_table.c.group_name == group,
-            offsets_table.c.topic == topic,
-            offsets_table.c.queue_id == queue_id,
-        )
-        with self._transaction(write=False) as conn:
-            offset = conn.execute(stmt).scalar_one_or_none()
-        if offset is None:
-            raise NotFound(
-                f"group {group!r} has committed no offset for topic {topic!r} queue {queue_id}; "
-                "start from the queue's min or max offset as the consumer's policy says"
-            )
-        return int(offset)
-
     def list_offsets(
         self, group: str | None = None, topic: str | None = None
     ) -> list[tuple[str, str, int, int]]:
-        """(group, topic, queue_id, offset) rows, optionally filtered, sorted by that key.
+        """(group, topic, queue_id, offset) rows, optionally filtered, sorted by that key (the import of an
+        earlier version's offsets at start).
 
         Sorted here rather than by ORDER BY: PostgreSQL's locale collation would order names
         differently from SQLite's binary one.

@@ -12,9 +12,10 @@ commit log itself so that it is replicated with it:
   ack                ACK record naming (CK, queue offset)            entries removed
   change invisible   a new CK for the one message                    entry replaced (old handle dead)
   expiry (revive)    the copy in %RETRY% (or %DLQ%), then an ACK     entry removed
-  flush (1 s)        pop offsets + revive checkpoint in SQL          -
+  flush (1 s)        pop offsets + revive checkpoint: one record of  -
+                     RMQ_SYS_CONSUMER_OFFSETS
 
-At start the in-flight set and any pop offset not yet in SQL are rebuilt from the revive log from the
+At start the in-flight set and any pop offset not yet stored are rebuilt from the revive log from the
 checkpoint (mqstore.pop.service.PopService.start). Why not commit only up to the lowest unacked
 offset (the other design): one unacked message would pin its queue and every message after it would be
 delivered again after a crash; with CK records only the messages in flight are.

@@ -14,7 +14,7 @@ class PopConfig:
     pop_max_in_flight: int = 20_000
     # In flight over every group and topic (the same rule); about 300 bytes of memory each.
     pop_max_in_flight_total: int = 500_000
-    # How often pop offsets and the revive checkpoint are stored (SQL, one transaction).
+    # How often pop offsets and the revive checkpoint are stored (one record of the offsets topic).
     pop_flush_interval_ms: int = 1_000
     # Expired messages copied to retry or dead-letter topics per step of the revive duty; also the most a
     # crash inside a step can copy twice (the copies are written before their ACK record).

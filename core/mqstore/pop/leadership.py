@@ -2,8 +2,8 @@
 
 The in-flight set, the pop offsets not yet stored and the revive duty are the leader's memory; the durable
 facts (CK and ACK records in rmq_sys_REVIVE_LOG, copies in retry and dead-letter topics) are records of
-the commit log, so every replica holds them too, and the stored offsets live in the group's shared
-metadata database. So:
+the commit log, so every replica holds them too, and so do the stored offsets (records of the offsets
+topic, mqstore.consumer_offsets, SYNC-replicated as well). So:
 
   this node                    PopLeadership does
   ---------------------------- ------------------------------------------------------------------------

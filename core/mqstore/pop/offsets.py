@@ -1,7 +1,7 @@
 """Pop offsets: per (group, topic, queue) the next queue offset a receive reads, owned by the server.
 
-They are consumer offsets of the metadata database (the table CommitOffset writes: QueryOffset shows a
-pop group's progress), loaded on first use and written back in batches by the revive duty
+They are consumer offsets of the store (the offsets topic CommitOffset writes, mqstore.consumer_offsets:
+QueryOffset shows a pop group's progress), loaded on first use and written back in batches by the revive duty
 (:meth:`PopOffsets.take_dirty`). A receive advances an offset in memory after its CK record is
 appended; the CK also carries the offset (POP_OFFSET_AFTER), so an offset not yet written back is
 recovered at start from the revive log (:meth:`raise_floor`, :meth:`settle`).

@@ -10,7 +10,7 @@ stores pop offsets and the revive checkpoint.
           (pop.copy_refused), rather than holding up every other expiry.
   flush   every pop_flush_interval_ms: the dirty pop offsets whose CKs are flushed, and the revive
           checkpoint (mqstore.pop.inflight.InFlightTable.low_water, held below any CK whose offset is
-          not yet written), in one SQL transaction.
+          not yet written), in one record of the offsets topic (mqstore.consumer_offsets).
 
 Runs on its own thread (mqstore.background.Duty): a failed append or SQL write is retried with backoff
 (the claims are given back, so the entries stay in flight); a bug ends the thread and turns the
@@ -167,7 +167,8 @@ class Reviver(Duty):
 
     # ---- offsets and the checkpoint ---------------------------------------------------------------------
     def flush(self) -> None:
-        """Store the pop offsets whose CKs are flushed and the revive checkpoint, in one transaction."""
+        """Store the pop offsets whose CKs are flushed and the revive checkpoint (last), in one record of the
+        offsets topic: both or neither."""
         pop = self.pop
         self._last_flush_s = pop.clock.monotonic_s()
         end = pop.revive_end()
@@ -181,7 +182,7 @@ class Reviver(Duty):
             writes.append((REVIVE_GROUP, topic_rules.REVIVE_TOPIC, 0, low))
         if not writes:
             return
-        storage.commit_offsets(pop.store, writes)
+        storage.commit_offsets(pop.store, writes, pop.replication)
         pop.offsets.written(rows)
         self.revive_offset = max(self.revive_offset, low)
 

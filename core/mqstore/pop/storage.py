@@ -1,5 +1,6 @@
 """What pop consumption asks of the store beyond appends and reads: its retry and dead-letter topics,
-its offsets in batches, and the ends of queues for its long poll. Functions of the store's parts
+its offsets in batches (records of the offsets topic), and the ends of queues for its long poll. Functions
+of the store's parts
 (MessageStore.gate, topics, queues), so that the store's face carries none of them.
 
 Thread-safety: as the parts they call (each is thread-safe).
@@ -20,10 +21,12 @@ def ensure_topic(store: MessageStore, name: str) -> TopicRecord:
     return store.topics.ensure_pop_topic(name)
 
 
-def commit_offsets(store: MessageStore, rows: Sequence[tuple[str, str, int, int]]) -> None:
-    """Several (group, topic, queue id, offset) in one transaction (pop consumption's batches)."""
-    store.gate.check_writable()  # a deposed leader's pop offsets must not overwrite the new leader's
-    store.topics.commit_offsets(rows)
+def commit_offsets(store: MessageStore, rows: Sequence[tuple[str, str, int, int]], replication: str) -> None:
+    """Several (group, topic, queue id, offset), all stored or none (pop consumption's batches: its offsets
+    with its revive checkpoint, last; one record of the offsets topic, mqstore.consumer_offsets). A replica, or
+    a deposed leader, refuses: its pop offsets must not overwrite the new leader's. ``replication``: pop's
+    (mqstore.pop.service.POP_REPLICATION: SYNC, as every pop record, so a new leader holds them)."""
+    store.commit_offsets(rows, replication)
 
 
 def max_offsets(store: MessageStore, queues: Sequence[tuple[str, int]]) -> list[int]:

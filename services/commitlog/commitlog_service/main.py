@@ -132,7 +132,9 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     revive duty ends, pop offsets are stored, then the store stops."""
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
                          metrics=parts.metrics)
-    store.start()
+    # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are
+    # imported by its leader on the first offsets call it answers (README, Consumer offsets).
+    store.start(import_sql_offsets=not config.replication.enabled)
     parts.on_close(store.stop)
     node = _compose_replication(config, store, parts) if config.replication.enabled else None
     pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,

@@ -47,7 +47,7 @@ def test_sqlite_metadata_on_a_full_disk_is_resource_exhausted_at_once(disk):
         with pytest.raises(ResourceExhausted, match="disk is full"):
             for i in range(1000):  # bounded: the first write that needs a new page fails
                 meta.create_topic(f"b{i}", 1, "NORMAL", 0)
-                meta.commit_offset("g", "a", 0, i)
+                meta.commit_offsets([("g", "a", 0, i)])
         assert time.monotonic() - started < QUICK_S
         assert meta.get_topic("a").queue_count == 1  # reads go on
     finally:

@@ -11,7 +11,7 @@ import pytest
 from mqstore import relayed, topics
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, InvariantViolation
-from mqstore.format import record
+from mqstore.format import offset_commit, record
 from mqstore.model import KIND_NORMAL, MessageIn, TopicRecord
 from mqstore.store import MessageStore
 from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
@@ -37,7 +37,11 @@ def test_only_the_owner_writes_a_system_topic(store, topic):
     assert store.queue_info(topic, 0).max_offset == 0
     if owner == topics.OWNER_STORE:  # no writer may name it: the store appends there itself
         store.create_topic("gone", 1)
-        store.delete_topic("gone")
+        store.append("gone", [MessageIn(body=b"x")])
+        if topic == offset_commit.TOPIC:
+            store.commit_offset("g", "gone", 0, 1)
+        else:
+            store.delete_topic("gone")
     else:
         result = store.append(topic, [MessageIn(body=b"x")], system_writer=owner)
         assert result[0].queue_offset == 0
@@ -146,10 +150,11 @@ def test_two_writers_of_one_topic_are_a_composition_bug():
 def test_the_commit_logs_composition_registers_every_system_writer():
     """The commit log takes other processes' appends (CommitLogInternal): its main composes every writer's
     rules (mqstore.system_writers), without the tests' conftest."""
-    code = ("import commitlog_service.main\nfrom mqstore import topics\nfrom mqstore.format import topic_event\n"
-            "from mqstore.writers import SYSTEM_WRITERS\n"
+    code = ("import commitlog_service.main\nfrom mqstore import topics\n"
+            "from mqstore.format import offset_commit, topic_event\nfrom mqstore.writers import SYSTEM_WRITERS\n"
             "print(SYSTEM_WRITERS.owners(), all(SYSTEM_WRITERS.owner_of(t) for t in topics.SYSTEM_TOPICS\n"
-            "                                   if t != topic_event.TOPIC))  # the store's own: its store adds it")
+            "                                   if t not in (topic_event.TOPIC, offset_commit.TOPIC)))"
+            "  # the store's own: its store adds them")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['gateway',", "'pop',", "'schedule',", "'txn']", "True"]
