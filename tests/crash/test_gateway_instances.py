@@ -63,3 +63,33 @@ def test_a_producer_on_one_gateway_gets_its_check_back_while_another_gateway_is_
     assert (check_b["message_id"], check_b["topic"]) == (half_b["message_id"], "on_b")
     assert (check_a["message_id"], check_a["topic"]) == (half_a["message_id"], "on_a")
     assert committed == {half_b["message_id"]}
+
+
+def test_a_consumer_receives_and_acks_through_the_other_gateway_after_a_kill_9(tmp_path):
+    """A SimpleConsumer given both endpoints: a message received through the gateway that is then killed is
+    acked through the other (a receipt handle is the store's, not a gateway's), and the rest arrive there."""
+    topic, count = "twice_pop", 20
+    with stack(tmp_path, mode="cluster") as rig:
+        rig.create_topic(topic, 2)
+        other = rig.another_gateway()
+        gateways = {rig.endpoint: rig.gateway, other.address: other}
+        both = ";".join(gateways)
+        with rig.client("python", "producer", endpoint=both) as producer, \
+                rig.client("python", "consumer", endpoint=both) as consumer:
+            producer.call("producer", topics=[topic])
+            assert producer.call("send_stream", topic=topic, count=count, prefix="m")["sent"] == count
+            consumer.call("consumer", group="g_twice", topic=topic, await_s=2)
+            held = wait_until(lambda: consumer.call("receive", max=4, invisible_s=60)["messages"], "a first batch",
+                              WAIT_S, poll_s=0)
+            gateways[min(gateways)].kill9()
+            for m in held:
+                consumer.call("ack", handle=m["handle"])
+            received = {m["body"] for m in held}
+
+            def rest() -> bool:
+                for m in consumer.call("receive", max=8, invisible_s=60, expect_error=None).get("messages", []):
+                    received.add(m["body"])
+                    consumer.call("ack", handle=m["handle"])
+                return len(received) >= count
+            wait_until(rest, "every message through the other gateway", WAIT_S, poll_s=0)
+    assert received == {f"m-{i}" for i in range(count)}
