@@ -93,3 +93,22 @@ def test_a_consumer_receives_and_acks_through_the_other_gateway_after_a_kill_9(t
                 return len(received) >= count
             wait_until(rest, "every message through the other gateway", WAIT_S, poll_s=0)
     assert received == {f"m-{i}" for i in range(count)}
+
+
+def test_a_check_shown_to_a_producer_of_the_same_topic_on_the_other_gateway_does_not_keep_it_from_its_own(
+        tmp_path):
+    """Both gateways hold a producer of the topic (its producer group): the Transaction service offers the
+    checks round robin to both CheckBack streams, as RocketMQ's broker to any producer of the group. The
+    producer on A does not know B's transaction (UNKNOWN): the check goes to B next, whose producer commits."""
+    with stack(tmp_path, mode="cluster") as rig:
+        rig.create_topic("shared", 1)
+        b = rig.another_gateway()
+        with rig.client("python", "a", endpoint=rig.endpoint) as on_a, \
+                rig.client("python", "b", endpoint=b.address) as on_b:
+            on_a.call("producer", topics=["shared"], check_answer="UNKNOWN")
+            on_b.call("producer", topics=["shared"], check_answer="COMMIT")
+            half = on_b.call("half", topic="shared", body="prepared through B")
+            check = on_b.next_event(WAIT_S)
+            committed = wait_until(lambda: {m.uniq_key for m in rig.visible("shared", 1)}, "the commit", WAIT_S)
+    assert check["message_id"] == half["message_id"]
+    assert committed == {half["message_id"]}
