@@ -16,7 +16,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.crash, pytest.mark.e2e, pytest.mark.slow]
 WAIT_S = 120
-SENDS = 80
+SENDS = 200
 
 
 def test_sends_go_on_through_the_other_gateway_after_a_kill_9(tmp_path):
