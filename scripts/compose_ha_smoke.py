@@ -26,6 +26,7 @@ import sys
 import time
 
 import grpc
+from mqstore_rpc import endpoints
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2, index_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
@@ -115,7 +116,13 @@ def check_readable(group: Group, address: str, acked: list[dict]) -> None:
                   f"acknowledged message {a['body']} at {a['offset']} (epoch {a['epoch']}) is not there on {address}")
 
 
-def check_index(index_address: str, acked: list[dict]) -> None:
+def check_index(index_addresses: str, acked: list[dict]) -> None:
+    """Every Index instance of ``host:port[,host:port]`` (issue 34: compose runs two) finds every key."""
+    for address in endpoints.split(index_addresses):
+        _check_one_index(address, acked)
+
+
+def _check_one_index(index_address: str, acked: list[dict]) -> None:
     with grpc.insecure_channel(index_address) as channel:
         stub = index_pb2_grpc.IndexStub(channel)
 
@@ -178,12 +185,12 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("write")
     p.add_argument("--nodes", required=True)
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="host:port of the Index, or of each: a,b")
     p.add_argument("--state", required=True)
     p.set_defaults(func=cmd_write)
     p = sub.add_parser("failover")
     p.add_argument("--nodes", required=True)
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="host:port of the Index, or of each: a,b")
     p.add_argument("--state", required=True)
     p.add_argument("--killed", required=True)
     p.add_argument("--killed-at", type=float, required=True, help="time.time() of the kill")

@@ -27,6 +27,7 @@ from mqstore_launcher.child import Child, StartFailed, free_port, port_problems
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 
 from tests.integration.test_readme import Launcher
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -211,6 +212,19 @@ def _serving(address: str, service: str) -> bool:
     return answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def _pid_with_argument(argument: str) -> int:
+    """The one process whose command line holds ``argument`` (/proc)."""
+    found = []
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if argument.encode() in cmdline.read_bytes().split(b"\0")[1:]:
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # it ended meanwhile
+    assert len(found) == 1, found
+    return found[0]
+
+
 def _role(address: str) -> str:
     with grpc.insecure_channel(address) as channel:
         return replication_pb2_grpc.ReplicationStub(channel).GetReplicationState(
@@ -221,7 +235,7 @@ def _role(address: str) -> str:
 def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path):
     if etcd_local.find_binary() is None:
         pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
-    names = [e.name for e in launcher.SERVICES] + ["commitlog-n2", "commitlog-n3"]
+    names = [e.name for e in launcher.SERVICES] + ["commitlog-n2", "commitlog-n3", "index-2", "gateway-2"]
     ports: dict[str, int] = {}
     while len({p + offset for p in ports.values() for offset in (0, launcher.METRICS_PORT_OFFSET)}) < 2 * len(names):
         ports = {name: free_port() for name in names}  # none of them a default, none another's metrics port
@@ -238,6 +252,18 @@ def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path)
             address = f"127.0.0.1:{ports[entry.name]}"
             assert f"{entry.name:<10} {address}" in banner
             assert _serving(address, entry.grpc_service), f"{entry.name} does not serve on {address}"
+        # Index and gateway twice (issue 34): the second instances serve, and the banner gives both to clients.
+        index = f"127.0.0.1:{ports['index']},127.0.0.1:{ports['index-2']}"
+        gateways = f"127.0.0.1:{ports['gateway']};127.0.0.1:{ports['gateway-2']}"
+        assert _serving(f"127.0.0.1:{ports['index-2']}", "mqstore.v1.Index")
+        assert _serving(f"127.0.0.1:{ports['gateway-2']}", "apache.rocketmq.v2.MessagingService")
+        more = [ha_launcher.lines.get(timeout=60) for _ in range(3)]  # replication status, Index, gateways
+        assert f"MQSTORE_INDEX_ADDRESS={index}" in more[1] and f'endpoints "{gateways}"' in more[2], more
+        # kill -9 of one Index: reported, the other serves, the launcher runs on
+        os.kill(_pid_with_argument(str(tmp_path / "data" / "index-2")), signal.SIGKILL)
+        said = "index-2 exited with status -9; its other instance still serves"
+        wait_until(lambda: said in ha_launcher.log_path.read_text(), "the launcher's report", 60)
+        assert ha_launcher.process.poll() is None and _serving(f"127.0.0.1:{ports['index']}", "mqstore.v1.Index")
     finally:
         status = ha_launcher.stop()
     assert status == 0, ha_launcher.log_tail()

@@ -182,6 +182,7 @@ class Stack:
                             MQSTORE_AUTH_KEK_FILE=str(tmp / "auth.kek"), MQSTORE_AUTH_REFRESH_MS="200")
         self.commitlog = self.txn = self._gateway_process = None
         self.commitlog_port = self.gateway_port = self.txn_port = 0
+        self.more_gateways: list[ServiceProcess] = []   # another_gateway()'s, stopped with the rest
 
     @property
     def gateway(self) -> ServiceProcess | None:
@@ -235,6 +236,14 @@ class Stack:
             "--port", str(port), "--grace-s", "1", "--commitlog", self.commitlog.address, "--txn", self.txn.address,
             "--rpc-timeout-ms", "5000", *self.gateway_args], self.env).started()
 
+    def another_gateway(self) -> ServiceProcess:
+        """One more gateway process (Cluster mode) on a free port, to the same commit log and Transaction
+        service: two gateways as ``make run-ha`` runs them."""
+        assert self.mode == "cluster", "Local mode's gateway is the commit log process's"
+        process = self._gateway(0)
+        self.more_gateways.append(process)
+        return process
+
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.gateway_port}"
@@ -250,8 +259,11 @@ class Stack:
         self.commitlog.stop()
         self.commitlog = self._commitlog(self.commitlog_port)
 
-    def client(self, kind: str, name: str = "", credentials: tuple[str, str] | None = None) -> ClientDriver:
-        return ClientDriver(kind, self.endpoint, self.tmp / f"home-{kind}-{name or time.monotonic_ns()}", credentials)
+    def client(self, kind: str, name: str = "", credentials: tuple[str, str] | None = None,
+               endpoint: str = "") -> ClientDriver:
+        """An official client of ``endpoint`` (default: the gateway's; ``a;b``: several gateways)."""
+        return ClientDriver(kind, endpoint or self.endpoint, self.tmp / f"home-{kind}-{name or time.monotonic_ns()}",
+                            credentials)
 
     def channel(self) -> grpc.Channel:
         """A channel to the CommitLog server; with auth on, calling as ``service`` (a super user)."""
@@ -288,7 +300,7 @@ class Stack:
         return out
 
     def stop(self) -> None:
-        for process in (self._gateway_process, self.txn, self.commitlog):
+        for process in (*self.more_gateways, self._gateway_process, self.txn, self.commitlog):
             if process is not None:
                 process.stop()
 

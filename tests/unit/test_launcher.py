@@ -110,8 +110,31 @@ def test_ha_mode_takes_the_port_flags_of_make_run_and_the_nodes_own(monkeypatch)
     assert [port for _, port in ha.node_ports(seen)] == [61051, 61061, 61099]
 
 
+def test_ha_mode_runs_the_index_and_the_gateway_twice_on_ports_of_their_own(monkeypatch):
+    """issue 34: a second Index and gateway, 10 above the first or on --index-2-port / --gateway-2-port, each
+    with its own data dir and the first one's flags."""
+    from mqstore_launcher import ha
+    seen = {}
+    monkeypatch.setattr(ha, "run", lambda data_dir, ports, tls, auth, service_logs: seen.update(ports) or 0)
+    assert launcher_main.main(["--data-dir", "/tmp/x", "--ha", "--gateway-2-port", "61091"]) == 0
+    assert seen["gateway-2"] == 61091 and "index-2" not in seen
+    planned = ha.with_second_instances(launcher.services(seen)[1:], seen)
+    assert [(s.name, s.port) for s in planned] == [
+        ("index", 50052), ("index-2", 50062), ("txn", 50053), ("compactor", 50054), ("gateway", 8081),
+        ("gateway-2", 61091)]
+    first, second = planned[0], planned[1]
+    assert second.extra_args == first.extra_args and second.entry.data_subdir == "index-2"
+    assert ha.instances_text(planned) == (
+        "Index instances: 127.0.0.1:50052,127.0.0.1:50062 (`export MQSTORE_INDEX_ADDRESS=127.0.0.1:50052,"
+        "127.0.0.1:50062`: a query one cannot answer goes to the next).\n"
+        'Gateways: give the RocketMQ clients both, endpoints "127.0.0.1:8081;127.0.0.1:61091" (sends go on '
+        "through the other when one stops).\n")
+
+
 def test_a_node_port_without_ha_or_beyond_65535_is_a_usage_error(capsys):
     for argv, said in ((["--commitlog-n2-port", "6002"], "--commitlog-n2-port is for --ha (make run-ha) only"),
+                       (["--gateway-2-port", "6002"], "--gateway-2-port is for --ha (make run-ha) only"),
+                       (["--ha", "--gateway-port", "65530"], "gateway-2's port would be 65540"),
                        (["--ha", "--commitlog-port", "65530"], "node n2's port would be 65540")):
         with pytest.raises(SystemExit) as exited:
             launcher_main.main(["--data-dir", "/tmp/x", *argv])

@@ -11,7 +11,8 @@ file). A page token says where the previous page stopped:
   next_entry        unsealed layout: entry number to continue the chain walk at
   next_ordinal      position in the bucket's chain / run to continue at (both layouts)
 
-``before_phy`` alone is always correct; the position only saves re-reading a long bucket. A
+``before_phy`` alone is always correct; the position only saves re-reading a long bucket, and is only
+good on the instance that issued it (:func:`portable` drops it for another instance). A
 position that has become stale (new entries were head-inserted into the writable file) is never past
 the right place, and the before_phy filter removes what was already returned.
 
@@ -81,6 +82,20 @@ def decode(token: str, fp: int) -> Cursor:
         raise InvalidArgument("page_token is not a token this service issued")
     return Cursor(before if flags & _HAS_BEFORE else None, file_phy if flags & _HAS_FILE else None,
                   entry, ordinal)
+
+
+def portable(token: str) -> str:
+    """The continuation of ``token`` for any Index instance: only ``before_phy`` (always correct), no file
+    position; its query's fingerprint kept (the instance checks it). A position is only good on the
+    instance that issued it: another rolls, seals and converts its files at other moments, so there the
+    file at ``file_phy`` may be absent, shorter or of the other layout, and skipping the files above it
+    skips results. Costs a re-read of the files above. InvalidArgument for a token not issued here."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        fp = TOKEN.unpack(raw)[2]
+    except (binascii.Error, struct.error, ValueError):
+        raise InvalidArgument("page_token is not a token this service issued") from None
+    return encode(Cursor(decode(token, fp).before_phy), fp)
 
 
 def clamp_max_num(max_num: int, default: int, maximum: int) -> int:

@@ -5,7 +5,9 @@
     mqstore query time demo 0 1700000000000
     mqstore index-stats
 
-``--index-address`` (env MQSTORE_INDEX_ADDRESS, default 127.0.0.1:50052), before or after the command.
+``--index-address`` (env MQSTORE_INDEX_ADDRESS, default 127.0.0.1:50052), before or after the command:
+one Index instance, or several as ``host:port,host:port`` (``make run-ha`` runs two): a query that ends
+UNAVAILABLE or DEADLINE_EXCEEDED on one is sent to the next (mqstore_rpc.endpoints; queries only read).
 ``--json`` prints the ProtoJSON of each response, one object per line. ``query key`` prints one page
 and, when there is more, ``next page: <token>`` on stderr (pass it back with ``--page-token``);
 ``--all`` follows the tokens to the end (at most ``--max-pages`` pages).
@@ -22,6 +24,9 @@ import os
 
 
 from mqstore import defaults
+from mqstore.errors import InvalidArgument
+from mqstore.index import paging
+from mqstore_rpc.endpoints import Failover
 from mqstore_rpc.gen.mqstore.v1 import index_pb2, index_pb2_grpc
 
 DEFAULT_INDEX_ADDRESS = defaults.INDEX_ADDRESS
@@ -31,7 +36,9 @@ DEFAULT_MAX_PAGES = 1_000
 
 def _index_address_option(parser: argparse.ArgumentParser, default) -> None:
     parser.add_argument("--index-address", default=default,
-                        help=f"Index host:port (env MQSTORE_INDEX_ADDRESS, default {DEFAULT_INDEX_ADDRESS})")
+                        help=f"Index host:port, or host:port,host:port for several instances: a query "
+                        f"one cannot answer (UNAVAILABLE, DEADLINE_EXCEEDED) goes to the next "
+                        f"(env MQSTORE_INDEX_ADDRESS, default {DEFAULT_INDEX_ADDRESS})")
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
@@ -73,23 +80,24 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 
 class _Index:
-    """A channel to the Index service for one command. Not thread-safe."""
+    """Channels to the Index instances of ``--index-address`` for one command (the next one answers when
+    one is down: mqstore_rpc.endpoints.Failover). Not thread-safe."""
 
     def __init__(self, cli):
         self.cli = cli
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        self.channel = cli.channel(cli.args.index_address, options)
-        self.stub = index_pb2_grpc.IndexStub(self.channel)
+        self.instances = Failover(cli.args.index_address, lambda address: cli.channel(address, options),
+                                  index_pb2_grpc.IndexStub)
 
-    def call(self, method: str, request):
-        return getattr(self.stub, method)(request, timeout=self.cli.args.timeout)
+    def call(self, method: str, request, elsewhere=None):
+        return self.instances.call(method, request, elsewhere, timeout=self.cli.args.timeout)
 
     def __enter__(self) -> _Index:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.channel.close()
+        self.instances.close()
 
 
 def _time_text(ms: int) -> str:
@@ -115,6 +123,20 @@ def _emit(cli, response, human: list[str]) -> None:
         cli.emit(response, "\n".join(human))
 
 
+def _portable(request: index_pb2.QueryByKeyRequest) -> index_pb2.QueryByKeyRequest:
+    """The request for another Index instance than the one that issued its page token (paging.portable)."""
+    if not request.page_token:
+        return request
+    try:
+        token = paging.portable(request.page_token)
+    except InvalidArgument:  # not a token at all: the instance says so
+        return request
+    out = index_pb2.QueryByKeyRequest()
+    out.CopyFrom(request)
+    out.page_token = token
+    return out
+
+
 def cmd_query_key(cli) -> None:
     a = cli.args
     token, pages, found = a.page_token, 0, 0
@@ -122,7 +144,7 @@ def cmd_query_key(cli) -> None:
         while True:
             request = index_pb2.QueryByKeyRequest(topic=a.topic, key=a.key, begin_ms=a.begin_ms, end_ms=a.end_ms,
                                                   max_num=a.max, page_token=token, include_messages=a.messages)
-            response = index.call("QueryByKey", request)
+            response = index.call("QueryByKey", request, _portable)
             pages, found, token = pages + 1, found + len(response.locators), response.next_page_token
             _emit(cli, response, _page_lines(response, a.messages))
             if not token or not a.all or pages >= a.max_pages:

@@ -95,7 +95,8 @@ def compose(config: IndexServiceConfig, parts: service.Composition) -> None:
 
 _OWN_FLAGS = {
     "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
-    "tier_dir": "directory of the second storage tier for sealed compact files (default: none)",
+    "tier_dir": "directory of the second storage tier for sealed compact files (default: none); each Index "
+                "instance needs its own (two instances on one tier would take each other's files)",
     "tier_url": "fsspec URL of the second storage tier instead of a directory, e.g. s3://bucket/index",
     "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
     "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",

@@ -9,7 +9,9 @@ that etcd; SYNC replication with min_insync_replicas 2 by default; topic metadat
 share, ``<data-dir>/metadata.db``: on one machine that is the shared database PostgreSQL is in a real
 deployment), waits until they are healthy and one leads, then the other services on their ports
 (``--index-port``, ``--txn-port``, ... as ``make run``) with ``--commitlog`` set to all three nodes (they
-follow whichever leads), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
+follow whichever leads), the Index and the gateway twice (:data:`TWICE`: the second on ``--index-2-port``
+and ``--gateway-2-port``, by default 10 above the first: 50062, 8091; one of them exiting is reported and
+the other serves on), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
 Ctrl-C stops everything, etcd last. Try a failover: kill the leader's process (``mqstore replication
 status`` names it) and watch another node take over within the lease (5 s).
 """
@@ -35,6 +37,46 @@ from mqstore_launcher.child import port_problems
 
 NODE_IDS = ("n1", "n2", "n3")
 LEADER_TIMEOUT_S = 60.0
+# The roles run twice (issue 34): a second instance "<name>-2" on --<name>-2-port, by default
+# HA_NODE_PORT_STEP above the first (Index 50062, gateway 8091), its data in <data-dir>/<subdir>-2.
+TWICE = ("index", "gateway")
+
+
+def second_name(name: str) -> str:
+    return f"{name}-2"
+
+
+def with_second_instances(others: Sequence[launcher.Service],
+                          ports: Mapping[str, int] | None = None) -> list[launcher.Service]:
+    """``others`` with a second instance right after each role of :data:`TWICE` (same flags, own port and
+    data dir); ``ports`` by flag name (``index-2``, ``gateway-2``) moves one."""
+    ports = ports or {}
+    out: list[launcher.Service] = []
+    for service in others:
+        out.append(service)
+        if service.name in TWICE:
+            name = second_name(service.name)
+            port = ports.get(name) or service.port + defaults.HA_NODE_PORT_STEP
+            if not 0 < port < 65536:
+                raise ValueError(f"{name}'s port would be {port}: give it one with --{name}-port")
+            entry = dataclasses.replace(service.entry, name=name, default_port=port,
+                                        data_subdir=f"{service.entry.data_subdir}-2")
+            out.append(launcher.Service(entry, port, service.extra_args))
+    return out
+
+
+def instances_text(services: Sequence[launcher.Service]) -> str:
+    """The banner's lines for the roles that run twice: how clients are given both."""
+    by_role = {role: [s.address for s in services if s.name in (role, second_name(role))] for role in TWICE}
+    index, gateway = by_role["index"], by_role["gateway"]
+    lines = []
+    if index:
+        lines.append(f"Index instances: {','.join(index)} (`export MQSTORE_INDEX_ADDRESS={','.join(index)}`: "
+                     f"a query one cannot answer goes to the next).\n")
+    if gateway:
+        lines.append(f"Gateways: give the RocketMQ clients both, endpoints \"{';'.join(gateway)}\" "
+                     f"(sends go on through the other when one stops).\n")
+    return "".join(lines)
 
 
 def node_flag(node_id: str) -> str:
@@ -75,6 +117,10 @@ def _node_services(etcd_endpoint: str, data_dir: pathlib.Path, embedded: bool,
                "SYNC", *launcher.size_flags("commitlog", embedded, launcher.os.environ))) for node_id, port in nodes]
 
 
+def _role_of(name: str) -> str:
+    return name.removesuffix("-2") if name.removesuffix("-2") in TWICE else name
+
+
 def wait_leader(addresses: list[str], stop: threading.Event, timeout_s: float,
                 peers: Peers = launcher.PLAINTEXT) -> str | None:
     """The address of the node that leads, once one does."""
@@ -101,7 +147,7 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
     <data-dir>/logs/commitlog-n1.log, ...)."""
     nodes = node_ports(ports)
     embedded = launcher.uses_embedded_sizes(data_dir / nodes[0][0])
-    others = [s for s in launcher.services(ports, embedded)[1:] if s.available()]
+    others = with_second_instances([s for s in launcher.services(ports, embedded)[1:] if s.available()], ports)
     if problems := port_problems(wanted_ports(nodes, others), make_target="run-ha"):
         print("mqstore did not start anything:\n" + "".join(f"  {p}\n" for p in problems), end="",
               file=sys.stderr)
@@ -138,16 +184,26 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
                 return 0 if stop.is_set() else 1
         launcher.ensure_demo_topic(leader, secure.peers)
         leader_port = next(s.port for s in node_services if s.address == leader)
-        shown = [launcher.Service(launcher.SERVICES[0], leader_port)] + children[len(nodes):]  # leader: "commitlog"
+        seconds = {second_name(role) for role in TWICE}
+        shown = [launcher.Service(launcher.SERVICES[0], leader_port)] + [  # leader: "commitlog"
+            c for c in children[len(nodes):] if c.name not in seconds]
         print(launcher.banner(shown, data_dir, embedded, secure)
               + f"The commit log nodes: {group} (leader now: {leader}); etcd on {etcd.endpoint}.\n"
-              f"`mqstore --address {group} replication status` tells who leads.\n", flush=True)
+              f"`mqstore --address {group} replication status` tells who leads.\n" + instances_text(others),
+              flush=True)
+        told: set[str] = set()
         while not stop.wait(0.5):
-            dead = [c for c in children if c.process.poll() is not None and not c.name.startswith("commitlog")]
-            if dead:
-                print(f"{dead[0].name} exited with status {dead[0].process.returncode}; stopping", file=sys.stderr)
+            dead = {c.name: c for c in children if c.process.poll() is not None and not c.name.startswith("commitlog")}
+            gone = [c for name, c in dead.items() if _role_of(name) not in TWICE
+                    or {_role_of(name), second_name(_role_of(name))} <= set(dead)]
+            if gone:
+                print(f"{gone[0].name} exited with status {gone[0].process.returncode}; stopping", file=sys.stderr)
                 status = 1
                 break
+            for name in set(dead) - told:  # the other instance of its role still serves
+                print(f"{name} exited with status {dead[name].process.returncode}; its other instance still "
+                      f"serves", file=sys.stderr, flush=True)
+                told.add(name)
     except launcher_child.StartFailed as exc:
         print(f"mqstore did not start: {exc}Stopping the others.", file=sys.stderr)
         status = 1

@@ -33,10 +33,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--commitlog-{node_id}-port", dest=f"commitlog-{node_id}", type=_port, default=None,
                             metavar="PORT", help=f"with --ha: node {node_id}'s port on 127.0.0.1 (default: "
                             f"--commitlog-port + {rank * defaults.HA_NODE_PORT_STEP}); n1 is on --commitlog-port")
+    for name in HA_TWICE:
+        parser.add_argument(f"--{name}-2-port", dest=f"{name}-2", type=_port, default=None, metavar="PORT",
+                            help=f"with --ha: the second {name}'s port on 127.0.0.1 (default: --{name}-port + "
+                            f"{defaults.HA_NODE_PORT_STEP})")
     args = parser.parse_args(argv)
     ports = {entry.name: getattr(args, entry.name) for entry in launcher.SERVICES}
     node_ports = {f"commitlog-{n}": getattr(args, f"commitlog-{n}") for n in HA_NODES
                   if getattr(args, f"commitlog-{n}") is not None}
+    node_ports.update({f"{name}-2": getattr(args, f"{name}-2") for name in HA_TWICE
+                       if getattr(args, f"{name}-2") is not None})
     if node_ports and not args.ha:
         parser.error(f"--{next(iter(node_ports))}-port is for --ha (make run-ha) only")
     private_files.private_umask()  # what it makes (the data dir, the token, tls/) is its user's only, as the services
@@ -44,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         from mqstore_launcher import ha  # only this mode needs etcd
         try:
             ha.node_ports({**ports, **node_ports})
-        except ValueError as exc:  # n2 or n3 derived above 65535
+            ha.with_second_instances(launcher.services(ports)[1:], node_ports)
+        except ValueError as exc:  # n2, n3 or a second instance derived above 65535
             parser.error(str(exc))
         return ha.run(args.data_dir.resolve(), {**ports, **node_ports}, tls=args.tls, auth=args.auth,
                       service_logs=args.service_logs)
@@ -52,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 HA_NODES = ("n2", "n3")  # mqstore_launcher.ha.NODE_IDS after n1 (not imported here: ha needs etcd's client)
+HA_TWICE = ("index", "gateway")  # mqstore_launcher.ha.TWICE: a second instance of each with --ha
 
 
 def _port(text: str) -> int:

@@ -6,10 +6,11 @@ import pytest
 
 from index_testing import BASE_MS, Model, all_pages, min_hash_key_for_topic, record, tiny_config
 from mqstore.index import checkpoint as ckpt
+from mqstore.index import paging
 from mqstore.index.store import IndexStore
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument
-from mqstore.format.index_file import HEADER_SIZE, SLOT_SIZE, IndexFile
+from mqstore.format.index_file import HEADER_SIZE, SLOT_SIZE, CorruptIndexFile, IndexFile
 
 
 @pytest.fixture
@@ -188,6 +189,31 @@ def test_page_token_is_bound_to_its_query(open_store):
         store.query("T", "cold", max_num=2, page_token=token)
     with pytest.raises(InvalidArgument):
         store.query("T", "hot", max_num=2, page_token="not-a-token!")
+
+
+def test_a_portable_token_continues_on_a_store_whose_files_roll_elsewhere(open_store, tmp_path):
+    """paging.portable (issue 34): a token of one Index instance, used on another whose files start at
+    other records, continues with nothing skipped or repeated; the raw token names a position that is not one there."""
+    records = [record(i, ["hot"]) for i in range(1, 40)]
+    big = open_store(entry_count=200)
+    big.apply(records, 40)
+    small = IndexStore(tiny_config(tmp_path / "small", entry_count=8), clock=FakeClock(BASE_MS))
+    small.start()
+    try:
+        small.apply(records, 40)
+        first = big.query("T", "hot", max_num=5)
+        token, seen = paging.portable(first.next_page_token), list(phys(first))
+        while token:
+            page = small.query("T", "hot", max_num=5, page_token=token)
+            seen += phys(page)
+            token = page.next_page_token and paging.portable(page.next_page_token)
+        assert seen == list(range(39, 0, -1))
+        with pytest.raises(CorruptIndexFile):  # the raw token there: big's entry number in small's first file
+            small.query("T", "hot", max_num=100, page_token=first.next_page_token)
+        with pytest.raises(InvalidArgument):
+            paging.portable("not-a-token!")
+    finally:
+        small.close()
 
 
 def test_time_range_keeps_seconds_and_never_misses(open_store):
