@@ -45,6 +45,19 @@ log = structlog.get_logger("mqstore.retention")
 COMPACTOR = "compactor"  # the compactor's hold (TailRequest.hold_retention_as): compaction data only
 
 
+def instance_hold(instance_id: str) -> str:
+    """The hold of one of several compactors (``--etcd-endpoints``): ``compactor-<id>``, so two do not share
+    one hold (the lower one's position would be lost when the other's stream refreshes it); the same floor
+    as :data:`COMPACTOR`. A dead instance's hold ends like any durable hold: ``retention_hold_max_ms`` after
+    its stream closed."""
+    return f"{COMPACTOR}-{instance_id}"
+
+
+def is_compactor(name: str) -> bool:
+    """Whether a hold is a compactor's (its floor: the COMPACTION topics' lowest start)."""
+    return name == COMPACTOR or name.startswith(COMPACTOR + "-")
+
+
 @dataclass(frozen=True)
 class HoldInfo:
     """One hold as listed: ``lapses_at_ms`` is when it ends unless a stream refreshes it (open) or
@@ -141,6 +154,11 @@ class RetentionHolds:
                 elif floors[name] is not None:
                     held.append(max(hold.offset, floors[name]))
             return min(held, default=None)
+
+    def names(self) -> list[str]:
+        """The names of the holds, lapsed ones included."""
+        with self._lock:
+            return list(self._holds)
 
     def listing(self, now_ms: int) -> list[HoldInfo]:
         """The live holds by name (lapsed ones are dropped first)."""

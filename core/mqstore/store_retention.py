@@ -71,7 +71,8 @@ class Retention:
             limit = min(limit, offsets_floor)
         # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
         # below the COMPACTION topics' starts.
-        floors = {retention_holds.COMPACTOR: self._topics.compaction_floor()}
+        floor = self._topics.compaction_floor()  # one per compactor (several with --etcd-endpoints)
+        floors = {name: floor for name in self.holds.names() if retention_holds.is_compactor(name)}
         held = self.holds.low(self._clock.now_ms(), floors)
         limit = limit if held is None else min(limit, held)
         return self._segments.delete_expired(limit, now_ms, self._config.retention_ms,

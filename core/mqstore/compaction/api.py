@@ -71,9 +71,11 @@ class CompactorApi:
     """Thread-safe: the store is; ``spark_round`` (when set) runs one Spark round for a slot."""
 
     def __init__(self, store: CompactionStore, *, spark_threshold_bytes: int, stats: Callable[[], ServiceStats],
-                 spark_round: Callable[[QueueSlot], RoundInfo] | None = None):
+                 spark_round: Callable[[QueueSlot], RoundInfo] | None = None,
+                 refuse_rounds: Callable[[], Exception | None] | None = None):
         self.store, self.spark_threshold_bytes, self._stats, self.spark_round = (
             store, spark_threshold_bytes, stats, spark_round)
+        self.refuse_rounds = refuse_rounds  # why this instance runs no round now (a standby), None when it may
 
     def _slot(self, topic: str, queue_id: int) -> QueueSlot:
         if not topic:
@@ -113,7 +115,8 @@ class CompactorApi:
                           include_tombstones, take)
 
     def compact(self, topic: str, queue_id: int | None, engine: str, seal_active: bool) -> list[tuple[int, RoundInfo]]:
-        """A round on each queue asked for: (queue id, its round)."""
+        """A round on each queue asked for: (queue id, its round). A standby (``refuse_rounds``) raises its
+        Unavailable: rounds run on the active compactor only."""
         if engine not in ENGINES:
             raise InvalidArgument(f"engine must be one of {ENGINES}, not {shown(engine)}")
         if engine == "spark" and self.spark_round is None:
@@ -122,6 +125,8 @@ class CompactorApi:
         slots = [self._slot(topic, queue_id)] if queue_id is not None else self.store.slots(topic)
         if not slots:
             raise reads.no_log(topic)
+        if self.refuse_rounds is not None and (refused := self.refuse_rounds()) is not None:
+            raise refused
         return [(slot.qlog.queue_id, self._round(slot, engine, seal_active)) for slot in slots]
 
     def _round(self, slot: QueueSlot, engine: str, seal_active: bool) -> RoundInfo:
@@ -179,11 +184,14 @@ def cursor_of(page: reads.ScanPage) -> str:
 
 class RoundDuty(Duty):
     """Thread ``compactor-rounds``: every round_interval_ms, a round on each due queue (CompactionStore.run_due:
-    a failing queue is quarantined with backoff, the others go on)."""
+    a failing queue is quarantined with backoff, the others go on). ``active``: whether this instance may
+    start rounds now (a standby compactor's is False; compactor_service.lease); a sweep stops at the first
+    queue after it turns False."""
 
-    def __init__(self, store: CompactionStore):
+    def __init__(self, store: CompactionStore, active: Callable[[], bool] | None = None):
         super().__init__("compactor-rounds", interval_s=store.config.round_interval_ms / 1000)
-        self.store = store
+        self.store, self.active = store, active or (lambda: True)
 
     def step(self) -> None:
-        self.store.run_due(lambda: self.stopping)
+        if self.active():
+            self.store.run_due(lambda: self.stopping or not self.active())

@@ -19,14 +19,16 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import pathlib
 import sys
+import uuid
 from typing import Mapping, Sequence
 
-from mqstore import defaults
+from mqstore import defaults, fs, retention_holds
 from mqstore.clock import SystemClock
 from mqstore.compaction.api import CompactorApi, RoundDuty, ServiceStats
 from mqstore.compaction.policy import CompactionConfig
-from mqstore.compaction.projection import CompactionProjection, compactor_follower
+from mqstore.compaction.projection import HOLD_NAME, CompactionProjection, compactor_follower
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
@@ -35,6 +37,9 @@ from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
+from commitlog_service.etcd_client import EtcdCoordination
+
+from .lease import RoundLease
 from .replica import ReplicaDuty
 from .tail import HoldingSource
 from .servicer import SERVICE_NAME, CompactorServicer, add_to_server
@@ -48,6 +53,20 @@ DEFAULT_COMMITLOG = defaults.COMMITLOG_ADDRESS
 # on a cluster whose workers together out-scan one machine, so auto sends a round there only when it is far
 # past what a local round does in minutes: 64 GiB (10-30 minutes locally).
 DEFAULT_SPARK_THRESHOLD_BYTES = 64 << 30
+DEFAULT_ETCD_PREFIX = "/mqstore/compactor"
+INSTANCE_ID_FILE = "instance.id"
+
+
+def instance_id(config: "CompactorServiceConfig") -> str:
+    """``--instance-id``, else the one kept in ``<data-dir>/instance.id`` (made at the first start), so that a
+    restarted instance holds the log's retention under the same name."""
+    if config.instance_id:
+        return config.instance_id
+    path = pathlib.Path(config.data_dir) / INSTANCE_ID_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fs.replace_file(path, uuid.uuid4().hex[:12].encode())
+    return path.read_text().strip()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +84,10 @@ class CompactorServiceConfig:
     replica_interval_ms: int = 500
     spark_master: str = "local[*]"           # "" = no Spark engine; spark://host:7077 for a cluster
     spark_timeout_ms: int = 1_800_000
+    etcd_endpoints: str = ""                 # host:port[,...]: active/standby through an etcd lease (lease.py)
+    etcd_prefix: str = DEFAULT_ETCD_PREFIX
+    lease_ttl_s: int = 2
+    instance_id: str = ""                    # "" = kept in <data-dir>/instance.id (made at the first start)
     log_level: str = "info"
     failpoints: str = ""
 
@@ -75,6 +98,12 @@ class CompactorServiceConfig:
                      "spark_timeout_ms", "replica_interval_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.etcd_endpoints and self.replica_of:
+            raise InvalidArgument("give etcd_endpoints (active and standby, each following the commit log) or "
+                                  "replica_of (a copy of one primary), not both")
+        if self.lease_ttl_s < 2:
+            raise InvalidArgument(f"lease_ttl_s must be at least 2 (the active renews it and stops starting rounds a "
+                                  f"second before it lapses), not {self.lease_ttl_s}")
 
 
 def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
@@ -88,6 +117,13 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
     spark_runner.clean_leftovers(config.data_dir / "logs")  # before the logs open: a job left running writes there
     store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
     parts.on_close(store.close)
+    hold_name, lease = HOLD_NAME, None
+    if config.etcd_endpoints:
+        me = instance_id(config)
+        hold_name = retention_holds.instance_hold(me)  # two compactors' holds must not be one
+        coordination = EtcdCoordination(config.etcd_endpoints)
+        parts.on_close(coordination.close)
+        lease = parts.add_duty(RoundLease(coordination, config.etcd_prefix, me, config.lease_ttl_s))
     if config.replica_of:
         replica = ReplicaDuty(store, config.replica_of, interval_ms=config.replica_interval_ms,
                               rpc_timeout_s=config.rpc_timeout_ms / 1000, peers=parts.peers)
@@ -101,7 +137,7 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
         projection = CompactionProjection(store, client.user_topics, config.data_dir / "follower.checkpoint", clock,
                                           config.checkpoint_interval_ms)
         parts.on_close(projection.checkpoint)
-        follower = parts.add_duty(compactor_follower(projection, HoldingSource(client), config.follow))
+        follower = parts.add_duty(compactor_follower(projection, HoldingSource(client, hold_name), config.follow))
         follower.register_metrics(parts.metrics)
 
         def stats() -> ServiceStats:
@@ -109,13 +145,14 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
             return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset,
                                 follower.problem(), len(store.slots()), applied, "")
     store.register_metrics(parts.metrics)
-    parts.add_duty(RoundDuty(store))
+    parts.add_duty(RoundDuty(store, active=lease.active if lease else None))
     spark_round = None
     if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
         runner = spark_runner.SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000)
         spark_round = lambda slot: store.compact(slot, engine="spark", runner=runner)  # noqa: E731
     api = CompactorApi(store, spark_threshold_bytes=config.spark_threshold_bytes, stats=stats,
-                       spark_round=spark_round)
+                       spark_round=spark_round, refuse_rounds=(lambda: None if lease.active() else lease.not_active())
+                       if lease else None)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(CompactorServicer(api), server))
 
 
@@ -131,6 +168,13 @@ _OWN_FLAGS = {
     "replica_interval_ms": "a replica asks the primary for new records this often (default 500)",
     "spark_master": "Spark master of heavy rounds (default local[*]; empty: no Spark engine)",
     "spark_timeout_ms": "a Spark round is stopped after this long (default 1800000)",
+    "etcd_endpoints": "etcd host:port[,host:port...]: run as one of several compactors, each following the commit "
+                      "log and answering reads; the one holding the lease runs rounds, another takes over when it "
+                      "goes (default: none, this one runs rounds)",
+    "etcd_prefix": f"the compactors' keys in etcd (<prefix>/active; default {DEFAULT_ETCD_PREFIX})",
+    "lease_ttl_s": "the active compactor's etcd lease, in seconds (default 2, at least 2)",
+    "instance_id": "this compactor's name among several (its retention hold is compactor-<id>; default: made at "
+                   "the first start and kept in <data-dir>/instance.id)",
     "spark_threshold_bytes": f"engine=auto sends a round to Spark above these dirty bytes (default "
                              f"{DEFAULT_SPARK_THRESHOLD_BYTES})",
 }
@@ -161,6 +205,10 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> Compacto
         replica_interval_ms=S.typed(args, env, "replica_interval_ms", S.parse_int, 500),
         spark_master=S.typed(args, env, "spark_master", str, "local[*]"),
         spark_timeout_ms=S.typed(args, env, "spark_timeout_ms", S.parse_int, 1_800_000),
+        etcd_endpoints=S.typed(args, env, "etcd_endpoints", str, ""),
+        etcd_prefix=S.typed(args, env, "etcd_prefix", str, DEFAULT_ETCD_PREFIX),
+        lease_ttl_s=S.typed(args, env, "lease_ttl_s", S.parse_int, 2),
+        instance_id=S.typed(args, env, "instance_id", str, ""),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
 
 
@@ -168,7 +216,8 @@ def describe(config: CompactorServiceConfig, port: int) -> dict:
     return {"compaction": dataclasses.asdict(config.compaction), "follow": dataclasses.asdict(config.follow),
             "server": dataclasses.asdict(config.server), "commitlog_address": config.commitlog_address,
             "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes,
-            "spark_master": config.spark_master, "replica_of": config.replica_of}
+            "spark_master": config.spark_master, "replica_of": config.replica_of,
+            "etcd_endpoints": config.etcd_endpoints, "etcd_prefix": config.etcd_prefix}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe,

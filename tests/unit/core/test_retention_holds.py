@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from mqstore import tailing
+from mqstore import retention_holds, tailing
 from mqstore.model import MessageIn
 from mqstore.retention_holds import COMPACTOR, RetentionHolds
 from mqstore.store import MessageStore
@@ -126,3 +126,35 @@ def test_an_open_durable_hold_stays_durable_when_a_users_stream_of_its_name_join
     holds.open(COMPACTOR, 70, 30, durable=False)  # reopened by a user alone: a user's hold
     holds.close(COMPACTOR, 40)
     assert holds.low(40 + GRACE + 1) is None
+
+
+def test_each_of_several_compactors_holds_under_its_own_name_with_the_compactors_floor():
+    assert retention_holds.instance_hold("a") == "compactor-a"
+    assert retention_holds.is_compactor("compactor") and retention_holds.is_compactor("compactor-a")
+    assert not retention_holds.is_compactor("txn") and not retention_holds.is_compactor("compactorx")
+    holds = RetentionHolds(max_hold_ms=10_000)
+    holds.open("compactor-a", 100, 0, durable=True)
+    holds.open("compactor-b", 500, 0, durable=True)
+    assert sorted(holds.names()) == ["compactor-a", "compactor-b"]
+    assert holds.low(1, {name: 300 for name in holds.names()}) == 300  # a's hold lifted to the floor
+
+
+def test_a_compactor_instances_hold_keeps_nothing_while_there_is_no_compaction_topic(open_store, fake_clock):
+    """``compactor-<id>`` (several compactors, --etcd-endpoints) has the compactor's floor: with no COMPACTION
+    topic it keeps no segment (before, only the name ``compactor`` had it, and an instance's hold kept all)."""
+    store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
+                       retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
+    store.create_topic("t", 1)
+    for i in range(20):
+        store.append("t", [MessageIn(body=bytes([i]) * 1000)])
+    store.flusher.flush_now()
+    frames = tailing.tail(store, "offset", 0, [], 0, 0, is_active=lambda: True,
+                          hold_retention_as=retention_holds.instance_hold("a"))
+    next(frames)
+    old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
+    for seg in store.segments.segments:
+        os.utime(seg.path, (old, old))
+    try:
+        assert store.retention.delete_expired_segments() >= 1
+    finally:
+        frames.close()
