@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 import subprocess
 import sys
 
@@ -133,3 +134,18 @@ def test_an_address_of_the_wrong_service_is_named_with_what_it_serves(servers):
     assert wrong.stderr.startswith(f"error: UNIMPLEMENTED: the server at {servers.log_address} serves "
                                    f"mqstore.v1.Access, mqstore.v1.CommitLog")  # sorted: the Access service too
     assert wrong.stderr.strip().endswith("not mqstore.v1.Compactor; is --compactor-address right?")
+
+
+def test_several_compactor_addresses_the_dead_one_first_are_answered_by_the_next(servers):
+    """--compactor-address a,b (the compactors of an HA deployment): a call ending UNAVAILABLE goes to the next
+    (kv get, kv scan's stream, compact status and run)."""
+    write_kv(servers, [("a", b"1"), ("a", b"2"), ("b", b"3")])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: connection refused
+        both = Servers(servers.log_address, f"{dead},{servers.compactor_address}")
+        assert cli(both, "kv", "get", "kv", "a").stdout.splitlines() == ["a: 2  queue=0  offset=1"]
+        assert cli(both, "kv", "scan", "kv").stdout.splitlines() == ["a: 2  queue=0  offset=1",
+                                                                     "b: 3  queue=0  offset=2"]
+        assert "queue 0: ok" in cli(both, "compact", "run", "kv", "--seal-active", "--engine", "local").stdout
+        assert cli(both, "compact", "status", "kv").stdout.startswith("kv queue 0:")

@@ -14,7 +14,9 @@ COMPACTION topic, or nothing written yet) is NOT_FOUND for ``kv get`` as for ``k
 unknown key of a known topic prints ``(no value)``.
 
 ``--compactor-address`` (env MQSTORE_COMPACTOR_ADDRESS, default 127.0.0.1:50054), before or after the
-command. ``--json`` prints the ProtoJSON of each response. Must not import mqstore_cli.main back.
+command: one host:port, or several (``a:50054,b:50054``: the compactors of an HA deployment); a call that
+ends UNAVAILABLE or DEADLINE_EXCEEDED goes to the next (mqstore_rpc.endpoints.Failover), so reads are
+answered by any instance and ``compact run`` reaches the active one (a standby answers it UNAVAILABLE). ``--json`` prints the ProtoJSON of each response. Must not import mqstore_cli.main back.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import grpc
 
 from mqstore import defaults
 from mqstore_cli.args import CliError
+from mqstore_rpc.endpoints import RETRIED, Failover
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 
@@ -39,7 +42,9 @@ _ENGINES = {"auto": pb.COMPACTION_ENGINE_AUTO, "local": pb.COMPACTION_ENGINE_LOC
 
 def _address_option(parser: argparse.ArgumentParser, default) -> None:
     parser.add_argument("--compactor-address", default=default,
-                        help=f"Compactor host:port (env MQSTORE_COMPACTOR_ADDRESS, default {DEFAULT_ADDRESS})")
+                        help=f"Compactor host:port, or several comma-separated (each is tried in turn when one is "
+                             f"down; a standby sends compact run to the next) (env MQSTORE_COMPACTOR_ADDRESS, "
+                             f"default {DEFAULT_ADDRESS})")
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
@@ -75,17 +80,40 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 
 class _Compactor:
+    """Channels to the compactors of ``--compactor-address`` for one command (Failover). Not thread-safe."""
+
     def __init__(self, cli):
         self.cli = cli
-        self.channel = cli.channel(cli.args.compactor_address,
-                                   [("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES)])
-        self.stub = compactor_pb2_grpc.CompactorStub(self.channel)
+        options = [("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES)]
+        self.instances = Failover(cli.args.compactor_address, lambda address: cli.channel(address, options),
+                                  compactor_pb2_grpc.CompactorStub)
+
+    def call(self, method: str, request, timeout: float):
+        return self.instances.call(method, request, timeout=timeout)
+
+    def scan(self, request, timeout: float):
+        """Scan's pages from the first instance that answers: another is tried while none has come yet."""
+        error = None
+        for stub in self.instances.in_turn():
+            pages = stub.Scan(request, timeout=timeout)
+            try:
+                first = next(pages, None)
+            except grpc.RpcError as exc:
+                if exc.code() not in RETRIED:
+                    raise
+                error = exc
+                continue
+            if first is not None:
+                yield first
+                yield from pages
+            return
+        raise error
 
     def __enter__(self) -> _Compactor:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.channel.close()
+        self.instances.close()
 
 
 def _value_line(v: pb.LatestValue) -> str:
@@ -99,7 +127,7 @@ def _value_line(v: pb.LatestValue) -> str:
 def _applied_offset(c: _Compactor, topic: str, queue_id: int, timeout_s: float) -> int:
     try:
         request = pb.DescribeQueueRequest(topic=topic, queue_id=queue_id)
-        return c.stub.DescribeQueue(request, timeout=timeout_s).max_offset
+        return c.call("DescribeQueue", request, timeout_s).max_offset
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.NOT_FOUND:
             raise
@@ -136,7 +164,7 @@ def cmd_compact_run(cli) -> None:
     with _Compactor(cli) as c:
         if a.catch_up:
             catch_up(cli, c, a.topic, a.queue)
-        response = c.stub.Compact(request, timeout=max(cli.args.timeout, 3600))
+        response = c.call("Compact", request, max(cli.args.timeout, 3600))
     cli.emit(response, "\n".join(f"queue {r.queue_id}: {r.result}  engine={r.engine}  passes={r.passes}  "
                                  f"removed={r.records_removed}  tombstones_removed={r.tombstones_removed}  "
                                  f"bytes_reclaimed={r.bytes_reclaimed}" for r in response.rounds))
@@ -190,22 +218,21 @@ def cmd_compact_status(cli) -> None:
     a = cli.args
     with _Compactor(cli) as c:
         queues = [a.queue] if a.queue is not None else [
-            q.queue_id for q in c.stub.ListQueues(pb.ListQueuesRequest(), timeout=cli.args.timeout).queues
+            q.queue_id for q in c.call("ListQueues", pb.ListQueuesRequest(), cli.args.timeout).queues
             if q.topic == a.topic]
         for queue_id in queues:
-            d = c.stub.DescribeQueue(pb.DescribeQueueRequest(topic=a.topic, queue_id=queue_id),
-                                     timeout=cli.args.timeout)
+            d = c.call("DescribeQueue", pb.DescribeQueueRequest(topic=a.topic, queue_id=queue_id), cli.args.timeout)
             cli.emit(d, status_text(d))
 
 
 def cmd_kv_get(cli) -> None:
     a = cli.args
     with _Compactor(cli) as c:
-        response = c.stub.BatchGetLatest(pb.BatchGetLatestRequest(topic=a.topic, keys=a.keys), timeout=cli.args.timeout)
+        response = c.call("BatchGetLatest", pb.BatchGetLatestRequest(topic=a.topic, keys=a.keys), cli.args.timeout)
         if not any(v.found for v in response.values):
             # BatchGetLatest answers found=false for keys of a topic the compactor does not have; Scan
             # says NOT_FOUND for it (the server's own message): the same answer as `kv scan`.
-            for _ in c.stub.Scan(pb.ScanRequest(topic=a.topic, page_size=1, max_pages=1), timeout=cli.args.timeout):
+            for _ in c.scan(pb.ScanRequest(topic=a.topic, page_size=1, max_pages=1), cli.args.timeout):
                 pass
     cli.emit(response, "\n".join(_value_line(v) for v in response.values))
 
@@ -213,7 +240,7 @@ def cmd_kv_get(cli) -> None:
 def cmd_kv_scan(cli) -> None:
     a = cli.args
     with _Compactor(cli) as c:
-        for page in c.stub.Scan(pb.ScanRequest(topic=a.topic, include_tombstones=a.include_tombstones),
-                                timeout=max(cli.args.timeout, 600)):
+        for page in c.scan(pb.ScanRequest(topic=a.topic, include_tombstones=a.include_tombstones),
+                           max(cli.args.timeout, 600)):
             if page.values or cli.args.json:
                 cli.emit(page, "\n".join(_value_line(v) for v in page.values))

@@ -209,7 +209,7 @@ def targets_of(args: argparse.Namespace) -> dict[str, str]:
         return {name: target for name, target in named}
     # a replication group's --address (a:1,b:2,...): the first node's figures
     addresses = {"commitlog": args.address.split(",")[0].strip(), "index": args.index_address, "txn": args.txn_address,
-                 "compactor": args.compactor_address,
+                 "compactor": args.compactor_address.split(",")[0].strip(),
                  "gateway": os.environ.get("MQSTORE_GATEWAY_ADDRESS", DEFAULT_GATEWAY_ADDRESS)}
     return {name: _metrics_target(address) for name, address in addresses.items()}
 

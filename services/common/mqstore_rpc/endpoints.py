@@ -69,6 +69,12 @@ class Failover:
         assert error is not None
         raise error
 
+    def in_turn(self) -> list:
+        """The stubs, the preferred one first (a server stream, whose errors come while it is read, is tried
+        on each in turn by its caller: the CLI's kv scan)."""
+        first = self._preferred
+        return [self._stubs[(first + step) % len(self._stubs)] for step in range(len(self._stubs))]
+
     def close(self) -> None:
         for channel in self._channels:
             channel.close()
