@@ -16,7 +16,8 @@ unknown key of a known topic prints ``(no value)``.
 ``--compactor-address`` (env MQSTORE_COMPACTOR_ADDRESS, default 127.0.0.1:50054), before or after the
 command: one host:port, or several (``a:50054,b:50054``: the compactors of an HA deployment); a call that
 ends UNAVAILABLE or DEADLINE_EXCEEDED goes to the next (mqstore_rpc.endpoints.Failover), so reads are
-answered by any instance and ``compact run`` reaches the active one (a standby answers it UNAVAILABLE). ``--json`` prints the ProtoJSON of each response. Must not import mqstore_cli.main back.
+answered by any instance and ``compact run`` reaches the active one (a standby answers it UNAVAILABLE).
+``--json`` prints the ProtoJSON of each response. Must not import mqstore_cli.main back.
 """
 
 from __future__ import annotations
