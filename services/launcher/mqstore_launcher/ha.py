@@ -9,9 +9,10 @@ that etcd; SYNC replication with min_insync_replicas 2 by default; topic metadat
 share, ``<data-dir>/metadata.db``: on one machine that is the shared database PostgreSQL is in a real
 deployment), waits until they are healthy and one leads, then the other services on their ports
 (``--index-port``, ``--txn-port``, ... as ``make run``) with ``--commitlog`` set to all three nodes (they
-follow whichever leads), the Index and the gateway twice (:data:`TWICE`: the second on ``--index-2-port``
-and ``--gateway-2-port``, by default 10 above the first: 50062, 8091; one of them exiting is reported and
-the other serves on), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
+follow whichever leads), the Index, the Compactor and the gateway twice (:data:`TWICE`: the second on
+``--index-2-port``, ``--compactor-2-port`` and ``--gateway-2-port``, by default 10 above the first: 50062,
+50064, 8091; one of them exiting is reported and the other serves on; the two compactors elect the one
+that runs rounds through the etcd), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
 Ctrl-C stops everything, etcd last. Try a failover: kill the leader's process (``mqstore replication
 status`` names it) and watch another node take over within the lease (5 s).
 """
@@ -38,8 +39,9 @@ from mqstore_launcher.child import port_problems
 NODE_IDS = ("n1", "n2", "n3")
 LEADER_TIMEOUT_S = 60.0
 # The roles run twice (issue 34): a second instance "<name>-2" on --<name>-2-port, by default
-# HA_NODE_PORT_STEP above the first (Index 50062, gateway 8091), its data in <data-dir>/<subdir>-2.
-TWICE = ("index", "gateway")
+# HA_NODE_PORT_STEP above the first (Index 50062, Compactor 50064, gateway 8091), its data in
+# <data-dir>/<subdir>-2. Both compactors get --etcd-endpoints: active and standby (compactor_service.lease).
+TWICE = ("index", "compactor", "gateway")
 
 
 def second_name(name: str) -> str:
@@ -68,11 +70,14 @@ def with_second_instances(others: Sequence[launcher.Service],
 def instances_text(services: Sequence[launcher.Service]) -> str:
     """The banner's lines for the roles that run twice: how clients are given both."""
     by_role = {role: [s.address for s in services if s.name in (role, second_name(role))] for role in TWICE}
-    index, gateway = by_role["index"], by_role["gateway"]
+    index, compactor, gateway = by_role["index"], by_role["compactor"], by_role["gateway"]
     lines = []
     if index:
         lines.append(f"Index instances: {','.join(index)} (`export MQSTORE_INDEX_ADDRESS={','.join(index)}`: "
                      f"a query one cannot answer goes to the next).\n")
+    if compactor:
+        lines.append(f"Compactors: {','.join(compactor)} (`export MQSTORE_COMPACTOR_ADDRESS={','.join(compactor)}`: "
+                     f"either answers reads; rounds run on the one holding the etcd lease).\n")
     if gateway:
         lines.append(f"Gateways: give the RocketMQ clients both, endpoints \"{';'.join(gateway)}\" "
                      f"(sends go on through the other when one stops).\n")
@@ -177,6 +182,8 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
         n1 = addresses[0]  # launcher.services gives the others --commitlog <n1>: they get the whole group
         for service in others:
             args = tuple(a if a != n1 else group for a in service.extra_args)
+            if _role_of(service.name) == "compactor":  # active and standby through etcd
+                args += ("--etcd-endpoints", etcd.endpoint)
             child = launcher.start_child(launcher.Service(service.entry, service.port, args), data_dir, env,
                                          secure.peers, service_logs)
             children.append(child)
