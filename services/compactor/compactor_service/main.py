@@ -9,6 +9,10 @@ flag per field of CompactionConfig (``--segment-size-bytes``, ``--offset-map-mem
 ``--min-cleanable-dirty-ratio``, ``--min-compaction-lag-ms``, ``--max-compaction-lag-ms``,
 ``--delete-retention-ms``, ...) and FollowConfig (``--heartbeat-ms``, ``--backoff-max-ms``, ...).
 
+``--etcd-endpoints`` (with ``--etcd-prefix``, ``--lease-ttl-s``, ``--instance-id``): one of several
+compactors, each following the commit log and answering reads, the lease holder running rounds
+(compactor_service.lease); its retention hold is then ``compactor-<instance id>``.
+
 The process runs as every service does (mqstore_rpc.service). It starts even when the commit log is
 not reachable yet: reads answer from the compaction logs it holds.
 """
