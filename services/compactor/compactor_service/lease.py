@@ -87,12 +87,18 @@ class RoundLease(Duty):
     def on_stop(self) -> None:
         with self._lock:
             self._mine = False
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop renewing, then revoke the lease (once the thread has ended: no step grants another after it),
+        so the standby takes over now instead of after the TTL."""
+        ended = super().stop(timeout_s)
         lease, self._lease = self._lease, 0
-        if lease:
+        if ended and lease:
             try:
-                self.coordination.revoke_lease(lease)  # the standby takes over now, not after the TTL
+                self.coordination.revoke_lease(lease)
             except MqStoreError:
                 pass  # etcd away: the lease lapses by itself
+        return ended
 
     def not_active(self) -> Unavailable:
         holder = self.holder()
