@@ -11,7 +11,7 @@ deployment), waits until they are healthy and one leads, then the other services
 (``--index-port``, ``--txn-port``, ... as ``make run``) with ``--commitlog`` set to all three nodes (they
 follow whichever leads), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
 Ctrl-C stops everything, etcd last. Try a failover: kill the leader's process (``mqstore replication
-status`` names it) and watch another node take over within the lease (5 s).
+status`` names it) and watch another node take over within the lease (2 s).
 """
 
 from __future__ import annotations
