@@ -20,7 +20,8 @@ A successful step resets the backoff and clears ``last_error``.
 
 Subclasses override ``step()``, and may override ``pause()`` (wait for their own condition instead of
 the interval) or ``pause_s()`` (another wait per step), set ``wake_ends_backoff`` (a :meth:`Duty.wake` also
-ends a retry's backoff: the replica follower, named a new leader while it backs off from the dead one) and
+ends a retry's backoff and restarts it from ``backoff_initial_s``: the replica follower, named a new leader
+while it backs off from the dead one) and
 ``on_stop()`` (unblock a step that waits elsewhere, e.g. cancel a stream); a step that
 runs long checks :attr:`Duty.stopping` or waits with :meth:`Duty.sleep`.
 
@@ -89,7 +90,7 @@ class Duty:
         self.interval_s = interval_s
         self.retry_on = retry_on
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
-        self.wake_ends_backoff = False  # True: wake() also cuts a retry's backoff short
+        self.wake_ends_backoff = False  # True: wake() also cuts a retry's backoff short and restarts it
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -176,7 +177,8 @@ class Duty:
                     self._retries += 1
                     self._last_error = message
                 if self.wake_ends_backoff:
-                    self._wake.wait(wait_s)  # stop() sets it too
+                    if self._wake.wait(wait_s):  # stop() sets it too
+                        self._backoff.reset()  # woken: what failed may have changed; retry from the start
                     self._wake.clear()
                 else:
                     self._stop.wait(wait_s)

@@ -56,6 +56,10 @@ class LeaderLink(Protocol):
 
     def open(self, address: str, hello: Hello) -> ReplicationStream: ...
 
+    def cancel_opening(self) -> None:
+        """End the opens still waiting for the leader's welcome (they raise Unavailable)."""
+        ...
+
     def problem(self) -> str:
         """"" while healthy; why not (a stream's helper died of a bug), for the follower's health."""
         ...
@@ -78,6 +82,8 @@ class ReplicaFollower(Duty):
             stream = self._stream
         if stream is not None:
             stream.cancel()
+        if self.link is not None:
+            self.link.cancel_opening()  # a frozen leader never answers the hello
         self.wake()
 
     def on_stop(self) -> None:

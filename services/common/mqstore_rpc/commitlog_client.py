@@ -13,7 +13,7 @@ is retried there once); a write that reaches a replica gets NotLeader naming the
 at the same physical offset: the logs are byte-identical, and a node shows readers only what every in-sync
 node holds, so nothing a follower applied can be cut by a failover.
 
-A write that a listed leader leaves unanswered for ``leader_probe_s`` (0.5 s; a SYNC append normally
+A write that a listed leader leaves unanswered for ``leader_probe_s`` (0.25 s; a SYNC append normally
 takes milliseconds) is not simply waited out to ``rpc_timeout_s``: every ``leader_probe_s`` the client
 asks the other listed nodes (Replication.GetReplicationState, each within ``leader_probe_s``) whether one
 of them now leads, unfenced. When one does, the call is cancelled and raises ``Unavailable`` (it may or may
@@ -93,7 +93,7 @@ class CommitLogClient:
 
     def __init__(self, address: str, *, rpc_timeout_s: float = 10.0, stream_deadline_s: float = 60.0,
                  fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000, peers: Peers | None = None,
-                 transparent_retries: bool = True, leader_probe_s: float = 0.5):
+                 transparent_retries: bool = True, leader_probe_s: float = 0.25):
         """``address``: one node or a comma-separated list of the group's nodes; ``leader_probe_s``: how long a
         write waits before the other listed nodes are asked whether one of them leads now (the module
         docstring; 0 turns the probes off). ``transparent_retries=False``
@@ -114,16 +114,28 @@ class CommitLogClient:
         self._peers = peers or Peers()  # TLS and credentials of every node's channel (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._unreached: set[str] = set()  # nodes whose last call failed to reach them
+        self._retired: dict[str, grpc.Channel] = {}  # per node, the channel a fresh one replaced (see _use)
         self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_batches_async's, on its loop
         self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
         self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
         self._batch_streams: dict[str, _BatchStream] = {}  # AppendBatchesStream per node, on its loop
         self._use(self.addresses[0])
 
-    def _use(self, address: str) -> None:
-        """Send the next calls to ``address`` (channels are kept: calls in flight on another go on)."""
+    def _use(self, address: str, fresh: bool = False) -> None:
+        """Send the next calls to ``address`` (channels are kept: calls in flight on another go on). ``fresh``:
+        a node named leader that this client last found unreachable gets a new channel, which connects at
+        once, where the old one would wait out its reconnect backoff (up to ``max_reconnect_backoff_ms``)
+        first; the old channel is kept for calls still on it and closed when the next one replaces it."""
         with self._lock:
             channel = self._channels.get(address)
+            if channel is not None and fresh and address in self._unreached:
+                self._unreached.discard(address)
+                retired = self._retired.pop(address, None)
+                if retired is not None:
+                    retired.close()
+                self._retired[address] = channel
+                channel = None
             if channel is None:
                 channel = self._channels[address] = self._peers.channel(address, self._options)
             self.address = address
@@ -133,13 +145,16 @@ class CommitLogClient:
 
     def _next_node(self, failed: str) -> None:
         """``failed`` could not be reached: use the next listed node (if the client still uses it)."""
+        with self._lock:
+            self._unreached.add(failed)
         if len(self.addresses) > 1 and self.address == failed:
             at = self.addresses.index(failed) if failed in self.addresses else -1
             self._use(self.addresses[(at + 1) % len(self.addresses)])
 
     def close(self) -> None:
         with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
+            channels, self._channels = [*self._channels.values(), *self._retired.values()], {}
+            self._retired = {}
         for channel in channels:
             channel.close()
 
@@ -308,7 +323,7 @@ class CommitLogClient:
                                            f"and {moved.leader} leads now: the batches may or may not have been "
                                            f"written; the next calls go to {moved.leader}")
                 stream.end(error)
-                self._use(moved.leader)
+                self._use(moved.leader, fresh=True)
                 raise error from None
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -427,7 +442,7 @@ class CommitLogClient:
                     pass
                 leader = self.leader_elsewhere(address)
                 if leader:
-                    self._use(leader)
+                    self._use(leader, fresh=True)
                     log.warning("commitlog_client.leader_moved", silent=address, leader=leader,
                                 waited_s=round(self.leader_probe_s, 3))
                     raise errors.Unavailable(f"{address} did not answer within {self.leader_probe_s:g} s and {leader} "
@@ -466,7 +481,7 @@ class CommitLogClient:
         raise. NotLeader: the leader it names, once; unreachable: the next node, and a read once more."""
         error = from_rpc_error(exc, address)
         if isinstance(error, NotLeader) and error.leader_address and attempt == 0:
-            self._use(error.leader_address)
+            self._use(error.leader_address, fresh=True)
             return None
         if _unreachable(exc):
             self._next_node(address)
