@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import signal
 import statistics
 import sys
@@ -258,6 +259,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mqstore-bench-failover-") as tmp, etcd_local.LocalEtcd() as etcd:
         try:
             result = run(pathlib.Path(tmp), etcd.endpoint, failovers, args.producers)
+        except BenchError:
+            kept = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-bench-failover-logs-"))
+            for log_file in pathlib.Path(tmp).glob("*.log"):
+                shutil.copy(log_file, kept)
+            print(f"bench/failover.py: the nodes' logs are kept in {kept}", file=sys.stderr)
+            raise
         finally:
             stop_all()
     result = {"rev": git_rev(), **result}

@@ -15,7 +15,7 @@ node holds, so nothing a follower applied can be cut by a failover.
 
 A write that a listed leader leaves unanswered for ``leader_probe_s`` (0.25 s; a SYNC append normally
 takes milliseconds) is not simply waited out to ``rpc_timeout_s``: every ``leader_probe_s`` the client
-asks the other listed nodes (Replication.GetReplicationState, each within ``leader_probe_s``) whether one
+asks the other listed nodes (Replication.GetReplicationState, each within 1 s) whether one
 of them now leads, unfenced. When one does, the call is cancelled and raises ``Unavailable`` (it may or may
 not have been written: the old leader may have written, even replicated, it without acknowledging), and
 the next calls go to the new leader. So after a SIGSTOP of the leader, a writer reaches the new leader
@@ -52,6 +52,7 @@ log = structlog.get_logger()
 
 MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
+PROBE_TIMEOUT_S = 1.0  # a probe's GetReplicationState: generous, a loaded node answers late (the write waits anyway)
 _BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb2.TIME_BOUNDARY_UPPER}
 
 
@@ -453,7 +454,7 @@ class CommitLogClient:
 
     def leader_elsewhere(self, silent: str) -> str:
         """A listed node other than ``silent`` that says it leads and is not fenced, or "": every other node
-        asked at once (GetReplicationState within ``leader_probe_s``); one that does not answer, or may not
+        asked at once (GetReplicationState within PROBE_TIMEOUT_S); one that does not answer, or may not
         be asked (PermissionDenied), counts as not leading."""
         calls = []
         for address in self.addresses:
@@ -465,7 +466,7 @@ class CommitLogClient:
                     channel = self._channels[address] = self._peers.channel(address, self._options)
             stub = replication_pb2_grpc.ReplicationStub(channel)
             calls.append((address, stub.GetReplicationState.future(replication_pb2.GetReplicationStateRequest(),
-                                                                   timeout=max(self.leader_probe_s, 0.1))))
+                                                                   timeout=PROBE_TIMEOUT_S)))
         found = ""
         for address, call in calls:
             try:
