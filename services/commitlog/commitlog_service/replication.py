@@ -243,7 +243,7 @@ class GrpcLeaderLink:
     """mqstore.replication.replica.LeaderLink over gRPC: one channel per leader address. Thread-safe."""
 
     def __init__(self, heartbeat_ms: int, peers: Peers | None = None):
-        self._silence_s = max(1.0, 5 * heartbeat_ms / 1000)
+        self._silence_s = max(2.0, 10 * heartbeat_ms / 1000)
         self._peers = peers or Peers()  # the server's TLS and its `service` identity (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
