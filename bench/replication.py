@@ -6,8 +6,9 @@
    Target >= 0.5x.
 2. Replication lag under the full ASYNC Append load (a leader and one replica): the replica's copy rate
    over the leader's append rate in the same window, and the lag at its end. Target >= 1.0x.
-3. Failover: kill -9 of the leader, to the first SYNC append acknowledged by the new leader, with a 5 s
-   lease, over --failovers runs (>= 20): the distribution. Target <= 10 s.
+3. Failover: kill -9 of the leader, to the first SYNC append acknowledged by the new leader, with the
+   default 2 s lease, over --failovers runs (>= 20): the distribution. Target <= 10 s. (bench/failover.py
+   measures kill -9 and SIGSTOP through the services' client against the tighter targets of issue 34.)
 
 ``python bench/replication.py [--quick] [--failovers N] [--rounds N] [--only PART]``; writes
 bench/results/replication.json (a partial run replaces only its parts).
@@ -167,7 +168,7 @@ def bench_lag(root, etcd, timing):
 
 
 def bench_failover(root, etcd, count):
-    flags = ("--min-insync-replicas", "2", "--default-replication", "SYNC", "--lease-ttl-s", "5")
+    flags = ("--min-insync-replicas", "2", "--default-replication", "SYNC")  # the default lease: 2 s
     nodes = [_node(root, f"f{i}", etcd, flags) for i in (1, 2, 3)]
     times = []
     try:
@@ -250,7 +251,7 @@ def main() -> int:
               f"{lag['final_lag_bytes']} B at the end, {lag['lag_after_load_bytes']} B once the load stopped; "
               f"target >= 1.0x")
     if f := results.get("failover"):
-        print(f"failover, kill -9 to the first SYNC ack by the new leader (5 s lease), {f['failovers']} runs: "
+        print(f"failover, kill -9 to the first SYNC ack by the new leader (2 s lease), {f['failovers']} runs: "
               f"min {f['min_s']:.2f} s, median {f['median_s']:.2f} s, p90 {f['p90_s']:.2f} s, "
               f"max {f['max_s']:.2f} s; target <= 10 s")
     out = BENCH_DIR / "results" / "replication.json"

@@ -19,7 +19,10 @@ harmless (the flush service: a failed fsync may have dropped dirty pages) passes
 A successful step resets the backoff and clears ``last_error``.
 
 Subclasses override ``step()``, and may override ``pause()`` (wait for their own condition instead of
-the interval) and ``on_stop()`` (unblock a step that waits elsewhere, e.g. cancel a stream); a step that
+the interval) or ``pause_s()`` (another wait per step), set ``wake_ends_backoff`` (a :meth:`Duty.wake` also
+ends a retry's backoff and restarts it from ``backoff_initial_s``: the replica follower, named a new leader
+while it backs off from the dead one) and
+``on_stop()`` (unblock a step that waits elsewhere, e.g. cancel a stream); a step that
 runs long checks :attr:`Duty.stopping` or waits with :meth:`Duty.sleep`.
 
 Thread-safety: ``start``, ``stop``, ``wake``, ``state`` and ``problem`` may be called from any thread;
@@ -87,6 +90,7 @@ class Duty:
         self.interval_s = interval_s
         self.retry_on = retry_on
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
+        self.wake_ends_backoff = False  # True: wake() also cuts a retry's backoff short and restarts it
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -102,9 +106,13 @@ class Duty:
         raise TypeError(f"{type(self).__name__} must override Duty.step")
 
     def pause(self) -> None:
-        """Wait before the next step: ``interval_s`` or until woken or stopped."""
-        self._wake.wait(self.interval_s)
+        """Wait before the next step: :meth:`pause_s` or until woken or stopped."""
+        self._wake.wait(self.pause_s())
         self._wake.clear()
+
+    def pause_s(self) -> float:
+        """How long the next :meth:`pause` waits: ``interval_s`` (a duty may choose per step)."""
+        return self.interval_s
 
     def on_stop(self) -> None:
         """Called by ``stop()`` before joining, from the stopping thread: unblock a waiting step."""
@@ -168,7 +176,12 @@ class Duty:
                 with self._lock:
                     self._retries += 1
                     self._last_error = message
-                self._stop.wait(wait_s)
+                if self.wake_ends_backoff:
+                    if self._wake.wait(wait_s):  # stop() sets it too
+                        self._backoff.reset()  # woken: what failed may have changed; retry from the start
+                    self._wake.clear()
+                else:
+                    self._stop.wait(wait_s)
                 continue
             except BaseException as exc:  # a bug: recorded, reported unhealthy, never retried
                 log.exception("duty.died", duty=self.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 import time
 
@@ -21,7 +22,8 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
 
 CYCLES = int(os.environ.get("MQSTORE_FAILOVER_CYCLES", "20"))
-TTL_FLAGS = ("--lease-ttl-s", "2", "--controller-interval-ms", "100", "--min-insync-replicas", "2",
+# The default lease (2 s) and controller timing (200 ms, fast polls of 50 ms): what the tests prove holds as shipped
+TTL_FLAGS = ("--min-insync-replicas", "2",
              "--default-replication", "SYNC", "--isr-max-lag-ms", "1500", "--sync-replication-timeout-ms", "3000",
              "--replication-heartbeat-ms", "100")
 
@@ -243,3 +245,46 @@ def test_index_follows_the_new_leader_without_loss_or_duplicates(group, tmp_path
             assert found(key) == [offset], key  # once, where it was acknowledged
     finally:
         index.stop()
+
+
+SIGSTOP_BOUND_S = 6.0  # the 2 s lease, etcd's expiry check (<= 0.5 s), the 0.5 s probes, and room for a loaded machine
+
+
+def test_a_client_of_a_sigstopped_leader_reaches_the_new_leader_well_within_its_deadline(group):
+    """SIGSTOP of the leader (its connections stay open, nothing answers): a CommitLogClient given every node,
+    with a 10 s deadline, has its SYNC append acknowledged by the new leader within SIGSTOP_BOUND_S, not
+    after waiting out its deadline on the frozen one (what it did before: one call, 10 s). Resumed, the
+    old leader is fenced or follows: it acknowledged nothing of the new epoch."""
+    from mqstore import model
+    from mqstore.errors import NotLeader, Unavailable
+    from mqstore_rpc.commitlog_client import CommitLogClient
+    group.start_all()
+    leader, epoch = group.wait_leader()
+    group.log(leader).CreateTopic(pb.CreateTopicRequest(name="f", queue_count=1), timeout=10)
+    wait_until(lambda: len(group.state(leader).in_sync) == 3, "all three nodes in sync", timeout_s=30)
+    client = CommitLogClient(",".join(group.procs[n].address for n in group.procs), rpc_timeout_s=10)
+    frozen = group.procs[leader]
+    try:
+        assert client.append("f", [model.MessageIn(body=b"before")])[0].epoch == epoch
+        frozen.process.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                result = client.append("f", [model.MessageIn(body=b"after")])[0]
+                break
+            except (Unavailable, NotLeader):
+                assert time.monotonic() - stopped < 30, "no new leader within 30 s"
+                time.sleep(0.02)
+        took = time.monotonic() - stopped
+        print(f"SIGSTOP to the new leader's ack: {took:.2f} s, {attempts} attempts")
+        assert result.epoch > epoch
+        assert took < SIGSTOP_BOUND_S, f"{took:.2f} s: the client waited on the frozen leader"
+    finally:
+        frozen.process.send_signal(signal.SIGCONT)
+        client.close()
+    state = group.state(leader)
+    wait_until(lambda: (s := group.state(leader)) is not None and s.role != "LEADER", "the old leader to follow",
+               timeout_s=30)
+    assert state is None or state.role != "LEADER" or state.fenced or state.epoch == epoch

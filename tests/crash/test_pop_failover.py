@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
 
 TOPIC, GROUP = "pq", "workers"
 # ASYNC by default: pop's own records are SYNC-replicated whatever the default (mqstore.pop.leadership).
-FLAGS = ("--lease-ttl-s", "2", "--controller-interval-ms", "100", "--min-insync-replicas", "2",
+FLAGS = ("--min-insync-replicas", "2",
          "--default-replication", "ASYNC", "--isr-max-lag-ms", "1500", "--sync-replication-timeout-ms", "3000",
          "--replication-heartbeat-ms", "100", "--pop-flush-interval-ms", "200")
 FIRST_INVISIBLE_MS = 12_000  # long enough to outlast the failover: the unacked ones come back after it

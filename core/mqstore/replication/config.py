@@ -10,6 +10,11 @@ ASYNC = "ASYNC"
 SYNC = "SYNC"
 
 
+def fence_margin_s(ttl_s: int) -> float:
+    """How long before its lease could lapse in etcd a leader stops acknowledging: 1 s at the default 2 s."""
+    return max(1.0, ttl_s * 0.2)
+
+
 @dataclass(frozen=True)
 class ReplicationConfig:
     node_id: str = ""                       # stable id of this node in its group; "" = replication off
@@ -25,8 +30,9 @@ class ReplicationConfig:
     replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
     etcd_endpoints: str = ""                # host:port[,host:port...]: automatic failover through etcd
     etcd_prefix: str = "/mqstore/commitlog"  # the group's keys: <prefix>/leader, /epoch, /isr, /handover
-    lease_ttl_s: int = 5                    # a leader's etcd lease; it fences itself before it can lapse
+    lease_ttl_s: int = 2                    # a leader's etcd lease (etcd's smallest); it fences itself 1 s before
     controller_interval_ms: int = 200       # how often each node renews its lease and reads the leader key
+    fast_poll_ms: int = 50                  # how often it reads the leader key while the leader is silent or gone
     unclean_election: bool = False          # let an out-of-sync node lead when no in-sync one can (loses data)
 
     def __post_init__(self) -> None:
@@ -34,7 +40,7 @@ class ReplicationConfig:
             raise InvalidArgument(f"default_replication must be ASYNC or SYNC, not {self.default_replication!r}")
         for name in ("min_insync_replicas", "sync_replication_timeout_ms", "isr_max_lag_bytes", "isr_max_lag_ms",
                      "replication_heartbeat_ms", "replication_chunk_bytes", "replica_backoff_max_ms", "lease_ttl_s",
-                     "controller_interval_ms"):
+                     "controller_interval_ms", "fast_poll_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
         if self.replica_of and self.etcd_endpoints:
@@ -42,6 +48,11 @@ class ReplicationConfig:
         if self.lease_ttl_s < 2:
             raise InvalidArgument(f"lease_ttl_s must be at least 2 (the leader renews it and fences itself a second "
                                   f"before it lapses), not {self.lease_ttl_s}")
+        window_ms = 1000 * (self.lease_ttl_s - fence_margin_s(self.lease_ttl_s))
+        if self.controller_interval_ms * 4 > window_ms:
+            raise InvalidArgument(f"controller_interval_ms must let the leader renew its lease 4 times before it "
+                                  f"fences itself ({window_ms:g} ms after a renewal with a {self.lease_ttl_s} s "
+                                  f"lease): at most {window_ms // 4:g}, not {self.controller_interval_ms}")
         if self.replica_of and not self.node_id:
             raise InvalidArgument("replica_of needs node_id: every node of a replication group has its own id")
 

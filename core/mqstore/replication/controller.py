@@ -22,6 +22,14 @@ Each step renews this node's lease (granting one when it has none) and reads the
   node's lease), epoch + 1, and the set without the old leader. The winner records the new epoch in its
   epoch file and starts taking writes. Losers see the winner on their next step.
 
+Timing (defaults): a 2 s lease renewed every ``controller_interval_ms`` (200 ms, 5 renewals before the
+fence time, which is 1 s after a renewal was sent; the config refuses an interval leaving fewer than 4).
+A node that follows no leader, or whose leader sent nothing on the replication stream for three
+heartbeats (``node.leader_silent_s``: dead or frozen), reads the leader key every ``fast_poll_ms``
+(50 ms) instead, renewing its own lease at the usual pace: it campaigns within 50 ms of the old lease
+lapsing in etcd (etcd expires a lease 2 s after its last renewal, plus up to its 0.5 s expiry check), and
+the other replica follows the winner as fast. No node shortens another's lease: only etcd's expiry ends it.
+
 A leader that fails to renew keeps leading until its fence time, refusing writes after it (fenced);
 a renewal that says the lease is gone, or a leader key naming another node, makes it a candidate.
 The in-sync set is published by the leader with a transaction that also checks the leader key's
@@ -41,6 +49,7 @@ import structlog
 
 from mqstore.background import Duty
 from mqstore.errors import FailedPrecondition, Unavailable
+from mqstore.replication.config import fence_margin_s
 from mqstore.replication.node import ReplicationNode
 
 log = structlog.get_logger()
@@ -72,11 +81,6 @@ def _json(value: bytes | None) -> dict | None:
     return json.loads(value) if value else None
 
 
-def fence_margin_s(ttl_s: int) -> float:
-    """How long before its lease could lapse in etcd a leader stops acknowledging."""
-    return max(1.0, ttl_s * 0.2)
-
-
 class Controller(Duty):
     def __init__(self, node: ReplicationNode, coordination: Coordination, *,
                  on_leader_change: Callable[[], None] = lambda: None):
@@ -91,6 +95,18 @@ class Controller(Duty):
         self.isr_key, self.handover_key = f"{prefix}/isr", f"{prefix}/handover"
         self._lease = 0
         self._leader_revision = 0
+        self._renewed_s = -1e9  # when the last renewal was sent (monotonic)
+        # A replica whose leader sent nothing for this long (3 missed heartbeats) suspects it is dead or frozen
+        self.suspect_after_s = max(0.5, 3 * config.replication_heartbeat_ms / 1000)
+
+    def pause_s(self) -> float:
+        """The next step after ``controller_interval_ms``, or after ``fast_poll_ms`` while this node follows no
+        leader or its leader is silent: the leader key is then read that often, so a node campaigns within
+        ``fast_poll_ms`` of the old leader's lease lapsing in etcd (its lease is renewed at the usual pace)."""
+        node = self.node
+        urgent = not node.is_leader and (not node.leadership.leader_address or
+                                         node.leader_silent_s() > self.suspect_after_s)
+        return node.config.fast_poll_ms / 1000 if urgent else self.interval_s
 
     # ---- the duty -----------------------------------------------------------------------------------
     def step(self) -> None:
@@ -105,8 +121,11 @@ class Controller(Duty):
         monotonic = self.node.clock.monotonic_s
         if not self._lease:
             self._lease = self.coordination.grant_lease(self.node.config.lease_ttl_s)
+        elif monotonic() - self._renewed_s < self.interval_s * 0.9:
+            return  # a fast poll between two renewals
         sent = monotonic()
         ttl = self.coordination.keep_alive(self._lease)
+        self._renewed_s = sent
         if ttl <= 0:
             log.warning("controller.lease_lost", node=self.node.config.node_id, lease=self._lease)
             self._lease = 0

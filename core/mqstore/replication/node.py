@@ -102,6 +102,7 @@ class ReplicationNode:
         self.lease_valid_until_s: float | None = None  # None: no lease (static group): never fenced
         self.handing_over_to = ""  # a switchover in progress: writes are refused meanwhile
         self.on_promote: Callable[[], None] = lambda: None  # the store's: queue offsets from its log
+        self._leader_heard_s = self._monotonic()  # a replica's last message from its leader (heartbeats too)
 
     # ---- role ---------------------------------------------------------------------------------------
     @property
@@ -135,11 +136,21 @@ class ReplicationNode:
         with self._lock:
             was = self._leadership
             self._leadership = Leadership(REPLICA if leader_address else CANDIDATE, epoch, leader_id, leader_address)
+            if (was.leader_id, was.leader_address) != (leader_id, leader_address):
+                self._leader_heard_s = self._monotonic()  # a new leader: silent only from now on
             if was.role == LEADER:
                 self.in_sync.close(f"this node stopped leading epoch {was.epoch}")
         if was.role != self._leadership.role or was.leader_id != leader_id:
             log.info("replication.follow", node=self.config.node_id, leader=leader_id, address=leader_address,
                      epoch=epoch)
+
+    def heard_from_leader(self) -> None:
+        """The replica follower got a message (data or heartbeat) from the leader it follows."""
+        self._leader_heard_s = self._monotonic()
+
+    def leader_silent_s(self) -> float:
+        """Seconds since the leader this node follows last sent anything (since it was named, at most)."""
+        return self._monotonic() - self._leader_heard_s
 
     def record_epochs(self, leader_history: epochs.EpochHistory, held_end: int) -> None:
         """A replica adopts its leader's history for the bytes it holds (durably, before applying them)."""

@@ -17,6 +17,10 @@ flushed offsets on the same stream. Heartbeats are acknowledged too (the leader 
   (NotLeader)                               wait for the controller; reconnect
   the stream's offsets disagree with ours   FailedPrecondition: reconnect (a new handshake decides)
   the node became leader (election)         the stream is cancelled and the duty idles
+  the controller names another leader       the stream is cancelled, a backoff cut short: connect there now
+
+Every message from the leader (heartbeats too) is noted (``node.heard_from_leader``): a leader silent for
+three heartbeats makes the controller read the leader key every ``fast_poll_ms`` (controller.py).
 
 Thread-safety: runs on its own thread; ``leader_changed()`` (any thread) cancels the open stream.
 """
@@ -52,6 +56,10 @@ class LeaderLink(Protocol):
 
     def open(self, address: str, hello: Hello) -> ReplicationStream: ...
 
+    def cancel_opening(self) -> None:
+        """End the opens still waiting for the leader's welcome (they raise Unavailable)."""
+        ...
+
     def problem(self) -> str:
         """"" while healthy; why not (a stream's helper died of a bug), for the follower's health."""
         ...
@@ -62,6 +70,7 @@ class ReplicaFollower(Duty):
         backoff_max_s = node.config.replica_backoff_max_ms / 1000
         super().__init__("replica-follower", interval_s=0.0, backoff_initial_s=min(0.05, backoff_max_s),
                          backoff_max_s=backoff_max_s)
+        self.wake_ends_backoff = True  # leader_changed(): connect to the new leader now, not after the backoff
         self.store = store
         self.node = node
         self.link = link
@@ -73,6 +82,8 @@ class ReplicaFollower(Duty):
             stream = self._stream
         if stream is not None:
             stream.cancel()
+        if self.link is not None:
+            self.link.cancel_opening()  # a frozen leader never answers the hello
         self.wake()
 
     def on_stop(self) -> None:
@@ -110,8 +121,10 @@ class ReplicaFollower(Duty):
             if self.node.is_leader:
                 return
             self._handshake(stream.welcome)
+        self.node.heard_from_leader()
         received = False
         for data in stream:
+            self.node.heard_from_leader()
             with self.node.apply_lock:
                 if self.node.is_leader:
                     return  # elected meanwhile: not one more byte of the old leader's

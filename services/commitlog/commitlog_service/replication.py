@@ -48,6 +48,9 @@ log = structlog.get_logger()
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Replication"].full_name
 _MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 ACK_READER_JOIN_S = 1.0  # a Replicate handler's wait for its ack reader once the call is over
+# A channel to a node that was down retries its connection at most this far apart: a restarted node elected
+# leader is reached within it (1 s here added up to a second to a failover, issue 34)
+RECONNECT_BACKOFF_MAX_MS = 200
 
 
 def history_out(history: epochs.EpochHistory) -> list[pb.EpochEntry]:
@@ -178,6 +181,11 @@ class GrpcReplicationStream:
         self._last_s = time.monotonic()
         self.watchdog = SilenceWatch(self, address, silence_s)
         self.watchdog.start()
+        self.welcome: Welcome | None = None
+
+    def read_welcome(self) -> None:
+        """Wait for the leader's welcome (``cancel()`` from another thread ends the wait: Unavailable)."""
+        address = self._address
         first = self._next()
         if first is None or first.WhichOneof("kind") != "welcome":
             self.cancel()
@@ -240,6 +248,7 @@ class GrpcLeaderLink:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._last: GrpcReplicationStream | None = None  # the stream opened last: its watchdog's health
+        self._opening: set[GrpcReplicationStream] = set()  # waiting for their welcome
 
     def open(self, address: str, hello: Hello) -> GrpcReplicationStream:
         with self._lock:
@@ -249,12 +258,26 @@ class GrpcLeaderLink:
                     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
                     ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-                    ("grpc.max_reconnect_backoff_ms", 1000)])
+                    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)])
                 self._channels[address] = channel
         stream = GrpcReplicationStream(replication_pb2_grpc.ReplicationStub(channel), address, hello, self._silence_s)
         with self._lock:
             self._last = stream
+            self._opening.add(stream)
+        try:
+            stream.read_welcome()
+        finally:
+            with self._lock:
+                self._opening.discard(stream)
         return stream
+
+    def cancel_opening(self) -> None:
+        """Cancel the streams still waiting for their welcome (a frozen leader never sends it): the follower,
+        told of a new leader, goes there now rather than after the silence watchdog."""
+        with self._lock:
+            opening = list(self._opening)
+        for stream in opening:
+            stream.cancel()
 
     def problem(self) -> str:
         """"" while healthy; why not when the last stream's watchdog died of a bug (ReplicaFollower's health)."""

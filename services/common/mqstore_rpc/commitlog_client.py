@@ -13,6 +13,16 @@ is retried there once); a write that reaches a replica gets NotLeader naming the
 at the same physical offset: the logs are byte-identical, and a node shows readers only what every in-sync
 node holds, so nothing a follower applied can be cut by a failover.
 
+A write that a listed leader leaves unanswered for ``leader_probe_s`` (0.25 s; a SYNC append normally
+takes milliseconds) is not simply waited out to ``rpc_timeout_s``: every ``leader_probe_s`` the client
+asks the other listed nodes (Replication.GetReplicationState, each within 1 s) whether one
+of them now leads, unfenced. When one does, the call is cancelled and raises ``Unavailable`` (it may or may
+not have been written: the old leader may have written, even replicated, it without acknowledging), and
+the next calls go to the new leader. So after a SIGSTOP of the leader, a writer reaches the new leader
+within ``leader_probe_s`` of its election, where it waited its whole deadline before. A leader that is
+merely slow keeps its call: no other node claims the leadership meanwhile. The same holds for a request of
+:meth:`internal_append_batches_async`; a long-polling call (a pop receive) is not probed.
+
 A Tail stream carries a deadline (``stream_deadline_s``): when it expires the stream just ends and the
 follower re-opens it at its resume offset. That bounds how long a silently dead connection (no RST,
 no heartbeats) can hold a follower, without keepalive pings the server would have to allow. The
@@ -33,7 +43,8 @@ from mqstore import defaults, errors, model, waits
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import (commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc, replication_pb2,
+                                        replication_pb2_grpc)
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
 
@@ -41,6 +52,7 @@ log = structlog.get_logger()
 
 MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
+PROBE_TIMEOUT_S = 1.0  # a probe's GetReplicationState: generous, a loaded node answers late (the write waits anyway)
 _BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb2.TIME_BOUNDARY_UPPER}
 
 
@@ -82,8 +94,10 @@ class CommitLogClient:
 
     def __init__(self, address: str, *, rpc_timeout_s: float = 10.0, stream_deadline_s: float = 60.0,
                  fetch_window: int = 64, max_reconnect_backoff_ms: int = 2_000, peers: Peers | None = None,
-                 transparent_retries: bool = True):
-        """``address``: one node or a comma-separated list of the group's nodes. ``transparent_retries=False``
+                 transparent_retries: bool = True, leader_probe_s: float = 0.25):
+        """``address``: one node or a comma-separated list of the group's nodes; ``leader_probe_s``: how long a
+        write waits before the other listed nodes are asked whether one of them leads now (the module
+        docstring; 0 turns the probes off). ``transparent_retries=False``
         turns off grpc's retry machinery on the channels (option ``grpc.enable_retries``): a call that meets a
         broken connection fails at once (Unavailable) rather than being sent again, and each unary call is
         cheaper (measured by the gateway, bench/gateway.py)."""
@@ -91,6 +105,7 @@ class CommitLogClient:
         self.rpc_timeout_s = rpc_timeout_s
         self.stream_deadline_s = stream_deadline_s
         self.fetch_window = fetch_window  # GetMessage calls in flight at a time
+        self.leader_probe_s = leader_probe_s
         self._options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                          ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                          ("grpc.initial_reconnect_backoff_ms", 50),
@@ -100,16 +115,28 @@ class CommitLogClient:
         self._peers = peers or Peers()  # TLS and credentials of every node's channel (mqstore_rpc.peers)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._unreached: set[str] = set()  # nodes whose last call failed to reach them
+        self._retired: dict[str, grpc.Channel] = {}  # per node, the channel a fresh one replaced (see _use)
         self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_batches_async's, on its loop
         self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
         self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
         self._batch_streams: dict[str, _BatchStream] = {}  # AppendBatchesStream per node, on its loop
         self._use(self.addresses[0])
 
-    def _use(self, address: str) -> None:
-        """Send the next calls to ``address`` (channels are kept: calls in flight on another go on)."""
+    def _use(self, address: str, fresh: bool = False) -> None:
+        """Send the next calls to ``address`` (channels are kept: calls in flight on another go on). ``fresh``:
+        a node named leader that this client last found unreachable gets a new channel, which connects at
+        once, where the old one would wait out its reconnect backoff (up to ``max_reconnect_backoff_ms``)
+        first; the old channel is kept for calls still on it and closed when the next one replaces it."""
         with self._lock:
             channel = self._channels.get(address)
+            if channel is not None and fresh and address in self._unreached:
+                self._unreached.discard(address)
+                retired = self._retired.pop(address, None)
+                if retired is not None:
+                    retired.close()
+                self._retired[address] = channel
+                channel = None
             if channel is None:
                 channel = self._channels[address] = self._peers.channel(address, self._options)
             self.address = address
@@ -119,13 +146,16 @@ class CommitLogClient:
 
     def _next_node(self, failed: str) -> None:
         """``failed`` could not be reached: use the next listed node (if the client still uses it)."""
+        with self._lock:
+            self._unreached.add(failed)
         if len(self.addresses) > 1 and self.address == failed:
             at = self.addresses.index(failed) if failed in self.addresses else -1
             self._use(self.addresses[(at + 1) % len(self.addresses)])
 
     def close(self) -> None:
         with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
+            channels, self._channels = [*self._channels.values(), *self._retired.values()], {}
+            self._retired = {}
         for channel in channels:
             channel.close()
 
@@ -283,11 +313,18 @@ class CommitLogClient:
                 stream = self._batch_streams[address] = _BatchStream(stub.AppendBatchesStream(metadata=metadata))
             answer = await stream.send(request)
             try:
-                return await asyncio.wait_for(asyncio.shield(answer), self.rpc_timeout_s), address
+                return await self._answer_probing(answer, address), address
             except asyncio.TimeoutError:
                 error = errors.Unavailable(f"{address} did not answer AppendBatches within {self.rpc_timeout_s:g} s: "
                                            f"the batches may or may not have been written")
                 stream.end(error)
+                raise error from None
+            except _LeaderMoved as moved:
+                error = errors.Unavailable(f"{address} did not answer AppendBatches within {self.leader_probe_s:g} s "
+                                           f"and {moved.leader} leads now: the batches may or may not have been "
+                                           f"written; the next calls go to {moved.leader}")
+                stream.end(error)
+                self._use(moved.leader, fresh=True)
                 raise error from None
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -297,6 +334,26 @@ class CommitLogClient:
                     continue  # NotLeader: this request was not processed; send it to the leader
                 raise error from None
         raise AssertionError("unreachable: the loop returns or raises")
+
+    async def _answer_probing(self, answer: asyncio.Future, address: str):
+        """``answer``'s result within ``rpc_timeout_s`` (else TimeoutError); unanswered after each
+        ``leader_probe_s``, the other nodes are asked whether one leads now (_LeaderMoved), as a write of
+        :meth:`_call` does."""
+        if self.leader_probe_s <= 0 or len(self.addresses) < 2:
+            return await asyncio.wait_for(asyncio.shield(answer), self.rpc_timeout_s)
+        deadline = asyncio.get_running_loop().time() + self.rpc_timeout_s
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise asyncio.TimeoutError()
+            try:
+                return await asyncio.wait_for(asyncio.shield(answer), min(left, self.leader_probe_s))
+            except asyncio.TimeoutError:
+                if left <= self.leader_probe_s:
+                    raise
+            leader = await asyncio.to_thread(self.leader_elsewhere, address)
+            if leader:
+                raise _LeaderMoved(leader)
 
     def _aio_stub(self, address: str) -> commitlog_pb2_grpc.CommitLogInternalStub:
         stub = self._aio_stubs.get(address)
@@ -361,10 +418,12 @@ class CommitLogClient:
         for attempt in range(2):
             address = self.address
             stub = {"log": self._stub, "internal": self._internal, "consumer": self._consumer}[service]
+            timeout_s = self.rpc_timeout_s + extra_timeout_s
             try:
                 with waits.waiting():  # a handler calling another service: the handler pool runs others meanwhile
-                    return getattr(stub, method)(request, timeout=self.rpc_timeout_s + extra_timeout_s,
-                                                 metadata=metadata)
+                    if write and not extra_timeout_s and self.leader_probe_s > 0 and len(self.addresses) > 1:
+                        return self._write_probing(getattr(stub, method), request, timeout_s, metadata, address)
+                    return getattr(stub, method)(request, timeout=timeout_s, metadata=metadata)
             except grpc.RpcError as exc:
                 error = self._failed(exc, address, attempt, write)
                 if error is None:
@@ -372,12 +431,58 @@ class CommitLogClient:
                 raise error from None
         raise AssertionError("unreachable: the loop returns or raises")
 
+    def _write_probing(self, method, request, timeout_s: float, metadata, address: str):
+        """``method``'s answer, as a plain call; but unanswered after each ``leader_probe_s``, the other nodes are
+        asked whether one leads now: then the call is cancelled and Unavailable raised (the module docstring)."""
+        call = method.future(request, timeout=timeout_s, metadata=metadata)
+        try:
+            while True:
+                try:
+                    return call.result(timeout=self.leader_probe_s)
+                except grpc.FutureTimeoutError:
+                    pass
+                leader = self.leader_elsewhere(address)
+                if leader:
+                    self._use(leader, fresh=True)
+                    log.warning("commitlog_client.leader_moved", silent=address, leader=leader,
+                                waited_s=round(self.leader_probe_s, 3))
+                    raise errors.Unavailable(f"{address} did not answer within {self.leader_probe_s:g} s and {leader} "
+                                             f"leads now: the write may or may not have been written (its leader "
+                                             f"never acknowledged it); the next calls go to {leader}")
+        finally:
+            call.cancel()  # a no-op once it has finished
+
+    def leader_elsewhere(self, silent: str) -> str:
+        """A listed node other than ``silent`` that says it leads and is not fenced, or "": every other node
+        asked at once (GetReplicationState within PROBE_TIMEOUT_S); one that does not answer, or may not
+        be asked (PermissionDenied), counts as not leading."""
+        calls = []
+        for address in self.addresses:
+            if address == silent:
+                continue
+            with self._lock:
+                channel = self._channels.get(address)
+                if channel is None:
+                    channel = self._channels[address] = self._peers.channel(address, self._options)
+            stub = replication_pb2_grpc.ReplicationStub(channel)
+            calls.append((address, stub.GetReplicationState.future(replication_pb2.GetReplicationStateRequest(),
+                                                                   timeout=PROBE_TIMEOUT_S)))
+        found = ""
+        for address, call in calls:
+            try:
+                state = call.result()
+            except grpc.RpcError:
+                continue
+            if state.role == "LEADER" and not state.fenced and not found:
+                found = address
+        return found
+
     def _failed(self, exc: grpc.RpcError, address: str, attempt: int, write: bool) -> Exception | None:
         """A call to ``address`` failed: None to send it again (to the node now in use), else the error to
         raise. NotLeader: the leader it names, once; unreachable: the next node, and a read once more."""
         error = from_rpc_error(exc, address)
         if isinstance(error, NotLeader) and error.leader_address and attempt == 0:
-            self._use(error.leader_address)
+            self._use(error.leader_address, fresh=True)
             return None
         if _unreachable(exc):
             self._next_node(address)
@@ -469,6 +574,14 @@ class _BatchStream:
             answer = self._pending.popleft()
             if not answer.done():
                 answer.set_exception(error)
+
+
+class _LeaderMoved(Exception):
+    """The node in use did not answer and ``leader`` says it leads now."""
+
+    def __init__(self, leader: str):
+        super().__init__(leader)
+        self.leader = leader
 
 
 class _Unimplemented(Exception):

@@ -14,7 +14,7 @@ follow whichever leads), the Index, the Compactor and the gateway twice (:data:`
 50064, 8091; one of them exiting is reported and the other serves on; the two compactors elect the one
 that runs rounds through the etcd), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
 Ctrl-C stops everything, etcd last. Try a failover: kill the leader's process (``mqstore replication
-status`` names it) and watch another node take over within the lease (5 s).
+status`` names it) and watch another node take over within the lease (2 s).
 """
 
 from __future__ import annotations
