@@ -6,11 +6,11 @@ commit) into records of the commit log's system topic RMQ_SYS_CONSUMER_OFFSETS (
 Both paths are measured the same way, server side, in one process: CONSUMERS threads, each its own group,
 commit offset 1, 2, 3... of one queue back to back for ``seconds``; the figure is commits/s over the window.
 
-  topic, ASYNC flush   MessageStore.commit_offset on a store with --flush-mode ASYNC (the default): the
+  topic, ASYNC flush   store_offsets.commit_offset on a store with --flush-mode ASYNC (the default): the
                        checks, one record appended and dispatched, the map caught up
   topic, SYNC flush    the same with --flush-mode SYNC: each commit acknowledged after the fsync that covers
                        it (group commit), the durability the SQL path had
-  SQL (the old path)   what MessageStore.commit_offset did before: the same checks (TopicRegistry.check_offsets)
+  SQL (the old path)   what CommitOffset did before: the same checks (TopicRegistry.check_offsets)
                        then MetadataStore.commit_offsets, the upsert, on the store's own SQLite database
 
 Issue 34's target: the offsets topic >= 5x the SQL path at 32 consumers (the row "topic, ASYNC flush";
@@ -31,6 +31,7 @@ import time
 
 from procs import BENCH_DIR, run_meta, write_table
 
+from mqstore import store_offsets
 from mqstore.clock import SystemClock
 from mqstore.config import StoreConfig
 from mqstore.meta import MetadataStore
@@ -99,7 +100,7 @@ def measure(cfg: dict, work: pathlib.Path) -> tuple[list[dict], dict]:
                     meta = None
 
                     def commit(group, offset, store=store):
-                        store.commit_offset(group, TOPIC, 0, offset)
+                        store_offsets.commit_offset(store, group, TOPIC, 0, offset)
                 rate = _loop(commit, cfg["consumers"], cfg["warmup_s"], cfg["seconds"])
                 if meta is not None:
                     meta.close()

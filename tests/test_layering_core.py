@@ -78,6 +78,7 @@ LAYERS = {
     "mqstore.auth": FEATURE,
     "mqstore.follow": FEATURE,        # the Tail follower of the services derived from the log
     "mqstore.tailing": FEATURE,       # Tail streams of the log, read through the store
+    "mqstore.store_offsets": FEATURE,  # CommitOffset, QueryOffset and the SQL offsets' import, through the store
     "mqstore.relayed": FEATURE,       # the gateway's rules as a system writer
     "mqstore.system_writers": FEATURE,  # the composition of every system writer's rules
 }

@@ -1,7 +1,8 @@
 """Consumer offsets in the commit log: the system topic ``RMQ_SYS_CONSUMER_OFFSETS`` (mqstore.format.offset_commit)
 holds every commit as a record, and every node keeps the map key (group, topic, queue id) -> committed offset
 in memory, built from that topic's consume queue. There is no other copy (the SQL table consumer_offsets of
-earlier versions is read once, by :meth:`ConsumerOffsets.import_rows` at start, when the topic is empty).
+earlier versions is read once, by :meth:`ConsumerOffsets.import_rows` at start, when the topic is empty:
+mqstore.store_offsets, which also holds CommitOffset's and QueryOffset's rules around this map).
 
 * **A commit is an append** through the store's own write path (MessageStore, as its topic events): the
   node's flush mode and its default replication apply (SYNC replication: acknowledged once the in-sync
@@ -26,9 +27,10 @@ earlier versions is read once, by :meth:`ConsumerOffsets.import_rows` at start, 
   topic's compaction, done where the map is.
 * **DeleteTopic** appends tombstones for the deleted topic's keys (:meth:`delete_topic`).
 
-Thread-safety: :meth:`catch_up` and the map serialise on ``_lock``. Appends (commits, tombstones) run
-concurrently with each other; :meth:`rewrite_below` excludes them while it reads the live rows and appends
-them, so no commit lands between its read of a key and its re-append of the older value.
+Thread-safety: :meth:`catch_up` and the map serialise on ``_lock``, a deferred import on ``_deferred_lock``.
+Appends (commits, tombstones) run concurrently with each other; :meth:`rewrite_below` excludes them while it
+reads the live rows and appends them, so no commit lands between its read of a key and its re-append of the
+older value.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ import structlog
 
 from mqstore.format import offset_commit
 from mqstore.format.offset_commit import TOMBSTONE, Row
+from mqstore.model import MessageIn
 
 log = structlog.get_logger()
 
 Key = tuple[str, str, int]  # group, topic, queue id
 READ_BATCH = 1000
+READ_BYTES = 8 << 20  # a read's byte bound (the store's largest Pull)
 # read(queue offset, max records) -> [(queue offset, physical offset, body)], in queue order
 Read = Callable[[int, int], list[tuple[int, int, bytes]]]
 
@@ -133,6 +137,38 @@ class ConsumerOffsets:
         self._map = OffsetMap()
         self._next = 0  # the next queue offset of the topic to apply
         self._writes = _Exclusion()
+        self._deferred: Callable[[], bool] | None = None  # an import left to the first leader (:meth:`defer`)
+        self._deferred_lock = threading.Lock()
+
+    @classmethod
+    def of_store(cls, store) -> ConsumerOffsets:
+        """The offsets of ``store`` (a MessageStore, which composes this module: not imported), through its
+        public parts: a commit is ``append_own`` (the store's write path, as its topic events), records are
+        read with ``pull``, the topic's bounds are its consume queue's (``queues``)."""
+        def append(body: bytes, replication: str | None) -> None:
+            store.append_own(offset_commit.TOPIC, [MessageIn(body=body)], replication)
+
+        def read(queue_offset: int, count: int) -> list[tuple[int, int, bytes]]:
+            result = store.pull(offset_commit.TOPIC, 0, queue_offset, count, READ_BYTES)
+            return [(m.record.queue_offset, m.record.physical_offset, m.record.body) for m in result.messages]
+
+        def bounds() -> tuple[int, int]:
+            cq = store.queues.get(offset_commit.TOPIC, 0)
+            return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+        return cls(append, read, bounds)
+
+    # ---- an import deferred (mqstore.store_offsets: a node of a replication group imports once it leads)
+    def defer(self, run: Callable[[], bool]) -> None:
+        """Keep ``run`` for :meth:`run_deferred`; it returns whether it is done (False: try again later)."""
+        self._deferred = run
+
+    def run_deferred(self) -> None:
+        """The deferred import, if one is left, until it says it is done; one caller at a time."""
+        if self._deferred is None:
+            return
+        with self._deferred_lock:
+            if self._deferred is not None and self._deferred():
+                self._deferred = None
 
     # ---- reads
     def catch_up(self) -> None:
@@ -201,10 +237,14 @@ class ConsumerOffsets:
         """The rows of the SQL table of earlier versions, appended once: only while the topic has never held a
         record (returns whether they were)."""
         self.catch_up()
-        if not rows or self._bounds()[1] > 0:
+        if not rows or self.holds_records():
             return False
         self.commit(rows)
         return True
+
+    def holds_records(self) -> bool:
+        """Whether the offsets topic has ever held a record (retention never empties its queue's count)."""
+        return self._bounds()[1] > 0
 
     def rewrite_below(self, physical_offset: int) -> int:
         """Re-append the live rows whose record lies below ``physical_offset`` (retention is about to delete

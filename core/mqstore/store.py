@@ -14,7 +14,8 @@ Composition: the store holds its parts and gives each the narrow callables it ne
 registry (mqstore.store_topics), the full-disk state (mqstore.store_space), retention of the log and
 topics with the followers' holds (mqstore.store_retention: ``store.retention``), and three background duties
 (mqstore.background): the flush service, the segment warmer and the maintenance duty. Tail streams of the log
-are not the store's: mqstore.tailing reads them through it.
+are not the store's: mqstore.tailing reads them through it; nor are CommitOffset, QueryOffset and the import of
+an earlier version's SQL offsets at start: mqstore.store_offsets, through the offsets map (mqstore.consumer_offsets).
 
 On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
 CommitOffset get ResourceExhausted, reads go on; a checkpoint that does not fit is skipped and the abort
@@ -38,7 +39,7 @@ from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
-                            ResourceExhausted, Unavailable, shown)
+                            ResourceExhausted, Unavailable, invariant, shown)
 from mqstore.consumer_offsets import ConsumerOffsets
 from mqstore.format import checkpoint as cpfmt, offset_commit, record, record_reader, topic_event
 from mqstore.limits import MAX_GET_MESSAGES
@@ -56,7 +57,7 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, 
                            TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
-from mqstore.replication.node import SingleNode
+from mqstore.replication.node import SingleNode, takes_writes
 from mqstore.queue.usage import TopicUsage
 from mqstore.store_retention import Retention
 from mqstore.store_space import DiskSpace
@@ -68,7 +69,6 @@ log = structlog.get_logger()
 MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
-OFFSETS_VISIBLE_WAIT_MS = 5_000  # a new leader's QueryOffset waits so long for its copied records' visibility
 # The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
                            frozenset({topic_event.TOPIC, offset_commit.TOPIC}))
@@ -103,18 +103,14 @@ class MessageStore:
         # A record is part of its topic only at or above the topic's start (store_topics): appends check
         # their topic under the append lock, and the dispatcher skips batches of a topic deleted since.
         self.commitlog.topic_start = self.dispatcher.topic_start = self.topics.start_of
-        # Consumer offsets: records of the store's own topic, a map in memory (mqstore.consumer_offsets).
-        self.offsets = self.topics.offsets = ConsumerOffsets(self._append_offsets, self._read_offsets,
-                                                             self._offsets_bounds)
-        self.retention = Retention(config, self.clock, segments=self.segments, queues=self.queues,
+        self.offsets = self.topics.offsets = ConsumerOffsets.of_store(self)  # mqstore.consumer_offsets
+        self.retention = Retention(config, self.clock, segments=self.segments, queues=self.queues, offsets=self.offsets,
                                    commitlog=self.commitlog, dispatcher=self.dispatcher, topics=self.topics,
-                                   flushed_offset=self.flushed_offset, offsets=self.offsets,
-                                   writable=self.gate_writable)
+                                   flushed_offset=self.flushed_offset, writable=lambda: takes_writes(self.gate))
         self.maintenance = Maintenance(config, self.clock, write_checkpoint=self.write_checkpoint,
-                                       check_disk=self.disk.check,
+                                       check_disk=self.disk.check, follow_offsets=self.offsets.catch_up,
                                        delete_expired_segments=self.retention.delete_expired_segments,
-                                       apply_topic_retention=self.retention.apply_topic_retention,
-                                       follow_offsets=self.offsets.catch_up)
+                                       apply_topic_retention=self.retention.apply_topic_retention)
         sync = config.flush_mode == FLUSH_SYNC
         self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_CREATE)
         self._lock_fd: int | None = None
@@ -127,8 +123,6 @@ class MessageStore:
         # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
         self.gate = SingleNode()
         self._copied_end = 0  # the log's end when this node was promoted: below it no append is pending
-        self._sql_offsets_pending = False  # an earlier version's SQL offsets to import once leading (start)
-        self._sql_offsets_lock = threading.Lock()
         self._appended = metrics.counter("mqstore_commitlog_appended_messages_total", "messages appended")
         self._appended_bytes = metrics.counter("mqstore_commitlog_appended_bytes_total", "record bytes appended")
         self._batches = metrics.counter("mqstore_commitlog_append_batches_total", "batches appended (Append calls)")
@@ -150,11 +144,7 @@ class MessageStore:
     def _checkpoint_path(self):
         return self.config.data_dir / "checkpoint"
 
-    def start(self, import_sql_offsets: bool = True) -> None:
-        """Recover and serve. ``import_sql_offsets``: import an earlier version's SQL consumer offsets into an
-        empty offsets topic now (a single node); False: on the first CommitOffset or QueryOffset this node
-        answers as the leader (a node of a replication group appends nothing at start, when it is no
-        leader yet: :meth:`_import_sql_offsets_once`)."""
+    def start(self) -> None:
         fs.make_dirs(self.config.data_dir)  # the creation rule (mqstore.fs)
         self._take_lock()
         try:
@@ -166,9 +156,6 @@ class MessageStore:
             self._release_lock()
             raise
         self.offsets.catch_up()  # the map, from the offsets topic's min offset
-        self._sql_offsets_pending = not import_sql_offsets
-        if import_sql_offsets:
-            self._import_sql_offsets()
         self._resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
 
     def _start_locked(self) -> None:
@@ -366,16 +353,23 @@ class MessageStore:
         replicas, epoch = await self.gate.finish_append_async(written.end, sync_replication)
         return self._acknowledged(written, uniq_keys, durability, replicas, epoch, sync_replication)
 
-    def _writable(self, topic: str, messages, system_writer: str | None,
-                 replication: str | None) -> tuple[TopicRecord, bool]:
+    def append_own(self, topic: str, messages: Sequence[MessageIn], replication: str | None = None) -> AppendResults:
+        """:meth:`append`'s path to the store's own topics (offsets, topic events), which no writer may name."""
+        invariant(topic in STORE_WRITER.topics, f"{topic!r} is not one of the store's own topics")
+        rec, sync_replication = self._writable(topic, messages, None, replication, own=True)
+        return self._append_checked(rec, messages, sync_replication)
+
+    def _writable(self, topic: str, messages, system_writer: str | None, replication: str | None,
+                  own: bool = False) -> tuple[TopicRecord, bool]:
         """The topic's record and whether the append waits for the in-sync replicas, once the batch may be
-        written by ``system_writer`` (``gate.begin_append`` is called)."""
+        written by ``system_writer`` (by the store itself when ``own``; ``gate.begin_append`` is called)."""
         self.check_running()
         sync_replication = self.gate.sync_wanted(replication)
         self.gate.begin_append(sync_replication)
         self.disk.refuse_if_read_only()
         rec = self.topics.get(topic)
-        self.writers.check(rec, messages, system_writer)
+        if not own:
+            self.writers.check(rec, messages, system_writer)
         return rec, sync_replication
 
     def _append_checked(self, rec: TopicRecord, messages, sync_replication: bool) -> AppendResults:
@@ -457,10 +451,7 @@ class MessageStore:
         follower that meets it removes what it derived from the topic (in log order, also after being
         away), and it must not be lost to a power cut once the registry has forgotten the topic."""
         event = topic_event.TopicEvent(topic_event.DELETED, rec.name, rec.start_physical_offset)
-        message = MessageIn(body=topic_event.encode(event), keys=(rec.name,))
-        sync_replication = self.gate.sync_wanted(None)  # the node's default, as an append that names none
-        self.gate.begin_append(sync_replication)
-        written = self._append_checked(self.topics.get(topic_event.TOPIC), [message], sync_replication)
+        written = self.append_own(topic_event.TOPIC, [MessageIn(body=topic_event.encode(event), keys=(rec.name,))])
         end = written.entries[-1][0] + written.entries[-1][1]
         if self.flusher.flushed_offset < end:
             self.flusher.flush_now()
@@ -479,79 +470,6 @@ class MessageStore:
 
     def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:
         return self.topics.describe(name)
-
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self.commit_offsets([(group, topic, queue_id, offset)])
-
-    def commit_offsets(self, rows: Sequence[tuple[str, str, int, int]], replication: str | None = None) -> None:
-        """Several (group, topic, queue id, offset) at once, all stored or none (one record of the offsets
-        topic: mqstore.consumer_offsets); each checked as CommitOffset checks it. ``replication`` as an
-        append's: None the node's default (pop consumption's are SYNC, as its other records)."""
-        self.check_running()
-        self.gate.check_writable()  # a replica (or a deposed leader) refuses, naming its leader
-        self.topics.check_offsets(rows)
-        self._offsets_visible()
-        self.offsets.commit(rows, replication)
-
-    def gate_writable(self) -> bool:
-        """Whether this node takes writes now (a replica does not)."""
-        try:
-            self.gate.check_writable()
-        except MqStoreError:
-            return False
-        return True
-
-    def _append_offsets(self, body: bytes, replication: str | None) -> None:
-        """One record of the offsets topic through the store's write path (its topic events' way: no writer
-        may name the store), with ``replication`` (None: the node's default)."""
-        self.check_running()
-        sync_replication = self.gate.sync_wanted(replication)
-        self.gate.begin_append(sync_replication)
-        self.disk.refuse_if_read_only()
-        self._append_checked(self.topics.get(offset_commit.TOPIC), [MessageIn(body=body)], sync_replication)
-
-    def _read_offsets(self, queue_offset: int, count: int) -> list[tuple[int, int, bytes]]:
-        result = self.pull(offset_commit.TOPIC, 0, queue_offset, count, MAX_PULL_BYTES)
-        return [(m.record.queue_offset, m.record.physical_offset, m.record.body) for m in result.messages]
-
-    def _offsets_bounds(self) -> tuple[int, int]:
-        cq = self.queues.get(offset_commit.TOPIC, 0)
-        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
-
-    def _import_sql_offsets(self) -> None:
-        """Once: the consumer offsets of the SQL table of earlier versions, into an empty offsets topic (on a
-        node that takes writes; the rows of topics gone since are left out)."""
-        if not self.gate_writable() or self._offsets_bounds()[1] > 0:
-            return
-        rows = [row for row in self.topics.meta.list_offsets() if row[1] in self.topics.names()]
-        if rows and self.offsets.import_rows(rows):
-            log.info("offsets.migrated", rows=len(rows), source="sql consumer_offsets table",
-                     why="consumer offsets live in the offsets topic now; the table is no longer written")
-
-    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        self._offsets_visible()
-        return self.topics.query_offset(group, topic, queue_id)
-
-    def _offsets_visible(self) -> None:
-        """A new leader answers offsets once it shows everything it copied as a replica: the last offsets its
-        old leader acknowledged lie there (waits up to OFFSETS_VISIBLE_WAIT_MS, then Unavailable). Then the
-        earlier version's SQL offsets, if still to import (:meth:`start`)."""
-        if not self.promoted_visible() and not self.wait_for_messages(self.promoted_visible,
-                                                                        OFFSETS_VISIBLE_WAIT_MS):
-            raise Unavailable("this node leads since a moment and does not show every record it copied as a "
-                              "replica yet (its in-sync replicas have not acknowledged them): consumer offsets "
-                              "would be older than acknowledged; retry in a moment")
-        if self._sql_offsets_pending:
-            self._import_sql_offsets_once()
-
-    def _import_sql_offsets_once(self) -> None:
-        """A node of a replication group: the import of :meth:`_import_sql_offsets`, by the first leader that
-        answers offsets (the shared database's rows; an offsets topic that holds a record already, this
-        node's or copied from an earlier leader, is not imported into)."""
-        with self._sql_offsets_lock:
-            if self._sql_offsets_pending and self.gate_writable():
-                self._import_sql_offsets()
-                self._sql_offsets_pending = False
 
     def _drop_queues(self, topic: str) -> None:
         """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from mqstore import store_offsets
 from mqstore.format import offset_commit
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
@@ -20,8 +21,8 @@ def test_a_torn_multi_row_commit_leaves_none_of_its_rows(small_config):
     store.start()
     store.create_topic("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(20)])
-    store.commit_offsets([("g", "t", 0, 1), ("g", "t", 1, 1), ("CID_REVIVE", "t", 0, 2)])
-    store.commit_offsets([("g", "t", 0, 7), ("g", "t", 1, 8), ("CID_REVIVE", "t", 0, 9)])
+    store_offsets.commit_offsets(store, [("g", "t", 0, 1), ("g", "t", 1, 1), ("CID_REVIVE", "t", 0, 2)])
+    store_offsets.commit_offsets(store, [("g", "t", 0, 7), ("g", "t", 1, 8), ("CID_REVIVE", "t", 0, 9)])
     info = store.queue_info(offset_commit.TOPIC, 0)
     last = store.pull(offset_commit.TOPIC, 0, info.max_offset - 1).messages[0].record
     store.halt()

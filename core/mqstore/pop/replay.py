@@ -23,6 +23,7 @@ import collections
 
 import structlog
 
+from mqstore import store_offsets
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, NotFound
 from mqstore.model import StoredMessage
@@ -39,7 +40,7 @@ def replay(pop, revive_group: str) -> int:
     checkpoint it started from."""
     store = pop.store
     try:
-        checkpoint = store.query_offset(revive_group, topic_rules.REVIVE_TOPIC, 0)
+        checkpoint = store_offsets.query_offset(store, revive_group, topic_rules.REVIVE_TOPIC, 0)
     except NotFound:
         checkpoint = 0
     info = store.queue_info(topic_rules.REVIVE_TOPIC, 0)

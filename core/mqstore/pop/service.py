@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 
 import structlog
 
-from mqstore import failpoints, limits
+from mqstore import failpoints, limits, store_offsets
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock
 from mqstore.errors import FailedPrecondition, InvalidArgument, MqStoreError, NotFound, Unavailable
@@ -255,7 +255,7 @@ class PopService:
 
     def _stored_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         try:
-            return self.store.query_offset(group, topic, queue_id)
+            return store_offsets.query_offset(self.store, group, topic, queue_id)
         except NotFound:
             self.store.queue_info(topic, queue_id)  # raises NotFound when the topic itself is missing
             return None

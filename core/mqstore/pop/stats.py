@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mqstore import store_offsets
 from mqstore import topics as topic_rules
 from mqstore.errors import InvalidArgument, NotFound
 from mqstore.pop import storage
@@ -53,7 +54,7 @@ def _queue_state(pop, group: str, topic: str, source) -> QueueState:
     offset = pop.offsets.peek((group, source.name, source.queue_id))
     if offset is None:
         try:
-            offset = pop.store.query_offset(group, source.name, source.queue_id)
+            offset = store_offsets.query_offset(pop.store, group, source.name, source.queue_id)
         except NotFound:  # never received (or the retry topic does not exist yet)
             offset = NEVER
     max_offset = storage.max_offsets(pop.store, [(source.name, source.queue_id)])[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from mqstore import store_offsets
 from mqstore.model import TopicRecord
 from mqstore.store import MessageStore
 
@@ -26,7 +27,7 @@ def commit_offsets(store: MessageStore, rows: Sequence[tuple[str, str, int, int]
     with its revive checkpoint, last; one record of the offsets topic, mqstore.consumer_offsets). A replica, or
     a deposed leader, refuses: its pop offsets must not overwrite the new leader's. ``replication``: pop's
     (mqstore.pop.service.POP_REPLICATION: SYNC, as every pop record, so a new leader holds them)."""
-    store.commit_offsets(rows, replication)
+    store_offsets.commit_offsets(store, rows, replication)
 
 
 def max_offsets(store: MessageStore, queues: Sequence[tuple[str, int]]) -> list[int]:

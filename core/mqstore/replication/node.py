@@ -23,7 +23,7 @@ from typing import Callable
 import structlog
 
 from mqstore import waits
-from mqstore.errors import NotLeader, Unavailable
+from mqstore.errors import MqStoreError, NotLeader, Unavailable
 from mqstore.replication import epochs
 from mqstore.replication.config import SYNC, ReplicationConfig
 from mqstore.replication.isr import InSyncSet
@@ -241,3 +241,13 @@ class SingleNode:
 
     def committed_offset(self) -> int:
         return 1 << 62  # one copy: everything written is committed
+
+
+def takes_writes(gate: ReplicationNode | SingleNode) -> bool:
+    """Whether the node behind ``gate`` takes writes now (a replica, a candidate or a fenced leader does not):
+    retention's rewrite of live offsets and the SQL offsets' import ask it before appending."""
+    try:
+        gate.check_writable()
+    except MqStoreError:
+        return False
+    return True

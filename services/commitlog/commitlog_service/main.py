@@ -38,7 +38,7 @@ import pathlib
 import sys
 from typing import Callable, Mapping, Protocol, Sequence
 
-from mqstore import defaults
+from mqstore import defaults, store_offsets
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
@@ -134,8 +134,9 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
                          metrics=parts.metrics)
     # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are
     # imported by its leader on the first offsets call it answers (README, Consumer offsets).
-    store.start(import_sql_offsets=not config.replication.enabled)
+    store.start()
     parts.on_close(store.stop)
+    store_offsets.import_sql_offsets(store, now=not config.replication.enabled)
     node = _compose_replication(config, store, parts) if config.replication.enabled else None
     pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,
                         ready=store.promoted_visible)

@@ -13,7 +13,7 @@ import contextlib
 from typing import Iterable, Iterator
 
 import grpc
-from mqstore import tailing
+from mqstore import store_offsets, tailing
 from mqstore.access import SERVICE_USER
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
@@ -150,11 +150,11 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         return commitlog_pb2.GetOffsetByTimeResponse(offset=offset)
 
     def CommitOffset(self, request, context):
-        self._store.commit_offset(request.group, request.topic, request.queue_id, request.offset)
+        store_offsets.commit_offset(self._store, request.group, request.topic, request.queue_id, request.offset)
         return commitlog_pb2.CommitOffsetResponse()
 
     def QueryOffset(self, request, context):
-        offset = self._store.query_offset(request.group, request.topic, request.queue_id)
+        offset = store_offsets.query_offset(self._store, request.group, request.topic, request.queue_id)
         return commitlog_pb2.QueryOffsetResponse(offset=offset)
 
     def GetStoreInfo(self, request, context):

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+from mqstore import store_offsets
 from mqstore.clock import SystemClock
 from mqstore.consumer_offsets import ConsumerOffsets, OffsetMap
 from mqstore.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
@@ -130,18 +131,18 @@ def test_a_commit_is_a_record_of_the_offsets_topic_not_a_sql_row(open_store):
     store = open_store()
     store.create_topic("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(10)])
-    store.commit_offset("g", "t", 1, 4)
-    assert store.query_offset("g", "t", 1) == 4
+    store_offsets.commit_offset(store, "g", "t", 1, 4)
+    assert store_offsets.query_offset(store, "g", "t", 1) == 4
     assert _records(store) == [[Row("g", "t", 1, 4)]]
     assert store.topics.meta.list_offsets() == []  # the SQL table is no longer written
     with pytest.raises(OutOfRange):
-        store.commit_offset("g", "t", 1, 6)
+        store_offsets.commit_offset(store, "g", "t", 1, 6)
     with pytest.raises(InvalidArgument):
-        store.commit_offset("bad group", "t", 1, 1)
+        store_offsets.commit_offset(store, "bad group", "t", 1, 1)
     with pytest.raises(NotFound):
-        store.commit_offset("g", "t", 2, 0)  # no such queue
+        store_offsets.commit_offset(store, "g", "t", 2, 0)  # no such queue
     with pytest.raises(NotFound, match="committed no offset"):
-        store.query_offset("g", "t", 0)
+        store_offsets.query_offset(store, "g", "t", 0)
     assert _records(store) == [[Row("g", "t", 1, 4)]]  # nothing refused was appended
 
 
@@ -150,11 +151,11 @@ def test_the_rows_of_one_call_are_one_record(open_store):
     store.create_topic("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(10)])
     rows = [("g", "t", 0, 5), ("g", "t", 1, 2), ("h", "t", 0, 1)]
-    store.commit_offsets(rows)
+    store_offsets.commit_offsets(store, rows)
     assert _records(store) == [[Row(*row) for row in rows]]
     with pytest.raises(OutOfRange):
-        store.commit_offsets([("g", "t", 0, 1), ("g", "t", 1, 99)])  # one bad row: none of them
-    assert store.query_offset("g", "t", 0) == 5 and len(_records(store)) == 1
+        store_offsets.commit_offsets(store, [("g", "t", 0, 1), ("g", "t", 1, 99)])  # one bad row: none of them
+    assert store_offsets.query_offset(store, "g", "t", 0) == 5 and len(_records(store)) == 1
 
 
 def test_the_map_is_rebuilt_from_the_log_at_start(open_store, small_config):
@@ -162,12 +163,12 @@ def test_the_map_is_rebuilt_from_the_log_at_start(open_store, small_config):
     store.create_topic("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(10)])
     for offset in range(6):
-        store.commit_offset("g", "t", 0, offset)
-    store.commit_offsets([("g", "t", 1, 3), ("h", "t", 0, 2)])
-    store.commit_offset("g", "t", 1, 1)  # back: a reset is allowed, the latest wins
+        store_offsets.commit_offset(store, "g", "t", 0, offset)
+    store_offsets.commit_offsets(store, [("g", "t", 1, 3), ("h", "t", 0, 2)])
+    store_offsets.commit_offset(store, "g", "t", 1, 1)  # back: a reset is allowed, the latest wins
     store.stop()
     again = open_store()
-    assert [again.query_offset("g", "t", 0), again.query_offset("g", "t", 1), again.query_offset("h", "t", 0)] == \
+    assert [store_offsets.query_offset(again, *key) for key in (("g", "t", 0), ("g", "t", 1), ("h", "t", 0))] == \
         [5, 1, 2]
     assert again.offsets.rows() == [("g", "t", 0, 5), ("g", "t", 1, 1), ("h", "t", 0, 2)]
 
@@ -177,18 +178,18 @@ def test_delete_topic_tombstones_its_offsets(open_store):
     for name in ("t", "keep"):
         store.create_topic(name, 1)
         store.append(name, [MessageIn(body=b"x")] * 3)
-        store.commit_offset("g", name, 0, 2)
+        store_offsets.commit_offset(store, "g", name, 0, 2)
     store.delete_topic("t")
     assert _records(store)[-1] == [Row("g", "t", 0, TOMBSTONE)]
     store.create_topic("t", 1)
     store.append("t", [MessageIn(body=b"new")] * 3)
     with pytest.raises(NotFound, match="committed no offset"):
-        store.query_offset("g", "t", 0)
+        store_offsets.query_offset(store, "g", "t", 0)
     store.stop()
     again = open_store()
     with pytest.raises(NotFound, match="committed no offset"):
-        again.query_offset("g", "t", 0)
-    assert again.query_offset("g", "keep", 0) == 2
+        store_offsets.query_offset(again, "g", "t", 0)
+    assert store_offsets.query_offset(again, "g", "keep", 0) == 2
 
 
 def test_retention_deletes_the_old_segments_and_the_offsets_survive(open_store, fake_clock):
@@ -196,14 +197,14 @@ def test_retention_deletes_the_old_segments_and_the_offsets_survive(open_store, 
     store = open_store(clock=fake_clock, **config)
     store.create_topic("t", 1)
     store.append("t", [MessageIn(body=b"x")] * 3)
-    store.commit_offset("idle", "t", 0, 1)  # in the first segment, never committed again
-    store.commit_offset("busy", "t", 0, 1)
-    store.commit_offset("busy", "t", 0, 2)
-    store.commit_offset("gone", "t", 0, 1)
-    store.commit_offset("gone", "t", 0, 2)  # overwritten: nothing of it is live in the first segment
+    store_offsets.commit_offset(store, "idle", "t", 0, 1)  # in the first segment, never committed again
+    store_offsets.commit_offset(store, "busy", "t", 0, 1)
+    store_offsets.commit_offset(store, "busy", "t", 0, 2)
+    store_offsets.commit_offset(store, "gone", "t", 0, 1)
+    store_offsets.commit_offset(store, "gone", "t", 0, 2)  # overwritten: nothing of it is live in the first segment
     for i in range(40):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
-    store.commit_offset("busy", "t", 0, 3)
+    store_offsets.commit_offset(store, "busy", "t", 0, 3)
     store.flusher.flush_now()
     old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
     for seg in store.segments.segments:
@@ -225,7 +226,7 @@ def test_retention_never_passes_a_live_offset_on_a_node_that_does_not_rewrite(op
     store = open_store(clock=fake_clock, **config)
     store.create_topic("t", 1)
     store.append("t", [MessageIn(body=b"x")] * 3)
-    store.commit_offset("idle", "t", 0, 1)
+    store_offsets.commit_offset(store, "idle", "t", 0, 1)
     for i in range(40):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
@@ -234,14 +235,14 @@ def test_retention_never_passes_a_live_offset_on_a_node_that_does_not_rewrite(op
         os.utime(seg.path, (old, old))
     store.retention._writable = lambda: False  # as a replica: it keeps what its map still needs
     assert store.retention.delete_expired_segments() == 0
-    assert store.query_offset("idle", "t", 0) == 1
+    assert store_offsets.query_offset(store, "idle", "t", 0) == 1
     store.retention._writable = lambda: True
 
     def full(below):
         raise ResourceExhausted("the disk is full")
     store.offsets.rewrite_below = full  # a leader whose rewrite fails: retention goes on, below the floor
     assert store.retention.delete_expired_segments() == 0
-    assert store.query_offset("idle", "t", 0) == 1
+    assert store_offsets.query_offset(store, "idle", "t", 0) == 1
 
 
 def test_the_sql_offsets_of_an_earlier_version_are_imported_once(open_store, small_config):
@@ -256,12 +257,15 @@ def test_the_sql_offsets_of_an_earlier_version_are_imported_once(open_store, sma
     meta.delete_topic("dropped")  # its offsets go with it, as the earlier DeleteTopic did
     meta.close()
     again = open_store()
+    assert again.offsets.rows() == []  # the store alone imports nothing: its composition asks (commit log's main)
+    store_offsets.import_sql_offsets(again)
     assert again.offsets.rows() == [("g", "t", 0, 4), ("g", "t", 1, 5)]
     assert _records(again) == [[Row("g", "t", 0, 4), Row("g", "t", 1, 5)]]
-    again.commit_offset("g", "t", 0, 5)
+    store_offsets.commit_offset(again, "g", "t", 0, 5)
     again.stop()
     third = open_store()  # the table still has the old rows: not imported again over newer commits
-    assert third.query_offset("g", "t", 0) == 5 and len(_records(third)) == 2
+    store_offsets.import_sql_offsets(third)
+    assert store_offsets.query_offset(third, "g", "t", 0) == 5 and len(_records(third)) == 2
 
 
 def test_concurrent_commits_read_each_record_once_and_keep_the_latest(open_store):
@@ -279,7 +283,7 @@ def test_concurrent_commits_read_each_record_once_and_keep_the_latest(open_store
 
     def committer(index: int) -> None:
         for offset in range(1, 101):
-            store.commit_offset(f"g{index}", "t", index % 4, offset)
+            store_offsets.commit_offset(store, f"g{index}", "t", index % 4, offset)
     threads = [threading.Thread(target=committer, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()

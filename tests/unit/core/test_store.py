@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from mqstore import tailing
+from mqstore import store_offsets, tailing
 from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
 from mqstore.format import record_reader
 from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST, TAIL_LATEST
@@ -248,7 +248,7 @@ def test_full_disk_makes_store_read_only(open_store):
     with pytest.raises(ResourceExhausted, match="read-only"):
         store.append("t", [MessageIn(body=b"x")])
     with pytest.raises(ResourceExhausted, match="read-only"):
-        store.commit_offset("g", "t", 0, 1)
+        store_offsets.commit_offset(store, "g", "t", 0, 1)
     assert store.pull("t", 0, 0).messages[0].record.body == b"before"
     assert store.store_info().read_only
     store.disk.set_usage(0.0)
@@ -279,12 +279,12 @@ def test_consumer_offsets(open_store):
     store = open_store()
     store.create_topic("t", 1)
     store.append("t", [MessageIn(body=b"x")] * 5)
-    store.commit_offset("g1", "t", 0, 3)
-    assert store.query_offset("g1", "t", 0) == 3
+    store_offsets.commit_offset(store, "g1", "t", 0, 3)
+    assert store_offsets.query_offset(store, "g1", "t", 0) == 3
     with pytest.raises(OutOfRange):
-        store.commit_offset("g1", "t", 0, 6)
+        store_offsets.commit_offset(store, "g1", "t", 0, 6)
     with pytest.raises(NotFound):
-        store.query_offset("g2", "t", 0)
+        store_offsets.query_offset(store, "g2", "t", 0)
 
 
 def test_long_polls_beyond_the_limit_answer_at_once(open_store):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mqstore import relayed, topics
+from mqstore import relayed, store_offsets, topics
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, InvariantViolation
 from mqstore.format import offset_commit, record
@@ -39,13 +39,26 @@ def test_only_the_owner_writes_a_system_topic(store, topic):
         store.create_topic("gone", 1)
         store.append("gone", [MessageIn(body=b"x")])
         if topic == offset_commit.TOPIC:
-            store.commit_offset("g", "gone", 0, 1)
+            store_offsets.commit_offset(store, "g", "gone", 0, 1)
         else:
             store.delete_topic("gone")
     else:
         result = store.append(topic, [MessageIn(body=b"x")], system_writer=owner)
         assert result[0].queue_offset == 0
     assert store.queue_info(topic, 0).max_offset == 1
+
+
+def test_the_stores_own_append_writes_only_its_own_topics(store):
+    """append_own (the offsets map's way in, and the topic events') is append without the writers' check:
+    only for the store's own topics; any other is a bug of its caller, never written."""
+    store.create_topic("orders", 1)
+    for topic in ("orders", topics.REVIVE_TOPIC):
+        with pytest.raises(InvariantViolation, match="not one of the store's own topics"):
+            store.append_own(topic, [MessageIn(body=b"x")])
+    assert store.queue_info("orders", 0).max_offset == 0
+    body = offset_commit.encode([offset_commit.Row("g", "orders", 0, 1)])
+    store.append_own(offset_commit.TOPIC, [MessageIn(body=body)])
+    assert store_offsets.query_offset(store, "g", "orders", 0) == 1
 
 
 def test_system_writer_is_keyword_only(store):

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from mqstore import store_offsets
 from mqstore.errors import FailedPrecondition, NotFound
 from mqstore.failpoints import FailpointHit
 from mqstore.format import topic_event
@@ -53,7 +54,7 @@ def test_a_topic_created_again_starts_empty_at_offset_0(small_config, kind):
     store = MessageStore(config)
     store.start()
     old = _fill(store, "t", 20, kind=kind)
-    store.commit_offset("g", "t", 0, 3)
+    store_offsets.commit_offset(store, "g", "t", 0, 3)
     store.delete_topic("t")
     with pytest.raises(NotFound):
         store.pull("t", 0, 0)
@@ -63,7 +64,7 @@ def test_a_topic_created_again_starts_empty_at_offset_0(small_config, kind):
     assert (result.queue_id, result.queue_offset) == (0, 0)
     _check_recreated(store, old)
     with pytest.raises(NotFound):
-        store.query_offset("g", "t", 0)  # the old topic's consumer offsets went with it
+        store_offsets.query_offset(store, "g", "t", 0)  # the old topic's consumer offsets went with it
     assert [(e.topic, e.start_physical_offset) for e in _events(store)] == [("t", 0)]
     store.stop()
     bodies = (b"new",)

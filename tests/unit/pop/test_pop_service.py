@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from mqstore import store_offsets
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from mqstore.model import MessageIn
@@ -236,10 +237,10 @@ def test_pop_and_pull_with_commit_offset_serve_different_groups_of_one_topic(env
     send(p, 5)
     assert len(p.receive()) == 5
     page = p.store.pull("t", 0, 0, max_messages=3)
-    p.store.commit_offset("pullers", "t", 0, page.next_offset)
+    store_offsets.commit_offset(p.store, "pullers", "t", 0, page.next_offset)
     p.expire()
     assert len(p.receive()) == 5  # redelivered to the pop group
-    assert p.store.query_offset("pullers", "t", 0) == 3  # the pull group's offset is its own
+    assert store_offsets.query_offset(p.store, "pullers", "t", 0) == 3  # the pull group's offset is its own
     assert [m.record.body for m in p.store.pull("t", 0, 3).messages] == [b"m3", b"m4"]
 
 
@@ -267,11 +268,11 @@ def test_the_revive_checkpoint_moves_past_resolved_checkpoints_only(env):
     p.store.flusher.flush_now()
     p.pop.reviver.flush()
     assert p.pop.reviver.revive_offset == 1  # b's CK, next after a's
-    assert p.store.query_offset("g", "t", 0) == 3
+    assert store_offsets.query_offset(p.store, "g", "t", 0) == 3
     p.pop.ack("g", "t", [d.receipt_handle for d in b])
     p.pop.reviver.flush()
     end = p.pop.revive_end()
-    assert p.pop.reviver.revive_offset == end == 4 and p.store.query_offset("CID_RMQ_SYS_REVIVE_GROUP",
+    assert p.pop.reviver.revive_offset == end == 4 and store_offsets.query_offset(p.store, "CID_RMQ_SYS_REVIVE_GROUP",
                                                                             "rmq_sys_REVIVE_LOG", 0) == 4
     p.crash()
     assert pop_stats(p.pop).counts.replayed_records == 0 and p.receive() == []
@@ -335,7 +336,7 @@ def test_a_topic_created_again_is_received_from_its_start(env):
     assert bodies(p.receive()) == [b"m10", b"m11"]
     p.store.flusher.flush_now()
     p.pop.reviver.flush()
-    assert p.store.query_offset("g", "t", 0) == p.store.queue_info("t", 0).max_offset
+    assert store_offsets.query_offset(p.store, "g", "t", 0) == p.store.queue_info("t", 0).max_offset
 
 
 def test_messages_removed_by_retention_before_a_receive_are_passed_over(env):
