@@ -138,7 +138,9 @@ def test_a_group_imports_an_earlier_versions_sql_offsets_once_through_its_leader
     meta.close()
     group.start_all()
     leader, _ = group.wait_leader()
-    assert not [n for n, p in group.procs.items() if any('"offsets.migrated"' in line for line in p.lines)]
+    # No check that nothing was imported yet: pop's replay on the new leader asks its offsets as soon as it
+    # leads, and that first offsets call may run the import before wait_leader returns. Which node
+    # imported (the leader alone, once) is what the end of the test checks.
     # The leader imports on its first offsets call, with SYNC replication: until its replicas are in sync
     # the call is UNAVAILABLE (retriable), never an answer without the imported rows.
     wait_until(lambda: _answers(group.log(leader), [4, 5]), "the leader to import and answer", timeout_s=30)
