@@ -522,6 +522,8 @@ class Coordinator:
 
     def check_ready(self) -> None:
         if not self.table.ready:
+            if self.table.standby:
+                raise Unavailable(self.table.standby)
             raise Unavailable("recovering: the Transaction service is reading the log up to the end it saw at "
                               "start (it cannot tell yet what was committed); retry shortly")
 
