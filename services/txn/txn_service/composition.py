@@ -189,6 +189,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                                                                 LoopCalls(coordinator, streams, loop_blocks, io))
     else:
         servicer = TransactionServicer(coordinator, checkback, operations, streams)
+    servicer.table = table  # an etcd election turns it active or standby (txn_service.main)
     serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     return servicer
 

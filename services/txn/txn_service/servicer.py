@@ -163,7 +163,6 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
     def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
                  streams: TransactStreams):
         self._coordinator, self._checkback, self._ops, self._streams = coordinator, checkback, operations, streams
-        self.table = coordinator.table  # an etcd election turns it active or standby (txn_service.main)
 
     def Prepare(self, request, context):
         return _prepared(self._prepare(request, context.peer()))
