@@ -8,10 +8,14 @@ its acknowledged end on the new active one (none decided twice: nothing else is 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import grpc
 import pytest
+from gateway_service.txn_client import TxnClient
+from mqstore.model import MessageIn
 
 from mqstore_rpc.endpoints import Failover
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
@@ -131,6 +135,22 @@ def test_the_standby_takes_over_after_kill_9_of_the_active_one_and_no_acknowledg
                         assert seen[f"{txn_id}-{n}".encode()] == (1 if outcome == "commit" else 0), (txn_id, seen)
                 assert sum(seen.values()) == 2 * sum(1 for o in done.values() if o == "commit")  # nothing twice
                 assert new.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_S).open == 0
+
+                # the gateway's client and the CLI, given the dead one first, reach the new active one
+                both = f"{active},{standby}"
+                gateway_client = TxnClient(both, rpc_timeout_s=RPC_S, stream_deadline_s=60,
+                                           max_reconnect_backoff_ms=500)
+                try:
+                    txn_id, _ = gateway_client.prepare("orders", MessageIn(body=b"gateway-0"), "orders")
+                    gateway_client.commit(txn_id, "orders")
+                finally:
+                    gateway_client.close()
+                cli = subprocess.run([sys.executable, "-m", "mqstore_cli", "--txn-address", both, "txn", "send",
+                                      "orders", "cli-0", "--group", "pg"], capture_output=True, text=True,
+                                     timeout=60)
+                assert cli.returncode == 0 and "COMMITTED" in cli.stdout, cli.stdout + cli.stderr
+                seen = _visible(log_stub)
+                assert (seen[b"gateway-0"], seen[b"cli-0"]) == (1, 1), seen
             finally:
                 for channel in channels.values():
                     channel.close()
