@@ -235,7 +235,7 @@ def _role(address: str) -> str:
 def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path):
     if etcd_local.find_binary() is None:
         pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
-    names = [e.name for e in launcher.SERVICES] + ["commitlog-n2", "commitlog-n3", "index-2", "compactor-2",
+    names = [e.name for e in launcher.SERVICES] + ["commitlog-n2", "commitlog-n3", "index-2", "txn-2", "compactor-2",
                                                    "gateway-2"]
     ports: dict[str, int] = {}
     while len({p + offset for p in ports.values() for offset in (0, launcher.METRICS_PORT_OFFSET)}) < 2 * len(names):
@@ -258,11 +258,15 @@ def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path)
         gateways = f"127.0.0.1:{ports['gateway']};127.0.0.1:{ports['gateway-2']}"
         assert _serving(f"127.0.0.1:{ports['index-2']}", "mqstore.v1.Index")
         assert _serving(f"127.0.0.1:{ports['gateway-2']}", "apache.rocketmq.v2.MessagingService")
+        txns = f"127.0.0.1:{ports['txn']},127.0.0.1:{ports['txn-2']}"
+        assert _serving(f"127.0.0.1:{ports['txn-2']}", "mqstore.v1.Transaction")  # the standby is SERVING
         compactors = f"127.0.0.1:{ports['compactor']},127.0.0.1:{ports['compactor-2']}"
         assert _serving(f"127.0.0.1:{ports['compactor-2']}", "mqstore.v1.Compactor")
-        more = [ha_launcher.lines.get(timeout=60) for _ in range(4)]  # replication status, Index, Compactors, gateways
-        assert f"MQSTORE_INDEX_ADDRESS={index}" in more[1] and f'endpoints "{gateways}"' in more[3], more
-        assert f"MQSTORE_COMPACTOR_ADDRESS={compactors}" in more[2], more
+        # replication status, Index, txn, Compactors, gateways
+        more = [ha_launcher.lines.get(timeout=60) for _ in range(5)]
+        assert f"MQSTORE_INDEX_ADDRESS={index}" in more[1] and f'endpoints "{gateways}"' in more[4], more
+        assert f"MQSTORE_TXN_ADDRESS={txns}" in more[2], more
+        assert f"MQSTORE_COMPACTOR_ADDRESS={compactors}" in more[3], more
         # kill -9 of one Index: reported, the other serves, the launcher runs on
         os.kill(_pid_with_argument(str(tmp_path / "data" / "index-2")), signal.SIGKILL)
         said = "index-2 exited with status -9; its other instance still serves"

@@ -110,9 +110,9 @@ def test_ha_mode_takes_the_port_flags_of_make_run_and_the_nodes_own(monkeypatch)
     assert [port for _, port in ha.node_ports(seen)] == [61051, 61061, 61099]
 
 
-def test_ha_mode_runs_the_index_and_the_gateway_twice_on_ports_of_their_own(monkeypatch):
-    """issue 34: a second Index and gateway, 10 above the first or on --index-2-port / --gateway-2-port, each
-    with its own data dir and the first one's flags."""
+def test_ha_mode_runs_the_index_the_txn_service_and_the_gateway_twice_on_ports_of_their_own(monkeypatch):
+    """issue 34: a second Index, Transaction service and gateway, 10 above the first or on --index-2-port /
+    --txn-2-port / --gateway-2-port, each with its own data dir and the first one's flags."""
     from mqstore_launcher import ha
     seen = {}
     monkeypatch.setattr(ha, "run", lambda data_dir, ports, tls, auth, service_logs: seen.update(ports) or 0)
@@ -120,13 +120,16 @@ def test_ha_mode_runs_the_index_and_the_gateway_twice_on_ports_of_their_own(monk
     assert seen["gateway-2"] == 61091 and "index-2" not in seen
     planned = ha.with_second_instances(launcher.services(seen)[1:], seen)
     assert [(s.name, s.port) for s in planned] == [
-        ("index", 50052), ("index-2", 50062), ("txn", 50053), ("compactor", 50054), ("compactor-2", 50064),
+        ("index", 50052), ("index-2", 50062), ("txn", 50053), ("txn-2", 50063), ("compactor", 50054),
+        ("compactor-2", 50064),
         ("gateway", 8081), ("gateway-2", 61091)]
     first, second = planned[0], planned[1]
     assert second.extra_args == first.extra_args and second.entry.data_subdir == "index-2"
     assert ha.instances_text(planned) == (
         "Index instances: 127.0.0.1:50052,127.0.0.1:50062 (`export MQSTORE_INDEX_ADDRESS=127.0.0.1:50052,"
         "127.0.0.1:50062`: a query one cannot answer goes to the next).\n"
+        "Transaction services (active and standby): 127.0.0.1:50053,127.0.0.1:50063 (`export MQSTORE_TXN_ADDRESS="
+        "127.0.0.1:50053,127.0.0.1:50063`: the standby's refusal sends a call to the active one).\n"
         "Compactors: 127.0.0.1:50054,127.0.0.1:50064 (`export MQSTORE_COMPACTOR_ADDRESS=127.0.0.1:50054,"
         "127.0.0.1:50064`: either answers reads; rounds run on the one holding the etcd lease).\n"
         'Gateways: give the RocketMQ clients both, endpoints "127.0.0.1:8081;127.0.0.1:61091" (sends go on '

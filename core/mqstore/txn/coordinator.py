@@ -496,7 +496,9 @@ class Coordinator:
         request says it was prepared with, "": any; the gateway's EndTransaction) must be its own, and
         ``permit(topic, group)`` (the caller's permission; raises PermissionDenied) must pass. Either refusal
         is :meth:`unknown`: NotFound, the same message as for an id never prepared (txn.proto: no existence
-        oracle)."""
+        oracle). While not ready (recovering, a standby) it raises Unavailable: an id it does not know yet may be
+        in the log."""
+        self.check_ready()
         txn = self.txn(txn_id)
         want_topic, want_group = expected
         if (want_topic and want_topic != txn.topic) or (want_group and want_group != txn.group):
@@ -522,6 +524,8 @@ class Coordinator:
 
     def check_ready(self) -> None:
         if not self.table.ready:
+            if self.table.standby:
+                raise Unavailable(self.table.standby)
             raise Unavailable("recovering: the Transaction service is reading the log up to the end it saw at "
                               "start (it cannot tell yet what was committed); retry shortly")
 

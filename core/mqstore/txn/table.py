@@ -133,6 +133,7 @@ class TxnTable:
         self._dirty: set[str] = set()          # changed since the last checkpoint (persist.py)
         self.applied: int | None = None       # every record below it is applied
         self.target: int | None = None        # the log end seen first after start
+        self.standby = ""                      # non-empty: a standby (mqstore.txn.election), never ready; why
         self._ready = threading.Event()
 
     # ---- reading ---------------------------------------------------------------------------------------
@@ -392,16 +393,45 @@ class TxnTable:
                 self.target = log_end
             self.applied = next_physical_offset
             self._forget_old()  # those the follower has just passed may go now
-            became_ready = not self._ready.is_set() and self.applied >= self.target
-            if became_ready:
-                for txn in list(self.by_id.values()):  # caught up: every missing OP record now
-                    self.need_op(txn)
-                self._ready.set()
+            became_ready = self._become_ready_locked()
         if became_ready:
-            log.info("txn.recovered", applied_physical_offset=next_physical_offset, transactions=len(self.by_id))
-            for listener in self.on_ready:
-                listener()
+            self._ready_now()
         for listener in self.on_applied:
+            listener()
+
+    def _become_ready_locked(self) -> bool:
+        became_ready = (not self._ready.is_set() and not self.standby and self.applied is not None
+                        and self.target is not None and self.applied >= self.target)
+        if became_ready:
+            for txn in list(self.by_id.values()):  # caught up: every missing OP record now
+                self.need_op(txn)
+            self._ready.set()
+        return became_ready
+
+    def _ready_now(self) -> None:
+        log.info("txn.recovered", applied_physical_offset=self.applied, transactions=len(self.by_id))
+        for listener in self.on_ready:
+            listener()
+
+    def activate(self, log_end: int) -> None:
+        """A standby won the election (mqstore.txn.election): ready once the follower has applied the log up to
+        ``log_end`` (everything the old active acknowledged), as after a start."""
+        with self.lock:
+            self.standby = ""
+            self.target = max(self.target or 0, log_end)
+            became_ready = self._become_ready_locked()
+        if became_ready:
+            self._ready_now()
+        else:
+            for listener in self.on_ready:  # health: "recovering" until caught up
+                listener()
+
+    def deactivate(self, why: str) -> None:
+        """Back to standby (lost the election): not ready, ``why`` is the refusal's text."""
+        with self.lock:
+            self.standby = why
+            self._ready.clear()
+        for listener in self.on_ready:
             listener()
 
     def _add_half(self, txn: Txn, half: Half) -> None:

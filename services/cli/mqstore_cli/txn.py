@@ -24,6 +24,7 @@ import grpc
 
 from mqstore import defaults
 from mqstore_cli.args import CliError
+from mqstore_rpc.endpoints import Failover
 from mqstore_rpc.gen.mqstore.v1 import common_pb2, txn_pb2, txn_pb2_grpc
 
 DEFAULT_TXN_ADDRESS = defaults.TXN_ADDRESS
@@ -34,7 +35,9 @@ _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # a frame'
 
 def _address_option(parser: argparse.ArgumentParser, default) -> None:
     parser.add_argument("--txn-address", default=default,
-                        help=f"Transaction host:port (env MQSTORE_TXN_ADDRESS, default {DEFAULT_TXN_ADDRESS})")
+                        help=f"Transaction host:port, or host:port,host:port for an active/standby pair (a call "
+                             f"the standby refuses goes to the next) (env MQSTORE_TXN_ADDRESS, default "
+                             f"{DEFAULT_TXN_ADDRESS})")
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
@@ -84,21 +87,27 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 
 class _Txn:
-    """A channel to the Transaction service for one command. Not thread-safe."""
+    """Channels to the Transaction service(s) of ``--txn-address`` for one command: a call a standby refuses
+    (UNAVAILABLE) goes to the next (mqstore_rpc.endpoints.Failover). Not thread-safe."""
 
     def __init__(self, cli):
         self.cli = cli
-        self.channel = cli.channel(cli.args.txn_address)
-        self.stub = txn_pb2_grpc.TransactionStub(self.channel)
+        self.instances = Failover(cli.args.txn_address, cli.channel, txn_pb2_grpc.TransactionStub,
+                                  retried=frozenset({grpc.StatusCode.UNAVAILABLE}))
 
     def call(self, method: str, request):
-        return getattr(self.stub, method)(request, timeout=self.cli.args.timeout)
+        return self.instances.call(method, request, timeout=self.cli.args.timeout)
+
+    def open(self, method: str, requests):
+        """A stream on the instance that answered last (the first at the start): (the call, its index for
+        ``instances.failed``)."""
+        return self.instances.open(method, requests, timeout=self.cli.args.timeout)
 
     def __enter__(self) -> _Txn:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.channel.close()
+        self.instances.close()
 
 
 def _prepare_request(cli) -> txn_pb2.PrepareRequest:
@@ -131,19 +140,33 @@ def _answer(response: txn_pb2.TransactResponse):
 
 
 def cmd_send(cli) -> None:
-    """Prepare, then Commit (``--one-way``: not answered), as two frames of one Transact stream."""
-    outbox: queue.Queue = queue.Queue()
+    """Prepare, then Commit (``--one-way``: not answered), as two frames of one Transact stream; a Prepare
+    refused UNAVAILABLE (a standby, or down: nothing was prepared) is sent again on the next instance."""
     with _Txn(cli) as txn:
-        answers = txn.stub.Transact(iter(outbox.get, None), timeout=cli.args.timeout)
-        try:
-            outbox.put(txn_pb2.TransactRequest(request_id=1, prepare=_prepare_request(cli)))
-            p = _answer(next(answers))
-            outbox.put(txn_pb2.TransactRequest(request_id=2, one_way=cli.args.one_way,
-                                               commit=txn_pb2.EndRequest(transaction_id=p.transaction_id)))
-            outbox.put(None)  # the stream ends once the commit frame is handled
-            rest = list(answers)
-        finally:
-            outbox.put(None)
+        for attempt in range(len(txn.instances.addresses)):
+            outbox: queue.Queue = queue.Queue()
+            answers, index = txn.open("Transact", iter(outbox.get, None))
+            try:
+                outbox.put(txn_pb2.TransactRequest(request_id=1, prepare=_prepare_request(cli)))
+                try:
+                    first = next(answers)
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt + 1 == len(txn.instances.addresses):
+                        raise
+                    txn.instances.failed(index)
+                    continue
+                if (first.WhichOneof("kind") == "error" and first.error.code == grpc.StatusCode.UNAVAILABLE.value[0]
+                        and attempt + 1 < len(txn.instances.addresses)):
+                    txn.instances.failed(index)
+                    continue
+                p = _answer(first)
+                outbox.put(txn_pb2.TransactRequest(request_id=2, one_way=cli.args.one_way,
+                                                   commit=txn_pb2.EndRequest(transaction_id=p.transaction_id)))
+                outbox.put(None)  # the stream ends once the commit frame is handled
+                rest = list(answers)
+                break
+            finally:
+                outbox.put(None)
     if cli.args.one_way:
         cli.emit(p, f"transaction {p.transaction_id}: commit sent one-way (not answered; check-back decides it if "
                     f"it failed)")

@@ -15,6 +15,11 @@ the whole ``timeout``, so a call may take up to ``len(endpoints) * timeout`` whe
 A call may carry what the preferred instance issued (the Index's page token names its own files): the
 caller then gives ``elsewhere``, the request as another instance must get it.
 
+Writes to an active/standby pair (the Transaction service, issue 34) give ``retried={UNAVAILABLE}``: the
+standby refuses every write with UNAVAILABLE before doing anything, so the call goes on to the next one;
+a DEADLINE_EXCEEDED is raised (the call may have run). A stream is opened on the preferred endpoint
+(:meth:`open`); its owner reports an UNAVAILABLE end with :meth:`failed`, and the next open tries the next.
+
 Thread-safe: the channels never change after construction and the preferred endpoint is one int.
 """
 
@@ -41,11 +46,24 @@ class Failover:
     the service's generated stub class."""
 
     def __init__(self, addresses: str | Sequence[str], make_channel: Callable[[str], grpc.Channel],
-                 make_stub: Callable[[grpc.Channel], object]):
+                 make_stub: Callable[[grpc.Channel], object], retried: frozenset = RETRIED):
         self.addresses = split(addresses) if isinstance(addresses, str) else list(addresses)
         self._channels = [make_channel(address) for address in self.addresses]
         self._stubs = [make_stub(channel) for channel in self._channels]
         self._preferred = 0
+        self._retried = retried
+
+    def open(self, method: str, *args, **kwargs):
+        """``stub.<method>(*args, **kwargs)`` on the preferred endpoint (a stream): (the call, its endpoint's
+        index, for :meth:`failed`)."""
+        i = self._preferred
+        return getattr(self._stubs[i], method)(*args, **kwargs), i
+
+    def failed(self, index: int) -> None:
+        """The endpoint ``index`` ended a stream UNAVAILABLE: prefer the next one (unless another call has
+        moved on already)."""
+        if self._preferred == index:
+            self._preferred = (index + 1) % len(self._stubs)
 
     def call(self, method: str, request, elsewhere: Callable[[object], object] | None = None, **kwargs):
         """``stub.<method>(request, **kwargs)`` on the preferred endpoint, then on the next ones while the
@@ -60,7 +78,7 @@ class Failover:
             try:
                 response = getattr(self._stubs[i], method)(sent, **kwargs)
             except grpc.RpcError as exc:
-                if exc.code() not in RETRIED:
+                if exc.code() not in self._retried:
                     raise
                 error = exc
                 continue

@@ -94,7 +94,8 @@ def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
 
 _OWN_FLAGS = {
     "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
-    "txn": f"Transaction service host:port (default {DEFAULT_TXN})",
+    "txn": f"Transaction service host:port, or host:port,host:port for an active/standby pair (a call the "
+           f"standby refuses goes to the next) (default {DEFAULT_TXN})",
     "rpc_timeout_ms": "timeout of each call to the other services (default 10000)",
     "stream_deadline_ms": "a CheckBack stream to the Transaction service is re-opened this often (default 600000)",
 }

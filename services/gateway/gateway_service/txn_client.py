@@ -8,6 +8,11 @@ becomes the mqstore exception it came from (mqstore_rpc.remote_errors), so the d
 when the service cannot be reached and NotFound for an unknown transaction (or one of another topic),
 which EndTransaction reports as INVALID_TRANSACTION_ID.
 
+``address`` may list an active/standby pair (``host:port,host:port``, issue 34): a call the standby
+refuses (UNAVAILABLE, naming the active one) or that finds an instance down goes on to the next
+(mqstore_rpc.endpoints.Failover, UNAVAILABLE only: a DEADLINE_EXCEEDED may have committed); a CheckBack
+stream that ends UNAVAILABLE is re-opened on the next one.
+
 Thread-safe (a gRPC channel and stub are); a CheckStream is read by one thread and answered from others.
 """
 
@@ -24,6 +29,7 @@ from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, Check
 from mqstore.model import MessageIn
 
 from mqstore_rpc import convert
+from mqstore_rpc.endpoints import Failover
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 from mqstore_rpc.remote_errors import from_rpc_error
 from mqstore_rpc.peers import Peers
@@ -35,13 +41,14 @@ _END = object()
 class CheckStream:
     """One CheckBack stream (mqstore.gateway.checkback.CheckStream)."""
 
-    def __init__(self, stub: txn_pb2_grpc.TransactionStub, group: str, address: str, deadline_s: float):
+    def __init__(self, instances: Failover, group: str, address: str, deadline_s: float):
         self._outbox: queue.Queue = queue.Queue()
         self._outbox.put(txn_pb2.CheckBackMessage(hello=txn_pb2.CheckBackHello(producer_group=group)))
         self._address = address
         self._lock = threading.Lock()
         self._closed = False
-        self._call = stub.CheckBack(iter(self._outbox.get, _END), timeout=deadline_s)
+        self._instances = instances
+        self._call, self._index = instances.open("CheckBack", iter(self._outbox.get, _END), timeout=deadline_s)
 
     def checks(self) -> Iterator[Check]:
         try:
@@ -49,6 +56,8 @@ class CheckStream:
                 yield Check(request.check_id, request.transaction_id, request.topic,
                             [convert.stored_message_out(m) for m in request.halves])
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # a standby, or down: re-opened on the next one
+                self._instances.failed(self._index)
             if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:  # the planned re-open of a long stream
                 raise from_rpc_error(exc, self._address) from None
         finally:
@@ -75,32 +84,33 @@ class TxnClient:
     def __init__(self, address: str, *, rpc_timeout_s: float, stream_deadline_s: float, max_reconnect_backoff_ms: int,
                  peers: Peers | None = None):
         self.address, self.rpc_timeout_s, self.stream_deadline_s = address, rpc_timeout_s, stream_deadline_s
-        self._channel = (peers or Peers()).channel(address, [
-            ("grpc.max_send_message_length", defaults.MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES),
-            ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)])
-        self._stub = txn_pb2_grpc.TransactionStub(self._channel)
+        options = [("grpc.max_send_message_length", defaults.MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", defaults.MAX_MESSAGE_BYTES),
+                   ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                   ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms)]
+        peers = peers or Peers()
+        self._instances = Failover(address, lambda one: peers.channel(one, options), txn_pb2_grpc.TransactionStub,
+                                   retried=frozenset({grpc.StatusCode.UNAVAILABLE}))
 
     def close(self) -> None:
-        self._channel.close()
+        self._instances.close()
 
     def prepare(self, topic: str, message: MessageIn, group: str) -> tuple[str, int]:
         """Transaction.Prepare of one message: (transaction id, the half's queue offset)."""
         request = txn_pb2.PrepareRequest(topic=topic, messages=[convert.message_input(message)], producer_group=group)
-        response = self._call(self._stub.Prepare, request)
+        response = self._call("Prepare", request)
         return response.transaction_id, response.halves[0].half_queue_offset
 
     def commit(self, transaction_id: str, topic: str) -> None:
         """Transaction.Commit of a transaction prepared on ``topic`` (the producer group is the topic, the
         gateway's rule): one prepared otherwise is refused as an unknown id."""
-        self._end(self._stub.Commit, transaction_id, topic)
+        self._end("Commit", transaction_id, topic)
 
     def rollback(self, transaction_id: str, topic: str) -> None:
-        self._end(self._stub.Rollback, transaction_id, topic)
+        self._end("Rollback", transaction_id, topic)
 
     def open_checks(self, group: str) -> CheckStream:
-        return CheckStream(self._stub, group, self.address, self.stream_deadline_s)
+        return CheckStream(self._instances, group, self.address, self.stream_deadline_s)
 
     def _end(self, method, transaction_id: str, topic: str) -> None:
         try:
@@ -109,8 +119,8 @@ class TxnClient:
             raise InvalidTransactionId(f"transaction {transaction_id[:128]!r} is not known to the Transaction "
                                        f"service: {exc}") from None
 
-    def _call(self, method, request):
+    def _call(self, method: str, request):
         try:
-            return method(request, timeout=self.rpc_timeout_s)
+            return self._instances.call(method, request, timeout=self.rpc_timeout_s)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.address) from None

@@ -9,10 +9,13 @@ that etcd; SYNC replication with min_insync_replicas 2 by default; topic metadat
 share, ``<data-dir>/metadata.db``: on one machine that is the shared database PostgreSQL is in a real
 deployment), waits until they are healthy and one leads, then the other services on their ports
 (``--index-port``, ``--txn-port``, ... as ``make run``) with ``--commitlog`` set to all three nodes (they
-follow whichever leads), the Index, the Compactor and the gateway twice (:data:`TWICE`: the second on
-``--index-2-port``, ``--compactor-2-port`` and ``--gateway-2-port``, by default 10 above the first: 50062,
-50064, 8091; one of them exiting is reported and the other serves on; the two compactors elect the one
-that runs rounds through the etcd), and prints the endpoints. ``make run-ha RUN_ARGS="..."`` passes these flags.
+follow whichever leads), the Index, the Transaction service, the Compactor and the gateway twice (:data:`TWICE`:
+the second on ``--index-2-port``, ``--txn-2-port``, ``--compactor-2-port`` and ``--gateway-2-port``, by default
+10 above the first: 50062, 50063, 50064, 8091; one of them exiting is reported and the other serves on), and
+prints the endpoints. The two Transaction services are active and standby on the same etcd
+(``--etcd-endpoints``, mqstore.txn.election), the gateways get both (``--txn a,b``); the two compactors elect
+the one that runs rounds through the etcd (compactor_service.lease). ``make run-ha RUN_ARGS="..."`` passes
+these flags.
 Ctrl-C stops everything, etcd last. Try a failover: kill the leader's process (``mqstore replication
 status`` names it) and watch another node take over within the lease (2 s).
 """
@@ -39,9 +42,10 @@ from mqstore_launcher.child import port_problems
 NODE_IDS = ("n1", "n2", "n3")
 LEADER_TIMEOUT_S = 60.0
 # The roles run twice (issue 34): a second instance "<name>-2" on --<name>-2-port, by default
-# HA_NODE_PORT_STEP above the first (Index 50062, Compactor 50064, gateway 8091), its data in
-# <data-dir>/<subdir>-2. Both compactors get --etcd-endpoints: active and standby (compactor_service.lease).
-TWICE = ("index", "compactor", "gateway")
+# HA_NODE_PORT_STEP above the first (Index 50062, Transaction 50063, Compactor 50064, gateway 8091), its data
+# in <data-dir>/<subdir>-2. Both Transaction services and both compactors get --etcd-endpoints: active and
+# standby (mqstore.txn.election, compactor_service.lease).
+TWICE = ("index", "txn", "compactor", "gateway")
 
 
 def second_name(name: str) -> str:
@@ -70,11 +74,14 @@ def with_second_instances(others: Sequence[launcher.Service],
 def instances_text(services: Sequence[launcher.Service]) -> str:
     """The banner's lines for the roles that run twice: how clients are given both."""
     by_role = {role: [s.address for s in services if s.name in (role, second_name(role))] for role in TWICE}
-    index, compactor, gateway = by_role["index"], by_role["compactor"], by_role["gateway"]
+    index, txn, compactor, gateway = by_role["index"], by_role["txn"], by_role["compactor"], by_role["gateway"]
     lines = []
     if index:
         lines.append(f"Index instances: {','.join(index)} (`export MQSTORE_INDEX_ADDRESS={','.join(index)}`: "
                      f"a query one cannot answer goes to the next).\n")
+    if txn:
+        lines.append(f"Transaction services (active and standby): {','.join(txn)} (`export MQSTORE_TXN_ADDRESS="
+                     f"{','.join(txn)}`: the standby's refusal sends a call to the active one).\n")
     if compactor:
         lines.append(f"Compactors: {','.join(compactor)} (`export MQSTORE_COMPACTOR_ADDRESS={','.join(compactor)}`: "
                      f"either answers reads; rounds run on the one holding the etcd lease).\n")
@@ -180,9 +187,10 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
             return 0 if stop.is_set() else 1
         group = ",".join(addresses)
         n1 = addresses[0]  # launcher.services gives the others --commitlog <n1>: they get the whole group
+        txns = [s.address for s in others if _role_of(s.name) == "txn"]
         for service in others:
-            args = tuple(a if a != n1 else group for a in service.extra_args)
-            if _role_of(service.name) == "compactor":  # active and standby through etcd
+            args = tuple(group if a == n1 else ",".join(txns) if a in txns else a for a in service.extra_args)
+            if _role_of(service.name) in ("txn", "compactor"):  # active and standby through etcd
                 args += ("--etcd-endpoints", etcd.endpoint)
             child = launcher.start_child(launcher.Service(service.entry, service.port, args), data_dir, env,
                                          secure.peers, service_logs)

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 HA_NODES = ("n2", "n3")  # mqstore_launcher.ha.NODE_IDS after n1 (not imported here: ha needs etcd's client)
-HA_TWICE = ("index", "compactor", "gateway")  # mqstore_launcher.ha.TWICE: a second instance of each with --ha
+HA_TWICE = ("index", "txn", "compactor", "gateway")  # mqstore_launcher.ha.TWICE: a second instance of each with --ha
 
 
 def _port(text: str) -> int:

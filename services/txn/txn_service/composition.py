@@ -104,7 +104,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                 add_health_problem: Callable[[Callable[[], str]], None],
                 health_changed: Callable[[], None],
                 add_duty: Callable[[Duty], Duty] | None = None, in_process: bool = False,
-                loop_pool: Executor | None = None) -> TransactionServicer:
+                loop_pool: Executor | None = None, standby: str = "") -> TransactionServicer:
     """Build the Transaction service on ``txn_log``; its closers are ``parts``'; ``serve(name, register)``
     registers the servicer on the server that serves it; ``add_health_problem`` makes that server
     NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
@@ -115,16 +115,20 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     append_max_* settings do not apply); ``loop_pool``: the server is a grpc.aio one: Prepare, Commit and
     Transact are answered on its loop, what may wait runs in this pool (mqstore.txn.onloop.LoopCalls);
     in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_many_async`` (the
-    AppendBatcher still serves the threads: OP records, check-back answers, calls run in the pool)."""
+    AppendBatcher still serves the threads: OP records, check-back answers, calls run in the pool);
+    ``standby``: start as a standby of an etcd group (TxnTable.standby, the refusal's text): the follower
+    keeps the table warm, it becomes ready once an election (mqstore.txn.election) activates it."""
     add_duty = add_duty or parts.add_duty
     fs.make_dirs(cfg.data_dir)  # the creation rule (mqstore.fs)
     timeout_s = rpc_timeout_ms / 1000
     audit = AuditTrail(cfg.metadata_url_resolved, wait_timeout_ms=cfg.audit_wait_timeout_ms)
     parts.on_close(audit.close)
     table = TxnTable(cfg.resolved_keep, cfg.max_open_transactions)
+    table.standby = standby
     table.on_ready.append(health_changed)
-    add_health_problem(lambda: "" if table.ready else "recovering: reading the log up to the end it saw at "
-                       "start (Prepare, Commit and Rollback answer UNAVAILABLE until then)")
+    # a standby is healthy (SERVING): it follows the log; its calls answer UNAVAILABLE naming the active one
+    add_health_problem(lambda: "" if table.ready or table.standby else "recovering: reading the log up to the end "
+                       "it saw at start (Prepare, Commit and Rollback answer UNAVAILABLE until then)")
     checkpointer = Checkpointer(cfg.data_dir / "state.journal", table, clock, cfg.checkpoint_interval_ms)
     base_counters = checkpointer.load()
     if (cfg.data_dir / "state.json").exists():  # the checkpoint of versions before the journal
@@ -185,6 +189,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                                                                 LoopCalls(coordinator, streams, loop_blocks, io))
     else:
         servicer = TransactionServicer(coordinator, checkback, operations, streams)
+    servicer.table = table  # an etcd election turns it active or standby (txn_service.main)
     serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     return servicer
 

@@ -13,6 +13,11 @@ stream is served on the event loop of the server, a grpc.aio one, and holds none
 is given the server gets the usual 64 threads plus one per stream it admits.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
+High availability: ``--etcd-endpoints`` (with ``--etcd-prefix``, ``--lease-ttl-s``, ``--advertised-address``)
+makes it one of an active and standby group (mqstore.txn.election): the standby follows the log, answers
+Prepare/Commit/Rollback/CheckBack UNAVAILABLE naming the active one (its health is SERVING: it is up and
+warm), and takes over when the active one's lease lapses, once it has read the log to its end.
+
 Runs as every service does (mqstore_rpc.service). Until its follower has read the log up to the end it
 saw at start, Prepare/Commit/Rollback/CheckBack answer UNAVAILABLE "recovering" (txn.proto), and its
 health is NOT_SERVING. The follower holds the commit log's retention below its position (as "txn") and
@@ -36,7 +41,9 @@ from mqstore import defaults
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
+from mqstore.replication.config import ReplicationConfig
 from mqstore.txn.config import TxnConfig
+from mqstore.txn.election import TxnElection
 from mqstore.txn.log import HOLD_NAME
 from mqstore.txn.projection import txn_follower
 from mqstore_rpc import service
@@ -44,6 +51,8 @@ from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
+# the commit log's etcd client (the one its controller uses; tests/test_layering.py allows this import)
+from commitlog_service.etcd_client import EtcdCoordination
 from txn_service.composition import compose_txn, server_threads
 from txn_service.remote_log import RemoteTxnLog
 from txn_service.servicer import SERVICE_NAME
@@ -52,6 +61,7 @@ __all__ = ["HOLD_NAME", "RemoteTxnLog", "txn_follower"]  # the follower's parts,
 
 DEFAULT_PORT = defaults.TXN_PORT
 DEFAULT_COMMITLOG = defaults.COMMITLOG_ADDRESS
+DEFAULT_ETCD_PREFIX = "/mqstore/txn"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +76,19 @@ class TxnServiceConfig:
     log_level: str = "info"
     failpoints: str = ""
     clock: Clock | None = None    # tests inject a FakeClock; main() leaves the system clock
+    etcd_endpoints: str = ""      # "" = runs alone; else active/standby through an etcd lease (mqstore.txn.election)
+    etcd_prefix: str = DEFAULT_ETCD_PREFIX
+    lease_ttl_s: int = ReplicationConfig.lease_ttl_s
+    advertised_address: str = ""  # the address the standby names; "" = <host>:<bound port>
 
     def __post_init__(self) -> None:
         if not self.commitlog_address:
             raise InvalidArgument("commitlog address (--commitlog / MQSTORE_COMMITLOG) must not be empty")
         if self.rpc_timeout_ms <= 0 or self.tail_stream_deadline_ms <= 0:
             raise InvalidArgument("rpc_timeout_ms and tail_stream_deadline_ms must be positive")
+        if self.lease_ttl_s < 2:
+            raise InvalidArgument(f"lease_ttl_s must be at least 2 (the active one fences itself a second before its "
+                                  f"lease can lapse), not {self.lease_ttl_s}")
 
 
 def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
@@ -83,8 +100,20 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
     parts.on_close(client.close)
     parts.server.add_loop_closer(client.close_async)
     txn_log = RemoteTxnLog(client, config.internal_token, config.txn.follow_linger_ms)
-    compose_txn(config.txn, config.follow, config.rpc_timeout_ms, txn_log, config.clock or SystemClock(), parts,
-                parts.add_servicer, parts.add_health_problem, parts.health_changed, loop_pool=parts.server.pool)
+    clock = config.clock or SystemClock()
+    standby = "standby: waiting for the etcd election" if config.etcd_endpoints else ""
+    servicer = compose_txn(config.txn, config.follow, config.rpc_timeout_ms, txn_log, clock, parts,
+                           parts.add_servicer, parts.add_health_problem, parts.health_changed,
+                           loop_pool=parts.server.pool, standby=standby)
+    if config.etcd_endpoints:
+        coordination = EtcdCoordination(config.etcd_endpoints)
+        parts.on_close(coordination.close)
+        host = config.server.host if config.server.host not in ("", "0.0.0.0", "::", "[::]") else "127.0.0.1"
+        election = TxnElection(coordination, config.etcd_prefix, config.advertised_address or f"{host}:{parts.port}",
+                               servicer.table, txn_log.max_physical_offset, clock,
+                               ttl_s=config.lease_ttl_s)
+        txn_log.gate = election.check_active
+        parts.add_duty(election)
 
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -93,6 +122,13 @@ _OWN_FLAGS = {
     "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
     "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
     "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
+    "etcd_endpoints": "etcd host:port[,host:port]: run as the active or the standby of a group of Transaction "
+                      "services sharing --etcd-prefix (the lease's holder serves; the others answer UNAVAILABLE "
+                      "naming it and follow the log); unset = runs alone",
+    "etcd_prefix": f"the group's etcd key prefix (default {DEFAULT_ETCD_PREFIX}: <prefix>/active)",
+    "lease_ttl_s": f"the active one's etcd lease in seconds, at least 2 (default {ReplicationConfig.lease_ttl_s}, "
+                   f"the commit log's); it stops writing a second or more before the lease can lapse",
+    "advertised_address": "host:port the standby names to clients (default <host>:<bound port>)",
 }
 
 
@@ -120,6 +156,10 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> TxnServi
         follow=FollowConfig(**S.values_for(args, env, FollowConfig)),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
+        etcd_endpoints=S.typed(args, env, "etcd_endpoints", str, ""),
+        etcd_prefix=S.typed(args, env, "etcd_prefix", str, DEFAULT_ETCD_PREFIX),
+        lease_ttl_s=S.typed(args, env, "lease_ttl_s", S.parse_int, ReplicationConfig.lease_ttl_s),
+        advertised_address=S.typed(args, env, "advertised_address", str, ""),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
 
 
@@ -127,7 +167,9 @@ def describe(config: TxnServiceConfig, port: int) -> dict:
     # The metadata URL may hold a password: only whether it is set.
     txn = dataclasses.asdict(config.txn) | {"metadata_url": "<set>" if config.txn.metadata_url else ""}
     return {"txn": txn, "server": dataclasses.asdict(config.server),
-            "follow": dataclasses.asdict(config.follow), "commitlog_address": config.commitlog_address}
+            "follow": dataclasses.asdict(config.follow), "commitlog_address": config.commitlog_address,
+            "etcd_endpoints": config.etcd_endpoints, "etcd_prefix": config.etcd_prefix,
+            "lease_ttl_s": config.lease_ttl_s}
 
 
 # grpc.aio: Prepare, Commit and Transact's frames are answered on the server's event loop, their appends

@@ -2,12 +2,15 @@
 as writer "txn" (with the commit log's internal token), DescribeTopic, GetMessages, GetStoreInfo and Tail of
 the CommitLog service, through one CommitLogClient (which follows a replication group's leader).
 
+``gate()`` runs before every append and in ``check_writable``: with ``--etcd-endpoints`` it is
+TxnElection.check_active (a standby or a fenced old active writes nothing); by default it lets all through.
+
 Thread-safe (the CommitLogClient is); the owner closes the client.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from mqstore.model import AppendResult, MessageIn, MessageLookup, TopicRecord
 from mqstore.topics import OWNER_TRANSACTION
@@ -17,15 +20,18 @@ from mqstore_rpc.commitlog_client import CommitLogClient, TailCall
 
 
 class RemoteTxnLog:
-    def __init__(self, client: CommitLogClient, internal_token: str, linger_ms: int):
-        self._client, self._token, self._linger_ms = client, internal_token, linger_ms
+    def __init__(self, client: CommitLogClient, internal_token: str, linger_ms: int,
+                 gate: Callable[[], None] = lambda: None):
+        self._client, self._token, self._linger_ms, self.gate = client, internal_token, linger_ms, gate
 
     def append(self, topic: str, messages: Sequence[MessageIn]) -> Sequence[AppendResult]:
+        self.gate()
         return self._client.internal_append(topic, messages, writer=OWNER_TRANSACTION, token=self._token)
 
     async def append_many_async(self, batches):
         """Several topics' batches in one call, each with its own results or error (LoopAppendBatcher's
         ``append_many``: CommitLogClient.internal_append_batches_async)."""
+        self.gate()
         return await self._client.internal_append_batches_async(batches, writer=OWNER_TRANSACTION, token=self._token)
 
     def topic(self, name: str) -> TopicRecord:
@@ -38,7 +44,7 @@ class RemoteTxnLog:
         return self._client.store_info().max_physical_offset
 
     def check_writable(self) -> None:
-        return None  # the client sends writes to the group's leader; the commit log answers for itself
+        self.gate()  # the client sends writes to the group's leader; the commit log answers for itself
 
     def append_waits(self) -> bool:
         return True  # a round trip to the commit log
