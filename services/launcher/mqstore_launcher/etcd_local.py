@@ -194,8 +194,22 @@ class LocalEtcdCluster:
             raise RuntimeError(f"etcd members {[m.name for m in waiting]} were not healthy within {timeout_s} s")
 
     def start(self, timeout_s: float = 60.0) -> "LocalEtcdCluster":
-        """Every member at once (a member is healthy only once a quorum elected a leader)."""
+        """Every member at once (a member is healthy only once a quorum elected a leader). A data dir kept
+        from an earlier run is reused if that run's members had the same names and peer ports (the cluster
+        keeps its membership in its data; other ports would leave each member calling peers that are not
+        there): RuntimeError, naming the ports of then, otherwise."""
         os.makedirs(self.data_dir, exist_ok=True)
+        plan = os.path.join(self.data_dir, "initial-cluster")
+        if os.path.exists(plan):
+            with open(plan) as file:
+                then = file.read().strip()
+            if then != self.initial_cluster:
+                raise RuntimeError(f"the etcd data in {self.data_dir} is of a cluster of {then}, not "
+                                   f"{self.initial_cluster}: give the peer ports of then, or remove that directory "
+                                   f"(the commit log nodes keep their data and epochs; a new cluster has no in-sync "
+                                   f"set yet)")
+        with open(plan, "w") as file:
+            file.write(self.initial_cluster + "\n")
         try:
             for member in self.members:
                 self._launch(member)
