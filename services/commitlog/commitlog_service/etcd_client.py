@@ -61,6 +61,17 @@ def attempt_timeout_s(lease_ttl_s: int, controller_interval_ms: int, members: in
     return min(1.0, max(0.2, budget / max(members, 1)))
 
 
+class _NoAnswer(Exception):
+    """A keep-alive stream that ended without a response (a member stopping): not "expired", which etcd
+    says with a response of TTL 0; the call goes to another member."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the keep-alive stream ended without an answer"
+
+
 class _Member:
     def __init__(self, address: str):
         self.address = address
@@ -106,7 +117,7 @@ class EtcdCoordination:
             tried += 1
             try:
                 result = attempt(member, min(self._attempt_s, left))
-            except grpc.RpcError as exc:
+            except (grpc.RpcError, _NoAnswer) as exc:
                 if exc.code() in final:
                     raise
                 errors[member.address] = f"{exc.code().name} {exc.details()}"
@@ -155,11 +166,13 @@ class EtcdCoordination:
         def attempt(member: _Member, timeout: float):
             call = member.lease.LeaseKeepAlive(iter([etcd.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout)
             try:
-                return next(call, None)
+                response = next(call, None)
             finally:
                 call.cancel()
-        response = self._call("LeaseKeepAlive", attempt)
-        return response.TTL if response is not None else 0
+            if response is None:
+                raise _NoAnswer()
+            return response
+        return self._call("LeaseKeepAlive", attempt).TTL
 
     def revoke_lease(self, lease_id: int) -> None:
         try:
