@@ -133,7 +133,11 @@ def test_losing_any_one_etcd_member_changes_no_leader_and_fails_no_append(rig):
     finally:
         producer.stop.set()
         producer.thread.join(30)
-    assert producer.errors == [], producer.errors[:5]
+    moves = [line for line in group.procs[leader].lines if '"etcd.' in line or '"duty.retrying"' in line
+             or '"controller.' in line]
+    if producer.errors:
+        print("first errors", producer.errors[:2], "the leader's etcd client:", *moves[-12:], sep="\n")
+    assert producer.errors == [], producer.errors[:3]
     assert moved_from, "the leader's client was never on a member that was killed"
     state = group.state(leader)
     assert (state.role, state.epoch, state.fenced) == ("LEADER", epoch, False)
