@@ -23,7 +23,7 @@ class ReplicationConfig:
     replication_heartbeat_ms: int = 200     # an idle leader's empty data message; the replica acks it
     replication_chunk_bytes: int = 1 << 20  # the most log bytes in one data message (whole records)
     replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
-    etcd_endpoints: str = ""                # host:port[,host:port...]: every etcd member (automatic failover)
+    etcd_endpoints: str = ""                # host:port[,host:port...]: automatic failover through etcd
     etcd_prefix: str = "/mqstore/commitlog"  # the group's keys: <prefix>/leader, /epoch, /isr, /handover
     lease_ttl_s: int = 5                    # a leader's etcd lease; it fences itself before it can lapse
     controller_interval_ms: int = 200       # how often each node renews its lease and reads the leader key
