@@ -22,9 +22,10 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
 
-# The 2 s lease (etcd's smallest with its default timings): a leader may go unconfirmed for 1 s after a
-# renewal it sent, the tightest budget a member's loss must fit in.
-FLAGS = ("--lease-ttl-s", "2", "--controller-interval-ms", "100", "--min-insync-replicas", "2",
+# A 3 s lease: a leader may go unconfirmed for 2 s after a renewal it sent, no more than the 2 s the etcd
+# client before issue 34 waited on a member cut off (the renewal after it, on the next member, came later:
+# fenced), with headroom for make test-loaded (scripts/cpu_hog.py, load ~20).
+FLAGS = ("--lease-ttl-s", "3", "--controller-interval-ms", "100", "--min-insync-replicas", "2",
          "--default-replication", "SYNC", "--sync-replication-timeout-ms", "5000", "--replication-heartbeat-ms", "100")
 LEADER_KEY = "/mqstore/commitlog/leader"
 OUTAGE_S = 4.0  # each member stays away this long (two leases): long enough for a renewal to need another one
@@ -77,6 +78,19 @@ def _leader_key(endpoint: str) -> tuple[bytes, int] | None:
     return (response.kvs[0].value, response.kvs[0].mod_revision) if response.kvs else None
 
 
+def _move_etcd_leader_off(endpoints: list[str], index: int) -> None:
+    """If the member at ``index`` leads the etcd cluster, hand its leadership to another member."""
+    with grpc.insecure_channel(endpoints[index]) as channel:
+        status = rpc_pb2_grpc.MaintenanceStub(channel).Status(etcd.StatusRequest(), timeout=5)
+        if status.leader != status.header.member_id:
+            return
+        other = endpoints[(index + 1) % len(endpoints)]
+        with grpc.insecure_channel(other) as other_channel:
+            target = rpc_pb2_grpc.MaintenanceStub(other_channel).Status(etcd.StatusRequest(), timeout=5)
+        rpc_pb2_grpc.MaintenanceStub(channel).MoveLeader(
+            etcd.MoveLeaderRequest(targetID=target.header.member_id), timeout=10)
+
+
 def _rejoined(endpoints: list[str], index: int) -> bool:
     """The member at ``index`` serves the leader key as another member does."""
     served = _leader_key(endpoints[index])
@@ -117,9 +131,14 @@ def test_losing_any_one_etcd_member_changes_no_leader_and_fails_no_append(rig):
             cluster.restart(index)
             wait_until(lambda index=index: _rejoined(endpoints, index),
                        f"member {cluster.members[index].name} to rejoin and serve the leader key")
-        # Cut off (SIGSTOP) the member the leader's client is on: its calls hang until their deadline.
+        # Cut off (SIGSTOP) the member the leader's client is on: its calls hang until their deadline. If that
+        # member leads etcd, etcd's leadership is moved off it first: etcd 3.4.23 (Debian's) has a bug where
+        # a leader paused and resumed still revokes the leases it thinks expired meanwhile, though the new
+        # leader renewed them (etcd-io/etcd#15247, #12528; seen here under scripts/cpu_hog.py): a bug of
+        # etcd's, not of a client. Its kill -9 above is covered (each member in turn, the leader among them).
         on = _client_member(group, leader, endpoints[0])
         paused = endpoints.index(on)
+        _move_etcd_leader_off(endpoints, paused)
         cluster.pause(paused)
         print(f"{time.monotonic():.3f} paused {on}")
         try:
@@ -133,10 +152,10 @@ def test_losing_any_one_etcd_member_changes_no_leader_and_fails_no_append(rig):
     finally:
         producer.stop.set()
         producer.thread.join(30)
-    moves = [line for line in group.procs[leader].lines if '"etcd.' in line or '"duty.retrying"' in line
-             or '"controller.' in line]
-    if producer.errors:
-        print("first errors", producer.errors[:2], "the leader's etcd client:", *moves[-12:], sep="\n")
+        if producer.errors:
+            moves = [line for line in group.procs[leader].lines
+                     if '"etcd.' in line or '"duty.retrying"' in line or '"controller.' in line]
+            print("first errors", producer.errors[:2], "the leader's etcd client:", *moves[-12:], sep="\n")
     assert producer.errors == [], producer.errors[:3]
     assert moved_from, "the leader's client was never on a member that was killed"
     state = group.state(leader)
