@@ -107,9 +107,11 @@ setup-ha:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server </dev/null >/dev/null; } || \
 	  echo "setup-ha: could not install etcd-server (apt-get as root); the replication failover tests will skip" >&2
 
-# Three CommitLog replicas (automatic failover through a throwaway etcd) and the other services on 127.0.0.1.
-# RUN_ARGS move the ports as for `make run`: n1 is on --commitlog-port, n2 and n3 10 and 20 above it
-# unless --commitlog-n2-port / --commitlog-n3-port say otherwise.
+# Three CommitLog replicas (automatic failover through an etcd cluster of three members e1 e2 e3, every node
+# given every member) and the other services on 127.0.0.1. RUN_ARGS move the ports as for `make run`: n1 is
+# on --commitlog-port, n2 and n3 10 and 20 above it unless --commitlog-n2-port / --commitlog-n3-port say
+# otherwise; etcd's e1 on --etcd-port (2379) and --etcd-peer-port (2380), e2 and e3 10 and 20 above them
+# unless --etcd-e2-port, --etcd-e2-peer-port, ... say otherwise.
 run-ha: setup-run setup-ha
 	$(PY) -m mqstore_launcher --data-dir ./data-ha --ha $(RUN_ARGS)
 

@@ -4,6 +4,9 @@
 #
 #   1. build the three images (mqstore, mqstore-etcd, mqstore-postgres) and up --wait every service;
 #   2. write: SYNC-replicated appends through the leader, acknowledged by the three nodes, found by the index;
+#   2b. kill -9 etcd-1 (the etcd member every node's client starts on) while SYNC appends run for
+#      COMPOSE_CHECK_HA_ETCD_DOWN_S (8) seconds: the same leader in the same epoch, no append failed, every
+#      acknowledged message there; then start it again and wait until it is healthy (back in the cluster);
 #   3. kill -9 the leader's container (docker compose kill -s SIGKILL): another node is elected, takes SYNC
 #      appends, holds every acknowledged message byte-identical at its offset, the index follows it;
 #   4. start the killed container again: it rejoins as a replica, in sync, serving every message;
@@ -27,8 +30,8 @@ export MQSTORE_GATEWAY_HOST_PORT=${GATEWAY_PORT:-51181}
 N1=$MQSTORE_COMMITLOG_1_HOST_PORT N2=$MQSTORE_COMMITLOG_2_HOST_PORT N3=$MQSTORE_COMMITLOG_3_HOST_PORT
 INDEX_PORT=$MQSTORE_INDEX_HOST_PORT
 PROJECT=${COMPOSE_CHECK_HA_PROJECT:-mqstore-ha-check}
-SERVICES=(etcd postgres commitlog-1 commitlog-2 commitlog-3 index txn compactor gateway)
-BUILD_SERVICES=(commitlog-1 etcd postgres)  # the images: mqstore, mqstore-etcd, mqstore-postgres
+SERVICES=(etcd-1 etcd-2 etcd-3 postgres commitlog-1 commitlog-2 commitlog-3 index txn compactor gateway)
+BUILD_SERVICES=(commitlog-1 etcd-1 postgres)  # the images: mqstore, mqstore-etcd, mqstore-postgres
 NODES="127.0.0.1:$N1,127.0.0.1:$N2,127.0.0.1:$N3"
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
@@ -49,6 +52,19 @@ echo "$out"
 leader=$(sed -n 's/^leader=\(n[0-9]\).*/\1/p' <<< "$out")
 [ -n "$leader" ] || { say "the smoke test named no leader"; exit 1; }
 container="commitlog-${leader#n}"
+
+say "kill -9 etcd-1 (every node's client starts on it) while SYNC appends run: nothing may change"
+rm -f "$state/steady.started" "$state/steady.stop"
+smoke steady --nodes "$NODES" --state "$state/acked.json" --started "$state/steady.started" \
+    --stop "$state/steady.stop" &
+steady=$!
+for _ in $(seq 600); do [ -e "$state/steady.started" ] || ! kill -0 $steady 2>/dev/null && break; sleep 0.1; done
+compose kill -s SIGKILL etcd-1 > /dev/null
+sleep "${COMPOSE_CHECK_HA_ETCD_DOWN_S:-8}"  # appends go on this long without that member
+touch "$state/steady.stop"
+wait $steady
+say "start etcd-1 again: it rejoins the cluster"
+compose up -d --no-deps --no-recreate --wait --wait-timeout 120 etcd-1
 
 say "kill -9 the leader's container ($container, node $leader)"
 killed_at=$("$PY" -c "import time; print(time.time())")

@@ -1,6 +1,8 @@
 """The checks of `make compose-check-ha` (docker-compose.ha.yml), through the published ports of the stack.
 
     python scripts/compose_ha_smoke.py write    --nodes A,B,C --index I --state S   (prints leader=NODE_ID)
+    python scripts/compose_ha_smoke.py steady   --nodes A,B,C --state S --started F --stop G
+    (meanwhile: kill -9 an etcd member's container, then touch G)
     (kill -9 the leader's container)
     python scripts/compose_ha_smoke.py failover --nodes A,B,C --index I --state S --killed NODE_ID
     (start the killed container again)
@@ -14,6 +16,10 @@ times it from ``--killed-at`` to the first SYNC append that node acknowledges, a
 then checks every acknowledged message, byte-identical at its physical offset, on the new leader, and
 every key through the index (which resumed its Tail on the new leader). ``rejoin``: the restarted node
 is a replica of the new leader, the three are in sync again and it serves every acknowledged message.
+``steady`` appends SYNC batches of STEADY_BATCH messages to the leader, one after another, from its first
+acknowledgement (it then creates the file ``--started``) until the file ``--stop`` exists: every append must
+be acknowledged on two copies or more (none refused, none failed), the leader and its epoch must be the
+same at the end as at the start, and every message acknowledged must be there (they join the state file's).
 Every wait is bounded (WAIT_S); a failed check exits 1 with the reason.
 """
 
@@ -33,6 +39,7 @@ from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 
 TOPIC = "ha-smoke"
 MESSAGES = 200
+STEADY_BATCH = 4  # steady's batches: small, so the index's later key-by-key check stays short
 RPC_TIMEOUT_S = 10
 WAIT_S = 180
 POLL_S = 0.1
@@ -93,9 +100,9 @@ def _state_or_none(group: Group, address: str, node_id: str) -> bool:
         return False
 
 
-def append(group: Group, address: str, first: int) -> list[dict]:
+def append(group: Group, address: str, first: int, count: int = MESSAGES) -> list[dict]:
     request = pb.AppendRequest(topic=TOPIC, replication=pb.REPLICATION_MODE_SYNC, messages=[
-        common_pb2.MessageInput(body=b"ha-%06d" % i, keys=[f"ha-key-{i}"]) for i in range(first, first + MESSAGES)])
+        common_pb2.MessageInput(body=b"ha-%06d" % i, keys=[f"ha-key-{i}"]) for i in range(first, first + count)])
     results = group.log(address).Append(request, timeout=RPC_TIMEOUT_S).results
     check(all(r.replicas >= 2 for r in results), f"a SYNC append acknowledged with fewer than 2 copies: "
                                                   f"{sorted({r.replicas for r in results})}")
@@ -169,6 +176,31 @@ def cmd_failover(args) -> None:
           f"all {len(acked)} acknowledged messages there, the index found every key")
 
 
+def cmd_steady(args) -> None:
+    group = Group(args.nodes)
+    saved = json.loads(pathlib.Path(args.state).read_text())
+    acked = saved["acked"]
+    address, state = wait_for(group.leader, "a leader")
+    deadline, batches = time.monotonic() + WAIT_S, 0
+    while not pathlib.Path(args.stop).exists():
+        check(time.monotonic() < deadline, f"no stop file {args.stop} within {WAIT_S} s")
+        try:
+            acked += append(group, address, len(acked), STEADY_BATCH)
+        except grpc.RpcError as exc:
+            raise SmokeFailure(f"a SYNC append to the leader {state.node_id} failed after {batches} batches: "
+                               f"{exc.code().name} {exc.details()}") from None
+        batches += 1
+        pathlib.Path(args.started).touch()
+    now = group.state(address)
+    check((now.role, now.epoch, now.fenced) == ("LEADER", state.epoch, False),
+          f"the leader changed: {state.node_id} led epoch {state.epoch}, now {now.role} epoch {now.epoch} "
+          f"(fenced: {now.fenced})")
+    check_readable(group, address, acked)
+    pathlib.Path(args.state).write_text(json.dumps({"acked": acked, "epoch": state.epoch}))
+    print(f"steady: {state.node_id} led epoch {state.epoch} throughout; {batches} SYNC batches, none failed; "
+          f"all {len(acked)} acknowledged messages there")
+
+
 def cmd_rejoin(args) -> None:
     group = Group(args.nodes)
     saved = json.loads(pathlib.Path(args.state).read_text())
@@ -195,6 +227,12 @@ def main() -> int:
     p.add_argument("--killed", required=True)
     p.add_argument("--killed-at", type=float, required=True, help="time.time() of the kill")
     p.set_defaults(func=cmd_failover)
+    p = sub.add_parser("steady")
+    p.add_argument("--nodes", required=True)
+    p.add_argument("--state", required=True)
+    p.add_argument("--started", required=True, help="created after the first acknowledgement")
+    p.add_argument("--stop", required=True, help="appends stop once this file exists")
+    p.set_defaults(func=cmd_steady)
     p = sub.add_parser("rejoin")
     p.add_argument("--nodes", required=True)
     p.add_argument("--state", required=True)

@@ -191,14 +191,19 @@ def test_a_server_of_someone_else_on_the_port_is_not_taken_for_the_child(tmp_pat
         foreign.server.stop(None)
 
 
-def test_run_ha_with_a_port_in_use_stops_before_it_starts_anything(tmp_path):
+ETCD_PORT_NAMES = ("etcd", "etcd-peer", "etcd-e2", "etcd-e2-peer", "etcd-e3", "etcd-e3-peer")
+
+
+@pytest.mark.parametrize("name", ["commitlog-n2", "etcd-e3-peer"])
+def test_run_ha_with_a_port_in_use_stops_before_it_starts_anything(tmp_path, name):
     with listening() as taken:
         ports = free_ports_for_all(besides=taken)
-        ports["commitlog-n2"] = taken
+        ports.update({etcd: free_port() for etcd in ETCD_PORT_NAMES})
+        ports[name] = taken
         done = run_launcher(tmp_path / "data", ports, None, "--ha")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"port {taken} of commitlog-n2 on 127.0.0.1 is in use" in done.stderr
-    assert "--commitlog-n2-port" in done.stderr and "make run-ha RUN_ARGS=" in done.stderr
+    assert f"port {taken} of {name} on 127.0.0.1 is in use" in done.stderr
+    assert f"--{name}-port" in done.stderr and "make run-ha RUN_ARGS=" in done.stderr
     assert not (tmp_path / "data").exists()  # no etcd, no node: nothing started, nothing made
 
 
@@ -225,6 +230,13 @@ def _pid_with_argument(argument: str) -> int:
     return found[0]
 
 
+def _etcd_peer_urls(endpoint: str) -> list[str]:
+    from mqstore_rpc.gen.etcd.etcdserver.etcdserverpb import rpc_pb2, rpc_pb2_grpc
+    with grpc.insecure_channel(endpoint) as channel:
+        members = rpc_pb2_grpc.ClusterStub(channel).MemberList(rpc_pb2.MemberListRequest(), timeout=10).members
+    return sorted(url for member in members for url in member.peerURLs)
+
+
 def _role(address: str) -> str:
     with grpc.insecure_channel(address) as channel:
         return replication_pb2_grpc.ReplicationStub(channel).GetReplicationState(
@@ -236,7 +248,7 @@ def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path)
     if etcd_local.find_binary() is None:
         pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
     names = [e.name for e in launcher.SERVICES] + ["commitlog-n2", "commitlog-n3", "index-2", "txn-2", "compactor-2",
-                                                   "gateway-2"]
+                                                   "gateway-2", *ETCD_PORT_NAMES]
     ports: dict[str, int] = {}
     while len({p + offset for p in ports.values() for offset in (0, launcher.METRICS_PORT_OFFSET)}) < 2 * len(names):
         ports = {name: free_port() for name in names}  # none of them a default, none another's metrics port
@@ -246,6 +258,14 @@ def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path)
         nodes = [f"127.0.0.1:{ports[name]}" for name in ("commitlog", "commitlog-n2", "commitlog-n3")]
         rest = ha_launcher.lines.get(timeout=60)
         assert rest is not None and f"The commit log nodes: {','.join(nodes)} (leader now: " in rest, rest
+        members = [f"127.0.0.1:{ports[name]}" for name in ("etcd", "etcd-e2", "etcd-e3")]
+        etcd_line = ha_launcher.lines.get(timeout=60)
+        assert etcd_line is not None and f"etcd, a cluster of 3 members (the loss of one changes nothing): " \
+            f"{','.join(members)} (peers {ports['etcd-peer']},{ports['etcd-e2-peer']},{ports['etcd-e3-peer']}" \
+            in etcd_line, etcd_line
+        peers = _etcd_peer_urls(members[1])  # one cluster: any member lists all three, on the ports given
+        assert peers == sorted(f"http://127.0.0.1:{ports[n]}" for n in ("etcd-peer", "etcd-e2-peer", "etcd-e3-peer"))
+        assert all((tmp_path / "data" / "etcd" / m / "member").is_dir() for m in ("e1", "e2", "e3"))
         roles = [_role(address) for address in nodes]
         assert roles.count("LEADER") == 1, roles
         assert all(_serving(address, "mqstore.v1.CommitLog") for address in nodes)

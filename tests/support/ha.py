@@ -1,5 +1,7 @@
 """A replication group of real CommitLog processes on 127.0.0.1 with a throwaway etcd (mqstore_launcher.etcd_local),
-for the failover tests: start, kill -9, restart nodes; find the leader; append and read through it."""
+for the failover tests: start, kill -9, restart nodes; find the leader; append and read through it. The etcd
+is one member (:func:`etcd_or_skip`) or a cluster of three (:func:`etcd_cluster_or_skip`, whose members can be
+killed, paused and restarted one at a time; the group is then given every member)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,12 @@ def etcd_or_skip() -> etcd_local.LocalEtcd:
     if etcd_local.find_binary() is None:
         pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
     return etcd_local.LocalEtcd().start()
+
+
+def etcd_cluster_or_skip(size: int = 3) -> etcd_local.LocalEtcdCluster:
+    if etcd_local.find_binary() is None:
+        pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
+    return etcd_local.LocalEtcdCluster(size).start()
 
 
 class Group:

@@ -31,7 +31,8 @@ CHECKS = [
     ("compose_check_spark.sh", "COMPOSE_CHECK_SPARK_PORTS", 2, ["docker-compose.yml"], {"mqstore", "mqstore-spark"}),
 ]
 
-# The stand-in docker. Each image `compose config --images` names (mqstore-<kind>:<tag>) names an older
+# The stand-in docker. Each image `compose config --images` names (mqstore-<kind>:<tag>, the kind from the
+# service's name before any "-": etcd-1 is etcd's) names an older
 # image until `docker compose build`, which moves the tag to a new one and leaves the older untagged;
 # `docker images --filter dangling=true` answers those, one image untagged before the check and, once
 # built, one stage image; `docker image rm` removes.
@@ -57,7 +58,7 @@ if args[0] == "compose":
         state["built"] = True
     elif command == "config" and "--images" in args:
         tag = os.environ.get("MQSTORE_IMAGE_TAG", "dev")
-        names = sorted({KINDS.get(s, "mqstore") + ":" + tag for s in args[args.index("--images") + 1:]})
+        names = sorted({KINDS.get(s.split("-")[0], "mqstore") + ":" + tag for s in args[args.index("--images") + 1:]})
         state["tags"] = sorted(set(state["tags"]) | set(names))
         print("\n".join(names))
     elif command == "up":

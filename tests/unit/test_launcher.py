@@ -99,6 +99,30 @@ def test_the_ha_port_plan_puts_n1_on_the_commit_log_port_and_n2_n3_above_it_or_w
         ("index metrics", 6102)]
 
 
+def test_the_ha_etcd_plan_is_three_members_with_a_client_and_a_peer_port_each_movable_by_flags():
+    from mqstore_launcher import ha
+    assert ha.etcd_ports() == (("e1", 2379, 2380), ("e2", 2389, 2390), ("e3", 2399, 2400))
+    assert ha.etcd_ports({"etcd": 30000}) == (("e1", 30000, 30001), ("e2", 30010, 30011), ("e3", 30020, 30021))
+    assert ha.etcd_ports({"etcd": 30000, "etcd-peer": 31000, "etcd-e3": 7003, "etcd-e2-peer": 7004}) == (
+        ("e1", 30000, 31000), ("e2", 30010, 7004), ("e3", 7003, 31020))
+    with pytest.raises(ValueError, match="etcd member e3's peer port would be 65541: give it one with "
+                                         "--etcd-e3-peer-port"):
+        ha.etcd_ports({"etcd": 1000, "etcd-peer": 65521})
+    members = ha.etcd_ports({"etcd": 7001})
+    assert ha.wanted_ports(ha.node_ports({"commitlog": 6001}), [], members)[-6:] == [
+        ("etcd", 7001), ("etcd-peer", 7002), ("etcd-e2", 7011), ("etcd-e2-peer", 7012), ("etcd-e3", 7021),
+        ("etcd-e3-peer", 7022)]
+
+
+def test_every_ha_node_is_given_every_etcd_member(tmp_path):
+    from commitlog_service.main import parse_config
+    from mqstore_launcher import ha
+    endpoints = ",".join(f"127.0.0.1:{client}" for _, client, _ in ha.etcd_ports())
+    for node in ha._node_services(endpoints, tmp_path, embedded=False):
+        config = parse_config(node.command(tmp_path)[3:], {})
+        assert config.replication.etcd_endpoints == "127.0.0.1:2379,127.0.0.1:2389,127.0.0.1:2399"
+
+
 def test_ha_mode_takes_the_port_flags_of_make_run_and_the_nodes_own(monkeypatch):
     from mqstore_launcher import ha
     seen = {}
@@ -108,6 +132,11 @@ def test_ha_mode_takes_the_port_flags_of_make_run_and_the_nodes_own(monkeypatch)
     assert seen == {"commitlog": 61051, "index": 50052, "txn": 50053, "compactor": 50054, "gateway": 61081,
                     "commitlog-n3": 61099}
     assert [port for _, port in ha.node_ports(seen)] == [61051, 61061, 61099]
+    seen.clear()
+    assert launcher_main.main(["--data-dir", "/tmp/x", "--ha", "--etcd-port", "62379", "--etcd-e2-peer-port",
+                               "62999"]) == 0
+    assert (seen["etcd"], seen["etcd-e2-peer"]) == (62379, 62999) and "etcd-e3" not in seen
+    assert ha.etcd_ports(seen) == (("e1", 62379, 62380), ("e2", 62389, 62999), ("e3", 62399, 62400))
 
 
 def test_ha_mode_runs_the_index_the_txn_service_and_the_gateway_twice_on_ports_of_their_own(monkeypatch):
@@ -140,6 +169,8 @@ def test_a_node_port_without_ha_or_beyond_65535_is_a_usage_error(capsys):
     for argv, said in ((["--commitlog-n2-port", "6002"], "--commitlog-n2-port is for --ha (make run-ha) only"),
                        (["--gateway-2-port", "6002"], "--gateway-2-port is for --ha (make run-ha) only"),
                        (["--ha", "--gateway-port", "65530"], "gateway-2's port would be 65540"),
+                       (["--etcd-e3-peer-port", "6002"], "--etcd-e3-peer-port is for --ha (make run-ha) only"),
+                       (["--ha", "--etcd-port", "65530"], "etcd member e2's client port would be 65540"),
                        (["--ha", "--commitlog-port", "65530"], "node n2's port would be 65540")):
         with pytest.raises(SystemExit) as exited:
             launcher_main.main(["--data-dir", "/tmp/x", *argv])

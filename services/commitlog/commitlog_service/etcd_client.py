@@ -5,58 +5,140 @@ Why generated stubs: etcd speaks gRPC, grpcio is already ours, and the stubs com
 scripts/gen_protos.py), so the client is four plain calls (Range, Txn, LeaseGrant/KeepAlive/Revoke).
 python-etcd3, the usual Python client, is unmaintained and pins an old protobuf that conflicts with ours.
 
-Every call has a deadline; a failed call raises Unavailable naming the endpoint (the controller treats
-etcd being away as "not confirmed": a leader fences itself when its lease can no longer be renewed).
+Every member given (``--etcd-endpoints a,b,c``) is used: a call goes to the member the client is on; when
+that member does not answer (killed: refused at once; cut off or paused: its attempt's deadline, a fraction
+of the lease's keep-alive budget, see :func:`attempt_timeout_s`; without a leader, or partitioned from the
+others: its error) the same call goes to the next member, round after round, until the call's deadline. The
+member that answered is kept for the next calls. So the loss of one member of a three-member cluster costs
+a renewal one attempt's deadline at most, well inside the time a leader may go unconfirmed before it fences
+itself: no failover, no refused append. A call no member answered by its deadline raises Unavailable
+naming every member tried (the controller treats etcd being away as "not confirmed": a leader fences
+itself when its lease can no longer be renewed).
 
-Thread-safety: a gRPC channel and its stubs are thread-safe; the endpoint rotation takes ``_lock``.
+A transaction retried on another member after a lost answer may have been applied by the first: every
+transaction the controller makes is a compare-and-set, so the retry either writes the same value again (an
+in-sync set: its comparison is on the leader key, which it leaves alone) or finds its comparison failed and
+writes nothing; the controller's next step reads what is there (a leader key of its own, of an epoch it
+does not lead, is let go; a switchover's caller is told to check, and the old leader steps down).
+
+Thread-safety: gRPC channels and their stubs are thread-safe; the current member is an index, replaced whole
+under ``_lock``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from typing import Callable, TypeVar
 
 import grpc
+import structlog
 from mqstore.errors import Unavailable
-from mqstore.replication.controller import Versioned
+from mqstore.replication.controller import Versioned, fence_margin_s
 from mqstore_rpc.gen.etcd.etcdserver.etcdserverpb import rpc_pb2 as etcd, rpc_pb2_grpc
+
+log = structlog.get_logger()
+T = TypeVar("T")
+ROUND_PAUSE_S = 0.05  # between two rounds over every member (none answered: an etcd election is running)
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                    ("grpc.max_reconnect_backoff_ms", 500)]
+
+
+def parse_endpoints(endpoints: str) -> list[str]:
+    """``host:port[,host:port...]`` as a list, blanks dropped, each member once, in the order given."""
+    found = [e.strip() for e in endpoints.split(",") if e.strip()]
+    if not found:
+        raise ValueError("etcd_endpoints: give at least one host:port")
+    return list(dict.fromkeys(found))
+
+
+def attempt_timeout_s(lease_ttl_s: int, controller_interval_ms: int, members: int) -> float:
+    """One attempt's deadline on one member: a leader renews every ``controller_interval_ms`` and may go
+    unconfirmed for ``lease_ttl_s - fence_margin_s`` after a renewal it sent; a renewal begun one interval
+    after the last must be able to try every member within what is left. At least 0.2 s (a loaded
+    machine's etcd), at most 1 s."""
+    budget = lease_ttl_s - fence_margin_s(lease_ttl_s) - controller_interval_ms / 1000
+    return min(1.0, max(0.2, budget / max(members, 1)))
+
+
+class _NoAnswer(Exception):
+    """A keep-alive stream that ended without a response (a member stopping): not "expired", which etcd
+    says with a response of TTL 0; the call goes to another member."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the keep-alive stream ended without an answer"
+
+
+class _Member:
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.kv = rpc_pb2_grpc.KVStub(self.channel)
+        self.lease = rpc_pb2_grpc.LeaseStub(self.channel)
 
 
 class EtcdCoordination:
-    def __init__(self, endpoints: str, *, rpc_timeout_s: float = 2.0):
-        self._endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
-        if not self._endpoints:
-            raise ValueError("etcd_endpoints: give at least one host:port")
+    def __init__(self, endpoints: str, *, rpc_timeout_s: float = 2.0, attempt_timeout_s: float = 0.5):
+        self._members = [_Member(address) for address in parse_endpoints(endpoints)]
         self._timeout_s = rpc_timeout_s
+        # One member alone gets the whole deadline (there is nowhere else to go).
+        self._attempt_s = attempt_timeout_s if len(self._members) > 1 else rpc_timeout_s
         self._lock = threading.Lock()
-        self._index = 0
-        self._connect()
+        self._current = 0
 
-    def _connect(self) -> None:
-        address = self._endpoints[self._index % len(self._endpoints)]
-        self._address = address
-        self._channel = grpc.insecure_channel(address, options=[("grpc.initial_reconnect_backoff_ms", 50),
-                                                                ("grpc.min_reconnect_backoff_ms", 50),
-                                                                ("grpc.max_reconnect_backoff_ms", 500)])
-        self._kv = rpc_pb2_grpc.KVStub(self._channel)
-        self._lease = rpc_pb2_grpc.LeaseStub(self._channel)
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.address for m in self._members]
 
-    def _failed(self, exc: grpc.RpcError, what: str) -> Unavailable:
-        with self._lock:  # the next call tries the next endpoint
-            if len(self._endpoints) > 1:
-                self._channel.close()
-                self._index += 1
-                self._connect()
-        return Unavailable(f"etcd at {self._address} did not answer {what}: {exc.code().name} {exc.details()}")
+    @property
+    def current(self) -> str:
+        """The member the next call goes to first."""
+        return self._members[self._current].address
+
+    def _call(self, what: str, attempt: Callable[[_Member, float], T],
+              final: tuple[grpc.StatusCode, ...] = ()) -> T:
+        """``attempt(member, timeout)`` on the current member, then on the next ones, until one answers or
+        the call's deadline; an error whose code is in ``final`` is raised at once (``grpc.RpcError``)."""
+        deadline = time.monotonic() + self._timeout_s
+        first = self._current
+        errors: dict[str, str] = {}
+        tried = 0
+        while (left := deadline - time.monotonic()) > 0:
+            index = (first + tried) % len(self._members)
+            if tried and index == first:
+                time.sleep(min(ROUND_PAUSE_S, left))  # a whole round failed: let an election finish
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+            member = self._members[index]
+            tried += 1
+            try:
+                result = attempt(member, min(self._attempt_s, left))
+            except (grpc.RpcError, _NoAnswer) as exc:
+                if exc.code() in final:
+                    raise
+                errors[member.address] = f"{exc.code().name} {exc.details()}"
+                continue
+            if index != self._current:
+                with self._lock:
+                    moved_from, self._current = self._members[self._current].address, index
+                log.warning("etcd.member_changed", was=moved_from, now=member.address, call=what,
+                            failed=errors)
+            return result
+        raise Unavailable(f"no etcd member answered {what} within {self._timeout_s:g} s: "
+                          + "; ".join(f"{address}: {error}" for address, error in errors.items()))
 
     def close(self) -> None:
-        self._channel.close()
+        for member in self._members:
+            member.channel.close()
 
     # ---- Coordination ----
     def get(self, key: str) -> Versioned:
-        try:
-            response = self._kv.Range(etcd.RangeRequest(key=key.encode()), timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            raise self._failed(exc, f"Range {key}") from None
+        response = self._call(f"Range {key}", lambda m, timeout: m.kv.Range(etcd.RangeRequest(key=key.encode()),
+                                                                            timeout=timeout))
         if not response.kvs:
             return Versioned(None, 0)
         return Versioned(response.kvs[0].value, response.kvs[0].mod_revision)
@@ -71,32 +153,31 @@ class EtcdCoordination:
         ops = [etcd.RequestOp(request_put=etcd.PutRequest(key=k.encode(), value=v, lease=lease))
                for k, (v, lease) in puts.items()]
         ops += [etcd.RequestOp(request_delete_range=etcd.DeleteRangeRequest(key=k.encode())) for k in deletes]
-        try:
-            response = self._kv.Txn(etcd.TxnRequest(compare=compares, success=ops), timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            raise self._failed(exc, "Txn") from None
+        request = etcd.TxnRequest(compare=compares, success=ops)
+        response = self._call("Txn", lambda m, timeout: m.kv.Txn(request, timeout=timeout))
         return response.header.revision if response.succeeded else 0
 
     def grant_lease(self, ttl_s: int) -> int:
-        try:
-            return self._lease.LeaseGrant(etcd.LeaseGrantRequest(TTL=ttl_s), timeout=self._timeout_s).ID
-        except grpc.RpcError as exc:
-            raise self._failed(exc, "LeaseGrant") from None
+        return self._call("LeaseGrant", lambda m, timeout: m.lease.LeaseGrant(
+            etcd.LeaseGrantRequest(TTL=ttl_s), timeout=timeout)).ID
 
     def keep_alive(self, lease_id: int) -> int:
         """The lease's TTL after this renewal; 0 when it has expired already."""
-        try:
-            call = self._lease.LeaseKeepAlive(iter([etcd.LeaseKeepAliveRequest(ID=lease_id)]),
-                                              timeout=self._timeout_s)
-            response = next(call, None)
-            call.cancel()
-        except grpc.RpcError as exc:
-            raise self._failed(exc, "LeaseKeepAlive") from None
-        return response.TTL if response is not None else 0
+        def attempt(member: _Member, timeout: float):
+            call = member.lease.LeaseKeepAlive(iter([etcd.LeaseKeepAliveRequest(ID=lease_id)]), timeout=timeout)
+            try:
+                response = next(call, None)
+            finally:
+                call.cancel()
+            if response is None:
+                raise _NoAnswer()
+            return response
+        return self._call("LeaseKeepAlive", attempt).TTL
 
     def revoke_lease(self, lease_id: int) -> None:
         try:
-            self._lease.LeaseRevoke(etcd.LeaseRevokeRequest(ID=lease_id), timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:  # already expired: what revoking wanted
-                raise self._failed(exc, "LeaseRevoke") from None
+            self._call("LeaseRevoke", lambda m, timeout: m.lease.LeaseRevoke(etcd.LeaseRevokeRequest(ID=lease_id),
+                                                                             timeout=timeout),
+                       final=(grpc.StatusCode.NOT_FOUND,))
+        except grpc.RpcError:  # NOT_FOUND: already expired, what revoking wanted
+            pass

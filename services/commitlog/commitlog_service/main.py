@@ -63,7 +63,7 @@ from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
 from commitlog_service import access, consumer, internal, replication
-from commitlog_service.etcd_client import EtcdCoordination
+from commitlog_service.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, LoopCommitLogServicer, add_to_server
 
 DEFAULT_PORT = defaults.COMMITLOG_PORT
@@ -196,7 +196,9 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore,
     if rc.replica_of:
         node.become_replica("", rc.replica_of, node.history.last_epoch)
         return node
-    coordination = EtcdCoordination(rc.etcd_endpoints)
+    members = len(parse_endpoints(rc.etcd_endpoints))
+    coordination = EtcdCoordination(rc.etcd_endpoints, attempt_timeout_s=attempt_timeout_s(
+        rc.lease_ttl_s, rc.controller_interval_ms, members))
     parts.on_close(coordination.close)
     controller = Controller(node, coordination, on_leader_change=follower.leader_changed)
     node.in_sync.publish = controller.publish_isr

@@ -1,11 +1,15 @@
 """``python -m mqstore_launcher --ha --data-dir ./data-ha`` (``make run-ha``): the launcher's HA mode.
 
 Checks first that every port it needs can be bound on 127.0.0.1 (as ``make run``: a port in use stops it
-before anything starts, naming the flag that moves it). Then it starts a throwaway etcd on free 127.0.0.1
-ports (mqstore_launcher.etcd_local; its data under ``<data-dir>/etcd``), three CommitLog nodes n1, n2, n3
-(:func:`node_ports`: n1 on ``--commitlog-port``, 50051 by default, n2 and n3 on ``--commitlog-n2-port`` and
-``--commitlog-n3-port``, by default 10 and 20 above n1: 50061, 50071) (automatic failover through
-that etcd; SYNC replication with min_insync_replicas 2 by default; topic metadata in one SQLite file they
+before anything starts, naming the flag that moves it). Then it starts an etcd cluster of three members e1,
+e2, e3 (mqstore_launcher.etcd_local; :func:`etcd_ports`: e1's client port on ``--etcd-port``, 2379 by
+default, its peer port on ``--etcd-peer-port``, by default 1 above; e2 and e3 10 and 20 above those unless
+``--etcd-e2-port``, ``--etcd-e2-peer-port``, ... say otherwise; each member's data under
+``<data-dir>/etcd/<member>``, kept across runs), three CommitLog nodes n1, n2, n3 (:func:`node_ports`: n1
+on ``--commitlog-port``, 50051 by default, n2 and n3 on ``--commitlog-n2-port`` and
+``--commitlog-n3-port``, by default 10 and 20 above n1: 50061, 50071), each given every etcd member
+(``--etcd-endpoints e1,e2,e3``: the loss of one member changes nothing; automatic failover through that
+cluster; SYNC replication with min_insync_replicas 2 by default; topic metadata in one SQLite file they
 share, ``<data-dir>/metadata.db``: on one machine that is the shared database PostgreSQL is in a real
 deployment), waits until they are healthy and one leads, then the other services on their ports
 (``--index-port``, ``--txn-port``, ... as ``make run``) with ``--commitlog`` set to all three nodes (they
@@ -17,7 +21,8 @@ prints the endpoints. The two Transaction services are active and standby on the
 the one that runs rounds through the etcd (compactor_service.lease). ``make run-ha RUN_ARGS="..."`` passes
 these flags.
 Ctrl-C stops everything, etcd last. Try a failover: kill the leader's process (``mqstore replication
-status`` names it) and watch another node take over within the lease (2 s).
+status`` names it) and watch another node take over within the lease; or kill one etcd member (the banner
+names their ports) and watch nothing happen.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from mqstore_launcher import etcd_local, launcher
 from mqstore_launcher.child import port_problems
 
 NODE_IDS = ("n1", "n2", "n3")
+ETCD_MEMBERS = ("e1", "e2", "e3")
 LEADER_TIMEOUT_S = 60.0
 # The roles run twice (issue 34): a second instance "<name>-2" on --<name>-2-port, by default
 # HA_NODE_PORT_STEP above the first (Index 50062, Transaction 50063, Compactor 50064, gateway 8091), its data
@@ -112,19 +118,48 @@ def node_ports(ports: Mapping[str, int] | None = None) -> tuple[tuple[str, int],
 NODES = node_ports()  # the default plan: n1 50051, n2 50061, n3 50071
 
 
-def wanted_ports(nodes: Sequence[tuple[str, int]], others: Sequence[launcher.Service]) -> list[tuple[str, int]]:
-    """What must be free before anything starts: each node's and service's port and its /metrics port, by
-    the name of the flag that moves it."""
+def etcd_flag(member: str, peer: bool = False) -> str:
+    """The name whose ``--<name>-port`` moves that member's client (or peer) port: e1's are ``etcd`` and
+    ``etcd-peer``, e2's ``etcd-e2`` and ``etcd-e2-peer``, ..."""
+    name = "etcd" if member == ETCD_MEMBERS[0] else f"etcd-{member}"
+    return f"{name}-peer" if peer else name
+
+
+def etcd_ports(ports: Mapping[str, int] | None = None) -> tuple[tuple[str, int, int], ...]:
+    """(member, client port, peer port) of e1, e2, e3: ``ports`` by :func:`etcd_flag` name; e1's client port
+    ``defaults.ETCD_PORT`` and its peer port 1 above its client port when not given; e2 and e3
+    ``HA_NODE_PORT_STEP`` times their rank above e1's, each port unless named."""
+    ports = ports or {}
+    client = ports.get("etcd") or defaults.ETCD_PORT
+    peer = ports.get("etcd-peer") or client + 1
+    step = defaults.HA_NODE_PORT_STEP
+    plan = tuple((member, ports.get(etcd_flag(member)) or client + rank * step,
+                  ports.get(etcd_flag(member, peer=True)) or peer + rank * step)
+                 for rank, member in enumerate(ETCD_MEMBERS))
+    for member, client_port, peer_port in plan:
+        for port, is_peer in ((client_port, False), (peer_port, True)):
+            if not 0 < port < 65536:
+                raise ValueError(f"etcd member {member}'s {'peer' if is_peer else 'client'} port would be {port}: "
+                                 f"give it one with --{etcd_flag(member, is_peer)}-port")
+    return plan
+
+
+def wanted_ports(nodes: Sequence[tuple[str, int]], others: Sequence[launcher.Service],
+                 members: Sequence[tuple[str, int, int]] = ()) -> list[tuple[str, int]]:
+    """What must be free before anything starts: each node's and service's port and its /metrics port, and
+    each etcd member's client and peer ports, by the name of the flag that moves it."""
     grpc_ports = [(node_flag(node_id), port) for node_id, port in nodes] + [(s.name, s.port) for s in others]
-    return grpc_ports + [(f"{name} metrics", port + launcher.METRICS_PORT_OFFSET) for name, port in grpc_ports]
+    etcd = [(etcd_flag(m, peer), port) for m, client, peer_port in members
+            for peer, port in ((False, client), (True, peer_port))]
+    return grpc_ports + [(f"{name} metrics", port + launcher.METRICS_PORT_OFFSET) for name, port in grpc_ports] + etcd
 
 
-def _node_services(etcd_endpoint: str, data_dir: pathlib.Path, embedded: bool,
+def _node_services(etcd_endpoints: str, data_dir: pathlib.Path, embedded: bool,
                    nodes: Sequence[tuple[str, int]] = NODES) -> list[launcher.Service]:
     base = launcher.SERVICES[0]
     return [launcher.Service(
         dataclasses.replace(base, name=f"commitlog-{node_id}", default_port=port, data_subdir=node_id),
-        port, ("--node-id", node_id, "--etcd-endpoints", etcd_endpoint, "--metadata-url",
+        port, ("--node-id", node_id, "--etcd-endpoints", etcd_endpoints, "--metadata-url",
                f"sqlite:///{data_dir / 'metadata.db'}", "--min-insync-replicas", "2", "--default-replication",
                "SYNC", *launcher.size_flags("commitlog", embedded, launcher.os.environ))) for node_id, port in nodes]
 
@@ -157,10 +192,10 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
     ``ports`` by flag name (``commitlog``, ``commitlog-n2``, ``commitlog-n3``, ``index``, ...; the defaults,
     and n2 and n3 derived from n1, for the rest); ``service_logs`` as launcher.run's (the nodes' logs are
     <data-dir>/logs/commitlog-n1.log, ...)."""
-    nodes = node_ports(ports)
+    nodes, members = node_ports(ports), etcd_ports(ports)
     embedded = launcher.uses_embedded_sizes(data_dir / nodes[0][0])
     others = with_second_instances([s for s in launcher.services(ports, embedded)[1:] if s.available()], ports)
-    if problems := port_problems(wanted_ports(nodes, others), make_target="run-ha"):
+    if problems := port_problems(wanted_ports(nodes, others, members), make_target="run-ha"):
         print("mqstore did not start anything:\n" + "".join(f"  {p}\n" for p in problems), end="",
               file=sys.stderr)
         return 1
@@ -169,12 +204,17 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
     fs.make_dirs(data_dir / "etcd")
     auth = auth or launcher.os.environ.get("MQSTORE_AUTH", "").lower() in ("1", "on", "true", "yes")
     secure = launcher.security(data_dir, tls, auth, launcher.internal_token(data_dir))
-    etcd = etcd_local.LocalEtcd(data_dir=str(data_dir / "etcd")).start()
+    try:
+        etcd = etcd_local.LocalEtcdCluster(len(members), data_dir=str(data_dir / "etcd"),
+                                           ports=[(client, peer) for _, client, peer in members]).start()
+    except RuntimeError as exc:
+        print(f"mqstore did not start: the etcd cluster did not come up: {exc}", file=sys.stderr)
+        return 1
     children: list[launcher_child.Child] = []
     status = 0
     try:
         env = {**launcher.os.environ, launcher.TOKEN_ENV: launcher.internal_token(data_dir), **dict(secure.env)}
-        node_services = _node_services(etcd.endpoint, data_dir, embedded, nodes)
+        node_services = _node_services(etcd.endpoints, data_dir, embedded, nodes)
         for service in node_services:
             children.append(launcher.start_child(service, data_dir, env, secure.peers, service_logs))
         for child in children:
@@ -191,7 +231,7 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
         for service in others:
             args = tuple(group if a == n1 else ",".join(txns) if a in txns else a for a in service.extra_args)
             if _role_of(service.name) in ("txn", "compactor"):  # active and standby through etcd
-                args += ("--etcd-endpoints", etcd.endpoint)
+                args += ("--etcd-endpoints", etcd.endpoints)
             child = launcher.start_child(launcher.Service(service.entry, service.port, args), data_dir, env,
                                          secure.peers, service_logs)
             children.append(child)
@@ -203,7 +243,9 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
         shown = [launcher.Service(launcher.SERVICES[0], leader_port)] + [  # leader: "commitlog"
             c for c in children[len(nodes):] if c.name not in seconds]
         print(launcher.banner(shown, data_dir, embedded, secure)
-              + f"The commit log nodes: {group} (leader now: {leader}); etcd on {etcd.endpoint}.\n"
+              + f"The commit log nodes: {group} (leader now: {leader}).\n"
+              f"etcd, a cluster of {len(members)} members (the loss of one changes nothing): {etcd.endpoints} "
+              f"(peers {','.join(str(m.peer_port) for m in etcd.members)}; data in {data_dir / 'etcd'}).\n"
               f"`mqstore --address {group} replication status` tells who leads.\n" + instances_text(others),
               flush=True)
         told: set[str] = set()

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="files (default): each service's JSON log goes to <data-dir>/logs/<service>.log, the "
                         "terminal keeps the launcher's own lines; stream: the services' logs on this terminal too")
     parser.add_argument("--ha", action="store_true", help="three commit log replicas with automatic failover "
-                        "through a throwaway etcd, and the other services (mqstore_launcher.ha; make run-ha)")
+                        "through a local etcd cluster of three members, and the other services "
+                        "(mqstore_launcher.ha; make run-ha)")
     for rank, node_id in enumerate(HA_NODES, 1):
         parser.add_argument(f"--commitlog-{node_id}-port", dest=f"commitlog-{node_id}", type=_port, default=None,
                             metavar="PORT", help=f"with --ha: node {node_id}'s port on 127.0.0.1 (default: "
@@ -37,12 +38,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{name}-2-port", dest=f"{name}-2", type=_port, default=None, metavar="PORT",
                             help=f"with --ha: the second {name}'s port on 127.0.0.1 (default: --{name}-port + "
                             f"{defaults.HA_NODE_PORT_STEP})")
+    for rank, member in enumerate(ETCD_MEMBERS):
+        name = "etcd" if rank == 0 else f"etcd-{member}"
+        above = f"--etcd-port + {rank * defaults.HA_NODE_PORT_STEP}" if rank else str(defaults.ETCD_PORT)
+        parser.add_argument(f"--{name}-port", dest=name, type=_port, default=None, metavar="PORT",
+                            help=f"with --ha: etcd member {member}'s client port on 127.0.0.1 (default {above})")
+        peer_above = f"--etcd-peer-port + {rank * defaults.HA_NODE_PORT_STEP}" if rank else "--etcd-port + 1"
+        parser.add_argument(f"--{name}-peer-port", dest=f"{name}-peer", type=_port, default=None, metavar="PORT",
+                            help=f"with --ha: etcd member {member}'s peer port on 127.0.0.1 (default {peer_above})")
     args = parser.parse_args(argv)
     ports = {entry.name: getattr(args, entry.name) for entry in launcher.SERVICES}
-    node_ports = {f"commitlog-{n}": getattr(args, f"commitlog-{n}") for n in HA_NODES
-                  if getattr(args, f"commitlog-{n}") is not None}
-    node_ports.update({f"{name}-2": getattr(args, f"{name}-2") for name in HA_TWICE
-                       if getattr(args, f"{name}-2") is not None})
+    ha_names = [f"commitlog-{n}" for n in HA_NODES] + [f"{name}-2" for name in HA_TWICE] + [
+        f"{name}{peer}" for name in ["etcd"] + [f"etcd-{m}" for m in ETCD_MEMBERS[1:]] for peer in ("", "-peer")]
+    node_ports = {name: getattr(args, name) for name in ha_names if getattr(args, name) is not None}
     if node_ports and not args.ha:
         parser.error(f"--{next(iter(node_ports))}-port is for --ha (make run-ha) only")
     private_files.private_umask()  # what it makes (the data dir, the token, tls/) is its user's only, as the services
@@ -51,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ha.node_ports({**ports, **node_ports})
             ha.with_second_instances(launcher.services(ports)[1:], node_ports)
-        except ValueError as exc:  # n2, n3 or a second instance derived above 65535
+            ha.etcd_ports(node_ports)
+        except ValueError as exc:  # n2, n3, a second instance or an etcd member's port derived above 65535
             parser.error(str(exc))
         return ha.run(args.data_dir.resolve(), {**ports, **node_ports}, tls=args.tls, auth=args.auth,
                       service_logs=args.service_logs)
@@ -60,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
 HA_NODES = ("n2", "n3")  # mqstore_launcher.ha.NODE_IDS after n1 (not imported here: ha needs etcd's client)
 HA_TWICE = ("index", "txn", "compactor", "gateway")  # mqstore_launcher.ha.TWICE: a second instance of each with --ha
+ETCD_MEMBERS = ("e1", "e2", "e3")  # mqstore_launcher.ha.ETCD_MEMBERS
 
 
 def _port(text: str) -> int:
