@@ -170,7 +170,7 @@ def test_only_the_launcher_imports_more_than_one_service():
     below = {**services, SHARED.name: SHARED, CLI.name: CLI, "core": CORE, "spark": SPARK}
     for name, package in below.items():
         imported = {other for path in package.rglob("*.py") for _, module in imports_of(path, package)
-                    for other in services if _matches(module, other) and not _shared_across(name, module)}
+                    for other in services if _matches(module, other)}
         assert imported <= {name}, f"{package.relative_to(ROOT)} imports {sorted(imported - {name})}"
         assert violations(package, (LAUNCHER.name,)) == []
     assert (LAUNCHER / "__init__.py").is_file()
@@ -181,13 +181,7 @@ def test_only_the_launcher_imports_more_than_one_service():
 def test_services_do_not_import_each_other(service):
     packages = service_packages()
     others = tuple(name for name in packages if name != service)
-    assert violations(packages[service], others, lambda path, name: _shared_across(service, name)) == []
-
-
-def _shared_across(service: str, module: str) -> bool:
-    """The one import across services: the Transaction service's election (issue 34) reuses the commit log's
-    etcd client, the one its controller uses."""
-    return service == "txn_service" and _matches(module, "commitlog_service.etcd_client")
+    assert violations(packages[service], others, lambda path, name: False) == []
 
 
 def test_the_checker_sees_every_kind_of_import(tmp_path):

@@ -12,7 +12,7 @@ import threading
 import grpc
 import pytest
 
-from commitlog_service.etcd_client import EtcdCoordination
+from mqstore_rpc.etcd_client import EtcdCoordination
 from mqstore_rpc.endpoints import Failover
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as clpb, commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc

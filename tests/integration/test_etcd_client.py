@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from commitlog_service.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
+from mqstore_rpc.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
 from mqstore.errors import Unavailable
 from mqstore_launcher.child import free_port
 from tests.support.ha import etcd_cluster_or_skip

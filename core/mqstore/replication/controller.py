@@ -62,7 +62,7 @@ class Versioned:
 
 
 class Coordination(Protocol):
-    """etcd, as the controller uses it (commitlog_service.etcd_client; a fake in tests). Thread-safe;
+    """etcd, as the controller uses it (mqstore_rpc.etcd_client; a fake in tests). Thread-safe;
     every call raises Unavailable when etcd cannot be reached."""
 
     def get(self, key: str) -> Versioned: ...

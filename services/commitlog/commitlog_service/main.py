@@ -63,7 +63,7 @@ from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
 from commitlog_service import access, consumer, internal, replication
-from commitlog_service.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
+from mqstore_rpc.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, LoopCommitLogServicer, add_to_server
 
 DEFAULT_PORT = defaults.COMMITLOG_PORT

@@ -41,7 +41,7 @@ from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
-from commitlog_service.etcd_client import EtcdCoordination
+from mqstore_rpc.etcd_client import EtcdCoordination
 
 from .lease import RoundLease
 from .replica import ReplicaDuty

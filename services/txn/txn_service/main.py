@@ -52,7 +52,7 @@ from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
 # the commit log's etcd client (the one its controller uses; tests/test_layering.py allows this import)
-from commitlog_service.etcd_client import EtcdCoordination
+from mqstore_rpc.etcd_client import EtcdCoordination
 from txn_service.composition import compose_txn, server_threads
 from txn_service.remote_log import RemoteTxnLog
 from txn_service.servicer import SERVICE_NAME
