@@ -96,6 +96,7 @@ class Availability:
         self.roles = roles
         self.start = self.end = None
         self.last: dict[str, float] = {}
+        self.seen: set[str] = set()      # the roles with a successful call, also before the window
         self.worst: dict[str, tuple[float, float]] = {role: (0.0, 0.0) for role in roles}  # gap, at (s into it)
 
     def begin(self) -> None:
@@ -106,6 +107,7 @@ class Availability:
     def ok(self, role: str) -> None:
         t = now()
         with self.lock:
+            self.seen.add(role)
             if self.start is None or self.end is not None:
                 return
             self._gap(role, t)
@@ -213,11 +215,17 @@ class Worker(threading.Thread):
         super().__init__(name=name, daemon=True)
         self.stop, self.availability = stop, availability
         self.errors: dict[str, int] = {}
+        self.samples: dict[str, list[str]] = {}   # per status, the first few messages with their time
         self.crash: str | None = None
 
     def failed(self, exc: BaseException) -> None:
         code = exc.code().name if isinstance(exc, grpc.RpcError) else type(exc).__name__
         self.errors[code] = self.errors.get(code, 0) + 1
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+        samples = self.samples.setdefault(code, [])
+        if len(samples) < 5 and not any(detail[:60] in sample for sample in samples):
+            start = self.availability.start
+            samples.append(f"{now() - start if start else 0:.1f} s: {detail[:300]}")
         self.stop.wait(ERROR_PAUSE_S)
 
     def run(self) -> None:
@@ -469,12 +477,11 @@ class KvReader(Worker):
             self.stop.wait(0.1)
 
 
-class Prober(Worker):
+class Probes:
     """The roles no load uses as a client: the Index (QueryByKey on either), etcd (GET /health on any member,
     at its container's address), PostgreSQL (a TCP connection to its container)."""
 
-    def __init__(self, indexes, addresses: dict[str, str], stop, availability):
-        super().__init__("prober", stop, availability)
+    def __init__(self, indexes, addresses: dict[str, str]):
         self.indexes = [index_pb2_grpc.IndexStub(grpc.insecure_channel(a)) for a in endpoints.split(indexes)]
         self.addresses = addresses   # service -> container IP (the chaos loop refreshes it)
 
@@ -504,11 +511,19 @@ class Prober(Worker):
         except (OSError, KeyError):
             return False
 
+
+
+class Prober(Worker):
+    """One role's probe every PROBE_EVERY_S (a thread per role: one role's timeouts never delay another's)."""
+
+    def __init__(self, role: str, probe, stop, availability):
+        super().__init__(f"probe-{role}", stop, availability)
+        self.role, self.probe = role, probe
+
     def loop(self) -> None:
         while not self.stop.is_set():
-            for role, ok in (("index", self.index_ok), ("etcd", self.etcd_ok), ("postgres", self.postgres_ok)):
-                if ok():
-                    self.availability.ok(role)
+            if self.probe():
+                self.availability.ok(self.role)
             self.stop.wait(PROBE_EVERY_S)
 
 
@@ -686,13 +701,19 @@ def main() -> int:
     offsets = OffsetsConsumer(args.nodes, stop_load, availability)
     kv_writer = KvWriter(args.nodes, stop_load, availability)
     kv_reader = KvReader(args.compactor, stop_load, availability)
-    prober = Prober(args.index, addresses, stop_load, availability)
-    workers = [sync, async_, gateway, txn, pop, offsets, kv_writer, kv_reader, prober]
+    probes = Probes(args.index, addresses)
+    workers = [sync, async_, gateway, txn, pop, offsets, kv_writer, kv_reader,
+               *(Prober(role, probe, stop_load, availability) for role, probe in (
+                   ("index", probes.index_ok), ("etcd", probes.etcd_ok), ("postgres", probes.postgres_ok)))]
     chaos = Chaos(docker, args.nodes, roles, addresses, args)
     print(f"[chaos] seed {args.seed}; {args.duration_s:g} s, a kill every {args.kill_every_s:g} s, started again "
           f"after {args.down_s:g} s; roles {','.join(roles)}", flush=True)
     for worker in workers:
         worker.start()
+    # the load warms up (a gateway learns the new topics, a compactor the COMPACTION topic) before the window
+    if not wait_for(lambda: availability.seen >= set(ROLES), 120):
+        print(f"[chaos] no successful call yet of {sorted(set(ROLES) - availability.seen)} after 120 s: counted "
+              f"unavailable from the start", flush=True)
     availability.begin()
     chaos.start()
     chaos.join()
@@ -728,7 +749,7 @@ def main() -> int:
         return 2
 
     try:
-        report.update(verify(args, log, leader, chaos, workers, failures))
+        report.update(verify(args, log, leader, chaos, workers, probes, failures))
     except grpc.RpcError as exc:
         failures.append(f"the checks after the chaos could not be made: {exc.code().name} {exc.details()}")
         print("\n".join(f"FAILED: {f}" for f in failures))
@@ -743,10 +764,11 @@ def main() -> int:
     return 1 if failures else 0
 
 
-def verify(args, log: Log, leader: str, chaos: Chaos, workers: list[Worker], failures: list[str]) -> dict:
+def verify(args, log: Log, leader: str, chaos: Chaos, workers: list[Worker], probes: Probes,
+           failures: list[str]) -> dict:
     """The checks after the chaos (the module docstring); prints the figures, appends to ``failures``;
     the report's entries."""
-    sync, async_, gateway, txn, pop, offsets, kv_writer, kv_reader, prober = workers
+    sync, async_, gateway, txn, pop, offsets, kv_writer, kv_reader = workers[:8]
     sync_acked = set(sync.acked)
     # acknowledged messages, on every node
     sync_missing = check_acked(log, sync.acked)
@@ -800,7 +822,7 @@ def verify(args, log: Log, leader: str, chaos: Chaos, workers: list[Worker], fai
     by_offset = sorted(sync.acked, key=lambda body: sync.acked[body][0])
     sample = by_offset[-100:] + random.Random(args.seed).sample(by_offset, min(100, len(by_offset)))
     index_missing = {}
-    for address, stub in zip(endpoints.split(args.index), prober.indexes, strict=True):
+    for address, stub in zip(endpoints.split(args.index), probes.indexes, strict=True):
         def found(key: str, stub=stub) -> bool:
             return bool(stub.QueryByKey(index_pb2.QueryByKeyRequest(topic="chaos-sync", key=key), timeout=10).locators)
         if by_offset:
@@ -824,6 +846,7 @@ def verify(args, log: Log, leader: str, chaos: Chaos, workers: list[Worker], fai
                  "offset_commits": offsets.commits, "kv_writes": kv_writer.seq,
                  "kv_reads": kv_reader.reads},
         "errors": {w.name: w.errors for w in workers},
+        "error_samples": {w.name: w.samples for w in workers if w.samples},
         "lost": {"sync": sync_missing, "gateway": len(gw_lost), "async_cut_by_failover": async_missing},
         "sync_acks_under_reported_replicas": under_reported,
         "transactions_committed_twice": len(twice), "transactions_lost": len(txn_lost),
