@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := services/common/mqstore_rpc/gen/.stamp
 
-.PHONY: setup setup-run setup-ha gen run run-ha run-tls node-example test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops compose-check-ha rmq-clients
+.PHONY: setup setup-run setup-ha gen run run-ha run-tls node-example test test-suite test-loaded bench clean lint compose-check compose-check-spark compose-check-ops compose-check-ha compose-check-chaos rmq-clients
 
 # Stamps per group of lock files, so that `make run` installs only what running needs and `make test`
 # adds the rest. Each step says what it does: the first `make run` takes a few minutes, most of it here.
@@ -168,6 +168,15 @@ compose-check-ops: setup
 # rejoins; always torn down.
 compose-check-ha: setup
 	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_ha.sh
+
+# Chaos on docker-compose.ha.yml (every role twice or more) on a real engine (not part of `make test`; ~3 min
+# of chaos plus the build and up, see README.md "Docker"): for COMPOSE_CHECK_CHAOS_DURATION_S (180) seconds a
+# container of any role killed with SIGKILL every few seconds and started again, under producers (SYNC,
+# ASYNC, through the gateways, transactional), pop consumers, offset commits and compaction readers; then no
+# acknowledged message lost, no transaction committed twice or lost, no consumer offset gone back, and per
+# role its longest unavailability; always torn down.
+compose-check-chaos: setup
+	COMPOSE_ENGINE="$(COMPOSE_ENGINE)" PY=$(PY) scripts/compose_check_chaos.sh
 
 # Every script runs even when one before it failed (each writes what it measured); the exit status says
 # whether any failed. Disk: bench/README.md ("What it needs").

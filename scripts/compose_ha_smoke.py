@@ -1,6 +1,7 @@
 """The checks of `make compose-check-ha` (docker-compose.ha.yml), through the published ports of the stack.
 
-    python scripts/compose_ha_smoke.py write    --nodes A,B,C --index I --state S   (prints leader=NODE_ID)
+    python scripts/compose_ha_smoke.py write    --nodes A,B,C --index I,I2 --state S   (prints leader=NODE_ID)
+    python scripts/compose_ha_smoke.py pairs    --nodes A,B,C --index I,I2 --txn T,T2 --compactor C,C2 --gateway G,G2
     python scripts/compose_ha_smoke.py steady   --nodes A,B,C --state S --started F --stop G
     (meanwhile: kill -9 an etcd member's container, then touch G)
     (kill -9 the leader's container)
@@ -11,7 +12,12 @@
 ``write`` finds the leader (GetReplicationState on each node), creates a topic, waits until the three
 nodes are in sync, appends MESSAGES messages with SYNC replication (each with its own key), checks each
 result names two or more copies, waits until the index (following every node) finds them, and records
-what was acknowledged in the state file. ``failover`` waits for another node to lead a higher epoch and
+what was acknowledged in the state file. ``pairs`` checks the roles that run twice (issue 34), each instance
+on its own: every one SERVING (gRPC health); a transaction prepared and committed through the Transaction
+pair, answered by the active one while the standby refuses with UNAVAILABLE, its message then found by
+every Index instance; a COMPACTION topic's latest values (SYNC appends) read back from each compactor; and
+through each gateway a QueryRoute and a SendMessage, the message found by every Index instance.
+``failover`` waits for another node to lead a higher epoch and
 times it from ``--killed-at`` to the first SYNC append that node acknowledges, appends MESSAGES more,
 then checks every acknowledged message, byte-identical at its physical offset, on the new leader, and
 every key through the index (which resumed its Tail on the new leader). ``rejoin``: the restarted node
@@ -35,9 +41,16 @@ import grpc
 from mqstore_rpc import endpoints
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, index_pb2, index_pb2_grpc
-from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as v2d
+from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as v2s
+from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc as v2grpc
+from mqstore_rpc.gen.mqstore.v1 import compactor_pb2, compactor_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc, txn_pb2, txn_pb2_grpc
 
 TOPIC = "ha-smoke"
+KV_TOPIC = "ha-smoke-kv"    # pairs: a COMPACTION topic, read on both compactors
+KV_KEYS = 20
 MESSAGES = 200
 STEADY_BATCH = 4  # steady's batches: small, so the index's later key-by-key check stays short
 RPC_TIMEOUT_S = 10
@@ -152,6 +165,125 @@ def cmd_write(args) -> None:
     print(f"leader={state.node_id} epoch {state.epoch}: {len(acked)} messages acknowledged by 3 nodes")
 
 
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S) \
+            .status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _key_found(index_addresses: str, key: str, offset: int | None = None) -> None:
+    """Every Index instance finds ``key`` once (at ``offset`` when given)."""
+    for address in endpoints.split(index_addresses):
+        with grpc.insecure_channel(address) as channel:
+            stub = index_pb2_grpc.IndexStub(channel)
+
+            def located(stub=stub):
+                response = stub.QueryByKey(index_pb2.QueryByKeyRequest(topic=TOPIC, key=key), timeout=RPC_TIMEOUT_S)
+                return [loc.physical_offset for loc in response.locators]
+            found = wait_for(located, f"the Index at {address} to find {key}")
+            check(len(found) == 1 and offset in (None, found[0]),
+                  f"the Index at {address} finds {key} at {found}, not once{f' at {offset}' if offset else ''}")
+
+
+def _transaction(txn_addresses: str) -> tuple[str, txn_pb2.EndResponse]:
+    """Prepare and Commit one transaction on whichever instance answers; the other must refuse (standby)."""
+    stubs = {a: txn_pb2_grpc.TransactionStub(grpc.insecure_channel(a)) for a in endpoints.split(txn_addresses)}
+    check(len(stubs) >= 2, f"--txn names {len(stubs)} instance(s), the pair needs two")
+    prepare = txn_pb2.PrepareRequest(topic=TOPIC, producer_group="ha-smoke", transaction_id="ha-smoke-txn-1",
+                                     messages=[common_pb2.MessageInput(body=b"ha-txn", keys=["ha-txn-key"])])
+
+    def one_answers():
+        answered, refused = [], []
+        for address, stub in stubs.items():
+            try:
+                stub.Prepare(prepare, timeout=RPC_TIMEOUT_S)
+                answered.append(address)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise SmokeFailure(f"Prepare on {address}: {exc.code().name} {exc.details()}") from None
+                refused.append(address)
+        return (answered, refused) if len(answered) == 1 else None
+    (active,), _ = wait_for(one_answers, "one Transaction instance to answer Prepare and the other to refuse it")
+    ended = stubs[active].Commit(txn_pb2.EndRequest(transaction_id=prepare.transaction_id), timeout=RPC_TIMEOUT_S)
+    check(ended.state == txn_pb2.TRANSACTION_STATE_COMMITTED, f"Commit on {active}: {ended.state}")
+    for address, stub in stubs.items():
+        if address != active:
+            try:
+                stub.Commit(txn_pb2.EndRequest(transaction_id=prepare.transaction_id), timeout=RPC_TIMEOUT_S)
+                raise SmokeFailure(f"the standby {address} answered a Commit the active {active} had answered")
+            except grpc.RpcError as exc:
+                check(exc.code() == grpc.StatusCode.UNAVAILABLE,
+                      f"the standby {address} answered Commit {exc.code().name}, not UNAVAILABLE")
+    return active, ended
+
+
+def _compacted(group: Group, leader: str, compactor_addresses: str) -> None:
+    """SYNC appends to a COMPACTION topic (two values per key), then each compactor's latest is the second."""
+    try:
+        group.log(leader).CreateTopic(pb.CreateTopicRequest(name=KV_TOPIC, queue_count=2,
+                                                            kind=common_pb2.TOPIC_KIND_COMPACTION),
+                                      timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise
+    for version in (1, 2):
+        group.log(leader).Append(pb.AppendRequest(topic=KV_TOPIC, replication=pb.REPLICATION_MODE_SYNC, messages=[
+            common_pb2.MessageInput(body=b"v%d-%d" % (version, k), keys=[f"k{k}"]) for k in range(KV_KEYS)]),
+            timeout=RPC_TIMEOUT_S)
+    for address in endpoints.split(compactor_addresses):
+        with grpc.insecure_channel(address) as channel:
+            stub = compactor_pb2_grpc.CompactorStub(channel)
+
+            def latest(stub=stub):
+                values = stub.BatchGetLatest(compactor_pb2.BatchGetLatestRequest(
+                    topic=KV_TOPIC, keys=[f"k{k}" for k in range(KV_KEYS)]), timeout=RPC_TIMEOUT_S).values
+                return [v.value for v in values] == [b"v2-%d" % k for k in range(KV_KEYS)]
+            wait_for(latest, f"the compactor at {address} to hold the latest value of every key")
+
+
+def _through_gateway(address: str, i: int) -> str:
+    """QueryRoute and one SendMessage (a key ha-gw-<i>) through the gateway at ``address``, as a RocketMQ 5
+    client does; the message id."""
+    with grpc.insecure_channel(address) as channel:
+        stub, metadata = v2grpc.MessagingServiceStub(channel), (("x-mq-client-id", f"ha-smoke-{i}"),)
+        host, _, port = address.rpartition(":")
+
+        def routed():
+            reply = stub.QueryRoute(v2s.QueryRouteRequest(topic=v2d.Resource(name=TOPIC), endpoints=v2d.Endpoints(
+                scheme=v2d.IPv4, addresses=[v2d.Address(host=host, port=int(port))])), timeout=RPC_TIMEOUT_S,
+                metadata=metadata)
+            return reply.status.code == v2d.OK and len(reply.message_queues) > 0
+        wait_for(routed, f"the gateway at {address} to route {TOPIC}")
+        message_id = f"01HASMOKE{i:025d}"
+        reply = stub.SendMessage(v2s.SendMessageRequest(messages=[v2d.Message(
+            topic=v2d.Resource(name=TOPIC), body=b"ha-gw-%d" % i, system_properties=v2d.SystemProperties(
+                message_id=message_id, message_type=v2d.NORMAL, keys=[f"ha-gw-{i}"]))]),
+            timeout=RPC_TIMEOUT_S, metadata=metadata)
+        check(reply.status.code == v2d.OK and [e.message_id for e in reply.entries] == [message_id],
+              f"SendMessage through the gateway at {address}: {v2d.Code.Name(reply.status.code)} "
+              f"{reply.status.message}")
+        return message_id
+
+
+def cmd_pairs(args) -> None:
+    group = Group(args.nodes)
+    leader, _ = wait_for(group.leader, "a leader")
+    every = [*endpoints.split(args.index), *endpoints.split(args.txn), *endpoints.split(args.compactor),
+             *endpoints.split(args.gateway)]
+    for address in every:
+        wait_for(lambda address=address: _serving(address), f"{address} to be SERVING")
+    active, ended = _transaction(args.txn)
+    _key_found(args.index, "ha-txn-key", ended.results[0].physical_offset if ended.results else None)
+    _compacted(group, leader, args.compactor)
+    gateways = endpoints.split(args.gateway)
+    for i, address in enumerate(gateways):
+        _through_gateway(address, i)
+        _key_found(args.index, f"ha-gw-{i}")
+    print(f"pairs: {len(every)} instances SERVING; a transaction committed through {active} (the other refused: "
+          f"standby), found by every Index; {KV_KEYS} keys' latest values on each compactor; a message sent "
+          f"through each of {len(gateways)} gateways, found by every Index")
+
+
 def cmd_failover(args) -> None:
     group = Group(args.nodes)
     saved = json.loads(pathlib.Path(args.state).read_text())
@@ -220,6 +352,13 @@ def main() -> int:
     p.add_argument("--index", required=True, help="host:port of the Index, or of each: a,b")
     p.add_argument("--state", required=True)
     p.set_defaults(func=cmd_write)
+    p = sub.add_parser("pairs")
+    p.add_argument("--nodes", required=True)
+    p.add_argument("--index", required=True, help="host:port of each Index: a,b")
+    p.add_argument("--txn", required=True, help="host:port of each Transaction service: a,b")
+    p.add_argument("--compactor", required=True, help="host:port of each compactor: a,b")
+    p.add_argument("--gateway", required=True, help="host:port of each gateway: a,b")
+    p.set_defaults(func=cmd_pairs)
     p = sub.add_parser("failover")
     p.add_argument("--nodes", required=True)
     p.add_argument("--index", required=True, help="host:port of the Index, or of each: a,b")

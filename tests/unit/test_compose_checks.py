@@ -1,6 +1,8 @@
 """The compose files and the `make compose-check*` scripts, without an engine: every published port is
 `127.0.0.1:${VARIABLE:-default}`, a variable README.md names; each check's port list moves every port it
-publishes; each check removes the images it built unless COMPOSE_CHECK_KEEP_IMAGES=1.
+publishes, and by default ports apart from every other check's; each check is a make target and brings up
+every service of its compose file it checks (the HA ones every second instance too); each check removes the
+images it built unless COMPOSE_CHECK_KEEP_IMAGES=1; the chaos driver kills every service of the HA profile.
 
 The scripts run against a stand-in `docker` (first on PATH; COMPOSE_ENGINE empty) that records each call
 with the MQSTORE_* environment it saw and fails `docker compose up`: what a check publishes is decided by
@@ -8,12 +10,14 @@ then, and its teardown (the images removed or kept) runs after that failure as a
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,11 +28,13 @@ PUBLISHED = re.compile(r'^\s+- "127\.0\.0\.1:\$\{(MQSTORE_\w+_HOST_PORT):-(\d+)\
 # script, its port list variable, how many ports the list holds, its compose files, its built images
 CHECKS = [
     ("compose_check.sh", "COMPOSE_CHECK_PORTS", 4, ["docker-compose.yml"], {"mqstore"}),
-    ("compose_check_ha.sh", "COMPOSE_CHECK_HA_PORTS", 7, ["docker-compose.ha.yml"],
+    ("compose_check_ha.sh", "COMPOSE_CHECK_HA_PORTS", 11, ["docker-compose.ha.yml"],
      {"mqstore", "mqstore-etcd", "mqstore-postgres"}),
     ("compose_check_ops.sh", "COMPOSE_CHECK_OPS_PORTS", 5, ["docker-compose.yml", "docker-compose.secure.yml"],
      {"mqstore", "mqstore-prometheus"}),
     ("compose_check_spark.sh", "COMPOSE_CHECK_SPARK_PORTS", 2, ["docker-compose.yml"], {"mqstore", "mqstore-spark"}),
+    ("compose_check_chaos.sh", "COMPOSE_CHECK_CHAOS_PORTS", 11, ["docker-compose.ha.yml"],
+     {"mqstore", "mqstore-etcd", "mqstore-postgres"}),
 ]
 
 # The stand-in docker. Each image `compose config --images` names (mqstore-<kind>:<tag>, the kind from the
@@ -172,3 +178,108 @@ def test_a_check_removes_the_images_it_built_unless_asked_to_keep_them(tmp_path,
         expected = untagged_by_rebuild | {f"{image}:{tag}" for image in images} | {"sha256:stage"}
         assert sorted(removed) == sorted(expected), done.stdout
         assert f"removed {len(expected)} images" in done.stdout
+
+
+def services_of(compose_file: str) -> list[str]:
+    services, in_services = [], False
+    for line in (ROOT / compose_file).read_text().splitlines():
+        if re.match(r"^\S", line):
+            in_services = line.startswith("services:")
+        elif in_services and (m := re.match(r"^  ([a-z0-9-]+):\s*$", line)):
+            services.append(m.group(1))
+    return services
+
+
+def services_brought_up(tmp_path: pathlib.Path, script: str, env: dict[str, str] | None = None):
+    done, calls = run_check(tmp_path, script, env or {})
+    up = [c for c in calls if c["argv"][0] == "compose" and "up" in c["argv"]]
+    assert up, done.stdout + done.stderr
+    return up[0]["argv"][up[0]["argv"].index("--wait-timeout") + 2:], up[0]["env"]
+
+
+@pytest.mark.parametrize("script", ["compose_check_ha.sh", "compose_check_chaos.sh"])
+def test_the_ha_checks_bring_up_every_service_of_the_ha_profile(tmp_path, script):
+    """Every role twice (issue 34): the second instances are started and checked, not only in the file."""
+    services, _ = services_brought_up(tmp_path, script)
+    assert sorted(services) == sorted(services_of("docker-compose.ha.yml"))
+    assert {"index-2", "txn-2", "compactor-2", "gateway-2"} <= set(services)
+
+
+def test_every_check_is_a_make_target():
+    makefile = (ROOT / "Makefile").read_text()
+    for script, *_ in CHECKS:
+        target = "compose-check" + script.removeprefix("compose_check").removesuffix(".sh").replace("_", "-")
+        assert re.search(rf"^{target}: setup\n\t.*scripts/{script}$", makefile, re.M), target
+        assert target in README
+
+
+def test_the_checks_default_ports_are_apart(tmp_path):
+    """compose-check-chaos and compose-check-ha (and the others) can run on one engine side by side."""
+    used: dict[str, str] = {}
+    for i, (script, *_rest) in enumerate(CHECKS):
+        run_dir = tmp_path / str(i)
+        run_dir.mkdir()
+        _, env = services_brought_up(run_dir, script)
+        ports = {v for k, v in env.items() if k.endswith("_HOST_PORT")}
+        clash = {p: used[p] for p in ports if p in used}
+        assert not clash, f"{script} publishes ports of {clash}"
+        used.update(dict.fromkeys(ports, script))
+
+
+def test_the_chaos_driver_kills_every_service_of_the_ha_profile():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import compose_chaos
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert sorted(s for services in compose_chaos.ROLES.values() for s in services) == \
+        sorted(services_of("docker-compose.ha.yml"))
+    check = (ROOT / "scripts" / "compose_check_chaos.sh").read_text()
+    assert f'COMPOSE_CHECK_CHAOS_ROLES:-{",".join(compose_chaos.ROLES)}' in check
+
+
+class FakeContainers:
+    """The chaos loop's Docker, in memory: a killed container is down until started; healthy 0.2 s after."""
+
+    def __init__(self, roles: dict[str, list[str]]):
+        self.role_of = {service: role for role, services in roles.items() for service in services}
+        self.down: set[str] = set()
+        self.started_at: dict[str, float] = {}
+        self.kills: list[str] = []
+        self.overlaps: list[str] = []
+
+    def kill(self, service: str) -> None:
+        role = self.role_of[service]
+        if any(self.role_of[other] == role for other in self.down):
+            self.overlaps.append(service)
+        self.down.add(service)
+        self.kills.append(service)
+
+    def start(self, service: str) -> None:
+        self.down.discard(service)
+        self.started_at[service] = time.monotonic()
+
+    def healthy(self, service: str) -> bool:
+        return service not in self.down and time.monotonic() - self.started_at.get(service, 0) > 0.2
+
+    def ip(self, service: str) -> str:
+        return "" if service in self.down else "10.0.0.1"
+
+
+def test_the_chaos_loop_kills_one_container_of_a_role_at_a_time_and_starts_every_one_again(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import compose_chaos
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.setattr(compose_chaos, "in_sync_count", lambda log: 3)  # a restarted node is in sync at once
+    containers = FakeContainers(compose_chaos.ROLES)
+    args = argparse.Namespace(duration_s=4.0, kill_every_s=0.25, down_s=0.5, seed=7)
+    chaos = compose_chaos.Chaos(containers, "127.0.0.1:9,127.0.0.1:9", list(compose_chaos.ROLES), {}, args)
+    chaos.run()
+    assert chaos.crash is None
+    assert len(containers.kills) >= 5, containers.kills
+    assert containers.overlaps == []                        # never two of one role down at once
+    assert containers.down == set() and chaos.down == {}    # every killed container started again, and back
+    assert all(e["killed_s"] < e["started_s"] <= e["back_s"] for e in chaos.events), chaos.events
+    assert all(e["started_s"] - e["killed_s"] >= args.down_s for e in chaos.events), chaos.events
