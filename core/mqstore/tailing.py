@@ -13,6 +13,7 @@ Thread-safe: each stream is a generator owned by one caller; the store's parts i
 from __future__ import annotations
 
 import time
+from time import monotonic
 from typing import Callable, Iterator, Sequence
 
 from mqstore import limits, waits
@@ -68,6 +69,7 @@ def _frames(store: MessageStore, pos: int, max_frame_bytes: int, heartbeat_s: fl
     cond = store.dispatcher.visible
     holds = store.retention.holds
     commitlog, clock = store.commitlog, store.clock
+    sent = monotonic()  # when the last frame went: a filtered stream that finds nothing still says where it is
     while is_active() and store.running:
         if hold:
             holds.refresh(hold, clock.now_ms())
@@ -77,12 +79,20 @@ def _frames(store: MessageStore, pos: int, max_frame_bytes: int, heartbeat_s: fl
             data, count, nxt = commitlog.frame(pos, visible, max_frame_bytes, wanted, wanted_tx)
             pos = nxt
             if count:
+                sent = monotonic()
                 yield TailFrame(data, count, pos, visible)
+            elif monotonic() - sent >= heartbeat_s:
+                # Nothing of the wanted topics, while the log grows faster than it is read or keeps growing: an
+                # empty frame every heartbeat carries the position, or a follower of a few topics (the
+                # Transaction service's) would hear nothing, not even a heartbeat, until the writers paused.
+                sent = monotonic()
+                yield TailFrame(b"", 0, pos, visible)
             continue
         with waits.waiting(), cond:  # a Tail stream waits most of its life: its handler thread does not count
             if store.visible_offset() <= pos:
                 cond.wait(heartbeat_s)
         if store.visible_offset() <= pos:
+            sent = monotonic()
             yield TailFrame(b"", 0, pos, store.visible_offset())
         elif linger_s:
             with waits.waiting():

@@ -162,6 +162,33 @@ def test_tail_frames_whole_records_with_filter(open_store):
 
 
 
+def test_a_filtered_tail_says_where_it_is_while_other_topics_keep_the_log_growing(open_store, monkeypatch):
+    """A Tail of topic b while only topic a is written, without a pause: every frame it reads holds nothing of
+    b, and the log's end moves on before the stream reaches it. It still sends an empty frame every heartbeat
+    with its position (before, nothing at all until the writer paused: the Transaction service's follower
+    learnt nothing for as long as producers wrote, and a standby elected then stayed recovering)."""
+    store = open_store()
+    store.create_topic("a", 1)
+    store.create_topic("b", 1)
+    store.append("a", [MessageIn(body=b"x" * 100)])
+    real_frame = store.commitlog.frame
+    writes = []
+
+    def frame_while_a_writer_runs(*args):  # another append lands before every read: the end never stays put
+        if len(writes) < 20_000:
+            writes.append(store.append("a", [MessageIn(body=b"x" * 100)]))
+        return real_frame(*args)
+
+    monkeypatch.setattr(store.commitlog, "frame", frame_while_a_writer_runs)
+    frames = tailing.tail(store, TAIL_EARLIEST, 0, ["b"], 1 << 20, 20, is_active=lambda: True)
+    first = next(frames)
+    assert len(writes) < 20_000, "no frame while the writer ran"
+    assert first.record_count == 0 and first.records == b""
+    assert 0 < first.next_physical_offset <= store.visible_offset()
+    second = next(frames)
+    assert second.next_physical_offset >= first.next_physical_offset
+
+
 def test_a_caught_up_tail_lingers_so_that_several_appends_share_a_frame(open_store, monkeypatch):
     store = open_store()
     store.create_topic("t", 1)
