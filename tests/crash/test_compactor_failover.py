@@ -14,7 +14,7 @@ from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as clpb, common_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
 from tests.crash.test_failover import TTL_FLAGS
 from tests.integration.test_compactor_replica import compactor, everything
-from tests.support.ha import Group, etcd_or_skip
+from tests.support.ha import group_on_etcd
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
@@ -25,13 +25,8 @@ KEYS = 10
 
 @pytest.fixture
 def group(tmp_path):
-    etcd = etcd_or_skip()
-    g = Group(tmp_path, etcd.endpoint, 3, *TTL_FLAGS)
-    try:
+    with group_on_etcd(tmp_path, *TTL_FLAGS) as g:
         yield g
-    finally:
-        g.stop()
-        etcd.stop()
 
 
 def _held(stub) -> list:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
-from tests.support.ha import Group, etcd_or_skip
+from tests.support.ha import Group, etcd_or_skip, group_on_etcd
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
@@ -32,13 +32,8 @@ TTL_FLAGS = ("--min-insync-replicas", "2",
 
 @pytest.fixture
 def group(tmp_path):
-    etcd = etcd_or_skip()
-    g = Group(tmp_path, etcd.endpoint, 3, *TTL_FLAGS)
-    try:
+    with group_on_etcd(tmp_path, *TTL_FLAGS) as g:
         yield g
-    finally:
-        g.stop()
-        etcd.stop()
 
 
 class Producer:

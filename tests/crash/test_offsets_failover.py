@@ -17,7 +17,7 @@ from mqstore.clock import SystemClock
 from mqstore.meta import MetadataStore
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from tests.crash.test_failover import TTL_FLAGS
-from tests.support.ha import Group, etcd_or_skip
+from tests.support.ha import Group, group_on_etcd
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
@@ -29,13 +29,8 @@ MAX_OFFSET = 200
 
 @pytest.fixture
 def group(tmp_path):
-    etcd = etcd_or_skip()
-    g = Group(tmp_path, etcd.endpoint, 3, *TTL_FLAGS)
-    try:
+    with group_on_etcd(tmp_path, *TTL_FLAGS) as g:
         yield g
-    finally:
-        g.stop()
-        etcd.stop()
 
 
 class Committers:

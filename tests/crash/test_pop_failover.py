@@ -17,7 +17,7 @@ from mqstore.errors import NotLeader, Unavailable
 from mqstore_rpc.commitlog_client import CommitLogClient
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import consumer_pb2 as cpb, consumer_pb2_grpc
-from tests.support.ha import Group, etcd_or_skip
+from tests.support.ha import group_on_etcd
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
@@ -32,13 +32,8 @@ FIRST_INVISIBLE_MS = 12_000  # long enough to outlast the failover: the unacked 
 
 @pytest.fixture
 def group(tmp_path):
-    etcd = etcd_or_skip()
-    g = Group(tmp_path, etcd.endpoint, 3, *FLAGS)
-    try:
+    with group_on_etcd(tmp_path, *FLAGS) as g:
         yield g
-    finally:
-        g.stop()
-        etcd.stop()
 
 
 def _retrying(call, what: str, timeout_s: float = 60):

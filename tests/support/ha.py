@@ -5,8 +5,10 @@ killed, paused and restarted one at a time; the group is then given every member
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import time
+from typing import Iterator
 
 import grpc
 import pytest
@@ -23,6 +25,19 @@ def etcd_or_skip() -> etcd_local.LocalEtcd:
     if etcd_local.find_binary() is None:
         pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
     return etcd_local.LocalEtcd().start()
+
+
+@contextlib.contextmanager
+def group_on_etcd(root: pathlib.Path, *extra: str, size: int = 3) -> Iterator["Group"]:
+    """A Group of ``size`` nodes (``extra``: their flags) on a throwaway one-member etcd; every process stopped
+    at the end (the failover tests' ``group`` fixture)."""
+    etcd = etcd_or_skip()
+    group = Group(root, etcd.endpoint, size, *extra)
+    try:
+        yield group
+    finally:
+        group.stop()
+        etcd.stop()
 
 
 def etcd_cluster_or_skip(size: int = 3) -> etcd_local.LocalEtcdCluster:
