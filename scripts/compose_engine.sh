@@ -13,6 +13,17 @@ if [ -n "$ENGINE" ]; then
     export DOCKER_HOST=$host
     NEAR_PORTS=("$ENGINE" exec)
 fi
+# Without a Docker engine every later docker call would fail inside a $(...) and `set -e` would end the check
+# without a word: say what is missing instead.
+if ! command -v docker > /dev/null 2>&1; then
+    say "no docker command on PATH: set COMPOSE_ENGINE to an engine script (make sets it to" \
+        "/work/shared/tools/docker/engine.sh when that exists) or install Docker with Compose v2"
+    exit 2
+fi
+if ! docker info > /dev/null 2>&1; then
+    say "no Docker engine answers at ${DOCKER_HOST:-the default socket}: start one, or set COMPOSE_ENGINE"
+    exit 2
+fi
 
 # The images. At its end (also on failure or Ctrl-C) a check removes the images its build untagged: the
 # image one of its tags named before, when the build moved the tag to a new image (a rebuild after a

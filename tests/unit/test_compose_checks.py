@@ -283,3 +283,17 @@ def test_the_chaos_loop_kills_one_container_of_a_role_at_a_time_and_starts_every
     assert containers.down == set() and chaos.down == {}    # every killed container started again, and back
     assert all(e["killed_s"] < e["started_s"] <= e["back_s"] for e in chaos.events), chaos.events
     assert all(e["started_s"] - e["killed_s"] >= args.down_s for e in chaos.events), chaos.events
+
+
+def test_a_check_without_a_docker_engine_says_so_and_touches_nothing(tmp_path):
+    """Before: with no engine answering, the first docker call inside $(...) ended the check, exit 1 and no word."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 1\n")  # a docker command with no engine behind it
+    (bin_dir / "docker").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MQSTORE_", "COMPOSE_", "DOCKER_"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", COMPOSE_ENGINE="", PY=sys.executable)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "compose_check_chaos.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert "no Docker engine answers" in done.stdout and "COMPOSE_ENGINE" in done.stdout
