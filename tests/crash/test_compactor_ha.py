@@ -88,6 +88,13 @@ def test_the_standby_takes_over_rounds_after_kill_9_of_the_active_and_both_answe
         with pytest.raises(grpc.RpcError) as refused:
             stubs[standby].Compact(pb.CompactRequest(topic="kv", seal_active=True), timeout=T)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "standby" in refused.value.details()
+        def role(name: str) -> tuple[str, str]:
+            stats = stubs[name].Stats(pb.CompactorStatsRequest(), timeout=T)
+            return stats.role, stats.active_instance
+
+        assert role(first) == ("active", first)
+        wait_until(lambda: role(standby) == ("standby", first), "the standby's Stats to name the active one",
+                   timeout_s=WAIT_S)
 
         writer = threading.Thread(target=append, args=(40,))
         writer.start()
@@ -106,6 +113,7 @@ def test_the_standby_takes_over_rounds_after_kill_9_of_the_active_and_both_answe
         for _, key, body in held:
             latest[key] = body
         assert latest == model
+        assert role(standby) == ("active", standby)
         assert len(held) < sent[0]  # compacted: superseded records are gone
         offsets = [offset for offset, _, _ in held]
         assert offsets == sorted(set(offsets))  # each record once, in order

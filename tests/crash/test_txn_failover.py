@@ -85,6 +85,10 @@ def test_the_standby_takes_over_after_kill_9_of_the_active_one_and_no_acknowledg
                 wait_until(lambda: active in _refusal(stubs[standby]).details(), "the standby naming the active one",
                            WAIT_S)
                 assert _refusal(stubs[standby]).code() == grpc.StatusCode.UNAVAILABLE
+                # Stats says which is which (it answers on a standby too)
+                stats = {a: s.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_S) for a, s in stubs.items()}
+                assert (stats[active].role, stats[active].active_address) == ("active", active)
+                assert (stats[standby].role, stats[standby].active_address) == ("standby", active)
                 # an end of a transaction it does not know: UNAVAILABLE too, not NOT_FOUND (it may be in the log)
                 with pytest.raises(grpc.RpcError) as refused:
                     stubs[standby].Commit(txn_pb2.EndRequest(transaction_id="nowhere"), timeout=RPC_S)
@@ -134,7 +138,8 @@ def test_the_standby_takes_over_after_kill_9_of_the_active_one_and_no_acknowledg
                     for n in range(2):
                         assert seen[f"{txn_id}-{n}".encode()] == (1 if outcome == "commit" else 0), (txn_id, seen)
                 assert sum(seen.values()) == 2 * sum(1 for o in done.values() if o == "commit")  # nothing twice
-                assert new.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_S).open == 0
+                stats = new.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_S)
+                assert (stats.open, stats.role, stats.active_address) == (0, "active", standby)
 
                 # the gateway's client and the CLI, given the dead one first, reach the new active one
                 both = f"{active},{standby}"

@@ -61,6 +61,7 @@ def test_a_replica_copies_the_compacted_log_from_offset_0_and_keeps_up(tmp_path)
             assert replica.GetLatest(pb.GetLatestRequest(topic="kv", key="k3"), timeout=T).value == b"new"
             stats = replica.Stats(pb.CompactorStatsRequest(), timeout=T)
             assert stats.replica_of == primary_process.address and stats.records_applied == 12
+            assert stats.role == "replica"
         assert replica_process.process.returncode == 0
 
 

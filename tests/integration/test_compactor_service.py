@@ -131,6 +131,7 @@ def test_skipped_offsets_offsets_queries_and_describe(services):
     assert d.dirty_bytes == 0 and d.clean_bytes > 0 and not d.quarantined
     stats = services.compactor.Stats(pb.CompactorStatsRequest(), timeout=T)
     assert stats.healthy and stats.queues == 1 and stats.records_applied == 4
+    assert (stats.role, stats.active_instance) == ("single", "")
 
 
 @pytest.mark.parametrize("call, code", [

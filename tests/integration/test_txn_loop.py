@@ -242,6 +242,7 @@ def test_a_one_way_commit_of_a_rolled_back_transaction_does_not_wait_for_its_op_
         assert [a.request_id for a in answers] == [4]
         counted = stub.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_TIMEOUT_S)
         assert counted.one_way_failures == 1, counted
+        assert (counted.role, counted.active_address) == ("single", "")  # no --etcd-endpoints: runs alone
         shown = stub.Show(txn_pb2.ShowRequest(transaction_id=txn_id), timeout=RPC_TIMEOUT_S)
         assert shown.state == txn_pb2.TRANSACTION_STATE_ROLLED_BACK
 

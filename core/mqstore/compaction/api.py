@@ -58,6 +58,8 @@ class ServiceStats:
     queues: int
     records_applied: int
     replica_of: str
+    role: str = "single"       # single | active | standby | replica (CompactorStats.role)
+    active_instance: str = ""  # the round lease's holder as last read
 
     @property
     def bytes_behind(self) -> int | None:

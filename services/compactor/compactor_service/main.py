@@ -136,7 +136,7 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
 
         def stats() -> ServiceStats:
             return ServiceStats(replica.connected, 0, None, replica.problem(), len(store.slots()), replica.applied,
-                                config.replica_of)
+                                config.replica_of, role="replica")
     else:
         projection = CompactionProjection(store, client.user_topics, config.data_dir / "follower.checkpoint", clock,
                                           config.checkpoint_interval_ms)
@@ -147,7 +147,9 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
         def stats() -> ServiceStats:
             state, (durable, applied) = follower.state(), projection.stats()
             return ServiceStats(state.connected, durable or 0, state.log_end_physical_offset,
-                                follower.problem(), len(store.slots()), applied, "")
+                                follower.problem(), len(store.slots()), applied, "",
+                                role=("active" if lease.active() else "standby") if lease else "single",
+                                active_instance=lease.holder() if lease else "")
     store.register_metrics(parts.metrics)
     parts.add_duty(RoundDuty(store, active=lease.active if lease else None))
     spark_round = None

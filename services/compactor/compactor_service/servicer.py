@@ -101,7 +101,8 @@ class CompactorServicer(compactor_pb2_grpc.CompactorServicer):
         s = self._api.stats()
         stats = pb.CompactorStats(connected=s.connected, checkpoint_physical_offset=s.checkpoint_physical_offset,
                                   healthy=not s.problem, problem=s.problem, queues=s.queues,
-                                  records_applied=s.records_applied, replica_of=s.replica_of)
+                                  records_applied=s.records_applied, replica_of=s.replica_of,
+                                  role=s.role, active_instance=s.active_instance)
         if s.log_end_physical_offset is not None:  # else unknown: left unset, never 0
             stats.log_end_physical_offset = s.log_end_physical_offset
             stats.bytes_behind = s.bytes_behind

@@ -113,6 +113,7 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
                                servicer.table, txn_log.max_physical_offset, clock,
                                ttl_s=config.lease_ttl_s)
         txn_log.gate = election.check_active
+        servicer.role = lambda: ("active" if election.active else "standby", election.active_address)
         parts.add_duty(election)
 
 

@@ -163,6 +163,8 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
     def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
                  streams: TransactStreams):
         self._coordinator, self._checkback, self._ops, self._streams = coordinator, checkback, operations, streams
+        # (role, active address) for Stats: an election (txn_service.main) replaces it; alone: "single"
+        self.role: Callable[[], tuple[str, str]] = lambda: ("single", "")
 
     def Prepare(self, request, context):
         return _prepared(self._prepare(request, context.peer()))
@@ -250,7 +252,8 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                                          next_page_token=page.next_page_token)
 
     def Stats(self, request, context):
-        return txn_pb2.TxnStats(**self._ops.stats())
+        role, active_address = self.role()
+        return txn_pb2.TxnStats(**self._ops.stats(), role=role, active_address=active_address)
 
     def CheckBack(self, request_iterator, context):
         first = next(request_iterator, None)
