@@ -122,12 +122,15 @@ run-tls: setup-run
 
 # The linter first (seconds): a finding fails the run before the suite starts.
 # The whole suite on the codec the build gave (compiled, where a C compiler is), then the codec tests
-# again on the pure-Python reference.
+# again on the pure-Python reference. The suite runs as TEST_SHARDS pytest processes side by side
+# (scripts/run_suite.py: most of its time is spent waiting for processes, leases and restarts, which the
+# other shard fills); TEST_SHARDS=1 runs it as one.
+TEST_SHARDS ?= 2
 test: setup setup-ha lint rmq-clients
 	$(MAKE) --no-print-directory test-suite
 
 test-suite: setup rmq-clients
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) scripts/run_suite.py --shards $(TEST_SHARDS) -- -q $(PYTEST_ARGS)
 	MQSTORE_PURE_PYTHON=1 $(PY) -m pytest -q -m codec $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: PYTEST_ARGS chose no codec test
 
 # The same suite while a CPU hog keeps every core busy (scripts/cpu_hog.py: one busy process per core,

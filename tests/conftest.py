@@ -22,6 +22,7 @@ from mqstore import failpoints
 from mqstore import system_writers  # noqa: F401  (the composition of a process: every system writer registered)
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
+from tests.support import shards
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
@@ -34,6 +35,8 @@ def pytest_report_header(config):
 def pytest_configure(config):
     # Tests log through structlog's default dev renderer: keep output quiet and deterministic.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    if config.getoption("--timings-out", default=""):
+        config.pluginmanager.register(shards.UnitTimer(pathlib.Path(config.getoption("--timings-out"))))
 
 
 @pytest.fixture
@@ -93,6 +96,29 @@ def golden_bytes(name: str, produced: bytes, request) -> bytes:
 def pytest_addoption(parser):
     parser.addoption("--regen-golden", action="store_true", default=False,
                      help="rewrite golden byte files from the current code (on purpose only)")
+    parser.addoption("--shard", default="", metavar="K/N",
+                     help="run only the K-th of N shards of the selected tests (tests/support/shards.py)")
+    parser.addoption("--timings-out", default="", metavar="PATH",
+                     help="write the seconds each module (scheduling unit) took to PATH, as JSON")
+
+
+# Shards (scripts/run_suite.py): after -k/-m deselection, keep only this shard's units.
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    text = config.getoption("--shard")
+    if not text:
+        return
+    index, count = shards.parse_shard(text)
+    tests_per_unit: dict[str, int] = {}
+    for item in items:
+        unit = shards.unit_of(item.nodeid)
+        tests_per_unit[unit] = tests_per_unit.get(unit, 0) + 1
+    mine = shards.split(tests_per_unit, shards.load_timings(), count)[index - 1]
+    kept = [item for item in items if shards.unit_of(item.nodeid) in mine]
+    dropped = [item for item in items if shards.unit_of(item.nodeid) not in mine]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
 
 
 # The disk the run's temp dir holds at its end (pytest keeps every test's tmp_path until a later run),
