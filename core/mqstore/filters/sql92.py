@@ -1,0 +1,413 @@
+"""RocketMQ's SQL92 selector over a message's properties: parsed once into closures, evaluated per record.
+
+Grammar (keywords in any case; precedence from loosest: OR, AND, NOT, then the predicates):
+
+  expression := and (OR and)*
+  and        := not (AND not)*
+  not        := NOT not | predicate
+  predicate  := operand [ (= | <> | != | < | <= | > | >=) operand
+                        | [NOT] BETWEEN operand AND operand
+                        | [NOT] IN ( 'string' [, 'string']* )
+                        | IS [NOT] NULL
+                        | [NOT] (CONTAINS | STARTSWITH | ENDSWITH) 'string' ]
+  operand    := (+ | -) operand | ( expression ) | property | 'string' | number | TRUE | FALSE | NULL
+
+Semantics (three-valued: each condition is TRUE, FALSE or UNKNOWN; a message is selected only on TRUE):
+- A property is its string value from the record's properties map (user properties and the system ones:
+  TAGS, KEYS, UNIQ_KEY, ...); a property that is absent (or empty) is NULL, and any comparison with NULL
+  is UNKNOWN. ``IS [NOT] NULL`` is never UNKNOWN.
+- ``<``, ``<=``, ``>``, ``>=`` and BETWEEN compare numbers: each side is read as a long or a double
+  ('10', '-2', '1.5e3'); a side that is not a number makes the comparison UNKNOWN, as RocketMQ's failed
+  conversion matches nothing.
+- ``=`` and ``<>``: with a number on one side, as numbers (a non-numeric side: UNKNOWN); with TRUE or
+  FALSE on one side, the other must be 'true' or 'false' (any case; otherwise UNKNOWN); else as strings.
+- IN, CONTAINS, STARTSWITH, ENDSWITH compare strings; their right side is string literals.
+- NOT UNKNOWN is UNKNOWN; FALSE AND UNKNOWN is FALSE; TRUE OR UNKNOWN is TRUE (Kleene's logic).
+- A bare property as a condition is TRUE for 'true', FALSE for 'false' (any case), otherwise UNKNOWN.
+
+Limits: MAX_EXPRESSION_CHARS characters, MAX_TOKENS tokens, MAX_DEPTH nested operators, MAX_IN_VALUES values
+in one IN list. A malformed expression raises InvalidArgument naming the 1-based column and what was
+expected. :func:`compile_filter` caches the compiled expressions (LRU, CACHE_SIZE): thread-safe; a compiled
+filter is immutable and thread-safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+from mqstore.errors import InvalidArgument
+
+from .sql92_lexer import END, FLOAT, ID, INT, KEYWORD, LONG_MAX, OP, STRING, Token, syntax_error, tokenize
+
+MAX_EXPRESSION_CHARS = 4096
+MAX_TOKENS = 1024
+MAX_DEPTH = 64
+MAX_IN_VALUES = 256
+CACHE_SIZE = 512
+
+Props = Mapping[str, str]
+Value = Optional[object]            # None (NULL), str, int, float or bool
+Cond = Optional[bool]               # None is UNKNOWN
+_VALUE, _COND = "value", "condition"
+_COMPARISONS = ("=", "<>", "!=", "<", "<=", ">", ">=")
+_STRING_TESTS = ("CONTAINS", "STARTSWITH", "ENDSWITH")
+_INT_TEXT = re.compile(r"[+-]?\d+")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+@dataclass(frozen=True, slots=True)
+class Sql92Filter:
+    """A compiled expression: :meth:`matches` a record's properties map."""
+    expression: str
+    _test: Callable[[Props], Cond]
+
+    def matches(self, properties: Props) -> bool:
+        """Whether the expression is TRUE for ``properties`` (FALSE and UNKNOWN do not select)."""
+        return self._test(properties) is True
+
+    def evaluate(self, properties: Props) -> Cond:
+        """The three-valued result: True, False or None (UNKNOWN)."""
+        return self._test(properties)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def compile_filter(expression: str) -> Sql92Filter:
+    """``expression`` compiled (cached; errors are not cached). Raises InvalidArgument when malformed."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise InvalidArgument(f"SQL92 filter_expression has {len(expression)} characters; the limit is "
+                              f"{MAX_EXPRESSION_CHARS}")
+    if not expression.strip():
+        raise InvalidArgument("SQL92 filter_expression is empty: write a condition such as \"a > 5 AND TAGS IN "
+                              "('x', 'y')\" (or send a TAG filter of '*' for every message)")
+    parser = _Parser(expression, tokenize(expression, MAX_TOKENS))
+    kind, fn = parser.expression(0)
+    parser.expect_end()
+    return Sql92Filter(expression, parser.as_condition(kind, fn, parser.tokens[0]))
+
+
+# ---- values and their comparisons ------------------------------------------------------------------------
+
+def as_number(value: Value) -> int | float | None:
+    """``value`` as a long or double (a numeric string is converted), else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    text = value.strip()
+    if _INT_TEXT.fullmatch(text):
+        return int(text)
+    if _FLOAT_TEXT.fullmatch(text):
+        return float(text)
+    return None
+
+
+def as_boolean(value: Value) -> Cond:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        low = value.lower()
+        return True if low == "true" else False if low == "false" else None
+    return None
+
+
+def equal(left: Value, right: Value) -> Cond:
+    if left is None or right is None:
+        return None
+    if isinstance(left, bool) or isinstance(right, bool):
+        a, b = as_boolean(left), as_boolean(right)
+        return None if a is None or b is None else a == b
+    if isinstance(left, (int, float)) or isinstance(right, (int, float)):
+        a, b = as_number(left), as_number(right)
+        return None if a is None or b is None else a == b
+    return left == right
+
+
+_ORDER: dict[str, Callable[[float, float], bool]] = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+def ordered(op: str, left: Value, right: Value) -> Cond:
+    a, b = as_number(left), as_number(right)
+    return None if a is None or b is None else _ORDER[op](a, b)
+
+
+def negated(c: Cond) -> Cond:
+    return None if c is None else not c
+
+
+# ---- the parser: recursive descent, each rule returning (kind, closure) ----------------------------------
+
+class _Parser:
+    def __init__(self, text: str, tokens: list[Token]):
+        self.text, self.tokens, self.at = text, tokens, 0
+
+    @property
+    def token(self) -> Token:
+        return self.tokens[self.at]
+
+    def _take(self) -> Token:
+        token = self.tokens[self.at]
+        self.at += 1
+        return token
+
+    def _is(self, kind: str, *values: str) -> bool:
+        return self.token.kind == kind and (not values or self.token.value in values)
+
+    def fail(self, token: Token, expected: str) -> InvalidArgument:
+        return syntax_error(self.text, token.column, f"expected {expected}, found {token.describe()}")
+
+    def _deeper(self, depth: int) -> int:
+        if depth >= MAX_DEPTH:
+            raise syntax_error(self.text, self.token.column, f"the expression nests deeper than {MAX_DEPTH} levels, "
+                                                             f"the limit")
+        return depth + 1
+
+    def expect_end(self) -> None:
+        if not self._is(END):
+            raise self.fail(self.token, "AND, OR or the end of the expression")
+
+    def as_condition(self, kind: str, fn, token: Token) -> Callable[[Props], Cond]:
+        if kind == _COND:
+            return fn
+        if getattr(fn, "literal", False) and not isinstance(fn(None), bool):
+            raise self.fail(token, "a condition (a comparison, IN, BETWEEN, IS NULL, ...)")
+        return lambda p: as_boolean(fn(p))
+
+    def _value(self, kind: str, fn, token: Token):
+        if kind != _VALUE:
+            raise syntax_error(self.text, token.column, "expected a value (a property, 'string', number, TRUE, "
+                                                        "FALSE or NULL) where a condition was written")
+        return fn
+
+    def expression(self, depth: int):
+        depth = self._deeper(depth)
+        first = self.token
+        kind, fn = self._and(depth)
+        if not self._is(KEYWORD, "OR"):
+            return kind, fn
+        parts = [self.as_condition(kind, fn, first)]
+        while self._is(KEYWORD, "OR"):
+            self._take()
+            start = self.token
+            parts.append(self.as_condition(*self._and(depth), start))
+        return _COND, _any_of(parts)
+
+    def _and(self, depth: int):
+        first = self.token
+        kind, fn = self._not(depth)
+        if not self._is(KEYWORD, "AND"):
+            return kind, fn
+        parts = [self.as_condition(kind, fn, first)]
+        while self._is(KEYWORD, "AND"):
+            self._take()
+            start = self.token
+            parts.append(self.as_condition(*self._not(depth), start))
+        return _COND, _all_of(parts)
+
+    def _not(self, depth: int):
+        if self._is(KEYWORD, "NOT"):
+            self._take()
+            start = self.token
+            inner = self.as_condition(*self._not(self._deeper(depth)), start)
+            return _COND, lambda p: negated(inner(p))
+        return self._predicate(depth)
+
+    def _predicate(self, depth: int):
+        start = self.token
+        kind, fn = self._operand(depth)
+        token = self.token
+        if token.kind == OP and token.value in _COMPARISONS:
+            self._take()
+            left = self._value(kind, fn, start)
+            right_token = self.token
+            right = self._value(*self._operand(depth), right_token)
+            return _COND, _comparison(token.value, left, right)
+        if token.kind != KEYWORD:
+            return kind, fn
+        left = fn
+        if token.value == "IS":
+            self._value(kind, fn, start)
+            return _COND, self._is_null(left)
+        negate = token.value == "NOT"
+        if negate:
+            self._take()
+            if not self._is(KEYWORD, "BETWEEN", "IN", *_STRING_TESTS):
+                raise self.fail(self.token, "BETWEEN, IN, CONTAINS, STARTSWITH or ENDSWITH after NOT")
+        if not self._is(KEYWORD, "BETWEEN", "IN", *_STRING_TESTS):
+            return kind, fn
+        self._value(kind, fn, start)
+        test = self._keyword_predicate(left, depth)
+        return _COND, (lambda p: negated(test(p))) if negate else test
+
+    def _keyword_predicate(self, left, depth: int):
+        word = self._take().value
+        if word == "BETWEEN":
+            low = self._value(*self._operand(depth), self.tokens[self.at])
+            if not self._is(KEYWORD, "AND"):
+                raise self.fail(self.token, "AND between BETWEEN's two bounds")
+            self._take()
+            high = self._value(*self._operand(depth), self.tokens[self.at])
+            return lambda p: _between(left(p), low(p), high(p))
+        if word == "IN":
+            values = self._in_list()
+            return lambda p: _in(left(p), values)
+        literal = self._string_literal(f"a 'string' after {word}")
+        return _STRING_TEST_OF[word](left, literal)
+
+    def _is_null(self, left):
+        self._take()
+        negate = self._is(KEYWORD, "NOT")
+        if negate:
+            self._take()
+        if not self._is(KEYWORD, "NULL"):
+            raise self.fail(self.token, "NULL after IS NOT" if negate else "NOT NULL or NULL after IS")
+        self._take()
+        if negate:
+            return lambda p: left(p) is not None
+        return lambda p: left(p) is None
+
+    def _in_list(self) -> frozenset[str]:
+        if not self._is(OP, "("):
+            raise self.fail(self.token, "'(' after IN")
+        self._take()
+        values = [self._string_literal("a 'string' in the IN list (IN takes string literals)")]
+        while self._is(OP, ","):
+            self._take()
+            values.append(self._string_literal("a 'string' after ',' in the IN list"))
+            if len(values) > MAX_IN_VALUES:
+                raise syntax_error(self.text, self.token.column, f"the IN list has more than {MAX_IN_VALUES} "
+                                                                 f"values, the limit")
+        if not self._is(OP, ")"):
+            raise self.fail(self.token, "',' or ')' in the IN list")
+        self._take()
+        return frozenset(values)
+
+    def _string_literal(self, expected: str) -> str:
+        if not self._is(STRING):
+            raise self.fail(self.token, expected)
+        return self._take().value
+
+    def _operand(self, depth: int, negated: bool = False):
+        token = self.token
+        if token.kind == OP and token.value in ("+", "-"):
+            self._take()
+            sign_depth = self._deeper(depth)
+            operand_token = self.token
+            inner = self._value(*self._operand(sign_depth, token.value == "-"), operand_token)
+            return _VALUE, _signed(token.value, inner, self, token)
+        if token.kind == OP and token.value == "(":
+            self._take()
+            kind, fn = self.expression(depth)
+            if not self._is(OP, ")"):
+                raise self.fail(self.token, "')' to close the '(' at column " + str(token.column))
+            self._take()
+            return kind, fn
+        self._take()
+        if token.kind == ID:
+            name = token.value
+            return _VALUE, lambda p: p.get(name) or None
+        if token.kind in (STRING, INT, FLOAT) or (token.kind == KEYWORD and token.value in ("TRUE", "FALSE", "NULL")):
+            if token.kind == INT and token.value > LONG_MAX and not negated:  # -9223372036854775808 is a long
+                raise syntax_error(self.text, token.column, f"the number {token.value} is beyond a 64-bit long")
+            return _VALUE, _literal({"TRUE": True, "FALSE": False, "NULL": None}.get(token.value, token.value)
+                                    if token.kind == KEYWORD else token.value)
+        raise self.fail(token, "a property name, a 'string', a number, TRUE, FALSE, NULL or '('")
+
+
+def _literal(value: Value):
+    fn = lambda p: value  # noqa: E731
+    fn.literal = True
+    return fn
+
+
+def _signed(sign: str, inner, parser: _Parser, token: Token):
+    if getattr(inner, "literal", False):
+        number = inner(None)
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise parser.fail(token, "a number after the sign")
+        value = -number if sign == "-" else number
+        if isinstance(value, int) and value > LONG_MAX:
+            raise syntax_error(parser.text, token.column, f"the number {value} is beyond a 64-bit long")
+        return _literal(value)
+    if sign == "+":
+        return lambda p: as_number(inner(p))
+
+    def minus(p):
+        n = as_number(inner(p))
+        return None if n is None else -n
+    return minus
+
+
+def _comparison(op: str, left, right) -> Callable[[Props], Cond]:
+    if op == "=":
+        return lambda p: equal(left(p), right(p))
+    if op in ("<>", "!="):
+        return lambda p: negated(equal(left(p), right(p)))
+    return lambda p: ordered(op, left(p), right(p))
+
+
+def _between(value: Value, low: Value, high: Value) -> Cond:
+    above, below = ordered(">=", value, low), ordered("<=", value, high)
+    return _all_of_values((above, below))
+
+
+def _in(value: Value, values: frozenset[str]) -> Cond:
+    if value is None:
+        return None
+    return (value if isinstance(value, str) else _text(value)) in values
+
+
+def _text(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _string_test(check: Callable[[str, str], bool]):
+    def build(left, literal: str):
+        def test(p) -> Cond:
+            value = left(p)
+            return None if value is None else check(_text(value), literal)
+        return test
+    return build
+
+
+_STRING_TEST_OF = {"CONTAINS": _string_test(lambda v, s: s in v),
+                   "STARTSWITH": _string_test(lambda v, s: v.startswith(s)),
+                   "ENDSWITH": _string_test(lambda v, s: v.endswith(s))}
+
+
+def _all_of_values(results) -> Cond:
+    unknown = False
+    for r in results:
+        if r is False:
+            return False
+        unknown = unknown or r is None
+    return None if unknown else True
+
+
+def _all_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
+    def test(p) -> Cond:
+        unknown = False
+        for part in parts:
+            r = part(p)
+            if r is False:
+                return False
+            unknown = unknown or r is None
+        return None if unknown else True
+    return test
+
+
+def _any_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
+    def test(p) -> Cond:
+        unknown = False
+        for part in parts:
+            r = part(p)
+            if r is True:
+                return True
+            unknown = unknown or r is None
+        return None if unknown else False
+    return test
