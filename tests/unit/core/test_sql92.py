@@ -10,6 +10,9 @@ from mqstore.errors import InvalidArgument
 from mqstore.filters import SQL92, TAG, selection
 from mqstore.filters import sql92
 from mqstore.filters.sql92 import compile_filter
+from mqstore.format import record_reader
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
 
 PROPS = {"TAGS": "tagA", "KEYS": "k1 k2", "UNIQ_KEY": "AC1100", "region": "eu", "price": "15", "ratio": "0.25",
          "flag": "TRUE", "name": "it's", "big": "9223372036854775807"}
@@ -132,3 +135,30 @@ def test_selection_reads_the_filter_type():
         selection(TAG, "a", ["b"])
     with pytest.raises(InvalidArgument, match="filter_type 'XPATH'"):
         selection("XPATH", "a")
+
+
+def test_a_pull_selects_on_the_records_properties_without_reading_their_bodies(small_config, monkeypatch):
+    """Both read paths (decoded and raw) select the same messages; the raw one (the compiled codec's Pull)
+    reads only the properties of a record it passes over or takes: RecordView.body is never asked."""
+    store = MessageStore(small_config(), None)
+    store.start()
+    try:
+        store.create_topic("t", 1)
+        store.append("t", [MessageIn(body=b"%d" % i, tags="even" if i % 2 == 0 else "odd",
+                                     properties={"price": str(i), "region": "eu" if i % 3 == 0 else "us"})
+                           for i in range(30)])
+        wanted = compile_filter("region = 'eu' AND price BETWEEN 5 AND 25")
+        decoded = store.pull("t", 0, 0, 100, selector=wanted)
+        assert [m.record.body for m in decoded.messages] == [b"6", b"9", b"12", b"15", b"18", b"21", b"24"]
+        assert decoded.next_offset == 30
+        both = store.pull("t", 0, 0, 100, tags=["odd"], selector=wanted)
+        assert [m.record.body for m in both.messages] == [b"9", b"15", b"21"]
+
+        def no_body(view):
+            raise AssertionError("the body of a record was read to filter it")
+        monkeypatch.setattr(record_reader.RecordView, "body", property(no_body))
+        raw = store.pull_raw("t", 0, 0, 100, selector=wanted)
+        assert [record_reader.decode(data).properties["price"] for data in raw.records] == [
+            "6", "9", "12", "15", "18", "21", "24"]
+    finally:
+        store.stop()
