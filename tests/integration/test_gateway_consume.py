@@ -1,7 +1,8 @@
 """Simple consumers of the official RocketMQ 5 clients (Python 5.1.2, Node 1.0.8), unchanged, through the
-gateway onto mqstore's pop consumption: receive and ack with tag filters and SQL92 subscriptions, every queue of a multi-queue
-topic (the Node client names only queue 0), redelivery after the invisible time with the attempt count,
-a stale receipt handle refused, ChangeInvisibleDuration, and the dead-letter topic after max attempts.
+gateway onto mqstore's pop consumption: receive and ack with tag filters and SQL92 subscriptions, every
+queue of a multi-queue topic (the Node client names only queue 0), redelivery after the invisible time
+with the attempt count, a stale receipt handle refused, ChangeInvisibleDuration, and the dead-letter topic
+after max attempts.
 
 The gateway runs with --max-delivery-attempts 3 (advertised to the clients in their settings)."""
 
