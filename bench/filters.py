@@ -9,6 +9,8 @@ loop, from offset 0 to the end) under each filter:
   reading the log);
 * SQL92 simple: ``bucket = '3'``, the same 10% (every record's properties are read and evaluated);
 * SQL92 compound: ``bucket = '3' AND price >= 0 AND region IN ('eu', 'us')``, the same 10%;
+* SQL92 requiring a tag: ``TAGS = 't3' AND price >= 0``, the same 10% (the expression requires TAGS t3,
+  so the read skips the other entries by their tag code as a tag filter does, then evaluates the rest);
 * none: every message, for scale.
 
 Measured: queue entries walked per second (the queue's length over the time to read it) and messages
@@ -48,10 +50,12 @@ FILTERS = {
     "tag": dict(tags=["t3"]),
     "sql_simple": dict(filter_type=SQL, filter_expression="bucket = '3'"),
     "sql_compound": dict(filter_type=SQL, filter_expression="bucket = '3' AND price >= 0 AND region IN ('eu', 'us')"),
+    "sql_tags": dict(filter_type=SQL, filter_expression="TAGS = 't3' AND price >= 0"),
     "none": {},
 }
 LABELS = {"tag": "Pull, tag filter t3 (10%)", "sql_simple": "Pull, SQL92 bucket = '3' (10%)",
           "sql_compound": "Pull, SQL92 bucket = '3' AND price >= 0 AND region IN (...) (10%)",
+          "sql_tags": "Pull, SQL92 TAGS = 't3' AND price >= 0 (10%, skipped by tag code)",
           "none": "Pull, no filter (100%)"}
 
 

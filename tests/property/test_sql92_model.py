@@ -1,7 +1,8 @@
 """The SQL92 selector (mqstore.filters.sql92) against a straightforward reference: random expression trees
 are rendered as text (keywords in random case, random spacing and parentheses), compiled, and evaluated
 over random property maps; the three-valued result must equal a tree-walking evaluator written here from
-the rules alone (truth tables for AND/OR/NOT, a value table for each comparison). The seed is printed;
+the rules alone (truth tables for AND/OR/NOT, a value table for each comparison); and an expression's
+required_tags (what a read skips by tag code) never excludes a message it selects. The seed is printed;
 rerun with MQSTORE_SEED=<n>, more cases with MQSTORE_SQL92_CASES=<n> (default 3,000)."""
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import re
 from mqstore.filters.sql92 import compile_filter
 
 NAMES = ("a", "b", "price", "TAGS", "KEYS", "$x", "under_score")
-VALUES = ("0", "1", "7", "-3", "10", "2.5", "1e1", "eu", "us", "hello world", "true", "FALSE", "x'y", "", "007")
-STRINGS = ("eu", "us", "hello", "world", "7", "true", "x'y", "", "l")
+VALUES = ("0", "1", "7", "-3", "10", "2.5", "1e1", "eu", "us", "hello world", "true", "FALSE", "x'y", "", "007",
+          "tagA")
+STRINGS = ("eu", "us", "hello", "world", "7", "true", "x'y", "", "l", "tagA")
 NUMBERS = (0, 1, 7, -3, 10, 2.5, -0.5, 100)
 T, F, U = "T", "F", "U"
 
@@ -215,6 +217,7 @@ def test_the_selector_agrees_with_the_reference_on_random_expressions_and_proper
     print(f"MQSTORE_SEED={seed}")
     rng = random.Random(seed)
     outcomes = {T: 0, F: 0, U: 0}
+    skipped = 0  # property maps a read would pass over by their tag code (required_tags)
     for case in range(cases):
         tree = gen_cond(rng, rng.randint(0, 3))
         text = render(rng, tree)
@@ -225,5 +228,9 @@ def test_the_selector_agrees_with_the_reference_on_random_expressions_and_proper
             got = {True: T, False: F, None: U}[compiled.evaluate(props)]
             assert got == expected, f"case {case} (seed {seed}): {text!r} over {props}: {got}, the reference {expected}"
             assert compiled.matches(props) == (expected == T)
+            if compiled.required_tags is not None and props.get("TAGS") not in compiled.required_tags:
+                assert expected != T, f"{text!r} requires TAGS in {compiled.required_tags} yet selects {props}"
+                skipped += 1
             outcomes[expected] += 1
     assert min(outcomes.values()) > cases // 20, outcomes  # each truth value is exercised
+    assert skipped > cases // 100, skipped

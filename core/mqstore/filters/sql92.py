@@ -54,15 +54,21 @@ Cond = Optional[bool]               # None is UNKNOWN
 _VALUE, _COND = "value", "condition"
 _COMPARISONS = ("=", "<>", "!=", "<", "<=", ">", ">=")
 _STRING_TESTS = ("CONTAINS", "STARTSWITH", "ENDSWITH")
+TAGS_ATTRIBUTE = "required_tags"  # set on a condition's closure that is TRUE only for these TAGS
+_TAGS = "TAGS"
 _INT_TEXT = re.compile(r"[+-]?\d+")
 _FLOAT_TEXT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 @dataclass(frozen=True, slots=True)
 class Sql92Filter:
-    """A compiled expression: :meth:`matches` a record's properties map."""
+    """A compiled expression: :meth:`matches` a record's properties map. ``required_tags``: when the
+    expression can be TRUE only for a message whose TAGS is one of these (``TAGS = 'a' AND ...``,
+    ``TAGS IN ('a', 'b') AND ...``), them, so a read may skip other tags by their consume-queue tag code
+    without reading the record; else None."""
     expression: str
     _test: Callable[[Props], Cond]
+    required_tags: frozenset[str] | None = None
 
     def matches(self, properties: Props) -> bool:
         """Whether the expression is TRUE for ``properties`` (FALSE and UNKNOWN do not select)."""
@@ -85,7 +91,8 @@ def compile_filter(expression: str) -> Sql92Filter:
     parser = _Parser(expression, tokenize(expression, MAX_TOKENS))
     kind, fn = parser.expression(0)
     parser.expect_end()
-    return Sql92Filter(expression, parser.as_condition(kind, fn, parser.tokens[0]))
+    test = parser.as_condition(kind, fn, parser.tokens[0])
+    return Sql92Filter(expression, test, getattr(test, TAGS_ATTRIBUTE, None))
 
 
 # ---- values and their comparisons ------------------------------------------------------------------------
@@ -253,7 +260,7 @@ class _Parser:
             return lambda p: _between(left(p), low(p), high(p))
         if word == "IN":
             values = self._in_list()
-            return lambda p: _in(left(p), values)
+            return _requiring(lambda p: _in(left(p), values), values if _names(left) == _TAGS else None)
         literal = self._string_literal(f"a 'string' after {word}")
         return _STRING_TEST_OF[word](left, literal)
 
@@ -308,7 +315,11 @@ class _Parser:
         self._take()
         if token.kind == ID:
             name = token.value
-            return _VALUE, lambda p: p.get(name) or None
+
+            def read(p):
+                return p.get(name) or None
+            read.property = name
+            return _VALUE, read
         if token.kind in (STRING, INT, FLOAT) or (token.kind == KEYWORD and token.value in ("TRUE", "FALSE", "NULL")):
             if token.kind == INT and token.value > LONG_MAX and not negated:  # -9223372036854775808 is a long
                 raise syntax_error(self.text, token.column, f"the number {token.value} is beyond a 64-bit long")
@@ -341,9 +352,30 @@ def _signed(sign: str, inner, parser: _Parser, token: Token):
     return minus
 
 
+def _names(fn) -> str | None:
+    """The property a value closure reads, if it is one."""
+    return getattr(fn, "property", None)
+
+
+def _requiring(test, tags: frozenset[str] | None):
+    if tags is not None:
+        setattr(test, TAGS_ATTRIBUTE, tags)
+    return test
+
+
+def _string_literal_of(fn) -> str | None:
+    if getattr(fn, "literal", False) and isinstance(fn(None), str):
+        return fn(None)
+    return None
+
+
 def _comparison(op: str, left, right) -> Callable[[Props], Cond]:
     if op == "=":
-        return lambda p: equal(left(p), right(p))
+        tags = None
+        for side, other in ((left, right), (right, left)):
+            if _names(side) == _TAGS and _string_literal_of(other) is not None:
+                tags = frozenset({_string_literal_of(other)})
+        return _requiring(lambda p: equal(left(p), right(p)), tags)
     if op in ("<>", "!="):
         return lambda p: negated(equal(left(p), right(p)))
     return lambda p: ordered(op, left(p), right(p))
@@ -390,6 +422,9 @@ def _all_of_values(results) -> Cond:
 
 
 def _all_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
+    """AND: TRUE needs every part TRUE, so it requires the tags every part requiring some requires."""
+    sets = [getattr(part, TAGS_ATTRIBUTE) for part in parts if hasattr(part, TAGS_ATTRIBUTE)]
+
     def test(p) -> Cond:
         unknown = False
         for part in parts:
@@ -398,10 +433,13 @@ def _all_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
                 return False
             unknown = unknown or r is None
         return None if unknown else True
-    return test
+    return _requiring(test, frozenset.intersection(*sets) if sets else None)
 
 
 def _any_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
+    """OR: TRUE needs one part TRUE, so it requires tags only when every part does (their union)."""
+    sets = [getattr(part, TAGS_ATTRIBUTE, None) for part in parts]
+
     def test(p) -> Cond:
         unknown = False
         for part in parts:
@@ -410,4 +448,4 @@ def _any_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
                 return True
             unknown = unknown or r is None
         return None if unknown else False
-    return test
+    return _requiring(test, frozenset.union(*sets) if None not in sets else None)

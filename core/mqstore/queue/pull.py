@@ -26,7 +26,10 @@ CheckedAt = Callable[[int, int, int], bytes]
 
 
 class Selector(Protocol):
-    """A filter on a record's properties map (mqstore.filters.sql92.Sql92Filter)."""
+    """A filter on a record's properties map (mqstore.filters.sql92.Sql92Filter); ``required_tags``, when
+    not None, holds every TAGS a message it selects may have."""
+
+    required_tags: frozenset[str] | None
 
     def matches(self, properties: Mapping[str, str]) -> bool: ...
 
@@ -73,7 +76,10 @@ def _collect(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, t
              properties_of: Callable[[Any], Mapping[str, str]] | None = None) -> tuple[list[tuple[Any, int]], int]:
     """The walk of :func:`read_queue`: ([(what ``read_at`` gave, physical offset)], next offset)."""
     wanted_tags = set(tags)
-    wanted_codes = {tag_code(t) for t in wanted_tags}
+    # An SQL92 filter that requires some tags skips the others by their tag code too (the filter itself then
+    # decides, hash collisions included); tags given with it are checked as a tag filter.
+    required = selector.required_tags if selector is not None and not wanted_tags else None
+    wanted_codes = {tag_code(t) for t in (wanted_tags or required or ())}
     taken: list[tuple[Any, int]] = []
     taken_bytes = 0
     next_offset = offset

@@ -126,6 +126,23 @@ def test_compiled_expressions_are_cached_and_errors_are_not():
     assert (info.hits, info.currsize, info.maxsize) == (1, 1, sql92.CACHE_SIZE)
 
 
+@pytest.mark.parametrize("expression, required", [
+    ("TAGS = 'a'", {"a"}),
+    ("'a' = TAGS AND price > 1", {"a"}),
+    ("TAGS IN ('a', 'b') AND (TAGS = 'b' OR TAGS = 'c')", {"b"}),
+    ("(TAGS = 'a' OR TAGS IN ('c')) AND x IS NULL", {"a", "c"}),
+    ("TAGS = 'a' OR x = 1", None),
+    ("NOT TAGS = 'a'", None),
+    ("TAGS NOT IN ('a')", None),
+    ("TAGS <> 'a'", None),
+    ("TAGS = 5", None),
+    ("tags = 'a'", None),
+])
+def test_required_tags_are_what_a_selected_message_must_have(expression, required):
+    got = compile_filter(expression).required_tags
+    assert got == (None if required is None else frozenset(required))
+
+
 def test_selection_reads_the_filter_type():
     assert selection(TAG, "a || b") == (("a", "b"), None)
     assert selection(TAG, "", ["x"]) == (("x",), None)
@@ -160,5 +177,12 @@ def test_a_pull_selects_on_the_records_properties_without_reading_their_bodies(s
         raw = store.pull_raw("t", 0, 0, 100, selector=wanted)
         assert [record_reader.decode(data).properties["price"] for data in raw.records] == [
             "6", "9", "12", "15", "18", "21", "24"]
+
+        read = []
+        checked_at = store.commitlog.checked_at
+        monkeypatch.setattr(store.commitlog, "checked_at", lambda *a: read.append(a[0]) or checked_at(*a))
+        by_tag = store.pull_raw("t", 0, 0, 100, selector=compile_filter("TAGS = 'odd' AND price > 20"))
+        assert [record_reader.decode(data).body for data in by_tag.records] == [b"21", b"23", b"25", b"27", b"29"]
+        assert len(read) == 15  # the odd ones: the even ones were passed over by their tag code, never read
     finally:
         store.stop()
