@@ -1,7 +1,8 @@
 """Message filters of a Pull or a pop Receive: RocketMQ's tag expression (tags) and its SQL92 property
-selector (sql92_lexer: the tokens, sql92: the parser, the three-valued evaluator and the cache of
-compiled expressions). Pure functions over a record's TAGS and properties map; the read path
-(mqstore.queue.pull) applies them, a tag filter through the consume queue's tag codes first.
+selector (sql92_lexer: the tokens, sql92: the parser and the cache of compiled expressions, sql92_eval:
+the three-valued values and conditions its closures are made of). Pure functions over a record's TAGS
+and properties map; the read path (mqstore.queue.pull) applies them, a tag filter (and an SQL92 one that
+requires TAGS) through the consume queue's tag codes first.
 """
 
 from __future__ import annotations

@@ -28,18 +28,20 @@ Semantics (three-valued: each condition is TRUE, FALSE or UNKNOWN; a message is 
 Limits: MAX_EXPRESSION_CHARS characters, MAX_TOKENS tokens, MAX_DEPTH nested operators, MAX_IN_VALUES values
 in one IN list. A malformed expression raises InvalidArgument naming the 1-based column and what was
 expected. :func:`compile_filter` caches the compiled expressions (LRU, CACHE_SIZE): thread-safe; a compiled
-filter is immutable and thread-safe.
+filter is immutable and thread-safe. The values, comparisons and Kleene connectives the closures are made
+of: sql92_eval; the tokens: sql92_lexer.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable
 
 from mqstore.errors import InvalidArgument
 
+from .sql92_eval import (STRING_TESTS, TAGS_ATTRIBUTE, Cond, Props, all_of, any_of, as_boolean, as_number,
+                         between, comparison, in_values, literal, names, negated, requiring)
 from .sql92_lexer import END, FLOAT, ID, INT, KEYWORD, LONG_MAX, OP, STRING, Token, syntax_error, tokenize
 
 MAX_EXPRESSION_CHARS = 4096
@@ -48,16 +50,9 @@ MAX_DEPTH = 64
 MAX_IN_VALUES = 256
 CACHE_SIZE = 512
 
-Props = Mapping[str, str]
-Value = Optional[object]            # None (NULL), str, int, float or bool
-Cond = Optional[bool]               # None is UNKNOWN
 _VALUE, _COND = "value", "condition"
 _COMPARISONS = ("=", "<>", "!=", "<", "<=", ">", ">=")
 _STRING_TESTS = ("CONTAINS", "STARTSWITH", "ENDSWITH")
-TAGS_ATTRIBUTE = "required_tags"  # set on a condition's closure that is TRUE only for these TAGS
-_TAGS = "TAGS"
-_INT_TEXT = re.compile(r"[+-]?\d+")
-_FLOAT_TEXT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,57 +88,6 @@ def compile_filter(expression: str) -> Sql92Filter:
     parser.expect_end()
     test = parser.as_condition(kind, fn, parser.tokens[0])
     return Sql92Filter(expression, test, getattr(test, TAGS_ATTRIBUTE, None))
-
-
-# ---- values and their comparisons ------------------------------------------------------------------------
-
-def as_number(value: Value) -> int | float | None:
-    """``value`` as a long or double (a numeric string is converted), else None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return value
-    text = value.strip()
-    if _INT_TEXT.fullmatch(text):
-        return int(text)
-    if _FLOAT_TEXT.fullmatch(text):
-        return float(text)
-    return None
-
-
-def as_boolean(value: Value) -> Cond:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        low = value.lower()
-        return True if low == "true" else False if low == "false" else None
-    return None
-
-
-def equal(left: Value, right: Value) -> Cond:
-    if left is None or right is None:
-        return None
-    if isinstance(left, bool) or isinstance(right, bool):
-        a, b = as_boolean(left), as_boolean(right)
-        return None if a is None or b is None else a == b
-    if isinstance(left, (int, float)) or isinstance(right, (int, float)):
-        a, b = as_number(left), as_number(right)
-        return None if a is None or b is None else a == b
-    return left == right
-
-
-_ORDER: dict[str, Callable[[float, float], bool]] = {
-    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
-
-
-def ordered(op: str, left: Value, right: Value) -> Cond:
-    a, b = as_number(left), as_number(right)
-    return None if a is None or b is None else _ORDER[op](a, b)
-
-
-def negated(c: Cond) -> Cond:
-    return None if c is None else not c
-
 
 # ---- the parser: recursive descent, each rule returning (kind, closure) ----------------------------------
 
@@ -200,7 +144,7 @@ class _Parser:
             self._take()
             start = self.token
             parts.append(self.as_condition(*self._and(depth), start))
-        return _COND, _any_of(parts)
+        return _COND, any_of(parts)
 
     def _and(self, depth: int):
         first = self.token
@@ -212,7 +156,7 @@ class _Parser:
             self._take()
             start = self.token
             parts.append(self.as_condition(*self._not(depth), start))
-        return _COND, _all_of(parts)
+        return _COND, all_of(parts)
 
     def _not(self, depth: int):
         if self._is(KEYWORD, "NOT"):
@@ -231,7 +175,7 @@ class _Parser:
             left = self._value(kind, fn, start)
             right_token = self.token
             right = self._value(*self._operand(depth), right_token)
-            return _COND, _comparison(token.value, left, right)
+            return _COND, comparison(token.value, left, right)
         if token.kind != KEYWORD:
             return kind, fn
         left = fn
@@ -257,12 +201,12 @@ class _Parser:
                 raise self.fail(self.token, "AND between BETWEEN's two bounds")
             self._take()
             high = self._value(*self._operand(depth), self.tokens[self.at])
-            return lambda p: _between(left(p), low(p), high(p))
+            return lambda p: between(left(p), low(p), high(p))
         if word == "IN":
             values = self._in_list()
-            return _requiring(lambda p: _in(left(p), values), values if _names(left) == _TAGS else None)
-        literal = self._string_literal(f"a 'string' after {word}")
-        return _STRING_TEST_OF[word](left, literal)
+            return requiring(lambda p: in_values(left(p), values), values if names(left) == "TAGS" else None)
+        text = self._string_literal(f"a 'string' after {word}")
+        return STRING_TESTS[word](left, text)
 
     def _is_null(self, left):
         self._take()
@@ -297,7 +241,7 @@ class _Parser:
             raise self.fail(self.token, expected)
         return self._take().value
 
-    def _operand(self, depth: int, negated: bool = False):
+    def _operand(self, depth: int, minus: bool = False):
         token = self.token
         if token.kind == OP and token.value in ("+", "-"):
             self._take()
@@ -321,18 +265,11 @@ class _Parser:
             read.property = name
             return _VALUE, read
         if token.kind in (STRING, INT, FLOAT) or (token.kind == KEYWORD and token.value in ("TRUE", "FALSE", "NULL")):
-            if token.kind == INT and token.value > LONG_MAX and not negated:  # -9223372036854775808 is a long
+            if token.kind == INT and token.value > LONG_MAX and not minus:  # -9223372036854775808 is a long
                 raise syntax_error(self.text, token.column, f"the number {token.value} is beyond a 64-bit long")
-            return _VALUE, _literal({"TRUE": True, "FALSE": False, "NULL": None}.get(token.value, token.value)
+            return _VALUE, literal({"TRUE": True, "FALSE": False, "NULL": None}.get(token.value, token.value)
                                     if token.kind == KEYWORD else token.value)
         raise self.fail(token, "a property name, a 'string', a number, TRUE, FALSE, NULL or '('")
-
-
-def _literal(value: Value):
-    fn = lambda p: value  # noqa: E731
-    fn.literal = True
-    return fn
-
 
 def _signed(sign: str, inner, parser: _Parser, token: Token):
     if getattr(inner, "literal", False):
@@ -342,7 +279,7 @@ def _signed(sign: str, inner, parser: _Parser, token: Token):
         value = -number if sign == "-" else number
         if isinstance(value, int) and value > LONG_MAX:
             raise syntax_error(parser.text, token.column, f"the number {value} is beyond a 64-bit long")
-        return _literal(value)
+        return literal(value)
     if sign == "+":
         return lambda p: as_number(inner(p))
 
@@ -350,102 +287,3 @@ def _signed(sign: str, inner, parser: _Parser, token: Token):
         n = as_number(inner(p))
         return None if n is None else -n
     return minus
-
-
-def _names(fn) -> str | None:
-    """The property a value closure reads, if it is one."""
-    return getattr(fn, "property", None)
-
-
-def _requiring(test, tags: frozenset[str] | None):
-    if tags is not None:
-        setattr(test, TAGS_ATTRIBUTE, tags)
-    return test
-
-
-def _string_literal_of(fn) -> str | None:
-    if getattr(fn, "literal", False) and isinstance(fn(None), str):
-        return fn(None)
-    return None
-
-
-def _comparison(op: str, left, right) -> Callable[[Props], Cond]:
-    if op == "=":
-        tags = None
-        for side, other in ((left, right), (right, left)):
-            if _names(side) == _TAGS and _string_literal_of(other) is not None:
-                tags = frozenset({_string_literal_of(other)})
-        return _requiring(lambda p: equal(left(p), right(p)), tags)
-    if op in ("<>", "!="):
-        return lambda p: negated(equal(left(p), right(p)))
-    return lambda p: ordered(op, left(p), right(p))
-
-
-def _between(value: Value, low: Value, high: Value) -> Cond:
-    above, below = ordered(">=", value, low), ordered("<=", value, high)
-    return _all_of_values((above, below))
-
-
-def _in(value: Value, values: frozenset[str]) -> Cond:
-    if value is None:
-        return None
-    return (value if isinstance(value, str) else _text(value)) in values
-
-
-def _text(value: Value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _string_test(check: Callable[[str, str], bool]):
-    def build(left, literal: str):
-        def test(p) -> Cond:
-            value = left(p)
-            return None if value is None else check(_text(value), literal)
-        return test
-    return build
-
-
-_STRING_TEST_OF = {"CONTAINS": _string_test(lambda v, s: s in v),
-                   "STARTSWITH": _string_test(lambda v, s: v.startswith(s)),
-                   "ENDSWITH": _string_test(lambda v, s: v.endswith(s))}
-
-
-def _all_of_values(results) -> Cond:
-    unknown = False
-    for r in results:
-        if r is False:
-            return False
-        unknown = unknown or r is None
-    return None if unknown else True
-
-
-def _all_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
-    """AND: TRUE needs every part TRUE, so it requires the tags every part requiring some requires."""
-    sets = [getattr(part, TAGS_ATTRIBUTE) for part in parts if hasattr(part, TAGS_ATTRIBUTE)]
-
-    def test(p) -> Cond:
-        unknown = False
-        for part in parts:
-            r = part(p)
-            if r is False:
-                return False
-            unknown = unknown or r is None
-        return None if unknown else True
-    return _requiring(test, frozenset.intersection(*sets) if sets else None)
-
-
-def _any_of(parts: list[Callable[[Props], Cond]]) -> Callable[[Props], Cond]:
-    """OR: TRUE needs one part TRUE, so it requires tags only when every part does (their union)."""
-    sets = [getattr(part, TAGS_ATTRIBUTE, None) for part in parts]
-
-    def test(p) -> Cond:
-        unknown = False
-        for part in parts:
-            r = part(p)
-            if r is True:
-                return True
-            unknown = unknown or r is None
-        return None if unknown else False
-    return _requiring(test, frozenset.union(*sets) if None not in sets else None)
