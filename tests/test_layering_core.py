@@ -45,6 +45,7 @@ LAYERS = {
     "mqstore.limits": BASE,
     "mqstore.background": BASE,       # the base of every background thread (Duty)
     "mqstore.message_keys": BASE,     # key rules every topic kind shares
+    "mqstore.filters": BASE,          # tag and SQL92 filters over a record's properties (queue.pull applies them)
     "mqstore.topics": BASE,           # topic and group names, the reserved system topics
     "mqstore.writers": BASE,          # the registry system writers register into (the store asks it)
     "mqstore.access": BASE,           # the access model (users, rules): stored by meta, used by auth

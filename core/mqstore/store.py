@@ -56,7 +56,7 @@ from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, 
                            MessageLookup, PullResult, QueueInfo, RawPullResult, StoredMessage, StoreInfo,
                            TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
-from mqstore.queue.pull import LongPolls, read_queue, read_queue_raw
+from mqstore.queue.pull import LongPolls, Selector, read_queue, read_queue_raw
 from mqstore.replication.node import SingleNode, takes_writes
 from mqstore.queue.usage import TopicUsage
 from mqstore.store_retention import Retention
@@ -497,19 +497,21 @@ class MessageStore:
         return QueueInfo(topic, queue_id, cq.min_offset, cq.max_offset)
 
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int = 1 << 20,
-             tags: Sequence[str] = (), long_poll_ms: int = 0) -> PullResult:
+             tags: Sequence[str] = (), long_poll_ms: int = 0, selector: Selector | None = None) -> PullResult:
+        """Messages of a queue from ``offset``: those whose TAGS is one of ``tags`` (all when empty) and that
+        ``selector`` (a compiled SQL92 filter, mqstore.filters.sql92) matches, when given."""
         return self._pull(read_queue, self.commitlog.decode_at, PullResult, topic, queue_id, offset, max_messages,
-                          max_bytes, tags, long_poll_ms)
+                          max_bytes, tags, long_poll_ms, selector)
 
     def pull_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, max_bytes: int = 1 << 20,
-                 tags: Sequence[str] = (), long_poll_ms: int = 0) -> RawPullResult:
+                 tags: Sequence[str] = (), long_poll_ms: int = 0, selector: Selector | None = None) -> RawPullResult:
         """:meth:`pull` with the checked records' bytes instead of decoded messages (the compiled codec's
         Pull): the same messages, offsets and errors."""
         return self._pull(read_queue_raw, self.commitlog.checked_at, RawPullResult, topic, queue_id, offset,
-                          max_messages, max_bytes, tags, long_poll_ms)
+                          max_messages, max_bytes, tags, long_poll_ms, selector)
 
     def _pull(self, read, read_at, result, topic: str, queue_id: int, offset: int, max_messages: int,
-              max_bytes: int, tags: Sequence[str], long_poll_ms: int):
+              max_bytes: int, tags: Sequence[str], long_poll_ms: int, selector: Selector | None):
         self.check_running()
         max_messages = limits.limit("max_messages", max_messages, default=32, maximum=MAX_PULL_MESSAGES)
         max_bytes = limits.limit("max_bytes", max_bytes, default=1 << 20, maximum=MAX_PULL_BYTES)
@@ -525,7 +527,7 @@ class MessageStore:
                                        lambda: self._running)
         if cq is None or offset >= cq.max_offset:
             return result([], offset, lo, cq.max_offset if cq else hi)
-        return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at)
+        return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at, selector)
 
     def wait_for_messages(self, ready: Callable[[], bool], wait_ms: int) -> bool:
         """Wait up to ``wait_ms`` until ``ready()`` (checked on every dispatch of new records), as a Pull's

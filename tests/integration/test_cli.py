@@ -93,6 +93,13 @@ def test_send_arguments_with_keys_tags_properties_and_pull_by_tag(server):
     tagged = json_lines(run_cli(server, "--json", "pull", "rich", "--tag", "greeting").stdout)
     assert [base64.b64decode(m["body"]) for m in tagged] == [b"hello", b"world"]
     assert tagged[0]["keys"] == ["k1", "k2"] and tagged[0]["properties"]["lang"] == "en"
+    selected = json_lines(run_cli(server, "--json", "pull", "rich", "--sql", "lang = 'en' OR TAGS = 'misc'",
+                                  "--tag", "misc").stdout)
+    assert [base64.b64decode(m["body"]) for m in selected] == [b"other"]
+    by_sql = json_lines(run_cli(server, "--json", "pull", "rich", "--sql", "KEYS CONTAINS 'k2'").stdout)
+    assert [base64.b64decode(m["body"]) for m in by_sql] == [b"hello", b"world"]
+    refused = run_cli(server, "pull", "rich", "--sql", "lang IN 'en'", expect=1).stderr
+    assert refused.startswith("error: INVALID_ARGUMENT: ") and "column 9: expected '(' after IN" in refused
 
 
 def test_queue_info_offsets_and_store_info(server):

@@ -24,6 +24,8 @@ def test_receive_then_ack_by_handle(server):  # noqa: F811 - the imported fixtur
     assert run_cli(server, "receive", "orders", "--group", "billing", "--filter", "paid").stdout == "(no message)\n"
     stats = run_cli(server, "pop-stats", "orders", "--group", "billing").stdout
     assert "acked: 2" in stats and "%RETRY%billing+orders queue=0" in stats
+    by_sql = run_cli(server, "receive", "orders", "--group", "audit", "--sql", "TAGS <> 'paid'").stdout.splitlines()
+    assert len(by_sql) == 1 and "tags=open" in by_sql[0]
 
 
 def test_receive_with_ack_handles_change_and_dead_letter(server):  # noqa: F811

@@ -180,6 +180,34 @@ def test_pull_with_tag_filter_skips_other_tags(stub):
     assert [m.body for m in both.messages] == [b"0", b"1", b"2"] and both.next_offset == 3
 
 
+def test_pull_with_an_sql92_filter_over_both_codecs(stub, monkeypatch):
+    create(stub, "priced", 1)
+    append(stub, "priced", [msg(b"%d" % i, tags="even" if i % 2 == 0 else "odd",
+                                properties={"price": str(i), "region": "eu" if i % 3 == 0 else "us"})
+                            for i in range(12)])
+    sql = common_pb2.FILTER_TYPE_SQL92
+    for compiled in sorted({False, read_wire.COMPILED}):
+        monkeypatch.setattr(read_wire, "COMPILED", compiled)
+        response = stub.Pull(pb.PullRequest(topic="priced", max_messages=100, filter_type=sql,
+                                            filter_expression="region = 'eu' AND price > 2"), timeout=RPC_TIMEOUT_S)
+        assert [m.body for m in response.messages] == [b"3", b"6", b"9"] and response.next_offset == 12
+        tagged = stub.Pull(pb.PullRequest(topic="priced", max_messages=100, tags=["odd"], filter_type=sql,
+                                          filter_expression="TAGS = 'odd' AND price NOT IN ('1', '3')"),
+                           timeout=RPC_TIMEOUT_S)
+        assert [m.body for m in tagged.messages] == [b"5", b"7", b"9", b"11"]
+    as_tags = stub.Pull(pb.PullRequest(topic="priced", max_messages=2, filter_expression="odd || none"),
+                        timeout=RPC_TIMEOUT_S)
+    assert [m.body for m in as_tags.messages] == [b"1", b"3"]
+    for request, detail in [
+            (pb.PullRequest(topic="priced", filter_type=sql, filter_expression="price >> 2"), "column 8: expected"),
+            (pb.PullRequest(topic="priced", filter_type=sql, filter_expression=""), "empty"),
+            (pb.PullRequest(topic="priced", tags=["a"], filter_expression="b"), "not both"),
+            (pb.PullRequest(topic="priced", filter_type=7, filter_expression="b"), "unknown FilterType 7")]:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Pull(request, timeout=RPC_TIMEOUT_S)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and detail in caught.value.details()
+
+
 def test_pull_long_poll_returns_when_a_message_arrives(stub):
     create(stub, "lp", 1)
     long_poll_ms = 20_000

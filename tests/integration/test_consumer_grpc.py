@@ -81,6 +81,22 @@ def test_receive_with_a_tag_filter_then_ack(stubs):
     assert [q.topic for q in stats.queues] == ["orders", "orders", "%RETRY%g+orders"]
 
 
+def test_receive_with_an_sql92_filter(stubs):
+    stubs.topic("priced")
+    messages = [common_pb2.MessageInput(body=b"%d" % i, tags="paid" if i % 2 else "open",
+                                        properties={"price": str(i * 10)}) for i in range(8)]
+    stubs.log.Append(pb.AppendRequest(topic="priced", messages=messages), timeout=RPC_TIMEOUT_S)
+    sql = common_pb2.FILTER_TYPE_SQL92
+    response = stubs.receive("priced", filter_type=sql, filter_expression="TAGS = 'paid' AND price BETWEEN 20 AND 60")
+    assert sorted(m.message.body for m in response.messages) == [b"3", b"5"]
+    stats = stubs.pop.Stats(cpb.PopStatsRequest(group="g", topic="priced"), timeout=RPC_TIMEOUT_S)
+    assert (stats.received, stats.filtered) == (2, 6)
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs.receive("priced", filter_type=sql, filter_expression="price BETWEEN 1 2")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "column 17: expected AND between BETWEEN's two bounds" in caught.value.details()
+
+
 def test_status_codes(stubs):
     stubs.topic("t")
     stubs.send("t", [b"x"])

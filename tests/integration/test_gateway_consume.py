@@ -1,7 +1,8 @@
 """Simple consumers of the official RocketMQ 5 clients (Python 5.1.2, Node 1.0.8), unchanged, through the
-gateway onto mqstore's pop consumption: receive and ack with tag filters, every queue of a multi-queue
-topic (the Node client names only queue 0), redelivery after the invisible time with the attempt count,
-a stale receipt handle refused, ChangeInvisibleDuration, and the dead-letter topic after max attempts.
+gateway onto mqstore's pop consumption: receive and ack with tag filters and SQL92 subscriptions, every
+queue of a multi-queue topic (the Node client names only queue 0), redelivery after the invisible time
+with the attempt count, a stale receipt handle refused, ChangeInvisibleDuration, and the dead-letter topic
+after max attempts.
 
 The gateway runs with --max-delivery-attempts 3 (advertised to the clients in their settings)."""
 
@@ -62,6 +63,26 @@ def test_receive_and_ack_with_a_tag_filter(rig, producer, kind):
             assert m["body"].startswith(topic) and m["receipt_handle"]
             consumer.call("ack", handle=m["handle"])
         assert consumer.call("receive", max=16, invisible_s=30)["messages"] == []   # acked, and the rest filtered
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_an_sql92_subscription_receives_what_its_expression_selects(rig, producer, kind):
+    topic = f"sql_{kind}"
+    rig.create_topic(topic, 2)
+    sent = [producer.call("send", topic=topic, body=f"{topic}-{i}", tag="paid" if i % 2 else "open",
+                          properties={"region": "eu" if i % 3 == 0 else "us", "price": str(i * 10)})
+            for i in range(12)]
+    wanted = sorted(sent[i]["message_id"] for i in range(12) if i % 2 and i % 3 == 0 or i * 10 >= 100)
+    with rig.client(kind, "consumer") as consumer:
+        consumer.call("consumer", group=f"g_sql_{kind}", topic=topic, await_s=5,
+                      sql="(TAGS = 'paid' AND region = 'eu') OR price >= 100 AND missing IS NULL")
+        got = receive_all(consumer, len(wanted), max=16, invisible_s=30)
+        assert sorted(m["message_id"] for m in got) == wanted
+        assert {m["properties"].get("region") for m in got} == {"eu", "us"}
+    with rig.client(kind, "consumer") as consumer:  # ILLEGAL_FILTER_EXPRESSION, as the client reports it
+        consumer.call("consumer", group=f"g_sql_bad_{kind}", topic=topic, await_s=1, sql="price >")
+        refused = consumer.call("receive", expect_error=True, max=16, invisible_s=30)
+        assert "column 8" in refused["error"], refused
 
 
 @pytest.mark.parametrize("kind", CLIENTS)

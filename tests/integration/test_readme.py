@@ -283,7 +283,7 @@ def test_readme_marks_the_blocks_it_promises():
                      "mqstore send demo", "mqstore query id demo", "mqstore get ", "--follow", "/Tail",
                      "mqstore receive demo", "xargs mqstore ack demo", "mqstore.v1.Consumer/Receive",
                      "mqstore topic create kv --kind compaction", "mqstore compact run kv", "mqstore kv get kv",
-                     "mqstore.v1.Compactor/Pull", "mqstore txn send"):
+                     "mqstore.v1.Compactor/Pull", "mqstore txn send", "mqstore pull demo --sql", "FILTER_TYPE_SQL92"):
         assert any(expected in c for c in commands), f"no runnable README command contains {expected!r}"
 
 

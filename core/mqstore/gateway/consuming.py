@@ -17,8 +17,9 @@
 
 Receipt handles are the pop service's, passed through unchanged; the gateway checks that one parses and
 belongs to the group and topic (mqstore.pop.handle) before it asks, so a garbage handle is refused as
-INVALID_RECEIPT_HANDLE without a call. Filters: TAG expressions only (SQL92 needs a filter engine mqstore
-does not have).
+INVALID_RECEIPT_HANDLE without a call. Filters: TAG expressions and SQL92 selectors (FilterType.SQL,
+mqstore.filters.sql92, evaluated by pop on each record's properties); a malformed SQL92 expression is
+ILLEGAL_FILTER_EXPRESSION naming its column.
 
 Thread-safe: holds no state.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from mqstore import topics as topic_rules
+from mqstore import filters, topics as topic_rules
 from mqstore.errors import (FailedPrecondition, IllegalFilterExpression, IllegalInvisibleTime, InvalidArgument,
                             InvalidReceiptHandle)
 from mqstore.pop import handle as handles
@@ -45,7 +46,7 @@ class PopPort(Protocol):
     """The Consumer service as the gateway calls it (an adapter implements it over gRPC)."""
 
     def receive(self, group: str, topic: str, *, invisible_duration_ms: int, filter_expression: str, batch_size: int,
-                long_poll_ms: int, max_attempts: int, start: str) -> ReceiveResult: ...
+                long_poll_ms: int, max_attempts: int, start: str, filter_type: str = filters.TAG) -> ReceiveResult: ...
 
     def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[AckOutcome]: ...
 
@@ -67,9 +68,7 @@ class Consuming:
         """(what was received, the invisible time given). With ``auto_renew`` the deliveries are renewed
         for ``client_id`` until it acks them (or goes away)."""
         self._names(group, topic)
-        if filter_type not in ("", TAG):
-            raise IllegalFilterExpression(f"filter type {filter_type} is not supported: only TAG expressions "
-                                          f"(\"*\", \"a || b\"); SQL92 filters need a filter engine mqstore lacks")
+        pop_filter = self._filter(filter_type, expression)
         if batch_size < 0:
             raise InvalidArgument(f"batch_size is {batch_size}; it must be positive")
         if auto_renew:
@@ -78,6 +77,7 @@ class Consuming:
             raise IllegalInvisibleTime("invisible_duration is required (a simple consumer's receive sets it)")
         invisible_ms = self._invisible(invisible_ms)
         result = self.pop.receive(group, topic, invisible_duration_ms=invisible_ms, filter_expression=expression,
+                                  filter_type=pop_filter,
                                   batch_size=min(batch_size or self.config.receive_batch_max,
                                                  self.config.receive_batch_max),
                                   long_poll_ms=self.long_poll(long_poll_ms, time_left_ms),
@@ -85,6 +85,21 @@ class Consuming:
         if auto_renew and self.renewals is not None and result.deliveries:
             self.renewals.add(client_id, group, topic, result.deliveries)
         return result, invisible_ms
+
+    @staticmethod
+    def _filter(filter_type: str, expression: str) -> str:
+        """The pop filter type of a v2 FilterType; an SQL92 expression is compiled here (cached), so a
+        malformed one is ILLEGAL_FILTER_EXPRESSION with its column, as the proxy answers, before any call."""
+        if filter_type in ("", TAG):
+            return filters.TAG
+        if filter_type != SQL:
+            raise IllegalFilterExpression(f"filter type {filter_type} is not supported: TAG (\"*\", \"a || b\") "
+                                          f"or SQL (SQL92 over the message's properties)")
+        try:
+            filters.compile_filter(expression)
+        except InvalidArgument as exc:
+            raise IllegalFilterExpression(str(exc)) from None
+        return filters.SQL92
 
     def long_poll(self, asked_ms: int | None, time_left_ms: int | None) -> int:
         """The request's long poll clamped as the Java proxy clamps it, and ended before the client's deadline."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
 
+from mqstore.filters import TAG
 from mqstore.model import AppendResult, MessageIn, TopicRecord
 from mqstore.pop.receive import ReceiveResult
 from mqstore.pop.service import AckOutcome, ChangeResult, PopService
@@ -54,9 +55,10 @@ class LocalPop:
         self._current = current
 
     def receive(self, group: str, topic: str, *, invisible_duration_ms: int, filter_expression: str, batch_size: int,
-                long_poll_ms: int, max_attempts: int, start: str) -> ReceiveResult:
+                long_poll_ms: int, max_attempts: int, start: str, filter_type: str = TAG) -> ReceiveResult:
         return self._current().receive(group, topic, invisible_duration_ms=invisible_duration_ms, queue_id=None,
-                                       filter_expression=filter_expression, batch_size=batch_size,
+                                       filter_expression=filter_expression, filter_type=filter_type,
+                                       batch_size=batch_size,
                                        long_poll_ms=long_poll_ms, max_attempts=max_attempts, start=start)
 
     def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[AckOutcome]:

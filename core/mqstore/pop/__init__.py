@@ -20,7 +20,7 @@ checkpoint (mqstore.pop.service.PopService.start). Why not commit only up to the
 offset (the other design): one unacked message would pin its queue and every message after it would be
 delivered again after a crash; with CK records only the messages in flight are.
 
-Modules: records (the CK/ACK layouts), handle (receipt handles), tag_filter, inflight (the set in
+Modules: records (the CK/ACK layouts), handle (receipt handles), inflight (the set in
 memory), offsets (pop offsets), copies (retry and DLQ copies), legacy (the migration from the legacy
 retry topic names), service (PopService, the facade), revive (the background duty), config.
 """

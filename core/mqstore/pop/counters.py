@@ -14,7 +14,7 @@ class PopCounts:
     changed_invisible: int = 0
     revived: int = 0           # expired messages copied to a retry topic
     dead_lettered: int = 0     # messages moved to a DLQ
-    filtered: int = 0          # passed over by a tag filter
+    filtered: int = 0          # passed over by a tag or SQL92 filter
     damaged_skipped: int = 0   # records that failed their checks, passed over
     lost: int = 0              # expired messages whose record was gone or damaged
     replayed_records: int = 0  # revive-log records read at start

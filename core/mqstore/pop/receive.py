@@ -3,8 +3,8 @@
   (one group+topic at a time: its lock) reserve room in the in-flight set -> read each queue (the topic's,
   then the group's retry topic and, while one exists, its legacy retry topic, whose messages are
   delivered to their owner only: mqstore.pop.legacy; from a rotating start) from the group's pop
-  offset (tag filter: the consume
-  queue's tag codes, then the real TAGS; damaged records and offsets outside the queue passed over) ->
+  offset (tag filter: the consume queue's tag codes, then the real TAGS; SQL92 filter: each record's
+  properties, mqstore.filters; damaged records and offsets outside the queue passed over) ->
   retry copies past max_attempts to the DLQ (append) -> one append of a CK record per queue read ->
   [pop.receive.after_ck] -> entries in flight, pop offsets advanced -> answer. When nothing is ready, wait
   (the store's long-poll slots) until a queue grows, within long_poll_ms and the caller's deadline.
@@ -26,7 +26,8 @@ from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
-from mqstore.pop import copies, handle as handles, legacy, records, storage, tag_filter
+from mqstore.filters import TAG, Sql92Filter, selection
+from mqstore.pop import copies, handle as handles, legacy, records, storage
 from mqstore.pop.inflight import Reservation
 
 log = structlog.get_logger("mqstore.pop")
@@ -39,6 +40,7 @@ MAX_LONG_POLL_MS = 30_000
 LONG_POLL_RESERVE_MS = 100  # a long poll ends this long before the caller's deadline, to answer in time
 START_EARLIEST, START_LATEST = "earliest", "latest"
 _LOCK_STRIPES = 64
+_Wanted = tuple[tuple[str, ...], Sql92Filter | None]  # (tags, SQL92 filter): mqstore.filters.selection
 _MAX_SKIPS_PER_READ = 16  # damaged records (or a retention jump) passed over in one queue by one receive
 
 
@@ -85,15 +87,16 @@ class Receiver:
         self._rotation = itertools.count()
 
     def receive(self, group: str, topic: str, *, invisible_duration_ms: int, queue_id: int | None = None,
-                filter_expression: str = "", batch_size: int = 0, long_poll_ms: int = 0, max_attempts: int = 0,
-                start: str = START_EARLIEST, max_bytes: int = 0, time_left_ms: int | None = None) -> ReceiveResult:
+                filter_expression: str = "", filter_type: str = TAG, batch_size: int = 0, long_poll_ms: int = 0,
+                max_attempts: int = 0, start: str = START_EARLIEST, max_bytes: int = 0,
+                time_left_ms: int | None = None) -> ReceiveResult:
         """Up to ``batch_size`` messages of ``topic`` (and the group's retry topic) for ``group``, waiting up
         to ``long_poll_ms`` (and ``time_left_ms`` - 100 ms, the caller's deadline) when none is ready."""
         topic_rules.validate_group_name(group)
         if queue_id is not None:
             limits.at_least_zero("queue_id", queue_id, "unset = every queue of the topic")
         sources = self.sources(group, self._consumable(topic), queue_id)
-        tags = tag_filter.parse(filter_expression)
+        wanted = selection(filter_type, filter_expression)
         batch = limits.within("batch_size", batch_size, 1, MAX_BATCH, default=DEFAULT_BATCH)
         invisible_ms = limits.within("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS,
                                      MAX_INVISIBLE_MS)
@@ -108,7 +111,7 @@ class Receiver:
         names = [(s.name, s.queue_id) for s in sources]
         while True:
             seen = storage.max_offsets(self.store, names)
-            deliveries = self._pop_once(group, topic, sources, tags, batch, invisible_ms, attempts, start,
+            deliveries = self._pop_once(group, topic, sources, wanted, batch, invisible_ms, attempts, start,
                                         byte_budget)
             left_ms = int((give_up_s - self.clock.monotonic_s()) * 1000)
             if deliveries or left_ms <= 0:
@@ -150,7 +153,7 @@ class Receiver:
             out.append(Source(records.SOURCE_RETRY_LEGACY, legacy_name, 0, rec.start_physical_offset))
         return out
 
-    def _pop_once(self, group: str, topic: str, sources: list[Source], tags: tuple[str, ...], batch: int,
+    def _pop_once(self, group: str, topic: str, sources: list[Source], wanted: _Wanted, batch: int,
                   invisible_ms: int, max_attempts: int, start: str, byte_budget: int) -> list[Delivery]:
         with self._locks[hash((group, topic)) % _LOCK_STRIPES]:
             reservation = self.inflight.reserve(group, topic, batch)
@@ -168,7 +171,7 @@ class Receiver:
                 for source in sources[shift:] + sources[:shift]:
                     if taken >= room or byte_budget <= 0:
                         break
-                    read, late = self._read(group, topic, source, tags, room - taken, byte_budget, max_attempts,
+                    read, late = self._read(group, topic, source, wanted, room - taken, byte_budget, max_attempts,
                                             start)
                     if read is not None:
                         reads.append(read)
@@ -181,7 +184,7 @@ class Receiver:
             finally:
                 self.inflight.unreserve(reservation)
 
-    def _read(self, group: str, topic: str, source: Source, tags: tuple[str, ...], room: int, byte_budget: int,
+    def _read(self, group: str, topic: str, source: Source, wanted: _Wanted, room: int, byte_budget: int,
               max_attempts: int, start: str) -> tuple[_Read | None, list[StoredMessage]]:
         """One queue from the group's pop offset: (what to deliver, retry copies past max_attempts). A
         legacy retry topic's messages of another group or topic are passed over (mqstore.pop.legacy)."""
@@ -192,7 +195,8 @@ class Receiver:
             return None, []  # the retry topic does not exist yet
         for _ in range(_MAX_SKIPS_PER_READ):
             try:
-                result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, tags)
+                result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, wanted[0],
+                                         selector=wanted[1])
                 break
             except NotFound:
                 return None, []  # the retry topic was deleted since (it comes back with the next redelivery)

@@ -1,5 +1,6 @@
-"""Pull's read path: the messages of one consume queue from an offset, with tag filters, size limits
-and long polling. MessageStore.pull checks the request and calls these.
+"""Pull's read path: the messages of one consume queue from an offset, with tag or SQL92 filters (the
+latter on each record's properties, its body never decoded: mqstore.filters.sql92), size limits and long
+polling. MessageStore.pull checks the request and calls these.
 
 Thread-safety: :func:`read_queue` reads lock-free below the queue's ``max_offset``; :class:`LongPolls`
 is thread-safe (a bounded semaphore and the dispatcher's ``visible`` condition).
@@ -8,7 +9,7 @@ is thread-safe (a bounded semaphore and the dispatcher's ``visible`` condition).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from mqstore import waits
 from mqstore.errors import DataLoss, OutOfRange
@@ -24,14 +25,25 @@ DecodeAt = Callable[[int, int, int], Record]
 CheckedAt = Callable[[int, int, int], bytes]
 
 
+class Selector(Protocol):
+    """A filter on a record's properties map (mqstore.filters.sql92.Sql92Filter); ``required_tags``, when
+    not None, holds every TAGS a message it selects may have."""
+
+    required_tags: frozenset[str] | None
+
+    def matches(self, properties: Mapping[str, str]) -> bool: ...
+
+
 def read_queue(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str],
-               tag_code: Callable[[str], int], decode_at: DecodeAt) -> PullResult:
+               tag_code: Callable[[str], int], decode_at: DecodeAt, selector: Selector | None = None) -> PullResult:
     """Up to ``max_messages`` messages (at least one, else up to ``max_bytes``) of ``cq`` from
-    ``offset`` whose TAGS is one of ``tags`` (all when empty). Entries whose tag code matches none are
-    skipped without reading the log; a code that matches by hash collision is checked on the record.
-    A record that fails its checks ends the result before it, or raises DataLoss when it comes first."""
+    ``offset`` whose TAGS is one of ``tags`` (all when empty) and that ``selector`` matches (when given).
+    Entries whose tag code matches none are skipped without reading the log; a code that matches by hash
+    collision is checked on the record. A record that fails its checks ends the result before it, or
+    raises DataLoss when it comes first."""
     taken, next_offset = _collect(cq, offset, max_messages, max_bytes, tags, tag_code, decode_at,
-                                  lambda rec: rec.properties.get(record.PROPERTY_TAGS, ""))
+                                  lambda rec: rec.properties.get(record.PROPERTY_TAGS, ""), selector,
+                                  lambda rec: rec.properties)
     messages: list[StoredMessage] = []
     if taken:  # every message id of one Pull takes the first record's store host
         first = taken[0][0]
@@ -41,10 +53,12 @@ def read_queue(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int,
 
 
 def read_queue_raw(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str],
-                   tag_code: Callable[[str], int], checked_at: CheckedAt) -> RawPullResult:
+                   tag_code: Callable[[str], int], checked_at: CheckedAt,
+                   selector: Selector | None = None) -> RawPullResult:
     """:func:`read_queue` giving the checked record bytes instead of decoded records, for the compiled
     codec's response encoder (mqstore.codec): the same messages, next offset and errors."""
-    taken, next_offset = _collect(cq, offset, max_messages, max_bytes, tags, tag_code, checked_at, _raw_tags)
+    taken, next_offset = _collect(cq, offset, max_messages, max_bytes, tags, tag_code, checked_at, _raw_tags,
+                                  selector, _raw_properties)
     return RawPullResult([data for data, _ in taken], next_offset, cq.min_offset, cq.max_offset)
 
 
@@ -52,12 +66,20 @@ def _raw_tags(data: bytes) -> str:
     return RecordView(data, 0).property(record.PROPERTY_TAGS) or ""
 
 
+def _raw_properties(data: bytes) -> dict[str, str]:
+    return RecordView(data, 0).properties  # the properties' bytes only: the body is not copied or decoded
+
+
 def _collect(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, tags: Sequence[str],
              tag_code: Callable[[str], int], read_at: Callable[[int, int, int], Any],
-             tags_of: Callable[[Any], str]) -> tuple[list[tuple[Any, int]], int]:
+             tags_of: Callable[[Any], str], selector: Selector | None = None,
+             properties_of: Callable[[Any], Mapping[str, str]] | None = None) -> tuple[list[tuple[Any, int]], int]:
     """The walk of :func:`read_queue`: ([(what ``read_at`` gave, physical offset)], next offset)."""
     wanted_tags = set(tags)
-    wanted_codes = {tag_code(t) for t in wanted_tags}
+    # An SQL92 filter that requires some tags skips the others by their tag code too (the filter itself then
+    # decides, hash collisions included); tags given with it are checked as a tag filter.
+    required = selector.required_tags if selector is not None and not wanted_tags else None
+    wanted_codes = {tag_code(t) for t in (wanted_tags or required or ())}
     taken: list[tuple[Any, int]] = []
     taken_bytes = 0
     next_offset = offset
@@ -77,6 +99,8 @@ def _collect(cq: ConsumeQueue, offset: int, max_messages: int, max_bytes: int, t
                     raise
                 next_offset += 1
                 if wanted_tags and tags_of(rec) not in wanted_tags:
+                    continue
+                if selector is not None and not selector.matches(properties_of(rec)):
                     continue
                 taken.append((rec, phys))
                 taken_bytes += size

@@ -85,6 +85,9 @@ def _add_data_commands(sub, commands: ModuleType) -> None:
     p.add_argument("--offset", type=int, default=None, help="default: the queue's minimum offset")
     p.add_argument("--max", type=_positive, default=32, help="messages to read (per pull with --follow)")
     p.add_argument("--tag", action="append", help="only these tags (repeatable)")
+    p.add_argument("--sql", default="", help="only messages this SQL92 selector over their properties (TAGS, KEYS, "
+                                             "user properties) selects, e.g. \"region = 'eu' AND price > 10\"; "
+                                             "with --tag, both must match")
     p.add_argument("--follow", action="store_true", help="keep pulling (long poll) until Ctrl-C")
     p.set_defaults(func=commands.cmd_pull)
 

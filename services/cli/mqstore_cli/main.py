@@ -3,6 +3,7 @@
     mqstore topic create demo --queues 4          mqstore send demo hello world
     seq 1 100000 | mqstore send demo --tag t       mqstore pull demo --queue 0 --offset 0 --max 10
     mqstore pull demo --queue 0 --follow           mqstore get 7F0000010000C3830000000000000000
+    mqstore pull demo --sql "region = 'eu' AND price BETWEEN 10 AND 20"
     mqstore queue-info demo                        mqstore offset commit demo --group g --queue 0 --offset 5
     mqstore receive demo --group g --ack           mqstore ack demo --group g HANDLE...
     mqstore store-info --json                      mqstore repair --data-dir ./data
@@ -290,6 +291,8 @@ def _pull(cli: Cli, offset: int, max_messages: int, long_poll_ms: int) -> commit
     a = cli.args
     request = commitlog_pb2.PullRequest(topic=a.topic, queue_id=a.queue, offset=offset, max_messages=max_messages,
                                         tags=a.tag or [], long_poll_ms=long_poll_ms)
+    if a.sql:
+        request.filter_type, request.filter_expression = common_pb2.FILTER_TYPE_SQL92, a.sql
     return cli.call("Pull", request, extra_timeout_s=long_poll_ms / 1000)
 
 

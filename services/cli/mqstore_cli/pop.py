@@ -2,7 +2,7 @@
 Consumer service of the commit log (consumer.proto), at ``--address`` like the CommitLog commands.
 
     mqstore receive demo --group g [--ack] [--batch 32] [--invisible-ms 30000] [--wait-ms 0]
-                         [--filter "a || b"] [--queue Q] [--max-attempts N] [--latest] [--handles]
+                         [--filter "a || b" | --sql "price > 10"] [--queue Q] [--max-attempts N] [--latest] [--handles]
     mqstore ack demo --group g HANDLE...            (exit 1 when a handle was not acked)
     mqstore change-invisible demo --group g HANDLE --invisible-ms 60000
     mqstore dead-letter demo --group g HANDLE       (ForwardToDeadLetter)
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 
-from mqstore_rpc.gen.mqstore.v1 import consumer_pb2, consumer_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import common_pb2, consumer_pb2, consumer_pb2_grpc
 
 _ACK_STATUS = {v: k.removeprefix("ACK_STATUS_") for k, v in consumer_pb2.AckStatus.items()}
 
@@ -33,7 +33,10 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=32, help="messages at most (default 32)")
     p.add_argument("--invisible-ms", type=int, default=30_000, help="until redelivery unless acked (default 30000)")
     p.add_argument("--wait-ms", type=int, default=0, help="long poll when none is ready (default 0)")
-    p.add_argument("--filter", default="*", help="tag expression: '*' (default) or 'a || b'")
+    filtering = p.add_mutually_exclusive_group()
+    filtering.add_argument("--filter", default="*", help="tag expression: '*' (default) or 'a || b'")
+    filtering.add_argument("--sql", default="", help="an SQL92 selector over the message's properties instead of "
+                                                     "tags, e.g. \"TAGS IN ('a', 'b') AND price > 10\"")
     p.add_argument("--queue", type=int, default=None, help="one queue only (default: every queue)")
     p.add_argument("--max-attempts", type=int, default=0, help="deliveries before the DLQ (default: the server's, 17)")
     p.add_argument("--latest", action="store_true", help="a group new to a queue starts at its end")
@@ -91,7 +94,8 @@ def _received_line(m: consumer_pb2.ReceivedMessage) -> str:
 def cmd_receive(cli) -> None:
     a = cli.args
     request = consumer_pb2.ReceiveRequest(
-        group=a.group, topic=a.topic, filter_expression=a.filter, batch_size=a.batch,
+        group=a.group, topic=a.topic, filter_expression=a.sql or a.filter,
+        filter_type=common_pb2.FILTER_TYPE_SQL92 if a.sql else common_pb2.FILTER_TYPE_TAG, batch_size=a.batch,
         invisible_duration_ms=a.invisible_ms, long_poll_ms=a.wait_ms, max_attempts=a.max_attempts,
         start=consumer_pb2.POP_START_LATEST if a.latest else consumer_pb2.POP_START_EARLIEST)
     if a.queue is not None:

@@ -40,7 +40,8 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         result = self._current().receive(
             request.group, request.topic, invisible_duration_ms=request.invisible_duration_ms,
             queue_id=request.queue_id if request.HasField("queue_id") else None,
-            filter_expression=request.filter_expression, batch_size=request.batch_size,
+            filter_expression=request.filter_expression, filter_type=convert.filter_type_in(request.filter_type),
+            batch_size=request.batch_size,
             long_poll_ms=request.long_poll_ms, max_attempts=request.max_attempts,
             start=_start(request.start), max_bytes=request.max_bytes,
             time_left_ms=None if remaining_s is None else int(remaining_s * 1000))

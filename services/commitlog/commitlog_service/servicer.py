@@ -13,7 +13,7 @@ import contextlib
 from typing import Iterable, Iterator
 
 import grpc
-from mqstore import store_offsets, tailing
+from mqstore import filters, store_offsets, tailing
 from mqstore.access import SERVICE_USER
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
@@ -91,8 +91,10 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     @wire_codec(commitlog_pb2.PullRequest.FromString)
     def Pull(self, request, context):
         args = (request.topic, request.queue_id, request.offset)
-        limits = dict(max_messages=request.max_messages, max_bytes=request.max_bytes, tags=list(request.tags),
-                      long_poll_ms=request.long_poll_ms)
+        tags, selector = filters.selection(convert.filter_type_in(request.filter_type), request.filter_expression,
+                                           list(request.tags))
+        limits = dict(max_messages=request.max_messages, max_bytes=request.max_bytes, tags=tags,
+                      long_poll_ms=request.long_poll_ms, selector=selector)
         if read_wire.COMPILED:
             return read_wire.pull_response(self._store.pull_raw(*args, **limits))
         return convert.pull_response(self._store.pull(*args, **limits)).SerializeToString()

@@ -43,8 +43,8 @@ from mqstore import defaults, errors, model, waits
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
-from mqstore_rpc.gen.mqstore.v1 import (commitlog_pb2, commitlog_pb2_grpc, consumer_pb2_grpc, replication_pb2,
-                                        replication_pb2_grpc)
+from mqstore_rpc.gen.mqstore.v1 import (commitlog_pb2, commitlog_pb2_grpc, common_pb2, consumer_pb2_grpc,
+                                        replication_pb2, replication_pb2_grpc)
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
 
@@ -237,10 +237,13 @@ class CommitLogClient:
         return self._call("GetOffsetByTime", request).offset
 
     def pull(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 0, max_bytes: int = 0,
-             tags: Sequence[str] = (), long_poll_ms: int = 0) -> model.PullResult:
-        """Pull as the CommitLog API documents it; the timeout is ``rpc_timeout_s`` beyond the long poll."""
+             tags: Sequence[str] = (), long_poll_ms: int = 0, sql: str = "") -> model.PullResult:
+        """Pull as the CommitLog API documents it (``sql``: an SQL92 filter_expression); the timeout is
+        ``rpc_timeout_s`` beyond the long poll."""
         request = commitlog_pb2.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                                             max_bytes=max_bytes, tags=tags, long_poll_ms=long_poll_ms)
+        if sql:
+            request.filter_type, request.filter_expression = common_pb2.FILTER_TYPE_SQL92, sql
         return convert.pull_result(self._call("Pull", request, long_poll_ms / 1000))
 
     def topic_kinds(self) -> dict[str, str]:

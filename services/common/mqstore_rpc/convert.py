@@ -169,6 +169,23 @@ def replication_mode_in(value: int) -> str | None:
                               f"REPLICATION_MODE_SYNC (or leave it unset for the server's default)") from None
 
 
+_FILTER_FROM_PB = {common_pb2.FILTER_TYPE_TAG: "TAG", common_pb2.FILTER_TYPE_SQL92: "SQL92"}
+_FILTER_TO_PB = {name: value for value, name in _FILTER_FROM_PB.items()}
+
+
+def filter_type_in(value: int) -> str:
+    """FilterType -> mqstore.filters' TAG or SQL92."""
+    try:
+        return _FILTER_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(f"filter_type: unknown FilterType {value}; use FILTER_TYPE_TAG (0) or "
+                              f"FILTER_TYPE_SQL92 (1)") from None
+
+
+def filter_type_out(name: str) -> int:
+    return _FILTER_TO_PB[name]
+
+
 def pull_result(response: commitlog_pb2.PullResponse) -> model.PullResult:
     return model.PullResult([stored_message_out(m) for m in response.messages], response.next_offset,
                             response.min_offset, response.max_offset)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from mqstore.filters import TAG
 from mqstore.pop.receive import START_LATEST, Delivery, ReceiveResult
 from mqstore.pop.service import AckOutcome, ChangeResult
 
@@ -34,9 +35,10 @@ class PopClient:
         self._log = log_client
 
     def receive(self, group: str, topic: str, *, invisible_duration_ms: int, filter_expression: str, batch_size: int,
-                long_poll_ms: int, max_attempts: int, start: str) -> ReceiveResult:
+                long_poll_ms: int, max_attempts: int, start: str, filter_type: str = TAG) -> ReceiveResult:
         request = consumer_pb2.ReceiveRequest(
-            group=group, topic=topic, filter_expression=filter_expression, batch_size=batch_size,
+            group=group, topic=topic, filter_expression=filter_expression,
+            filter_type=convert.filter_type_out(filter_type), batch_size=batch_size,
             invisible_duration_ms=invisible_duration_ms, long_poll_ms=long_poll_ms, max_attempts=max_attempts,
             start=consumer_pb2.POP_START_LATEST if start == START_LATEST else consumer_pb2.POP_START_EARLIEST)
         response = self._call("Receive", request, long_poll_ms / 1000)

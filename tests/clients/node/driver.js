@@ -11,6 +11,7 @@
 
 const readline = require('node:readline');
 const { Producer, SimpleConsumer, FilterExpression } = require('rocketmq-client-nodejs');
+const { FilterType } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 const { TransactionResolution } = require('rocketmq-client-nodejs/proto/apache/rocketmq/v2/definition_pb');
 
 const RESOLUTIONS = {
@@ -111,7 +112,8 @@ class Driver {
   }
 
   async consumer(c) {
-    const subscriptions = new Map([ [ c.topic, new FilterExpression(c.tag || '*') ] ]);
+    const filter = c.sql ? new FilterExpression(c.sql, FilterType.SQL) : new FilterExpression(c.tag || '*');
+    const subscriptions = new Map([ [ c.topic, filter ] ]);
     this.consumerClient = new SimpleConsumer({ endpoints: this.endpoint, namespace: '', consumerGroup: c.group,
       subscriptions, awaitDuration: (c.await_s || 5) * 1000, requestTimeout: 10000,
       sessionCredentials: this.credentials });

@@ -16,7 +16,8 @@ as tests/clients/node/driver.js:
   half       {topic, body, tag, keys}        a transactional message, left open: its transaction as "tx"
   end        {tx, decision}                  commit or rollback a transaction of "half"
   answer     {check_answer}                  what the checker answers from now on (COMMIT, ROLLBACK, UNKNOWN)
-  consumer   {group, topic, tag, await_s}    start a SimpleConsumer (tag: a tag expression, "*" for all)
+  consumer   {group, topic, tag, sql, await_s}  start a SimpleConsumer (tag: a tag expression, "*" for all;
+                                             sql: an SQL92 expression instead, FilterType.SQL)
   receive    {max, invisible_s}              receive; each message with a "handle" (a key into this driver)
   ack        {handle, receipt_handle?}       ack a received message (receipt_handle: ack with that one instead)
   change     {handle, invisible_s}           ChangeInvisibleDuration; the new receipt handle
@@ -41,6 +42,7 @@ import traceback
 
 from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, MessageListener,
                       Producer, PushConsumer, SimpleConsumer, TransactionChecker, TransactionResolution)
+from rocketmq.grpc_protocol import FilterType
 
 OUT_LOCK = threading.Lock()
 RESOLUTIONS = {"COMMIT": TransactionResolution.COMMIT, "ROLLBACK": TransactionResolution.ROLLBACK,
@@ -162,7 +164,9 @@ class Driver:
         return {}
 
     def consumer_(self, c):
-        self.consumer = SimpleConsumer(self.config, c["group"], {c["topic"]: FilterExpression(c.get("tag", "*"))},
+        expression = (FilterExpression(c["sql"], FilterType.SQL) if c.get("sql")
+                      else FilterExpression(c.get("tag", "*")))
+        self.consumer = SimpleConsumer(self.config, c["group"], {c["topic"]: expression},
                                        await_duration=c.get("await_s", 5))
         self.consumer.startup()
         return {}

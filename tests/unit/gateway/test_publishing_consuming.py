@@ -148,7 +148,8 @@ def test_a_receive_takes_at_most_the_batch_limit_and_the_gateways_max_attempts()
 
 
 @pytest.mark.parametrize("fields, error", [
-    (dict(filter_type="SQL", expression="a > 1"), IllegalFilterExpression),
+    (dict(filter_type="SQL", expression="a > "), IllegalFilterExpression),
+    (dict(filter_type="unknown", expression="a > 1"), IllegalFilterExpression),
     (dict(invisible_ms=None), IllegalInvisibleTime),
     (dict(invisible_ms=50), IllegalInvisibleTime),
     (dict(invisible_ms=13 * 3600 * 1000), IllegalInvisibleTime),
@@ -158,6 +159,17 @@ def test_receives_the_gateway_refuses(fields, error):
     with pytest.raises(error):
         receive(c, **fields)
     assert pop.calls == []
+
+
+def test_an_sql_filter_goes_to_pop_as_sql92_and_a_malformed_one_names_its_column():
+    c, pop = consuming()
+    receive(c, filter_type="SQL", expression="region = 'eu' AND TAGS IN ('a', 'b')")
+    assert (pop.calls[0][1]["filter_type"], pop.calls[0][1]["filter_expression"]) == (
+        "SQL92", "region = 'eu' AND TAGS IN ('a', 'b')")
+    receive(c, filter_type="TAG", expression="a || b")
+    assert pop.calls[1][1]["filter_type"] == "TAG"
+    with pytest.raises(IllegalFilterExpression, match="column 18: expected a property name"):
+        receive(c, filter_type="SQL", expression="region = 'eu' AND")
 
 
 def test_auto_renew_takes_the_gateways_invisible_time():

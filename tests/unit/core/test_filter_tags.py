@@ -1,11 +1,11 @@
-"""RocketMQ's TAG expression (mqstore.pop.tag_filter)."""
+"""RocketMQ's TAG expression (mqstore.filters.tags)."""
 
 from __future__ import annotations
 
 import pytest
 
 from mqstore.errors import InvalidArgument
-from mqstore.pop import tag_filter
+from mqstore.filters import tags as tag_filter
 
 
 @pytest.mark.parametrize("expression, tags", [
