@@ -57,13 +57,14 @@ class Group:
 
     @property
     def metadata_url(self) -> str:
-        """The group's topic catalog: in its etcd, as an HA group's must be (``extra`` may give another)."""
+        """The group's catalogs (topics; users, rules, SDK keys): in its etcd, as an HA group's must be (``extra``
+        may give others)."""
         return f"etcd://{self.etcd_endpoint}/mqstore/meta"
 
     def start(self, node_id: str) -> ServiceProcess:
         proc = commitlog(self.root / node_id, "--node-id", node_id, "--etcd-endpoints", self.etcd_endpoint,
-                         "--metadata-url", self.metadata_url, "--segment-size-bytes", "64KiB",
-                         "--preallocate-segments", "false", *self.extra).started()
+                         "--metadata-url", self.metadata_url, "--auth-url", self.metadata_url,
+                         "--segment-size-bytes", "64KiB", "--preallocate-segments", "false", *self.extra).started()
         self.procs[node_id] = proc
         old = self.channels.pop(node_id, None)
         if old is not None:
