@@ -70,7 +70,6 @@ log = structlog.get_logger()
 MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
-# The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 def _open_sql_catalog(url: str, clock: Clock) -> MetadataStore:
     if is_etcd_url(url):  # the etcd catalog's client speaks gRPC, which core does not import
         raise InvalidArgument(f"metadata URL {url}: an etcd catalog is opened by the CommitLog service "
@@ -78,6 +77,7 @@ def _open_sql_catalog(url: str, clock: Clock) -> MetadataStore:
     return MetadataStore(url, clock)
 
 
+# The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
                            frozenset({topic_event.TOPIC, offset_commit.TOPIC}))
 
