@@ -6,6 +6,8 @@ catalog into an empty prefix."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import uuid
 from typing import Iterator
@@ -225,16 +227,19 @@ def test_a_sql_catalog_is_imported_once_into_an_empty_prefix(tmp_path, url, fake
             catalog.close()
 
 
-def test_the_cli_imports_a_sql_catalog_and_run_ha_imports_an_earlier_data_dir_once(tmp_path, url, cluster, capsys):
-    from mqstore_cli.main import main as cli_main
+def test_the_cli_imports_a_sql_catalog_and_run_ha_imports_an_earlier_data_dir_once(tmp_path, url, cluster):
     from mqstore_launcher import ha
+
+    def cli(*args: str) -> subprocess.CompletedProcess:  # a process: the CLI configures logging for its own
+        return subprocess.run([sys.executable, "-m", "mqstore_cli", "catalog", "import", "--to", url, *args],
+                              capture_output=True, text=True, timeout=60)
     sql = MetadataStore(f"sqlite:///{tmp_path / 'metadata.db'}", FakeClock())
     sql.create_topic("from-sql", 2, KIND_NORMAL, 0)
     sql.close()
-    assert cli_main(["catalog", "import", "--to", url, "--metadata-url", f"sqlite:///{tmp_path / 'metadata.db'}"]) == 0
-    assert capsys.readouterr().out == f"imported 1 topics into {url}\n"
-    assert cli_main(["catalog", "import", "--to", url, "--metadata-url", f"sqlite:///{tmp_path / 'metadata.db'}"]) == 1
-    assert "empty prefix only" in capsys.readouterr().err
+    done = cli("--metadata-url", f"sqlite:///{tmp_path / 'metadata.db'}")
+    assert (done.returncode, done.stdout) == (0, f"imported 1 topics into {url}\n"), done.stderr
+    done = cli("--metadata-url", f"sqlite:///{tmp_path / 'metadata.db'}")
+    assert done.returncode == 1 and "empty prefix only" in done.stderr, done.stderr
     # make run-ha on a data dir of an earlier version: its metadata.db into the group's catalog, once
     assert ha.import_earlier_catalogs(tmp_path, cluster.endpoints) == {"topics": 1}
     assert ha.import_earlier_catalogs(tmp_path, cluster.endpoints) == {}

@@ -13,6 +13,7 @@ from typing import Iterator
 import grpc
 import pytest
 
+from mqstore import defaults
 from mqstore_launcher import etcd_local
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, replication_pb2, replication_pb2_grpc
@@ -59,7 +60,7 @@ class Group:
     def metadata_url(self) -> str:
         """The group's catalogs (topics; users, rules, SDK keys): in its etcd, as an HA group's must be (``extra``
         may give others)."""
-        return f"etcd://{self.etcd_endpoint}/mqstore/meta"
+        return f"etcd://{self.etcd_endpoint}{defaults.ETCD_CATALOG_PREFIX}"
 
     def start(self, node_id: str) -> ServiceProcess:
         proc = commitlog(self.root / node_id, "--node-id", node_id, "--etcd-endpoints", self.etcd_endpoint,

@@ -299,8 +299,8 @@ def refuse_unshared_metadata(config: CommitLogConfig) -> None:
             raise InvalidArgument(
                 f"this commit log node is started for HA ({role}) but keeps its {what} in SQL ({flag}): one database "
                 f"the nodes share is a single point of failure (when it is away no topic can be created or read). "
-                f"Give {flag} the group's etcd, etcd://{rc.etcd_endpoints}/mqstore/meta, or, if that database has "
-                f"failover of its own, say so with --shared-sql-metadata (MQSTORE_SHARED_SQL_METADATA)")
+                f"Give {flag} the group's etcd, etcd://{rc.etcd_endpoints}{defaults.ETCD_CATALOG_PREFIX}, or, if that "
+                f"database has failover of its own, say so with --shared-sql-metadata (MQSTORE_SHARED_SQL_METADATA)")
 
 
 def sql_catalogs(config: CommitLogConfig) -> list[tuple[str, str, str]]:
@@ -324,7 +324,7 @@ def _refuse_unshared_sql(config: CommitLogConfig, role: str, flag: str, url: str
         given = config.store.metadata_url if flag.startswith("--metadata-url") else str(config.server.auth.url.reveal())
         where = f"{path}, inside this node's data dir" + ("" if given else f" (the default: {flag.split()[0]} was "
                                                                              f"not given)")
-    shared = (f"the group's etcd (etcd://{config.replication.etcd_endpoints}/mqstore/meta)"
+    shared = (f"the group's etcd (etcd://{config.replication.etcd_endpoints}{defaults.ETCD_CATALOG_PREFIX})"
               if config.replication.etcd_endpoints else
               "a PostgreSQL URL (postgresql+psycopg2://USER:PASSWORD@HOST:5432/DB), or, for nodes on one machine "
               "only, a SQLite file outside every node's data dir (sqlite:////PATH/metadata.db)")

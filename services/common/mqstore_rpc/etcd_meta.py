@@ -40,6 +40,7 @@ from typing import Callable
 
 import structlog
 
+from mqstore import defaults
 from mqstore.access import Rule, SdkKey, User
 from mqstore.background import Duty
 from mqstore.clock import Clock
@@ -53,7 +54,7 @@ from mqstore_rpc.etcd_client import EtcdCoordination, parse_endpoints
 
 log = structlog.get_logger()
 
-DEFAULT_PREFIX = "/mqstore/meta"
+DEFAULT_PREFIX = defaults.ETCD_CATALOG_PREFIX
 MAX_KEYS = 100_000          # rows read by one listing (topics, rules, keys): the catalogs' bound
 CAS_ATTEMPTS = 16           # a write whose comparison keeps failing (other writers) gives up after these
 TOPIC_POLL_MS = 500

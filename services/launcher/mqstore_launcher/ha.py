@@ -56,7 +56,6 @@ LEADER_TIMEOUT_S = 60.0
 # in <data-dir>/<subdir>-2. Both Transaction services and both compactors get --etcd-endpoints: active and
 # standby (mqstore.txn.election, compactor_service.lease).
 TWICE = ("index", "txn", "compactor", "gateway")
-CATALOG_PREFIX = "/mqstore/meta"  # the catalogs' keys in the etcd (mqstore_rpc.etcd_meta)
 
 
 def second_name(name: str) -> str:
@@ -162,7 +161,7 @@ def wanted_ports(nodes: Sequence[tuple[str, int]], others: Sequence[launcher.Ser
 def catalog_url(etcd_endpoints: str) -> str:
     """The group's catalogs (topics; users, rules and SDK keys) in its etcd: every node's --metadata-url, and
     every service's MQSTORE_AUTH_URL unless that is set."""
-    return f"etcd://{etcd_endpoints}{CATALOG_PREFIX}"
+    return f"etcd://{etcd_endpoints}{defaults.ETCD_CATALOG_PREFIX}"
 
 
 def import_earlier_catalogs(data_dir: pathlib.Path, etcd_endpoints: str) -> dict[str, int]:
