@@ -20,7 +20,7 @@ from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, N
 from mqstore.meta import MetadataStore
 from mqstore.meta.auth import AuthStore
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL
-from mqstore_rpc import etcd_meta
+from mqstore_rpc import catalogs, etcd_meta
 from mqstore_rpc.etcd_client import EtcdCoordination
 from tests.support.ha import etcd_cluster_or_skip
 from tests.support.waiting import wait_until
@@ -187,7 +187,7 @@ def test_a_member_killed_during_writes_loses_and_doubles_nothing(cluster, url, f
 def test_the_watch_sees_a_topic_created_by_another_node(url, fake_clock):
     leader, replica = (etcd_meta.EtcdTopicCatalog(url, fake_clock) for _ in range(2))
     seen: list[int] = []
-    watch = etcd_meta.TopicWatch(replica, lambda: seen.append(len(replica.list_topics())), poll_ms=20)
+    watch = catalogs.TopicWatch(replica, lambda: seen.append(len(replica.list_topics())), poll_ms=20)
     watch.start()
     try:
         wait_until(lambda: watch.state().steps > 0, "the watch's first poll")
@@ -212,16 +212,16 @@ def test_a_sql_catalog_is_imported_once_into_an_empty_prefix(tmp_path, url, fake
     fake_clock.advance(1000)
     topics, auth = etcd_meta.EtcdTopicCatalog(url, fake_clock), etcd_meta.EtcdAuthStore(url, fake_clock)
     try:
-        assert etcd_meta.import_topics(sql, topics) == 2
-        assert etcd_meta.import_auth(sql_auth, auth) == (1, 1, 1)
+        assert catalogs.import_topics(sql, topics) == 2
+        assert catalogs.import_auth(sql_auth, auth) == (1, 1, 1)
         assert topics.list_topics() == [kept]  # created_ms and the incarnation kept
         assert [t.name for t in topics.deleting_topics()] == ["half-deleted"]
         assert auth.user("alice") == sql_auth.user("alice") and auth.sdk_key("AK") == sql_auth.sdk_key("AK")
         assert [(r.pattern, r.actions) for r in auth.rules("alice")] == [("kept", frozenset({"SUB"}))]
         with pytest.raises(FailedPrecondition, match="empty prefix only"):
-            etcd_meta.import_topics(sql, topics)
+            catalogs.import_topics(sql, topics)
         with pytest.raises(FailedPrecondition, match="empty prefix only"):
-            etcd_meta.import_auth(sql_auth, auth)
+            catalogs.import_auth(sql_auth, auth)
     finally:
         for catalog in (sql, sql_auth, topics, auth):
             catalog.close()

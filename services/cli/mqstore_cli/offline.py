@@ -74,7 +74,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 def cmd_catalog_import(cli) -> None:
     from mqstore.clock import SystemClock
-    from mqstore_rpc.etcd_meta import import_sql
+    from mqstore_rpc.catalogs import import_sql
 
     a = cli.args
     counts = import_sql(a.to, SystemClock(), metadata_url=a.metadata_url, auth_url=a.auth_url)

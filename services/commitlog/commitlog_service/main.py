@@ -58,7 +58,7 @@ from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
-from mqstore_rpc import etcd_meta, service
+from mqstore_rpc import catalogs, etcd_meta, service
 from mqstore_rpc import settings as S
 from mqstore_rpc.executor import RUNNING
 from mqstore_rpc.settings import default_auth_url
@@ -135,7 +135,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
-                         metrics=parts.metrics, open_catalog=etcd_meta.open_topic_catalog)
+                         metrics=parts.metrics, open_catalog=catalogs.open_topic_catalog)
     # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are
     # imported by its leader on the first offsets call it answers (README, Consumer offsets).
     store.start()
@@ -148,7 +148,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
                         why="one SQL database every node shares is a single point of failure unless it fails over "
                             "by itself; etcd:// keeps the catalog on every etcd member")
     if isinstance(store.topics.meta, etcd_meta.EtcdTopicCatalog):  # topics created on another node, within a poll
-        parts.add_duty(etcd_meta.TopicWatch(store.topics.meta, store.topics.refresh))
+        parts.add_duty(catalogs.TopicWatch(store.topics.meta, store.topics.refresh))
     pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,
                         ready=store.promoted_visible)
     parts.on_close(pop.close)
@@ -172,7 +172,7 @@ def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
     """The Access service (users, rules, SDK keys) over the auth database every service shares; a change
     drops this server's caches at once. SDK secret keys are sealed under the kek file (made on first use;
     ``<data-dir>/auth.kek`` unless --auth-kek-file names another)."""
-    auth_store = etcd_meta.open_auth_store(str(config.server.auth.url.reveal())
+    auth_store = catalogs.open_auth_store(str(config.server.auth.url.reveal())
                                            or default_auth_url(config.store.data_dir), SystemClock())
     parts.on_close(auth_store.close)
     changed = parts.authority.invalidate if parts.authority is not None else (lambda: None)

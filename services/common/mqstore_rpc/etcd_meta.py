@@ -5,7 +5,7 @@ one machine neither loses nor blocks them (issue 34; a single shared PostgreSQL 
 Keys (values are JSON objects of the rows' fields), under the URL's prefix (default ``/mqstore/meta``):
 
   <prefix>/topics/<name>           a TopicRecord's fields and ``deleting`` (1 while a DeleteTopic is under way)
-  <prefix>/topics-changed          put by every topic write: its mod revision is what :class:`TopicWatch` polls
+  <prefix>/topics-changed          put by every topic write: its mod revision is what TopicWatch polls
   <prefix>/auth/version            the auth version (a decimal integer) the services' caches compare
   <prefix>/auth/users/<name>       a User
   <prefix>/auth/rules/<id, 20 digits>  a Rule (ids in creation order: the version its add made)
@@ -23,11 +23,11 @@ finds its own row (same JSON, created_ms and secret hash included) and answers s
 neither lost nor doubled; a delete that finds its key gone after such a retry is done.
 
 How other nodes learn of changes: a replica looks a topic it does not know up in the catalog (the registry's
-reload on a miss, as with SQL) and :class:`TopicWatch` polls one key's mod revision (``topics-changed``, one
-small Range every ``poll_ms``) and reloads the registry when it moved: a revision poll rather than an etcd
-Watch stream, because the client's calls move between members one call at a time and a watch stream would
-need its own resumption; one Range of one key a second costs etcd nothing. Auth caches already poll
-``version()`` (mqstore.auth.authority).
+reload on a miss, as with SQL) and ``mqstore_rpc.catalogs.TopicWatch`` polls one key's mod revision
+(``topics-changed``, one small Range every ``poll_ms``) and reloads the registry when it moved: a revision
+poll rather than an etcd Watch stream, because the client's calls move between members one call at a time
+and a watch stream would need its own resumption; one Range of one key a second costs etcd nothing. Auth
+caches already poll ``version()`` (mqstore.auth.authority).
 
 Thread-safe: every method is a few etcd calls; no lock is held across them.
 """
@@ -42,11 +42,8 @@ import structlog
 
 from mqstore import defaults
 from mqstore.access import Rule, SdkKey, User
-from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from mqstore.meta import MetadataStore
-from mqstore.meta.auth import AuthStore
 from mqstore.meta.catalog import ETCD_SCHEME, is_etcd_url
 from mqstore.meta.sql import _check_kind, _check_non_negative
 from mqstore.model import TopicRecord
@@ -57,7 +54,6 @@ log = structlog.get_logger()
 DEFAULT_PREFIX = defaults.ETCD_CATALOG_PREFIX
 MAX_KEYS = 100_000          # rows read by one listing (topics, rules, keys): the catalogs' bound
 CAS_ATTEMPTS = 16           # a write whose comparison keeps failing (other writers) gives up after these
-TOPIC_POLL_MS = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,94 +393,3 @@ def _rule(fields: dict) -> Rule:
 
 def _no_user(name: str) -> NotFound:
     return NotFound(f"there is no user {name!r}; `mqstore user list` shows them")
-
-
-# ---- opening by URL (the services' one place) ----------------------------------------------------------------
-
-def open_topic_catalog(url: str, clock: Clock):
-    """The topic catalog ``url`` names: etcd for ``etcd://``, else SQL (mqstore.meta.sql.MetadataStore)."""
-    return EtcdTopicCatalog(url, clock) if is_etcd_url(url) else MetadataStore(url, clock)
-
-
-def open_auth_store(url: str, clock: Clock):
-    """The auth catalog ``url`` names: etcd for ``etcd://``, else SQL (mqstore.meta.auth.AuthStore)."""
-    return EtcdAuthStore(url, clock) if is_etcd_url(url) else AuthStore(url, clock)
-
-
-# ---- the one-time import of a SQL catalog -------------------------------------------------------------------
-
-def import_topics(source, target: EtcdTopicCatalog) -> int:
-    """Copy every topic of the SQL catalog ``source`` (those being deleted too) into ``target``, which must hold
-    none: the number copied. Rows keep created_ms and start_physical_offset (the incarnation is the log's)."""
-    _refuse_non_empty(target.list_topics() + target.deleting_topics(), "topics", target)
-    rows = [(t, False) for t in source.list_topics()] + [(t, True) for t in source.deleting_topics()]
-    for topic, deleting in rows:
-        target.put_topic(topic, deleting)
-    return len(rows)
-
-
-def import_auth(source, target: EtcdAuthStore) -> tuple[int, int, int]:
-    """Copy every user, rule and SDK key of the SQL catalog ``source`` into ``target``, which must hold no user:
-    (users, rules, SDK keys) copied. Rules get new ids, in the source's order."""
-    _refuse_non_empty(target.users(), "users", target)
-    users, rules, keys = source.users(), source.rules(), source.sdk_keys()
-    for user in users:
-        target.put_user(user)
-    for rule in rules:
-        target.add_rule(rule)
-    for key in keys:
-        target.put_sdk_key(key)
-    return len(users), len(rules), len(keys)
-
-
-def import_sql(target_url: str, clock: Clock, *, metadata_url: str = "", auth_url: str = "") -> dict[str, int]:
-    """The one-time import (``mqstore catalog import``, make run-ha's first start on an earlier data dir): the
-    topics of the SQL catalog ``metadata_url`` and the users, rules and SDK keys of ``auth_url`` (each when
-    given) into the etcd prefix ``target_url``, which must hold none of them. What was copied, by kind."""
-    if not (metadata_url or auth_url):
-        raise InvalidArgument("give the SQL catalog to import: a metadata URL, an auth URL, or both")
-    if is_etcd_url(metadata_url) or is_etcd_url(auth_url):
-        raise InvalidArgument("the catalogs to import are SQL ones (sqlite:///..., postgresql+psycopg2://...)")
-    counts: dict[str, int] = {}
-    if metadata_url:
-        source, target = MetadataStore(metadata_url, clock), EtcdTopicCatalog(target_url, clock)
-        try:
-            counts["topics"] = import_topics(source, target)
-        finally:
-            source.close()
-            target.close()
-    if auth_url:
-        source, target = AuthStore(auth_url, clock), EtcdAuthStore(target_url, clock)
-        try:
-            counts["users"], counts["rules"], counts["sdk_keys"] = import_auth(source, target)
-        finally:
-            source.close()
-            target.close()
-    log.info("meta.imported", to=str(parse_url(target_url)), **counts)
-    return counts
-
-
-def _refuse_non_empty(found: list, what: str, target: _Catalog) -> None:
-    if found:
-        raise FailedPrecondition(f"{target.url} holds {len(found)} {what} already: an import goes into an empty "
-                                 f"prefix only (give another prefix in the URL)")
-
-
-# ---- a replica's view of topics created elsewhere -----------------------------------------------------------
-
-class TopicWatch(Duty):
-    """Every ``poll_ms``, reads ``topics-changed``'s mod revision and calls ``changed()`` (the store's
-    TopicRegistry.refresh) when it moved: a node learns of topics created, changed or deleted on another within
-    a poll, not only when it misses one (the revision poll of the module docstring)."""
-
-    def __init__(self, catalog: EtcdTopicCatalog, changed: Callable[[], None], poll_ms: int = TOPIC_POLL_MS):
-        super().__init__("topic-watch", interval_s=poll_ms / 1000)
-        self._catalog, self._changed = catalog, changed
-        self._seen = -1
-
-    def step(self) -> None:
-        revision = self._catalog.changed_revision()
-        if revision != self._seen:
-            if self._seen >= 0:
-                self._changed()
-            self._seen = revision

@@ -56,7 +56,7 @@ from mqstore.meta.catalog import AuthCatalog
 from mqstore.metrics import Registry
 
 from mqstore_rpc import logging as mqlogging
-from mqstore_rpc import etcd_meta, private_files
+from mqstore_rpc import catalogs, private_files
 from mqstore_rpc.auth import AuthInterceptor
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.server import ManagedServer, ServerConfig, StopSignals, create_server, serve_until_signal
@@ -193,7 +193,7 @@ class ServiceDef:
 def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | None, AuthCatalog | None]:
     if not config.auth.enabled:
         return None, None
-    store = etcd_meta.open_auth_store(str(config.auth.url.reveal()), SystemClock())
+    store = catalogs.open_auth_store(str(config.auth.url.reveal()), SystemClock())
     try:
         kek = Kek(pathlib.Path(config.auth.kek_file), create=False) if config.auth.kek_file else None
         authority = Authority(store, default_decision=config.auth.default_decision,

@@ -40,7 +40,7 @@ import grpc
 
 from mqstore import defaults, fs
 from mqstore.clock import SystemClock
-from mqstore_rpc import etcd_meta
+from mqstore_rpc import catalogs, etcd_meta
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
 
@@ -166,7 +166,7 @@ def catalog_url(etcd_endpoints: str) -> str:
 
 def import_earlier_catalogs(data_dir: pathlib.Path, etcd_endpoints: str) -> dict[str, int]:
     """An earlier make run-ha kept topics in ``<data-dir>/metadata.db`` (and users in ``<data-dir>/auth.db``):
-    copied once into the etcd catalog while it holds none of them (mqstore_rpc.etcd_meta.import_sql)."""
+    copied once into the etcd catalog while it holds none of them (mqstore_rpc.catalogs.import_sql)."""
     urls = {name: f"sqlite:///{data_dir / file}" for name, file in (("metadata_url", "metadata.db"),
                                                                      ("auth_url", "auth.db"))
             if (data_dir / file).exists()}
@@ -183,7 +183,7 @@ def import_earlier_catalogs(data_dir: pathlib.Path, etcd_endpoints: str) -> dict
     finally:
         topics.close()
         auth.close()
-    return etcd_meta.import_sql(target, SystemClock(), **urls) if urls else {}
+    return catalogs.import_sql(target, SystemClock(), **urls) if urls else {}
 
 
 def _node_services(etcd_endpoints: str, data_dir: pathlib.Path, embedded: bool,
