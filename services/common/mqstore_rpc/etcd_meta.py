@@ -54,6 +54,10 @@ log = structlog.get_logger()
 DEFAULT_PREFIX = defaults.ETCD_CATALOG_PREFIX
 MAX_KEYS = 100_000          # rows read by one listing (topics, rules, keys): the catalogs' bound
 CAS_ATTEMPTS = 16           # a write whose comparison keeps failing (other writers) gives up after these
+# A catalog call waits as long as the SQL catalog's (wait_timeout_ms, 10 s) for some member to answer; a member
+# that does not answer within 1 s is left for the next (a loaded machine's etcd can be slow, no lease hangs on it).
+CALL_TIMEOUT_S = 10.0
+ATTEMPT_TIMEOUT_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +92,8 @@ class _Catalog:
     def __init__(self, url: str, *, etcd: EtcdCoordination | None = None):
         self.url = parse_url(url)
         self._owned = etcd is None
-        self._etcd = etcd or EtcdCoordination(self.url.endpoints)
+        self._etcd = etcd or EtcdCoordination(self.url.endpoints, rpc_timeout_s=CALL_TIMEOUT_S,
+                                              attempt_timeout_s=ATTEMPT_TIMEOUT_S)
 
     def close(self) -> None:
         if self._owned:

@@ -40,6 +40,7 @@ import grpc
 
 from mqstore import defaults, fs
 from mqstore.clock import SystemClock
+from mqstore.errors import MqStoreError
 from mqstore_rpc import catalogs, etcd_meta
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
@@ -172,6 +173,8 @@ def import_earlier_catalogs(data_dir: pathlib.Path, etcd_endpoints: str) -> dict
             if (data_dir / file).exists()}
     if "auth_url" in urls and launcher.os.environ.get("MQSTORE_AUTH_URL"):
         del urls["auth_url"]  # the operator's own auth database: not ours to copy
+    if not urls:  # a new data dir: nothing to ask etcd
+        return {}
     target = catalog_url(etcd_endpoints)
     topics = etcd_meta.EtcdTopicCatalog(target, SystemClock())
     auth = etcd_meta.EtcdAuthStore(target, SystemClock())
@@ -247,7 +250,13 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
     try:
         env = {**launcher.os.environ, launcher.TOKEN_ENV: launcher.internal_token(data_dir), **dict(secure.env)}
         env["MQSTORE_AUTH_URL"] = launcher.os.environ.get("MQSTORE_AUTH_URL") or catalog_url(etcd.endpoints)
-        if imported := import_earlier_catalogs(data_dir, etcd.endpoints):
+        try:
+            imported = import_earlier_catalogs(data_dir, etcd.endpoints)
+        except MqStoreError as exc:
+            print(f"mqstore did not start: the catalogs of an earlier run could not be imported into etcd: {exc}",
+                  file=sys.stderr)
+            return 1
+        if imported:
             print(f"imported the catalogs of an earlier run into etcd: {imported}", flush=True)
         node_services = _node_services(etcd.endpoints, data_dir, embedded, nodes)
         for service in node_services:
