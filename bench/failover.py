@@ -54,7 +54,7 @@ class Node:
     def __init__(self, root: pathlib.Path, name: str, etcd: str):
         self.name, self.port, self.frozen, self.restarts = name, free_port(), False, 0
         self.args = ("--node-id", name, "--etcd-endpoints", etcd, "--etcd-prefix", "/bench/failover",
-                     "--metadata-url", f"sqlite:///{root / 'metadata.db'}", *FLAGS)
+                     "--metadata-url", f"etcd://{etcd}/bench/failover/meta", *FLAGS)
         self.root = root
         self.server: GrpcServer | None = None
         self.channel = grpc.insecure_channel(self.target)

@@ -52,10 +52,10 @@ def _state(target):
 
 
 def _node(root, name, etcd, extra=(), log_name=""):
-    group = name[0]  # nodes of one group share their metadata database and etcd prefix
+    group = name[0]  # nodes of one group share their etcd prefix and catalog (an HA group's: in etcd)
     return GrpcServer.commitlog(root / name, "ASYNC", extra=("--node-id", name, "--etcd-endpoints", etcd,
                                                              "--etcd-prefix", f"/bench/{group}",
-                                                             "--metadata-url", f"sqlite:///{root / group}.db",
+                                                             "--metadata-url", f"etcd://{etcd}/bench/{group}/meta",
                                                              "--segment-size-bytes", SEGMENT, *extra),
                                 log_name=log_name)
 

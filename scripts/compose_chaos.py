@@ -5,7 +5,7 @@
         [--report FILE]
 
 With the stack up (every service healthy), for ``--duration-s`` it kills one container with SIGKILL
-(``docker kill -s KILL``) every ``--kill-every-s`` seconds, chosen at random: a role first (etcd, postgres,
+(``docker kill -s KILL``) every ``--kill-every-s`` seconds, chosen at random: a role first (etcd,
 commitlog, index, txn, compactor, gateway; ``--roles`` narrows them), then one of its containers (for the
 commit log, the leader half of the time, else any node). Never two of one role at once: a role is not
 chosen again until its killed container has been started again (``docker start``, ``--down-s`` after the
@@ -37,7 +37,7 @@ At the end every killed container is started again and must be back, the load st
 and prints, per role, the longest time its API was unavailable: the longest gap between two successful
 calls of the load on that role (commitlog: appends; txn: Prepare or Commit; compactor: reads; gateway:
 SendMessage; index: QueryByKey; etcd: GET /health answered healthy by any member, at its container's
-address; postgres: a TCP connection to its container). Exit status 1 when an invariant fails, 2 when the
+address). Exit status 1 when an invariant fails, 2 when the
 stack did not come back; a JSON report in ``--report``.
 """
 
@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -65,7 +64,6 @@ from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc, tx
 
 ROLES = {
     "etcd": ["etcd-1", "etcd-2", "etcd-3"],
-    "postgres": ["postgres"],
     "commitlog": ["commitlog-1", "commitlog-2", "commitlog-3"],
     "index": ["index", "index-2"],
     "txn": ["txn", "txn-2"],
@@ -504,13 +502,6 @@ class Probes:
                 continue
         return False
 
-    def postgres_ok(self) -> bool:
-        try:
-            with socket.create_connection((self.addresses["postgres"], 5432), timeout=1.0):
-                return True
-        except (OSError, KeyError):
-            return False
-
 
 
 class Prober(Worker):
@@ -673,7 +664,7 @@ def main() -> int:
 
     docker = Docker(args.project)
     docker.resolve([s for services in ROLES.values() for s in services])
-    addresses = {s: docker.ip(s) for s in (*ROLES["etcd"], "postgres")}
+    addresses = {s: docker.ip(s) for s in ROLES["etcd"]}
     setup = Log(args.nodes)
     leader = wait_for(setup.leader, 60)
     if leader is None:
@@ -704,7 +695,7 @@ def main() -> int:
     probes = Probes(args.index, addresses)
     workers = [sync, async_, gateway, txn, pop, offsets, kv_writer, kv_reader,
                *(Prober(role, probe, stop_load, availability) for role, probe in (
-                   ("index", probes.index_ok), ("etcd", probes.etcd_ok), ("postgres", probes.postgres_ok)))]
+                   ("index", probes.index_ok), ("etcd", probes.etcd_ok)))]
     chaos = Chaos(docker, args.nodes, roles, addresses, args)
     print(f"[chaos] seed {args.seed}; {args.duration_s:g} s, a kill every {args.kill_every_s:g} s, started again "
           f"after {args.down_s:g} s; roles {','.join(roles)}", flush=True)

@@ -2,8 +2,8 @@
 # `make compose-check-chaos`: chaos on docker-compose.ha.yml (the HA profile, every role twice or more) on a
 # real Docker engine, driven by scripts/compose_chaos.py through the published ports:
 #
-#   1. build the three images (mqstore, mqstore-etcd, mqstore-postgres) and up --wait every service (3 etcd
-#      members, postgres, 3 commit log nodes, index and index-2, txn and txn-2, compactor and compactor-2,
+#   1. build the two images (mqstore, mqstore-etcd) and up --wait every service (3 etcd
+#      members, 3 commit log nodes, index and index-2, txn and txn-2, compactor and compactor-2,
 #      gateway and gateway-2);
 #   2. for COMPOSE_CHECK_CHAOS_DURATION_S (180) seconds, SIGKILL one container at random every
 #      COMPOSE_CHECK_CHAOS_KILL_EVERY_S (5) seconds (docker kill; any role, never two of one role at once),
@@ -21,7 +21,7 @@
 # compose_check_ha.sh's order: nodes 1-3, index, txn, compactor, gateway, index-2, txn-2, compactor-2,
 # gateway-2; default "53161 53162 53163 53152 53153 53154 53181 53155 53157 53156 53182", apart from the
 # other checks'), COMPOSE_CHECK_CHAOS_SEED (the random choices; default the time), COMPOSE_CHECK_CHAOS_ROLES
-# (the roles killed, default every one: etcd,postgres,commitlog,index,txn,compactor,gateway) and
+# (the roles killed, default every one: etcd,commitlog,index,txn,compactor,gateway) and
 # COMPOSE_CHECK_CHAOS_REPORT (a file for the JSON report; default none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,9 +42,9 @@ TXNS="127.0.0.1:$MQSTORE_TXN_HOST_PORT,127.0.0.1:$MQSTORE_TXN_2_HOST_PORT"
 COMPACTORS="127.0.0.1:$MQSTORE_COMPACTOR_HOST_PORT,127.0.0.1:$MQSTORE_COMPACTOR_2_HOST_PORT"
 GATEWAYS="127.0.0.1:$MQSTORE_GATEWAY_HOST_PORT,127.0.0.1:$MQSTORE_GATEWAY_2_HOST_PORT"
 PROJECT=${COMPOSE_CHECK_CHAOS_PROJECT:-mqstore-chaos}
-SERVICES=(etcd-1 etcd-2 etcd-3 postgres commitlog-1 commitlog-2 commitlog-3 index index-2 txn txn-2 compactor
+SERVICES=(etcd-1 etcd-2 etcd-3 commitlog-1 commitlog-2 commitlog-3 index index-2 txn txn-2 compactor
           compactor-2 gateway gateway-2)
-BUILD_SERVICES=(commitlog-1 etcd-1 postgres)  # the images: mqstore, mqstore-etcd, mqstore-postgres
+BUILD_SERVICES=(commitlog-1 etcd-1)  # the images: mqstore, mqstore-etcd
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
 say() { printf '[compose-check-chaos %3d s] %s\n' $((SECONDS - t0)) "$*"; }
@@ -52,7 +52,7 @@ compose() { docker compose -p "$PROJECT" -f docker-compose.ha.yml "$@"; }
 
 . scripts/compose_engine.sh  # DOCKER_HOST, NEAR_PORTS, $state and the teardown on exit
 
-say "docker compose build (mqstore, mqstore-etcd, mqstore-postgres)"
+say "docker compose build (mqstore, mqstore-etcd)"
 compose build --quiet "${BUILD_SERVICES[@]}"
 say "docker compose up --wait (${SERVICES[*]})"
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"
@@ -63,5 +63,5 @@ report=${COMPOSE_CHECK_CHAOS_REPORT:-$state/report.json}
     --txn "$TXNS" --compactor "$COMPACTORS" --gateway "$GATEWAYS" \
     --duration-s "${COMPOSE_CHECK_CHAOS_DURATION_S:-180}" --kill-every-s "${COMPOSE_CHECK_CHAOS_KILL_EVERY_S:-5}" \
     --down-s "${COMPOSE_CHECK_CHAOS_DOWN_S:-6}" ${COMPOSE_CHECK_CHAOS_SEED:+--seed "$COMPOSE_CHECK_CHAOS_SEED"} \
-    --roles "${COMPOSE_CHECK_CHAOS_ROLES:-etcd,postgres,commitlog,index,txn,compactor,gateway}" --report "$report"
+    --roles "${COMPOSE_CHECK_CHAOS_ROLES:-etcd,commitlog,index,txn,compactor,gateway}" --report "$report"
 say "passed"

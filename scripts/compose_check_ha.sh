@@ -2,7 +2,7 @@
 # `make compose-check-ha`: docker-compose.ha.yml (the HA profile) on a real Docker engine, through its
 # published ports (scripts/compose_ha_smoke.py does the gRPC side):
 #
-#   1. build the three images (mqstore, mqstore-etcd, mqstore-postgres) and up --wait every service;
+#   1. build the two images (mqstore, mqstore-etcd) and up --wait every service;
 #   2. write: SYNC-replicated appends through the leader, acknowledged by the three nodes, found by both Index
 #      instances; then every second instance (index-2, txn-2, compactor-2, gateway-2) and its first: each
 #      SERVING (gRPC health), a transaction prepared and committed through the txn pair (one answers, the
@@ -42,9 +42,9 @@ TXNS="127.0.0.1:$MQSTORE_TXN_HOST_PORT,127.0.0.1:$MQSTORE_TXN_2_HOST_PORT"
 COMPACTORS="127.0.0.1:$MQSTORE_COMPACTOR_HOST_PORT,127.0.0.1:$MQSTORE_COMPACTOR_2_HOST_PORT"
 GATEWAYS="127.0.0.1:$MQSTORE_GATEWAY_HOST_PORT,127.0.0.1:$MQSTORE_GATEWAY_2_HOST_PORT"
 PROJECT=${COMPOSE_CHECK_HA_PROJECT:-mqstore-ha-check}
-SERVICES=(etcd-1 etcd-2 etcd-3 postgres commitlog-1 commitlog-2 commitlog-3 index index-2 txn txn-2 compactor
+SERVICES=(etcd-1 etcd-2 etcd-3 commitlog-1 commitlog-2 commitlog-3 index index-2 txn txn-2 compactor
           compactor-2 gateway gateway-2)
-BUILD_SERVICES=(commitlog-1 etcd-1 postgres)  # the images: mqstore, mqstore-etcd, mqstore-postgres
+BUILD_SERVICES=(commitlog-1 etcd-1)  # the images: mqstore, mqstore-etcd
 NODES="127.0.0.1:$N1,127.0.0.1:$N2,127.0.0.1:$N3"
 WAIT_TIMEOUT_S=300
 t0=$SECONDS
@@ -53,7 +53,7 @@ compose() { docker compose -p "$PROJECT" -f docker-compose.ha.yml "$@"; }
 
 . scripts/compose_engine.sh  # DOCKER_HOST, NEAR_PORTS, $state and the teardown on exit
 
-say "docker compose build (mqstore, mqstore-etcd, mqstore-postgres)"
+say "docker compose build (mqstore, mqstore-etcd)"
 compose build --quiet "${BUILD_SERVICES[@]}"
 say "docker compose up --wait (${SERVICES[*]})"
 compose up -d --wait --wait-timeout $WAIT_TIMEOUT_S "${SERVICES[@]}"

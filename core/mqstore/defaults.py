@@ -19,6 +19,8 @@ every flag, client and printed default that names it.
   HA_NODE_PORT_STEP         10                 ``make run-ha``: n1 on the commit log port, n2 10 above, n3 20
   ETCD_PORT                 2379               ``make run-ha``'s etcd member e1's client port (etcd's own);
                                                its peer port 1 above; e2 and e3 HA_NODE_PORT_STEP apart
+  ETCD_CATALOG_PREFIX       /mqstore/meta      where an HA group keeps its topics, users, rules and SDK keys in
+                                               etcd (etcd://members/PREFIX; mqstore_rpc.etcd_meta)
   MAX_MESSAGE_BYTES         64 MiB             a gRPC message, sent or received, on every server and client
   MAX_BODY_BYTES            4 MiB              a message body (the store's and the gateway's max_body_bytes)
 
@@ -52,6 +54,7 @@ GATEWAY_ADDRESS = address(GATEWAY_PORT)
 METRICS_PORT_OFFSET = 100
 HA_NODE_PORT_STEP = 10
 ETCD_PORT = 2379
+ETCD_CATALOG_PREFIX = "/mqstore/meta"
 
 MAX_MESSAGE_BYTES = 64 * MiB
 MAX_BODY_BYTES = 4 * MiB

@@ -51,6 +51,7 @@ from mqstore.log.segment import SegmentQueue
 from mqstore.log.warmer import WARM_CREATE, WARM_ZEROS, SegmentWarmer
 from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
+from mqstore.meta.catalog import TopicCatalogOpener, is_etcd_url
 from mqstore.metrics import Registry
 from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, AppendResults, MessageIn,
                            MessageLookup, PullResult, QueueInfo, RawPullResult, StoredMessage, StoreInfo,
@@ -69,6 +70,13 @@ log = structlog.get_logger()
 MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
+def _open_sql_catalog(url: str, clock: Clock) -> MetadataStore:
+    if is_etcd_url(url):  # the etcd catalog's client speaks gRPC, which core does not import
+        raise InvalidArgument(f"metadata URL {url}: an etcd catalog is opened by the CommitLog service "
+                              f"(mqstore_rpc.etcd_meta), not by a store built without it")
+    return MetadataStore(url, clock)
+
+
 # The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
                            frozenset({topic_event.TOPIC, offset_commit.TOPIC}))
@@ -76,9 +84,11 @@ STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIO
 
 class MessageStore:
     def __init__(self, config: StoreConfig, clock: Clock | None = None, metrics: Registry | None = None,
-                 writers: Writers | None = None):
+                 writers: Writers | None = None, open_catalog: TopicCatalogOpener | None = None):
         """``writers``: the system writers' rules (mqstore.writers), the process's registry by default
-        (mqstore.system_writers fills it); the store adds its own."""
+        (mqstore.system_writers fills it); the store adds its own. ``open_catalog(metadata URL, clock)``: the
+        topic catalog (mqstore.meta.catalog; the services give one that also opens ``etcd://``), SQL by default."""
+        self._open_catalog = open_catalog or _open_sql_catalog
         self.config = config
         self.writers = writers if writers is not None else SYSTEM_WRITERS
         self.writers.register(STORE_WRITER)
@@ -167,7 +177,7 @@ class MessageStore:
         cq_root_existed = cfg.consumequeue_dir.is_dir()
         # The default SQLite file is created here by SQLite, which does not fsync the directory of a new
         # database: the checkpoint written below, in the same directory, makes its entry durable.
-        self.topics.open(MetadataStore(cfg.metadata_url_resolved, self.clock))
+        self.topics.open(self._open_catalog(cfg.metadata_url_resolved, self.clock))
         # Trailing segments past the flushed offset that a power cut left empty are removed (segment.py).
         self.segments.load(empty_tail_from=cp.flushed_physical_offset if cp else None)
         start = cp.flushed_physical_offset if cp else self.segments.min_offset

@@ -44,7 +44,7 @@ import structlog
 from mqstore import limits
 from mqstore import topics as topic_rules
 from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OutOfRange, invariant
-from mqstore.meta import MetadataStore
+from mqstore.meta.catalog import TopicCatalog
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, KIND_SYSTEM, QueueInfo, TopicRecord
 
 log = structlog.get_logger()
@@ -62,7 +62,7 @@ class TopicRegistry:
         self._refuse_write = refuse_write
         self._log_end = log_end
         self._append_lock = append_lock
-        self.meta: MetadataStore | None = None
+        self.meta: TopicCatalog | None = None
         self._topics: dict[str, TopicRecord] = {}
         self._deleting: dict[str, TopicRecord] = {}  # step 1 done, step 4 not yet (the module docstring)
         self._lock = threading.Lock()
@@ -71,7 +71,7 @@ class TopicRegistry:
         # leader may have created it since); set by the replication composition.
         self.reload_on_miss = False
 
-    def open(self, meta: MetadataStore) -> None:
+    def open(self, meta: TopicCatalog) -> None:
         """Load the registry from ``meta`` (which the registry then owns) and create the system topics."""
         self.meta = meta
         self._topics = {t.name: t for t in meta.list_topics()}
@@ -84,9 +84,9 @@ class TopicRegistry:
                     self._topics[name] = meta.get_topic(name)
 
     def refresh(self) -> None:
-        """Reload the registry from the metadata database: a commit log replica shares its leader's
-        (PostgreSQL in HA mode) and learns of topics created there this way, and of deletes cut short there
-        (a new leader finishes them when DeleteTopic names them again)."""
+        """Reload the registry from the catalog: a commit log replica shares its leader's (etcd in HA mode:
+        mqstore_rpc.etcd_meta) and learns of topics created there this way, and of deletes cut short there (a
+        new leader finishes them when DeleteTopic names them again)."""
         with self._lock:
             self._topics = {t.name: t for t in self.meta.list_topics()}
             self._deleting = {t.name: t for t in self.meta.deleting_topics()}

@@ -4,7 +4,9 @@ one the leader's etcd client is on among them: its client moves to another membe
 member the leader's client is on paused (SIGSTOP: cut off, its connections open, answering nothing) and
 resumed. Throughout: the same leader in the same epoch, never fenced; no append refused or failed; every
 acknowledged message readable; each member restarted rejoins the cluster (it serves a linearizable read of
-the leader key, as the others do)."""
+the leader key, as the others do). Then, on the same rig, the group's catalogs in that etcd (issue 34, item 1):
+a topic and a user created on the leader are seen by a replica (Pull, ListUsers), and after kill -9 of the
+leader the new leader serves both and takes appends and new users."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import grpc
 import pytest
 
 from mqstore_rpc.gen.etcd.etcdserver.etcdserverpb import rpc_pb2 as etcd, rpc_pb2_grpc
+from mqstore_rpc.gen.mqstore.v1 import access_pb2, access_pb2_grpc
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from tests.support.ha import Group, etcd_cluster_or_skip
 from tests.support.waiting import wait_until
@@ -31,10 +34,10 @@ LEADER_KEY = "/mqstore/commitlog/leader"
 OUTAGE_S = 4.0  # each member stays away this long (two leases): long enough for a renewal to need another one
 
 
-@pytest.fixture
-def rig(tmp_path):
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
     cluster = etcd_cluster_or_skip(3)
-    group = Group(tmp_path, cluster.endpoints, 3, *FLAGS)
+    group = Group(tmp_path_factory.mktemp("group"), cluster.endpoints, 3, *FLAGS)
     try:
         yield cluster, group
     finally:
@@ -172,3 +175,45 @@ def test_losing_any_one_etcd_member_changes_no_leader_and_fails_no_append(rig):
     assert missing == []
     assert [got.message.body for got in found] == [body for _, body, _ in acked]
     print("acked", len(acked), "client moved from", moved_from)
+
+
+def _users(group: Group, node_id: str) -> list[str]:
+    response = access_pb2_grpc.AccessStub(group.channels[node_id]).ListUsers(access_pb2.ListUsersRequest(), timeout=10)
+    return [u.name for u in response.users]
+
+
+def _pulled(group: Group, node_id: str, topic: str) -> list[bytes]:
+    try:
+        response = group.log(node_id).Pull(pb.PullRequest(topic=topic, queue_id=0, offset=0, max_messages=100),
+                                           timeout=10)
+    except grpc.RpcError:
+        return []
+    return [m.body for m in response.messages]
+
+
+def test_topics_and_users_live_in_etcd_and_survive_the_leaders_kill9(rig):
+    """Before issue 34's catalogs, a replica with its own SQLite answered NOT_FOUND for a topic its leader
+    created, and nothing of the topic could be reached after the leader's kill -9. Runs after the member-loss
+    test on its group (one rig for the module)."""
+    cluster, group = rig
+    if any(p is None for p in group.procs.values()):
+        group.start_all()
+    leader, epoch = group.wait_leader()
+    group.log(leader).CreateTopic(pb.CreateTopicRequest(name="made-on-leader", queue_count=1), timeout=10)
+    access_pb2_grpc.AccessStub(group.channels[leader]).CreateUser(
+        access_pb2.CreateUserRequest(name="alice", secret="s3cret-enough-for-a-test"), timeout=10)
+    bodies = [b"a", b"b", b"c"]
+    group.append(leader, "made-on-leader", bodies)
+    replica = next(n for n in group.procs if n != leader)
+    wait_until(lambda: _pulled(group, replica, "made-on-leader") == bodies, "a replica to serve the new topic")
+    assert "alice" in _users(group, replica)
+    group.kill9(leader)
+    new_leader, _ = group.wait_leader(above_epoch=epoch, timeout_s=30)
+    wait_until(lambda: _pulled(group, new_leader, "made-on-leader") == bodies, "the new leader to serve the topic")
+    assert "alice" in _users(group, new_leader)
+    wait_until(lambda: len(group.state(new_leader).in_sync) >= 2, "a SYNC append's two copies")
+    group.append(new_leader, "made-on-leader", [b"d"])
+    access_pb2_grpc.AccessStub(group.channels[new_leader]).CreateUser(
+        access_pb2.CreateUserRequest(name="bob", secret="another-s3cret-for-a-test"), timeout=10)
+    assert {"alice", "bob"} <= set(_users(group, new_leader))
+    wait_until(lambda: _pulled(group, new_leader, "made-on-leader") == [*bodies, b"d"], "the append after failover")

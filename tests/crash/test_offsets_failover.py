@@ -29,7 +29,9 @@ MAX_OFFSET = 200
 
 @pytest.fixture
 def group(tmp_path):
-    with group_on_etcd(tmp_path, *TTL_FLAGS) as g:
+    # Topics in SQL (accepted by --shared-sql-metadata): an earlier version's offsets table is SQL's alone
+    with group_on_etcd(tmp_path, *TTL_FLAGS, "--metadata-url", f"sqlite:///{tmp_path / 'metadata.db'}",
+                       "--shared-sql-metadata") as g:
         yield g
 
 

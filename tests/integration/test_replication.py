@@ -463,23 +463,50 @@ def test_a_bug_in_the_watchdog_is_the_links_and_so_the_followers_problem(tmp_pat
 
 # ---- topic metadata every node shares (issue 34) ------------------------------------------------------
 
-@pytest.mark.parametrize("args, env", [
-    (("--etcd-endpoints", "127.0.0.1:1"), {}),                                   # the default: <data-dir>/metadata.db
-    (("--replica-of", "127.0.0.1:1"), {"MQSTORE_METADATA_URL": "sqlite:///{data}/meta/metadata.db"}),
-    (("--replica-of", "127.0.0.1:1", "--metadata-url", "sqlite://"), {}),          # in memory
+@pytest.mark.parametrize("args, env, said", [
+    (("--etcd-endpoints", "127.0.0.1:1"), {}, "inside this node's data dir"),   # the default: <data-dir>/metadata.db
+    (("--replica-of", "127.0.0.1:1"), {"MQSTORE_METADATA_URL": "sqlite:///{data}/meta/metadata.db"},
+     "inside this node's data dir"),
+    (("--replica-of", "127.0.0.1:1", "--metadata-url", "sqlite://"), {}, "in memory"),
+    # HA: one SQL database the nodes share is a single point of failure, refused without --shared-sql-metadata
+    (("--etcd-endpoints", "127.0.0.1:1"), {"MQSTORE_METADATA_URL": "sqlite:///{data}/../metadata.db"},
+     "single point of failure"),
 ])
-def test_a_group_node_without_shared_topic_metadata_refuses_to_start(tmp_path, args, env):
+def test_a_group_node_without_shared_topic_metadata_refuses_to_start(tmp_path, args, env, said):
     """Three nodes with --node-id/--etcd-endpoints and no --metadata-url started, acknowledged an append on 2
     copies, and then a replica answered NOT_FOUND for the topic (its own SQLite file had none) and the
-    message could not be reached after the leader's kill -9. Such a node exits 2 at once, naming the flag."""
+    message could not be reached after the leader's kill -9. Such a node exits 2 at once, naming the flag;
+    a node started for HA names the etcd catalog (etcd://...) it should be given."""
     data = tmp_path / "n1"
     env = {key: value.format(data=data) for key, value in env.items()}
     with commitlog(data, "--node-id", "n1", *args, env=env) as node:
         assert node.wait_exit() == 2
         message = node.wait_for("config.invalid")["message"]
-    assert "--metadata-url (MQSTORE_METADATA_URL)" in message and "PostgreSQL URL" in message, message
-    assert "inside this node's data dir" in message or "in memory" in message, message
+    assert "--metadata-url (MQSTORE_METADATA_URL)" in message and said in message, message
+    shared = "etcd://127.0.0.1:1/mqstore/meta" if args[0] == "--etcd-endpoints" else "PostgreSQL URL"
+    assert shared in message, message
     assert not (data / "commitlog").exists()  # refused before anything was opened
+
+
+@pytest.mark.parametrize("argv, refused", [
+    (["--metadata-url", "etcd://127.0.0.1:1/mqstore/meta"], ""),
+    (["--metadata-url", "sqlite:////shared/metadata.db", "--shared-sql-metadata"], ""),  # the operator's choice
+    (["--metadata-url", "postgresql+psycopg2://u@db/mqstore"], "--shared-sql-metadata"),
+    (["--metadata-url", "etcd://127.0.0.1:1/m", "--auth", "on", "--auth-url", "sqlite:////shared/auth.db"],
+     r"users and rules in SQL \(--auth-url \(MQSTORE_AUTH_URL\)\)"),
+    (["--metadata-url", "etcd://127.0.0.1:1/m", "--auth", "on"],
+     "users and rules in SQLite .*inside this node's data dir.*--auth-url"),
+    (["--metadata-url", "etcd://127.0.0.1:1/m", "--auth", "on", "--auth-url", "etcd://127.0.0.1:1/m"], ""),
+])
+def test_an_ha_node_takes_its_catalogs_from_etcd_or_says_it_shares_sql(tmp_path, argv, refused):
+    from commitlog_service.main import parse_config
+    from mqstore.errors import InvalidArgument
+    base = ["--data-dir", str(tmp_path / "n1"), "--node-id", "n1", "--etcd-endpoints", "127.0.0.1:1"]
+    if not refused:
+        assert parse_config(base + argv, {}).replication.etcd_endpoints
+        return
+    with pytest.raises(InvalidArgument, match=refused):
+        parse_config(base + argv, {})
 
 
 def test_a_group_node_with_shared_topic_metadata_starts(tmp_path):

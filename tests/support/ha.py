@@ -13,6 +13,7 @@ from typing import Iterator
 import grpc
 import pytest
 
+from mqstore import defaults
 from mqstore_launcher import etcd_local
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, replication_pb2, replication_pb2_grpc
@@ -47,17 +48,24 @@ def etcd_cluster_or_skip(size: int = 3) -> etcd_local.LocalEtcdCluster:
 
 
 class Group:
-    """Nodes n1..nN, each a CommitLog process; ``stop()`` ends every process this group started."""
+    """Nodes n1..nN, each a CommitLog process, their topics in the etcd (:attr:`metadata_url`); ``stop()`` ends
+    every process this group started."""
 
     def __init__(self, root: pathlib.Path, etcd_endpoint: str, size: int = 3, *extra: str):
         self.root, self.etcd_endpoint, self.extra = root, etcd_endpoint, extra
         self.procs: dict[str, ServiceProcess | None] = {f"n{i}": None for i in range(1, size + 1)}
         self.channels: dict[str, grpc.Channel] = {}
 
+    @property
+    def metadata_url(self) -> str:
+        """The group's catalogs (topics; users, rules, SDK keys): in its etcd, as an HA group's must be (``extra``
+        may give others)."""
+        return f"etcd://{self.etcd_endpoint}{defaults.ETCD_CATALOG_PREFIX}"
+
     def start(self, node_id: str) -> ServiceProcess:
         proc = commitlog(self.root / node_id, "--node-id", node_id, "--etcd-endpoints", self.etcd_endpoint,
-                         "--metadata-url", f"sqlite:///{self.root / 'metadata.db'}", "--segment-size-bytes", "64KiB",
-                         "--preallocate-segments", "false", *self.extra).started()
+                         "--metadata-url", self.metadata_url, "--auth-url", self.metadata_url,
+                         "--segment-size-bytes", "64KiB", "--preallocate-segments", "false", *self.extra).started()
         self.procs[node_id] = proc
         old = self.channels.pop(node_id, None)
         if old is not None:

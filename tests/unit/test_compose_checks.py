@@ -29,12 +29,12 @@ PUBLISHED = re.compile(r'^\s+- "127\.0\.0\.1:\$\{(MQSTORE_\w+_HOST_PORT):-(\d+)\
 CHECKS = [
     ("compose_check.sh", "COMPOSE_CHECK_PORTS", 4, ["docker-compose.yml"], {"mqstore"}),
     ("compose_check_ha.sh", "COMPOSE_CHECK_HA_PORTS", 11, ["docker-compose.ha.yml"],
-     {"mqstore", "mqstore-etcd", "mqstore-postgres"}),
+     {"mqstore", "mqstore-etcd"}),
     ("compose_check_ops.sh", "COMPOSE_CHECK_OPS_PORTS", 5, ["docker-compose.yml", "docker-compose.secure.yml"],
      {"mqstore", "mqstore-prometheus"}),
     ("compose_check_spark.sh", "COMPOSE_CHECK_SPARK_PORTS", 2, ["docker-compose.yml"], {"mqstore", "mqstore-spark"}),
     ("compose_check_chaos.sh", "COMPOSE_CHECK_CHAOS_PORTS", 11, ["docker-compose.ha.yml"],
-     {"mqstore", "mqstore-etcd", "mqstore-postgres"}),
+     {"mqstore", "mqstore-etcd"}),
 ]
 
 # The stand-in docker. Each image `compose config --images` names (mqstore-<kind>:<tag>, the kind from the

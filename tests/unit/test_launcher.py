@@ -178,15 +178,17 @@ def test_a_node_port_without_ha_or_beyond_65535_is_a_usage_error(capsys):
 
 
 def test_ha_mode_gives_its_nodes_topic_metadata_they_share(tmp_path):
-    """make run-ha's three nodes share one SQLite file beside their data dirs (one machine), which a group
-    node accepts; a file inside a node's data dir (the default) is refused (commitlog_service.main)."""
+    """make run-ha's three nodes keep their topics in the etcd they elect their leader through (every member
+    given), which a group node accepts; without --metadata-url (SQLite inside the data dir) it is refused."""
     from commitlog_service.main import parse_config
     from mqstore.errors import InvalidArgument
     from mqstore_launcher import ha
-    for node in ha._node_services("127.0.0.1:2379", tmp_path, embedded=False):
+    for node in ha._node_services("127.0.0.1:2379,127.0.0.1:2389", tmp_path, embedded=False):
         argv = node.command(tmp_path)[3:]
-        assert parse_config(argv, {}).store.metadata_url == f"sqlite:///{tmp_path / 'metadata.db'}"
+        assert parse_config(argv, {}).store.metadata_url == "etcd://127.0.0.1:2379,127.0.0.1:2389/mqstore/meta"
         at = argv.index("--metadata-url")
         without = argv[:at] + argv[at + 2:]
         with pytest.raises(InvalidArgument, match=r"--metadata-url \(MQSTORE_METADATA_URL\)"):
             parse_config(without, {})
+
+

@@ -49,6 +49,7 @@ from sqlalchemy.engine import URL, make_url
 from mqstore.clock import Clock
 from mqstore.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
                             Unavailable)
+from mqstore.meta.catalog import is_etcd_url
 from mqstore.model import TOPIC_KINDS, TopicRecord
 
 log = structlog.get_logger()
@@ -372,9 +373,13 @@ def open_engine(url: str, *, wait_timeout_ms: int = 10_000, pool_size: int = 8) 
     """An engine as the metadata store builds one (SQLite WAL and busy timeout, PostgreSQL statement and
     lock timeouts, a bounded pool), and the URL to name it by (password hidden). For the other tables
     of mqstore.meta (txn_audit)."""
+    if is_etcd_url(url):
+        raise InvalidArgument("an etcd:// URL names a catalog of topics or users (the commit log's --metadata-url, "
+                              "--auth-url); this database (the Transaction service's audit trail) is SQL: give "
+                              "sqlite:////abs/path/txn-audit.db or postgresql+psycopg2://user@host/db, or nothing")
     try:
         parsed = make_url(url)
-    except sa_exc.ArgumentError:
+    except (sa_exc.ArgumentError, ValueError):
         raise InvalidArgument("metadata URL is not a database URL: give e.g. sqlite:////abs/path/metadata.db or "
                               "postgresql+psycopg2://user@host/db") from None
     return _build_engine(parsed, wait_timeout_ms=wait_timeout_ms, pool_size=pool_size), \

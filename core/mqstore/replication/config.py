@@ -34,6 +34,8 @@ class ReplicationConfig:
     controller_interval_ms: int = 200       # how often each node renews its lease and reads the leader key
     fast_poll_ms: int = 50                  # how often it reads the leader key while the leader is silent or gone
     unclean_election: bool = False          # let an out-of-sync node lead when no in-sync one can (loses data)
+    shared_sql_metadata: bool = False       # with etcd_endpoints: accept a SQL metadata/auth database the nodes
+                                            # share (one point of failure) instead of etcd:// (the default refuses)
 
     def __post_init__(self) -> None:
         if self.default_replication not in (ASYNC, SYNC):

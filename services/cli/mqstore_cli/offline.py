@@ -61,6 +61,29 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                    help="default: from the segment file names (needed when the only segment was cut short)")
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
     p.set_defaults(func=cmd_check)
+    catalog = sub.add_parser("catalog", help="the topic and auth catalogs (runs locally)")
+    verbs = catalog.add_subparsers(dest="catalog_command", required=True, metavar="VERB")
+    p = verbs.add_parser("import", help="copy a SQL catalog once into an empty etcd prefix (HA's catalogs)")
+    p.add_argument("--to", required=True, help="the etcd catalog, etcd://HOST:PORT[,HOST:PORT...]/PREFIX (what the "
+                   "nodes get as --metadata-url and --auth-url)")
+    p.add_argument("--metadata-url", default="", help="the SQL topic catalog to copy (a node's --metadata-url, e.g. "
+                   "sqlite:////PATH/metadata.db)")
+    p.add_argument("--auth-url", default="", help="the SQL auth database to copy (users, rules, SDK keys)")
+    p.set_defaults(func=cmd_catalog_import)
+
+
+def cmd_catalog_import(cli) -> None:
+    from mqstore.clock import SystemClock
+    from mqstore_rpc.catalogs import import_sql
+
+    a = cli.args
+    counts = import_sql(a.to, SystemClock(), metadata_url=a.metadata_url, auth_url=a.auth_url)
+    if a.json:
+        cli.out.write(json.dumps(counts) + "\n")
+    else:
+        cli.out.write("imported " + ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in counts.items())
+                      + f" into {a.to}\n")
+    cli.out.flush()
 
 
 def cmd_check(cli) -> int:

@@ -38,13 +38,15 @@ import pathlib
 import sys
 from typing import Callable, Mapping, Protocol, Sequence
 
+import structlog
+
 from mqstore import defaults, store_offsets
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import InvalidArgument
-from mqstore.meta.auth import AuthStore
+from mqstore.meta.catalog import is_etcd_url
 from mqstore.meta.sql import sqlite_file
 from mqstore.pop.config import PopConfig
 from mqstore.pop.leadership import PopLeadership
@@ -56,7 +58,7 @@ from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
-from mqstore_rpc import service
+from mqstore_rpc import catalogs, etcd_meta, service
 from mqstore_rpc import settings as S
 from mqstore_rpc.executor import RUNNING
 from mqstore_rpc.settings import default_auth_url
@@ -65,6 +67,8 @@ from mqstore_rpc.server import ManagedServer, ServerConfig
 from commitlog_service import access, consumer, internal, replication
 from mqstore_rpc.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, LoopCommitLogServicer, add_to_server
+
+log = structlog.get_logger()
 
 DEFAULT_PORT = defaults.COMMITLOG_PORT
 # StoreConfig fields that do not get a generic flag: set from other flags, or not user settings.
@@ -131,13 +135,20 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
-                         metrics=parts.metrics)
+                         metrics=parts.metrics, open_catalog=catalogs.open_topic_catalog)
     # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are
     # imported by its leader on the first offsets call it answers (README, Consumer offsets).
     store.start()
     parts.on_close(store.stop)
     store_offsets.import_sql_offsets(store, now=not config.replication.enabled)
     node = _compose_replication(config, store, parts) if config.replication.enabled else None
+    if config.replication.etcd_endpoints:
+        for flag, _, what in sql_catalogs(config):  # accepted by --shared-sql-metadata (refuse_unshared_metadata)
+            log.warning("config.shared_sql_metadata", catalog=what, flag=flag,
+                        why="one SQL database every node shares is a single point of failure unless it fails over "
+                            "by itself; etcd:// keeps the catalog on every etcd member")
+    if isinstance(store.topics.meta, etcd_meta.EtcdTopicCatalog):  # topics created on another node, within a poll
+        parts.add_duty(catalogs.TopicWatch(store.topics.meta, store.topics.refresh))
     pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,
                         ready=store.promoted_visible)
     parts.on_close(pop.close)
@@ -161,8 +172,8 @@ def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
     """The Access service (users, rules, SDK keys) over the auth database every service shares; a change
     drops this server's caches at once. SDK secret keys are sealed under the kek file (made on first use;
     ``<data-dir>/auth.kek`` unless --auth-kek-file names another)."""
-    auth_store = AuthStore(str(config.server.auth.url.reveal()) or default_auth_url(config.store.data_dir),
-                           SystemClock())
+    auth_store = catalogs.open_auth_store(str(config.server.auth.url.reveal())
+                                           or default_auth_url(config.store.data_dir), SystemClock())
     parts.on_close(auth_store.close)
     changed = parts.authority.invalidate if parts.authority is not None else (lambda: None)
     kek = Kek(pathlib.Path(config.server.auth.kek_file or config.store.data_dir / "auth.kek"), create=True)
@@ -266,17 +277,43 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
 
 
 def refuse_unshared_metadata(config: CommitLogConfig) -> None:
-    """A node of a replication group (``--etcd-endpoints`` or ``--replica-of``) needs topic metadata every node
-    of the group shares: the nodes' logs are byte-identical, but a topic lives in the metadata database, so
-    with a database of its own a replica answers NOT_FOUND for a topic its leader created and a message
-    acknowledged on 2 copies cannot be read once the leader is gone (issue 34). What is refused is the one
-    database that cannot be shared: SQLite inside this node's data dir (the default when --metadata-url is
-    not given) or in memory. A SQLite file elsewhere is shared by nodes on one machine (make run-ha gives
-    them ``<data-dir>/metadata.db``, the tests a file beside the nodes' dirs); across machines, PostgreSQL."""
+    """A node of a replication group needs topic metadata (and, with auth on, users and rules) that every node of
+    the group sees: the nodes' logs are byte-identical, but a topic lives in the catalog, so with a catalog of its
+    own a replica answers NOT_FOUND for a topic its leader created and a message acknowledged on 2 copies cannot
+    be read once the leader is gone (issue 34).
+
+    A node started for HA (``--etcd-endpoints``) takes its catalogs from etcd (``--metadata-url etcd://...``, and
+    ``--auth-url etcd://...`` with ``--auth on``): replicated on every etcd member, so the loss of one machine
+    neither loses nor blocks them. A SQL database shared by the nodes is refused unless ``--shared-sql-metadata``
+    says the operator chose it (a PostgreSQL with failover of its own, e.g. Patroni): one PostgreSQL is a single
+    point of failure the HA group exists to remove, and a warning at start says so. A node of a static group
+    (``--replica-of``: no failover) may share a SQL database. SQLite inside this node's data dir (the default
+    when --metadata-url is not given) or in memory is refused in both, as no other node can share it."""
     rc = config.replication
     if not (rc.etcd_endpoints or rc.replica_of):
         return
-    file = sqlite_file(config.store.metadata_url_resolved)
+    role = "--etcd-endpoints" if rc.etcd_endpoints else "--replica-of"
+    for flag, url, what in sql_catalogs(config):
+        _refuse_unshared_sql(config, role, flag, url, what)
+        if rc.etcd_endpoints and not rc.shared_sql_metadata:
+            raise InvalidArgument(
+                f"this commit log node is started for HA ({role}) but keeps its {what} in SQL ({flag}): one database "
+                f"the nodes share is a single point of failure (when it is away no topic can be created or read). "
+                f"Give {flag} the group's etcd, etcd://{rc.etcd_endpoints}{defaults.ETCD_CATALOG_PREFIX}, or, if that "
+                f"database has failover of its own, say so with --shared-sql-metadata (MQSTORE_SHARED_SQL_METADATA)")
+
+
+def sql_catalogs(config: CommitLogConfig) -> list[tuple[str, str, str]]:
+    """(flag, URL, what it keeps) of the catalogs this node keeps in SQL: topics, and users and rules with auth on."""
+    catalogs = [("--metadata-url (MQSTORE_METADATA_URL)", config.store.metadata_url_resolved, "topic metadata")]
+    if config.server.auth.enabled:
+        catalogs.append(("--auth-url (MQSTORE_AUTH_URL)", str(config.server.auth.url.reveal())
+                         or default_auth_url(config.store.data_dir), "users and rules"))
+    return [c for c in catalogs if not is_etcd_url(c[1])]
+
+
+def _refuse_unshared_sql(config: CommitLogConfig, role: str, flag: str, url: str, what: str) -> None:
+    file = sqlite_file(url)
     if file is None:
         return
     where = "in memory" if file == ":memory:" else None
@@ -284,16 +321,18 @@ def refuse_unshared_metadata(config: CommitLogConfig) -> None:
         path = pathlib.Path(file).resolve()
         if not path.is_relative_to(config.store.data_dir.absolute().resolve()):
             return
-        where = f"{path}, inside this node's data dir" + ("" if config.store.metadata_url else
-                                                         " (the default: --metadata-url was not given)")
-    role = "--etcd-endpoints" if rc.etcd_endpoints else "--replica-of"
+        given = config.store.metadata_url if flag.startswith("--metadata-url") else str(config.server.auth.url.reveal())
+        where = f"{path}, inside this node's data dir" + ("" if given else f" (the default: {flag.split()[0]} was "
+                                                                             f"not given)")
+    shared = (f"the group's etcd (etcd://{config.replication.etcd_endpoints}{defaults.ETCD_CATALOG_PREFIX})"
+              if config.replication.etcd_endpoints else
+              "a PostgreSQL URL (postgresql+psycopg2://USER:PASSWORD@HOST:5432/DB), or, for nodes on one machine "
+              "only, a SQLite file outside every node's data dir (sqlite:////PATH/metadata.db)")
     raise InvalidArgument(
-        f"this commit log node is started for replication ({role}) but its topic metadata is SQLite {where}: "
-        f"no other node of the group sees the topics it creates, so a replica answers NOT_FOUND for them and a "
-        f"message acknowledged on several copies cannot be read after a failover. Give --metadata-url "
-        f"(MQSTORE_METADATA_URL) a database every node of the group shares: a PostgreSQL URL "
-        f"(postgresql+psycopg2://USER:PASSWORD@HOST:5432/DB), or, for nodes on one machine only, a SQLite file "
-        f"outside every node's data dir (sqlite:////PATH/metadata.db, as make run-ha does)")
+        f"this commit log node is started for replication ({role}) but keeps its {what} in SQLite {where}: no other "
+        f"node of the group sees what it creates, so a replica answers NOT_FOUND for a topic and a message "
+        f"acknowledged on several copies cannot be read after a failover. Give {flag} a catalog every node of "
+        f"the group shares: {shared}")
 
 
 def _refuse_local_mode(env: Mapping[str, str]) -> None:

@@ -143,6 +143,17 @@ class EtcdCoordination:
             return Versioned(None, 0)
         return Versioned(response.kvs[0].value, response.kvs[0].mod_revision)
 
+    def range_prefix(self, prefix: str, limit: int) -> list[tuple[str, bytes, int]]:
+        """(key, value, mod revision) of every key starting with ``prefix``, in key order, read in one Range
+        (one revision). More than ``limit`` keys raises Unavailable naming the bound (the catalogs keep
+        small things: topics, users, rules)."""
+        end = prefix.encode()[:-1] + bytes([prefix.encode()[-1] + 1])
+        request = etcd.RangeRequest(key=prefix.encode(), range_end=end, limit=limit + 1)
+        response = self._call(f"Range {prefix}*", lambda m, timeout: m.kv.Range(request, timeout=timeout))
+        if len(response.kvs) > limit:
+            raise Unavailable(f"more than {limit} keys under {prefix} in etcd: the catalog's bound; delete some")
+        return [(kv.key.decode(), kv.value, kv.mod_revision) for kv in response.kvs]
+
     def commit(self, expected: dict[str, int], puts: dict[str, tuple[bytes, int]],
                deletes: tuple[str, ...] = ()) -> int:
         """One transaction: if every key's mod revision is as ``expected`` (0: the key is absent), put

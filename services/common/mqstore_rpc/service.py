@@ -52,11 +52,11 @@ from mqstore.auth.sealing import Kek
 from mqstore.background import Duty
 from mqstore.clock import SystemClock
 from mqstore.errors import InvalidArgument, MqStoreError
-from mqstore.meta.auth import AuthStore
+from mqstore.meta.catalog import AuthCatalog
 from mqstore.metrics import Registry
 
 from mqstore_rpc import logging as mqlogging
-from mqstore_rpc import private_files
+from mqstore_rpc import catalogs, private_files
 from mqstore_rpc.auth import AuthInterceptor
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.server import ManagedServer, ServerConfig, StopSignals, create_server, serve_until_signal
@@ -190,10 +190,10 @@ class ServiceDef:
     data_dir: Callable[[Any], pathlib.Path | None] = lambda config: None  # its data directory (None: keeps none)
 
 
-def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | None, AuthStore | None]:
+def _authority(config: ServerConfig, registry: Registry) -> tuple[Authority | None, AuthCatalog | None]:
     if not config.auth.enabled:
         return None, None
-    store = AuthStore(str(config.auth.url.reveal()), SystemClock())
+    store = catalogs.open_auth_store(str(config.auth.url.reveal()), SystemClock())
     try:
         kek = Kek(pathlib.Path(config.auth.kek_file), create=False) if config.auth.kek_file else None
         authority = Authority(store, default_decision=config.auth.default_decision,

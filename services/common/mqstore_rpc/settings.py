@@ -146,7 +146,8 @@ _SERVICE_FLAGS = {
     "tls_client_key": "key of --tls-client-cert",
     "tls_server_name": "name the other services' certificates must carry (default: the host called)",
     "auth": "authentication and permissions: on or off (default off)",
-    "auth_url": "the auth database every service shares, a SQLAlchemy URL (default sqlite in the data dir)",
+    "auth_url": "the users, rules and SDK keys every service shares: a SQLAlchemy URL (default sqlite in the data "
+                "dir) or etcd://HOST:PORT,HOST:PORT/PREFIX (an HA group's, in its etcd)",
     "auth_default": "decision when no rule of a user matches: deny or allow (default deny)",
     "auth_refresh_ms": "how often users and rules are re-read for changes (default 1000)",
     "auth_hash_limit": "secrets checked against their scrypt hash at once, in this process (default 2)",

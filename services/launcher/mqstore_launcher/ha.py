@@ -9,9 +9,11 @@ default, its peer port on ``--etcd-peer-port``, by default 1 above; e2 and e3 10
 on ``--commitlog-port``, 50051 by default, n2 and n3 on ``--commitlog-n2-port`` and
 ``--commitlog-n3-port``, by default 10 and 20 above n1: 50061, 50071), each given every etcd member
 (``--etcd-endpoints e1,e2,e3``: the loss of one member changes nothing; automatic failover through that
-cluster; SYNC replication with min_insync_replicas 2 by default; topic metadata in one SQLite file they
-share, ``<data-dir>/metadata.db``: on one machine that is the shared database PostgreSQL is in a real
-deployment), waits until they are healthy and one leads, then the other services on their ports
+cluster; SYNC replication with min_insync_replicas 2 by default; topics, users, rules and SDK keys in that
+etcd, ``etcd://e1,e2,e3/mqstore/meta`` (:func:`catalog_url`: every node's --metadata-url and every service's
+MQSTORE_AUTH_URL; the ``<data-dir>/metadata.db`` and ``auth.db`` of an earlier run are imported once, while
+the etcd holds none: :func:`import_earlier_catalogs`), waits until they are healthy and one leads, then the
+other services on their ports
 (``--index-port``, ``--txn-port``, ... as ``make run``) with ``--commitlog`` set to all three nodes (they
 follow whichever leads), the Index, the Transaction service, the Compactor and the gateway twice (:data:`TWICE`:
 the second on ``--index-2-port``, ``--txn-2-port``, ``--compactor-2-port`` and ``--gateway-2-port``, by default
@@ -37,6 +39,9 @@ from typing import Mapping, Sequence
 import grpc
 
 from mqstore import defaults, fs
+from mqstore.clock import SystemClock
+from mqstore.errors import MqStoreError
+from mqstore_rpc import catalogs, etcd_meta
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
 
@@ -154,13 +159,43 @@ def wanted_ports(nodes: Sequence[tuple[str, int]], others: Sequence[launcher.Ser
     return grpc_ports + [(f"{name} metrics", port + launcher.METRICS_PORT_OFFSET) for name, port in grpc_ports] + etcd
 
 
+def catalog_url(etcd_endpoints: str) -> str:
+    """The group's catalogs (topics; users, rules and SDK keys) in its etcd: every node's --metadata-url, and
+    every service's MQSTORE_AUTH_URL unless that is set."""
+    return f"etcd://{etcd_endpoints}{defaults.ETCD_CATALOG_PREFIX}"
+
+
+def import_earlier_catalogs(data_dir: pathlib.Path, etcd_endpoints: str) -> dict[str, int]:
+    """An earlier make run-ha kept topics in ``<data-dir>/metadata.db`` (and users in ``<data-dir>/auth.db``):
+    copied once into the etcd catalog while it holds none of them (mqstore_rpc.catalogs.import_sql)."""
+    urls = {name: f"sqlite:///{data_dir / file}" for name, file in (("metadata_url", "metadata.db"),
+                                                                     ("auth_url", "auth.db"))
+            if (data_dir / file).exists()}
+    if "auth_url" in urls and launcher.os.environ.get("MQSTORE_AUTH_URL"):
+        del urls["auth_url"]  # the operator's own auth database: not ours to copy
+    if not urls:  # a new data dir: nothing to ask etcd
+        return {}
+    target = catalog_url(etcd_endpoints)
+    topics = etcd_meta.EtcdTopicCatalog(target, SystemClock())
+    auth = etcd_meta.EtcdAuthStore(target, SystemClock())
+    try:
+        if topics.list_topics() or topics.deleting_topics():
+            urls.pop("metadata_url", None)
+        if auth.users():
+            urls.pop("auth_url", None)
+    finally:
+        topics.close()
+        auth.close()
+    return catalogs.import_sql(target, SystemClock(), **urls) if urls else {}
+
+
 def _node_services(etcd_endpoints: str, data_dir: pathlib.Path, embedded: bool,
                    nodes: Sequence[tuple[str, int]] = NODES) -> list[launcher.Service]:
     base = launcher.SERVICES[0]
     return [launcher.Service(
         dataclasses.replace(base, name=f"commitlog-{node_id}", default_port=port, data_subdir=node_id),
         port, ("--node-id", node_id, "--etcd-endpoints", etcd_endpoints, "--metadata-url",
-               f"sqlite:///{data_dir / 'metadata.db'}", "--min-insync-replicas", "2", "--default-replication",
+               catalog_url(etcd_endpoints), "--min-insync-replicas", "2", "--default-replication",
                "SYNC", *launcher.size_flags("commitlog", embedded, launcher.os.environ))) for node_id, port in nodes]
 
 
@@ -214,6 +249,15 @@ def run(data_dir: pathlib.Path, ports: Mapping[str, int] | None = None, *, tls: 
     status = 0
     try:
         env = {**launcher.os.environ, launcher.TOKEN_ENV: launcher.internal_token(data_dir), **dict(secure.env)}
+        env["MQSTORE_AUTH_URL"] = launcher.os.environ.get("MQSTORE_AUTH_URL") or catalog_url(etcd.endpoints)
+        try:
+            imported = import_earlier_catalogs(data_dir, etcd.endpoints)
+        except MqStoreError as exc:
+            print(f"mqstore did not start: the catalogs of an earlier run could not be imported into etcd: {exc}",
+                  file=sys.stderr)
+            return 1
+        if imported:
+            print(f"imported the catalogs of an earlier run into etcd: {imported}", flush=True)
         node_services = _node_services(etcd.endpoints, data_dir, embedded, nodes)
         for service in node_services:
             children.append(launcher.start_child(service, data_dir, env, secure.peers, service_logs))
