@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.e2e]
 
 QUEUES = 2
 COMMITTERS = 3
-MAX_OFFSET = 200
+# Far more than the test waits for (about 120 values of the sum, twice), so the committers are still
+# committing at each kill: at 200 they could finish before the second target and the wait timed out.
+MAX_OFFSET = 2000
 
 
 @pytest.fixture
@@ -96,8 +98,8 @@ def test_the_new_leader_answers_every_acknowledged_offset(group, tmp_path):
     stub = group.log(leader)
     stub.CreateTopic(pb.CreateTopicRequest(name="ha", queue_count=QUEUES), timeout=10)
     wait_until(lambda: len(group.state(leader).in_sync) == 3, "all three nodes in sync", timeout_s=30)
-    for _ in range(QUEUES * 2):
-        group.append(leader, "ha", [b"m"] * MAX_OFFSET)  # the queues hold the offsets committed
+    for _ in range(QUEUES * 2 * MAX_OFFSET // 1000):  # batches of 1000, the limit
+        group.append(leader, "ha", [b"m"] * 1000)  # the queues hold the offsets committed
     committers = Committers(group)
     for t in committers.threads:
         t.start()
