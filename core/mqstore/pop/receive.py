@@ -26,8 +26,8 @@ from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
-from mqstore.pop import copies, handle as handles, legacy, records, storage, tag_filter
-from mqstore.pop.inflight import Reservation
+from mqstore.pop import copies, handle as handles, legacy, ordered, records, storage, tag_filter
+from mqstore.pop.inflight import Entry, Reservation
 
 log = structlog.get_logger("mqstore.pop")
 
@@ -73,6 +73,16 @@ class _Read:
     offset: int
     next_offset: int
     deliver: list[StoredMessage]
+    # An ordered group's read (mqstore.pop.ordered): the attempt of each message of ``deliver``, the messages
+    # held, the entries delivered again in place (claimed), every message's group by queue offset.
+    attempts: tuple[int, ...] | None = None
+    held: tuple[StoredMessage, ...] = ()
+    claimed: tuple[Entry, ...] = ()
+    groups: dict[int, str] | None = None
+
+    @property
+    def writes_ck(self) -> bool:
+        return bool(self.deliver or self.held)
 
 
 class Receiver:
@@ -162,14 +172,19 @@ class Receiver:
                     f"{self.config.pop_max_in_flight_total} in all, server settings pop_max_in_flight(_total)); "
                     f"ack them or let their invisible time pass")
             taken = 0
+            in_order = self.pop.settings.get(group).ordered
             try:
                 shift = next(self._rotation) % len(sources)
                 reads, dead = [], []
                 for source in sources[shift:] + sources[:shift]:
                     if taken >= room or byte_budget <= 0:
                         break
-                    read, late = self._read(group, topic, source, tags, room - taken, byte_budget, max_attempts,
-                                            start)
+                    if in_order and source.kind == records.SOURCE_TOPIC:
+                        read, late = self._read_ordered(group, topic, source, tags, room - taken, byte_budget,
+                                                        start), []
+                    else:
+                        read, late = self._read(group, topic, source, tags, room - taken, byte_budget,
+                                                max_attempts, start)
                     if read is not None:
                         reads.append(read)
                         dead += [(m, source) for m in late]
@@ -178,6 +193,10 @@ class Receiver:
                 if dead:
                     self._dead_letter_late(group, topic, dead)
                 return self._put_in_flight(group, topic, reads, invisible_ms, max_attempts, reservation)
+            except BaseException:
+                for read in reads:
+                    self.inflight.release(list(read.claimed))
+                raise
             finally:
                 self.inflight.unreserve(reservation)
 
@@ -186,35 +205,10 @@ class Receiver:
         """One queue from the group's pop offset: (what to deliver, retry copies past max_attempts). A
         legacy retry topic's messages of another group or topic are passed over (mqstore.pop.legacy)."""
         key = (group, source.name, source.queue_id)
-        try:
-            offset = self.offsets.get(key, lambda: self._initial_offset(source, start))
-        except NotFound:
-            return None, []  # the retry topic does not exist yet
-        for _ in range(_MAX_SKIPS_PER_READ):
-            try:
-                result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, tags)
-                break
-            except NotFound:
-                return None, []  # the retry topic was deleted since (it comes back with the next redelivery)
-            except OutOfRange as exc:
-                if exc.min_value is None or exc.max_value is None:
-                    raise
-                # Behind the queue's start: retention removed messages never received. Past its end: the
-                # topic was deleted and created again. Either way the queue's first message is next.
-                log.warning("pop.offset_outside_queue", group=group, topic=source.name, queue_id=source.queue_id,
-                            offset=offset, min_offset=exc.min_value, max_offset=exc.max_value)
-                offset = exc.min_value
-                self.offsets.reset(key, offset)
-                continue
-            except DataLoss as exc:
-                bad = exc.queue_offset if exc.queue_offset is not None else offset
-                log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
-                          queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
-                self.counters.add(damaged_skipped=1)
-                offset = bad + 1
-                self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
-        else:
-            return None, []  # damage after damage: the next receive goes on from here
+        pulled = self._pull(group, source, key, tags, room, byte_budget, start)
+        if pulled is None:
+            return None, []
+        offset, result = pulled
         deliver, late, stale, foreign = [], [], 0, 0
         for m in result.messages:
             if m.record.physical_offset < source.floor:
@@ -233,6 +227,88 @@ class Receiver:
             return None, []
         return _Read(source, offset, result.next_offset, deliver), late
 
+    def _read_ordered(self, group: str, topic: str, source: Source, tags: tuple[str, ...], room: int,
+                      byte_budget: int, start: str) -> _Read | None:
+        """One queue of an ordered group (mqstore.pop.ordered): its waiting entries handed out again in place
+        and its messages from the pop offset, by the rule; the entries to hand out again are claimed."""
+        key = (group, source.name, source.queue_id)
+        entries = self.inflight.queue_entries(group, topic, source.kind, source.queue_id)
+        now = self.clock.now_ms()
+        seen = [ordered.Seen(e.key[4], self._message_group(e), e.attempt, e.visible_at_ms, e.busy, e.max_attempts)
+                for e in entries]
+        held_room = max(0, ordered.MAX_HELD_PER_QUEUE - sum(1 for e in seen if e.attempt == 0))
+        pulled = self._pull(group, source, key, tags, min(MAX_BATCH, room + held_room), byte_budget, start)
+        if pulled is None:
+            return None
+        offset, result = pulled
+        groups = {m.record.queue_offset: ordered.message_group_of(m.record.properties) for m in result.messages}
+        plan = ordered.plan(seen, list(groups.items()), now, room, held_room)
+        by_offset = {e.key[4]: e for e in entries}
+        again = [by_offset[o] for o in plan.again]
+        claimed = self.inflight.claim_waiting(again, now)
+        if len(claimed) != len(again):  # a writer took one since the rule read them: the next receive decides
+            self.inflight.release(claimed)
+            return None
+        try:
+            deliver = [self.store.get_message(e.physical_offset) for e in claimed]
+        except BaseException:
+            self.inflight.release(claimed)
+            raise
+        messages = {m.record.queue_offset: m for m in result.messages}
+        deliver += [messages[o] for o in plan.new]
+        next_offset = result.next_offset if plan.stop_at is None else plan.stop_at
+        self.counters.add(filtered=next_offset - offset - sum(1 for o in groups if o < next_offset))
+        groups.update((e.key[4], e.message_group or "") for e in claimed)
+        attempts = tuple([e.attempt + 1 for e in claimed] + [1] * len(plan.new))
+        read = _Read(source, offset, next_offset, deliver, attempts, tuple(messages[o] for o in plan.held),
+                     tuple(claimed), groups)
+        return read if read.writes_ck or next_offset != offset else None
+
+    def _message_group(self, entry: Entry) -> str:
+        """The entry's message group, read from its record once (after a start the set knows none)."""
+        if entry.message_group is None:
+            try:
+                entry.message_group = ordered.message_group_of(
+                    self.store.get_message(entry.physical_offset).record.properties)
+            except (NotFound, OutOfRange, DataLoss):
+                entry.message_group = ""  # gone: delivered again it ends LOST (the revive duty's pop.lost)
+        return entry.message_group
+
+    def _pull(self, group: str, source: Source, key, tags: tuple[str, ...], count: int, byte_budget: int,
+              start: str):
+        """(the offset read from, the Pull's result) of one queue from the group's pop offset, past damaged
+        records and retention; None when there is nothing to read (no retry topic, damage after damage)."""
+        try:
+            offset = self.offsets.get(key, lambda: self._initial_offset(source, start))
+        except NotFound:
+            return None  # the retry topic does not exist yet
+        for _ in range(_MAX_SKIPS_PER_READ):
+            try:
+                result = self.store.pull(source.name, source.queue_id, offset, count, byte_budget, tags)
+                break
+            except NotFound:
+                return None  # the retry topic was deleted since (it comes back with the next redelivery)
+            except OutOfRange as exc:
+                if exc.min_value is None or exc.max_value is None:
+                    raise
+                # Behind the queue's start: retention removed messages never received. Past its end: the
+                # topic was deleted and created again. Either way the queue's first message is next.
+                log.warning("pop.offset_outside_queue", group=group, topic=source.name, queue_id=source.queue_id,
+                            offset=offset, min_offset=exc.min_value, max_offset=exc.max_value)
+                offset = exc.min_value
+                self.offsets.reset(key, offset)
+                continue
+            except DataLoss as exc:
+                bad = exc.queue_offset if exc.queue_offset is not None else offset
+                log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
+                          queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
+                self.counters.add(damaged_skipped=1)
+                offset = bad + 1
+                self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
+        else:
+            return None  # damage after damage: the next receive goes on from here
+        return offset, result
+
     def _initial_offset(self, source: Source, start: str) -> int:
         info = self.store.queue_info(source.name, source.queue_id)
         if source.kind == records.SOURCE_TOPIC and start == START_LATEST:
@@ -249,29 +325,38 @@ class Receiver:
                        reservation: Reservation) -> list[Delivery]:
         now = self.clock.now_ms()
         visible_at = now + invisible_ms
-        cks = [records.Checkpoint(group, topic, r.source.kind, r.source.queue_id, max_attempts, now, visible_at,
-                                  r.next_offset,
-                                  tuple(records.CkEntry(m.record.queue_offset, m.record.physical_offset,
-                                                        m.record.reconsume_times + 1) for m in r.deliver))
-               for r in reads if r.deliver]
+        cks = [_checkpoint(group, topic, r, max_attempts, now, visible_at) for r in reads if r.writes_ck]
         deliveries: list[Delivery] = []
         with self.inflight.appending(self.pop.revive_end()):
             results = self.pop.append_records([(records.TAG_CK, records.encode_ck(ck)) for ck in cks]) if cks else []
             failpoints.hit("pop.receive.after_ck")
-            by_source = dict(zip([r.source for r in reads if r.deliver], zip(cks, results, strict=True), strict=True))
+            by_source = dict(zip([r.source for r in reads if r.writes_ck], zip(cks, results, strict=True),
+                                 strict=True))
             for read in reads:
                 key = (group, read.source.name, read.source.queue_id)
-                if not read.deliver:
+                if not read.writes_ck:
                     self.offsets.advance(key, read.next_offset)
                     continue
                 ck, result = by_source[read.source]
-                self.inflight.add(ck, result.physical_offset, result.queue_offset, reservation=reservation)
+                self.inflight.add(ck, result.physical_offset, result.queue_offset, reservation=reservation,
+                                  message_groups=read.groups)
                 self.offsets.advance(key, read.next_offset, result.physical_offset + result.size_bytes,
                                      result.queue_offset)
-                for m, entry in zip(read.deliver, ck.entries, strict=True):
+                for m, entry in zip(read.deliver, ck.entries[:len(read.deliver)], strict=True):
                     h = handles.ReceiptHandle(read.source.kind, read.source.queue_id, entry.queue_offset,
                                               result.physical_offset, visible_at, entry.attempt)
                     deliveries.append(Delivery(m, topic, handles.encode(group, topic, h), entry.attempt, visible_at))
         self.counters.add(received=len(deliveries))
         return deliveries
+
+
+def _checkpoint(group: str, topic: str, read: _Read, max_attempts: int, now: int,
+                visible_at: int) -> records.Checkpoint:
+    """The CK of one read: its delivered messages (then, for an ordered group, its held ones, attempt 0)."""
+    attempts = read.attempts or tuple(m.record.reconsume_times + 1 for m in read.deliver)
+    entries = [records.CkEntry(m.record.queue_offset, m.record.physical_offset, attempt)
+               for m, attempt in zip(read.deliver, attempts, strict=True)]
+    entries += [records.CkEntry(m.record.queue_offset, m.record.physical_offset, 0) for m in read.held]
+    return records.Checkpoint(group, topic, read.source.kind, read.source.queue_id, max_attempts, now, visible_at,
+                              read.next_offset, tuple(entries), ordered=read.attempts is not None)
 
