@@ -28,15 +28,20 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from mqstore import topics as topic_rules
+import structlog
+
 from mqstore.errors import (FailedPrecondition, IllegalFilterExpression, IllegalInvisibleTime, InvalidArgument,
-                            InvalidReceiptHandle)
+                            InvalidReceiptHandle, MqStoreError)
 from mqstore.pop import handle as handles
 from mqstore.pop.receive import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, START_EARLIEST, ReceiveResult
 from mqstore.pop.service import AckOutcome, ChangeResult
+from mqstore.pop.settings import GroupSettings
 
 from .config import GatewayConfig
 from .publishing import TopicCache
 from .renewal import Renewals
+
+log = structlog.get_logger("mqstore.gateway.consuming")
 
 TAG, SQL = "TAG", "SQL"
 
@@ -53,6 +58,8 @@ class PopPort(Protocol):
                                   invisible_duration_ms: int) -> ChangeResult: ...
 
     def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> str: ...
+
+    def group_settings(self, group: str) -> GroupSettings: ...
 
 
 class Consuming:
@@ -129,6 +136,16 @@ class Consuming:
             return self.pop.forward_to_dead_letter(group, topic, self._current(group, receipt_handle))
         except FailedPrecondition as exc:
             raise InvalidReceiptHandle(f"the receipt handle no longer works: {exc}") from None
+
+    def ordered(self, group: str) -> bool:
+        """Whether ``group`` is an ordered group (mqstore.pop.ordered), shown to its clients as
+        subscription.fifo; False, logged, when the commit log cannot say now (the receives stay ordered
+        all the same: the commit log decides them)."""
+        try:
+            return self.pop.group_settings(group).ordered
+        except MqStoreError as exc:
+            log.warning("gateway.group_settings_unknown", group=group, error=f"{type(exc).__name__}: {exc}")
+            return False
 
     def _current(self, group: str, receipt_handle: str) -> str:
         """The handle that works now for the one the client holds (renewed ones were replaced); its
