@@ -301,6 +301,14 @@ class InFlightTable:
                 heapq.heappush(self._expiry, (entry.visible_at_ms, next(self._seq), entry.key, entry.ck_id))
             return len(changed)
 
+    def next_visible_ms(self, group: str, topic: str, now_ms: int) -> int | None:
+        """When the first ordered message of ``group`` on ``topic`` in flight now expires (a long poll of an
+        ordered group ends then: its message is handed out again in place, no queue grows), or None."""
+        with self._lock:
+            return min((e.visible_at_ms for prefix, offsets in self._by_queue.items() if prefix[:2] == (group, topic)
+                        for e in (self._entries[(*prefix, o)] for o in offsets)
+                        if e.ordered and e.attempt > 0 and e.visible_at_ms > now_ms), default=None)
+
     def ordered_groups(self) -> set[str]:
         with self._lock:
             return {k[0] for k, e in self._entries.items() if e.ordered}
