@@ -217,3 +217,26 @@ def test_an_ordered_group_keeps_each_message_group_in_order_and_a_stalled_one_ho
         assert [m["message_id"] for m in again[:3]] == [m["message_id"] for m in first["A"]]
         for m in again:
             consumer.call("ack", handle=m["handle"])
+
+
+def test_a_python_push_consumer_of_an_ordered_group_is_told_fifo_and_consumes_each_group_in_order(rig, producer):
+    """subscription.fifo reaches the official client: its PushConsumer switches to its FIFO consumption
+    (each message group in its own sequential task)."""
+    topic, group = "fifo_push", "g_fifo_push"
+    rig.create_topic(topic, 2)
+    channel = rig.channel()
+    try:
+        consumer_pb2_grpc.ConsumerStub(channel).SetGroupSettings(
+            consumer_pb2.GroupSettings(group=group, ordered=True), timeout=RPC_TIMEOUT_S)
+    finally:
+        channel.close()
+    for place in range(4):
+        for g in ("P", "Q"):
+            producer.call("send", topic=topic, body=f"{g}{place}", group=g)
+    with rig.client("python", "push-fifo") as consumer:
+        done = consumer.call("push", group=group, topic=topic, expect=8, wait_s=WAIT_S)
+        consumed = [consumer.events.get_nowait() for _ in range(consumer.events.qsize())]
+    assert done["complete"] and done["fifo"] is True, done
+    bodies = [e["body"] for e in consumed if e.get("event") == "consumed"]
+    for g in ("P", "Q"):
+        assert [b for b in bodies if b.startswith(g)] == [f"{g}{i}" for i in range(4)]
