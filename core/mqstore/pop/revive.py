@@ -130,9 +130,12 @@ class Reviver(Duty):
                 lost.append(entry)
                 continue
             destination, reason = destination_of(entry)
-            make = copies.dead_letter_copy if reason == records.REASON_DEAD else copies.retry_copy
+            if reason == records.REASON_DEAD:
+                copy = copies.dead_letter_copy(message, topic)
+            else:
+                copy = copies.retry_copy(message, topic, delivered=entry.attempt > 0)
             by_destination[(destination, reason)].append(
-                (entry, copies.with_marker(make(message, topic), entry.ck_id, entry.key[4])))
+                (entry, copies.with_marker(copy, entry.ck_id, entry.key[4])))
         return by_destination, lost
 
     def _append(self, topic: str, items: list[tuple[Entry, MessageIn]]) -> tuple[list[Entry], list[Entry]]:
