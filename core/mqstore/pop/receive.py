@@ -124,22 +124,22 @@ class Receiver:
             if deliveries or left_ms <= 0:
                 pop_time_ms = deliveries[0].visible_at_ms - invisible_ms if deliveries else self.clock.now_ms()
                 return ReceiveResult(deliveries, pop_time_ms)
-            wait_ms = self._until_expiry(group, topic, left_ms)
-            started_s = self.clock.monotonic_s()
-            arrived = self.store.wait_for_messages(self._grown(names, seen), wait_ms)
-            waited_ms = (self.clock.monotonic_s() - started_s) * 1000
-            if not arrived and (wait_ms == left_ms or waited_ms < wait_ms / 2):
-                # the time is up, the waiting slots are taken, or the store is stopping
+            ready = self._grown(names, seen)
+            if self.pop.settings.get(group).ordered:
+                ready = self._freed(group, topic, ready)
+            arrived = self.store.wait_for_messages(ready, left_ms)
+            if not arrived:  # the time is up, the waiting slots are taken, or the store is stopping
                 return ReceiveResult([], self.clock.now_ms())
 
-    def _until_expiry(self, group: str, topic: str, left_ms: int) -> int:
-        """How long a long poll waits: ``left_ms``, or for an ordered group until its first message in flight
-        expires (it comes again in place, and no queue grows to end the wait)."""
-        if not self.pop.settings.get(group).ordered:
-            return left_ms
-        now = self.clock.now_ms()
-        expiry_ms = self.inflight.next_visible_ms(group, topic, now)
-        return left_ms if expiry_ms is None else max(1, min(left_ms, expiry_ms - now + 1))
+    def _freed(self, group: str, topic: str, grown: Callable[[], bool]) -> Callable[[], bool]:
+        """An ordered group's long poll ends also when one of its messages leaves the in-flight set (an ack,
+        a move to the DLQ: its ACK record wakes the poll) or the first in flight expires (to go again in
+        place; the poll re-checks at least every 0.5 s): both may free a held message, and no queue grows."""
+        inflight, clock = self.inflight, self.clock
+        before = inflight.count(group, topic)
+        expiry_ms = inflight.next_visible_ms(group, topic, clock.now_ms())
+        return lambda: (grown() or inflight.count(group, topic) < before
+                        or (expiry_ms is not None and clock.now_ms() >= expiry_ms))
 
     def _grown(self, names: list[tuple[str, int]], seen: list[int]) -> Callable[[], bool]:
         """Whether any of the queues ``names`` holds more than ``seen`` (the long poll's condition)."""

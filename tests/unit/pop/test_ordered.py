@@ -3,6 +3,8 @@ running PopService (its held and waiting messages go through the retry topic).""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from mqstore.clock import FakeClock
@@ -90,3 +92,26 @@ def test_an_ordered_group_turned_off_retries_its_held_and_waiting_messages_throu
     while pop.reviver.revive_due():
         pass
     assert _receive(pop, 10) == [(b"a0", 2)]
+
+
+def test_a_long_poll_of_an_ordered_group_ends_when_an_ack_or_an_expiry_frees_a_held_message(pop):
+    pop.set_group_settings("g", ordered=True)
+    pop.store.append("t", [MessageIn(body=b, properties={PROPERTY_MESSAGE_GROUP: "a"}) for b in (b"a0", b"a1", b"a2")])
+    (first,) = pop.receive("g", "t", invisible_duration_ms=10_000, batch_size=1).deliveries
+    assert _receive(pop, 1) == []  # a1 and a2 held behind a0 (the second read held them)
+
+    def polling() -> tuple[threading.Thread, list]:
+        out: list = []
+        thread = threading.Thread(target=lambda: out.extend(pop.receive(
+            "g", "t", invisible_duration_ms=10_000, batch_size=1, long_poll_ms=30_000).deliveries), daemon=True)
+        thread.start()
+        return thread, out
+
+    thread, out = polling()  # the fake clock never ends the poll: only the ack can
+    assert {o.status for o in pop.ack("g", "t", [first.receipt_handle]).outcomes} == {"ok"}
+    thread.join(20)
+    assert not thread.is_alive() and [(d.message.record.body, d.attempt) for d in out] == [(b"a1", 1)]
+    thread, out = polling()
+    pop.clock.advance(10_000)  # a1's invisible time passes: it goes again in place
+    thread.join(20)
+    assert not thread.is_alive() and [(d.message.record.body, d.attempt) for d in out] == [(b"a1", 2)]
