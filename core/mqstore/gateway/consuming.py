@@ -15,6 +15,10 @@
   ChangeInvisibleDuration              ChangeInvisibleDuration: a new handle
   ForwardMessageToDeadLetterQueue      ForwardToDeadLetter
 
+An ordered consumer group (mqstore.pop.ordered) needs nothing of the gateway but its settings reply:
+``subscription.fifo`` is the group's ordered setting (:meth:`Consuming.ordered`); the commit log keeps the
+order on every receive.
+
 Receipt handles are the pop service's, passed through unchanged; the gateway checks that one parses and
 belongs to the group and topic (mqstore.pop.handle) before it asks, so a garbage handle is refused as
 INVALID_RECEIPT_HANDLE without a call. Filters: TAG expressions only (SQL92 needs a filter engine mqstore
