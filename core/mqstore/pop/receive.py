@@ -26,8 +26,9 @@ from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
-from mqstore.pop import copies, handle as handles, legacy, ordered, records, storage, tag_filter
+from mqstore.pop import copies, handle as handles, legacy, records, storage, tag_filter
 from mqstore.pop.inflight import Entry, Reservation
+from mqstore.pop.ordered_read import OrderedReader
 
 log = structlog.get_logger("mqstore.pop")
 
@@ -93,6 +94,7 @@ class Receiver:
         self.inflight, self.offsets, self.counters = pop.inflight, pop.offsets, pop.counters
         self._locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         self._rotation = itertools.count()
+        self._ordered = OrderedReader(self)
 
     def receive(self, group: str, topic: str, *, invisible_duration_ms: int, queue_id: int | None = None,
                 filter_expression: str = "", batch_size: int = 0, long_poll_ms: int = 0, max_attempts: int = 0,
@@ -126,20 +128,10 @@ class Receiver:
                 return ReceiveResult(deliveries, pop_time_ms)
             ready = self._grown(names, seen)
             if self.pop.settings.get(group).ordered:
-                ready = self._freed(group, topic, ready)
+                ready = self._ordered.freed(group, topic, ready)
             arrived = self.store.wait_for_messages(ready, left_ms)
             if not arrived:  # the time is up, the waiting slots are taken, or the store is stopping
                 return ReceiveResult([], self.clock.now_ms())
-
-    def _freed(self, group: str, topic: str, grown: Callable[[], bool]) -> Callable[[], bool]:
-        """An ordered group's long poll ends also when one of its messages leaves the in-flight set (an ack,
-        a move to the DLQ: its ACK record wakes the poll) or the first in flight expires (to go again in
-        place; the poll re-checks at least every 0.5 s): both may free a held message, and no queue grows."""
-        inflight, clock = self.inflight, self.clock
-        before = inflight.count(group, topic)
-        expiry_ms = inflight.next_visible_ms(group, topic, clock.now_ms())
-        return lambda: (grown() or inflight.count(group, topic) < before
-                        or (expiry_ms is not None and clock.now_ms() >= expiry_ms))
 
     def _grown(self, names: list[tuple[str, int]], seen: list[int]) -> Callable[[], bool]:
         """Whether any of the queues ``names`` holds more than ``seen`` (the long poll's condition)."""
@@ -193,8 +185,8 @@ class Receiver:
                     if taken >= room or byte_budget <= 0:
                         break
                     if in_order and source.kind == records.SOURCE_TOPIC:
-                        read, late = self._read_ordered(group, topic, source, tags, room - taken, byte_budget,
-                                                        start), []
+                        read, late = self._read_in_order(group, topic, source, tags, room - taken, byte_budget,
+                                                         start), []
                     else:
                         read, late = self._read(group, topic, source, tags, room - taken, byte_budget,
                                                 max_attempts, start)
@@ -218,7 +210,7 @@ class Receiver:
         """One queue from the group's pop offset: (what to deliver, retry copies past max_attempts). A
         legacy retry topic's messages of another group or topic are passed over (mqstore.pop.legacy)."""
         key = (group, source.name, source.queue_id)
-        pulled = self._pull(group, source, key, tags, room, byte_budget, start)
+        pulled = self.pull_queue(group, source, key, tags, room, byte_budget, start)
         if pulled is None:
             return None, []
         offset, result = pulled
@@ -240,78 +232,14 @@ class Receiver:
             return None, []
         return _Read(source, offset, result.next_offset, deliver), late
 
-    def _read_ordered(self, group: str, topic: str, source: Source, tags: tuple[str, ...], room: int,
-                      byte_budget: int, start: str) -> _Read | None:
-        """One queue of an ordered group (mqstore.pop.ordered): its waiting entries handed out again in place
-        and its messages from the pop offset, by the rule; the entries to hand out again are claimed."""
-        key = (group, source.name, source.queue_id)
-        entries = self.inflight.queue_entries(group, topic, source.kind, source.queue_id)
-        now = self.clock.now_ms()
-        seen = [ordered.Seen(e.key[4], self._message_group(e), e.attempt, e.visible_at_ms, e.busy, e.max_attempts)
-                for e in entries]
-        held_room = max(0, ordered.MAX_HELD_PER_QUEUE - sum(1 for e in seen if e.attempt == 0))
-        # Read the room's worth at a time, and more only while the rule leaves room and may hold more: reading
-        # far ahead for the few a batch hands out would decode records in vain (the bench's 1,000 groups).
-        window = room
-        pulled = self._pull(group, source, key, tags, window, byte_budget, start)
-        if pulled is None:
-            return None
-        offset, result = pulled
-        fresh, end = list(result.messages), result.next_offset
-        while True:
-            groups = {m.record.queue_offset: ordered.message_group_of(m.record.properties) for m in fresh}
-            plan = ordered.plan(seen, list(groups.items()), now, room, held_room)
-            if (plan.stop_at is not None or len(plan.again) + len(plan.new) >= room or len(plan.held) >= held_room
-                    or len(fresh) + window > MAX_BATCH):
-                break
-            more = self._pull_more(source, end, window, byte_budget, tags)
-            if more is None:
-                break
-            fresh += more.messages
-            end = more.next_offset
-        by_offset = {e.key[4]: e for e in entries}
-        again = [by_offset[o] for o in plan.again]
-        claimed = self.inflight.claim_waiting(again, now)
-        if len(claimed) != len(again):  # a writer took one since the rule read them: the next receive decides
-            self.inflight.release(claimed)
-            return None
-        try:
-            deliver = [self.store.get_message(e.physical_offset) for e in claimed]
-        except BaseException:
-            self.inflight.release(claimed)
-            raise
-        messages = {m.record.queue_offset: m for m in fresh}
-        deliver += [messages[o] for o in plan.new]
-        next_offset = end if plan.stop_at is None else plan.stop_at
-        self.counters.add(filtered=next_offset - offset - sum(1 for o in groups if o < next_offset))
-        groups.update((e.key[4], e.message_group or "") for e in claimed)
-        attempts = tuple([e.attempt + 1 for e in claimed] + [1] * len(plan.new))
-        read = _Read(source, offset, next_offset, deliver, attempts, tuple(messages[o] for o in plan.held),
-                     tuple(claimed), groups)
-        return read if read.writes_ck or next_offset != offset else None
+    def _read_in_order(self, group: str, topic: str, source: Source, tags: tuple[str, ...], room: int,
+                       byte_budget: int, start: str) -> _Read | None:
+        """One queue of an ordered group (mqstore.pop.ordered_read)."""
+        o = self._ordered.read(group, topic, source, tags, room, byte_budget, start)
+        return None if o is None else _Read(source, o.offset, o.next_offset, o.deliver, o.attempts, o.held,
+                                            o.claimed, o.groups)
 
-    def _pull_more(self, source: Source, offset: int, count: int, byte_budget: int, tags: tuple[str, ...]):
-        """The next window of an ordered read from ``offset`` (past the first): None at the queue's end or on
-        any error (the next receive reads from the pop offset and deals with it)."""
-        if offset >= storage.max_offsets(self.store, [(source.name, source.queue_id)])[0]:
-            return None
-        try:
-            result = self.store.pull(source.name, source.queue_id, offset, count, byte_budget, tags)
-        except (NotFound, OutOfRange, DataLoss):
-            return None
-        return result if result.next_offset > offset else None
-
-    def _message_group(self, entry: Entry) -> str:
-        """The entry's message group, read from its record once (after a start the set knows none)."""
-        if entry.message_group is None:
-            try:
-                entry.message_group = ordered.message_group_of(
-                    self.store.get_message(entry.physical_offset).record.properties)
-            except (NotFound, OutOfRange, DataLoss):
-                entry.message_group = ""  # gone: delivered again it ends LOST (the revive duty's pop.lost)
-        return entry.message_group
-
-    def _pull(self, group: str, source: Source, key, tags: tuple[str, ...], count: int, byte_budget: int,
+    def pull_queue(self, group: str, source: Source, key, tags: tuple[str, ...], count: int, byte_budget: int,
               start: str):
         """(the offset read from, the Pull's result) of one queue from the group's pop offset, past damaged
         records and retention; None when there is nothing to read (no retry topic, damage after damage)."""
