@@ -24,8 +24,8 @@ An ordered group (mqstore.pop.ordered, its setting in mqstore.pop.settings) keep
 order: a message waits while one of its group is in flight, an expired one is delivered again in place
 (no retry topic), and messages of a stalled group are held in its CKs so that other groups flow.
 
-Modules: records (the CK/ACK layouts), ordered (the rule of ordered groups), settings (group settings), handle
-(receipt handles), tag_filter, inflight (the set in memory), offsets (pop offsets), copies (retry and DLQ
-copies), legacy (the migration from the legacy retry topic names), service (PopService, the facade), revive
-(the background duty), config.
+Modules: records (the CK/ACK layouts), ordered (the rule of ordered groups), ordered_read (their reads),
+settings (group settings), handle (receipt handles), tag_filter, inflight (the set in memory), offsets (pop
+offsets), copies (retry and DLQ copies), legacy (the migration from the legacy retry topic names), service
+(PopService, the facade), revive (the background duty), config.
 """
