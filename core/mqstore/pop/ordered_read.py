@@ -44,34 +44,20 @@ class OrderedReader:
 
     def read(self, group: str, topic: str, source, tags: tuple[str, ...], room: int, byte_budget: int,
              start: str) -> OrderedRead | None:
-        # source: a mqstore.pop.receive.Source of kind SOURCE_TOPIC
-        """One queue of an ordered group (mqstore.pop.ordered): its waiting entries handed out again in place
-        and its messages from the pop offset, by the rule; the entries to hand out again are claimed."""
+        """One queue (``source``, a mqstore.pop.receive.Source of the topic) of an ordered group: its waiting
+        entries handed out again in place and its messages from the pop offset, by the rule
+        (mqstore.pop.ordered); the entries to hand out again are claimed."""
         key = (group, source.name, source.queue_id)
         entries = self.inflight.queue_entries(group, topic, source.kind, source.queue_id)
         now = self.clock.now_ms()
         seen = [ordered.Seen(e.key[4], self._message_group(e), e.attempt, e.visible_at_ms, e.busy, e.max_attempts)
                 for e in entries]
         held_room = max(0, ordered.MAX_HELD_PER_QUEUE - sum(1 for e in seen if e.attempt == 0))
-        # Read the room's worth at a time, and more only while the rule leaves room and may hold more: reading
-        # far ahead for the few a batch hands out would decode records in vain (the bench's 1,000 groups).
-        window = room
-        pulled = self.receiver.pull_queue(group, source, key, tags, window, byte_budget, start)
+        pulled = self.receiver.pull_queue(group, source, key, tags, room, byte_budget, start)
         if pulled is None:
             return None
         offset, result = pulled
-        fresh, end = list(result.messages), result.next_offset
-        while True:
-            groups = {m.record.queue_offset: ordered.message_group_of(m.record.properties) for m in fresh}
-            plan = ordered.plan(seen, list(groups.items()), now, room, held_room)
-            if (plan.stop_at is not None or len(plan.again) + len(plan.new) >= room or len(plan.held) >= held_room
-                    or len(fresh) + window > MAX_READ):
-                break
-            more = self._pull_more(source, end, window, byte_budget, tags)
-            if more is None:
-                break
-            fresh += more.messages
-            end = more.next_offset
+        fresh, end, groups, plan = self._scan(source, result, seen, now, room, held_room, byte_budget, tags)
         by_offset = {e.key[4]: e for e in entries}
         again = [by_offset[o] for o in plan.again]
         claimed = self.inflight.claim_waiting(again, now)
@@ -93,6 +79,24 @@ class OrderedReader:
         if not (deliver or held) and next_offset == offset:
             return None
         return OrderedRead(offset, next_offset, deliver, attempts, held, tuple(claimed), groups)
+
+    def _scan(self, source, result, seen: list[ordered.Seen], now: int, room: int, held_room: int,
+              byte_budget: int, tags: tuple[str, ...]):
+        """The rule over the first Pull's messages, and more of the queue only while it leaves room and may
+        hold more (a room's worth at a time: reading far ahead for the few a batch hands out decodes records in
+        vain, the bench's 1,000 groups): (messages read, the offset after them, their groups, the plan)."""
+        fresh, end = list(result.messages), result.next_offset
+        while True:
+            groups = {m.record.queue_offset: ordered.message_group_of(m.record.properties) for m in fresh}
+            plan = ordered.plan(seen, list(groups.items()), now, room, held_room)
+            if (plan.stop_at is not None or len(plan.again) + len(plan.new) >= room or len(plan.held) >= held_room
+                    or len(fresh) + room > MAX_READ):
+                return fresh, end, groups, plan
+            more = self._pull_more(source, end, room, byte_budget, tags)
+            if more is None:
+                return fresh, end, groups, plan
+            fresh += more.messages
+            end = more.next_offset
 
     def _records_of(self, group: str, topic: str, claimed: list[Entry]) -> tuple[list[Entry], list[StoredMessage]]:
         """The records of claimed entries to hand out again; one whose record is gone (retention) or damaged
