@@ -51,6 +51,21 @@ def query_offset(store: MessageStore, group: str, topic: str, queue_id: int) -> 
     return store.topics.query_offset(group, topic, queue_id)
 
 
+def query_key(store: MessageStore, group: str, key: str, queue_id: int) -> int | None:
+    """The value of a row of the offsets map that names no queue (``key`` is a reserved name no topic can
+    take, RMQ_SYS_*: pop's group settings, mqstore.pop.settings); None when never stored."""
+    _visible(store)
+    return store.offsets.get(group, key, queue_id)
+
+
+def commit_keys(store: MessageStore, rows: Sequence[tuple[str, str, int, int]], replication: str | None) -> None:
+    """Rows that name no queue (see :func:`query_key`), in one record; a replica refuses, naming its leader."""
+    store.check_running()
+    store.gate.check_writable()
+    _visible(store)
+    store.offsets.commit(rows, replication)
+
+
 def import_sql_offsets(store: MessageStore, now: bool = True) -> None:
     """After ``store.start()``: import an earlier version's SQL consumer offsets into an empty offsets topic
     now (``now``: a single node); else on the first CommitOffset or QueryOffset this node answers as the

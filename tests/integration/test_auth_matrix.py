@@ -279,6 +279,8 @@ CALLS.update({
     "/mqstore.v1.Consumer/ForwardToDeadLetter": Call("unary", lambda w: ppb.ForwardToDeadLetterRequest(
         group=GROUP, topic=TOPIC, receipt_handle="bad"), grpc.StatusCode.INVALID_ARGUMENT),
     "/mqstore.v1.Consumer/Stats": Call("unary", lambda w: ppb.PopStatsRequest()),
+    "/mqstore.v1.Consumer/GetGroupSettings": Call("unary", lambda w: ppb.GetGroupSettingsRequest(group=GROUP)),
+    "/mqstore.v1.Consumer/SetGroupSettings": Call("unary", lambda w: ppb.GroupSettings(group=GROUP, ordered=False)),
     # The commit log leads a static group of one: an admitted Replicate that opens with an ack instead of
     # its hello, or a switchover where no controller runs, is refused by the servicer, after the check.
     "/mqstore.v1.Replication/Replicate": Call("bidi", lambda w: [rpb.ReplicaMessage(ack=rpb.ReplicaAck())],

@@ -45,3 +45,19 @@ def test_receive_with_ack_handles_change_and_dead_letter(server):  # noqa: F811
     assert [m["message"]["body"] for m in response["messages"]] == ["Yw=="]  # base64 of "c"
     error = run_cli(server, "receive", "jobs", "--group", "w", "--invisible-ms", "1", expect=1).stderr
     assert "INVALID_ARGUMENT" in error and "invisible_duration_ms" in error
+
+
+def test_an_ordered_group_set_by_group_settings_holds_a_message_group_not_the_queue(server):  # noqa: F811
+    assert run_cli(server, "group-settings", "fifo-g").stdout == "group=fifo-g  ordered=false\n"
+    assert run_cli(server, "group-settings", "fifo-g", "--ordered").stdout == "group=fifo-g  ordered=true\n"
+    assert run_cli(server, "group-settings", "fifo-g").stdout == "group=fifo-g  ordered=true\n"
+    run_cli(server, "topic", "create", "steps", "--queues", "1")
+    run_cli(server, "send", "steps", "a1", "a2", "--property", "__SHARDINGKEY=A")
+    run_cli(server, "send", "steps", "b1", "--property", "__SHARDINGKEY=B")
+    first = run_cli(server, "receive", "steps", "--group", "fifo-g", "--batch", "1").stdout
+    assert "  a1  " in first
+    others = run_cli(server, "receive", "steps", "--group", "fifo-g").stdout.splitlines()
+    assert len(others) == 1 and "  b1  " in others[0]  # a2 waits for a1; B flows past it in the same queue
+    run_cli(server, "ack", "steps", "--group", "fifo-g", first.rsplit("handle=", 1)[1].strip())
+    then = run_cli(server, "receive", "steps", "--group", "fifo-g").stdout.splitlines()
+    assert len(then) == 1 and "  a2  " in then[0] and "attempt=1" in then[0]

@@ -1,8 +1,9 @@
 """Simple consumers of the official RocketMQ 5 clients (Python 5.1.2, Node 1.0.8), unchanged, through the
 gateway onto mqstore's pop consumption: receive and ack with tag filters and SQL92 subscriptions, every
 queue of a multi-queue topic (the Node client names only queue 0), redelivery after the invisible time
-with the attempt count, a stale receipt handle refused, ChangeInvisibleDuration, and the dead-letter topic
-after max attempts.
+with the attempt count, a stale receipt handle refused, ChangeInvisibleDuration, the dead-letter topic
+after max attempts, and an ordered (FIFO) group fed by the FIFO producer: every message group in order, a
+stalled one holding up only itself.
 
 The gateway runs with --max-delivery-attempts 3 (advertised to the clients in their settings)."""
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.support.gateway import CLIENTS, MODES, stack
+from mqstore_rpc.gen.mqstore.v1 import consumer_pb2, consumer_pb2_grpc
+from tests.support.gateway import CLIENTS, MODES, RPC_TIMEOUT_S, stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
@@ -193,3 +195,70 @@ def test_a_python_push_consumer_consumes_and_a_failure_comes_again(rig, producer
     assert {e["message_id"] for e in consumed} == set(sent)
     again = [(e["attempt"], e["failed"]) for e in consumed if e["body"] == f"{topic}-1"]
     assert again[:2] == [(1, True), (2, False)]
+
+
+def test_an_ordered_group_keeps_each_message_group_in_order_and_a_stalled_one_holds_up_only_itself(rig, producer):
+    if rig.mode != "cluster":  # the order is the commit log's, the same in both modes; it waits out an invisible
+        pytest.skip("run in Cluster mode only (8 s of invisible time); the push test covers both modes' fifo")
+    topic, group = "fifo_order", "g_fifo_python"
+    rig.create_topic(topic, 2)
+    channel = rig.channel()
+    try:
+        consumer_pb2_grpc.ConsumerStub(channel).SetGroupSettings(
+            consumer_pb2.GroupSettings(group=group, ordered=True), timeout=RPC_TIMEOUT_S)
+    finally:
+        channel.close()
+
+    def send(places):
+        for place in places:
+            for g in ("A", "B", "C"):
+                producer.call("send", topic=topic, body=f"{g}{place}", group=g)
+
+    def by_group(messages):
+        out: dict[str, list] = {}
+        for m in messages:
+            assert m["group"] == m["body"][0]
+            out.setdefault(m["group"], []).append(m)
+        return out
+
+    send(range(3))
+    with rig.client("python", "fifo") as consumer:
+        consumer.call("consumer", group=group, topic=topic, await_s=5)
+        first = by_group(receive_all(consumer, 9, max=32, invisible_s=8))
+        assert {g: [m["body"] for m in ms] for g, ms in first.items()} == {
+            g: [f"{g}{i}" for i in range(3)] for g in "ABC"}  # each group in its order (several in a batch)
+        for m in first["B"] + first["C"]:  # A's consumer stalls: it acks nothing
+            consumer.call("ack", handle=m["handle"])
+        send(range(3, 5))
+        flowing = receive_all(consumer, 4, max=32, invisible_s=30)
+        assert sorted(m["body"] for m in flowing) == ["B3", "B4", "C3", "C4"]  # A waits; B and C go on
+        for m in flowing:
+            consumer.call("ack", handle=m["handle"])
+        again = receive_all(consumer, 5, max=32, invisible_s=30)  # after A0's invisible time: in place, in order
+        assert [(m["body"], m["attempt"]) for m in again] == [("A0", 2), ("A1", 2), ("A2", 2), ("A3", 1), ("A4", 1)]
+        assert [m["message_id"] for m in again[:3]] == [m["message_id"] for m in first["A"]]
+        for m in again:
+            consumer.call("ack", handle=m["handle"])
+
+
+def test_a_python_push_consumer_of_an_ordered_group_is_told_fifo_and_consumes_each_group_in_order(rig, producer):
+    """subscription.fifo reaches the official client: its PushConsumer switches to its FIFO consumption
+    (each message group in its own sequential task)."""
+    topic, group = "fifo_push", "g_fifo_push"
+    rig.create_topic(topic, 2)
+    channel = rig.channel()
+    try:
+        consumer_pb2_grpc.ConsumerStub(channel).SetGroupSettings(
+            consumer_pb2.GroupSettings(group=group, ordered=True), timeout=RPC_TIMEOUT_S)
+    finally:
+        channel.close()
+    for place in range(4):
+        for g in ("P", "Q"):
+            producer.call("send", topic=topic, body=f"{g}{place}", group=g)
+    with rig.client("python", "push-fifo") as consumer:
+        done = consumer.call("push", group=group, topic=topic, expect=8, wait_s=WAIT_S)
+        consumed = [consumer.events.get_nowait() for _ in range(consumer.events.qsize())]
+    assert done["complete"] and done["fifo"] is True, done
+    bodies = [e["body"] for e in consumed if e.get("event") == "consumed"]
+    for g in ("P", "Q"):
+        assert [b for b in bodies if b.startswith(g)] == [f"{g}{i}" for i in range(4)]

@@ -15,10 +15,10 @@ from .sql92 import Sql92Filter, compile_filter
 from .tags import parse as parse_tags
 
 TAG, SQL92 = "TAG", "SQL92"
+Selection = tuple[tuple[str, ...], Sql92Filter | None]  # what selection() gives: (tags to read, SQL92 filter)
 
 
-def selection(filter_type: str, expression: str, tags: Sequence[str] = ()) -> tuple[tuple[str, ...],
-                                                                                    Sql92Filter | None]:
+def selection(filter_type: str, expression: str, tags: Sequence[str] = ()) -> Selection:
     """(the tags to read, the SQL92 filter or None) of a request's filter: ``filter_type`` TAG reads
     ``expression`` as a tag expression (it may not be combined with ``tags``), SQL92 compiles it (cached)."""
     if filter_type == SQL92:

@@ -15,6 +15,10 @@
   ChangeInvisibleDuration              ChangeInvisibleDuration: a new handle
   ForwardMessageToDeadLetterQueue      ForwardToDeadLetter
 
+An ordered consumer group (mqstore.pop.ordered) needs nothing of the gateway but its settings reply:
+``subscription.fifo`` is the group's ordered setting (:meth:`Consuming.ordered`); the commit log keeps the
+order on every receive.
+
 Receipt handles are the pop service's, passed through unchanged; the gateway checks that one parses and
 belongs to the group and topic (mqstore.pop.handle) before it asks, so a garbage handle is refused as
 INVALID_RECEIPT_HANDLE without a call. Filters: TAG expressions and SQL92 selectors (FilterType.SQL,
@@ -28,16 +32,21 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+import structlog
+
 from mqstore import filters, topics as topic_rules
 from mqstore.errors import (FailedPrecondition, IllegalFilterExpression, IllegalInvisibleTime, InvalidArgument,
-                            InvalidReceiptHandle)
+                            InvalidReceiptHandle, MqStoreError)
 from mqstore.pop import handle as handles
 from mqstore.pop.receive import MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, START_EARLIEST, ReceiveResult
 from mqstore.pop.service import AckOutcome, ChangeResult
+from mqstore.pop.settings import GroupSettings
 
 from .config import GatewayConfig
 from .publishing import TopicCache
 from .renewal import Renewals
+
+log = structlog.get_logger("mqstore.gateway.consuming")
 
 TAG, SQL = "TAG", "SQL"
 
@@ -54,6 +63,8 @@ class PopPort(Protocol):
                                   invisible_duration_ms: int) -> ChangeResult: ...
 
     def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> str: ...
+
+    def group_settings(self, group: str) -> GroupSettings: ...
 
 
 class Consuming:
@@ -144,6 +155,16 @@ class Consuming:
             return self.pop.forward_to_dead_letter(group, topic, self._current(group, receipt_handle))
         except FailedPrecondition as exc:
             raise InvalidReceiptHandle(f"the receipt handle no longer works: {exc}") from None
+
+    def ordered(self, group: str) -> bool:
+        """Whether ``group`` is an ordered group (mqstore.pop.ordered), shown to its clients as
+        subscription.fifo; False, logged, when the commit log cannot say now (the receives stay ordered
+        all the same: the commit log decides them)."""
+        try:
+            return self.pop.group_settings(group).ordered
+        except MqStoreError as exc:
+            log.warning("gateway.group_settings_unknown", group=group, error=f"{type(exc).__name__}: {exc}")
+            return False
 
     def _current(self, group: str, receipt_handle: str) -> str:
         """The handle that works now for the one the client holds (renewed ones were replaced); its

@@ -29,6 +29,7 @@ from mqstore.filters import TAG
 from mqstore.model import AppendResult, MessageIn, TopicRecord
 from mqstore.pop.receive import ReceiveResult
 from mqstore.pop.service import AckOutcome, ChangeResult, PopService
+from mqstore.pop.settings import GroupSettings
 from mqstore.relayed import WRITER_GATEWAY
 
 from .consuming import PopPort
@@ -71,6 +72,9 @@ class LocalPop:
     def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> str:
         dead_letter_topic, _ = self._current().forward_to_dead_letter(group, topic, receipt_handle)
         return dead_letter_topic
+
+    def group_settings(self, group: str) -> GroupSettings:
+        return self._current().group_settings(group)
 
 
 class StoreLike(Protocol):

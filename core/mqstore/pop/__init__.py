@@ -20,7 +20,12 @@ checkpoint (mqstore.pop.service.PopService.start). Why not commit only up to the
 offset (the other design): one unacked message would pin its queue and every message after it would be
 delivered again after a crash; with CK records only the messages in flight are.
 
-Modules: records (the CK/ACK layouts), handle (receipt handles), inflight (the set in
-memory), offsets (pop offsets), copies (retry and DLQ copies), legacy (the migration from the legacy
-retry topic names), service (PopService, the facade), revive (the background duty), config.
+An ordered group (mqstore.pop.ordered, its setting in mqstore.pop.settings) keeps each message group in
+order: a message waits while one of its group is in flight, an expired one is delivered again in place
+(no retry topic), and messages of a stalled group are held in its CKs so that other groups flow.
+
+Modules: records (the CK/ACK layouts), ordered (the rule of ordered groups), ordered_read (their reads),
+settings (group settings), handle (receipt handles), inflight (the set in memory), offsets (pop offsets),
+copies (retry and DLQ copies), legacy (the migration from the legacy retry topic names), service
+(PopService, the facade), revive (the background duty), config. Filters (tags, SQL92) are mqstore.filters.
 """

@@ -39,12 +39,13 @@ def with_marker(copy: MessageIn, ck_id: int, queue_offset: int) -> MessageIn:
     return copy
 
 
-def retry_copy(message: StoredMessage, topic: str) -> MessageIn:
-    """The copy of ``message`` (received from ``topic`` or its retry topic) for the retry topic."""
+def retry_copy(message: StoredMessage, topic: str, delivered: bool = True) -> MessageIn:
+    """The copy of ``message`` (received from ``topic`` or its retry topic) for the retry topic; ``delivered``
+    false for a message an ordered group held and never handed out (its attempt count stays)."""
     properties = dict(message.record.properties)
     properties[PROPERTY_RETRY_TOPIC] = topic  # ours, whatever the producer set (mqstore.pop.legacy reads it)
     properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
-    return _copy(message, properties, message.record.reconsume_times + 1)
+    return _copy(message, properties, message.record.reconsume_times + (1 if delivered else 0))
 
 
 def dead_letter_copy(message: StoredMessage, topic: str) -> MessageIn:

@@ -12,6 +12,11 @@ Writers claim an entry before they append its record (``busy``): an ack, a chang
 the revive duty's copy exclude each other, and a failed append releases the claim. Memory is bounded by
 reservations against a per-(group, topic) and a total cap, taken before a receive reads.
 
+Entries of an ordered group's CK (``ordered``, mqstore.pop.ordered) stay in the set when they expire
+(until ``max_attempts``): the revive duty passes them over (:meth:`claim_expired`) and a receive delivers
+them again in place (:meth:`claim_waiting`, then :meth:`add` of its CK); an ordered entry of attempt 0 is
+held, never handed out yet. :meth:`queue_entries` gives a queue's entries to the ordering rule.
+
 The revive checkpoint (:meth:`low_water`) is the lowest revive-log queue offset that still matters: that
 of the oldest CK with a live entry, or of a CK being appended (registered by :meth:`appending`).
 
@@ -45,6 +50,12 @@ class Entry:
     visible_at_ms: int
     max_attempts: int
     busy: bool = False
+    ordered: bool = False              # of an ordered group's CK: delivered again in place, never revived
+    message_group: str | None = None   # its message's group ("" none); None: not looked up yet (memory only)
+
+    def stays_in_place(self) -> bool:
+        """An ordered entry the revive duty leaves to a receive: held (attempt 0) or with attempts left."""
+        return self.ordered and self.attempt < self.max_attempts
 
 
 @dataclass(slots=True)
@@ -76,6 +87,7 @@ class InFlightTable:
         self._low: list[tuple[int, int]] = []  # (revive offset, ck id), lazily pruned
         self._appending: collections.Counter[int] = collections.Counter()  # revive offsets at or below a CK in flight
         self._seq = itertools.count()
+        self._by_queue: dict[tuple[str, str, int, int], set[int]] = {}  # (group, topic, source, queue) -> offsets
 
     # ---- sizes -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -132,13 +144,22 @@ class InFlightTable:
                     del self._appending[revive_end]
 
     def add(self, ck: Checkpoint, ck_id: int, revive_offset: int, *,
-            reservation: Reservation | None = None) -> list[Entry]:
+            reservation: Reservation | None = None, message_groups: dict[int, str] | None = None) -> list[Entry]:
         """Put the messages of ``ck`` in flight (a receive after its CK append, taking their room from its
         ``reservation``; replay and ChangeInvisibleDuration without one). A key already in flight is
-        replaced."""
+        replaced. ``message_groups``: queue offset -> message group, known to an ordered receive (a replaced
+        entry's is kept)."""
         with self._lock:
             if reservation is not None:
-                self._unreserve(reservation, len(ck.entries))
+                # An ordered receive's CK also names messages in the set already (delivered again in place)
+                # and held ones, beyond the room it reserved: those are bounded by the set and by
+                # mqstore.pop.ordered.MAX_HELD_PER_QUEUE.
+                taken = len(ck.entries)
+                if ck.ordered:
+                    prefix = (ck.group, ck.topic, ck.source, ck.queue_id)
+                    fresh = sum(1 for e in ck.entries if (*prefix, e.queue_offset) not in self._entries)
+                    taken = min(fresh, reservation.remaining)
+                self._unreserve(reservation, taken)
             ref = self._cks.get(ck_id)
             if ref is None:
                 ref = self._cks[ck_id] = _Ck((ck.group, ck.topic, ck.source, ck.queue_id), revive_offset, 0)
@@ -147,10 +168,14 @@ class InFlightTable:
             for e in ck.entries:
                 key = (ck.group, ck.topic, ck.source, ck.queue_id, e.queue_offset)
                 old = self._entries.get(key)
+                known = message_groups.get(e.queue_offset) if message_groups is not None else None
                 if old is not None:
+                    known = old.message_group if known is None else known
                     self._drop(old)
-                entry = Entry(key, ck_id, e.physical_offset, e.attempt, ck.visible_at_ms, ck.max_attempts)
+                entry = Entry(key, ck_id, e.physical_offset, e.attempt, ck.visible_at_ms, ck.max_attempts,
+                              ordered=ck.ordered, message_group=known)
                 self._entries[key] = entry
+                self._by_queue.setdefault(key[:4], set()).add(key[4])
                 self._per_group[(ck.group, ck.topic)] += 1
                 ref.live += 1
                 heapq.heappush(self._expiry, (ck.visible_at_ms, next(self._seq), key, ck_id))
@@ -194,7 +219,8 @@ class InFlightTable:
             while self._expiry and self._expiry[0][0] <= now_ms and len(claimed) < limit:
                 _, _, key, ck_id = heapq.heappop(self._expiry)
                 entry = self._entries.get(key)
-                if entry is not None and entry.ck_id == ck_id and not entry.busy and entry.visible_at_ms <= now_ms:
+                if (entry is not None and entry.ck_id == ck_id and not entry.busy and entry.visible_at_ms <= now_ms
+                        and not entry.stays_in_place()):
                     entry.busy = True
                     claimed.append(entry)
         return claimed
@@ -205,7 +231,7 @@ class InFlightTable:
             while self._expiry:
                 visible_at, _, key, ck_id = self._expiry[0]
                 entry = self._entries.get(key)
-                if entry is not None and entry.ck_id == ck_id and not entry.busy:
+                if entry is not None and entry.ck_id == ck_id and not entry.busy and not entry.stays_in_place():
                     return visible_at
                 heapq.heappop(self._expiry)
             return None
@@ -240,7 +266,52 @@ class InFlightTable:
     def expired(self, now_ms: int) -> list[Entry]:
         """Entries whose invisible time has passed and that nobody has claimed (the start's reconciliation)."""
         with self._lock:
-            return [e for e in self._entries.values() if e.visible_at_ms <= now_ms and not e.busy]
+            return [e for e in self._entries.values()
+                    if e.visible_at_ms <= now_ms and not e.busy and not e.stays_in_place()]
+
+    # ---- ordered groups --------------------------------------------------------------------------------
+    def queue_entries(self, group: str, topic: str, source: int, queue_id: int) -> list[Entry]:
+        """The entries of one queue of ``group``, by queue offset (the ordering rule's view; the entries are
+        live objects: read their fields once)."""
+        prefix = (group, topic, source, queue_id)
+        with self._lock:
+            return [self._entries[(*prefix, offset)] for offset in sorted(self._by_queue.get(prefix, ()))]
+
+    def claim_waiting(self, entries: list[Entry], now_ms: int) -> list[Entry]:
+        """Claim ordered entries to deliver again in place (an ordered receive, before its CK): those still
+        in the set, not claimed, and held or expired; the others are left out."""
+        claimed = []
+        with self._lock:
+            for entry in entries:
+                if (self._entries.get(entry.key) is entry and not entry.busy
+                        and (entry.attempt == 0 or entry.visible_at_ms <= now_ms)):
+                    entry.busy = True
+                    claimed.append(entry)
+        return claimed
+
+    def unorder(self, group: str) -> int:
+        """``group`` is no longer ordered: its ordered entries become ordinary ones (the revive duty copies
+        them to the retry topic once expired; held ones at once). Returns how many."""
+        with self._lock:
+            changed = [e for k, e in self._entries.items() if k[0] == group and e.ordered]
+            for entry in changed:
+                entry.ordered = False
+                if entry.attempt == 0:
+                    entry.visible_at_ms = 0
+                heapq.heappush(self._expiry, (entry.visible_at_ms, next(self._seq), entry.key, entry.ck_id))
+            return len(changed)
+
+    def next_visible_ms(self, group: str, topic: str, now_ms: int) -> int | None:
+        """When the first ordered message of ``group`` on ``topic`` in flight now expires (a long poll of an
+        ordered group ends then: its message is handed out again in place, no queue grows), or None."""
+        with self._lock:
+            return min((e.visible_at_ms for prefix, offsets in self._by_queue.items() if prefix[:2] == (group, topic)
+                        for e in (self._entries[(*prefix, o)] for o in offsets)
+                        if e.ordered and e.attempt > 0 and e.visible_at_ms > now_ms), default=None)
+
+    def ordered_groups(self) -> set[str]:
+        with self._lock:
+            return {k[0] for k, e in self._entries.items() if e.ordered}
 
     def entries_of(self, group: str, topic: str) -> list[Entry]:
         with self._lock:
@@ -249,6 +320,10 @@ class InFlightTable:
     # ---- internals (lock held) ---------------------------------------------------------------------------
     def _drop(self, entry: Entry) -> None:
         del self._entries[entry.key]
+        offsets = self._by_queue[entry.key[:4]]
+        offsets.discard(entry.key[4])
+        if not offsets:
+            del self._by_queue[entry.key[:4]]
         group_topic = entry.key[:2]
         self._per_group[group_topic] -= 1
         if self._per_group[group_topic] <= 0:

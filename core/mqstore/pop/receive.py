@@ -26,9 +26,10 @@ from mqstore import failpoints, limits
 from mqstore import topics as topic_rules
 from mqstore.errors import DataLoss, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, StoredMessage, TopicRecord
-from mqstore.filters import TAG, Sql92Filter, selection
+from mqstore.filters import TAG, Selection, selection
 from mqstore.pop import copies, handle as handles, legacy, records, storage
-from mqstore.pop.inflight import Reservation
+from mqstore.pop.inflight import Entry, Reservation
+from mqstore.pop.ordered_read import OrderedReader
 
 log = structlog.get_logger("mqstore.pop")
 
@@ -40,7 +41,6 @@ MAX_LONG_POLL_MS = 30_000
 LONG_POLL_RESERVE_MS = 100  # a long poll ends this long before the caller's deadline, to answer in time
 START_EARLIEST, START_LATEST = "earliest", "latest"
 _LOCK_STRIPES = 64
-_Wanted = tuple[tuple[str, ...], Sql92Filter | None]  # (tags, SQL92 filter): mqstore.filters.selection
 _MAX_SKIPS_PER_READ = 16  # damaged records (or a retention jump) passed over in one queue by one receive
 
 
@@ -75,6 +75,16 @@ class _Read:
     offset: int
     next_offset: int
     deliver: list[StoredMessage]
+    # An ordered group's read (mqstore.pop.ordered): the attempt of each message of ``deliver``, the messages
+    # held, the entries delivered again in place (claimed), every message's group by queue offset.
+    attempts: tuple[int, ...] | None = None
+    held: tuple[StoredMessage, ...] = ()
+    claimed: tuple[Entry, ...] = ()
+    groups: dict[int, str] | None = None
+
+    @property
+    def writes_ck(self) -> bool:
+        return bool(self.deliver or self.held)
 
 
 class Receiver:
@@ -85,6 +95,7 @@ class Receiver:
         self.inflight, self.offsets, self.counters = pop.inflight, pop.offsets, pop.counters
         self._locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         self._rotation = itertools.count()
+        self._ordered = OrderedReader(self)
 
     def receive(self, group: str, topic: str, *, invisible_duration_ms: int, queue_id: int | None = None,
                 filter_expression: str = "", filter_type: str = TAG, batch_size: int = 0, long_poll_ms: int = 0,
@@ -117,7 +128,10 @@ class Receiver:
             if deliveries or left_ms <= 0:
                 pop_time_ms = deliveries[0].visible_at_ms - invisible_ms if deliveries else self.clock.now_ms()
                 return ReceiveResult(deliveries, pop_time_ms)
-            arrived = self.store.wait_for_messages(self._grown(names, seen), left_ms)
+            ready = self._grown(names, seen)
+            if self.pop.settings.get(group).ordered:
+                ready = self._ordered.freed(group, topic, ready)
+            arrived = self.store.wait_for_messages(ready, left_ms)
             if not arrived:  # the time is up, the waiting slots are taken, or the store is stopping
                 return ReceiveResult([], self.clock.now_ms())
 
@@ -153,7 +167,7 @@ class Receiver:
             out.append(Source(records.SOURCE_RETRY_LEGACY, legacy_name, 0, rec.start_physical_offset))
         return out
 
-    def _pop_once(self, group: str, topic: str, sources: list[Source], wanted: _Wanted, batch: int,
+    def _pop_once(self, group: str, topic: str, sources: list[Source], wanted: Selection, batch: int,
                   invisible_ms: int, max_attempts: int, start: str, byte_budget: int) -> list[Delivery]:
         with self._locks[hash((group, topic)) % _LOCK_STRIPES]:
             reservation = self.inflight.reserve(group, topic, batch)
@@ -165,14 +179,19 @@ class Receiver:
                     f"{self.config.pop_max_in_flight_total} in all, server settings pop_max_in_flight(_total)); "
                     f"ack them or let their invisible time pass")
             taken = 0
+            in_order = self.pop.settings.get(group).ordered
             try:
                 shift = next(self._rotation) % len(sources)
                 reads, dead = [], []
                 for source in sources[shift:] + sources[:shift]:
                     if taken >= room or byte_budget <= 0:
                         break
-                    read, late = self._read(group, topic, source, wanted, room - taken, byte_budget, max_attempts,
-                                            start)
+                    if in_order and source.kind == records.SOURCE_TOPIC:
+                        read, late = self._read_in_order(group, topic, source, wanted, room - taken, byte_budget,
+                                                         start), []
+                    else:
+                        read, late = self._read(group, topic, source, wanted, room - taken, byte_budget,
+                                                max_attempts, start)
                     if read is not None:
                         reads.append(read)
                         dead += [(m, source) for m in late]
@@ -181,44 +200,22 @@ class Receiver:
                 if dead:
                     self._dead_letter_late(group, topic, dead)
                 return self._put_in_flight(group, topic, reads, invisible_ms, max_attempts, reservation)
+            except BaseException:
+                for read in reads:
+                    self.inflight.release(list(read.claimed))
+                raise
             finally:
                 self.inflight.unreserve(reservation)
 
-    def _read(self, group: str, topic: str, source: Source, wanted: _Wanted, room: int, byte_budget: int,
+    def _read(self, group: str, topic: str, source: Source, wanted: Selection, room: int, byte_budget: int,
               max_attempts: int, start: str) -> tuple[_Read | None, list[StoredMessage]]:
         """One queue from the group's pop offset: (what to deliver, retry copies past max_attempts). A
         legacy retry topic's messages of another group or topic are passed over (mqstore.pop.legacy)."""
         key = (group, source.name, source.queue_id)
-        try:
-            offset = self.offsets.get(key, lambda: self._initial_offset(source, start))
-        except NotFound:
-            return None, []  # the retry topic does not exist yet
-        for _ in range(_MAX_SKIPS_PER_READ):
-            try:
-                result = self.store.pull(source.name, source.queue_id, offset, room, byte_budget, wanted[0],
-                                         selector=wanted[1])
-                break
-            except NotFound:
-                return None, []  # the retry topic was deleted since (it comes back with the next redelivery)
-            except OutOfRange as exc:
-                if exc.min_value is None or exc.max_value is None:
-                    raise
-                # Behind the queue's start: retention removed messages never received. Past its end: the
-                # topic was deleted and created again. Either way the queue's first message is next.
-                log.warning("pop.offset_outside_queue", group=group, topic=source.name, queue_id=source.queue_id,
-                            offset=offset, min_offset=exc.min_value, max_offset=exc.max_value)
-                offset = exc.min_value
-                self.offsets.reset(key, offset)
-                continue
-            except DataLoss as exc:
-                bad = exc.queue_offset if exc.queue_offset is not None else offset
-                log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
-                          queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
-                self.counters.add(damaged_skipped=1)
-                offset = bad + 1
-                self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
-        else:
-            return None, []  # damage after damage: the next receive goes on from here
+        pulled = self.pull_queue(group, source, key, wanted, room, byte_budget, start)
+        if pulled is None:
+            return None, []
+        offset, result = pulled
         deliver, late, stale, foreign = [], [], 0, 0
         for m in result.messages:
             if m.record.physical_offset < source.floor:
@@ -237,6 +234,49 @@ class Receiver:
             return None, []
         return _Read(source, offset, result.next_offset, deliver), late
 
+    def _read_in_order(self, group: str, topic: str, source: Source, wanted: Selection, room: int,
+                       byte_budget: int, start: str) -> _Read | None:
+        """One queue of an ordered group (mqstore.pop.ordered_read)."""
+        o = self._ordered.read(group, topic, source, wanted, room, byte_budget, start)
+        return None if o is None else _Read(source, o.offset, o.next_offset, o.deliver, o.attempts, o.held,
+                                            o.claimed, o.groups)
+
+    def pull_queue(self, group: str, source: Source, key, wanted: Selection, count: int, byte_budget: int,
+              start: str):
+        """(the offset read from, the Pull's result) of one queue from the group's pop offset, past damaged
+        records and retention; None when there is nothing to read (no retry topic, damage after damage)."""
+        try:
+            offset = self.offsets.get(key, lambda: self._initial_offset(source, start))
+        except NotFound:
+            return None  # the retry topic does not exist yet
+        for _ in range(_MAX_SKIPS_PER_READ):
+            try:
+                result = self.store.pull(source.name, source.queue_id, offset, count, byte_budget, wanted[0],
+                                         selector=wanted[1])
+                break
+            except NotFound:
+                return None  # the retry topic was deleted since (it comes back with the next redelivery)
+            except OutOfRange as exc:
+                if exc.min_value is None or exc.max_value is None:
+                    raise
+                # Behind the queue's start: retention removed messages never received. Past its end: the
+                # topic was deleted and created again. Either way the queue's first message is next.
+                log.warning("pop.offset_outside_queue", group=group, topic=source.name, queue_id=source.queue_id,
+                            offset=offset, min_offset=exc.min_value, max_offset=exc.max_value)
+                offset = exc.min_value
+                self.offsets.reset(key, offset)
+                continue
+            except DataLoss as exc:
+                bad = exc.queue_offset if exc.queue_offset is not None else offset
+                log.error("pop.damaged_skipped", group=group, topic=source.name, queue_id=source.queue_id,
+                          queue_offset=bad, physical_offset=exc.physical_offset, error=str(exc))
+                self.counters.add(damaged_skipped=1)
+                offset = bad + 1
+                self.offsets.advance(key, offset)  # past what cannot be delivered, before the next try
+        else:
+            return None  # damage after damage: the next receive goes on from here
+        return offset, result
+
     def _initial_offset(self, source: Source, start: str) -> int:
         info = self.store.queue_info(source.name, source.queue_id)
         if source.kind == records.SOURCE_TOPIC and start == START_LATEST:
@@ -253,29 +293,38 @@ class Receiver:
                        reservation: Reservation) -> list[Delivery]:
         now = self.clock.now_ms()
         visible_at = now + invisible_ms
-        cks = [records.Checkpoint(group, topic, r.source.kind, r.source.queue_id, max_attempts, now, visible_at,
-                                  r.next_offset,
-                                  tuple(records.CkEntry(m.record.queue_offset, m.record.physical_offset,
-                                                        m.record.reconsume_times + 1) for m in r.deliver))
-               for r in reads if r.deliver]
+        cks = [_checkpoint(group, topic, r, max_attempts, now, visible_at) for r in reads if r.writes_ck]
         deliveries: list[Delivery] = []
         with self.inflight.appending(self.pop.revive_end()):
             results = self.pop.append_records([(records.TAG_CK, records.encode_ck(ck)) for ck in cks]) if cks else []
             failpoints.hit("pop.receive.after_ck")
-            by_source = dict(zip([r.source for r in reads if r.deliver], zip(cks, results, strict=True), strict=True))
+            by_source = dict(zip([r.source for r in reads if r.writes_ck], zip(cks, results, strict=True),
+                                 strict=True))
             for read in reads:
                 key = (group, read.source.name, read.source.queue_id)
-                if not read.deliver:
+                if not read.writes_ck:
                     self.offsets.advance(key, read.next_offset)
                     continue
                 ck, result = by_source[read.source]
-                self.inflight.add(ck, result.physical_offset, result.queue_offset, reservation=reservation)
+                self.inflight.add(ck, result.physical_offset, result.queue_offset, reservation=reservation,
+                                  message_groups=read.groups)
                 self.offsets.advance(key, read.next_offset, result.physical_offset + result.size_bytes,
                                      result.queue_offset)
-                for m, entry in zip(read.deliver, ck.entries, strict=True):
+                for m, entry in zip(read.deliver, ck.entries[:len(read.deliver)], strict=True):
                     h = handles.ReceiptHandle(read.source.kind, read.source.queue_id, entry.queue_offset,
                                               result.physical_offset, visible_at, entry.attempt)
                     deliveries.append(Delivery(m, topic, handles.encode(group, topic, h), entry.attempt, visible_at))
         self.counters.add(received=len(deliveries))
         return deliveries
+
+
+def _checkpoint(group: str, topic: str, read: _Read, max_attempts: int, now: int,
+                visible_at: int) -> records.Checkpoint:
+    """The CK of one read: its delivered messages (then, for an ordered group, its held ones, attempt 0)."""
+    attempts = read.attempts or tuple(m.record.reconsume_times + 1 for m in read.deliver)
+    entries = [records.CkEntry(m.record.queue_offset, m.record.physical_offset, attempt)
+               for m, attempt in zip(read.deliver, attempts, strict=True)]
+    entries += [records.CkEntry(m.record.queue_offset, m.record.physical_offset, 0) for m in read.held]
+    return records.Checkpoint(group, topic, read.source.kind, read.source.queue_id, max_attempts, now, visible_at,
+                              read.next_offset, tuple(entries), ordered=read.attempts is not None)
 

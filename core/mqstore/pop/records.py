@@ -6,11 +6,14 @@ Each record is an ordinary commit log record (RocketMQ V1, body CRC) of the syst
 name rules). The first byte tells them apart.
 
 CK (checkpoint): one per receive and queue that handed out messages, and one per ChangeInvisibleDuration.
-Its "ck id" is the physical offset of its commit log record.
+Its "ck id" is the physical offset of its commit log record. A CK of an ordered group (KIND 3,
+mqstore.pop.ordered) has the same layout: its expired messages are delivered again in place by a receive
+(not copied to the retry topic), and an entry of ATTEMPT 0 is held, not delivered: its message group has a
+message in flight, and the pop offset moved past it so that other message groups flow.
 
   offset   size  field              meaning
   -------- ----- ------------------ -----------------------------------------------------------------
-       0     1   KIND               1 (CK)
+       0     1   KIND               1 (CK) or 3 (CK of an ordered group)
        1     1   SOURCE             0: the topic's queue; 2: the group's retry topic %RETRY%{group}+{topic}
                                     (queue 0); 1: its legacy retry topic %RETRY%{group}_{topic}, written
                                     by earlier versions, read during the migration (mqstore.pop.legacy)
@@ -26,7 +29,8 @@ Its "ck id" is the physical offset of its commit log record.
       36     g   GROUP
     36+g     t   TOPIC              the topic received from (never the retry topic's name)
   36+g+t  20*n   ENTRIES            per message: QUEUE_OFFSET (8), PHYSICAL_OFFSET (8) of its record,
-                                    ATTEMPT (4, the delivery attempt this CK hands out, 1-based)
+                                    ATTEMPT (4, the delivery attempt this CK hands out, 1-based;
+                                    0 in an ordered CK: held, not handed out)
 
 ACK: ends in-flight entries; several per record (acks of one request, expiries of one revive step).
 
@@ -53,6 +57,8 @@ from mqstore.errors import invariant
 
 KIND_CK = 1
 KIND_ACK = 2
+KIND_CK_ORDERED = 3
+CK_KINDS = (KIND_CK, KIND_CK_ORDERED)
 TAG_CK = "ck"
 TAG_ACK = "ack"
 
@@ -126,6 +132,7 @@ class Checkpoint:
     visible_at_ms: int
     pop_offset_after: int
     entries: tuple[CkEntry, ...]
+    ordered: bool = False   # KIND 3: a CK of an ordered group (mqstore.pop.ordered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +147,8 @@ def encode_ck(ck: Checkpoint) -> bytes:
     invariant(1 <= len(ck.entries) <= MAX_CK_ENTRIES, f"a CK names 1..{MAX_CK_ENTRIES} messages")
     invariant(len(group) <= 255 and len(topic) <= 255, "group and topic fit one length byte")
     invariant(ck.source in SOURCES, f"source {ck.source} is one of {SOURCES}")
-    parts = [CK_HEADER.pack(KIND_CK, ck.source, ck.max_attempts, ck.queue_id, ck.pop_time_ms, ck.visible_at_ms,
+    kind = KIND_CK_ORDERED if ck.ordered else KIND_CK
+    parts = [CK_HEADER.pack(kind, ck.source, ck.max_attempts, ck.queue_id, ck.pop_time_ms, ck.visible_at_ms,
                             ck.pop_offset_after, len(ck.entries), len(group), len(topic)), group, topic]
     parts += [CK_ENTRY.pack(e.queue_offset, e.physical_offset, e.attempt) for e in ck.entries]
     return b"".join(parts)
@@ -156,8 +164,8 @@ def encode_ack(entries: Sequence[AckEntry]) -> bytes:
 
 
 def kind_of(body: bytes) -> int:
-    if not body or body[0] not in (KIND_CK, KIND_ACK):
-        raise BadRecord(f"a revive-log body starts with kind 1 (CK) or 2 (ACK), not {body[:1].hex() or 'nothing'}")
+    if not body or body[0] not in (KIND_CK, KIND_ACK, KIND_CK_ORDERED):
+        raise BadRecord(f"a revive-log body starts with kind 1 or 3 (CK) or 2 (ACK), not {body[:1].hex() or 'nothing'}")
     return body[0]
 
 
@@ -166,7 +174,7 @@ def decode_ck(body: bytes) -> Checkpoint:
         raise BadRecord(f"a CK body has at least {CK_HEADER.size} bytes, this one {len(body)}")
     kind, source, max_attempts, queue_id, pop_ms, visible_ms, after, count, g, t = CK_HEADER.unpack_from(body)
     entries_at = CK_HEADER.size + g + t
-    if kind != KIND_CK or source not in SOURCES or len(body) != entries_at + count * CK_ENTRY.size:
+    if kind not in CK_KINDS or source not in SOURCES or len(body) != entries_at + count * CK_ENTRY.size:
         raise BadRecord(f"CK body of {len(body)} bytes: kind {kind}, source {source}, {count} entries, names of "
                         f"{g} and {t} bytes do not add up")
     try:
@@ -175,7 +183,8 @@ def decode_ck(body: bytes) -> Checkpoint:
     except UnicodeDecodeError as exc:
         raise BadRecord(f"CK body: group or topic is not UTF-8 ({exc})") from None
     entries = tuple(CkEntry(*CK_ENTRY.unpack_from(body, entries_at + i * CK_ENTRY.size)) for i in range(count))
-    return Checkpoint(group, topic, source, queue_id, max_attempts, pop_ms, visible_ms, after, entries)
+    return Checkpoint(group, topic, source, queue_id, max_attempts, pop_ms, visible_ms, after, entries,
+                      kind == KIND_CK_ORDERED)
 
 
 def decode_ack(body: bytes) -> list[AckEntry]:

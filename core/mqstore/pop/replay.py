@@ -111,7 +111,7 @@ def _tail_markers(store, topic: str, count: int) -> set[str]:
 def _apply(pop, message: StoredMessage) -> None:
     rec = message.record
     try:
-        if records.kind_of(rec.body) == records.KIND_CK:
+        if records.kind_of(rec.body) in records.CK_KINDS:
             ck = records.decode_ck(rec.body)
             pop.inflight.add(ck, rec.physical_offset, rec.queue_offset)
             name = pop.source_name(ck.group, ck.topic, ck.source)

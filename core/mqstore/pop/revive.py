@@ -8,6 +8,8 @@ stores pop offsets and the revive checkpoint.
           restart (a duplicate, never a loss). A record that is gone (retention) or damaged cannot be
           copied: logged as pop.lost and ended with reason LOST; so is a copy the store refuses
           (pop.copy_refused), rather than holding up every other expiry.
+          An ordered group's expired entry with attempts left, or held one, is passed over: a receive
+          delivers it again in place (mqstore.pop.ordered); at max_attempts it goes to the DLQ as any.
   flush   every pop_flush_interval_ms: the dirty pop offsets whose CKs are flushed, and the revive
           checkpoint (mqstore.pop.inflight.InFlightTable.low_water, held below any CK whose offset is
           not yet written), in one record of the offsets topic (mqstore.consumer_offsets).
@@ -128,9 +130,12 @@ class Reviver(Duty):
                 lost.append(entry)
                 continue
             destination, reason = destination_of(entry)
-            make = copies.dead_letter_copy if reason == records.REASON_DEAD else copies.retry_copy
+            if reason == records.REASON_DEAD:
+                copy = copies.dead_letter_copy(message, topic)
+            else:
+                copy = copies.retry_copy(message, topic, delivered=entry.attempt > 0)
             by_destination[(destination, reason)].append(
-                (entry, copies.with_marker(make(message, topic), entry.ck_id, entry.key[4])))
+                (entry, copies.with_marker(copy, entry.ck_id, entry.key[4])))
         return by_destination, lost
 
     def _append(self, topic: str, items: list[tuple[Entry, MessageIn]]) -> tuple[list[Entry], list[Entry]]:

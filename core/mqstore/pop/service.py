@@ -32,6 +32,7 @@ from mqstore.pop.offsets import PopOffsets
 from mqstore.pop.receive import MAX_BATCH, MAX_INVISIBLE_MS, MIN_INVISIBLE_MS, ReceiveResult, Receiver
 from mqstore.pop.replay import reconcile, replay
 from mqstore.pop.revive import REVIVE_GROUP, Reviver
+from mqstore.pop.settings import GroupSettings, GroupSettingsTable
 from mqstore.replication.config import SYNC
 
 log = structlog.get_logger("mqstore.pop")
@@ -77,6 +78,7 @@ class PopService:
         self.reviver = Reviver(self)
         self.receiver = Receiver(self)
         self.replication = POP_REPLICATION  # of every pop record (see POP_REPLICATION)
+        self.settings = GroupSettingsTable(store, POP_REPLICATION)
         self.started = False
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -85,6 +87,9 @@ class PopService:
         start the revive duty; tests of a fake clock drive :attr:`reviver` themselves)."""
         self.reviver.revive_offset = replay(self, REVIVE_GROUP)
         reconcile(self, self.config.pop_revive_batch + MAX_BATCH)
+        for group in self.inflight.ordered_groups():  # ordered no more since those CKs: retried as any group's
+            if not self.settings.get(group).ordered:
+                self.inflight.unorder(group)
         self.started = True
         if run_duty:
             self.reviver.start()
@@ -113,6 +118,21 @@ class PopService:
         """Receive (mqstore.pop.receive.Receiver.receive has the options)."""
         self._check_started()
         return self.receiver.receive(group, topic, **options)
+
+    # ---- group settings --------------------------------------------------------------------------------
+    def group_settings(self, group: str) -> GroupSettings:
+        self._check_started()
+        return self.settings.get(group)
+
+    def set_group_settings(self, group: str, *, ordered: bool) -> GroupSettings:
+        """Stores the group's settings (mqstore.pop.settings). A group made unordered has its held and waiting
+        messages retried as any group's (copied to its retry topic by the revive duty)."""
+        self._check_started()
+        settings = self.settings.set(group, ordered=ordered)
+        if not ordered and self.inflight.unorder(group):
+            self.reviver.wake()
+        log.info("pop.group_settings", group=group, ordered=ordered)
+        return settings
 
     # ---- ack, change, forward --------------------------------------------------------------------------
     def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> AckResult:
@@ -155,7 +175,8 @@ class PopService:
         now = self.clock.now_ms()
         ck = records.Checkpoint(group, topic, h.source, h.queue_id, entry.max_attempts, now, now + invisible_ms,
                                 records.NO_OFFSET_CHANGE,
-                                (records.CkEntry(h.queue_offset, entry.physical_offset, entry.attempt),))
+                                (records.CkEntry(h.queue_offset, entry.physical_offset, entry.attempt),),
+                                ordered=entry.ordered)
         try:
             with self.inflight.appending(self.revive_end()):
                 result = self.append_records([(records.TAG_CK, records.encode_ck(ck))])[0]

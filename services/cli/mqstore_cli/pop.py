@@ -7,6 +7,7 @@ Consumer service of the commit log (consumer.proto), at ``--address`` like the C
     mqstore change-invisible demo --group g HANDLE --invisible-ms 60000
     mqstore dead-letter demo --group g HANDLE       (ForwardToDeadLetter)
     mqstore pop-stats [demo --group g]
+    mqstore group-settings g [--ordered | --unordered]   (shows them; with a flag, sets them first)
 
 ``receive`` prints a line per message: where it is stored, its delivery attempt, tags, body and receipt
 handle; ``--handles`` prints only the handles, one a line (``| xargs mqstore ack demo --group g``).
@@ -25,7 +26,7 @@ _ACK_STATUS = {v: k.removeprefix("ACK_STATUS_") for k, v in consumer_pb2.AckStat
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
-    """Add ``receive``, ``ack``, ``change-invisible``, ``dead-letter`` and ``pop-stats``."""
+    """Add ``receive``, ``ack``, ``change-invisible``, ``dead-letter``, ``pop-stats`` and ``group-settings``."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     p = sub.add_parser("receive", help="pop messages for a consumer group (they are invisible until acked)")
     p.add_argument("topic")
@@ -63,6 +64,16 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("topic", nargs="?", default="")
     p.add_argument("--group", default="")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("group-settings", help="a consumer group's settings; --ordered makes it an ordered (FIFO) group")
+    p.add_argument("group")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--ordered", dest="ordered", action="store_const", const=True, default=None,
+                       help="ordered: a message waits while a message of its message group (__SHARDINGKEY, a "
+                            "FIFO producer's message_group) is in flight; expired ones come again in place")
+    order.add_argument("--unordered", dest="ordered", action="store_const", const=False,
+                       help="unordered (the default of a group never set)")
+    p.set_defaults(func=cmd_group_settings)
 
 
 class _Consumer:
@@ -161,3 +172,13 @@ def cmd_stats(cli) -> None:
     lines += [f"  {q.topic} queue={q.queue_id} pop_offset={q.pop_offset} max_offset={q.max_offset} "
               f"in_flight={q.in_flight}" for q in s.queues]
     cli.emit(s, "\n".join(lines) or "(nothing yet)")
+
+
+def cmd_group_settings(cli) -> None:
+    a = cli.args
+    with _Consumer(cli) as consumer:
+        if a.ordered is None:
+            r = consumer.call("GetGroupSettings", consumer_pb2.GetGroupSettingsRequest(group=a.group))
+        else:
+            r = consumer.call("SetGroupSettings", consumer_pb2.GroupSettings(group=a.group, ordered=a.ordered))
+    cli.emit(r, f"group={r.group}  ordered={str(r.ordered).lower()}")

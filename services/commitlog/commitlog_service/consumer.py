@@ -73,6 +73,16 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
     def Stats(self, request, context):
         return _stats(pop_stats(self._current(), request.group, request.topic))
 
+    def GetGroupSettings(self, request, context):
+        return _settings(self._current().group_settings(request.group))
+
+    def SetGroupSettings(self, request, context):
+        return _settings(self._current().set_group_settings(request.group, ordered=request.ordered))
+
+
+def _settings(settings) -> consumer_pb2.GroupSettings:
+    return consumer_pb2.GroupSettings(group=settings.group, ordered=settings.ordered)
+
 
 def _start(value: int) -> str:
     try:

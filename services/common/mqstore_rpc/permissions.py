@@ -80,6 +80,10 @@ def _topic_and_group(request) -> Sequence[Resource]:
     return (topic(request.topic), group(request.group))
 
 
+def _group(request) -> Sequence[Resource]:
+    return (group(request.group),)
+
+
 def _tail(request) -> Sequence[Resource | tuple[str, Resource]]:
     # A Tail without a topic filter (or with transaction types, which select records of any topic)
     # reads the whole log: the cluster. With topics only: each of them. Naming a retention hold stops
@@ -226,6 +230,8 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.Consumer/ChangeInvisibleDuration": Need(SUB, _topic_and_group),
     "/mqstore.v1.Consumer/ForwardToDeadLetter": Need(SUB, _topic_and_group),
     "/mqstore.v1.Consumer/Stats": _CLUSTER_ADMIN,
+    "/mqstore.v1.Consumer/GetGroupSettings": Need(SUB, _group),
+    "/mqstore.v1.Consumer/SetGroupSettings": Need(ADMIN, _group),
     # ---- the RocketMQ 5 gateway (apache.rocketmq.v2.MessagingService)
     "/apache.rocketmq.v2.MessagingService/QueryRoute": Need(SUB, lambda r: (topic(_v2_name(r.topic)),), either=PUB),
     "/apache.rocketmq.v2.MessagingService/Heartbeat": Need(SUB, _v2_group_if_any, either=PUB),

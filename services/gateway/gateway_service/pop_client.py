@@ -17,6 +17,7 @@ from typing import Sequence
 from mqstore.filters import TAG
 from mqstore.pop.receive import START_LATEST, Delivery, ReceiveResult
 from mqstore.pop.service import AckOutcome, ChangeResult
+from mqstore.pop.settings import GroupSettings
 
 from mqstore_rpc import convert
 from mqstore_rpc.commitlog_client import CommitLogClient
@@ -60,6 +61,10 @@ class PopClient:
     def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> str:
         request = consumer_pb2.ForwardToDeadLetterRequest(group=group, topic=topic, receipt_handle=receipt_handle)
         return self._call("ForwardToDeadLetter", request).dead_letter_topic
+
+    def group_settings(self, group: str) -> GroupSettings:
+        response = self._call("GetGroupSettings", consumer_pb2.GetGroupSettingsRequest(group=group))
+        return GroupSettings(response.group, response.ordered)
 
     def _call(self, method: str, request, extra_timeout_s: float = 0.0):
         return self._log.consumer_call(method, request, extra_timeout_s)

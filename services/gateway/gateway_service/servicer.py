@@ -123,7 +123,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             first = next(request_iterator, None)
             if first is None:
                 return  # the client closed its side without a command
-        stream = TelemetryStream(self.registry, self.config, cid, caller, first)
+        stream = TelemetryStream(self.registry, self.config, cid, caller, first, self.consuming.ordered)
         yield from stream.commands(request_iterator, context)
 
     # ---- producing -------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 import structlog
@@ -60,8 +60,9 @@ READER_JOIN_S = 1.0  # the handler's wait for its reader once the call is over
 _READERS = itertools.count(1)  # numbers the readers' thread names
 
 
-def settings_reply(settings: d.Settings, config: GatewayConfig) -> d.Settings:
-    """The client's settings with the server's parts filled in (the proxy's merge)."""
+def settings_reply(settings: d.Settings, config: GatewayConfig, fifo: bool = False) -> d.Settings:
+    """The client's settings with the server's parts filled in (the proxy's merge); ``fifo``: the
+    subscription's group is ordered (mqstore.pop.ordered; the proxy's consumeMessageOrderly)."""
     out = d.Settings()
     out.CopyFrom(settings)
     out.metric.CopyFrom(d.Metric(on=False))
@@ -76,7 +77,7 @@ def settings_reply(settings: d.Settings, config: GatewayConfig) -> d.Settings:
         asked = convert.duration_ms(sub.long_polling_timeout) if sub.HasField("long_polling_timeout") else 0
         sub.long_polling_timeout.CopyFrom(convert.duration(clamp_long_poll(asked, config)))
         sub.receive_batch_size = config.receive_batch_max
-        sub.fifo = False
+        sub.fifo = fifo
         out.backoff_policy.CopyFrom(d.RetryPolicy(
             max_attempts=config.max_delivery_attempts, exponential_backoff=d.ExponentialBackoff(
                 initial=convert.duration(1000), max=convert.duration(60_000), multiplier=2.0)))
@@ -120,8 +121,10 @@ class TelemetryStream:
     the interceptor already (with authentication on)."""
 
     def __init__(self, registry: ClientRegistry, config: GatewayConfig, client_id: str, caller: Caller | None = None,
-                 first: s.TelemetryCommand | None = None):
+                 first: s.TelemetryCommand | None = None, ordered: Callable[[str], bool] | None = None):
+        """``ordered(group)``: whether a consumer group is ordered (shown as subscription.fifo)."""
         self.registry, self.config, self.client_id, self.caller = registry, config, client_id, caller
+        self.ordered = ordered
         self.user = caller.name if caller is not None else None
         self.admin = caller is not None and is_admin(caller)
         self.first = first
@@ -182,7 +185,10 @@ class TelemetryStream:
         if kind == "settings":
             as_caller(self.caller, lambda: register_settings(self.registry, self.client_id, command.settings,
                                                              self.user))
-            self.outbox.put(s.TelemetryCommand(status=ok(), settings=settings_reply(command.settings, self.config)))
+            group = command.settings.subscription.group.name if command.settings.HasField("subscription") else ""
+            fifo = bool(group) and self.ordered is not None and self.ordered(group)
+            self.outbox.put(s.TelemetryCommand(status=ok(), settings=settings_reply(command.settings, self.config,
+                                                                                   fifo)))
         else:  # thread stack traces, verify results: answers to commands the gateway never sends
             if self.caller is not None:  # still this user's session (a sign of life)
                 as_caller(self.caller, lambda: self.registry.touch(self.client_id, user=self.user))

@@ -24,7 +24,8 @@ as tests/clients/node/driver.js:
   push       {group, topic, fail, expect, wait_s, work_s}  a PushConsumer (Python only): every message is
                                              consumed (an event "consumed" as it starts; bodies in fail fail
                                              their first delivery; each takes work_s); returns once expect
-                                             deliveries succeeded
+                                             deliveries succeeded, with "fifo": subscription.fifo as the
+                                             client took it from the gateway's settings
   shutdown   {}                              shut the clients down and exit
 
 With RMQ_ACCESS_KEY and RMQ_SECRET_KEY in the environment the clients sign their requests with them (SDK
@@ -200,7 +201,10 @@ class Driver:
         consumer = PushConsumer(self.config, c["group"], listener, {c["topic"]: FilterExpression("*")})
         consumer.startup()
         try:
-            return {"complete": listener.done.wait(c.get("wait_s", 60)), "succeeded": listener.succeeded}
+            complete = listener.done.wait(c.get("wait_s", 60))
+            # fifo: what the gateway's settings told the client (subscription.fifo), kept in a private field
+            return {"complete": complete, "succeeded": listener.succeeded,
+                    "fifo": getattr(consumer, "_PushConsumer__fifo", None)}
         finally:
             consumer.shutdown()
 

@@ -90,3 +90,10 @@ def test_the_route_has_queue_zero_and_every_queue_read_write_on_broker_zero():
     assert [q.id for q in queues] == [0, 1, 2]
     assert all(q.permission == d.READ_WRITE and q.broker.id == 0 and q.broker.endpoints == endpoints for q in queues)
     assert list(queues[0].accept_message_types) == [d.NORMAL, d.FIFO]
+
+
+def test_a_consumers_settings_say_fifo_for_an_ordered_group_only():
+    sub = d.Subscription(group=d.Resource(name="g"))
+    asked = d.Settings(client_type=d.SIMPLE_CONSUMER, subscription=sub)
+    assert settings_reply(asked, GatewayConfig(), fifo=True).subscription.fifo
+    assert not settings_reply(asked, GatewayConfig()).subscription.fifo

@@ -70,3 +70,14 @@ def test_encoding_checks_its_own_inputs():
         records.encode_ck(Checkpoint("g", "t", 0, 0, 1, 0, 0, 0, ()))
     with pytest.raises(InvariantViolation):
         records.encode_ack([AckEntry(1, 1, 9)])
+
+
+def test_an_ordered_ck_is_kind_3_with_the_same_layout_and_held_entries_of_attempt_0(request):
+    ck = Checkpoint("g1", "orders", records.SOURCE_TOPIC, 3, 17, 1_700_000_000_000, 1_700_000_060_000, 42,
+                    (CkEntry(40, 4096, 1), CkEntry(41, 8192, 0)), ordered=True)
+    body = records.encode_ck(ck)
+    assert body == golden_bytes("pop_ck_ordered.bin", body, request)
+    assert body[0] == records.KIND_CK_ORDERED == 3 and body[1:] == records.encode_ck(
+        Checkpoint(**{**{f: getattr(ck, f) for f in ck.__slots__}, "ordered": False}))[1:]
+    assert records.kind_of(body) in records.CK_KINDS and records.decode_ck(body) == ck
+    assert records.decode_ck(records.encode_ck(CK)).ordered is False
