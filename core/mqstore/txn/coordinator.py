@@ -186,6 +186,8 @@ class Appender(Protocol):
 class OpQueue(Protocol):
     def add(self, half_queue_offsets: Sequence[int]) -> None: ...
 
+    def urge(self) -> None: ...
+
 
 class InDoubtQueue(Protocol):
     def add(self, what: str, settle: Callable[[], None]) -> None: ...
@@ -443,6 +445,9 @@ class Coordinator:
         return Ended(ROLLED_BACK, already, [])
 
     def _wait_durable(self, txn: Txn, what: str) -> None:
+        """Until the OP records of ``txn`` are durable: urged, they are written at once, or right after the
+        OP write in flight (Nagle's rule, mqstore.txn.opbatch); the timeout only bounds a failing log."""
+        self.ops.urge()
         timeout_s = self.config.op_batch_interval_ms / 1000 + 10
         if not self.table.wait_op_written(txn, timeout_s):
             raise Unavailable(f"transaction {txn.txn_id} is {what}, but its OP record was not written within "
