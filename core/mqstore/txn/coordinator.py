@@ -417,7 +417,7 @@ class Coordinator:
 
     def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
         """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
-        nobody waits for its outcome, and a decider thread must not sit out an OP batch interval)."""
+        nobody waits for its outcome, so its entries are not urged and share the next OP message)."""
         return self._run(self._rollback(txn_id, by, wait_durable))
 
     def _rollback(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
