@@ -9,6 +9,7 @@ import dataclasses
 import grpc
 import pytest
 from mqstore import errors
+from mqstore.txn.config import TxnConfig
 from mqstore_rpc import settings as S
 from mqstore_rpc.errors import STATUS_BY_ERROR, status_for
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
@@ -112,3 +113,20 @@ def test_a_hosted_part_names_its_flags_and_variables_with_its_prefix():
     assert S.typed(args, env, "part_port", S.parse_int, None) == 7
     with pytest.raises(errors.InvalidArgument, match="--part-enabled / MQSTORE_PART_ENABLED"):
         S.values_for(parser.parse_args(["--part-enabled", "maybe"]), {}, Sample, prefix="part_")
+
+
+def test_a_fields_help_metadata_says_what_it_means_in_its_flags_help():
+    """op_batch_interval_ms (issue 37) is an upper bound for OP entries nobody waits for, not a Rollback's
+    wait: its help says so, on the Transaction service's command line and on Local mode's."""
+    @dataclasses.dataclass(frozen=True)
+    class Explained:
+        wait_ms: int = dataclasses.field(default=5, metadata={"help": "how long at most"})
+
+    parser = argparse.ArgumentParser()
+    S.add_flags(parser, Explained, prefix="part_", about="Local-mode part: {field}")
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["part_wait_ms"] == "Local-mode part: wait_ms; how long at most; env MQSTORE_PART_WAIT_MS, default 5"
+    parser = argparse.ArgumentParser()
+    S.add_flags(parser, TxnConfig, skip={"data_dir"})
+    text = {a.dest: a.help for a in parser._actions}["op_batch_interval_ms"]
+    assert "upper bound" in text and "Nagle" in text and text.endswith("default 3000")

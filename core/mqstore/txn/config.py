@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mqstore.errors import InvalidArgument
 
@@ -11,8 +11,14 @@ from mqstore.errors import InvalidArgument
 @dataclass(frozen=True)
 class TxnConfig:
     data_dir: pathlib.Path
-    op_batch_max_bytes: int = 4096          # an OP message is written when its body reaches this...
-    op_batch_interval_ms: int = 3000        # ...or when its oldest entry has waited this long (RIP-50)
+    # OP records (mqstore.txn.opbatch): written at once when an answer (a Rollback) waits and no OP write is
+    # in flight, else with the next write (Nagle's rule); entries nobody waits for at the size or the interval
+    op_batch_max_bytes: int = field(default=4096, metadata={
+        "help": "an OP message carries at most this many bytes of entries (a full one is written at once)"})
+    op_batch_interval_ms: int = field(default=3000, metadata={
+        "help": "upper bound on how long an OP entry nobody waits for (a Commit's, a one-way end's, a check-back "
+                "decision's) is held to share an OP message; a Rollback's is written at once, or right after "
+                "the OP write in flight (Nagle's rule), never behind this timer"})
     cache_max_entries: int = 8000           # half-message cache: entries...
     cache_max_bytes: int = 256 << 20        # ...and bytes of bodies (8000 x 4 MiB would be 32 GiB)
     transaction_timeout_ms: int = 6000      # age (store time) before the first check-back

@@ -186,6 +186,8 @@ class Appender(Protocol):
 class OpQueue(Protocol):
     def add(self, half_queue_offsets: Sequence[int]) -> None: ...
 
+    def urge(self) -> None: ...
+
 
 class InDoubtQueue(Protocol):
     def add(self, what: str, settle: Callable[[], None]) -> None: ...
@@ -415,7 +417,7 @@ class Coordinator:
 
     def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
         """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
-        nobody waits for its outcome, and a decider thread must not sit out an OP batch interval)."""
+        nobody waits for its outcome, so its entries are not urged and share the next OP message)."""
         return self._run(self._rollback(txn_id, by, wait_durable))
 
     def _rollback(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
@@ -443,6 +445,9 @@ class Coordinator:
         return Ended(ROLLED_BACK, already, [])
 
     def _wait_durable(self, txn: Txn, what: str) -> None:
+        """Until the OP records of ``txn`` are durable: urged, they are written at once, or right after the
+        OP write in flight (Nagle's rule, mqstore.txn.opbatch); the timeout only bounds a failing log."""
+        self.ops.urge()
         timeout_s = self.config.op_batch_interval_ms / 1000 + 10
         if not self.table.wait_op_written(txn, timeout_s):
             raise Unavailable(f"transaction {txn.txn_id} is {what}, but its OP record was not written within "

@@ -1,6 +1,20 @@
 """OP records batched Nagle-style (RIP-50): resolved halves' queue offsets gather in memory and are
-written as one OP message (tag ``d``, body ``"17,18,23,"``) when the body reaches ``max_bytes`` or
-``interval_ms`` has passed since the oldest pending entry, whichever first.
+written as one OP message (tag ``d``, body ``"17,18,23,"``). Nagle's rule, for the entries an answer waits
+for (a Rollback, a Commit refused because its transaction was rolled back: :meth:`OpBatcher.urge`):
+
+  when                                              what is written
+  ------------------------------------------------- -----------------------------------------------------
+  an answer waits, no OP write is in flight         at once: the queue (up to ``max_bytes``), never
+                                                    behind a timer
+  an answer waits while an OP write is in flight    what gathered meanwhile, as one batch, as soon as that
+                                                    write completes (the duty writes one at a time)
+  the queue reaches ``max_bytes``                   a full batch (the size limit splits a longer queue)
+  nobody waits (a Commit's entries, one-way ends,   with the next write, at ``max_bytes``, or at the
+  check-back decisions)                             latest ``interval_ms`` after the oldest was queued:
+                                                    an upper bound, so the OP log never lags far behind
+                                                    the decisions (fewer check-backs and less recovery
+                                                    work after a crash) while at load OP messages stay
+                                                    full (half:OP in the hundreds)
 
 Unlike RocketMQ (which logs and drops them), a failed OP write is never lost:
 
@@ -14,8 +28,8 @@ Unlike RocketMQ (which logs and drops them), a failed OP write is never lost:
 so an OP message is not appended twice for one decision. Rollback waits for its halves' OP records
 through the table (TxnTable.wait_op_written), which the batcher's ``on_written`` and the follower mark.
 
-Counters: OP messages written, entries written, flushes by size / by time / other (stop), mean fill
-(body bytes / max_bytes), write failures.
+Counters: OP messages written, entries written, flushes by size / by time / for a waiting answer /
+other (stop), mean fill (body bytes / max_bytes), write failures.
 
 Thread-safe: ``_cond`` guards the queue and the counters; ``write`` (an Append to the commit log) runs on
 the duty's thread without the lock, one batch at a time. Time comes from the injected clock; tests
@@ -41,7 +55,7 @@ from . import records as tx
 
 log = structlog.get_logger("mqstore.txn.opbatch")
 
-REASON_SIZE, REASON_TIME, REASON_OTHER = "size", "time", "other"
+REASON_SIZE, REASON_TIME, REASON_WAITER, REASON_OTHER = "size", "time", "waiter", "other"
 MAX_PAUSE_MS = 100  # the duty looks again at least this often: the due time is the injected clock's
 
 
@@ -56,6 +70,7 @@ class OpStats:
     write_failures: int
     pending: int
     unknown_outcomes: int       # writes whose outcome was unknown (their entries went to the resolver)
+    flush_by_waiter: int = 0    # written at once (Nagle's rule) because an answer waited for them
 
 
 def op_writer(append: Callable[[str, Sequence[MessageIn]], list[AppendResult]]) -> Callable[[bytes, list[int]], object]:
@@ -86,21 +101,36 @@ class OpBatcher(Duty):
         self._queue: collections.deque[tuple[str, int]] = collections.deque()  # (text, added ms)
         self._queued_bytes = 0
         self._messages = self._entries = self._by_size = self._by_time = self._other = self._failures = 0
-        self._unknown = 0
+        self._unknown = self._by_waiter = 0
         self._fill_sum = 0.0
+        # Entries are numbered in the order they are queued: ``_head_seq`` is the number of the queue's
+        # head (entries dropped so far), ``_added_seq`` the next number; those below ``_urgent_seq`` are
+        # waited for (urge) and are written without waiting for size or time.
+        self._head_seq = self._added_seq = self._urgent_seq = 0
         self._flush_all = False
 
     # ---- producers ------------------------------------------------------------------------------------
     def add(self, half_queue_offsets: Sequence[int]) -> None:
-        """Queue OP entries (written within ``interval_ms``, sooner when the batch is full)."""
+        """Queue OP entries (written within ``interval_ms``, sooner when the batch is full, another write
+        takes them along or an answer waits for them: :meth:`urge`)."""
         with self._cond:
             now = self.clock.now_ms()
             for offset in half_queue_offsets:
                 text = entry_text(offset)
                 self._queue.append((text, now))
                 self._queued_bytes += len(text)
+                self._added_seq += 1
             if self._queued_bytes >= self.max_bytes:
                 self.wake()
+
+    def urge(self) -> None:
+        """An answer waits for entries queued so far: they are written at once if no OP write is in flight,
+        else as one batch with whatever gathered as soon as the write in flight completes (Nagle)."""
+        with self._cond:
+            self._urgent_seq = self._added_seq
+            if self._head_seq >= self._urgent_seq:
+                return  # written already (or being written: the waiter hears when it completes)
+        self.wake()
 
     def requeue(self, half_queue_offsets: Sequence[int]) -> None:
         """Entries whose write had an unknown outcome and did not land: queued again, due at once when
@@ -110,17 +140,21 @@ class OpBatcher(Duty):
                 text = entry_text(offset)
                 self._queue.append((text, 0))
                 self._queued_bytes += len(text)
+                self._added_seq += 1
         self.wake()
 
     # ---- the duty -------------------------------------------------------------------------------------
     def due(self, now_ms: int) -> str:
-        """Why a batch is due now ("" if none): size first, then the age of the oldest entry."""
+        """Why a batch is due now ("" if none): size first, then a waiting answer, then the age of the
+        oldest entry."""
         if not self._queue:
             return ""
         if self._queued_bytes >= self.max_bytes:
             return REASON_SIZE
         if self._flush_all:
             return REASON_OTHER
+        if self._head_seq < self._urgent_seq:
+            return REASON_WAITER
         if now_ms - self._queue[0][1] >= self.interval_ms:
             return REASON_TIME
         return ""
@@ -154,6 +188,7 @@ class OpBatcher(Duty):
         for _ in range(count):
             text, _ = self._queue.popleft()
             self._queued_bytes -= len(text)
+            self._head_seq += 1
 
     def _write_batch(self, batch, reason: str) -> None:
         body = "".join(text for text, _ in batch).encode("ascii")
@@ -180,6 +215,7 @@ class OpBatcher(Duty):
             self._fill_sum += len(body) / self.max_bytes
             self._by_size += reason == REASON_SIZE
             self._by_time += reason == REASON_TIME
+            self._by_waiter += reason == REASON_WAITER
             self._other += reason == REASON_OTHER
         self._on_written(offsets)
 
@@ -210,4 +246,4 @@ class OpBatcher(Duty):
         with self._cond:
             return OpStats(self._messages, self._entries, self._by_size, self._by_time, self._other,
                            self._fill_sum / self._messages if self._messages else 0.0, self._failures,
-                           len(self._queue), self._unknown)
+                           len(self._queue), self._unknown, self._by_waiter)

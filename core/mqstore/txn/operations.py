@@ -36,7 +36,8 @@ MAX_LIST = 10_000
 COUNTERS = ("halves_written", "op_messages_written", "op_entries_written", "op_flush_by_size", "op_flush_by_time",
             "op_flush_other", "op_fill_sum", "op_write_failures", "op_unknown_outcomes", "cache_hits",
             "cache_misses", "cache_evictions", "checks_sent", "check_answers", "check_failures", "parked_by_checks",
-            "appends", "appended_messages", "in_doubt_settled", "one_way_ends", "one_way_failures")
+            "appends", "appended_messages", "in_doubt_settled", "one_way_ends", "one_way_failures",
+            "op_flush_by_waiter")
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,8 @@ class Operations:
         live = dict(halves_written=self.coordinator.halves_written, op_messages_written=op.messages_written,
                     op_entries_written=op.entries_written, op_flush_by_size=op.flush_by_size,
                     op_flush_by_time=op.flush_by_time, op_flush_other=op.flush_other,
-                    op_fill_sum=op.mean_fill * op.messages_written, op_write_failures=op.write_failures,
+                    op_flush_by_waiter=op.flush_by_waiter, op_fill_sum=op.mean_fill * op.messages_written,
+                    op_write_failures=op.write_failures,
                     op_unknown_outcomes=op.unknown_outcomes, cache_hits=cache.hits, cache_misses=cache.misses,
                     cache_evictions=cache.evictions, parked_by_checks=self.checker.parked,
                     appends=self.appender.appends, appended_messages=self.appender.appended_messages,
@@ -173,7 +175,7 @@ class Operations:
             half_to_op_ratio=(total["halves_written"] / total["op_messages_written"]
                               if total["op_messages_written"] else 0.0),
             op_flush_by_size=total["op_flush_by_size"], op_flush_by_time=total["op_flush_by_time"],
-            op_flush_other=total["op_flush_other"],
+            op_flush_other=total["op_flush_other"], op_flush_by_waiter=total["op_flush_by_waiter"],
             op_batch_fill=(total["op_fill_sum"] / total["op_messages_written"] if total["op_messages_written"]
                            else 0.0),
             op_write_failures=total["op_write_failures"], op_unknown_outcomes=total["op_unknown_outcomes"],

@@ -88,10 +88,12 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = (), pr
 
     A part hosted on another service's command line (Local mode) names its flags ``--<prefix><field>``
     (``prefix="gateway_"``: ``--gateway-max-body-bytes``, ``MQSTORE_GATEWAY_MAX_BODY_BYTES``) and leads each help
-    with ``about``, formatted with the field's name (``"Local-mode gateway: {field}"``)."""
+    with ``about``, formatted with the field's name (``"Local-mode gateway: {field}"``). A field's
+    ``metadata["help"]`` says what it means."""
     for f in config_fields(cls, skip):
         name = prefix + f.name
         lead = about.format(field=f.name) + "; " if about else ""
+        lead += f.metadata["help"] + "; " if "help" in f.metadata else ""
         parser.add_argument(flag(name), dest=name, help=f"{lead}env {env_name(name)}, default {f.default}")
 
 
