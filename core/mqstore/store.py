@@ -476,6 +476,8 @@ class MessageStore:
                           why="the topic stays hidden and its name taken; DeleteTopic of it finishes the delete")
 
     def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
+        """Every topic as the catalog has it now (a replica's registry first catches up: TopicRegistry.freshen)."""
+        self.topics.freshen()
         return self.topics.sorted_topics(include_system)
 
     def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:

@@ -63,6 +63,9 @@ class TopicRegistry:
         self._log_end = log_end
         self._append_lock = append_lock
         self.meta: TopicCatalog | None = None
+        # Called before a listing answers a caller: brings the registry up to the catalog's latest when other
+        # nodes write it (etcd in HA: mqstore_rpc.catalogs.TopicWatch.fresh); nothing to do otherwise.
+        self.freshen: Callable[[], None] = lambda: None
         self._topics: dict[str, TopicRecord] = {}
         self._deleting: dict[str, TopicRecord] = {}  # step 1 done, step 4 not yet (the module docstring)
         self._lock = threading.Lock()

@@ -148,7 +148,8 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
                         why="one SQL database every node shares is a single point of failure unless it fails over "
                             "by itself; etcd:// keeps the catalog on every etcd member")
     if isinstance(store.topics.meta, etcd_meta.EtcdTopicCatalog):  # topics created on another node, within a poll
-        parts.add_duty(catalogs.TopicWatch(store.topics.meta, store.topics.refresh))
+        watch = parts.add_duty(catalogs.TopicWatch(store.topics.meta, store.topics.refresh))
+        store.topics.freshen = watch.fresh  # ListTopics reads the catalog's latest, not the last poll's
     pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,
                         ready=store.promoted_visible)
     parts.on_close(pop.close)

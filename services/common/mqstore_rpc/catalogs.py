@@ -4,6 +4,8 @@ written by another (mqstore_rpc.etcd_meta's module docstring says why a revision
 
 from __future__ import annotations
 
+import threading
+
 from typing import Callable
 
 import structlog
@@ -103,10 +105,19 @@ class TopicWatch(Duty):
         super().__init__("topic-watch", interval_s=poll_ms / 1000)
         self._catalog, self._changed = catalog, changed
         self._seen = -1
+        self._lock = threading.Lock()
 
     def step(self) -> None:
-        revision = self._catalog.changed_revision()
-        if revision != self._seen:
-            if self._seen >= 0:
-                self._changed()
-            self._seen = revision
+        self.fresh()
+
+    def fresh(self) -> None:
+        """Now, not within a poll: reload when ``topics-changed`` moved since the last look. A listing that
+        answers a caller (ListTopics) calls it first, so it never misses a topic whose records the caller
+        already read from the log: the compactor takes a record's topic for unknown, and skips its records,
+        when the node it asks has not polled since the topic was created (seen in make compose-check-ha)."""
+        with self._lock:
+            revision = self._catalog.changed_revision()
+            if revision != self._seen:
+                if self._seen >= 0:
+                    self._changed()
+                self._seen = revision
