@@ -74,6 +74,7 @@ import enum
 import json
 import os
 import pathlib
+import uuid
 import shutil
 from typing import Sequence
 
@@ -172,6 +173,15 @@ def copy_durably(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
     os.replace(tmp, dst)
     fsync_dir(dst.parent)
     return dst
+
+
+def kept_id(path: pathlib.Path) -> str:
+    """An id made at the first call (12 hex digits) and kept in ``path`` after, so that a restarted service
+    is the same instance to others (its retention hold's name)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(path, uuid.uuid4().hex[:12].encode())
+    return path.read_text().strip()
 
 
 def free_name(path: pathlib.Path, suffix: str) -> pathlib.Path:

@@ -85,6 +85,14 @@ def test_the_standby_takes_over_after_kill_9_of_the_active_one_and_no_acknowledg
                 wait_until(lambda: active in _refusal(stubs[standby]).details(), "the standby naming the active one",
                            WAIT_S)
                 assert _refusal(stubs[standby]).code() == grpc.StatusCode.UNAVAILABLE
+                # each holds the log's retention under its own name (one shared name lost the lower position)
+                def holds() -> list[str]:
+                    listed = log_stub.ListRetentionHolds(cpb.ListRetentionHoldsRequest(), timeout=RPC_S).holds
+                    return sorted(h.name for h in listed if h.name.startswith("txn"))
+
+                wait_until(lambda: len(holds()) == 2, "a retention hold for each Transaction service", WAIT_S)
+                ids = sorted((tmp_path / name / "instance.id").read_text().strip() for name in instances)
+                assert holds() == [f"txn-{i}" for i in ids]
                 # Stats says which is which (it answers on a standby too)
                 stats = {a: s.Stats(txn_pb2.TxnStatsRequest(), timeout=RPC_S) for a, s in stubs.items()}
                 assert (stats[active].role, stats[active].active_address) == ("active", active)

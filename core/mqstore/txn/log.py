@@ -46,6 +46,12 @@ FOLLOWED_TX_TYPES = (SYSFLAG_TX_COMMIT,)
 HOLD_NAME = "txn"  # the commit log holds retention below the follower's position under this name
 
 
+def instance_hold(instance_id: str) -> str:
+    """The hold of one Transaction service of an active/standby group: ``txn-<id>``, so that the two do not
+    share one hold (the lower one's position would be lost each time the other's stream refreshed it)."""
+    return f"{HOLD_NAME}-{instance_id}"
+
+
 class TxnLog(Protocol):
     """What the Transaction service asks of the commit log. Errors are mqstore errors (Unavailable,
     NotLeader, NotFound, OutOfRange, ...)."""

@@ -25,7 +25,6 @@ import dataclasses
 import importlib.util
 import pathlib
 import sys
-import uuid
 from typing import Mapping, Sequence
 
 from mqstore import defaults, fs, retention_holds
@@ -66,11 +65,7 @@ def instance_id(config: "CompactorServiceConfig") -> str:
     restarted instance holds the log's retention under the same name."""
     if config.instance_id:
         return config.instance_id
-    path = pathlib.Path(config.data_dir) / INSTANCE_ID_FILE
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fs.replace_file(path, uuid.uuid4().hex[:12].encode())
-    return path.read_text().strip()
+    return fs.kept_id(pathlib.Path(config.data_dir) / INSTANCE_ID_FILE)
 
 
 @dataclasses.dataclass(frozen=True)

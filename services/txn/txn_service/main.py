@@ -37,14 +37,14 @@ import dataclasses
 import sys
 from typing import Mapping, Sequence
 
-from mqstore import defaults
+from mqstore import defaults, fs
 from mqstore.clock import Clock, SystemClock
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
 from mqstore.replication.config import ReplicationConfig
 from mqstore.txn.config import TxnConfig
 from mqstore.txn.election import TxnElection
-from mqstore.txn.log import HOLD_NAME
+from mqstore.txn.log import HOLD_NAME, instance_hold
 from mqstore.txn.projection import txn_follower
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
@@ -56,6 +56,8 @@ from mqstore_rpc.etcd_client import EtcdCoordination
 from txn_service.composition import compose_txn, server_threads
 from txn_service.remote_log import RemoteTxnLog
 from txn_service.servicer import SERVICE_NAME
+
+INSTANCE_ID_FILE = "instance.id"  # this instance's id when it is one of a group: its retention hold txn-<id>
 
 __all__ = ["HOLD_NAME", "RemoteTxnLog", "txn_follower"]  # the follower's parts, for tests
 
@@ -99,7 +101,9 @@ def compose(config: TxnServiceConfig, parts: service.Composition) -> None:
                              max_reconnect_backoff_ms=config.follow.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
     parts.server.add_loop_closer(client.close_async)
-    txn_log = RemoteTxnLog(client, config.internal_token, config.txn.follow_linger_ms)
+    # one of a group holds the log's retention under a name of its own (kept in its data dir across restarts)
+    hold = instance_hold(fs.kept_id(config.txn.data_dir / INSTANCE_ID_FILE)) if config.etcd_endpoints else HOLD_NAME
+    txn_log = RemoteTxnLog(client, config.internal_token, config.txn.follow_linger_ms, hold_name=hold)
     clock = config.clock or SystemClock()
     standby = "standby: waiting for the etcd election" if config.etcd_endpoints else ""
     servicer = compose_txn(config.txn, config.follow, config.rpc_timeout_ms, txn_log, clock, parts,

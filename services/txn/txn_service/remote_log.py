@@ -21,8 +21,11 @@ from mqstore_rpc.commitlog_client import CommitLogClient, TailCall
 
 class RemoteTxnLog:
     def __init__(self, client: CommitLogClient, internal_token: str, linger_ms: int,
-                 gate: Callable[[], None] = lambda: None):
+                 gate: Callable[[], None] = lambda: None, hold_name: str = HOLD_NAME):
+        """``hold_name``: the retention hold its Tail names (one of an active/standby group: its own,
+        mqstore.txn.log.instance_hold)."""
         self._client, self._token, self._linger_ms, self.gate = client, internal_token, linger_ms, gate
+        self.hold_name = hold_name
 
     def append(self, topic: str, messages: Sequence[MessageIn]) -> Sequence[AppendResult]:
         self.gate()
@@ -54,4 +57,4 @@ class RemoteTxnLog:
         # both sides; the coordinator changes states itself and waits for the follower only at start)
         return self._client.tail(from_physical_offset, max_frame_bytes=max_frame_bytes, heartbeat_ms=heartbeat_ms,
                                  topics=FOLLOWED_TOPICS, tx_types=FOLLOWED_TX_TYPES, linger_ms=self._linger_ms,
-                                 hold_retention_as=HOLD_NAME)
+                                 hold_retention_as=self.hold_name)
