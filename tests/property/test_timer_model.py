@@ -99,7 +99,7 @@ def test_the_timer_delivers_like_a_sorted_list(small_config, tmp_path, restarts,
             elif choice < 0.52 and scheduled and recalls:
                 key = rnd.choice(sorted(scheduled))
                 try:
-                    scheduling.recall(store, ids[key])
+                    scheduling.recall(store, scheduled[key][0], ids[key])
                     recalled.add(key)
                 except FailedPrecondition:
                     assert scheduled[key][1] <= now

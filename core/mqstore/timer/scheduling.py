@@ -7,7 +7,11 @@
   msg_id is what :func:`recall` takes; the uniq key stays the message's id on delivery).
 * The real topic must exist and take the queue asked for now; a topic deleted before the delivery drops the copy
   (logged and counted). A delivery time in the past is due at once.
-* The store-set names (mqstore.timer.messages.STORE_SET) are refused on every append that passes here.
+* The store-set names (mqstore.timer.messages.STORE_SET) are refused on every append that passes here. The
+  compiled codec's messages (WireMessages) pass straight to the store: its parser declines requests with a
+  delivery field, and mqstore_rpc.append_wire sends requests holding the bytes ``TIMER_`` to protobuf.
+
+:class:`Scheduler` is what the CommitLog servicer holds: these with the store, the limits and the duty's wake.
 
 Thread-safety: as the store (thread-safe); ``wake`` is the timer duty's (thread-safe).
 """
@@ -16,22 +20,51 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from mqstore import codec
 from mqstore import topics as topic_rules
-from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
 from mqstore.model import AppendResults, MessageIn
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 
 
-def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,
-           wake: Callable[[], None] = lambda: None) -> AppendResults:
+class Scheduler:
+    def __init__(self, store, config: TimerConfig, wake: Callable[[], None] = lambda: None):
+        self.store = store
+        self.config = config
+        self.wake = wake
+
+    def append(self, topic: str, messages, replication: str | None = None) -> AppendResults:
+        if codec.is_wire_messages(messages):
+            return self.store.append(topic, messages, replication=replication)
+        return append(self.store, self.config, topic, messages, replication, self.wake)
+
+    async def append_async(self, topic: str, messages, replication: str | None = None) -> AppendResults:
+        """:meth:`append` on an event loop (the store's append_async for both kinds of batch)."""
+        if codec.is_wire_messages(messages) or not _checked_timed(messages):
+            return await self.store.append_async(topic, messages, replication=replication)
+        converted = to_timer_batch(self.store, self.config, topic, messages)
+        results = await self.store.append_async(tm.TIMER_TOPIC, converted, system_writer=topic_rules.OWNER_SCHEDULE,
+                                                replication=replication)
+        self.wake()
+        return results
+
+    def recall(self, topic: str, msg_id: str) -> int:
+        return recall(self.store, topic, msg_id, self.wake)
+
+
+def _checked_timed(messages: Sequence[MessageIn]) -> bool:
+    """Whether the batch is a delayed one (all or none: else INVALID_ARGUMENT); store-set names refused."""
     tm.check_reserved(messages)
     timed = [tm.asks_timer(m) for m in messages]
-    if not any(timed):
-        return store.append(topic, messages, replication=replication)
-    if not all(timed):
+    if any(timed) and not all(timed):
         raise InvalidArgument(f"messages: {sum(timed)} of {len(messages)} carry a delivery time; send delayed "
                               f"messages in batches of their own")
+    return bool(timed) and timed[0]
+
+
+def to_timer_batch(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn]) -> list[MessageIn]:
+    """The timer topic's records of a delayed batch for ``topic`` (checked: the topic, the queues, the limit)."""
     if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
         raise InvalidArgument(f"topic {topic!r}: delayed messages go to user topics only")
     rec = store.topic(topic)
@@ -42,21 +75,34 @@ def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn]
             raise InvalidArgument(f"messages[{index}].queue_id: {message.queue_id} is outside topic {topic!r}'s "
                                   f"queues 0..{rec.queue_count - 1}")
         converted.append(tm.to_timer(topic, message, tm.due_ms(message, now, config.timer_max_delay_ms, index)))
-    results = store.append(tm.TIMER_TOPIC, converted, system_writer=topic_rules.OWNER_SCHEDULE,
-                           replication=replication)
+    return converted
+
+
+def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,
+           wake: Callable[[], None] = lambda: None) -> AppendResults:
+    if not _checked_timed(messages):
+        return store.append(topic, messages, replication=replication)
+    results = store.append(tm.TIMER_TOPIC, to_timer_batch(store, config, topic, messages),
+                           system_writer=topic_rules.OWNER_SCHEDULE, replication=replication)
     wake()
     return results
 
 
-def recall(store, msg_id: str, wake: Callable[[], None] = lambda: None) -> int:
-    """Cancel the delayed message whose timer record ``msg_id`` names (the msg_id its Append returned);
-    returns when it was due. FAILED_PRECONDITION when it is due already (delivered, or being delivered)."""
-    found = store.get_message_by_id(msg_id)
-    record = found.record
+def recall(store, topic: str, msg_id: str, wake: Callable[[], None] = lambda: None) -> int:
+    """Cancel the delayed message of ``topic`` whose timer record ``msg_id`` names (the msg_id its Append
+    returned); returns when it was due. FAILED_PRECONDITION when it is due already (delivered, or being
+    delivered); NOT_FOUND, the same answer, for an id of no delayed message of ``topic`` (no oracle)."""
+    store.gate.check_writable()
+    absent = NotFound(f"msg_id {msg_id}: no delayed message of topic {topic!r} has this id (give the msg_id "
+                      f"Append returned for a message with a delivery time)")
+    try:
+        record = store.get_message_by_id(msg_id).record
+    except (NotFound, OutOfRange):
+        raise absent from None
     props = record.properties
-    if record.topic != tm.TIMER_TOPIC or tm.CANCEL_OFFSET in props or tm.OUT_MS not in props:
-        raise InvalidArgument(f"msg_id {msg_id}: not a delayed message's id (give the msg_id Append returned for "
-                              f"a message with a delivery time)")
+    if (record.topic != tm.TIMER_TOPIC or tm.CANCEL_OFFSET in props or tm.OUT_MS not in props
+            or props.get(tm.REAL_TOPIC) != topic):
+        raise absent
     due = int(props[tm.OUT_MS])
     if due <= store.clock.now_ms():
         raise FailedPrecondition(f"msg_id {msg_id}: due at {due} ms already, so delivered or being delivered; "

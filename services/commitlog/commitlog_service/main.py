@@ -13,6 +13,10 @@ loop (auto, the default: under ``--flush-mode SYNC`` or ``--default-replication 
 (the Transaction service's way into its system topics; commitlog.proto). Pop consumption (the
 ``mqstore.v1.Consumer`` service on the same port, mqstore.pop) has the flags of
 :class:`mqstore.pop.config.PopConfig` (``--pop-max-in-flight`` / ``MQSTORE_POP_MAX_IN_FLIGHT``, ...).
+Delayed delivery (mqstore.timer: the timer runs on the node that takes writes, its files in
+``<data-dir>/timer``) has the flags of
+:class:`mqstore.timer.config.TimerConfig` (``--timer-max-delay-ms``, ``--timer-precision-ms``,
+``--timer-wheel-slots``, ``--timer-checkpoint-interval-ms``).
 Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfig` field has a flag and a
 variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
 ``--etcd-endpoints`` elects the leader through etcd, ``--min-insync-replicas``, ``--default-replication
@@ -55,6 +59,9 @@ from mqstore.replication.isr import IsrKeeper
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.leadership import TimerDuty
+from mqstore.timer.scheduling import Scheduler
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
@@ -76,6 +83,7 @@ class CommitLogConfig:
     store: StoreConfig
     server: ServerConfig = ServerConfig()
     pop: PopConfig = PopConfig()  # pop consumption, the Consumer service (consumer.proto)
+    timer: TimerConfig = TimerConfig()  # delayed delivery (mqstore.timer)
     advertised_port: int = 0      # port written into message ids; 0 = the bound port
     log_level: str = "info"
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
@@ -145,7 +153,10 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         parts.add_duty(pop.start_now().reviver)
     else:  # only the leader runs it, rebuilt at each leadership (mqstore.pop.leadership)
         parts.add_duty(pop)
-    servicer = (LoopCommitLogServicer if on_loop(config) else CommitLogServicer)(store, auth=config.server.auth.enabled)
+    timer = compose_timer(config, store, node, parts)
+    scheduler = Scheduler(store, config.timer, timer.wake)
+    servicer = (LoopCommitLogServicer if on_loop(config) else CommitLogServicer)(store, scheduler=scheduler,
+                                                                                  auth=config.server.auth.enabled)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token), server))
@@ -155,6 +166,22 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     compose_access(config, parts)
     for part in config.hosted:  # Local mode
         part.compose(Host(config, store, pop.current), parts)
+
+
+def compose_timer(config: CommitLogConfig, store: MessageStore, node: ReplicationNode | None,
+                  parts: service.Composition) -> TimerDuty:
+    """The timer's duty: on a single node always; in a replication group on the leader once it shows the log it
+    copied (mqstore.timer.leadership). Its last checkpoint is written before the store stops."""
+    if node is None:
+        def leading() -> bool:
+            return True
+    else:
+        def leading() -> bool:
+            return node.leading_epoch() != 0 and store.promoted_visible()
+    timer = TimerDuty(store, config.timer, config.store.data_dir / "timer", leading=leading, registry=parts.metrics)
+    parts.on_close(timer.close)
+    parts.add_duty(timer)
+    return timer
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -226,6 +253,7 @@ def build_arg_parser(hosted_flags: Sequence[HostedFlags] = ()) -> argparse.Argum
                         "SYNC), true or false: serve the port on grpc.aio and answer Append on its event loop; env "
                         "MQSTORE_APPEND_ON_LOOP")
     S.add_flags(parser, PopConfig)
+    S.add_flags(parser, TimerConfig)
     for hosted in hosted_flags:
         hosted.add_flags(parser)
     for f in [*_store_fields(), *_replication_fields()]:
@@ -255,6 +283,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
     store = _store_config(args, env)
     config = CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT, default_running=RUNNING),
                              pop=PopConfig(**S.values_for(args, env, PopConfig)),
+                             timer=TimerConfig(**S.values_for(args, env, TimerConfig)),
                              advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                              log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
                              internal_token=S.internal_token(args, env),
@@ -313,6 +342,7 @@ def describe(config: CommitLogConfig, port: int) -> dict:
     store = {f.name: getattr(config.store, f.name) for f in dataclasses.fields(config.store)}
     store["store_port"] = config.advertised_port or port  # what compose gave the store
     return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop),
+            "timer": dataclasses.asdict(config.timer),
             "replication": dataclasses.asdict(config.replication),
             **{key: value for part in config.hosted for key, value in part.describe().items()},
             "append_on_loop": on_loop(config)}

@@ -19,6 +19,7 @@ from mqstore.format.record import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_K
                                    SYSFLAG_TX_NOT, SYSFLAG_TX_PREPARED, SYSFLAG_TX_ROLLBACK)
 from mqstore.format.record_reader import Record
 from mqstore.errors import InvalidArgument, shown
+from mqstore.timer import messages as timer_messages
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
 LOOPBACK_V4 = b"\x7f\x00\x00\x01"
@@ -82,16 +83,29 @@ def messages_in(messages: Iterable[common_pb2.MessageInput], peer: str) -> list[
     bytes every time, and by both codecs (mqstore.codec's WireMessages sorts them the same way)."""
     born_host, born_port = peer_address(peer)
     new = model.MessageIn
-    return [new(m.body, m.tags, tuple(keys) if (keys := m.keys) else (), _by_name(m.properties), m.flag,
+    return [new(m.body, m.tags, tuple(keys) if (keys := m.keys) else (), _by_name(m.properties, m), m.flag,
                 m.born_timestamp_ms, m.queue_id if m.WhichOneof("_queue_id") else None, m.sharding_key, born_host,
                 born_port)
             for m in messages]
 
 
-def _by_name(properties) -> dict[str, str]:
+def _by_name(properties, message=None) -> dict[str, str]:
+    """The properties sorted by name; a delivery field (MessageInput.delay_ms, deliver_at_ms) becomes the timer's
+    property (mqstore.timer.messages), winning over the properties that ask for a time."""
+    if message is not None and (message.delay_ms or message.deliver_at_ms):
+        return _timed(properties, message)
     if not properties:
         return {}
     return dict(sorted(properties.items())) if len(properties) > 1 else dict(properties)
+
+
+def _timed(properties, message) -> dict[str, str]:
+    props = {k: v for k, v in properties.items() if k not in timer_messages.ASKING}
+    if message.delay_ms:
+        props[timer_messages.DELAY_MS] = str(message.delay_ms)
+    else:
+        props[timer_messages.DELIVER_MS] = str(message.deliver_at_ms)
+    return dict(sorted(props.items()))
 
 
 def stored_message(message: model.StoredMessage, into: common_pb2.StoredMessage | None = None):
