@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from mqstore import topics as topic_rules
-from mqstore.errors import InvalidArgument
+from mqstore.errors import IllegalDeliveryTime, InvalidArgument
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS
 from mqstore.format.record_reader import Record
 from mqstore.model import MessageIn
@@ -72,7 +72,7 @@ def due_ms(message: MessageIn, now_ms: int, max_delay_ms: int, index: int = 0) -
         raise InvalidArgument(f"messages[{index}].properties[{name}]: {value} is out of range (0..{MAX_VALUE_MS})")
     due = now_ms + value * 1000 if name == DELAY_SEC else now_ms + value if name == DELAY_MS else value
     if due - now_ms > max_delay_ms:
-        raise InvalidArgument(
+        raise IllegalDeliveryTime(
             f"messages[{index}]: due in {due - now_ms} ms ({name}={value}), more than the timer's limit of "
             f"{max_delay_ms} ms ({max_delay_ms / 86_400_000:g} days; server setting --timer-max-delay-ms)")
     return max(due, now_ms)

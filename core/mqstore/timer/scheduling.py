@@ -34,10 +34,16 @@ class Scheduler:
         self.config = config
         self.wake = wake
 
-    def append(self, topic: str, messages, replication: str | None = None) -> AppendResults:
-        if codec.is_wire_messages(messages):
-            return self.store.append(topic, messages, replication=replication)
-        return append(self.store, self.config, topic, messages, replication, self.wake)
+    def append(self, topic: str, messages, replication: str | None = None,
+               writer: str | None = None) -> AppendResults:
+        """A delayed batch to the timer topic, any other to ``topic`` (``writer``: the store's system_writer
+        for it: the gateway's relayed sends, mqstore.relayed)."""
+        if codec.is_wire_messages(messages) or not _checked_timed(messages):
+            return self.store.append(topic, messages, system_writer=writer, replication=replication)
+        results = self.store.append(tm.TIMER_TOPIC, to_timer_batch(self.store, self.config, topic, messages),
+                                    system_writer=topic_rules.OWNER_SCHEDULE, replication=replication)
+        self.wake()
+        return results
 
     async def append_async(self, topic: str, messages, replication: str | None = None) -> AppendResults:
         """:meth:`append` on an event loop (the store's append_async for both kinds of batch)."""

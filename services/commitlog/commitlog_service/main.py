@@ -107,12 +107,13 @@ class Hosted(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-    """What this process gives a hosted part: its config, its store and pop consumption (the current
-    leadership's: PopLeadership.current)."""
+    """What this process gives a hosted part: its config, its store, pop consumption (the current
+    leadership's: PopLeadership.current) and the timer's scheduler."""
 
     config: CommitLogConfig
     store: MessageStore
     pop: Callable[[], PopService]
+    scheduler: Scheduler | None = None  # the timer's way in (a gateway's DELAY sends go through it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +160,13 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
                                                                                   auth=config.server.auth.enabled)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
-        internal.CommitLogInternalServicer(store, config.internal_token), server))
+        internal.CommitLogInternalServicer(store, config.internal_token, scheduler), server))
     parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
     compose_access(config, parts)
     for part in config.hosted:  # Local mode
-        part.compose(Host(config, store, pop.current), parts)
+        part.compose(Host(config, store, pop.current, scheduler), parts)
 
 
 def compose_timer(config: CommitLogConfig, store: MessageStore, node: ReplicationNode | None,
