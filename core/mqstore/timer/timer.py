@@ -47,7 +47,7 @@ from mqstore.timer.files import TimerFiles
 log = structlog.get_logger("mqstore.timer")
 
 READ_BATCH = 512        # timer records read per pull
-DELIVER_BATCH = 256     # copies appended per step and topic batch
+DELIVER_BATCH = 1000    # copies appended per step and topic batch (the store's max_batch_messages)
 MAX_SLOTS_PER_STEP = 20_000
 ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
@@ -267,7 +267,7 @@ class Timer:
     def _deliver(self, units: list[Unit], now: int) -> None:
         """Append the copies (or roll records) of ``units``, batched per topic in order."""
         lookups = self.store.get_messages([u.physical_offset for u in units])
-        batches: list[tuple[str, list, list[Unit]]] = []
+        batches: list[list] = []  # [topic, copies, units, body bytes]
         for unit, found in zip(units, lookups, strict=True):
             offset = unit.timer_offset
             if offset in self._done or offset in self._slot_done or offset in self._rolled:
@@ -291,13 +291,21 @@ class Timer:
                 topic, copy = tm.TIMER_TOPIC, tm.rolled(record, unit.timer_offset)
             else:
                 topic, copy = tm.delivered(record, unit.timer_offset, now)
-            if batches and batches[-1][0] == topic:
-                batches[-1][1].append(copy)
-                batches[-1][2].append(unit)
+            last = batches[-1] if batches else None
+            if last is not None and last[0] == topic and self._fits(len(last[1]), last[3] + len(copy.body)):
+                last[1].append(copy)
+                last[2].append(unit)
+                last[3] += len(copy.body)
             else:
-                batches.append((topic, [copy], [unit]))
-        for topic, copies, batch_units in batches:
+                batches.append([topic, [copy], [unit], len(copy.body)])
+        for topic, copies, batch_units, _ in batches:
             self._append(topic, copies, batch_units, now)
+
+    def _fits(self, count: int, body_bytes: int) -> bool:
+        """Whether a batch of ``count`` copies may take one more, ``body_bytes`` with it, within the store's batch
+        limits (a batch past them would be refused)."""
+        cfg = self.store.config
+        return count < cfg.max_batch_messages and body_bytes <= cfg.max_batch_body_bytes
 
     def _append(self, topic: str, copies: list, units: list[Unit], now: int) -> None:
         try:
