@@ -10,8 +10,9 @@ import time
 
 import grpc
 import pytest
+import structlog.testing
 
-from commitlog_service.main import CommitLogConfig, serving
+from commitlog_service.main import CommitLogConfig, serving, warn_short_retention
 from mqstore.config import StoreConfig
 from mqstore.timer.config import TimerConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
@@ -160,3 +161,11 @@ def test_the_cli_sends_delayed_messages_and_recalls_them(server, log):
                what="a message due after the recalled one")
     assert not _delivered(log, uniq)
     assert "--timer-max-delay-ms" in _cli(server, "send", "delayed", "x", "--delay", "2d", expect=1).stderr
+
+
+def test_a_retention_shorter_than_the_wheel_is_said_at_start(tmp_path):
+    store = StoreConfig(data_dir=tmp_path, retention_ms=1_000)
+    with structlog.testing.capture_logs() as logs:
+        warn_short_retention(CommitLogConfig(store=store, timer=TIMER))
+        warn_short_retention(CommitLogConfig(store=StoreConfig(data_dir=tmp_path), timer=TIMER))  # 72 h: fine
+    assert [e["event"] for e in logs] == ["timer.retention_short"] and logs[0]["wheel_span_ms"] == 60_000

@@ -42,6 +42,7 @@ import pathlib
 import sys
 from typing import Callable, Mapping, Protocol, Sequence
 
+import structlog
 from mqstore import defaults, store_offsets
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
@@ -72,6 +73,8 @@ from mqstore_rpc.server import ManagedServer, ServerConfig
 from commitlog_service import access, consumer, internal, replication
 from mqstore_rpc.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, LoopCommitLogServicer, add_to_server
+
+log = structlog.get_logger()
 
 DEFAULT_PORT = defaults.COMMITLOG_PORT
 # StoreConfig fields that do not get a generic flag: set from other flags, or not user settings.
@@ -139,6 +142,7 @@ def on_loop(config: CommitLogConfig) -> bool:
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
+    warn_short_retention(config)
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
                          metrics=parts.metrics)
     # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are
@@ -293,6 +297,19 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
                              append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None))
     refuse_unshared_metadata(config)
     return config
+
+
+def warn_short_retention(config: CommitLogConfig) -> None:
+    """The timer topic's records live under the store's retention like any record: a delayed message waits at
+    most one turn of the wheel in one record (longer delays are re-appended, a roll), so a retention not above
+    the wheel's span could delete a record before its turn (the timer then logs timer.record_missing and drops
+    it). Said at start, not refused: short retentions are common in tests and demos that send no delayed
+    message."""
+    span_ms = config.timer.span_ms
+    if config.store.retention_ms <= span_ms:
+        log.warning("timer.retention_short", retention_ms=config.store.retention_ms, wheel_span_ms=span_ms,
+                    why="a delayed message waits up to one span in the timer topic; retention may delete it first",
+                    fix="raise --retention-ms above --timer-wheel-slots x --timer-precision-ms, or lower those")
 
 
 def refuse_unshared_metadata(config: CommitLogConfig) -> None:
