@@ -106,9 +106,9 @@ def test_the_store_set_names_are_refused(log):
 
 def test_a_recalled_message_is_not_delivered(log):
     first = log.Append(pb.AppendRequest(topic="delayed", messages=[common_pb2.MessageInput(
-        body=b"recalled", delay_ms=800)]), timeout=T).results[0]
+        body=b"recalled", delay_ms=2_000)]), timeout=T).results[0]  # room for the recall on a loaded machine
     later = log.Append(pb.AppendRequest(topic="delayed", messages=[common_pb2.MessageInput(
-        body=b"kept", delay_ms=1_000)]), timeout=T).results[0]
+        body=b"kept", delay_ms=2_200)]), timeout=T).results[0]
     answer = log.RecallTimer(pb.RecallTimerRequest(topic="delayed", msg_id=first.msg_id), timeout=T)
     assert answer.deliver_at_ms > 0
     wait_until(lambda: _delivered(log, later.uniq_key), timeout_s=15, what="the later message delivered")
@@ -152,11 +152,11 @@ def test_the_cli_sends_delayed_messages_and_recalls_them(server, log):
     kept = re.search(r"uniq_key=(\w+)", sent).group(1)
     at = _cli(server, "send", "delayed", "cli-past", "--deliver-at", "2020-01-01T00:00:00Z").stdout
     past = re.search(r"uniq_key=(\w+)", at).group(1)
-    recalled = _cli(server, "send", "delayed", "cli-recalled", "--delay", "1s").stdout
+    recalled = _cli(server, "send", "delayed", "cli-recalled", "--delay", "4s").stdout  # a CLI start takes a while
     msg_id, uniq = re.search(r"msg_id=(\w+)\s+uniq_key=(\w+)", recalled).groups()
     assert "recalled" in _cli(server, "recall", "delayed", msg_id).stdout
     wait_until(lambda: _delivered(log, kept) and _delivered(log, past), timeout_s=15, what="the CLI's messages")
-    later = _cli(server, "send", "delayed", "cli-after", "--delay", "1500ms").stdout
+    later = _cli(server, "send", "delayed", "cli-after", "--delay", "4s").stdout  # sent after the recall: due later
     wait_until(lambda: _delivered(log, re.search(r"uniq_key=(\w+)", later).group(1)), timeout_s=15,
                what="a message due after the recalled one")
     assert not _delivered(log, uniq)

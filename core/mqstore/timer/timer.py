@@ -30,6 +30,7 @@ any thread (plain int reads).
 
 from __future__ import annotations
 
+import heapq
 import pathlib
 import struct
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ class Timer:
         self.read_ms = 0
         self.read_log_end = 0
         self._advances: list[tuple[int, int]] = []  # (read_ms, read_log_end) not yet checkpointed
-        self._current: list[Unit] | None = None  # the read slot's units left, by due time
+        self._current: list[tuple[int, int, Unit]] | None = None  # the read slot's units left: a heap by due time
         self.cancels: dict[int, int] = {}  # origin -> due of a recalled message (kept a turn past its due)
         self._done: set[int] = set()  # timer offsets delivered already (recovery's scan of TIMER_UNIT)
         self._rolled: set[int] = set()  # timer offsets re-appended already (TIMER_ROLLED_FROM): never again
@@ -217,10 +218,10 @@ class Timer:
             self._take([Unit(due, slot, record.queue_offset, record.physical_offset, -1, kind)])
 
     def _take(self, units: list[Unit]) -> None:
-        """Units of the read slot into the in-memory list, by due time (rolls first)."""
-        if units:
-            self._current = sorted([*(self._current or []), *units],
-                                   key=lambda u: (u.deliver_ms if u.kind == KIND_DELIVER else 0, u.timer_offset))
+        """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
+        for unit in units:
+            heapq.heappush(self._current, (unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset,
+                                           unit))
 
     def _dequeue(self, now: int) -> int:
         """Deliver what is due; ms until something may be due next."""
@@ -230,15 +231,21 @@ class Timer:
             if self._current is None:
                 self._current = []
                 self._take(self.files.units(self.read_ms))
-            due = [u for u in self._current[:DELIVER_BATCH] if u.kind == KIND_ROLL or u.deliver_ms <= now]
+            heap = self._current
+            due = []
+            while heap and heap[0][0] <= now and len(due) < DELIVER_BATCH:
+                due.append(heapq.heappop(heap)[2])
             if due:
-                self._deliver(due, now)
-                self._current = self._current[len(due):]
-                if self._current:
+                try:
+                    self._deliver(due, now)
+                except BaseException:  # retried by the duty: the units stay (the delivered ones are skipped)
+                    self._take(due)
+                    raise
+                if heap:
                     return 0
                 continue
-            if self._current:
-                return self._current[0].deliver_ms - now
+            if heap:
+                return heap[0][0] - now
             if now < self.read_ms + self.precision:
                 return self.read_ms + self.precision - now
             self._next_slot(now)
