@@ -100,6 +100,10 @@ def _by_name(properties, message=None) -> dict[str, str]:
 
 
 def _timed(properties, message) -> dict[str, str]:
+    for name in ("delay_ms", "deliver_at_ms"):
+        if getattr(message, name) < 0:
+            raise InvalidArgument(f"{name} is {getattr(message, name)}; it must not be negative (0 = none; "
+                                  f"delay_ms: milliseconds from the server's clock, deliver_at_ms: epoch milliseconds)")
     props = {k: v for k, v in properties.items() if k not in timer_messages.ASKING}
     if message.delay_ms:
         props[timer_messages.DELAY_MS] = str(message.delay_ms)
@@ -300,6 +304,10 @@ def tx_type_out(sys_flag_tx: int) -> int:
 def internal_messages_in(messages: Iterable[commitlog_pb2.InternalMessage], peer: str) -> list[model.MessageIn]:
     """InternalMessage -> MessageIn, with what the public MessageInput lacks (transaction type, the
     half's offset, the producer's born host)."""
+    for index, m in enumerate(messages):
+        if m.message.delay_ms or m.message.deliver_at_ms:
+            raise InvalidArgument(f"messages[{index}].message: delay_ms and deliver_at_ms are CommitLog.Append's (the "
+                                  f"timer takes them there); the internal door stores records as they are")
     out = messages_in([m.message for m in messages], peer)
     for m, item in zip(messages, out, strict=True):
         item.sys_flag = tx_type_in(m.transaction_type)
