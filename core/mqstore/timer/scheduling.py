@@ -38,22 +38,26 @@ class Scheduler:
                writer: str | None = None) -> AppendResults:
         """A delayed batch to the timer topic, any other to ``topic`` (``writer``: the store's system_writer
         for it: the gateway's relayed sends, mqstore.relayed)."""
-        if codec.is_wire_messages(messages) or not _checked_timed(messages):
-            return self.store.append(topic, messages, system_writer=writer, replication=replication)
-        results = self.store.append(tm.TIMER_TOPIC, to_timer_batch(self.store, self.config, topic, messages),
-                                    system_writer=topic_rules.OWNER_SCHEDULE, replication=replication)
-        self.wake()
+        target, batch, writer, timed = self._route(topic, messages, writer)
+        results = self.store.append(target, batch, system_writer=writer, replication=replication)
+        if timed:
+            self.wake()
         return results
 
     async def append_async(self, topic: str, messages, replication: str | None = None) -> AppendResults:
-        """:meth:`append` on an event loop (the store's append_async for both kinds of batch)."""
-        if codec.is_wire_messages(messages) or not _checked_timed(messages):
-            return await self.store.append_async(topic, messages, replication=replication)
-        converted = to_timer_batch(self.store, self.config, topic, messages)
-        results = await self.store.append_async(tm.TIMER_TOPIC, converted, system_writer=topic_rules.OWNER_SCHEDULE,
-                                                replication=replication)
-        self.wake()
+        """:meth:`append` on an event loop (the store's append_async)."""
+        target, batch, writer, timed = self._route(topic, messages, None)
+        results = await self.store.append_async(target, batch, system_writer=writer, replication=replication)
+        if timed:
+            self.wake()
         return results
+
+    def _route(self, topic: str, messages, writer: str | None) -> tuple[str, object, str | None, bool]:
+        """(topic, messages, system writer, delayed) of the append a batch becomes."""
+        if codec.is_wire_messages(messages) or not _checked_timed(messages):
+            return topic, messages, writer, False
+        return (tm.TIMER_TOPIC, to_timer_batch(self.store, self.config, topic, messages), topic_rules.OWNER_SCHEDULE,
+                True)
 
     def recall(self, topic: str, msg_id: str) -> int:
         return recall(self.store, topic, msg_id, self.wake)
@@ -86,12 +90,8 @@ def to_timer_batch(store, config: TimerConfig, topic: str, messages: Sequence[Me
 
 def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,
            wake: Callable[[], None] = lambda: None) -> AppendResults:
-    if not _checked_timed(messages):
-        return store.append(topic, messages, replication=replication)
-    results = store.append(tm.TIMER_TOPIC, to_timer_batch(store, config, topic, messages),
-                           system_writer=topic_rules.OWNER_SCHEDULE, replication=replication)
-    wake()
-    return results
+    """:meth:`Scheduler.append` without a Scheduler (tests, the bench)."""
+    return Scheduler(store, config, wake).append(topic, messages, replication)
 
 
 def recall(store, topic: str, msg_id: str, wake: Callable[[], None] = lambda: None) -> int:
