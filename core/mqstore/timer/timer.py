@@ -94,6 +94,15 @@ class Timer:
 
     # ---- open and close
     def open(self) -> None:
+        """Recover the files (or rebuild) and read the log for what is done; the files are closed if it fails
+        (the duty retries the open)."""
+        try:
+            self._open()
+        except BaseException:
+            self.files.close()
+            raise
+
+    def _open(self) -> None:
         now = self.store.clock.now_ms()
         cp = self.files.open()
         low, high = self._bounds()
