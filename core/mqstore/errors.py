@@ -152,6 +152,10 @@ class IllegalMessageId(InvalidArgument):
     """A message without a usable message id (RocketMQ 5: ILLEGAL_MESSAGE_ID)."""
 
 
+class IllegalDeliveryTime(InvalidArgument):
+    """A delivery time the timer refuses: too far ahead (RocketMQ 5: ILLEGAL_DELIVERY_TIME)."""
+
+
 class IllegalFilterExpression(InvalidArgument):
     """A filter expression the gateway cannot apply (RocketMQ 5: ILLEGAL_FILTER_EXPRESSION)."""
 

@@ -14,8 +14,12 @@ from mqstore.store import MessageStore
 class StreamAppends:
     """Counts one stream's messages against the limit and appends each item to ``store``."""
 
-    def __init__(self, store: MessageStore):
+    def __init__(self, store: MessageStore, append=None):
+        """``append(topic, messages, replication)``: how an item is appended (default: ``store.append``; the
+        CommitLog's is the timer's Scheduler.append, which routes delayed batches)."""
         self._store = store
+        self._append = append or (lambda topic, messages, replication: store.append(topic, messages,
+                                                                                     replication=replication))
         self._limit = store.config.max_stream_messages
         self.stored = 0
         self.batches: list = []   # each item's AppendResults, in order
@@ -30,5 +34,5 @@ class StreamAppends:
 
     def append(self, topic: str, messages, *, replication: str | None = None) -> None:
         """Append an admitted item (what MessageStore.append takes)."""
-        self.batches.append(self._store.append(topic, messages, replication=replication))
+        self.batches.append(self._append(topic, messages, replication))
         self.stored += len(self.batches[-1])

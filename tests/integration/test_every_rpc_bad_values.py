@@ -173,6 +173,11 @@ BATCHES_NUMERIC = [
     ("batches reconsume_times -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
         writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[commit(M(), reconsume_times=-1)])]),
      Code.INVALID_ARGUMENT, "reconsume_times -1 is outside [0, "),
+    ("batches delay_ms -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(delay_ms=-1))])]), Code.INVALID_ARGUMENT, "delay_ms"),
+    ("batches deliver_at_ms -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(writer="txn", batches=[
+        pb.InternalAppendBatch(topic="t", messages=[commit(M(deliver_at_ms=-1))])]), Code.INVALID_ARGUMENT,
+     "deliver_at_ms"),
     ("batches prepared offset -1", "internal", "AppendBatches", pb.InternalAppendBatchesRequest(
         writer="txn", batches=[pb.InternalAppendBatch(topic="t", messages=[pb.InternalMessage(
             message=M(), transaction_type=pb.TRANSACTION_TYPE_COMMIT, prepared_transaction_offset=-1)])]),
@@ -197,6 +202,31 @@ NUMERIC = [
      Code.INVALID_ARGUMENT, "[0, 2)"),
     ("append born -1", "log", "Append", pb.AppendRequest(topic="t", messages=[M(born_timestamp_ms=-1)]),
      Code.INVALID_ARGUMENT, "born_timestamp_ms"),
+    ("append delay_ms -1", "log", "Append", pb.AppendRequest(topic="t", messages=[M(delay_ms=-1)]),
+     Code.INVALID_ARGUMENT, "delay_ms is -1"),
+    ("append deliver_at_ms -1", "log", "Append", pb.AppendRequest(topic="t", messages=[M(deliver_at_ms=-1)]),
+     Code.INVALID_ARGUMENT, "deliver_at_ms is -1"),
+    ("append stream delay_ms -1", "log", "AppendStream", pb.AppendRequest(topic="t", messages=[M(delay_ms=-1)]),
+     Code.INVALID_ARGUMENT, "delay_ms is -1"),
+    ("append stream deliver_at_ms -1", "log", "AppendStream", pb.AppendRequest(
+        topic="t", messages=[M(deliver_at_ms=-1)]), Code.INVALID_ARGUMENT, "deliver_at_ms is -1"),
+    ("internal delay_ms -1", "internal", "Append", pb.InternalAppendRequest(
+        topic="t", writer="txn", messages=[commit(M(delay_ms=-1))]), Code.INVALID_ARGUMENT, "delay_ms"),
+    ("internal deliver_at_ms -1", "internal", "Append", pb.InternalAppendRequest(
+        topic="t", writer="txn", messages=[commit(M(deliver_at_ms=-1))]), Code.INVALID_ARGUMENT, "deliver_at_ms"),
+    ("prepare delay_ms -1", "txn", "Prepare", txn_pb2.PrepareRequest(topic="t", producer_group="pg",
+                                                                      messages=[M(delay_ms=-1)]),
+     Code.INVALID_ARGUMENT, "delay_ms is -1"),
+    ("prepare deliver_at_ms -1", "txn", "Prepare", txn_pb2.PrepareRequest(topic="t", producer_group="pg",
+                                                                           messages=[M(deliver_at_ms=-1)]),
+     Code.INVALID_ARGUMENT, "deliver_at_ms is -1"),
+    ("transact prepare delay_ms -1", "txn", "Transact", txn_pb2.TransactRequest(
+        request_id=11, prepare=txn_pb2.PrepareRequest(topic="t", producer_group="pg", messages=[M(delay_ms=-1)])),
+     Code.INVALID_ARGUMENT, "delay_ms is -1"),
+    ("transact prepare deliver_at_ms -1", "txn", "Transact", txn_pb2.TransactRequest(
+        request_id=12, prepare=txn_pb2.PrepareRequest(topic="t", producer_group="pg",
+                                                      messages=[M(deliver_at_ms=-1)])),
+     Code.INVALID_ARGUMENT, "deliver_at_ms is -1"),
     ("pull max_messages -1", "log", "Pull", pb.PullRequest(topic="t", max_messages=-1), Code.INVALID_ARGUMENT,
      "max_messages is -1; give 0 (the default, 32) or 1 to 10000"),
     ("pull max_bytes -1", "log", "Pull", pb.PullRequest(topic="t", max_bytes=-1), Code.INVALID_ARGUMENT,

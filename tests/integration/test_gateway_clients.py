@@ -1,6 +1,6 @@
 """The official RocketMQ 5 clients, unchanged and pinned (Python 5.1.2 and Node 1.0.8), against the real
 CommitLog, Transaction and gateway services on free ports: produce with tags and keys, FIFO groups,
-transactions committed and rolled back, and check-back answered COMMIT, ROLLBACK and UNKNOWN.
+transactions committed and rolled back, check-back answered COMMIT, ROLLBACK and UNKNOWN, and delayed messages.
 
 Each client runs in a subprocess (tests/support/gateway.py). What a client sends is checked in the
 store itself (Pull through the CommitLog API): the message id it got back is the stored UNIQ_KEY, its
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 
 import grpc
 import pytest
@@ -70,6 +71,28 @@ def test_a_message_group_keeps_its_messages_in_one_queue(rig, kind):
         assert len({m.queue_id for m in mine}) == 1
         assert [m.body for m in mine] == [f"{group}-{i}".encode() for i in range(4)]
         assert all(m.properties["__SHARDINGKEY"] == group for m in mine)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_a_delayed_message_is_received_at_its_time(rig, kind):
+    topic = f"delay_{kind}"
+    rig.create_topic(topic, 1)
+    with rig.client(kind) as client:
+        client.call("producer", topics=[topic])
+        if kind == "python":  # 5.1.2 puts msg.delivery_timestamp into Timestamp.seconds: seconds work
+            when = dict(delivery_timestamp=int(time.time()) + 2)
+            refused = client.call("send", topic=topic, body="ms", delivery_timestamp=int(time.time() * 1000) + 2000,
+                                  expect_error=True)  # milliseconds, as its docs say: the unit mistake is named
+            assert "Timestamp.seconds" in refused["error"]
+        else:
+            when = dict(delay_ms=1500)
+        sent = client.call("send", topic=topic, body="later", **when)
+        client.call("consumer", group=f"g_delay_{kind}", topic=topic, await_s=5)
+        got = wait_until(lambda: client.call("receive", max=4)["messages"], "the delayed message", WAIT_S)
+    assert [m["message_id"] for m in got] == [sent["message_id"]] and got[0]["body"] == "later"
+    (stored,) = by_uniq_key(rig, topic, 1).values()
+    due = int(stored.properties["TIMER_DELIVER_MS"])
+    assert got[0]["delivery_timestamp"] == due and stored.store_timestamp_ms >= due  # reported, and never early
 
 
 @pytest.mark.parametrize("kind", CLIENTS)

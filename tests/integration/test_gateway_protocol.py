@@ -63,6 +63,7 @@ def local_gateway(tmp):
 def create_topics(log_stub) -> None:
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="t", queue_count=3), timeout=TIMEOUT_S)
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="kv", queue_count=2, kind=2), timeout=TIMEOUT_S)
+    log_stub.CreateTopic(cpb.CreateTopicRequest(name="delayed", queue_count=1), timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -105,7 +106,7 @@ def test_a_route_names_every_queue_and_only_the_types_that_work(stub):
                         timeout=TIMEOUT_S)
     assert r.status.code == d.OK
     assert [q.id for q in r.message_queues] == [0, 1, 2]
-    assert set(r.message_queues[0].accept_message_types) == {d.NORMAL, d.FIFO, d.TRANSACTION}  # no DELAY
+    assert set(r.message_queues[0].accept_message_types) == {d.NORMAL, d.FIFO, d.DELAY, d.TRANSACTION}
     assert r.message_queues[0].broker.endpoints == ENDPOINTS
     kv = stub.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="kv"), endpoints=ENDPOINTS), metadata=CLIENT,
                          timeout=TIMEOUT_S)
@@ -126,8 +127,11 @@ def test_a_call_without_a_client_id_is_refused_in_the_status(stub):
 def test_sends_answer_per_entry_and_refuse_what_does_not_work(stub):
     ok = send(stub, message(b"a", "01AA"))
     assert ok.status.code == d.OK and [(e.status.code, e.message_id) for e in ok.entries] == [(d.OK, "01AA")]
-    delayed = send(stub, message(b"b", "01AB", message_type=d.DELAY))
-    assert delayed.status.code == d.UNSUPPORTED and "DELAY" in delayed.status.message
+    delayed = send(stub, message(b"b", "01AB", message_type=d.DELAY))  # no delivery_timestamp
+    assert delayed.status.code == d.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    assert "delivery_timestamp" in delayed.status.message
+    lite = send(stub, message(b"b", "01AB", message_type=d.LITE))
+    assert lite.status.code == d.UNSUPPORTED and "LITE" in lite.status.message
     reserved = message(b"c", "01AC")
     reserved.user_properties["UNIQ_KEY"] = "forged"
     assert send(stub, reserved).status.code == d.ILLEGAL_MESSAGE_PROPERTY_KEY
@@ -235,3 +239,34 @@ def test_a_telemetry_streams_reader_thread_ends_with_its_stream(stub, ending):
         requests.put(None)  # the client's writes end: the reader detaches, the server ends the stream
         assert list(call) == []
     wait_until(lambda: not _readers(), "the stream's reader thread to end with its stream")
+
+
+def test_a_delay_message_comes_at_its_time_with_its_delivery_timestamp(stub):
+    due_ms = int(time.time() * 1000) + 700
+    delayed = message(b"later", "05AA", topic="delayed", message_type=d.DELAY)
+    delayed.system_properties.delivery_timestamp.FromMilliseconds(due_ms)
+    assert send(stub, delayed).status.code == d.OK
+    got = []
+
+    def arrived():
+        items, _ = receive(stub, "g_delay", poll_ms=1000, timeout_s=5, topic="delayed")
+        got.extend(i.message for i in items if i.WhichOneof("content") == "message")
+        return got
+    wait_until(arrived, "the delayed message received", timeout_s=20)
+    (m,) = got
+    sp = m.system_properties
+    assert sp.message_id == "05AA" and sp.message_type == d.DELAY
+    assert sp.delivery_timestamp.ToMilliseconds() == due_ms
+    assert sp.store_timestamp.ToMilliseconds() >= due_ms  # never early
+    assert not any(name.startswith("TIMER_") for name in m.user_properties)
+
+
+def test_a_delivery_time_past_the_limit_or_in_the_wrong_unit_is_illegal(stub):
+    too_far = message(b"x", "05AB", topic="delayed", message_type=d.DELAY)
+    too_far.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 4 * 86_400_000)
+    answer = send(stub, too_far)
+    assert answer.status.code == d.ILLEGAL_DELIVERY_TIME and "--timer-max-delay-ms" in answer.status.message
+    python_client = message(b"x", "05AC", topic="delayed", message_type=d.DELAY)
+    python_client.system_properties.delivery_timestamp.seconds = int(time.time() * 1000) + 10_000  # ms as seconds
+    answer = send(stub, python_client)
+    assert answer.status.code == d.ILLEGAL_DELIVERY_TIME and "Timestamp.seconds" in answer.status.message

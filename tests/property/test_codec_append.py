@@ -100,6 +100,9 @@ def check_parse(raw: bytes) -> None:
     except DecodeError:
         assert parsed is None, "the compiled parser accepted bytes that protobuf refuses"
         return
+    if any(m.delay_ms or m.deliver_at_ms for m in request.messages):
+        assert parsed is None, "a delayed message goes to protobuf (mqstore.timer.scheduling)"
+        return
     assert parsed is not None, "the compiled parser refused bytes that protobuf accepts"
     assert (parsed.topic, len(parsed)) == (request.topic, len(request.messages))
     parsed.set_peer(*convert.peer_address(PEER))
@@ -160,11 +163,18 @@ def test_parse_edge_cases_as_protobuf(raw):
 
 # ---- records, errors, responses ----------------------------------------------------------------------
 
+def _delayed(request) -> bool:
+    """A request with a delivery field: the compiled parser declines it, the timer takes it (mqstore.timer)."""
+    return any(m.delay_ms or m.deliver_at_ms for m in request.messages)
+
+
 def reference_append(encoder: MessageEncoder, raw: bytes):
     try:
         request = commitlog_pb2.AppendRequest.FromString(raw)
     except DecodeError:
         return ("unparsable",)
+    if _delayed(request):
+        return ("to the timer",)
     topic = TOPICS.get(request.topic)
     if topic is None:
         return ("no such topic",)
@@ -177,8 +187,11 @@ def reference_append(encoder: MessageEncoder, raw: bytes):
 
 def compiled_append(encoder: MessageEncoder, raw: bytes):
     parsed = COMPILED.parse_append_request(raw)
-    if parsed is None:
-        return ("unparsable",)
+    if parsed is None:  # protobuf parses it (append_wire.parse_request): a delayed batch goes to the timer
+        try:
+            return ("to the timer",) if _delayed(commitlog_pb2.AppendRequest.FromString(raw)) else ("unparsable",)
+        except DecodeError:
+            return ("unparsable",)
     topic = TOPICS.get(parsed.topic)
     if topic is None:
         return ("no such topic",)

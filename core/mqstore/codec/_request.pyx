@@ -7,7 +7,9 @@ Python protobuf package): varints, tags, lengths, groups, nesting depth, the UTF
 field; unknown fields are skipped, the last of a repeated scalar wins, a map entry that holds a field
 other than key and value is dropped (upb keeps it among the unknown fields). It returns None where
 protobuf could refuse the bytes: the caller then parses them with protobuf, which either accepts them
-or says why in its own words, so a malformed request gets protobuf's own error either way.
+or says why in its own words, so a malformed request gets protobuf's own error either way. It returns
+None too for a message with a delivery time (MessageInput.deliver_at_ms or delay_ms not 0): the timer's
+way (mqstore.timer.scheduling) takes protobuf's messages.
 
 User properties are kept in order of name (a protobuf map has no order; mqstore_rpc.convert's
 messages_in sorts them the same way), the last entry of a name winning as in protobuf.
@@ -165,7 +167,7 @@ cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ss
     cdef Msg* m = wire.new_message()
     cdef Py_ssize_t length, entries = 0
     cdef uint32_t tag, field
-    cdef uint64_t value
+    cdef uint64_t value, deliver = 0, delay = 0
     cdef Span span
     while at < end:
         at = read_varint32(p, at, end, &tag)
@@ -192,6 +194,16 @@ cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ss
             else:
                 m.shard = span
             at += length
+        elif tag & 7 == WT_VARINT and (field == 9 or field == 10):
+            # deliver_at_ms, delay_ms (0: none; the last one wins, as in protobuf): a delayed message
+            # (mqstore.timer) is parsed by protobuf, below, and routed to the timer topic by the servicer.
+            at = read_varint(p, at, end, &value)
+            if at < 0:
+                return -1
+            if field == 9:
+                deliver = value
+            else:
+                delay = value
         elif tag & 7 == WT_VARINT and 5 <= field <= 7:
             at = read_varint(p, at, end, &value)
             if at < 0:
@@ -206,6 +218,8 @@ cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ss
             at = skip_field(p, at, end, tag, MAX_DEPTH - 1)
             if at < 0:
                 return -1
+    if deliver or delay:
+        return -1
     m.keys_to = wire.keys_count
     m.props_to = _one_per_name(wire, m.props_from)
     wire.count += 1

@@ -87,12 +87,18 @@ class StoreLike(Protocol):
 class LocalLog:
     """LogPort in the commit log's own process (Local mode)."""
 
-    def __init__(self, store: StoreLike, pop_current: Callable[[], PopService]):
+    def __init__(self, store: StoreLike, pop_current: Callable[[], PopService],
+                 append: Callable[..., Sequence[AppendResult]] | None = None):
+        """``append(topic, messages, writer=...)``: the commit log's way in that routes DELAY sends to its timer
+        (mqstore.timer.scheduling.Scheduler.append); default: the store's append."""
         self._store = store
+        self._append = append
         self.pop = LocalPop(pop_current)
 
     def topic(self, name: str) -> TopicRecord:
         return self._store.describe_topic(name)[0]
 
     def append(self, topic: str, messages: list[MessageIn]) -> Sequence[AppendResult]:
+        if self._append is not None:
+            return self._append(topic, messages, writer=WRITER_GATEWAY)
         return self._store.append(topic, messages, system_writer=WRITER_GATEWAY)

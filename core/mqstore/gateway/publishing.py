@@ -15,12 +15,19 @@ A v2 message becomes one :class:`mqstore.model.MessageIn`, as the Java proxy bui
   (the producer's address)            born_host (when the gateway appends through CommitLogInternal,
                                       writer "gateway": see Publisher)
   user_properties                     properties (the names the gateway sets itself are refused)
+  delivery_timestamp (DELAY)          property TIMER_DELIVER_MS: the commit log's timer delivers it then
+                                      (mqstore.timer); returned as delivery_timestamp on receive
   body                                body (at most max_body_bytes)
 
 The queue is chosen here, never taken from the request: the Node client names queue 0 for every send.
-NORMAL and FIFO sends are one CommitLog.Append each; TRANSACTION sends are Transaction.Prepare with the
-topic as producer group (the proxy's rule, since v2 has no producer group on the wire). DELAY, LITE and
-PRIORITY are refused (Unsupported) and never advertised: mqstore has no scheduler yet.
+NORMAL, FIFO and DELAY sends are one CommitLog.Append each; TRANSACTION sends are Transaction.Prepare with the
+topic as producer group (the proxy's rule, since v2 has no producer group on the wire). A message with a
+delivery_timestamp is DELAY whatever type the client names (the proxy infers it too), and takes no message
+group and no transaction. Its limit is the commit log's one (--timer-max-delay-ms: ILLEGAL_DELIVERY_TIME naming
+it); a delivery time absurdly far ahead (past the year 5000) is ILLEGAL_DELIVERY_TIME naming the likely unit
+mistake (the Python client 5.1.2 puts msg.delivery_timestamp into Timestamp.seconds although its docs say
+milliseconds). A time in the past is delivered at once. LITE and PRIORITY are refused (Unsupported) and never
+advertised.
 
 Thread-safe: the topic cache has its own lock; the rest holds no state.
 """
@@ -32,14 +39,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from mqstore.clock import Clock
-from mqstore.errors import (BodyTooLarge, IllegalMessageId, IllegalPropertyKey, NotFound, PropertyConflictsWithType,
-                            TopicNotFound, Unsupported)
+from mqstore.errors import (BodyTooLarge, IllegalDeliveryTime, IllegalMessageId, IllegalPropertyKey, NotFound,
+                            PropertyConflictsWithType, TopicNotFound, Unsupported)
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResult, MessageIn, TopicRecord
 from mqstore import topics as topic_rules
 
 NORMAL, FIFO, DELAY, TRANSACTION = "NORMAL", "FIFO", "DELAY", "TRANSACTION"
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"   # RocketMQ's MessageConst.PROPERTY_SHARDING_KEY: the message group
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # mqstore.timer.messages.DELIVER_MS (a layer apart: spelled here)
+# A delivery time past this (the year 5138) is a seconds field holding milliseconds (see the module docstring).
+ABSURD_DELIVERY_MS = 100_000_000_000_000
 # Property names the gateway, the store or the Transaction service set themselves (RocketMQ's MessageConst
 # names among them): a user property of one of these names is refused, as the proxy refuses reserved keys.
 RESERVED_PROPERTIES = frozenset({
@@ -48,7 +58,7 @@ RESERVED_PROPERTIES = frozenset({
     "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "RETRY_TOPIC", "RECONSUME_TIME", "MAX_RECONSUME_TIMES",
     "DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "ORIGIN_MESSAGE_ID", "POP_CK", "MIN_OFFSET", "MAX_OFFSET", "WAIT"})
 # What each topic kind accepts (advertised in the route as accept_message_types).
-ACCEPTED_TYPES = {KIND_NORMAL: (NORMAL, FIFO, TRANSACTION),
+ACCEPTED_TYPES = {KIND_NORMAL: (NORMAL, FIFO, DELAY, TRANSACTION),
                   # a COMPACTION topic routes by key: a message group would contradict it, and the
                   # Transaction service refuses these topics
                   KIND_COMPACTION: (NORMAL,)}
@@ -72,6 +82,7 @@ class Publish:
     # then stores the gateway's own address)
     born_host: bytes = b"\x7f\x00\x00\x01"
     born_port: int = 0
+    delivery_ms: int = 0              # delivery_timestamp in epoch ms; 0 = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +147,8 @@ def to_message_in(p: Publish) -> MessageIn:
     properties[PROPERTY_UNIQ_KEY] = p.message_id
     if p.message_group:
         properties[PROPERTY_SHARDING_KEY] = p.message_group
+    if p.delivery_ms:
+        properties[PROPERTY_TIMER_DELIVER_MS] = str(p.delivery_ms)
     return MessageIn(p.body, tags=p.tag, keys=p.keys, properties=properties, born_timestamp_ms=p.born_timestamp_ms,
                      sharding_key=p.message_group, born_host=p.born_host, born_port=p.born_port)
 
@@ -168,6 +181,9 @@ class Publisher:
         if len(p.body) > self.max_body_bytes:
             raise BodyTooLarge(f"the message body has {len(p.body)} bytes, the limit is {self.max_body_bytes} "
                                f"(publishing.max_body_size)")
+        if p.delivery_ms or p.message_type == DELAY:
+            self._check_delay(p, topic)
+            return
         if p.message_type in (NORMAL, FIFO, TRANSACTION):
             if p.message_type not in accepted_types(topic):
                 raise PropertyConflictsWithType(f"topic {p.topic!r} ({topic.kind}) accepts only "
@@ -176,5 +192,22 @@ class Publisher:
                 raise PropertyConflictsWithType("a FIFO message needs a message_group, and only a FIFO message "
                                                 f"has one (message_type {p.message_type})")
             return
-        raise Unsupported(f"message type {p.message_type} is not supported by this gateway (NORMAL, FIFO and "
-                          f"TRANSACTION are; DELAY waits for a scheduler in mqstore)")
+        raise Unsupported(f"message type {p.message_type} is not supported by this gateway (NORMAL, FIFO, DELAY "
+                          f"and TRANSACTION are)")
+
+    @staticmethod
+    def _check_delay(p: Publish, topic: TopicRecord) -> None:
+        if DELAY not in accepted_types(topic):
+            raise PropertyConflictsWithType(f"topic {p.topic!r} ({topic.kind}) accepts only "
+                                            f"{', '.join(accepted_types(topic))} messages, not DELAY")
+        if not p.delivery_ms:
+            raise PropertyConflictsWithType("a DELAY message needs system_properties.delivery_timestamp")
+        if p.message_group or p.message_type in (FIFO, TRANSACTION):
+            raise PropertyConflictsWithType(f"a message with a delivery_timestamp takes no message_group and is no "
+                                            f"transaction (message_type {p.message_type})")
+        if p.delivery_ms > ABSURD_DELIVERY_MS:
+            raise IllegalDeliveryTime(
+                f"delivery_timestamp is {p.delivery_ms // 1000} s after 1970 (the year "
+                f"{p.delivery_ms // 31_556_952_000 + 1970}): a time in milliseconds was most likely given as "
+                f"seconds. The Python client 5.1.2 copies msg.delivery_timestamp into Timestamp.seconds although "
+                f"its docs say milliseconds: give it in seconds (int(time.time()) + delay_s)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import pathlib
 from types import ModuleType
@@ -32,6 +33,36 @@ def _property(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"a property is NAME=VALUE, not {text!r}")
     return name, value
+
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(text: str) -> int:
+    number, unit = text.strip(), "ms"
+    for suffix in sorted(_DURATION_UNITS_MS, key=len, reverse=True):
+        if number.endswith(suffix):
+            number, unit = number[:-len(suffix)], suffix
+            break
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a duration is a number with ms, s, m, h or d, not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a delay must be positive, not {text!r}")
+    return int(value * _DURATION_UNITS_MS[unit])
+
+
+def _instant_ms(text: str) -> int:
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a time is epoch milliseconds or ISO 8601, not {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)
 
 
 def _positive(text: str) -> int:
@@ -77,7 +108,19 @@ def _add_data_commands(sub, commands: ModuleType) -> None:
     p.add_argument("--batch", type=_positive, default=100, help="messages per Append call (default 100)")
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
     p.add_argument("--quiet", action="store_true", help="no line per message, only a summary on stderr")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=_duration_ms, metavar="DURATION",
+                      help="delayed delivery: due this long after the server's clock (500ms, 10s, 5m, 2h; a bare "
+                           "number is milliseconds); at most the server's --timer-max-delay-ms")
+    when.add_argument("--deliver-at", type=_instant_ms, metavar="TIME",
+                      help="delayed delivery: due at this time (epoch milliseconds, or ISO 8601 such as "
+                           "2026-12-05T21:30:00Z; no zone: UTC); a time in the past is delivered at once")
     p.set_defaults(func=commands.cmd_send)
+
+    p = sub.add_parser("recall", help="cancel a delayed message before it is due (its msg_id from send)")
+    p.add_argument("topic")
+    p.add_argument("msg_id")
+    p.set_defaults(func=commands.cmd_recall)
 
     p = sub.add_parser("pull", help="read a queue")
     p.add_argument("topic")

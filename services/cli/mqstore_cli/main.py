@@ -241,6 +241,10 @@ def _batches(cli: Cli, bodies: Iterable[bytes]) -> Iterator[list[common_pb2.Mess
     template = common_pb2.MessageInput(tags=a.tag or "", keys=a.key or [], properties=dict(a.property or []))
     if a.queue is not None:
         template.queue_id = a.queue
+    if a.delay:
+        template.delay_ms = a.delay
+    if a.deliver_at is not None:
+        template.deliver_at_ms = max(a.deliver_at, 1)  # 0 means none on the wire: 1 ms is as past
     batch: list[common_pb2.MessageInput] = []
     batch_bytes = 0
     for body in bodies:
@@ -276,6 +280,12 @@ def cmd_send(cli: Cli) -> None:
     progress.update(sent, final=True)
     if a.quiet:
         cli.err.write(f"sent {sent} messages to {a.topic}\n")
+
+
+def cmd_recall(cli: Cli) -> None:
+    a = cli.args
+    answer = cli.call("RecallTimer", commitlog_pb2.RecallTimerRequest(topic=a.topic, msg_id=a.msg_id))
+    cli.emit(answer, f"recalled {a.msg_id} of {a.topic} (it was due at {answer.deliver_at_ms} ms)")
 
 
 # ---- pull and get -------------------------------------------------------------------------------------

@@ -16,7 +16,9 @@ import hmac
 import grpc
 import structlog
 from mqstore.errors import InvalidArgument, MqStoreError, NotLeader, PermissionDenied
+from mqstore.relayed import WRITER_GATEWAY
 from mqstore.store import MessageStore
+from mqstore.timer.scheduling import Scheduler
 from mqstore_rpc import convert
 from mqstore_rpc.errors import status_for
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
@@ -44,16 +46,21 @@ def check_token(metadata, expected: str) -> None:
 
 
 class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
-    def __init__(self, store: MessageStore, token: str):
+    def __init__(self, store: MessageStore, token: str, scheduler: Scheduler | None = None):
+        """``scheduler``: the gateway's relayed sends with a delivery time go to the timer through it."""
         self._store = store
         self._token = token
+        self._scheduler = scheduler
 
     def Append(self, request, context):
         check_token(context.invocation_metadata(), self._token)
         if not request.writer:
             raise InvalidArgument("writer: name the service that writes (\"txn\")")
         messages = convert.internal_messages_in(request.messages, context.peer())
-        results = self._store.append(request.topic, messages, system_writer=request.writer)
+        if self._scheduler is not None and request.writer == WRITER_GATEWAY:  # a DELAY send of the gateway
+            results = self._scheduler.append(request.topic, messages, writer=request.writer)
+        else:
+            results = self._store.append(request.topic, messages, system_writer=request.writer)
         return convert.append_response((results,))
 
     def AppendBatches(self, request, context):

@@ -13,6 +13,10 @@ loop (auto, the default: under ``--flush-mode SYNC`` or ``--default-replication 
 (the Transaction service's way into its system topics; commitlog.proto). Pop consumption (the
 ``mqstore.v1.Consumer`` service on the same port, mqstore.pop) has the flags of
 :class:`mqstore.pop.config.PopConfig` (``--pop-max-in-flight`` / ``MQSTORE_POP_MAX_IN_FLIGHT``, ...).
+Delayed delivery (mqstore.timer: the timer runs on the node that takes writes, its files in
+``<data-dir>/timer``) has the flags of
+:class:`mqstore.timer.config.TimerConfig` (``--timer-max-delay-ms``, ``--timer-precision-ms``,
+``--timer-wheel-slots``, ``--timer-checkpoint-interval-ms``).
 Replication (core/mqstore/replication/README.md): every :class:`ReplicationConfig` field has a flag and a
 variable too: ``--node-id`` turns it on, ``--replica-of HOST:PORT`` makes a static replica of that leader,
 ``--etcd-endpoints`` elects the leader through etcd, ``--min-insync-replicas``, ``--default-replication
@@ -57,6 +61,9 @@ from mqstore.replication.isr import IsrKeeper
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.leadership import TimerDuty
+from mqstore.timer.scheduling import Scheduler
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
 from mqstore_rpc import catalogs, etcd_meta, service
 from mqstore_rpc import settings as S
@@ -80,6 +87,7 @@ class CommitLogConfig:
     store: StoreConfig
     server: ServerConfig = ServerConfig()
     pop: PopConfig = PopConfig()  # pop consumption, the Consumer service (consumer.proto)
+    timer: TimerConfig = TimerConfig()  # delayed delivery (mqstore.timer)
     advertised_port: int = 0      # port written into message ids; 0 = the bound port
     log_level: str = "info"
     failpoints: str = ""          # MQSTORE_FAILPOINTS spec, e.g. "log.after_write=exit"
@@ -103,12 +111,13 @@ class Hosted(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-    """What this process gives a hosted part: its config, its store and pop consumption (the current
-    leadership's: PopLeadership.current)."""
+    """What this process gives a hosted part: its config, its store, pop consumption (the current
+    leadership's: PopLeadership.current) and the timer's scheduler."""
 
     config: CommitLogConfig
     store: MessageStore
     pop: Callable[[], PopService]
+    scheduler: Scheduler | None = None  # the timer's way in (a gateway's DELAY sends go through it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +143,7 @@ def on_loop(config: CommitLogConfig) -> bool:
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
+    warn_short_retention(config)
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
                          metrics=parts.metrics, open_catalog=catalogs.open_topic_catalog)
     # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are
@@ -157,16 +167,35 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         parts.add_duty(pop.start_now().reviver)
     else:  # only the leader runs it, rebuilt at each leadership (mqstore.pop.leadership)
         parts.add_duty(pop)
-    servicer = (LoopCommitLogServicer if on_loop(config) else CommitLogServicer)(store, auth=config.server.auth.enabled)
+    timer = compose_timer(config, store, node, parts)
+    scheduler = Scheduler(store, config.timer, timer.wake)
+    servicer = (LoopCommitLogServicer if on_loop(config) else CommitLogServicer)(store, scheduler=scheduler,
+                                                                                  auth=config.server.auth.enabled)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
-        internal.CommitLogInternalServicer(store, config.internal_token), server))
+        internal.CommitLogInternalServicer(store, config.internal_token, scheduler), server))
     parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
     compose_access(config, parts)
     for part in config.hosted:  # Local mode
-        part.compose(Host(config, store, pop.current), parts)
+        part.compose(Host(config, store, pop.current, scheduler), parts)
+
+
+def compose_timer(config: CommitLogConfig, store: MessageStore, node: ReplicationNode | None,
+                  parts: service.Composition) -> TimerDuty:
+    """The timer's duty: on a single node always; in a replication group on the leader once it shows the log it
+    copied (mqstore.timer.leadership). Its last checkpoint is written before the store stops."""
+    if node is None:
+        def leading() -> bool:
+            return True
+    else:
+        def leading() -> bool:
+            return node.leading_epoch() != 0 and store.promoted_visible()
+    timer = TimerDuty(store, config.timer, config.store.data_dir / "timer", leading=leading, registry=parts.metrics)
+    parts.on_close(timer.close)
+    parts.add_duty(timer)
+    return timer
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -238,6 +267,7 @@ def build_arg_parser(hosted_flags: Sequence[HostedFlags] = ()) -> argparse.Argum
                         "SYNC), true or false: serve the port on grpc.aio and answer Append on its event loop; env "
                         "MQSTORE_APPEND_ON_LOOP")
     S.add_flags(parser, PopConfig)
+    S.add_flags(parser, TimerConfig)
     for hosted in hosted_flags:
         hosted.add_flags(parser)
     for f in [*_store_fields(), *_replication_fields()]:
@@ -267,6 +297,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
     store = _store_config(args, env)
     config = CommitLogConfig(store=store, server=S.server_config(args, env, DEFAULT_PORT, default_running=RUNNING),
                              pop=PopConfig(**S.values_for(args, env, PopConfig)),
+                             timer=TimerConfig(**S.values_for(args, env, TimerConfig)),
                              advertised_port=S.typed(args, env, "store_port", S.parse_int, 0),
                              log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env),
                              internal_token=S.internal_token(args, env),
@@ -275,6 +306,19 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
                              append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None))
     refuse_unshared_metadata(config)
     return config
+
+
+def warn_short_retention(config: CommitLogConfig) -> None:
+    """The timer topic's records live under the store's retention like any record: a delayed message waits at
+    most one turn of the wheel in one record (longer delays are re-appended, a roll), so a retention not above
+    the wheel's span could delete a record before its turn (the timer then logs timer.record_missing and drops
+    it). Said at start, not refused: short retentions are common in tests and demos that send no delayed
+    message."""
+    span_ms = config.timer.span_ms
+    if config.store.retention_ms <= span_ms:
+        log.warning("timer.retention_short", retention_ms=config.store.retention_ms, wheel_span_ms=span_ms,
+                    why="a delayed message waits up to one span in the timer topic; retention may delete it first",
+                    fix="raise --retention-ms above --timer-wheel-slots x --timer-precision-ms, or lower those")
 
 
 def refuse_unshared_metadata(config: CommitLogConfig) -> None:
@@ -353,6 +397,7 @@ def describe(config: CommitLogConfig, port: int) -> dict:
     store = {f.name: getattr(config.store, f.name) for f in dataclasses.fields(config.store)}
     store["store_port"] = config.advertised_port or port  # what compose gave the store
     return {"store": store, "server": dataclasses.asdict(config.server), "pop": dataclasses.asdict(config.pop),
+            "timer": dataclasses.asdict(config.timer),
             "replication": dataclasses.asdict(config.replication),
             **{key: value for part in config.hosted for key, value in part.describe().items()},
             "append_on_loop": on_loop(config)}

@@ -19,6 +19,7 @@ from mqstore.errors import InvalidArgument
 from mqstore.format import record
 from mqstore.store import MessageStore
 from mqstore.stream_appends import StreamAppends
+from mqstore.timer.scheduling import Scheduler
 from mqstore_rpc import append_wire, auth, convert
 from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
@@ -29,10 +30,12 @@ SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name
 
 
 class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
-    def __init__(self, store: MessageStore, *, auth: bool = False):
-        """``auth``: authentication is on, so a hold is durable only when the internal identity names it."""
+    def __init__(self, store: MessageStore, *, scheduler: Scheduler, auth: bool = False):
+        """``auth``: authentication is on, so a hold is durable only when the internal identity names it;
+        ``scheduler``: the timer's way in (delayed messages, RecallTimer; mqstore.timer.scheduling)."""
         self._store = store
         self._auth = auth
+        self._scheduler = scheduler
 
     def _durable_hold(self, context) -> bool:
         """Whether a Tail's retention hold outlives its stream for retention_hold_max_ms (mqstore.retention_holds):
@@ -72,13 +75,13 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
 
     @wire_codec(append_wire.parse_request)
     def Append(self, request, context):
-        results = self._store.append(request.topic, append_wire.messages(request, context.peer()),
-                                     replication=append_wire.replication(request))
+        results = self._scheduler.append(request.topic, append_wire.messages(request, context.peer()),
+                                         replication=append_wire.replication(request))
         return append_wire.append_response((results,))
 
     @wire_codec(append_wire.parse_request)
     def AppendStream(self, request_iterator: Iterable, context):
-        appends, peer = StreamAppends(self._store), context.peer()
+        appends, peer = StreamAppends(self._store, self._scheduler.append), context.peer()
         for request in request_iterator:
             appends.admit(len(request.messages))
             appends.append(request.topic, append_wire.messages(request, peer),
@@ -162,6 +165,9 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     def GetStoreInfo(self, request, context):
         return convert.store_info(self._store.store_info())
 
+    def RecallTimer(self, request, context):
+        return commitlog_pb2.RecallTimerResponse(deliver_at_ms=self._scheduler.recall(request.topic, request.msg_id))
+
 
 class LoopCommitLogServicer(CommitLogServicer):
     """The servicer of a grpc.aio port (``--append-on-loop``, main.py): Append is answered on the port's event
@@ -172,8 +178,8 @@ class LoopCommitLogServicer(CommitLogServicer):
 
     @wire_codec(append_wire.parse_request)
     async def Append(self, request, context):
-        results = await self._store.append_async(request.topic, append_wire.messages(request, context.peer()),
-                                                 replication=append_wire.replication(request))
+        results = await self._scheduler.append_async(request.topic, append_wire.messages(request, context.peer()),
+                                                     replication=append_wire.replication(request))
         return append_wire.append_response((results,))
 
 

@@ -19,6 +19,7 @@ from mqstore.format.record import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_K
                                    SYSFLAG_TX_NOT, SYSFLAG_TX_PREPARED, SYSFLAG_TX_ROLLBACK)
 from mqstore.format.record_reader import Record
 from mqstore.errors import InvalidArgument, shown
+from mqstore.timer import messages as timer_messages
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
 LOOPBACK_V4 = b"\x7f\x00\x00\x01"
@@ -82,16 +83,33 @@ def messages_in(messages: Iterable[common_pb2.MessageInput], peer: str) -> list[
     bytes every time, and by both codecs (mqstore.codec's WireMessages sorts them the same way)."""
     born_host, born_port = peer_address(peer)
     new = model.MessageIn
-    return [new(m.body, m.tags, tuple(keys) if (keys := m.keys) else (), _by_name(m.properties), m.flag,
+    return [new(m.body, m.tags, tuple(keys) if (keys := m.keys) else (), _by_name(m.properties, m), m.flag,
                 m.born_timestamp_ms, m.queue_id if m.WhichOneof("_queue_id") else None, m.sharding_key, born_host,
                 born_port)
             for m in messages]
 
 
-def _by_name(properties) -> dict[str, str]:
+def _by_name(properties, message=None) -> dict[str, str]:
+    """The properties sorted by name; a delivery field (MessageInput.delay_ms, deliver_at_ms) becomes the timer's
+    property (mqstore.timer.messages), winning over the properties that ask for a time."""
+    if message is not None and (message.delay_ms or message.deliver_at_ms):
+        return _timed(properties, message)
     if not properties:
         return {}
     return dict(sorted(properties.items())) if len(properties) > 1 else dict(properties)
+
+
+def _timed(properties, message) -> dict[str, str]:
+    for name in ("delay_ms", "deliver_at_ms"):
+        if getattr(message, name) < 0:
+            raise InvalidArgument(f"{name} is {getattr(message, name)}; it must not be negative (0 = none; "
+                                  f"delay_ms: milliseconds from the server's clock, deliver_at_ms: epoch milliseconds)")
+    props = {k: v for k, v in properties.items() if k not in timer_messages.ASKING}
+    if message.delay_ms:
+        props[timer_messages.DELAY_MS] = str(message.delay_ms)
+    else:
+        props[timer_messages.DELIVER_MS] = str(message.deliver_at_ms)
+    return dict(sorted(props.items()))
 
 
 def stored_message(message: model.StoredMessage, into: common_pb2.StoredMessage | None = None):
@@ -303,6 +321,10 @@ def tx_type_out(sys_flag_tx: int) -> int:
 def internal_messages_in(messages: Iterable[commitlog_pb2.InternalMessage], peer: str) -> list[model.MessageIn]:
     """InternalMessage -> MessageIn, with what the public MessageInput lacks (transaction type, the
     half's offset, the producer's born host)."""
+    for index, m in enumerate(messages):
+        if m.message.delay_ms or m.message.deliver_at_ms:
+            raise InvalidArgument(f"messages[{index}].message: delay_ms and deliver_at_ms are CommitLog.Append's (the "
+                                  f"timer takes them there); the internal door stores records as they are")
     out = messages_in([m.message for m in messages], peer)
     for m, item in zip(messages, out, strict=True):
         item.sys_flag = tx_type_in(m.transaction_type)

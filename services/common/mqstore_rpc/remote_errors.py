@@ -7,7 +7,8 @@ with no mqstore exception (a connection that failed, a deadline, a cancelled cal
 of the peer) become :class:`Unavailable`: the other service could not answer, try again later. The
 trailing metadata ``mqstore-min-value`` / ``mqstore-max-value`` of an OUT_OF_RANGE come back as the
 range of the :class:`OutOfRange`; a FAILED_PRECONDITION whose ``mqstore-error`` trailer is
-``NotLeader`` comes back as :class:`NotLeader` with the ``mqstore-leader`` address (a replica answered).
+``NotLeader`` comes back as :class:`NotLeader` with the ``mqstore-leader`` address (a replica answered), an
+INVALID_ARGUMENT whose trailer is ``IllegalDeliveryTime`` (the timer's limit) as :class:`IllegalDeliveryTime`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def from_rpc_error(exc: grpc.RpcError, peer: str) -> errors.MqStoreError:
                                  max_value=_metadata_int(exc, "mqstore-max-value"))
     if cls is errors.FailedPrecondition and _metadata(exc, "mqstore-error") == errors.NotLeader.__name__:
         return errors.NotLeader(message, leader_address=_metadata(exc, "mqstore-leader") or "")
+    if cls is errors.InvalidArgument and _metadata(exc, "mqstore-error") == errors.IllegalDeliveryTime.__name__:
+        return errors.IllegalDeliveryTime(message)  # the gateway answers ILLEGAL_DELIVERY_TIME
     if cls is None:
         return errors.Unavailable(message)
     return cls(message)

@@ -11,22 +11,23 @@ from __future__ import annotations
 import hashlib
 
 from google.protobuf import duration_pb2, timestamp_pb2
-from mqstore.gateway.publishing import (FIFO, NORMAL, PROPERTY_SHARDING_KEY, RESERVED_PROPERTIES, TRANSACTION,
-                                        Publish)
+from mqstore.gateway.publishing import (DELAY, FIFO, NORMAL, PROPERTY_SHARDING_KEY, PROPERTY_TIMER_DELIVER_MS,
+                                        RESERVED_PROPERTIES, TRANSACTION, Publish)
+from mqstore.timer import messages as timer_messages
 from mqstore.model import StoredMessage, TopicRecord
 
 from mqstore_rpc.convert import host_text, peer_address
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 
-TYPE_NAMES = {d.NORMAL: NORMAL, d.FIFO: FIFO, d.TRANSACTION: TRANSACTION}
+TYPE_NAMES = {d.NORMAL: NORMAL, d.FIFO: FIFO, d.DELAY: DELAY, d.TRANSACTION: TRANSACTION}
 TYPE_VALUES = {name: value for value, name in TYPE_NAMES.items()}
 TRANSACTION_PROPERTY = "TRAN_MSG"
 # Properties of a stored message that are not the user's: the system properties carry them instead.
-_NOT_USER = RESERVED_PROPERTIES | {"TRAN_MSG", "PGROUP"}
+_NOT_USER = RESERVED_PROPERTIES | {"TRAN_MSG", "PGROUP"} | timer_messages.STORE_SET
 
 
 def type_name(value: int) -> str:
-    """NORMAL, FIFO, TRANSACTION, or the v2 name of another type (refused by the publisher)."""
+    """NORMAL, FIFO, DELAY, TRANSACTION, or the v2 name of another type (refused by the publisher)."""
     if value in TYPE_NAMES:
         return TYPE_NAMES[value]
     return d.MessageType.Name(value) if value in d.MessageType.values() else f"message type {value}"
@@ -53,10 +54,12 @@ def publish_in(message: d.Message, peer: str) -> Publish:
     born = sp.born_timestamp
     properties = message.user_properties
     keys = sp.keys
+    delivery = sp.delivery_timestamp if sp.HasField("delivery_timestamp") else None
     return Publish(message.topic.name, message.body, sp.message_id, type_name(sp.message_type),
                    sp.tag, tuple(keys) if keys else (), sp.message_group,
                    dict(properties) if properties else {}, born.seconds * 1000 + born.nanos // 1_000_000,
-                   born_host, born_port)
+                   born_host, born_port,
+                   max(1, delivery.seconds * 1000 + delivery.nanos // 1_000_000) if delivery is not None else 0)
 
 
 def message_out(m: StoredMessage, *, topic: str = "", receipt_handle: str = "", delivery_attempt: int = 0,
@@ -77,8 +80,12 @@ def message_out(m: StoredMessage, *, topic: str = "", receipt_handle: str = "", 
     sp.body_digest.checksum = hashlib.md5(record.body).hexdigest().upper()
     sp.body_encoding = d.IDENTITY
     group = properties.get(PROPERTY_SHARDING_KEY, "")
+    delivered_at = properties.get(PROPERTY_TIMER_DELIVER_MS)
     if properties.get(TRANSACTION_PROPERTY) == "true":
         sp.message_type = d.TRANSACTION
+    elif delivered_at is not None:  # a copy the timer delivered (mqstore.timer)
+        sp.message_type = d.DELAY
+        sp.delivery_timestamp.CopyFrom(timestamp(int(delivered_at)))
     else:
         sp.message_type = d.FIFO if group else d.NORMAL
     if group:

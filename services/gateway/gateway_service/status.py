@@ -36,6 +36,7 @@ CODE_BY_ERROR: dict[type[errors.MqStoreError], int] = {
     errors.IllegalMessageId: d.ILLEGAL_MESSAGE_ID,
     errors.IllegalFilterExpression: d.ILLEGAL_FILTER_EXPRESSION,
     errors.IllegalInvisibleTime: d.ILLEGAL_INVISIBLE_TIME,
+    errors.IllegalDeliveryTime: d.ILLEGAL_DELIVERY_TIME,
     errors.InvalidReceiptHandle: d.INVALID_RECEIPT_HANDLE,
     errors.InvalidTransactionId: d.INVALID_TRANSACTION_ID,
     errors.PropertyConflictsWithType: d.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,

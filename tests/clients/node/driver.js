@@ -58,6 +58,7 @@ class Driver {
     if (c.keys) m.keys = c.keys;
     if (c.group) m.messageGroup = c.group;
     if (c.properties) m.properties = new Map(Object.entries(c.properties));
+    if (c.delay_ms) m.delay = c.delay_ms;
     return m;
   }
 
@@ -128,7 +129,8 @@ class Driver {
       this.messages.set(handle, m);
       return { handle, message_id: m.messageId, topic: m.topic, body: m.body.toString(), tag: m.tag || null,
         keys: [ ...m.keys ].sort(), attempt: m.deliveryAttempt, receipt_handle: m.receiptHandle,
-        group: m.messageGroup || null, properties: Object.fromEntries(m.properties), corrupted: !!m.corrupted };
+        group: m.messageGroup || null, properties: Object.fromEntries(m.properties), corrupted: !!m.corrupted,
+        delivery_timestamp: m.deliveryTimestamp ? m.deliveryTimestamp.getTime() : null };
     });
     return { messages };
   }

@@ -122,6 +122,8 @@ class Driver:
             m.message_group = c["group"]
         for name, value in (c.get("properties") or {}).items():
             m.add_property(name, value)
+        if c.get("delivery_timestamp"):
+            m.delivery_timestamp = c["delivery_timestamp"]  # 5.1.2 puts it into Timestamp.seconds as it is
         return m
 
     def send(self, c):
@@ -181,7 +183,8 @@ class Driver:
             out.append({"handle": handle, "message_id": m.message_id, "topic": m.topic, "body": m.body.decode(),
                         "tag": m.tag, "keys": sorted(m.keys or ()), "attempt": m.delivery_attempt,
                         "receipt_handle": m.receipt_handle, "group": m.message_group,
-                        "properties": dict(m.properties or {}), "corrupted": m.corrupted})
+                        "properties": dict(m.properties or {}), "corrupted": m.corrupted,
+                        "delivery_timestamp": m.delivery_timestamp})
         return {"messages": out}
 
     def ack(self, c):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalFilterExpression, IllegalInvisibleTime,
-                            IllegalMessageId, IllegalPropertyKey, InvalidReceiptHandle, NotFound,
+from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalDeliveryTime, IllegalFilterExpression,
+                            IllegalInvisibleTime, IllegalMessageId, IllegalPropertyKey, InvalidReceiptHandle, NotFound,
                             PropertyConflictsWithType, TopicNotFound, Unsupported)
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
@@ -52,7 +52,10 @@ def test_a_v2_message_becomes_an_mqstore_message():
     (dict(message_id=""), IllegalMessageId),
     (dict(user_properties={"UNIQ_KEY": "x"}), IllegalPropertyKey),
     (dict(user_properties={"__SHARDINGKEY": "x"}), IllegalPropertyKey),
-    (dict(message_type="DELAY"), Unsupported),
+    (dict(message_type="DELAY"), PropertyConflictsWithType),                       # DELAY without a time
+    (dict(message_type="FIFO", message_group="g", delivery_ms=5), PropertyConflictsWithType),
+    (dict(topic="kv", delivery_ms=5), PropertyConflictsWithType),                  # COMPACTION: NORMAL only
+    (dict(delivery_ms=1_733_400_000_000 * 1000), IllegalDeliveryTime),             # ms given as seconds
     (dict(message_type="LITE"), Unsupported),
     (dict(message_type="FIFO"), PropertyConflictsWithType),                        # FIFO without a group
     (dict(message_group="g"), PropertyConflictsWithType),                          # a group on a NORMAL one
@@ -194,3 +197,21 @@ def test_a_handle_that_no_longer_works_is_an_invalid_receipt_handle():
     good = handles.encode("g", "t", handles.ReceiptHandle(0, 1, 5, 1000, 2000, 1))
     with pytest.raises(InvalidReceiptHandle, match="no longer works"):
         c.change_invisible_duration("g", "t", good, 30_000)
+
+
+def test_a_delay_send_carries_its_time_for_the_commit_logs_timer():
+    appended = []
+
+    def append(topic, messages):
+        appended.append((topic, messages))
+        return [AppendResult("id", "01AB", 0, 1, 0, 0, 0, "WRITTEN")]
+    publisher = Publisher(TopicCache(Lookups(), FakeClock(), 1000), 1024, append, None)
+    publisher.send(publish(message_type="NORMAL", delivery_ms=1_700_000_005_000))  # the proxy infers DELAY
+    ((topic, (message,)),) = appended
+    assert message.properties["TIMER_DELIVER_MS"] == "1700000005000"
+
+
+def test_the_unit_mistake_is_named():
+    publisher = Publisher(TopicCache(Lookups(), FakeClock(), 1000), 1024, None, None)
+    with pytest.raises(IllegalDeliveryTime, match="Timestamp.seconds.*give it in seconds"):
+        publisher.send(publish(message_type="DELAY", delivery_ms=1_733_400_000_000 * 1000))

@@ -1,0 +1,1 @@
+"""Delayed delivery: a timer in the storage layer (issue 35). See mqstore.timer.timer for the design."""

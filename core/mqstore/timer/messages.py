@@ -1,0 +1,138 @@
+"""The timer's message properties: how a delivery time is asked for, what the timer topic's record keeps of its
+real destination, and what the delivered copy carries (RocketMQ's names where RocketMQ has one).
+
+  property            on                     meaning
+  ------------------- ---------------------- ------------------------------------------------------------
+  TIMER_DELAY_SEC     an append              due this many seconds after the store's clock (wins over both below)
+  TIMER_DELAY_MS      an append              due this many ms after the store's clock (wins over TIMER_DELIVER_MS)
+  TIMER_DELIVER_MS    an append, the copy    due at this epoch ms; the copy: when it was due
+  TIMER_OUT_MS        the timer record       when it is due (epoch ms), as computed at the append
+  REAL_TOPIC          the timer record       the topic it is delivered to
+  REAL_QID            the timer record       the queue asked for (absent: the sharding key or round robin)
+  TIMER_SHARDING_KEY  the timer record       the sharding key asked for
+  TIMER_ENQUEUE_MS    the copy               when the timer record was stored
+  TIMER_DEQUEUE_MS    the copy               when the copy was made
+  TIMER_UNIT          the copy               the timer record's queue offset: the unit delivered (idempotence)
+  TIMER_ROLL_TIMES    a rolled record, copy  how often a long delay was re-appended to the timer topic
+  TIMER_ROLLED_FROM   a rolled record        the queue offset of the record it re-appends (idempotence)
+  TIMER_ORIGIN        a rolled record        the queue offset of the first record of the message (recall)
+  TIMER_CANCEL_OFFSET a cancel marker        the origin (queue offset of the first record) it cancels
+
+The proto fields MessageInput.deliver_at_ms and delay_ms arrive here as TIMER_DELIVER_MS and TIMER_DELAY_MS.
+The names the store sets itself are refused on every append (a client's TIMER_UNIT could hide a delivery).
+
+Thread-safety: stateless.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from mqstore import topics as topic_rules
+from mqstore.errors import IllegalDeliveryTime, InvalidArgument
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS
+from mqstore.format.record_reader import Record
+from mqstore.model import MessageIn
+
+TIMER_TOPIC = topic_rules.SCHEDULE_TOPIC
+DELIVER_MS, DELAY_SEC, DELAY_MS = "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"
+OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY = "TIMER_OUT_MS", "REAL_TOPIC", "REAL_QID", "TIMER_SHARDING_KEY"
+ENQUEUE_MS, DEQUEUE_MS, UNIT, ROLL_TIMES = "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_UNIT", "TIMER_ROLL_TIMES"
+ROLLED_FROM, CANCEL_OFFSET, ORIGIN = "TIMER_ROLLED_FROM", "TIMER_CANCEL_OFFSET", "TIMER_ORIGIN"
+ASKING = (DELAY_SEC, DELAY_MS, DELIVER_MS)  # in order of precedence
+STORE_SET = frozenset({OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY, ENQUEUE_MS, DEQUEUE_MS, UNIT, ROLL_TIMES,
+                       ROLLED_FROM, CANCEL_OFFSET, ORIGIN})
+MAX_VALUE_MS = 1 << 62
+
+
+def asks_timer(message: MessageIn) -> bool:
+    props = message.properties
+    return bool(props) and any(name in props for name in ASKING)
+
+
+def check_reserved(messages: Iterable[MessageIn]) -> None:
+    for index, message in enumerate(messages):
+        for name in message.properties or ():
+            if name in STORE_SET:
+                raise InvalidArgument(f"messages[{index}].properties: {name!r} is set by the store's timer itself; "
+                                      f"reserved: {', '.join(sorted(STORE_SET))}")
+
+
+def due_ms(message: MessageIn, now_ms: int, max_delay_ms: int, index: int = 0) -> int:
+    """When ``message`` (which :func:`asks_timer`) is due; INVALID_ARGUMENT for a value that is not a whole
+    number or lies more than ``max_delay_ms`` ahead. A time in the past is due now."""
+    props = message.properties
+    name = next(n for n in ASKING if n in props)
+    text = props[name]
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"messages[{index}].properties[{name}]: {text[:40]!r} is not a whole number") from None
+    if value < 0 or value > MAX_VALUE_MS:
+        raise InvalidArgument(f"messages[{index}].properties[{name}]: {value} is out of range (0..{MAX_VALUE_MS})")
+    due = now_ms + value * 1000 if name == DELAY_SEC else now_ms + value if name == DELAY_MS else value
+    if due - now_ms > max_delay_ms:
+        raise IllegalDeliveryTime(
+            f"messages[{index}]: due in {due - now_ms} ms ({name}={value}), more than the timer's limit of "
+            f"{max_delay_ms} ms ({max_delay_ms / 86_400_000:g} days; server setting --timer-max-delay-ms)")
+    return max(due, now_ms)
+
+
+def to_timer(real_topic: str, message: MessageIn, due: int) -> MessageIn:
+    """The timer topic's record of a delayed message: the same message with its destination in properties."""
+    props = {k: v for k, v in message.properties.items() if k not in ASKING}
+    props[OUT_MS] = str(due)
+    props[REAL_TOPIC] = real_topic
+    if message.queue_id is not None:
+        props[REAL_QID] = str(message.queue_id)
+    if message.sharding_key:
+        props[SHARDING_KEY] = message.sharding_key
+    if message.tags:
+        props[PROPERTY_TAGS] = message.tags
+    if message.keys:
+        props[PROPERTY_KEYS] = " ".join(message.keys)
+    return MessageIn(body=message.body, properties=dict(sorted(props.items())), flag=message.flag,
+                     born_timestamp_ms=message.born_timestamp_ms, queue_id=0, born_host=message.born_host,
+                     born_port=message.born_port)
+
+
+def delivered(record: Record, timer_offset: int, now_ms: int) -> tuple[str, MessageIn]:
+    """(real topic, the copy to append) of a timer record due now."""
+    props = dict(record.properties)
+    topic = props.pop(REAL_TOPIC)
+    qid, shard = props.pop(REAL_QID, None), props.pop(SHARDING_KEY, "")
+    props.pop(ROLLED_FROM, None)
+    props.pop(ORIGIN, None)
+    tags, keys = props.pop(PROPERTY_TAGS, ""), props.pop(PROPERTY_KEYS, "")
+    props[DELIVER_MS] = props.pop(OUT_MS)
+    props.setdefault(ENQUEUE_MS, str(record.store_timestamp_ms))
+    props[DEQUEUE_MS] = str(now_ms)
+    props[UNIT] = str(timer_offset)
+    return topic, MessageIn(body=record.body, tags=tags, keys=tuple(k for k in keys.split(" ") if k),
+                            properties=dict(sorted(props.items())), flag=record.flag,
+                            born_timestamp_ms=record.born_timestamp_ms,
+                            queue_id=int(qid) if qid is not None else None, sharding_key=shard,
+                            born_host=record.born_host, born_port=record.born_port)
+
+
+def rolled(record: Record, timer_offset: int) -> MessageIn:
+    """The timer record of a long delay again, appended when the wheel reaches its parked slot."""
+    props = dict(record.properties)
+    props[ROLL_TIMES] = str(int(props.get(ROLL_TIMES, "0")) + 1)
+    props[ROLLED_FROM] = str(timer_offset)
+    props.setdefault(ORIGIN, str(timer_offset))
+    props.setdefault(ENQUEUE_MS, str(record.store_timestamp_ms))
+    return MessageIn(body=record.body, properties=dict(sorted(props.items())), flag=record.flag,
+                     born_timestamp_ms=record.born_timestamp_ms, queue_id=0, born_host=record.born_host,
+                     born_port=record.born_port)
+
+
+def origin(record: Record) -> int:
+    """The queue offset of a timer record's first record (itself unless it was rolled)."""
+    return int(record.properties.get(ORIGIN, record.queue_offset))
+
+
+def cancel_marker(target: Record) -> MessageIn:
+    """A record of the timer topic cancelling ``target`` (a timer record) in its due slot."""
+    return MessageIn(body=b"cancel", properties={CANCEL_OFFSET: str(origin(target)), OUT_MS: target.properties[OUT_MS],
+                                           REAL_TOPIC: target.properties[REAL_TOPIC]}, queue_id=0)

@@ -1,0 +1,118 @@
+"""The way in to the timer: an append whose messages carry a delivery time goes to the timer topic, and a recall
+(cancel by message id) appends a cancel marker there. The CommitLog servicer calls these; tests and the bench too.
+
+* A batch is timed or not as a whole: a batch mixing delayed and plain messages is INVALID_ARGUMENT (it could not
+  be stored all or nothing, one append into the timer topic and one into the real topic). A timed batch is one
+  append into the timer topic, so it is stored all or nothing; its results name the timer topic's records (their
+  msg_id is what :func:`recall` takes; the uniq key stays the message's id on delivery).
+* The real topic must exist and take the queue asked for now; a topic deleted before the delivery drops the copy
+  (logged and counted). A delivery time in the past is due at once.
+* The store-set names (mqstore.timer.messages.STORE_SET) are refused on every append that passes here. The
+  compiled codec's messages (WireMessages) pass straight to the store: its parser declines requests with a
+  delivery field, and mqstore_rpc.append_wire sends requests holding the bytes ``TIMER_`` to protobuf.
+
+:class:`Scheduler` is what the CommitLog servicer holds: these with the store, the limits and the duty's wake.
+
+Thread-safety: as the store (thread-safe); ``wake`` is the timer duty's (thread-safe).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from mqstore import codec
+from mqstore import topics as topic_rules
+from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
+from mqstore.model import AppendResults, MessageIn
+from mqstore.timer import messages as tm
+from mqstore.timer.config import TimerConfig
+
+
+class Scheduler:
+    def __init__(self, store, config: TimerConfig, wake: Callable[[], None] = lambda: None):
+        self.store = store
+        self.config = config
+        self.wake = wake
+
+    def append(self, topic: str, messages, replication: str | None = None,
+               writer: str | None = None) -> AppendResults:
+        """A delayed batch to the timer topic, any other to ``topic`` (``writer``: the store's system_writer
+        for it: the gateway's relayed sends, mqstore.relayed)."""
+        target, batch, writer, timed = self._route(topic, messages, writer)
+        results = self.store.append(target, batch, system_writer=writer, replication=replication)
+        if timed:
+            self.wake()
+        return results
+
+    async def append_async(self, topic: str, messages, replication: str | None = None) -> AppendResults:
+        """:meth:`append` on an event loop (the store's append_async)."""
+        target, batch, writer, timed = self._route(topic, messages, None)
+        results = await self.store.append_async(target, batch, system_writer=writer, replication=replication)
+        if timed:
+            self.wake()
+        return results
+
+    def _route(self, topic: str, messages, writer: str | None) -> tuple[str, object, str | None, bool]:
+        """(topic, messages, system writer, delayed) of the append a batch becomes."""
+        if codec.is_wire_messages(messages) or not _checked_timed(messages):
+            return topic, messages, writer, False
+        return (tm.TIMER_TOPIC, to_timer_batch(self.store, self.config, topic, messages), topic_rules.OWNER_SCHEDULE,
+                True)
+
+    def recall(self, topic: str, msg_id: str) -> int:
+        return recall(self.store, topic, msg_id, self.wake)
+
+
+def _checked_timed(messages: Sequence[MessageIn]) -> bool:
+    """Whether the batch is a delayed one (all or none: else INVALID_ARGUMENT); store-set names refused."""
+    tm.check_reserved(messages)
+    timed = [tm.asks_timer(m) for m in messages]
+    if any(timed) and not all(timed):
+        raise InvalidArgument(f"messages: {sum(timed)} of {len(messages)} carry a delivery time; send delayed "
+                              f"messages in batches of their own")
+    return bool(timed) and timed[0]
+
+
+def to_timer_batch(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn]) -> list[MessageIn]:
+    """The timer topic's records of a delayed batch for ``topic`` (checked: the topic, the queues, the limit)."""
+    if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
+        raise InvalidArgument(f"topic {topic!r}: delayed messages go to user topics only")
+    rec = store.topic(topic)
+    now = store.clock.now_ms()
+    converted = []
+    for index, message in enumerate(messages):
+        if message.queue_id is not None and not 0 <= message.queue_id < rec.queue_count:
+            raise InvalidArgument(f"messages[{index}].queue_id: {message.queue_id} is outside topic {topic!r}'s "
+                                  f"queues 0..{rec.queue_count - 1}")
+        converted.append(tm.to_timer(topic, message, tm.due_ms(message, now, config.timer_max_delay_ms, index)))
+    return converted
+
+
+def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,
+           wake: Callable[[], None] = lambda: None) -> AppendResults:
+    """:meth:`Scheduler.append` without a Scheduler (tests, the bench)."""
+    return Scheduler(store, config, wake).append(topic, messages, replication)
+
+
+def recall(store, topic: str, msg_id: str, wake: Callable[[], None] = lambda: None) -> int:
+    """Cancel the delayed message of ``topic`` whose timer record ``msg_id`` names (the msg_id its Append
+    returned); returns when it was due. FAILED_PRECONDITION when it is due already (delivered, or being
+    delivered); NOT_FOUND, the same answer, for an id of no delayed message of ``topic`` (no oracle)."""
+    store.gate.check_writable()
+    absent = NotFound(f"msg_id {msg_id}: no delayed message of topic {topic!r} has this id (give the msg_id "
+                      f"Append returned for a message with a delivery time)")
+    try:
+        record = store.get_message_by_id(msg_id).record
+    except (NotFound, OutOfRange):
+        raise absent from None
+    props = record.properties
+    if (record.topic != tm.TIMER_TOPIC or tm.CANCEL_OFFSET in props or tm.OUT_MS not in props
+            or props.get(tm.REAL_TOPIC) != topic):
+        raise absent
+    due = int(props[tm.OUT_MS])
+    if due <= store.clock.now_ms():
+        raise FailedPrecondition(f"msg_id {msg_id}: due at {due} ms already, so delivered or being delivered; "
+                                 f"nothing to recall")
+    store.append(tm.TIMER_TOPIC, [tm.cancel_marker(record)], system_writer=topic_rules.OWNER_SCHEDULE)
+    wake()
+    return due

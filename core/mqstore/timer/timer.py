@@ -1,0 +1,371 @@
+"""The timer: delayed messages wait in the timer topic and are delivered at their time as new appends to their
+real topic (issue 35; RocketMQ's RIP-43 in mqstore's shape, with its known failures fixed).
+
+* **Enqueue**: the timer reads the timer topic's queue 0 from its enqueue offset and adds a unit per record to
+  the wheel (mqstore.timer.files) in the slot of its due time, or of the slot being read if that time has
+  passed. A due time at or past the wheel's span (from the slot being read) is parked as a *roll* unit near the
+  span's end: when that slot is read the record is appended to the timer topic again and waits another turn,
+  so a delay of any length fits a wheel of fixed size. A cancel marker adds a cancel unit to its target's slot.
+* **Dequeue**: the slot being read (``read_ms``) is loaded once the clock reaches it; its units are delivered
+  one by one once the clock reaches each one's own due time (never early, and not a precision late either:
+  lateness is the duty's pause and the append), cancelled units dropped; the slot is done when it is empty and
+  the clock has passed its end, then ``read_ms`` moves one precision on. Slots are read only while the enqueue
+  has caught up with the topic, so no record is overtaken by the wheel.
+* **Idempotence** (RocketMQ re-delivers every slot since its last checkpoint: #6984, #11047): a copy carries
+  TIMER_UNIT (the timer record's queue offset), a rolled record TIMER_ROLLED_FROM. The checkpoint keeps, with
+  ``read_ms``, the commit log's end when that slot was reached (``read_log_end``): every delivery of a later
+  slot lies above it. At open the timer reads the log from there and skips the units it finds done.
+* **Downtime longer than the wheel** (RocketMQ skips those messages): ``read_ms`` is the checkpoint's, however
+  old; the slots from there are read in turn (each slot time is stored in the slot, so a slot of an earlier
+  turn reads as empty), and once a whole span has been read with nothing left the timer jumps to now.
+* **Failed appends** are retried with back-off by the duty (mqstore.background), never dropped (#7927); they are
+  counted (``mqstore_timer_delivery_failures_total``) and the duty's state names the last error. A copy whose
+  real topic was deleted is dropped with a log line and counted (there is nowhere to deliver it).
+* **Rebuild**: without usable files the timer starts from the topic's lowest offset with ``read_ms`` at now,
+  every unit already due delivered at once, and the whole log from that record read for TIMER_UNIT first.
+
+Thread-safety: none; the timer's duty (mqstore.timer.leadership) owns it; :meth:`Timer.stats` may be read from
+any thread (plain int reads).
+"""
+
+from __future__ import annotations
+
+import heapq
+import pathlib
+import struct
+from dataclasses import dataclass
+
+import structlog
+
+from mqstore import topics as topic_rules
+from mqstore.errors import InvalidArgument, TopicNotFound, invariant
+from mqstore.format import record_reader
+from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
+from mqstore.timer import messages as tm
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.files import TimerFiles
+
+log = structlog.get_logger("mqstore.timer")
+
+READ_BATCH = 512        # timer records read per pull
+DELIVER_BATCH = 1000    # copies appended per step and topic batch (the store's max_batch_messages)
+MAX_SLOTS_PER_STEP = 20_000
+ROLL_PASSES = 4
+SCAN_FRAME_BYTES = 4 << 20
+_SIZE = struct.Struct(">i")
+_MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
+
+
+@dataclass
+class TimerStats:
+    scheduled: int = 0      # units added to the wheel (not rolls or cancels)
+    delivered: int = 0      # copies appended
+    rolled: int = 0         # records re-appended to wait another turn
+    cancelled: int = 0      # units dropped by a cancel marker
+    skipped_done: int = 0   # units found delivered already at recovery
+    dropped: int = 0        # units whose real topic or record is gone
+    pending: int = 0        # units in the wheel not delivered yet (an estimate after a restart)
+    lag_ms: int = 0         # how far the read slot is behind the clock (0 while it keeps up)
+
+
+class Timer:
+    def __init__(self, store, config: TimerConfig, directory: pathlib.Path, metrics=None):
+        """``store``: the started MessageStore; ``metrics``: a TimerMetrics or None."""
+        self.store = store
+        self.config = config
+        self.precision = config.timer_precision_ms
+        self.files = TimerFiles(directory, self.precision, config.timer_wheel_slots)
+        self.metrics = metrics
+        self.stats = TimerStats()
+        self.enqueue_offset = 0
+        self.read_ms = 0
+        self.read_log_end = 0
+        self._advances: list[tuple[int, int]] = []  # (read_ms, read_log_end) not yet checkpointed
+        self._current: list[tuple[int, int, Unit]] | None = None  # the read slot's units left: a heap by due time
+        self.cancels: dict[int, int] = {}  # origin -> due of a recalled message (kept a turn past its due)
+        self._done: set[int] = set()  # timer offsets delivered already (recovery's scan of TIMER_UNIT)
+        self._rolled: set[int] = set()  # timer offsets re-appended already (TIMER_ROLLED_FROM): never again
+        self._done_until_ms = 0  # the scan's set is needed for slots before this
+        self._slot_done: set[int] = set()  # delivered from the read slot (a retried step skips them)
+        self._next_jump_check = 0
+        self._caught_up_at: int | None = None  # the read slot when the enqueue first caught up with the topic
+        self._last_checkpoint_ms = 0
+        self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
+
+    # ---- open and close
+    def open(self) -> None:
+        """Recover the files (or rebuild) and read the log for what is done; the files are closed if it fails
+        (the duty retries the open)."""
+        try:
+            self._open()
+        except BaseException:
+            self.files.close()
+            raise
+
+    def _open(self) -> None:
+        now = self.store.clock.now_ms()
+        cp = self.files.open()
+        low, high = self._bounds()
+        if cp is not None and cp.enqueue_offset > high:
+            log.warning("timer.ahead_of_topic", enqueue_offset=cp.enqueue_offset, topic_max=high)
+            self.files.reset()
+            cp = None
+        if cp is None:
+            self.enqueue_offset, self.read_ms = low, self.files.slot_ms(now)
+            self.read_log_end = self._first_record_position(low)
+        else:
+            self.enqueue_offset = max(self.files.enqueued_to, cp.enqueue_offset, low)
+            self.cancels = dict(self.files.cancels)
+            self.read_ms, self.read_log_end = cp.read_ms, cp.read_log_end
+        self._done, self._rolled = self._scan_done(self.read_log_end)
+        self._done_until_ms = now + self.precision
+        self._cp_read, self._cp_end = self.read_ms, self.read_log_end
+        self.stats.pending = self.files.pending_from(self.read_ms)
+        log.info("timer.opened", rebuilt=cp is None, enqueue_offset=self.enqueue_offset, read_ms=self.read_ms,
+                 behind_ms=now - self.read_ms, done_found=len(self._done))
+
+    def close(self) -> None:
+        try:
+            self.checkpoint(force=True)
+        finally:
+            self.files.close()
+
+    def _bounds(self) -> tuple[int, int]:
+        cq = self.store.queues.get(tm.TIMER_TOPIC, 0)
+        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+
+    def _first_record_position(self, offset: int) -> int:
+        found = self.store.pull(tm.TIMER_TOPIC, 0, offset, 1).messages if offset < self._bounds()[1] else []
+        return found[0].record.physical_offset if found else self.store.log_end()
+
+    def _scan_done(self, start: int) -> tuple[set[int], set[int]]:
+        """TIMER_UNIT and TIMER_ROLLED_FROM of the log's records from ``start``: the units done already."""
+        done: set[int] = set()
+        rolled: set[int] = set()
+        pos, end = max(start, self.store.log_min()), self.store.visible_offset()
+        while pos < end:
+            data, count, nxt = self.store.commitlog.frame(pos, end, SCAN_FRAME_BYTES, frozenset())
+            at = 0
+            while at + 4 <= len(data):
+                size = _SIZE.unpack_from(data, at)[0]
+                if size <= 0:
+                    break
+                raw = data[at:at + size]
+                if _MARKERS[0] in raw or _MARKERS[1] in raw:
+                    rec = record_reader.decode(raw, 0, verify_crc=False)
+                    if tm.UNIT in rec.properties and rec.topic != tm.TIMER_TOPIC:
+                        done.add(int(rec.properties[tm.UNIT]))
+                    if tm.ROLLED_FROM in rec.properties and rec.topic == tm.TIMER_TOPIC:
+                        rolled.add(int(rec.properties[tm.ROLLED_FROM]))
+                at += size
+            if nxt <= pos:
+                break
+            pos = nxt
+        return done, rolled
+
+    # ---- the step
+    def step(self) -> float:
+        """Enqueue what the topic holds, deliver what is due; seconds until the next step is needed."""
+        now = self.store.clock.now_ms()
+        wait_ms = self.precision
+        for _ in range(ROLL_PASSES):  # a roll re-appended in this pass may be due already: read it at once
+            rolled = self.stats.rolled
+            caught_up = self._enqueue()
+            if not caught_up:
+                break
+            wait_ms = self._dequeue(now)
+            if self.stats.rolled == rolled:
+                break
+        self.stats.lag_ms = max(0, now - self.read_ms - self.precision)
+        if now - self._last_checkpoint_ms >= self.config.timer_checkpoint_interval_ms:
+            self.checkpoint()
+        return max(0.0, wait_ms / 1000) if caught_up else 0.0
+
+    def _enqueue(self) -> bool:
+        """Units for the topic's records from the enqueue offset (a bounded read); whether it caught up."""
+        low, high = self._bounds()
+        if self.enqueue_offset < low:
+            log.error("timer.records_lost", enqueue_offset=self.enqueue_offset, topic_min=low,
+                      why="the timer topic's retention removed records the timer had not read")
+            self.enqueue_offset = low
+        if self.enqueue_offset >= high:
+            if self._caught_up_at is None:
+                self._caught_up_at = self.read_ms
+            return True
+        found = self.store.pull(tm.TIMER_TOPIC, 0, self.enqueue_offset, READ_BATCH, 8 << 20).messages
+        for message in found:
+            self._add(message.record)
+            self.enqueue_offset = message.record.queue_offset + 1
+        return self.enqueue_offset >= high
+
+    def _add(self, record) -> None:
+        props = record.properties
+        if record.queue_offset in self._rolled:
+            return  # re-appended already (a rebuild reads the topic from its start): its successor carries it
+        if tm.CANCEL_OFFSET in props:
+            origin, due = int(props[tm.CANCEL_OFFSET]), int(props[tm.OUT_MS])
+            self.files.add_cancel(origin, due, record.queue_offset)
+            self.cancels[origin] = due
+            return
+        if tm.OUT_MS not in props or tm.REAL_TOPIC not in props:
+            log.error("timer.record_not_timer", queue_offset=record.queue_offset)
+            return
+        due, kind = int(props[tm.OUT_MS]), KIND_DELIVER
+        slot = max(self.files.slot_ms(due), self.read_ms)
+        # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
+        # placed further would share its file slot with one a restart still has to read.
+        horizon = self._cp_read + self.config.span_ms - 2 * self.precision
+        invariant(horizon > self.read_ms, "the timer checkpoint follows the read slot within half the wheel")
+        if slot >= horizon:
+            kind, slot = KIND_ROLL, horizon
+        self.files.add(slot, due, record.queue_offset, record.physical_offset, kind)
+        self.stats.scheduled += kind == KIND_DELIVER
+        self.stats.pending += 1
+        if self.metrics and kind == KIND_DELIVER:
+            self.metrics.scheduled.inc()
+        if slot == self.read_ms and self._current is not None:
+            self._take([Unit(due, slot, record.queue_offset, record.physical_offset, -1, kind)])
+
+    def _take(self, units: list[Unit]) -> None:
+        """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
+        for unit in units:
+            heapq.heappush(self._current, (unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset,
+                                           unit))
+
+    def _dequeue(self, now: int) -> int:
+        """Deliver what is due; ms until something may be due next."""
+        for _ in range(MAX_SLOTS_PER_STEP):
+            if now < self.read_ms:
+                return self.read_ms - now
+            if self._current is None:
+                self._current = []
+                self._take(self.files.units(self.read_ms))
+            heap = self._current
+            due = []
+            while heap and heap[0][0] <= now and len(due) < DELIVER_BATCH:
+                due.append(heapq.heappop(heap)[2])
+            if due:
+                try:
+                    self._deliver(due, now)
+                except BaseException:  # retried by the duty: the units stay (the delivered ones are skipped)
+                    self._take(due)
+                    raise
+                if heap:
+                    return 0
+                continue
+            if heap:
+                return heap[0][0] - now
+            if now < self.read_ms + self.precision:
+                return self.read_ms + self.precision - now
+            self._next_slot(now)
+        return 0
+
+    def _next_slot(self, now: int) -> None:
+        self._current = None
+        self._slot_done = set()
+        self.read_ms += self.precision
+        # Behind by more than the wheel (a long downtime): once no slot holds a time from here on, the slots
+        # left are earlier turns' (empty) and the timer jumps to now; checked once per span read.
+        if now - self.read_ms > self.config.span_ms and self.read_ms >= self._next_jump_check:
+            self._next_jump_check = self.read_ms + self.config.span_ms
+            if not self.files.pending_from(self.read_ms) and self.enqueue_offset >= self._bounds()[1]:
+                log.info("timer.caught_up", skipped_to=self.files.slot_ms(now), from_ms=self.read_ms)
+                self.read_ms = self.files.slot_ms(now)
+        # Until the slots the last run may have read are passed, their deliveries may lie below today's log end:
+        # a checkpoint then keeps the recovery's start (where its scan began) as the place to read from.
+        if self.read_ms > self._done_until_ms:
+            self._done = set()
+            self.read_log_end = self.store.log_end()
+        self._advances.append((self.read_ms, self.read_log_end))
+        if self.read_ms - self._cp_read >= self.config.span_ms // 2:
+            self.checkpoint()  # keeps the live slots within one turn (see _add)
+
+    def _deliver(self, units: list[Unit], now: int) -> None:
+        """Append the copies (or roll records) of ``units``, batched per topic in order."""
+        lookups = self.store.get_messages([u.physical_offset for u in units])
+        batches: list[list] = []  # [topic, copies, units, body bytes]
+        for unit, found in zip(units, lookups, strict=True):
+            offset = unit.timer_offset
+            if offset in self._done or offset in self._slot_done or offset in self._rolled:
+                self.stats.skipped_done += 1
+                self.stats.pending -= 1
+                continue
+            if found.message is None:
+                log.error("timer.record_missing", timer_offset=unit.timer_offset, why=found.missing)
+                self.stats.dropped += 1
+                self.stats.pending -= 1
+                continue
+            record = found.message.record
+            origin = int(record.properties.get(tm.ORIGIN, unit.timer_offset))
+            if origin in self.cancels:
+                log.info("timer.cancelled", timer_offset=unit.timer_offset, origin=origin)
+                self.stats.cancelled += 1
+                self.stats.pending -= 1
+                self._slot_done.add(offset)
+                continue
+            if unit.kind == KIND_ROLL:
+                topic, copy = tm.TIMER_TOPIC, tm.rolled(record, unit.timer_offset)
+            else:
+                topic, copy = tm.delivered(record, unit.timer_offset, now)
+            last = batches[-1] if batches else None
+            if last is not None and last[0] == topic and self._fits(len(last[1]), last[3] + len(copy.body)):
+                last[1].append(copy)
+                last[2].append(unit)
+                last[3] += len(copy.body)
+            else:
+                batches.append([topic, [copy], [unit], len(copy.body)])
+        for topic, copies, batch_units, _ in batches:
+            self._append(topic, copies, batch_units, now)
+
+    def _fits(self, count: int, body_bytes: int) -> bool:
+        """Whether a batch of ``count`` copies may take one more, ``body_bytes`` with it, within the store's batch
+        limits (a batch past them would be refused)."""
+        cfg = self.store.config
+        return count < cfg.max_batch_messages and body_bytes <= cfg.max_batch_body_bytes
+
+    def _append(self, topic: str, copies: list, units: list[Unit], now: int) -> None:
+        try:
+            if topic == tm.TIMER_TOPIC:
+                self.store.append(topic, copies, system_writer=topic_rules.OWNER_SCHEDULE)
+            else:
+                self.store.append(topic, copies)
+        except (TopicNotFound, InvalidArgument) as exc:  # deleted, or re-created with fewer queues: nowhere to go
+            log.warning("timer.undeliverable", topic=topic, dropped=len(copies), error=str(exc))
+            self.stats.dropped += len(copies)
+            self.stats.pending -= len(copies)
+            return
+        except Exception:
+            if self.metrics:
+                self.metrics.failures.inc()
+            raise
+        for unit in units:
+            self._slot_done.add(unit.timer_offset)  # a retry of this step after a later batch failed skips it
+            if unit.kind == KIND_ROLL:
+                self.stats.rolled += 1
+                self.stats.pending -= 1  # it comes back as a new record (scheduled again)
+                continue
+            self.stats.delivered += 1
+            self.stats.pending -= 1
+            if self.metrics:
+                self.metrics.delivered.inc()
+                self.metrics.late.observe(max(0, now - unit.deliver_ms) / 1000)
+
+    # ---- the checkpoint
+    def checkpoint(self, force: bool = False) -> None:
+        """fsync and record what holds: the enqueue offset, and the latest slot advance whose log end is
+        flushed (a copy not fsynced yet would be lost by a power cut after a checkpoint that counted it)."""
+        flushed = self.store.flushed_offset()
+        if self._advances and self._advances[-1][1] > flushed:
+            flushed = self.store.flusher.flush_now()
+        while self._advances and self._advances[0][1] <= flushed:
+            self._cp_read, self._cp_end = self._advances.pop(0)
+        now = self.store.clock.now_ms()
+        self._last_checkpoint_ms = now
+        # The log starts over when no unit is left: the estimate says so, the wheel confirms it (rarely read).
+        empty = (self.stats.pending <= 0 and not self._current and self._cp_read == self.read_ms
+                 and self.files.log_end > 0 and not self.files.pending_from(self.read_ms))
+        # Every copy of a recalled message has come by a whole turn after its due slot was read, once the records
+        # this run found in the topic (a rebuild's, a late roll's) were put in the wheel and their slot read.
+        if self._caught_up_at is not None and self._cp_read > self._caught_up_at:
+            self.cancels = {k: v for k, v in self.cancels.items() if v + self.config.span_ms > self._cp_read}
+        self.files.checkpoint(self.enqueue_offset, self._cp_read, self._cp_end, now, self.cancels, empty=empty)
