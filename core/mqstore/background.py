@@ -45,6 +45,7 @@ from typing import Callable
 
 import structlog
 
+from mqstore import profiling
 from mqstore.errors import MqStoreError, Unavailable
 from mqstore.failpoints import FailpointHit
 
@@ -121,7 +122,7 @@ class Duty:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError(f"duty {self.name} was started already")
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread = threading.Thread(target=profiling.run, args=(self._run,), name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> bool:

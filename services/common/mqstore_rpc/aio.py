@@ -49,6 +49,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence, 
 import grpc
 import structlog
 
+from mqstore import profiling
 from mqstore_rpc.handlers import PerMethod, behavior_of, like
 
 T = TypeVar("T")
@@ -60,7 +61,7 @@ class LoopThread:
 
     def __init__(self, name: str = "grpc-aio-loop"):
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread = threading.Thread(target=profiling.run, args=(self.loop.run_forever,), name=name, daemon=True)
         self._thread.start()
 
     def run(self, make: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:

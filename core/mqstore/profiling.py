@@ -1,0 +1,31 @@
+"""An opt-in cProfile of one thread, for benchmarks (bench/README.md, *The replication benchmark*).
+
+``MQSTORE_PROFILE_DIR=<dir>``: each thread started through :func:`run` (the grpc.aio loop thread, the
+background duties' threads) runs under its own ``cProfile.Profile`` and writes
+``<dir>/<pid>-<thread name>.prof`` when it ends (a clean stop of the process). Unset (the default): the
+target runs as is, at no cost. cProfile costs CPU itself: compare profiles with profiles, not rates.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from typing import Callable
+
+
+def run(target: Callable[[], object]) -> None:
+    """``target()``, profiled when MQSTORE_PROFILE_DIR is set."""
+    where = os.environ.get("MQSTORE_PROFILE_DIR")
+    if not where:
+        target()
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(target)
+    finally:
+        path = pathlib.Path(where) / f"{os.getpid()}-{threading.current_thread().name}.prof"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profile.dump_stats(str(path))

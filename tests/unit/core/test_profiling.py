@@ -1,0 +1,43 @@
+"""mqstore.profiling: MQSTORE_PROFILE_DIR profiles a background duty's thread (and the grpc.aio loop's,
+mqstore_rpc.aio.LoopThread) into <dir>/<pid>-<thread>.prof when it ends; unset, nothing is written."""
+
+from __future__ import annotations
+
+import os
+import pstats
+import threading
+
+from mqstore.background import Duty
+
+LONG_S = 30.0
+
+
+class Stepping(Duty):
+    def __init__(self):
+        super().__init__("profiled-duty", interval_s=0.0)
+        self.stepped = threading.Event()
+
+    def step(self) -> None:
+        self.stepped.set()
+        self.sleep(0.01)
+
+
+def _run_duty() -> None:
+    duty = Stepping()
+    duty.start()
+    assert duty.stepped.wait(LONG_S)
+    assert duty.stop(timeout_s=LONG_S)
+
+
+def test_a_duty_thread_is_profiled_into_the_directory_named_and_not_otherwise(tmp_path, monkeypatch):
+    monkeypatch.delenv("MQSTORE_PROFILE_DIR", raising=False)
+    _run_duty()
+    where = tmp_path / "profiles"
+    assert not where.exists()
+
+    monkeypatch.setenv("MQSTORE_PROFILE_DIR", str(where))
+    _run_duty()
+    written = where / f"{os.getpid()}-profiled-duty.prof"
+    assert [p.name for p in where.iterdir()] == [written.name]
+    functions = {name for (_file, _line, name) in pstats.Stats(str(written)).stats}
+    assert "step" in functions
