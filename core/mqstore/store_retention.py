@@ -10,6 +10,8 @@ runs :meth:`Retention.delete_expired_segments` and :meth:`Retention.apply_topic_
   the leader re-appends the live offsets they hold (``offsets.rewrite_below``), and the lowest record still
   holding a live offset is a floor on every node (``offsets.floor``), whatever the rewrite managed.
 - A topic with its own ``retention_ms`` has its consume queues' minimums raised past what is older.
+- Floors added by the store's users (:meth:`Retention.add_floor`): the timer's (mqstore.timer.leadership: the
+  oldest timer record not delivered or rolled yet) keeps every segment from there; a floor of None keeps none.
 
 Thread-safety: every method may be called from any thread. Consume queue minimums change under the
 dispatcher's lock; segments are deleted by SegmentQueue.delete_expired (the maintenance duty's thread);
@@ -53,6 +55,12 @@ class Retention:
         self._offsets = offsets
         self._writable = writable
         self.holds = RetentionHolds(config.retention_hold_max_ms, config.retention_hold_grace_ms)
+        self._floors: dict[str, Callable[[], int | None]] = {}
+
+    def add_floor(self, name: str, floor: Callable[[], int | None]) -> None:
+        """``floor()``: a log offset below which retention deletes nothing (None: it keeps nothing), asked at
+        each pass from the maintenance duty's thread (the timer's: TimerDuty.retention_floor)."""
+        self._floors[name] = floor
 
     def delete_expired_segments(self) -> int:
         """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
@@ -69,6 +77,9 @@ class Retention:
         offsets_floor = self._offsets.floor()
         if offsets_floor is not None:
             limit = min(limit, offsets_floor)
+        for floor in list(self._floors.values()):
+            if (at := floor()) is not None:
+                limit = min(limit, at)
         # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
         # below the COMPACTION topics' starts.
         floor = self._topics.compaction_floor()  # one per compactor (several with --etcd-endpoints)

@@ -183,6 +183,24 @@ class TimerFiles:
         self.log_end += UNIT_SIZE
         self.enqueued_to = max(self.enqueued_to, marker_offset + 1)
 
+    def first_pending(self, position: int, read_ms: int) -> tuple[int, Unit | None]:
+        """The first unit from ``position`` (a unit boundary) in a slot at or after ``read_ms`` (not read yet, or
+        the one being read), and its position; (log end, None) when there is none. Units are appended in the
+        timer topic's order, so its physical offset is the lowest of every unit not delivered (or rolled) yet."""
+        chunk = 4096 * UNIT_SIZE
+        while position < self.log_end:
+            data = os.pread(self._log_fd, min(chunk, self.log_end - position), position)
+            if len(data) < UNIT_SIZE:
+                break
+            for at in range(0, len(data) - UNIT_SIZE + 1, UNIT_SIZE):
+                unit = timer_unit.decode(data, at)
+                if unit is None:  # damage: everything from here is kept (the read of its slot reports it)
+                    return position + at, Unit(0, read_ms, -1, 0, NO_POSITION, timer_unit.KIND_DELIVER)
+                if unit.kind != timer_unit.KIND_CANCEL and unit.slot_ms >= read_ms:
+                    return position + at, unit
+            position += len(data) - len(data) % UNIT_SIZE
+        return self.log_end, None
+
     def units(self, slot_ms: int) -> list[Unit]:
         """The slot's units in the order they were added."""
         slot = self.read_slot(slot_ms)

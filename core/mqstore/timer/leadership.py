@@ -9,6 +9,17 @@ its copied log is visible), and each leadership opens the timer afresh from its 
   stops leading                 closes the Timer (checkpoint, files closed); the next leader resumes from its own
                                 files and the log
 
+The duty gives the store's retention a floor (:meth:`TimerDuty.retention_floor`, Retention.add_floor): no segment
+holding a timer record the timer has not delivered or rolled yet is deleted.
+
+  this node                     the floor
+  ----------------------------- -----------------------------------------------------------------------------
+  its timer open                the timer's own (Timer.retention_floor: exact)
+  leads, timer not open yet     the timer topic's first record (open reads the wheel or rebuilds: all kept)
+  a replica                     the first timer record stored within one wheel span (and a precision) of the
+                                clock: the leader's timer delivers or rolls each record within a span while it
+                                keeps up, so a replica keeps what a failover's timer may still need
+
 A step that fails with a store or OS error (an append refused, the disk full) is retried with back-off by the
 duty (mqstore.background): nothing is dropped; :meth:`TimerDuty.problem` names a failure that lasted more than
 ``FAILING_PROBLEM_S`` (health turns NOT_SERVING), and the failures are counted.
@@ -20,12 +31,14 @@ stopped (``close``).
 from __future__ import annotations
 
 import pathlib
+import threading
 import time
 from typing import Callable
 
 import structlog
 
 from mqstore.background import Duty
+from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.timer import Timer, TimerStats
 
@@ -65,6 +78,26 @@ class TimerDuty(Duty):
         self._wait_s = MAX_PAUSE_S
         self._failing_since: float | None = None
         self.leaderships = 0
+        self._timer_lock = threading.Lock()  # the timer as retention_floor sees it: set and cleared under it
+        store.retention.add_floor("timer", self.retention_floor)
+
+    def retention_floor(self) -> int | None:
+        """The log offset below which the store's retention deletes nothing (None: no timer record is kept); from
+        any thread (the maintenance duty's)."""
+        with self._timer_lock:
+            timer = self.timer
+            if timer is not None:
+                return timer.retention_floor
+        cq = self.store.queues.get(tm.TIMER_TOPIC, 0)
+        if cq is None or cq.min_offset >= cq.max_offset:
+            return None
+        offset = cq.min_offset
+        if not self.leading():
+            since = self.store.clock.now_ms() - self.config.span_ms - self.config.timer_precision_ms
+            offset = cq.offset_by_time(since, False, self.store.commitlog.store_timestamp_at)
+            if offset >= cq.max_offset:
+                return None
+        return cq.entry(offset)[0]
 
     def stats(self) -> TimerStats:
         timer = self.timer
@@ -79,7 +112,8 @@ class TimerDuty(Duty):
             if self.timer is None:
                 timer = Timer(self.store, self.config, self.directory, self.metrics)
                 timer.open()
-                self.timer, self.leaderships = timer, self.leaderships + 1
+                with self._timer_lock:
+                    self.timer, self.leaderships = timer, self.leaderships + 1
             self._wait_s = min(self.timer.step(), MAX_PAUSE_S)
         except BaseException:
             self._failing_since = self._failing_since or time.monotonic()
@@ -101,7 +135,8 @@ class TimerDuty(Duty):
         self._close()
 
     def _close(self) -> None:
-        timer, self.timer = self.timer, None
+        with self._timer_lock:
+            timer, self.timer = self.timer, None
         if timer is not None:
             self._stats = timer.stats
             timer.close()

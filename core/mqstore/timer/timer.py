@@ -21,6 +21,12 @@ real topic (issue 35; RocketMQ's RIP-43 in mqstore's shape, with its known failu
 * **Failed appends** are retried with back-off by the duty (mqstore.background), never dropped (#7927); they are
   counted (``mqstore_timer_delivery_failures_total``) and the duty's state names the last error. A copy whose
   real topic was deleted is dropped with a log line and counted (there is nowhere to deliver it).
+* **Retention floor** (RocketMQ's retention deletes timer records before their turn): :attr:`Timer.retention_floor`
+  is the lowest log offset the timer still needs: the oldest unit not delivered or rolled yet (its slot not read:
+  the timer log is in topic order, so a cursor finds it), the first timer record not enqueued yet, and the log
+  end of the checkpoint (where recovery reads the copies made). Published at each checkpoint; the store's
+  retention deletes nothing from there (TimerDuty.retention_floor). Rolls keep it within about one wheel span
+  of the clock while the timer keeps up; after downtime it is as old as the oldest message not delivered.
 * **Rebuild**: without usable files the timer starts from the topic's lowest offset with ``read_ms`` at now,
   every unit already due delivered at once, and the whole log from that record read for TIMER_UNIT first.
 
@@ -91,6 +97,8 @@ class Timer:
         self._caught_up_at: int | None = None  # the read slot when the enqueue first caught up with the topic
         self._last_checkpoint_ms = 0
         self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
+        self._floor_position = 0  # timer log position: every unit before it is in a slot read already
+        self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
 
     # ---- open and close
     def open(self) -> None:
@@ -121,6 +129,7 @@ class Timer:
         self._done_until_ms = now + self.precision
         self._cp_read, self._cp_end = self.read_ms, self.read_log_end
         self.stats.pending = self.files.pending_from(self.read_ms)
+        self._publish_floor()
         log.info("timer.opened", rebuilt=cp is None, enqueue_offset=self.enqueue_offset, read_ms=self.read_ms,
                  behind_ms=now - self.read_ms, done_found=len(self._done))
 
@@ -369,3 +378,18 @@ class Timer:
         if self._caught_up_at is not None and self._cp_read > self._caught_up_at:
             self.cancels = {k: v for k, v in self.cancels.items() if v + self.config.span_ms > self._cp_read}
         self.files.checkpoint(self.enqueue_offset, self._cp_read, self._cp_end, now, self.cancels, empty=empty)
+        self._publish_floor()
+
+    def _publish_floor(self) -> None:
+        """:attr:`retention_floor`: the lowest of the checkpoint's log end (recovery reads the copies from there),
+        the oldest unit of a slot not passed by the checkpoint's read slot (a restart reads its slot again), and
+        the first record not enqueued yet (the dispatched end when there is none: a record the queue shows after
+        this read lies above it)."""
+        unenqueued = self.store.dispatcher.dispatched_offset
+        if self.enqueue_offset < self._bounds()[1]:
+            unenqueued = self._first_record_position(self.enqueue_offset)
+        if self._floor_position > self.files.log_end:
+            self._floor_position = 0  # the log started over
+        self._floor_position, unit = self.files.first_pending(self._floor_position, self._cp_read)
+        floor = min(self._cp_end, unenqueued)
+        self.retention_floor = floor if unit is None else min(floor, unit.physical_offset)

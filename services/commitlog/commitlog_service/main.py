@@ -309,15 +309,17 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
 
 
 def warn_short_retention(config: CommitLogConfig) -> None:
-    """The timer topic's records live under the store's retention like any record: a delayed message waits at
-    most one turn of the wheel in one record (longer delays are re-appended, a roll), so a retention not above
-    the wheel's span could delete a record before its turn (the timer then logs timer.record_missing and drops
-    it). Said at start, not refused: short retentions are common in tests and demos that send no delayed
-    message."""
+    """The timer holds a retention floor (TimerDuty.retention_floor): no segment holding a timer record not delivered
+    or rolled yet is deleted, so a retention below the wheel's span keeps the log longer than asked (up to a span,
+    more after downtime) and loses no delayed message. Said at start because the rest of the timer topic still goes
+    by retention: a recall of a message rolled since its first record was deleted answers NOT_FOUND; and a replica
+    keeps only the timer records of the last span (a leader's timer lagging more than that can meet
+    timer.record_missing after a failover). Not refused: short retentions are common in tests and demos."""
     span_ms = config.timer.span_ms
     if config.store.retention_ms <= span_ms:
         log.warning("timer.retention_short", retention_ms=config.store.retention_ms, wheel_span_ms=span_ms,
-                    why="a delayed message waits up to one span in the timer topic; retention may delete it first",
+                    why="the timer keeps the log from its oldest undelivered record (up to a span past retention); "
+                        "a recall of a message rolled since its first record was deleted answers NOT_FOUND",
                     fix="raise --retention-ms above --timer-wheel-slots x --timer-precision-ms, or lower those")
 
 

@@ -1,0 +1,103 @@
+"""The timer's retention floor (mqstore.timer.leadership.TimerDuty.retention_floor, Retention.add_floor): the store's
+retention deletes no segment holding a timer record not delivered or rolled yet (before: it did, and the timer
+logged timer.record_missing and dropped the message)."""
+
+from __future__ import annotations
+
+import os
+
+from mqstore import system_writers  # noqa: F401  (registers the scheduler's writer rules)
+from mqstore.clock import FakeClock
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+from mqstore.timer import messages as tm
+from mqstore.timer import scheduling
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.leadership import TimerDuty
+
+CONFIG = TimerConfig(timer_precision_ms=100, timer_wheel_slots=64)  # a span of 6.4 s
+HOUR = 3_600_000
+
+
+def _age_segments(store, clock) -> None:
+    old = (clock.now_ms() - 2 * HOUR) / 1000
+    for seg in store.segments.segments:
+        os.utime(seg.path, (old, old))
+
+
+def _fill(store, count: int) -> None:
+    for i in range(count):
+        store.append("t", [MessageIn(body=bytes([i]) * 1000)])
+
+
+def test_retention_keeps_the_undelivered_timer_record_and_deletes_below_it(small_config, tmp_path):
+    clock = FakeClock()
+    store = MessageStore(small_config(segment_size_bytes=8192, retention_ms=HOUR, clean_interval_ms=100 * HOUR), clock)
+    store.start()
+    duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True)
+    try:
+        store.create_topic("t", 1)
+        _fill(store, 20)
+        scheduling.append(store, CONFIG, "t", [MessageIn(b"later", properties={tm.DELAY_MS: "5000"})])
+        _fill(store, 20)
+        store.flusher.flush_now()
+        duty.step()  # opens the timer, enqueues the record
+        record_at = store.queues.get(tm.TIMER_TOPIC, 0).entry(0)[0]
+        assert duty.retention_floor() == record_at
+        _age_segments(store, clock)
+        assert store.retention.delete_expired_segments() >= 1  # the segments below the floor go
+        assert 0 < store.log_min() <= record_at  # the one holding the timer record stays
+        clock.advance(5_100)
+        for _ in range(10):
+            duty.step()
+        assert duty.timer.stats.dropped == 0 and duty.timer.stats.delivered == 1
+        delivered = store.pull("t", 0, 40, 10).messages
+        assert [m.record.body for m in delivered] == [b"later"]
+        duty.timer.checkpoint(force=True)  # delivered: the floor moves past the record
+        assert duty.retention_floor() > record_at
+        _age_segments(store, clock)
+        assert store.retention.delete_expired_segments() >= 1 and store.log_min() > record_at
+    finally:
+        duty.close()
+        store.stop()
+
+
+def test_a_long_delay_pins_the_log_only_until_it_is_rolled(small_config, tmp_path):
+    """A delay past the wheel's span is re-appended when the wheel reaches it (a roll): the floor follows the new
+    record, so the log is kept about one span, not the whole delay."""
+    clock = FakeClock()
+    store = MessageStore(small_config(), clock)
+    store.start()
+    duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True)
+    try:
+        store.create_topic("t", 1)
+        scheduling.append(store, CONFIG, "t", [MessageIn(b"far", properties={tm.DELAY_MS: "20000"})])
+        duty.step()
+        first_at = store.queues.get(tm.TIMER_TOPIC, 0).entry(0)[0]
+        assert duty.retention_floor() == first_at
+        for _ in range(80):  # 8 s: past the span, the record was rolled
+            clock.advance(100)
+            duty.step()
+        assert duty.timer.stats.rolled >= 1
+        duty.timer.checkpoint(force=True)
+        assert duty.retention_floor() > first_at
+    finally:
+        duty.close()
+        store.stop()
+
+
+def test_a_replica_keeps_the_timer_records_of_the_last_span(small_config, tmp_path):
+    clock = FakeClock()
+    store = MessageStore(small_config(), clock)
+    store.start()
+    duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: False)
+    try:
+        store.create_topic("t", 1)
+        assert duty.retention_floor() is None  # no timer record: nothing kept
+        scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELAY_MS: "1000"})])
+        assert duty.retention_floor() == store.queues.get(tm.TIMER_TOPIC, 0).entry(0)[0]
+        clock.advance(CONFIG.span_ms + CONFIG.timer_precision_ms + 1)  # the leader's timer has delivered it by now
+        assert duty.retention_floor() is None
+    finally:
+        duty.close()
+        store.stop()
