@@ -187,18 +187,21 @@ class TimerFiles:
         """The first unit from ``position`` (a unit boundary) in a slot at or after ``read_ms`` (not read yet, or
         the one being read), and its position; (log end, None) when there is none. Units are appended in the
         timer topic's order, so its physical offset is the lowest of every unit not delivered (or rolled) yet."""
-        chunk = 4096 * UNIT_SIZE
+        chunk = 4096 * UNIT_SIZE  # read without the CRC (recovery checked the log below its end): ~0.3 us a unit
         while position < self.log_end:
             data = os.pread(self._log_fd, min(chunk, self.log_end - position), position)
-            if len(data) < UNIT_SIZE:
+            whole = len(data) - len(data) % UNIT_SIZE
+            if not whole:
                 break
-            for at in range(0, len(data) - UNIT_SIZE + 1, UNIT_SIZE):
-                unit = timer_unit.decode(data, at)
-                if unit is None:  # damage: everything from here is kept (the read of its slot reports it)
-                    return position + at, Unit(0, read_ms, -1, 0, NO_POSITION, timer_unit.KIND_DELIVER)
-                if unit.kind != timer_unit.KIND_CANCEL and unit.slot_ms >= read_ms:
-                    return position + at, unit
-            position += len(data) - len(data) % UNIT_SIZE
+            for index, fields in enumerate(timer_unit.UNIT.iter_unpack(memoryview(data)[:whole])):
+                deliver_ms, slot_ms, timer_offset, physical_offset, prev, kind, _ = fields
+                if kind == timer_unit.KIND_CANCEL:
+                    continue
+                if slot_ms >= read_ms or kind not in timer_unit.KINDS:  # damage: all kept from the start
+                    unit = (Unit(deliver_ms, slot_ms, timer_offset, physical_offset, prev, kind)
+                            if kind in timer_unit.KINDS else Unit(0, read_ms, -1, 0, NO_POSITION, kind))
+                    return position + index * UNIT_SIZE, unit
+            position += whole
         return self.log_end, None
 
     def units(self, slot_ms: int) -> list[Unit]:

@@ -12,7 +12,9 @@ from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
+from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL
 from mqstore.timer.config import TimerConfig
+from mqstore.timer.files import TimerFiles
 from mqstore.timer.leadership import TimerDuty
 
 CONFIG = TimerConfig(timer_precision_ms=100, timer_wheel_slots=64)  # a span of 6.4 s
@@ -47,6 +49,10 @@ def test_retention_keeps_the_undelivered_timer_record_and_deletes_below_it(small
         _age_segments(store, clock)
         assert store.retention.delete_expired_segments() >= 1  # the segments below the floor go
         assert 0 < store.log_min() <= record_at  # the one holding the timer record stays
+        duty.close()  # a restart: until the timer is open again its whole topic is kept, then its floor again
+        assert duty.retention_floor() == record_at
+        duty.step()
+        assert duty.timer is not None and duty.retention_floor() == record_at
         clock.advance(5_100)
         for _ in range(10):
             duty.step()
@@ -101,3 +107,20 @@ def test_a_replica_keeps_the_timer_records_of_the_last_span(small_config, tmp_pa
     finally:
         duty.close()
         store.stop()
+
+
+def test_the_first_pending_unit_is_the_first_of_a_slot_not_read(tmp_path):
+    files = TimerFiles(tmp_path, 100, 64)
+    assert files.open() is None
+    try:
+        files.add(1_000, 1_050, 0, 100, KIND_DELIVER)
+        files.add_cancel(0, 1_050, 1)
+        files.add(1_500, 1_550, 2, 300, KIND_DELIVER)
+        files.add(1_200, 9_000, 3, 400, KIND_ROLL)
+        assert files.first_pending(0, 1_000) == (0, files.units(1_000)[0])
+        position, unit = files.first_pending(0, 1_100)  # slot 1000 read: the cancel is in no slot
+        assert (position, unit.physical_offset) == (96, 300)
+        assert files.first_pending(position, 1_300)[1].physical_offset == 300
+        assert files.first_pending(0, 1_600) == (files.log_end, None)
+    finally:
+        files.close()
