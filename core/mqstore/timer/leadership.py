@@ -49,7 +49,7 @@ FAILING_PROBLEM_S = 30.0
 
 
 class TimerMetrics:
-    def __init__(self, registry, stats: Callable[[], TimerStats]):
+    def __init__(self, registry, stats: Callable[[], TimerStats], retained: Callable[[], int] = lambda: 0):
         self.scheduled = registry.counter("mqstore_timer_scheduled_total", "delayed messages added to the timer wheel")
         self.delivered = registry.counter("mqstore_timer_delivered_total",
                                           "delayed messages delivered to their real topic")
@@ -61,6 +61,8 @@ class TimerMetrics:
                           lambda: stats().pending)
         registry.gauge_fn("mqstore_timer_lag_seconds", "how far the timer's read slot is behind the clock",
                           lambda: stats().lag_ms / 1000)
+        registry.gauge_fn("mqstore_timer_retained_bytes",
+                          "commit log bytes kept from the timer's retention floor to the log end", retained)
 
 
 class TimerDuty(Duty):
@@ -74,7 +76,7 @@ class TimerDuty(Duty):
         self.leading = leading
         self.timer: Timer | None = None
         self._stats = TimerStats()
-        self.metrics = TimerMetrics(registry, self.stats) if registry is not None else None
+        self.metrics = TimerMetrics(registry, self.stats, self.retained_bytes) if registry is not None else None
         self._wait_s = MAX_PAUSE_S
         self._failing_since: float | None = None
         self.leaderships = 0
@@ -98,6 +100,11 @@ class TimerDuty(Duty):
             if offset >= cq.max_offset:
                 return None
         return cq.entry(offset)[0]
+
+    def retained_bytes(self) -> int:
+        """The log bytes from the retention floor to the log end (0: the timer keeps nothing)."""
+        floor = self.retention_floor()
+        return 0 if floor is None else max(0, self.store.log_end() - floor)
 
     def stats(self) -> TimerStats:
         timer = self.timer

@@ -8,6 +8,7 @@ import os
 
 from mqstore import system_writers  # noqa: F401  (registers the scheduler's writer rules)
 from mqstore.clock import FakeClock
+from mqstore.metrics import Registry
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore.timer import messages as tm
@@ -36,7 +37,8 @@ def test_retention_keeps_the_undelivered_timer_record_and_deletes_below_it(small
     clock = FakeClock()
     store = MessageStore(small_config(segment_size_bytes=8192, retention_ms=HOUR, clean_interval_ms=100 * HOUR), clock)
     store.start()
-    duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True)
+    registry = Registry()
+    duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True, registry=registry)
     try:
         store.create_topic("t", 1)
         _fill(store, 20)
@@ -46,6 +48,7 @@ def test_retention_keeps_the_undelivered_timer_record_and_deletes_below_it(small
         duty.step()  # opens the timer, enqueues the record
         record_at = store.queues.get(tm.TIMER_TOPIC, 0).entry(0)[0]
         assert duty.retention_floor() == record_at
+        assert registry.get("mqstore_timer_retained_bytes").value == store.log_end() - record_at
         _age_segments(store, clock)
         assert store.retention.delete_expired_segments() >= 1  # the segments below the floor go
         assert 0 < store.log_min() <= record_at  # the one holding the timer record stays
