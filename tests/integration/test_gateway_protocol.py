@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from gateway_service.main import GatewayServiceConfig, serving as gateway_serving
+from mqstore.gateway import publishing
 from mqstore.gateway.config import GatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
@@ -180,8 +181,6 @@ def test_a_garbage_receipt_handle_is_refused_and_the_old_one_echoed(stub):
 def test_calls_the_gateway_does_not_serve_answer_not_implemented(stub):
     assert stub.UpdateOffset(s.UpdateOffsetRequest(), metadata=CLIENT, timeout=TIMEOUT_S).status.code == \
         d.NOT_IMPLEMENTED
-    assert stub.RecallMessage(s.RecallMessageRequest(), metadata=CLIENT, timeout=TIMEOUT_S).status.code == \
-        d.NOT_IMPLEMENTED
     pulled = list(stub.PullMessage(s.PullMessageRequest(), metadata=CLIENT, timeout=TIMEOUT_S))
     assert [p.status.code for p in pulled] == [d.NOT_IMPLEMENTED]
 
@@ -270,3 +269,41 @@ def test_a_delivery_time_past_the_limit_or_in_the_wrong_unit_is_illegal(stub):
     python_client.system_properties.delivery_timestamp.seconds = int(time.time() * 1000) + 10_000  # ms as seconds
     answer = send(stub, python_client)
     assert answer.status.code == d.ILLEGAL_DELIVERY_TIME and "Timestamp.seconds" in answer.status.message
+
+
+def recall(stub, handle: str, topic: str = "delayed") -> s.RecallMessageResponse:
+    request = s.RecallMessageRequest(topic=d.Resource(name=topic), recall_handle=handle)
+    return stub.RecallMessage(request, metadata=CLIENT, timeout=TIMEOUT_S)
+
+
+def test_a_recalled_delay_message_is_never_delivered_and_bad_or_late_handles_are_refused(stub):
+    due_ms = int(time.time() * 1000) + 3000
+    doomed = message(b"never", "05B0", topic="delayed", message_type=d.DELAY)
+    doomed.system_properties.delivery_timestamp.FromMilliseconds(due_ms)
+    kept = message(b"kept", "05B1", topic="delayed", message_type=d.DELAY)
+    kept.system_properties.delivery_timestamp.FromMilliseconds(due_ms + 200)
+    (entry,) = send(stub, doomed).entries
+    (kept_entry,) = send(stub, kept).entries
+    assert entry.status.code == d.OK and entry.recall_handle and kept_entry.recall_handle != entry.recall_handle
+    assert not send(stub, message(b"now", "05B2")).entries[0].recall_handle  # only DELAY sends have one
+
+    assert recall(stub, entry.recall_handle, topic="t").status.code == d.BAD_REQUEST  # another topic's handle
+    assert recall(stub, "not a handle!").status.code == d.BAD_REQUEST
+    assert recall(stub, "").status.code == d.BAD_REQUEST
+    recalled = recall(stub, entry.recall_handle)
+    assert (recalled.status.code, recalled.message_id) == (d.OK, "05B0")
+    again = recall(stub, entry.recall_handle)  # idempotent, as the commit log's RecallTimer
+    assert (again.status.code, again.message_id) == (d.OK, "05B0")
+    unknown = publishing.recall_handle("delayed", "0" * 32, "05B9")  # well formed, names no message
+    assert recall(stub, unknown).status.code == d.MESSAGE_NOT_FOUND
+
+    got = []
+
+    def kept_arrived():
+        items, _ = receive(stub, "g_recall", poll_ms=1000, timeout_s=5, topic="delayed")
+        got.extend(i.message.system_properties.message_id for i in items if i.WhichOneof("content") == "message")
+        return "05B1" in got
+    wait_until(kept_arrived, "the message due after the recalled one received", timeout_s=20)
+    assert "05B0" not in got  # the recalled one, due 200 ms earlier, never came
+    late = recall(stub, kept_entry.recall_handle)
+    assert late.status.code == d.MESSAGE_NOT_FOUND and "due already" in late.status.message
