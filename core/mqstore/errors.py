@@ -144,10 +144,6 @@ class TopicNotFound(NotFound):
     """The topic does not exist (RocketMQ 5: TOPIC_NOT_FOUND)."""
 
 
-class MessageNotFound(NotFound):
-    """No such message to act on: a recall of a message unknown or due already (RocketMQ 5: MESSAGE_NOT_FOUND)."""
-
-
 class IllegalPropertyKey(InvalidArgument):
     """A user property uses a name the gateway sets itself (RocketMQ 5: ILLEGAL_MESSAGE_PROPERTY_KEY)."""
 

@@ -146,7 +146,7 @@ def test_sends_answer_per_entry_and_refuse_what_does_not_work(stub):
 def test_an_empty_receive_is_one_status_item_before_the_deadline(stub):
     items, elapsed_s = receive(stub, "g_empty", poll_ms=1000, timeout_s=4, topic="kv")
     assert [i.WhichOneof("content") for i in items] == ["status"]
-    assert items[0].status.code in (d.MESSAGE_NOT_FOUND, d.BAD_REQUEST)  # kv is COMPACTION: pop refuses it
+    assert items[0].status.code in (d.NOT_FOUND, d.BAD_REQUEST)  # kv is COMPACTION: pop refuses it
     items, elapsed_s = receive(stub, "g_empty", poll_ms=20_000, timeout_s=2.0, topic="t", queue_id=1)
     assert elapsed_s < 2.0   # the long poll ended before the caller's deadline, not at the gateway's maximum
 
@@ -295,7 +295,7 @@ def test_a_recalled_delay_message_is_never_delivered_and_bad_or_late_handles_are
     again = recall(stub, entry.recall_handle)  # idempotent, as the commit log's RecallTimer
     assert (again.status.code, again.message_id) == (d.OK, "05B0")
     unknown = publishing.recall_handle("delayed", "0" * 32, "05B9")  # well formed, names no message
-    assert recall(stub, unknown).status.code == d.MESSAGE_NOT_FOUND
+    assert recall(stub, unknown).status.code == d.NOT_FOUND
 
     got = []
 
@@ -306,4 +306,4 @@ def test_a_recalled_delay_message_is_never_delivered_and_bad_or_late_handles_are
     wait_until(kept_arrived, "the message due after the recalled one received", timeout_s=20)
     assert "05B0" not in got  # the recalled one, due 200 ms earlier, never came
     late = recall(stub, kept_entry.recall_handle)
-    assert late.status.code == d.MESSAGE_NOT_FOUND and "due already" in late.status.message
+    assert late.status.code == d.NOT_FOUND and "due already" in late.status.message

@@ -34,8 +34,9 @@ base64url (unpadded) of ``v1 <topic> <timer record's msg_id> <message_id>`` (Roc
 ``v1 topic broker TIMER_OUT_MS msgId`` the same way; a client treats it as opaque). :meth:`Publisher.recall`
 decodes it and cancels with the commit log's RecallTimer (mqstore.timer.scheduling.recall, by the timer record's
 msg_id): a handle that does not decode, or names another topic than the request, is InvalidArgument
-(BAD_REQUEST); a message unknown or due already (delivered or being delivered) is MessageNotFound
-(MESSAGE_NOT_FOUND, saying which). A recall again before the due time answers OK again (idempotent, as RecallTimer).
+(BAD_REQUEST); a message unknown or due already (delivered or being delivered) is NotFound (NOT_FOUND, saying
+which: not MESSAGE_NOT_FOUND, which the Python client 5.1.2 takes for success, as on an empty receive). A recall
+again before the due time answers OK again (idempotent, as RecallTimer).
 
 Thread-safe: the topic cache has its own lock; the rest holds no state.
 """
@@ -50,7 +51,7 @@ from typing import Callable
 
 from mqstore.clock import Clock
 from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalDeliveryTime, IllegalMessageId,
-                            IllegalPropertyKey, InvalidArgument, MessageNotFound, NotFound, NotLeader,
+                            IllegalPropertyKey, InvalidArgument, NotFound, NotLeader,
                             PropertyConflictsWithType, TopicNotFound, Unsupported)
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResult, MessageIn, TopicRecord
@@ -234,12 +235,12 @@ class Publisher:
         try:
             self._recall(topic, timer_msg_id)
         except NotFound:
-            raise MessageNotFound(f"message {message_id[:128]} of topic {topic!r}: no delayed message to recall "
+            raise NotFound(f"message {message_id[:128]} of topic {topic!r}: no delayed message to recall "
                                   f"(this handle names none)") from None
         except NotLeader:
             raise
         except FailedPrecondition:
-            raise MessageNotFound(f"message {message_id[:128]} of topic {topic!r} is due already (delivered or "
+            raise NotFound(f"message {message_id[:128]} of topic {topic!r} is due already (delivered or "
                                   f"being delivered): too late to recall") from None
         return message_id
 

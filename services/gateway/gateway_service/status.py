@@ -32,7 +32,6 @@ log = structlog.get_logger("gateway_service.status")
 
 CODE_BY_ERROR: dict[type[errors.MqStoreError], int] = {
     errors.TopicNotFound: d.TOPIC_NOT_FOUND,
-    errors.MessageNotFound: d.MESSAGE_NOT_FOUND,
     errors.IllegalPropertyKey: d.ILLEGAL_MESSAGE_PROPERTY_KEY,
     errors.IllegalMessageId: d.ILLEGAL_MESSAGE_ID,
     errors.IllegalFilterExpression: d.ILLEGAL_FILTER_EXPRESSION,
