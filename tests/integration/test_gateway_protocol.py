@@ -47,7 +47,7 @@ def cluster_gateway(tmp):
                                           commitlog_address=f"127.0.0.1:{log_port}",
                                           txn_address=f"127.0.0.1:{txn_server.port}")
             with gateway_serving(config) as (_, port):
-                yield port
+                yield port, log_stub
 
 
 @contextlib.contextmanager
@@ -58,24 +58,31 @@ def local_gateway(tmp):
         create_topics(log_stub)
         with txn_service(tmp / "txn", log_port, port=txn_port) as (_, txn_stub):
             wait_ready(txn_stub)
-            yield gateway_port
+            yield gateway_port, log_stub
 
 
 def create_topics(log_stub) -> None:
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="t", queue_count=3), timeout=TIMEOUT_S)
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="kv", queue_count=2, kind=2), timeout=TIMEOUT_S)
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="delayed", queue_count=1), timeout=TIMEOUT_S)
+    log_stub.CreateTopic(cpb.CreateTopicRequest(name="fifo", queue_count=4), timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module", params=MODES)
-def stub(request, tmp_path_factory):
+def rig(request, tmp_path_factory):
+    """(a MessagingService stub on the gateway, a CommitLog stub on the store behind it)"""
     tmp = tmp_path_factory.mktemp(f"protocol-{request.param}")
-    with (cluster_gateway if request.param == "cluster" else local_gateway)(tmp) as port:
+    with (cluster_gateway if request.param == "cluster" else local_gateway)(tmp) as (port, log_stub):
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         try:
-            yield service_pb2_grpc.MessagingServiceStub(channel)
+            yield service_pb2_grpc.MessagingServiceStub(channel), log_stub
         finally:
             channel.close()
+
+
+@pytest.fixture(scope="module")
+def stub(rig):
+    return rig[0]
 
 
 def message(body: bytes, message_id: str, topic: str = "t", message_type=d.NORMAL, **system) -> d.Message:
@@ -307,3 +314,23 @@ def test_a_recalled_delay_message_is_never_delivered_and_bad_or_late_handles_are
     assert "05B0" not in got  # the recalled one, due 200 ms earlier, never came
     late = recall(stub, kept_entry.recall_handle)
     assert late.status.code == d.NOT_FOUND and "due already" in late.status.message
+
+
+def test_a_batch_of_fifo_messages_of_several_groups_keeps_each_groups_order_in_its_queue(rig):
+    stub, log_stub = rig
+    groups = [f"order-{g}" for g in range(5)]  # RocketMQ's proxy round-robins a batch over queues (#7999)
+    batch = [message(f"{group}:{i}".encode(), f"06{g:02X}{i:02X}", topic="fifo", message_type=d.FIFO,
+                     message_group=group) for i in range(6) for g, group in enumerate(groups)]
+    answer = send(stub, *batch)
+    assert answer.status.code == d.OK and [e.message_id for e in answer.entries] == \
+        [m.system_properties.message_id for m in batch]
+    stored: dict[str, list[tuple[int, str]]] = {}
+    for queue_id in range(4):
+        pulled = log_stub.Pull(cpb.PullRequest(topic="fifo", queue_id=queue_id, offset=0, max_messages=100),
+                               timeout=TIMEOUT_S)
+        for m in pulled.messages:
+            stored.setdefault(m.properties["__SHARDINGKEY"], []).append((queue_id, m.body.decode()))
+    assert set(stored) == set(groups)
+    for group, landed in stored.items():
+        assert len({queue_id for queue_id, _ in landed}) == 1, f"{group} spread over queues: {landed}"
+        assert [body for _, body in landed] == [f"{group}:{i}" for i in range(6)]  # in the order sent
