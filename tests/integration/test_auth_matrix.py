@@ -145,6 +145,9 @@ CALLS: dict[str, Call] = {
         group=GROUP, topic=TOPIC, queue_id=0)),
     "/mqstore.v1.CommitLog/GetStoreInfo": Call("unary", lambda w: cpb.GetStoreInfoRequest()),
     "/mqstore.v1.CommitLog/ListRetentionHolds": Call("unary", lambda w: cpb.ListRetentionHoldsRequest()),
+    # a msg_id of no delayed message: NOT_FOUND once PUB on the topic is granted
+    "/mqstore.v1.CommitLog/RecallTimer": Call("unary", lambda w: cpb.RecallTimerRequest(topic=TOPIC, msg_id="0" * 32),
+                                              allowed=grpc.StatusCode.NOT_FOUND),
     # Past authentication and the permission, the shared secret is checked, then the request:
     # INVALID_ARGUMENT (no writer) shows both were passed.
     "/mqstore.v1.CommitLogInternal/Append": Call("unary", lambda w: cpb.InternalAppendRequest(topic=TOPIC),

@@ -1,6 +1,7 @@
 """The official RocketMQ 5 clients, unchanged and pinned (Python 5.1.2 and Node 1.0.8), against the real
 CommitLog, Transaction and gateway services on free ports: produce with tags and keys, FIFO groups,
-transactions committed and rolled back, check-back answered COMMIT, ROLLBACK and UNKNOWN, and delayed messages.
+transactions committed and rolled back, check-back answered COMMIT, ROLLBACK and UNKNOWN, and delayed messages
+(and their recall).
 
 Each client runs in a subprocess (tests/support/gateway.py). What a client sends is checked in the
 store itself (Pull through the CommitLog API): the message id it got back is the stored UNIQ_KEY, its
@@ -74,7 +75,7 @@ def test_a_message_group_keeps_its_messages_in_one_queue(rig, kind):
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
-def test_a_delayed_message_is_received_at_its_time(rig, kind):
+def test_a_delayed_message_is_received_at_its_time_and_a_recalled_one_never(rig, kind):
     topic = f"delay_{kind}"
     rig.create_topic(topic, 1)
     with rig.client(kind) as client:
@@ -86,9 +87,14 @@ def test_a_delayed_message_is_received_at_its_time(rig, kind):
             assert "Timestamp.seconds" in refused["error"]
         else:
             when = dict(delay_ms=1500)
+        doomed = client.call("send", topic=topic, body="recalled", **when)  # due first, never delivered
         sent = client.call("send", topic=topic, body="later", **when)
+        recalled = client.call("recall", topic=topic, recall_handle=doomed["recall_handle"])
+        assert recalled["message_id"] == doomed["message_id"]
         client.call("consumer", group=f"g_delay_{kind}", topic=topic, await_s=5)
         got = wait_until(lambda: client.call("receive", max=4)["messages"], "the delayed message", WAIT_S)
+        too_late = client.call("recall", topic=topic, recall_handle=sent["recall_handle"], expect_error=True)
+    assert "due already" in too_late["error"]  # NOT_FOUND, which both clients raise
     assert [m["message_id"] for m in got] == [sent["message_id"]] and got[0]["body"] == "later"
     (stored,) = by_uniq_key(rig, topic, 1).values()
     due = int(stored.properties["TIMER_DELIVER_MS"])

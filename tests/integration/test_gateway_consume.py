@@ -2,8 +2,8 @@
 gateway onto mqstore's pop consumption: receive and ack with tag filters and SQL92 subscriptions, every
 queue of a multi-queue topic (the Node client names only queue 0), redelivery after the invisible time
 with the attempt count, a stale receipt handle refused, ChangeInvisibleDuration, the dead-letter topic
-after max attempts, and an ordered (FIFO) group fed by the FIFO producer: every message group in order, a
-stalled one holding up only itself.
+after max attempts, and an ordered (FIFO) group fed by the FIFO producer (the Python client's, and the Node
+client's on both ends): every message group in order, a stalled one holding up only itself.
 
 The gateway runs with --max-delivery-attempts 3 (advertised to the clients in their settings)."""
 
@@ -239,6 +239,44 @@ def test_an_ordered_group_keeps_each_message_group_in_order_and_a_stalled_one_ho
         assert [m["message_id"] for m in again[:3]] == [m["message_id"] for m in first["A"]]
         for m in again:
             consumer.call("ack", handle=m["handle"])
+
+
+def test_node_fifo_producer_and_simple_consumer_of_an_ordered_group_keep_every_message_group_in_order(rig):
+    """The Node client on both ends (its Producer with message groups, its SimpleConsumer on an ordered group):
+    every group in the order sent, and a group whose messages are not acked holds up only itself (its
+    redelivery in place is the Python test's above: the same commit log code)."""
+    if rig.mode != "cluster":  # the order is the commit log's, the same in both modes (as the Python test above)
+        pytest.skip("run in Cluster mode only; the order is the same code in both modes")
+    topic, group = "fifo_node", "g_fifo_node"
+    rig.create_topic(topic, 2)
+    channel = rig.channel()
+    try:
+        consumer_pb2_grpc.ConsumerStub(channel).SetGroupSettings(
+            consumer_pb2.GroupSettings(group=group, ordered=True), timeout=RPC_TIMEOUT_S)
+    finally:
+        channel.close()
+    with rig.client("node", "fifo") as client:
+        client.call("producer", topics=[topic])
+
+        def send(places):
+            for place in places:
+                for g in ("A", "B", "C", "D"):
+                    client.call("send", topic=topic, body=f"{g}{place}", group=g)
+        send(range(3))
+        client.call("consumer", group=group, topic=topic, await_s=5)
+        first: dict[str, list] = {}
+        for m in receive_all(client, 12, max=32, invisible_s=30):
+            assert m["group"] == m["body"][0]
+            first.setdefault(m["group"], []).append(m)
+        assert {g: [m["body"] for m in ms] for g, ms in first.items()} == {
+            g: [f"{g}{i}" for i in range(3)] for g in "ABCD"}  # each group in its order
+        for m in first["B"] + first["C"] + first["D"]:  # A's consumer stalls: it acks nothing
+            client.call("ack", handle=m["handle"])
+        send(range(3, 5))
+        flowing = receive_all(client, 6, max=32, invisible_s=30)
+        assert sorted(m["body"] for m in flowing) == ["B3", "B4", "C3", "C4", "D3", "D4"]  # A waits; the rest go on
+        for g in "BCD":
+            assert [m["body"] for m in flowing if m["group"] == g] == [f"{g}3", f"{g}4"]
 
 
 def test_a_python_push_consumer_of_an_ordered_group_is_told_fifo_and_consumes_each_group_in_order(rig, producer):

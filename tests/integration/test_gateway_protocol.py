@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from gateway_service.main import GatewayServiceConfig, serving as gateway_serving
+from mqstore.gateway import publishing
 from mqstore.gateway.config import GatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
@@ -46,7 +47,7 @@ def cluster_gateway(tmp):
                                           commitlog_address=f"127.0.0.1:{log_port}",
                                           txn_address=f"127.0.0.1:{txn_server.port}")
             with gateway_serving(config) as (_, port):
-                yield port
+                yield port, log_stub
 
 
 @contextlib.contextmanager
@@ -57,24 +58,31 @@ def local_gateway(tmp):
         create_topics(log_stub)
         with txn_service(tmp / "txn", log_port, port=txn_port) as (_, txn_stub):
             wait_ready(txn_stub)
-            yield gateway_port
+            yield gateway_port, log_stub
 
 
 def create_topics(log_stub) -> None:
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="t", queue_count=3), timeout=TIMEOUT_S)
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="kv", queue_count=2, kind=2), timeout=TIMEOUT_S)
     log_stub.CreateTopic(cpb.CreateTopicRequest(name="delayed", queue_count=1), timeout=TIMEOUT_S)
+    log_stub.CreateTopic(cpb.CreateTopicRequest(name="fifo", queue_count=4), timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module", params=MODES)
-def stub(request, tmp_path_factory):
+def rig(request, tmp_path_factory):
+    """(a MessagingService stub on the gateway, a CommitLog stub on the store behind it)"""
     tmp = tmp_path_factory.mktemp(f"protocol-{request.param}")
-    with (cluster_gateway if request.param == "cluster" else local_gateway)(tmp) as port:
+    with (cluster_gateway if request.param == "cluster" else local_gateway)(tmp) as (port, log_stub):
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         try:
-            yield service_pb2_grpc.MessagingServiceStub(channel)
+            yield service_pb2_grpc.MessagingServiceStub(channel), log_stub
         finally:
             channel.close()
+
+
+@pytest.fixture(scope="module")
+def stub(rig):
+    return rig[0]
 
 
 def message(body: bytes, message_id: str, topic: str = "t", message_type=d.NORMAL, **system) -> d.Message:
@@ -145,7 +153,7 @@ def test_sends_answer_per_entry_and_refuse_what_does_not_work(stub):
 def test_an_empty_receive_is_one_status_item_before_the_deadline(stub):
     items, elapsed_s = receive(stub, "g_empty", poll_ms=1000, timeout_s=4, topic="kv")
     assert [i.WhichOneof("content") for i in items] == ["status"]
-    assert items[0].status.code in (d.MESSAGE_NOT_FOUND, d.BAD_REQUEST)  # kv is COMPACTION: pop refuses it
+    assert items[0].status.code in (d.NOT_FOUND, d.BAD_REQUEST)  # kv is COMPACTION: pop refuses it
     items, elapsed_s = receive(stub, "g_empty", poll_ms=20_000, timeout_s=2.0, topic="t", queue_id=1)
     assert elapsed_s < 2.0   # the long poll ended before the caller's deadline, not at the gateway's maximum
 
@@ -179,8 +187,6 @@ def test_a_garbage_receipt_handle_is_refused_and_the_old_one_echoed(stub):
 
 def test_calls_the_gateway_does_not_serve_answer_not_implemented(stub):
     assert stub.UpdateOffset(s.UpdateOffsetRequest(), metadata=CLIENT, timeout=TIMEOUT_S).status.code == \
-        d.NOT_IMPLEMENTED
-    assert stub.RecallMessage(s.RecallMessageRequest(), metadata=CLIENT, timeout=TIMEOUT_S).status.code == \
         d.NOT_IMPLEMENTED
     pulled = list(stub.PullMessage(s.PullMessageRequest(), metadata=CLIENT, timeout=TIMEOUT_S))
     assert [p.status.code for p in pulled] == [d.NOT_IMPLEMENTED]
@@ -270,3 +276,61 @@ def test_a_delivery_time_past_the_limit_or_in_the_wrong_unit_is_illegal(stub):
     python_client.system_properties.delivery_timestamp.seconds = int(time.time() * 1000) + 10_000  # ms as seconds
     answer = send(stub, python_client)
     assert answer.status.code == d.ILLEGAL_DELIVERY_TIME and "Timestamp.seconds" in answer.status.message
+
+
+def recall(stub, handle: str, topic: str = "delayed") -> s.RecallMessageResponse:
+    request = s.RecallMessageRequest(topic=d.Resource(name=topic), recall_handle=handle)
+    return stub.RecallMessage(request, metadata=CLIENT, timeout=TIMEOUT_S)
+
+
+def test_a_recalled_delay_message_is_never_delivered_and_bad_or_late_handles_are_refused(stub):
+    due_ms = int(time.time() * 1000) + 3000
+    doomed = message(b"never", "05B0", topic="delayed", message_type=d.DELAY)
+    doomed.system_properties.delivery_timestamp.FromMilliseconds(due_ms)
+    kept = message(b"kept", "05B1", topic="delayed", message_type=d.DELAY)
+    kept.system_properties.delivery_timestamp.FromMilliseconds(due_ms + 200)
+    (entry,) = send(stub, doomed).entries
+    (kept_entry,) = send(stub, kept).entries
+    assert entry.status.code == d.OK and entry.recall_handle and kept_entry.recall_handle != entry.recall_handle
+    assert not send(stub, message(b"now", "05B2")).entries[0].recall_handle  # only DELAY sends have one
+
+    assert recall(stub, entry.recall_handle, topic="t").status.code == d.BAD_REQUEST  # another topic's handle
+    assert recall(stub, "not a handle!").status.code == d.BAD_REQUEST
+    assert recall(stub, "").status.code == d.BAD_REQUEST
+    recalled = recall(stub, entry.recall_handle)
+    assert (recalled.status.code, recalled.message_id) == (d.OK, "05B0")
+    again = recall(stub, entry.recall_handle)  # idempotent, as the commit log's RecallTimer
+    assert (again.status.code, again.message_id) == (d.OK, "05B0")
+    unknown = publishing.recall_handle("delayed", "0" * 32, "05B9")  # well formed, names no message
+    assert recall(stub, unknown).status.code == d.NOT_FOUND
+
+    got = []
+
+    def kept_arrived():
+        items, _ = receive(stub, "g_recall", poll_ms=1000, timeout_s=5, topic="delayed")
+        got.extend(i.message.system_properties.message_id for i in items if i.WhichOneof("content") == "message")
+        return "05B1" in got
+    wait_until(kept_arrived, "the message due after the recalled one received", timeout_s=20)
+    assert "05B0" not in got  # the recalled one, due 200 ms earlier, never came
+    late = recall(stub, kept_entry.recall_handle)
+    assert late.status.code == d.NOT_FOUND and "due already" in late.status.message
+
+
+def test_a_batch_of_fifo_messages_of_several_groups_keeps_each_groups_order_in_its_queue(rig):
+    stub, log_stub = rig
+    groups = [f"order-{g}" for g in range(5)]  # RocketMQ's proxy round-robins a batch over queues (#7999)
+    batch = [message(f"{group}:{i}".encode(), f"06{g:02X}{i:02X}", topic="fifo", message_type=d.FIFO,
+                     message_group=group) for i in range(6) for g, group in enumerate(groups)]
+    answer = send(stub, *batch)
+    assert answer.status.code == d.OK and [e.message_id for e in answer.entries] == \
+        [m.system_properties.message_id for m in batch]
+    stored: dict[str, list[tuple[int, str]]] = {}
+    for queue_id in range(4):
+        pulled = log_stub.Pull(cpb.PullRequest(topic="fifo", queue_id=queue_id, offset=0, max_messages=100),
+                               timeout=TIMEOUT_S)
+        for m in pulled.messages:
+            stored.setdefault(m.properties["__SHARDINGKEY"], []).append((queue_id, m.body.decode()))
+    assert set(stored) == set(groups)
+    for group, landed in stored.items():
+        assert len({queue_id for queue_id, _ in landed}) == 1, f"{group} spread over queues: {landed}"
+        assert [body for _, body in landed] == [f"{group}:{i}" for i in range(6)]  # in the order sent

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
 
+from mqstore.errors import Unsupported
 from mqstore.filters import TAG
 from mqstore.model import AppendResult, MessageIn, TopicRecord
 from mqstore.pop.receive import ReceiveResult
@@ -46,6 +47,11 @@ class LogPort(Protocol):
 
     def append(self, topic: str, messages: list[MessageIn]) -> Sequence[AppendResult]:
         """One batch, stored whole or not at all; one result per message, in order."""
+        ...
+
+    def recall(self, topic: str, msg_id: str) -> int:
+        """CommitLog.RecallTimer: cancel the delayed message whose timer record ``msg_id`` names (the msg_id of its
+        append); its due time. NotFound / FailedPrecondition as RecallTimer."""
         ...
 
 
@@ -88,11 +94,14 @@ class LocalLog:
     """LogPort in the commit log's own process (Local mode)."""
 
     def __init__(self, store: StoreLike, pop_current: Callable[[], PopService],
-                 append: Callable[..., Sequence[AppendResult]] | None = None):
+                 append: Callable[..., Sequence[AppendResult]] | None = None,
+                 recall: Callable[[str, str], int] | None = None):
         """``append(topic, messages, writer=...)``: the commit log's way in that routes DELAY sends to its timer
-        (mqstore.timer.scheduling.Scheduler.append); default: the store's append."""
+        (mqstore.timer.scheduling.Scheduler.append); default: the store's append. ``recall``: its
+        Scheduler.recall (None: no timer, a recall is Unsupported)."""
         self._store = store
         self._append = append
+        self._recall = recall
         self.pop = LocalPop(pop_current)
 
     def topic(self, name: str) -> TopicRecord:
@@ -102,3 +111,8 @@ class LocalLog:
         if self._append is not None:
             return self._append(topic, messages, writer=WRITER_GATEWAY)
         return self._store.append(topic, messages, system_writer=WRITER_GATEWAY)
+
+    def recall(self, topic: str, msg_id: str) -> int:
+        if self._recall is None:
+            raise Unsupported("recall is not available here: this commit log runs no timer")
+        return self._recall(topic, msg_id)

@@ -29,17 +29,29 @@ mistake (the Python client 5.1.2 puts msg.delivery_timestamp into Timestamp.seco
 milliseconds). A time in the past is delivered at once. LITE and PRIORITY are refused (Unsupported) and never
 advertised.
 
+Recall (v2 RecallMessage, RocketMQ 5's cancel of a delay message): a DELAY send's result carries a recall handle,
+base64url (unpadded) of ``v1 <topic> <timer record's msg_id> <message_id>`` (RocketMQ's proxy encodes its own
+``v1 topic broker TIMER_OUT_MS msgId`` the same way; a client treats it as opaque). :meth:`Publisher.recall`
+decodes it and cancels with the commit log's RecallTimer (mqstore.timer.scheduling.recall, by the timer record's
+msg_id): a handle that does not decode, or names another topic than the request, is InvalidArgument
+(BAD_REQUEST); a message unknown or due already (delivered or being delivered) is NotFound (NOT_FOUND, saying
+which: not MESSAGE_NOT_FOUND, which the Python client 5.1.2 takes for success, as on an empty receive). A recall
+again before the due time answers OK again (idempotent, as RecallTimer).
+
 Thread-safe: the topic cache has its own lock; the rest holds no state.
 """
 
 from __future__ import annotations
 
 import threading
+import base64
+import binascii
 from dataclasses import dataclass, field
 from typing import Callable
 
 from mqstore.clock import Clock
-from mqstore.errors import (BodyTooLarge, IllegalDeliveryTime, IllegalMessageId, IllegalPropertyKey, NotFound,
+from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalDeliveryTime, IllegalMessageId,
+                            IllegalPropertyKey, InvalidArgument, NotFound, NotLeader,
                             PropertyConflictsWithType, TopicNotFound, Unsupported)
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResult, MessageIn, TopicRecord
@@ -91,6 +103,33 @@ class Sent:
     queue_id: int
     queue_offset: int
     transaction_id: str = ""
+    recall_handle: str = ""           # DELAY sends only (see the module docstring)
+
+
+RECALL_HANDLE_VERSION = "v1"
+
+
+def recall_handle(topic: str, timer_msg_id: str, message_id: str) -> str:
+    """The recall handle of a DELAY send (see the module docstring)."""
+    text = f"{RECALL_HANDLE_VERSION} {topic} {timer_msg_id} {message_id}"
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def parse_recall_handle(handle: str) -> tuple[str, str, str]:
+    """(topic, timer record's msg_id, message_id) of a handle :func:`recall_handle` made; InvalidArgument for
+    anything else."""
+    bad = InvalidArgument(f"recall_handle {handle[:64]!r} is not one this gateway returned: give the recall_handle "
+                          f"of the DELAY message's send result, unchanged")
+    if not handle or len(handle) > 4096:
+        raise bad
+    try:
+        text = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode()
+    except (binascii.Error, ValueError):
+        raise bad from None
+    parts = text.split(" ", 3)
+    if len(parts) != 4 or parts[0] != RECALL_HANDLE_VERSION or not all(parts[1:]):
+        raise bad
+    return parts[1], parts[2], parts[3]
 
 
 class TopicCache:
@@ -157,12 +196,15 @@ class Publisher:
     """Sends: ``append(topic, messages)`` is CommitLogInternal.Append with writer "gateway" (the record's
     born host is the producer's), or CommitLog.Append when the gateway has no internal token (the born
     host is then the gateway's); ``prepare(topic, message, group)`` is Transaction.Prepare returning
-    (transaction id, half queue offset)."""
+    (transaction id, half queue offset); ``recall(topic, msg_id)`` is CommitLog.RecallTimer (None: no recall
+    here, Unsupported)."""
 
     def __init__(self, topics: TopicCache, max_body_bytes: int,
                  append: Callable[[str, list[MessageIn]], list[AppendResult]],
-                 prepare: Callable[[str, MessageIn, str], tuple[str, int]]):
+                 prepare: Callable[[str, MessageIn, str], tuple[str, int]],
+                 recall: Callable[[str, str], int] | None = None):
         self.topics, self.max_body_bytes, self._append, self._prepare = topics, max_body_bytes, append, prepare
+        self._recall = recall
 
     def send(self, p: Publish) -> Sent:
         topic = self.topics.get(p.topic)
@@ -175,7 +217,32 @@ class Publisher:
             result = self._append(p.topic, [message])[0]
         except NotFound as exc:  # deleted since it was cached
             raise TopicNotFound(f"topic {p.topic!r} does not exist (any more): {exc}") from None
+        if p.delivery_ms:  # the result names the timer topic's record: what RecallTimer takes
+            return Sent(p.message_id, result.queue_id, result.queue_offset,
+                        recall_handle=recall_handle(p.topic, result.msg_id, p.message_id))
         return Sent(p.message_id, result.queue_id, result.queue_offset)
+
+    def recall(self, topic: str, handle: str) -> str:
+        """Cancel the DELAY message of ``topic`` that ``handle`` names; returns its message_id (errors: see the
+        module docstring)."""
+        handle_topic, timer_msg_id, message_id = parse_recall_handle(handle)
+        if handle_topic != topic:
+            raise InvalidArgument(f"recall_handle is of topic {handle_topic[:127]!r}, not {topic[:127]!r}: recall "
+                                  f"on the topic the message was sent to")
+        if self._recall is None:
+            raise Unsupported("recall is not available here: the commit log this gateway writes to has no timer")
+        self.topics.get(topic)
+        try:
+            self._recall(topic, timer_msg_id)
+        except NotFound:
+            raise NotFound(f"message {message_id[:128]} of topic {topic!r}: no delayed message to recall "
+                                  f"(this handle names none)") from None
+        except NotLeader:
+            raise
+        except FailedPrecondition:
+            raise NotFound(f"message {message_id[:128]} of topic {topic!r} is due already (delivered or "
+                                  f"being delivered): too late to recall") from None
+        return message_id
 
     def _check(self, p: Publish, topic: TopicRecord) -> None:
         if len(p.body) > self.max_body_bytes:

@@ -261,6 +261,12 @@ class CommitLogClient:
         request = commitlog_pb2.AppendRequest(topic=topic, messages=[convert.message_input(m) for m in messages])
         return [convert.append_result_out(r) for r in self._call("Append", request, write=True).results]
 
+    def recall_timer(self, topic: str, msg_id: str) -> int:
+        """RecallTimer (commitlog.proto): cancel the delayed message whose Append returned ``msg_id``; its due time
+        (NotFound, FailedPrecondition when due already)."""
+        request = commitlog_pb2.RecallTimerRequest(topic=topic, msg_id=msg_id)
+        return self._call("RecallTimer", request, write=True).deliver_at_ms
+
     def internal_append(self, topic: str, messages: Sequence[model.MessageIn], *, writer: str,
                         token: str) -> list[model.AppendResult]:
         """CommitLogInternal.Append (commitlog.proto): for the service that owns ``topic`` or writes COMMIT

@@ -90,11 +90,13 @@ class LocalGatewayConfig:
 
 def compose_local(local: LocalGatewayConfig, server: ServerConfig, store: StoreLike,
                   pop_current: Callable[[], PopService], clock: Clock, parts: service.Composition,
-                  local_txn_port: int | None = None, append: Callable | None = None) -> int:
+                  local_txn_port: int | None = None, append: Callable | None = None,
+                  recall: Callable[[str, str], int] | None = None) -> int:
     """Local mode: the gateway on this process's store and pop consumption (mqstore.gateway.log.LocalLog),
     served on a second port with this server's TLS, authentication and metrics. ``local_txn_port``: this
     process's Transaction port, if it serves one (the default Transaction service then); ``append``: the commit
-    log's append that routes DELAY sends to its timer (LocalLog). Returns the bound port."""
+    log's append that routes DELAY sends to its timer and ``recall`` its timer's recall (LocalLog). Returns the bound
+    port."""
     config = dataclasses.replace(server, port=local.port, max_workers=local.max_workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, local.max_workers),
                                  metrics_port=None, max_running_handlers=0)  # uncapped, as gateway_service
@@ -111,7 +113,7 @@ def compose_local(local: LocalGatewayConfig, server: ServerConfig, store: StoreL
         register(gateway_server.grpc_server)
         gateway_server.add_service_names([name])
 
-    compose_gateway(local.gateway, LocalLog(store, pop_current, append), txn, clock, parts, serve, add_problem)
+    compose_gateway(local.gateway, LocalLog(store, pop_current, append, recall), txn, clock, parts, serve, add_problem)
     log.info("gateway.local", port=gateway_server.port, txn_address=txn_address)
     return gateway_server.port
 
@@ -151,7 +153,7 @@ def compose_gateway(cfg: GatewayConfig, log: LogPort, txn: TxnClient, clock: Clo
     add_health_problem(relay.problem)
     parts.add_duty(Housekeeping(registry, relay))
     topics = TopicCache(log.topic, clock, cfg.topic_cache_ms)
-    publisher = Publisher(topics, cfg.max_body_bytes, log.append, txn.prepare)
+    publisher = Publisher(topics, cfg.max_body_bytes, log.append, txn.prepare, log.recall)
     renewals = Renewals(log.pop, clock, invisible_ms=cfg.auto_renew_invisible_ms, ahead_ms=cfg.auto_renew_ahead_ms,
                         max_ms=cfg.auto_renew_max_ms, max_entries=cfg.auto_renew_max_messages,
                         alive=lambda client_id: registry.get(client_id) is not None)

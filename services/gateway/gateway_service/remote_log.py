@@ -1,5 +1,5 @@
 """The gateway's LogPort (mqstore.gateway.log) over gRPC, for Cluster mode: DescribeTopic, Append and the
-Consumer service of the CommitLog service, through one CommitLogClient (which follows a replication
+Consumer service and RecallTimer of the CommitLog service, through one CommitLogClient (which follows a replication
 group's leader).
 
 Sends are CommitLogInternal.Append as writer "gateway" when the gateway has the commit log's internal
@@ -29,6 +29,7 @@ class RemoteLog:
     def __init__(self, log_client: CommitLogClient, internal_token: str):
         self.pop = PopClient(log_client)  # the same nodes: pop consumption follows the commit log's leader
         self._topic = log_client.topic
+        self._recall = log_client.recall_timer
         if internal_token:
             self._append = functools.partial(log_client.internal_append, writer=WRITER_GATEWAY, token=internal_token)
         else:
@@ -42,3 +43,6 @@ class RemoteLog:
 
     def append(self, topic: str, messages: list[MessageIn]) -> Sequence[AppendResult]:
         return self._append(topic, messages)
+
+    def recall(self, topic: str, msg_id: str) -> int:
+        return self._recall(topic, msg_id)

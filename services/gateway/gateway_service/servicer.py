@@ -5,10 +5,10 @@ Every outcome travels in the response's ``status`` (gateway_service.status maps 
 protocol's codes); the gRPC status is OK unless the gateway has a bug. Every call must carry the
 ``x-mq-client-id`` header (CLIENT_ID_REQUIRED otherwise) and counts as a sign of life of that client.
 
-Unsupported calls answer with the protocol's own codes: PullMessage, UpdateOffset, GetOffset and
-QueryOffset (the remoting-era pull model; neither official client of this protocol calls them),
-RecallMessage (recalls delayed messages: mqstore has no scheduler) and SyncLiteSubscription (lite
-topics) get NOT_IMPLEMENTED.
+RecallMessage cancels a DELAY message by the recall_handle of its send result (mqstore.gateway.publishing: the
+commit log's RecallTimer). Unsupported calls answer with the protocol's own codes: PullMessage, UpdateOffset,
+GetOffset and QueryOffset (the remoting-era pull model; neither official client of this protocol calls them)
+and SyncLiteSubscription (lite topics) get NOT_IMPLEMENTED.
 
 With authentication on, a client id belongs to the user who first presented it (mqstore.gateway.clients):
 any call of another user with it is refused, PERMISSION_DENIED as the interceptor's refusals, and only
@@ -144,7 +144,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                      message=str(exc))
             return s.SendResultEntry(status=status_of(exc), message_id=message.system_properties.message_id)
         return s.SendResultEntry(status=ok(), message_id=sent.message_id, transaction_id=sent.transaction_id,
-                                 offset=sent.queue_offset)
+                                 offset=sent.queue_offset, recall_handle=sent.recall_handle)
 
     @answers_with_status(s.EndTransactionResponse)
     def EndTransaction(self, request, context):
@@ -233,8 +233,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def QueryOffset(self, request, context):
         return s.QueryOffsetResponse(status=not_implemented("QueryOffset"))
 
+    @answers_with_status(s.RecallMessageResponse)
     def RecallMessage(self, request, context):
-        return s.RecallMessageResponse(status=not_implemented("RecallMessage (delayed messages)"))
+        self._client(context)
+        message_id = self.publisher.recall(request.topic.name, request.recall_handle)
+        log.info("gateway.recalled", topic=request.topic.name[:127], message_id=message_id[:128])
+        return s.RecallMessageResponse(status=ok(), message_id=message_id)
 
     def SyncLiteSubscription(self, request, context):
         return s.SyncLiteSubscriptionResponse(status=not_implemented("SyncLiteSubscription (lite topics)"))

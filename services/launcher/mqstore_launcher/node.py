@@ -57,8 +57,10 @@ class LocalMode:
         if self.txn is not None:  # before the gateway: its closers run after the gateway's
             txn_port = txn_composition.compose_local(self.txn, server, store, store.clock, parts)
         if self.gateway is not None:  # its Transaction service: --gateway-txn, else the one above, if any
+            scheduler = host.scheduler
             gateway_composition.compose_local(self.gateway, server, store, host.pop, store.clock, parts, txn_port,
-                                              host.scheduler.append if host.scheduler is not None else None)
+                                              scheduler.append if scheduler is not None else None,
+                                              scheduler.recall if scheduler is not None else None)
 
     def describe(self) -> dict:
         return {"gateway": gateway_local.describe(self.gateway), "txn": txn_local.describe(self.txn)}

@@ -4,8 +4,8 @@
 // lines on stdin, one reply per command as a JSON line on stdout ({"id": n, "ok": true, ...} or
 // {"id": n, "ok": false, "error": ...}); a transaction check from the server prints an event line
 // {"event": "check", ...} at any time. The same commands as tests/clients/python/rmq_driver.py
-// (see there): producer, send, send_many, send_stream, half, end, answer, consumer, receive, ack, change,
-// shutdown. With RMQ_ACCESS_KEY and RMQ_SECRET_KEY in the environment the clients sign their requests with
+// (see there): producer, send, send_many, send_stream, half, end, answer, recall, consumer, receive, ack,
+// change, shutdown. With RMQ_ACCESS_KEY and RMQ_SECRET_KEY in the environment the clients sign their requests with
 // them (SDK credentials); without, they send none.
 'use strict';
 
@@ -64,7 +64,12 @@ class Driver {
 
   async send(c) {
     const receipt = await this.producerClient.send(this.message(c));
-    return { message_id: receipt.messageId, offset: Number(receipt.offset) };
+    return { message_id: receipt.messageId, offset: Number(receipt.offset), recall_handle: receipt.recallHandle || '' };
+  }
+
+  async recall(c) {
+    const receipt = await this.producerClient.recallMessage(c.topic, c.recall_handle);
+    return { message_id: receipt.messageId };
   }
 
   async send_many(c) {

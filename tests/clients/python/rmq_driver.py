@@ -9,13 +9,15 @@ check from the server prints an event line ``{"event": "check", ...}`` at any ti
 as tests/clients/node/driver.js:
 
   producer   {topics, check_answer}          start a Producer with a TransactionChecker answering check_answer
-  send       {topic, body, tag, keys, group, properties}       one message (group: a FIFO message group)
+  send       {topic, body, tag, keys, group, properties}       one message (group: a FIFO message group); its
+                                             message_id, offset and recall_handle (DELAY messages)
   send_many  {topic, count, body_bytes}      count sends in a loop; the elapsed seconds
   send_stream {topic, count, prefix}        count sends, one event per result ("sent" with its message id, or
                                              "send_failed"): a crash test kills a service in the middle
   half       {topic, body, tag, keys}        a transactional message, left open: its transaction as "tx"
   end        {tx, decision}                  commit or rollback a transaction of "half"
   answer     {check_answer}                  what the checker answers from now on (COMMIT, ROLLBACK, UNKNOWN)
+  recall     {topic, recall_handle}          cancel a DELAY message (Producer.recall_message); its message_id
   consumer   {group, topic, tag, sql, await_s}  start a SimpleConsumer (tag: a tag expression, "*" for all;
                                              sql: an SQL92 expression instead, FilterType.SQL)
   receive    {max, invisible_s}              receive; each message with a "handle" (a key into this driver)
@@ -128,7 +130,11 @@ class Driver:
 
     def send(self, c):
         receipt = self.producer.send(self._message(c))
-        return {"message_id": receipt.message_id, "offset": receipt.offset}
+        return {"message_id": receipt.message_id, "offset": receipt.offset,
+                "recall_handle": receipt.recall_handle or ""}
+
+    def recall(self, c):
+        return {"message_id": self.producer.recall_message(c["topic"], c["recall_handle"])}
 
     def send_many(self, c):
         body = "x" * c.get("body_bytes", 1024)

@@ -8,11 +8,12 @@ import pytest
 
 from mqstore.clock import FakeClock
 from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalDeliveryTime, IllegalFilterExpression,
-                            IllegalInvisibleTime, IllegalMessageId, IllegalPropertyKey, InvalidReceiptHandle, NotFound,
-                            PropertyConflictsWithType, TopicNotFound, Unsupported)
+                            IllegalInvisibleTime, IllegalMessageId, IllegalPropertyKey, InvalidArgument,
+                            InvalidReceiptHandle, NotFound, NotLeader, PropertyConflictsWithType, TopicNotFound,
+                            Unsupported)
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
-from mqstore.gateway.publishing import Publish, Publisher, TopicCache, to_message_in
+from mqstore.gateway.publishing import Publish, Publisher, TopicCache, parse_recall_handle, recall_handle, to_message_in
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, KIND_SYSTEM, AppendResult, TopicRecord
 from mqstore.pop import handle as handles
 from mqstore.pop.receive import ReceiveResult
@@ -209,6 +210,35 @@ def test_a_delay_send_carries_its_time_for_the_commit_logs_timer():
     publisher.send(publish(message_type="NORMAL", delivery_ms=1_700_000_005_000))  # the proxy infers DELAY
     ((topic, (message,)),) = appended
     assert message.properties["TIMER_DELIVER_MS"] == "1700000005000"
+
+
+def test_a_delay_sends_recall_handle_names_its_timer_record_and_a_recall_maps_the_timers_answers():
+    recalls, answers = [], []
+
+    def recall(topic, msg_id):
+        recalls.append((topic, msg_id))
+        if answers:
+            raise answers.pop()
+        return 1_700_000_005_000
+    append = lambda topic, messages: [AppendResult("TIMERREC", "01AB", 0, 1, 0, 0, 0, "WRITTEN")]  # noqa: E731
+    publisher = Publisher(TopicCache(Lookups(), FakeClock(), 1000), 1024, append, None, recall)
+    sent = publisher.send(publish(message_type="DELAY", delivery_ms=1_700_000_005_000))
+    assert parse_recall_handle(sent.recall_handle) == ("t", "TIMERREC", "01AB")
+    assert publisher.send(publish()).recall_handle == ""
+    assert publisher.recall("t", sent.recall_handle) == "01AB" and recalls == [("t", "TIMERREC")]
+    for bad in ("", "!!", recall_handle("t", "X", "Y")[:-3], "djIgdCBYIFk"):  # garbage, cut, version v2
+        with pytest.raises(InvalidArgument, match="recall_handle"):
+            publisher.recall("t", bad)
+    with pytest.raises(InvalidArgument, match="of topic 't', not 'kv'"):
+        publisher.recall("kv", sent.recall_handle)
+    answers.append(FailedPrecondition("due"))
+    with pytest.raises(NotFound, match="due already"):
+        publisher.recall("t", sent.recall_handle)
+    answers.append(NotLeader("replica", leader_address=""))
+    with pytest.raises(NotLeader):  # a replica's refusal stays what it is (the client retries the leader)
+        publisher.recall("t", sent.recall_handle)
+    with pytest.raises(Unsupported):
+        Publisher(TopicCache(Lookups(), FakeClock(), 1000), 1024, append, None).recall("t", sent.recall_handle)
 
 
 def test_the_unit_mistake_is_named():
