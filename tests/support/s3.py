@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -50,6 +51,7 @@ class MotoS3:
 
 @contextlib.contextmanager
 def moto_s3() -> Iterator[MotoS3]:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
