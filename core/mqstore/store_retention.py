@@ -10,6 +10,8 @@ runs :meth:`Retention.delete_expired_segments` and :meth:`Retention.apply_topic_
   the leader re-appends the live offsets they hold (``offsets.rewrite_below``), and the lowest record still
   holding a live offset is a floor on every node (``offsets.floor``), whatever the rewrite managed.
 - A topic with its own ``retention_ms`` has its consume queues' minimums raised past what is older.
+- With the object storage tier on, no segment whose upload has not FINISHED goes (``upload_floor``:
+  mqstore.tier.uploader), on every node.
 
 Thread-safety: every method may be called from any thread. Consume queue minimums change under the
 dispatcher's lock; segments are deleted by SegmentQueue.delete_expired (the maintenance duty's thread);
@@ -53,6 +55,9 @@ class Retention:
         self._offsets = offsets
         self._writable = writable
         self.holds = RetentionHolds(config.retention_hold_max_ms, config.retention_hold_grace_ms)
+        # With the object storage tier on: the base of the oldest segment whose upload has not FINISHED
+        # (mqstore.tier.uploader.Uploader.retention_floor); no segment from there is deleted. None: no tier.
+        self.upload_floor: Callable[[], int] | None = None
 
     def delete_expired_segments(self) -> int:
         """Whole segments past ``retention_ms``, never past what is flushed and dispatched; consume
@@ -75,6 +80,8 @@ class Retention:
         floors = {name: floor for name in self.holds.names() if retention_holds.is_compactor(name)}
         held = self.holds.low(self._clock.now_ms(), floors)
         limit = limit if held is None else min(limit, held)
+        if self.upload_floor is not None:  # never a segment the tier does not hold yet
+            limit = min(limit, self.upload_floor())
         return self._segments.delete_expired(limit, now_ms, self._config.retention_ms,
                                              self.before_segment_delete)
 

@@ -19,6 +19,9 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      was cut from the log with a diverged tail) or holds as DISCARDED (a deposed leader's put that landed
      after its successor discarded it) is deleted.
 
+Retention: while the tier is on, the store deletes no segment at or above :meth:`Uploader.retention_floor`
+(the oldest sealed segment without a FINISHED upload), so local retention never loses what was not uploaded.
+
 Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
 put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error.
 
@@ -104,6 +107,19 @@ class Uploader(Duty):
             if segment.base not in self.ledger.snapshot()[0]:
                 self._upload(segment, epoch)
         self._sweep()
+
+    def retention_floor(self) -> int:
+        """The base of the oldest sealed segment without a FINISHED upload, else the end of the last sealed one:
+        the store's retention deletes no segment from there (Retention.upload_floor), on every node (a replica
+        keeps what its leader has not uploaded: it may lead next). Called by the maintenance duty."""
+        self.ledger.catch_up()
+        finished, _ = self.ledger.snapshot()
+        floor = 0
+        for segment in self.segments():
+            if segment.base not in finished:
+                return segment.base
+            floor = segment.base + segment.size
+        return floor
 
     # ---- 1. what an earlier attempt left ------------------------------------------------------------------
     def _resolve(self, attempt: Upload, finished: dict[int, Upload]) -> None:

@@ -175,9 +175,10 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
                          region=tier.tier_region, credentials=tier.credentials)
     parts.on_close(objects.close)
     leader_epoch = (lambda: node.leading_epoch() or None) if node is not None else (lambda: 0)
-    parts.add_duty(Uploader(objects, Ledger.of_store(store), lambda: sealed_segments(store),
-                            leader_epoch=leader_epoch, ready=store.promoted_visible,
-                            interval_ms=tier.tier_upload_interval_ms))
+    uploader = Uploader(objects, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
+                        ready=store.promoted_visible, interval_ms=tier.tier_upload_interval_ms)
+    store.retention.upload_floor = uploader.retention_floor  # retention deletes nothing not uploaded
+    parts.add_duty(uploader)
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:

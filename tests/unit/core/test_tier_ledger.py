@@ -214,3 +214,18 @@ def test_a_node_that_does_not_lead_uploads_nothing(rig):
     _fill(store, 1)
     uploader.step()
     assert _objects(tier) == {} and uploader.ledger.snapshot() == ({}, [])
+
+
+def test_retention_deletes_no_segment_before_its_upload_finished(rig, small_config):
+    store, tier, uploader = rig()
+    store.retention.upload_floor = uploader.retention_floor  # as the commit log composes it with a tier
+    _fill(store, 3)
+    sealed = [s.base for s in sealed_segments(store)]
+    object.__setattr__(store.retention._config, "retention_ms", 1)  # every sealed segment expired
+    wait_until(lambda: store.retention._expired_end(store.clock.now_ms()), "the segments expired")
+    assert store.retention.delete_expired_segments() == 0  # none uploaded: all kept
+    assert [s.start for s in store.segments.segments][:len(sealed)] == sealed
+    uploader.step()
+    assert store.retention.delete_expired_segments() >= len(sealed) - 1  # uploaded: they may go now
+    finished = uploader.ledger.snapshot()[0]
+    assert all(store.segments.segments[0].start >= base for base in finished)
