@@ -401,7 +401,7 @@ def _tier_upload_cut(name, tmp_path, failpoint):
 
     def uploader(store, tier):
         return Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=lambda: 0,
-                        ready=lambda: True, interval_ms=600_000)
+                        ready=lambda: True, log_min=store.log_min, interval_ms=600_000)
     config = _config(tmp_path)
     store, acked = _started(config, 12)  # ~ 3 segments of 16 KiB
     wait_until(lambda: sealed_segments(store), "a sealed segment")

@@ -15,9 +15,11 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256)
      appended with SYNC replication; the object put if absent; read back and compared; FINISHED appended.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
-  3. **Sweep orphans**: an object under ``commitlog/`` whose attempt the ledger does not hold (its STARTED
-     was cut from the log with a diverged tail) or holds as DISCARDED (a deposed leader's put that landed
-     after its successor discarded it) is deleted.
+  3. **Sweep orphans**: an object under ``commitlog/`` whose attempt the ledger holds as DISCARDED (a
+     deposed leader's put that landed after its successor discarded it) is deleted, and so is one whose
+     attempt the ledger does not hold (its STARTED was cut from the log with a diverged tail) when its
+     segment is still in the local log: an attempt's records lie after its segment in the log, so for a
+     segment retention deleted locally they may be gone too, and that object is kept.
 
 Retention: while the tier is on, the store deletes no segment at or above :meth:`Uploader.retention_floor`
 (the oldest sealed segment without a FINISHED upload), so local retention never loses what was not uploaded.
@@ -78,15 +80,18 @@ def _reader(path) -> Callable[[], bytes]:
 
 class Uploader(Duty):
     def __init__(self, tier: ObjectStore, ledger: Ledger, segments: Callable[[], list[SealedSegment]], *,
-                 leader_epoch: Callable[[], int | None], ready: Callable[[], bool], interval_ms: int):
+                 leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
+                 interval_ms: int):
         """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
-        ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete)."""
+        ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
+        ``log_min()``: the log's oldest physical offset kept locally."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger
         self.segments = segments
         self.leader_epoch = leader_epoch
         self.ready = ready
+        self.log_min = log_min
         self.uploaded = 0    # segments FINISHED by this node (tests, status)
         self.discarded = 0   # attempts DISCARDED by this node
         self.swept = 0       # orphan objects deleted
@@ -160,18 +165,23 @@ class Uploader(Duty):
     def _sweep(self) -> None:
         self.ledger.catch_up()
         states = self.ledger.states()
+        log_min = self.log_min()
         for info in self.tier.list(PREFIX):
-            upload_id = _upload_id(info.key)
+            upload_id, base = _parsed(info.key)
             state = states.get(upload_id) if upload_id is not None else None
-            if state in (STARTED, FINISHED):
-                continue
+            if state in (STARTED, FINISHED) or (state is None and (base is None or base < log_min)):
+                continue  # an unknown attempt below the local log: its records may have gone with retention
             self.tier.delete(info.key)
             self.swept += 1
             log.warning("tier.orphan_deleted", key=info.key, state="unknown" if state is None else "DISCARDED")
 
 
-def _upload_id(key: str) -> uuid.UUID | None:
+def _parsed(key: str) -> tuple[uuid.UUID | None, int | None]:
+    """(upload id, segment base) of an object key of :func:`object_key`; None for a part that is not one."""
+    parts = key.split("/")
     try:
-        return uuid.UUID(hex=key.rsplit("/", 1)[-1])
+        upload_id = uuid.UUID(hex=parts[-1])
     except ValueError:
-        return None
+        upload_id = None
+    base = int(parts[-2]) if len(parts) >= 2 and parts[-2].isdigit() else None
+    return upload_id, base

@@ -176,7 +176,8 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
     parts.on_close(objects.close)
     leader_epoch = (lambda: node.leading_epoch() or None) if node is not None else (lambda: 0)
     uploader = Uploader(objects, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
-                        ready=store.promoted_visible, interval_ms=tier.tier_upload_interval_ms)
+                        ready=store.promoted_visible, log_min=store.log_min,
+                        interval_ms=tier.tier_upload_interval_ms)
     store.retention.upload_floor = uploader.retention_floor  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
 

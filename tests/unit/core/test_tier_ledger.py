@@ -101,7 +101,8 @@ def rig(small_config, tmp_path):
         store.start()
         tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
         uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
-                            ready=store.promoted_visible, interval_ms=10_000)
+                            ready=store.promoted_visible, log_min=store.log_min,
+                            interval_ms=10_000)
         made.append((store, tier))
         return store, tier, uploader
     yield make
@@ -229,3 +230,10 @@ def test_retention_deletes_no_segment_before_its_upload_finished(rig, small_conf
     assert store.retention.delete_expired_segments() >= len(sealed) - 1  # uploaded: they may go now
     finished = uploader.ledger.snapshot()[0]
     assert all(store.segments.segments[0].start >= base for base in finished)
+    # An unknown attempt's object is swept only while its segment is local: below the local log, its
+    # records may have gone with retention (the good objects of old segments are kept).
+    below, local = object_key(0, uuid.uuid4()), object_key(store.segments.segments[0].start, uuid.uuid4())
+    tier.put_if_absent(below, b"an old segment's")
+    tier.put_if_absent(local, b"an orphan")
+    uploader.step()
+    assert tier.size(below) is not None and tier.size(local) is None
