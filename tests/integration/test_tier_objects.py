@@ -52,6 +52,7 @@ def test_range_reads_and_size(tier):
     assert tier.get_range("k/data", 100_001, 4096) == data[100_001:104_097]
     assert tier.get_range("k/data", len(data) - 5, 100) == data[-5:]  # fewer at the end
     assert tier.get_range("k/data", 5, 0) == b""
+    assert tier.get_range("k/data", len(data), 10) == b"" and tier.get_range("k/data", len(data) + 7, 1) == b""
     assert tier.size("k/absent") is None
     with pytest.raises(NotFound):
         tier.get_range("k/absent", 0, 1)

@@ -3,9 +3,9 @@ S3-compatible stores (MinIO, moto's server, ...), through obstore (docs/DESIGN.m
 
 A put is a single PUT with ``If-None-Match: *`` (obstore's PutMode "create"): S3 answers 412 when the key
 exists, which is AlreadyExists here, so two writers never replace each other's object. Range reads are one
-GET with a Range header; size is a HEAD; list is ListObjectsV2 under the prefix; delete is idempotent.
-The client's own timeout is the tier's call deadline, and it retries at most twice inside it, so a stalled
-server frees the executor's worker too.
+GET with a Range header (and a HEAD only for a range past the end); size is a HEAD; list is ListObjectsV2
+under the prefix; delete is idempotent. The client's own timeout is the tier's call deadline, and it retries
+at most twice inside it, so a stalled server frees the executor's worker too.
 
 Thread-safety: obstore's store is thread-safe (one HTTP connection pool).
 """
@@ -16,7 +16,7 @@ import datetime
 import urllib.parse
 
 import obstore
-from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
+from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
 from obstore.store import S3Store
 
 from mqstore.errors import AlreadyExists, InvalidArgument, NotFound
@@ -57,16 +57,17 @@ class S3Backend:
             raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        size = self.size(key)
-        if size is None:
-            raise NotFound(f"object {key} does not exist")
-        end = min(start + length, size)
-        if end <= start:
-            return b""
+        """One GET with a Range header (S3 answers fewer bytes at the object's end, and 416 from past it)."""
         try:
-            return bytes(obstore.get_range(self._store, key, start=start, end=end))
+            return bytes(obstore.get_range(self._store, key, start=start, end=start + length))
         except (NotFoundError, FileNotFoundError):
             raise NotFound(f"object {key} does not exist") from None
+        except BaseError as exc:
+            if "416" not in str(exc):
+                raise
+        if self.size(key) is None:  # the range starts at or past the end: empty, if the object exists
+            raise NotFound(f"object {key} does not exist")
+        return b""
 
     def size(self, key: str) -> int | None:
         try:
