@@ -3,7 +3,7 @@ its state in memory; and a stalled "server" (a socket that accepts and never ans
 
 Use :func:`moto_s3` from a module- or session-scoped fixture (it stops the server at the end); each test
 takes a bucket of its own (:meth:`MotoS3.bucket`), so tests sharing one server never see each other's
-objects.
+objects (moto's state is the process's, shared by every server it starts: buckets get unique names).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import itertools
 import logging
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 
 import boto3
@@ -31,7 +32,8 @@ class MotoS3:
         self._names = itertools.count()
 
     def bucket(self) -> str:
-        name = f"mqstore-test-{next(self._names)}"
+        # moto keeps its state per process, shared by every server of the process: a name never used before
+        name = f"mqstore-test-{next(self._names)}-{uuid.uuid4().hex[:12]}"
         self.client.create_bucket(Bucket=name)
         return name
 
