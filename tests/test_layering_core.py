@@ -77,6 +77,7 @@ LAYERS = {
     "mqstore.gateway": FEATURE,
     "mqstore.replication": FEATURE,
     "mqstore.auth": FEATURE,
+    "mqstore.tier": FEATURE,          # the object storage tier: object stores, the uploads' ledger, the uploader
     "mqstore.follow": FEATURE,        # the Tail follower of the services derived from the log
     "mqstore.tailing": FEATURE,       # Tail streams of the log, read through the store
     "mqstore.store_offsets": FEATURE,  # CommitOffset, QueryOffset and the SQL offsets' import, through the store

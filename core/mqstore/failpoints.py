@@ -54,6 +54,9 @@ KNOWN = frozenset({
     "pop.change.after_ck",       # ChangeInvisibleDuration's new CK is appended, the entry not yet replaced
     "pop.forward.after_copy",    # ForwardToDeadLetter's DLQ copy and ACK are appended, not answered
     "pop.revive.after_copy",     # expired messages copied to a retry topic or DLQ, their ACK not yet written
+    # the object storage tier's uploader (mqstore.tier.uploader says what a crash at each step leaves):
+    "tier.upload.started",       # a segment's STARTED record is appended, its object not yet put
+    "tier.upload.after_put",     # the object is put, not yet read back nor FINISHED
 })
 
 _armed: dict[str, str] = {}

@@ -41,7 +41,7 @@ from mqstore.config import FLUSH_SYNC, StoreConfig
 from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
                             ResourceExhausted, Unavailable, invariant, shown)
 from mqstore.consumer_offsets import ConsumerOffsets
-from mqstore.format import checkpoint as cpfmt, offset_commit, record, record_reader, topic_event
+from mqstore.format import checkpoint as cpfmt, offset_commit, record, record_reader, tier_upload, topic_event
 from mqstore.limits import MAX_GET_MESSAGES
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.encoder import MessageEncoder
@@ -79,7 +79,7 @@ def _open_sql_catalog(url: str, clock: Clock) -> MetadataStore:
 
 # The store as a system writer (mqstore.writers): its topic events, which no writer may name.
 STORE_WRITER = WriterRules(topic_rules.OWNER_STORE, topic_rules.OWNER_DESCRIPTIONS[topic_rules.OWNER_STORE],
-                           frozenset({topic_event.TOPIC, offset_commit.TOPIC}))
+                           frozenset({topic_event.TOPIC, offset_commit.TOPIC, tier_upload.TOPIC}))
 
 
 class MessageStore:

@@ -11,7 +11,9 @@ runs :meth:`Retention.delete_expired_segments` and :meth:`Retention.apply_topic_
   holding a live offset is a floor on every node (``offsets.floor``), whatever the rewrite managed.
 - A topic with its own ``retention_ms`` has its consume queues' minimums raised past what is older.
 - Floors added by the store's users (:meth:`Retention.add_floor`): the timer's (mqstore.timer.leadership: the
-  oldest timer record not delivered or rolled yet) keeps every segment from there; a floor of None keeps none.
+  oldest timer record not delivered or rolled yet) and, with the object storage tier on, the uploader's
+  (mqstore.tier.uploader: no segment whose upload has not FINISHED goes, on every node) keep every segment
+  from there; a floor of None keeps none.
 
 Thread-safety: every method may be called from any thread. Consume queue minimums change under the
 dispatcher's lock; segments are deleted by SegmentQueue.delete_expired (the maintenance duty's thread);

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from mqstore.errors import InvalidArgument
-from mqstore.format import offset_commit, topic_event
+from mqstore.format import offset_commit, tier_upload, topic_event
 
 TOPIC_NAME_MAX_CHARS = 127
 GROUP_NAME_MAX_CHARS = 120
@@ -68,6 +68,7 @@ SYSTEM_TOPICS = frozenset({
     REVIVE_TOPIC,  # pop consumption's in-flight state: CK and ACK records (mqstore.pop.records)
     topic_event.TOPIC,  # topic events (a topic deleted): mqstore.format.topic_event
     offset_commit.TOPIC,  # consumer offsets: mqstore.format.offset_commit, mqstore.consumer_offsets
+    tier_upload.TOPIC,  # uploads to the object storage tier: mqstore.format.tier_upload, mqstore.tier.ledger
 })
 
 # Pop consumption's per-group topics (RocketMQ's names, the module docstring): NORMAL topics, created on

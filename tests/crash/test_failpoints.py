@@ -385,3 +385,41 @@ def _truncate_after_copy(name, tmp_path, failpoint):
     assert store.log_end() == point
     store.stop()
     _check_store(config, acked)
+
+
+# ---- the object storage tier's uploader -------------------------------------------------------------------
+
+@scenario("tier.upload.started", "tier.upload.after_put")
+def _tier_upload_cut(name, tmp_path, failpoint):
+    """The uploader dies between its STARTED record and its put, or after the put (the object stored, not yet
+    verified nor FINISHED); the node restarts from disk: every sealed segment ends FINISHED exactly once, its
+    object the segment's bytes, and no other object is left (mqstore.tier.uploader)."""
+    from mqstore.tier.ledger import Ledger
+    from mqstore.tier.uploader import Uploader, sealed_segments
+    from mqstore.tier.urls import open_store
+    from tests.support.waiting import wait_until
+
+    def uploader(store, tier):
+        return Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=lambda: 0,
+                        ready=lambda: True, log_min=store.log_min, interval_ms=600_000)
+    config = _config(tmp_path)
+    store, acked = _started(config, 12)  # ~ 3 segments of 16 KiB
+    wait_until(lambda: sealed_segments(store), "a sealed segment")
+    tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        uploader(store, tier).step()
+    store.halt()  # as if killed there
+    _check_store(config, acked)
+    store = MessageStore(config)
+    store.start()
+    try:
+        again = uploader(store, tier)
+        again.step()
+        finished, pending = again.ledger.snapshot()
+        sealed = {s.base: s.read() for s in sealed_segments(store)}
+        assert not pending and again.ledger.conflicts == 0 and sorted(finished) == sorted(sealed)
+        objects = {info.key: tier.get_range(info.key, 0, info.size) for info in tier.list("commitlog")}
+        assert objects == {finished[base].key: data for base, data in sealed.items()}
+    finally:
+        store.stop()
+        tier.close()

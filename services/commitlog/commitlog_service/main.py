@@ -26,7 +26,11 @@ Local mode (the RocketMQ 5 gateway and the Transaction service served from this 
 of its own: ``--gateway-port``, ``--txn-port`` and their flags) is composed above the services, by
 mqstore_launcher.node (``mqstore-commitlog``): this module imports neither service; it takes what it hosts
 as :class:`Hosted` parts (``CommitLogConfig.hosted``) and their flags as :class:`HostedFlags`.
-``MQSTORE_FAILPOINTS`` arms crash points (tests only).
+The object storage tier (mqstore.tier; README, *Object storage tier*) has the flags of
+:class:`mqstore.tier.config.TierConfig`: ``--tier-url`` (empty: off; file:///DIR or s3://BUCKET[/PREFIX]) turns
+the leader's upload of sealed commit log segments on, ``--tier-upload-interval-ms``, ``--tier-call-timeout-ms``,
+``--tier-endpoint`` and ``--tier-region``; S3 credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+AWS_SESSION_TOKEN only. ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
 after start ``server.started`` with the bound port; exit status 0 after SIGTERM/SIGINT, 1 when the
@@ -64,6 +68,10 @@ from mqstore.store import MessageStore
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.leadership import TimerDuty
 from mqstore.timer.scheduling import Scheduler
+from mqstore.tier.config import TierConfig
+from mqstore.tier.ledger import Ledger
+from mqstore.tier.urls import open_store
+from mqstore.tier.uploader import Uploader, sealed_segments
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
 from mqstore_rpc import catalogs, etcd_meta, service
 from mqstore_rpc import settings as S
@@ -96,6 +104,7 @@ class CommitLogConfig:
     hosted: tuple[Hosted, ...] = ()  # other services' parts served from this process (Local mode: the gateway,
                                      # the Transaction service; mqstore_launcher.node), composed in this order
     append_on_loop: bool | None = None  # a grpc.aio port answering Append on its loop; None = when appends wait
+    tier: TierConfig = TierConfig()  # the object storage tier; tier_url "" = off (mqstore.tier)
 
 
 class Hosted(Protocol):
@@ -177,6 +186,8 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     parts.add_servicer(consumer.CONSUMER_SERVICE_NAME, lambda server: consumer.add_to_server(
         consumer.ConsumerServicer(pop.current), server))
     parts.add_health_problem(store.health_problem)
+    if config.tier.enabled:
+        compose_tier(config.tier, store, node, parts)
     compose_access(config, parts)
     for part in config.hosted:  # Local mode
         part.compose(Host(config, store, pop.current, scheduler), parts)
@@ -196,6 +207,20 @@ def compose_timer(config: CommitLogConfig, store: MessageStore, node: Replicatio
     parts.on_close(timer.close)
     parts.add_duty(timer)
     return timer
+
+
+def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | None,
+                 parts: service.Composition) -> None:
+    """The uploader of sealed segments (mqstore.tier.uploader): on the leader only, records in the log."""
+    objects = open_store(tier.tier_url, timeout_ms=tier.tier_call_timeout_ms, endpoint=tier.tier_endpoint,
+                         region=tier.tier_region, credentials=tier.credentials)
+    parts.on_close(objects.close)
+    leader_epoch = (lambda: node.leading_epoch() or None) if node is not None else (lambda: 0)
+    uploader = Uploader(objects, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
+                        ready=store.promoted_visible, log_min=store.log_min,
+                        interval_ms=tier.tier_upload_interval_ms)
+    store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
+    parts.add_duty(uploader)
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -268,6 +293,7 @@ def build_arg_parser(hosted_flags: Sequence[HostedFlags] = ()) -> argparse.Argum
                         "MQSTORE_APPEND_ON_LOOP")
     S.add_flags(parser, PopConfig)
     S.add_flags(parser, TimerConfig)
+    S.add_flags(parser, TierConfig)
     for hosted in hosted_flags:
         hosted.add_flags(parser)
     for f in [*_store_fields(), *_replication_fields()]:
@@ -303,7 +329,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
                              internal_token=S.internal_token(args, env),
                              replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)),
                              hosted=tuple(hosted.parse(args, env, store) for hosted in hosted_flags),
-                             append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None))
+                             append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None),
+                             tier=TierConfig(**S.values_for(args, env, TierConfig)).with_env(env))
     refuse_unshared_metadata(config)
     return config
 
@@ -402,7 +429,7 @@ def describe(config: CommitLogConfig, port: int) -> dict:
             "timer": dataclasses.asdict(config.timer),
             "replication": dataclasses.asdict(config.replication),
             **{key: value for part in config.hosted for key, value in part.describe().items()},
-            "append_on_loop": on_loop(config)}
+            "append_on_loop": on_loop(config), "tier": config.tier.described()}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=on_loop,

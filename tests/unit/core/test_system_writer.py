@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 
 import pytest
 
 from mqstore import relayed, store_offsets, topics
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, InvariantViolation
-from mqstore.format import offset_commit, record
+from mqstore.format import offset_commit, record, tier_upload
 from mqstore.model import KIND_NORMAL, MessageIn, TopicRecord
 from mqstore.store import MessageStore
 from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
@@ -40,6 +41,9 @@ def test_only_the_owner_writes_a_system_topic(store, topic):
         store.append("gone", [MessageIn(body=b"x")])
         if topic == offset_commit.TOPIC:
             store_offsets.commit_offset(store, "g", "gone", 0, 1)
+        elif topic == tier_upload.TOPIC:  # the tier's uploader appends there (mqstore.tier.ledger)
+            upload = tier_upload.Upload(tier_upload.STARTED, uuid.uuid4(), 0, 1, bytes(32), 0, "commitlog/x")
+            store.append_own(topic, [MessageIn(body=tier_upload.encode(upload))])
         else:
             store.delete_topic("gone")
     else:
@@ -164,9 +168,10 @@ def test_the_commit_logs_composition_registers_every_system_writer():
     """The commit log takes other processes' appends (CommitLogInternal): its main composes every writer's
     rules (mqstore.system_writers), without the tests' conftest."""
     code = ("import commitlog_service.main\nfrom mqstore import topics\n"
-            "from mqstore.format import offset_commit, topic_event\nfrom mqstore.writers import SYSTEM_WRITERS\n"
+            "from mqstore.format import offset_commit, tier_upload, topic_event\n"
+            "from mqstore.writers import SYSTEM_WRITERS\n"
             "print(SYSTEM_WRITERS.owners(), all(SYSTEM_WRITERS.owner_of(t) for t in topics.SYSTEM_TOPICS\n"
-            "                                   if t not in (topic_event.TOPIC, offset_commit.TOPIC)))"
+            "    if t not in (topic_event.TOPIC, offset_commit.TOPIC, tier_upload.TOPIC)))"
             "  # the store's own: its store adds them")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

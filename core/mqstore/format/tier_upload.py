@@ -1,0 +1,95 @@
+"""The body of a tier upload record: a record of the system topic ``RMQ_SYS_TIER_UPLOADS`` that the commit
+log's leader appends itself while it uploads a sealed commit log segment to the object storage tier
+(mqstore.tier.uploader), so that the uploads' state lives in the log and is replicated with it: a new leader
+reads what its predecessor started from its own log (mqstore.tier.ledger), never from a local file.
+
+An upload attempt is two records, Kafka's segment states: STARTED before the object is written, then
+FINISHED once the object was read back and matched, or DISCARDED when it did not (or was never written) and
+the object is gone. Both carry the whole description, so either alone says which object it is. The record is
+an ordinary commit log record (mqstore.format.record) of that topic, queue 0. Big-endian:
+
+  offset size field            meaning
+  ------ ---- ---------------- ---------------------------------------------------------------------------
+       0    4 magic            0x4D515455 ("MQTU")
+       4    1 version          1
+       5    1 state            1 STARTED, 2 FINISHED, 3 DISCARDED
+       6   16 upload id        a fresh UUID per attempt (raw bytes); the object key holds it too
+      22    8 segment base     the segment's first physical offset, >= 0
+      30    8 segment size     its length in bytes (the whole file), > 0
+      38   32 digest           SHA-256 of those bytes
+      70    8 leader epoch     the epoch of the leader that started the attempt (0: a single node)
+      78    2 key length k     1..MAX_KEY_BYTES
+      80    k key              UTF-8: the object's key inside the tier URL
+
+Source of truth: the commit log (the record's body CRC covers these bytes). A body that does not decode
+(another magic or version, a short or long body, an unknown state) is ValueError.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+
+TOPIC = "RMQ_SYS_TIER_UPLOADS"
+MAGIC = 0x4D515455
+VERSION = 1
+STARTED, FINISHED, DISCARDED = 1, 2, 3
+STATE_NAMES = {STARTED: "STARTED", FINISHED: "FINISHED", DISCARDED: "DISCARDED"}
+DIGEST_BYTES = 32
+MAX_KEY_BYTES = 1024
+FIXED = struct.Struct(
+    ">"
+    "I"    # 0 magic
+    "B"    # 4 version
+    "B"    # 5 state
+    "16s"  # 6 upload id
+    "q"    # 22 segment base
+    "q"    # 30 segment size
+    "32s"  # 38 digest
+    "q"    # 70 leader epoch
+    "H"    # 78 key length
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    state: int
+    upload_id: uuid.UUID
+    segment_base: int
+    segment_size: int
+    digest: bytes
+    epoch: int
+    key: str
+
+    def but(self, state: int) -> Upload:
+        return Upload(state, self.upload_id, self.segment_base, self.segment_size, self.digest, self.epoch, self.key)
+
+
+def encode(upload: Upload) -> bytes:
+    key = upload.key.encode("utf-8")
+    if (upload.state not in STATE_NAMES or upload.segment_base < 0 or upload.segment_size <= 0
+            or len(upload.digest) != DIGEST_BYTES or upload.epoch < 0 or not 0 < len(key) <= MAX_KEY_BYTES):
+        raise ValueError(f"not a tier upload record: {upload}")
+    return FIXED.pack(MAGIC, VERSION, upload.state, upload.upload_id.bytes, upload.segment_base,
+                      upload.segment_size, upload.digest, upload.epoch, len(key)) + key
+
+
+def decode(body: bytes) -> Upload:
+    body = bytes(body)
+    if len(body) < FIXED.size:
+        raise ValueError(f"a tier upload record is at least {FIXED.size} bytes, this body {len(body)}")
+    magic, version, state, upload_id, base, size, digest, epoch, key_length = FIXED.unpack_from(body, 0)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError(f"not a tier upload record of version {VERSION}: magic {magic:#x}, version {version}")
+    if state not in STATE_NAMES or base < 0 or size <= 0 or epoch < 0 or not 0 < key_length <= MAX_KEY_BYTES:
+        raise ValueError(f"a damaged tier upload record: state {state}, base {base}, size {size}, epoch {epoch}, "
+                         f"key of {key_length} bytes")
+    if FIXED.size + key_length != len(body):
+        raise ValueError(f"a tier upload record with a key of {key_length} bytes is {FIXED.size + key_length} "
+                         f"bytes, this body {len(body)}")
+    try:
+        key = body[FIXED.size:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"a tier upload record's key is not UTF-8: {exc}") from exc
+    return Upload(state, uuid.UUID(bytes=upload_id), base, size, digest, epoch, key)

@@ -1,0 +1,16 @@
+"""The object storage tier (issue 36): sealed commit log segments uploaded to object storage, in two phases
+recorded in the log itself.
+
+  module       what it holds
+  ------------ ---------------------------------------------------------------------------------------------
+  objects      ObjectStore: put-if-absent, range GET, size (HEAD), list, delete, each on the tier's own
+               executor with a deadline; every failure Unavailable naming the tier URL
+  urls         open_store: the ObjectStore of a tier URL
+  local        the ``file://`` backend (the embedded default): atomic create by a temp file and a link
+  s3           the ``s3://bucket/prefix`` backend (S3 and S3-compatible stores) through obstore
+  config       TierConfig: the commit log's --tier-* flags, and the S3 credentials main() reads from the
+               standard AWS_* variables
+  ledger       the uploads' metadata: records of the system topic RMQ_SYS_TIER_UPLOADS
+               (mqstore.format.tier_upload), a map per segment rebuilt from the topic
+  uploader     the duty that uploads sealed segments, on the leader only
+"""

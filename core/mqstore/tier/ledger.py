@@ -1,0 +1,145 @@
+"""The tier's uploads as the log holds them: records of ``RMQ_SYS_TIER_UPLOADS`` (mqstore.format.tier_upload),
+folded into one state per segment in memory (:class:`UploadMap`), read from that topic's consume queue
+(:class:`Ledger`), on every node: a replica copies the records with the log, so a new leader knows what the
+old one started, finished or discarded without any file of its own.
+
+Per segment (its base offset), in log order:
+
+  record          the map does
+  --------------- -------------------------------------------------------------------------------------------
+  STARTED u       u is pending (an attempt whose object may or may not exist)
+  FINISHED u      the segment is uploaded as u (its object is readable); u is no longer pending. A FINISHED
+                  for a segment that has one already is kept out and counted (``conflicts``): the uploader
+                  never writes one (it uploads only a segment with none, on the leader, one attempt at a time)
+  DISCARDED u     u is no longer pending; its object is gone or never was
+  anything else   a record that does not decode, or an end without its start: skipped and counted
+
+Thread-safety: :meth:`Ledger.catch_up` and reads of the map serialise on the ledger's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Callable
+
+import structlog
+
+from mqstore.format import tier_upload
+from mqstore.format.tier_upload import FINISHED, STARTED, Upload
+from mqstore.model import MessageIn
+from mqstore.replication.config import SYNC
+
+log = structlog.get_logger("mqstore.tier")
+
+READ_BATCH = 1000
+READ_BYTES = 8 << 20
+Read = Callable[[int, int], list[tuple[int, bytes]]]  # (queue offset, max records) -> [(queue offset, body)]
+
+
+class UploadMap:
+    """segment base -> its FINISHED upload; the pending attempts; every attempt's last state. Not thread-safe."""
+
+    def __init__(self):
+        self.finished: dict[int, Upload] = {}
+        self.pending: dict[uuid.UUID, Upload] = {}
+        self.states: dict[uuid.UUID, int] = {}
+        self.conflicts = 0
+        self.skipped = 0
+
+    def apply(self, upload: Upload) -> None:
+        known = self.states.get(upload.upload_id)
+        if upload.state == STARTED:
+            if known is None:
+                self.pending[upload.upload_id] = upload
+                self.states[upload.upload_id] = STARTED
+            return
+        if known != STARTED:
+            self.skipped += 1  # an end without its start, or a second end
+            return
+        del self.pending[upload.upload_id]
+        self.states[upload.upload_id] = upload.state
+        if upload.state == FINISHED:
+            if upload.segment_base in self.finished:
+                self.conflicts += 1
+                log.error("tier.second_finished", segment_base=upload.segment_base, upload_id=str(upload.upload_id),
+                          kept=str(self.finished[upload.segment_base].upload_id))
+                return
+            self.finished[upload.segment_base] = upload
+
+    def pending_for(self, segment_base: int) -> list[Upload]:
+        return [u for u in self.pending.values() if u.segment_base == segment_base]
+
+
+class Ledger:
+    def __init__(self, append: Callable[[bytes], None], read: Read, bounds: Callable[[], tuple[int, int]]):
+        """``append(body)``: one record of the topic, acknowledged by the in-sync replicas (raises as an
+        append does: NotLeader on a replica or a deposed leader); ``read``: records from a queue offset;
+        ``bounds()``: the topic's consume queue (min offset, max offset)."""
+        self._append = append
+        self._read = read
+        self._bounds = bounds
+        self._lock = threading.Lock()
+        self._map = UploadMap()
+        self._next = 0
+
+    @classmethod
+    def of_store(cls, store) -> Ledger:
+        """Through the store's public parts (as mqstore.consumer_offsets): ``append_own`` with SYNC replication
+        (a record is on every in-sync replica before the upload goes on), ``pull``, the topic's queue."""
+        def append(body: bytes) -> None:
+            store.append_own(tier_upload.TOPIC, [MessageIn(body=body)], SYNC)
+
+        def read(queue_offset: int, count: int) -> list[tuple[int, bytes]]:
+            result = store.pull(tier_upload.TOPIC, 0, queue_offset, count, READ_BYTES)
+            return [(m.record.queue_offset, m.record.body) for m in result.messages]
+
+        def bounds() -> tuple[int, int]:
+            cq = store.queues.get(tier_upload.TOPIC, 0)
+            return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+        return cls(append, read, bounds)
+
+    def record(self, upload: Upload) -> None:
+        """Append ``upload``'s record, then read it back into the map."""
+        self._append(tier_upload.encode(upload))
+        self.catch_up()
+
+    def catch_up(self) -> UploadMap:
+        with self._lock:
+            low, high = self._bounds()
+            if high < self._next:  # the log was cut below what was read (a replica's divergent tail)
+                self._map, self._next = UploadMap(), 0
+            self._next = max(self._next, low)
+            while self._next < high:
+                records = self._read(self._next, READ_BATCH)
+                if not records:
+                    break
+                for _, body in records:
+                    self._apply(body)
+                self._next = records[-1][0] + 1
+            return self._map
+
+    def _apply(self, body: bytes) -> None:
+        try:
+            upload = tier_upload.decode(body)
+        except ValueError as exc:
+            self._map.skipped += 1
+            log.error("tier.record_skipped", error=str(exc))
+            return
+        self._map.apply(upload)
+
+    def snapshot(self) -> tuple[dict[int, Upload], list[Upload]]:
+        """(segment base -> FINISHED upload, pending attempts), as of the last catch-up."""
+        with self._lock:
+            return dict(self._map.finished), list(self._map.pending.values())
+
+    def states(self) -> dict[uuid.UUID, int]:
+        """Every attempt's last state, as of the last catch-up."""
+        with self._lock:
+            return dict(self._map.states)
+
+    @property
+    def conflicts(self) -> int:
+        with self._lock:
+            return self._map.conflicts
+

@@ -1,0 +1,128 @@
+"""ObjectStore: the one interface of the object storage tier, over a backend (``file://``: mqstore.tier.local;
+``s3://``: mqstore.tier.s3). Objects are immutable: written once, whole, never appended to or replaced.
+
+  operation                  meaning                                         when it fails
+  -------------------------- ----------------------------------------------- ---------------------------------
+  put_if_absent(key, data)   create the object; never replaces one (S3:      AlreadyExists: the key exists
+                             If-None-Match: *; file: a link that fails on    (a second put of one key)
+                             an existing name)
+  get_range(key, start, n)   n bytes from byte ``start`` (fewer at the end)  NotFound: no such object
+  size(key)                  the object's size (HEAD), None when absent
+  list(prefix)               the objects under the "directory" ``prefix``
+                             (whole path segments), sorted by key
+  delete(key)                remove it (absent is no error)
+  every operation            runs on the tier's own executor (``workers``    Unavailable naming the tier URL:
+                             threads; a caller waits at most the deadline,   the deadline passed, every worker
+                             so a slow store never blocks local work)        is busy, or the store failed
+
+A key is path segments of ``[A-Za-z0-9._-]`` joined by ``/`` (no empty segment, no ``.`` or ``..``).
+
+Thread-safety: every method may be called from any thread; calls run on the executor's threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, TypeVar
+
+from mqstore.errors import AlreadyExists, InvalidArgument, MqStoreError, NotFound, Unavailable
+
+T = TypeVar("T")
+DEFAULT_WORKERS = 4
+_SEGMENT = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class Backend(Protocol):
+    """Blocking calls of one store; they raise AlreadyExists and NotFound as the table says, anything else
+    for a failure (ObjectStore turns it into Unavailable)."""
+
+    def put_if_absent(self, key: str, data: bytes) -> None: ...
+    def get_range(self, key: str, start: int, length: int) -> bytes: ...
+    def size(self, key: str) -> int | None: ...
+    def list(self, prefix: str) -> list[ObjectInfo]: ...
+    def delete(self, key: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def check_key(key: str, what: str = "key") -> str:
+    parts = key.split("/")
+    if not key or any(not _SEGMENT.match(part) or part in (".", "..") for part in parts):
+        raise InvalidArgument(f"an object {what} is path segments of [A-Za-z0-9._-] joined by '/', not {key!r}")
+    return key
+
+
+class ObjectStore:
+    def __init__(self, url: str, backend: Backend, *, timeout_ms: int, workers: int = DEFAULT_WORKERS):
+        self.url = url
+        self.timeout_ms = timeout_ms
+        self._backend = backend
+        self._executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tier")
+        self._slots = threading.BoundedSemaphore(workers)  # calls running or queued: bounded by the workers
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self._call("PUT", check_key(key), lambda: self._backend.put_if_absent(key, bytes(data)))
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise InvalidArgument(f"a range read needs start >= 0 and length >= 0, not {start}, {length}")
+        if length == 0:
+            return b""
+        return self._call("GET", check_key(key), lambda: self._backend.get_range(key, start, length))
+
+    def size(self, key: str) -> int | None:
+        return self._call("HEAD", check_key(key), lambda: self._backend.size(key))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        return self._call("LIST", check_key(prefix, "prefix"), lambda: self._backend.list(prefix))
+
+    def delete(self, key: str) -> None:
+        self._call("DELETE", check_key(key), lambda: self._backend.delete(key))
+
+    def close(self) -> None:
+        """Stop taking calls; a call still running ends by the backend's own timeout."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._backend.close()
+
+    def _call(self, op: str, key: str, run: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        if not self._slots.acquire(timeout=self.timeout_ms / 1000):
+            raise Unavailable(f"object storage tier {self.url}: {op} {key}: every worker was busy for "
+                              f"{self.timeout_ms} ms (a slow store); retry")
+
+        def task() -> T:
+            try:
+                return run()
+            finally:
+                self._slots.release()
+        try:
+            future = self._executor.submit(task)
+        except RuntimeError as exc:  # shut down
+            self._slots.release()
+            raise Unavailable(f"object storage tier {self.url}: closed") from exc
+        try:
+            return future.result(timeout=max(deadline - time.monotonic(), 0))
+        except concurrent.futures.TimeoutError:
+            raise Unavailable(f"object storage tier {self.url}: {op} {key} did not answer within "
+                              f"{self.timeout_ms} ms (tier_call_timeout_ms)") from None
+        except (AlreadyExists, NotFound):
+            raise
+        except MqStoreError as exc:
+            raise Unavailable(f"object storage tier {self.url}: {op} {key}: {exc}") from exc
+        except Exception as exc:  # any failure of the store or its client: the tier is unavailable
+            raise Unavailable(f"object storage tier {self.url}: {op} {key} failed: {type(exc).__name__}: "
+                              f"{_short(exc)}") from exc
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,90 @@
+"""The ``s3://bucket/prefix`` backend of the object storage tier (mqstore.tier.objects), for S3 and
+S3-compatible stores (MinIO, moto's server, ...), through obstore (docs/DESIGN.md says why that client).
+
+A put is a single PUT with ``If-None-Match: *`` (obstore's PutMode "create"): S3 answers 412 when the key
+exists, which is AlreadyExists here, so two writers never replace each other's object. Range reads are one
+GET with a Range header (and a HEAD only for a range past the end); size is a HEAD; list is ListObjectsV2
+under the prefix; delete is idempotent. The client's own timeout is the tier's call deadline, and it retries
+at most twice inside it, so a stalled server frees the executor's worker too.
+
+Thread-safety: obstore's store is thread-safe (one HTTP connection pool).
+"""
+
+from __future__ import annotations
+
+import datetime
+import urllib.parse
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
+from obstore.store import S3Store
+
+from mqstore.errors import AlreadyExists, InvalidArgument, NotFound
+from mqstore.tier.objects import ObjectInfo
+
+DEFAULT_REGION = "us-east-1"
+MAX_RETRIES = 2
+
+
+class S3Backend:
+    def __init__(self, store: S3Store):
+        self._store = store
+
+    @classmethod
+    def of_url(cls, url: str, *, endpoint: str, region: str, credentials, timeout_ms: int) -> S3Backend:
+        parsed = urllib.parse.urlparse(url)
+        if not parsed.netloc:
+            raise InvalidArgument(f"an s3:// tier URL names its bucket (s3://BUCKET[/PREFIX]), not {url!r}")
+        options = {"timeout": f"{timeout_ms}ms", "connect_timeout": f"{min(timeout_ms, 10_000)}ms",
+                   "allow_http": endpoint.startswith("http://")}
+        retry = {"max_retries": MAX_RETRIES, "retry_timeout": datetime.timedelta(milliseconds=timeout_ms),
+                 "backoff": {"init_backoff": datetime.timedelta(milliseconds=100),
+                             "max_backoff": datetime.timedelta(seconds=2), "base": 2}}
+        keys = {}
+        if credentials is not None and credentials.access_key_id:
+            keys = {"access_key_id": credentials.access_key_id, "secret_access_key": credentials.secret_access_key}
+            if credentials.session_token:
+                keys["session_token"] = credentials.session_token
+        extra = {"endpoint": endpoint} if endpoint else {}
+        store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, region=region or DEFAULT_REGION,
+                        client_options=options, retry_config=retry, **extra, **keys)
+        return cls(store)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        try:
+            obstore.put(self._store, key, data, mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """One GET with a Range header (S3 answers fewer bytes at the object's end, and 416 from past it)."""
+        try:
+            return bytes(obstore.get_range(self._store, key, start=start, end=start + length))
+        except (NotFoundError, FileNotFoundError):
+            raise NotFound(f"object {key} does not exist") from None
+        except BaseError as exc:
+            if "416" not in str(exc):
+                raise
+        if self.size(key) is None:  # the range starts at or past the end: empty, if the object exists
+            raise NotFound(f"object {key} does not exist")
+        return b""
+
+    def size(self, key: str) -> int | None:
+        try:
+            return int(obstore.head(self._store, key)["size"])
+        except (NotFoundError, FileNotFoundError):
+            return None
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        found = [ObjectInfo(meta["path"], int(meta["size"]))
+                 for chunk in obstore.list(self._store, prefix) for meta in chunk]
+        return sorted(found, key=lambda info: info.key)
+
+    def delete(self, key: str) -> None:
+        try:
+            obstore.delete(self._store, key)
+        except (NotFoundError, FileNotFoundError):
+            pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,187 @@
+"""The duty that uploads sealed commit log segments to the object storage tier, on the leader only
+(``tier-uploader``; a single node is its own leader).
+
+A segment is sealed when the log is written, flushed and visible past its end (every byte of the file is
+final, and on a leader every in-sync replica holds them). Each step, after reading the ledger
+(mqstore.tier.ledger) from the log:
+
+  1. **Resolve what an earlier attempt left** (this leader's, before a crash, or the old leader's): a pending
+     attempt (STARTED, no end) whose object exists, has the recorded size and reads back with the recorded
+     SHA-256 is FINISHED; otherwise its object (if any) is deleted and the attempt DISCARDED. A store that
+     does not answer decides nothing: the step fails and the next retries. So a put that succeeded but
+     reported an error (pulsar#17228) ends FINISHED, never deleted: only an object that does not match is.
+     A segment that was FINISHED meanwhile (never, see the ledger) has its pending attempts discarded.
+  2. **Upload every sealed segment that has no FINISHED attempt**, in order: STARTED (a fresh upload id,
+     the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256)
+     appended with SYNC replication; the object put if absent; read back and compared; FINISHED appended.
+     A deposed leader cannot append (the gate refuses it), so it never finishes anything.
+  3. **Sweep orphans**: an object under ``commitlog/`` whose attempt the ledger holds as DISCARDED (a
+     deposed leader's put that landed after its successor discarded it) is deleted, and so is one whose
+     attempt the ledger does not hold (its STARTED was cut from the log with a diverged tail) when its
+     segment is still in the local log: an attempt's records lie after its segment in the log, so for a
+     segment retention deleted locally they may be gone too, and that object is kept.
+
+Retention: while the tier is on, the store deletes no segment at or above :meth:`Uploader.retention_floor`
+(the oldest sealed segment without a FINISHED upload), so local retention never loses what was not uploaded.
+
+Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
+put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error.
+
+Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Callable
+
+import structlog
+
+from mqstore import failpoints
+from mqstore.background import Duty
+from mqstore.format.tier_upload import DISCARDED, FINISHED, STARTED, Upload
+from mqstore.tier.ledger import Ledger
+from mqstore.tier.objects import ObjectStore
+
+log = structlog.get_logger("mqstore.tier")
+
+PREFIX = "commitlog"
+READ_BACK_BYTES = 8 << 20  # the verification reads the object back in ranges of this size
+
+
+def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
+    return f"{PREFIX}/{segment_base:020d}/{upload_id.hex}"
+
+
+class SealedSegment:
+    """What the uploader needs of a local segment: its base, its size and its bytes."""
+
+    def __init__(self, base: int, size: int, read: Callable[[], bytes]):
+        self.base, self.size, self.read = base, size, read
+
+
+def sealed_segments(store) -> list[SealedSegment]:
+    """The store's segments whose every byte is final: written, flushed and visible past their end."""
+    limit = min(store.flushed_offset(), store.visible_offset())
+    found = []
+    for segment in list(store.segments.segments):
+        if segment.end <= limit:
+            found.append(SealedSegment(segment.start, segment.size, _reader(segment.path)))
+    return found
+
+
+def _reader(path) -> Callable[[], bytes]:
+    def read() -> bytes:
+        with open(path, "rb") as source:
+            return source.read()
+    return read
+
+
+class Uploader(Duty):
+    def __init__(self, tier: ObjectStore, ledger: Ledger, segments: Callable[[], list[SealedSegment]], *,
+                 leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
+                 interval_ms: int):
+        """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
+        ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
+        ``log_min()``: the log's oldest physical offset kept locally."""
+        super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
+        self.tier = tier
+        self.ledger = ledger
+        self.segments = segments
+        self.leader_epoch = leader_epoch
+        self.ready = ready
+        self.log_min = log_min
+        self.uploaded = 0    # segments FINISHED by this node (tests, status)
+        self.discarded = 0   # attempts DISCARDED by this node
+        self.swept = 0       # orphan objects deleted
+
+    def step(self) -> None:
+        epoch = self.leader_epoch()
+        if epoch is None or not self.ready():
+            return
+        self.ledger.catch_up()
+        finished, pending = self.ledger.snapshot()
+        for attempt in pending:
+            if self.stopping:
+                return
+            self._resolve(attempt, finished)
+        for segment in self.segments():
+            if self.stopping:
+                return
+            if segment.base not in self.ledger.snapshot()[0]:
+                self._upload(segment, epoch)
+        self._sweep()
+
+    def retention_floor(self) -> int:
+        """The base of the oldest sealed segment without a FINISHED upload, else the end of the last sealed one:
+        the store's retention deletes no segment from there (Retention.add_floor("tier", ...)), on every node (a replica
+        keeps what its leader has not uploaded: it may lead next). Called by the maintenance duty."""
+        self.ledger.catch_up()
+        finished, _ = self.ledger.snapshot()
+        floor = 0
+        for segment in self.segments():
+            if segment.base not in finished:
+                return segment.base
+            floor = segment.base + segment.size
+        return floor
+
+    # ---- 1. what an earlier attempt left ------------------------------------------------------------------
+    def _resolve(self, attempt: Upload, finished: dict[int, Upload]) -> None:
+        if attempt.segment_base not in finished and self._verified(attempt):
+            self.ledger.record(attempt.but(FINISHED))
+            self.uploaded += 1
+            log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key,
+                     by="resolving an attempt left pending")
+            return
+        self.tier.delete(attempt.key)
+        self.ledger.record(attempt.but(DISCARDED))
+        self.discarded += 1
+        log.warning("tier.upload_discarded", segment_base=attempt.segment_base, key=attempt.key,
+                    why="its object is absent or does not match what was recorded")
+
+    def _verified(self, attempt: Upload) -> bool:
+        """The object exists with the recorded size and SHA-256 (Unavailable when the store does not say)."""
+        if self.tier.size(attempt.key) != attempt.segment_size:
+            return False
+        digest = hashlib.sha256()
+        for start in range(0, attempt.segment_size, READ_BACK_BYTES):
+            digest.update(self.tier.get_range(attempt.key, start, min(READ_BACK_BYTES, attempt.segment_size - start)))
+        return digest.digest() == attempt.digest
+
+    # ---- 2. upload ----------------------------------------------------------------------------------------
+    def _upload(self, segment: SealedSegment, epoch: int) -> None:
+        data = segment.read()
+        upload_id = uuid.uuid4()
+        attempt = Upload(STARTED, upload_id, segment.base, len(data), hashlib.sha256(data).digest(), epoch,
+                         object_key(segment.base, upload_id))
+        self.ledger.record(attempt)
+        failpoints.hit("tier.upload.started")
+        self.tier.put_if_absent(attempt.key, data)
+        failpoints.hit("tier.upload.after_put")
+        self._resolve(attempt, {})
+
+    # ---- 3. orphans ---------------------------------------------------------------------------------------
+    def _sweep(self) -> None:
+        self.ledger.catch_up()
+        states = self.ledger.states()
+        log_min = self.log_min()
+        for info in self.tier.list(PREFIX):
+            upload_id, base = _parsed(info.key)
+            state = states.get(upload_id) if upload_id is not None else None
+            if state in (STARTED, FINISHED) or (state is None and (base is None or base < log_min)):
+                continue  # an unknown attempt below the local log: its records may have gone with retention
+            self.tier.delete(info.key)
+            self.swept += 1
+            log.warning("tier.orphan_deleted", key=info.key, state="unknown" if state is None else "DISCARDED")
+
+
+def _parsed(key: str) -> tuple[uuid.UUID | None, int | None]:
+    """(upload id, segment base) of an object key of :func:`object_key`; None for a part that is not one."""
+    parts = key.split("/")
+    try:
+        upload_id = uuid.UUID(hex=parts[-1])
+    except ValueError:
+        upload_id = None
+    base = int(parts[-2]) if len(parts) >= 2 and parts[-2].isdigit() else None
+    return upload_id, base

@@ -1,0 +1,239 @@
+"""The tier's upload records (mqstore.format.tier_upload: golden bytes, what does not decode), their map
+against a trivially correct model (mqstore.tier.ledger), and the uploader (mqstore.tier.uploader) on a real
+store with a file:// tier, step by step: byte identity, a put that succeeded but reported an error is
+finished and never deleted, an attempt cut before its put is discarded and redone, orphans are swept, a
+restart reads the ledger from the log, a node that does not lead uploads nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+
+import pytest
+
+from mqstore import failpoints
+from mqstore.failpoints import FailpointHit
+from mqstore.format import tier_upload
+from mqstore.format.tier_upload import DISCARDED, FINISHED, STARTED, Upload
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+from mqstore.tier.ledger import Ledger, UploadMap
+from mqstore.tier.uploader import Uploader, object_key, sealed_segments
+from mqstore.tier.urls import open_store
+from tests.conftest import golden_bytes
+from tests.support.waiting import wait_until
+
+SEGMENT = 16 * 1024
+
+
+def _upload(state=STARTED, base=0, upload_id=None, size=SEGMENT, epoch=3) -> Upload:
+    upload_id = upload_id or uuid.UUID(int=0x0123456789ABCDEF0123456789ABCDEF)
+    return Upload(state, upload_id, base, size, hashlib.sha256(b"segment").digest(), epoch, object_key(base, upload_id))
+
+
+# ---- the format -----------------------------------------------------------------------------------------
+
+def test_tier_upload_golden(request):
+    upload = _upload(STARTED, base=1 << 30)
+    data = tier_upload.encode(upload)
+    assert data == golden_bytes("tier_upload.bin", data, request)
+    assert data[:6] == bytes.fromhex("4d5154550101")  # magic "MQTU", version 1, STARTED
+    assert data[6:22] == upload.upload_id.bytes and data[22:30] == (1 << 30).to_bytes(8, "big")
+    assert data[30:38] == SEGMENT.to_bytes(8, "big") and data[38:70] == upload.digest
+    assert data[70:78] == (3).to_bytes(8, "big") and data[78:80] == len(upload.key).to_bytes(2, "big")
+    assert data[80:].decode() == upload.key == "commitlog/00000000001073741824/0123456789abcdef0123456789abcdef"
+    assert tier_upload.decode(data) == upload
+    assert tier_upload.decode(tier_upload.encode(upload.but(FINISHED))).state == FINISHED
+
+
+def test_tier_upload_refuses_what_it_cannot_decode_or_encode():
+    good = tier_upload.encode(_upload())
+    for bad in (b"", good[:79], good[:-1], good + b"x", b"\0" * 4 + good[4:], good[:4] + b"\2" + good[5:],
+                good[:5] + b"\4" + good[6:], good[:78] + b"\0\0" + good[80:]):
+        with pytest.raises(ValueError):
+            tier_upload.decode(bad)
+    for wrong in (_upload(state=0), _upload(base=-1), _upload(size=0), _upload(epoch=-1)):
+        with pytest.raises(ValueError):
+            tier_upload.encode(wrong)
+
+
+# ---- the map against a model ------------------------------------------------------------------------------
+
+def test_the_upload_map_is_the_model_of_its_records():
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    for _ in range(200):
+        umap, attempts = UploadMap(), []
+        finished: dict[int, uuid.UUID] = {}   # the model: the first FINISHED of a segment after its STARTED
+        ended: set[uuid.UUID] = set()
+        started: set[uuid.UUID] = set()
+        for _ in range(rng.randrange(1, 30)):
+            if attempts and rng.random() < 0.6:
+                attempt = rng.choice(attempts)
+                record = attempt.but(rng.choice([FINISHED, DISCARDED, STARTED]))
+            else:
+                attempt = _upload(base=rng.randrange(4) * SEGMENT, upload_id=uuid.UUID(int=rng.getrandbits(128)))
+                attempts.append(attempt)
+                record = attempt
+            umap.apply(record)
+            uid = record.upload_id
+            if record.state == STARTED:
+                if uid not in started and uid not in ended:
+                    started.add(uid)
+            elif uid in started:
+                started.discard(uid)
+                ended.add(uid)
+                if record.state == FINISHED:
+                    finished.setdefault(record.segment_base, uid)
+        assert {base: u.upload_id for base, u in umap.finished.items()} == finished, f"seed {seed}"
+        assert set(umap.pending) == started, f"seed {seed}"
+
+
+# ---- the uploader on a real store -------------------------------------------------------------------------
+
+@pytest.fixture
+def rig(small_config, tmp_path):
+    made = []
+
+    def make(leader_epoch=lambda: 0):
+        store = MessageStore(small_config(segment_size_bytes=SEGMENT))
+        store.start()
+        tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
+        uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
+                            ready=store.promoted_visible, log_min=store.log_min,
+                            interval_ms=10_000)
+        made.append((store, tier))
+        return store, tier, uploader
+    yield make
+    failpoints.disarm_all()
+    for store, tier in made:
+        tier.close()
+        if store.running:
+            store.stop()
+
+
+def _fill(store: MessageStore, segments: int) -> None:
+    """Append until ``segments`` segments are sealed (written, flushed and visible past their end)."""
+    if "t" not in {t.name for t in store.list_topics()}:
+        store.create_topic("t", 1)
+    for batch in range(10_000):  # bounded: 4 records of ~1 KiB a batch
+        if store.log_end() > segments * SEGMENT:
+            break
+        store.append("t", [MessageIn(body=bytes([batch % 256]) * 900)] * 4)
+    wait_until(lambda: len(sealed_segments(store)) >= segments, f"{segments} segments sealed (flushed on roll)")
+
+
+def _objects(tier) -> dict[str, bytes]:
+    return {info.key: tier.get_range(info.key, 0, info.size) for info in tier.list("commitlog")}
+
+
+def _segment_bytes(store, base) -> bytes:
+    return next(s for s in sealed_segments(store) if s.base == base).read()
+
+
+def test_sealed_segments_are_uploaded_byte_identical_once(rig):
+    store, tier, uploader = rig()
+    _fill(store, 2)
+    uploader.step()
+    finished, pending = uploader.ledger.snapshot()
+    sealed = sealed_segments(store)
+    assert sorted(finished) == [s.base for s in sealed] and not pending
+    objects = _objects(tier)
+    assert len(objects) == len(sealed)
+    for segment in sealed:
+        assert objects[finished[segment.base].key] == segment.read()  # byte-identical, the whole file
+    active = store.segments.segments[-1]
+    assert active.start not in finished  # the segment written now is not sealed
+    uploader.step()
+    assert _objects(tier) == objects and uploader.uploaded == len(sealed)  # nothing twice
+
+
+def test_a_put_that_succeeded_but_reported_an_error_is_finished_never_deleted(rig):
+    store, tier, uploader = rig()
+    _fill(store, 1)
+    failpoints.arm("tier.upload.after_put", "raise")  # the object is stored, the put "failed"
+    with pytest.raises(FailpointHit):
+        uploader.step()
+    _, pending = uploader.ledger.snapshot()
+    (attempt,) = pending
+    assert tier.size(attempt.key) == SEGMENT
+    failpoints.disarm_all()
+    uploader.step()
+    finished, pending = uploader.ledger.snapshot()
+    assert finished[attempt.segment_base].upload_id == attempt.upload_id and not pending
+    assert uploader.discarded == 0 and _objects(tier) == {attempt.key: _segment_bytes(store, attempt.segment_base)}
+
+
+def test_an_attempt_cut_before_its_put_is_discarded_and_redone(rig):
+    store, tier, uploader = rig()
+    _fill(store, 1)
+    failpoints.arm("tier.upload.started", "raise")
+    with pytest.raises(FailpointHit):
+        uploader.step()
+    (cut,) = uploader.ledger.snapshot()[1]
+    failpoints.disarm_all()
+    uploader.step()
+    finished, pending = uploader.ledger.snapshot()
+    assert not pending and uploader.discarded == 1 and uploader.ledger.states()[cut.upload_id] == DISCARDED
+    assert finished[cut.segment_base].upload_id != cut.upload_id
+    assert list(_objects(tier)) == [finished[cut.segment_base].key]
+
+
+def test_an_object_that_does_not_match_its_record_is_deleted_and_the_segment_redone(rig):
+    store, tier, uploader = rig()
+    _fill(store, 1)
+    failpoints.arm("tier.upload.started", "raise")
+    with pytest.raises(FailpointHit):
+        uploader.step()
+    (cut,) = uploader.ledger.snapshot()[1]
+    tier.put_if_absent(cut.key, b"torn" * 100)  # another object under the attempt's key
+    failpoints.disarm_all()
+    uploader.step()
+    finished = uploader.ledger.snapshot()[0]
+    assert uploader.ledger.states()[cut.upload_id] == DISCARDED and tier.size(cut.key) is None
+    assert _objects(tier) == {finished[cut.segment_base].key: _segment_bytes(store, cut.segment_base)}
+
+
+def test_orphans_are_swept_and_a_restart_reads_the_ledger_from_the_log(rig, small_config):
+    store, tier, uploader = rig()
+    _fill(store, 2)
+    uploader.step()
+    kept = _objects(tier)
+    orphan = object_key(0, uuid.uuid4())  # an attempt whose STARTED the log does not hold
+    tier.put_if_absent(orphan, b"left by a deposed leader")
+    uploader.step()
+    assert uploader.swept == 1 and _objects(tier) == kept
+    store.stop()
+    store, tier, again = rig()  # the same data dir and tier
+    again.step()
+    assert again.uploaded == 0 and again.ledger.conflicts == 0 and _objects(tier) == kept
+
+
+def test_a_node_that_does_not_lead_uploads_nothing(rig):
+    store, tier, uploader = rig(leader_epoch=lambda: None)
+    _fill(store, 1)
+    uploader.step()
+    assert _objects(tier) == {} and uploader.ledger.snapshot() == ({}, [])
+
+
+def test_retention_deletes_no_segment_before_its_upload_finished(rig, small_config):
+    store, tier, uploader = rig()
+    store.retention.add_floor("tier", uploader.retention_floor)  # as the commit log composes it with a tier
+    _fill(store, 3)
+    sealed = [s.base for s in sealed_segments(store)]
+    object.__setattr__(store.retention._config, "retention_ms", 1)  # every sealed segment expired
+    wait_until(lambda: store.retention._expired_end(store.clock.now_ms()), "the segments expired")
+    assert store.retention.delete_expired_segments() == 0  # none uploaded: all kept
+    assert [s.start for s in store.segments.segments][:len(sealed)] == sealed
+    uploader.step()
+    assert store.retention.delete_expired_segments() >= len(sealed) - 1  # uploaded: they may go now
+    finished = uploader.ledger.snapshot()[0]
+    assert all(store.segments.segments[0].start >= base for base in finished)
+    # An unknown attempt's object is swept only while its segment is local: below the local log, its
+    # records may have gone with retention (the good objects of old segments are kept).
+    below, local = object_key(0, uuid.uuid4()), object_key(store.segments.segments[0].start, uuid.uuid4())
+    tier.put_if_absent(below, b"an old segment's")
+    tier.put_if_absent(local, b"an orphan")
+    uploader.step()
+    assert tier.size(below) is not None and tier.size(local) is None
