@@ -35,7 +35,9 @@ class TierGroup(Group):
     def start(self, node_id, failpoints: str = ""):
         env = {**self.s3.env(), **({"MQSTORE_FAILPOINTS": failpoints} if failpoints else {})}
         proc = commitlog(self.root / node_id, "--node-id", node_id, "--etcd-endpoints", self.etcd_endpoint,
-                         "--metadata-url", f"sqlite:///{self.root / 'metadata.db'}", "--segment-size-bytes", "64KiB",
+                         # topics in SQL (--shared-sql-metadata): the check at the end opens the leader's store
+                         "--metadata-url", f"sqlite:///{self.root / 'metadata.db'}", "--shared-sql-metadata",
+                         "--segment-size-bytes", "64KiB",
                          "--preallocate-segments", "false", *self.extra, env=env).started()
         self.procs[node_id] = proc
         self.channels[node_id] = grpc.insecure_channel(proc.address)
