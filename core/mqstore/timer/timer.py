@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from mqstore import topics as topic_rules
+from mqstore import disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
@@ -96,6 +96,7 @@ class Timer:
         self._next_jump_check = 0
         self._caught_up_at: int | None = None  # the read slot when the enqueue first caught up with the topic
         self._last_checkpoint_ms = 0
+        self._checkpoint_skipped = False  # the last checkpoint write met a full disk (logged once)
         self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
         self._floor_position = 0  # timer log position: every unit before it is in a slot read already
         self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
@@ -377,7 +378,20 @@ class Timer:
         # this run found in the topic (a rebuild's, a late roll's) were put in the wheel and their slot read.
         if self._caught_up_at is not None and self._cp_read > self._caught_up_at:
             self.cancels = {k: v for k, v in self.cancels.items() if v + self.config.span_ms > self._cp_read}
-        self.files.checkpoint(self.enqueue_offset, self._cp_read, self._cp_end, now, self.cancels, empty=empty)
+        try:
+            self.files.checkpoint(self.enqueue_offset, self._cp_read, self._cp_end, now, self.cancels, empty=empty)
+        except OSError as exc:
+            # A full disk: the checkpoint before stays valid (a restart reads the log again from it and skips what
+            # was delivered), so the timer goes on and tries again at the next one; the floor stays the old
+            # checkpoint's. Any other failure is raised (the duty's backoff and health).
+            if not disk_space.is_no_space(exc):
+                raise
+            if not self._checkpoint_skipped:
+                log.warning("timer.checkpoint_skipped", reason="disk full", error=str(exc),
+                            action="the previous checkpoint stays; a restart re-reads the timer topic from it")
+            self._checkpoint_skipped = True
+            return
+        self._checkpoint_skipped = False
         self._publish_floor()
 
     def _publish_floor(self) -> None:
