@@ -29,10 +29,31 @@ def s3():
         yield server
 
 
-def _start(data_dir, s3, bucket, failpoints=""):
+def _spawn(data_dir, s3, bucket, failpoints=""):
     env = {**s3.env(), **({"MQSTORE_FAILPOINTS": failpoints} if failpoints else {})}
     return commitlog(data_dir, "--tier-url", f"s3://{bucket}/{PREFIX}", "--tier-upload-interval-ms", "100",
-                     "--segment-size-bytes", str(SEGMENT), "--warm-ahead-bytes", "0", env=env).started()
+                     "--segment-size-bytes", str(SEGMENT), "--warm-ahead-bytes", "0", env=env)
+
+
+def _start(data_dir, s3, bucket, failpoints=""):
+    return _spawn(data_dir, s3, bucket, failpoints).started()
+
+
+def _live_until_it_dies(data_dir, s3, bucket, failpoints: str, first_batch: int) -> int:
+    """A life that ends at its armed failpoint: appends until then, unless the uploader reaches the failpoint
+    while the node starts (a restart finds sealed segments to upload at once, and may die before it serves:
+    the fresh clone's CI run did). Returns the next batch number."""
+    node = _spawn(data_dir, s3, bucket, failpoints)
+    try:
+        try:
+            event = node.wait_for("server.started")
+        except AssertionError:
+            assert node.process.poll() == 137, node.stderr()  # died at its failpoint before serving
+            return first_batch
+        node.address = f"127.0.0.1:{event['port']}"
+        return _append_until_it_dies(node, first_batch)
+    finally:
+        node.stop()
 
 
 def _append_until_it_dies(node, first_batch: int) -> int:
@@ -69,8 +90,7 @@ def test_uploads_are_byte_identical_and_kills_between_the_phases_leave_one_finis
     with _start(data_dir, s3, bucket, "tier.upload.after_put=exit") as node:
         batch = _append_until_it_dies(node, 0)
     assert len(s3.objects(bucket)) == 1  # put, never FINISHED
-    with _start(data_dir, s3, bucket, "tier.upload.started=exit") as node:
-        _append_until_it_dies(node, batch)
+    _live_until_it_dies(data_dir, s3, bucket, "tier.upload.started=exit", batch)
     with _start(data_dir, s3, bucket) as node:
         sealed = _sealed_files(data_dir)
         assert len(sealed) >= 2
