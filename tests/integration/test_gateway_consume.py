@@ -197,9 +197,10 @@ def test_a_python_push_consumer_consumes_and_a_failure_comes_again(rig, producer
     assert again[:2] == [(1, True), (2, False)]
 
 
+# Cluster mode only (it waits out 8 s of invisible time): the order is the commit log's, the same code in both
+# modes, and the push test below covers both modes' fifo.
+@pytest.mark.parametrize("rig", ["cluster"], indirect=True)
 def test_an_ordered_group_keeps_each_message_group_in_order_and_a_stalled_one_holds_up_only_itself(rig, producer):
-    if rig.mode != "cluster":  # the order is the commit log's, the same in both modes; it waits out an invisible
-        pytest.skip("run in Cluster mode only (8 s of invisible time); the push test covers both modes' fifo")
     topic, group = "fifo_order", "g_fifo_python"
     rig.create_topic(topic, 2)
     channel = rig.channel()
@@ -241,12 +242,11 @@ def test_an_ordered_group_keeps_each_message_group_in_order_and_a_stalled_one_ho
             consumer.call("ack", handle=m["handle"])
 
 
+@pytest.mark.parametrize("rig", ["cluster"], indirect=True)  # Cluster mode only: the same commit log code in both
 def test_node_fifo_producer_and_simple_consumer_of_an_ordered_group_keep_every_message_group_in_order(rig):
     """The Node client on both ends (its Producer with message groups, its SimpleConsumer on an ordered group):
     every group in the order sent, and a group whose messages are not acked holds up only itself (its
     redelivery in place is the Python test's above: the same commit log code)."""
-    if rig.mode != "cluster":  # the order is the commit log's, the same in both modes (as the Python test above)
-        pytest.skip("run in Cluster mode only; the order is the same code in both modes")
     topic, group = "fifo_node", "g_fifo_node"
     rig.create_topic(topic, 2)
     channel = rig.channel()
