@@ -50,7 +50,8 @@ def _append_once_writable(stub, disk, proc):
             if exc.code() != Code.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
                 files = subprocess.run(["du", "-a", "-k", str(disk.path)], capture_output=True, text=True).stdout
                 raise AssertionError(f"append refused after store.writable_again: {exc.details()}; "
-                                     f"free {disk.free_bytes()} bytes; files:\n{files}\nstderr:\n{proc.stderr()}")
+                                     f"free {disk.free_bytes()} bytes; files:\n{files}\n"
+                                     f"stderr:\n{proc.stderr()}") from exc
             time.sleep(0.1)
 
 
