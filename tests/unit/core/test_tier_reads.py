@@ -196,3 +196,22 @@ def test_a_torn_object_is_data_loss_naming_it_never_a_partial_message(rig):
     with pytest.raises(DataLoss, match=f"object {upload.key} is short"):
         rig.store.pull("t", 0, 0, 32)
     assert bodies
+
+
+def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(small_config, tmp_path):
+    made = Rig(small_config(segment_size_bytes=SEGMENT, retention_ms=1500), tmp_path / "tier")
+    try:
+        _fill(made.store, 8)
+        made.uploader.step()
+        made.local.step()
+        local_min = made.local_files()[0]
+        assert local_min > 0 and made.store.queue_info("t", 0).min_offset == 0  # not expired yet: all there
+
+        def expired():
+            made.local.step()
+            return made.local.logical_min >= local_min
+        wait_until(expired, "the tiered segments expired by retention_ms (1.5 s)", 30)
+        low = made.store.queue_info("t", 0).min_offset
+        assert low > 0 and made.store.pull("t", 0, low, 1).messages[0].record.physical_offset >= local_min
+    finally:
+        made.stop()
