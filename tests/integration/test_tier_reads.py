@@ -22,13 +22,13 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.integration]
 
 SEGMENT = 1 << 20
-DEADLINE_MS = 2000
+DEADLINE_MS = 4000
 BODY = 8000
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    """(node, stub, proxy, bodies appended, data dir): ~6 MiB appended, uploaded, the local copies deleted."""
+    """(node, stub, proxy, bodies appended, data dir): ~4.5 MB appended, uploaded, the local copies deleted."""
     with moto_s3() as s3:
         host, port = s3.endpoint.removeprefix("http://").split(":")
         proxy = TcpProxy((host, int(port)))
@@ -44,7 +44,7 @@ def rig(tmp_path_factory):
             stub = commitlog_pb2_grpc.CommitLogStub(channel)
             stub.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=10)
             bodies = []
-            for batch in range(100):  # 100 x 8 x 8 KB: ~6.4 MB, six segments and a bit
+            for batch in range(70):  # 70 x 8 x 8 KB: ~4.5 MB, four segments and a bit
                 more = [f"{batch}:{i}:".encode() + bytes([(batch * 8 + i) % 251]) * BODY for i in range(8)]
                 stub.Append(pb.AppendRequest(topic="t", messages=[common_pb2.MessageInput(body=b) for b in more]),
                             timeout=10)
@@ -63,8 +63,7 @@ def _local_files(data_dir) -> list[int]:
 
 def test_local_retention_deletes_uploaded_segments_and_pull_from_zero_reads_them_byte_identical(rig):
     node, stub, _, bodies, data_dir = rig
-    wait_until(lambda: _local_files(data_dir)[0] >= 3 * SEGMENT, "local retention deleted the first three segments",
-               60)
+    wait_until(lambda: _local_files(data_dir)[0] >= 2 * SEGMENT, "local retention deleted the first two segments", 60)
     assert len(_local_files(data_dir)) <= 4  # about 2 MiB kept, plus the active and a sealed one in flight
     got, offset = [], 0
     for _ in range(1000):  # bounded
@@ -84,7 +83,7 @@ def test_local_retention_deletes_uploaded_segments_and_pull_from_zero_reads_them
 
 def test_a_stalled_tier_is_unavailable_within_its_deadline_while_the_local_tail_answers(rig):
     node, stub, proxy, bodies, data_dir = rig
-    wait_until(lambda: _local_files(data_dir)[0] >= 3 * SEGMENT, "local retention deleted segments", 60)
+    wait_until(lambda: _local_files(data_dir)[0] >= 2 * SEGMENT, "local retention deleted segments", 60)
     tail = len(bodies) - 5
     assert stub.Pull(pb.PullRequest(topic="t", queue_id=0, offset=tail), timeout=30).messages  # local, cached
     proxy.partition()
@@ -108,7 +107,7 @@ def test_a_stalled_tier_is_unavailable_within_its_deadline_while_the_local_tail_
         local_s = time.monotonic() - started
         assert [m.body for m in local.messages] == bodies[tail:]
         assert "seconds" not in outcome, "the tier pull ended before the local one: not a read that waits"
-        assert local_s < DEADLINE_MS / 1000 / 2
+        assert local_s < DEADLINE_MS / 1000 / 2  # answered while the tier read waits, not after its deadline
         waiting.join(30)
         error = outcome["error"]
         assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE, error
