@@ -176,6 +176,9 @@ def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_th
                                        for m in rig.store.pull("t", 0, 0, 32).messages]
     first = rig.store.pull("t", 0, 0, 1).messages[0]
     assert rig.store.get_message(first.record.physical_offset).record.body == bodies[0]
+    middle = rig.store.pull("t", 0, len(bodies) // 3, 1).messages[0].record  # in a tiered segment
+    assert middle.physical_offset < rig.local_files()[0]
+    assert rig.store.offset_by_time("t", 0, middle.store_timestamp_ms) <= len(bodies) // 3  # times from the tier
     raw = rig.store.get_messages([first.record.physical_offset, 5], raw=True)
     assert raw[0].message is not None and raw[1].message is None  # 5: no record starts there
     assert rig.local.rerecorded > 0  # the FINISHED records in the deleted segments were appended again
