@@ -124,6 +124,9 @@ class MessageStore:
         sync = config.flush_mode == FLUSH_SYNC
         self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_CREATE)
         self._lock_fd: int | None = None
+        # Set before start() when the object storage tier's local retention is on (mqstore.tier.local_retention):
+        # at start, the consume queues keep their entries below the first local segment (read from the tier).
+        self.tiered_log = False
         self._running = False
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start
@@ -197,7 +200,10 @@ class MessageStore:
         replayed = self.dispatcher.replay(replay_from, end, starts=starts, rebuild=rebuild)
         last_ts = max(result.last_store_timestamp_ms, cp.physic_msg_timestamp_ms if cp else 0)
         self.commitlog.restore(end, last_ts, self.dispatcher.next_queue_offsets())
-        self.retention.before_segment_delete(self.segments.min_offset)
+        if self.tiered_log:  # the queues' entries below the local log are read from the tier (mqstore.tier)
+            self.retention.correct_local_only(self.segments.min_offset)
+        else:
+            self.retention.before_segment_delete(self.segments.min_offset)
         self.flusher = Flusher(self.commitlog, cfg, self.clock, self._on_flushed, self.metrics)
         self.flusher.flushed_offset = min(start, end)
         self.flusher.flush_now()

@@ -31,6 +31,7 @@ from mqstore.clock import Clock
 from mqstore.config import StoreConfig
 from mqstore.consumer_offsets import ConsumerOffsets
 from mqstore.errors import MqStoreError
+from mqstore.format import offset_commit, tier_upload
 from mqstore.log.commitlog import CommitLog
 from mqstore.log.segment import SegmentQueue
 from mqstore.queue.dispatch import Dispatcher, QueueTable
@@ -38,6 +39,10 @@ from mqstore.retention_holds import HoldInfo, RetentionHolds
 from mqstore.store_topics import TopicRegistry
 
 log = structlog.get_logger()
+
+# The system topics whose records are read only from the local log (local retention keeps what they need:
+# mqstore.tier.local_retention): the consumer offsets and the tier's own uploads ledger.
+LOCAL_ONLY_TOPICS = frozenset({offset_commit.TOPIC, tier_upload.TOPIC})
 
 
 class Retention:
@@ -75,6 +80,12 @@ class Retention:
             except (MqStoreError, OSError) as exc:  # a full disk, a lost leadership: retention goes on below
                 log.warning("offsets.rewrite_failed", below=expired_end, error=type(exc).__name__, message=str(exc),
                             why="the segments holding live offsets are kept (the floor) until a rewrite succeeds")
+        return self._segments.delete_expired(self.limit(), now_ms, self._config.retention_ms,
+                                             self.before_segment_delete)
+
+    def limit(self) -> int:
+        """The log offset retention deletes nothing at or above (local retention's too: mqstore.tier.local_retention):
+        what is flushed and dispatched, the consumer offsets' floor, the floors added, the live holds."""
         limit = min(self._flushed_offset(), self._dispatcher.dispatched_offset)
         offsets_floor = self._offsets.floor()
         if offsets_floor is not None:
@@ -87,9 +98,7 @@ class Retention:
         floor = self._topics.compaction_floor()  # one per compactor (several with --etcd-endpoints)
         floors = {name: floor for name in self.holds.names() if retention_holds.is_compactor(name)}
         held = self.holds.low(self._clock.now_ms(), floors)
-        limit = limit if held is None else min(limit, held)
-        return self._segments.delete_expired(limit, now_ms, self._config.retention_ms,
-                                             self.before_segment_delete)
+        return limit if held is None else min(limit, held)
 
     def _expired_end(self, now_ms: int) -> int | None:
         """The end of the oldest segments past ``retention_ms`` (as SegmentQueue.delete_expired judges them,
@@ -106,6 +115,15 @@ class Retention:
         with self._dispatcher.lock:
             for cq in list(self._queues.queues.values()):
                 cq.correct_min_offset(new_min_offset)
+
+    def correct_local_only(self, local_min_offset: int) -> None:
+        """The consume queues of the topics read only from the local log (LOCAL_ONLY_TOPICS: the store reads them
+        as it starts, before any tier reader) start at or above the local log's minimum: with the object storage
+        tier's local retention, what they held below was re-appended above first (mqstore.tier.local_retention)."""
+        with self._dispatcher.lock:
+            for (topic, _), cq in list(self._queues.queues.items()):
+                if topic in LOCAL_ONLY_TOPICS:
+                    cq.correct_min_offset(local_min_offset)
 
     def apply_topic_retention(self) -> None:
         """Each topic with its own retention_ms: its consume queues' minimums past what is older."""

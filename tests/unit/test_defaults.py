@@ -32,6 +32,8 @@ ALLOWED = {
         "page cache kept ahead of the log's write position, a tuning size, not the message limit",
     ("core/mqstore/log/recovery.py", "_PROGRESS_STEP = 64 << 20"): "bytes of log walked between progress calls",
     ("core/mqstore/auth/secrets.py", "maxmem=64 << 20"): "scrypt's memory bound, not a message size",
+    ("core/mqstore/tier/config.py", 'tier_cache_bytes: int = dataclasses.field(default=64 << 20, metadata={"help": ('):
+        "the object storage tier's read cache budget, not a message size",
     ("core/mqstore/compaction/policy.py", "segment_size_bytes: int = 64 << 20"):
         "a compaction log segment's size",
     ("core/mqstore/compaction/policy.py", "offset_map_memory_bytes: int = 64 << 20"):

@@ -14,6 +14,12 @@ writer. It claims the range first (:meth:`claim_for_zeroing`, under ``lock``, so
 bytes then, and only past ``written_offset``) and releases it once the zeros are durable; an append whose
 batch would reach into the claimed range waits for the release. So zeros never land on a record.
 
+Reads below the local log (issue 36): with the object storage tier's local retention, the oldest segments may
+be only in the tier. ``remote(physical offset, size)`` (mqstore.tier.reads.TierReader.read), when set, serves
+:meth:`read`, :meth:`record_at` and :meth:`store_timestamp_at` below the first local segment (and a read that
+met a segment deleted meanwhile), so Pull and GetMessage(s) read them with the same checks; :meth:`frame`
+(Tail) reads the local log only.
+
 Thread-safety: ``append`` is serialised by ``lock``; ``written_offset`` is published after the copy,
 so readers may read any byte below it without a lock. The zeroing claim is guarded by ``_zeroing``.
 """
@@ -33,7 +39,7 @@ from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFo
 from mqstore.format import record, record_reader, record_scan
 from mqstore.log import stamp
 from mqstore.log.encoder import EncodedBatch
-from mqstore.log.segment import PAGE_SIZE, SegmentQueue
+from mqstore.log.segment import PAGE_SIZE, SegmentClosed, SegmentQueue
 
 log = structlog.get_logger()
 # The batch's placing and stamping under the lock: compiled when the codec is (mqstore.log.stamp).
@@ -80,6 +86,8 @@ class CommitLog:
         # The store's topic registry (store_topics.TopicRegistry.start_of): a batch is appended only while
         # its topic is the one it was encoded for (not deleted meanwhile, nor deleted and created again).
         self.topic_start: Callable[[str], int | None] | None = None
+        # The object storage tier's reads below the local log (module docstring); None: the local log only.
+        self.remote: Callable[[int, int], bytes] | None = None
 
     # ---- recovery hands over the state it found
     def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
@@ -220,11 +228,38 @@ class CommitLog:
 
     # ---- reads (lock-free below written_offset)
     def read(self, physical_offset: int, size: int) -> bytes:
-        seg = self.segments.find(physical_offset)
-        return seg.read(physical_offset - seg.start, size)
+        remote = self.remote
+        if remote is not None and physical_offset < self.segments.min_offset:
+            return remote(physical_offset, size)
+        try:
+            seg = self.segments.find(physical_offset)
+            return seg.read(physical_offset - seg.start, size)
+        except (SegmentClosed, OutOfRange):
+            if remote is None or physical_offset >= self.segments.min_offset:
+                raise
+            return remote(physical_offset, size)  # deleted locally while this read ran: uploaded before
+
+    def _remote_below(self, physical_offset: int) -> bool:
+        return self.remote is not None and physical_offset < self.segments.min_offset
+
+    def _remote_record_at(self, physical_offset: int) -> bytes:
+        head = self.read(physical_offset, record.PREFIX.size)
+        size, magic = record.PREFIX.unpack_from(head) if len(head) == record.PREFIX.size else (0, 0)
+        if magic == record.MAGIC_BLANK:
+            raise NotFound(f"physical offset {physical_offset} is the blank end of its segment (in the tier)")
+        if size < record.FIXED_OVERHEAD or size > self.segment_size:
+            raise NotFound(f"no record starts at physical offset {physical_offset} (in the tier: size {size})")
+        data = self.read(physical_offset, size)
+        try:
+            record_reader.check(data, 0, len(data), verify_crc=False)
+        except record_reader.RecordError as exc:
+            raise NotFound(f"no record starts at physical offset {physical_offset} (in the tier: {exc})") from None
+        return data
 
     def record_at(self, physical_offset: int, limit: int) -> bytes:
         """The whole record starting at ``physical_offset`` (below ``limit``); NotFound if none."""
+        if self._remote_below(physical_offset) and physical_offset < limit:
+            return self._remote_record_at(physical_offset)
         if physical_offset < self.min_offset or physical_offset >= limit:
             raise OutOfRange(
                 f"physical offset {physical_offset} is outside the log [{self.min_offset}, {limit})",
@@ -277,6 +312,8 @@ class CommitLog:
                                       f"next_physical_offset of a previous frame") from None
 
     def store_timestamp_at(self, physical_offset: int) -> int:
+        if self._remote_below(physical_offset):
+            return record_reader.store_timestamp(self._remote_record_at(physical_offset), 0)
         seg = self.segments.find(physical_offset)
         return record_reader.store_timestamp(seg.buffer, physical_offset - seg.start)
 

@@ -423,6 +423,16 @@ class SegmentQueue:
                 deleted += 1
         return deleted
 
+    def delete_first_at(self, start: int) -> bool:
+        """Delete the first segment if it starts at ``start`` and is not the last one (the object storage tier's
+        local retention: its consume queue entries stay); serialised with :meth:`delete_expired`."""
+        with self._retention_lock:
+            segs = self.segments
+            if len(segs) < 2 or segs[0].start != start:
+                return False
+            self.delete_first()
+            return True
+
     def delete_from(self, offset: int) -> list[Segment]:
         """Delete every segment starting at or after ``offset`` (truncation). The deletion is made
         durable: later writes count on the files being gone (a file brought back by a power cut would

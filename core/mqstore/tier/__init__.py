@@ -1,5 +1,5 @@
 """The object storage tier (issue 36): sealed commit log segments uploaded to object storage, in two phases
-recorded in the log itself.
+recorded in the log itself, deleted locally once uploaded (local retention) and read back transparently.
 
   module       what it holds
   ------------ ---------------------------------------------------------------------------------------------
@@ -13,4 +13,8 @@ recorded in the log itself.
   ledger       the uploads' metadata: records of the system topic RMQ_SYS_TIER_UPLOADS
                (mqstore.format.tier_upload), a map per segment rebuilt from the topic
   uploader     the duty that uploads sealed segments, on the leader only
+  reads        TierReader: log bytes of a segment only in the tier, by aligned range GETs (read-ahead) through
+               a byte-bounded block cache (CommitLog.remote: Pull and GetMessage(s) below the local log)
+  local_retention  the duty that deletes uploaded segments locally (--local-retention-ms/-bytes) and applies
+               the total retention to the part of the log only in the tier
 """

@@ -39,12 +39,33 @@ class TierConfig:
     tier_endpoint: str = ""
     # s3:// only: the region; "" = AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1.
     tier_region: str = ""
+    # Local retention (mqstore.tier.local_retention): a sealed segment whose upload FINISHED is deleted from the
+    # local disk once older than this (0: age alone deletes none); reads of it then go to the tier.
+    local_retention_ms: int = dataclasses.field(default=0, metadata={"help": (
+        "delete a sealed commit log segment from the local disk once its upload to --tier-url FINISHED and it is "
+        "older than this (0 = never by age); at most --retention-ms; its messages are then read from the tier")})
+    # ... or once the local log holds more than this many bytes of such segments (0: size alone deletes none).
+    local_retention_bytes: int = dataclasses.field(default=0, metadata={"help": (
+        "delete the oldest uploaded sealed segments from the local disk while the local commit log is larger "
+        "than this (0 = never by size); never a segment whose upload has not FINISHED")})
+    # A read of a segment that is only in the tier GETs whole aligned blocks of this size (the read-ahead).
+    tier_read_ahead_bytes: int = dataclasses.field(default=4 << 20, metadata={"help": (
+        "a read of data only in the tier GETs the requested span rounded up to aligned blocks of this size")})
+    # The blocks read from the tier are kept in a cache of at most this many bytes (least recently used go).
+    tier_cache_bytes: int = dataclasses.field(default=64 << 20, metadata={"help": (
+        "bytes of blocks read from the tier kept in memory (least recently used evicted first)")})
     credentials: Credentials = dataclasses.field(default_factory=Credentials, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("tier_upload_interval_ms", "tier_call_timeout_ms"):
+        for name in ("tier_upload_interval_ms", "tier_call_timeout_ms", "tier_read_ahead_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        for name in ("local_retention_ms", "local_retention_bytes", "tier_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name} must be 0 or more, not {getattr(self, name)}")
+        if self.local_retention and not self.tier_url:
+            raise InvalidArgument("local_retention_ms and local_retention_bytes delete segments uploaded to the "
+                                  "tier: give --tier-url too")
         if self.tier_url and not self.tier_url.startswith(("file://", "s3://")):
             raise InvalidArgument(f"tier_url must be file:///ABSOLUTE/DIR or s3://BUCKET[/PREFIX], not "
                                   f"{self.tier_url!r}")
@@ -52,6 +73,18 @@ class TierConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.tier_url)
+
+    @property
+    def local_retention(self) -> bool:
+        return bool(self.local_retention_ms or self.local_retention_bytes)
+
+    def check_against(self, retention_ms: int) -> None:
+        """Refuse a local retention longer than the store's total retention (``--retention-ms``): the local
+        copy is the recent part of what the store keeps, never more (Kafka's local.retention.ms rule)."""
+        if self.local_retention_ms > retention_ms:
+            raise InvalidArgument(f"local_retention_ms {self.local_retention_ms} is longer than the total retention "
+                                  f"retention_ms {retention_ms}: the local log keeps a part of what the store keeps; "
+                                  f"give --local-retention-ms <= --retention-ms")
 
     def with_env(self, env: Mapping[str, str]) -> TierConfig:
         """The endpoint, region and credentials the flags left out, from the standard AWS variables."""

@@ -10,7 +10,12 @@ Per segment (its base offset), in log order:
   STARTED u       u is pending (an attempt whose object may or may not exist)
   FINISHED u      the segment is uploaded as u (its object is readable); u is no longer pending. A FINISHED
                   for a segment that has one already is kept out and counted (``conflicts``): the uploader
-                  never writes one (it uploads only a segment with none, on the leader, one attempt at a time)
+                  never writes one (it uploads only a segment with none, on the leader, one attempt at a time).
+                  The FINISHED of the segment's kept attempt again is a *re-record* (local retention appends
+                  it before it deletes the part of the log holding the last one, mqstore.tier.local_retention):
+                  it moves the segment's position (:attr:`UploadMap.positions`, where its latest FINISHED
+                  lies); a FINISHED whose STARTED is not in the log read (cut below by local retention) is
+                  taken as the segment's upload when it has none
   DISCARDED u     u is no longer pending; its object is gone or never was
   anything else   a record that does not decode, or an end without its start: skipped and counted
 
@@ -34,7 +39,8 @@ log = structlog.get_logger("mqstore.tier")
 
 READ_BATCH = 1000
 READ_BYTES = 8 << 20
-Read = Callable[[int, int], list[tuple[int, bytes]]]  # (queue offset, max records) -> [(queue offset, body)]
+# (queue offset, max records) -> [(queue offset, body, physical offset of the record)]
+Read = Callable[[int, int], list[tuple[int, bytes, int]]]
 
 
 class UploadMap:
@@ -42,13 +48,24 @@ class UploadMap:
 
     def __init__(self):
         self.finished: dict[int, Upload] = {}
+        self.positions: dict[int, int] = {}  # segment base -> physical offset of its latest FINISHED record
         self.pending: dict[uuid.UUID, Upload] = {}
         self.states: dict[uuid.UUID, int] = {}
         self.conflicts = 0
         self.skipped = 0
 
-    def apply(self, upload: Upload) -> None:
+    def apply(self, upload: Upload, position: int = -1) -> None:
+        """``position``: the record's physical offset (-1: unknown)."""
         known = self.states.get(upload.upload_id)
+        kept = self.finished.get(upload.segment_base)
+        if upload.state == FINISHED and kept is not None and kept.upload_id == upload.upload_id:
+            self.positions[upload.segment_base] = position  # a re-record
+            return
+        if upload.state == FINISHED and known is None and kept is None:
+            self.states[upload.upload_id] = FINISHED  # a re-record whose STARTED was cut below what was read
+            self.finished[upload.segment_base] = upload
+            self.positions[upload.segment_base] = position
+            return
         if upload.state == STARTED:
             if known is None:
                 self.pending[upload.upload_id] = upload
@@ -66,6 +83,7 @@ class UploadMap:
                           kept=str(self.finished[upload.segment_base].upload_id))
                 return
             self.finished[upload.segment_base] = upload
+            self.positions[upload.segment_base] = position
 
     def pending_for(self, segment_base: int) -> list[Upload]:
         return [u for u in self.pending.values() if u.segment_base == segment_base]
@@ -92,7 +110,7 @@ class Ledger:
 
         def read(queue_offset: int, count: int) -> list[tuple[int, bytes]]:
             result = store.pull(tier_upload.TOPIC, 0, queue_offset, count, READ_BYTES)
-            return [(m.record.queue_offset, m.record.body) for m in result.messages]
+            return [(m.record.queue_offset, m.record.body, m.record.physical_offset) for m in result.messages]
 
         def bounds() -> tuple[int, int]:
             cq = store.queues.get(tier_upload.TOPIC, 0)
@@ -114,24 +132,34 @@ class Ledger:
                 records = self._read(self._next, READ_BATCH)
                 if not records:
                     break
-                for _, body in records:
-                    self._apply(body)
+                for record in records:
+                    self._apply(record[1], record[2] if len(record) > 2 else -1)
                 self._next = records[-1][0] + 1
             return self._map
 
-    def _apply(self, body: bytes) -> None:
+    def _apply(self, body: bytes, position: int) -> None:
         try:
             upload = tier_upload.decode(body)
         except ValueError as exc:
             self._map.skipped += 1
             log.error("tier.record_skipped", error=str(exc))
             return
-        self._map.apply(upload)
+        self._map.apply(upload, position)
 
     def snapshot(self) -> tuple[dict[int, Upload], list[Upload]]:
         """(segment base -> FINISHED upload, pending attempts), as of the last catch-up."""
         with self._lock:
             return dict(self._map.finished), list(self._map.pending.values())
+
+    def positions(self) -> dict[int, int]:
+        """segment base -> physical offset of its latest FINISHED record (-1: unknown), as of the last catch-up."""
+        with self._lock:
+            return dict(self._map.positions)
+
+    def finished_upload(self, segment_base: int) -> Upload | None:
+        """The segment's FINISHED upload as of the last catch-up (no catch-up: cheap for every read)."""
+        with self._lock:
+            return self._map.finished.get(segment_base)
 
     def states(self) -> dict[uuid.UUID, int]:
         """Every attempt's last state, as of the last catch-up."""

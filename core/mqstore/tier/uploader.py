@@ -114,12 +114,13 @@ class Uploader(Duty):
         self._sweep()
 
     def retention_floor(self) -> int:
-        """The base of the oldest sealed segment without a FINISHED upload, else the end of the last sealed one:
+        """The base of the oldest sealed segment without a FINISHED upload, else the end of the last sealed one
+        (none: the local log's start):
         the store's retention deletes no segment from there (Retention.add_floor("tier", ...)), on every node (a replica
         keeps what its leader has not uploaded: it may lead next). Called by the maintenance duty."""
         self.ledger.catch_up()
         finished, _ = self.ledger.snapshot()
-        floor = 0
+        floor = self.log_min()  # none sealed: nothing below the local log's start is held (local retention's)
         for segment in self.segments():
             if segment.base not in finished:
                 return segment.base

@@ -29,8 +29,10 @@ as :class:`Hosted` parts (``CommitLogConfig.hosted``) and their flags as :class:
 The object storage tier (mqstore.tier; README, *Object storage tier*) has the flags of
 :class:`mqstore.tier.config.TierConfig`: ``--tier-url`` (empty: off; file:///DIR or s3://BUCKET[/PREFIX]) turns
 the leader's upload of sealed commit log segments on, ``--tier-upload-interval-ms``, ``--tier-call-timeout-ms``,
-``--tier-endpoint`` and ``--tier-region``; S3 credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
-AWS_SESSION_TOKEN only. ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
+``--tier-endpoint`` and ``--tier-region``; ``--local-retention-ms/-bytes`` delete uploaded segments from the local
+disk (mqstore.tier.local_retention) and Pull / GetMessage(s) below the local log read the tier (mqstore.tier.reads,
+``--tier-read-ahead-bytes``, ``--tier-cache-bytes``); S3 credentials come from AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN only. ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
 after start ``server.started`` with the bound port; exit status 0 after SIGTERM/SIGINT, 1 when the
@@ -70,6 +72,8 @@ from mqstore.timer.leadership import TimerDuty
 from mqstore.timer.scheduling import Scheduler
 from mqstore.tier.config import TierConfig
 from mqstore.tier.ledger import Ledger
+from mqstore.tier.local_retention import LocalRetention
+from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
 from mqstore.tier.uploader import Uploader, sealed_segments
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
@@ -155,6 +159,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     warn_short_retention(config)
     store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
                          metrics=parts.metrics, open_catalog=catalogs.open_topic_catalog)
+    store.tiered_log = config.tier.local_retention  # queues keep their entries below the local log (mqstore.tier)
     # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are
     # imported by its leader on the first offsets call it answers (README, Consumer offsets).
     store.start()
@@ -221,6 +226,24 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
                         interval_ms=tier.tier_upload_interval_ms)
     store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
+    ledger = uploader.ledger
+
+    def finished(base: int):  # the ledger as last read, else read on to the log's end once
+        upload = ledger.finished_upload(base)
+        if upload is None:
+            ledger.catch_up()
+            upload = ledger.finished_upload(base)
+        return upload
+    reader = TierReader(objects, finished, store.segments.segment_size, read_ahead_bytes=tier.tier_read_ahead_bytes,
+                        cache_bytes=tier.tier_cache_bytes)
+    store.commitlog.remote = reader.read  # Pull and GetMessage(s) below the local log read the tier
+    if tier.local_retention:
+        local = LocalRetention(store, ledger, local_retention_ms=tier.local_retention_ms,
+                               local_retention_bytes=tier.local_retention_bytes,
+                               writable=lambda: leader_epoch() is not None and store.promoted_visible(),
+                               interval_ms=tier.tier_upload_interval_ms)
+        local.open()
+        parts.add_duty(local)
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:
@@ -332,6 +355,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
                              append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None),
                              tier=TierConfig(**S.values_for(args, env, TierConfig)).with_env(env))
     refuse_unshared_metadata(config)
+    config.tier.check_against(store.retention_ms)
     return config
 
 

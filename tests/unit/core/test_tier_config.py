@@ -43,3 +43,18 @@ def test_every_tier_flag_has_help_and_no_credential_is_a_flag():
                  "--tier-region"):
         assert flag in text
     assert not any(flag in text for flag in ("--credentials", "--access-key", "--secret-access-key", "--tier-secret"))
+
+
+def test_local_retention_longer_than_the_total_is_refused_at_start_naming_both_flags(tmp_path):
+    with pytest.raises(InvalidArgument, match="local_retention_ms 7200000 is longer than the total retention "
+                                              "retention_ms 3600000.*--local-retention-ms <= --retention-ms"):
+        parse_config(["--data-dir", str(tmp_path), "--tier-url", "file:///x", "--retention-ms", "3600000",
+                      "--local-retention-ms", "7200000"], {})
+    config = parse_config(["--data-dir", str(tmp_path), "--tier-url", "file:///x", "--retention-ms", "3600000",
+                           "--local-retention-ms", "3600000", "--local-retention-bytes", "1048576",
+                           "--tier-read-ahead-bytes", "65536", "--tier-cache-bytes", "0"], {})
+    assert (config.tier.local_retention_ms, config.tier.local_retention_bytes, config.tier.tier_read_ahead_bytes,
+            config.tier.tier_cache_bytes) == (3_600_000, 1 << 20, 65536, 0)
+    text = build_arg_parser().format_help()
+    for flag in ("--local-retention-ms", "--local-retention-bytes", "--tier-read-ahead-bytes", "--tier-cache-bytes"):
+        assert flag in text

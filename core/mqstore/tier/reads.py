@@ -1,0 +1,115 @@
+"""Reads of commit log bytes that are only in the object storage tier (issue 36): a segment deleted locally by
+local retention (mqstore.tier.local_retention) is read from its FINISHED object (the ledger maps the segment's
+base to the object's key), so Pull and GetMessage(s) serve it as if it were local (CommitLog.read's
+``remote``). The records read are checked by the caller exactly as local ones (CRC, length, own offset).
+
+- **Read-ahead**: a read GETs whole aligned blocks of ``read_ahead_bytes`` of the object (the last one of an
+  object shorter), so the requested span is rounded up to blocks and the next reads of a consumer are hits.
+- **Cache**: the blocks read, least recently used evicted first, at most ``cache_bytes`` in all (0: none kept;
+  a read still GETs whole blocks, each used once).
+- **Deadline and isolation**: every GET runs on the tier's own executor with its deadline (ObjectStore); a
+  failure, a stalled store or a segment with no FINISHED upload is Unavailable naming the tier URL, and the
+  caller's thread says it waits (mqstore.waits), so a capped gRPC pool runs local reads meanwhile.
+- **Short objects**: a block shorter than the recorded segment size says it must be is DataLoss naming the
+  object and the tier; nothing of it is served.
+
+Thread-safety: thread-safe; the cache under its own lock, never held during a GET.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable
+
+from mqstore import waits
+from mqstore.errors import DataLoss, NotFound, Unavailable
+from mqstore.format.tier_upload import Upload
+from mqstore.tier.objects import ObjectStore
+
+FinishedUpload = Callable[[int], Upload | None]  # segment base -> its FINISHED upload, None when none
+
+
+class BlockCache:
+    """(key, block index) -> bytes, least recently used evicted beyond ``limit_bytes``. Thread-safe."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes = limit_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._blocks: collections.OrderedDict[tuple[str, int], bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> bytes | None:
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is None:
+                self.misses += 1
+                return None
+            self._blocks.move_to_end(key)
+            self.hits += 1
+            return block
+
+    def put(self, key: tuple[str, int], block: bytes) -> None:
+        if len(block) > self.limit_bytes:
+            return
+        with self._lock:
+            old = self._blocks.pop(key, None)
+            if old is not None:
+                self.bytes -= len(old)
+            self._blocks[key] = block
+            self.bytes += len(block)
+            while self.bytes > self.limit_bytes:
+                _, evicted = self._blocks.popitem(last=False)
+                self.bytes -= len(evicted)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._blocks)
+
+
+class TierReader:
+    def __init__(self, objects: ObjectStore, finished: FinishedUpload, segment_size: int, *,
+                 read_ahead_bytes: int, cache_bytes: int):
+        self.objects = objects
+        self.finished = finished
+        self.segment_size = segment_size
+        self.read_ahead_bytes = read_ahead_bytes
+        self.cache = BlockCache(cache_bytes)
+        self.fetched_bytes = 0  # bytes GET from the tier (tests, bench)
+        self.gets = 0
+
+    def read(self, physical_offset: int, size: int) -> bytes:
+        """``size`` bytes of the log from ``physical_offset`` (inside one segment, as every record is)."""
+        base = physical_offset - physical_offset % self.segment_size
+        upload = self.finished(base)
+        if upload is None:
+            raise Unavailable(f"object storage tier {self.objects.url}: the segment at physical offset {base} is "
+                              f"not in the local log and has no FINISHED upload (yet); retry")
+        position = physical_offset - base
+        end = min(position + size, upload.segment_size)
+        block = self.read_ahead_bytes
+        pieces = [self._block(upload, index)[max(position - index * block, 0):end - index * block]
+                  for index in range(position // block, max(end - 1, position) // block + 1)]
+        return b"".join(pieces)
+
+    def _block(self, upload: Upload, index: int) -> bytes:
+        cached = self.cache.get((upload.key, index))
+        if cached is not None:
+            return cached
+        start = index * self.read_ahead_bytes
+        want = min(self.read_ahead_bytes, upload.segment_size - start)
+        try:
+            with waits.waiting():  # a capped handler pool runs other calls (local reads) meanwhile
+                data = self.objects.get_range(upload.key, start, want)
+        except NotFound:
+            raise DataLoss(f"object storage tier {self.objects.url}: object {upload.key} of the FINISHED upload of "
+                           f"segment {upload.segment_base} is gone; its records are not served") from None
+        self.gets += 1
+        self.fetched_bytes += len(data)
+        if len(data) != want:
+            raise DataLoss(f"object storage tier {self.objects.url}: object {upload.key} is short: {len(data)} bytes "
+                           f"at {start} where its upload recorded {want} (a torn object); nothing of it is served")
+        self.cache.put((upload.key, index), data)
+        return data

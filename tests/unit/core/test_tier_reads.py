@@ -1,0 +1,220 @@
+"""Local retention with the object storage tier and reads from it (mqstore.tier.local_retention, mqstore.tier.reads),
+on a real store and a file:// tier in one process: the block cache's byte limit, the read-ahead's aligned GETs,
+a short object refused whole, local retention deleting only FINISHED segments (never one whose upload failed at
+a failpoint), and Pull / GetMessage of records only in the tier, byte-identical, before and after a restart."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from mqstore import failpoints
+from mqstore.errors import DataLoss, InvalidArgument, Unavailable
+from mqstore.format.tier_upload import FINISHED, Upload
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+from mqstore.tier.config import TierConfig
+from mqstore.tier.ledger import Ledger
+from mqstore.tier.local_retention import LocalRetention
+from mqstore.tier.reads import BlockCache, TierReader
+from mqstore.tier.uploader import Uploader, sealed_segments
+from mqstore.tier.urls import open_store
+from tests.support.waiting import wait_until
+
+SEGMENT = 16 * 1024
+
+
+# ---- the cache and the read-ahead, on a counting store --------------------------------------------------------
+
+class CountingStore:
+    url = "mem://test"
+
+    def __init__(self, objects: dict[str, bytes]):
+        self.objects = objects
+        self.gets: list[tuple[str, int, int]] = []
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.gets.append((key, start, length))
+        return self.objects[key][start:start + length]
+
+
+def _upload(key: str, base: int, size: int) -> Upload:
+    return Upload(FINISHED, uuid.uuid4(), base, size, bytes(32), 0, key)
+
+
+def test_the_block_cache_keeps_at_most_its_byte_limit_evicting_the_least_recently_used():
+    cache = BlockCache(limit_bytes=250)
+    for index in range(3):
+        cache.put(("k", index), bytes(100))
+    assert cache.bytes == 200 and len(cache) == 2 and cache.get(("k", 0)) is None  # 0 went for 2
+    assert cache.get(("k", 1)) is not None  # 1 is now the most recent: 2 goes next
+    cache.put(("k", 3), bytes(100))
+    assert cache.get(("k", 2)) is None and cache.get(("k", 1)) is not None and cache.bytes == 200
+    cache.put(("k", 4), bytes(300))  # larger than the whole cache: not kept, nothing evicted for it
+    assert cache.bytes == 200 and cache.get(("k", 4)) is None
+
+
+def test_a_read_gets_aligned_read_ahead_blocks_once_and_serves_the_next_reads_from_the_cache():
+    data = bytes(range(256)) * 40  # 10240 bytes
+    objects = CountingStore({"o": data})
+    reader = TierReader(objects, lambda base: _upload("o", 0, len(data)) if base == 0 else None, 16384,
+                        read_ahead_bytes=4096, cache_bytes=1 << 20)
+    assert reader.read(100, 50) == data[100:150]
+    assert objects.gets == [("o", 0, 4096)]
+    assert reader.read(4000, 200) == data[4000:4200]  # crosses into block 1: one more GET, block 0 a hit
+    assert objects.gets[1:] == [("o", 4096, 4096)]
+    assert reader.read(9000, 5000) == data[9000:]  # the last block is the object's rest; nothing past it
+    assert objects.gets[2:] == [("o", 8192, 2048)]
+    assert reader.read(0, len(data)) == data and len(objects.gets) == 3  # all hits
+
+
+def test_a_short_object_is_data_loss_and_nothing_of_it_is_served_and_a_missing_upload_unavailable():
+    data = bytes(range(256)) * 16
+    objects = CountingStore({"o": data[:3000]})  # the upload recorded 4096 bytes: torn
+    reader = TierReader(objects, lambda base: _upload("o", 0, len(data)) if base == 0 else None, 16384,
+                        read_ahead_bytes=4096, cache_bytes=1 << 20)
+    with pytest.raises(DataLoss, match="object o is short: 3000 bytes at 0 where its upload recorded 4096"):
+        reader.read(0, 100)
+    assert len(reader.cache) == 0
+    with pytest.raises(Unavailable, match="mem://test: the segment at physical offset 16384 .* no FINISHED upload"):
+        reader.read(16384 + 10, 10)
+
+
+def test_local_retention_is_refused_longer_than_the_total_retention_or_without_a_tier():
+    with pytest.raises(InvalidArgument, match="local_retention_ms 7200000 is longer than the total retention"):
+        TierConfig(tier_url="file:///x", local_retention_ms=7_200_000).check_against(3_600_000)
+    TierConfig(tier_url="file:///x", local_retention_ms=3_600_000).check_against(3_600_000)
+    with pytest.raises(InvalidArgument, match="give --tier-url too"):
+        TierConfig(local_retention_bytes=1)
+
+
+# ---- on a real store --------------------------------------------------------------------------------------
+
+class Rig:
+    def __init__(self, config, tier_dir):
+        self.config, self.tier_dir = config, tier_dir
+        self.start()
+
+    def start(self):
+        self.store = MessageStore(self.config)
+        self.store.tiered_log = True
+        self.store.start()
+        self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)
+        self.ledger = Ledger.of_store(self.store)
+        self.uploader = Uploader(self.tier, self.ledger, lambda: sealed_segments(self.store), leader_epoch=lambda: 0,
+                                 ready=self.store.promoted_visible, log_min=self.store.log_min, interval_ms=10_000)
+        self.store.retention.add_floor("tier", self.uploader.retention_floor)
+        self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10)
+        self.store.commitlog.remote = self.reader.read
+        self.local = LocalRetention(self.store, self.ledger, local_retention_ms=0, local_retention_bytes=2 * SEGMENT,
+                                    writable=lambda: True, interval_ms=10_000)
+        self.local.open()
+
+    def _finished(self, base):
+        self.ledger.catch_up()
+        return self.ledger.finished_upload(base)
+
+    def stop(self):
+        self.tier.close()
+        self.store.stop()
+
+    def local_files(self) -> list[int]:
+        return sorted(int(path.name) for path in (self.config.data_dir / "commitlog").iterdir())
+
+
+@pytest.fixture
+def rig(small_config, tmp_path):
+    made = Rig(small_config(segment_size_bytes=SEGMENT), tmp_path / "tier")
+    yield made
+    failpoints.disarm_all()
+    made.stop()
+
+
+def _fill(store, segments: int, start: int = 0) -> list[bytes]:
+    if "t" not in {t.name for t in store.list_topics()}:
+        store.create_topic("t", 1)
+    bodies = []
+    for batch in range(start, start + 10_000):  # bounded
+        if store.log_end() > segments * SEGMENT:
+            break
+        more = [f"{batch}:{i}:".encode() + bytes([batch % 251]) * 700 for i in range(4)]
+        store.append("t", [MessageIn(body=body) for body in more])
+        bodies += more
+    wait_until(lambda: len(sealed_segments(store)) >= segments - 1, "segments sealed")
+    return bodies
+
+
+def _pull_all(store) -> list[bytes]:
+    got, offset = [], 0
+    for _ in range(10_000):  # bounded
+        result = store.pull("t", 0, offset, 32, 1 << 20)
+        if not result.messages:
+            return got
+        got += [m.record.body for m in result.messages]
+        offset = result.next_offset
+    raise AssertionError("pull did not end")
+
+
+def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_the_rest_from_the_tier(rig):
+    bodies = _fill(rig.store, 8)
+    failpoints.arm("tier.upload.started", "raise")  # the first upload fails: nothing is FINISHED
+    with pytest.raises(failpoints.FailpointHit):
+        rig.uploader.step()
+    rig.local.step()
+    assert rig.local.deleted == 0 and rig.local_files()[0] == 0  # not uploaded: every local file stays
+    failpoints.disarm_all()
+    rig.uploader.step()
+    bodies += _fill(rig.store, 14, start=len(bodies))  # the FINISHED records lie in segments that go next
+    rig.uploader.step()
+    rig.local.step()
+    assert rig.local.deleted >= 8 and rig.local_files()[0] > 0
+    assert rig.store.queue_info("t", 0).min_offset == 0  # the logical log is the total retention's
+    assert _pull_all(rig.store) == bodies and rig.reader.gets > 0
+    raw = rig.store.pull_raw("t", 0, 0, 32).records
+    assert [bytes(m) for m in raw] == [rig.store.get_message_raw(m.record.physical_offset)
+                                       for m in rig.store.pull("t", 0, 0, 32).messages]
+    first = rig.store.pull("t", 0, 0, 1).messages[0]
+    assert rig.store.get_message(first.record.physical_offset).record.body == bodies[0]
+    middle = rig.store.pull("t", 0, len(bodies) // 3, 1).messages[0].record  # in a tiered segment
+    assert middle.physical_offset < rig.local_files()[0]
+    assert rig.store.offset_by_time("t", 0, middle.store_timestamp_ms) <= len(bodies) // 3  # times from the tier
+    raw = rig.store.get_messages([first.record.physical_offset, 5], raw=True)
+    assert raw[0].message is not None and raw[1].message is None  # 5: no record starts there
+    assert rig.local.rerecorded > 0  # the FINISHED records in the deleted segments were appended again
+    rig.stop()
+    rig.start()  # the ledger's records below the local log were re-appended: the tier is still mapped
+    assert rig.local.logical_min == 0 and rig.store.queue_info("t", 0).min_offset == 0
+    assert _pull_all(rig.store) == bodies
+
+
+def test_a_torn_object_is_data_loss_naming_it_never_a_partial_message(rig):
+    bodies = _fill(rig.store, 6)
+    rig.uploader.step()
+    rig.local.step()
+    assert rig.local.deleted >= 1
+    upload = rig.ledger.finished_upload(0)
+    path = rig.tier_dir / upload.key
+    path.write_bytes(path.read_bytes()[:1000])  # cut inside the first record's block
+    with pytest.raises(DataLoss, match=f"object {upload.key} is short"):
+        rig.store.pull("t", 0, 0, 32)
+    assert bodies
+
+
+def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(small_config, tmp_path):
+    made = Rig(small_config(segment_size_bytes=SEGMENT, retention_ms=1500), tmp_path / "tier")
+    try:
+        _fill(made.store, 8)
+        made.uploader.step()
+        made.local.step()
+        local_min = made.local_files()[0]
+        assert local_min > 0 and made.store.queue_info("t", 0).min_offset == 0  # not expired yet: all there
+
+        def expired():
+            made.local.step()
+            return made.local.logical_min >= local_min
+        wait_until(expired, "the tiered segments expired by retention_ms (1.5 s)", 30)
+        low = made.store.queue_info("t", 0).min_offset
+        assert low > 0 and made.store.pull("t", 0, low, 1).messages[0].record.physical_offset >= local_min
+    finally:
+        made.stop()
