@@ -44,7 +44,7 @@ def _store(root: pathlib.Path) -> tuple[MessageStore, TimerDuty, Scheduler]:
     store.create_topic("due", 1)
     duty = TimerDuty(store, TimerConfig(), root / "timer", leading=lambda: True)
     duty.start()
-    return store, duty, Scheduler(store, TimerConfig(), duty.wake)
+    return store, duty, Scheduler(store, TimerConfig(), duty.wake, duty.note)
 
 
 def _close(store: MessageStore, duty: TimerDuty) -> None:
