@@ -33,6 +33,7 @@ log = structlog.get_logger("mqstore.timer")
 LOG_NAME, WHEEL_NAME, CHECKPOINT_NAME, CANCELS_NAME = "timerlog", "timerwheel", "timercheck", "timercancels"
 NO_SLOT = -1
 MAX_SLOT_UNITS = 10_000_000  # a chain longer than this is damage, not data
+UNITS_READ_BYTES = 64 << 20  # a slot whose units span at most this is read in one pread
 
 
 class TimerFiles:
@@ -238,8 +239,17 @@ class TimerFiles:
             return []
         found: list[Unit] = []
         position = slot.last_position
+        # The slot's units lie between its first and last unit: one read of that span when it is not too large
+        # (a burst's slot: its units side by side), a read per unit otherwise.
+        span_start = slot.first_position
+        span = b""
+        if 0 <= span_start <= position < self.log_end and position + UNIT_SIZE - span_start <= UNITS_READ_BYTES:
+            span = os.pread(self._log_fd, position + UNIT_SIZE - span_start, span_start)
         while position != NO_POSITION:
-            unit = timer_unit.decode(os.pread(self._log_fd, UNIT_SIZE, position), 0)
+            if span_start <= position <= span_start + len(span) - UNIT_SIZE:
+                unit = timer_unit.decode(span, position - span_start)
+            else:
+                unit = timer_unit.decode(os.pread(self._log_fd, UNIT_SIZE, position), 0)
             if unit is None or len(found) > MAX_SLOT_UNITS or position >= self.log_end:
                 raise DataLoss(f"timer log {self.directory / LOG_NAME}: unit at {position} of slot {slot_ms} is "
                                f"damaged; delete {self.directory} to rebuild the timer from its topic")

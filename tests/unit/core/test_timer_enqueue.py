@@ -1,15 +1,24 @@
 """The timer's enqueue at speed (issue 35's bench targets): units written to the timer files a batch at a time
 (TimerFiles.add_many: the same bytes as one add each, recovered the same after a kill between the two writes), and
 a delayed batch the Scheduler noted enqueued without reading its records back (Timer.note), a note that does not
-match the log being ignored."""
+match the log being ignored; the encoder's check of the user properties in one look over them all (every Append
+with properties, the timer's copies included) naming the same property as the check of each did."""
 
 from __future__ import annotations
 
+import pathlib
+import re
+
+import pytest
+
 from mqstore import system_writers  # noqa: F401  (registers the scheduler's writer rules)
 from mqstore.clock import FakeClock
+from mqstore.config import StoreConfig
+from mqstore.errors import InvalidArgument
 from mqstore.format import record_reader
 from mqstore.format.timer_checkpoint import TimerCheckpoint
-from mqstore.model import AppendResults, MessageIn
+from mqstore.log.encoder import MessageEncoder
+from mqstore.model import KIND_NORMAL, AppendResults, MessageIn, TopicRecord
 from mqstore.store import MessageStore
 from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
@@ -115,3 +124,21 @@ def test_a_note_that_does_not_match_the_log_is_ignored(small_config, tmp_path):
     finally:
         timer.close()
         store.stop()
+
+
+@pytest.mark.parametrize("properties, named", [
+    ({"a": "1", "b\x01": "2", "": "3"}, "'b\\x01'"),
+    ({"a": "1", "": "3", "b\x01": "2"}, "''"),
+    ({"a": "1\x02x", "b": ""}, "'a'"),
+    ({"a": "1", "b": ""}, "'b'"),
+    ({"a\x02": "1\x01"}, "'a\\x02'"),
+])
+def test_the_encoder_names_the_first_wrong_property(properties, named):
+    # The encoder's one look at the whole user properties (the delivery's copies pass there) still names the first
+    # property, in order, that is empty or holds a separator.
+    encoder = MessageEncoder(StoreConfig(data_dir=pathlib.Path("/nonexistent")))
+    topic = TopicRecord("t", 1, KIND_NORMAL, 0, 0)
+    with pytest.raises(InvalidArgument, match=re.escape(f"messages[1].properties[{named}]")):
+        encoder.encode_batch(topic, [MessageIn(b"x", properties={"k": "v"}), MessageIn(b"x", properties=properties)],
+                             1)
+    assert encoder.encode_batch(topic, [MessageIn(b"x", properties={"a": "1", "TAGS": "t"})], 1).sizes
