@@ -6,6 +6,9 @@ real topic (issue 35; RocketMQ's RIP-43 in mqstore's shape, with its known failu
   passed. A due time at or past the wheel's span (from the slot being read) is parked as a *roll* unit near the
   span's end: when that slot is read the record is appended to the timer topic again and waits another turn,
   so a delay of any length fits a wheel of fixed size. A cancel marker adds a cancel unit to its target's slot.
+  A batch's units go to the files in one write (TimerFiles.add_many). A record the Scheduler appended on this
+  leadership was *noted* (:meth:`Timer.note`: its offsets, due time and store time) and is not read back once its
+  header matches the note; any other record's properties are read from the log.
 * **Dequeue**: the slot being read (``read_ms``) is loaded once the clock reaches it; its units are delivered
   one by one once the clock reaches each one's own due time (never early, and not a precision late either:
   lateness is the duty's pause and the append), cancelled units dropped; the slot is done when it is empty and
