@@ -31,13 +31,6 @@ def _delivered(stub) -> list:
         offset = got.next_offset
 
 
-def _count_or_none(stub) -> tuple[int] | None:
-    try:
-        return (len(_delivered(stub)),)
-    except grpc.RpcError:
-        return None
-
-
 def test_the_new_leader_delivers_every_delayed_message_once(tmp_path):
     rnd = random.Random()
     with group_on_etcd(tmp_path, *TTL_FLAGS, *TIMER) as group:
@@ -52,13 +45,15 @@ def test_the_new_leader_delivers_every_delayed_message_once(tmp_path):
             sent += [r.uniq_key for r in stub.Append(pb.AppendRequest(
                 topic="delayed", messages=batch, replication=pb.REPLICATION_MODE_SYNC), timeout=T).results]
         wait_until(lambda: len(_delivered(stub)) >= len(sent) // 4, "some deliveries before the kill", timeout_s=30)
+        # Counted on the old leader at the kill (the new leader's count, read after a failover that takes seconds
+        # on a loaded machine, may be all: the messages came due and it delivered them, which is what is tested).
+        before_kill = len(_delivered(stub))
         group.kill9(leader)
+        assert before_kill < len(sent), "everything was delivered before the kill: nothing tested the new leader"
         killed = leader
         leader, epoch = group.wait_leader(above_epoch=epoch, timeout_s=30)
         group.start(killed)
         stub = group.log(leader)
-        left = wait_until(lambda: _count_or_none(stub), "the new leader's reads", timeout_s=30)
-        assert left[0] < len(sent), "everything was delivered before the kill: nothing tested the new leader"
 
         def all_delivered() -> bool:
             try:

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from mqstore import codec, javahash
 from mqstore.config import StoreConfig
 from mqstore.message_keys import compaction_queue, message_key
-from mqstore.errors import InvalidArgument, shown
+from mqstore.errors import InvalidArgument, invariant, shown
 from mqstore.format import codec_layout  # noqa: F401  (checks the compiled codec's layouts, at import)
 from mqstore.format import record
 from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
 
 _RESERVED = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY})
+_RESERVED_TAGS, _RESERVED_KEYS, _RESERVED_UNIQ = record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY
 _BAD_TEXT = re.compile("[\x01\x02]")
 _BAD_KEY_CHARS = re.compile(r"[\x01\x02\t\n\r\f\v]")
 _TAG_CACHE_LIMIT = 10_000
@@ -194,13 +195,20 @@ class MessageEncoder:
         tags, keys, uniq = msg.tags, msg.keys, None
         pieces = []
         if user:
+            empty = False
             for name, value in user.items():
                 if name not in _RESERVED:
-                    if not name or not value or _BAD_TEXT.search(name) or _BAD_TEXT.search(value):
-                        raise InvalidArgument(f"messages[{index}].properties[{shown(name)}]: names and values must be "
-                                              f"non-empty and must not contain the reserved characters \\x01 \\x02")
+                    empty = empty or not name or not value
                     pieces.append(f"{name}\x01{value}\x02")
-            tags, keys, uniq = _reserved_properties(index, user, tags, keys)
+            if pieces:
+                # One look at the whole for the separators (a name or value holding one adds to its count); the
+                # loop over each says which property, when one is wrong.
+                text = "".join(pieces)
+                if empty or text.count("\x01") != len(pieces) or text.count("\x02") != len(pieces):
+                    _check_properties(index, user)
+                pieces = [text]
+            if _RESERVED_TAGS in user or _RESERVED_KEYS in user or _RESERVED_UNIQ in user:
+                tags, keys, uniq = _reserved_properties(index, user, tags, keys)
         if tags:
             if _BAD_TEXT.search(tags):
                 raise InvalidArgument(f"messages[{index}].tags contains the reserved characters \\x01 or \\x02")
@@ -255,6 +263,15 @@ class MessageEncoder:
             start = self._round_robin.get(topic_name, 0)
             self._round_robin[topic_name] = start + count
         return start
+
+
+def _check_properties(index: int, user: dict) -> None:
+    """INVALID_ARGUMENT naming the first user property that is empty or holds a separator."""
+    for name, value in user.items():
+        if name not in _RESERVED and (not name or not value or _BAD_TEXT.search(name) or _BAD_TEXT.search(value)):
+            raise InvalidArgument(f"messages[{index}].properties[{shown(name)}]: names and values must be "
+                                  f"non-empty and must not contain the reserved characters \\x01 \\x02")
+    invariant(False, "a property's separators were miscounted")
 
 
 def _reserved_properties(index: int, user: dict, tags: str, keys: tuple) -> tuple[str, tuple, str | None]:

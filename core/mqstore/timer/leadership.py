@@ -106,6 +106,13 @@ class TimerDuty(Duty):
         floor = self.retention_floor()
         return 0 if floor is None else max(0, self.store.log_end() - floor)
 
+    def note(self, results, dues: list[int]) -> None:
+        """The Scheduler's ``noted``: a delayed batch appended (Timer.note), from any thread; nothing while no
+        timer is open here (a replica's, or between leaderships: the timer reads those records from the log)."""
+        timer = self.timer
+        if timer is not None:
+            timer.note(results, dues)
+
     def stats(self) -> TimerStats:
         timer = self.timer
         return timer.stats if timer is not None else self._stats

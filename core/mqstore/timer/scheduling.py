@@ -27,37 +27,49 @@ from mqstore.model import AppendResults, MessageIn
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 
+STORE_SET, ASKING = tm.STORE_SET, frozenset(tm.ASKING)
+
 
 class Scheduler:
-    def __init__(self, store, config: TimerConfig, wake: Callable[[], None] = lambda: None):
+    def __init__(self, store, config: TimerConfig, wake: Callable[[], None] = lambda: None,
+                 noted: Callable[[AppendResults, list[int]], None] | None = None):
+        """``noted(results, due times)``: told of each delayed batch appended (the timer duty's note: its enqueue
+        then need not read those records back)."""
         self.store = store
         self.config = config
         self.wake = wake
+        self.noted = noted
 
     def append(self, topic: str, messages, replication: str | None = None,
                writer: str | None = None) -> AppendResults:
         """A delayed batch to the timer topic, any other to ``topic`` (``writer``: the store's system_writer
         for it: the gateway's relayed sends, mqstore.relayed)."""
-        target, batch, writer, timed = self._route(topic, messages, writer)
+        target, batch, writer, dues = self._route(topic, messages, writer)
         results = self.store.append(target, batch, system_writer=writer, replication=replication)
-        if timed:
-            self.wake()
+        if dues is not None:
+            self._appended(results, dues)
         return results
 
     async def append_async(self, topic: str, messages, replication: str | None = None) -> AppendResults:
         """:meth:`append` on an event loop (the store's append_async)."""
-        target, batch, writer, timed = self._route(topic, messages, None)
+        target, batch, writer, dues = self._route(topic, messages, None)
         results = await self.store.append_async(target, batch, system_writer=writer, replication=replication)
-        if timed:
-            self.wake()
+        if dues is not None:
+            self._appended(results, dues)
         return results
 
-    def _route(self, topic: str, messages, writer: str | None) -> tuple[str, object, str | None, bool]:
-        """(topic, messages, system writer, delayed) of the append a batch becomes."""
+    def _appended(self, results: AppendResults, dues: list[int]) -> None:
+        if self.noted is not None:
+            self.noted(results, dues)
+        self.wake()
+
+    def _route(self, topic: str, messages, writer: str | None) -> tuple[str, object, str | None, list[int] | None]:
+        """(topic, messages, system writer, the due times of a delayed batch or None) of the append a batch
+        becomes."""
         if codec.is_wire_messages(messages) or not _checked_timed(messages):
-            return topic, messages, writer, False
-        return (tm.TIMER_TOPIC, to_timer_batch(self.store, self.config, topic, messages), topic_rules.OWNER_SCHEDULE,
-                True)
+            return topic, messages, writer, None
+        batch, dues = timer_batch(self.store, self.config, topic, messages)
+        return tm.TIMER_TOPIC, batch, topic_rules.OWNER_SCHEDULE, dues
 
     def recall(self, topic: str, msg_id: str) -> int:
         return recall(self.store, topic, msg_id, self.wake)
@@ -65,27 +77,40 @@ class Scheduler:
 
 def _checked_timed(messages: Sequence[MessageIn]) -> bool:
     """Whether the batch is a delayed one (all or none: else INVALID_ARGUMENT); store-set names refused."""
-    tm.check_reserved(messages)
-    timed = [tm.asks_timer(m) for m in messages]
-    if any(timed) and not all(timed):
-        raise InvalidArgument(f"messages: {sum(timed)} of {len(messages)} carry a delivery time; send delayed "
+    timed = 0
+    for message in messages:
+        props = message.properties
+        if props:
+            if not STORE_SET.isdisjoint(props):
+                tm.check_reserved(messages)  # raises, naming the message and the property
+            timed += not ASKING.isdisjoint(props)
+    if timed and timed != len(messages):
+        raise InvalidArgument(f"messages: {timed} of {len(messages)} carry a delivery time; send delayed "
                               f"messages in batches of their own")
-    return bool(timed) and timed[0]
+    return timed > 0
 
 
 def to_timer_batch(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn]) -> list[MessageIn]:
     """The timer topic's records of a delayed batch for ``topic`` (checked: the topic, the queues, the limit)."""
+    return timer_batch(store, config, topic, messages)[0]
+
+
+def timer_batch(store, config: TimerConfig, topic: str,
+                messages: Sequence[MessageIn]) -> tuple[list[MessageIn], list[int]]:
+    """:func:`to_timer_batch` and each record's due time."""
     if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
         raise InvalidArgument(f"topic {topic!r}: delayed messages go to user topics only")
-    rec = store.topic(topic)
-    now = store.clock.now_ms()
-    converted = []
+    queue_count = store.topic(topic).queue_count
+    now, limit = store.clock.now_ms(), config.timer_max_delay_ms
+    converted, dues = [], []
     for index, message in enumerate(messages):
-        if message.queue_id is not None and not 0 <= message.queue_id < rec.queue_count:
+        if message.queue_id is not None and not 0 <= message.queue_id < queue_count:
             raise InvalidArgument(f"messages[{index}].queue_id: {message.queue_id} is outside topic {topic!r}'s "
-                                  f"queues 0..{rec.queue_count - 1}")
-        converted.append(tm.to_timer(topic, message, tm.due_ms(message, now, config.timer_max_delay_ms, index)))
-    return converted
+                                  f"queues 0..{queue_count - 1}")
+        due = tm.due_ms(message, now, limit, index)
+        converted.append(tm.to_timer(topic, message, due))
+        dues.append(due)
+    return converted, dues
 
 
 def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,

@@ -6,6 +6,9 @@ real topic (issue 35; RocketMQ's RIP-43 in mqstore's shape, with its known failu
   passed. A due time at or past the wheel's span (from the slot being read) is parked as a *roll* unit near the
   span's end: when that slot is read the record is appended to the timer topic again and waits another turn,
   so a delay of any length fits a wheel of fixed size. A cancel marker adds a cancel unit to its target's slot.
+  A batch's units go to the files in one write (TimerFiles.add_many). A record the Scheduler appended on this
+  leadership was *noted* (:meth:`Timer.note`: its offsets, due time and store time) and is not read back once its
+  header matches the note; any other record's properties are read from the log.
 * **Dequeue**: the slot being read (``read_ms``) is loaded once the clock reaches it; its units are delivered
   one by one once the clock reaches each one's own due time (never early, and not a precision late either:
   lateness is the duty's pause and the append), cancelled units dropped; the slot is done when it is empty and
@@ -39,6 +42,7 @@ from __future__ import annotations
 import heapq
 import pathlib
 import struct
+import threading
 from dataclasses import dataclass
 
 import structlog
@@ -46,6 +50,7 @@ import structlog
 from mqstore import disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
+from mqstore.format.record import FIXED_OVERHEAD, QUEUE_OFFSET_AT
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
@@ -58,7 +63,9 @@ DELIVER_BATCH = 1000    # copies appended per step and topic batch (the store's 
 MAX_SLOTS_PER_STEP = 20_000
 ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
+MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
 _SIZE = struct.Struct(">i")
+_OFFSETS = struct.Struct(">qq")  # a record's QUEUEOFFSET and PHYSICALOFFSET
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
@@ -100,6 +107,8 @@ class Timer:
         self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
         self._floor_position = 0  # timer log position: every unit before it is in a slot read already
         self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
+        self._notes: dict[int, tuple[int, int, int]] = {}  # queue offset -> (physical, due, store ms): note()
+        self._notes_lock = threading.Lock()
 
     # ---- open and close
     def open(self) -> None:
@@ -202,25 +211,94 @@ class Timer:
             if self._caught_up_at is None:
                 self._caught_up_at = self.read_ms
             return True
-        found = self.store.pull(tm.TIMER_TOPIC, 0, self.enqueue_offset, READ_BATCH, 8 << 20).messages
-        for message in found:
-            self._add(message.record)
-            self.enqueue_offset = message.record.queue_offset + 1
+        found = self._timer_records(self.enqueue_offset, min(READ_BATCH, high - self.enqueue_offset))
+        # The units go to the files in one write per batch (TimerFiles.add_many), flushed before a cancel (which
+        # names an earlier unit) and at the end; the enqueue offset moves past what the files hold.
+        units: list[tuple[int, int, int, int, int]] = []
+        upto = self.enqueue_offset
+        for queue_offset, physical, props, due in found:
+            if props is not None and tm.CANCEL_OFFSET in props:
+                self._flush(units, upto)
+                units = []
+            self._add(queue_offset, physical, props, due, units)
+            upto = queue_offset + 1
+        self._flush(units, upto)
         return self.enqueue_offset >= high
 
-    def _add(self, record) -> None:
-        props = record.properties
-        if record.queue_offset in self._rolled:
+    def note(self, results, dues: list[int]) -> None:
+        """A delayed batch the Scheduler appended to the timer topic (its AppendResults and due times), from the
+        appending thread: the enqueue takes a noted record's unit from here instead of reading it back, once it
+        finds the record in the log where the note says (:meth:`_timer_records`). At most MAX_NOTES are kept
+        (beyond, the records are read); the notes go with this Timer (a new leadership starts without)."""
+        stamp, enqueued = results.store_timestamp_ms, self.enqueue_offset
+        with self._notes_lock:
+            if len(self._notes) + len(dues) > MAX_NOTES:
+                return
+            for entry, due in zip(results.entries, dues, strict=True):
+                if entry[3] >= enqueued:  # else read already
+                    self._notes[entry[3]] = (entry[0], due, stamp)
+
+    def _drop_old_notes(self) -> None:
+        """Notes of records the enqueue read otherwise (a note that came after its record was read)."""
+        with self._notes_lock:
+            if self._notes:
+                self._notes = {q: n for q, n in self._notes.items() if q >= self.enqueue_offset}
+
+    def _timer_records(self, offset: int, count: int) -> list[tuple[int, int, dict[str, str] | None, int]]:
+        """(queue offset, physical offset, properties, due) of the timer topic's records from ``offset``: what
+        the enqueue needs. Each is found by its consume queue entry; a noted record (:meth:`note`) whose header
+        names that queue offset, that physical offset and the noted store time comes with its due time and no
+        properties (None), any other with its properties read from the log (its framing checked, its body not
+        read: the delivery reads it, CRC checked) and due -1. Anything this does not read (a record that fails
+        its checks, a segment gone) is read by the store's Pull instead, which raises what it finds as before."""
+        with self._notes_lock:
+            notes = {q: self._notes.pop(q) for q in range(offset, offset + count) if q in self._notes}
+        try:
+            cq, segments = self.store.queues.get(tm.TIMER_TOPIC, 0), self.store.commitlog.segments
+            found = []
+            for queue_offset, (physical, size, _) in enumerate(cq.entries(offset, count), offset):
+                seg = segments.find(physical)
+                buf, position = seg.buffer, physical - seg.start
+                noted = notes.get(queue_offset)
+                if noted is not None and noted[0] == physical and size >= FIXED_OVERHEAD:
+                    header_offset, header_physical = _OFFSETS.unpack_from(buf, position + QUEUE_OFFSET_AT)
+                    if ((header_offset, header_physical) == (queue_offset, physical)
+                            and record_reader.store_timestamp(buf, position) == noted[2]):
+                        found.append((queue_offset, physical, None, noted[1]))
+                        continue
+                record_reader.check(buf, position, position + size, verify_crc=False, physical_offset=physical)
+                found.append((queue_offset, physical, record_reader.RecordView(buf, position).properties, -1))
+            return found
+        except Exception:  # noqa: BLE001 (the Pull below reads the same records with the store's checks)
+            pulled = self.store.pull(tm.TIMER_TOPIC, 0, offset, count, 8 << 20).messages
+            return [(m.record.queue_offset, m.record.physical_offset, m.record.properties, -1) for m in pulled]
+
+    def _flush(self, units: list[tuple[int, int, int, int, int]], upto: int) -> None:
+        """The units gathered by :meth:`_add` into the files (and the read slot's into its heap); the enqueue
+        offset to ``upto``."""
+        self.files.add_many(units)
+        self.enqueue_offset = upto
+        if self._current is not None:
+            self._take([Unit(due, slot, offset, physical, -1, kind) for slot, due, offset, physical, kind in units
+                        if slot == self.read_ms])
+
+    def _add(self, queue_offset: int, physical: int, props: dict[str, str] | None, due: int,
+             units: list[tuple[int, int, int, int, int]]) -> None:
+        """The unit of a timer record, appended to ``units`` (a cancel marker goes to the files at once); ``props``
+        None: a noted delayed record (:meth:`note`), due at ``due``."""
+        if queue_offset in self._rolled:
             return  # re-appended already (a rebuild reads the topic from its start): its successor carries it
-        if tm.CANCEL_OFFSET in props:
-            origin, due = int(props[tm.CANCEL_OFFSET]), int(props[tm.OUT_MS])
-            self.files.add_cancel(origin, due, record.queue_offset)
-            self.cancels[origin] = due
-            return
-        if tm.OUT_MS not in props or tm.REAL_TOPIC not in props:
-            log.error("timer.record_not_timer", queue_offset=record.queue_offset)
-            return
-        due, kind = int(props[tm.OUT_MS]), KIND_DELIVER
+        if props is not None:
+            if tm.CANCEL_OFFSET in props:
+                origin, due = int(props[tm.CANCEL_OFFSET]), int(props[tm.OUT_MS])
+                self.files.add_cancel(origin, due, queue_offset)
+                self.cancels[origin] = due
+                return
+            if tm.OUT_MS not in props or tm.REAL_TOPIC not in props:
+                log.error("timer.record_not_timer", queue_offset=queue_offset)
+                return
+            due = int(props[tm.OUT_MS])
+        kind = KIND_DELIVER
         slot = max(self.files.slot_ms(due), self.read_ms)
         # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
         # placed further would share its file slot with one a restart still has to read.
@@ -228,13 +306,11 @@ class Timer:
         invariant(horizon > self.read_ms, "the timer checkpoint follows the read slot within half the wheel")
         if slot >= horizon:
             kind, slot = KIND_ROLL, horizon
-        self.files.add(slot, due, record.queue_offset, record.physical_offset, kind)
+        units.append((slot, due, queue_offset, physical, kind))
         self.stats.scheduled += kind == KIND_DELIVER
         self.stats.pending += 1
         if self.metrics and kind == KIND_DELIVER:
             self.metrics.scheduled.inc()
-        if slot == self.read_ms and self._current is not None:
-            self._take([Unit(due, slot, record.queue_offset, record.physical_offset, -1, kind)])
 
     def _take(self, units: list[Unit]) -> None:
         """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
@@ -292,20 +368,19 @@ class Timer:
 
     def _deliver(self, units: list[Unit], now: int) -> None:
         """Append the copies (or roll records) of ``units``, batched per topic in order."""
-        lookups = self.store.get_messages([u.physical_offset for u in units])
+        lookups = self._records([u.physical_offset for u in units])
         batches: list[list] = []  # [topic, copies, units, body bytes]
-        for unit, found in zip(units, lookups, strict=True):
+        for unit, (record, missing) in zip(units, lookups, strict=True):
             offset = unit.timer_offset
             if offset in self._done or offset in self._slot_done or offset in self._rolled:
                 self.stats.skipped_done += 1
                 self.stats.pending -= 1
                 continue
-            if found.message is None:
-                log.error("timer.record_missing", timer_offset=unit.timer_offset, why=found.missing)
+            if record is None:
+                log.error("timer.record_missing", timer_offset=unit.timer_offset, why=missing)
                 self.stats.dropped += 1
                 self.stats.pending -= 1
                 continue
-            record = found.message.record
             origin = int(record.properties.get(tm.ORIGIN, unit.timer_offset))
             if origin in self.cancels:
                 log.info("timer.cancelled", timer_offset=unit.timer_offset, origin=origin)
@@ -326,6 +401,28 @@ class Timer:
                 batches.append([topic, [copy], [unit], len(copy.body)])
         for topic, copies, batch_units, _ in batches:
             self._append(topic, copies, batch_units, now)
+
+    def _records(self, physical_offsets: list[int]) -> list[tuple[record_reader.Record | None, str]]:
+        """(the record, or None and why) at each offset: the store's GetMessage (checked the same way: the record
+        whole and below the visible end, its CRC, that it names its own offset, its topic live), decoded straight
+        from the segment's mapping; any offset that path does not serve is looked up by get_messages, which
+        says why."""
+        commitlog, topics = self.store.commitlog, self.store.topics
+        low, visible = commitlog.min_offset, self.store.visible_offset()
+        found: list[tuple[record_reader.Record | None, str]] = []
+        for physical in physical_offsets:
+            try:
+                if not low <= physical < visible:
+                    raise LookupError(physical)
+                seg = commitlog.segments.find(physical)
+                rec = record_reader.decode(seg.buffer, physical - seg.start, physical_offset=physical)
+                if physical + rec.size > visible or not topics.owns(rec.topic, physical):
+                    raise LookupError(physical)
+                found.append((rec, ""))
+            except Exception:  # noqa: BLE001 (the store's own lookup answers, with its reason)
+                lookup = self.store.get_messages([physical])[0]
+                found.append((lookup.message.record if lookup.message is not None else None, lookup.missing))
+        return found
 
     def _fits(self, count: int, body_bytes: int) -> bool:
         """Whether a batch of ``count`` copies may take one more, ``body_bytes`` with it, within the store's batch
@@ -371,6 +468,7 @@ class Timer:
             self._cp_read, self._cp_end = self._advances.pop(0)
         now = self.store.clock.now_ms()
         self._last_checkpoint_ms = now
+        self._drop_old_notes()
         # The log starts over when no unit is left: the estimate says so, the wheel confirms it (rarely read).
         empty = (self.stats.pending <= 0 and not self._current and self._cp_read == self.read_ms
                  and self.files.log_end > 0 and not self.files.pending_from(self.read_ms))

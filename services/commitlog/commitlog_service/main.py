@@ -182,7 +182,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     else:  # only the leader runs it, rebuilt at each leadership (mqstore.pop.leadership)
         parts.add_duty(pop)
     timer = compose_timer(config, store, node, parts)
-    scheduler = Scheduler(store, config.timer, timer.wake)
+    scheduler = Scheduler(store, config.timer, timer.wake, timer.note)
     servicer = (LoopCommitLogServicer if on_loop(config) else CommitLogServicer)(store, scheduler=scheduler,
                                                                                   auth=config.server.auth.enabled)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))

@@ -1,0 +1,144 @@
+"""The timer's enqueue at speed (issue 35's bench targets): units written to the timer files a batch at a time
+(TimerFiles.add_many: the same bytes as one add each, recovered the same after a kill between the two writes), and
+a delayed batch the Scheduler noted enqueued without reading its records back (Timer.note), a note that does not
+match the log being ignored; the encoder's check of the user properties in one look over them all (every Append
+with properties, the timer's copies included) naming the same property as the check of each did."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from mqstore import system_writers  # noqa: F401  (registers the scheduler's writer rules)
+from mqstore.clock import FakeClock
+from mqstore.config import StoreConfig
+from mqstore.errors import InvalidArgument
+from mqstore.format import record_reader
+from mqstore.format.timer_checkpoint import TimerCheckpoint
+from mqstore.log.encoder import MessageEncoder
+from mqstore.model import KIND_NORMAL, AppendResults, MessageIn, TopicRecord
+from mqstore.store import MessageStore
+from mqstore.timer import messages as tm
+from mqstore.timer import scheduling
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.files import LOG_NAME, WHEEL_NAME, TimerFiles
+from mqstore.timer.timer import Timer
+
+CONFIG = TimerConfig(timer_precision_ms=100, timer_wheel_slots=64)
+UNITS = [(slot, slot + n, 10 + n, 1000 + 100 * n, 1 + (n == 5)) for n, slot in
+         enumerate([100, 200, 100, 300, 100, 200, 500])]  # (slot ms, deliver ms, timer offset, physical, kind)
+
+
+def _files(path) -> TimerFiles:
+    files = TimerFiles(path, 100, 64)
+    files.open()
+    return files
+
+
+def test_add_many_writes_the_bytes_of_one_add_each(tmp_path):
+    one, many = _files(tmp_path / "one"), _files(tmp_path / "many")
+    for unit in UNITS[:2]:  # slots that hold units already
+        one.add(*unit)
+        many.add(*unit)
+    for unit in UNITS[2:]:
+        one.add(*unit)
+    many.add_many(UNITS[2:])
+    assert (one.log_end, one.enqueued_to) == (many.log_end, many.enqueued_to)
+    for files in (one, many):
+        files.close()
+    for name in (LOG_NAME, WHEEL_NAME):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes()
+
+
+def test_units_whose_slot_writes_were_lost_are_recovered(tmp_path):
+    # A kill -9 after add_many's write of the units, before its slot writes: recovery applies them again.
+    files = _files(tmp_path)
+    files.checkpoint(0, 0, 0, 0, {})
+    files._write_slot = lambda slot: None
+    files.add_many(UNITS)
+    files.close()
+    again = TimerFiles(tmp_path, 100, 64)
+    assert isinstance(again.open(), TimerCheckpoint)
+    for slot in (100, 200, 300, 500):
+        assert [(u.deliver_ms, u.timer_offset) for u in again.units(slot)] == [
+            (deliver, offset) for s, deliver, offset, _, _ in UNITS if s == slot]
+    again.close()
+
+
+def _store(small_config, clock):
+    store = MessageStore(small_config(), clock)
+    store.start()
+    store.create_topic("t", 1)
+    return store
+
+
+def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_path, monkeypatch):
+    clock = FakeClock()
+    store = _store(small_config, clock)
+    timer = Timer(store, CONFIG, tmp_path / "timer")
+    try:
+        timer.open()
+        scheduler = scheduling.Scheduler(store, CONFIG, noted=timer.note)
+        due = clock.now_ms() + 500
+        scheduler.append("t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due + n)}) for n in range(5)])
+
+        def read_back(*_args, **_kwargs):
+            raise AssertionError("a noted timer record was read back by the enqueue")
+        monkeypatch.setattr(record_reader.RecordView, "properties", property(read_back))
+        monkeypatch.setattr(store, "pull", read_back)
+        timer.step()
+        assert timer.enqueue_offset == 5 and timer.stats.scheduled == 5
+        assert [u.deliver_ms for u in timer.files.units(timer.files.slot_ms(due))] == [due + n for n in range(5)]
+        monkeypatch.undo()
+        clock.advance(600)
+        timer.step()
+        assert store.queue_info("t", 0).max_offset == 5
+    finally:
+        timer.close()
+        store.stop()
+
+
+def test_a_note_that_does_not_match_the_log_is_ignored(small_config, tmp_path):
+    clock = FakeClock()
+    store = _store(small_config, clock)
+    timer = Timer(store, CONFIG, tmp_path / "timer")
+    try:
+        timer.open()
+        due = clock.now_ms() + 500
+        results = scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due)})] * 2)
+        # Due now, by notes naming another store time and another physical offset than the records have.
+        wrong_time = AppendResults(results.msg_id_prefix, results.entries[:1], results.uniq_keys[:1],
+                                   results.store_timestamp_ms + 1, results.durability)
+        moved = [(entry[0] + 1, *entry[1:]) for entry in results.entries[1:]]
+        wrong_place = AppendResults(results.msg_id_prefix, moved, results.uniq_keys[1:], results.store_timestamp_ms,
+                                    results.durability)
+        timer.note(wrong_time, [clock.now_ms()])
+        timer.note(wrong_place, [clock.now_ms()])
+        timer.step()
+        assert timer.enqueue_offset == 2 and store.queue_info("t", 0).max_offset == 0  # due as their records say
+        clock.advance(600)
+        timer.step()
+        assert store.queue_info("t", 0).max_offset == 2
+    finally:
+        timer.close()
+        store.stop()
+
+
+@pytest.mark.parametrize("properties, named", [
+    ({"a": "1", "b\x01": "2", "": "3"}, "'b\\x01'"),
+    ({"a": "1", "": "3", "b\x01": "2"}, "''"),
+    ({"a": "1\x02x", "b": ""}, "'a'"),
+    ({"a": "1", "b": ""}, "'b'"),
+    ({"a\x02": "1\x01"}, "'a\\x02'"),
+])
+def test_the_encoder_names_the_first_wrong_property(properties, named):
+    # The encoder's one look at the whole user properties (the delivery's copies pass there) still names the first
+    # property, in order, that is empty or holds a separator.
+    encoder = MessageEncoder(StoreConfig(data_dir=pathlib.Path("/nonexistent")))
+    topic = TopicRecord("t", 1, KIND_NORMAL, 0, 0)
+    with pytest.raises(InvalidArgument, match=re.escape(f"messages[1].properties[{named}]")):
+        encoder.encode_batch(topic, [MessageIn(b"x", properties={"k": "v"}), MessageIn(b"x", properties=properties)],
+                             1)
+    assert encoder.encode_batch(topic, [MessageIn(b"x", properties={"a": "1", "TAGS": "t"})], 1).sizes
