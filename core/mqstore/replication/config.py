@@ -28,12 +28,12 @@ class ReplicationConfig:
     isr_max_lag_ms: int = 3_000             # ...and leaves the in-sync set after lagging this long
     replication_heartbeat_ms: int = 200     # an idle leader's empty data message; the replica acks it
     replication_chunk_bytes: int = 1 << 20  # the most log bytes in one data message (whole records)
-    # A caught-up stream woken by new bytes waits this long before it reads them while more than one SYNC append
-    # waits (other producers are writing): their appends go in one data message, acknowledged once. 0 = never
+    # Coalescing of concurrent SYNC appends into one data message per replica (mqstore.replication.leader)
     replication_linger_us: int = field(default=1_000, metadata={"help": (
-        "a caught-up replication stream woken by new bytes waits this long first while more than one SYNC append "
-        "waits, so that concurrent appends share one data message and one acknowledgement per replica; 0 = "
-        f"never; at most {MAX_LINGER_US}")})
+        "a caught-up replication stream woken by new bytes waits this long first while a SYNC append waits and "
+        "its last data message gathered two appends or more (a probe every 16th otherwise), so that concurrent "
+        "SYNC appends share one data message and one acknowledgement per replica; a lone producer's append goes "
+        f"at once; 0 = never; at most {MAX_LINGER_US}")})
     replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
     etcd_endpoints: str = ""                # host:port[,host:port...]: automatic failover through etcd
     etcd_prefix: str = "/mqstore/commitlog"  # the group's keys: <prefix>/leader, /epoch, /isr, /handover

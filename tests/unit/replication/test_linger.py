@@ -119,3 +119,14 @@ def test_appends_written_while_the_stream_lingers_go_in_one_data_message():
 def test_a_linger_out_of_bounds_is_refused_naming_the_setting(linger_us):
     with pytest.raises(InvalidArgument, match="replication_linger_us"):
         ReplicationConfig(replication_linger_us=linger_us)
+
+
+def test_the_flag_and_its_environment_variable_set_the_linger_and_the_help_says_what_it_does():
+    from commitlog_service.main import build_arg_parser, parse_config
+
+    assert ReplicationConfig().replication_linger_us == 1_000
+    flagged = parse_config(["--data-dir", "d", "--node-id", "n1", "--replication-linger-us", "250"], {})
+    assert flagged.replication.replication_linger_us == 250
+    from_env = parse_config(["--data-dir", "d", "--node-id", "n1"], {"MQSTORE_REPLICATION_LINGER_US": "0"})
+    assert from_env.replication.replication_linger_us == 0
+    assert "one data message and one acknowledgement per replica" in " ".join(build_arg_parser().format_help().split())
