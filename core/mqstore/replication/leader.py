@@ -41,6 +41,10 @@ PROBE_EVERY = 16  # a stream whose lingers gather nothing tries one again after 
 
 
 class ReplicaSession:
+    _gathered = 0    # appends (log growths) in the last data message sent after a wait
+    _unlingered = 0  # data messages since the last linger
+    sent = 0         # data messages sent and lingers, logged at the stream's end
+    lingered = 0
     def __init__(self, store, node: ReplicationNode, hello: Hello):
         if not hello.replica_id:
             raise InvalidArgument("hello.replica_id: name the replica (its setting node_id)")
@@ -54,8 +58,6 @@ class ReplicaSession:
         self.welcome = self._welcome()
         self.position = self.welcome.truncate_to
         self.epoch = self.welcome.epoch
-        self._gathered = 0    # appends (log growths) in the last data message sent after a wait
-        self._unlingered = 0  # data messages since the last linger
 
     def _welcome(self) -> Welcome:
         hello, store = self.hello, self.store
@@ -132,6 +134,7 @@ class ReplicaSession:
         if self._gathered < 2 and self._unlingered < PROBE_EVERY:
             return 0.0
         self._unlingered = 0
+        self.lingered += 1
         return linger_us / 1e6
 
     def _leading(self) -> bool:
@@ -143,6 +146,7 @@ class ReplicaSession:
     def _sent(self, chunk: bytes, nxt: int) -> LogData:
         data = LogData(self.position, chunk, nxt, self.store.log_end(), self.node.in_sync.committed())
         self.position = nxt
+        self.sent += 1
         return data
 
     def _connected(self) -> None:
@@ -152,7 +156,8 @@ class ReplicaSession:
 
     def _disconnected(self) -> None:
         self.node.in_sync.disconnected(self.hello.replica_id)
-        log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position)
+        log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position,
+                 data_messages=self.sent, lingered=self.lingered)
 
     def ack(self, ack: Ack) -> None:
         """Into the in-sync set, while this stream's leadership lasts: an acknowledgement read after it ended
