@@ -11,9 +11,9 @@ Coalescing (``replication_linger_us``): a stream that has sent everything and is
 that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
 the growth of two appends or more, or it is the PROBE_EVERY-th data message since the last linger (a probe).
 Under concurrent producers the appends of that moment so go in one data message and come back in one
-acknowledgement (each is a gRPC message the leader's loop handles; one per append and replica cost the
-group as much CPU as the appends themselves, bench/README.md *The replication benchmark*); a lone producer's
-append is sent at once but for a probe's linger now and then. Only timing changes: an append is still
+acknowledgement (each a gRPC message for the leader's loop and the replica to handle: about half as many
+under 16 producers, bench/README.md *The replication benchmark*); a lone producer's append is sent at once
+but for a probe's linger now and then. Only timing changes: an append is still
 acknowledged once the in-sync set holds it.
 
 Thread-safety: one session per stream; ``data()`` runs on the stream's handler thread (``data_async()``
