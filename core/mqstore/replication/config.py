@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mqstore.errors import InvalidArgument
 
 ASYNC = "ASYNC"
 SYNC = "SYNC"
+MAX_LINGER_US = 100_000  # replication_linger_us: well inside a heartbeat and the silence watchdog
 
 
 def fence_margin_s(ttl_s: int) -> float:
@@ -27,6 +28,12 @@ class ReplicationConfig:
     isr_max_lag_ms: int = 3_000             # ...and leaves the in-sync set after lagging this long
     replication_heartbeat_ms: int = 200     # an idle leader's empty data message; the replica acks it
     replication_chunk_bytes: int = 1 << 20  # the most log bytes in one data message (whole records)
+    # Coalescing of concurrent SYNC appends into one data message per replica (mqstore.replication.leader)
+    replication_linger_us: int = field(default=1_000, metadata={"help": (
+        "a caught-up replication stream woken by new bytes waits this long first while a SYNC append waits and "
+        "its last data message gathered two appends or more (a probe every 16th otherwise), so that concurrent "
+        "SYNC appends share one data message and one acknowledgement per replica; a lone producer's append goes "
+        f"at once; 0 = never; at most {MAX_LINGER_US}")})
     replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
     etcd_endpoints: str = ""                # host:port[,host:port...]: automatic failover through etcd
     etcd_prefix: str = "/mqstore/commitlog"  # the group's keys: <prefix>/leader, /epoch, /isr, /handover
@@ -45,6 +52,9 @@ class ReplicationConfig:
                      "controller_interval_ms", "fast_poll_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if not 0 <= self.replication_linger_us <= MAX_LINGER_US:
+            raise InvalidArgument(f"replication_linger_us must be 0 (off) to {MAX_LINGER_US}, not "
+                                  f"{self.replication_linger_us}")
         if self.replica_of and self.etcd_endpoints:
             raise InvalidArgument("give replica_of (a static group) or etcd_endpoints (elections), not both")
         if self.lease_ttl_s < 2:

@@ -272,6 +272,11 @@ class InSyncSet:
                 f"{self.config.min_insync_replicas}: not acknowledged; a retry may duplicate them")
         return copies
 
+    def waiting(self) -> int:
+        """How many SYNC appends wait for their replication (a replication stream's linger asks)."""
+        with self._lock:
+            return len(self._waiters)
+
     def written_by(self, replica_id: str) -> int:
         with self._lock:
             p = self._progress.get(replica_id)

@@ -322,7 +322,8 @@ def build_arg_parser(hosted_flags: Sequence[HostedFlags] = ()) -> argparse.Argum
     for f in [*_store_fields(), *_replication_fields()]:
         # A boolean flag alone means true (`--check-all`); `--check-all false` works too.
         switch = dict(nargs="?", const="true") if isinstance(f.default, bool) else {}
-        parser.add_argument(S.flag(f.name), dest=f.name, help=f"env {S.env_name(f.name)}, default {f.default}",
+        about = f.metadata["help"] + "; " if "help" in f.metadata else ""
+        parser.add_argument(S.flag(f.name), dest=f.name, help=f"{about}env {S.env_name(f.name)}, default {f.default}",
                             **switch)
     return parser
 

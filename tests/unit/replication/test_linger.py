@@ -1,0 +1,132 @@
+"""The leader's replication stream coalesces concurrent SYNC appends (mqstore.replication.leader, module
+docstring's *Coalescing*): a caught-up stream woken by new bytes lingers ``replication_linger_us`` while a
+SYNC append waits and the last data message gathered two appends or more (or as a probe every PROBE_EVERY
+data messages), so the appends written meanwhile go in one data message; a lone producer is not delayed."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from mqstore.errors import InvalidArgument
+from mqstore.replication import leader
+from mqstore.replication.config import MAX_LINGER_US, ReplicationConfig
+from mqstore.replication.node import LogGrowth
+
+LONG_S = 30.0  # a wait that must end by a wake long before this
+APPEND_BYTES = 10
+
+
+class FakeLog:
+    """The leader's log as the stream reads it: bytes up to ``end``; ``append`` grows it as an append does."""
+
+    def __init__(self, growth: LogGrowth):
+        self.end = 0
+        self.growth = growth
+
+    def log_end(self) -> int:
+        return self.end
+
+    def append(self) -> None:
+        self.end += APPEND_BYTES
+        self.growth.grew()
+
+    def chunk(self, offset: int) -> tuple[bytes, int]:
+        return b"x" * (self.end - offset), self.end
+
+
+def _session(linger_us: int, waiting: int = 2):
+    """A ReplicaSession on a fake log and in-sync set (the handshake is other tests' business); ``waiting``:
+    how many SYNC appends the in-sync set says wait."""
+    growth = LogGrowth()
+    store = FakeLog(growth)
+    in_sync = SimpleNamespace(connected=lambda *a: None, disconnected=lambda *a: None, committed=lambda: 0,
+                              waiting=lambda: waiting)
+    node = SimpleNamespace(growth=growth, is_leader=True, leadership=SimpleNamespace(epoch=1), in_sync=in_sync,
+                           config=SimpleNamespace(replication_heartbeat_ms=LONG_S * 1000,
+                                                  replication_linger_us=linger_us))
+    session = object.__new__(leader.ReplicaSession)
+    session.store, session.node, session.position, session.epoch = store, node, 0, 1
+    session._gathered, session._unlingered = 0, 0
+    session._chunk = lambda: store.chunk(session.position)
+    session.hello = SimpleNamespace(replica_id="r", address="a")
+    return session, store
+
+
+def test_a_lone_producer_is_sent_at_once_but_for_a_probe_and_a_gathering_stream_keeps_lingering():
+    session, _ = _session(linger_us=1_000)
+    decisions = []
+    for _ in range(2 * leader.PROBE_EVERY):
+        decisions.append(session._linger_s())
+        session._gathered = 1  # each data message carried one append
+    lingered = [i for i, d in enumerate(decisions) if d]
+    assert lingered == [leader.PROBE_EVERY - 1, 2 * leader.PROBE_EVERY - 1]  # the probes only
+    assert decisions[lingered[0]] == pytest.approx(0.001)
+    session._gathered = 2  # the probe gathered two appends: linger at every wake while that holds
+    assert all(session._linger_s() == pytest.approx(0.001) for _ in range(5))
+
+
+@pytest.mark.parametrize("linger_us, waiting", [(0, 5), (1_000, 0)])
+def test_no_linger_when_turned_off_or_when_no_sync_append_waits(linger_us, waiting):
+    session, _ = _session(linger_us, waiting)
+    session._gathered = 5
+    assert all(session._linger_s() == 0 for _ in range(2 * leader.PROBE_EVERY))
+
+
+def test_appends_written_while_the_stream_lingers_go_in_one_data_message():
+    session, log = _session(linger_us=50_000)
+    session._unlingered = leader.PROBE_EVERY - 1  # the next wake is a probe
+    decide = session._linger_s
+
+    async def main():
+        lingering = asyncio.Event()
+
+        def linger_s():
+            wait_s = decide()
+            if wait_s:
+                lingering.set()
+            return wait_s
+
+        session._linger_s = linger_s
+        stream = session.data_async()
+        try:
+            frame = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)  # parked on the log's growth
+            log.append()
+            await asyncio.wait_for(lingering.wait(), LONG_S)
+            log.append()  # a second producer's append, written during the linger
+            sent = await asyncio.wait_for(frame, LONG_S)
+            assert (sent.offset, sent.next_offset, len(sent.data)) == (0, 2 * APPEND_BYTES, 2 * APPEND_BYTES)
+            assert session._gathered == 2
+            lingering.clear()  # it paid: the next wake lingers again
+            frame = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)
+            log.append()
+            await asyncio.wait_for(lingering.wait(), LONG_S)
+            sent = await asyncio.wait_for(frame, LONG_S)
+            assert (sent.offset, sent.next_offset) == (2 * APPEND_BYTES, 3 * APPEND_BYTES)
+            assert session._gathered == 1  # alone this time: the next wakes send at once until a probe
+            assert decide() == 0
+        finally:
+            await stream.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("linger_us", [-1, MAX_LINGER_US + 1])
+def test_a_linger_out_of_bounds_is_refused_naming_the_setting(linger_us):
+    with pytest.raises(InvalidArgument, match="replication_linger_us"):
+        ReplicationConfig(replication_linger_us=linger_us)
+
+
+def test_the_flag_and_its_environment_variable_set_the_linger_and_the_help_says_what_it_does():
+    from commitlog_service.main import build_arg_parser, parse_config
+
+    assert ReplicationConfig().replication_linger_us == 1_000
+    flagged = parse_config(["--data-dir", "d", "--node-id", "n1", "--replication-linger-us", "250"], {})
+    assert flagged.replication.replication_linger_us == 250
+    from_env = parse_config(["--data-dir", "d", "--node-id", "n1"], {"MQSTORE_REPLICATION_LINGER_US": "0"})
+    assert from_env.replication.replication_linger_us == 0
+    assert "one data message and one acknowledgement per replica" in " ".join(build_arg_parser().format_help().split())
