@@ -31,6 +31,8 @@ ALLOWED = {
     ("core/mqstore/config.py", "warm_ahead_bytes: int = 64 * MiB"):
         "page cache kept ahead of the log's write position, a tuning size, not the message limit",
     ("core/mqstore/log/recovery.py", "_PROGRESS_STEP = 64 << 20"): "bytes of log walked between progress calls",
+    ("core/mqstore/timer/files.py", "UNITS_READ_BYTES = 64 << 20"):
+        "the span of a slot's timer units read in one pread, a read size, not the message limit",
     ("core/mqstore/auth/secrets.py", "maxmem=64 << 20"): "scrypt's memory bound, not a message size",
     ("core/mqstore/tier/config.py", 'tier_cache_bytes: int = dataclasses.field(default=64 << 20, metadata={"help": ('):
         "the object storage tier's read cache budget, not a message size",
