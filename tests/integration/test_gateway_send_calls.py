@@ -78,4 +78,4 @@ def test_a_send_is_one_internal_append_and_no_other_call_to_the_commit_log(tmp_p
     # The Transaction service follows the log on its own streams, opened before `before`; anything the
     # sends caused shows as a unary call here.
     moved = {key: n for key, n in moved.items() if n}
-    assert moved == {"mqstore.v1.CommitLogInternal/Append": SENDS}, moved
+    assert moved == {"mqstore.v1.CommitLogInternal/AppendBatches": SENDS}, moved

@@ -276,6 +276,57 @@ class CommitLogClient:
         response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, service="internal")
         return [convert.append_result_out(r) for r in response.results]
 
+    def internal_append_batches(self, batches: Sequence[tuple[str, Sequence[model.MessageIn]]], *, writer: str,
+                                token: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
+        """CommitLogInternal.AppendBatches as one unary call (the gateway's coalesced sends,
+        mqstore.gateway.coalescing): the outcomes of :meth:`internal_append_batches_async`, each batch's
+        results or the error it would have raised alone, in order; a failure of the whole call raises, with
+        :meth:`_call`'s leader-following. A commit log older than AppendBatches (UNIMPLEMENTED: nothing was
+        written) gets one Append per batch from then on."""
+        if self._batches_unimplemented:
+            return self._append_batches_one_by_one_sync(batches, writer, token)
+        request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
+            commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
+            for topic, messages in batches])
+        metadata = ((TOKEN_METADATA, token),)
+        for attempt in range(2):
+            address = self.address
+            try:
+                method = self._internal.AppendBatches
+                with waits.waiting():  # a handler calling another service: the handler pool runs others meanwhile
+                    if self.leader_probe_s > 0 and len(self.addresses) > 1:
+                        response = self._write_probing(method, request, self.rpc_timeout_s, metadata, address)
+                    else:
+                        response = method(request, timeout=self.rpc_timeout_s, metadata=metadata)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._batches_unimplemented = True
+                    log.warning("commitlog_client.append_batches_unimplemented", address=address,
+                                hint="the commit log predates CommitLogInternal.AppendBatches: one Append per batch "
+                                     "until this client restarts; upgrade the commit log")
+                    return self._append_batches_one_by_one_sync(batches, writer, token)
+                error = self._failed(exc, address, attempt, write=True)
+                if error is None:
+                    continue
+                raise error from None
+            if len(response.results) != len(batches):
+                raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
+                                         f"{len(batches)} batches: the batches may or may not have been written")
+            return [[convert.append_result_out(r) for r in outcome.appended.results]
+                    if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
+                    for outcome in response.results]
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _append_batches_one_by_one_sync(self, batches, writer: str, token: str):
+        """:meth:`internal_append_batches`' outcomes from one CommitLogInternal.Append per batch (an older log)."""
+        outcomes: list[list[model.AppendResult] | errors.MqStoreError] = []
+        for topic, messages in batches:
+            try:
+                outcomes.append(self.internal_append(topic, messages, writer=writer, token=token))
+            except errors.MqStoreError as exc:
+                outcomes.append(exc)
+        return outcomes
+
     async def internal_append_batches_async(
             self, batches: Sequence[tuple[str, Sequence[model.MessageIn]]], *, writer: str,
             token: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
