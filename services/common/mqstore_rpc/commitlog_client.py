@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import queue
 import threading
 from typing import Iterator, Sequence
 
@@ -121,6 +122,7 @@ class CommitLogClient:
         self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
         self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
         self._batch_streams: dict[str, _BatchStream] = {}  # AppendBatchesStream per node, on its loop
+        self._sync_streams: dict[str, SyncBatchStream] = {}  # internal_append_batches' stream per node
         self._use(self.addresses[0])
 
     def _use(self, address: str, fresh: bool = False) -> None:
@@ -156,6 +158,9 @@ class CommitLogClient:
         with self._lock:
             channels, self._channels = [*self._channels.values(), *self._retired.values()], {}
             self._retired = {}
+            streams, self._sync_streams = list(self._sync_streams.values()), {}
+        for stream in streams:
+            stream.end(errors.Unavailable("the client is closing: the batches may or may not have been written"))
         for channel in channels:
             channel.close()
 
@@ -278,26 +283,30 @@ class CommitLogClient:
 
     def internal_append_batches(self, batches: Sequence[tuple[str, Sequence[model.MessageIn]]], *, writer: str,
                                 token: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
-        """CommitLogInternal.AppendBatches as one unary call (the gateway's coalesced sends,
+        """CommitLogInternal.AppendBatches for a thread (the gateway's coalesced sends,
         mqstore.gateway.coalescing): the outcomes of :meth:`internal_append_batches_async`, each batch's
-        results or the error it would have raised alone, in order; a failure of the whole call raises, with
-        :meth:`_call`'s leader-following. A commit log older than AppendBatches (UNIMPLEMENTED: nothing was
-        written) gets one Append per batch from then on."""
+        results or the error it would have raised alone, in order; a failure of the whole request raises,
+        with :meth:`_call`'s leader-following. Sent as a request of an AppendBatchesStream kept open to the
+        node (SyncBatchStream; a request unanswered within ``rpc_timeout_s`` tears it down, Unavailable),
+        or, when the client lists a group's nodes, as one unary call probed as :meth:`_call`'s writes. A
+        commit log older than AppendBatches (UNIMPLEMENTED: nothing was written) gets one Append per batch
+        from then on."""
         if self._batches_unimplemented:
             return self._append_batches_one_by_one_sync(batches, writer, token)
         request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
             commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
             for topic, messages in batches])
         metadata = ((TOKEN_METADATA, token),)
+        probing = self.leader_probe_s > 0 and len(self.addresses) > 1
         for attempt in range(2):
             address = self.address
             try:
-                method = self._internal.AppendBatches
                 with waits.waiting():  # a handler calling another service: the handler pool runs others meanwhile
-                    if self.leader_probe_s > 0 and len(self.addresses) > 1:
-                        response = self._write_probing(method, request, self.rpc_timeout_s, metadata, address)
+                    if probing:  # a group's nodes: one unary call, probed (the module docstring)
+                        response = self._write_probing(self._internal.AppendBatches, request, self.rpc_timeout_s,
+                                                       metadata, address)
                     else:
-                        response = method(request, timeout=self.rpc_timeout_s, metadata=metadata)
+                        response = self._sync_stream(address, metadata).request(request, self.rpc_timeout_s)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self._batches_unimplemented = True
@@ -316,6 +325,19 @@ class CommitLogClient:
                     if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
                     for outcome in response.results]
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _sync_stream(self, address: str, metadata) -> SyncBatchStream:
+        """The AppendBatchesStream open to ``address`` (a new one when there is none or it has ended)."""
+        with self._lock:
+            stream = self._sync_streams.get(address)
+            if stream is None or stream.error is not None:
+                channel = self._channels.get(address)
+                if channel is None:
+                    channel = self._channels[address] = self._peers.channel(address, self._options)
+                stub = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+                stream = self._sync_streams[address] = SyncBatchStream(
+                    lambda requests: stub.AppendBatchesStream(requests, metadata=metadata), address)
+            return stream
 
     def _append_batches_one_by_one_sync(self, batches, writer: str, token: str):
         """:meth:`internal_append_batches`' outcomes from one CommitLogInternal.Append per batch (an older log)."""
@@ -549,6 +571,74 @@ class CommitLogClient:
             if not write and attempt == 0 and len(self.addresses) > 1:
                 return None
         return error
+
+
+class SyncBatchStream:
+    """One open AppendBatchesStream for threads (internal_append_batches; the gateway's sends): a request is
+    queued for grpc's writer and answered by the next response, which a reader thread hands to the waiting
+    caller, in the order they were sent. One message of an open stream costs both ends less than a unary
+    call (bench/gateway.py's floors). When the stream ends (an error status, a broken connection, a request
+    unanswered within its timeout, :meth:`end`), every caller still waiting gets that error (a grpc.RpcError
+    as the call raised it, or an mqstore error) and the stream takes no more requests (the client opens a
+    new one)."""
+
+    _END = object()
+
+    def __init__(self, open_call, address: str):
+        self.address = address
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._pending: collections.deque[list] = collections.deque()  # [event, response, error] per request
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = open_call(iter(self._requests.get, self._END))
+        threading.Thread(target=self._read, name=f"append-batches-{address}", daemon=True).start()
+
+    def request(self, request, timeout_s: float):
+        """The response to ``request``; raises the error that ended the stream before it was answered."""
+        waiter = [threading.Event(), None, None]
+        with self._lock:
+            if self.error is not None:
+                raise self.error
+            self._pending.append(waiter)
+            self._requests.put(request)
+        if not waiter[0].wait(timeout_s):
+            self.end(errors.Unavailable(f"{self.address} did not answer an AppendBatches request within "
+                                        f"{timeout_s:g} s: the batches may or may not have been written"))
+            waiter[0].wait()  # end() answered it (unless the answer came just before)
+        if waiter[2] is not None:
+            raise waiter[2]
+        return waiter[1]
+
+    def _read(self) -> None:
+        error: BaseException
+        try:
+            for response in self._call:
+                with self._lock:
+                    waiter = self._pending.popleft() if self._pending else None
+                if waiter is not None:
+                    waiter[1] = response
+                    waiter[0].set()
+            error = errors.Unavailable(f"{self.address} ended the AppendBatches stream: the batches not answered "
+                                       f"may or may not have been written")
+        except grpc.RpcError as exc:
+            error = exc
+        except Exception as exc:  # a bug (logged): what the stream owed has an unknown outcome
+            log.error("commitlog_client.sync_batch_stream_failed", exc_info=exc)
+            error = errors.Unavailable(f"the AppendBatches stream failed unexpectedly ({type(exc).__name__}, "
+                                       f"logged): the batches may or may not have been written")
+        self.end(error)
+
+    def end(self, error: BaseException) -> None:
+        """No more requests; every caller still waiting gets ``error``."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
+            pending, self._pending = list(self._pending), collections.deque()
+        self._requests.put(self._END)
+        self._call.cancel()  # a no-op when it has ended
+        for waiter in pending:
+            waiter[2] = error
+            waiter[0].set()
 
 
 class _BatchStream:
