@@ -1,8 +1,9 @@
 """CommitLogClient.internal_append_batches (the gateway's sends in Cluster mode): requests of one
 AppendBatchesStream kept open to the commit log, each batch with its own outcome; a refused stream (a wrong
 token) or one that stops answering (a request unanswered within rpc_timeout_s) fails only the requests it
-owed, and the next call opens a new stream; a commit log without the stream (UNIMPLEMENTED) gets one Append
-per batch. One real commit log for the module, stand-in servers for what it would never do."""
+owed, and the next call opens a new stream; callers take turns on it; a commit log without the stream
+(UNIMPLEMENTED) gets one Append per batch.
+One real commit log for the module, stand-in servers for what it would never do."""
 
 from __future__ import annotations
 
@@ -45,6 +46,18 @@ def test_batches_have_their_own_outcomes_on_one_stream(log_address):
         stream = client._sync_streams[log_address]
         again = client.internal_append_batches([("t", [MessageIn(b"e")])], writer="gateway", token=TOKEN)
         assert again[0][0].queue_offset == 3 and client._sync_streams[log_address] is stream  # the same stream
+    finally:
+        client.close()
+
+
+def test_concurrent_callers_take_turns_on_the_stream_and_each_gets_its_own_answer(log_address):
+    client = CommitLogClient(log_address, rpc_timeout_s=TIMEOUT_S, transparent_retries=False)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(lambda i: client.internal_append_batches(
+                [("t", [MessageIn(f"c{i}".encode())])], writer="gateway", token=TOKEN)[0][0], range(40)))
+        assert len({r.queue_offset for r in outcomes}) == 40
+        assert len({id(s) for s in client._sync_streams.values()}) == 1
     finally:
         client.close()
 

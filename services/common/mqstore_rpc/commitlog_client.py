@@ -36,6 +36,7 @@ import asyncio
 import collections
 import queue
 import threading
+import time
 from typing import Iterator, Sequence
 
 import grpc
@@ -574,71 +575,70 @@ class CommitLogClient:
 
 
 class SyncBatchStream:
-    """One open AppendBatchesStream for threads (internal_append_batches; the gateway's sends): a request is
-    queued for grpc's writer and answered by the next response, which a reader thread hands to the waiting
-    caller, in the order they were sent. One message of an open stream costs both ends less than a unary
-    call (bench/gateway.py's floors). When the stream ends (an error status, a broken connection, a request
-    unanswered within its timeout, :meth:`end`), every caller still waiting gets that error (a grpc.RpcError
-    as the call raised it, or an mqstore error) and the stream takes no more requests (the client opens a
-    new one)."""
+    """One open AppendBatchesStream for threads (internal_append_batches; the gateway's sends), one request at
+    a time: the caller queues its request for grpc's writer and reads the response itself (no hand-off to
+    another thread; callers take turns). One message of an open stream costs both ends less than a unary
+    call (bench/gateway.py's floors). A watchdog thread ends the stream when a request is unanswered past its
+    timeout. When the stream ends (an error status, a broken connection, the watchdog, :meth:`end`), the
+    request in flight and every later one get that error (a grpc.RpcError as the call raised it, or an
+    mqstore error) and the client opens a new stream."""
 
     _END = object()
 
     def __init__(self, open_call, address: str):
         self.address = address
         self.error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._pending: collections.deque[list] = collections.deque()  # [event, response, error] per request
+        self._turn = threading.Lock()        # one request in flight
+        self._lock = threading.Lock()        # error, deadline
+        self._deadline: float | None = None  # monotonic time by which the request in flight must be answered
+        self._timeout_s = 0.0
+        self._ended = threading.Event()
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._call = open_call(iter(self._requests.get, self._END))
-        threading.Thread(target=self._read, name=f"append-batches-{address}", daemon=True).start()
+        threading.Thread(target=self._watch, name=f"append-batches-{address}", daemon=True).start()
 
     def request(self, request, timeout_s: float):
         """The response to ``request``; raises the error that ended the stream before it was answered."""
-        waiter = [threading.Event(), None, None]
-        with self._lock:
-            if self.error is not None:
-                raise self.error
-            self._pending.append(waiter)
+        with self._turn:
+            with self._lock:
+                if self.error is not None:
+                    raise self.error
+                self._timeout_s, self._deadline = timeout_s, time.monotonic() + timeout_s
             self._requests.put(request)
-        if not waiter[0].wait(timeout_s):
-            self.end(errors.Unavailable(f"{self.address} did not answer an AppendBatches request within "
-                                        f"{timeout_s:g} s: the batches may or may not have been written"))
-            waiter[0].wait()  # end() answered it (unless the answer came just before)
-        if waiter[2] is not None:
-            raise waiter[2]
-        return waiter[1]
-
-    def _read(self) -> None:
-        error: BaseException
-        try:
-            for response in self._call:
+            try:
+                response = next(self._call)
+            except StopIteration:
+                error: BaseException = errors.Unavailable(
+                    f"{self.address} ended the AppendBatches stream without answering: the batches may or may "
+                    f"not have been written")
+            except grpc.RpcError as exc:
+                error = exc
+            else:
                 with self._lock:
-                    waiter = self._pending.popleft() if self._pending else None
-                if waiter is not None:
-                    waiter[1] = response
-                    waiter[0].set()
-            error = errors.Unavailable(f"{self.address} ended the AppendBatches stream: the batches not answered "
-                                       f"may or may not have been written")
-        except grpc.RpcError as exc:
-            error = exc
-        except Exception as exc:  # a bug (logged): what the stream owed has an unknown outcome
-            log.error("commitlog_client.sync_batch_stream_failed", exc_info=exc)
-            error = errors.Unavailable(f"the AppendBatches stream failed unexpectedly ({type(exc).__name__}, "
-                                       f"logged): the batches may or may not have been written")
-        self.end(error)
+                    self._deadline = None
+                return response
+            self.end(error)
+            raise self.error
+
+    def _watch(self) -> None:
+        """End the stream when the request in flight is unanswered past its deadline (checked every quarter
+        of its timeout, at most every 0.25 s)."""
+        while not self._ended.wait(min(0.25, self._timeout_s / 4) if self._timeout_s else 0.25):
+            with self._lock:
+                late = self._deadline is not None and time.monotonic() > self._deadline
+            if late:
+                self.end(errors.Unavailable(f"{self.address} did not answer an AppendBatches request within "
+                                            f"{self._timeout_s:g} s: the batches may or may not have been written"))
 
     def end(self, error: BaseException) -> None:
-        """No more requests; every caller still waiting gets ``error``."""
+        """No more requests: the one in flight (its read is cancelled) and every later one get ``error``
+        (unless the stream had ended already: then its first error)."""
         with self._lock:
             if self.error is None:
                 self.error = error
-            pending, self._pending = list(self._pending), collections.deque()
+        self._ended.set()
         self._requests.put(self._END)
         self._call.cancel()  # a no-op when it has ended
-        for waiter in pending:
-            waiter[2] = error
-            waiter[0].set()
 
 
 class _BatchStream:
