@@ -1,8 +1,9 @@
-"""The comparison loop of bench/gateway.py: ``append_loop.py ADDRESS TOPIC WARMUP COUNT BODY_BYTES``.
+"""The comparison loop of bench/gateway.py: ``append_loop.py ADDRESS TOPIC WARMUP COUNT BODY_BYTES [barrier]``.
 
 The same shape as a RocketMQ client's send loop, on mqstore's own API: one process, one blocking unary
 ``CommitLog.Append`` of one message at a time (a plain grpc client). Prints ``{"elapsed_s": ...}`` for the
-COUNT calls after WARMUP calls.
+COUNT calls after WARMUP calls. With ``barrier`` it prints ``ready`` after the warm-up and starts the measured
+calls when a line comes on stdin (bench/gateway.py starts many loops at once so).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main(argv: list[str]) -> int:
                         timeout=10)
         for _ in range(warmup):
             send()
+        if argv[5:] == ["barrier"]:
+            print("ready", flush=True)
+            sys.stdin.readline()
         start = time.perf_counter()
         for _ in range(count):
             send()

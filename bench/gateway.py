@@ -12,8 +12,11 @@ each figure is the median of the rounds, and each ratio's spread is the lowest a
 ratios. Also reported, without a target: the Python client's own ceiling (the same loop against a no-op v2
 server, bench/noop_v2.py, which stores nothing), the floors of the design (bench/gateway_floor.py: a minimal
 sync proxy, the same on grpc.aio, and a minimal server that appends in its own process) and the Node client
-(1.0.8) through the gateway. Target (issue 18): the Python client through the gateway >= 0.5x the direct loop
-(both modes are reported against the same direct loop).
+(1.0.8) through the gateway. Targets: the Python client through the gateway >= 0.6x the direct loop in Cluster
+mode (issue 37; Local mode >= 0.5x, issue 18; both against the same direct loop); and, in each round, 16 official
+Python client processes sending at once through the Cluster-mode gateway (each after its warm-up, started
+together) >= 0.6x 16 direct Append loops started so (the aggregate: every process's count over the slowest
+one's time).
 
 A full run writes bench/results/gateway.json and gateway.md; ``--quick`` writes to bench/results/scratch/.
 """
@@ -44,14 +47,16 @@ RESULTS = ROOT / "bench" / "results"
 TOKEN = "bench-token"
 TOPIC = "bench"
 BODY_BYTES = 1024
-FULL = {"count": 3000, "warmup": 300, "rounds": 3}
-QUICK = {"count": 200, "warmup": 50, "rounds": 1}
+FULL = {"count": 3000, "warmup": 300, "rounds": 3, "many": 16, "many_count": 400}
+QUICK = {"count": 200, "warmup": 50, "rounds": 1, "many": 16, "many_count": 40}
 PY_CLIENT = ROOT / ".venv-rmq" / "bin" / "python"
 # bench/gateway_floor.py's minimal v2 servers: what the design allows, measured in the same rounds
 FLOORS = {"sync": "a minimal sync proxy (parse, one unary Append, answer: gateway_floor.py sync)",
           "aio": "the same minimal proxy on grpc.aio with an aio channel (gateway_floor.py aio)",
+          "stream": "a minimal sync proxy on one open CommitLogInternal.AppendBatchesStream (gateway_floor.py stream)",
           "inproc": "a minimal server appending in its own process, no hop (gateway_floor.py inproc)"}
 CLIENT_TIMEOUT_S = 600
+MANY = FULL["many"]
 
 
 def start(module: str, args: list[str], log_path: pathlib.Path, port: int = 0):
@@ -111,6 +116,79 @@ def direct_rate(address: str, cfg: dict) -> float:
     return cfg["count"] / json.loads(done.stdout)["elapsed_s"]
 
 
+def _reply(proc: subprocess.Popen) -> dict:
+    """The next reply of a driver (its event lines skipped); a failed one is a BenchError."""
+    for line in proc.stdout:
+        reply = json.loads(line)
+        if "id" in reply:
+            if not reply["ok"]:
+                raise BenchError(f"driver: {reply}")
+            return reply
+    raise BenchError(f"a driver exited with {proc.wait(30)} before answering")
+
+
+def _barrier_rate(procs: list[subprocess.Popen], start_line: str, count: int, elapsed) -> float:
+    """Aggregate rate of ``procs``, all warm: ``start_line`` to each at once, then each one's elapsed seconds
+    (``elapsed(proc)``); the aggregate is every process's ``count`` over the slowest one's time."""
+    for proc in procs:
+        proc.stdin.write(start_line)
+        proc.stdin.flush()
+    return len(procs) * count / max(elapsed(proc) for proc in procs)
+
+
+def many_clients_rate(endpoint: str, cfg: dict, home: pathlib.Path) -> float:
+    """``cfg["many"]`` official Python client processes sending ``cfg["many_count"]`` each at once, after each
+    one's warm-up (a barrier): messages per second, all together."""
+    procs = []
+    try:
+        for i in range(cfg["many"]):
+            (home / str(i)).mkdir(parents=True, exist_ok=True)
+            procs.append(subprocess.Popen([str(PY_CLIENT), str(ROOT / "tests" / "clients" / "python" / "rmq_driver.py"),
+                                           endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                          env={**os.environ, "HOME": str(home / str(i))}))
+        script = [{"op": "producer", "topics": [TOPIC]},
+                  {"op": "send_many", "topic": TOPIC, "count": cfg["warmup"] // 4, "body_bytes": BODY_BYTES}]
+        for proc in procs:
+            proc.stdin.write("".join(json.dumps({"id": n, **c}) + "\n" for n, c in enumerate(script, 1)))
+            proc.stdin.flush()
+        for proc in procs:
+            _reply(proc)
+            _reply(proc)
+        measured = json.dumps({"id": 3, "op": "send_many", "topic": TOPIC, "count": cfg["many_count"],
+                               "body_bytes": BODY_BYTES}) + "\n"
+        rate = _barrier_rate(procs, measured, cfg["many_count"], lambda p: _reply(p)["elapsed_s"])
+        for proc in procs:
+            proc.stdin.write(json.dumps({"id": 4, "op": "shutdown"}) + "\n")
+            proc.stdin.close()
+        return rate
+    finally:
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
+def many_direct_rate(address: str, cfg: dict) -> float:
+    """``cfg["many"]`` bench/append_loop.py processes at once (a barrier after each one's warm-up)."""
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "append_loop.py"), address, TOPIC,
+                               str(cfg["warmup"] // 4), str(cfg["many_count"]), str(BODY_BYTES), "barrier"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(cfg["many"])]
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise BenchError(f"append_loop.py exited with {proc.wait(30)} before its warm-up ended")
+        return _barrier_rate(procs, "go\n", cfg["many_count"], lambda p: json.loads(p.stdout.readline())["elapsed_s"])
+    finally:
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
 def noop_rate(cfg: dict, home: pathlib.Path) -> float:
     """The Python client's loop against bench/noop_v2.py: what the client alone allows."""
     noop = subprocess.Popen([sys.executable, str(ROOT / "bench" / "noop_v2.py")], stdin=subprocess.PIPE,
@@ -130,7 +208,8 @@ def noop_rate(cfg: dict, home: pathlib.Path) -> float:
 def floor_rate(mode: str, log_address: str, cfg: dict, home: pathlib.Path) -> float:
     """The Python client's loop against bench/gateway_floor.py in ``mode`` (sync, aio, inproc)."""
     floor = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gateway_floor.py"), mode, log_address],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "MQSTORE_INTERNAL_TOKEN": TOKEN})  # the stream floor's
     try:
         line = floor.stdout.readline()
         while line and not line.strip().isdigit():  # the in-process store logs to stdout first
@@ -152,7 +231,7 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
         raise BenchError(f"{PY_CLIENT} is missing: run `make rmq-clients`")
     log_proc, log_address = start("commitlog_service.main", ["--data-dir", str(work / "log")], work / "log.err")
     rates: dict[str, list[float]] = {"python": [], "direct": [], "local": [], "noop": [], "node": [], "node_local": [],
-                                     **{f"floor_{mode}": [] for mode in FLOORS}}
+                                     "many": [], "many_direct": [], **{f"floor_{mode}": [] for mode in FLOORS}}
     try:
         txn_proc, txn_address = start("txn_service.main", ["--data-dir", str(work / "txn"), "--commitlog",
                                                            log_address], work / "txn.err")
@@ -175,6 +254,8 @@ def measure(cfg: dict, work: pathlib.Path) -> dict:
             rates["noop"].append(noop_rate(cfg, work / f"home-noop-{round_no}"))
             for mode in FLOORS:
                 rates[f"floor_{mode}"].append(floor_rate(mode, log_address, cfg, work / f"home-{mode}-{round_no}"))
+            rates["many"].append(many_clients_rate(gw_address, cfg, work / f"home-many-{round_no}"))
+            rates["many_direct"].append(many_direct_rate(log_address, cfg))
             print("round", round_no, {k: round(v[-1], 1) for k, v in rates.items() if v}, flush=True)
         if shutil.which("node") and (ROOT / "tests" / "clients" / "node" / "node_modules").is_dir():
             rates["node"].append(client_rate("node", gw_address, cfg, work / "home-node"))
@@ -201,12 +282,19 @@ def rows(rates: dict) -> list[dict]:
                         "(its own process) (msg/s)",
             "figure": round(py, 1), "comparison": "the same loop calling CommitLog.Append directly (plain grpc)",
             "comparison_figure": round(direct, 1), "ratio": round(py / direct, 3), "spread": spread(rates, "python"),
-            "target": ">= 0.5"},
+            "target": ">= 0.6"},
            {"workload": "the same through the gateway in Local mode (served by the commit log process, "
                         "--gateway-port) (msg/s)",
             "figure": round(local, 1), "comparison": "the same direct Append loop",
             "comparison_figure": round(direct, 1), "ratio": round(local / direct, 3),
             "spread": spread(rates, "local"), "target": ">= 0.5"}]
+    many, many_direct = statistics.median(rates["many"]), statistics.median(rates["many_direct"])
+    ratios = [a / b for a, b in zip(rates["many"], rates["many_direct"], strict=True)]
+    out.append({"workload": f"{MANY} official Python client processes at once, "
+                            f"each send() sequential, through the gateway in Cluster mode, aggregate (msg/s)",
+                "figure": round(many, 1), "comparison": f"{MANY} direct Append loops at once (append_loop.py)",
+                "comparison_figure": round(many_direct, 1), "ratio": round(many / many_direct, 3),
+                "spread": f"{min(ratios):.3f}-{max(ratios):.3f}", "target": ">= 0.6"})
     noop = statistics.median(rates["noop"])
     out.append({"workload": "Python client send() against a no-op v2 server (msg/s): the client's own ceiling",
                 "figure": round(noop, 1), "comparison": "the direct Append loop", "comparison_figure": round(direct, 1),

@@ -18,7 +18,10 @@ allows on this machine, measured in the same run as the gateway itself.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import queue
+import threading
 import pathlib
 import shutil
 import sys
@@ -40,6 +43,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from noop_v2 import OK, NoopMessaging
 
 APPEND = "/mqstore.v1.CommitLog/Append"
+APPEND_BATCHES_STREAM = "/mqstore.v1.CommitLogInternal/AppendBatchesStream"
+TOKEN_METADATA = "mqstore-internal-token"
 TIMEOUT_S = 10
 
 
@@ -52,6 +57,13 @@ def append_request(m: d.Message) -> bytes:
     message = common_pb2.MessageInput(body=m.body, properties={"UNIQ_KEY": m.system_properties.message_id},
                                       born_timestamp_ms=born_ms(m))
     return commitlog_pb2.AppendRequest(topic=m.topic.name, messages=[message]).SerializeToString()
+
+
+def batches_request(m: d.Message) -> bytes:
+    message = common_pb2.MessageInput(body=m.body, properties={"UNIQ_KEY": m.system_properties.message_id},
+                                      born_timestamp_ms=born_ms(m))
+    return commitlog_pb2.InternalAppendBatchesRequest(writer="gateway", batches=[commitlog_pb2.InternalAppendBatch(
+        topic=m.topic.name, messages=[commitlog_pb2.InternalMessage(message=message)])]).SerializeToString()
 
 
 def answer(m: d.Message, queue_offset: int) -> s.SendMessageResponse:
@@ -79,6 +91,37 @@ class AioFloor(NoopMessaging):
         m = request.messages[0]
         raw = await self.append(append_request(m), timeout=TIMEOUT_S)
         return answer(m, commitlog_pb2.AppendResponse.FromString(raw).results[0].queue_offset)
+
+
+class StreamFloor(NoopMessaging):
+    """One CommitLogInternal.AppendBatchesStream kept open (needs MQSTORE_INTERNAL_TOKEN): a handler queues its
+    request and waits for the reader thread to hand it its response, in order."""
+
+    def __init__(self, address: str):
+        self.channel = grpc.insecure_channel(address)
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        call = self.channel.stream_stream(APPEND_BATCHES_STREAM)(
+            iter(self.requests.get, None), metadata=((TOKEN_METADATA, os.environ["MQSTORE_INTERNAL_TOKEN"]),))
+        threading.Thread(target=self._read, args=(call,), daemon=True).start()
+
+    def _read(self, call) -> None:
+        for raw in call:
+            waiter = self.pending.popleft()
+            waiter[1] = raw
+            waiter[0].set()
+
+    def SendMessage(self, request, context):
+        m = request.messages[0]
+        waiter = [threading.Event(), None]
+        with self.lock:
+            self.pending.append(waiter)
+            self.requests.put(batches_request(m))
+        if not waiter[0].wait(TIMEOUT_S):
+            raise RuntimeError("no answer from the stream")
+        result = commitlog_pb2.InternalAppendBatchesResponse.FromString(waiter[1]).results[0]
+        return answer(m, result.appended.results[0].queue_offset)
 
 
 class InProcessFloor(NoopMessaging):
@@ -125,6 +168,8 @@ def main(argv: list[str]) -> int:
     mode, address = argv
     if mode == "sync":
         serve_threads(SyncFloor(address))
+    elif mode == "stream":
+        serve_threads(StreamFloor(address))
     elif mode == "aio":
         asyncio.run(serve_aio(address))
     elif mode == "inproc":

@@ -1,11 +1,14 @@
 """What one send through the gateway costs the commit log, counted by the commit log's own per-RPC
-metrics: exactly one CommitLogInternal.Append per message (the producer's born host, the gateway's
-README), and no DescribeTopic while the topic's cached answer is fresh (GatewayConfig.topic_cache_ms),
-nor any other call. A commit log, a Transaction service and a gateway in this process (real gRPC on
+metrics: sequential sends are one request each on the CommitLogInternal.AppendBatchesStream the first send
+opened (the producer's born host, the gateway's README) and start no call at all: no DescribeTopic while the
+topic's cached answer is fresh (GatewayConfig.topic_cache_ms), nor any other call. Concurrent sends are all
+answered OK, each stored once, in no more requests than sends (coalesced: mqstore.gateway.coalescing).
+A commit log, a Transaction service and a gateway in this process (real gRPC on
 127.0.0.1, port 0), sends with raw apache.rocketmq.v2 stubs."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 import grpc
@@ -28,19 +31,26 @@ pytestmark = pytest.mark.integration
 CLIENT = (("x-mq-client-id", "send-calls-test"),)
 TIMEOUT_S = 10
 SENDS = 25
+CONCURRENT, THREADS = 64, 8
+RECEIVED = "grpc_server_msg_received_total"
+BATCHES = "mqstore.v1.CommitLogInternal/AppendBatchesStream"
 # Generous: the test must not depend on how fast a loaded machine sends, only on the count of calls.
 CACHE_MS = 600_000
 
 
-def _calls(port: int) -> dict[str, float]:
-    """Calls the commit log has started, by "service/method"."""
+def _calls(port: int, metric: str = "grpc_server_started_total") -> dict[str, float]:
+    """Calls the commit log has started (or with ``metric`` request messages it received), by "service/method"."""
     scraped = scrape(port)
     out: dict[str, float] = {}
     for sample in scraped.samples:
-        if sample.name == "grpc_server_started_total":
+        if sample.name == metric:
             key = f"{sample.labels['grpc_service']}/{sample.labels['grpc_method']}"
             out[key] = out.get(key, 0.0) + sample.value
     return out
+
+
+def _moved(before: dict, after: dict) -> dict:
+    return {key: n for key in after if (n := after.get(key, 0.0) - before.get(key, 0.0))}
 
 
 def _message(i: int) -> d.Message:
@@ -51,7 +61,7 @@ def _message(i: int) -> d.Message:
     return m
 
 
-def test_a_send_is_one_internal_append_and_no_other_call_to_the_commit_log(tmp_path):
+def test_a_send_is_one_request_on_the_append_stream_and_no_other_call_to_the_commit_log(tmp_path):
     log_config = dataclasses.replace(make_config(tmp_path / "log"), internal_token=TOKEN,
                                      server=ServerConfig(port=0, grace_s=0.5, metrics_port=0))
     with commitlog_serving(log_config) as (log_server, log_port):
@@ -68,14 +78,27 @@ def test_a_send_is_one_internal_append_and_no_other_call_to_the_commit_log(tmp_p
                 first = stub.SendMessage(s.SendMessageRequest(messages=[_message(0)]), metadata=CLIENT,
                                          timeout=TIMEOUT_S)
                 assert first.status.code == d.OK, first
-                before = _calls(log_server.metrics_port)
+                metrics = log_server.metrics_port
+                before = _calls(metrics), _calls(metrics, RECEIVED)
                 for i in range(1, SENDS + 1):
                     sent = stub.SendMessage(s.SendMessageRequest(messages=[_message(i)]), metadata=CLIENT,
                                             timeout=TIMEOUT_S)
                     assert sent.status.code == d.OK, sent
-                after = _calls(log_server.metrics_port)
-    moved = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+                after = _calls(metrics), _calls(metrics, RECEIVED)
+                # Concurrent sends: every one answered OK with its own offset, in at most one request each
+                with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+                    answers = list(pool.map(lambda i: stub.SendMessage(
+                        s.SendMessageRequest(messages=[_message(i)]), metadata=CLIENT, timeout=TIMEOUT_S),
+                        range(SENDS + 1, SENDS + 1 + CONCURRENT)))
+                last = _calls(metrics, RECEIVED)
+                with grpc.insecure_channel(f"127.0.0.1:{log_port}") as channel:
+                    stored = sum(commitlog_pb2_grpc.CommitLogStub(channel).GetQueueInfo(
+                        cpb.GetQueueInfoRequest(topic="t", queue_id=q), timeout=TIMEOUT_S).max_offset for q in (0, 1))
     # The Transaction service follows the log on its own streams, opened before `before`; anything the
-    # sends caused shows as a unary call here.
-    moved = {key: n for key, n in moved.items() if n}
-    assert moved == {"mqstore.v1.CommitLogInternal/Append": SENDS}, moved
+    # sends caused shows as a call started here.
+    assert _moved(before[0], after[0]) == {}, _moved(before[0], after[0])
+    assert _moved(before[1], after[1]) == {BATCHES: SENDS}, _moved(before[1], after[1])
+    assert all(a.status.code == d.OK for a in answers), [a for a in answers if a.status.code != d.OK][:1]
+    assert len({a.entries[0].message_id for a in answers}) == CONCURRENT
+    assert stored == 1 + SENDS + CONCURRENT  # each message stored once
+    assert 1 <= _moved(after[1], last)[BATCHES] <= CONCURRENT

@@ -92,7 +92,10 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
             outcome = response.results.add()
             try:
                 messages = convert.internal_messages_in(batch.messages, peer)
-                results = self._store.append(batch.topic, messages, system_writer=request.writer)
+                if self._scheduler is not None and request.writer == WRITER_GATEWAY:  # as Append: a DELAY send
+                    results = self._scheduler.append(batch.topic, messages, writer=request.writer)
+                else:
+                    results = self._store.append(batch.topic, messages, system_writer=request.writer)
             except NotLeader as exc:
                 if at == 0:
                     raise

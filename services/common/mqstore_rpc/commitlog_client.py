@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import queue
 import threading
+import time
 from typing import Iterator, Sequence
 
 import grpc
@@ -121,6 +123,7 @@ class CommitLogClient:
         self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
         self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
         self._batch_streams: dict[str, _BatchStream] = {}  # AppendBatchesStream per node, on its loop
+        self._sync_streams: dict[str, SyncBatchStream] = {}  # internal_append_batches' stream per node
         self._use(self.addresses[0])
 
     def _use(self, address: str, fresh: bool = False) -> None:
@@ -156,6 +159,9 @@ class CommitLogClient:
         with self._lock:
             channels, self._channels = [*self._channels.values(), *self._retired.values()], {}
             self._retired = {}
+            streams, self._sync_streams = list(self._sync_streams.values()), {}
+        for stream in streams:
+            stream.end(errors.Unavailable("the client is closing: the batches may or may not have been written"))
         for channel in channels:
             channel.close()
 
@@ -275,6 +281,74 @@ class CommitLogClient:
                                                       messages=[convert.internal_message(m) for m in messages])
         response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, service="internal")
         return [convert.append_result_out(r) for r in response.results]
+
+    def internal_append_batches(self, batches: Sequence[tuple[str, Sequence[model.MessageIn]]], *, writer: str,
+                                token: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
+        """CommitLogInternal.AppendBatches for a thread (the gateway's coalesced sends,
+        mqstore.gateway.coalescing): the outcomes of :meth:`internal_append_batches_async`, each batch's
+        results or the error it would have raised alone, in order; a failure of the whole request raises,
+        with :meth:`_call`'s leader-following. Sent as a request of an AppendBatchesStream kept open to the
+        node (SyncBatchStream; a request unanswered within ``rpc_timeout_s`` tears it down, Unavailable),
+        or, when the client lists a group's nodes, as one unary call probed as :meth:`_call`'s writes. A
+        commit log older than AppendBatches (UNIMPLEMENTED: nothing was written) gets one Append per batch
+        from then on."""
+        if self._batches_unimplemented:
+            return self._append_batches_one_by_one_sync(batches, writer, token)
+        request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
+            commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
+            for topic, messages in batches])
+        metadata = ((TOKEN_METADATA, token),)
+        probing = self.leader_probe_s > 0 and len(self.addresses) > 1
+        for attempt in range(2):
+            address = self.address
+            try:
+                with waits.waiting():  # a handler calling another service: the handler pool runs others meanwhile
+                    if probing:  # a group's nodes: one unary call, probed (the module docstring)
+                        response = self._write_probing(self._internal.AppendBatches, request, self.rpc_timeout_s,
+                                                       metadata, address)
+                    else:
+                        response = self._sync_stream(address, metadata).request(request, self.rpc_timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._batches_unimplemented = True
+                    log.warning("commitlog_client.append_batches_unimplemented", address=address,
+                                hint="the commit log predates CommitLogInternal.AppendBatches: one Append per batch "
+                                     "until this client restarts; upgrade the commit log")
+                    return self._append_batches_one_by_one_sync(batches, writer, token)
+                error = self._failed(exc, address, attempt, write=True)
+                if error is None:
+                    continue
+                raise error from None
+            if len(response.results) != len(batches):
+                raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
+                                         f"{len(batches)} batches: the batches may or may not have been written")
+            return [[convert.append_result_out(r) for r in outcome.appended.results]
+                    if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
+                    for outcome in response.results]
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _sync_stream(self, address: str, metadata) -> SyncBatchStream:
+        """The AppendBatchesStream open to ``address`` (a new one when there is none or it has ended)."""
+        with self._lock:
+            stream = self._sync_streams.get(address)
+            if stream is None or stream.error is not None:
+                channel = self._channels.get(address)
+                if channel is None:
+                    channel = self._channels[address] = self._peers.channel(address, self._options)
+                stub = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+                stream = self._sync_streams[address] = SyncBatchStream(
+                    lambda requests: stub.AppendBatchesStream(requests, metadata=metadata), address)
+            return stream
+
+    def _append_batches_one_by_one_sync(self, batches, writer: str, token: str):
+        """:meth:`internal_append_batches`' outcomes from one CommitLogInternal.Append per batch (an older log)."""
+        outcomes: list[list[model.AppendResult] | errors.MqStoreError] = []
+        for topic, messages in batches:
+            try:
+                outcomes.append(self.internal_append(topic, messages, writer=writer, token=token))
+            except errors.MqStoreError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     async def internal_append_batches_async(
             self, batches: Sequence[tuple[str, Sequence[model.MessageIn]]], *, writer: str,
@@ -498,6 +572,73 @@ class CommitLogClient:
             if not write and attempt == 0 and len(self.addresses) > 1:
                 return None
         return error
+
+
+class SyncBatchStream:
+    """One open AppendBatchesStream for threads (internal_append_batches; the gateway's sends), one request at
+    a time: the caller queues its request for grpc's writer and reads the response itself (no hand-off to
+    another thread; callers take turns). One message of an open stream costs both ends less than a unary
+    call (bench/gateway.py's floors). A watchdog thread ends the stream when a request is unanswered past its
+    timeout. When the stream ends (an error status, a broken connection, the watchdog, :meth:`end`), the
+    request in flight and every later one get that error (a grpc.RpcError as the call raised it, or an
+    mqstore error) and the client opens a new stream."""
+
+    _END = object()
+
+    def __init__(self, open_call, address: str):
+        self.address = address
+        self.error: BaseException | None = None
+        self._turn = threading.Lock()        # one request in flight
+        self._lock = threading.Lock()        # error, deadline
+        self._deadline: float | None = None  # monotonic time by which the request in flight must be answered
+        self._timeout_s = 0.0
+        self._ended = threading.Event()
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = open_call(iter(self._requests.get, self._END))
+        threading.Thread(target=self._watch, name=f"append-batches-{address}", daemon=True).start()
+
+    def request(self, request, timeout_s: float):
+        """The response to ``request``; raises the error that ended the stream before it was answered."""
+        with self._turn:
+            with self._lock:
+                if self.error is not None:
+                    raise self.error
+                self._timeout_s, self._deadline = timeout_s, time.monotonic() + timeout_s
+            self._requests.put(request)
+            try:
+                response = next(self._call)
+            except StopIteration:
+                error: BaseException = errors.Unavailable(
+                    f"{self.address} ended the AppendBatches stream without answering: the batches may or may "
+                    f"not have been written")
+            except grpc.RpcError as exc:
+                error = exc
+            else:
+                with self._lock:
+                    self._deadline = None
+                return response
+            self.end(error)
+            raise self.error
+
+    def _watch(self) -> None:
+        """End the stream when the request in flight is unanswered past its deadline (checked every quarter
+        of its timeout, at most every 0.25 s)."""
+        while not self._ended.wait(min(0.25, self._timeout_s / 4) if self._timeout_s else 0.25):
+            with self._lock:
+                late = self._deadline is not None and time.monotonic() > self._deadline
+            if late:
+                self.end(errors.Unavailable(f"{self.address} did not answer an AppendBatches request within "
+                                            f"{self._timeout_s:g} s: the batches may or may not have been written"))
+
+    def end(self, error: BaseException) -> None:
+        """No more requests: the one in flight (its read is cancelled) and every later one get ``error``
+        (unless the stream had ended already: then its first error)."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
+        self._ended.set()
+        self._requests.put(self._END)
+        self._call.cancel()  # a no-op when it has ended
 
 
 class _BatchStream:

@@ -80,8 +80,9 @@ class GatewayServiceConfig:
 def compose(config: GatewayServiceConfig, parts: service.Composition) -> None:
     """Cluster mode: the gateway on the CommitLog service's gRPC API (mqstore.gateway.log). Closers run in
     reverse: the registry's streams end, the check relay stops, then the clients close."""
-    # Sends are one unary Append each, on the latency path of every producer: no retry machinery (a send
-    # that meets a broken connection fails as PROXY_TIMEOUT, and the client's own backoff sends it again).
+    # Sends are requests of one AppendBatchesStream (remote_log), on the latency path of every producer: no
+    # retry machinery (a send that meets a broken connection fails as PROXY_TIMEOUT, and the client's own
+    # backoff sends it again).
     log_client = CommitLogClient(config.commitlog_address, rpc_timeout_s=config.rpc_timeout_ms / 1000,
                                  peers=parts.peers, transparent_retries=False)
     parts.on_close(log_client.close)

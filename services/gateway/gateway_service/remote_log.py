@@ -2,9 +2,10 @@
 Consumer service and RecallTimer of the CommitLog service, through one CommitLogClient (which follows a replication
 group's leader).
 
-Sends are CommitLogInternal.Append as writer "gateway" when the gateway has the commit log's internal
-token (the record's born host is the producer's), else the public Append (the born host is the
-gateway's: ``gateway.born_host_is_gateway`` is logged once, at start).
+Sends are CommitLogInternal.AppendBatches as writer "gateway" when the gateway has the commit log's internal
+token (the record's born host is the producer's): concurrent sends coalesced into one call, each its own
+batch with its own outcome, a lone send at once (mqstore.gateway.coalescing); else one public Append per
+send (the born host is the gateway's: ``gateway.born_host_is_gateway`` is logged once, at start).
 
 Thread-safe (the CommitLogClient is); the owner closes the client.
 """
@@ -15,6 +16,7 @@ import functools
 from typing import Sequence
 
 import structlog
+from mqstore.gateway.coalescing import SendCoalescer
 from mqstore.model import AppendResult, MessageIn, TopicRecord
 from mqstore.relayed import WRITER_GATEWAY
 
@@ -30,8 +32,11 @@ class RemoteLog:
         self.pop = PopClient(log_client)  # the same nodes: pop consumption follows the commit log's leader
         self._topic = log_client.topic
         self._recall = log_client.recall_timer
-        if internal_token:
-            self._append = functools.partial(log_client.internal_append, writer=WRITER_GATEWAY, token=internal_token)
+        self.coalescer: SendCoalescer | None = None
+        if internal_token:  # concurrent sends go together, one AppendBatches call (mqstore.gateway.coalescing)
+            self.coalescer = SendCoalescer(functools.partial(log_client.internal_append_batches,
+                                                             writer=WRITER_GATEWAY, token=internal_token))
+            self._append = self.coalescer.append
         else:
             log.warning("gateway.born_host_is_gateway", reason="no internal token (MQSTORE_INTERNAL_TOKEN): sends "
                         "go through the public Append, which stores the gateway's address as every message's born "
