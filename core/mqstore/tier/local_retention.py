@@ -19,7 +19,8 @@ A local segment goes only when, oldest first and never the last one:
 
 Total retention of the tiered part: a segment only in the tier goes from the logical log (every consume
 queue's minimum past it, Retention.before_segment_delete) once the first record after it (the next segment's
-first, local or in the tier) is older than ``retention_ms``. Its object stays in the tier (no tier retention yet).
+first, local or in the tier) is older than ``retention_ms``. Its object is then deleted by the tier's own retention
+(the uploader on the leader, below :attr:`LocalRetention.logical_min`; mqstore.tier.uploader).
 
 Thread-safety: ``step`` runs on the duty's thread; ``logical_min`` is a plain int, replaced whole.
 """

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from mqstore import failpoints
-from mqstore.errors import DataLoss, InvalidArgument, Unavailable
+from mqstore.errors import DataLoss, InvalidArgument, OutOfRange, Unavailable
 from mqstore.format.tier_upload import FINISHED, Upload
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
@@ -103,9 +103,11 @@ class Rig:
         self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)
         self.ledger = Ledger.of_store(self.store)
         self.uploader = Uploader(self.tier, self.ledger, lambda: sealed_segments(self.store), leader_epoch=lambda: 0,
-                                 ready=self.store.promoted_visible, log_min=self.store.log_min, interval_ms=10_000)
+                                 ready=self.store.promoted_visible, log_min=self.store.log_min, interval_ms=10_000,
+                                 logical_min=lambda: self.local.logical_min)
         self.store.retention.add_floor("tier", self.uploader.retention_floor)
-        self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10)
+        self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10,
+                                 floor=lambda: self.local.logical_min)
         self.store.commitlog.remote = self.reader.read
         self.local = LocalRetention(self.store, self.ledger, local_retention_ms=0, local_retention_bytes=2 * SEGMENT,
                                     writable=lambda: True, interval_ms=10_000)
@@ -201,7 +203,8 @@ def test_a_torn_object_is_data_loss_naming_it_never_a_partial_message(rig):
     assert bodies
 
 
-def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(small_config, tmp_path):
+def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier_and_deletes_their_objects(
+        small_config, tmp_path):
     made = Rig(small_config(segment_size_bytes=SEGMENT, retention_ms=1500), tmp_path / "tier")
     try:
         _fill(made.store, 8)
@@ -209,6 +212,10 @@ def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(sm
         made.local.step()
         local_min = made.local_files()[0]
         assert local_min > 0 and made.store.queue_info("t", 0).min_offset == 0  # not expired yet: all there
+        first = made.store.pull("t", 0, 0, 1).messages[0].record.physical_offset
+        assert made.store.get_message(first).record.body  # read from the tier
+        made.uploader.step()
+        assert made.uploader.expired == 0  # nothing past the total retention yet: every object kept
 
         def expired():
             made.local.step()
@@ -216,5 +223,35 @@ def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(sm
         wait_until(expired, "the tiered segments expired by retention_ms (1.5 s)", 30)
         low = made.store.queue_info("t", 0).min_offset
         assert low > 0 and made.store.pull("t", 0, low, 1).messages[0].record.physical_offset >= local_min
+        # The tier's own retention: the expired segments' objects go, then DELETED is recorded; a crash between
+        # (the failpoint) leaves a FINISHED upload without its object, and the next pass finishes the job.
+        gone = {base: u for base, u in made.ledger.snapshot()[0].items() if base + u.segment_size <= local_min}
+        assert gone and 0 in gone
+        failpoints.arm("tier.retention.after_delete", "raise")
+        with pytest.raises(failpoints.FailpointHit):
+            made.uploader.step()
+        failpoints.disarm_all()
+        assert made.tier.size(gone[0].key) is None and 0 in made.ledger.snapshot()[0]  # deleted, not yet recorded
+        made.uploader.step()
+        assert made.ledger.deleted().keys() == gone.keys()
+        assert all(made.tier.size(u.key) is None for u in gone.values())
+        assert not set(gone) & set(made.ledger.snapshot()[0])
+        remaining = {info.key for info in made.tier.list("commitlog")}
+        assert remaining == {u.key for u in made.ledger.snapshot()[0].values()}  # the rest kept, no orphan
+        made.uploader.step()  # idempotent: nothing more to delete
+        assert made.uploader.expired == len(gone) and made.ledger.conflicts == 0
+        # Reads of the deleted offsets answer as expired local data does: below the log's start.
+        with pytest.raises(OutOfRange):
+            made.store.get_message(first)
+        assert made.store.get_messages([first])[0].message is None
+        with pytest.raises(OutOfRange, match=f"valid offsets are \\[{low},"):
+            made.store.pull("t", 0, 0, 1)
+        assert made.reader.fetch_errors == 0
+        made.stop()
+        made.start()  # the ledger from the log: the deleted segments stay deleted, the logical log where it was
+        assert made.local.logical_min >= local_min and made.ledger.deleted().keys() >= gone.keys()
+        made.uploader.step()
+        assert made.uploader.expired == 0 and {info.key for info in made.tier.list("commitlog")} == remaining
     finally:
+        failpoints.disarm_all()
         made.stop()
