@@ -18,6 +18,7 @@ from mqstore.tier.config import TierConfig
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import BlockCache, TierReader
+from mqstore.tier.status import TierStats
 from mqstore.tier.uploader import Uploader, sealed_segments
 from mqstore.tier.urls import open_store
 from tests.support.waiting import wait_until
@@ -165,14 +166,28 @@ def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_th
         rig.uploader.step()
     rig.local.step()
     assert rig.local.deleted == 0 and rig.local_files()[0] == 0  # not uploaded: every local file stays
+    stats = TierStats(rig.store, rig.uploader, rig.reader, lambda: rig.local.logical_min)
+    failed = stats.status()
+    assert failed.copy_errors == 1 and "FailpointHit" in failed.last_error and failed.last_error_ms > 0
+    assert failed.copy_lag_segments >= 7 and failed.copy_lag_bytes == failed.copy_lag_segments * SEGMENT
+    assert failed.pending_uploads == 1 and failed.tiered_bytes == 0 and failed.local_bytes >= 8 * SEGMENT
     failpoints.disarm_all()
     rig.uploader.step()
+    uploaded = stats.status(with_segments=True)
+    assert uploaded.copy_lag_segments == 0 and uploaded.pending_uploads == 0
+    assert uploaded.last_error == failed.last_error  # kept: the last error, not cleared by a good step
+    assert uploaded.tiered_bytes == uploaded.copy_bytes == sum(r.size for r in uploaded.segments if r.tiered)
+    assert [r.base for r in uploaded.segments] == rig.local_files() and not uploaded.segments[-1].sealed
     bodies += _fill(rig.store, 14, start=len(bodies))  # the FINISHED records lie in segments that go next
     rig.uploader.step()
     rig.local.step()
     assert rig.local.deleted >= 8 and rig.local_files()[0] > 0
     assert rig.store.queue_info("t", 0).min_offset == 0  # the logical log is the total retention's
     assert _pull_all(rig.store) == bodies and rig.reader.gets > 0
+    read = stats.status(with_segments=True)
+    assert read.fetch_bytes == rig.reader.fetched_bytes > 0 and read.cache_misses > 0 and read.cache_hits > 0
+    assert read.local_min == rig.local_files()[0] and all(r.tiered for r in read.segments if not r.local)
+    assert {r.base for r in read.segments if not r.local} == {r.base for r in read.segments if r.base < read.local_min}
     raw = rig.store.pull_raw("t", 0, 0, 32).records
     assert [bytes(m) for m in raw] == [rig.store.get_message_raw(m.record.physical_offset)
                                        for m in rig.store.pull("t", 0, 0, 32).messages]
