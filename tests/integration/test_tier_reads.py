@@ -2,9 +2,10 @@
 S3-compatible server (moto's server mode on 127.0.0.1, behind a TCP proxy that can stall it), one process for
 the module: messages appended across several 1 MiB segments are uploaded, local retention
 (--local-retention-bytes) deletes the sealed local files, and a Pull from offset 0 returns every message
-byte-identical from the tier; with the tier stalled, a Pull of data only in the tier is UNAVAILABLE naming the
-tier within its deadline while a Pull of the local tail answers at once; GetTierStatus, `mqstore tier status`
-and the tier's metrics on the Prometheus endpoint show the uploads, the local and tiered bytes and the reads."""
+byte-identical from the tier, and a Tail from the earliest offset too; with the tier stalled, a Pull of data
+only in the tier is UNAVAILABLE naming the tier within its deadline while a Pull of the local tail answers at
+once; GetTierStatus, `mqstore tier status` and the tier's metrics on the Prometheus endpoint show the uploads,
+the local and tiered bytes and the reads."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 import grpc
 import pytest
 
+from mqstore.format import record_reader
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc, common_pb2
 from tests.support.processes import commitlog
 from tests.support.s3 import moto_s3
@@ -85,6 +87,17 @@ def test_local_retention_deletes_uploaded_segments_and_pull_from_zero_reads_them
     assert first.physical_offset < _local_files(data_dir)[0]
     assert stub.GetMessage(pb.GetMessageRequest(physical_offset=first.physical_offset), timeout=30).body \
         == bodies[0]
+    stream = stub.Tail(pb.TailRequest(start=pb.TAIL_START_EARLIEST, topics=["t"], max_frame_bytes=256 << 10),
+                       timeout=60)
+    tailed = []
+    try:
+        for frame in stream:  # bounded by the deadline and the count
+            tailed += [bytes(view.body) for view in record_reader.records(frame.records)]
+            if len(tailed) >= len(bodies):
+                break
+    finally:
+        stream.cancel()
+    assert tailed == bodies  # Tail from the earliest offset reads the tier, then the local log
 
 
 def test_a_stalled_tier_is_unavailable_within_its_deadline_while_the_local_tail_answers(rig):

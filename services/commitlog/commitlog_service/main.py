@@ -247,7 +247,8 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
         return upload
     reader = TierReader(objects, finished, store.segments.segment_size, read_ahead_bytes=tier.tier_read_ahead_bytes,
                         cache_bytes=tier.tier_cache_bytes, floor=logical_min)
-    store.commitlog.remote = reader.read  # Pull and GetMessage(s) below the local log read the tier
+    store.commitlog.remote = reader.read  # Pull, GetMessage(s) and Tail below the local log read the tier
+    store.commitlog.remote_floor = logical_min
     stats = TierStats(store, uploader, reader, logical_min)
     store.tier_status = stats.status  # CommitLog/GetTierStatus, `mqstore tier status`
     if parts.metrics is not None:
