@@ -356,6 +356,15 @@ class CommitLog:
         checks and go on at the next offset."""
         if self._remote_below(start):
             return self._remote_frame(start, limit, max_bytes, topics, tx_types)
+        try:
+            return self._local_frame(start, limit, max_bytes, topics, tx_types)
+        except (OutOfRange, ValueError):  # SegmentClosed, or a mapping closed under struct: local retention
+            if not self._remote_below(start):
+                raise
+            return self._remote_frame(start, limit, max_bytes, topics, tx_types)  # uploaded before it went
+
+    def _local_frame(self, start: int, limit: int, max_bytes: int, topics: frozenset[bytes],
+                     tx_types: frozenset[int]):
         seg = self.segments.find(start)
         buf = seg.buffer
         pos = start - seg.start

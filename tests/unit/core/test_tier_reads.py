@@ -147,7 +147,8 @@ def _fill(store, segments: int, start: int = 0) -> list[bytes]:
         more = [f"{batch}:{i}:".encode() + bytes([batch % 251]) * 700 for i in range(4)]
         store.append("t", [MessageIn(body=body) for body in more])
         bodies += more
-    wait_until(lambda: len(sealed_segments(store)) >= segments - 1, "segments sealed")
+    wait_until(lambda: min(store.flushed_offset(), store.visible_offset()) >= (segments - 1) * SEGMENT,
+               "segments sealed")  # by offset: local retention may have deleted the first ones
     return bodies
 
 
@@ -225,6 +226,27 @@ def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_th
     rig.start()  # the ledger's records below the local log were re-appended: the tier is still mapped
     assert rig.local.logical_min == 0 and rig.store.queue_info("t", 0).min_offset == 0
     assert _pull_all(rig.store) == bodies
+
+
+def test_a_hold_below_the_local_log_keeps_no_local_file_and_one_in_it_does(rig):
+    bodies = _fill(rig.store, 6)
+    rig.uploader.step()
+    rig.local.step()
+    first_min = rig.local_files()[0]
+    assert first_min > 0
+    now = rig.store.clock.now_ms()
+    rig.store.retention.holds.open("reads-the-tier", 0, now, durable=False)  # a Tail that started in the tier
+    bodies += _fill(rig.store, 10, start=len(bodies))
+    rig.uploader.step()
+    rig.local.step()
+    second_min = rig.local_files()[0]
+    assert second_min > first_min  # it reads what goes from the tier: local retention goes on
+    rig.store.retention.holds.open("reads-the-local-log", second_min, now, durable=False)
+    bodies += _fill(rig.store, 14, start=len(bodies))
+    rig.uploader.step()
+    rig.local.step()
+    assert rig.local_files()[0] == second_min  # a hold in the local log keeps it, as before
+    assert _tail_all(rig.store) == bodies
 
 
 def test_a_torn_object_is_data_loss_naming_it_never_a_partial_message(rig):
