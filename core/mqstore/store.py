@@ -127,6 +127,8 @@ class MessageStore:
         # Set before start() when the object storage tier's local retention is on (mqstore.tier.local_retention):
         # at start, the consume queues keep their entries below the first local segment (read from the tier).
         self.tiered_log = False
+        # Set by the commit log's composition when the tier is on: the tier's status (mqstore.tier.status).
+        self.tier_status = None
         self._running = False
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start

@@ -75,7 +75,7 @@ def _frames(store: MessageStore, pos: int, max_frame_bytes: int, heartbeat_s: fl
             holds.refresh(hold, clock.now_ms())
         visible = store.visible_offset()
         if pos < visible:
-            pos = max(pos, commitlog.min_offset)
+            pos = max(pos, commitlog.logical_min())  # the tier serves below the local log (issue 36)
             data, count, nxt = commitlog.frame(pos, visible, max_frame_bytes, wanted, wanted_tx)
             pos = nxt
             if count:
@@ -101,7 +101,7 @@ def _frames(store: MessageStore, pos: int, max_frame_bytes: int, heartbeat_s: fl
 
 def _start(store: MessageStore, start: str, offset: int) -> int:
     visible = store.visible_offset()
-    low = store.commitlog.min_offset
+    low = store.commitlog.logical_min()
     if start == TAIL_EARLIEST:
         return low
     if start == TAIL_LATEST:

@@ -423,3 +423,45 @@ def _tier_upload_cut(name, tmp_path, failpoint):
     finally:
         store.stop()
         tier.close()
+
+
+@scenario("tier.retention.after_delete")
+def _tier_retention_cut(name, tmp_path, failpoint):
+    """The tier's retention dies after deleting an expired segment's object, before its DELETED record; the node
+    restarts from disk: the next pass finishes it, so no object of a segment below the log is left, every one
+    above is kept, and the ledger has no conflict (mqstore.tier.uploader)."""
+    from mqstore.tier.ledger import Ledger
+    from mqstore.tier.uploader import Uploader, sealed_segments
+    from mqstore.tier.urls import open_store
+    from tests.support.waiting import wait_until
+
+    def uploader(store, tier):
+        return Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=lambda: 0,
+                        ready=lambda: True, log_min=store.log_min, interval_ms=600_000)
+    config = _config(tmp_path)
+    store, _ = _started(config, 12)  # ~ 3 segments of 16 KiB
+    wait_until(lambda: len(sealed_segments(store)) >= 2, "two sealed segments")
+    tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
+    first = uploader(store, tier)
+    store.retention.add_floor("tier", first.retention_floor)
+    first.step()
+    object.__setattr__(store.retention._config, "retention_ms", 1)  # every uploaded segment expired
+    wait_until(lambda: store.retention._expired_end(store.clock.now_ms()), "the segments expired")
+    assert store.retention.delete_expired_segments() >= 1
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        first.step()
+    store.halt()  # as if killed there
+    store = MessageStore(config)
+    store.start()
+    try:
+        again = uploader(store, tier)
+        again.step()
+        finished, pending = again.ledger.snapshot()
+        low = store.log_min()
+        assert not pending and again.ledger.conflicts == 0 and all(base >= low for base in finished)
+        objects = {info.key: info for info in tier.list("commitlog")}
+        assert set(objects) == {u.key for u in finished.values()}  # the expired ones gone, none other left
+        assert all(int(key.split("/")[1]) >= low for key in objects)
+    finally:
+        store.stop()
+        tier.close()

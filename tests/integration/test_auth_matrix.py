@@ -145,6 +145,9 @@ CALLS: dict[str, Call] = {
         group=GROUP, topic=TOPIC, queue_id=0)),
     "/mqstore.v1.CommitLog/GetStoreInfo": Call("unary", lambda w: cpb.GetStoreInfoRequest()),
     "/mqstore.v1.CommitLog/ListRetentionHolds": Call("unary", lambda w: cpb.ListRetentionHoldsRequest()),
+    # the matrix's commit log has no tier: FAILED_PRECONDITION once ADMIN is granted
+    "/mqstore.v1.CommitLog/GetTierStatus": Call("unary", lambda w: cpb.GetTierStatusRequest(),
+                                                allowed=grpc.StatusCode.FAILED_PRECONDITION),
     # a msg_id of no delayed message: NOT_FOUND once PUB on the topic is granted
     "/mqstore.v1.CommitLog/RecallTimer": Call("unary", lambda w: cpb.RecallTimerRequest(topic=TOPIC, msg_id="0" * 32),
                                               allowed=grpc.StatusCode.NOT_FOUND),

@@ -2,20 +2,28 @@
 S3-compatible server (moto's server mode on 127.0.0.1, behind a TCP proxy that can stall it), one process for
 the module: messages appended across several 1 MiB segments are uploaded, local retention
 (--local-retention-bytes) deletes the sealed local files, and a Pull from offset 0 returns every message
-byte-identical from the tier; with the tier stalled, a Pull of data only in the tier is UNAVAILABLE naming the
-tier within its deadline while a Pull of the local tail answers at once."""
+byte-identical from the tier, and a Tail from the earliest offset too; with the tier stalled, a Pull of data
+only in the tier is UNAVAILABLE naming the tier within its deadline while a Pull of the local tail answers at
+once; GetTierStatus, `mqstore tier status` and the tier's metrics on the Prometheus endpoint show the uploads,
+the local and tiered bytes and the reads."""
 
 from __future__ import annotations
 
+import json
+import pathlib
+import subprocess
+import sys
 import threading
 import time
 
 import grpc
 import pytest
 
+from mqstore.format import record_reader
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc, common_pb2
 from tests.support.processes import commitlog
 from tests.support.s3 import moto_s3
+from tests.support.scrape import scrape
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
@@ -38,7 +46,7 @@ def rig(tmp_path_factory):
                          "--segment-size-bytes", str(SEGMENT), "--warm-ahead-bytes", "0",
                          "--local-retention-bytes", str(2 * SEGMENT), "--tier-call-timeout-ms", str(DEADLINE_MS),
                          "--tier-read-ahead-bytes", str(256 << 10), "--tier-cache-bytes", str(512 << 10),
-                         env=env).started()
+                         "--metrics-port", "0", env=env).started()
         channel = grpc.insecure_channel(node.address)
         try:
             stub = commitlog_pb2_grpc.CommitLogStub(channel)
@@ -79,6 +87,17 @@ def test_local_retention_deletes_uploaded_segments_and_pull_from_zero_reads_them
     assert first.physical_offset < _local_files(data_dir)[0]
     assert stub.GetMessage(pb.GetMessageRequest(physical_offset=first.physical_offset), timeout=30).body \
         == bodies[0]
+    stream = stub.Tail(pb.TailRequest(start=pb.TAIL_START_EARLIEST, topics=["t"], max_frame_bytes=256 << 10),
+                       timeout=60)
+    tailed = []
+    try:
+        for frame in stream:  # bounded by the deadline and the count
+            tailed += [bytes(view.body) for view in record_reader.records(frame.records)]
+            if len(tailed) >= len(bodies):
+                break
+    finally:
+        stream.cancel()
+    assert tailed == bodies  # Tail from the earliest offset reads the tier, then the local log
 
 
 def test_a_stalled_tier_is_unavailable_within_its_deadline_while_the_local_tail_answers(rig):
@@ -114,3 +133,43 @@ def test_a_stalled_tier_is_unavailable_within_its_deadline_while_the_local_tail_
         assert "object storage tier s3://" in error.details() and outcome["seconds"] < DEADLINE_MS / 1000 + 5
     finally:
         proxy.heal()
+
+
+def test_tier_status_cli_and_metrics_show_uploads_local_and_tiered_bytes_and_reads(rig):
+    node, stub, _, bodies, data_dir = rig
+    wait_until(lambda: _local_files(data_dir)[0] >= 2 * SEGMENT, "local retention deleted segments", 60)
+    assert stub.Pull(pb.PullRequest(topic="t", queue_id=0, offset=0, max_messages=1), timeout=30).messages  # tier
+
+    def settled():  # every sealed segment uploaded, and the local files are the ones the status lists
+        s = stub.GetTierStatus(pb.GetTierStatusRequest(segments=True), timeout=30)
+        local = {r.base for r in s.segments if r.local}
+        return s.copy_lag_segments == 0 and local == set(_local_files(data_dir)) and s
+    status = wait_until(settled, "every sealed segment uploaded", 60)
+    assert status.tier_url.startswith("s3://") and status.leader and status.pending_uploads == 0
+    tiered = [r for r in status.segments if r.tiered]
+    assert len(tiered) >= 4 and all(r.key.startswith("commitlog/") for r in tiered)
+    assert status.tiered_bytes == sum(r.size for r in tiered) and status.tiered_segments == len(tiered)
+    assert all(r.tiered for r in status.segments if not r.local)  # nothing is nowhere
+    assert status.local_bytes == sum((data_dir / "commitlog" / f"{b:020d}").stat().st_size
+                                     for b in _local_files(data_dir))
+    assert status.copy_bytes == status.tiered_bytes and status.logical_min == 0
+    assert status.local_min == _local_files(data_dir)[0] and status.fetch_bytes > 0 and status.cache_misses > 0
+    port = next(json.loads(line) for line in node.lines if '"server.started"' in line)["metrics_port"]
+    scraped = scrape(port)
+    assert scraped.value("mqstore_tier_copy_bytes_total") == status.copy_bytes
+    assert scraped.value("mqstore_tier_size_bytes") == status.tiered_bytes
+    assert scraped.value("mqstore_tier_copy_lag_segments") == 0 and scraped.value("mqstore_tier_copy_lag_bytes") == 0
+    assert scraped.value("mqstore_tier_fetch_bytes_total") >= status.fetch_bytes > 0
+    assert scraped.value("mqstore_tier_cache_misses_total") >= status.cache_misses
+    for name in ("mqstore_tier_copy_errors_total", "mqstore_tier_fetch_errors_total", "mqstore_tier_cache_hits_total",
+                 "mqstore_tier_local_bytes", "mqstore_tier_expired_bytes_total"):
+        assert scraped.has(name), name
+    cli = pathlib.Path(sys.executable).with_name("mqstore")
+    human = subprocess.run([str(cli), "--address", node.address, "tier", "status", "--segments"],
+                           capture_output=True, text=True, timeout=60)
+    assert human.returncode == 0, human.stderr
+    assert f"tiered_bytes: {status.tiered_bytes} (" in human.stdout and "copy_lag_segments: 0" in human.stdout
+    assert f"segment {tiered[0].base:020d} size={tiered[0].size} " in human.stdout and "key=commitlog/" in human.stdout
+    as_json = subprocess.run([str(cli), "--address", node.address, "--json", "tier", "status"],
+                             capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["tiered_segments"] == len(tiered)

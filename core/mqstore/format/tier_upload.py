@@ -5,14 +5,18 @@ reads what its predecessor started from its own log (mqstore.tier.ledger), never
 
 An upload attempt is two records, Kafka's segment states: STARTED before the object is written, then
 FINISHED once the object was read back and matched, or DISCARDED when it did not (or was never written) and
-the object is gone. Both carry the whole description, so either alone says which object it is. The record is
-an ordinary commit log record (mqstore.format.record) of that topic, queue 0. Big-endian:
+the object is gone. A FINISHED upload ends DELETED once the tier's own retention deleted its object (its segment
+is past the total retention, mqstore.tier.uploader); the object goes first, so a crash between leaves a FINISHED
+whose object is absent, and the next pass deletes again (absent is no error) and records DELETED.
+Every record carries the whole description, so any one alone says which object it is. The record is an
+ordinary commit log record (mqstore.format.record) of that topic, queue 0. Big-endian:
 
   offset size field            meaning
   ------ ---- ---------------- ---------------------------------------------------------------------------
        0    4 magic            0x4D515455 ("MQTU")
        4    1 version          1
-       5    1 state            1 STARTED, 2 FINISHED, 3 DISCARDED
+       5    1 state            1 STARTED, 2 FINISHED, 3 DISCARDED, 4 DELETED (added in version 1: a node
+                                   that predates it skips the record as one that does not decode)
        6   16 upload id        a fresh UUID per attempt (raw bytes); the object key holds it too
       22    8 segment base     the segment's first physical offset, >= 0
       30    8 segment size     its length in bytes (the whole file), > 0
@@ -34,8 +38,8 @@ from dataclasses import dataclass
 TOPIC = "RMQ_SYS_TIER_UPLOADS"
 MAGIC = 0x4D515455
 VERSION = 1
-STARTED, FINISHED, DISCARDED = 1, 2, 3
-STATE_NAMES = {STARTED: "STARTED", FINISHED: "FINISHED", DISCARDED: "DISCARDED"}
+STARTED, FINISHED, DISCARDED, DELETED = 1, 2, 3, 4
+STATE_NAMES = {STARTED: "STARTED", FINISHED: "FINISHED", DISCARDED: "DISCARDED", DELETED: "DELETED"}
 DIGEST_BYTES = 32
 MAX_KEY_BYTES = 1024
 FIXED = struct.Struct(

@@ -18,7 +18,10 @@ Reads below the local log (issue 36): with the object storage tier's local reten
 be only in the tier. ``remote(physical offset, size)`` (mqstore.tier.reads.TierReader.read), when set, serves
 :meth:`read`, :meth:`record_at` and :meth:`store_timestamp_at` below the first local segment (and a read that
 met a segment deleted meanwhile), so Pull and GetMessage(s) read them with the same checks; :meth:`frame`
-(Tail) reads the local log only.
+(Tail) and :meth:`check_resume_point` too, record by record through ``remote`` (its read-ahead blocks make that
+sequential), down to ``remote_floor()`` (:meth:`logical_min`: the logical log's start, the total retention's).
+A tier record that does not frame (damage uploaded with its segment) is DataLoss naming its offset: unlike a
+local one, the span to the next record is not scanned.
 
 Thread-safety: ``append`` is serialised by ``lock``; ``written_offset`` is published after the copy,
 so readers may read any byte below it without a lock. The zeroing claim is guarded by ``_zeroing``.
@@ -88,6 +91,7 @@ class CommitLog:
         self.topic_start: Callable[[str], int | None] | None = None
         # The object storage tier's reads below the local log (module docstring); None: the local log only.
         self.remote: Callable[[int, int], bytes] | None = None
+        self.remote_floor: Callable[[], int] | None = None  # the logical log's start with ``remote``
 
     # ---- recovery hands over the state it found
     def restore(self, end_offset: int, last_store_timestamp_ms: int, next_queue_offsets: dict) -> None:
@@ -296,11 +300,26 @@ class CommitLog:
             raise _damaged(exc, physical_offset, queue_offset) from None
         return data
 
+    def logical_min(self) -> int:
+        """The log's start for a reader: below the local log down to ``remote_floor()`` when the tier serves."""
+        if self.remote is not None and self.remote_floor is not None:
+            return min(self.remote_floor(), self.min_offset)
+        return self.min_offset
+
     def check_resume_point(self, physical_offset: int) -> None:
         """InvalidArgument unless a record starts at ``physical_offset`` (below the written offset), where
         a reader may start a Tail. A record damaged since a reader got there still names its own
         offset: it is accepted (its frame comes alone, see :meth:`frame`), or that reader could never
         go on."""
+        if self._remote_below(physical_offset):
+            try:
+                data = self._remote_record_at(physical_offset)
+            except NotFound:
+                data = b""
+            if not data or record_reader.stored_physical_offset(data, 0) != physical_offset:
+                raise InvalidArgument(f"no record starts at physical offset {physical_offset} (in the tier); resume "
+                                      f"from a next_physical_offset of a previous frame")
+            return
         seg = self.segments.find(physical_offset)
         position = physical_offset - seg.start
         try:
@@ -335,6 +354,17 @@ class CommitLog:
         that starts at one holds only the damaged bytes, up to the next record that names itself
         (record_scan.next_record_start), whatever the topic filter: readers find them failing their
         checks and go on at the next offset."""
+        if self._remote_below(start):
+            return self._remote_frame(start, limit, max_bytes, topics, tx_types)
+        try:
+            return self._local_frame(start, limit, max_bytes, topics, tx_types)
+        except (OutOfRange, ValueError):  # SegmentClosed, or a mapping closed under struct: local retention
+            if not self._remote_below(start):
+                raise
+            return self._remote_frame(start, limit, max_bytes, topics, tx_types)  # uploaded before it went
+
+    def _local_frame(self, start: int, limit: int, max_bytes: int, topics: frozenset[bytes],
+                     tx_types: frozenset[int]):
         seg = self.segments.find(start)
         buf = seg.buffer
         pos = start - seg.start
@@ -373,6 +403,45 @@ class CommitLog:
         if run_from >= 0:
             pieces.append(seg.read(run_from, pos - run_from))
         return b"".join(pieces), count, seg.start + pos
+
+    def _remote_frame(self, start: int, limit: int, max_bytes: int, topics: frozenset[bytes],
+                      tx_types: frozenset[int]):
+        """:meth:`frame` of a segment only in the tier, record by record through ``remote``, up to its end."""
+        seg_end = start - start % self.segment_size + self.segment_size
+        end = min(seg_end, limit)
+        filtered = bool(topics or tx_types)
+        scan_limit = start + 16 * max_bytes
+        pieces: list[bytes] = []
+        pos, count, taken = start, 0, 0
+        while pos < end and pos < scan_limit:
+            head = self.read(pos, record.PREFIX.size)
+            size, magic = record.PREFIX.unpack_from(head) if len(head) == record.PREFIX.size else (0, 0)
+            if magic == record.MAGIC_BLANK or len(head) < record.PREFIX.size:  # the segment's end
+                if not count:
+                    pos = seg_end
+                break
+            if count and taken + size > max_bytes:
+                break
+            if magic != record.MAGIC_V1 or size < record.FIXED_OVERHEAD or pos + size > seg_end:
+                if count:
+                    break
+                raise DataLoss(f"the record at physical offset {pos} in the tier does not frame (size {size}, "
+                               f"magic {magic:#x}); a Tail cannot go past it", physical_offset=pos)
+            data = self.read(pos, size)
+            try:
+                record_reader.check(data, 0, len(data), verify_crc=False)
+            except record_reader.RecordError as exc:
+                if count:
+                    break
+                raise DataLoss(f"the record at physical offset {pos} in the tier is damaged ({exc}); a Tail cannot "
+                               f"go past it", physical_offset=pos) from None
+            if (not filtered or record_reader.peek_topic(data, 0) in topics
+                    or (tx_types and (record_reader.peek_sys_flag(data, 0) & record.SYSFLAG_TX_MASK) in tx_types)):
+                pieces.append(data)
+                taken += size
+                count += 1
+            pos += size
+        return b"".join(pieces), count, pos
 
 
 def _damaged(exc: record_reader.RecordError, physical_offset: int, queue_offset: int | None) -> DataLoss:

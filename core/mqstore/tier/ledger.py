@@ -17,6 +17,9 @@ Per segment (its base offset), in log order:
                   lies); a FINISHED whose STARTED is not in the log read (cut below by local retention) is
                   taken as the segment's upload when it has none
   DISCARDED u     u is no longer pending; its object is gone or never was
+  DELETED u       the tier's retention deleted u's object: the segment is no longer uploaded (out of
+                  :attr:`UploadMap.finished` and its position), listed in :attr:`UploadMap.deleted`; a later
+                  FINISHED of u is skipped (the leader re-records only segments still FINISHED)
   anything else   a record that does not decode, or an end without its start: skipped and counted
 
 Thread-safety: :meth:`Ledger.catch_up` and reads of the map serialise on the ledger's lock.
@@ -31,7 +34,7 @@ from typing import Callable
 import structlog
 
 from mqstore.format import tier_upload
-from mqstore.format.tier_upload import FINISHED, STARTED, Upload
+from mqstore.format.tier_upload import DELETED, FINISHED, STARTED, Upload
 from mqstore.model import MessageIn
 from mqstore.replication.config import SYNC
 
@@ -50,6 +53,7 @@ class UploadMap:
         self.finished: dict[int, Upload] = {}
         self.positions: dict[int, int] = {}  # segment base -> physical offset of its latest FINISHED record
         self.pending: dict[uuid.UUID, Upload] = {}
+        self.deleted: dict[int, Upload] = {}  # segment base -> the upload whose object the tier's retention deleted
         self.states: dict[uuid.UUID, int] = {}
         self.conflicts = 0
         self.skipped = 0
@@ -58,6 +62,14 @@ class UploadMap:
         """``position``: the record's physical offset (-1: unknown)."""
         known = self.states.get(upload.upload_id)
         kept = self.finished.get(upload.segment_base)
+        if upload.state == DELETED:
+            if kept is not None and kept.upload_id == upload.upload_id:
+                del self.finished[upload.segment_base]
+                self.positions.pop(upload.segment_base, None)
+            self.pending.pop(upload.upload_id, None)
+            self.states[upload.upload_id] = DELETED
+            self.deleted[upload.segment_base] = upload
+            return
         if upload.state == FINISHED and kept is not None and kept.upload_id == upload.upload_id:
             self.positions[upload.segment_base] = position  # a re-record
             return
@@ -165,6 +177,11 @@ class Ledger:
         """Every attempt's last state, as of the last catch-up."""
         with self._lock:
             return dict(self._map.states)
+
+    def deleted(self) -> dict[int, Upload]:
+        """segment base -> the upload whose object the tier's retention deleted, as of the last catch-up."""
+        with self._lock:
+            return dict(self._map.deleted)
 
     @property
     def conflicts(self) -> int:

@@ -10,7 +10,8 @@ A local segment goes only when, oldest first and never the last one:
     uploader's floor, Retention.add_floor("tier"), holds it too), with the segment's size;
   - it is due: older (file mtime) than ``local_retention_ms``, or the local log beyond ``local_retention_bytes``;
   - it ends at or below the store's retention limit (Retention.limit: flushed and dispatched, the consumer
-    offsets' floor, the timer's floor, the followers' holds);
+    offsets' floor, the timer's floor, the followers' holds at or above the local log's start: a hold below it
+    is a Tail that reads the tier, which reads a segment deleted meanwhile from the tier too);
   - it holds no record the node reads from the local log only: the latest FINISHED record of a segment still
     in the log (the ledger maps segments to objects, so it must stay readable) and the consumer offsets'
     live records. Before a pass deletes, the leader re-appends both (the FINISHED records again,
@@ -19,7 +20,8 @@ A local segment goes only when, oldest first and never the last one:
 
 Total retention of the tiered part: a segment only in the tier goes from the logical log (every consume
 queue's minimum past it, Retention.before_segment_delete) once the first record after it (the next segment's
-first, local or in the tier) is older than ``retention_ms``. Its object stays in the tier (no tier retention yet).
+first, local or in the tier) is older than ``retention_ms``. Its object is then deleted by the tier's own retention
+(the uploader on the leader, below :attr:`LocalRetention.logical_min`; mqstore.tier.uploader).
 
 Thread-safety: ``step`` runs on the duty's thread; ``logical_min`` is a plain int, replaced whole.
 """
@@ -74,7 +76,8 @@ class LocalRetention(Duty):
         if self.writable():
             self._keep_readable(end)
         self.ledger.catch_up()
-        limit = min(self.store.retention.limit(), self._ledger_floor(), self.store.flushed_offset(),
+        local_min = self.store.segments.min_offset  # a hold below it is a Tail reading the tier: it holds nothing local
+        limit = min(self.store.retention.limit(holds_from=local_min), self._ledger_floor(), self.store.flushed_offset(),
                     self.store.visible_offset())
         for start, seg_end in due:
             if seg_end > limit or self.stopping:

@@ -10,6 +10,11 @@ base to the object's key), so Pull and GetMessage(s) serve it as if it were loca
 - **Deadline and isolation**: every GET runs on the tier's own executor with its deadline (ObjectStore); a
   failure, a stalled store or a segment with no FINISHED upload is Unavailable naming the tier URL, and the
   caller's thread says it waits (mqstore.waits), so a capped gRPC pool runs local reads meanwhile.
+- **Below the logical log**: an offset below ``floor()`` (the logical log's start: the total retention moved
+  past it and the tier's retention deletes its object, mqstore.tier.uploader) is OutOfRange, as expired local
+  data is, never Unavailable.
+- **Counters** (mqstore.tier.status): ``fetched_bytes`` and ``gets``, ``fetch_errors`` (reads that failed:
+  Unavailable or DataLoss), the cache's ``hits`` and ``misses``.
 - **Short objects**: a block shorter than the recorded segment size says it must be is DataLoss naming the
   object and the tier; nothing of it is served.
 
@@ -23,7 +28,7 @@ import threading
 from typing import Callable
 
 from mqstore import waits
-from mqstore.errors import DataLoss, NotFound, Unavailable
+from mqstore.errors import DataLoss, NotFound, OutOfRange, Unavailable
 from mqstore.format.tier_upload import Upload
 from mqstore.tier.objects import ObjectStore
 
@@ -71,7 +76,7 @@ class BlockCache:
 
 class TierReader:
     def __init__(self, objects: ObjectStore, finished: FinishedUpload, segment_size: int, *,
-                 read_ahead_bytes: int, cache_bytes: int):
+                 read_ahead_bytes: int, cache_bytes: int, floor: Callable[[], int] | None = None):
         self.objects = objects
         self.finished = finished
         self.segment_size = segment_size
@@ -79,9 +84,22 @@ class TierReader:
         self.cache = BlockCache(cache_bytes)
         self.fetched_bytes = 0  # bytes GET from the tier (tests, bench)
         self.gets = 0
+        self.fetch_errors = 0
+        self.floor = floor
 
     def read(self, physical_offset: int, size: int) -> bytes:
         """``size`` bytes of the log from ``physical_offset`` (inside one segment, as every record is)."""
+        floor = self.floor() if self.floor is not None else 0
+        if physical_offset < floor:
+            raise OutOfRange(f"physical offset {physical_offset} is below the log's start {floor} (past the total "
+                             f"retention; the tier's copy is deleted)", min_value=floor)
+        try:
+            return self._read(physical_offset, size)
+        except (Unavailable, DataLoss):
+            self.fetch_errors += 1
+            raise
+
+    def _read(self, physical_offset: int, size: int) -> bytes:
         base = physical_offset - physical_offset % self.segment_size
         upload = self.finished(base)
         if upload is None:

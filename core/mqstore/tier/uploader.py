@@ -15,17 +15,29 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256)
      appended with SYNC replication; the object put if absent; read back and compared; FINISHED appended.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
-  3. **Sweep orphans**: an object under ``commitlog/`` whose attempt the ledger holds as DISCARDED (a
+  3. **The tier's own retention**: the object of every FINISHED segment that ends at or below the logical
+     log's start (``logical_min()``: local retention's logical minimum, which the total retention
+     ``--retention-ms`` moves past tiered segments; without local retention the local log's start, which the
+     store's retention moves) is deleted, then DELETED is recorded. A crash between the two leaves a FINISHED
+     upload whose object is gone: the next pass deletes again (absent is no error) and records DELETED. Reads
+     of those offsets answer as below the log (mqstore.tier.reads: OUT_OF_RANGE), as expired local data.
+  4. **Sweep orphans**: an object under ``commitlog/`` whose attempt the ledger holds as DISCARDED (a
      deposed leader's put that landed after its successor discarded it) is deleted, and so is one whose
      attempt the ledger does not hold (its STARTED was cut from the log with a diverged tail) when its
      segment is still in the local log: an attempt's records lie after its segment in the log, so for a
-     segment retention deleted locally they may be gone too, and that object is kept.
+     segment retention deleted locally they may be gone too, and that object is kept, unless its segment is
+     past the total retention (below ``logical_min()``) or its attempt is DELETED: then it goes too.
 
 Retention: while the tier is on, the store deletes no segment at or above :meth:`Uploader.retention_floor`
 (the oldest sealed segment without a FINISHED upload), so local retention never loses what was not uploaded.
 
 Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
-put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error.
+put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error;
+``tier.retention.after_delete`` (an expired segment's object deleted, DELETED not yet recorded).
+
+Counters for ``mqstore tier status`` and the metrics (mqstore.tier.status): ``copy_bytes``, ``copy_errors``
+(failed steps), ``last_error`` (its message and time, kept until the next error: the status shows the last one),
+``expired`` / ``expired_bytes`` (objects deleted by the tier's retention).
 
 Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any thread.
 """
@@ -33,6 +45,7 @@ Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any th
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from typing import Callable
 
@@ -40,7 +53,8 @@ import structlog
 
 from mqstore import failpoints
 from mqstore.background import Duty
-from mqstore.format.tier_upload import DISCARDED, FINISHED, STARTED, Upload
+from mqstore.format import tier_upload
+from mqstore.format.tier_upload import DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.objects import ObjectStore
 
@@ -81,10 +95,11 @@ def _reader(path) -> Callable[[], bytes]:
 class Uploader(Duty):
     def __init__(self, tier: ObjectStore, ledger: Ledger, segments: Callable[[], list[SealedSegment]], *,
                  leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
-                 interval_ms: int):
+                 interval_ms: int, logical_min: Callable[[], int] | None = None):
         """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
         ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
-        ``log_min()``: the log's oldest physical offset kept locally."""
+        ``log_min()``: the log's oldest physical offset kept locally; ``logical_min()``: the logical log's
+        start (local retention's, mqstore.tier.local_retention; default ``log_min``): the tier's retention."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger
@@ -92,6 +107,12 @@ class Uploader(Duty):
         self.leader_epoch = leader_epoch
         self.ready = ready
         self.log_min = log_min
+        self.logical_min = logical_min or log_min
+        self.copy_bytes = 0  # bytes of the segments this node FINISHED
+        self.copy_errors = 0  # steps that failed (the tier or the log said no)
+        self.last_error: tuple[int, str] | None = None  # (ms since the epoch, message) of the last failed step
+        self.expired = 0  # objects deleted by the tier's retention (DELETED recorded)
+        self.expired_bytes = 0
         self.uploaded = 0    # segments FINISHED by this node (tests, status)
         self.discarded = 0   # attempts DISCARDED by this node
         self.swept = 0       # orphan objects deleted
@@ -100,6 +121,14 @@ class Uploader(Duty):
         epoch = self.leader_epoch()
         if epoch is None or not self.ready():
             return
+        try:
+            self._step(epoch)
+        except Exception as exc:
+            self.copy_errors += 1
+            self.last_error = (int(time.time() * 1000), f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _step(self, epoch: int) -> None:
         self.ledger.catch_up()
         finished, pending = self.ledger.snapshot()
         for attempt in pending:
@@ -111,6 +140,7 @@ class Uploader(Duty):
                 return
             if segment.base not in self.ledger.snapshot()[0]:
                 self._upload(segment, epoch)
+        self._expire()
         self._sweep()
 
     def retention_floor(self) -> int:
@@ -132,6 +162,7 @@ class Uploader(Duty):
         if attempt.segment_base not in finished and self._verified(attempt):
             self.ledger.record(attempt.but(FINISHED))
             self.uploaded += 1
+            self.copy_bytes += attempt.segment_size
             log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key,
                      by="resolving an attempt left pending")
             return
@@ -162,19 +193,37 @@ class Uploader(Duty):
         failpoints.hit("tier.upload.after_put")
         self._resolve(attempt, {})
 
-    # ---- 3. orphans ---------------------------------------------------------------------------------------
+    # ---- 3. the tier's retention ----------------------------------------------------------------------------
+    def _expire(self) -> None:
+        self.ledger.catch_up()
+        floor = self.logical_min()
+        finished, _ = self.ledger.snapshot()
+        for base, upload in sorted(finished.items()):
+            if base + upload.segment_size > floor or self.stopping:
+                return
+            self.tier.delete(upload.key)
+            failpoints.hit("tier.retention.after_delete")
+            self.ledger.record(upload.but(DELETED))
+            self.expired += 1
+            self.expired_bytes += upload.segment_size
+            log.info("tier.object_expired", segment_base=base, key=upload.key, logical_min=floor,
+                     why="its segment is past the total retention")
+
+    # ---- 4. orphans ---------------------------------------------------------------------------------------
     def _sweep(self) -> None:
         self.ledger.catch_up()
         states = self.ledger.states()
-        log_min = self.log_min()
+        log_min, floor = self.log_min(), self.logical_min()
         for info in self.tier.list(PREFIX):
             upload_id, base = _parsed(info.key)
             state = states.get(upload_id) if upload_id is not None else None
-            if state in (STARTED, FINISHED) or (state is None and (base is None or base < log_min)):
+            expired = base is not None and base + info.size <= floor
+            if state in (STARTED, FINISHED) or (state is None and not expired and (base is None or base < log_min)):
                 continue  # an unknown attempt below the local log: its records may have gone with retention
             self.tier.delete(info.key)
             self.swept += 1
-            log.warning("tier.orphan_deleted", key=info.key, state="unknown" if state is None else "DISCARDED")
+            log.warning("tier.orphan_deleted", key=info.key, state="unknown" if state is None else
+                        tier_upload.STATE_NAMES.get(state, str(state)), expired=expired)
 
 
 def _parsed(key: str) -> tuple[uuid.UUID | None, int | None]:

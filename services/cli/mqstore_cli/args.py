@@ -219,6 +219,14 @@ def build_parser(commands: ModuleType) -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_store_info)
     p = sub.add_parser("retention-holds", help="the retention holds that keep the log now (needs ADMIN on the cluster)")
     p.set_defaults(func=commands.cmd_retention_holds)
+    tier = sub.add_parser("tier", help="the object storage tier (--tier-url)")
+    tsub = tier.add_subparsers(dest="tier_command", required=True, metavar="COMMAND")
+    p = tsub.add_parser("status", help="local and tiered bytes, upload lag, last upload error, tier reads and "
+                                       "cache, of the node at --address (needs ADMIN on the cluster; "
+                                       "FAILED_PRECONDITION when the tier is off)")
+    p.add_argument("--segments", action="store_true",
+                   help="also one line per commit log segment: local, in the tier, or both, and its object key")
+    p.set_defaults(func=commands.cmd_tier_status)
     p = sub.add_parser("repair", help="repair a stopped store's log (keeps a .broken copy); runs locally")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--segment-size-bytes", type=int, default=None,

@@ -7,7 +7,7 @@
     mqstore queue-info demo                        mqstore offset commit demo --group g --queue 0 --offset 5
     mqstore receive demo --group g --ack           mqstore ack demo --group g HANDLE...
     mqstore store-info --json                      mqstore repair --data-dir ./data
-    mqstore retention-holds
+    mqstore retention-holds                        mqstore tier status --segments
 
 ``--address`` (env MQSTORE_ADDRESS, default 127.0.0.1:50051). TLS: ``--tls-ca`` (env MQSTORE_TLS_CA: the
 CA that signed the servers' certificates), ``--tls-client-cert``/``--tls-client-key`` for mutual TLS,
@@ -418,6 +418,38 @@ def cmd_retention_holds(cli: Cli) -> None:
         cli.out.write(f"{h.name} physical_offset={h.physical_offset} {state} durable={str(h.durable).lower()} "
                       f"lapses at {_utc(h.lapses_at_ms)}\n")
     cli.out.flush()
+
+
+def cmd_tier_status(cli: Cli) -> None:
+    """The tier's figures (mqstore.tier.status), one ``name: value`` a line, then with --segments one line per
+    segment: base, size, where it is (local, tiered, local+tiered), sealed or open, its object key."""
+    s = cli.call("GetTierStatus", commitlog_pb2.GetTierStatusRequest(segments=cli.args.segments))
+    if cli.args.json:
+        cli.emit(s, "")
+        return
+    lines = []
+    for field in s.DESCRIPTOR.fields:
+        if field.name == "segments":
+            continue
+        value = getattr(s, field.name)
+        if field.name.endswith("_bytes"):
+            value = f"{value} ({_size(value)})"
+        elif field.name in ("last_error_ms",) and value:
+            value = f"{value} ({_utc(value)})"
+        lines.append(f"{field.name}: {value}")
+    for seg in s.segments:
+        where = "+".join(w for w, on in (("local", seg.local), ("tiered", seg.tiered)) if on)
+        lines.append(f"segment {seg.base:020d} size={seg.size} {where} {'sealed' if seg.sealed else 'open'}"
+                     f"{' key=' + seg.key if seg.key else ''}")
+    cli.emit(s, "\n".join(lines))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def _utc(ms: int) -> str:

@@ -73,6 +73,7 @@ from mqstore.timer.scheduling import Scheduler
 from mqstore.tier.config import TierConfig
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
+from mqstore.tier.status import TierStats, register_metrics
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
 from mqstore.tier.uploader import Uploader, sealed_segments
@@ -221,12 +222,22 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
                          region=tier.tier_region, credentials=tier.credentials)
     parts.on_close(objects.close)
     leader_epoch = (lambda: node.leading_epoch() or None) if node is not None else (lambda: 0)
-    uploader = Uploader(objects, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
+    ledger = Ledger.of_store(store)
+    local = None
+    logical_min = store.log_min  # without local retention the logical log is the local one
+    if tier.local_retention:
+        local = LocalRetention(store, ledger, local_retention_ms=tier.local_retention_ms,
+                               local_retention_bytes=tier.local_retention_bytes,
+                               writable=lambda: leader_epoch() is not None and store.promoted_visible(),
+                               interval_ms=tier.tier_upload_interval_ms)
+
+        def logical_min() -> int:
+            return local.logical_min
+    uploader = Uploader(objects, ledger, lambda: sealed_segments(store), leader_epoch=leader_epoch,
                         ready=store.promoted_visible, log_min=store.log_min,
-                        interval_ms=tier.tier_upload_interval_ms)
+                        interval_ms=tier.tier_upload_interval_ms, logical_min=logical_min)
     store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
-    ledger = uploader.ledger
 
     def finished(base: int):  # the ledger as last read, else read on to the log's end once
         upload = ledger.finished_upload(base)
@@ -235,13 +246,14 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
             upload = ledger.finished_upload(base)
         return upload
     reader = TierReader(objects, finished, store.segments.segment_size, read_ahead_bytes=tier.tier_read_ahead_bytes,
-                        cache_bytes=tier.tier_cache_bytes)
-    store.commitlog.remote = reader.read  # Pull and GetMessage(s) below the local log read the tier
-    if tier.local_retention:
-        local = LocalRetention(store, ledger, local_retention_ms=tier.local_retention_ms,
-                               local_retention_bytes=tier.local_retention_bytes,
-                               writable=lambda: leader_epoch() is not None and store.promoted_visible(),
-                               interval_ms=tier.tier_upload_interval_ms)
+                        cache_bytes=tier.tier_cache_bytes, floor=logical_min)
+    store.commitlog.remote = reader.read  # Pull, GetMessage(s) and Tail below the local log read the tier
+    store.commitlog.remote_floor = logical_min
+    stats = TierStats(store, uploader, reader, logical_min)
+    store.tier_status = stats.status  # CommitLog/GetTierStatus, `mqstore tier status`
+    if parts.metrics is not None:
+        register_metrics(parts.metrics, stats)
+    if local is not None:
         local.open()
         parts.add_duty(local)
 

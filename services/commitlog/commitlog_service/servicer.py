@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import grpc
 from mqstore import filters, store_offsets, tailing
 from mqstore.access import SERVICE_USER
-from mqstore.errors import InvalidArgument
+from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format import record
 from mqstore.store import MessageStore
 from mqstore.stream_appends import StreamAppends
@@ -143,6 +143,12 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
                                         durable=h.durable, refreshed_ms=h.refreshed_ms, closed_ms=h.closed_ms,
                                         lapses_at_ms=h.lapses_at_ms)
             for h in self._store.retention.list_holds()])
+
+    def GetTierStatus(self, request, context):
+        status = self._store.tier_status
+        if status is None:
+            raise FailedPrecondition("the object storage tier is off on this commit log (no --tier-url)")
+        return convert.tier_status(status(with_segments=request.segments))
 
     # ---- offsets ----
 

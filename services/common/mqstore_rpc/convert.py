@@ -247,6 +247,15 @@ def queue_info(q: model.QueueInfo) -> commitlog_pb2.QueueInfo:
                                    max_offset=q.max_offset)
 
 
+def tier_status(status) -> commitlog_pb2.TierStatus:
+    """mqstore.tier.status.TierStatus on the wire (the same field names)."""
+    segments = [commitlog_pb2.TierSegment(base=s.base, size=s.size, local=s.local, tiered=s.tiered, sealed=s.sealed,
+                                          key=s.key) for s in status.segments]
+    fields = {name: getattr(status, name) for name in commitlog_pb2.TierStatus.DESCRIPTOR.fields_by_name
+              if name != "segments"}
+    return commitlog_pb2.TierStatus(segments=segments, **fields)
+
+
 def queue_info_out(q: commitlog_pb2.QueueInfo) -> model.QueueInfo:
     return model.QueueInfo(q.topic, q.queue_id, q.min_offset, q.max_offset)
 

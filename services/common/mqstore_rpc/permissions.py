@@ -178,6 +178,7 @@ PERMISSIONS: dict[str, Need | None] = {
     "/mqstore.v1.CommitLog/QueryOffset": Need(SUB, _topic_and_group),
     "/mqstore.v1.CommitLog/GetStoreInfo": _CLUSTER_SUB,
     "/mqstore.v1.CommitLog/ListRetentionHolds": _CLUSTER_ADMIN,
+    "/mqstore.v1.CommitLog/GetTierStatus": _CLUSTER_ADMIN,
     "/mqstore.v1.CommitLog/RecallTimer": _topic_pub(),
     # Also guarded by its shared secret (commitlog.proto); the services call it as `service`.
     "/mqstore.v1.CommitLogInternal/Append": _CLUSTER_ADMIN,

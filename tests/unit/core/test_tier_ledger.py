@@ -15,7 +15,7 @@ import pytest
 from mqstore import failpoints
 from mqstore.failpoints import FailpointHit
 from mqstore.format import tier_upload
-from mqstore.format.tier_upload import DISCARDED, FINISHED, STARTED, Upload
+from mqstore.format.tier_upload import DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore.tier.ledger import Ledger, UploadMap
@@ -45,12 +45,15 @@ def test_tier_upload_golden(request):
     assert data[80:].decode() == upload.key == "commitlog/00000000001073741824/0123456789abcdef0123456789abcdef"
     assert tier_upload.decode(data) == upload
     assert tier_upload.decode(tier_upload.encode(upload.but(FINISHED))).state == FINISHED
+    deleted = tier_upload.encode(upload.but(DELETED))  # state 4, added deliberately: the rest is the golden's
+    assert deleted[5] == 4 and deleted[:5] + deleted[6:] == data[:5] + data[6:]
+    assert tier_upload.decode(deleted) == upload.but(DELETED)
 
 
 def test_tier_upload_refuses_what_it_cannot_decode_or_encode():
     good = tier_upload.encode(_upload())
     for bad in (b"", good[:79], good[:-1], good + b"x", b"\0" * 4 + good[4:], good[:4] + b"\2" + good[5:],
-                good[:5] + b"\4" + good[6:], good[:78] + b"\0\0" + good[80:]):
+                good[:5] + b"\5" + good[6:], good[:78] + b"\0\0" + good[80:]):
         with pytest.raises(ValueError):
             tier_upload.decode(bad)
     for wrong in (_upload(state=0), _upload(base=-1), _upload(size=0), _upload(epoch=-1)):
@@ -65,13 +68,14 @@ def test_the_upload_map_is_the_model_of_its_records():
     rng = random.Random(seed)
     for _ in range(200):
         umap, attempts = UploadMap(), []
-        finished: dict[int, uuid.UUID] = {}   # the model: the first FINISHED of a segment after its STARTED
+        finished: dict[int, uuid.UUID] = {}   # the model: the first FINISHED of a segment after its STARTED,
+        deleted: set[int] = set()             # until a DELETED of that attempt
         ended: set[uuid.UUID] = set()
         started: set[uuid.UUID] = set()
         for _ in range(rng.randrange(1, 30)):
             if attempts and rng.random() < 0.6:
                 attempt = rng.choice(attempts)
-                record = attempt.but(rng.choice([FINISHED, DISCARDED, STARTED]))
+                record = attempt.but(rng.choice([FINISHED, DISCARDED, STARTED, DELETED]))
             else:
                 attempt = _upload(base=rng.randrange(4) * SEGMENT, upload_id=uuid.UUID(int=rng.getrandbits(128)))
                 attempts.append(attempt)
@@ -81,6 +85,12 @@ def test_the_upload_map_is_the_model_of_its_records():
             if record.state == STARTED:
                 if uid not in started and uid not in ended:
                     started.add(uid)
+            elif record.state == DELETED:
+                if finished.get(record.segment_base) == uid:
+                    del finished[record.segment_base]
+                started.discard(uid)
+                ended.add(uid)
+                deleted.add(record.segment_base)
             elif uid in started:
                 started.discard(uid)
                 ended.add(uid)
@@ -88,6 +98,7 @@ def test_the_upload_map_is_the_model_of_its_records():
                     finished.setdefault(record.segment_base, uid)
         assert {base: u.upload_id for base, u in umap.finished.items()} == finished, f"seed {seed}"
         assert set(umap.pending) == started, f"seed {seed}"
+        assert set(umap.deleted) == deleted and set(umap.positions) == set(umap.finished), f"seed {seed}"
 
 
 # ---- the uploader on a real store -------------------------------------------------------------------------
@@ -230,10 +241,19 @@ def test_retention_deletes_no_segment_before_its_upload_finished(rig, small_conf
     assert store.retention.delete_expired_segments() >= len(sealed) - 1  # uploaded: they may go now
     finished = uploader.ledger.snapshot()[0]
     assert all(store.segments.segments[0].start >= base for base in finished)
-    # An unknown attempt's object is swept only while its segment is local: below the local log, its
-    # records may have gone with retention (the good objects of old segments are kept).
+    # Without local retention the local log is the logical one: the uploaded segments it deleted are past the
+    # total retention, so the tier's retention deletes their objects and records DELETED.
+    uploader.step()
+    assert uploader.expired >= len(sealed) - 1
+    assert all(tier.size(u.key) is None for u in uploader.ledger.deleted().values())
+    # An unknown attempt's object is swept while its segment is local, and below the logical log (expired);
+    # in between (local retention's tiered part) its records may have gone with retention: it is kept there.
     below, local = object_key(0, uuid.uuid4()), object_key(store.segments.segments[0].start, uuid.uuid4())
     tier.put_if_absent(below, b"an old segment's")
     tier.put_if_absent(local, b"an orphan")
+    uploader.logical_min = lambda: 0  # as local retention's logical log reaching down to segment 0
     uploader.step()
     assert tier.size(below) is not None and tier.size(local) is None
+    uploader.logical_min = store.log_min
+    uploader.step()
+    assert tier.size(below) is None

@@ -5,19 +5,22 @@ a failpoint), and Pull / GetMessage of records only in the tier, byte-identical,
 
 from __future__ import annotations
 
+import itertools
 import uuid
 
 import pytest
 
-from mqstore import failpoints
-from mqstore.errors import DataLoss, InvalidArgument, Unavailable
+from mqstore import failpoints, tailing
+from mqstore.errors import DataLoss, InvalidArgument, OutOfRange, Unavailable
 from mqstore.format.tier_upload import FINISHED, Upload
-from mqstore.model import MessageIn
+from mqstore.format import record_reader
+from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
 from mqstore.store import MessageStore
 from mqstore.tier.config import TierConfig
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import BlockCache, TierReader
+from mqstore.tier.status import TierStats
 from mqstore.tier.uploader import Uploader, sealed_segments
 from mqstore.tier.urls import open_store
 from tests.support.waiting import wait_until
@@ -103,10 +106,13 @@ class Rig:
         self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)
         self.ledger = Ledger.of_store(self.store)
         self.uploader = Uploader(self.tier, self.ledger, lambda: sealed_segments(self.store), leader_epoch=lambda: 0,
-                                 ready=self.store.promoted_visible, log_min=self.store.log_min, interval_ms=10_000)
+                                 ready=self.store.promoted_visible, log_min=self.store.log_min, interval_ms=10_000,
+                                 logical_min=lambda: self.local.logical_min)
         self.store.retention.add_floor("tier", self.uploader.retention_floor)
-        self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10)
+        self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10,
+                                 floor=lambda: self.local.logical_min)
         self.store.commitlog.remote = self.reader.read
+        self.store.commitlog.remote_floor = lambda: self.local.logical_min
         self.local = LocalRetention(self.store, self.ledger, local_retention_ms=0, local_retention_bytes=2 * SEGMENT,
                                     writable=lambda: True, interval_ms=10_000)
         self.local.open()
@@ -141,7 +147,8 @@ def _fill(store, segments: int, start: int = 0) -> list[bytes]:
         more = [f"{batch}:{i}:".encode() + bytes([batch % 251]) * 700 for i in range(4)]
         store.append("t", [MessageIn(body=body) for body in more])
         bodies += more
-    wait_until(lambda: len(sealed_segments(store)) >= segments - 1, "segments sealed")
+    wait_until(lambda: min(store.flushed_offset(), store.visible_offset()) >= (segments - 1) * SEGMENT,
+               "segments sealed")  # by offset: local retention may have deleted the first ones
     return bodies
 
 
@@ -156,6 +163,17 @@ def _pull_all(store) -> list[bytes]:
     raise AssertionError("pull did not end")
 
 
+def _tail_all(store) -> list[bytes]:
+    end = store.visible_offset()
+    got = []
+    for frame in itertools.islice(tailing.tail(store, TAIL_EARLIEST, 0, ["t"], 64 << 10, 10, is_active=lambda: True),
+                                  100_000):  # bounded
+        got += [bytes(view.body) for view in record_reader.records(frame.records)]
+        if frame.next_physical_offset >= end:
+            return got
+    raise AssertionError("the tail did not reach the log's end")
+
+
 def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_the_rest_from_the_tier(rig):
     bodies = _fill(rig.store, 8)
     failpoints.arm("tier.upload.started", "raise")  # the first upload fails: nothing is FINISHED
@@ -163,14 +181,28 @@ def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_th
         rig.uploader.step()
     rig.local.step()
     assert rig.local.deleted == 0 and rig.local_files()[0] == 0  # not uploaded: every local file stays
+    stats = TierStats(rig.store, rig.uploader, rig.reader, lambda: rig.local.logical_min)
+    failed = stats.status()
+    assert failed.copy_errors == 1 and "FailpointHit" in failed.last_error and failed.last_error_ms > 0
+    assert failed.copy_lag_segments >= 7 and failed.copy_lag_bytes == failed.copy_lag_segments * SEGMENT
+    assert failed.pending_uploads == 1 and failed.tiered_bytes == 0 and failed.local_bytes >= 8 * SEGMENT
     failpoints.disarm_all()
     rig.uploader.step()
+    uploaded = stats.status(with_segments=True)
+    assert uploaded.copy_lag_segments == 0 and uploaded.pending_uploads == 0
+    assert uploaded.last_error == failed.last_error  # kept: the last error, not cleared by a good step
+    assert uploaded.tiered_bytes == uploaded.copy_bytes == sum(r.size for r in uploaded.segments if r.tiered)
+    assert [r.base for r in uploaded.segments] == rig.local_files() and not uploaded.segments[-1].sealed
     bodies += _fill(rig.store, 14, start=len(bodies))  # the FINISHED records lie in segments that go next
     rig.uploader.step()
     rig.local.step()
     assert rig.local.deleted >= 8 and rig.local_files()[0] > 0
     assert rig.store.queue_info("t", 0).min_offset == 0  # the logical log is the total retention's
     assert _pull_all(rig.store) == bodies and rig.reader.gets > 0
+    read = stats.status(with_segments=True)
+    assert read.fetch_bytes == rig.reader.fetched_bytes > 0 and read.cache_misses > 0 and read.cache_hits > 0
+    assert read.local_min == rig.local_files()[0] and all(r.tiered for r in read.segments if not r.local)
+    assert {r.base for r in read.segments if not r.local} == {r.base for r in read.segments if r.base < read.local_min}
     raw = rig.store.pull_raw("t", 0, 0, 32).records
     assert [bytes(m) for m in raw] == [rig.store.get_message_raw(m.record.physical_offset)
                                        for m in rig.store.pull("t", 0, 0, 32).messages]
@@ -182,10 +214,39 @@ def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_th
     raw = rig.store.get_messages([first.record.physical_offset, 5], raw=True)
     assert raw[0].message is not None and raw[1].message is None  # 5: no record starts there
     assert rig.local.rerecorded > 0  # the FINISHED records in the deleted segments were appended again
+    assert _tail_all(rig.store) == bodies  # Tail from the earliest offset reads the tier too, then the local log
+    unfiltered = next(tailing.tail(rig.store, TAIL_AT_OFFSET, first.record.physical_offset, [], 4096, 10,
+                                   is_active=lambda: True))
+    assert unfiltered.next_physical_offset - len(unfiltered.records) == first.record.physical_offset  # contiguous
+    assert [bytes(v.body) for v in record_reader.records(unfiltered.records)][0] == bodies[0]
+    with pytest.raises(InvalidArgument, match="in the tier"):
+        next(tailing.tail(rig.store, TAIL_AT_OFFSET, first.record.physical_offset + 1, [], 0, 10,
+                          is_active=lambda: True))
     rig.stop()
     rig.start()  # the ledger's records below the local log were re-appended: the tier is still mapped
     assert rig.local.logical_min == 0 and rig.store.queue_info("t", 0).min_offset == 0
     assert _pull_all(rig.store) == bodies
+
+
+def test_a_hold_below_the_local_log_keeps_no_local_file_and_one_in_it_does(rig):
+    bodies = _fill(rig.store, 6)
+    rig.uploader.step()
+    rig.local.step()
+    first_min = rig.local_files()[0]
+    assert first_min > 0
+    now = rig.store.clock.now_ms()
+    rig.store.retention.holds.open("reads-the-tier", 0, now, durable=False)  # a Tail that started in the tier
+    bodies += _fill(rig.store, 10, start=len(bodies))
+    rig.uploader.step()
+    rig.local.step()
+    second_min = rig.local_files()[0]
+    assert second_min > first_min  # it reads what goes from the tier: local retention goes on
+    rig.store.retention.holds.open("reads-the-local-log", second_min, now, durable=False)
+    bodies += _fill(rig.store, 14, start=len(bodies))
+    rig.uploader.step()
+    rig.local.step()
+    assert rig.local_files()[0] == second_min  # a hold in the local log keeps it, as before
+    assert _tail_all(rig.store) == bodies
 
 
 def test_a_torn_object_is_data_loss_naming_it_never_a_partial_message(rig):
@@ -201,7 +262,8 @@ def test_a_torn_object_is_data_loss_naming_it_never_a_partial_message(rig):
     assert bodies
 
 
-def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(small_config, tmp_path):
+def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier_and_deletes_their_objects(
+        small_config, tmp_path):
     made = Rig(small_config(segment_size_bytes=SEGMENT, retention_ms=1500), tmp_path / "tier")
     try:
         _fill(made.store, 8)
@@ -209,6 +271,10 @@ def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(sm
         made.local.step()
         local_min = made.local_files()[0]
         assert local_min > 0 and made.store.queue_info("t", 0).min_offset == 0  # not expired yet: all there
+        first = made.store.pull("t", 0, 0, 1).messages[0].record.physical_offset
+        assert made.store.get_message(first).record.body  # read from the tier
+        made.uploader.step()
+        assert made.uploader.expired == 0  # nothing past the total retention yet: every object kept
 
         def expired():
             made.local.step()
@@ -216,5 +282,36 @@ def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier(sm
         wait_until(expired, "the tiered segments expired by retention_ms (1.5 s)", 30)
         low = made.store.queue_info("t", 0).min_offset
         assert low > 0 and made.store.pull("t", 0, low, 1).messages[0].record.physical_offset >= local_min
+        # The tier's own retention: the expired segments' objects go, then DELETED is recorded; a crash between
+        # (the failpoint) leaves a FINISHED upload without its object, and the next pass finishes the job.
+        gone = {base: u for base, u in made.ledger.snapshot()[0].items() if base + u.segment_size <= local_min}
+        assert gone and 0 in gone
+        failpoints.arm("tier.retention.after_delete", "raise")
+        with pytest.raises(failpoints.FailpointHit):
+            made.uploader.step()
+        failpoints.disarm_all()
+        assert made.tier.size(gone[0].key) is None and 0 in made.ledger.snapshot()[0]  # deleted, not yet recorded
+        made.uploader.step()
+        assert made.ledger.deleted().keys() == gone.keys()
+        assert all(made.tier.size(u.key) is None for u in gone.values())
+        assert not set(gone) & set(made.ledger.snapshot()[0])
+        remaining = {info.key for info in made.tier.list("commitlog")}
+        assert remaining == {u.key for u in made.ledger.snapshot()[0].values()}  # the rest kept, no orphan
+        made.uploader.step()  # idempotent: nothing more to delete
+        assert made.uploader.expired == len(gone) and made.ledger.conflicts == 0
+        # Reads of the deleted offsets answer as expired local data does: below the log's start.
+        with pytest.raises(OutOfRange):
+            made.store.get_message(first)
+        assert made.store.get_messages([first])[0].message is None
+        with pytest.raises(OutOfRange, match=f"valid offsets are \\[{low},"):
+            made.store.pull("t", 0, 0, 1)
+        assert made.reader.fetch_errors == 0
+        made.stop()
+        made.start()  # the ledger from the log: the deleted segments stay deleted, the logical log where it was
+        assert made.local.logical_min >= local_min and made.ledger.deleted().keys() >= gone.keys()
+        made.uploader.step()
+        after = {info.key for info in made.tier.list("commitlog")}  # a segment sealed since may be uploaded now
+        assert made.uploader.expired == 0 and remaining <= after and not after & {u.key for u in gone.values()}
     finally:
+        failpoints.disarm_all()
         made.stop()
