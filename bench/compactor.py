@@ -22,7 +22,9 @@ Groups (``--only compactor-round,compactor-scale,compactor-spark,compactor-reads
                    Spark's per-record cost is the higher on this machine, how many executor cores would
                    match it and the crossover with twice that many (the extrapolation), and
                    Spark's cost per record per core (2 x its us/record on local[2]) over the local
-                   engine's (target: <= 3). Sets spark_threshold_bytes.
+                   engine's (target: <= 3); the same per record in CPU time (the Spark job's processes
+                   by RUSAGE_CHILDREN, the local round's process_time), which a loaded machine moves
+                   less than wall time. Sets spark_threshold_bytes.
   compactor-reads  Real processes (CommitLog, Compactor) on 127.0.0.1: a COMPACTION topic of ``kv_keys``
                    keys x ``kv_versions`` versions of 1 KiB values, compacted. BatchGetLatest with 100
                    random keys per call, sequential, for ``duration_s`` (keys/s), against NATS JetStream
@@ -92,11 +94,11 @@ def _child(spec: dict) -> dict:
     config = CompactionConfig(segment_size_bytes=spec["segment_bytes"],
                               **({"offset_map_memory_bytes": budget * ENTRY_COST_BYTES} if budget else {}))
     qlog = QueueLog(pathlib.Path(spec["dir"]) / "kv" / "0", spec["segment_bytes"], "kv", 0)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     stats = run_round(qlog, config, SystemClock().now_ms())
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     qlog.close()
-    return {"seconds": seconds, "passes": stats.passes, "records_in": stats.records_in,
+    return {"seconds": seconds, "cpu_s": cpu, "passes": stats.passes, "records_in": stats.records_in,
             "records_out": stats.records_out, "rss_kib": _rss()}
 
 
@@ -189,24 +191,30 @@ def run_spark(work: pathlib.Path, cfg: dict) -> dict:
     rows = []
     repeats = int(os.environ.get("MQSTORE_BENCH_SPARK_REPEATS", cfg.get("spark_repeats", 1)))
     for factor in cfg["spark_factors"]:
-        local_s, spark_s = [], []
+        local_s, spark_s, local_cpu, spark_cpu = [], [], [], []
         for _ in range(repeats):  # alternating: a local round, then the Spark job, on fresh copies
             directory, size = _inputs(work, cfg, factor)
             records = json.loads((work / f"input-{factor}x.json").read_text())["records"]
             local = _run_child({"kind": "round", "dir": str(directory), "segment_bytes": cfg["segment_mib"] * MiB})
             local_s.append(local["seconds"])
+            local_cpu.append(local["cpu_s"])
             directory, _ = _inputs(work, cfg, factor)  # a fresh copy for the Spark job
-            spark_s.append(_spark_job(work, cfg, directory))
+            seconds, cpu = _spark_job(work, cfg, directory)
+            spark_s.append(seconds)
+            spark_cpu.append(cpu)
         rows.append({"factor": factor, "input_bytes": size, "records": records, "local_s": statistics.median(local_s),
                      "local_passes": local["passes"], "spark_s": statistics.median(spark_s),
+                     "local_cpu_s": statistics.median(local_cpu), "spark_cpu_s": statistics.median(spark_cpu),
                      "local_runs_s": local_s, "spark_runs_s": spark_s})
         print(f"compactor bench: spark {factor}x {rows[-1]}", flush=True)
     return {"rows": rows, "fit": crossover(rows)}
 
 
-def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> float:
+def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> tuple[float, float]:
     """Seconds of one Spark job (mqstore_spark.round_job in a child process, its session included) over the
-    sealed segments of ``directory``'s queue."""
+    sealed segments of ``directory``'s queue, and the CPU seconds of all its processes (the driver's Python,
+    the JVM, the Python workers: RUSAGE_CHILDREN; this process is their subreaper, so the JVM, which the job's
+    Python leaves to exit on its own, is reaped here and counted)."""
     import dataclasses
     from mqstore.compaction.policy import CompactionConfig
     qdir = directory / "kv" / "0"
@@ -218,13 +226,37 @@ def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> float:
     path = work / "spark-request.json"
     path.write_text(json.dumps(request))
     env = {**os.environ, "PYSPARK_PYTHON": PYTHON, "SPARK_LOCAL_IP": "127.0.0.1"}
-    started = time.perf_counter()
+    _subreaper()
+    started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([PYTHON, "-m", "mqstore_spark.round_job", str(path)], env=env, capture_output=True,
                           text=True, timeout=3600, check=False)
     seconds = time.perf_counter() - started
+    _reap_orphans(deadline_s=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"spark job failed: {done.stderr[-1500:]}")
-    return seconds
+    return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def _subreaper() -> None:
+    """Become the reaper of this process's orphaned descendants (Linux PR_SET_CHILD_SUBREAPER)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def _reap_orphans(deadline_s: float) -> None:
+    """Wait for the descendants left to this process (the Spark job's JVM exits once its Python has), up to
+    ``deadline_s``; any still running then is killed and reaped."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                subprocess.run(["pkill", "-KILL", "-P", str(os.getpid())], check=False)
+            time.sleep(0.05)
 
 
 def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -248,6 +280,11 @@ def crossover(rows: list[dict]) -> dict:
     out = {"local_fixed_s": a_local, "local_us_per_record": b_local * 1e6, "spark_fixed_s": a_spark,
            "spark_us_per_record": b_spark * 1e6, "measured_on": "local[2]",
            "per_core_ratio": 2 * b_spark / b_local if b_local > 0 else None}  # core-us per record, Spark / local
+    if all("spark_cpu_s" in r for r in rows):  # CPU: what a record costs the cores, whatever the machine's load
+        b_local_cpu = _line(xs, [r["local_cpu_s"] for r in rows])[1]
+        b_spark_cpu = _line(xs, [r["spark_cpu_s"] for r in rows])[1]
+        out.update(local_cpu_us_per_record=b_local_cpu * 1e6, spark_cpu_us_per_record=b_spark_cpu * 1e6,
+                   cpu_ratio=b_spark_cpu / b_local_cpu if b_local_cpu > 0 else None)
     if b_spark < b_local:
         out["crossover_records"] = max(0.0, (a_spark - a_local) / (b_local - b_spark))
         return out
@@ -363,6 +400,12 @@ def build_rows(results: dict) -> list[dict]:
                          "value": f"{2 * fit['spark_us_per_record']:.1f} core-us/record",
                          "comparison": f"local {fit['local_us_per_record']:.1f} us/record",
                          "ratio": fit["per_core_ratio"], "target": "<= 3"})
+        if fit.get("cpu_ratio") is not None:
+            rows.append({"what": "CPU per record (linear fit): the Spark job's processes (driver, JVM, Python workers) "
+                                 "vs the local round",
+                         "value": f"{fit['spark_cpu_us_per_record']:.1f} CPU-us/record",
+                         "comparison": f"local {fit['local_cpu_us_per_record']:.1f} CPU-us/record",
+                         "ratio": fit["cpu_ratio"], "target": "<= 3"})
         rows.append({"what": "crossover (linear fit: fixed s + us/record)",
                      "value": f"Spark {fit['spark_fixed_s']:.1f} s + {fit['spark_us_per_record']:.1f} us/record",
                      "comparison": f"local {fit['local_fixed_s']:.2f} s + {fit['local_us_per_record']:.1f} us/record",

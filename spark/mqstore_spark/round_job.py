@@ -16,7 +16,8 @@ staging directory and the Spark master. Nothing per key or per record crosses to
      executors (shuffled and spilled by Spark, never held by one process), and each segment's marks
      (superseded and tombstone entry numbers, the keys it holds the latest record of) are collected into
      one row per segment;
-  3. one task per segment's marks (on an executor, mapInArrow again) decides its records with the rules
+  3. per segment's marks (on an executor, mapInArrow again; a task takes several segments, one at a
+     time: two tasks per executor core) the executor decides its records with the rules
      every engine uses (mqstore.compaction.rounds.fate, on numpy columns: superseded -> dropped, a
      tombstone past seen-at + delete_retention_ms -> dropped, its key noted, a tombstone first seen
      stamped) and, when the segment changes (rounds.changes: a record dropped or a tombstone stamped),
@@ -117,6 +118,7 @@ ENTRY_DTYPE = [("position", ">i8"), ("size", ">i4"), ("tag_code", ">i8"), ("stor
 KEYED = "base long, entry int, queue_offset long, digest binary, tombstone boolean"
 SEGMENT = "base long, changed boolean, " + ", ".join(f"{name} long" for name in COUNTERS) + ", keys long"
 _SECONDS_MASK = 0xFFFF_FFFF
+TASKS_PER_CORE = 2
 
 
 def read_index(path: pathlib.Path):
@@ -269,7 +271,10 @@ def run(spark, request: dict) -> dict:
     staging = pathlib.Path(request["staging"])
     shutil.rmtree(staging, ignore_errors=True)
     (staging / PARTS).mkdir(parents=True)
-    tasks = max(1, len(bases))
+    # segments spread over TASKS_PER_CORE tasks per executor core, not a task per segment: a task costs the
+    # executors a fixed share of CPU (scheduling, a Python worker's round trip, Arrow streams) that a task
+    # per segment made grow with the round (each task still holds one segment at a time)
+    tasks = max(1, min(len(bases), TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
     segments = spark.createDataFrame([(b,) for b in bases], "base long").repartition(tasks)
     marks = segments.join(segment_marks(spark, segments, queue_dir, cleaned, last), "base", "left")
     rows = [row.asDict() for row in map_in_arrow(marks.repartition(tasks), rewrite_segments(request, last), SEGMENT)
