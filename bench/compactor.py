@@ -16,11 +16,15 @@ Groups (``--only compactor-round,compactor-scale,compactor-spark,compactor-reads
   compactor-spark  The same inputs at growing sizes (``spark_factors``) through the Spark job
                    (mqstore_spark.round_job as the compactor runs it: a child process with its own
                    SparkSession on local[2]), wall time including the session start, against a local
-                   round of the same input. A line per engine (fixed seconds + microseconds per record,
+                   round of the same input, ``spark_repeats`` times each alternating (the medians;
+                   MQSTORE_BENCH_SPARK_REPEATS overrides). A line per engine (fixed seconds + microseconds per record,
                    least squares) gives the round size where Spark overtakes the local engine, or, when
                    Spark's per-record cost is the higher on this machine, how many executor cores would
-                   match it and the crossover with twice that many (the extrapolation). Sets
-                   spark_threshold_bytes.
+                   match it and the crossover with twice that many (the extrapolation), and
+                   Spark's cost per record per core (2 x its us/record on local[2]) over the local
+                   engine's (target: <= 3); the same per record in CPU time (the Spark job's processes
+                   by RUSAGE_CHILDREN, the local round's process_time), which a loaded machine moves
+                   less than wall time. Sets spark_threshold_bytes.
   compactor-reads  Real processes (CommitLog, Compactor) on 127.0.0.1: a COMPACTION topic of ``kv_keys``
                    keys x ``kv_versions`` versions of 1 KiB values, compacted. BatchGetLatest with 100
                    random keys per call, sequential, for ``duration_s`` (keys/s), against NATS JetStream
@@ -39,6 +43,7 @@ import pathlib
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -52,10 +57,12 @@ from procs import PYTHON, GrpcServer
 
 GROUPS = ("compactor-round", "compactor-scale", "compactor-spark", "compactor-reads")
 MiB = 1 << 20
-FULL = {"base_mib": 16, "factors": (1, 4, 16), "spark_factors": (1, 4, 16), "keys": 4000, "segment_mib": 8,
+FULL = {"base_mib": 16, "factors": (1, 4, 16), "spark_factors": (1, 4, 16), "spark_repeats": 3, "keys": 4000,
+        "segment_mib": 8,
         "kv_keys": 10_000, "kv_versions": 5, "duration_s": 5.0,
         "scale_records": 40_000, "scale_keys": 20_000, "scale_budget_keys": 2_000}
-QUICK = {"base_mib": 1, "factors": (1, 4, 16), "spark_factors": (1, 4), "keys": 300, "segment_mib": 1,
+QUICK = {"base_mib": 1, "factors": (1, 4, 16), "spark_factors": (1, 4), "spark_repeats": 1, "keys": 300,
+         "segment_mib": 1,
          "kv_keys": 500, "kv_versions": 3, "duration_s": 1.0,
          "scale_records": 4_000, "scale_keys": 2_000, "scale_budget_keys": 200}
 _T0 = time.monotonic()
@@ -87,11 +94,11 @@ def _child(spec: dict) -> dict:
     config = CompactionConfig(segment_size_bytes=spec["segment_bytes"],
                               **({"offset_map_memory_bytes": budget * ENTRY_COST_BYTES} if budget else {}))
     qlog = QueueLog(pathlib.Path(spec["dir"]) / "kv" / "0", spec["segment_bytes"], "kv", 0)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     stats = run_round(qlog, config, SystemClock().now_ms())
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     qlog.close()
-    return {"seconds": seconds, "passes": stats.passes, "records_in": stats.records_in,
+    return {"seconds": seconds, "cpu_s": cpu, "passes": stats.passes, "records_in": stats.records_in,
             "records_out": stats.records_out, "rss_kib": _rss()}
 
 
@@ -181,33 +188,75 @@ def run_scale(work: pathlib.Path, cfg: dict) -> dict:
 def run_spark(work: pathlib.Path, cfg: dict) -> dict:
     """The Spark job (local[2], a child process as the compactor runs it) and the local round on the same
     inputs of growing size; the crossover from a linear fit of each engine's seconds against records."""
-    import dataclasses
-    from mqstore.compaction.policy import CompactionConfig
     rows = []
+    repeats = int(os.environ.get("MQSTORE_BENCH_SPARK_REPEATS", cfg.get("spark_repeats", 1)))
     for factor in cfg["spark_factors"]:
-        directory, size = _inputs(work, cfg, factor)
-        records = json.loads((work / f"input-{factor}x.json").read_text())["records"]
-        local = _run_child({"kind": "round", "dir": str(directory), "segment_bytes": cfg["segment_mib"] * MiB})
-        directory, _ = _inputs(work, cfg, factor)  # a fresh copy for the Spark job
-        qdir = directory / "kv" / "0"
-        bases = sorted(int(p.name[:20]) for p in qdir.glob("*.log"))[:-1]
-        config = CompactionConfig(segment_size_bytes=cfg["segment_mib"] * MiB)
-        request = {"queue_dir": str(qdir), "bases": bases, "cleaned_offset": -1, "next_offset": 1 << 40,
-                   "now_ms": int(time.time() * 1000), "config": dataclasses.asdict(config),
-                   "staging": str(qdir / "staging"), "master": "local[2]"}
-        path = work / "spark-request.json"
-        path.write_text(json.dumps(request))
-        env = {**os.environ, "PYSPARK_PYTHON": PYTHON, "SPARK_LOCAL_IP": "127.0.0.1"}
-        started = time.perf_counter()
-        done = subprocess.run([PYTHON, "-m", "mqstore_spark.round_job", str(path)], env=env, capture_output=True,
-                              text=True, timeout=3600, check=False)
-        seconds = time.perf_counter() - started
-        if done.returncode != 0:
-            raise RuntimeError(f"spark job failed: {done.stderr[-1500:]}")
-        rows.append({"factor": factor, "input_bytes": size, "records": records, "local_s": local["seconds"],
-                     "local_passes": local["passes"], "spark_s": seconds})
+        local_s, spark_s, local_cpu, spark_cpu = [], [], [], []
+        for _ in range(repeats):  # alternating: a local round, then the Spark job, on fresh copies
+            directory, size = _inputs(work, cfg, factor)
+            records = json.loads((work / f"input-{factor}x.json").read_text())["records"]
+            local = _run_child({"kind": "round", "dir": str(directory), "segment_bytes": cfg["segment_mib"] * MiB})
+            local_s.append(local["seconds"])
+            local_cpu.append(local["cpu_s"])
+            directory, _ = _inputs(work, cfg, factor)  # a fresh copy for the Spark job
+            seconds, cpu = _spark_job(work, cfg, directory)
+            spark_s.append(seconds)
+            spark_cpu.append(cpu)
+        rows.append({"factor": factor, "input_bytes": size, "records": records, "local_s": statistics.median(local_s),
+                     "local_passes": local["passes"], "spark_s": statistics.median(spark_s),
+                     "local_cpu_s": statistics.median(local_cpu), "spark_cpu_s": statistics.median(spark_cpu),
+                     "local_runs_s": local_s, "spark_runs_s": spark_s})
         print(f"compactor bench: spark {factor}x {rows[-1]}", flush=True)
     return {"rows": rows, "fit": crossover(rows)}
+
+
+def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> tuple[float, float]:
+    """Seconds of one Spark job (mqstore_spark.round_job in a child process, its session included) over the
+    sealed segments of ``directory``'s queue, and the CPU seconds of all its processes (the driver's Python,
+    the JVM, the Python workers: RUSAGE_CHILDREN; this process is their subreaper, so the JVM, which the job's
+    Python leaves to exit on its own, is reaped here and counted)."""
+    import dataclasses
+    from mqstore.compaction.policy import CompactionConfig
+    qdir = directory / "kv" / "0"
+    bases = sorted(int(p.name[:20]) for p in qdir.glob("*.log"))[:-1]
+    config = CompactionConfig(segment_size_bytes=cfg["segment_mib"] * MiB)
+    request = {"queue_dir": str(qdir), "bases": bases, "cleaned_offset": -1, "next_offset": 1 << 40,
+               "now_ms": int(time.time() * 1000), "config": dataclasses.asdict(config),
+               "staging": str(qdir / "staging"), "master": "local[2]"}
+    path = work / "spark-request.json"
+    path.write_text(json.dumps(request))
+    env = {**os.environ, "PYSPARK_PYTHON": PYTHON, "SPARK_LOCAL_IP": "127.0.0.1"}
+    _subreaper()
+    started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([PYTHON, "-m", "mqstore_spark.round_job", str(path)], env=env, capture_output=True,
+                          text=True, timeout=3600, check=False)
+    seconds = time.perf_counter() - started
+    _reap_orphans(deadline_s=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"spark job failed: {done.stderr[-1500:]}")
+    return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def _subreaper() -> None:
+    """Become the reaper of this process's orphaned descendants (Linux PR_SET_CHILD_SUBREAPER)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def _reap_orphans(deadline_s: float) -> None:
+    """Wait for the descendants left to this process (the Spark job's JVM exits once its Python has), up to
+    ``deadline_s``; any still running then is killed and reaped."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                subprocess.run(["pkill", "-KILL", "-P", str(os.getpid())], check=False)
+            time.sleep(0.05)
 
 
 def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -229,7 +278,13 @@ def crossover(rows: list[dict]) -> dict:
     a_local, b_local = _line(xs, [r["local_s"] for r in rows])
     a_spark, b_spark = _line(xs, [r["spark_s"] for r in rows])
     out = {"local_fixed_s": a_local, "local_us_per_record": b_local * 1e6, "spark_fixed_s": a_spark,
-           "spark_us_per_record": b_spark * 1e6, "measured_on": "local[2]"}
+           "spark_us_per_record": b_spark * 1e6, "measured_on": "local[2]",
+           "per_core_ratio": 2 * b_spark / b_local if b_local > 0 else None}  # core-us per record, Spark / local
+    if all("spark_cpu_s" in r for r in rows):  # CPU: what a record costs the cores, whatever the machine's load
+        b_local_cpu = _line(xs, [r["local_cpu_s"] for r in rows])[1]
+        b_spark_cpu = _line(xs, [r["spark_cpu_s"] for r in rows])[1]
+        out.update(local_cpu_us_per_record=b_local_cpu * 1e6, spark_cpu_us_per_record=b_spark_cpu * 1e6,
+                   cpu_ratio=b_spark_cpu / b_local_cpu if b_local_cpu > 0 else None)
     if b_spark < b_local:
         out["crossover_records"] = max(0.0, (a_spark - a_local) / (b_local - b_spark))
         return out
@@ -340,6 +395,17 @@ def build_rows(results: dict) -> list[dict]:
             where = (f"never on local[2]; Spark needs {fit['cores_to_match']:.1f} cores to match the local "
                      f"per-record cost; with {fit['extrapolated_cores']} cores it would win above "
                      f"{fit['extrapolated_crossover_records']:,.0f} records")
+        if fit.get("per_core_ratio") is not None:
+            rows.append({"what": "Spark cost per record per core (local[2]: 2 x its us/record) vs the local engine",
+                         "value": f"{2 * fit['spark_us_per_record']:.1f} core-us/record",
+                         "comparison": f"local {fit['local_us_per_record']:.1f} us/record",
+                         "ratio": fit["per_core_ratio"], "target": "<= 3"})
+        if fit.get("cpu_ratio") is not None:
+            rows.append({"what": "CPU per record (linear fit): the Spark job's processes (driver, JVM, Python workers) "
+                                 "vs the local round",
+                         "value": f"{fit['spark_cpu_us_per_record']:.1f} CPU-us/record",
+                         "comparison": f"local {fit['local_cpu_us_per_record']:.1f} CPU-us/record",
+                         "ratio": fit["cpu_ratio"], "target": "<= 3"})
         rows.append({"what": "crossover (linear fit: fixed s + us/record)",
                      "value": f"Spark {fit['spark_fixed_s']:.1f} s + {fit['spark_us_per_record']:.1f} us/record",
                      "comparison": f"local {fit['local_fixed_s']:.2f} s + {fit['local_us_per_record']:.1f} us/record",

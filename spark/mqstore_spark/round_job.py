@@ -7,27 +7,35 @@ staging directory and the Spark master. Nothing per key or per record crosses to
 
   1. the driver finds the dirty range in the sealed segments' index files, read in place (bisect over
      the files: O(segments) memory);
-  2. Spark reads the sealed segments (the mqstore data source, one partition per segment, only the
-     columns the plan needs) and marks a record *superseded* when a later record of its key lies in the
-     dirty range: the latest offset per key is a window aggregate over the dirty records, computed on
-     the executors (shuffled and spilled by Spark, never held by one process);
-  3. one task per input segment (on an executor) decides its records with the rules every engine uses
-     (mqstore.compaction.rounds.fate: superseded -> dropped, a tombstone past seen-at +
-     delete_retention_ms -> dropped, its key noted, a tombstone first seen stamped) and, when the
-     segment changes (rounds.changes: a record dropped or a tombstone stamped), writes the survivors
-     to ``staging/parts/``: ``<base>.log`` (their raw bytes, in log order), ``<base>.cq`` (their index
-     entries in the sparse queue format, positions within the part) and ``<base>.removed`` (JSON: key
-     -> offset of the tombstones removed); the driver collects one row per segment (its counters and
-     whether it changed);
+  2. each executor task reads sealed segments (mapInArrow over their bases, ``keyed_records``): the
+     entries from the ``.cq`` file as numpy columns, the key and tombstone flag of each record up to
+     ``last`` from the compiled codec (rounds.compaction_fields), and ships an Arrow batch per segment of
+     fixed-width columns (entry number int32, queue offset int64, the key's MD5 digest as 16 bytes, the
+     tombstone flag); Spark marks a record *superseded* when a later record of its key lies in the dirty
+     range: the latest offset per digest is a window aggregate over the dirty records, computed on the
+     executors (shuffled and spilled by Spark, never held by one process), and each segment's marks
+     (superseded and tombstone entry numbers, the keys it holds the latest record of) are collected into
+     one row per segment;
+  3. per segment's marks (on an executor, mapInArrow again; a task takes several segments, one at a
+     time: two tasks per executor core) the executor decides its records with the rules
+     every engine uses (mqstore.compaction.rounds.fate, on numpy columns: superseded -> dropped, a
+     tombstone past seen-at + delete_retention_ms -> dropped, its key noted, a tombstone first seen
+     stamped) and, when the segment changes (rounds.changes: a record dropped or a tombstone stamped),
+     writes the survivors to ``staging/parts/``: ``<base>.log`` (their raw bytes, in log order), ``<base>.cq``
+     (their index entries in the sparse queue format, positions within the part) and ``<base>.removed``
+     (JSON: key -> offset of the tombstones removed); the driver collects one row per segment (its
+     counters and whether it changed);
   4. as the local engine, the round rewrites from the first segment that changes (``rewritten_from``,
      its base; the segments below are kept as they are): the driver streams, in segment order and one
      at a time, the part of each changed segment and the records of each unchanged one (read from the
      sealed segment itself: its part would be the same) through the project's one round writer
      (mqstore.compaction.writer.RoundWriter: positions, blank records and the index depend on the
-     whole sequence), so its files are byte-identical to the local engine's, then writes
-     ``round.manifest`` (inputs, ``rewritten_from``, outputs with sizes and CRC32s, a SHA-256 digest,
+     whole sequence; a run of records per output segment, packed and relocated on numpy columns by
+     RoundWriter.add's rule: ``add_relocated``), so its files are byte-identical to the local engine's, then
+     writes ``round.manifest`` (inputs, ``rewritten_from``, outputs with sizes and CRC32s, a SHA-256 digest,
      the new round state, the keys whose tombstones it removed, its counters) and prints the Spark
      application's id as the last line of its stdout (the compactor logs it).
+No Python object is made per record outside step 2's key decoding (a key string and its digest).
 The compactor validates the manifest against the staged files and installs them in place of the sealed
 segments from ``rewritten_from`` on with its usual swap.
 Executors need the staging directory at the same path as the driver (compose: the shared volume).
@@ -41,13 +49,14 @@ import os
 import pathlib
 import shutil
 import sys
+import warnings
 
 from mqstore.compaction.policy import CompactionConfig
-from mqstore.compaction.rounds import RoundStats, changes, count, dirty_range, fate, key_and_tombstone
+from mqstore.compaction.rounds import RoundStats, dirty_range, key_and_tombstone
 from mqstore.compaction.writer import RoundWriter, write_manifest
 from mqstore.errors import invariant
 from mqstore.format import compaction_segment as cseg, sparse_queue
-from mqstore.format.sparse_queue import SparseEntry
+from mqstore.format.record import PHYSICAL_OFFSET_AT
 
 PARTS = "parts"
 COUNTERS = ("records_in", "records_out", "records_removed", "tombstones_removed", "tombstones_pending",
@@ -104,70 +113,173 @@ class _Column:
         return self.index.field(i, self.field)
 
 
-def superseded_positions(spark, queue_dir: pathlib.Path, bases: list[int], cleaned: int, last: int):
-    """A DataFrame (file, positions, keys), one row per segment file with keyed records up to ``last``: the
-    positions of its records that a later record of their key in (cleaned, last] supersedes, and how many
-    keys' latest dirty record it holds (their sum is the round's keys mapped). Computed on the executors."""
+ENTRY_DTYPE = [("position", ">i8"), ("size", ">i4"), ("tag_code", ">i8"), ("store_ms", ">i8"), ("queue_offset", ">i8"),
+               ("batch", ">i2"), ("seen", ">i8")]  # mqstore.format.sparse_queue.ENTRY as a numpy record (46 bytes)
+KEYED = "base long, entry int, queue_offset long, digest binary, tombstone boolean"
+SEGMENT = "base long, changed boolean, " + ", ".join(f"{name} long" for name in COUNTERS) + ", keys long"
+_SECONDS_MASK = 0xFFFF_FFFF
+TASKS_PER_CORE = 2
+
+
+def read_index(path: pathlib.Path):
+    """The valid entries of one ``.cq`` file as a numpy record array (ENTRY_DTYPE), seen-at in ms (layout 1's
+    seconds converted): what sparse_queue.decode_all gives, as columns."""
+    import numpy as np
+    entries = np.fromfile(path, dtype=np.dtype(ENTRY_DTYPE), count=path.stat().st_size // sparse_queue.ENTRY_SIZE)
+    bad = np.flatnonzero((entries["position"] < 0) | (entries["size"] <= 0) | (entries["queue_offset"] < 0)
+                         | (entries["batch"] != 1))
+    entries = entries[:bad[0]] if bad.size else entries.copy()
+    old = entries["seen"] < 0
+    if old.any():
+        entries["seen"][old] = (entries["seen"][old] & _SECONDS_MASK) * 1000
+    return entries
+
+
+def map_in_arrow(frame, fn, schema: str):
+    """``frame.mapInArrow(fn, schema)``, without the warning pyspark's pandas_udf gives for pandas >= 3 (on the
+    driver, at planning): mapInArrow hands the function pyarrow batches and never uses pandas."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
+        return frame.mapInArrow(fn, schema)
+
+
+def keyed_records(queue_dir: str, last: int):
+    """(On an executor, mapInArrow over the segments' bases.) Arrow batches of a segment's keyed records at or
+    below ``last``, one per segment: its base, the entry's number in the segment, the queue offset, the MD5
+    digest of the key (16 bytes) and the tombstone flag; the keys from the compiled codec."""
+    def records(batches):
+        import numpy as np
+        import pyarrow as pa
+        from mqstore.compaction.offset_map import digest
+        from mqstore.compaction.rounds import compaction_fields
+        for batch in batches:
+            for base in batch.column("base").to_pylist():
+                entries = read_index(pathlib.Path(queue_dir) / cseg.index_name(base))
+                n = int(np.searchsorted(entries["queue_offset"], last, side="right"))
+                data = memoryview((pathlib.Path(queue_dir) / cseg.log_name(base)).read_bytes())
+                starts, ends = (entries["position"][:n] - base).tolist(), (entries["position"][:n] - base
+                                                                          + entries["size"][:n]).tolist()
+                numbers, digests, tombstones = [], [], []
+                for i in range(n):
+                    key, tombstone, _ = compaction_fields(data[starts[i]:ends[i]])
+                    if key is not None:
+                        numbers.append(i)
+                        digests.append(digest(key))
+                        tombstones.append(tombstone)
+                at = np.array(numbers, dtype=np.int32)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(np.full(len(at), base, dtype=np.int64)), pa.array(at),
+                     pa.array(entries["queue_offset"][at].astype(np.int64)), pa.array(digests, pa.binary()),
+                     pa.array(tombstones, pa.bool_())], names=["base", "entry", "queue_offset", "digest", "tombstone"])
+    return records
+
+
+def segment_marks(spark, segments, queue_dir: pathlib.Path, cleaned: int, last: int):
+    """A DataFrame (base, superseded, tombstones, keys), one row per segment with keyed records up to ``last``:
+    the entry numbers of its records that a later record of their key in (cleaned, last] supersedes, of its
+    keyed tombstones, and how many keys' latest dirty record it holds (their sum is the round's keys
+    mapped). Computed on the executors, on fixed-width columns (the keys' digests, int64 offsets)."""
     from pyspark.sql import Window, functions as F
-    files = ",".join(str(queue_dir / cseg.log_name(b)) for b in bases)
-    offset, key = F.col("queue_offset"), F.col("key")
-    records = (spark.read.format("mqstore").schema("file string, position long, queue_offset long, key string")
-               .option("files", files).load()
-               .where(key.isNotNull() & (offset <= last)))
-    dirty_latest = F.max(F.when(offset > cleaned, offset)).over(Window.partitionBy("key"))
-    latest = F.col("latest")
-    return (records.withColumn("latest", dirty_latest).where(latest.isNotNull())
-            .groupBy("file").agg(F.collect_list(F.when(offset < latest, F.col("position"))).alias("positions"),
-                                 F.sum(F.when(offset == latest, 1).otherwise(0)).alias("keys")))
+    offset, latest, entry = F.col("queue_offset"), F.col("latest"), F.col("entry")
+    records = map_in_arrow(segments.select("base"), keyed_records(str(queue_dir), last), KEYED)
+    dirty_latest = F.max(F.when(offset > cleaned, offset)).over(Window.partitionBy("digest"))
+    return (records.withColumn("latest", dirty_latest).groupBy("base")
+            .agg(F.collect_list(F.when(offset < latest, entry)).alias("superseded"),
+                 F.collect_list(F.when(F.col("tombstone"), entry)).alias("tombstones"),
+                 F.sum(F.when(offset == latest, 1).otherwise(0)).alias("keys")))
 
 
-def rewrite_segment(request: dict, base: int, superseded: list[int] | None, last: int) -> dict:
-    """(On an executor.) Decide one sealed segment's records; if it changes, write its part into
-    ``staging/parts/``; its counters and whether it changed."""
+def rewrite_segments(request: dict, last: int):
+    """(On an executor, mapInArrow over the segments' marks.) One row per segment: :func:`rewrite_segment`'s."""
+    def rewrite(batches):
+        import numpy as np
+        import pyarrow as pa
+        for batch in batches:
+            rows = []
+            for i, base in enumerate(batch.column("base").to_pylist()):
+                marks = [np.asarray(batch.column(name)[i].values if batch.column(name)[i].is_valid else [],
+                                    dtype=np.int64) for name in ("superseded", "tombstones")]
+                keys = batch.column("keys")[i].as_py() or 0
+                rows.append({**rewrite_segment(request, base, *marks, last), "keys": keys})
+            yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("base", pa.int64()), ("changed", pa.bool_())] + [
+                (name, pa.int64()) for name in COUNTERS + ("keys",)]))
+    return rewrite
+
+
+def rewrite_segment(request: dict, base: int, superseded, tombstones, last: int) -> dict:
+    """(On an executor.) Decide one sealed segment's records by their marks (entry numbers: ``superseded``, and
+    its keyed ``tombstones`` at or below ``last``) with the rules of rounds.fate on numpy columns; if it
+    changes, write its part into ``staging/parts/``; its counters and whether it changed."""
+    import numpy as np
     config = CompactionConfig(**request["config"])
     queue_dir, parts = pathlib.Path(request["queue_dir"]), pathlib.Path(request["staging"]) / PARTS
-    now_ms, drop = request["now_ms"], set(superseded or ())
-    data = (queue_dir / cseg.log_name(base)).read_bytes()
-    entries, _ = sparse_queue.decode_all((queue_dir / cseg.index_name(base)).read_bytes())
-    stats, log, cq, changed = RoundStats(), bytearray(), bytearray(), False
-    for entry in entries:
-        at = entry.position - base
-        raw = memoryview(data)[at:at + entry.size]
-        key, tombstone = key_and_tombstone(raw)
-        what, seen = fate(key is not None and entry.queue_offset <= last, entry.position in drop, tombstone,
-                          entry.tombstone_seen_ms, now_ms, config)
-        changed = changed or changes(what, entry.tombstone_seen_ms)
-        if count(stats, what, entry.size, key, entry.queue_offset):
-            cq += sparse_queue.encode(SparseEntry(len(log), entry.size, entry.tag_code, entry.store_timestamp_ms,
-                                                  entry.queue_offset, seen))
-            log += raw
-    invariant(stats.records_removed == len(drop), f"every superseded record of segment {base} is in its index")
+    now_ms = request["now_ms"]
+    entries = read_index(queue_dir / cseg.index_name(base))
+    n = len(entries)
+    removed, tombstone = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    removed[superseded] = True
+    tombstone[tombstones] = True
+    tombstone &= ~removed
+    seen_before = entries["seen"].astype(np.int64)
+    seen = np.where(tombstone & (seen_before == 0), now_ms, seen_before)  # stamped by the round that maps it
+    expired = tombstone & (seen > 0) & (now_ms >= seen + config.delete_retention_ms)  # policy.tombstone_expired
+    pending = tombstone & ~expired
+    kept = ~(removed | expired)
+    sizes = entries["size"].astype(np.int64)
+    changed = bool(removed.any() or expired.any() or (pending & (seen_before == 0)).any())
+    invariant(int(removed.sum()) == len(superseded), f"every superseded record of segment {base} is in its index")
+    removed_keys: dict = {}
+    stats = {"records_in": n, "records_out": int(kept.sum()), "records_removed": int(removed.sum()),
+             "tombstones_removed": int(expired.sum()), "tombstones_pending": int(pending.sum()),
+             "bytes_reclaimed": int(sizes[~kept].sum())}
     if changed:
-        for suffix, content in ((".log", log), (".cq", cq), (".removed", json.dumps(stats.removed_keys).encode())):
-            (parts / f"{base:020d}{suffix}").write_bytes(content)
-    return {"base": base, "changed": changed, **{k: getattr(stats, k) for k in COUNTERS}}
+        data = (queue_dir / cseg.log_name(base)).read_bytes()
+        positions = entries["position"].astype(np.int64) - base
+        for i in np.flatnonzero(expired).tolist():  # the keys of the tombstones removed, in log order
+            removed_keys[key_and_tombstone(memoryview(data)[positions[i]:positions[i] + sizes[i]])[0]] = \
+                int(entries["queue_offset"][i])
+        survivors = entries[kept]
+        survivors["seen"] = seen[kept]
+        survivors["position"] = np.cumsum(sizes[kept]) - sizes[kept]  # positions within the part
+        (parts / f"{base:020d}.log").write_bytes(_gather(data, positions[kept], sizes[kept]))
+        (parts / f"{base:020d}.cq").write_bytes(survivors.tobytes())
+        (parts / f"{base:020d}.removed").write_bytes(json.dumps(removed_keys).encode())
+    return {"base": base, "changed": changed, **stats}
+
+
+def _gather(data: bytes, starts, sizes) -> bytes:
+    """The records at ``starts`` (``sizes`` each) of ``data``, concatenated: one copy per run of adjacent
+    records."""
+    import numpy as np
+    if len(starts) == 0:
+        return b""
+    breaks = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
+    run_starts = np.concatenate(([0], breaks)).tolist()
+    run_ends = np.concatenate((breaks, [len(starts)])).tolist()
+    view = memoryview(data)
+    return b"".join(view[starts[a]:starts[b - 1] + sizes[b - 1]] for a, b in zip(run_starts, run_ends, strict=True))
 
 
 def run(spark, request: dict) -> dict:
     """One Spark pass over the request's sealed segments; the manifest (also written to staging)."""
     config = CompactionConfig(**request["config"])
     queue_dir, bases = pathlib.Path(request["queue_dir"]), request["bases"]
-    cleaned, now_ms = request["cleaned_offset"], request["now_ms"]
+    cleaned = request["cleaned_offset"]
     index = OnDiskIndex(queue_dir, bases)
-    lo, hi = dirty_range(index, cleaned, now_ms, config)
+    lo, hi = dirty_range(index, cleaned, request["now_ms"], config)
     last = index.offsets[hi - 1] if hi > lo else cleaned  # the new cleaned offset
     staging = pathlib.Path(request["staging"])
     shutil.rmtree(staging, ignore_errors=True)
     (staging / PARTS).mkdir(parents=True)
-    segments = spark.createDataFrame([(str(queue_dir / cseg.log_name(b)), b) for b in bases], "file string, base long")
-    if hi > lo:
-        segments = segments.join(superseded_positions(spark, queue_dir, bases, cleaned, last), "file", "left")
-    else:
-        segments = segments.selectExpr("file", "base", "CAST(NULL AS ARRAY<LONG>) AS positions", "0L AS keys")
-    tasks = segments.select("base", "positions", "keys").repartition(max(1, len(bases)))
-    rows = tasks.rdd.map(lambda row: {**rewrite_segment(request, row["base"], row["positions"], last),
-                                      "keys": row["keys"] or 0}).collect()  # O(segments) rows
-    invariant(sorted(r["base"] for r in rows) == sorted(bases), "one task per input segment")
+    # segments spread over TASKS_PER_CORE tasks per executor core, not a task per segment: a task costs the
+    # executors a fixed share of CPU (scheduling, a Python worker's round trip, Arrow streams) that a task
+    # per segment made grow with the round (each task still holds one segment at a time)
+    tasks = max(1, min(len(bases), TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
+    segments = spark.createDataFrame([(b,) for b in bases], "base long").repartition(tasks)
+    marks = segments.join(segment_marks(spark, segments, queue_dir, cleaned, last), "base", "left")
+    rows = [row.asDict() for row in map_in_arrow(marks.repartition(tasks), rewrite_segments(request, last), SEGMENT)
+            .collect()]  # O(segments) rows
+    invariant(sorted(r["base"] for r in rows) == sorted(bases), "one row per input segment")
     rows.sort(key=lambda r: r["base"])
     stats = RoundStats(passes=1, keys_mapped=sum(r["keys"] for r in rows))
     for row in rows:
@@ -193,18 +305,45 @@ def run(spark, request: dict) -> dict:
 
 
 def _stream(writer: RoundWriter, row: dict, queue_dir: pathlib.Path, part: pathlib.Path, stats: RoundStats) -> None:
-    """One segment's survivors into the writer: its part if it changed, else its own records (the same)."""
+    """One segment's survivors into the writer: its part if it changed, else its own records (the same); packed
+    and relocated on numpy columns, a run of records per output segment (RoundWriter.add's rule)."""
+    import numpy as np
     if row["changed"]:
-        log, shift = part.with_suffix(".log").read_bytes(), 0
-        index = part.with_suffix(".cq").read_bytes()
+        log, shift, index = part.with_suffix(".log").read_bytes(), 0, part.with_suffix(".cq")
         stats.removed_keys.update(json.loads(part.with_suffix(".removed").read_bytes()))
     else:
         log, shift = (queue_dir / cseg.log_name(row["base"])).read_bytes(), row["base"]
-        index = (queue_dir / cseg.index_name(row["base"])).read_bytes()
-    for entry in sparse_queue.decode_all(index)[0]:
-        at = entry.position - shift
-        writer.add(memoryview(log)[at:at + entry.size], entry.queue_offset, entry.tag_code,
-                   entry.store_timestamp_ms, entry.tombstone_seen_ms)
+        index = queue_dir / cseg.index_name(row["base"])
+    entries = read_index(index)
+    sizes = entries["size"].astype(np.int64)
+    starts = entries["position"].astype(np.int64) - shift
+    ends = np.cumsum(sizes)  # of the records packed one after the other
+    done, n = 0, len(entries)
+    while done < n:
+        taken = ends[done - 1] if done else 0
+        k = int(np.searchsorted(ends[done:], taken + writer.room(), side="right"))
+        if k == 0:
+            if writer.position % writer.segment_size:
+                writer.seal()
+                continue
+            k = 1  # larger than an empty segment: RoundWriter.add puts it there all the same
+            raw = memoryview(log)[starts[done]:starts[done] + sizes[done]]
+            e = entries[done]
+            writer.add(raw, int(e["queue_offset"]), int(e["tag_code"]), int(e["store_ms"]), int(e["seen"]))
+            done += 1
+            continue
+        run = entries[done:done + k].copy()
+        local = ends[done:done + k] - sizes[done:done + k] - taken  # the records' starts within the run
+        run["position"] = writer.position + local
+        out = np.frombuffer(bytearray(_gather(log, starts[done:done + k], sizes[done:done + k])), dtype=np.uint8)
+        at = (local + PHYSICAL_OFFSET_AT)[:, None] + np.arange(8)
+        out[at] = run["position"].astype(">i8").view(np.uint8).reshape(-1, 8)  # cseg.relocate, per record
+        writer.add_relocated(out.data, run.tobytes(), {
+            "offsets": run["queue_offset"].astype(np.int64).tobytes(),
+            "positions": run["position"].astype(np.int64).tobytes(),
+            "store_ms": run["store_ms"].astype(np.int64).tobytes(), "sizes": run["size"].astype(np.int32).tobytes(),
+            "tags": run["tag_code"].astype(np.int64).tobytes(), "seen": run["seen"].astype(np.int64).tobytes()})
+        done += k
 
 
 def main(argv: list[str]) -> int:

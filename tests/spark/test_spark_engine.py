@@ -100,10 +100,12 @@ def test_spark_and_local_rounds_give_byte_identical_files(spark, tmp_path, confi
 
 
 def test_only_one_row_per_segment_crosses_to_the_driver(spark, tmp_path, monkeypatch):
-    """Every way a DataFrame or RDD hands rows to the driver is counted: a round over many more keys than
-    segments collects one row per input segment (the old engine collected a row per key)."""
+    """Every way a DataFrame or RDD hands rows to the driver is counted (the classic DataFrame overrides the
+    base class's methods, so both are wrapped): a round over many more keys than segments collects one row
+    per input segment (the old engine collected a row per key)."""
     from pyspark import RDD
     from pyspark.sql import DataFrame
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
     rng, seed = seeded_random("spark_collects")
     clock = FakeClock(BASE_MS)
     _fill(tmp_path / "logs", clock, rng, keys=1_000)
@@ -126,7 +128,8 @@ def test_only_one_row_per_segment_crosses_to_the_driver(spark, tmp_path, monkeyp
             return iter(rows)
         monkeypatch.setattr(cls, name, wrapper)
 
-    for cls, names in ((DataFrame, ("collect", "take", "head", "tail", "toLocalIterator", "toPandas", "toArrow")),
+    frames = ("collect", "take", "head", "tail", "toLocalIterator", "toPandas", "toArrow")
+    for cls, names in ((DataFrame, frames), (ClassicDataFrame, frames),
                        (RDD, ("collect", "take", "toLocalIterator", "collectAsMap", "countByKey", "countByValue"))):
         for name in names:
             if hasattr(cls, name):

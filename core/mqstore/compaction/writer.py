@@ -21,7 +21,8 @@ import os
 import pathlib
 import zlib
 
-from mqstore.format import compaction_segment as cseg, sparse_queue
+from mqstore.errors import invariant
+from mqstore.format import compaction_segment as cseg, record, sparse_queue
 from mqstore.format.sparse_queue import SparseEntry
 
 from .qlog import STATE, Entries
@@ -49,6 +50,33 @@ class RoundWriter:
         self._cq += sparse_queue.encode(entry)
         self.entries.add(entry)
         self._position += size
+
+    @property
+    def position(self) -> int:
+        """Where the next record goes."""
+        return self._position
+
+    def room(self) -> int:
+        """The bytes of records the current segment still takes (its blank record's room kept): :meth:`add`
+        puts a record of at most this size here, a larger one in the next segment."""
+        return self.segment_size - self._position % self.segment_size - record.BLANK_SIZE
+
+    def add_relocated(self, log, cq, columns: dict) -> None:
+        """The bulk form of :meth:`add`, for a caller that packs and relocates records itself (the Spark job's
+        driver, on numpy columns): ``log`` the records' bytes, relocated to :attr:`position` on and at most
+        :meth:`room` long, ``cq`` their encoded index entries, ``columns`` the entries' columns as native
+        machine-order bytes, by Entries' names (offsets, positions, store_ms, sizes, tags, seen). The files
+        are the same as :meth:`add` of each record would write."""
+        invariant(len(log) <= self.room(), f"{len(log)} bytes of records fit in the segment at {self._position}")
+        self._log += log
+        self._cq += cq
+        for name, data in columns.items():
+            getattr(self.entries, name).frombytes(data)
+        self._position += len(log)
+
+    def seal(self) -> None:
+        """End the current segment (a blank record, then zeros): the next record goes into the next one."""
+        self._seal()
 
     def _seal(self) -> None:
         base = cseg.segment_base(self._position, self.segment_size)
