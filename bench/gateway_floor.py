@@ -137,7 +137,7 @@ class InProcessFloor(NoopMessaging):
         try:
             self.store.topics.get(m.topic.name)
         except NotFound:  # the benchmark's topic, created by its first send
-            self.store.create_topic(m.topic.name, 8)
+            self.store.topic_admin.create(m.topic.name, 8)
         message = MessageIn(m.body, properties={"UNIQ_KEY": m.system_properties.message_id},
                                   born_timestamp_ms=born_ms(m))
         return answer(m, self.store.append(m.topic.name, [message])[0].queue_offset)

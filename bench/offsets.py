@@ -77,7 +77,7 @@ def _loop(commit, consumers: int, warmup_s: float, seconds: float) -> float:
 def _store(root: pathlib.Path, flush_mode: str) -> MessageStore:
     store = MessageStore(StoreConfig(data_dir=root, flush_mode=flush_mode, segment_size_bytes=32 << 20))
     store.start()
-    store.create_topic(TOPIC, 1)
+    store.topic_admin.create(TOPIC, 1)
     for _ in range(100):
         store.append(TOPIC, [MessageIn(body=b"m")] * 1000)  # offsets 1..100,000 are in range
     return store

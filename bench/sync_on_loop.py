@@ -85,7 +85,7 @@ async def serve(data_dir: pathlib.Path, wait: bool) -> int:
     # ASYNC store with no flush of its own: the group-commit thread is the only one that fsyncs.
     store = MessageStore(StoreConfig(data_dir=data_dir, flush_interval_ms=600_000, flush_thorough_interval_ms=600_000))
     store.start()
-    store.create_topic(append.TOPIC, append.QUEUES)
+    store.topic_admin.create(append.TOPIC, append.QUEUES)
     loop = asyncio.get_running_loop()
     group = GroupCommit(store, loop)
 

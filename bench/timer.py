@@ -47,7 +47,7 @@ BODY = b"x" * 100
 def _store(root: pathlib.Path) -> tuple[MessageStore, TimerDuty, Scheduler]:
     store = MessageStore(StoreConfig(data_dir=root, segment_size_bytes=256 << 20))
     store.start()
-    store.create_topic("due", 1)
+    store.topic_admin.create("due", 1)
     duty = TimerDuty(store, TimerConfig(), root / "timer", leading=lambda: True)
     duty.start()
     return store, duty, Scheduler(store, TimerConfig(), duty.wake, duty.note)

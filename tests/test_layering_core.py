@@ -64,6 +64,8 @@ LAYERS = {
     # 2: the store and the parts it composes.
     "mqstore.store": STORE,
     "mqstore.store_topics": STORE,
+    "mqstore.topic_admin": STORE,     # CreateTopic, DeleteTopic (its crash-safe steps)...: store.topic_admin
+    "mqstore.store_replica": STORE,   # the visibility of copied records, promotion: store.replica_view
     "mqstore.consumer_offsets": STORE,  # consumer offsets: records of the log, a map in memory
     "mqstore.store_space": STORE,
     "mqstore.store_retention": STORE,

@@ -38,7 +38,7 @@ from mqstore import codec, failpoints, fs, limits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
-from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
+from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
                             ResourceExhausted, Unavailable, invariant, shown)
 from mqstore.consumer_offsets import ConsumerOffsets
 from mqstore.format import checkpoint as cpfmt, offset_commit, record, record_reader, tier_upload, topic_event
@@ -53,16 +53,18 @@ from mqstore.maintenance import Maintenance
 from mqstore.meta import MetadataStore
 from mqstore.meta.catalog import TopicCatalogOpener, is_etcd_url
 from mqstore.metrics import Registry
-from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, KIND_NORMAL, AppendResults, MessageIn,
+from mqstore.model import (DURABILITY_FLUSHED, DURABILITY_WRITTEN, AppendResults, MessageIn,
                            MessageLookup, PullResult, QueueInfo, RawPullResult, StoredMessage, StoreInfo,
                            TopicRecord)
 from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, Selector, read_queue, read_queue_raw
 from mqstore.replication.node import SingleNode, takes_writes
 from mqstore.queue.usage import TopicUsage
+from mqstore.store_replica import ReplicaView
 from mqstore.store_retention import Retention
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
+from mqstore.topic_admin import TopicAdmin
 from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
 
 log = structlog.get_logger()
@@ -114,6 +116,7 @@ class MessageStore:
         # their topic under the append lock, and the dispatcher skips batches of a topic deleted since.
         self.commitlog.topic_start = self.dispatcher.topic_start = self.topics.start_of
         self.offsets = self.topics.offsets = ConsumerOffsets.of_store(self)  # mqstore.consumer_offsets
+        self.topic_admin = TopicAdmin(self)  # CreateTopic, DeleteTopic...: mqstore.topic_admin
         self.retention = Retention(config, self.clock, segments=self.segments, queues=self.queues, offsets=self.offsets,
                                    commitlog=self.commitlog, dispatcher=self.dispatcher, topics=self.topics,
                                    flushed_offset=self.flushed_offset, writable=lambda: takes_writes(self.gate))
@@ -137,7 +140,7 @@ class MessageStore:
         # The gate of writes: SingleNode without replication, else the node's role (mqstore.replication.node):
         # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
         self.gate = SingleNode()
-        self._copied_end = 0  # the log's end when this node was promoted: below it no append is pending
+        self.replica_view = ReplicaView(self)  # the visibility of copied records: mqstore.store_replica
         self._appended = metrics.counter("mqstore_commitlog_appended_messages_total", "messages appended")
         self._appended_bytes = metrics.counter("mqstore_commitlog_appended_bytes_total", "record bytes appended")
         self._batches = metrics.counter("mqstore_commitlog_append_batches_total", "batches appended (Append calls)")
@@ -171,7 +174,7 @@ class MessageStore:
             self._release_lock()
             raise
         self.offsets.catch_up()  # the map, from the offsets topic's min offset
-        self._resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
+        self.topic_admin.resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
 
     def _start_locked(self) -> None:
         cfg = self.config
@@ -228,7 +231,7 @@ class MessageStore:
         self.maintenance.stop(timeout_s)
         self.warmer.stop(timeout_s)
         self.flusher.stop(timeout_s)
-        self._dispatch_to(self.flusher.flushed_offset)
+        self.replica_view.dispatch_to(self.flusher.flushed_offset)
         checkpointed = self.write_checkpoint()
         if checkpointed and self.dispatcher.dispatched_offset >= self.commitlog.written_offset:
             self._abort_path.unlink(missing_ok=True)
@@ -317,7 +320,7 @@ class MessageStore:
 
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
-            self._dispatch_to(min(flushed_offset, self.gate.committed_offset()))
+            self.replica_view.dispatch_to(min(flushed_offset, self.gate.committed_offset()))
 
     @property
     def running(self) -> bool:
@@ -419,84 +422,18 @@ class MessageStore:
         """After the write (and, under SYNC flush, the fsync that covers ``end``): dispatch what readers may
         see; the durability the append is acknowledged with."""
         if self.flusher.sync:
-            self._dispatch_to(min(self.flusher.flushed_offset, self.gate.committed_offset()))
+            self.replica_view.dispatch_to(min(self.flusher.flushed_offset, self.gate.committed_offset()))
             return DURABILITY_FLUSHED
-        self._dispatch_to(min(end, self.gate.committed_offset()))
+        self.replica_view.dispatch_to(min(end, self.gate.committed_offset()))
         return DURABILITY_FLUSHED if self.flusher.flushed_offset >= end else DURABILITY_WRITTEN
 
     def _acknowledged(self, written, uniq_keys, durability: str, replicas: int, epoch: int,
                       sync_replication: bool) -> AppendResults:
         if sync_replication:
-            self.advance_visible()  # a Pull after the acknowledgement sees it (the ack thread may still dispatch)
+            # A Pull after the acknowledgement sees it (the ack thread may still dispatch).
+            self.replica_view.advance_visible()
         return AppendResults(self._msg_id_prefix, written.entries, uniq_keys, written.store_timestamp_ms,
                              durability, replicas, epoch)
-
-    # ------------------------------------------------------------------ topics and consumer offsets
-    def topic(self, name: str) -> TopicRecord:
-        return self.topics.get(name)
-
-    def create_topic(self, name: str, queue_count: int = 0, kind: str = KIND_NORMAL,
-                     retention_ms: int = 0) -> TopicRecord:
-        self.gate.check_writable()
-        return self.topics.create(name, queue_count, kind, retention_ms)
-
-    def update_topic(self, name: str, queue_count: int = 0, retention_ms: int | None = None) -> TopicRecord:
-        self.gate.check_writable()
-        return self.topics.update(name, queue_count, retention_ms)
-
-    def delete_topic(self, name: str) -> None:
-        """DeleteTopic in the steps of mqstore.store_topics, each safe to crash after (a delete cut short
-        is resumed at start, or by deleting the name again)."""
-        self.check_running()
-        self.gate.check_writable()  # before step 1: a replica must not mark its leader's row (the shared database)
-        rec = self.topics.begin_delete(name)                                   # 1. marked, hidden
-        failpoints.hit("topic.delete.marked")
-        self._finish_delete(rec)
-
-    def _finish_delete(self, rec: TopicRecord) -> None:
-        self.gate.check_writable()  # a replica appends nothing of its own (NotLeader names the leader)
-        self.disk.refuse_if_read_only()
-        self._announce_deleted(rec)                                            # 2. in the log, flushed
-        failpoints.hit("topic.delete.announced")
-        self._drop_queues(rec.name)                                            # 3. consume queues gone
-        failpoints.hit("topic.delete.queues_dropped")
-        self.offsets.delete_topic(rec.name)                                    # 4. offsets: tombstones,
-        self.topics.end_delete(rec.name)                                       # 4. the row: the name is free
-        log.info("topic.deleted", topic=rec.name, start_physical_offset=rec.start_physical_offset)
-
-    def _announce_deleted(self, rec: TopicRecord) -> None:
-        """The DELETED event of ``rec`` in RMQ_SYS_TOPIC_EVENTS, flushed before the delete goes on: a
-        follower that meets it removes what it derived from the topic (in log order, also after being
-        away), and it must not be lost to a power cut once the registry has forgotten the topic."""
-        event = topic_event.TopicEvent(topic_event.DELETED, rec.name, rec.start_physical_offset)
-        written = self.append_own(topic_event.TOPIC, [MessageIn(body=topic_event.encode(event), keys=(rec.name,))])
-        end = written.entries[-1][0] + written.entries[-1][1]
-        if self.flusher.flushed_offset < end:
-            self.flusher.flush_now()
-
-    def _resume_deletes(self) -> None:
-        """Finish the deletes a crash cut short (rows still marked): from step 2, which may repeat."""
-        for rec in self.topics.deleting():
-            try:
-                self._finish_delete(rec)
-            except (MqStoreError, OSError) as exc:  # a full disk, a slow fsync...: the store starts all the same
-                log.error("topic.delete_not_resumed", topic=rec.name, error=type(exc).__name__, message=str(exc),
-                          why="the topic stays hidden and its name taken; DeleteTopic of it finishes the delete")
-
-    def list_topics(self, include_system: bool = False) -> list[TopicRecord]:
-        """Every topic as the catalog has it now (a replica's registry first catches up: TopicRegistry.freshen)."""
-        self.topics.freshen()
-        return self.topics.sorted_topics(include_system)
-
-    def describe_topic(self, name: str) -> tuple[TopicRecord, list[QueueInfo]]:
-        return self.topics.describe(name)
-
-    def _drop_queues(self, topic: str) -> None:
-        """A deleted topic's consume queues (durably) and next queue offsets: a new topic of the name starts at 0."""
-        with self.commitlog.lock, self.dispatcher.lock:
-            self.queues.drop_topic(topic)
-            for key in [k for k in self.commitlog.next_queue_offsets if k[0] == topic]:
-                del self.commitlog.next_queue_offsets[key]
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int):
@@ -631,74 +568,12 @@ class MessageStore:
         return {("min",): self.commitlog.min_offset, ("written",): self.commitlog.written_offset,
                 ("flushed",): flushed, ("visible",): self.visible_offset()}
 
-    # ------------------------------------------------------------------ replication (mqstore.replication)
+    # ------------------------------------------------------------------ the log's ends (replication, timer, tier)
     def log_end(self) -> int:
         return self.commitlog.written_offset
 
     def log_min(self) -> int:
         return self.commitlog.min_offset
-
-    def replica_visible(self, committed_offset: int) -> None:
-        """The replica's side: consume queue entries (and so Pull and Tail) up to what its leader says is
-        committed, that is held by every in-sync node: never bytes a failover could cut."""
-        held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
-        target = min(held, committed_offset)
-        if target > self.dispatcher.dispatched_offset:
-            self._dispatch_copied(target)
-
-    def advance_visible(self) -> None:
-        """The leader's side: dispatch what became committed (the in-sync set's acknowledgements moved it).
-        Bytes copied while this node was a replica have no pending append: they are dispatched from the log."""
-        held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
-        self._dispatch_to(min(held, self.gate.committed_offset()))
-
-    def _dispatch_to(self, limit: int) -> None:
-        """Consume queue entries up to ``limit``: first the bytes this node copied as a replica before it
-        led (they have no pending append: from the log), then its own pending appends. Every dispatch goes
-        through here, in that order, so an append's entries never go in before the copied records below
-        them (the appending thread and the acknowledgement thread of a new leader both dispatch)."""
-        copied_end = min(self._copied_end, limit)
-        if self.dispatcher.dispatched_offset < copied_end:
-            self._dispatch_copied(copied_end)
-        self.dispatcher.run_pending(limit)
-
-    def _dispatch_copied(self, limit: int) -> None:
-        """Consume queue entries of the records this node copied from its leader, up to ``limit``, with the
-        topics as they are now (a topic deleted or created on the leader since this node last looked:
-        store_topics.CopiedStarts); the registry is brought along when the round read the database."""
-        starts = self.topics.copied_starts()
-        self.dispatcher.dispatch_replicated(self.dispatcher.dispatched_offset, limit, starts)
-        if starts.reloaded:
-            self.topics.refresh()
-
-    def promoted_visible(self) -> bool:
-        """A new leader shows its readers everything it copied as a replica (pop consumption replays its
-        revive log only then: mqstore.pop.leadership)."""
-        return self.dispatcher.dispatched_offset >= self._copied_end
-
-    def promote(self) -> None:
-        """A replica becomes leader: the append path's queue offsets and store time from its log, the records
-        it copied but has not made visible yet included. A replica dispatches only up to the committed
-        offset its leader last told it, which trails the bytes it holds (the next heartbeat brings it); a
-        leader gone in between leaves records here that no consume queue holds yet (:meth:`_dispatch_to`
-        puts them in once the new in-sync set holds them), and the first append must take the queue
-        offsets after theirs, not the same ones again."""
-        self.topics.refresh()
-        starts = self.topics.starts()
-        with self.dispatcher.lock:
-            # Queues of a topic deleted since, or of its earlier incarnation, whose DELETED event is among the
-            # records not dispatched yet: gone now, as the old leader dropped them (the event drops them again
-            # when it is dispatched), so that a topic of the name appended here starts at queue offset 0.
-            self.queues.drop_unknown(set(starts))
-            self.queues.drop(self.queues.of_earlier_topics(starts))
-            offsets = self.dispatcher.next_queue_offsets()
-            self._copied_end = self.commitlog.written_offset
-            copied, copied_ts = self.dispatcher.queue_ends(self.dispatcher.dispatched_offset, self._copied_end, starts)
-        offsets.update(copied)
-        self.commitlog.restore(self.commitlog.written_offset,
-                               max(self.commitlog.last_store_timestamp_ms, self.dispatcher.logics_msg_timestamp_ms,
-                                   copied_ts or 0),
-                               offsets)
 
     def halt(self) -> None:
         """Stop like a crash: no final flush, no checkpoint, abort marker left. For crash tests in one

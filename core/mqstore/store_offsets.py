@@ -80,7 +80,7 @@ def _visible(store: MessageStore) -> None:
     """A new leader answers offsets once it shows everything it copied as a replica: the last offsets its
     old leader acknowledged lie there (waits up to OFFSETS_VISIBLE_WAIT_MS, then Unavailable). Then the
     earlier version's SQL offsets, if still to import (:func:`import_sql_offsets`)."""
-    if not store.promoted_visible() and not store.wait_for_messages(store.promoted_visible,
+    if not store.replica_view.promoted_visible() and not store.wait_for_messages(store.replica_view.promoted_visible,
                                                                       OFFSETS_VISIBLE_WAIT_MS):
         raise Unavailable("this node leads since a moment and does not show every record it copied as a "
                           "replica yet (its in-sync replicas have not acknowledged them): consumer offsets "

@@ -14,7 +14,7 @@ Pop consumption's retry copies live in topics of their own (%RETRY%{group}_T): a
 those stored below T's start_physical_offset (copies for the T deleted before), and an old delivery still
 in flight cannot be copied again (its original is no longer T's).
 
-DeleteTopic runs in steps (MessageStore.delete_topic), each safe to crash after; a delete cut short is
+DeleteTopic runs in steps (mqstore.topic_admin: TopicAdmin.delete), each safe to crash after; a delete cut short is
 resumed from step 2 when the store starts (rows still marked), and retried by a DeleteTopic of the name:
 
   step                                                    after a crash here
@@ -221,7 +221,7 @@ class TopicRegistry:
             self._topics[name] = updated
         return updated
 
-    # ---- deleting (the steps of the module docstring; MessageStore.delete_topic runs them)
+    # ---- deleting (the steps of the module docstring; mqstore.topic_admin runs them)
     def begin_delete(self, name: str) -> TopicRecord:
         """Step 1: mark the row, hide the topic. A topic whose delete was cut short is returned as it
         is (DeleteTopic resumes it)."""

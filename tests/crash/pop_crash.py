@@ -52,7 +52,7 @@ class Node:
 def crash_at(name: str, tmp_path: pathlib.Path) -> None:
     node = Node(tmp_path / "store", FakeClock())
     try:
-        node.store.create_topic("t", 2)
+        node.store.topic_admin.create("t", 2)
         node.store.append("t", [MessageIn(body=b"m%d" % i) for i in range(MESSAGES)])
         seen: collections.Counter = collections.Counter()
         held = node.receive(batch=4)

@@ -78,7 +78,7 @@ def _started(config: StoreConfig, batches: int) -> tuple[MessageStore, list[byte
     """A started store with topic "t" (2 queues) and ``batches`` acknowledged batches."""
     store = MessageStore(config)
     store.start()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     return store, _fill(store, batches)
 
 

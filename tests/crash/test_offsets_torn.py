@@ -19,7 +19,7 @@ def test_a_torn_multi_row_commit_leaves_none_of_its_rows(small_config):
     config = small_config()
     store = MessageStore(config)
     store.start()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(20)])
     store_offsets.commit_offsets(store, [("g", "t", 0, 1), ("g", "t", 1, 1), ("CID_REVIVE", "t", 0, 2)])
     store_offsets.commit_offsets(store, [("g", "t", 0, 7), ("g", "t", 1, 8), ("CID_REVIVE", "t", 0, 9)])

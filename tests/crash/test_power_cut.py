@@ -37,7 +37,7 @@ _ZERO, _SHORT, _ZEROS = "size 0", "short", "full of zeros"
 def _filled(config, batches: int = 8):
     store = MessageStore(config)
     store.start()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     acked = []
     for b in range(batches):
         batch = [MessageIn(body=bytes([b]) * 900, queue_id=i % 2) for i in range(5)]
@@ -175,7 +175,7 @@ def test_the_warmer_creates_the_next_segment_durably_without_holding_appends(sma
     store.start()
     appender = None
     try:
-        store.create_topic("t", 2)
+        store.topic_admin.create("t", 2)
         # Below half the segment the warmer's window (8 KiB ahead) stays inside this segment.
         while store.commitlog.written_offset < size // 2 - 1024:
             store.append("t", [MessageIn(body=b"a" * 400, queue_id=0)])
@@ -216,7 +216,7 @@ def _random_workload(store, rng: random.Random, batches: int) -> list:
     results = []
     for b in range(batches):
         if b == batches // 2:
-            store.create_topic("u", 3)
+            store.topic_admin.create("u", 3)
         topic = "u" if b > batches // 2 and rng.random() < 0.5 else "t"
         count = rng.randint(1, 6)
         batch = [MessageIn(body=bytes([rng.randrange(256)]) * rng.randint(50, 1500), queue_id=rng.randrange(2))
@@ -236,7 +236,7 @@ def test_a_power_cut_keeps_every_flushed_message_and_the_store_starts(small_conf
     with powercut.PowerCut(mode) as power:
         store = MessageStore(config)
         store.start()
-        store.create_topic("t", 2)
+        store.topic_admin.create("t", 2)
         results = _random_workload(store, rng, batches=rng.randint(40, 80))
         store.halt()
         print("\n".join(power.cut()))
@@ -270,7 +270,7 @@ def test_consume_queue_files_a_checkpoint_counts_on_survive_a_power_cut(small_co
     config = small_config(checkpoint_interval_ms=600_000, warm_ahead_bytes=0, cq_entries_per_file=16)
     with powercut.PowerCut(mode) as power:
         store, acked = _filled(config, batches=12)
-        store.create_topic("u", 2)
+        store.topic_admin.create("u", 2)
         acked_u = store.append("u", [MessageIn(body=b"u" * 700, queue_id=1) for _ in range(20)])
         store.write_checkpoint()
         store.halt()
@@ -352,7 +352,7 @@ def test_a_deleted_topics_queue_directories_stay_deleted(small_config, monkeypat
     real_fsync_dir = fs.fsync_dir
     monkeypatch.setattr(fs, "fsync_dir", lambda d: (fsynced.append(str(d)), real_fsync_dir(d)))
     try:
-        store.delete_topic("t")
+        store.topic_admin.delete("t")
         assert not (config.consumequeue_dir / "t" / "0").exists()
         assert str(config.consumequeue_dir / "t") in fsynced
     finally:

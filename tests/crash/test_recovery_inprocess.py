@@ -22,7 +22,7 @@ from tests.support import records
 def _filled(config, count=30, body_size=900):
     store = MessageStore(config)
     store.start()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     results = []
     for i in range(0, count, 5):
         results += store.append("t", [MessageIn(body=bytes([i + j]) * body_size, queue_id=(i + j) % 2)
@@ -175,7 +175,7 @@ def test_one_missing_queue_is_rebuilt_from_the_log(small_config):
 def test_deleted_topic_is_not_resurrected_by_replay(small_config):
     config = small_config()
     store, _ = _filled(config)
-    store.delete_topic("t")
+    store.topic_admin.delete("t")
     store.halt()
     (config.data_dir / "checkpoint").unlink()
     store = MessageStore(config)
@@ -356,7 +356,7 @@ def test_rebuilt_consume_queue_keeps_tags_next_to_a_longer_name_ending_in_tags(s
     config = small_config()
     store = MessageStore(config)
     store.start()
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"one", tags="a", properties={"MYTAGS": "v"}, queue_id=0),
                        MessageIn(body=b"two", tags="b", properties={"MYTAGS": "a"}, queue_id=0)])
     assert [m.record.body for m in store.pull("t", 0, 0, tags=["a"]).messages] == [b"one"]

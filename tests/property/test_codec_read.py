@@ -144,7 +144,7 @@ def filled_store(tmp_path_factory):
                          clean_interval_ms=100_000)
     store = MessageStore(config)
     store.start()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     results = []
     for i in range(12):
         results += store.append("t", [MessageIn(body=bytes([i, j]) * (30 * j + 1), tags=TAGS[(i + j) % 3],

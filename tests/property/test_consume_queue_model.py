@@ -86,7 +86,7 @@ def test_queues_replayed_from_the_log_equal_the_live_ones(small_config):
     store.start()
     try:
         for name, queues in TOPICS.items():
-            store.create_topic(name, queues)
+            store.topic_admin.create(name, queues)
         model = _fill(store, rng, 60)
         live = _snapshot(store)
         _check_against_model(live, model)

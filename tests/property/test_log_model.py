@@ -48,7 +48,7 @@ def test_random_ops_against_model(small_config, flush_mode):
     store = MessageStore(config)
     store.start()
     for name, queues in topics.items():
-        store.create_topic(name, queues)
+        store.topic_admin.create(name, queues)
     try:
         for _ in range(STEPS):
             op = rng.random()

@@ -60,7 +60,7 @@ class Harness:
         self.groups = {name: GroupModel(name, expression) for name, expression in GROUPS.items()}
         self.sent = 0
         self.open()
-        self.store.create_topic(TOPIC, 3)
+        self.store.topic_admin.create(TOPIC, 3)
 
     def open(self) -> None:
         self.store = MessageStore(self.config, self.clock)

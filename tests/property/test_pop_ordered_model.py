@@ -43,7 +43,7 @@ class Harness:
         self.handle: dict[bytes, str] = {}
         self.acks: collections.Counter = collections.Counter()
         self.open()
-        self.store.create_topic(TOPIC, 2)
+        self.store.topic_admin.create(TOPIC, 2)
         assert self.pop.set_group_settings(GROUP, ordered=True).ordered
 
     def open(self) -> None:

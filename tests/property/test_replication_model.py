@@ -78,8 +78,8 @@ class Cluster:
         node = ReplicationNode(ReplicationConfig(node_id=name, min_insync_replicas=MIN_INSYNC, isr_max_lag_ms=300,
                                                  replication_heartbeat_ms=1, replication_chunk_bytes=600),
                                self.clock, config.data_dir / "epochs", log_end=store.log_end, flush_sync=False)
-        node.on_promote = store.promote
-        node.in_sync.on_committed = store.advance_visible
+        node.on_promote = store.replica_view.promote
+        node.in_sync.on_committed = store.replica_view.advance_visible
         node.in_sync.publish = lambda members: setattr(self, "published", members)
         store.gate = node
         self.stores[name], self.nodes[name] = store, node
@@ -155,7 +155,7 @@ def test_replication_protocol_against_model(tmp_path):
     for name in NODES:
         cluster.open(name)
     cluster.elect()
-    cluster.stores[cluster.leader].create_topic("t", 2)
+    cluster.stores[cluster.leader].topic_admin.create("t", 2)
     try:
         for step in range(STEPS):
             cluster.clock.ms += rng.randrange(0, 20)

@@ -75,7 +75,7 @@ def test_the_timer_delivers_like_a_sorted_list(small_config, tmp_path, restarts,
     store = MessageStore(small_config(segment_size_bytes=1 << 20), clock)
     store.start()
     for topic in TOPICS:
-        store.create_topic(topic, 2)
+        store.topic_admin.create(topic, 2)
     directory = tmp_path / "timer"
     timer = Timer(store, CONFIG, directory)
     timer.open()
@@ -137,7 +137,7 @@ def test_a_delay_above_the_limit_names_it(small_config, tmp_path):
     store = MessageStore(small_config(), FakeClock())
     store.start()
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         from mqstore.errors import InvalidArgument
         with pytest.raises(InvalidArgument, match="--timer-max-delay-ms"):
             scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELAY_SEC: "61"})])

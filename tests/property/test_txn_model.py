@@ -83,7 +83,7 @@ class TxnMachine(RuleBasedStateMachine):
         self.store = MessageStore(StoreConfig(data_dir=self.dir / "log", segment_size_bytes=1 << 20,
                                               preallocate_segments=False, warm_ahead_bytes=0), self.clock)
         self.store.start()
-        self.store.create_topic(TOPIC, 2)
+        self.store.topic_admin.create(TOPIC, 2)
         self.log = FaultyLog(self.store)
         self.possible: dict[str, set[str]] = {}
         self.bodies: dict[str, list[bytes]] = {}
@@ -119,7 +119,7 @@ class TxnMachine(RuleBasedStateMachine):
         assert self.table.ready
 
     def topic(self, name):  # the coordinator's LogReader, on the store
-        return self.store.topic(name)
+        return self.store.topic_admin.get(name)
 
     def get_messages_batch(self, offsets):
         return self.store.get_messages(offsets)

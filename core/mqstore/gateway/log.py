@@ -105,7 +105,7 @@ class LocalLog:
         self.pop = LocalPop(pop_current)
 
     def topic(self, name: str) -> TopicRecord:
-        return self._store.describe_topic(name)[0]
+        return self._store.topic_admin.describe(name)[0]
 
     def append(self, topic: str, messages: list[MessageIn]) -> Sequence[AppendResult]:
         if self._append is not None:

@@ -141,7 +141,7 @@ class Receiver:
         return lambda: any(now > before for now, before in zip(max_offsets(store, names), seen, strict=True))
 
     def _consumable(self, topic: str) -> TopicRecord:
-        rec = self.store.topic(topic)
+        rec = self.store.topic_admin.get(topic)
         if rec.kind == KIND_SYSTEM or topic_rules.is_pop_owned_topic(topic):
             raise InvalidArgument(f"topic {topic!r} is a system, retry or dead-letter topic: receive from the topic "
                                   f"itself (its retry topic is read with it); read dead letters with Pull")

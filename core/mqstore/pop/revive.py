@@ -199,7 +199,7 @@ class Reviver(Duty):
         for row, max_offset in zip(rows, maxima, strict=True):
             group, topic, queue_id, offset = row
             try:
-                self.pop.store.topic(topic)
+                self.pop.store.topic_admin.get(topic)
             except NotFound:
                 log.warning("pop.offset_dropped", group=group, topic=topic, queue_id=queue_id, offset=offset,
                             reason="topic deleted")

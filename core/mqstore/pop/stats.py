@@ -42,7 +42,7 @@ def pop_stats(pop, group: str = "", topic: str = "") -> PopStatsView:
     group_in_flight = 0
     if group:
         topic_rules.validate_group_name(group)
-        rec = pop.store.topic(topic)
+        rec = pop.store.topic_admin.get(topic)
         for source in pop.receiver.sources(group, rec, None):
             queues.append(_queue_state(pop, group, topic, source))
         group_in_flight = pop.inflight.count(group, topic)

@@ -322,7 +322,7 @@ class Dispatcher:
         the log, as they carry it (the last one's + 1), and the store time of the last record (None: no
         record there). Only records that take a queue offset and belong to their topic as it is now (at
         or above its start in ``starts``). Reads the log, writes no entry: a new leader's records copied
-        as a replica and not dispatched yet (MessageStore.promote)."""
+        as a replica and not dispatched yet (ReplicaView.promote)."""
         ends: dict[tuple[str, int], int] = {}
         last_ts = None
         start = max(from_offset, self.commitlog.min_offset)

@@ -80,7 +80,7 @@ class InSyncSet:
         self.leader_end = leader_end
         self.flush_sync = flush_sync
         self.publish = publish or (lambda members: None)
-        self.on_committed: Callable[[], None] = lambda: None  # the committed offset moved (store.advance_visible)
+        self.on_committed: Callable[[], None] = lambda: None  # the committed offset moved (ReplicaView.advance_visible)
         self.node_id = config.node_id
         self._lock = threading.Lock()
         self._advanced = threading.Condition(self._lock)

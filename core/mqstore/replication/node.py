@@ -195,7 +195,7 @@ class ReplicationNode:
 
     def committed_offset(self) -> int:
         """What readers may see: on the leader, what every in-sync node holds; elsewhere nothing new (a
-        replica makes its leader's committed offset visible itself, store.replica_visible)."""
+        replica makes its leader's committed offset visible itself, store.replica_view.visible_to)."""
         return self.in_sync.committed() if self.is_leader else 0
 
     def finish_append(self, end: int, sync: bool) -> tuple[int, int]:

@@ -158,4 +158,4 @@ class ReplicaFollower(Duty):
             self.node.record_epochs(stream.welcome.history, data.next_offset)
             store_ops.apply(self.store, data.offset, data.data, data.next_offset)
         stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
-        self.store.replica_visible(data.committed_offset)
+        self.store.replica_view.visible_to(data.committed_offset)

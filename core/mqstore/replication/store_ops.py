@@ -3,7 +3,7 @@ them: the leader's read of whole records for a replica (:func:`chunk`), the repl
 leader's bytes (:func:`apply`), the cut of a diverged tail (:func:`truncate`) and a new, empty log at a
 leader's first segment (:func:`restart_at`). The file work is mqstore.replication.log_ops'; these add
 the store's parts (its flusher, dispatcher, queues, checkpoint). What the store keeps of replication is
-the visibility of copied records (MessageStore.replica_visible, advance_visible, promote): it is the
+the visibility of copied records (mqstore.store_replica: ``store.replica_view``): it is the
 dispatch of the write path.
 
 The store is the duck-typed MessageStore (not imported: the store imports replication's gate).
@@ -27,7 +27,7 @@ def chunk(store, offset: int, max_bytes: int) -> tuple[bytes, int]:
 def apply(store, offset: int, data: bytes, next_offset: int) -> None:
     """The replica's side: the leader's bytes at the same physical offsets (under SYNC flush, covered by an
     fsync before this returns). Visible only up to the leader's committed offset
-    (MessageStore.replica_visible)."""
+    (ReplicaView.visible_to)."""
     store.check_running()
     store.commitlog.append_replicated(offset, data, next_offset)
     if store.flusher.sync:

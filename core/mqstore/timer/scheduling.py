@@ -100,7 +100,7 @@ def timer_batch(store, config: TimerConfig, topic: str,
     """:func:`to_timer_batch` and each record's due time."""
     if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
         raise InvalidArgument(f"topic {topic!r}: delayed messages go to user topics only")
-    queue_count = store.topic(topic).queue_count
+    queue_count = store.topic_admin.get(topic).queue_count
     now, limit = store.clock.now_ms(), config.timer_max_delay_ms
     converted, dues = [], []
     for index, message in enumerate(messages):

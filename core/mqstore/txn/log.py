@@ -151,7 +151,7 @@ class LocalTxnLog:
         return list(self._store.append(topic, messages, system_writer=OWNER_TRANSACTION))
 
     def topic(self, name: str) -> TopicRecord:
-        return self._store.describe_topic(name)[0]
+        return self._store.topic_admin.describe(name)[0]
 
     def get_messages_batch(self, physical_offsets: Sequence[int]) -> list[MessageLookup]:
         out: list[MessageLookup] = []

@@ -176,7 +176,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         watch = parts.add_duty(catalogs.TopicWatch(store.topics.meta, store.topics.refresh))
         store.topics.freshen = watch.fresh  # ListTopics reads the catalog's latest, not the last poll's
     pop = PopLeadership(store, config.pop, leading_epoch=node.leading_epoch if node else lambda: 0,
-                        ready=store.promoted_visible)
+                        ready=store.replica_view.promoted_visible)
     parts.on_close(pop.close)
     if node is None:  # one node: pop consumption is rebuilt before the server serves
         parts.add_duty(pop.start_now().reviver)
@@ -208,7 +208,7 @@ def compose_timer(config: CommitLogConfig, store: MessageStore, node: Replicatio
             return True
     else:
         def leading() -> bool:
-            return node.leading_epoch() != 0 and store.promoted_visible()
+            return node.leading_epoch() != 0 and store.replica_view.promoted_visible()
     timer = TimerDuty(store, config.timer, config.store.data_dir / "timer", leading=leading, registry=parts.metrics)
     parts.on_close(timer.close)
     parts.add_duty(timer)
@@ -228,13 +228,13 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
     if tier.local_retention:
         local = LocalRetention(store, ledger, local_retention_ms=tier.local_retention_ms,
                                local_retention_bytes=tier.local_retention_bytes,
-                               writable=lambda: leader_epoch() is not None and store.promoted_visible(),
+                               writable=lambda: leader_epoch() is not None and store.replica_view.promoted_visible(),
                                interval_ms=tier.tier_upload_interval_ms)
 
         def logical_min() -> int:
             return local.logical_min
     uploader = Uploader(objects, ledger, lambda: sealed_segments(store), leader_epoch=leader_epoch,
-                        ready=store.promoted_visible, log_min=store.log_min,
+                        ready=store.replica_view.promoted_visible, log_min=store.log_min,
                         interval_ms=tier.tier_upload_interval_ms, logical_min=logical_min)
     store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
@@ -280,8 +280,8 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore,
         rc = dataclasses.replace(rc, advertised_address=f"{config.server.host}:{parts.port}")
     node = ReplicationNode(rc, store.clock, config.store.data_dir / "epochs", log_end=store.log_end,
                            flush_sync=config.store.flush_mode == "SYNC")
-    node.on_promote = store.promote
-    node.in_sync.on_committed = store.advance_visible
+    node.on_promote = store.replica_view.promote
+    node.in_sync.on_committed = store.replica_view.advance_visible
     store.gate = node
     kind = replication.LoopReplicationServicer if on_loop(config) else replication.ReplicationServicer
     servicer = kind(store, node)

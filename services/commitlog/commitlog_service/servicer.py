@@ -49,24 +49,24 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     # ---- topics ----
 
     def CreateTopic(self, request, context):
-        created = self._store.create_topic(request.name, request.queue_count, convert.topic_kind_in(request.kind),
+        created = self._store.topic_admin.create(request.name, request.queue_count, convert.topic_kind_in(request.kind),
                                            request.retention_ms)
         return convert.topic(created)
 
     def UpdateTopic(self, request, context):
         retention_ms = request.retention_ms if request.HasField("retention_ms") else None
-        return convert.topic(self._store.update_topic(request.name, request.queue_count, retention_ms))
+        return convert.topic(self._store.topic_admin.update(request.name, request.queue_count, retention_ms))
 
     def DeleteTopic(self, request, context):
-        self._store.delete_topic(request.name)
+        self._store.topic_admin.delete(request.name)
         return commitlog_pb2.DeleteTopicResponse()
 
     def ListTopics(self, request, context):
-        topics = self._store.list_topics(include_system=request.include_system)
+        topics = self._store.topic_admin.list(include_system=request.include_system)
         return commitlog_pb2.ListTopicsResponse(topics=[convert.topic(t) for t in topics])
 
     def DescribeTopic(self, request, context):
-        return convert.topic_description(*self._store.describe_topic(request.name))
+        return convert.topic_description(*self._store.topic_admin.describe(request.name))
 
     # ---- data ----
 

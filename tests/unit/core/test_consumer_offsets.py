@@ -129,7 +129,7 @@ def _records(store: MessageStore) -> list[list[Row]]:
 
 def test_a_commit_is_a_record_of_the_offsets_topic_not_a_sql_row(open_store):
     store = open_store()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(10)])
     store_offsets.commit_offset(store, "g", "t", 1, 4)
     assert store_offsets.query_offset(store, "g", "t", 1) == 4
@@ -148,7 +148,7 @@ def test_a_commit_is_a_record_of_the_offsets_topic_not_a_sql_row(open_store):
 
 def test_the_rows_of_one_call_are_one_record(open_store):
     store = open_store()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(10)])
     rows = [("g", "t", 0, 5), ("g", "t", 1, 2), ("h", "t", 0, 1)]
     store_offsets.commit_offsets(store, rows)
@@ -160,7 +160,7 @@ def test_the_rows_of_one_call_are_one_record(open_store):
 
 def test_the_map_is_rebuilt_from_the_log_at_start(open_store, small_config):
     store = open_store()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(10)])
     for offset in range(6):
         store_offsets.commit_offset(store, "g", "t", 0, offset)
@@ -176,12 +176,12 @@ def test_the_map_is_rebuilt_from_the_log_at_start(open_store, small_config):
 def test_delete_topic_tombstones_its_offsets(open_store):
     store = open_store()
     for name in ("t", "keep"):
-        store.create_topic(name, 1)
+        store.topic_admin.create(name, 1)
         store.append(name, [MessageIn(body=b"x")] * 3)
         store_offsets.commit_offset(store, "g", name, 0, 2)
-    store.delete_topic("t")
+    store.topic_admin.delete("t")
     assert _records(store)[-1] == [Row("g", "t", 0, TOMBSTONE)]
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"new")] * 3)
     with pytest.raises(NotFound, match="committed no offset"):
         store_offsets.query_offset(store, "g", "t", 0)
@@ -195,7 +195,7 @@ def test_delete_topic_tombstones_its_offsets(open_store):
 def test_retention_deletes_the_old_segments_and_the_offsets_survive(open_store, fake_clock):
     config = dict(segment_size_bytes=8192, retention_ms=3_600_000, clean_interval_ms=100 * 3_600_000)
     store = open_store(clock=fake_clock, **config)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"x")] * 3)
     store_offsets.commit_offset(store, "idle", "t", 0, 1)  # in the first segment, never committed again
     store_offsets.commit_offset(store, "busy", "t", 0, 1)
@@ -224,7 +224,7 @@ def test_retention_deletes_the_old_segments_and_the_offsets_survive(open_store, 
 def test_retention_never_passes_a_live_offset_on_a_node_that_does_not_rewrite(open_store, fake_clock):
     config = dict(segment_size_bytes=8192, retention_ms=3_600_000, clean_interval_ms=100 * 3_600_000)
     store = open_store(clock=fake_clock, **config)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"x")] * 3)
     store_offsets.commit_offset(store, "idle", "t", 0, 1)
     for i in range(40):
@@ -247,9 +247,9 @@ def test_retention_never_passes_a_live_offset_on_a_node_that_does_not_rewrite(op
 
 def test_the_sql_offsets_of_an_earlier_version_are_imported_once(open_store, small_config):
     store = open_store()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(10)])
-    store.create_topic("dropped", 1)
+    store.topic_admin.create("dropped", 1)
     url = store.config.metadata_url_resolved
     store.stop()
     meta = MetadataStore(url, SystemClock())
@@ -270,7 +270,7 @@ def test_the_sql_offsets_of_an_earlier_version_are_imported_once(open_store, sma
 
 def test_concurrent_commits_read_each_record_once_and_keep_the_latest(open_store):
     store = open_store()
-    store.create_topic("t", 4)
+    store.topic_admin.create("t", 4)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 4) for i in range(400)])
     read = store.offsets._read
     seen: list[int] = []

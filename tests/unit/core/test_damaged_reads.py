@@ -17,7 +17,7 @@ from mqstore.store import MessageStore
 def store(small_config):
     s = MessageStore(small_config())
     s.start()
-    s.create_topic("t", 1)
+    s.topic_admin.create("t", 1)
     yield s
     s.stop()
 

@@ -26,7 +26,7 @@ def store(small_config):
     def make(**overrides):
         s = MessageStore(small_config(**overrides))
         s.start()
-        s.create_topic("t", 1)
+        s.topic_admin.create("t", 1)
         stores.append(s)
         return s
     yield make
@@ -49,7 +49,7 @@ def _append(s: MessageStore, on: str, messages: list[MessageIn]):
 
 def test_sync_wait_times_out_with_a_clear_status(store, on):
     s = store(flush_mode="SYNC", sync_flush_timeout_ms=50)
-    batch = s.encoder.encode_batch(s.topic("t"), [MessageIn(body=b"x")], s.clock.now_ms())
+    batch = s.encoder.encode_batch(s.topic_admin.get("t"), [MessageIn(body=b"x")], s.clock.now_ms())
     written = s.commitlog.append(batch)
     idle = Flusher(s.commitlog, s.config, s.clock, on_flushed=lambda offset: None)  # never started
     idle.flushed_offset = 0

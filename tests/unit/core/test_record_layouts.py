@@ -113,7 +113,7 @@ def test_a_store_keeps_ipv6_born_hosts_through_pull_tail_and_restart(small_confi
     store = MessageStore(config)
     store.start()
     try:
-        store.create_topic("t", 2)
+        store.topic_admin.create("t", 2)
         sent = [MessageIn(body=b"m%d" % i, tags=f"t{i % 2}", born_host=V6 if i % 2 else V4, born_port=i)
                 for i in range(300)]
         for start in range(0, len(sent), 30):

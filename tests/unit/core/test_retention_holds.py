@@ -99,7 +99,7 @@ def test_the_store_ends_a_users_hold_after_the_grace_and_deletes_what_it_held(op
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
                        retention_hold_max_ms=10 * 3_600_000, retention_hold_grace_ms=60_000,
                        clean_interval_ms=100 * 3_600_000)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     for i in range(20):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
@@ -144,7 +144,7 @@ def test_a_compactor_instances_hold_keeps_nothing_while_there_is_no_compaction_t
     topic it keeps no segment (before, only the name ``compactor`` had it, and an instance's hold kept all)."""
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
                        retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     for i in range(20):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()

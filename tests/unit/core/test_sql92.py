@@ -160,7 +160,7 @@ def test_a_pull_selects_on_the_records_properties_without_reading_their_bodies(s
     store = MessageStore(small_config(), None)
     store.start()
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         store.append("t", [MessageIn(body=b"%d" % i, tags="even" if i % 2 == 0 else "odd",
                                      properties={"price": str(i), "region": "eu" if i % 3 == 0 else "us"})
                            for i in range(30)])

@@ -33,14 +33,14 @@ def open_store(small_config):
 
 def test_durability_reported_per_mode(open_store, tmp_path):
     sync = open_store(flush_mode="SYNC")
-    sync.create_topic("t")
+    sync.topic_admin.create("t")
     assert {r.durability for r in sync.append("t", [MessageIn(body=b"a")] * 3)} == {"FLUSHED"}
     assert sync.flusher.flushed_offset >= sync.commitlog.written_offset
 
 
 def test_async_append_is_written_then_flushed(open_store):
     store = open_store(flush_interval_ms=60_000, flush_thorough_interval_ms=60_000)
-    store.create_topic("t")
+    store.topic_admin.create("t")
     result = store.append("t", [MessageIn(body=b"a")])[0]
     assert result.durability == "WRITTEN"
     store.flusher.flush_now()
@@ -49,8 +49,8 @@ def test_async_append_is_written_then_flushed(open_store):
 
 def test_sync_consumers_see_only_flushed(open_store, fake_clock):
     store = open_store(flush_mode="SYNC", flush_interval_ms=60_000)
-    store.create_topic("t", 1)
-    rec = store.topic("t")
+    store.topic_admin.create("t", 1)
+    rec = store.topic_admin.get("t")
     batch = store.encoder.encode_batch(rec, [MessageIn(body=b"unflushed")], fake_clock.now_ms())
     store.commitlog.append(batch)  # written, nobody asked for an fsync yet
     assert store.queue_info("t", 0).max_offset == 0
@@ -61,7 +61,7 @@ def test_sync_consumers_see_only_flushed(open_store, fake_clock):
 
 def test_batch_is_all_or_nothing(open_store):
     store = open_store()
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     good = MessageIn(body=b"ok")
     with pytest.raises(InvalidArgument, match=r"messages\[1\]\.body"):
         store.append("t", [good, MessageIn(body=b"x" * ((4 << 20) + 1))])
@@ -74,11 +74,11 @@ def test_batch_is_all_or_nothing(open_store):
 
 def test_consecutive_queue_offsets_and_key_routing(open_store):
     store = open_store()
-    store.create_topic("t", 4)
+    store.topic_admin.create("t", 4)
     results = store.append("t", [MessageIn(body=b"x", sharding_key="order-7") for _ in range(50)])
     assert len({r.queue_id for r in results}) == 1
     assert [r.queue_offset for r in results] == list(range(50))
-    store.create_topic("c", 4, kind="COMPACTION")
+    store.topic_admin.create("c", 4, kind="COMPACTION")
     a = store.append("c", [MessageIn(body=b"v1", keys=("user-1",))])[0]
     b = store.append("c", [MessageIn(body=b"", keys=("user-1",))])[0]  # tombstone allowed here
     assert a.queue_id == b.queue_id
@@ -90,7 +90,7 @@ def test_consecutive_queue_offsets_and_key_routing(open_store):
 
 def test_store_timestamps_never_go_backwards(open_store, fake_clock):
     store = open_store(clock=fake_clock)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     first = store.append("t", [MessageIn(body=b"a")])[0]
     fake_clock.advance(-5_000)
     second = store.append("t", [MessageIn(body=b"b")])[0]
@@ -99,7 +99,7 @@ def test_store_timestamps_never_go_backwards(open_store, fake_clock):
 
 def test_pull_ranges_filters_and_long_poll(open_store):
     store = open_store()
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=bytes([i]), tags="even" if i % 2 == 0 else "odd") for i in range(10)])
     got = store.pull("t", 0, 0, max_messages=100, tags=["even"])
     assert [m.record.body[0] for m in got.messages] == [0, 2, 4, 6, 8] and got.next_offset == 10
@@ -124,7 +124,7 @@ def test_pull_ranges_filters_and_long_poll(open_store):
 
 def test_get_message_and_ids(open_store):
     store = open_store()
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     res = store.append("t", [MessageIn(body=b"hello", keys=("k",), properties={"p": "v"})])[0]
     msg = store.get_message_by_id(res.msg_id)
     assert msg.record.body == b"hello" and msg.keys == ["k"] and msg.record.properties["p"] == "v"
@@ -140,8 +140,8 @@ def test_get_message_and_ids(open_store):
 
 def test_tail_frames_whole_records_with_filter(open_store):
     store = open_store(segment_size_bytes=8192)
-    store.create_topic("a", 1)
-    store.create_topic("b", 1)
+    store.topic_admin.create("a", 1)
+    store.topic_admin.create("b", 1)
     for i in range(20):
         store.append("a" if i % 3 else "b", [MessageIn(body=bytes([i]) * 700)])
     end = store.commitlog.written_offset
@@ -168,8 +168,8 @@ def test_a_filtered_tail_says_where_it_is_while_other_topics_keep_the_log_growin
     with its position (before, nothing at all until the writer paused: the Transaction service's follower
     learnt nothing for as long as producers wrote, and a standby elected then stayed recovering)."""
     store = open_store()
-    store.create_topic("a", 1)
-    store.create_topic("b", 1)
+    store.topic_admin.create("a", 1)
+    store.topic_admin.create("b", 1)
     store.append("a", [MessageIn(body=b"x" * 100)])
     real_frame = store.commitlog.frame
     writes = []
@@ -191,7 +191,7 @@ def test_a_filtered_tail_says_where_it_is_while_other_topics_keep_the_log_growin
 
 def test_a_caught_up_tail_lingers_so_that_several_appends_share_a_frame(open_store, monkeypatch):
     store = open_store()
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"0")])
     lingered = []
 
@@ -215,7 +215,7 @@ def test_a_caught_up_tail_lingers_so_that_several_appends_share_a_frame(open_sto
 
 def test_offset_by_time(open_store, fake_clock):
     store = open_store(clock=fake_clock)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     times = []
     for _ in range(10):
         times.append(store.append("t", [MessageIn(body=b"x")])[0].store_timestamp_ms)
@@ -229,7 +229,7 @@ def test_offset_by_time(open_store, fake_clock):
 
 def test_retention_deletes_oldest_segments_and_queues_follow(open_store, fake_clock):
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     for i in range(30):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
@@ -255,7 +255,7 @@ def test_retention_deletes_oldest_segments_and_queues_follow(open_store, fake_cl
 
 def test_topic_retention_hides_old_messages(open_store, fake_clock):
     store = open_store(clock=fake_clock)
-    store.create_topic("t", 1, retention_ms=60_000)
+    store.topic_admin.create("t", 1, retention_ms=60_000)
     store.append("t", [MessageIn(body=b"old")] * 3)
     fake_clock.advance(120_000)
     store.append("t", [MessageIn(body=b"new")])
@@ -267,9 +267,9 @@ def test_full_disk_makes_store_read_only(open_store):
     store = open_store(disk_max_used_ratio=0.0001)  # the start's disk check finds it "full"
     assert store.store_info().read_only
     with pytest.raises(ResourceExhausted, match="read-only"):
-        store.create_topic("t", 1)  # metadata shares the disk: refused before SQLite is tried
+        store.topic_admin.create("t", 1)  # metadata shares the disk: refused before SQLite is tried
     store.disk.set_usage(0.0)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"before")])
     store.disk.check()
     with pytest.raises(ResourceExhausted, match="read-only"):
@@ -284,27 +284,27 @@ def test_full_disk_makes_store_read_only(open_store):
 
 def test_topic_rules(open_store):
     store = open_store()
-    store.create_topic("t", 2)
+    store.topic_admin.create("t", 2)
     with pytest.raises(FailedPrecondition):
-        store.create_topic("RMQ_SYS_TRANS_HALF_TOPIC")
+        store.topic_admin.create("RMQ_SYS_TRANS_HALF_TOPIC")
     with pytest.raises(FailedPrecondition):
-        store.delete_topic("RMQ_SYS_TRANS_HALF_TOPIC")
+        store.topic_admin.delete("RMQ_SYS_TRANS_HALF_TOPIC")
     with pytest.raises(FailedPrecondition, match="only grow"):
-        store.update_topic("t", queue_count=1)
+        store.topic_admin.update("t", queue_count=1)
     with pytest.raises(InvalidArgument):
-        store.create_topic("bad name")
-    assert store.update_topic("t", queue_count=3).queue_count == 3
-    assert [t.name for t in store.list_topics()] == ["t"]
-    assert "RMQ_SYS_TRANS_HALF_TOPIC" in [t.name for t in store.list_topics(include_system=True)]
+        store.topic_admin.create("bad name")
+    assert store.topic_admin.update("t", queue_count=3).queue_count == 3
+    assert [t.name for t in store.topic_admin.list()] == ["t"]
+    assert "RMQ_SYS_TRANS_HALF_TOPIC" in [t.name for t in store.topic_admin.list(include_system=True)]
     store.append("t", [MessageIn(body=b"x", queue_id=2)])
-    store.delete_topic("t")
+    store.topic_admin.delete("t")
     with pytest.raises(NotFound):
         store.append("t", [MessageIn(body=b"x")])
 
 
 def test_consumer_offsets(open_store):
     store = open_store()
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"x")] * 5)
     store_offsets.commit_offset(store, "g1", "t", 0, 3)
     assert store_offsets.query_offset(store, "g1", "t", 0) == 3
@@ -316,7 +316,7 @@ def test_consumer_offsets(open_store):
 
 def test_long_polls_beyond_the_limit_answer_at_once(open_store):
     store = open_store(max_long_poll_waiters=1)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     holder = {}
     waiter = threading.Thread(target=lambda: holder.update(r=store.pull("t", 0, 0, long_poll_ms=10_000)))
     waiter.start()
@@ -335,8 +335,8 @@ def test_a_follower_hold_keeps_retention_below_its_position_until_it_lapses(open
     # with the test's own calls (the fake clock drives its monotonic time too).
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
                        retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
-    store.create_topic("t", 1)
-    store.create_topic("kv", 1, kind="COMPACTION")  # the data a hold protects: held from its start, 0
+    store.topic_admin.create("t", 1)
+    store.topic_admin.create("kv", 1, kind="COMPACTION")  # the data a hold protects: held from its start, 0
     for i in range(30):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()
@@ -361,10 +361,10 @@ def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open
     at all once the last compaction topic is deleted (its hold goes with it)."""
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
                        retention_hold_max_ms=10 * 3_600_000)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     for i in range(20):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
-    store.create_topic("kv", 1, kind="COMPACTION")  # starts in the third segment
+    store.topic_admin.create("kv", 1, kind="COMPACTION")  # starts in the third segment
     for i in range(20):
         store.append("kv", [MessageIn(body=bytes([i]) * 1000, keys=(f"k{i}",))])
     store.flusher.flush_now()
@@ -372,7 +372,7 @@ def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open
                         hold_durable=True)
     next(frames)  # a compactor holds the whole log
     frames.close()
-    start = store.topic("kv").start_physical_offset
+    start = store.topic_admin.get("kv").start_physical_offset
 
     def expire_all():
         old = (fake_clock.now_ms() - 2 * 3_600_000) / 1000
@@ -381,7 +381,7 @@ def test_a_hold_keeps_no_log_below_the_compaction_topics_and_goes_with_them(open
         return store.retention.delete_expired_segments()
     assert expire_all() >= 1 and store.commitlog.min_offset <= start  # kept from the segment holding kv's start
     assert store.pull("kv", 0, 0).messages[0].record.body == bytes([0]) * 1000
-    store.delete_topic("kv")
+    store.topic_admin.delete("kv")
     assert expire_all() >= 1 and store.commitlog.min_offset > start  # no compaction topic left: nothing held
 
 
@@ -389,7 +389,7 @@ def test_another_followers_hold_has_no_floor(open_store, fake_clock):
     """The Transaction service's hold keeps the log below its position whatever the topics' kinds."""
     store = open_store(clock=fake_clock, segment_size_bytes=8192, retention_ms=3_600_000,
                        retention_hold_max_ms=10 * 3_600_000, clean_interval_ms=100 * 3_600_000)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     for i in range(20):
         store.append("t", [MessageIn(body=bytes([i]) * 1000)])
     store.flusher.flush_now()

@@ -23,7 +23,7 @@ WAIT_S = 10.0
 def store(small_config):
     s = MessageStore(small_config(warm_ahead_bytes=64 * 1024, flush_min_dirty_pages=1))
     s.start()
-    s.create_topic("t", 1)
+    s.topic_admin.create("t", 1)
     yield s
     s.stop()
 
@@ -103,7 +103,7 @@ def test_a_large_write_goes_through_pwrite_and_a_small_one_through_the_mapping(s
     s = MessageStore(small_config(warm_ahead_bytes=warm_ahead_bytes, flush_mode=flush_mode))
     s.start()
     try:
-        s.create_topic("t", 1)
+        s.topic_admin.create("t", 1)
         pwrites = []
         real_pwrite = os.pwrite
 
@@ -129,7 +129,7 @@ def test_under_async_the_warmer_creates_the_segments_ahead_and_touches_no_page(s
     s = MessageStore(small_config(warm_ahead_bytes=64 * 1024))
     s.start()
     try:
-        s.create_topic("t", 1)
+        s.topic_admin.create("t", 1)
         wait_until(lambda: len(s.commitlog.segments.segments) >= 2, "the warmer to create the next segment")
         second = s.commitlog.segments.segments[1]  # at most two segments ahead: the current and next
         assert len(s.commitlog.segments.segments) == 2 and s.commitlog.resident_offset == 0

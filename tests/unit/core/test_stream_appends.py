@@ -15,7 +15,7 @@ def test_an_item_past_the_limit_is_refused_and_the_earlier_ones_stay(small_confi
     store = MessageStore(small_config(max_stream_messages=5))
     store.start()
     try:
-        store.create_topic("t")
+        store.topic_admin.create("t")
         appends = StreamAppends(store)
         for count in (2, 3):
             appends.admit(count)
@@ -23,6 +23,6 @@ def test_an_item_past_the_limit_is_refused_and_the_earlier_ones_stay(small_confi
         with pytest.raises(InvalidArgument, match="at most 5 messages .*make it 6. The 5 messages"):
             appends.admit(1)
         assert appends.stored == 5 and [len(b) for b in appends.batches] == [2, 3]
-        assert sum(store.queue_info("t", q).max_offset for q in range(store.topic("t").queue_count)) == 5
+        assert sum(store.queue_info("t", q).max_offset for q in range(store.topic_admin.get("t").queue_count)) == 5
     finally:
         store.stop()

@@ -37,7 +37,7 @@ def test_only_the_owner_writes_a_system_topic(store, topic):
             store.append(topic, [MessageIn(body=b"x")], system_writer=writer)
     assert store.queue_info(topic, 0).max_offset == 0
     if owner == topics.OWNER_STORE:  # no writer may name it: the store appends there itself
-        store.create_topic("gone", 1)
+        store.topic_admin.create("gone", 1)
         store.append("gone", [MessageIn(body=b"x")])
         if topic == offset_commit.TOPIC:
             store_offsets.commit_offset(store, "g", "gone", 0, 1)
@@ -45,7 +45,7 @@ def test_only_the_owner_writes_a_system_topic(store, topic):
             upload = tier_upload.Upload(tier_upload.STARTED, uuid.uuid4(), 0, 1, bytes(32), 0, "commitlog/x")
             store.append_own(topic, [MessageIn(body=tier_upload.encode(upload))])
         else:
-            store.delete_topic("gone")
+            store.topic_admin.delete("gone")
     else:
         result = store.append(topic, [MessageIn(body=b"x")], system_writer=owner)
         assert result[0].queue_offset == 0
@@ -55,7 +55,7 @@ def test_only_the_owner_writes_a_system_topic(store, topic):
 def test_the_stores_own_append_writes_only_its_own_topics(store):
     """append_own (the offsets map's way in, and the topic events') is append without the writers' check:
     only for the store's own topics; any other is a bug of its caller, never written."""
-    store.create_topic("orders", 1)
+    store.topic_admin.create("orders", 1)
     for topic in ("orders", topics.REVIVE_TOPIC):
         with pytest.raises(InvariantViolation, match="not one of the store's own topics"):
             store.append_own(topic, [MessageIn(body=b"x")])
@@ -71,7 +71,7 @@ def test_system_writer_is_keyword_only(store):
 
 
 def test_a_system_writer_writes_only_commit_records_into_user_topics(store):
-    store.create_topic("orders", 1)
+    store.topic_admin.create("orders", 1)
     with pytest.raises(InvalidArgument, match="only COMMIT records"):
         store.append("orders", [MessageIn(body=b"x")], system_writer=topics.OWNER_TRANSACTION)
     commit = MessageIn(body=b"x", sys_flag=record.SYSFLAG_TX_COMMIT, prepared_transaction_offset=0)
@@ -82,7 +82,7 @@ def test_a_system_writer_writes_only_commit_records_into_user_topics(store):
 
 def test_born_timestamp_zero_is_the_batch_time(store):
     store.clock.advance(5_000)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"now"), MessageIn(body=b"given", born_timestamp_ms=42)])
     first, second = store.pull("t", 0, 0).messages
     assert first.record.born_timestamp_ms == store.clock.now_ms() > 0
@@ -90,7 +90,7 @@ def test_born_timestamp_zero_is_the_batch_time(store):
 
 
 def test_the_gateway_writes_its_clients_plain_messages_with_their_born_host(store):
-    store.create_topic("orders", 1)
+    store.topic_admin.create("orders", 1)
     producer = MessageIn(body=b"x", born_host=b"\x0a\x01\x02\x03", born_port=50123)
     store.append("orders", [producer], system_writer=relayed.WRITER_GATEWAY)
     (stored,) = store.pull("orders", 0, 0).messages
@@ -111,7 +111,7 @@ def test_the_gateway_writes_its_clients_plain_messages_with_their_born_host(stor
 
 
 def test_an_unknown_writer_is_refused_naming_the_known_ones(store):
-    store.create_topic("orders", 1)
+    store.topic_admin.create("orders", 1)
     with pytest.raises(InvalidArgument, match="'gateway', 'pop', 'schedule', 'txn'"):
         store.append("orders", [MessageIn(body=b"x")], system_writer="nobody")
 
@@ -136,8 +136,8 @@ def test_a_writer_registered_from_outside_is_asked_by_the_store(small_config):
     s = MessageStore(small_config(), FakeClock(), writers=writers)
     s.start()
     try:
-        s.create_topic("mine", 1)
-        s.create_topic("other", 1)
+        s.topic_admin.create("mine", 1)
+        s.topic_admin.create("other", 1)
         assert s.append("mine", [MessageIn(body=b"x")], system_writer="tester")[0].queue_offset == 0
         with pytest.raises(FailedPrecondition, match="only the test writer writes it"):
             s.append("mine", [MessageIn(body=b"x")])

@@ -112,7 +112,7 @@ def rig(small_config, tmp_path):
         store.start()
         tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
         uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
-                            ready=store.promoted_visible, log_min=store.log_min,
+                            ready=store.replica_view.promoted_visible, log_min=store.log_min,
                             interval_ms=10_000)
         made.append((store, tier))
         return store, tier, uploader
@@ -126,8 +126,8 @@ def rig(small_config, tmp_path):
 
 def _fill(store: MessageStore, segments: int) -> None:
     """Append until ``segments`` segments are sealed (written, flushed and visible past their end)."""
-    if "t" not in {t.name for t in store.list_topics()}:
-        store.create_topic("t", 1)
+    if "t" not in {t.name for t in store.topic_admin.list()}:
+        store.topic_admin.create("t", 1)
     for batch in range(10_000):  # bounded: 4 records of ~1 KiB a batch
         if store.log_end() > segments * SEGMENT:
             break

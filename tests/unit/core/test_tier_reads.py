@@ -106,7 +106,8 @@ class Rig:
         self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)
         self.ledger = Ledger.of_store(self.store)
         self.uploader = Uploader(self.tier, self.ledger, lambda: sealed_segments(self.store), leader_epoch=lambda: 0,
-                                 ready=self.store.promoted_visible, log_min=self.store.log_min, interval_ms=10_000,
+                                 ready=self.store.replica_view.promoted_visible, log_min=self.store.log_min,
+                                 interval_ms=10_000,
                                  logical_min=lambda: self.local.logical_min)
         self.store.retention.add_floor("tier", self.uploader.retention_floor)
         self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10,
@@ -138,8 +139,8 @@ def rig(small_config, tmp_path):
 
 
 def _fill(store, segments: int, start: int = 0) -> list[bytes]:
-    if "t" not in {t.name for t in store.list_topics()}:
-        store.create_topic("t", 1)
+    if "t" not in {t.name for t in store.topic_admin.list()}:
+        store.topic_admin.create("t", 1)
     bodies = []
     for batch in range(start, start + 10_000):  # bounded
         if store.log_end() > segments * SEGMENT:

@@ -30,7 +30,7 @@ def test_deliveries_are_cut_to_the_stores_batch_limits(small_config, tmp_path):
     store = MessageStore(small_config(max_batch_messages=3, max_batch_body_bytes=2_000), clock)
     store.start()
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         due = clock.now_ms() + 500
         for _ in range(4):
             scheduling.append(store, CONFIG, "t", [MessageIn(b"x" * 600, properties={tm.DELIVER_MS: str(due)})] * 3)
@@ -54,7 +54,7 @@ def test_the_duty_delivers_only_while_its_node_leads_and_counts_it(small_config,
     duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=leading.is_set, registry=registry)
     duty.start()
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELAY_MS: "100"})] * 5, wake=duty.wake)
         wait_until(lambda: duty.state().steps >= 5, "the duty stepping as a replica")
         assert _delivered(store) == 0 and duty.timer is None  # a replica opens no timer

@@ -70,7 +70,7 @@ def test_units_whose_slot_writes_were_lost_are_recovered(tmp_path):
 def _store(small_config, clock):
     store = MessageStore(small_config(), clock)
     store.start()
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     return store
 
 

@@ -40,7 +40,7 @@ def test_retention_keeps_the_undelivered_timer_record_and_deletes_below_it(small
     registry = Registry()
     duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True, registry=registry)
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         _fill(store, 20)
         scheduling.append(store, CONFIG, "t", [MessageIn(b"later", properties={tm.DELAY_MS: "5000"})])
         _fill(store, 20)
@@ -79,7 +79,7 @@ def test_a_long_delay_pins_the_log_only_until_it_is_rolled(small_config, tmp_pat
     store.start()
     duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True)
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         scheduling.append(store, CONFIG, "t", [MessageIn(b"far", properties={tm.DELAY_MS: "20000"})])
         duty.step()
         first_at = store.queues.get(tm.TIMER_TOPIC, 0).entry(0)[0]
@@ -101,7 +101,7 @@ def test_a_replica_keeps_the_timer_records_of_the_last_span(small_config, tmp_pa
     store.start()
     duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: False)
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         assert duty.retention_floor() is None  # no timer record: nothing kept
         scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELAY_MS: "1000"})])
         assert duty.retention_floor() == store.queues.get(tm.TIMER_TOPIC, 0).entry(0)[0]

@@ -19,7 +19,7 @@ from mqstore.store import MessageStore
 
 
 def _fill(store: MessageStore, topic: str, count: int, queues: int = 2, **create) -> list:
-    store.create_topic(topic, queues, **create)
+    store.topic_admin.create(topic, queues, **create)
     keys = create.get("kind") == KIND_COMPACTION
     return list(store.append(topic, [MessageIn(body=f"old-{i}".encode(), keys=(f"k{i}",) if keys else (),
                                                queue_id=None if keys else i % queues) for i in range(count)]))
@@ -55,10 +55,10 @@ def test_a_topic_created_again_starts_empty_at_offset_0(small_config, kind):
     store.start()
     old = _fill(store, "t", 20, kind=kind)
     store_offsets.commit_offset(store, "g", "t", 0, 3)
-    store.delete_topic("t")
+    store.topic_admin.delete("t")
     with pytest.raises(NotFound):
         store.pull("t", 0, 0)
-    created = store.create_topic("t", 1, kind=kind)
+    created = store.topic_admin.create("t", 1, kind=kind)
     assert created.start_physical_offset == store.commitlog.written_offset > old[-1].physical_offset
     result = store.append("t", [MessageIn(body=b"new", keys=("k0",))])[0]
     assert (result.queue_id, result.queue_offset) == (0, 0)
@@ -87,21 +87,21 @@ def test_a_delete_cut_short_at_any_step_is_resumed_at_start(small_config, failpo
     old = _fill(store, "t", 20)
     failpoint(step)
     with pytest.raises(FailpointHit):
-        store.delete_topic("t")
+        store.topic_admin.delete("t")
     failpoint.disarm()
     with pytest.raises(NotFound):
         store.append("t", [MessageIn(body=b"x")])
     with pytest.raises(FailedPrecondition, match="being deleted"):
-        store.create_topic("t", 1)
-    assert "t" not in [t.name for t in store.list_topics()]
+        store.topic_admin.create("t", 1)
+    assert "t" not in [t.name for t in store.topic_admin.list()]
     store.halt()  # a crash: no checkpoint, the abort marker stays
     store = MessageStore(config)
     store.start()
     try:
-        assert "t" not in [t.name for t in store.list_topics()] and store.topics.deleting() == []
+        assert "t" not in [t.name for t in store.topic_admin.list()] and store.topics.deleting() == []
         assert {e.topic for e in _events(store)} == {"t"}  # announced (twice when cut after step 2: harmless)
         assert not (config.consumequeue_dir / "t").exists()
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         store.append("t", [MessageIn(body=b"new")])
         _check_recreated(store, old)
     finally:
@@ -115,11 +115,11 @@ def test_deleting_again_finishes_a_delete_cut_short(small_config, failpoint):
         _fill(store, "t", 4)
         with failpoint.armed("topic.delete.announced"):
             with pytest.raises(FailpointHit):
-                store.delete_topic("t")
-        store.delete_topic("t")
-        assert store.topics.deleting() == [] and store.create_topic("t", 1).name == "t"
+                store.topic_admin.delete("t")
+        store.topic_admin.delete("t")
+        assert store.topics.deleting() == [] and store.topic_admin.create("t", 1).name == "t"
         with pytest.raises(NotFound):
-            store.delete_topic("nope")
+            store.topic_admin.delete("nope")
     finally:
         store.stop()
 
@@ -129,9 +129,9 @@ def test_an_append_in_flight_across_a_delete_writes_nothing(small_config):
     store.start()
     try:
         _fill(store, "t", 2)
-        batch = store.encoder.encode_batch(store.topic("t"), [MessageIn(body=b"late")], store.clock.now_ms())
-        store.delete_topic("t")
-        store.create_topic("t", 1)  # even with the name taken again: the batch was encoded for the old topic
+        batch = store.encoder.encode_batch(store.topic_admin.get("t"), [MessageIn(body=b"late")], store.clock.now_ms())
+        store.topic_admin.delete("t")
+        store.topic_admin.create("t", 1)  # even with the name taken again: the batch was encoded for the old topic
         end = store.commitlog.written_offset
         with pytest.raises(NotFound, match="deleted while this append"):
             store.commitlog.append(batch)
@@ -145,10 +145,11 @@ def test_a_batch_dispatched_after_its_topic_is_gone_gets_no_queue(small_config):
     store = MessageStore(config)
     store.start()
     try:
-        store.create_topic("t", 1)
-        batch = store.encoder.encode_batch(store.topic("t"), [MessageIn(body=b"pending")], store.clock.now_ms())
+        store.topic_admin.create("t", 1)
+        batch = store.encoder.encode_batch(store.topic_admin.get("t"), [MessageIn(body=b"pending")],
+                                           store.clock.now_ms())
         store.commitlog.append(batch)  # written, not dispatched (SYNC: after its fsync)
-        store.delete_topic("t")  # its announcement's flush dispatches the pending batch
+        store.topic_admin.delete("t")  # its announcement's flush dispatches the pending batch
         store.dispatcher.run_pending(store.commitlog.written_offset)
         assert store.queues.get("t", 0) is None and not (config.consumequeue_dir / "t").exists()
     finally:

@@ -48,7 +48,7 @@ def test_an_append_reaching_the_zeros_being_written_waits_for_them(small_config,
     appender = None
     sent: list[bytes] = []
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
         for _ in range(20):
             sent.append(b"%06d" % len(sent) + b"a" * 500)
             store.append("t", [MessageIn(body=sent[-1])])
@@ -90,7 +90,7 @@ def test_a_log_that_ends_in_zeroed_space_restarts_at_its_end_after_a_crash(small
     store = MessageStore(config)
     store.start()
     sent = []
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     for i in range(200):
         sent.append(b"%06d" % i + b"c" * 300)
         store.append("t", [MessageIn(body=sent[-1])])
@@ -132,7 +132,7 @@ def test_zeros_never_land_on_a_record_under_random_concurrent_appends(small_conf
     store.start()
     sent: dict[int, list[bytes]] = {}
     try:
-        store.create_topic("t", 1)
+        store.topic_admin.create("t", 1)
 
         def producer(number: int, rng: random.Random) -> None:
             mine = sent.setdefault(number, [])

@@ -98,7 +98,7 @@ def test_frames_of_a_real_tail_decode_around_a_damaged_record(small_config, at, 
     log_store = MessageStore(small_config())
     log_store.start()
     try:
-        log_store.create_topic("t", 1)
+        log_store.topic_admin.create("t", 1)
         results = list(log_store.append("t", [MessageIn(body=bytes([i]) * 300, keys=(f"k{i}",), queue_id=0)
                                               for i in range(30)]))  # two segments of 16 KiB
         bad = results[7]

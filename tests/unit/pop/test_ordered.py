@@ -65,7 +65,7 @@ def pop(small_config):
     store.start()
     service = PopService(store, PopConfig())
     service.start(run_duty=False)
-    store.create_topic("t", 1)
+    store.topic_admin.create("t", 1)
     yield service
     service.stop()
     store.stop()

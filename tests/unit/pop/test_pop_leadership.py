@@ -34,7 +34,7 @@ def node(small_config, fake_clock):
     store = MessageStore(small_config(), fake_clock)
     store.start()
     gate, visible = SwitchedGate(), {"ready": False}
-    store.create_topic("t", 1)  # before the gate: the test's setup, as the old leader did
+    store.topic_admin.create("t", 1)  # before the gate: the test's setup, as the old leader did
     store.gate = gate
     pop = PopLeadership(store, PopConfig(pop_flush_interval_ms=50), leading_epoch=lambda: gate.epoch,
                         ready=lambda: visible["ready"])

@@ -33,7 +33,7 @@ def old_store(env):  # noqa: F811
     """Two pairs whose legacy retry topics collide, each with one unacked message copied there."""
     p = env(queues=1)
     for _, topic in (VICTIM, ATTACKER):
-        p.store.create_topic(topic, 1)
+        p.store.topic_admin.create(topic, 1)
     p.store.append("payments", [MessageIn(body=b"victim's payment")])
     # The attacker's producer set RETRY_TOPIC=payments, so that the old copy's property names the victim's pair.
     p.store.append("svc_payments", [MessageIn(body=b"attacker's", properties={"RETRY_TOPIC": "payments"})])
@@ -78,7 +78,7 @@ def test_an_unacked_legacy_delivery_comes_back_under_the_new_name_to_its_group_o
 def test_a_delivery_in_flight_at_the_upgrade_keeps_its_handle_and_its_expiry(env):  # noqa: F811
     """A CK of the earlier version (source 1: the legacy retry topic) written as it wrote it."""
     p = env(queues=1)
-    p.store.create_topic("payments", 1)
+    p.store.topic_admin.create("payments", 1)
     p.store.append("payments", [MessageIn(body=b"pay")])
     legacy_expiry(p, *VICTIM, p.receive(*VICTIM))
     copy = p.store.pull(SHARED, 0, 0).messages[0].record

@@ -60,7 +60,7 @@ def env(small_config, fake_clock):
     def make(pop_config: PopConfig = DEFAULTS, queues: int = 2, **store) -> Pop:
         p = Pop(small_config(**store), fake_clock, pop_config)
         made.append(p)
-        p.store.create_topic("t", queues)
+        p.store.topic_admin.create("t", queues)
         return p
 
     yield make
@@ -116,9 +116,9 @@ def test_an_unacked_message_comes_back_from_the_retry_topic_with_attempt_plus_on
         p.store.append("%RETRY%g+t", [MessageIn(body=b"x")])
     for name in ("%DLQ%g", "%RETRY%x+y", "%RETRY%x_y"):  # a '+' name too, though it is a legal topic name
         with pytest.raises(FailedPrecondition, match="created by pop consumption"):
-            p.store.create_topic(name, 1)
+            p.store.topic_admin.create(name, 1)
     with pytest.raises(InvalidArgument, match=r"illegal character '\+'"):
-        p.store.create_topic("x+y", 1)
+        p.store.topic_admin.create("x+y", 1)
     assert p.expire() == 1 and p.receive()[0].attempt == 3  # and again, from the retry topic itself
 
 
@@ -328,10 +328,10 @@ def test_a_topic_created_again_is_received_from_its_start(env):
     p = env(queues=1)
     send(p, 3)
     p.pop.ack("g", "t", [d.receipt_handle for d in p.receive()])
-    p.store.delete_topic("t")
+    p.store.topic_admin.delete("t")
     with pytest.raises(NotFound):
         p.receive()
-    p.store.create_topic("t", 1)
+    p.store.topic_admin.create("t", 1)
     send(p, 2, start=10)
     assert bodies(p.receive()) == [b"m10", b"m11"]
     p.store.flusher.flush_now()
@@ -345,7 +345,7 @@ def test_messages_removed_by_retention_before_a_receive_are_passed_over(env):
     assert bodies(p.receive(batch_size=1)) == [b"m0"]
     p.clock.advance(5_000)
     send(p, 2, start=3)
-    p.store.update_topic("t", retention_ms=1_000)
+    p.store.topic_admin.update("t", retention_ms=1_000)
     p.store.retention.apply_topic_retention()
     assert p.store.queue_info("t", 0).min_offset == 3
     assert bodies(p.receive()) == [b"m3", b"m4"]  # m1, m2 are gone; the group's offset 1 moved to 3

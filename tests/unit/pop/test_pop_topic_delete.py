@@ -13,8 +13,8 @@ def test_a_topic_created_again_is_received_from_offset_0_and_nothing_old_comes_b
     send(p, 5)
     old = p.receive(batch_size=3)
     p.pop.ack("g", "t", [d.receipt_handle for d in old[:1]])  # one acked, two still in flight, two never read
-    p.store.delete_topic("t")
-    p.store.create_topic("t", 1)
+    p.store.topic_admin.delete("t")
+    p.store.topic_admin.create("t", 1)
     send(p, 2, start=100)
     new = p.receive()
     assert bodies(new) == [b"m100", b"m101"]
@@ -28,8 +28,8 @@ def test_retry_copies_of_the_old_topic_are_not_delivered_for_the_new_one(env):  
     send(p, 2)
     assert len(p.receive()) == 2
     p.expire()  # both copied to %RETRY%g+t, to be delivered again
-    p.store.delete_topic("t")
-    p.store.create_topic("t", 1)
+    p.store.topic_admin.delete("t")
+    p.store.topic_admin.create("t", 1)
     send(p, 1, start=100)
     new = p.receive()
     assert bodies(new) == [b"m100"]
@@ -43,9 +43,9 @@ def test_stored_pop_offsets_of_the_old_topic_do_not_apply_after_a_restart(env): 
     send(p, 4)
     p.pop.ack("g", "t", [d.receipt_handle for d in p.receive()])
     p.pop.reviver.flush()  # the offsets are written back
-    p.store.delete_topic("t")
+    p.store.topic_admin.delete("t")
     p.crash()
-    p.store.create_topic("t", 1)
+    p.store.topic_admin.create("t", 1)
     send(p, 2, start=100)
     assert bodies(p.receive()) == [b"m100", b"m101"]
 
@@ -62,11 +62,11 @@ def test_the_old_topics_pop_offset_does_not_skip_messages_of_a_longer_new_topic(
     if acked:
         p.pop.ack("g", "t", [d.receipt_handle for d in old])
     p.pop.reviver.flush()
-    p.store.delete_topic("t")
+    p.store.topic_admin.delete("t")
     p.pop.reviver.flush()  # what the revive duty does now and then: after the delete, too
     if restart == "restart-before-create":
         p.crash()
-    p.store.create_topic("t", 1)
+    p.store.topic_admin.create("t", 1)
     if restart == "restart-after-create":
         p.crash()
     send(p, 10, start=100)

@@ -19,8 +19,8 @@ def open_node(small_config, tmp_path, name: str) -> tuple[MessageStore, Replicat
     store.topics.reload_on_miss = True  # as the replication composition sets it
     node = ReplicationNode(ReplicationConfig(node_id=name), FakeClock(), config.data_dir / "epochs",
                            log_end=store.log_end, flush_sync=False)
-    node.on_promote = store.promote
-    node.in_sync.on_committed = store.advance_visible
+    node.on_promote = store.replica_view.promote
+    node.in_sync.on_committed = store.replica_view.advance_visible
     store.gate = node
     return store, node
 
@@ -31,4 +31,4 @@ def copy(leader: MessageStore, replica: MessageStore, visible_to: int | None = N
     while replica.log_end() < leader.log_end():
         chunk, nxt = store_ops.chunk(leader, replica.log_end(), 1 << 20)
         store_ops.apply(replica, replica.log_end(), chunk, nxt)
-    replica.replica_visible(leader.log_end() if visible_to is None else visible_to)
+    replica.replica_view.visible_to(leader.log_end() if visible_to is None else visible_to)

@@ -45,7 +45,7 @@ def test_a_new_leader_appends_after_the_queue_offsets_it_copied_but_did_not_show
     try:
         old_node.become_leader(1, frozenset({"a"}))
         new_node.become_replica("a", "a", 1)
-        old.create_topic("t", QUEUES)  # created after the replica started: it learns of it from the database
+        old.topic_admin.create("t", QUEUES)  # created after the replica started: it learns of it from the database
         first = _append(old, "t", "old", FIRST // 2)
         middle = first[-1].physical_offset + first[-1].size_bytes
         first += _append(old, "t", "old", FIRST - FIRST // 2)

@@ -36,7 +36,7 @@ def _append(store: MessageStore, prefix: str, queues: int, per_queue: int) -> li
 def _queues(store: MessageStore) -> dict[int, tuple]:
     """Every queue of t: (min offset, max offset, [(queue offset, body)]) as Pull and GetQueueInfo answer."""
     out = {}
-    for queue_id in range(store.topic("t").queue_count):
+    for queue_id in range(store.topic_admin.get("t").queue_count):
         info = store.queue_info("t", queue_id)
         held = [(m.record.queue_offset, m.record.body)
                 for m in store.pull("t", queue_id, info.min_offset, max_messages=1000).messages]
@@ -83,17 +83,17 @@ def test_a_replica_of_a_topic_deleted_and_created_again_serves_the_leaders_queue
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
-        leader.create_topic("t", FIRST_QUEUES)
+        leader.topic_admin.create("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, FIRST)
         copy(leader, replica)
         assert _queues(replica) == _queues(leader) == _expected("first", FIRST_QUEUES, FIRST)
 
-        leader.delete_topic("t")
+        leader.topic_admin.delete("t")
         if replica_was == "connected":
             copy(leader, replica)
             with pytest.raises(NotFound):
                 replica.queue_info("t", 0)
-        leader.create_topic("t", SECOND_QUEUES)
+        leader.topic_admin.create("t", SECOND_QUEUES)
         if replica_was == "connected":
             copy(leader, replica)
             assert _queues(replica) == _queues(leader) == _expected("second", SECOND_QUEUES, 0)
@@ -135,14 +135,14 @@ def test_a_replica_that_holds_a_delete_it_did_not_dispatch_yet_serves_and_append
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
-        leader.create_topic("t", FIRST_QUEUES)
+        leader.topic_admin.create("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, FIRST)
         copy(leader, replica)
         shown = leader.log_end()
-        leader.delete_topic("t")
+        leader.topic_admin.delete("t")
         second = []
         if then != "failover_before_the_creation":
-            leader.create_topic("t", SECOND_QUEUES)
+            leader.topic_admin.create("t", SECOND_QUEUES)
             second = _append(leader, "second", 1, SECOND)  # queue 0 alone: the others hold none of them
         copy(leader, replica, visible_to=shown)
 
@@ -157,7 +157,7 @@ def test_a_replica_that_holds_a_delete_it_did_not_dispatch_yet_serves_and_append
         leader_running = False
         replica_node.become_leader(2, frozenset({"b"}))
         if then == "failover_before_the_creation":
-            replica.create_topic("t", SECOND_QUEUES)
+            replica.topic_admin.create("t", SECOND_QUEUES)
         third = _append(replica, "third", SECOND_QUEUES, 2)
         base = {0: len(second), 1: 0, 2: 0}
         assert [r.queue_offset for r in third] == [base[i % SECOND_QUEUES] + i // SECOND_QUEUES
@@ -185,11 +185,11 @@ def test_a_delete_topic_sent_to_a_replica_is_refused_and_deletes_nothing(small_c
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
-        leader.create_topic("t", FIRST_QUEUES)
+        leader.topic_admin.create("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, 2)
         copy(leader, replica)
         with pytest.raises(NotLeader):
-            replica.delete_topic("t")
+            replica.topic_admin.delete("t")
         assert leader.topics.meta.deleting_topics() == []
         second = _append(leader, "second", FIRST_QUEUES, 2)
         copy(leader, replica)
@@ -198,7 +198,7 @@ def test_a_delete_topic_sent_to_a_replica_is_refused_and_deletes_nothing(small_c
             [f"{prefix}-{i}".encode() for prefix in ("first", "second") for i in range(2 * FIRST_QUEUES)]
         leader.stop()
         leader, leader_node = open_node(small_config, tmp_path, "a")  # its start resumes no delete of t
-        assert leader.topic("t").queue_count == FIRST_QUEUES
+        assert leader.topic_admin.get("t").queue_count == FIRST_QUEUES
     finally:
         replica.stop()
         leader.stop()
@@ -216,20 +216,20 @@ def test_a_new_leader_finishes_a_delete_its_old_leader_cut_short(small_config, t
     try:
         leader_node.become_leader(1, frozenset({"a"}))
         replica_node.become_replica("a", "a", 1)
-        leader.create_topic("t", FIRST_QUEUES)
+        leader.topic_admin.create("t", FIRST_QUEUES)
         first = _append(leader, "first", FIRST_QUEUES, FIRST)
         copy(leader, replica)
         with failpoint.armed(step):
             with pytest.raises(FailpointHit):
-                leader.delete_topic("t")
+                leader.topic_admin.delete("t")
         copy(leader, replica)
         leader.halt()  # kill -9 of the leader in the middle of the delete
         replica_node.become_leader(2, frozenset({"b"}))
         with pytest.raises(FailedPrecondition, match="being deleted"):
-            replica.create_topic("t", SECOND_QUEUES)
-        replica.delete_topic("t")
+            replica.topic_admin.create("t", SECOND_QUEUES)
+        replica.topic_admin.delete("t")
         assert replica.topics.deleting() == [] and replica.topics.meta.deleting_topics() == []
-        replica.create_topic("t", SECOND_QUEUES)
+        replica.topic_admin.create("t", SECOND_QUEUES)
         second = _append(replica, "second", SECOND_QUEUES, SECOND)
         assert _queues(replica) == _expected("second", SECOND_QUEUES, SECOND)
         for r in first:
@@ -257,14 +257,14 @@ def test_a_replica_against_a_model_of_topics_deleted_and_created_again(small_con
 
     def check(store: MessageStore) -> None:
         for name, queues in model.items():
-            assert store.topic(name).queue_count == len(queues)
+            assert store.topic_admin.get(name).queue_count == len(queues)
             for queue_id, bodies in enumerate(queues):
                 pulled = store.pull(name, queue_id, 0, max_messages=1000)
                 assert [(m.record.queue_offset, m.record.body) for m in pulled.messages] == list(enumerate(bodies))
                 assert store.queue_info(name, queue_id).max_offset == len(bodies)
         for name in {"t", "u"} - set(model):
             with pytest.raises(NotFound):
-                store.topic(name)
+                store.topic_admin.get(name)
 
     try:
         leader_node.become_leader(1, frozenset({"a"}))
@@ -282,11 +282,11 @@ def test_a_replica_against_a_model_of_topics_deleted_and_created_again(small_con
                 for b, q in zip(bodies, queue_ids, strict=True):
                     model[name][q].append(b)
             elif step == "delete" and name in model:
-                leader.delete_topic(name)
+                leader.topic_admin.delete(name)
                 del model[name]
             elif step == "create" and name not in model:
                 queue_count = rng.randint(1, 3)
-                leader.create_topic(name, queue_count)
+                leader.topic_admin.create(name, queue_count)
                 model[name] = [[] for _ in range(queue_count)]
             elif step == "copy":
                 shown = max(replica.visible_offset(), rng.choice(committed))

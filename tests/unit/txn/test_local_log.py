@@ -26,7 +26,7 @@ def store(small_config):
 
 def test_appends_as_the_txn_writer_and_reads_back(store):
     log = LocalTxnLog(store, linger_ms=0)
-    store.create_topic("orders", 1)
+    store.topic_admin.create("orders", 1)
     results = log.append(tx.HALF_TOPIC, [MessageIn(b"half-1"), MessageIn(b"half-2")])
     assert isinstance(results, list) and [r.queue_offset for r in results] == [0, 1]  # a list: the appender slices
     offsets = [r.physical_offset for r in results]
@@ -43,7 +43,7 @@ def test_appends_as_the_txn_writer_and_reads_back(store):
 
 def test_the_tail_carries_the_transaction_topics_and_commits_and_holds_retention(store):
     log = LocalTxnLog(store, linger_ms=0)
-    store.create_topic("orders", 1)
+    store.topic_admin.create("orders", 1)
     store.append("orders", [MessageIn(b"not followed")])
     half = log.append(tx.HALF_TOPIC, [MessageIn(b"half")])[0]
     log.append("orders", [MessageIn(b"real", sys_flag=SYSFLAG_TX_COMMIT,
