@@ -9,7 +9,8 @@ archive REV | tar -x -C DIR``), so that a closing note's before and after figure
   store's face                 public methods (and properties) of ``MessageStore`` (core/mqstore/store.py)
   import cycles in core        strongly connected components of core's import graph, between modules and
                                between its parts (tests/test_layering_core.py's walk: every import, module
-                               level, inside functions and importlib's with a literal name)
+                               level, inside functions and importlib's with a literal name, and the compiled
+                               codec's .pyx and .pxd imports and cimports)
   services importing services  imports, by any package but the launcher (the composition root above them),
                                of a service package other than its own
   sync/async pairs             functions of one scope (a module, a class, a function) whose names are the same

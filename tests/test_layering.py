@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -70,8 +71,42 @@ def _resolve_relative(module: str, is_package: bool, level: int, target: str | N
     return ".".join([*base, target] if target else base)
 
 
+# The compiled codec's Cython sources (core/mqstore/codec): read as the .py files are, by their import lines.
+CYTHON_SUFFIXES = (".pyx", ".pxd")
+_TRIPLE_QUOTED = re.compile(r'""".*?"""|\'\'\'.*?\'\'\'', re.S)
+_CYTHON_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+c?import[ \t]+(\([^)]*\)|[^\n#]*)"
+                            r"|c?import[ \t]+([\w.]+(?:[ \t]*,[ \t]*[\w.]+)*))", re.M)
+
+
+def sources(package_root: pathlib.Path) -> list[pathlib.Path]:
+    """Every source file of the tree whose imports the layer rules read: .py, and Cython's .pyx and .pxd."""
+    return sorted(p for suffix in (".py", *CYTHON_SUFFIXES) for p in package_root.rglob(f"*{suffix}"))
+
+
+def _cython_imports_of(path: pathlib.Path, package_root: pathlib.Path) -> list[tuple[int, str]]:
+    """imports_of for a Cython file (not Python to ``ast``): its ``import``, ``cimport``, ``from ... import``
+    and ``from ... cimport`` lines (parenthesised names over several lines too), docstrings left out."""
+    text = _TRIPLE_QUOTED.sub(lambda m: "\n" * m.group().count("\n"), path.read_text())
+    module = _module_name(path, package_root)
+    found = []
+    for match in _CYTHON_IMPORT.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        source, names, plain = match.groups()
+        if plain is not None:
+            found += [(line, name.strip()) for name in plain.split(",")]
+            continue
+        level = len(source) - len(source.lstrip("."))
+        name = _resolve_relative(module, False, level, source.lstrip(".") or None) if level else source
+        found.append((line, name))
+        aliases = (a.split()[0] for a in names.strip("()").replace("\n", " ").split(",") if a.strip())
+        found += [(line, f"{name}.{alias}") for alias in aliases if alias != "*"]
+    return found
+
+
 def imports_of(path: pathlib.Path, package_root: pathlib.Path) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in the file."""
+    """(line, absolute module name) of every import in the file (a Cython one too: .pyx, .pxd)."""
+    if path.suffix in CYTHON_SUFFIXES:
+        return _cython_imports_of(path, package_root)
     tree = ast.parse(path.read_text(), filename=str(path))
     module = _module_name(path, package_root)
     is_package = path.name == "__init__.py"
@@ -101,7 +136,7 @@ def _matches(name: str, prefix: str) -> bool:
 
 def violations(package_root: pathlib.Path, forbidden, allow=lambda path, name: False) -> list[str]:
     found = []
-    for path in sorted(package_root.rglob("*.py")):
+    for path in sources(package_root):
         if "gen" in path.relative_to(package_root).parts[:1]:
             continue  # generated stubs: checked by what imports them
         for line, name in imports_of(path, package_root):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pathlib
 
-from tests.test_layering import CORE, _module_name, imports_of
+from tests.test_layering import CORE, _module_name, imports_of, sources
 
 BASE, LOG, STORE, FEATURE = 0, 1, 2, 3
 LAYER_NAMES = {BASE: "base (formats, shared pieces)", LOG: "log/queue/meta", STORE: "store", FEATURE: "features"}
@@ -88,8 +88,12 @@ LAYERS = {
 }
 
 
-def core_modules(root: pathlib.Path = CORE) -> dict[str, pathlib.Path]:
-    return {_module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+def core_modules(root: pathlib.Path = CORE) -> dict[str, list[pathlib.Path]]:
+    """module -> its source files: a .py, or the compiled codec's .pyx and .pxd (its imports count as any)."""
+    modules: dict[str, list[pathlib.Path]] = {}
+    for path in sources(root):
+        modules.setdefault(_module_name(path, root), []).append(path)
+    return modules
 
 
 def import_graph(root: pathlib.Path = CORE) -> dict[str, dict[str, int]]:
@@ -105,12 +109,13 @@ def import_graph(root: pathlib.Path = CORE) -> dict[str, dict[str, int]]:
         return ".".join(parts) or None
 
     graph = {}
-    for module, path in modules.items():
-        by_line: dict[int, set[str]] = {}
-        for line, name in imports_of(path, root):
-            target = resolve(name)
-            if target is not None and target != module and not module.startswith(target + "."):
-                by_line.setdefault(line, set()).add(target)
+    for module, paths in modules.items():
+        by_line: dict[int, set[str]] = {}  # a .pyx and its .pxd: one module, their lines together
+        for path in paths:
+            for line, name in imports_of(path, root):
+                target = resolve(name)
+                if target is not None and target != module and not module.startswith(target + "."):
+                    by_line.setdefault(line, set()).add(target)
         edges: dict[str, int] = {}
         for line, targets in sorted(by_line.items()):
             # ``from pkg import sub`` names pkg and pkg.sub: the edge is to pkg.sub (which initialises pkg).
@@ -231,3 +236,29 @@ def test_the_cycle_finder_sees_a_cycle_through_packages_and_function_imports(tmp
     assert cycles(graph) == [["pkg.high.b", "pkg.low.a"]]
     assert cycles(package_graph(graph)) == [["pkg.high", "pkg.low"]]
     assert cycles({"x": {"y": 1}, "y": {"z": 1}, "z": {}}) == []
+
+
+def test_the_compiled_codec_s_imports_are_in_the_graph():
+    """The .pyx and .pxd files of core/mqstore/codec are read as the .py files are: their imports and
+    cimports count, so the layer rule covers the compiled codec too."""
+    graph = import_graph()
+    assert "mqstore.errors" in graph["mqstore.codec._offset_map"]  # _offset_map.pyx: from mqstore.errors import
+    assert "mqstore.codec._wire" in graph["mqstore.codec._records"]  # a cimport, of a .pxd
+    assert {"mqstore.codec._walk", "mqstore.codec._wire"} <= set(graph["mqstore.codec._replay"])  # over two lines
+
+
+def test_the_cython_reader_reads_imports_and_cimports_and_skips_docstrings(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "low").mkdir(parents=True)
+    (package / "high").mkdir()
+    for init in (package, package / "low", package / "high"):
+        (init / "__init__.py").write_text("")
+    (package / "high" / "b.py").write_text("")
+    (package / "low" / "w.pxd").write_text("cdef inline int f(): return 0\n")
+    (package / "low" / "a.pyx").write_text(
+        '# cython: language_level=3\n"""Docstring:\nfrom pkg.high import b\n"""\n'
+        "from libc.stdint cimport int64_t\nfrom pkg.low.w cimport (f,\n    f as g)\n\n"
+        "def h():\n    from pkg.high import b  # inside a function\n    return b\n")
+    graph = import_graph(package)
+    assert graph["pkg.low.a"] == {"pkg.low.w": 6, "pkg.high.b": 10}
+    assert cycles(graph) == [] and "pkg.low.w" in graph

@@ -35,7 +35,7 @@ from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.format import record
 from mqstore.log.encoder import MessageEncoder, UniqKeyGenerator
-from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResults, TopicRecord
+from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResults, MessageIn, TopicRecord
 from mqstore_rpc import append_wire, convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 from tests.support import wire
@@ -106,7 +106,7 @@ def check_parse(raw: bytes) -> None:
     assert parsed is not None, "the compiled parser refused bytes that protobuf accepts"
     assert (parsed.topic, len(parsed)) == (request.topic, len(request.messages))
     parsed.set_peer(*convert.peer_address(PEER))
-    assert as_rows(parsed.to_messages()) == as_rows(convert.messages_in(request.messages, PEER))
+    assert as_rows(parsed.to_messages(MessageIn)) == as_rows(convert.messages_in(request.messages, PEER))
 
 
 @SETTINGS

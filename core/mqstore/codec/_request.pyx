@@ -26,8 +26,6 @@ from libc.string cimport memcmp, memcpy, memset
 from mqstore.codec._wire cimport (WT_LEN, WT_VARINT, read_length, read_varint, read_varint32, skip_field,
                                   valid_utf8)
 
-from mqstore.model import MessageIn
-
 cdef enum:
     MAX_DEPTH = 100  # upb's limit on nested messages and groups
 
@@ -73,9 +71,10 @@ cdef class WireMessages:
         memcpy(self.born_host, PyBytes_AS_STRING(host), 4)
         self.born_port = port
 
-    def to_messages(self):
-        """The messages as MessageIn, exactly as mqstore_rpc.convert.messages_in builds them from the
-        protobuf request: for the reference encoder, when the compiled one refuses a message."""
+    def to_messages(self, message):
+        """The messages as ``message`` (mqstore.model.MessageIn, given: the codec imports no module above
+        it, and the model imports mqstore.format), exactly as mqstore_rpc.convert.messages_in builds them
+        from the protobuf request: for the reference encoder, when the compiled one refuses a message."""
         cdef Msg* m
         cdef Py_ssize_t i, k
         host, port = PyBytes_FromStringAndSize(<const char*>self.born_host, 4), self.born_port
@@ -85,8 +84,8 @@ cdef class WireMessages:
             keys = tuple(text_of(self.keys[k]) for k in range(m.keys_from, m.keys_to))
             props = {text_of(self.props[k].name): text_of(self.props[k].value)
                      for k in range(m.props_from, m.props_to)}
-            out.append(MessageIn(_bytes(m.body), text_of(m.tags), keys, props, m.flag, m.born_ts,
-                                 m.qid if m.has_qid else None, text_of(m.shard), host, port))
+            out.append(message(_bytes(m.body), text_of(m.tags), keys, props, m.flag, m.born_ts,
+                               m.qid if m.has_qid else None, text_of(m.shard), host, port))
         return out
 
     cdef Msg* new_message(self) except NULL:

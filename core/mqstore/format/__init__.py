@@ -1,5 +1,6 @@
 """On-disk formats. Each module defines one layout once; nobody else slices those bytes.
 
-Nothing is imported here: mqstore.codec's compiled modules import mqstore.model, which imports
-format.record, so an import of the codec from this package would be circular (format.codec_layout).
+Nothing is imported here. The codec lies below this package (format.codec_layout, record_scan and
+index_file import it; its compiled modules import no module that imports format, not even mqstore.model:
+tests/test_layering_core.py reads their .pyx and .pxd files too).
 """

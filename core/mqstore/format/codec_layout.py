@@ -4,9 +4,9 @@ The compiled modules (mqstore.codec) write and read records where they were buil
 at import by the modules that use them (mqstore.log.encoder for the log and its queues,
 mqstore.compaction.rounds for compaction), refuses to go on when that differs from the one definition
 here (record, cq_unit): the codec was built from older sources. mqstore.codec imports no module of
-mqstore.format, but its compiled modules import mqstore.model, which imports format.record: so
-mqstore.format's ``__init__`` must not import this module (a process whose first import is the codec, a
-Spark worker's, would meet the codec half made); the index layout is checked by format.index_file.
+mqstore.format, nor do its compiled modules import any module that does (WireMessages.to_messages is
+given mqstore.model's MessageIn: tests/test_layering_core.py); the index layout is checked by
+format.index_file.
 
 Thread-safety: runs once, at import.
 """

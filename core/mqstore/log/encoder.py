@@ -169,7 +169,7 @@ class MessageEncoder:
         encoded = self._compiled.encode(wire, topic.name, topic.queue_count, topic.kind == KIND_COMPACTION, now_ms,
                                         self.uniq, self._take_round_robin)
         if encoded is None:
-            return self.encode_batch(topic, wire.to_messages(), now_ms)
+            return self.encode_batch(topic, wire.to_messages(MessageIn), now_ms)
         return EncodedBatch(topic.name, *encoded, topic.start_physical_offset)
 
     def _reject(self, index: int, topic: TopicRecord, msg: MessageIn, props: bytes, size: int) -> None:
