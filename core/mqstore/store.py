@@ -11,11 +11,14 @@ queue offset table; fsync; write the abort marker; start threads.
 A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
 
 Composition: the store holds its parts and gives each the narrow callables it needs: the topic
-registry (mqstore.store_topics), the full-disk state (mqstore.store_space), retention of the log and
-topics with the followers' holds (mqstore.store_retention: ``store.retention``), and three background duties
-(mqstore.background): the flush service, the segment warmer and the maintenance duty. Tail streams of the log
-are not the store's: mqstore.tailing reads them through it; nor are CommitOffset, QueryOffset and the import of
-an earlier version's SQL offsets at start: mqstore.store_offsets, through the offsets map (mqstore.consumer_offsets).
+registry (mqstore.store_topics) and its administration (mqstore.topic_admin: ``store.topic_admin``,
+CreateTopic, DeleteTopic's steps...), the replica side (mqstore.store_replica: ``store.replica_view``, the
+visibility of copied records and promotion; every dispatch of the write path goes through it), the
+full-disk state (mqstore.store_space), retention of the log and topics with the followers' holds
+(mqstore.store_retention: ``store.retention``), and three background duties (mqstore.background): the
+flush service, the segment warmer and the maintenance duty. Tail streams of the log are not the store's:
+mqstore.tailing reads them through it; nor are CommitOffset, QueryOffset and the import of an earlier
+version's SQL offsets at start: mqstore.store_offsets, through the offsets map (mqstore.consumer_offsets).
 
 On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
 CommitOffset get ResourceExhausted, reads go on; a checkpoint that does not fit is skipped and the abort
