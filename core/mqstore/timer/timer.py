@@ -216,13 +216,19 @@ class Timer:
         # names an earlier unit) and at the end; the enqueue offset moves past what the files hold.
         units: list[tuple[int, int, int, int, int]] = []
         upto = self.enqueue_offset
+        # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
+        # placed further would share its file slot with one a restart still has to read.
+        horizon = self._cp_read + self.config.span_ms - 2 * self.precision
+        scheduled = self.stats.scheduled
         for queue_offset, physical, props, due in found:
             if props is not None and tm.CANCEL_OFFSET in props:
                 self._flush(units, upto)
                 units = []
-            self._add(queue_offset, physical, props, due, units)
+            self._add(queue_offset, physical, props, due, units, horizon)
             upto = queue_offset + 1
         self._flush(units, upto)
+        if self.metrics and self.stats.scheduled > scheduled:
+            self.metrics.scheduled.inc(self.stats.scheduled - scheduled)
         return self.enqueue_offset >= high
 
     def note(self, results, dues: list[int]) -> None:
@@ -283,9 +289,10 @@ class Timer:
                         if slot == self.read_ms])
 
     def _add(self, queue_offset: int, physical: int, props: dict[str, str] | None, due: int,
-             units: list[tuple[int, int, int, int, int]]) -> None:
+             units: list[tuple[int, int, int, int, int]], horizon: int) -> None:
         """The unit of a timer record, appended to ``units`` (a cancel marker goes to the files at once); ``props``
-        None: a noted delayed record (:meth:`note`), due at ``due``."""
+        None: a noted delayed record (:meth:`note`), due at ``due``; ``horizon``: the first slot a unit may not
+        take (it rolls there instead)."""
         if queue_offset in self._rolled:
             return  # re-appended already (a rebuild reads the topic from its start): its successor carries it
         if props is not None:
@@ -298,19 +305,16 @@ class Timer:
                 log.error("timer.record_not_timer", queue_offset=queue_offset)
                 return
             due = int(props[tm.OUT_MS])
-        kind = KIND_DELIVER
-        slot = max(self.files.slot_ms(due), self.read_ms)
-        # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
-        # placed further would share its file slot with one a restart still has to read.
-        horizon = self._cp_read + self.config.span_ms - 2 * self.precision
-        invariant(horizon > self.read_ms, "the timer checkpoint follows the read slot within half the wheel")
+        slot = due - due % self.precision
+        if slot < self.read_ms:
+            slot = self.read_ms
         if slot >= horizon:
-            kind, slot = KIND_ROLL, horizon
-        units.append((slot, due, queue_offset, physical, kind))
-        self.stats.scheduled += kind == KIND_DELIVER
+            invariant(horizon > self.read_ms, "the timer checkpoint follows the read slot within half the wheel")
+            units.append((horizon, due, queue_offset, physical, KIND_ROLL))
+        else:
+            units.append((slot, due, queue_offset, physical, KIND_DELIVER))
+            self.stats.scheduled += 1
         self.stats.pending += 1
-        if self.metrics and kind == KIND_DELIVER:
-            self.metrics.scheduled.inc()
 
     def _take(self, units: list[Unit]) -> None:
         """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
