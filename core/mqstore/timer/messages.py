@@ -43,6 +43,7 @@ ASKING = (DELAY_SEC, DELAY_MS, DELIVER_MS)  # in order of precedence
 STORE_SET = frozenset({OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY, ENQUEUE_MS, DEQUEUE_MS, UNIT, ROLL_TIMES,
                        ROLLED_FROM, CANCEL_OFFSET, ORIGIN})
 MAX_VALUE_MS = 1 << 62
+_ASKING_SET = frozenset(ASKING)
 
 
 def asks_timer(message: MessageIn) -> bool:
@@ -94,6 +95,48 @@ def to_timer(real_topic: str, message: MessageIn, due: int) -> MessageIn:
     return MessageIn(body=message.body, properties=dict(sorted(props.items())), flag=message.flag,
                      born_timestamp_ms=message.born_timestamp_ms, queue_id=0, born_host=message.born_host,
                      born_port=message.born_port)
+
+
+def timer_records(real_topic: str, messages, now_ms: int, max_delay_ms: int,
+                   queue_count: int) -> tuple[list[MessageIn], list[int]]:
+    """(the timer records, their due times) of a delayed batch for ``real_topic``: :func:`due_ms` and
+    :func:`to_timer` of each message in one pass (the same records and errors: tests/unit/core/test_timer_enqueue.py
+    holds the two to it), a queue_id outside ``queue_count`` queues INVALID_ARGUMENT."""
+    converted, dues = [], []
+    asking, tags_name, keys_name = _ASKING_SET, PROPERTY_TAGS, PROPERTY_KEYS
+    for index, message in enumerate(messages):
+        props, qid = message.properties, message.queue_id
+        if qid is not None and not 0 <= qid < queue_count:
+            raise InvalidArgument(f"messages[{index}].queue_id: {qid} is outside topic {real_topic!r}'s queues "
+                                  f"0..{queue_count - 1}")
+        name = DELAY_SEC if DELAY_SEC in props else DELAY_MS if DELAY_MS in props else DELIVER_MS
+        text = props[name]
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not 0 <= value <= MAX_VALUE_MS:
+            due_ms(message, now_ms, max_delay_ms, index)  # raises why
+        due = now_ms + value * 1000 if name == DELAY_SEC else now_ms + value if name == DELAY_MS else value
+        if due - now_ms > max_delay_ms:
+            due_ms(message, now_ms, max_delay_ms, index)  # raises why
+        if due < now_ms:
+            due = now_ms
+        out = {k: v for k, v in props.items() if k not in asking} if len(props) > 1 else {}
+        out[OUT_MS] = str(due)
+        out[REAL_TOPIC] = real_topic
+        if qid is not None:
+            out[REAL_QID] = str(qid)
+        if message.sharding_key:
+            out[SHARDING_KEY] = message.sharding_key
+        if message.tags:
+            out[tags_name] = message.tags
+        if message.keys:
+            out[keys_name] = " ".join(message.keys)
+        converted.append(MessageIn(message.body, "", (), dict(sorted(out.items())), message.flag,
+                                   message.born_timestamp_ms, 0, "", message.born_host, message.born_port))
+        dues.append(due)
+    return converted, dues
 
 
 def delivered(record: Record, timer_offset: int, now_ms: int) -> tuple[str, MessageIn]:

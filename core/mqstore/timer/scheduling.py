@@ -100,17 +100,8 @@ def timer_batch(store, config: TimerConfig, topic: str,
     """:func:`to_timer_batch` and each record's due time."""
     if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
         raise InvalidArgument(f"topic {topic!r}: delayed messages go to user topics only")
-    queue_count = store.topic(topic).queue_count
-    now, limit = store.clock.now_ms(), config.timer_max_delay_ms
-    converted, dues = [], []
-    for index, message in enumerate(messages):
-        if message.queue_id is not None and not 0 <= message.queue_id < queue_count:
-            raise InvalidArgument(f"messages[{index}].queue_id: {message.queue_id} is outside topic {topic!r}'s "
-                                  f"queues 0..{queue_count - 1}")
-        due = tm.due_ms(message, now, limit, index)
-        converted.append(tm.to_timer(topic, message, due))
-        dues.append(due)
-    return converted, dues
+    return tm.timer_records(topic, messages, store.clock.now_ms(), config.timer_max_delay_ms,
+                             store.topic(topic).queue_count)
 
 
 def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,

@@ -142,3 +142,44 @@ def test_the_encoder_names_the_first_wrong_property(properties, named):
         encoder.encode_batch(topic, [MessageIn(b"x", properties={"k": "v"}), MessageIn(b"x", properties=properties)],
                              1)
     assert encoder.encode_batch(topic, [MessageIn(b"x", properties={"a": "1", "TAGS": "t"})], 1).sizes
+
+
+def _reference_records(topic: str, messages, now: int, limit: int, queue_count: int):
+    """The conversion before tm.timer_records: due_ms then to_timer of each message, the queue checked first."""
+    converted, dues = [], []
+    for index, message in enumerate(messages):
+        if message.queue_id is not None and not 0 <= message.queue_id < queue_count:
+            raise InvalidArgument(f"messages[{index}].queue_id: {message.queue_id} is outside topic {topic!r}'s "
+                                  f"queues 0..{queue_count - 1}")
+        due = tm.due_ms(message, now, limit, index)
+        converted.append(tm.to_timer(topic, message, due))
+        dues.append(due)
+    return converted, dues
+
+
+def _outcome(convert, *args):
+    try:
+        return convert(*args)
+    except Exception as exc:  # noqa: BLE001 (the error is the outcome compared)
+        return type(exc), str(exc)
+
+
+def test_timer_records_convert_as_due_ms_and_to_timer_of_each_did():
+    import random
+    rng = random.Random(35)
+    now, limit = 1_796_000_000_000, 86_400_000
+    values = ["0", "1500", "86400000", "86400001", "-5", "x", " 7", str(now + 10), str(now - 10), "9" * 20]
+    for _ in range(600):
+        batch = []
+        for _ in range(rng.randint(1, 3)):
+            props = {rng.choice(tm.ASKING): rng.choice(values)}
+            if rng.random() < 0.3:
+                props[rng.choice(tm.ASKING)] = rng.choice(values[:4])
+            for name in rng.sample(["a", "zz", "TAGS", "KEYS", "UNIQ_KEY", "TIMER_X"], rng.randint(0, 3)):
+                props[name] = rng.choice(["v", "k1 k2", "t"])
+            batch.append(MessageIn(b"body", tags=rng.choice(["", "tag"]), keys=rng.choice([(), ("k1",), ("a", "b")]),
+                                   properties=props, flag=rng.randint(0, 3), born_timestamp_ms=rng.randint(0, 9),
+                                   queue_id=rng.choice([None, 0, 2, 4]), sharding_key=rng.choice(["", "s"]),
+                                   born_port=rng.randint(0, 9)))
+        assert (_outcome(tm.timer_records, "t", batch, now, limit, 4)
+                == _outcome(_reference_records, "t", batch, now, limit, 4)), batch
