@@ -53,6 +53,32 @@ class MessageIn:
 
 
 @dataclass(slots=True)
+class Copy:
+    """A stored record to append again under another topic from its pieces (the timer's delivered copy:
+    mqstore.timer.messages.delivered_copy): its body with the BODYCRC it was stored with, its properties
+    encoded as the encoder (mqstore.log.encoder) writes a MessageIn's (the user's sorted, then TAGS, KEYS,
+    UNIQ_KEY), ``tags`` for the tag code, the queue asked for (queue_id, else sharding_key, else round robin)."""
+
+    body: bytes
+    body_crc: int
+    properties: bytes
+    tags: str
+    uniq_key: str
+    flag: int
+    born_timestamp_ms: int
+    born_host: bytes
+    born_port: int
+    queue_id: int | None
+    sharding_key: str
+
+
+class Copies(list):
+    """A batch of :class:`Copy` (a list of them): what the encoder takes besides MessageIn and WireMessages."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
 class AppendResult:  # not frozen for the same reason as MessageIn
     msg_id: str
     uniq_key: str

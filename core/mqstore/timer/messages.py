@@ -30,9 +30,9 @@ from typing import Iterable
 
 from mqstore import topics as topic_rules
 from mqstore.errors import IllegalDeliveryTime, InvalidArgument
-from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS
-from mqstore.format.record_reader import Record
-from mqstore.model import MessageIn
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.format.record_reader import Record, RecordView
+from mqstore.model import Copy, MessageIn
 
 TIMER_TOPIC = topic_rules.SCHEDULE_TOPIC
 DELIVER_MS, DELAY_SEC, DELAY_MS = "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"
@@ -156,6 +156,37 @@ def delivered(record: Record, timer_offset: int, now_ms: int) -> tuple[str, Mess
                             born_timestamp_ms=record.born_timestamp_ms,
                             queue_id=int(qid) if qid is not None else None, sharding_key=shard,
                             born_host=record.born_host, born_port=record.born_port)
+
+
+def delivered_copy(view: RecordView, props: dict[str, str], timer_offset: int, now_ms: int) -> tuple[str, Copy] | None:
+    """:func:`delivered` from the timer record's bytes (``view``, its CRC checked; ``props``: its properties):
+    the copy's body and its CRC as stored, its properties written as the encoder writes those of
+    :func:`delivered`'s MessageIn (the same record bytes: tests/unit/core/test_timer_enqueue.py). None for a
+    record without a UNIQ_KEY (the encoder would make one: :func:`delivered` then)."""
+    props = dict(props)
+    topic = props.pop(REAL_TOPIC)
+    qid, shard = props.pop(REAL_QID, None), props.pop(SHARDING_KEY, "")
+    props.pop(ROLLED_FROM, None)
+    props.pop(ORIGIN, None)
+    tags, keys = props.pop(PROPERTY_TAGS, ""), props.pop(PROPERTY_KEYS, "")
+    uniq = props.pop(PROPERTY_UNIQ_KEY, None)
+    if not uniq:
+        return None
+    props[DELIVER_MS] = props.pop(OUT_MS)
+    if ENQUEUE_MS not in props:
+        props[ENQUEUE_MS] = str(view.store_timestamp_ms)
+    props[DEQUEUE_MS] = str(now_ms)
+    props[UNIT] = str(timer_offset)
+    text = "".join([f"{name}\x01{value}\x02" for name, value in sorted(props.items())])
+    if tags:
+        text += f"TAGS\x01{tags}\x02"
+    if keys:
+        keys = " ".join(k for k in keys.split(" ") if k)
+        if keys:
+            text += f"KEYS\x01{keys}\x02"
+    text += f"UNIQ_KEY\x01{uniq}\x02"
+    return topic, Copy(view.body, view.body_crc, text.encode("utf-8"), tags, uniq, view.flag, view.born_timestamp_ms,
+                       view.born_host, view.born_port, int(qid) if qid is not None else None, shard)
 
 
 def rolled(record: Record, timer_offset: int) -> MessageIn:

@@ -183,3 +183,45 @@ def test_timer_records_convert_as_due_ms_and_to_timer_of_each_did():
                                    born_port=rng.randint(0, 9)))
         assert (_outcome(tm.timer_records, "t", batch, now, limit, 4)
                 == _outcome(_reference_records, "t", batch, now, limit, 4)), batch
+
+
+def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_config):
+    """messages.delivered_copy through the encoder's Copies: the bytes of messages.delivered's MessageIn encoded
+    (random messages: tags, keys, queues, sharding keys, properties, IPv6 born hosts; a rolled record)."""
+    import random
+    from mqstore.model import Copies
+    from mqstore.topics import OWNER_SCHEDULE
+    rng = random.Random(41)
+    clock = FakeClock()
+    store = MessageStore(small_config(), clock)
+    store.start()
+    try:
+        store.create_topic("t", 4)
+        for n in range(60):
+            props = {tm.DELIVER_MS: str(clock.now_ms() + n)} if n % 2 else {tm.DELAY_MS: str(rng.randint(1, 5000))}
+            for name in rng.sample(["a", "zz", "Ä", "UNIQ_KEY", "TIMER_X"], rng.randint(0, 3)):
+                props[name] = rng.choice(["v", "üw", "K0"])
+            message = MessageIn(b"b%d" % n * rng.randint(1, 50), tags=rng.choice(["", "tag"]),
+                                keys=rng.choice([(), ("k1",), ("a", "b")]), properties=props, flag=rng.randint(0, 3),
+                                born_timestamp_ms=rng.randint(0, 9), queue_id=rng.choice([None, 0, 3]),
+                                sharding_key=rng.choice(["", "s"]), born_host=rng.choice([b"\1\2\3\4", b"\5" * 16]),
+                                born_port=rng.randint(0, 9))
+            scheduling.append(store, CONFIG, "t", [message])
+        store.append(tm.TIMER_TOPIC, [tm.rolled(store.pull(tm.TIMER_TOPIC, 0, 0, 1).messages[0].record, 0)],
+                     system_writer=OWNER_SCHEDULE)  # carries ROLL_TIMES, ROLLED_FROM and ORIGIN
+        pulled = store.pull(tm.TIMER_TOPIC, 0, 0, 100, 8 << 20).messages
+        assert len(pulled) == 61
+        topic = store.topic("t")
+        for stored in pulled:
+            physical = stored.record.physical_offset
+            seg = store.commitlog.segments.find(physical)
+            view = record_reader.RecordView(seg.buffer, physical - seg.start)
+            real, copy = tm.delivered_copy(view, view.properties, stored.record.queue_offset, clock.now_ms() + 7)
+            assert real == "t"
+            want = MessageEncoder(store.config).encode_batch(
+                topic, [tm.delivered(stored.record, stored.record.queue_offset, clock.now_ms() + 7)[1]], 5)
+            got = MessageEncoder(store.config).encode_batch(topic, Copies([copy]), 5)
+            assert (bytes(got.buf), got.sizes, got.queue_ids, got.tag_codes, got.sys_flags, got.uniq_keys) == (
+                bytes(want.buf), want.sizes, want.queue_ids, want.tag_codes, want.sys_flags, want.uniq_keys)
+    finally:
+        store.stop()
