@@ -26,13 +26,15 @@ Thread-safety: stateless.
 
 from __future__ import annotations
 
+import re
+import zlib
 from typing import Iterable
 
 from mqstore import topics as topic_rules
 from mqstore.errors import IllegalDeliveryTime, InvalidArgument
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from mqstore.format.record_reader import Record, RecordView
-from mqstore.model import Copy, MessageIn
+from mqstore.model import Copies, Copy, MessageIn
 
 TIMER_TOPIC = topic_rules.SCHEDULE_TOPIC
 DELIVER_MS, DELAY_SEC, DELAY_MS = "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"
@@ -44,6 +46,8 @@ STORE_SET = frozenset({OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY, ENQUEUE_MS, D
                        ROLLED_FROM, CANCEL_OFFSET, ORIGIN})
 MAX_VALUE_MS = 1 << 62
 _ASKING_SET = frozenset(ASKING)
+_ENCODER_RESERVED = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY})  # the encoder checks these further
+_BAD_KEY_CHARS = re.compile(r"[\x01\x02\t\n\r\f\v]")  # mqstore.log.encoder's check of keys
 
 
 def asks_timer(message: MessageIn) -> bool:
@@ -97,31 +101,79 @@ def to_timer(real_topic: str, message: MessageIn, due: int) -> MessageIn:
                      born_port=message.born_port)
 
 
-def timer_records(real_topic: str, messages, now_ms: int, max_delay_ms: int,
-                   queue_count: int) -> tuple[list[MessageIn], list[int]]:
+def _due(real_topic: str, message: MessageIn, index: int, now_ms: int, max_delay_ms: int, queue_count: int) -> int:
+    """:func:`due_ms` of a message whose queue_id is checked first (:func:`timer_records`)."""
+    props, qid = message.properties, message.queue_id
+    if qid is not None and not 0 <= qid < queue_count:
+        raise InvalidArgument(f"messages[{index}].queue_id: {qid} is outside topic {real_topic!r}'s queues "
+                              f"0..{queue_count - 1}")
+    name = DELAY_SEC if DELAY_SEC in props else DELAY_MS if DELAY_MS in props else DELIVER_MS
+    try:
+        value = int(props[name])
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_VALUE_MS:
+        due_ms(message, now_ms, max_delay_ms, index)  # raises why
+    due = now_ms + value * 1000 if name == DELAY_SEC else now_ms + value if name == DELAY_MS else value
+    if due - now_ms > max_delay_ms:
+        due_ms(message, now_ms, max_delay_ms, index)  # raises why
+    return due if due > now_ms else now_ms
+
+
+def _timer_copies(real_topic: str, messages, now_ms: int, max_delay_ms: int,
+                  queue_count: int) -> tuple[Copies, list[int]] | None:
+    """:func:`timer_records` as Copies, or None (see there)."""
+    converted, dues = Copies(), []
+    asking, reserved = _ASKING_SET, _ENCODER_RESERVED
+    for index, message in enumerate(messages):
+        props, qid = message.properties, message.queue_id
+        due = _due(real_topic, message, index, now_ms, max_delay_ms, queue_count)
+        if not reserved.isdisjoint(props):
+            return None
+        out = {k: v for k, v in props.items() if k not in asking} if len(props) > 1 else {}
+        out[OUT_MS] = str(due)
+        out[REAL_TOPIC] = real_topic
+        if qid is not None:
+            out[REAL_QID] = str(qid)
+        if message.sharding_key:
+            out[SHARDING_KEY] = message.sharding_key
+        text = "".join([f"{name}\x01{value}\x02" for name, value in sorted(out.items()) if name and value])
+        if len(out) > 2 and (text.count("\x01") != len(out) or text.count("\x02") != len(out)):
+            return None  # an empty name or value, or a separator in one
+        tags, keys = message.tags, message.keys
+        if tags:
+            if "\x01" in tags or "\x02" in tags:
+                return None
+            text += f"TAGS\x01{tags}\x02"
+        if keys:
+            joined = " ".join(keys)
+            if _BAD_KEY_CHARS.search(joined) or joined.count(" ") != len(keys) - 1 or "" in keys:
+                return None
+            text += f"KEYS\x01{joined}\x02"
+        body = message.body
+        converted.append(Copy(body, zlib.crc32(body) & 0x7FFFFFFF, text.encode("utf-8"), tags, "", message.flag,
+                              message.born_timestamp_ms, message.born_host, message.born_port, 0, ""))
+        dues.append(due)
+    return converted, dues
+
+
+def timer_records(real_topic: str, messages, now_ms: int, max_delay_ms: int, queue_count: int,
+                  copies: bool = False) -> tuple[list[MessageIn] | Copies, list[int]]:
     """(the timer records, their due times) of a delayed batch for ``real_topic``: :func:`due_ms` and
     :func:`to_timer` of each message in one pass (the same records and errors: tests/unit/core/test_timer_enqueue.py
-    holds the two to it), a queue_id outside ``queue_count`` queues INVALID_ARGUMENT."""
+    holds the two to it), a queue_id outside ``queue_count`` queues INVALID_ARGUMENT. ``copies``: the records as
+    :class:`Copies` with their properties written here (the encoder's bytes of the MessageIn, not checked again
+    there), unless a message has what the encoder checks further (TAGS, KEYS or UNIQ_KEY among its properties, a
+    separator or empty name or value, keys or tags it refuses): then MessageIn, whose encoding says what is wrong."""
+    if copies:
+        made = _timer_copies(real_topic, messages, now_ms, max_delay_ms, queue_count)
+        if made is not None:
+            return made
     converted, dues = [], []
     asking, tags_name, keys_name = _ASKING_SET, PROPERTY_TAGS, PROPERTY_KEYS
     for index, message in enumerate(messages):
         props, qid = message.properties, message.queue_id
-        if qid is not None and not 0 <= qid < queue_count:
-            raise InvalidArgument(f"messages[{index}].queue_id: {qid} is outside topic {real_topic!r}'s queues "
-                                  f"0..{queue_count - 1}")
-        name = DELAY_SEC if DELAY_SEC in props else DELAY_MS if DELAY_MS in props else DELIVER_MS
-        text = props[name]
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
-        if not 0 <= value <= MAX_VALUE_MS:
-            due_ms(message, now_ms, max_delay_ms, index)  # raises why
-        due = now_ms + value * 1000 if name == DELAY_SEC else now_ms + value if name == DELAY_MS else value
-        if due - now_ms > max_delay_ms:
-            due_ms(message, now_ms, max_delay_ms, index)  # raises why
-        if due < now_ms:
-            due = now_ms
+        due = _due(real_topic, message, index, now_ms, max_delay_ms, queue_count)
         out = {k: v for k, v in props.items() if k not in asking} if len(props) > 1 else {}
         out[OUT_MS] = str(due)
         out[REAL_TOPIC] = real_topic

@@ -225,3 +225,47 @@ def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_
                 bytes(want.buf), want.sizes, want.queue_ids, want.tag_codes, want.sys_flags, want.uniq_keys)
     finally:
         store.stop()
+
+
+def test_a_delayed_batch_as_copies_encodes_to_the_bytes_and_errors_of_its_message_records(tmp_path):
+    """messages.timer_records(copies=True) (the Scheduler's) through the encoder: the bytes, uniq keys and errors of
+    the MessageIn records (copies=False) encoded, on random batches with what the encoder refuses mixed in."""
+    import random
+    from mqstore.log.encoder import UniqKeyGenerator
+    config = StoreConfig(data_dir=tmp_path, max_body_bytes=300, max_batch_body_bytes=900, max_batch_messages=4)
+    timer_topic = TopicRecord(tm.TIMER_TOPIC, 1, "SYSTEM", 0, 0)
+    rng = random.Random(43)
+    now, limit = 1_796_000_000_000, 86_400_000
+    extra = [{}] * 8 + [{"a": "1"}, {"zz": "ü", "b": "2"}] * 4 + [{"TAGS": "t"}, {"KEYS": "k"}, {"UNIQ_KEY": "U1"},
+                                                                  {"x": ""}, {"": "v"}, {"s\x01": "v"}, {"s": "v\x02"}]
+    kept = 0
+    for _ in range(500):
+        batch = []
+        for _ in range(rng.randint(1, 5)):
+            props = {rng.choice(tm.ASKING): rng.choice(["0", "1500", str(now + 9), "86400001"])}
+            props.update(rng.choice(extra))
+            good = rng.random() < 0.9  # else one field the encoder or the conversion refuses
+            batch.append(MessageIn(b"y" * rng.choice([1, 100] if good else [0, 301]),
+                                   tags=rng.choice(["", "tag"] if good else ["t\x01"]),
+                                   keys=rng.choice([(), ("k1",), ("a", "b")] if good else [("a b",), ("t\t",), ("",)]),
+                                   properties=props, flag=rng.randint(0, 3),
+                                   born_timestamp_ms=rng.choice([0, 5] if good else [-1]),
+                                   queue_id=rng.choice([None, 0, 2] if good else [4]),
+                                   sharding_key=rng.choice(["", "s"] if good else ["s\x02"]),
+                                   born_host=rng.choice([b"\1\2\3\4", b"\5" * 16]), born_port=rng.randint(0, 9)))
+        outcomes = []
+        for copies in (True, False):
+            encoder = MessageEncoder(config, UniqKeyGenerator(b"\1\2\3\4", random=b"abcd", counter=7))
+
+            def encoded(copies=copies, encoder=encoder, batch=batch):
+                records, dues = tm.timer_records("t", batch, now, limit, 4, copies)
+                got = encoder.encode_batch(timer_topic, records, now)
+                return (type(records).__name__, dues, bytes(got.buf), got.sizes, got.queue_ids, got.tag_codes,
+                        got.sys_flags, got.uniq_keys)
+            outcomes.append(_outcome(encoded))
+        if outcomes[0][0] == "Copies":
+            kept += 1
+            assert outcomes[0][1:] == outcomes[1][1:], batch
+        else:
+            assert outcomes[0] == outcomes[1], batch
+    assert kept > 50  # the copies path was taken, not only the fallback
