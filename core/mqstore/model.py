@@ -53,6 +53,35 @@ class MessageIn:
 
 
 @dataclass(slots=True)
+class Copy:
+    """A record to append from its pieces, its properties checked already: the timer's delivered copy of a stored
+    record (mqstore.timer.messages.delivered_copy) and its timer record of a delayed message (timer_records). Its
+    body and BODYCRC, its properties encoded as the encoder (mqstore.log.encoder) writes a MessageIn's (the user's
+    sorted, then TAGS, KEYS, UNIQ_KEY), ``tags`` for the tag code, its UNIQ_KEY ("": the encoder gives a fresh one
+    and adds it to the properties), the queue asked for (queue_id, else sharding_key, else round robin)."""
+
+    body: bytes
+    body_crc: int
+    properties: bytes
+    tags: str
+    uniq_key: str
+    flag: int
+    born_timestamp_ms: int
+    born_host: bytes
+    born_port: int
+    queue_id: int | None
+    sharding_key: str
+    sys_flag: int = 0  # as a MessageIn's, for the writers' checks: a copy is never a transaction's record
+    prepared_transaction_offset: int = 0
+
+
+class Copies(list):
+    """A batch of :class:`Copy` (a list of them): what the encoder takes besides MessageIn and WireMessages."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
 class AppendResult:  # not frozen for the same reason as MessageIn
     msg_id: str
     uniq_key: str

@@ -193,9 +193,10 @@ def topic_part(topic: bytes) -> bytes:
 def encode_parts(parts: list, topic_part_bytes: bytes, body: bytes, properties: bytes, queue_id: int,
                  flag: int, sys_flag: int, born_timestamp_ms: int, born_host: bytes, born_port: int,
                  store_host: bytes, store_port: int, prepared_transaction_offset: int,
-                 reconsume_times: int = 0) -> int:
+                 reconsume_times: int = 0, crc: int | None = None) -> int:
     """Append one record's pieces to ``parts`` (for one ``b"".join`` per batch); returns its size.
-    Queue offset, physical offset and store time are zero, stamped later (:func:`stamp`).
+    Queue offset, physical offset and store time are zero, stamped later (:func:`stamp`). ``crc``: the
+    body's BODYCRC when known (a stored record's body written again: the timer's copies), else computed.
 
     The hosts' address sizes (4 bytes IPv4, 16 IPv6) choose the layout, and the SYSFLAG host bits
     are set to say so, whatever ``sys_flag`` held: they must always describe the bytes."""
@@ -207,7 +208,9 @@ def encode_parts(parts: list, topic_part_bytes: bytes, body: bytes, properties: 
         sys_flag = sys_flag & ~SYSFLAG_HOSTS_V6 | layout.sys_flag_bits
     body_len = len(body)
     total = layout.body_at + 2 + len(topic_part_bytes) + body_len + len(properties)
-    parts += (layout.header.pack(total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, sys_flag,
+    if crc is None:
+        crc = zlib.crc32(body) & 0x7FFFFFFF
+    parts += (layout.header.pack(total, MAGIC_V1, crc, queue_id, flag, 0, 0, sys_flag,
                                  born_timestamp_ms, born_host, born_port, 0, store_host, store_port,
                                  reconsume_times, prepared_transaction_offset, body_len),
               body, topic_part_bytes, PROPERTIES_LENGTH.pack(len(properties)), properties)

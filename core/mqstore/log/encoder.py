@@ -24,7 +24,7 @@ from mqstore.message_keys import compaction_queue, message_key
 from mqstore.errors import InvalidArgument, invariant, shown
 from mqstore.format import codec_layout  # noqa: F401  (checks the compiled codec's layouts, at import)
 from mqstore.format import record
-from mqstore.model import KIND_COMPACTION, MessageIn, TopicRecord
+from mqstore.model import KIND_COMPACTION, Copies, MessageIn, TopicRecord
 
 _RESERVED = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY})
 _RESERVED_TAGS, _RESERVED_KEYS, _RESERVED_UNIQ = record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY
@@ -120,6 +120,8 @@ class MessageEncoder:
         """``messages``: a sequence of MessageIn, or the compiled codec's WireMessages."""
         if codec.is_wire_messages(messages):
             return self._encode_wire(topic, messages, now_ms)
+        if type(messages) is Copies:
+            return self._encode_copies(topic, messages, now_ms)
         cfg = self.config
         if not messages:
             raise InvalidArgument("messages: a batch needs at least one message")
@@ -171,6 +173,52 @@ class MessageEncoder:
         if encoded is None:
             return self.encode_batch(topic, wire.to_messages(MessageIn), now_ms)
         return EncodedBatch(topic.name, *encoded, topic.start_physical_offset)
+
+    def _encode_copies(self, topic: TopicRecord, copies: Copies, now_ms: int) -> EncodedBatch:
+        """A batch of model.Copy: the bytes :meth:`encode_batch` gives the MessageIn of each, whose properties were
+        checked already (the timer's records and copies), the body's CRC as given; a Copy without a uniq key gets a
+        fresh one as a MessageIn without UNIQ_KEY does. The same limits, checked in the same order."""
+        cfg = self.config
+        invariant(topic.kind != KIND_COMPACTION, "a compaction topic's copies are MessageIn (its queue is its key's)")
+        if not copies:
+            raise InvalidArgument("messages: a batch needs at least one message")
+        if len(copies) > cfg.max_batch_messages:
+            raise InvalidArgument(
+                f"messages: {len(copies)} in one batch, the limit is {cfg.max_batch_messages}; split the batch")
+        total_body = 0
+        for index, c in enumerate(copies):
+            total_body += len(c.body)
+            if len(c.body) > cfg.max_body_bytes:
+                raise InvalidArgument(
+                    f"messages[{index}].body: {len(c.body)} bytes, the limit is {cfg.max_body_bytes}")
+        if total_body > cfg.max_batch_body_bytes:
+            raise InvalidArgument(
+                f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes} "
+                f"({_size_text(cfg.max_batch_body_bytes)}, server setting max_batch_body_bytes); split the batch")
+        fresh = iter(self.uniq.next_keys(sum(1 for c in copies if not c.uniq_key), now_ms))
+        topic_bytes = topic.name.encode("utf-8")
+        topic_part = record.topic_part(topic_bytes)
+        fixed = record.FIXED_OVERHEAD + len(topic_bytes) + len(self.store_host) - 2 * record.IPV4_BYTES
+        room = cfg.segment_size_bytes - record.BLANK_SIZE
+        qids = self._queues_for(topic, copies)
+        parts: list[bytes] = []
+        sizes, tags, uniqs = [], [], []
+        encode_parts, host, port = record.encode_parts, self.store_host, self.store_port
+        for index, c in enumerate(copies):
+            body, props, uniq = c.body, c.properties, c.uniq_key
+            if not uniq:
+                uniq = next(fresh)
+                props += f"{_UNIQ_KEY_ENTRY}{uniq}\x02".encode("ascii")
+            size = fixed + len(body) + len(props) + len(c.born_host)
+            if size > room or not body or len(props) > record.MAX_PROPERTIES_BYTES or c.born_timestamp_ms < 0:
+                self._reject(index, topic, MessageIn(body, born_timestamp_ms=c.born_timestamp_ms), props, size)
+            sizes.append(encode_parts(parts, topic_part, body, props, qids[index], c.flag, 0,
+                                      c.born_timestamp_ms or now_ms, c.born_host, c.born_port, host, port, 0, 0,
+                                      c.body_crc))
+            tags.append(self.tag_code(c.tags))
+            uniqs.append(uniq)
+        return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, [0] * len(sizes), uniqs,
+                            topic.start_physical_offset)
 
     def _reject(self, index: int, topic: TopicRecord, msg: MessageIn, props: bytes, size: int) -> None:
         """Raise the error that explains why message ``index`` cannot be stored (or return if it can)."""

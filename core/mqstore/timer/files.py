@@ -183,25 +183,30 @@ class TimerFiles:
         applies again like a single unit's lost slot write)."""
         if not units:
             return
-        slots: dict[int, Slot | None] = {}
+        slots: dict[int, list[int]] = {}  # slot ms -> [first position, last position, count]
         encoded = bytearray()
         position = start = self.log_end
+        encode, enqueued_to, cancel = timer_unit.encode_fields, self.enqueued_to, timer_unit.KIND_CANCEL
         for slot_ms, deliver_ms, timer_offset, physical_offset, kind in units:
-            slot = slots[slot_ms] if slot_ms in slots else self.read_slot(slot_ms)
-            prev = slot.last_position if slot is not None else NO_POSITION
-            encoded += timer_unit.encode(Unit(deliver_ms, slot_ms, timer_offset, physical_offset, prev, kind))
-            slots[slot_ms] = Slot(slot_ms, slot.first_position if slot is not None else position, position,
-                                  (slot.count if slot is not None else 0) + 1)
+            slot = slots.get(slot_ms)
+            if slot is None:
+                read = self.read_slot(slot_ms)
+                slot = slots[slot_ms] = ([read.first_position, read.last_position, read.count] if read is not None
+                                         else [position, NO_POSITION, 0])
+            encoded += encode(deliver_ms, slot_ms, timer_offset, physical_offset, slot[1], kind)
+            slot[1] = position
+            slot[2] += 1
             position += UNIT_SIZE
-            if kind != timer_unit.KIND_CANCEL:
-                self.enqueued_to = max(self.enqueued_to, timer_offset + 1)
+            if kind != cancel and timer_offset >= enqueued_to:
+                enqueued_to = timer_offset + 1
         view = memoryview(encoded)
         while view:
             written = os.pwrite(self._log_fd, view, start)
             view, start = view[written:], start + written
         self.log_end = position
-        for slot in slots.values():
-            self._write_slot(slot)
+        self.enqueued_to = enqueued_to
+        for slot_ms, (first, last, count) in slots.items():
+            self._write_slot(Slot(slot_ms, first, last, count))
 
     def add_cancel(self, origin: int, due_ms: int, marker_offset: int) -> None:
         """A cancel unit (in no slot): the message of ``origin`` due at ``due_ms``, cancelled by the marker at

@@ -26,13 +26,15 @@ Thread-safety: stateless.
 
 from __future__ import annotations
 
+import re
+import zlib
 from typing import Iterable
 
 from mqstore import topics as topic_rules
 from mqstore.errors import IllegalDeliveryTime, InvalidArgument
-from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS
-from mqstore.format.record_reader import Record
-from mqstore.model import MessageIn
+from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.format.record_reader import Record, RecordView
+from mqstore.model import Copies, Copy, MessageIn
 
 TIMER_TOPIC = topic_rules.SCHEDULE_TOPIC
 DELIVER_MS, DELAY_SEC, DELAY_MS = "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"
@@ -43,6 +45,9 @@ ASKING = (DELAY_SEC, DELAY_MS, DELIVER_MS)  # in order of precedence
 STORE_SET = frozenset({OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY, ENQUEUE_MS, DEQUEUE_MS, UNIT, ROLL_TIMES,
                        ROLLED_FROM, CANCEL_OFFSET, ORIGIN})
 MAX_VALUE_MS = 1 << 62
+_ASKING_SET = frozenset(ASKING)
+_ENCODER_RESERVED = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY})  # the encoder checks these further
+_BAD_KEY_CHARS = re.compile(r"[\x01\x02\t\n\r\f\v]")  # mqstore.log.encoder's check of keys
 
 
 def asks_timer(message: MessageIn) -> bool:
@@ -96,6 +101,96 @@ def to_timer(real_topic: str, message: MessageIn, due: int) -> MessageIn:
                      born_port=message.born_port)
 
 
+def _due(real_topic: str, message: MessageIn, index: int, now_ms: int, max_delay_ms: int, queue_count: int) -> int:
+    """:func:`due_ms` of a message whose queue_id is checked first (:func:`timer_records`)."""
+    props, qid = message.properties, message.queue_id
+    if qid is not None and not 0 <= qid < queue_count:
+        raise InvalidArgument(f"messages[{index}].queue_id: {qid} is outside topic {real_topic!r}'s queues "
+                              f"0..{queue_count - 1}")
+    name = DELAY_SEC if DELAY_SEC in props else DELAY_MS if DELAY_MS in props else DELIVER_MS
+    try:
+        value = int(props[name])
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_VALUE_MS:
+        due_ms(message, now_ms, max_delay_ms, index)  # raises why
+    due = now_ms + value * 1000 if name == DELAY_SEC else now_ms + value if name == DELAY_MS else value
+    if due - now_ms > max_delay_ms:
+        due_ms(message, now_ms, max_delay_ms, index)  # raises why
+    return due if due > now_ms else now_ms
+
+
+def _timer_copies(real_topic: str, messages, now_ms: int, max_delay_ms: int,
+                  queue_count: int) -> tuple[Copies, list[int]] | None:
+    """:func:`timer_records` as Copies, or None (see there)."""
+    converted, dues = Copies(), []
+    asking, reserved = _ASKING_SET, _ENCODER_RESERVED
+    for index, message in enumerate(messages):
+        props, qid = message.properties, message.queue_id
+        due = _due(real_topic, message, index, now_ms, max_delay_ms, queue_count)
+        if not reserved.isdisjoint(props):
+            return None
+        out = {k: v for k, v in props.items() if k not in asking} if len(props) > 1 else {}
+        out[OUT_MS] = str(due)
+        out[REAL_TOPIC] = real_topic
+        if qid is not None:
+            out[REAL_QID] = str(qid)
+        if message.sharding_key:
+            out[SHARDING_KEY] = message.sharding_key
+        text = "".join([f"{name}\x01{value}\x02" for name, value in sorted(out.items()) if name and value])
+        if len(out) > 2 and (text.count("\x01") != len(out) or text.count("\x02") != len(out)):
+            return None  # an empty name or value, or a separator in one
+        tags, keys = message.tags, message.keys
+        if tags:
+            if "\x01" in tags or "\x02" in tags:
+                return None
+            text += f"TAGS\x01{tags}\x02"
+        if keys:
+            joined = " ".join(keys)
+            if _BAD_KEY_CHARS.search(joined) or joined.count(" ") != len(keys) - 1 or "" in keys:
+                return None
+            text += f"KEYS\x01{joined}\x02"
+        body = message.body
+        converted.append(Copy(body, zlib.crc32(body) & 0x7FFFFFFF, text.encode("utf-8"), tags, "", message.flag,
+                              message.born_timestamp_ms, message.born_host, message.born_port, 0, ""))
+        dues.append(due)
+    return converted, dues
+
+
+def timer_records(real_topic: str, messages, now_ms: int, max_delay_ms: int, queue_count: int,
+                  copies: bool = False) -> tuple[list[MessageIn] | Copies, list[int]]:
+    """(the timer records, their due times) of a delayed batch for ``real_topic``: :func:`due_ms` and
+    :func:`to_timer` of each message in one pass (the same records and errors: tests/unit/core/test_timer_enqueue.py
+    holds the two to it), a queue_id outside ``queue_count`` queues INVALID_ARGUMENT. ``copies``: the records as
+    :class:`Copies` with their properties written here (the encoder's bytes of the MessageIn, not checked again
+    there), unless a message has what the encoder checks further (TAGS, KEYS or UNIQ_KEY among its properties, a
+    separator or empty name or value, keys or tags it refuses): then MessageIn, whose encoding says what is wrong."""
+    if copies:
+        made = _timer_copies(real_topic, messages, now_ms, max_delay_ms, queue_count)
+        if made is not None:
+            return made
+    converted, dues = [], []
+    asking, tags_name, keys_name = _ASKING_SET, PROPERTY_TAGS, PROPERTY_KEYS
+    for index, message in enumerate(messages):
+        props, qid = message.properties, message.queue_id
+        due = _due(real_topic, message, index, now_ms, max_delay_ms, queue_count)
+        out = {k: v for k, v in props.items() if k not in asking} if len(props) > 1 else {}
+        out[OUT_MS] = str(due)
+        out[REAL_TOPIC] = real_topic
+        if qid is not None:
+            out[REAL_QID] = str(qid)
+        if message.sharding_key:
+            out[SHARDING_KEY] = message.sharding_key
+        if message.tags:
+            out[tags_name] = message.tags
+        if message.keys:
+            out[keys_name] = " ".join(message.keys)
+        converted.append(MessageIn(message.body, "", (), dict(sorted(out.items())), message.flag,
+                                   message.born_timestamp_ms, 0, "", message.born_host, message.born_port))
+        dues.append(due)
+    return converted, dues
+
+
 def delivered(record: Record, timer_offset: int, now_ms: int) -> tuple[str, MessageIn]:
     """(real topic, the copy to append) of a timer record due now."""
     props = dict(record.properties)
@@ -113,6 +208,37 @@ def delivered(record: Record, timer_offset: int, now_ms: int) -> tuple[str, Mess
                             born_timestamp_ms=record.born_timestamp_ms,
                             queue_id=int(qid) if qid is not None else None, sharding_key=shard,
                             born_host=record.born_host, born_port=record.born_port)
+
+
+def delivered_copy(view: RecordView, props: dict[str, str], timer_offset: int, now_ms: int) -> tuple[str, Copy] | None:
+    """:func:`delivered` from the timer record's bytes (``view``, its CRC checked; ``props``: its properties):
+    the copy's body and its CRC as stored, its properties written as the encoder writes those of
+    :func:`delivered`'s MessageIn (the same record bytes: tests/unit/core/test_timer_enqueue.py). None for a
+    record without a UNIQ_KEY (the encoder would make one: :func:`delivered` then)."""
+    props = dict(props)
+    topic = props.pop(REAL_TOPIC)
+    qid, shard = props.pop(REAL_QID, None), props.pop(SHARDING_KEY, "")
+    props.pop(ROLLED_FROM, None)
+    props.pop(ORIGIN, None)
+    tags, keys = props.pop(PROPERTY_TAGS, ""), props.pop(PROPERTY_KEYS, "")
+    uniq = props.pop(PROPERTY_UNIQ_KEY, None)
+    if not uniq:
+        return None
+    props[DELIVER_MS] = props.pop(OUT_MS)
+    if ENQUEUE_MS not in props:
+        props[ENQUEUE_MS] = str(view.store_timestamp_ms)
+    props[DEQUEUE_MS] = str(now_ms)
+    props[UNIT] = str(timer_offset)
+    text = "".join([f"{name}\x01{value}\x02" for name, value in sorted(props.items())])
+    if tags:
+        text += f"TAGS\x01{tags}\x02"
+    if keys:
+        keys = " ".join(k for k in keys.split(" ") if k)
+        if keys:
+            text += f"KEYS\x01{keys}\x02"
+    text += f"UNIQ_KEY\x01{uniq}\x02"
+    return topic, Copy(view.body, view.body_crc, text.encode("utf-8"), tags, uniq, view.flag, view.born_timestamp_ms,
+                       view.born_host, view.born_port, int(qid) if qid is not None else None, shard)
 
 
 def rolled(record: Record, timer_offset: int) -> MessageIn:

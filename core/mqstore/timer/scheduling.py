@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from mqstore import codec
 from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
-from mqstore.model import AppendResults, MessageIn
+from mqstore.model import AppendResults, Copies, MessageIn
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 
@@ -92,25 +92,17 @@ def _checked_timed(messages: Sequence[MessageIn]) -> bool:
 
 def to_timer_batch(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn]) -> list[MessageIn]:
     """The timer topic's records of a delayed batch for ``topic`` (checked: the topic, the queues, the limit)."""
-    return timer_batch(store, config, topic, messages)[0]
+    return timer_batch(store, config, topic, messages, copies=False)[0]
 
 
-def timer_batch(store, config: TimerConfig, topic: str,
-                messages: Sequence[MessageIn]) -> tuple[list[MessageIn], list[int]]:
-    """:func:`to_timer_batch` and each record's due time."""
+def timer_batch(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn],
+                copies: bool = True) -> tuple[list[MessageIn] | Copies, list[int]]:
+    """:func:`to_timer_batch` and each record's due time; ``copies``: the records as model.Copies where they may be
+    (messages.timer_records: the encoder then writes their properties as given)."""
     if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
         raise InvalidArgument(f"topic {topic!r}: delayed messages go to user topics only")
-    queue_count = store.topic_admin.get(topic).queue_count
-    now, limit = store.clock.now_ms(), config.timer_max_delay_ms
-    converted, dues = [], []
-    for index, message in enumerate(messages):
-        if message.queue_id is not None and not 0 <= message.queue_id < queue_count:
-            raise InvalidArgument(f"messages[{index}].queue_id: {message.queue_id} is outside topic {topic!r}'s "
-                                  f"queues 0..{queue_count - 1}")
-        due = tm.due_ms(message, now, limit, index)
-        converted.append(tm.to_timer(topic, message, due))
-        dues.append(due)
-    return converted, dues
+    return tm.timer_records(topic, messages, store.clock.now_ms(), config.timer_max_delay_ms,
+                            store.topic_admin.get(topic).queue_count, copies)
 
 
 def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,

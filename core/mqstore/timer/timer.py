@@ -52,6 +52,7 @@ from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
 from mqstore.format.record import FIXED_OVERHEAD, QUEUE_OFFSET_AT
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
+from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.files import TimerFiles
@@ -216,13 +217,19 @@ class Timer:
         # names an earlier unit) and at the end; the enqueue offset moves past what the files hold.
         units: list[tuple[int, int, int, int, int]] = []
         upto = self.enqueue_offset
+        # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
+        # placed further would share its file slot with one a restart still has to read.
+        horizon = self._cp_read + self.config.span_ms - 2 * self.precision
+        scheduled = self.stats.scheduled
         for queue_offset, physical, props, due in found:
             if props is not None and tm.CANCEL_OFFSET in props:
                 self._flush(units, upto)
                 units = []
-            self._add(queue_offset, physical, props, due, units)
+            self._add(queue_offset, physical, props, due, units, horizon)
             upto = queue_offset + 1
         self._flush(units, upto)
+        if self.metrics and self.stats.scheduled > scheduled:
+            self.metrics.scheduled.inc(self.stats.scheduled - scheduled)
         return self.enqueue_offset >= high
 
     def note(self, results, dues: list[int]) -> None:
@@ -283,9 +290,10 @@ class Timer:
                         if slot == self.read_ms])
 
     def _add(self, queue_offset: int, physical: int, props: dict[str, str] | None, due: int,
-             units: list[tuple[int, int, int, int, int]]) -> None:
+             units: list[tuple[int, int, int, int, int]], horizon: int) -> None:
         """The unit of a timer record, appended to ``units`` (a cancel marker goes to the files at once); ``props``
-        None: a noted delayed record (:meth:`note`), due at ``due``."""
+        None: a noted delayed record (:meth:`note`), due at ``due``; ``horizon``: the first slot a unit may not
+        take (it rolls there instead)."""
         if queue_offset in self._rolled:
             return  # re-appended already (a rebuild reads the topic from its start): its successor carries it
         if props is not None:
@@ -298,19 +306,16 @@ class Timer:
                 log.error("timer.record_not_timer", queue_offset=queue_offset)
                 return
             due = int(props[tm.OUT_MS])
-        kind = KIND_DELIVER
-        slot = max(self.files.slot_ms(due), self.read_ms)
-        # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
-        # placed further would share its file slot with one a restart still has to read.
-        horizon = self._cp_read + self.config.span_ms - 2 * self.precision
-        invariant(horizon > self.read_ms, "the timer checkpoint follows the read slot within half the wheel")
+        slot = due - due % self.precision
+        if slot < self.read_ms:
+            slot = self.read_ms
         if slot >= horizon:
-            kind, slot = KIND_ROLL, horizon
-        units.append((slot, due, queue_offset, physical, kind))
-        self.stats.scheduled += kind == KIND_DELIVER
+            invariant(horizon > self.read_ms, "the timer checkpoint follows the read slot within half the wheel")
+            units.append((horizon, due, queue_offset, physical, KIND_ROLL))
+        else:
+            units.append((slot, due, queue_offset, physical, KIND_DELIVER))
+            self.stats.scheduled += 1
         self.stats.pending += 1
-        if self.metrics and kind == KIND_DELIVER:
-            self.metrics.scheduled.inc()
 
     def _take(self, units: list[Unit]) -> None:
         """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
@@ -367,58 +372,89 @@ class Timer:
             self.checkpoint()  # keeps the live slots within one turn (see _add)
 
     def _deliver(self, units: list[Unit], now: int) -> None:
-        """Append the copies (or roll records) of ``units``, batched per topic in order."""
+        """Append the copies (or roll records) of ``units``, batched per topic in order. A copy to a topic that is
+        not a compaction topic is made from the timer record's bytes (messages.delivered_copy: its body and CRC as
+        stored, its properties written once), any other from the decoded record (messages.delivered)."""
         lookups = self._records([u.physical_offset for u in units])
         batches: list[list] = []  # [topic, copies, units, body bytes]
-        for unit, (record, missing) in zip(units, lookups, strict=True):
+        copyable: dict[str, bool] = {}
+        for unit, (found, missing) in zip(units, lookups, strict=True):
             offset = unit.timer_offset
             if offset in self._done or offset in self._slot_done or offset in self._rolled:
                 self.stats.skipped_done += 1
                 self.stats.pending -= 1
                 continue
-            if record is None:
+            if found is None:
                 log.error("timer.record_missing", timer_offset=unit.timer_offset, why=missing)
                 self.stats.dropped += 1
                 self.stats.pending -= 1
                 continue
-            origin = int(record.properties.get(tm.ORIGIN, unit.timer_offset))
+            props = found.properties
+            origin = int(props.get(tm.ORIGIN, unit.timer_offset))
             if origin in self.cancels:
                 log.info("timer.cancelled", timer_offset=unit.timer_offset, origin=origin)
                 self.stats.cancelled += 1
                 self.stats.pending -= 1
                 self._slot_done.add(offset)
                 continue
-            if unit.kind == KIND_ROLL:
-                topic, copy = tm.TIMER_TOPIC, tm.rolled(record, unit.timer_offset)
-            else:
-                topic, copy = tm.delivered(record, unit.timer_offset, now)
+            copy = None
+            if unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView:
+                real = props.get(tm.REAL_TOPIC)
+                if real not in copyable:
+                    copyable[real] = self._copyable(real)
+                if copyable[real]:
+                    made = tm.delivered_copy(found, props, offset, now)
+                    if made is not None:
+                        topic, copy = made
+            if copy is None:
+                record = found.decode() if type(found) is record_reader.RecordView else found
+                if unit.kind == KIND_ROLL:
+                    topic, copy = tm.TIMER_TOPIC, tm.rolled(record, unit.timer_offset)
+                else:
+                    topic, copy = tm.delivered(record, unit.timer_offset, now)
+            kind = type(copy)
             last = batches[-1] if batches else None
-            if last is not None and last[0] == topic and self._fits(len(last[1]), last[3] + len(copy.body)):
+            if (last is not None and last[0] == topic and type(last[1][0]) is kind
+                    and self._fits(len(last[1]), last[3] + len(copy.body))):
                 last[1].append(copy)
                 last[2].append(unit)
                 last[3] += len(copy.body)
             else:
                 batches.append([topic, [copy], [unit], len(copy.body)])
         for topic, copies, batch_units, _ in batches:
-            self._append(topic, copies, batch_units, now)
+            self._append(topic, Copies(copies) if type(copies[0]) is Copy else copies, batch_units, now)
 
-    def _records(self, physical_offsets: list[int]) -> list[tuple[record_reader.Record | None, str]]:
+    def _copyable(self, topic: str | None) -> bool:
+        """Whether copies to ``topic`` may be made from the timer record's bytes (it exists and is not a compaction
+        topic, whose queue is its key's: those go as MessageIn, as does any copy whose topic is gone, which the
+        append then refuses as before)."""
+        try:
+            return topic is not None and self.store.topic_admin.get(topic).kind != KIND_COMPACTION
+        except TopicNotFound:
+            return False
+
+    def _records(self, physical_offsets: list[int]) -> list[tuple[record_reader.RecordView | record_reader.Record
+                                                                  | None, str]]:
         """(the record, or None and why) at each offset: the store's GetMessage (checked the same way: the record
-        whole and below the visible end, its CRC, that it names its own offset, its topic live), decoded straight
-        from the segment's mapping; any offset that path does not serve is looked up by get_messages, which
-        says why."""
+        whole and below the visible end, its CRC, that it names its own offset, its topic live), a view of it in
+        the segment's mapping; any offset that path does not serve is looked up by get_messages, which says why
+        (a decoded Record then)."""
         commitlog, topics = self.store.commitlog, self.store.topics
         low, visible = commitlog.min_offset, self.store.visible_offset()
-        found: list[tuple[record_reader.Record | None, str]] = []
+        found: list[tuple[record_reader.RecordView | record_reader.Record | None, str]] = []
         for physical in physical_offsets:
             try:
                 if not low <= physical < visible:
                     raise LookupError(physical)
                 seg = commitlog.segments.find(physical)
-                rec = record_reader.decode(seg.buffer, physical - seg.start, physical_offset=physical)
-                if physical + rec.size > visible or not topics.owns(rec.topic, physical):
+                buf, position = seg.buffer, physical - seg.start
+                record_reader.check(buf, position, len(buf), physical_offset=physical)
+                if record_reader.is_blank(buf, position):
                     raise LookupError(physical)
-                found.append((rec, ""))
+                view = record_reader.RecordView(buf, position)
+                if physical + view.size > visible or not topics.owns(view.topic, physical):
+                    raise LookupError(physical)
+                found.append((view, ""))
             except Exception:  # noqa: BLE001 (the store's own lookup answers, with its reason)
                 lookup = self.store.get_messages([physical])[0]
                 found.append((lookup.message.record if lookup.message is not None else None, lookup.missing))

@@ -142,3 +142,130 @@ def test_the_encoder_names_the_first_wrong_property(properties, named):
         encoder.encode_batch(topic, [MessageIn(b"x", properties={"k": "v"}), MessageIn(b"x", properties=properties)],
                              1)
     assert encoder.encode_batch(topic, [MessageIn(b"x", properties={"a": "1", "TAGS": "t"})], 1).sizes
+
+
+def _reference_records(topic: str, messages, now: int, limit: int, queue_count: int):
+    """The conversion before tm.timer_records: due_ms then to_timer of each message, the queue checked first."""
+    converted, dues = [], []
+    for index, message in enumerate(messages):
+        if message.queue_id is not None and not 0 <= message.queue_id < queue_count:
+            raise InvalidArgument(f"messages[{index}].queue_id: {message.queue_id} is outside topic {topic!r}'s "
+                                  f"queues 0..{queue_count - 1}")
+        due = tm.due_ms(message, now, limit, index)
+        converted.append(tm.to_timer(topic, message, due))
+        dues.append(due)
+    return converted, dues
+
+
+def _outcome(convert, *args):
+    try:
+        return convert(*args)
+    except Exception as exc:  # noqa: BLE001 (the error is the outcome compared)
+        return type(exc), str(exc)
+
+
+def test_timer_records_convert_as_due_ms_and_to_timer_of_each_did():
+    import random
+    rng = random.Random(35)
+    now, limit = 1_796_000_000_000, 86_400_000
+    values = ["0", "1500", "86400000", "86400001", "-5", "x", " 7", str(now + 10), str(now - 10), "9" * 20]
+    for _ in range(600):
+        batch = []
+        for _ in range(rng.randint(1, 3)):
+            props = {rng.choice(tm.ASKING): rng.choice(values)}
+            if rng.random() < 0.3:
+                props[rng.choice(tm.ASKING)] = rng.choice(values[:4])
+            for name in rng.sample(["a", "zz", "TAGS", "KEYS", "UNIQ_KEY", "TIMER_X"], rng.randint(0, 3)):
+                props[name] = rng.choice(["v", "k1 k2", "t"])
+            batch.append(MessageIn(b"body", tags=rng.choice(["", "tag"]), keys=rng.choice([(), ("k1",), ("a", "b")]),
+                                   properties=props, flag=rng.randint(0, 3), born_timestamp_ms=rng.randint(0, 9),
+                                   queue_id=rng.choice([None, 0, 2, 4]), sharding_key=rng.choice(["", "s"]),
+                                   born_port=rng.randint(0, 9)))
+        assert (_outcome(tm.timer_records, "t", batch, now, limit, 4)
+                == _outcome(_reference_records, "t", batch, now, limit, 4)), batch
+
+
+def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_config):
+    """messages.delivered_copy through the encoder's Copies: the bytes of messages.delivered's MessageIn encoded
+    (random messages: tags, keys, queues, sharding keys, properties, IPv6 born hosts; a rolled record)."""
+    import random
+    from mqstore.model import Copies
+    from mqstore.topics import OWNER_SCHEDULE
+    rng = random.Random(41)
+    clock = FakeClock()
+    store = MessageStore(small_config(), clock)
+    store.start()
+    try:
+        store.topic_admin.create("t", 4)
+        for n in range(60):
+            props = {tm.DELIVER_MS: str(clock.now_ms() + n)} if n % 2 else {tm.DELAY_MS: str(rng.randint(1, 5000))}
+            for name in rng.sample(["a", "zz", "Ä", "UNIQ_KEY", "TIMER_X"], rng.randint(0, 3)):
+                props[name] = rng.choice(["v", "üw", "K0"])
+            message = MessageIn(b"b%d" % n * rng.randint(1, 50), tags=rng.choice(["", "tag"]),
+                                keys=rng.choice([(), ("k1",), ("a", "b")]), properties=props, flag=rng.randint(0, 3),
+                                born_timestamp_ms=rng.randint(0, 9), queue_id=rng.choice([None, 0, 3]),
+                                sharding_key=rng.choice(["", "s"]), born_host=rng.choice([b"\1\2\3\4", b"\5" * 16]),
+                                born_port=rng.randint(0, 9))
+            scheduling.append(store, CONFIG, "t", [message])
+        store.append(tm.TIMER_TOPIC, [tm.rolled(store.pull(tm.TIMER_TOPIC, 0, 0, 1).messages[0].record, 0)],
+                     system_writer=OWNER_SCHEDULE)  # carries ROLL_TIMES, ROLLED_FROM and ORIGIN
+        pulled = store.pull(tm.TIMER_TOPIC, 0, 0, 100, 8 << 20).messages
+        assert len(pulled) == 61
+        topic = store.topic_admin.get("t")
+        for stored in pulled:
+            physical = stored.record.physical_offset
+            seg = store.commitlog.segments.find(physical)
+            view = record_reader.RecordView(seg.buffer, physical - seg.start)
+            real, copy = tm.delivered_copy(view, view.properties, stored.record.queue_offset, clock.now_ms() + 7)
+            assert real == "t"
+            want = MessageEncoder(store.config).encode_batch(
+                topic, [tm.delivered(stored.record, stored.record.queue_offset, clock.now_ms() + 7)[1]], 5)
+            got = MessageEncoder(store.config).encode_batch(topic, Copies([copy]), 5)
+            assert (bytes(got.buf), got.sizes, got.queue_ids, got.tag_codes, got.sys_flags, got.uniq_keys) == (
+                bytes(want.buf), want.sizes, want.queue_ids, want.tag_codes, want.sys_flags, want.uniq_keys)
+    finally:
+        store.stop()
+
+
+def test_a_delayed_batch_as_copies_encodes_to_the_bytes_and_errors_of_its_message_records(tmp_path):
+    """messages.timer_records(copies=True) (the Scheduler's) through the encoder: the bytes, uniq keys and errors of
+    the MessageIn records (copies=False) encoded, on random batches with what the encoder refuses mixed in."""
+    import random
+    from mqstore.log.encoder import UniqKeyGenerator
+    config = StoreConfig(data_dir=tmp_path, max_body_bytes=300, max_batch_body_bytes=900, max_batch_messages=4)
+    timer_topic = TopicRecord(tm.TIMER_TOPIC, 1, "SYSTEM", 0, 0)
+    rng = random.Random(43)
+    now, limit = 1_796_000_000_000, 86_400_000
+    extra = [{}] * 8 + [{"a": "1"}, {"zz": "ü", "b": "2"}] * 4 + [{"TAGS": "t"}, {"KEYS": "k"}, {"UNIQ_KEY": "U1"},
+                                                                  {"x": ""}, {"": "v"}, {"s\x01": "v"}, {"s": "v\x02"}]
+    kept = 0
+    for _ in range(500):
+        batch = []
+        for _ in range(rng.randint(1, 5)):
+            props = {rng.choice(tm.ASKING): rng.choice(["0", "1500", str(now + 9), "86400001"])}
+            props.update(rng.choice(extra))
+            good = rng.random() < 0.9  # else one field the encoder or the conversion refuses
+            batch.append(MessageIn(b"y" * rng.choice([1, 100] if good else [0, 301]),
+                                   tags=rng.choice(["", "tag"] if good else ["t\x01"]),
+                                   keys=rng.choice([(), ("k1",), ("a", "b")] if good else [("a b",), ("t\t",), ("",)]),
+                                   properties=props, flag=rng.randint(0, 3),
+                                   born_timestamp_ms=rng.choice([0, 5] if good else [-1]),
+                                   queue_id=rng.choice([None, 0, 2] if good else [4]),
+                                   sharding_key=rng.choice(["", "s"] if good else ["s\x02"]),
+                                   born_host=rng.choice([b"\1\2\3\4", b"\5" * 16]), born_port=rng.randint(0, 9)))
+        outcomes = []
+        for copies in (True, False):
+            encoder = MessageEncoder(config, UniqKeyGenerator(b"\1\2\3\4", random=b"abcd", counter=7))
+
+            def encoded(copies=copies, encoder=encoder, batch=batch):
+                records, dues = tm.timer_records("t", batch, now, limit, 4, copies)
+                got = encoder.encode_batch(timer_topic, records, now)
+                return (type(records).__name__, dues, bytes(got.buf), got.sizes, got.queue_ids, got.tag_codes,
+                        got.sys_flags, got.uniq_keys)
+            outcomes.append(_outcome(encoded))
+        if outcomes[0][0] == "Copies":
+            kept += 1
+            assert outcomes[0][1:] == outcomes[1][1:], batch
+        else:
+            assert outcomes[0] == outcomes[1], batch
+    assert kept > 50  # the copies path was taken, not only the fallback

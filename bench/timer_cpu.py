@@ -1,0 +1,87 @@
+"""CPU per message of the timer's paths in one thread (bench/README.md's timer section; not in make bench): plain
+Append, delayed Append (due in an hour) and the timer's enqueue of it, delivery of due copies, each timed with
+time.process_time around 30,000 messages in batches of 100 (the timer stepped here, no duty thread: no GIL hand-offs
+in the figure).
+The ratio plain / (delayed + enqueue) is what bench/timer.py's sustained ratio reaches on an idle machine.
+
+  .venv/bin/python bench/timer_cpu.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+from mqstore import system_writers  # noqa: F401  (registers the scheduler's writer rules)
+from mqstore.clock import FakeClock
+from mqstore.config import StoreConfig
+from mqstore.model import MessageIn
+from mqstore.store import MessageStore
+from mqstore.timer import messages as tm
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.scheduling import Scheduler
+from mqstore.timer.timer import Timer
+
+BATCHES, BATCH, BODY = 300, 100, b"x" * 100
+
+
+def _round(root: pathlib.Path) -> dict:
+    clock = FakeClock(int(time.time() * 1000))
+    store = MessageStore(StoreConfig(data_dir=root, segment_size_bytes=256 << 20), clock)
+    store.start()
+    try:
+        store.topic_admin.create("due", 4)
+        timer = Timer(store, TimerConfig(), root / "timer")
+        timer.open()
+        scheduler = Scheduler(store, TimerConfig(), lambda: None, timer.note)
+        count = BATCHES * BATCH
+        started = time.process_time()
+        for _ in range(BATCHES):
+            store.append("due", [MessageIn(BODY)] * BATCH)
+        plain = time.process_time() - started
+        started = time.process_time()
+        for _ in range(BATCHES):  # due in an hour, as bench/timer.py's append rounds
+            scheduler.append("due", [MessageIn(BODY, properties={tm.DELAY_MS: "3600000"})] * BATCH)
+        delayed = time.process_time() - started
+        started = time.process_time()
+        while timer.enqueue_offset < store.queue_info(tm.TIMER_TOPIC, 0).max_offset:
+            timer.step()
+        enqueue = time.process_time() - started
+        due = str(clock.now_ms() + 500)
+        for _ in range(BATCHES):
+            scheduler.append("due", [MessageIn(BODY, properties={tm.DELIVER_MS: due})] * BATCH)
+        while timer.enqueue_offset < store.queue_info(tm.TIMER_TOPIC, 0).max_offset:
+            timer.step()
+        clock.advance(1000)
+        started = time.process_time()
+        while timer.stats.delivered < count:
+            timer.step()
+        delivery = time.process_time() - started
+        timer.close()
+        us = 1e6 / count
+        return {"plain_us": plain * us, "delayed_us": delayed * us, "enqueue_us": enqueue * us,
+                "delivery_us": delivery * us}
+    finally:
+        store.stop()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="mqstore-timer-cpu-") as work:
+        for n in range(args.rounds):
+            rounds.append(_round(pathlib.Path(work) / str(n)))
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    ratio = med["plain_us"] / (med["delayed_us"] + med["enqueue_us"])
+    print(" ".join(f"{k}={v:.2f}" for k, v in med.items()), f"ratio={ratio:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
