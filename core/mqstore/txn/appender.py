@@ -250,7 +250,7 @@ class LoopAppendBatcher:
             request.result = loop.create_future()
             try:
                 await request.result
-            except BaseException:  # noqa: BLE001 (the outcome below; a cancellation stays pending on the task)
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 (the outcome below; a cancel stays pending)
                 pass
         results, error = request.outcome
         if error is not None:
