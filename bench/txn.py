@@ -628,6 +628,18 @@ NOTES = [
     "producer waits for the two in sequence, so the rate is latency-bound (the carried end instead overlaps",
     "the next Prepare's append). Next for them: nothing short of that hop; a producer that needs Cluster mode",
     "and the answer pays it.",
+    "",
+    "Answered transactions (issue 37, 2026-12-06; bench/results/txn-answered.md): still missed in Cluster mode at",
+    "8 producers, unary 0.26-0.28x plain Append and stream 0.35-0.43x in five of six sets of alternating runs on a",
+    "machine busy with other work (the sixth 0.39x / 0.61x, against plain Appends costing 1.12 ms of CPU, not",
+    "0.75-0.88). Taken out: the task and shield around each Prepare and Commit on the loop, and",
+    "wait_for over a shield around each answer of the log's stream (asyncio callbacks per Commit on the txn",
+    "service's loop 11.4 -> 6.7, tasks 1.1 -> 0.1); the rate moved within the noise. Two or four calls to the",
+    "log in flight: smaller calls, more CPU, not kept. The rate ratio follows the CPU ratio (0.43 stream, 0.27",
+    "unary): per stream transaction 1.74-1.96 ms of CPU over the three processes against 0.75-0.88 for a plain",
+    "Append; the producer's two frames 0.42-0.54, the log 0.38-0.49, the txn service 0.89-1.10 of which ~0.385",
+    "is the no-op floor of two answered frames (bench/txn_floor.py --mode stream) and most of the rest grpc.aio's",
+    "machinery on its loop. Next: answering the Commit on the frame of the next Prepare (one frame each way).",
 ]
 
 

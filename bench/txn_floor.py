@@ -11,12 +11,13 @@ closed-loop producers as bench/txn.py (grpc.aio in this process):
   transact sync (no-op)  Transaction.Transact, no coordinator this file ``--serve sync``: the same skeleton
   transact aio (no-op)   Transaction.Transact, no coordinator this file ``--serve aio``: grpc.aio, one loop
 
-A producer of "append" makes one unary Append of a 256-byte message; a producer of "transact" runs the
-one-way mode of bench/txn.py: a Prepare frame (answered with a fresh transaction id and one half) and a
-one-way Commit frame. Measured: operations/s and the server's CPU ms per operation (/proc, over the
-window). The ratio "transact / append" of a round is the share of a plain Append's rate that a
-transaction could reach if the service did nothing but receive and answer its frames: the ceiling of
-the Prepare+Commit target (>= 0.5x plain Append) for each server flavour. Prints a table and writes
+A producer of "append" makes one unary Append of a 256-byte message; a producer of "transact" runs a mode of
+bench/txn.py (``--mode``, default one-way: a Prepare frame, answered with a fresh transaction id and one
+half, and a one-way Commit frame; stream: the Commit frame answered too; unary: two unary calls, Prepare and
+Commit, answered as the frames are). Measured: operations/s and the server's CPU ms per operation (/proc,
+over the window). The ratio "transact / append" of a round is the share of a plain Append's rate that a
+transaction could reach if the service did nothing but receive and answer its frames: the ceiling of the
+Prepare+Commit target (>= 0.5x plain Append) for each server flavour. Prints a table and writes
 bench/results/scratch/txn_floor.json. Not part of ``make bench``.
 """
 
@@ -62,9 +63,22 @@ def _answer(request: txn_pb2.TransactRequest, ids) -> txn_pb2.TransactResponse |
         state=txn_pb2.TRANSACTION_STATE_COMMITTED))
 
 
+def _prepared(ids) -> txn_pb2.PrepareResponse:
+    return _answer(txn_pb2.TransactRequest(prepare=txn_pb2.PrepareRequest()), ids).prepared
+
+
+_COMMITTED = txn_pb2.EndResponse(state=txn_pb2.TRANSACTION_STATE_COMMITTED)
+
+
 class NoopTransaction(txn_pb2_grpc.TransactionServicer):
     def __init__(self) -> None:
         self._ids = itertools.count(1)  # next() on a count is atomic under the GIL
+
+    def Prepare(self, request, context):
+        return _prepared(self._ids)
+
+    def Commit(self, request, context):
+        return _COMMITTED
 
     def Transact(self, request_iterator, context):
         for request in request_iterator:
@@ -76,6 +90,12 @@ class NoopTransaction(txn_pb2_grpc.TransactionServicer):
 class AioNoopTransaction(txn_pb2_grpc.TransactionServicer):
     def __init__(self) -> None:
         self._ids = itertools.count(1)
+
+    async def Prepare(self, request, context):
+        return _prepared(self._ids)
+
+    async def Commit(self, request, context):
+        return _COMMITTED
 
     async def Transact(self, request_iterator, context):
         async for request in request_iterator:
@@ -126,14 +146,15 @@ def _started(port: int, flavour: str) -> None:
 
 # ---- measuring ------------------------------------------------------------------------------------------
 
-async def run_transact(address: str, producers: int, cfg: dict, pid: int) -> dict:
+async def run_transact(address: str, producers: int, cfg: dict, pid: int, mode: str = "one-way") -> dict:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = txn_pb2_grpc.TransactionStub(channel)
-        made = [txn_bench.MODES["one-way"](stub) for _ in range(producers)]
+        made = [txn_bench.MODES[mode](stub) for _ in range(producers)]
         result = await txn_bench.closed_loop([op for op, _ in made], cfg["warmup_s"], cfg["duration_s"],
                                              {"server": pid})
         for _, close in made:
-            await close()
+            if close is not None:  # unary producers have nothing to close
+                await close()
     return result
 
 
@@ -148,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--producers", default="8,32")
     parser.add_argument("--duration-s", type=float, default=4.0)
+    parser.add_argument("--mode", default="one-way", choices=tuple(txn_bench.MODES),
+                        help="how a producer makes its Prepare and Commit (bench/txn.py's modes)")
     args = parser.parse_args(argv)
     if args.serve:
         return serve(args.serve)
@@ -169,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                         if name == "append":
                             got = asyncio.run(txn_bench.run_append(address, n, 1, cfg, {"server": proc.pid}))
                         else:
-                            got = asyncio.run(run_transact(address, n, cfg, proc.pid))
+                            got = asyncio.run(run_transact(address, n, cfg, proc.pid, args.mode))
                         rows.setdefault(f"{name} {n}", []).append(got)
                         print(f"round {round_ + 1}: {name:14} {n:3}p  {got['ops_per_s']:8.1f} ops/s  server "
                               f"{got['cpu_ms_per_op']['server']:.3f} ms/op  client "
@@ -194,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['rate_spread'][1]:.2f}) | {s['server_cpu_ms']:.3f} | {s['append_server_cpu_ms']:.3f} | "
               f"{s['server_cpu_ratio']:.2f} |")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "txn_floor.json").write_text(json.dumps({"rounds": rows, "summary": summary}, indent=1))
+    (RESULTS / "txn_floor.json").write_text(json.dumps({"mode": args.mode, "rounds": rows, "summary": summary},
+                                                       indent=1))
     return 0
 
 

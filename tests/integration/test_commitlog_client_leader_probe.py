@@ -117,3 +117,27 @@ def test_a_slow_leader_keeps_the_write_when_no_other_node_leads():
     finally:
         client.close()
         servers.stop()
+
+
+def test_an_append_batches_request_on_a_silent_lone_node_is_given_up_at_its_deadline_and_the_stream_renewed():
+    """One address (no leader to probe for): unanswered within rpc_timeout_s, the request is Unavailable
+    (may or may not have been written), its stream is torn down, and the next request opens another."""
+    servers = Servers("REPLICA")
+    client = CommitLogClient(servers.frozen[1], rpc_timeout_s=0.5, leader_probe_s=PROBE_S)
+
+    async def run():
+        try:
+            for _ in range(2):
+                began = time.monotonic()
+                with pytest.raises(Unavailable, match="did not answer AppendBatches within 0.5 s"):
+                    await client.internal_append_batches_async([("t", [model.MessageIn(body=b"x")])], writer="w",
+                                                               token="secret")
+                assert 0.4 < time.monotonic() - began < 10
+            assert len(client._batch_streams) == 1  # the second request's stream, the first one's ended
+        finally:
+            await client.close_async()
+    try:
+        asyncio.run(run())
+    finally:
+        client.close()
+        servers.stop()

@@ -183,6 +183,7 @@ class _LoopRequest:
     result: asyncio.Future
     expiry: asyncio.TimerHandle | None = None
     taken: bool = False      # in a leader's round: only that round decides the outcome
+    outcome: tuple | None = None    # (results, error) once the round has decided it
 
 
 AppendManyFn = Callable[[list[tuple[str, list[MessageIn]]]],
@@ -208,7 +209,10 @@ class LoopAppendBatcher:
 
     A caller still queued after ``timeout_s`` gets Unavailable and its request is withdrawn (never sent
     later behind its back); one in a leader's round waits for that call, which has its own timeout. A
-    caller cancelled while queued is withdrawn too; once taken, its messages are sent regardless.
+    caller cancelled while queued is withdrawn too; once taken, its messages are sent regardless and the
+    caller still gets their outcome (the cancellation is left pending on its task: Task.cancelling), so
+    that whoever appended learns what landed without a task of its own around the call
+    (mqstore.txn.onloop, LoopCalls).
 
     Not thread-safe: every method is called on the loop's thread (the counters may be read from any)."""
 
@@ -233,8 +237,25 @@ class LoopAppendBatcher:
         try:
             return await request.result
         except asyncio.CancelledError:
-            self._withdraw(request)
-            raise
+            if self._withdraw(request):
+                raise
+        return await self._outcome_of(request)
+
+    @staticmethod
+    async def _outcome_of(request: _LoopRequest) -> list[AppendResult]:
+        """A taken request's outcome for a caller cancelled meanwhile: its messages go regardless, and it may
+        have landed; the caller must learn which (the table). Cancelled again while waiting, it waits on."""
+        loop = asyncio.get_running_loop()
+        while request.outcome is None:
+            request.result = loop.create_future()
+            try:
+                await request.result
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 (the outcome below; a cancel stays pending)
+                pass
+        results, error = request.outcome
+        if error is not None:
+            raise error
+        return results
 
     def _expire(self, request: _LoopRequest) -> None:
         if self._withdraw(request):
@@ -306,8 +327,7 @@ class LoopAppendBatcher:
             self.appended_messages += len(messages)
             at = 0
             for request in group:
-                if not request.result.done():  # not cancelled by its caller
-                    request.result.set_result(outcome[at:at + len(request.messages)])
+                _decide(request, outcome[at:at + len(request.messages)], None)
                 at += len(request.messages)
         for call in self._calls(alone):
             await self._append_groups(call)
@@ -315,12 +335,21 @@ class LoopAppendBatcher:
     @staticmethod
     def _fail(group: list[_LoopRequest], error: BaseException) -> None:
         for request in group:
-            if not request.result.done():  # not cancelled by its caller
-                request.result.set_exception(error)
+            _decide(request, None, error)
 
     def close(self) -> None:
         """Refuse new appends (those in flight finish)."""
         self._closed = True
+
+
+def _decide(request: _LoopRequest, results: list[AppendResult] | None, error: BaseException | None) -> None:
+    """A taken request's outcome, kept for a caller cancelled meanwhile (LoopAppendBatcher._outcome_of)."""
+    request.outcome = (results, error)
+    if not request.result.done():  # cancelled by its caller: _outcome_of waits on a fresh one
+        if error is None:
+            request.result.set_result(results)
+        else:
+            request.result.set_exception(error)
 
 
 class AppendCounts:

@@ -27,7 +27,8 @@ one-way and carried ends. The servicer (services' txn servicer) converts request
                                         (counted, never answered, a failure logged)
 
 A coordinator call started on the loop runs to its end even if its caller is cancelled meanwhile (as a
-thread would): its append may have landed, and the table must learn of it.
+thread would): its append may have landed, and the table must learn of it (the loop's batcher gives an
+append once sent its outcome regardless; the cancellation is raised after).
 
 Thread-safe: PortIo and LoopCalls hold no state of their own beyond what they are given; a StreamEnds is
 used by its stream's coroutine only.
@@ -148,13 +149,20 @@ class LoopCalls:
         """For one Transact stream: its one-way and carried ends on the loop."""
         return StreamEnds(self._streams, self.io)
 
-    def _to_end(self, work: Awaitable[T]) -> Awaitable[T]:
+    async def _to_end(self, work: Awaitable[T]) -> T:
         """``work``, run to its end if the caller is cancelled meanwhile (its append may land: the table must
-        learn of it as a thread's call would). Without ``io.overlaps`` (Local mode) an append never suspends
-        the coroutine, so nothing can cut one short and no task is needed."""
-        if not self.io.overlaps:
-            return work
-        return asyncio.shield(asyncio.ensure_future(work))
+        learn of it as a thread's call would), in the caller's own task: an append once sent is awaited to
+        its outcome whatever the caller's cancellation (LoopAppendBatcher.append; a read or a guard
+        before it is cut short, which changes nothing; a call a thread runs goes on there), and the
+        cancellation is raised once the steps are done. No task and shield of its own: the answer is
+        written as soon as the append's outcome reaches the caller, with no hand-off from a task to the
+        caller's in between (bench/txn.py: two loop callbacks fewer per Prepare and per Commit). Without
+        ``io.overlaps`` (Local mode) an append never suspends the coroutine anyway."""
+        result = await work
+        task = asyncio.current_task()
+        if self.io.overlaps and task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        return result
 
 
 class StreamEnds:

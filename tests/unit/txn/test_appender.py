@@ -240,3 +240,39 @@ def test_the_loop_batcher_withdraws_a_caller_that_waited_too_long_or_went_away_n
         assert log.calls == [[("t", [b"a"])]]  # neither the withdrawn nor the cancelled caller was sent later
         assert not batcher._queue and batcher._leader is None
     asyncio.run(run())
+
+
+def test_the_loop_batcher_gives_a_caller_cancelled_after_its_call_went_the_outcome_and_leaves_the_cancel_pending():
+    """Once taken, a request's messages go regardless, so its caller must learn what landed (the table):
+    cancelled meanwhile (even twice), it still returns the results or raises the call's error, and its task
+    keeps the cancellation pending (Task.cancelling) for whoever raises it after (mqstore.txn.onloop)."""
+    async def run():
+        log = LoopLog()
+        batcher = LoopAppendBatcher(log.append_many, max_messages=10, max_bytes=100, timeout_s=10)
+
+        async def caller(body):
+            results = await batcher.append("t", [MessageIn(body)])
+            return results, asyncio.current_task().cancelling()
+
+        sent = asyncio.ensure_future(caller(b"a"))
+        await _settle()
+        assert log.in_flight == 1  # taken: its call is in flight
+        sent.cancel()
+        await _settle()
+        sent.cancel()
+        await _settle()
+        assert not sent.done()  # still waiting for the outcome
+        log.release.set()
+        results, cancelling = await sent
+        assert len(results) == 1 and cancelling == 2
+
+        log.release.clear()
+        refused = asyncio.ensure_future(caller(b"bad"))
+        await _settle()
+        refused.cancel()
+        await _settle()
+        log.release.set()
+        with pytest.raises(InvalidArgument):  # the call's refusal, not the cancellation: nothing landed
+            await refused
+        assert log.calls == [[("t", [b"a"])], [("t", [b"bad"])]]
+    asyncio.run(run())

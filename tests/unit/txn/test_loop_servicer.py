@@ -198,3 +198,48 @@ def test_unary_calls_run_on_the_loop_unless_they_may_wait(append_waits):
         expected.append(("Commit pending", "loop", True, False))  # refused on the loop: not durable yet
     expected += [("Commit pending", "pool", True, True), ("Rollback d", "pool", True, True)]
     assert servicer.ran == expected
+
+
+def test_a_commit_cancelled_while_its_append_is_in_flight_runs_to_its_end_in_the_callers_task_then_raises():
+    """Cluster mode (``overlaps``): no task of its own around a Commit; the caller cancelled while the
+    Commit's append is in flight still has the coordinator finish (the table learns what landed), and only
+    then sees the cancellation. Cancelled while its append is still queued, nothing is sent."""
+    from mqstore.model import MessageIn
+    from mqstore.txn.appender import LoopAppendBatcher
+
+    class AppendingCoordinator(RecordingCoordinator):
+        async def end_async(self, io, decision, txn_id, by="producer"):
+            results = await io.append("t", [MessageIn(txn_id.encode())])
+            self._note(f"Commit {txn_id} landed {len(results)}", False)
+            return Ended("COMMITTED", False, results)
+
+    async def run():
+        release, calls = asyncio.Event(), []
+
+        async def append_many(batches):
+            calls.append([topic for topic, _ in batches])
+            await release.wait()
+            return [[None] * len(messages) for _, messages in batches]
+
+        batcher = LoopAppendBatcher(append_many, max_messages=10, max_bytes=100, timeout_s=10)
+        coordinator = AppendingCoordinator()
+        streams = TransactStreams(coordinator, max_streams=1, inline=True)
+        calls_ = LoopCalls(coordinator, streams, lambda: False, PortIo(batcher.append, None, overlaps=True))
+        first = asyncio.ensure_future(calls_.commit("c"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        queued = asyncio.ensure_future(calls_.commit("q"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [["t"]]  # c's append in flight, q's queued behind it
+        first.cancel()
+        queued.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not first.done() and queued.cancelled()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert [what for what, *_ in coordinator.ran] == ["Commit c landed 1"]
+        assert calls == [["t"]]  # the cancelled queued one was never sent
+    asyncio.run(run())
