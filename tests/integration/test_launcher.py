@@ -27,6 +27,7 @@ from mqstore_launcher.child import Child, StartFailed, free_port, port_problems
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2, replication_pb2_grpc
 
 from tests.integration.test_readme import Launcher
+from tests.support.ports import service_ports
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -50,11 +51,8 @@ def run_launcher(data_dir: pathlib.Path, ports: dict[str, int], env: dict[str, s
 
 
 def free_ports_for_all(besides: int = 0) -> dict[str, int]:
-    """A distinct free port for each service, none of them ``besides``."""
-    ports: dict[str, int] = {}
-    while len(set(ports.values()) - {besides}) < len(launcher.SERVICES):
-        ports = {e.name: free_port() for e in launcher.SERVICES}
-    return ports
+    """A distinct free port for each service (and its /metrics port), none of them ``besides``."""
+    return service_ports([e.name for e in launcher.SERVICES], besides)
 
 
 def alive(pid: int) -> bool:
@@ -197,8 +195,7 @@ ETCD_PORT_NAMES = ("etcd", "etcd-peer", "etcd-e2", "etcd-e2-peer", "etcd-e3", "e
 @pytest.mark.parametrize("name", ["commitlog-n2", "etcd-e3-peer"])
 def test_run_ha_with_a_port_in_use_stops_before_it_starts_anything(tmp_path, name):
     with listening() as taken:
-        ports = free_ports_for_all(besides=taken)
-        ports.update({etcd: free_port() for etcd in ETCD_PORT_NAMES})
+        ports = service_ports([e.name for e in launcher.SERVICES] + list(ETCD_PORT_NAMES), besides=taken)
         ports[name] = taken
         done = run_launcher(tmp_path / "data", ports, None, "--ha")
     assert done.returncode == 1, done.stdout + done.stderr
@@ -249,9 +246,7 @@ def test_run_ha_serves_every_node_and_service_on_the_ports_it_is_given(tmp_path)
         pytest.skip(f"no etcd server binary: {etcd_local.INSTALL_HINT} (.ci/run and `make setup-ha` install it)")
     names = [e.name for e in launcher.SERVICES] + ["commitlog-n2", "commitlog-n3", "index-2", "txn-2", "compactor-2",
                                                    "gateway-2", *ETCD_PORT_NAMES]
-    ports: dict[str, int] = {}
-    while len({p + offset for p in ports.values() for offset in (0, launcher.METRICS_PORT_OFFSET)}) < 2 * len(names):
-        ports = {name: free_port() for name in names}  # none of them a default, none another's metrics port
+    ports = service_ports(names)  # none of them a default, none another's metrics port
     ha_launcher = Launcher(tmp_path / "data", ports, tmp_path / "launcher.log", ("--ha",))
     try:
         banner = ha_launcher.banner()

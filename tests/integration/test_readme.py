@@ -29,7 +29,6 @@ import pathlib
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+
+from tests.support.ports import service_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
@@ -81,12 +82,6 @@ def banner_commands(banner: str) -> list[str]:
     lines = banner.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Try"))
     return [line.strip() for line in lines[start + 1:] if line.startswith("  ")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -289,9 +284,7 @@ def test_readme_marks_the_blocks_it_promises():
 
 def test_readme_and_banner_examples_run_as_written(tmp_path):
     names = ("commitlog", "index", "txn", "compactor", "gateway")
-    ports: dict[str, int] = {}
-    while len(set(ports.values())) < len(names):
-        ports = {name: free_port() for name in names}
+    ports = service_ports(names)  # their /metrics ports free too
     launcher = Launcher(tmp_path / "data", ports, tmp_path / "launcher.log")
     try:
         banner = launcher.banner()

@@ -17,13 +17,14 @@ import pytest
 
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d, service_pb2 as v2, service_pb2_grpc as v2_grpc
 
-from tests.integration.test_readme import Launcher, free_port
+from tests.integration.test_readme import Launcher
+from tests.support.ports import service_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_tls_and_auth_from_the_launcher_and_top(tmp_path):
-    ports = {name: free_port() for name in ("commitlog", "index", "txn", "compactor", "gateway")}
+    ports = service_ports(("commitlog", "index", "txn", "compactor", "gateway"))
     data = tmp_path / "data"
     launcher = Launcher(data, ports, tmp_path / "services.log", ("--tls", "--auth"))
     try:
