@@ -34,7 +34,7 @@ class LocalBackend:
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         path = self.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(path.parent)  # the creation rule: a new directory's entry is durable before the object
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
         try:
             with open(temp, "xb") as out:

@@ -11,7 +11,7 @@ from mqstore.clock import FakeClock
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.store import CompactionStore
 from mqstore.index.store import IndexStore
-from mqstore.index.tier import DirectoryTier
+from mqstore.index.tier import IndexTierConfig, dir_url, open_tier
 from mqstore_launcher import launcher
 from tests.support import powercut
 from tests.support.compaction import BASE_MS, put
@@ -57,14 +57,21 @@ def test_an_index_survives_a_power_cut_after_its_checkpoint(tmp_path):
         again.close()
 
 
-def test_a_directory_tier_survives_a_power_cut(tmp_path):
+def test_an_index_tier_object_survives_a_power_cut(tmp_path):
     source = tmp_path / "source"
     source.write_bytes(b"compact index bytes")
+    config = IndexTierConfig(tier_url=dir_url(tmp_path / "tier" / "second"))
     with powercut.PowerCut(powercut.ENTRIES) as power:
-        tier = DirectoryTier(tmp_path / "tier" / "second")
-        tier.put("00000000000000000000.cidx", source)
+        tier = open_tier(config)
+        key = tier.new_key("00000000000000000000.cidx")
+        tier.put(key, source)
+        tier.close()
         power.cut()
-    assert DirectoryTier(tmp_path / "tier" / "second").list() == ["00000000000000000000.cidx"]
+    tier = open_tier(config)
+    try:
+        assert tier.keys() == {key: len(b"compact index bytes")}
+    finally:
+        tier.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
