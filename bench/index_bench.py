@@ -14,7 +14,7 @@ Groups (``--only index-build,index-query``; default both; an --only naming only 
                of 10 M entries and as four files of 2.5 M (slots = entries / 4, RocketMQ's ratio; one more
                message rolls a tiny fifth/second file so that the set is sealed). Each set is measured
                three times on the same entries: unsealed files, after conversion to the compact layout,
-               after the move to a directory tier. Each query is one IndexStore.query (newest first, max
+               after the move to a file:// tier. Each query is one IndexStore.query (newest first, max
                64, whole time range) for a random key: a unique key (1 match) or a key with 10 matches
                spread over the files. Only the index lookup is timed: verifying candidates against the
                log is the same work whatever finds them. Comparison point in the same run: SQLite
@@ -205,10 +205,10 @@ def _records(first: int, count: int, user_keys: int):
 def _build_index(root: pathlib.Path, messages: int, user_keys: int, file_entries: int):
     from mqstore.index.config import IndexConfig
     from mqstore.index.store import IndexStore
-    from mqstore.index.tier import DirectoryTier
+    from mqstore.index.tier import IndexTierConfig, dir_url, open_tier
     config = IndexConfig(root, slot_count=file_entries // 4, entry_count=file_entries + 1, max_keys_per_message=4,
                          checkpoint_interval_ms=10**9, tier_min_age_ms=0)
-    store = IndexStore(config, tier=DirectoryTier(root / "tier"))
+    store = IndexStore(config, tier=open_tier(IndexTierConfig(tier_url=dir_url(root / "tier"))))
     store.start()
     started = time.perf_counter()
     for first in range(0, messages, 5_000):

@@ -20,7 +20,9 @@ KNOWN = frozenset({
     "index.roll.after_create",   # next index file created empty, the message not yet put
     "index.compact.after_write",  # compact temp file written and fsynced, not yet renamed
     "index.compact.after_rename",  # compact file in place, unsealed source not yet deleted
-    "index.tier.after_put",      # compact file durable on the tier, local copy not yet deleted
+    "index.tier.started",        # a tier move's STARTED (fresh key) is in the manifest, nothing put yet
+    "index.tier.after_put",      # the object is put, not yet verified nor FINISHED (the local copy stays)
+    "index.tier.finished",       # FINISHED is in the manifest, the local copy not yet deleted
     "index.rebuild.after_rename",  # rebuilt files renamed into place, .damaged not yet deleted
     "compaction.round.staged",   # a round's output complete in staging/, its install not begun
     "compaction.roll.sealed",    # the active compaction segment sealed and synced, the next not yet created

@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 
 from mqstore.index.store import IndexStore
-from mqstore.index.tier import DirectoryTier
+from mqstore.index.tier import IndexTierConfig, dir_url, open_tier
 from mqstore import failpoints, fs
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
@@ -192,9 +192,12 @@ class _Index:
         self.model = Model()
         self.fed: list = []
         self.opened: list[IndexStore] = []
+        self.tiers: list = []
 
     def open(self) -> IndexStore:
-        tier = DirectoryTier(self.tmp_path / "tier") if self.with_tier else None
+        tier = open_tier(IndexTierConfig(tier_url=dir_url(self.tmp_path / "tier"))) if self.with_tier else None
+        if tier is not None:
+            self.tiers.append(tier)
         store = IndexStore(self.config, clock=FakeClock(BASE_MS + 10**9), tier=tier)
         store.start()
         self.opened.append(store)
@@ -216,11 +219,16 @@ class _Index:
         store.apply([r for r in self.fed if r.physical_offset >= resume], self.fed[-1].physical_offset + 100)
         for key in (f"k{i}" for i in range(5)):
             assert all_pages(store, "T", key) == self.model.query("T", key, 0, 1 << 62), key
+        if store.tier is not None:  # the first maintenance round leaves exactly the objects the manifest names
+            store.tidy_tier()
+            assert set(store.tier.keys()) == {f.key for f in store.tier_manifest.finished.values()}
         return store
 
     def close(self) -> None:
         for store in self.opened:
             store.close()
+        for tier in self.tiers:
+            tier.close()
 
 
 def _index_crash(name, tmp_path, failpoint, action, prepare=lambda store: None, with_tier=False):
@@ -254,7 +262,7 @@ def _index_compact(name, tmp_path, failpoint):
     _index_crash(name, tmp_path, failpoint, lambda h, s: s.convert_sealed(10))
 
 
-@scenario("index.tier.after_put")
+@scenario("index.tier.started", "index.tier.after_put", "index.tier.finished")
 def _index_tier(name, tmp_path, failpoint):
     _index_crash(name, tmp_path, failpoint, lambda h, s: s.move_to_tier(10), prepare=lambda s: s.convert_sealed(10),
                  with_tier=True)

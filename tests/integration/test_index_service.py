@@ -13,6 +13,7 @@ import grpc
 import pytest
 from mqstore.index.config import IndexConfig
 from mqstore.index.follower import FollowerConfig
+from mqstore.index.tier import IndexTierConfig, dir_url
 from index_service.main import IndexServiceConfig, serving
 from mqstore.javahash import java_string_hash
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
@@ -23,6 +24,7 @@ from mqstore_rpc.gen.mqstore.v1 import (
     index_pb2_grpc,
 )
 from mqstore_rpc.server import ServerConfig
+from tests.support.s3 import moto_s3
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +39,7 @@ def index_config(data_dir: pathlib.Path, commitlog_port: int, **index_overrides)
     values.update(index_overrides)
     return IndexServiceConfig(
         index=IndexConfig(data_dir, **values), server=ServerConfig(port=0, grace_s=1.0),
-        commitlog_address=f"127.0.0.1:{commitlog_port}", tier_dir=data_dir / "tier",
+        commitlog_address=f"127.0.0.1:{commitlog_port}", tier=IndexTierConfig(tier_url=dir_url(data_dir / "tier")),
         follower=FollowerConfig(heartbeat_ms=50, backoff_initial_ms=20, backoff_max_ms=200,
                                 retention_interval_ms=200, rebuild_interval_ms=100))
 
@@ -51,15 +53,23 @@ class Services:
 
 @pytest.fixture
 def tier_kind(request):
-    """The second tier: a directory unless a test asks for fsspec (its in-memory filesystem)."""
-    return getattr(request, "param", "directory")
+    """The second tier: a file:// directory unless a test asks for s3 (moto's server on 127.0.0.1)."""
+    return getattr(request, "param", "file")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with moto_s3() as server:
+        yield server
 
 
 @pytest.fixture
-def services(tmp_path, commitlog_port, tier_kind):
+def services(request, tmp_path, commitlog_port, tier_kind):
     config = index_config(tmp_path / "index", commitlog_port)
-    if tier_kind == "fsspec":
-        config = dataclasses.replace(config, tier_url=f"memory://mqstore-test-{tmp_path.name}")
+    if tier_kind == "s3":
+        s3 = request.getfixturevalue("s3")
+        tier = IndexTierConfig(tier_url=f"s3://{s3.bucket()}/idx").with_env(s3.env())
+        config = dataclasses.replace(config, tier=tier)
     with serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{commitlog_port}") as log_channel, \
             grpc.insecure_channel(f"127.0.0.1:{port}") as index_channel:
         yield Services(commitlog_pb2_grpc.CommitLogStub(log_channel), index_pb2_grpc.IndexStub(index_channel),
@@ -110,7 +120,7 @@ def keyed(i: int, *keys: str) -> common_pb2.MessageInput:
     return common_pb2.MessageInput(body=b"body-%d" % i, keys=list(keys))
 
 
-@pytest.mark.parametrize("tier_kind", ["directory", "fsspec"], indirect=True)
+@pytest.mark.parametrize("tier_kind", ["file", "s3"], indirect=True)
 def test_query_by_key_newest_first_with_pages_and_messages(services, tier_kind):
     s = services
     s.log.CreateTopic(pb.CreateTopicRequest(name="orders", queue_count=2), timeout=RPC_TIMEOUT_S)

@@ -12,12 +12,18 @@ crashes):
   S <= N < E                         into place                               rebuild); the range stays
   N.idx and N.cidx                   crash after the compact rename, before   compact verified (CRC): delete
                                      the unsealed file was deleted            N.idx; else delete N.cidx
-  N.cidx here and N.cidx on the tier crash after the tier copy, before the    tier copy verified: delete the
-                                     local file was deleted                   local one; else delete the
-                                                                              tier copy
+  N.cidx here, and FINISHED for it   crash after a tier move's FINISHED was   delete the local copy (the
+  in tier-manifest.json              recorded, before the local file went     tier copy was verified)
+  a STARTED attempt in the manifest  crash during a tier move                 keep the local file; the
+                                                                              first maintenance round
+                                                                              deletes the attempt's object
+                                                                              (lifecycle.tidy_tier), and
+                                                                              any object under index/ the
+                                                                              manifest does not name
   a file failing its checks          damaged or truncated                     quarantine: rename to
                                                                               S-E.damaged (a marker for a
-                                                                              tier file), E = next name
+                                                                              tier file, forgotten by the
+                                                                              manifest), E = next name
   no (or a corrupt) checkpoint       crash before the first checkpoint, or    corrupt one kept as .broken;
   while files exist                  its bytes are bad                        the newest unsealed file is
                                                                               quarantined with an empty
@@ -41,7 +47,8 @@ from mqstore.format.index_file import IndexFile
 from . import checkpoint as ckpt
 from . import files as F
 from .config import IndexConfig
-from .tier import Tier, TierReader
+from .tier import IndexTier, TierReader
+from .tier_manifest import TierManifest
 
 log = structlog.get_logger("index.recovery")
 
@@ -51,6 +58,7 @@ class Recovered:
     handles: dict[int, F.Handle] = field(default_factory=dict)
     damaged: dict[int, int] = field(default_factory=dict)  # start -> end physical offset
     resume_physical_offset: int | None = None  # None: nothing indexed, the follower starts at the earliest
+    manifest: TierManifest | None = None  # which tier objects hold which files (None without a tier)
 
 
 def _names(directory: pathlib.Path, suffix: str) -> dict[int, pathlib.Path]:
@@ -88,7 +96,7 @@ def _verified_compact(reader) -> bool:
     return True
 
 
-def _resolve_leftovers(directory: pathlib.Path, tier: Tier | None) -> None:
+def _resolve_leftovers(directory: pathlib.Path, manifest: TierManifest | None) -> None:
     fs.remove_leftovers(directory)
     for path in directory.glob("*" + F.REBUILD_SUFFIX):
         _delete(path, "unfinished rebuild")
@@ -104,21 +112,14 @@ def _resolve_leftovers(directory: pathlib.Path, tier: Tier | None) -> None:
             good = _verified_compact(reader)
             reader.close()
             _delete(path if good else cidx[first], "conversion had finished" if good else "bad compact")
-    if tier is not None:
-        _resolve_tier_copies(directory, tier)
-
-
-def _resolve_tier_copies(directory: pathlib.Path, tier: Tier) -> None:
-    on_tier = set(tier.list())
-    for path in _names(directory, F.CIDX_SUFFIX).values():
-        if path.name in on_tier:
-            if _verified_compact(TierReader(tier, path.name)):
+    if manifest is not None:
+        for path in _names(directory, F.CIDX_SUFFIX).values():
+            if path.name in manifest.finished:
                 _delete(path, "tier move had finished")
-            else:
-                tier.delete(path.name)
 
 
-def _open_all(config: IndexConfig, tier: Tier | None, broken: dict[int, str]) -> dict[int, F.Handle]:
+def _open_all(config: IndexConfig, tier: IndexTier | None, manifest: TierManifest | None,
+              broken: dict[int, str]) -> dict[int, F.Handle]:
     directory = config.index_dir
     handles: dict[int, F.Handle] = {}
     for first, path in _names(directory, F.IDX_SUFFIX).items():
@@ -134,20 +135,9 @@ def _open_all(config: IndexConfig, tier: Tier | None, broken: dict[int, str]) ->
             handles[first] = F.open_compact_local(path, first)
         except DataLoss as exc:
             broken[first] = str(exc)
-    for name in (tier.list() if tier is not None else []):
-        try:
-            first = F.parse_name(name, F.CIDX_SUFFIX)
-            reader = TierReader(tier, name)
-            try:
-                header = compact_index.read_header(reader)
-            except BaseException:
-                reader.close()
-                raise
-            handles[first] = F.CompactHandle(first, reader, header, F.TIER)
-        except ValueError:
-            log.warning("index.unknown_tier_file", tier=tier.name, file=name)
-        except DataLoss as exc:
-            broken[F.parse_name(name, F.CIDX_SUFFIX)] = str(exc)
+    for name, entry in (manifest.finished.items() if manifest is not None else ()):
+        first = F.parse_name(name, F.CIDX_SUFFIX)  # the header was checked when the manifest was loaded
+        handles[first] = F.CompactHandle(first, TierReader(tier, entry.key, entry.size), entry.header, F.TIER)
     for first, handle in list(handles.items()):
         if handle.info().entries and handle.info().begin_phy_offset != first:
             broken[first] = f"name {first} but first physical offset {handle.info().begin_phy_offset}"
@@ -180,7 +170,7 @@ def _torn_after_checkpoint(handle: F.UnsealedHandle, cp: ckpt.IndexCheckpoint) -
     return None
 
 
-def _quarantine(config: IndexConfig, tier: Tier | None, first: int, end: int, reason: str) -> None:
+def _quarantine(config: IndexConfig, manifest: TierManifest | None, first: int, end: int, reason: str) -> None:
     directory = config.index_dir
     target = directory / F.damaged_name(first, max(first, end))
     for path in (directory / F.idx_name(first), directory / F.cidx_name(first)):
@@ -192,16 +182,21 @@ def _quarantine(config: IndexConfig, tier: Tier | None, first: int, end: int, re
     log.error("index.tier_file_quarantined", file=F.cidx_name(first), reason=reason,
               rebuild_from=first, rebuild_to=max(first, end))
     fs.replace_file(target, reason.encode("utf-8", "replace"))
-    if tier is not None:
-        tier.delete(F.cidx_name(first))
+    if manifest is not None and manifest.finished.pop(F.cidx_name(first), None) is not None:
+        manifest.save()  # its object is an orphan now: the first maintenance round deletes it
 
 
-def recover(config: IndexConfig, tier: Tier | None) -> Recovered:
+def recover(config: IndexConfig, tier: IndexTier | None) -> Recovered:
+    """Never calls the tier: tier files open from the manifest, what a crash left there is tidied by the
+    first maintenance round, so the index starts (and answers from local files) with the store down."""
     directory = config.index_dir
     fs.make_dirs(directory)  # the creation rule (mqstore.fs)
-    _resolve_leftovers(directory, tier)
+    manifest = TierManifest.load(directory, tier.name if tier is not None else "")
+    if tier is None:
+        manifest = None  # nothing on a tier (load refuses otherwise)
+    _resolve_leftovers(directory, manifest)
     broken: dict[int, str] = {}
-    handles = _open_all(config, tier, broken)
+    handles = _open_all(config, tier, manifest, broken)
     cp = _load_checkpoint(directory)
     top = max(set(handles) | set(broken) | set(_damaged_ranges(directory)), default=None)
     newest = top if top in handles and handles[top].layout == F.UNSEALED else None
@@ -222,6 +217,6 @@ def recover(config: IndexConfig, tier: Tier | None) -> Recovered:
     for first, reason in sorted(broken.items()):
         later = [n for n in known if n > first]
         end = later[0] if later else (first if cp is None else resume)
-        _quarantine(config, tier, first, end, reason)
-    return Recovered(handles, _damaged_ranges(directory), resume)
+        _quarantine(config, manifest, first, end, reason)
+    return Recovered(handles, _damaged_ranges(directory), resume, manifest)
 

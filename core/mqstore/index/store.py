@@ -36,7 +36,8 @@ from .records import IndexRecord
 from .recovery import recover
 from .stats import Counters, IndexStats, RebuildRange
 from .table import FileTable
-from .tier import Tier
+from .tier import IndexTier
+from .tier_manifest import TierManifest
 from .writer import PutOutcome, Writer
 
 log = structlog.get_logger("index.store")
@@ -51,10 +52,14 @@ class IndexStore:
     completion; order: maintenance, then ``_lock``. Slow work (writing a compact file, copying to the
     tier) runs outside ``_lock``."""
 
-    def __init__(self, config: IndexConfig, *, clock: Clock | None = None, tier: Tier | None = None):
+    def __init__(self, config: IndexConfig, *, clock: Clock | None = None, tier: IndexTier | None = None):
         self.config = config
         self.clock = clock or SystemClock()
         self.tier = tier
+        # Guarded by _maintenance_lock: which objects hold which files, and whether the tier may hold objects
+        # the manifest does not keep (after a start or a failed delete; lifecycle.tidy_tier).
+        self.tier_manifest: TierManifest | None = None
+        self.tier_untidy = tier is not None
         self.counters = Counters()
         self.work_available = threading.Event()  # set when a file is sealed or a rebuild finished
         self._lock = threading.Lock()
@@ -74,6 +79,7 @@ class IndexStore:
         with self._maintenance_lock, self._lock:
             invariant(not self._started, "IndexStore.start called twice")
             state = recover(self.config, self.tier)
+            self.tier_manifest = state.manifest
             self._table = FileTable(state.handles, state.damaged)
             self._next_phy_offset = state.resume_physical_offset
             # Only the newest file of all may be written: a file below a quarantined range stays
@@ -266,11 +272,21 @@ class IndexStore:
             return lifecycle.convert_sealed(self, max_files)
 
     def move_to_tier(self, max_files: int = 1) -> int:
-        """Move up to ``max_files`` compact files older than tier_min_age_ms to the second tier."""
+        """Move up to ``max_files`` compact files older than tier_min_age_ms to the second tier (after
+        tidying what a crash or failed call left there). Unavailable when the tier does not answer."""
         if self.tier is None:
             return 0
         with self._maintenance_lock:
+            self._check_started()
             return lifecycle.move_to_tier(self, max_files)
+
+    def tidy_tier(self) -> int:
+        """Delete the tier's orphan objects now (move_to_tier does it first); the number deleted."""
+        if self.tier is None:
+            return 0
+        with self._maintenance_lock:
+            self._check_started()
+            return lifecycle.tidy_tier(self)
 
     def delete_before(self, log_min_physical_offset: int) -> int:
         """Retention: delete files whose end physical offset < the log's min offset, oldest first,

@@ -1,219 +1,153 @@
-"""A second storage tier for sealed compact index files, queried with ranged reads.
+"""The Index's second storage tier for sealed compact index files, on the object storage tier's one
+abstraction (mqstore.tier.objects.ObjectStore: ``file://`` and ``s3://``), queried with ranged reads.
 
-``Tier`` is the small storage interface (put / get_range / size / delete / list); ``DirectoryTier``
-is the default implementation, a directory (for example on another disk or a network mount);
-``FsspecTier`` puts the files on any fsspec filesystem (``s3://bucket/prefix``, ``gcs://…``,
-``memory://…``, ``file://…``) and reads them with ranged reads.
+Objects are immutable and every move is a fresh attempt with a key of its own,
+``index/<file name>.<attempt id>`` (put with put-if-absent, S3's ``If-None-Match: *``), so a retried or
+half-done move never overwrites or is mistaken for another. Which object holds a file is recorded in the
+index directory's manifest (mqstore.index.tier_manifest) in two phases: STARTED before the put, FINISHED
+after the object was read back and verified; the local file is deleted only after FINISHED is durable.
+lifecycle.move_to_tier has the steps, recovery.py and lifecycle.tidy_tier what a crash between them leaves.
 
-A move (IndexStore.move_to_tier) is: ``put`` (durable when it returns), verify the copy through
-ranged reads, then delete the local file. A crash between the put and the delete leaves both
-copies; start-up verifies the tier copy and deletes the local one (see recovery.py).
+Two ObjectStores share the URL: ``writes`` (puts, the verifying read back, lists, deletes; deadline
+``tier_call_timeout_ms``, one worker: a move is one file at a time) and ``reads`` (a query's ranged reads;
+deadline ``tier_read_timeout_ms``), so a slow upload never holds the workers a query needs, and a stalled
+store fails a query with UNAVAILABLE naming the tier within the read deadline while queries served by local
+files answer as before (they never touch the tier).
+
+Thread-safety: IndexTier and TierReader are thread-safe (the ObjectStore is; the counters take a lock).
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import pathlib
-import shutil
 import threading
-from typing import Protocol
+import uuid
+from dataclasses import dataclass
+from typing import Mapping
 
-from mqstore import fs
-from mqstore.errors import NotFound
+from mqstore.errors import InvalidArgument
+from mqstore.tier.config import Credentials
+from mqstore.tier.objects import ObjectStore
+from mqstore.tier.urls import open_store
 
-
-class Tier(Protocol):
-    """Storage of whole immutable files by name. Implementations are thread-safe."""
-
-    name: str
-
-    def put(self, name: str, source: pathlib.Path) -> None:
-        """Store a copy of ``source``; durable once this returns; replaces any older copy."""
-
-    def get_range(self, name: str, position: int, length_bytes: int) -> bytes: ...
-
-    def reader(self, name: str) -> "TierFile":
-        """A handle for many ranged reads of one file (what a query holds while the file is in use)."""
-
-    def size_bytes(self, name: str) -> int: ...
-
-    def delete(self, name: str) -> None: ...
-
-    def list(self) -> list[str]: ...
+PREFIX = "index"
+READ_WORKERS = 4
 
 
-class DirectoryTier:
-    """A directory as the second tier. Thread-safe: every read opens its own descriptor; ``put``
-    writes ``name.tmp`` and renames it through mqstore.fs. Counts reads and bytes read."""
+@dataclass(frozen=True)
+class IndexTierConfig:
+    """The Index service's ``--tier-*`` settings: the same URL forms, endpoint, region and credentials
+    (the standard AWS_* variables, never a flag) as the commit log's tier (mqstore.tier.config)."""
 
-    def __init__(self, root: pathlib.Path):
-        self.root = root
-        self.name = f"dir:{root}"
-        fs.make_dirs(root)  # the creation rule (mqstore.fs)
-        fs.remove_leftovers(root)
+    # Where sealed compact index files go: "" = no tier; file:///ABSOLUTE/DIR or s3://BUCKET[/PREFIX].
+    tier_url: str = dataclasses.field(default="", metadata={"help": (
+        "object storage for sealed compact index files: file:///ABSOLUTE/DIR or s3://BUCKET[/PREFIX] (objects "
+        "under index/); empty = none. Each Index instance needs its own URL (a restart deletes objects under "
+        "index/ that its manifest does not name)")})
+    tier_endpoint: str = dataclasses.field(default="", metadata={"help": (
+        "s3:// only: endpoint of an S3-compatible store (http://127.0.0.1:9000 for MinIO); empty = "
+        "AWS_ENDPOINT_URL, else AWS")})
+    tier_region: str = dataclasses.field(default="", metadata={"help": (
+        "s3:// only: region; empty = AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1")})
+    # The deadline of one upload, verifying read back, list or delete.
+    tier_call_timeout_ms: int = dataclasses.field(default=60_000, metadata={"help": (
+        "deadline of one upload (a whole compact file), list or delete on the tier; then UNAVAILABLE and the "
+        "move is retried")})
+    # The deadline of one ranged read of a query: then the query is UNAVAILABLE naming the tier.
+    tier_read_timeout_ms: int = dataclasses.field(default=5_000, metadata={"help": (
+        "deadline of one ranged read of a query on the tier; then the query fails UNAVAILABLE naming the tier "
+        "(queries answered by local files are not affected)")})
+    credentials: Credentials = dataclasses.field(default_factory=Credentials, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("tier_call_timeout_ms", "tier_read_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.tier_url and not self.tier_url.startswith(("file://", "s3://")):
+            raise InvalidArgument(f"tier_url must be file:///ABSOLUTE/DIR or s3://BUCKET[/PREFIX], not "
+                                  f"{self.tier_url!r} (fsspec URLs are no longer taken)")
+
+    def with_env(self, env: Mapping[str, str]) -> IndexTierConfig:
+        """The endpoint, region and credentials the flags left out, from the standard AWS variables."""
+        return dataclasses.replace(
+            self, tier_endpoint=self.tier_endpoint or env.get("AWS_ENDPOINT_URL", ""),
+            tier_region=self.tier_region or env.get("AWS_REGION", "") or env.get("AWS_DEFAULT_REGION", ""),
+            credentials=Credentials(env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", ""),
+                                    env.get("AWS_SESSION_TOKEN", "")))
+
+    def described(self) -> dict:
+        """For the logged config: every field but the credentials."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "credentials"}
+
+
+def dir_url(directory: pathlib.Path) -> str:
+    """The file:// URL ``--tier-dir DIR`` stands for."""
+    return f"file://{directory.resolve()}"
+
+
+class IndexTier:
+    """The index's objects on a tier: put a local file under a fresh key, ranged reads, list, delete."""
+
+    def __init__(self, writes: ObjectStore, reads: ObjectStore):
+        self.writes, self.reads = writes, reads
+        self.name = writes.url
         self._lock = threading.Lock()
         self.reads_total = 0
         self.read_bytes_total = 0
 
-    def _path(self, name: str) -> pathlib.Path:
-        if "/" in name or name.startswith("."):
-            raise NotFound(f"tier {self.name}: bad file name {name!r}")
-        return self.root / name
+    def new_key(self, file_name: str) -> str:
+        """A key no attempt used before: ``index/<file name>.<attempt id>``."""
+        return f"{PREFIX}/{file_name}.{uuid.uuid4().hex}"
 
-    def put(self, name: str, source: pathlib.Path) -> None:
-        tmp = self._path(name + fs.TMP_SUFFIX)
-        with open(source, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-            dst.flush()
-            os.fsync(dst.fileno())
-        fs.rename_durably(tmp, self._path(name))
+    def put(self, key: str, source: pathlib.Path) -> None:
+        """Create the object ``key`` with the bytes of ``source`` (never replaces one: AlreadyExists)."""
+        self.writes.put_if_absent(key, source.read_bytes())
 
-    def get_range(self, name: str, position: int, length_bytes: int) -> bytes:
-        try:
-            fd = os.open(self._path(name), os.O_RDONLY)
-        except FileNotFoundError:
-            raise NotFound(f"tier {self.name}: no file {name!r}") from None
-        try:
-            data = os.pread(fd, length_bytes, position)
-        finally:
-            os.close(fd)
+    def read(self, key: str, position: int, length_bytes: int, *, verifying: bool = False) -> bytes:
+        data = (self.writes if verifying else self.reads).get_range(key, position, length_bytes)
         with self._lock:
             self.reads_total += 1
             self.read_bytes_total += len(data)
         return data
 
-    def reader(self, name: str) -> "TierFile":
-        """Keeps one descriptor open for the reader's life: opening the file for each of a query's
-        one or two reads cost as much as the read itself."""
-        try:
-            fd = os.open(self._path(name), os.O_RDONLY)
-        except FileNotFoundError:
-            raise NotFound(f"tier {self.name}: no file {name!r}") from None
-        return TierFile(lambda position, length: os.pread(fd, length, position), lambda: os.close(fd),
-                        self._count)
+    def keys(self) -> dict[str, int]:
+        """Every object under ``index/``: key -> size."""
+        return {info.key: info.size for info in self.writes.list(PREFIX)}
 
-    def _count(self, read_bytes: int) -> None:
-        with self._lock:
-            self.reads_total += 1
-            self.read_bytes_total += read_bytes
-
-    def size_bytes(self, name: str) -> int:
-        try:
-            return self._path(name).stat().st_size
-        except FileNotFoundError:
-            raise NotFound(f"tier {self.name}: no file {name!r}") from None
-
-    def delete(self, name: str) -> None:
-        self._path(name).unlink(missing_ok=True)
-        fs.fsync_dir(self.root)
-
-    def list(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.is_file() and not p.name.endswith(fs.TMP_SUFFIX))
-
-
-class FsspecTier:
-    """Any fsspec filesystem as the second tier, addressed by a URL (the bucket or folder to use).
-
-    ``put`` uploads to ``name.tmp`` and then moves it to ``name``: on an object store the object
-    appears whole at the move; on a local filesystem the move is a rename. ``get_range`` is one
-    ranged read (``cat_file`` with start and end), the only read a query makes. Thread-safe as far
-    as the fsspec filesystem is (they are designed to be); the counters take a lock."""
-
-    def __init__(self, url: str, **storage_options):
-        import fsspec  # imported here: only deployments that ask for an fsspec tier need it
-
-        self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
-        self.name = url
-        self.fs.makedirs(self.root, exist_ok=True)
-        self._lock = threading.Lock()
-        self.reads_total = 0
-        self.read_bytes_total = 0
-        for leftover in [n for n in self._names() if n.endswith(fs.TMP_SUFFIX)]:
-            self.fs.rm_file(self._path(leftover))
-
-    def _path(self, name: str) -> str:
-        if "/" in name or name.startswith("."):
-            raise NotFound(f"tier {self.name}: bad file name {name!r}")
-        return f"{self.root.rstrip('/')}/{name}"
-
-    def _names(self) -> list[str]:
-        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.root, detail=False)]
-
-    def put(self, name: str, source: pathlib.Path) -> None:
-        tmp = self._path(name + fs.TMP_SUFFIX)
-        self.fs.put_file(str(source), tmp)
-        self.fs.mv(tmp, self._path(name))
-
-    def get_range(self, name: str, position: int, length_bytes: int) -> bytes:
-        try:
-            data = self.fs.cat_file(self._path(name), start=position, end=position + length_bytes)
-        except FileNotFoundError:
-            raise NotFound(f"tier {self.name}: no file {name!r}") from None
-        with self._lock:
-            self.reads_total += 1
-            self.read_bytes_total += len(data)
-        return data
-
-    def reader(self, name: str) -> "TierFile":
-        return TierFile(lambda position, length: self.get_range(name, position, length), lambda: None,
-                        lambda read_bytes: None)  # get_range counts
-
-    def size_bytes(self, name: str) -> int:
-        try:
-            return int(self.fs.size(self._path(name)))
-        except FileNotFoundError:
-            raise NotFound(f"tier {self.name}: no file {name!r}") from None
-
-    def delete(self, name: str) -> None:
-        try:
-            self.fs.rm_file(self._path(name))
-        except FileNotFoundError:
-            pass
-
-    def list(self) -> list[str]:
-        return sorted(n for n in self._names() if not n.endswith(fs.TMP_SUFFIX))
-
-
-def open_tier(directory: pathlib.Path | None, url: str | None) -> Tier | None:
-    """The tier a deployment configured: an fsspec URL, a directory, or none."""
-    if url:
-        return FsspecTier(url)
-    if directory is not None:
-        return DirectoryTier(directory)
-    return None
-
-
-class TierFile:
-    """One open file of a tier: ``read(position, length)`` and ``close()``. Thread-safe (pread)."""
-
-    __slots__ = ("_read", "_close", "_count")
-
-    def __init__(self, read, close, count):
-        self._read, self._close, self._count = read, close, count
-
-    def read(self, position: int, length_bytes: int) -> bytes:
-        data = self._read(position, length_bytes)
-        self._count(len(data))
-        return data
+    def delete(self, key: str) -> None:
+        self.writes.delete(key)
 
     def close(self) -> None:
-        self._close()
+        self.reads.close()
+        self.writes.close()
+
+
+def open_tier(config: IndexTierConfig) -> IndexTier | None:
+    """The tier a deployment configured, or None."""
+    if not config.tier_url:
+        return None
+
+    def store(timeout_ms: int, workers: int) -> ObjectStore:
+        return open_store(config.tier_url, timeout_ms=timeout_ms, endpoint=config.tier_endpoint,
+                          region=config.tier_region, credentials=config.credentials, workers=workers)
+    return IndexTier(store(config.tier_call_timeout_ms, 1), store(config.tier_read_timeout_ms, READ_WORKERS))
 
 
 class TierReader:
-    """A compact_index.RangeReader over one file of a tier, open until ``close`` (the file's handle
-    closes it once no query has it pinned). Thread-safe."""
+    """A compact_index.RangeReader over one object of the tier (the file's recorded size; nothing is
+    opened, so ``close`` has nothing to release). ``verifying``: reads go through the writes store (the
+    long deadline of a move's read back). Thread-safe."""
 
-    def __init__(self, tier: Tier, name: str):
+    def __init__(self, tier: IndexTier, key: str, size_bytes: int, *, verifying: bool = False):
         self.tier = tier
-        self.name = f"{tier.name}/{name}"
-        self.file_name = name
-        self.size_bytes = tier.size_bytes(name)
-        self._file = tier.reader(name)
+        self.key = key
+        self.name = f"{tier.name}/{key}"
+        self.size_bytes = size_bytes
+        self._verifying = verifying
 
     def read(self, position: int, length_bytes: int) -> bytes:
-        return self._file.read(position, length_bytes)
+        return self.tier.read(self.key, position, length_bytes, verifying=self._verifying)
 
     def close(self) -> None:
-        self._file.close()
+        pass

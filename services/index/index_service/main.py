@@ -1,15 +1,17 @@
 """Composition root of the Index service: ``python -m index_service.main --data-dir ./data/index``.
 
 Configuration: flags, then ``MQSTORE_*`` environment variables, then defaults (flags win; rules in
-mqstore_rpc.settings). Every service's flags: ``--data-dir`` (the index files go to
-``<data-dir>/index``), ``--host`` (127.0.0.1; 0.0.0.0 only inside containers), ``--port`` (50052),
-``--max-workers``, ``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``. Its own: ``--commitlog``
-(the CommitLog service, env MQSTORE_COMMITLOG, default 127.0.0.1:50051), ``--tier-dir`` (second storage
-tier for sealed compact files; none by default), ``--tier-url``, ``--rpc-timeout-ms``,
-``--tail-stream-deadline-ms``; and one flag per field of IndexConfig (``--slot-count``,
-``--entry-count``, ``--checkpoint-interval-ms``, ...), FollowerConfig (``--heartbeat-ms``,
-``--backoff-max-ms``, ``--retention-interval-ms``, ...) and LookupConfig. ``MQSTORE_FAILPOINTS`` arms
-crash points (tests only).
+mqstore_rpc.settings). Every service's flags: ``--data-dir`` (the index files go to ``<data-dir>/index``),
+``--host`` (127.0.0.1; 0.0.0.0 only inside containers), ``--port`` (50052), ``--max-workers``,
+``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``. Its own: ``--commitlog`` (the CommitLog service,
+env MQSTORE_COMMITLOG, default 127.0.0.1:50051), the second storage tier for sealed compact files
+(mqstore.index.tier.IndexTierConfig: ``--tier-url`` file:///DIR or s3://BUCKET[/PREFIX], ``--tier-endpoint``,
+``--tier-region``, ``--tier-call-timeout-ms``, ``--tier-read-timeout-ms``; S3 credentials from
+AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN; ``--tier-dir DIR`` is an alias of ``--tier-url
+file://DIR``), ``--rpc-timeout-ms``, ``--tail-stream-deadline-ms``; and one flag per field of IndexConfig
+(``--slot-count``, ``--entry-count``, ``--checkpoint-interval-ms``, ...), FollowerConfig (``--heartbeat-ms``,
+``--backoff-max-ms``, ``--retention-interval-ms``, ...) and LookupConfig. ``MQSTORE_FAILPOINTS`` arms crash
+points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
 after start ``server.started`` with the bound port; exit status 0 after SIGTERM/SIGINT, 1 when the
@@ -40,7 +42,7 @@ from mqstore.index.follower import FollowerConfig, index_follower
 from mqstore.index.lookup import IndexQueries, LookupConfig
 from mqstore.index.maintenance import IndexMaintainer
 from mqstore.index.store import IndexStore
-from mqstore.index.tier import open_tier
+from mqstore.index.tier import IndexTierConfig, dir_url, open_tier
 from mqstore.index.upkeep import IndexUpkeep
 
 from .servicer import SERVICE_NAME, IndexServicer, add_to_server
@@ -56,8 +58,7 @@ class IndexServiceConfig:
     commitlog_address: str = DEFAULT_COMMITLOG
     follower: FollowerConfig = FollowerConfig()
     lookup: LookupConfig = LookupConfig()
-    tier_dir: pathlib.Path | None = None
-    tier_url: str = ""                        # an fsspec URL (s3://bucket/prefix, memory://x); wins over tier_dir
+    tier: IndexTierConfig = IndexTierConfig()  # the second tier; tier_url "" = none (mqstore.index.tier)
     rpc_timeout_ms: int = 10_000             # GetMessage, GetStoreInfo, GetOffsetByTime
     tail_stream_deadline_ms: int = 60_000    # a Tail stream is re-opened this often (bounds a stall)
     log_level: str = "info"
@@ -77,7 +78,10 @@ def compose(config: IndexServiceConfig, parts: service.Composition) -> None:
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
                              max_reconnect_backoff_ms=config.follower.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
-    store = IndexStore(config.index, tier=open_tier(config.tier_dir, config.tier_url))
+    tier = open_tier(config.tier)
+    if tier is not None:
+        parts.on_close(tier.close)  # after the store's close (on_close runs in reverse)
+    store = IndexStore(config.index, tier=tier)
     store.start()
     parts.on_close(store.close)
     maintainer = parts.add_duty(IndexMaintainer(store))
@@ -95,9 +99,7 @@ def compose(config: IndexServiceConfig, parts: service.Composition) -> None:
 
 _OWN_FLAGS = {
     "commitlog": f"CommitLog service host:port (default {DEFAULT_COMMITLOG})",
-    "tier_dir": "directory of the second storage tier for sealed compact files (default: none); each Index "
-                "instance needs its own (two instances on one tier would take each other's files)",
-    "tier_url": "fsspec URL of the second storage tier instead of a directory, e.g. s3://bucket/index",
+    "tier_dir": "alias of --tier-url file://DIR (a directory as the second tier; its objects under DIR/index/)",
     "rpc_timeout_ms": "timeout of each call to the commit log (default 10000)",
     "tail_stream_deadline_ms": "a Tail stream is re-opened this often (default 60000)",
 }
@@ -111,28 +113,37 @@ def build_arg_parser() -> argparse.ArgumentParser:
     S.add_flags(parser, IndexConfig, skip={"data_dir"})
     S.add_flags(parser, FollowerConfig)
     S.add_flags(parser, LookupConfig)
+    S.add_flags(parser, IndexTierConfig, skip={"credentials"})
     return parser
 
 
 def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> IndexServiceConfig:
     args = build_arg_parser().parse_args(argv)
-    tier_dir = S.setting(args, env, "tier_dir")
     return IndexServiceConfig(
         index=IndexConfig(data_dir=S.data_dir(args, env), **S.values_for(args, env, IndexConfig, {"data_dir"})),
         server=S.server_config(args, env, DEFAULT_PORT),
         commitlog_address=S.typed(args, env, "commitlog", str, DEFAULT_COMMITLOG),
         follower=FollowerConfig(**S.values_for(args, env, FollowerConfig)),
         lookup=LookupConfig(**S.values_for(args, env, LookupConfig)),
-        tier_dir=pathlib.Path(tier_dir) if tier_dir else None,
-        tier_url=S.typed(args, env, "tier_url", str, ""),
+        tier=_tier_config(args, env),
         rpc_timeout_ms=S.typed(args, env, "rpc_timeout_ms", S.parse_int, 10_000),
         tail_stream_deadline_ms=S.typed(args, env, "tail_stream_deadline_ms", S.parse_int, 60_000),
         log_level=S.log_level(args, env), failpoints=S.failpoints_spec(env))
 
 
+def _tier_config(args, env: Mapping[str, str]) -> IndexTierConfig:
+    values = S.values_for(args, env, IndexTierConfig, {"credentials"})
+    tier_dir = S.setting(args, env, "tier_dir")
+    if tier_dir:
+        if values.get("tier_url"):
+            raise InvalidArgument("give --tier-dir DIR or --tier-url, not both (--tier-dir DIR is --tier-url file://DIR)")
+        values["tier_url"] = dir_url(pathlib.Path(tier_dir))
+    return IndexTierConfig(**values).with_env(env)
+
+
 def describe(config: IndexServiceConfig, port: int) -> dict:
     return {name: dataclasses.asdict(getattr(config, name)) for name in ("index", "server", "follower", "lookup")} | {
-        "commitlog_address": config.commitlog_address, "tier_dir": config.tier_dir, "tier_url": config.tier_url}
+        "commitlog_address": config.commitlog_address, "tier": config.tier.described()}
 
 
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe,

@@ -9,7 +9,8 @@ from mqstore.index import checkpoint as ckpt
 from mqstore.index import files as F
 from mqstore.index.query import RangeNotIndexed
 from mqstore.index.store import IndexStore
-from mqstore.index.tier import DirectoryTier
+from mqstore.index.tier import IndexTierConfig, dir_url, open_tier
+from mqstore.index.tier_manifest import TierManifest
 from mqstore import failpoints
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition
@@ -25,9 +26,12 @@ class Harness:
         self.with_tier = with_tier
         self.model = Model()
         self.stores = []
+        self.tiers = []
 
     def open(self) -> IndexStore:
-        tier = DirectoryTier(self.tmp_path / "tier") if self.with_tier else None
+        tier = open_tier(IndexTierConfig(tier_url=dir_url(self.tmp_path / "tier"))) if self.with_tier else None
+        if tier is not None:
+            self.tiers.append(tier)
         store = IndexStore(self.config, clock=FakeClock(BASE_MS + 10**9), tier=tier)
         store.start()
         self.stores.append(store)
@@ -50,6 +54,8 @@ class Harness:
     def close_all(self):
         for store in self.stores:
             store.close()
+        for tier in self.tiers:
+            tier.close()
 
 
 @pytest.fixture
@@ -87,17 +93,33 @@ def test_crash_after_compact_rename_deletes_the_unsealed_file_on_start(harness, 
     harness.check(again)
 
 
-def test_crash_after_tier_put_deletes_the_local_copy_on_start(tmp_path, failpoint):
+@pytest.mark.parametrize("point, moved", [("index.tier.started", False), ("index.tier.after_put", False),
+                                          ("index.tier.finished", True)])
+def test_a_crash_in_a_tier_move_loses_nothing_leaves_one_copy_and_no_orphan(tmp_path, failpoint, point, moved):
+    """Before the put, between the put and FINISHED, after FINISHED: the restarted index answers the same, holds
+    each file once (local, or on the tier when FINISHED was durable), and its first maintenance round deletes
+    every object its manifest does not name; the move then completes under a fresh key."""
     h = Harness(tmp_path, with_tier=True)
-    store = h.open()
-    h.feed(store, 1, 12)
-    store.convert_sealed(10)
-    first = min(store.file_offsets())
-    again = _crash_and_reopen(h, store, failpoint, "index.tier.after_put", lambda s: s.move_to_tier())
-    assert F.cidx_name(first) in h.names("tier") and F.cidx_name(first) not in h.names()
-    assert again.stats().files_compact_tier == 1
-    h.check(again)
-    h.close_all()
+    try:
+        store = h.open()
+        h.feed(store, 1, 12)
+        store.convert_sealed(10)
+        first = min(store.file_offsets())
+        again = _crash_and_reopen(h, store, failpoint, point, lambda s: s.move_to_tier())
+        assert (F.cidx_name(first) in h.names()) is not moved
+        assert again.stats().files_compact_tier == int(moved)
+        h.check(again)
+        assert again.tidy_tier() == (0 if moved else int(point == "index.tier.after_put"))
+        tier, manifest = again.tier, TierManifest.load(tmp_path / "index", again.tier.name)
+        assert set(tier.keys()) == {f.key for f in manifest.finished.values()} and manifest.started == {}
+        assert again.move_to_tier(10) >= 1
+        manifest = TierManifest.load(tmp_path / "index", tier.name)
+        assert set(tier.keys()) == {f.key for f in manifest.finished.values()}
+        assert F.cidx_name(first) in manifest.finished
+        assert not any(n.endswith(".cidx") for n in h.names()) and again.stats().files_compact_tier >= 1
+        h.check(again)
+    finally:
+        h.close_all()
 
 
 def test_crash_before_checkpoint_rename_keeps_the_old_one(harness, tmp_path, failpoint):

@@ -1,5 +1,6 @@
-"""Second tier: moves, ranged reads (at most two per compact file per query), retention, stats,
-and the background maintainer thread."""
+"""Second tier (file://; s3:// in tests/integration/test_index_tier_s3.py): moves of immutable objects recorded
+in the manifest, byte identity, restarts, torn objects, failed puts, ranged reads (at most two per compact file
+per query), retention, stats, and the background maintainer thread."""
 
 from __future__ import annotations
 
@@ -8,31 +9,26 @@ import pytest
 from index_testing import BASE_MS, Model, all_pages, record, tiny_config
 from mqstore.index.maintenance import IndexMaintainer
 from mqstore.index.store import IndexStore
-from mqstore.index.tier import DirectoryTier, FsspecTier
+from mqstore.index.tier import IndexTierConfig, TierReader, dir_url, open_tier
+from mqstore.index.tier_manifest import TierManifest
 from mqstore.clock import FakeClock
-from mqstore.errors import NotFound
+from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 KEYS = [f"k{i}" for i in range(6)]
 
 
-@pytest.fixture(params=["directory", "fsspec-memory", "fsspec-file"])
-def make_tier(request, tmp_path):
-    """Every tier implementation: a directory, and fsspec's in-memory and local filesystems."""
+@pytest.fixture
+def make_tier(tmp_path):
+    """The index's tier on a file:// ObjectStore (tests/integration/test_index_tier_s3.py runs s3:// too)."""
     made = []
 
     def make(name: str):
-        if request.param == "directory":
-            tier = DirectoryTier(tmp_path / name)
-        elif request.param == "fsspec-memory":
-            tier = FsspecTier(f"memory://{tmp_path.name}-{name}")
-        else:
-            tier = FsspecTier(f"file://{tmp_path / name}")
+        tier = open_tier(IndexTierConfig(tier_url=dir_url(tmp_path / name)))
         made.append(tier)
         return tier
     yield make
     for tier in made:
-        if isinstance(tier, FsspecTier) and tier.fs.protocol[0] == "memory":
-            tier.fs.rm(tier.root, recursive=True)
+        tier.close()
 
 
 @pytest.fixture
@@ -51,17 +47,112 @@ def setup(tmp_path, make_tier):
     store.close()
 
 
-def test_tier_basics(tmp_path, make_tier):
+def test_objects_are_byte_identical_to_the_local_files_and_named_once_in_the_manifest(setup, tmp_path):
+    store, tier, clock, _ = setup
+    store.convert_sealed(100)
+    local = {p.name: p.read_bytes() for p in (tmp_path / "index").glob("*.cidx")}
+    clock.advance(120_000)
+    assert store.move_to_tier(100) == len(local) == 4
+    manifest = TierManifest.load(tmp_path / "index", tier.name)
+    assert manifest.started == {} and set(manifest.finished) == set(local)
+    objects = tier.keys()
+    assert set(objects) == {f.key for f in manifest.finished.values()}
+    for name, entry in manifest.finished.items():
+        assert entry.key.startswith(f"index/{name}.") and objects[entry.key] == len(local[name])
+        assert tier.writes.get_range(entry.key, 0, entry.size) == local[name]
+    assert list((tmp_path / "index").glob("*.cidx")) == []
+
+
+def test_a_restart_opens_tier_files_from_the_manifest_and_refuses_another_url(setup, tmp_path, make_tier):
+    store, tier, clock, model = setup
+    store.convert_sealed(100)
+    clock.advance(120_000)
+    store.move_to_tier(100)
+    store.close()
+    again = IndexStore(store.config, clock=clock, tier=tier)
+    again.start()
+    try:
+        assert again.stats().files_compact_tier == 4
+        for key in KEYS:
+            assert all_pages(again, "T", key) == model.query("T", key, 0, 1 << 62)
+    finally:
+        again.close()
+    for other in (None, make_tier("elsewhere")):
+        with pytest.raises(FailedPrecondition, match="start it with --tier-url file://"):
+            IndexStore(store.config, clock=clock, tier=other).start()
+
+
+def test_a_torn_object_fails_the_query_never_answers_part_of_it(setup, tmp_path):
+    store, tier, clock, model = setup
+    store.convert_sealed(100)
+    clock.advance(120_000)
+    store.move_to_tier(100)
+    manifest = TierManifest.load(tmp_path / "index", tier.name)
+    victim = manifest.finished[min(manifest.finished)]
+    path = tmp_path / "tier" / victim.key
+    path.write_bytes(path.read_bytes()[:victim.size - 7])  # an object cut short behind the store's back
+    answered = 0
+    for key in KEYS:
+        try:
+            found = all_pages(store, "T", key)
+        except DataLoss as exc:
+            assert "short read" in str(exc) and victim.key in str(exc)
+            continue
+        assert found == model.query("T", key, 0, 1 << 62)  # keys whose runs avoid the cut: whole answers
+        answered += 1
+    assert answered < len(KEYS)
+
+
+def test_a_failed_put_is_discarded_and_the_move_retried_under_a_new_key(setup, tmp_path, monkeypatch):
+    store, tier, clock, model = setup
+    store.convert_sealed(100)
+    clock.advance(120_000)
+    real_put, keys = tier.put, []
+
+    def failing_put(key, source):
+        keys.append(key)
+        real_put(key, source)  # the object lands, then the store reports an error (pulsar#17228)
+        raise Unavailable("object storage tier: PUT answered 500")
+
+    monkeypatch.setattr(tier, "put", failing_put)
+    with pytest.raises(Unavailable):
+        store.move_to_tier(1)
+    assert tier.keys() == {} and len(list((tmp_path / "index").glob("*.cidx"))) == 4
+    assert TierManifest.load(tmp_path / "index", tier.name).started == {}
+    monkeypatch.setattr(tier, "put", real_put)
+    assert store.move_to_tier(100) == 4
+    assert keys[0] not in tier.keys() and len(tier.keys()) == 4
+    for key in KEYS:
+        assert all_pages(store, "T", key) == model.query("T", key, 0, 1 << 62)
+
+
+def test_tier_basics(make_tier, tmp_path):
     tier = make_tier("t")
     (tmp_path / "src").write_bytes(b"0123456789")
-    tier.put("a.cidx", tmp_path / "src")
-    assert tier.list() == ["a.cidx"] and tier.size_bytes("a.cidx") == 10
-    assert tier.get_range("a.cidx", 3, 4) == b"3456"
+    key = tier.new_key("a.cidx")
+    assert key.startswith("index/a.cidx.") and key != tier.new_key("a.cidx")
+    tier.put(key, tmp_path / "src")
+    with pytest.raises(AlreadyExists):
+        tier.put(key, tmp_path / "src")  # immutable: never replaced
+    assert tier.keys() == {key: 10}
+    assert TierReader(tier, key, 10).read(3, 4) == b"3456"
     assert (tier.reads_total, tier.read_bytes_total) == (1, 4)
-    tier.delete("a.cidx")
-    assert tier.list() == []
+    tier.delete(key)
+    assert tier.keys() == {}
     with pytest.raises(NotFound):
-        tier.get_range("a.cidx", 0, 1)
+        tier.read(key, 0, 1)
+
+
+def test_tier_config_takes_file_and_s3_urls_and_the_aws_variables():
+    config = IndexTierConfig(tier_url="s3://bucket/idx").with_env(
+        {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_DEFAULT_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "id",
+         "AWS_SECRET_ACCESS_KEY": "secret"})
+    assert (config.tier_endpoint, config.tier_region, config.credentials.access_key_id) == (
+        "http://127.0.0.1:9", "eu-west-1", "id")
+    assert "secret" not in repr(config) and "credentials" not in config.described()
+    for bad in ("memory://x", "gcs://b/p"):
+        with pytest.raises(InvalidArgument, match="fsspec URLs are no longer taken"):
+            IndexTierConfig(tier_url=bad)
 
 
 def test_move_respects_age_and_keeps_answers(setup):
@@ -73,7 +164,7 @@ def test_move_respects_age_and_keeps_answers(setup):
     assert store.move_to_tier(100) == 4
     stats = store.stats()
     assert (stats.files_unsealed, stats.files_compact_local, stats.files_compact_tier) == (1, 0, 4)
-    assert len(tier.list()) == 4
+    assert len(tier.keys()) == 4
     for key in KEYS:
         assert all_pages(store, "T", key) == before[key] == model.query("T", key, 0, 1 << 62)
 
@@ -100,7 +191,7 @@ def test_retention_deletes_tier_files(setup):
     clock.advance(120_000)
     store.move_to_tier(100)
     assert store.delete_before(10**9) == 4
-    assert tier.list() == []
+    assert tier.keys() == {} and TierManifest.load(store.config.index_dir, tier.name).finished == {}
     assert all_pages(store, "T", KEYS[0]) == [3600]  # only the newest file (3300..4000) is left
 
 
@@ -143,8 +234,9 @@ def test_queries_run_while_writing_converting_and_moving(tmp_path):
     import threading
 
     clock = FakeClock(BASE_MS)
+    tier = open_tier(IndexTierConfig(tier_url=dir_url(tmp_path / "tier")))
     store = IndexStore(tiny_config(tmp_path, slot_count=3, entry_count=9, max_keys_per_message=2),
-                       clock=clock, tier=DirectoryTier(tmp_path / "tier"))
+                       clock=clock, tier=tier)
     store.start()
     model, errors, done = Model(), [], threading.Event()
 
@@ -177,6 +269,7 @@ def test_queries_run_while_writing_converting_and_moving(tmp_path):
         assert all_pages(store, "T", key) == model.query("T", key, 0, 1 << 62)
     assert store.stats().files_compact_tier > 0
     store.close()
+    tier.close()
 
 
 def test_tier_files_keep_one_descriptor_each_and_release_it(tmp_path, make_tier):
@@ -195,6 +288,27 @@ def test_tier_files_keep_one_descriptor_each_and_release_it(tmp_path, make_tier)
     for key in KEYS:
         all_pages(store, "T", key)
     store.close()
-    if hasattr(tier, "close"):
-        tier.close()
+    tier.close()
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_the_service_flags_take_tier_urls_and_tier_dir_as_an_alias(tmp_path):
+    from index_service.main import build_arg_parser, parse_config
+
+    base = ["--data-dir", str(tmp_path)]
+    assert parse_config(base, {}).tier.tier_url == ""
+    aliased = parse_config(base + ["--tier-dir", str(tmp_path / "t")], {})
+    assert aliased.tier.tier_url == f"file://{(tmp_path / 't').resolve()}"
+    s3 = parse_config(base + ["--tier-url", "s3://b/idx", "--tier-read-timeout-ms", "700"],
+                      {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "id"})
+    assert (s3.tier.tier_url, s3.tier.tier_read_timeout_ms, s3.tier.tier_endpoint, s3.tier.credentials.access_key_id) \
+        == ("s3://b/idx", 700, "http://127.0.0.1:9", "id")
+    with pytest.raises(InvalidArgument, match="not both"):
+        parse_config(base + ["--tier-dir", "/x", "--tier-url", "file:///y"], {})
+    with pytest.raises(InvalidArgument, match="fsspec"):
+        parse_config(base + ["--tier-url", "memory://x"], {})
+    text = build_arg_parser().format_help()
+    for flag in ("--tier-url", "--tier-dir", "--tier-endpoint", "--tier-region", "--tier-call-timeout-ms",
+                 "--tier-read-timeout-ms"):
+        assert flag in text
+    assert "--credentials" not in text
