@@ -22,11 +22,12 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import threading
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
-from mqstore.errors import InvalidArgument
+from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.tier.config import Credentials
 from mqstore.tier.objects import ObjectStore
 from mqstore.tier.urls import open_store
@@ -84,6 +85,22 @@ class IndexTierConfig:
 def dir_url(directory: pathlib.Path) -> str:
     """The file:// URL ``--tier-dir DIR`` stands for."""
     return f"file://{directory.resolve()}"
+
+
+def check_no_old_layout(config: IndexTierConfig, index_dir: pathlib.Path) -> None:
+    """Refuse a file:// tier directory that holds index files of the layout before the ObjectStore
+    (``<name>.cidx`` at its top, named by no manifest): this version would not see them, and queries would
+    miss their messages without an error."""
+    if not config.tier_url.startswith("file://"):
+        return
+    root = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(config.tier_url).path))
+    old = sorted(p.name for p in root.glob("*.cidx")) if root.is_dir() else []
+    if old:
+        raise FailedPrecondition(
+            f"the tier directory {root} holds {len(old)} index files of the old --tier-dir layout ({old[0]}, ...): "
+            f"this version keeps them as objects under {root / PREFIX}/, named in {index_dir}/tier-manifest.json. "
+            f"To migrate, stop the Index service, delete {index_dir} and {root}/*.cidx, and start it again: the "
+            f"index is rebuilt from the commit log (it is derived data)")
 
 
 class IndexTier:

@@ -42,7 +42,7 @@ from mqstore.index.follower import FollowerConfig, index_follower
 from mqstore.index.lookup import IndexQueries, LookupConfig
 from mqstore.index.maintenance import IndexMaintainer
 from mqstore.index.store import IndexStore
-from mqstore.index.tier import IndexTierConfig, dir_url, open_tier
+from mqstore.index.tier import IndexTierConfig, check_no_old_layout, dir_url, open_tier
 from mqstore.index.upkeep import IndexUpkeep
 
 from .servicer import SERVICE_NAME, IndexServicer, add_to_server
@@ -78,6 +78,7 @@ def compose(config: IndexServiceConfig, parts: service.Composition) -> None:
                              stream_deadline_s=config.tail_stream_deadline_ms / 1000,
                              max_reconnect_backoff_ms=config.follower.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
+    check_no_old_layout(config.tier, config.index.index_dir)
     tier = open_tier(config.tier)
     if tier is not None:
         parts.on_close(tier.close)  # after the store's close (on_close runs in reverse)

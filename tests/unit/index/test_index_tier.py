@@ -312,3 +312,15 @@ def test_the_service_flags_take_tier_urls_and_tier_dir_as_an_alias(tmp_path):
                  "--tier-read-timeout-ms"):
         assert flag in text
     assert "--credentials" not in text
+
+
+def test_a_tier_directory_of_the_old_layout_is_refused_with_the_way_to_migrate(tmp_path):
+    from mqstore.index.tier import check_no_old_layout
+
+    old = tmp_path / "tier"
+    old.mkdir()
+    config = IndexTierConfig(tier_url=dir_url(old))
+    check_no_old_layout(config, tmp_path / "index")  # empty: a new tier
+    (old / "00000000000000000000.cidx").write_bytes(b"x")  # what DirectoryTier left at the top
+    with pytest.raises(FailedPrecondition, match=r"old --tier-dir layout .* rebuilt from the commit log"):
+        check_no_old_layout(config, tmp_path / "index")
