@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
-from mqstore.errors import FailedPrecondition, InvalidArgument
+from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from mqstore.tier.config import Credentials
 from mqstore.tier.objects import ObjectStore
 from mqstore.tier.urls import open_store
@@ -122,7 +122,13 @@ class IndexTier:
         self.writes.put_if_absent(key, source.read_bytes())
 
     def read(self, key: str, position: int, length_bytes: int, *, verifying: bool = False) -> bytes:
-        data = (self.writes if verifying else self.reads).get_range(key, position, length_bytes)
+        """A ranged read; DataLoss when the object is gone (a query must not answer NOT_FOUND for a key
+        because a file's object was deleted behind the index's back), Unavailable naming the tier."""
+        try:
+            data = (self.writes if verifying else self.reads).get_range(key, position, length_bytes)
+        except NotFound:
+            raise DataLoss(f"index file object {key} is missing from the tier {self.name} (the manifest names "
+                           f"it); to rebuild, stop the index, delete its directory and start it again") from None
         with self._lock:
             self.reads_total += 1
             self.read_bytes_total += len(data)
