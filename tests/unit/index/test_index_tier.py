@@ -249,7 +249,8 @@ def test_queries_run_while_writing_converting_and_moving(tmp_path):
                 errors.append(exc)
                 return
 
-    threads = [threading.Thread(target=reader, name=f"reader-{i}") for i in range(3)]
+    # two readers: each tier read hops to the tier's threads, and three slowed the writer 2-3x on a loaded machine
+    threads = [threading.Thread(target=reader, name=f"reader-{i}") for i in range(2)]
     for thread in threads:
         thread.start()
     try:
