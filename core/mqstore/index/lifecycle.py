@@ -136,12 +136,13 @@ def _copy_to_tier(store, handle: F.CompactHandle) -> TierFile:
 
 def _discard(store, name: str, key: str) -> None:
     """A failed attempt: delete its object, then forget it; a store that does not answer leaves both to
-    tidy_tier (the attempt stays STARTED, so its object is never trusted)."""
+    tidy_tier (the attempt stays STARTED, so its object is never trusted). A put that timed out may still
+    land after the delete: the next round's tidy_tier lists the tier again."""
+    store.tier_untidy = True
     try:
         store.tier.delete(key)
     except Unavailable as exc:
         log.warning("index.tier_discard_failed", key=key, error=str(exc))
-        store.tier_untidy = True
         return
     del store.tier_manifest.started[name]
     store.tier_manifest.save()
@@ -150,11 +151,12 @@ def _discard(store, name: str, key: str) -> None:
 def tidy_tier(store) -> int:
     """Finish what a crash or a failed call left on the tier: delete the object of every STARTED attempt
     and every object under ``index/`` the manifest does not name (orphans), then forget the attempts. Runs
-    on the first maintenance round after a start and after a failed delete; raises Unavailable when the
-    store does not answer (the round fails, the next retries). Number of listed objects deleted."""
-    if not store.tier_untidy:
-        return 0
+    on the first maintenance round after a start and after a failed attempt or delete (or while an attempt
+    is still STARTED); raises Unavailable when the store does not answer (the round fails, the next
+    retries). Number of listed objects deleted."""
     manifest, tier = store.tier_manifest, store.tier
+    if not store.tier_untidy and not manifest.started:
+        return 0
     keep = {f.key for f in manifest.finished.values()}
     orphans = sorted(set(tier.keys()) - keep)
     for key in orphans:
