@@ -98,7 +98,7 @@ class ServiceStats:
 
     @property
     def last_error(self) -> str:
-        return self.problem or self.follower.last_error or self.upkeep.last_error
+        return self.problem or self.store.last_error or self.follower.last_error or self.upkeep.last_error
 
 
 class IndexQueries:

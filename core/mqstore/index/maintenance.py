@@ -7,6 +7,7 @@ import threading
 
 import structlog
 from mqstore.background import Duty
+from mqstore.errors import Unavailable
 
 log = structlog.get_logger("index.maintainer")
 THREAD_NAME = "index-maintainer"
@@ -17,7 +18,9 @@ class IndexMaintainer(Duty):
     does one round in the caller's thread (tests). A round runs when the store has work
     (``store.work_available``: a file was sealed or rebuilt) or every ``maintenance_interval_ms``. A
     round that fails with a store or OS error is logged, marks the store unhealthy with the error and
-    is retried after ``maintenance_retry_ms``; a good round clears it; a bug kills the thread (the
+    is retried after ``maintenance_retry_ms``; one that fails because the tier did not answer
+    (Unavailable) is retried the same way but leaves the store healthy, the error in Stats' last_error
+    (as the commit log being away: local files still answer); a good round clears both; a bug kills the thread (the
     service turns NOT_SERVING). ``round_done`` is set after every round, good or failed. Thread-safe."""
 
     def __init__(self, store):
@@ -40,6 +43,11 @@ class IndexMaintainer(Duty):
         self.store.work_available.clear()  # before the round: work sealed during it wakes the next one
         try:
             self.run_once()
+        except Unavailable as exc:  # the object store away: queries of local files still answer
+            if not self.stopping:
+                log.warning("index.tier_unavailable", error=str(exc))
+                self.store.set_tier_error(f"index files cannot move to the tier: {exc}")
+            raise
         except self.retry_on as exc:
             if not self.stopping:
                 log.error("index.maintenance_failed", error=str(exc), error_type=type(exc).__name__)
@@ -48,6 +56,7 @@ class IndexMaintainer(Duty):
         finally:
             self.round_done.set()
         self.store.set_maintenance_error("")
+        self.store.set_tier_error("")
 
     def pause(self) -> None:
         """Until the store has work, the interval passes, or the duty is woken or stopped."""

@@ -72,6 +72,7 @@ class IndexStore:
         self._checkpoint: ckpt.IndexCheckpoint | None = None
         self._started = False
         self._last_error = ""
+        self._tier_error = ""  # the last maintenance round failed as the tier did not answer (still healthy)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -294,6 +295,11 @@ class IndexStore:
         with self._maintenance_lock:
             return lifecycle.delete_before(self, log_min_physical_offset)
 
+    def set_tier_error(self, error: str) -> None:
+        """The maintainer reports a round the tier failed (Stats' last_error; healthy) or a good one ("")."""
+        with self._lock:
+            self._tier_error = error
+
     def set_maintenance_error(self, error: str) -> None:
         """The maintainer reports a failed round (stats say unhealthy) or a good one ("")."""
         with self._lock:
@@ -322,6 +328,7 @@ class IndexStore:
             ranges = tuple(self._table.rebuild_ranges())
             end = self._writer.end_phy_offset if self._writer is not None else None
             cp, last_error, next_phy = self._checkpoint, self._last_error, self._next_phy_offset
+            tier_error = self._tier_error
         c = self.counters
         return IndexStats(
             files_unsealed=sum(i.layout == F.UNSEALED for i in infos),
@@ -334,4 +341,4 @@ class IndexStore:
             needs_rebuild=ranges, queries=c.queries, query_reads_total=c.query_reads_total,
             last_query_reads=c.last_query_reads, max_reads_per_file=c.max_reads_per_file,
             records_applied=c.records_applied, records_skipped=c.records_skipped,
-            keys_dropped=c.keys_dropped, healthy=not last_error, last_error=last_error)
+            keys_dropped=c.keys_dropped, healthy=not last_error, last_error=last_error or tier_error)
