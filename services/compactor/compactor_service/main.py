@@ -9,6 +9,9 @@ flag per field of CompactionConfig (``--segment-size-bytes``, ``--offset-map-mem
 ``--min-cleanable-dirty-ratio``, ``--min-compaction-lag-ms``, ``--max-compaction-lag-ms``,
 ``--delete-retention-ms``, ...) and FollowConfig (``--heartbeat-ms``, ``--backoff-max-ms``, ...).
 
+``--spark-tier-url`` (file:///DIR or s3://BUCKET[/PREFIX]; S3 settings from the AWS_* variables): Spark rounds
+go through that object storage, no directory is shared with the executors (compactor_service.spark_runner).
+
 ``--etcd-endpoints`` (with ``--etcd-prefix``, ``--lease-ttl-s``, ``--instance-id``): one of several
 compactors, each following the commit log and answering reads, the lease holder running rounds
 (compactor_service.lease); its retention hold is then ``compactor-<instance id>``.
