@@ -24,8 +24,10 @@ import os
 import pathlib
 import shutil
 import tempfile
+import uuid
 
 from mqstore.compaction import tier_round
+from mqstore.errors import NotFound
 from mqstore.format import compaction_segment as cseg, sparse_queue
 from mqstore.tier.objects import read_whole
 
@@ -49,10 +51,13 @@ class PathFiles:
     def log(self, base: int) -> bytes:
         return (self.queue_dir / cseg.log_name(base)).read_bytes()
 
-    def put_part(self, base: int, suffix: str, data: bytes) -> None:
+    def new_attempt(self) -> str:
+        return ""  # a retried task writes the same files again, whole
+
+    def put_part(self, base: int, attempt: str, suffix: str, data: bytes) -> None:
         (self.staging / PARTS / f"{base:020d}{suffix}").write_bytes(data)
 
-    def part(self, base: int, suffix: str) -> bytes:
+    def part(self, base: int, attempt: str, suffix: str) -> bytes:
         return (self.staging / PARTS / f"{base:020d}{suffix}").read_bytes()
 
     def start(self) -> pathlib.Path:
@@ -84,7 +89,7 @@ class TierFiles:
     def index_size(self, base: int) -> int:
         size = self.store.size(self._input(base, "cq"))
         if size is None:
-            raise FileNotFoundError(f"{self.store.url}: the round's input {self._input(base, 'cq')} is missing")
+            raise NotFound(f"{self.store.url}: the round's input {self._input(base, 'cq')} is missing")
         return size
 
     def index_entry(self, base: int, number: int) -> bytes:
@@ -96,11 +101,17 @@ class TierFiles:
     def log(self, base: int) -> bytes:
         return read_whole(self.store, self._input(base, "log"))
 
-    def put_part(self, base: int, suffix: str, data: bytes) -> None:
-        self.store.put_if_absent(tier_round.part_key(self.prefix, base, suffix), data)
+    def new_attempt(self) -> str:
+        """A fresh id for the parts of one task attempt: objects are written once, and a task Spark retries
+        (after its first attempt put some of its parts) must not meet them; the driver reads the parts of
+        the attempt whose row it got, and deletes every part at the end."""
+        return uuid.uuid4().hex
 
-    def part(self, base: int, suffix: str) -> bytes:
-        return read_whole(self.store, tier_round.part_key(self.prefix, base, suffix))
+    def put_part(self, base: int, attempt: str, suffix: str, data: bytes) -> None:
+        self.store.put_if_absent(tier_round.part_key(self.prefix, base, attempt, suffix), data)
+
+    def part(self, base: int, attempt: str, suffix: str) -> bytes:
+        return read_whole(self.store, tier_round.part_key(self.prefix, base, attempt, suffix))
 
     def start(self) -> pathlib.Path:
         self.staging = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-round-"))

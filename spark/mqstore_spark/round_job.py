@@ -120,7 +120,8 @@ class _Column:
 ENTRY_DTYPE = [("position", ">i8"), ("size", ">i4"), ("tag_code", ">i8"), ("store_ms", ">i8"), ("queue_offset", ">i8"),
                ("batch", ">i2"), ("seen", ">i8")]  # mqstore.format.sparse_queue.ENTRY as a numpy record (46 bytes)
 KEYED = "base long, entry int, queue_offset long, digest binary, tombstone boolean"
-SEGMENT = "base long, changed boolean, " + ", ".join(f"{name} long" for name in COUNTERS) + ", keys long"
+SEGMENT = ("base long, changed boolean, " + ", ".join(f"{name} long" for name in COUNTERS) + ", keys long, "
+           "part string")  # part: the attempt that wrote the segment's part (round_files.new_attempt)
 _SECONDS_MASK = 0xFFFF_FFFF
 TASKS_PER_CORE = 2
 
@@ -219,7 +220,7 @@ def _rewritten(files, request: dict, batch, last: int):
         keys = batch.column("keys")[i].as_py() or 0
         rows.append({**rewrite_segment(files, request, base, *marks, last), "keys": keys})
     return pa.RecordBatch.from_pylist(rows, schema=pa.schema([("base", pa.int64()), ("changed", pa.bool_())] + [
-        (name, pa.int64()) for name in COUNTERS + ("keys",)]))
+        (name, pa.int64()) for name in COUNTERS + ("keys",)] + [("part", pa.string())]))
 
 
 def rewrite_segment(files, request: dict, base: int, superseded, tombstones, last: int) -> dict:
@@ -257,10 +258,11 @@ def rewrite_segment(files, request: dict, base: int, superseded, tombstones, las
         survivors = entries[kept]
         survivors["seen"] = seen[kept]
         survivors["position"] = np.cumsum(sizes[kept]) - sizes[kept]  # positions within the part
-        files.put_part(base, ".log", _gather(data, positions[kept], sizes[kept]))
-        files.put_part(base, ".cq", survivors.tobytes())
-        files.put_part(base, ".removed", json.dumps(removed_keys).encode())
-    return {"base": base, "changed": changed, **stats}
+        part = files.new_attempt()  # a task retried by Spark writes a part of its own, never over another's
+        files.put_part(base, part, ".log", _gather(data, positions[kept], sizes[kept]))
+        files.put_part(base, part, ".cq", survivors.tobytes())
+        files.put_part(base, part, ".removed", json.dumps(removed_keys).encode())
+    return {"base": base, "changed": changed, **stats, "part": part if changed else ""}
 
 
 def _gather(data: bytes, starts, sizes) -> bytes:
@@ -332,8 +334,9 @@ def _stream(writer: RoundWriter, row: dict, files, stats: RoundStats) -> None:
     import numpy as np
     base = row["base"]
     if row["changed"]:
-        log, shift, index = files.part(base, ".log"), 0, files.part(base, ".cq")
-        stats.removed_keys.update(json.loads(files.part(base, ".removed")))
+        part = row["part"]
+        log, shift, index = files.part(base, part, ".log"), 0, files.part(base, part, ".cq")
+        stats.removed_keys.update(json.loads(files.part(base, part, ".removed")))
     else:
         log, shift, index = files.log(base), base, files.index(base)
     entries = read_index(index)

@@ -133,3 +133,20 @@ def test_tier_segments_takes_one_upload_per_commit_log_segment():
             f"kv/0/{0:020d}.log", f"kv/0/{0:020d}.cq", f"x/{2048:020d}", "spark-rounds/abc/parts/x.removed"]
     assert tier_segments(keys) == [(f"commitlog/{0:020d}/{first}", 0), (f"commitlog/{1024:020d}/{first}", 1024),
                                    (f"kv/0/{0:020d}.log", 0), (f"x/{2048:020d}", 2048)]
+
+
+def test_a_retried_task_puts_parts_of_its_own(tmp_path):
+    """Spark retries a task whose executor died after it put some parts: objects are written once, so each
+    attempt's parts have keys of their own, and the driver reads those of the attempt its row names."""
+    from mqstore_spark.round_files import TierFiles
+    tier = {"url": f"file://{tmp_path}", "timeout_ms": 10_000, "prefix": "spark-rounds/r", "inputs": {}}
+    files = TierFiles({"tier": tier})
+    try:
+        first, second = files.new_attempt(), files.new_attempt()
+        files.put_part(0, first, ".log", b"first")
+        files.put_part(0, second, ".log", b"second")  # no AlreadyExists: the retry goes on
+        assert first != second and files.part(0, second, ".log") == b"second"
+        files.drop_parts([0])
+        assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    finally:
+        files.close()

@@ -7,8 +7,8 @@ and deletes the prefix.
   key (under the tier URL)                        written by         what
   ----------------------------------------------- ------------------ ---------------------------------------
   spark-rounds/<round id>/input/<base>.log|.cq    the compactor      the sealed segments, as they are
-  spark-rounds/<round id>/parts/<base>.log|.cq|   an executor        the survivors of a changed segment
-    .removed
+  spark-rounds/<round id>/parts/<base>.<attempt> an executor's task the survivors of a changed segment
+    .log|.cq|.removed                                                (an id per task attempt)
   spark-rounds/<round id>/output/<name>           the driver         the round's output segments, then
   spark-rounds/<round id>/output/round.manifest                      its manifest (last)
 
@@ -50,8 +50,9 @@ def input_key(prefix: str, name: str) -> str:
     return f"{prefix}/input/{name}"
 
 
-def part_key(prefix: str, base: int, suffix: str) -> str:
-    return f"{prefix}/parts/{base:020d}{suffix}"
+def part_key(prefix: str, base: int, attempt: str, suffix: str) -> str:
+    """A part of one task attempt (a fresh id each: a task Spark retries never meets its first attempt's)."""
+    return f"{prefix}/parts/{base:020d}.{attempt}{suffix}"
 
 
 def output_key(prefix: str, name: str) -> str:
