@@ -25,6 +25,7 @@ from mqstore.compaction.store import CompactionStore
 from mqstore.compaction import tier_round
 from mqstore.errors import Unavailable
 from mqstore.tier.config import TierConfig
+from mqstore.tier.objects import ObjectStore
 from mqstore.tier.urls import open_store
 from tests.integration.test_compactor_service import compactor_config
 from tests.support.compaction import BASE_MS, put
@@ -42,6 +43,7 @@ from mqstore.clock import FakeClock
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.store import CompactionStore
 from mqstore.tier.config import TierConfig
+from mqstore.tier.objects import ObjectStore
 from mqstore.tier.urls import open_store
 logs, url, job = sys.argv[1:4]
 config = CompactionConfig(segment_size_bytes=4096)
@@ -126,3 +128,26 @@ def test_the_next_round_deletes_what_a_round_could_not(tmp_path):
     finally:
         store.close()
         tier.close()
+
+
+class _DownBackend:
+    """A store that fails every call (the tier down): ObjectStore makes each failure Unavailable."""
+
+    def __getattr__(self, name):
+        def fail(*args):
+            raise ConnectionRefusedError("the tier is down")
+        return (lambda: None) if name == "close" else fail
+
+
+def test_a_start_with_the_tier_down_starts_and_keeps_the_request_naming_the_objects(tmp_path):
+    url = f"file://{tmp_path / 'tier'}"
+    topic_dir = tmp_path / "logs" / "kv"
+    topic_dir.mkdir(parents=True)
+    request_path = topic_dir / f".0{spark_runner.REQUEST_SUFFIX}"
+    request_path.write_text(json.dumps({"tier": {"url": url, "prefix": "spark-rounds/left"}}))
+    down = ObjectStore(url, _DownBackend(), timeout_ms=5_000)
+    try:
+        assert spark_runner.clean_leftovers(tmp_path / "logs", down) == 0  # no Unavailable: the start goes on
+    finally:
+        down.close()
+    assert request_path.exists()  # the next round of the queue (or start) deletes the objects, then the file

@@ -161,7 +161,12 @@ def clean_leftovers(logs_dir: pathlib.Path, tier: ObjectStore | None = None) -> 
             killed += _kill_recorded(job_path)
             job_path.unlink()
         for request_path in sorted(topic_dir.glob(f".*{REQUEST_SUFFIX}")):
-            _remove_round_objects(request_path, tier)
+            try:
+                _remove_round_objects(request_path, tier)
+            except Unavailable as exc:  # the tier is down: start all the same; the queue's next round deletes them
+                log.warning("compaction.spark_tier_cleanup_failed", file=str(request_path), error=str(exc),
+                            why="kept: the queue's next round or the next start deletes the round's objects")
+                continue
             request_path.unlink()
             log.warning("compaction.spark_leftover_removed", file=str(request_path),
                         why="a Spark round was cut short (the compactor was killed)")
