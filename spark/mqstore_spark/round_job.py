@@ -62,7 +62,7 @@ from mqstore.errors import invariant
 from mqstore.format import sparse_queue
 from mqstore.format.record import PHYSICAL_OFFSET_AT
 
-from .round_files import PARTS, files_of  # noqa: F401 - PARTS: staging/parts/, where paths are shared
+from .round_files import files_of
 
 COUNTERS = ("records_in", "records_out", "records_removed", "tombstones_removed", "tombstones_pending",
             "bytes_reclaimed")
