@@ -99,7 +99,9 @@ RUN . /tmp/docker-build-env.sh \
  && rm -rf /var/lib/apt/lists/* /tmp/*
 COPY --from=spark-build /opt/mqstore /opt/mqstore
 ENV PATH=/opt/mqstore/bin:$PATH
-RUN python -c "import pyspark, pyarrow, pandas, compactor_service.main, mqstore_spark.round_job" && java -version
+RUN python -c "import pyspark, pyarrow, pandas, compactor_service.main, mqstore_spark.round_job" && java -version \
+ && mkdir -p /tier && chown mqstore:mqstore /tier && chmod 0700 /tier
+# /tier: compose's file:// tier of the Spark rounds (volume spark-tier; the compactor and the workers, as mqstore)
 USER mqstore
 VOLUME ["/data"]
 CMD ["python", "-m", "mqstore_launcher.node", "--host", "0.0.0.0", "--data-dir", "/data"]

@@ -16,8 +16,10 @@
 #   5. a round larger than an executor (python -m mqstore_spark.cluster_round in the compactor's container,
 #      the driver): COMPOSE_CHECK_SPARK_ROUND="<records> <keys> [<key bytes>]" (default "3000000 2600000 256":
 #      to find the latest offset per key by itself one executor would hold 2.6M keys of 256 bytes and an
-#      8-byte offset each, 686 MB, 1.28x an executor's whole 512m heap) generated under the shared volume
-#      (~1.1 GB a copy), run on the cluster and by the local engine, every file compared byte for byte;
+#      8-byte offset each, 686 MB, 1.28x an executor's whole 512m heap) generated under the compactor's
+#      volume (~1.1 GB a copy), run on the cluster through the compactor's tier (MQSTORE_SPARK_TIER_URL,
+#      file:///tier: the workers do not mount the compactor's volume) and by the local engine, every file
+#      compared byte for byte;
 #      its JSON line is printed. Measured at 38b9d8d (2 cores, load average 7-12 from other work): make
 #      compose-check-spark passed in 811 s (build 219 s, up 22 s, smoke rounds 207 s, this round 353 s);
 #      3,000,000 records (1.11 GB) over 2,600,000 keys of 256 B, generated in 60 s, local engine 50.9 s,

@@ -2,8 +2,11 @@
 ``python -m mqstore_spark.cluster_round --dir DIR --records N --keys K [--key-bytes B] [--master URL]``.
 
 ``make compose-check-spark`` runs it in compose's compactor container (the driver), on the standalone
-cluster (spark-master, spark-worker-1 and -2, executors of spark.executor.memory each), over a queue
-under the shared volume so the executors find its segments and staging at the driver's paths:
+cluster (spark-master, spark-worker-1 and -2, executors of spark.executor.memory each), through the
+compactor's tier (``--tier-url``, default MQSTORE_SPARK_TIER_URL; compose: file:///tier, a volume the
+workers mount instead of the compactor's data), as the compactor's rounds go (mqstore.compaction.tier_round:
+the sealed segments put under a fresh prefix, the output fetched back, the prefix deleted); without a tier
+URL, over a queue the executors find at the driver's paths:
 
   1. generate a sealed compaction log of N records over K keys of B bytes each (small bodies; a key is
      ``key-<10 digits>`` padded with the hex of its SHAKE-128, so Spark's compressed shuffle and spill
@@ -36,6 +39,7 @@ import subprocess
 import sys
 import time
 
+from mqstore.compaction import tier_round
 from mqstore.compaction.offset_map import ENTRY_COST_BYTES
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.qlog import QueueLog
@@ -43,6 +47,8 @@ from mqstore.compaction.qlog_files import STAGING
 from mqstore.compaction.rounds import run_round
 from mqstore.compaction.staged import install_output
 from mqstore.format import record
+from mqstore.tier.config import TierConfig
+from mqstore.tier.urls import open_store
 
 MiB = 1 << 20
 BASE_MS = 1_700_000_000_000
@@ -84,26 +90,44 @@ def generate(queue_dir: pathlib.Path, records: int, keys: int, segment_bytes: in
     return written
 
 
-def spark_round(queue_dir: pathlib.Path, config: CompactionConfig, master: str, now_ms: int) -> float:
-    """The Spark job as the compactor runs it (a child process), its output installed; its seconds."""
+def spark_round(queue_dir: pathlib.Path, config: CompactionConfig, master: str, now_ms: int,
+                tier_url: str = "") -> float:
+    """The Spark job as the compactor runs it (a child process), its output installed; its seconds (with a
+    tier, the inputs' PUTs and the output's GETs included)."""
     qlog = QueueLog(queue_dir, config.segment_size_bytes, "kv", 0)
+    tier_config = TierConfig(tier_url=tier_url).with_env(os.environ) if tier_url else None
+    store = open_store(tier_url, timeout_ms=tier_config.tier_call_timeout_ms, endpoint=tier_config.tier_endpoint,
+                       region=tier_config.tier_region, credentials=tier_config.credentials) if tier_url else None
     try:
         bases, _ = qlog.sealed()
-        request = {"queue_dir": str(queue_dir), "bases": bases, "cleaned_offset": qlog.cleaned_offset,
-                   "next_offset": qlog.next_offset(), "now_ms": now_ms, "config": dataclasses.asdict(config),
-                   "staging": str(queue_dir / STAGING), "master": master}
+        request = {"bases": bases, "cleaned_offset": qlog.cleaned_offset, "next_offset": qlog.next_offset(),
+                   "now_ms": now_ms, "config": dataclasses.asdict(config), "master": master}
+        if store is None:
+            request.update(queue_dir=str(queue_dir), staging=str(queue_dir / STAGING))
+        else:
+            request["tier"] = tier_round.request_part(tier_config, tier_round.new_prefix(), bases)
         path = queue_dir.parent / ".0.spark-request.json"
         path.write_text(json.dumps(request))
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "mqstore_spark.round_job", str(path)], capture_output=True,
-                              text=True, check=False, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
-        if done.returncode != 0:
-            raise RuntimeError(f"the Spark job failed (exit {done.returncode}): {done.stderr[-3000:]}")
-        install_output(qlog, bases, queue_dir / STAGING)
+        try:
+            if store is not None:
+                tier_round.upload_inputs(store, request["tier"], queue_dir)
+            done = subprocess.run([sys.executable, "-m", "mqstore_spark.round_job", str(path)], capture_output=True,
+                                  text=True, check=False, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+            if done.returncode != 0:
+                raise RuntimeError(f"the Spark job failed (exit {done.returncode}): {done.stderr[-3000:]}")
+            if store is not None:
+                tier_round.download_output(store, request["tier"]["prefix"], queue_dir / STAGING)
+            install_output(qlog, bases, queue_dir / STAGING)
+        finally:
+            if store is not None:
+                tier_round.remove_round(store, request["tier"]["prefix"])
         path.unlink()
         return time.perf_counter() - started
     finally:
         qlog.close()
+        if store is not None:
+            store.close()
 
 
 def local_round(queue_dir: pathlib.Path, config: CompactionConfig, now_ms: int) -> tuple[float, int]:
@@ -149,7 +173,8 @@ def figures(args: argparse.Namespace, config: CompactionConfig, size: int, secon
     key's bytes and its latest offset) against its whole heap."""
     held = args.keys * (args.key_bytes + OFFSET_BYTES)
     memory = memory_bytes(args.executor_memory)
-    return {"master": args.master, "records": args.records, "keys": args.keys, "key_bytes": args.key_bytes,
+    return {"master": args.master, "tier_url": args.tier_url, "records": args.records, "keys": args.keys,
+            "key_bytes": args.key_bytes,
             "input_bytes": size, "generate_s": round(seconds["generate"], 1), "local_s": round(seconds["local"], 1),
             "local_passes": passes, "local_map_bytes": config.offset_map_memory_bytes,
             "spark_s": round(seconds["spark"], 1), "executor_memory": args.executor_memory,
@@ -167,6 +192,9 @@ def main(argv: list[str]) -> int:
                         help=f"each key's length (default {KEY_PREFIX_BYTES}: key-<10 digits>, no padding)")
     parser.add_argument("--master", default=os.environ.get("MQSTORE_SPARK_MASTER", "local[2]"))
     parser.add_argument("--segment-mib", type=int, default=64)
+    parser.add_argument("--tier-url", default=os.environ.get("MQSTORE_SPARK_TIER_URL", ""),
+                        help="run the round through this tier (file:///DIR or s3://BUCKET[/PREFIX]; default "
+                             "MQSTORE_SPARK_TIER_URL; empty: the executors read the queue by its path)")
     parser.add_argument("--executor-memory", type=memory_arg, default="512m",
                         help="what the executors were given (reported)")
     args = parser.parse_args(argv)
@@ -181,7 +209,7 @@ def main(argv: list[str]) -> int:
         shutil.copytree(args.dir / "local", args.dir / "spark")
         now_ms = BASE_MS + args.records + 1
         seconds["local"], passes = local_round(args.dir / "local" / "kv" / "0", config, now_ms)
-        seconds["spark"] = spark_round(args.dir / "spark" / "kv" / "0", config, args.master, now_ms)
+        seconds["spark"] = spark_round(args.dir / "spark" / "kv" / "0", config, args.master, now_ms, args.tier_url)
         diff = differing(args.dir / "local", args.dir / "spark")
         print(json.dumps(figures(args, config, size, seconds, passes, diff)), flush=True)
         return 0 if not diff else 1

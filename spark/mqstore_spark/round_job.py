@@ -38,7 +38,11 @@ staging directory and the Spark master. Nothing per key or per record crosses to
 No Python object is made per record outside step 2's key decoding (a key string and its digest).
 The compactor validates the manifest against the staged files and installs them in place of the sealed
 segments from ``rewritten_from`` on with its usual swap.
-Executors need the staging directory at the same path as the driver (compose: the shared volume).
+Where the segments, parts and output are is the request's choice (mqstore_spark.round_files): with
+``queue_dir`` and ``staging`` the executors need the staging directory at the same path as the driver (a
+shared volume); with ``tier`` (the compactor's --spark-tier-url) the sealed segments are objects under the
+round's prefix, read by range GETs, and the executors' parts and the driver's output and manifest are
+objects under it too (mqstore.compaction.tier_round): no directory is shared.
 """
 
 from __future__ import annotations
@@ -47,18 +51,19 @@ import bisect
 import json
 import os
 import pathlib
-import shutil
 import sys
 import warnings
 
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.rounds import RoundStats, dirty_range, key_and_tombstone
-from mqstore.compaction.writer import RoundWriter, write_manifest
+from mqstore.compaction import tier_round
+from mqstore.compaction.writer import MANIFEST, RoundWriter, write_manifest
 from mqstore.errors import invariant
-from mqstore.format import compaction_segment as cseg, sparse_queue
+from mqstore.format import sparse_queue
 from mqstore.format.record import PHYSICAL_OFFSET_AT
 
-PARTS = "parts"
+from .round_files import files_of
+
 COUNTERS = ("records_in", "records_out", "records_removed", "tombstones_removed", "tombstones_pending",
             "bytes_reclaimed")
 
@@ -79,15 +84,15 @@ def session(master: str, app: str = "mqstore-compaction"):
 
 
 class OnDiskIndex:
-    """The sealed segments' index entries, read in place from their ``.cq`` files (one pread per entry
-    asked for): ``offsets`` and ``store_ms`` are sequences for :func:`rounds.dirty_range`'s bisects, so the
-    driver never loads the index (O(records)) into memory."""
+    """The sealed segments' index entries, read in place from their ``.cq`` files or objects (one pread or
+    range GET per entry asked for): ``offsets`` and ``store_ms`` are sequences for :func:`rounds.dirty_range`'s
+    bisects, so the driver never loads the index (O(records)) into memory."""
 
-    def __init__(self, queue_dir: pathlib.Path, bases: list[int]):
-        self.paths = [queue_dir / cseg.index_name(b) for b in bases]
+    def __init__(self, files, bases: list[int]):
+        self.files, self.bases = files, bases
         self.starts = [0]  # entry number of each file's first entry
-        for path in self.paths:
-            self.starts.append(self.starts[-1] + path.stat().st_size // sparse_queue.ENTRY_SIZE)
+        for base in bases:
+            self.starts.append(self.starts[-1] + files.index_size(base) // sparse_queue.ENTRY_SIZE)
         self.offsets, self.store_ms = _Column(self, 4), _Column(self, 3)
 
     def __len__(self) -> int:
@@ -97,8 +102,7 @@ class OnDiskIndex:
         if not 0 <= i < len(self):
             raise IndexError(i)
         n = bisect.bisect_right(self.starts, i) - 1
-        with open(self.paths[n], "rb") as f:
-            data = os.pread(f.fileno(), sparse_queue.ENTRY_SIZE, (i - self.starts[n]) * sparse_queue.ENTRY_SIZE)
+        data = self.files.index_entry(self.bases[n], i - self.starts[n])
         return sparse_queue.ENTRY.unpack(data)[field]
 
 
@@ -116,19 +120,21 @@ class _Column:
 ENTRY_DTYPE = [("position", ">i8"), ("size", ">i4"), ("tag_code", ">i8"), ("store_ms", ">i8"), ("queue_offset", ">i8"),
                ("batch", ">i2"), ("seen", ">i8")]  # mqstore.format.sparse_queue.ENTRY as a numpy record (46 bytes)
 KEYED = "base long, entry int, queue_offset long, digest binary, tombstone boolean"
-SEGMENT = "base long, changed boolean, " + ", ".join(f"{name} long" for name in COUNTERS) + ", keys long"
+SEGMENT = ("base long, changed boolean, " + ", ".join(f"{name} long" for name in COUNTERS) + ", keys long, "
+           "part string")  # part: the attempt that wrote the segment's part (round_files.new_attempt)
 _SECONDS_MASK = 0xFFFF_FFFF
 TASKS_PER_CORE = 2
 
 
-def read_index(path: pathlib.Path):
-    """The valid entries of one ``.cq`` file as a numpy record array (ENTRY_DTYPE), seen-at in ms (layout 1's
-    seconds converted): what sparse_queue.decode_all gives, as columns."""
+def read_index(source: pathlib.Path | bytes):
+    """The valid entries of one ``.cq`` file (or its bytes) as a numpy record array (ENTRY_DTYPE), seen-at in ms
+    (layout 1's seconds converted): what sparse_queue.decode_all gives, as columns."""
     import numpy as np
-    entries = np.fromfile(path, dtype=np.dtype(ENTRY_DTYPE), count=path.stat().st_size // sparse_queue.ENTRY_SIZE)
+    data = source.read_bytes() if isinstance(source, pathlib.Path) else source
+    entries = np.frombuffer(data, dtype=np.dtype(ENTRY_DTYPE), count=len(data) // sparse_queue.ENTRY_SIZE)
     bad = np.flatnonzero((entries["position"] < 0) | (entries["size"] <= 0) | (entries["queue_offset"] < 0)
                          | (entries["batch"] != 1))
-    entries = entries[:bad[0]] if bad.size else entries.copy()
+    entries = entries[:bad[0]].copy() if bad.size else entries.copy()
     old = entries["seen"] < 0
     if old.any():
         entries["seen"][old] = (entries["seen"][old] & _SECONDS_MASK) * 1000
@@ -143,45 +149,51 @@ def map_in_arrow(frame, fn, schema: str):
         return frame.mapInArrow(fn, schema)
 
 
-def keyed_records(queue_dir: str, last: int):
+def keyed_records(request: dict, last: int):
     """(On an executor, mapInArrow over the segments' bases.) Arrow batches of a segment's keyed records at or
     below ``last``, one per segment: its base, the entry's number in the segment, the queue offset, the MD5
-    digest of the key (16 bytes) and the tombstone flag; the keys from the compiled codec."""
+    digest of the key (16 bytes) and the tombstone flag; the keys from the compiled codec. The segments are
+    read where the request says (round_files: paths, or range GETs of the tier's objects)."""
     def records(batches):
-        import numpy as np
-        import pyarrow as pa
-        from mqstore.compaction.offset_map import digest
-        from mqstore.compaction.rounds import compaction_fields
-        for batch in batches:
-            for base in batch.column("base").to_pylist():
-                entries = read_index(pathlib.Path(queue_dir) / cseg.index_name(base))
-                n = int(np.searchsorted(entries["queue_offset"], last, side="right"))
-                data = memoryview((pathlib.Path(queue_dir) / cseg.log_name(base)).read_bytes())
-                starts, ends = (entries["position"][:n] - base).tolist(), (entries["position"][:n] - base
-                                                                          + entries["size"][:n]).tolist()
-                numbers, digests, tombstones = [], [], []
-                for i in range(n):
-                    key, tombstone, _ = compaction_fields(data[starts[i]:ends[i]])
-                    if key is not None:
-                        numbers.append(i)
-                        digests.append(digest(key))
-                        tombstones.append(tombstone)
-                at = np.array(numbers, dtype=np.int32)
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(np.full(len(at), base, dtype=np.int64)), pa.array(at),
-                     pa.array(entries["queue_offset"][at].astype(np.int64)), pa.array(digests, pa.binary()),
-                     pa.array(tombstones, pa.bool_())], names=["base", "entry", "queue_offset", "digest", "tombstone"])
+        with files_of(request) as files:
+            for batch in batches:
+                for base in batch.column("base").to_pylist():
+                    yield _keyed_batch(files, base, last)
     return records
 
 
-def segment_marks(spark, segments, queue_dir: pathlib.Path, cleaned: int, last: int):
+def _keyed_batch(files, base: int, last: int):
+    import numpy as np
+    import pyarrow as pa
+    from mqstore.compaction.offset_map import digest
+    from mqstore.compaction.rounds import compaction_fields
+    entries = read_index(files.index(base))
+    n = int(np.searchsorted(entries["queue_offset"], last, side="right"))
+    data = memoryview(files.log(base))
+    starts, ends = (entries["position"][:n] - base).tolist(), (entries["position"][:n] - base
+                                                              + entries["size"][:n]).tolist()
+    numbers, digests, tombstones = [], [], []
+    for i in range(n):
+        key, tombstone, _ = compaction_fields(data[starts[i]:ends[i]])
+        if key is not None:
+            numbers.append(i)
+            digests.append(digest(key))
+            tombstones.append(tombstone)
+    at = np.array(numbers, dtype=np.int32)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.full(len(at), base, dtype=np.int64)), pa.array(at),
+         pa.array(entries["queue_offset"][at].astype(np.int64)), pa.array(digests, pa.binary()),
+         pa.array(tombstones, pa.bool_())], names=["base", "entry", "queue_offset", "digest", "tombstone"])
+
+
+def segment_marks(spark, segments, request: dict, cleaned: int, last: int):
     """A DataFrame (base, superseded, tombstones, keys), one row per segment with keyed records up to ``last``:
     the entry numbers of its records that a later record of their key in (cleaned, last] supersedes, of its
     keyed tombstones, and how many keys' latest dirty record it holds (their sum is the round's keys
     mapped). Computed on the executors, on fixed-width columns (the keys' digests, int64 offsets)."""
     from pyspark.sql import Window, functions as F
     offset, latest, entry = F.col("queue_offset"), F.col("latest"), F.col("entry")
-    records = map_in_arrow(segments.select("base"), keyed_records(str(queue_dir), last), KEYED)
+    records = map_in_arrow(segments.select("base"), keyed_records(request, last), KEYED)
     dirty_latest = F.max(F.when(offset > cleaned, offset)).over(Window.partitionBy("digest"))
     return (records.withColumn("latest", dirty_latest).groupBy("base")
             .agg(F.collect_list(F.when(offset < latest, entry)).alias("superseded"),
@@ -192,29 +204,34 @@ def segment_marks(spark, segments, queue_dir: pathlib.Path, cleaned: int, last: 
 def rewrite_segments(request: dict, last: int):
     """(On an executor, mapInArrow over the segments' marks.) One row per segment: :func:`rewrite_segment`'s."""
     def rewrite(batches):
-        import numpy as np
-        import pyarrow as pa
-        for batch in batches:
-            rows = []
-            for i, base in enumerate(batch.column("base").to_pylist()):
-                marks = [np.asarray(batch.column(name)[i].values if batch.column(name)[i].is_valid else [],
-                                    dtype=np.int64) for name in ("superseded", "tombstones")]
-                keys = batch.column("keys")[i].as_py() or 0
-                rows.append({**rewrite_segment(request, base, *marks, last), "keys": keys})
-            yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("base", pa.int64()), ("changed", pa.bool_())] + [
-                (name, pa.int64()) for name in COUNTERS + ("keys",)]))
+        with files_of(request) as files:
+            for batch in batches:
+                yield _rewritten(files, request, batch, last)
     return rewrite
 
 
-def rewrite_segment(request: dict, base: int, superseded, tombstones, last: int) -> dict:
+def _rewritten(files, request: dict, batch, last: int):
+    import numpy as np
+    import pyarrow as pa
+    rows = []
+    for i, base in enumerate(batch.column("base").to_pylist()):
+        marks = [np.asarray(batch.column(name)[i].values if batch.column(name)[i].is_valid else [],
+                            dtype=np.int64) for name in ("superseded", "tombstones")]
+        keys = batch.column("keys")[i].as_py() or 0
+        rows.append({**rewrite_segment(files, request, base, *marks, last), "keys": keys})
+    return pa.RecordBatch.from_pylist(rows, schema=pa.schema([("base", pa.int64()), ("changed", pa.bool_())] + [
+        (name, pa.int64()) for name in COUNTERS + ("keys",)] + [("part", pa.string())]))
+
+
+def rewrite_segment(files, request: dict, base: int, superseded, tombstones, last: int) -> dict:
     """(On an executor.) Decide one sealed segment's records by their marks (entry numbers: ``superseded``, and
     its keyed ``tombstones`` at or below ``last``) with the rules of rounds.fate on numpy columns; if it
-    changes, write its part into ``staging/parts/``; its counters and whether it changed."""
+    changes, write its part (round_files: ``staging/parts/`` or the tier's ``parts/``); its counters and
+    whether it changed."""
     import numpy as np
     config = CompactionConfig(**request["config"])
-    queue_dir, parts = pathlib.Path(request["queue_dir"]), pathlib.Path(request["staging"]) / PARTS
     now_ms = request["now_ms"]
-    entries = read_index(queue_dir / cseg.index_name(base))
+    entries = read_index(files.index(base))
     n = len(entries)
     removed, tombstone = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     removed[superseded] = True
@@ -233,7 +250,7 @@ def rewrite_segment(request: dict, base: int, superseded, tombstones, last: int)
              "tombstones_removed": int(expired.sum()), "tombstones_pending": int(pending.sum()),
              "bytes_reclaimed": int(sizes[~kept].sum())}
     if changed:
-        data = (queue_dir / cseg.log_name(base)).read_bytes()
+        data = files.log(base)
         positions = entries["position"].astype(np.int64) - base
         for i in np.flatnonzero(expired).tolist():  # the keys of the tombstones removed, in log order
             removed_keys[key_and_tombstone(memoryview(data)[positions[i]:positions[i] + sizes[i]])[0]] = \
@@ -241,10 +258,11 @@ def rewrite_segment(request: dict, base: int, superseded, tombstones, last: int)
         survivors = entries[kept]
         survivors["seen"] = seen[kept]
         survivors["position"] = np.cumsum(sizes[kept]) - sizes[kept]  # positions within the part
-        (parts / f"{base:020d}.log").write_bytes(_gather(data, positions[kept], sizes[kept]))
-        (parts / f"{base:020d}.cq").write_bytes(survivors.tobytes())
-        (parts / f"{base:020d}.removed").write_bytes(json.dumps(removed_keys).encode())
-    return {"base": base, "changed": changed, **stats}
+        part = files.new_attempt()  # a task retried by Spark writes a part of its own, never over another's
+        files.put_part(base, part, ".log", _gather(data, positions[kept], sizes[kept]))
+        files.put_part(base, part, ".cq", survivors.tobytes())
+        files.put_part(base, part, ".removed", json.dumps(removed_keys).encode())
+    return {"base": base, "changed": changed, **stats, "part": part if changed else ""}
 
 
 def _gather(data: bytes, starts, sizes) -> bytes:
@@ -261,22 +279,27 @@ def _gather(data: bytes, starts, sizes) -> bytes:
 
 
 def run(spark, request: dict) -> dict:
-    """One Spark pass over the request's sealed segments; the manifest (also written to staging)."""
+    """One Spark pass over the request's sealed segments; the manifest (also written to staging, or put as the
+    round's last output object in the tier)."""
+    if "tier" in request:  # the tasks reach the tier with the job's credentials (never in the request file)
+        request = {**request, "tier": tier_round.with_credentials(request["tier"], os.environ)}
+    with files_of(request) as files:
+        return _run(spark, request, files)
+
+
+def _run(spark, request: dict, files) -> dict:
     config = CompactionConfig(**request["config"])
-    queue_dir, bases = pathlib.Path(request["queue_dir"]), request["bases"]
-    cleaned = request["cleaned_offset"]
-    index = OnDiskIndex(queue_dir, bases)
+    bases, cleaned = request["bases"], request["cleaned_offset"]
+    index = OnDiskIndex(files, bases)
     lo, hi = dirty_range(index, cleaned, request["now_ms"], config)
     last = index.offsets[hi - 1] if hi > lo else cleaned  # the new cleaned offset
-    staging = pathlib.Path(request["staging"])
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / PARTS).mkdir(parents=True)
+    staging = files.start()
     # segments spread over TASKS_PER_CORE tasks per executor core, not a task per segment: a task costs the
     # executors a fixed share of CPU (scheduling, a Python worker's round trip, Arrow streams) that a task
     # per segment made grow with the round (each task still holds one segment at a time)
     tasks = max(1, min(len(bases), TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
     segments = spark.createDataFrame([(b,) for b in bases], "base long").repartition(tasks)
-    marks = segments.join(segment_marks(spark, segments, queue_dir, cleaned, last), "base", "left")
+    marks = segments.join(segment_marks(spark, segments, request, cleaned, last), "base", "left")
     rows = [row.asDict() for row in map_in_arrow(marks.repartition(tasks), rewrite_segments(request, last), SEGMENT)
             .collect()]  # O(segments) rows
     invariant(sorted(r["base"] for r in rows) == sorted(bases), "one row per input segment")
@@ -291,9 +314,9 @@ def run(spark, request: dict) -> dict:
     state = {"cleaned_offset": last, "next_offset": request["next_offset"]}
     writer = RoundWriter(staging, config.segment_size_bytes, start)
     for row in rows[first:]:  # in log order through the one writer, one segment in memory at a time
-        _stream(writer, row, queue_dir, staging / PARTS / f"{row['base']:020d}", stats)
+        _stream(writer, row, files, stats)
     _, manifest = writer.finish(state)
-    shutil.rmtree(staging / PARTS)
+    files.drop_parts(bases)
     invariant(manifest["rewritten_from"] == start, "the writer starts where the first changed segment did")
     manifest.update(inputs=bases, state=state, removed_keys=stats.removed_keys,
                     stats={k: getattr(stats, k) for k in ("passes", "keys_mapped", "records_removed",
@@ -301,19 +324,21 @@ def run(spark, request: dict) -> dict:
                                                           "bytes_reclaimed", "records_rewritten",
                                                           "rewritten_from")})
     write_manifest(staging, manifest)
+    files.publish([out["name"] for out in manifest["outputs"]] + [MANIFEST])
     return manifest
 
 
-def _stream(writer: RoundWriter, row: dict, queue_dir: pathlib.Path, part: pathlib.Path, stats: RoundStats) -> None:
+def _stream(writer: RoundWriter, row: dict, files, stats: RoundStats) -> None:
     """One segment's survivors into the writer: its part if it changed, else its own records (the same); packed
     and relocated on numpy columns, a run of records per output segment (RoundWriter.add's rule)."""
     import numpy as np
+    base = row["base"]
     if row["changed"]:
-        log, shift, index = part.with_suffix(".log").read_bytes(), 0, part.with_suffix(".cq")
-        stats.removed_keys.update(json.loads(part.with_suffix(".removed").read_bytes()))
+        part = row["part"]
+        log, shift, index = files.part(base, part, ".log"), 0, files.part(base, part, ".cq")
+        stats.removed_keys.update(json.loads(files.part(base, part, ".removed")))
     else:
-        log, shift = (queue_dir / cseg.log_name(row["base"])).read_bytes(), row["base"]
-        index = queue_dir / cseg.index_name(row["base"])
+        log, shift, index = files.log(base), base, files.index(base)
     entries = read_index(index)
     sizes = entries["size"].astype(np.int64)
     starts = entries["position"].astype(np.int64) - shift

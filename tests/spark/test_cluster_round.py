@@ -1,6 +1,7 @@
 """mqstore_spark.cluster_round (make compose-check-spark's round larger than an executor): its keys have the
 length asked for, filled with bytes a compressed shuffle cannot shrink, and a small round in local mode
-runs both engines, finds their files identical and reports what one executor would hold against its heap."""
+(through a file:// tier, as compose runs it, its objects deleted at the end) runs both engines, finds their
+files identical and reports what one executor would hold against its heap."""
 
 from __future__ import annotations
 
@@ -46,11 +47,14 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys, argv, messa
 
 
 def test_a_small_round_in_local_mode_is_identical_and_reports_keys_against_the_heap(tmp_path, capsys):
+    """Through a file:// tier, as compose runs it (its workers do not mount the compactor's volume)."""
+    tier = tmp_path / "tier"
     code = cluster_round.main(["--dir", str(tmp_path / "round"), "--records", "12000", "--keys", "8000",
                                "--key-bytes", "64", "--segment-mib", "1", "--master", "local[2]",
-                               "--executor-memory", "128k"])
+                               "--executor-memory", "128k", "--tier-url", f"file://{tier}"])
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and line["identical"] and line["differing"] == []
+    assert line["tier_url"] == f"file://{tier}" and not [p for p in tier.rglob("*") if p.is_file()]
     assert (line["records"], line["keys"], line["key_bytes"]) == (12000, 8000, 64)
     assert line["keys_and_offsets_bytes"] == 8000 * (64 + 8) and line["executor_memory_bytes"] == 128 << 10
     assert line["keys_and_offsets_over_executor_memory"] == round(8000 * 72 / (128 << 10), 3)

@@ -22,6 +22,7 @@ from tests.support.hashkeys import seeded_random
 
 pytest.importorskip("numpy")
 from mqstore_spark import round_job  # after the skip
+from mqstore_spark.round_files import PathFiles
 
 SEGMENT = 4096
 
@@ -76,7 +77,8 @@ def test_streaming_runs_writes_what_add_writes(queue, tmp_path, segment_size):
             at = e.position - base
             reference.add(memoryview(data)[at:at + e.size], e.queue_offset, e.tag_code, e.store_timestamp_ms,
                           e.tombstone_seen_ms)
-        round_job._stream(writer, {"changed": False, "base": base}, queue_dir, tmp_path / "unused", RoundStats())
+        round_job._stream(writer, {"changed": False, "base": base},
+                          PathFiles({"queue_dir": queue_dir, "staging": tmp_path / "unused"}), RoundStats())
     state = {"cleaned_offset": 1, "next_offset": 2}
     names = [p.name for p in reference.finish(state)[0]]
     assert [p.name for p in writer.finish(state)[0]] == names and len(names) > 3

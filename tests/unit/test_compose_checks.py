@@ -297,3 +297,27 @@ def test_a_check_without_a_docker_engine_says_so_and_touches_nothing(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 2, done
     assert "no Docker engine answers" in done.stdout and "COMPOSE_ENGINE" in done.stdout
+
+
+def test_the_spark_executors_do_not_mount_the_compactors_data():
+    """Issue 36 item 4: compose's Spark workers reach a round's segments through the compactor's tier
+    (MQSTORE_SPARK_TIER_URL, file:// on a volume of its own), never the compactor's data volume."""
+    import yaml
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    volume_of = {}
+    for name, spec in services.items():
+        volume_of[name] = {v.split(":")[1]: v.split(":")[0] for v in spec.get("volumes", [])}
+    compactor_data = volume_of["compactor"]["/data"]
+    workers = [name for name, spec in services.items()
+               if "org.apache.spark.deploy.worker.Worker" in spec.get("command", [])]
+    assert len(workers) == 2
+    url = services["compactor"]["environment"]["MQSTORE_SPARK_TIER_URL"]
+    assert url.startswith("file:///")
+    tier_dir = url[len("file://"):]
+    tier_volume = volume_of["compactor"][tier_dir]
+    assert tier_volume != compactor_data
+    for name in workers + ["spark-master"]:
+        assert compactor_data not in volume_of[name].values(), f"{name} mounts the compactor's data"
+    for name in workers:
+        assert volume_of[name].get(tier_dir) == tier_volume, f"{name} does not reach the rounds' tier at {tier_dir}"

@@ -9,7 +9,8 @@
   get_range(key, start, n)   n bytes from byte ``start`` (fewer at the end)  NotFound: no such object
   size(key)                  the object's size (HEAD), None when absent
   list(prefix)               the objects under the "directory" ``prefix``
-                             (whole path segments), sorted by key
+                             (whole path segments; "" = every object),
+                             sorted by key
   delete(key)                remove it (absent is no error)
   every operation            runs on the tier's own executor (``workers``    Unavailable naming the tier URL:
                              threads; a caller waits at most the deadline,   the deadline passed, every worker
@@ -83,7 +84,9 @@ class ObjectStore:
         return self._call("HEAD", check_key(key), lambda: self._backend.size(key))
 
     def list(self, prefix: str) -> list[ObjectInfo]:
-        return self._call("LIST", check_key(prefix, "prefix"), lambda: self._backend.list(prefix))
+        if prefix:
+            check_key(prefix, "prefix")
+        return self._call("LIST", prefix or "(all)", lambda: self._backend.list(prefix))
 
     def delete(self, key: str) -> None:
         self._call("DELETE", check_key(key), lambda: self._backend.delete(key))
@@ -121,6 +124,29 @@ class ObjectStore:
         except Exception as exc:  # any failure of the store or its client: the tier is unavailable
             raise Unavailable(f"object storage tier {self.url}: {op} {key} failed: {type(exc).__name__}: "
                               f"{_short(exc)}") from exc
+
+
+READ_CHUNK_BYTES = 8 << 20  # one range GET of read_whole: a call's deadline covers a bounded transfer
+
+
+def read_whole(store: ObjectStore, key: str, chunk_bytes: int = READ_CHUNK_BYTES) -> bytes:
+    """The whole object ``key``, by range GETs of at most ``chunk_bytes``; NotFound when absent."""
+    size = store.size(key)
+    if size is None:
+        raise NotFound(f"object {key} does not exist in {store.url}")
+    chunks = [store.get_range(key, start, min(chunk_bytes, size - start)) for start in range(0, size, chunk_bytes)]
+    data = b"".join(chunks)
+    if len(data) != size:
+        raise Unavailable(f"object storage tier {store.url}: {key} gave {len(data)} bytes, its size is {size}")
+    return data
+
+
+def delete_under(store: ObjectStore, prefix: str) -> int:
+    """Delete every object under ``prefix`` (a "directory"); the number deleted."""
+    found = store.list(prefix)
+    for info in found:
+        store.delete(info.key)
+    return len(found)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

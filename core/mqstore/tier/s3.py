@@ -77,7 +77,7 @@ class S3Backend:
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         found = [ObjectInfo(meta["path"], int(meta["size"]))
-                 for chunk in obstore.list(self._store, prefix) for meta in chunk]
+                 for chunk in obstore.list(self._store, prefix or None) for meta in chunk]
         return sorted(found, key=lambda info: info.key)
 
     def delete(self, key: str) -> None:

@@ -9,6 +9,9 @@ flag per field of CompactionConfig (``--segment-size-bytes``, ``--offset-map-mem
 ``--min-cleanable-dirty-ratio``, ``--min-compaction-lag-ms``, ``--max-compaction-lag-ms``,
 ``--delete-retention-ms``, ...) and FollowConfig (``--heartbeat-ms``, ``--backoff-max-ms``, ...).
 
+``--spark-tier-url`` (file:///DIR or s3://BUCKET[/PREFIX]; S3 settings from the AWS_* variables): Spark rounds
+go through that object storage, no directory is shared with the executors (compactor_service.spark_runner).
+
 ``--etcd-endpoints`` (with ``--etcd-prefix``, ``--lease-ttl-s``, ``--instance-id``): one of several
 compactors, each following the commit log and answering reads, the lease holder running rounds
 (compactor_service.lease); its retention hold is then ``compactor-<instance id>``.
@@ -35,6 +38,8 @@ from mqstore.compaction.projection import HOLD_NAME, CompactionProjection, compa
 from mqstore.compaction.store import CompactionStore
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
+from mqstore.tier.config import TierConfig
+from mqstore.tier.urls import open_store
 from mqstore_rpc import service
 from mqstore_rpc import settings as S
 from mqstore_rpc.commitlog_client import CommitLogClient
@@ -83,6 +88,8 @@ class CompactorServiceConfig:
     replica_interval_ms: int = 500
     spark_master: str = "local[*]"           # "" = no Spark engine; spark://host:7077 for a cluster
     spark_timeout_ms: int = 1_800_000
+    # Spark rounds through the object storage tier (file:// or s3://; "" = the executors share the data dir)
+    spark_tier: TierConfig = dataclasses.field(default_factory=TierConfig)
     etcd_endpoints: str = ""                 # host:port[,...]: active/standby through an etcd lease (lease.py)
     etcd_prefix: str = DEFAULT_ETCD_PREFIX
     lease_ttl_s: int = 2
@@ -113,7 +120,13 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
                              max_reconnect_backoff_ms=config.follow.backoff_max_ms, peers=parts.peers)
     parts.on_close(client.close)
     clock = SystemClock()
-    spark_runner.clean_leftovers(config.data_dir / "logs")  # before the logs open: a job left running writes there
+    tier = None
+    if config.spark_tier.enabled:
+        tier = open_store(config.spark_tier.tier_url, timeout_ms=config.spark_tier.tier_call_timeout_ms,
+                          endpoint=config.spark_tier.tier_endpoint, region=config.spark_tier.tier_region,
+                          credentials=config.spark_tier.credentials)
+        parts.on_close(tier.close)
+    spark_runner.clean_leftovers(config.data_dir / "logs", tier)  # before the logs open: a job left running writes
     store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
     parts.on_close(store.close)
     hold_name, lease = HOLD_NAME, None
@@ -149,7 +162,8 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
     parts.add_duty(RoundDuty(store, active=lease.active if lease else None))
     spark_round = None
     if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
-        runner = spark_runner.SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000)
+        runner = spark_runner.SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000,
+                                          tier=tier, tier_config=config.spark_tier)
         spark_round = lambda slot: store.compact(slot, engine="spark", runner=runner)  # noqa: E731
     api = CompactorApi(store, spark_threshold_bytes=config.spark_threshold_bytes, stats=stats,
                        spark_round=spark_round, refuse_rounds=(lambda: None if lease.active() else lease.not_active())
@@ -169,6 +183,12 @@ _OWN_FLAGS = {
     "replica_interval_ms": "a replica asks the primary for new records this often (default 500)",
     "spark_master": "Spark master of heavy rounds (default local[*]; empty: no Spark engine)",
     "spark_timeout_ms": "a Spark round is stopped after this long (default 1800000)",
+    "spark_tier_url": "object storage the Spark rounds go through, file:///DIR or s3://BUCKET[/PREFIX]: each round's "
+                      "sealed segments are put there under spark-rounds/<id>/, its executors read them and write "
+                      "their parts and output there, no directory is shared with them; the prefix is deleted when "
+                      "the round ends (s3://: endpoint, region and credentials from AWS_ENDPOINT_URL, AWS_REGION, "
+                      "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, which the executors need too; default: none, "
+                      "the executors read the data dir at the same path)",
     "etcd_endpoints": "etcd host:port[,host:port...]: run as one of several compactors, each following the commit "
                       "log and answering reads; the one holding the lease runs rounds, another takes over when it "
                       "goes (default: none, this one runs rounds)",
@@ -206,6 +226,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> Compacto
         replica_interval_ms=S.typed(args, env, "replica_interval_ms", S.parse_int, 500),
         spark_master=S.typed(args, env, "spark_master", str, "local[*]"),
         spark_timeout_ms=S.typed(args, env, "spark_timeout_ms", S.parse_int, 1_800_000),
+        spark_tier=TierConfig(tier_url=S.typed(args, env, "spark_tier_url", str, "")).with_env(env),
         etcd_endpoints=S.typed(args, env, "etcd_endpoints", str, ""),
         etcd_prefix=S.typed(args, env, "etcd_prefix", str, DEFAULT_ETCD_PREFIX),
         lease_ttl_s=S.typed(args, env, "lease_ttl_s", S.parse_int, 2),
@@ -217,7 +238,8 @@ def describe(config: CompactorServiceConfig, port: int) -> dict:
     return {"compaction": dataclasses.asdict(config.compaction), "follow": dataclasses.asdict(config.follow),
             "server": dataclasses.asdict(config.server), "commitlog_address": config.commitlog_address,
             "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes,
-            "spark_master": config.spark_master, "replica_of": config.replica_of,
+            "spark_master": config.spark_master, "spark_tier_url": config.spark_tier.tier_url,
+            "replica_of": config.replica_of,
             "etcd_endpoints": config.etcd_endpoints, "etcd_prefix": config.etcd_prefix}
 
 

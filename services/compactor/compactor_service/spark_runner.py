@@ -22,6 +22,14 @@ killed as a group. Whatever a round left in the topic's directory is removed whe
   ``.<queue>.spark-job.json`` and the job running  the job's process group killed (SIGKILL), file removed
   ``.<queue>.spark-request.json``                  removed
   ``<queue>/staging/`` (the job's output)          removed (qlog_files.clean_directory, on open)
+  a round's objects in the tier (``spark-rounds/  deleted (the request names the prefix; it is written
+  <id>/``: its inputs, parts, output)              before the first PUT), then the request removed
+
+With a tier (``--spark-tier-url``: mqstore.compaction.tier_round) the runner puts the round's sealed
+segments as objects under a fresh prefix before the job, the request names those objects instead of paths,
+the job's executors and driver read and write only objects, and the runner fetches the output into the
+queue's staging/ (then checks and installs as without a tier) and deletes the prefix when the round ends,
+whatever its outcome.
 """
 
 from __future__ import annotations
@@ -40,12 +48,15 @@ import time
 import structlog
 
 from mqstore import fs
+from mqstore.compaction import tier_round
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.qlog import QueueLog
 from mqstore.compaction.qlog_files import STAGING
 from mqstore.compaction.rounds import RoundStats
 from mqstore.compaction.staged import check_manifest, install_output  # noqa: F401 - the runner's install
 from mqstore.errors import Unavailable
+from mqstore.tier.config import TierConfig
+from mqstore.tier.objects import ObjectStore
 
 log = structlog.get_logger("compactor_service.spark")
 REQUEST_SUFFIX = ".spark-request.json"
@@ -56,28 +67,58 @@ KILL_WAIT_S = 10.0  # how long a killed job's processes may take to go
 class SparkRunner:
     """Thread-safe (no state): one child process group per round."""
 
-    def __init__(self, config: CompactionConfig, master: str, timeout_s: float, python: str = sys.executable):
+    def __init__(self, config: CompactionConfig, master: str, timeout_s: float, python: str = sys.executable,
+                 tier: ObjectStore | None = None, tier_config: TierConfig | None = None):
         self.config, self.master, self.timeout_s, self.python = config, master, timeout_s, python
+        self.tier, self.tier_config = tier, tier_config
 
     def request(self, qlog: QueueLog, now_ms: int) -> dict:
+        """The job's request: the queue's sealed segments by path, or (with a tier) by object key under a
+        fresh round prefix (put there by :meth:`upload_inputs`)."""
         bases, _ = qlog.sealed()
-        return {"queue_dir": str(qlog.directory), "bases": bases, "cleaned_offset": qlog.cleaned_offset,
-                "next_offset": qlog.next_offset(), "now_ms": now_ms, "config": dataclasses.asdict(self.config),
-                "staging": str(qlog.directory / STAGING), "master": self.master}
+        request = {"bases": bases, "cleaned_offset": qlog.cleaned_offset, "next_offset": qlog.next_offset(),
+                   "now_ms": now_ms, "config": dataclasses.asdict(self.config), "master": self.master}
+        if self.tier is None:
+            return {**request, "queue_dir": str(qlog.directory), "staging": str(qlog.directory / STAGING)}
+        return {**request, "tier": tier_round.request_part(self.tier_config, tier_round.new_prefix(), bases)}
+
+    def upload_inputs(self, qlog: QueueLog, request: dict) -> None:
+        if "tier" in request:
+            tier_round.upload_inputs(self.tier, request["tier"], qlog.directory)
+
+    def install(self, qlog: QueueLog, request: dict) -> RoundStats:
+        """Check the job's output against its manifest and install it (fetched from the tier first)."""
+        staging = qlog.directory / STAGING
+        if "tier" in request:
+            shutil.rmtree(staging, ignore_errors=True)
+            tier_round.download_output(self.tier, request["tier"]["prefix"], staging)
+        return install_output(qlog, request["bases"], staging)
+
+    def remove_round(self, qlog: QueueLog, request: dict) -> None:
+        shutil.rmtree(qlog.directory / STAGING, ignore_errors=True)  # what a failed job or an installed round left
+        if "tier" in request:
+            tier_round.remove_round(self.tier, request["tier"]["prefix"])
 
     def __call__(self, qlog: QueueLog, now_ms: int) -> RoundStats:
         request = self.request(qlog, now_ms)
         request_path = qlog.directory.parent / f".{qlog.queue_id}{REQUEST_SUFFIX}"
         job_path = qlog.directory.parent / f".{qlog.queue_id}{JOB_SUFFIX}"
-        staging = pathlib.Path(request["staging"])
-        fs.replace_file(request_path, json.dumps(request).encode())
+        if request_path.exists():  # a round whose objects could not be deleted then: now, or this one fails
+            _remove_round_objects(request_path, self.tier)
+        fs.replace_file(request_path, json.dumps(request).encode())  # before the first PUT: names the prefix
         try:
+            self.upload_inputs(qlog, request)
             self._run_job(qlog, request_path, job_path)
-            return install_output(qlog, request["bases"], staging)
+            return self.install(qlog, request)
         finally:
             job_path.unlink(missing_ok=True)
-            request_path.unlink(missing_ok=True)
-            shutil.rmtree(staging, ignore_errors=True)  # what a failed job or an installed round left there
+            try:
+                self.remove_round(qlog, request)
+            except Unavailable as exc:  # the round's outcome stands; the request keeps naming its objects
+                log.warning("compaction.spark_tier_cleanup_failed", prefix=request["tier"]["prefix"], error=str(exc),
+                            why="the next round of the queue or the next start deletes them")
+            else:
+                request_path.unlink(missing_ok=True)  # last: until the round's objects are gone it names them
 
     def _run_job(self, qlog: QueueLog, request_path: pathlib.Path, job_path: pathlib.Path) -> None:
         env = dict(os.environ)
@@ -108,10 +149,10 @@ class SparkRunner:
 
 # ---- the job's process group, and what a killed compactor left ------------------------------------------
 
-def clean_leftovers(logs_dir: pathlib.Path) -> int:
-    """Kill the Spark jobs a killed compactor left running and remove their request and job files (before
-    the compaction logs are opened: a job left running would write into a queue's staging/). Returns the
-    number of jobs killed."""
+def clean_leftovers(logs_dir: pathlib.Path, tier: ObjectStore | None = None) -> int:
+    """Kill the Spark jobs a killed compactor left running, delete the tier objects of their rounds (``tier``:
+    the store of --spark-tier-url) and remove their request and job files (before the compaction logs are
+    opened: a job left running would write into a queue's staging/). Returns the number of jobs killed."""
     killed = 0
     if not logs_dir.is_dir():
         return 0
@@ -120,10 +161,33 @@ def clean_leftovers(logs_dir: pathlib.Path) -> int:
             killed += _kill_recorded(job_path)
             job_path.unlink()
         for request_path in sorted(topic_dir.glob(f".*{REQUEST_SUFFIX}")):
+            try:
+                _remove_round_objects(request_path, tier)
+            except Unavailable as exc:  # the tier is down: start all the same; the queue's next round deletes them
+                log.warning("compaction.spark_tier_cleanup_failed", file=str(request_path), error=str(exc),
+                            why="kept: the queue's next round or the next start deletes the round's objects")
+                continue
             request_path.unlink()
             log.warning("compaction.spark_leftover_removed", file=str(request_path),
                         why="a Spark round was cut short (the compactor was killed)")
     return killed
+
+
+def _remove_round_objects(request_path: pathlib.Path, tier: ObjectStore | None) -> None:
+    """Delete the tier objects of the round ``request_path`` describes (none for a round on paths)."""
+    try:
+        round_tier = json.loads(request_path.read_bytes()).get("tier")
+    except ValueError:  # torn: written before the first PUT (fs.replace_file), so no object was put
+        return
+    if not round_tier:
+        return
+    if tier is None or tier.url != round_tier["url"]:
+        log.warning("compaction.spark_tier_leftover_kept", url=round_tier["url"], prefix=round_tier["prefix"],
+                    why="the round's tier is not this compactor's --spark-tier-url; delete the prefix by hand")
+        return
+    removed = tier_round.remove_round(tier, round_tier["prefix"])
+    log.warning("compaction.spark_tier_leftover_removed", url=tier.url, prefix=round_tier["prefix"],
+                objects=removed, why="a Spark round was cut short (the compactor was killed)")
 
 
 def _kill_recorded(job_path: pathlib.Path) -> int:
