@@ -12,8 +12,10 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      reported an error (pulsar#17228) ends FINISHED, never deleted: only an object that does not match is.
      A segment that was FINISHED meanwhile (never, see the ledger) has its pending attempts discarded.
   2. **Upload every sealed segment that has no FINISHED attempt**, in order: STARTED (a fresh upload id,
-     the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256)
-     appended with SYNC replication; the object put if absent; read back and compared; FINISHED appended.
+     the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256 of the
+     file read in chunks) appended with SYNC replication; the object put if absent, streamed from the file
+     (ObjectStore.put_file: a multipart upload above ``--tier-multipart-bytes`` on S3, which mqstore.tier.s3
+     keeps create-only); read back and compared; FINISHED appended.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
   3. **The tier's own retention**: the object of every FINISHED segment that ends at or below the logical
      log's start (``logical_min()``: local retention's logical minimum, which the total retention
@@ -45,6 +47,8 @@ Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any th
 from __future__ import annotations
 
 import hashlib
+import os
+import pathlib
 import time
 import uuid
 from typing import Callable
@@ -62,6 +66,7 @@ log = structlog.get_logger("mqstore.tier")
 
 PREFIX = "commitlog"
 READ_BACK_BYTES = 8 << 20  # the verification reads the object back in ranges of this size
+HASH_BYTES = 4 << 20  # a segment's SHA-256 reads the file in chunks of this size
 
 
 def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
@@ -69,10 +74,25 @@ def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
 
 
 class SealedSegment:
-    """What the uploader needs of a local segment: its base, its size and its bytes."""
+    """What the uploader needs of a local segment: its base, its size, its file (``path``: streamed by the put
+    and hashed in chunks, never whole in memory; None: ``read()`` gives its bytes, for tests)."""
 
-    def __init__(self, base: int, size: int, read: Callable[[], bytes]):
-        self.base, self.size, self.read = base, size, read
+    def __init__(self, base: int, size: int, read: Callable[[], bytes], path: pathlib.Path | None = None):
+        self.base, self.size, self.read, self.path = base, size, read, path
+
+    def digest(self) -> bytes:
+        """SHA-256 of the segment's bytes: of the file read with os.pread in chunks of HASH_BYTES (hashlib and the
+        reads release the GIL: the commit log's threads run meanwhile)."""
+        if self.path is None:
+            return hashlib.sha256(self.read()).digest()
+        digest = hashlib.sha256()
+        with open(self.path, "rb") as source:
+            for at in range(0, self.size, HASH_BYTES):
+                chunk = os.pread(source.fileno(), min(HASH_BYTES, self.size - at), at)
+                if not chunk:
+                    raise OSError(f"{self.path} ended at {at} bytes, before {self.size}")
+                digest.update(chunk)
+        return digest.digest()
 
 
 def sealed_segments(store) -> list[SealedSegment]:
@@ -81,7 +101,7 @@ def sealed_segments(store) -> list[SealedSegment]:
     found = []
     for segment in list(store.segments.segments):
         if segment.end <= limit:
-            found.append(SealedSegment(segment.start, segment.size, _reader(segment.path)))
+            found.append(SealedSegment(segment.start, segment.size, _reader(segment.path), segment.path))
     return found
 
 
@@ -183,13 +203,15 @@ class Uploader(Duty):
 
     # ---- 2. upload ----------------------------------------------------------------------------------------
     def _upload(self, segment: SealedSegment, epoch: int) -> None:
-        data = segment.read()
         upload_id = uuid.uuid4()
-        attempt = Upload(STARTED, upload_id, segment.base, len(data), hashlib.sha256(data).digest(), epoch,
+        attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
                          object_key(segment.base, upload_id))
         self.ledger.record(attempt)
         failpoints.hit("tier.upload.started")
-        self.tier.put_if_absent(attempt.key, data)
+        if segment.path is not None:
+            self.tier.put_file(attempt.key, segment.path, segment.size)  # streamed; multipart above its size (s3)
+        else:
+            self.tier.put_if_absent(attempt.key, segment.read())
         failpoints.hit("tier.upload.after_put")
         self._resolve(attempt, {})
 
