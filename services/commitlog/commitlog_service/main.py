@@ -31,8 +31,9 @@ The object storage tier (mqstore.tier; README, *Object storage tier*) has the fl
 the leader's upload of sealed commit log segments on, ``--tier-upload-interval-ms``, ``--tier-call-timeout-ms``,
 ``--tier-endpoint``, ``--tier-region`` and ``--tier-multipart-bytes``; ``--local-retention-ms/-bytes`` delete
 uploaded segments from the local disk (mqstore.tier.local_retention) and Pull / GetMessage(s) below the local log
-read the tier (mqstore.tier.reads, ``--tier-read-ahead-bytes``, ``--tier-cache-bytes``); S3 credentials come from AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN only. ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
+read the tier (mqstore.tier.reads, ``--tier-read-ahead-bytes``, ``--tier-cache-bytes``); S3 credentials come from
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN only.
+``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
 after start ``server.started`` with the bound port; exit status 0 after SIGTERM/SIGINT, 1 when the
