@@ -3,8 +3,8 @@ S3-compatible stores (MinIO, moto's server, ...), through obstore (docs/DESIGN.m
 
 A put is a single PUT with ``If-None-Match: *`` (obstore's PutMode "create"): S3 answers 412 when the key
 exists, which is AlreadyExists here, so two writers never replace each other's object. A file (a sealed
-segment: :meth:`S3Backend.put_file`) is read by obstore from its path, outside the GIL and never whole in
-Python's memory; one larger than ``multipart_bytes`` (``--tier-multipart-bytes``) goes as a multipart upload in
+segment: :meth:`S3Backend.put_file`) is given to obstore as a read-only memory map of the file, never copied
+into Python's memory; one larger than ``multipart_bytes`` (``--tier-multipart-bytes``) goes as a multipart upload in
 parts of that size, at most MULTIPART_CONCURRENCY in flight (S3 takes parts of 5 MiB to 5 GiB and a single PUT
 of at most 5 GiB). obstore 0.12 sends no ``If-None-Match`` on CompleteMultipartUpload (a mode other than
 "overwrite" turns multipart off), so a multipart put checks with a HEAD that the key is absent, then uploads
@@ -26,7 +26,7 @@ Thread-safety: obstore's store is thread-safe (one HTTP connection pool).
 from __future__ import annotations
 
 import datetime
-import os
+import mmap
 import pathlib
 import urllib.parse
 
@@ -81,21 +81,24 @@ class S3Backend:
             raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
 
     def put_file(self, key: str, path: pathlib.Path, size: int) -> None:
-        """The file ``path`` of ``size`` bytes (a sealed segment: it no longer changes), read by obstore."""
-        actual = os.stat(path).st_size
-        if actual != size:
-            raise ValueError(f"{path} holds {actual} bytes, not the {size} recorded for {key}")
-        if size <= self.multipart_bytes:
-            try:
-                obstore.put(self._store, key, path, mode="create", use_multipart=False)
-            except (AlreadyExistsError, PreconditionError):
-                raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
-            return
-        if self.size(key) is not None:  # no condition on the multipart's completion: the module docstring
-            raise AlreadyExists(f"object {key} exists already (objects are written once)")
-        obstore.put(self._store, key, path, use_multipart=True, chunk_size=self.multipart_bytes,
-                    max_concurrency=MULTIPART_CONCURRENCY)
-        self.multipart_puts += 1
+        """The file ``path`` of ``size`` bytes (a sealed segment: it no longer changes), handed to obstore as a
+        read-only memory map: no copy in Python and none of obstore's own file reads, which cost 1.9-2.5 CPU s a GB
+        against 0.8 for a buffer (bench/README.md, *The tier upload benchmark*)."""
+        with open(path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if len(mapped) != size:
+                raise ValueError(f"{path} holds {len(mapped)} bytes, not the {size} recorded for {key}")
+            with memoryview(mapped) as view:
+                if size <= self.multipart_bytes:
+                    try:
+                        obstore.put(self._store, key, view, mode="create", use_multipart=False)
+                    except (AlreadyExistsError, PreconditionError):
+                        raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
+                    return
+                if self.size(key) is not None:  # no condition on the multipart's completion: the module docstring
+                    raise AlreadyExists(f"object {key} exists already (objects are written once)")
+                obstore.put(self._store, key, view, use_multipart=True, chunk_size=self.multipart_bytes,
+                            max_concurrency=MULTIPART_CONCURRENCY)
+                self.multipart_puts += 1
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """One GET with a Range header (S3 answers fewer bytes at the object's end, and 416 from past it)."""

@@ -13,7 +13,7 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      A segment that was FINISHED meanwhile (never, see the ledger) has its pending attempts discarded.
   2. **Upload every sealed segment that has no FINISHED attempt**, in order: STARTED (a fresh upload id,
      the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256 of the
-     file read in chunks) appended with SYNC replication; the object put if absent, streamed from the file
+     file's memory map) appended with SYNC replication; the object put if absent, streamed from the file
      (ObjectStore.put_file: a multipart upload above ``--tier-multipart-bytes`` on S3, which mqstore.tier.s3
      keeps create-only); read back and compared; FINISHED appended.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
@@ -47,7 +47,7 @@ Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any th
 from __future__ import annotations
 
 import hashlib
-import os
+import mmap
 import pathlib
 import time
 import uuid
@@ -66,7 +66,6 @@ log = structlog.get_logger("mqstore.tier")
 
 PREFIX = "commitlog"
 READ_BACK_BYTES = 8 << 20  # the verification reads the object back in ranges of this size
-HASH_BYTES = 4 << 20  # a segment's SHA-256 reads the file in chunks of this size
 
 
 def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
@@ -81,18 +80,15 @@ class SealedSegment:
         self.base, self.size, self.read, self.path = base, size, read, path
 
     def digest(self) -> bytes:
-        """SHA-256 of the segment's bytes: of the file read with os.pread in chunks of HASH_BYTES (hashlib and the
-        reads release the GIL: the commit log's threads run meanwhile)."""
+        """SHA-256 of the segment's bytes: of the file as a read-only memory map (no copy; hashlib releases the GIL
+        while it hashes: the commit log's threads run meanwhile)."""
         if self.path is None:
             return hashlib.sha256(self.read()).digest()
-        digest = hashlib.sha256()
-        with open(self.path, "rb") as source:
-            for at in range(0, self.size, HASH_BYTES):
-                chunk = os.pread(source.fileno(), min(HASH_BYTES, self.size - at), at)
-                if not chunk:
-                    raise OSError(f"{self.path} ended at {at} bytes, before {self.size}")
-                digest.update(chunk)
-        return digest.digest()
+        with open(self.path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if len(mapped) < self.size:
+                raise OSError(f"{self.path} holds {len(mapped)} bytes, fewer than its {self.size}")
+            with memoryview(mapped) as view, view[:self.size] as part:
+                return hashlib.sha256(part).digest()
 
 
 def sealed_segments(store) -> list[SealedSegment]:
