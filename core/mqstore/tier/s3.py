@@ -12,7 +12,8 @@ without a condition. That keeps the tier's objects write-once because of how the
 (mqstore.tier.uploader): every attempt puts under a key of its own (``commitlog/<base>/<fresh uuid4>``),
 recorded in its STARTED record before the put, and no other attempt ever writes that key; the only writes
 to one key are this attempt's (obstore's retries of a part, or a deposed leader's put landing late), all of
-the same bytes, whose size and SHA-256 the STARTED record holds and the read-back checks. A put that lands
+the same bytes, whose size and SHA-256 the STARTED record holds (and S3 checks each request's body against the
+SHA-256 in its signature). A put that lands
 after its attempt was DISCARDED or DELETED is an orphan the sweep deletes. An upload that fails midway is
 aborted by obstore (AbortMultipartUpload); one cut by a crash leaves invisible parts: a bucket lifecycle rule
 ``AbortIncompleteMultipartUpload`` removes them (README, *Object storage tier*). Range reads are one
@@ -70,8 +71,10 @@ class S3Backend:
             if credentials.session_token:
                 keys["session_token"] = credentials.session_token
         extra = {"endpoint": endpoint} if endpoint else {}
+        # signed payloads (never UNSIGNED-PAYLOAD, whatever AWS_UNSIGNED_PAYLOAD says): S3 checks every request body
+        # against its SHA-256, so the uploader needs no read-back of a put that answered (mqstore.tier.uploader)
         store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, region=region or DEFAULT_REGION,
-                        client_options=options, retry_config=retry, **extra, **keys)
+                        client_options=options, retry_config=retry, unsigned_payload=False, **extra, **keys)
         return cls(store, multipart_bytes)
 
     def put_if_absent(self, key: str, data: bytes) -> None:

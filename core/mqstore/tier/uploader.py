@@ -15,7 +15,11 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256 of the
      file's memory map) appended with SYNC replication; the object put if absent, streamed from the file
      (ObjectStore.put_file: a multipart upload above ``--tier-multipart-bytes`` on S3, which mqstore.tier.s3
-     keeps create-only); read back and compared; FINISHED appended.
+     keeps create-only); its size checked (HEAD); FINISHED appended. A put that answered needs no read-back:
+     S3 checks every PUT's and UploadPart's body against the SHA-256 its SigV4 signature carries
+     (``x-amz-content-sha256``, obstore's signed payloads) and refuses one that differs, and file:// wrote and
+     fsynced the bytes itself. A put that failed, or a crash after it, leaves the attempt pending: the step
+     after resolves it with the full read-back of 1.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
   3. **The tier's own retention**: the object of every FINISHED segment that ends at or below the logical
      log's start (``logical_min()``: local retention's logical minimum, which the total retention
@@ -176,17 +180,19 @@ class Uploader(Duty):
     # ---- 1. what an earlier attempt left ------------------------------------------------------------------
     def _resolve(self, attempt: Upload, finished: dict[int, Upload]) -> None:
         if attempt.segment_base not in finished and self._verified(attempt):
-            self.ledger.record(attempt.but(FINISHED))
-            self.uploaded += 1
-            self.copy_bytes += attempt.segment_size
-            log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key,
-                     by="resolving an attempt left pending")
+            self._finish(attempt, by="resolving an attempt left pending")
             return
         self.tier.delete(attempt.key)
         self.ledger.record(attempt.but(DISCARDED))
         self.discarded += 1
         log.warning("tier.upload_discarded", segment_base=attempt.segment_base, key=attempt.key,
                     why="its object is absent or does not match what was recorded")
+
+    def _finish(self, attempt: Upload, by: str) -> None:
+        self.ledger.record(attempt.but(FINISHED))
+        self.uploaded += 1
+        self.copy_bytes += attempt.segment_size
+        log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key, by=by)
 
     def _verified(self, attempt: Upload) -> bool:
         """The object exists with the recorded size and SHA-256 (Unavailable when the store does not say)."""
@@ -205,11 +211,14 @@ class Uploader(Duty):
         self.ledger.record(attempt)
         failpoints.hit("tier.upload.started")
         if segment.path is not None:
-            self.tier.put_file(attempt.key, segment.path, segment.size)  # streamed; multipart above its size (s3)
+            self.tier.put_file(attempt.key, segment.path, segment.size)  # a memory map; multipart above its size (s3)
         else:
             self.tier.put_if_absent(attempt.key, segment.read())
         failpoints.hit("tier.upload.after_put")
-        self._resolve(attempt, {})
+        if self.tier.size(attempt.key) == attempt.segment_size:  # the put answered: its bytes were checked (above)
+            self._finish(attempt, by="its put")
+        else:
+            self._resolve(attempt, {})
 
     # ---- 3. the tier's retention ----------------------------------------------------------------------------
     def _expire(self) -> None:
