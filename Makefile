@@ -183,10 +183,10 @@ compose-check-chaos: setup
 
 # Every script runs even when one before it failed (each writes what it measured); the exit status says
 # whether any failed. Disk: bench/README.md ("What it needs").
-BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py txn_nagle.py pop.py filters.py gateway.py replication.py failover.py security.py auth_flood.py concurrency.py offsets.py timer.py tier_reads.py
+BENCH_SCRIPTS := run.py index_bench.py compactor.py txn.py txn_nagle.py pop.py filters.py gateway.py replication.py failover.py security.py auth_flood.py concurrency.py offsets.py timer.py tier_reads.py tier_upload.py tier_local_disk.py
 bench: setup rmq-clients
 	@failed=""; for script in $(BENCH_SCRIPTS); do \
-	  args="$(BENCH_ARGS)"; case $$script in txn.py|txn_nagle.py|pop.py|filters.py|gateway.py|replication.py|failover.py|auth_flood.py|concurrency.py) args="$(filter --quick,$(BENCH_ARGS))";; esac; \
+	  args="$(BENCH_ARGS)"; case $$script in txn.py|txn_nagle.py|pop.py|filters.py|gateway.py|replication.py|failover.py|auth_flood.py|concurrency.py|tier_upload.py|tier_local_disk.py) args="$(filter --quick,$(BENCH_ARGS))";; esac; \
 	  echo "make bench: bench/$$script $$args"; \
 	  $(PY) bench/$$script $$args || failed="$$failed $$script"; \
 	done; \

@@ -54,6 +54,10 @@ class TierConfig:
     # The blocks read from the tier are kept in a cache of at most this many bytes (least recently used go).
     tier_cache_bytes: int = dataclasses.field(default=64 << 20, metadata={"help": (
         "bytes of blocks read from the tier kept in memory (least recently used evicted first)")})
+    # s3:// only: a segment larger than this is uploaded as a multipart upload in parts of this size (S3: >= 5 MiB).
+    tier_multipart_bytes: int = dataclasses.field(default=16 << 20, metadata={"help": (
+        "s3:// only: upload a sealed segment larger than this as a multipart upload in parts of this size "
+        "(at least 5 MiB, S3's smallest part; 4 parts in flight)")})
     credentials: Credentials = dataclasses.field(default_factory=Credentials, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +67,9 @@ class TierConfig:
         for name in ("local_retention_ms", "local_retention_bytes", "tier_cache_bytes"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must be 0 or more, not {getattr(self, name)}")
+        if self.tier_multipart_bytes < 5 << 20:
+            raise InvalidArgument(f"tier_multipart_bytes must be at least 5 MiB ({5 << 20}, S3's smallest part), not "
+                                  f"{self.tier_multipart_bytes}")
         if self.local_retention and not self.tier_url:
             raise InvalidArgument("local_retention_ms and local_retention_bytes delete segments uploaded to the "
                                   "tier: give --tier-url too")

@@ -19,6 +19,7 @@ from mqstore.errors import AlreadyExists, InvalidArgument, NotFound
 from mqstore.tier.objects import ObjectInfo
 
 TEMP_SUFFIX = ".tmp"
+COPY_BYTES = 4 << 20
 
 
 class LocalBackend:
@@ -33,12 +34,26 @@ class LocalBackend:
         return cls(pathlib.Path(urllib.parse.unquote(parsed.path)))
 
     def put_if_absent(self, key: str, data: bytes) -> None:
+        self._create(key, lambda out: out.write(data))
+
+    def put_file(self, key: str, path: pathlib.Path, size: int) -> None:
+        """The first ``size`` bytes of ``path``, copied in chunks of COPY_BYTES (os.pread: no file-sized buffer)."""
+        def copy(out) -> None:
+            with open(path, "rb") as source:
+                for at in range(0, size, COPY_BYTES):
+                    chunk = os.pread(source.fileno(), min(COPY_BYTES, size - at), at)
+                    if not chunk:
+                        raise OSError(f"{path} ended at {at} bytes, before {size}")
+                    out.write(chunk)
+        self._create(key, copy)
+
+    def _create(self, key: str, write) -> None:
         path = self.root / key
         fs.make_dirs(path.parent)  # the creation rule: a new directory's entry is durable before the object
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
         try:
             with open(temp, "xb") as out:
-                out.write(data)
+                write(out)
                 out.flush()
                 os.fsync(out.fileno())
             try:

@@ -6,6 +6,11 @@
   put_if_absent(key, data)   create the object; never replaces one (S3:      AlreadyExists: the key exists
                              If-None-Match: *; file: a link that fails on    (a second put of one key)
                              an existing name)
+  put_file(key, path, size)  the same from the first ``size`` bytes of a     AlreadyExists, as above
+                             local file, streamed (never whole in memory);
+                             S3: above the multipart size, a multipart
+                             upload (mqstore.tier.s3 says how it stays
+                             create-only)
   get_range(key, start, n)   n bytes from byte ``start`` (fewer at the end)  NotFound: no such object
   size(key)                  the object's size (HEAD), None when absent
   list(prefix)               the objects under the "directory" ``prefix``
@@ -24,6 +29,7 @@ Thread-safety: every method may be called from any thread; calls run on the exec
 from __future__ import annotations
 
 import concurrent.futures
+import pathlib
 import re
 import threading
 import time
@@ -48,6 +54,7 @@ class Backend(Protocol):
     for a failure (ObjectStore turns it into Unavailable)."""
 
     def put_if_absent(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, path: pathlib.Path, size: int) -> None: ...
     def get_range(self, key: str, start: int, length: int) -> bytes: ...
     def size(self, key: str) -> int | None: ...
     def list(self, prefix: str) -> list[ObjectInfo]: ...
@@ -72,6 +79,9 @@ class ObjectStore:
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         self._call("PUT", check_key(key), lambda: self._backend.put_if_absent(key, bytes(data)))
+
+    def put_file(self, key: str, path: pathlib.Path, size: int) -> None:
+        self._call("PUT", check_key(key), lambda: self._backend.put_file(key, pathlib.Path(path), size))
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:

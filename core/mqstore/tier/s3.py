@@ -2,7 +2,21 @@
 S3-compatible stores (MinIO, moto's server, ...), through obstore (docs/DESIGN.md says why that client).
 
 A put is a single PUT with ``If-None-Match: *`` (obstore's PutMode "create"): S3 answers 412 when the key
-exists, which is AlreadyExists here, so two writers never replace each other's object. Range reads are one
+exists, which is AlreadyExists here, so two writers never replace each other's object. A file (a sealed
+segment: :meth:`S3Backend.put_file`) is given to obstore as a read-only memory map of the file, never copied
+into Python's memory; one larger than ``multipart_bytes`` (``--tier-multipart-bytes``) goes as a multipart upload in
+parts of that size, at most MULTIPART_CONCURRENCY in flight (S3 takes parts of 5 MiB to 5 GiB and a single PUT
+of at most 5 GiB). obstore 0.12 sends no ``If-None-Match`` on CompleteMultipartUpload (a mode other than
+"overwrite" turns multipart off), so a multipart put checks with a HEAD that the key is absent, then uploads
+without a condition. That keeps the tier's objects write-once because of how the uploader keys them
+(mqstore.tier.uploader): every attempt puts under a key of its own (``commitlog/<base>/<fresh uuid4>``),
+recorded in its STARTED record before the put, and no other attempt ever writes that key; the only writes
+to one key are this attempt's (obstore's retries of a part, or a deposed leader's put landing late), all of
+the same bytes, whose size and SHA-256 the STARTED record holds (and S3 checks each request's body against the
+SHA-256 in its signature). A put that lands
+after its attempt was DISCARDED or DELETED is an orphan the sweep deletes. An upload that fails midway is
+aborted by obstore (AbortMultipartUpload); one cut by a crash leaves invisible parts: a bucket lifecycle rule
+``AbortIncompleteMultipartUpload`` removes them (README, *Object storage tier*). Range reads are one
 GET with a Range header (and a HEAD only for a range past the end); size is a HEAD; list is ListObjectsV2
 under the prefix; delete is idempotent. The client's own timeout is the tier's call deadline, and it retries
 at most twice inside it, so a stalled server frees the executor's worker too.
@@ -13,6 +27,8 @@ Thread-safety: obstore's store is thread-safe (one HTTP connection pool).
 from __future__ import annotations
 
 import datetime
+import mmap
+import pathlib
 import urllib.parse
 
 import obstore
@@ -24,14 +40,23 @@ from mqstore.tier.objects import ObjectInfo
 
 DEFAULT_REGION = "us-east-1"
 MAX_RETRIES = 2
+MIN_PART_BYTES = 5 << 20  # S3's smallest part (but the last)
+DEFAULT_MULTIPART_BYTES = 16 << 20
+MULTIPART_CONCURRENCY = 4  # parts in flight (each buffered: at most 4 x multipart_bytes of memory per upload)
 
 
 class S3Backend:
-    def __init__(self, store: S3Store):
+    def __init__(self, store: S3Store, multipart_bytes: int = DEFAULT_MULTIPART_BYTES):
+        if multipart_bytes < MIN_PART_BYTES:
+            raise InvalidArgument(f"multipart_bytes must be at least {MIN_PART_BYTES} (S3's smallest part), "
+                                  f"not {multipart_bytes}")
         self._store = store
+        self.multipart_bytes = multipart_bytes
+        self.multipart_puts = 0  # files put as multipart uploads (tests)
 
     @classmethod
-    def of_url(cls, url: str, *, endpoint: str, region: str, credentials, timeout_ms: int) -> S3Backend:
+    def of_url(cls, url: str, *, endpoint: str, region: str, credentials, timeout_ms: int,
+               multipart_bytes: int = DEFAULT_MULTIPART_BYTES) -> S3Backend:
         parsed = urllib.parse.urlparse(url)
         if not parsed.netloc:
             raise InvalidArgument(f"an s3:// tier URL names its bucket (s3://BUCKET[/PREFIX]), not {url!r}")
@@ -46,15 +71,37 @@ class S3Backend:
             if credentials.session_token:
                 keys["session_token"] = credentials.session_token
         extra = {"endpoint": endpoint} if endpoint else {}
+        # signed payloads (never UNSIGNED-PAYLOAD, whatever AWS_UNSIGNED_PAYLOAD says): S3 checks every request body
+        # against its SHA-256, so the uploader needs no read-back of a put that answered (mqstore.tier.uploader)
         store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, region=region or DEFAULT_REGION,
-                        client_options=options, retry_config=retry, **extra, **keys)
-        return cls(store)
+                        client_options=options, retry_config=retry, unsigned_payload=False, **extra, **keys)
+        return cls(store, multipart_bytes)
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         try:
             obstore.put(self._store, key, data, mode="create")
         except (AlreadyExistsError, PreconditionError):
             raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
+
+    def put_file(self, key: str, path: pathlib.Path, size: int) -> None:
+        """The file ``path`` of ``size`` bytes (a sealed segment: it no longer changes), handed to obstore as a
+        read-only memory map: no copy in Python and none of obstore's own file reads, which cost 1.9-2.5 CPU s a GB
+        against 0.8 for a buffer (bench/README.md, *The tier upload benchmark*)."""
+        with open(path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if len(mapped) != size:
+                raise ValueError(f"{path} holds {len(mapped)} bytes, not the {size} recorded for {key}")
+            with memoryview(mapped) as view:
+                if size <= self.multipart_bytes:
+                    try:
+                        obstore.put(self._store, key, view, mode="create", use_multipart=False)
+                    except (AlreadyExistsError, PreconditionError):
+                        raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
+                    return
+                if self.size(key) is not None:  # no condition on the multipart's completion: the module docstring
+                    raise AlreadyExists(f"object {key} exists already (objects are written once)")
+                obstore.put(self._store, key, view, use_multipart=True, chunk_size=self.multipart_bytes,
+                            max_concurrency=MULTIPART_CONCURRENCY)
+                self.multipart_puts += 1
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """One GET with a Range header (S3 answers fewer bytes at the object's end, and 416 from past it)."""

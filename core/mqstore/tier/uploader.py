@@ -12,8 +12,14 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      reported an error (pulsar#17228) ends FINISHED, never deleted: only an object that does not match is.
      A segment that was FINISHED meanwhile (never, see the ledger) has its pending attempts discarded.
   2. **Upload every sealed segment that has no FINISHED attempt**, in order: STARTED (a fresh upload id,
-     the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256)
-     appended with SYNC replication; the object put if absent; read back and compared; FINISHED appended.
+     the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256 of the
+     file's memory map) appended with SYNC replication; the object put if absent, streamed from the file
+     (ObjectStore.put_file: a multipart upload above ``--tier-multipart-bytes`` on S3, which mqstore.tier.s3
+     keeps create-only); its size checked (HEAD); FINISHED appended. A put that answered needs no read-back:
+     S3 checks every PUT's and UploadPart's body against the SHA-256 its SigV4 signature carries
+     (``x-amz-content-sha256``, obstore's signed payloads) and refuses one that differs, and file:// wrote and
+     fsynced the bytes itself. A put that failed, or a crash after it, leaves the attempt pending: the step
+     after resolves it with the full read-back of 1.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
   3. **The tier's own retention**: the object of every FINISHED segment that ends at or below the logical
      log's start (``logical_min()``: local retention's logical minimum, which the total retention
@@ -45,6 +51,8 @@ Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any th
 from __future__ import annotations
 
 import hashlib
+import mmap
+import pathlib
 import time
 import uuid
 from typing import Callable
@@ -69,10 +77,22 @@ def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
 
 
 class SealedSegment:
-    """What the uploader needs of a local segment: its base, its size and its bytes."""
+    """What the uploader needs of a local segment: its base, its size, its file (``path``: streamed by the put
+    and hashed in chunks, never whole in memory; None: ``read()`` gives its bytes, for tests)."""
 
-    def __init__(self, base: int, size: int, read: Callable[[], bytes]):
-        self.base, self.size, self.read = base, size, read
+    def __init__(self, base: int, size: int, read: Callable[[], bytes], path: pathlib.Path | None = None):
+        self.base, self.size, self.read, self.path = base, size, read, path
+
+    def digest(self) -> bytes:
+        """SHA-256 of the segment's bytes: of the file as a read-only memory map (no copy; hashlib releases the GIL
+        while it hashes: the commit log's threads run meanwhile)."""
+        if self.path is None:
+            return hashlib.sha256(self.read()).digest()
+        with open(self.path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if len(mapped) < self.size:
+                raise OSError(f"{self.path} holds {len(mapped)} bytes, fewer than its {self.size}")
+            with memoryview(mapped) as view, view[:self.size] as part:
+                return hashlib.sha256(part).digest()
 
 
 def sealed_segments(store) -> list[SealedSegment]:
@@ -81,7 +101,7 @@ def sealed_segments(store) -> list[SealedSegment]:
     found = []
     for segment in list(store.segments.segments):
         if segment.end <= limit:
-            found.append(SealedSegment(segment.start, segment.size, _reader(segment.path)))
+            found.append(SealedSegment(segment.start, segment.size, _reader(segment.path), segment.path))
     return found
 
 
@@ -160,17 +180,19 @@ class Uploader(Duty):
     # ---- 1. what an earlier attempt left ------------------------------------------------------------------
     def _resolve(self, attempt: Upload, finished: dict[int, Upload]) -> None:
         if attempt.segment_base not in finished and self._verified(attempt):
-            self.ledger.record(attempt.but(FINISHED))
-            self.uploaded += 1
-            self.copy_bytes += attempt.segment_size
-            log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key,
-                     by="resolving an attempt left pending")
+            self._finish(attempt, by="resolving an attempt left pending")
             return
         self.tier.delete(attempt.key)
         self.ledger.record(attempt.but(DISCARDED))
         self.discarded += 1
         log.warning("tier.upload_discarded", segment_base=attempt.segment_base, key=attempt.key,
                     why="its object is absent or does not match what was recorded")
+
+    def _finish(self, attempt: Upload, by: str) -> None:
+        self.ledger.record(attempt.but(FINISHED))
+        self.uploaded += 1
+        self.copy_bytes += attempt.segment_size
+        log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key, by=by)
 
     def _verified(self, attempt: Upload) -> bool:
         """The object exists with the recorded size and SHA-256 (Unavailable when the store does not say)."""
@@ -183,15 +205,20 @@ class Uploader(Duty):
 
     # ---- 2. upload ----------------------------------------------------------------------------------------
     def _upload(self, segment: SealedSegment, epoch: int) -> None:
-        data = segment.read()
         upload_id = uuid.uuid4()
-        attempt = Upload(STARTED, upload_id, segment.base, len(data), hashlib.sha256(data).digest(), epoch,
+        attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
                          object_key(segment.base, upload_id))
         self.ledger.record(attempt)
         failpoints.hit("tier.upload.started")
-        self.tier.put_if_absent(attempt.key, data)
+        if segment.path is not None:
+            self.tier.put_file(attempt.key, segment.path, segment.size)  # a memory map; multipart above its size (s3)
+        else:
+            self.tier.put_if_absent(attempt.key, segment.read())
         failpoints.hit("tier.upload.after_put")
-        self._resolve(attempt, {})
+        if self.tier.size(attempt.key) == attempt.segment_size:  # the put answered: its bytes were checked (above)
+            self._finish(attempt, by="its put")
+        else:
+            self._resolve(attempt, {})
 
     # ---- 3. the tier's retention ----------------------------------------------------------------------------
     def _expire(self) -> None:

@@ -29,10 +29,11 @@ as :class:`Hosted` parts (``CommitLogConfig.hosted``) and their flags as :class:
 The object storage tier (mqstore.tier; README, *Object storage tier*) has the flags of
 :class:`mqstore.tier.config.TierConfig`: ``--tier-url`` (empty: off; file:///DIR or s3://BUCKET[/PREFIX]) turns
 the leader's upload of sealed commit log segments on, ``--tier-upload-interval-ms``, ``--tier-call-timeout-ms``,
-``--tier-endpoint`` and ``--tier-region``; ``--local-retention-ms/-bytes`` delete uploaded segments from the local
-disk (mqstore.tier.local_retention) and Pull / GetMessage(s) below the local log read the tier (mqstore.tier.reads,
-``--tier-read-ahead-bytes``, ``--tier-cache-bytes``); S3 credentials come from AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN only. ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
+``--tier-endpoint``, ``--tier-region`` and ``--tier-multipart-bytes``; ``--local-retention-ms/-bytes`` delete
+uploaded segments from the local disk (mqstore.tier.local_retention) and Pull / GetMessage(s) below the local log
+read the tier (mqstore.tier.reads, ``--tier-read-ahead-bytes``, ``--tier-cache-bytes``); S3 credentials come from
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN only.
+``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 The process runs as every service does (mqstore_rpc.service): JSON log lines on stderr, the first
 after start ``server.started`` with the bound port; exit status 0 after SIGTERM/SIGINT, 1 when the
@@ -219,7 +220,8 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
                  parts: service.Composition) -> None:
     """The uploader of sealed segments (mqstore.tier.uploader): on the leader only, records in the log."""
     objects = open_store(tier.tier_url, timeout_ms=tier.tier_call_timeout_ms, endpoint=tier.tier_endpoint,
-                         region=tier.tier_region, credentials=tier.credentials)
+                         region=tier.tier_region, credentials=tier.credentials,
+                         multipart_bytes=tier.tier_multipart_bytes)
     parts.on_close(objects.close)
     leader_epoch = (lambda: node.leading_epoch() or None) if node is not None else (lambda: 0)
     ledger = Ledger.of_store(store)

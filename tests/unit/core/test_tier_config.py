@@ -31,7 +31,8 @@ def test_tier_flags_variables_and_the_aws_environment(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--tier-url", "ftp://x"], ["--tier-upload-interval-ms", "0"],
-                                  ["--tier-call-timeout-ms", "-1"]])
+                                  ["--tier-call-timeout-ms", "-1"],
+                                  ["--tier-multipart-bytes", str(1 << 20)]])
 def test_bad_tier_settings_are_refused(tmp_path, argv):
     with pytest.raises(InvalidArgument):
         parse_config(["--data-dir", str(tmp_path), *argv], {})

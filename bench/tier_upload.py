@@ -1,0 +1,202 @@
+"""Appends while the tier uploads vs the same appends with the tier off: ``make bench`` runs
+``bench/tier_upload.py`` (bench/README.md, *The tier upload benchmark*).
+
+Issue 36: "Upload throughput vs local sequential write while appends run: the append rate drops by <= 10%".
+Each round runs two fresh commit log processes in turn (the order alternates from round to round), ASYNC flush,
+SEGMENT-byte segments, the same closed-loop load (bench/loadgen.py: PRODUCERS tasks of Append with BATCH messages
+of BODY bytes over 8 queues, WARMUP then a WINDOW):
+
+  tier    --tier-url s3://... on moto's server (its own process on 127.0.0.1, fresh each round),
+          --tier-upload-interval-ms 200, --tier-multipart-bytes: the leader hashes and uploads every segment
+          sealed meanwhile (multipart above the part size), reads it back and records FINISHED
+  off     no tier
+
+Figures: messages/s appended in the window (median of ROUNDS), the commit log's CPU per message (its own
+process: what the uploader costs the store), the MB/s the tier FINISHED in the window (GetTierStatus's
+copy_bytes), the upload lag at the window's end, and moto's CPU (another process on the same cores: on a
+2-core machine the S3 server competes with the store and the load generator, which a real S3 does not).
+
+A full run writes bench/results/tier_upload.json and .md; ``--quick`` writes to bench/results/scratch/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import boto3
+import grpc
+from append import create_topic
+from procs import BENCH_DIR, GrpcServer, cpu_seconds, run_loadgen, run_meta, stop, write_table
+from tier_reads import KEYS, _moto
+
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc
+
+MiB = 1 << 20
+FULL = {"segment_bytes": 64 * MiB, "multipart_bytes": 16 * MiB, "producers": 8, "batch": 100, "body_bytes": 1024,
+        "warmup_s": 2.0, "window_s": 12.0, "rounds": 3, "moto_nice": 19, "drain_s": 20.0}
+QUICK = {"segment_bytes": 8 * MiB, "multipart_bytes": 5 * MiB, "producers": 4, "batch": 100, "body_bytes": 1024,
+         "warmup_s": 0.5, "window_s": 3.0, "rounds": 1, "moto_nice": 19, "drain_s": 5.0}
+TARGET_DROP = 0.10
+IDLE_S = 2.0
+TOPIC = "bench"
+
+
+def _status(target: str) -> pb.GetTierStatusResponse:
+    with grpc.insecure_channel(target) as channel:
+        return commitlog_pb2_grpc.CommitLogStub(channel).GetTierStatus(pb.GetTierStatusRequest(), timeout=30)
+
+
+def _drain(server: GrpcServer, moto, status, cfg: dict, idle_cores: float) -> dict:
+    """The load stopped: the store's CPU per GB while the uploader works off its lag alone (at most drain_s),
+    less what the idle store used (``idle_cores``, measured before the load)."""
+    cpu0, moto0, copied0, began = cpu_seconds(server.pid), cpu_seconds(moto.pid), status.copy_bytes, time.monotonic()
+    while time.monotonic() - began < cfg["drain_s"] and status.copy_lag_segments > 0:
+        time.sleep(0.5)
+        status = _status(server.target)
+    copied = status.copy_bytes - copied0
+    seconds = time.monotonic() - began
+    return {"drain_gb": copied / 1e9, "drain_s": seconds,
+            "store_cpu_s_per_gb": (cpu_seconds(server.pid) - cpu0 - idle_cores * seconds) / (copied / 1e9)
+            if copied else None, "idle_cores": idle_cores,
+            "moto_cpu_s_per_gb": (cpu_seconds(moto.pid) - moto0) / (copied / 1e9) if copied else None,
+            "drain_mb_per_s": copied / seconds / 1e6}
+
+
+def _run(mode: str, cfg: dict, work: pathlib.Path, round_: int) -> dict:
+    data_dir = work / f"{mode}-{round_}"
+    moto = None
+    extra = ("--segment-size-bytes", str(cfg["segment_bytes"]))
+    env = {}
+    if mode == "tier":
+        moto, endpoint = _moto(work)
+        if cfg["moto_nice"]:
+            os.setpriority(os.PRIO_PROCESS, moto.pid, cfg["moto_nice"])  # its threads start with the request
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
+                     aws_secret_access_key="bench").create_bucket(Bucket="bench")
+        extra += ("--tier-url", "s3://bench/node", "--tier-endpoint", endpoint, "--tier-upload-interval-ms", "200",
+                  "--tier-multipart-bytes", str(cfg["multipart_bytes"]))
+        env = KEYS
+    server = GrpcServer.commitlog(data_dir, "ASYNC", extra=extra)
+    server.env = {**(server.env or {}), **env}
+    try:
+        server.start()
+        create_topic(server.target, TOPIC)
+        spec = {"kind": "unary", "target": server.target, "topic": TOPIC, "batch": cfg["batch"], "items": 1,
+                "body_bytes": cfg["body_bytes"], "concurrency": cfg["producers"], "channels": 1, "start_at": 0,
+                "warmup_s": cfg["warmup_s"], "duration_s": cfg["window_s"], "max_calls": 10_000_000}
+        idle0, idle_t0 = cpu_seconds(server.pid), time.perf_counter()
+        time.sleep(IDLE_S)  # the store's own duties with nothing to do: taken off the drain's CPU
+        idle_cores = (cpu_seconds(server.pid) - idle0) / (time.perf_counter() - idle_t0)
+        copied0 = _status(server.target).copy_bytes if mode == "tier" else 0
+        cpu0, moto0, wall0 = cpu_seconds(server.pid), cpu_seconds(moto.pid) if moto else 0.0, time.perf_counter()
+        results = run_loadgen(spec, 1, timeout_s=cfg["warmup_s"] + cfg["window_s"] + 60)
+        wall = time.perf_counter() - wall0
+        cpu, moto_cpu = cpu_seconds(server.pid) - cpu0, (cpu_seconds(moto.pid) - moto0) if moto else 0.0
+        status = _status(server.target) if mode == "tier" else None
+        messages = sum(r["messages"] for r in results)
+        errors = sum(sum(r["errors"].values()) for r in results)
+        row = {"mode": mode, "round": round_, "msgs_per_s": messages / cfg["window_s"],
+               "body_mb_per_s": messages * cfg["body_bytes"] / cfg["window_s"] / 1e6, "errors": errors,
+               "server_cores": cpu / wall, "moto_cores": moto_cpu / wall,
+               "upload_mb_per_s": 0.0, "uploaded_segments": 0, "lag_segments": 0}
+        if status is not None:
+            row.update(upload_mb_per_s=(status.copy_bytes - copied0) / wall / 1e6,
+                       uploaded_segments=status.tiered_segments, lag_segments=status.copy_lag_segments,
+                       copy_errors=status.copy_errors)
+            row.update(_drain(server, moto, status, cfg, idle_cores))
+        # CPU per message: the run's CPU (warm-up and window) over the messages of both at the window's rate
+        row["server_us_per_msg"] = cpu / max(row["msgs_per_s"] * (cfg["warmup_s"] + cfg["window_s"]), 1) * 1e6
+        print(f"round {round_} {mode:4} {row['msgs_per_s']:,.0f} msgs/s ({row['body_mb_per_s']:.1f} MB/s of bodies), "
+              f"server {row['server_cores']:.2f} cores, {row['server_us_per_msg']:.2f} us/msg; upload "
+              f"{row['upload_mb_per_s']:.1f} MB/s, lag {row['lag_segments']} segments, moto {row['moto_cores']:.2f} "
+              f"cores", flush=True)
+        return row
+    finally:
+        server.stop()
+        if moto is not None:
+            stop(moto)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure(cfg: dict, work: pathlib.Path) -> tuple[list[dict], list[dict]]:
+    raw = []
+    for round_ in range(cfg["rounds"]):
+        for mode in (("tier", "off") if round_ % 2 == 0 else ("off", "tier")):
+            raw.append(_run(mode, cfg, work, round_))
+    med = {mode: {key: statistics.median(r[key] for r in raw if r["mode"] == mode)
+                  for key in ("msgs_per_s", "body_mb_per_s", "server_cores", "server_us_per_msg", "moto_cores",
+                              "upload_mb_per_s")} for mode in ("tier", "off")}
+    drop = 1 - med["tier"]["msgs_per_s"] / med["off"]["msgs_per_s"]
+    cpu_ratio = med["tier"]["server_us_per_msg"] / med["off"]["server_us_per_msg"]
+    by_round = {(r["round"], r["mode"]): r for r in raw}
+    pairs = [1 - by_round[(n, "tier")]["msgs_per_s"] / by_round[(n, "off")]["msgs_per_s"] for n in range(cfg["rounds"])]
+    rows = [{"mode": mode, **med[mode]} for mode in ("tier", "off")]
+    drains = [r for r in raw if r.get("store_cpu_s_per_gb")]
+    per_gb = statistics.median(r["store_cpu_s_per_gb"] for r in drains) if drains else None
+    rows[0].update(store_cpu_s_per_gb=per_gb, drain_mb_per_s=statistics.median(r["drain_mb_per_s"] for r in drains)
+                   if drains else None,
+                   # the store's cores the uploads would take if they kept up with the appends (a real S3)
+                   projected_cores=per_gb * med["off"]["body_mb_per_s"] / 1000 if per_gb else None)
+    rows[0].update(drop=drop, pair_drops=pairs, cpu_ratio=cpu_ratio, target_drop=TARGET_DROP,
+                   max_lag_segments=max(r["lag_segments"] for r in raw if r["mode"] == "tier"))
+    return rows, raw
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    tier, off = rows
+    lines = ["# Appends while the tier uploads vs the tier off (bench/tier_upload.py)", "",
+             f"{meta['when']}, {meta['machine']}, {meta['mode']}, {meta['git']}; ASYNC, "
+             f"{meta['segment_bytes'] // MiB} MiB segments, multipart parts of {meta['multipart_bytes'] // MiB} MiB, "
+             f"{meta['producers']} producers of Append x {meta['batch']} messages of {meta['body_bytes']} bytes, "
+             f"{meta['window_s']:.0f} s windows, median of {meta['rounds']} alternating rounds; S3 is moto's server "
+             f"on the same cores at nice {meta['moto_nice']}", "",
+             "| tier | msgs/s appended | MB/s of bodies | store CPU us/msg | store cores | uploaded MB/s | moto "
+             "cores |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['msgs_per_s']:,.0f} | {r['body_mb_per_s']:.1f} | "
+                     f"{r['server_us_per_msg']:.2f} | {r['server_cores']:.2f} | {r['upload_mb_per_s']:.1f} | "
+                     f"{r['moto_cores']:.2f} |")
+    verdict = "met" if tier["drop"] <= TARGET_DROP else "**missed**"
+    lines += ["", f"Append-rate drop with the tier on: {tier['drop'] * 100:.1f}% (target <= "
+              f"{TARGET_DROP * 100:.0f}%: {verdict}; per round: "
+              + ", ".join(f"{d * 100:.1f}%" for d in tier["pair_drops"]) + "). The store's own CPU per message: "
+              f"{tier['cpu_ratio']:.2f}x with the tier on; upload lag at the window's end at most "
+              f"{tier['max_lag_segments']} sealed segments.", ""]
+    if tier.get("store_cpu_s_per_gb"):
+        lines += [f"The load stopped, the uploader alone: {tier['drain_mb_per_s']:.1f} MB/s to moto, the store's "
+                  f"CPU {tier['store_cpu_s_per_gb']:.2f} s per GB uploaded; uploads keeping up with the tier-off "
+                  f"rate ({off['body_mb_per_s']:.0f} MB/s of bodies) would take {tier['projected_cores']:.2f} of the "
+                  f"store's cores (it used {off['server_cores']:.2f} for the appends).", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (to bench/results/scratch/)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds (default: 3, quick 1)")
+    parser.add_argument("--moto-nice", type=int, default=19,
+                        help="moto's nice value (19: it takes the CPU the store and the load leave, as a remote S3 "
+                             "takes none of theirs; 0: it competes as an equal)")
+    parser.add_argument("--stem", default="tier_upload", help="the results files' name")
+    args = parser.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL, moto_nice=args.moto_nice)
+    if args.rounds:
+        cfg["rounds"] = args.rounds
+    out_dir = BENCH_DIR / "results" / ("scratch" if args.quick else "")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mqstore-tier-upload-") as work:
+        rows, raw = measure(cfg, pathlib.Path(work))
+    write_table(out_dir, args.stem, run_meta("quick" if args.quick else "full", **cfg), rows, raw, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
