@@ -3,6 +3,7 @@
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records, their
+a delayed batch's timer records from those WireMessages (``_records.timer_batch``, the Scheduler's); their
 placing and stamping under the append lock with the consume queue entries (mqstore.log.stamp), and the
 AppendResponse bytes; the PullResponse and StoredMessage bytes (Pull, GetMessage, GetMessages) from the
 stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
@@ -69,7 +70,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
-                                 AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
+                                 AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
+                                 timer_names=_records.TIMER_NAMES, append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,

@@ -63,6 +63,33 @@ def check_reserved(messages: Iterable[MessageIn]) -> None:
                                       f"reserved: {', '.join(sorted(STORE_SET))}")
 
 
+def asked_by_fields(properties, deliver_at_ms: int, delay_ms: int) -> dict[str, str]:
+    """The properties of a message whose MessageInput.deliver_at_ms or delay_ms is set (not 0): the field as the
+    timer's property (delay_ms wins), the asking properties left out, sorted by name; INVALID_ARGUMENT for a
+    negative field. mqstore_rpc.convert's (protobuf's messages) and :func:`wire_messages_in`'s."""
+    for name, value in (("delay_ms", delay_ms), ("deliver_at_ms", deliver_at_ms)):
+        if value < 0:
+            raise InvalidArgument(f"{name} is {value}; it must not be negative (0 = none; "
+                                  f"delay_ms: milliseconds from the server's clock, deliver_at_ms: epoch milliseconds)")
+    props = {k: v for k, v in properties.items() if k not in _ASKING_SET}
+    if delay_ms:
+        props[DELAY_MS] = str(delay_ms)
+    else:
+        props[DELIVER_MS] = str(deliver_at_ms)
+    return dict(sorted(props.items()))
+
+
+def wire_messages_in(wire) -> list[MessageIn]:
+    """The compiled codec's WireMessages of a timer-marked request as the MessageIn mqstore_rpc.convert.messages_in
+    makes of the same request (its delivery fields as properties): for the reference way, where the compiled
+    codec's timer_batch declines."""
+    converted = wire.to_messages(MessageIn)
+    for message, (deliver_at_ms, delay_ms) in zip(converted, wire.delivery_fields(), strict=True):
+        if deliver_at_ms or delay_ms:
+            message.properties = asked_by_fields(message.properties, deliver_at_ms, delay_ms)
+    return converted
+
+
 def due_ms(message: MessageIn, now_ms: int, max_delay_ms: int, index: int = 0) -> int:
     """When ``message`` (which :func:`asks_timer`) is due; INVALID_ARGUMENT for a value that is not a whole
     number or lies more than ``max_delay_ms`` ahead. A time in the past is due now."""
