@@ -53,7 +53,8 @@ def compiled_namespace() -> types.SimpleNamespace:
     except ImportError as exc:
         pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
-                                 AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch)
+                                 AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
+                                 timer_copy=_records.timer_copy)
 
 
 COMPILED = compiled_namespace()
@@ -220,3 +221,59 @@ def test_a_plain_compiled_append_with_a_name_the_timer_sets_is_refused_as_on_the
     reference = run(raw, compiled=False)
     assert reference[0] == "error" and "REAL_TOPIC" in reference[2]
     assert compiled == reference
+
+
+# ---- a delivered copy's properties (mqstore.timer.messages.delivered_copy; the compiled timer_copy) --------------
+
+COPY_NAMES = ["a", "zz", "\u00c4", "TIMER_X", "TIMER_ENQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_ROLLED_FROM", "TAGS",
+              "KEYS", "TIMER_ORIGIN", "REAL_QID", "TIMER_SHARDING_KEY"]
+COPY_VALUES = {"REAL_QID": ["0", "3", "007", "x", "99999999999"], "TIMER_ORIGIN": ["5", "0", "x", "-1"],
+               "KEYS": ["k", "a b", " a  b ", "k1 k2 k3", " "], "TAGS": ["t", "\u00e9"]}
+
+
+def random_properties(rng: random.Random) -> bytes:
+    """A timer record's PROPERTIES: usually what the Scheduler and rolls write, sometimes odd (names twice, entries
+    without a separator or value, a second separator, invalid UTF-8, the copy's own names)."""
+    entries = []
+    for name, chance in (("REAL_TOPIC", 0.95), ("TIMER_OUT_MS", 0.95), ("UNIQ_KEY", 0.95)):
+        if rng.random() < chance:
+            entries.append((name, rng.choice(["t", "7F00000100002A9F0000", "1796000000123", "\u00fc"])))
+    for name in rng.sample(COPY_NAMES, rng.randint(0, 5)):
+        entries.append((name, rng.choice(COPY_VALUES.get(name, ["v", "1796000000999", "\u00fcw"]))))
+    raw = [f"{name}\x01{value}\x02".encode() for name, value in entries]
+    if rng.random() < 0.2:
+        raw.append(rng.choice([b"a\x01v\x02", b"REAL_TOPIC\x01u\x02", b"novalue\x01\x02", b"\x01v\x02", b"plain\x02",
+                               b"x\x01v\x01w\x02", b"bad\x01\xff\x02", b"TIMER_UNIT\x017\x02", b"tail\x01v",
+                               b"TIMER_DELIVER_MS\x015\x02", b"UNIQ_KEY\x01U2\x02"]))
+    rng.shuffle(raw)
+    return b"".join(raw)
+
+
+def test_the_compiled_copy_properties_are_delivered_copys(monkeypatch):
+    """timer_copy against messages.delivered_copy on 5,000 random timer records' properties: where it answers, the
+    same real topic, origin, properties bytes, tags, UNIQ_KEY, queue and sharding key; it declines only what is
+    odd (and what the reference does not copy: no REAL_TOPIC or UNIQ_KEY)."""
+    from mqstore.format.record_reader import decode_properties
+    rng = random.Random(36)
+    view = types.SimpleNamespace(store_timestamp_ms=1_796_000_000_555, body=b"b", body_crc=1, flag=0,
+                                 born_timestamp_ms=0, born_host=b"\1\2\3\4", born_port=1)
+    answered = 0
+    for _ in range(5000):
+        raw, offset, now = random_properties(rng), rng.randint(0, 1 << 40), 1_796_000_001_000 + rng.randint(0, 9)
+        made = COMPILED.timer_copy(raw, offset, now, view.store_timestamp_ms)
+        props = decode_properties(raw)
+        if tm.REAL_TOPIC not in props:
+            assert made is None
+            continue
+        try:
+            reference = tm.delivered_copy(view, props, offset, now)
+            origin = int(props.get(tm.ORIGIN, offset))
+        except (KeyError, ValueError):
+            reference = None
+        if made is None:
+            continue
+        answered += 1
+        assert reference is not None, raw
+        real, copy = reference
+        assert made == (real, origin, copy.properties, copy.tags, copy.uniq_key, copy.queue_id, copy.sharding_key), raw
+    assert answered > 2000, answered

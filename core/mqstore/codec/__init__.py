@@ -71,7 +71,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                       f"with them (make setup) for the compiled codec")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
-                                 timer_names=_records.TIMER_NAMES, append_response=_responses.append_response,
+                                 timer_copy=_records.timer_copy, append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,

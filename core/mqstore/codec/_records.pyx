@@ -22,11 +22,11 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndS
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memchr, memcmp, memcpy, memset
+from libc.stdlib cimport free, malloc, qsort
+from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
 from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, one_per_name, text_of
-from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64
+from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, valid_utf8
 
 cdef extern from "zlib.h":
     unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
@@ -448,9 +448,6 @@ cdef const char* NAME_OUT_MS = b"TIMER_OUT_MS"
 cdef const char* NAME_REAL_TOPIC = b"REAL_TOPIC"
 cdef const char* NAME_REAL_QID = b"REAL_QID"
 cdef const char* NAME_SHARDING_KEY = b"TIMER_SHARDING_KEY"
-TIMER_NAMES = dict(out_ms=b"TIMER_OUT_MS", real_topic=b"REAL_TOPIC", real_qid=b"REAL_QID",
-                   sharding_key=b"TIMER_SHARDING_KEY", delay_sec=b"TIMER_DELAY_SEC", delay_ms=b"TIMER_DELAY_MS",
-                   deliver_ms=b"TIMER_DELIVER_MS", max_value_ms=1 << 62)
 
 
 cdef Asked _asking(Span name) noexcept nogil:
@@ -614,3 +611,196 @@ def timer_batch(WireMessages wire, str timer_topic, str real_topic, int32_t queu
         made.props_to = one_per_name(out, made.props_from)
         out.count += 1
     return out, dues
+
+
+# ---- a delivered copy's properties from the timer record's (mqstore.timer.messages.delivered_copy) ----------
+
+cdef enum:
+    MAX_COPY_ENTRIES = 64
+
+cdef struct Entry:
+    Span name
+    Span value
+    Py_ssize_t order
+
+
+cdef int _compare_entries(const void* a, const void* b) noexcept nogil:
+    cdef const Entry* x = <const Entry*>a
+    cdef const Entry* y = <const Entry*>b
+    cdef int found = memcmp(x.name.ptr, y.name.ptr, min(x.name.length, y.name.length))
+    if found:
+        return found
+    if x.name.length != y.name.length:
+        return -1 if x.name.length < y.name.length else 1
+    return -1 if x.order < y.order else (1 if x.order > y.order else 0)
+
+
+cdef inline bint _is(Span s, const char* name) noexcept nogil:
+    cdef Py_ssize_t n = strlen(name)
+    return s.length == n and memcmp(s.ptr, name, n) == 0
+
+
+def timer_copy(bytes raw, int64_t timer_offset, int64_t now_ms, int64_t store_timestamp_ms):
+    """What mqstore.timer.messages.delivered_copy makes of a timer record's properties ``raw`` (its PROPERTIES
+    bytes), and the record's origin (TIMER_ORIGIN, else ``timer_offset``): (real topic, origin, the copy's
+    properties bytes, tags, UNIQ_KEY, queue id or None, sharding key). None for anything unusual (not UTF-8, an
+    entry without a name or value or with a second separator, a name twice, no REAL_TOPIC, TIMER_OUT_MS or
+    UNIQ_KEY, a name the copy gets already, an origin or REAL_QID that is not plain digits, more than 64
+    entries): the caller then decodes the properties and the reference decides."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t n = len(raw), at = 0, end, sep, count = 0, i, size
+    cdef Entry entries[MAX_COPY_ENTRIES + 4]
+    cdef Span name, value, real, qid, shard, tags, keys, uniq, origin
+    cdef uint8_t numbers[64]
+    cdef Py_ssize_t used = 0, length
+    cdef int64_t origin_value, qid_value = -1
+    cdef bint found_out, has_enqueue
+    cdef uint8_t* out
+    real.ptr = qid.ptr = shard.ptr = tags.ptr = keys.ptr = uniq.ptr = origin.ptr = NULL
+    real.length = qid.length = shard.length = tags.length = keys.length = uniq.length = origin.length = 0
+    if not valid_utf8(p, n):
+        return None
+    while at < n:
+        end = at
+        while end < n and p[end] != 2:
+            end += 1
+        sep = at
+        while sep < end and p[sep] != 1:
+            sep += 1
+        if sep == end or sep == at or sep + 1 == end or memchr(p + sep + 1, 1, end - sep - 1) != NULL:
+            return None
+        name.ptr, name.length = p + at, sep - at
+        value.ptr, value.length = p + sep + 1, end - sep - 1
+        at = end + 1
+        if _is(name, b"REAL_TOPIC"):
+            if real.ptr != NULL:
+                return None  # a name twice (the reference's last wins): unusual here
+            real = value
+        elif _is(name, b"REAL_QID"):
+            if qid.ptr != NULL:
+                return None
+            qid = value
+        elif _is(name, b"TIMER_SHARDING_KEY"):
+            if shard.ptr != NULL:
+                return None
+            shard = value
+        elif _is(name, b"TIMER_ORIGIN"):
+            if origin.ptr != NULL:
+                return None
+            origin = value
+        elif _is(name, b"TAGS"):
+            if tags.ptr != NULL:
+                return None
+            tags = value
+        elif _is(name, b"KEYS"):
+            if keys.ptr != NULL:
+                return None
+            keys = value
+        elif _is(name, b"UNIQ_KEY"):
+            if uniq.ptr != NULL:
+                return None
+            uniq = value
+        elif _is(name, b"TIMER_ROLLED_FROM"):
+            pass
+        elif (_is(name, b"TIMER_DELIVER_MS") or _is(name, b"TIMER_DEQUEUE_MS") or _is(name, b"TIMER_UNIT")
+              or count >= MAX_COPY_ENTRIES):
+            return None
+        else:
+            entries[count].name, entries[count].value, entries[count].order = name, value, count
+            count += 1
+    if real.ptr == NULL or uniq.ptr == NULL:
+        return None
+    origin_value = timer_offset
+    if origin.ptr != NULL:
+        origin_value = _whole_number(origin)
+        if origin_value < 0:
+            return None
+    if qid.ptr != NULL:
+        qid_value = _whole_number(qid)
+        if qid_value < 0 or qid_value > 0x7FFFFFFF:
+            return None
+    # TIMER_OUT_MS becomes TIMER_DELIVER_MS; TIMER_ENQUEUE_MS (the record's store time unless it has one),
+    # TIMER_DEQUEUE_MS and TIMER_UNIT are added.
+    found_out = has_enqueue = False
+    for i in range(count):
+        if _is(entries[i].name, b"TIMER_OUT_MS"):
+            entries[i].name = _span(b"TIMER_DELIVER_MS", 16)
+            found_out = True
+        elif _is(entries[i].name, b"TIMER_ENQUEUE_MS"):
+            has_enqueue = True
+    if not found_out:
+        return None
+    if not has_enqueue:
+        length = _put_signed(numbers + used, store_timestamp_ms)
+        entries[count].name, entries[count].value, entries[count].order = _span(b"TIMER_ENQUEUE_MS", 16), \
+            _span(numbers + used, length), count
+        used += length
+        count += 1
+    length = _put_signed(numbers + used, now_ms)
+    entries[count].name, entries[count].value, entries[count].order = _span(b"TIMER_DEQUEUE_MS", 16), \
+        _span(numbers + used, length), count
+    used += length
+    count += 1
+    length = _put_signed(numbers + used, timer_offset)
+    entries[count].name, entries[count].value, entries[count].order = _span(b"TIMER_UNIT", 10), \
+        _span(numbers + used, length), count
+    used += length
+    count += 1
+    qsort(entries, count, sizeof(Entry), _compare_entries)
+    size = 0
+    for i in range(count):
+        if i and (entries[i - 1].name.length == entries[i].name.length
+                  and memcmp(entries[i - 1].name.ptr, entries[i].name.ptr, entries[i].name.length) == 0):
+            return None  # a name twice
+        size += entries[i].name.length + entries[i].value.length + 2
+    size += (6 + tags.length if tags.length else 0) + 6 + keys.length + 10 + uniq.length
+    made = PyBytes_FromStringAndSize(NULL, size)
+    out = <uint8_t*>PyBytes_AS_STRING(made)
+    for i in range(count):
+        out = _put(out, entries[i].name.ptr, entries[i].name.length)
+        out[0] = 1
+        out = _put(out + 1, entries[i].value.ptr, entries[i].value.length)
+        out[0] = 2
+        out += 1
+    if tags.length:
+        out = _put(_put(out, b"TAGS\x01", 5), tags.ptr, tags.length)
+        out[0] = 2
+        out += 1
+    # KEYS: the keys split at spaces, the empty ones left out, joined by single spaces (none left: no KEYS).
+    length = _put_keys(out + 5, keys)
+    if length:
+        memcpy(out, b"KEYS\x01", 5)
+        out += 5 + length
+        out[0] = 2
+        out += 1
+    out = _put(_put(out, b"UNIQ_KEY\x01", 9), uniq.ptr, uniq.length)
+    out[0] = 2
+    out += 1
+    size = out - <uint8_t*>PyBytes_AS_STRING(made)
+    return (text_of(real), origin_value, made[:size], text_of(tags), text_of(uniq),
+            qid_value if qid.ptr != NULL else None, text_of(shard))
+
+
+cdef Py_ssize_t _put_keys(uint8_t* out, Span keys) noexcept nogil:
+    """``" ".join(k for k in keys.split(" ") if k)`` at ``out``; returns its length."""
+    cdef Py_ssize_t i, n = 0
+    cdef bint pending_space = False
+    for i in range(keys.length):
+        if keys.ptr[i] == 0x20:
+            pending_space = n > 0
+            continue
+        if pending_space:
+            out[n] = 0x20
+            n += 1
+            pending_space = False
+        out[n] = keys.ptr[i]
+        n += 1
+    return n
+
+
+cdef Py_ssize_t _put_signed(uint8_t* out, int64_t value) noexcept nogil:
+    """``str(value)`` at ``out``; returns its length."""
+    if value < 0:
+        out[0] = 0x2D
+        return 1 + _put_decimal(out + 1, -value)
+    return _put_decimal(out, value)

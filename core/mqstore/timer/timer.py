@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from mqstore import disk_space, topics as topic_rules
+from mqstore import codec, disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
 from mqstore.format.record import FIXED_OVERHEAD, QUEUE_OFFSET_AT
@@ -376,6 +376,7 @@ class Timer:
         not a compaction topic is made from the timer record's bytes (messages.delivered_copy: its body and CRC as
         stored, its properties written once), any other from the decoded record (messages.delivered)."""
         lookups = self._records([u.physical_offset for u in units])
+        compiled_copies = codec.compiled is not None
         batches: list[list] = []  # [topic, copies, units, body bytes]
         copyable: dict[str, bool] = {}
         for unit, (found, missing) in zip(units, lookups, strict=True):
@@ -389,8 +390,15 @@ class Timer:
                 self.stats.dropped += 1
                 self.stats.pending -= 1
                 continue
-            props = found.properties
-            origin = int(props.get(tm.ORIGIN, unit.timer_offset))
+            view = unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView
+            # The compiled codec's copy properties straight from the record's bytes (messages.copy_parts); else, or
+            # where it declines, the properties decoded.
+            parts = tm.copy_parts(found, offset, now) if view and compiled_copies else None
+            if parts is not None:
+                real, origin = parts[0], parts[1]
+            else:
+                props = found.properties
+                real, origin = props.get(tm.REAL_TOPIC), int(props.get(tm.ORIGIN, unit.timer_offset))
             if origin in self.cancels:
                 log.info("timer.cancelled", timer_offset=unit.timer_offset, origin=origin)
                 self.stats.cancelled += 1
@@ -398,12 +406,12 @@ class Timer:
                 self._slot_done.add(offset)
                 continue
             copy = None
-            if unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView:
-                real = props.get(tm.REAL_TOPIC)
+            if view:
                 if real not in copyable:
                     copyable[real] = self._copyable(real)
                 if copyable[real]:
-                    made = tm.delivered_copy(found, props, offset, now)
+                    made = (real, tm.copy_of_parts(found, parts)) if parts is not None else tm.delivered_copy(
+                        found, found.properties, offset, now)
                     if made is not None:
                         topic, copy = made
             if copy is None:
