@@ -263,9 +263,13 @@ class Timer:
         try:
             cq, segments = self.store.queues.get(tm.TIMER_TOPIC, 0), self.store.commitlog.segments
             found = []
+            seg_start = seg_end = 0  # the segment of the record before (a batch's records share one): found once
+            buf = None
             for queue_offset, (physical, size, _) in enumerate(cq.entries(offset, count), offset):
-                seg = segments.find(physical)
-                buf, position = seg.buffer, physical - seg.start
+                if not seg_start <= physical < seg_end:
+                    seg = segments.find(physical)
+                    buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
+                position = physical - seg_start
                 noted = notes.get(queue_offset)
                 if noted is not None and noted[0] == physical and size >= FIXED_OVERHEAD:
                     header_offset, header_physical = _OFFSETS.unpack_from(buf, position + QUEUE_OFFSET_AT)
@@ -450,12 +454,17 @@ class Timer:
         commitlog, topics = self.store.commitlog, self.store.topics
         low, visible = commitlog.min_offset, self.store.visible_offset()
         found: list[tuple[record_reader.RecordView | record_reader.Record | None, str]] = []
+        seg_start = seg_end = 0  # the segment of the record before (a slot's records mostly share one)
+        buf = None
         for physical in physical_offsets:
             try:
                 if not low <= physical < visible:
                     raise LookupError(physical)
-                seg = commitlog.segments.find(physical)
-                buf, position = seg.buffer, physical - seg.start
+                if not seg_start <= physical < seg_end:
+                    seg_start = seg_end = 0
+                    seg = commitlog.segments.find(physical)
+                    buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
+                position = physical - seg_start
                 record_reader.check(buf, position, len(buf), physical_offset=physical)
                 if record_reader.is_blank(buf, position):
                     raise LookupError(physical)
