@@ -323,9 +323,14 @@ class Timer:
 
     def _take(self, units: list[Unit]) -> None:
         """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
-        for unit in units:
-            heapq.heappush(self._current, (unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset,
-                                           unit))
+        entries = [(unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset, unit) for unit in units]
+        heap = self._current
+        if len(entries) > len(heap):  # a slot loaded (a burst's: thousands): one heapify, not a push each
+            heap.extend(entries)
+            heapq.heapify(heap)
+        else:
+            for entry in entries:
+                heapq.heappush(heap, entry)
 
     def _dequeue(self, now: int) -> int:
         """Deliver what is due; ms until something may be due next."""

@@ -52,6 +52,28 @@ def test_add_many_writes_the_bytes_of_one_add_each(tmp_path):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes()
 
 
+def test_a_slot_is_read_from_one_span_and_a_damaged_unit_in_it_is_data_loss(tmp_path):
+    """TimerFiles.units decodes a slot's units from one read of their span (timer_unit.decode inlined): the units
+    added, in order; a byte changed in one of them is DataLoss, as timer_unit.decode's CRC check says."""
+    from mqstore.errors import DataLoss
+    from mqstore.format.timer_unit import UNIT_SIZE
+    files = _files(tmp_path)
+    try:
+        files.add_many(UNITS)
+        got = files.units(100)
+        assert [(u.slot_ms, u.deliver_ms, u.timer_offset, u.physical_offset, u.kind) for u in got] == [
+            u for u in UNITS if u[0] == 100]
+        with open(tmp_path / LOG_NAME, "r+b") as log:  # the third unit: slot 100's second
+            log.seek(2 * UNIT_SIZE + 9)
+            byte = log.read(1)[0]
+            log.seek(2 * UNIT_SIZE + 9)
+            log.write(bytes([byte ^ 0x40]))
+        with pytest.raises(DataLoss, match="damaged"):
+            files.units(100)
+    finally:
+        files.close()
+
+
 def test_units_whose_slot_writes_were_lost_are_recovered(tmp_path):
     # A kill -9 after add_many's write of the units, before its slot writes: recovery applies them again.
     files = _files(tmp_path)
