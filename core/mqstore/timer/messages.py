@@ -278,10 +278,13 @@ def copy_parts(view: RecordView, timer_offset: int, now_ms: int) -> tuple | None
 
 
 def copy_of_parts(view: RecordView, parts: tuple) -> Copy:
-    """The Copy of :func:`copy_parts`' pieces: the record's body and CRC as stored."""
+    """The Copy of :func:`copy_parts`' pieces: the record's body and CRC as stored (its header in one unpack)."""
     _, _, props, tags, uniq, qid, shard = parts
-    return Copy(view.body, view.body_crc, props, tags, uniq, view.flag, view.born_timestamp_ms, view.born_host,
-                view.born_port, qid, shard)
+    layout, buf, position = view.layout, view.buf, view.position
+    (_, _, crc, _, flag, _, _, _, born_ts, born_host, born_port, _, _, _, _, _,
+     body_len) = layout.header.unpack_from(buf, position)
+    at = position + layout.body_at
+    return Copy(bytes(buf[at:at + body_len]), crc, props, tags, uniq, flag, born_ts, born_host, born_port, qid, shard)
 
 
 def rolled(record: Record, timer_offset: int) -> MessageIn:
