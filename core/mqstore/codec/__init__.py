@@ -2,10 +2,11 @@
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
-by the package's own build (setup.py): Append from the request's wire bytes to encoded records, their
-a delayed batch's timer records from those WireMessages (``_records.timer_batch``, the Scheduler's); their
-placing and stamping under the append lock with the consume queue entries (mqstore.log.stamp), and the
-AppendResponse bytes; the PullResponse and StoredMessage bytes (Pull, GetMessage, GetMessages) from the
+by the package's own build (setup.py): Append from the request's wire bytes to encoded records (a delayed
+batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies' properties from the timer
+records' bytes, ``_records.timer_copy``: mqstore.timer's), their placing and stamping under the append lock
+with the consume queue entries (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
+StoredMessage bytes (Pull, GetMessage, GetMessages) from the
 stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
 record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and the rebuild itself,
 records to packed consume queue runs (``_replay``, mqstore.queue.replay); the Java hashes of
@@ -15,6 +16,7 @@ record's key, tombstone flag and body (``_scan.compaction_fields``; rounds.compa
 the Compactor's Scan pages, LatestValue bytes straight from a chunk of compaction log records
 (``_scan.scan_values``; reads.scan's Latest items serialized by the servicer are the reference).
 The pure-Python path is what the code did before it and stays as the reference: protobuf's parser,
+mqstore.timer.messages' timer_records and delivered_copy,
 mqstore_rpc.convert, mqstore.log.encoder and stamp, the dispatcher's replay loop. tests/property/test_codec_*.py require
 both to give the same bytes and the same errors.
 
