@@ -50,7 +50,7 @@ import structlog
 from mqstore import codec, disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
-from mqstore.format.record import FIXED_OVERHEAD, QUEUE_OFFSET_AT
+from mqstore.format.record import FIXED_OVERHEAD, IPV4, QUEUE_OFFSET_AT, SYSFLAG_BORN_HOST_V6
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import messages as tm
@@ -66,7 +66,9 @@ ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
 _SIZE = struct.Struct(">i")
-_OFFSETS = struct.Struct(">qq")  # a record's QUEUEOFFSET and PHYSICALOFFSET
+# From QUEUEOFFSET: it, PHYSICALOFFSET, SYSFLAG, then STORETIMESTAMP where an IPv4 born host puts it (record.IPV4)
+_NOTED = struct.Struct(">qqi16xq")
+invariant(QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at, "the noted record check's layout")
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
@@ -272,9 +274,11 @@ class Timer:
                 position = physical - seg_start
                 noted = notes.get(queue_offset)
                 if noted is not None and noted[0] == physical and size >= FIXED_OVERHEAD:
-                    header_offset, header_physical = _OFFSETS.unpack_from(buf, position + QUEUE_OFFSET_AT)
-                    if ((header_offset, header_physical) == (queue_offset, physical)
-                            and record_reader.store_timestamp(buf, position) == noted[2]):
+                    # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG and, with an IPv4 born host, STORETIMESTAMP in one unpack
+                    named_offset, named_physical, sys_flag, stamp = _NOTED.unpack_from(buf, position + QUEUE_OFFSET_AT)
+                    if sys_flag & SYSFLAG_BORN_HOST_V6:
+                        stamp = record_reader.store_timestamp(buf, position)
+                    if named_offset == queue_offset and named_physical == physical and stamp == noted[2]:
                         found.append((queue_offset, physical, None, noted[1]))
                         continue
                 record_reader.check(buf, position, position + size, verify_crc=False, physical_offset=physical)

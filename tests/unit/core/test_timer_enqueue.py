@@ -97,7 +97,11 @@ def _store(small_config, clock):
     return store
 
 
-def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_path, monkeypatch):
+BORN_HOSTS = pytest.mark.parametrize("born_host", [b"\x0a\0\0\x01", b"\x05" * 16], ids=["ipv4", "ipv6"])
+
+
+@BORN_HOSTS
+def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_path, monkeypatch, born_host):
     clock = FakeClock()
     store = _store(small_config, clock)
     timer = Timer(store, CONFIG, tmp_path / "timer")
@@ -105,7 +109,8 @@ def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_
         timer.open()
         scheduler = scheduling.Scheduler(store, CONFIG, noted=timer.note)
         due = clock.now_ms() + 500
-        scheduler.append("t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due + n)}) for n in range(5)])
+        scheduler.append("t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due + n)}, born_host=born_host)
+                               for n in range(5)])
 
         def read_back(*_args, **_kwargs):
             raise AssertionError("a noted timer record was read back by the enqueue")
@@ -123,14 +128,16 @@ def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_
         store.stop()
 
 
-def test_a_note_that_does_not_match_the_log_is_ignored(small_config, tmp_path):
+@BORN_HOSTS
+def test_a_note_that_does_not_match_the_log_is_ignored(small_config, tmp_path, born_host):
     clock = FakeClock()
     store = _store(small_config, clock)
     timer = Timer(store, CONFIG, tmp_path / "timer")
     try:
         timer.open()
         due = clock.now_ms() + 500
-        results = scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due)})] * 2)
+        results = scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due)},
+                                                                   born_host=born_host)] * 2)
         # Due now, by notes naming another store time and another physical offset than the records have.
         wrong_time = AppendResults(results.msg_id_prefix, results.entries[:1], results.uniq_keys[:1],
                                    results.store_timestamp_ms + 1, results.durability)
