@@ -7,6 +7,9 @@
   append       delayed appends (batches of 100, due in an hour) vs plain appends of the same messages, in 3
                rounds of ``seconds`` / 2 each, the timer's enqueue caught up before each plain window: messages/s
                with the enqueue's catch-up counted (sustained) and the ratio to plain (target >= 0.5x), medians
+  wire append  the same rounds with the appends as the CommitLog servicer's Append runs them: from the AppendRequest
+               bytes (mqstore_rpc.append_wire: the compiled codec's parser, timer_batch and AppendEncoder) to the
+               AppendResponse bytes, gRPC itself left out
   check        the Scheduler's per-message check of a plain batch (every Append passes it) against the two
                passes it replaced: ns/message
   steady       RATE delayed messages a second, each due 1 s after its append, for ``seconds``: the lateness p99
@@ -36,6 +39,8 @@ from mqstore.timer import scheduling
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.leadership import TimerDuty
 from mqstore.timer.scheduling import Scheduler
+from mqstore_rpc import append_wire
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
 FULL = {"burst": 100_000, "seconds": 5.0, "rate": 1_000}
 QUICK = {"burst": 10_000, "seconds": 1.0, "rate": 1_000}
@@ -114,20 +119,38 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def append_ratio(cfg: dict, root: pathlib.Path) -> dict:
+def _wire_append(scheduler: Scheduler, raw: bytes) -> None:
+    """One Append as the CommitLog servicer runs it, from the request bytes to the response bytes."""
+    request = append_wire.parse_request(raw)
+    append_wire.append_response((scheduler.append(request.topic, append_wire.messages(request,
+                                                                                      "ipv4:10.1.2.3:4567")),))
+
+
+def append_ratio(cfg: dict, root: pathlib.Path, wire: bool = False) -> dict:
     """ROUNDS rounds of a delayed window then a plain one (``seconds`` / 2 each), the timer's enqueue caught up
     between (so the plain window does not pay for it): the medians. *sustained* counts the catch-up in the delayed
-    window's time (the rate the timer keeps up with), the ratio is on it."""
+    window's time (the rate the timer keeps up with), the ratio is on it. ``wire``: the appends from request bytes
+    (:func:`_wire_append`)."""
     store, duty, scheduler = _store(root)
     try:
         hour = str(3_600_000)
+        if wire:
+            delayed_raw = commitlog_pb2.AppendRequest(topic="due", messages=[common_pb2.MessageInput(
+                body=BODY, delay_ms=3_600_000)] * BATCH).SerializeToString()
+            plain_raw = commitlog_pb2.AppendRequest(topic="due", messages=[common_pb2.MessageInput(body=BODY)] * BATCH
+                                                    ).SerializeToString()
+            append_delayed = lambda: _wire_append(scheduler, delayed_raw)  # noqa: E731
+            append_plain = lambda: _wire_append(scheduler, plain_raw)  # noqa: E731
+        else:
+            append_delayed = lambda: scheduler.append(  # noqa: E731
+                "due", [MessageIn(BODY, properties={tm.DELAY_MS: hour})] * BATCH)
+            append_plain = lambda: store.append("due", [MessageIn(BODY)] * BATCH)  # noqa: E731
         delayed, sustained, plain, ratios = [], [], [], []
         for _ in range(ROUNDS):
-            count, took = _rate(lambda: scheduler.append("due", [MessageIn(BODY, properties={tm.DELAY_MS: hour})]
-                                                          * BATCH), cfg["seconds"] / 2)
+            count, took = _rate(append_delayed, cfg["seconds"] / 2)
             delayed.append(count / took)
             sustained.append(count / (took + _caught_up_s(store, duty)))
-            count, took = _rate(lambda: store.append("due", [MessageIn(BODY)] * BATCH), cfg["seconds"] / 2)
+            count, took = _rate(append_plain, cfg["seconds"] / 2)
             plain.append(count / took)
             ratios.append(sustained[-1] / plain[-1])
         return {"delayed_per_s": _median(delayed), "sustained_per_s": _median(sustained),
@@ -173,7 +196,7 @@ def steady(cfg: dict, root: pathlib.Path) -> dict:
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
-    b, a, s, c = rows
+    b, a, s, c, w = rows
     lines = ["# The timer: delayed delivery (bench/timer.py)", "",
              f"{meta['when']}, {meta['machine']}, {meta['mode']}, {meta['git']}; in one process, real store and "
              f"clock",
@@ -188,6 +211,11 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"plain Append {a['plain_per_s']:,.0f} msg/s | {a['ratio']:.2f}x (rounds: "
              f"{', '.join(f'{r:.2f}' for r in a['ratios'])}) "
              f"(>= 0.5x: {'met' if a['ratio'] >= 0.5 else '**missed**'}) |",
+             f"| the same from the request bytes (the servicer's Append: compiled parser, timer_batch, AppendEncoder) "
+             f"| {w['sustained_per_s']:,.0f} msg/s with the timer's enqueue ({w['delayed_per_s']:,.0f} appended, "
+             f"{w['appended_ratio']:.2f}x) | plain Append {w['plain_per_s']:,.0f} msg/s | {w['ratio']:.2f}x (rounds: "
+             f"{', '.join(f'{r:.2f}' for r in w['ratios'])}) "
+             f"(>= 0.5x: {'met' if w['ratio'] >= 0.5 else '**missed**'}) |",
              f"| steady {s['rate_per_s']:,}/s due in 1 s | lateness p99 {s['lateness_p99_ms']:.0f} ms | one precision "
              f"1000 ms | {'met' if s['lateness_p99_ms'] <= 1000 and s['delivered'] == s['messages'] else '**missed**'}"
              f" |",
@@ -206,7 +234,8 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mqstore-timer-") as work:
         rows = [burst(cfg, pathlib.Path(work) / "burst"), append_ratio(cfg, pathlib.Path(work) / "append"),
-                steady(cfg, pathlib.Path(work) / "steady"), plain_check()]
+                steady(cfg, pathlib.Path(work) / "steady"), plain_check(),
+                append_ratio(cfg, pathlib.Path(work) / "wire", wire=True)]
     for row in rows:
         print(row, flush=True)
     write_table(out_dir, "timer", run_meta("quick" if args.quick else "full", **cfg), rows, {}, markdown)

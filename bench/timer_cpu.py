@@ -3,6 +3,9 @@ Append, delayed Append (due in an hour) and the timer's enqueue of it, delivery 
 time.process_time around 30,000 messages in batches of 100 (the timer stepped here, no duty thread: no GIL hand-offs
 in the figure).
 The ratio plain / (delayed + enqueue) is what bench/timer.py's sustained ratio reaches on an idle machine.
+*wire_plain* and *wire_delayed* are the same appends as the CommitLog servicer's Append takes them: from the
+AppendRequest bytes (mqstore_rpc.append_wire: the compiled parser, or protobuf where it declines) to the
+AppendResponse bytes; *wire_ratio* = wire_plain / (wire_delayed + enqueue), the gRPC path's.
 
   .venv/bin/python bench/timer_cpu.py [--rounds 3]
 """
@@ -25,8 +28,26 @@ from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.scheduling import Scheduler
 from mqstore.timer.timer import Timer
+from mqstore_rpc import append_wire
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
 BATCHES, BATCH, BODY = 300, 100, b"x" * 100
+PEER = "ipv4:10.1.2.3:4567"
+
+
+def _request(**fields) -> bytes:
+    return commitlog_pb2.AppendRequest(topic="due", messages=[common_pb2.MessageInput(body=BODY, **fields)] * BATCH
+                                       ).SerializeToString()
+
+
+def _wire_appends(scheduler: Scheduler, raw: bytes) -> float:
+    """CPU seconds of BATCHES Appends of ``raw`` as the servicer's Append runs them (request bytes to response)."""
+    started = time.process_time()
+    for _ in range(BATCHES):
+        request = append_wire.parse_request(raw)
+        results = scheduler.append(request.topic, append_wire.messages(request, PEER))
+        append_wire.append_response((results,))
+    return time.process_time() - started
 
 
 def _round(root: pathlib.Path) -> dict:
@@ -61,10 +82,14 @@ def _round(root: pathlib.Path) -> dict:
         while timer.stats.delivered < count:
             timer.step()
         delivery = time.process_time() - started
+        wire_plain = _wire_appends(scheduler, _request())
+        wire_delayed = _wire_appends(scheduler, _request(delay_ms=3_600_000))
+        while timer.enqueue_offset < store.queue_info(tm.TIMER_TOPIC, 0).max_offset:
+            timer.step()
         timer.close()
         us = 1e6 / count
         return {"plain_us": plain * us, "delayed_us": delayed * us, "enqueue_us": enqueue * us,
-                "delivery_us": delivery * us}
+                "delivery_us": delivery * us, "wire_plain_us": wire_plain * us, "wire_delayed_us": wire_delayed * us}
     finally:
         store.stop()
 
@@ -79,7 +104,9 @@ def main(argv=None) -> int:
             rounds.append(_round(pathlib.Path(work) / str(n)))
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     ratio = med["plain_us"] / (med["delayed_us"] + med["enqueue_us"])
-    print(" ".join(f"{k}={v:.2f}" for k, v in med.items()), f"ratio={ratio:.2f}", flush=True)
+    wire_ratio = med["wire_plain_us"] / (med["wire_delayed_us"] + med["enqueue_us"])
+    print(" ".join(f"{k}={v:.2f}" for k, v in med.items()), f"ratio={ratio:.2f} wire_ratio={wire_ratio:.2f}",
+          flush=True)
     return 0
 
 

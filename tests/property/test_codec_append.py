@@ -36,6 +36,7 @@ from mqstore.errors import InvalidArgument
 from mqstore.format import record
 from mqstore.log.encoder import MessageEncoder, UniqKeyGenerator
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResults, MessageIn, TopicRecord
+from mqstore.timer import messages as tm
 from mqstore_rpc import append_wire, convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 from tests.support import wire
@@ -100,13 +101,25 @@ def check_parse(raw: bytes) -> None:
     except DecodeError:
         assert parsed is None, "the compiled parser accepted bytes that protobuf refuses"
         return
-    if any(m.delay_ms or m.deliver_at_ms for m in request.messages):
-        assert parsed is None, "a delayed message goes to protobuf (mqstore.timer.scheduling)"
-        return
     assert parsed is not None, "the compiled parser refused bytes that protobuf accepts"
     assert (parsed.topic, len(parsed)) == (request.topic, len(request.messages))
+    assert parsed.delivery_fields() == [(m.deliver_at_ms, m.delay_ms) for m in request.messages]
     parsed.set_peer(*convert.peer_address(PEER))
+    if any(m.delay_ms or m.deliver_at_ms for m in request.messages):
+        # A delayed message (the timer's: tests/property/test_codec_timer.py) converts as convert's, delivery
+        # fields as properties, a negative one refused alike.
+        assert parsed.timer_marks >= sum(1 for m in request.messages if m.delay_ms or m.deliver_at_ms)
+        assert _converted(lambda: tm.wire_messages_in(parsed)) == _converted(
+            lambda: convert.messages_in(request.messages, PEER))
+        return
     assert as_rows(parsed.to_messages(MessageIn)) == as_rows(convert.messages_in(request.messages, PEER))
+
+
+def _converted(convert_them) -> object:
+    try:
+        return as_rows(convert_them())
+    except InvalidArgument as exc:
+        return str(exc)
 
 
 @SETTINGS
@@ -164,7 +177,7 @@ def test_parse_edge_cases_as_protobuf(raw):
 # ---- records, errors, responses ----------------------------------------------------------------------
 
 def _delayed(request) -> bool:
-    """A request with a delivery field: the compiled parser declines it, the timer takes it (mqstore.timer)."""
+    """A request with a delivery field: the Scheduler's (mqstore.timer; tests/property/test_codec_timer.py)."""
     return any(m.delay_ms or m.deliver_at_ms for m in request.messages)
 
 
@@ -187,11 +200,14 @@ def reference_append(encoder: MessageEncoder, raw: bytes):
 
 def compiled_append(encoder: MessageEncoder, raw: bytes):
     parsed = COMPILED.parse_append_request(raw)
-    if parsed is None:  # protobuf parses it (append_wire.parse_request): a delayed batch goes to the timer
+    if parsed is None:  # protobuf parses it (append_wire.parse_request)
         try:
-            return ("to the timer",) if _delayed(commitlog_pb2.AppendRequest.FromString(raw)) else ("unparsable",)
+            commitlog_pb2.AppendRequest.FromString(raw)
         except DecodeError:
             return ("unparsable",)
+        raise AssertionError("the compiled parser refused bytes that protobuf accepts")
+    if any(deliver or delay for deliver, delay in parsed.delivery_fields()):
+        return ("to the timer",)
     topic = TOPICS.get(parsed.topic)
     if topic is None:
         return ("no such topic",)

@@ -53,7 +53,8 @@ def field(number: int, wire_type: int, payload) -> bytes:
 
 _CHARS = st.sampled_from(["a", "b", "k", " ", "\t", "\n", "\x0b", "\x01", "\x02", "\x1c", "é", "中", "😀", "\x00"])
 text = st.text(_CHARS, max_size=4)
-names = st.one_of(st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "a", "b", "", "TAG", "tags"]), text)
+names = st.one_of(st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "a", "b", "", "TAG", "tags", "TIMER_DELAY_MS",
+                                   "REAL_TOPIC"]), text)
 keys_text = st.lists(st.sampled_from(["a", "b", "k", "", "a b", "é", "😀"]), max_size=3).map(" ".join)
 # Mostly valid UTF-8; sometimes any bytes (invalid UTF-8 among them).
 text_bytes = st.one_of(text.map(str.encode), text.map(str.encode), st.binary(max_size=4))
@@ -109,6 +110,7 @@ _MESSAGE_FIELD = st.one_of(
     st.builds(field, st.just(7), st.just(VARINT), small_ints),                          # queue_id
     st.builds(field, st.just(8), st.just(LEN), st.one_of(value_bytes, text_bytes)),     # sharding_key
     st.builds(field, st.just(1), st.just(LEN), st.binary(max_size=8)),                  # a second body
+    st.builds(field, st.sampled_from([9, 10]), st.just(VARINT), small_ints),            # deliver_at_ms, delay_ms
     unknown_fields(),
     known_field_wrong_type([1, 2, 3, 4, 5, 6, 7, 8]),
 )

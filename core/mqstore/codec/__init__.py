@@ -2,9 +2,11 @@
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
-by the package's own build (setup.py): Append from the request's wire bytes to encoded records, their
-placing and stamping under the append lock with the consume queue entries (mqstore.log.stamp), and the
-AppendResponse bytes; the PullResponse and StoredMessage bytes (Pull, GetMessage, GetMessages) from the
+by the package's own build (setup.py): Append from the request's wire bytes to encoded records (a delayed
+batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies' properties from the timer
+records' bytes, ``_records.timer_copy``: mqstore.timer's), their placing and stamping under the append lock
+with the consume queue entries (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
+StoredMessage bytes (Pull, GetMessage, GetMessages) from the
 stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
 record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and the rebuild itself,
 records to packed consume queue runs (``_replay``, mqstore.queue.replay); the Java hashes of
@@ -14,6 +16,7 @@ record's key, tombstone flag and body (``_scan.compaction_fields``; rounds.compa
 the Compactor's Scan pages, LatestValue bytes straight from a chunk of compaction log records
 (``_scan.scan_values``; reads.scan's Latest items serialized by the servicer are the reference).
 The pure-Python path is what the code did before it and stays as the reference: protobuf's parser,
+mqstore.timer.messages' timer_records and delivered_copy,
 mqstore_rpc.convert, mqstore.log.encoder and stamp, the dispatcher's replay loop. tests/property/test_codec_*.py require
 both to give the same bytes and the same errors.
 
@@ -69,7 +72,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
-                                 AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response,
+                                 AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
+                                 timer_copy=_records.timer_copy, append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,

@@ -10,19 +10,23 @@ error that says why. So both paths give the same errors by construction, with th
 tests/property/test_codec_append.py checks that they accept and refuse the same requests and produce
 the same bytes.
 
+:func:`timer_batch` makes the timer topic's records of a delayed batch (mqstore.timer.scheduling's) as new
+WireMessages over the same request bytes, for the AppendEncoder: what mqstore.timer.messages.timer_records gives,
+or None wherever the reference could refuse anything (tests/property/test_codec_timer.py).
+
 Thread-safety: an AppendEncoder holds only read-only settings, so one instance serves every thread;
 the state a batch changes (UNIQ_KEY counter, round-robin slots) lives in the Python objects it calls.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
-from cpython.bytes cimport PyBytes_AS_STRING
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memchr, memcmp, memcpy, memset
+from libc.stdlib cimport free, malloc, qsort
+from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
-from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, text_of
-from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64
+from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, one_per_name, text_of
+from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, valid_utf8
 
 cdef extern from "zlib.h":
     unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
@@ -428,3 +432,375 @@ cdef inline void _put_hex16(uint8_t* out, uint32_t value) noexcept nogil:
     out[1] = HEX[(value >> 8) & 0xF]
     out[2] = HEX[(value >> 4) & 0xF]
     out[3] = HEX[value & 0xF]
+
+
+# ---- the timer topic's records of a delayed batch (mqstore.timer.messages.timer_records) ---------------
+
+cdef int64_t MAX_VALUE_MS = 1LL << 62  # mqstore.timer.messages.MAX_VALUE_MS
+cdef enum Asked:
+    ASKED_NONE = 0
+    ASKED_DELAY_SEC = 1
+    ASKED_DELAY_MS = 2
+    ASKED_DELIVER_MS = 3
+
+# The names timer_batch writes (mqstore.timer.messages: OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY).
+cdef const char* NAME_OUT_MS = b"TIMER_OUT_MS"
+cdef const char* NAME_REAL_TOPIC = b"REAL_TOPIC"
+cdef const char* NAME_REAL_QID = b"REAL_QID"
+cdef const char* NAME_SHARDING_KEY = b"TIMER_SHARDING_KEY"
+
+
+cdef Asked _asking(Span name) noexcept nogil:
+    """Which delivery-time property ``name`` is (TIMER_DELAY_SEC, TIMER_DELAY_MS, TIMER_DELIVER_MS), if any."""
+    if name.length == 15 and memcmp(name.ptr, b"TIMER_DELAY_SEC", 15) == 0:
+        return ASKED_DELAY_SEC
+    if name.length == 14 and memcmp(name.ptr, b"TIMER_DELAY_MS", 14) == 0:
+        return ASKED_DELAY_MS
+    if name.length == 16 and memcmp(name.ptr, b"TIMER_DELIVER_MS", 16) == 0:
+        return ASKED_DELIVER_MS
+    return ASKED_NONE
+
+
+cdef int64_t _whole_number(Span s) noexcept nogil:
+    """A property's value as Python's int() reads plain ASCII digits; -1 for anything else (a sign, spaces,
+    underscores, other digits: the reference reads those or says why) or more than MAX_VALUE_MS."""
+    cdef int64_t value = 0
+    cdef Py_ssize_t i
+    if s.length == 0 or s.length > 19:
+        return -1
+    for i in range(s.length):
+        if not 0x30 <= s.ptr[i] <= 0x39:
+            return -1
+        value = value * 10 + (s.ptr[i] - 0x30)
+    return value if value <= MAX_VALUE_MS else -1
+
+
+cdef int64_t _due(WireMessages wire, const Msg* m, int32_t queue_count, int64_t now_ms,
+                  int64_t max_delay_ms) noexcept nogil:
+    """messages._due of a message (its delivery field as convert._timed makes it a property): when it is due,
+    or -1 wherever the reference could refuse the message or anything about it is unusual (it then decides)."""
+    cdef Py_ssize_t k
+    cdef const Prop* prop
+    cdef Span asked[4]
+    cdef Asked kind = ASKED_NONE
+    cdef int64_t value, due
+    memset(asked, 0, sizeof(asked))
+    if not m.timer_marked or m.body.length == 0 or m.born_ts < 0:
+        return -1
+    if m.has_qid and not 0 <= m.qid < queue_count:
+        return -1
+    if (m.tags.length and _has_separator(m.tags)) or (m.shard.length and _has_separator(m.shard)):
+        return -1
+    for k in range(m.keys_from, m.keys_to):
+        if not _valid_key(wire.keys[k].ptr, wire.keys[k].length):
+            return -1
+    for k in range(m.props_from, m.props_to):
+        prop = &wire.props[k]
+        kind = _asking(prop.name)
+        if kind != ASKED_NONE:
+            asked[<int>kind] = prop.value
+        elif ((prop.name.length >= 6 and memcmp(prop.name.ptr, b"TIMER_", 6) == 0) or _reserved(prop.name) != USER
+              or (prop.name.length == 10 and memcmp(prop.name.ptr, NAME_REAL_TOPIC, 10) == 0)
+              or (prop.name.length == 8 and memcmp(prop.name.ptr, NAME_REAL_QID, 8) == 0)
+              or prop.name.length == 0 or prop.value.length == 0 or _has_separator(prop.name)
+              or _has_separator(prop.value)):
+            return -1  # a name the timer sets, TAGS/KEYS/UNIQ_KEY, another TIMER_ name, an empty or bad entry
+    if m.delay_ms or m.deliver_at_ms:  # the fields win over the properties (convert._timed)
+        if m.delay_ms < 0 or m.deliver_at_ms < 0:
+            return -1
+        if m.delay_ms:
+            kind, value = ASKED_DELAY_MS, m.delay_ms
+        else:
+            kind, value = ASKED_DELIVER_MS, m.deliver_at_ms
+    else:
+        kind = (ASKED_DELAY_SEC if asked[1].ptr != NULL else ASKED_DELAY_MS if asked[2].ptr != NULL
+                else ASKED_DELIVER_MS if asked[3].ptr != NULL else ASKED_NONE)
+        if kind == ASKED_NONE:
+            return -1
+        value = _whole_number(asked[<int>kind])
+    if value < 0 or value > MAX_VALUE_MS:
+        return -1
+    if kind == ASKED_DELAY_SEC:
+        if value > max_delay_ms // 1000 + 1:
+            return -1
+        due = now_ms + value * 1000
+    elif kind == ASKED_DELAY_MS:
+        due = now_ms + value
+    else:
+        due = value
+    if due - now_ms > max_delay_ms:
+        return -1
+    return due if due > now_ms else now_ms
+
+
+cdef Py_ssize_t _put_decimal(uint8_t* out, int64_t value) noexcept nogil:
+    """``str(value)`` of a value >= 0 at ``out``; returns its length."""
+    cdef uint8_t digits[20]
+    cdef Py_ssize_t n = 0, i
+    while True:
+        digits[n] = <uint8_t>(0x30 + value % 10)
+        n += 1
+        value //= 10
+        if value == 0:
+            break
+    for i in range(n):
+        out[i] = digits[n - 1 - i]
+    return n
+
+
+cdef inline Span _span(const void* ptr, Py_ssize_t length) noexcept nogil:
+    cdef Span s
+    s.ptr, s.length = <const uint8_t*>ptr, length
+    return s
+
+
+def timer_batch(WireMessages wire, str timer_topic, str real_topic, int32_t queue_count, int64_t now_ms,
+                int64_t max_delay_ms):
+    """(the timer topic's records of a delayed batch, as WireMessages for AppendEncoder, and their due times), what
+    mqstore.timer.messages.timer_records makes of the same messages (``real_topic`` has ``queue_count`` queues):
+    each message's asking properties left out, TIMER_OUT_MS, REAL_TOPIC, REAL_QID (a queue_id given) and
+    TIMER_SHARDING_KEY added, queue 0, the tags and keys as they are (the encoder writes TAGS and KEYS after the
+    sorted properties, as the reference's Copy does). None wherever the reference could refuse the batch or
+    anything is unusual (a message not timer-marked or with a name the timer sets, TAGS, KEYS or UNIQ_KEY
+    properties, a value int() reads that is not plain digits, a bad key, tag or property, an empty body, a
+    negative born time): the Scheduler then converts the batch and the reference decides, in its own words."""
+    cdef WireMessages out
+    cdef Msg* m
+    cdef Msg* made
+    cdef Py_ssize_t i, k, length, at = 0
+    cdef int64_t due
+    cdef uint8_t* digits
+    cdef bytes topic_bytes = real_topic.encode("utf-8")
+    cdef Span topic_span = _span(PyBytes_AS_STRING(topic_bytes), len(topic_bytes))
+    if wire.count == 0 or wire.timer_marks != wire.count or _has_separator(topic_span):
+        return None
+    dues = []
+    for i in range(wire.count):
+        due = _due(wire, &wire.msgs[i], queue_count, now_ms, max_delay_ms)
+        if due < 0:
+            return None
+        dues.append(due)
+    # Accepted: the records, their new values' digits in one bytes object that the spans point into.
+    number_bytes = PyBytes_FromStringAndSize(NULL, wire.count * 32)
+    digits = <uint8_t*>PyBytes_AS_STRING(number_bytes)
+    out = WireMessages.__new__(WireMessages)
+    out.raw, out.extra, out.topic, out.replication = wire.raw, (number_bytes, topic_bytes), timer_topic, wire.replication
+    memcpy(out.born_host, wire.born_host, 4)
+    out.born_port = wire.born_port
+    for i in range(wire.count):
+        m = &wire.msgs[i]
+        made = out.new_message()
+        made.body, made.tags, made.flag, made.born_ts = m.body, m.tags, m.flag, m.born_ts
+        made.has_qid, made.qid = True, 0
+        for k in range(m.keys_from, m.keys_to):
+            out.add_key(wire.keys[k])
+        made.keys_to = out.keys_count
+        for k in range(m.props_from, m.props_to):
+            if _asking(wire.props[k].name) == ASKED_NONE:
+                out.add_prop(wire.props[k].name, wire.props[k].value, k)
+        length = _put_decimal(digits + at, dues[i])
+        out.add_prop(_span(NAME_OUT_MS, 12), _span(digits + at, length), 0)
+        at += length
+        out.add_prop(_span(NAME_REAL_TOPIC, 10), topic_span, 0)
+        if m.has_qid:
+            length = _put_decimal(digits + at, m.qid)
+            out.add_prop(_span(NAME_REAL_QID, 8), _span(digits + at, length), 0)
+            at += length
+        if m.shard.length:
+            out.add_prop(_span(NAME_SHARDING_KEY, 18), m.shard, 0)
+        made.props_to = one_per_name(out, made.props_from)
+        out.count += 1
+    return out, dues
+
+
+# ---- a delivered copy's properties from the timer record's (mqstore.timer.messages.delivered_copy) ----------
+
+cdef enum:
+    MAX_COPY_ENTRIES = 64
+
+cdef struct Entry:
+    Span name
+    Span value
+    Py_ssize_t order
+
+
+cdef int _compare_entries(const void* a, const void* b) noexcept nogil:
+    cdef const Entry* x = <const Entry*>a
+    cdef const Entry* y = <const Entry*>b
+    cdef int found = memcmp(x.name.ptr, y.name.ptr, min(x.name.length, y.name.length))
+    if found:
+        return found
+    if x.name.length != y.name.length:
+        return -1 if x.name.length < y.name.length else 1
+    return -1 if x.order < y.order else (1 if x.order > y.order else 0)
+
+
+cdef inline bint _is(Span s, const char* name) noexcept nogil:
+    cdef Py_ssize_t n = strlen(name)
+    return s.length == n and memcmp(s.ptr, name, n) == 0
+
+
+def timer_copy(bytes raw, int64_t timer_offset, int64_t now_ms, int64_t store_timestamp_ms):
+    """What mqstore.timer.messages.delivered_copy makes of a timer record's properties ``raw`` (its PROPERTIES
+    bytes), and the record's origin (TIMER_ORIGIN, else ``timer_offset``): (real topic, origin, the copy's
+    properties bytes, tags, UNIQ_KEY, queue id or None, sharding key). None for anything unusual (not UTF-8, an
+    entry without a name or value or with a second separator, a name twice, no REAL_TOPIC, TIMER_OUT_MS or
+    UNIQ_KEY, a name the copy gets already, an origin or REAL_QID that is not plain digits, more than 64
+    entries): the caller then decodes the properties and the reference decides."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t n = len(raw), at = 0, end, sep, count = 0, i, size
+    cdef Entry entries[MAX_COPY_ENTRIES + 4]
+    cdef Span name, value, real, qid, shard, tags, keys, uniq, origin
+    cdef uint8_t numbers[64]
+    cdef Py_ssize_t used = 0, length
+    cdef int64_t origin_value, qid_value = -1
+    cdef bint found_out, has_enqueue
+    cdef uint8_t* out
+    real.ptr = qid.ptr = shard.ptr = tags.ptr = keys.ptr = uniq.ptr = origin.ptr = NULL
+    real.length = qid.length = shard.length = tags.length = keys.length = uniq.length = origin.length = 0
+    if not valid_utf8(p, n):
+        return None
+    while at < n:
+        end = at
+        while end < n and p[end] != 2:
+            end += 1
+        sep = at
+        while sep < end and p[sep] != 1:
+            sep += 1
+        if sep == end or sep == at or sep + 1 == end or memchr(p + sep + 1, 1, end - sep - 1) != NULL:
+            return None
+        name.ptr, name.length = p + at, sep - at
+        value.ptr, value.length = p + sep + 1, end - sep - 1
+        at = end + 1
+        if _is(name, b"REAL_TOPIC"):
+            if real.ptr != NULL:
+                return None  # a name twice (the reference's last wins): unusual here
+            real = value
+        elif _is(name, b"REAL_QID"):
+            if qid.ptr != NULL:
+                return None
+            qid = value
+        elif _is(name, b"TIMER_SHARDING_KEY"):
+            if shard.ptr != NULL:
+                return None
+            shard = value
+        elif _is(name, b"TIMER_ORIGIN"):
+            if origin.ptr != NULL:
+                return None
+            origin = value
+        elif _is(name, b"TAGS"):
+            if tags.ptr != NULL:
+                return None
+            tags = value
+        elif _is(name, b"KEYS"):
+            if keys.ptr != NULL:
+                return None
+            keys = value
+        elif _is(name, b"UNIQ_KEY"):
+            if uniq.ptr != NULL:
+                return None
+            uniq = value
+        elif _is(name, b"TIMER_ROLLED_FROM"):
+            pass
+        elif (_is(name, b"TIMER_DELIVER_MS") or _is(name, b"TIMER_DEQUEUE_MS") or _is(name, b"TIMER_UNIT")
+              or count >= MAX_COPY_ENTRIES):
+            return None
+        else:
+            entries[count].name, entries[count].value, entries[count].order = name, value, count
+            count += 1
+    if real.ptr == NULL or uniq.ptr == NULL:
+        return None
+    origin_value = timer_offset
+    if origin.ptr != NULL:
+        origin_value = _whole_number(origin)
+        if origin_value < 0:
+            return None
+    if qid.ptr != NULL:
+        qid_value = _whole_number(qid)
+        if qid_value < 0 or qid_value > 0x7FFFFFFF:
+            return None
+    # TIMER_OUT_MS becomes TIMER_DELIVER_MS; TIMER_ENQUEUE_MS (the record's store time unless it has one),
+    # TIMER_DEQUEUE_MS and TIMER_UNIT are added.
+    found_out = has_enqueue = False
+    for i in range(count):
+        if _is(entries[i].name, b"TIMER_OUT_MS"):
+            entries[i].name = _span(b"TIMER_DELIVER_MS", 16)
+            found_out = True
+        elif _is(entries[i].name, b"TIMER_ENQUEUE_MS"):
+            has_enqueue = True
+    if not found_out:
+        return None
+    if not has_enqueue:
+        length = _put_signed(numbers + used, store_timestamp_ms)
+        entries[count].name, entries[count].value, entries[count].order = _span(b"TIMER_ENQUEUE_MS", 16), \
+            _span(numbers + used, length), count
+        used += length
+        count += 1
+    length = _put_signed(numbers + used, now_ms)
+    entries[count].name, entries[count].value, entries[count].order = _span(b"TIMER_DEQUEUE_MS", 16), \
+        _span(numbers + used, length), count
+    used += length
+    count += 1
+    length = _put_signed(numbers + used, timer_offset)
+    entries[count].name, entries[count].value, entries[count].order = _span(b"TIMER_UNIT", 10), \
+        _span(numbers + used, length), count
+    used += length
+    count += 1
+    qsort(entries, count, sizeof(Entry), _compare_entries)
+    size = 0
+    for i in range(count):
+        if i and (entries[i - 1].name.length == entries[i].name.length
+                  and memcmp(entries[i - 1].name.ptr, entries[i].name.ptr, entries[i].name.length) == 0):
+            return None  # a name twice
+        size += entries[i].name.length + entries[i].value.length + 2
+    size += (6 + tags.length if tags.length else 0) + 6 + keys.length + 10 + uniq.length
+    made = PyBytes_FromStringAndSize(NULL, size)
+    out = <uint8_t*>PyBytes_AS_STRING(made)
+    for i in range(count):
+        out = _put(out, entries[i].name.ptr, entries[i].name.length)
+        out[0] = 1
+        out = _put(out + 1, entries[i].value.ptr, entries[i].value.length)
+        out[0] = 2
+        out += 1
+    if tags.length:
+        out = _put(_put(out, b"TAGS\x01", 5), tags.ptr, tags.length)
+        out[0] = 2
+        out += 1
+    # KEYS: the keys split at spaces, the empty ones left out, joined by single spaces (none left: no KEYS).
+    length = _put_keys(out + 5, keys)
+    if length:
+        memcpy(out, b"KEYS\x01", 5)
+        out += 5 + length
+        out[0] = 2
+        out += 1
+    out = _put(_put(out, b"UNIQ_KEY\x01", 9), uniq.ptr, uniq.length)
+    out[0] = 2
+    out += 1
+    size = out - <uint8_t*>PyBytes_AS_STRING(made)
+    return (text_of(real), origin_value, made[:size], text_of(tags), text_of(uniq),
+            qid_value if qid.ptr != NULL else None, text_of(shard))
+
+
+cdef Py_ssize_t _put_keys(uint8_t* out, Span keys) noexcept nogil:
+    """``" ".join(k for k in keys.split(" ") if k)`` at ``out``; returns its length."""
+    cdef Py_ssize_t i, n = 0
+    cdef bint pending_space = False
+    for i in range(keys.length):
+        if keys.ptr[i] == 0x20:
+            pending_space = n > 0
+            continue
+        if pending_space:
+            out[n] = 0x20
+            n += 1
+            pending_space = False
+        out[n] = keys.ptr[i]
+        n += 1
+    return n
+
+
+cdef Py_ssize_t _put_signed(uint8_t* out, int64_t value) noexcept nogil:
+    """``str(value)`` at ``out``; returns its length."""
+    if value < 0:
+        out[0] = 0x2D
+        return 1 + _put_decimal(out + 1, -value)
+    return _put_decimal(out, value)

@@ -26,6 +26,9 @@ cdef struct Msg:
     int32_t qid
     Py_ssize_t keys_from, keys_to    # WireMessages.keys[keys_from:keys_to], in request order
     Py_ssize_t props_from, props_to  # WireMessages.props[props_from:props_to], by name, one per name
+    int64_t deliver_at_ms            # MessageInput.deliver_at_ms (0: none; negative as sent)
+    int64_t delay_ms                 # MessageInput.delay_ms (0: none; negative as sent)
+    bint timer_marked                # a delivery field, or a property named TIMER_* or REAL_TOPIC/REAL_QID
 
 
 cdef class WireMessages:
@@ -38,6 +41,8 @@ cdef class WireMessages:
     cdef Py_ssize_t props_count, props_capacity
     cdef readonly str topic
     cdef readonly int32_t replication  # AppendRequest.replication (the ReplicationMode number; 0 unset)
+    cdef readonly Py_ssize_t timer_marks  # messages with timer_marked: the timer's (mqstore.timer.scheduling)
+    cdef object extra  # bytes the spans of a timer batch point into besides raw (_records.timer_batch)
     cdef uint8_t born_host[4]
     cdef int32_t born_port
 
@@ -47,3 +52,4 @@ cdef class WireMessages:
 
 
 cdef object text_of(Span s)
+cdef Py_ssize_t one_per_name(WireMessages wire, Py_ssize_t first) noexcept

@@ -7,9 +7,11 @@ Python protobuf package): varints, tags, lengths, groups, nesting depth, the UTF
 field; unknown fields are skipped, the last of a repeated scalar wins, a map entry that holds a field
 other than key and value is dropped (upb keeps it among the unknown fields). It returns None where
 protobuf could refuse the bytes: the caller then parses them with protobuf, which either accepts them
-or says why in its own words, so a malformed request gets protobuf's own error either way. It returns
-None too for a message with a delivery time (MessageInput.deliver_at_ms or delay_ms not 0): the timer's
-way (mqstore.timer.scheduling) takes protobuf's messages.
+or says why in its own words, so a malformed request gets protobuf's own error either way. A message
+with a delivery time (MessageInput.deliver_at_ms or delay_ms not 0) or a property the timer reads or
+sets (a name starting TIMER_, REAL_TOPIC, REAL_QID) is *timer-marked* (``timer_marks`` counts them):
+the Scheduler (mqstore.timer.scheduling) then makes the timer topic's records of the batch
+(_records.timer_batch) or, where that declines, converts it (:meth:`WireMessages.delivery_fields`).
 
 User properties are kept in order of name (a protobuf map has no order; mqstore_rpc.convert's
 messages_in sorts them the same way), the last entry of a name winning as in protobuf.
@@ -87,6 +89,10 @@ cdef class WireMessages:
             out.append(message(_bytes(m.body), text_of(m.tags), keys, props, m.flag, m.born_ts,
                                m.qid if m.has_qid else None, text_of(m.shard), host, port))
         return out
+
+    def delivery_fields(self):
+        """(deliver_at_ms, delay_ms) of each message, as sent (0: none)."""
+        return [(self.msgs[i].deliver_at_ms, self.msgs[i].delay_ms) for i in range(self.count)]
 
     cdef Msg* new_message(self) except NULL:
         grow(<void**>&self.msgs, &self.msgs_capacity, self.count + 1, sizeof(Msg))
@@ -195,7 +201,7 @@ cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ss
             at += length
         elif tag & 7 == WT_VARINT and (field == 9 or field == 10):
             # deliver_at_ms, delay_ms (0: none; the last one wins, as in protobuf): a delayed message
-            # (mqstore.timer) is parsed by protobuf, below, and routed to the timer topic by the servicer.
+            # (mqstore.timer), timer-marked below.
             at = read_varint(p, at, end, &value)
             if at < 0:
                 return -1
@@ -217,12 +223,26 @@ cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ss
             at = skip_field(p, at, end, tag, MAX_DEPTH - 1)
             if at < 0:
                 return -1
-    if deliver or delay:
-        return -1
+    m.deliver_at_ms, m.delay_ms = <int64_t>deliver, <int64_t>delay
     m.keys_to = wire.keys_count
-    m.props_to = _one_per_name(wire, m.props_from)
+    m.props_to = one_per_name(wire, m.props_from)
+    m.timer_marked = deliver != 0 or delay != 0 or _timer_named(wire, m)
+    wire.timer_marks += m.timer_marked
     wire.count += 1
     return 0
+
+
+cdef bint _timer_named(WireMessages wire, const Msg* m) noexcept:
+    """A property the timer reads or sets: TIMER_* (mqstore.timer.messages), REAL_TOPIC, REAL_QID."""
+    cdef Py_ssize_t k
+    cdef Span name
+    for k in range(m.props_from, m.props_to):
+        name = wire.props[k].name
+        if ((name.length >= 6 and memcmp(name.ptr, b"TIMER_", 6) == 0)
+                or (name.length == 10 and memcmp(name.ptr, b"REAL_TOPIC", 10) == 0)
+                or (name.length == 8 and memcmp(name.ptr, b"REAL_QID", 8) == 0)):
+            return True
+    return False
 
 
 cdef int parse_entry(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssize_t end,
@@ -269,7 +289,7 @@ cdef int _compare_props(const void* a, const void* b) noexcept nogil:
     return -1 if x.order < y.order else (1 if x.order > y.order else 0)
 
 
-cdef Py_ssize_t _one_per_name(WireMessages wire, Py_ssize_t first) noexcept:
+cdef Py_ssize_t one_per_name(WireMessages wire, Py_ssize_t first) noexcept:
     """Sort the message's entries (props[first:]) by name (UTF-8 byte order is code point order, as
     Python sorts str) and keep the last entry of each name; returns the new end."""
     cdef Py_ssize_t i, out = first, end = wire.props_count

@@ -30,6 +30,7 @@ import re
 import zlib
 from typing import Iterable
 
+from mqstore import codec
 from mqstore import topics as topic_rules
 from mqstore.errors import IllegalDeliveryTime, InvalidArgument
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
@@ -61,6 +62,33 @@ def check_reserved(messages: Iterable[MessageIn]) -> None:
             if name in STORE_SET:
                 raise InvalidArgument(f"messages[{index}].properties: {name!r} is set by the store's timer itself; "
                                       f"reserved: {', '.join(sorted(STORE_SET))}")
+
+
+def asked_by_fields(properties, deliver_at_ms: int, delay_ms: int) -> dict[str, str]:
+    """The properties of a message whose MessageInput.deliver_at_ms or delay_ms is set (not 0): the field as the
+    timer's property (delay_ms wins), the asking properties left out, sorted by name; INVALID_ARGUMENT for a
+    negative field. mqstore_rpc.convert's (protobuf's messages) and :func:`wire_messages_in`'s."""
+    for name, value in (("delay_ms", delay_ms), ("deliver_at_ms", deliver_at_ms)):
+        if value < 0:
+            raise InvalidArgument(f"{name} is {value}; it must not be negative (0 = none; "
+                                  f"delay_ms: milliseconds from the server's clock, deliver_at_ms: epoch milliseconds)")
+    props = {k: v for k, v in properties.items() if k not in _ASKING_SET}
+    if delay_ms:
+        props[DELAY_MS] = str(delay_ms)
+    else:
+        props[DELIVER_MS] = str(deliver_at_ms)
+    return dict(sorted(props.items()))
+
+
+def wire_messages_in(wire) -> list[MessageIn]:
+    """The compiled codec's WireMessages of a timer-marked request as the MessageIn mqstore_rpc.convert.messages_in
+    makes of the same request (its delivery fields as properties): for the reference way, where the compiled
+    codec's timer_batch declines."""
+    converted = wire.to_messages(MessageIn)
+    for message, (deliver_at_ms, delay_ms) in zip(converted, wire.delivery_fields(), strict=True):
+        if deliver_at_ms or delay_ms:
+            message.properties = asked_by_fields(message.properties, deliver_at_ms, delay_ms)
+    return converted
 
 
 def due_ms(message: MessageIn, now_ms: int, max_delay_ms: int, index: int = 0) -> int:
@@ -239,6 +267,24 @@ def delivered_copy(view: RecordView, props: dict[str, str], timer_offset: int, n
     text += f"UNIQ_KEY\x01{uniq}\x02"
     return topic, Copy(view.body, view.body_crc, text.encode("utf-8"), tags, uniq, view.flag, view.born_timestamp_ms,
                        view.born_host, view.born_port, int(qid) if qid is not None else None, shard)
+
+
+def copy_parts(view: RecordView, timer_offset: int, now_ms: int) -> tuple | None:
+    """The compiled codec's :func:`delivered_copy` pieces of a timer record's bytes (``view``): (real topic, origin,
+    the copy's properties bytes, tags, UNIQ_KEY, queue id or None, sharding key), the same bytes as
+    delivered_copy's (tests/property/test_codec_timer.py); None without the compiled codec or where it declines
+    (anything unusual: the caller decodes the properties and goes the reference way)."""
+    return codec.compiled.timer_copy(view.properties_raw, timer_offset, now_ms, view.store_timestamp_ms)
+
+
+def copy_of_parts(view: RecordView, parts: tuple) -> Copy:
+    """The Copy of :func:`copy_parts`' pieces: the record's body and CRC as stored (its header in one unpack)."""
+    _, _, props, tags, uniq, qid, shard = parts
+    layout, buf, position = view.layout, view.buf, view.position
+    (_, _, crc, _, flag, _, _, _, born_ts, born_host, born_port, _, _, _, _, _,
+     body_len) = layout.header.unpack_from(buf, position)
+    at = position + layout.body_at
+    return Copy(bytes(buf[at:at + body_len]), crc, props, tags, uniq, flag, born_ts, born_host, born_port, qid, shard)
 
 
 def rolled(record: Record, timer_offset: int) -> MessageIn:

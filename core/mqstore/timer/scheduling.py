@@ -8,8 +8,12 @@
 * The real topic must exist and take the queue asked for now; a topic deleted before the delivery drops the copy
   (logged and counted). A delivery time in the past is due at once.
 * The store-set names (mqstore.timer.messages.STORE_SET) are refused on every append that passes here. The
-  compiled codec's messages (WireMessages) pass straight to the store: its parser declines requests with a
-  delivery field, and mqstore_rpc.append_wire sends requests holding the bytes ``TIMER_`` to protobuf.
+  compiled codec's messages (WireMessages) pass straight to the store unless its parser marked one (a delivery
+  field, a property named TIMER_*, REAL_TOPIC or REAL_QID): then the codec's ``timer_batch`` makes the timer
+  records from the WireMessages (the same bytes as the reference's, encoded by the AppendEncoder), or, where it
+  declines (anything the reference could refuse or that is unusual), the batch is converted to the MessageIn
+  mqstore_rpc.convert would make (messages.wire_messages_in) and goes the reference way, which says why.
+  tests/property/test_codec_timer.py holds the two to the same records and errors.
 
 :class:`Scheduler` is what the CommitLog servicer holds: these with the store, the limits and the duty's wake.
 
@@ -66,10 +70,29 @@ class Scheduler:
     def _route(self, topic: str, messages, writer: str | None) -> tuple[str, object, str | None, list[int] | None]:
         """(topic, messages, system writer, the due times of a delayed batch or None) of the append a batch
         becomes."""
-        if codec.is_wire_messages(messages) or not _checked_timed(messages):
+        if codec.is_wire_messages(messages):
+            if not messages.timer_marks:
+                return topic, messages, writer, None
+            made = self._wire_timer_batch(topic, messages)
+            if made is not None:
+                return tm.TIMER_TOPIC, made[0], topic_rules.OWNER_SCHEDULE, made[1]
+            messages = tm.wire_messages_in(messages)
+        if not _checked_timed(messages):
             return topic, messages, writer, None
         batch, dues = timer_batch(self.store, self.config, topic, messages)
         return tm.TIMER_TOPIC, batch, topic_rules.OWNER_SCHEDULE, dues
+
+    def _wire_timer_batch(self, topic: str, wire) -> tuple[object, list[int]] | None:
+        """The compiled codec's timer records of a timer-marked WireMessages batch and their due times, or None
+        where the reference way decides (see the module doc)."""
+        if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
+            return None
+        try:
+            queue_count = self.store.topic_admin.get(topic).queue_count
+        except NotFound:
+            return None
+        return codec.compiled.timer_batch(wire, tm.TIMER_TOPIC, topic, queue_count, self.store.clock.now_ms(),
+                                          self.config.timer_max_delay_ms)
 
     def recall(self, topic: str, msg_id: str) -> int:
         return recall(self.store, topic, msg_id, self.wake)

@@ -47,10 +47,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from mqstore import disk_space, topics as topic_rules
+from mqstore import codec, disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
-from mqstore.format.record import FIXED_OVERHEAD, QUEUE_OFFSET_AT
+from mqstore.format.record import FIXED_OVERHEAD, IPV4, QUEUE_OFFSET_AT, SYSFLAG_BORN_HOST_V6
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import messages as tm
@@ -66,7 +66,9 @@ ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
 _SIZE = struct.Struct(">i")
-_OFFSETS = struct.Struct(">qq")  # a record's QUEUEOFFSET and PHYSICALOFFSET
+# From QUEUEOFFSET: it, PHYSICALOFFSET, SYSFLAG, then STORETIMESTAMP where an IPv4 born host puts it (record.IPV4)
+_NOTED = struct.Struct(">qqi16xq")
+invariant(QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at, "the noted record check's layout")
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
@@ -263,14 +265,20 @@ class Timer:
         try:
             cq, segments = self.store.queues.get(tm.TIMER_TOPIC, 0), self.store.commitlog.segments
             found = []
+            seg_start = seg_end = 0  # the segment of the record before (a batch's records share one): found once
+            buf = None
             for queue_offset, (physical, size, _) in enumerate(cq.entries(offset, count), offset):
-                seg = segments.find(physical)
-                buf, position = seg.buffer, physical - seg.start
+                if not seg_start <= physical < seg_end:
+                    seg = segments.find(physical)
+                    buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
+                position = physical - seg_start
                 noted = notes.get(queue_offset)
                 if noted is not None and noted[0] == physical and size >= FIXED_OVERHEAD:
-                    header_offset, header_physical = _OFFSETS.unpack_from(buf, position + QUEUE_OFFSET_AT)
-                    if ((header_offset, header_physical) == (queue_offset, physical)
-                            and record_reader.store_timestamp(buf, position) == noted[2]):
+                    # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG and, with an IPv4 born host, STORETIMESTAMP in one unpack
+                    named_offset, named_physical, sys_flag, stamp = _NOTED.unpack_from(buf, position + QUEUE_OFFSET_AT)
+                    if sys_flag & SYSFLAG_BORN_HOST_V6:
+                        stamp = record_reader.store_timestamp(buf, position)
+                    if named_offset == queue_offset and named_physical == physical and stamp == noted[2]:
                         found.append((queue_offset, physical, None, noted[1]))
                         continue
                 record_reader.check(buf, position, position + size, verify_crc=False, physical_offset=physical)
@@ -319,9 +327,14 @@ class Timer:
 
     def _take(self, units: list[Unit]) -> None:
         """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
-        for unit in units:
-            heapq.heappush(self._current, (unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset,
-                                           unit))
+        entries = [(unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset, unit) for unit in units]
+        heap = self._current
+        if len(entries) > len(heap):  # a slot loaded (a burst's: thousands): one heapify, not a push each
+            heap.extend(entries)
+            heapq.heapify(heap)
+        else:
+            for entry in entries:
+                heapq.heappush(heap, entry)
 
     def _dequeue(self, now: int) -> int:
         """Deliver what is due; ms until something may be due next."""
@@ -376,6 +389,7 @@ class Timer:
         not a compaction topic is made from the timer record's bytes (messages.delivered_copy: its body and CRC as
         stored, its properties written once), any other from the decoded record (messages.delivered)."""
         lookups = self._records([u.physical_offset for u in units])
+        compiled_copies = codec.compiled is not None
         batches: list[list] = []  # [topic, copies, units, body bytes]
         copyable: dict[str, bool] = {}
         for unit, (found, missing) in zip(units, lookups, strict=True):
@@ -389,8 +403,15 @@ class Timer:
                 self.stats.dropped += 1
                 self.stats.pending -= 1
                 continue
-            props = found.properties
-            origin = int(props.get(tm.ORIGIN, unit.timer_offset))
+            view = unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView
+            # The compiled codec's copy properties straight from the record's bytes (messages.copy_parts); else, or
+            # where it declines, the properties decoded.
+            parts = tm.copy_parts(found, offset, now) if view and compiled_copies else None
+            if parts is not None:
+                real, origin = parts[0], parts[1]
+            else:
+                props = found.properties
+                real, origin = props.get(tm.REAL_TOPIC), int(props.get(tm.ORIGIN, unit.timer_offset))
             if origin in self.cancels:
                 log.info("timer.cancelled", timer_offset=unit.timer_offset, origin=origin)
                 self.stats.cancelled += 1
@@ -398,12 +419,12 @@ class Timer:
                 self._slot_done.add(offset)
                 continue
             copy = None
-            if unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView:
-                real = props.get(tm.REAL_TOPIC)
+            if view:
                 if real not in copyable:
                     copyable[real] = self._copyable(real)
                 if copyable[real]:
-                    made = tm.delivered_copy(found, props, offset, now)
+                    made = (real, tm.copy_of_parts(found, parts)) if parts is not None else tm.delivered_copy(
+                        found, found.properties, offset, now)
                     if made is not None:
                         topic, copy = made
             if copy is None:
@@ -442,12 +463,17 @@ class Timer:
         commitlog, topics = self.store.commitlog, self.store.topics
         low, visible = commitlog.min_offset, self.store.visible_offset()
         found: list[tuple[record_reader.RecordView | record_reader.Record | None, str]] = []
+        seg_start = seg_end = 0  # the segment of the record before (a slot's records mostly share one)
+        buf = None
         for physical in physical_offsets:
             try:
                 if not low <= physical < visible:
                     raise LookupError(physical)
-                seg = commitlog.segments.find(physical)
-                buf, position = seg.buffer, physical - seg.start
+                if not seg_start <= physical < seg_end:
+                    seg_start = seg_end = 0
+                    seg = commitlog.segments.find(physical)
+                    buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
+                position = physical - seg_start
                 record_reader.check(buf, position, len(buf), physical_offset=physical)
                 if record_reader.is_blank(buf, position):
                     raise LookupError(physical)

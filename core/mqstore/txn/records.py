@@ -31,6 +31,7 @@ from typing import Sequence
 from mqstore.errors import FailedPrecondition, InvalidArgument, shown
 from mqstore.format.record import SYSFLAG_TX_COMMIT, SYSFLAG_TX_MASK
 from mqstore.model import KIND_COMPACTION, KIND_SYSTEM, MessageIn, TopicRecord
+from mqstore import codec
 from mqstore import topics as topic_rules
 from mqstore.relayed import WRITER_GATEWAY
 
@@ -103,6 +104,8 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn], wri
         raise InvalidArgument(f"writer {shown(writer)} is not one of the store's internal writers; known: "
                               f"{sorted([*topic_rules.OWNER_DESCRIPTIONS, WRITER_GATEWAY])}")
     if topic.kind == KIND_SYSTEM:
+        if codec.is_wire_messages(messages):
+            return  # the compiled codec's (the timer's records of a delayed Append): no sys flag, no prepared offset
         for index, m in enumerate(messages):  # tx_type(m.sys_flag) != SYSFLAG_TX_NOT, inlined (every timer append)
             if m.sys_flag & SYSFLAG_TX_MASK or m.prepared_transaction_offset:
                 raise InvalidArgument(f"messages[{index}]: records of system topic {topic.name!r} are NOT_TYPE "

@@ -20,7 +20,6 @@ from mqstore import codec, model
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
 
-TIMER_MARK = b"TIMER_"
 # The enum numbers of the store's durability names, for the compiled response builder.
 DURABILITY_CODES = {model.DURABILITY_WRITTEN: common_pb2.DURABILITY_WRITTEN,
                     model.DURABILITY_FLUSHED: common_pb2.DURABILITY_FLUSHED}
@@ -29,9 +28,9 @@ DURABILITY_CODES = {model.DURABILITY_WRITTEN: common_pb2.DURABILITY_WRITTEN,
 def parse_request(raw: bytes):
     """AppendRequest bytes -> an object with ``topic`` and ``messages`` (WireMessages or the protobuf
     message); raises protobuf's DecodeError when the bytes are not an AppendRequest."""
-    # A request that may hold a delayed message goes to protobuf (mqstore.timer.scheduling checks its properties):
-    # the compiled parser declines the delivery fields itself, and no TIMER_ property is without these bytes.
-    if codec.compiled is not None and TIMER_MARK not in raw:
+    # A delayed message is parsed too: the compiled parser marks it (WireMessages.timer_marks) and the Scheduler
+    # makes its timer records from the WireMessages (mqstore.timer.scheduling).
+    if codec.compiled is not None:
         wire = codec.compiled.parse_append_request(raw)
         if wire is not None:
             return wire

@@ -100,16 +100,7 @@ def _by_name(properties, message=None) -> dict[str, str]:
 
 
 def _timed(properties, message) -> dict[str, str]:
-    for name in ("delay_ms", "deliver_at_ms"):
-        if getattr(message, name) < 0:
-            raise InvalidArgument(f"{name} is {getattr(message, name)}; it must not be negative (0 = none; "
-                                  f"delay_ms: milliseconds from the server's clock, deliver_at_ms: epoch milliseconds)")
-    props = {k: v for k, v in properties.items() if k not in timer_messages.ASKING}
-    if message.delay_ms:
-        props[timer_messages.DELAY_MS] = str(message.delay_ms)
-    else:
-        props[timer_messages.DELIVER_MS] = str(message.deliver_at_ms)
-    return dict(sorted(props.items()))
+    return timer_messages.asked_by_fields(properties, message.deliver_at_ms, message.delay_ms)
 
 
 def stored_message(message: model.StoredMessage, into: common_pb2.StoredMessage | None = None):

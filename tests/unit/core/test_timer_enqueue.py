@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from mqstore import codec
 from mqstore import system_writers  # noqa: F401  (registers the scheduler's writer rules)
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
@@ -52,6 +53,28 @@ def test_add_many_writes_the_bytes_of_one_add_each(tmp_path):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes()
 
 
+def test_a_slot_is_read_from_one_span_and_a_damaged_unit_in_it_is_data_loss(tmp_path):
+    """TimerFiles.units decodes a slot's units from one read of their span (timer_unit.decode inlined): the units
+    added, in order; a byte changed in one of them is DataLoss, as timer_unit.decode's CRC check says."""
+    from mqstore.errors import DataLoss
+    from mqstore.format.timer_unit import UNIT_SIZE
+    files = _files(tmp_path)
+    try:
+        files.add_many(UNITS)
+        got = files.units(100)
+        assert [(u.slot_ms, u.deliver_ms, u.timer_offset, u.physical_offset, u.kind) for u in got] == [
+            u for u in UNITS if u[0] == 100]
+        with open(tmp_path / LOG_NAME, "r+b") as log:  # the third unit: slot 100's second
+            log.seek(2 * UNIT_SIZE + 9)
+            byte = log.read(1)[0]
+            log.seek(2 * UNIT_SIZE + 9)
+            log.write(bytes([byte ^ 0x40]))
+        with pytest.raises(DataLoss, match="damaged"):
+            files.units(100)
+    finally:
+        files.close()
+
+
 def test_units_whose_slot_writes_were_lost_are_recovered(tmp_path):
     # A kill -9 after add_many's write of the units, before its slot writes: recovery applies them again.
     files = _files(tmp_path)
@@ -74,7 +97,11 @@ def _store(small_config, clock):
     return store
 
 
-def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_path, monkeypatch):
+BORN_HOSTS = pytest.mark.parametrize("born_host", [b"\x0a\0\0\x01", b"\x05" * 16], ids=["ipv4", "ipv6"])
+
+
+@BORN_HOSTS
+def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_path, monkeypatch, born_host):
     clock = FakeClock()
     store = _store(small_config, clock)
     timer = Timer(store, CONFIG, tmp_path / "timer")
@@ -82,7 +109,8 @@ def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_
         timer.open()
         scheduler = scheduling.Scheduler(store, CONFIG, noted=timer.note)
         due = clock.now_ms() + 500
-        scheduler.append("t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due + n)}) for n in range(5)])
+        scheduler.append("t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due + n)}, born_host=born_host)
+                               for n in range(5)])
 
         def read_back(*_args, **_kwargs):
             raise AssertionError("a noted timer record was read back by the enqueue")
@@ -100,14 +128,16 @@ def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_
         store.stop()
 
 
-def test_a_note_that_does_not_match_the_log_is_ignored(small_config, tmp_path):
+@BORN_HOSTS
+def test_a_note_that_does_not_match_the_log_is_ignored(small_config, tmp_path, born_host):
     clock = FakeClock()
     store = _store(small_config, clock)
     timer = Timer(store, CONFIG, tmp_path / "timer")
     try:
         timer.open()
         due = clock.now_ms() + 500
-        results = scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due)})] * 2)
+        results = scheduling.append(store, CONFIG, "t", [MessageIn(b"x", properties={tm.DELIVER_MS: str(due)},
+                                                                   born_host=born_host)] * 2)
         # Due now, by notes naming another store time and another physical offset than the records have.
         wrong_time = AppendResults(results.msg_id_prefix, results.entries[:1], results.uniq_keys[:1],
                                    results.store_timestamp_ms + 1, results.durability)
@@ -187,7 +217,8 @@ def test_timer_records_convert_as_due_ms_and_to_timer_of_each_did():
 
 def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_config):
     """messages.delivered_copy through the encoder's Copies: the bytes of messages.delivered's MessageIn encoded
-    (random messages: tags, keys, queues, sharding keys, properties, IPv6 born hosts; a rolled record)."""
+    (random messages: tags, keys, queues, sharding keys, properties, IPv6 born hosts; a rolled record); the compiled
+    codec's copy_parts and copy_of_parts make the same Copy."""
     import random
     from mqstore.model import Copies
     from mqstore.topics import OWNER_SCHEDULE
@@ -218,6 +249,9 @@ def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_
             view = record_reader.RecordView(seg.buffer, physical - seg.start)
             real, copy = tm.delivered_copy(view, view.properties, stored.record.queue_offset, clock.now_ms() + 7)
             assert real == "t"
+            if codec.compiled is not None:  # the compiled pieces (Timer._deliver's way) make the same Copy
+                parts = tm.copy_parts(view, stored.record.queue_offset, clock.now_ms() + 7)
+                assert parts is not None and tm.copy_of_parts(view, parts) == copy
             want = MessageEncoder(store.config).encode_batch(
                 topic, [tm.delivered(stored.record, stored.record.queue_offset, clock.now_ms() + 7)[1]], 5)
             got = MessageEncoder(store.config).encode_batch(topic, Copies([copy]), 5)
