@@ -91,6 +91,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         finally:
             if not context.is_active():  # the call is over, so its request iterator ends: the reader with it
                 reader.join(ACK_READER_JOIN_S)
+            self.data_messages.log_counts(session.hello.replica_id)
 
     def _session(self, first) -> ReplicaSession:
         if first is None or first.WhichOneof("kind") != "hello":
@@ -128,6 +129,7 @@ class LoopReplicationServicer(ReplicationServicer):
                 yield self.data_messages.get(session.epoch, d)
         finally:
             acks.cancel()
+            self.data_messages.log_counts(session.hello.replica_id)
 
 
 def _welcome(w: Welcome) -> pb.LeaderMessage:
@@ -138,6 +140,36 @@ def _welcome(w: Welcome) -> pb.LeaderMessage:
 def _data(d: LogData) -> pb.LeaderMessage:
     return pb.LeaderMessage(data=pb.LogData(offset=d.offset, data=d.data, next_offset=d.next_offset,
                                             leader_end_offset=d.leader_end_offset, committed_offset=d.committed_offset))
+
+
+def _varint(value: int) -> bytes:
+    """A protobuf varint (int64: a negative value as its 64-bit two's complement)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, value: int) -> bytes:
+    """A proto3 int64 field (none for 0, the default, as protobuf writes it)."""
+    return _varint(number << 3) + _varint(value) if value else b""
+
+
+def data_message_bytes(d: LogData) -> bytes:
+    """``_data(d).SerializeToString()`` written directly: the log's bytes copied once, into the message,
+    where building the protobuf copies them and serializing it copies them again (a data message holds up
+    to replication_chunk_bytes; tests/unit/replication/test_data_messages.py checks the bytes are equal)."""
+    head = _field(1, d.offset)
+    tail = _field(3, d.next_offset) + _field(4, d.leader_end_offset) + _field(5, d.committed_offset)
+    body_len = len(head) + (1 + len(_varint(len(d.data))) + len(d.data) if d.data else 0) + len(tail)
+    parts = [b"\x12", _varint(body_len), head]  # LeaderMessage.data (field 2, length-delimited)
+    if d.data:
+        parts += [b"\x12", _varint(len(d.data)), d.data]  # LogData.data (field 2)
+    parts.append(tail)
+    return b"".join(parts)
 
 
 class DataMessages:
@@ -169,13 +201,17 @@ class DataMessages:
             if message is not None:
                 self.reused += 1
                 return message
-        message = _data(d).SerializeToString()
+        message = data_message_bytes(d)
         with self._lock:
             self.built += 1
             self._built[key] = message
             while len(self._built) > self.KEEP:
                 del self._built[next(iter(self._built))]  # the oldest range
         return message
+
+    def log_counts(self, replica_id: str) -> None:
+        """At a stream's end: how many data messages the leader's streams built and reused so far."""
+        log.info("replication.data_messages_shared", replica=replica_id, built=self.built, reused=self.reused)
 
 
 def _leader_message_bytes(message: pb.LeaderMessage | bytes) -> bytes:

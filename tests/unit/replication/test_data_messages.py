@@ -4,7 +4,11 @@ a bounded number of ranges kept, and Replicate's serializer sending the bytes as
 
 from __future__ import annotations
 
-from commitlog_service.replication import DataMessages, _leader_message_bytes
+import random
+
+import pytest
+
+from commitlog_service.replication import DataMessages, _data, _leader_message_bytes, data_message_bytes
 from mqstore.replication.messages import LogData
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as pb
 
@@ -49,3 +53,17 @@ def test_the_replicate_serializer_passes_bytes_and_serializes_messages():
     welcome = pb.LeaderMessage(welcome=pb.LeaderWelcome(leader_id="a", epoch=2))
     assert _leader_message_bytes(welcome) == welcome.SerializeToString()
     assert _leader_message_bytes(b"\x12\x00") == b"\x12\x00"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_data_message_written_directly_is_the_bytes_protobuf_serializes(seed):
+    rng = random.Random(seed)
+    cases = [LogData(0, b"", 0, 0, 0), LogData(0, b"r", 1, 1, 0), LogData(5, b"", 5, 0, 5),
+             LogData(1 << 40, b"x" * 200_000, (1 << 40) + 200_000, (1 << 41), -1)]
+    for _ in range(300):
+        size = rng.choice([0, 1, 127, 128, 16_383, 16_384, rng.randrange(1 << 20)])
+        offset = rng.choice([0, 1, rng.randrange(1 << 62)])
+        cases.append(LogData(offset, rng.randbytes(size), offset + size, rng.choice([0, offset + size]),
+                             rng.choice([0, offset, rng.randrange(1 << 63)])))
+    for d in cases:
+        assert data_message_bytes(d) == _data(d).SerializeToString(), d.offset
