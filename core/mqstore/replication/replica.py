@@ -19,6 +19,13 @@ flushed offsets on the same stream. Heartbeats are acknowledged too (the leader 
   the node became leader (election)         the stream is cancelled and the duty idles
   the controller names another leader       the stream is cancelled, a backoff cut short: connect there now
 
+The consume queues (what the replica's readers see) follow the leader's committed offset, which each
+message carries: dispatched at once for a heartbeat (the stream is idle), else at most every SHOW_EVERY_S
+unless SHOW_BYTES wait, so that under a stream of data one dispatch covers several data messages (each
+walks the records and writes every queue they touch: ~0.4 ms a data message when each had its own, issue
+34). A reader on a replica so sees records up to SHOW_EVERY_S later under load; a promotion shows
+everything copied as before (ReplicaView.promote).
+
 Every message from the leader (heartbeats too) is noted (``node.heard_from_leader``): a leader silent for
 three heartbeats makes the controller read the leader key every ``fast_poll_ms`` (controller.py).
 
@@ -39,6 +46,8 @@ from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import LEADER, ReplicationNode
 
 log = structlog.get_logger()
+SHOW_EVERY_S = 0.005    # under a stream of data messages, the consume queues follow at most this often...
+SHOW_BYTES = 4 << 20    # ...unless this much committed log waits for them
 
 
 class ReplicationStream(Protocol):
@@ -76,6 +85,8 @@ class ReplicaFollower(Duty):
         self.link = link
         self._stream_lock = threading.Lock()
         self._stream: ReplicationStream | None = None
+        self._shown_s = float("-inf")  # when the consume queues last followed the committed offset
+        self._shown_to = 0             # the committed offset they were given then
 
     def leader_changed(self) -> None:
         with self._stream_lock:
@@ -158,4 +169,13 @@ class ReplicaFollower(Duty):
             self.node.record_epochs(stream.welcome.history, data.next_offset)
             store_ops.apply(self.store, data.offset, data.data, data.next_offset)
         stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
-        self.store.replica_view.visible_to(data.committed_offset)
+        self._show(data)
+
+    def _show(self, data: LogData) -> None:
+        """The consume queues up to the leader's committed offset: for a heartbeat at once, else batched (the
+        module docstring)."""
+        now = self.node.clock.monotonic_s()
+        if (data.next_offset == data.offset or now - self._shown_s >= SHOW_EVERY_S
+                or data.committed_offset - self._shown_to >= SHOW_BYTES):
+            self._shown_s, self._shown_to = now, data.committed_offset
+            self.store.replica_view.visible_to(data.committed_offset)

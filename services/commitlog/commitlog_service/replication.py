@@ -69,6 +69,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         self._store = store
         self._node = node
         self.controller = controller  # mqstore.replication.controller.Controller; None in a static group
+        self.data_messages = DataMessages()  # built once for every replica's stream
 
     def TransferLeadership(self, request, context) -> pb.TransferLeadershipResponse:
         if self.controller is None:
@@ -86,10 +87,11 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         reader.start()
         try:
             for d in session.data(context.is_active):
-                yield _data(d)
+                yield self.data_messages.get(session.epoch, d)
         finally:
             if not context.is_active():  # the call is over, so its request iterator ends: the reader with it
                 reader.join(ACK_READER_JOIN_S)
+            self.data_messages.log_counts(session.hello.replica_id)
 
     def _session(self, first) -> ReplicaSession:
         if first is None or first.WhichOneof("kind") != "hello":
@@ -124,9 +126,10 @@ class LoopReplicationServicer(ReplicationServicer):
         acks = asyncio.ensure_future(_read_acks_async(requests, session))
         try:
             async for d in session.data_async():
-                yield _data(d)
+                yield self.data_messages.get(session.epoch, d)
         finally:
             acks.cancel()
+            self.data_messages.log_counts(session.hello.replica_id)
 
 
 def _welcome(w: Welcome) -> pb.LeaderMessage:
@@ -137,6 +140,83 @@ def _welcome(w: Welcome) -> pb.LeaderMessage:
 def _data(d: LogData) -> pb.LeaderMessage:
     return pb.LeaderMessage(data=pb.LogData(offset=d.offset, data=d.data, next_offset=d.next_offset,
                                             leader_end_offset=d.leader_end_offset, committed_offset=d.committed_offset))
+
+
+def _varint(value: int) -> bytes:
+    """A protobuf varint (int64: a negative value as its 64-bit two's complement)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, value: int) -> bytes:
+    """A proto3 int64 field (none for 0, the default, as protobuf writes it)."""
+    return _varint(number << 3) + _varint(value) if value else b""
+
+
+def data_message_bytes(d: LogData) -> bytes:
+    """``_data(d).SerializeToString()`` written directly: the log's bytes copied once, into the message,
+    where building the protobuf copies them and serializing it copies them again (a data message holds up
+    to replication_chunk_bytes; tests/unit/replication/test_data_messages.py checks the bytes are equal)."""
+    head = _field(1, d.offset)
+    tail = _field(3, d.next_offset) + _field(4, d.leader_end_offset) + _field(5, d.committed_offset)
+    body_len = len(head) + (1 + len(_varint(len(d.data))) + len(d.data) if d.data else 0) + len(tail)
+    parts = [b"\x12", _varint(body_len), head]  # LeaderMessage.data (field 2, length-delimited)
+    if d.data:
+        parts += [b"\x12", _varint(len(d.data)), d.data]  # LogData.data (field 2)
+    parts.append(tail)
+    return b"".join(parts)
+
+
+class DataMessages:
+    """Data messages built and serialized once for every replica's stream (issue 34): the streams of a
+    leader's replicas, woken by the same append, send the same range of the log, so the second finds the
+    first's bytes here, keyed by (epoch, offset, next_offset), the last KEEP ranges kept. Such a message
+    carries the committed and written ends of its first sending: no newer than the log's at the second, so
+    a replica shows its readers no more than it would (the next message or heartbeat brings them up to
+    date). Heartbeats (no bytes) are built for each stream: they carry the committed end fresh.
+
+    Thread-safe (the synchronous port's streams run on handler threads)."""
+
+    KEEP = 4  # ranges: two replicas' streams a few appends apart; a range is up to replication_chunk_bytes
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._built: dict[tuple[int, int, int], bytes] = {}
+        self.built = 0   # data messages serialized
+        self.reused = 0  # sent again from here
+
+    def get(self, epoch: int, d: LogData) -> pb.LeaderMessage | bytes:
+        """The message for ``d`` as the stream sends it: serialized bytes (add_to_server's serializer
+        passes them as they are) or, for a heartbeat, the message."""
+        if d.next_offset == d.offset:
+            return _data(d)
+        key = (epoch, d.offset, d.next_offset)
+        with self._lock:
+            message = self._built.get(key)
+            if message is not None:
+                self.reused += 1
+                return message
+        message = data_message_bytes(d)
+        with self._lock:
+            self.built += 1
+            self._built[key] = message
+            while len(self._built) > self.KEEP:
+                del self._built[next(iter(self._built))]  # the oldest range
+        return message
+
+    def log_counts(self, replica_id: str) -> None:
+        """At a stream's end: how many data messages the leader's streams built and reused so far."""
+        log.info("replication.data_messages_shared", replica=replica_id, built=self.built, reused=self.reused)
+
+
+def _leader_message_bytes(message: pb.LeaderMessage | bytes) -> bytes:
+    """Replicate's response serializer: a message DataMessages serialized already goes as it is."""
+    return message if type(message) is bytes else message.SerializeToString()
 
 
 async def _read_acks_async(requests: AsyncIterator, session: ReplicaSession) -> None:
@@ -160,7 +240,21 @@ def _read_acks(request_iterator, session: ReplicaSession) -> None:
 
 
 def add_to_server(servicer: ReplicationServicer, server: grpc.Server) -> None:
-    replication_pb2_grpc.add_ReplicationServicer_to_server(servicer, server)
+    """replication_pb2_grpc.add_ReplicationServicer_to_server's handlers, Replicate's response serializer
+    taking DataMessages' bytes too."""
+    handlers = {
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            servicer.Replicate, request_deserializer=pb.ReplicaMessage.FromString,
+            response_serializer=_leader_message_bytes),
+        "GetReplicationState": grpc.unary_unary_rpc_method_handler(
+            servicer.GetReplicationState, request_deserializer=pb.GetReplicationStateRequest.FromString,
+            response_serializer=pb.ReplicationState.SerializeToString),
+        "TransferLeadership": grpc.unary_unary_rpc_method_handler(
+            servicer.TransferLeadership, request_deserializer=pb.TransferLeadershipRequest.FromString,
+            response_serializer=pb.TransferLeadershipResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 # ---- the replica's side ---------------------------------------------------------------------------------
