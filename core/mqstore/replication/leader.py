@@ -90,7 +90,7 @@ class ReplicaSession:
                 seen = growth.version()
                 chunk, nxt = self._chunk()
                 if nxt == self.position:
-                    growth.wait(seen, heartbeat_s)
+                    waits.blocking(growth.wait(seen, heartbeat_s))
                     if linger_s := self._linger_s():
                         with waits.waiting():  # as growth.wait: the handler pool runs others meanwhile
                             time.sleep(linger_s)
@@ -116,7 +116,7 @@ class ReplicaSession:
                     continue
                 chunk, nxt = self._chunk()
                 if nxt == self.position:
-                    await growth.wait_async(seen, heartbeat_s)
+                    await growth.wait(seen, heartbeat_s)
                     if linger_s := self._linger_s():
                         await asyncio.sleep(linger_s)
                     chunk, nxt = self._chunk()
