@@ -61,7 +61,7 @@ STAYING = {
     **{("services/common/mqstore_rpc/errors.py", "", name): _INTERCEPTOR
        for name in ("frame_outcome", "_wrap_unary_response", "_wrap_stream_response", "_each")},
     **{("services/common/mqstore_rpc/metrics.py", scope, name): _INTERCEPTOR
-       for scope, name in (("", "_unary"), ("", "_stream"), ("", "_counting"), ("_MethodFigures", "_received_each"))},
+       for scope, name in (("", "_unary"), ("", "_stream"), ("", "_counting"))},
     ("core/mqstore/replication/leader.py", "ReplicaSession", "data"):
         "a Replicate stream's responses: a generator on a synchronous port's handler thread, an async generator "
         "on a grpc.aio port's loop; the rule is in _chunk/_sent/_linger_s",
