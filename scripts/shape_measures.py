@@ -19,7 +19,8 @@ archive REV | tar -x -C DIR``), so that a closing note's before and after figure
                                ``_async_unary``): one operation written twice, or an adapter pair around one.
                                Not counted, listed as *one version, run on a thread*: a coroutine function
                                whose synchronous twin is made by ``waits.blocking_version(...)`` or is only
-                               ``return waits.blocking(<twin>(<names>))`` (mqstore.waits: the rule is written
+                               ``return waits.blocking(<twin>(<names>))`` (or ``blocking_iter``: an async
+                               generator's steps; mqstore.waits: the rule is written
                                once, the thread's version holds nothing of its own). Pairs that stay for the
                                two port kinds are listed with their reason (STAYING, bench/README.md)
   interceptor implementations  per server interceptor (mqstore_rpc.errors, .metrics, .auth): 1, or 2 when one
@@ -62,9 +63,6 @@ STAYING = {
        for name in ("frame_outcome", "_wrap_unary_response", "_wrap_stream_response", "_each")},
     **{("services/common/mqstore_rpc/metrics.py", scope, name): _INTERCEPTOR
        for scope, name in (("", "_unary"), ("", "_stream"), ("", "_counting"))},
-    ("core/mqstore/replication/leader.py", "ReplicaSession", "data"):
-        "a Replicate stream's responses: a generator on a synchronous port's handler thread, an async generator "
-        "on a grpc.aio port's loop; the rule is in _chunk/_sent/_linger_s",
     ("services/commitlog/commitlog_service/replication.py", "", "_read_acks"):
         "a Replicate stream's requests, read by a thread (synchronous port) or a task on the loop (grpc.aio)",
     ("services/common/mqstore_rpc/commitlog_client.py", "CommitLogClient", "internal_append_batches"):
@@ -175,13 +173,15 @@ def _without_async(name: str) -> str | None:
 
 
 def _runs_twin_blocking(function: ast.FunctionDef | ast.AsyncFunctionDef, twin: str) -> bool:
-    """Whether ``function``'s body (its docstring aside) is only ``return waits.blocking(<..>.twin(<names>))``."""
+    """Whether ``function``'s body (its docstring aside) is only ``return waits.blocking(<..>.twin(<names>))``
+    (or ``waits.blocking_iter``: an async generator's steps)."""
     body = function.body[1:] if (function.body and isinstance(function.body[0], ast.Expr)
                                  and isinstance(function.body[0].value, ast.Constant)) else function.body
     if isinstance(function, ast.AsyncFunctionDef) or len(body) != 1 or not isinstance(body[0], ast.Return):
         return False
     outer = body[0].value
-    if not (isinstance(outer, ast.Call) and ast.unparse(outer.func) in ("waits.blocking", "blocking")
+    if not (isinstance(outer, ast.Call) and ast.unparse(outer.func) in ("waits.blocking", "blocking",
+                                                                        "waits.blocking_iter", "blocking_iter")
             and len(outer.args) == 1 and not outer.keywords and isinstance(outer.args[0], ast.Call)):
         return False
     inner = outer.args[0]

@@ -34,7 +34,8 @@ import asyncio
 import contextlib
 import threading
 import functools
-from typing import Any, Callable, Coroutine, Iterable, Iterator, ParamSpec, TypeVar
+import time
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, ParamSpec, TypeVar
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -188,6 +189,38 @@ def blocking_version(operation: Callable[P, Coroutine[Any, Any, T]]) -> Callable
     run.__name__ = name
     run.__doc__ = f":meth:`{operation.__name__}` on this thread: its waits block here (mqstore.waits.blocking)."
     return run
+
+
+async def sleep(seconds: float) -> None:
+    """``asyncio.sleep`` on an event loop; under :func:`blocking`, ``time.sleep`` on the thread (under
+    ``waiting()``: the handler pool runs others meanwhile)."""
+    if getattr(_local, "blocking", False):
+        with waiting():
+            time.sleep(seconds)
+    else:
+        await asyncio.sleep(seconds)
+
+
+async def off_loop(call: Callable[[], T]) -> T:
+    """``call()`` (a read that may touch the disk): on an event loop, on a thread of its default executor so
+    that the loop answers other calls meanwhile; under :func:`blocking`, here."""
+    if getattr(_local, "blocking", False):
+        return call()
+    return await asyncio.get_running_loop().run_in_executor(None, call)
+
+
+def blocking_iter(items: AsyncIterator[T]) -> Iterator[T]:
+    """The items of the async generator ``items``, each step run on the taking thread by :func:`blocking`
+    (a stream's one version served on a synchronous port); closing this iterator closes ``items``."""
+    try:
+        while True:
+            try:
+                item = blocking(items.__anext__())
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        blocking(items.aclose())
 
 
 def _expire(waiter: LoopWaiter, future: asyncio.Future) -> None:

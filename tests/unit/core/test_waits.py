@@ -81,3 +81,24 @@ def test_blocking_version_is_made_from_the_one_version_and_holds_nothing_else():
     assert Store().append(1) == 2
     assert Store.append.__name__ == "append" and Store.append.__qualname__.endswith("Store.append")
     assert "append_async" in Store.append.__doc__
+
+
+def test_an_async_generator_run_on_a_thread_by_blocking_iter_reads_here_and_is_closed_with_its_iterator():
+    """A stream's one version (ReplicaSession.data_async) served on a synchronous port's thread: off_loop's
+    read and sleep run on the taking thread, and closing the iterator runs the generator's finally."""
+    ran: list[str] = []
+
+    async def stream():
+        try:
+            for i in range(10):
+                ran.append(await waits.off_loop(lambda: threading.current_thread().name))
+                await waits.sleep(0)
+                yield i
+        finally:
+            ran.append("closed")
+
+    items = waits.blocking_iter(stream())
+    assert [next(items), next(items)] == [0, 1]
+    items.close()
+    assert ran == [threading.current_thread().name] * 2 + ["closed"]
+    assert list(waits.blocking_iter(stream())) == list(range(10))
