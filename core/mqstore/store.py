@@ -369,7 +369,12 @@ class MessageStore:
         rec, sync_replication = self._writable(topic, messages, system_writer, replication)
         return await self._append_checked(rec, messages, sync_replication)
 
-    append = waits.blocking_version(append_async)
+    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
+               replication: str | None = None) -> AppendResults:
+        """:meth:`append_async` on this thread, its waits blocking here (mqstore.waits.blocking; written out
+        rather than made by waits.blocking_version: the hot path, ~0.5 us less a call)."""
+        return waits.blocking(self.append_async(topic, messages, system_writer=system_writer,
+                                                replication=replication))
 
     def append_own(self, topic: str, messages: Sequence[MessageIn], replication: str | None = None) -> AppendResults:
         """:meth:`append`'s path to the store's own topics (offsets, topic events), which no writer may name."""

@@ -51,7 +51,10 @@ class Scheduler:
             self._appended(results, dues)
         return results
 
-    append = waits.blocking_version(append_async)
+    def append(self, topic: str, messages, replication: str | None = None,
+               writer: str | None = None) -> AppendResults:
+        """:meth:`append_async` on this thread (mqstore.waits.blocking), written out: the hot path."""
+        return waits.blocking(self.append_async(topic, messages, replication, writer))
 
     def _appended(self, results: AppendResults, dues: list[int]) -> None:
         if self.noted is not None:
