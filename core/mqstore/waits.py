@@ -146,14 +146,18 @@ class ThreadWaiter:
         self._lock.acquire()
 
     def release(self) -> None:
-        with contextlib.suppress(RuntimeError):  # woken before: once is enough
+        try:
             self._lock.release()
+        except RuntimeError:  # woken before: once is enough
+            pass
 
     async def wait(self, timeout_s: float) -> None:
         with waiting():
             if self._lock.acquire(timeout=timeout_s):
-                with contextlib.suppress(RuntimeError):  # a second wake released it meanwhile
+                try:
                     self._lock.release()  # woken: later waits return at once
+                except RuntimeError:  # a second wake released it meanwhile
+                    pass
 
 
 def waiter() -> ThreadWaiter | LoopWaiter:
