@@ -6,7 +6,8 @@ archive REV | tar -x -C DIR``), so that a closing note's before and after figure
   ---------------------------  ------------------------------------------------------------------------------
   largest class, module        lines of the longest ``class`` statement and of the longest .py file under
                                core/ and services/ (generated stubs, ``gen/``, left out)
-  store's face                 public methods (and properties) of ``MessageStore`` (core/mqstore/store.py)
+  store's face                 public methods (and properties) of ``MessageStore`` (core/mqstore/store.py),
+                               those made by ``waits.blocking_version`` included
   import cycles in core        strongly connected components of core's import graph, between modules and
                                between its parts (tests/test_layering_core.py's walk: every import, module
                                level, inside functions and importlib's with a literal name, and the compiled
@@ -15,7 +16,13 @@ archive REV | tar -x -C DIR``), so that a closing note's before and after figure
                                of a service package other than its own
   sync/async pairs             functions of one scope (a module, a class, a function) whose names are the same
                                but for an ``async`` part (``append``/``append_async``, ``_unary``/
-                               ``_async_unary``): one operation written twice, or an adapter pair around one
+                               ``_async_unary``): one operation written twice, or an adapter pair around one.
+                               Not counted, listed as *one version, run on a thread*: a coroutine function
+                               whose synchronous twin is made by ``waits.blocking_version(...)`` or is only
+                               ``return waits.blocking(<twin>(<names>))`` (or ``blocking_iter``: an async
+                               generator's steps; mqstore.waits: the rule is written
+                               once, the thread's version holds nothing of its own). Pairs that stay for the
+                               two port kinds are listed with their reason (STAYING, bench/README.md)
   interceptor implementations  per server interceptor (mqstore_rpc.errors, .metrics, .auth): 1, or 2 when one
                                of its sync/async pairs holds its rule itself (one of RULE_MARKS: a status
                                mapped, a log event, a figure labelled or observed, a refusal), not only calls
@@ -41,6 +48,28 @@ RULE_MARKS = {
     "metrics": (r"StatusCode\.", r"\.observe\(", r"\.labels\(", r"CancelledError"),
     "auth": (r"\._deny\(", r"\blog\.\w+\(", r"\braise\b", r"parse_credentials\(", r"\.deferred\b",
              r"\._authority\.\w+\("),
+}
+# The pairs that stay while two port kinds do (issue 33: the synchronous server stays for the unary ASYNC calls'
+# speed, bench/README.md's "One concurrency model"): an adapter of one rule to a handler kind, or one transport
+# each. Each reason is printed beside its pair.
+_INTERCEPTOR = "an interceptor's adapter to a synchronous and to a grpc.aio handler; the rule is in neither"
+STAYING = {
+    ("services/common/mqstore_rpc/auth.py", "AuthInterceptor", "_authenticate"):
+        "new credentials are checked on the calling handler's thread, or off the loop on its executor",
+    **{("services/common/mqstore_rpc/auth.py", scope, name): _INTERCEPTOR
+       for scope, name in (("AuthInterceptor", "_guard"), ("AuthInterceptor", "_each_checked"),
+                           ("_wrap_screened", "first"))},
+    **{("services/common/mqstore_rpc/errors.py", "", name): _INTERCEPTOR
+       for name in ("frame_outcome", "_wrap_unary_response", "_wrap_stream_response", "_each")},
+    **{("services/common/mqstore_rpc/metrics.py", scope, name): _INTERCEPTOR
+       for scope, name in (("", "_unary"), ("", "_stream"), ("", "_counting"))},
+    ("services/commitlog/commitlog_service/replication.py", "", "_read_acks"):
+        "a Replicate stream's requests, read by a thread (synchronous port) or a task on the loop (grpc.aio)",
+    ("services/common/mqstore_rpc/commitlog_client.py", "CommitLogClient", "internal_append_batches"):
+        "one transport each: a synchronous channel for the gateway's coalescing thread, a grpc.aio channel "
+        "for a caller on a loop (Cluster mode's Transaction port)",
+    ("services/common/mqstore_rpc/commitlog_client.py", "CommitLogClient", "close"):
+        "one transport each: the synchronous channels, and the grpc.aio channels closed on their loop",
 }
 INTERCEPTORS = {name: f"services/common/mqstore_rpc/{name}.py" for name in RULE_MARKS}
 SKIPPED_DIRS = {"gen", "__pycache__"}
@@ -84,6 +113,7 @@ def store_face(root: pathlib.Path) -> dict:
                     properties.append(node.name)
             else:
                 methods.append(node.name)
+    methods += [name for name in _made_blocking(store.body) if not name.startswith("_")]  # made methods count too
     return {"public_methods": len(methods), "properties": len(properties), "methods": methods,
             "property_names": properties}
 
@@ -142,11 +172,42 @@ def _without_async(name: str) -> str | None:
     return "_".join(kept).replace("__", "_").rstrip("_") or None
 
 
+def _runs_twin_blocking(function: ast.FunctionDef | ast.AsyncFunctionDef, twin: str) -> bool:
+    """Whether ``function``'s body (its docstring aside) is only ``return waits.blocking(<..>.twin(<names>))``
+    (or ``waits.blocking_iter``: an async generator's steps)."""
+    body = function.body[1:] if (function.body and isinstance(function.body[0], ast.Expr)
+                                 and isinstance(function.body[0].value, ast.Constant)) else function.body
+    if isinstance(function, ast.AsyncFunctionDef) or len(body) != 1 or not isinstance(body[0], ast.Return):
+        return False
+    outer = body[0].value
+    if not (isinstance(outer, ast.Call) and ast.unparse(outer.func) in ("waits.blocking", "blocking",
+                                                                        "waits.blocking_iter", "blocking_iter")
+            and len(outer.args) == 1 and not outer.keywords and isinstance(outer.args[0], ast.Call)):
+        return False
+    inner = outer.args[0]
+    name = inner.func.attr if isinstance(inner.func, ast.Attribute) else getattr(inner.func, "id", None)
+    plain = (ast.Name, ast.Attribute, ast.Constant)
+    return name == twin and all(isinstance(a, plain) for a in [*inner.args, *(k.value for k in inner.keywords)])
+
+
+def _made_blocking(body) -> dict[str, str]:
+    """{name: the coroutine function it runs} of ``name = waits.blocking_version(function)`` in ``body``."""
+    made = {}
+    for node in body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) in ("waits.blocking_version", "blocking_version")):
+            made[node.targets[0].id] = ast.unparse(node.value.args[0])
+    return made
+
+
 def async_pairs(root: pathlib.Path) -> list[dict]:
+    """Every pair, each with ``one_version`` True when the thread's version only runs the coroutine's."""
     pairs = []
     for path in python_files(root):
         text = path.read_text()
-        for scope, functions in _scopes(ast.parse(text)):
+        tree = ast.parse(text)
+        for scope, functions in _scopes(tree):
             by_name = {f.name: f for f in functions}
             for name, function in by_name.items():
                 base = _without_async(name)
@@ -154,35 +215,50 @@ def async_pairs(root: pathlib.Path) -> list[dict]:
                     continue
                 twin = by_name.get(base) or by_name.get(base.lstrip("_")) or by_name.get("_" + base.lstrip("_"))
                 if twin is not None:
-                    pairs.append({"file": str(path.relative_to(root)), "scope": scope, "sync": twin.name,
+                    relative = str(path.relative_to(root))
+                    pairs.append({"file": relative, "scope": scope, "sync": twin.name,
                                   "async": name, "sync_source": ast.get_source_segment(text, twin) or "",
-                                  "async_source": ast.get_source_segment(text, function) or ""})
+                                  "async_source": ast.get_source_segment(text, function) or "",
+                                  "one_version": _runs_twin_blocking(twin, name),
+                                  "staying": STAYING.get((relative, scope, twin.name))})
+        for node in [tree, *ast.walk(tree)]:
+            if isinstance(node, (ast.Module, ast.ClassDef)):
+                scope = getattr(node, "name", "")
+                for made, operation in _made_blocking(node.body).items():
+                    pairs.append({"file": str(path.relative_to(root)), "scope": scope, "sync": made,
+                                  "async": operation, "sync_source": "", "async_source": "", "one_version": True,
+                                  "staying": None})
     return pairs
+
+
+def _pair_line(p: dict) -> str:
+    return f"{p['file']}:{p['scope'] or '<module>'}: {p['sync']} / {p['async']}"
 
 
 def interceptor_implementations(root: pathlib.Path, pairs: list[dict]) -> dict:
     out = {}
     for name, relative in INTERCEPTORS.items():
         marks = [re.compile(m) for m in RULE_MARKS[name]]
-        ruled = [f"{p['sync']}/{p['async']}" for p in pairs if p["file"] == relative
+        ruled = [f"{p['sync']}/{p['async']}" for p in pairs if p["file"] == relative and not p["one_version"]
                  and any(m.search(p["sync_source"]) or m.search(p["async_source"]) for m in marks)]
         out[name] = {"implementations": 2 if ruled else 1, "pairs_holding_the_rule": ruled}
     return {"total": sum(v["implementations"] for v in out.values()), "by_interceptor": out}
 
 
 def measures(root: pathlib.Path) -> dict:
-    pairs = async_pairs(root)
+    found = async_pairs(root)
+    pairs = [p for p in found if not p["one_version"]]
     return {**largest(root), "store_face": store_face(root), "core_import_cycles": core_cycles(root),
             "services_importing_services": service_imports(root),
-            "sync_async_pairs": {"count": len(pairs),
-                                 "pairs": [f"{p['file']}:{p['scope'] or '<module>'}: {p['sync']} / {p['async']}"
-                                           for p in pairs]},
+            "sync_async_pairs": {"count": len(pairs), "pairs": [_pair_line(p) for p in pairs],
+                                 "staying": {_pair_line(p): p["staying"] for p in pairs if p["staying"]},
+                                 "one_version_run_on_a_thread": [_pair_line(p) for p in found if p["one_version"]]},
             "interceptor_implementations": interceptor_implementations(root, pairs)}
 
 
 def report(m: dict) -> str:
     face, cycles, services = m["store_face"], m["core_import_cycles"], m["services_importing_services"]
-    interceptors = m["interceptor_implementations"]
+    interceptors, pairs = m["interceptor_implementations"], m["sync_async_pairs"]
     lines = [
         f"largest class:   {m['largest_class']['lines']} lines ({m['largest_class']['where']})",
         f"largest module:  {m['largest_module']['lines']} lines ({m['largest_module']['where']})",
@@ -190,8 +266,11 @@ def report(m: dict) -> str:
         f"core cycles:     {cycles['between_modules']} between modules, {cycles['between_parts']} between parts",
         f"services importing services: {services['count']}",
         *(f"  {line}" for line in services["imports"]),
-        f"sync/async pairs: {m['sync_async_pairs']['count']}",
-        *(f"  {line}" for line in m["sync_async_pairs"]["pairs"]),
+        f"sync/async pairs: {pairs['count']} ({len(pairs['staying'])} staying while two port kinds do)",
+        *(f"  {line}" + (f"\n      staying: {pairs['staying'][line]}" if line in pairs["staying"] else "")
+          for line in pairs["pairs"]),
+        f"one version, run on a thread by mqstore.waits.blocking: {len(pairs['one_version_run_on_a_thread'])}",
+        *(f"  {line}" for line in pairs["one_version_run_on_a_thread"]),
         f"interceptor implementations: {interceptors['total']}",
         *(f"  {name}: {v['implementations']}" + (f" (rule written in both: {', '.join(v['pairs_holding_the_rule'])})"
                                                  if v["pairs_holding_the_rule"] else "")

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import structlog
 
-from mqstore import codec, failpoints, fs, limits
+from mqstore import codec, failpoints, fs, limits, waits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
@@ -351,37 +351,36 @@ class MessageStore:
         return self.dispatcher.dispatched_offset
 
     # ------------------------------------------------------------------ append
-    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
-               replication: str | None = None) -> AppendResults:
+    async def append_async(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
+                           replication: str | None = None) -> AppendResults:
         """Append one batch, all or nothing. ``messages`` may also be the compiled codec's WireMessages
         (mqstore.codec; the encoder takes either). ``system_writer`` is the internal way into system topics:
         the owning writer names itself and its registered rules decide (mqstore.writers); the gRPC API never
         sets it, so clients cannot write system topics. The gateway names itself too (mqstore.relayed), to
         store its producers' born hosts in user topics. ``replication`` ("ASYNC", "SYNC", None: the node's
-        default) says whether the acknowledgement waits for the in-sync replicas (``gate``)."""
-        rec, sync_replication = self._writable(topic, messages, system_writer, replication)
-        return self._append_checked(rec, messages, sync_replication)
+        default) says whether the acknowledgement waits for the in-sync replicas (``gate``).
 
-    async def append_async(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
-                           replication: str | None = None) -> AppendResults:
-        """:meth:`append` on an event loop (the CommitLog's Append on its grpc.aio port): the batch is
-        written on the loop's thread, then its waits are awaited, not blocked on: the fsync that covers it
-        (SYNC flush: Flusher.flushed) and the in-sync replicas' acknowledgement (SYNC replication). The
-        same checks, errors and results as :meth:`append`; a cancelled await leaves the batch written, as a
-        caller that went away during a blocking append would."""
+        The one version of the append (mqstore.waits): on an event loop (the CommitLog's Append on its
+        grpc.aio port) the batch is written on the loop's thread, then its waits are awaited, not blocked
+        on: the fsync that covers it (SYNC flush: Flusher.flushed) and the in-sync replicas'
+        acknowledgement (SYNC replication); a cancelled await leaves the batch written, as a caller that
+        went away during a blocking append would. A caller on a thread calls :meth:`append`, which runs it
+        there (mqstore.waits.blocking): the same checks, errors and results, its waits blocking."""
         rec, sync_replication = self._writable(topic, messages, system_writer, replication)
-        written, uniq_keys = self._write(rec, messages)
-        if self.flusher.sync:
-            await self.flusher.flushed(written.end)
-        durability = self._dispatch_written(written.end)
-        replicas, epoch = await self.gate.finish_append_async(written.end, sync_replication)
-        return self._acknowledged(written, uniq_keys, durability, replicas, epoch, sync_replication)
+        return await self._append_checked(rec, messages, sync_replication)
+
+    def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
+               replication: str | None = None) -> AppendResults:
+        """:meth:`append_async` on this thread, its waits blocking here (mqstore.waits.blocking; written out
+        rather than made by waits.blocking_version: the hot path, ~0.5 us less a call)."""
+        return waits.blocking(self.append_async(topic, messages, system_writer=system_writer,
+                                                replication=replication))
 
     def append_own(self, topic: str, messages: Sequence[MessageIn], replication: str | None = None) -> AppendResults:
         """:meth:`append`'s path to the store's own topics (offsets, topic events), which no writer may name."""
         invariant(topic in STORE_WRITER.topics, f"{topic!r} is not one of the store's own topics")
         rec, sync_replication = self._writable(topic, messages, None, replication, own=True)
-        return self._append_checked(rec, messages, sync_replication)
+        return waits.blocking(self._append_checked(rec, messages, sync_replication))
 
     def _writable(self, topic: str, messages, system_writer: str | None, replication: str | None,
                   own: bool = False) -> tuple[TopicRecord, bool]:
@@ -396,15 +395,15 @@ class MessageStore:
             self.writers.check(rec, messages, system_writer)
         return rec, sync_replication
 
-    def _append_checked(self, rec: TopicRecord, messages, sync_replication: bool) -> AppendResults:
+    async def _append_checked(self, rec: TopicRecord, messages, sync_replication: bool) -> AppendResults:
         """The append of a batch whose writer may write ``rec`` (append's checks, or the store itself);
         ``sync_replication``: the acknowledgement waits for the in-sync replicas (``gate.begin_append``
         was called with it)."""
         written, uniq_keys = self._write(rec, messages)
         if self.flusher.sync:
-            self.flusher.wait_flushed(written.end)
+            await self.flusher.flushed(written.end)
         durability = self._dispatch_written(written.end)
-        replicas, epoch = self.gate.finish_append(written.end, sync_replication)
+        replicas, epoch = await self.gate.finish_append(written.end, sync_replication)
         return self._acknowledged(written, uniq_keys, durability, replicas, epoch, sync_replication)
 
     def _write(self, rec: TopicRecord, messages):

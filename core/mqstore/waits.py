@@ -19,6 +19,13 @@ A call answered on an event loop (the CommitLog's Append on its grpc.aio port) d
 awaits a :class:`LoopWaiter`, which the thread that would have woken a parked one (the flush, a replica's
 acknowledgement) wakes the same way (``release()`` / ``set()``). :func:`wake` wakes a list of both kinds,
 handing each loop's waiters over in one call.
+
+One version of each waiting operation (issue 33): an operation that may wait is written once, as a coroutine
+that parks a :func:`waiter` and awaits it. On an event loop the waiter is a :class:`LoopWaiter` and the await
+suspends; run on a thread by :func:`blocking` (or a method made by :func:`blocking_version`) the waiter is a
+:class:`ThreadWaiter`, whose await blocks the thread under ``waiting()`` and never suspends, so the coroutine
+runs to its end in one step, as the synchronous version did (``MessageStore.append`` is
+``append_async`` so run; so are the SYNC flush's and the in-sync replicas' waits).
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Callable, Iterable, Iterator, TypeVar
+import functools
+import time
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _local = threading.local()
 
@@ -123,6 +133,100 @@ class LoopWaiter:
             timer.cancel()
 
 
+class ThreadWaiter:
+    """:class:`LoopWaiter`'s face for a coroutine run on a thread by :func:`blocking`: :meth:`wait` blocks
+    the thread (under ``waiting()``: a capped handler pool runs others meanwhile) and returns without
+    suspending. Woken by :func:`wake` (``release()``) from any thread, once or more; after a wake every later
+    wait returns at once."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def release(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:  # woken before: once is enough
+            pass
+
+    async def wait(self, timeout_s: float) -> None:
+        with waiting():
+            if self._lock.acquire(timeout=timeout_s):
+                try:
+                    self._lock.release()  # woken: later waits return at once
+                except RuntimeError:  # a second wake released it meanwhile
+                    pass
+
+
+def waiter() -> ThreadWaiter | LoopWaiter:
+    """The waiter for the coroutine running now: a :class:`ThreadWaiter` under :func:`blocking`, else a
+    :class:`LoopWaiter` of the running loop."""
+    return ThreadWaiter() if getattr(_local, "blocking", False) else LoopWaiter()
+
+
+def blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The result of ``coroutine`` run to its end on this thread, its waits (:func:`waiter`) blocking here.
+    The coroutine may await only what :func:`waiter` gives and coroutines that do the same: anything else
+    would suspend it, which is a bug here (AssertionError, the coroutine closed)."""
+    before = getattr(_local, "blocking", False)
+    _local.blocking = True
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    finally:
+        _local.blocking = before
+    coroutine.close()
+    raise AssertionError("a coroutine run by waits.blocking suspended: it awaited something other than a waiter")
+
+
+def blocking_version(operation: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """``operation`` (a coroutine function, the one version of an operation) for a caller on a thread: each
+    call runs it by :func:`blocking`. Made, not written, so that it holds nothing of the operation's own."""
+    @functools.wraps(operation)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return blocking(operation(*args, **kwargs))
+    name = operation.__name__.replace("_async", "")
+    run.__qualname__ = operation.__qualname__.removesuffix(operation.__name__) + name
+    run.__name__ = name
+    run.__doc__ = f":meth:`{operation.__name__}` on this thread: its waits block here (mqstore.waits.blocking)."
+    return run
+
+
+async def sleep(seconds: float) -> None:
+    """``asyncio.sleep`` on an event loop; under :func:`blocking`, ``time.sleep`` on the thread (under
+    ``waiting()``: the handler pool runs others meanwhile)."""
+    if getattr(_local, "blocking", False):
+        with waiting():
+            time.sleep(seconds)
+    else:
+        await asyncio.sleep(seconds)
+
+
+async def off_loop(call: Callable[[], T]) -> T:
+    """``call()`` (a read that may touch the disk): on an event loop, on a thread of its default executor so
+    that the loop answers other calls meanwhile; under :func:`blocking`, here."""
+    if getattr(_local, "blocking", False):
+        return call()
+    return await asyncio.get_running_loop().run_in_executor(None, call)
+
+
+def blocking_iter(items: AsyncIterator[T]) -> Iterator[T]:
+    """The items of the async generator ``items``, each step run on the taking thread by :func:`blocking`
+    (a stream's one version served on a synchronous port); closing this iterator closes ``items``."""
+    try:
+        while True:
+            try:
+                item = blocking(items.__anext__())
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        blocking(items.aclose())
+
+
 def _expire(waiter: LoopWaiter, future: asyncio.Future) -> None:
     if not future.done():
         waiter.future = waiter.loop.create_future()  # the next wait waits afresh
@@ -130,9 +234,10 @@ def _expire(waiter: LoopWaiter, future: asyncio.Future) -> None:
 
 
 def wake(waiters: list, first: Callable[[], None] | None = None) -> None:
-    """Wake each of ``waiters``: a parked thread's lock (released) or event (set), or a :class:`LoopWaiter`,
-    handing the loop waiters over to their loop in one call per loop rather than one each. ``first``: run
-    on each such loop just before its waiters are woken (the flush's dispatch, when only loops wait)."""
+    """Wake each of ``waiters``: a parked thread's lock or :class:`ThreadWaiter` (released) or event (set), or a
+    :class:`LoopWaiter`, handing the loop waiters over to their loop in one call per loop rather than one each.
+    ``first``: run on each such loop just before its waiters are woken (the flush's dispatch, when only loops
+    wait)."""
     by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
     for waiter in waiters:
         if isinstance(waiter, LoopWaiter):

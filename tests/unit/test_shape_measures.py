@@ -34,6 +34,18 @@ def _tree(root: pathlib.Path) -> None:
             def append_async(self): ...
             def _hidden(self): ...
 
+            async def pull_async(self, q): ...
+            pull = waits.blocking_version(pull_async)
+
+            async def read_async(self, q): ...
+            def read(self, q):
+                'Only runs the coroutine: one version.'
+                return waits.blocking(self.read_async(q))
+
+            async def scan_async(self, q): ...
+            def scan(self, q):
+                return waits.blocking(self.scan_async(q + 1))  # something of its own: a pair
+
             @property
             def running(self): ...
         """)
@@ -67,13 +79,17 @@ def _tree(root: pathlib.Path) -> None:
 def test_each_measure_is_counted_on_a_tree_made_to_show_it(tmp_path):
     _tree(tmp_path)
     found = shape.measures(tmp_path)
-    assert found["largest_class"] == {"where": "core/mqstore/store.py:MessageStore", "lines": 7}  # gen/ left out
-    assert found["store_face"]["methods"] == ["append", "append_async"] and found["store_face"]["properties"] == 1
+    assert found["largest_class"] == {"where": "core/mqstore/store.py:MessageStore", "lines": 19}  # gen/ left out
+    assert found["store_face"]["methods"] == ["append", "append_async", "pull_async", "read_async", "read",
+                                              "scan_async", "scan", "pull"]  # a made method counts too
+    assert found["store_face"]["properties"] == 1
     assert found["core_import_cycles"]["between_modules"] == 1  # store -> a -> store (inside a function)
     assert found["services_importing_services"]["imports"] == [
         "services/one/one_service/main.py:1 imports two_service.main"]  # the launcher may
     assert [p.split(": ")[-1] for p in found["sync_async_pairs"]["pairs"]] == [
-        "append / append_async", "_abort / _abort_async", "_unary / _async_unary"]
+        "append / append_async", "scan / scan_async", "_abort / _abort_async", "_unary / _async_unary"]
+    assert [p.split(": ")[-1] for p in found["sync_async_pairs"]["one_version_run_on_a_thread"]] == [
+        "read / read_async", "pull / pull_async"]  # the rule written once, the thread's version holds nothing
     interceptors = found["interceptor_implementations"]
     assert interceptors["by_interceptor"]["errors"] == {"implementations": 2,
                                                         "pairs_holding_the_rule": ["_abort/_abort_async"]}
@@ -86,12 +102,17 @@ def test_the_command_prints_the_measures_of_another_root(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--root", str(tmp_path)], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert "MessageStore:    2 public methods, 1 properties" in done.stdout
+    assert "MessageStore:    8 public methods, 1 properties" in done.stdout
+    assert "sync/async pairs: 4 (1 staying while two port kinds do)" in done.stdout  # metrics.py's _unary
     assert "interceptor implementations: 4" in done.stdout
 
 
 def test_this_tree_keeps_one_implementation_of_each_interceptor_and_no_cycle():
     found = shape.measures(ROOT)
+    pairs = found["sync_async_pairs"]
+    assert pairs["count"] <= 14 and set(pairs["staying"]) == set(pairs["pairs"]), (
+        "a new sync/async pair: write the operation once (mqstore.waits.blocking), or give the reason it "
+        f"stays (STAYING, bench/README.md): {sorted(set(pairs['pairs']) - set(pairs['staying']))}")
     assert found["interceptor_implementations"]["total"] == 3, found["interceptor_implementations"]
     assert found["core_import_cycles"]["between_modules"] == 0
     assert found["services_importing_services"]["count"] == 0

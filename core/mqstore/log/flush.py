@@ -23,14 +23,14 @@ set, every waiter is woken with Unavailable, and ``problem()`` makes the store u
 
 Thread-safety: ``flushed_offset``, ``_wanted``, ``_parked`` and ``error`` are guarded by ``_lock``. The
 duty's thread waits on ``_wanted_more`` (notified when an append wants more flushed than asked so far).
-A SYNC append parks on a lock of its own, held in ``_parked`` (a heap by end offset); after an fsync
+A SYNC append parks a waiter of its own (:meth:`flushed`: a mqstore.waits.ThreadWaiter's lock on a
+thread, a LoopWaiter on an event loop), held in ``_parked`` (a heap by end offset); after an fsync
 the flush runs the dispatch (``on_flushed``), then releases exactly the appends that fsync covers. One
 condition for all waiters woke every waiting append after every fsync, and each one the fsync did not
 cover went back to sleep: with fsyncs of a few hundred microseconds (mqstore.log.warmer) that herd cost
 more than the fsyncs saved. Releasing before the dispatch made each woken append wait once more, on the
 dispatcher's lock. An append re-checks ``flushed_offset`` after every wake-up (and every 0.5 s), so only
-an fsync that covers it lets it return. An append on an event loop (:meth:`flushed`) awaits a
-mqstore.waits.LoopWaiter in the same heap instead of parking. ``flush_now`` runs on the duty's thread,
+an fsync that covers it lets it return. ``flush_now`` runs on the duty's thread,
 and on the starting or stopping thread while the duty is not running.
 """
 
@@ -72,7 +72,7 @@ class Flusher(Duty):
         self._wanted = 0
         self._gather = 1  # the flush delay ends once this many appends wait: what the last fsync acknowledged
         self._gathering = False  # the duty is in the delay: an append wakes it only once _gather appends wait
-        self._parked: list[tuple[int, int, threading.Lock | waits.LoopWaiter]] = []  # (offset, seq, waiter): a heap
+        self._parked: list[tuple[int, int, waits.ThreadWaiter | waits.LoopWaiter]] = []  # (offset, seq, waiter): a heap
         self._seq = itertools.count()
         self._last_thorough_s = clock.monotonic_s()
         metrics = metrics or Registry()
@@ -100,30 +100,23 @@ class Flusher(Duty):
         """End the duty without the final flush (crash tests: what kill -9 would leave)."""
         super().stop(timeout_s)
 
-    def wait_flushed(self, offset: int) -> None:
-        deadline = self.clock.monotonic_s() + self.config.sync_flush_timeout_ms / 1000
-        parked = threading.Lock()
-        parked.acquire()
-        if not self._park(offset, parked):
-            return
-        while self.flushed_offset < offset:  # an int published under _lock, never lowered
-            left = self._left_s(offset, deadline)
-            with waits.waiting():  # a SYNC append's fsync: the handler pool runs others meanwhile (group commit)
-                parked.acquire(timeout=min(left, 0.5))
-
     async def flushed(self, offset: int) -> None:
-        """:meth:`wait_flushed` on an event loop: the append awaits a waiter (mqstore.waits.LoopWaiter) that
-        the fsync covering ``offset`` wakes, with the rest of that fsync's loop waiters in one hand-off."""
+        """Until an fsync covers ``offset`` (SYNC): the append parks a waiter (mqstore.waits.waiter) that the
+        fsync wakes, with the rest of its waiters (a loop's in one hand-off). On an event loop it is awaited;
+        on a thread, :meth:`wait_flushed` blocks there (the handler pool runs others meanwhile: group commit).
+        FlushTimeout after sync_flush_timeout_ms; Unavailable once the duty died."""
         if self.flushed_offset >= offset:
             return
         deadline = self.clock.monotonic_s() + self.config.sync_flush_timeout_ms / 1000
-        waiter = waits.LoopWaiter()
+        waiter = waits.waiter()
         if not self._park(offset, waiter):
             return
-        while self.flushed_offset < offset:
+        while self.flushed_offset < offset:  # an int published under _lock, never lowered
             await waiter.wait(min(self._left_s(offset, deadline), 0.5))
 
-    def _park(self, offset: int, waiter: threading.Lock | waits.LoopWaiter) -> bool:
+    wait_flushed = waits.blocking_version(flushed)
+
+    def _park(self, offset: int, waiter: waits.ThreadWaiter | waits.LoopWaiter) -> bool:
         """Park ``waiter`` until an fsync covers ``offset``, asking the duty for it; False when one has."""
         with self._lock:
             if self.flushed_offset >= offset:

@@ -88,7 +88,7 @@ class InSyncSet:
         self._members: set[str] = {self.node_id}       # what SYNC appends wait for
         self._published: frozenset[str] = frozenset({self.node_id})
         self._closed = ""
-        self._waiters: list[tuple[int, int, threading.Event | waits.LoopWaiter]] = []  # heap of (end, seq, waiter)
+        self._waiters: list[tuple[int, int, waits.ThreadWaiter | waits.LoopWaiter]] = []  # heap of (end, seq, waiter)
         self._seq = itertools.count()
 
     # ---- membership ---------------------------------------------------------------------------------
@@ -208,23 +208,15 @@ class InSyncSet:
                 f"once a replica has caught up and been published (mqstore replication status), or append with "
                 f"replication ASYNC")
 
-    def wait(self, end: int) -> int:
-        """Block until every in-sync replica holds [.., end); the number of copies holding it then.
-        ReplicationTimeout after sync_replication_timeout_ms, or when the set shrinks below the minimum."""
+    async def wait(self, end: int) -> int:
+        """Until every in-sync replica holds [.., end); the number of copies holding it then. Awaits a
+        waiter (mqstore.waits.waiter) that the acknowledgement wakes: on an event loop it suspends, run on a
+        thread (mqstore.waits.blocking) it blocks there; many appends wait here at once, and the handler
+        pool runs others meanwhile. ReplicationTimeout after sync_replication_timeout_ms, or when the set
+        shrinks below the minimum."""
         deadline = self.clock.monotonic_s() + self.config.sync_replication_timeout_ms / 1000
         while True:
-            event = threading.Event()
-            copies, left = self._ready_or_park(end, deadline, event)
-            if copies is not None:
-                return copies
-            with waits.waiting():  # many appends wait here at once: let the handler pool run others meanwhile
-                event.wait(min(left, 0.5))
-
-    async def wait_async(self, end: int) -> int:
-        """:meth:`wait` on an event loop: awaits a mqstore.waits.LoopWaiter that the acknowledgement wakes."""
-        deadline = self.clock.monotonic_s() + self.config.sync_replication_timeout_ms / 1000
-        while True:
-            waiter = waits.LoopWaiter()
+            waiter = waits.waiter()
             copies, left = self._ready_or_park(end, deadline, waiter)
             if copies is not None:
                 return copies

@@ -23,8 +23,6 @@ touch the thread-safe store and in-sync set.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import AsyncIterator, Callable, Iterator
 
 import structlog
@@ -82,43 +80,28 @@ class ReplicaSession:
         return Welcome(lead.leader_id, lead.epoch, point, self.node.history)
 
     def data(self, is_active: Callable[[], bool]) -> Iterator[LogData]:
-        """Log bytes from the agreed offset, in order; a heartbeat (no bytes) when idle."""
+        return waits.blocking_iter(self.data_async(is_active))
+
+    async def data_async(self, is_active: Callable[[], bool] = lambda: True) -> AsyncIterator[LogData]:
+        """Log bytes from the agreed offset, in order; a heartbeat (no bytes) when idle, while ``is_active()``
+        and this node leads. The one version (mqstore.waits): on an event loop (the stream's end cancels
+        it) the log's growth is awaited there, so no thread is handed each message, and a replica more than
+        CATCH_UP_BYTES behind the log's end reads from a thread: those bytes may have left the page cache,
+        and a read from the disk must not hold the loop (every other call of the port waits on it). On a
+        synchronous port's handler thread :meth:`data` runs each step there (waits.blocking_iter)."""
         growth, heartbeat_s = self.node.growth, self.node.config.replication_heartbeat_ms / 1000
         self._connected()
         try:
             while is_active() and self._leading():
                 seen = growth.version()
-                chunk, nxt = self._chunk()
-                if nxt == self.position:
-                    growth.wait(seen, heartbeat_s)
-                    if linger_s := self._linger_s():
-                        with waits.waiting():  # as growth.wait: the handler pool runs others meanwhile
-                            time.sleep(linger_s)
-                    chunk, nxt = self._chunk()
-                    self._gathered = growth.version() - seen
-                yield self._sent(chunk, nxt)
-        finally:
-            self._disconnected()
-
-    async def data_async(self) -> AsyncIterator[LogData]:
-        """:meth:`data` on an event loop (the stream's end cancels it): the log's growth is awaited there,
-        so no thread is handed each message. A replica more than CATCH_UP_BYTES behind the log's end reads
-        from a thread: those bytes may have left the page cache, and a read from the disk must not hold
-        the loop (every other call of the port waits on it)."""
-        growth, heartbeat_s = self.node.growth, self.node.config.replication_heartbeat_ms / 1000
-        loop = asyncio.get_running_loop()
-        self._connected()
-        try:
-            while self._leading():
-                seen = growth.version()
                 if self.store.log_end() - self.position > CATCH_UP_BYTES:
-                    yield self._sent(*await loop.run_in_executor(None, self._chunk))
+                    yield self._sent(*await waits.off_loop(self._chunk))
                     continue
                 chunk, nxt = self._chunk()
                 if nxt == self.position:
-                    await growth.wait_async(seen, heartbeat_s)
+                    await growth.wait(seen, heartbeat_s)
                     if linger_s := self._linger_s():
-                        await asyncio.sleep(linger_s)
+                        await waits.sleep(linger_s)
                     chunk, nxt = self._chunk()
                     self._gathered = growth.version() - seen
                 yield self._sent(chunk, nxt)

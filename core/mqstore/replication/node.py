@@ -44,43 +44,39 @@ class Leadership:
 
 
 class LogGrowth:
-    """Wakes replication streams when the leader's log grows: a stream's handler thread (:meth:`wait`) or a
-    stream answered on an event loop (:meth:`wait_async`). Thread-safe."""
+    """Wakes replication streams when the leader's log grows: a stream answered on an event loop, or one
+    whose handler thread runs :meth:`wait` by mqstore.waits.blocking. Thread-safe."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._version = 0
-        self._loop_waiters: list[waits.LoopWaiter] = []
+        self._waiters: list[waits.ThreadWaiter | waits.LoopWaiter] = []
 
     def grew(self) -> None:
-        with self._cond:
+        with self._lock:
             self._version += 1
-            self._cond.notify_all()
-            woken, self._loop_waiters = self._loop_waiters, []
+            woken, self._waiters = self._waiters, []
         if woken:
             waits.wake(woken)
 
     def version(self) -> int:
         return self._version
 
-    def wait(self, seen: int, timeout_s: float) -> None:
-        with waits.waiting(), self._cond:  # a replica's stream between chunks: its handler thread does not count
-            if self._version == seen:
-                self._cond.wait(timeout_s)
-
-    async def wait_async(self, seen: int, timeout_s: float) -> None:
-        """:meth:`wait` on an event loop: until the log grows past version ``seen``, or ``timeout_s``."""
-        waiter = waits.LoopWaiter()
-        with self._cond:
+    async def wait(self, seen: int, timeout_s: float) -> None:
+        """Until the log grows past version ``seen``, or ``timeout_s``: a waiter (mqstore.waits.waiter) is
+        awaited; on a thread it blocks there (a replica's stream between chunks: its handler thread does not
+        count)."""
+        waiter = waits.waiter()
+        with self._lock:
             if self._version != seen:
                 return
-            self._loop_waiters.append(waiter)
+            self._waiters.append(waiter)
         try:
             await waiter.wait(timeout_s)
         finally:
-            with self._cond:
-                if waiter in self._loop_waiters:  # timed out or cancelled: not woken
-                    self._loop_waiters.remove(waiter)
+            with self._lock:
+                if waiter in self._waiters:  # timed out or cancelled: not woken
+                    self._waiters.remove(waiter)
 
 
 class ReplicationNode:
@@ -198,21 +194,14 @@ class ReplicationNode:
         replica makes its leader's committed offset visible itself, store.replica_view.visible_to)."""
         return self.in_sync.committed() if self.is_leader else 0
 
-    def finish_append(self, end: int, sync: bool) -> tuple[int, int]:
-        """(copies holding [.., end), epoch) once the append may be acknowledged."""
+    async def finish_append(self, end: int, sync: bool) -> tuple[int, int]:
+        """(copies holding [.., end), epoch) once the append may be acknowledged: the in-sync replicas'
+        acknowledgement is awaited (on a thread, mqstore.waits.blocking blocks for it)."""
         self.growth.grew()
         epoch = self._leadership.epoch
         if not sync:
             return self.in_sync.copies(end), epoch
-        return self._still_leading(end, epoch, self.in_sync.wait(end))
-
-    async def finish_append_async(self, end: int, sync: bool) -> tuple[int, int]:
-        """:meth:`finish_append` on an event loop: the in-sync replicas' acknowledgement is awaited."""
-        self.growth.grew()
-        epoch = self._leadership.epoch
-        if not sync:
-            return self.in_sync.copies(end), epoch
-        return self._still_leading(end, epoch, await self.in_sync.wait_async(end))
+        return self._still_leading(end, epoch, await self.in_sync.wait(end))
 
     def _still_leading(self, end: int, epoch: int, copies: int) -> tuple[int, int]:
         if self.fenced or self._leadership.epoch != epoch:
@@ -233,10 +222,7 @@ class SingleNode:
     def begin_append(self, sync: bool) -> None:
         return None
 
-    def finish_append(self, end: int, sync: bool) -> tuple[int, int]:
-        return 1, 0
-
-    async def finish_append_async(self, end: int, sync: bool) -> tuple[int, int]:
+    async def finish_append(self, end: int, sync: bool) -> tuple[int, int]:
         return 1, 0
 
     def committed_offset(self) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from mqstore import codec
+from mqstore import codec, waits
 from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
 from mqstore.model import AppendResults, Copies, MessageIn
@@ -44,23 +44,21 @@ class Scheduler:
         self.wake = wake
         self.noted = noted
 
-    def append(self, topic: str, messages, replication: str | None = None,
-               writer: str | None = None) -> AppendResults:
+    async def append_async(self, topic: str, messages, replication: str | None = None,
+                           writer: str | None = None) -> AppendResults:
         """A delayed batch to the timer topic, any other to ``topic`` (``writer``: the store's system_writer
-        for it: the gateway's relayed sends, mqstore.relayed)."""
+        for it: the gateway's relayed sends, mqstore.relayed). The one version (the store's append_async):
+        awaited on an event loop, run on a thread by :meth:`append` (mqstore.waits.blocking)."""
         target, batch, writer, dues = self._route(topic, messages, writer)
-        results = self.store.append(target, batch, system_writer=writer, replication=replication)
-        if dues is not None:
-            self._appended(results, dues)
-        return results
-
-    async def append_async(self, topic: str, messages, replication: str | None = None) -> AppendResults:
-        """:meth:`append` on an event loop (the store's append_async)."""
-        target, batch, writer, dues = self._route(topic, messages, None)
         results = await self.store.append_async(target, batch, system_writer=writer, replication=replication)
         if dues is not None:
             self._appended(results, dues)
         return results
+
+    def append(self, topic: str, messages, replication: str | None = None,
+               writer: str | None = None) -> AppendResults:
+        """:meth:`append_async` on this thread (mqstore.waits.blocking), written out: the hot path."""
+        return waits.blocking(self.append_async(topic, messages, replication, writer))
 
     def _appended(self, results: AppendResults, dues: list[int]) -> None:
         if self.noted is not None:

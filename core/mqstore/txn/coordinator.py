@@ -33,7 +33,7 @@ from typing import Any, Callable, Generator, Protocol, Sequence, TypeVar
 
 import structlog
 
-from mqstore import failpoints, javahash
+from mqstore import failpoints, javahash, waits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock
 from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutcomeUnknown,
@@ -225,7 +225,7 @@ class Coordinator:
         follows the leader's log and must not decide on its own)."""
         self.config, self.table, self.log_reader, self.appender = config, table, log_reader, appender
         self.check_writable = check_writable
-        self._on_thread = _ThreadIo(appender)
+        self.thread_io: LoopIo = _ThreadIo(appender)  # the steps' io on a thread: every call waits there
         self.ops, self.cache, self.clock, self.in_doubt = ops, cache, clock, in_doubt
         self._topics: dict[str, tuple[TopicRecord, float]] = {}
         self._round_robin: dict[str, itertools.count] = {}
@@ -235,20 +235,16 @@ class Coordinator:
 
     def _run(self, steps: Steps[T]) -> T:
         """The steps on this thread (the module's *steps*): the loop's driver, whose awaits never suspend."""
-        run = _run_on_loop(self._on_thread, steps)
-        try:
-            run.send(None)
-        except StopIteration as done:
-            return done.value
-        raise AssertionError("a thread's steps never suspend")
+        return waits.blocking(_run_on_loop(self.thread_io, steps))
 
     # ---- Prepare --------------------------------------------------------------------------------------
     def prepare(self, topic: str, messages: Sequence[MessageIn], group: str, txn_id: str = "") -> Prepared:
-        return self._run(self._prepare(topic, messages, group, txn_id))
+        return waits.blocking(self.prepare_async(self.thread_io, topic, messages, group, txn_id))
 
     async def prepare_async(self, io: "LoopIo", topic: str, messages: Sequence[MessageIn], group: str,
                             txn_id: str = "") -> Prepared:
-        """:meth:`prepare` on an event loop, its appends and reads through ``io`` (:class:`LoopIo`)."""
+        """The Prepare, its appends and reads through ``io`` (:class:`LoopIo`): awaited on an event loop;
+        :meth:`prepare` runs it on a thread (mqstore.waits.blocking, ``thread_io``)."""
         return await _run_on_loop(io, self._prepare(topic, messages, group, txn_id))
 
     def _prepare(self, topic: str, messages: Sequence[MessageIn], group: str, txn_id: str) -> Steps[Prepared]:

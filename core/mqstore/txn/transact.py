@@ -42,6 +42,7 @@ from typing import Callable, Iterator
 
 import structlog
 
+from mqstore import waits
 from mqstore.background import Workers
 from mqstore.errors import MqStoreError, ResourceExhausted, invariant
 
@@ -105,14 +106,21 @@ class TransactStreams:
             self.one_way_ends += 1
         try:
             guard()
-            self.enders.submit(lambda: self._apply(txn_id, decision), timeout_s=self.queue_wait_s)
+            self.enders.submit(lambda: waits.blocking(self._apply(self.coordinator.thread_io, txn_id, decision)),
+                               timeout_s=self.queue_wait_s)
         except MqStoreError as exc:
             self._failed(txn_id, decision, exc)
 
     def end_one_way(self, txn_id: str, decision: str, guard: Callable[[], None] = lambda: None) -> None:
-        """Commit or roll back ``txn_id`` for a producer that does not wait for the outcome, on this thread.
-        ``guard`` runs first and may refuse (the caller's permission): a refusal fails the end like any
-        other error."""
+        return waits.blocking(self.end_one_way_async(self.coordinator.thread_io, txn_id, decision, guard))
+
+    async def end_one_way_async(self, io: LoopIo, txn_id: str, decision: str,
+                                guard: Callable[[], None] = lambda: None) -> None:
+        """Commit or roll back ``txn_id`` for a producer that does not wait for the outcome, the coordinator's
+        appends through ``io`` (mqstore.txn.coordinator.LoopIo): awaited on an event loop (Cluster mode's
+        grpc.aio port); :meth:`end_one_way` runs it on this thread (mqstore.waits.blocking, the coordinator's
+        ``thread_io``). ``guard`` runs first and may refuse (the caller's permission): a refusal fails the
+        end like any other error."""
         invariant(decision in (COMMIT, ROLLBACK), f"a one-way end is COMMIT or ROLLBACK, not {decision}")
         with self._lock:
             self.one_way_ends += 1
@@ -121,27 +129,11 @@ class TransactStreams:
         except MqStoreError as exc:
             self._failed(txn_id, decision, exc)
             return
-        self._apply(txn_id, decision)
+        await self._apply(io, txn_id, decision)
 
-    async def end_one_way_async(self, io: LoopIo, txn_id: str, decision: str,
-                                guard: Callable[[], None] = lambda: None) -> None:
-        """:meth:`end_one_way` on an event loop (Cluster mode's grpc.aio port), the coordinator's appends
-        through ``io`` (mqstore.txn.coordinator.LoopIo)."""
-        invariant(decision in (COMMIT, ROLLBACK), f"a one-way end is COMMIT or ROLLBACK, not {decision}")
-        with self._lock:
-            self.one_way_ends += 1
+    async def _apply(self, io: LoopIo, txn_id: str, decision: str) -> None:
         try:
-            guard()
             await self.coordinator.end_async(io, decision, txn_id, by=BY_ONE_WAY)
-        except MqStoreError as exc:  # as _apply's
-            self._failed(txn_id, decision, exc)
-
-    def _apply(self, txn_id: str, decision: str) -> None:
-        try:
-            if decision == COMMIT:
-                self.coordinator.commit(txn_id, by=BY_ONE_WAY, wait_durable=False)
-            else:
-                self.coordinator.rollback(txn_id, by=BY_ONE_WAY, wait_durable=False)
         except MqStoreError as exc:  # nobody to tell: the transaction is as it was, check-back decides it
             self._failed(txn_id, decision, exc)
 

@@ -319,12 +319,7 @@ class CommitLogClient:
                 if error is None:
                     continue
                 raise error from None
-            if len(response.results) != len(batches):
-                raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
-                                         f"{len(batches)} batches: the batches may or may not have been written")
-            return [[convert.append_result_out(r) for r in outcome.appended.results]
-                    if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
-                    for outcome in response.results]
+            return _batch_outcomes(response, len(batches), address)
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _sync_stream(self, address: str, metadata) -> SyncBatchStream:
@@ -376,12 +371,7 @@ class CommitLogClient:
                         hint="the commit log predates CommitLogInternal.AppendBatches: one Append per batch until "
                              "this client restarts; upgrade the commit log")
             return await self._append_batches_one_by_one(batches, writer, token)
-        if len(response.results) != len(batches):
-            raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
-                                     f"{len(batches)} batches: the batches may or may not have been written")
-        return [[convert.append_result_out(r) for r in outcome.appended.results]
-                if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
-                for outcome in response.results]
+        return _batch_outcomes(response, len(batches), address)
 
     async def _on_batch_stream(self, request, token: str):
         """(response, address) of ``request`` on this loop's AppendBatchesStream to the node in use, opened
@@ -762,3 +752,14 @@ def _unreachable(exc: grpc.RpcError) -> bool:
         return False
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     return not any(key == "mqstore-error" for key, _ in trailing or ())
+
+
+def _batch_outcomes(response, batches: int, address: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
+    """An AppendBatches answer's outcomes, in order: each batch's results or the error it would have raised
+    alone (both transports: :meth:`CommitLogClient.internal_append_batches` and its ``_async``)."""
+    if len(response.results) != batches:
+        raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
+                                 f"{batches} batches: the batches may or may not have been written")
+    return [[convert.append_result_out(r) for r in outcome.appended.results]
+            if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
+            for outcome in response.results]

@@ -140,17 +140,11 @@ class _MethodFigures:
         if not handler.request_streaming:
             self.receive = self._received_one
         else:
-            self.receive = self._received_each_async if on_loop else self._received_each
+            self.receive = functools.partial(_async_counting if on_loop else _counting, counter=self.received)
 
     def _received_one(self, request: Any) -> Any:
         self.received.inc()
         return request
-
-    def _received_each(self, requests: Iterator[Any]) -> Iterator[Any]:
-        return _counting(requests, self.received)
-
-    def _received_each_async(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        return _async_counting(requests, self.received)
 
     def handled(self, code: grpc.StatusCode):
         child = self._by_code.get(code)

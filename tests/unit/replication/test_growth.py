@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from mqstore import waits
 from mqstore.replication.node import LogGrowth
+from tests.support.waiting import wait_until
 
 LONG_S = 30.0  # a wait that must end by a wake long before this
 
@@ -16,12 +18,12 @@ def test_a_loop_waiter_is_woken_by_growth_from_another_thread():
 
     async def main():
         seen = growth.version()
-        waiting = asyncio.ensure_future(growth.wait_async(seen, LONG_S))
+        waiting = asyncio.ensure_future(growth.wait(seen, LONG_S))
         await asyncio.sleep(0)  # parked now
         threading.Thread(target=growth.grew).start()
         await asyncio.wait_for(waiting, LONG_S / 2)
         assert growth.version() == seen + 1
-        assert not growth._loop_waiters  # the wake took it
+        assert not growth._waiters  # the wake took it
 
     asyncio.run(main())
 
@@ -32,15 +34,15 @@ def test_a_loop_waiter_returns_at_once_after_growth_and_leaves_nothing_behind_on
     async def main():
         seen = growth.version()
         growth.grew()
-        await asyncio.wait_for(growth.wait_async(seen, LONG_S), 1.0)  # grown since it looked: no wait
-        await growth.wait_async(growth.version(), 0.01)  # nothing grows: the timeout ends it
-        assert not growth._loop_waiters
-        cancelled = asyncio.ensure_future(growth.wait_async(growth.version(), LONG_S))
+        await asyncio.wait_for(growth.wait(seen, LONG_S), 1.0)  # grown since it looked: no wait
+        await growth.wait(growth.version(), 0.01)  # nothing grows: the timeout ends it
+        assert not growth._waiters
+        cancelled = asyncio.ensure_future(growth.wait(growth.version(), LONG_S))
         await asyncio.sleep(0)
-        assert len(growth._loop_waiters) == 1
+        assert len(growth._waiters) == 1
         cancelled.cancel()
         await asyncio.gather(cancelled, return_exceptions=True)
-        assert not growth._loop_waiters  # a stream that ended while it waited
+        assert not growth._waiters  # a stream that ended while it waited
         growth.grew()  # waking no one is harmless
 
     asyncio.run(main())
@@ -87,3 +89,24 @@ def test_a_replica_far_behind_is_read_on_a_thread_and_one_near_the_end_on_the_lo
     assert far and near
     assert all(name != loop_thread for name in far)
     assert all(name == loop_thread for name in near)
+
+
+def test_a_thread_waiter_is_woken_by_growth_and_its_wait_is_the_loops_one_run_by_waits_blocking():
+    """LogGrowth.wait is one version (issue 33): a replica's stream on a thread runs it by waits.blocking,
+    parked until another thread's growth wakes it, and leaves nothing behind on a timeout."""
+    growth = LogGrowth()
+    seen = growth.version()
+    done = threading.Event()
+
+    def stream():
+        waits.blocking(growth.wait(seen, LONG_S))
+        done.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    wait_until(lambda: growth._waiters, timeout_s=LONG_S, what="the stream's thread parked")
+    growth.grew()
+    assert done.wait(LONG_S / 2)
+    thread.join(LONG_S)
+    waits.blocking(growth.wait(growth.version(), 0.01))  # nothing grows: the timeout ends it
+    assert not growth._waiters

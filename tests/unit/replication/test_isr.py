@@ -44,11 +44,11 @@ def make(min_insync=2, timeout_ms=1000, lag_ms=3000, published=None, flush_sync=
 
 @pytest.fixture(params=["thread", "loop"])
 def wait(request):
-    """A SYNC append's wait: a parked thread (InSyncSet.wait) or a coroutine on an event loop (wait_async,
-    the CommitLog's Append on its grpc.aio port); the same outcomes either way."""
+    """A SYNC append's wait (InSyncSet.wait, its one version): run on a parked thread (mqstore.waits.blocking)
+    or awaited on an event loop (the CommitLog's Append on its grpc.aio port); the same outcomes either way."""
     if request.param == "thread":
-        return lambda isr, end: isr.wait(end)
-    return lambda isr, end: asyncio.run(isr.wait_async(end))
+        return lambda isr, end: waits.blocking(isr.wait(end))
+    return lambda isr, end: asyncio.run(isr.wait(end))
 
 
 def test_replica_joins_when_caught_up_and_is_published_after_the_join_mark():

@@ -34,6 +34,13 @@ class Coordinator:
         if self.fail:
             raise self.fail
 
+    thread_io = "thread io"  # the real one's: every call waits on the thread
+
+    async def end_async(self, io, decision, txn_id, by="producer"):
+        """The one version of a one-way end (the real Coordinator.end_async: wait_durable False)."""
+        assert io == self.thread_io, "a one-way end on a thread runs with the coordinator's thread io"
+        return (self.commit if decision == "COMMIT" else self.rollback)(txn_id, by, False)
+
 
 def test_streams_beyond_the_limit_are_refused_and_every_end_gives_its_slot_back():
     streams = TransactStreams(Coordinator(), max_streams=2)
