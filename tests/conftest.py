@@ -15,6 +15,10 @@ import pathlib
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from typing import Iterator
 
+import hypothesis  # noqa: F401  (imported here, before any test starts a thread: hypothesis's pytest plugin
+#   imports it at the terminal summary otherwise, and CPython 3.11's parser is not thread-safe (gh-106905): a
+#   compile() there while a test's leftover thread imports fails the run with 'AST constructor recursion depth
+#   mismatch' after every test passed)
 import pytest
 import structlog
 
