@@ -391,12 +391,14 @@ class CommitLogClient:
                 error = errors.Unavailable(f"{address} did not answer AppendBatches within {self.rpc_timeout_s:g} s: "
                                            f"the batches may or may not have been written")
                 stream.end(error)
+                _abandon(answer)
                 raise error from None
             except _LeaderMoved as moved:
                 error = errors.Unavailable(f"{address} did not answer AppendBatches within {self.leader_probe_s:g} s "
                                            f"and {moved.leader} leads now: the batches may or may not have been "
                                            f"written; the next calls go to {moved.leader}")
                 stream.end(error)
+                _abandon(answer)
                 self._use(moved.leader, fresh=True)
                 raise error from None
             except grpc.RpcError as exc:
@@ -731,6 +733,15 @@ class _BatchStream:
             answer = self._pending.popleft()
             if not answer.done():
                 answer.set_exception(error)
+
+
+def _abandon(answer: asyncio.Future) -> None:
+    """The caller gives ``answer`` up (it raises its own error instead): the error ``end`` set on it is taken
+    here, so the loop does not log "Future exception was never retrieved" when the future is collected."""
+    if answer.done() and not answer.cancelled():
+        answer.exception()
+    else:
+        answer.cancel()
 
 
 class _LeaderMoved(Exception):
