@@ -9,13 +9,6 @@ is about to hold (durably, first), write the bytes at the same physical offsets 
 them to its own consume queues; under SYNC flush after its fsync), and acknowledge its written and
 flushed offsets on the same stream. Heartbeats are acknowledged too (the leader measures lag by them).
 
-Acks coalesced (issue 34): a data message ending below the leader's end it carries (``leader_end_offset``,
-the log's end when the leader sent it) has a successor on its way, which the leader's stream sends without
-waiting; its ack is left to that successor's, which covers both (the leader reads one ack, not two). A data
-message reaching the leader's end, a heartbeat, or the ACK_EVERY-th data message since the last ack is
-acknowledged at once: a lone SYNC append's ack is never delayed, and a replica catching up still reports
-its progress. An ack left out only ever comes late by the apply of the message already on its way.
-
   what happens                              what the follower does
   ----------------------------------------- ---------------------------------------------------------
   no leader known                           wait (a backoff) for the controller to name one
@@ -55,7 +48,6 @@ from mqstore.replication.node import LEADER, ReplicationNode
 log = structlog.get_logger()
 SHOW_EVERY_S = 0.005    # under a stream of data messages, the consume queues follow at most this often...
 SHOW_BYTES = 4 << 20    # ...unless this much committed log waits for them
-ACK_EVERY = 4           # data messages: a replica acknowledges at least this often (the module docstring)
 
 
 class ReplicationStream(Protocol):
@@ -95,8 +87,6 @@ class ReplicaFollower(Duty):
         self._stream: ReplicationStream | None = None
         self._shown_s = float("-inf")  # when the consume queues last followed the committed offset
         self._shown_to = 0             # the committed offset they were given then
-        self._unacked = 0              # data messages applied since the last ack on this stream
-        self.acks_left_out = 0         # acks coalesced into a later one, over all streams (bench figures)
 
     def leader_changed(self) -> None:
         with self._stream_lock:
@@ -142,7 +132,6 @@ class ReplicaFollower(Duty):
             if self.node.is_leader:
                 return
             self._handshake(stream.welcome)
-        self._unacked = 0
         self.node.heard_from_leader()
         received = False
         for data in stream:
@@ -179,18 +168,8 @@ class ReplicaFollower(Duty):
         if data.next_offset > data.offset:
             self.node.record_epochs(stream.welcome.history, data.next_offset)
             store_ops.apply(self.store, data.offset, data.data, data.next_offset)
-        if self._ack_now(data):
-            stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
+        stream.ack(Ack(self.store.log_end(), self.store.flushed_offset()))
         self._show(data)
-
-    def _ack_now(self, data: LogData) -> bool:
-        """Whether ``data`` is acknowledged now or by its successor's ack (the module docstring)."""
-        self._unacked += 1
-        if data.offset < data.next_offset < data.leader_end_offset and self._unacked < ACK_EVERY:
-            self.acks_left_out += 1
-            return False
-        self._unacked = 0
-        return True
 
     def _show(self, data: LogData) -> None:
         """The consume queues up to the leader's committed offset: for a heartbeat at once, else batched (the
