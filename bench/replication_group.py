@@ -5,9 +5,10 @@ flush), the same load (100 x 1 KiB per Append, PRODUCERS producers, 16 by defaul
 seconds (8), each after a 2 s warm-up. Prints per window the rate, each node's CPU (cores and us a message,
 from /proc; ``*`` marks the leader) and, once the nodes are stopped, each replication stream's
 ``replication.replica_disconnected`` line (``data_messages``, ``lingered``: how much the stream's linger
-gathered) and ``replication.data_messages_shared`` (data messages built, and reused by a second replica's
-stream). The environment reaches the nodes: ``MQSTORE_REPLICATION_LINGER_US=0`` turns the linger off,
-``MQSTORE_PROFILE_DIR=<dir>`` writes their threads' cProfiles (bench/README.md, *Profiling a server*).
+gathered, ``acks``: the replica's acknowledgements the leader read) and ``replication.data_messages_shared``
+(data messages built, and reused by a second replica's stream). The environment reaches the nodes:
+``MQSTORE_REPLICATION_LINGER_US=0`` turns the linger off, ``MQSTORE_PROFILE_DIR=<dir>``
+writes their threads' cProfiles (bench/README.md, *Profiling a server*).
 
     ROUNDS=2 .venv/bin/python bench/replication_group.py
 """

@@ -41,8 +41,9 @@ PROBE_EVERY = 16  # a stream whose lingers gather nothing tries one again after 
 class ReplicaSession:
     _gathered = 0    # appends (log growths) in the last data message sent after a wait
     _unlingered = 0  # data messages since the last linger
-    sent = 0         # data messages sent and lingers, logged at the stream's end
+    sent = 0         # data messages sent, lingers and acks read, logged at the stream's end
     lingered = 0
+    acks = 0
     def __init__(self, store, node: ReplicationNode, hello: Hello):
         if not hello.replica_id:
             raise InvalidArgument("hello.replica_id: name the replica (its setting node_id)")
@@ -140,10 +141,11 @@ class ReplicaSession:
     def _disconnected(self) -> None:
         self.node.in_sync.disconnected(self.hello.replica_id)
         log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position,
-                 data_messages=self.sent, lingered=self.lingered)
+                 data_messages=self.sent, lingered=self.lingered, acks=self.acks)
 
     def ack(self, ack: Ack) -> None:
         """Into the in-sync set, while this stream's leadership lasts: an acknowledgement read after it ended
         (this node may lead again by then, from a log cut back since) is of bytes of that leadership."""
+        self.acks += 1
         if self._leading():
             self.node.in_sync.on_ack(self.hello.replica_id, ack.written_offset, ack.flushed_offset)
