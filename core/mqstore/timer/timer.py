@@ -50,11 +50,11 @@ import structlog
 from mqstore import codec, disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
-from mqstore.format.record import FIXED_OVERHEAD, IPV4, QUEUE_OFFSET_AT, SYSFLAG_BORN_HOST_V6
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
+from mqstore.timer import runs
 from mqstore.timer.files import TimerFiles
 
 log = structlog.get_logger("mqstore.timer")
@@ -66,9 +66,8 @@ ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
 _SIZE = struct.Struct(">i")
-# From QUEUEOFFSET: it, PHYSICALOFFSET, SYSFLAG, then STORETIMESTAMP where an IPv4 born host puts it (record.IPV4)
-_NOTED = struct.Struct(">qqi16xq")
-invariant(QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at, "the noted record check's layout")
+# The noted records' header check (mqstore.timer.runs.noted_run is the compiled one's reference)
+_noted_run = codec.compiled.timer_noted_run if codec.compiled is not None else runs.noted_run
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
@@ -267,22 +266,22 @@ class Timer:
             found = []
             seg_start = seg_end = 0  # the segment of the record before (a batch's records share one): found once
             buf = None
-            for queue_offset, (physical, size, _) in enumerate(cq.entries(offset, count), offset):
+            entries = cq.entries(offset, count)
+            index, total = 0, len(entries)
+            while index < total:
+                physical, size, _ = entries[index]
                 if not seg_start <= physical < seg_end:
                     seg = segments.find(physical)
                     buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
-                position = physical - seg_start
-                noted = notes.get(queue_offset)
-                if noted is not None and noted[0] == physical and size >= FIXED_OVERHEAD:
-                    # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG and, with an IPv4 born host, STORETIMESTAMP in one unpack
-                    named_offset, named_physical, sys_flag, stamp = _NOTED.unpack_from(buf, position + QUEUE_OFFSET_AT)
-                    if sys_flag & SYSFLAG_BORN_HOST_V6:
-                        stamp = record_reader.store_timestamp(buf, position)
-                    if named_offset == queue_offset and named_physical == physical and stamp == noted[2]:
-                        found.append((queue_offset, physical, None, noted[1]))
+                if notes:  # the run of noted records from here whose headers match their notes (runs.noted_run)
+                    reached = _noted_run(buf, seg_start, seg_end, entries, index, offset, notes, found)
+                    if reached > index:
+                        index = reached
                         continue
+                position = physical - seg_start
                 record_reader.check(buf, position, position + size, verify_crc=False, physical_offset=physical)
-                found.append((queue_offset, physical, record_reader.RecordView(buf, position).properties, -1))
+                found.append((offset + index, physical, record_reader.RecordView(buf, position).properties, -1))
+                index += 1
             return found
         except Exception:  # noqa: BLE001 (the Pull below reads the same records with the store's checks)
             pulled = self.store.pull(tm.TIMER_TOPIC, 0, offset, count, 8 << 20).messages

@@ -1,0 +1,136 @@
+"""The timer enqueue's compiled loops against their pure-Python reference (mqstore.timer.runs).
+
+``timer_noted_run`` and ``noted_run`` over random runs of consume queue entries and record headers in a segment
+buffer: noted records whose header matches, and every way one does not (no note, a note naming another physical
+offset or store time, a header naming another queue or physical offset, an IPv6 born host's store time, a size
+below the smallest record, an entry outside the segment, a header past the buffer's end): the same index reached
+and the same records taken; the first entry not taken is the one the reference stops at (the caller reads it
+from the log, the existing fallback). ``timer_units`` and ``encode_units`` over random unit batches: the same
+bytes, enqueued-to offset and slot updates, and the reference's bytes are mqstore.format.timer_unit's units.
+The compiled module is imported directly, so this runs under MQSTORE_PURE_PYTHON=1 too.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from mqstore.format import timer_unit
+from mqstore.timer import runs
+
+pytestmark = pytest.mark.codec
+
+try:
+    from mqstore.codec import _records
+except ImportError as exc:  # pragma: no cover
+    pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler", pytrace=False)
+
+_Q = struct.Struct(">q")
+_I = struct.Struct(">i")
+
+
+def _run_case(rng: random.Random):
+    seg_start = rng.choice([0, 1 << 20, 7 << 30])
+    buf = bytearray(rng.randint(200, 4000))
+    seg_end = seg_start + len(buf) + rng.choice([0, 0, 500])
+    first_offset = rng.randint(0, 1 << 40)
+    entries, notes, position = [], {}, 0
+    count = rng.randint(0, 25)
+    for index in range(count):
+        size = rng.choice([91, 100, 140, 90])
+        physical = seg_start + position
+        if rng.random() < 0.05:
+            physical = rng.choice([seg_start - 200, seg_end, seg_end + 100])
+        queue_offset = first_offset + index
+        stamp, v6 = rng.randint(0, 1 << 45), rng.random() < 0.3
+        if position + 76 <= len(buf):
+            named_q = queue_offset if rng.random() > 0.05 else queue_offset + 1
+            named_p = physical if rng.random() > 0.05 else physical ^ 8
+            buf[position + 20:position + 28] = _Q.pack(named_q)
+            buf[position + 28:position + 36] = _Q.pack(named_p)
+            buf[position + 36:position + 40] = _I.pack((0x10 if v6 else 0) | rng.choice([0, 0x20, 0x4]))
+            buf[position + (68 if v6 else 56):position + (76 if v6 else 64)] = _Q.pack(stamp)
+            if rng.random() < 0.05:  # the other layout's place holds the stamp: a mismatch
+                buf[position + (56 if v6 else 68):position + (64 if v6 else 76)] = _Q.pack(stamp)
+                buf[position + (68 if v6 else 56):position + (76 if v6 else 64)] = _Q.pack(stamp + 1)
+        if rng.random() > 0.05:
+            noted_physical = physical if rng.random() > 0.03 else physical + 1
+            noted_stamp = stamp if rng.random() > 0.03 else stamp - 1
+            notes[queue_offset] = (noted_physical, rng.randint(0, 1 << 45), noted_stamp)
+        entries.append((physical, size, rng.randint(-5, 5)))
+        position += rng.choice([size, 60, 120])
+    return bytes(buf), seg_start, seg_end, entries, first_offset, notes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_noted_run_matches_the_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(50):
+        buf, seg_start, seg_end, entries, first_offset, notes = _run_case(rng)
+        index = rng.randint(0, len(entries))
+        while True:  # as the enqueue: a run, then the entry it stopped at read otherwise, then the next run
+            want, got = [], []
+            reached = runs.noted_run(buf, seg_start, seg_end, entries, index, first_offset, notes, want)
+            assert _records.timer_noted_run(buf, seg_start, seg_end, entries, index, first_offset, notes,
+                                            got) == reached
+            assert got == want
+            assert all(q == first_offset + index + i and p == entries[index + i][0] and d == notes[q][1]
+                       for i, (q, p, _, d) in enumerate(want))
+            if reached >= len(entries):
+                break
+            index = reached + 1
+
+
+def test_noted_run_takes_a_matching_header_and_stops_at_each_mismatch():
+    buf = bytearray(400)
+    for i, (physical, stamp, v6) in enumerate([(0, 111, False), (100, 222, True), (200, 333, False)]):
+        buf[physical + 20:physical + 36] = _Q.pack(10 + i) + _Q.pack(physical)
+        buf[physical + 36:physical + 40] = _I.pack(0x10 if v6 else 0)
+        buf[physical + (68 if v6 else 56):physical + (76 if v6 else 64)] = _Q.pack(stamp)
+    entries = [(0, 100, 0), (100, 100, 0), (200, 100, 0)]
+    notes = {10: (0, 5, 111), 11: (100, 6, 222), 12: (200, 7, 333)}
+    for fn in (runs.noted_run, _records.timer_noted_run):
+        found = []
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, notes, found) == 3
+        assert found == [(10, 0, None, 5), (11, 100, None, 6), (12, 200, None, 7)]
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 11: (100, 6, 223)}, []) == 1  # store time
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 12: (201, 7, 333)}, []) == 2  # physical
+        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, notes, []) == 2  # a header past the buffer's end
+        assert fn(bytes(buf), 0, 200, entries, 0, 10, notes, []) == 2  # outside the segment
+        assert fn(bytes(buf), 0, 400, entries, 0, 11, notes, []) == 0  # the header names another queue offset
+
+
+def _units_case(rng: random.Random):
+    slot_choices = [rng.randint(0, 1 << 42) * 1000 for _ in range(rng.randint(1, 6))]
+    units = [(rng.choice(slot_choices), rng.randint(-1, 1 << 45), rng.randint(0, 1 << 40), rng.randint(0, 1 << 50),
+              rng.choice([1, 2, 4])) for _ in range(rng.randint(1, 40))]
+    slots = {s: ([rng.randint(0, 1 << 30), rng.randint(0, 1 << 30), rng.randint(1, 99)] if rng.random() < 0.5
+                 else [-1, -1, 0]) for s in slot_choices}
+    return units, rng.randint(0, 1 << 30) * 48, slots, rng.randint(0, 1 << 40)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_units_match_the_reference_and_the_unit_format(seed):
+    rng = random.Random(seed)
+    for _ in range(30):
+        units, position, slots, enqueued_to = _units_case(rng)
+        before = {s: list(v) for s, v in slots.items()}
+        want_slots, got_slots = {s: list(v) for s, v in slots.items()}, {s: list(v) for s, v in slots.items()}
+        want = runs.encode_units(units, position, want_slots, enqueued_to)
+        got = _records.timer_units(units, position, got_slots, enqueued_to)
+        assert got == want and type(got[0]) is bytes
+        assert got_slots == want_slots
+        # The reference against the unit format: each unit chained to its slot's last before it
+        last = {s: v[1] for s, v in before.items()}
+        expected, at = b"", position
+        for slot_ms, deliver_ms, timer_offset, physical, kind in units:
+            expected += timer_unit.encode_fields(deliver_ms, slot_ms, timer_offset, physical, last[slot_ms], kind)
+            last[slot_ms], at = at, at + timer_unit.UNIT_SIZE
+        assert want[0] == expected
+        for slot_ms, (first, last_at, count) in want_slots.items():
+            added = [i for i, u in enumerate(units) if u[0] == slot_ms]
+            assert count == before[slot_ms][2] + len(added) and last_at == last[slot_ms]
+            if added:
+                assert first == (before[slot_ms][0] if before[slot_ms][2] else position + 48 * added[0])
