@@ -1,12 +1,14 @@
 """The timer enqueue's compiled loops against their pure-Python reference (mqstore.timer.runs).
 
-``timer_noted_run`` and ``noted_run`` over random runs of consume queue entries and record headers in a segment
-buffer: noted records whose header matches, and every way one does not (no note, a note naming another physical
-offset or store time, a header naming another queue or physical offset, an IPv6 born host's store time, a size
-below the smallest record, an entry outside the segment, a header past the buffer's end): the same index reached
-and the same records taken; the first entry not taken is the one the reference stops at (the caller reads it
-from the log, the existing fallback). ``timer_units`` and ``encode_units`` over random unit batches: the same
-bytes, enqueued-to offset and slot updates, and the reference's bytes are mqstore.format.timer_unit's units.
+``timer_noted_units`` and ``noted_units`` over random runs of consume queue entries and record headers in a
+segment buffer: noted records whose header matches, and every way one does not (no note, a note naming another
+physical offset or store time, a header naming another queue or physical offset, an IPv6 born host's store time,
+a size below the smallest record, an entry outside the segment, a header past the buffer's end), with random due
+times (negative, past the read slot, past the horizon: rolls) and records rolled already: the same index reached,
+the same units and deliver count; the first entry not taken is the one the reference stops at (the caller reads
+it from the log, the existing fallback). ``timer_take_notes`` and ``take_notes``: the same notes taken and left.
+``timer_units`` and ``encode_units`` over random unit batches: the same bytes, enqueued-to offset and slot
+updates, and the reference's bytes are mqstore.format.timer_unit's units.
 The compiled module is imported directly, so this runs under MQSTORE_PURE_PYTHON=1 too.
 """
 
@@ -64,42 +66,78 @@ def _run_case(rng: random.Random):
     return bytes(buf), seg_start, seg_end, entries, first_offset, notes
 
 
+def _unit_args(rng: random.Random, first_offset: int, count: int):
+    precision = rng.choice([1, 7, 1000])
+    read_ms = rng.randint(0, 1 << 45) // precision * precision
+    horizon = read_ms + rng.choice([1, precision, 3600_000])
+    rolled = {first_offset + i for i in range(count) if rng.random() < 0.1}
+    return read_ms, horizon, precision, rolled
+
+
+def _both(buf, seg_start, seg_end, entries, index, first_offset, notes, unit_args):
+    want, got = [], []
+    reached = runs.noted_units(buf, seg_start, seg_end, entries, index, first_offset, notes, *unit_args, want)
+    assert _records.timer_noted_units(buf, seg_start, seg_end, entries, index, first_offset, notes, *unit_args,
+                                      got) == reached
+    assert got == want
+    return reached, want
+
+
 @pytest.mark.parametrize("seed", range(40))
-def test_noted_run_matches_the_reference(seed):
+def test_noted_units_match_the_reference(seed):
     rng = random.Random(seed)
     for _ in range(50):
         buf, seg_start, seg_end, entries, first_offset, notes = _run_case(rng)
+        for q, (physical, _, stamp) in list(notes.items()):
+            notes[q] = (physical, rng.choice([-5_000, 0, rng.randint(0, 1 << 46)]), stamp)
+        unit_args = _unit_args(rng, first_offset, len(entries))
         index = rng.randint(0, len(entries))
         while True:  # as the enqueue: a run, then the entry it stopped at read otherwise, then the next run
-            want, got = [], []
-            reached = runs.noted_run(buf, seg_start, seg_end, entries, index, first_offset, notes, want)
-            assert _records.timer_noted_run(buf, seg_start, seg_end, entries, index, first_offset, notes,
-                                            got) == reached
-            assert got == want
-            assert all(q == first_offset + index + i and p == entries[index + i][0] and d == notes[q][1]
-                       for i, (q, p, _, d) in enumerate(want))
+            (reached, scheduled), units = _both(buf, seg_start, seg_end, entries, index, first_offset, notes,
+                                                unit_args)
+            assert scheduled == sum(unit[4] == timer_unit.KIND_DELIVER for unit in units)
+            taken = [first_offset + i for i in range(index, reached) if first_offset + i not in unit_args[3]]
+            assert [unit[2] for unit in units] == taken
             if reached >= len(entries):
                 break
             index = reached + 1
 
 
-def test_noted_run_takes_a_matching_header_and_stops_at_each_mismatch():
+def test_noted_units_take_a_matching_header_and_stop_at_each_mismatch():
     buf = bytearray(400)
     for i, (physical, stamp, v6) in enumerate([(0, 111, False), (100, 222, True), (200, 333, False)]):
         buf[physical + 20:physical + 36] = _Q.pack(10 + i) + _Q.pack(physical)
         buf[physical + 36:physical + 40] = _I.pack(0x10 if v6 else 0)
         buf[physical + (68 if v6 else 56):physical + (76 if v6 else 64)] = _Q.pack(stamp)
     entries = [(0, 100, 0), (100, 100, 0), (200, 100, 0)]
-    notes = {10: (0, 5, 111), 11: (100, 6, 222), 12: (200, 7, 333)}
-    for fn in (runs.noted_run, _records.timer_noted_run):
-        found = []
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, notes, found) == 3
-        assert found == [(10, 0, None, 5), (11, 100, None, 6), (12, 200, None, 7)]
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 11: (100, 6, 223)}, []) == 1  # store time
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 12: (201, 7, 333)}, []) == 2  # physical
-        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, notes, []) == 2  # a header past the buffer's end
-        assert fn(bytes(buf), 0, 200, entries, 0, 10, notes, []) == 2  # outside the segment
-        assert fn(bytes(buf), 0, 400, entries, 0, 11, notes, []) == 0  # the header names another queue offset
+    notes = {10: (0, 5_500, 111), 11: (100, 1_200, 222), 12: (200, 9_000, 333)}
+    args = (2_000, 9_000, 1_000, set())  # read slot 2 s, horizon 9 s, precision 1 s
+    for fn in (runs.noted_units, _records.timer_noted_units):
+        units = []
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, notes, *args, units) == (3, 2)
+        deliver, roll = timer_unit.KIND_DELIVER, timer_unit.KIND_ROLL
+        assert units == [(5_000, 5_500, 10, 0, deliver), (2_000, 1_200, 11, 100, deliver),
+                         (9_000, 9_000, 12, 200, roll)]
+        units = []
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, notes, 2_000, 9_000, 1_000, {11}, units) == (3, 1)
+        assert [unit[2] for unit in units] == [10, 12]  # rolled already: taken without a unit
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 11: (100, 6, 223)}, *args, [])[0] == 1  # store time
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 12: (201, 7, 333)}, *args, [])[0] == 2  # physical
+        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, notes, *args, [])[0] == 2  # past the buffer's end
+        assert fn(bytes(buf), 0, 200, entries, 0, 10, notes, *args, [])[0] == 2  # outside the segment
+        assert fn(bytes(buf), 0, 400, entries, 0, 11, notes, *args, [])[0] == 0  # another queue offset named
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_take_notes_matches_the_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(50):
+        notes = {rng.randint(0, 60): (rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 9))
+                 for _ in range(rng.randint(0, 30))}
+        offset, count = rng.randint(-5, 50), rng.randint(0, 40)
+        want_left, got_left = dict(notes), dict(notes)
+        assert _records.timer_take_notes(got_left, offset, count) == runs.take_notes(want_left, offset, count)
+        assert got_left == want_left
 
 
 def _units_case(rng: random.Random):

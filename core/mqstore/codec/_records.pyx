@@ -815,6 +815,8 @@ cdef enum:
     STAMP_V6_AT = 68
     BORN_HOST_V6 = 0x10
     UNIT_SIZE = 48
+    KIND_DELIVER = 1
+    KIND_ROLL = 2
     KIND_CANCEL = 4
 
 
@@ -824,21 +826,25 @@ cdef inline int64_t _be64(const uint8_t* p) noexcept nogil:
                      (<uint64_t>p[6] << 8) | <uint64_t>p[7])
 
 
-def timer_noted_run(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, list entries, Py_ssize_t index,
-                    int64_t first_offset, dict notes, list found):
-    """mqstore.timer.runs.noted_run: the noted records' headers checked in one pass."""
-    cdef Py_ssize_t n = len(entries), buf_size = buf.shape[0]
-    cdef int64_t physical, size, position, queue_offset, stamp
+def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, list entries, Py_ssize_t index,
+                      int64_t first_offset, dict notes, int64_t read_ms, int64_t horizon, int64_t precision,
+                      set rolled, list units):
+    """mqstore.timer.runs.noted_units: the noted records' headers checked and their units made in one pass."""
+    cdef Py_ssize_t n = len(entries), buf_size = buf.shape[0], scheduled = 0
+    cdef int64_t physical, size, position, queue_offset, stamp, due, slot, rest
     cdef const uint8_t* p
     cdef tuple entry, noted
-    cdef object got
+    cdef object got, q
+    if precision <= 0:
+        raise ValueError("precision must be positive")
     while index < n:
         entry = <tuple>entries[index]
         physical, size = entry[0], entry[1]
         if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
             break
         queue_offset = first_offset + index
-        got = notes.get(queue_offset)
+        q = queue_offset
+        got = notes.get(q)
         position = physical - seg_start
         if got is None:
             break
@@ -850,9 +856,37 @@ def timer_noted_run(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, 
         if (_be64(p + QUEUE_OFFSET_AT) != queue_offset or _be64(p + PHYSICAL_OFFSET_AT) != physical
                 or stamp != <int64_t>noted[2]):
             break
-        found.append((queue_offset, physical, None, noted[1]))
         index += 1
-    return index
+        if q in rolled:
+            continue
+        due = noted[1]
+        rest = due % precision  # C's remainder: Python's is never negative for a positive precision
+        if rest < 0:
+            rest += precision
+        slot = due - rest
+        if slot < read_ms:
+            slot = read_ms
+        if slot >= horizon:
+            units.append((horizon, noted[1], q, entry[0], KIND_ROLL))
+        else:
+            units.append((slot, noted[1], q, entry[0], KIND_DELIVER))
+            scheduled += 1
+    return index, scheduled
+
+
+def timer_take_notes(dict notes, int64_t offset, Py_ssize_t count):
+    """mqstore.timer.runs.take_notes."""
+    cdef dict taken = {}
+    cdef Py_ssize_t i
+    cdef object q, got
+    if not notes:
+        return taken
+    for i in range(count):
+        q = offset + i
+        got = notes.pop(q, None)
+        if got is not None:
+            taken[q] = got
+    return taken
 
 
 def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to):

@@ -1,13 +1,15 @@
-"""The enqueue's two per-unit loops, pure Python: the reference of the compiled codec's ``timer_noted_run`` and
-``timer_units`` (mqstore.codec's ``_records``), which must give the same results byte for byte
-(tests/property/test_codec_timer_runs.py). mqstore.timer.timer calls the compiled ones when built.
+"""The enqueue's per-record loops, pure Python: the reference of the compiled codec's ``timer_noted_units``,
+``timer_take_notes`` and ``timer_units`` (mqstore.codec's ``_records``), which must give the same results byte
+for byte (tests/property/test_codec_timer_runs.py). mqstore.timer.timer and files call the compiled ones when
+built.
 
-* :func:`noted_run`: from ``entries[index]`` (consume queue entries of the timer topic's queue 0, the first at
+* :func:`noted_units`: from ``entries[index]`` (consume queue entries of the timer topic's queue 0, the first at
   queue offset ``first_offset``), the run of records that are in the segment buffer ``buf`` (log offsets
   ``seg_start``..``seg_end``) and noted (``notes``: queue offset -> (physical offset, due, store time), what
-  Timer.note keeps) with a header naming that queue offset, that physical offset and the noted store time:
-  each appended to ``found`` as (queue offset, physical offset, None, due); returns the index of the first
-  entry not taken (the caller reads that one from the log, as before).
+  Timer.note keeps) with a header naming that queue offset, that physical offset and the noted store time,
+  each made its timer unit; it stops at the first entry that is not such a record (the caller reads that one
+  from the log, as before).
+* :func:`take_notes`: a batch's notes taken out of Timer's notes.
 * :func:`encode_units`: a batch's timer units (mqstore.format.timer_unit) in one bytes object, each chained to
   its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count], every slot of the
   units present, [-1, -1, 0] for an empty one) is updated as the units are added.
@@ -19,7 +21,7 @@ import struct
 import zlib
 
 from mqstore.format.record import FIXED_OVERHEAD, IPV4, LAYOUTS, QUEUE_OFFSET_AT, SYSFLAG_BORN_HOST_V6
-from mqstore.format.timer_unit import KIND_CANCEL, UNIT_SIZE
+from mqstore.format.timer_unit import KIND_CANCEL, KIND_DELIVER, KIND_ROLL, UNIT_SIZE
 
 # From QUEUEOFFSET: it, PHYSICALOFFSET, SYSFLAG, then STORETIMESTAMP where an IPv4 born host puts it
 _NOTED = struct.Struct(">qqi16xq")
@@ -31,9 +33,14 @@ assert QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at == LAYOUTS[2
 assert _V6_STAMP_AT == LAYOUTS[3].store_timestamp_at
 
 
-def noted_run(buf, seg_start: int, seg_end: int, entries: list, index: int, first_offset: int, notes: dict,
-              found: list) -> int:
-    size_of_buf = len(buf)
+def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, first_offset: int, notes: dict,
+                read_ms: int, horizon: int, precision: int, rolled: set, units: list) -> tuple[int, int]:
+    """The run of noted records from ``entries[index]`` (the module's docstring) as units, each appended to
+    ``units`` as Timer._add does it: (slot ms, due, queue offset, physical offset, kind), in the slot of its due
+    time (the read slot when that passed), or a roll unit parked at ``horizon`` from there on; a record re-appended
+    already (its queue offset in ``rolled``) is taken without a unit. Returns the index of the first entry not
+    taken and the number of deliver units added."""
+    size_of_buf, scheduled = len(buf), 0
     while index < len(entries):
         physical, size, _ = entries[index]
         if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
@@ -48,9 +55,24 @@ def noted_run(buf, seg_start: int, seg_end: int, entries: list, index: int, firs
             stamp = _INT64.unpack_from(buf, position + _V6_STAMP_AT)[0]
         if named_offset != queue_offset or named_physical != physical or stamp != noted[2]:
             break
-        found.append((queue_offset, physical, None, noted[1]))
         index += 1
-    return index
+        if queue_offset in rolled:
+            continue
+        due = noted[1]
+        slot = due - due % precision
+        if slot < read_ms:
+            slot = read_ms
+        if slot >= horizon:
+            units.append((horizon, due, queue_offset, physical, KIND_ROLL))
+        else:
+            units.append((slot, due, queue_offset, physical, KIND_DELIVER))
+            scheduled += 1
+    return index, scheduled
+
+
+def take_notes(notes: dict, offset: int, count: int) -> dict:
+    """The notes of queue offsets ``offset``..``offset + count`` removed from ``notes``."""
+    return {q: notes.pop(q) for q in range(offset, offset + count) if q in notes}
 
 
 def encode_units(units: list, position: int, slots: dict, enqueued_to: int) -> tuple[bytes, int]:
