@@ -5,10 +5,11 @@ segment buffer: noted records whose header matches, and every way one does not (
 physical offset or store time, a header naming another queue or physical offset, an IPv6 born host's store time,
 a size below the smallest record, an entry outside the segment, a header past the buffer's end), with random due
 times (negative, past the read slot, past the horizon: rolls) and records rolled already: the same index reached,
-the same units and deliver count; the first entry not taken is the one the reference stops at (the caller reads
-it from the log, the existing fallback). ``timer_take_notes`` and ``take_notes``: the same notes taken and left.
+the same units, deliver count and notes left; the first entry not taken is the one the reference stops at (the
+caller reads it from the log, the existing fallback).
 ``timer_units`` and ``encode_units`` over random unit batches: the same bytes, enqueued-to offset and slot
-updates, and the reference's bytes are mqstore.format.timer_unit's units.
+updates (the slots not given read through the callback once each), and the reference's bytes are
+mqstore.format.timer_unit's units.
 The compiled module is imported directly, so this runs under MQSTORE_PURE_PYTHON=1 too.
 """
 
@@ -75,11 +76,12 @@ def _unit_args(rng: random.Random, first_offset: int, count: int):
 
 
 def _both(buf, seg_start, seg_end, entries, index, first_offset, notes, unit_args):
-    want, got = [], []
+    want, got, got_notes = [], [], dict(notes)
     reached = runs.noted_units(buf, seg_start, seg_end, entries, index, first_offset, notes, *unit_args, want)
-    assert _records.timer_noted_units(buf, seg_start, seg_end, entries, index, first_offset, notes, *unit_args,
+    assert _records.timer_noted_units(buf, seg_start, seg_end, entries, index, first_offset, got_notes, *unit_args,
                                       got) == reached
-    assert got == want
+    assert got == want and got_notes == notes
+    assert all(first_offset + i not in notes for i in range(index, reached[0]))
     return reached, want
 
 
@@ -113,31 +115,22 @@ def test_noted_units_take_a_matching_header_and_stop_at_each_mismatch():
     notes = {10: (0, 5_500, 111), 11: (100, 1_200, 222), 12: (200, 9_000, 333)}
     args = (2_000, 9_000, 1_000, set())  # read slot 2 s, horizon 9 s, precision 1 s
     for fn in (runs.noted_units, _records.timer_noted_units):
-        units = []
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, notes, *args, units) == (3, 2)
+        units, left = [], dict(notes)
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, units) == (3, 2)
+        assert left == {}
         deliver, roll = timer_unit.KIND_DELIVER, timer_unit.KIND_ROLL
         assert units == [(5_000, 5_500, 10, 0, deliver), (2_000, 1_200, 11, 100, deliver),
                          (9_000, 9_000, 12, 200, roll)]
         units = []
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, notes, 2_000, 9_000, 1_000, {11}, units) == (3, 1)
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, dict(notes), 2_000, 9_000, 1_000, {11}, units) == (3, 1)
         assert [unit[2] for unit in units] == [10, 12]  # rolled already: taken without a unit
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 11: (100, 6, 223)}, *args, [])[0] == 1  # store time
+        left = {**notes, 11: (100, 6, 223)}  # another store time
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, [])[0] == 1
+        assert list(left) == [11, 12]  # the notes not taken stay
         assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 12: (201, 7, 333)}, *args, [])[0] == 2  # physical
-        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, notes, *args, [])[0] == 2  # past the buffer's end
-        assert fn(bytes(buf), 0, 200, entries, 0, 10, notes, *args, [])[0] == 2  # outside the segment
-        assert fn(bytes(buf), 0, 400, entries, 0, 11, notes, *args, [])[0] == 0  # another queue offset named
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_take_notes_matches_the_reference(seed):
-    rng = random.Random(seed)
-    for _ in range(50):
-        notes = {rng.randint(0, 60): (rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 9))
-                 for _ in range(rng.randint(0, 30))}
-        offset, count = rng.randint(-5, 50), rng.randint(0, 40)
-        want_left, got_left = dict(notes), dict(notes)
-        assert _records.timer_take_notes(got_left, offset, count) == runs.take_notes(want_left, offset, count)
-        assert got_left == want_left
+        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, dict(notes), *args, [])[0] == 2  # past the buffer's end
+        assert fn(bytes(buf), 0, 200, entries, 0, 10, dict(notes), *args, [])[0] == 2  # outside the segment
+        assert fn(bytes(buf), 0, 400, entries, 0, 11, dict(notes), *args, [])[0] == 0  # another queue offset named
 
 
 def _units_case(rng: random.Random):
@@ -149,17 +142,31 @@ def _units_case(rng: random.Random):
     return units, rng.randint(0, 1 << 30) * 48, slots, rng.randint(0, 1 << 40)
 
 
+class _Reader:
+    """TimerFiles._slot_fields's stand-in: the slots' fields, and which slots were asked for."""
+
+    def __init__(self, slots: dict):
+        self.slots, self.asked = slots, []
+
+    def __call__(self, slot_ms: int) -> list:
+        self.asked.append(slot_ms)
+        return list(self.slots[slot_ms])
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_units_match_the_reference_and_the_unit_format(seed):
     rng = random.Random(seed)
     for _ in range(30):
         units, position, slots, enqueued_to = _units_case(rng)
         before = {s: list(v) for s, v in slots.items()}
-        want_slots, got_slots = {s: list(v) for s, v in slots.items()}, {s: list(v) for s, v in slots.items()}
-        want = runs.encode_units(units, position, want_slots, enqueued_to)
-        got = _records.timer_units(units, position, got_slots, enqueued_to)
+        given = {s: list(v) for s, v in slots.items() if rng.random() < 0.5}  # the others read through ``read``
+        want_read, got_read = _Reader(slots), _Reader(slots)
+        want_slots, got_slots = {s: list(v) for s, v in given.items()}, {s: list(v) for s, v in given.items()}
+        want = runs.encode_units(units, position, want_slots, enqueued_to, want_read)
+        got = _records.timer_units(units, position, got_slots, enqueued_to, got_read)
         assert got == want and type(got[0]) is bytes
-        assert got_slots == want_slots
+        assert got_slots == want_slots and got_read.asked == want_read.asked
+        assert sorted(want_read.asked) == sorted({u[0] for u in units} - set(given))
         # The reference against the unit format: each unit chained to its slot's last before it
         last = {s: v[1] for s, v in before.items()}
         expected, at = b"", position

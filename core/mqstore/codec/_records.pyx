@@ -856,6 +856,7 @@ def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end
         if (_be64(p + QUEUE_OFFSET_AT) != queue_offset or _be64(p + PHYSICAL_OFFSET_AT) != physical
                 or stamp != <int64_t>noted[2]):
             break
+        del notes[q]
         index += 1
         if q in rolled:
             continue
@@ -874,33 +875,23 @@ def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end
     return index, scheduled
 
 
-def timer_take_notes(dict notes, int64_t offset, Py_ssize_t count):
-    """mqstore.timer.runs.take_notes."""
-    cdef dict taken = {}
-    cdef Py_ssize_t i
-    cdef object q, got
-    if not notes:
-        return taken
-    for i in range(count):
-        q = offset + i
-        got = notes.pop(q, None)
-        if got is not None:
-            taken[q] = got
-    return taken
-
-
-def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to):
+def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to, read):
     """mqstore.timer.runs.encode_units: the units' bytes in one buffer, CRCs included."""
     cdef Py_ssize_t n = len(units), i
     cdef bytes out = PyBytes_FromStringAndSize(NULL, n * UNIT_SIZE)
     cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
     cdef tuple unit
     cdef list slot
+    cdef object got
     cdef int64_t slot_ms, timer_offset, kind
     for i in range(n):
         unit = <tuple>units[i]
         slot_ms, timer_offset, kind = unit[0], unit[2], unit[4]
-        slot = <list>slots[unit[0]]
+        got = slots.get(unit[0])
+        if got is None:
+            got = read(unit[0])
+            slots[unit[0]] = got
+        slot = <list>got
         if <int64_t>slot[2] == 0:
             slot[0] = position
         put_be64(o, <uint64_t><int64_t>unit[1])

@@ -188,12 +188,8 @@ class TimerFiles:
         if not units:
             return
         slots: dict[int, list[int]] = {}  # slot ms -> [first position, last position, count]
-        for slot_ms in {unit[0] for unit in units}:
-            read = self.read_slot(slot_ms)
-            slots[slot_ms] = ([read.first_position, read.last_position, read.count] if read is not None
-                              else [NO_POSITION, NO_POSITION, 0])
         start = self.log_end
-        encoded, self.enqueued_to = _encode_units(units, start, slots, self.enqueued_to)
+        encoded, self.enqueued_to = _encode_units(units, start, slots, self.enqueued_to, self._slot_fields)
         position = start + len(encoded)
         view = memoryview(encoded)
         while view:
@@ -202,6 +198,11 @@ class TimerFiles:
         self.log_end = position
         for slot_ms, (first, last, count) in slots.items():
             self._write_slot(Slot(slot_ms, first, last, count))
+
+    def _slot_fields(self, slot_ms: int) -> list[int]:
+        """[first position, last position, count] of the slot (add_many's), [-1, -1, 0] when it is empty."""
+        read = self.read_slot(slot_ms)
+        return [read.first_position, read.last_position, read.count] if read is not None else [NO_POSITION] * 2 + [0]
 
     def add_cancel(self, origin: int, due_ms: int, marker_offset: int) -> None:
         """A cancel unit (in no slot): the message of ``origin`` due at ``due_ms``, cancelled by the marker at

@@ -1,5 +1,5 @@
 """The enqueue's per-record loops, pure Python: the reference of the compiled codec's ``timer_noted_units``,
-``timer_take_notes`` and ``timer_units`` (mqstore.codec's ``_records``), which must give the same results byte
+and ``timer_units`` (mqstore.codec's ``_records``), which must give the same results byte
 for byte (tests/property/test_codec_timer_runs.py). mqstore.timer.timer and files call the compiled ones when
 built.
 
@@ -7,12 +7,11 @@ built.
   queue offset ``first_offset``), the run of records that are in the segment buffer ``buf`` (log offsets
   ``seg_start``..``seg_end``) and noted (``notes``: queue offset -> (physical offset, due, store time), what
   Timer.note keeps) with a header naming that queue offset, that physical offset and the noted store time,
-  each made its timer unit; it stops at the first entry that is not such a record (the caller reads that one
-  from the log, as before).
-* :func:`take_notes`: a batch's notes taken out of Timer's notes.
+  each made its timer unit and its note removed from ``notes``; it stops at the first entry that is not such
+  a record (the caller reads that one from the log, as before).
 * :func:`encode_units`: a batch's timer units (mqstore.format.timer_unit) in one bytes object, each chained to
-  its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count], every slot of the
-  units present, [-1, -1, 0] for an empty one) is updated as the units are added.
+  its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count]) is updated as the
+  units are added, a slot not in it yet read with ``read(slot ms)`` first ([-1, -1, 0] for an empty one).
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, fi
             stamp = _INT64.unpack_from(buf, position + _V6_STAMP_AT)[0]
         if named_offset != queue_offset or named_physical != physical or stamp != noted[2]:
             break
+        del notes[queue_offset]
         index += 1
         if queue_offset in rolled:
             continue
@@ -70,16 +70,13 @@ def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, fi
     return index, scheduled
 
 
-def take_notes(notes: dict, offset: int, count: int) -> dict:
-    """The notes of queue offsets ``offset``..``offset + count`` removed from ``notes``."""
-    return {q: notes.pop(q) for q in range(offset, offset + count) if q in notes}
-
-
-def encode_units(units: list, position: int, slots: dict, enqueued_to: int) -> tuple[bytes, int]:
+def encode_units(units: list, position: int, slots: dict, enqueued_to: int, read) -> tuple[bytes, int]:
     """The units' bytes from log position ``position``, and the enqueued-to offset after them."""
     encoded = bytearray()
     for slot_ms, deliver_ms, timer_offset, physical_offset, kind in units:
-        slot = slots[slot_ms]
+        slot = slots.get(slot_ms)
+        if slot is None:
+            slot = slots[slot_ms] = read(slot_ms)
         if slot[2] == 0:
             slot[0] = position
         head = _COVERED.pack(deliver_ms, slot_ms, timer_offset, physical_offset, slot[1], kind)

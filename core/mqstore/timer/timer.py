@@ -66,9 +66,8 @@ ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
 _SIZE = struct.Struct(">i")
-# The noted records' header check and units, and the notes' take (mqstore.timer.runs: the compiled ones' reference)
+# The noted records' header check and units (mqstore.timer.runs.noted_units is the compiled one's reference)
 _noted_units = codec.compiled.timer_noted_units if codec.compiled is not None else runs.noted_units
-_take_notes = codec.compiled.timer_take_notes if codec.compiled is not None else runs.take_notes
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
@@ -264,7 +263,7 @@ class Timer:
     def _drop_old_notes(self) -> None:
         """Notes of records the enqueue read otherwise (a note that came after its record was read)."""
         with self._notes_lock:
-            if self._notes:
+            if self._notes and min(self._notes) < self.enqueue_offset:  # min: far cheaper than the rebuild
                 self._notes = {q: n for q, n in self._notes.items() if q >= self.enqueue_offset}
 
     def _timer_records(self, offset: int, count: int, horizon: int) -> list:
@@ -276,8 +275,7 @@ class Timer:
         checked, its body not read: the delivery reads it, CRC checked) and due -1. Anything this does not read
         (a record that fails its checks, a segment gone) is read by the store's Pull instead, which raises what
         it finds as before."""
-        with self._notes_lock:
-            notes = _take_notes(self._notes, offset, count)
+        notes, lock = self._notes, self._notes_lock
         try:
             cq, segments = self.store.queues.get(tm.TIMER_TOPIC, 0), self.store.commitlog.segments
             found: list = []
@@ -293,8 +291,9 @@ class Timer:
                     buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
                 if notes:  # the run of noted records from here whose headers match their notes
                     units: list = []
-                    reached, scheduled = _noted_units(buf, seg_start, seg_end, entries, index, offset, notes, read_ms,
-                                                      horizon, precision, rolled, units)
+                    with lock:  # the notes it takes are removed (a note not taken goes at the next checkpoint)
+                        reached, scheduled = _noted_units(buf, seg_start, seg_end, entries, index, offset, notes,
+                                                          read_ms, horizon, precision, rolled, units)
                     if reached > index:
                         found.append(_NotedRun(units, offset + reached, scheduled))
                         index = reached
