@@ -876,37 +876,45 @@ def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end
 
 
 def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to, read):
-    """mqstore.timer.runs.encode_units: the units' bytes in one buffer, CRCs included."""
+    """mqstore.timer.runs.encode_units: the units' bytes in one buffer, CRCs included. The slot of the unit
+    before is kept in C (a batch's units mostly share one) and its list written when the slot changes and at
+    the end."""
     cdef Py_ssize_t n = len(units), i
     cdef bytes out = PyBytes_FromStringAndSize(NULL, n * UNIT_SIZE)
     cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
     cdef tuple unit
-    cdef list slot
+    cdef list slot = None
     cdef object got
-    cdef int64_t slot_ms, timer_offset, kind
+    cdef int64_t slot_ms, timer_offset, kind, slot_of = 0, first = 0, last = 0, count = 0
     for i in range(n):
         unit = <tuple>units[i]
         slot_ms, timer_offset, kind = unit[0], unit[2], unit[4]
-        got = slots.get(unit[0])
-        if got is None:
-            got = read(unit[0])
-            slots[unit[0]] = got
-        slot = <list>got
-        if <int64_t>slot[2] == 0:
-            slot[0] = position
+        if slot is None or slot_ms != slot_of:
+            if slot is not None:
+                slot[0], slot[1], slot[2] = first, last, count
+            got = slots.get(unit[0])
+            if got is None:
+                got = read(unit[0])
+                slots[unit[0]] = got
+            slot = <list>got
+            slot_of, first, last, count = slot_ms, slot[0], slot[1], slot[2]
+        if count == 0:
+            first = position
         put_be64(o, <uint64_t><int64_t>unit[1])
         put_be64(o + 8, <uint64_t>slot_ms)
         put_be64(o + 16, <uint64_t>timer_offset)
         put_be64(o + 24, <uint64_t><int64_t>unit[3])
-        put_be64(o + 32, <uint64_t><int64_t>slot[1])
+        put_be64(o + 32, <uint64_t>last)
         put_be16(o + 40, <uint16_t>kind)
         o[42] = 0
         o[43] = 0
         put_be32(o + 44, <uint32_t>crc32(0, o, 44))
-        slot[1] = position
-        slot[2] = <int64_t>slot[2] + 1
+        last = position
+        count += 1
         position += UNIT_SIZE
         o += UNIT_SIZE
         if kind != KIND_CANCEL and timer_offset >= enqueued_to:
             enqueued_to = timer_offset + 1
+    if slot is not None:
+        slot[0], slot[1], slot[2] = first, last, count
     return out, enqueued_to

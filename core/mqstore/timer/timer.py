@@ -320,8 +320,9 @@ class Timer:
         self.files.add_many(units)
         self.enqueue_offset = upto
         if self._current is not None:
+            read_ms = self.read_ms
             self._take([Unit(due, slot, offset, physical, -1, kind) for slot, due, offset, physical, kind in units
-                        if slot == self.read_ms])
+                        if slot == read_ms])
 
     def _add(self, queue_offset: int, physical: int, props: dict[str, str] | None, due: int,
              units: list[tuple[int, int, int, int, int]], horizon: int) -> None:
