@@ -22,13 +22,11 @@ import pytest
 
 from mqstore.format import timer_unit
 from mqstore.timer import runs
+from tests.support import compiled as support_compiled
 
 pytestmark = pytest.mark.codec
 
-try:
-    from mqstore.codec import _records
-except ImportError as exc:  # pragma: no cover
-    pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler", pytrace=False)
+_records = support_compiled.module("_records")
 
 _Q = struct.Struct(">q")
 _I = struct.Struct(">i")
