@@ -7,12 +7,19 @@ The ratio plain / (delayed + enqueue) is what bench/timer.py's sustained ratio r
 AppendRequest bytes (mqstore_rpc.append_wire: the compiled parser, or protobuf where it declines) to the
 AppendResponse bytes; *wire_ratio* = wire_plain / (wire_delayed + enqueue), the gRPC path's.
 
-  .venv/bin/python bench/timer_cpu.py [--rounds 3]
+  .venv/bin/python bench/timer_cpu.py [--rounds 3] [--json PATH --label NAME]
+
+``--json PATH`` appends this run (its label, the time, the load average, each round and the medians) to the JSON
+list in PATH (bench/results/timer_cpu.json holds the alternating before/after series bench/README cites); run with
+another tree's PYTHONPATH, the same script measures that tree's code.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
 import pathlib
 import statistics
 import sys
@@ -97,6 +104,8 @@ def _round(root: pathlib.Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=pathlib.Path, help="append this run to the JSON list in this file")
+    parser.add_argument("--label", default="", help="what code this run measured (with --json), e.g. its commit")
     args = parser.parse_args(argv)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="mqstore-timer-cpu-") as work:
@@ -107,6 +116,13 @@ def main(argv=None) -> int:
     wire_ratio = med["wire_plain_us"] / (med["wire_delayed_us"] + med["enqueue_us"])
     print(" ".join(f"{k}={v:.2f}" for k, v in med.items()), f"ratio={ratio:.2f} wire_ratio={wire_ratio:.2f}",
           flush=True)
+    if args.json is not None:
+        runs = json.loads(args.json.read_text()) if args.json.exists() else []
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        runs.append({"label": args.label, "when": when,
+                     "load_average": os.getloadavg()[0], "rounds": rounds, "median": med,
+                     "ratio": ratio, "wire_ratio": wire_ratio})
+        args.json.write_text(json.dumps(runs, indent=1) + "\n")
     return 0
 
 

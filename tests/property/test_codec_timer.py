@@ -61,8 +61,8 @@ COMPILED = compiled_namespace()
 
 
 class FakeStore:
-    """What the Scheduler asks of a store: the clock, topic_admin.get and append (the writer's check, then the
-    encoder; the outcome kept stamped as the commit log would)."""
+    """What the Scheduler asks of a store: the clock, topic_admin.get and append_async (the writer's check, then
+    the encoder; the outcome kept stamped as the commit log would)."""
 
     def __init__(self, encoder: MessageEncoder):
         self.encoder = encoder
@@ -88,6 +88,10 @@ class FakeStore:
         self.appended = (topic, system_writer, bytes(buf), batch.sizes, batch.queue_ids, batch.tag_codes,
                          batch.sys_flags, batch.uniq_keys)
         return AppendResults("0A0000070000C383", entries, batch.uniq_keys, NOW_MS + 1, "WRITTEN")
+
+    async def append_async(self, topic, messages, system_writer=None, replication=None) -> AppendResults:
+        """What Scheduler.append awaits (the store's one version, f02a487)."""
+        return self.append(topic, messages, system_writer, replication)
 
 
 def scheduler(compiled: bool) -> tuple[Scheduler, FakeStore, list]:

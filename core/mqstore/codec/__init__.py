@@ -4,8 +4,10 @@ The compiled codec is a set of Cython extension modules in this package (``_requ
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (a delayed
 batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies' properties from the timer
-records' bytes, ``_records.timer_copy``: mqstore.timer's), their placing and stamping under the append lock
-with the consume queue entries (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
+records' bytes, ``_records.timer_copy``: mqstore.timer's; the enqueue's noted-record check and unit bytes,
+``_records.timer_noted_units`` and ``timer_units``: mqstore.timer.runs is their
+reference), their placing and stamping under the append lock with the consume queue entries
+(mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
 StoredMessage bytes (Pull, GetMessage, GetMessages) from the
 stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
 record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and the rebuild itself,
@@ -73,7 +75,10 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                       f"with them (make setup) for the compiled codec")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
-                                 timer_copy=_records.timer_copy, append_response=_responses.append_response,
+                                 timer_copy=_records.timer_copy,
+                                 timer_noted_units=_records.timer_noted_units,
+                                 timer_units=_records.timer_units,
+                                 append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,

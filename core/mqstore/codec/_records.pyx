@@ -804,3 +804,117 @@ cdef Py_ssize_t _put_signed(uint8_t* out, int64_t value) noexcept nogil:
         out[0] = 0x2D
         return 1 + _put_decimal(out + 1, -value)
     return _put_decimal(out, value)
+
+
+# ---- the timer's enqueue (mqstore.timer.runs is the reference: noted_run, encode_units)
+cdef enum:
+    QUEUE_OFFSET_AT = 20
+    PHYSICAL_OFFSET_AT = 28
+    SYSFLAG_AT = 36
+    STAMP_V4_AT = 56
+    STAMP_V6_AT = 68
+    BORN_HOST_V6 = 0x10
+    UNIT_SIZE = 48
+    KIND_DELIVER = 1
+    KIND_ROLL = 2
+    KIND_CANCEL = 4
+
+
+cdef inline int64_t _be64(const uint8_t* p) noexcept nogil:
+    return <int64_t>((<uint64_t>p[0] << 56) | (<uint64_t>p[1] << 48) | (<uint64_t>p[2] << 40) |
+                     (<uint64_t>p[3] << 32) | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16) |
+                     (<uint64_t>p[6] << 8) | <uint64_t>p[7])
+
+
+def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, list entries, Py_ssize_t index,
+                      int64_t first_offset, dict notes, int64_t read_ms, int64_t horizon, int64_t precision,
+                      set rolled, list units):
+    """mqstore.timer.runs.noted_units: the noted records' headers checked and their units made in one pass."""
+    cdef Py_ssize_t n = len(entries), buf_size = buf.shape[0], scheduled = 0
+    cdef int64_t physical, size, position, queue_offset, stamp, due, slot, rest
+    cdef const uint8_t* p
+    cdef tuple entry, noted
+    cdef object got, q
+    if precision <= 0:
+        raise ValueError("precision must be positive")
+    while index < n:
+        entry = <tuple>entries[index]
+        physical, size = entry[0], entry[1]
+        if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
+            break
+        queue_offset = first_offset + index
+        q = queue_offset
+        got = notes.get(q)
+        position = physical - seg_start
+        if got is None:
+            break
+        noted = <tuple>got
+        if <int64_t>noted[0] != physical or position + STAMP_V6_AT + 8 > buf_size:
+            break
+        p = &buf[position]
+        stamp = _be64(p + (STAMP_V6_AT if p[SYSFLAG_AT + 3] & BORN_HOST_V6 else STAMP_V4_AT))
+        if (_be64(p + QUEUE_OFFSET_AT) != queue_offset or _be64(p + PHYSICAL_OFFSET_AT) != physical
+                or stamp != <int64_t>noted[2]):
+            break
+        del notes[q]
+        index += 1
+        if q in rolled:
+            continue
+        due = noted[1]
+        rest = due % precision  # C's remainder: Python's is never negative for a positive precision
+        if rest < 0:
+            rest += precision
+        slot = due - rest
+        if slot < read_ms:
+            slot = read_ms
+        if slot >= horizon:
+            units.append((horizon, noted[1], q, entry[0], KIND_ROLL))
+        else:
+            units.append((slot, noted[1], q, entry[0], KIND_DELIVER))
+            scheduled += 1
+    return index, scheduled
+
+
+def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to, read):
+    """mqstore.timer.runs.encode_units: the units' bytes in one buffer, CRCs included. The slot of the unit
+    before is kept in C (a batch's units mostly share one) and its list written when the slot changes and at
+    the end."""
+    cdef Py_ssize_t n = len(units), i
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, n * UNIT_SIZE)
+    cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef tuple unit
+    cdef list slot = None
+    cdef object got
+    cdef int64_t slot_ms, timer_offset, kind, slot_of = 0, first = 0, last = 0, count = 0
+    for i in range(n):
+        unit = <tuple>units[i]
+        slot_ms, timer_offset, kind = unit[0], unit[2], unit[4]
+        if slot is None or slot_ms != slot_of:
+            if slot is not None:
+                slot[0], slot[1], slot[2] = first, last, count
+            got = slots.get(unit[0])
+            if got is None:
+                got = read(unit[0])
+                slots[unit[0]] = got
+            slot = <list>got
+            slot_of, first, last, count = slot_ms, slot[0], slot[1], slot[2]
+        if count == 0:
+            first = position
+        put_be64(o, <uint64_t><int64_t>unit[1])
+        put_be64(o + 8, <uint64_t>slot_ms)
+        put_be64(o + 16, <uint64_t>timer_offset)
+        put_be64(o + 24, <uint64_t><int64_t>unit[3])
+        put_be64(o + 32, <uint64_t>last)
+        put_be16(o + 40, <uint16_t>kind)
+        o[42] = 0
+        o[43] = 0
+        put_be32(o + 44, <uint32_t>crc32(0, o, 44))
+        last = position
+        count += 1
+        position += UNIT_SIZE
+        o += UNIT_SIZE
+        if kind != KIND_CANCEL and timer_offset >= enqueued_to:
+            enqueued_to = timer_offset + 1
+    if slot is not None:
+        slot[0], slot[1], slot[2] = first, last, count
+    return out, enqueued_to

@@ -22,12 +22,13 @@ import zlib
 
 import structlog
 
-from mqstore import fs
+from mqstore import codec, fs
 from mqstore.errors import DataLoss
 from mqstore.format import timer_cancels, timer_checkpoint, timer_slot, timer_unit
 from mqstore.format.timer_checkpoint import TimerCheckpoint
 from mqstore.format.timer_slot import SLOT_SIZE, Slot
 from mqstore.format.timer_unit import NO_POSITION, UNIT_SIZE, Unit
+from mqstore.timer import runs
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -35,6 +36,8 @@ LOG_NAME, WHEEL_NAME, CHECKPOINT_NAME, CANCELS_NAME = "timerlog", "timerwheel", 
 NO_SLOT = -1
 MAX_SLOT_UNITS = 10_000_000  # a chain longer than this is damage, not data
 UNITS_READ_BYTES = 64 << 20  # a slot whose units span at most this is read in one pread
+# A batch's units' bytes (mqstore.timer.runs.encode_units is the compiled one's reference)
+_encode_units = codec.compiled.timer_units if codec.compiled is not None else runs.encode_units
 
 
 class TimerFiles:
@@ -185,29 +188,21 @@ class TimerFiles:
         if not units:
             return
         slots: dict[int, list[int]] = {}  # slot ms -> [first position, last position, count]
-        encoded = bytearray()
-        position = start = self.log_end
-        encode, enqueued_to, cancel = timer_unit.encode_fields, self.enqueued_to, timer_unit.KIND_CANCEL
-        for slot_ms, deliver_ms, timer_offset, physical_offset, kind in units:
-            slot = slots.get(slot_ms)
-            if slot is None:
-                read = self.read_slot(slot_ms)
-                slot = slots[slot_ms] = ([read.first_position, read.last_position, read.count] if read is not None
-                                         else [position, NO_POSITION, 0])
-            encoded += encode(deliver_ms, slot_ms, timer_offset, physical_offset, slot[1], kind)
-            slot[1] = position
-            slot[2] += 1
-            position += UNIT_SIZE
-            if kind != cancel and timer_offset >= enqueued_to:
-                enqueued_to = timer_offset + 1
+        start = self.log_end
+        encoded, self.enqueued_to = _encode_units(units, start, slots, self.enqueued_to, self._slot_fields)
+        position = start + len(encoded)
         view = memoryview(encoded)
         while view:
             written = os.pwrite(self._log_fd, view, start)
             view, start = view[written:], start + written
         self.log_end = position
-        self.enqueued_to = enqueued_to
         for slot_ms, (first, last, count) in slots.items():
             self._write_slot(Slot(slot_ms, first, last, count))
+
+    def _slot_fields(self, slot_ms: int) -> list[int]:
+        """[first position, last position, count] of the slot (add_many's), [-1, -1, 0] when it is empty."""
+        read = self.read_slot(slot_ms)
+        return [read.first_position, read.last_position, read.count] if read is not None else [NO_POSITION] * 2 + [0]
 
     def add_cancel(self, origin: int, due_ms: int, marker_offset: int) -> None:
         """A cancel unit (in no slot): the message of ``origin`` due at ``due_ms``, cancelled by the marker at

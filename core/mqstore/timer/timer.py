@@ -50,11 +50,11 @@ import structlog
 from mqstore import codec, disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
 from mqstore.format import record_reader
-from mqstore.format.record import FIXED_OVERHEAD, IPV4, QUEUE_OFFSET_AT, SYSFLAG_BORN_HOST_V6
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
+from mqstore.timer import runs
 from mqstore.timer.files import TimerFiles
 
 log = structlog.get_logger("mqstore.timer")
@@ -66,10 +66,18 @@ ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
 _SIZE = struct.Struct(">i")
-# From QUEUEOFFSET: it, PHYSICALOFFSET, SYSFLAG, then STORETIMESTAMP where an IPv4 born host puts it (record.IPV4)
-_NOTED = struct.Struct(">qqi16xq")
-invariant(QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at, "the noted record check's layout")
+# The noted records' header check and units (mqstore.timer.runs.noted_units is the compiled one's reference)
+_noted_units = codec.compiled.timer_noted_units if codec.compiled is not None else runs.noted_units
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
+
+
+class _NotedRun:
+    """A run of noted records' units (runs.noted_units): the enqueue offset after it, its deliver units' count."""
+
+    __slots__ = ("units", "upto", "scheduled")
+
+    def __init__(self, units: list, upto: int, scheduled: int):
+        self.units, self.upto, self.scheduled = units, upto, scheduled
 
 
 @dataclass
@@ -214,16 +222,21 @@ class Timer:
             if self._caught_up_at is None:
                 self._caught_up_at = self.read_ms
             return True
-        found = self._timer_records(self.enqueue_offset, min(READ_BATCH, high - self.enqueue_offset))
-        # The units go to the files in one write per batch (TimerFiles.add_many), flushed before a cancel (which
-        # names an earlier unit) and at the end; the enqueue offset moves past what the files hold.
-        units: list[tuple[int, int, int, int, int]] = []
-        upto = self.enqueue_offset
         # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
         # placed further would share its file slot with one a restart still has to read.
         horizon = self._cp_read + self.config.span_ms - 2 * self.precision
         scheduled = self.stats.scheduled
-        for queue_offset, physical, props, due in found:
+        found = self._timer_records(self.enqueue_offset, min(READ_BATCH, high - self.enqueue_offset), horizon)
+        # The units go to the files in one write per batch (TimerFiles.add_many), flushed before a cancel (which
+        # names an earlier unit) and at the end; the enqueue offset moves past what the files hold.
+        units: list[tuple[int, int, int, int, int]] = []
+        upto = self.enqueue_offset
+        for item in found:
+            if type(item) is _NotedRun:  # noted records' units made already (runs.noted_units)
+                units += item.units
+                upto = item.upto
+                continue
+            queue_offset, physical, props, due = item
             if props is not None and tm.CANCEL_OFFSET in props:
                 self._flush(units, upto)
                 units = []
@@ -250,43 +263,56 @@ class Timer:
     def _drop_old_notes(self) -> None:
         """Notes of records the enqueue read otherwise (a note that came after its record was read)."""
         with self._notes_lock:
-            if self._notes:
+            if self._notes and min(self._notes) < self.enqueue_offset:  # min: far cheaper than the rebuild
                 self._notes = {q: n for q, n in self._notes.items() if q >= self.enqueue_offset}
 
-    def _timer_records(self, offset: int, count: int) -> list[tuple[int, int, dict[str, str] | None, int]]:
-        """(queue offset, physical offset, properties, due) of the timer topic's records from ``offset``: what
-        the enqueue needs. Each is found by its consume queue entry; a noted record (:meth:`note`) whose header
-        names that queue offset, that physical offset and the noted store time comes with its due time and no
-        properties (None), any other with its properties read from the log (its framing checked, its body not
-        read: the delivery reads it, CRC checked) and due -1. Anything this does not read (a record that fails
-        its checks, a segment gone) is read by the store's Pull instead, which raises what it finds as before."""
-        with self._notes_lock:
-            notes = {q: self._notes.pop(q) for q in range(offset, offset + count) if q in self._notes}
+    def _timer_records(self, offset: int, count: int, horizon: int) -> list:
+        """What the enqueue needs of the timer topic's records from ``offset``: (queue offset, physical offset,
+        properties, due) of each record read from the log, and each run of noted records (:meth:`note`) whose
+        headers name their queue offset, physical offset and noted store time as one _NotedRun of their units
+        (runs.noted_units, with ``horizon`` as :meth:`_add`'s). Each record is found by its consume queue entry;
+        one that is not noted, or not as noted, comes with its properties read from the log (its framing
+        checked, its body not read: the delivery reads it, CRC checked) and due -1. Anything this does not read
+        (a record that fails its checks, a segment gone) is read by the store's Pull instead, which raises what
+        it finds as before."""
+        notes, lock = self._notes, self._notes_lock
         try:
             cq, segments = self.store.queues.get(tm.TIMER_TOPIC, 0), self.store.commitlog.segments
-            found = []
+            found: list = []
             seg_start = seg_end = 0  # the segment of the record before (a batch's records share one): found once
             buf = None
-            for queue_offset, (physical, size, _) in enumerate(cq.entries(offset, count), offset):
+            entries = cq.entries(offset, count)
+            index, total = 0, len(entries)
+            read_ms, precision, rolled = self.read_ms, self.precision, self._rolled
+            while index < total:
+                physical, size, _ = entries[index]
                 if not seg_start <= physical < seg_end:
                     seg = segments.find(physical)
                     buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
-                position = physical - seg_start
-                noted = notes.get(queue_offset)
-                if noted is not None and noted[0] == physical and size >= FIXED_OVERHEAD:
-                    # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG and, with an IPv4 born host, STORETIMESTAMP in one unpack
-                    named_offset, named_physical, sys_flag, stamp = _NOTED.unpack_from(buf, position + QUEUE_OFFSET_AT)
-                    if sys_flag & SYSFLAG_BORN_HOST_V6:
-                        stamp = record_reader.store_timestamp(buf, position)
-                    if named_offset == queue_offset and named_physical == physical and stamp == noted[2]:
-                        found.append((queue_offset, physical, None, noted[1]))
+                if notes:  # the run of noted records from here whose headers match their notes
+                    units: list = []
+                    with lock:  # the notes it takes are removed (a note not taken goes at the next checkpoint)
+                        reached, scheduled = _noted_units(buf, seg_start, seg_end, entries, index, offset, notes,
+                                                          read_ms, horizon, precision, rolled, units)
+                    if reached > index:
+                        found.append(_NotedRun(units, offset + reached, scheduled))
+                        index = reached
                         continue
+                position = physical - seg_start
                 record_reader.check(buf, position, position + size, verify_crc=False, physical_offset=physical)
-                found.append((queue_offset, physical, record_reader.RecordView(buf, position).properties, -1))
-            return found
+                found.append((offset + index, physical, record_reader.RecordView(buf, position).properties, -1))
+                index += 1
         except Exception:  # noqa: BLE001 (the Pull below reads the same records with the store's checks)
             pulled = self.store.pull(tm.TIMER_TOPIC, 0, offset, count, 8 << 20).messages
             return [(m.record.queue_offset, m.record.physical_offset, m.record.properties, -1) for m in pulled]
+        # A run's units count as Timer._add's do (after the walk: the Pull above starts over without them)
+        for item in found:
+            if type(item) is _NotedRun:
+                if len(item.units) > item.scheduled:
+                    invariant(horizon > read_ms, "the timer checkpoint follows the read slot within half the wheel")
+                self.stats.scheduled += item.scheduled
+                self.stats.pending += len(item.units)
+        return found
 
     def _flush(self, units: list[tuple[int, int, int, int, int]], upto: int) -> None:
         """The units gathered by :meth:`_add` into the files (and the read slot's into its heap); the enqueue
@@ -294,8 +320,9 @@ class Timer:
         self.files.add_many(units)
         self.enqueue_offset = upto
         if self._current is not None:
+            read_ms = self.read_ms
             self._take([Unit(due, slot, offset, physical, -1, kind) for slot, due, offset, physical, kind in units
-                        if slot == self.read_ms])
+                        if slot == read_ms])
 
     def _add(self, queue_offset: int, physical: int, props: dict[str, str] | None, due: int,
              units: list[tuple[int, int, int, int, int]], horizon: int) -> None:

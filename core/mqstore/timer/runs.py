@@ -1,0 +1,90 @@
+"""The enqueue's per-record loops, pure Python: the reference of the compiled codec's ``timer_noted_units``,
+and ``timer_units`` (mqstore.codec's ``_records``), which must give the same results byte
+for byte (tests/property/test_codec_timer_runs.py). mqstore.timer.timer and files call the compiled ones when
+built.
+
+* :func:`noted_units`: from ``entries[index]`` (consume queue entries of the timer topic's queue 0, the first at
+  queue offset ``first_offset``), the run of records that are in the segment buffer ``buf`` (log offsets
+  ``seg_start``..``seg_end``) and noted (``notes``: queue offset -> (physical offset, due, store time), what
+  Timer.note keeps) with a header naming that queue offset, that physical offset and the noted store time,
+  each made its timer unit and its note removed from ``notes``; it stops at the first entry that is not such
+  a record (the caller reads that one from the log, as before).
+* :func:`encode_units`: a batch's timer units (mqstore.format.timer_unit) in one bytes object, each chained to
+  its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count]) is updated as the
+  units are added, a slot not in it yet read with ``read(slot ms)`` first ([-1, -1, 0] for an empty one).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from mqstore.format.record import FIXED_OVERHEAD, IPV4, LAYOUTS, QUEUE_OFFSET_AT, SYSFLAG_BORN_HOST_V6
+from mqstore.format.timer_unit import KIND_CANCEL, KIND_DELIVER, KIND_ROLL, UNIT_SIZE
+
+# From QUEUEOFFSET: it, PHYSICALOFFSET, SYSFLAG, then STORETIMESTAMP where an IPv4 born host puts it
+_NOTED = struct.Struct(">qqi16xq")
+_INT64 = struct.Struct(">q")
+_V6_STAMP_AT = LAYOUTS[1].store_timestamp_at  # an IPv6 born host's (its store host's size does not move it)
+_COVERED = struct.Struct(">qqqqqH2x")
+_CRC = struct.Struct(">I")
+assert QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at == LAYOUTS[2].store_timestamp_at
+assert _V6_STAMP_AT == LAYOUTS[3].store_timestamp_at
+
+
+def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, first_offset: int, notes: dict,
+                read_ms: int, horizon: int, precision: int, rolled: set, units: list) -> tuple[int, int]:
+    """The run of noted records from ``entries[index]`` (the module's docstring) as units, each appended to
+    ``units`` as Timer._add does it: (slot ms, due, queue offset, physical offset, kind), in the slot of its due
+    time (the read slot when that passed), or a roll unit parked at ``horizon`` from there on; a record re-appended
+    already (its queue offset in ``rolled``) is taken without a unit. Returns the index of the first entry not
+    taken and the number of deliver units added."""
+    size_of_buf, scheduled = len(buf), 0
+    while index < len(entries):
+        physical, size, _ = entries[index]
+        if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
+            break
+        queue_offset = first_offset + index
+        noted = notes.get(queue_offset)
+        position = physical - seg_start
+        if noted is None or noted[0] != physical or position + _V6_STAMP_AT + 8 > size_of_buf:
+            break
+        named_offset, named_physical, sys_flag, stamp = _NOTED.unpack_from(buf, position + QUEUE_OFFSET_AT)
+        if sys_flag & SYSFLAG_BORN_HOST_V6:
+            stamp = _INT64.unpack_from(buf, position + _V6_STAMP_AT)[0]
+        if named_offset != queue_offset or named_physical != physical or stamp != noted[2]:
+            break
+        del notes[queue_offset]
+        index += 1
+        if queue_offset in rolled:
+            continue
+        due = noted[1]
+        slot = due - due % precision
+        if slot < read_ms:
+            slot = read_ms
+        if slot >= horizon:
+            units.append((horizon, due, queue_offset, physical, KIND_ROLL))
+        else:
+            units.append((slot, due, queue_offset, physical, KIND_DELIVER))
+            scheduled += 1
+    return index, scheduled
+
+
+def encode_units(units: list, position: int, slots: dict, enqueued_to: int, read) -> tuple[bytes, int]:
+    """The units' bytes from log position ``position``, and the enqueued-to offset after them."""
+    encoded = bytearray()
+    for slot_ms, deliver_ms, timer_offset, physical_offset, kind in units:
+        slot = slots.get(slot_ms)
+        if slot is None:
+            slot = slots[slot_ms] = read(slot_ms)
+        if slot[2] == 0:
+            slot[0] = position
+        head = _COVERED.pack(deliver_ms, slot_ms, timer_offset, physical_offset, slot[1], kind)
+        encoded += head
+        encoded += _CRC.pack(zlib.crc32(head))
+        slot[1] = position
+        slot[2] += 1
+        position += UNIT_SIZE
+        if kind != KIND_CANCEL and timer_offset >= enqueued_to:
+            enqueued_to = timer_offset + 1
+    return bytes(encoded), enqueued_to

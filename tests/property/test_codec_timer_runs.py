@@ -1,0 +1,179 @@
+"""The timer enqueue's compiled loops against their pure-Python reference (mqstore.timer.runs).
+
+``timer_noted_units`` and ``noted_units`` over random runs of consume queue entries and record headers in a
+segment buffer: noted records whose header matches, and every way one does not (no note, a note naming another
+physical offset or store time, a header naming another queue or physical offset, an IPv6 born host's store time,
+a size below the smallest record, an entry outside the segment, a header past the buffer's end), with random due
+times (negative, past the read slot, past the horizon: rolls) and records rolled already: the same index reached,
+the same units, deliver count and notes left; the first entry not taken is the one the reference stops at (the
+caller reads it from the log, the existing fallback).
+``timer_units`` and ``encode_units`` over random unit batches: the same bytes, enqueued-to offset and slot
+updates (the slots not given read through the callback once each), and the reference's bytes are
+mqstore.format.timer_unit's units.
+The compiled module is imported directly, so this runs under MQSTORE_PURE_PYTHON=1 too.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from mqstore.format import timer_unit
+from mqstore.timer import runs
+from tests.support import compiled as support_compiled
+
+pytestmark = pytest.mark.codec
+
+_records = support_compiled.module("_records")
+
+_Q = struct.Struct(">q")
+_I = struct.Struct(">i")
+
+
+def _run_case(rng: random.Random):
+    seg_start = rng.choice([0, 1 << 20, 7 << 30])
+    buf = bytearray(rng.randint(200, 4000))
+    seg_end = seg_start + len(buf) + rng.choice([0, 0, 500])
+    first_offset = rng.randint(0, 1 << 40)
+    entries, notes, position = [], {}, 0
+    count = rng.randint(0, 25)
+    for index in range(count):
+        size = rng.choice([91, 100, 140, 90])
+        physical = seg_start + position
+        if rng.random() < 0.05:
+            physical = rng.choice([seg_start - 200, seg_end, seg_end + 100])
+        queue_offset = first_offset + index
+        stamp, v6 = rng.randint(0, 1 << 45), rng.random() < 0.3
+        if position + 76 <= len(buf):
+            named_q = queue_offset if rng.random() > 0.05 else queue_offset + 1
+            named_p = physical if rng.random() > 0.05 else physical ^ 8
+            buf[position + 20:position + 28] = _Q.pack(named_q)
+            buf[position + 28:position + 36] = _Q.pack(named_p)
+            buf[position + 36:position + 40] = _I.pack((0x10 if v6 else 0) | rng.choice([0, 0x20, 0x4]))
+            buf[position + (68 if v6 else 56):position + (76 if v6 else 64)] = _Q.pack(stamp)
+            if rng.random() < 0.05:  # the other layout's place holds the stamp: a mismatch
+                buf[position + (56 if v6 else 68):position + (64 if v6 else 76)] = _Q.pack(stamp)
+                buf[position + (68 if v6 else 56):position + (76 if v6 else 64)] = _Q.pack(stamp + 1)
+        if rng.random() > 0.05:
+            noted_physical = physical if rng.random() > 0.03 else physical + 1
+            noted_stamp = stamp if rng.random() > 0.03 else stamp - 1
+            notes[queue_offset] = (noted_physical, rng.randint(0, 1 << 45), noted_stamp)
+        entries.append((physical, size, rng.randint(-5, 5)))
+        position += rng.choice([size, 60, 120])
+    return bytes(buf), seg_start, seg_end, entries, first_offset, notes
+
+
+def _unit_args(rng: random.Random, first_offset: int, count: int):
+    precision = rng.choice([1, 7, 1000])
+    read_ms = rng.randint(0, 1 << 45) // precision * precision
+    horizon = read_ms + rng.choice([1, precision, 3600_000])
+    rolled = {first_offset + i for i in range(count) if rng.random() < 0.1}
+    return read_ms, horizon, precision, rolled
+
+
+def _both(buf, seg_start, seg_end, entries, index, first_offset, notes, unit_args):
+    want, got, got_notes = [], [], dict(notes)
+    reached = runs.noted_units(buf, seg_start, seg_end, entries, index, first_offset, notes, *unit_args, want)
+    assert _records.timer_noted_units(buf, seg_start, seg_end, entries, index, first_offset, got_notes, *unit_args,
+                                      got) == reached
+    assert got == want and got_notes == notes
+    assert all(first_offset + i not in notes for i in range(index, reached[0]))
+    return reached, want
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_noted_units_match_the_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(50):
+        buf, seg_start, seg_end, entries, first_offset, notes = _run_case(rng)
+        for q, (physical, _, stamp) in list(notes.items()):
+            notes[q] = (physical, rng.choice([-5_000, 0, rng.randint(0, 1 << 46)]), stamp)
+        unit_args = _unit_args(rng, first_offset, len(entries))
+        index = rng.randint(0, len(entries))
+        while True:  # as the enqueue: a run, then the entry it stopped at read otherwise, then the next run
+            (reached, scheduled), units = _both(buf, seg_start, seg_end, entries, index, first_offset, notes,
+                                                unit_args)
+            assert scheduled == sum(unit[4] == timer_unit.KIND_DELIVER for unit in units)
+            taken = [first_offset + i for i in range(index, reached) if first_offset + i not in unit_args[3]]
+            assert [unit[2] for unit in units] == taken
+            if reached >= len(entries):
+                break
+            index = reached + 1
+
+
+def test_noted_units_take_a_matching_header_and_stop_at_each_mismatch():
+    buf = bytearray(400)
+    for i, (physical, stamp, v6) in enumerate([(0, 111, False), (100, 222, True), (200, 333, False)]):
+        buf[physical + 20:physical + 36] = _Q.pack(10 + i) + _Q.pack(physical)
+        buf[physical + 36:physical + 40] = _I.pack(0x10 if v6 else 0)
+        buf[physical + (68 if v6 else 56):physical + (76 if v6 else 64)] = _Q.pack(stamp)
+    entries = [(0, 100, 0), (100, 100, 0), (200, 100, 0)]
+    notes = {10: (0, 5_500, 111), 11: (100, 1_200, 222), 12: (200, 9_000, 333)}
+    args = (2_000, 9_000, 1_000, set())  # read slot 2 s, horizon 9 s, precision 1 s
+    for fn in (runs.noted_units, _records.timer_noted_units):
+        units, left = [], dict(notes)
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, units) == (3, 2)
+        assert left == {}
+        deliver, roll = timer_unit.KIND_DELIVER, timer_unit.KIND_ROLL
+        assert units == [(5_000, 5_500, 10, 0, deliver), (2_000, 1_200, 11, 100, deliver),
+                         (9_000, 9_000, 12, 200, roll)]
+        units = []
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, dict(notes), 2_000, 9_000, 1_000, {11}, units) == (3, 1)
+        assert [unit[2] for unit in units] == [10, 12]  # rolled already: taken without a unit
+        left = {**notes, 11: (100, 6, 223)}  # another store time
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, [])[0] == 1
+        assert list(left) == [11, 12]  # the notes not taken stay
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, {**notes, 12: (201, 7, 333)}, *args, [])[0] == 2  # physical
+        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, dict(notes), *args, [])[0] == 2  # past the buffer's end
+        assert fn(bytes(buf), 0, 200, entries, 0, 10, dict(notes), *args, [])[0] == 2  # outside the segment
+        assert fn(bytes(buf), 0, 400, entries, 0, 11, dict(notes), *args, [])[0] == 0  # another queue offset named
+
+
+def _units_case(rng: random.Random):
+    slot_choices = [rng.randint(0, 1 << 42) * 1000 for _ in range(rng.randint(1, 6))]
+    units = [(rng.choice(slot_choices), rng.randint(-1, 1 << 45), rng.randint(0, 1 << 40), rng.randint(0, 1 << 50),
+              rng.choice([1, 2, 4])) for _ in range(rng.randint(1, 40))]
+    slots = {s: ([rng.randint(0, 1 << 30), rng.randint(0, 1 << 30), rng.randint(1, 99)] if rng.random() < 0.5
+                 else [-1, -1, 0]) for s in slot_choices}
+    return units, rng.randint(0, 1 << 30) * 48, slots, rng.randint(0, 1 << 40)
+
+
+class _Reader:
+    """TimerFiles._slot_fields's stand-in: the slots' fields, and which slots were asked for."""
+
+    def __init__(self, slots: dict):
+        self.slots, self.asked = slots, []
+
+    def __call__(self, slot_ms: int) -> list:
+        self.asked.append(slot_ms)
+        return list(self.slots[slot_ms])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_units_match_the_reference_and_the_unit_format(seed):
+    rng = random.Random(seed)
+    for _ in range(30):
+        units, position, slots, enqueued_to = _units_case(rng)
+        before = {s: list(v) for s, v in slots.items()}
+        given = {s: list(v) for s, v in slots.items() if rng.random() < 0.5}  # the others read through ``read``
+        want_read, got_read = _Reader(slots), _Reader(slots)
+        want_slots, got_slots = {s: list(v) for s, v in given.items()}, {s: list(v) for s, v in given.items()}
+        want = runs.encode_units(units, position, want_slots, enqueued_to, want_read)
+        got = _records.timer_units(units, position, got_slots, enqueued_to, got_read)
+        assert got == want and type(got[0]) is bytes
+        assert got_slots == want_slots and got_read.asked == want_read.asked
+        assert sorted(want_read.asked) == sorted({u[0] for u in units} - set(given))
+        # The reference against the unit format: each unit chained to its slot's last before it
+        last = {s: v[1] for s, v in before.items()}
+        expected, at = b"", position
+        for slot_ms, deliver_ms, timer_offset, physical, kind in units:
+            expected += timer_unit.encode_fields(deliver_ms, slot_ms, timer_offset, physical, last[slot_ms], kind)
+            last[slot_ms], at = at, at + timer_unit.UNIT_SIZE
+        assert want[0] == expected
+        for slot_ms, (first, last_at, count) in want_slots.items():
+            added = [i for i, u in enumerate(units) if u[0] == slot_ms]
+            assert count == before[slot_ms][2] + len(added) and last_at == last[slot_ms]
+            if added:
+                assert first == (before[slot_ms][0] if before[slot_ms][2] else position + 48 * added[0])
