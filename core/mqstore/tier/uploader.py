@@ -21,6 +21,13 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      fsynced the bytes itself. A put that failed, or a crash after it, leaves the attempt pending: the step
      after resolves it with the full read-back of 1.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
+     Then **every sealed consume queue file** (``queue_files``, :func:`sealed_queue_files`: not a queue's last
+     file, every entry written and flushed) whose entries all point into commit log segments FINISHED in the
+     tier (or already past the total retention, below ``logical_min()``), with no FINISHED upload of its own:
+     the same two records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 2: the topic, queue id and
+     the file's base in the queue), the key ``consumequeue/<topic>/<queue id>/<base:020d>/<upload id>``, the
+     same put, check and resolution (1 resolves a file's pending attempt as a segment's). The queues of the
+     topics kept local (Retention's LOCAL_ONLY_TOPICS: the consumer offsets, this ledger) are not uploaded.
   3. **The tier's own retention**: the object of every FINISHED segment that ends at or below the logical
      log's start (``logical_min()``: local retention's logical minimum, which the total retention
      ``--retention-ms`` moves past tiered segments; without local retention the local log's start, which the
@@ -36,6 +43,9 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
 
 Retention: while the tier is on, the store deletes no segment at or above :meth:`Uploader.retention_floor`
 (the oldest sealed segment without a FINISHED upload), so local retention never loses what was not uploaded.
+
+Not done for consume queue files yet: the tier's retention (3) and the orphan sweep (4) handle commit log
+segments' objects only.
 
 Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
 put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error;
@@ -61,19 +71,26 @@ import structlog
 
 from mqstore import failpoints
 from mqstore.background import Duty
+from mqstore.errors import OutOfRange
 from mqstore.format import tier_upload
-from mqstore.format.tier_upload import DELETED, DISCARDED, FINISHED, STARTED, Upload
+from mqstore.format import cq_unit
+from mqstore.format.tier_upload import CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.objects import ObjectStore
 
 log = structlog.get_logger("mqstore.tier")
 
 PREFIX = "commitlog"
+QUEUE_PREFIX = "consumequeue"
 READ_BACK_BYTES = 8 << 20  # the verification reads the object back in ranges of this size
 
 
 def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
     return f"{PREFIX}/{segment_base:020d}/{upload_id.hex}"
+
+
+def queue_object_key(topic: str, queue_id: int, file_base: int, upload_id: uuid.UUID) -> str:
+    return f"{QUEUE_PREFIX}/{topic}/{queue_id}/{file_base:020d}/{upload_id.hex}"
 
 
 class SealedSegment:
@@ -105,6 +122,51 @@ def sealed_segments(store) -> list[SealedSegment]:
     return found
 
 
+class SealedQueueFile:
+    """A sealed consume queue file: ``file`` (a SealedSegment: its base is its first byte in the queue's address
+    space) and the commit log span its entries point into, [``log_from``, ``log_to``) (empty: blanks only)."""
+
+    def __init__(self, topic: str, queue_id: int, file: SealedSegment, log_from: int, log_to: int):
+        self.topic, self.queue_id, self.file, self.log_from, self.log_to = topic, queue_id, file, log_from, log_to
+
+
+def sealed_queue_files(store) -> list[SealedQueueFile]:
+    """Every consume queue's files whose every entry is final: not its last file, written and flushed to the
+    file's end (the topics kept local, Retention's LOCAL_ONLY_TOPICS, left out)."""
+    from mqstore.store_retention import LOCAL_ONLY_TOPICS  # the store's module; this one is imported by it
+    found = []
+    for (topic, queue_id), cq in list(store.queues.queues.items()):
+        if topic in LOCAL_ONLY_TOPICS:
+            continue
+        for file in list(cq.files.segments)[:-1]:
+            if cq.flushed_offset * cq_unit.ENTRY_SIZE < file.end:
+                break
+            span = _log_span(cq, file.start // cq_unit.ENTRY_SIZE, file.end // cq_unit.ENTRY_SIZE)
+            if span is None:
+                break  # the queue went meanwhile (a deleted topic)
+            found.append(SealedQueueFile(topic, queue_id, SealedSegment(file.start, file.size, _reader(file.path),
+                                                                        file.path), *span))
+    return found
+
+
+def _log_span(cq, first: int, end: int) -> tuple[int, int] | None:
+    """[first record's physical offset, last record's end) of entries [first, end): blanks form a prefix."""
+    try:
+        lo, hi = first, end
+        while lo < hi:  # the first entry that is not a blank
+            mid = (lo + hi) // 2
+            if cq.entry(mid)[1] == cq_unit.BLANK_SIZE_FIELD:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == end:
+            return 0, 0
+        last_phys, last_size, _ = cq.entry(end - 1)
+        return cq.entry(lo)[0], last_phys + last_size
+    except OutOfRange:  # SegmentClosed included: a file closed by a topic's delete meanwhile
+        return None
+
+
 def _reader(path) -> Callable[[], bytes]:
     def read() -> bytes:
         with open(path, "rb") as source:
@@ -115,11 +177,14 @@ def _reader(path) -> Callable[[], bytes]:
 class Uploader(Duty):
     def __init__(self, tier: ObjectStore, ledger: Ledger, segments: Callable[[], list[SealedSegment]], *,
                  leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
-                 interval_ms: int, logical_min: Callable[[], int] | None = None):
+                 interval_ms: int, logical_min: Callable[[], int] | None = None,
+                 queue_files: Callable[[], list[SealedQueueFile]] | None = None, segment_size: int = 0):
         """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
         ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
         ``log_min()``: the log's oldest physical offset kept locally; ``logical_min()``: the logical log's
-        start (local retention's, mqstore.tier.local_retention; default ``log_min``): the tier's retention."""
+        start (local retention's, mqstore.tier.local_retention; default ``log_min``): the tier's retention;
+        ``queue_files()``: the sealed consume queue files (:func:`sealed_queue_files`; None: none uploaded), whose
+        entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger
@@ -128,12 +193,15 @@ class Uploader(Duty):
         self.ready = ready
         self.log_min = log_min
         self.logical_min = logical_min or log_min
+        self.queue_files = queue_files
+        self.segment_size = segment_size
         self.copy_bytes = 0  # bytes of the segments this node FINISHED
         self.copy_errors = 0  # steps that failed (the tier or the log said no)
         self.last_error: tuple[int, str] | None = None  # (ms since the epoch, message) of the last failed step
         self.expired = 0  # objects deleted by the tier's retention (DELETED recorded)
         self.expired_bytes = 0
-        self.uploaded = 0    # segments FINISHED by this node (tests, status)
+        self.uploaded = 0    # segments and consume queue files FINISHED by this node (tests, status)
+        self.queue_files_uploaded = 0  # of which consume queue files
         self.discarded = 0   # attempts DISCARDED by this node
         self.swept = 0       # orphan objects deleted
 
@@ -160,6 +228,8 @@ class Uploader(Duty):
                 return
             if segment.base not in self.ledger.snapshot()[0]:
                 self._upload(segment, epoch)
+        if self.queue_files is not None:
+            self._upload_queue_files(epoch)
         self._expire()
         self._sweep()
 
@@ -191,6 +261,7 @@ class Uploader(Duty):
     def _finish(self, attempt: Upload, by: str) -> None:
         self.ledger.record(attempt.but(FINISHED))
         self.uploaded += 1
+        self.queue_files_uploaded += attempt.kind == CONSUME_QUEUE
         self.copy_bytes += attempt.segment_size
         log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key, by=by)
 
@@ -204,10 +275,15 @@ class Uploader(Duty):
         return digest.digest() == attempt.digest
 
     # ---- 2. upload ----------------------------------------------------------------------------------------
-    def _upload(self, segment: SealedSegment, epoch: int) -> None:
+    def _upload(self, segment: SealedSegment, epoch: int, queue_file: SealedQueueFile | None = None) -> None:
         upload_id = uuid.uuid4()
-        attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
-                         object_key(segment.base, upload_id))
+        if queue_file is None:
+            attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
+                             object_key(segment.base, upload_id))
+        else:
+            attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
+                             queue_object_key(queue_file.topic, queue_file.queue_id, segment.base, upload_id),
+                             CONSUME_QUEUE, queue_file.topic, queue_file.queue_id)
         self.ledger.record(attempt)
         failpoints.hit("tier.upload.started")
         if segment.path is not None:
@@ -219,6 +295,33 @@ class Uploader(Duty):
             self._finish(attempt, by="its put")
         else:
             self._resolve(attempt, {})
+
+    def _upload_queue_files(self, epoch: int) -> None:
+        self.ledger.catch_up()
+        for (_topic, _queue_id), (finished, pending) in self.ledger.queue_snapshot().items():
+            for attempt in pending:
+                if self.stopping:
+                    return
+                self._resolve(attempt, finished)
+        self.ledger.catch_up()
+        segments, _ = self.ledger.snapshot()
+        floor = self.logical_min()
+        queues = self.ledger.queue_snapshot()
+        for sealed in self.queue_files():
+            if self.stopping:
+                return
+            finished = queues.get((sealed.topic, sealed.queue_id), ({}, []))[0]
+            if sealed.file.base in finished or not self._log_uploaded(sealed, segments, floor):
+                continue
+            self._upload(sealed.file, epoch, sealed)
+
+    def _log_uploaded(self, sealed: SealedQueueFile, segments: dict[int, Upload], floor: int) -> bool:
+        """Every commit log segment the file's entries point into is FINISHED (or past the total retention)."""
+        if sealed.log_to <= sealed.log_from:
+            return True
+        size = self.segment_size
+        first = sealed.log_from - sealed.log_from % size
+        return all(base in segments or base + size <= floor for base in range(first, sealed.log_to, size))
 
     # ---- 3. the tier's retention ----------------------------------------------------------------------------
     def _expire(self) -> None:
