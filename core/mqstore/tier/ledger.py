@@ -192,6 +192,13 @@ class Ledger:
             queue = self._map.queues.get((topic, queue_id))
             return queue.finished.get(file_base) if queue is not None else None
 
+    def queue_positions(self) -> dict[tuple[str, int, int], tuple[Upload, int]]:
+        """(topic, queue id, file base) -> (its FINISHED upload, physical offset of its latest FINISHED record)."""
+        with self._lock:
+            return {(topic, queue_id, base): (m.finished[base], at)
+                    for (topic, queue_id), m in self._map.queues.items() for base, at in m.positions.items()
+                    if base in m.finished}
+
     def positions(self) -> dict[int, int]:
         """segment base -> physical offset of its latest FINISHED record (-1: unknown), as of the last catch-up."""
         with self._lock:

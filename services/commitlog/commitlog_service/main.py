@@ -248,8 +248,14 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
             ledger.catch_up()
             upload = ledger.finished_upload(base)
         return upload
+    def queue_file(topic: str, queue_id: int, base: int):  # as finished, for a consume queue's file
+        upload = ledger.queue_file_upload(topic, queue_id, base)
+        if upload is None:
+            ledger.catch_up()
+            upload = ledger.queue_file_upload(topic, queue_id, base)
+        return upload
     reader = TierReader(objects, finished, store.segments.segment_size, read_ahead_bytes=tier.tier_read_ahead_bytes,
-                        cache_bytes=tier.tier_cache_bytes, floor=logical_min)
+                        cache_bytes=tier.tier_cache_bytes, floor=logical_min, queue_file=queue_file)
     store.commitlog.remote = reader.read  # Pull, GetMessage(s) and Tail below the local log read the tier
     store.commitlog.remote_floor = logical_min
     stats = TierStats(store, uploader, reader, logical_min)
@@ -257,6 +263,7 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
     if parts.metrics is not None:
         register_metrics(parts.metrics, stats)
     if local is not None:
+        local.reader = reader  # consume queue files go from the local disk too, read back from the tier
         local.open()
         parts.add_duty(local)
 

@@ -14,12 +14,15 @@ import uuid
 import pytest
 
 from mqstore import failpoints
+from mqstore.errors import DataLoss, Unavailable
 from mqstore.failpoints import FailpointHit
 from mqstore.format import cq_unit, tier_upload
 from mqstore.format.tier_upload import COMMITLOG, CONSUME_QUEUE, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore.tier.ledger import Ledger, UploadMap
+from mqstore.tier.local_retention import LocalRetention
+from mqstore.tier.reads import BlockCache, TierReader
 from mqstore.tier.uploader import Uploader, object_key, queue_object_key, sealed_queue_files, sealed_segments
 from mqstore.tier.urls import open_store
 from tests.conftest import GOLDEN, golden_bytes
@@ -202,3 +205,151 @@ def test_a_restart_reads_the_queue_files_uploads_from_the_log_and_a_follower_upl
     store.append("t", [MessageIn(body=b"x" * 900)] * 40)
     follower.step()
     assert _queue_objects(tier) == kept and follower.uploaded == 0
+
+
+# ---- layers 2-4: local retention of the files, reads of their entries from the tier, a restart ------------
+
+class Rig:
+    """A store with local retention of two segments and the tier's reads of segments and queue files."""
+
+    def __init__(self, config, tier_dir, queue_files=True):
+        self.config, self.tier_dir, self.upload_files = config, tier_dir, queue_files
+        self.start()
+
+    def start(self):
+        self.store = MessageStore(self.config)
+        self.store.tiered_log = True
+        self.store.start()
+        self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)
+        self.ledger = Ledger.of_store(self.store)
+        files = (lambda: sealed_queue_files(self.store)) if self.upload_files else (lambda: [])
+        self.uploader = Uploader(self.tier, self.ledger, lambda: sealed_segments(self.store), leader_epoch=lambda: 0,
+                                 ready=self.store.replica_view.promoted_visible, log_min=self.store.log_min,
+                                 interval_ms=10_000, logical_min=lambda: self.local.logical_min,
+                                 queue_files=files, segment_size=SEGMENT)
+        self.store.retention.add_floor("tier", self.uploader.retention_floor)
+        self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10,
+                                 floor=lambda: self.local.logical_min, queue_file=self._queue_file)
+        self.store.commitlog.remote = self.reader.read
+        self.store.commitlog.remote_floor = lambda: self.local.logical_min
+        self.local = LocalRetention(self.store, self.ledger, local_retention_ms=0, local_retention_bytes=2 * SEGMENT,
+                                    writable=lambda: True, interval_ms=10_000, reader=self.reader)
+        self.local.open()
+
+    def _finished(self, base):
+        self.ledger.catch_up()
+        return self.ledger.finished_upload(base)
+
+    def _queue_file(self, topic, queue_id, base):
+        self.ledger.catch_up()
+        return self.ledger.queue_file_upload(topic, queue_id, base)
+
+    def stop(self):
+        self.tier.close()
+        self.store.stop()
+
+    def queue_files(self) -> list[int]:
+        return sorted(int(path.name) for path in (self.config.data_dir / "consumequeue" / "t" / "0").iterdir())
+
+    def pass_(self):
+        self.uploader.step()
+        self.local.step()
+
+
+@pytest.fixture
+def tiered(small_config, tmp_path):
+    made = []
+
+    def make(queue_files=True):
+        rig = Rig(small_config(segment_size_bytes=SEGMENT, cq_entries_per_file=ENTRIES), tmp_path / "tier",
+                  queue_files)
+        made.append(rig)
+        return rig
+    yield make
+    failpoints.disarm_all()
+    for rig in made:
+        rig.stop()
+
+
+def _append(store, segments: int, start: int = 0) -> list[bytes]:
+    if "t" not in {t.name for t in store.topic_admin.list()}:
+        store.topic_admin.create("t", 1)
+    bodies = []
+    for batch in range(start, start + 10_000):  # bounded
+        if store.log_end() > segments * SEGMENT:
+            break
+        more = [f"{batch}:{i}:".encode() + bytes([batch % 251]) * 700 for i in range(4)]
+        store.append("t", [MessageIn(body=body) for body in more])
+        bodies += more
+    wait_until(lambda: min(store.flushed_offset(), store.visible_offset()) >= (segments - 1) * SEGMENT,
+               "segments sealed")
+    store.write_checkpoint()  # the queue files flushed: sealed
+    return bodies
+
+
+def _pull_all(store) -> list[bytes]:
+    got, offset = [], 0
+    for _ in range(10_000):  # bounded
+        result = store.pull("t", 0, offset, 32, 1 << 20)
+        if not result.messages:
+            return got
+        got += [m.record.body for m in result.messages]
+        offset = result.next_offset
+    raise AssertionError("pull did not end")
+
+
+def test_local_retention_deletes_uploaded_queue_files_and_pull_reads_their_entries_from_the_tier(tiered):
+    rig = tiered()
+    bodies = _append(rig.store, 10)
+    rig.pass_()
+    bodies += _append(rig.store, 20, start=len(bodies))  # the ledger's records lie in segments that go next
+    rig.pass_()
+    rig.pass_()
+    cq = rig.store.queues.get("t", 0)
+    local_log = rig.store.segments.min_offset
+    assert local_log > 0 and rig.local.queue_files_deleted > 0 and rig.queue_files()[0] > 0
+    first = cq.files.segments[0]  # the first local file stays: not uploaded, or it holds the local log
+    last_phys, last_size, _ = cq.entry(first.end // cq_unit.ENTRY_SIZE - 1)
+    assert rig.ledger.queue_file_upload("t", 0, first.start) is None or last_phys + last_size > local_log
+    for base in range(0, rig.queue_files()[0], ENTRIES * cq_unit.ENTRY_SIZE):  # every file gone was FINISHED
+        assert rig.ledger.queue_file_upload("t", 0, base) is not None
+    assert rig.store.queue_info("t", 0).min_offset == 0  # the total retention's, not the local files'
+    gets = rig.reader.gets
+    assert _pull_all(rig.store) == bodies and rig.reader.gets > gets  # byte-identical, entries and records tiered
+    middle = rig.store.pull("t", 0, 5, 1).messages[0].record
+    assert rig.store.offset_by_time("t", 0, middle.store_timestamp_ms) <= 5  # the binary search reads the tier
+    assert rig.store.get_message(middle.physical_offset).record.body == bodies[5]
+    assert rig.local.rerecorded > 0
+    rig.stop()
+    rig.start()  # no local file below: the map of tiered files comes from the ledger, in the log
+    assert rig.queue_files()[0] > 0 and rig.store.queue_info("t", 0).min_offset == 0
+    assert _pull_all(rig.store) == bodies
+
+
+def test_a_queue_file_not_uploaded_stays_local(tiered):
+    rig = tiered(queue_files=False)
+    _append(rig.store, 10)
+    rig.pass_()
+    assert rig.store.segments.min_offset > 0 and rig.local.deleted > 0  # the log's segments went
+    assert rig.queue_files()[0] == 0 and rig.local.queue_files_deleted == 0  # the files did not
+
+
+def test_a_tiered_queue_file_without_its_upload_is_unavailable_and_a_short_one_data_loss(tiered):
+    rig = tiered()
+    _append(rig.store, 10)
+    rig.pass_()
+    rig.pass_()
+    assert rig.queue_files()[0] > 0
+    upload = rig.ledger.queue_file_upload("t", 0, 0)
+    rig.reader.queue_file = lambda topic, queue_id, base: None
+    with pytest.raises(Unavailable, match=f"object storage tier {rig.tier.url}: consume queue t/0's file at byte 0"):
+        rig.store.pull("t", 0, 0, 32)
+    rig.reader.queue_file = rig._queue_file
+    path = rig.tier_dir / upload.key
+    path.write_bytes(path.read_bytes()[:100])  # a torn object: 5 entries of 16
+    rig.reader.cache = BlockCache(0)
+    with pytest.raises(DataLoss, match=f"object {upload.key} is short"):
+        rig.store.pull("t", 0, 0, 32)
+    path.unlink()
+    with pytest.raises(DataLoss, match=f"object {upload.key} of the FINISHED upload"):
+        rig.store.pull("t", 0, 0, 32)
