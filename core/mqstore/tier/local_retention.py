@@ -68,6 +68,7 @@ class LocalRetention(Duty):
         self.rerecorded = 0     # FINISHED records appended again
         self.reader = reader
         self.queue_files_deleted = 0  # local consume queue files deleted (tests, status)
+        self._uncorrected: set[tuple[str, int]] = set()  # queues extended down whose minimum is not corrected yet
 
     def open(self) -> None:
         """At start, before serving: the logical log reaches down through every segment FINISHED in the tier
@@ -78,19 +79,40 @@ class LocalRetention(Duty):
         while low - size >= 0 and low - size in finished:
             low -= size
         self.logical_min = low
+        self.store.retention.before_segment_delete(low)  # the local entries only: no tier read
         if self.reader is not None:
             queues = self.ledger.queue_snapshot()
-            with self.store.dispatcher.lock:
-                for (topic, queue_id), cq in self._tiered_queues():
-                    finished = queues.get((topic, queue_id), ({}, []))[0]
-                    size, base = cq.files.segment_size, cq.files.min_offset
-                    while base - size >= 0 and base - size in finished:
-                        base -= size
+            for (topic, queue_id), cq in self._tiered_queues():
+                finished = queues.get((topic, queue_id), ({}, []))[0]
+                size, base = cq.files.segment_size, cq.files.min_offset
+                while base - size >= 0 and base - size in finished:
+                    base -= size
+                with self.store.dispatcher.lock:
                     cq.extend_down(base // cq_unit.ENTRY_SIZE)
-        self.store.retention.before_segment_delete(low)
+                if base < cq.files.min_offset:
+                    self._uncorrected.add((topic, queue_id))
+            self._correct_extended()
+
+    def _correct_extended(self) -> None:
+        """The total retention's minimum of the queues extended down at the start, read in the tier: a tier that
+        does not answer does not stop the start (the queue's minimum stays its lowest tiered file's meanwhile,
+        and entries below the logical log answer OUT_OF_RANGE from the log); the next pass tries again."""
+        for key in sorted(self._uncorrected):
+            cq = self.store.queues.get(*key)
+            try:
+                if cq is not None:
+                    with self.store.dispatcher.lock:
+                        cq.correct_min_offset(self.logical_min)
+            except MqStoreError as exc:
+                log.warning("tier.queue_min_deferred", topic=key[0], queue_id=key[1], error=type(exc).__name__,
+                            message=str(exc))
+                continue
+            self._uncorrected.discard(key)
 
     def step(self) -> None:
         self.ledger.catch_up()
+        if self._uncorrected:
+            self._correct_extended()
         self._expire_tiered(self.store.clock.now_ms())
         due = self._due(self.store.clock.now_ms())
         if not due:

@@ -353,3 +353,24 @@ def test_a_tiered_queue_file_without_its_upload_is_unavailable_and_a_short_one_d
     path.unlink()
     with pytest.raises(DataLoss, match=f"object {upload.key} of the FINISHED upload"):
         rig.store.pull("t", 0, 0, 32)
+
+
+def test_a_start_with_the_tier_unreadable_serves_the_local_tail_and_the_tiered_entries_once_it_is_back(tiered):
+    rig = tiered()
+    bodies = _append(rig.store, 10)
+    rig.pass_()
+    bodies += _append(rig.store, 16, start=len(bodies))
+    rig.pass_()
+    rig.pass_()
+    assert rig.queue_files()[0] > 0
+    rig.stop()
+    away = rig.tier_dir.with_name("away")
+    rig.tier_dir.rename(away)  # every object unreadable
+    rig.start()  # the queues' minimums in the tier are not read: the start goes on
+    tail = len(bodies) - 3
+    assert [m.record.body for m in rig.store.pull("t", 0, tail, 32).messages] == bodies[tail:]
+    with pytest.raises((DataLoss, Unavailable)):
+        rig.store.pull("t", 0, 0, 32)
+    away.rename(rig.tier_dir)
+    rig.local.step()  # corrects the minimum now
+    assert rig.store.queue_info("t", 0).min_offset == 0 and _pull_all(rig.store) == bodies
