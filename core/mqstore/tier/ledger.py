@@ -199,6 +199,11 @@ class Ledger:
                     for (topic, queue_id), m in self._map.queues.items() for base, at in m.positions.items()
                     if base in m.finished}
 
+    def queue_states(self) -> dict[uuid.UUID, int]:
+        """Every consume queue file attempt's last state, as of the last catch-up."""
+        with self._lock:
+            return {uid: state for m in self._map.queues.values() for uid, state in m.states.items()}
+
     def positions(self) -> dict[int, int]:
         """segment base -> physical offset of its latest FINISHED record (-1: unknown), as of the last catch-up."""
         with self._lock:

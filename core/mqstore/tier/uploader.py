@@ -44,8 +44,10 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
 Retention: while the tier is on, the store deletes no segment at or above :meth:`Uploader.retention_floor`
 (the oldest sealed segment without a FINISHED upload), so local retention never loses what was not uploaded.
 
-Not done for consume queue files yet: the tier's retention (3) and the orphan sweep (4) handle commit log
-segments' objects only.
+Consume queue files in 3 and 4: a file's object is deleted (then DELETED recorded) once every entry of the file is
+below its queue's minimum (``queue_min(topic, queue id)``, the total retention's; None: the queue is gone, a
+deleted topic's), and an object under ``consumequeue/`` whose attempt the ledger holds as DISCARDED or DELETED is
+swept; one of an attempt the ledger does not hold is kept (its records may have gone with local retention).
 
 Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
 put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error;
@@ -72,8 +74,7 @@ import structlog
 from mqstore import failpoints
 from mqstore.background import Duty
 from mqstore.errors import OutOfRange
-from mqstore.format import tier_upload
-from mqstore.format import cq_unit
+from mqstore.format import cq_unit, tier_upload
 from mqstore.format.tier_upload import CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.objects import ObjectStore
@@ -149,6 +150,12 @@ def sealed_queue_files(store) -> list[SealedQueueFile]:
     return found
 
 
+def queue_min(store, topic: str, queue_id: int) -> int | None:
+    """The queue's minimum offset (the total retention's), None when the store has no such queue."""
+    cq = store.queues.get(topic, queue_id)
+    return cq.min_offset if cq is not None else None
+
+
 def _log_span(cq, first: int, end: int) -> tuple[int, int] | None:
     """[first record's physical offset, last record's end) of entries [first, end): blanks form a prefix."""
     try:
@@ -178,13 +185,15 @@ class Uploader(Duty):
     def __init__(self, tier: ObjectStore, ledger: Ledger, segments: Callable[[], list[SealedSegment]], *,
                  leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
                  interval_ms: int, logical_min: Callable[[], int] | None = None,
-                 queue_files: Callable[[], list[SealedQueueFile]] | None = None, segment_size: int = 0):
+                 queue_files: Callable[[], list[SealedQueueFile]] | None = None, segment_size: int = 0,
+                 queue_min: Callable[[str, int], int | None] | None = None):
         """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
         ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
         ``log_min()``: the log's oldest physical offset kept locally; ``logical_min()``: the logical log's
         start (local retention's, mqstore.tier.local_retention; default ``log_min``): the tier's retention;
         ``queue_files()``: the sealed consume queue files (:func:`sealed_queue_files`; None: none uploaded), whose
-        entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first."""
+        entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first; ``queue_min(topic, queue
+        id)``: the queue's minimum offset (None: no such queue), the files' retention in the tier."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger
@@ -195,6 +204,7 @@ class Uploader(Duty):
         self.logical_min = logical_min or log_min
         self.queue_files = queue_files
         self.segment_size = segment_size
+        self.queue_min = queue_min
         self.copy_bytes = 0  # bytes of the segments this node FINISHED
         self.copy_errors = 0  # steps that failed (the tier or the log said no)
         self.last_error: tuple[int, str] | None = None  # (ms since the epoch, message) of the last failed step
@@ -202,6 +212,7 @@ class Uploader(Duty):
         self.expired_bytes = 0
         self.uploaded = 0    # segments and consume queue files FINISHED by this node (tests, status)
         self.queue_files_uploaded = 0  # of which consume queue files
+        self.queue_files_expired = 0  # consume queue files' objects deleted by the tier's retention
         self.discarded = 0   # attempts DISCARDED by this node
         self.swept = 0       # orphan objects deleted
 
@@ -231,7 +242,9 @@ class Uploader(Duty):
         if self.queue_files is not None:
             self._upload_queue_files(epoch)
         self._expire()
+        self._expire_queue_files()
         self._sweep()
+        self._sweep_queue_files()
 
     def retention_floor(self) -> int:
         """The base of the oldest sealed segment without a FINISHED upload, else the end of the last sealed one
@@ -313,6 +326,9 @@ class Uploader(Duty):
             finished = queues.get((sealed.topic, sealed.queue_id), ({}, []))[0]
             if sealed.file.base in finished or not self._log_uploaded(sealed, segments, floor):
                 continue
+            low = self.queue_min(sealed.topic, sealed.queue_id) if self.queue_min is not None else None
+            if low is not None and sealed.file.base + sealed.file.size <= low * cq_unit.ENTRY_SIZE:
+                continue  # every entry below the queue's minimum: past the total retention (its object expired)
             self._upload(sealed.file, epoch, sealed)
 
     def _log_uploaded(self, sealed: SealedQueueFile, segments: dict[int, Upload], floor: int) -> bool:
@@ -338,6 +354,37 @@ class Uploader(Duty):
             self.expired_bytes += upload.segment_size
             log.info("tier.object_expired", segment_base=base, key=upload.key, logical_min=floor,
                      why="its segment is past the total retention")
+
+    def _expire_queue_files(self) -> None:
+        if self.queue_min is None:
+            return
+        self.ledger.catch_up()
+        for (topic, queue_id), (finished, _) in sorted(self.ledger.queue_snapshot().items()):
+            low = self.queue_min(topic, queue_id)
+            for base, upload in sorted(finished.items()):
+                if self.stopping or (low is not None and base + upload.segment_size > low * cq_unit.ENTRY_SIZE):
+                    break
+                self.tier.delete(upload.key)
+                failpoints.hit("tier.retention.after_delete")
+                self.ledger.record(upload.but(DELETED))
+                self.queue_files_expired += 1
+                log.info("tier.object_expired", topic=topic, queue_id=queue_id, file_base=base, key=upload.key,
+                         queue_min=low, why="every entry of the file is below its queue's minimum"
+                         if low is not None else "its queue is gone")
+
+    def _sweep_queue_files(self) -> None:
+        if self.queue_files is None:
+            return
+        self.ledger.catch_up()
+        states = self.ledger.queue_states()
+        for info in self.tier.list(QUEUE_PREFIX):
+            upload_id, _ = _parsed(info.key)
+            state = states.get(upload_id) if upload_id is not None else None
+            if state not in (DISCARDED, DELETED):
+                continue  # live, or an attempt the log does not hold (its records may have gone): kept
+            self.tier.delete(info.key)
+            self.swept += 1
+            log.warning("tier.orphan_deleted", key=info.key, state=tier_upload.STATE_NAMES.get(state, str(state)))
 
     # ---- 4. orphans ---------------------------------------------------------------------------------------
     def _sweep(self) -> None:

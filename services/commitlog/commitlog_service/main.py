@@ -77,7 +77,7 @@ from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.status import TierStats, register_metrics
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
-from mqstore.tier.uploader import Uploader, sealed_queue_files, sealed_segments
+from mqstore.tier.uploader import Uploader, queue_min, sealed_queue_files, sealed_segments
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
 from mqstore_rpc import catalogs, etcd_meta, service
 from mqstore_rpc import settings as S
@@ -238,7 +238,8 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
     uploader = Uploader(objects, ledger, lambda: sealed_segments(store), leader_epoch=leader_epoch,
                         ready=store.replica_view.promoted_visible, log_min=store.log_min,
                         interval_ms=tier.tier_upload_interval_ms, logical_min=logical_min,
-                        queue_files=lambda: sealed_queue_files(store), segment_size=store.segments.segment_size)
+                        queue_files=lambda: sealed_queue_files(store), segment_size=store.segments.segment_size,
+                        queue_min=lambda topic, queue_id: queue_min(store, topic, queue_id))
     store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
 

@@ -17,13 +17,14 @@ from mqstore import failpoints
 from mqstore.errors import DataLoss, Unavailable
 from mqstore.failpoints import FailpointHit
 from mqstore.format import cq_unit, tier_upload
-from mqstore.format.tier_upload import COMMITLOG, CONSUME_QUEUE, DISCARDED, FINISHED, STARTED, Upload
+from mqstore.format.tier_upload import COMMITLOG, CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore.tier.ledger import Ledger, UploadMap
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import BlockCache, TierReader
-from mqstore.tier.uploader import Uploader, object_key, queue_object_key, sealed_queue_files, sealed_segments
+from mqstore.tier.uploader import (Uploader, object_key, queue_min, queue_object_key, sealed_queue_files,
+                                   sealed_segments)
 from mqstore.tier.urls import open_store
 from tests.conftest import GOLDEN, golden_bytes
 from tests.support.waiting import wait_until
@@ -96,7 +97,8 @@ def rig(small_config, tmp_path):
         tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
         uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
                             ready=store.replica_view.promoted_visible, log_min=store.log_min, interval_ms=10_000,
-                            queue_files=lambda: sealed_queue_files(store), segment_size=SEGMENT)
+                            queue_files=lambda: sealed_queue_files(store), segment_size=SEGMENT,
+                            queue_min=lambda topic, queue_id: queue_min(store, topic, queue_id))
         made.append((store, tier))
         return store, tier, uploader
     yield make
@@ -205,6 +207,35 @@ def test_a_restart_reads_the_queue_files_uploads_from_the_log_and_a_follower_upl
     store.append("t", [MessageIn(body=b"x" * 900)] * 40)
     follower.step()
     assert _queue_objects(tier) == kept and follower.uploaded == 0
+
+
+def test_the_tiers_retention_deletes_files_below_the_queues_minimum_and_sweeps_discarded_attempts(rig):
+    store, tier, uploader = rig()
+    _fill(store, 3)
+    uploader.step()
+    files = uploader.ledger.queue_snapshot()[("t", 0)][0]
+    assert len(files) >= 2
+    kept = _queue_objects(tier)
+    cq = store.queues.get("t", 0)
+    with store.dispatcher.lock:
+        cq.raise_min_offset(ENTRIES + 1)  # the total retention: the first file's entries all below, not the second's
+    uploader.step()
+    first = files[0]
+    assert uploader.queue_files_expired == 1 and tier.size(first.key) is None
+    assert uploader.ledger.queue_states()[first.upload_id] == DELETED
+    assert 0 not in uploader.ledger.queue_snapshot()[("t", 0)][0]
+    assert _queue_objects(tier) == {k: v for k, v in kept.items() if k != first.key}  # the rest kept
+    late = queue_object_key("t", 0, ENTRIES * 20, uuid.uuid4())
+    tier.put_if_absent(late, b"an unknown attempt's")  # its records may have gone with local retention: kept
+    discarded = dataclasses.replace(files[ENTRIES * 20], upload_id=uuid.uuid4(), state=STARTED)
+    discarded = dataclasses.replace(discarded, key=queue_object_key("t", 0, ENTRIES * 20, discarded.upload_id))
+    uploader.ledger.record(discarded)
+    uploader.ledger.record(discarded.but(DISCARDED))
+    tier.put_if_absent(discarded.key, b"a deposed leader's late put")
+    uploader.step()
+    assert tier.size(discarded.key) is None and tier.size(late) is not None and uploader.swept == 1
+    assert uploader.queue_files_expired == 1  # the expired file (still local) is not uploaded again
+    assert list(uploader.ledger.queue_states().values()).count(DELETED) == 1
 
 
 # ---- layers 2-4: local retention of the files, reads of their entries from the tier, a restart ------------
