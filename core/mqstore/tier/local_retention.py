@@ -19,12 +19,14 @@ A local segment goes only when, oldest first and never the last one:
     then start at the local log (Retention.correct_local_only), at every start too.
 
 Consume queue files (issue 36's whole topic; with ``reader``, the tier's reads): each pass then deletes, on every
-node, a queue's oldest local files (never its last) whose upload FINISHED (mqstore.tier.uploader uploads a sealed
-file once the segments its entries point into did) and whose last entry's record lies below the local log's
-start (so every record they point at is read from the tier anyway); their entries are then read from the tier
-(ConsumeQueue.remote, TierReader.read_queue_file) and the queue's minimum stays the total retention's. Their
-FINISHED records are kept readable as the segments' (re-appended below a deletion, the ledger's floor), as long as
-the file holds entries at or above its queue's minimum. At a start (:meth:`open`) every queue reaches down again
+node, a queue's oldest local files (never its last) whose upload FINISHED with the file's bytes (SHA-256, once per
+upload: a topic created again under the same name, or a queue rebuilt with blanks, may hold another file at an
+uploaded base; it stays) (mqstore.tier.uploader uploads a sealed file once the segments its entries point into
+did) and whose last entry's record lies below the local log's start (so every record they point at is read
+from the tier anyway); their entries are then read from the tier (ConsumeQueue.remote,
+TierReader.read_queue_file) and the queue's minimum stays the total retention's. Their FINISHED records are kept
+readable as the segments' (re-appended below a deletion, the ledger's floor), as long as the file holds entries
+at or above its queue's minimum. At a start (:meth:`open`) every queue reaches down again
 through the files FINISHED right below its first local one, then the total retention raises its minimum.
 
 Total retention of the tiered part: a segment only in the tier goes from the logical log (every consume
@@ -47,6 +49,7 @@ from mqstore.errors import MqStoreError
 from mqstore.format import cq_unit
 from mqstore.store_retention import LOCAL_ONLY_TOPICS
 from mqstore.tier.ledger import Ledger
+from mqstore.tier.uploader import SealedSegment
 
 log = structlog.get_logger("mqstore.tier")
 
@@ -68,6 +71,7 @@ class LocalRetention(Duty):
         self.rerecorded = 0     # FINISHED records appended again
         self.reader = reader
         self.queue_files_deleted = 0  # local consume queue files deleted (tests, status)
+        self._matched: set = set()  # upload ids whose local file was found identical (_same_bytes)
         self._uncorrected: set[tuple[str, int]] = set()  # queues extended down whose minimum is not corrected yet
 
     def open(self) -> None:
@@ -166,7 +170,7 @@ class LocalRetention(Duty):
                     break
                 first = files[0]
                 upload = self.ledger.queue_file_upload(topic, queue_id, first.start)
-                if upload is None or upload.segment_size != first.size:
+                if upload is None or upload.segment_size != first.size or not self._same_bytes(first, upload):
                     break
                 phys, size, _ = cq.entry(first.end // cq_unit.ENTRY_SIZE - 1)
                 if size != cq_unit.BLANK_SIZE_FIELD and phys + size > local_min:
@@ -179,6 +183,18 @@ class LocalRetention(Duty):
                 self.queue_files_deleted += 1
                 log.info("tier.local_queue_file_deleted", topic=topic, queue_id=queue_id, start=first.start,
                          local_min=local_min)
+
+    def _same_bytes(self, file, upload) -> bool:
+        """The local file is the uploaded one (SHA-256, once per upload): not a file of a topic created again under
+        the same name, or of a queue rebuilt with blanks, whose base an older upload holds; that file stays."""
+        if upload.upload_id in self._matched:
+            return True
+        if SealedSegment(file.start, file.size, lambda: b"", file.path).digest() != upload.digest:
+            log.warning("tier.queue_file_differs", path=str(file.path), key=upload.key,
+                        why="the local file is not the uploaded one: it stays local")
+            return False
+        self._matched.add(upload.upload_id)
+        return True
 
     def _live_queue_positions(self) -> list[tuple[int, object]]:
         """(position, upload) of the latest FINISHED records of the queue files still holding live entries."""

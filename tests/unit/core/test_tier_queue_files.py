@@ -405,3 +405,18 @@ def test_a_start_with_the_tier_unreadable_serves_the_local_tail_and_the_tiered_e
     away.rename(rig.tier_dir)
     rig.local.step()  # corrects the minimum now
     assert rig.store.queue_info("t", 0).min_offset == 0 and _pull_all(rig.store) == bodies
+
+
+def test_a_local_file_that_is_not_the_uploaded_one_stays(tiered):
+    rig = tiered()
+    _append(rig.store, 10)
+    rig.uploader.step()
+    cq = rig.store.queues.get("t", 0)
+    first = cq.files.segments[0]
+    upload = rig.ledger.queue_file_upload("t", 0, first.start)
+    assert upload is not None
+    stale = dataclasses.replace(upload, digest=hashlib.sha256(b"a file of an earlier topic t").digest())
+    rig.ledger.queue_file_upload = lambda topic, queue_id, base: stale if base == first.start else upload
+    rig.local.step()
+    assert rig.store.segments.min_offset > 0 and rig.queue_files()[0] == 0  # the log went, the file stayed
+    assert rig.local.queue_files_deleted == 0
