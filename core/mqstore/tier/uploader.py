@@ -50,7 +50,8 @@ deleted topic's), and an object under ``consumequeue/`` whose attempt the ledger
 swept; one of an attempt the ledger does not hold is kept (its records may have gone with local retention).
 
 Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
-put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error;
+put, not yet verified nor FINISHED), the same for a consume queue file (``tier.upload.queue_file.started``,
+``tier.upload.queue_file.after_put``); "raise" there stands for a put that succeeded but reported an error;
 ``tier.retention.after_delete`` (an expired segment's object deleted, DELETED not yet recorded).
 
 Counters for ``mqstore tier status`` and the metrics (mqstore.tier.status): ``copy_bytes``, ``copy_errors``
@@ -298,12 +299,12 @@ class Uploader(Duty):
                              queue_object_key(queue_file.topic, queue_file.queue_id, segment.base, upload_id),
                              CONSUME_QUEUE, queue_file.topic, queue_file.queue_id)
         self.ledger.record(attempt)
-        failpoints.hit("tier.upload.started")
+        failpoints.hit("tier.upload.started" if queue_file is None else "tier.upload.queue_file.started")
         if segment.path is not None:
             self.tier.put_file(attempt.key, segment.path, segment.size)  # a memory map; multipart above its size (s3)
         else:
             self.tier.put_if_absent(attempt.key, segment.read())
-        failpoints.hit("tier.upload.after_put")
+        failpoints.hit("tier.upload.after_put" if queue_file is None else "tier.upload.queue_file.after_put")
         if self.tier.size(attempt.key) == attempt.segment_size:  # the put answered: its bytes were checked (above)
             self._finish(attempt, by="its put")
         else:

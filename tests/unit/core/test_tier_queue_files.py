@@ -171,12 +171,12 @@ def test_a_queue_files_put_that_reported_an_error_is_finished_and_one_cut_before
     uploader.queue_files = lambda: []
     uploader.step()  # the segments first
     uploader.queue_files = lambda: sealed_queue_files(store)
-    failpoints.arm("tier.upload.after_put", "raise")  # the file's object is stored, the put "failed"
+    failpoints.arm("tier.upload.queue_file.after_put", "raise")  # the file's object is stored, the put "failed"
     with pytest.raises(FailpointHit):
         uploader.step()
     ((_, (finished, (stored,))),) = uploader.ledger.queue_snapshot().items()
     assert not finished and tier.size(stored.key) == ENTRIES * cq_unit.ENTRY_SIZE
-    failpoints.arm("tier.upload.started", "raise")  # the next file's attempt is cut before its put
+    failpoints.arm("tier.upload.queue_file.started", "raise")  # the next file's attempt is cut before its put
     with pytest.raises(FailpointHit):
         uploader.step()
     failpoints.disarm_all()
