@@ -126,10 +126,18 @@ def sealed_segments(store) -> list[SealedSegment]:
 
 class SealedQueueFile:
     """A sealed consume queue file: ``file`` (a SealedSegment: its base is its first byte in the queue's address
-    space) and the commit log span its entries point into, [``log_from``, ``log_to``) (empty: blanks only)."""
+    space) and :meth:`log_span`, the commit log span its entries point into (read on first use: the uploader asks
+    only for files it has not uploaded)."""
 
-    def __init__(self, topic: str, queue_id: int, file: SealedSegment, log_from: int, log_to: int):
-        self.topic, self.queue_id, self.file, self.log_from, self.log_to = topic, queue_id, file, log_from, log_to
+    def __init__(self, topic: str, queue_id: int, file: SealedSegment, span: Callable[[], tuple[int, int] | None]):
+        self.topic, self.queue_id, self.file = topic, queue_id, file
+        self._span, self._known = span, None
+
+    def log_span(self) -> tuple[int, int] | None:
+        """[first record's physical offset, last record's end) ((0, 0): blanks only; None: the file went)."""
+        if self._known is None:
+            self._known = (self._span(),)
+        return self._known[0]
 
 
 def sealed_queue_files(store) -> list[SealedQueueFile]:
@@ -143,11 +151,10 @@ def sealed_queue_files(store) -> list[SealedQueueFile]:
         for file in list(cq.files.segments)[:-1]:
             if cq.flushed_offset * cq_unit.ENTRY_SIZE < file.end:
                 break
-            span = _log_span(cq, file.start // cq_unit.ENTRY_SIZE, file.end // cq_unit.ENTRY_SIZE)
-            if span is None:
-                break  # the queue went meanwhile (a deleted topic)
+            first, end = file.start // cq_unit.ENTRY_SIZE, file.end // cq_unit.ENTRY_SIZE
             found.append(SealedQueueFile(topic, queue_id, SealedSegment(file.start, file.size, _reader(file.path),
-                                                                        file.path), *span))
+                                                                        file.path),
+                                         lambda cq=cq, first=first, end=end: _log_span(cq, first, end)))
     return found
 
 
@@ -334,11 +341,15 @@ class Uploader(Duty):
 
     def _log_uploaded(self, sealed: SealedQueueFile, segments: dict[int, Upload], floor: int) -> bool:
         """Every commit log segment the file's entries point into is FINISHED (or past the total retention)."""
-        if sealed.log_to <= sealed.log_from:
+        span = sealed.log_span()
+        if span is None:
+            return False  # the queue went meanwhile (a deleted topic)
+        log_from, log_to = span
+        if log_to <= log_from:
             return True
         size = self.segment_size
-        first = sealed.log_from - sealed.log_from % size
-        return all(base in segments or base + size <= floor for base in range(first, sealed.log_to, size))
+        first = log_from - log_from % size
+        return all(base in segments or base + size <= floor for base in range(first, log_to, size))
 
     # ---- 3. the tier's retention ----------------------------------------------------------------------------
     def _expire(self) -> None:

@@ -127,8 +127,9 @@ def _queue_objects(tier) -> dict[str, bytes]:
 
 def _uploadable(store, finished_segments) -> list:
     """The sealed queue files whose records all lie in FINISHED segments."""
-    return [f for f in sealed_queue_files(store)
-            if all(base in finished_segments for base in range(f.log_from - f.log_from % SEGMENT, f.log_to, SEGMENT))]
+    return [f for f in sealed_queue_files(store) if all(
+        base in finished_segments for base in range(f.log_span()[0] - f.log_span()[0] % SEGMENT, f.log_span()[1],
+                                                    SEGMENT))]
 
 
 def test_sealed_queue_files_are_uploaded_byte_identical_once_after_their_segments(rig):
@@ -141,7 +142,7 @@ def test_sealed_queue_files_are_uploaded_byte_identical_once_after_their_segment
     expected = _uploadable(store, segments)
     assert expected and not pending and sorted(files) == [f.file.base for f in expected]
     late = [f for f in sealed if f.file.base not in files]  # entries in the segment written now: not yet
-    assert all(f.log_to > max(segments) + SEGMENT for f in late)
+    assert all(f.log_span()[1] > max(segments) + SEGMENT for f in late)
     objects = _queue_objects(tier)
     assert len(objects) == len(expected)
     cq = store.queues.get("t", 0)
