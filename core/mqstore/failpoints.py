@@ -59,6 +59,8 @@ KNOWN = frozenset({
     # the object storage tier's uploader (mqstore.tier.uploader says what a crash at each step leaves):
     "tier.upload.started",       # a segment's STARTED record is appended, its object not yet put
     "tier.upload.after_put",     # the object is put, not yet read back nor FINISHED
+    "tier.upload.queue_file.started",    # a consume queue file's STARTED record is appended, its object not put
+    "tier.upload.queue_file.after_put",  # a consume queue file's object is put, not yet FINISHED
     "tier.retention.after_delete",  # an expired segment's object is deleted, its DELETED not yet recorded
 })
 

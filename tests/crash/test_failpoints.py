@@ -433,6 +433,47 @@ def _tier_upload_cut(name, tmp_path, failpoint):
         tier.close()
 
 
+@scenario("tier.upload.queue_file.started", "tier.upload.queue_file.after_put")
+def _tier_queue_file_upload_cut(name, tmp_path, failpoint):
+    """The uploader dies between a consume queue file's STARTED record and its put, or after the put; the node
+    restarts from disk: every sealed queue file ends FINISHED exactly once, its object the file's bytes, and no
+    other object is left under consumequeue/ (mqstore.tier.uploader)."""
+    from mqstore.tier.ledger import Ledger
+    from mqstore.tier.uploader import Uploader, sealed_queue_files, sealed_segments
+    from mqstore.tier.urls import open_store
+    from tests.support.waiting import wait_until
+
+    def uploader(store, tier):
+        return Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=lambda: 0,
+                        ready=lambda: True, log_min=store.log_min, interval_ms=600_000,
+                        queue_files=lambda: sealed_queue_files(store), segment_size=config.segment_size_bytes)
+    config = _config(tmp_path, cq_entries_per_file=8)
+    store, acked = _started(config, 12)  # ~ 3 segments of 16 KiB, 30 entries in each of 2 queues
+    store.write_checkpoint()  # the queue files flushed
+    wait_until(lambda: sealed_segments(store) and sealed_queue_files(store), "a sealed segment and queue file")
+    tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        uploader(store, tier).step()
+    store.halt()  # as if killed there
+    _check_store(config, acked)
+    store = MessageStore(config)
+    store.start()
+    try:
+        again = uploader(store, tier)
+        again.step()
+        queues = again.ledger.queue_snapshot()
+        assert all(not pending for _, pending in queues.values()) and again.ledger.conflicts == 0
+        finished = {(topic, queue_id, base): u for (topic, queue_id), (files, _) in queues.items()
+                    for base, u in files.items()}
+        assert finished
+        objects = {info.key: tier.get_range(info.key, 0, info.size) for info in tier.list("consumequeue")}
+        sealed = {(f.topic, f.queue_id, f.file.base): f.file.read() for f in sealed_queue_files(store)}
+        assert objects == {u.key: sealed[where] for where, u in finished.items()}  # byte-identical, no orphan
+    finally:
+        store.stop()
+        tier.close()
+
+
 @scenario("tier.retention.after_delete")
 def _tier_retention_cut(name, tmp_path, failpoint):
     """The tier's retention dies after deleting an expired segment's object, before its DELETED record; the node

@@ -25,12 +25,27 @@ ordinary commit log record (mqstore.format.record) of that topic, queue 0. Big-e
       78    2 key length k     1..MAX_KEY_BYTES
       80    k key              UTF-8: the object's key inside the tier URL
 
+Version 2 (issue 36: a second kind of file) is version 1's bytes with ``version`` 2 and, after the key:
+
+  offset size field            meaning
+  ------ ---- ---------------- ---------------------------------------------------------------------------
+   80+k    1 kind             1 COMMITLOG (a commit log segment), 2 CONSUME_QUEUE (a sealed consume queue file:
+                                   "segment base" is the file's first byte in the queue's address space, its name)
+   81+k    4 queue id         >= 0 (0 for a commit log segment)
+   85+k    2 topic length t   0..MAX_TOPIC_BYTES (0 for a commit log segment)
+   87+k    t topic            UTF-8
+
+A commit log segment's record is always written as version 1 (byte-identical to what older nodes wrote and
+read); only a consume queue file's is version 2, which a node that predates it skips as one that does not
+decode (it never reads consume queue files from the tier). A version 1 record decodes as kind COMMITLOG.
+
 Source of truth: the commit log (the record's body CRC covers these bytes). A body that does not decode
-(another magic or version, a short or long body, an unknown state) is ValueError.
+(another magic or version, a short or long body, an unknown state or kind) is ValueError.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import uuid
 from dataclasses import dataclass
@@ -38,6 +53,10 @@ from dataclasses import dataclass
 TOPIC = "RMQ_SYS_TIER_UPLOADS"
 MAGIC = 0x4D515455
 VERSION = 1
+VERSION_KINDS = 2  # a record with a kind, a queue id and a topic after its key (a consume queue file's)
+COMMITLOG, CONSUME_QUEUE = 1, 2
+KIND_NAMES = {COMMITLOG: "COMMITLOG", CONSUME_QUEUE: "CONSUME_QUEUE"}
+MAX_TOPIC_BYTES = 1024
 STARTED, FINISHED, DISCARDED, DELETED = 1, 2, 3, 4
 STATE_NAMES = {STARTED: "STARTED", FINISHED: "FINISHED", DISCARDED: "DISCARDED", DELETED: "DELETED"}
 DIGEST_BYTES = 32
@@ -54,6 +73,7 @@ FIXED = struct.Struct(
     "q"    # 70 leader epoch
     "H"    # 78 key length
 )
+KIND = struct.Struct(">BiH")  # version 2, after the key: kind, queue id, topic length
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +85,29 @@ class Upload:
     digest: bytes
     epoch: int
     key: str
+    kind: int = COMMITLOG
+    topic: str = ""  # a consume queue file's topic and queue id ("" and 0 for a commit log segment)
+    queue_id: int = 0
 
     def but(self, state: int) -> Upload:
-        return Upload(state, self.upload_id, self.segment_base, self.segment_size, self.digest, self.epoch, self.key)
+        return dataclasses.replace(self, state=state)
 
 
 def encode(upload: Upload) -> bytes:
     key = upload.key.encode("utf-8")
+    topic = upload.topic.encode("utf-8")
     if (upload.state not in STATE_NAMES or upload.segment_base < 0 or upload.segment_size <= 0
-            or len(upload.digest) != DIGEST_BYTES or upload.epoch < 0 or not 0 < len(key) <= MAX_KEY_BYTES):
+            or len(upload.digest) != DIGEST_BYTES or upload.epoch < 0 or not 0 < len(key) <= MAX_KEY_BYTES
+            or upload.kind not in KIND_NAMES or upload.queue_id < 0 or len(topic) > MAX_TOPIC_BYTES
+            or (upload.kind == COMMITLOG and (topic or upload.queue_id))
+            or (upload.kind == CONSUME_QUEUE and not topic)):
         raise ValueError(f"not a tier upload record: {upload}")
-    return FIXED.pack(MAGIC, VERSION, upload.state, upload.upload_id.bytes, upload.segment_base,
-                      upload.segment_size, upload.digest, upload.epoch, len(key)) + key
+    version = VERSION if upload.kind == COMMITLOG else VERSION_KINDS
+    fixed = FIXED.pack(MAGIC, version, upload.state, upload.upload_id.bytes, upload.segment_base,
+                       upload.segment_size, upload.digest, upload.epoch, len(key)) + key
+    if version == VERSION:
+        return fixed
+    return fixed + KIND.pack(upload.kind, upload.queue_id, len(topic)) + topic
 
 
 def decode(body: bytes) -> Upload:
@@ -84,16 +115,37 @@ def decode(body: bytes) -> Upload:
     if len(body) < FIXED.size:
         raise ValueError(f"a tier upload record is at least {FIXED.size} bytes, this body {len(body)}")
     magic, version, state, upload_id, base, size, digest, epoch, key_length = FIXED.unpack_from(body, 0)
-    if magic != MAGIC or version != VERSION:
-        raise ValueError(f"not a tier upload record of version {VERSION}: magic {magic:#x}, version {version}")
+    if magic != MAGIC or version not in (VERSION, VERSION_KINDS):
+        raise ValueError(f"not a tier upload record of version {VERSION} or {VERSION_KINDS}: magic {magic:#x}, "
+                         f"version {version}")
     if state not in STATE_NAMES or base < 0 or size <= 0 or epoch < 0 or not 0 < key_length <= MAX_KEY_BYTES:
         raise ValueError(f"a damaged tier upload record: state {state}, base {base}, size {size}, epoch {epoch}, "
                          f"key of {key_length} bytes")
-    if FIXED.size + key_length != len(body):
-        raise ValueError(f"a tier upload record with a key of {key_length} bytes is {FIXED.size + key_length} "
+    key_end = FIXED.size + key_length
+    kind, queue_id, topic = COMMITLOG, 0, ""
+    if version == VERSION_KINDS:
+        if len(body) < key_end + KIND.size:
+            raise ValueError(f"a tier upload record of version {VERSION_KINDS} is at least {key_end + KIND.size} "
+                             f"bytes, this body {len(body)}")
+        kind, queue_id, topic_length = KIND.unpack_from(body, key_end)
+        if kind not in KIND_NAMES or queue_id < 0 or topic_length > MAX_TOPIC_BYTES:
+            raise ValueError(f"a damaged tier upload record: kind {kind}, queue id {queue_id}, topic of "
+                             f"{topic_length} bytes")
+        if key_end + KIND.size + topic_length != len(body):
+            raise ValueError(f"a tier upload record with a topic of {topic_length} bytes is "
+                             f"{key_end + KIND.size + topic_length} bytes, this body {len(body)}")
+        topic = _text(body[key_end + KIND.size:], "topic")
+        if (kind == COMMITLOG and (topic or queue_id)) or (kind == CONSUME_QUEUE and not topic):
+            raise ValueError(f"a damaged tier upload record: kind {kind} with topic {topic!r}, queue id {queue_id}")
+    elif key_end != len(body):
+        raise ValueError(f"a tier upload record with a key of {key_length} bytes is {key_end} "
                          f"bytes, this body {len(body)}")
+    key = _text(body[FIXED.size:key_end], "key")
+    return Upload(state, uuid.UUID(bytes=upload_id), base, size, digest, epoch, key, kind, topic, queue_id)
+
+
+def _text(data: bytes, what: str) -> str:
     try:
-        key = body[FIXED.size:].decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"a tier upload record's key is not UTF-8: {exc}") from exc
-    return Upload(state, uuid.UUID(bytes=upload_id), base, size, digest, epoch, key)
+        raise ValueError(f"a tier upload record's {what} is not UTF-8: {exc}") from exc

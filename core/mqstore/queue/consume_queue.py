@@ -13,6 +13,13 @@ dispatcher runs after the log write, so a full disk found only then would leave 
 without their entries. An empty file at the end was reserved ahead for a batch that was refused or
 never dispatched; ``load`` removes it.
 
+Files in the object storage tier (issue 36): with the tier's local retention, a queue's oldest sealed files may
+be only in the tier (uploaded by mqstore.tier.uploader, deleted locally by mqstore.tier.local_retention).
+``remote(byte offset, length)`` (mqstore.tier.reads.TierReader.read_queue_file), when set, serves the entries
+below the first local file, down to ``min_offset`` (the total retention's): :meth:`entry` and :meth:`entries`
+read them there, also when the file went while the read ran (SegmentClosed). :meth:`extend_down` lowers the
+minimum to the tiered files at a start (the local files begin above them then).
+
 Thread-safety: writes (put, truncate, correct_min_offset) come from the dispatcher or the cleaner while
 the store's dispatch lock is held; ``reserve`` comes from the append path under the commit log's lock
 and only adds files (SegmentQueue.ensure, under the files' own lock). Reads are lock-free below
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import pathlib
 import shutil
+from typing import Callable
 
 import structlog
 
@@ -30,6 +38,8 @@ from mqstore import fs
 from mqstore.errors import InvariantViolation
 from mqstore.format import cq_unit
 from mqstore.log.segment import SegmentClosed, SegmentQueue
+
+Remote = Callable[[int, int], bytes]  # (byte offset in the queue, length) -> the entries' bytes, from the tier
 
 log = structlog.get_logger()
 ENTRY = cq_unit.ENTRY_SIZE
@@ -46,6 +56,7 @@ class ConsumeQueue:
         self.max_offset = 0
         self.flushed_offset = 0
         self.max_physical_end = 0  # physical end of the last entry's record
+        self.remote: Remote | None = None  # the files only in the tier (module docstring); None: local only
 
     # ---- load / recover
     def load(self) -> None:
@@ -209,8 +220,15 @@ class ConsumeQueue:
     # ---- read
     def entry(self, queue_offset: int) -> tuple[int, int, int]:
         byte_at = queue_offset * ENTRY
-        seg = self.files.find(byte_at)
-        return cq_unit.decode(seg.buffer, byte_at - seg.start)
+        if self._tiered(byte_at):
+            return cq_unit.decode(self.remote(byte_at, ENTRY), 0)
+        try:
+            seg = self.files.find(byte_at)
+            return cq_unit.decode(seg.buffer, byte_at - seg.start)
+        except SegmentClosed:
+            if not self._tiered(byte_at):
+                raise
+            return cq_unit.decode(self.remote(byte_at, ENTRY), 0)  # deleted locally meanwhile: uploaded before
 
     def entries(self, from_offset: int, count: int) -> list[tuple[int, int, int]]:
         """Up to ``count`` entries from ``from_offset`` (stops at max_offset and at a file end)."""
@@ -218,10 +236,37 @@ class ConsumeQueue:
         if from_offset >= end:
             return []
         byte_at = from_offset * ENTRY
-        seg = self.files.find(byte_at)
-        stop = min(end * ENTRY, seg.end)
-        data = seg.read(byte_at - seg.start, stop - byte_at)
-        return list(cq_unit.ENTRY.iter_unpack(data))
+        if not self._tiered(byte_at):
+            try:
+                seg = self.files.find(byte_at)
+                stop = min(end * ENTRY, seg.end)
+                return list(cq_unit.ENTRY.iter_unpack(seg.read(byte_at - seg.start, stop - byte_at)))
+            except SegmentClosed:
+                if not self._tiered(byte_at):
+                    raise
+        file_size = self.files.segment_size
+        stop = min(end * ENTRY, byte_at - byte_at % file_size + file_size)
+        return list(cq_unit.ENTRY.iter_unpack(self.remote(byte_at, stop - byte_at)))
+
+    def _tiered(self, byte_at: int) -> bool:
+        """Whether the entry at ``byte_at`` is read from the tier: below the first local file, with ``remote``."""
+        return self.remote is not None and byte_at < self.files.min_offset and byte_at >= self.min_offset * ENTRY
+
+    def extend_down(self, offset: int) -> None:
+        """At a start, with ``remote`` set: the queue's entries reach down to ``offset`` (a file's first entry,
+        the lowest of the files uploaded right below the first local one); the total retention raises the
+        minimum from there (correct_min_offset)."""
+        if self.remote is not None and offset < self.min_offset and offset * ENTRY % self.files.segment_size == 0:
+            log.info("consumequeue.tiered_files", topic=self.topic, queue_id=self.queue_id, from_offset=offset,
+                     local_from=self.min_offset)
+            self.min_offset = offset
+
+    def delete_tiered_file(self) -> None:
+        """Local retention (mqstore.tier.local_retention): delete the first local file, uploaded and FINISHED
+        (``remote`` serves its entries from now on); the minimum stays (the total retention's). Never the last."""
+        if self.remote is None or len(self.files.segments) < 2:
+            raise InvariantViolation(f"consume queue {self.topic}/{self.queue_id}: no tiered read for the file")
+        self.files.delete_first()
 
     def holds_below(self, physical_offset: int) -> bool:
         """Whether the queue's entries point below ``physical_offset`` (entries are in log order: its first

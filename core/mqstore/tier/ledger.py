@@ -22,6 +22,10 @@ Per segment (its base offset), in log order:
                   FINISHED of u is skipped (the leader re-records only segments still FINISHED)
   anything else   a record that does not decode, or an end without its start: skipped and counted
 
+A consume queue file's records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 2) fold the same way
+into a map of their own per queue (:attr:`UploadMap.queues`, (topic, queue id) -> UploadMap; "segment base" is the
+file's first byte in the queue), so a file's base never meets a commit log segment's.
+
 Thread-safety: :meth:`Ledger.catch_up` and reads of the map serialise on the ledger's lock.
 """
 
@@ -34,7 +38,7 @@ from typing import Callable
 import structlog
 
 from mqstore.format import tier_upload
-from mqstore.format.tier_upload import DELETED, FINISHED, STARTED, Upload
+from mqstore.format.tier_upload import CONSUME_QUEUE, DELETED, FINISHED, STARTED, Upload
 from mqstore.model import MessageIn
 from mqstore.replication.config import SYNC
 
@@ -57,9 +61,22 @@ class UploadMap:
         self.states: dict[uuid.UUID, int] = {}
         self.conflicts = 0
         self.skipped = 0
+        self.queues: dict[tuple[str, int], UploadMap] = {}  # a consume queue's files: (topic, queue id) -> map
 
     def apply(self, upload: Upload, position: int = -1) -> None:
         """``position``: the record's physical offset (-1: unknown)."""
+        if upload.kind == CONSUME_QUEUE:
+            queue = self.queues.get((upload.topic, upload.queue_id))
+            if queue is None:
+                queue = self.queues[(upload.topic, upload.queue_id)] = UploadMap()
+            conflicts, skipped = queue.conflicts, queue.skipped
+            queue._apply_one(upload, position)
+            self.conflicts += queue.conflicts - conflicts
+            self.skipped += queue.skipped - skipped
+            return
+        self._apply_one(upload, position)
+
+    def _apply_one(self, upload: Upload, position: int) -> None:
         known = self.states.get(upload.upload_id)
         kept = self.finished.get(upload.segment_base)
         if upload.state == DELETED:
@@ -162,6 +179,30 @@ class Ledger:
         """(segment base -> FINISHED upload, pending attempts), as of the last catch-up."""
         with self._lock:
             return dict(self._map.finished), list(self._map.pending.values())
+
+    def queue_snapshot(self) -> dict[tuple[str, int], tuple[dict[int, Upload], list[Upload]]]:
+        """(topic, queue id) -> (file base -> FINISHED upload, pending attempts) of the consume queue files, as of
+        the last catch-up."""
+        with self._lock:
+            return {queue: (dict(m.finished), list(m.pending.values())) for queue, m in self._map.queues.items()}
+
+    def queue_file_upload(self, topic: str, queue_id: int, file_base: int) -> Upload | None:
+        """A consume queue file's FINISHED upload as of the last catch-up (no catch-up: cheap for every read)."""
+        with self._lock:
+            queue = self._map.queues.get((topic, queue_id))
+            return queue.finished.get(file_base) if queue is not None else None
+
+    def queue_positions(self) -> dict[tuple[str, int, int], tuple[Upload, int]]:
+        """(topic, queue id, file base) -> (its FINISHED upload, physical offset of its latest FINISHED record)."""
+        with self._lock:
+            return {(topic, queue_id, base): (m.finished[base], at)
+                    for (topic, queue_id), m in self._map.queues.items() for base, at in m.positions.items()
+                    if base in m.finished}
+
+    def queue_states(self) -> dict[uuid.UUID, int]:
+        """Every consume queue file attempt's last state, as of the last catch-up."""
+        with self._lock:
+            return {uid: state for m in self._map.queues.values() for uid, state in m.states.items()}
 
     def positions(self) -> dict[int, int]:
         """segment base -> physical offset of its latest FINISHED record (-1: unknown), as of the last catch-up."""

@@ -15,6 +15,10 @@ base to the object's key), so Pull and GetMessage(s) serve it as if it were loca
   data is, never Unavailable.
 - **Counters** (mqstore.tier.status): ``fetched_bytes`` and ``gets``, ``fetch_errors`` (reads that failed:
   Unavailable or DataLoss), the cache's ``hits`` and ``misses``.
+- **Consume queue files** (:meth:`TierReader.read_queue_file`): entries of a queue's file only in the tier are read
+  the same way from its FINISHED object (``queue_file(topic, queue id, file base)``: the ledger's), blocks,
+  cache, deadline and errors as above (a file with no FINISHED upload is Unavailable); mqstore.queue.consume_queue
+  reads below its first local file through it, then the records as above.
 - **Short objects**: a block shorter than the recorded segment size says it must be is DataLoss naming the
   object and the tier; nothing of it is served.
 
@@ -33,6 +37,7 @@ from mqstore.format.tier_upload import Upload
 from mqstore.tier.objects import ObjectStore
 
 FinishedUpload = Callable[[int], Upload | None]  # segment base -> its FINISHED upload, None when none
+QueueFileUpload = Callable[[str, int, int], Upload | None]  # (topic, queue id, file base) -> its FINISHED upload
 
 
 class BlockCache:
@@ -76,7 +81,8 @@ class BlockCache:
 
 class TierReader:
     def __init__(self, objects: ObjectStore, finished: FinishedUpload, segment_size: int, *,
-                 read_ahead_bytes: int, cache_bytes: int, floor: Callable[[], int] | None = None):
+                 read_ahead_bytes: int, cache_bytes: int, floor: Callable[[], int] | None = None,
+                 queue_file: QueueFileUpload | None = None):
         self.objects = objects
         self.finished = finished
         self.segment_size = segment_size
@@ -86,6 +92,7 @@ class TierReader:
         self.gets = 0
         self.fetch_errors = 0
         self.floor = floor
+        self.queue_file = queue_file
 
     def read(self, physical_offset: int, size: int) -> bytes:
         """``size`` bytes of the log from ``physical_offset`` (inside one segment, as every record is)."""
@@ -99,13 +106,29 @@ class TierReader:
             self.fetch_errors += 1
             raise
 
+    def read_queue_file(self, topic: str, queue_id: int, file_size: int, byte_at: int, size: int) -> bytes:
+        """``size`` bytes of consume queue ``topic``/``queue_id`` from ``byte_at`` (inside one file of
+        ``file_size`` bytes) from the file's FINISHED object."""
+        base = byte_at - byte_at % file_size
+        upload = self.queue_file(topic, queue_id, base) if self.queue_file is not None else None
+        try:
+            if upload is None:
+                raise Unavailable(f"object storage tier {self.objects.url}: consume queue {topic}/{queue_id}'s file "
+                                  f"at byte {base} is not local and has no FINISHED upload (yet); retry")
+            return self._read_object(upload, byte_at - base, size)
+        except (Unavailable, DataLoss):
+            self.fetch_errors += 1
+            raise
+
     def _read(self, physical_offset: int, size: int) -> bytes:
         base = physical_offset - physical_offset % self.segment_size
         upload = self.finished(base)
         if upload is None:
             raise Unavailable(f"object storage tier {self.objects.url}: the segment at physical offset {base} is "
                               f"not in the local log and has no FINISHED upload (yet); retry")
-        position = physical_offset - base
+        return self._read_object(upload, physical_offset - base, size)
+
+    def _read_object(self, upload: Upload, position: int, size: int) -> bytes:
         end = min(position + size, upload.segment_size)
         block = self.read_ahead_bytes
         pieces = [self._block(upload, index)[max(position - index * block, 0):end - index * block]

@@ -21,6 +21,13 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      fsynced the bytes itself. A put that failed, or a crash after it, leaves the attempt pending: the step
      after resolves it with the full read-back of 1.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
+     Then **every sealed consume queue file** (``queue_files``, :func:`sealed_queue_files`: not a queue's last
+     file, every entry written and flushed) whose entries all point into commit log segments FINISHED in the
+     tier (or already past the total retention, below ``logical_min()``), with no FINISHED upload of its own:
+     the same two records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 2: the topic, queue id and
+     the file's base in the queue), the key ``consumequeue/<topic>/<queue id>/<base:020d>/<upload id>``, the
+     same put, check and resolution (1 resolves a file's pending attempt as a segment's). The queues of the
+     topics kept local (Retention's LOCAL_ONLY_TOPICS: the consumer offsets, this ledger) are not uploaded.
   3. **The tier's own retention**: the object of every FINISHED segment that ends at or below the logical
      log's start (``logical_min()``: local retention's logical minimum, which the total retention
      ``--retention-ms`` moves past tiered segments; without local retention the local log's start, which the
@@ -37,8 +44,14 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
 Retention: while the tier is on, the store deletes no segment at or above :meth:`Uploader.retention_floor`
 (the oldest sealed segment without a FINISHED upload), so local retention never loses what was not uploaded.
 
+Consume queue files in 3 and 4: a file's object is deleted (then DELETED recorded) once every entry of the file is
+below its queue's minimum (``queue_min(topic, queue id)``, the total retention's; None: the queue is gone, a
+deleted topic's), and an object under ``consumequeue/`` whose attempt the ledger holds as DISCARDED or DELETED is
+swept; one of an attempt the ledger does not hold is kept (its records may have gone with local retention).
+
 Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
-put, not yet verified nor FINISHED); "raise" there stands for a put that succeeded but reported an error;
+put, not yet verified nor FINISHED), the same for a consume queue file (``tier.upload.queue_file.started``,
+``tier.upload.queue_file.after_put``); "raise" there stands for a put that succeeded but reported an error;
 ``tier.retention.after_delete`` (an expired segment's object deleted, DELETED not yet recorded).
 
 Counters for ``mqstore tier status`` and the metrics (mqstore.tier.status): ``copy_bytes``, ``copy_errors``
@@ -61,19 +74,25 @@ import structlog
 
 from mqstore import failpoints
 from mqstore.background import Duty
-from mqstore.format import tier_upload
-from mqstore.format.tier_upload import DELETED, DISCARDED, FINISHED, STARTED, Upload
+from mqstore.errors import OutOfRange
+from mqstore.format import cq_unit, tier_upload
+from mqstore.format.tier_upload import CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.objects import ObjectStore
 
 log = structlog.get_logger("mqstore.tier")
 
 PREFIX = "commitlog"
+QUEUE_PREFIX = "consumequeue"
 READ_BACK_BYTES = 8 << 20  # the verification reads the object back in ranges of this size
 
 
 def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
     return f"{PREFIX}/{segment_base:020d}/{upload_id.hex}"
+
+
+def queue_object_key(topic: str, queue_id: int, file_base: int, upload_id: uuid.UUID) -> str:
+    return f"{QUEUE_PREFIX}/{topic}/{queue_id}/{file_base:020d}/{upload_id.hex}"
 
 
 class SealedSegment:
@@ -105,6 +124,64 @@ def sealed_segments(store) -> list[SealedSegment]:
     return found
 
 
+class SealedQueueFile:
+    """A sealed consume queue file: ``file`` (a SealedSegment: its base is its first byte in the queue's address
+    space) and :meth:`log_span`, the commit log span its entries point into (read on first use: the uploader asks
+    only for files it has not uploaded)."""
+
+    def __init__(self, topic: str, queue_id: int, file: SealedSegment, span: Callable[[], tuple[int, int] | None]):
+        self.topic, self.queue_id, self.file = topic, queue_id, file
+        self._span, self._known = span, None
+
+    def log_span(self) -> tuple[int, int] | None:
+        """[first record's physical offset, last record's end) ((0, 0): blanks only; None: the file went)."""
+        if self._known is None:
+            self._known = (self._span(),)
+        return self._known[0]
+
+
+def sealed_queue_files(store) -> list[SealedQueueFile]:
+    """Every consume queue's files whose every entry is final: not its last file, written and flushed to the
+    file's end (the topics kept local, Retention's LOCAL_ONLY_TOPICS, left out)."""
+    from mqstore.store_retention import LOCAL_ONLY_TOPICS  # the store's module; this one is imported by it
+    found = []
+    for (topic, queue_id), cq in list(store.queues.queues.items()):
+        if topic in LOCAL_ONLY_TOPICS:
+            continue
+        for file in list(cq.files.segments)[:-1]:
+            if cq.flushed_offset * cq_unit.ENTRY_SIZE < file.end:
+                break
+            first, end = file.start // cq_unit.ENTRY_SIZE, file.end // cq_unit.ENTRY_SIZE
+            found.append(SealedQueueFile(topic, queue_id, SealedSegment(file.start, file.size, _reader(file.path),
+                                                                        file.path),
+                                         lambda cq=cq, first=first, end=end: _log_span(cq, first, end)))
+    return found
+
+
+def queue_min(store, topic: str, queue_id: int) -> int | None:
+    """The queue's minimum offset (the total retention's), None when the store has no such queue."""
+    cq = store.queues.get(topic, queue_id)
+    return cq.min_offset if cq is not None else None
+
+
+def _log_span(cq, first: int, end: int) -> tuple[int, int] | None:
+    """[first record's physical offset, last record's end) of entries [first, end): blanks form a prefix."""
+    try:
+        lo, hi = first, end
+        while lo < hi:  # the first entry that is not a blank
+            mid = (lo + hi) // 2
+            if cq.entry(mid)[1] == cq_unit.BLANK_SIZE_FIELD:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == end:
+            return 0, 0
+        last_phys, last_size, _ = cq.entry(end - 1)
+        return cq.entry(lo)[0], last_phys + last_size
+    except OutOfRange:  # SegmentClosed included: a file closed by a topic's delete meanwhile
+        return None
+
+
 def _reader(path) -> Callable[[], bytes]:
     def read() -> bytes:
         with open(path, "rb") as source:
@@ -115,11 +192,16 @@ def _reader(path) -> Callable[[], bytes]:
 class Uploader(Duty):
     def __init__(self, tier: ObjectStore, ledger: Ledger, segments: Callable[[], list[SealedSegment]], *,
                  leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
-                 interval_ms: int, logical_min: Callable[[], int] | None = None):
+                 interval_ms: int, logical_min: Callable[[], int] | None = None,
+                 queue_files: Callable[[], list[SealedQueueFile]] | None = None, segment_size: int = 0,
+                 queue_min: Callable[[str, int], int | None] | None = None):
         """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
         ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
         ``log_min()``: the log's oldest physical offset kept locally; ``logical_min()``: the logical log's
-        start (local retention's, mqstore.tier.local_retention; default ``log_min``): the tier's retention."""
+        start (local retention's, mqstore.tier.local_retention; default ``log_min``): the tier's retention;
+        ``queue_files()``: the sealed consume queue files (:func:`sealed_queue_files`; None: none uploaded), whose
+        entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first; ``queue_min(topic, queue
+        id)``: the queue's minimum offset (None: no such queue), the files' retention in the tier."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger
@@ -128,12 +210,17 @@ class Uploader(Duty):
         self.ready = ready
         self.log_min = log_min
         self.logical_min = logical_min or log_min
+        self.queue_files = queue_files
+        self.segment_size = segment_size
+        self.queue_min = queue_min
         self.copy_bytes = 0  # bytes of the segments this node FINISHED
         self.copy_errors = 0  # steps that failed (the tier or the log said no)
         self.last_error: tuple[int, str] | None = None  # (ms since the epoch, message) of the last failed step
         self.expired = 0  # objects deleted by the tier's retention (DELETED recorded)
         self.expired_bytes = 0
-        self.uploaded = 0    # segments FINISHED by this node (tests, status)
+        self.uploaded = 0    # segments and consume queue files FINISHED by this node (tests, status)
+        self.queue_files_uploaded = 0  # of which consume queue files
+        self.queue_files_expired = 0  # consume queue files' objects deleted by the tier's retention
         self.discarded = 0   # attempts DISCARDED by this node
         self.swept = 0       # orphan objects deleted
 
@@ -160,8 +247,12 @@ class Uploader(Duty):
                 return
             if segment.base not in self.ledger.snapshot()[0]:
                 self._upload(segment, epoch)
+        if self.queue_files is not None:
+            self._upload_queue_files(epoch)
         self._expire()
+        self._expire_queue_files()
         self._sweep()
+        self._sweep_queue_files()
 
     def retention_floor(self) -> int:
         """The base of the oldest sealed segment without a FINISHED upload, else the end of the last sealed one
@@ -191,6 +282,7 @@ class Uploader(Duty):
     def _finish(self, attempt: Upload, by: str) -> None:
         self.ledger.record(attempt.but(FINISHED))
         self.uploaded += 1
+        self.queue_files_uploaded += attempt.kind == CONSUME_QUEUE
         self.copy_bytes += attempt.segment_size
         log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key, by=by)
 
@@ -204,21 +296,60 @@ class Uploader(Duty):
         return digest.digest() == attempt.digest
 
     # ---- 2. upload ----------------------------------------------------------------------------------------
-    def _upload(self, segment: SealedSegment, epoch: int) -> None:
+    def _upload(self, segment: SealedSegment, epoch: int, queue_file: SealedQueueFile | None = None) -> None:
         upload_id = uuid.uuid4()
-        attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
-                         object_key(segment.base, upload_id))
+        if queue_file is None:
+            attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
+                             object_key(segment.base, upload_id))
+        else:
+            attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
+                             queue_object_key(queue_file.topic, queue_file.queue_id, segment.base, upload_id),
+                             CONSUME_QUEUE, queue_file.topic, queue_file.queue_id)
         self.ledger.record(attempt)
-        failpoints.hit("tier.upload.started")
+        failpoints.hit("tier.upload.started" if queue_file is None else "tier.upload.queue_file.started")
         if segment.path is not None:
             self.tier.put_file(attempt.key, segment.path, segment.size)  # a memory map; multipart above its size (s3)
         else:
             self.tier.put_if_absent(attempt.key, segment.read())
-        failpoints.hit("tier.upload.after_put")
+        failpoints.hit("tier.upload.after_put" if queue_file is None else "tier.upload.queue_file.after_put")
         if self.tier.size(attempt.key) == attempt.segment_size:  # the put answered: its bytes were checked (above)
             self._finish(attempt, by="its put")
         else:
             self._resolve(attempt, {})
+
+    def _upload_queue_files(self, epoch: int) -> None:
+        self.ledger.catch_up()
+        for (_topic, _queue_id), (finished, pending) in self.ledger.queue_snapshot().items():
+            for attempt in pending:
+                if self.stopping:
+                    return
+                self._resolve(attempt, finished)
+        self.ledger.catch_up()
+        segments, _ = self.ledger.snapshot()
+        floor = self.logical_min()
+        queues = self.ledger.queue_snapshot()
+        for sealed in self.queue_files():
+            if self.stopping:
+                return
+            finished = queues.get((sealed.topic, sealed.queue_id), ({}, []))[0]
+            if sealed.file.base in finished or not self._log_uploaded(sealed, segments, floor):
+                continue
+            low = self.queue_min(sealed.topic, sealed.queue_id) if self.queue_min is not None else None
+            if low is not None and sealed.file.base + sealed.file.size <= low * cq_unit.ENTRY_SIZE:
+                continue  # every entry below the queue's minimum: past the total retention (its object expired)
+            self._upload(sealed.file, epoch, sealed)
+
+    def _log_uploaded(self, sealed: SealedQueueFile, segments: dict[int, Upload], floor: int) -> bool:
+        """Every commit log segment the file's entries point into is FINISHED (or past the total retention)."""
+        span = sealed.log_span()
+        if span is None:
+            return False  # the queue went meanwhile (a deleted topic)
+        log_from, log_to = span
+        if log_to <= log_from:
+            return True
+        size = self.segment_size
+        first = log_from - log_from % size
+        return all(base in segments or base + size <= floor for base in range(first, log_to, size))
 
     # ---- 3. the tier's retention ----------------------------------------------------------------------------
     def _expire(self) -> None:
@@ -235,6 +366,37 @@ class Uploader(Duty):
             self.expired_bytes += upload.segment_size
             log.info("tier.object_expired", segment_base=base, key=upload.key, logical_min=floor,
                      why="its segment is past the total retention")
+
+    def _expire_queue_files(self) -> None:
+        if self.queue_min is None:
+            return
+        self.ledger.catch_up()
+        for (topic, queue_id), (finished, _) in sorted(self.ledger.queue_snapshot().items()):
+            low = self.queue_min(topic, queue_id)
+            for base, upload in sorted(finished.items()):
+                if self.stopping or (low is not None and base + upload.segment_size > low * cq_unit.ENTRY_SIZE):
+                    break
+                self.tier.delete(upload.key)
+                failpoints.hit("tier.retention.after_delete")
+                self.ledger.record(upload.but(DELETED))
+                self.queue_files_expired += 1
+                log.info("tier.object_expired", topic=topic, queue_id=queue_id, file_base=base, key=upload.key,
+                         queue_min=low, why="every entry of the file is below its queue's minimum"
+                         if low is not None else "its queue is gone")
+
+    def _sweep_queue_files(self) -> None:
+        if self.queue_files is None:
+            return
+        self.ledger.catch_up()
+        states = self.ledger.queue_states()
+        for info in self.tier.list(QUEUE_PREFIX):
+            upload_id, _ = _parsed(info.key)
+            state = states.get(upload_id) if upload_id is not None else None
+            if state not in (DISCARDED, DELETED):
+                continue  # live, or an attempt the log does not hold (its records may have gone): kept
+            self.tier.delete(info.key)
+            self.swept += 1
+            log.warning("tier.orphan_deleted", key=info.key, state=tier_upload.STATE_NAMES.get(state, str(state)))
 
     # ---- 4. orphans ---------------------------------------------------------------------------------------
     def _sweep(self) -> None:

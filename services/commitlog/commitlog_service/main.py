@@ -77,7 +77,7 @@ from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.status import TierStats, register_metrics
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
-from mqstore.tier.uploader import Uploader, sealed_segments
+from mqstore.tier.uploader import Uploader, queue_min, sealed_queue_files, sealed_segments
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
 from mqstore_rpc import catalogs, etcd_meta, service
 from mqstore_rpc import settings as S
@@ -237,7 +237,9 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
             return local.logical_min
     uploader = Uploader(objects, ledger, lambda: sealed_segments(store), leader_epoch=leader_epoch,
                         ready=store.replica_view.promoted_visible, log_min=store.log_min,
-                        interval_ms=tier.tier_upload_interval_ms, logical_min=logical_min)
+                        interval_ms=tier.tier_upload_interval_ms, logical_min=logical_min,
+                        queue_files=lambda: sealed_queue_files(store), segment_size=store.segments.segment_size,
+                        queue_min=lambda topic, queue_id: queue_min(store, topic, queue_id))
     store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
 
@@ -247,8 +249,14 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
             ledger.catch_up()
             upload = ledger.finished_upload(base)
         return upload
+    def queue_file(topic: str, queue_id: int, base: int):  # as finished, for a consume queue's file
+        upload = ledger.queue_file_upload(topic, queue_id, base)
+        if upload is None:
+            ledger.catch_up()
+            upload = ledger.queue_file_upload(topic, queue_id, base)
+        return upload
     reader = TierReader(objects, finished, store.segments.segment_size, read_ahead_bytes=tier.tier_read_ahead_bytes,
-                        cache_bytes=tier.tier_cache_bytes, floor=logical_min)
+                        cache_bytes=tier.tier_cache_bytes, floor=logical_min, queue_file=queue_file)
     store.commitlog.remote = reader.read  # Pull, GetMessage(s) and Tail below the local log read the tier
     store.commitlog.remote_floor = logical_min
     stats = TierStats(store, uploader, reader, logical_min)
@@ -256,6 +264,7 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
     if parts.metrics is not None:
         register_metrics(parts.metrics, stats)
     if local is not None:
+        local.reader = reader  # consume queue files go from the local disk too, read back from the tier
         local.open()
         parts.add_duty(local)
 
