@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
-from mqstore.tier.config import Credentials
+from mqstore.tier.config import Credentials, described, with_aws_env
 from mqstore.tier.objects import ObjectStore
 from mqstore.tier.urls import open_store
 
@@ -71,15 +71,11 @@ class IndexTierConfig:
 
     def with_env(self, env: Mapping[str, str]) -> IndexTierConfig:
         """The endpoint, region and credentials the flags left out, from the standard AWS variables."""
-        return dataclasses.replace(
-            self, tier_endpoint=self.tier_endpoint or env.get("AWS_ENDPOINT_URL", ""),
-            tier_region=self.tier_region or env.get("AWS_REGION", "") or env.get("AWS_DEFAULT_REGION", ""),
-            credentials=Credentials(env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", ""),
-                                    env.get("AWS_SESSION_TOKEN", "")))
+        return with_aws_env(self, env)
 
     def described(self) -> dict:
         """For the logged config: every field but the credentials."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "credentials"}
+        return described(self)
 
 
 def dir_url(directory: pathlib.Path) -> str:

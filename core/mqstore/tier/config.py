@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 from mqstore.errors import InvalidArgument
 
@@ -95,12 +95,27 @@ class TierConfig:
 
     def with_env(self, env: Mapping[str, str]) -> TierConfig:
         """The endpoint, region and credentials the flags left out, from the standard AWS variables."""
-        return dataclasses.replace(
-            self, tier_endpoint=self.tier_endpoint or env.get("AWS_ENDPOINT_URL", ""),
-            tier_region=self.tier_region or env.get("AWS_REGION", "") or env.get("AWS_DEFAULT_REGION", ""),
-            credentials=Credentials(env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", ""),
-                                    env.get("AWS_SESSION_TOKEN", "")))
+        return with_aws_env(self, env)
 
     def described(self) -> dict:
         """For the logged config: every field but the credentials."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "credentials"}
+        return described(self)
+
+
+C = TypeVar("C")
+
+
+def with_aws_env(config: C, env: Mapping[str, str]) -> C:
+    """``config`` (a dataclass with ``tier_endpoint``, ``tier_region`` and ``credentials``: the commit log's
+    and the Index's tier settings) with the endpoint, region and credentials its flags left out taken from
+    the standard AWS variables."""
+    return dataclasses.replace(
+        config, tier_endpoint=config.tier_endpoint or env.get("AWS_ENDPOINT_URL", ""),
+        tier_region=config.tier_region or env.get("AWS_REGION", "") or env.get("AWS_DEFAULT_REGION", ""),
+        credentials=Credentials(env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", ""),
+                                env.get("AWS_SESSION_TOKEN", "")))
+
+
+def described(config) -> dict:
+    """For the logged config: every field of ``config`` but the credentials."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "credentials"}
