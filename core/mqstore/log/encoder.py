@@ -122,22 +122,7 @@ class MessageEncoder:
             return self._encode_wire(topic, messages, now_ms)
         if type(messages) is Copies:
             return self._encode_copies(topic, messages, now_ms)
-        cfg = self.config
-        if not messages:
-            raise InvalidArgument("messages: a batch needs at least one message")
-        if len(messages) > cfg.max_batch_messages:
-            raise InvalidArgument(
-                f"messages: {len(messages)} in one batch, the limit is {cfg.max_batch_messages}; split the batch")
-        total_body = 0
-        for index, msg in enumerate(messages):
-            total_body += len(msg.body)
-            if len(msg.body) > cfg.max_body_bytes:
-                raise InvalidArgument(
-                    f"messages[{index}].body: {len(msg.body)} bytes, the limit is {cfg.max_body_bytes}")
-        if total_body > cfg.max_batch_body_bytes:
-            raise InvalidArgument(
-                f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes} "
-                f"({_size_text(cfg.max_batch_body_bytes)}, server setting max_batch_body_bytes); split the batch")
+        self._check_batch(messages)
         uniq_needed = sum(1 for m in messages if not m.properties or not m.properties.get(record.PROPERTY_UNIQ_KEY))
         fresh = iter(self.uniq.next_keys(uniq_needed, now_ms))
         topic_bytes = topic.name.encode("utf-8")
@@ -166,6 +151,27 @@ class MessageEncoder:
         return EncodedBatch(topic.name, bytearray(b"".join(parts)), sizes, qids, tags, flags, uniqs,
                             topic.start_physical_offset)
 
+    def _check_batch(self, items) -> None:
+        """The batch limits every batch is held to, in this order (messages or copies: each has a ``body``):
+        not empty, at most max_batch_messages, each body at most max_body_bytes, their sum at most
+        max_batch_body_bytes."""
+        cfg = self.config
+        if not items:
+            raise InvalidArgument("messages: a batch needs at least one message")
+        if len(items) > cfg.max_batch_messages:
+            raise InvalidArgument(
+                f"messages: {len(items)} in one batch, the limit is {cfg.max_batch_messages}; split the batch")
+        total_body = 0
+        for index, item in enumerate(items):
+            total_body += len(item.body)
+            if len(item.body) > cfg.max_body_bytes:
+                raise InvalidArgument(
+                    f"messages[{index}].body: {len(item.body)} bytes, the limit is {cfg.max_body_bytes}")
+        if total_body > cfg.max_batch_body_bytes:
+            raise InvalidArgument(
+                f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes} "
+                f"({_size_text(cfg.max_batch_body_bytes)}, server setting max_batch_body_bytes); split the batch")
+
     def _encode_wire(self, topic: TopicRecord, wire, now_ms: int) -> EncodedBatch:
         """The compiled path; a batch it refuses goes through the reference above, which raises why."""
         encoded = self._compiled.encode(wire, topic.name, topic.queue_count, topic.kind == KIND_COMPACTION, now_ms,
@@ -180,21 +186,7 @@ class MessageEncoder:
         fresh one as a MessageIn without UNIQ_KEY does. The same limits, checked in the same order."""
         cfg = self.config
         invariant(topic.kind != KIND_COMPACTION, "a compaction topic's copies are MessageIn (its queue is its key's)")
-        if not copies:
-            raise InvalidArgument("messages: a batch needs at least one message")
-        if len(copies) > cfg.max_batch_messages:
-            raise InvalidArgument(
-                f"messages: {len(copies)} in one batch, the limit is {cfg.max_batch_messages}; split the batch")
-        total_body = 0
-        for index, c in enumerate(copies):
-            total_body += len(c.body)
-            if len(c.body) > cfg.max_body_bytes:
-                raise InvalidArgument(
-                    f"messages[{index}].body: {len(c.body)} bytes, the limit is {cfg.max_body_bytes}")
-        if total_body > cfg.max_batch_body_bytes:
-            raise InvalidArgument(
-                f"messages: {total_body} bytes of bodies in one batch, the limit is {cfg.max_batch_body_bytes} "
-                f"({_size_text(cfg.max_batch_body_bytes)}, server setting max_batch_body_bytes); split the batch")
+        self._check_batch(copies)
         fresh = iter(self.uniq.next_keys(sum(1 for c in copies if not c.uniq_key), now_ms))
         topic_bytes = topic.name.encode("utf-8")
         topic_part = record.topic_part(topic_bytes)
