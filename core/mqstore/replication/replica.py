@@ -23,7 +23,9 @@ The consume queues (what the replica's readers see) follow the leader's committe
 message carries: dispatched at once for a heartbeat (the stream is idle), else at most every SHOW_EVERY_S
 unless SHOW_BYTES wait, so that under a stream of data one dispatch covers several data messages (each
 walks the records and writes every queue they touch: ~0.4 ms a data message when each had its own, issue
-34). A reader on a replica so sees records up to SHOW_EVERY_S later under load; a promotion shows
+34). A reader on a replica so sees records up to SHOW_EVERY_S later while data flows; after the last data
+message of a burst, at the next heartbeat (replication_heartbeat_ms: the heartbeat shows at once), the bound
+a record waiting for the committed offset that covers it already had; a promotion shows
 everything copied as before (ReplicaView.promote).
 
 Every message from the leader (heartbeats too) is noted (``node.heard_from_leader``): a leader silent for
