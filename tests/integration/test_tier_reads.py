@@ -156,10 +156,11 @@ def test_tier_status_cli_and_metrics_show_uploads_local_and_tiered_bytes_and_rea
     assert status.local_min == _local_files(data_dir)[0] and status.fetch_bytes > 0 and status.cache_misses > 0
     port = next(json.loads(line) for line in node.lines if '"server.started"' in line)["metrics_port"]
     scraped = scrape(port)
-    assert scraped.value("mqstore_tier_copy_bytes_total") == status.copy_bytes
-    assert scraped.value("mqstore_tier_size_bytes") == status.tiered_bytes
-    assert scraped.value("mqstore_tier_copy_lag_segments") == 0 and scraped.value("mqstore_tier_copy_lag_bytes") == 0
-    assert scraped.value("mqstore_tier_fetch_bytes_total") >= status.fetch_bytes > 0
+    assert scraped.value("mqstore_tier_copy_bytes_total", kind="commitlog") == status.copy_bytes
+    assert scraped.value("mqstore_tier_size_bytes", kind="commitlog") == status.tiered_bytes
+    assert scraped.value("mqstore_tier_copy_lag_segments", kind="commitlog") == 0
+    assert scraped.value("mqstore_tier_copy_lag_bytes", kind="commitlog") == 0
+    assert scraped.value("mqstore_tier_fetch_bytes_total", kind="commitlog") >= status.fetch_bytes > 0
     assert scraped.value("mqstore_tier_cache_misses_total") >= status.cache_misses
     for name in ("mqstore_tier_copy_errors_total", "mqstore_tier_fetch_errors_total", "mqstore_tier_cache_hits_total",
                  "mqstore_tier_local_bytes", "mqstore_tier_expired_bytes_total"):
@@ -170,6 +171,8 @@ def test_tier_status_cli_and_metrics_show_uploads_local_and_tiered_bytes_and_rea
     assert human.returncode == 0, human.stderr
     assert f"tiered_bytes: {status.tiered_bytes} (" in human.stdout and "copy_lag_segments: 0" in human.stdout
     assert f"segment {tiered[0].base:020d} size={tiered[0].size} " in human.stdout and "key=commitlog/" in human.stdout
+    (row,) = [t for t in status.topics if t.topic == "t"]  # its consume queue files: a row of their own
+    assert f"topic t local_bytes={row.local_bytes} " in human.stdout and row.local_bytes > 0
     as_json = subprocess.run([str(cli), "--address", node.address, "--json", "tier", "status"],
                              capture_output=True, text=True, timeout=60)
     assert as_json.returncode == 0 and json.loads(as_json.stdout)["tiered_segments"] == len(tiered)

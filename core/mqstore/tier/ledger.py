@@ -186,6 +186,11 @@ class Ledger:
         with self._lock:
             return {queue: (dict(m.finished), list(m.pending.values())) for queue, m in self._map.queues.items()}
 
+    def queue_deleted(self) -> dict[tuple[str, int], dict[int, Upload]]:
+        """(topic, queue id) -> (file base -> the upload whose object the tier's retention deleted)."""
+        with self._lock:
+            return {queue: dict(m.deleted) for queue, m in self._map.queues.items() if m.deleted}
+
     def queue_file_upload(self, topic: str, queue_id: int, file_base: int) -> Upload | None:
         """A consume queue file's FINISHED upload as of the last catch-up (no catch-up: cheap for every read)."""
         with self._lock:

@@ -14,7 +14,8 @@ base to the object's key), so Pull and GetMessage(s) serve it as if it were loca
   past it and the tier's retention deletes its object, mqstore.tier.uploader) is OutOfRange, as expired local
   data is, never Unavailable.
 - **Counters** (mqstore.tier.status): ``fetched_bytes`` and ``gets``, ``fetch_errors`` (reads that failed:
-  Unavailable or DataLoss), the cache's ``hits`` and ``misses``.
+  Unavailable or DataLoss), of every kind of file; of which a topic's consume queue files'
+  ``queue_fetched_bytes[topic]`` and ``queue_fetch_errors[topic]``; the cache's ``hits`` and ``misses``.
 - **Consume queue files** (:meth:`TierReader.read_queue_file`): entries of a queue's file only in the tier are read
   the same way from its FINISHED object (``queue_file(topic, queue id, file base)``: the ledger's), blocks,
   cache, deadline and errors as above (a file with no FINISHED upload is Unavailable); mqstore.queue.consume_queue
@@ -33,7 +34,7 @@ from typing import Callable
 
 from mqstore import waits
 from mqstore.errors import DataLoss, NotFound, OutOfRange, Unavailable
-from mqstore.format.tier_upload import Upload
+from mqstore.format.tier_upload import CONSUME_QUEUE, Upload
 from mqstore.tier.objects import ObjectStore
 
 FinishedUpload = Callable[[int], Upload | None]  # segment base -> its FINISHED upload, None when none
@@ -91,6 +92,8 @@ class TierReader:
         self.fetched_bytes = 0  # bytes GET from the tier (tests, bench)
         self.gets = 0
         self.fetch_errors = 0
+        self.queue_fetched_bytes: dict[str, int] = {}  # topic -> of fetched_bytes, its consume queue files'
+        self.queue_fetch_errors: dict[str, int] = {}  # topic -> of fetch_errors, reads of its consume queue files
         self.floor = floor
         self.queue_file = queue_file
 
@@ -118,6 +121,7 @@ class TierReader:
             return self._read_object(upload, byte_at - base, size)
         except (Unavailable, DataLoss):
             self.fetch_errors += 1
+            self.queue_fetch_errors[topic] = self.queue_fetch_errors.get(topic, 0) + 1
             raise
 
     def _read(self, physical_offset: int, size: int) -> bytes:
@@ -149,6 +153,8 @@ class TierReader:
                            f"segment {upload.segment_base} is gone; its records are not served") from None
         self.gets += 1
         self.fetched_bytes += len(data)
+        if upload.kind == CONSUME_QUEUE:
+            self.queue_fetched_bytes[upload.topic] = self.queue_fetched_bytes.get(upload.topic, 0) + len(data)
         if len(data) != want:
             raise DataLoss(f"object storage tier {self.objects.url}: object {upload.key} is short: {len(data)} bytes "
                            f"at {start} where its upload recorded {want} (a torn object); nothing of it is served")

@@ -54,9 +54,11 @@ put, not yet verified nor FINISHED), the same for a consume queue file (``tier.u
 ``tier.upload.queue_file.after_put``); "raise" there stands for a put that succeeded but reported an error;
 ``tier.retention.after_delete`` (an expired segment's object deleted, DELETED not yet recorded).
 
-Counters for ``mqstore tier status`` and the metrics (mqstore.tier.status): ``copy_bytes``, ``copy_errors``
-(failed steps), ``last_error`` (its message and time, kept until the next error: the status shows the last one),
-``expired`` / ``expired_bytes`` (objects deleted by the tier's retention).
+Counters for ``mqstore tier status`` and the metrics (mqstore.tier.status), the commit log's: ``copy_bytes`` (its
+segments FINISHED), ``copy_errors`` (failed steps), ``last_error`` (its message and time, kept until the next
+error: the status shows the last one), ``expired`` / ``expired_bytes`` (objects deleted by the tier's retention);
+a topic's consume queue files': the same in ``topics[topic]`` (:class:`TopicCounters`). A step that fails while
+it handles a topic's file (its upload, resolution, expiry or sweep) counts for that topic, any other for the log.
 
 Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any thread.
 """
@@ -68,6 +70,7 @@ import mmap
 import pathlib
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Callable
 
 import structlog
@@ -189,6 +192,16 @@ def _reader(path) -> Callable[[], bytes]:
     return read
 
 
+@dataclass(slots=True)
+class TopicCounters:
+    """What this node did with one topic's consume queue files (mutated by the duty's thread only)."""
+    copy_bytes: int = 0        # bytes of its files this node FINISHED
+    copy_errors: int = 0       # steps that failed on one of its files
+    last_error: tuple[int, str] | None = None  # (ms since the epoch, message) of the last of them
+    expired_files: int = 0     # its files' objects this node deleted by the tier's retention
+    expired_bytes: int = 0
+
+
 class Uploader(Duty):
     def __init__(self, tier: ObjectStore, ledger: Ledger, segments: Callable[[], list[SealedSegment]], *,
                  leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
@@ -213,8 +226,10 @@ class Uploader(Duty):
         self.queue_files = queue_files
         self.segment_size = segment_size
         self.queue_min = queue_min
-        self.copy_bytes = 0  # bytes of the segments this node FINISHED
-        self.copy_errors = 0  # steps that failed (the tier or the log said no)
+        self.copy_bytes = 0  # bytes of the commit log segments this node FINISHED
+        self.copy_errors = 0  # steps that failed (the tier or the log said no) outside a topic's file
+        self.topics: dict[str, TopicCounters] = {}  # a topic's consume queue files' counters (TopicCounters)
+        self._handling: str | None = None  # the topic whose file the step handles now (errors count for it)
         self.last_error: tuple[int, str] | None = None  # (ms since the epoch, message) of the last failed step
         self.expired = 0  # objects deleted by the tier's retention (DELETED recorded)
         self.expired_bytes = 0
@@ -228,12 +243,25 @@ class Uploader(Duty):
         epoch = self.leader_epoch()
         if epoch is None or not self.ready():
             return
+        self._handling = None
         try:
             self._step(epoch)
         except Exception as exc:
-            self.copy_errors += 1
-            self.last_error = (int(time.time() * 1000), f"{type(exc).__name__}: {exc}")
+            error = (int(time.time() * 1000), f"{type(exc).__name__}: {exc}")
+            if self._handling is None:
+                self.copy_errors += 1
+                self.last_error = error
+            else:
+                counters = self.topic_counters(self._handling)
+                counters.copy_errors += 1
+                counters.last_error = error
             raise
+
+    def topic_counters(self, topic: str) -> TopicCounters:
+        counters = self.topics.get(topic)
+        if counters is None:
+            counters = self.topics[topic] = TopicCounters()
+        return counters
 
     def _step(self, epoch: int) -> None:
         self.ledger.catch_up()
@@ -282,8 +310,11 @@ class Uploader(Duty):
     def _finish(self, attempt: Upload, by: str) -> None:
         self.ledger.record(attempt.but(FINISHED))
         self.uploaded += 1
-        self.queue_files_uploaded += attempt.kind == CONSUME_QUEUE
-        self.copy_bytes += attempt.segment_size
+        if attempt.kind == CONSUME_QUEUE:
+            self.queue_files_uploaded += 1
+            self.topic_counters(attempt.topic).copy_bytes += attempt.segment_size
+        else:
+            self.copy_bytes += attempt.segment_size
         log.info("tier.upload_finished", segment_base=attempt.segment_base, key=attempt.key, by=by)
 
     def _verified(self, attempt: Upload) -> bool:
@@ -323,7 +354,9 @@ class Uploader(Duty):
             for attempt in pending:
                 if self.stopping:
                     return
+                self._handling = attempt.topic
                 self._resolve(attempt, finished)
+                self._handling = None
         self.ledger.catch_up()
         segments, _ = self.ledger.snapshot()
         floor = self.logical_min()
@@ -337,7 +370,9 @@ class Uploader(Duty):
             low = self.queue_min(sealed.topic, sealed.queue_id) if self.queue_min is not None else None
             if low is not None and sealed.file.base + sealed.file.size <= low * cq_unit.ENTRY_SIZE:
                 continue  # every entry below the queue's minimum: past the total retention (its object expired)
+            self._handling = sealed.topic
             self._upload(sealed.file, epoch, sealed)
+            self._handling = None
 
     def _log_uploaded(self, sealed: SealedQueueFile, segments: dict[int, Upload], floor: int) -> bool:
         """Every commit log segment the file's entries point into is FINISHED (or past the total retention)."""
@@ -376,10 +411,15 @@ class Uploader(Duty):
             for base, upload in sorted(finished.items()):
                 if self.stopping or (low is not None and base + upload.segment_size > low * cq_unit.ENTRY_SIZE):
                     break
+                self._handling = topic
                 self.tier.delete(upload.key)
                 failpoints.hit("tier.retention.after_delete")
                 self.ledger.record(upload.but(DELETED))
+                self._handling = None
                 self.queue_files_expired += 1
+                counters = self.topic_counters(topic)
+                counters.expired_files += 1
+                counters.expired_bytes += upload.segment_size
                 log.info("tier.object_expired", topic=topic, queue_id=queue_id, file_base=base, key=upload.key,
                          queue_min=low, why="every entry of the file is below its queue's minimum"
                          if low is not None else "its queue is gone")
@@ -394,7 +434,9 @@ class Uploader(Duty):
             state = states.get(upload_id) if upload_id is not None else None
             if state not in (DISCARDED, DELETED):
                 continue  # live, or an attempt the log does not hold (its records may have gone): kept
+            self._handling = info.key.split("/")[1]  # consumequeue/<topic>/...
             self.tier.delete(info.key)
+            self._handling = None
             self.swept += 1
             log.warning("tier.orphan_deleted", key=info.key, state=tier_upload.STATE_NAMES.get(state, str(state)))
 

@@ -222,8 +222,9 @@ def build_parser(commands: ModuleType) -> argparse.ArgumentParser:
     tier = sub.add_parser("tier", help="the object storage tier (--tier-url)")
     tsub = tier.add_subparsers(dest="tier_command", required=True, metavar="COMMAND")
     p = tsub.add_parser("status", help="local and tiered bytes, upload lag, last upload error, tier reads and "
-                                       "cache, of the node at --address (needs ADMIN on the cluster; "
-                                       "FAILED_PRECONDITION when the tier is off)")
+                                       "cache of the commit log's segments, then the same per topic of its "
+                                       "consume queue files, of the node at --address (needs ADMIN on the "
+                                       "cluster; FAILED_PRECONDITION when the tier is off)")
     p.add_argument("--segments", action="store_true",
                    help="also one line per commit log segment: local, in the tier, or both, and its object key")
     p.set_defaults(func=commands.cmd_tier_status)

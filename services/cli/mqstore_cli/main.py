@@ -421,15 +421,16 @@ def cmd_retention_holds(cli: Cli) -> None:
 
 
 def cmd_tier_status(cli: Cli) -> None:
-    """The tier's figures (mqstore.tier.status), one ``name: value`` a line, then with --segments one line per
-    segment: base, size, where it is (local, tiered, local+tiered), sealed or open, its object key."""
+    """The tier's figures (mqstore.tier.status): the commit log's, one ``name: value`` a line; one line per topic
+    (its consume queue files' figures, ``name=value``); then with --segments one line per segment: base, size,
+    where it is (local, tiered, local+tiered), sealed or open, its object key."""
     s = cli.call("GetTierStatus", commitlog_pb2.GetTierStatusRequest(segments=cli.args.segments))
     if cli.args.json:
         cli.emit(s, "")
         return
     lines = []
     for field in s.DESCRIPTOR.fields:
-        if field.name == "segments":
+        if field.name in ("segments", "topics"):
             continue
         value = getattr(s, field.name)
         if field.name.endswith("_bytes"):
@@ -437,6 +438,10 @@ def cmd_tier_status(cli: Cli) -> None:
         elif field.name in ("last_error_ms",) and value:
             value = f"{value} ({_utc(value)})"
         lines.append(f"{field.name}: {value}")
+    for topic in s.topics:
+        figures = " ".join(f"{f.name}={getattr(topic, f.name)!r}" if f.name == "last_error" else
+                           f"{f.name}={getattr(topic, f.name)}" for f in topic.DESCRIPTOR.fields if f.name != "topic")
+        lines.append(f"topic {topic.topic} {figures}")
     for seg in s.segments:
         where = "+".join(w for w, on in (("local", seg.local), ("tiered", seg.tiered)) if on)
         lines.append(f"segment {seg.base:020d} size={seg.size} {where} {'sealed' if seg.sealed else 'open'}"

@@ -242,9 +242,11 @@ def tier_status(status) -> commitlog_pb2.TierStatus:
     """mqstore.tier.status.TierStatus on the wire (the same field names)."""
     segments = [commitlog_pb2.TierSegment(base=s.base, size=s.size, local=s.local, tiered=s.tiered, sealed=s.sealed,
                                           key=s.key) for s in status.segments]
+    topics = [commitlog_pb2.TierTopic(**{name: getattr(t, name) for name in
+                                         commitlog_pb2.TierTopic.DESCRIPTOR.fields_by_name}) for t in status.topics]
     fields = {name: getattr(status, name) for name in commitlog_pb2.TierStatus.DESCRIPTOR.fields_by_name
-              if name != "segments"}
-    return commitlog_pb2.TierStatus(segments=segments, **fields)
+              if name not in ("segments", "topics")}
+    return commitlog_pb2.TierStatus(segments=segments, topics=topics, **fields)
 
 
 def queue_info_out(q: commitlog_pb2.QueueInfo) -> model.QueueInfo:

@@ -18,11 +18,13 @@ from mqstore.errors import DataLoss, Unavailable
 from mqstore.failpoints import FailpointHit
 from mqstore.format import cq_unit, tier_upload
 from mqstore.format.tier_upload import COMMITLOG, CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
+from mqstore.metrics import Registry
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore.tier.ledger import Ledger, UploadMap
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import BlockCache, TierReader
+from mqstore.tier.status import TierStats, register_metrics
 from mqstore.tier.uploader import (Uploader, object_key, queue_min, queue_object_key, sealed_queue_files,
                                    sealed_segments)
 from mqstore.tier.urls import open_store
@@ -427,3 +429,55 @@ def test_a_local_file_that_is_not_the_uploaded_one_stays(tiered):
     rig.local.step()
     assert rig.store.segments.min_offset > 0 and rig.queue_files()[0] == 0  # the log went, the file stayed
     assert rig.local.queue_files_deleted == 0
+
+
+# ---- status and metrics of every kind --------------------------------------------------------------------
+
+def _family(registry, name: str) -> dict[tuple, float]:
+    (family,) = [f for f in registry.collect() if f.name == name]
+    return {labels: value for labels, value in family.samples}
+
+
+def test_tier_status_and_metrics_count_each_topics_queue_files_apart_from_the_logs_segments(tiered):
+    rig = tiered()
+    bodies = _append(rig.store, 10)
+    rig.uploader.step()  # the segments, then the files whose segments FINISHED
+    rig.uploader.queue_files = lambda: []
+    bodies += _append(rig.store, 16, start=len(bodies))
+    failpoints.arm("tier.upload.queue_file.started", "raise")
+    rig.uploader.queue_files = lambda: sealed_queue_files(rig.store)
+    with pytest.raises(FailpointHit):  # a step that fails on one of t's files counts for t, not for the log
+        rig.uploader.step()
+    failpoints.disarm_all()
+    stats = TierStats(rig.store, rig.uploader, rig.reader, lambda: rig.local.logical_min)
+    failed = stats.status()
+    (row,) = failed.topics
+    assert row.topic == "t" and row.copy_errors == 1 and "FailpointHit" in row.last_error and row.last_error_ms > 0
+    assert row.pending_uploads == 1 and row.copy_lag_files >= 1 and failed.copy_errors == 0 and not failed.last_error
+    rig.pass_()
+    rig.pass_()
+    assert rig.local.queue_files_deleted > 0
+    assert _pull_all(rig.store) == bodies
+    status = stats.status(with_segments=True)
+    (row,) = status.topics
+    files = rig.ledger.queue_snapshot()[("t", 0)][0]
+    objects = _queue_objects(rig.tier)
+    assert row.tiered_files == len(files) == len(objects) and row.tiered_bytes == sum(map(len, objects.values()))
+    assert row.copy_bytes == row.tiered_bytes and row.pending_uploads == 0  # this node uploaded every file
+    cq = rig.store.queues.get("t", 0)
+    assert row.local_bytes == sum(f.size for f in cq.files.segments) > 0
+    assert row.copy_lag_files == len([f for f in sealed_queue_files(rig.store) if f.file.base not in files])
+    assert row.fetch_bytes > 0 and row.fetch_errors == 0
+    segments = [r for r in status.segments if r.tiered]  # the log's figures are its segments' only
+    assert status.copy_bytes == status.tiered_bytes == sum(r.size for r in segments)
+    assert status.fetch_bytes + row.fetch_bytes == rig.reader.fetched_bytes
+    registry = Registry()
+    register_metrics(registry, stats)
+    log_kind, topic_kind = ("commitlog", ""), ("consume_queue", "t")
+    copied = _family(registry, "mqstore_tier_copy_bytes_total")
+    assert copied == {log_kind: status.copy_bytes, topic_kind: row.copy_bytes}
+    assert _family(registry, "mqstore_tier_size_bytes") == {log_kind: status.tiered_bytes, topic_kind: row.tiered_bytes}
+    assert _family(registry, "mqstore_tier_local_bytes")[topic_kind] == row.local_bytes
+    assert _family(registry, "mqstore_tier_copy_errors_total") == {log_kind: 0, topic_kind: 1}
+    assert _family(registry, "mqstore_tier_fetch_bytes_total")[topic_kind] == row.fetch_bytes
+    assert _family(registry, "mqstore_tier_copy_lag_segments")[topic_kind] == row.copy_lag_files
