@@ -35,9 +35,19 @@ Version 2 (issue 36: a second kind of file) is version 1's bytes with ``version`
    85+k    2 topic length t   0..MAX_TOPIC_BYTES (0 for a commit log segment)
    87+k    t topic            UTF-8
 
+Version 3 (a topic deleted and created again under the same name) is version 2's bytes with ``version`` 3 and,
+after the topic:
+
+  offset size field            meaning
+  ------ ---- ---------------- ---------------------------------------------------------------------------
+ 87+k+t    8 incarnation      >= 0: the topic's start_physical_offset (TopicRecord) when its file was listed,
+                                   so an upload of a deleted topic's file never stands for a file of the
+                                   topic created again under its name (mqstore.tier.ledger)
+
 A commit log segment's record is always written as version 1 (byte-identical to what older nodes wrote and
-read); only a consume queue file's is version 2, which a node that predates it skips as one that does not
-decode (it never reads consume queue files from the tier). A version 1 record decodes as kind COMMITLOG.
+read); a consume queue file's is version 3 (version 2 when its incarnation is unknown, -1: as written before
+it), which a node that predates it skips as one that does not decode (it never reads consume queue files from
+the tier). A version 1 record decodes as kind COMMITLOG, a version 2 record with incarnation -1 (unknown).
 
 Source of truth: the commit log (the record's body CRC covers these bytes). A body that does not decode
 (another magic or version, a short or long body, an unknown state or kind) is ValueError.
@@ -54,6 +64,7 @@ TOPIC = "RMQ_SYS_TIER_UPLOADS"
 MAGIC = 0x4D515455
 VERSION = 1
 VERSION_KINDS = 2  # a record with a kind, a queue id and a topic after its key (a consume queue file's)
+VERSION_INCARNATION = 3  # version 2's and the topic's incarnation after the topic
 COMMITLOG, CONSUME_QUEUE = 1, 2
 KIND_NAMES = {COMMITLOG: "COMMITLOG", CONSUME_QUEUE: "CONSUME_QUEUE"}
 MAX_TOPIC_BYTES = 1024
@@ -74,6 +85,7 @@ FIXED = struct.Struct(
     "H"    # 78 key length
 )
 KIND = struct.Struct(">BiH")  # version 2, after the key: kind, queue id, topic length
+INCARNATION = struct.Struct(">q")  # version 3, after the topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +100,7 @@ class Upload:
     kind: int = COMMITLOG
     topic: str = ""  # a consume queue file's topic and queue id ("" and 0 for a commit log segment)
     queue_id: int = 0
+    incarnation: int = -1  # a consume queue file's topic's start_physical_offset (-1: unknown, version 2)
 
     def but(self, state: int) -> Upload:
         return dataclasses.replace(self, state=state)
@@ -99,15 +112,19 @@ def encode(upload: Upload) -> bytes:
     if (upload.state not in STATE_NAMES or upload.segment_base < 0 or upload.segment_size <= 0
             or len(upload.digest) != DIGEST_BYTES or upload.epoch < 0 or not 0 < len(key) <= MAX_KEY_BYTES
             or upload.kind not in KIND_NAMES or upload.queue_id < 0 or len(topic) > MAX_TOPIC_BYTES
-            or (upload.kind == COMMITLOG and (topic or upload.queue_id))
-            or (upload.kind == CONSUME_QUEUE and not topic)):
+            or (upload.kind == COMMITLOG and (topic or upload.queue_id or upload.incarnation != -1))
+            or (upload.kind == CONSUME_QUEUE and not topic) or upload.incarnation < -1):
         raise ValueError(f"not a tier upload record: {upload}")
-    version = VERSION if upload.kind == COMMITLOG else VERSION_KINDS
+    if upload.kind == COMMITLOG:
+        version = VERSION
+    else:
+        version = VERSION_KINDS if upload.incarnation == -1 else VERSION_INCARNATION
     fixed = FIXED.pack(MAGIC, version, upload.state, upload.upload_id.bytes, upload.segment_base,
                        upload.segment_size, upload.digest, upload.epoch, len(key)) + key
     if version == VERSION:
         return fixed
-    return fixed + KIND.pack(upload.kind, upload.queue_id, len(topic)) + topic
+    kinds = fixed + KIND.pack(upload.kind, upload.queue_id, len(topic)) + topic
+    return kinds if version == VERSION_KINDS else kinds + INCARNATION.pack(upload.incarnation)
 
 
 def decode(body: bytes) -> Upload:
@@ -115,33 +132,40 @@ def decode(body: bytes) -> Upload:
     if len(body) < FIXED.size:
         raise ValueError(f"a tier upload record is at least {FIXED.size} bytes, this body {len(body)}")
     magic, version, state, upload_id, base, size, digest, epoch, key_length = FIXED.unpack_from(body, 0)
-    if magic != MAGIC or version not in (VERSION, VERSION_KINDS):
-        raise ValueError(f"not a tier upload record of version {VERSION} or {VERSION_KINDS}: magic {magic:#x}, "
-                         f"version {version}")
+    if magic != MAGIC or version not in (VERSION, VERSION_KINDS, VERSION_INCARNATION):
+        raise ValueError(f"not a tier upload record of version {VERSION} to {VERSION_INCARNATION}: magic "
+                         f"{magic:#x}, version {version}")
     if state not in STATE_NAMES or base < 0 or size <= 0 or epoch < 0 or not 0 < key_length <= MAX_KEY_BYTES:
         raise ValueError(f"a damaged tier upload record: state {state}, base {base}, size {size}, epoch {epoch}, "
                          f"key of {key_length} bytes")
     key_end = FIXED.size + key_length
-    kind, queue_id, topic = COMMITLOG, 0, ""
-    if version == VERSION_KINDS:
+    kind, queue_id, topic, incarnation = COMMITLOG, 0, "", -1
+    if version in (VERSION_KINDS, VERSION_INCARNATION):
         if len(body) < key_end + KIND.size:
-            raise ValueError(f"a tier upload record of version {VERSION_KINDS} is at least {key_end + KIND.size} "
+            raise ValueError(f"a tier upload record of version {version} is at least {key_end + KIND.size} "
                              f"bytes, this body {len(body)}")
         kind, queue_id, topic_length = KIND.unpack_from(body, key_end)
         if kind not in KIND_NAMES or queue_id < 0 or topic_length > MAX_TOPIC_BYTES:
             raise ValueError(f"a damaged tier upload record: kind {kind}, queue id {queue_id}, topic of "
                              f"{topic_length} bytes")
-        if key_end + KIND.size + topic_length != len(body):
-            raise ValueError(f"a tier upload record with a topic of {topic_length} bytes is "
-                             f"{key_end + KIND.size + topic_length} bytes, this body {len(body)}")
-        topic = _text(body[key_end + KIND.size:], "topic")
-        if (kind == COMMITLOG and (topic or queue_id)) or (kind == CONSUME_QUEUE and not topic):
-            raise ValueError(f"a damaged tier upload record: kind {kind} with topic {topic!r}, queue id {queue_id}")
+        topic_end = key_end + KIND.size + topic_length
+        expected = topic_end + (INCARNATION.size if version == VERSION_INCARNATION else 0)
+        if expected != len(body):
+            raise ValueError(f"a tier upload record of version {version} with a topic of {topic_length} bytes is "
+                             f"{expected} bytes, this body {len(body)}")
+        topic = _text(body[key_end + KIND.size:topic_end], "topic")
+        if version == VERSION_INCARNATION:
+            (incarnation,) = INCARNATION.unpack_from(body, topic_end)
+        if ((kind == COMMITLOG and (topic or queue_id or version == VERSION_INCARNATION))
+                or (kind == CONSUME_QUEUE and not topic) or (version == VERSION_INCARNATION and incarnation < 0)):
+            raise ValueError(f"a damaged tier upload record: kind {kind} with topic {topic!r}, queue id {queue_id}, "
+                             f"incarnation {incarnation}")
     elif key_end != len(body):
         raise ValueError(f"a tier upload record with a key of {key_length} bytes is {key_end} "
                          f"bytes, this body {len(body)}")
     key = _text(body[FIXED.size:key_end], "key")
-    return Upload(state, uuid.UUID(bytes=upload_id), base, size, digest, epoch, key, kind, topic, queue_id)
+    return Upload(state, uuid.UUID(bytes=upload_id), base, size, digest, epoch, key, kind, topic, queue_id,
+                  incarnation)
 
 
 def _text(data: bytes, what: str) -> str:

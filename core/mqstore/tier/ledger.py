@@ -22,9 +22,19 @@ Per segment (its base offset), in log order:
                   FINISHED of u is skipped (the leader re-records only segments still FINISHED)
   anything else   a record that does not decode, or an end without its start: skipped and counted
 
-A consume queue file's records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 2) fold the same way
-into a map of their own per queue (:attr:`UploadMap.queues`, (topic, queue id) -> UploadMap; "segment base" is the
-file's first byte in the queue), so a file's base never meets a commit log segment's.
+A consume queue file's records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 2 and 3) fold the same
+way into a map of their own per queue and topic incarnation (:attr:`UploadMap.queues`, (topic, queue id,
+incarnation) -> UploadMap; "segment base" is the file's first byte in the queue), so a file's base never meets a
+commit log segment's, nor a file of a topic deleted and created again under the same name (each topic has its
+own start_physical_offset, which only grows: ``incarnation``).
+
+The files' reads (:meth:`Ledger.queue_snapshot`, :meth:`Ledger.queue_file_upload`, :meth:`Ledger.queue_deleted`)
+answer for the topic that holds the name now (``incarnation(topic)``: its start_physical_offset, the store's
+topic registry): the uploads of its incarnation or a later one (a registry that lags), and those of an unknown
+incarnation (-1: version 2 records, written before the field; local retention deletes a local file only when
+its bytes are the uploaded ones, so such an upload of a deleted topic never costs a file); where several stand
+for one base, the latest incarnation's. An upload of an earlier incarnation belongs to a deleted topic
+(:func:`same_topic`): it is read by nobody, and the uploader deletes its object (:meth:`Ledger.queue_maps`).
 
 Thread-safety: :meth:`Ledger.catch_up` and reads of the map serialise on the ledger's lock.
 """
@@ -50,6 +60,12 @@ READ_BYTES = 8 << 20
 Read = Callable[[int, int], list[tuple[int, bytes, int]]]
 
 
+def same_topic(incarnation: int, current: int | None) -> bool:
+    """An upload of a file of the topic ``incarnation`` stands for the topic holding the name now (``current``:
+    its start_physical_offset, None when the name holds none: nothing says otherwise)."""
+    return incarnation < 0 or current is None or incarnation >= current
+
+
 class UploadMap:
     """segment base -> its FINISHED upload; the pending attempts; every attempt's last state. Not thread-safe."""
 
@@ -61,14 +77,20 @@ class UploadMap:
         self.states: dict[uuid.UUID, int] = {}
         self.conflicts = 0
         self.skipped = 0
-        self.queues: dict[tuple[str, int], UploadMap] = {}  # a consume queue's files: (topic, queue id) -> map
+        # a consume queue's files: (topic, queue id, incarnation) -> map; (topic, queue id) -> its incarnations
+        self.queues: dict[tuple[str, int, int], UploadMap] = {}
+        self.incarnations: dict[tuple[str, int], list[int]] = {}
 
     def apply(self, upload: Upload, position: int = -1) -> None:
         """``position``: the record's physical offset (-1: unknown)."""
         if upload.kind == CONSUME_QUEUE:
-            queue = self.queues.get((upload.topic, upload.queue_id))
+            key = (upload.topic, upload.queue_id, upload.incarnation)
+            queue = self.queues.get(key)
             if queue is None:
-                queue = self.queues[(upload.topic, upload.queue_id)] = UploadMap()
+                queue = self.queues[key] = UploadMap()
+                known = self.incarnations.setdefault((upload.topic, upload.queue_id), [])
+                known.append(upload.incarnation)
+                known.sort(reverse=True)  # the latest first: it wins a base several hold
             conflicts, skipped = queue.conflicts, queue.skipped
             queue._apply_one(upload, position)
             self.conflicts += queue.conflicts - conflicts
@@ -119,10 +141,13 @@ class UploadMap:
 
 
 class Ledger:
-    def __init__(self, append: Callable[[bytes], None], read: Read, bounds: Callable[[], tuple[int, int]]):
+    def __init__(self, append: Callable[[bytes], None], read: Read, bounds: Callable[[], tuple[int, int]],
+                 incarnation: Callable[[str], int | None] = lambda topic: None):
         """``append(body)``: one record of the topic, acknowledged by the in-sync replicas (raises as an
         append does: NotLeader on a replica or a deposed leader); ``read``: records from a queue offset;
-        ``bounds()``: the topic's consume queue (min offset, max offset)."""
+        ``bounds()``: the topic's consume queue (min offset, max offset); ``incarnation(topic)``: the
+        start_physical_offset of the topic holding the name now (None: none, or not known)."""
+        self.incarnation = incarnation
         self._append = append
         self._read = read
         self._bounds = bounds
@@ -144,7 +169,7 @@ class Ledger:
         def bounds() -> tuple[int, int]:
             cq = store.queues.get(tier_upload.TOPIC, 0)
             return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
-        return cls(append, read, bounds)
+        return cls(append, read, bounds, store.topics.start_of)
 
     def record(self, upload: Upload) -> None:
         """Append ``upload``'s record, then read it back into the map."""
@@ -180,29 +205,62 @@ class Ledger:
         with self._lock:
             return dict(self._map.finished), list(self._map.pending.values())
 
+    def _current(self, topic: str, queue_id: int) -> list[UploadMap]:
+        """The maps of the queue's uploads that stand for the topic holding the name now, the latest first.
+        The caller holds the lock."""
+        current = self.incarnation(topic)
+        return [self._map.queues[(topic, queue_id, incarnation)]
+                for incarnation in self._map.incarnations.get((topic, queue_id), ())
+                if same_topic(incarnation, current)]
+
     def queue_snapshot(self) -> dict[tuple[str, int], tuple[dict[int, Upload], list[Upload]]]:
-        """(topic, queue id) -> (file base -> FINISHED upload, pending attempts) of the consume queue files, as of
-        the last catch-up."""
+        """(topic, queue id) -> (file base -> FINISHED upload, pending attempts) of the consume queue files of the
+        topics holding their names now, as of the last catch-up."""
         with self._lock:
-            return {queue: (dict(m.finished), list(m.pending.values())) for queue, m in self._map.queues.items()}
+            found = {}
+            for topic, queue_id in self._map.incarnations:
+                maps = self._current(topic, queue_id)
+                if maps:
+                    found[(topic, queue_id)] = ({base: u for m in reversed(maps) for base, u in m.finished.items()},
+                                                [u for m in maps for u in m.pending.values()])
+            return found
+
+    def queue_maps(self) -> dict[tuple[str, int, int], tuple[dict[int, Upload], list[Upload], bool]]:
+        """(topic, queue id, incarnation) -> (file base -> FINISHED upload, pending attempts, whether it stands for
+        the topic holding the name now: False for a deleted topic's) of every consume queue file's upload."""
+        with self._lock:
+            return {(topic, queue_id, incarnation): (dict(m.finished), list(m.pending.values()),
+                                                     same_topic(incarnation, self.incarnation(topic)))
+                    for (topic, queue_id, incarnation), m in self._map.queues.items()}
 
     def queue_deleted(self) -> dict[tuple[str, int], dict[int, Upload]]:
-        """(topic, queue id) -> (file base -> the upload whose object the tier's retention deleted)."""
+        """(topic, queue id) -> (file base -> the upload whose object the tier's retention deleted), of the topics
+        holding their names now."""
         with self._lock:
-            return {queue: dict(m.deleted) for queue, m in self._map.queues.items() if m.deleted}
+            found = {}
+            for topic, queue_id in self._map.incarnations:
+                deleted = {base: u for m in reversed(self._current(topic, queue_id)) for base, u in m.deleted.items()}
+                if deleted:
+                    found[(topic, queue_id)] = deleted
+            return found
 
     def queue_file_upload(self, topic: str, queue_id: int, file_base: int) -> Upload | None:
-        """A consume queue file's FINISHED upload as of the last catch-up (no catch-up: cheap for every read)."""
+        """A consume queue file's FINISHED upload as of the last catch-up, of the topic holding the name now (no
+        catch-up: cheap for every read)."""
         with self._lock:
-            queue = self._map.queues.get((topic, queue_id))
-            return queue.finished.get(file_base) if queue is not None else None
+            for m in self._current(topic, queue_id):
+                upload = m.finished.get(file_base)
+                if upload is not None:
+                    return upload
+            return None
 
-    def queue_positions(self) -> dict[tuple[str, int, int], tuple[Upload, int]]:
-        """(topic, queue id, file base) -> (its FINISHED upload, physical offset of its latest FINISHED record)."""
+    def queue_positions(self) -> dict[tuple[str, int, int, int], tuple[Upload, int]]:
+        """(topic, queue id, incarnation, file base) -> (its FINISHED upload, physical offset of its latest FINISHED
+        record), of every incarnation."""
         with self._lock:
-            return {(topic, queue_id, base): (m.finished[base], at)
-                    for (topic, queue_id), m in self._map.queues.items() for base, at in m.positions.items()
-                    if base in m.finished}
+            return {(topic, queue_id, incarnation, base): (m.finished[base], at)
+                    for (topic, queue_id, incarnation), m in self._map.queues.items()
+                    for base, at in m.positions.items() if base in m.finished}
 
     def queue_states(self) -> dict[uuid.UUID, int]:
         """Every consume queue file attempt's last state, as of the last catch-up."""

@@ -71,7 +71,8 @@ class LocalRetention(Duty):
         self.rerecorded = 0     # FINISHED records appended again
         self.reader = reader
         self.queue_files_deleted = 0  # local consume queue files deleted (tests, status)
-        self._matched: set = set()  # upload ids whose local file was found identical (_same_bytes)
+        # (upload id, the topic's incarnation) whose local file was found identical (_same_bytes)
+        self._matched: set[tuple] = set()
         self._uncorrected: set[tuple[str, int]] = set()  # queues extended down whose minimum is not corrected yet
 
     def open(self) -> None:
@@ -170,7 +171,7 @@ class LocalRetention(Duty):
                     break
                 first = files[0]
                 upload = self.ledger.queue_file_upload(topic, queue_id, first.start)
-                if upload is None or upload.segment_size != first.size or not self._same_bytes(first, upload):
+                if upload is None or upload.segment_size != first.size or not self._same_bytes(first, upload, topic):
                     break
                 phys, size, _ = cq.entry(first.end // cq_unit.ENTRY_SIZE - 1)
                 if size != cq_unit.BLANK_SIZE_FIELD and phys + size > local_min:
@@ -184,24 +185,30 @@ class LocalRetention(Duty):
                 log.info("tier.local_queue_file_deleted", topic=topic, queue_id=queue_id, start=first.start,
                          local_min=local_min)
 
-    def _same_bytes(self, file, upload) -> bool:
+    def _same_bytes(self, file, upload, topic: str) -> bool:
         """The local file is the uploaded one (SHA-256, once per upload): not a file of a topic created again under
         the same name, or of a queue rebuilt with blanks, whose base an older upload holds; that file stays."""
-        if upload.upload_id in self._matched:
+        # Once per upload and topic incarnation: a file of the topic created again under the name (at the base of
+        # an upload of an unknown incarnation, a version 2 record) is hashed again, never taken as matched.
+        matched = (upload.upload_id, self.store.topics.start_of(topic))
+        if matched in self._matched:
             return True
         if SealedSegment(file.start, file.size, lambda: b"", file.path).digest() != upload.digest:
             log.warning("tier.queue_file_differs", path=str(file.path), key=upload.key,
                         why="the local file is not the uploaded one: it stays local")
             return False
-        self._matched.add(upload.upload_id)
+        self._matched.add(matched)
         return True
 
     def _live_queue_positions(self) -> list[tuple[int, object]]:
         """(position, upload) of the latest FINISHED records of the queue files still holding live entries."""
         found = []
-        for (topic, queue_id, base), (upload, at) in self.ledger.queue_positions().items():
+        current = self.ledger.queue_snapshot()
+        for (topic, queue_id, _, base), (upload, at) in self.ledger.queue_positions().items():
             cq = self.store.queues.get(topic, queue_id)
-            if cq is not None and base + upload.segment_size > cq.min_offset * cq_unit.ENTRY_SIZE:
+            if current.get((topic, queue_id), ({}, []))[0].get(base) is not upload:
+                found.append((max(at, 0), upload))  # a deleted topic's: readable until the uploader expires it
+            elif cq is not None and base + upload.segment_size > cq.min_offset * cq_unit.ENTRY_SIZE:
                 found.append((max(at, 0), upload))
         return found
 

@@ -24,10 +24,11 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      Then **every sealed consume queue file** (``queue_files``, :func:`sealed_queue_files`: not a queue's last
      file, every entry written and flushed) whose entries all point into commit log segments FINISHED in the
      tier (or already past the total retention, below ``logical_min()``), with no FINISHED upload of its own:
-     the same two records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 2: the topic, queue id and
-     the file's base in the queue), the key ``consumequeue/<topic>/<queue id>/<base:020d>/<upload id>``, the
-     same put, check and resolution (1 resolves a file's pending attempt as a segment's). The queues of the
-     topics kept local (Retention's LOCAL_ONLY_TOPICS: the consumer offsets, this ledger) are not uploaded.
+     the same two records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 3: the topic, queue id, the
+     file's base in the queue and the topic's incarnation), the key
+     ``consumequeue/<topic>/<queue id>/<base:020d>/<upload id>``, the same put, check and resolution (1
+     resolves a file's pending attempt as a segment's). The queues of the topics kept local (Retention's
+     LOCAL_ONLY_TOPICS: the consumer offsets, this ledger) are not uploaded.
   3. **The tier's own retention**: the object of every FINISHED segment that ends at or below the logical
      log's start (``logical_min()``: local retention's logical minimum, which the total retention
      ``--retention-ms`` moves past tiered segments; without local retention the local log's start, which the
@@ -46,8 +47,11 @@ Retention: while the tier is on, the store deletes no segment at or above :meth:
 
 Consume queue files in 3 and 4: a file's object is deleted (then DELETED recorded) once every entry of the file is
 below its queue's minimum (``queue_min(topic, queue id)``, the total retention's; None: the queue is gone, a
-deleted topic's), and an object under ``consumequeue/`` whose attempt the ledger holds as DISCARDED or DELETED is
-swept; one of an attempt the ledger does not hold is kept (its records may have gone with local retention).
+deleted topic's), and every file's of a topic deleted since (its record's incarnation older than the topic
+holding the name now: mqstore.tier.ledger), whose files never stand for the new topic's, which are uploaded at
+once under its own incarnation; an object under ``consumequeue/`` whose attempt the ledger holds as DISCARDED or
+DELETED is swept; one of an attempt the ledger does not hold is kept (its records may have gone with local
+retention).
 
 Crash points: ``tier.upload.started`` (STARTED appended, nothing put), ``tier.upload.after_put`` (the object
 put, not yet verified nor FINISHED), the same for a consume queue file (``tier.upload.queue_file.started``,
@@ -80,7 +84,7 @@ from mqstore.background import Duty
 from mqstore.errors import OutOfRange
 from mqstore.format import cq_unit, tier_upload
 from mqstore.format.tier_upload import CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
-from mqstore.tier.ledger import Ledger
+from mqstore.tier.ledger import Ledger, same_topic
 from mqstore.tier.objects import ObjectStore
 
 log = structlog.get_logger("mqstore.tier")
@@ -129,11 +133,14 @@ def sealed_segments(store) -> list[SealedSegment]:
 
 class SealedQueueFile:
     """A sealed consume queue file: ``file`` (a SealedSegment: its base is its first byte in the queue's address
-    space) and :meth:`log_span`, the commit log span its entries point into (read on first use: the uploader asks
-    only for files it has not uploaded)."""
+    space), ``incarnation`` (its topic's start_physical_offset, read before the queue was listed: a topic deleted
+    and created again meanwhile makes it the older one, never a newer topic's for an older file) and
+    :meth:`log_span`, the commit log span its entries point into (read on first use: the uploader asks only for
+    files it has not uploaded)."""
 
-    def __init__(self, topic: str, queue_id: int, file: SealedSegment, span: Callable[[], tuple[int, int] | None]):
-        self.topic, self.queue_id, self.file = topic, queue_id, file
+    def __init__(self, topic: str, queue_id: int, file: SealedSegment, span: Callable[[], tuple[int, int] | None],
+                 incarnation: int = -1):
+        self.topic, self.queue_id, self.file, self.incarnation = topic, queue_id, file, incarnation
         self._span, self._known = span, None
 
     def log_span(self) -> tuple[int, int] | None:
@@ -147,17 +154,21 @@ def sealed_queue_files(store) -> list[SealedQueueFile]:
     """Every consume queue's files whose every entry is final: not its last file, written and flushed to the
     file's end (the topics kept local, Retention's LOCAL_ONLY_TOPICS, left out)."""
     from mqstore.store_retention import LOCAL_ONLY_TOPICS  # the store's module; this one is imported by it
+    # The topics' incarnations before the queues they are listed with: a topic's delete drops its queues before
+    # its name is free, so a queue listed after is of that incarnation or an older one (never a newer).
+    starts = {topic: store.topics.start_of(topic) for topic, _ in list(store.queues.queues)}
     found = []
     for (topic, queue_id), cq in list(store.queues.queues.items()):
-        if topic in LOCAL_ONLY_TOPICS:
-            continue
+        if topic in LOCAL_ONLY_TOPICS or starts.get(topic) is None:
+            continue  # kept local; a topic deleted, or created since the incarnations were read (the next pass)
         for file in list(cq.files.segments)[:-1]:
             if cq.flushed_offset * cq_unit.ENTRY_SIZE < file.end:
                 break
             first, end = file.start // cq_unit.ENTRY_SIZE, file.end // cq_unit.ENTRY_SIZE
             found.append(SealedQueueFile(topic, queue_id, SealedSegment(file.start, file.size, _reader(file.path),
                                                                         file.path),
-                                         lambda cq=cq, first=first, end=end: _log_span(cq, first, end)))
+                                         lambda cq=cq, first=first, end=end: _log_span(cq, first, end),
+                                         starts[topic]))
     return found
 
 
@@ -335,7 +346,7 @@ class Uploader(Duty):
         else:
             attempt = Upload(STARTED, upload_id, segment.base, segment.size, segment.digest(), epoch,
                              queue_object_key(queue_file.topic, queue_file.queue_id, segment.base, upload_id),
-                             CONSUME_QUEUE, queue_file.topic, queue_file.queue_id)
+                             CONSUME_QUEUE, queue_file.topic, queue_file.queue_id, queue_file.incarnation)
         self.ledger.record(attempt)
         failpoints.hit("tier.upload.started" if queue_file is None else "tier.upload.queue_file.started")
         if segment.path is not None:
@@ -350,7 +361,7 @@ class Uploader(Duty):
 
     def _upload_queue_files(self, epoch: int) -> None:
         self.ledger.catch_up()
-        for (_topic, _queue_id), (finished, pending) in self.ledger.queue_snapshot().items():
+        for (_topic, _queue_id, _incarnation), (finished, pending, _) in self.ledger.queue_maps().items():
             for attempt in pending:
                 if self.stopping:
                     return
@@ -365,6 +376,8 @@ class Uploader(Duty):
             if self.stopping:
                 return
             finished = queues.get((sealed.topic, sealed.queue_id), ({}, []))[0]
+            if not same_topic(sealed.incarnation, self.ledger.incarnation(sealed.topic)):
+                continue  # a deleted topic's file, listed before its delete
             if sealed.file.base in finished or not self._log_uploaded(sealed, segments, floor):
                 continue
             low = self.queue_min(sealed.topic, sealed.queue_id) if self.queue_min is not None else None
@@ -403,11 +416,13 @@ class Uploader(Duty):
                      why="its segment is past the total retention")
 
     def _expire_queue_files(self) -> None:
-        if self.queue_min is None:
+        if self.queue_files is None:
             return
         self.ledger.catch_up()
-        for (topic, queue_id), (finished, _) in sorted(self.ledger.queue_snapshot().items()):
-            low = self.queue_min(topic, queue_id)
+        for (topic, queue_id, _), (finished, _, current) in sorted(self.ledger.queue_maps().items()):
+            if current and self.queue_min is None:
+                continue  # no retention of the files in the tier (tests)
+            low = self.queue_min(topic, queue_id) if current else None  # a deleted topic's files: every one
             for base, upload in sorted(finished.items()):
                 if self.stopping or (low is not None and base + upload.segment_size > low * cq_unit.ENTRY_SIZE):
                     break

@@ -59,6 +59,45 @@ def test_a_consume_queue_files_record_golden_and_a_version_1_record_still_parses
     assert tier_upload.encode(decoded) == old  # a segment's record is still written as version 1
 
 
+def test_a_consume_queue_files_record_with_its_topics_incarnation_golden_and_one_without_still_parses(request):
+    upload = dataclasses.replace(_file_upload(), incarnation=7 * SEGMENT)
+    data = tier_upload.encode(upload)
+    assert data == golden_bytes("tier_upload_queue_file_v3.bin", data, request)
+    assert data[:6] == bytes.fromhex("4d5154550301")  # magic "MQTU", version 3, STARTED
+    v2 = tier_upload.encode(_file_upload())
+    assert data[4] == 3 and data[5:len(v2)] == v2[5:] and data[len(v2):] == (7 * SEGMENT).to_bytes(8, "big")
+    assert tier_upload.decode(data) == upload
+    before = tier_upload.decode((GOLDEN / "tier_upload_queue_file.bin").read_bytes())  # written without it
+    assert before == _file_upload() and before.incarnation == -1
+    for bad in (data[:-1], data + b"x", data[:-8] + (-2).to_bytes(8, "big", signed=True)):
+        with pytest.raises(ValueError):
+            tier_upload.decode(bad)
+    segment = Upload(STARTED, uuid.uuid4(), 0, SEGMENT, b"\0" * 32, 0, "k", incarnation=0)
+    for wrong in (segment, dataclasses.replace(upload, incarnation=-2)):
+        with pytest.raises(ValueError):
+            tier_upload.encode(wrong)
+
+
+def test_the_ledger_answers_for_the_topic_holding_the_name_now():
+    old = dataclasses.replace(_file_upload(FINISHED), incarnation=100)
+    new = dataclasses.replace(_file_upload(FINISHED, upload_id=uuid.uuid4()), incarnation=900)
+    unknown = _file_upload(FINISHED, base=0, upload_id=uuid.uuid4())  # a version 2 record
+    records = [tier_upload.encode(u) for r in (old, new, unknown) for u in (r.but(STARTED), r)]
+    starts = {"t": 100}
+    ledger = Ledger(lambda body: None, lambda at, count: [(i, records[i], i) for i in range(at, len(records))][:count],
+                    lambda: (0, len(records)), lambda topic: starts.get(topic))
+    ledger.catch_up()
+    assert ledger.queue_file_upload("t", 2, old.segment_base) == new  # a registry that lags: the latest wins
+    starts["t"] = 900  # the topic created again: the old topic's upload stands for nothing
+    assert ledger.queue_file_upload("t", 2, old.segment_base) == new and ledger.queue_file_upload("t", 2, 0) == unknown
+    assert ledger.queue_snapshot() == {("t", 2): ({old.segment_base: new, 0: unknown}, [])}
+    maps = ledger.queue_maps()
+    assert maps[("t", 2, 100)] == ({old.segment_base: old}, [], False) and maps[("t", 2, 900)][2]
+    assert maps[("t", 2, -1)][2]
+    starts["t"] = 1000  # created again once more, nothing uploaded yet: only the unknown incarnation's
+    assert ledger.queue_file_upload("t", 2, old.segment_base) is None and ledger.queue_file_upload("t", 2, 0) == unknown
+
+
 def test_a_version_2_record_that_does_not_decode_or_encode_is_refused():
     good = tier_upload.encode(_file_upload())
     key_end = 80 + len(_file_upload().key)
@@ -81,7 +120,7 @@ def test_the_ledger_keeps_a_queues_files_apart_from_the_segments():
     for record in (segment, file, file.but(FINISHED)):
         umap.apply(record)
     assert umap.finished == {} and list(umap.pending) == [segment.upload_id]  # the same base, another kind
-    queue = umap.queues[("t", 2)]
+    queue = umap.queues[("t", 2, -1)]  # a version 2 record: its incarnation unknown
     assert queue.finished == {file.segment_base: file.but(FINISHED)} and not queue.pending
     umap.apply(file.but(DISCARDED))  # a second end
     assert umap.skipped == 1
@@ -481,3 +520,60 @@ def test_tier_status_and_metrics_count_each_topics_queue_files_apart_from_the_lo
     assert _family(registry, "mqstore_tier_copy_errors_total") == {log_kind: 0, topic_kind: 1}
     assert _family(registry, "mqstore_tier_fetch_bytes_total")[topic_kind] == row.fetch_bytes
     assert _family(registry, "mqstore_tier_copy_lag_segments")[topic_kind] == row.copy_lag_files
+
+
+def test_a_topic_deleted_and_created_again_has_its_files_uploaded_at_the_old_bases_and_never_reads_the_old_ones(
+        tiered):
+    rig = tiered()
+    _append(rig.store, 8)
+    rig.pass_()
+    first = rig.store.topics.start_of("t")
+    old = rig.ledger.queue_snapshot()[("t", 0)][0]
+    assert 0 in old and {u.incarnation for u in old.values()} == {first}
+    old_keys = {u.key for u in old.values()}
+    rig.store.topic_admin.delete("t")
+    bodies = _append(rig.store, 18, start=10_000)  # t again: its files at the old bases, other bytes
+    again = rig.store.topics.start_of("t")
+    assert again > first and rig.store.queue_info("t", 0).min_offset == 0
+    rig.pass_()
+    bodies += _append(rig.store, 26, start=20_000)
+    rig.pass_()
+    rig.pass_()
+    files = rig.ledger.queue_snapshot()[("t", 0)][0]
+    assert set(old) <= set(files) and {u.incarnation for u in files.values()} == {again}  # uploaded at once
+    objects = _queue_objects(rig.tier)
+    assert not old_keys & set(objects)  # the old topic's objects are deleted, DELETED recorded
+    states = rig.ledger.queue_states()
+    assert all(states[u.upload_id] == DELETED for u in old.values())
+    assert set(objects) == {u.key for u in files.values()}
+    assert rig.local.queue_files_deleted > 0 and rig.queue_files()[0] > 0  # the new files left the local disk
+    assert _pull_all(rig.store) == bodies  # the new topic's entries read from the tier, never the old ones
+    rig.stop()
+    rig.start()
+    assert rig.store.queue_info("t", 0).min_offset == 0 and _pull_all(rig.store) == bodies
+
+
+def test_a_topic_created_again_over_uploads_recorded_without_incarnation_keeps_its_files_local_and_reads_them(
+        tiered):
+    """Uploads recorded before the field (version 2, incarnation unknown) may be the deleted topic's: the new
+    topic's files at their bases stay local (their bytes differ) and are read there, never the old objects."""
+    rig = tiered()
+    _append(rig.store, 8)
+
+    def unknown():
+        files = sealed_queue_files(rig.store)
+        for f in files:
+            f.incarnation = -1  # as a node of the version before wrote them
+        return files
+    rig.uploader.queue_files = unknown
+    rig.pass_()
+    old = rig.ledger.queue_snapshot()[("t", 0)][0]
+    assert 0 in old and {u.incarnation for u in old.values()} == {-1} and rig.local.queue_files_deleted > 0
+    rig.store.topic_admin.delete("t")
+    rig.uploader.queue_files = lambda: sealed_queue_files(rig.store)
+    bodies = _append(rig.store, 18, start=10_000)
+    rig.pass_()
+    bodies += _append(rig.store, 26, start=20_000)
+    rig.pass_()
+    assert rig.queue_files()[0] == 0  # at an old base: its bytes are not the uploaded ones, it stays
+    assert _pull_all(rig.store) == bodies
