@@ -6,13 +6,14 @@ local files answer still do. The service itself on s3:// runs in tests/integrati
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
 from mqstore import failpoints
 from mqstore.clock import FakeClock
-from mqstore.errors import Unavailable
+from mqstore.errors import AlreadyExists, Unavailable
 from mqstore.index.store import IndexStore
 from mqstore.index.tier import IndexTierConfig, open_tier
 from mqstore.index.tier_manifest import TierManifest
@@ -100,6 +101,23 @@ def test_moved_files_are_byte_identical_objects_under_unique_keys(rig):
     objects = rig.objects()
     assert objects == {f"idx/{entry.key}": local[name] for name, entry in manifest.finished.items()}
     rig.check(store)
+
+
+def test_a_file_above_the_multipart_size_goes_as_a_multipart_upload_byte_identical(rig, tmp_path):
+    config = dataclasses.replace(rig.tier_config, tier_multipart_bytes=5 << 20)
+    tier = open_tier(config)
+    try:
+        source = tmp_path / "big.cidx"
+        data = bytes(range(251)) * ((6 << 20) // 251)  # above 5 MiB: two parts
+        source.write_bytes(data)
+        key = tier.new_key(source.name)
+        tier.put(key, source)
+        assert tier.writes._backend.multipart_puts == 1
+        assert rig.objects() == {f"idx/{key}": data}  # read back with boto3
+        with pytest.raises(AlreadyExists):
+            tier.put(key, source)  # create-only, as the commit log's segments
+    finally:
+        tier.close()
 
 
 @pytest.mark.parametrize("point", ["index.tier.started", "index.tier.after_put", "index.tier.finished"])

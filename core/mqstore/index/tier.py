@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
-from mqstore.tier.config import Credentials, described, with_aws_env
+from mqstore.tier.config import Credentials, check_multipart_bytes, described, with_aws_env
 from mqstore.tier.objects import ObjectStore
+from mqstore.tier.s3 import DEFAULT_MULTIPART_BYTES
 from mqstore.tier.urls import open_store
 
 PREFIX = "index"
@@ -59,12 +60,19 @@ class IndexTierConfig:
     tier_read_timeout_ms: int = dataclasses.field(default=5_000, metadata={"help": (
         "deadline of one ranged read of a query on the tier; then the query fails UNAVAILABLE naming the tier "
         "(queries answered by local files are not affected)")})
+    # s3:// only: a compact file larger than this goes as a multipart upload in parts of this size (the commit
+    # log's --tier-multipart-bytes for its segments, the same put: mqstore.tier.s3).
+    tier_multipart_bytes: int = dataclasses.field(default=DEFAULT_MULTIPART_BYTES, metadata={"help": (
+        "s3:// only: upload a compact index file larger than this as a multipart upload in parts of this size "
+        "(at least 5 MiB, S3's smallest part; 4 parts in flight); every file is streamed from a read-only memory "
+        "map, never read whole into memory")})
     credentials: Credentials = dataclasses.field(default_factory=Credentials, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("tier_call_timeout_ms", "tier_read_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        check_multipart_bytes(self.tier_multipart_bytes)
         if self.tier_url and not self.tier_url.startswith(("file://", "s3://")):
             raise InvalidArgument(f"tier_url must be file:///ABSOLUTE/DIR or s3://BUCKET[/PREFIX], not "
                                   f"{self.tier_url!r} (fsspec URLs are no longer taken)")
@@ -114,8 +122,10 @@ class IndexTier:
         return f"{PREFIX}/{file_name}.{uuid.uuid4().hex}"
 
     def put(self, key: str, source: pathlib.Path) -> None:
-        """Create the object ``key`` with the bytes of ``source`` (never replaces one: AlreadyExists)."""
-        self.writes.put_if_absent(key, source.read_bytes())
+        """Create the object ``key`` with the bytes of ``source``, a sealed file (never replaces one:
+        AlreadyExists): streamed from a read-only memory map, a multipart upload above ``tier_multipart_bytes``
+        on S3 (ObjectStore.put_file, as the commit log's segments), never read whole into memory."""
+        self.writes.put_file(key, source, source.stat().st_size)
 
     def read(self, key: str, position: int, length_bytes: int, *, verifying: bool = False) -> bytes:
         """A ranged read; DataLoss when the object is gone (a query must not answer NOT_FOUND for a key
@@ -149,7 +159,8 @@ def open_tier(config: IndexTierConfig) -> IndexTier | None:
 
     def store(timeout_ms: int, workers: int) -> ObjectStore:
         return open_store(config.tier_url, timeout_ms=timeout_ms, endpoint=config.tier_endpoint,
-                          region=config.tier_region, credentials=config.credentials, workers=workers)
+                          region=config.tier_region, credentials=config.credentials, workers=workers,
+                          multipart_bytes=config.tier_multipart_bytes)
     return IndexTier(store(config.tier_call_timeout_ms, 1), store(config.tier_read_timeout_ms, READ_WORKERS))
 
 

@@ -18,6 +18,10 @@ A file name is ``<first physical offset:020d>.cidx``; an object key ``index/<fil
 that never finished, or a file deleted by retention whose object delete did not happen) and is deleted by
 lifecycle.tidy_tier.
 
+Cost: a save rewrites every entry (~280 bytes a tiered file; 1,000 files, 360 GB of compact index at the default
+sizes, ~0.12 s with its fsyncs), twice a move, against the upload of one file of up to ~360 MB: kept whole
+rather than a journal of its own with compaction and recovery.
+
 Thread-safety: none; the IndexStore's maintenance lock is held for every read-modify-save.
 """
 

@@ -67,9 +67,7 @@ class TierConfig:
         for name in ("local_retention_ms", "local_retention_bytes", "tier_cache_bytes"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must be 0 or more, not {getattr(self, name)}")
-        if self.tier_multipart_bytes < 5 << 20:
-            raise InvalidArgument(f"tier_multipart_bytes must be at least 5 MiB ({5 << 20}, S3's smallest part), not "
-                                  f"{self.tier_multipart_bytes}")
+        check_multipart_bytes(self.tier_multipart_bytes)
         if self.local_retention and not self.tier_url:
             raise InvalidArgument("local_retention_ms and local_retention_bytes delete segments uploaded to the "
                                   "tier: give --tier-url too")
@@ -114,6 +112,13 @@ def with_aws_env(config: C, env: Mapping[str, str]) -> C:
         tier_region=config.tier_region or env.get("AWS_REGION", "") or env.get("AWS_DEFAULT_REGION", ""),
         credentials=Credentials(env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", ""),
                                 env.get("AWS_SESSION_TOKEN", "")))
+
+
+def check_multipart_bytes(value: int) -> None:
+    """``tier_multipart_bytes`` (the commit log's and the Index's): at least S3's smallest part."""
+    if value < 5 << 20:
+        raise InvalidArgument(f"tier_multipart_bytes must be at least 5 MiB ({5 << 20}, S3's smallest part), not "
+                              f"{value}")
 
 
 def described(config) -> dict:

@@ -148,6 +148,20 @@ def test_tier_basics(make_tier, tmp_path):
         tier.read(key, 0, 1)
 
 
+def test_a_put_streams_the_file_never_reading_it_whole(make_tier, tmp_path, monkeypatch):
+    tier = make_tier("t")
+    source = tmp_path / "a.cidx"
+    source.write_bytes(bytes(range(256)) * 64)
+
+    def whole(path):
+        raise AssertionError(f"{path} read whole into memory")
+    monkeypatch.setattr(type(source), "read_bytes", whole)
+    key = tier.new_key(source.name)
+    tier.put(key, source)  # from a read-only memory map (ObjectStore.put_file)
+    assert tier.keys() == {key: 256 * 64}
+    assert TierReader(tier, key, 256 * 64).read(250, 12) == bytes(range(250, 256)) + bytes(range(6))
+
+
 def test_tier_config_takes_file_and_s3_urls_and_the_aws_variables():
     config = IndexTierConfig(tier_url="s3://bucket/idx").with_env(
         {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_DEFAULT_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "id",
@@ -158,6 +172,9 @@ def test_tier_config_takes_file_and_s3_urls_and_the_aws_variables():
     for bad in ("memory://x", "gcs://b/p"):
         with pytest.raises(InvalidArgument, match="fsspec URLs are no longer taken"):
             IndexTierConfig(tier_url=bad)
+    assert IndexTierConfig().tier_multipart_bytes == 16 << 20  # the commit log's default
+    with pytest.raises(InvalidArgument, match="at least 5 MiB"):
+        IndexTierConfig(tier_url="s3://bucket/idx", tier_multipart_bytes=(5 << 20) - 1)
 
 
 def test_move_respects_age_and_keeps_answers(setup):
@@ -305,17 +322,19 @@ def test_the_service_flags_take_tier_urls_and_tier_dir_as_an_alias(tmp_path):
     assert parse_config(base, {}).tier.tier_url == ""
     aliased = parse_config(base + ["--tier-dir", str(tmp_path / "t")], {})
     assert aliased.tier.tier_url == f"file://{(tmp_path / 't').resolve()}"
-    s3 = parse_config(base + ["--tier-url", "s3://b/idx", "--tier-read-timeout-ms", "700"],
+    s3 = parse_config(base + ["--tier-url", "s3://b/idx", "--tier-read-timeout-ms", "700",
+                              "--tier-multipart-bytes", str(8 << 20)],
                       {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "id"})
     assert (s3.tier.tier_url, s3.tier.tier_read_timeout_ms, s3.tier.tier_endpoint, s3.tier.credentials.access_key_id) \
         == ("s3://b/idx", 700, "http://127.0.0.1:9", "id")
+    assert s3.tier.tier_multipart_bytes == 8 << 20
     with pytest.raises(InvalidArgument, match="not both"):
         parse_config(base + ["--tier-dir", "/x", "--tier-url", "file:///y"], {})
     with pytest.raises(InvalidArgument, match="fsspec"):
         parse_config(base + ["--tier-url", "memory://x"], {})
     text = build_arg_parser().format_help()
     for flag in ("--tier-url", "--tier-dir", "--tier-endpoint", "--tier-region", "--tier-call-timeout-ms",
-                 "--tier-read-timeout-ms"):
+                 "--tier-read-timeout-ms", "--tier-multipart-bytes"):
         assert flag in text
     assert "--credentials" not in text
 
