@@ -241,6 +241,7 @@ class Uploader(Duty):
         self.copy_errors = 0  # steps that failed (the tier or the log said no) outside a topic's file
         self.topics: dict[str, TopicCounters] = {}  # a topic's consume queue files' counters (TopicCounters)
         self._handling: str | None = None  # the topic whose file the step handles now (errors count for it)
+        self._differs: dict[tuple[uuid.UUID, int], bool] = {}  # _other_bytes' answers
         self.last_error: tuple[int, str] | None = None  # (ms since the epoch, message) of the last failed step
         self.expired = 0  # objects deleted by the tier's retention (DELETED recorded)
         self.expired_bytes = 0
@@ -378,7 +379,9 @@ class Uploader(Duty):
             finished = queues.get((sealed.topic, sealed.queue_id), ({}, []))[0]
             if not same_topic(sealed.incarnation, self.ledger.incarnation(sealed.topic)):
                 continue  # a deleted topic's file, listed before its delete
-            if sealed.file.base in finished or not self._log_uploaded(sealed, segments, floor):
+            held = finished.get(sealed.file.base)
+            if (held is not None and not self._other_bytes(sealed, held)) or not self._log_uploaded(sealed, segments,
+                                                                                                      floor):
                 continue
             low = self.queue_min(sealed.topic, sealed.queue_id) if self.queue_min is not None else None
             if low is not None and sealed.file.base + sealed.file.size <= low * cq_unit.ENTRY_SIZE:
@@ -386,6 +389,19 @@ class Uploader(Duty):
             self._handling = sealed.topic
             self._upload(sealed.file, epoch, sealed)
             self._handling = None
+
+    def _other_bytes(self, sealed: SealedQueueFile, held: Upload) -> bool:
+        """An upload of an unknown incarnation (a version 2 record, which a deleted topic of the name may have
+        written) holds the file's base, and the local file's bytes are not its: the file is uploaded under its own
+        incarnation, which reads and local retention take over the other (mqstore.tier.ledger). Hashed once per
+        upload and incarnation."""
+        if held.incarnation >= 0:
+            return False
+        key = (held.upload_id, sealed.incarnation)
+        differs = self._differs.get(key)
+        if differs is None:
+            differs = self._differs[key] = sealed.file.digest() != held.digest
+        return differs
 
     def _log_uploaded(self, sealed: SealedQueueFile, segments: dict[int, Upload], floor: int) -> bool:
         """Every commit log segment the file's entries point into is FINISHED (or past the total retention)."""

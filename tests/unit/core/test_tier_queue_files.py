@@ -553,10 +553,10 @@ def test_a_topic_deleted_and_created_again_has_its_files_uploaded_at_the_old_bas
     assert rig.store.queue_info("t", 0).min_offset == 0 and _pull_all(rig.store) == bodies
 
 
-def test_a_topic_created_again_over_uploads_recorded_without_incarnation_keeps_its_files_local_and_reads_them(
-        tiered):
+def test_a_topic_created_again_over_uploads_recorded_without_incarnation_uploads_its_own_and_reads_them(tiered):
     """Uploads recorded before the field (version 2, incarnation unknown) may be the deleted topic's: the new
-    topic's files at their bases stay local (their bytes differ) and are read there, never the old objects."""
+    topic's files at their bases, whose bytes differ, are uploaded under its incarnation and read from there,
+    never the old objects."""
     rig = tiered()
     _append(rig.store, 8)
 
@@ -575,5 +575,12 @@ def test_a_topic_created_again_over_uploads_recorded_without_incarnation_keeps_i
     rig.pass_()
     bodies += _append(rig.store, 26, start=20_000)
     rig.pass_()
-    assert rig.queue_files()[0] == 0  # at an old base: its bytes are not the uploaded ones, it stays
+    rig.pass_()
+    files = rig.ledger.queue_snapshot()[("t", 0)][0]
+    again = rig.store.topics.start_of("t")
+    assert files[0].incarnation == again and files[0].upload_id != old[0].upload_id  # its own, at the old base
+    assert rig.queue_files()[0] > 0  # then it left the local disk
+    assert _pull_all(rig.store) == bodies
+    rig.stop()
+    rig.start()
     assert _pull_all(rig.store) == bodies
