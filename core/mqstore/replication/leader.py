@@ -32,6 +32,7 @@ from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.replication import divergence, store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import ReplicationNode
+from mqstore.tier import replica_join
 
 log = structlog.get_logger()
 CATCH_UP_BYTES = 16 << 20  # data_async: further behind the log's end than this, a chunk is read on a thread
@@ -66,9 +67,15 @@ class ReplicaSession:
                                      f"bytes, the leader of {size}: set segment_size_bytes alike on every node")
         lead = self.node.leadership
         leader_end, leader_min = store.log_end(), store.log_min()
-        if hello.end_offset == hello.min_offset:  # empty: copy from the leader's first segment
+        tier = store.tier_join
+        tier_min = tier.logical_min() if tier is not None else leader_min
+        empty = hello.end_offset == hello.min_offset
+        point = leader_min if empty else \
+            divergence.truncation_point(hello.history, hello.end_offset, self.node.history, leader_end)
+        if tier_min < leader_min and (empty or point < leader_min):
+            return self._from_tier(leader_min, tier_min)
+        if empty:  # copy from the leader's first segment
             return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True)
-        point = divergence.truncation_point(hello.history, hello.end_offset, self.node.history, leader_end)
         if point < leader_min or point < hello.min_offset:
             raise FailedPrecondition(
                 f"replica {hello.replica_id} shares the log with the leader only up to physical offset {point}, "
@@ -79,6 +86,22 @@ class ReplicaSession:
             log.warning("replication.replica_diverged", replica=hello.replica_id, truncate_to=point,
                         replica_end=hello.end_offset, bytes_to_cut=hello.end_offset - point)
         return Welcome(lead.leader_id, lead.epoch, point, self.node.history)
+
+    def _from_tier(self, leader_min: int, tier_min: int) -> Welcome:
+        """The log below the leader's local start is only in the tier, down to ``tier_min``: a replica that needs
+        it starts at the local start and reads the rest from the tier (mqstore.tier.replica_join), or is refused
+        when it does not read the tier (nothing copied from the leader could serve that part)."""
+        hello, lead = self.hello, self.node.leadership
+        if not hello.reads_tier:
+            raise FailedPrecondition(
+                f"replica {hello.replica_id} does not read the object storage tier, and the leader's log below "
+                f"physical offset {leader_min} (from {tier_min}) is only there: start the replica with the "
+                f"leader's {replica_join.FLAGS} (a node of an earlier version cannot join this group)")
+        queues = self.store.tier_join.queue_starts(leader_min)
+        log.info("replication.replica_from_tier", replica=hello.replica_id, log_start=leader_min, tier_min=tier_min,
+                 queues=len(queues), replica_min=hello.min_offset, replica_end=hello.end_offset)
+        return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True,
+                       tier_min=tier_min, queues=queues)
 
     def data(self, is_active: Callable[[], bool]) -> Iterator[LogData]:
         return waits.blocking_iter(self.data_async(is_active))

@@ -42,10 +42,11 @@ from typing import Iterator, Protocol
 import structlog
 
 from mqstore.background import Duty
-from mqstore.errors import NotLeader, Unavailable
+from mqstore.errors import FailedPrecondition, NotLeader, Unavailable
 from mqstore.replication import store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import LEADER, ReplicationNode
+from mqstore.tier import replica_join
 
 log = structlog.get_logger()
 SHOW_EVERY_S = 0.005    # under a stream of data messages, the consume queues follow at most this often...
@@ -110,10 +111,8 @@ class ReplicaFollower(Duty):
         if lead.role == LEADER or not lead.leader_address:
             self.sleep(0.05)
             return
-        hello = Hello(self.node.config.node_id, self.node.config.advertised_address, self.store.log_end(),
-                      self.store.log_min(), self.node.history, self.store.config.segment_size_bytes)
         try:
-            stream = self.link.open(lead.leader_address, hello)
+            stream = self.link.open(lead.leader_address, self.hello())
         except NotLeader as exc:
             if exc.leader_address and self.node.config.replica_of:
                 self.node.become_replica("", exc.leader_address, lead.epoch)
@@ -128,6 +127,11 @@ class ReplicaFollower(Duty):
             stream.cancel()
             with self._stream_lock:
                 self._stream = None
+
+    def hello(self) -> Hello:
+        return Hello(self.node.config.node_id, self.node.config.advertised_address, self.store.log_end(),
+                     self.store.log_min(), self.node.history, self.store.config.segment_size_bytes,
+                     reads_tier=self.store.tier_join is not None)
 
     def _follow(self, stream: ReplicationStream) -> None:
         with self.node.apply_lock:
@@ -152,7 +156,14 @@ class ReplicaFollower(Duty):
         lead = self.node.leadership
         if (lead.leader_id, lead.epoch) != (welcome.leader_id, welcome.epoch) and lead.leader_address:
             self.node.become_replica(welcome.leader_id, lead.leader_address, welcome.epoch)
-        if welcome.start_empty:
+        if welcome.start_empty and welcome.tier_min is not None:  # the log below is only in the tier
+            if self.store.tier_join is None:
+                raise FailedPrecondition(f"the leader starts this replica from the object storage tier, which it "
+                                         f"does not read: set {replica_join.FLAGS}")
+            store_ops.restart_at(self.store, welcome.truncate_to)
+            self.node.truncated(welcome.truncate_to)
+            self.store.tier_join.join(welcome.truncate_to, welcome.tier_min, welcome.queues)
+        elif welcome.start_empty:
             if self.store.log_end() != welcome.truncate_to or self.store.log_min() != welcome.truncate_to:
                 store_ops.restart_at(self.store, welcome.truncate_to)
                 self.node.truncated(welcome.truncate_to)
