@@ -68,7 +68,8 @@ def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_lead
     etcd = etcd_or_skip()
     group = Group(tmp_path, etcd.endpoint, 2, "--tier-url", f"file://{tmp_path / 'tier'}",
                   "--tier-upload-interval-ms", "100", "--local-retention-bytes", str(3 * SEGMENT),
-                  "--cq-entries-per-file", "32", "--min-insync-replicas", "1", "--warm-ahead-bytes", "0")
+                  "--cq-entries-per-file", "32", "--min-insync-replicas", "1", "--warm-ahead-bytes", "0",
+                  "--default-replication", "SYNC")  # SYNC: the port answers Replicate on its event loop
     try:
         group.start("n1")
         assert group.wait_leader()[0] == "n1"

@@ -43,6 +43,9 @@ class Welcome:
     # leader's logical log start), and the consume queues start as ``queues`` say. None: no tier below.
     tier_min: int | None = None
     queues: tuple[QueueStart, ...] = ()
+    # With tier_min: the leader's FINISHED uploads (records of RMQ_SYS_TIER_UPLOADS, mqstore.format.tier_upload), so
+    # that the replica reads the tier at once, before it shows the tail that holds them too.
+    tier_uploads: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,7 @@ class ReplicaFollower(Duty):
                                          f"does not read: set {replica_join.FLAGS}")
             store_ops.restart_at(self.store, welcome.truncate_to)
             self.node.truncated(welcome.truncate_to)
-            self.store.tier_join.join(welcome.truncate_to, welcome.tier_min, welcome.queues)
+            self.store.tier_join.join(welcome.truncate_to, welcome.tier_min, welcome.queues, welcome.tier_uploads)
         elif welcome.start_empty:
             if self.store.log_end() != welcome.truncate_to or self.store.log_min() != welcome.truncate_to:
                 store_ops.restart_at(self.store, welcome.truncate_to)

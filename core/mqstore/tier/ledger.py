@@ -166,6 +166,21 @@ class Ledger:
                 self._next = records[-1][0] + 1
             return self._map
 
+    def seed(self, bodies) -> None:
+        """A replica that starts from the tier (mqstore.tier.replica_join): its leader's FINISHED uploads, taken
+        into the map before the records of the tail that holds them are read (each then a re-record: it only
+        moves the position, -1 meanwhile)."""
+        with self._lock:
+            for body in bodies:
+                self._apply(body, -1)
+
+    def finished_records(self) -> list[bytes]:
+        """The FINISHED uploads of segments and consume queue files, as records, as of the last catch-up."""
+        with self._lock:
+            uploads = list(self._map.finished.values()) + [u for m in self._map.queues.values()
+                                                           for u in m.finished.values()]
+        return [tier_upload.encode(u) for u in uploads]
+
     def _apply(self, body: bytes, position: int) -> None:
         try:
             upload = tier_upload.decode(body)

@@ -7,10 +7,12 @@ What it needs to serve everything below from the tier, and where it comes from:
 
   what                                   from
   -------------------------------------- --------------------------------------------------------------------
-  the ledger (which object holds which   the local tail it copies: the leader re-appends the latest FINISHED
-  segment or queue file)                 record of every live tiered segment and queue file before the part
-                                         of the log holding it goes (mqstore.tier.local_retention), so the
-                                         records, with the epochs that wrote them, are all in the tail
+  the ledger (which object holds which   the welcome (``tier_uploads``: the leader's FINISHED records), so the
+  segment or queue file)                 replica reads the tier at once; and the local tail it copies: the
+                                         leader re-appends the latest FINISHED record of every live tiered
+                                         segment and queue file before the part of the log holding it goes
+                                         (mqstore.tier.local_retention), so the records, with the epochs that
+                                         wrote them, are all in the tail too (what a restart reads)
   the logical log's start                the welcome (``tier_min``: the leader's LocalRetention.logical_min);
                                          the replica's own local retention moves it on from there
   each consume queue's entries           the welcome (``queues``, :class:`QueueStart`): the queue's minimum and
@@ -92,14 +94,21 @@ class TierJoin:
                                      real[-1][0] + real[-1][1] if real else 0))
         return tuple(starts)
 
+    def uploads(self) -> tuple[bytes, ...]:
+        """The FINISHED uploads' records, for a replica's ledger before it shows the tail."""
+        self.local.ledger.catch_up()
+        return tuple(self.local.ledger.finished_records())
+
     # ---- the replica's side
-    def join(self, log_start: int, tier_min: int, starts: tuple[QueueStart, ...]) -> None:
+    def join(self, log_start: int, tier_min: int, starts: tuple[QueueStart, ...], uploads: tuple[bytes, ...] = ()
+             ) -> None:
         """After the log restarted empty at ``log_start``: serve [tier_min, log_start) from the tier, each queue as
         its start says; durable (queue files flushed, a checkpoint) before the first byte of the tail is copied."""
         store = self.store
         if store.log_min() != log_start or store.log_end() != log_start:
             raise FailedPrecondition(f"a join from the tier needs an empty log at {log_start}, this one holds "
                                      f"[{store.log_min()}, {store.log_end()})")
+        self.local.ledger.seed(uploads)
         self.local.logical_min = tier_min
         with store.dispatcher.lock:
             for start in starts:

@@ -33,7 +33,7 @@ from typing import AsyncIterator, Iterator
 
 import grpc
 import structlog
-from mqstore import defaults
+from mqstore import defaults, waits
 from mqstore.background import Duty
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.replication import epochs
@@ -122,7 +122,9 @@ class LoopReplicationServicer(ReplicationServicer):
 
     async def Replicate(self, request_iterator, context) -> AsyncIterator[pb.LeaderMessage]:
         requests = aiter(request_iterator)
-        session = self._session(await anext(requests, None))
+        first = await anext(requests, None)
+        # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
+        session = await waits.off_loop(lambda: self._session(first))
         yield _welcome(session.welcome)
         acks = asyncio.ensure_future(_read_acks_async(requests, session))
         try:
@@ -141,6 +143,7 @@ def _welcome(w: Welcome) -> pb.LeaderMessage:
         welcome.queues.extend(pb.TieredQueueStart(topic=q.topic, queue_id=q.queue_id, min_offset=q.min_offset,
                                                   first_offset=q.first_offset, entries=q.entries,
                                                   physical_end=q.physical_end) for q in w.queues)
+        welcome.tier_uploads.extend(w.tier_uploads)
     return pb.LeaderMessage(welcome=welcome)
 
 
@@ -295,7 +298,8 @@ class GrpcReplicationStream:
         self.welcome = Welcome(w.leader_id, w.epoch, w.truncate_to, history_in(w.epochs), w.start_empty,
                                w.tier_min_offset if w.from_tier else None,
                                tuple(QueueStart(q.topic, q.queue_id, q.min_offset, q.first_offset, q.entries,
-                                                q.physical_end) for q in w.queues))
+                                                q.physical_end) for q in w.queues),
+                               tuple(w.tier_uploads))
 
     def _next(self):
         try:

@@ -160,12 +160,16 @@ def group(small_config, tmp_path):
         node.stop()
 
 
-def _join(leader: TierNode, replica: TierNode):
-    """The handshake (leader.py's welcome, replica.py's obedience to it), then the copy of the tail."""
+def _join(leader: TierNode, replica: TierNode, before_shown=None):
+    """The handshake (leader.py's welcome, replica.py's obedience to it), then the copy of the tail;
+    ``before_shown()`` runs once the tail is copied but none of it shown to the replica's readers."""
     follower = replica.follower()
     session = ReplicaSession(leader.store, leader.node, follower.hello())
     with replica.node.apply_lock:
         follower._handshake(session.welcome)
+    if before_shown is not None:
+        copy(leader.store, replica.store, visible_to=replica.store.log_min())
+        before_shown()
     copy(leader.store, replica.store)
     return session.welcome
 
@@ -174,8 +178,14 @@ def test_an_empty_replica_copies_only_the_local_tail_and_serves_every_offset_fro
     leader, make, bodies = group
     replica = make("b")
     replica.node.become_replica("a", "a", 1)
-    welcome = _join(leader, replica)
+    early = {}
+
+    def before_shown():  # the ledger's records in the tail are not shown yet: the welcome's uploads serve
+        early["pull"] = [m.record.body for m in replica.store.pull("t", 0, 0, 8, 1 << 20).messages]
+    welcome = _join(leader, replica, before_shown)
+    assert early["pull"] == [b for i, b in enumerate(bodies) if i % QUEUES == 0][:8]
     assert replica.store.tier_join.joined == 1 and welcome.tier_min == 0 and welcome.start_empty
+    assert welcome.tier_uploads  # segments' and queue files' FINISHED records
     assert {q.topic for q in welcome.queues} == {"t"}  # the consumer offsets' and the ledger's start with the tail
     assert all(q.min_offset == 0 < q.first_offset and q.entries for q in welcome.queues)  # files in the tier, and
     # entries of the leader's first local file whose records are only in the tier
