@@ -167,10 +167,11 @@ class Ledger:
             return self._map
 
     def seed(self, bodies) -> None:
-        """A replica that starts from the tier (mqstore.tier.replica_join): its leader's FINISHED uploads, taken
-        into the map before the records of the tail that holds them are read (each then a re-record: it only
-        moves the position, -1 meanwhile)."""
+        """A replica that starts from the tier (mqstore.tier.replica_join), its log new: the map is its leader's
+        FINISHED uploads alone, read again from the new log's first record (the tail that holds them: each then a
+        re-record, which only moves the position, -1 meanwhile)."""
         with self._lock:
+            self._map, self._next = UploadMap(), 0  # what was read of the old log is gone with it
             for body in bodies:
                 self._apply(body, -1)
 

@@ -244,7 +244,14 @@ def test_a_replica_left_behind_the_leaders_local_start_starts_again_from_the_tie
     replica.start()
     replica.node.become_replica("a", "a", 1)
     assert replica.store.log_end() < leader.store.log_min()  # it stopped where the leader holds nothing now
-    _join(leader, replica)
+    assert replica.ledger.catch_up().finished  # what it read of its old log
+    early = {}
+
+    def before_shown():  # its duties read the ledger meanwhile: the new log's, empty so far, and the welcome's
+        replica.ledger.catch_up()
+        early["pull"] = [m.record.body for m in replica.store.pull("t", 1, 0, 8, 1 << 20).messages]
+    _join(leader, replica, before_shown)
+    assert early["pull"] == [b for i, b in enumerate(bodies) if i % QUEUES == 1][:8]
     assert replica.store.tier_join.joined == 1 and replica.segment_files()[0] == leader.store.log_min()
     expected = _queues(leader.store)
     assert _queues(replica.store) == expected
