@@ -5,7 +5,10 @@ Handshake: the replica's hello carries its log's [min, end) and epoch history. T
 ``truncate_to`` = divergence.truncation_point(...) (the replica cuts anything above it) and sends from
 there. A replica with an empty log starts at the leader's first segment (``start_empty``). A replica
 whose point lies below the leader's first offset (retention removed what it lacks) or whose segment
-size differs is refused with FailedPrecondition: it cannot become byte-identical.
+size differs is refused with FailedPrecondition: it cannot become byte-identical. When the log below the
+leader's first offset is only in the object storage tier (its local retention), an empty replica, or one whose
+point lies below that offset, starts from the tier instead (``_from_tier``, mqstore.tier.replica_join): at the
+leader's first segment, with what it needs to read the rest from the tier; refused when it does not read it.
 
 Coalescing (``replication_linger_us``): a stream that has sent everything and is woken by new bytes waits
 that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
