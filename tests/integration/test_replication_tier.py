@@ -4,7 +4,8 @@ The leader takes ~12 segments, uploads them and deletes all but the last few loc
 empty replica then joins: it copies only the leader's local tail (its log starts at the leader's local start,
 the same files, byte-identical), and Pull from offset 0 of every queue, GetMessage of a record only in the tier
 and Tail from the earliest offset answer on it as on the leader. The leader is killed (-9): the replica leads
-and serves the same, and its appends continue each queue's offsets."""
+and serves the same, and its appends continue each queue's offsets. Before it, a replica without the tier is
+refused (FAILED_PRECONDITION naming --tier-url, in its log) and copies nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from mqstore.format import record_reader
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, common_pb2
 from tests.support.ha import Group, etcd_or_skip
+from tests.support.processes import commitlog
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -89,6 +91,15 @@ def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_lead
         assert [b for q in range(QUEUES) for _, _, b in expected[q]] == \
             [b for q in range(QUEUES) for i, b in enumerate(bodies) if i % QUEUES == q]
 
+        plain = commitlog(tmp_path / "n3", "--node-id", "n3", "--etcd-endpoints", etcd.endpoint, "--metadata-url",
+                          group.metadata_url, "--auth-url", group.metadata_url, "--segment-size-bytes", "64KiB",
+                          "--preallocate-segments", "false").started()  # no tier: refused, naming the flags
+        try:
+            wait_until(lambda: any("does not read the object storage tier" in line and "--tier-url" in line
+                                   for line in list(plain.lines)), "a replica without the tier refused", 60)
+            assert not any('"replication.following"' in line for line in list(plain.lines))  # it copied nothing
+        finally:
+            plain.stop()
         group.start("n2")  # empty: it joins from the tier
         wait_until(lambda: "n2" in getattr(group.state("n1"), "in_sync", ()), "n2 in sync", 60)
         joined = _joined(group.procs["n2"])
@@ -99,6 +110,9 @@ def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_lead
         assert sealed and all(leader_files[s] == replica_files[s] for s in sealed)  # byte-identical files
 
         replica = group.log("n2")
+        for q in range(QUEUES):  # in sync, it shows the tail at the leader's next heartbeat (the committed offset)
+            wait_until(lambda q=q: replica.GetQueueInfo(pb.GetQueueInfoRequest(topic="t", queue_id=q), timeout=10)
+                       .max_offset == len(expected[q]), "the replica shows the whole queue", 60)
         for q in range(QUEUES):
             assert _pull_all(replica, q) == expected[q]  # offsets, physical offsets, bodies
         first = expected[0][0]

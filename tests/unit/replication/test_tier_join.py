@@ -24,6 +24,7 @@ from mqstore.store import MessageStore
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import TierReader
+from mqstore.tier import replica_join
 from mqstore.tier.replica_join import TierJoin
 from mqstore.tier.uploader import Uploader, queue_min, sealed_queue_files, sealed_segments
 from mqstore.tier.urls import open_store
@@ -256,3 +257,13 @@ def test_a_replica_left_behind_the_leaders_local_start_starts_again_from_the_tie
     expected = _queues(leader.store)
     assert _queues(replica.store) == expected
     assert sum(len(expected[q][2]) for q in range(QUEUES)) == len(bodies) + len(more)
+
+
+def test_queue_entries_beyond_what_a_welcome_carries_refuse_the_join(group, monkeypatch):
+    leader, make, _ = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    monkeypatch.setattr(replica_join, "WELCOME_ENTRY_BYTES", 100)  # fewer than the entries below the local start
+    with pytest.raises(FailedPrecondition, match="more than one welcome carries"):
+        ReplicaSession(leader.store, leader.node, replica.follower().hello())
+    assert replica.store.log_end() == 0 and replica.store.tier_join.joined == 0
