@@ -188,8 +188,8 @@ def test_an_empty_replica_copies_only_the_local_tail_and_serves_every_offset_fro
     assert replica.store.tier_join.joined == 1 and welcome.tier_min == 0 and welcome.start_empty
     assert welcome.tier_uploads  # segments' and queue files' FINISHED records
     assert {q.topic for q in welcome.queues} == {"t"}  # the consumer offsets' and the ledger's start with the tail
-    assert all(q.min_offset == 0 < q.first_offset and q.entries for q in welcome.queues)  # files in the tier, and
-    # entries of the leader's first local file whose records are only in the tier
+    assert all(q.min_offset == 0 < q.first_offset for q in welcome.queues)  # files in the tier, and entries
+    assert any(q.entries for q in welcome.queues)  # of the leader's first local file whose records are only there
     assert replica.segment_files() == leader.segment_files()  # the tail only: no segment below the local start
     assert replica.segment_files()[0] == leader.store.log_min() > 0
     expected = _queues(leader.store)
@@ -263,7 +263,27 @@ def test_queue_entries_beyond_what_a_welcome_carries_refuse_the_join(group, monk
     leader, make, _ = group
     replica = make("b")
     replica.node.become_replica("a", "a", 1)
-    monkeypatch.setattr(replica_join, "WELCOME_ENTRY_BYTES", 100)  # fewer than the entries below the local start
+    welcome = ReplicaSession(leader.store, leader.node, replica.follower().hello()).welcome
+    carried = sum(len(q.entries) for q in welcome.queues)
+    monkeypatch.setattr(replica_join, "WELCOME_ENTRY_BYTES", carried - 1)  # one byte fewer than they need
     with pytest.raises(FailedPrecondition, match="more than one welcome carries"):
         ReplicaSession(leader.store, leader.node, replica.follower().hello())
     assert replica.store.log_end() == 0 and replica.store.tier_join.joined == 0
+
+
+def test_a_replica_killed_between_the_join_and_the_tail_joins_again(group):
+    """kill -9 (halt: no final checkpoint) after the join took the welcome in, before a byte of the tail: its
+    log is still empty at the leader's local start, so the next handshake starts it from the tier again."""
+    leader, make, _ = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    follower = replica.follower()
+    with replica.node.apply_lock:
+        follower._handshake(ReplicaSession(leader.store, leader.node, follower.hello()).welcome)
+    replica.store.halt()
+    replica.tier.close()
+    replica.start()
+    replica.node.become_replica("a", "a", 1)
+    assert replica.store.log_min() == replica.store.log_end() == leader.store.log_min()
+    _join(leader, replica)
+    assert replica.store.tier_join.joined == 1 and _queues(replica.store) == _queues(leader.store)
