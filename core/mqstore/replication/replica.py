@@ -45,7 +45,7 @@ import structlog
 
 from mqstore.background import Duty
 from mqstore.errors import FailedPrecondition, NotLeader, Unavailable
-from mqstore.replication import store_ops
+from mqstore.replication import divergence, store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import LEADER, ReplicationNode
 from mqstore.tier import replica_join
@@ -162,7 +162,10 @@ class ReplicaFollower(Duty):
             if self.store.tier_join is None:
                 raise FailedPrecondition(f"the leader starts this replica from the object storage tier, which it "
                                          f"does not read: set {replica_join.FLAGS}")
-            store_ops.restart_at(self.store, welcome.truncate_to)
+            # what it shares with the leader's log (the leader's bytes, in the tier below its local start) needs no
+            # .broken copy: a replica left far behind may hold much of it
+            shared = divergence.truncation_point(self.node.history, self.store.log_end(), welcome.history, 1 << 62)
+            store_ops.restart_at(self.store, welcome.truncate_to, keep_from=shared)
             self.node.truncated(welcome.truncate_to)
             self.store.tier_join.join(welcome.truncate_to, welcome.tier_min, welcome.queues, welcome.tier_uploads)
         elif welcome.start_empty:

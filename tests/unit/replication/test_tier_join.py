@@ -254,6 +254,7 @@ def test_a_replica_left_behind_the_leaders_local_start_starts_again_from_the_tie
     _join(leader, replica, before_shown)
     assert early["pull"] == [b for i, b in enumerate(bodies) if i % QUEUES == 1][:8]
     assert replica.store.tier_join.joined == 1 and replica.segment_files()[0] == leader.store.log_min()
+    assert not list((replica.config.data_dir / "commitlog").glob("*.broken"))  # all it held was the leader's too
     expected = _queues(leader.store)
     assert _queues(replica.store) == expected
     assert sum(len(expected[q][2]) for q in range(QUEUES)) == len(bodies) + len(more)
