@@ -135,6 +135,9 @@ class MessageStore:
         self.tiered_log = False
         # Set by the commit log's composition when the tier is on: the tier's status (mqstore.tier.status).
         self.tier_status = None
+        # Set by the commit log's composition when the tier's local retention is on: a replica of this store may start
+        # from the tier plus its leader's local tail (mqstore.tier.replica_join.TierJoin).
+        self.tier_join = None
         self._running = False
         self.recovery = None
         self._checked = (0, 0)  # [from, to): every record there passed its checks at this start

@@ -261,6 +261,25 @@ class ConsumeQueue:
                      local_from=self.min_offset)
             self.min_offset = offset
 
+    def start_from_tier(self, min_offset: int, first_offset: int, entries: bytes, physical_end: int) -> None:
+        """A replica that joins from the tier (mqstore.tier.replica_join), on an empty queue with ``remote`` set:
+        its leader's ``entries`` from ``first_offset`` (a file's first entry: the files below are in the tier), the
+        minimum ``min_offset`` (the total retention's); the replica's copy of the tail appends after them."""
+        if self.remote is None or self.max_offset or self.files.segments:
+            raise InvariantViolation(f"consume queue {self.topic}/{self.queue_id}: a start from the tier needs an "
+                                     f"empty queue reading the tier")
+        if first_offset * ENTRY % self.files.segment_size:
+            raise InvariantViolation(f"consume queue {self.topic}/{self.queue_id}: {first_offset} is no file's start")
+        self.files.ensure(first_offset * ENTRY + max(len(entries), 1), first_offset * ENTRY)
+        if entries:
+            self._write_across(first_offset * ENTRY, entries)
+        self.flushed_offset = first_offset  # the next flush covers the entries written here
+        self.max_offset = first_offset + len(entries) // ENTRY
+        self.max_physical_end = physical_end
+        self.min_offset = min(min_offset, self.max_offset)
+        log.info("consumequeue.started_from_tier", topic=self.topic, queue_id=self.queue_id, min_offset=self.min_offset,
+                 local_from=first_offset, max_offset=self.max_offset)
+
     def delete_tiered_file(self) -> None:
         """Local retention (mqstore.tier.local_retention): delete the first local file, uploaded and FINISHED
         (``remote`` serves its entries from now on); the minimum stays (the total retention's). Never the last."""

@@ -5,7 +5,10 @@ Handshake: the replica's hello carries its log's [min, end) and epoch history. T
 ``truncate_to`` = divergence.truncation_point(...) (the replica cuts anything above it) and sends from
 there. A replica with an empty log starts at the leader's first segment (``start_empty``). A replica
 whose point lies below the leader's first offset (retention removed what it lacks) or whose segment
-size differs is refused with FailedPrecondition: it cannot become byte-identical.
+size differs is refused with FailedPrecondition: it cannot become byte-identical. When the log below the
+leader's first offset is only in the object storage tier (its local retention), an empty replica, or one whose
+point lies below that offset, starts from the tier instead (``_from_tier``, mqstore.tier.replica_join): at the
+leader's first segment, with what it needs to read the rest from the tier; refused when it does not read it.
 
 Coalescing (``replication_linger_us``): a stream that has sent everything and is woken by new bytes waits
 that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
@@ -32,6 +35,7 @@ from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.replication import divergence, store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import ReplicationNode
+from mqstore.tier import replica_join
 
 log = structlog.get_logger()
 CATCH_UP_BYTES = 16 << 20  # data_async: further behind the log's end than this, a chunk is read on a thread
@@ -66,9 +70,15 @@ class ReplicaSession:
                                      f"bytes, the leader of {size}: set segment_size_bytes alike on every node")
         lead = self.node.leadership
         leader_end, leader_min = store.log_end(), store.log_min()
-        if hello.end_offset == hello.min_offset:  # empty: copy from the leader's first segment
+        tier = store.tier_join
+        tier_min = tier.logical_min() if tier is not None else leader_min
+        empty = hello.end_offset == hello.min_offset
+        point = leader_min if empty else \
+            divergence.truncation_point(hello.history, hello.end_offset, self.node.history, leader_end)
+        if tier_min < leader_min and (empty or point < leader_min):
+            return self._from_tier(leader_min, tier_min)
+        if empty:  # copy from the leader's first segment
             return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True)
-        point = divergence.truncation_point(hello.history, hello.end_offset, self.node.history, leader_end)
         if point < leader_min or point < hello.min_offset:
             raise FailedPrecondition(
                 f"replica {hello.replica_id} shares the log with the leader only up to physical offset {point}, "
@@ -79,6 +89,22 @@ class ReplicaSession:
             log.warning("replication.replica_diverged", replica=hello.replica_id, truncate_to=point,
                         replica_end=hello.end_offset, bytes_to_cut=hello.end_offset - point)
         return Welcome(lead.leader_id, lead.epoch, point, self.node.history)
+
+    def _from_tier(self, leader_min: int, tier_min: int) -> Welcome:
+        """The log below the leader's local start is only in the tier, down to ``tier_min``: a replica that needs
+        it starts at the local start and reads the rest from the tier (mqstore.tier.replica_join), or is refused
+        when it does not read the tier (nothing copied from the leader could serve that part)."""
+        hello, lead = self.hello, self.node.leadership
+        if not hello.reads_tier:
+            raise FailedPrecondition(
+                f"replica {hello.replica_id} does not read the object storage tier, and the leader's log below "
+                f"physical offset {leader_min} (from {tier_min}) is only there: start the replica with the "
+                f"leader's {replica_join.FLAGS} (a node of an earlier version cannot join this group)")
+        queues = self.store.tier_join.queue_starts(leader_min)
+        log.info("replication.replica_from_tier", replica=hello.replica_id, log_start=leader_min, tier_min=tier_min,
+                 queues=len(queues), replica_min=hello.min_offset, replica_end=hello.end_offset)
+        return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True,
+                       tier_min=tier_min, queues=queues, tier_uploads=self.store.tier_join.uploads())
 
     def data(self, is_active: Callable[[], bool]) -> Iterator[LogData]:
         return waits.blocking_iter(self.data_async(is_active))

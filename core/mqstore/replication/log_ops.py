@@ -71,15 +71,20 @@ def truncate(commitlog, offset: int, dispatcher, queues) -> list[str]:
     return copies
 
 
-def restart_at(commitlog, offset: int, dispatcher, queues) -> list[str]:
-    """An empty log starting at ``offset`` (a multiple of the segment size): .broken copies of every
-    segment that held data, all segments and consume queues removed."""
+def restart_at(commitlog, offset: int, dispatcher, queues, keep_from: int = 0) -> list[str]:
+    """An empty log starting at ``offset`` (a multiple of the segment size), its first segment file created:
+    .broken copies of every segment that held data at or above ``keep_from`` (below it: bytes the leader's log
+    holds too, the prefix both share), all other segments and consume queues removed."""
     segments = commitlog.segments
     invariant(offset % segments.segment_size == 0, f"a log starts at a segment start, not {offset}")
+    written = commitlog.written_offset
     copies = [str(fs.copy_durably(seg.path, fs.free_name(seg.path, ".broken")))
-              for seg in segments.segments if seg.start < commitlog.written_offset]
+              for seg in segments.segments if max(seg.start, keep_from) < min(seg.end, written)]
     with commitlog.lock, dispatcher.lock:
         segments.delete_from(0)
+        # The new log's first segment, empty: a start before the first byte is copied finds the log the checkpoint
+        # says is flushed to ``offset`` (with no segment file it refuses to start: files missing)
+        segments.ensure(offset + 1, offset)
         fs.fsync_dir(segments.directory)
         for key in list(queues.queues):
             queues.queues.pop(key).destroy()

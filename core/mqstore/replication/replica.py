@@ -2,7 +2,9 @@
 
 Each step opens a stream to the leader the node knows (``node.leadership.leader_address``), says hello
 (log range, epoch history), and obeys the welcome: with ``start_empty`` it starts a new log at the
-leader's first segment (keeping ``.broken`` copies of whatever it held); otherwise it truncates its log
+leader's first segment (keeping ``.broken`` copies of whatever it held), and with ``tier_min`` it reads
+everything below from the object storage tier (mqstore.tier.replica_join: the queues' starts and the uploads the
+welcome carries, taken in durably before the first byte of the tail); otherwise it truncates its log
 to ``truncate_to`` when it is longer (``.broken`` copies of the cut segments, logged as
 ``replication.truncated``). Then, for each data message: record the leader's epochs for the bytes it
 is about to hold (durably, first), write the bytes at the same physical offsets (the store dispatches
@@ -42,10 +44,11 @@ from typing import Iterator, Protocol
 import structlog
 
 from mqstore.background import Duty
-from mqstore.errors import NotLeader, Unavailable
-from mqstore.replication import store_ops
+from mqstore.errors import FailedPrecondition, NotLeader, Unavailable
+from mqstore.replication import divergence, store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import LEADER, ReplicationNode
+from mqstore.tier import replica_join
 
 log = structlog.get_logger()
 SHOW_EVERY_S = 0.005    # under a stream of data messages, the consume queues follow at most this often...
@@ -110,10 +113,8 @@ class ReplicaFollower(Duty):
         if lead.role == LEADER or not lead.leader_address:
             self.sleep(0.05)
             return
-        hello = Hello(self.node.config.node_id, self.node.config.advertised_address, self.store.log_end(),
-                      self.store.log_min(), self.node.history, self.store.config.segment_size_bytes)
         try:
-            stream = self.link.open(lead.leader_address, hello)
+            stream = self.link.open(lead.leader_address, self.hello())
         except NotLeader as exc:
             if exc.leader_address and self.node.config.replica_of:
                 self.node.become_replica("", exc.leader_address, lead.epoch)
@@ -128,6 +129,11 @@ class ReplicaFollower(Duty):
             stream.cancel()
             with self._stream_lock:
                 self._stream = None
+
+    def hello(self) -> Hello:
+        return Hello(self.node.config.node_id, self.node.config.advertised_address, self.store.log_end(),
+                     self.store.log_min(), self.node.history, self.store.config.segment_size_bytes,
+                     reads_tier=self.store.tier_join is not None)
 
     def _follow(self, stream: ReplicationStream) -> None:
         with self.node.apply_lock:
@@ -152,7 +158,17 @@ class ReplicaFollower(Duty):
         lead = self.node.leadership
         if (lead.leader_id, lead.epoch) != (welcome.leader_id, welcome.epoch) and lead.leader_address:
             self.node.become_replica(welcome.leader_id, lead.leader_address, welcome.epoch)
-        if welcome.start_empty:
+        if welcome.start_empty and welcome.tier_min is not None:  # the log below is only in the tier
+            if self.store.tier_join is None:
+                raise FailedPrecondition(f"the leader starts this replica from the object storage tier, which it "
+                                         f"does not read: set {replica_join.FLAGS}")
+            # what it shares with the leader's log (the leader's bytes, in the tier below its local start) needs no
+            # .broken copy: a replica left far behind may hold much of it
+            shared = divergence.truncation_point(self.node.history, self.store.log_end(), welcome.history, 1 << 62)
+            store_ops.restart_at(self.store, welcome.truncate_to, keep_from=shared)
+            self.node.truncated(welcome.truncate_to)
+            self.store.tier_join.join(welcome.truncate_to, welcome.tier_min, welcome.queues, welcome.tier_uploads)
+        elif welcome.start_empty:
             if self.store.log_end() != welcome.truncate_to or self.store.log_min() != welcome.truncate_to:
                 store_ops.restart_at(self.store, welcome.truncate_to)
                 self.node.truncated(welcome.truncate_to)

@@ -44,11 +44,12 @@ def truncate(store, offset: int) -> list[str]:
     return copies
 
 
-def restart_at(store, offset: int) -> list[str]:
+def restart_at(store, offset: int, keep_from: int = 0) -> list[str]:
     """Start a new, empty log at ``offset`` (a segment start): an empty replica copying a leader whose log
-    starts there. Whatever the log held is kept as .broken copies."""
+    starts there. What the log held is kept as .broken copies, from ``keep_from`` (below: the prefix it shares
+    with the leader's log)."""
     store.check_running()
-    copies = log_ops.restart_at(store.commitlog, offset, store.dispatcher, store.queues)
+    copies = log_ops.restart_at(store.commitlog, offset, store.dispatcher, store.queues, keep_from)
     store.flusher.flushed_offset = offset
     store.write_checkpoint()
     return copies

@@ -43,7 +43,9 @@ class TierConfig:
     # local disk once older than this (0: age alone deletes none); reads of it then go to the tier.
     local_retention_ms: int = dataclasses.field(default=0, metadata={"help": (
         "delete a sealed commit log segment from the local disk once its upload to --tier-url FINISHED and it is "
-        "older than this (0 = never by age); at most --retention-ms; its messages are then read from the tier")})
+        "older than this (0 = never by age); at most --retention-ms; its messages are then read from the tier. In a "
+        "replication group every node needs the tier and local retention: a new replica copies only the leader's "
+        "local tail and reads the rest from the tier, and one without them is refused")})
     # ... or once the local log holds more than this many bytes of such segments (0: size alone deletes none).
     local_retention_bytes: int = dataclasses.field(default=0, metadata={"help": (
         "delete the oldest uploaded sealed segments from the local disk while the local commit log is larger "

@@ -191,6 +191,22 @@ class Ledger:
                 self._next = records[-1][0] + 1
             return self._map
 
+    def seed(self, bodies) -> None:
+        """A replica that starts from the tier (mqstore.tier.replica_join), its log new: the map is its leader's
+        FINISHED uploads alone, read again from the new log's first record (the tail that holds them: each then a
+        re-record, which only moves the position, -1 meanwhile)."""
+        with self._lock:
+            self._map, self._next = UploadMap(), 0  # what was read of the old log is gone with it
+            for body in bodies:
+                self._apply(body, -1)
+
+    def finished_records(self) -> list[bytes]:
+        """The FINISHED uploads of segments and consume queue files, as records, as of the last catch-up."""
+        with self._lock:
+            uploads = list(self._map.finished.values()) + [u for m in self._map.queues.values()
+                                                           for u in m.finished.values()]
+        return [tier_upload.encode(u) for u in uploads]
+
     def _apply(self, body: bytes, position: int) -> None:
         try:
             upload = tier_upload.decode(body)

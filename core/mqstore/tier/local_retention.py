@@ -153,6 +153,12 @@ class LocalRetention(Duty):
             found.append(((topic, queue_id), cq))
         return found
 
+    def attach(self, cq) -> None:
+        """Let ``cq`` read its files only in the tier (a queue a replica starts from the tier,
+        mqstore.tier.replica_join)."""
+        if cq.remote is None:
+            cq.remote = self._remote(cq.topic, cq.queue_id, cq.files.segment_size)
+
     def _remote(self, topic: str, queue_id: int, file_size: int):
         def read(byte_at: int, size: int) -> bytes:
             return self.reader.read_queue_file(topic, queue_id, file_size, byte_at, size)

@@ -74,6 +74,7 @@ from mqstore.timer.scheduling import Scheduler
 from mqstore.tier.config import TierConfig
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
+from mqstore.tier.replica_join import TierJoin
 from mqstore.tier.status import TierStats, register_metrics
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
@@ -267,6 +268,7 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
         local.reader = reader  # consume queue files go from the local disk too, read back from the tier
         local.open()
         parts.add_duty(local)
+        store.tier_join = TierJoin(store, local)  # a replica starts from the tier plus its leader's local tail
 
 
 def compose_access(config: CommitLogConfig, parts: service.Composition) -> None:

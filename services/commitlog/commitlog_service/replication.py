@@ -33,12 +33,12 @@ from typing import AsyncIterator, Iterator
 
 import grpc
 import structlog
-from mqstore import defaults
+from mqstore import defaults, waits
 from mqstore.background import Duty
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.replication import epochs
 from mqstore.replication.leader import ReplicaSession
-from mqstore.replication.messages import Ack, Hello, LogData, Welcome
+from mqstore.replication.messages import Ack, Hello, LogData, QueueStart, Welcome
 from mqstore.replication.node import ReplicationNode
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as pb, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
@@ -98,7 +98,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
             raise InvalidArgument("Replicate: the first message must be a hello")
         h = first.hello
         return ReplicaSession(self._store, self._node, Hello(h.replica_id, h.address, h.end_offset, h.min_offset,
-                                                             history_in(h.epochs), h.segment_size_bytes))
+                                                             history_in(h.epochs), h.segment_size_bytes,
+                                                             h.reads_tier))
 
     def GetReplicationState(self, request, context) -> pb.ReplicationState:
         node, lead = self._node, self._node.leadership
@@ -121,7 +122,9 @@ class LoopReplicationServicer(ReplicationServicer):
 
     async def Replicate(self, request_iterator, context) -> AsyncIterator[pb.LeaderMessage]:
         requests = aiter(request_iterator)
-        session = self._session(await anext(requests, None))
+        first = await anext(requests, None)
+        # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
+        session = await waits.off_loop(lambda: self._session(first))
         yield _welcome(session.welcome)
         acks = asyncio.ensure_future(_read_acks_async(requests, session))
         try:
@@ -133,8 +136,15 @@ class LoopReplicationServicer(ReplicationServicer):
 
 
 def _welcome(w: Welcome) -> pb.LeaderMessage:
-    return pb.LeaderMessage(welcome=pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
-                                                     epochs=history_out(w.history), start_empty=w.start_empty))
+    welcome = pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
+                               epochs=history_out(w.history), start_empty=w.start_empty)
+    if w.tier_min is not None:
+        welcome.from_tier, welcome.tier_min_offset = True, w.tier_min
+        welcome.queues.extend(pb.TieredQueueStart(topic=q.topic, queue_id=q.queue_id, min_offset=q.min_offset,
+                                                  first_offset=q.first_offset, entries=q.entries,
+                                                  physical_end=q.physical_end) for q in w.queues)
+        welcome.tier_uploads.extend(w.tier_uploads)
+    return pb.LeaderMessage(welcome=welcome)
 
 
 def _data(d: LogData) -> pb.LeaderMessage:
@@ -270,7 +280,7 @@ class GrpcReplicationStream:
         self._outbox.put(pb.ReplicaMessage(hello=pb.ReplicaHello(
             replica_id=hello.replica_id, address=hello.address, end_offset=hello.end_offset,
             min_offset=hello.min_offset, epochs=history_out(hello.history),
-            segment_size_bytes=hello.segment_size_bytes)))
+            segment_size_bytes=hello.segment_size_bytes, reads_tier=hello.reads_tier)))
         self._call = stub.Replicate(iter(self._outbox.get, None))
         self._last_s = time.monotonic()
         self.watchdog = SilenceWatch(self, address, silence_s)
@@ -285,7 +295,11 @@ class GrpcReplicationStream:
             self.cancel()
             raise Unavailable(f"the leader at {address} did not answer the hello with a welcome")
         w = first.welcome
-        self.welcome = Welcome(w.leader_id, w.epoch, w.truncate_to, history_in(w.epochs), w.start_empty)
+        self.welcome = Welcome(w.leader_id, w.epoch, w.truncate_to, history_in(w.epochs), w.start_empty,
+                               w.tier_min_offset if w.from_tier else None,
+                               tuple(QueueStart(q.topic, q.queue_id, q.min_offset, q.first_offset, q.entries,
+                                                q.physical_end) for q in w.queues),
+                               tuple(w.tier_uploads))
 
     def _next(self):
         try:

@@ -1,0 +1,290 @@
+"""A replica that catches up from the object storage tier plus its leader's local tail (issue 36, item 3;
+mqstore.tier.replica_join), in one process on real files: a leader whose local retention deleted segments and
+consume queue files FINISHED in a file:// tier, and a replica with the same tier, each wired as the commit
+log's composition wires them (uploader, reader, local retention, TierJoin), the handshake of
+mqstore.replication.leader/replica and the copy of tests.unit.replication.pair.
+
+The replica starts its log at the leader's local start (only those segments on its disk), serves every queue
+offset and physical offset below from the tier byte-identical to the leader, also after a restart and once it
+leads; a replica without the tier, or of an earlier version, is refused naming the flags; a replica left behind
+the leader's local start starts again from the tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqstore.clock import FakeClock
+from mqstore.errors import FailedPrecondition
+from mqstore.model import MessageIn
+from mqstore.replication.config import ReplicationConfig
+from mqstore.replication.leader import ReplicaSession
+from mqstore.replication.node import ReplicationNode
+from mqstore.replication.replica import ReplicaFollower
+from mqstore.store import MessageStore
+from mqstore.tier.ledger import Ledger
+from mqstore.tier.local_retention import LocalRetention
+from mqstore.tier.reads import TierReader
+from mqstore.tier import replica_join
+from mqstore.tier.replica_join import TierJoin
+from mqstore.tier.uploader import Uploader, queue_min, sealed_queue_files, sealed_segments
+from mqstore.tier.urls import open_store
+from tests.support.waiting import wait_until
+from tests.unit.replication.pair import copy
+
+SEGMENT = 16 * 1024
+ENTRIES = 16  # entries per consume queue file
+QUEUES = 2
+
+
+class TierNode:
+    """A store of the group with its replication node and, with ``tier``, the tier's parts as compose_tier wires
+    them (local retention keeps two segments)."""
+
+    def __init__(self, small_config, tmp_path, name: str, tier: bool = True):
+        self.config = small_config(data_dir=tmp_path / name, metadata_url=f"sqlite:///{tmp_path / 'meta.db'}",
+                                   preallocate_segments=False, segment_size_bytes=SEGMENT,
+                                   cq_entries_per_file=ENTRIES)
+        self.name, self.tier_dir, self.with_tier = name, tmp_path / "tier", tier
+        self.start()
+
+    def start(self):
+        self.store = store = MessageStore(self.config)
+        store.tiered_log = self.with_tier
+        store.start()
+        store.topics.reload_on_miss = True
+        self.node = node = ReplicationNode(ReplicationConfig(node_id=self.name), FakeClock(),
+                                           self.config.data_dir / "epochs", log_end=store.log_end, flush_sync=False)
+        node.on_promote = store.replica_view.promote
+        node.in_sync.on_committed = store.replica_view.advance_visible
+        store.gate = node
+        self.tier = None
+        if not self.with_tier:
+            return
+        self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)
+        self.ledger = Ledger.of_store(store)
+        self.uploader = Uploader(self.tier, self.ledger, lambda: sealed_segments(store),
+                                 leader_epoch=lambda: node.leading_epoch() or None,
+                                 ready=store.replica_view.promoted_visible, log_min=store.log_min, interval_ms=10_000,
+                                 logical_min=lambda: self.local.logical_min,
+                                 queue_files=lambda: sealed_queue_files(store), segment_size=SEGMENT,
+                                 queue_min=lambda topic, queue_id: queue_min(store, topic, queue_id))
+        store.retention.add_floor("tier", self.uploader.retention_floor)
+        self.reader = TierReader(self.tier, self._finished, SEGMENT, read_ahead_bytes=4096, cache_bytes=64 << 10,
+                                 floor=lambda: self.local.logical_min, queue_file=self._queue_file)
+        store.commitlog.remote = self.reader.read
+        store.commitlog.remote_floor = lambda: self.local.logical_min
+        self.local = LocalRetention(store, self.ledger, local_retention_ms=0, local_retention_bytes=2 * SEGMENT,
+                                    writable=lambda: node.leading_epoch() != 0, interval_ms=10_000,
+                                    reader=self.reader)
+        self.local.open()
+        store.tier_join = TierJoin(store, self.local)
+
+    def _finished(self, base):
+        self.ledger.catch_up()
+        return self.ledger.finished_upload(base)
+
+    def _queue_file(self, topic, queue_id, base):
+        self.ledger.catch_up()
+        return self.ledger.queue_file_upload(topic, queue_id, base)
+
+    def stop(self):
+        if self.tier is not None:
+            self.tier.close()
+        if self.store.running:
+            self.store.stop()
+
+    def pass_(self):
+        self.uploader.step()
+        self.local.step()
+
+    def segment_files(self) -> list[int]:
+        """The starts of the commit log's segment files holding bytes (a warmed next one left out)."""
+        return sorted(int(p.name) for p in (self.config.data_dir / "commitlog").iterdir()
+                      if p.name.isdigit() and int(p.name) < self.store.log_end())
+
+    def follower(self) -> ReplicaFollower:
+        return ReplicaFollower(self.store, self.node, link=None)
+
+
+def _append(store, segments: int, start: int = 0) -> list[bytes]:
+    bodies = []
+    for batch in range(start, start + 10_000):  # bounded
+        if store.log_end() > segments * SEGMENT:
+            break
+        more = [f"{batch}:{i}:".encode() + bytes([batch % 251]) * 700 for i in range(4)]
+        store.append("t", [MessageIn(body=body, queue_id=i % QUEUES) for i, body in enumerate(more)],
+                     replication="ASYNC")
+        bodies += more
+    wait_until(lambda: min(store.flushed_offset(), store.visible_offset()) >= (segments - 1) * SEGMENT,
+               "segments sealed")
+    store.write_checkpoint()  # the queue files flushed: sealed
+    return bodies
+
+
+def _queues(store) -> dict[int, tuple]:
+    """Every queue of t: (min, max, [(queue offset, physical offset, body)]) as Pull and GetQueueInfo answer."""
+    out = {}
+    for queue_id in range(QUEUES):
+        info = store.queue_info("t", queue_id)
+        held, offset = [], info.min_offset
+        for _ in range(10_000):  # bounded
+            result = store.pull("t", queue_id, offset, 32, 1 << 20)
+            if not result.messages:
+                break
+            held += [(m.record.queue_offset, m.record.physical_offset, m.record.body) for m in result.messages]
+            offset = result.next_offset
+        out[queue_id] = (info.min_offset, info.max_offset, held)
+    return out
+
+
+@pytest.fixture
+def group(small_config, tmp_path):
+    """The leader "a" after 12 segments, local retention done (its log and queue files below are in the tier)."""
+    made = []
+
+    def make(name: str, tier: bool = True) -> TierNode:
+        node = TierNode(small_config, tmp_path, name, tier)
+        made.append(node)
+        return node
+    leader = make("a")
+    leader.node.become_leader(1, frozenset({"a"}))
+    leader.store.topic_admin.create("t", QUEUES)
+    bodies = _append(leader.store, 8)
+    leader.pass_()
+    bodies += _append(leader.store, 12, start=len(bodies))
+    for _ in range(3):
+        leader.pass_()
+    assert leader.store.log_min() >= 6 * SEGMENT and leader.local.logical_min == 0  # below: only in the tier
+    assert leader.local.queue_files_deleted > 0
+    yield leader, make, bodies
+    for node in made:
+        node.stop()
+
+
+def _join(leader: TierNode, replica: TierNode, before_shown=None):
+    """The handshake (leader.py's welcome, replica.py's obedience to it), then the copy of the tail;
+    ``before_shown()`` runs once the tail is copied but none of it shown to the replica's readers."""
+    follower = replica.follower()
+    session = ReplicaSession(leader.store, leader.node, follower.hello())
+    with replica.node.apply_lock:
+        follower._handshake(session.welcome)
+    if before_shown is not None:
+        copy(leader.store, replica.store, visible_to=replica.store.log_min())
+        before_shown()
+    copy(leader.store, replica.store)
+    return session.welcome
+
+
+def test_an_empty_replica_copies_only_the_local_tail_and_serves_every_offset_from_the_tier(group):
+    leader, make, bodies = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    early = {}
+
+    def before_shown():  # the ledger's records in the tail are not shown yet: the welcome's uploads serve
+        early["pull"] = [m.record.body for m in replica.store.pull("t", 0, 0, 8, 1 << 20).messages]
+    welcome = _join(leader, replica, before_shown)
+    assert early["pull"] == [b for i, b in enumerate(bodies) if i % QUEUES == 0][:8]
+    assert replica.store.tier_join.joined == 1 and welcome.tier_min == 0 and welcome.start_empty
+    assert welcome.tier_uploads  # segments' and queue files' FINISHED records
+    assert {q.topic for q in welcome.queues} == {"t"}  # the consumer offsets' and the ledger's start with the tail
+    assert all(q.min_offset == 0 < q.first_offset for q in welcome.queues)  # files in the tier, and entries
+    assert any(q.entries for q in welcome.queues)  # of the leader's first local file whose records are only there
+    assert replica.segment_files() == leader.segment_files()  # the tail only: no segment below the local start
+    assert replica.segment_files()[0] == leader.store.log_min() > 0
+    expected = _queues(leader.store)
+    assert [body for q in range(QUEUES) for _, _, body in expected[q][2]] == \
+        [b for q in range(QUEUES) for i, b in enumerate(bodies) if i % QUEUES == q]
+    assert expected[0][0] == 0 and _queues(replica.store) == expected  # offsets, physical offsets, bytes
+    tiered = [phys for q in range(QUEUES) for _, phys, _ in expected[q][2] if phys < leader.store.log_min()]
+    assert tiered and [replica.store.get_message(p).record for p in tiered] == \
+        [leader.store.get_message(p).record for p in tiered]
+    replica.pass_()  # its own local retention and uploader (a replica: nothing uploaded)
+    assert _queues(replica.store) == expected
+
+    replica.stop()
+    replica.start()  # the queues' starts and the logical log come back from its files and the ledger in the tail
+    replica.node.become_replica("a", "a", 1)
+    assert _queues(replica.store) == expected
+
+    more = _append(leader.store, 14, start=len(bodies))
+    _join(leader, replica)  # caught up as usual: it holds what the leader continues
+    assert replica.store.tier_join.joined == 0 and _queues(replica.store) == _queues(leader.store)
+
+    leader.stop()  # the leader dies; the replica leads (epoch 2) and serves and appends after the same offsets
+    replica.node.become_leader(2, frozenset({"b"}))
+    wait_until(replica.store.replica_view.promoted_visible, "the promoted replica shows what it copied")
+    after = replica.store.append("t", [MessageIn(body=b"after", queue_id=0)], replication="ASYNC")
+    assert after[0].queue_offset == expected[0][1] + sum(1 for i in range(len(more)) if i % QUEUES == 0)
+    got = _queues(replica.store)
+    assert [body for _, _, body in got[0][2]] == \
+        [b for i, b in enumerate(bodies + more) if i % QUEUES == 0] + [b"after"]
+    replica.pass_()  # it uploads now: the tier's records are its ledger's
+    assert replica.uploader.uploaded >= 0 and replica.uploader.copy_errors == 0
+
+
+def test_a_replica_without_the_tier_is_refused_naming_the_flags(group):
+    leader, make, _ = group
+    replica = make("b", tier=False)
+    replica.node.become_replica("a", "a", 1)
+    hello = replica.follower().hello()
+    assert not hello.reads_tier  # also what a node of an earlier version says (no such field)
+    with pytest.raises(FailedPrecondition, match="--tier-url and --local-retention-ms"):
+        ReplicaSession(leader.store, leader.node, hello)
+
+
+def test_a_replica_left_behind_the_leaders_local_start_starts_again_from_the_tier(group):
+    leader, make, bodies = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    _join(leader, replica)
+    replica.stop()
+    more = _append(leader.store, 20, start=len(bodies))
+    for _ in range(3):
+        leader.pass_()
+    replica.start()
+    replica.node.become_replica("a", "a", 1)
+    assert replica.store.log_end() < leader.store.log_min()  # it stopped where the leader holds nothing now
+    assert replica.ledger.catch_up().finished  # what it read of its old log
+    early = {}
+
+    def before_shown():  # its duties read the ledger meanwhile: the new log's, empty so far, and the welcome's
+        replica.ledger.catch_up()
+        early["pull"] = [m.record.body for m in replica.store.pull("t", 1, 0, 8, 1 << 20).messages]
+    _join(leader, replica, before_shown)
+    assert early["pull"] == [b for i, b in enumerate(bodies) if i % QUEUES == 1][:8]
+    assert replica.store.tier_join.joined == 1 and replica.segment_files()[0] == leader.store.log_min()
+    assert not list((replica.config.data_dir / "commitlog").glob("*.broken"))  # all it held was the leader's too
+    expected = _queues(leader.store)
+    assert _queues(replica.store) == expected
+    assert sum(len(expected[q][2]) for q in range(QUEUES)) == len(bodies) + len(more)
+
+
+def test_queue_entries_beyond_what_a_welcome_carries_refuse_the_join(group, monkeypatch):
+    leader, make, _ = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    welcome = ReplicaSession(leader.store, leader.node, replica.follower().hello()).welcome
+    carried = sum(len(q.entries) for q in welcome.queues)
+    monkeypatch.setattr(replica_join, "WELCOME_ENTRY_BYTES", carried - 1)  # one byte fewer than they need
+    with pytest.raises(FailedPrecondition, match="more than one welcome carries"):
+        ReplicaSession(leader.store, leader.node, replica.follower().hello())
+    assert replica.store.log_end() == 0 and replica.store.tier_join.joined == 0
+
+
+def test_a_replica_killed_between_the_join_and_the_tail_joins_again(group):
+    """kill -9 (halt: no final checkpoint) after the join took the welcome in, before a byte of the tail: its
+    log is still empty at the leader's local start, so the next handshake starts it from the tier again."""
+    leader, make, _ = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    follower = replica.follower()
+    with replica.node.apply_lock:
+        follower._handshake(ReplicaSession(leader.store, leader.node, follower.hello()).welcome)
+    replica.store.halt()
+    replica.tier.close()
+    replica.start()
+    replica.node.become_replica("a", "a", 1)
+    assert replica.store.log_min() == replica.store.log_end() == leader.store.log_min()
+    _join(leader, replica)
+    assert replica.store.tier_join.joined == 1 and _queues(replica.store) == _queues(leader.store)
