@@ -19,6 +19,8 @@ base to the object's key), so Pull and GetMessage(s) serve it as if it were loca
   the same way from its FINISHED object (``queue_file(topic, queue id, file base)``: the ledger's), blocks,
   cache, deadline and errors as above (a file with no FINISHED upload is Unavailable); mqstore.queue.consume_queue
   reads below its first local file through it, then the records as above.
+- **Other objects** (:meth:`TierReader.read_object`): compaction log segments (mqstore.compaction.tier) are read the
+  same way from their manifest entry.
 - **Short objects**: a block shorter than the recorded segment size says it must be is DataLoss naming the
   object and the tier; nothing of it is served.
 
@@ -116,6 +118,16 @@ class TierReader:
                 raise Unavailable(f"object storage tier {self.objects.url}: consume queue {topic}/{queue_id}'s file "
                                   f"at byte {base} is not local and has no FINISHED upload (yet); retry")
             return self._read_object(upload, byte_at - base, size)
+        except (Unavailable, DataLoss):
+            self.fetch_errors += 1
+            raise
+
+    def read_object(self, upload, position: int, size: int) -> bytes:
+        """``size`` bytes from byte ``position`` of ``upload``'s object (anything with ``key``, ``segment_size``
+        and ``segment_base``: a compaction log segment's manifest entry, mqstore.compaction.tier), fewer at its
+        end; the same blocks, cache, deadline and errors as a segment's."""
+        try:
+            return self._read_object(upload, position, size)
         except (Unavailable, DataLoss):
             self.fetch_errors += 1
             raise
