@@ -73,7 +73,7 @@ from mqstore.background import Duty
 from mqstore.clock import Clock
 from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import compaction_segment as cseg
-from mqstore.tier.config import Credentials, described, with_aws_env
+from mqstore.tier.config import Credentials, TierConfig, described, with_aws_env
 from mqstore.tier.objects import ObjectStore, check_key, read_whole
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
@@ -115,7 +115,7 @@ class CompactionTierConfig:
         "than this (0 = never by size); never a segment whose upload has not FINISHED")})
     tier_read_ahead_bytes: int = dataclasses.field(default=1 << 20, metadata={"help": (
         "a read of a segment only in the tier GETs the span rounded up to aligned blocks of this size")})
-    tier_cache_bytes: int = dataclasses.field(default=64 << 20, metadata={"help": (
+    tier_cache_bytes: int = dataclasses.field(default=TierConfig.tier_cache_bytes, metadata={"help": (
         "bytes of blocks read from the tier kept in memory (least recently used evicted first)")})
     credentials: Credentials = dataclasses.field(default_factory=Credentials, repr=False)
 

@@ -28,3 +28,19 @@ def test_the_flag_and_the_aws_variables_make_the_rounds_tier():
 def test_a_tier_url_of_another_scheme_is_refused():
     with pytest.raises(InvalidArgument, match="tier_url"):
         parse_config(["--data-dir", "/tmp/x", "--spark-tier-url", "/just/a/path"], {})
+
+
+def test_the_segments_tier_flags_and_the_aws_variables():
+    """--tier-url and friends: the object storage tier of compaction log segments (mqstore.compaction.tier)."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_SECRET_ACCESS_KEY": "very-secret"}
+    config = parse_config(["--data-dir", "/tmp/x", "--tier-url", "s3://bucket/mq", "--local-retention-bytes", "5",
+                           "--local-retention-ms", "7", "--tier-upload-interval-ms", "300"], env)
+    tier = config.tier
+    assert (tier.tier_url, tier.tier_endpoint, tier.local_retention_bytes, tier.local_retention_ms,
+            tier.tier_upload_interval_ms) == ("s3://bucket/mq", "http://127.0.0.1:9000", 5, 7, 300)
+    assert tier.credentials.secret_access_key == "very-secret"
+    described = describe(config, 1)
+    assert described["tier"]["tier_url"] == "s3://bucket/mq" and "very-secret" not in repr(described)
+    assert parse_config(["--data-dir", "/tmp/x"], {}).tier.enabled is False
+    with pytest.raises(InvalidArgument, match="give --tier-url"):
+        parse_config(["--data-dir", "/tmp/x", "--local-retention-ms", "5"], {})
