@@ -119,8 +119,13 @@ class Remote(Protocol):
         """Whether the tier holds a FINISHED upload of the sealed segment ``base`` as its local index has it."""
         ...
 
-    def read(self, qlog: "QueueLog", base: int, position: int, size: int) -> bytes:
-        """``size`` bytes from byte ``position`` of segment ``base``'s object (fewer at its end)."""
+    def pin(self, qlog: "QueueLog", base: int) -> object:
+        """The upload of tiered segment ``base`` as it is now (called under the log's lock, so a round's
+        install and the next upload cannot slip between the index read and the object read)."""
+        ...
+
+    def read(self, pinned: object, position: int, size: int) -> bytes:
+        """``size`` bytes from byte ``position`` of a pinned upload's object (fewer at its end)."""
         ...
 
 
@@ -247,7 +252,7 @@ class QueueLog:
         """Records ``first`` .. ``first + count - 1`` of the index (at least one if any, then up to max_bytes);
         one pread per segment for the lot (the records of a segment lie side by side)."""
         out: list[Stored] = []
-        spans = []  # (i, j, first position, bytes, or None: in the tier, read after the lock)
+        spans = []  # (i, j, first position, bytes, or the pinned upload: in the tier, read after the lock)
         with self._lock:
             self._check_open()
             e = self.entries  # (columns only appended to while held: [first, end) stays as it is)
@@ -262,11 +267,12 @@ class QueueLog:
                 base = cseg.segment_base(positions[i], self.segment_size)
                 j = bisect.bisect_left(positions, base + self.segment_size, i, end)
                 size = positions[j - 1] + sizes[j - 1] - positions[i]
-                spans.append((i, j, positions[i], None if base in self.tiered else self._pread(positions[i], size)))
+                spans.append((i, j, positions[i], self.remote.pin(self, base) if base in self.tiered else
+                               self._pread(positions[i], size)))
                 i = j
         for i, j, start, data in spans:
-            if data is None:
-                data = self._remote_read(start, positions[j - 1] + sizes[j - 1] - start)
+            if not isinstance(data, bytes):
+                data = self._remote_read(data, start, positions[j - 1] + sizes[j - 1] - start)
             for k in range(i, j):
                 at = positions[k] - start
                 out.append(Stored(SparseEntry(positions[k], sizes[k], e.tags[k], e.store_ms[k], e.offsets[k],
@@ -277,10 +283,10 @@ class QueueLog:
         if self.closed:
             raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log is gone")
 
-    def _remote_read(self, position: int, size: int) -> bytes:
+    def _remote_read(self, pinned: object, position: int, size: int) -> bytes:
         """Bytes of a segment only in the tier (called without ``_lock``), checked to be whole."""
         base = cseg.segment_base(position, self.segment_size)
-        data = self.remote.read(self, base, position - base, size)
+        data = self.remote.read(pinned, position - base, size)
         invariant(len(data) == size, f"the tier's object of {self.directory / cseg.log_name(base)} holds the "
                                      f"{size} bytes at {position}")
         return data
@@ -288,10 +294,10 @@ class QueueLog:
     def segment_bytes(self, base: int) -> bytes:
         """The whole sealed segment ``base`` (a round's input): the local file, else its object in the tier."""
         with self._lock:
-            tiered = base in self.tiered
-        if not tiered:
+            pinned = self.remote.pin(self, base) if base in self.tiered else None
+        if pinned is None:
             return (self.directory / cseg.log_name(base)).read_bytes()
-        return self.remote.read(self, base, 0, self.segment_size)
+        return self.remote.read(pinned, 0, self.segment_size)
 
     def drop_local(self, base: int) -> None:
         """Delete the local .log of sealed segment ``base``, whose upload FINISHED (local retention; the
@@ -319,11 +325,12 @@ class QueueLog:
             base = cseg.segment_base(positions[first], self.segment_size)
             end = bisect.bisect_left(positions, base + self.segment_size, first, end)
             start, size = positions[first], positions[end - 1] + sizes[end - 1] - positions[first]
-            data = None if base in self.tiered else self._pread(start, size)
+            pinned = self.remote.pin(self, base) if base in self.tiered else None
+            data = None if pinned is not None else self._pread(start, size)
             chunk = Chunk(data, start, positions[first:end], sizes[first:end], e.offsets[first:end],
                           e.store_ms[first:end], e.tags[first:end], e.seen[first:end])
-        if data is None:
-            chunk = dataclasses.replace(chunk, data=self._remote_read(start, size))
+        if pinned is not None:
+            chunk = dataclasses.replace(chunk, data=self._remote_read(pinned, start, size))
         return chunk
 
     def _pread(self, position: int, size: int) -> bytes:

@@ -45,9 +45,11 @@ round replaces segments meanwhile):
 A crash anywhere leaves a manifest naming only FINISHED objects that exist, or STARTED ones that the next
 pass removes: nothing lost, no orphan after the next pass.
 
-**Reads** (:meth:`CompactionTier.read`, QueueLog's ``remote``): mqstore.tier.reads.TierReader's path: aligned
-read-ahead blocks, a cache of at most ``tier_cache_bytes``, the reads ObjectStore's deadline
-(``tier_read_timeout_ms``), Unavailable naming the tier URL, DataLoss for an object gone or short.
+**Reads** (QueueLog's ``remote``): the upload is pinned under the log's lock with the index entries read
+(:meth:`CompactionTier.pin`), its object read after it (:meth:`CompactionTier.read`) through
+mqstore.tier.reads.TierReader's path: aligned read-ahead blocks, a cache of at most ``tier_cache_bytes``, the
+reads ObjectStore's deadline (``tier_read_timeout_ms``), Unavailable naming the tier URL, DataLoss for an
+object gone or short (Unavailable, retry, when it is gone because a round replaced the segment meanwhile).
 
 Thread-safety: thread-safe; ``_lock`` guards the manifest (replaced whole after each durable write); passes
 run on one thread (the duty's).
@@ -71,7 +73,7 @@ import structlog
 from mqstore import failpoints
 from mqstore.background import Duty
 from mqstore.clock import Clock
-from mqstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, Unavailable
+from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import compaction_segment as cseg
 from mqstore.tier.config import Credentials, TierConfig, described, with_aws_env
 from mqstore.tier.objects import ObjectStore, check_key, read_whole
@@ -233,12 +235,23 @@ class CompactionTier:
         entry = self.finished(qlog.topic, qlog.queue_id, base)
         return entry is not None and entry.index_sha256 == self._index_digest(qlog.directory / cseg.index_name(base))
 
-    def read(self, qlog: QueueLog, base: int, position: int, size: int) -> bytes:
+    def pin(self, qlog: QueueLog, base: int) -> TieredSegment:
         entry = self.finished(qlog.topic, qlog.queue_id, base)
-        if entry is None:
+        if entry is None:  # (a tiered segment's entry is never dropped: not reached)
             raise Unavailable(f"object storage tier {self.url}: compaction segment {base} of {qlog.topic}/"
                               f"{qlog.queue_id} is not local and has no FINISHED upload; retry")
-        return self.reader.read_object(entry, position, size)
+        return entry
+
+    def read(self, pinned: TieredSegment, position: int, size: int) -> bytes:
+        """The pinned upload's bytes; its object deleted meanwhile (a round replaced the segment and the next
+        pass dropped it while this read waited) is Unavailable, retried on the new segment; else DataLoss."""
+        try:
+            return self.reader.read_object(pinned, position, size)
+        except DataLoss:
+            if self.finished(pinned.topic, pinned.queue_id, pinned.segment_base) == pinned:
+                raise
+            raise Unavailable(f"object storage tier {self.url}: compaction segment {pinned.segment_base} of "
+                              f"{pinned.topic}/{pinned.queue_id} was replaced by a round while read; retry") from None
 
     def _index_digest(self, path: pathlib.Path) -> str:
         """SHA-256 of a segment's .cq, cached by the file's identity (a round's install renames a new file in)."""

@@ -15,6 +15,7 @@ from mqstore.compaction.store import CompactionStore
 from mqstore.compaction.tier import FINISHED, STARTED, CompactionTierConfig, open_tier
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import compaction_segment as cseg
+from mqstore.tier.reads import BlockCache
 from tests.support.compaction import put
 from tests.support.compaction_tier import CONFIG, Rig, everything, fill, sealed_files
 
@@ -59,6 +60,7 @@ def test_a_round_over_tiered_segments_matches_a_local_round_and_replaces_their_o
     fill(rig.store, rig.clock)
     rig.tier.run_pass(rig.store)
     old_keys = {s.key for s in rig.tier.segments().values()}
+    pinned = rig.tier.pin(rig.qlog, rig.qlog.bases[-2])  # a read that took the last sealed one's upload before ...
     rig.store.compact(rig.store.slot("kv", 0))  # reads the tiered segments through the tier
     assert everything(rig.store) == expected
     assert rig.qlog.tiered == set() or rig.qlog.tiered < set(rig.qlog.bases)
@@ -69,6 +71,10 @@ def test_a_round_over_tiered_segments_matches_a_local_round_and_replaces_their_o
     assert set(rig.objects()) == {s.key for s in manifest.values()}  # the replaced objects are gone, no orphan
     assert {w[2] for w in manifest} == set(rig.qlog.bases[:-1])
     assert everything(rig.store) == expected
+    assert pinned.key not in {s.key for s in manifest.values()}
+    rig.tier.reader.cache = BlockCache(0)  # (its blocks cached before: the old bytes, still the pinned ones)
+    with pytest.raises(Unavailable, match="replaced by a round while read; retry"):
+        rig.tier.read(pinned, 0, 100)  # ... the round and the pass replaced it: retried, never another's bytes
 
 
 @pytest.mark.parametrize("point", ["compaction.tier.started", "compaction.tier.after_put"])
