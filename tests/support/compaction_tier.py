@@ -21,7 +21,7 @@ class Rig:
     def __init__(self, tmp: pathlib.Path, **tier_config):
         self.tmp, self.clock = tmp, FakeClock(BASE_MS)
         self.config = CompactionTierConfig(**{"tier_url": f"file://{tmp / 'tier'}", **tier_config})
-        (tmp / "tier").mkdir(exist_ok=True)
+        (tmp / "tier").mkdir(parents=True, exist_ok=True)
         self.tier: CompactionTier | None = None
         self.store: CompactionStore | None = None
 

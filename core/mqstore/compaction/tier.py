@@ -7,21 +7,22 @@ deleted by local retention once the upload FINISHED, and reads and rounds of suc
 mistaken for another. A topic name with a character outside ``[A-Za-z0-9._-]`` is written ``x<hex of it>``.
 
 **Metadata: a manifest in the tier, per instance.** ``compaction/<instance>/manifest/<seq:020d>.json``, each
-version a new object written with put-if-absent (the conditional write: two writers of one instance cannot
-both write version n, the loser stops with FailedPrecondition), the newest one the truth, the one before it
-kept, older ones deleted. Why the tier and not records the standby follows: every compactor follows the
-commit log into compaction logs of its own (compactor_service.lease: a round is installed on the instance's
-own logs only), so a segment at one base holds different bytes on the active and on a standby, and the
-records a standby follows (the commit log's) say nothing of them. What an instance uploaded is its own, kept
-where its disk is not needed (a restart reads it back, without any local file), and a standby that was active
-before still reads its own tiered segments after a takeover; the new active uploads its own logs under its
-own instance. Each entry:
+version a new object written with put-if-absent, then the versions listed (the conditional write: two writers of
+one instance cannot both write version n, and a writer that finds a newer version than its own stops with
+FailedPrecondition; a pass checks that its version is the newest before it deletes anything), the newest one the
+truth, the one before it kept, older ones deleted. Why the tier and not records the standby follows: every
+compactor follows the commit log into compaction logs of its own (compactor_service.lease: a round is installed
+on the instance's own logs only), so a segment at one base holds different bytes on the active and on a standby,
+and the records a standby follows (the commit log's) say nothing of them. What an instance uploaded is its own,
+kept where its disk is not needed (a restart reads it back, without any local file), and a standby that was
+active before still reads its own tiered segments after a takeover; the new active uploads its own logs under
+its own instance. Each entry:
 
   field          meaning
   -------------- ------------------------------------------------------------------------------------------
   topic, queue   the queue; ``base`` the segment's base position
   key, size      the object and its size (the segment file's)
-  sha256         of the segment's bytes (checked against the file before the put)
+  sha256         of the segment's bytes, computed from the local file before the put (kept for audits)
   index_sha256   of the segment's local ``.cq`` when uploaded: the segment's identity. A round rewrites
                  sealed segments in place (rounds.py), so an entry whose ``.cq`` no longer matches names a
                  replaced segment: it is dropped and its object deleted only then, after the round's install
@@ -212,13 +213,25 @@ class CompactionTier:
         try:
             self.writes.put_if_absent(self._manifest_key(seq), json.dumps(body, indent=1).encode())
         except AlreadyExists:
-            raise FailedPrecondition(f"manifest version {seq} of {self.url}/{self.root} was written by another "
-                                     f"process: two compactors run with one instance id (give each its own "
-                                     f"--instance-id); this one stops uploading") from None
+            self._fenced(self._manifest_key(seq))
+        self._check_newest(seq)  # (a version deleted since is written again, but the newer ones say who writes)
         with self._lock:
             self._seq, self._segments = seq, segments
         if seq > 2:
             self.writes.delete(self._manifest_key(seq - 2))
+
+    def _check_newest(self, seq: int) -> None:
+        """FailedPrecondition unless version ``seq`` is the newest: another process writes this instance's
+        manifest (before a pass deletes anything, and after each write)."""
+        mine = self._manifest_key(seq)
+        newer = [i.key for i in self.writes.list(f"{self.root}/manifest") if i.key > mine]
+        if newer:
+            self._fenced(newer[-1])
+
+    def _fenced(self, key: str) -> None:
+        raise FailedPrecondition(f"manifest version {key} of {self.url} was written by another process: two "
+                                 f"compactors run with one instance id (give each its own --instance-id); this "
+                                 f"one stops uploading and deleting")
 
     def segments(self) -> dict[tuple, TieredSegment]:
         """(topic, queue id, base) -> entry, a copy."""
@@ -267,6 +280,7 @@ class CompactionTier:
     # ---- a pass (the active's duty) ----------------------------------------------------------------------
     def run_pass(self, store, stopping: Callable[[], bool] = lambda: False) -> None:
         """Steps 1-4 of the module docstring over every queue of ``store`` (a CompactionStore)."""
+        self._check_newest(self._seq)
         slots = {(s.qlog.topic, s.qlog.queue_id): s for s in store.slots()}
         self._drop([w for w, s in self.segments().items() if w[:2] not in slots])
         for slot in slots.values():
@@ -340,6 +354,7 @@ class CompactionTier:
                 log.info("compaction.tier_local_deleted", topic=qlog.topic, queue_id=qlog.queue_id, base=base)
 
     def _sweep(self) -> None:
+        self._check_newest(self._seq)
         named = {s.key for s in self.segments().values()}
         for info in self.writes.list(f"{self.root}/segments"):
             if info.key not in named:

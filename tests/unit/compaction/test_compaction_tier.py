@@ -12,7 +12,7 @@ import pytest
 from mqstore import failpoints
 from mqstore.compaction import reads
 from mqstore.compaction.store import CompactionStore
-from mqstore.compaction.tier import FINISHED, STARTED, CompactionTierConfig, open_tier
+from mqstore.compaction.tier import FINISHED, STARTED, CompactionTierConfig, TierDuty, open_tier
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import compaction_segment as cseg
 from mqstore.tier.reads import BlockCache
@@ -163,3 +163,45 @@ def test_config_checks():
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_SECRET_ACCESS_KEY": "s"}
     config = CompactionTierConfig(tier_url="s3://b").with_env(env)
     assert config.tier_endpoint == "http://127.0.0.1:9" and "credentials" not in config.described()
+
+
+def test_each_instance_keeps_its_own_segments_and_a_standby_uploads_nothing(tmp_path):
+    """Two compactors on one tier (an active and a standby, each with logs of its own): the standby's duty
+    uploads nothing; after a takeover the new active uploads under its own instance and never touches the
+    old one's objects, which the old active, now a standby, still reads (its tiered segments), also after a
+    restart."""
+    first = Rig(tmp_path, local_retention_bytes=1)
+    fill(first.open(), first.clock)
+    before = everything(first.store)
+    first.tier.run_pass(first.store)
+    assert first.qlog.tiered
+    second = Rig(tmp_path / "b", tier_url=first.config.tier_url, local_retention_bytes=1)
+    second.tier = open_tier(second.config, "b", second.clock)
+    second.store = CompactionStore(tmp_path / "b" / "logs", CONFIG, second.clock, remote=second.tier)
+    fill(second.store, second.clock)
+    active = {"a": True}
+    TierDuty(second.tier, second.store, active=lambda: not active["a"]).step()  # a standby: nothing happens
+    assert not second.tier.segments() and not second.qlog.tiered
+    active["a"] = False  # the takeover
+    TierDuty(first.tier, first.store, active=lambda: active["a"]).step()  # the old active: nothing happens
+    TierDuty(second.tier, second.store, active=lambda: not active["a"]).step()
+    assert second.qlog.tiered and {s.key.split("/")[1] for s in second.tier.segments().values()} == {"b"}
+    assert {s.key for s in first.tier.segments().values()} <= set(first.objects())  # a's objects untouched
+    assert everything(first.store) == before
+    first.close()
+    first.open()
+    assert everything(first.store) == before
+    first.close()
+    second.close()
+
+
+def test_a_second_writer_of_one_instance_is_fenced_by_the_manifest_put_if_absent(rig):
+    fill(rig.store, rig.clock)
+    other = open_tier(rig.config, "a", rig.clock)  # a second process given the same instance id
+    try:
+        rig.tier.run_pass(rig.store)
+        with pytest.raises(FailedPrecondition, match="two compactors run with one instance id"):
+            other.run_pass(rig.store)
+    finally:
+        other.close()
+    assert set(rig.objects()) == {s.key for s in rig.tier.segments().values()}
