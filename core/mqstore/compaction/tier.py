@@ -74,7 +74,7 @@ import structlog
 from mqstore import failpoints
 from mqstore.background import Duty
 from mqstore.clock import Clock
-from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, Unavailable
+from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, Unavailable
 from mqstore.format import compaction_segment as cseg
 from mqstore.tier.config import Credentials, TierConfig, described, with_aws_env
 from mqstore.tier.objects import ObjectStore, check_key, read_whole
@@ -183,6 +183,8 @@ class CompactionTier:
                                  cache_bytes=config.tier_cache_bytes)
         self.uploaded_bytes = 0
         self.uploads = 0
+        self.copy_errors = 0  # queues whose pass failed (each logged; the pass goes on to the others)
+        self.lag_segments = 0  # local sealed segments without a FINISHED upload, at the last pass's end
 
     # ---- the manifest ----------------------------------------------------------------------------------
     def _manifest_key(self, seq: int) -> str:
@@ -283,13 +285,29 @@ class CompactionTier:
         self._check_newest(self._seq)
         slots = {(s.qlog.topic, s.qlog.queue_id): s for s in store.slots()}
         self._drop([w for w, s in self.segments().items() if w[:2] not in slots])
+        failed: MqStoreError | None = None
+        lag = 0
         for slot in slots.values():
             if stopping():
                 return
             with slot.round_lock:
-                if not slot.qlog.closed:
+                if slot.qlog.closed:
+                    continue
+                try:
                     self._queue(slot.qlog)
+                except FailedPrecondition:
+                    raise  # fenced: nothing more of this pass
+                except MqStoreError as exc:  # the tier failing for this queue: the others go on, then raise
+                    self.copy_errors += 1
+                    failed = failed or exc
+                    log.warning("compaction.tier_pass_failed", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
+                                error=str(exc))
+                lag += sum(1 for b in slot.qlog.bases[:-1]
+                           if self.finished(slot.qlog.topic, slot.qlog.queue_id, b) is None)
+        self.lag_segments = lag
         self._sweep()
+        if failed is not None:
+            raise failed
 
     def _queue(self, qlog: QueueLog) -> None:
         bases, entries = qlog.sealed()
@@ -360,6 +378,21 @@ class CompactionTier:
             if info.key not in named:
                 self.writes.delete(info.key)
                 log.info("compaction.tier_orphan_deleted", key=info.key)
+
+    def register_metrics(self, metrics) -> None:
+        """Kafka's remote storage metrics, for compaction log segments (a mqstore.metrics.Registry)."""
+        p = "mqstore_compactor_tier_"
+        metrics.counter_fn(p + "copy_bytes_total", "bytes of sealed compaction segments uploaded",
+                           lambda: self.uploaded_bytes)
+        metrics.counter_fn(p + "copy_errors_total", "queues whose upload pass failed", lambda: self.copy_errors)
+        metrics.counter_fn(p + "fetch_bytes_total", "bytes read from the tier (segments only there)",
+                           lambda: self.reader.fetched_bytes)
+        metrics.counter_fn(p + "fetch_errors_total", "reads of the tier that failed (UNAVAILABLE or DATA_LOSS)",
+                           lambda: self.reader.fetch_errors)
+        metrics.gauge_fn(p + "copy_lag_segments", "local sealed segments without a FINISHED upload (last pass)",
+                         lambda: self.lag_segments)
+        metrics.gauge_fn(p + "size_bytes", "bytes of FINISHED uploads in the tier",
+                         lambda: sum(s.segment_size for s in self.segments().values() if s.state == FINISHED))
 
     def close(self) -> None:
         self.reads.close()

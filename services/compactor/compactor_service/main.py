@@ -176,6 +176,7 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
     parts.add_duty(RoundDuty(store, active=lease.active if lease else None))
     if segments_tier is not None:  # the active uploads (a standby's tiered segments stay readable)
         parts.add_duty(TierDuty(segments_tier, store, active=lease.active if lease else None))
+        segments_tier.register_metrics(parts.metrics)
     spark_round = None
     if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
         runner = spark_runner.SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000,

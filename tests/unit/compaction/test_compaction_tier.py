@@ -15,6 +15,7 @@ from mqstore.compaction.store import CompactionStore
 from mqstore.compaction.tier import FINISHED, STARTED, CompactionTierConfig, TierDuty, open_tier
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import compaction_segment as cseg
+from mqstore.metrics import Registry
 from mqstore.tier.reads import BlockCache
 from tests.support.compaction import put
 from tests.support.compaction_tier import CONFIG, Rig, everything, fill, sealed_files
@@ -105,12 +106,21 @@ def test_a_put_that_succeeded_but_failed_never_deletes_the_local_file(rig):
         put_file(key, path, size)
         raise Unavailable("injected: the put succeeded, its answer was lost")
     rig.tier.writes.put_file = succeeds_then_fails
+    metrics = Registry()
+    rig.tier.register_metrics(metrics)
     with pytest.raises(Unavailable, match="injected"):
         rig.tier.run_pass(rig.store)
     assert sealed_files(rig.store) == files and not rig.qlog.tiered
+    assert metrics.get("mqstore_compactor_tier_copy_errors_total").value == 1
+    assert metrics.get("mqstore_compactor_tier_copy_lag_segments").value == len(files)
     rig.tier.writes.put_file = put_file
     rig.tier.run_pass(rig.store)
     assert rig.qlog.tiered == set(files)
+    assert metrics.get("mqstore_compactor_tier_copy_lag_segments").value == 0
+    assert metrics.get("mqstore_compactor_tier_copy_bytes_total").value == sum(map(len, files.values()))
+    assert metrics.get("mqstore_compactor_tier_size_bytes").value == sum(map(len, files.values()))
+    everything(rig.store)
+    assert metrics.get("mqstore_compactor_tier_fetch_bytes_total").value > 0
     assert set(rig.objects()) == {s.key for s in rig.tier.segments().values()}
 
 
