@@ -8,7 +8,8 @@ from mqstore.clock import FakeClock
 from mqstore.compaction import reads
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.store import CompactionStore
-from mqstore.compaction.tier import CompactionTier, CompactionTierConfig, open_tier
+from mqstore.compaction.tier import CompactionTier, open_tier
+from mqstore.compaction.tier_config import CompactionTierConfig
 from mqstore.format import compaction_segment as cseg
 from tests.support.compaction import BASE_MS, put
 

@@ -12,7 +12,7 @@ flag per field of CompactionConfig (``--segment-size-bytes``, ``--offset-map-mem
 ``--spark-tier-url`` (file:///DIR or s3://BUCKET[/PREFIX]; S3 settings from the AWS_* variables): Spark rounds
 go through that object storage, no directory is shared with the executors (compactor_service.spark_runner).
 
-The object storage tier of compaction log segments (mqstore.compaction.tier.CompactionTierConfig):
+The object storage tier of compaction log segments (mqstore.compaction.tier_config.CompactionTierConfig):
 ``--tier-url`` (file:///DIR or s3://BUCKET[/PREFIX]; S3 settings from the AWS_* variables, ``--tier-endpoint``,
 ``--tier-region``), ``--tier-upload-interval-ms``, ``--tier-call-timeout-ms``, ``--tier-read-timeout-ms``,
 ``--local-retention-ms/-bytes``, ``--tier-read-ahead-bytes``, ``--tier-cache-bytes``: the active compactor
@@ -44,7 +44,8 @@ from mqstore.compaction.api import CompactorApi, RoundDuty, ServiceStats
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.projection import HOLD_NAME, CompactionProjection, compactor_follower
 from mqstore.compaction.store import CompactionStore
-from mqstore.compaction.tier import CompactionTierConfig, TierDuty, open_tier
+from mqstore.compaction.tier import TierDuty, open_tier
+from mqstore.compaction.tier_config import CompactionTierConfig
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
 from mqstore.tier.config import TierConfig

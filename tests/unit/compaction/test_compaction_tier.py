@@ -12,7 +12,8 @@ import pytest
 from mqstore import failpoints
 from mqstore.compaction import reads
 from mqstore.compaction.store import CompactionStore
-from mqstore.compaction.tier import FINISHED, STARTED, CompactionTierConfig, TierDuty, open_tier
+from mqstore.compaction.tier import FINISHED, STARTED, TierDuty, open_tier
+from mqstore.compaction.tier_config import CompactionTierConfig
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import compaction_segment as cseg
 from mqstore.metrics import Registry
