@@ -121,7 +121,7 @@ class CompactionTier:
         self.root = check_key(f"{PREFIX}/{instance}", "instance id")
         self._lock = threading.Lock()
         self._seq, self._segments = self._load()
-        self._index_digests: dict[tuple, tuple[tuple, str]] = {}  # .cq path -> (stat identity, SHA-256)
+        self._index_digests: dict[pathlib.Path, tuple[tuple, str]] = {}  # .cq path -> (stat identity, SHA-256)
         self.reader = TierReader(reads, lambda base: None, 1, read_ahead_bytes=config.tier_read_ahead_bytes,
                                  cache_bytes=config.tier_cache_bytes)
         self.uploaded_bytes = 0
