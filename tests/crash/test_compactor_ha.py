@@ -2,7 +2,10 @@
 etcd, compactors ``a`` and ``b`` each following the log. Keyed appends to a COMPACTION topic go on while the
 active one runs rounds and the standby runs none; kill -9 of the active one in the middle: the standby takes the
 lease and runs rounds from its own logs, its compacted view is the last value of each acknowledged key, and
-either instance answers reads (a client given both goes on to the one alive)."""
+either instance answers reads (a client given both goes on to the one alive). Both have one file:// tier for
+their sealed segments (``--tier-url``, mqstore.compaction.tier): only the active uploads (under its instance
+id), the standby none; after the takeover the new active uploads its own, leaves the old one's objects alone,
+and serves its segments from the tier once local retention deleted them."""
 
 from __future__ import annotations
 
@@ -36,6 +39,11 @@ def _describe(stub) -> pb.QueueDescription | None:
         return None
 
 
+def _objects(tmp_path, instance: str) -> set[str]:
+    root = tmp_path / "tier" / "compaction" / instance / "segments"
+    return {str(p) for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")}
+
+
 def _latest(stub, key: str) -> bytes | None:
     try:
         return stub.GetLatest(pb.GetLatestRequest(topic="kv", key=key), timeout=T).value
@@ -53,12 +61,15 @@ def test_the_standby_takes_over_rounds_after_kill_9_of_the_active_and_both_answe
         log_channel = grpc.insecure_channel(log_process.address)
         channels.append(log_channel)
         log = commitlog_pb2_grpc.CommitLogStub(log_channel)
+        (tmp_path / "tier").mkdir()
         log.CreateTopic(clpb.CreateTopicRequest(name="kv", queue_count=1, kind=common_pb2.TOPIC_KIND_COMPACTION),
                         timeout=T)
         stubs = {}
         for name in ("a", "b"):
             procs[name] = compactor(tmp_path / name, "--commitlog", log_process.address, "--etcd-endpoints",
-                                    etcd.endpoint, "--instance-id", name, *FLAGS)
+                                    etcd.endpoint, "--instance-id", name, *FLAGS, "--tier-url",
+                                    f"file://{tmp_path / 'tier'}", "--local-retention-bytes", "1",
+                                    "--tier-upload-interval-ms", "100")
             channels.append(grpc.insecure_channel(procs[name].address))
             stubs[name] = compactor_pb2_grpc.CompactorStub(channels[-1])
 
@@ -85,6 +96,8 @@ def test_the_standby_takes_over_rounds_after_kill_9_of_the_active_and_both_answe
                    "the active compactor to run a round", timeout_s=WAIT_S)
         standby_before = _describe(stubs[standby])
         assert standby_before is not None and standby_before.cleaned_up_to_offset == -1  # it ran no round
+        wait_until(lambda: _objects(tmp_path, first), "the active compactor to upload segments", timeout_s=WAIT_S)
+        assert not _objects(tmp_path, standby)  # the standby uploads nothing
         with pytest.raises(grpc.RpcError) as refused:
             stubs[standby].Compact(pb.CompactRequest(topic="kv", seal_active=True), timeout=T)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "standby" in refused.value.details()
@@ -114,6 +127,11 @@ def test_the_standby_takes_over_rounds_after_kill_9_of_the_active_and_both_answe
             latest[key] = body
         assert latest == model
         assert role(standby) == ("active", standby)
+        old_objects = _objects(tmp_path, first)
+        wait_until(lambda: _objects(tmp_path, standby) and len(list((tmp_path / standby / "logs" / "kv" / "0").glob(
+            "*.log"))) == 1, "the new active to upload its segments and delete their local copies", timeout_s=WAIT_S)
+        assert {k: v for _, k, v in everything(stubs[standby], "kv", 0)} == model  # read from the tier
+        assert _objects(tmp_path, first) == old_objects  # the old active's objects are its own: untouched
         assert len(held) < sent[0]  # compacted: superseded records are gone
         offsets = [offset for offset, _, _ in held]
         assert offsets == sorted(set(offsets))  # each record once, in order

@@ -30,6 +30,7 @@ from mqstore.store import MessageStore
 from tests.crash.test_compaction_crash import crash_in_drop, crash_in_roll, crash_in_round
 from tests.crash.test_topic_delete_crash import crash_in_delete
 from tests.crash.test_staged_install import OUTCOME, REPLACED, UNTOUCHED, _contents, _prepare
+from tests.support.compaction_tier import Rig, everything, fill
 from tests.unit.index.index_testing import BASE_MS, Model, all_pages, record, tiny_config
 
 pytestmark = pytest.mark.crash
@@ -266,6 +267,27 @@ def _index_compact(name, tmp_path, failpoint):
 def _index_tier(name, tmp_path, failpoint):
     _index_crash(name, tmp_path, failpoint, lambda h, s: s.move_to_tier(10), prepare=lambda s: s.convert_sealed(10),
                  with_tier=True)
+
+
+@scenario("compaction.tier.started", "compaction.tier.after_put", "compaction.tier.finished")
+def _compaction_tier(name, tmp_path, failpoint):
+    """A pass dies at the step (the process abandoned as it is); the restarted one's pass uploads every sealed
+    segment once, deletes what the dead one left, and reads stay byte-identical with the local files gone."""
+    crashed = Rig(tmp_path, local_retention_bytes=1)
+    fill(crashed.open(), crashed.clock)
+    before = everything(crashed.store)
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        crashed.tier.run_pass(crashed.store)
+    rig = Rig(tmp_path, local_retention_bytes=1)
+    rig.open()
+    try:
+        rig.tier.run_pass(rig.store)
+        manifest = rig.tier.segments()
+        assert {w[2] for w in manifest} == set(rig.qlog.bases[:-1]) == rig.qlog.tiered
+        assert set(rig.objects()) == {s.key for s in manifest.values()}
+        assert everything(rig.store) == before
+    finally:
+        rig.close()
 
 
 @scenario("index.rebuild.after_rename")

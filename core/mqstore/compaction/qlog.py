@@ -7,17 +7,26 @@ matches the segments), and ``staging/`` (a round's output before its install).
 
 Appends go to the active (last) segment and are made durable by :meth:`QueueLog.sync` (the follower
 calls it before its checkpoint). Reads see the in-memory copy of the index, a few arrays.
+
+With an object storage tier (``remote``: mqstore.compaction.tier.CompactionTier) a sealed segment may be
+only in the tier: its ``.cq`` stays local, its ``.log`` was deleted by local retention once its upload
+FINISHED (:meth:`QueueLog.drop_local`; ``tiered`` holds those bases, rebuilt on open from what the tier's
+manifest names). Reads of such a segment go to the tier outside ``_lock`` (a slow tier never holds up the
+appender or reads of local segments), rounds read it whole through :meth:`QueueLog.segment_bytes`, and a
+round's output replacing it is local again.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import os
 import pathlib
 import threading
 from array import array
 from dataclasses import dataclass
+from typing import Protocol
 
 from mqstore import failpoints, fs
 from mqstore.errors import NotFound, invariant, shown
@@ -103,22 +112,44 @@ class Entries:
         return bisect.bisect_left(self.positions, position, 0, len(self))
 
 
+class Remote(Protocol):
+    """The object storage tier's side of a queue's segments (mqstore.compaction.tier.CompactionTier)."""
+
+    def holds(self, qlog: "QueueLog", base: int) -> bool:
+        """Whether the tier holds a FINISHED upload of the sealed segment ``base`` as its local index has it."""
+        ...
+
+    def pin(self, qlog: "QueueLog", base: int) -> object:
+        """The upload of tiered segment ``base`` as it is now (called under the log's lock, so a round's
+        install and the next upload cannot slip between the index read and the object read)."""
+        ...
+
+    def read(self, pinned: object, position: int, size: int) -> bytes:
+        """``size`` bytes from byte ``position`` of a pinned upload's object (fewer at its end)."""
+        ...
+
+
 class QueueLog:
     """Thread-safe: ``_lock`` guards the files, the index and ``latest``; the follower appends, readers
     read, and one round at a time (the caller serialises them) replaces the sealed segments."""
 
-    def __init__(self, directory: pathlib.Path, segment_size_bytes: int, topic: str, queue_id: int):
+    def __init__(self, directory: pathlib.Path, segment_size_bytes: int, topic: str, queue_id: int,
+                 remote: Remote | None = None):
         self.directory, self.segment_size, self.topic, self.queue_id = directory, segment_size_bytes, topic, queue_id
         self._lock = threading.RLock()
         self._read_fds: dict[int, int] = {}
         self.closed = False
+        self.remote = remote
+        self.tiered: set[int] = set()  # sealed segments whose .log is only in the tier
         qlog_files.clean_directory(directory)
         self.state = self._load_state()
-        bases = qlog_files.segment_bases(directory) or [0]
+        bases = qlog_files.segment_bases(directory, self._held_by_tier) or [0]
         self.entries = Entries()
         self.latest: dict[str, int] = {}  # key -> queue offset of its latest record (filled by the owner)
         for base in bases:
-            if not (directory / cseg.log_name(base)).exists():
+            if base in self.tiered:
+                pass
+            elif not (directory / cseg.log_name(base)).exists():
                 (directory / cseg.log_name(base)).touch()
                 (directory / cseg.index_name(base)).touch()
                 fs.fsync_dir(directory)  # the creation rule (mqstore.fs)
@@ -126,6 +157,12 @@ class QueueLog:
                 self.entries.add(entry)
         self.bases = bases
         self._open_active(bases[-1])
+
+    def _held_by_tier(self, base: int) -> bool:
+        if self.remote is None or not self.remote.holds(self, base):
+            return False
+        self.tiered.add(base)
+        return True
 
     # ---- state ---------------------------------------------------------------------------------------
     def _load_state(self) -> dict:
@@ -215,11 +252,10 @@ class QueueLog:
         """Records ``first`` .. ``first + count - 1`` of the index (at least one if any, then up to max_bytes);
         one pread per segment for the lot (the records of a segment lie side by side)."""
         out: list[Stored] = []
+        spans = []  # (i, j, first position, bytes, or the pinned upload: in the tier, read after the lock)
         with self._lock:
-            if self.closed:
-                raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log "
-                               f"is gone")
-            e = self.entries
+            self._check_open()
+            e = self.entries  # (columns only appended to while held: [first, end) stays as it is)
             positions, sizes, end, total = e.positions, e.sizes, min(first + count, len(e)), 0
             for i in range(first, end):
                 if i > first and total + sizes[i] > max_bytes:
@@ -230,22 +266,57 @@ class QueueLog:
             while i < end:
                 base = cseg.segment_base(positions[i], self.segment_size)
                 j = bisect.bisect_left(positions, base + self.segment_size, i, end)
-                data = self._pread(positions[i], positions[j - 1] + sizes[j - 1] - positions[i])
-                start = positions[i]
-                for k in range(i, j):
-                    at = positions[k] - start
-                    out.append(Stored(SparseEntry(positions[k], sizes[k], e.tags[k], e.store_ms[k], e.offsets[k],
-                                                  e.seen[k]), data[at:at + sizes[k]]))
+                size = positions[j - 1] + sizes[j - 1] - positions[i]
+                spans.append((i, j, positions[i], self.remote.pin(self, base) if base in self.tiered else
+                               self._pread(positions[i], size)))
                 i = j
+        for i, j, start, data in spans:
+            if not isinstance(data, bytes):
+                data = self._remote_read(data, start, positions[j - 1] + sizes[j - 1] - start)
+            for k in range(i, j):
+                at = positions[k] - start
+                out.append(Stored(SparseEntry(positions[k], sizes[k], e.tags[k], e.store_ms[k], e.offsets[k],
+                                              e.seen[k]), data[at:at + sizes[k]]))
         return out
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log is gone")
+
+    def _remote_read(self, pinned: object, position: int, size: int) -> bytes:
+        """Bytes of a segment only in the tier (called without ``_lock``), checked to be whole."""
+        base = cseg.segment_base(position, self.segment_size)
+        data = self.remote.read(pinned, position - base, size)
+        invariant(len(data) == size, f"the tier's object of {self.directory / cseg.log_name(base)} holds the "
+                                     f"{size} bytes at {position}")
+        return data
+
+    def segment_bytes(self, base: int) -> bytes:
+        """The whole sealed segment ``base`` (a round's input): the local file, else its object in the tier."""
+        with self._lock:
+            pinned = self.remote.pin(self, base) if base in self.tiered else None
+        if pinned is None:
+            return (self.directory / cseg.log_name(base)).read_bytes()
+        return self.remote.read(pinned, 0, self.segment_size)
+
+    def drop_local(self, base: int) -> None:
+        """Delete the local .log of sealed segment ``base``, whose upload FINISHED (local retention; the
+        caller checked): reads of it go to the tier from now on. Its .cq stays."""
+        with self._lock:
+            invariant(self.remote is not None and base in self.bases[:-1] and base not in self.tiered,
+                      "only a local sealed segment leaves the local disk, to the tier")
+            fd = self._read_fds.pop(base, None)
+            if fd is not None:
+                os.close(fd)
+            self.tiered.add(base)
+            (self.directory / cseg.log_name(base)).unlink()
+            fs.fsync_dir(self.directory)
 
     def read_chunk(self, first: int, count: int) -> Chunk:
         """Records ``first`` .. ``first + count - 1`` of the index that lie in the segment of the first one, as
         one buffer and copies of their index columns (one pread; no object per record: Scan's walk)."""
         with self._lock:
-            if self.closed:
-                raise NotFound(f"topic {shown(self.topic)} queue {self.queue_id} was deleted: its compaction log "
-                               f"is gone")
+            self._check_open()
             e = self.entries
             end = min(first + count, len(e))
             if first >= end:
@@ -253,10 +324,14 @@ class QueueLog:
             positions, sizes = e.positions, e.sizes
             base = cseg.segment_base(positions[first], self.segment_size)
             end = bisect.bisect_left(positions, base + self.segment_size, first, end)
-            start = positions[first]
-            data = self._pread(start, positions[end - 1] + sizes[end - 1] - start)
-            return Chunk(data, start, positions[first:end], sizes[first:end], e.offsets[first:end],
-                         e.store_ms[first:end], e.tags[first:end], e.seen[first:end])
+            start, size = positions[first], positions[end - 1] + sizes[end - 1] - positions[first]
+            pinned = self.remote.pin(self, base) if base in self.tiered else None
+            data = None if pinned is not None else self._pread(start, size)
+            chunk = Chunk(data, start, positions[first:end], sizes[first:end], e.offsets[first:end],
+                          e.store_ms[first:end], e.tags[first:end], e.seen[first:end])
+        if pinned is not None:
+            chunk = dataclasses.replace(chunk, data=self._remote_read(pinned, start, size))
+        return chunk
 
     def _pread(self, position: int, size: int) -> bytes:
         base = cseg.segment_base(position, self.segment_size)
@@ -294,7 +369,8 @@ class QueueLog:
             invariant(not len(new_entries) or (new_entries.positions[0] >= self.bases[at] and
                                                new_entries.positions[-1] < self.bases[upto]),
                       "a round's output lies where the segments it replaces were")
-            replaced = [n for b in replaced_bases for n in (cseg.log_name(b), cseg.index_name(b))]
+            replaced = [n for b in replaced_bases for n in (cseg.log_name(b), cseg.index_name(b))
+                        if b not in self.tiered or n != cseg.log_name(b)]  # (a tiered one's .log is not here)
             if (self.directory / STATE).exists():
                 replaced.append(STATE)
             fs.install(self.directory, staged, replaced)
@@ -306,6 +382,7 @@ class QueueLog:
             self.entries = old.spliced(old.first_at_position(self.bases[at]), old.first_at_position(self.bases[upto]),
                                        new_entries)
             self.bases, self.state = self.bases[:at] + new_bases + self.bases[upto:], state
+            self.tiered -= set(replaced_bases) | set(new_bases)  # the output is local
             for key, offset in removed_keys.items():
                 if self.latest.get(key) == offset:
                     del self.latest[key]

@@ -8,6 +8,8 @@
   the leftovers of an install cut short               mqstore.fs.recover_install: the old or new set
   ``*.tmp`` files, the ``staging/`` folder             removed (garbage of a round or a state write)
   the newest segment has a .log without .cq or back   the other is created empty (a crash in a roll)
+  a sealed segment's .cq without its .log, whose      kept: the segment is in the object storage tier
+  FINISHED upload the tier names (``tiered``)         (mqstore.compaction.tier), read from there
   any other .log without its .cq (or the reverse)     FailedPrecondition naming the file: refuse to start
   a torn last index entry (length not a multiple       cut (logged)
   of 46)
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+from typing import Callable
 
 import structlog
 
@@ -39,8 +42,9 @@ def clean_directory(directory: pathlib.Path) -> None:
     shutil.rmtree(directory / STAGING, ignore_errors=True)
 
 
-def segment_bases(directory: pathlib.Path) -> list[int]:
-    """The bases of the segments, in position order; pairs a lone file of the newest segment."""
+def segment_bases(directory: pathlib.Path, tiered: Callable[[int], bool] = lambda base: False) -> list[int]:
+    """The bases of the segments, in position order; pairs a lone file of the newest segment. A sealed
+    segment's lone .cq is kept when ``tiered(base)``: its .log is in the tier."""
     logs = {cseg.parse_log_name(p.name) for p in directory.iterdir()} - {None}
     cqs = {cseg.parse_log_name(p.name[:-len(cseg.INDEX_SUFFIX)] + cseg.LOG_SUFFIX)
            for p in directory.glob("*" + cseg.INDEX_SUFFIX)} - {None}
@@ -49,9 +53,12 @@ def segment_bases(directory: pathlib.Path) -> list[int]:
         if base in logs and base in cqs:
             continue
         lone = cseg.log_name(base) if base in logs else cseg.index_name(base)
+        if base != bases[-1] and base in cqs and tiered(base):
+            continue
         if base != bases[-1]:
-            raise FailedPrecondition(f"{directory / lone} has no partner file (.log/.cq of the same name): the "
-                                     f"compaction log is damaged; restore the directory from a replica")
+            raise FailedPrecondition(f"{directory / lone} has no partner file (.log/.cq of the same name) and the "
+                                     f"tier holds no upload of it: the compaction log is damaged; restore the "
+                                     f"directory from a replica")
         missing = cseg.index_name(base) if base in logs else cseg.log_name(base)
         (directory / missing).touch()
         fs.fsync_dir(directory)  # the creation rule (mqstore.fs)

@@ -83,6 +83,8 @@ class Sealed:
     segment_size: int
     bases: list[int]
     entries: Entries
+    read: Callable[[int], bytes] | None = None  # base -> the segment's bytes (QueueLog.segment_bytes: local or
+    # in the tier); None: the local file
 
 
 @dataclass
@@ -111,7 +113,7 @@ def sealed_raw(src: Sealed, lo: int, hi: int) -> Iterator[tuple]:
         end = base + src.segment_size
         if i >= hi or entries.positions[i] >= end:
             continue
-        data = memoryview((src.directory / cseg.log_name(base)).read_bytes())
+        data = memoryview(src.read(base) if src.read else (src.directory / cseg.log_name(base)).read_bytes())
         positions, sizes = entries.positions, entries.sizes
         while i < hi and positions[i] < end:
             at = positions[i] - base
@@ -247,7 +249,7 @@ def run_round(qlog: QueueLog, config: CompactionConfig, now_ms: int,
     called with the stats after each map filling and after the install."""
     stats = RoundStats()
     bases, entries = qlog.sealed()
-    src = Sealed(qlog.directory, qlog.segment_size, bases, entries)
+    src = Sealed(qlog.directory, qlog.segment_size, bases, entries, qlog.segment_bytes)
     lo, hi = dirty_range(entries, qlog.cleaned_offset, now_ms, config)
     if hi <= lo and not any_expired(entries, now_ms, config):
         return stats

@@ -33,7 +33,7 @@ from mqstore.javahash import java_string_hash
 from mqstore.metrics import Registry
 
 from .policy import CompactionConfig, Quarantine, due_reason, tombstone_expired
-from .qlog import QueueLog
+from .qlog import QueueLog, Remote
 from .rounds import RoundStats, Sealed, key_and_tombstone, run_round, sealed_records
 
 log = structlog.get_logger("mqstore.compaction")
@@ -67,8 +67,9 @@ class QueueSlot:
 class CompactionStore:
     """Thread-safe: ``_lock`` guards the table of queues and the round bookkeeping; each queue its own log."""
 
-    def __init__(self, data_dir: pathlib.Path, config: CompactionConfig, clock: Clock):
+    def __init__(self, data_dir: pathlib.Path, config: CompactionConfig, clock: Clock, remote: Remote | None = None):
         self.data_dir, self.config, self.clock = data_dir, config, clock
+        self.remote = remote  # the object storage tier of sealed segments (mqstore.compaction.tier), or None
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], QueueSlot] = {}
         self._incarnations: dict[str, int] = {}  # topic -> its start_physical_offset (topic.incarnation)
@@ -81,7 +82,8 @@ class CompactionStore:
                 self._open(topic_dir.name, int(queue_dir.name))
 
     def _open(self, topic: str, queue_id: int) -> QueueSlot:
-        qlog = QueueLog(self.data_dir / topic / str(queue_id), self.config.segment_size_bytes, topic, queue_id)
+        qlog = QueueLog(self.data_dir / topic / str(queue_id), self.config.segment_size_bytes, topic, queue_id,
+                        self.remote)
         _fill_latest(qlog)
         slot = self._slots[(topic, queue_id)] = QueueSlot(qlog, self.config)
         return slot
@@ -343,6 +345,7 @@ def _remove_tree(directory: pathlib.Path) -> None:
 def _fill_latest(qlog: QueueLog) -> None:
     """key -> latest offset from the records held (on open: the log is its own key table)."""
     e = qlog.entries
-    for i, _, key, _ in sealed_records(Sealed(qlog.directory, qlog.segment_size, qlog.bases, e), 0, len(e)):
+    for i, _, key, _ in sealed_records(Sealed(qlog.directory, qlog.segment_size, qlog.bases, e, qlog.segment_bytes),
+                                      0, len(e)):
         if key is not None:
             qlog.latest[key] = e.offsets[i]

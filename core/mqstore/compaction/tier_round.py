@@ -28,7 +28,7 @@ import json
 import pathlib
 import re
 import uuid
-from typing import Mapping
+from typing import Callable, Mapping
 
 from mqstore.errors import DataLoss
 from mqstore.format import compaction_segment as cseg
@@ -84,12 +84,16 @@ def open_round_store(tier: dict, workers: int = 4) -> ObjectStore:
                       workers=workers)
 
 
-def upload_inputs(store: ObjectStore, tier: dict, queue_dir: pathlib.Path) -> None:
-    """Put the round's sealed segments (``.log`` and ``.cq``) as the request's input objects."""
-    for keys in tier["inputs"].values():
+def upload_inputs(store: ObjectStore, tier: dict, queue_dir: pathlib.Path,
+                  segment_bytes: Callable[[int], bytes] | None = None) -> None:
+    """Put the round's sealed segments (``.log`` and ``.cq``) as the request's input objects; a ``.log`` by
+    ``segment_bytes(base)`` when given (QueueLog.segment_bytes: a segment only in the compaction tier too)."""
+    for base, keys in tier["inputs"].items():
         for kind in ("log", "cq"):
             key = keys[kind]
-            store.put_if_absent(key, (queue_dir / key.rsplit("/", 1)[1]).read_bytes())
+            data = segment_bytes(int(base)) if kind == "log" and segment_bytes else \
+                (queue_dir / key.rsplit("/", 1)[1]).read_bytes()
+            store.put_if_absent(key, data)
 
 
 def download_output(store: ObjectStore, prefix: str, staging: pathlib.Path) -> None:

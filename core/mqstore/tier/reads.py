@@ -20,6 +20,8 @@ base to the object's key), so Pull and GetMessage(s) serve it as if it were loca
   the same way from its FINISHED object (``queue_file(topic, queue id, file base)``: the ledger's), blocks,
   cache, deadline and errors as above (a file with no FINISHED upload is Unavailable); mqstore.queue.consume_queue
   reads below its first local file through it, then the records as above.
+- **Other objects** (:meth:`TierReader.read_object`): compaction log segments (mqstore.compaction.tier) are read the
+  same way from their manifest entry.
 - **Short objects**: a block shorter than the recorded segment size says it must be is DataLoss naming the
   object and the tier; nothing of it is served.
 
@@ -122,6 +124,16 @@ class TierReader:
         except (Unavailable, DataLoss):
             self.fetch_errors += 1
             self.queue_fetch_errors[topic] = self.queue_fetch_errors.get(topic, 0) + 1
+            raise
+
+    def read_object(self, upload, position: int, size: int) -> bytes:
+        """``size`` bytes from byte ``position`` of ``upload``'s object (anything with ``key``, ``segment_size``
+        and ``segment_base``: a compaction log segment's manifest entry, mqstore.compaction.tier), fewer at its
+        end; the same blocks, cache, deadline and errors as a segment's."""
+        try:
+            return self._read_object(upload, position, size)
+        except (Unavailable, DataLoss):
+            self.fetch_errors += 1
             raise
 
     def _read(self, physical_offset: int, size: int) -> bytes:

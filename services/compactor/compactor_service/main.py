@@ -12,6 +12,14 @@ flag per field of CompactionConfig (``--segment-size-bytes``, ``--offset-map-mem
 ``--spark-tier-url`` (file:///DIR or s3://BUCKET[/PREFIX]; S3 settings from the AWS_* variables): Spark rounds
 go through that object storage, no directory is shared with the executors (compactor_service.spark_runner).
 
+The object storage tier of compaction log segments (mqstore.compaction.tier_config.CompactionTierConfig):
+``--tier-url`` (file:///DIR or s3://BUCKET[/PREFIX]; S3 settings from the AWS_* variables, ``--tier-endpoint``,
+``--tier-region``), ``--tier-upload-interval-ms``, ``--tier-call-timeout-ms``, ``--tier-read-timeout-ms``,
+``--local-retention-ms/-bytes``, ``--tier-read-ahead-bytes``, ``--tier-cache-bytes``: the active compactor
+uploads sealed segments under ``compaction/<instance id>/`` (the instance id as with etcd) and deletes their
+local copies; every instance reads its own tiered segments. The tier's manifest is read at start: a start
+while the tier does not answer fails (UNAVAILABLE naming it) when the compaction logs have tiered segments.
+
 ``--etcd-endpoints`` (with ``--etcd-prefix``, ``--lease-ttl-s``, ``--instance-id``): one of several
 compactors, each following the commit log and answering reads, the lease holder running rounds
 (compactor_service.lease); its retention hold is then ``compactor-<instance id>``.
@@ -36,6 +44,8 @@ from mqstore.compaction.api import CompactorApi, RoundDuty, ServiceStats
 from mqstore.compaction.policy import CompactionConfig
 from mqstore.compaction.projection import HOLD_NAME, CompactionProjection, compactor_follower
 from mqstore.compaction.store import CompactionStore
+from mqstore.compaction.tier import TierDuty, open_tier
+from mqstore.compaction.tier_config import CompactionTierConfig
 from mqstore.errors import InvalidArgument
 from mqstore.follow import FollowConfig
 from mqstore.tier.config import TierConfig
@@ -90,6 +100,8 @@ class CompactorServiceConfig:
     spark_timeout_ms: int = 1_800_000
     # Spark rounds through the object storage tier (file:// or s3://; "" = the executors share the data dir)
     spark_tier: TierConfig = dataclasses.field(default_factory=TierConfig)
+    # the object storage tier of sealed compaction log segments (mqstore.compaction.tier; tier_url "" = none)
+    tier: CompactionTierConfig = dataclasses.field(default_factory=CompactionTierConfig)
     etcd_endpoints: str = ""                 # host:port[,...]: active/standby through an etcd lease (lease.py)
     etcd_prefix: str = DEFAULT_ETCD_PREFIX
     lease_ttl_s: int = 2
@@ -127,7 +139,10 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
                           credentials=config.spark_tier.credentials)
         parts.on_close(tier.close)
     spark_runner.clean_leftovers(config.data_dir / "logs", tier)  # before the logs open: a job left running writes
-    store = CompactionStore(config.data_dir / "logs", config.compaction, clock)
+    segments_tier = open_tier(config.tier, instance_id(config), clock)  # before the logs: they map tiered segments
+    if segments_tier is not None:
+        parts.on_close(segments_tier.close)  # after the store's close (closers run in reverse)
+    store = CompactionStore(config.data_dir / "logs", config.compaction, clock, remote=segments_tier)
     parts.on_close(store.close)
     hold_name, lease = HOLD_NAME, None
     if config.etcd_endpoints:
@@ -160,6 +175,9 @@ def compose(config: CompactorServiceConfig, parts: service.Composition) -> None:
                                 active_instance=lease.holder() if lease else "")
     store.register_metrics(parts.metrics)
     parts.add_duty(RoundDuty(store, active=lease.active if lease else None))
+    if segments_tier is not None:  # the active uploads (a standby's tiered segments stay readable)
+        parts.add_duty(TierDuty(segments_tier, store, active=lease.active if lease else None))
+        segments_tier.register_metrics(parts.metrics)
     spark_round = None
     if config.spark_master and importlib.util.find_spec("pyspark") is not None:  # the spark extra is installed
         runner = spark_runner.SparkRunner(config.compaction, config.spark_master, config.spark_timeout_ms / 1000,
@@ -207,6 +225,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     for name, text in _OWN_FLAGS.items():
         parser.add_argument(S.flag(name), dest=name, help=f"{text}; env {S.env_name(name)}")
     S.add_flags(parser, CompactionConfig)
+    S.add_flags(parser, CompactionTierConfig, skip={"credentials"})
     S.add_flags(parser, FollowConfig)
     return parser
 
@@ -227,6 +246,7 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> Compacto
         spark_master=S.typed(args, env, "spark_master", str, "local[*]"),
         spark_timeout_ms=S.typed(args, env, "spark_timeout_ms", S.parse_int, 1_800_000),
         spark_tier=TierConfig(tier_url=S.typed(args, env, "spark_tier_url", str, "")).with_env(env),
+        tier=CompactionTierConfig(**S.values_for(args, env, CompactionTierConfig, {"credentials"})).with_env(env),
         etcd_endpoints=S.typed(args, env, "etcd_endpoints", str, ""),
         etcd_prefix=S.typed(args, env, "etcd_prefix", str, DEFAULT_ETCD_PREFIX),
         lease_ttl_s=S.typed(args, env, "lease_ttl_s", S.parse_int, 2),
@@ -239,6 +259,7 @@ def describe(config: CompactorServiceConfig, port: int) -> dict:
             "server": dataclasses.asdict(config.server), "commitlog_address": config.commitlog_address,
             "data_dir": str(config.data_dir), "spark_threshold_bytes": config.spark_threshold_bytes,
             "spark_master": config.spark_master, "spark_tier_url": config.spark_tier.tier_url,
+            "tier": config.tier.described(),
             "replica_of": config.replica_of,
             "etcd_endpoints": config.etcd_endpoints, "etcd_prefix": config.etcd_prefix}
 

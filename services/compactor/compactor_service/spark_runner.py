@@ -54,7 +54,7 @@ from mqstore.compaction.qlog import QueueLog
 from mqstore.compaction.qlog_files import STAGING
 from mqstore.compaction.rounds import RoundStats
 from mqstore.compaction.staged import check_manifest, install_output  # noqa: F401 - the runner's install
-from mqstore.errors import Unavailable
+from mqstore.errors import FailedPrecondition, Unavailable
 from mqstore.tier.config import TierConfig
 from mqstore.tier.objects import ObjectStore
 
@@ -79,12 +79,16 @@ class SparkRunner:
         request = {"bases": bases, "cleaned_offset": qlog.cleaned_offset, "next_offset": qlog.next_offset(),
                    "now_ms": now_ms, "config": dataclasses.asdict(self.config), "master": self.master}
         if self.tier is None:
+            if qlog.tiered:
+                raise FailedPrecondition(f"{len(qlog.tiered)} sealed segments of {qlog.directory} are only in the "
+                                         f"object storage tier (--tier-url), which executors reading the data dir "
+                                         f"cannot see: give --spark-tier-url, or run the round on the local engine")
             return {**request, "queue_dir": str(qlog.directory), "staging": str(qlog.directory / STAGING)}
         return {**request, "tier": tier_round.request_part(self.tier_config, tier_round.new_prefix(), bases)}
 
     def upload_inputs(self, qlog: QueueLog, request: dict) -> None:
         if "tier" in request:
-            tier_round.upload_inputs(self.tier, request["tier"], qlog.directory)
+            tier_round.upload_inputs(self.tier, request["tier"], qlog.directory, qlog.segment_bytes)
 
     def install(self, qlog: QueueLog, request: dict) -> RoundStats:
         """Check the job's output against its manifest and install it (fetched from the tier first)."""
