@@ -67,7 +67,7 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import structlog
 
@@ -103,6 +103,9 @@ class TieredSegment:
     sha256: str
     index_sha256: str
     state: str
+    # TierReader reads ``kind`` to count a consume queue file's fetches per topic; a compaction segment is
+    # neither kind of the commit log's uploads (mqstore.format.tier_upload), so it counts in the totals only
+    kind: ClassVar[int] = 0
 
     @property
     def where(self) -> tuple[str, int, int]:
