@@ -136,7 +136,7 @@ class MessageStore:
         # Set by the commit log's composition when the tier is on: the tier's status (mqstore.tier.status).
         self.tier_status = None
         # Set by the commit log's composition when the tier's local retention is on: a replica of this store may start
-        # from the tier plus its leader's local tail (mqstore.tier.replica_join.TierJoin).
+        # from the tier plus its leader's local tail (mqstore.replication.tier_join.TierJoin).
         self.tier_join = None
         self._running = False
         self.recovery = None

@@ -1,5 +1,5 @@
 """A replica that catches up from the object storage tier plus the leader's local tail, with real processes
-(issue 36, item 3; mqstore.tier.replica_join): two commit logs on etcd with a file:// tier and local retention.
+(issue 36, item 3; mqstore.replication.tier_join): two commit logs on etcd with a file:// tier and local retention.
 The leader takes ~12 segments, uploads them and deletes all but the last few locally (log and queue files); an
 empty replica then joins: it copies only the leader's local tail (its log starts at the leader's local start,
 the same files, byte-identical), and Pull from offset 0 of every queue, GetMessage of a record only in the tier

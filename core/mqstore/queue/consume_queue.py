@@ -262,7 +262,7 @@ class ConsumeQueue:
             self.min_offset = offset
 
     def start_from_tier(self, min_offset: int, first_offset: int, entries: bytes, physical_end: int) -> None:
-        """A replica that joins from the tier (mqstore.tier.replica_join), on an empty queue with ``remote`` set:
+        """A replica that joins from the tier (mqstore.replication.tier_join), on an empty queue with ``remote`` set:
         its leader's ``entries`` from ``first_offset`` (a file's first entry: the files below are in the tier), the
         minimum ``min_offset`` (the total retention's); the replica's copy of the tail appends after them."""
         if self.remote is None or self.max_offset or self.files.segments:

@@ -7,7 +7,7 @@ there. A replica with an empty log starts at the leader's first segment (``start
 whose point lies below the leader's first offset (retention removed what it lacks) or whose segment
 size differs is refused with FailedPrecondition: it cannot become byte-identical. When the log below the
 leader's first offset is only in the object storage tier (its local retention), an empty replica, or one whose
-point lies below that offset, starts from the tier instead (``_from_tier``, mqstore.tier.replica_join): at the
+point lies below that offset, starts from the tier instead (``_from_tier``, mqstore.replication.tier_join): at the
 leader's first segment, with what it needs to read the rest from the tier; refused when it does not read it.
 
 Coalescing (``replication_linger_us``): a stream that has sent everything and is woken by new bytes waits
@@ -35,7 +35,7 @@ from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.replication import divergence, store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import ReplicationNode
-from mqstore.tier import replica_join
+from mqstore.replication import tier_join
 
 log = structlog.get_logger()
 CATCH_UP_BYTES = 16 << 20  # data_async: further behind the log's end than this, a chunk is read on a thread
@@ -92,14 +92,14 @@ class ReplicaSession:
 
     def _from_tier(self, leader_min: int, tier_min: int) -> Welcome:
         """The log below the leader's local start is only in the tier, down to ``tier_min``: a replica that needs
-        it starts at the local start and reads the rest from the tier (mqstore.tier.replica_join), or is refused
+        it starts at the local start and reads the rest from the tier (mqstore.replication.tier_join), or is refused
         when it does not read the tier (nothing copied from the leader could serve that part)."""
         hello, lead = self.hello, self.node.leadership
         if not hello.reads_tier:
             raise FailedPrecondition(
                 f"replica {hello.replica_id} does not read the object storage tier, and the leader's log below "
                 f"physical offset {leader_min} (from {tier_min}) is only there: start the replica with the "
-                f"leader's {replica_join.FLAGS} (a node of an earlier version cannot join this group)")
+                f"leader's {tier_join.FLAGS} (a node of an earlier version cannot join this group)")
         queues = self.store.tier_join.queue_starts(leader_min)
         log.info("replication.replica_from_tier", replica=hello.replica_id, log_start=leader_min, tier_min=tier_min,
                  queues=len(queues), replica_min=hello.min_offset, replica_end=hello.end_offset)

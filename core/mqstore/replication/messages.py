@@ -15,12 +15,12 @@ class Hello:
     min_offset: int
     history: EpochHistory
     segment_size_bytes: int
-    reads_tier: bool = False  # this node reads the object storage tier below its local log (mqstore.tier.replica_join)
+    reads_tier: bool = False  # this node reads the object storage tier below its local log (replication.tier_join)
 
 
 @dataclass(frozen=True, slots=True)
 class QueueStart:
-    """A consume queue of a replica that starts from the tier (mqstore.tier.replica_join): its minimum offset, and
+    """A consume queue of a replica that starts from the tier (mqstore.replication.tier_join): its minimum offset, and
     the leader's entries [first_offset, first_offset + len(entries) / 20) (from the leader's first local file of
     the queue up to its first record at or above the replica's new log start: records only in the tier). The
     entries below ``first_offset`` are in the tier's FINISHED queue files."""

@@ -3,7 +3,7 @@
 Each step opens a stream to the leader the node knows (``node.leadership.leader_address``), says hello
 (log range, epoch history), and obeys the welcome: with ``start_empty`` it starts a new log at the
 leader's first segment (keeping ``.broken`` copies of whatever it held), and with ``tier_min`` it reads
-everything below from the object storage tier (mqstore.tier.replica_join: the queues' starts and the uploads the
+everything below from the object storage tier (mqstore.replication.tier_join: the queues' starts and the uploads the
 welcome carries, taken in durably before the first byte of the tail); otherwise it truncates its log
 to ``truncate_to`` when it is longer (``.broken`` copies of the cut segments, logged as
 ``replication.truncated``). Then, for each data message: record the leader's epochs for the bytes it
@@ -48,7 +48,7 @@ from mqstore.errors import FailedPrecondition, NotLeader, Unavailable
 from mqstore.replication import divergence, store_ops
 from mqstore.replication.messages import Ack, Hello, LogData, Welcome
 from mqstore.replication.node import LEADER, ReplicationNode
-from mqstore.tier import replica_join
+from mqstore.replication import tier_join
 
 log = structlog.get_logger()
 SHOW_EVERY_S = 0.005    # under a stream of data messages, the consume queues follow at most this often...
@@ -161,7 +161,7 @@ class ReplicaFollower(Duty):
         if welcome.start_empty and welcome.tier_min is not None:  # the log below is only in the tier
             if self.store.tier_join is None:
                 raise FailedPrecondition(f"the leader starts this replica from the object storage tier, which it "
-                                         f"does not read: set {replica_join.FLAGS}")
+                                         f"does not read: set {tier_join.FLAGS}")
             # what it shares with the leader's log (the leader's bytes, in the tier below its local start) needs no
             # .broken copy: a replica left far behind may hold much of it
             shared = divergence.truncation_point(self.node.history, self.store.log_end(), welcome.history, 1 << 62)

@@ -17,6 +17,6 @@ recorded in the log itself, deleted locally once uploaded (local retention) and 
                a byte-bounded block cache (CommitLog.remote: Pull and GetMessage(s) below the local log)
   local_retention  the duty that deletes uploaded segments locally (--local-retention-ms/-bytes) and applies
                the total retention to the part of the log only in the tier
-  replica_join TierJoin: a replica that starts from the tier plus its leader's local tail (the welcome's
-               logical log start and consume queue starts), and the leader's side of it
+  (a replica that starts from the tier plus its leader's local tail is mqstore.replication.tier_join: the
+  replication layer uses the tier, the tier never imports replication's parts above its config)
 """

@@ -192,7 +192,7 @@ class Ledger:
             return self._map
 
     def seed(self, bodies) -> None:
-        """A replica that starts from the tier (mqstore.tier.replica_join), its log new: the map is its leader's
+        """A replica that starts from the tier (mqstore.replication.tier_join), its log new: the map is its leader's
         FINISHED uploads alone, read again from the new log's first record (the tail that holds them: each then a
         re-record, which only moves the position, -1 meanwhile)."""
         with self._lock:

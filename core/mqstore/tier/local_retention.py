@@ -155,7 +155,7 @@ class LocalRetention(Duty):
 
     def attach(self, cq) -> None:
         """Let ``cq`` read its files only in the tier (a queue a replica starts from the tier,
-        mqstore.tier.replica_join)."""
+        mqstore.replication.tier_join)."""
         if cq.remote is None:
             cq.remote = self._remote(cq.topic, cq.queue_id, cq.files.segment_size)
 

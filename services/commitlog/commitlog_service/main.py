@@ -74,7 +74,7 @@ from mqstore.timer.scheduling import Scheduler
 from mqstore.tier.config import TierConfig
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
-from mqstore.tier.replica_join import TierJoin
+from mqstore.replication.tier_join import TierJoin
 from mqstore.tier.status import TierStats, register_metrics
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store

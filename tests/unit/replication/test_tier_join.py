@@ -1,5 +1,5 @@
 """A replica that catches up from the object storage tier plus its leader's local tail (issue 36, item 3;
-mqstore.tier.replica_join), in one process on real files: a leader whose local retention deleted segments and
+mqstore.replication.tier_join), in one process on real files: a leader whose local retention deleted segments and
 consume queue files FINISHED in a file:// tier, and a replica with the same tier, each wired as the commit
 log's composition wires them (uploader, reader, local retention, TierJoin), the handshake of
 mqstore.replication.leader/replica and the copy of tests.unit.replication.pair.
@@ -24,8 +24,8 @@ from mqstore.store import MessageStore
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import TierReader
-from mqstore.tier import replica_join
-from mqstore.tier.replica_join import TierJoin
+from mqstore.replication import tier_join
+from mqstore.replication.tier_join import TierJoin
 from mqstore.tier.uploader import Uploader, queue_min, sealed_queue_files, sealed_segments
 from mqstore.tier.urls import open_store
 from tests.support.waiting import wait_until
@@ -266,7 +266,7 @@ def test_queue_entries_beyond_what_a_welcome_carries_refuse_the_join(group, monk
     replica.node.become_replica("a", "a", 1)
     welcome = ReplicaSession(leader.store, leader.node, replica.follower().hello()).welcome
     carried = sum(len(q.entries) for q in welcome.queues)
-    monkeypatch.setattr(replica_join, "WELCOME_ENTRY_BYTES", carried - 1)  # one byte fewer than they need
+    monkeypatch.setattr(tier_join, "WELCOME_ENTRY_BYTES", carried - 1)  # one byte fewer than they need
     with pytest.raises(FailedPrecondition, match="more than one welcome carries"):
         ReplicaSession(leader.store, leader.node, replica.follower().hello())
     assert replica.store.log_end() == 0 and replica.store.tier_join.joined == 0
