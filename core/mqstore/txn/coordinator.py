@@ -21,7 +21,6 @@ the appender and the OP batcher are thread-safe themselves.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import itertools
@@ -172,11 +171,6 @@ async def _run_on_loop(io: LoopIo, steps: Steps[T]) -> T:
                 value = await io.read(step.call)
         except BaseException as exc:  # noqa: BLE001 (raised in the generator, where it yielded)
             error = exc
-
-
-def _settle(durable: asyncio.Future) -> None:
-    if not durable.done():  # a timeout or a cancellation may have come first
-        durable.set_result(None)
 
 
 class LogReader(Protocol):
@@ -367,11 +361,12 @@ class Coordinator:
         """:meth:`commit` (``decision`` "COMMIT") or :meth:`rollback` ("ROLLBACK") on an event loop, with
         ``wait_durable`` False (the loop never waits for an OP record); run by ``io.in_pool`` if a thread
         holds the transaction's guard."""
-        steps, on_thread = (self._commit, self.commit) if decision == "COMMIT" else (self._rollback, self.rollback)
+        if decision != "COMMIT":
+            return await self.rollback_async(io, txn_id, by, wait_durable=False)
         try:
-            return await _run_on_loop(io, steps(txn_id, by, False))
+            return await _run_on_loop(io, self._commit(txn_id, by, False))
         except GuardBusy:
-            return await io.in_pool(functools.partial(on_thread, txn_id, by, False))
+            return await io.in_pool(functools.partial(self.commit, txn_id, by, False))
 
     def _commit(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
         self.check_ready()
@@ -420,9 +415,23 @@ class Coordinator:
     def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
         """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
         nobody waits for its outcome, so its entries are not urged and share the next OP message)."""
-        return self._run(self._rollback(txn_id, by, wait_durable))
+        return waits.blocking(self.rollback_async(self.thread_io, txn_id, by, wait_durable))
 
-    def _rollback(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
+    async def rollback_async(self, io: "LoopIo", txn_id: str, by: str = "producer",
+                             wait_durable: bool = True) -> Ended:
+        """Rollback through ``io``: decided by the steps (by ``io.in_pool`` if a thread holds the guard), then,
+        ``wait_durable``, answered once its OP records are durable (:meth:`_wait_durable_async`). On an event
+        loop no thread waits for the OP record: the thread that writes it (or the follower that reads it back)
+        wakes the loop, one hand-off (issue 37); :meth:`rollback` runs it on a thread."""
+        try:
+            ended, txn = await _run_on_loop(io, self._rollback(txn_id, by))
+        except GuardBusy:
+            return await io.in_pool(functools.partial(self.rollback, txn_id, by, wait_durable))
+        if wait_durable:
+            await self._wait_durable_async(txn, "rolled back")
+        return ended
+
+    def _rollback(self, txn_id: str, by: str) -> Steps[tuple[Ended, Txn]]:
         self.check_ready()
         self.check_writable()
         txn = self.txn(txn_id)
@@ -442,57 +451,29 @@ class Coordinator:
                 self.table.need_op(txn)
         finally:
             txn.guard.release()
-        if wait_durable:
-            self._wait_durable(txn, "rolled back")
-        return Ended(ROLLED_BACK, already, [])
+        return Ended(ROLLED_BACK, already, []), txn
 
-    async def rollback_async(self, io: "LoopIo", txn_id: str, by: str = "producer") -> Ended:
-        """:meth:`rollback` on an event loop, answered once its OP records are durable: decided by the steps
-        (by ``io.in_pool`` if a thread holds the guard), then :meth:`wait_durable_async`. No thread waits
-        for the OP record, and the answer leaves as soon as the thread that writes it (or the follower that
-        reads it back) wakes the loop: one hand-off, not two (issue 37)."""
-        txn = self.txn(txn_id)
-        try:
-            ended = await _run_on_loop(io, self._rollback(txn_id, by, False))
-        except GuardBusy:
-            ended = await io.in_pool(functools.partial(self.rollback, txn_id, by, False))
-        await self.wait_durable_async(txn, "rolled back")
-        return ended
-
-    async def wait_durable_async(self, txn: Txn, what: str) -> None:
-        """:meth:`_wait_durable` for a coroutine: the loop is woken by the thread that marks the OP records
-        written (TxnTable.on_op_written); meanwhile the loop serves everything else."""
-        loop = asyncio.get_running_loop()
-        durable = loop.create_future()
-
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(_settle, durable)
-            except RuntimeError:  # the loop has closed: nobody waits any more
-                pass
-        if not self.table.on_op_written(txn, wake):
-            return
-        self.ops.urge()
-        timeout_s = self.config.op_batch_interval_ms / 1000 + 10
-        try:
-            await asyncio.wait_for(durable, timeout_s)
-        except asyncio.TimeoutError:
-            raise self._not_durable(txn, what, timeout_s) from None
-        finally:
-            self.table.forget_op_waiter(txn, wake)
-
-    def _not_durable(self, txn: Txn, what: str, timeout_s: float) -> Unavailable:
-        return Unavailable(f"transaction {txn.txn_id} is {what}, but its OP record was not written within "
-                           f"{timeout_s:.1f} s (is the commit log reachable?); the decision is kept and its "
-                           f"write retried: repeat the call to learn when it is durable")
+    async def wait_rollback_durable_async(self, txn_id: str) -> None:
+        """For a Commit refused on an event loop because the transaction is rolled back: until that rollback
+        is durable (at once if it is, or if it is not rolled back), as :meth:`commit` waits on a thread."""
+        txn = self.table.get(txn_id)
+        if txn is not None and txn.state == ROLLED_BACK:
+            await self._wait_durable_async(txn, "rolled back")
 
     def _wait_durable(self, txn: Txn, what: str) -> None:
+        return waits.blocking(self._wait_durable_async(txn, what))
+
+    async def _wait_durable_async(self, txn: Txn, what: str) -> None:
         """Until the OP records of ``txn`` are durable: urged, they are written at once, or right after the
-        OP write in flight (Nagle's rule, mqstore.txn.opbatch); the timeout only bounds a failing log."""
+        OP write in flight (Nagle's rule, mqstore.txn.opbatch); the timeout only bounds a failing log. On a
+        thread (mqstore.waits.blocking) the thread waits; on an event loop the coroutine suspends and the
+        thread that marks the records written wakes it (TxnTable.op_written_async)."""
         self.ops.urge()
         timeout_s = self.config.op_batch_interval_ms / 1000 + 10
-        if not self.table.wait_op_written(txn, timeout_s):
-            raise self._not_durable(txn, what, timeout_s)
+        if not await self.table.op_written_async(txn, timeout_s):
+            raise Unavailable(f"transaction {txn.txn_id} is {what}, but its OP record was not written within "
+                              f"{timeout_s:.1f} s (is the commit log reachable?); the decision is kept and its "
+                              f"write retried: repeat the call to learn when it is durable")
 
     def _check_decidable(self, txn: Txn) -> None:
         """Under the guard: no decision while the Prepare is unfinished or an append's outcome unknown."""
@@ -558,13 +539,6 @@ class Coordinator:
         waiting (``wait_durable`` False) is refused by one that waits only once the rollback is durable."""
         txn = self.table.get(txn_id)
         return txn is not None and txn.state == ROLLED_BACK and not txn.op_written
-
-    async def wait_rollback_durable_async(self, txn_id: str) -> None:
-        """On an event loop, for a Commit refused because the transaction is rolled back: until that rollback
-        is durable (at once if it is, or if it is not rolled back), as :meth:`commit` waits on a thread."""
-        txn = self.table.get(txn_id)
-        if txn is not None and txn.state == ROLLED_BACK:
-            await self.wait_durable_async(txn, "rolled back")
 
     def unknown(self, txn_id: str) -> NotFound:
         """The refusal of an id that names no transaction the caller may see: the same for an unknown id and
