@@ -17,8 +17,8 @@ one-way and carried ends. The servicer (services' txn servicer) converts request
   Rollback (two-way)                    on the loop, answered once its OP record is durable: the thread that
                                         marks it written (the OP writer, or the follower reading it back)
                                         wakes the loop; no pool thread waits (issue 37: one hand-off, not
-                                        loop -> pool thread -> OP writer -> pool thread -> loop); a guard
-                                        held by a thread: the decision on a thread, the wait still on the loop
+                                        loop -> pool thread -> OP writer -> pool thread -> loop); while a
+                                        thread holds its guard, the whole call on a thread, as before
   a Transact frame                      on the loop unless ``loop_blocks()`` and it is not a two-way Rollback
                                         (:meth:`LoopCalls.frame_on_loop`); a stream takes its next frame once
                                         this one is answered, so frames stay in order
