@@ -640,6 +640,13 @@ NOTES = [
     "Append; the producer's two frames 0.42-0.54, the log 0.38-0.49, the txn service 0.89-1.10 of which ~0.385",
     "is the no-op floor of two answered frames (bench/txn_floor.py --mode stream) and most of the rest grpc.aio's",
     "machinery on its loop. Next: answering the Commit on the frame of the next Prepare (one frame each way).",
+    "",
+    "Hops counted (issue 37, second session; bench/README.md, *Hops per answered transaction*): an answered",
+    "Commit has none left but its frame and its append (no pool thread, no wait for another thread or for an",
+    "OP record; the half from the cache; 0.27 log requests per frame); a two-way Rollback no longer waits in",
+    "the handler pool but on the loop, woken by the thread that writes its OP record (Rollback p50 at 8",
+    "producers 1.47-2.28x -> 1.14-1.23x a Commit's in bench/txn_nagle.py). Eighteen runs at load average 18-40:",
+    "stream 0.41x (0.18-0.57), unary 0.28x (0.10-0.35), the CPU ratio 0.41 / 0.27: still missed, CPU-bound.",
 ]
 
 

@@ -361,11 +361,12 @@ class Coordinator:
         """:meth:`commit` (``decision`` "COMMIT") or :meth:`rollback` ("ROLLBACK") on an event loop, with
         ``wait_durable`` False (the loop never waits for an OP record); run by ``io.in_pool`` if a thread
         holds the transaction's guard."""
-        steps, on_thread = (self._commit, self.commit) if decision == "COMMIT" else (self._rollback, self.rollback)
+        if decision != "COMMIT":
+            return await self.rollback_async(io, txn_id, by, wait_durable=False)
         try:
-            return await _run_on_loop(io, steps(txn_id, by, False))
+            return await _run_on_loop(io, self._commit(txn_id, by, False))
         except GuardBusy:
-            return await io.in_pool(functools.partial(on_thread, txn_id, by, False))
+            return await io.in_pool(functools.partial(self.commit, txn_id, by, False))
 
     def _commit(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
         self.check_ready()
@@ -414,9 +415,23 @@ class Coordinator:
     def rollback(self, txn_id: str, by: str = "producer", wait_durable: bool = True) -> Ended:
         """``wait_durable`` False: answer once decided, without waiting for the OP records (a check answer:
         nobody waits for its outcome, so its entries are not urged and share the next OP message)."""
-        return self._run(self._rollback(txn_id, by, wait_durable))
+        return waits.blocking(self.rollback_async(self.thread_io, txn_id, by, wait_durable))
 
-    def _rollback(self, txn_id: str, by: str, wait_durable: bool) -> Steps[Ended]:
+    async def rollback_async(self, io: "LoopIo", txn_id: str, by: str = "producer",
+                             wait_durable: bool = True) -> Ended:
+        """Rollback through ``io``: decided by the steps (by ``io.in_pool`` if a thread holds the guard), then,
+        ``wait_durable``, answered once its OP records are durable (:meth:`_wait_durable_async`). On an event
+        loop no thread waits for the OP record: the thread that writes it (or the follower that reads it back)
+        wakes the loop, one hand-off (issue 37); :meth:`rollback` runs it on a thread."""
+        try:
+            ended, txn = await _run_on_loop(io, self._rollback(txn_id, by))
+        except GuardBusy:
+            return await io.in_pool(functools.partial(self.rollback, txn_id, by, wait_durable))
+        if wait_durable:
+            await self._wait_durable_async(txn, "rolled back")
+        return ended
+
+    def _rollback(self, txn_id: str, by: str) -> Steps[tuple[Ended, Txn]]:
         self.check_ready()
         self.check_writable()
         txn = self.txn(txn_id)
@@ -436,16 +451,26 @@ class Coordinator:
                 self.table.need_op(txn)
         finally:
             txn.guard.release()
-        if wait_durable:
-            self._wait_durable(txn, "rolled back")
-        return Ended(ROLLED_BACK, already, [])
+        return Ended(ROLLED_BACK, already, []), txn
+
+    async def wait_rollback_durable_async(self, txn_id: str) -> None:
+        """For a Commit refused on an event loop because the transaction is rolled back: until that rollback
+        is durable (at once if it is, or if it is not rolled back), as :meth:`commit` waits on a thread."""
+        txn = self.table.get(txn_id)
+        if txn is not None and txn.state == ROLLED_BACK:
+            await self._wait_durable_async(txn, "rolled back")
 
     def _wait_durable(self, txn: Txn, what: str) -> None:
+        return waits.blocking(self._wait_durable_async(txn, what))
+
+    async def _wait_durable_async(self, txn: Txn, what: str) -> None:
         """Until the OP records of ``txn`` are durable: urged, they are written at once, or right after the
-        OP write in flight (Nagle's rule, mqstore.txn.opbatch); the timeout only bounds a failing log."""
+        OP write in flight (Nagle's rule, mqstore.txn.opbatch); the timeout only bounds a failing log. On a
+        thread (mqstore.waits.blocking) the thread waits; on an event loop the coroutine suspends and the
+        thread that marks the records written wakes it (TxnTable.op_written_async)."""
         self.ops.urge()
         timeout_s = self.config.op_batch_interval_ms / 1000 + 10
-        if not self.table.wait_op_written(txn, timeout_s):
+        if not await self.table.op_written_async(txn, timeout_s):
             raise Unavailable(f"transaction {txn.txn_id} is {what}, but its OP record was not written within "
                               f"{timeout_s:.1f} s (is the commit log reachable?); the decision is kept and its "
                               f"write retried: repeat the call to learn when it is durable")

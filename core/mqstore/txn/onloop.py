@@ -11,12 +11,15 @@ one-way and carried ends. The servicer (services' txn servicer) converts request
                                         not wait); on a thread (``io.in_pool``) while ``loop_blocks()``:
                                         an append would hold the loop's thread now (Local mode while the
                                         store's appends wait for a SYNC flush or SYNC replication)
-  a Commit refused on the loop          it is tried without waiting: only if the transaction turns out rolled
-                                        back and that is not durable yet is it taken again on a thread, where
-                                        the refusal waits for the rollback's OP record as the synchronous
-                                        call's does
-  Rollback (two-way)                    on a thread: it waits for its OP record
-  a Transact frame                      on the loop unless ``loop_blocks()`` or it is a two-way Rollback
+  a Commit refused on the loop          it is tried without waiting: if the transaction turns out rolled
+                                        back and that is not durable yet, the refusal waits for the rollback's
+                                        OP record as the synchronous call's does, on the loop
+  Rollback (two-way)                    on the loop, answered once its OP record is durable: the thread that
+                                        marks it written (the OP writer, or the follower reading it back)
+                                        wakes the loop; no pool thread waits (issue 37: one hand-off, not
+                                        loop -> pool thread -> OP writer -> pool thread -> loop); while a
+                                        thread holds its guard, the whole call on a thread, as before
+  a Transact frame                      on the loop unless ``loop_blocks()`` and it is not a two-way Rollback
                                         (:meth:`LoopCalls.frame_on_loop`); a stream takes its next frame once
                                         this one is answered, so frames stay in order
   a stream's one-way and carried ends   applied before its next frame is read (Local mode), or (``io.
@@ -104,8 +107,9 @@ class LoopCalls:
 
     def frame_on_loop(self, kind: str | None, one_way: bool) -> bool:
         """Whether a Transact frame of ``kind`` ("prepare", "commit", "rollback"; None: ends only) is handled
-        on the loop: not while an append would hold it, not a two-way Rollback (it waits)."""
-        return not self._loop_blocks() and (kind != "rollback" or one_way)
+        on the loop: a two-way Rollback always (it appends nothing; its wait for the OP record suspends
+        only its stream), anything else unless an append would hold the loop now."""
+        return (kind == "rollback" and not one_way) or not self._loop_blocks()
 
     async def in_pool(self, call: Callable[[], T]) -> T:
         """``call()`` on a thread of the pool, with the caller's context."""
@@ -120,15 +124,16 @@ class LoopCalls:
 
     async def commit(self, txn_id: str, expected: tuple[str, str] = ("", ""),
                      permit: Callable[[str, str], None] = _anyone_may, on_loop: bool = False) -> Ended:
-        """Commit, tried on the loop (unless ``loop_blocks()`` and not ``on_loop``) without waiting; a refusal
-        because the transaction is rolled back, not durably yet, is taken again on a thread."""
+        """Commit, on the loop (unless ``loop_blocks()`` and not ``on_loop``: then on a thread); a refusal
+        because the transaction is rolled back, not durably yet, is raised once the rollback is durable."""
         if on_loop or not self._loop_blocks():
+            self._coordinator.check_end(txn_id, expected, permit)
             try:
-                self._coordinator.check_end(txn_id, expected, permit)
                 return await self._to_end(self._coordinator.end_async(self.io, COMMIT, txn_id))
             except FailedPrecondition:
-                if not self._coordinator.rollback_pending(txn_id):
-                    raise
+                if self._coordinator.rollback_pending(txn_id):  # refused once the rollback is durable
+                    await self._coordinator.wait_rollback_durable_async(txn_id)
+                raise
         return await self.io.in_pool(functools.partial(self._commit_on_thread, txn_id, expected, permit))
 
     def _commit_on_thread(self, txn_id: str, expected: tuple[str, str], permit: Callable[[str, str], None]) -> Ended:
@@ -137,13 +142,9 @@ class LoopCalls:
 
     async def rollback(self, txn_id: str, expected: tuple[str, str] = ("", ""),
                        permit: Callable[[str, str], None] = _anyone_may) -> Ended:
-        """Rollback, on a thread: it waits for its OP record."""
-        return await self.io.in_pool(functools.partial(self._rollback_on_thread, txn_id, expected, permit))
-
-    def _rollback_on_thread(self, txn_id: str, expected: tuple[str, str],
-                            permit: Callable[[str, str], None]) -> Ended:
+        """Rollback on the loop, answered once its OP record is durable (Coordinator.rollback_async)."""
         self._coordinator.check_end(txn_id, expected, permit)
-        return self._coordinator.rollback(txn_id)
+        return await self._coordinator.rollback_async(self.io, txn_id)
 
     def ends(self) -> StreamEnds:
         """For one Transact stream: its one-way and carried ends on the loop."""

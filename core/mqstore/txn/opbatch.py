@@ -26,7 +26,7 @@ Unlike RocketMQ (which logs and drops them), a failed OP write is never lost:
                                                     those the log does not hold come back (``requeue``)
 
 so an OP message is not appended twice for one decision. Rollback waits for its halves' OP records
-through the table (TxnTable.wait_op_written), which the batcher's ``on_written`` and the follower mark.
+through the table (TxnTable.op_written_async), which the batcher's ``on_written`` and the follower mark.
 
 Counters: OP messages written, entries written, flushes by size / by time / for a waiting answer /
 other (stop), mean fill (body bytes / max_bytes), write failures.

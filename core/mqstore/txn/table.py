@@ -29,16 +29,18 @@ committed, else the one of the lowest half; only its halves are ever committed, 
 parked. Every half, of every attempt, gets an OP record once the transaction is COMMITTED or
 ROLLED_BACK: a duplicate is rolled back, never committed twice, never left without an OP record.
 
-Thread-safe: ``lock`` guards every map and every Txn's fields (``op_cond`` is a condition on it, for
-the waits on OP records). A Txn's own ``guard`` (a separate lock) serialises the decisions about one
-transaction (Prepare's end, Commit, Rollback, check answers, parking, ForceResolve): take ``guard``
-first, then ``lock`` for short reads and writes, never the other way round.
+Thread-safe: ``lock`` guards every map and every Txn's fields, and the waits for OP records (a thread's
+or an event loop's, :meth:`TxnTable.op_written_async`, woken by the thread that marks them written). A
+Txn's own ``guard`` (a separate lock) serialises the decisions about one transaction (Prepare's end,
+Commit, Rollback, check answers, parking, ForceResolve): take ``guard`` first, then ``lock`` for short
+reads and writes, never the other way round.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -119,7 +121,6 @@ class TxnTable:
     def __init__(self, resolved_keep: int, max_live: int = 1 << 62,
                  on_needs_op: Callable[[Txn, list[Half]], None] = lambda txn, halves: None):
         self.lock = threading.RLock()
-        self.op_cond = threading.Condition(self.lock)
         self.resolved_keep, self.max_live = resolved_keep, max_live
         self.on_needs_op = on_needs_op          # called with ``lock`` held
         self.on_ready: list[Callable[[], None]] = []
@@ -131,6 +132,7 @@ class TxnTable:
         self._resolved: collections.OrderedDict[str, None] = collections.OrderedDict()  # in the order resolved
         self._op_pending: set[str] = set()     # resolved, an OP record still to write (may hold stale ids)
         self._dirty: set[str] = set()          # changed since the last checkpoint (persist.py)
+        self._op_waiters: list[tuple[Txn, object]] = []  # op_written_async's (txn, waits.waiter())
         self.applied: int | None = None       # every record below it is applied
         self.target: int | None = None        # the log end seen first after start
         self.standby = ""                      # non-empty: a standby (mqstore.txn.election), never ready; why
@@ -285,6 +287,7 @@ class TxnTable:
             return halves
 
     def mark_op_written(self, half_queue_offsets: Sequence[int]) -> None:
+        woken: list[tuple[Txn, object]] = []
         with self.lock:
             for offset in half_queue_offsets:
                 found = self.by_queue_offset.get(offset)
@@ -294,7 +297,12 @@ class TxnTable:
                     if found[0].op_written:
                         self._op_pending.discard(found[0].txn_id)
             self._forget_old()
-            self.op_cond.notify_all()
+            if self._op_waiters:
+                woken = [w for w in self._op_waiters if w[0].op_written]
+                if woken:
+                    self._op_waiters = [w for w in self._op_waiters if not w[0].op_written]
+        if woken:
+            waits.wake([waiter for _, waiter in woken])
 
     def requeue_op(self, half_queue_offsets: Sequence[int]) -> list[int]:
         """Of OP entries whose append's outcome was unknown, those the log does not hold (the follower
@@ -308,10 +316,25 @@ class TxnTable:
                     out.append(offset)
             return out
 
-    def wait_op_written(self, txn: Txn, timeout_s: float) -> bool:
-        """Until every half of ``txn`` has its OP record; False after ``timeout_s``."""
-        with waits.waiting(), self.op_cond:  # up to an OP batch interval: other calls run meanwhile
-            return self.op_cond.wait_for(lambda: txn.op_written, timeout_s)
+    async def op_written_async(self, txn: Txn, timeout_s: float) -> bool:
+        """Until every half of ``txn`` has its OP record (True), or ``timeout_s`` has passed (False). Run on a
+        thread (mqstore.waits.blocking) the thread waits, under ``waiting()``; on an event loop the coroutine
+        suspends; either way :meth:`mark_op_written` (the OP writer's thread, or the follower's) wakes it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                if txn.op_written:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                waiter = waits.waiter()
+                self._op_waiters.append((txn, waiter))
+            try:
+                await waiter.wait(left)
+            finally:
+                with self.lock:
+                    self._op_waiters = [w for w in self._op_waiters if w[1] is not waiter]
 
     # ---- the checkpoint's view -------------------------------------------------------------------------
     def undone(self) -> list[Txn]:

@@ -327,7 +327,7 @@ class LoopTransactionServicer(TransactionServicer):
                                await frame_outcome_async(TRANSACT_METHOD, self._frame_async, kind, request, peer))
 
     async def _frame_async(self, kind: str | None, request, peer: str) -> Prepared | Ended:
-        """:meth:`_frame` on the loop (a two-way Rollback frame never comes here: it runs in the pool)."""
+        """:meth:`_frame` on the loop."""
         if kind == "prepare":
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
@@ -338,6 +338,8 @@ class LoopTransactionServicer(TransactionServicer):
         if kind == "commit":
             return await self._calls.commit(request.commit.transaction_id, _expected(request.commit), _may_end,
                                             on_loop=True)
+        if kind == "rollback" and not request.one_way:
+            return await self._calls.rollback(request.rollback.transaction_id, _expected(request.rollback), _may_end)
         return self._frame(kind, request, peer)  # refuses what is not a frame
 
 

@@ -1,7 +1,7 @@
 """LoopTransactionServicer (txn_service.servicer) over mqstore.txn.onloop.LoopCalls: which Transact frames
 and unary calls the coordinator gets on the event loop and which in the handler pool, in order, with the
-caller of a deferred permission check carried to the pool; a Commit refused on the loop while a rollback is
-not durable is taken again there."""
+caller of a deferred permission check carried to the pool; a two-way Rollback on the loop (it waits for its OP
+record there), and a Commit refused on the loop while a rollback is not durable refused once it is, there too."""
 
 from __future__ import annotations
 
@@ -68,6 +68,16 @@ class RecordingCoordinator:
             raise FailedPrecondition("rolled back")
         return Ended("COMMITTED", False, [])
 
+    async def rollback_async(self, io, txn_id, by="producer"):
+        self._note("Rollback " + txn_id, False)
+        await asyncio.sleep(0)  # its wait for the OP record suspends the caller, never the loop
+        self._note("durable " + txn_id, False)
+        return Ended("ROLLED_BACK", False, [])
+
+    async def wait_rollback_durable_async(self, txn_id):
+        await asyncio.sleep(0)
+        self._note("durable " + txn_id, False)
+
     def check_end(self, txn_id, expected=("", ""), permit=None):
         pass
 
@@ -132,25 +142,27 @@ def _transact(servicer: Recording, caller: object, frames) -> list[int]:
     return _run(servicer, caller, answers)
 
 
-def test_frames_run_on_the_loop_in_order_with_their_caller_a_rollback_in_the_pool():
+def test_frames_run_on_the_loop_in_order_with_their_caller_a_rollback_too():
     caller = Caller()
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         servicer = Recording(False, pool)
         assert _transact(servicer, caller, FRAMES) == [1, 4, 5]  # in order; ends only and one-way: no answer
     assert [(w, where) for w, where, _, _ in servicer.ran] == [
-        ("Prepare", "loop"), ("end a", "loop"), ("end b", "loop"), ("Commit c", "loop"), ("Rollback d", "pool")]
+        ("Prepare", "loop"), ("end a", "loop"), ("end b", "loop"), ("Commit c", "loop"), ("Rollback d", "loop"),
+        ("durable d", "loop")]
     assert all(seen for _, _, seen, _ in servicer.ran)  # a deferred check in the pool sees the caller
     # on the loop, a frame never waits for a rollback's OP record
     assert all(not durable for _, where, _, durable in servicer.ran if where == "loop")
 
 
-def test_while_appends_wait_every_frame_runs_in_the_pool_in_order():
+def test_while_appends_wait_every_frame_but_a_rollback_runs_in_the_pool_in_order():
     caller = Caller()
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         servicer = Recording(True, pool)
         _transact(servicer, caller, FRAMES)
     assert [(w, where) for w, where, _, _ in servicer.ran] == [
-        ("Prepare", "pool"), ("end a", "pool"), ("end b", "pool"), ("Commit c", "pool"), ("Rollback d", "pool")]
+        ("Prepare", "pool"), ("end a", "pool"), ("end b", "pool"), ("Commit c", "pool"), ("Rollback d", "loop"),
+        ("durable d", "loop")]  # a Rollback appends nothing: the loop is never held by it
     assert all(seen for _, _, seen, _ in servicer.ran)
 
 
@@ -173,13 +185,13 @@ def test_overlapped_ends_are_applied_before_the_next_answer():
     assert ran == ["Prepare", "end e", "end b"]    # the last one-way end, at the stream's end
 
 
-def test_a_commit_refused_on_the_loop_for_a_rollback_not_yet_durable_is_answered_from_the_pool():
+def test_a_commit_refused_on_the_loop_for_a_rollback_not_yet_durable_is_answered_once_it_is_on_the_loop():
     pending = txn_pb2.TransactRequest(request_id=7, commit=txn_pb2.EndRequest(transaction_id="pending"))
     caller = Caller()
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         servicer = Recording(False, pool)
         assert _transact(servicer, caller, [pending, PREPARE]) == [7, 1]
-    assert servicer.ran == [("Commit pending", "loop", True, False), ("Commit pending", "pool", True, True),
+    assert servicer.ran == [("Commit pending", "loop", True, False), ("durable pending", "loop", True, False),
                             ("Prepare", "loop", True, False)]
 
 
@@ -192,14 +204,19 @@ def test_unary_calls_run_on_the_loop_unless_they_may_wait(append_waits):
         async def calls():
             await servicer.Prepare(txn_pb2.PrepareRequest(topic="t"), Context())
             await servicer.Commit(txn_pb2.EndRequest(transaction_id="c"), Context())
-            await servicer.Commit(txn_pb2.EndRequest(transaction_id="pending"), Context())
+            try:
+                await servicer.Commit(txn_pb2.EndRequest(transaction_id="pending"), Context())
+            except FailedPrecondition:  # refused (the fake's Commit on a thread does not refuse)
+                assert not append_waits
             await servicer.Rollback(txn_pb2.EndRequest(transaction_id="d"), Context())
         _run(servicer, caller, calls)
     on_loop = "pool" if append_waits else "loop"
     expected = [("Prepare", on_loop, True, append_waits), ("Commit c", on_loop, True, append_waits)]
-    if not append_waits:
-        expected.append(("Commit pending", "loop", True, False))  # refused on the loop: not durable yet
-    expected += [("Commit pending", "pool", True, True), ("Rollback d", "pool", True, True)]
+    if append_waits:
+        expected.append(("Commit pending", "pool", True, True))
+    else:  # refused on the loop once the rollback is durable
+        expected += [("Commit pending", "loop", True, False), ("durable pending", "loop", True, False)]
+    expected += [("Rollback d", "loop", True, False), ("durable d", "loop", True, False)]
     assert servicer.ran == expected
 
 
