@@ -9,12 +9,13 @@ size differs is refused with FailedPrecondition: it cannot become byte-identical
 
 Coalescing (``replication_linger_us``): a stream that has sent everything and is woken by new bytes waits
 that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
-the growth of two appends or more, or it is the PROBE_EVERY-th data message since the last linger (a probe).
+the growth of two appends or more, or it is the PROBE_EVERY-th data message since the last linger and two
+SYNC appends or more wait (a probe; with one, a lone producer's, there is nothing to gather: requiring two
+for every linger, not only a probe, cut the lingers under 16 producers by two thirds, bench/README.md).
 Under concurrent producers the appends of that moment so go in one data message and come back in one
 acknowledgement (each a gRPC message for the leader's loop and the replica to handle: about half as many
-under 16 producers, bench/README.md *The replication benchmark*); a lone producer's append is sent at once
-but for a probe's linger now and then. Only timing changes: an append is still
-acknowledged once the in-sync set holds it.
+under 16 producers, bench/README.md *The replication benchmark*); a lone producer's append is sent at once,
+no probe delays it. Only timing changes: an append is still acknowledged once the in-sync set holds it.
 
 Thread-safety: one session per stream; ``data()`` runs on the stream's handler thread (``data_async()``
 on a grpc.aio port's loop), ``ack()`` on the thread (or task) reading the replica's messages; both only
@@ -112,11 +113,12 @@ class ReplicaSession:
     def _linger_s(self) -> float:
         """How long a woken stream waits before reading the new bytes (the module docstring's coalescing)."""
         linger_us = self.node.config.replication_linger_us
-        if not linger_us or not self.node.in_sync.waiting():
+        waiting = self.node.in_sync.waiting() if linger_us else 0
+        if not waiting:
             return 0.0
         self._unlingered += 1
-        if self._gathered < 2 and self._unlingered < PROBE_EVERY:
-            return 0.0
+        if self._gathered < 2 and (self._unlingered < PROBE_EVERY or waiting < 2):
+            return 0.0  # a probe only while two SYNC appends or more wait: never a lone producer's
         self._unlingered = 0
         self.lingered += 1
         return linger_us / 1e6

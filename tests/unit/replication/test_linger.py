@@ -1,7 +1,8 @@
 """The leader's replication stream coalesces concurrent SYNC appends (mqstore.replication.leader, module
 docstring's *Coalescing*): a caught-up stream woken by new bytes lingers ``replication_linger_us`` while a
 SYNC append waits and the last data message gathered two appends or more (or as a probe every PROBE_EVERY
-data messages), so the appends written meanwhile go in one data message; a lone producer is not delayed."""
+data messages), so the appends written meanwhile go in one data message; a lone producer (one SYNC append
+waiting) is never delayed."""
 
 from __future__ import annotations
 
@@ -66,6 +67,16 @@ def test_a_lone_producer_is_sent_at_once_but_for_a_probe_and_a_gathering_stream_
     assert decisions[lingered[0]] == pytest.approx(0.001)
     session._gathered = 2  # the probe gathered two appends: linger at every wake while that holds
     assert all(session._linger_s() == pytest.approx(0.001) for _ in range(5))
+
+
+def test_a_lone_producers_append_never_waits_for_a_probe():
+    """One waiting SYNC append is a lone producer's: no probe delays it (it used to, every PROBE_EVERY data
+    messages); once two wait, the next wake probes."""
+    session, _ = _session(linger_us=1_000, waiting=1)
+    session._gathered = 1
+    assert all(session._linger_s() == 0 for _ in range(3 * leader.PROBE_EVERY))
+    session.node.in_sync.waiting = lambda: 2
+    assert session._linger_s() == pytest.approx(0.001)
 
 
 @pytest.mark.parametrize("linger_us, waiting", [(0, 5), (1_000, 0)])
