@@ -8,12 +8,16 @@ whose point lies below the leader's first offset (retention removed what it lack
 size differs is refused with FailedPrecondition: it cannot become byte-identical.
 
 Coalescing (``replication_linger_us``): a stream that has sent everything and is woken by new bytes waits
-that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
+up to that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
 the growth of two appends or more, or it is the PROBE_EVERY-th data message since the last linger and two
 SYNC appends or more wait (a probe; with one, a lone producer's, there is nothing to gather: requiring two
 for every linger, not only a probe, cut the lingers under 16 producers by two thirds, bench/README.md).
+A linger ends early once as many SYNC appends wait as waited at once lately (this second or the last,
+``InSyncSet.waiting_and_peak``): every producer seen has appended, there is nothing more to gather; so the
+setting (3 ms) bounds a linger under many producers, where it gathers, and few producers wait little more
+than the next one's append.
 Under concurrent producers the appends of that moment so go in one data message and come back in one
-acknowledgement (each a gRPC message for the leader's loop and the replica to handle: about half as many
+acknowledgement (each a gRPC message for the leader's loop and the replica to handle: about a third as many
 under 16 producers, bench/README.md *The replication benchmark*); a lone producer's append is sent at once,
 no probe delays it. Only timing changes: an append is still acknowledged once the in-sync set holds it.
 
@@ -103,7 +107,7 @@ class ReplicaSession:
                 if nxt == self.position:
                     await growth.wait(seen, heartbeat_s)
                     if linger_s := self._linger_s():
-                        await waits.sleep(linger_s)
+                        await self._linger(growth, linger_s)
                     chunk, nxt = self._chunk()
                     self._gathered = growth.version() - seen
                 yield self._sent(chunk, nxt)
@@ -122,6 +126,18 @@ class ReplicaSession:
         self._unlingered = 0
         self.lingered += 1
         return linger_us / 1e6
+
+    async def _linger(self, growth, linger_s: float) -> None:
+        """Up to ``linger_s`` for more appends, ended early once as many SYNC appends wait as waited at once
+        lately (every producer seen has appended: nothing more to gather)."""
+        in_sync, clock = self.node.in_sync, self.node.clock
+        deadline = clock.monotonic_s() + linger_s
+        while True:
+            waiting, peak = in_sync.waiting_and_peak()
+            left = deadline - clock.monotonic_s()
+            if waiting >= peak or left <= 0:
+                return
+            await growth.wait(growth.version(), left)
 
     def _leading(self) -> bool:
         return self.node.is_leader and self.node.leadership.epoch == self.epoch
