@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -111,17 +112,33 @@ def bench_sync(root, etcd, timing, rounds):
         leader, _ = _leader(nodes)
         _stub(leader.target).CreateTopic(pb.CreateTopicRequest(name=TOPIC, queue_count=8), timeout=10)
         _wait_in_sync(leader.target, 3)
+        cpu = {"one_copy": [], "leader": [], "replicas": []}  # CPU us a message of each round
         for r in range(rounds):
-            turns = [(one_copy, single.target), (replicated, leader.target)]
-            for figures, target in turns if r % 2 == 0 else reversed(turns):
+            turns = [(one_copy, single.target, [single]), (replicated, leader.target, nodes)]
+            for figures, target, procs in turns if r % 2 == 0 else reversed(turns):
+                before = [_cpu_s(p.proc.pid) for p in procs]
                 figures.append(_append_rate(target, timing))
+                us = [(_cpu_s(p.proc.pid) - b) / (figures[-1] * (timing["warmup_s"] + timing["duration_s"])) * 1e6
+                      for p, b in zip(procs, before, strict=True)]  # the warm-up's messages too, at the window's rate
+                if procs[0] is single:
+                    cpu["one_copy"].append(round(us[0], 1))
+                else:
+                    cpu["leader"].append(round(us[nodes.index(leader)], 1))
+                    cpu["replicas"].append(round(sum(us) - us[nodes.index(leader)], 1))
     finally:
         single.stop()
         for n in nodes:
             n.stop()
     one, three = statistics.median(one_copy), statistics.median(replicated)
     return {"rounds": rounds, "one_copy_rounds_msgs_s": one_copy, "three_nodes_rounds_msgs_s": replicated,
-            "one_copy_sync_flush_msgs_s": one, "three_nodes_sync_replication_msgs_s": three, "ratio": three / one}
+            "one_copy_sync_flush_msgs_s": one, "three_nodes_sync_replication_msgs_s": three, "ratio": three / one,
+            "cpu_us_a_message_rounds": cpu}
+
+
+def _cpu_s(pid):
+    """A process's CPU seconds so far (/proc: user and system)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_lag(root, etcd, timing):

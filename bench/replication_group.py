@@ -3,12 +3,16 @@
 Three CommitLog nodes as in bench/replication.py's part 1 (etcd, min_insync_replicas 2, SYNC replication, ASYNC
 flush), the same load (100 x 1 KiB per Append, PRODUCERS producers, 16 by default) for ROUNDS windows of DUR
 seconds (8), each after a 2 s warm-up. Prints per window the rate, each node's CPU (cores and us a message,
-from /proc; ``*`` marks the leader) and, once the nodes are stopped, each replication stream's
+from /proc; ``*`` marks the leader), how idle the machine's cores were (0%: the window was bound by CPU, the
+three nodes', the load generator's and other work's together), each node's threads' CPU a message (by their
+OS names: grpc's ``event_engine`` threads; Python's all show as ``python``, the busiest being the grpc.aio
+loop on the leader) and, once the nodes are stopped, each replication stream's
 ``replication.replica_disconnected`` line (``data_messages``, ``lingered``: how much the stream's linger
 gathered, ``acks``: the replica's acknowledgements the leader read) and ``replication.data_messages_shared``
 (data messages built, and reused by a second replica's stream). The environment reaches the nodes:
 ``MQSTORE_REPLICATION_LINGER_US=0`` turns the linger off, ``MQSTORE_PROFILE_DIR=<dir>``
-writes their threads' cProfiles (bench/README.md, *Profiling a server*).
+writes their threads' cProfiles (bench/README.md, *Profiling a server*; ``MQSTORE_PROFILE_CLOCK=cpu`` for CPU
+time rather than the wall clock).
 
     ROUNDS=2 .venv/bin/python bench/replication_group.py
 """
@@ -37,6 +41,25 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread's (name, CPU seconds) from /proc (grpc's threads name themselves; Python's show as python)."""
+    out = {}
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
+def machine_idle_s() -> float:
+    """The machine's idle CPU seconds so far, all cores (/proc/stat: idle and iowait)."""
+    fields = pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     duration_s, rounds = float(os.environ.get("DUR", "8")), int(os.environ.get("ROUNDS", "1"))
     producers = int(os.environ.get("PRODUCERS", "16"))
@@ -57,6 +80,8 @@ def main() -> int:
             names = {n.proc.pid: n.args[n.args.index("--node-id") + 1] + ("*" if n is leader else "") for n in nodes}
             for _ in range(rounds):
                 before, started = {pid: cpu_s(pid) for pid in names}, time.monotonic()
+                threads_before = {pid: thread_cpu_s(pid) for pid in names}
+                idle_before = machine_idle_s()
                 rate = R._append_rate(leader.target, timing, producers)
                 elapsed = time.monotonic() - started
                 used = {names[pid]: cpu_s(pid) - s for pid, s in before.items()}
@@ -64,6 +89,14 @@ def main() -> int:
                 print(f"{rate:,.0f} msg/s ({producers} producers, {BATCH} per call); CPU cores "
                       + " ".join(f"{k}={v / elapsed:.2f}" for k, v in used.items()) + "; us a message "
                       + " ".join(f"{k}={v / messages * 1e6:.1f}" for k, v in used.items()), flush=True)
+                idle = (machine_idle_s() - idle_before) / elapsed / os.cpu_count()
+                print(f"  the machine's cores idle {idle:.0%}; each node's threads (name=us a message):", flush=True)
+                for pid, node in names.items():
+                    threads = [(name, s - threads_before[pid].get(tid, (name, 0.0))[1])
+                               for tid, (name, s) in thread_cpu_s(pid).items()]
+                    print(f"    {node}: " + " ".join(f"{name}={s / messages * 1e6:.1f}" for name, s in
+                                                sorted(threads, key=lambda t: -t[1]) if s / messages * 1e6 >= 0.1),
+                          flush=True)
         finally:
             for n in nodes:
                 n.stop()

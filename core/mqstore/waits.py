@@ -251,8 +251,15 @@ def wake(waiters: list, first: Callable[[], None] | None = None) -> None:
 
 
 def _hand_over(loop: asyncio.AbstractEventLoop, futures, first: Callable[[], None] | None = None) -> None:
+    """``_resolve`` on ``loop``: from another thread through its self-pipe (call_soon_threadsafe); from a
+    callback of ``loop`` itself (a replica's acknowledgement read on the loop waking the appends waiting
+    there, an append waking the replication streams) by ``call_soon``, same order and turn, without the
+    self-pipe's write and the extra turn of the loop that reads it (two of each a SYNC-replicated append)."""
     try:
-        loop.call_soon_threadsafe(_resolve, futures, first)
+        if asyncio._get_running_loop() is loop:
+            loop.call_soon(_resolve, futures, first)
+        else:
+            loop.call_soon_threadsafe(_resolve, futures, first)
     except RuntimeError:  # the loop is closed: nobody awaits them any more
         pass
 

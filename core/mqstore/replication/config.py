@@ -29,9 +29,10 @@ class ReplicationConfig:
     replication_heartbeat_ms: int = 200     # an idle leader's empty data message; the replica acks it
     replication_chunk_bytes: int = 1 << 20  # the most log bytes in one data message (whole records)
     # Coalescing of concurrent SYNC appends into one data message per replica (mqstore.replication.leader)
-    replication_linger_us: int = field(default=1_000, metadata={"help": (
+    replication_linger_us: int = field(default=3_000, metadata={"help": (
         "a caught-up replication stream woken by new bytes waits this long first while a SYNC append waits and "
-        "its last data message gathered two appends or more (a probe every 16th otherwise), so that concurrent "
+        "its last data message gathered two appends or more (a probe every 16th otherwise, while two SYNC appends "
+        "or more wait), ending early once as many SYNC appends wait as did at once lately, so that concurrent "
         "SYNC appends share one data message and one acknowledgement per replica; a lone producer's append goes "
         f"at once; 0 = never; at most {MAX_LINGER_US}")})
     replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this

@@ -90,6 +90,7 @@ class InSyncSet:
         self._closed = ""
         self._waiters: list[tuple[int, int, waits.ThreadWaiter | waits.LoopWaiter]] = []  # heap of (end, seq, waiter)
         self._seq = itertools.count()
+        self._peaks = [0, 0, 0]  # most SYNC appends waiting at once: this second's, the last one's; the second
 
     # ---- membership ---------------------------------------------------------------------------------
     def reset(self, members: frozenset[str]) -> None:
@@ -238,6 +239,7 @@ class InSyncSet:
                     f"acknowledged as replicated; they may survive or be cut by a failover, so a retry may "
                     f"duplicate them")
             heapq.heappush(self._waiters, (end, next(self._seq), waiter))
+            self._note_peak_locked()
             return None, left
 
     def ready(self, end: int) -> int | None:
@@ -268,6 +270,20 @@ class InSyncSet:
         """How many SYNC appends wait for their replication (a replication stream's linger asks)."""
         with self._lock:
             return len(self._waiters)
+
+    def waiting_and_peak(self) -> tuple[int, int]:
+        """(SYNC appends waiting now, the most that waited at once this second or the last): how many
+        producers a replication stream's linger may expect (mqstore.replication.leader)."""
+        with self._lock:
+            self._note_peak_locked()
+            return len(self._waiters), max(self._peaks[0], self._peaks[1])
+
+    def _note_peak_locked(self) -> None:
+        second = int(self.clock.monotonic_s())
+        peaks = self._peaks
+        if second != peaks[2]:
+            peaks[:] = [0, peaks[0] if second == peaks[2] + 1 else 0, second]
+        peaks[0] = max(peaks[0], len(self._waiters))
 
     def written_by(self, replica_id: str) -> int:
         with self._lock:

@@ -11,13 +11,18 @@ point lies below that offset, starts from the tier instead (``_from_tier``, mqst
 leader's first segment, with what it needs to read the rest from the tier; refused when it does not read it.
 
 Coalescing (``replication_linger_us``): a stream that has sent everything and is woken by new bytes waits
-that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
-the growth of two appends or more, or it is the PROBE_EVERY-th data message since the last linger (a probe).
+up to that long before reading them, while a SYNC append waits and lingering pays: the last data message gathered
+the growth of two appends or more, or it is the PROBE_EVERY-th data message since the last linger and two
+SYNC appends or more wait (a probe; with one, a lone producer's, there is nothing to gather: requiring two
+for every linger, not only a probe, cut the lingers under 16 producers by two thirds, bench/README.md).
+A linger ends early once as many SYNC appends wait as waited at once lately (this second or the last,
+``InSyncSet.waiting_and_peak``): every producer seen has appended, there is nothing more to gather; so the
+setting (3 ms) bounds a linger under many producers, where it gathers, and few producers wait little more
+than the next one's append.
 Under concurrent producers the appends of that moment so go in one data message and come back in one
-acknowledgement (each a gRPC message for the leader's loop and the replica to handle: about half as many
-under 16 producers, bench/README.md *The replication benchmark*); a lone producer's append is sent at once
-but for a probe's linger now and then. Only timing changes: an append is still
-acknowledged once the in-sync set holds it.
+acknowledgement (each a gRPC message for the leader's loop and the replica to handle: about a third as many
+under 16 producers, bench/README.md *The replication benchmark*); a lone producer's append is sent at once,
+no probe delays it. Only timing changes: an append is still acknowledged once the in-sync set holds it.
 
 Thread-safety: one session per stream; ``data()`` runs on the stream's handler thread (``data_async()``
 on a grpc.aio port's loop), ``ack()`` on the thread (or task) reading the replica's messages; both only
@@ -128,7 +133,7 @@ class ReplicaSession:
                 if nxt == self.position:
                     await growth.wait(seen, heartbeat_s)
                     if linger_s := self._linger_s():
-                        await waits.sleep(linger_s)
+                        await self._linger(growth, linger_s)
                     chunk, nxt = self._chunk()
                     self._gathered = growth.version() - seen
                 yield self._sent(chunk, nxt)
@@ -138,14 +143,27 @@ class ReplicaSession:
     def _linger_s(self) -> float:
         """How long a woken stream waits before reading the new bytes (the module docstring's coalescing)."""
         linger_us = self.node.config.replication_linger_us
-        if not linger_us or not self.node.in_sync.waiting():
+        waiting = self.node.in_sync.waiting() if linger_us else 0
+        if not waiting:
             return 0.0
         self._unlingered += 1
-        if self._gathered < 2 and self._unlingered < PROBE_EVERY:
-            return 0.0
+        if self._gathered < 2 and (self._unlingered < PROBE_EVERY or waiting < 2):
+            return 0.0  # a probe only while two SYNC appends or more wait: never a lone producer's
         self._unlingered = 0
         self.lingered += 1
         return linger_us / 1e6
+
+    async def _linger(self, growth, linger_s: float) -> None:
+        """Up to ``linger_s`` for more appends, ended early once as many SYNC appends wait as waited at once
+        lately (every producer seen has appended: nothing more to gather)."""
+        in_sync, clock = self.node.in_sync, self.node.clock
+        deadline = clock.monotonic_s() + linger_s
+        while True:
+            waiting, peak = in_sync.waiting_and_peak()
+            left = deadline - clock.monotonic_s()
+            if waiting >= peak or left <= 0:
+                return
+            await growth.wait(growth.version(), left)
 
     def _leading(self) -> bool:
         return self.node.is_leader and self.node.leadership.epoch == self.epoch

@@ -41,3 +41,27 @@ def test_a_duty_thread_is_profiled_into_the_directory_named_and_not_otherwise(tm
     assert [p.name for p in where.iterdir()] == [written.name]
     functions = {name for (_file, _line, name) in pstats.Stats(str(written)).stats}
     assert "step" in functions
+
+
+
+def test_the_cpu_clock_counts_a_threads_cpu_not_its_waits(tmp_path, monkeypatch):
+    """MQSTORE_PROFILE_CLOCK=cpu: a thread that sleeps 20 ms (no CPU) shows almost nothing in ``naps``, where
+    the wall clock charges it the 20 ms (bench/README.md, *Profiling a server*)."""
+    import time
+
+    from mqstore import profiling
+
+    def naps() -> None:
+        time.sleep(0.02)
+
+    def naps_s(clock: str) -> float:
+        where = tmp_path / clock
+        monkeypatch.setenv("MQSTORE_PROFILE_DIR", str(where))
+        monkeypatch.setenv("MQSTORE_PROFILE_CLOCK", clock)
+        thread = threading.Thread(target=profiling.run, args=(naps,), name="napping")
+        thread.start()
+        thread.join(LONG_S)
+        stats = pstats.Stats(str(where / f"{os.getpid()}-napping.prof")).stats
+        return sum(cumtime for (_f, _l, name), (_cc, _nc, _tt, cumtime, _c) in stats.items() if name == "naps")
+    assert naps_s("wall") >= 0.019
+    assert naps_s("cpu") < 0.01

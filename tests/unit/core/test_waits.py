@@ -102,3 +102,30 @@ def test_an_async_generator_run_on_a_thread_by_blocking_iter_reads_here_and_is_c
     items.close()
     assert ran == [threading.current_thread().name] * 2 + ["closed"]
     assert list(waits.blocking_iter(stream())) == list(range(10))
+
+
+def test_a_wake_from_the_loops_own_thread_skips_the_self_pipe_and_one_from_another_thread_uses_it():
+    """A replica's acknowledgement read on the loop wakes the appends waiting there (and an append wakes the
+    replication streams): call_soon, not call_soon_threadsafe's self-pipe write and the extra turn of the
+    loop that reads it (bench/README.md, *The replication benchmark*); from another thread (the flusher) the
+    self-pipe still wakes the loop."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        writes: list[int] = []
+        write_to_self = loop._write_to_self
+        loop._write_to_self = lambda: (writes.append(1), write_to_self())
+        mine: list = []
+        task = asyncio.ensure_future(_parked(mine))
+        await asyncio.sleep(0)
+        waits.wake(mine)  # on the loop's thread
+        assert await asyncio.wait_for(task, LONG_S) == "LoopWaiter"
+        assert writes == []
+        theirs: list = []
+        task = asyncio.ensure_future(_parked(theirs))
+        await asyncio.sleep(0)
+        waker = threading.Thread(target=waits.wake, args=(theirs,))
+        waker.start()
+        assert await asyncio.wait_for(task, LONG_S) == "LoopWaiter"
+        waker.join(LONG_S)
+        assert writes  # the other thread's wake went through the self-pipe
+    asyncio.run(main())

@@ -273,3 +273,21 @@ def test_an_acknowledgement_read_after_its_streams_leadership_ended_counts_for_n
     current.node, current.epoch, current.hello = node, 3, stale.hello
     current.ack(Ack(900, 900))
     assert isr.ready(900) == 2
+
+
+def test_waiting_and_peak_counts_the_appends_waiting_now_and_the_most_at_once_this_second_or_the_last():
+    """What a replication stream's linger expects (mqstore.replication.leader): how many SYNC appends wait
+    now, and the most that waited at once lately."""
+    isr, clock, end = make()
+    published_pair(isr)
+    end[0] = 300
+    clock.ms = 2_000_000  # each monotonic read lets 100 ms pass: the parks and reads below stay in one second
+    for e in (100, 200, 300):
+        isr._ready_or_park(e, 1e12, waits.ThreadWaiter())
+    assert isr.waiting_and_peak() == (3, 3)
+    isr.on_ack("b", 300, 0)
+    assert isr.waiting_and_peak() == (0, 3)
+    clock.ms = 2_001_500  # the next second: the last one's peak still counts
+    assert isr.waiting_and_peak() == (0, 3)
+    clock.ms = 2_003_000  # two seconds on: forgotten
+    assert isr.waiting_and_peak() == (0, 0)

@@ -1,7 +1,8 @@
 """The leader's replication stream coalesces concurrent SYNC appends (mqstore.replication.leader, module
 docstring's *Coalescing*): a caught-up stream woken by new bytes lingers ``replication_linger_us`` while a
 SYNC append waits and the last data message gathered two appends or more (or as a probe every PROBE_EVERY
-data messages), so the appends written meanwhile go in one data message; a lone producer is not delayed."""
+data messages), so the appends written meanwhile go in one data message; a lone producer (one SYNC append
+waiting) is never delayed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from mqstore.clock import SystemClock
 from mqstore.errors import InvalidArgument
 from mqstore.replication import leader
 from mqstore.replication.config import MAX_LINGER_US, ReplicationConfig
@@ -37,16 +39,18 @@ class FakeLog:
         return b"x" * (self.end - offset), self.end
 
 
-def _session(linger_us: int, waiting: int = 2):
+def _session(linger_us: int, waiting: int = 2, peak: int = 1_000):
     """A ReplicaSession on a fake log and in-sync set (the handshake is other tests' business); ``waiting``:
-    how many SYNC appends the in-sync set says wait."""
+    how many SYNC appends the in-sync set says wait; ``peak``: how many waited at once lately (a linger ends
+    once that many wait)."""
     growth = LogGrowth()
     store = FakeLog(growth)
     in_sync = SimpleNamespace(connected=lambda *a: None, disconnected=lambda *a: None, committed=lambda: 0,
                               waiting=lambda: waiting)
+    in_sync.waiting_and_peak = lambda: (in_sync.waiting(), peak)
     node = SimpleNamespace(growth=growth, is_leader=True, leadership=SimpleNamespace(epoch=1), in_sync=in_sync,
-                           config=SimpleNamespace(replication_heartbeat_ms=LONG_S * 1000,
-                                                  replication_linger_us=linger_us))
+                           clock=SystemClock(), config=SimpleNamespace(replication_heartbeat_ms=LONG_S * 1000,
+                                                                       replication_linger_us=linger_us))
     session = object.__new__(leader.ReplicaSession)
     session.store, session.node, session.position, session.epoch = store, node, 0, 1
     session._gathered, session._unlingered = 0, 0
@@ -66,6 +70,16 @@ def test_a_lone_producer_is_sent_at_once_but_for_a_probe_and_a_gathering_stream_
     assert decisions[lingered[0]] == pytest.approx(0.001)
     session._gathered = 2  # the probe gathered two appends: linger at every wake while that holds
     assert all(session._linger_s() == pytest.approx(0.001) for _ in range(5))
+
+
+def test_a_lone_producers_append_never_waits_for_a_probe():
+    """One waiting SYNC append is a lone producer's: no probe delays it (it used to, every PROBE_EVERY data
+    messages); once two wait, the next wake probes."""
+    session, _ = _session(linger_us=1_000, waiting=1)
+    session._gathered = 1
+    assert all(session._linger_s() == 0 for _ in range(3 * leader.PROBE_EVERY))
+    session.node.in_sync.waiting = lambda: 2
+    assert session._linger_s() == pytest.approx(0.001)
 
 
 @pytest.mark.parametrize("linger_us, waiting", [(0, 5), (1_000, 0)])
@@ -124,9 +138,46 @@ def test_a_linger_out_of_bounds_is_refused_naming_the_setting(linger_us):
 def test_the_flag_and_its_environment_variable_set_the_linger_and_the_help_says_what_it_does():
     from commitlog_service.main import build_arg_parser, parse_config
 
-    assert ReplicationConfig().replication_linger_us == 1_000
+    assert ReplicationConfig().replication_linger_us == 3_000
     flagged = parse_config(["--data-dir", "d", "--node-id", "n1", "--replication-linger-us", "250"], {})
     assert flagged.replication.replication_linger_us == 250
     from_env = parse_config(["--data-dir", "d", "--node-id", "n1"], {"MQSTORE_REPLICATION_LINGER_US": "0"})
     assert from_env.replication.replication_linger_us == 0
     assert "one data message and one acknowledgement per replica" in " ".join(build_arg_parser().format_help().split())
+
+
+def test_a_linger_ends_once_as_many_appends_wait_as_waited_at_once_lately():
+    """Every producer seen lately has appended: nothing more to gather, the data message goes before the
+    setting's time is up (here far longer than the test waits)."""
+    session, log = _session(linger_us=int(10 * LONG_S * 1e6), peak=2)
+    waiting = [1]
+    session.node.in_sync.waiting = lambda: waiting[0]
+    session._unlingered = leader.PROBE_EVERY - 1
+    session._gathered = 2
+
+    async def main():
+        stream = session.data_async()
+        try:
+            frame = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)  # parked on the log's growth
+            waiting[0] = 2
+            log.append()  # the first producer's append wakes the stream: two wait, as many as lately at once
+            sent = await asyncio.wait_for(frame, LONG_S)
+            assert (sent.offset, sent.next_offset) == (0, APPEND_BYTES)
+            assert session.lingered == 1  # it lingered, and the wait ended on the count, not the time
+            waiting[0] = 1
+            session._gathered = 2  # as if it had gathered two: the next wake lingers again
+            frame = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)
+            log.append()  # one waits of two lately: the linger waits for the other producer's append
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not frame.done()
+            waiting[0] = 2
+            log.append()
+            sent = await asyncio.wait_for(frame, LONG_S)
+            assert (sent.offset, sent.next_offset) == (APPEND_BYTES, 3 * APPEND_BYTES)
+        finally:
+            await stream.aclose()
+
+    asyncio.run(main())
