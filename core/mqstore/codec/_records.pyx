@@ -829,38 +829,48 @@ cdef inline int64_t _be64(const uint8_t* p) noexcept nogil:
 def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, list entries, Py_ssize_t index,
                       int64_t first_offset, dict notes, int64_t read_ms, int64_t horizon, int64_t precision,
                       set rolled, list units):
-    """mqstore.timer.runs.noted_units: the noted records' headers checked and their units made in one pass."""
-    cdef Py_ssize_t n = len(entries), buf_size = buf.shape[0], scheduled = 0
-    cdef int64_t physical, size, position, queue_offset, stamp, due, slot, rest
+    """mqstore.timer.runs.noted_units: the noted records' headers checked and their units made in one pass (a
+    note is a batch's: its entries walked in C, no lookup a record)."""
+    cdef Py_ssize_t n = len(entries), buf_size = buf.shape[0], scheduled = 0, at = 0, noted_n = 0
+    cdef int64_t physical, size, position, queue_offset, stamp, noted_stamp = 0, due, slot, rest
     cdef const uint8_t* p
-    cdef tuple entry, noted
+    cdef tuple entry, mine, note
+    cdef list noted = None, dues = None
     cdef object got, q
     if precision <= 0:
         raise ValueError("precision must be positive")
     while index < n:
+        queue_offset = first_offset + index
+        if noted is None:
+            got = notes.pop(queue_offset, None)
+            if got is None:
+                break
+            note = <tuple>got
+            noted, dues, noted_stamp, at = note[0], note[1], note[2], note[3]  # checked: lists
+            noted_n = min(len(noted), len(dues))
         entry = <tuple>entries[index]
         physical, size = entry[0], entry[1]
-        if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
-            break
-        queue_offset = first_offset + index
-        q = queue_offset
-        got = notes.get(q)
         position = physical - seg_start
-        if got is None:
+        if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD or at < 0 or at >= noted_n:
             break
-        noted = <tuple>got
-        if <int64_t>noted[0] != physical or position + STAMP_V6_AT + 8 > buf_size:
+        mine = noted[at]  # checked: a tuple
+        if (len(mine) < 4 or <int64_t>mine[0] != physical or <int64_t>mine[3] != queue_offset
+                or position + STAMP_V6_AT + 8 > buf_size):
             break
         p = &buf[position]
         stamp = _be64(p + (STAMP_V6_AT if p[SYSFLAG_AT + 3] & BORN_HOST_V6 else STAMP_V4_AT))
         if (_be64(p + QUEUE_OFFSET_AT) != queue_offset or _be64(p + PHYSICAL_OFFSET_AT) != physical
-                or stamp != <int64_t>noted[2]):
+                or stamp != noted_stamp):
             break
-        del notes[q]
+        got = dues[at]
         index += 1
+        at += 1
+        if at == len(noted):
+            noted = None
+        q = queue_offset
         if q in rolled:
             continue
-        due = noted[1]
+        due = got
         rest = due % precision  # C's remainder: Python's is never negative for a positive precision
         if rest < 0:
             rest += precision
@@ -868,10 +878,12 @@ def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end
         if slot < read_ms:
             slot = read_ms
         if slot >= horizon:
-            units.append((horizon, noted[1], q, entry[0], KIND_ROLL))
+            units.append((horizon, got, q, entry[0], KIND_ROLL))
         else:
-            units.append((slot, noted[1], q, entry[0], KIND_DELIVER))
+            units.append((slot, got, q, entry[0], KIND_DELIVER))
             scheduled += 1
+    if noted is not None:  # the rest of the note walked, for the next run
+        notes[first_offset + index] = (noted, dues, noted_stamp, at)
     return index, scheduled
 
 

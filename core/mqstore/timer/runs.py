@@ -5,10 +5,12 @@ built.
 
 * :func:`noted_units`: from ``entries[index]`` (consume queue entries of the timer topic's queue 0, the first at
   queue offset ``first_offset``), the run of records that are in the segment buffer ``buf`` (log offsets
-  ``seg_start``..``seg_end``) and noted (``notes``: queue offset -> (physical offset, due, store time), what
-  Timer.note keeps) with a header naming that queue offset, that physical offset and the noted store time,
-  each made its timer unit and its note removed from ``notes``; it stops at the first entry that is not such
-  a record (the caller reads that one from the log, as before).
+  ``seg_start``..``seg_end``) and noted with a header naming that queue offset, that physical offset and the
+  noted store time, each made its timer unit; it stops at the first entry that is not such a record (the caller
+  reads that one from the log, as before). ``notes`` is what Timer.note keeps, a batch a note: the queue offset
+  of its first record not taken yet -> (the batch's AppendResults.entries, their due times, the batch's store
+  time, the index in them of that record); a note is removed when its walk starts and what is left of it put
+  back under the queue offset where the run stopped (a record that is not as noted stays noted, as before).
 * :func:`encode_units`: a batch's timer units (mqstore.format.timer_unit) in one bytes object, each chained to
   its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count]) is updated as the
   units are added, a slot not in it yet read with ``read(slot ms)`` first ([-1, -1, 0] for an empty one).
@@ -40,25 +42,32 @@ def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, fi
     already (its queue offset in ``rolled``) is taken without a unit. Returns the index of the first entry not
     taken and the number of deliver units added."""
     size_of_buf, scheduled = len(buf), 0
+    noted = None  # the note being walked (taken out of ``notes``): its entries, dues, store time, next index
     while index < len(entries):
-        physical, size, _ = entries[index]
-        if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
-            break
         queue_offset = first_offset + index
-        noted = notes.get(queue_offset)
+        if noted is None:
+            note = notes.pop(queue_offset, None)
+            if note is None:
+                break
+            noted, dues, noted_stamp, at = note
+        physical, size, _ = entries[index]
         position = physical - seg_start
-        if noted is None or noted[0] != physical or position + _V6_STAMP_AT + 8 > size_of_buf:
+        if (not seg_start <= physical < seg_end or size < FIXED_OVERHEAD or not 0 <= at < min(len(noted), len(dues))
+                or len(noted[at]) < 4 or noted[at][0] != physical or noted[at][3] != queue_offset
+                or position + _V6_STAMP_AT + 8 > size_of_buf):
             break
         named_offset, named_physical, sys_flag, stamp = _NOTED.unpack_from(buf, position + QUEUE_OFFSET_AT)
         if sys_flag & SYSFLAG_BORN_HOST_V6:
             stamp = _INT64.unpack_from(buf, position + _V6_STAMP_AT)[0]
-        if named_offset != queue_offset or named_physical != physical or stamp != noted[2]:
+        if named_offset != queue_offset or named_physical != physical or stamp != noted_stamp:
             break
-        del notes[queue_offset]
+        due = dues[at]
         index += 1
+        at += 1
+        if at == len(noted):
+            noted = None
         if queue_offset in rolled:
             continue
-        due = noted[1]
         slot = due - due % precision
         if slot < read_ms:
             slot = read_ms
@@ -67,6 +76,8 @@ def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, fi
         else:
             units.append((slot, due, queue_offset, physical, KIND_DELIVER))
             scheduled += 1
+    if noted is not None:  # the rest of the note walked, for the next run
+        notes[first_offset + index] = (noted, dues, noted_stamp, at)
     return index, scheduled
 
 

@@ -118,7 +118,9 @@ class Timer:
         self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
         self._floor_position = 0  # timer log position: every unit before it is in a slot read already
         self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
-        self._notes: dict[int, tuple[int, int, int]] = {}  # queue offset -> (physical, due, store ms): note()
+        # queue offset -> (a batch's AppendResults.entries, due times, store ms, the index of that offset's): note()
+        self._notes: dict[int, tuple[list, list[int], int, int]] = {}
+        self._noted = 0  # records noted and not taken yet (at most MAX_NOTES)
         self._notes_lock = threading.Lock()
 
     # ---- open and close
@@ -250,21 +252,33 @@ class Timer:
     def note(self, results, dues: list[int]) -> None:
         """A delayed batch the Scheduler appended to the timer topic (its AppendResults and due times), from the
         appending thread: the enqueue takes a noted record's unit from here instead of reading it back, once it
-        finds the record in the log where the note says (:meth:`_timer_records`). At most MAX_NOTES are kept
-        (beyond, the records are read); the notes go with this Timer (a new leadership starts without)."""
-        stamp, enqueued = results.store_timestamp_ms, self.enqueue_offset
+        finds the record in the log where the note says (:meth:`_timer_records`). One note a batch (no work a
+        message here: runs.noted_units walks the batch's entries), under the queue offset of its first record not
+        read yet; at most MAX_NOTES records are noted (beyond, the records are read); the notes go with this Timer
+        (a new leadership starts without)."""
+        entries = results.entries
+        if len(entries) != len(dues):
+            raise ValueError(f"{len(dues)} due times for {len(entries)} records")
+        if not entries:
+            return
+        first = entries[0][3]
+        at = max(0, self.enqueue_offset - first)  # a batch's queue offsets are consecutive: those below, read already
+        if at >= len(entries):
+            return
         with self._notes_lock:
-            if len(self._notes) + len(dues) > MAX_NOTES:
+            if self._noted + len(entries) - at > MAX_NOTES:
                 return
-            for entry, due in zip(results.entries, dues, strict=True):
-                if entry[3] >= enqueued:  # else read already
-                    self._notes[entry[3]] = (entry[0], due, stamp)
+            self._notes[first + at] = (entries if type(entries) is list else list(entries),
+                                       dues if type(dues) is list else list(dues), results.store_timestamp_ms, at)
+            self._noted += len(entries) - at
 
     def _drop_old_notes(self) -> None:
-        """Notes of records the enqueue read otherwise (a note that came after its record was read)."""
+        """Notes of records the enqueue read otherwise (a note that came after its record was read, or the rest of
+        one whose record was not as noted); the count of noted records made again (a note per batch: cheap)."""
         with self._notes_lock:
             if self._notes and min(self._notes) < self.enqueue_offset:  # min: far cheaper than the rebuild
                 self._notes = {q: n for q, n in self._notes.items() if q >= self.enqueue_offset}
+            self._noted = sum(len(n[0]) - n[3] for n in self._notes.values())
 
     def _timer_records(self, offset: int, count: int, horizon: int) -> list:
         """What the enqueue needs of the timer topic's records from ``offset``: (queue offset, physical offset,
@@ -294,6 +308,7 @@ class Timer:
                     with lock:  # the notes it takes are removed (a note not taken goes at the next checkpoint)
                         reached, scheduled = _noted_units(buf, seg_start, seg_end, entries, index, offset, notes,
                                                           read_ms, horizon, precision, rolled, units)
+                        self._noted -= reached - index
                     if reached > index:
                         found.append(_NotedRun(units, offset + reached, scheduled))
                         index = reached
@@ -317,9 +332,9 @@ class Timer:
     def _flush(self, units: list[tuple[int, int, int, int, int]], upto: int) -> None:
         """The units gathered by :meth:`_add` into the files (and the read slot's into its heap); the enqueue
         offset to ``upto``."""
-        self.files.add_many(units)
+        touched = self.files.add_many(units)
         self.enqueue_offset = upto
-        if self._current is not None:
+        if self._current is not None and self.read_ms in touched:  # else no unit is the read slot's: no pass
             read_ms = self.read_ms
             self._take([Unit(due, slot, offset, physical, -1, kind) for slot, due, offset, physical, kind in units
                         if slot == read_ms])
