@@ -49,7 +49,7 @@ import structlog
 
 from mqstore import codec, disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
-from mqstore.format import record_reader
+from mqstore.format import cq_unit, record_reader
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import messages as tm
@@ -66,8 +66,9 @@ ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
 _SIZE = struct.Struct(">i")
-# The noted records' header check and units (mqstore.timer.runs.noted_units is the compiled one's reference)
+# The noted records' header check and units, a note's physical offsets (mqstore.timer.runs: the references)
 _noted_units = codec.compiled.timer_noted_units if codec.compiled is not None else runs.noted_units
+_note_physicals = codec.compiled.timer_note_physicals if codec.compiled is not None else runs.note_physicals
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
@@ -118,8 +119,8 @@ class Timer:
         self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
         self._floor_position = 0  # timer log position: every unit before it is in a slot read already
         self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
-        # queue offset -> (a batch's AppendResults.entries, due times, store ms, the index of that offset's): note()
-        self._notes: dict[int, tuple[list, list[int], int, int]] = {}
+        # queue offset -> (a batch's physical offsets, due times, store ms, the index of that offset's): note()
+        self._notes: dict[int, tuple[object, list[int], int, int]] = {}  # object: an array of int64
         self._noted = 0  # records noted and not taken yet (at most MAX_NOTES)
         self._notes_lock = threading.Lock()
 
@@ -252,10 +253,11 @@ class Timer:
     def note(self, results, dues: list[int]) -> None:
         """A delayed batch the Scheduler appended to the timer topic (its AppendResults and due times), from the
         appending thread: the enqueue takes a noted record's unit from here instead of reading it back, once it
-        finds the record in the log where the note says (:meth:`_timer_records`). One note a batch (no work a
-        message here: runs.noted_units walks the batch's entries), under the queue offset of its first record not
-        read yet; at most MAX_NOTES records are noted (beyond, the records are read); the notes go with this Timer
-        (a new leadership starts without)."""
+        finds the record in the log where the note says (:meth:`_timer_records`). One note a batch, under the
+        queue offset of its first record not read yet: its physical offsets as an array (the results' tuples
+        are not kept: objects the garbage collector tracks, one a record, which made it run every few batches),
+        its due times, its store time; at most MAX_NOTES records are noted (beyond, the records are read); the
+        notes go with this Timer (a new leadership starts without)."""
         entries = results.entries
         if len(entries) != len(dues):
             raise ValueError(f"{len(dues)} due times for {len(entries)} records")
@@ -265,12 +267,13 @@ class Timer:
         at = max(0, self.enqueue_offset - first)  # a batch's queue offsets are consecutive: those below, read already
         if at >= len(entries):
             return
+        physicals = _note_physicals(entries if type(entries) is list else list(entries), at)
+        dues = list(dues[at:]) if at or type(dues) is not list else dues
         with self._notes_lock:
-            if self._noted + len(entries) - at > MAX_NOTES:
+            if self._noted + len(physicals) > MAX_NOTES:
                 return
-            self._notes[first + at] = (entries if type(entries) is list else list(entries),
-                                       dues if type(dues) is list else list(dues), results.store_timestamp_ms, at)
-            self._noted += len(entries) - at
+            self._notes[first + at] = (physicals, dues, results.store_timestamp_ms, 0)
+            self._noted += len(physicals)
 
     def _drop_old_notes(self) -> None:
         """Notes of records the enqueue read otherwise (a note that came after its record was read, or the rest of
@@ -295,11 +298,11 @@ class Timer:
             found: list = []
             seg_start = seg_end = 0  # the segment of the record before (a batch's records share one): found once
             buf = None
-            entries = cq.entries(offset, count)
-            index, total = 0, len(entries)
+            entries = cq.entry_bytes(offset, count)  # their bytes: the noted runs read them in C
+            index, total = 0, len(entries) // cq_unit.ENTRY_SIZE
             read_ms, precision, rolled = self.read_ms, self.precision, self._rolled
             while index < total:
-                physical, size, _ = entries[index]
+                physical, size, _ = cq_unit.decode(entries, index * cq_unit.ENTRY_SIZE)
                 if not seg_start <= physical < seg_end:
                     seg = segments.find(physical)
                     buf, seg_start, seg_end = seg.buffer, seg.start, seg.end

@@ -6,6 +6,7 @@ with properties, the timer's copies included) naming the same property as the ch
 
 from __future__ import annotations
 
+import gc
 import pathlib
 import re
 
@@ -164,6 +165,12 @@ def test_a_note_is_a_batch_taken_across_the_enqueues_runs(small_config, tmp_path
         assert 0 < timer.enqueue_offset < 100
         timer.note(late, dues)
         assert list(timer._notes) == [timer.enqueue_offset]
+        # What a note keeps is no object a record the garbage collector tracks (kept tuples made it run every few
+        # delayed batches): the physical offsets are an array, the due times a list of ints
+        physicals, noted_dues, _, _ = held = timer._notes[timer.enqueue_offset]
+        tracked = [o for o in gc.get_referents(*held) if gc.is_tracked(o) and not isinstance(o, type)]
+        assert tracked == [] and type(physicals) is not list and list(physicals) == [e[0] for e in late.entries[
+            timer.enqueue_offset:]] and noted_dues == dues[timer.enqueue_offset:]
         scheduler = scheduling.Scheduler(store, CONFIG, noted=timer.note)
         scheduler.append("t", batch)
         scheduler.append("t", batch)
