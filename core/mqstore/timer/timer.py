@@ -276,12 +276,25 @@ class Timer:
             self._noted += len(physicals)
 
     def _drop_old_notes(self) -> None:
-        """Notes of records the enqueue read otherwise (a note that came after its record was read, or the rest of
-        one whose record was not as noted); the count of noted records made again (a note per batch: cheap)."""
+        """Notes of records the enqueue read otherwise, at a checkpoint (:meth:`_realign_notes`)."""
         with self._notes_lock:
-            if self._notes and min(self._notes) < self.enqueue_offset:  # min: far cheaper than the rebuild
-                self._notes = {q: n for q, n in self._notes.items() if q >= self.enqueue_offset}
-            self._noted = sum(len(n[0]) - n[3] for n in self._notes.values())
+            self._realign_notes(self.enqueue_offset)
+
+    def _realign_notes(self, offset: int) -> None:
+        """Under the notes' lock: a note under a queue offset below ``offset`` (its first records read from the log:
+        it came while the enqueue read them, or its record was not as noted) moved to ``offset`` if its batch
+        reaches it, else dropped; the count of noted records made again (a note a batch: cheap)."""
+        notes = self._notes
+        if notes and min(notes) < offset:  # min: far cheaper than the rebuild
+            kept = {}
+            for key, (physicals, dues, stamp, at) in notes.items():
+                if key >= offset:
+                    kept[key] = (physicals, dues, stamp, at)
+                elif at + offset - key < len(physicals):
+                    kept[offset] = (physicals, dues, stamp, at + offset - key)
+            notes.clear()  # in place: a walk holds the dict
+            notes.update(kept)
+        self._noted = sum(len(n[0]) - n[3] for n in notes.values())
 
     def _timer_records(self, offset: int, count: int, horizon: int) -> list:
         """What the enqueue needs of the timer topic's records from ``offset``: (queue offset, physical offset,
@@ -293,6 +306,9 @@ class Timer:
         (a record that fails its checks, a segment gone) is read by the store's Pull instead, which raises what
         it finds as before."""
         notes, lock = self._notes, self._notes_lock
+        if notes:
+            with lock:
+                self._realign_notes(offset)
         try:
             cq, segments = self.store.queues.get(tm.TIMER_TOPIC, 0), self.store.commitlog.segments
             found: list = []

@@ -179,11 +179,26 @@ def test_a_note_is_a_batch_taken_across_the_enqueues_runs(small_config, tmp_path
         assert timer.enqueue_offset == 300 and timer.stats.scheduled == 300
         assert timer._notes == {} and timer._noted == 0
         monkeypatch.undo()
+        # A note that came while the enqueue was reading its batch's first records from the log: under the queue
+        # offset of its first record, below the enqueue offset; the enqueue moves it to where it reads on.
+        raced = scheduling.append(store, CONFIG, "t", batch)
+        timer.step()
+        read_already = timer.enqueue_offset
+        assert 300 < read_already < 400
+        timer.enqueue_offset = 300  # as the note saw it, before the enqueue's run moved it
+        timer.note(raced, dues)
+        timer.enqueue_offset = read_already
+        assert list(timer._notes) == [300]
+        _no_read_back(monkeypatch, store)
+        _step_until_enqueued(timer, 400)
+        assert timer.enqueue_offset == 400 and timer.stats.scheduled == 400
+        assert timer._notes == {} and timer._noted == 0
+        monkeypatch.undo()
         units = [u for slot in {timer.files.slot_ms(d) for d in dues} for u in timer.files.units(slot)]
-        assert sorted((u.timer_offset, u.deliver_ms) for u in units) == [(q, dues[q % 100]) for q in range(300)]
+        assert sorted((u.timer_offset, u.deliver_ms) for u in units) == [(q, dues[q % 100]) for q in range(400)]
         clock.advance(600)
         timer.step()
-        assert store.queue_info("t", 0).max_offset == 300
+        assert store.queue_info("t", 0).max_offset == 400
     finally:
         timer.close()
         store.stop()
