@@ -65,6 +65,7 @@ MAX_SLOTS_PER_STEP = 20_000
 ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
+REALIGN_MAX_NOTES = 64  # notes (batches) up to which each read of the enqueue realigns them (Timer._realign_notes)
 _SIZE = struct.Struct(">i")
 # The noted records' header check and units, a note's physical offsets (mqstore.timer.runs: the references)
 _noted_units = codec.compiled.timer_noted_units if codec.compiled is not None else runs.noted_units
@@ -283,7 +284,7 @@ class Timer:
     def _realign_notes(self, offset: int) -> None:
         """Under the notes' lock: a note under a queue offset below ``offset`` (its first records read from the log:
         it came while the enqueue read them, or its record was not as noted) moved to ``offset`` if its batch
-        reaches it, else dropped; the count of noted records made again (a note a batch: cheap)."""
+        reaches it, else dropped; the count of noted records made again."""
         notes = self._notes
         if notes and min(notes) < offset:  # min: far cheaper than the rebuild
             kept = {}
@@ -294,7 +295,7 @@ class Timer:
                     kept[offset] = (physicals, dues, stamp, at + offset - key)
             notes.clear()  # in place: a walk holds the dict
             notes.update(kept)
-        self._noted = sum(len(n[0]) - n[3] for n in notes.values())
+            self._noted = sum(len(n[0]) - n[3] for n in notes.values())
 
     def _timer_records(self, offset: int, count: int, horizon: int) -> list:
         """What the enqueue needs of the timer topic's records from ``offset``: (queue offset, physical offset,
@@ -306,7 +307,7 @@ class Timer:
         (a record that fails its checks, a segment gone) is read by the store's Pull instead, which raises what
         it finds as before."""
         notes, lock = self._notes, self._notes_lock
-        if notes:
+        if notes and offset not in notes and len(notes) <= REALIGN_MAX_NOTES:  # bounded: the checkpoint's does all
             with lock:
                 self._realign_notes(offset)
         try:
@@ -337,6 +338,8 @@ class Timer:
                 found.append((offset + index, physical, record_reader.RecordView(buf, position).properties, -1))
                 index += 1
         except Exception:  # noqa: BLE001 (the Pull below reads the same records with the store's checks)
+            with lock:  # a note taken out by a walk that raised is gone: count what is left
+                self._noted = sum(len(n[0]) - n[3] for n in notes.values())
             pulled = self.store.pull(tm.TIMER_TOPIC, 0, offset, count, 8 << 20).messages
             return [(m.record.queue_offset, m.record.physical_offset, m.record.properties, -1) for m in pulled]
         # A run's units count as Timer._add's do (after the walk: the Pull above starts over without them)
