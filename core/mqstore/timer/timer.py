@@ -260,21 +260,27 @@ class Timer:
         its due times, its store time; at most MAX_NOTES records are noted (beyond, the records are read); the
         notes go with this Timer (a new leadership starts without)."""
         entries = results.entries
-        if len(entries) != len(dues):
-            raise ValueError(f"{len(dues)} due times for {len(entries)} records")
-        if not entries:
+        count = len(entries)
+        if count != len(dues):
+            raise ValueError(f"{len(dues)} due times for {count} records")
+        if not count:
             return
         first = entries[0][3]
-        at = max(0, self.enqueue_offset - first)  # a batch's queue offsets are consecutive: those below, read already
-        if at >= len(entries):
-            return
-        physicals = _note_physicals(entries if type(entries) is list else list(entries), at)
-        dues = list(dues[at:]) if at or type(dues) is not list else dues
-        with self._notes_lock:
-            if self._noted + len(physicals) > MAX_NOTES:
+        at = self.enqueue_offset - first  # a batch's queue offsets are consecutive: those below, read already
+        if at > 0:
+            if at >= count:
                 return
-            self._notes[first + at] = (physicals, dues, results.store_timestamp_ms, 0)
-            self._noted += len(physicals)
+            dues, count, first = dues[at:], count - at, first + at
+        else:
+            at = 0
+        if type(dues) is not list:
+            dues = list(dues)
+        physicals = _note_physicals(entries, at)
+        with self._notes_lock:
+            if self._noted + count > MAX_NOTES:
+                return
+            self._notes[first] = (physicals, dues, results.store_timestamp_ms, 0)
+            self._noted += count
 
     def _drop_old_notes(self) -> None:
         """Notes of records the enqueue read otherwise, at a checkpoint (:meth:`_realign_notes`)."""
