@@ -5,7 +5,7 @@ The compiled codec is a set of Cython extension modules in this package (``_requ
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (a delayed
 batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies' properties from the timer
 records' bytes, ``_records.timer_copy``: mqstore.timer's; the enqueue's noted-record check and unit bytes,
-``_records.timer_noted_units`` and ``timer_units``: mqstore.timer.runs is their
+``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
 reference), their placing and stamping under the append lock with the consume queue entries
 (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
 StoredMessage bytes (Pull, GetMessage, GetMessages) from the
@@ -77,6 +77,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
                                  timer_copy=_records.timer_copy,
                                  timer_noted_units=_records.timer_noted_units,
+                                 timer_note_physicals=_records.timer_note_physicals,
                                  timer_units=_records.timer_units,
                                  append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,

@@ -19,6 +19,7 @@ the state a batch changes (UNIQ_KEY counter, round-robin slots) lives in the Pyt
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -815,6 +816,7 @@ cdef enum:
     STAMP_V6_AT = 68
     BORN_HOST_V6 = 0x10
     UNIT_SIZE = 48
+    CQ_ENTRY_SIZE = 20
     KIND_DELIVER = 1
     KIND_ROLL = 2
     KIND_CANCEL = 4
@@ -826,41 +828,71 @@ cdef inline int64_t _be64(const uint8_t* p) noexcept nogil:
                      (<uint64_t>p[6] << 8) | <uint64_t>p[7])
 
 
-def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, list entries, Py_ssize_t index,
-                      int64_t first_offset, dict notes, int64_t read_ms, int64_t horizon, int64_t precision,
-                      set rolled, list units):
-    """mqstore.timer.runs.noted_units: the noted records' headers checked and their units made in one pass."""
-    cdef Py_ssize_t n = len(entries), buf_size = buf.shape[0], scheduled = 0
-    cdef int64_t physical, size, position, queue_offset, stamp, due, slot, rest
+cdef carray.array _INT64S = carray.array("q")
+
+
+def timer_note_physicals(list entries, Py_ssize_t start):
+    """mqstore.timer.runs.note_physicals: the physical offsets of ``entries[start:]`` (AppendResults.entries) as an
+    array of int64, what Timer.note keeps of a batch."""
+    cdef Py_ssize_t n = len(entries), i
+    cdef tuple entry
+    if start < 0:
+        raise ValueError("start must not be negative")
+    cdef carray.array out = carray.clone(_INT64S, n - start if n > start else 0, False)
+    for i in range(start, n):
+        entry = entries[i]  # checked: a tuple
+        if len(entry) < 1:
+            raise ValueError(f"entries[{i}] is empty")
+        out.data.as_longlongs[i - start] = entry[0]
+    return out
+
+
+def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, const uint8_t[::1] entries,
+                      Py_ssize_t index, int64_t first_offset, dict notes, int64_t read_ms, int64_t horizon,
+                      int64_t precision, set rolled, list units):
+    """mqstore.timer.runs.noted_units: the noted records' headers checked and their units made in one pass (a
+    note is a batch's: its physical offsets walked in C, no lookup a record)."""
+    cdef Py_ssize_t n = entries.shape[0] // CQ_ENTRY_SIZE, buf_size = buf.shape[0], scheduled = 0, at = 0
+    cdef Py_ssize_t noted_n = 0
+    cdef int64_t physical, size, position, queue_offset, stamp, noted_stamp = 0, due, slot, rest
     cdef const uint8_t* p
-    cdef tuple entry, noted
+    cdef const int64_t[::1] physicals
+    cdef tuple note
+    cdef object noted = None  # the note's physical offsets (an array of int64) while one is walked
+    cdef list dues = None
     cdef object got, q
-    if precision <= 0:
-        raise ValueError("precision must be positive")
+    if precision <= 0 or index < 0:
+        raise ValueError("precision must be positive, index not negative")
     while index < n:
-        entry = <tuple>entries[index]
-        physical, size = entry[0], entry[1]
-        if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
-            break
         queue_offset = first_offset + index
-        q = queue_offset
-        got = notes.get(q)
+        if noted is None:
+            got = notes.pop(queue_offset, None)
+            if got is None:
+                break
+            note = got
+            noted, dues, noted_stamp, at = note[0], note[1], note[2], note[3]  # checked: a list of due times
+            physicals = noted
+            noted_n = min(physicals.shape[0], len(dues))
+        p = &entries[index * CQ_ENTRY_SIZE]
+        physical, size = _be64(p), <int32_t>(<uint32_t>_be64(p + 4))  # the size: the low half of bytes 4-12
         position = physical - seg_start
-        if got is None:
-            break
-        noted = <tuple>got
-        if <int64_t>noted[0] != physical or position + STAMP_V6_AT + 8 > buf_size:
+        if (not seg_start <= physical < seg_end or size < FIXED_OVERHEAD or at < 0 or at >= noted_n
+                or physicals[at] != physical or position + STAMP_V6_AT + 8 > buf_size):
             break
         p = &buf[position]
         stamp = _be64(p + (STAMP_V6_AT if p[SYSFLAG_AT + 3] & BORN_HOST_V6 else STAMP_V4_AT))
         if (_be64(p + QUEUE_OFFSET_AT) != queue_offset or _be64(p + PHYSICAL_OFFSET_AT) != physical
-                or stamp != <int64_t>noted[2]):
+                or stamp != noted_stamp):
             break
-        del notes[q]
+        got = dues[at]
         index += 1
+        at += 1
+        if at == physicals.shape[0]:
+            noted = None
+        q = queue_offset
         if q in rolled:
             continue
-        due = noted[1]
+        due = got
         rest = due % precision  # C's remainder: Python's is never negative for a positive precision
         if rest < 0:
             rest += precision
@@ -868,10 +900,12 @@ def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end
         if slot < read_ms:
             slot = read_ms
         if slot >= horizon:
-            units.append((horizon, noted[1], q, entry[0], KIND_ROLL))
+            units.append((horizon, got, q, physical, KIND_ROLL))
         else:
-            units.append((slot, noted[1], q, entry[0], KIND_DELIVER))
+            units.append((slot, got, q, physical, KIND_DELIVER))
             scheduled += 1
+    if noted is not None:  # the rest of the note walked, for the next run
+        notes[first_offset + index] = (noted, dues, noted_stamp, at)
     return index, scheduled
 
 

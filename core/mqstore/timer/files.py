@@ -180,13 +180,14 @@ class TimerFiles:
         self._write_slot(Slot(slot_ms, first, position, (slot.count if slot is not None else 0) + 1))
         return position
 
-    def add_many(self, units: list[tuple[int, int, int, int, int]]) -> None:
+    def add_many(self, units: list[tuple[int, int, int, int, int]]) -> dict[int, list[int]]:
         """:meth:`add` for several units, each ``(slot ms, deliver ms, timer offset, physical offset, kind)``, in
         order: the units in one write to the log, then each slot they touch rewritten once (the same files as one
         :meth:`add` each: a kill -9 between the two writes leaves units past the slots' ends, which recovery
-        applies again like a single unit's lost slot write)."""
+        applies again like a single unit's lost slot write). Returns the slots touched (slot ms -> [first
+        position, last position, count])."""
         if not units:
-            return
+            return {}
         slots: dict[int, list[int]] = {}  # slot ms -> [first position, last position, count]
         start = self.log_end
         encoded, self.enqueued_to = _encode_units(units, start, slots, self.enqueued_to, self._slot_fields)
@@ -198,6 +199,7 @@ class TimerFiles:
         self.log_end = position
         for slot_ms, (first, last, count) in slots.items():
             self._write_slot(Slot(slot_ms, first, last, count))
+        return slots
 
     def _slot_fields(self, slot_ms: int) -> list[int]:
         """[first position, last position, count] of the slot (add_many's), [-1, -1, 0] when it is empty."""

@@ -1,14 +1,21 @@
 """The enqueue's per-record loops, pure Python: the reference of the compiled codec's ``timer_noted_units``,
-and ``timer_units`` (mqstore.codec's ``_records``), which must give the same results byte
+``timer_note_physicals`` and ``timer_units`` (mqstore.codec's ``_records``), which must give the same results byte
 for byte (tests/property/test_codec_timer_runs.py). mqstore.timer.timer and files call the compiled ones when
 built.
 
-* :func:`noted_units`: from ``entries[index]`` (consume queue entries of the timer topic's queue 0, the first at
-  queue offset ``first_offset``), the run of records that are in the segment buffer ``buf`` (log offsets
-  ``seg_start``..``seg_end``) and noted (``notes``: queue offset -> (physical offset, due, store time), what
-  Timer.note keeps) with a header naming that queue offset, that physical offset and the noted store time,
-  each made its timer unit and its note removed from ``notes``; it stops at the first entry that is not such
-  a record (the caller reads that one from the log, as before).
+* :func:`noted_units`: from entry ``index`` of ``entries`` (consume queue entries of the timer topic's queue 0 as
+  their bytes, ConsumeQueue.entry_bytes, the first at queue offset ``first_offset``), the run of records that are
+  in the segment buffer ``buf`` (log offsets ``seg_start``..``seg_end``) and noted with a header naming that queue
+  offset, that physical offset and the noted store time, each made its timer unit; it stops at the first entry
+  that is not such a record (the caller reads that one from the log, as before). ``notes`` is what Timer.note
+  keeps, a batch a note: the queue offset of its first record not taken yet -> (the batch's physical offsets, an
+  array of int64, their due times, the batch's store time, the index in them of that record); a note is removed
+  when its walk starts and what is left of it put back under the queue offset where the run stopped (a record
+  that is not as noted stays noted, as before). The queue offsets a note's records have are its key's and the
+  next ones: the consume queue's entry at each must name the noted physical offset, and the record there that
+  queue offset.
+* :func:`note_physicals`: the physical offsets of a batch's AppendResults.entries from ``start``, as the array of
+  int64 Timer.note keeps (the results' tuples are not kept).
 * :func:`encode_units`: a batch's timer units (mqstore.format.timer_unit) in one bytes object, each chained to
   its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count]) is updated as the
   units are added, a slot not in it yet read with ``read(slot ms)`` first ([-1, -1, 0] for an empty one).
@@ -16,9 +23,11 @@ built.
 
 from __future__ import annotations
 
+import array
 import struct
 import zlib
 
+from mqstore.format.cq_unit import ENTRY, ENTRY_SIZE
 from mqstore.format.record import FIXED_OVERHEAD, IPV4, LAYOUTS, QUEUE_OFFSET_AT, SYSFLAG_BORN_HOST_V6
 from mqstore.format.timer_unit import KIND_CANCEL, KIND_DELIVER, KIND_ROLL, UNIT_SIZE
 
@@ -32,33 +41,41 @@ assert QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at == LAYOUTS[2
 assert _V6_STAMP_AT == LAYOUTS[3].store_timestamp_at
 
 
-def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, first_offset: int, notes: dict,
+def noted_units(buf, seg_start: int, seg_end: int, entries: bytes, index: int, first_offset: int, notes: dict,
                 read_ms: int, horizon: int, precision: int, rolled: set, units: list) -> tuple[int, int]:
-    """The run of noted records from ``entries[index]`` (the module's docstring) as units, each appended to
+    """The run of noted records from entry ``index`` (the module's docstring) as units, each appended to
     ``units`` as Timer._add does it: (slot ms, due, queue offset, physical offset, kind), in the slot of its due
     time (the read slot when that passed), or a roll unit parked at ``horizon`` from there on; a record re-appended
     already (its queue offset in ``rolled``) is taken without a unit. Returns the index of the first entry not
     taken and the number of deliver units added."""
-    size_of_buf, scheduled = len(buf), 0
-    while index < len(entries):
-        physical, size, _ = entries[index]
-        if not seg_start <= physical < seg_end or size < FIXED_OVERHEAD:
-            break
+    if precision <= 0 or index < 0:
+        raise ValueError("precision must be positive, index not negative")
+    size_of_buf, scheduled, count = len(buf), 0, len(entries) // ENTRY_SIZE
+    noted = None  # the note being walked (taken out of ``notes``): its physical offsets, dues, store time, next index
+    while index < count:
         queue_offset = first_offset + index
-        noted = notes.get(queue_offset)
+        if noted is None:
+            note = notes.pop(queue_offset, None)
+            if note is None:
+                break
+            noted, dues, noted_stamp, at = note
+        physical, size, _ = ENTRY.unpack_from(entries, index * ENTRY_SIZE)
         position = physical - seg_start
-        if noted is None or noted[0] != physical or position + _V6_STAMP_AT + 8 > size_of_buf:
+        if (not seg_start <= physical < seg_end or size < FIXED_OVERHEAD or not 0 <= at < min(len(noted), len(dues))
+                or noted[at] != physical or position + _V6_STAMP_AT + 8 > size_of_buf):
             break
         named_offset, named_physical, sys_flag, stamp = _NOTED.unpack_from(buf, position + QUEUE_OFFSET_AT)
         if sys_flag & SYSFLAG_BORN_HOST_V6:
             stamp = _INT64.unpack_from(buf, position + _V6_STAMP_AT)[0]
-        if named_offset != queue_offset or named_physical != physical or stamp != noted[2]:
+        if named_offset != queue_offset or named_physical != physical or stamp != noted_stamp:
             break
-        del notes[queue_offset]
+        due = dues[at]
         index += 1
+        at += 1
+        if at == len(noted):
+            noted = None
         if queue_offset in rolled:
             continue
-        due = noted[1]
         slot = due - due % precision
         if slot < read_ms:
             slot = read_ms
@@ -67,7 +84,16 @@ def noted_units(buf, seg_start: int, seg_end: int, entries: list, index: int, fi
         else:
             units.append((slot, due, queue_offset, physical, KIND_DELIVER))
             scheduled += 1
+    if noted is not None:  # the rest of the note walked, for the next run
+        notes[first_offset + index] = (noted, dues, noted_stamp, at)
     return index, scheduled
+
+
+def note_physicals(entries: list, start: int) -> array.array:
+    """The physical offsets of ``entries[start:]`` as an array of int64 (the module's docstring)."""
+    if start < 0:
+        raise ValueError("start must not be negative")
+    return array.array("q", [entry[0] for entry in entries[start:]])
 
 
 def encode_units(units: list, position: int, slots: dict, enqueued_to: int, read) -> tuple[bytes, int]:

@@ -49,7 +49,7 @@ import structlog
 
 from mqstore import codec, disk_space, topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound, invariant
-from mqstore.format import record_reader
+from mqstore.format import cq_unit, record_reader
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import messages as tm
@@ -65,9 +65,11 @@ MAX_SLOTS_PER_STEP = 20_000
 ROLL_PASSES = 4
 SCAN_FRAME_BYTES = 4 << 20
 MAX_NOTES = 200_000     # noted records kept for the enqueue (about 30 MB at most; beyond, records are read)
+REALIGN_MAX_NOTES = 64  # notes (batches) up to which each read of the enqueue realigns them (Timer._realign_notes)
 _SIZE = struct.Struct(">i")
-# The noted records' header check and units (mqstore.timer.runs.noted_units is the compiled one's reference)
+# The noted records' header check and units, a note's physical offsets (mqstore.timer.runs: the references)
 _noted_units = codec.compiled.timer_noted_units if codec.compiled is not None else runs.noted_units
+_note_physicals = codec.compiled.timer_note_physicals if codec.compiled is not None else runs.note_physicals
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
@@ -118,7 +120,9 @@ class Timer:
         self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
         self._floor_position = 0  # timer log position: every unit before it is in a slot read already
         self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
-        self._notes: dict[int, tuple[int, int, int]] = {}  # queue offset -> (physical, due, store ms): note()
+        # queue offset -> (a batch's physical offsets, due times, store ms, the index of that offset's): note()
+        self._notes: dict[int, tuple[object, list[int], int, int]] = {}  # object: an array of int64
+        self._noted = 0  # records noted and not taken yet (at most MAX_NOTES)
         self._notes_lock = threading.Lock()
 
     # ---- open and close
@@ -250,21 +254,54 @@ class Timer:
     def note(self, results, dues: list[int]) -> None:
         """A delayed batch the Scheduler appended to the timer topic (its AppendResults and due times), from the
         appending thread: the enqueue takes a noted record's unit from here instead of reading it back, once it
-        finds the record in the log where the note says (:meth:`_timer_records`). At most MAX_NOTES are kept
-        (beyond, the records are read); the notes go with this Timer (a new leadership starts without)."""
-        stamp, enqueued = results.store_timestamp_ms, self.enqueue_offset
-        with self._notes_lock:
-            if len(self._notes) + len(dues) > MAX_NOTES:
+        finds the record in the log where the note says (:meth:`_timer_records`). One note a batch, under the
+        queue offset of its first record not read yet: its physical offsets as an array (the results' tuples
+        are not kept: objects the garbage collector tracks, one a record, which made it run every few batches),
+        its due times, its store time; at most MAX_NOTES records are noted (beyond, the records are read); the
+        notes go with this Timer (a new leadership starts without)."""
+        entries = results.entries
+        count = len(entries)
+        if count != len(dues):
+            raise ValueError(f"{len(dues)} due times for {count} records")
+        if not count:
+            return
+        first = entries[0][3]
+        at = self.enqueue_offset - first  # a batch's queue offsets are consecutive: those below, read already
+        if at > 0:
+            if at >= count:
                 return
-            for entry, due in zip(results.entries, dues, strict=True):
-                if entry[3] >= enqueued:  # else read already
-                    self._notes[entry[3]] = (entry[0], due, stamp)
+            dues, count, first = dues[at:], count - at, first + at
+        else:
+            at = 0
+        if type(dues) is not list:
+            dues = list(dues)
+        physicals = _note_physicals(entries, at)
+        with self._notes_lock:
+            if self._noted + count > MAX_NOTES:
+                return
+            self._notes[first] = (physicals, dues, results.store_timestamp_ms, 0)
+            self._noted += count
 
     def _drop_old_notes(self) -> None:
-        """Notes of records the enqueue read otherwise (a note that came after its record was read)."""
+        """Notes of records the enqueue read otherwise, at a checkpoint (:meth:`_realign_notes`)."""
         with self._notes_lock:
-            if self._notes and min(self._notes) < self.enqueue_offset:  # min: far cheaper than the rebuild
-                self._notes = {q: n for q, n in self._notes.items() if q >= self.enqueue_offset}
+            self._realign_notes(self.enqueue_offset)
+
+    def _realign_notes(self, offset: int) -> None:
+        """Under the notes' lock: a note under a queue offset below ``offset`` (its first records read from the log:
+        it came while the enqueue read them, or its record was not as noted) moved to ``offset`` if its batch
+        reaches it, else dropped; the count of noted records made again."""
+        notes = self._notes
+        if notes and min(notes) < offset:  # min: far cheaper than the rebuild
+            kept = {}
+            for key, (physicals, dues, stamp, at) in notes.items():
+                if key >= offset:
+                    kept[key] = (physicals, dues, stamp, at)
+                elif at + offset - key < len(physicals):
+                    kept[offset] = (physicals, dues, stamp, at + offset - key)
+            notes.clear()  # in place: a walk holds the dict
+            notes.update(kept)
+            self._noted = sum(len(n[0]) - n[3] for n in notes.values())
 
     def _timer_records(self, offset: int, count: int, horizon: int) -> list:
         """What the enqueue needs of the timer topic's records from ``offset``: (queue offset, physical offset,
@@ -276,16 +313,19 @@ class Timer:
         (a record that fails its checks, a segment gone) is read by the store's Pull instead, which raises what
         it finds as before."""
         notes, lock = self._notes, self._notes_lock
+        if notes and offset not in notes and len(notes) <= REALIGN_MAX_NOTES:  # bounded: the checkpoint's does all
+            with lock:
+                self._realign_notes(offset)
         try:
             cq, segments = self.store.queues.get(tm.TIMER_TOPIC, 0), self.store.commitlog.segments
             found: list = []
             seg_start = seg_end = 0  # the segment of the record before (a batch's records share one): found once
             buf = None
-            entries = cq.entries(offset, count)
-            index, total = 0, len(entries)
+            entries = cq.entry_bytes(offset, count)  # their bytes: the noted runs read them in C
+            index, total = 0, len(entries) // cq_unit.ENTRY_SIZE
             read_ms, precision, rolled = self.read_ms, self.precision, self._rolled
             while index < total:
-                physical, size, _ = entries[index]
+                physical, size, _ = cq_unit.decode(entries, index * cq_unit.ENTRY_SIZE)
                 if not seg_start <= physical < seg_end:
                     seg = segments.find(physical)
                     buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
@@ -294,6 +334,7 @@ class Timer:
                     with lock:  # the notes it takes are removed (a note not taken goes at the next checkpoint)
                         reached, scheduled = _noted_units(buf, seg_start, seg_end, entries, index, offset, notes,
                                                           read_ms, horizon, precision, rolled, units)
+                        self._noted -= reached - index
                     if reached > index:
                         found.append(_NotedRun(units, offset + reached, scheduled))
                         index = reached
@@ -303,6 +344,8 @@ class Timer:
                 found.append((offset + index, physical, record_reader.RecordView(buf, position).properties, -1))
                 index += 1
         except Exception:  # noqa: BLE001 (the Pull below reads the same records with the store's checks)
+            with lock:  # a note taken out by a walk that raised is gone: count what is left
+                self._noted = sum(len(n[0]) - n[3] for n in notes.values())
             pulled = self.store.pull(tm.TIMER_TOPIC, 0, offset, count, 8 << 20).messages
             return [(m.record.queue_offset, m.record.physical_offset, m.record.properties, -1) for m in pulled]
         # A run's units count as Timer._add's do (after the walk: the Pull above starts over without them)
@@ -317,9 +360,9 @@ class Timer:
     def _flush(self, units: list[tuple[int, int, int, int, int]], upto: int) -> None:
         """The units gathered by :meth:`_add` into the files (and the read slot's into its heap); the enqueue
         offset to ``upto``."""
-        self.files.add_many(units)
+        touched = self.files.add_many(units)
         self.enqueue_offset = upto
-        if self._current is not None:
+        if self._current is not None and self.read_ms in touched:  # else no unit is the read slot's: no pass
             read_ms = self.read_ms
             self._take([Unit(due, slot, offset, physical, -1, kind) for slot, due, offset, physical, kind in units
                         if slot == read_ms])

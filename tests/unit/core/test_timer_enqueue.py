@@ -6,6 +6,7 @@ with properties, the timer's copies included) naming the same property as the ch
 
 from __future__ import annotations
 
+import gc
 import pathlib
 import re
 
@@ -25,6 +26,7 @@ from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.files import LOG_NAME, WHEEL_NAME, TimerFiles
+from mqstore.timer import timer as timer_module
 from mqstore.timer.timer import Timer
 
 CONFIG = TimerConfig(timer_precision_ms=100, timer_wheel_slots=64)
@@ -123,6 +125,111 @@ def test_noted_records_are_enqueued_without_reading_them_back(small_config, tmp_
         clock.advance(600)
         timer.step()
         assert store.queue_info("t", 0).max_offset == 5
+    finally:
+        timer.close()
+        store.stop()
+
+
+def _step_until_enqueued(timer, offset: int) -> None:
+    for _ in range(50):  # bounded: a step enqueues at least one consume queue file's run
+        if timer.enqueue_offset >= offset:
+            return
+        timer.step()
+    assert timer.enqueue_offset >= offset
+
+
+def _no_read_back(monkeypatch, store) -> None:
+    def read_back(*_args, **_kwargs):
+        raise AssertionError("a noted timer record was read back by the enqueue")
+    monkeypatch.setattr(record_reader.RecordView, "properties", property(read_back))
+    monkeypatch.setattr(store, "pull", read_back)
+
+
+def test_a_note_is_a_batch_taken_across_the_enqueues_runs(small_config, tmp_path, monkeypatch):
+    # One note a batch (Timer.note does no work a message): the enqueue's runs stop at each consume queue file's
+    # end (64 entries here), so a batch's note is taken in parts, its rest put back where a run stopped; a note
+    # that comes after part of its batch was read covers the rest. No noted record is read back, every unit is
+    # made, and nothing stays noted.
+    clock = FakeClock()
+    store = MessageStore(small_config(segment_size_bytes=1 << 20), clock)
+    store.start()
+    store.topic_admin.create("t", 1)
+    timer = Timer(store, CONFIG, tmp_path / "timer")
+    try:
+        timer.open()
+        due = clock.now_ms() + 500
+        batch = [MessageIn(b"x", properties={tm.DELIVER_MS: str(due + n % 7)}) for n in range(100)]
+        dues = [due + n % 7 for n in range(100)]
+        late = scheduling.append(store, CONFIG, "t", batch)  # not noted: its first records are read from the log
+        timer.step()
+        assert 0 < timer.enqueue_offset < 100
+        timer.note(late, dues)
+        assert list(timer._notes) == [timer.enqueue_offset]
+        # What a note keeps is no object a record the garbage collector tracks (kept tuples made it run every few
+        # delayed batches): the physical offsets are an array, the due times a list of ints
+        physicals, noted_dues, _, _ = held = timer._notes[timer.enqueue_offset]
+        tracked = [o for o in gc.get_referents(*held) if gc.is_tracked(o) and not isinstance(o, type)]
+        assert tracked == [] and type(physicals) is not list and list(physicals) == [e[0] for e in late.entries[
+            timer.enqueue_offset:]] and noted_dues == dues[timer.enqueue_offset:]
+        scheduler = scheduling.Scheduler(store, CONFIG, noted=timer.note)
+        scheduler.append("t", batch)
+        scheduler.append("t", batch)
+        _no_read_back(monkeypatch, store)
+        _step_until_enqueued(timer, 300)
+        assert timer.enqueue_offset == 300 and timer.stats.scheduled == 300
+        assert timer._notes == {} and timer._noted == 0
+        monkeypatch.undo()
+        # A note that came while the enqueue was reading its batch's first records from the log: under the queue
+        # offset of its first record, below the enqueue offset; the enqueue moves it to where it reads on.
+        raced = scheduling.append(store, CONFIG, "t", batch)
+        timer.step()
+        read_already = timer.enqueue_offset
+        assert 300 < read_already < 400
+        timer.enqueue_offset = 300  # as the note saw it, before the enqueue's run moved it
+        timer.note(raced, dues)
+        timer.enqueue_offset = read_already
+        assert list(timer._notes) == [300]
+        _no_read_back(monkeypatch, store)
+        _step_until_enqueued(timer, 400)
+        assert timer.enqueue_offset == 400 and timer.stats.scheduled == 400
+        assert timer._notes == {} and timer._noted == 0
+        monkeypatch.undo()
+        units = [u for slot in {timer.files.slot_ms(d) for d in dues} for u in timer.files.units(slot)]
+        assert sorted((u.timer_offset, u.deliver_ms) for u in units) == [(q, dues[q % 100]) for q in range(400)]
+        clock.advance(600)
+        timer.step()
+        assert store.queue_info("t", 0).max_offset == 400
+    finally:
+        timer.close()
+        store.stop()
+
+
+def test_notes_are_bounded_by_the_records_they_hold(small_config, tmp_path, monkeypatch):
+    # MAX_NOTES counts noted records, not batches: a batch that would pass it is not noted (its records are read
+    # from the log), and the records taken make room again.
+    monkeypatch.setattr(timer_module, "MAX_NOTES", 150)
+    clock = FakeClock()
+    store = MessageStore(small_config(segment_size_bytes=1 << 20), clock)
+    store.start()
+    store.topic_admin.create("t", 1)
+    timer = Timer(store, CONFIG, tmp_path / "timer")
+    try:
+        timer.open()
+        scheduler = scheduling.Scheduler(store, CONFIG, noted=timer.note)
+        batch = [MessageIn(b"x", properties={tm.DELAY_MS: "400"})] * 100
+        scheduler.append("t", batch)
+        scheduler.append("t", batch)
+        assert list(timer._notes) == [0] and timer._noted == 100
+        _step_until_enqueued(timer, 200)
+        assert timer.stats.scheduled == 200 and timer._notes == {} and timer._noted == 0
+        scheduler.append("t", batch)
+        assert list(timer._notes) == [200] and timer._noted == 100
+        _no_read_back(monkeypatch, store)
+        _step_until_enqueued(timer, 300)
+        monkeypatch.undo()
+        clock.advance(600)
+        timer.step()
+        assert store.queue_info("t", 0).max_offset == 300
     finally:
         timer.close()
         store.stop()
