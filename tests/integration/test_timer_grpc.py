@@ -152,12 +152,13 @@ def test_the_cli_sends_delayed_messages_and_recalls_them(server, log):
     kept = re.search(r"uniq_key=(\w+)", sent).group(1)
     at = _cli(server, "send", "delayed", "cli-past", "--deliver-at", "2020-01-01T00:00:00Z").stdout
     past = re.search(r"uniq_key=(\w+)", at).group(1)
-    recalled = _cli(server, "send", "delayed", "cli-recalled", "--delay", "4s").stdout  # a CLI start takes a while
+    # due in 12 s: the recall's CLI must start and answer before then (a CLI start took over 4 s at load ~30)
+    recalled = _cli(server, "send", "delayed", "cli-recalled", "--delay", "12s").stdout
     msg_id, uniq = re.search(r"msg_id=(\w+)\s+uniq_key=(\w+)", recalled).groups()
     assert "recalled" in _cli(server, "recall", "delayed", msg_id).stdout
     wait_until(lambda: _delivered(log, kept) and _delivered(log, past), timeout_s=15, what="the CLI's messages")
-    later = _cli(server, "send", "delayed", "cli-after", "--delay", "4s").stdout  # sent after the recall: due later
-    wait_until(lambda: _delivered(log, re.search(r"uniq_key=(\w+)", later).group(1)), timeout_s=15,
+    later = _cli(server, "send", "delayed", "cli-after", "--delay", "12s").stdout  # sent after the recall: due later
+    wait_until(lambda: _delivered(log, re.search(r"uniq_key=(\w+)", later).group(1)), timeout_s=40,
                what="a message due after the recalled one")
     assert not _delivered(log, uniq)
     assert "--timer-max-delay-ms" in _cli(server, "send", "delayed", "x", "--delay", "2d", expect=1).stderr
