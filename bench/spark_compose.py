@@ -24,7 +24,8 @@ and takes minutes (the images' build, then a Spark application per round). What 
      wall time and in CPU time, and reports the smallest measured size where the cluster's wall time is
      below the local engine's, and the size where the fitted wall lines cross (or that they do not: the
      cluster's per-record cost is the higher);
-  5. writes bench/results/spark_compose.json and .md (``--out DIR`` elsewhere);
+  5. writes bench/results/spark_compose.json and .md (``--out DIR`` elsewhere), after each size (a run cut
+     short keeps the sizes it measured, ``"complete": false``);
   6. always: ``docker compose down -v`` of the project, and the two images removed unless
      ``--keep-images``. The engine is left up.
 
@@ -179,7 +180,13 @@ def one_round(compose: Compose, args: argparse.Namespace, records: int, idle_rat
             "identical": line["identical"]}
 
 
-def measure(compose: Compose, args: argparse.Namespace) -> dict:
+def write(out: pathlib.Path, result: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spark_compose.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "spark_compose.md").write_text(markdown(result))
+
+
+def measure(compose: Compose, args: argparse.Namespace, meta: dict) -> dict:
     before, started = compose.cpu(), time.perf_counter()
     time.sleep(args.idle_s)  # a measurement window, not a wait for a condition
     after, elapsed = compose.cpu(), time.perf_counter() - started
@@ -196,6 +203,10 @@ def measure(compose: Compose, args: argparse.Namespace) -> dict:
             row[key] = statistics.median(r[key] for r in runs)
         row["runs"] = runs
         rows.append(row)
+        # after each size, so that a run cut short keeps what it measured ("complete": false)
+        meta["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        write(args.out, {"meta": {**meta, "complete": len(rows) == len(args.sizes)}, "idle_cpu_cores": idle_rate,
+                         "rows": rows, "fit": fit(rows)})
     return {"idle_cpu_cores": idle_rate, "rows": rows, "fit": fit(rows)}
 
 
@@ -208,7 +219,8 @@ def markdown(result: dict) -> str:
              "spark-master, spark-worker-1 and -2 (1 core, 1 GiB each; executors of 512m), the driver in the "
              "compactor's container, the round through compose's file:///tier. Every run's files byte-identical "
              "to the local engine's. Medians of "
-             f"{meta['repeats']} run(s) per size.", "",
+             f"{meta['repeats']} run(s) per size. Load average after: {meta.get('load_after', '?')}."
+             + ("" if meta.get("complete", True) else " Cut short: the sizes measured before it stopped."), "",
              "| records | input | local engine wall | cluster wall | cluster / local (wall) | local CPU | "
              "cluster CPU (driver container + master + workers) | cluster / local (CPU) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -284,11 +296,7 @@ def main(argv: list[str]) -> int:
                 raise RuntimeError("the master does not list 2 ALIVE workers after 300 s")
             time.sleep(1)
         say("the master lists 2 workers")
-        result = {"meta": meta, **measure(compose, args)}
-        result["meta"]["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "spark_compose.json").write_text(json.dumps(result, indent=1) + "\n")
-        (args.out / "spark_compose.md").write_text(markdown(result))
+        result = {"meta": {**meta, "complete": True}, **measure(compose, args, meta)}
         say(f"wrote {args.out / 'spark_compose.md'}")
         print(markdown(result))
         return 0
