@@ -102,6 +102,10 @@ def fit(rows: list[dict]) -> dict:
         if len(set(xs)) < 2:
             out[what]["crossover_records"] = None
             out[what]["crossover"] = "one round size: no line to fit"
+        elif b_spark <= 0:
+            out[what]["crossover_records"] = None
+            out[what]["crossover"] = ("not measurable: the cluster's fitted cost per record is not positive (the "
+                                      "noise of its fixed cost is larger than its per-record cost over these sizes)")
         elif b_spark < b_local:
             crossing = max(0.0, (a_spark - a_local) / (b_local - b_spark))
             out[what]["crossover_records"] = round(crossing)
@@ -110,6 +114,11 @@ def fit(rows: list[dict]) -> dict:
             out[what]["crossover_records"] = None
             out[what]["crossover"] = ("none: the cluster's cost per record is the higher, its line never falls "
                                       "below the local engine's")
+    cpu = out["cpu"]
+    # The cores the cluster's executors and driver would need, all busy, for a record to take it no longer than
+    # the local engine's one process takes (its CPU per record over theirs); its fixed cost aside.
+    cpu["cores_to_match_local_per_record"] = (round(cpu["spark_us_per_record"] / cpu["local_us_per_record"], 1)
+                                              if cpu["local_us_per_record"] > 0 else None)
     won = [r["records"] for r in rows if r["spark_s"] < r["local_s"]]
     out["smallest_measured_size_cluster_wins"] = min(won) if won else None
     return out
@@ -237,8 +246,12 @@ def markdown(result: dict) -> str:
                      f"{f['spark_fixed_s']:.1f} {unit} + {f['spark_us_per_record']:.1f} us/record | "
                      f"{f['spark_over_local_per_record']} |")
     won = fitted["smallest_measured_size_cluster_wins"]
+    cores = fitted["cpu"].get("cores_to_match_local_per_record")
     lines += ["", f"Crossover (wall): {fitted['wall']['crossover']}. Smallest measured size where the cluster "
-              f"won: {f'{won:,} records' if won else 'none up to the largest size measured'}.", ""]
+              f"won: {f'{won:,} records' if won else 'none up to the largest size measured'}. In CPU time a "
+              f"record costs the cluster {fitted['cpu']['spark_over_local_per_record']}x what it costs the local "
+              f"engine: its executors and driver would need {cores} cores, all busy, to take no longer per record "
+              "than the local engine's one process (its fixed cost aside).", ""]
     return "\n".join(lines)
 
 

@@ -41,6 +41,16 @@ def test_no_crossover_when_the_clusters_cost_per_record_is_the_higher():
     assert "none up to the largest size measured" in text and text.count("\n| 200,000 |") == 1
 
 
+def test_a_clusters_line_that_falls_with_size_gives_no_crossover():
+    """Wall times on a loaded machine: the smallest round's fixed cost noisier than the per-record cost."""
+    rows = [_row(n, 1e-5 * n, s) for n, s in ((50_000, 160.6), (200_000, 95.5), (800_000, 133.0))]
+    fitted = spark_compose.fit(rows)
+    assert fitted["wall"]["spark_us_per_record"] < 0 and fitted["wall"]["crossover_records"] is None
+    assert fitted["wall"]["crossover"].startswith("not measurable")
+    assert fitted["cpu"]["cores_to_match_local_per_record"] == round(
+        fitted["cpu"]["spark_us_per_record"] / fitted["cpu"]["local_us_per_record"], 1)
+
+
 def test_sizes_are_sorted_and_small_ones_refused():
     assert spark_compose.sizes_arg("800000,50000 200000") == [50_000, 200_000, 800_000]
     with pytest.raises(Exception, match="at least 1000"):
