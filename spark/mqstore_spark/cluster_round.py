@@ -17,10 +17,13 @@ URL, over a queue the executors find at the driver's paths:
      mqstore_spark.round_job``, as the compactor runs it) on the other, then install its output as the
      compactor does (mqstore.compaction.staged.install_output);
   3. compare every file of the two queue directories byte for byte (the consume-queue files included);
-  4. print one JSON line: records, keys, key bytes, input bytes, both engines' seconds, and what one
-     executor would hold to find the latest offset per key by itself (every key's bytes and an 8-byte
-     offset each) against the executor's whole heap (``--executor-memory``), and whether the files are
-     identical.
+  4. print one JSON line: records, keys, key bytes, input bytes, both engines' seconds and CPU seconds
+     (``local_cpu_s``: the local round's process time; ``local_cgroup_cpu_s`` and ``spark_cgroup_cpu_s``:
+     what the cgroup this process runs in used during each engine's round, i.e. inside a container the
+     whole container's CPU, the Spark driver's JVM and Python included; null where no cgroup CPU counter is
+     readable), and what one executor would hold to find the latest offset per key by itself (every key's
+     bytes and an 8-byte offset each) against the executor's whole heap (``--executor-memory``), and
+     whether the files are identical.
 Exits 1 when they are not (or the job fails). The work directory is removed at the end.
 """
 
@@ -55,6 +58,10 @@ BASE_MS = 1_700_000_000_000
 OFFSET_BYTES = 8  # what one executor would keep per key beside the key itself: its latest offset
 KEY_PREFIX_BYTES = len("key-0000000000")
 MEMORY_UNITS = {"k": 1 << 10, "m": MiB, "g": 1 << 30}
+# The CPU counter of the cgroup this process is in, as a container sees its own: cgroup v1's cpuacct.usage
+# (nanoseconds) or v2's cpu.stat usage_usec. On a host these are the root's (the whole machine's).
+CGROUP_CPU_FILES = ("/sys/fs/cgroup/cpuacct/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage",
+                    "/sys/fs/cgroup/cpu.stat")
 
 
 def key_name(k: int, key_bytes: int) -> str:
@@ -88,6 +95,26 @@ def generate(queue_dir: pathlib.Path, records: int, keys: int, segment_bytes: in
     qlog.seal_active()
     qlog.close()
     return written
+
+
+def cgroup_cpu_s(files: tuple[str, ...] = CGROUP_CPU_FILES) -> float | None:
+    """CPU seconds the cgroup of ``files`` (the first readable) has used so far; None when none is readable."""
+    for name in files:
+        try:
+            text = pathlib.Path(name).read_text()
+        except OSError:
+            continue
+        if name.endswith("cpu.stat"):
+            usec = next((line.split()[1] for line in text.splitlines() if line.startswith("usage_usec ")), None)
+            if usec is not None:
+                return int(usec) / 1e6
+            continue
+        return int(text.strip()) / 1e9
+    return None
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    return round(after - before, 2) if before is not None and after is not None else None
 
 
 def spark_round(queue_dir: pathlib.Path, config: CompactionConfig, master: str, now_ms: int,
@@ -130,12 +157,13 @@ def spark_round(queue_dir: pathlib.Path, config: CompactionConfig, master: str, 
             store.close()
 
 
-def local_round(queue_dir: pathlib.Path, config: CompactionConfig, now_ms: int) -> tuple[float, int]:
+def local_round(queue_dir: pathlib.Path, config: CompactionConfig, now_ms: int) -> tuple[float, int, float]:
+    """The local engine's round: its seconds, passes and CPU seconds (this process's)."""
     qlog = QueueLog(queue_dir, config.segment_size_bytes, "kv", 0)
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         stats = run_round(qlog, config, now_ms)
-        return time.perf_counter() - started, stats.passes
+        return time.perf_counter() - started, stats.passes, time.process_time() - cpu
     finally:
         qlog.close()
 
@@ -176,7 +204,9 @@ def figures(args: argparse.Namespace, config: CompactionConfig, size: int, secon
     return {"master": args.master, "tier_url": args.tier_url, "records": args.records, "keys": args.keys,
             "key_bytes": args.key_bytes,
             "input_bytes": size, "generate_s": round(seconds["generate"], 1), "local_s": round(seconds["local"], 1),
-            "local_passes": passes, "local_map_bytes": config.offset_map_memory_bytes,
+            "local_passes": passes, "local_cpu_s": round(seconds["local_cpu"], 2),
+            "local_cgroup_cpu_s": seconds["local_cgroup_cpu"], "spark_cgroup_cpu_s": seconds["spark_cgroup_cpu"],
+            "local_map_bytes": config.offset_map_memory_bytes,
             "spark_s": round(seconds["spark"], 1), "executor_memory": args.executor_memory,
             "executor_memory_bytes": memory, "keys_and_offsets_bytes": held,
             "keys_and_offsets_over_executor_memory": round(held / memory, 3),
@@ -208,8 +238,12 @@ def main(argv: list[str]) -> int:
         seconds = {"generate": time.perf_counter() - started}
         shutil.copytree(args.dir / "local", args.dir / "spark")
         now_ms = BASE_MS + args.records + 1
-        seconds["local"], passes = local_round(args.dir / "local" / "kv" / "0", config, now_ms)
+        before = cgroup_cpu_s()
+        seconds["local"], passes, seconds["local_cpu"] = local_round(args.dir / "local" / "kv" / "0", config, now_ms)
+        middle = cgroup_cpu_s()
         seconds["spark"] = spark_round(args.dir / "spark" / "kv" / "0", config, args.master, now_ms, args.tier_url)
+        seconds["local_cgroup_cpu"] = _delta(before, middle)
+        seconds["spark_cgroup_cpu"] = _delta(middle, cgroup_cpu_s())
         diff = differing(args.dir / "local", args.dir / "spark")
         print(json.dumps(figures(args, config, size, seconds, passes, diff)), flush=True)
         return 0 if not diff else 1

@@ -8,14 +8,14 @@ staging directory and the Spark master. Nothing per key or per record crosses to
   1. the driver finds the dirty range in the sealed segments' index files, read in place (bisect over
      the files: O(segments) memory);
   2. each executor task reads sealed segments (mapInArrow over their bases, ``keyed_records``): the
-     entries from the ``.cq`` file as numpy columns, the key and tombstone flag of each record up to
-     ``last`` from the compiled codec (rounds.compaction_fields), and ships an Arrow batch per segment of
-     fixed-width columns (entry number int32, queue offset int64, the key's MD5 digest as 16 bytes, the
-     tombstone flag); Spark marks a record *superseded* when a later record of its key lies in the dirty
-     range: the latest offset per digest is a window aggregate over the dirty records, computed on the
-     executors (shuffled and spilled by Spark, never held by one process), and each segment's marks
-     (superseded and tombstone entry numbers, the keys it holds the latest record of) are collected into
-     one row per segment;
+     entries from the ``.cq`` file as numpy columns, the key's digest and tombstone flag of each record up
+     to ``last`` from one call of the compiled codec per segment (rounds.segment_keys), and ships an Arrow
+     batch per segment of fixed-width columns (entry number int32, queue offset int64, the key's MD5
+     digest as 16 bytes, the tombstone flag); Spark marks a record *superseded* when a later record of
+     its key lies in the dirty range: the latest offset per digest is a window aggregate over the dirty
+     records, computed on the executors (shuffled and spilled by Spark, never held by one process), and
+     each segment's marks (superseded and tombstone entry numbers, the keys it holds the latest record
+     of) are collected into one row per segment;
   3. per segment's marks (on an executor, mapInArrow again; a task takes several segments, one at a
      time: two tasks per executor core) the executor decides its records with the rules
      every engine uses (mqstore.compaction.rounds.fate, on numpy columns: superseded -> dropped, a
@@ -35,7 +35,8 @@ staging directory and the Spark master. Nothing per key or per record crosses to
      writes ``round.manifest`` (inputs, ``rewritten_from``, outputs with sizes and CRC32s, a SHA-256 digest,
      the new round state, the keys whose tombstones it removed, its counters) and prints the Spark
      application's id as the last line of its stdout (the compactor logs it).
-No Python object is made per record outside step 2's key decoding (a key string and its digest).
+No Python object is made per record (step 2's keys are hashed in C; a key that is not ASCII is decoded and
+encoded as rounds.compaction_fields does, an object for that key only).
 The compactor validates the manifest against the staged files and installs them in place of the sealed
 segments from ``rewritten_from`` on with its usual swap.
 Where the segments, parts and output are is the request's choice (mqstore_spark.round_files): with
@@ -162,28 +163,31 @@ def keyed_records(request: dict, last: int):
     return records
 
 
+PAIRS_DTYPE = [("digest", "V16"), ("entry", "<i8")]  # offset_map.PAIR as numpy columns
+
+
 def _keyed_batch(files, base: int, last: int):
+    """One segment's keyed records up to ``last`` as one Arrow batch: the keys' digests and entry numbers from
+    one call of the compiled walk (rounds.segment_keys), no Python object per record."""
     import numpy as np
     import pyarrow as pa
-    from mqstore.compaction.offset_map import digest
-    from mqstore.compaction.rounds import compaction_fields
+    from mqstore.compaction.rounds import segment_keys
     entries = read_index(files.index(base))
     n = int(np.searchsorted(entries["queue_offset"], last, side="right"))
-    data = memoryview(files.log(base))
-    starts, ends = (entries["position"][:n] - base).tolist(), (entries["position"][:n] - base
-                                                              + entries["size"][:n]).tolist()
-    numbers, digests, tombstones = [], [], []
-    for i in range(n):
-        key, tombstone, _ = compaction_fields(data[starts[i]:ends[i]])
-        if key is not None:
-            numbers.append(i)
-            digests.append(digest(key))
-            tombstones.append(tombstone)
-    at = np.array(numbers, dtype=np.int32)
+    positions = np.ascontiguousarray(entries["position"][:n], dtype=np.int64)
+    sizes = np.ascontiguousarray(entries["size"][:n], dtype=np.int32)
+    (pairs,), tombstones = segment_keys(memoryview(files.log(base)), positions, sizes, base, 0, 1)
+    columns = np.frombuffer(pairs, dtype=np.dtype(PAIRS_DTYPE))
+    count, numbers = len(columns), columns["entry"]
+    flags = np.zeros(count, dtype=bool)
+    flags[np.searchsorted(numbers, np.frombuffer(tombstones, dtype=np.int64))] = True  # both in log order
+    digests = pa.Array.from_buffers(pa.binary(), count, [
+        None, pa.py_buffer(np.arange(0, 16 * count + 1, 16, dtype=np.int32)),
+        pa.py_buffer(np.ascontiguousarray(columns["digest"]).view(np.uint8))])
     return pa.RecordBatch.from_arrays(
-        [pa.array(np.full(len(at), base, dtype=np.int64)), pa.array(at),
-         pa.array(entries["queue_offset"][at].astype(np.int64)), pa.array(digests, pa.binary()),
-         pa.array(tombstones, pa.bool_())], names=["base", "entry", "queue_offset", "digest", "tombstone"])
+        [pa.array(np.full(count, base, dtype=np.int64)), pa.array(numbers.astype(np.int32)),
+         pa.array(entries["queue_offset"][numbers].astype(np.int64)), digests, pa.array(flags)],
+        names=["base", "entry", "queue_offset", "digest", "tombstone"])
 
 
 def segment_marks(spark, segments, request: dict, cleaned: int, last: int):

@@ -37,6 +37,16 @@ def test_generate_writes_every_key_at_its_length(tmp_path):
     assert sum(row[2] for row in rows) == size
 
 
+def test_cgroup_cpu_reads_v1_nanoseconds_or_v2_usage_usec_and_none_without_a_counter(tmp_path):
+    v1, v2 = tmp_path / "cpuacct.usage", tmp_path / "cpu.stat"
+    v1.write_text("2500000000\n")
+    v2.write_text("usage_usec 1750000\nuser_usec 1000000\nsystem_usec 750000\n")
+    missing = str(tmp_path / "absent")
+    assert cluster_round.cgroup_cpu_s((missing, str(v1), str(v2))) == 2.5
+    assert cluster_round.cgroup_cpu_s((missing, str(v2), str(v1))) == 1.75
+    assert cluster_round.cgroup_cpu_s((missing,)) is None
+
+
 @pytest.mark.parametrize("argv,message", [(["--key-bytes", "13"], "--key-bytes must be in [14, 4096], not 13"),
                                           (["--executor-memory", "lots"], "a memory size such as 512m")])
 def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys, argv, message):
@@ -60,4 +70,5 @@ def test_a_small_round_in_local_mode_is_identical_and_reports_keys_against_the_h
     assert line["keys_and_offsets_over_executor_memory"] == round(8000 * 72 / (128 << 10), 3)
     assert line["input_bytes"] > 1 << 20  # more than one segment of 1 MiB
     assert line["local_passes"] == math.ceil(1.25 * 12000 / 8001) and line["spark_s"] > 0  # buckets by records
+    assert 0 < line["local_cpu_s"] and set(line) >= {"local_cgroup_cpu_s", "spark_cgroup_cpu_s"}
     assert not (tmp_path / "round").exists()  # the work directory goes at the end

@@ -14,7 +14,9 @@ record_scan), the consume-queue rebuild's walk (record_scan.routing_records) and
 records to packed consume queue runs (``_replay``, mqstore.queue.replay); the Java hashes of
 ``topic#key`` (index_file.key_hashes); the compaction round's key map, a flat open-addressing table
 (``_offset_map``; mqstore.compaction.offset_map.PyOffsetMap is its reference) and a compaction
-record's key, tombstone flag and body (``_scan.compaction_fields``; rounds.compaction_fields_python);
+record's key, tombstone flag and body (``_scan.compaction_fields``; rounds.compaction_fields_python) and a
+whole segment's keys as (MD5 digest, entry) pairs in the round's buckets (``_scan.segment_keys``, MD5 in C;
+rounds.segment_keys_python);
 the Compactor's Scan pages, LatestValue bytes straight from a chunk of compaction log records
 (``_scan.scan_values``; reads.scan's Latest items serialized by the servicer are the reference).
 The pure-Python path is what the code did before it and stays as the reference: protobuf's parser,
@@ -83,7 +85,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
-                                 compaction_fields=_scan.compaction_fields, scan_values=_scan.scan_values,
+                                 compaction_fields=_scan.compaction_fields, segment_keys=_scan.segment_keys,
+                                 scan_values=_scan.scan_values,
                                  routing_records=_scan.routing_records, place=_stamp.place,
                                  stamp=_stamp.stamp, IndexColumns=_index.IndexColumns,
                                  index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs,

@@ -17,7 +17,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memchr, memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy, memset
 
 from mqstore.codec._walk cimport (FIXED_OVERHEAD, SYS_FLAG_AT, RecordSpan, be32, be64, body_at_of,
                                   check_record, store_timestamp_at_of)
@@ -202,6 +202,147 @@ def compaction_fields(const uint8_t[::1] raw):
     cdef const uint8_t* p = &raw[0]
     word = None if f.key == NULL else PyUnicode_DecodeUTF8(<const char*>f.key, f.key_len, "replace")
     return word, f.tombstone, PyBytes_FromStringAndSize(<const char*>p + f.body_at, f.body_len)
+
+
+# ---- segment_keys: a segment's keyed records as (MD5 digest, entry) pairs in one call --------------------
+# RFC 1321 MD5 of a key's UTF-8 bytes: offset_map.digest's (hashlib.md5(key.encode()).digest()).
+
+cdef uint32_t* _MD5_K = [  # floor(abs(sin(i + 1)) * 2**32)
+    0xD76AA478, 0xE8C7B756, 0x242070DB, 0xC1BDCEEE, 0xF57C0FAF, 0x4787C62A, 0xA8304613, 0xFD469501,
+    0x698098D8, 0x8B44F7AF, 0xFFFF5BB1, 0x895CD7BE, 0x6B901122, 0xFD987193, 0xA679438E, 0x49B40821,
+    0xF61E2562, 0xC040B340, 0x265E5A51, 0xE9B6C7AA, 0xD62F105D, 0x02441453, 0xD8A1E681, 0xE7D3FBC8,
+    0x21E1CDE6, 0xC33707D6, 0xF4D50D87, 0x455A14ED, 0xA9E3E905, 0xFCEFA3F8, 0x676F02D9, 0x8D2A4C8A,
+    0xFFFA3942, 0x8771F681, 0x6D9D6122, 0xFDE5380C, 0xA4BEEA44, 0x4BDECFA9, 0xF6BB4B60, 0xBEBFBC70,
+    0x289B7EC6, 0xEAA127FA, 0xD4EF3085, 0x04881D05, 0xD9D4D039, 0xE6DB99E5, 0x1FA27CF8, 0xC4AC5665,
+    0xF4292244, 0x432AFF97, 0xAB9423A7, 0xFC93A039, 0x655B59C3, 0x8F0CCC92, 0xFFEFF47D, 0x85845DD1,
+    0x6FA87E4F, 0xFE2CE6E0, 0xA3014314, 0x4E0811A1, 0xF7537E82, 0xBD3AF235, 0x2AD7D2BB, 0xEB86D391,
+]
+cdef uint8_t* _MD5_S = [7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22,
+                        5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20,
+                        4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
+                        6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21]
+
+
+cdef inline uint32_t _le32(const uint8_t* p) noexcept nogil:
+    return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef void _md5_block(uint32_t* h, const uint8_t* p) noexcept nogil:
+    cdef uint32_t m[16]
+    cdef uint32_t a = h[0], b = h[1], c = h[2], d = h[3], f, t
+    cdef int i, g
+    for i in range(16):
+        m[i] = _le32(p + 4 * i)
+    for i in range(64):
+        if i < 16:
+            f, g = (b & c) | (~b & d), i
+        elif i < 32:
+            f, g = (d & b) | (~d & c), (5 * i + 1) & 15
+        elif i < 48:
+            f, g = b ^ c ^ d, (3 * i + 5) & 15
+        else:
+            f, g = c ^ (b | ~d), (7 * i) & 15
+        t = d
+        d = c
+        c = b
+        f = f + a + _MD5_K[i] + m[g]
+        b = b + ((f << _MD5_S[i]) | (f >> (32 - _MD5_S[i])))
+        a = t
+    h[0] += a
+    h[1] += b
+    h[2] += c
+    h[3] += d
+
+
+cdef void _md5(const uint8_t* p, Py_ssize_t n, uint8_t* out) noexcept nogil:
+    cdef uint32_t h[4]
+    cdef uint8_t tail[128]
+    cdef Py_ssize_t done = 0, rest, padded, k
+    cdef uint64_t bits = (<uint64_t>n) << 3
+    h[0], h[1], h[2], h[3] = 0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476
+    while n - done >= 64:
+        _md5_block(h, p + done)
+        done += 64
+    rest = n - done
+    padded = 64 if rest < 56 else 128
+    memcpy(tail, p + done, rest)
+    tail[rest] = 0x80
+    memset(tail + rest + 1, 0, padded - rest - 1 - 8)
+    for k in range(8):
+        tail[padded - 8 + k] = (bits >> (8 * k)) & 0xFF
+    _md5_block(h, tail)
+    if padded == 128:
+        _md5_block(h, tail + 64)
+    for k in range(16):
+        out[k] = (h[k >> 2] >> (8 * (k & 3))) & 0xFF
+
+
+def md5_digest(const uint8_t[::1] data):
+    """hashlib.md5(data).digest() (the walk's MD5, exposed for its test)."""
+    cdef uint8_t out[16]
+    _md5(&data[0] if data.shape[0] else NULL, data.shape[0], out)
+    return PyBytes_FromStringAndSize(<const char*>out, 16)
+
+
+cdef inline void _append(bytearray out, const uint8_t* src, Py_ssize_t n) except *:
+    cdef Py_ssize_t old = len(out)
+    PyByteArray_Resize(out, old + n)
+    memcpy(PyByteArray_AS_STRING(out) + old, src, n)
+
+
+def segment_keys(const uint8_t[::1] data, const int64_t[::1] positions, const int32_t[::1] sizes, int64_t base,
+                 int64_t first, Py_ssize_t buckets):
+    """mqstore.compaction.rounds.segment_keys_python: a segment's keyed records in one call. ``data`` holds the
+    segment whose first byte is at ``base``; record k is ``data[positions[k] - base:][:sizes[k]]``, entry
+    ``first + k`` of the round. Returns (pairs, tombstones): ``pairs`` a list of ``buckets`` bytearrays, each the
+    (MD5 digest of the record's compaction key in UTF-8, entry) pairs (offset_map.PAIR: 16 bytes, int64
+    little-endian) of the keyed records whose digest's first 4 bytes (big-endian) times ``buckets``, shifted
+    right by 32, is that bucket's number, in log order; ``tombstones`` a bytearray of the keyed tombstones'
+    entries (int64, native order), in log order. Keyless records are left out. The key is compaction_fields's
+    (the first word of the last non-empty KEYS, UTF-8 decoded with replacement: ill-formed bytes are hashed as
+    the replacement character's, as the digest of the decoded string is)."""
+    cdef Py_ssize_t n = positions.shape[0], limit = data.shape[0], k, j, at, size, count = 0, b
+    cdef const uint8_t* p = &data[0] if limit else NULL
+    cdef KeyFields f
+    cdef uint8_t pair[24]
+    cdef int64_t entry
+    cdef bint ascii
+    cdef const char* utf8
+    cdef Py_ssize_t utf8_len
+    if sizes.shape[0] != n:
+        raise ValueError(f"{n} positions but {sizes.shape[0]} sizes")
+    if buckets < 1:
+        raise ValueError(f"buckets must be at least 1, not {buckets}")
+    parts = [bytearray() for _ in range(buckets)]
+    tombstones = bytearray()
+    cdef list plist = parts
+    for k in range(n):
+        at, size = positions[k] - base, sizes[k]
+        if at < 0 or size < 0 or at + size > limit:
+            raise ValueError(f"record {k} ({size} bytes at {positions[k]}) is not inside the segment at {base} "
+                             f"({limit} bytes)")
+        _key_fields(p + at, size, &f)
+        if f.key == NULL:
+            continue
+        ascii = True
+        for j in range(f.key_len):
+            if f.key[j] & 0x80:
+                ascii = False
+                break
+        if ascii:
+            _md5(f.key, f.key_len, pair)
+        else:  # as the reference: the key decoded with replacement, then encoded
+            word = PyUnicode_DecodeUTF8(<const char*>f.key, f.key_len, "replace")
+            utf8 = PyUnicode_AsUTF8AndSize(word, &utf8_len)
+            _md5(<const uint8_t*>utf8, utf8_len, pair)
+        entry = first + k
+        for j in range(8):
+            pair[16 + j] = (<uint64_t>entry >> (8 * j)) & 0xFF
+        b = <Py_ssize_t>((<uint64_t>be32(pair) * <uint64_t>buckets) >> 32)
+        _append(plist[b], pair, 24)
+        if f.tombstone:
+            _append(tombstones, <const uint8_t*>&entry, 8)
+    return parts, tombstones
 
 
 # ---- Scan: the ScanPage.values of a chunk of compaction log records ---------------------------------------

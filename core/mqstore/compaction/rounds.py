@@ -3,10 +3,12 @@
 A round (reference §6.4, without its cliffs; Kafka's cleaner reads and rewrites each segment once too):
   1. take the sealed segments (never the active one) and the dirty range: records after the cleaned
      offset and older than min_compaction_lag_ms;
-  2. mark: read the sealed records up to the dirty range's end once; spill each keyed record's
-     (MD5 digest, entry index) pair to one of P buckets by the digest's first 4 bytes, P =
+  2. mark: read the sealed records up to the dirty range's end once, a segment per call of the compiled
+     walk (:data:`segment_keys`: the keys' MD5 digests computed in C, no object per record); spill each
+     keyed record's (MD5 digest, entry index) pair to one of P buckets by the digest's first 4 bytes, P =
      ceil(1.25 x dirty records / the map's capacity), into ``staging/spill/`` (a buffer per bucket,
-     all of them together about the budget, at most 64 KiB each); set a bit per tombstone. Then per
+     all of them together about the budget, at most 64 KiB each plus the share of the segment just
+     read: 24 bytes per record of one segment at most); set a bit per tombstone. Then per
      bucket: put its dirty pairs into the offset map (offset_map.py; later wins), and mark every pair
      of the bucket whose key maps to a later record in the *superseded* bitset (one bit per sealed
      record). A bucket whose dirty keys do not fit the map is split in two by the next digest bit and
@@ -29,6 +31,7 @@ did not fit the budget.
 from __future__ import annotations
 
 import bisect
+from array import array
 import math
 import re
 import os
@@ -106,20 +109,29 @@ def _set(bits: bytearray, i: int) -> None:
     bits[i >> 3] |= 1 << (i & 7)
 
 
-def sealed_raw(src: Sealed, lo: int, hi: int) -> Iterator[tuple]:
-    """(index, raw record) of entries [lo, hi), one segment in memory at a time."""
+def sealed_segments(src: Sealed, lo: int, hi: int) -> Iterator[tuple[int, int, int, memoryview]]:
+    """(base, first entry, end entry, the segment's bytes) of each sealed segment holding entries of [lo, hi):
+    entries [first, end) are its, one segment in memory at a time."""
     entries, i = src.entries, lo
+    positions = entries.positions
     for base in src.bases:
         end = base + src.segment_size
-        if i >= hi or entries.positions[i] >= end:
+        if i >= hi or positions[i] >= end:
             continue
-        data = memoryview(src.read(base) if src.read else (src.directory / cseg.log_name(base)).read_bytes())
-        positions, sizes = entries.positions, entries.sizes
-        while i < hi and positions[i] < end:
+        first = i
+        i = min(hi, bisect.bisect_left(positions, end, i, hi))
+        data = src.read(base) if src.read else (src.directory / cseg.log_name(base)).read_bytes()
+        yield base, first, i, memoryview(data)
+    invariant(i >= hi, f"the segments of {src.directory} hold the entries of their index")
+
+
+def sealed_raw(src: Sealed, lo: int, hi: int) -> Iterator[tuple]:
+    """(index, raw record) of entries [lo, hi), one segment in memory at a time."""
+    positions, sizes = src.entries.positions, src.entries.sizes
+    for base, first, end, data in sealed_segments(src, lo, hi):
+        for i in range(first, end):
             at = positions[i] - base
             yield i, data[at:at + sizes[i]]
-            i += 1
-    invariant(i >= hi, f"the segments of {src.directory} hold the entries of their index")
 
 
 def sealed_records(src: Sealed, lo: int, hi: int) -> Iterator[tuple]:
@@ -155,6 +167,36 @@ _compiled_fields = codec.compiled.compaction_fields if codec.compiled is not Non
 compaction_fields = _compiled_fields or compaction_fields_python
 
 
+def segment_keys_python(data, positions, sizes, base: int, first: int, buckets: int) -> tuple[list, bytearray]:
+    """A segment's keyed records in one call (the reference of the codec's ``_scan.segment_keys``): ``data``
+    holds the segment whose first byte is at ``base``, record k is ``data[positions[k] - base:][:sizes[k]]``,
+    entry ``first + k`` of the round. (pairs, tombstones): ``buckets`` bytearrays of (digest of the record's
+    compaction key, entry) pairs (:data:`PAIR`), a pair in bucket ``(digest[:4] big-endian x buckets) >> 32``,
+    in log order; and the keyed tombstones' entries (int64, native order) in log order. Keyless records are
+    left out."""
+    if len(sizes) != len(positions):
+        raise ValueError(f"{len(positions)} positions but {len(sizes)} sizes")
+    if buckets < 1:
+        raise ValueError(f"buckets must be at least 1, not {buckets}")
+    parts, tombstones, pack = [bytearray() for _ in range(buckets)], array("q"), PAIR.pack
+    for k in range(len(positions)):
+        at, size = positions[k] - base, sizes[k]
+        if at < 0 or size < 0 or at + size > len(data):
+            raise ValueError(f"record {k} ({size} bytes at {positions[k]}) is not inside the segment at {base} "
+                             f"({len(data)} bytes)")
+        key, tombstone, _ = compaction_fields_python(data[at:at + size])
+        if key is None:
+            continue
+        d = digest(key)
+        parts[(int.from_bytes(d[:4], "big") * buckets) >> 32] += pack(d, first + k)
+        if tombstone:
+            tombstones.append(first + k)
+    return parts, bytearray(tombstones.tobytes())
+
+
+segment_keys = codec.compiled.segment_keys if codec.compiled is not None else segment_keys_python
+
+
 # ---- the local engine: marks through buckets ----------------------------------------------------------------
 
 def mark_local(src: Sealed, lo: int, hi: int, cleaned: int, budget: int, spill: pathlib.Path,
@@ -169,14 +211,15 @@ def mark_local(src: Sealed, lo: int, hi: int, cleaned: int, budget: int, spill: 
     spill.mkdir()
     limit = max(PAIR.size, min(BUFFER_BYTES, budget // count))  # all the buffers together: about the budget
     buckets = [_Bucket(spill / f"{b}", limit) for b in range(count)]
-    pack, tombstones = PAIR.pack, marks.tombstones
-    for i, _, key, tombstone in sealed_records(src, 0, hi):
-        if key is None:
-            continue  # a keyless record (written before keys were required) is kept as it is
-        if tombstone:
-            _set(tombstones, i)
-        d = digest(key)
-        buckets[(int.from_bytes(d[:4], "big") * count) >> 32].add(pack(d, i))
+    positions, sizes = src.entries.positions, src.entries.sizes
+    for base, first, end, data in sealed_segments(src, 0, hi):
+        # a keyless record (written before keys were required) is left out: kept as it is
+        parts, tombstones = segment_keys(data, positions[first:end], sizes[first:end], base, first, count)
+        for i in array("q", tombstones):
+            _set(marks.tombstones, i)
+        for bucket, pairs in zip(buckets, parts, strict=True):
+            if pairs:
+                bucket.add(pairs)
     for bucket in buckets:
         _resolve(bucket, omap, lo, marks.superseded, 0, stats, progress)
     return marks
