@@ -52,6 +52,12 @@ mqstore.tier.reads.TierReader's path: aligned read-ahead blocks, a cache of at m
 reads ObjectStore's deadline (``tier_read_timeout_ms``), Unavailable naming the tier URL, DataLoss for an
 object gone or short (Unavailable, retry, when it is gone because a round replaced the segment meanwhile).
 
+**A start with the tier down** (the manifest's list or read UNAVAILABLE within ``tier_read_timeout_ms``) goes
+on: a sealed segment's lone ``.cq`` is taken as tiered, reads of it answer UNAVAILABLE naming the tier, the key
+table is built from the local segments only (CompactionStore: a miss of GetLatest is UNAVAILABLE, not NOT_FOUND,
+meanwhile), rounds of such a queue wait, no pass runs; the duty retries :meth:`CompactionTier.load` each
+interval, which checks the lone ``.cq`` files against the manifest and completes the key tables.
+
 Thread-safety: thread-safe; ``_lock`` guards the manifest (replaced whole after each durable write); passes
 run on one thread (the duty's).
 """
@@ -123,7 +129,15 @@ class CompactionTier:
         self.url = writes.url
         self.root = check_key(f"{PREFIX}/{instance}", "instance id")
         self._lock = threading.Lock()
-        self._seq, self._segments = self._load()
+        self.load_error = ""  # why the manifest could not be read (empty once read)
+        try:
+            self._seq, self._segments = self._load()
+            self._loaded = True
+        except Unavailable as exc:  # the tier is down: start anyway, serve what is local (load() retries)
+            self._seq, self._segments, self._loaded, self.load_error = 0, {}, False, str(exc)
+            log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc),
+                        why="the compactor starts and serves its local segments; tiered ones answer UNAVAILABLE "
+                            "until the manifest is read")
         self._index_digests: dict[pathlib.Path, tuple[tuple, str]] = {}  # .cq path -> (stat identity, SHA-256)
         self.reader = TierReader(reads, lambda base: None, 1, read_ahead_bytes=config.tier_read_ahead_bytes,
                                  cache_bytes=config.tier_cache_bytes)
@@ -137,10 +151,11 @@ class CompactionTier:
         return f"{self.root}/manifest/{seq:020d}.json"
 
     def _load(self) -> tuple[int, dict[tuple, TieredSegment]]:
-        versions = sorted(info.key for info in self.writes.list(f"{self.root}/manifest"))
+        # (the reads' store: its deadline is the read timeout, so a stalled tier delays a start by that only)
+        versions = sorted(info.key for info in self.reads.list(f"{self.root}/manifest"))
         if not versions:
             return 0, {}
-        body = json.loads(read_whole(self.writes, versions[-1]))
+        body = json.loads(read_whole(self.reads, versions[-1]))
         if body.get("version") != VERSION:
             raise FailedPrecondition(f"{self.url}/{versions[-1]}: manifest version {body.get('version')!r}, this "
                                      f"build reads {VERSION}")
@@ -181,6 +196,40 @@ class CompactionTier:
                                  f"compactors run with one instance id (give each its own --instance-id); this "
                                  f"one stops uploading and deleting")
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the manifest was read (at the start, else by a later :meth:`load`)."""
+        return self._loaded
+
+    def unloaded_error(self, what: str) -> Unavailable:
+        return Unavailable(f"object storage tier {self.url} did not answer when the compactor started and its "
+                           f"manifest is not read yet ({self.load_error}): {what} is only in the tier; retry")
+
+    def load(self, store) -> bool:
+        """Read the manifest the start could not read, then check every queue's tiered segments against it and
+        complete their key tables from those segments (CompactionStore.complete_key_tables). True once loaded;
+        False (logged) while the tier still fails."""
+        if self._loaded:
+            return True
+        try:
+            seq, segments = self._load()
+        except Unavailable as exc:
+            self.load_error = str(exc)
+            log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc))
+            return False
+        with self._lock:
+            self._seq, self._segments, self._loaded = seq, segments, True
+        for slot in store.slots():
+            missing = sorted(b for b in slot.qlog.tiered if not self.holds(slot.qlog, b))
+            if missing:
+                log.error("compaction.tier_segment_missing", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
+                          bases=missing, why="a local .cq without its .log that the tier's manifest does not name: "
+                                             "reads of it answer DATA_LOSS; restore the directory from a replica")
+        store.complete_key_tables()
+        self.load_error = ""
+        log.info("compaction.tier_manifest_read", tier=self.url, segments=len(segments))
+        return True
+
     def segments(self) -> dict[tuple, TieredSegment]:
         """(topic, queue id, base) -> entry, a copy."""
         with self._lock:
@@ -193,14 +242,18 @@ class CompactionTier:
 
     # ---- QueueLog's remote -------------------------------------------------------------------------------
     def holds(self, qlog: QueueLog, base: int) -> bool:
+        if not self._loaded:  # (a start with the tier down: a sealed segment's lone .cq says it was uploaded;
+            return True       # load() checks it against the manifest once read)
         entry = self.finished(qlog.topic, qlog.queue_id, base)
         return entry is not None and entry.index_sha256 == self._index_digest(qlog.directory / cseg.index_name(base))
 
     def pin(self, qlog: QueueLog, base: int) -> TieredSegment:
+        if not self._loaded:
+            raise self.unloaded_error(f"compaction segment {base} of {qlog.topic}/{qlog.queue_id}")
         entry = self.finished(qlog.topic, qlog.queue_id, base)
-        if entry is None:  # (a tiered segment's entry is never dropped: not reached)
-            raise Unavailable(f"object storage tier {self.url}: compaction segment {base} of {qlog.topic}/"
-                              f"{qlog.queue_id} is not local and has no FINISHED upload; retry")
+        if entry is None:  # (a tiered segment's entry is never dropped: only a manifest lost while the tier was down)
+            raise DataLoss(f"object storage tier {self.url}: compaction segment {base} of {qlog.topic}/"
+                           f"{qlog.queue_id} is not local and the tier's manifest names no FINISHED upload of it")
         return entry
 
     def read(self, pinned: TieredSegment, position: int, size: int) -> bytes:
@@ -228,6 +281,8 @@ class CompactionTier:
     # ---- a pass (the active's duty) ----------------------------------------------------------------------
     def run_pass(self, store, stopping: Callable[[], bool] = lambda: False) -> None:
         """Steps 1-4 of the module docstring over every queue of ``store`` (a CompactionStore)."""
+        if not self.load(store):  # (nothing is uploaded or deleted before the manifest was read)
+            raise self.unloaded_error("no upload pass runs")
         self._check_newest(self._seq)
         slots = {(s.qlog.topic, s.qlog.queue_id): s for s in store.slots()}
         self._drop([w for w, s in self.segments().items() if w[:2] not in slots])
@@ -337,6 +392,8 @@ class CompactionTier:
                            lambda: self.reader.fetch_errors)
         metrics.gauge_fn(p + "copy_lag_segments", "local sealed segments without a FINISHED upload (last pass)",
                          lambda: self.lag_segments)
+        metrics.gauge_fn(p + "manifest_loaded", "1 once the tier's manifest was read (0: the tier did not answer "
+                         "since the start; tiered segments answer UNAVAILABLE)", lambda: int(self._loaded))
         metrics.gauge_fn(p + "size_bytes", "bytes of FINISHED uploads in the tier",
                          lambda: sum(s.segment_size for s in self.segments().values() if s.state == FINISHED))
 
@@ -372,7 +429,8 @@ def open_tier(config: CompactionTierConfig, instance: str, clock: Clock) -> Comp
 
 
 class TierDuty(Duty):
-    """Thread ``compactor-tier``: every ``tier_upload_interval_ms``, a pass (CompactionTier.run_pass) while
+    """Thread ``compactor-tier``: every ``tier_upload_interval_ms``, the manifest read if the start could not
+    (CompactionTier.load), then a pass (CompactionTier.run_pass) while
     ``active()`` (a standby uploads nothing and deletes nothing: its tiered segments stay readable)."""
 
     def __init__(self, tier: CompactionTier, store, active: Callable[[], bool] | None = None):
@@ -380,5 +438,7 @@ class TierDuty(Duty):
         self.tier, self.store, self.active = tier, store, active or (lambda: True)
 
     def step(self) -> None:
+        if not self.tier.load(self.store):  # (every instance: a standby reads its own tiered segments too)
+            return
         if self.active():
             self.tier.run_pass(self.store, lambda: self.stopping or not self.active())
