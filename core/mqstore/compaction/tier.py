@@ -87,6 +87,7 @@ from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
 
 from .qlog import QueueLog
+from . import tier_status
 from .tier_config import CompactionTierConfig
 
 log = structlog.get_logger("mqstore.compaction.tier")
@@ -129,12 +130,14 @@ class CompactionTier:
         self.url = writes.url
         self.root = check_key(f"{PREFIX}/{instance}", "instance id")
         self._lock = threading.Lock()
-        self.load_error = ""  # why the manifest could not be read (empty once read)
+        self.load_error, self._load_error_ms = "", 0  # why the manifest could not be read (empty once read)
+        self._queue_errors: dict[tuple[str, int], tuple[str, int]] = {}  # (topic, queue) -> its last failed pass
         try:
             self._seq, self._segments = self._load()
             self._loaded = True
         except Unavailable as exc:  # the tier is down: start anyway, serve what is local (load() retries)
             self._seq, self._segments, self._loaded, self.load_error = 0, {}, False, str(exc)
+            self._load_error_ms = clock.now_ms()
             log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc),
                         why="the compactor starts and serves its local segments; tiered ones answer UNAVAILABLE "
                             "until the manifest is read")
@@ -214,7 +217,7 @@ class CompactionTier:
         try:
             seq, segments = self._load()
         except Unavailable as exc:
-            self.load_error = str(exc)
+            self.load_error, self._load_error_ms = str(exc), self.clock.now_ms()
             log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc))
             return False
         with self._lock:
@@ -294,13 +297,18 @@ class CompactionTier:
             with slot.round_lock:
                 if slot.qlog.closed:
                     continue
+                where = (slot.qlog.topic, slot.qlog.queue_id)
                 try:
                     self._queue(slot.qlog)
+                    with self._lock:
+                        self._queue_errors.pop(where, None)
                 except FailedPrecondition:
                     raise  # fenced: nothing more of this pass
                 except MqStoreError as exc:  # the tier failing for this queue: the others go on, then raise
                     self.copy_errors += 1
                     failed = failed or exc
+                    with self._lock:
+                        self._queue_errors[where] = (str(exc), self.clock.now_ms())
                     log.warning("compaction.tier_pass_failed", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
                                 error=str(exc))
                 lag += sum(1 for b in slot.qlog.bases[:-1]
@@ -381,21 +389,13 @@ class CompactionTier:
                 log.info("compaction.tier_orphan_deleted", key=info.key)
 
     def register_metrics(self, metrics) -> None:
-        """Kafka's remote storage metrics, for compaction log segments (a mqstore.metrics.Registry)."""
-        p = "mqstore_compactor_tier_"
-        metrics.counter_fn(p + "copy_bytes_total", "bytes of sealed compaction segments uploaded",
-                           lambda: self.uploaded_bytes)
-        metrics.counter_fn(p + "copy_errors_total", "queues whose upload pass failed", lambda: self.copy_errors)
-        metrics.counter_fn(p + "fetch_bytes_total", "bytes read from the tier (segments only there)",
-                           lambda: self.reader.fetched_bytes)
-        metrics.counter_fn(p + "fetch_errors_total", "reads of the tier that failed (UNAVAILABLE or DATA_LOSS)",
-                           lambda: self.reader.fetch_errors)
-        metrics.gauge_fn(p + "copy_lag_segments", "local sealed segments without a FINISHED upload (last pass)",
-                         lambda: self.lag_segments)
-        metrics.gauge_fn(p + "manifest_loaded", "1 once the tier's manifest was read (0: the tier did not answer "
-                         "since the start; tiered segments answer UNAVAILABLE)", lambda: int(self._loaded))
-        metrics.gauge_fn(p + "size_bytes", "bytes of FINISHED uploads in the tier",
-                         lambda: sum(s.segment_size for s in self.segments().values() if s.state == FINISHED))
+        tier_status.register_metrics(self, metrics)
+
+    def queue_error(self, topic: str, queue_id: int) -> tuple[str, int]:
+        """(the queue's last failed pass, its time in ms), else why the manifest is not read yet, else ("", 0)."""
+        with self._lock:
+            found = self._queue_errors.get((topic, queue_id))
+        return found or ((self.load_error, self._load_error_ms) if not self._loaded else ("", 0))
 
     def close(self) -> None:
         self.reads.close()
