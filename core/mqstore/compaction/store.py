@@ -104,14 +104,15 @@ class CompactionStore:
 
     def complete_key_tables(self) -> None:
         """Once the tier's manifest is read: add the keys of the tiered segments a start skipped (a key's latest
-        offset is the larger one; no round ran on those queues meanwhile, so nothing was removed)."""
+        offset is the larger one; no round ran on those queues meanwhile, so nothing was removed). A queue whose
+        segments the tier fails to give stays partial (Unavailable raised): the next call goes on."""
         for slot in self.slots():
             if not slot.keys_partial:
                 continue
             with slot.round_lock:
                 qlog, found = slot.qlog, {}
-                if not qlog.closed:
-                    _fill_latest(qlog, only=set(qlog.tiered), into=found)
+                if not qlog.closed:  # (a segment the tier lost is left out: its reads answer DATA_LOSS)
+                    _fill_latest(qlog, only={b for b in qlog.tiered if self.remote.holds(qlog, b)}, into=found)
                     with qlog._lock:
                         for key, offset in found.items():
                             if qlog.latest.get(key, -1) < offset:

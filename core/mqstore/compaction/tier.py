@@ -132,25 +132,25 @@ class CompactionTier:
 
     def load(self, store) -> bool:
         """Read the manifest the start could not read, then check every queue's tiered segments against it and
-        complete their key tables from those segments (CompactionStore.complete_key_tables). True once loaded;
-        False (logged) while the tier still fails."""
-        if self.manifest.loaded:
-            return True
-        try:
-            self.manifest.load()
-        except Unavailable as exc:
-            self.load_error, self._load_error_ms = str(exc), self.clock.now_ms()
-            log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc))
-            return False
-        for slot in store.slots():
-            missing = sorted(b for b in slot.qlog.tiered if not self.holds(slot.qlog, b))
-            if missing:
-                log.error("compaction.tier_segment_missing", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
-                          bases=missing, why="a local .cq without its .log that the tier's manifest does not name: "
-                                             "reads of it answer DATA_LOSS; restore the directory from a replica")
-        store.complete_key_tables()
-        self.load_error = ""
-        log.info("compaction.tier_manifest_read", tier=self.url, segments=len(self.segments()))
+        complete their key tables from those segments (CompactionStore.complete_key_tables: retried by the next
+        call when the tier fails meanwhile). True once loaded; False (logged) while the tier still fails."""
+        if not self.manifest.loaded:
+            try:
+                self.manifest.load()
+            except Unavailable as exc:
+                self.load_error, self._load_error_ms = str(exc), self.clock.now_ms()
+                log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc))
+                return False
+            for slot in store.slots():
+                missing = sorted(b for b in slot.qlog.tiered if not self.holds(slot.qlog, b))
+                if missing:
+                    log.error("compaction.tier_segment_missing", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
+                              bases=missing, why="a local .cq without its .log that the tier's manifest does not "
+                                                 "name: reads of it answer DATA_LOSS; restore the directory from a "
+                                                 "replica")
+            self.load_error = ""
+            log.info("compaction.tier_manifest_read", tier=self.url, segments=len(self.segments()))
+        store.complete_key_tables()  # (nothing to do once done)
         return True
 
     def segments(self) -> dict[tuple, TieredSegment]:
