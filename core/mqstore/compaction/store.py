@@ -96,8 +96,9 @@ class CompactionStore:
 
     def tier_waits(self, slot: QueueSlot) -> Exception | None:
         """The error a read of the whole queue (a round) meets now: its tiered segments while the tier's manifest
-        is not read yet (a start with the tier down; mqstore.compaction.tier), else None."""
-        if slot.qlog.tiered and not self._tier_loaded():
+        is not read yet or their keys not yet in the key table (a start with the tier down;
+        mqstore.compaction.tier), else None."""
+        if slot.qlog.tiered and (slot.keys_partial or not self._tier_loaded()):
             return self.remote.unloaded_error(f"{len(slot.qlog.tiered)} sealed segment(s) of "
                                               f"{shown(slot.qlog.topic)}/{slot.qlog.queue_id}")
         return None
