@@ -425,7 +425,8 @@ def _tier_upload_cut(name, tmp_path, failpoint):
     verified nor FINISHED); the node restarts from disk: every sealed segment ends FINISHED exactly once, its
     object the segment's bytes, and no other object is left (mqstore.tier.uploader)."""
     from mqstore.tier.ledger import Ledger
-    from mqstore.tier.uploader import Uploader, sealed_segments
+    from mqstore.tier.sealed import sealed_segments
+    from mqstore.tier.uploader import Uploader
     from mqstore.tier.urls import open_store
     from tests.support.waiting import wait_until
 
@@ -461,7 +462,8 @@ def _tier_queue_file_upload_cut(name, tmp_path, failpoint):
     restarts from disk: every sealed queue file ends FINISHED exactly once, its object the file's bytes, and no
     other object is left under consumequeue/ (mqstore.tier.uploader)."""
     from mqstore.tier.ledger import Ledger
-    from mqstore.tier.uploader import Uploader, sealed_queue_files, sealed_segments
+    from mqstore.tier.sealed import sealed_queue_files, sealed_segments
+    from mqstore.tier.uploader import Uploader
     from mqstore.tier.urls import open_store
     from tests.support.waiting import wait_until
 
@@ -502,7 +504,8 @@ def _tier_retention_cut(name, tmp_path, failpoint):
     restarts from disk: the next pass finishes it, so no object of a segment below the log is left, every one
     above is kept, and the ledger has no conflict (mqstore.tier.uploader)."""
     from mqstore.tier.ledger import Ledger
-    from mqstore.tier.uploader import Uploader, sealed_segments
+    from mqstore.tier.sealed import sealed_segments
+    from mqstore.tier.uploader import Uploader
     from mqstore.tier.urls import open_store
     from tests.support.waiting import wait_until
 

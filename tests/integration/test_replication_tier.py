@@ -5,7 +5,8 @@ empty replica then joins: it copies only the leader's local tail (its log starts
 the same files, byte-identical), and Pull from offset 0 of every queue, GetMessage of a record only in the tier
 and Tail from the earliest offset answer on it as on the leader. The leader is killed (-9): the replica leads
 and serves the same, and its appends continue each queue's offsets. Before it, a replica without the tier is
-refused (FAILED_PRECONDITION naming --tier-url, in its log) and copies nothing."""
+refused (FAILED_PRECONDITION naming --tier-url, in its log) and copies nothing. The same join on moto's S3 server
+(one per module; the refusal, which reads no tier, only on file://)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from mqstore.format import record_reader
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, common_pb2
 from tests.support.ha import Group, etcd_or_skip
 from tests.support.processes import commitlog
+from tests.support.s3 import moto_s3
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -66,12 +68,28 @@ def _joined(proc) -> dict | None:
     return None
 
 
-def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_leads(tmp_path):
+@pytest.fixture(scope="module")
+def s3():
+    with moto_s3() as server:
+        yield server
+
+
+@pytest.fixture(params=["file", "s3"])
+def tier(request, tmp_path) -> tuple[str, dict[str, str] | None]:
+    """(the tier URL, the processes' environment)."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'tier'}", None
+    server = request.getfixturevalue("s3")
+    return f"s3://{server.bucket()}/group", server.env()
+
+
+def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_leads(tmp_path, tier):
     etcd = etcd_or_skip()
-    group = Group(tmp_path, etcd.endpoint, 2, "--tier-url", f"file://{tmp_path / 'tier'}",
+    url, env = tier
+    group = Group(tmp_path, etcd.endpoint, 2, "--tier-url", url,
                   "--tier-upload-interval-ms", "100", "--local-retention-bytes", str(3 * SEGMENT),
                   "--cq-entries-per-file", "32", "--min-insync-replicas", "1", "--warm-ahead-bytes", "0",
-                  "--default-replication", "SYNC")  # SYNC: the port answers Replicate on its event loop
+                  "--default-replication", "SYNC", env=env)  # SYNC: the port answers Replicate on its event loop
     try:
         group.start("n1")
         assert group.wait_leader()[0] == "n1"
@@ -91,15 +109,8 @@ def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_lead
         assert [b for q in range(QUEUES) for _, _, b in expected[q]] == \
             [b for q in range(QUEUES) for i, b in enumerate(bodies) if i % QUEUES == q]
 
-        plain = commitlog(tmp_path / "n3", "--node-id", "n3", "--etcd-endpoints", etcd.endpoint, "--metadata-url",
-                          group.metadata_url, "--auth-url", group.metadata_url, "--segment-size-bytes", "64KiB",
-                          "--preallocate-segments", "false").started()  # no tier: refused, naming the flags
-        try:
-            wait_until(lambda: any("does not read the object storage tier" in line and "--tier-url" in line
-                                   for line in list(plain.lines)), "a replica without the tier refused", 60)
-            assert not any('"replication.following"' in line for line in list(plain.lines))  # it copied nothing
-        finally:
-            plain.stop()
+        if url.startswith("file://"):
+            _refused_without_the_tier(tmp_path, etcd, group)
         group.start("n2")  # empty: it joins from the tier
         wait_until(lambda: "n2" in getattr(group.state("n1"), "in_sync", ()), "n2 in sync", 60)
         joined = _joined(group.procs["n2"])
@@ -135,3 +146,16 @@ def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_lead
     finally:
         group.stop()
         etcd.stop()
+
+
+def _refused_without_the_tier(tmp_path, etcd, group: Group) -> None:
+    """A replica without the tier is refused, naming the flags, and copies nothing."""
+    plain = commitlog(tmp_path / "n3", "--node-id", "n3", "--etcd-endpoints", etcd.endpoint, "--metadata-url",
+                      group.metadata_url, "--auth-url", group.metadata_url, "--segment-size-bytes", "64KiB",
+                      "--preallocate-segments", "false").started()  # no tier: refused, naming the flags
+    try:
+        wait_until(lambda: any("does not read the object storage tier" in line and "--tier-url" in line
+                               for line in list(plain.lines)), "a replica without the tier refused", 60)
+        assert not any('"replication.following"' in line for line in list(plain.lines))  # it copied nothing
+    finally:
+        plain.stop()

@@ -126,7 +126,8 @@ def test_a_segment_above_the_multipart_size_is_uploaded_in_parts_byte_identical_
     from mqstore.format import tier_upload
     from mqstore.format.tier_upload import FINISHED
     from mqstore.tier.ledger import Ledger
-    from mqstore.tier.uploader import SealedSegment, Uploader
+    from mqstore.tier.sealed import SealedSegment
+    from mqstore.tier.uploader import Uploader
 
     bucket = s3.bucket()
     store = open_store(f"s3://{bucket}/n", timeout_ms=60_000, endpoint=s3.endpoint, region=REGION, credentials=KEYS,

@@ -51,8 +51,9 @@ class Group:
     """Nodes n1..nN, each a CommitLog process, their topics in the etcd (:attr:`metadata_url`); ``stop()`` ends
     every process this group started."""
 
-    def __init__(self, root: pathlib.Path, etcd_endpoint: str, size: int = 3, *extra: str):
-        self.root, self.etcd_endpoint, self.extra = root, etcd_endpoint, extra
+    def __init__(self, root: pathlib.Path, etcd_endpoint: str, size: int = 3, *extra: str,
+                 env: dict[str, str] | None = None):
+        self.root, self.etcd_endpoint, self.extra, self.env = root, etcd_endpoint, extra, env
         self.procs: dict[str, ServiceProcess | None] = {f"n{i}": None for i in range(1, size + 1)}
         self.channels: dict[str, grpc.Channel] = {}
 
@@ -65,7 +66,8 @@ class Group:
     def start(self, node_id: str) -> ServiceProcess:
         proc = commitlog(self.root / node_id, "--node-id", node_id, "--etcd-endpoints", self.etcd_endpoint,
                          "--metadata-url", self.metadata_url, "--auth-url", self.metadata_url,
-                         "--segment-size-bytes", "64KiB", "--preallocate-segments", "false", *self.extra).started()
+                         "--segment-size-bytes", "64KiB", "--preallocate-segments", "false", *self.extra,
+                         env=self.env).started()
         self.procs[node_id] = proc
         old = self.channels.pop(node_id, None)
         if old is not None:

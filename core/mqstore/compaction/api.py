@@ -20,6 +20,7 @@ from mqstore.background import Duty
 from mqstore.compaction import reads
 from mqstore.compaction.offset_map import ENTRY_COST_BYTES
 from mqstore.compaction.store import CompactionStore, Dirt, QueueSlot, RoundInfo
+from mqstore.compaction.tier_status import QueueTierStatus, queue_status
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 
 ENGINES = ("auto", "local", "spark")
@@ -42,6 +43,7 @@ class Description:
     keys: int
     min_offset: int
     max_offset: int
+    tier: QueueTierStatus | None = None  # with a tier of compaction segments (mqstore.compaction.tier_status)
 
     @property
     def tombstones_pending_why(self) -> str:
@@ -151,7 +153,8 @@ class CompactorApi:
         qlog = slot.qlog
         return Description(slot, self.store.dirt(slot), slot.info, slot.running,
                            q.blocks(self.store.clock.now_ms()), q.until_ms, q.failures, q.error, due,
-                           len(qlog.entries), len(qlog.latest), qlog.min_offset(), qlog.next_offset())
+                           len(qlog.entries), len(qlog.latest), qlog.min_offset(), qlog.next_offset(),
+                           queue_status(self.store.remote, qlog) if self.store.remote is not None else None)
 
     def offsets(self, topic: str, queue_id: int, timestamp_ms: int) -> tuple[int, int, int]:
         limits.at_least_zero("timestamp_ms", timestamp_ms, "0 = no time; else ms since the epoch")

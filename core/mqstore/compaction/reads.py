@@ -86,6 +86,9 @@ def get_latest(store: CompactionStore, topic: str, key: str) -> Latest:
             return Latest(key, qlog.queue_id, found[0], key_and_tombstone(found[0].raw)[1])
     if not store.slots(topic):
         raise no_log(topic)
+    for slot in store.slots(topic):
+        if slot.keys_partial:  # the key may be in a tiered segment whose keys are not known yet: never NOT_FOUND
+            raise store.remote.unloaded_error(f"the keys of the tiered segments of {shown(topic)}/{slot.qlog.queue_id}")
     raise NotFound(f"key {shown(key)} has no value in topic {shown(topic)}")
 
 

@@ -62,6 +62,7 @@ class QueueSlot:
         self.quarantine = Quarantine(config)
         self.info = RoundInfo()
         self.running = False
+        self.keys_partial = False  # the key table lacks the tiered segments' keys (a start with the tier down)
 
 
 class CompactionStore:
@@ -84,9 +85,40 @@ class CompactionStore:
     def _open(self, topic: str, queue_id: int) -> QueueSlot:
         qlog = QueueLog(self.data_dir / topic / str(queue_id), self.config.segment_size_bytes, topic, queue_id,
                         self.remote)
-        _fill_latest(qlog)
-        slot = self._slots[(topic, queue_id)] = QueueSlot(qlog, self.config)
+        slot = QueueSlot(qlog, self.config)
+        slot.keys_partial = bool(qlog.tiered) and not self._tier_loaded()
+        _fill_latest(qlog, skip=qlog.tiered if slot.keys_partial else set())
+        self._slots[(topic, queue_id)] = slot
         return slot
+
+    def _tier_loaded(self) -> bool:
+        return self.remote is None or getattr(self.remote, "loaded", True)
+
+    def tier_waits(self, slot: QueueSlot) -> Exception | None:
+        """The error a read of the whole queue (a round) meets now: its tiered segments while the tier's manifest
+        is not read yet or their keys not yet in the key table (a start with the tier down;
+        mqstore.compaction.tier), else None."""
+        if slot.qlog.tiered and (slot.keys_partial or not self._tier_loaded()):
+            return self.remote.unloaded_error(f"{len(slot.qlog.tiered)} sealed segment(s) of "
+                                              f"{shown(slot.qlog.topic)}/{slot.qlog.queue_id}")
+        return None
+
+    def complete_key_tables(self) -> None:
+        """Once the tier's manifest is read: add the keys of the tiered segments a start skipped (a key's latest
+        offset is the larger one; no round ran on those queues meanwhile, so nothing was removed). A queue whose
+        segments the tier fails to give stays partial (Unavailable raised): the next call goes on."""
+        for slot in self.slots():
+            if not slot.keys_partial:
+                continue
+            with slot.round_lock:
+                qlog, found = slot.qlog, {}
+                if not qlog.closed:  # (a segment the tier lost is left out: its reads answer DATA_LOSS)
+                    _fill_latest(qlog, only={b for b in qlog.tiered if self.remote.holds(qlog, b)}, into=found)
+                    with qlog._lock:
+                        for key, offset in found.items():
+                            if qlog.latest.get(key, -1) < offset:
+                                qlog.latest[key] = offset
+                slot.keys_partial = False
 
     # ---- the queues ----------------------------------------------------------------------------------
     def slot(self, topic: str, queue_id: int, *, create: bool = False) -> QueueSlot:
@@ -180,6 +212,8 @@ class CompactionStore:
             if slot.qlog.closed:
                 raise NotFound(f"topic {shown(slot.qlog.topic)} queue {slot.qlog.queue_id} was deleted: its "
                                f"compaction log is gone")
+            if (waits := self.tier_waits(slot)) is not None:
+                raise waits  # refused before it starts: neither a failure nor a quarantine
             now = self.clock.now_ms()
             info = RoundInfo(started_ms=now, engine=engine, trigger=trigger)
             with self._lock:
@@ -273,6 +307,8 @@ class CompactionStore:
             reason, seal = self._due(slot)
             if not reason or slot.qlog.closed:  # (a topic deleted since the sweep began)
                 continue
+            if self.tier_waits(slot) is not None:
+                continue  # its tiered segments wait for the tier's manifest (a start with the tier down)
             try:
                 self.compact(slot, trigger=reason, seal_active=seal)
                 done += 1
@@ -342,10 +378,18 @@ def _remove_tree(directory: pathlib.Path) -> None:
     fs.fsync_dir(directory.parent)
 
 
-def _fill_latest(qlog: QueueLog) -> None:
-    """key -> latest offset from the records held (on open: the log is its own key table)."""
-    e = qlog.entries
-    for i, _, key, _ in sealed_records(Sealed(qlog.directory, qlog.segment_size, qlog.bases, e, qlog.segment_bytes),
-                                      0, len(e)):
-        if key is not None:
-            qlog.latest[key] = e.offsets[i]
+def _fill_latest(qlog: QueueLog, skip: set[int] = frozenset(), only: set[int] | None = None,
+                 into: dict | None = None) -> None:
+    """key -> latest offset from the records held (on open: the log is its own key table), into ``qlog.latest``
+    (or ``into``), segment by segment in order: those in ``skip`` left out, only those in ``only`` if given."""
+    e, into = qlog.entries, qlog.latest if into is None else into
+    bases = list(qlog.bases)
+    src = Sealed(qlog.directory, qlog.segment_size, bases, e, qlog.segment_bytes)
+    for n, base in enumerate(bases):
+        if base in skip or (only is not None and base not in only):
+            continue
+        end = bases[n + 1] if n + 1 < len(bases) else None
+        lo, hi = e.first_at_position(base), len(e) if end is None else e.first_at_position(end)
+        for i, _, key, _ in sealed_records(src, lo, hi):
+            if key is not None:
+                into[key] = e.offsets[i]

@@ -6,7 +6,8 @@ deleted by local retention once the upload FINISHED, and reads and rounds of suc
 (put with put-if-absent, S3's ``If-None-Match: *``), so a retried or half-done upload never replaces or is
 mistaken for another. A topic name with a character outside ``[A-Za-z0-9._-]`` is written ``x<hex of it>``.
 
-**Metadata: a manifest in the tier, per instance.** ``compaction/<instance>/manifest/<seq:020d>.json``, each
+**Metadata: a manifest in the tier, per instance** (mqstore.compaction.tier_manifest).
+``compaction/<instance>/manifest/<seq:020d>.json``, each
 version a new object written with put-if-absent, then the versions listed (the conditional write: two writers of
 one instance cannot both write version n, and a writer that finds a newer version than its own stops with
 FailedPrecondition; a pass checks that its version is the newest before it deletes anything), the newest one the
@@ -52,68 +53,45 @@ mqstore.tier.reads.TierReader's path: aligned read-ahead blocks, a cache of at m
 reads ObjectStore's deadline (``tier_read_timeout_ms``), Unavailable naming the tier URL, DataLoss for an
 object gone or short (Unavailable, retry, when it is gone because a round replaced the segment meanwhile).
 
-Thread-safety: thread-safe; ``_lock`` guards the manifest (replaced whole after each durable write); passes
-run on one thread (the duty's).
+**A start with the tier down** (the manifest's list or read UNAVAILABLE within ``tier_read_timeout_ms``) goes
+on: a sealed segment's lone ``.cq`` is taken as tiered, reads of it answer UNAVAILABLE naming the tier, the key
+table is built from the local segments only (CompactionStore: a miss of GetLatest is UNAVAILABLE, not NOT_FOUND,
+meanwhile), rounds of such a queue wait, no pass runs; the duty retries :meth:`CompactionTier.load` each
+interval, which checks the lone ``.cq`` files against the manifest and completes the key tables.
+
+Thread-safety: thread-safe; the manifest's own lock guards it (mqstore.compaction.tier_manifest), ``_lock`` the
+queues' last errors; passes run on one thread (the duty's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import pathlib
-import re
 import threading
 import uuid
-from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable
 
 import structlog
 
 from mqstore import failpoints
 from mqstore.background import Duty
 from mqstore.clock import Clock
-from mqstore.errors import AlreadyExists, DataLoss, FailedPrecondition, MqStoreError, Unavailable
+from mqstore.errors import DataLoss, FailedPrecondition, MqStoreError, Unavailable
 from mqstore.format import compaction_segment as cseg
-from mqstore.tier.objects import ObjectStore, check_key, read_whole
+from mqstore.tier.objects import ObjectStore, check_key
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
 
 from .qlog import QueueLog
+from . import tier_status
 from .tier_config import CompactionTierConfig
+from .tier_manifest import FINISHED, STARTED, Manifest, TieredSegment, topic_part
 
 log = structlog.get_logger("mqstore.compaction.tier")
 PREFIX = "compaction"
-VERSION = 1
 READ_WORKERS = 4
-STARTED, FINISHED = "STARTED", "FINISHED"
-_SAFE = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-@dataclass(frozen=True, slots=True)
-class TieredSegment:
-    """One manifest entry (the module docstring). ``segment_base``/``segment_size`` as TierReader reads them."""
-
-    topic: str
-    queue_id: int
-    segment_base: int
-    key: str
-    segment_size: int
-    sha256: str
-    index_sha256: str
-    state: str
-    # TierReader reads ``kind`` to count a consume queue file's fetches per topic; a compaction segment is
-    # neither kind of the commit log's uploads (mqstore.format.tier_upload), so it counts in the totals only
-    kind: ClassVar[int] = 0
-
-    @property
-    def where(self) -> tuple[str, int, int]:
-        return (self.topic, self.queue_id, self.segment_base)
-
-
-def topic_part(topic: str) -> str:
-    return topic if _SAFE.match(topic) else "x" + topic.encode().hex()
 
 
 class CompactionTier:
@@ -123,7 +101,17 @@ class CompactionTier:
         self.url = writes.url
         self.root = check_key(f"{PREFIX}/{instance}", "instance id")
         self._lock = threading.Lock()
-        self._seq, self._segments = self._load()
+        self.load_error, self._load_error_ms = "", 0  # why the manifest could not be read (empty once read)
+        self._queue_errors: dict[tuple[str, int], tuple[str, int]] = {}  # (topic, queue) -> its last failed pass
+        self.manifest = Manifest(writes, reads, self.root)
+        try:
+            self.manifest.load()
+        except Unavailable as exc:  # the tier is down: start anyway, serve what is local (load() retries)
+            self.load_error = str(exc)
+            self._load_error_ms = clock.now_ms()
+            log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc),
+                        why="the compactor starts and serves its local segments; tiered ones answer UNAVAILABLE "
+                            "until the manifest is read")
         self._index_digests: dict[pathlib.Path, tuple[tuple, str]] = {}  # .cq path -> (stat identity, SHA-256)
         self.reader = TierReader(reads, lambda base: None, 1, read_ahead_bytes=config.tier_read_ahead_bytes,
                                  cache_bytes=config.tier_cache_bytes)
@@ -132,75 +120,60 @@ class CompactionTier:
         self.copy_errors = 0  # queues whose pass failed (each logged; the pass goes on to the others)
         self.lag_segments = 0  # local sealed segments without a FINISHED upload, at the last pass's end
 
-    # ---- the manifest ----------------------------------------------------------------------------------
-    def _manifest_key(self, seq: int) -> str:
-        return f"{self.root}/manifest/{seq:020d}.json"
+    # ---- the manifest (mqstore.compaction.tier_manifest) ----------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        """Whether the manifest was read (at the start, else by a later :meth:`load`)."""
+        return self.manifest.loaded
 
-    def _load(self) -> tuple[int, dict[tuple, TieredSegment]]:
-        versions = sorted(info.key for info in self.writes.list(f"{self.root}/manifest"))
-        if not versions:
-            return 0, {}
-        body = json.loads(read_whole(self.writes, versions[-1]))
-        if body.get("version") != VERSION:
-            raise FailedPrecondition(f"{self.url}/{versions[-1]}: manifest version {body.get('version')!r}, this "
-                                     f"build reads {VERSION}")
-        for old in versions[:-2]:  # (a crash between a write and the delete of the older one)
-            self.writes.delete(old)
-        segments = {}
-        for raw in body["segments"]:
-            entry = TieredSegment(**raw)
-            segments[entry.where] = entry
-        return int(body["seq"]), segments
+    def unloaded_error(self, what: str) -> Unavailable:
+        return Unavailable(f"object storage tier {self.url} did not answer when the compactor started and its "
+                           f"manifest is not read yet ({self.load_error}): {what} is only in the tier; retry")
 
-    def _save(self, segments: dict[tuple, TieredSegment]) -> None:
-        """Write the next manifest version (put-if-absent), then adopt ``segments``; the caller holds no lock
-        other than the pass's (one writer thread)."""
-        seq = self._seq + 1
-        body = {"version": VERSION, "seq": seq,
-                "segments": [dataclasses.asdict(s) for _, s in sorted(segments.items())]}
-        try:
-            self.writes.put_if_absent(self._manifest_key(seq), json.dumps(body, indent=1).encode())
-        except AlreadyExists:
-            self._fenced(self._manifest_key(seq))
-        self._check_newest(seq)  # (a version deleted since is written again, but the newer ones say who writes)
-        with self._lock:
-            self._seq, self._segments = seq, segments
-        if seq > 2:
-            self.writes.delete(self._manifest_key(seq - 2))
-
-    def _check_newest(self, seq: int) -> None:
-        """FailedPrecondition unless version ``seq`` is the newest: another process writes this instance's
-        manifest (before a pass deletes anything, and after each write)."""
-        mine = self._manifest_key(seq)
-        newer = [i.key for i in self.writes.list(f"{self.root}/manifest") if i.key > mine]
-        if newer:
-            self._fenced(newer[-1])
-
-    def _fenced(self, key: str) -> None:
-        raise FailedPrecondition(f"manifest version {key} of {self.url} was written by another process: two "
-                                 f"compactors run with one instance id (give each its own --instance-id); this "
-                                 f"one stops uploading and deleting")
+    def load(self, store) -> bool:
+        """Read the manifest the start could not read, then check every queue's tiered segments against it and
+        complete their key tables from those segments (CompactionStore.complete_key_tables: retried by the next
+        call when the tier fails meanwhile). True once loaded; False (logged) while the tier still fails."""
+        if not self.manifest.loaded:
+            try:
+                self.manifest.load()
+            except Unavailable as exc:
+                self.load_error, self._load_error_ms = str(exc), self.clock.now_ms()
+                log.warning("compaction.tier_manifest_unread", tier=self.url, error=str(exc))
+                return False
+            for slot in store.slots():
+                missing = sorted(b for b in slot.qlog.tiered if not self.holds(slot.qlog, b))
+                if missing:
+                    log.error("compaction.tier_segment_missing", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
+                              bases=missing, why="a local .cq without its .log that the tier's manifest does not "
+                                                 "name: reads of it answer DATA_LOSS; restore the directory from a "
+                                                 "replica")
+            self.load_error = ""
+            log.info("compaction.tier_manifest_read", tier=self.url, segments=len(self.segments()))
+        store.complete_key_tables()  # (nothing to do once done)
+        return True
 
     def segments(self) -> dict[tuple, TieredSegment]:
         """(topic, queue id, base) -> entry, a copy."""
-        with self._lock:
-            return dict(self._segments)
+        return self.manifest.segments()
 
     def finished(self, topic: str, queue_id: int, base: int) -> TieredSegment | None:
-        with self._lock:
-            entry = self._segments.get((topic, queue_id, base))
-        return entry if entry is not None and entry.state == FINISHED else None
+        return self.manifest.finished(topic, queue_id, base)
 
     # ---- QueueLog's remote -------------------------------------------------------------------------------
     def holds(self, qlog: QueueLog, base: int) -> bool:
+        if not self.manifest.loaded:  # (a start with the tier down: a sealed segment's lone .cq says it was uploaded;
+            return True       # load() checks it against the manifest once read)
         entry = self.finished(qlog.topic, qlog.queue_id, base)
         return entry is not None and entry.index_sha256 == self._index_digest(qlog.directory / cseg.index_name(base))
 
     def pin(self, qlog: QueueLog, base: int) -> TieredSegment:
+        if not self.manifest.loaded:
+            raise self.unloaded_error(f"compaction segment {base} of {qlog.topic}/{qlog.queue_id}")
         entry = self.finished(qlog.topic, qlog.queue_id, base)
-        if entry is None:  # (a tiered segment's entry is never dropped: not reached)
-            raise Unavailable(f"object storage tier {self.url}: compaction segment {base} of {qlog.topic}/"
-                              f"{qlog.queue_id} is not local and has no FINISHED upload; retry")
+        if entry is None:  # (a tiered segment's entry is never dropped: only a manifest lost while the tier was down)
+            raise DataLoss(f"object storage tier {self.url}: compaction segment {base} of {qlog.topic}/"
+                           f"{qlog.queue_id} is not local and the tier's manifest names no FINISHED upload of it")
         return entry
 
     def read(self, pinned: TieredSegment, position: int, size: int) -> bytes:
@@ -228,7 +201,9 @@ class CompactionTier:
     # ---- a pass (the active's duty) ----------------------------------------------------------------------
     def run_pass(self, store, stopping: Callable[[], bool] = lambda: False) -> None:
         """Steps 1-4 of the module docstring over every queue of ``store`` (a CompactionStore)."""
-        self._check_newest(self._seq)
+        if not self.load(store):  # (nothing is uploaded or deleted before the manifest was read)
+            raise self.unloaded_error("no upload pass runs")
+        self.manifest.check_newest()
         slots = {(s.qlog.topic, s.qlog.queue_id): s for s in store.slots()}
         self._drop([w for w, s in self.segments().items() if w[:2] not in slots])
         failed: MqStoreError | None = None
@@ -239,13 +214,18 @@ class CompactionTier:
             with slot.round_lock:
                 if slot.qlog.closed:
                     continue
+                where = (slot.qlog.topic, slot.qlog.queue_id)
                 try:
                     self._queue(slot.qlog)
+                    with self._lock:
+                        self._queue_errors.pop(where, None)
                 except FailedPrecondition:
                     raise  # fenced: nothing more of this pass
                 except MqStoreError as exc:  # the tier failing for this queue: the others go on, then raise
                     self.copy_errors += 1
                     failed = failed or exc
+                    with self._lock:
+                        self._queue_errors[where] = (str(exc), self.clock.now_ms())
                     log.warning("compaction.tier_pass_failed", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
                                 error=str(exc))
                 lag += sum(1 for b in slot.qlog.bases[:-1]
@@ -272,7 +252,7 @@ class CompactionTier:
             return
         segments = self.segments()
         gone = [segments.pop(w) for w in where]
-        self._save(segments)
+        self.manifest.save(segments)
         for entry in gone:
             self.writes.delete(entry.key)
         log.info("compaction.tier_dropped", objects=len(gone), why="replaced by a round, an attempt cut short, or "
@@ -285,7 +265,7 @@ class CompactionTier:
                f"{uuid.uuid4().hex}")
         entry = TieredSegment(qlog.topic, qlog.queue_id, base, key, size, data_digest,
                               self._index_digest(qlog.directory / cseg.index_name(base)), STARTED)
-        self._save({**self.segments(), entry.where: entry})
+        self.manifest.save({**self.segments(), entry.where: entry})
         failpoints.hit("compaction.tier.started")
         self.writes.put_file(key, path, size)
         failpoints.hit("compaction.tier.after_put")
@@ -293,7 +273,7 @@ class CompactionTier:
         if stored != size:
             raise Unavailable(f"object storage tier {self.url}: {key} holds {stored} bytes after its put, the "
                               f"segment {size}; it is discarded and uploaded again")
-        self._save({**self.segments(), entry.where: dataclasses.replace(entry, state=FINISHED)})
+        self.manifest.save({**self.segments(), entry.where: dataclasses.replace(entry, state=FINISHED)})
         failpoints.hit("compaction.tier.finished")
         self.uploads += 1
         self.uploaded_bytes += size
@@ -318,7 +298,7 @@ class CompactionTier:
                 log.info("compaction.tier_local_deleted", topic=qlog.topic, queue_id=qlog.queue_id, base=base)
 
     def _sweep(self) -> None:
-        self._check_newest(self._seq)
+        self.manifest.check_newest()
         named = {s.key for s in self.segments().values()}
         for info in self.writes.list(f"{self.root}/segments"):
             if info.key not in named:
@@ -326,19 +306,13 @@ class CompactionTier:
                 log.info("compaction.tier_orphan_deleted", key=info.key)
 
     def register_metrics(self, metrics) -> None:
-        """Kafka's remote storage metrics, for compaction log segments (a mqstore.metrics.Registry)."""
-        p = "mqstore_compactor_tier_"
-        metrics.counter_fn(p + "copy_bytes_total", "bytes of sealed compaction segments uploaded",
-                           lambda: self.uploaded_bytes)
-        metrics.counter_fn(p + "copy_errors_total", "queues whose upload pass failed", lambda: self.copy_errors)
-        metrics.counter_fn(p + "fetch_bytes_total", "bytes read from the tier (segments only there)",
-                           lambda: self.reader.fetched_bytes)
-        metrics.counter_fn(p + "fetch_errors_total", "reads of the tier that failed (UNAVAILABLE or DATA_LOSS)",
-                           lambda: self.reader.fetch_errors)
-        metrics.gauge_fn(p + "copy_lag_segments", "local sealed segments without a FINISHED upload (last pass)",
-                         lambda: self.lag_segments)
-        metrics.gauge_fn(p + "size_bytes", "bytes of FINISHED uploads in the tier",
-                         lambda: sum(s.segment_size for s in self.segments().values() if s.state == FINISHED))
+        tier_status.register_metrics(self, metrics)
+
+    def queue_error(self, topic: str, queue_id: int) -> tuple[str, int]:
+        """(the queue's last failed pass, its time in ms), else why the manifest is not read yet, else ("", 0)."""
+        with self._lock:
+            found = self._queue_errors.get((topic, queue_id))
+        return found or ((self.load_error, self._load_error_ms) if not self.manifest.loaded else ("", 0))
 
     def close(self) -> None:
         self.reads.close()
@@ -372,7 +346,8 @@ def open_tier(config: CompactionTierConfig, instance: str, clock: Clock) -> Comp
 
 
 class TierDuty(Duty):
-    """Thread ``compactor-tier``: every ``tier_upload_interval_ms``, a pass (CompactionTier.run_pass) while
+    """Thread ``compactor-tier``: every ``tier_upload_interval_ms``, the manifest read if the start could not
+    (CompactionTier.load), then a pass (CompactionTier.run_pass) while
     ``active()`` (a standby uploads nothing and deletes nothing: its tiered segments stay readable)."""
 
     def __init__(self, tier: CompactionTier, store, active: Callable[[], bool] | None = None):
@@ -380,5 +355,7 @@ class TierDuty(Duty):
         self.tier, self.store, self.active = tier, store, active or (lambda: True)
 
     def step(self) -> None:
+        if not self.tier.load(self.store):  # (every instance: a standby reads its own tiered segments too)
+            return
         if self.active():
             self.tier.run_pass(self.store, lambda: self.stopping or not self.active())

@@ -12,6 +12,7 @@ recorded in the log itself, deleted locally once uploaded (local retention) and 
                standard AWS_* variables
   ledger       the uploads' metadata: records of the system topic RMQ_SYS_TIER_UPLOADS
                (mqstore.format.tier_upload), a map per segment rebuilt from the topic
+  sealed       what is sealed and may be uploaded: the log's final segments, the consume queues' sealed files
   uploader     the duty that uploads sealed segments, on the leader only
   reads        TierReader: log bytes of a segment only in the tier, by aligned range GETs (read-ahead) through
                a byte-bounded block cache (CommitLog.remote: Pull and GetMessage(s) below the local log)

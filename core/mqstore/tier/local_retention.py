@@ -49,7 +49,7 @@ from mqstore.errors import MqStoreError
 from mqstore.format import cq_unit
 from mqstore.store_retention import LOCAL_ONLY_TOPICS
 from mqstore.tier.ledger import Ledger
-from mqstore.tier.uploader import SealedSegment
+from mqstore.tier.sealed import SealedSegment
 
 log = structlog.get_logger("mqstore.tier")
 

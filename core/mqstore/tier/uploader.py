@@ -21,9 +21,10 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      fsynced the bytes itself. A put that failed, or a crash after it, leaves the attempt pending: the step
      after resolves it with the full read-back of 1.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
-     Then **every sealed consume queue file** (``queue_files``, :func:`sealed_queue_files`: not a queue's last
-     file, every entry written and flushed) whose entries all point into commit log segments FINISHED in the
-     tier (or already past the total retention, below ``logical_min()``), with no FINISHED upload of its own:
+     Then **every sealed consume queue file** (``queue_files``, mqstore.tier.sealed.sealed_queue_files: not a
+     queue's last file, every entry written and flushed) whose entries all point into commit log segments
+     FINISHED in the tier (or already past the total retention, below ``logical_min()``), with no FINISHED
+     upload of its own:
      the same two records (kind CONSUME_QUEUE, mqstore.format.tier_upload's version 3: the topic, queue id, the
      file's base in the queue and the topic's incarnation), the key
      ``consumequeue/<topic>/<queue id>/<base:020d>/<upload id>``, the same put, check and resolution (1
@@ -70,8 +71,6 @@ Thread-safety: ``step`` runs on the duty's thread only; ``status()`` from any th
 from __future__ import annotations
 
 import hashlib
-import mmap
-import pathlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -81,11 +80,11 @@ import structlog
 
 from mqstore import failpoints
 from mqstore.background import Duty
-from mqstore.errors import OutOfRange
 from mqstore.format import cq_unit, tier_upload
 from mqstore.format.tier_upload import CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.tier.ledger import Ledger, same_topic
 from mqstore.tier.objects import ObjectStore
+from mqstore.tier.sealed import SealedQueueFile, SealedSegment
 
 log = structlog.get_logger("mqstore.tier")
 
@@ -100,107 +99,6 @@ def object_key(segment_base: int, upload_id: uuid.UUID) -> str:
 
 def queue_object_key(topic: str, queue_id: int, file_base: int, upload_id: uuid.UUID) -> str:
     return f"{QUEUE_PREFIX}/{topic}/{queue_id}/{file_base:020d}/{upload_id.hex}"
-
-
-class SealedSegment:
-    """What the uploader needs of a local segment: its base, its size, its file (``path``: streamed by the put
-    and hashed in chunks, never whole in memory; None: ``read()`` gives its bytes, for tests)."""
-
-    def __init__(self, base: int, size: int, read: Callable[[], bytes], path: pathlib.Path | None = None):
-        self.base, self.size, self.read, self.path = base, size, read, path
-
-    def digest(self) -> bytes:
-        """SHA-256 of the segment's bytes: of the file as a read-only memory map (no copy; hashlib releases the GIL
-        while it hashes: the commit log's threads run meanwhile)."""
-        if self.path is None:
-            return hashlib.sha256(self.read()).digest()
-        with open(self.path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            if len(mapped) < self.size:
-                raise OSError(f"{self.path} holds {len(mapped)} bytes, fewer than its {self.size}")
-            with memoryview(mapped) as view, view[:self.size] as part:
-                return hashlib.sha256(part).digest()
-
-
-def sealed_segments(store) -> list[SealedSegment]:
-    """The store's segments whose every byte is final: written, flushed and visible past their end."""
-    limit = min(store.flushed_offset(), store.visible_offset())
-    found = []
-    for segment in list(store.segments.segments):
-        if segment.end <= limit:
-            found.append(SealedSegment(segment.start, segment.size, _reader(segment.path), segment.path))
-    return found
-
-
-class SealedQueueFile:
-    """A sealed consume queue file: ``file`` (a SealedSegment: its base is its first byte in the queue's address
-    space), ``incarnation`` (its topic's start_physical_offset, read before the queue was listed: a topic deleted
-    and created again meanwhile makes it the older one, never a newer topic's for an older file) and
-    :meth:`log_span`, the commit log span its entries point into (read on first use: the uploader asks only for
-    files it has not uploaded)."""
-
-    def __init__(self, topic: str, queue_id: int, file: SealedSegment, span: Callable[[], tuple[int, int] | None],
-                 incarnation: int = -1):
-        self.topic, self.queue_id, self.file, self.incarnation = topic, queue_id, file, incarnation
-        self._span, self._known = span, None
-
-    def log_span(self) -> tuple[int, int] | None:
-        """[first record's physical offset, last record's end) ((0, 0): blanks only; None: the file went)."""
-        if self._known is None:
-            self._known = (self._span(),)
-        return self._known[0]
-
-
-def sealed_queue_files(store) -> list[SealedQueueFile]:
-    """Every consume queue's files whose every entry is final: not its last file, written and flushed to the
-    file's end (the topics kept local, Retention's LOCAL_ONLY_TOPICS, left out)."""
-    from mqstore.store_retention import LOCAL_ONLY_TOPICS  # the store's module; this one is imported by it
-    # The topics' incarnations before the queues they are listed with: a topic's delete drops its queues before
-    # its name is free, so a queue listed after is of that incarnation or an older one (never a newer).
-    starts = {topic: store.topics.start_of(topic) for topic, _ in list(store.queues.queues)}
-    found = []
-    for (topic, queue_id), cq in list(store.queues.queues.items()):
-        if topic in LOCAL_ONLY_TOPICS or starts.get(topic) is None:
-            continue  # kept local; a topic deleted, or created since the incarnations were read (the next pass)
-        for file in list(cq.files.segments)[:-1]:
-            if cq.flushed_offset * cq_unit.ENTRY_SIZE < file.end:
-                break
-            first, end = file.start // cq_unit.ENTRY_SIZE, file.end // cq_unit.ENTRY_SIZE
-            found.append(SealedQueueFile(topic, queue_id, SealedSegment(file.start, file.size, _reader(file.path),
-                                                                        file.path),
-                                         lambda cq=cq, first=first, end=end: _log_span(cq, first, end),
-                                         starts[topic]))
-    return found
-
-
-def queue_min(store, topic: str, queue_id: int) -> int | None:
-    """The queue's minimum offset (the total retention's), None when the store has no such queue."""
-    cq = store.queues.get(topic, queue_id)
-    return cq.min_offset if cq is not None else None
-
-
-def _log_span(cq, first: int, end: int) -> tuple[int, int] | None:
-    """[first record's physical offset, last record's end) of entries [first, end): blanks form a prefix."""
-    try:
-        lo, hi = first, end
-        while lo < hi:  # the first entry that is not a blank
-            mid = (lo + hi) // 2
-            if cq.entry(mid)[1] == cq_unit.BLANK_SIZE_FIELD:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo == end:
-            return 0, 0
-        last_phys, last_size, _ = cq.entry(end - 1)
-        return cq.entry(lo)[0], last_phys + last_size
-    except OutOfRange:  # SegmentClosed included: a file closed by a topic's delete meanwhile
-        return None
-
-
-def _reader(path) -> Callable[[], bytes]:
-    def read() -> bytes:
-        with open(path, "rb") as source:
-            return source.read()
-    return read
 
 
 @dataclass(slots=True)
@@ -223,9 +121,10 @@ class Uploader(Duty):
         ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
         ``log_min()``: the log's oldest physical offset kept locally; ``logical_min()``: the logical log's
         start (local retention's, mqstore.tier.local_retention; default ``log_min``): the tier's retention;
-        ``queue_files()``: the sealed consume queue files (:func:`sealed_queue_files`; None: none uploaded), whose
-        entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first; ``queue_min(topic, queue
-        id)``: the queue's minimum offset (None: no such queue), the files' retention in the tier."""
+        ``queue_files()``: the sealed consume queue files (mqstore.tier.sealed.sealed_queue_files; None: none
+        uploaded), whose entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first;
+        ``queue_min(topic, queue id)``: the queue's minimum offset (None: no such queue), the files' retention in
+        the tier."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger

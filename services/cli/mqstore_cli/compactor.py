@@ -9,8 +9,10 @@
 commit log at ``--address`` held for the topic when asked, so a round right after ``mqstore send``
 covers it (without it, the round covers what the compactor has applied so far).
 ``compact status`` prints one ``name: value`` line per field (every field, zeros too), the last round
-and the quarantine as sentences, times in UTC. A topic with no compaction log on the compactor (not a
-COMPACTION topic, or nothing written yet) is NOT_FOUND for ``kv get`` as for ``kv scan``, while an
+and the quarantine as sentences, times in UTC; with the compactor's ``--tier-url``, the queue's
+``tier_*`` lines (local and tiered bytes, pending uploads, the last error: DescribeQueue's ``tier``).
+A topic with no compaction log on the compactor (not a COMPACTION topic, or nothing written yet) is
+NOT_FOUND for ``kv get`` as for ``kv scan``, while an
 unknown key of a known topic prints ``(no value)``.
 
 ``--compactor-address`` (env MQSTORE_COMPACTOR_ADDRESS, default 127.0.0.1:50054), before or after the
@@ -212,6 +214,13 @@ def status_text(d: pb.QueueDescription) -> str:
              f"  due: {d.due or 'no'}",
              f"  tombstones_pending: {pending}",
              f"  quarantined: {_quarantine_text(d)}"]
+    if d.HasField("tier"):  # the compactor's --tier-url: the queue's sealed segments, local and in the tier
+        t = d.tier
+        error = f"{t.last_error} (at {_time_text(t.last_error_ms)})" if t.last_error else "none"
+        lines += [f"  tier: {t.tier_url}", f"  tier_local_bytes: {t.local_bytes}",
+                  f"  tier_tiered_bytes: {t.tiered_bytes} ({t.tiered_segments} segments)",
+                  f"  tier_pending_uploads: {t.pending_uploads} ({t.pending_bytes} bytes)",
+                  f"  tier_last_error: {error}"]
     return "\n".join(lines)
 
 

@@ -78,7 +78,8 @@ from mqstore.replication.tier_join import TierJoin
 from mqstore.tier.status import TierStats, register_metrics
 from mqstore.tier.reads import TierReader
 from mqstore.tier.urls import open_store
-from mqstore.tier.uploader import Uploader, queue_min, sealed_queue_files, sealed_segments
+from mqstore.tier.sealed import queue_min, sealed_queue_files, sealed_segments
+from mqstore.tier.uploader import Uploader
 from mqstore import system_writers  # noqa: F401  (registers every system writer's rules: mqstore.writers)
 from mqstore_rpc import catalogs, etcd_meta, service
 from mqstore_rpc import settings as S

@@ -17,8 +17,9 @@ The object storage tier of compaction log segments (mqstore.compaction.tier_conf
 ``--tier-region``), ``--tier-upload-interval-ms``, ``--tier-call-timeout-ms``, ``--tier-read-timeout-ms``,
 ``--local-retention-ms/-bytes``, ``--tier-read-ahead-bytes``, ``--tier-cache-bytes``: the active compactor
 uploads sealed segments under ``compaction/<instance id>/`` (the instance id as with etcd) and deletes their
-local copies; every instance reads its own tiered segments. The tier's manifest is read at start: a start
-while the tier does not answer fails (UNAVAILABLE naming it) when the compaction logs have tiered segments.
+local copies; every instance reads its own tiered segments. The tier's manifest is read at start; a start
+while the tier does not answer goes on (local segments served, tiered ones UNAVAILABLE naming the tier, their
+rounds waiting) and the tier's duty reads it once the tier answers (mqstore.compaction.tier).
 
 ``--etcd-endpoints`` (with ``--etcd-prefix``, ``--lease-ttl-s``, ``--instance-id``): one of several
 compactors, each following the commit log and answering reads, the lease holder running rounds

@@ -6,6 +6,8 @@ state beyond the CompactorApi, which is thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
+
 from mqstore.compaction.api import CompactorApi, Description
 from mqstore.format import record_reader
 from mqstore.model import StoredMessage
@@ -41,7 +43,8 @@ def description(d: Description) -> pb.QueueDescription:
         last_round=round_report(qlog.queue_id, d.info), round_running=d.running,
         tombstones_pending=dirt.tombstones_kept, tombstones_pending_why=d.tombstones_pending_why,
         quarantined=d.quarantined, quarantined_until_ms=d.quarantined_until_ms, failures=d.failures,
-        last_error=d.last_error, due=d.due)
+        last_error=d.last_error, due=d.due,
+        tier=pb.QueueTierStatus(**dataclasses.asdict(d.tier)) if d.tier is not None else None)
 
 
 class CompactorServicer(compactor_pb2_grpc.CompactorServicer):

@@ -17,6 +17,7 @@ from mqstore.compaction.tier_config import CompactionTierConfig
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import compaction_segment as cseg
 from mqstore.metrics import Registry
+from mqstore.tier.local import LocalBackend
 from mqstore.tier.reads import BlockCache
 from tests.support.compaction import put
 from tests.support.compaction_tier import CONFIG, Rig, everything, fill, sealed_files
@@ -216,3 +217,38 @@ def test_a_second_writer_of_one_instance_is_fenced_by_the_manifest_put_if_absent
     finally:
         other.close()
     assert set(rig.objects()) == {s.key for s in rig.tier.segments().values()}
+
+
+def test_a_start_with_the_tier_down_checks_the_local_index_files_once_a_standby_reads_the_manifest(rig, monkeypatch):
+    """A start while the file:// tier fails (its listing raises) goes on with the lone .cq files taken as tiered;
+    once it answers, even a standby's duty reads the manifest, and a .cq the manifest no longer names reads
+    DATA_LOSS (the others from the tier, as before)."""
+    fill(rig.store, rig.clock)
+    rig.tier.run_pass(rig.store)
+    before, tiered = everything(rig.store), sorted(rig.qlog.tiered)
+    lost = tiered[0]
+    segments = rig.tier.segments()
+    del segments[("kv", 0, lost)]
+    rig.tier.manifest.save(segments)  # the tier lost the first segment's upload
+    rig.close()
+
+    def down(self, prefix):
+        raise OSError("injected: the tier's mount is gone")
+    monkeypatch.setattr(LocalBackend, "list", down)
+    rig.open()
+    metrics = Registry()
+    rig.tier.register_metrics(metrics)
+    assert not rig.tier.loaded and metrics.get("mqstore_compactor_tier_manifest_loaded").value == 0
+    assert sorted(rig.qlog.tiered) == tiered
+    with pytest.raises(Unavailable, match="manifest is not read yet"):
+        rig.tier.run_pass(rig.store)  # nothing uploaded or deleted meanwhile
+    monkeypatch.undo()
+    TierDuty(rig.tier, rig.store, active=lambda: False).step()  # a standby reads its manifest too
+    assert rig.tier.loaded and metrics.get("mqstore_compactor_tier_manifest_loaded").value == 1
+    assert not rig.store.slot("kv", 0).keys_partial  # the key table completed from the segments the tier holds
+    assert reads.get_latest(rig.store, "kv", "k11").stored.raw == next(raw for _, raw in reversed(before)
+                                                                        if b"k11@" in raw)
+    with pytest.raises(DataLoss, match="names no FINISHED upload"):
+        rig.qlog.read(0, 5)
+    at = rig.qlog.index_of(before[-1][0])
+    assert [(s.entry.queue_offset, s.raw) for s in rig.qlog.read(at, 1)] == before[-1:]

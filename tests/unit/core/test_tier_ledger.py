@@ -19,7 +19,8 @@ from mqstore.format.tier_upload import DELETED, DISCARDED, FINISHED, STARTED, Up
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
 from mqstore.tier.ledger import Ledger, UploadMap
-from mqstore.tier.uploader import Uploader, object_key, sealed_segments
+from mqstore.tier.sealed import sealed_segments
+from mqstore.tier.uploader import Uploader, object_key
 from mqstore.tier.urls import open_store
 from tests.conftest import golden_bytes
 from tests.support.waiting import wait_until

@@ -25,8 +25,8 @@ from mqstore.tier.ledger import Ledger, UploadMap
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import BlockCache, TierReader
 from mqstore.tier.status import TierStats, register_metrics
-from mqstore.tier.uploader import (Uploader, object_key, queue_min, queue_object_key, sealed_queue_files,
-                                   sealed_segments)
+from mqstore.tier.sealed import queue_min, sealed_queue_files, sealed_segments
+from mqstore.tier.uploader import Uploader, object_key, queue_object_key
 from mqstore.tier.urls import open_store
 from tests.conftest import GOLDEN, golden_bytes
 from tests.support.waiting import wait_until

@@ -21,7 +21,8 @@ from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import BlockCache, TierReader
 from mqstore.tier.status import TierStats
-from mqstore.tier.uploader import Uploader, sealed_segments
+from mqstore.tier.sealed import sealed_segments
+from mqstore.tier.uploader import Uploader
 from mqstore.tier.urls import open_store
 from tests.support.waiting import wait_until
 

@@ -26,7 +26,8 @@ from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import TierReader
 from mqstore.replication import tier_join
 from mqstore.replication.tier_join import TierJoin
-from mqstore.tier.uploader import Uploader, queue_min, sealed_queue_files, sealed_segments
+from mqstore.tier.sealed import queue_min, sealed_queue_files, sealed_segments
+from mqstore.tier.uploader import Uploader
 from mqstore.tier.urls import open_store
 from tests.support.waiting import wait_until
 from tests.unit.replication.pair import copy
