@@ -320,17 +320,22 @@ class ConsumeQueue:
             return max(self.min_offset, lo - 1) if lo > self.min_offset else self.min_offset
         return lo
 
-    # ---- retention
-    def correct_min_offset(self, log_min_offset: int) -> None:
-        """First entry whose record is still in the log becomes the minimum; older files go."""
-        lo, hi = self.min_offset, self.max_offset
+    def first_entry_from(self, physical_offset: int, lo: int, hi: int) -> int:
+        """The first queue offset in [lo, hi) whose record starts at or above ``physical_offset`` (``hi`` when
+        none does): entries are in log order, a blank entry counts as below."""
         while lo < hi:
             mid = (lo + hi) // 2
             phys, size, _ = self.entry(mid)
-            if size == cq_unit.BLANK_SIZE_FIELD or phys < log_min_offset:
+            if size == cq_unit.BLANK_SIZE_FIELD or phys < physical_offset:
                 lo = mid + 1
             else:
                 hi = mid
+        return lo
+
+    # ---- retention
+    def correct_min_offset(self, log_min_offset: int) -> None:
+        """First entry whose record is still in the log becomes the minimum; older files go."""
+        lo = self.first_entry_from(log_min_offset, self.min_offset, self.max_offset)
         if lo == self.min_offset:
             return
         self.min_offset = lo

@@ -67,14 +67,7 @@ class TierJoin:
             if topic in LOCAL_ONLY_TOPICS or cq.max_offset == 0 or not cq.files.segments:
                 continue
             first = cq.files.min_offset // ENTRY  # the leader's first local file: the tier holds every one below
-            lo, hi = first, cq.max_offset
-            while lo < hi:  # the first entry whose record is in the tail (entries are in log order)
-                mid = (lo + hi) // 2
-                phys, size, _ = cq.entry(mid)
-                if size == cq_unit.BLANK_SIZE_FIELD or phys < at:
-                    lo = mid + 1
-                else:
-                    hi = mid
+            lo = cq.first_entry_from(at, first, cq.max_offset)  # the first entry whose record is in the tail
             entries, at_offset = [], first
             while at_offset < lo:  # entries() stops at a file's end
                 more = cq.entries(at_offset, lo - at_offset)
