@@ -246,6 +246,7 @@ def test_a_hold_keeps_no_finished_segment_local_only_an_unfinished_one_and_tail_
     assert first_min > 0 and len(rig.local_files()) <= 3  # FINISHED: gone below the follower's hold
     assert rig.store.retention.holds.snapshot()["follower"][0] == 0  # the hold stays, for the total retention
     assert rig.store.retention.limit() == 0 and rig.local.logical_min == 0
+    assert rig.store.store_info().min_physical_offset == 0  # the log's start for a follower (the Index's retention)
     rig.store.retention.holds.open("reads-the-local-log", first_min, now, durable=False)
     bodies += _fill(rig.store, 14, start=len(bodies))
     rig.uploader.step()
