@@ -35,7 +35,8 @@ Glossary (names carry units last):
   visible offset    the end of records that readers may see (written for ASYNC, flushed for SYNC)
   min offset        two units, so always say which. On the log (CommitLog.min_offset,
                     StoreInfo.min_physical_offset): a physical offset, the first byte still held (the
-                    first segment's start; retention raises it). On a consume queue
+                    first segment's start; retention raises it; StoreInfo's is the logical log's, which
+                    with the object storage tier reaches below the local log: CommitLog.logical_min). On a consume queue
                     (ConsumeQueue.min_offset, QueueInfo.min_offset, PullResult.min_offset): an offset,
                     the first message still readable (log or topic retention raises it)
   msg_id            the offset message id: hex of the store host, its port and the physical offset;

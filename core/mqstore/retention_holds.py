@@ -141,10 +141,9 @@ class RetentionHolds:
                             idle_ms=now_ms - hold.refreshed_ms, open_streams=hold.open_streams,
                             durable=hold.durable, why=why)
 
-    def low(self, now_ms: int, floors: dict[str, int | None] | None = None, at_least: int = 0) -> int | None:
+    def low(self, now_ms: int, floors: dict[str, int | None] | None = None) -> int | None:
         """The lowest live hold (None: nothing holds); lapsed holds are dropped. ``floors``: follower ->
-        the offset below which its hold keeps nothing (None: it keeps nothing at all); holds below
-        ``at_least`` are left out (local retention's: a Tail reading the tier needs no local file)."""
+        the offset below which its hold keeps nothing (None: it keeps nothing at all)."""
         floors = floors or {}
         with self._lock:
             self._drop_lapsed(now_ms)
@@ -154,7 +153,7 @@ class RetentionHolds:
                     held.append(hold.offset)
                 elif floors[name] is not None:
                     held.append(max(hold.offset, floors[name]))
-            return min((at for at in held if at >= at_least), default=None)
+            return min(held, default=None)
 
     def names(self) -> list[str]:
         """The names of the holds, lapsed ones included."""

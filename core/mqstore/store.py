@@ -562,7 +562,9 @@ class MessageStore:
 
     def store_info(self) -> StoreInfo:
         reason = self.disk.read_only_reason()
-        return StoreInfo(self.commitlog.min_offset, self.commitlog.written_offset,
+        # The log's start for a reader: with the object storage tier's local retention, below the local log (the
+        # followers, the Index's retention among them, read and keep what is only in the tier).
+        return StoreInfo(self.commitlog.logical_min(), self.commitlog.written_offset,
                          self.flusher.flushed_offset if self.flusher else 0, self.visible_offset(),
                          self.config.flush_mode, reason is not None, reason, len(self.segments.segments),
                          self.config.segment_size_bytes, f"{self.config.store_host}:{self.config.store_port}",

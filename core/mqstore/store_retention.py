@@ -83,10 +83,11 @@ class Retention:
         return self._segments.delete_expired(self.limit(), now_ms, self._config.retention_ms,
                                              self.before_segment_delete)
 
-    def limit(self, holds_from: int = 0) -> int:
+    def limit(self, holds: bool = True) -> int:
         """The log offset retention deletes nothing at or above (local retention's too: mqstore.tier.local_retention):
-        what is flushed and dispatched, the consumer offsets' floor, the floors added, the live holds (those at or
-        above ``holds_from``: local retention leaves out the holds of Tails that read the tier)."""
+        what is flushed and dispatched, the consumer offsets' floor, the floors added and, with ``holds``, the live
+        holds (local retention leaves them out: it deletes only segments whose upload FINISHED, which a follower's
+        Tail then reads from the tier; the total retention keeps them)."""
         limit = min(self._flushed_offset(), self._dispatcher.dispatched_offset)
         offsets_floor = self._offsets.floor()
         if offsets_floor is not None:
@@ -94,11 +95,13 @@ class Retention:
         for floor in list(self._floors.values()):
             if (at := floor()) is not None:
                 limit = min(limit, at)
+        if not holds:
+            return limit
         # Followers' positions (retention_holds.py); the compactor's protects compaction data only: nothing
         # below the COMPACTION topics' starts.
         floor = self._topics.compaction_floor()  # one per compactor (several with --etcd-endpoints)
         floors = {name: floor for name in self.holds.names() if retention_holds.is_compactor(name)}
-        held = self.holds.low(self._clock.now_ms(), floors, holds_from)
+        held = self.holds.low(self._clock.now_ms(), floors)
         return limit if held is None else min(limit, held)
 
     def _expired_end(self, now_ms: int) -> int | None:

@@ -9,9 +9,12 @@ A local segment goes only when, oldest first and never the last one:
   - its upload is FINISHED in the ledger (a segment not uploaded, or whose upload failed, stays local: the
     uploader's floor, Retention.add_floor("tier"), holds it too), with the segment's size;
   - it is due: older (file mtime) than ``local_retention_ms``, or the local log beyond ``local_retention_bytes``;
-  - it ends at or below the store's retention limit (Retention.limit: flushed and dispatched, the consumer
-    offsets' floor, the timer's floor, the followers' holds at or above the local log's start: a hold below it
-    is a Tail that reads the tier, which reads a segment deleted meanwhile from the tier too);
+  - it ends at or below the store's retention limit without the followers' holds (Retention.limit(holds=False):
+    flushed and dispatched, the consumer offsets' floor, the timer's floor). A follower's hold (the compactor's,
+    the Transaction service's, an administrator's Tail) never keeps a FINISHED segment local: its Tail reads
+    below the local log from the tier (CommitLog.frame, a segment deleted while a frame is read included), so a
+    follower that lags or is down for days costs tier GETs, not local disk; the holds stop the total retention
+    (below), in the tier as locally;
   - it holds no record the node reads from the local log only: the latest FINISHED record of a segment still
     in the log (the ledger maps segments to objects, so it must stay readable) and the consumer offsets'
     live records. Before a pass deletes, the leader re-appends both (the FINISHED records again,
@@ -127,8 +130,9 @@ class LocalRetention(Duty):
         if self.writable():
             self._keep_readable(end)
         self.ledger.catch_up()
-        local_min = self.store.segments.min_offset  # a hold below it is a Tail reading the tier: it holds nothing local
-        limit = min(self.store.retention.limit(holds_from=local_min), self._ledger_floor(), self.store.flushed_offset(),
+        # No follower's hold: a due segment's upload FINISHED, so a Tail below the local log reads it from the tier
+        # (CommitLog.frame, also when the segment goes while a frame is read); holds stop the total retention only.
+        limit = min(self.store.retention.limit(holds=False), self._ledger_floor(), self.store.flushed_offset(),
                     self.store.visible_offset())
         for start, seg_end in due:
             if seg_end > limit or self.stopping:

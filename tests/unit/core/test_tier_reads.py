@@ -230,25 +230,54 @@ def test_local_retention_deletes_only_uploaded_segments_and_pull_and_get_read_th
     assert _pull_all(rig.store) == bodies
 
 
-def test_a_hold_below_the_local_log_keeps_no_local_file_and_one_in_it_does(rig):
+def test_a_hold_keeps_no_finished_segment_local_only_an_unfinished_one_and_tail_reads_the_tier(rig):
     bodies = _fill(rig.store, 6)
+    now = rig.store.clock.now_ms()
+    rig.store.retention.holds.open("follower", 0, now, durable=False)  # a lagging follower in the local log
+    failpoints.arm("tier.upload.started", "raise")
+    with pytest.raises(failpoints.FailpointHit):
+        rig.uploader.step()
+    failpoints.disarm_all()
+    rig.local.step()
+    assert rig.local.deleted == 0 and rig.local_files()[0] == 0  # not uploaded: the segment stays (and the hold)
     rig.uploader.step()
     rig.local.step()
     first_min = rig.local_files()[0]
-    assert first_min > 0
-    now = rig.store.clock.now_ms()
-    rig.store.retention.holds.open("reads-the-tier", 0, now, durable=False)  # a Tail that started in the tier
-    bodies += _fill(rig.store, 10, start=len(bodies))
-    rig.uploader.step()
-    rig.local.step()
-    second_min = rig.local_files()[0]
-    assert second_min > first_min  # it reads what goes from the tier: local retention goes on
-    rig.store.retention.holds.open("reads-the-local-log", second_min, now, durable=False)
+    assert first_min > 0 and len(rig.local_files()) <= 3  # FINISHED: gone below the follower's hold
+    assert rig.store.retention.holds.snapshot()["follower"][0] == 0  # the hold stays, for the total retention
+    assert rig.store.retention.limit() == 0 and rig.local.logical_min == 0
+    assert rig.store.store_info().min_physical_offset == 0  # the log's start for a follower (the Index's retention)
+    rig.store.retention.holds.open("reads-the-local-log", first_min, now, durable=False)
     bodies += _fill(rig.store, 14, start=len(bodies))
     rig.uploader.step()
     rig.local.step()
-    assert rig.local_files()[0] == second_min  # a hold in the local log keeps it, as before
-    assert _tail_all(rig.store) == bodies
+    assert rig.local_files()[0] > first_min  # a hold in the local log keeps nothing FINISHED local either
+    assert _tail_all(rig.store) == bodies  # the follower's Tail reads what went from the tier
+
+
+def test_a_hold_stops_the_total_retention_of_segments_only_in_the_tier(small_config, tmp_path):
+    made = Rig(small_config(segment_size_bytes=SEGMENT, retention_ms=1000, retention_hold_grace_ms=0),
+               tmp_path / "tier")
+    try:
+        _fill(made.store, 6)
+        now = made.store.clock.now_ms()
+        made.store.retention.holds.open("follower", 0, now, durable=False)
+        made.uploader.step()
+        made.local.step()
+        local_min = made.local_files()[0]
+        assert local_min > 0  # local retention ignores the hold
+        end = made.store.commitlog.store_timestamp_at(SEGMENT)
+        wait_until(lambda: made.store.clock.now_ms() > end + 1000, "the first tiered segment past retention_ms", 10)
+        made.local.step()
+        assert made.local.logical_min == 0 and made.store.queue_info("t", 0).min_offset == 0  # held: nothing expires
+        made.store.retention.holds.close("follower", made.store.clock.now_ms())  # grace 0: the hold ends
+
+        def expired():
+            made.local.step()
+            return made.local.logical_min > 0
+        wait_until(expired, "the tiered segments expired once the hold ended", 30)
+    finally:
+        made.stop()
 
 
 def test_a_torn_object_is_data_loss_naming_it_never_a_partial_message(rig):
