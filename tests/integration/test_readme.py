@@ -54,6 +54,12 @@ HEX_ID = re.compile(r"\b[0-9A-F]{32}\b")
 MSG_ID = re.compile(r"""(?:msg_id=|"msgId":\s*"|"msg_id":\s*")([0-9A-F]{32})""")
 UNIQ_KEY = re.compile(r"""(?:uniq_key=|"uniqKey":\s*"|"uniq_key":\s*")([0-9A-F]{32})""")
 STATE = re.compile(r"^(source |export |[A-Za-z_][A-Za-z0-9_]*=)")
+# A command runs as at a terminal, where Ctrl-C's SIGINT is not ignored: a suite started in the background
+# (`make test &`, nohup) hands its children SIGINT ignored, a shell cannot undo that, and a Go program (grpcurl)
+# keeps an inherited ignore, so a Tail run by the README's "until Ctrl-C" would never stop. The disposition is
+# set back to the default in the child before bash starts (exec keeps it; no preexec_fn with threads running).
+AT_A_TERMINAL = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                 "os.execvp(sys.argv[1], sys.argv[1:])"]
 
 
 def runnable_commands(markdown: str) -> list[str]:
@@ -166,7 +172,7 @@ class Shell:
         env = {**os.environ, "MQSTORE_ADDRESS": self.log_address, "MQSTORE_INDEX_ADDRESS": self.index_address,
                "MQSTORE_TXN_ADDRESS": self.txn_address, "MQSTORE_COMPACTOR_ADDRESS": self.compactor_address}
         forever = "--follow" in actual or "/Tail" in actual
-        with subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+        with subprocess.Popen([*AT_A_TERMINAL, "bash", "-c", script], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) as process:
             output = Output(process)
