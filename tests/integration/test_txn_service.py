@@ -75,7 +75,9 @@ def test_rollback_waits_for_its_op_and_nothing_becomes_visible(log, txn):
     p = prepare(txn, "orders", [b"x"])
     done = rollback(txn, p.transaction_id)
     assert done.state == txn_pb2.TRANSACTION_STATE_ROLLED_BACK and not done.already
-    assert stats(txn).op_entries_written >= 1  # acknowledged only once its OP record is written
+    # acknowledged only once its OP record is durable: the follower reading it back may release the answer before
+    # the OP writer's append returns and counts it, so the counter is read until it shows the write
+    wait_until(lambda: stats(txn).op_entries_written >= 1, "the Rollback's OP record counted", 10)
     assert rollback(txn, p.transaction_id).already
     code, details = code_of(lambda: commit(txn, p.transaction_id))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "ROLLED_BACK" in details
