@@ -6,7 +6,10 @@ few messages at a time, lost data and lost acknowledgements, dropped streams, ki
 store halts as after kill -9: what was copied into its files stays) and its restart, elections after the
 leader dies. After every step: every SYNC-acknowledged record is in the leader's log, byte-identical at
 its offset; no node's log disagrees with the leader's below the committed offset; after a replica's
-handshake its log is a prefix of the leader's. Rerun a seed with MQSTORE_SEED=<n>."""
+handshake its log is a prefix of the leader's. Rerun a seed with MQSTORE_SEED=<n>.
+A power cut (a node losing what it had not flushed) is not modelled here: test_isr's
+test_a_replica_that_lost_an_acknowledged_tail_counts_only_what_its_hello_says covers a replica that comes
+back without a tail it acknowledged."""
 
 from __future__ import annotations
 
