@@ -125,12 +125,21 @@ class InSyncSet:
         with self._lock:
             return self._published
 
-    def connected(self, replica_id: str, address: str) -> None:
+    def connected(self, replica_id: str, address: str, holds: int | None = None) -> None:
+        """A stream of the replica opened; ``holds``: where the replica's log ends after its handshake (the
+        welcome's ``truncate_to``). Its progress is cut back to that: a replica that restarted after losing a
+        tail it had acknowledged (written, not flushed, when the power went) holds only what its hello says,
+        and its acknowledgements from before must not count (toward the watermark while it is still a
+        member, toward the copies an append reports) until its first acknowledgement on this stream."""
         with self._lock:
             p = self._progress.setdefault(replica_id, Progress(replica_id, address))
             p.address, p.connected = address, True
             p.streams += 1
             p.last_ack_ms = self.clock.now_ms()
+            if holds is not None and (p.written_offset > holds or p.flushed_offset > holds):
+                log.warning("isr.replica_holds_less", replica=replica_id, holds=holds,
+                            acknowledged_written=p.written_offset, acknowledged_flushed=p.flushed_offset)
+                p.written_offset, p.flushed_offset = min(p.written_offset, holds), min(p.flushed_offset, holds)
 
     def disconnected(self, replica_id: str) -> None:
         """A stream of the replica ended. It is disconnected once its last one has: a replica that reconnects

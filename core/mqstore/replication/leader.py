@@ -178,7 +178,8 @@ class ReplicaSession:
         return data
 
     def _connected(self) -> None:
-        self.node.in_sync.connected(self.hello.replica_id, self.hello.address)
+        # Before the first data message the position is the welcome's truncate_to: what the replica holds.
+        self.node.in_sync.connected(self.hello.replica_id, self.hello.address, self.position)
         log.info("replication.replica_connected", replica=self.hello.replica_id, address=self.hello.address,
                  from_offset=self.position, epoch=self.epoch)
 

@@ -13,8 +13,10 @@ from mqstore.errors import NotEnoughReplicas, ReplicationTimeout
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.isr import InSyncSet
 from mqstore.replication.leader import ReplicaSession
-from mqstore.replication.messages import Ack
+from mqstore.model import MessageIn
+from mqstore.replication.messages import Ack, Hello
 from tests.support.waiting import wait_until
+from tests.unit.replication.pair import open_node
 
 
 class FakeClock:
@@ -291,3 +293,41 @@ def test_waiting_and_peak_counts_the_appends_waiting_now_and_the_most_at_once_th
     assert isr.waiting_and_peak() == (0, 3)
     clock.ms = 2_003_000  # two seconds on: forgotten
     assert isr.waiting_and_peak() == (0, 0)
+
+
+def test_a_replica_that_lost_an_acknowledged_tail_counts_only_what_its_hello_says(small_config, tmp_path):
+    """c acknowledged up to E1 (written, not flushed) on its stream, then lost [E0, E1) (a power cut) and
+    reconnected with its log ending at E0, before the leader's ISR duty noticed it had gone. Until c
+    acknowledges on its new stream, its ack from before must count for nothing: the append ending at E1 must
+    wait for c, and report only the copies holding it (a and b). It was acknowledged with 3 copies on c's
+    pre-crash ack."""
+    store, node = open_node(small_config, tmp_path, "a")
+    node.become_leader(1, frozenset({"a", "b", "c"}))
+    isr = node.in_sync
+    store.topic_admin.create("t", 1)
+    store.append("t", [MessageIn(body=b"x" * 100)], replication="ASYNC")
+    e0 = store.log_end()
+    store.append("t", [MessageIn(body=b"y" * 100)], replication="ASYNC")
+    e1 = store.log_end()
+
+    def stream(replica_id: str, end_offset: int):
+        hello = Hello(replica_id, f"h:{replica_id}", end_offset, store.log_min(), node.history,
+                      store.config.segment_size_bytes)
+        session = ReplicaSession(store, node, hello)
+        data = session.data(lambda: True)
+        next(data)  # the stream opened: the replica is connected, its first data message sent
+        return session, data
+
+    c_before, data = stream("c", e0)
+    c_before.ack(Ack(e1, e1))
+    data.close()                     # c's crash: its stream ends
+    b, b_data = stream("b", e1)
+    c_after, c_data = stream("c", e0)  # c is back, holding [.., e0): the welcome's truncate_to
+    b.ack(Ack(e1, e1))
+    assert isr.members() == {"a", "b", "c"}  # no maintain ran since c went
+    assert isr.ready(e1) is None and isr.copies(e1) == 2 and isr.committed() == e0
+    c_after.ack(Ack(e1, e1))         # c copied it again
+    assert isr.ready(e1) == 3
+    b_data.close()
+    c_data.close()
+    store.stop()
