@@ -26,7 +26,7 @@ from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.files import LOG_NAME, WHEEL_NAME, TimerFiles
-from mqstore.timer import timer as timer_module
+from mqstore.timer import enqueue as timer_enqueue
 from mqstore.timer.timer import Timer
 
 CONFIG = TimerConfig(timer_precision_ms=100, timer_wheel_slots=64)
@@ -207,7 +207,7 @@ def test_a_note_is_a_batch_taken_across_the_enqueues_runs(small_config, tmp_path
 def test_notes_are_bounded_by_the_records_they_hold(small_config, tmp_path, monkeypatch):
     # MAX_NOTES counts noted records, not batches: a batch that would pass it is not noted (its records are read
     # from the log), and the records taken make room again.
-    monkeypatch.setattr(timer_module, "MAX_NOTES", 150)
+    monkeypatch.setattr(timer_enqueue, "MAX_NOTES", 150)
     clock = FakeClock()
     store = MessageStore(small_config(segment_size_bytes=1 << 20), clock)
     store.start()
