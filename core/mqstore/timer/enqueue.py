@@ -39,7 +39,7 @@ class _NotedRun:
 class Enqueue:
     """The Timer's enqueue and notes: a part of :class:`mqstore.timer.timer.Timer`, whose state (set in its
     ``__init__``) it shares. It owns the notes (``_notes``, ``_noted``, ``_notes_lock``) and moves
-    ``enqueue_offset``; it adds units to the files and the read slot's heap (Delivery._take), counts ``stats``'
+    ``enqueue_offset``; it adds units to the files and the read slot's heap (Dequeue._take), counts ``stats``'
     scheduled and pending, records ``cancels`` and ``_caught_up_at``; it reads ``read_ms``, ``_cp_read`` (the
     horizon) and ``_rolled`` (Recovery's scan)."""
 

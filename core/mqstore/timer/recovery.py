@@ -26,7 +26,7 @@ class Recovery:
     """The Timer's open, checkpoint and close: a part of :class:`mqstore.timer.timer.Timer`, whose state (set in
     its ``__init__``) it shares. It sets every position at the open (``enqueue_offset``, ``read_ms``,
     ``read_log_end``, ``cancels``) and the recovery's sets (``_done``, ``_rolled``, ``_done_until_ms``); the
-    checkpoint takes Delivery's ``_advances`` once flushed into ``_cp_read``/``_cp_end``, drops old notes
+    checkpoint takes Dequeue's ``_advances`` once flushed into ``_cp_read``/``_cp_end``, drops old notes
     (Enqueue), and publishes ``retention_floor``."""
 
     def open(self) -> None:

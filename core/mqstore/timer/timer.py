@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from mqstore.format.timer_unit import Unit
 from mqstore.timer.config import TimerConfig
-from mqstore.timer.delivery import Delivery
+from mqstore.timer.dequeue import Dequeue
 from mqstore.timer.enqueue import Enqueue
 from mqstore.timer.files import TimerFiles
 from mqstore.timer.recovery import Recovery
@@ -65,9 +65,9 @@ class TimerStats:
     lag_ms: int = 0         # how far the read slot is behind the clock (0 while it keeps up)
 
 
-class Timer(Enqueue, Delivery, Recovery):
+class Timer(Enqueue, Dequeue, Recovery):
     """The timer: its state, and the step that runs its parts in turn. The parts are written apart, each in its
-    module (mqstore.timer.enqueue, .delivery, .recovery), and share this state: every attribute is set here."""
+    module (mqstore.timer.enqueue, .dequeue, .recovery), and share this state: every attribute is set here."""
 
     def __init__(self, store, config: TimerConfig, directory: pathlib.Path, metrics=None):
         """``store``: the started MessageStore; ``metrics``: a TimerMetrics or None."""

@@ -1,6 +1,6 @@
-"""The timer's delivery (mqstore.timer.timer has the design): the read slot's units taken in order of their due
-times, their copies (or roll records) appended batched per topic, and the read slot moved on once it is empty
-and past.
+"""The timer's dequeue, its delivery (mqstore.timer.timer has the design): the read slot's units taken in order
+of their due times, their copies (or roll records) appended batched per topic, and the read slot moved on once it
+is empty and past.
 
 Thread-safety: as the Timer's (its duty owns it).
 """
@@ -24,12 +24,12 @@ DELIVER_BATCH = 1000    # copies appended per step and topic batch (the store's 
 MAX_SLOTS_PER_STEP = 20_000
 
 
-class Delivery:
-    """The Timer's delivery: a part of :class:`mqstore.timer.timer.Timer`, whose state (set in its ``__init__``) it
-    shares. It owns the read slot's heap (``_current``) and what the slot delivered (``_slot_done``), moves
-    ``read_ms`` and ``read_log_end`` and queues their advances (``_advances``) for Recovery's checkpoint; it
-    reads ``cancels``, ``_done`` and ``_rolled`` (Recovery's scan), ``enqueue_offset`` and ``_cp_read``, and counts
-    ``stats``."""
+class Dequeue:
+    """The Timer's dequeue (its delivery): a part of :class:`mqstore.timer.timer.Timer`, whose state (set in its
+    ``__init__``) it shares. It owns the read slot's heap (``_current``) and what the slot delivered
+    (``_slot_done``), moves ``read_ms`` and ``read_log_end`` and queues their advances (``_advances``) for
+    Recovery's checkpoint; it reads ``cancels``, ``_done`` and ``_rolled`` (Recovery's scan), ``enqueue_offset``
+    and ``_cp_read``, and counts ``stats``."""
 
     def _take(self, units: list[Unit]) -> None:
         """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
