@@ -32,7 +32,7 @@ import grpc
 from mqstore.config import StoreConfig
 from mqstore.errors import NotFound
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
@@ -128,7 +128,7 @@ class InProcessFloor(NoopMessaging):
     def __init__(self, data_dir: pathlib.Path):
         # The commit log's disk limit when the run sets one (a shared machine's disk near the default 90%)
         ratio = float(os.environ.get("MQSTORE_DISK_MAX_USED_RATIO", "0.9"))
-        self.store = MessageStore(StoreConfig(data_dir=data_dir, segment_size_bytes=256 << 20,
+        self.store = build_store(StoreConfig(data_dir=data_dir, segment_size_bytes=256 << 20,
                                               disk_max_used_ratio=ratio))
         self.store.start()
 

@@ -37,6 +37,7 @@ from mqstore.config import StoreConfig
 from mqstore.meta import MetadataStore
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 TOPIC = "orders"
 FULL = {"seconds": 5.0, "warmup_s": 1.0, "consumers": 32, "rounds": 3}
@@ -75,7 +76,7 @@ def _loop(commit, consumers: int, warmup_s: float, seconds: float) -> float:
 
 
 def _store(root: pathlib.Path, flush_mode: str) -> MessageStore:
-    store = MessageStore(StoreConfig(data_dir=root, flush_mode=flush_mode, segment_size_bytes=32 << 20))
+    store = build_store(StoreConfig(data_dir=root, flush_mode=flush_mode, segment_size_bytes=32 << 20))
     store.start()
     store.topic_admin.create(TOPIC, 1)
     for _ in range(100):

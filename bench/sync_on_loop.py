@@ -75,7 +75,7 @@ async def serve(data_dir: pathlib.Path, wait: bool) -> int:
     import structlog
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from mqstore.config import StoreConfig
-    from mqstore.store import MessageStore
+    from mqstore.store_parts import build_store
     from mqstore_rpc import append_wire, logging as mqlogging
     from mqstore_rpc.server import ServerConfig
 
@@ -83,7 +83,7 @@ async def serve(data_dir: pathlib.Path, wait: bool) -> int:
 
     mqlogging.configure("info")
     # ASYNC store with no flush of its own: the group-commit thread is the only one that fsyncs.
-    store = MessageStore(StoreConfig(data_dir=data_dir, flush_interval_ms=600_000, flush_thorough_interval_ms=600_000))
+    store = build_store(StoreConfig(data_dir=data_dir, flush_interval_ms=600_000, flush_thorough_interval_ms=600_000))
     store.start()
     store.topic_admin.create(append.TOPIC, append.QUEUES)
     loop = asyncio.get_running_loop()

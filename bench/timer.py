@@ -34,6 +34,7 @@ from mqstore import system_writers  # noqa: F401  (registers the scheduler's wri
 from mqstore.config import StoreConfig
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
 from mqstore.timer.config import TimerConfig
@@ -50,7 +51,7 @@ BODY = b"x" * 100
 
 
 def _store(root: pathlib.Path) -> tuple[MessageStore, TimerDuty, Scheduler]:
-    store = MessageStore(StoreConfig(data_dir=root, segment_size_bytes=256 << 20))
+    store = build_store(StoreConfig(data_dir=root, segment_size_bytes=256 << 20))
     store.start()
     store.topic_admin.create("due", 1)
     duty = TimerDuty(store, TimerConfig(), root / "timer", leading=lambda: True)

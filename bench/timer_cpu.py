@@ -30,7 +30,7 @@ from mqstore import system_writers  # noqa: F401  (registers the scheduler's wri
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.scheduling import Scheduler
@@ -59,7 +59,7 @@ def _wire_appends(scheduler: Scheduler, raw: bytes) -> float:
 
 def _round(root: pathlib.Path) -> dict:
     clock = FakeClock(int(time.time() * 1000))
-    store = MessageStore(StoreConfig(data_dir=root, segment_size_bytes=256 << 20), clock)
+    store = build_store(StoreConfig(data_dir=root, segment_size_bytes=256 << 20), clock)
     store.start()
     try:
         store.topic_admin.create("due", 4)

@@ -64,8 +64,6 @@ LAYERS = {
     # 2: the store and the parts it composes.
     "mqstore.store": STORE,
     "mqstore.store_topics": STORE,
-    "mqstore.topic_admin": STORE,     # CreateTopic, DeleteTopic (its crash-safe steps)...: store.topic_admin
-    "mqstore.store_replica": STORE,   # the visibility of copied records, promotion: store.replica_view
     "mqstore.consumer_offsets": STORE,  # consumer offsets: records of the log, a map in memory
     "mqstore.store_space": STORE,
     "mqstore.store_retention": STORE,
@@ -85,6 +83,10 @@ LAYERS = {
     "mqstore.store_offsets": FEATURE,  # CommitOffset, QueryOffset and the SQL offsets' import, through the store
     "mqstore.relayed": FEATURE,       # the gateway's rules as a system writer
     "mqstore.system_writers": FEATURE,  # the composition of every system writer's rules
+    # Parts that use the store, composed onto its hooks by mqstore.store_parts (the store imports neither):
+    "mqstore.topic_admin": FEATURE,   # CreateTopic, DeleteTopic (its crash-safe steps)...: store.topic_admin
+    "mqstore.store_replica": FEATURE,  # the visibility of copied records, promotion: store.replica_view
+    "mqstore.store_parts": FEATURE,   # build_store: a MessageStore with those parts composed onto it
 }
 
 

@@ -11,12 +11,15 @@ queue offset table; fsync; write the abort marker; start threads.
 A clean ``stop`` flushes everything, writes the checkpoint and removes the abort marker.
 
 Composition: the store holds its parts and gives each the narrow callables it needs: the topic
-registry (mqstore.store_topics) and its administration (mqstore.topic_admin: ``store.topic_admin``,
-CreateTopic, DeleteTopic's steps...), the replica side (mqstore.store_replica: ``store.replica_view``, the
-visibility of copied records and promotion; every dispatch of the write path goes through it), the
-full-disk state (mqstore.store_space), retention of the log and topics with the followers' holds
-(mqstore.store_retention: ``store.retention``), and three background duties (mqstore.background): the
-flush service, the segment warmer and the maintenance duty. Tail streams of the log are not the store's:
+registry (mqstore.store_topics), the full-disk state (mqstore.store_space), retention of the log and
+topics with the followers' holds (mqstore.store_retention: ``store.retention``), and three background
+duties (mqstore.background): the flush service, the segment warmer and the maintenance duty. Topic
+administration (mqstore.topic_admin: CreateTopic, DeleteTopic's steps...) and the replica side
+(mqstore.store_replica: the visibility of copied records, promotion) use the store and are composed
+outside it, by mqstore.store_parts.build_store (``store.topic_admin``, ``store.replica_view``); the store
+offers them two hooks and knows neither: :meth:`MessageStore.on_start` (a step at the end of every start:
+the deletes a crash cut short are resumed) and :meth:`MessageStore.dispatch_through` (the write path's
+dispatch: a replica's copied records before its own appends). Tail streams of the log are not the store's:
 mqstore.tailing reads them through it; nor are CommitOffset, QueryOffset and the import of an earlier
 version's SQL offsets at start: mqstore.store_offsets, through the offsets map (mqstore.consumer_offsets).
 
@@ -63,11 +66,9 @@ from mqstore.queue.dispatch import Dispatcher, QueueTable
 from mqstore.queue.pull import LongPolls, Selector, read_queue, read_queue_raw
 from mqstore.replication.node import SingleNode, takes_writes
 from mqstore.queue.usage import TopicUsage
-from mqstore.store_replica import ReplicaView
 from mqstore.store_retention import Retention
 from mqstore.store_space import DiskSpace
 from mqstore.store_topics import TopicRegistry
-from mqstore.topic_admin import TopicAdmin
 from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
 
 log = structlog.get_logger()
@@ -119,7 +120,6 @@ class MessageStore:
         # their topic under the append lock, and the dispatcher skips batches of a topic deleted since.
         self.commitlog.topic_start = self.dispatcher.topic_start = self.topics.start_of
         self.offsets = self.topics.offsets = ConsumerOffsets.of_store(self)  # mqstore.consumer_offsets
-        self.topic_admin = TopicAdmin(self)  # CreateTopic, DeleteTopic...: mqstore.topic_admin
         self.retention = Retention(config, self.clock, segments=self.segments, queues=self.queues, offsets=self.offsets,
                                    commitlog=self.commitlog, dispatcher=self.dispatcher, topics=self.topics,
                                    flushed_offset=self.flushed_offset, writable=lambda: takes_writes(self.gate))
@@ -146,7 +146,10 @@ class MessageStore:
         # The gate of writes: SingleNode without replication, else the node's role (mqstore.replication.node):
         # a replica refuses writes naming its leader, a leader waits for SYNC-replicated copies.
         self.gate = SingleNode()
-        self.replica_view = ReplicaView(self)  # the visibility of copied records: mqstore.store_replica
+        # How the write path makes records visible up to a log offset (their consume queue entries, and so Pull
+        # and Tail): the dispatcher's pending appends, unless a part routes it (dispatch_through).
+        self._dispatch_to: Callable[[int], None] = self.dispatcher.run_pending
+        self._start_steps: list[Callable[[], None]] = []  # on_start: run in order at the end of every start
         self._appended = metrics.counter("mqstore_commitlog_appended_messages_total", "messages appended")
         self._appended_bytes = metrics.counter("mqstore_commitlog_appended_bytes_total", "record bytes appended")
         self._batches = metrics.counter("mqstore_commitlog_append_batches_total", "batches appended (Append calls)")
@@ -180,7 +183,21 @@ class MessageStore:
             self._release_lock()
             raise
         self.offsets.catch_up()  # the map, from the offsets topic's min offset
-        self.topic_admin.resume_deletes()  # the store serves: a delete left unfinished now is retried by DeleteTopic
+        for step in self._start_steps:  # the store serves (mqstore.topic_admin: the deletes a crash cut short)
+            step()
+
+    def on_start(self, step: Callable[[], None]) -> None:
+        """``step()`` runs at the end of every start, once the store serves, after the steps added before it.
+        Called before ``start`` by whoever composes the store (mqstore.store_parts)."""
+        self._start_steps.append(step)
+
+    def dispatch_through(self, dispatch_to: Callable[[int], None]) -> None:
+        """Every dispatch of the write path (the consume queue entries up to a log offset: an append's, a
+        flush's, the stop's) goes through ``dispatch_to(limit)`` instead of the dispatcher's pending appends
+        alone: mqstore.store_replica puts a new leader's copied records in first. Called before ``start``;
+        ``dispatch_to`` is called from appending threads and the flush thread (the dispatcher's lock orders
+        them) and must end by running the pending appends up to ``limit``."""
+        self._dispatch_to = dispatch_to
 
     def _start_locked(self) -> None:
         cfg = self.config
@@ -237,7 +254,7 @@ class MessageStore:
         self.maintenance.stop(timeout_s)
         self.warmer.stop(timeout_s)
         self.flusher.stop(timeout_s)
-        self.replica_view.dispatch_to(self.flusher.flushed_offset)
+        self._dispatch_to(self.flusher.flushed_offset)
         checkpointed = self.write_checkpoint()
         if checkpointed and self.dispatcher.dispatched_offset >= self.commitlog.written_offset:
             self._abort_path.unlink(missing_ok=True)
@@ -326,7 +343,7 @@ class MessageStore:
 
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:
-            self.replica_view.dispatch_to(min(flushed_offset, self.gate.committed_offset()))
+            self._dispatch_to(min(flushed_offset, self.gate.committed_offset()))
 
     @property
     def running(self) -> bool:
@@ -427,16 +444,18 @@ class MessageStore:
         """After the write (and, under SYNC flush, the fsync that covers ``end``): dispatch what readers may
         see; the durability the append is acknowledged with."""
         if self.flusher.sync:
-            self.replica_view.dispatch_to(min(self.flusher.flushed_offset, self.gate.committed_offset()))
+            self._dispatch_to(min(self.flusher.flushed_offset, self.gate.committed_offset()))
             return DURABILITY_FLUSHED
-        self.replica_view.dispatch_to(min(end, self.gate.committed_offset()))
+        self._dispatch_to(min(end, self.gate.committed_offset()))
         return DURABILITY_FLUSHED if self.flusher.flushed_offset >= end else DURABILITY_WRITTEN
 
     def _acknowledged(self, written, uniq_keys, durability: str, replicas: int, epoch: int,
                       sync_replication: bool) -> AppendResults:
         if sync_replication:
-            # A Pull after the acknowledgement sees it (the ack thread may still dispatch).
-            self.replica_view.advance_visible()
+            # A Pull after the acknowledgement sees it (the ack thread may still dispatch): what the in-sync set
+            # holds, as the replica side's advance_visible (mqstore.store_replica) dispatches it.
+            held = self.flusher.flushed_offset if self.flusher.sync else self.commitlog.written_offset
+            self._dispatch_to(min(held, self.gate.committed_offset()))
         return AppendResults(self._msg_id_prefix, written.entries, uniq_keys, written.store_timestamp_ms,
                              durability, replicas, epoch)
 

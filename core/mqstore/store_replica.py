@@ -1,9 +1,9 @@
 """The replica side of a MessageStore: when records become visible (their consume queue entries, and so Pull
 and Tail) on a node of a replicated group, and what a replica does when it becomes leader. Every caller
-reaches it as ``store.replica_view``; the store composes one, and its write path dispatches through it
-(:meth:`ReplicaView.dispatch_to`), so that an append's entries never go in before the records copied below
-them. The operations on the log's bytes (a leader's chunks, a replica's writes, truncation) are
-mqstore.replication.store_ops'.
+reaches it as ``store.replica_view``; mqstore.store_parts composes one onto the store, whose write path
+dispatches through it (:meth:`ReplicaView.dispatch_to`, given to ``store.dispatch_through``), so that an
+append's entries never go in before the records copied below them. The operations on the log's bytes (a
+leader's chunks, a replica's writes, truncation) are mqstore.replication.store_ops'.
 
 - a replica: its leader's bytes are visible up to the committed offset the leader sends
   (:meth:`ReplicaView.visible_to`: held by every in-sync node, never bytes a failover could cut);
@@ -11,7 +11,7 @@ mqstore.replication.store_ops'.
 - a promotion: the append path's queue offsets and store time from the log (:meth:`ReplicaView.promote`),
   and, once shown, :meth:`ReplicaView.promoted_visible` (pop's revive log replays only then).
 
-The store is the duck-typed MessageStore (not imported: the store composes this module).
+The store is the duck-typed MessageStore (not imported: mqstore.store_parts composes this module onto it).
 
 Thread-safety: a replica's follower thread calls ``visible_to``; a leader's appending threads and its
 acknowledgement thread call ``dispatch_to`` and ``advance_visible`` (the dispatcher's lock orders them);

@@ -1,6 +1,7 @@
 """Topic administration of a MessageStore: CreateTopic, UpdateTopic, DeleteTopic, ListTopics, DescribeTopic
 and the lookup of one topic, beside the store's write and read paths rather than on its face. Every caller
-reaches it as ``store.topic_admin`` (the store composes one: its start resumes the deletes a crash cut short).
+reaches it as ``store.topic_admin``: mqstore.store_parts composes one onto the store, and the store's start
+resumes through it the deletes a crash cut short (``store.on_start``).
 
 The rules of topics (names, kinds, queue counts that only grow, incarnations) are the registry's
 (mqstore.store_topics: ``store.topics``); this module adds what needs the rest of the store: the gate of
@@ -9,7 +10,7 @@ after (the table in mqstore.store_topics; failpoints ``topic.delete.marked``, ``
 ``.queues_dropped``): 1. the row marked and the topic hidden, 2. a DELETED event appended and flushed,
 3. the consume queues and next queue offsets dropped, 4. the consumer offsets' tombstones, then the row.
 
-The store is the duck-typed MessageStore (not imported: the store composes this module).
+The store is the duck-typed MessageStore (not imported: mqstore.store_parts composes this module onto it).
 
 Thread-safety: as the store's: topic changes serialise on the registry's lock; dropping queues takes the
 append lock, then the dispatcher's.

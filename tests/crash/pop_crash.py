@@ -17,7 +17,7 @@ from mqstore.config import StoreConfig
 from mqstore.model import MessageIn
 from mqstore.pop.config import PopConfig
 from mqstore.pop.service import PopService
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 INVISIBLE_MS = 10_000
 MESSAGES = 12
@@ -31,7 +31,7 @@ class Node:
         self.open()
 
     def open(self) -> None:
-        self.store = MessageStore(self.config, self.clock)
+        self.store = build_store(self.config, self.clock)
         self.store.start()
         self.pop = PopService(self.store, PopConfig())
         self.pop.start(run_duty=False)

@@ -27,6 +27,7 @@ from mqstore.log.repair import repair
 from mqstore.model import MessageIn
 from mqstore.replication import store_ops
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.crash.test_compaction_crash import crash_in_drop, crash_in_roll, crash_in_round
 from tests.crash.test_topic_delete_crash import crash_in_delete
 from tests.crash.test_staged_install import OUTCOME, REPLACED, UNTOUCHED, _contents, _prepare
@@ -77,7 +78,7 @@ def _fill(store: MessageStore, batches: int) -> list[bytes]:
 
 def _started(config: StoreConfig, batches: int) -> tuple[MessageStore, list[bytes]]:
     """A started store with topic "t" (2 queues) and ``batches`` acknowledged batches."""
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     store.topic_admin.create("t", 2)
     return store, _fill(store, batches)
@@ -86,7 +87,7 @@ def _started(config: StoreConfig, batches: int) -> tuple[MessageStore, list[byte
 def _check_store(config: StoreConfig, acked: list[bytes], maybe: list[bytes] = ()) -> None:
     """Reopen: every acknowledged message, in order and with dense queue offsets; ``maybe`` (a batch
     that was never acknowledged) whole or absent; and an append works."""
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         got = {}
@@ -110,7 +111,8 @@ from mqstore import failpoints
 from mqstore.config import StoreConfig
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
-store = MessageStore(StoreConfig(data_dir=pathlib.Path(sys.argv[1]), segment_size_bytes=16 * 1024,
+from mqstore.store_parts import build_store
+store = build_store(StoreConfig(data_dir=pathlib.Path(sys.argv[1]), segment_size_bytes=16 * 1024,
                                  cq_entries_per_file=64, flush_mode=sys.argv[3], warm_ahead_bytes=0,
                                  checkpoint_interval_ms=600_000))
 store.start()
@@ -172,7 +174,7 @@ def _repair_cut(name, tmp_path, failpoint):
         f.seek(victim.physical_offset % (16 * 1024) + 100)
         f.write(b"\xff\x00\xff")
     with pytest.raises(CorruptLog):
-        MessageStore(config).start()
+        build_store(config).start()
     with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
         repair(config.data_dir)
     assert repair(config.data_dir).corrupt  # run again after the crash: it finishes
@@ -409,7 +411,7 @@ def _truncate_after_copy(name, tmp_path, failpoint):
         store_ops.truncate(store, point)
     assert store.log_end() > point and list(config.commitlog_dir.glob("*.broken*"))
     store.halt()  # the crash
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     store_ops.truncate(store, point)
     assert store.log_end() == point
@@ -441,7 +443,7 @@ def _tier_upload_cut(name, tmp_path, failpoint):
         uploader(store, tier).step()
     store.halt()  # as if killed there
     _check_store(config, acked)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         again = uploader(store, tier)
@@ -480,7 +482,7 @@ def _tier_queue_file_upload_cut(name, tmp_path, failpoint):
         uploader(store, tier).step()
     store.halt()  # as if killed there
     _check_store(config, acked)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         again = uploader(store, tier)
@@ -525,7 +527,7 @@ def _tier_retention_cut(name, tmp_path, failpoint):
     with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
         first.step()
     store.halt()  # as if killed there
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         again = uploader(store, tier)

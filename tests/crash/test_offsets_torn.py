@@ -10,14 +10,14 @@ import pytest
 from mqstore import store_offsets
 from mqstore.format import offset_commit
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 pytestmark = pytest.mark.crash
 
 
 def test_a_torn_multi_row_commit_leaves_none_of_its_rows(small_config):
     config = small_config()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     store.topic_admin.create("t", 2)
     store.append("t", [MessageIn(body=b"x", queue_id=i % 2) for i in range(20)])
@@ -31,7 +31,7 @@ def test_a_torn_multi_row_commit_leaves_none_of_its_rows(small_config):
     with open(path, "r+b") as f:  # zero the second half of the last commit's record: a torn copy
         f.seek(last.physical_offset % size + last.size // 2)
         f.write(bytes(last.size - last.size // 2))
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.commitlog.written_offset == last.physical_offset  # the torn record was cut

@@ -25,7 +25,7 @@ from mqstore.log.repair import check as offline_check, repair as offline_repair
 from mqstore.model import DURABILITY_FLUSHED, MessageIn
 from mqstore.queue.consume_queue import ConsumeQueue
 from mqstore.queue.dispatch import Dispatcher
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.support import powercut
 from tests.support.waiting import WAIT_S, wait_until
 
@@ -35,7 +35,7 @@ _ZERO, _SHORT, _ZEROS = "size 0", "short", "full of zeros"
 
 
 def _filled(config, batches: int = 8):
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     store.topic_admin.create("t", 2)
     acked = []
@@ -76,7 +76,7 @@ def test_start_removes_every_trailing_empty_segment_past_the_flushed_offset(smal
     for i, shape in enumerate(shapes):
         _leave(config.commitlog_dir / f"{first_new + i * size:020d}", shape, size)
     with capture_logs() as logs:
-        store = MessageStore(config)
+        store = build_store(config)
         store.start()
     try:
         removed = [e for e in logs if e["event"] == "segment.empty_removed"]
@@ -107,7 +107,7 @@ def test_segments_past_the_flushed_offset_whose_size_was_lost_under_async(small_
     for path in _segment_files(config):
         if int(path.name) >= flushed - flushed % size + size:
             _leave(path, _ZERO, size)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.commitlog.written_offset >= flushed
@@ -125,7 +125,7 @@ def test_a_short_segment_holding_flushed_data_is_never_removed(small_config):
     last = _segment_files(config)[-1]
     os.truncate(last, config.segment_size_bytes // 2)  # the end of the flushed data is in this file
     with pytest.raises(FailedPrecondition, match="mqstore repair"):
-        MessageStore(config).start()
+        build_store(config).start()
     assert last.stat().st_size == config.segment_size_bytes // 2
 
 
@@ -139,7 +139,7 @@ def test_consume_queue_files_left_empty_are_removed_and_rebuilt(small_config):
     files = sorted(p for p in queue_dir.iterdir() if p.name.isdigit())
     os.truncate(files[-1], 0)
     _leave(queue_dir / f"{int(files[-1].name) + 8 * 20:020d}", _ZERO, 8 * 20)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         _check_all_there(store, acked)
@@ -171,7 +171,7 @@ def test_the_warmer_creates_the_next_segment_durably_without_holding_appends(sma
 
     monkeypatch.setattr(os, "posix_fallocate", slow_fallocate)
     monkeypatch.setattr(os, "fsync", recording_fsync)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     appender = None
     try:
@@ -234,13 +234,13 @@ def test_a_power_cut_keeps_every_flushed_message_and_the_store_starts(small_conf
     config = small_config(flush_mode=flush_mode, flush_min_dirty_pages=0, warm_ahead_bytes=16 * 1024,
                           cq_entries_per_file=16)
     with powercut.PowerCut(mode) as power:
-        store = MessageStore(config)
+        store = build_store(config)
         store.start()
         store.topic_admin.create("t", 2)
         results = _random_workload(store, rng, batches=rng.randint(40, 80))
         store.halt()
         print("\n".join(power.cut()))
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         end = store.commitlog.written_offset
@@ -279,7 +279,7 @@ def test_consume_queue_files_a_checkpoint_counts_on_survive_a_power_cut(small_co
     real_replay = Dispatcher.replay
     monkeypatch.setattr(Dispatcher, "replay", lambda *a, **kw: replayed.append(real_replay(*a, **kw)) or replayed[-1])
     with capture_logs() as logs:
-        store = MessageStore(config)
+        store = build_store(config)
         store.start()
     try:
         assert not [e for e in logs if e["event"] == "consumequeue.rebuild"]
@@ -333,7 +333,7 @@ def test_consume_queue_files_cut_at_start_stay_deleted(small_config, monkeypatch
     monkeypatch.setattr(fs, "fsync_dir", lambda d: (fsynced.append(str(d)), real_fsync_dir(d)))
     queue_dir = config.consumequeue_dir / "t" / "0"
     files_before = sorted(queue_dir.iterdir())
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.queue_info("t", 0).max_offset < 8 * (len(files_before) - 1)  # a whole file was cut
@@ -390,7 +390,7 @@ def test_a_commit_log_that_lost_every_segment_refuses_the_start(small_config):
     for path in _segment_files(config):
         path.unlink()  # e.g. their creation was never made durable (before segments were fsynced)
     with pytest.raises(FailedPrecondition, match="holds no segment file"):
-        MessageStore(config).start()
+        build_store(config).start()
 
 
 def test_an_empty_log_keeps_its_position_across_restarts(small_config):
@@ -408,7 +408,7 @@ def test_an_empty_log_keeps_its_position_across_restarts(small_config):
     (config.data_dir / "checkpoint").write_bytes(cpfmt.encode(dataclasses.replace(
         cp, flushed_physical_offset=end - end % size + size, dispatched_physical_offset=end - end % size + size)))
     for _ in range(2):
-        store = MessageStore(config)
+        store = build_store(config)
         store.start()
         try:
             assert [p.name for p in _segment_files(config)] == [f"{end - end % size + size:020d}"]
@@ -436,7 +436,7 @@ def test_check_and_repair_treat_the_empty_tail_as_the_start_does(small_config):
     assert sorted(repaired.removed_empty_segments) == [str(p) for p in tail]
     assert repaired.resized_segments == [] and not repaired.corrupt
     assert not any(p.exists() for p in tail)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         _check_all_there(store, acked)

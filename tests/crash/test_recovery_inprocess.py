@@ -15,12 +15,12 @@ from mqstore.log.recovery import repair
 from mqstore.log.repair import repair as offline_repair
 from mqstore.log.segment import SegmentQueue
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.support import records
 
 
 def _filled(config, count=30, body_size=900):
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     store.topic_admin.create("t", 2)
     results = []
@@ -47,7 +47,7 @@ def test_torn_tail_is_cut_and_logged(small_config):
     with open(path, "r+b") as f:
         f.seek(pos)
         f.write(partial)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.recovery.torn_bytes_cut == 200
@@ -69,7 +69,7 @@ def test_torn_last_record_rolls_back_queue(small_config):
     with open(path, "r+b") as f:  # zero the second half of the last record: a torn copy
         f.seek(pos + last.size_bytes // 2)
         f.write(bytes(last.size_bytes - last.size_bytes // 2))
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.commitlog.written_offset == last.physical_offset
@@ -89,7 +89,7 @@ def test_mid_file_corruption_refuses_then_repair_keeps_broken_copy(small_config)
         f.seek(pos + 100)
         f.write(b"\xff\xfe")
     with pytest.raises(CorruptLog) as info:
-        MessageStore(config).start()
+        build_store(config).start()
     err = info.value
     assert err.path == str(path) and err.position == pos
     assert "mqstore repair" in str(err) and str(pos) in str(err)
@@ -102,7 +102,7 @@ def test_mid_file_corruption_refuses_then_repair_keeps_broken_copy(small_config)
     assert any(p.endswith(".broken") for p in report.broken_copies)
     assert (path.parent / (path.name + ".broken")).exists()
 
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         kept = [r for r in results if r.physical_offset < victim.physical_offset]
@@ -119,7 +119,7 @@ def test_consume_queues_rebuilt_when_missing(small_config):
     before = [store.queue_info("t", q) for q in range(2)]
     store.stop()
     shutil.rmtree(config.consumequeue_dir)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert [store.queue_info("t", q) for q in range(2)] == before
@@ -134,7 +134,7 @@ def test_bad_checkpoint_means_full_recheck(small_config):
     store, results = _filled(config)
     store.halt()
     (config.data_dir / "checkpoint").write_bytes(b"garbage")
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.recovery.records_checked == len(results)
@@ -145,11 +145,11 @@ def test_bad_checkpoint_means_full_recheck(small_config):
 
 def test_second_process_cannot_open_same_dir(small_config):
     config = small_config()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         with pytest.raises(Exception) as info:
-            MessageStore(config).start()
+            build_store(config).start()
         assert "in use" in str(info.value)
     finally:
         store.stop()
@@ -162,7 +162,7 @@ def test_one_missing_queue_is_rebuilt_from_the_log(small_config):
     before = [store.queue_info("t", q) for q in range(2)]
     store.stop()
     shutil.rmtree(config.consumequeue_dir / "t" / "1")
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert [store.queue_info("t", q) for q in range(2)] == before
@@ -178,7 +178,7 @@ def test_deleted_topic_is_not_resurrected_by_replay(small_config):
     store.topic_admin.delete("t")
     store.halt()
     (config.data_dir / "checkpoint").unlink()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.queues.get("t", 0) is None
@@ -207,9 +207,9 @@ def test_copy_cut_short_with_its_head_unwritten(small_config, checkpoint):
     if not checkpoint:
         (config.data_dir / "checkpoint").unlink()
         with pytest.raises(CorruptLog):
-            MessageStore(config).start()
+            build_store(config).start()
         return
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.recovery.torn_bytes_cut == len(batch) * 3 // 4
@@ -241,7 +241,7 @@ def test_torn_last_record_of_a_cleanly_stopped_store_is_cut(small_config):
     last = results[-1]
     path, pos = _segment_for(config, last.physical_offset)
     _damage(path, pos + last.size_bytes // 2, bytes(last.size_bytes - last.size_bytes // 2))  # a file cut short
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.recovery.torn_bytes_cut == last.size_bytes // 2
@@ -274,7 +274,7 @@ def test_damage_below_the_checkpoint_refuses_start(small_config, where, damage):
     else:
         _damage(path, pos, _bad_totalsize(victim))
     with pytest.raises(CorruptLog) as info:
-        MessageStore(config).start()
+        build_store(config).start()
     assert info.value.path == str(path) and info.value.position == pos
     assert f"mqstore repair --data-dir {config.data_dir}" in str(info.value)
 
@@ -288,7 +288,7 @@ def test_a_whole_record_failing_its_crc_below_the_checkpoint_is_not_a_torn_tail(
     path, pos = _segment_for(config, results[-1].physical_offset)
     _damage(path, pos + 200, b"\x00\xff")
     with pytest.raises(CorruptLog, match="whole"):
-        MessageStore(config).start()
+        build_store(config).start()
 
 
 def test_damage_older_than_the_recheck_window_is_found_by_check_all(small_config):
@@ -299,7 +299,7 @@ def test_damage_older_than_the_recheck_window_is_found_by_check_all(small_config
     victim = results[3]
     path, pos = _segment_for(config, victim.physical_offset)
     _damage(path, pos + 100, b"\xff\xfe")
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()  # the default window (3 segments) does not reach the first one
     try:
         assert store.recovery.checked_from == _data_segments(config, results)[-3]
@@ -307,7 +307,7 @@ def test_damage_older_than_the_recheck_window_is_found_by_check_all(small_config
         store.stop()
     for overrides in (dict(check_all=True), dict(recheck_segments=100)):
         with pytest.raises(CorruptLog) as info:
-            MessageStore(small_config(**overrides)).start()
+            build_store(small_config(**overrides)).start()
         assert info.value.position == pos
 
 
@@ -316,7 +316,7 @@ def test_checkpoint_records_the_range_checked_at_start(small_config):
     config = small_config(recheck_segments=2)
     store, results = _filled(config, count=100)
     store.stop()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     end = store.commitlog.written_offset
     store.stop()
@@ -324,7 +324,7 @@ def test_checkpoint_records_the_range_checked_at_start(small_config):
     segment = config.segment_size_bytes
     assert cp.checked_to_physical_offset == end
     assert cp.checked_from_physical_offset == (end // segment - 1) * segment  # the last two segments
-    store = MessageStore(small_config(check_all=True))
+    store = build_store(small_config(check_all=True))
     store.start()
     store.stop()
     cp = cpfmt.decode((config.data_dir / "checkpoint").read_bytes())
@@ -354,7 +354,7 @@ def test_recheck_window_counts_back_from_the_segment_holding_the_flushed_offset(
 
 def test_rebuilt_consume_queue_keeps_tags_next_to_a_longer_name_ending_in_tags(small_config):
     config = small_config()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     store.topic_admin.create("t", 1)
     store.append("t", [MessageIn(body=b"one", tags="a", properties={"MYTAGS": "v"}, queue_id=0),
@@ -362,7 +362,7 @@ def test_rebuilt_consume_queue_keeps_tags_next_to_a_longer_name_ending_in_tags(s
     assert [m.record.body for m in store.pull("t", 0, 0, tags=["a"]).messages] == [b"one"]
     store.stop()
     shutil.rmtree(config.consumequeue_dir)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert [m.record.body for m in store.pull("t", 0, 0, tags=["a"]).messages] == [b"one"]
@@ -400,7 +400,7 @@ def test_repair_makes_its_broken_copy_durable_before_it_cuts(small_config, monke
     assert report.corrupt and report.end_offset == victim.physical_offset
     assert broken.read_bytes() == damaged
     assert path.with_name(path.name + ".broken.1").read_bytes() == damaged  # a new copy, none overwritten
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.commitlog.written_offset == victim.physical_offset
@@ -416,14 +416,14 @@ def test_repair_pads_a_segment_file_cut_short(small_config):
     path, pos = _segment_for(config, victim.physical_offset)
     os.truncate(path, pos + 100)  # the file ends inside the victim
     with pytest.raises(FailedPrecondition) as info:
-        MessageStore(config).start()
+        build_store(config).start()
     advice = f"mqstore repair --data-dir {config.data_dir} --segment-size-bytes {config.segment_size_bytes}"
     assert advice in str(info.value)
     report = offline_repair(config.data_dir, config.segment_size_bytes)
     assert [r.from_bytes for r in report.resized_segments] == [pos + 100]
     assert path.with_name(path.name + ".broken").stat().st_size == pos + 100
     assert path.stat().st_size == config.segment_size_bytes
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert store.commitlog.written_offset == victim.physical_offset
@@ -443,4 +443,4 @@ def test_missing_last_segments_refuse_start_although_the_check_begins_earlier(sm
     last = max(p for p in config.commitlog_dir.iterdir() if p.name.isdigit())
     last.unlink()
     with pytest.raises(FailedPrecondition, match="segment files are missing"):
-        MessageStore(config).start()
+        build_store(config).start()

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from mqstore.config import StoreConfig
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.tier.ledger import Ledger
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from tests.support.ha import Group, etcd_or_skip
@@ -82,7 +82,7 @@ def test_a_new_leader_finishes_the_upload_its_predecessor_left_between_the_phase
         finally:
             group.stop()
             etcd.stop()
-        store = MessageStore(StoreConfig(data_dir=tmp_path / leader, segment_size_bytes=SEGMENT,
+        store = build_store(StoreConfig(data_dir=tmp_path / leader, segment_size_bytes=SEGMENT,
                                          metadata_url=f"sqlite:///{tmp_path / 'metadata.db'}"))
         store.start()
         try:

@@ -13,7 +13,7 @@ import pytest
 
 from mqstore.config import StoreConfig
 from mqstore.format.tier_upload import DELETED, FINISHED
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.tier.ledger import Ledger
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc, common_pb2
 from tests.support.processes import commitlog
@@ -37,7 +37,7 @@ def _spawn(data_dir, s3, bucket, failpoints=""):
 def _ledger(data_dir) -> tuple[Ledger, int]:
     """The ledger as the log holds it (read in this process, the node stopped or dead), and the log's start."""
     # the processes' consume queue files (tests/support/processes.py: MQSTORE_CQ_ENTRIES_PER_FILE)
-    store = MessageStore(StoreConfig(data_dir=data_dir, segment_size_bytes=SEGMENT, cq_entries_per_file=50_000))
+    store = build_store(StoreConfig(data_dir=data_dir, segment_size_bytes=SEGMENT, cq_entries_per_file=50_000))
     store.start()
     try:
         ledger = Ledger.of_store(store)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from mqstore.config import StoreConfig
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.tier.ledger import Ledger
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc, common_pb2
 from tests.support.processes import commitlog
@@ -102,7 +102,7 @@ def test_uploads_are_byte_identical_and_kills_between_the_phases_leave_one_finis
             return by_base if all(by_base.get(base) == [data] for base, data in sealed.items()) else None
         wait_until(uploaded, "every sealed segment uploaded once, byte-identical", 60)
         assert node.stop() == 0
-    store = MessageStore(StoreConfig(data_dir=data_dir, segment_size_bytes=SEGMENT))
+    store = build_store(StoreConfig(data_dir=data_dir, segment_size_bytes=SEGMENT))
     store.start()
     try:
         ledger = Ledger.of_store(store)

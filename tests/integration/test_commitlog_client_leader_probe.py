@@ -133,7 +133,7 @@ def test_an_append_batches_request_on_a_silent_lone_node_is_given_up_at_its_dead
                     await client.internal_append_batches_async([("t", [model.MessageIn(body=b"x")])], writer="w",
                                                                token="secret")
                 assert 0.4 < time.monotonic() - began < 10
-            assert len(client._batch_streams) == 1  # the second request's stream, the first one's ended
+            assert len(client._aio._batch_streams) == 1  # the second request's stream, the first one's ended
         finally:
             await client.close_async()
     try:

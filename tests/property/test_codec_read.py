@@ -25,7 +25,7 @@ from mqstore.errors import MqStoreError
 from mqstore.format import record
 from mqstore.format.record_reader import RecordView, decode
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from commitlog_service import read_wire
 from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
@@ -142,7 +142,7 @@ def filled_store(tmp_path_factory):
     config = StoreConfig(data_dir=tmp_path_factory.mktemp("read") / "store", segment_size_bytes=16 * 1024,
                          cq_entries_per_file=64, flush_interval_ms=20, checkpoint_interval_ms=50,
                          clean_interval_ms=100_000)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     store.topic_admin.create("t", 2)
     results = []

@@ -16,6 +16,7 @@ import shutil
 from mqstore.format import record
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 TOPICS = {"alpha": 3, "beta": 2}
 TAGS = ["", "a", "b", "tag-c"]
@@ -82,7 +83,7 @@ def test_queues_replayed_from_the_log_equal_the_live_ones(small_config):
     print(f"seed={seed}")
     rng = random.Random(seed)
     config = small_config(segment_size_bytes=16 * 1024, cq_entries_per_file=16)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         for name, queues in TOPICS.items():
@@ -92,12 +93,12 @@ def test_queues_replayed_from_the_log_equal_the_live_ones(small_config):
         _check_against_model(live, model)
         store.stop()
         shutil.rmtree(config.consumequeue_dir)  # every queue is replayed from the log at start
-        store = MessageStore(config)
+        store = build_store(config)
         store.start()
         assert _snapshot(store) == live
         store.halt()  # a crash, then one queue's files are lost: the manifest says it is behind
         shutil.rmtree(config.consumequeue_dir / "alpha" / "1")
-        store = MessageStore(config)
+        store = build_store(config)
         store.start()
         assert _snapshot(store) == live
     finally:

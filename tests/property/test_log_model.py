@@ -17,7 +17,7 @@ from mqstore import tailing
 from mqstore.errors import OutOfRange
 from mqstore.format import record_reader
 from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 STEPS = 150
 RETENTION_MS = 3_600_000
@@ -45,7 +45,7 @@ def test_random_ops_against_model(small_config, flush_mode):
                           retention_ms=RETENTION_MS)
     topics = {"alpha": 3, "beta": 1}
     model = LogModel({(t, q): [] for t, n in topics.items() for q in range(n)})
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     for name, queues in topics.items():
         store.topic_admin.create(name, queues)
@@ -62,11 +62,11 @@ def test_random_ops_against_model(small_config, flush_mode):
                 _expire(store, rng, model)
             elif op < 0.94:
                 store.stop()
-                store = MessageStore(config)
+                store = build_store(config)
                 store.start()
             else:
                 store.halt()  # crash: no flush, no checkpoint, abort marker stays
-                store = MessageStore(config)
+                store = build_store(config)
                 store.start()
         for key in model.queues:
             _pull_all_and_compare(store, key, model)

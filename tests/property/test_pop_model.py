@@ -25,7 +25,7 @@ from mqstore.model import MessageIn
 from mqstore.pop.config import PopConfig
 from mqstore.pop.service import PopService
 from mqstore.pop.stats import pop_stats
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 TOPIC = "t"
 INVISIBLE_MS = 10_000
@@ -63,7 +63,7 @@ class Harness:
         self.store.topic_admin.create(TOPIC, 3)
 
     def open(self) -> None:
-        self.store = MessageStore(self.config, self.clock)
+        self.store = build_store(self.config, self.clock)
         self.store.start()
         self.pop = PopService(self.store, PopConfig())
         self.pop.start(run_duty=False)

@@ -24,7 +24,7 @@ from mqstore.model import MessageIn
 from mqstore.pop.config import PopConfig
 from mqstore.pop.ordered import PROPERTY_MESSAGE_GROUP
 from mqstore.pop.service import PopService
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 TOPIC, GROUP = "t", "ordered"
 INVISIBLE_MS = 10_000
@@ -47,7 +47,7 @@ class Harness:
         assert self.pop.set_group_settings(GROUP, ordered=True).ordered
 
     def open(self) -> None:
-        self.store = MessageStore(self.config, self.clock)
+        self.store = build_store(self.config, self.clock)
         self.store.start()
         self.pop = PopService(self.store, PopConfig())
         self.pop.start(run_duty=False)

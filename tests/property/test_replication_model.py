@@ -27,6 +27,7 @@ from mqstore.replication.messages import Ack, Hello
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 STEPS = 250
 NODES = ("a", "b", "c")
@@ -78,7 +79,7 @@ class Cluster:
         config = StoreConfig(data_dir=self.root / name, segment_size_bytes=SEGMENT_SIZE, cq_entries_per_file=64,
                              flush_interval_ms=20, checkpoint_interval_ms=50, clean_interval_ms=100_000,
                              metadata_url=f"sqlite:///{self.root / 'meta.db'}", preallocate_segments=False)
-        store = MessageStore(config, self.clock)
+        store = build_store(config, self.clock)
         store.start()
         killed_end = self.down.pop(name, None)
         assert killed_end is None or store.log_end() >= killed_end, (

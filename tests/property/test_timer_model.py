@@ -16,7 +16,7 @@ from mqstore import system_writers  # noqa: F401  (registers the scheduler's wri
 from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
 from mqstore.timer.config import TimerConfig
@@ -72,7 +72,7 @@ def test_the_timer_delivers_like_a_sorted_list(small_config, tmp_path, restarts,
     print(f"seed {seed}")
     rnd = random.Random(seed)
     clock = FakeClock()
-    store = MessageStore(small_config(segment_size_bytes=1 << 20), clock)
+    store = build_store(small_config(segment_size_bytes=1 << 20), clock)
     store.start()
     for topic in TOPICS:
         store.topic_admin.create(topic, 2)
@@ -134,7 +134,7 @@ def test_the_timer_delivers_like_a_sorted_list(small_config, tmp_path, restarts,
 
 
 def test_a_delay_above_the_limit_names_it(small_config, tmp_path):
-    store = MessageStore(small_config(), FakeClock())
+    store = build_store(small_config(), FakeClock())
     store.start()
     try:
         store.topic_admin.create("t", 1)

@@ -37,6 +37,7 @@ from mqstore.errors import FailedPrecondition, OutcomeUnknown, Unavailable
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import MessageIn, TailFrame
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.txn.appender import AppendBatcher
 from mqstore.txn.cache import HalfCache
 from mqstore.txn.config import TxnConfig
@@ -80,7 +81,7 @@ class TxnMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="txn-model-"))
         self.clock = FakeClock()
-        self.store = MessageStore(StoreConfig(data_dir=self.dir / "log", segment_size_bytes=1 << 20,
+        self.store = build_store(StoreConfig(data_dir=self.dir / "log", segment_size_bytes=1 << 20,
                                               preallocate_segments=False, warm_ahead_bytes=0), self.clock)
         self.store.start()
         self.store.topic_admin.create(TOPIC, 2)

@@ -438,9 +438,9 @@ def test_an_etcd_url_is_refused_where_only_sql_is_opened(tmp_path) -> None:
     service's audit trail and a store built without that opener say so instead of failing on the URL."""
     from mqstore.config import StoreConfig
     from mqstore.meta.sql import open_engine
-    from mqstore.store import MessageStore
+    from mqstore.store_parts import build_store
     with pytest.raises(InvalidArgument, match="audit trail\\) is SQL"):
         open_engine("etcd://a:1,b:2/mqstore/meta")
-    store = MessageStore(StoreConfig(data_dir=tmp_path / "data", metadata_url="etcd://a:1/mqstore/meta"))
+    store = build_store(StoreConfig(data_dir=tmp_path / "data", metadata_url="etcd://a:1/mqstore/meta"))
     with pytest.raises(InvalidArgument, match="opened by the CommitLog service"):
         store.start()

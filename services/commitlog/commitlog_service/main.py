@@ -68,6 +68,7 @@ from mqstore.replication.isr import IsrKeeper
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.leadership import TimerDuty
 from mqstore.timer.scheduling import Scheduler
@@ -161,7 +162,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
     warn_short_retention(config)
-    store = MessageStore(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
+    store = build_store(dataclasses.replace(config.store, store_port=config.advertised_port or parts.port),
                          metrics=parts.metrics, open_catalog=catalogs.open_topic_catalog)
     store.tiered_log = config.tier.local_retention  # queues keep their entries below the local log (mqstore.tier)
     # A node of a replication group appends nothing of its own at start: an earlier version's SQL offsets are

@@ -28,15 +28,16 @@ follower re-opens it at its resume offset. That bounds how long a silently dead 
 no heartbeats) can hold a follower, without keepalive pings the server would have to allow. The
 channel retries connections quickly (50 ms doubling to ``max_reconnect_backoff_ms``), so a restarted
 commit log is found again within that bound rather than gRPC's default of up to 2 minutes.
+
+Two transports: synchronous channels for threads (every call here; AppendBatches on a SyncBatchStream,
+mqstore_rpc.commitlog_batches) and grpc.aio channels for a caller on an event loop
+(:meth:`CommitLogClient.internal_append_batches_async`: mqstore_rpc.commitlog_aio), which share the node in use
+and the leader-following written here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import queue
 import threading
-import time
 from typing import Iterator, Sequence
 
 import grpc
@@ -45,10 +46,12 @@ from mqstore import defaults, errors, model, waits
 from mqstore.errors import NotFound, NotLeader, OutOfRange
 
 from mqstore_rpc import convert
+from mqstore_rpc.commitlog_aio import AioBatches
+from mqstore_rpc.commitlog_batches import SyncBatchStream, batch_outcomes
 from mqstore_rpc.gen.mqstore.v1 import (commitlog_pb2, commitlog_pb2_grpc, common_pb2, consumer_pb2_grpc,
                                         replication_pb2, replication_pb2_grpc)
 from mqstore_rpc.peers import Peers
-from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
+from mqstore_rpc.remote_errors import from_rpc_error
 
 log = structlog.get_logger()
 
@@ -119,10 +122,8 @@ class CommitLogClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._unreached: set[str] = set()  # nodes whose last call failed to reach them
         self._retired: dict[str, grpc.Channel] = {}  # per node, the channel a fresh one replaced (see _use)
-        self._aio_channels: dict[str, grpc.aio.Channel] = {}   # internal_append_batches_async's, on its loop
-        self._aio_stubs: dict[str, commitlog_pb2_grpc.CommitLogInternalStub] = {}
+        self._aio = AioBatches(self, TOKEN_METADATA)  # internal_append_batches_async's transport, on its loop
         self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
-        self._batch_streams: dict[str, _BatchStream] = {}  # AppendBatchesStream per node, on its loop
         self._sync_streams: dict[str, SyncBatchStream] = {}  # internal_append_batches' stream per node
         self._use(self.addresses[0])
 
@@ -319,7 +320,7 @@ class CommitLogClient:
                 if error is None:
                     continue
                 raise error from None
-            return _batch_outcomes(response, len(batches), address)
+            return batch_outcomes(response, len(batches), address)
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _sync_stream(self, address: str, metadata) -> SyncBatchStream:
@@ -358,126 +359,12 @@ class CommitLogClient:
         not have been written) and the next one opens another. The channel and streams are opened on
         the caller's loop (one loop per client: :meth:`close_async` closes them on it). A commit log
         older than the stream (UNIMPLEMENTED: it did nothing) gets one Append per batch from then on."""
-        if self._batches_unimplemented:
-            return await self._append_batches_one_by_one(batches, writer, token)
-        request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
-            commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
-            for topic, messages in batches])
-        try:
-            response, address = await self._on_batch_stream(request, token)
-        except _Unimplemented:  # a commit log older than AppendBatches (a rolling upgrade): nothing was written
-            self._batches_unimplemented = True
-            log.warning("commitlog_client.append_batches_unimplemented", address=self.address,
-                        hint="the commit log predates CommitLogInternal.AppendBatches: one Append per batch until "
-                             "this client restarts; upgrade the commit log")
-            return await self._append_batches_one_by_one(batches, writer, token)
-        return _batch_outcomes(response, len(batches), address)
-
-    async def _on_batch_stream(self, request, token: str):
-        """(response, address) of ``request`` on this loop's AppendBatchesStream to the node in use, opened
-        when there is none or it ended; :meth:`_call`'s leader-following and errors. No answer within
-        ``rpc_timeout_s``: the stream is torn down (everything it still owed has an unknown outcome)."""
-        for attempt in range(2):
-            address = self.address
-            stream = self._batch_streams.get(address)
-            if stream is None or stream.error is not None:
-                stub = self._aio_stub(address)
-                metadata = ((TOKEN_METADATA, token), *self._peers.metadata())
-                stream = self._batch_streams[address] = _BatchStream(stub.AppendBatchesStream(metadata=metadata))
-            answer = await stream.send(request)
-            try:
-                return await self._answer_probing(answer, address), address
-            except asyncio.TimeoutError:
-                error = errors.Unavailable(f"{address} did not answer AppendBatches within {self.rpc_timeout_s:g} s: "
-                                           f"the batches may or may not have been written")
-                stream.end(error)
-                _abandon(answer)
-                raise error from None
-            except _LeaderMoved as moved:
-                error = errors.Unavailable(f"{address} did not answer AppendBatches within {self.leader_probe_s:g} s "
-                                           f"and {moved.leader} leads now: the batches may or may not have been "
-                                           f"written; the next calls go to {moved.leader}")
-                stream.end(error)
-                _abandon(answer)
-                self._use(moved.leader, fresh=True)
-                raise error from None
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    raise _Unimplemented("AppendBatchesStream") from None
-                error = self._failed(exc, address, attempt, write=True)
-                if error is None:
-                    continue  # NotLeader: this request was not processed; send it to the leader
-                raise error from None
-        raise AssertionError("unreachable: the loop returns or raises")
-
-    async def _answer_probing(self, answer: asyncio.Future, address: str):
-        """``answer``'s result within ``rpc_timeout_s`` (else TimeoutError); unanswered after each
-        ``leader_probe_s``, the other nodes are asked whether one leads now (_LeaderMoved), as a write of
-        :meth:`_call` does."""
-        if self.leader_probe_s <= 0 or len(self.addresses) < 2:
-            return await _within(answer, self.rpc_timeout_s)
-        deadline = asyncio.get_running_loop().time() + self.rpc_timeout_s
-        while True:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                raise asyncio.TimeoutError()
-            try:
-                return await asyncio.wait_for(asyncio.shield(answer), min(left, self.leader_probe_s))
-            except asyncio.TimeoutError:
-                if left <= self.leader_probe_s:
-                    raise
-            leader = await asyncio.to_thread(self.leader_elsewhere, address)
-            if leader:
-                raise _LeaderMoved(leader)
-
-    def _aio_stub(self, address: str) -> commitlog_pb2_grpc.CommitLogInternalStub:
-        stub = self._aio_stubs.get(address)
-        if stub is None:
-            channel = self._aio_channels[address] = self._peers.aio_channel(address, self._options)
-            stub = self._aio_stubs[address] = commitlog_pb2_grpc.CommitLogInternalStub(channel)
-        return stub
-
-    async def _append_batches_one_by_one(self, batches, writer: str, token: str):
-        """AppendBatches' outcomes from one CommitLogInternal.Append per batch, in order (an older log)."""
-        outcomes: list[list[model.AppendResult] | errors.MqStoreError] = []
-        for topic, messages in batches:
-            request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
-                                                          messages=[convert.internal_message(m) for m in messages])
-            try:
-                response, _ = await self._internal_async("Append", request, token)
-            except errors.MqStoreError as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append([convert.append_result_out(r) for r in response.results])
-        return outcomes
-
-    async def _internal_async(self, method: str, request, token: str):
-        """(response, address) of CommitLogInternal ``method`` on the node in use, on this loop's channel
-        to it; :meth:`_call`'s leader-following and errors."""
-        metadata = ((TOKEN_METADATA, token), *self._peers.metadata())
-        for attempt in range(2):
-            address = self.address
-            stub = self._aio_stub(address)
-            try:
-                return await getattr(stub, method)(request, timeout=self.rpc_timeout_s, metadata=metadata), address
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    raise _Unimplemented(method) from None
-                error = self._failed(exc, address, attempt, write=True)
-                if error is None:
-                    continue
-                raise error from None
-        raise AssertionError("unreachable: the loop returns or raises")
+        return await self._aio.append_batches(batches, writer=writer, token=token)
 
     async def close_async(self) -> None:
         """End the AppendBatches streams (each awaited to its end: no task of theirs is left pending for the
         loop to destroy when it stops) and close the grpc.aio channels (on their loop)."""
-        streams, self._batch_streams = list(self._batch_streams.values()), {}
-        for stream in streams:
-            await stream.aclose(errors.Unavailable("the client is closing"), self.rpc_timeout_s)
-        channels, self._aio_channels, self._aio_stubs = list(self._aio_channels.values()), {}, {}
-        for channel in channels:
-            await channel.close()
+        await self._aio.close()
 
     def consumer_call(self, method: str, request, extra_timeout_s: float = 0.0):
         """``method`` of the Consumer service (pop consumption, consumer.proto) of the node in use, which
@@ -566,196 +453,6 @@ class CommitLogClient:
         return error
 
 
-class SyncBatchStream:
-    """One open AppendBatchesStream for threads (internal_append_batches; the gateway's sends), one request at
-    a time: the caller queues its request for grpc's writer and reads the response itself (no hand-off to
-    another thread; callers take turns). One message of an open stream costs both ends less than a unary
-    call (bench/gateway.py's floors). A watchdog thread ends the stream when a request is unanswered past its
-    timeout. When the stream ends (an error status, a broken connection, the watchdog, :meth:`end`), the
-    request in flight and every later one get that error (a grpc.RpcError as the call raised it, or an
-    mqstore error) and the client opens a new stream."""
-
-    _END = object()
-
-    def __init__(self, open_call, address: str):
-        self.address = address
-        self.error: BaseException | None = None
-        self._turn = threading.Lock()        # one request in flight
-        self._lock = threading.Lock()        # error, deadline
-        self._deadline: float | None = None  # monotonic time by which the request in flight must be answered
-        self._timeout_s = 0.0
-        self._ended = threading.Event()
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = open_call(iter(self._requests.get, self._END))
-        threading.Thread(target=self._watch, name=f"append-batches-{address}", daemon=True).start()
-
-    def request(self, request, timeout_s: float):
-        """The response to ``request``; raises the error that ended the stream before it was answered."""
-        with self._turn:
-            with self._lock:
-                if self.error is not None:
-                    raise self.error
-                self._timeout_s, self._deadline = timeout_s, time.monotonic() + timeout_s
-            self._requests.put(request)
-            try:
-                response = next(self._call)
-            except StopIteration:
-                error: BaseException = errors.Unavailable(
-                    f"{self.address} ended the AppendBatches stream without answering: the batches may or may "
-                    f"not have been written")
-            except grpc.RpcError as exc:
-                error = exc
-            else:
-                with self._lock:
-                    self._deadline = None
-                return response
-            self.end(error)
-            raise self.error
-
-    def _watch(self) -> None:
-        """End the stream when the request in flight is unanswered past its deadline (checked every quarter
-        of its timeout, at most every 0.25 s)."""
-        while not self._ended.wait(min(0.25, self._timeout_s / 4) if self._timeout_s else 0.25):
-            with self._lock:
-                late = self._deadline is not None and time.monotonic() > self._deadline
-            if late:
-                self.end(errors.Unavailable(f"{self.address} did not answer an AppendBatches request within "
-                                            f"{self._timeout_s:g} s: the batches may or may not have been written"))
-
-    def end(self, error: BaseException) -> None:
-        """No more requests: the one in flight (its read is cancelled) and every later one get ``error``
-        (unless the stream had ended already: then its first error)."""
-        with self._lock:
-            if self.error is None:
-                self.error = error
-        self._ended.set()
-        self._requests.put(self._END)
-        self._call.cancel()  # a no-op when it has ended
-
-
-async def _within(answer: asyncio.Future, timeout_s: float):
-    """``answer``'s result, or TimeoutError set on ``answer`` itself after ``timeout_s`` (its caller then ends
-    the stream, whose reader skips a done future). The caller wakes straight from the reader's set_result: not
-    through wait_for's and a shield's futures, two loop callbacks and two futures per request fewer (issue
-    37); a cancelled caller cancels ``answer`` too, which the reader skips likewise."""
-    timer = asyncio.get_running_loop().call_later(timeout_s, _time_out, answer)
-    try:
-        return await answer
-    finally:
-        timer.cancel()
-
-
-def _time_out(answer: asyncio.Future) -> None:
-    if not answer.done():
-        answer.set_exception(asyncio.TimeoutError())
-
-
-class _BatchStream:
-    """One open AppendBatchesStream (on the caller's loop): requests are written in order and each is
-    answered by the next response, which a reader task hands to the futures in the order they were
-    sent. When the stream ends (an error status, a broken connection, :meth:`end`), every future still
-    waiting gets that error and the stream takes no more requests (the client opens a new one)."""
-
-    def __init__(self, call):
-        self.call = call
-        self.error: BaseException | None = None
-        self._pending: collections.deque[asyncio.Future] = collections.deque()
-        self._writing = asyncio.Lock()  # a request's place in _pending is its place on the wire
-        self._reader = asyncio.ensure_future(self._read())
-
-    async def send(self, request) -> asyncio.Future:
-        """The future of ``request``'s response (or of the error that ended the stream)."""
-        answer = asyncio.get_running_loop().create_future()
-        if self.error is not None:
-            answer.set_exception(self.error)
-            return answer
-        async with self._writing:
-            if self.error is not None:
-                answer.set_exception(self.error)
-                return answer
-            self._pending.append(answer)
-            try:
-                await self.call.write(request)
-            except grpc.RpcError as exc:
-                self.end(exc)
-            except (grpc.aio.BaseError, asyncio.InvalidStateError) as exc:  # the call ended under us
-                self.end(errors.Unavailable(f"the AppendBatches stream broke while sending ({type(exc).__name__}): "
-                                            f"the batches may or may not have been written"))
-        return answer
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                response = await self.call.read()
-                if response is grpc.aio.EOF:
-                    raise errors.Unavailable("the commit log ended the AppendBatches stream without answering: "
-                                             "the batches may or may not have been written")
-                if self._pending:
-                    answer = self._pending.popleft()
-                    if not answer.done():
-                        answer.set_result(response)
-        except asyncio.CancelledError:
-            self.end(errors.Unavailable("the AppendBatches stream was cancelled: the batches may or may not have "
-                                        "been written"))
-        except (grpc.RpcError, errors.MqStoreError) as exc:
-            self.end(exc)
-        except Exception as exc:  # a bug (logged): what the stream owed has an unknown outcome
-            log.error("commitlog_client.batch_stream_failed", exc_info=exc)
-            self.end(errors.Unavailable(f"the AppendBatches stream failed unexpectedly ({type(exc).__name__}, "
-                                        f"logged): the batches may or may not have been written"))
-
-    async def aclose(self, error: BaseException, timeout_s: float) -> None:
-        """Close it cleanly, in order: no more requests (``send`` answers ``error``), the request stream
-        half-closed, so that the commit log answers what it was sent and ends the call; the call's status
-        awaited (grpc.aio's status task ends with it); then the reader task, which has seen the end, awaited.
-        A stream already ended, or one not ended within ``timeout_s``, is cancelled instead. Nothing of it
-        is left pending for the loop to destroy when it stops."""
-        if self.error is None:
-            self.error = error
-            try:
-                async with self._writing:  # after the request being written, if any
-                    await asyncio.wait_for(self.call.done_writing(), timeout_s)
-                await asyncio.wait_for(self.call.code(), timeout_s)
-            except (asyncio.TimeoutError, grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError):
-                self.call.cancel()  # broken or too slow: the outcome of what it owed is unknown
-        else:
-            self.call.cancel()  # a no-op when it has ended
-        self._reader.cancel()  # a no-op when it has seen the end
-        await asyncio.gather(self._reader, return_exceptions=True)
-        self.end(error)  # what is still waiting (nothing, after a clean end)
-
-    def end(self, error: BaseException) -> None:
-        """No more requests; every one still waiting gets ``error``."""
-        if self.error is None:
-            self.error = error
-            self.call.cancel()
-        while self._pending:
-            answer = self._pending.popleft()
-            if not answer.done():
-                answer.set_exception(error)
-
-
-def _abandon(answer: asyncio.Future) -> None:
-    """The caller gives ``answer`` up (it raises its own error instead): the error ``end`` set on it is taken
-    here, so the loop does not log "Future exception was never retrieved" when the future is collected."""
-    if answer.done() and not answer.cancelled():
-        answer.exception()
-    else:
-        answer.cancel()
-
-
-class _LeaderMoved(Exception):
-    """The node in use did not answer and ``leader`` says it leads now."""
-
-    def __init__(self, leader: str):
-        super().__init__(leader)
-        self.leader = leader
-
-
-class _Unimplemented(Exception):
-    """The node does not serve this method (grpc UNIMPLEMENTED: it did nothing)."""
-
-
 def _unreachable(exc: grpc.RpcError) -> bool:
     """The node could not be reached (a transport failure, not an answer of the store: those carry
     their mqstore-error trailer)."""
@@ -763,14 +460,3 @@ def _unreachable(exc: grpc.RpcError) -> bool:
         return False
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     return not any(key == "mqstore-error" for key, _ in trailing or ())
-
-
-def _batch_outcomes(response, batches: int, address: str) -> list[list[model.AppendResult] | errors.MqStoreError]:
-    """An AppendBatches answer's outcomes, in order: each batch's results or the error it would have raised
-    alone (both transports: :meth:`CommitLogClient.internal_append_batches` and its ``_async``)."""
-    if len(response.results) != batches:
-        raise errors.Unavailable(f"{address} answered AppendBatches with {len(response.results)} results for "
-                                 f"{batches} batches: the batches may or may not have been written")
-    return [[convert.append_result_out(r) for r in outcome.appended.results]
-            if outcome.WhichOneof("outcome") == "appended" else from_batch_error(outcome.error, address)
-            for outcome in response.results]

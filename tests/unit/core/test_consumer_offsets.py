@@ -21,6 +21,7 @@ from mqstore.format.offset_commit import TOMBSTONE, Row
 from mqstore.meta.sql import MetadataStore
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.conftest import golden_bytes
 
 TOPIC = offset_commit.TOPIC
@@ -31,7 +32,7 @@ def open_store(small_config):
     stores = []
 
     def make(clock=None, **overrides):
-        stores.append(MessageStore(small_config(**overrides), clock))
+        stores.append(build_store(small_config(**overrides), clock))
         stores[-1].start()
         return stores[-1]
     yield make

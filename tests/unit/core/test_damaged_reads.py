@@ -10,12 +10,12 @@ from mqstore import tailing
 from mqstore.errors import DataLoss, InvalidArgument
 from mqstore.format import record, record_reader
 from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 
 @pytest.fixture
 def store(small_config):
-    s = MessageStore(small_config())
+    s = build_store(small_config())
     s.start()
     s.topic_admin.create("t", 1)
     yield s

@@ -16,6 +16,7 @@ from mqstore.log.flush import Flusher
 from mqstore.log.segment import Segment
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.support.waiting import WAIT_S
 
 
@@ -24,7 +25,7 @@ def store(small_config):
     stores = []
 
     def make(**overrides):
-        s = MessageStore(small_config(**overrides))
+        s = build_store(small_config(**overrides))
         s.start()
         s.topic_admin.create("t", 1)
         stores.append(s)

@@ -11,7 +11,7 @@ import pytest
 from mqstore import tailing
 from mqstore.format import record, record_reader, record_scan
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.support import records
 
 V4 = bytes([10, 0, 0, 7])
@@ -110,7 +110,7 @@ def test_the_fast_scan_agrees_with_check_on_random_damage(hosts):
 
 def test_a_store_keeps_ipv6_born_hosts_through_pull_tail_and_restart(small_config):
     config = small_config()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         store.topic_admin.create("t", 2)
@@ -121,7 +121,7 @@ def test_a_store_keeps_ipv6_born_hosts_through_pull_tail_and_restart(small_confi
     finally:
         store.stop()
     config.consumequeue_dir.joinpath("t").rename(config.data_dir / "old-queues")  # rebuilt from the log
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         got = [m for q in range(2) for m in store.pull("t", q, 0, 1000, 8 << 20, tags=["t1"]).messages]

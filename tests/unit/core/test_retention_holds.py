@@ -12,7 +12,7 @@ import pytest
 from mqstore import retention_holds, tailing
 from mqstore.model import MessageIn
 from mqstore.retention_holds import COMPACTOR, RetentionHolds
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 MAX, GRACE = 10_000, 1_000
 
@@ -87,7 +87,7 @@ def open_store(small_config):
     stores = []
 
     def make(clock=None, **overrides):
-        stores.append(MessageStore(small_config(**overrides), clock))
+        stores.append(build_store(small_config(**overrides), clock))
         stores[-1].start()
         return stores[-1]
     yield make

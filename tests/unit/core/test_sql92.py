@@ -12,7 +12,7 @@ from mqstore.filters import sql92
 from mqstore.filters.sql92 import compile_filter
 from mqstore.format import record_reader
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 PROPS = {"TAGS": "tagA", "KEYS": "k1 k2", "UNIQ_KEY": "AC1100", "region": "eu", "price": "15", "ratio": "0.25",
          "flag": "TRUE", "name": "it's", "big": "9223372036854775807"}
@@ -157,7 +157,7 @@ def test_selection_reads_the_filter_type():
 def test_a_pull_selects_on_the_records_properties_without_reading_their_bodies(small_config, monkeypatch):
     """Both read paths (decoded and raw) select the same messages; the raw one (the compiled codec's Pull)
     reads only the properties of a record it passes over or takes: RecordView.body is never asked."""
-    store = MessageStore(small_config(), None)
+    store = build_store(small_config(), None)
     store.start()
     try:
         store.topic_admin.create("t", 1)

@@ -13,7 +13,7 @@ from mqstore import store_offsets, tailing
 from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
 from mqstore.format import record_reader
 from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST, TAIL_LATEST
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.support.waiting import wait_until
 
 
@@ -22,7 +22,7 @@ def open_store(small_config):
     stores = []
 
     def make(clock=None, **overrides):
-        store = MessageStore(small_config(**overrides), clock)
+        store = build_store(small_config(**overrides), clock)
         store.start()
         stores.append(store)
         return store

@@ -13,7 +13,7 @@ import pytest
 from mqstore.errors import InvariantViolation, Unavailable
 from mqstore.log.segment import Segment
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.support.waiting import wait_until
 
 WAIT_S = 10.0
@@ -21,7 +21,7 @@ WAIT_S = 10.0
 
 @pytest.fixture
 def store(small_config):
-    s = MessageStore(small_config(warm_ahead_bytes=64 * 1024, flush_min_dirty_pages=1))
+    s = build_store(small_config(warm_ahead_bytes=64 * 1024, flush_min_dirty_pages=1))
     s.start()
     s.topic_admin.create("t", 1)
     yield s
@@ -100,7 +100,7 @@ def test_a_large_write_goes_through_pwrite_and_a_small_one_through_the_mapping(s
                                                                                warm_ahead_bytes, flush_mode):
     """A write of 4 KiB or more goes through pwrite (it fills the page cache without zeroing it first), a
     smaller one through the mapping, whatever the warmer does ahead; the bytes land either way."""
-    s = MessageStore(small_config(warm_ahead_bytes=warm_ahead_bytes, flush_mode=flush_mode))
+    s = build_store(small_config(warm_ahead_bytes=warm_ahead_bytes, flush_mode=flush_mode))
     s.start()
     try:
         s.topic_admin.create("t", 1)
@@ -126,7 +126,7 @@ def test_a_large_write_goes_through_pwrite_and_a_small_one_through_the_mapping(s
 def test_under_async_the_warmer_creates_the_segments_ahead_and_touches_no_page(small_config, monkeypatch):
     """ASYNC: the warmer creates the next segment before the writer needs it, and neither reads nor writes
     the range ahead (mqstore.log.warmer: reading it cost more than it saved); the roll finds it there."""
-    s = MessageStore(small_config(warm_ahead_bytes=64 * 1024))
+    s = build_store(small_config(warm_ahead_bytes=64 * 1024))
     s.start()
     try:
         s.topic_admin.create("t", 1)

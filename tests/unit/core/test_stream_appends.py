@@ -7,12 +7,12 @@ import pytest
 
 from mqstore.errors import InvalidArgument
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.stream_appends import StreamAppends
 
 
 def test_an_item_past_the_limit_is_refused_and_the_earlier_ones_stay(small_config):
-    store = MessageStore(small_config(max_stream_messages=5))
+    store = build_store(small_config(max_stream_messages=5))
     store.start()
     try:
         store.topic_admin.create("t")

@@ -14,14 +14,14 @@ from mqstore.clock import FakeClock
 from mqstore.errors import FailedPrecondition, InvalidArgument, InvariantViolation
 from mqstore.format import offset_commit, record, tier_upload
 from mqstore.model import KIND_NORMAL, MessageIn, TopicRecord
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.writers import SYSTEM_WRITERS, WriterRules, Writers
 
 
 @pytest.fixture
 def store(small_config):
     clock = FakeClock()
-    s = MessageStore(small_config(), clock)
+    s = build_store(small_config(), clock)
     s.start()
     yield s
     s.stop()
@@ -133,7 +133,7 @@ def test_a_writer_registered_from_outside_is_asked_by_the_store(small_config):
     writers = Writers()
     writers.register(WriterRules("tester", "the test writer", prefixes=("mine",), prefixed_what="the tester's",
                                  check=check))
-    s = MessageStore(small_config(), FakeClock(), writers=writers)
+    s = build_store(small_config(), FakeClock(), writers=writers)
     s.start()
     try:
         s.topic_admin.create("mine", 1)

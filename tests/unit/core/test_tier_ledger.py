@@ -18,6 +18,7 @@ from mqstore.format import tier_upload
 from mqstore.format.tier_upload import DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.tier.ledger import Ledger, UploadMap
 from mqstore.tier.sealed import sealed_segments
 from mqstore.tier.uploader import Uploader, object_key
@@ -109,7 +110,7 @@ def rig(small_config, tmp_path):
     made = []
 
     def make(leader_epoch=lambda: 0):
-        store = MessageStore(small_config(segment_size_bytes=SEGMENT))
+        store = build_store(small_config(segment_size_bytes=SEGMENT))
         store.start()
         tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
         uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,

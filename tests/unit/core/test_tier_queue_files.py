@@ -21,6 +21,7 @@ from mqstore.format.tier_upload import COMMITLOG, CONSUME_QUEUE, DELETED, DISCAR
 from mqstore.metrics import Registry
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.tier.ledger import Ledger, UploadMap
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import BlockCache, TierReader
@@ -133,7 +134,7 @@ def rig(small_config, tmp_path):
     made = []
 
     def make(leader_epoch=lambda: 0):
-        store = MessageStore(small_config(segment_size_bytes=SEGMENT, cq_entries_per_file=ENTRIES))
+        store = build_store(small_config(segment_size_bytes=SEGMENT, cq_entries_per_file=ENTRIES))
         store.start()
         tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
         uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
@@ -290,7 +291,7 @@ class Rig:
         self.start()
 
     def start(self):
-        self.store = MessageStore(self.config)
+        self.store = build_store(self.config)
         self.store.tiered_log = True
         self.store.start()
         self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)

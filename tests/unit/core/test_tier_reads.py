@@ -15,7 +15,7 @@ from mqstore.errors import DataLoss, InvalidArgument, OutOfRange, Unavailable
 from mqstore.format.tier_upload import FINISHED, Upload
 from mqstore.format import record_reader
 from mqstore.model import TAIL_AT_OFFSET, TAIL_EARLIEST, MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.tier.config import TierConfig
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
@@ -101,7 +101,7 @@ class Rig:
         self.start()
 
     def start(self):
-        self.store = MessageStore(self.config)
+        self.store = build_store(self.config)
         self.store.tiered_log = True
         self.store.start()
         self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)

@@ -9,7 +9,7 @@ from mqstore import system_writers  # noqa: F401  (registers the scheduler's wri
 from mqstore.clock import FakeClock
 from mqstore.metrics import Registry
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
 from mqstore.timer.config import TimerConfig
@@ -27,7 +27,7 @@ def _delivered(store, topic: str = "t") -> int:
 def test_deliveries_are_cut_to_the_stores_batch_limits(small_config, tmp_path):
     # Before: one append of every copy due at once, refused past max_batch_messages (its copies dropped).
     clock = FakeClock()
-    store = MessageStore(small_config(max_batch_messages=3, max_batch_body_bytes=2_000), clock)
+    store = build_store(small_config(max_batch_messages=3, max_batch_body_bytes=2_000), clock)
     store.start()
     try:
         store.topic_admin.create("t", 1)
@@ -47,7 +47,7 @@ def test_deliveries_are_cut_to_the_stores_batch_limits(small_config, tmp_path):
 
 
 def test_the_duty_delivers_only_while_its_node_leads_and_counts_it(small_config, tmp_path):
-    store = MessageStore(small_config())  # the real clock: the duty sleeps on it
+    store = build_store(small_config())  # the real clock: the duty sleeps on it
     store.start()
     leading = threading.Event()
     registry = Registry()

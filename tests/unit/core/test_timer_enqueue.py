@@ -21,12 +21,12 @@ from mqstore.format import record_reader
 from mqstore.format.timer_checkpoint import TimerCheckpoint
 from mqstore.log.encoder import MessageEncoder
 from mqstore.model import KIND_NORMAL, AppendResults, MessageIn, TopicRecord
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.files import LOG_NAME, WHEEL_NAME, TimerFiles
-from mqstore.timer import timer as timer_module
+from mqstore.timer import enqueue as timer_enqueue
 from mqstore.timer.timer import Timer
 
 CONFIG = TimerConfig(timer_precision_ms=100, timer_wheel_slots=64)
@@ -93,7 +93,7 @@ def test_units_whose_slot_writes_were_lost_are_recovered(tmp_path):
 
 
 def _store(small_config, clock):
-    store = MessageStore(small_config(), clock)
+    store = build_store(small_config(), clock)
     store.start()
     store.topic_admin.create("t", 1)
     return store
@@ -151,7 +151,7 @@ def test_a_note_is_a_batch_taken_across_the_enqueues_runs(small_config, tmp_path
     # that comes after part of its batch was read covers the rest. No noted record is read back, every unit is
     # made, and nothing stays noted.
     clock = FakeClock()
-    store = MessageStore(small_config(segment_size_bytes=1 << 20), clock)
+    store = build_store(small_config(segment_size_bytes=1 << 20), clock)
     store.start()
     store.topic_admin.create("t", 1)
     timer = Timer(store, CONFIG, tmp_path / "timer")
@@ -207,9 +207,9 @@ def test_a_note_is_a_batch_taken_across_the_enqueues_runs(small_config, tmp_path
 def test_notes_are_bounded_by_the_records_they_hold(small_config, tmp_path, monkeypatch):
     # MAX_NOTES counts noted records, not batches: a batch that would pass it is not noted (its records are read
     # from the log), and the records taken make room again.
-    monkeypatch.setattr(timer_module, "MAX_NOTES", 150)
+    monkeypatch.setattr(timer_enqueue, "MAX_NOTES", 150)
     clock = FakeClock()
-    store = MessageStore(small_config(segment_size_bytes=1 << 20), clock)
+    store = build_store(small_config(segment_size_bytes=1 << 20), clock)
     store.start()
     store.topic_admin.create("t", 1)
     timer = Timer(store, CONFIG, tmp_path / "timer")
@@ -331,7 +331,7 @@ def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_
     from mqstore.topics import OWNER_SCHEDULE
     rng = random.Random(41)
     clock = FakeClock()
-    store = MessageStore(small_config(), clock)
+    store = build_store(small_config(), clock)
     store.start()
     try:
         store.topic_admin.create("t", 4)

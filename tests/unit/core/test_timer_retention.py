@@ -10,7 +10,7 @@ from mqstore import system_writers  # noqa: F401  (registers the scheduler's wri
 from mqstore.clock import FakeClock
 from mqstore.metrics import Registry
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
 from mqstore.timer import scheduling
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL
@@ -35,7 +35,7 @@ def _fill(store, count: int) -> None:
 
 def test_retention_keeps_the_undelivered_timer_record_and_deletes_below_it(small_config, tmp_path):
     clock = FakeClock()
-    store = MessageStore(small_config(segment_size_bytes=8192, retention_ms=HOUR, clean_interval_ms=100 * HOUR), clock)
+    store = build_store(small_config(segment_size_bytes=8192, retention_ms=HOUR, clean_interval_ms=100 * HOUR), clock)
     store.start()
     registry = Registry()
     duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True, registry=registry)
@@ -75,7 +75,7 @@ def test_a_long_delay_pins_the_log_only_until_it_is_rolled(small_config, tmp_pat
     """A delay past the wheel's span is re-appended when the wheel reaches it (a roll): the floor follows the new
     record, so the log is kept about one span, not the whole delay."""
     clock = FakeClock()
-    store = MessageStore(small_config(), clock)
+    store = build_store(small_config(), clock)
     store.start()
     duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: True)
     try:
@@ -97,7 +97,7 @@ def test_a_long_delay_pins_the_log_only_until_it_is_rolled(small_config, tmp_pat
 
 def test_a_replica_keeps_the_timer_records_of_the_last_span(small_config, tmp_path):
     clock = FakeClock()
-    store = MessageStore(small_config(), clock)
+    store = build_store(small_config(), clock)
     store.start()
     duty = TimerDuty(store, CONFIG, tmp_path / "timer", leading=lambda: False)
     try:

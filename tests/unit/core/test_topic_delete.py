@@ -16,6 +16,7 @@ from mqstore.failpoints import FailpointHit
 from mqstore.format import topic_event
 from mqstore.model import KIND_COMPACTION, MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 
 def _fill(store: MessageStore, topic: str, count: int, queues: int = 2, **create) -> list:
@@ -51,7 +52,7 @@ def _check_recreated(store: MessageStore, old: list, bodies: tuple[bytes, ...] =
 @pytest.mark.parametrize("kind", ["NORMAL", KIND_COMPACTION])
 def test_a_topic_created_again_starts_empty_at_offset_0(small_config, kind):
     config = small_config()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     old = _fill(store, "t", 20, kind=kind)
     store_offsets.commit_offset(store, "g", "t", 0, 3)
@@ -71,7 +72,7 @@ def test_a_topic_created_again_starts_empty_at_offset_0(small_config, kind):
     for rebuild in (False, True):  # a restart, then one that rebuilds every consume queue from the log
         if rebuild:
             shutil.rmtree(config.consumequeue_dir)
-        store = MessageStore(config)
+        store = build_store(config)
         store.start()
         _check_recreated(store, old, bodies)
         assert store.append("t", [MessageIn(body=b"more", keys=("k0",))])[0].queue_offset == len(bodies)
@@ -82,7 +83,7 @@ def test_a_topic_created_again_starts_empty_at_offset_0(small_config, kind):
 @pytest.mark.parametrize("step", ["topic.delete.marked", "topic.delete.announced", "topic.delete.queues_dropped"])
 def test_a_delete_cut_short_at_any_step_is_resumed_at_start(small_config, failpoint, step):
     config = small_config()
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     old = _fill(store, "t", 20)
     failpoint(step)
@@ -95,7 +96,7 @@ def test_a_delete_cut_short_at_any_step_is_resumed_at_start(small_config, failpo
         store.topic_admin.create("t", 1)
     assert "t" not in [t.name for t in store.topic_admin.list()]
     store.halt()  # a crash: no checkpoint, the abort marker stays
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         assert "t" not in [t.name for t in store.topic_admin.list()] and store.topics.deleting() == []
@@ -109,7 +110,7 @@ def test_a_delete_cut_short_at_any_step_is_resumed_at_start(small_config, failpo
 
 
 def test_deleting_again_finishes_a_delete_cut_short(small_config, failpoint):
-    store = MessageStore(small_config())
+    store = build_store(small_config())
     store.start()
     try:
         _fill(store, "t", 4)
@@ -125,7 +126,7 @@ def test_deleting_again_finishes_a_delete_cut_short(small_config, failpoint):
 
 
 def test_an_append_in_flight_across_a_delete_writes_nothing(small_config):
-    store = MessageStore(small_config())
+    store = build_store(small_config())
     store.start()
     try:
         _fill(store, "t", 2)
@@ -142,7 +143,7 @@ def test_an_append_in_flight_across_a_delete_writes_nothing(small_config):
 
 def test_a_batch_dispatched_after_its_topic_is_gone_gets_no_queue(small_config):
     config = small_config(flush_mode="SYNC", flush_interval_ms=60_000)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     try:
         store.topic_admin.create("t", 1)

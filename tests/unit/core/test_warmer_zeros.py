@@ -12,6 +12,7 @@ from mqstore.log.commitlog import CommitLog
 from mqstore.log.segment import Segment
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.support.waiting import WAIT_S, wait_until
 
 
@@ -43,7 +44,7 @@ def test_an_append_reaching_the_zeros_being_written_waits_for_them(small_config,
 
     monkeypatch.setattr(Segment, "write_zeros", slow_write_zeros)
     monkeypatch.setattr(CommitLog, "_wait_for_zeroing", noted_wait)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     appender = None
     sent: list[bytes] = []
@@ -77,7 +78,7 @@ def test_an_append_reaching_the_zeros_being_written_waits_for_them(small_config,
             appender.join(3 * WAIT_S)
         store.stop()
     monkeypatch.undo()
-    again = MessageStore(config)
+    again = build_store(config)
     again.start()
     try:
         assert _bodies(again, "t") == sent
@@ -87,7 +88,7 @@ def test_an_append_reaching_the_zeros_being_written_waits_for_them(small_config,
 
 def test_a_log_that_ends_in_zeroed_space_restarts_at_its_end_after_a_crash(small_config):
     config = small_config(flush_mode="SYNC", segment_size_bytes=64 * 1024, warm_ahead_bytes=32 * 1024)
-    store = MessageStore(config)
+    store = build_store(config)
     store.start()
     sent = []
     store.topic_admin.create("t", 1)
@@ -98,7 +99,7 @@ def test_a_log_that_ends_in_zeroed_space_restarts_at_its_end_after_a_crash(small
                "the warmer zeroing ahead of the last append")
     end = store.commitlog.written_offset
     store.halt()  # as kill -9: no final flush or checkpoint, the abort marker stays
-    again = MessageStore(config)
+    again = build_store(config)
     again.start()
     try:
         assert again.commitlog.written_offset == end
@@ -119,7 +120,7 @@ def test_zeros_never_land_on_a_record_under_random_concurrent_appends(small_conf
     moved = threading.Condition()
     zeroed: list[tuple[int, int]] = []
     real_write_zeros = Segment.write_zeros
-    store = MessageStore(config)
+    store = build_store(config)
 
     def held_write_zeros(seg, from_position, to_position, zeros):
         start = seg.start + from_position
@@ -157,7 +158,7 @@ def test_zeros_never_land_on_a_record_under_random_concurrent_appends(small_conf
     finally:
         store.halt()  # as kill -9 (SYNC: every acknowledged append was fdatasynced)
     monkeypatch.undo()
-    again = MessageStore(config)
+    again = build_store(config)
     again.start()
     try:
         assert again.commitlog.written_offset == end

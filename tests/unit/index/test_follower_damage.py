@@ -14,7 +14,7 @@ from mqstore.index.store import IndexStore
 from index_testing import tiny_config
 from mqstore.format import record
 from mqstore.model import TAIL_EARLIEST, MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from test_follower import FAST, offsets, wait_until
 
 
@@ -95,7 +95,7 @@ def test_the_follower_indexes_around_a_damaged_record_and_reports_it(store):
     (28, lambda size: record.INT64.pack(5)),               # PHYSICALOFFSET
 ])
 def test_frames_of_a_real_tail_decode_around_a_damaged_record(small_config, at, data):
-    log_store = MessageStore(small_config())
+    log_store = build_store(small_config())
     log_store.start()
     try:
         log_store.topic_admin.create("t", 1)

@@ -13,7 +13,7 @@ from mqstore.model import MessageIn
 from mqstore.pop.config import PopConfig
 from mqstore.pop.ordered import PROPERTY_MESSAGE_GROUP, Seen, plan
 from mqstore.pop.service import PopService
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 NOW = 1_000_000
 
@@ -61,7 +61,7 @@ def test_out_of_room_and_out_of_held_room_stop_at_that_message():
 
 @pytest.fixture
 def pop(small_config):
-    store = MessageStore(small_config(), FakeClock())
+    store = build_store(small_config(), FakeClock())
     store.start()
     service = PopService(store, PopConfig())
     service.start(run_duty=False)

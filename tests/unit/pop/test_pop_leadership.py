@@ -12,7 +12,7 @@ from mqstore.model import MessageIn
 from mqstore.pop.config import PopConfig
 from mqstore.pop.leadership import PopLeadership
 from mqstore.replication.node import SingleNode
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 
 class SwitchedGate(SingleNode):
@@ -31,7 +31,7 @@ class SwitchedGate(SingleNode):
 
 @pytest.fixture
 def node(small_config, fake_clock):
-    store = MessageStore(small_config(), fake_clock)
+    store = build_store(small_config(), fake_clock)
     store.start()
     gate, visible = SwitchedGate(), {"ready": False}
     store.topic_admin.create("t", 1)  # before the gate: the test's setup, as the old leader did

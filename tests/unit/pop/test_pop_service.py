@@ -14,7 +14,7 @@ from mqstore.pop.config import PopConfig
 from mqstore.pop.receive import START_LATEST
 from mqstore.pop.service import PopService
 from mqstore.pop.stats import pop_stats
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from tests.unit.core.test_damaged_reads import _damage
 
 INVISIBLE_MS = 10_000
@@ -29,7 +29,7 @@ class Pop:
         self.open()
 
     def open(self) -> None:
-        self.store = MessageStore(self.config, self.clock)
+        self.store = build_store(self.config, self.clock)
         self.store.start()
         self.pop = PopService(self.store, self.pop_config)
         self.pop.start(run_duty=False)

@@ -9,12 +9,13 @@ from mqstore.replication import store_ops
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.node import ReplicationNode
 from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 
 
 def open_node(small_config, tmp_path, name: str) -> tuple[MessageStore, ReplicationNode]:
     config = small_config(data_dir=tmp_path / name, metadata_url=f"sqlite:///{tmp_path / 'meta.db'}",
                           preallocate_segments=False)
-    store = MessageStore(config, FakeClock())
+    store = build_store(config, FakeClock())
     store.start()
     store.topics.reload_on_miss = True  # as the replication composition sets it
     node = ReplicationNode(ReplicationConfig(node_id=name), FakeClock(), config.data_dir / "epochs",

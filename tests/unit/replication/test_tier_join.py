@@ -20,7 +20,7 @@ from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.leader import ReplicaSession
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.tier.reads import TierReader
@@ -49,7 +49,7 @@ class TierNode:
         self.start()
 
     def start(self):
-        self.store = store = MessageStore(self.config)
+        self.store = store = build_store(self.config)
         store.tiered_log = self.with_tier
         store.start()
         store.topics.reload_on_miss = True

@@ -12,13 +12,13 @@ from mqstore.txn import records as tx
 from mqstore.errors import InvalidArgument, NotFound
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import MessageIn
-from mqstore.store import MessageStore
+from mqstore.store_parts import build_store
 from mqstore.txn.log import HOLD_NAME, LocalTxnLog
 
 
 @pytest.fixture
 def store(small_config):
-    store = MessageStore(small_config())
+    store = build_store(small_config())
     store.start()
     yield store
     store.stop()

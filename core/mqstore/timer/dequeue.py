@@ -1,0 +1,226 @@
+"""The timer's dequeue, its delivery (mqstore.timer.timer has the design): the read slot's units taken in order
+of their due times, their copies (or roll records) appended batched per topic, and the read slot moved on once it
+is empty and past.
+
+Thread-safety: as the Timer's (its duty owns it).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import structlog
+
+from mqstore import codec, topics as topic_rules
+from mqstore.errors import InvalidArgument, TopicNotFound
+from mqstore.format import record_reader
+from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
+from mqstore.model import KIND_COMPACTION, Copies, Copy
+from mqstore.timer import messages as tm
+
+log = structlog.get_logger("mqstore.timer")
+
+DELIVER_BATCH = 1000    # copies appended per step and topic batch (the store's max_batch_messages)
+MAX_SLOTS_PER_STEP = 20_000
+
+
+class Dequeue:
+    """The Timer's dequeue (its delivery): a part of :class:`mqstore.timer.timer.Timer`, whose state (set in its
+    ``__init__``) it shares. It owns the read slot's heap (``_current``) and what the slot delivered
+    (``_slot_done``), moves ``read_ms`` and ``read_log_end`` and queues their advances (``_advances``) for
+    Recovery's checkpoint; it reads ``cancels``, ``_done`` and ``_rolled`` (Recovery's scan), ``enqueue_offset``
+    and ``_cp_read``, and counts ``stats``."""
+
+    def _take(self, units: list[Unit]) -> None:
+        """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
+        entries = [(unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset, unit) for unit in units]
+        heap = self._current
+        if len(entries) > len(heap):  # a slot loaded (a burst's: thousands): one heapify, not a push each
+            heap.extend(entries)
+            heapq.heapify(heap)
+        else:
+            for entry in entries:
+                heapq.heappush(heap, entry)
+
+    def _dequeue(self, now: int) -> int:
+        """Deliver what is due; ms until something may be due next."""
+        for _ in range(MAX_SLOTS_PER_STEP):
+            if now < self.read_ms:
+                return self.read_ms - now
+            if self._current is None:
+                self._current = []
+                self._take(self.files.units(self.read_ms))
+            heap = self._current
+            due = []
+            while heap and heap[0][0] <= now and len(due) < DELIVER_BATCH:
+                due.append(heapq.heappop(heap)[2])
+            if due:
+                try:
+                    self._deliver(due, now)
+                except BaseException:  # retried by the duty: the units stay (the delivered ones are skipped)
+                    self._take(due)
+                    raise
+                if heap:
+                    return 0
+                continue
+            if heap:
+                return heap[0][0] - now
+            if now < self.read_ms + self.precision:
+                return self.read_ms + self.precision - now
+            self._next_slot(now)
+        return 0
+
+    def _next_slot(self, now: int) -> None:
+        self._current = None
+        self._slot_done = set()
+        self.read_ms += self.precision
+        # Behind by more than the wheel (a long downtime): once no slot holds a time from here on, the slots
+        # left are earlier turns' (empty) and the timer jumps to now; checked once per span read.
+        if now - self.read_ms > self.config.span_ms and self.read_ms >= self._next_jump_check:
+            self._next_jump_check = self.read_ms + self.config.span_ms
+            if not self.files.pending_from(self.read_ms) and self.enqueue_offset >= self._bounds()[1]:
+                log.info("timer.caught_up", skipped_to=self.files.slot_ms(now), from_ms=self.read_ms)
+                self.read_ms = self.files.slot_ms(now)
+        # Until the slots the last run may have read are passed, their deliveries may lie below today's log end:
+        # a checkpoint then keeps the recovery's start (where its scan began) as the place to read from.
+        if self.read_ms > self._done_until_ms:
+            self._done = set()
+            self.read_log_end = self.store.log_end()
+        self._advances.append((self.read_ms, self.read_log_end))
+        if self.read_ms - self._cp_read >= self.config.span_ms // 2:
+            self.checkpoint()  # keeps the live slots within one turn (see _add)
+
+    def _deliver(self, units: list[Unit], now: int) -> None:
+        """Append the copies (or roll records) of ``units``, batched per topic in order. A copy to a topic that is
+        not a compaction topic is made from the timer record's bytes (messages.delivered_copy: its body and CRC as
+        stored, its properties written once), any other from the decoded record (messages.delivered)."""
+        lookups = self._records([u.physical_offset for u in units])
+        compiled_copies = codec.compiled is not None
+        batches: list[list] = []  # [topic, copies, units, body bytes]
+        copyable: dict[str, bool] = {}
+        for unit, (found, missing) in zip(units, lookups, strict=True):
+            offset = unit.timer_offset
+            if offset in self._done or offset in self._slot_done or offset in self._rolled:
+                self.stats.skipped_done += 1
+                self.stats.pending -= 1
+                continue
+            if found is None:
+                log.error("timer.record_missing", timer_offset=unit.timer_offset, why=missing)
+                self.stats.dropped += 1
+                self.stats.pending -= 1
+                continue
+            view = unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView
+            # The compiled codec's copy properties straight from the record's bytes (messages.copy_parts); else, or
+            # where it declines, the properties decoded.
+            parts = tm.copy_parts(found, offset, now) if view and compiled_copies else None
+            if parts is not None:
+                real, origin = parts[0], parts[1]
+            else:
+                props = found.properties
+                real, origin = props.get(tm.REAL_TOPIC), int(props.get(tm.ORIGIN, unit.timer_offset))
+            if origin in self.cancels:
+                log.info("timer.cancelled", timer_offset=unit.timer_offset, origin=origin)
+                self.stats.cancelled += 1
+                self.stats.pending -= 1
+                self._slot_done.add(offset)
+                continue
+            copy = None
+            if view:
+                if real not in copyable:
+                    copyable[real] = self._copyable(real)
+                if copyable[real]:
+                    made = (real, tm.copy_of_parts(found, parts)) if parts is not None else tm.delivered_copy(
+                        found, found.properties, offset, now)
+                    if made is not None:
+                        topic, copy = made
+            if copy is None:
+                record = found.decode() if type(found) is record_reader.RecordView else found
+                if unit.kind == KIND_ROLL:
+                    topic, copy = tm.TIMER_TOPIC, tm.rolled(record, unit.timer_offset)
+                else:
+                    topic, copy = tm.delivered(record, unit.timer_offset, now)
+            kind = type(copy)
+            last = batches[-1] if batches else None
+            if (last is not None and last[0] == topic and type(last[1][0]) is kind
+                    and self._fits(len(last[1]), last[3] + len(copy.body))):
+                last[1].append(copy)
+                last[2].append(unit)
+                last[3] += len(copy.body)
+            else:
+                batches.append([topic, [copy], [unit], len(copy.body)])
+        for topic, copies, batch_units, _ in batches:
+            self._append(topic, Copies(copies) if type(copies[0]) is Copy else copies, batch_units, now)
+
+    def _copyable(self, topic: str | None) -> bool:
+        """Whether copies to ``topic`` may be made from the timer record's bytes (it exists and is not a compaction
+        topic, whose queue is its key's: those go as MessageIn, as does any copy whose topic is gone, which the
+        append then refuses as before)."""
+        try:
+            return topic is not None and self.store.topic_admin.get(topic).kind != KIND_COMPACTION
+        except TopicNotFound:
+            return False
+
+    def _records(self, physical_offsets: list[int]) -> list[tuple[record_reader.RecordView | record_reader.Record
+                                                                  | None, str]]:
+        """(the record, or None and why) at each offset: the store's GetMessage (checked the same way: the record
+        whole and below the visible end, its CRC, that it names its own offset, its topic live), a view of it in
+        the segment's mapping; any offset that path does not serve is looked up by get_messages, which says why
+        (a decoded Record then)."""
+        commitlog, topics = self.store.commitlog, self.store.topics
+        low, visible = commitlog.min_offset, self.store.visible_offset()
+        found: list[tuple[record_reader.RecordView | record_reader.Record | None, str]] = []
+        seg_start = seg_end = 0  # the segment of the record before (a slot's records mostly share one)
+        buf = None
+        for physical in physical_offsets:
+            try:
+                if not low <= physical < visible:
+                    raise LookupError(physical)
+                if not seg_start <= physical < seg_end:
+                    seg_start = seg_end = 0
+                    seg = commitlog.segments.find(physical)
+                    buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
+                position = physical - seg_start
+                record_reader.check(buf, position, len(buf), physical_offset=physical)
+                if record_reader.is_blank(buf, position):
+                    raise LookupError(physical)
+                view = record_reader.RecordView(buf, position)
+                if physical + view.size > visible or not topics.owns(view.topic, physical):
+                    raise LookupError(physical)
+                found.append((view, ""))
+            except Exception:  # noqa: BLE001 (the store's own lookup answers, with its reason)
+                lookup = self.store.get_messages([physical])[0]
+                found.append((lookup.message.record if lookup.message is not None else None, lookup.missing))
+        return found
+
+    def _fits(self, count: int, body_bytes: int) -> bool:
+        """Whether a batch of ``count`` copies may take one more, ``body_bytes`` with it, within the store's batch
+        limits (a batch past them would be refused)."""
+        cfg = self.store.config
+        return count < cfg.max_batch_messages and body_bytes <= cfg.max_batch_body_bytes
+
+    def _append(self, topic: str, copies: list, units: list[Unit], now: int) -> None:
+        try:
+            if topic == tm.TIMER_TOPIC:
+                self.store.append(topic, copies, system_writer=topic_rules.OWNER_SCHEDULE)
+            else:
+                self.store.append(topic, copies)
+        except (TopicNotFound, InvalidArgument) as exc:  # deleted, or re-created with fewer queues: nowhere to go
+            log.warning("timer.undeliverable", topic=topic, dropped=len(copies), error=str(exc))
+            self.stats.dropped += len(copies)
+            self.stats.pending -= len(copies)
+            return
+        except Exception:
+            if self.metrics:
+                self.metrics.failures.inc()
+            raise
+        for unit in units:
+            self._slot_done.add(unit.timer_offset)  # a retry of this step after a later batch failed skips it
+            if unit.kind == KIND_ROLL:
+                self.stats.rolled += 1
+                self.stats.pending -= 1  # it comes back as a new record (scheduled again)
+                continue
+            self.stats.delivered += 1
+            self.stats.pending -= 1
+            if self.metrics:
+                self.metrics.delivered.inc()
+                self.metrics.late.observe(max(0, now - unit.deliver_ms) / 1000)
