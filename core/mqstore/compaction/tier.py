@@ -53,7 +53,8 @@ mqstore.tier.reads.TierReader's path: aligned read-ahead blocks, a cache of at m
 reads ObjectStore's deadline (``tier_read_timeout_ms``), Unavailable naming the tier URL, DataLoss for an
 object gone or short (Unavailable, retry, when it is gone because a round replaced the segment meanwhile).
 
-**A start with the tier down** (the manifest's list or read UNAVAILABLE within ``tier_read_timeout_ms``) goes
+**A start with the tier down** (the manifest's list or read UNAVAILABLE within ``tier_read_timeout_ms``; a
+``file://`` tier whose directory is missing is down too, never empty: mqstore.tier.local) goes
 on: a sealed segment's lone ``.cq`` is taken as tiered, reads of it answer UNAVAILABLE naming the tier, the key
 table is built from the local segments only (CompactionStore: a miss of GetLatest is UNAVAILABLE, not NOT_FOUND,
 meanwhile), rounds of such a queue wait, no pass runs; the duty retries :meth:`CompactionTier.load` each

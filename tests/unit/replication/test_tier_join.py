@@ -46,6 +46,7 @@ class TierNode:
                                    preallocate_segments=False, segment_size_bytes=SEGMENT,
                                    cq_entries_per_file=ENTRIES)
         self.name, self.tier_dir, self.with_tier = name, tmp_path / "tier", tier
+        self.tier_dir.mkdir(exist_ok=True)
         self.start()
 
     def start(self):
