@@ -198,6 +198,7 @@ class _Index:
         self.tiers: list = []
 
     def open(self) -> IndexStore:
+        (self.tmp_path / "tier").mkdir(exist_ok=True)  # (a file:// tier's directory exists, as a bucket does)
         tier = open_tier(IndexTierConfig(tier_url=dir_url(self.tmp_path / "tier"))) if self.with_tier else None
         if tier is not None:
             self.tiers.append(tier)
@@ -438,6 +439,7 @@ def _tier_upload_cut(name, tmp_path, failpoint):
     config = _config(tmp_path)
     store, acked = _started(config, 12)  # ~ 3 segments of 16 KiB
     wait_until(lambda: sealed_segments(store), "a sealed segment")
+    (tmp_path / "tier").mkdir(exist_ok=True)
     tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
     with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
         uploader(store, tier).step()
@@ -477,6 +479,7 @@ def _tier_queue_file_upload_cut(name, tmp_path, failpoint):
     store, acked = _started(config, 12)  # ~ 3 segments of 16 KiB, 30 entries in each of 2 queues
     store.write_checkpoint()  # the queue files flushed
     wait_until(lambda: sealed_segments(store) and sealed_queue_files(store), "a sealed segment and queue file")
+    (tmp_path / "tier").mkdir(exist_ok=True)
     tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
     with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
         uploader(store, tier).step()
@@ -517,6 +520,7 @@ def _tier_retention_cut(name, tmp_path, failpoint):
     config = _config(tmp_path)
     store, _ = _started(config, 12)  # ~ 3 segments of 16 KiB
     wait_until(lambda: len(sealed_segments(store)) >= 2, "two sealed segments")
+    (tmp_path / "tier").mkdir(exist_ok=True)
     tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
     first = uploader(store, tier)
     store.retention.add_floor("tier", first.retention_floor)

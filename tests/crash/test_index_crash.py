@@ -254,6 +254,7 @@ def test_kill9_at_each_phase_of_a_tier_move_loses_nothing_holds_nothing_twice_an
     failpoint, it finds every key once (a sample of keys; each file once: the entry count), and the tier holds
     exactly the objects its manifest names."""
     tier = tmp_path / "tier"
+    tier.mkdir()
     with start_log(tmp_path / "log") as log_proc:
         with grpc.insecure_channel(log_proc.address) as channel:
             stub = commitlog_pb2_grpc.CommitLogStub(channel)

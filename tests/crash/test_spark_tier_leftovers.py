@@ -79,6 +79,7 @@ def _objects(url: str) -> list[str]:
 
 def test_a_start_deletes_the_tier_objects_of_a_round_whose_compactor_was_killed(tmp_path):
     data_dir, url = tmp_path / "compactor", f"file://{tmp_path / 'tier'}"
+    (tmp_path / "tier").mkdir()
     logs, topic_dir = data_dir / "logs", data_dir / "logs" / "kv"
     _fill(logs)
     job_file = topic_dir / f".0{spark_runner.JOB_SUFFIX}"
@@ -110,6 +111,7 @@ def test_a_start_deletes_the_tier_objects_of_a_round_whose_compactor_was_killed(
 
 def test_the_next_round_deletes_what_a_round_could_not(tmp_path):
     logs, url = tmp_path / "logs", f"file://{tmp_path / 'tier'}"
+    (tmp_path / "tier").mkdir()
     _fill(logs)
     tier = open_store(url, timeout_ms=10_000)
     store = CompactionStore(logs, CONFIG, FakeClock(BASE_MS + 100_000))

@@ -37,6 +37,7 @@ def index_config(data_dir: pathlib.Path, commitlog_port: int, **index_overrides)
     values = dict(slot_count=16, entry_count=64, max_keys_per_message=8, maintenance_interval_ms=50,
                   maintenance_retry_ms=50, checkpoint_interval_ms=100)
     values.update(index_overrides)
+    (data_dir / "tier").mkdir(parents=True, exist_ok=True)
     return IndexServiceConfig(
         index=IndexConfig(data_dir, **values), server=ServerConfig(port=0, grace_s=1.0),
         commitlog_address=f"127.0.0.1:{commitlog_port}", tier=IndexTierConfig(tier_url=dir_url(data_dir / "tier")),

@@ -89,6 +89,7 @@ def s3():
 def tier(request, tmp_path) -> tuple[str, dict[str, str] | None]:
     """(the tier URL, the processes' environment)."""
     if request.param == "file":
+        (tmp_path / "tier").mkdir()
         return f"file://{tmp_path / 'tier'}", None
     server = request.getfixturevalue("s3")
     return f"s3://{server.bucket()}/group", server.env()

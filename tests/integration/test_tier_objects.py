@@ -29,6 +29,7 @@ def s3():
 @pytest.fixture(params=["file", "s3"])
 def tier(request, tmp_path, s3):
     if request.param == "file":
+        (tmp_path / "tier").mkdir()
         store = open_store(f"file://{tmp_path}/tier", timeout_ms=TIMEOUT_MS)
     else:
         store = open_store(f"s3://{s3.bucket()}/some/prefix", timeout_ms=TIMEOUT_MS, endpoint=s3.endpoint,
@@ -84,6 +85,29 @@ def test_a_temp_file_of_a_crashed_put_is_never_listed(tmp_path):
     store.put_if_absent("a/x", b"whole")
     assert store.list("a") == [ObjectInfo("a/x", 5)]
     store.close()
+
+
+def test_a_missing_file_tier_directory_is_unavailable_never_empty_and_never_made(tmp_path):
+    """The root of a file:// tier is its bucket (mqstore.tier.local): while the directory is missing (moved away,
+    not mounted) every call is Unavailable naming the tier, nothing "empty" or "gone", and a put does not make
+    it again; a missing folder below the root is an empty prefix, as on S3; the directory back, all is there."""
+    root = tmp_path / "tier"
+    root.mkdir()
+    store = open_store(f"file://{root}", timeout_ms=TIMEOUT_MS)
+    try:
+        store.put_if_absent("a/x", b"whole")
+        assert store.list("none") == [] and store.size("a/y") is None
+        root.rename(tmp_path / "away")
+        for call in (lambda: store.list("a"), lambda: store.list(""), lambda: store.get_range("a/x", 0, 5),
+                     lambda: store.size("a/x"), lambda: store.delete("a/x"),
+                     lambda: store.put_if_absent("b/y", b"new")):
+            with pytest.raises(Unavailable, match=f"object storage tier file://{root}.*does not exist"):
+                call()
+        assert not root.exists()  # the put made nothing in its place
+        (tmp_path / "away").rename(root)
+        assert store.list("a") == [ObjectInfo("a/x", 5)] and store.get_range("a/x", 0, 5) == b"whole"
+    finally:
+        store.close()
 
 
 def test_a_stalled_store_is_unavailable_naming_the_tier_within_the_deadline():

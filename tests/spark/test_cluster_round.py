@@ -59,6 +59,7 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys, argv, messa
 def test_a_small_round_in_local_mode_is_identical_and_reports_keys_against_the_heap(tmp_path, capsys):
     """Through a file:// tier, as compose runs it (its workers do not mount the compactor's volume)."""
     tier = tmp_path / "tier"
+    tier.mkdir()
     code = cluster_round.main(["--dir", str(tmp_path / "round"), "--records", "12000", "--keys", "8000",
                                "--key-bytes", "64", "--segment-mib", "1", "--master", "local[2]",
                                "--executor-memory", "128k", "--tier-url", f"file://{tier}"])

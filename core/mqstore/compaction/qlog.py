@@ -3,7 +3,8 @@
 
 Directory ``<data>/<topic>/<queue id>/``: ``<base>.log`` + ``<base>.cq`` per segment, ``round.state``
 (JSON: the offset the log is cleaned up to; replaced only inside a round's install, so it always
-matches the segments), and ``staging/`` (a round's output before its install).
+matches the segments), ``keys.checkpoint`` (the key table checkpoint: mqstore.compaction.key_checkpoint;
+derived data, checked against the index at open) and ``staging/`` (a round's output before its install).
 
 Appends go to the active (last) segment and are made durable by :meth:`QueueLog.sync` (the follower
 calls it before its checkpoint). Reads see the in-memory copy of the index, a few arrays.

@@ -32,6 +32,7 @@ from mqstore.format import topic_incarnation
 from mqstore.javahash import java_string_hash
 from mqstore.metrics import Registry
 
+from . import key_checkpoint
 from .policy import CompactionConfig, Quarantine, due_reason, tombstone_expired
 from .qlog import QueueLog, Remote
 from .rounds import RoundStats, Sealed, key_and_tombstone, run_round, sealed_records
@@ -63,6 +64,7 @@ class QueueSlot:
         self.info = RoundInfo()
         self.running = False
         self.keys_partial = False  # the key table lacks the tiered segments' keys (a start with the tier down)
+        self.keys_from = 0  # the position the key table was read from at open (its checkpoint's covered end)
 
 
 class CompactionStore:
@@ -86,8 +88,13 @@ class CompactionStore:
         qlog = QueueLog(self.data_dir / topic / str(queue_id), self.config.segment_size_bytes, topic, queue_id,
                         self.remote)
         slot = QueueSlot(qlog, self.config)
-        slot.keys_partial = bool(qlog.tiered) and not self._tier_loaded()
-        _fill_latest(qlog, skip=qlog.tiered if slot.keys_partial else set())
+        table = key_checkpoint.load(qlog)  # (None: every segment is read, as without one)
+        if table is not None:
+            qlog.latest.update(table.latest)
+            slot.keys_from = table.covered_end
+        unread = {b for b in qlog.tiered if b + qlog.segment_size > slot.keys_from}  # tiered, not in the checkpoint
+        slot.keys_partial = bool(unread) and not self._tier_loaded()
+        _fill_latest(qlog, skip=unread if slot.keys_partial else set(), first=table.entry_count if table else 0)
         self._slots[(topic, queue_id)] = slot
         return slot
 
@@ -113,12 +120,25 @@ class CompactionStore:
             with slot.round_lock:
                 qlog, found = slot.qlog, {}
                 if not qlog.closed:  # (a segment the tier lost is left out: its reads answer DATA_LOSS)
-                    _fill_latest(qlog, only={b for b in qlog.tiered if self.remote.holds(qlog, b)}, into=found)
+                    _fill_latest(qlog, only={b for b in qlog.tiered if self.remote.holds(qlog, b) and
+                                             b + qlog.segment_size > slot.keys_from}, into=found)
                     with qlog._lock:
                         for key, offset in found.items():
                             if qlog.latest.get(key, -1) < offset:
                                 qlog.latest[key] = offset
                 slot.keys_partial = False
+
+    def checkpoint_keys(self, slot: QueueSlot) -> None:
+        """Write the queue's key table checkpoint (mqstore.compaction.key_checkpoint); the caller holds its round
+        lock. Not while the table is partial; a failed write (a full disk) is logged and the next one retries: it
+        is derived data, and a start without it reads every segment."""
+        if slot.qlog.closed or slot.keys_partial:
+            return
+        try:
+            key_checkpoint.save(slot.qlog, self.clock.now_ms())
+        except OSError as exc:
+            log.warning("compaction.key_checkpoint_failed", topic=slot.qlog.topic, queue_id=slot.qlog.queue_id,
+                        error=str(exc), why="a start reads every segment until the next one is written")
 
     # ---- the queues ----------------------------------------------------------------------------------
     def slot(self, topic: str, queue_id: int, *, create: bool = False) -> QueueSlot:
@@ -227,6 +247,8 @@ class CompactionStore:
                 self._round_failed(slot, info, exc)
                 raise
             info.result = "ok" if info.stats.passes else "nothing to do"
+            if info.stats.passes:
+                self.checkpoint_keys(slot)  # (the round changed the key table's records: a start reads from here)
             with self._lock:
                 info.ended_ms, slot.running = max(now, self.clock.now_ms()), False
                 slot.quarantine.succeeded()
@@ -379,9 +401,10 @@ def _remove_tree(directory: pathlib.Path) -> None:
 
 
 def _fill_latest(qlog: QueueLog, skip: set[int] = frozenset(), only: set[int] | None = None,
-                 into: dict | None = None) -> None:
+                 into: dict | None = None, first: int = 0) -> None:
     """key -> latest offset from the records held (on open: the log is its own key table), into ``qlog.latest``
-    (or ``into``), segment by segment in order: those in ``skip`` left out, only those in ``only`` if given."""
+    (or ``into``), segment by segment in order: those in ``skip`` left out, only those in ``only`` if given, and
+    only the entries from index ``first`` on (those below are in a key table checkpoint)."""
     e, into = qlog.entries, qlog.latest if into is None else into
     bases = list(qlog.bases)
     src = Sealed(qlog.directory, qlog.segment_size, bases, e, qlog.segment_bytes)
@@ -389,7 +412,9 @@ def _fill_latest(qlog: QueueLog, skip: set[int] = frozenset(), only: set[int] | 
         if base in skip or (only is not None and base not in only):
             continue
         end = bases[n + 1] if n + 1 < len(bases) else None
-        lo, hi = e.first_at_position(base), len(e) if end is None else e.first_at_position(end)
+        lo, hi = max(e.first_at_position(base), first), len(e) if end is None else e.first_at_position(end)
+        if lo >= hi:
+            continue  # (no read of a segment the checkpoint covers: no GET of a tiered one)
         for i, _, key, _ in sealed_records(src, lo, hi):
             if key is not None:
                 into[key] = e.offsets[i]

@@ -44,6 +44,8 @@ round replaces segments meanwhile):
      sealed segments hold more than ``local_retention_bytes``; never a segment without a FINISHED upload;
   4. delete every object under ``segments/`` the manifest does not name (what a crash between the manifest
      and a delete left).
+After steps 2-3 uploaded or deleted any of a queue's segments, its key table checkpoint is written
+(mqstore.compaction.key_checkpoint): a start then reads no tiered segment it covers.
 A crash anywhere leaves a manifest naming only FINISHED objects that exist, or STARTED ones that the next
 pass removes: nothing lost, no orphan after the next pass.
 
@@ -53,7 +55,8 @@ mqstore.tier.reads.TierReader's path: aligned read-ahead blocks, a cache of at m
 reads ObjectStore's deadline (``tier_read_timeout_ms``), Unavailable naming the tier URL, DataLoss for an
 object gone or short (Unavailable, retry, when it is gone because a round replaced the segment meanwhile).
 
-**A start with the tier down** (the manifest's list or read UNAVAILABLE within ``tier_read_timeout_ms``) goes
+**A start with the tier down** (the manifest's list or read UNAVAILABLE within ``tier_read_timeout_ms``; a
+``file://`` tier whose directory is missing is down too, never empty: mqstore.tier.local) goes
 on: a sealed segment's lone ``.cq`` is taken as tiered, reads of it answer UNAVAILABLE naming the tier, the key
 table is built from the local segments only (CompactionStore: a miss of GetLatest is UNAVAILABLE, not NOT_FOUND,
 meanwhile), rounds of such a queue wait, no pass runs; the duty retries :meth:`CompactionTier.load` each
@@ -216,7 +219,8 @@ class CompactionTier:
                     continue
                 where = (slot.qlog.topic, slot.qlog.queue_id)
                 try:
-                    self._queue(slot.qlog)
+                    if self._queue(slot.qlog):
+                        store.checkpoint_keys(slot)  # (mqstore.compaction.key_checkpoint: a start reads from here)
                     with self._lock:
                         self._queue_errors.pop(where, None)
                 except FailedPrecondition:
@@ -235,7 +239,9 @@ class CompactionTier:
         if failed is not None:
             raise failed
 
-    def _queue(self, qlog: QueueLog) -> None:
+    def _queue(self, qlog: QueueLog) -> bool:
+        """Steps 1-3 for one queue; whether a segment was uploaded or left the local disk."""
+        uploads, tiered = self.uploads, set(qlog.tiered)
         bases, entries = qlog.sealed()
         sealed = set(bases)
         mine = {w: s for w, s in self.segments().items() if w[:2] == (qlog.topic, qlog.queue_id)}
@@ -246,6 +252,7 @@ class CompactionTier:
             if base not in qlog.tiered and self.finished(qlog.topic, qlog.queue_id, base) is None:
                 self._upload(qlog, base)
         self._local_retention(qlog, bases, entries)
+        return self.uploads != uploads or qlog.tiered != tiered
 
     def _drop(self, where: list[tuple]) -> None:
         if not where:

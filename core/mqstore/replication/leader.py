@@ -105,7 +105,7 @@ class ReplicaSession:
                 f"replica {hello.replica_id} does not read the object storage tier, and the leader's log below "
                 f"physical offset {leader_min} (from {tier_min}) is only there: start the replica with the "
                 f"leader's {tier_join.FLAGS} (a node of an earlier version cannot join this group)")
-        queues = self.store.tier_join.queue_starts(leader_min)
+        queues = self.store.tier_join.queue_starts(leader_min, paged=hello.pages_welcome)
         log.info("replication.replica_from_tier", replica=hello.replica_id, log_start=leader_min, tier_min=tier_min,
                  queues=len(queues), replica_min=hello.min_offset, replica_end=hello.end_offset)
         return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True,

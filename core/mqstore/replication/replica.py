@@ -133,7 +133,7 @@ class ReplicaFollower(Duty):
     def hello(self) -> Hello:
         return Hello(self.node.config.node_id, self.node.config.advertised_address, self.store.log_end(),
                      self.store.log_min(), self.node.history, self.store.config.segment_size_bytes,
-                     reads_tier=self.store.tier_join is not None)
+                     reads_tier=self.store.tier_join is not None, pages_welcome=True)
 
     def _follow(self, stream: ReplicationStream) -> None:
         with self.node.apply_lock:

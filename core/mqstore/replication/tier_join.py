@@ -19,6 +19,13 @@ What it needs to serve everything below from the tier, and where it comes from:
   below the tail                         the leader's entries from its first local file of the queue up to its
                                          first record in the tail; below that file, the tier's FINISHED files
 
+**Paging.** The queues' entries can outgrow one gRPC message: a replica whose hello says ``pages_welcome`` (this
+version) takes them in pages of at most WELCOME_ENTRY_BYTES of entries (:func:`pages`: the welcome, then more
+parts; a queue's entries split where a page is full, each piece continuing the one before), joined again
+(:func:`merged`) before the join; up to WELCOME_TOTAL_ENTRY_BYTES in all, the bound of what a leader builds in
+memory for one join. A replica of an earlier version takes one message: beyond WELCOME_ENTRY_BYTES it is refused.
+Beyond the total, every replica is refused (FailedPrecondition naming what to do).
+
 The leader refuses a replica that does not read the tier (an empty replica without ``--tier-url`` and
 ``--local-retention-ms/-bytes``, or an older version, whose hello carries no ``reads_tier``) when its log below
 the local start is only in the tier: FailedPrecondition naming the flags, never a replica missing that part.
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 import structlog
 
-from mqstore.errors import FailedPrecondition
+from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format import cq_unit
 from mqstore.replication.messages import QueueStart
 from mqstore.store_retention import LOCAL_ONLY_TOPICS
@@ -42,7 +49,8 @@ from mqstore.store_retention import LOCAL_ONLY_TOPICS
 log = structlog.get_logger("mqstore.tier")
 
 ENTRY = cq_unit.ENTRY_SIZE
-WELCOME_ENTRY_BYTES = 48 << 20  # the queues' entries one welcome carries at most (a gRPC message is 64 MiB)
+WELCOME_ENTRY_BYTES = 48 << 20  # the queues' entries one welcome message carries at most (a gRPC message: 64 MiB)
+WELCOME_TOTAL_ENTRY_BYTES = 512 << 20  # the queues' entries of one paged welcome, in all (the leader's memory)
 FLAGS = "--tier-url and --local-retention-ms or --local-retention-bytes"
 
 
@@ -60,9 +68,11 @@ class TierJoin:
         return min(self.local.logical_min, self.store.log_min())
 
     # ---- the leader's side
-    def queue_starts(self, at: int) -> tuple[QueueStart, ...]:
-        """Each consume queue's start for a replica whose log starts at ``at`` (the leader's local start)."""
+    def queue_starts(self, at: int, paged: bool = False) -> tuple[QueueStart, ...]:
+        """Each consume queue's start for a replica whose log starts at ``at`` (the leader's local start); ``paged``:
+        the replica takes them in pages (the module docstring), else in one message."""
         starts, total = [], 0
+        limit = WELCOME_TOTAL_ENTRY_BYTES if paged else WELCOME_ENTRY_BYTES
         for (topic, queue_id), cq in sorted(self.store.queues.queues.items()):
             if topic in LOCAL_ONLY_TOPICS or cq.max_offset == 0 or not cq.files.segments:
                 continue
@@ -78,11 +88,14 @@ class TierJoin:
             data = b"".join(cq_unit.ENTRY.pack(*entry) for entry in entries)
             real = [(phys, size) for phys, size, _ in entries if size != cq_unit.BLANK_SIZE_FIELD]
             total += len(data)
-            if total > WELCOME_ENTRY_BYTES:
+            if total > limit:
                 raise FailedPrecondition(
                     f"the consume queues' entries below the leader's local log start {at} need more than "
-                    f"{WELCOME_ENTRY_BYTES} bytes, more than one welcome carries: a replica cannot start from the "
-                    f"tier yet; raise --local-retention-ms/-bytes on the leader or copy its data directory")
+                    f"{limit} bytes, more than " + ("a welcome carries in all" if paged else
+                                                    "one welcome carries to a replica of an earlier version "
+                                                    "(upgrade it: this version takes them in pages)") +
+                    ": a replica cannot start from the tier yet; raise --local-retention-ms/-bytes on the leader "
+                    "(fewer entries below its local log) or copy the leader's data directory")
             starts.append(QueueStart(topic, queue_id, cq.min_offset, first, data,
                                      real[-1][0] + real[-1][1] if real else 0))
         return tuple(starts)
@@ -112,3 +125,53 @@ class TierJoin:
         self.joined += 1
         log.info("tier.replica_joined", log_start=log_start, logical_min=tier_min, queues=len(starts),
                  entry_bytes=sum(len(s.entries) for s in starts))
+
+
+# ---- paging (the module docstring) -----------------------------------------------------------------------------
+
+def pages(starts: tuple[QueueStart, ...], page_bytes: int = WELCOME_ENTRY_BYTES) -> list[tuple[QueueStart, ...]]:
+    """``starts`` in pages of at most ``page_bytes`` of entries (whole entries; at least one page, the first
+    sent with the welcome): a queue whose entries do not fit what is left of a page is split, each piece a
+    QueueStart continuing the one before (its ``first_offset`` advanced; ``physical_end`` the piece's own)."""
+    per_page = max(page_bytes // ENTRY, 1) * ENTRY
+    out: list[list[QueueStart]] = [[]]
+    room = per_page
+    for start in starts:
+        at = 0
+        while True:
+            piece = start.entries[at:at + room]
+            out[-1].append(QueueStart(start.topic, start.queue_id, start.min_offset, start.first_offset + at // ENTRY,
+                                      piece, _physical_end(piece)))
+            at, room = at + len(piece), room - len(piece)
+            if at >= len(start.entries):
+                break
+            out.append([])
+            room = per_page
+    return [tuple(page) for page in out]
+
+
+def merged(pieces: tuple[QueueStart, ...] | list[QueueStart]) -> tuple[QueueStart, ...]:
+    """The queues of a paged welcome joined again: consecutive pieces of one queue concatenated (each must continue
+    the one before: InvalidArgument otherwise); its ``physical_end`` the last piece's that holds a record."""
+    out: list[QueueStart] = []
+    for piece in pieces:
+        last = out[-1] if out else None
+        if last is None or (last.topic, last.queue_id) != (piece.topic, piece.queue_id):
+            out.append(piece)
+            continue
+        if piece.first_offset != last.first_offset + len(last.entries) // ENTRY or piece.min_offset != last.min_offset:
+            raise InvalidArgument(f"welcome: the piece of queue {piece.topic}/{piece.queue_id} at offset "
+                                  f"{piece.first_offset} does not continue the one before (which ends at "
+                                  f"{last.first_offset + len(last.entries) // ENTRY})")
+        out[-1] = QueueStart(last.topic, last.queue_id, last.min_offset, last.first_offset,
+                             last.entries + piece.entries, piece.physical_end or last.physical_end)
+    return tuple(out)
+
+
+def _physical_end(entries: bytes) -> int:
+    """The end of the record of the last entry of ``entries`` that is not blank (0: none)."""
+    for at in range(len(entries) - ENTRY, -1, -ENTRY):
+        phys, size, _ = cq_unit.ENTRY.unpack_from(entries, at)
+        if size != cq_unit.BLANK_SIZE_FIELD:
+            return phys + size
+    return 0

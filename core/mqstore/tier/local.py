@@ -4,6 +4,14 @@ fsyncs it and links it to the object's name: the link fails when the name exists
 reader sees the whole object or none), then the temp name goes and the directory is fsynced. A temp file a
 crash left is never listed and never read; :meth:`LocalBackend.list` skips it.
 
+**The root directory is the bucket.** It must exist: no operation creates it (a put makes only the directories
+below it). While it is missing (a mount not there, a directory moved away) every operation fails with
+:class:`RootMissing` (ObjectStore: Unavailable naming the tier), as S3 fails on a missing bucket: a listing
+is never "empty" and an object never "gone" for that reason, so a reader starts degraded and retries
+(mqstore.compaction.tier, the commit log's reads) instead of taking an absent tier for an empty one, and no
+writer uploads into a fresh directory standing where the real one was. A missing directory *below* the root
+is an empty prefix, as on S3.
+
 Thread-safety: stateless apart from the root; the file system serialises the link.
 """
 
@@ -20,6 +28,10 @@ from mqstore.tier.objects import ObjectInfo
 
 TEMP_SUFFIX = ".tmp"
 COPY_BYTES = 4 << 20
+
+
+class RootMissing(OSError):
+    """The tier's root directory does not exist (the module docstring): the tier is unavailable."""
 
 
 class LocalBackend:
@@ -47,9 +59,35 @@ class LocalBackend:
                     out.write(chunk)
         self._create(key, copy)
 
+    def _missing(self) -> RootMissing:
+        return RootMissing(f"the tier's directory {self.root} does not exist (not mounted, or moved away?); "
+                           f"nothing is created in its place: create it (mkdir -p) for a new, empty tier")
+
+    def _check_root(self) -> None:
+        if not self.root.is_dir():
+            raise self._missing()
+
+    def _make_dirs(self, directory: pathlib.Path) -> None:
+        """The directories from the root down to ``directory``, never the root itself (each mkdir needs its
+        parent: the root gone meanwhile fails), each entry made durable (the creation rule, mqstore.fs)."""
+        created = []
+        at = self.root
+        for part in directory.relative_to(self.root).parts:
+            at = at / part
+            try:
+                at.mkdir()
+                created.append(at)
+            except FileExistsError:
+                if not at.is_dir():
+                    raise
+            except FileNotFoundError:
+                raise self._missing() from None
+        fs.sync_dirs(created)
+
     def _create(self, key: str, write) -> None:
         path = self.root / key
-        fs.make_dirs(path.parent)  # the creation rule: a new directory's entry is durable before the object
+        self._check_root()
+        self._make_dirs(path.parent)  # the creation rule: a new directory's entry is durable before the object
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
         try:
             with open(temp, "xb") as out:
@@ -70,15 +108,18 @@ class LocalBackend:
                 source.seek(start)
                 return source.read(length)
         except FileNotFoundError:
+            self._check_root()
             raise NotFound(f"object {key} does not exist") from None
 
     def size(self, key: str) -> int | None:
         try:
             return (self.root / key).stat().st_size
         except FileNotFoundError:
+            self._check_root()
             return None
 
     def list(self, prefix: str) -> list[ObjectInfo]:
+        self._check_root()
         top = self.root / prefix
         if not top.is_dir():
             return []
@@ -89,7 +130,10 @@ class LocalBackend:
         return sorted(found, key=lambda info: info.key)
 
     def delete(self, key: str) -> None:
-        (self.root / key).unlink(missing_ok=True)
+        try:
+            (self.root / key).unlink()
+        except FileNotFoundError:
+            self._check_root()  # (absent is no error; an absent tier is)
 
     def close(self) -> None:
         pass

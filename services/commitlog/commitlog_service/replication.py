@@ -36,7 +36,7 @@ import structlog
 from mqstore import defaults, waits
 from mqstore.background import Duty
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
-from mqstore.replication import epochs
+from mqstore.replication import epochs, tier_join
 from mqstore.replication.leader import ReplicaSession
 from mqstore.replication.messages import Ack, Hello, LogData, QueueStart, Welcome
 from mqstore.replication.node import ReplicationNode
@@ -81,7 +81,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
 
     def Replicate(self, request_iterator, context) -> Iterator[pb.LeaderMessage]:
         session = self._session(next(request_iterator, None))
-        yield _welcome(session.welcome)
+        yield from welcome_messages(session.welcome)
         reader = threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
                                   name=f"replication-acks-{session.hello.replica_id}")
         reader.start()
@@ -99,7 +99,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         h = first.hello
         return ReplicaSession(self._store, self._node, Hello(h.replica_id, h.address, h.end_offset, h.min_offset,
                                                              history_in(h.epochs), h.segment_size_bytes,
-                                                             h.reads_tier))
+                                                             h.reads_tier, h.pages_welcome))
 
     def GetReplicationState(self, request, context) -> pb.ReplicationState:
         node, lead = self._node, self._node.leadership
@@ -125,7 +125,8 @@ class LoopReplicationServicer(ReplicationServicer):
         first = await anext(requests, None)
         # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
         session = await waits.off_loop(lambda: self._session(first))
-        yield _welcome(session.welcome)
+        for message in welcome_messages(session.welcome):
+            yield message
         acks = asyncio.ensure_future(_read_acks_async(requests, session))
         try:
             async for d in session.data_async():
@@ -135,16 +136,39 @@ class LoopReplicationServicer(ReplicationServicer):
             self.data_messages.log_counts(session.hello.replica_id)
 
 
-def _welcome(w: Welcome) -> pb.LeaderMessage:
+def welcome_messages(w: Welcome, page_bytes: int | None = None) -> list[pb.LeaderMessage]:
+    """The welcome, then its more parts: the queues' entries in pages (mqstore.replication.tier_join.pages; one
+    page unless they outgrow a message, which the leader allows only to a hello with pages_welcome)."""
     welcome = pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
                                epochs=history_out(w.history), start_empty=w.start_empty)
+    parts = []
     if w.tier_min is not None:
-        welcome.from_tier, welcome.tier_min_offset = True, w.tier_min
-        welcome.queues.extend(pb.TieredQueueStart(topic=q.topic, queue_id=q.queue_id, min_offset=q.min_offset,
-                                                  first_offset=q.first_offset, entries=q.entries,
-                                                  physical_end=q.physical_end) for q in w.queues)
+        first, *parts = tier_join.pages(w.queues, tier_join.WELCOME_ENTRY_BYTES if page_bytes is None else page_bytes)
+        welcome.from_tier, welcome.tier_min_offset, welcome.more_parts = True, w.tier_min, len(parts)
+        welcome.queues.extend(_queue_out(q) for q in first)
         welcome.tier_uploads.extend(w.tier_uploads)
-    return pb.LeaderMessage(welcome=welcome)
+    return [pb.LeaderMessage(welcome=welcome),
+            *(pb.LeaderMessage(welcome_part=pb.LeaderWelcomePart(queues=[_queue_out(q) for q in page]))
+              for page in parts)]
+
+
+def _queue_out(q: QueueStart) -> pb.TieredQueueStart:
+    return pb.TieredQueueStart(topic=q.topic, queue_id=q.queue_id, min_offset=q.min_offset,
+                               first_offset=q.first_offset, entries=q.entries, physical_end=q.physical_end)
+
+
+def _queues_in(queues) -> list[QueueStart]:
+    return [QueueStart(q.topic, q.queue_id, q.min_offset, q.first_offset, q.entries, q.physical_end) for q in queues]
+
+
+def welcome_in(first: pb.LeaderWelcome, parts: list[pb.LeaderWelcomePart]) -> Welcome:
+    """The Welcome of a welcome message and its more parts (their queues joined: tier_join.merged)."""
+    pieces = _queues_in(first.queues)
+    for part in parts:
+        pieces += _queues_in(part.queues)
+    return Welcome(first.leader_id, first.epoch, first.truncate_to, history_in(first.epochs), first.start_empty,
+                   first.tier_min_offset if first.from_tier else None, tier_join.merged(pieces),
+                   tuple(first.tier_uploads))
 
 
 def _data(d: LogData) -> pb.LeaderMessage:
@@ -280,7 +304,8 @@ class GrpcReplicationStream:
         self._outbox.put(pb.ReplicaMessage(hello=pb.ReplicaHello(
             replica_id=hello.replica_id, address=hello.address, end_offset=hello.end_offset,
             min_offset=hello.min_offset, epochs=history_out(hello.history),
-            segment_size_bytes=hello.segment_size_bytes, reads_tier=hello.reads_tier)))
+            segment_size_bytes=hello.segment_size_bytes, reads_tier=hello.reads_tier,
+            pages_welcome=hello.pages_welcome)))
         self._call = stub.Replicate(iter(self._outbox.get, None))
         self._last_s = time.monotonic()
         self.watchdog = SilenceWatch(self, address, silence_s)
@@ -294,12 +319,15 @@ class GrpcReplicationStream:
         if first is None or first.WhichOneof("kind") != "welcome":
             self.cancel()
             raise Unavailable(f"the leader at {address} did not answer the hello with a welcome")
-        w = first.welcome
-        self.welcome = Welcome(w.leader_id, w.epoch, w.truncate_to, history_in(w.epochs), w.start_empty,
-                               w.tier_min_offset if w.from_tier else None,
-                               tuple(QueueStart(q.topic, q.queue_id, q.min_offset, q.first_offset, q.entries,
-                                                q.physical_end) for q in w.queues),
-                               tuple(w.tier_uploads))
+        parts = []
+        for _ in range(first.welcome.more_parts):  # (bounded by the leader's count)
+            part = self._next()
+            if part is None or part.WhichOneof("kind") != "welcome_part":
+                self.cancel()
+                raise Unavailable(f"the leader at {address} ended its welcome after {len(parts) + 1} of "
+                                  f"{first.welcome.more_parts + 1} parts")
+            parts.append(part.welcome_part)
+        self.welcome = welcome_in(first.welcome, parts)
 
     def _next(self):
         try:

@@ -252,3 +252,35 @@ def test_a_start_with_the_tier_down_checks_the_local_index_files_once_a_standby_
         rig.qlog.read(0, 5)
     at = rig.qlog.index_of(before[-1][0])
     assert [(s.entry.queue_offset, s.raw) for s in rig.qlog.read(at, 1)] == before[-1:]
+
+
+def test_a_start_with_the_file_tier_directory_moved_away_serves_local_segments_then_completes(rig):
+    """A file:// tier whose directory is missing is the tier down, not an empty tier (mqstore.tier.local): the
+    compactor starts (its lone .cq files taken as tiered), serves its local segments, answers UNAVAILABLE naming
+    the tier for the tiered ones, retries, and once the directory is back serves everything byte-identically."""
+    fill(rig.store, rig.clock)
+    rig.tier.run_pass(rig.store)
+    put(rig.store, "fresh", b"local value", 240, rig.clock.now_ms())  # in the active (local) segment
+    before, tiered = everything(rig.store), sorted(rig.qlog.tiered)
+    latest = {f"k{k}": reads.get_latest(rig.store, "kv", f"k{k}").stored.raw for k in range(12)}
+    assert tiered
+    rig.close()
+    (rig.tmp / "tier").rename(rig.tmp / "away")
+    rig.open()  # (before: the manifest listed as empty and the lone .cq files refused the start)
+    assert not rig.tier.loaded and sorted(rig.qlog.tiered) == tiered
+    assert reads.get_latest(rig.store, "kv", "fresh").stored.raw == before[-1][1]
+    at = rig.qlog.index_of(240)
+    assert [(s.entry.queue_offset, s.raw) for s in rig.qlog.read(at, 1)] == before[-1:]
+    tier_url = f"object storage tier file://{rig.tmp / 'tier'}"
+    with pytest.raises(Unavailable, match=tier_url):
+        rig.qlog.read(0, 5)
+    with pytest.raises(Unavailable, match=tier_url):
+        reads.get_latest(rig.store, "kv", "k0")  # its latest record may be in a tiered segment: not NOT_FOUND
+    duty = TierDuty(rig.tier, rig.store)
+    duty.step()  # a retry while the directory is still away: nothing changes, nothing is made in its place
+    assert not rig.tier.loaded and not (rig.tmp / "tier").exists()
+    (rig.tmp / "away").rename(rig.tmp / "tier")
+    duty.step()
+    assert rig.tier.loaded and not rig.store.slot("kv", 0).keys_partial
+    assert everything(rig.store) == before
+    assert {k: reads.get_latest(rig.store, "kv", k).stored.raw for k in latest} == latest

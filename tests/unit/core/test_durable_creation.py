@@ -60,6 +60,7 @@ def test_an_index_survives_a_power_cut_after_its_checkpoint(tmp_path):
 def test_an_index_tier_object_survives_a_power_cut(tmp_path):
     source = tmp_path / "source"
     source.write_bytes(b"compact index bytes")
+    (tmp_path / "tier" / "second").mkdir(parents=True)  # (the tier's root exists, as a bucket does; below it, made)
     config = IndexTierConfig(tier_url=dir_url(tmp_path / "tier" / "second"))
     with powercut.PowerCut(powercut.ENTRIES) as power:
         tier = open_tier(config)

@@ -112,6 +112,7 @@ def rig(small_config, tmp_path):
     def make(leader_epoch=lambda: 0):
         store = build_store(small_config(segment_size_bytes=SEGMENT))
         store.start()
+        (tmp_path / "tier").mkdir(exist_ok=True)
         tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
         uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
                             ready=store.replica_view.promoted_visible, log_min=store.log_min,

@@ -136,6 +136,7 @@ def rig(small_config, tmp_path):
     def make(leader_epoch=lambda: 0):
         store = build_store(small_config(segment_size_bytes=SEGMENT, cq_entries_per_file=ENTRIES))
         store.start()
+        (tmp_path / "tier").mkdir(exist_ok=True)
         tier = open_store(f"file://{tmp_path}/tier", timeout_ms=10_000)
         uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=leader_epoch,
                             ready=store.replica_view.promoted_visible, log_min=store.log_min, interval_ms=10_000,
@@ -294,6 +295,7 @@ class Rig:
         self.store = build_store(self.config)
         self.store.tiered_log = True
         self.store.start()
+        self.tier_dir.mkdir(parents=True, exist_ok=True)
         self.tier = open_store(f"file://{self.tier_dir}", timeout_ms=10_000)
         self.ledger = Ledger.of_store(self.store)
         files = (lambda: sealed_queue_files(self.store)) if self.upload_files else (lambda: [])

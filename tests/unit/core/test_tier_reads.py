@@ -98,6 +98,7 @@ def test_local_retention_is_refused_longer_than_the_total_retention_or_without_a
 class Rig:
     def __init__(self, config, tier_dir):
         self.config, self.tier_dir = config, tier_dir
+        tier_dir.mkdir(parents=True, exist_ok=True)
         self.start()
 
     def start(self):
@@ -346,3 +347,27 @@ def test_total_retention_moves_the_logical_min_past_segments_only_in_the_tier_an
     finally:
         failpoints.disarm_all()
         made.stop()
+
+
+def test_a_file_tier_directory_moved_away_is_unavailable_naming_the_tier_not_data_loss(rig):
+    """The commit log's side of a missing file:// tier directory (mqstore.tier.local), as the compactor's: reads of
+    tiered segments are UNAVAILABLE naming the tier (before: the objects read as gone, DATA_LOSS), the local
+    tail answers, the uploader uploads nothing in a directory made in its place, and once it is back every
+    record is served again."""
+    bodies = _fill(rig.store, 8)
+    rig.uploader.step()
+    bodies += _fill(rig.store, 14, start=len(bodies))
+    rig.uploader.step()
+    rig.local.step()
+    assert rig.local.deleted >= 8
+    rig.reader.cache = BlockCache(0)
+    rig.tier_dir.rename(rig.tier_dir.with_name("away"))
+    with pytest.raises(Unavailable, match=f"object storage tier file://{rig.tier_dir}.*does not exist"):
+        rig.store.pull("t", 0, 0, 1)
+    local = rig.store.pull("t", 0, len(bodies) - 1, 1).messages
+    assert [m.record.body for m in local] == bodies[-1:]
+    with pytest.raises(Unavailable):
+        rig.uploader.step()
+    assert not rig.tier_dir.exists()
+    rig.tier_dir.with_name("away").rename(rig.tier_dir)
+    assert _pull_all(rig.store) == bodies

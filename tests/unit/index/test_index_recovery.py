@@ -29,6 +29,7 @@ class Harness:
         self.tiers = []
 
     def open(self) -> IndexStore:
+        (self.tmp_path / "tier").mkdir(exist_ok=True)
         tier = open_tier(IndexTierConfig(tier_url=dir_url(self.tmp_path / "tier"))) if self.with_tier else None
         if tier is not None:
             self.tiers.append(tier)

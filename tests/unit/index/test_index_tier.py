@@ -23,6 +23,7 @@ def make_tier(tmp_path):
     made = []
 
     def make(name: str):
+        (tmp_path / name).mkdir(exist_ok=True)
         tier = open_tier(IndexTierConfig(tier_url=dir_url(tmp_path / name)))
         made.append(tier)
         return tier
@@ -256,6 +257,7 @@ def test_queries_run_while_writing_converting_and_moving(tmp_path):
     import threading
 
     clock = FakeClock(BASE_MS)
+    (tmp_path / "tier").mkdir()
     tier = open_tier(IndexTierConfig(tier_url=dir_url(tmp_path / "tier")))
     store = IndexStore(tiny_config(tmp_path, slot_count=3, entry_count=9, max_keys_per_message=2),
                        clock=clock, tier=tier)

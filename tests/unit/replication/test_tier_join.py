@@ -11,13 +11,18 @@ the leader's local start starts again from the tier."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore.errors import FailedPrecondition
+from commitlog_service.replication import GrpcReplicationStream, welcome_in, welcome_messages
+from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
+from mqstore.format import cq_unit
 from mqstore.model import MessageIn
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.leader import ReplicaSession
+from mqstore.replication.messages import QueueStart
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store_parts import build_store
@@ -46,6 +51,7 @@ class TierNode:
                                    preallocate_segments=False, segment_size_bytes=SEGMENT,
                                    cq_entries_per_file=ENTRIES)
         self.name, self.tier_dir, self.with_tier = name, tmp_path / "tier", tier
+        self.tier_dir.mkdir(exist_ok=True)
         self.start()
 
     def start(self):
@@ -261,16 +267,71 @@ def test_a_replica_left_behind_the_leaders_local_start_starts_again_from_the_tie
     assert sum(len(expected[q][2]) for q in range(QUEUES)) == len(bodies) + len(more)
 
 
-def test_queue_entries_beyond_what_a_welcome_carries_refuse_the_join(group, monkeypatch):
+def test_queue_entries_beyond_one_message_go_in_pages_and_the_replica_joins_identically(group):
+    """The welcome's queue entries in pages of one entry (each queue split over several messages, as beyond
+    WELCOME_ENTRY_BYTES), through the gRPC messages both ways (commitlog_service.replication): the welcome read
+    back is the one sent, and the replica joined from it serves every queue as the leader does."""
     leader, make, _ = group
     replica = make("b")
     replica.node.become_replica("a", "a", 1)
-    welcome = ReplicaSession(leader.store, leader.node, replica.follower().hello()).welcome
+    follower = replica.follower()
+    assert follower.hello().pages_welcome
+    welcome = ReplicaSession(leader.store, leader.node, follower.hello()).welcome
+    entries = sum(len(q.entries) for q in welcome.queues) // cq_unit.ENTRY_SIZE
+    assert entries >= 4 and max(len(q.entries) for q in welcome.queues) > cq_unit.ENTRY_SIZE
+    messages = welcome_messages(welcome, page_bytes=cq_unit.ENTRY_SIZE)
+    assert len(messages) == 1 + messages[0].welcome.more_parts == entries
+    assert [m.WhichOneof("kind") for m in messages] == ["welcome"] + ["welcome_part"] * (len(messages) - 1)
+    assert all(sum(len(q.entries) for q in (m.welcome.queues if i == 0 else m.welcome_part.queues))
+               <= cq_unit.ENTRY_SIZE for i, m in enumerate(messages))
+    got = welcome_in(messages[0].welcome, [m.welcome_part for m in messages[1:]])
+    assert got == welcome
+    with replica.node.apply_lock:
+        follower._handshake(got)
+    copy(leader.store, replica.store)
+    assert replica.store.tier_join.joined == 1 and _queues(replica.store) == _queues(leader.store)
+    one = welcome_messages(welcome)  # what fits one message goes in one, as to a replica of an earlier version
+    assert len(one) == 1 and one[0].welcome.more_parts == 0
+    assert welcome_in(one[0].welcome, []) == welcome
+
+
+def test_a_replica_of_an_earlier_version_is_refused_beyond_one_message_and_any_beyond_the_total(group, monkeypatch):
+    leader, make, _ = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    hello = replica.follower().hello()
+    welcome = ReplicaSession(leader.store, leader.node, hello).welcome
     carried = sum(len(q.entries) for q in welcome.queues)
     monkeypatch.setattr(tier_join, "WELCOME_ENTRY_BYTES", carried - 1)  # one byte fewer than they need
-    with pytest.raises(FailedPrecondition, match="more than one welcome carries"):
-        ReplicaSession(leader.store, leader.node, replica.follower().hello())
+    assert ReplicaSession(leader.store, leader.node, hello).welcome.queues == welcome.queues  # paged: joins
+    earlier = dataclasses.replace(hello, pages_welcome=False)  # its hello has no pages_welcome
+    with pytest.raises(FailedPrecondition, match="more than one welcome carries to a replica of an earlier"):
+        ReplicaSession(leader.store, leader.node, earlier)
+    monkeypatch.setattr(tier_join, "WELCOME_TOTAL_ENTRY_BYTES", carried - 1)
+    with pytest.raises(FailedPrecondition, match="more than a welcome carries in all"):
+        ReplicaSession(leader.store, leader.node, hello)
     assert replica.store.log_end() == 0 and replica.store.tier_join.joined == 0
+
+
+def test_pages_split_and_merge_back_any_queue_shape():
+    """tier_join.pages/merged on made-up queues: empty ones, one larger than several pages, pages that end exactly
+    at a queue's end; every page within its size, merged back equal; a piece that does not continue is refused."""
+    def entries(first, count, blank_last=False):
+        out = [cq_unit.ENTRY.pack(1000 + 50 * i, 40, 0) for i in range(first, first + count)]
+        if blank_last and out:
+            out[-1] = cq_unit.BLANK_ENTRY
+        return b"".join(out)
+    starts = (QueueStart("a", 0, 0, 10, entries(10, 7), 1000 + 50 * 16 + 40),
+              QueueStart("a", 1, 0, 0, b"", 0),
+              QueueStart("b", 0, 3, 5, entries(5, 2, blank_last=True), 1000 + 50 * 5 + 40),
+              QueueStart("c", 2, 0, 4, entries(4, 12), 1000 + 50 * 15 + 40))
+    for page_entries in (1, 2, 3, 7, 9, 100):
+        paged = tier_join.pages(starts, page_entries * cq_unit.ENTRY_SIZE)
+        assert all(sum(len(q.entries) for q in page) <= page_entries * cq_unit.ENTRY_SIZE for page in paged)
+        assert tier_join.merged([q for page in paged for q in page]) == starts
+    assert len(tier_join.pages(starts, 100 * cq_unit.ENTRY_SIZE)) == 1
+    with pytest.raises(InvalidArgument, match="does not continue"):
+        tier_join.merged([starts[0], QueueStart("a", 0, 0, 18, entries(18, 1), 1)])
 
 
 def test_a_replica_killed_between_the_join_and_the_tail_joins_again(group):
@@ -289,3 +350,43 @@ def test_a_replica_killed_between_the_join_and_the_tail_joins_again(group):
     assert replica.store.log_min() == replica.store.log_end() == leader.store.log_min()
     _join(leader, replica)
     assert replica.store.tier_join.joined == 1 and _queues(replica.store) == _queues(leader.store)
+
+
+class _Call:
+    """A Replicate call's answers (the leader's messages), as the replica's GrpcReplicationStream reads them."""
+
+    def __init__(self, messages):
+        self._messages = iter(messages)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._messages)
+
+    def cancel(self):
+        pass
+
+
+class _Stub:
+    def __init__(self, messages):
+        self.messages = messages
+
+    def Replicate(self, requests):
+        return _Call(self.messages)
+
+
+def test_the_replicas_stream_reads_every_part_of_a_welcome_and_refuses_one_cut_short(group):
+    leader, make, _ = group
+    replica = make("b")
+    hello = replica.follower().hello()
+    welcome = ReplicaSession(leader.store, leader.node, hello).welcome
+    messages = welcome_messages(welcome, page_bytes=cq_unit.ENTRY_SIZE)
+    assert len(messages) > 2
+    stream = GrpcReplicationStream(_Stub(messages), "a", hello, silence_s=30)
+    stream.read_welcome()
+    stream.cancel()
+    assert stream.welcome == welcome
+    cut = GrpcReplicationStream(_Stub(messages[:-1]), "a", hello, silence_s=30)
+    with pytest.raises(Unavailable, match=f"ended its welcome after {len(messages) - 1} of {len(messages)} parts"):
+        cut.read_welcome()
