@@ -50,6 +50,7 @@ LAYERS = {
     "mqstore.writers": BASE,          # the registry system writers register into (the store asks it)
     "mqstore.access": BASE,           # the access model (users, rules): stored by meta, used by auth
     "mqstore.retention_holds": BASE,  # the followers' holds on the log (the store and compaction keep them)
+    "mqstore.profiling": BASE,        # MQSTORE_PROFILE's per-thread profiles, imports nothing of ours
     # 1: the log, its consume queues, the metadata database.
     "mqstore.log": LOG,
     "mqstore.queue": LOG,
@@ -77,6 +78,7 @@ LAYERS = {
     "mqstore.gateway": FEATURE,
     "mqstore.replication": FEATURE,
     "mqstore.auth": FEATURE,
+    "mqstore.timer": FEATURE,         # delayed delivery: the timer topic, its files and its delivery
     "mqstore.tier": FEATURE,          # the object storage tier: object stores, the uploads' ledger, the uploader
     "mqstore.follow": FEATURE,        # the Tail follower of the services derived from the log
     "mqstore.tailing": FEATURE,       # Tail streams of the log, read through the store
@@ -190,13 +192,21 @@ def _described(graph: dict, component: list[str]) -> str:
 
 
 def layer_of(module: str) -> int | None:
+    """The layer of the longest entry that is ``module`` or a package above it; the top package ("mqstore")
+    places only itself, so a new module directly under it is unplaced until it is given a layer."""
     parts = module.split(".")
-    while parts:
+    while len(parts) > 1 or (parts and module == parts[0]):
         layer = LAYERS.get(".".join(parts))
         if layer is not None:
             return layer
         parts.pop()
     return None
+
+
+def test_a_module_under_the_top_package_alone_has_no_layer():
+    assert layer_of("mqstore") == BASE
+    assert layer_of("mqstore.no_such_module") is None
+    assert layer_of("mqstore.format.no_such_module") == BASE
 
 
 def test_every_module_of_core_has_a_layer():
