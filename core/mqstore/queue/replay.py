@@ -52,15 +52,24 @@ class SegmentRuns:
         self.behind = behind
         self.expect: dict[tuple[str, int], int] = {}
         self.pending: dict[tuple[str, int], _Pending] = {}
+        self._starts: dict[str, int | None] = {}
 
     def admits(self, key: tuple[str, int]) -> bool:
-        return ((self.starts is None or key[0] in self.starts) and (self.only is None or key in self.only)
+        return ((self.starts is None or self.start_of(key[0]) is not None) and (self.only is None or key in self.only)
                 and key not in (self.behind or ()))
+
+    def start_of(self, topic: str) -> int | None:
+        """``starts``' start of the topic (None: not a topic now), looked up once a segment."""
+        try:
+            return self._starts[topic]
+        except KeyError:
+            found = self._starts[topic] = self.starts.get(topic)
+            return found
 
     def take(self, key: tuple[str, int], first: int, data: bytes, physical_end: int) -> None:
         """Entries for offsets [first, first + len(data) // ENTRY) of an admitted queue."""
         if self.starts is not None:
-            below = _count_below(data, self.starts[key[0]])
+            below = _count_below(data, self.start_of(key[0]))
             if below:  # records of a deleted topic of the same name: not this topic's
                 if below * ENTRY == len(data):
                     return
@@ -79,6 +88,13 @@ class SegmentRuns:
         if first < nxt:  # a repeat: the entries from nxt on are new
             data, count, first = data[(nxt - first) * ENTRY:], first + count - nxt, nxt
         pending = self.pending.get(key)
+        if pending is None and self.behind is None:
+            # Nothing of this queue waits: write now. Without ``behind`` every pending run is written in
+            # the end, so this writes the same entries as a pending run would (put_packed is idempotent by
+            # offset, and the next run of the queue, if any, starts a pending one after these).
+            self.queues.get_or_create(*key).put_packed(first, data, physical_end)
+            self.expect[key] = first + count
+            return
         if pending is None or pending.first + pending.count != first:
             if pending is not None:
                 self._write(key, pending)

@@ -52,7 +52,7 @@ class Welcome:
 @dataclass(frozen=True, slots=True)
 class LogData:
     offset: int
-    data: bytes
+    data: bytes  # a replica's: a memoryview of the message as received (commitlog_service.replication)
     next_offset: int
     leader_end_offset: int
     committed_offset: int

@@ -33,6 +33,7 @@ from typing import AsyncIterator, Iterator
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from mqstore import defaults, waits
 from mqstore.background import Duty
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -206,6 +207,62 @@ def data_message_bytes(d: LogData) -> bytes:
     return b"".join(parts)
 
 
+def leader_message_in(raw: bytes) -> LogData | pb.LeaderMessage:
+    """Replicate's response deserializer on the replica: a data message as LogData, its ``data`` a view of
+    ``raw`` (protobuf's parse copies the log's bytes, and reading the field copies them again: up to
+    replication_chunk_bytes each, ~50 us for 250 KiB); anything else (the welcome, or a data message in a
+    shape this does not read: fields repeated at the top, unknown ones) as protobuf parses the LeaderMessage.
+    tests/unit/replication/test_data_messages.py holds it to protobuf's parse."""
+    found = _log_data_in(raw)
+    return found if found is not None else pb.LeaderMessage.FromString(raw)
+
+
+def _log_data_in(raw: bytes) -> LogData | None:
+    """``LeaderMessage.data`` when ``raw`` is that one field, its LogData as protobuf writes it (each field once,
+    none at its default), with its ``data`` a view of ``raw``; None otherwise. The fields beside ``data`` are
+    parsed by protobuf, from a copy of their few bytes."""
+    size = len(raw)
+    if size < 2 or raw[0] != 0x12:  # LeaderMessage.data: field 2, length-delimited
+        return None
+    length, start = _varint_in(raw, 1)
+    if length is None or start + length != size:
+        return None
+    at = start
+    while at < size and raw[at] in _VARINT_KEYS:  # the int64 fields before ``data`` (protobuf writes offset there)
+        at = _varint_in(raw, at + 1)[1]
+    if at < size and raw[at] == 0x12:  # LogData.data
+        length, data_at = _varint_in(raw, at + 1)
+        if length is None or data_at + length > size:
+            return None
+        data: bytes | memoryview = memoryview(raw)[data_at:data_at + length]
+        rest = raw[start:at] + raw[data_at + length:]
+    else:
+        data, rest = b"", raw[start:]
+    try:
+        d = pb.LogData.FromString(rest)
+    except DecodeError:
+        return None
+    if d.data or d.ByteSize() != len(rest):  # a field repeated, or written at its default: protobuf's parse decides
+        return None
+    return LogData(d.offset, data, d.next_offset, d.leader_end_offset, d.committed_offset)
+
+
+_VARINT_KEYS = (0x08, 0x18, 0x20, 0x28)  # LogData's int64 fields 1, 3, 4 and 5, varints
+
+
+def _varint_in(raw: bytes, at: int) -> tuple[int | None, int]:
+    """The varint at ``at`` (its low 64 bits, as protobuf keeps for an int64) and the position after it; None
+    when it runs past ``raw`` or over 10 bytes."""
+    value = shift = 0
+    for position in range(at, min(at + 10, len(raw))):
+        byte = raw[position]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value & 0xFFFFFFFFFFFFFFFF, position + 1
+        shift += 7
+    return None, at + 1
+
+
 class DataMessages:
     """Data messages built and serialized once for every replica's stream (issue 34): the streams of a
     leader's replicas, woken by the same append, send the same range of the log, so the second finds the
@@ -316,7 +373,7 @@ class GrpcReplicationStream:
         """Wait for the leader's welcome (``cancel()`` from another thread ends the wait: Unavailable)."""
         address = self._address
         first = self._next()
-        if first is None or first.WhichOneof("kind") != "welcome":
+        if first is None or type(first) is LogData or first.WhichOneof("kind") != "welcome":
             self.cancel()
             raise Unavailable(f"the leader at {address} did not answer the hello with a welcome")
         parts = []
@@ -347,6 +404,9 @@ class GrpcReplicationStream:
 
     def __iter__(self) -> Iterator[LogData]:
         while (message := self._next()) is not None:
+            if type(message) is LogData:  # leader_message_in read it
+                yield message
+                continue
             d = message.data
             yield LogData(d.offset, d.data, d.next_offset, d.leader_end_offset, d.committed_offset)
 
@@ -375,6 +435,15 @@ class SilenceWatch(Duty):
             self._stream.cancel()
 
 
+class _ReplicateStub:
+    """replication_pb2_grpc.ReplicationStub's Replicate, its data messages read by :func:`leader_message_in`."""
+
+    def __init__(self, channel: grpc.Channel):
+        self.Replicate = channel.stream_stream(f"/{SERVICE_NAME}/Replicate",
+                                               request_serializer=pb.ReplicaMessage.SerializeToString,
+                                               response_deserializer=leader_message_in)
+
+
 class GrpcLeaderLink:
     """mqstore.replication.replica.LeaderLink over gRPC: one channel per leader address. Thread-safe."""
 
@@ -396,7 +465,7 @@ class GrpcLeaderLink:
                     ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
                     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)])
                 self._channels[address] = channel
-        stream = GrpcReplicationStream(replication_pb2_grpc.ReplicationStub(channel), address, hello, self._silence_s)
+        stream = GrpcReplicationStream(_ReplicateStub(channel), address, hello, self._silence_s)
         with self._lock:
             self._last = stream
             self._opening.add(stream)
