@@ -1,7 +1,8 @@
 """The CommitLogInternal servicer: the service-to-service way into the log (commitlog.proto says why).
 
 A thin adapter like CommitLogServicer: it checks the caller's shared secret (metadata
-``mqstore-internal-token``, compared in constant time), converts the request and calls
+``mqstore-internal-token``, compared in constant time), converts the request (AppendBatches' through the
+codec in use, mqstore_rpc.append_wire) and calls
 ``MessageStore.append(..., system_writer=writer)``, whose rules (each writer's, registered in
 mqstore.writers by mqstore.system_writers) decide what the writer may write. AppendBatches and
 AppendBatchesStream do that per batch, each batch's refusal reported in its own result.
@@ -19,8 +20,8 @@ from mqstore.errors import InvalidArgument, MqStoreError, NotLeader, PermissionD
 from mqstore.relayed import WRITER_GATEWAY
 from mqstore.store import MessageStore
 from mqstore.timer.scheduling import Scheduler
-from mqstore_rpc import convert
-from mqstore_rpc.errors import status_for
+from mqstore_rpc import append_wire, convert
+from mqstore_rpc.errors import status_for, wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 INTERNAL_SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLogInternal"].full_name
@@ -63,6 +64,10 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
             results = self._store.append(request.topic, messages, system_writer=request.writer)
         return convert.append_response((results,))
 
+    # AppendBatches and AppendBatchesStream take their requests through the codec in use
+    # (mqstore_rpc.append_wire.parse_internal_batches) and answer serialized bytes.
+
+    @wire_codec(append_wire.parse_internal_batches)
     def AppendBatches(self, request, context):
         """Each batch one Append with its own outcome (commitlog.proto). NotLeader on the first batch is
         the call's (a replica wrote nothing; the client follows the leader); a later batch's refusal,
@@ -70,6 +75,7 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         check_token(context.invocation_metadata(), self._token)
         return self._append_batches(request, context.peer())
 
+    @wire_codec(append_wire.parse_internal_batches)
     def AppendBatchesStream(self, request_iterator, context):
         """AppendBatches for each request of the stream, answered in order (commitlog.proto)."""
         check_token(context.invocation_metadata(), self._token)
@@ -77,7 +83,7 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         for request in request_iterator:
             yield self._append_batches(request, peer)
 
-    def _append_batches(self, request, peer: str):
+    def _append_batches(self, request, peer: str) -> bytes:
         if not request.writer:
             raise InvalidArgument("writer: name the service that writes (\"txn\")")
         batches = request.batches
@@ -91,7 +97,7 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         for at, batch in enumerate(batches):
             outcome = response.results.add()
             try:
-                messages = convert.internal_messages_in(batch.messages, peer)
+                messages = append_wire.internal_messages(batch, peer)
                 if self._scheduler is not None and request.writer == WRITER_GATEWAY:  # as Append: a DELAY send
                     results = self._scheduler.append(batch.topic, messages, writer=request.writer)
                 else:
@@ -104,7 +110,7 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
                 self._refused(outcome, batch.topic, exc)
             else:
                 convert.append_results_into(outcome.appended, (results,))
-        return response
+        return response.SerializeToString()
 
     @staticmethod
     def _refused(outcome, topic: str, exc: MqStoreError) -> None:

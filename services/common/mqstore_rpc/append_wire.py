@@ -5,6 +5,10 @@ as they are) and the AppendResponse bytes are built from the store's AppendResul
 Python object per field. Pure Python (the reference): protobuf parses the request, convert.messages_in
 makes MessageIn, convert.append_response builds the response, which is then serialized.
 
+CommitLogInternal's AppendBatches (and its stream) take their requests the same way
+(:func:`parse_internal_batches`): a request of plain messages (the gateway's sends) becomes one
+WireMessages per batch, any other is protobuf's and convert.internal_messages_in's.
+
 Bytes the compiled parser does not accept are parsed by protobuf, whose DecodeError says why (the
 error interceptor turns it into INVALID_ARGUMENT): so a malformed request gets protobuf's own words
 on both paths. The servicer's Append and AppendStream use these through errors.wire_codec.
@@ -35,6 +39,26 @@ def parse_request(raw: bytes):
         if wire is not None:
             return wire
     return commitlog_pb2.AppendRequest.FromString(raw)
+
+
+def parse_internal_batches(raw: bytes):
+    """InternalAppendBatchesRequest bytes -> an object with ``writer`` and ``batches`` (each with ``topic``
+    and ``messages``): the compiled codec's InternalBatches (one WireMessages per batch) for a request of
+    plain messages, else the protobuf message; raises protobuf's DecodeError when the bytes are not one."""
+    if codec.compiled is not None:
+        parsed = codec.compiled.parse_internal_batches(raw)
+        if parsed is not None:
+            return parsed
+    return commitlog_pb2.InternalAppendBatchesRequest.FromString(raw)
+
+
+def internal_messages(batch, peer: str):
+    """What MessageStore.append takes for one batch of :func:`parse_internal_batches`; ``peer`` gives the born
+    host of the messages that name none (convert.internal_messages_in)."""
+    if codec.is_wire_messages(batch):
+        batch.set_peer(*convert.peer_address(peer))
+        return batch
+    return convert.internal_messages_in(batch.messages, peer)
 
 
 def messages(request, peer: str):
