@@ -25,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mqstore.system_writers  # noqa: F401 - registers the writers' rules that the servicer's store checks
+from mqstore import codec
 from mqstore.errors import MqStoreError
 from mqstore.model import KIND_SYSTEM, MessageIn, TopicRecord
 from mqstore.txn import records as transactions
@@ -203,3 +204,29 @@ EDGE_CASES = {
 @pytest.mark.parametrize("raw", list(EDGE_CASES.values()), ids=list(EDGE_CASES))
 def test_edge_cases_as_the_reference(raw):
     check_request(raw)
+
+
+# ---- the response ------------------------------------------------------------------------------------------
+
+batch_errors = st.builds(commitlog_pb2.BatchError, code=st.integers(1, 16), message=st.text(max_size=20),
+                         error=st.sampled_from(["", "NotFound", "InvalidArgument"]), retriable=st.booleans())
+
+
+@append_case.SETTINGS
+@given(st.lists(st.one_of(append_case.batches.map(lambda results: results[0] if results else None)
+                          .filter(lambda results: results is not None and results.entries), batch_errors),
+                max_size=5), st.booleans())
+def test_the_response_bytes_are_the_response_protobuf_serializes(outcomes, compiled):
+    """append_wire.batches_response (the servicer's answer, no proto object per message) on either codec: the
+    bytes of the InternalAppendBatchesResponse that convert.append_results_into and BatchError fill (a batch
+    appended has one result at least: an empty batch is refused)."""
+    expected = commitlog_pb2.InternalAppendBatchesResponse()
+    for outcome in outcomes:
+        result = expected.results.add()
+        if isinstance(outcome, commitlog_pb2.BatchError):
+            result.error.CopyFrom(outcome)
+        else:
+            convert.append_results_into(result.appended, (outcome,))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codec, "compiled", append_case.COMPILED if compiled else None)
+        assert append_wire.batches_response(outcomes) == expected.SerializeToString()

@@ -17,6 +17,7 @@ import hmac
 import grpc
 import structlog
 from mqstore.errors import InvalidArgument, MqStoreError, NotLeader, PermissionDenied
+from mqstore.model import AppendResults
 from mqstore.relayed import WRITER_GATEWAY
 from mqstore.store import MessageStore
 from mqstore.timer.scheduling import Scheduler
@@ -93,9 +94,8 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         if total > MAX_BATCHES_MESSAGES:
             raise InvalidArgument(f"batches: {total} messages in all; send at most {MAX_BATCHES_MESSAGES} per "
                                   f"call (split them over several calls)")
-        response = commitlog_pb2.InternalAppendBatchesResponse()
+        outcomes: list[AppendResults | commitlog_pb2.BatchError] = []
         for at, batch in enumerate(batches):
-            outcome = response.results.add()
             try:
                 messages = append_wire.internal_messages(batch, peer)
                 if self._scheduler is not None and request.writer == WRITER_GATEWAY:  # as Append: a DELAY send
@@ -105,19 +105,19 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
             except NotLeader as exc:
                 if at == 0:
                     raise
-                self._refused(outcome, batch.topic, exc)
+                outcomes.append(self._refused(batch.topic, exc))
             except MqStoreError as exc:
-                self._refused(outcome, batch.topic, exc)
+                outcomes.append(self._refused(batch.topic, exc))
             else:
-                convert.append_results_into(outcome.appended, (results,))
-        return response.SerializeToString()
+                outcomes.append(results)
+        return append_wire.batches_response(outcomes)
 
     @staticmethod
-    def _refused(outcome, topic: str, exc: MqStoreError) -> None:
+    def _refused(topic: str, exc: MqStoreError) -> commitlog_pb2.BatchError:
         code = status_for(exc)
         log.debug("rpc.batch_error", topic=topic, code=code.name, error=type(exc).__name__, message=str(exc))
-        outcome.error.code, outcome.error.message = code.value[0], str(exc)
-        outcome.error.error, outcome.error.retriable = type(exc).__name__, exc.retriable
+        return commitlog_pb2.BatchError(code=code.value[0], message=str(exc), error=type(exc).__name__,
+                                        retriable=exc.retriable)
 
 
 def add_to_server(servicer: CommitLogInternalServicer, server: grpc.Server) -> None:

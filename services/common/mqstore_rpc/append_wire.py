@@ -74,6 +74,25 @@ def replication(request) -> str | None:
     return convert.replication_mode_in(request.replication)
 
 
+def batches_response(outcomes: Iterable[model.AppendResults | commitlog_pb2.BatchError]) -> bytes:
+    """Serialized InternalAppendBatchesResponse: per batch its AppendResponse (from :func:`append_response`, the
+    codec in use) or its BatchError, the same bytes as convert.append_results_into into the response message
+    would serialize to, without a proto object per message."""
+    return b"".join(_length_delimited(b"\x0a", _length_delimited(b"\x0a", append_response((outcome,)))
+                                      if type(outcome) is model.AppendResults
+                                      else _length_delimited(b"\x12", outcome.SerializeToString()))
+                    for outcome in outcomes)
+
+
+def _length_delimited(tag: bytes, payload: bytes) -> bytes:
+    length, head = len(payload), bytearray(tag)
+    while length >= 0x80:
+        head.append(length & 0x7F | 0x80)
+        length >>= 7
+    head.append(length)
+    return bytes(head) + payload
+
+
 def append_response(batches: Iterable[model.AppendResults]) -> bytes:
     """Serialized AppendResponse: one AppendResult per appended message, in order."""
     if codec.compiled is not None:
