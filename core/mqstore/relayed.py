@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from mqstore import codec
 from mqstore.errors import InvalidArgument
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_TX_NOT
 from mqstore.model import MessageIn, TopicRecord
@@ -23,6 +24,8 @@ WRITER_GATEWAY = "gateway"
 
 
 def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn]) -> None:
+    if codec.is_wire_messages(messages):
+        return  # the compiled codec's: plain messages only (mqstore_rpc.append_wire.parse_internal_batches)
     for index, m in enumerate(messages):
         if m.sys_flag & SYSFLAG_TX_MASK != SYSFLAG_TX_NOT or m.prepared_transaction_offset or m.reconsume_times:
             raise InvalidArgument(f"messages[{index}]: the gateway appends its clients' plain messages (no "

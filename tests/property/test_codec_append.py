@@ -56,6 +56,7 @@ def compiled_codec() -> types.SimpleNamespace:
     except ImportError as exc:
         pytest.fail(f"the compiled codec is not built ({exc}): run make setup with a C compiler")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
+                                 parse_internal_batches=_request.parse_internal_batches,
                                  AppendEncoder=_records.AppendEncoder, append_response=_responses.append_response)
 
 

@@ -168,3 +168,72 @@ def damaged(draw, raw: bytes) -> bytes:
         b"\x08" + b"\xff" * 9 + b"\x7f", tag(1, LEN, pad=4) + b"\x01a", tag(1, LEN, pad=5) + b"\x01a",
         b"\x0a\x85\x80\x80\x80\x00hello", b"\x0a\x85\x80\x80\x80\x80\x00hello", b"\xf8\xff\xff\xff\x0f\x00",
         b"\xf8\xff\xff\xff\x1f\x00"]))
+
+
+# ---- InternalAppendBatchesRequest (CommitLogInternal.AppendBatches) ------------------------------------
+
+_PLAIN_HOST = st.builds(lambda a, b, port: f"10.{a}.{b}.1:{port}".encode(), st.integers(0, 255), st.integers(0, 255),
+                        st.integers(0, 65535))
+_ODD_HOST = st.one_of(
+    st.sampled_from(["1.2.3.4:5", "10.0.0.1:65535", "0.0.0.0:0", "255.255.255.255:1", "127.0.0.1:80",
+                     # not the plain form: the reference reads them (or refuses them) its own way
+                     "01.2.3.4:5", "1.2.3:4", "1.2.3.4.5:6", "[::1]:5", "1.2.3.4:65536", "1.2.3.4:-1", "a:b",
+                     "1.2.3.4:+5", "256.1.1.1:1", "1.2.3.4: 5", "1.2.3.4:05", "1.2.3.4:", ":5", "1.2.3.4",
+                     "0x7f.0.0.1:3", "1.2.3.4:1_0", "1.2.3.4:٣", "", "1.2.3.4:999999"]).map(str.encode),
+    text_bytes)
+_BORN_HOSTS = st.integers(0, 9).flatmap(lambda n: _ODD_HOST if n == 0 else _PLAIN_HOST)
+# A valid MessageInput most of the time (a body, maybe tags, a key, a property): the batches get stored.
+_SIMPLE_MESSAGE = st.builds(
+    lambda body, extra: field(1, LEN, body) + b"".join(extra), st.binary(min_size=1, max_size=30),
+    st.lists(st.sampled_from([field(2, LEN, b"A"), field(3, LEN, b"k"), field(4, LEN, field(1, LEN, b"a")
+                                                                              + field(2, LEN, b"v")),
+                              field(7, VARINT, 1), field(8, LEN, b"s")]), max_size=3))
+_INTERNAL_FIELD = st.one_of(
+    st.builds(field, st.just(2), st.just(VARINT), st.one_of(st.just(0), small_ints)),  # transaction_type
+    st.builds(field, st.just(3), st.just(VARINT), st.one_of(st.just(0), small_ints)),  # prepared_transaction_offset
+    st.builds(field, st.just(5), st.just(VARINT), st.one_of(st.just(0), small_ints)),  # reconsume_times
+    st.builds(field, st.just(4), st.just(LEN), _BORN_HOSTS),                           # born_host
+    st.builds(field, st.just(1), st.just(LEN), _MESSAGE),                              # a second message (merged)
+    unknown_fields(),
+    known_field_wrong_type([1, 2, 3, 4, 5]),
+)
+
+
+@st.composite
+def internal_message(draw) -> bytes:
+    """An InternalMessage: usually a MessageInput and a plain born host, sometimes other fields."""
+    parts = []
+    if draw(st.integers(0, 9)):
+        parts.append(field(1, LEN, draw(_MESSAGE if draw(st.integers(0, 3)) == 0 else _SIMPLE_MESSAGE)))
+    if draw(st.integers(0, 2)):
+        parts.append(field(4, LEN, draw(_BORN_HOSTS)))
+    if draw(st.integers(0, 5)) == 0:
+        parts += draw(st.lists(_INTERNAL_FIELD, max_size=3))
+    return b"".join(draw(st.permutations(parts)))
+
+
+_INTERNAL_MESSAGE = internal_message()
+_INTERNAL_TOPIC = st.integers(0, 3).flatmap(lambda n: st.sampled_from([b"t", b"c"]) if n else _TOPIC)
+_WRITER = st.integers(0, 3).flatmap(lambda n: st.just(b"gateway") if n else st.one_of(
+    st.sampled_from(["txn", "pop", "schedule", "", "nobody"]).map(str.encode), text_bytes))
+
+
+@st.composite
+def internal_batches_request(draw, max_batches: int = 4, max_messages: int = 4) -> bytes:
+    """InternalAppendBatchesRequest bytes: a writer, batches of a topic and InternalMessages, maybe unknown
+    fields anywhere; then maybe damaged."""
+    parts = []
+    if draw(st.integers(0, 9)):
+        parts.append(field(1, LEN, draw(_WRITER)))
+    for _ in range(draw(st.integers(0, max_batches))):
+        batch = []
+        if draw(st.integers(0, 19)):
+            batch.append(field(1, LEN, draw(_INTERNAL_TOPIC)))
+        batch += [field(2, LEN, draw(_INTERNAL_MESSAGE)) for _ in range(draw(st.integers(0, max_messages)))]
+        if draw(st.integers(0, 6)) == 0:
+            batch.insert(draw(st.integers(0, len(batch))), draw(_REQUEST_ODDITY))
+        parts.append(field(2, LEN, b"".join(batch)))
+    if draw(st.integers(0, 6)) == 0:
+        parts.insert(draw(st.integers(0, len(parts))), draw(_REQUEST_ODDITY))
+    raw = b"".join(parts)
+    return draw(damaged(raw)) if draw(st.integers(0, 5)) == 0 else raw

@@ -2,7 +2,9 @@
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
-by the package's own build (setup.py): Append from the request's wire bytes to encoded records (a delayed
+by the package's own build (setup.py): Append from the request's wire bytes to encoded records (and
+CommitLogInternal's AppendBatches of plain messages, ``_request.parse_internal_batches``: protobuf and
+convert.internal_messages_in are its reference; a delayed
 batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies' properties from the timer
 records' bytes, ``_records.timer_copy``: mqstore.timer's; the enqueue's noted-record check and unit bytes,
 ``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
@@ -76,6 +78,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                       f"compiler, zlib.h or Cython, or its build failed (see the pip output); reinstall "
                       f"with them (make setup) for the compiled codec")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
+                                 parse_internal_batches=_request.parse_internal_batches,
                                  AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
                                  timer_copy=_records.timer_copy,
                                  timer_noted_units=_records.timer_noted_units,

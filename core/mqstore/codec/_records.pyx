@@ -285,8 +285,12 @@ cdef uint8_t* _put_record(uint8_t* out, WireMessages wire, const Msg* m, const P
     put_be32(out + 16, <uint32_t>m.flag)
     memset(out + 20, 0, 20)  # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG
     put_be64(out + 40, <uint64_t>(m.born_ts if m.born_ts else now_ms))
-    memcpy(out + 48, wire.born_host, 4)
-    put_be32(out + 52, <uint32_t>wire.born_port)  # offsets: WRITES
+    if m.own_born:  # an InternalMessage's born host (_request.parse_internal_batches)
+        memcpy(out + 48, m.born_host, 4)
+        put_be32(out + 52, <uint32_t>m.born_port)  # offsets: WRITES
+    else:
+        memcpy(out + 48, wire.born_host, 4)
+        put_be32(out + 52, <uint32_t>wire.born_port)
     memset(out + 56, 0, 8)  # STORETIMESTAMP
     memcpy(out + 64, store_host, 4)
     put_be32(out + 68, <uint32_t>store_port)
@@ -592,6 +596,8 @@ def timer_batch(WireMessages wire, str timer_topic, str real_topic, int32_t queu
         m = &wire.msgs[i]
         made = out.new_message()
         made.body, made.tags, made.flag, made.born_ts = m.body, m.tags, m.flag, m.born_ts
+        made.own_born, made.born_port = m.own_born, m.born_port
+        memcpy(made.born_host, m.born_host, 4)
         made.has_qid, made.qid = True, 0
         for k in range(m.keys_from, m.keys_to):
             out.add_key(wire.keys[k])

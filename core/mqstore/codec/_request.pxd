@@ -29,6 +29,9 @@ cdef struct Msg:
     int64_t deliver_at_ms            # MessageInput.deliver_at_ms (0: none; negative as sent)
     int64_t delay_ms                 # MessageInput.delay_ms (0: none; negative as sent)
     bint timer_marked                # a delivery field, or a property named TIMER_* or REAL_TOPIC/REAL_QID
+    bint own_born                    # born_host/born_port are this message's (InternalMessage.born_host),
+    uint8_t born_host[4]             # not the request's peer (WireMessages.born_host)
+    int32_t born_port
 
 
 cdef class WireMessages:

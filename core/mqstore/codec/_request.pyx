@@ -76,13 +76,16 @@ cdef class WireMessages:
     def to_messages(self, message):
         """The messages as ``message`` (mqstore.model.MessageIn, given: the codec imports no module above
         it, and the model imports mqstore.format), exactly as mqstore_rpc.convert.messages_in builds them
-        from the protobuf request: for the reference encoder, when the compiled one refuses a message."""
+        from the protobuf request (convert.internal_messages_in from an InternalAppendBatchesRequest's
+        batch): for the reference encoder, when the compiled one refuses a message."""
         cdef Msg* m
         cdef Py_ssize_t i, k
-        host, port = PyBytes_FromStringAndSize(<const char*>self.born_host, 4), self.born_port
+        peer_host, peer_port = PyBytes_FromStringAndSize(<const char*>self.born_host, 4), self.born_port
         out = []
         for i in range(self.count):
             m = &self.msgs[i]
+            host, port = ((PyBytes_FromStringAndSize(<const char*>m.born_host, 4), m.born_port) if m.own_born
+                          else (peer_host, peer_port))
             keys = tuple(text_of(self.keys[k]) for k in range(m.keys_from, m.keys_to))
             props = {text_of(self.props[k].name): text_of(self.props[k].value)
                      for k in range(m.props_from, m.props_to)}
@@ -151,7 +154,7 @@ def parse_request(bytes raw):
                 if not valid_utf8(p + at, length):
                     return None
                 topic.ptr, topic.length = p + at, length
-            elif parse_message(wire, p, at, at + length) < 0:
+            elif parse_message(wire, p, at, at + length, MAX_DEPTH - 1) < 0:
                 return None
             at += length
         elif tag == (3 << 3 | WT_VARINT):  # AppendRequest.replication (an enum: the last one wins)
@@ -167,8 +170,9 @@ def parse_request(bytes raw):
     return wire
 
 
-cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssize_t end) except -2:
-    """One MessageInput (p[at:end]) into wire's next Msg; -1 if the bytes are not valid."""
+cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssize_t end, int depth) except -2:
+    """One MessageInput (p[at:end]) into wire's next Msg; -1 if the bytes are not valid. ``depth``: how many
+    nested groups or messages may still open inside it (MAX_DEPTH less the messages around it)."""
     cdef Msg* m = wire.new_message()
     cdef Py_ssize_t length, entries = 0
     cdef uint32_t tag, field
@@ -185,7 +189,7 @@ cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ss
                 return -1
             span.ptr, span.length = p + at, length
             if field == 4:
-                if parse_entry(wire, p, at, at + length, entries) < 0:
+                if parse_entry(wire, p, at, at + length, entries, depth - 1) < 0:
                     return -1
                 entries += 1
             elif field != 1 and not valid_utf8(span.ptr, length):
@@ -220,7 +224,7 @@ cdef int parse_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ss
             else:
                 m.has_qid, m.qid = True, <int32_t>value
         else:
-            at = skip_field(p, at, end, tag, MAX_DEPTH - 1)
+            at = skip_field(p, at, end, tag, depth)
             if at < 0:
                 return -1
     m.deliver_at_ms, m.delay_ms = <int64_t>deliver, <int64_t>delay
@@ -246,7 +250,7 @@ cdef bint _timer_named(WireMessages wire, const Msg* m) noexcept:
 
 
 cdef int parse_entry(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssize_t end,
-                     Py_ssize_t order) except -2:
+                     Py_ssize_t order, int depth) except -2:
     """One properties map entry; kept unless it holds a field other than key and value (upb then
     keeps the whole entry among the unknown fields instead of in the map)."""
     cdef Span name, value
@@ -269,7 +273,7 @@ cdef int parse_entry(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssiz
                 value.ptr, value.length = p + at, length
             at += length
         else:
-            at = skip_field(p, at, end, tag, MAX_DEPTH - 2)
+            at = skip_field(p, at, end, tag, depth)
             if at < 0:
                 return -1
             unknown = True
@@ -307,3 +311,172 @@ cdef Py_ssize_t one_per_name(WireMessages wire, Py_ssize_t first) noexcept:
     return out
 
 
+
+
+# ---- InternalAppendBatchesRequest (CommitLogInternal.AppendBatches and AppendBatchesStream) -------------
+
+cdef class InternalBatches:
+    """An InternalAppendBatchesRequest as parsed: ``writer`` and ``batches``, one WireMessages per batch
+    (its ``topic``; ``messages`` is itself), all pointing into the request's bytes."""
+
+    cdef readonly str writer
+    cdef readonly list batches
+
+
+def parse_internal_batches(bytes raw):
+    """InternalBatches of InternalAppendBatchesRequest bytes, or None: where protobuf might refuse the
+    bytes (as :func:`parse_request`), and where the reference (protobuf, convert.internal_messages_in)
+    decides because the compiled path does not carry it: a message with a transaction type, a prepared
+    offset, a reconsume count, a delivery field or a timer property (timer-marked), an InternalMessage
+    whose ``message`` comes more than once (protobuf merges them), a born host other than a plain
+    ``a.b.c.d:port``. What it returns is then exactly a batch of plain messages, each with its own born
+    host or none (the peer's: WireMessages.set_peer)."""
+    cdef InternalBatches parsed = InternalBatches.__new__(InternalBatches)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(raw)
+    cdef Py_ssize_t at = 0, length
+    cdef uint32_t tag
+    cdef Span writer
+    writer.ptr = p
+    writer.length = 0
+    batches = []
+    while at < end:
+        at = read_varint32(p, at, end, &tag)
+        if at < 0 or tag >> 3 == 0:
+            return None
+        if tag == (1 << 3 | WT_LEN) or tag == (2 << 3 | WT_LEN):
+            at = read_length(p, at, end, &length)
+            if at < 0:
+                return None
+            if tag >> 3 == 1:
+                if not valid_utf8(p + at, length):
+                    return None
+                writer.ptr, writer.length = p + at, length
+            else:
+                batch = _parse_batch(raw, p, at, at + length)
+                if batch is None:
+                    return None
+                batches.append(batch)
+            at += length
+        else:
+            at = skip_field(p, at, end, tag, MAX_DEPTH)
+            if at < 0:
+                return None
+    parsed.writer = text_of(writer)
+    parsed.batches = batches
+    return parsed
+
+
+cdef object _parse_batch(bytes raw, const uint8_t* p, Py_ssize_t at, Py_ssize_t end):
+    """One InternalAppendBatch (p[at:end]) as a WireMessages, or None (see parse_internal_batches)."""
+    cdef WireMessages wire = WireMessages.__new__(WireMessages)
+    cdef Py_ssize_t length
+    cdef uint32_t tag
+    cdef Span topic
+    topic.ptr = p
+    topic.length = 0
+    wire.raw = raw
+    while at < end:
+        at = read_varint32(p, at, end, &tag)
+        if at < 0 or tag >> 3 == 0:
+            return None
+        if tag == (1 << 3 | WT_LEN) or tag == (2 << 3 | WT_LEN):
+            at = read_length(p, at, end, &length)
+            if at < 0:
+                return None
+            if tag >> 3 == 1:
+                if not valid_utf8(p + at, length):
+                    return None
+                topic.ptr, topic.length = p + at, length
+            elif _parse_internal_message(wire, p, at, at + length) < 0:
+                return None
+            at += length
+        else:
+            at = skip_field(p, at, end, tag, MAX_DEPTH - 1)
+            if at < 0:
+                return None
+    if wire.timer_marks:
+        return None
+    wire.topic = text_of(topic)
+    return wire
+
+
+cdef int _parse_internal_message(WireMessages wire, const uint8_t* p, Py_ssize_t at, Py_ssize_t end) except -2:
+    """One InternalMessage (p[at:end]) into wire's next Msg; -1 if not valid or not plain."""
+    cdef Py_ssize_t length, message_at = at, message_end = at
+    cdef int messages = 0
+    cdef uint32_t tag, field
+    cdef uint64_t value, others = 0
+    cdef Span born
+    cdef Msg* m
+    born.ptr = p
+    born.length = 0
+    while at < end:
+        at = read_varint32(p, at, end, &tag)
+        field = tag >> 3
+        if at < 0 or field == 0:
+            return -1
+        if tag & 7 == WT_LEN and (field == 1 or field == 4):
+            at = read_length(p, at, end, &length)
+            if at < 0:
+                return -1
+            if field == 1:
+                messages += 1
+                message_at, message_end = at, at + length
+            elif not valid_utf8(p + at, length):
+                return -1
+            else:
+                born.ptr, born.length = p + at, length
+            at += length
+        elif tag & 7 == WT_VARINT and (field == 2 or field == 3 or field == 5):
+            # transaction_type, prepared_transaction_offset, reconsume_times: the reference's (not 0)
+            at = read_varint(p, at, end, &value)
+            if at < 0:
+                return -1
+            others |= value
+        else:
+            at = skip_field(p, at, end, tag, MAX_DEPTH - 2)
+            if at < 0:
+                return -1
+    if messages > 1 or others != 0:
+        return -1
+    if parse_message(wire, p, message_at, message_end, MAX_DEPTH - 3) < 0:
+        return -1
+    m = &wire.msgs[wire.count - 1]
+    if born.length and not _host_port(born, m):
+        return -1
+    return 0
+
+
+cdef bint _host_port(Span text, Msg* m) noexcept:
+    """``a.b.c.d:port`` in the plain form only (decimal, no leading zeros, octets <= 255, port <= 65535)
+    into m's born host, as convert.host_bytes reads it; False for anything else (the reference decides)."""
+    cdef Py_ssize_t at = 0, digits
+    cdef int part = 0
+    cdef uint32_t value
+    cdef uint8_t c
+    while part < 5:
+        value, digits = 0, 0
+        while at < text.length and 48 <= text.ptr[at] <= 57 and digits < 6:  # '0'..'9'
+            if digits == 1 and value == 0:
+                return False  # a leading zero (inet_aton reads it as octal)
+            value = value * 10 + (text.ptr[at] - 48)
+            digits += 1
+            at += 1
+        if digits == 0 or value > (255 if part < 4 else 65535):
+            return False
+        if part < 4:
+            m.born_host[part] = <uint8_t>value
+            if at >= text.length:
+                return False
+            c = text.ptr[at]
+            if c != (46 if part < 3 else 58):  # '.', ':'
+                return False
+            at += 1
+        else:
+            m.born_port = <int32_t>value
+        part += 1
+    if at != text.length:
+        return False
+    m.own_born = True
+    return True

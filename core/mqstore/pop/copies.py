@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from mqstore import codec
 from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_TX_NOT
@@ -68,6 +69,8 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn]) -> 
     if topic.kind != KIND_SYSTEM and not topic_rules.is_pop_owned_topic(topic.name):
         raise FailedPrecondition(f"writer {topic_rules.OWNER_POP!r} writes only retry (%RETRY%) and dead-letter "
                                  f"(%DLQ%) topics, not {topic.name!r}")
+    if codec.is_wire_messages(messages):
+        return  # the compiled codec's: NOT_TYPE, no prepared offset (mqstore_rpc.append_wire.parse_internal_batches)
     for index, m in enumerate(messages):
         if m.sys_flag & SYSFLAG_TX_MASK != SYSFLAG_TX_NOT or m.prepared_transaction_offset:
             raise InvalidArgument(f"messages[{index}]: pop consumption writes NOT_TYPE records with no prepared "

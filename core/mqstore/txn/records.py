@@ -114,6 +114,8 @@ def check_internal_append(topic: TopicRecord, messages: Sequence[MessageIn], wri
     if writer != topic_rules.OWNER_TRANSACTION:
         raise FailedPrecondition(f"writer {shown(writer)} may write only its own system topics, not {topic.name!r}")
     check_real_topic(topic)
+    if codec.is_wire_messages(messages):  # the compiled codec's are NOT_TYPE: the first one is refused
+        messages = messages.to_messages(MessageIn)[:1]
     for index, m in enumerate(messages):
         # The half's offset may be 0 (the first record of a log), so only its sign is checked.
         if tx_type(m.sys_flag) != SYSFLAG_TX_COMMIT or m.prepared_transaction_offset < 0:

@@ -1,7 +1,8 @@
 """The CommitLogInternal servicer: the service-to-service way into the log (commitlog.proto says why).
 
 A thin adapter like CommitLogServicer: it checks the caller's shared secret (metadata
-``mqstore-internal-token``, compared in constant time), converts the request and calls
+``mqstore-internal-token``, compared in constant time), converts the request (AppendBatches' through the
+codec in use, mqstore_rpc.append_wire) and calls
 ``MessageStore.append(..., system_writer=writer)``, whose rules (each writer's, registered in
 mqstore.writers by mqstore.system_writers) decide what the writer may write. AppendBatches and
 AppendBatchesStream do that per batch, each batch's refusal reported in its own result.
@@ -16,11 +17,12 @@ import hmac
 import grpc
 import structlog
 from mqstore.errors import InvalidArgument, MqStoreError, NotLeader, PermissionDenied
+from mqstore.model import AppendResults
 from mqstore.relayed import WRITER_GATEWAY
 from mqstore.store import MessageStore
 from mqstore.timer.scheduling import Scheduler
-from mqstore_rpc import convert
-from mqstore_rpc.errors import status_for
+from mqstore_rpc import append_wire, convert
+from mqstore_rpc.errors import status_for, wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 INTERNAL_SERVICE_NAME = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLogInternal"].full_name
@@ -63,6 +65,10 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
             results = self._store.append(request.topic, messages, system_writer=request.writer)
         return convert.append_response((results,))
 
+    # AppendBatches and AppendBatchesStream take their requests through the codec in use
+    # (mqstore_rpc.append_wire.parse_internal_batches) and answer serialized bytes.
+
+    @wire_codec(append_wire.parse_internal_batches)
     def AppendBatches(self, request, context):
         """Each batch one Append with its own outcome (commitlog.proto). NotLeader on the first batch is
         the call's (a replica wrote nothing; the client follows the leader); a later batch's refusal,
@@ -70,6 +76,7 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         check_token(context.invocation_metadata(), self._token)
         return self._append_batches(request, context.peer())
 
+    @wire_codec(append_wire.parse_internal_batches)
     def AppendBatchesStream(self, request_iterator, context):
         """AppendBatches for each request of the stream, answered in order (commitlog.proto)."""
         check_token(context.invocation_metadata(), self._token)
@@ -77,7 +84,7 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         for request in request_iterator:
             yield self._append_batches(request, peer)
 
-    def _append_batches(self, request, peer: str):
+    def _append_batches(self, request, peer: str) -> bytes:
         if not request.writer:
             raise InvalidArgument("writer: name the service that writes (\"txn\")")
         batches = request.batches
@@ -87,11 +94,10 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
         if total > MAX_BATCHES_MESSAGES:
             raise InvalidArgument(f"batches: {total} messages in all; send at most {MAX_BATCHES_MESSAGES} per "
                                   f"call (split them over several calls)")
-        response = commitlog_pb2.InternalAppendBatchesResponse()
+        outcomes: list[AppendResults | commitlog_pb2.BatchError] = []
         for at, batch in enumerate(batches):
-            outcome = response.results.add()
             try:
-                messages = convert.internal_messages_in(batch.messages, peer)
+                messages = append_wire.internal_messages(batch, peer)
                 if self._scheduler is not None and request.writer == WRITER_GATEWAY:  # as Append: a DELAY send
                     results = self._scheduler.append(batch.topic, messages, writer=request.writer)
                 else:
@@ -99,19 +105,19 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
             except NotLeader as exc:
                 if at == 0:
                     raise
-                self._refused(outcome, batch.topic, exc)
+                outcomes.append(self._refused(batch.topic, exc))
             except MqStoreError as exc:
-                self._refused(outcome, batch.topic, exc)
+                outcomes.append(self._refused(batch.topic, exc))
             else:
-                convert.append_results_into(outcome.appended, (results,))
-        return response
+                outcomes.append(results)
+        return append_wire.batches_response(outcomes)
 
     @staticmethod
-    def _refused(outcome, topic: str, exc: MqStoreError) -> None:
+    def _refused(topic: str, exc: MqStoreError) -> commitlog_pb2.BatchError:
         code = status_for(exc)
         log.debug("rpc.batch_error", topic=topic, code=code.name, error=type(exc).__name__, message=str(exc))
-        outcome.error.code, outcome.error.message = code.value[0], str(exc)
-        outcome.error.error, outcome.error.retriable = type(exc).__name__, exc.retriable
+        return commitlog_pb2.BatchError(code=code.value[0], message=str(exc), error=type(exc).__name__,
+                                        retriable=exc.retriable)
 
 
 def add_to_server(servicer: CommitLogInternalServicer, server: grpc.Server) -> None:

@@ -57,6 +57,7 @@ log = structlog.get_logger()
 
 MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
+APPEND_BATCHES_STREAM = "/mqstore.v1.CommitLogInternal/AppendBatchesStream"
 PROBE_TIMEOUT_S = 1.0  # a probe's GetReplicationState: generous, a loaded node answers late (the write waits anyway)
 _BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb2.TIME_BOUNDARY_UPPER}
 
@@ -295,11 +296,14 @@ class CommitLogClient:
         from then on."""
         if self._batches_unimplemented:
             return self._append_batches_one_by_one_sync(batches, writer, token)
-        request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
-            commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
-            for topic, messages in batches])
         metadata = ((TOKEN_METADATA, token),)
         probing = self.leader_probe_s > 0 and len(self.addresses) > 1
+        if probing:
+            request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
+                commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
+                for topic, messages in batches])
+        else:  # the stream's request, serialized straight from the MessageIn (no proto object per message)
+            request = convert.internal_batches_request(writer, batches)
         for attempt in range(2):
             address = self.address
             try:
@@ -331,9 +335,11 @@ class CommitLogClient:
                 channel = self._channels.get(address)
                 if channel is None:
                     channel = self._channels[address] = self._peers.channel(address, self._options)
-                stub = commitlog_pb2_grpc.CommitLogInternalStub(channel)
+                # Requests go as serialized bytes (convert.internal_batches_request): no serializer
+                call = channel.stream_stream(APPEND_BATCHES_STREAM, request_serializer=None,
+                                             response_deserializer=commitlog_pb2.InternalAppendBatchesResponse.FromString)
                 stream = self._sync_streams[address] = SyncBatchStream(
-                    lambda requests: stub.AppendBatchesStream(requests, metadata=metadata), address)
+                    lambda requests: call(requests, metadata=metadata), address)
             return stream
 
     def _append_batches_one_by_one_sync(self, batches, writer: str, token: str):
