@@ -53,8 +53,8 @@ class Progress:
     address: str
     written_offset: int = 0
     flushed_offset: int = 0
-    connected: bool = False
-    streams: int = 0             # open streams: a reconnect may open the next before the last one's end is seen
+    connected: bool = False      # its newest stream is open
+    generation: int = 0          # its newest stream's (InSyncSet.connected): only that stream speaks for it
     last_ack_ms: int = 0
     last_ok_ms: int = 0          # last ack within isr_max_lag_bytes of the leader's end
     join_mark: int | None = None  # grow: publish once acknowledged up to here
@@ -90,6 +90,7 @@ class InSyncSet:
         self._closed = ""
         self._waiters: list[tuple[int, int, waits.ThreadWaiter | waits.LoopWaiter]] = []  # heap of (end, seq, waiter)
         self._seq = itertools.count()
+        self._generations = itertools.count(1)  # one per stream opened (connected), never reused
         self._peaks = [0, 0, 0]  # most SYNC appends waiting at once: this second's, the last one's; the second
 
     # ---- membership ---------------------------------------------------------------------------------
@@ -125,39 +126,48 @@ class InSyncSet:
         with self._lock:
             return self._published
 
-    def connected(self, replica_id: str, address: str, holds: int | None = None) -> None:
-        """A stream of the replica opened; ``holds``: where the replica's log ends after its handshake (the
-        welcome's ``truncate_to``). Its progress is cut back to that: a replica that restarted after losing a
-        tail it had acknowledged (written, not flushed, when the power went) holds only what its hello says,
-        and its acknowledgements from before must not count (toward the watermark while it is still a
-        member, toward the copies an append reports) until its first acknowledgement on this stream."""
+    def connected(self, replica_id: str, address: str, holds: int | None = None) -> int:
+        """A stream of the replica opened; its generation, which its acknowledgements and its end carry
+        (:meth:`on_ack`, :meth:`disconnected`). It supersedes the replica's earlier streams: a replica that
+        reconnects opens its new stream before the leader has seen the old one's end, and what the old one
+        still brings is ignored. ``holds``: where the replica's log ends after its handshake (the welcome's
+        ``truncate_to``). Its progress is cut back to that: a replica that restarted after losing a tail it
+        had acknowledged (written, not flushed, when the power went) holds only what its hello says, and its
+        acknowledgements from before must not count (toward the watermark while it is still a member, toward
+        the copies an append reports) until its first acknowledgement on this stream; one of them read only
+        now, from the old stream (its reader runs until that stream's end), would raise it again."""
         with self._lock:
             p = self._progress.setdefault(replica_id, Progress(replica_id, address))
             p.address, p.connected = address, True
-            p.streams += 1
+            p.generation = generation = next(self._generations)
             p.last_ack_ms = self.clock.now_ms()
             if holds is not None and (p.written_offset > holds or p.flushed_offset > holds):
                 log.warning("isr.replica_holds_less", replica=replica_id, holds=holds,
                             acknowledged_written=p.written_offset, acknowledged_flushed=p.flushed_offset)
                 p.written_offset, p.flushed_offset = min(p.written_offset, holds), min(p.flushed_offset, holds)
+            return generation
 
-    def disconnected(self, replica_id: str) -> None:
-        """A stream of the replica ended. It is disconnected once its last one has: a replica that reconnects
-        at once opens its new stream before the old one's handler notices the end (a sync server's handler
-        sees it at its next heartbeat), and that end must not mark the new stream's replica disconnected."""
+    def disconnected(self, replica_id: str, generation: int) -> None:
+        """The replica's stream of ``generation`` ended. The replica is disconnected when that is its newest:
+        the end of a superseded one (a sync server's handler sees it at its next heartbeat, after the
+        replica reconnected) must not mark the new stream's replica disconnected; and once the newest has
+        ended an older one still open brings nothing that counts, so the replica leaves the set at the next
+        maintain() rather than after isr_max_lag_ms."""
         with self._lock:
             p = self._progress.get(replica_id)
-            if p is not None:
-                p.streams = max(0, p.streams - 1)
-                if p.streams == 0:
-                    p.connected = False
-                    p.last_ok_ms = 0  # leaves the in-sync set at the next maintain()
+            if p is not None and p.generation == generation:
+                p.connected = False
+                p.last_ok_ms = 0  # leaves the in-sync set at the next maintain()
 
-    def on_ack(self, replica_id: str, written_offset: int, flushed_offset: int) -> None:
+    def on_ack(self, replica_id: str, written_offset: int, flushed_offset: int, generation: int) -> None:
+        """An acknowledgement read from the replica's stream of ``generation``; ignored unless that is its
+        newest (:meth:`connected`): an older stream's may be of bytes the replica has lost since."""
         end = self.leader_end()
         now = self.clock.now_ms()
         with self._lock:
-            p = self._progress.setdefault(replica_id, Progress(replica_id, ""))
+            p = self._progress.get(replica_id)
+            if p is None or p.generation != generation:
+                return
             before = self._watermark_locked()
             p.written_offset, p.flushed_offset, p.last_ack_ms = written_offset, flushed_offset, now
             if end - written_offset <= self.config.isr_max_lag_bytes:

@@ -53,6 +53,7 @@ class ReplicaSession:
     sent = 0         # data messages sent, lingers and acks read, logged at the stream's end
     lingered = 0
     acks = 0
+    generation = 0   # the in-sync set's number for this stream (InSyncSet.connected), given when it opens
     def __init__(self, store, node: ReplicationNode, hello: Hello):
         if not hello.replica_id:
             raise InvalidArgument("hello.replica_id: name the replica (its setting node_id)")
@@ -179,18 +180,19 @@ class ReplicaSession:
 
     def _connected(self) -> None:
         # Before the first data message the position is the welcome's truncate_to: what the replica holds.
-        self.node.in_sync.connected(self.hello.replica_id, self.hello.address, self.position)
+        self.generation = self.node.in_sync.connected(self.hello.replica_id, self.hello.address, self.position)
         log.info("replication.replica_connected", replica=self.hello.replica_id, address=self.hello.address,
                  from_offset=self.position, epoch=self.epoch)
 
     def _disconnected(self) -> None:
-        self.node.in_sync.disconnected(self.hello.replica_id)
+        self.node.in_sync.disconnected(self.hello.replica_id, self.generation)
         log.info("replication.replica_disconnected", replica=self.hello.replica_id, at_offset=self.position,
                  data_messages=self.sent, lingered=self.lingered, acks=self.acks)
 
     def ack(self, ack: Ack) -> None:
         """Into the in-sync set, while this stream's leadership lasts: an acknowledgement read after it ended
-        (this node may lead again by then, from a log cut back since) is of bytes of that leadership."""
+        (this node may lead again by then, from a log cut back since) is of bytes of that leadership. The set
+        ignores it once the replica has opened a newer stream (the generation)."""
         self.acks += 1
         if self._leading():
-            self.node.in_sync.on_ack(self.hello.replica_id, ack.written_offset, ack.flushed_offset)
+            self.node.in_sync.on_ack(self.hello.replica_id, ack.written_offset, ack.flushed_offset, self.generation)

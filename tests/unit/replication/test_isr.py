@@ -58,20 +58,20 @@ def test_replica_joins_when_caught_up_and_is_published_after_the_join_mark():
     isr, clock, end = make(published=published)
     with pytest.raises(NotEnoughReplicas):
         isr.require_enough()
-    isr.connected("b", "h:1")
+    b = isr.connected("b", "h:1")
     end[0] = 500
-    isr.on_ack("b", 400, 400)
+    isr.on_ack("b", 400, 400, b)
     assert isr.members() == {"a"}                 # behind: not yet in sync
     ends = iter([500, 600])  # an append ends at 600 while b joins: it may have been acked without b
     isr.leader_end = lambda: next(ends)
-    isr.on_ack("b", 500, 500)
+    isr.on_ack("b", 500, 500, b)
     assert isr.members() == {"a", "b"}            # waited for at once...
     isr.leader_end = lambda: 600
     isr.maintain()
     assert published == [] and isr.published() == {"a"}  # ...electable only once it holds the join mark
     with pytest.raises(NotEnoughReplicas, match=r"joining: \['b'\]"):
         isr.require_enough()  # ...and counted toward the minimum only then (KIP-841)
-    isr.on_ack("b", 600, 600)
+    isr.on_ack("b", 600, 600, b)
     isr.maintain()
     assert published == [frozenset({"a", "b"})] and isr.published() == {"a", "b"}
     isr.require_enough()
@@ -83,12 +83,12 @@ def test_an_acknowledged_append_rests_on_published_copies_only(wait):
     on b's copy: a waiter that got in before the shrink fails instead of being acknowledged."""
     published = []
     isr, clock, end = make(published=published)
-    published_pair(isr)
+    b = published_pair(isr)
     end[0] = 1000
     clock.ms += 3001
     isr.maintain()                         # b lags: published {a}
     assert published[-1] == frozenset({"a"})
-    isr.on_ack("b", 1000, 1000)             # b caught up: waited for, not yet published
+    isr.on_ack("b", 1000, 1000, b)          # b caught up: waited for, not yet published
     assert isr.members() == {"a", "b"} and isr.published() == {"a"}
     with pytest.raises(ReplicationTimeout, match="shrank"):
         wait(isr, 1000)                      # held by b, yet not acknowledged: b is not electable
@@ -97,31 +97,32 @@ def test_an_acknowledged_append_rests_on_published_copies_only(wait):
     assert wait(isr, 1000) == 2
 
 
-def published_pair(isr):
-    """b connected, caught up and published: the set an append may count on."""
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 0, 0)
+def published_pair(isr) -> int:
+    """b connected, caught up and published: the set an append may count on. b's stream's generation."""
+    b = isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0, b)
     isr.maintain()
     assert isr.published() == {"a", "b"}
+    return b
 
 
 def test_sync_wait_returns_once_every_member_holds_the_bytes(wait):
     isr, clock, end = make()
-    published_pair(isr)
+    b = published_pair(isr)
     end[0] = 100
     result = []
     waiter = threading.Thread(target=lambda: result.append(wait(isr, 100)))
     waiter.start()
-    isr.on_ack("b", 100, 0)
+    isr.on_ack("b", 100, 0, b)
     waiter.join(5)
     assert result == [2]
 
 
 def test_flush_sync_waits_for_the_replicas_fsync(wait):
     isr, clock, end = make(flush_sync=True)
-    published_pair(isr)
+    b = published_pair(isr)
     end[0] = 100
-    isr.on_ack("b", 100, 50)  # written, not flushed
+    isr.on_ack("b", 100, 50, b)  # written, not flushed
     clock.ms += 2000
     with pytest.raises(ReplicationTimeout):
         wait(isr, 100)
@@ -139,38 +140,41 @@ def test_connected_replica_that_does_not_confirm_times_the_append_out(wait):
 def test_lagging_or_disconnected_replica_leaves_after_publishing_the_smaller_set(wait):
     published = []
     isr, clock, end = make(published=published)
-    published_pair(isr)
+    b = published_pair(isr)
     end[0] = 1000  # b is now 1000 bytes behind (over the 100 allowed) and does not catch up
     clock.ms += 3001
-    isr.on_ack("b", 10, 10)
+    isr.on_ack("b", 10, 10, b)
     isr.maintain()
     assert isr.members() == {"a"} and published[-1] == frozenset({"a"})
     with pytest.raises(ReplicationTimeout, match="shrank"):
         wait(isr, 1000)
-    isr.on_ack("b", 1000, 1000)  # caught up: back in
+    isr.on_ack("b", 1000, 1000, b)  # caught up: back in
     assert isr.members() == {"a", "b"}
-    isr.disconnected("b")
+    isr.disconnected("b", b)
     isr.maintain()
     assert isr.members() == {"a"}
 
 
 def test_closed_leadership_fails_waiters(wait):
     isr, clock, end = make(min_insync=1)
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 0, 0)
+    b = isr.connected("b", "h:1")
+    isr.on_ack("b", 0, 0, b)
     end[0] = 10
     isr.close("this node stopped leading epoch 3")
     with pytest.raises(ReplicationTimeout, match="stopped leading"):
         wait(isr, 10)
 
 
-def published_trio(isr):
-    """b and c connected, caught up and published: three copies, min_insync_replicas 2 (issue 34's setup)."""
+def published_trio(isr) -> tuple[int, int]:
+    """b and c connected, caught up and published: three copies, min_insync_replicas 2 (issue 34's setup).
+    Their streams' generations."""
+    generations = []
     for rid in ("b", "c"):
-        isr.connected(rid, f"h:{rid}")
-        isr.on_ack(rid, 0, 0)
+        generations.append(isr.connected(rid, f"h:{rid}"))
+        isr.on_ack(rid, 0, 0, generations[-1])
     isr.maintain()
     assert isr.published() == {"a", "b", "c"}
+    return generations[0], generations[1]
 
 
 def test_an_acknowledged_append_reports_the_copies_that_acknowledged_it_after_they_disconnect(wait, monkeypatch):
@@ -180,7 +184,7 @@ def test_an_acknowledged_append_reports_the_copies_that_acknowledged_it_after_th
     finds the watermark past its end and the set still published at three (the shrink waits for maintain):
     it is acknowledged, and must say so with the three copies that hold it, not the one still connected."""
     isr, clock, end = make(timeout_ms=60_000)
-    published_trio(isr)
+    b, c = published_trio(isr)
     end[0] = 100
     held = []
     monkeypatch.setattr("mqstore.replication.isr.waits.wake", held.extend)
@@ -188,11 +192,11 @@ def test_an_acknowledged_append_reports_the_copies_that_acknowledged_it_after_th
     waiter = threading.Thread(target=lambda: result.append(wait(isr, 100)))
     waiter.start()
     wait_until(lambda: isr._waiters, "the append to wait for its acknowledgements")
-    isr.on_ack("b", 100, 100)
-    isr.on_ack("c", 100, 100)        # the watermark passes 100: the waiter is woken...
+    isr.on_ack("b", 100, 100, b)
+    isr.on_ack("c", 100, 100, c)     # the watermark passes 100: the waiter is woken...
     assert len(held) == 1
-    isr.disconnected("b")
-    isr.disconnected("c")            # ...and both streams drop before it runs
+    isr.disconnected("b", b)
+    isr.disconnected("c", c)         # ...and both streams drop before it runs
     monkeypatch.undo()
     waits.wake(held)
     waiter.join(10)
@@ -205,14 +209,14 @@ def test_no_append_is_acknowledged_with_fewer_than_min_insync_copies():
     reported with at least min_insync_replicas copies (each member of the set holds what is acknowledged)."""
     for drop in ([], ["b"], ["c"], ["b", "c"]):
         isr, clock, end = make(timeout_ms=60_000)
-        published_trio(isr)
+        b, c = published_trio(isr)
         end[0] = 100
-        isr.on_ack("b", 100, 100)
-        isr.on_ack("c", 60, 60)      # c lags: 100 not yet acknowledged
+        isr.on_ack("b", 100, 100, b)
+        isr.on_ack("c", 60, 60, c)   # c lags: 100 not yet acknowledged
         assert isr.ready(100) is None
-        isr.on_ack("c", 100, 100)
+        isr.on_ack("c", 100, 100, c)
         for rid in drop:
-            isr.disconnected(rid)
+            isr.disconnected(rid, {"b": b, "c": c}[rid])
         assert isr.ready(100) == 3, drop
         isr.maintain()               # the dropped ones leave the set
         if len(drop) == 2:
@@ -228,18 +232,18 @@ def test_a_new_leadership_counts_no_acknowledgement_of_an_earlier_one():
     was of bytes that are gone: an append ending at 900 must wait for b's acknowledgement in this epoch,
     not be acknowledged on the old one (it was, with 2 copies of which b held none)."""
     isr, clock, end = make(min_insync=2, timeout_ms=60_000)
-    published_pair(isr)
+    b = published_pair(isr)
     end[0] = 1000
-    isr.on_ack("b", 1000, 1000)
-    isr.disconnected("b")
+    isr.on_ack("b", 1000, 1000, b)
+    isr.disconnected("b", b)
     isr.close("this node stopped leading epoch 1")
     end[0] = 900                     # epoch 3: 800 copied from epoch 2's leader, then an append to 900
     isr.reset(frozenset({"a", "b"}))
     assert isr.ready(900) is None and isr.committed() == 0
-    isr.connected("b", "h:1")
-    isr.on_ack("b", 800, 800)
+    b = isr.connected("b", "h:1")
+    isr.on_ack("b", 800, 800, b)
     assert isr.ready(900) is None
-    isr.on_ack("b", 900, 900)
+    isr.on_ack("b", 900, 900, b)
     assert isr.ready(900) == 2
 
 
@@ -248,15 +252,15 @@ def test_a_replica_that_reconnects_before_its_old_stream_ends_stays_connected():
     waits for the next heartbeat (200 ms) to see that stream's end. That end must not mark the replica
     disconnected: it was left out of the set and could not rejoin while its new stream ran."""
     isr, clock, end = make()
-    published_pair(isr)
-    isr.connected("b", "h:1")        # the new stream...
-    isr.disconnected("b")            # ...then the old one's end
+    old = published_pair(isr)
+    new = isr.connected("b", "h:1")  # the new stream...
+    isr.disconnected("b", old)       # ...then the old one's end
     assert [v.connected for v in isr.views()] == [True] and isr.written_by("b") == 0
     end[0] = 100
-    isr.on_ack("b", 100, 100)
+    isr.on_ack("b", 100, 100, new)
     isr.maintain()
     assert isr.members() == {"a", "b"} and isr.ready(100) == 2
-    isr.disconnected("b")            # its last stream ends: disconnected, and out at the next check
+    isr.disconnected("b", new)       # its last stream ends: disconnected, and out at the next check
     isr.maintain()
     assert isr.members() == {"a"} and [v.connected for v in isr.views()] == [False]
 
@@ -267,12 +271,14 @@ def test_an_acknowledgement_read_after_its_streams_leadership_ended_counts_for_n
     node = SimpleNamespace(in_sync=isr, is_leader=True, leadership=SimpleNamespace(epoch=3))
     stale = object.__new__(ReplicaSession)  # the handshake is the other tests' business
     stale.node, stale.epoch, stale.hello = node, 1, SimpleNamespace(replica_id="b", address="h:1")
+    stale.generation = isr.connected("b", "h:1")  # its stream is still b's newest
     isr.reset(frozenset({"a", "b"}))
     end[0] = 900
     stale.ack(Ack(1000, 1000))
     assert isr.ready(900) is None
     current = object.__new__(ReplicaSession)
     current.node, current.epoch, current.hello = node, 3, stale.hello
+    current.generation = isr.connected("b", "h:1")
     current.ack(Ack(900, 900))
     assert isr.ready(900) == 2
 
@@ -281,18 +287,29 @@ def test_waiting_and_peak_counts_the_appends_waiting_now_and_the_most_at_once_th
     """What a replication stream's linger expects (mqstore.replication.leader): how many SYNC appends wait
     now, and the most that waited at once lately."""
     isr, clock, end = make()
-    published_pair(isr)
+    b = published_pair(isr)
     end[0] = 300
     clock.ms = 2_000_000  # each monotonic read lets 100 ms pass: the parks and reads below stay in one second
     for e in (100, 200, 300):
         isr._ready_or_park(e, 1e12, waits.ThreadWaiter())
     assert isr.waiting_and_peak() == (3, 3)
-    isr.on_ack("b", 300, 0)
+    isr.on_ack("b", 300, 0, b)
     assert isr.waiting_and_peak() == (0, 3)
     clock.ms = 2_001_500  # the next second: the last one's peak still counts
     assert isr.waiting_and_peak() == (0, 3)
     clock.ms = 2_003_000  # two seconds on: forgotten
     assert isr.waiting_and_peak() == (0, 0)
+
+
+def replica_stream(store, node, replica_id: str, end_offset: int):
+    """A session of the leader ``node`` for a replica whose log ends at ``end_offset``, and its data, opened:
+    the replica connected and its first data message sent."""
+    hello = Hello(replica_id, f"h:{replica_id}", end_offset, store.log_min(), node.history,
+                  store.config.segment_size_bytes)
+    session = ReplicaSession(store, node, hello)
+    data = session.data(lambda: True)
+    next(data)
+    return session, data
 
 
 def test_a_replica_that_lost_an_acknowledged_tail_counts_only_what_its_hello_says(small_config, tmp_path):
@@ -309,20 +326,11 @@ def test_a_replica_that_lost_an_acknowledged_tail_counts_only_what_its_hello_say
     e0 = store.log_end()
     store.append("t", [MessageIn(body=b"y" * 100)], replication="ASYNC")
     e1 = store.log_end()
-
-    def stream(replica_id: str, end_offset: int):
-        hello = Hello(replica_id, f"h:{replica_id}", end_offset, store.log_min(), node.history,
-                      store.config.segment_size_bytes)
-        session = ReplicaSession(store, node, hello)
-        data = session.data(lambda: True)
-        next(data)  # the stream opened: the replica is connected, its first data message sent
-        return session, data
-
-    c_before, data = stream("c", e0)
+    c_before, data = replica_stream(store, node, "c", e0)
     c_before.ack(Ack(e1, e1))
     data.close()                     # c's crash: its stream ends
-    b, b_data = stream("b", e1)
-    c_after, c_data = stream("c", e0)  # c is back, holding [.., e0): the welcome's truncate_to
+    b, b_data = replica_stream(store, node, "b", e1)
+    c_after, c_data = replica_stream(store, node, "c", e0)  # c is back, holding [.., e0): the welcome's truncate_to
     b.ack(Ack(e1, e1))
     assert isr.members() == {"a", "b", "c"}  # no maintain ran since c went
     assert isr.ready(e1) is None and isr.copies(e1) == 2 and isr.committed() == e0
@@ -330,4 +338,84 @@ def test_a_replica_that_lost_an_acknowledged_tail_counts_only_what_its_hello_say
     assert isr.ready(e1) == 3
     b_data.close()
     c_data.close()
+    store.stop()
+
+
+@pytest.mark.parametrize("old_stream_ended", [False, True], ids=["old-stream-open", "old-stream-ended"])
+def test_an_acknowledgement_of_a_replicas_superseded_stream_counts_for_nothing(small_config, tmp_path,
+                                                                               old_stream_ended):
+    """c was sent [E0, E1) on its stream and acknowledged it; before the leader read that acknowledgement, c lost
+    [E0, E1) (a power cut) and opened a new stream holding [.., E0). The leader reads the old stream's ack only
+    now (its reader runs on until that stream's end is seen, or has it buffered still). It must count for
+    nothing: a SYNC append ending at E1 waits on, c's progress stays at E0 (what its new hello says), and the
+    append is acknowledged once c acknowledges on its new stream. It was acknowledged at the late ack, said
+    held by 3 copies while c held only [.., E0)."""
+    store, node = open_node(small_config, tmp_path, "a")
+    node.become_leader(1, frozenset({"a", "b", "c"}))
+    isr = node.in_sync
+    store.topic_admin.create("t", 1)
+    store.append("t", [MessageIn(body=b"x" * 100)], replication="ASYNC")
+    e0 = store.log_end()
+    results = []
+
+    def append_sync():
+        try:
+            results.append(store.append("t", [MessageIn(body=b"y" * 100)], replication="SYNC"))
+        except ReplicationTimeout as exc:  # the test failed before c acknowledged: its finally closed the set
+            results.append(exc)
+
+    appender = threading.Thread(target=append_sync)
+    appender.start()
+    try:
+        wait_until(lambda: isr.waiting() == 1, "the SYNC append to wait for its replicas")
+        e1 = store.log_end()              # each stream below is sent [E0, E1) as it opens
+        c_old, c_old_data = replica_stream(store, node, "c", e0)
+        c_old.ack(Ack(e0, e0))           # read in time: c holds E0...
+        # ...and its ack of E1 on this stream is on its way
+        c_new, c_new_data = replica_stream(store, node, "c", e0)  # c lost [E0, E1), is back: its hello says E0
+        b, b_data = replica_stream(store, node, "b", e0)
+        b.ack(Ack(e1, e1))
+        if old_stream_ended:
+            c_old_data.close()
+        c_old.ack(Ack(e1, e1))           # read late: from the superseded stream
+        assert isr.waiting() == 1 and not results  # the append still waits for c
+        assert isr.ready(e1) is None and isr.copies(e1) == 2 and isr.committed() == e0
+        assert [(v.replica_id, v.written_offset, v.connected) for v in isr.views()] == \
+            [("b", e1, True), ("c", e0, True)]
+        c_old_data.close()               # the old stream's end (again, or now): c's new stream stays connected
+        assert [v.connected for v in isr.views()] == [True, True]
+        c_new.ack(Ack(e1, e1))           # c copied it again, on its new stream
+        appender.join(10)
+        assert [r.replicas for r in results[0]] == [3]
+        b_data.close()
+        c_new_data.close()
+    finally:
+        isr.close("the test ended")      # a waiting append fails rather than outliving the test
+        appender.join(10)
+        store.stop()
+
+
+def test_a_replica_whose_newest_stream_ended_is_disconnected_though_an_older_one_is_not_yet(small_config, tmp_path):
+    """b reconnected before the leader saw its old stream end, then its new stream ended too. Only the newest
+    stream speaks for b (the old one's acknowledgements are ignored): b is disconnected, and leaves the set at
+    the next check, though the old stream's end is not seen yet; that end, seen later, changes nothing. It
+    stayed connected on the old stream, a member waited for, until isr_max_lag_ms."""
+    store, node = open_node(small_config, tmp_path, "a")
+    node.become_leader(1, frozenset({"a", "b"}))
+    isr = node.in_sync
+    store.topic_admin.create("t", 1)
+    store.append("t", [MessageIn(body=b"x" * 100)], replication="ASYNC")
+    e0 = store.log_end()
+    store.append("t", [MessageIn(body=b"y" * 100)], replication="ASYNC")
+    e1 = store.log_end()
+    old, old_data = replica_stream(store, node, "b", e0)
+    new, new_data = replica_stream(store, node, "b", e0)
+    new.ack(Ack(e1, e1))
+    new_data.close()                 # the newest stream's end is seen first
+    assert [(v.written_offset, v.connected) for v in isr.views()] == [(e1, False)] and isr.written_by("b") == -1
+    isr.maintain()
+    assert isr.members() == {"a"}
+    old_data.close()
+    isr.maintain()
+    assert isr.members() == {"a"} and [v.connected for v in isr.views()] == [False]
     store.stop()
