@@ -3,9 +3,10 @@
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (a delayed
-batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies' properties from the timer
-records' bytes, ``_records.timer_copy``: mqstore.timer's; the enqueue's noted-record check and unit bytes,
-``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
+batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies from the timer records'
+bytes, ``_records.timer_copy`` (the properties) and ``timer_copy_run`` (a run's records checked and copied in one
+pass; mqstore.timer.delivery.copy_run is its reference): mqstore.timer's; the enqueue's noted-record check and
+unit bytes, ``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
 reference), their placing and stamping under the append lock with the consume queue entries
 (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
 StoredMessage bytes (Pull, GetMessage, GetMessages) from the
@@ -77,7 +78,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                       f"with them (make setup) for the compiled codec")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
-                                 timer_copy=_records.timer_copy,
+                                 timer_copy=_records.timer_copy, timer_copy_run=_records.timer_copy_run,
                                  timer_noted_units=_records.timer_noted_units,
                                  timer_note_physicals=_records.timer_note_physicals,
                                  timer_units=_records.timer_units,

@@ -28,6 +28,7 @@ from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
 from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, one_per_name, text_of
 from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, valid_utf8
+from mqstore.codec._walk cimport RecordSpan, body_at_of, check_record
 
 cdef extern from "zlib.h":
     unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
@@ -648,8 +649,13 @@ def timer_copy(bytes raw, int64_t timer_offset, int64_t now_ms, int64_t store_ti
     entry without a name or value or with a second separator, a name twice, no REAL_TOPIC, TIMER_OUT_MS or
     UNIQ_KEY, a name the copy gets already, an origin or REAL_QID that is not plain digits, more than 64
     entries): the caller then decodes the properties and the reference decides."""
-    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
-    cdef Py_ssize_t n = len(raw), at = 0, end, sep, count = 0, i, size
+    return _copy_parts(<const uint8_t*>PyBytes_AS_STRING(raw), len(raw), timer_offset, now_ms, store_timestamp_ms)
+
+
+cdef object _copy_parts(const uint8_t* p, Py_ssize_t n, int64_t timer_offset, int64_t now_ms,
+                        int64_t store_timestamp_ms):
+    """:func:`timer_copy` of the ``n`` properties bytes at ``p``."""
+    cdef Py_ssize_t at = 0, end, sep, count = 0, i, size
     cdef Entry entries[MAX_COPY_ENTRIES + 4]
     cdef Span name, value, real, qid, shard, tags, keys, uniq, origin
     cdef uint8_t numbers[64]
@@ -952,3 +958,74 @@ def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to, r
     if slot is not None:
         slot[0], slot[1], slot[2] = first, last, count
     return out, enqueued_to
+
+
+# ---- the timer's delivery (mqstore.timer.delivery.copy_run is the reference)
+cdef enum:
+    FLAG_AT = 16
+    BORN_TIMESTAMP_AT = 40
+    BORN_HOST_AT = 48
+
+
+def timer_copy_run(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, int64_t low, int64_t visible,
+                   bytes timer_topic, int64_t owned_from, list physicals, list offsets, Py_ssize_t index,
+                   int64_t now_ms, copy_type, list out):
+    """mqstore.timer.delivery.copy_run: from entry ``index`` of ``physicals`` (timer records' log offsets; their
+    units' queue offsets in ``offsets``), while each lies in the segment buffer ``buf`` (log offsets
+    ``seg_start``..``seg_end``), the record checked as the timer's lookup checks it (whole, CRC, PHYSICALOFFSET,
+    between ``low`` and ``visible``, the timer topic's from ``owned_from``) and its delivered copy made from its
+    bytes in the same pass (:func:`timer_copy`'s properties, the body, BODYCRC and header fields as stored):
+    ``(real topic, origin, copy_type(...))`` appended to ``out``, or None where anything is not so (the caller
+    then goes the reference way for that unit). Returns the index of the first entry not taken."""
+    cdef Py_ssize_t n = len(physicals), size = buf.shape[0], position, body_at, born_len
+    cdef Py_ssize_t topic_length = len(timer_topic)
+    cdef const uint8_t* topic = <const uint8_t*>PyBytes_AS_STRING(timer_topic)
+    cdef const uint8_t* p
+    cdef int64_t physical
+    cdef RecordSpan span
+    cdef object parts, got
+    if len(offsets) != n or index < 0:
+        raise ValueError("physicals and offsets differ in length, or index is negative")
+    if size == 0:
+        return _none_run(physicals, index, seg_start, seg_end, out)
+    p = &buf[0]
+    while index < n:
+        physical = physicals[index]
+        if not seg_start <= physical < seg_end:
+            break
+        got = None
+        position = physical - seg_start
+        if (low <= physical < visible and 0 <= position and position + FIXED_OVERHEAD <= size
+                and check_record(p, position, size, True, True, seg_start, &span)
+                and physical + (span.end - position) <= visible and physical >= owned_from
+                and p[span.topic_at] == topic_length and memcmp(p + span.topic_at + 1, topic, topic_length) == 0):
+            parts = _copy_parts(p + span.props_at + 2, span.end - span.props_at - 2, offsets[index], now_ms,
+                                span.store_timestamp_ms)
+            if parts is not None:
+                body_at = position + body_at_of(span.sys_flag)
+                born_len = 16 if span.sys_flag & BORN_HOST_V6 else 4
+                got = (parts[0], parts[1], copy_type(
+                    PyBytes_FromStringAndSize(<const char*>p + body_at, span.topic_at - body_at),
+                    <int32_t>_be32(p + position + 8), parts[2], parts[3], parts[4],
+                    <int32_t>_be32(p + position + FLAG_AT), _be64(p + position + BORN_TIMESTAMP_AT),
+                    PyBytes_FromStringAndSize(<const char*>p + position + BORN_HOST_AT, born_len),
+                    <int32_t>_be32(p + position + BORN_HOST_AT + born_len), parts[5], parts[6]))
+        out.append(got)
+        index += 1
+    return index
+
+
+cdef Py_ssize_t _none_run(list physicals, Py_ssize_t index, int64_t seg_start, int64_t seg_end, list out):
+    """None for each entry from ``index`` in the segment (an empty buffer holds no record)."""
+    cdef int64_t physical
+    while index < len(physicals):
+        physical = physicals[index]
+        if not seg_start <= physical < seg_end:
+            break
+        out.append(None)
+        index += 1
+    return index
+
+
+cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
