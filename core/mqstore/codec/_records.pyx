@@ -21,7 +21,7 @@ the state a batch changes (UNIQ_KEY counter, round-robin slots) lives in the Pyt
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_DecodeASCII
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memchr, memcmp, memcpy, memset, strlen
@@ -300,6 +300,96 @@ cdef uint8_t* _put_record(uint8_t* out, WireMessages wire, const Msg* m, const P
     return _put_properties(out + 2, wire, m, plan, generated, generated_length)
 
 
+cdef struct CopyPlan:
+    const char* body
+    Py_ssize_t body_length
+    const char* props
+    Py_ssize_t props_length
+    const char* born_host
+    int32_t crc
+    int32_t flag
+    int32_t born_port
+    int64_t born_ts
+    int32_t qid
+    int32_t tag_code
+    Py_ssize_t size
+
+
+cdef uint8_t* _put_copy(uint8_t* out, const CopyPlan* plan, const uint8_t* topic, Py_ssize_t topic_length,
+                        int64_t now_ms, const uint8_t* store_host, int32_t store_port) noexcept nogil:
+    """One copy's V1 record, IPv4 layout (record.encode_parts with the copy's BODYCRC), stamped fields zero."""
+    put_be32(out, <uint32_t>plan.size)
+    put_be32(out + 4, MAGIC_V1)
+    put_be32(out + 8, <uint32_t>plan.crc)
+    put_be32(out + 12, <uint32_t>plan.qid)
+    put_be32(out + 16, <uint32_t>plan.flag)
+    memset(out + 20, 0, 20)  # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG
+    put_be64(out + 40, <uint64_t>(plan.born_ts if plan.born_ts else now_ms))
+    memcpy(out + 48, plan.born_host, 4)
+    put_be32(out + 52, <uint32_t>plan.born_port)
+    memset(out + 56, 0, 8)  # STORETIMESTAMP
+    memcpy(out + 64, store_host, 4)
+    put_be32(out + 68, <uint32_t>store_port)
+    memset(out + 72, 0, 12)  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET
+    put_be32(out + 84, <uint32_t>plan.body_length)
+    out = _put(out + HEADER_SIZE, plan.body, plan.body_length)
+    out[0] = <uint8_t>topic_length
+    out = _put(out + 1, topic, topic_length)
+    put_be16(out, <uint16_t>plan.props_length)
+    return _put(out + 2, plan.props, plan.props_length)
+
+
+cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, Py_ssize_t topic_length,
+                             Py_ssize_t max_body_bytes, Py_ssize_t max_batch_body_bytes, Py_ssize_t room) except -2:
+    """Each copy's plan (AppendEncoder.encode_copies): the number of round-robin queues wanted, or -1 where the
+    reference would refuse the batch or a copy is unusual here."""
+    cdef Py_ssize_t i, bodies = 0, length, round_robin = 0
+    cdef CopyPlan* plan
+    cdef const char* text
+    cdef object c, value, tags, shard
+    for i in range(len(copies)):
+        c, plan = copies[i], &plans[i]
+        value = c.body
+        if type(value) is not bytes or len(value) == 0 or len(value) > max_body_bytes:
+            return -1
+        plan.body, plan.body_length = PyBytes_AS_STRING(value), len(value)
+        bodies += plan.body_length
+        value = c.properties
+        if type(value) is not bytes or len(value) > MAX_PROPERTIES_BYTES:
+            return -1
+        plan.props, plan.props_length = PyBytes_AS_STRING(value), len(value)
+        value = c.born_host
+        if type(value) is not bytes or len(value) != 4:
+            return -1
+        plan.born_host = PyBytes_AS_STRING(value)
+        value = c.uniq_key
+        if type(value) is not str or not value:
+            return -1  # the reference gives it a fresh UNIQ_KEY
+        plan.crc, plan.flag, plan.born_port = c.body_crc, c.flag, c.born_port  # OverflowError out of int32
+        plan.born_ts = c.born_timestamp_ms
+        if plan.born_ts < 0:
+            return -1
+        tags, shard, value = c.tags, c.sharding_key, c.queue_id
+        plan.tag_code = 0
+        if tags:
+            text = PyUnicode_AsUTF8AndSize(tags, &length)
+            plan.tag_code = java_hash_utf8(<const uint8_t*>text, length)
+        if value is not None:
+            plan.qid = value
+            if not 0 <= plan.qid < queue_count:
+                return -1
+        elif shard:
+            text = PyUnicode_AsUTF8AndSize(shard, &length)
+            plan.qid = _hash_queue(_span(text, length), queue_count)
+        else:
+            plan.qid = -1
+            round_robin += 1
+        plan.size = FIXED_OVERHEAD + topic_length + plan.body_length + plan.props_length
+        if plan.size > room:
+            return -1
+    return round_robin if bodies <= max_batch_body_bytes else -1
+
+
 cdef class AppendEncoder:
     """encoder.MessageEncoder.encode_batch for WireMessages: the store's limits and host, read-only."""
 
@@ -354,6 +444,59 @@ cdef class AppendEncoder:
             prefix, first = uniq.take(generated_count, now_ms) if generated_count else ("", 0)
             return self._write(wire, plans, total, topic_span, now_ms, prefix.encode("ascii"), first,
                                generated_length)
+        finally:
+            free(plans)
+
+    def encode_copies(self, copies, str topic, int32_t queue_count, int64_t now_ms, take_round_robin):
+        """encoder.MessageEncoder._encode_copies (the reference) for a batch of model.Copy to a topic that is not a
+        compaction topic: (buf, sizes, queue ids, tag codes, sys flags, UNIQ_KEYs), or None (nothing taken) where
+        the reference would refuse any of it or give a copy a fresh UNIQ_KEY, or a copy is unusual here (a host
+        that is not IPv4, a field out of its range, a body, properties or born host that is not bytes); the
+        caller then runs the reference, which raises why."""
+        cdef bytes topic_bytes = topic.encode("utf-8")
+        cdef Py_ssize_t n = len(copies), i, total = 0, round_robin
+        cdef Py_ssize_t topic_length = len(topic_bytes)
+        cdef CopyPlan* plans
+        cdef CopyPlan* plan
+        cdef int32_t start
+        cdef uint8_t* out
+        if queue_count <= 0 or topic_length > 255:
+            raise ValueError(f"topic {topic!r}: {queue_count} queues, {topic_length} bytes of name")
+        if not isinstance(copies, list):
+            raise TypeError(f"copies must be a list (model.Copies), not {type(copies).__name__}")
+        if n == 0 or n > self.max_batch_messages:
+            return None
+        plans = <CopyPlan*>malloc(n * sizeof(CopyPlan))
+        if plans == NULL:
+            raise MemoryError()
+        try:
+            try:
+                round_robin = _plan_copies(<list>copies, plans, queue_count, topic_length, self.max_body_bytes,
+                                           self.max_batch_body_bytes, self.segment_size_bytes - BLANK_SIZE)
+            except (OverflowError, TypeError, UnicodeError, AttributeError):
+                return None  # a field out of its range or of another type: the reference says what
+            if round_robin < 0:
+                return None
+            # Accepted: now the round-robin slots, one block as the reference takes them.
+            if round_robin:
+                start = take_round_robin(topic, round_robin) % queue_count
+                for i in range(n):
+                    if plans[i].qid == -1:
+                        plans[i].qid = start
+                        start = start + 1 if start + 1 < queue_count else 0
+            for i in range(n):
+                total += plans[i].size
+            buf = PyByteArray_FromStringAndSize(NULL, total)
+            out = <uint8_t*>PyByteArray_AS_STRING(buf)
+            sizes, queue_ids, tag_codes = [], [], []
+            for i in range(n):
+                plan = &plans[i]
+                out = _put_copy(out, plan, <const uint8_t*>PyBytes_AS_STRING(topic_bytes), topic_length, now_ms,
+                                self.store_host, self.store_port)
+                sizes.append(plan.size)
+                queue_ids.append(plan.qid)
+                tag_codes.append(plan.tag_code)
+            return buf, sizes, queue_ids, tag_codes, [0] * n, [c.uniq_key for c in copies]
         finally:
             free(plans)
 
