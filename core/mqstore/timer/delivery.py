@@ -12,6 +12,7 @@ the same copies byte for byte (tests/property/test_codec_timer_delivery.py). mqs
   the compiled one declines more than this one, never less); the caller makes None's unit the reference way
   (the record looked up, decoded where needed). Returns the index of the first entry not in the segment.
 * :func:`copies`: :func:`copy_run` over a batch of units, one segment lookup per run of records in one segment.
+* :class:`DueUnits`: the read slot's units by due time, a step's due ones taken as one slice where it can.
 * :func:`lookup`: one record, checked as the store's GetMessage checks it (the reference way's, for a unit whose
   copy :func:`copies` did not make).
 
@@ -19,6 +20,9 @@ Thread-safety: stateless.
 """
 
 from __future__ import annotations
+
+import bisect
+import heapq
 
 from mqstore import codec
 from mqstore.errors import TopicNotFound
@@ -129,3 +133,53 @@ def lookup(store, physical: int) -> tuple[RecordView | record_reader.Record | No
     except Exception:  # noqa: BLE001 (the store's own lookup answers, with its reason)
         found = store.get_messages([physical])[0]
         return (found.message.record if found.message is not None else None), found.missing
+
+
+def _due_of(entry: tuple) -> int:
+    return entry[0]
+
+
+class DueUnits:
+    """The read slot's units not delivered yet, in the order they are due (a roll first: it is due at the slot; ties
+    by timer offset): a heap of (due, timer offset, Unit), kept as a sorted list while only a load and pops changed
+    it (a sorted list is a heap), so that a step's due units are one slice of it, not a heap pop each (about 1.5 us
+    a unit in a slot of thousands). Timer._dequeue's; not thread-safe (the timer's duty owns it)."""
+
+    __slots__ = ("_heap", "_sorted")
+
+    def __init__(self):
+        self._heap: list[tuple] = []
+        self._sorted = True
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def take(self, units) -> None:
+        """Add ``units``: a load (more than held: a slot read) sorted in once, a few pushed onto the heap."""
+        entries = [(unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset, unit) for unit in units]
+        heap = self._heap
+        if len(entries) > len(heap):
+            heap.extend(entries)
+            heap.sort()
+            self._sorted = True
+        elif entries:
+            for entry in entries:
+                heapq.heappush(heap, entry)
+            self._sorted = False
+
+    def first_due(self) -> int:
+        """When the first unit is due (there must be one)."""
+        return self._heap[0][0]
+
+    def pop_due(self, now_ms: int, limit: int) -> list:
+        """The units due at ``now_ms``, at most ``limit``, taken out in order."""
+        heap = self._heap
+        if self._sorted:
+            count = bisect.bisect_right(heap, now_ms, hi=min(len(heap), limit), key=_due_of)
+            due = [entry[2] for entry in heap[:count]]
+            del heap[:count]
+            return due
+        due = []
+        while heap and heap[0][0] <= now_ms and len(due) < limit:
+            due.append(heapq.heappop(heap)[2])
+        return due

@@ -39,7 +39,6 @@ any thread (plain int reads).
 
 from __future__ import annotations
 
-import heapq
 import pathlib
 import struct
 import threading
@@ -107,7 +106,7 @@ class Timer:
         self.read_ms = 0
         self.read_log_end = 0
         self._advances: list[tuple[int, int]] = []  # (read_ms, read_log_end) not yet checkpointed
-        self._current: list[tuple[int, int, Unit]] | None = None  # the read slot's units left: a heap by due time
+        self._current: delivery.DueUnits | None = None  # the read slot's units left, by due time
         self.cancels: dict[int, int] = {}  # origin -> due of a recalled message (kept a turn past its due)
         self._done: set[int] = set()  # timer offsets delivered already (recovery's scan of TIMER_UNIT)
         self._rolled: set[int] = set()  # timer offsets re-appended already (TIMER_ROLLED_FROM): never again
@@ -396,15 +395,8 @@ class Timer:
         self.stats.pending += 1
 
     def _take(self, units: list[Unit]) -> None:
-        """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
-        entries = [(unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset, unit) for unit in units]
-        heap = self._current
-        if len(entries) > len(heap):  # a slot loaded (a burst's: thousands): one heapify, not a push each
-            heap.extend(entries)
-            heapq.heapify(heap)
-        else:
-            for entry in entries:
-                heapq.heappush(heap, entry)
+        """Units of the read slot into the in-memory queue by due time (delivery.DueUnits)."""
+        self._current.take(units)
 
     def _dequeue(self, now: int) -> int:
         """Deliver what is due; ms until something may be due next."""
@@ -412,12 +404,10 @@ class Timer:
             if now < self.read_ms:
                 return self.read_ms - now
             if self._current is None:
-                self._current = []
+                self._current = delivery.DueUnits()
                 self._take(self.files.units(self.read_ms))
             heap = self._current
-            due = []
-            while heap and heap[0][0] <= now and len(due) < DELIVER_BATCH:
-                due.append(heapq.heappop(heap)[2])
+            due = heap.pop_due(now, DELIVER_BATCH)
             if due:
                 try:
                     self._deliver(due, now)
@@ -428,7 +418,7 @@ class Timer:
                     return 0
                 continue
             if heap:
-                return heap[0][0] - now
+                return heap.first_due() - now
             if now < self.read_ms + self.precision:
                 return self.read_ms + self.precision - now
             self._next_slot(now)
