@@ -5,9 +5,10 @@ The compiled codec is a set of Cython extension modules in this package (``_requ
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (and
 CommitLogInternal's AppendBatches of plain messages, ``_request.parse_internal_batches``: protobuf and
 convert.internal_messages_in are its reference; a delayed
-batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies' properties from the timer
-records' bytes, ``_records.timer_copy``: mqstore.timer's; the enqueue's noted-record check and unit bytes,
-``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
+batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies from the timer records'
+bytes, ``_records.timer_copy`` (the properties) and ``timer_copy_run`` (a run's records checked and copied in one
+pass; mqstore.timer.delivery.copy_run is its reference): mqstore.timer's; the enqueue's noted-record check and
+unit bytes, ``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
 reference), their placing and stamping under the append lock with the consume queue entries
 (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
 StoredMessage bytes (Pull, GetMessage, GetMessages) from the
@@ -80,7 +81,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  parse_internal_batches=_request.parse_internal_batches,
                                  AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
-                                 timer_copy=_records.timer_copy,
+                                 timer_copy=_records.timer_copy, timer_copy_run=_records.timer_copy_run,
                                  timer_noted_units=_records.timer_noted_units,
                                  timer_note_physicals=_records.timer_note_physicals,
                                  timer_units=_records.timer_units,

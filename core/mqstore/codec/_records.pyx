@@ -21,13 +21,14 @@ the state a batch changes (UNIQ_KEY counter, round-robin slots) lives in the Pyt
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_DecodeASCII
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
 from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, one_per_name, text_of
 from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, valid_utf8
+from mqstore.codec._walk cimport RecordSpan, body_at_of, check_record
 
 cdef extern from "zlib.h":
     unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
@@ -303,6 +304,96 @@ cdef uint8_t* _put_record(uint8_t* out, WireMessages wire, const Msg* m, const P
     return _put_properties(out + 2, wire, m, plan, generated, generated_length)
 
 
+cdef struct CopyPlan:
+    const char* body
+    Py_ssize_t body_length
+    const char* props
+    Py_ssize_t props_length
+    const char* born_host
+    int32_t crc
+    int32_t flag
+    int32_t born_port
+    int64_t born_ts
+    int32_t qid
+    int32_t tag_code
+    Py_ssize_t size
+
+
+cdef uint8_t* _put_copy(uint8_t* out, const CopyPlan* plan, const uint8_t* topic, Py_ssize_t topic_length,
+                        int64_t now_ms, const uint8_t* store_host, int32_t store_port) noexcept nogil:
+    """One copy's V1 record, IPv4 layout (record.encode_parts with the copy's BODYCRC), stamped fields zero."""
+    put_be32(out, <uint32_t>plan.size)
+    put_be32(out + 4, MAGIC_V1)
+    put_be32(out + 8, <uint32_t>plan.crc)
+    put_be32(out + 12, <uint32_t>plan.qid)
+    put_be32(out + 16, <uint32_t>plan.flag)
+    memset(out + 20, 0, 20)  # QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG
+    put_be64(out + 40, <uint64_t>(plan.born_ts if plan.born_ts else now_ms))
+    memcpy(out + 48, plan.born_host, 4)
+    put_be32(out + 52, <uint32_t>plan.born_port)
+    memset(out + 56, 0, 8)  # STORETIMESTAMP
+    memcpy(out + 64, store_host, 4)
+    put_be32(out + 68, <uint32_t>store_port)
+    memset(out + 72, 0, 12)  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET
+    put_be32(out + 84, <uint32_t>plan.body_length)
+    out = _put(out + HEADER_SIZE, plan.body, plan.body_length)
+    out[0] = <uint8_t>topic_length
+    out = _put(out + 1, topic, topic_length)
+    put_be16(out, <uint16_t>plan.props_length)
+    return _put(out + 2, plan.props, plan.props_length)
+
+
+cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, Py_ssize_t topic_length,
+                             Py_ssize_t max_body_bytes, Py_ssize_t max_batch_body_bytes, Py_ssize_t room) except -2:
+    """Each copy's plan (AppendEncoder.encode_copies): the number of round-robin queues wanted, or -1 where the
+    reference would refuse the batch or a copy is unusual here."""
+    cdef Py_ssize_t i, bodies = 0, length, round_robin = 0
+    cdef CopyPlan* plan
+    cdef const char* text
+    cdef object c, value, tags, shard
+    for i in range(len(copies)):
+        c, plan = copies[i], &plans[i]
+        value = c.body
+        if type(value) is not bytes or len(value) == 0 or len(value) > max_body_bytes:
+            return -1
+        plan.body, plan.body_length = PyBytes_AS_STRING(value), len(value)
+        bodies += plan.body_length
+        value = c.properties
+        if type(value) is not bytes or len(value) > MAX_PROPERTIES_BYTES:
+            return -1
+        plan.props, plan.props_length = PyBytes_AS_STRING(value), len(value)
+        value = c.born_host
+        if type(value) is not bytes or len(value) != 4:
+            return -1
+        plan.born_host = PyBytes_AS_STRING(value)
+        value = c.uniq_key
+        if type(value) is not str or not value:
+            return -1  # the reference gives it a fresh UNIQ_KEY
+        plan.crc, plan.flag, plan.born_port = c.body_crc, c.flag, c.born_port  # OverflowError out of int32
+        plan.born_ts = c.born_timestamp_ms
+        if plan.born_ts < 0:
+            return -1
+        tags, shard, value = c.tags, c.sharding_key, c.queue_id
+        plan.tag_code = 0
+        if tags:
+            text = PyUnicode_AsUTF8AndSize(tags, &length)
+            plan.tag_code = java_hash_utf8(<const uint8_t*>text, length)
+        if value is not None:
+            plan.qid = value
+            if not 0 <= plan.qid < queue_count:
+                return -1
+        elif shard:
+            text = PyUnicode_AsUTF8AndSize(shard, &length)
+            plan.qid = _hash_queue(_span(text, length), queue_count)
+        else:
+            plan.qid = -1
+            round_robin += 1
+        plan.size = FIXED_OVERHEAD + topic_length + plan.body_length + plan.props_length
+        if plan.size > room:
+            return -1
+    return round_robin if bodies <= max_batch_body_bytes else -1
+
+
 cdef class AppendEncoder:
     """encoder.MessageEncoder.encode_batch for WireMessages: the store's limits and host, read-only."""
 
@@ -357,6 +448,59 @@ cdef class AppendEncoder:
             prefix, first = uniq.take(generated_count, now_ms) if generated_count else ("", 0)
             return self._write(wire, plans, total, topic_span, now_ms, prefix.encode("ascii"), first,
                                generated_length)
+        finally:
+            free(plans)
+
+    def encode_copies(self, copies, str topic, int32_t queue_count, int64_t now_ms, take_round_robin):
+        """encoder.MessageEncoder._encode_copies (the reference) for a batch of model.Copy to a topic that is not a
+        compaction topic: (buf, sizes, queue ids, tag codes, sys flags, UNIQ_KEYs), or None (nothing taken) where
+        the reference would refuse any of it or give a copy a fresh UNIQ_KEY, or a copy is unusual here (a host
+        that is not IPv4, a field out of its range, a body, properties or born host that is not bytes); the
+        caller then runs the reference, which raises why."""
+        cdef bytes topic_bytes = topic.encode("utf-8")
+        cdef Py_ssize_t n = len(copies), i, total = 0, round_robin
+        cdef Py_ssize_t topic_length = len(topic_bytes)
+        cdef CopyPlan* plans
+        cdef CopyPlan* plan
+        cdef int32_t start
+        cdef uint8_t* out
+        if queue_count <= 0 or topic_length > 255:
+            raise ValueError(f"topic {topic!r}: {queue_count} queues, {topic_length} bytes of name")
+        if not isinstance(copies, list):
+            raise TypeError(f"copies must be a list (model.Copies), not {type(copies).__name__}")
+        if n == 0 or n > self.max_batch_messages:
+            return None
+        plans = <CopyPlan*>malloc(n * sizeof(CopyPlan))
+        if plans == NULL:
+            raise MemoryError()
+        try:
+            try:
+                round_robin = _plan_copies(<list>copies, plans, queue_count, topic_length, self.max_body_bytes,
+                                           self.max_batch_body_bytes, self.segment_size_bytes - BLANK_SIZE)
+            except (OverflowError, TypeError, UnicodeError, AttributeError):
+                return None  # a field out of its range or of another type: the reference says what
+            if round_robin < 0:
+                return None
+            # Accepted: now the round-robin slots, one block as the reference takes them.
+            if round_robin:
+                start = take_round_robin(topic, round_robin) % queue_count
+                for i in range(n):
+                    if plans[i].qid == -1:
+                        plans[i].qid = start
+                        start = start + 1 if start + 1 < queue_count else 0
+            for i in range(n):
+                total += plans[i].size
+            buf = PyByteArray_FromStringAndSize(NULL, total)
+            out = <uint8_t*>PyByteArray_AS_STRING(buf)
+            sizes, queue_ids, tag_codes = [], [], []
+            for i in range(n):
+                plan = &plans[i]
+                out = _put_copy(out, plan, <const uint8_t*>PyBytes_AS_STRING(topic_bytes), topic_length, now_ms,
+                                self.store_host, self.store_port)
+                sizes.append(plan.size)
+                queue_ids.append(plan.qid)
+                tag_codes.append(plan.tag_code)
+            return buf, sizes, queue_ids, tag_codes, [0] * n, [c.uniq_key for c in copies]
         finally:
             free(plans)
 
@@ -654,8 +798,13 @@ def timer_copy(bytes raw, int64_t timer_offset, int64_t now_ms, int64_t store_ti
     entry without a name or value or with a second separator, a name twice, no REAL_TOPIC, TIMER_OUT_MS or
     UNIQ_KEY, a name the copy gets already, an origin or REAL_QID that is not plain digits, more than 64
     entries): the caller then decodes the properties and the reference decides."""
-    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
-    cdef Py_ssize_t n = len(raw), at = 0, end, sep, count = 0, i, size
+    return _copy_parts(<const uint8_t*>PyBytes_AS_STRING(raw), len(raw), timer_offset, now_ms, store_timestamp_ms)
+
+
+cdef object _copy_parts(const uint8_t* p, Py_ssize_t n, int64_t timer_offset, int64_t now_ms,
+                        int64_t store_timestamp_ms):
+    """:func:`timer_copy` of the ``n`` properties bytes at ``p``."""
+    cdef Py_ssize_t at = 0, end, sep, count = 0, i, size
     cdef Entry entries[MAX_COPY_ENTRIES + 4]
     cdef Span name, value, real, qid, shard, tags, keys, uniq, origin
     cdef uint8_t numbers[64]
@@ -958,3 +1107,74 @@ def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to, r
     if slot is not None:
         slot[0], slot[1], slot[2] = first, last, count
     return out, enqueued_to
+
+
+# ---- the timer's delivery (mqstore.timer.delivery.copy_run is the reference)
+cdef enum:
+    FLAG_AT = 16
+    BORN_TIMESTAMP_AT = 40
+    BORN_HOST_AT = 48
+
+
+def timer_copy_run(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, int64_t low, int64_t visible,
+                   bytes timer_topic, int64_t owned_from, list physicals, list offsets, Py_ssize_t index,
+                   int64_t now_ms, copy_type, list out):
+    """mqstore.timer.delivery.copy_run: from entry ``index`` of ``physicals`` (timer records' log offsets; their
+    units' queue offsets in ``offsets``), while each lies in the segment buffer ``buf`` (log offsets
+    ``seg_start``..``seg_end``), the record checked as the timer's lookup checks it (whole, CRC, PHYSICALOFFSET,
+    between ``low`` and ``visible``, the timer topic's from ``owned_from``) and its delivered copy made from its
+    bytes in the same pass (:func:`timer_copy`'s properties, the body, BODYCRC and header fields as stored):
+    ``(real topic, origin, copy_type(...))`` appended to ``out``, or None where anything is not so (the caller
+    then goes the reference way for that unit). Returns the index of the first entry not taken."""
+    cdef Py_ssize_t n = len(physicals), size = buf.shape[0], position, body_at, born_len
+    cdef Py_ssize_t topic_length = len(timer_topic)
+    cdef const uint8_t* topic = <const uint8_t*>PyBytes_AS_STRING(timer_topic)
+    cdef const uint8_t* p
+    cdef int64_t physical
+    cdef RecordSpan span
+    cdef object parts, got
+    if len(offsets) != n or index < 0:
+        raise ValueError("physicals and offsets differ in length, or index is negative")
+    if size == 0:
+        return _none_run(physicals, index, seg_start, seg_end, out)
+    p = &buf[0]
+    while index < n:
+        physical = physicals[index]
+        if not seg_start <= physical < seg_end:
+            break
+        got = None
+        position = physical - seg_start
+        if (low <= physical < visible and 0 <= position and position + FIXED_OVERHEAD <= size
+                and check_record(p, position, size, True, True, seg_start, &span)
+                and physical + (span.end - position) <= visible and physical >= owned_from
+                and p[span.topic_at] == topic_length and memcmp(p + span.topic_at + 1, topic, topic_length) == 0):
+            parts = _copy_parts(p + span.props_at + 2, span.end - span.props_at - 2, offsets[index], now_ms,
+                                span.store_timestamp_ms)
+            if parts is not None:
+                body_at = position + body_at_of(span.sys_flag)
+                born_len = 16 if span.sys_flag & BORN_HOST_V6 else 4
+                got = (parts[0], parts[1], copy_type(
+                    PyBytes_FromStringAndSize(<const char*>p + body_at, span.topic_at - body_at),
+                    <int32_t>_be32(p + position + 8), parts[2], parts[3], parts[4],
+                    <int32_t>_be32(p + position + FLAG_AT), _be64(p + position + BORN_TIMESTAMP_AT),
+                    PyBytes_FromStringAndSize(<const char*>p + position + BORN_HOST_AT, born_len),
+                    <int32_t>_be32(p + position + BORN_HOST_AT + born_len), parts[5], parts[6]))
+        out.append(got)
+        index += 1
+    return index
+
+
+cdef Py_ssize_t _none_run(list physicals, Py_ssize_t index, int64_t seg_start, int64_t seg_end, list out):
+    """None for each entry from ``index`` in the segment (an empty buffer holds no record)."""
+    cdef int64_t physical
+    while index < len(physicals):
+        physical = physicals[index]
+        if not seg_start <= physical < seg_end:
+            break
+        out.append(None)
+        index += 1
+    return index
+
+
+cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]

@@ -183,9 +183,16 @@ class MessageEncoder:
     def _encode_copies(self, topic: TopicRecord, copies: Copies, now_ms: int) -> EncodedBatch:
         """A batch of model.Copy: the bytes :meth:`encode_batch` gives the MessageIn of each, whose properties were
         checked already (the timer's records and copies), the body's CRC as given; a Copy without a uniq key gets a
-        fresh one as a MessageIn without UNIQ_KEY does. The same limits, checked in the same order."""
+        fresh one as a MessageIn without UNIQ_KEY does. The same limits, checked in the same order. The compiled
+        codec's AppendEncoder.encode_copies gives the same where it answers (tests/property/test_codec_copies.py);
+        this is its reference."""
         cfg = self.config
         invariant(topic.kind != KIND_COMPACTION, "a compaction topic's copies are MessageIn (its queue is its key's)")
+        if self._compiled is not None:  # the same bytes in C (the timer's copies); None: this way says why
+            encoded = self._compiled.encode_copies(copies, topic.name, topic.queue_count, now_ms,
+                                                   self._take_round_robin)
+            if encoded is not None:
+                return EncodedBatch(topic.name, *encoded, topic.start_physical_offset)
         self._check_batch(copies)
         fresh = iter(self.uniq.next_keys(sum(1 for c in copies if not c.uniq_key), now_ms))
         topic_bytes = topic.name.encode("utf-8")

@@ -7,16 +7,14 @@ Thread-safety: as the Timer's (its duty owns it).
 
 from __future__ import annotations
 
-import heapq
-
 import structlog
 
-from mqstore import codec, topics as topic_rules
+from mqstore import topics as topic_rules
 from mqstore.errors import InvalidArgument, TopicNotFound
 from mqstore.format import record_reader
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
-from mqstore.timer import messages as tm
+from mqstore.timer import delivery, messages as tm
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -26,21 +24,14 @@ MAX_SLOTS_PER_STEP = 20_000
 
 class Dequeue:
     """The Timer's dequeue (its delivery): a part of :class:`mqstore.timer.timer.Timer`, whose state (set in its
-    ``__init__``) it shares. It owns the read slot's heap (``_current``) and what the slot delivered
-    (``_slot_done``), moves ``read_ms`` and ``read_log_end`` and queues their advances (``_advances``) for
-    Recovery's checkpoint; it reads ``cancels``, ``_done`` and ``_rolled`` (Recovery's scan), ``enqueue_offset``
-    and ``_cp_read``, and counts ``stats``."""
+    ``__init__``) it shares. It owns the read slot's due units (``_current``, a delivery.DueUnits) and what the
+    slot delivered (``_slot_done``), moves ``read_ms`` and ``read_log_end`` and queues their advances
+    (``_advances``) for Recovery's checkpoint; it reads ``cancels``, ``_done`` and ``_rolled`` (Recovery's scan),
+    ``enqueue_offset`` and ``_cp_read``, and counts ``stats``."""
 
     def _take(self, units: list[Unit]) -> None:
-        """Units of the read slot into the in-memory heap, by due time (rolls first: they are due at the slot)."""
-        entries = [(unit.deliver_ms if unit.kind == KIND_DELIVER else 0, unit.timer_offset, unit) for unit in units]
-        heap = self._current
-        if len(entries) > len(heap):  # a slot loaded (a burst's: thousands): one heapify, not a push each
-            heap.extend(entries)
-            heapq.heapify(heap)
-        else:
-            for entry in entries:
-                heapq.heappush(heap, entry)
+        """Units of the read slot into the in-memory queue by due time (delivery.DueUnits)."""
+        self._current.take(units)
 
     def _dequeue(self, now: int) -> int:
         """Deliver what is due; ms until something may be due next."""
@@ -48,12 +39,10 @@ class Dequeue:
             if now < self.read_ms:
                 return self.read_ms - now
             if self._current is None:
-                self._current = []
+                self._current = delivery.DueUnits()
                 self._take(self.files.units(self.read_ms))
             heap = self._current
-            due = []
-            while heap and heap[0][0] <= now and len(due) < DELIVER_BATCH:
-                due.append(heapq.heappop(heap)[2])
+            due = heap.pop_due(now, DELIVER_BATCH)
             if due:
                 try:
                     self._deliver(due, now)
@@ -64,7 +53,7 @@ class Dequeue:
                     return 0
                 continue
             if heap:
-                return heap[0][0] - now
+                return heap.first_due() - now
             if now < self.read_ms + self.precision:
                 return self.read_ms + self.precision - now
             self._next_slot(now)
@@ -92,53 +81,34 @@ class Dequeue:
 
     def _deliver(self, units: list[Unit], now: int) -> None:
         """Append the copies (or roll records) of ``units``, batched per topic in order. A copy to a topic that is
-        not a compaction topic is made from the timer record's bytes (messages.delivered_copy: its body and CRC as
-        stored, its properties written once), any other from the decoded record (messages.delivered)."""
-        lookups = self._records([u.physical_offset for u in units])
-        compiled_copies = codec.compiled is not None
+        not a compaction topic is made from the timer record's bytes, the run's in one pass (delivery.copies: its
+        body and CRC as stored, its properties written once); any other, or where that declines, by :meth:`_made`."""
+        made = delivery.copies(self.store, units, now)
         batches: list[list] = []  # [topic, copies, units, body bytes]
         copyable: dict[str, bool] = {}
-        for unit, (found, missing) in zip(units, lookups, strict=True):
+        for unit, got in zip(units, made, strict=True):
             offset = unit.timer_offset
             if offset in self._done or offset in self._slot_done or offset in self._rolled:
                 self.stats.skipped_done += 1
                 self.stats.pending -= 1
                 continue
-            if found is None:
-                log.error("timer.record_missing", timer_offset=unit.timer_offset, why=missing)
-                self.stats.dropped += 1
-                self.stats.pending -= 1
-                continue
-            view = unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView
-            # The compiled codec's copy properties straight from the record's bytes (messages.copy_parts); else, or
-            # where it declines, the properties decoded.
-            parts = tm.copy_parts(found, offset, now) if view and compiled_copies else None
-            if parts is not None:
-                real, origin = parts[0], parts[1]
-            else:
-                props = found.properties
-                real, origin = props.get(tm.REAL_TOPIC), int(props.get(tm.ORIGIN, unit.timer_offset))
+            if got is not None:
+                topic = got[0]
+                if topic not in copyable:
+                    copyable[topic] = self._copyable(topic)
+                if not copyable[topic]:
+                    got = None
+            if got is None:
+                got = self._made(unit, now, copyable)
+                if got is None:
+                    continue
+            topic, origin, copy = got
             if origin in self.cancels:
-                log.info("timer.cancelled", timer_offset=unit.timer_offset, origin=origin)
+                log.info("timer.cancelled", timer_offset=offset, origin=origin)
                 self.stats.cancelled += 1
                 self.stats.pending -= 1
                 self._slot_done.add(offset)
                 continue
-            copy = None
-            if view:
-                if real not in copyable:
-                    copyable[real] = self._copyable(real)
-                if copyable[real]:
-                    made = (real, tm.copy_of_parts(found, parts)) if parts is not None else tm.delivered_copy(
-                        found, found.properties, offset, now)
-                    if made is not None:
-                        topic, copy = made
-            if copy is None:
-                record = found.decode() if type(found) is record_reader.RecordView else found
-                if unit.kind == KIND_ROLL:
-                    topic, copy = tm.TIMER_TOPIC, tm.rolled(record, unit.timer_offset)
-                else:
-                    topic, copy = tm.delivered(record, unit.timer_offset, now)
             kind = type(copy)
             last = batches[-1] if batches else None
             if (last is not None and last[0] == topic and type(last[1][0]) is kind
@@ -151,6 +121,32 @@ class Dequeue:
         for topic, copies, batch_units, _ in batches:
             self._append(topic, Copies(copies) if type(copies[0]) is Copy else copies, batch_units, now)
 
+    def _made(self, unit: Unit, now: int, copyable: dict[str, bool]) -> tuple | None:
+        """(topic, origin, the copy or roll record) of ``unit`` the reference way (the record looked up, a copy
+        from its bytes where the topic allows, else decoded: messages.delivered_copy, delivered, rolled); None
+        for a record that is gone (counted as dropped)."""
+        found, missing = delivery.lookup(self.store, unit.physical_offset)
+        if found is None:
+            log.error("timer.record_missing", timer_offset=unit.timer_offset, why=missing)
+            self.stats.dropped += 1
+            self.stats.pending -= 1
+            return None
+        props = found.properties
+        real, origin = props.get(tm.REAL_TOPIC), int(props.get(tm.ORIGIN, unit.timer_offset))
+        if origin in self.cancels:
+            return None, origin, None  # cancelled: the caller counts it
+        if unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView:
+            if real not in copyable:
+                copyable[real] = self._copyable(real)
+            made = tm.delivered_copy(found, props, unit.timer_offset, now) if copyable[real] else None
+            if made is not None:
+                return made[0], origin, made[1]
+        record = found.decode() if type(found) is record_reader.RecordView else found
+        if unit.kind == KIND_ROLL:
+            return tm.TIMER_TOPIC, origin, tm.rolled(record, unit.timer_offset)
+        topic, copy = tm.delivered(record, unit.timer_offset, now)
+        return topic, origin, copy
+
     def _copyable(self, topic: str | None) -> bool:
         """Whether copies to ``topic`` may be made from the timer record's bytes (it exists and is not a compaction
         topic, whose queue is its key's: those go as MessageIn, as does any copy whose topic is gone, which the
@@ -159,38 +155,6 @@ class Dequeue:
             return topic is not None and self.store.topic_admin.get(topic).kind != KIND_COMPACTION
         except TopicNotFound:
             return False
-
-    def _records(self, physical_offsets: list[int]) -> list[tuple[record_reader.RecordView | record_reader.Record
-                                                                  | None, str]]:
-        """(the record, or None and why) at each offset: the store's GetMessage (checked the same way: the record
-        whole and below the visible end, its CRC, that it names its own offset, its topic live), a view of it in
-        the segment's mapping; any offset that path does not serve is looked up by get_messages, which says why
-        (a decoded Record then)."""
-        commitlog, topics = self.store.commitlog, self.store.topics
-        low, visible = commitlog.min_offset, self.store.visible_offset()
-        found: list[tuple[record_reader.RecordView | record_reader.Record | None, str]] = []
-        seg_start = seg_end = 0  # the segment of the record before (a slot's records mostly share one)
-        buf = None
-        for physical in physical_offsets:
-            try:
-                if not low <= physical < visible:
-                    raise LookupError(physical)
-                if not seg_start <= physical < seg_end:
-                    seg_start = seg_end = 0
-                    seg = commitlog.segments.find(physical)
-                    buf, seg_start, seg_end = seg.buffer, seg.start, seg.end
-                position = physical - seg_start
-                record_reader.check(buf, position, len(buf), physical_offset=physical)
-                if record_reader.is_blank(buf, position):
-                    raise LookupError(physical)
-                view = record_reader.RecordView(buf, position)
-                if physical + view.size > visible or not topics.owns(view.topic, physical):
-                    raise LookupError(physical)
-                found.append((view, ""))
-            except Exception:  # noqa: BLE001 (the store's own lookup answers, with its reason)
-                lookup = self.store.get_messages([physical])[0]
-                found.append((lookup.message.record if lookup.message is not None else None, lookup.missing))
-        return found
 
     def _fits(self, count: int, body_bytes: int) -> bool:
         """Whether a batch of ``count`` copies may take one more, ``body_bytes`` with it, within the store's batch

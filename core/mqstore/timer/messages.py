@@ -30,7 +30,6 @@ import re
 import zlib
 from typing import Iterable
 
-from mqstore import codec
 from mqstore import topics as topic_rules
 from mqstore.errors import IllegalDeliveryTime, InvalidArgument
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
@@ -267,24 +266,6 @@ def delivered_copy(view: RecordView, props: dict[str, str], timer_offset: int, n
     text += f"UNIQ_KEY\x01{uniq}\x02"
     return topic, Copy(view.body, view.body_crc, text.encode("utf-8"), tags, uniq, view.flag, view.born_timestamp_ms,
                        view.born_host, view.born_port, int(qid) if qid is not None else None, shard)
-
-
-def copy_parts(view: RecordView, timer_offset: int, now_ms: int) -> tuple | None:
-    """The compiled codec's :func:`delivered_copy` pieces of a timer record's bytes (``view``): (real topic, origin,
-    the copy's properties bytes, tags, UNIQ_KEY, queue id or None, sharding key), the same bytes as
-    delivered_copy's (tests/property/test_codec_timer.py); None without the compiled codec or where it declines
-    (anything unusual: the caller decodes the properties and goes the reference way)."""
-    return codec.compiled.timer_copy(view.properties_raw, timer_offset, now_ms, view.store_timestamp_ms)
-
-
-def copy_of_parts(view: RecordView, parts: tuple) -> Copy:
-    """The Copy of :func:`copy_parts`' pieces: the record's body and CRC as stored (its header in one unpack)."""
-    _, _, props, tags, uniq, qid, shard = parts
-    layout, buf, position = view.layout, view.buf, view.position
-    (_, _, crc, _, flag, _, _, _, born_ts, born_host, born_port, _, _, _, _, _,
-     body_len) = layout.header.unpack_from(buf, position)
-    at = position + layout.body_at
-    return Copy(bytes(buf[at:at + body_len]), crc, props, tags, uniq, flag, born_ts, born_host, born_port, qid, shard)
 
 
 def rolled(record: Record, timer_offset: int) -> MessageIn:

@@ -43,7 +43,6 @@ import pathlib
 import threading
 from dataclasses import dataclass
 
-from mqstore.format.timer_unit import Unit
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.dequeue import Dequeue
 from mqstore.timer.enqueue import Enqueue
@@ -81,7 +80,7 @@ class Timer(Enqueue, Dequeue, Recovery):
         self.read_ms = 0
         self.read_log_end = 0
         self._advances: list[tuple[int, int]] = []  # (read_ms, read_log_end) not yet checkpointed
-        self._current: list[tuple[int, int, Unit]] | None = None  # the read slot's units left: a heap by due time
+        self._current = None  # the read slot's units left, by due time (a delivery.DueUnits: Dequeue's)
         self.cancels: dict[int, int] = {}  # origin -> due of a recalled message (kept a turn past its due)
         self._done: set[int] = set()  # timer offsets delivered already (recovery's scan of TIMER_UNIT)
         self._rolled: set[int] = set()  # timer offsets re-appended already (TIMER_ROLLED_FROM): never again

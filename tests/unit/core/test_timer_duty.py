@@ -60,6 +60,8 @@ def test_the_duty_delivers_only_while_its_node_leads_and_counts_it(small_config,
         assert _delivered(store) == 0 and duty.timer is None  # a replica opens no timer
         leading.set()
         wait_until(lambda: _delivered(store) == 5, "the deliveries once leading")
+        # The duty counts a batch after its append returns: the copies can be read before the counters show them.
+        wait_until(lambda: registry.get("mqstore_timer_late_seconds").value.count == 5, "the deliveries counted")
         assert registry.get("mqstore_timer_delivered_total").value == 5
         assert registry.get("mqstore_timer_scheduled_total").value == 5
         assert registry.get("mqstore_timer_late_seconds").value.count == 5

@@ -12,18 +12,18 @@ import re
 
 import pytest
 
-from mqstore import codec
 from mqstore import system_writers  # noqa: F401  (registers the scheduler's writer rules)
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.format import record_reader
 from mqstore.format.timer_checkpoint import TimerCheckpoint
+from mqstore.format.timer_unit import KIND_DELIVER, Unit
 from mqstore.log.encoder import MessageEncoder
 from mqstore.model import KIND_NORMAL, AppendResults, MessageIn, TopicRecord
 from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
-from mqstore.timer import scheduling
+from mqstore.timer import delivery, scheduling
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.files import LOG_NAME, WHEEL_NAME, TimerFiles
 from mqstore.timer import enqueue as timer_enqueue
@@ -325,7 +325,7 @@ def test_timer_records_convert_as_due_ms_and_to_timer_of_each_did():
 def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_config):
     """messages.delivered_copy through the encoder's Copies: the bytes of messages.delivered's MessageIn encoded
     (random messages: tags, keys, queues, sharding keys, properties, IPv6 born hosts; a rolled record); the compiled
-    codec's copy_parts and copy_of_parts make the same Copy."""
+    codec's one pass (delivery.copies) makes the same Copy."""
     import random
     from mqstore.model import Copies
     from mqstore.topics import OWNER_SCHEDULE
@@ -356,9 +356,10 @@ def test_a_copy_from_the_timer_records_bytes_is_the_record_delivered_gave(small_
             view = record_reader.RecordView(seg.buffer, physical - seg.start)
             real, copy = tm.delivered_copy(view, view.properties, stored.record.queue_offset, clock.now_ms() + 7)
             assert real == "t"
-            if codec.compiled is not None:  # the compiled pieces (Timer._deliver's way) make the same Copy
-                parts = tm.copy_parts(view, stored.record.queue_offset, clock.now_ms() + 7)
-                assert parts is not None and tm.copy_of_parts(view, parts) == copy
+            # Timer._deliver's way (delivery.copies: the compiled codec's one pass where built) makes the same Copy
+            unit = Unit(0, 0, stored.record.queue_offset, physical, -1, KIND_DELIVER)
+            origin = int(view.properties.get(tm.ORIGIN, stored.record.queue_offset))
+            assert delivery.copies(store, [unit], clock.now_ms() + 7) == [(real, origin, copy)]
             want = MessageEncoder(store.config).encode_batch(
                 topic, [tm.delivered(stored.record, stored.record.queue_offset, clock.now_ms() + 7)[1]], 5)
             got = MessageEncoder(store.config).encode_batch(topic, Copies([copy]), 5)
