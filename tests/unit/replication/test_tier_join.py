@@ -15,6 +15,7 @@ import dataclasses
 
 import pytest
 
+from mqstore import defaults
 from mqstore.clock import FakeClock
 from commitlog_service.replication import GrpcReplicationStream, history_out, welcome_in, welcome_messages
 from mqstore_rpc.gen.mqstore.v1.replication_pb2 import LeaderMessage, LeaderWelcome, TieredQueueStart
@@ -23,7 +24,8 @@ from mqstore.format import cq_unit
 from mqstore.model import MessageIn
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.leader import ReplicaSession
-from mqstore.replication.messages import QueueStart
+from mqstore.replication.epochs import EpochEntry, EpochHistory
+from mqstore.replication.messages import QueueStart, Welcome
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store_parts import build_store
@@ -347,6 +349,22 @@ def test_upload_records_beyond_one_message_go_in_parts_and_the_replica_reads_the
         assert [m.record.body for m in got] == [b for i, b in enumerate(bodies) if i % QUEUES == q][:8]
     copy(leader.store, replica.store)
     assert replica.store.tier_join.joined == 1 and _queues(replica.store) == expected
+
+
+def test_a_full_page_of_entries_and_90000_upload_records_go_in_messages_within_grpcs_limit():
+    """The issue's case at its real sizes: 50 MiB of entries (more than a page) and 90,000 upload records of 190
+    bytes (16 MiB): every message the leader sends is within gRPC's 64 MiB (before, the welcome carried a full page
+    and every record, 65 MiB), and they read back as the welcome sent."""
+    entries = cq_unit.ENTRY.pack(1000, 40, 0) * ((50 << 20) // cq_unit.ENTRY_SIZE)
+    records = tuple(i.to_bytes(4, "big") * 47 + b"rr" for i in range(90_000))
+    welcome = Welcome("a", 1, 1 << 30, EpochHistory((EpochEntry(1, 0),)), start_empty=True, tier_min=0,
+                      queues=(QueueStart("t", 0, 0, 0, entries, 1040),), tier_uploads=records)
+    sizes, messages = [], []
+    for message in welcome_messages(welcome):
+        sizes.append(message.ByteSize())
+        messages.append(LeaderMessage.FromString(message.SerializeToString()))
+    assert len(sizes) == 2 and max(sizes) <= defaults.MAX_MESSAGE_BYTES
+    assert welcome_in(messages[0].welcome, [m.welcome_part for m in messages[1:]]) == welcome
 
 
 def test_a_welcome_that_fits_one_message_is_the_message_sent_before_and_an_earlier_version_gets_one(group):
