@@ -125,7 +125,9 @@ class LoopReplicationServicer(ReplicationServicer):
         first = await anext(requests, None)
         # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
         session = await waits.off_loop(lambda: self._session(first))
-        for message in welcome_messages(session.welcome, paged=session.hello.pages_welcome):
+        # off the loop too: each part's entries are cut and copied into its message (the first counts every part)
+        messages = welcome_messages(session.welcome, paged=session.hello.pages_welcome)
+        while (message := await waits.off_loop(lambda: next(messages, None))) is not None:
             yield message
         acks = asyncio.ensure_future(_read_acks_async(requests, session))
         try:

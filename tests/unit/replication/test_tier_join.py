@@ -11,14 +11,28 @@ the leader's local start starts again from the tier."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 
 import pytest
 
 from mqstore import defaults
 from mqstore.clock import FakeClock
-from commitlog_service.replication import GrpcReplicationStream, history_out, welcome_in, welcome_messages
-from mqstore_rpc.gen.mqstore.v1.replication_pb2 import LeaderMessage, LeaderWelcome, TieredQueueStart
+from commitlog_service.replication import (
+    GrpcReplicationStream,
+    LoopReplicationServicer,
+    history_out,
+    welcome_in,
+    welcome_messages,
+)
+from mqstore_rpc.gen.mqstore.v1.replication_pb2 import (
+    LeaderMessage,
+    LeaderWelcome,
+    ReplicaHello,
+    ReplicaMessage,
+    TieredQueueStart,
+)
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import cq_unit
 from mqstore.model import MessageIn
@@ -365,6 +379,44 @@ def test_a_full_page_of_entries_and_90000_upload_records_go_in_messages_within_g
         messages.append(LeaderMessage.FromString(message.SerializeToString()))
     assert len(sizes) == 2 and max(sizes) <= defaults.MAX_MESSAGE_BYTES
     assert welcome_in(messages[0].welcome, [m.welcome_part for m in messages[1:]]) == welcome
+
+
+def test_the_loop_servicer_makes_the_welcomes_parts_off_the_loop(group, monkeypatch):
+    """On a grpc.aio port (LoopReplicationServicer) the welcome's parts are cut and copied into messages on an
+    executor thread, never on the event loop (at 512 MiB that is seconds of CPU the port's every call would wait
+    on); the messages are the welcome the session made, in parts."""
+    leader, make, _ = group
+    replica = make("b")
+    hello = replica.follower().hello()
+    welcome = ReplicaSession(leader.store, leader.node, hello).welcome
+    made_on = []
+    real_parts = tier_join.parts
+
+    def parts(*args):
+        for part in real_parts(*args):
+            made_on.append(threading.current_thread())
+            yield part
+    monkeypatch.setattr(tier_join, "parts", parts)
+    monkeypatch.setattr(tier_join, "WELCOME_ENTRY_BYTES", 3 * cq_unit.ENTRY_SIZE)
+    first = ReplicaMessage(hello=ReplicaHello(
+        replica_id=hello.replica_id, address=hello.address, end_offset=hello.end_offset, min_offset=hello.min_offset,
+        epochs=history_out(hello.history), segment_size_bytes=hello.segment_size_bytes, reads_tier=True,
+        pages_welcome=True))
+
+    async def requests():
+        yield first
+        await asyncio.Event().wait()  # the replica's acknowledgements: none
+
+    async def welcome_of_the_stream():
+        answers = LoopReplicationServicer(leader.store, leader.node).Replicate(requests(), None)
+        messages = [await anext(answers)]
+        for _ in range(messages[0].welcome.more_parts):
+            messages.append(await anext(answers))
+        await answers.aclose()
+        return messages, threading.current_thread()
+    messages, loop_thread = asyncio.run(welcome_of_the_stream())
+    assert len(messages) > 2 and welcome_in(messages[0].welcome, [m.welcome_part for m in messages[1:]]) == welcome
+    assert made_on and loop_thread not in made_on
 
 
 def test_a_welcome_that_fits_one_message_is_the_message_sent_before_and_an_earlier_version_gets_one(group):
