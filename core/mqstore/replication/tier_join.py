@@ -26,7 +26,8 @@ first, a queue's entries split where a page is full, each piece continuing the o
 the upload records, whole, in the rest of the last queue page and as many parts after as they need), joined
 again (:func:`merged`, the records concatenated in order) before the join. What fits one message is one message,
 the one an earlier version sent. A replica of an earlier version takes one message: beyond WELCOME_ENTRY_BYTES
-of entries it is refused; its upload records go whole, as before. Every replica is refused beyond
+of entries it is refused; its upload records go whole, as before (a message beyond gRPC's is refused too, by
+commitlog_service.replication.welcome_messages). Every replica is refused beyond
 WELCOME_TOTAL_BYTES of entries and records in all (FailedPrecondition naming what to do): the bound of what a
 leader builds in memory for one join, the entries read from its queue files and the records encoded anew from
 its ledger (Ledger.finished_records), both held while the welcome goes; the messages themselves are made one part

@@ -142,7 +142,7 @@ def welcome_messages(w: Welcome, paged: bool = True, page_bytes: int | None = No
     """The welcome, then its more parts, made one at a time as the stream takes them: the queues' entries and the
     upload records in parts (mqstore.replication.tier_join.parts; one part unless they outgrow a message). Not
     ``paged`` (a hello without pages_welcome, an earlier version): one message holding all, as that version
-    reads it."""
+    reads it; FailedPrecondition (naming the upgrade) when that is more than gRPC sends."""
     welcome = pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
                                epochs=history_out(w.history), start_empty=w.start_empty)
     if w.tier_min is None:
@@ -155,8 +155,15 @@ def welcome_messages(w: Welcome, paged: bool = True, page_bytes: int | None = No
     queues, uploads = next(parts)
     welcome.queues.extend(_queue_out(q) for q in queues)
     welcome.tier_uploads.extend(uploads)
-    yield pb.LeaderMessage(welcome=welcome)
-    del welcome, queues, uploads  # one part held at a time
+    message = pb.LeaderMessage(welcome=welcome)
+    if not paged and message.ByteSize() > _MAX_MESSAGE_BYTES:  # what gRPC would refuse to send, unexplained
+        raise FailedPrecondition(
+            f"the welcome of a replica starting from the tier is {message.ByteSize()} bytes "
+            f"({len(w.tier_uploads)} upload records), more than one gRPC message ({_MAX_MESSAGE_BYTES}) carries "
+            f"to a replica of an earlier version: upgrade it (this version takes the welcome in parts), or copy "
+            f"the leader's data directory")
+    yield message
+    del message, welcome, queues, uploads  # one part held at a time
     for queues, uploads in parts:
         yield pb.LeaderMessage(welcome_part=pb.LeaderWelcomePart(queues=[_queue_out(q) for q in queues],
                                                                  tier_uploads=uploads))
