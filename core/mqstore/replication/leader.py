@@ -109,8 +109,9 @@ class ReplicaSession:
         queues = self.store.tier_join.queue_starts(leader_min, paged=hello.pages_welcome)
         log.info("replication.replica_from_tier", replica=hello.replica_id, log_start=leader_min, tier_min=tier_min,
                  queues=len(queues), replica_min=hello.min_offset, replica_end=hello.end_offset)
+        uploads = self.store.tier_join.uploads(entry_bytes=sum(len(q.entries) for q in queues))
         return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True,
-                       tier_min=tier_min, queues=queues, tier_uploads=self.store.tier_join.uploads())
+                       tier_min=tier_min, queues=queues, tier_uploads=uploads)
 
     def data(self, is_active: Callable[[], bool]) -> Iterator[LogData]:
         return waits.blocking_iter(self.data_async(is_active))

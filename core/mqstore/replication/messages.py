@@ -16,7 +16,7 @@ class Hello:
     history: EpochHistory
     segment_size_bytes: int
     reads_tier: bool = False  # this node reads the object storage tier below its local log (replication.tier_join)
-    pages_welcome: bool = False  # it takes a welcome's queues in several messages (replication.tier_join.pages)
+    pages_welcome: bool = False  # it takes a welcome in several messages (replication.tier_join.parts)
 
 
 @dataclass(frozen=True, slots=True)

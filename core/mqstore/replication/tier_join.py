@@ -19,12 +19,19 @@ What it needs to serve everything below from the tier, and where it comes from:
   below the tail                         the leader's entries from its first local file of the queue up to its
                                          first record in the tail; below that file, the tier's FINISHED files
 
-**Paging.** The queues' entries can outgrow one gRPC message: a replica whose hello says ``pages_welcome`` (this
-version) takes them in pages of at most WELCOME_ENTRY_BYTES of entries (:func:`pages`: the welcome, then more
-parts; a queue's entries split where a page is full, each piece continuing the one before), joined again
-(:func:`merged`) before the join; up to WELCOME_TOTAL_ENTRY_BYTES in all, the bound of what a leader builds in
-memory for one join. A replica of an earlier version takes one message: beyond WELCOME_ENTRY_BYTES it is refused.
-Beyond the total, every replica is refused (FailedPrecondition naming what to do).
+**Paging.** The queues' entries and the upload records can outgrow one gRPC message (64 MiB; some 80,000 upload
+records are 16 MiB): a replica whose hello says ``pages_welcome`` (this version) takes them in parts of at most
+WELCOME_ENTRY_BYTES of entries and records together (:func:`parts`: the welcome, then more parts; the queues
+first, a queue's entries split where a page is full, each piece continuing the one before (:func:`pages`), then
+the upload records, whole, in the rest of the last queue page and as many parts after as they need), joined
+again (:func:`merged`, the records concatenated in order) before the join. What fits one message is one message,
+the one an earlier version sent. A replica of an earlier version takes one message: beyond WELCOME_ENTRY_BYTES
+of entries it is refused; its upload records go whole, as before (a message beyond gRPC's is refused too, by
+commitlog_service.replication.welcome_messages). Every replica is refused beyond
+WELCOME_TOTAL_BYTES of entries and records in all (FailedPrecondition naming what to do): the bound of what a
+leader builds in memory for one join, the entries read from its queue files and the records encoded anew from
+its ledger (Ledger.finished_records), both held while the welcome goes; the messages themselves are made one part
+at a time as the stream sends them.
 
 The leader refuses a replica that does not read the tier (an empty replica without ``--tier-url`` and
 ``--local-retention-ms/-bytes``, or an older version, whose hello carries no ``reads_tier``) when its log below
@@ -39,6 +46,8 @@ reader); ``join`` on the replica's follower thread under the node's apply lock, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import structlog
 
 from mqstore.errors import FailedPrecondition, InvalidArgument
@@ -49,8 +58,8 @@ from mqstore.store_retention import LOCAL_ONLY_TOPICS
 log = structlog.get_logger("mqstore.tier")
 
 ENTRY = cq_unit.ENTRY_SIZE
-WELCOME_ENTRY_BYTES = 48 << 20  # the queues' entries one welcome message carries at most (a gRPC message: 64 MiB)
-WELCOME_TOTAL_ENTRY_BYTES = 512 << 20  # the queues' entries of one paged welcome, in all (the leader's memory)
+WELCOME_ENTRY_BYTES = 48 << 20  # entries and upload records one welcome message carries at most (gRPC's: 64 MiB)
+WELCOME_TOTAL_BYTES = 512 << 20  # the entries and upload records of one welcome, in all (the leader's memory)
 FLAGS = "--tier-url and --local-retention-ms or --local-retention-bytes"
 
 
@@ -72,7 +81,7 @@ class TierJoin:
         """Each consume queue's start for a replica whose log starts at ``at`` (the leader's local start); ``paged``:
         the replica takes them in pages (the module docstring), else in one message."""
         starts, total = [], 0
-        limit = WELCOME_TOTAL_ENTRY_BYTES if paged else WELCOME_ENTRY_BYTES
+        limit = WELCOME_TOTAL_BYTES if paged else WELCOME_ENTRY_BYTES
         for (topic, queue_id), cq in sorted(self.store.queues.queues.items()):
             if topic in LOCAL_ONLY_TOPICS or cq.max_offset == 0 or not cq.files.segments:
                 continue
@@ -100,10 +109,19 @@ class TierJoin:
                                      real[-1][0] + real[-1][1] if real else 0))
         return tuple(starts)
 
-    def uploads(self) -> tuple[bytes, ...]:
-        """The FINISHED uploads' records, for a replica's ledger before it shows the tail."""
+    def uploads(self, entry_bytes: int = 0) -> tuple[bytes, ...]:
+        """The FINISHED uploads' records, for a replica's ledger before it shows the tail; refused when they and the
+        welcome's ``entry_bytes`` of queue entries need more than WELCOME_TOTAL_BYTES (the module docstring)."""
         self.local.ledger.catch_up()
-        return tuple(self.local.ledger.finished_records())
+        records = tuple(self.local.ledger.finished_records())
+        need = entry_bytes + sum(len(record) for record in records)
+        if need > WELCOME_TOTAL_BYTES:
+            raise FailedPrecondition(
+                f"the welcome of a replica starting from the tier needs {need} bytes ({entry_bytes} of consume "
+                f"queue entries, {len(records)} upload records), more than a welcome carries in all "
+                f"({WELCOME_TOTAL_BYTES}): a replica cannot start from the tier yet; raise "
+                f"--local-retention-ms/-bytes on the leader or copy the leader's data directory")
+        return records
 
     # ---- the replica's side
     def join(self, log_start: int, tier_min: int, starts: tuple[QueueStart, ...], uploads: tuple[bytes, ...] = ()
@@ -129,25 +147,64 @@ class TierJoin:
 
 # ---- paging (the module docstring) -----------------------------------------------------------------------------
 
+Part = tuple[tuple[QueueStart, ...], tuple[bytes, ...]]  # a message's queues and upload records
+
+
+def parts(starts: tuple[QueueStart, ...], uploads: tuple[bytes, ...] = (), page_bytes: int | None = WELCOME_ENTRY_BYTES
+          ) -> Iterator[Part]:
+    """The welcome's queues and upload records in parts of at most ``page_bytes`` of entries and records together
+    (at least one part, the welcome itself; None: one part holding all, as to a replica of an earlier version):
+    the queues' pages (:func:`pages`), then the records, whole, in what is left of the last page and the parts
+    after (a record larger than a part goes alone). Made one part at a time: the caller holds one at once."""
+    if page_bytes is None:
+        yield tuple(starts), tuple(uploads)
+        return
+    queue_pages = _queue_pages(starts, page_bytes)
+    last = next(queue_pages)
+    for page in queue_pages:
+        yield tuple(last), ()
+        last = page
+    queues, held = tuple(last), []
+    room = page_bytes - sum(len(q.entries) for q in queues)
+    for record in uploads:
+        if len(record) > room and (held or room < page_bytes):  # full: this part goes, the record starts the next
+            yield queues, tuple(held)
+            queues, held, room = (), [], page_bytes
+        held.append(record)
+        room -= len(record)
+    yield queues, tuple(held)
+
+
+def part_count(starts: tuple[QueueStart, ...], uploads: tuple[bytes, ...] = (),
+               page_bytes: int | None = WELCOME_ENTRY_BYTES) -> int:
+    """How many parts :func:`parts` makes (the welcome's ``more_parts`` is one fewer), one part at a time."""
+    return sum(1 for _ in parts(starts, uploads, page_bytes))
+
+
 def pages(starts: tuple[QueueStart, ...], page_bytes: int = WELCOME_ENTRY_BYTES) -> list[tuple[QueueStart, ...]]:
     """``starts`` in pages of at most ``page_bytes`` of entries (whole entries; at least one page, the first
     sent with the welcome): a queue whose entries do not fit what is left of a page is split, each piece a
     QueueStart continuing the one before (its ``first_offset`` advanced; ``physical_end`` the piece's own)."""
+    return [tuple(page) for page in _queue_pages(starts, page_bytes)]
+
+
+def _queue_pages(starts: tuple[QueueStart, ...], page_bytes: int) -> Iterator[list[QueueStart]]:
+    """:func:`pages`, one page at a time."""
     per_page = max(page_bytes // ENTRY, 1) * ENTRY
-    out: list[list[QueueStart]] = [[]]
+    page: list[QueueStart] = []
     room = per_page
     for start in starts:
         at = 0
         while True:
             piece = start.entries[at:at + room]
-            out[-1].append(QueueStart(start.topic, start.queue_id, start.min_offset, start.first_offset + at // ENTRY,
-                                      piece, _physical_end(piece)))
+            page.append(QueueStart(start.topic, start.queue_id, start.min_offset, start.first_offset + at // ENTRY,
+                                   piece, _physical_end(piece)))
             at, room = at + len(piece), room - len(piece)
             if at >= len(start.entries):
                 break
-            out.append([])
-            room = per_page
-    return [tuple(page) for page in out]
+            yield page
+            page, room = [], per_page
+    yield page
 
 
 def merged(pieces: tuple[QueueStart, ...] | list[QueueStart]) -> tuple[QueueStart, ...]:

@@ -82,7 +82,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
 
     def Replicate(self, request_iterator, context) -> Iterator[pb.LeaderMessage]:
         session = self._session(next(request_iterator, None))
-        yield from welcome_messages(session.welcome)
+        yield from welcome_messages(session.welcome, paged=session.hello.pages_welcome)
         reader = threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
                                   name=f"replication-acks-{session.hello.replica_id}")
         reader.start()
@@ -126,7 +126,9 @@ class LoopReplicationServicer(ReplicationServicer):
         first = await anext(requests, None)
         # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
         session = await waits.off_loop(lambda: self._session(first))
-        for message in welcome_messages(session.welcome):
+        # off the loop too: each part's entries are cut and copied into its message (the first counts every part)
+        messages = welcome_messages(session.welcome, paged=session.hello.pages_welcome)
+        while (message := await waits.off_loop(lambda: next(messages, None))) is not None:
             yield message
         acks = asyncio.ensure_future(_read_acks_async(requests, session))
         try:
@@ -137,20 +139,35 @@ class LoopReplicationServicer(ReplicationServicer):
             self.data_messages.log_counts(session.hello.replica_id)
 
 
-def welcome_messages(w: Welcome, page_bytes: int | None = None) -> list[pb.LeaderMessage]:
-    """The welcome, then its more parts: the queues' entries in pages (mqstore.replication.tier_join.pages; one
-    page unless they outgrow a message, which the leader allows only to a hello with pages_welcome)."""
+def welcome_messages(w: Welcome, paged: bool = True, page_bytes: int | None = None) -> Iterator[pb.LeaderMessage]:
+    """The welcome, then its more parts, made one at a time as the stream takes them: the queues' entries and the
+    upload records in parts (mqstore.replication.tier_join.parts; one part unless they outgrow a message). Not
+    ``paged`` (a hello without pages_welcome, an earlier version): one message holding all, as that version
+    reads it; FailedPrecondition (naming the upgrade) when that is more than gRPC sends."""
     welcome = pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
                                epochs=history_out(w.history), start_empty=w.start_empty)
-    parts = []
-    if w.tier_min is not None:
-        first, *parts = tier_join.pages(w.queues, tier_join.WELCOME_ENTRY_BYTES if page_bytes is None else page_bytes)
-        welcome.from_tier, welcome.tier_min_offset, welcome.more_parts = True, w.tier_min, len(parts)
-        welcome.queues.extend(_queue_out(q) for q in first)
-        welcome.tier_uploads.extend(w.tier_uploads)
-    return [pb.LeaderMessage(welcome=welcome),
-            *(pb.LeaderMessage(welcome_part=pb.LeaderWelcomePart(queues=[_queue_out(q) for q in page]))
-              for page in parts)]
+    if w.tier_min is None:
+        yield pb.LeaderMessage(welcome=welcome)
+        return
+    size = (tier_join.WELCOME_ENTRY_BYTES if page_bytes is None else page_bytes) if paged else None
+    welcome.from_tier, welcome.tier_min_offset = True, w.tier_min
+    welcome.more_parts = tier_join.part_count(w.queues, w.tier_uploads, size) - 1
+    parts = tier_join.parts(w.queues, w.tier_uploads, size)
+    queues, uploads = next(parts)
+    welcome.queues.extend(_queue_out(q) for q in queues)
+    welcome.tier_uploads.extend(uploads)
+    message = pb.LeaderMessage(welcome=welcome)
+    if not paged and message.ByteSize() > _MAX_MESSAGE_BYTES:  # what gRPC would refuse to send, unexplained
+        raise FailedPrecondition(
+            f"the welcome of a replica starting from the tier is {message.ByteSize()} bytes "
+            f"({len(w.tier_uploads)} upload records), more than one gRPC message ({_MAX_MESSAGE_BYTES}) carries "
+            f"to a replica of an earlier version: upgrade it (this version takes the welcome in parts), or copy "
+            f"the leader's data directory")
+    yield message
+    del message, welcome, queues, uploads  # one part held at a time
+    for queues, uploads in parts:
+        yield pb.LeaderMessage(welcome_part=pb.LeaderWelcomePart(queues=[_queue_out(q) for q in queues],
+                                                                 tier_uploads=uploads))
 
 
 def _queue_out(q: QueueStart) -> pb.TieredQueueStart:
@@ -163,13 +180,14 @@ def _queues_in(queues) -> list[QueueStart]:
 
 
 def welcome_in(first: pb.LeaderWelcome, parts: list[pb.LeaderWelcomePart]) -> Welcome:
-    """The Welcome of a welcome message and its more parts (their queues joined: tier_join.merged)."""
-    pieces = _queues_in(first.queues)
+    """The Welcome of a welcome message and its more parts (their queues joined: tier_join.merged; their upload
+    records after the welcome's, in order)."""
+    pieces, uploads = _queues_in(first.queues), list(first.tier_uploads)
     for part in parts:
         pieces += _queues_in(part.queues)
+        uploads += part.tier_uploads
     return Welcome(first.leader_id, first.epoch, first.truncate_to, history_in(first.epochs), first.start_empty,
-                   first.tier_min_offset if first.from_tier else None, tier_join.merged(pieces),
-                   tuple(first.tier_uploads))
+                   first.tier_min_offset if first.from_tier else None, tier_join.merged(pieces), tuple(uploads))
 
 
 def _data(d: LogData) -> pb.LeaderMessage:

@@ -11,18 +11,35 @@ the leader's local start starts again from the tier."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 
 import pytest
 
+from mqstore import defaults
 from mqstore.clock import FakeClock
-from commitlog_service.replication import GrpcReplicationStream, welcome_in, welcome_messages
+from commitlog_service.replication import (
+    GrpcReplicationStream,
+    LoopReplicationServicer,
+    history_out,
+    welcome_in,
+    welcome_messages,
+)
+from mqstore_rpc.gen.mqstore.v1.replication_pb2 import (
+    LeaderMessage,
+    LeaderWelcome,
+    ReplicaHello,
+    ReplicaMessage,
+    TieredQueueStart,
+)
 from mqstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from mqstore.format import cq_unit
 from mqstore.model import MessageIn
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.leader import ReplicaSession
-from mqstore.replication.messages import QueueStart
+from mqstore.replication.epochs import EpochEntry, EpochHistory
+from mqstore.replication.messages import QueueStart, Welcome
 from mqstore.replication.node import ReplicationNode
 from mqstore.replication.replica import ReplicaFollower
 from mqstore.store_parts import build_store
@@ -279,8 +296,9 @@ def test_queue_entries_beyond_one_message_go_in_pages_and_the_replica_joins_iden
     welcome = ReplicaSession(leader.store, leader.node, follower.hello()).welcome
     entries = sum(len(q.entries) for q in welcome.queues) // cq_unit.ENTRY_SIZE
     assert entries >= 4 and max(len(q.entries) for q in welcome.queues) > cq_unit.ENTRY_SIZE
-    messages = welcome_messages(welcome, page_bytes=cq_unit.ENTRY_SIZE)
-    assert len(messages) == 1 + messages[0].welcome.more_parts == entries
+    messages = list(welcome_messages(welcome, page_bytes=cq_unit.ENTRY_SIZE))
+    assert min(len(r) for r in welcome.tier_uploads) > cq_unit.ENTRY_SIZE  # each upload record a part of its own
+    assert len(messages) == 1 + messages[0].welcome.more_parts == entries + len(welcome.tier_uploads)
     assert [m.WhichOneof("kind") for m in messages] == ["welcome"] + ["welcome_part"] * (len(messages) - 1)
     assert all(sum(len(q.entries) for q in (m.welcome.queues if i == 0 else m.welcome_part.queues))
                <= cq_unit.ENTRY_SIZE for i, m in enumerate(messages))
@@ -290,9 +308,178 @@ def test_queue_entries_beyond_one_message_go_in_pages_and_the_replica_joins_iden
         follower._handshake(got)
     copy(leader.store, replica.store)
     assert replica.store.tier_join.joined == 1 and _queues(replica.store) == _queues(leader.store)
-    one = welcome_messages(welcome)  # what fits one message goes in one, as to a replica of an earlier version
+    one = list(welcome_messages(welcome))  # what fits one message goes in one, as to a replica of an earlier version
     assert len(one) == 1 and one[0].welcome.more_parts == 0
     assert welcome_in(one[0].welcome, []) == welcome
+
+
+def _body(message):
+    """A leader's welcome message's welcome or welcome part."""
+    return message.welcome if message.WhichOneof("kind") == "welcome" else message.welcome_part
+
+
+def _payload(message) -> tuple[int, int]:
+    """(entry bytes, upload record bytes) of a leader's welcome message or welcome part."""
+    body = _body(message)
+    return sum(len(q.entries) for q in body.queues), sum(len(r) for r in body.tier_uploads)
+
+
+def test_upload_records_beyond_one_message_go_in_parts_and_the_replica_reads_the_tier_from_them(group):
+    """The welcome's upload records spread over several parts (a page of a few records, as the records of some
+    80,000 uploads beside a full page of entries are beyond gRPC's 64 MiB): serialized as gRPC sends them and
+    read back by the replica's stream, the welcome is the one sent, every message within the page, and the
+    replica joined from it reads its tiered records from the tier before it shows any of the tail (the welcome's
+    records alone say where they are)."""
+    leader, make, bodies = group
+    replica = make("b")
+    replica.node.become_replica("a", "a", 1)
+    follower = replica.follower()
+    welcome = ReplicaSession(leader.store, leader.node, follower.hello()).welcome
+    records = welcome.tier_uploads
+    assert len(records) >= 6
+    entry_bytes = sum(len(q.entries) for q in welcome.queues)
+    page = entry_bytes + max(len(r) for r in records)  # the queues and a record or more in the welcome, then parts
+    sent = [m.SerializeToString() for m in welcome_messages(welcome, page_bytes=page)]
+    messages = [LeaderMessage.FromString(m) for m in sent]
+    assert len(messages) == 1 + messages[0].welcome.more_parts >= 3
+    assert all(sum(_payload(m)) <= page for m in messages)
+    assert [bool(_payload(m)[1]) for m in messages] == [True] * len(messages)  # records in every part
+    assert [r for m in messages for r in _body(m).tier_uploads] == list(records)
+    stream = GrpcReplicationStream(_Stub(messages), "a", follower.hello(), silence_s=30)
+    stream.read_welcome()
+    stream.cancel()
+    assert stream.welcome == welcome
+    with replica.node.apply_lock:
+        follower._handshake(stream.welcome)
+    copy(leader.store, replica.store, visible_to=replica.store.log_min())  # the tail copied, none of it shown
+    expected = _queues(leader.store)
+    tiered = [(q, offset, phys, body) for q in range(QUEUES) for offset, phys, body in expected[q][2]
+              if phys < leader.store.log_min()]
+    assert tiered and tiered[0][2] == 0
+    assert [replica.store.get_message(phys).record.body for _, _, phys, _ in tiered] == \
+        [body for _, _, _, body in tiered]
+    for q in range(QUEUES):
+        got = replica.store.pull("t", q, 0, 8, 1 << 20).messages
+        assert [m.record.body for m in got] == [b for i, b in enumerate(bodies) if i % QUEUES == q][:8]
+    copy(leader.store, replica.store)
+    assert replica.store.tier_join.joined == 1 and _queues(replica.store) == expected
+
+
+def test_a_full_page_of_entries_and_90000_upload_records_go_in_messages_within_grpcs_limit():
+    """The issue's case at its real sizes: 50 MiB of entries (more than a page) and 90,000 upload records of 190
+    bytes (16 MiB): every message the leader sends is within gRPC's 64 MiB (before, the welcome carried a full page
+    and every record, 65 MiB), and they read back as the welcome sent. To a replica of an earlier version that one
+    message is refused naming the upgrade; one within 64 MiB goes as before."""
+    entries = cq_unit.ENTRY.pack(1000, 40, 0) * ((50 << 20) // cq_unit.ENTRY_SIZE)
+    records = tuple(i.to_bytes(4, "big") * 47 + b"rr" for i in range(90_000))
+    welcome = Welcome("a", 1, 1 << 30, EpochHistory((EpochEntry(1, 0),)), start_empty=True, tier_min=0,
+                      queues=(QueueStart("t", 0, 0, 0, entries, 1040),), tier_uploads=records)
+    sizes, messages = [], []
+    for message in welcome_messages(welcome):
+        sizes.append(message.ByteSize())
+        messages.append(LeaderMessage.FromString(message.SerializeToString()))
+    assert len(sizes) == 2 and max(sizes) <= defaults.MAX_MESSAGE_BYTES
+    assert welcome_in(messages[0].welcome, [m.welcome_part for m in messages[1:]]) == welcome
+    # to a replica of an earlier version, one message: refused naming the upgrade, not failed by gRPC unexplained
+    with pytest.raises(FailedPrecondition, match=r"is 69798840 bytes \(90000 upload records\).* earlier version: up"):
+        next(welcome_messages(welcome, paged=False))
+    small = dataclasses.replace(welcome, queues=(QueueStart("t", 0, 0, 0, entries[: 40 << 20], 1040),))
+    assert len(list(welcome_messages(small, paged=False))) == 1  # 57 MiB: one message, as before
+
+
+def test_the_loop_servicer_makes_the_welcomes_parts_off_the_loop(group, monkeypatch):
+    """On a grpc.aio port (LoopReplicationServicer) the welcome's parts are cut and copied into messages on an
+    executor thread, never on the event loop (at 512 MiB that is seconds of CPU the port's every call would wait
+    on); the messages are the welcome the session made, in parts."""
+    leader, make, _ = group
+    replica = make("b")
+    hello = replica.follower().hello()
+    welcome = ReplicaSession(leader.store, leader.node, hello).welcome
+    made_on = []
+    real_parts = tier_join.parts
+
+    def parts(*args):
+        for part in real_parts(*args):
+            made_on.append(threading.current_thread())
+            yield part
+    monkeypatch.setattr(tier_join, "parts", parts)
+    monkeypatch.setattr(tier_join, "WELCOME_ENTRY_BYTES", 3 * cq_unit.ENTRY_SIZE)
+    first = ReplicaMessage(hello=ReplicaHello(
+        replica_id=hello.replica_id, address=hello.address, end_offset=hello.end_offset, min_offset=hello.min_offset,
+        epochs=history_out(hello.history), segment_size_bytes=hello.segment_size_bytes, reads_tier=True,
+        pages_welcome=True))
+
+    async def requests():
+        yield first
+        await asyncio.Event().wait()  # the replica's acknowledgements: none
+
+    async def welcome_of_the_stream():
+        answers = LoopReplicationServicer(leader.store, leader.node).Replicate(requests(), None)
+        messages = [await anext(answers)]
+        for _ in range(messages[0].welcome.more_parts):
+            messages.append(await anext(answers))
+        await answers.aclose()
+        return messages, threading.current_thread()
+    messages, loop_thread = asyncio.run(welcome_of_the_stream())
+    assert len(messages) > 2 and welcome_in(messages[0].welcome, [m.welcome_part for m in messages[1:]]) == welcome
+    assert made_on and loop_thread not in made_on
+
+
+def test_a_welcome_that_fits_one_message_is_the_message_sent_before_and_an_earlier_version_gets_one(group):
+    """What fits one message (every test welcome here, at 48 MiB a page) is byte for byte the message of the
+    version before paging; a replica of an earlier version (no pages_welcome) takes one message with every
+    upload record, whatever the page."""
+    leader, make, _ = group
+    replica = make("b")
+    welcome = ReplicaSession(leader.store, leader.node, replica.follower().hello()).welcome
+    before = LeaderWelcome(leader_id=welcome.leader_id, epoch=welcome.epoch, truncate_to=welcome.truncate_to,
+                           epochs=history_out(welcome.history), start_empty=welcome.start_empty, from_tier=True,
+                           tier_min_offset=welcome.tier_min, tier_uploads=welcome.tier_uploads,
+                           queues=[TieredQueueStart(topic=q.topic, queue_id=q.queue_id, min_offset=q.min_offset,
+                                                    first_offset=q.first_offset, entries=q.entries,
+                                                    physical_end=q.physical_end) for q in welcome.queues])
+    before = LeaderMessage(welcome=before).SerializeToString()
+    for paged in (True, False):
+        one = list(welcome_messages(welcome, paged=paged))
+        assert [m.SerializeToString() for m in one] == [before]
+    one = list(welcome_messages(welcome, paged=False, page_bytes=cq_unit.ENTRY_SIZE))
+    assert [m.SerializeToString() for m in one] == [before]
+
+
+def test_the_welcomes_total_counts_its_upload_records(group, monkeypatch):
+    """WELCOME_TOTAL_BYTES bounds what the leader builds for one join: the queues' entries and the upload records
+    it encodes for it, together."""
+    leader, make, _ = group
+    replica = make("b")
+    hello = replica.follower().hello()
+    welcome = ReplicaSession(leader.store, leader.node, hello).welcome
+    need = sum(len(q.entries) for q in welcome.queues) + sum(len(r) for r in welcome.tier_uploads)
+    monkeypatch.setattr(tier_join, "WELCOME_TOTAL_BYTES", need)
+    assert ReplicaSession(leader.store, leader.node, hello).welcome == welcome
+    monkeypatch.setattr(tier_join, "WELCOME_TOTAL_BYTES", need - 1)
+    with pytest.raises(FailedPrecondition, match=f"needs {need} bytes .* upload records.* more than a welcome"):
+        ReplicaSession(leader.store, leader.node, hello)
+
+
+def test_parts_carry_queues_then_records_within_the_page():
+    """tier_join.parts on made-up welcomes: the queues' pages, then the records whole in the rest of the last page
+    and the parts after; every part within the page (a record larger than a page alone), the queues merged and
+    the records concatenated back equal; None: one part holding all."""
+    entries = b"".join(cq_unit.ENTRY.pack(1000 + 50 * i, 40, 0) for i in range(5))
+    starts = (QueueStart("a", 0, 0, 0, entries, 1000 + 50 * 4 + 40), QueueStart("b", 0, 0, 0, b"", 0))
+    records = tuple(bytes([i]) * size for i, size in enumerate((10, 30, 7, 100, 1, 1, 45, 60)))
+    for page in (cq_unit.ENTRY_SIZE, 45, 61, 100, 150, 1000):
+        made = list(tier_join.parts(starts, records, page))
+        assert len(made) == tier_join.part_count(starts, records, page)
+        for queues, uploads in made:
+            size = sum(len(q.entries) for q in queues) + sum(len(r) for r in uploads)
+            assert size <= page or (len(uploads) == 1 and not any(q.entries for q in queues))
+        assert tier_join.merged([q for queues, _ in made for q in queues]) == starts
+        assert tuple(r for _, uploads in made for r in uploads) == records
+    assert list(tier_join.parts(starts, records, 1000)) == [(starts, records)]
+    assert list(tier_join.parts(starts, records, None)) == [(starts, records)]
+    assert list(tier_join.parts((), (), 10)) == [((), ())]
+    assert [len(u) for _, u in tier_join.parts((), records, 45)] == [2, 1, 1, 2, 1, 1]  # 10+30, 7, 100, 1+1, 45, 60
 
 
 def test_a_replica_of_an_earlier_version_is_refused_beyond_one_message_and_any_beyond_the_total(group, monkeypatch):
@@ -307,7 +494,7 @@ def test_a_replica_of_an_earlier_version_is_refused_beyond_one_message_and_any_b
     earlier = dataclasses.replace(hello, pages_welcome=False)  # its hello has no pages_welcome
     with pytest.raises(FailedPrecondition, match="more than one welcome carries to a replica of an earlier"):
         ReplicaSession(leader.store, leader.node, earlier)
-    monkeypatch.setattr(tier_join, "WELCOME_TOTAL_ENTRY_BYTES", carried - 1)
+    monkeypatch.setattr(tier_join, "WELCOME_TOTAL_BYTES", carried - 1)
     with pytest.raises(FailedPrecondition, match="more than a welcome carries in all"):
         ReplicaSession(leader.store, leader.node, hello)
     assert replica.store.log_end() == 0 and replica.store.tier_join.joined == 0
@@ -381,7 +568,7 @@ def test_the_replicas_stream_reads_every_part_of_a_welcome_and_refuses_one_cut_s
     replica = make("b")
     hello = replica.follower().hello()
     welcome = ReplicaSession(leader.store, leader.node, hello).welcome
-    messages = welcome_messages(welcome, page_bytes=cq_unit.ENTRY_SIZE)
+    messages = list(welcome_messages(welcome, page_bytes=cq_unit.ENTRY_SIZE))
     assert len(messages) > 2
     stream = GrpcReplicationStream(_Stub(messages), "a", hello, silence_s=30)
     stream.read_welcome()
