@@ -44,9 +44,7 @@ class AioBatches:
         request on this loop's AppendBatchesStream, or one Append per batch to a log older than it."""
         if self._client._batches_unimplemented:
             return await self._append_batches_one_by_one(batches, writer, token)
-        request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
-            commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
-            for topic, messages in batches])
+        request = convert.internal_append_batches_request(writer, batches)
         try:
             response, address = await self._on_batch_stream(request, token)
         except Unimplemented:  # a commit log older than AppendBatches (a rolling upgrade): nothing was written
@@ -127,8 +125,8 @@ class AioBatches:
         """AppendBatches' outcomes from one CommitLogInternal.Append per batch, in order (an older log)."""
         outcomes: list[list[model.AppendResult] | errors.MqStoreError] = []
         for topic, messages in batches:
-            request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
-                                                          messages=[convert.internal_message(m) for m in messages])
+            request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer)
+            convert.add_internal_messages(request.messages, messages)
             try:
                 response, _ = await self._internal_async("Append", request, token)
             except errors.MqStoreError as exc:

@@ -279,8 +279,8 @@ class CommitLogClient:
                         token: str) -> list[model.AppendResult]:
         """CommitLogInternal.Append (commitlog.proto): for the service that owns ``topic`` or writes COMMIT
         records; ``token`` is the shared secret (PermissionDenied without the right one)."""
-        request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer,
-                                                      messages=[convert.internal_message(m) for m in messages])
+        request = commitlog_pb2.InternalAppendRequest(topic=topic, writer=writer)
+        convert.add_internal_messages(request.messages, messages)
         response = self._call("Append", request, metadata=((TOKEN_METADATA, token),), write=True, service="internal")
         return [convert.append_result_out(r) for r in response.results]
 
@@ -298,10 +298,8 @@ class CommitLogClient:
             return self._append_batches_one_by_one_sync(batches, writer, token)
         metadata = ((TOKEN_METADATA, token),)
         probing = self.leader_probe_s > 0 and len(self.addresses) > 1
-        if probing:
-            request = commitlog_pb2.InternalAppendBatchesRequest(writer=writer, batches=[
-                commitlog_pb2.InternalAppendBatch(topic=topic, messages=[convert.internal_message(m) for m in messages])
-                for topic, messages in batches])
+        if probing:  # a unary call to a probed leader: the request object, filled in place
+            request = convert.internal_append_batches_request(writer, batches)
         else:  # the stream's request, serialized straight from the MessageIn (no proto object per message)
             request = convert.internal_batches_request(writer, batches)
         for attempt in range(2):

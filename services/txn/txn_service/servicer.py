@@ -56,21 +56,33 @@ def decision_in(value: int) -> str:
         raise InvalidArgument(f"decision {value} is not COMMIT (1), ROLLBACK (2) or UNKNOWN (3)") from None
 
 
-def _prepared(p: Prepared) -> txn_pb2.PrepareResponse:
-    response = txn_pb2.PrepareResponse(transaction_id=p.transaction_id, already=p.already,
-                                       durability=convert._DURABILITY_TO_PB[p.durability])
+def _prepared(p: Prepared, response: txn_pb2.PrepareResponse | None = None) -> txn_pb2.PrepareResponse:
+    """The PrepareResponse of ``p``, filled into ``response`` if given (a frame's, in place: a message built
+    apart is copied into the one that holds it)."""
+    if response is None:
+        response = txn_pb2.PrepareResponse()
+    response.SetInParent()
+    response.transaction_id = p.transaction_id
+    response.already = p.already
+    response.durability = convert._DURABILITY_TO_PB[p.durability]
+    add = response.halves.add
     for h in p.halves:
-        response.halves.add(uniq_key=h.uniq_key, physical_offset=h.physical_offset,
-                            half_queue_offset=h.half_queue_offset, real_queue_id=h.real_queue_id)
+        add(uniq_key=h.uniq_key, physical_offset=h.physical_offset, half_queue_offset=h.half_queue_offset,
+            real_queue_id=h.real_queue_id)
     return response
 
 
-def _ended(e: Ended) -> txn_pb2.EndResponse:
-    response = txn_pb2.EndResponse(state=_STATE_TO_PB[e.state], already=e.already)
+def _ended(e: Ended, response: txn_pb2.EndResponse | None = None) -> txn_pb2.EndResponse:
+    """The EndResponse of ``e``, filled into ``response`` if given (as :func:`_prepared`)."""
+    if response is None:
+        response = txn_pb2.EndResponse()
+    response.SetInParent()
+    response.state = _STATE_TO_PB[e.state]
+    response.already = e.already
+    add = response.results.add
     for r in e.results:
-        response.results.add(msg_id=r.msg_id, uniq_key=r.uniq_key, queue_id=r.queue_id, queue_offset=r.queue_offset,
-                             physical_offset=r.physical_offset, size_bytes=r.size_bytes,
-                             store_timestamp_ms=r.store_timestamp_ms)
+        add(msg_id=r.msg_id, uniq_key=r.uniq_key, queue_id=r.queue_id, queue_offset=r.queue_offset,
+            physical_offset=r.physical_offset, size_bytes=r.size_bytes, store_timestamp_ms=r.store_timestamp_ms)
     if e.results:
         response.durability = convert._DURABILITY_TO_PB[e.results[0].durability]
     return response
@@ -99,9 +111,12 @@ def _frame_response(request_id: int, outcome: Prepared | Ended | FrameStatus) ->
     if isinstance(outcome, FrameStatus):
         return txn_pb2.TransactResponse(request_id=request_id, error=txn_pb2.FrameError(
             code=outcome.code.value[0], message=outcome.message, retriable=outcome.retriable))
+    response = txn_pb2.TransactResponse(request_id=request_id)
     if isinstance(outcome, Prepared):
-        return txn_pb2.TransactResponse(request_id=request_id, prepared=_prepared(outcome))
-    return txn_pb2.TransactResponse(request_id=request_id, ended=_ended(outcome))
+        _prepared(outcome, response.prepared)
+    else:
+        _ended(outcome, response.ended)
+    return response
 
 
 def _carried_decisions(ends) -> list[str]:
