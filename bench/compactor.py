@@ -14,7 +14,7 @@ Groups (``--only compactor-round,compactor-scale,compactor-spark,compactor-reads
                    budget, so the map fills many times): the round time of each and their ratio
                    (target: <= 5x; rounds that rewrite every segment per map filling take 13-18x).
   compactor-spark  Inputs of ``spark_records`` records (``spark_body_bytes`` bodies over records / 4 keys; up
-                   to 2M records, so that the per-record cost outweighs the noise of the job's ~30 CPU-s
+                   to 4M records, so that the per-record cost outweighs the noise of the job's ~30 CPU-s
                    fixed cost) through the Spark job (mqstore_spark.round_job as the compactor runs it: a
                    child process with its own SparkSession on local[2]), wall time including the session
                    start, against a local round of the same input, ``spark_repeats`` times each alternating
@@ -25,9 +25,10 @@ Groups (``--only compactor-round,compactor-scale,compactor-spark,compactor-reads
                    cores would match it and the crossover with twice that many (the extrapolation), and
                    Spark's cost per record per core (2 x its us/record on local[2]) over the local
                    engine's (target: <= 3); the same per record in CPU time (the Spark job's processes
-                   by RUSAGE_CHILDREN, the local round's process_time), which a loaded machine moves
-                   less than wall time, and the job's CPU split by process (JVM, Python workers, driver
-                   Python: sampled from /proc, approximate). Sets spark_threshold_bytes.
+                   by RUSAGE_CHILDREN, plus the Python workers' as sampled from /proc: pyspark's daemon
+                   ignores SIGCHLD, so no RUSAGE counts them; the local round's process_time), which a
+                   loaded machine moves less than wall time, and the job's CPU split by process (JVM,
+                   Python workers, pyspark's daemon, driver Python: sampled from /proc, approximate).
   compactor-reads  Real processes (CommitLog, Compactor) on 127.0.0.1: a COMPACTION topic of ``kv_keys``
                    keys x ``kv_versions`` versions of 1 KiB values, compacted. BatchGetLatest with 100
                    random keys per call, sequential, for ``duration_s`` (keys/s), against NATS JetStream
@@ -61,7 +62,7 @@ from procs import PYTHON, GrpcServer
 GROUPS = ("compactor-round", "compactor-scale", "compactor-spark", "compactor-reads")
 MiB = 1 << 20
 FULL = {"base_mib": 16, "factors": (1, 4, 16), "keys": 4000,
-        "spark_records": (250_000, 500_000, 1_000_000, 2_000_000), "spark_repeats": 3, "spark_body_bytes": 100,
+        "spark_records": (500_000, 1_000_000, 2_000_000, 4_000_000), "spark_repeats": 3, "spark_body_bytes": 100,
         "segment_mib": 8,
         "kv_keys": 10_000, "kv_versions": 5, "duration_s": 5.0,
         "scale_records": 40_000, "scale_keys": 20_000, "scale_budget_keys": 2_000}
@@ -241,10 +242,12 @@ def _runs(name: str) -> str:
 
 def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> tuple[float, float, dict]:
     """Seconds of one Spark job (mqstore_spark.round_job in a child process, its session included) over the
-    sealed segments of ``directory``'s queue, the CPU seconds of all its processes (the driver's Python,
-    the JVM, the Python workers: RUSAGE_CHILDREN; this process is their subreaper, so the JVM, which the job's
-    Python leaves to exit on its own, is reaped here and counted), and that CPU split by process kind as
-    sampled from /proc while the job ran (:class:`_TreeSampler`)."""
+    sealed segments of ``directory``'s queue, the CPU seconds of all its processes, and that CPU split by
+    process kind as sampled from /proc while the job ran (:class:`_TreeSampler`). The total: RUSAGE_CHILDREN
+    (the driver's Python, spark-submit, the JVM, pyspark's daemon; this process is their subreaper, so the
+    JVM, which the job's Python leaves to exit on its own, is reaped here and counted) plus the Python
+    workers' as sampled: pyspark's daemon ignores SIGCHLD, so its workers are reaped by the kernel and no
+    RUSAGE holds their CPU (before this the bench left them out)."""
     import dataclasses
     from mqstore.compaction.policy import CompactionConfig
     qdir = directory / "kv" / "0"
@@ -272,16 +275,20 @@ def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> tuple[
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if job.returncode != 0:
         raise RuntimeError(f"spark job failed: {stderr[-1500:]}")
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return seconds, cpu, sampler.split(cpu)
+    reaped = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    # pyspark's daemon ignores SIGCHLD, so the kernel reaps the workers it forks and their CPU reaches no
+    # RUSAGE_CHILDREN: it is added as sampled (each worker at its last sample, up to an interval short)
+    workers = sampler.split(reaped)["python_workers"]
+    return seconds, reaped + workers, sampler.split(reaped + workers)
 
 
 class _TreeSampler:
     """CPU seconds of a process tree by kind, from /proc every ``interval_s``: the root (the job's driver
-    Python), ``java`` (the JVM), Python processes below the JVM (pyspark's daemon and its workers) and the
-    rest (spark-submit's shell); each process counted at its last sample (utime + stime), so a process that
-    lives less than an interval can be missed: the split is approximate, its ``unsampled`` what RUSAGE counted
-    beyond it."""
+    Python), ``java`` (the JVM and spark-submit's launcher), the Python below the JVM (pyspark's daemon), the
+    processes the daemon forks (the Python workers, which run the tasks' functions) and the rest
+    (spark-submit's shell); each process counted at its last sample (utime + stime), so a process that lives
+    less than an interval can be missed: the split is approximate, its ``unsampled`` the total's part beyond
+    it."""
 
     def __init__(self, root: int, interval_s: float = 0.2):
         import threading
@@ -329,8 +336,9 @@ class _TreeSampler:
                 if pid != self.root and (pid in self.known or ppid in self.known) and state != "Z":
                     parent = self.known.get(ppid)
                     self.known[pid] = ("jvm" if comm == "java" else
-                                       "python_workers" if parent in ("jvm", "python_workers") and "python" in comm
-                                       else self.known.get(pid, "other"))
+                                       "pyspark_daemon" if parent == "jvm" and "python" in comm else
+                                       "python_workers" if parent in ("pyspark_daemon", "python_workers") else
+                                       self.known.get(pid, "other"))
         for pid, (_comm, _ppid, cpu, state) in stats.items():
             if pid in self.known and state != "Z":
                 self.cpu[pid] = max(cpu, self.cpu.get(pid, 0.0))
@@ -343,7 +351,7 @@ class _TreeSampler:
         return sorted((pid, self.known[pid], cpu) for pid, cpu in self.cpu.items())
 
     def split(self, total_cpu_s: float) -> dict:
-        out = {"driver_python": 0.0, "jvm": 0.0, "python_workers": 0.0, "other": 0.0}
+        out = {"driver_python": 0.0, "jvm": 0.0, "pyspark_daemon": 0.0, "python_workers": 0.0, "other": 0.0}
         for pid, cpu in self.cpu.items():
             out[self.known[pid]] += cpu
         out["unsampled"] = total_cpu_s - sum(out.values())
@@ -526,8 +534,9 @@ def build_rows(results: dict) -> list[dict]:
     for n, r in enumerate(spark.get("rows", [])):
         runs = len(r.get("spark_runs_s", [])) or 1
         split = r.get("spark_split") or []
-        parts = ", ".join(f"{name} {statistics.median(s[name] for s in split):.1f}"
-                          for name in ("jvm", "python_workers", "driver_python", "other", "unsampled")) if split else ""
+        parts = ", ".join(f"{name} {statistics.median(s.get(name, 0.0) for s in split):.1f}"
+                          for name in ("jvm", "python_workers", "pyspark_daemon", "driver_python", "other",
+                                       "unsampled")) if split else ""
         residuals = (", residuals of the CPU fit " + " / ".join(f"{x:+.1f}" for x in
                                                               cpu_line["residuals"][n * runs:(n + 1) * runs])
                      + " CPU-s") if cpu_line and len(cpu_line["residuals"]) == runs * len(spark["rows"]) else ""

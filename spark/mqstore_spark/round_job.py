@@ -155,7 +155,7 @@ def map_in_arrow(frame, fn, schema: str):
 PAIRS_DTYPE = [("digest", "V16"), ("entry", "<i8")]  # offset_map.PAIR as numpy columns
 DIGESTS = "bucket int, base long, dirty binary, clean binary"  # step 2a's rows: a segment's keys in a bucket
 GONE = "base long, gone binary, keys long"  # step 2b's rows: a segment's keys that a later segment supersedes
-PAIRS_PER_BUCKET = 2_000_000  # a bucket's (key, segment) pairs are held by one task in step 2b (24 bytes each)
+PAIRS_PER_BUCKET = 1_000_000  # step 2b sorts one bucket's (key, segment) pairs at a time (~60 bytes each)
 
 
 def _segment_keys(files, base: int, last: int):
@@ -232,20 +232,23 @@ def superseded_keys(batches):
     task.) A key's latest dirty record is in the last segment with a dirty record of it: in every earlier
     segment all its records are superseded. One row per segment: the digests of its keys so superseded
     (sorted, 16 bytes each) and how many keys' latest dirty record it holds (their sum is the round's keys
-    mapped)."""
+    mapped); a batch per bucket, one bucket's arrays in memory at a time."""
+    rows: dict[int, list] = {}  # bucket -> (base, binary of digests, dirty) of its rows: 16 bytes a key
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in ("bucket", "base", "dirty", "clean")]
+        for bucket, base, dirty, clean in zip(*columns, strict=True):
+            rows.setdefault(bucket, []).extend(((base, dirty, True), (base, clean, False)))
+    for bucket in sorted(rows):  # one bucket's arrays at a time
+        yield _superseded_in_bucket(rows.pop(bucket))
+
+
+def _superseded_in_bucket(rows: list):
     import numpy as np
     import pyarrow as pa
-    keys, bases, dirty = [], [], []
-    for batch in batches:
-        for name, flag in (("dirty", True), ("clean", False)):
-            for base, blob in zip(batch.column("base").to_pylist(), batch.column(name).to_pylist(), strict=True):
-                found = np.frombuffer(blob, dtype="S16")
-                keys.append(found)
-                bases.append(np.full(len(found), base, dtype=np.int64))
-                dirty.append(np.full(len(found), flag))
-    if not keys:
-        return
-    keys, bases, dirty = np.concatenate(keys), np.concatenate(bases), np.concatenate(dirty)
+    found = [np.frombuffer(blob, dtype="S16") for _, blob, _ in rows]
+    keys = np.concatenate(found)
+    bases = np.repeat(np.array([base for base, _, _ in rows], dtype=np.int64), [len(f) for f in found])
+    dirty = np.repeat(np.array([flag for _, _, flag in rows], dtype=bool), [len(f) for f in found])
     order = np.lexsort((bases, keys))
     keys, bases, dirty = keys[order], bases[order], dirty[order]
     starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
@@ -258,7 +261,7 @@ def superseded_keys(batches):
     out = np.union1d(np.unique(gone_bases), held_bases)
     cuts = np.searchsorted(gone_bases, np.append(out, np.iinfo(np.int64).max))
     counts = dict(zip(held_bases.tolist(), held.tolist(), strict=True))
-    yield pa.RecordBatch.from_arrays(
+    return pa.RecordBatch.from_arrays(
         [pa.array(out, type=pa.int64()),
          pa.array([gone_keys[cuts[i]:cuts[i + 1]].tobytes() for i in range(len(out))], type=pa.binary()),
          pa.array([counts.get(b, 0) for b in out.tolist()], type=pa.int64())], names=["base", "gone", "keys"])

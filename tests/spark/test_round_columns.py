@@ -107,12 +107,10 @@ def test_the_marks_from_digest_binaries_are_the_latest_dirty_record_rule(cleaned
     table = pa.Table.from_batches(rows)
     by_bucket = [table.filter(pa.compute.equal(table["bucket"], b)).to_batches() for b in range(buckets)]
     rng.shuffle(by_bucket)
-    tasks = [list(round_job.superseded_keys(batches[::-1])) for batches in by_bucket]  # a task per bucket
-    marks: dict[int, tuple[list[bytes], int]] = {}
-    for batch in (b for out in tasks for b in out):
-        for base, gone, held in zip(*(batch.column(n).to_pylist() for n in ("base", "gone", "keys")), strict=True):
-            previous = marks.get(base, ([], 0))
-            marks[base] = (previous[0] + [gone], previous[1] + held)
+    per_bucket = [list(round_job.superseded_keys(batches[::-1])) for batches in by_bucket]  # a task per bucket
+    one_task = [list(round_job.superseded_keys(b for batches in by_bucket for b in batches))]  # all in one
+    marks = _marks(per_bucket)
+    assert _marks(one_task) == marks, f"seed {seed}"
     latest: dict[bytes, int] = {}
     for key, offset in zip(keys.tolist(), offsets.tolist(), strict=True):
         if offset > cleaned:
@@ -124,3 +122,14 @@ def test_the_marks_from_digest_binaries_are_the_latest_dirty_record_rule(cleaned
                                                                           offsets[part].tolist(), strict=True)]
         assert mask.tolist() == expected, f"seed {seed}: segment {base}"
     assert sum(held for _, held in marks.values()) == len(latest), f"seed {seed}"
+
+
+def _marks(tasks) -> dict[int, tuple[list[bytes], int]]:
+    """Step 2b's rows grouped per segment (as the job's groupBy does): its binaries of superseded digests
+    (sorted, so the order the tasks gave them in does not matter) and its count of keys held."""
+    marks: dict[int, tuple[list[bytes], int]] = {}
+    for batch in (b for out in tasks for b in out):
+        for base, gone, held in zip(*(batch.column(n).to_pylist() for n in ("base", "gone", "keys")), strict=True):
+            previous = marks.get(base, ([], 0))
+            marks[base] = (previous[0] + [gone], previous[1] + held)
+    return {base: (sorted(gone), held) for base, (gone, held) in marks.items()}
