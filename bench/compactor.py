@@ -13,18 +13,22 @@ Groups (``--only compactor-round,compactor-scale,compactor-spark,compactor-reads
                    records of 1 KiB over K keys, then over 4N records over 4K keys (K many times the
                    budget, so the map fills many times): the round time of each and their ratio
                    (target: <= 5x; rounds that rewrite every segment per map filling take 13-18x).
-  compactor-spark  The same inputs at growing sizes (``spark_factors``) through the Spark job
-                   (mqstore_spark.round_job as the compactor runs it: a child process with its own
-                   SparkSession on local[2]), wall time including the session start, against a local
-                   round of the same input, ``spark_repeats`` times each alternating (the medians;
-                   MQSTORE_BENCH_SPARK_REPEATS overrides). A line per engine (fixed seconds + microseconds per record,
-                   least squares) gives the round size where Spark overtakes the local engine, or, when
-                   Spark's per-record cost is the higher on this machine, how many executor cores would
-                   match it and the crossover with twice that many (the extrapolation), and
+  compactor-spark  Inputs of ``spark_records`` records (``spark_body_bytes`` bodies over records / 4 keys; up
+                   to 4M records, so that the per-record cost outweighs the noise of the job's ~30 CPU-s
+                   fixed cost) through the Spark job (mqstore_spark.round_job as the compactor runs it: a
+                   child process with its own SparkSession on local[2]), wall time including the session
+                   start, against a local round of the same input, ``spark_repeats`` times each alternating
+                   (MQSTORE_BENCH_SPARK_REPEATS overrides). A line per engine (fixed seconds + microseconds
+                   per record, least squares through every run, with each run's residual, the residuals'
+                   s.d. and the slope's standard error) gives the round size where Spark overtakes the local
+                   engine, or, when Spark's per-record cost is the higher on this machine, how many executor
+                   cores would match it and the crossover with twice that many (the extrapolation), and
                    Spark's cost per record per core (2 x its us/record on local[2]) over the local
                    engine's (target: <= 3); the same per record in CPU time (the Spark job's processes
-                   by RUSAGE_CHILDREN, the local round's process_time), which a loaded machine moves
-                   less than wall time. Sets spark_threshold_bytes.
+                   by RUSAGE_CHILDREN, plus the Python workers' as sampled from /proc: pyspark's daemon
+                   ignores SIGCHLD, so no RUSAGE counts them; the local round's process_time), which a
+                   loaded machine moves less than wall time, and the job's CPU split by process (JVM,
+                   Python workers, pyspark's daemon, driver Python: sampled from /proc, approximate).
   compactor-reads  Real processes (CommitLog, Compactor) on 127.0.0.1: a COMPACTION topic of ``kv_keys``
                    keys x ``kv_versions`` versions of 1 KiB values, compacted. BatchGetLatest with 100
                    random keys per call, sequential, for ``duration_s`` (keys/s), against NATS JetStream
@@ -57,11 +61,13 @@ from procs import PYTHON, GrpcServer
 
 GROUPS = ("compactor-round", "compactor-scale", "compactor-spark", "compactor-reads")
 MiB = 1 << 20
-FULL = {"base_mib": 16, "factors": (1, 4, 16), "spark_factors": (1, 4, 16), "spark_repeats": 3, "keys": 4000,
+FULL = {"base_mib": 16, "factors": (1, 4, 16), "keys": 4000,
+        "spark_records": (500_000, 1_000_000, 2_000_000, 4_000_000), "spark_repeats": 3, "spark_body_bytes": 100,
         "segment_mib": 8,
         "kv_keys": 10_000, "kv_versions": 5, "duration_s": 5.0,
         "scale_records": 40_000, "scale_keys": 20_000, "scale_budget_keys": 2_000}
-QUICK = {"base_mib": 1, "factors": (1, 4, 16), "spark_factors": (1, 4), "spark_repeats": 1, "keys": 300,
+QUICK = {"base_mib": 1, "factors": (1, 4, 16), "keys": 300,
+         "spark_records": (10_000, 40_000), "spark_repeats": 1, "spark_body_bytes": 100,
          "segment_mib": 1,
          "kv_keys": 500, "kv_versions": 3, "duration_s": 1.0,
          "scale_records": 4_000, "scale_keys": 2_000, "scale_budget_keys": 200}
@@ -75,7 +81,7 @@ def _child(spec: dict) -> dict:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     if spec["kind"] == "generate":
         return _generate(pathlib.Path(spec["dir"]), spec["bytes"], spec["keys"], spec["segment_bytes"],
-                         spec.get("records"))
+                         spec.get("records"), spec.get("body_bytes", 1024))
     if spec["kind"] == "reader":
         from mqstore.format import record_reader
         started, count, total = time.perf_counter(), 0, 0
@@ -107,13 +113,14 @@ def _rss() -> int:
 
 
 def _generate(directory: pathlib.Path, total_bytes: int, keys: int, segment_bytes: int,
-              records: int | None = None) -> dict:
-    """``total_bytes`` of records (or ``records`` of them) with keys drawn at random from ``keys``."""
+              records: int | None = None, body_bytes: int = 1024) -> dict:
+    """``total_bytes`` of records (or ``records`` of them) with keys drawn at random from ``keys``, bodies of
+    ``body_bytes``."""
     from mqstore.compaction.qlog import QueueLog
     from mqstore.format import record
     qlog = QueueLog(directory / "kv" / "0", segment_bytes, "kv", 0)
     topic, written, offset, rng = record.topic_part(b"kv"), 0, 0, random.Random(7)
-    body = b"v" * 1024
+    body = b"v" * body_bytes
     while written < total_bytes if records is None else offset < records:
         key = f"key-{rng.randrange(keys):06d}"
         parts: list[bytes] = []
@@ -185,36 +192,62 @@ def run_scale(work: pathlib.Path, cfg: dict) -> dict:
     return {"rows": rows, "ratio": rows[1]["round_s"] / rows[0]["round_s"]}
 
 
+def _spark_inputs(work: pathlib.Path, cfg: dict, records: int) -> tuple[pathlib.Path, int]:
+    """A generated input of ``records`` records of ``spark_body_bytes`` over records / 4 keys (each key four
+    versions, as bench/spark_compose.py's), reused across repeats; a fresh copy per round."""
+    source = work / f"spark-input-{records}"
+    if not source.exists():
+        made = _run_child({"kind": "generate", "dir": str(source), "bytes": 0, "records": records,
+                           "keys": max(1, records // 4), "segment_bytes": cfg["segment_mib"] * MiB,
+                           "body_bytes": cfg["spark_body_bytes"]})
+        (work / f"spark-input-{records}.json").write_text(json.dumps(made))
+    copy = work / "spark-round"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(source, copy)
+    return copy, sum(p.stat().st_size for p in (source / "kv" / "0").glob("*.log"))
+
+
 def run_spark(work: pathlib.Path, cfg: dict) -> dict:
     """The Spark job (local[2], a child process as the compactor runs it) and the local round on the same
-    inputs of growing size; the crossover from a linear fit of each engine's seconds against records."""
+    inputs of growing size, alternating, ``spark_repeats`` times; a line per engine through every run (not
+    only the medians) with its residuals, and the crossover."""
     rows = []
     repeats = int(os.environ.get("MQSTORE_BENCH_SPARK_REPEATS", cfg.get("spark_repeats", 1)))
-    for factor in cfg["spark_factors"]:
-        local_s, spark_s, local_cpu, spark_cpu = [], [], [], []
+    for records in cfg["spark_records"]:
+        runs: dict[str, list] = {"local_s": [], "spark_s": [], "local_cpu_s": [], "spark_cpu_s": [], "spark_split": []}
         for _ in range(repeats):  # alternating: a local round, then the Spark job, on fresh copies
-            directory, size = _inputs(work, cfg, factor)
-            records = json.loads((work / f"input-{factor}x.json").read_text())["records"]
+            directory, size = _spark_inputs(work, cfg, records)
             local = _run_child({"kind": "round", "dir": str(directory), "segment_bytes": cfg["segment_mib"] * MiB})
-            local_s.append(local["seconds"])
-            local_cpu.append(local["cpu_s"])
-            directory, _ = _inputs(work, cfg, factor)  # a fresh copy for the Spark job
-            seconds, cpu = _spark_job(work, cfg, directory)
-            spark_s.append(seconds)
-            spark_cpu.append(cpu)
-        rows.append({"factor": factor, "input_bytes": size, "records": records, "local_s": statistics.median(local_s),
-                     "local_passes": local["passes"], "spark_s": statistics.median(spark_s),
-                     "local_cpu_s": statistics.median(local_cpu), "spark_cpu_s": statistics.median(spark_cpu),
-                     "local_runs_s": local_s, "spark_runs_s": spark_s})
-        print(f"compactor bench: spark {factor}x {rows[-1]}", flush=True)
+            records_in = local["records_in"]
+            runs["local_s"].append(local["seconds"])
+            runs["local_cpu_s"].append(local["cpu_s"])
+            directory, _ = _spark_inputs(work, cfg, records)  # a fresh copy for the Spark job
+            seconds, cpu, split = _spark_job(work, cfg, directory)
+            runs["spark_s"].append(seconds)
+            runs["spark_cpu_s"].append(cpu)
+            runs["spark_split"].append(split)
+        rows.append({"records": records, "records_in": records_in, "input_bytes": size,
+                     "local_passes": local["passes"], "spark_split": runs.pop("spark_split"),
+                     **{name: statistics.median(values) for name, values in runs.items()},
+                     **{_runs(name): values for name, values in runs.items()}})
+        print(f"compactor bench: spark {records:,} records {rows[-1]}", flush=True)
+    shutil.rmtree(work / "spark-round", ignore_errors=True)
     return {"rows": rows, "fit": crossover(rows)}
 
 
-def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> tuple[float, float]:
+def _runs(name: str) -> str:
+    """The row's key of every run's value of a median's key: spark_cpu_s -> spark_cpu_runs_s."""
+    return name[:-2] + "_runs_s"
+
+
+def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> tuple[float, float, dict]:
     """Seconds of one Spark job (mqstore_spark.round_job in a child process, its session included) over the
-    sealed segments of ``directory``'s queue, and the CPU seconds of all its processes (the driver's Python,
-    the JVM, the Python workers: RUSAGE_CHILDREN; this process is their subreaper, so the JVM, which the job's
-    Python leaves to exit on its own, is reaped here and counted)."""
+    sealed segments of ``directory``'s queue, the CPU seconds of all its processes, and that CPU split by
+    process kind as sampled from /proc while the job ran (:class:`_TreeSampler`). The total: RUSAGE_CHILDREN
+    (the driver's Python, spark-submit, the JVM, pyspark's daemon; this process is their subreaper, so the
+    JVM, which the job's Python leaves to exit on its own, is reaped here and counted) plus the Python
+    workers' as sampled: pyspark's daemon ignores SIGCHLD, so its workers are reaped by the kernel and no
+    RUSAGE holds their CPU (before this the bench left them out)."""
     import dataclasses
     from mqstore.compaction.policy import CompactionConfig
     qdir = directory / "kv" / "0"
@@ -228,14 +261,101 @@ def _spark_job(work: pathlib.Path, cfg: dict, directory: pathlib.Path) -> tuple[
     env = {**os.environ, "PYSPARK_PYTHON": PYTHON, "SPARK_LOCAL_IP": "127.0.0.1"}
     _subreaper()
     started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([PYTHON, "-m", "mqstore_spark.round_job", str(path)], env=env, capture_output=True,
-                          text=True, timeout=3600, check=False)
-    seconds = time.perf_counter() - started
+    job = subprocess.Popen([PYTHON, "-m", "mqstore_spark.round_job", str(path)], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    with _TreeSampler(job.pid) as sampler:
+        try:
+            _, stderr = job.communicate(timeout=3600)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            _, stderr = job.communicate()
+        seconds = time.perf_counter() - started
+        sampler.until_gone(deadline_s=120)
     _reap_orphans(deadline_s=120)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise RuntimeError(f"spark job failed: {done.stderr[-1500:]}")
-    return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    if job.returncode != 0:
+        raise RuntimeError(f"spark job failed: {stderr[-1500:]}")
+    reaped = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    # pyspark's daemon ignores SIGCHLD, so the kernel reaps the workers it forks and their CPU reaches no
+    # RUSAGE_CHILDREN: it is added as sampled (each worker at its last sample, up to an interval short)
+    workers = sampler.split(reaped)["python_workers"]
+    return seconds, reaped + workers, sampler.split(reaped + workers)
+
+
+class _TreeSampler:
+    """CPU seconds of a process tree by kind, from /proc every ``interval_s``: the root (the job's driver
+    Python), ``java`` (the JVM and spark-submit's launcher), the Python below the JVM (pyspark's daemon), the
+    processes the daemon forks (the Python workers, which run the tasks' functions) and the rest
+    (spark-submit's shell); each process counted at its last sample (utime + stime), so a process that lives
+    less than an interval can be missed: the split is approximate, its ``unsampled`` the total's part beyond
+    it."""
+
+    def __init__(self, root: int, interval_s: float = 0.2):
+        import threading
+        self.root, self.interval_s = root, interval_s
+        self.known: dict[int, str] = {root: "driver_python"}
+        self.cpu: dict[int, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def until_gone(self, deadline_s: float) -> None:
+        """Wait (up to ``deadline_s``) until no process of the tree is alive, sampling."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end and self._sample():
+            time.sleep(self.interval_s)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self._sample()
+
+    def _sample(self) -> int:
+        """One pass over /proc; how many processes of the tree are alive."""
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    text = pathlib.Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                comm = text[text.index("(") + 1:text.rindex(")")]
+                fields = text[text.rindex(")") + 2:].split()
+                stats[int(entry)] = (comm, int(fields[1]), (int(fields[11]) + int(fields[12])) / self.tick,
+                                     fields[0])
+        alive = 0
+        for _ in range(4):  # parents before children, whatever the listing's order; a kind is the latest
+            for pid, (comm, ppid, _cpu, state) in stats.items():  # sample's (spark-submit's shell execs java)
+                if pid != self.root and (pid in self.known or ppid in self.known) and state != "Z":
+                    parent = self.known.get(ppid)
+                    self.known[pid] = ("jvm" if comm == "java" else
+                                       "pyspark_daemon" if parent == "jvm" and "python" in comm else
+                                       "python_workers" if parent in ("pyspark_daemon", "python_workers") else
+                                       self.known.get(pid, "other"))
+        for pid, (_comm, _ppid, cpu, state) in stats.items():
+            if pid in self.known and state != "Z":
+                self.cpu[pid] = max(cpu, self.cpu.get(pid, 0.0))
+                alive += 1
+            elif pid in self.known:
+                self.cpu[pid] = max(cpu, self.cpu.get(pid, 0.0))
+        return alive
+
+    def processes(self) -> list[tuple[int, str, float]]:
+        return sorted((pid, self.known[pid], cpu) for pid, cpu in self.cpu.items())
+
+    def split(self, total_cpu_s: float) -> dict:
+        out = {"driver_python": 0.0, "jvm": 0.0, "pyspark_daemon": 0.0, "python_workers": 0.0, "other": 0.0}
+        for pid, cpu in self.cpu.items():
+            out[self.known[pid]] += cpu
+        out["unsampled"] = total_cpu_s - sum(out.values())
+        return {name: round(value, 2) for name, value in out.items()}
 
 
 def _subreaper() -> None:
@@ -267,24 +387,51 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def fit(xs: list[float], ys: list[float]) -> dict:
+    """The least squares line y = fixed + per_x * x through the points, each point's residual, the residuals'
+    standard deviation and the slope's standard error (None with fewer than 3 points or one x)."""
+    fixed, per_x = _line(xs, ys)
+    residuals = [y - fixed - per_x * x for x, y in zip(xs, ys, strict=True)]
+    n, mx = len(xs), sum(xs) / len(xs)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sd = (sum(r * r for r in residuals) / (n - 2)) ** 0.5 if n > 2 else None
+    return {"fixed": fixed, "per_x": per_x, "residuals": residuals, "residual_sd": sd,
+            "per_x_se": sd / sxx ** 0.5 if sd is not None and sxx else None}
+
+
 def crossover(rows: list[dict]) -> dict:
-    """Each engine's fixed cost (s) and cost per record (us) from a line through its measured rounds; the
+    """Each engine's fixed cost (s) and cost per record (us) from a line through all its measured rounds
+    (every repeat a point: ``*_runs_s`` when the rows have them, else their medians), with residuals; the
     round size (records) where Spark's line falls below the local one, measured on local[2] or, when its
     per-record cost is the higher, the executor cores it would need (its per-record cost divided among
     them, the fixed cost as measured) and the round size where that many cores overtake the local engine."""
     if len(rows) < 2:
         return {"skipped": "one round size: no line to fit"}
-    xs = [r["records"] for r in rows]
-    a_local, b_local = _line(xs, [r["local_s"] for r in rows])
-    a_spark, b_spark = _line(xs, [r["spark_s"] for r in rows])
+
+    def points(name: str) -> tuple[list[float], list[float]]:
+        xs, ys = [], []
+        for r in rows:
+            values = r.get(_runs(name)) or [r[name]]
+            xs += [r["records"]] * len(values)
+            ys += values
+        return xs, ys
+
+    lines = {name: fit(*points(name)) for name in ("local_s", "spark_s", "local_cpu_s", "spark_cpu_s")
+             if all(name in r for r in rows)}
+    a_local, b_local = lines["local_s"]["fixed"], lines["local_s"]["per_x"]
+    a_spark, b_spark = lines["spark_s"]["fixed"], lines["spark_s"]["per_x"]
     out = {"local_fixed_s": a_local, "local_us_per_record": b_local * 1e6, "spark_fixed_s": a_spark,
            "spark_us_per_record": b_spark * 1e6, "measured_on": "local[2]",
-           "per_core_ratio": 2 * b_spark / b_local if b_local > 0 else None}  # core-us per record, Spark / local
-    if all("spark_cpu_s" in r for r in rows):  # CPU: what a record costs the cores, whatever the machine's load
-        b_local_cpu = _line(xs, [r["local_cpu_s"] for r in rows])[1]
-        b_spark_cpu = _line(xs, [r["spark_cpu_s"] for r in rows])[1]
+           "per_core_ratio": 2 * b_spark / b_local if b_local > 0 else None,  # core-us per record, Spark / local
+           "lines": lines}
+    if "spark_cpu_s" in lines and "local_cpu_s" in lines:  # CPU: what a record costs the cores, whatever the load
+        b_local_cpu, b_spark_cpu = lines["local_cpu_s"]["per_x"], lines["spark_cpu_s"]["per_x"]
         out.update(local_cpu_us_per_record=b_local_cpu * 1e6, spark_cpu_us_per_record=b_spark_cpu * 1e6,
+                   spark_cpu_fixed_s=lines["spark_cpu_s"]["fixed"],
                    cpu_ratio=b_spark_cpu / b_local_cpu if b_local_cpu > 0 else None)
+        se = lines["spark_cpu_s"]["per_x_se"]
+        if se is not None:
+            out["spark_cpu_us_per_record_se"] = se * 1e6
     if b_spark < b_local:
         out["crossover_records"] = max(0.0, (a_spark - a_local) / (b_local - b_spark))
         return out
@@ -382,12 +529,22 @@ def build_rows(results: dict) -> list[dict]:
                      "comparison": f"{small['round_s']:.2f} s ({small['passes']} map fillings)",
                      "ratio": scale["ratio"], "target": "<= 5"})
     spark = results.get("compactor-spark", {})
-    for r in spark.get("rows", []):
-        rows.append({"what": f"Spark round (local[2]) {r['factor']}x ({r['input_bytes'] / MiB:.0f} MiB, "
-                             f"{r['records']:,} records), session included",
-                     "value": f"{r['spark_s']:.1f} s", "comparison": f"local {r['local_s']:.2f} s",
-                     "ratio": r["spark_s"] / r["local_s"], "target": "< 1 = Spark faster"})
     fit = spark.get("fit", {})
+    cpu_line = fit.get("lines", {}).get("spark_cpu_s")
+    for n, r in enumerate(spark.get("rows", [])):
+        runs = len(r.get("spark_runs_s", [])) or 1
+        split = r.get("spark_split") or []
+        parts = ", ".join(f"{name} {statistics.median(s.get(name, 0.0) for s in split):.1f}"
+                          for name in ("jvm", "python_workers", "pyspark_daemon", "driver_python", "other",
+                                       "unsampled")) if split else ""
+        residuals = (", residuals of the CPU fit " + " / ".join(f"{x:+.1f}" for x in
+                                                              cpu_line["residuals"][n * runs:(n + 1) * runs])
+                     + " CPU-s") if cpu_line and len(cpu_line["residuals"]) == runs * len(spark["rows"]) else ""
+        rows.append({"what": f"Spark round (local[2]) {r['records']:,} records ({r['input_bytes'] / MiB:.0f} MiB), "
+                             f"session included, median of {runs}",
+                     "value": f"{r['spark_s']:.1f} s, {r['spark_cpu_s']:.1f} CPU-s ({parts}){residuals}",
+                     "comparison": f"local {r['local_s']:.2f} s, {r['local_cpu_s']:.2f} CPU-s",
+                     "ratio": r["spark_s"] / r["local_s"], "target": "< 1 = Spark faster"})
     if "spark_us_per_record" in fit:
         if "crossover_records" in fit:
             where = f"Spark faster above {fit['crossover_records']:,.0f} records on local[2]"
@@ -403,7 +560,10 @@ def build_rows(results: dict) -> list[dict]:
         if fit.get("cpu_ratio") is not None:
             rows.append({"what": "CPU per record (linear fit): the Spark job's processes (driver, JVM, Python workers) "
                                  "vs the local round",
-                         "value": f"{fit['spark_cpu_us_per_record']:.1f} CPU-us/record",
+                         "value": f"{fit['spark_cpu_us_per_record']:.1f} CPU-us/record"
+                                  + (f" (+- {fit['spark_cpu_us_per_record_se']:.1f} s.e.; residual s.d. "
+                                     f"{cpu_line['residual_sd']:.1f} CPU-s; fixed {fit['spark_cpu_fixed_s']:.1f} CPU-s)"
+                                     if "spark_cpu_us_per_record_se" in fit else ""),
                          "comparison": f"local {fit['local_cpu_us_per_record']:.1f} CPU-us/record",
                          "ratio": fit["cpu_ratio"], "target": "<= 3"})
         rows.append({"what": "crossover (linear fit: fixed s + us/record)",

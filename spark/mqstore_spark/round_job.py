@@ -7,24 +7,26 @@ staging directory and the Spark master. Nothing per key or per record crosses to
 
   1. the driver finds the dirty range in the sealed segments' index files, read in place (bisect over
      the files: O(segments) memory);
-  2. each executor task reads sealed segments (mapInArrow over their bases, ``keyed_records``): the
-     entries from the ``.cq`` file as numpy columns, the key's digest and tombstone flag of each record up
-     to ``last`` from one call of the compiled codec per segment (rounds.segment_keys), and ships an Arrow
-     batch per segment of fixed-width columns (entry number int32, queue offset int64, the key's MD5
-     digest as 16 bytes, the tombstone flag); Spark marks a record *superseded* when a later record of
-     its key lies in the dirty range: the latest offset per digest is a window aggregate over the dirty
-     records, computed on the executors (shuffled and spilled by Spark, never held by one process), and
-     each segment's marks (superseded and tombstone entry numbers, the keys it holds the latest record
-     of) are collected into one row per segment;
+  2. each executor task reads sealed segments (mapInArrow over their bases): the entries from the ``.cq`` file
+     as numpy columns, the key's digest (MD5, 16 bytes) of each record up to ``last`` from one call of the
+     compiled codec per segment (rounds.segment_keys); per segment it keeps each key once, split into the keys
+     with a record in (cleaned, last] in it and those with older records only, and ships per bucket of keys
+     one row holding them as one binary (16 bytes a key): Spark's shuffle moves a few large values per
+     segment, never a row per record or key. Partitioned by bucket (every row of a key in one task), a second
+     mapInArrow finds each key's last segment with a dirty record (its latest dirty record is there): in every
+     earlier segment all the key's records are superseded. Its rows, per segment: the digests so superseded
+     (one binary) and how many keys' latest dirty record the segment holds; grouped into one row per segment;
   3. per segment's marks (on an executor, mapInArrow again; a task takes several segments, one at a
-     time: two tasks per executor core) the executor decides its records with the rules
-     every engine uses (mqstore.compaction.rounds.fate, on numpy columns: superseded -> dropped, a
-     tombstone past seen-at + delete_retention_ms -> dropped, its key noted, a tombstone first seen
-     stamped) and, when the segment changes (rounds.changes: a record dropped or a tombstone stamped),
-     writes the survivors to ``staging/parts/``: ``<base>.log`` (their raw bytes, in log order), ``<base>.cq``
-     (their index entries in the sparse queue format, positions within the part) and ``<base>.removed``
-     (JSON: key -> offset of the tombstones removed); the driver collects one row per segment (its
-     counters and whether it changed);
+     time: two tasks per executor core) the executor walks the segment's keys again (the compiled walk is
+     cheaper than shipping them), marks superseded the records of its keys that a later segment supersedes
+     and those below the segment's own latest dirty record of their key (numpy on the digests and offsets),
+     and decides its records with the rules every engine uses (mqstore.compaction.rounds.fate, on numpy
+     columns: superseded -> dropped, a tombstone past seen-at + delete_retention_ms -> dropped, its key noted,
+     a tombstone first seen stamped) and, when the segment changes (rounds.changes: a record dropped or a
+     tombstone stamped), writes the survivors to ``staging/parts/``: ``<base>.log`` (their raw bytes, in log
+     order), ``<base>.cq`` (their index entries in the sparse queue format, positions within the part) and
+     ``<base>.removed`` (JSON: key -> offset of the tombstones removed); the driver collects one row per
+     segment (its counters and whether it changed);
   4. as the local engine, the round rewrites from the first segment that changes (``rewritten_from``,
      its base; the segments below are kept as they are): the driver streams, in segment order and one
      at a time, the part of each changed segment and the records of each unchanged one (read from the
@@ -35,8 +37,9 @@ staging directory and the Spark master. Nothing per key or per record crosses to
      writes ``round.manifest`` (inputs, ``rewritten_from``, outputs with sizes and CRC32s, a SHA-256 digest,
      the new round state, the keys whose tombstones it removed, its counters) and prints the Spark
      application's id as the last line of its stdout (the compactor logs it).
-No Python object is made per record (step 2's keys are hashed in C; a key that is not ASCII is decoded and
-encoded as rounds.compaction_fields does, an object for that key only).
+No Python object is made per record (the keys are hashed in C; a key that is not ASCII is decoded and
+encoded as rounds.compaction_fields does, an object for that key only), and Spark's JVM handles no row per
+record or key.
 The compactor validates the manifest against the staged files and installs them in place of the sealed
 segments from ``rewritten_from`` on with its usual swap.
 Where the segments, parts and output are is the request's choice (mqstore_spark.round_files): with
@@ -120,7 +123,6 @@ class _Column:
 
 ENTRY_DTYPE = [("position", ">i8"), ("size", ">i4"), ("tag_code", ">i8"), ("store_ms", ">i8"), ("queue_offset", ">i8"),
                ("batch", ">i2"), ("seen", ">i8")]  # mqstore.format.sparse_queue.ENTRY as a numpy record (46 bytes)
-KEYED = "base long, entry int, queue_offset long, digest binary, tombstone boolean"
 SEGMENT = ("base long, changed boolean, " + ", ".join(f"{name} long" for name in COUNTERS) + ", keys long, "
            "part string")  # part: the attempt that wrote the segment's part (round_files.new_attempt)
 _SECONDS_MASK = 0xFFFF_FFFF
@@ -150,92 +152,186 @@ def map_in_arrow(frame, fn, schema: str):
         return frame.mapInArrow(fn, schema)
 
 
-def keyed_records(request: dict, last: int):
-    """(On an executor, mapInArrow over the segments' bases.) Arrow batches of a segment's keyed records at or
-    below ``last``, one per segment: its base, the entry's number in the segment, the queue offset, the MD5
-    digest of the key (16 bytes) and the tombstone flag; the keys from the compiled codec. The segments are
-    read where the request says (round_files: paths, or range GETs of the tier's objects)."""
-    def records(batches):
-        with files_of(request) as files:
-            for batch in batches:
-                for base in batch.column("base").to_pylist():
-                    yield _keyed_batch(files, base, last)
-    return records
-
-
 PAIRS_DTYPE = [("digest", "V16"), ("entry", "<i8")]  # offset_map.PAIR as numpy columns
+DIGESTS = "bucket int, base long, dirty binary, clean binary"  # step 2a's rows: a segment's keys in a bucket
+GONE = "base long, gone binary, keys long"  # step 2b's rows: a segment's keys that a later segment supersedes
+PAIRS_PER_BUCKET = 1_000_000  # step 2b sorts one bucket's (key, segment) pairs at a time (~60 bytes each)
 
 
-def _keyed_batch(files, base: int, last: int):
-    """One segment's keyed records up to ``last`` as one Arrow batch: the keys' digests and entry numbers from
-    one call of the compiled walk (rounds.segment_keys), no Python object per record."""
+def _segment_keys(files, base: int, last: int):
+    """A segment's index entries, its log's bytes, and its keyed records up to ``last``: their keys' digests
+    (numpy ``S16``: 16 bytes, compared as bytes), entry numbers (int64) and queue offsets (int64), in log
+    order, from one call of the compiled walk (rounds.segment_keys), and its keyed tombstones' entry numbers;
+    no Python object per record."""
     import numpy as np
-    import pyarrow as pa
     from mqstore.compaction.rounds import segment_keys
-    entries = read_index(files.index(base))
+    entries, data = read_index(files.index(base)), files.log(base)
     n = int(np.searchsorted(entries["queue_offset"], last, side="right"))
     positions = np.ascontiguousarray(entries["position"][:n], dtype=np.int64)
     sizes = np.ascontiguousarray(entries["size"][:n], dtype=np.int32)
-    (pairs,), tombstones = segment_keys(memoryview(files.log(base)), positions, sizes, base, 0, 1)
+    (pairs,), tombstones = segment_keys(memoryview(data), positions, sizes, base, 0, 1)
     columns = np.frombuffer(pairs, dtype=np.dtype(PAIRS_DTYPE))
-    count, numbers = len(columns), columns["entry"]
-    flags = np.zeros(count, dtype=bool)
-    flags[np.searchsorted(numbers, np.frombuffer(tombstones, dtype=np.int64))] = True  # both in log order
-    digests = pa.Array.from_buffers(pa.binary(), count, [
-        None, pa.py_buffer(np.arange(0, 16 * count + 1, 16, dtype=np.int32)),
-        pa.py_buffer(np.ascontiguousarray(columns["digest"]).view(np.uint8))])
+    digests = np.ascontiguousarray(columns["digest"]).view("S16")
+    numbers = columns["entry"].astype(np.int64)
+    return entries, data, digests, numbers, entries["queue_offset"][numbers].astype(np.int64), \
+        np.frombuffer(tombstones, dtype=np.int64)
+
+
+def _bucket_of(keys, buckets: int):
+    """The bucket of each digest (sorted ``S16``): (its first 4 bytes big-endian x buckets) >> 32, as
+    rounds.segment_keys buckets them; non-decreasing for sorted digests."""
+    import numpy as np
+    first = np.frombuffer(keys.tobytes(), dtype=">u4").reshape(-1, 4)[:, 0].astype(np.uint64) if len(keys) else \
+        np.zeros(0, dtype=np.uint64)
+    return (first * np.uint64(buckets)) >> np.uint64(32)
+
+
+def segment_digests(request: dict, cleaned: int, last: int, buckets: int):
+    """(On an executor, mapInArrow over the segments' bases.) Per segment and bucket, one row: the sorted,
+    distinct digests of the keys that have a record in (cleaned, last] in the segment (``dirty``) and of those
+    that have records only at or below ``cleaned`` in it (``clean``), each a binary of 16 bytes per key: what
+    crosses Spark's shuffle is a few large values per segment, never a row per record or key."""
+    def digests(batches):
+        with files_of(request) as files:
+            for batch in batches:
+                for base in batch.column("base").to_pylist():
+                    _, _, keys, _, offsets, _ = _segment_keys(files, base, last)
+                    yield digest_rows(base, keys, offsets, cleaned, buckets)
+    return digests
+
+
+def _by_key(keys, offsets):
+    """A segment's keyed records grouped by key: the order that sorts them by (key, offset), and in that order
+    each key's last (latest) record's index and each key's record count."""
+    import numpy as np
+    order = np.lexsort((offsets, keys))
+    ordered = keys[order]
+    ends = np.append(np.flatnonzero(ordered[1:] != ordered[:-1]), len(ordered) - 1) if len(ordered) else \
+        np.zeros(0, dtype=np.int64)
+    return order, ends, np.diff(np.concatenate(([-1], ends)))
+
+
+def digest_rows(base: int, keys, offsets, cleaned: int, buckets: int):
+    """:func:`segment_digests`' Arrow batch for one segment's keyed records (``keys`` S16, ``offsets``)."""
+    import pyarrow as pa
+    import numpy as np
+    order, ends, _ = _by_key(keys, offsets)
+    distinct, latest = keys[order[ends]], offsets[order[ends]]  # sorted
+    dirty, clean = distinct[latest > cleaned], distinct[latest <= cleaned]
+    cuts = [np.searchsorted(_bucket_of(k, buckets), np.arange(buckets + 1)) for k in (dirty, clean)]
+    rows = [b for b in range(buckets) if cuts[0][b] < cuts[0][b + 1] or cuts[1][b] < cuts[1][b + 1]]
     return pa.RecordBatch.from_arrays(
-        [pa.array(np.full(count, base, dtype=np.int64)), pa.array(numbers.astype(np.int32)),
-         pa.array(entries["queue_offset"][numbers].astype(np.int64)), digests, pa.array(flags)],
-        names=["base", "entry", "queue_offset", "digest", "tombstone"])
+        [pa.array(rows, type=pa.int32()), pa.array([base] * len(rows), type=pa.int64())]
+        + [pa.array([k[c[b]:c[b + 1]].tobytes() for b in rows], type=pa.binary())
+           for k, c in ((dirty, cuts[0]), (clean, cuts[1]))],
+        names=["bucket", "base", "dirty", "clean"])
 
 
-def segment_marks(spark, segments, request: dict, cleaned: int, last: int):
-    """A DataFrame (base, superseded, tombstones, keys), one row per segment with keyed records up to ``last``:
-    the entry numbers of its records that a later record of their key in (cleaned, last] supersedes, of its
-    keyed tombstones, and how many keys' latest dirty record it holds (their sum is the round's keys
-    mapped). Computed on the executors, on fixed-width columns (the keys' digests, int64 offsets)."""
-    from pyspark.sql import Window, functions as F
-    offset, latest, entry = F.col("queue_offset"), F.col("latest"), F.col("entry")
-    records = map_in_arrow(segments.select("base"), keyed_records(request, last), KEYED)
-    dirty_latest = F.max(F.when(offset > cleaned, offset)).over(Window.partitionBy("digest"))
-    return (records.withColumn("latest", dirty_latest).groupBy("base")
-            .agg(F.collect_list(F.when(offset < latest, entry)).alias("superseded"),
-                 F.collect_list(F.when(F.col("tombstone"), entry)).alias("tombstones"),
-                 F.sum(F.when(offset == latest, 1).otherwise(0)).alias("keys")))
+def superseded_keys(batches):
+    """(On an executor, mapInArrow over step 2a's rows, partitioned by bucket: every row of a key is in one
+    task.) A key's latest dirty record is in the last segment with a dirty record of it: in every earlier
+    segment all its records are superseded. One row per segment: the digests of its keys so superseded
+    (sorted, 16 bytes each) and how many keys' latest dirty record it holds (their sum is the round's keys
+    mapped); a batch per bucket, one bucket's arrays in memory at a time."""
+    rows: dict[int, list] = {}  # bucket -> (base, binary of digests, dirty) of its rows: 16 bytes a key
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in ("bucket", "base", "dirty", "clean")]
+        for bucket, base, dirty, clean in zip(*columns, strict=True):
+            rows.setdefault(bucket, []).extend(((base, dirty, True), (base, clean, False)))
+    for bucket in sorted(rows):  # one bucket's arrays at a time
+        yield _superseded_in_bucket(rows.pop(bucket))
 
 
-def rewrite_segments(request: dict, last: int):
+def _superseded_in_bucket(rows: list):
+    import numpy as np
+    import pyarrow as pa
+    found = [np.frombuffer(blob, dtype="S16") for _, blob, _ in rows]
+    keys = np.concatenate(found)
+    bases = np.repeat(np.array([base for base, _, _ in rows], dtype=np.int64), [len(f) for f in found])
+    dirty = np.repeat(np.array([flag for _, _, flag in rows], dtype=bool), [len(f) for f in found])
+    order = np.lexsort((bases, keys))
+    keys, bases, dirty = keys[order], bases[order], dirty[order]
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    latest = np.maximum.reduceat(np.where(dirty, bases, -1), starts)  # each key's last segment with a dirty record
+    latest = np.repeat(latest, np.diff(np.append(starts, len(keys))))
+    gone, holds = bases < latest, dirty & (bases == latest)
+    order = np.argsort(bases[gone], kind="stable")  # by segment, each segment's digests still sorted
+    gone_keys, gone_bases = keys[gone][order], bases[gone][order]
+    held_bases, held = np.unique(bases[holds], return_counts=True)
+    out = np.union1d(np.unique(gone_bases), held_bases)
+    cuts = np.searchsorted(gone_bases, np.append(out, np.iinfo(np.int64).max))
+    counts = dict(zip(held_bases.tolist(), held.tolist(), strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(out, type=pa.int64()),
+         pa.array([gone_keys[cuts[i]:cuts[i + 1]].tobytes() for i in range(len(out))], type=pa.binary()),
+         pa.array([counts.get(b, 0) for b in out.tolist()], type=pa.int64())], names=["base", "gone", "keys"])
+
+
+def segment_marks(spark, segments, request: dict, cleaned: int, last: int, buckets: int):
+    """A DataFrame (base, gone, keys), one row per segment with keys in a later segment's dirty records or
+    holding a key's latest dirty record: ``gone`` the digests (binaries of 16 bytes per key) of its keys that
+    a later segment's dirty record supersedes, ``keys`` how many keys' latest dirty record it holds. Computed
+    on the executors; the shuffle carries per segment a binary of digests per bucket."""
+    from pyspark.sql import functions as F
+    keys = map_in_arrow(segments.select("base"), segment_digests(request, cleaned, last, buckets), DIGESTS)
+    return (map_in_arrow(keys.repartition(buckets, "bucket"), superseded_keys, GONE).groupBy("base")
+            .agg(F.collect_list("gone").alias("gone"), F.sum("keys").alias("keys")))
+
+
+def rewrite_segments(request: dict, cleaned: int, last: int):
     """(On an executor, mapInArrow over the segments' marks.) One row per segment: :func:`rewrite_segment`'s."""
     def rewrite(batches):
         with files_of(request) as files:
             for batch in batches:
-                yield _rewritten(files, request, batch, last)
+                yield _rewritten(files, request, batch, cleaned, last)
     return rewrite
 
 
-def _rewritten(files, request: dict, batch, last: int):
-    import numpy as np
+def _rewritten(files, request: dict, batch, cleaned: int, last: int):
     import pyarrow as pa
     rows = []
     for i, base in enumerate(batch.column("base").to_pylist()):
-        marks = [np.asarray(batch.column(name)[i].values if batch.column(name)[i].is_valid else [],
-                            dtype=np.int64) for name in ("superseded", "tombstones")]
+        gone = batch.column("gone")[i].as_py() or []
         keys = batch.column("keys")[i].as_py() or 0
-        rows.append({**rewrite_segment(files, request, base, *marks, last), "keys": keys})
+        entries, data, digests, numbers, offsets, tombstones = _segment_keys(files, base, last)
+        superseded = numbers[_superseded(digests, offsets, gone, cleaned)]
+        rows.append({**rewrite_segment(files, request, base, superseded, tombstones, last, entries, data),
+                     "keys": keys})
     return pa.RecordBatch.from_pylist(rows, schema=pa.schema([("base", pa.int64()), ("changed", pa.bool_())] + [
         (name, pa.int64()) for name in COUNTERS + ("keys",)] + [("part", pa.string())]))
 
 
-def rewrite_segment(files, request: dict, base: int, superseded, tombstones, last: int) -> dict:
+def _superseded(digests, offsets, gone: list[bytes], cleaned: int):
+    """Which of a segment's keyed records (``digests``, ``offsets``, in log order) a later record of their key
+    in (cleaned, last] supersedes: those of a key in ``gone`` (a later segment holds such a record), and those
+    below the segment's own latest dirty record of their key. A boolean mask."""
+    import numpy as np
+    mask = np.zeros(len(digests), dtype=bool)
+    if not len(digests):
+        return mask
+    order, ends, counts = _by_key(digests, offsets)
+    ordered = offsets[order]
+    latest = np.repeat(ordered[ends], counts)
+    superseded = (ordered < latest) & (latest > cleaned)
+    later = np.sort(np.concatenate([np.frombuffer(blob, dtype="S16") for blob in gone])) if gone else []
+    if len(later):
+        distinct = digests[order[ends]]
+        at = np.minimum(np.searchsorted(later, distinct), len(later) - 1)
+        superseded |= np.repeat(later[at] == distinct, counts)
+    mask[order[superseded]] = True
+    return mask
+
+
+def rewrite_segment(files, request: dict, base: int, superseded, tombstones, last: int, entries=None,
+                    data: bytes | None = None) -> dict:
     """(On an executor.) Decide one sealed segment's records by their marks (entry numbers: ``superseded``, and
     its keyed ``tombstones`` at or below ``last``) with the rules of rounds.fate on numpy columns; if it
     changes, write its part (round_files: ``staging/parts/`` or the tier's ``parts/``); its counters and
-    whether it changed."""
+    whether it changed. ``entries`` and ``data``: the segment's index entries and log, when already read."""
     import numpy as np
     config = CompactionConfig(**request["config"])
     now_ms = request["now_ms"]
-    entries = read_index(files.index(base))
+    entries = read_index(files.index(base)) if entries is None else entries
     n = len(entries)
     removed, tombstone = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     removed[superseded] = True
@@ -254,7 +350,7 @@ def rewrite_segment(files, request: dict, base: int, superseded, tombstones, las
              "tombstones_removed": int(expired.sum()), "tombstones_pending": int(pending.sum()),
              "bytes_reclaimed": int(sizes[~kept].sum())}
     if changed:
-        data = files.log(base)
+        data = files.log(base) if data is None else data
         positions = entries["position"].astype(np.int64) - base
         for i in np.flatnonzero(expired).tolist():  # the keys of the tombstones removed, in log order
             removed_keys[key_and_tombstone(memoryview(data)[positions[i]:positions[i] + sizes[i]])[0]] = \
@@ -303,9 +399,10 @@ def _run(spark, request: dict, files) -> dict:
     # per segment made grow with the round (each task still holds one segment at a time)
     tasks = max(1, min(len(bases), TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
     segments = spark.createDataFrame([(b,) for b in bases], "base long").repartition(tasks)
-    marks = segments.join(segment_marks(spark, segments, request, cleaned, last), "base", "left")
-    rows = [row.asDict() for row in map_in_arrow(marks.repartition(tasks), rewrite_segments(request, last), SEGMENT)
-            .collect()]  # O(segments) rows
+    buckets = max(tasks, -(-len(index) // PAIRS_PER_BUCKET))  # one task's share of the (key, segment) pairs
+    marks = segments.join(segment_marks(spark, segments, request, cleaned, last, buckets), "base", "left")
+    rows = [row.asDict() for row in map_in_arrow(marks.repartition(tasks), rewrite_segments(request, cleaned, last),
+                                                 SEGMENT).collect()]  # O(segments) rows
     invariant(sorted(r["base"] for r in rows) == sorted(bases), "one row per input segment")
     rows.sort(key=lambda r: r["base"])
     stats = RoundStats(passes=1, keys_mapped=sum(r["keys"] for r in rows))

@@ -6,6 +6,7 @@ that seal after every few records."""
 from __future__ import annotations
 
 import filecmp
+import hashlib
 import pathlib
 
 import pytest
@@ -85,3 +86,50 @@ def test_streaming_runs_writes_what_add_writes(queue, tmp_path, segment_size):
     assert filecmp.cmpfiles(by_record, by_run, names, shallow=False)[1:] == ([], [])
     for name in ("offsets", "positions", "store_ms", "sizes", "tags", "seen"):
         assert getattr(writer.entries, name) == getattr(reference.entries, name), name
+
+
+@pytest.mark.parametrize("cleaned,buckets", [(-1, 1), (-1, 4), (150, 3), (399, 2)])
+def test_the_marks_from_digest_binaries_are_the_latest_dirty_record_rule(cleaned, buckets):
+    """Steps 2 and 3 on numpy columns (what the executors compute, without a session): per segment the keys
+    as binaries split by bucket, the superseded keys found per bucket (its rows in any order, its buckets in
+    one task or several), then each segment's marks: a record is superseded exactly when a record of its key
+    in (cleaned, last] has a higher offset (rounds.fate's rule, brute force here), and the keys counted are
+    those with a dirty record. Keys repeat within and across segments, some only at or below ``cleaned``."""
+    import numpy as np
+    import pyarrow as pa
+    rng, seed = seeded_random("round_marks")
+    names = [f"key-{rng.randint(0, 60)}" for _ in range(400)]
+    keys = np.array([hashlib.md5(name.encode()).digest() for name in names], dtype="S16")
+    offsets = np.arange(400, dtype=np.int64)
+    cuts = sorted(rng.sample(range(1, 400), 7))
+    segments = [(base * 1000, slice(a, b)) for base, (a, b) in enumerate(zip([0] + cuts, cuts + [400], strict=True))]
+    rows = [round_job.digest_rows(base, keys[part], offsets[part], cleaned, buckets) for base, part in segments]
+    table = pa.Table.from_batches(rows)
+    by_bucket = [table.filter(pa.compute.equal(table["bucket"], b)).to_batches() for b in range(buckets)]
+    rng.shuffle(by_bucket)
+    per_bucket = [list(round_job.superseded_keys(batches[::-1])) for batches in by_bucket]  # a task per bucket
+    one_task = [list(round_job.superseded_keys(b for batches in by_bucket for b in batches))]  # all in one
+    marks = _marks(per_bucket)
+    assert _marks(one_task) == marks, f"seed {seed}"
+    latest: dict[bytes, int] = {}
+    for key, offset in zip(keys.tolist(), offsets.tolist(), strict=True):
+        if offset > cleaned:
+            latest[key] = max(latest.get(key, -1), offset)
+    for base, part in segments:
+        gone, _ = marks.get(base, ([], 0))
+        mask = round_job._superseded(keys[part], offsets[part], gone, cleaned)
+        expected = [offset < latest.get(key, -1) for key, offset in zip(keys[part].tolist(),
+                                                                          offsets[part].tolist(), strict=True)]
+        assert mask.tolist() == expected, f"seed {seed}: segment {base}"
+    assert sum(held for _, held in marks.values()) == len(latest), f"seed {seed}"
+
+
+def _marks(tasks) -> dict[int, tuple[list[bytes], int]]:
+    """Step 2b's rows grouped per segment (as the job's groupBy does): its binaries of superseded digests
+    (sorted, so the order the tasks gave them in does not matter) and its count of keys held."""
+    marks: dict[int, tuple[list[bytes], int]] = {}
+    for batch in (b for out in tasks for b in out):
+        for base, gone, held in zip(*(batch.column(n).to_pylist() for n in ("base", "gone", "keys")), strict=True):
+            previous = marks.get(base, ([], 0))
+            marks[base] = (previous[0] + [gone], previous[1] + held)
+    return {base: (sorted(gone), held) for base, (gone, held) in marks.items()}
