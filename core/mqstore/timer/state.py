@@ -15,14 +15,14 @@ from mqstore.timer import messages as tm
 
 @dataclass
 class TimerStats:
-    scheduled: int = 0      # units added to the wheel (not rolls or cancels)
-    delivered: int = 0      # copies appended
-    rolled: int = 0         # records re-appended to wait another turn
-    cancelled: int = 0      # units dropped by a cancel marker
-    skipped_done: int = 0   # units found delivered already at recovery
-    dropped: int = 0        # units whose real topic or record is gone
-    pending: int = 0        # units in the wheel not delivered yet (an estimate after a restart)
-    lag_ms: int = 0         # how far the read slot is behind the clock (0 while it keeps up)
+    scheduled: int = 0  # units added to the wheel (not rolls or cancels)
+    delivered: int = 0  # copies appended
+    rolled: int = 0  # records re-appended to wait another turn
+    cancelled: int = 0  # units dropped by a cancel marker
+    skipped_done: int = 0  # units found delivered already at recovery
+    dropped: int = 0  # units whose real topic or record is gone
+    pending: int = 0  # units in the wheel not delivered yet (an estimate after a restart)
+    lag_ms: int = 0  # how far the read slot is behind the clock (0 while it keeps up)
 
 
 @dataclass(eq=False)
