@@ -7,6 +7,8 @@ Thread-safety: as the Timer's (its duty owns it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 
 from mqstore import topics as topic_rules
@@ -15,6 +17,9 @@ from mqstore.format import record_reader
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import delivery, messages as tm
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.files import TimerFiles
+from mqstore.timer.state import TimerState, TimerStats, topic_bounds
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -23,11 +28,26 @@ MAX_SLOTS_PER_STEP = 20_000
 
 
 class Dequeue:
-    """The Timer's dequeue (its delivery): a part of :class:`mqstore.timer.timer.Timer`, whose state (set in its
-    ``__init__``) it shares. It owns the read slot's due units (``_current``, a delivery.DueUnits) and what the
-    slot delivered (``_slot_done``), moves ``read_ms`` and ``read_log_end`` and queues their advances
-    (``_advances``) for Recovery's checkpoint; it reads ``cancels``, ``_done`` and ``_rolled`` (Recovery's scan),
-    ``enqueue_offset`` and ``_cp_read``, and counts ``stats``."""
+    """The Timer's dequeue (its delivery), a part :class:`mqstore.timer.timer.Timer` builds. It owns the read
+    slot's due units (``_current``, a delivery.DueUnits), what the slot delivered (``_slot_done``) and when it next
+    checks for a jump over a long downtime (``_next_jump_check``); in the shared ``state`` it moves ``read_ms`` and
+    ``read_log_end``, queues their ``advances`` for Recovery's checkpoint and empties ``done`` once its slots are
+    passed, and reads ``cancels``, ``rolled``, ``done_until_ms``, ``enqueue_offset`` and ``cp_read``; it calls
+    ``checkpoint`` (Recovery's) to keep the checkpoint within half the wheel, and counts ``stats``."""
+
+    def __init__(self, store, config: TimerConfig, files: TimerFiles, state: TimerState, stats: TimerStats,
+                 metrics, checkpoint: Callable[[], None]):
+        self.store = store
+        self.config = config
+        self.precision = config.timer_precision_ms
+        self.files = files
+        self.state = state
+        self.stats = stats
+        self.metrics = metrics
+        self._checkpoint = checkpoint
+        self._current: delivery.DueUnits | None = None  # the read slot's units left, by due time
+        self._slot_done: set[int] = set()  # delivered from the read slot (a retried step skips them)
+        self._next_jump_check = 0
 
     def _take(self, units: list[Unit]) -> None:
         """Units of the read slot into the in-memory queue by due time (delivery.DueUnits)."""
@@ -36,11 +56,11 @@ class Dequeue:
     def _dequeue(self, now: int) -> int:
         """Deliver what is due; ms until something may be due next."""
         for _ in range(MAX_SLOTS_PER_STEP):
-            if now < self.read_ms:
-                return self.read_ms - now
+            if now < self.state.read_ms:
+                return self.state.read_ms - now
             if self._current is None:
                 self._current = delivery.DueUnits()
-                self._take(self.files.units(self.read_ms))
+                self._take(self.files.units(self.state.read_ms))
             heap = self._current
             due = heap.pop_due(now, DELIVER_BATCH)
             if due:
@@ -54,30 +74,31 @@ class Dequeue:
                 continue
             if heap:
                 return heap.first_due() - now
-            if now < self.read_ms + self.precision:
-                return self.read_ms + self.precision - now
+            if now < self.state.read_ms + self.precision:
+                return self.state.read_ms + self.precision - now
             self._next_slot(now)
         return 0
 
     def _next_slot(self, now: int) -> None:
         self._current = None
         self._slot_done = set()
-        self.read_ms += self.precision
+        self.state.read_ms += self.precision
         # Behind by more than the wheel (a long downtime): once no slot holds a time from here on, the slots
         # left are earlier turns' (empty) and the timer jumps to now; checked once per span read.
-        if now - self.read_ms > self.config.span_ms and self.read_ms >= self._next_jump_check:
-            self._next_jump_check = self.read_ms + self.config.span_ms
-            if not self.files.pending_from(self.read_ms) and self.enqueue_offset >= self._bounds()[1]:
-                log.info("timer.caught_up", skipped_to=self.files.slot_ms(now), from_ms=self.read_ms)
-                self.read_ms = self.files.slot_ms(now)
+        if now - self.state.read_ms > self.config.span_ms and self.state.read_ms >= self._next_jump_check:
+            self._next_jump_check = self.state.read_ms + self.config.span_ms
+            if (not self.files.pending_from(self.state.read_ms)
+                    and self.state.enqueue_offset >= topic_bounds(self.store)[1]):
+                log.info("timer.caught_up", skipped_to=self.files.slot_ms(now), from_ms=self.state.read_ms)
+                self.state.read_ms = self.files.slot_ms(now)
         # Until the slots the last run may have read are passed, their deliveries may lie below today's log end:
         # a checkpoint then keeps the recovery's start (where its scan began) as the place to read from.
-        if self.read_ms > self._done_until_ms:
-            self._done = set()
-            self.read_log_end = self.store.log_end()
-        self._advances.append((self.read_ms, self.read_log_end))
-        if self.read_ms - self._cp_read >= self.config.span_ms // 2:
-            self.checkpoint()  # keeps the live slots within one turn (see _add)
+        if self.state.read_ms > self.state.done_until_ms:
+            self.state.done = set()
+            self.state.read_log_end = self.store.log_end()
+        self.state.advances.append((self.state.read_ms, self.state.read_log_end))
+        if self.state.read_ms - self.state.cp_read >= self.config.span_ms // 2:
+            self._checkpoint()  # keeps the live slots within one turn (see _add)
 
     def _deliver(self, units: list[Unit], now: int) -> None:
         """Append the copies (or roll records) of ``units``, batched per topic in order. A copy to a topic that is
@@ -88,7 +109,7 @@ class Dequeue:
         copyable: dict[str, bool] = {}
         for unit, got in zip(units, made, strict=True):
             offset = unit.timer_offset
-            if offset in self._done or offset in self._slot_done or offset in self._rolled:
+            if offset in self.state.done or offset in self._slot_done or offset in self.state.rolled:
                 self.stats.skipped_done += 1
                 self.stats.pending -= 1
                 continue
@@ -103,7 +124,7 @@ class Dequeue:
                 if got is None:
                     continue
             topic, origin, copy = got
-            if origin in self.cancels:
+            if origin in self.state.cancels:
                 log.info("timer.cancelled", timer_offset=offset, origin=origin)
                 self.stats.cancelled += 1
                 self.stats.pending -= 1
@@ -133,7 +154,7 @@ class Dequeue:
             return None
         props = found.properties
         real, origin = props.get(tm.REAL_TOPIC), int(props.get(tm.ORIGIN, unit.timer_offset))
-        if origin in self.cancels:
+        if origin in self.state.cancels:
             return None, origin, None  # cancelled: the caller counts it
         if unit.kind == KIND_DELIVER and type(found) is record_reader.RecordView:
             if real not in copyable:

@@ -8,6 +8,8 @@ Thread-safety: as the Timer's (its duty owns it), but :meth:`Enqueue.note` runs 
 
 from __future__ import annotations
 
+import threading
+
 import structlog
 
 from mqstore import codec
@@ -16,6 +18,10 @@ from mqstore.format import cq_unit, record_reader
 from mqstore.format.timer_unit import KIND_DELIVER, KIND_ROLL, Unit
 from mqstore.timer import messages as tm
 from mqstore.timer import runs
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.dequeue import Dequeue
+from mqstore.timer.files import TimerFiles
+from mqstore.timer.state import TimerState, TimerStats, topic_bounds
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -37,32 +43,48 @@ class _NotedRun:
 
 
 class Enqueue:
-    """The Timer's enqueue and notes: a part of :class:`mqstore.timer.timer.Timer`, whose state (set in its
-    ``__init__``) it shares. It owns the notes (``_notes``, ``_noted``, ``_notes_lock``) and moves
-    ``enqueue_offset``; it adds units to the files and the read slot's heap (Dequeue._take), counts ``stats``'
-    scheduled and pending, records ``cancels`` and ``_caught_up_at``; it reads ``read_ms``, ``_cp_read`` (the
-    horizon) and ``_rolled`` (Recovery's scan)."""
+    """The Timer's enqueue and notes, a part :class:`mqstore.timer.timer.Timer` builds. It owns the notes
+    (``_notes``, ``_noted``, ``_notes_lock``); in the shared ``state`` it moves ``enqueue_offset``, adds
+    ``cancels`` and sets ``caught_up_at``, and reads ``read_ms``, ``cp_read`` (the horizon) and ``rolled``
+    (Recovery's scan); it adds units to the files and those of the read slot to ``dequeue``'s due units
+    (Dequeue._take), and counts ``stats``' scheduled and pending."""
+
+    def __init__(self, store, config: TimerConfig, files: TimerFiles, state: TimerState, stats: TimerStats,
+                 metrics, dequeue: Dequeue):
+        self.store = store
+        self.config = config
+        self.precision = config.timer_precision_ms
+        self.files = files
+        self.state = state
+        self.stats = stats
+        self.metrics = metrics
+        self.dequeue = dequeue
+        # queue offset -> (a batch's physical offsets, due times, store ms, the index of that offset's): note()
+        self._notes: dict[int, tuple[object, list[int], int, int]] = {}  # object: an array of int64
+        self._noted = 0  # records noted and not taken yet (at most MAX_NOTES)
+        self._notes_lock = threading.Lock()
 
     def _enqueue(self) -> bool:
         """Units for the topic's records from the enqueue offset (a bounded read); whether it caught up."""
-        low, high = self._bounds()
-        if self.enqueue_offset < low:
-            log.error("timer.records_lost", enqueue_offset=self.enqueue_offset, topic_min=low,
+        low, high = topic_bounds(self.store)
+        if self.state.enqueue_offset < low:
+            log.error("timer.records_lost", enqueue_offset=self.state.enqueue_offset, topic_min=low,
                       why="the timer topic's retention removed records the timer had not read")
-            self.enqueue_offset = low
-        if self.enqueue_offset >= high:
-            if self._caught_up_at is None:
-                self._caught_up_at = self.read_ms
+            self.state.enqueue_offset = low
+        if self.state.enqueue_offset >= high:
+            if self.state.caught_up_at is None:
+                self.state.caught_up_at = self.state.read_ms
             return True
         # The wheel's live slots are those from the checkpoint's read slot (where a restart resumes) on: a unit
         # placed further would share its file slot with one a restart still has to read.
-        horizon = self._cp_read + self.config.span_ms - 2 * self.precision
+        horizon = self.state.cp_read + self.config.span_ms - 2 * self.precision
         scheduled = self.stats.scheduled
-        found = self._timer_records(self.enqueue_offset, min(READ_BATCH, high - self.enqueue_offset), horizon)
+        found = self._timer_records(self.state.enqueue_offset, min(READ_BATCH, high - self.state.enqueue_offset),
+                                    horizon)
         # The units go to the files in one write per batch (TimerFiles.add_many), flushed before a cancel (which
         # names an earlier unit) and at the end; the enqueue offset moves past what the files hold.
         units: list[tuple[int, int, int, int, int]] = []
-        upto = self.enqueue_offset
+        upto = self.state.enqueue_offset
         for item in found:
             if type(item) is _NotedRun:  # noted records' units made already (runs.noted_units)
                 units += item.units
@@ -77,7 +99,7 @@ class Enqueue:
         self._flush(units, upto)
         if self.metrics and self.stats.scheduled > scheduled:
             self.metrics.scheduled.inc(self.stats.scheduled - scheduled)
-        return self.enqueue_offset >= high
+        return self.state.enqueue_offset >= high
 
     def note(self, results, dues: list[int]) -> None:
         """A delayed batch the Scheduler appended to the timer topic (its AppendResults and due times), from the
@@ -94,7 +116,7 @@ class Enqueue:
         if not count:
             return
         first = entries[0][3]
-        at = self.enqueue_offset - first  # a batch's queue offsets are consecutive: those below, read already
+        at = self.state.enqueue_offset - first  # a batch's queue offsets are consecutive: those below, read already
         if at > 0:
             if at >= count:
                 return
@@ -113,7 +135,7 @@ class Enqueue:
     def _drop_old_notes(self) -> None:
         """Notes of records the enqueue read otherwise, at a checkpoint (:meth:`_realign_notes`)."""
         with self._notes_lock:
-            self._realign_notes(self.enqueue_offset)
+            self._realign_notes(self.state.enqueue_offset)
 
     def _realign_notes(self, offset: int) -> None:
         """Under the notes' lock: a note under a queue offset below ``offset`` (its first records read from the log:
@@ -151,7 +173,7 @@ class Enqueue:
             buf = None
             entries = cq.entry_bytes(offset, count)  # their bytes: the noted runs read them in C
             index, total = 0, len(entries) // cq_unit.ENTRY_SIZE
-            read_ms, precision, rolled = self.read_ms, self.precision, self._rolled
+            read_ms, precision, rolled = self.state.read_ms, self.precision, self.state.rolled
             while index < total:
                 physical, size, _ = cq_unit.decode(entries, index * cq_unit.ENTRY_SIZE)
                 if not seg_start <= physical < seg_end:
@@ -189,34 +211,35 @@ class Enqueue:
         """The units gathered by :meth:`_add` into the files (and the read slot's into its heap); the enqueue
         offset to ``upto``."""
         touched = self.files.add_many(units)
-        self.enqueue_offset = upto
-        if self._current is not None and self.read_ms in touched:  # else no unit is the read slot's: no pass
-            read_ms = self.read_ms
-            self._take([Unit(due, slot, offset, physical, -1, kind) for slot, due, offset, physical, kind in units
-                        if slot == read_ms])
+        self.state.enqueue_offset = upto
+        # else no unit is the read slot's: no pass
+        if self.dequeue._current is not None and self.state.read_ms in touched:
+            read_ms = self.state.read_ms
+            self.dequeue._take([Unit(due, slot, offset, physical, -1, kind)
+                                for slot, due, offset, physical, kind in units if slot == read_ms])
 
     def _add(self, queue_offset: int, physical: int, props: dict[str, str] | None, due: int,
              units: list[tuple[int, int, int, int, int]], horizon: int) -> None:
         """The unit of a timer record, appended to ``units`` (a cancel marker goes to the files at once); ``props``
         None: a noted delayed record (:meth:`note`), due at ``due``; ``horizon``: the first slot a unit may not
         take (it rolls there instead)."""
-        if queue_offset in self._rolled:
+        if queue_offset in self.state.rolled:
             return  # re-appended already (a rebuild reads the topic from its start): its successor carries it
         if props is not None:
             if tm.CANCEL_OFFSET in props:
                 origin, due = int(props[tm.CANCEL_OFFSET]), int(props[tm.OUT_MS])
                 self.files.add_cancel(origin, due, queue_offset)
-                self.cancels[origin] = due
+                self.state.cancels[origin] = due
                 return
             if tm.OUT_MS not in props or tm.REAL_TOPIC not in props:
                 log.error("timer.record_not_timer", queue_offset=queue_offset)
                 return
             due = int(props[tm.OUT_MS])
         slot = due - due % self.precision
-        if slot < self.read_ms:
-            slot = self.read_ms
+        if slot < self.state.read_ms:
+            slot = self.state.read_ms
         if slot >= horizon:
-            invariant(horizon > self.read_ms, "the timer checkpoint follows the read slot within half the wheel")
+            invariant(horizon > self.state.read_ms, "the timer checkpoint follows the read slot within half the wheel")
             units.append((horizon, due, queue_offset, physical, KIND_ROLL))
         else:
             units.append((slot, due, queue_offset, physical, KIND_DELIVER))

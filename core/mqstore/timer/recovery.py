@@ -14,6 +14,11 @@ import structlog
 from mqstore import disk_space
 from mqstore.format import record_reader
 from mqstore.timer import messages as tm
+from mqstore.timer.config import TimerConfig
+from mqstore.timer.dequeue import Dequeue
+from mqstore.timer.enqueue import Enqueue
+from mqstore.timer.files import TimerFiles
+from mqstore.timer.state import TimerState, TimerStats, topic_bounds
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -23,11 +28,28 @@ _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
 class Recovery:
-    """The Timer's open, checkpoint and close: a part of :class:`mqstore.timer.timer.Timer`, whose state (set in
-    its ``__init__``) it shares. It sets every position at the open (``enqueue_offset``, ``read_ms``,
-    ``read_log_end``, ``cancels``) and the recovery's sets (``_done``, ``_rolled``, ``_done_until_ms``); the
-    checkpoint takes Dequeue's ``_advances`` once flushed into ``_cp_read``/``_cp_end``, drops old notes
-    (Enqueue), and publishes ``retention_floor``."""
+    """The Timer's open, checkpoint and close, a part :class:`mqstore.timer.timer.Timer` builds. It owns the
+    checkpoint's bookkeeping (``last_checkpoint_ms``, ``_checkpoint_skipped``) and the retention floor
+    (``retention_floor``, ``_floor_position``); at the open it sets every position of the shared ``state``
+    (``enqueue_offset``, ``read_ms``, ``read_log_end``, ``cancels``, ``cp_read``, ``cp_end``) and the recovery's
+    scan (``done``, ``rolled``, ``done_until_ms``); the checkpoint takes Dequeue's ``advances`` once flushed into
+    ``cp_read``/``cp_end``, drops ``enqueue``'s old notes, reads whether ``dequeue``'s read slot has units left,
+    drops old ``cancels`` once ``caught_up_at``, and publishes ``retention_floor``."""
+
+    def __init__(self, store, config: TimerConfig, files: TimerFiles, state: TimerState, stats: TimerStats,
+                 enqueue: Enqueue, dequeue: Dequeue):
+        self.store = store
+        self.config = config
+        self.precision = config.timer_precision_ms
+        self.files = files
+        self.state = state
+        self.stats = stats
+        self.enqueue = enqueue
+        self.dequeue = dequeue
+        self.last_checkpoint_ms = 0
+        self._checkpoint_skipped = False  # the last checkpoint write met a full disk (logged once)
+        self._floor_position = 0  # timer log position: every unit before it is in a slot read already
+        self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
 
     def open(self) -> None:
         """Recover the files (or rebuild) and read the log for what is done; the files are closed if it fails
@@ -41,25 +63,26 @@ class Recovery:
     def _open(self) -> None:
         now = self.store.clock.now_ms()
         cp = self.files.open()
-        low, high = self._bounds()
+        low, high = topic_bounds(self.store)
         if cp is not None and cp.enqueue_offset > high:
             log.warning("timer.ahead_of_topic", enqueue_offset=cp.enqueue_offset, topic_max=high)
             self.files.reset()
             cp = None
         if cp is None:
-            self.enqueue_offset, self.read_ms = low, self.files.slot_ms(now)
-            self.read_log_end = self._first_record_position(low)
+            self.state.enqueue_offset, self.state.read_ms = low, self.files.slot_ms(now)
+            self.state.read_log_end = self._first_record_position(low)
         else:
-            self.enqueue_offset = max(self.files.enqueued_to, cp.enqueue_offset, low)
-            self.cancels = dict(self.files.cancels)
-            self.read_ms, self.read_log_end = cp.read_ms, cp.read_log_end
-        self._done, self._rolled = self._scan_done(self.read_log_end)
-        self._done_until_ms = now + self.precision
-        self._cp_read, self._cp_end = self.read_ms, self.read_log_end
-        self.stats.pending = self.files.pending_from(self.read_ms)
+            self.state.enqueue_offset = max(self.files.enqueued_to, cp.enqueue_offset, low)
+            self.state.cancels = dict(self.files.cancels)
+            self.state.read_ms, self.state.read_log_end = cp.read_ms, cp.read_log_end
+        self.state.done, self.state.rolled = self._scan_done(self.state.read_log_end)
+        self.state.done_until_ms = now + self.precision
+        self.state.cp_read, self.state.cp_end = self.state.read_ms, self.state.read_log_end
+        self.stats.pending = self.files.pending_from(self.state.read_ms)
         self._publish_floor()
-        log.info("timer.opened", rebuilt=cp is None, enqueue_offset=self.enqueue_offset, read_ms=self.read_ms,
-                 behind_ms=now - self.read_ms, done_found=len(self._done))
+        log.info("timer.opened", rebuilt=cp is None, enqueue_offset=self.state.enqueue_offset,
+                 read_ms=self.state.read_ms,
+                 behind_ms=now - self.state.read_ms, done_found=len(self.state.done))
 
     def close(self) -> None:
         try:
@@ -67,12 +90,8 @@ class Recovery:
         finally:
             self.files.close()
 
-    def _bounds(self) -> tuple[int, int]:
-        cq = self.store.queues.get(tm.TIMER_TOPIC, 0)
-        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
-
     def _first_record_position(self, offset: int) -> int:
-        found = self.store.pull(tm.TIMER_TOPIC, 0, offset, 1).messages if offset < self._bounds()[1] else []
+        found = self.store.pull(tm.TIMER_TOPIC, 0, offset, 1).messages if offset < topic_bounds(self.store)[1] else []
         return found[0].record.physical_offset if found else self.store.log_end()
 
     def _scan_done(self, start: int) -> tuple[set[int], set[int]]:
@@ -104,22 +123,24 @@ class Recovery:
         """fsync and record what holds: the enqueue offset, and the latest slot advance whose log end is
         flushed (a copy not fsynced yet would be lost by a power cut after a checkpoint that counted it)."""
         flushed = self.store.flushed_offset()
-        if self._advances and self._advances[-1][1] > flushed:
+        if self.state.advances and self.state.advances[-1][1] > flushed:
             flushed = self.store.flusher.flush_now()
-        while self._advances and self._advances[0][1] <= flushed:
-            self._cp_read, self._cp_end = self._advances.pop(0)
+        while self.state.advances and self.state.advances[0][1] <= flushed:
+            self.state.cp_read, self.state.cp_end = self.state.advances.pop(0)
         now = self.store.clock.now_ms()
-        self._last_checkpoint_ms = now
-        self._drop_old_notes()
+        self.last_checkpoint_ms = now
+        self.enqueue._drop_old_notes()
         # The log starts over when no unit is left: the estimate says so, the wheel confirms it (rarely read).
-        empty = (self.stats.pending <= 0 and not self._current and self._cp_read == self.read_ms
-                 and self.files.log_end > 0 and not self.files.pending_from(self.read_ms))
+        empty = (self.stats.pending <= 0 and not self.dequeue._current and self.state.cp_read == self.state.read_ms
+                 and self.files.log_end > 0 and not self.files.pending_from(self.state.read_ms))
         # Every copy of a recalled message has come by a whole turn after its due slot was read, once the records
         # this run found in the topic (a rebuild's, a late roll's) were put in the wheel and their slot read.
-        if self._caught_up_at is not None and self._cp_read > self._caught_up_at:
-            self.cancels = {k: v for k, v in self.cancels.items() if v + self.config.span_ms > self._cp_read}
+        if self.state.caught_up_at is not None and self.state.cp_read > self.state.caught_up_at:
+            self.state.cancels = {k: v for k, v in self.state.cancels.items()
+                                  if v + self.config.span_ms > self.state.cp_read}
         try:
-            self.files.checkpoint(self.enqueue_offset, self._cp_read, self._cp_end, now, self.cancels, empty=empty)
+            self.files.checkpoint(self.state.enqueue_offset, self.state.cp_read, self.state.cp_end, now,
+                                  self.state.cancels, empty=empty)
         except OSError as exc:
             # A full disk: the checkpoint before stays valid (a restart reads the log again from it and skips what
             # was delivered), so the timer goes on and tries again at the next one; the floor stays the old
@@ -140,10 +161,10 @@ class Recovery:
         the first record not enqueued yet (the dispatched end when there is none: a record the queue shows after
         this read lies above it)."""
         unenqueued = self.store.dispatcher.dispatched_offset
-        if self.enqueue_offset < self._bounds()[1]:
-            unenqueued = self._first_record_position(self.enqueue_offset)
+        if self.state.enqueue_offset < topic_bounds(self.store)[1]:
+            unenqueued = self._first_record_position(self.state.enqueue_offset)
         if self._floor_position > self.files.log_end:
             self._floor_position = 0  # the log started over
-        self._floor_position, unit = self.files.first_pending(self._floor_position, self._cp_read)
-        floor = min(self._cp_end, unenqueued)
+        self._floor_position, unit = self.files.first_pending(self._floor_position, self.state.cp_read)
+        floor = min(self.state.cp_end, unenqueued)
         self.retention_floor = floor if unit is None else min(floor, unit.physical_offset)

@@ -40,33 +40,23 @@ any thread (plain int reads).
 from __future__ import annotations
 
 import pathlib
-import threading
-from dataclasses import dataclass
 
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.dequeue import Dequeue
 from mqstore.timer.enqueue import Enqueue
 from mqstore.timer.files import TimerFiles
 from mqstore.timer.recovery import Recovery
+from mqstore.timer.state import TimerState, TimerStats
+
+__all__ = ["Timer", "TimerStats"]
 
 ROLL_PASSES = 4
 
 
-@dataclass
-class TimerStats:
-    scheduled: int = 0      # units added to the wheel (not rolls or cancels)
-    delivered: int = 0      # copies appended
-    rolled: int = 0         # records re-appended to wait another turn
-    cancelled: int = 0      # units dropped by a cancel marker
-    skipped_done: int = 0   # units found delivered already at recovery
-    dropped: int = 0        # units whose real topic or record is gone
-    pending: int = 0        # units in the wheel not delivered yet (an estimate after a restart)
-    lag_ms: int = 0         # how far the read slot is behind the clock (0 while it keeps up)
-
-
-class Timer(Enqueue, Dequeue, Recovery):
-    """The timer: its state, and the step that runs its parts in turn. The parts are written apart, each in its
-    module (mqstore.timer.enqueue, .dequeue, .recovery), and share this state: every attribute is set here."""
+class Timer:
+    """The timer: it builds its parts (mqstore.timer.enqueue, .dequeue, .recovery), each with its own state and
+    given what it reads (the files, the shared positions, the stats, and the other parts it calls), runs them in
+    turn (:meth:`step`) and is their face to the duty, the Scheduler and the tests."""
 
     def __init__(self, store, config: TimerConfig, directory: pathlib.Path, metrics=None):
         """``store``: the started MessageStore; ``metrics``: a TimerMetrics or None."""
@@ -76,27 +66,52 @@ class Timer(Enqueue, Dequeue, Recovery):
         self.files = TimerFiles(directory, self.precision, config.timer_wheel_slots)
         self.metrics = metrics
         self.stats = TimerStats()
-        self.enqueue_offset = 0
-        self.read_ms = 0
-        self.read_log_end = 0
-        self._advances: list[tuple[int, int]] = []  # (read_ms, read_log_end) not yet checkpointed
-        self._current = None  # the read slot's units left, by due time (a delivery.DueUnits: Dequeue's)
-        self.cancels: dict[int, int] = {}  # origin -> due of a recalled message (kept a turn past its due)
-        self._done: set[int] = set()  # timer offsets delivered already (recovery's scan of TIMER_UNIT)
-        self._rolled: set[int] = set()  # timer offsets re-appended already (TIMER_ROLLED_FROM): never again
-        self._done_until_ms = 0  # the scan's set is needed for slots before this
-        self._slot_done: set[int] = set()  # delivered from the read slot (a retried step skips them)
-        self._next_jump_check = 0
-        self._caught_up_at: int | None = None  # the read slot when the enqueue first caught up with the topic
-        self._last_checkpoint_ms = 0
-        self._checkpoint_skipped = False  # the last checkpoint write met a full disk (logged once)
-        self._cp_read = self._cp_end = 0  # the read slot and log end the next checkpoint records
-        self._floor_position = 0  # timer log position: every unit before it is in a slot read already
-        self.retention_floor: int | None = None  # published for the store's retention (read from its thread)
-        # queue offset -> (a batch's physical offsets, due times, store ms, the index of that offset's): note()
-        self._notes: dict[int, tuple[object, list[int], int, int]] = {}  # object: an array of int64
-        self._noted = 0  # records noted and not taken yet (at most MAX_NOTES)
-        self._notes_lock = threading.Lock()
+        self.state = TimerState()
+        self.dequeue = Dequeue(store, config, self.files, self.state, self.stats, metrics, self.checkpoint)
+        self.enqueue = Enqueue(store, config, self.files, self.state, self.stats, metrics, self.dequeue)
+        self.recovery = Recovery(store, config, self.files, self.state, self.stats, self.enqueue, self.dequeue)
+
+    # ---- the face: the duty's (open, step, checkpoint, close, retention_floor), the Scheduler's (note)
+    def open(self) -> None:
+        """Recover the files (or rebuild) and read the log for what is done (Recovery.open)."""
+        self.recovery.open()
+
+    def close(self) -> None:
+        self.recovery.close()
+
+    def checkpoint(self, force: bool = False) -> None:
+        """Record what holds (Recovery.checkpoint)."""
+        self.recovery.checkpoint(force)
+
+    def note(self, results, dues: list[int]) -> None:
+        """A delayed batch the Scheduler appended to the timer topic, from the appending thread (Enqueue.note)."""
+        self.enqueue.note(results, dues)
+
+    @property
+    def retention_floor(self) -> int | None:
+        """The lowest log offset the timer still needs (Recovery's; read from the store's retention thread)."""
+        return self.recovery.retention_floor
+
+    @property
+    def enqueue_offset(self) -> int:
+        return self.state.enqueue_offset
+
+    @enqueue_offset.setter
+    def enqueue_offset(self, offset: int) -> None:
+        self.state.enqueue_offset = offset
+
+    @property
+    def read_ms(self) -> int:
+        return self.state.read_ms
+
+    @property
+    def _notes(self) -> dict:
+        """The enqueue's notes (the tests look at them)."""
+        return self.enqueue._notes
+
+    @property
+    def _noted(self) -> int:
+        return self.enqueue._noted
 
     # ---- the step
     def step(self) -> float:
@@ -105,13 +120,13 @@ class Timer(Enqueue, Dequeue, Recovery):
         wait_ms = self.precision
         for _ in range(ROLL_PASSES):  # a roll re-appended in this pass may be due already: read it at once
             rolled = self.stats.rolled
-            caught_up = self._enqueue()
+            caught_up = self.enqueue._enqueue()
             if not caught_up:
                 break
-            wait_ms = self._dequeue(now)
+            wait_ms = self.dequeue._dequeue(now)
             if self.stats.rolled == rolled:
                 break
-        self.stats.lag_ms = max(0, now - self.read_ms - self.precision)
-        if now - self._last_checkpoint_ms >= self.config.timer_checkpoint_interval_ms:
+        self.stats.lag_ms = max(0, now - self.state.read_ms - self.precision)
+        if now - self.recovery.last_checkpoint_ms >= self.config.timer_checkpoint_interval_ms:
             self.checkpoint()
         return max(0.0, wait_ms / 1000) if caught_up else 0.0
