@@ -411,3 +411,34 @@ def test_a_delayed_batch_as_copies_encodes_to_the_bytes_and_errors_of_its_messag
         else:
             assert outcomes[0] == outcomes[1], batch
     assert kept > 50  # the copies path was taken, not only the fallback
+
+
+def test_a_delayed_batch_wakes_the_duty_only_when_due_soon_or_after_enough_records(small_config, tmp_path):
+    """A batch due far ahead does not wake the duty (its own step, at most MAX_PAUSE_S away, enqueues it long
+    before its slot), one due within a precision and WAKE_LEAD_MS does, and so does the batch that brings the
+    records appended since the last wake to WAKE_RECORDS (the count then starts over)."""
+    clock = FakeClock(1_000_000)
+    store = build_store(small_config(), clock)
+    store.start()
+    try:
+        store.topic_admin.create("t", 1)
+        wakes: list[int] = []
+        scheduler = scheduling.Scheduler(store, CONFIG, lambda: wakes.append(1))
+        lead = CONFIG.timer_precision_ms + scheduling.WAKE_LEAD_MS
+        later = [MessageIn(b"x", properties={tm.DELAY_MS: str(lead + 500)})] * 100
+        scheduler.append("t", later)
+        assert wakes == []
+        scheduler.append("t", [MessageIn(b"x", properties={tm.DELAY_MS: str(lead - 100)})])
+        assert len(wakes) == 1
+        scheduler.append("t", [MessageIn(b"x", properties={tm.DELAY_MS: "0"})])
+        assert len(wakes) == 2
+        batches = -(-scheduling.WAKE_RECORDS // 100)  # the batch that reaches WAKE_RECORDS is the last of these
+        for _ in range(batches - 1):
+            scheduler.append("t", later)
+        assert len(wakes) == 2  # (batches - 1) * 100 records since the last wake: fewer than WAKE_RECORDS
+        scheduler.append("t", later)
+        assert len(wakes) == 3
+        scheduler.append("t", later)
+        assert len(wakes) == 3
+    finally:
+        store.stop()
