@@ -19,7 +19,7 @@ from mqstore.model import KIND_COMPACTION, Copies, Copy
 from mqstore.timer import delivery, messages as tm
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.files import TimerFiles
-from mqstore.timer.state import TimerState, TimerStats, topic_bounds
+from mqstore.timer.state import TimerPart, TimerState, TimerStats, topic_bounds
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -27,7 +27,7 @@ DELIVER_BATCH = 1000    # copies appended per step and topic batch (the store's 
 MAX_SLOTS_PER_STEP = 20_000
 
 
-class Dequeue:
+class Dequeue(TimerPart):
     """The Timer's dequeue (its delivery), a part :class:`mqstore.timer.timer.Timer` builds. It owns the read
     slot's due units (``_current``, a delivery.DueUnits), what the slot delivered (``_slot_done``) and when it next
     checks for a jump over a long downtime (``_next_jump_check``); in the shared ``state`` it moves ``read_ms`` and
@@ -37,12 +37,7 @@ class Dequeue:
 
     def __init__(self, store, config: TimerConfig, files: TimerFiles, state: TimerState, stats: TimerStats,
                  metrics, checkpoint: Callable[[], None]):
-        self.store = store
-        self.config = config
-        self.precision = config.timer_precision_ms
-        self.files = files
-        self.state = state
-        self.stats = stats
+        super().__init__(store, config, files, state, stats)
         self.metrics = metrics
         self._checkpoint = checkpoint
         self._current: delivery.DueUnits | None = None  # the read slot's units left, by due time

@@ -21,7 +21,7 @@ from mqstore.timer import runs
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.dequeue import Dequeue
 from mqstore.timer.files import TimerFiles
-from mqstore.timer.state import TimerState, TimerStats, topic_bounds
+from mqstore.timer.state import TimerPart, TimerState, TimerStats, topic_bounds
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -42,7 +42,7 @@ class _NotedRun:
         self.units, self.upto, self.scheduled = units, upto, scheduled
 
 
-class Enqueue:
+class Enqueue(TimerPart):
     """The Timer's enqueue and notes, a part :class:`mqstore.timer.timer.Timer` builds. It owns the notes
     (``_notes``, ``_noted``, ``_notes_lock``); in the shared ``state`` it moves ``enqueue_offset``, adds
     ``cancels`` and sets ``caught_up_at``, and reads ``read_ms``, ``cp_read`` (the horizon) and ``rolled``
@@ -51,12 +51,7 @@ class Enqueue:
 
     def __init__(self, store, config: TimerConfig, files: TimerFiles, state: TimerState, stats: TimerStats,
                  metrics, dequeue: Dequeue):
-        self.store = store
-        self.config = config
-        self.precision = config.timer_precision_ms
-        self.files = files
-        self.state = state
-        self.stats = stats
+        super().__init__(store, config, files, state, stats)
         self.metrics = metrics
         self.dequeue = dequeue
         # queue offset -> (a batch's physical offsets, due times, store ms, the index of that offset's): note()

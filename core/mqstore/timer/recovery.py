@@ -18,7 +18,7 @@ from mqstore.timer.config import TimerConfig
 from mqstore.timer.dequeue import Dequeue
 from mqstore.timer.enqueue import Enqueue
 from mqstore.timer.files import TimerFiles
-from mqstore.timer.state import TimerState, TimerStats, topic_bounds
+from mqstore.timer.state import TimerPart, TimerState, TimerStats, topic_bounds
 
 log = structlog.get_logger("mqstore.timer")
 
@@ -27,7 +27,7 @@ _SIZE = struct.Struct(">i")
 _MARKERS = (tm.UNIT.encode() + b"\x01", tm.ROLLED_FROM.encode() + b"\x01")
 
 
-class Recovery:
+class Recovery(TimerPart):
     """The Timer's open, checkpoint and close, a part :class:`mqstore.timer.timer.Timer` builds. It owns the
     checkpoint's bookkeeping (``last_checkpoint_ms``, ``_checkpoint_skipped``) and the retention floor
     (``retention_floor``, ``_floor_position``); at the open it sets every position of the shared ``state``
@@ -38,12 +38,7 @@ class Recovery:
 
     def __init__(self, store, config: TimerConfig, files: TimerFiles, state: TimerState, stats: TimerStats,
                  enqueue: Enqueue, dequeue: Dequeue):
-        self.store = store
-        self.config = config
-        self.precision = config.timer_precision_ms
-        self.files = files
-        self.state = state
-        self.stats = stats
+        super().__init__(store, config, files, state, stats)
         self.enqueue = enqueue
         self.dequeue = dequeue
         self.last_checkpoint_ms = 0

@@ -48,3 +48,16 @@ def topic_bounds(store) -> tuple[int, int]:
     """The timer topic's queue 0: its (min offset, max offset), (0, 0) while it has none."""
     cq = store.queues.get(tm.TIMER_TOPIC, 0)
     return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+
+
+class TimerPart:
+    """What every part of the Timer (Enqueue, Dequeue, Recovery) is built with: the store, the settings, the timer's
+    files, the shared positions and the counters; each part adds what it takes of the others and what it owns."""
+
+    def __init__(self, store, config, files, state: TimerState, stats: TimerStats):
+        self.store = store
+        self.config = config
+        self.precision = config.timer_precision_ms
+        self.files = files
+        self.state = state
+        self.stats = stats
