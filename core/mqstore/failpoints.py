@@ -23,6 +23,7 @@ KNOWN = frozenset({
     "index.tier.started",        # a tier move's STARTED (fresh key) is in the manifest, nothing put yet
     "index.tier.after_put",      # the object is put, not yet verified nor FINISHED (the local copy stays)
     "index.tier.finished",       # FINISHED is in the manifest, the local copy not yet deleted
+    "index.tier_manifest.snapshot_written",  # the tier manifest's new snapshot is durable, its log not yet truncated
     "index.rebuild.after_rename",  # rebuilt files renamed into place, .damaged not yet deleted
     "compaction.round.staged",   # a round's output complete in staging/, its install not begun
     "compaction.roll.sealed",    # the active compaction segment sealed and synced, the next not yet created

@@ -272,6 +272,17 @@ def _index_tier(name, tmp_path, failpoint):
                  with_tier=True)
 
 
+@scenario("index.tier_manifest.snapshot_written")
+def _index_tier_manifest(name, tmp_path, failpoint):
+    """A change of the tier manifest that compacts it dies between the new snapshot and the log's truncation:
+    the restart skips the log's records the snapshot holds and truncates it (mqstore.index.tier_manifest)."""
+    def prepare(store):
+        store.convert_sealed(10)
+        assert store.move_to_tier(1) == 1  # a snapshot and records in the log
+        store.tier_manifest.max_log_records = 1  # the next change compacts
+    _index_crash(name, tmp_path, failpoint, lambda h, s: s.move_to_tier(10), prepare=prepare, with_tier=True)
+
+
 @scenario("compaction.tier.started", "compaction.tier.after_put", "compaction.tier.finished")
 def _compaction_tier(name, tmp_path, failpoint):
     """A pass dies at the step (the process abandoned as it is); the restarted one's pass uploads every sealed
