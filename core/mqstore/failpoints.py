@@ -30,6 +30,7 @@ KNOWN = frozenset({
     "compaction.tier.started",   # a segment's upload STARTED (fresh key) is in the tier's manifest, nothing put yet
     "compaction.tier.after_put",  # its object is put, the upload not yet FINISHED (the local .log stays)
     "compaction.tier.finished",  # FINISHED is in the manifest, local retention not yet applied
+    "compaction.tier_manifest.snapshot_written",  # the tier manifest's snapshot is put, older objects not deleted
     "compaction.topic.dropping",  # a deleted topic's queues closed, its directory not yet renamed
     "compaction.topic.renamed",  # its directory renamed to <topic>.deleted (durably), not yet removed
     # fs.install (the staged install; its docstring has the steps), each hit after every file of its step:
