@@ -277,6 +277,9 @@ class TierManifest:
             while view:
                 view = view[os.write(fd, view):]
             os.fsync(fd)
+        except BaseException:
+            self._torn = True  # (a full disk, a failed fsync: part of it may be there; cut before the next append)
+            raise
         finally:
             os.close(fd)
         if created:
@@ -304,10 +307,9 @@ class TierManifest:
 
     def _truncate_log(self) -> None:
         path = self.directory / LOG_NAME
-        if path.exists():
-            os.truncate(path, 0)
-            _fsync(path)  # (later appends count on the records being gone; a power cut that undid it leaves
-        # records of seq <= the snapshot's, skipped by a load)
+        if path.exists():  # (later appends count on the records being gone, so the fsync; a power cut that
+            os.truncate(path, 0)  # undid it anyway leaves records of seq <= the snapshot's, skipped by a load)
+            _fsync(path)
         self._log_records = self._log_bytes = 0
         self._stale = self._torn = False
 

@@ -155,6 +155,26 @@ def test_a_torn_tail_is_cut_and_never_served(tmp_path, cut):
     assert _state(TierManifest.load(tmp_path, URL)) == _state(again) and _file(1, 1)[0] not in again.finished
 
 
+def test_an_append_that_fails_midway_is_cut_before_the_next(tmp_path, monkeypatch):
+    """A full disk after part of a record: the change raises and is not applied; the next change first cuts the
+    part (else a later load would find a bad record before good ones: damage)."""
+    manifest = _filled(tmp_path)
+    expected, good = _state(manifest), (tmp_path / LOG_NAME).stat().st_size
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        real_write(fd, bytes(data[:50]))
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space"):
+        manifest.forget(_file(1, 1)[0])
+    monkeypatch.undo()
+    assert _state(manifest) == expected and (tmp_path / LOG_NAME).stat().st_size == good + 50
+    manifest.forget(_file(2, 2)[0])
+    assert (tmp_path / LOG_NAME).stat().st_size == good + L.RECORD_SIZE
+    assert _state(TierManifest.load(tmp_path, URL)) == _state(manifest) and _file(1, 1)[0] in manifest.finished
+
+
 def test_damage_before_the_tail_stops_the_start(tmp_path):
     _filled(tmp_path)
     data = bytearray((tmp_path / LOG_NAME).read_bytes())
