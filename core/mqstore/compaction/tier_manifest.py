@@ -202,7 +202,7 @@ class Manifest:
         self._snapshots = [s for s in (previous, seq) if s is not None]
         self._delete_below(previous, *self._listed(self.writes))
 
-    def _delete_below(self, seq: int | None, changes: dict[int, str], snapshots: dict[int, str]) -> None:
+    def _delete_below(self, seq: int | None, changes: dict[int, ObjectInfo], snapshots: dict[int, ObjectInfo]) -> None:
         """Delete every object of a seq below ``seq`` (None: nothing)."""
         if seq is None:
             return
