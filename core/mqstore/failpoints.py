@@ -23,12 +23,14 @@ KNOWN = frozenset({
     "index.tier.started",        # a tier move's STARTED (fresh key) is in the manifest, nothing put yet
     "index.tier.after_put",      # the object is put, not yet verified nor FINISHED (the local copy stays)
     "index.tier.finished",       # FINISHED is in the manifest, the local copy not yet deleted
+    "index.tier_manifest.snapshot_written",  # the tier manifest's new snapshot is durable, its log not yet truncated
     "index.rebuild.after_rename",  # rebuilt files renamed into place, .damaged not yet deleted
     "compaction.round.staged",   # a round's output complete in staging/, its install not begun
     "compaction.roll.sealed",    # the active compaction segment sealed and synced, the next not yet created
     "compaction.tier.started",   # a segment's upload STARTED (fresh key) is in the tier's manifest, nothing put yet
     "compaction.tier.after_put",  # its object is put, the upload not yet FINISHED (the local .log stays)
     "compaction.tier.finished",  # FINISHED is in the manifest, local retention not yet applied
+    "compaction.tier_manifest.snapshot_written",  # the tier manifest's snapshot is put, older objects not deleted
     "compaction.topic.dropping",  # a deleted topic's queues closed, its directory not yet renamed
     "compaction.topic.renamed",  # its directory renamed to <topic>.deleted (durably), not yet removed
     # fs.install (the staged install; its docstring has the steps), each hit after every file of its step:

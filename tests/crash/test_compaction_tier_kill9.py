@@ -7,7 +7,6 @@ tier) leaves exactly the latest of each key, and after a kill -9 a restart reads
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import grpc
@@ -15,6 +14,8 @@ import pytest
 
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as clpb, commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.gen.mqstore.v1 import compactor_pb2 as pb, compactor_pb2_grpc
+from mqstore.compaction.tier_manifest import FINISHED, Manifest
+from mqstore.tier.urls import open_store
 from tests.integration.test_compactor_replica import SMALL
 from tests.support.processes import ServiceProcess, commitlog
 from tests.support.waiting import wait_until
@@ -59,8 +60,15 @@ def _local(queue_dir: pathlib.Path) -> tuple[int, int]:
 
 
 def _manifest_keys(tier: pathlib.Path) -> set[str]:
-    newest = max((tier / "compaction" / "c1" / "manifest").iterdir())
-    return {s["key"] for s in json.loads(newest.read_bytes())["segments"] if s["state"] == "FINISHED"}
+    """The FINISHED uploads the tier's manifest names (its newest snapshot and the changes after it)."""
+    writes, reads = open_store(f"file://{tier}", timeout_ms=T * 1000), open_store(f"file://{tier}", timeout_ms=T * 1000)
+    try:
+        manifest = Manifest(writes, reads, "compaction/c1")
+        manifest.load()
+        return {s.key for s in manifest.segments().values() if s.state == FINISHED}
+    finally:
+        writes.close()
+        reads.close()
 
 
 def _objects(tier: pathlib.Path) -> set[str]:

@@ -31,6 +31,7 @@ from mqstore.store_parts import build_store
 from tests.crash.test_compaction_crash import crash_in_drop, crash_in_roll, crash_in_round
 from tests.crash.test_topic_delete_crash import crash_in_delete
 from tests.crash.test_staged_install import OUTCOME, REPLACED, UNTOUCHED, _contents, _prepare
+from tests.support.compaction import put
 from tests.support.compaction_tier import Rig, everything, fill
 from tests.unit.index.index_testing import BASE_MS, Model, all_pages, record, tiny_config
 
@@ -272,6 +273,17 @@ def _index_tier(name, tmp_path, failpoint):
                  with_tier=True)
 
 
+@scenario("index.tier_manifest.snapshot_written")
+def _index_tier_manifest(name, tmp_path, failpoint):
+    """A change of the tier manifest that compacts it dies between the new snapshot and the log's truncation:
+    the restart skips the log's records the snapshot holds and truncates it (mqstore.index.tier_manifest)."""
+    def prepare(store):
+        store.convert_sealed(10)
+        assert store.move_to_tier(1) == 1  # a snapshot and records in the log
+        store.tier_manifest.max_log_records = 1  # the next change compacts
+    _index_crash(name, tmp_path, failpoint, lambda h, s: s.move_to_tier(10), prepare=prepare, with_tier=True)
+
+
 @scenario("compaction.tier.started", "compaction.tier.after_put", "compaction.tier.finished")
 def _compaction_tier(name, tmp_path, failpoint):
     """A pass dies at the step (the process abandoned as it is); the restarted one's pass uploads every sealed
@@ -284,6 +296,38 @@ def _compaction_tier(name, tmp_path, failpoint):
     rig = Rig(tmp_path, local_retention_bytes=1)
     rig.open()
     try:
+        rig.tier.run_pass(rig.store)
+        manifest = rig.tier.segments()
+        assert {w[2] for w in manifest} == set(rig.qlog.bases[:-1]) == rig.qlog.tiered
+        assert set(rig.objects()) == {s.key for s in manifest.values()}
+        assert everything(rig.store) == before
+    finally:
+        rig.close()
+
+
+@scenario("compaction.tier_manifest.snapshot_written")
+def _compaction_tier_manifest(name, tmp_path, failpoint):
+    """A pass dies once a snapshot of the tier's manifest is put, before the objects below the snapshot before it
+    are deleted: the restart reads the same entries, its load deletes those objects, and a pass completes."""
+    crashed = Rig(tmp_path, local_retention_bytes=1)
+    store = crashed.open()
+    crashed.tier.manifest.max_deltas = crashed.tier.manifest.min_deltas = 2
+    fill(store, crashed.clock, count=120)
+    crashed.tier.run_pass(store)  # snapshots exist
+    for offset in range(120, 240):
+        put(store, f"k{offset % 12}", f"k{offset % 12}@{offset}".encode() * 8, offset, crashed.clock.now_ms())
+    store.slot("kv", 0).qlog.seal_active()
+    before = everything(store)
+    with failpoint.armed(name), pytest.raises(failpoints.FailpointHit):
+        crashed.tier.run_pass(store)
+    left = crashed.tier.segments()
+    rig = Rig(tmp_path, local_retention_bytes=1)
+    rig.open()
+    try:
+        assert rig.tier.segments() == left
+        snapshots = sorted(p.name for p in (tmp_path / "tier").rglob("*.snapshot.json"))
+        oldest = min(p.name[:20] for p in (tmp_path / "tier").rglob("*.json"))
+        assert len(snapshots) == 2 and oldest == snapshots[0][:20]  # nothing below the snapshot before the newest
         rig.tier.run_pass(rig.store)
         manifest = rig.tier.segments()
         assert {w[2] for w in manifest} == set(rig.qlog.bases[:-1]) == rig.qlog.tiered

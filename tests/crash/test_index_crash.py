@@ -31,6 +31,7 @@ from mqstore_rpc.gen.mqstore.v1 import (
     index_pb2_grpc,
 )
 
+from mqstore.index.tier_manifest import TierManifest
 from tests.support.processes import ServiceProcess, commitlog
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
@@ -277,10 +278,10 @@ def test_kill9_at_each_phase_of_a_tier_move_loses_nothing_holds_nothing_twice_an
                        "the three sealed files on the tier")
             assert_each_key_once(client, producer.acked[::50], every_key=False)  # a sample: 3,500 queries take 20 s
             assert client.stats().entries == 3 * len(producer.acked)  # each file once
-            manifest = json.loads((tmp_path / "index" / "index" / "tier-manifest.json").read_text())
+            manifest = TierManifest.load(tmp_path / "index" / "index", f"file://{tier.resolve()}")
             objects = sorted(p.relative_to(tier).as_posix() for p in tier.rglob("*")
                              if p.is_file() and not p.name.startswith("."))
-            assert manifest["started"] == {} and objects == sorted(f["key"] for f in manifest["finished"].values())
+            assert manifest.started == {} and objects == sorted(f.key for f in manifest.finished.values())
             assert list((tmp_path / "index" / "index").glob("*.cidx")) == []
         finally:
             client.close()

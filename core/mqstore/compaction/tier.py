@@ -8,10 +8,11 @@ mistaken for another. A topic name with a character outside ``[A-Za-z0-9._-]`` i
 
 **Metadata: a manifest in the tier, per instance** (mqstore.compaction.tier_manifest).
 ``compaction/<instance>/manifest/<seq:020d>.json``, each
-version a new object written with put-if-absent, then the versions listed (the conditional write: two writers of
-one instance cannot both write version n, and a writer that finds a newer version than its own stops with
-FailedPrecondition; a pass checks that its version is the newest before it deletes anything), the newest one the
-truth, the one before it kept, older ones deleted. Why the tier and not records the standby follows: every
+change a new object holding only what changed, written with put-if-absent, then the changes listed (the conditional
+write: two writers of one instance cannot both write change n, and a writer that finds a newer change than its own
+stops with FailedPrecondition; a pass checks that its change is the newest before it deletes anything); every few
+changes a snapshot of every entry (``<seq:020d>.snapshot.json``), the objects below the snapshot before it deleted;
+a load reads the newest snapshot and the changes after it. Why the tier and not records the standby follows: every
 compactor follows the commit log into compaction logs of its own (compactor_service.lease: a round is installed
 on the instance's own logs only), so a segment at one base holds different bytes on the active and on a standby,
 and the records a standby follows (the commit log's) say nothing of them. What an instance uploaded is its own,

@@ -13,7 +13,7 @@ RocketMQ's IndexFile layout (mqstore.format.index_file) and the RIP-65 compact l
   recovery.py    opening the directory after a crash (checkpoint, torn files, damaged ranges)
   lifecycle.py   sealing, conversion to the compact layout, moving to the second tier
   tier.py        the second storage tier: objects on mqstore.tier's ObjectStore (file:// or s3://)
-  tier_manifest.py  which tier object holds which file (tier-manifest.json: STARTED, FINISHED)
+  tier_manifest.py  which tier object holds which file (tier-manifest.snapshot + .log: STARTED, FINISHED)
   upkeep.py      re-indexing damaged ranges from the log; maintenance.py the background duty
   query.py, lookup.py, paging.py   queries, verification against the log, page tokens
   ports.py       what the domain needs of the commit log (a Protocol)

@@ -112,8 +112,7 @@ def move_to_tier(store, max_files: int) -> int:
 def _copy_to_tier(store, handle: F.CompactHandle) -> TierFile:
     tier, manifest, name = store.tier, store.tier_manifest, handle.path.name
     key = tier.new_key(name)
-    manifest.started[name] = key
-    manifest.save()
+    manifest.start(name, key)
     failpoints.hit("index.tier.started")
     try:
         tier.put(key, handle.path)
@@ -127,9 +126,7 @@ def _copy_to_tier(store, handle: F.CompactHandle) -> TierFile:
         _discard(store, name, key)
         raise
     entry = TierFile(key, header.size_bytes, header)
-    del manifest.started[name]
-    manifest.finished[name] = entry
-    manifest.save()
+    manifest.finish(name, entry)
     failpoints.hit("index.tier.finished")
     return entry
 
@@ -144,8 +141,7 @@ def _discard(store, name: str, key: str) -> None:
     except Unavailable as exc:
         log.warning("index.tier_discard_failed", key=key, error=str(exc))
         return
-    del store.tier_manifest.started[name]
-    store.tier_manifest.save()
+    store.tier_manifest.discard(name)
 
 
 def tidy_tier(store) -> int:
@@ -164,9 +160,7 @@ def tidy_tier(store) -> int:
         log.info("index.tier_orphan_deleted", tier=tier.name, key=key)
     for key in set(manifest.started.values()) - keep - set(orphans):
         tier.delete(key)  # not listed: its put never landed, or lands late (deleted again at the next tidy)
-    if manifest.started:
-        manifest.started.clear()
-        manifest.save()
+    manifest.discard_all()
     store.tier_untidy = False
     return len(orphans)
 
@@ -175,8 +169,7 @@ def _delete_tier_file(store, handle: F.CompactHandle) -> None:
     """Forget the file (durable), then delete its object; an object left by a failed delete is an orphan
     tidy_tier deletes."""
     name = F.cidx_name(handle.first_phy_offset)
-    entry = store.tier_manifest.finished.pop(name)
-    store.tier_manifest.save()
+    entry = store.tier_manifest.forget(name)
     try:
         store.tier.delete(entry.key)
     except Unavailable as exc:

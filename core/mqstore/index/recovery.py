@@ -13,7 +13,10 @@ crashes):
   N.idx and N.cidx                   crash after the compact rename, before   compact verified (CRC): delete
                                      the unsealed file was deleted            N.idx; else delete N.cidx
   N.cidx here, and FINISHED for it   crash after a tier move's FINISHED was   delete the local copy (the
-  in tier-manifest.json              recorded, before the local file went     tier copy was verified)
+  in the tier manifest               recorded, before the local file went     tier copy was verified)
+  the tier manifest's files          a crash in a change or a compaction of   mqstore.index.tier_manifest's
+                                     the manifest, or the version before's    table (settle)
+                                     tier-manifest.json
   a STARTED attempt in the manifest  crash during a tier move                 keep the local file; the
                                                                               first maintenance round
                                                                               deletes the attempt's object
@@ -182,8 +185,8 @@ def _quarantine(config: IndexConfig, manifest: TierManifest | None, first: int, 
     log.error("index.tier_file_quarantined", file=F.cidx_name(first), reason=reason,
               rebuild_from=first, rebuild_to=max(first, end))
     fs.replace_file(target, reason.encode("utf-8", "replace"))
-    if manifest is not None and manifest.finished.pop(F.cidx_name(first), None) is not None:
-        manifest.save()  # its object is an orphan now: the first maintenance round deletes it
+    if manifest is not None and F.cidx_name(first) in manifest.finished:
+        manifest.forget(F.cidx_name(first))  # its object is an orphan now: the first maintenance round deletes it
 
 
 def recover(config: IndexConfig, tier: IndexTier | None) -> Recovered:
@@ -194,6 +197,8 @@ def recover(config: IndexConfig, tier: IndexTier | None) -> Recovered:
     manifest = TierManifest.load(directory, tier.name if tier is not None else "")
     if tier is None:
         manifest = None  # nothing on a tier (load refuses otherwise)
+    else:
+        manifest.settle()  # what a crash left in its files (mqstore.index.tier_manifest's table)
     _resolve_leftovers(directory, manifest)
     broken: dict[int, str] = {}
     handles = _open_all(config, tier, manifest, broken)

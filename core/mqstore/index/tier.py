@@ -102,7 +102,7 @@ def check_no_old_layout(config: IndexTierConfig, index_dir: pathlib.Path) -> Non
     if old:
         raise FailedPrecondition(
             f"the tier directory {root} holds {len(old)} index files of the old --tier-dir layout ({old[0]}, ...): "
-            f"this version keeps them as objects under {root / PREFIX}/, named in {index_dir}/tier-manifest.json. "
+            f"this version keeps them as objects under {root / PREFIX}/, named in {index_dir}/tier-manifest.*. "
             f"To migrate, stop the Index service, delete {index_dir} and {root}/*.cidx, and start it again: the "
             f"index is rebuilt from the commit log (it is derived data)")
 
