@@ -19,7 +19,9 @@ is DataLoss); with no snapshot, the changes from the oldest listed one (a versio
 times its bytes (and at least ``min_deltas``); then every object of a seq below the snapshot before it is
 deleted (so a load that listed before the new snapshot still finds its chain). A crash between a snapshot and
 those deletes leaves objects a later snapshot or load deletes (``compaction.tier_manifest.snapshot_written``).
-Nothing is torn: an object is put whole or not at all.
+Nothing is torn: an object is put whole or not at all. **A put that reported an error may have landed**
+(pulsar#17228): the next save reads the object back first, takes it as written when it holds exactly the bytes
+put, writes the seq again when there is none, and stops (FailedPrecondition) when it holds other bytes.
 
 Thread-safety: ``_lock`` guards the seq and the entries (replaced whole after each durable write); one
 thread writes (the tier's duty), any reads.
@@ -87,6 +89,7 @@ class Manifest:
         self._snapshot_bytes = 0  # the newest one's
         self._deltas = self._delta_bytes = 0  # the changes since it (all of them while there is none)
         self._whole = False  # the state came from a version 1 object: the next change writes a snapshot too
+        self._unsure: tuple[int, bytes, dict] | None = None  # (seq, bytes, entries) of a put that reported an error
 
     def _key(self, seq: int, snapshot: bool = False) -> str:
         return f"{self.root}/manifest/{seq:020d}{'.snapshot' if snapshot else ''}.json"
@@ -170,6 +173,7 @@ class Manifest:
     def save(self, segments: dict[tuple, TieredSegment]) -> None:
         """Write the change from the current entries to ``segments`` (put-if-absent), then adopt them, then a
         snapshot when due; called by the one writer thread."""
+        self._settle_unsure()
         seq, before = self._seq + 1, self.segments()
         put = sorted((w, s) for w, s in segments.items() if before.get(w, _ABSENT) is not s and before.get(w) != s)
         body = {"version": VERSION, "seq": seq, "kind": "delta", "put": [_raw(s) for _, s in put],
@@ -179,6 +183,31 @@ class Manifest:
             self.writes.put_if_absent(self._key(seq), data)
         except AlreadyExists:
             self._fenced(self._key(seq))
+        except BaseException:
+            self._unsure = (seq, data, dict(segments))  # it may have landed (pulsar#17228): the next save looks
+            raise
+        self._adopt(seq, segments, data)
+
+    def _settle_unsure(self) -> None:
+        """After a put of change ``seq`` that reported an error: if the object holds exactly the bytes put, the
+        put landed and the change is adopted; if there is none, nothing landed; other bytes are another writer's
+        (FailedPrecondition). Unavailable (nothing decided) while the tier does not answer."""
+        if self._unsure is None:
+            return
+        seq, data, segments = self._unsure
+        key = self._key(seq)
+        size = self.writes.size(key)
+        if size is None:
+            self._unsure = None
+            return
+        if size != len(data) or (read_whole(self.writes, key) if size > READ_CHUNK_BYTES
+                                 else self.writes.get_range(key, 0, size)) != data:
+            self._fenced(key)
+        self._unsure = None
+        self._adopt(seq, segments, data)
+
+    def _adopt(self, seq: int, segments: dict[tuple, TieredSegment], data: bytes) -> None:
+        """Change ``seq`` (``data``, making ``segments``) is durable: take it as the state, then a snapshot when due."""
         self.check_newest(seq)  # (a change deleted since is written again, but the newer ones say who writes)
         with self._lock:
             self._seq, self._segments = seq, dict(segments)

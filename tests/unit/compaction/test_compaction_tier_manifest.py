@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from mqstore.compaction.tier_manifest import FINISHED, STARTED, Manifest, TieredSegment
-from mqstore.errors import DataLoss
+from mqstore.errors import DataLoss, FailedPrecondition, Unavailable
 from mqstore.tier.urls import open_store
 from tests.conftest import golden_bytes
 
@@ -104,3 +104,52 @@ def test_a_change_missing_from_the_chain_is_data_loss(stores, tmp_path):
     (tmp_path / "tier" / ROOT / "manifest" / "00000000000000000003.json").unlink()
     with pytest.raises(DataLoss, match="00000000000000000003.json is missing"):
         _loaded(stores)
+
+
+def _landing_then_failing(manifest: Manifest, monkeypatch) -> None:
+    """The next put of ``manifest`` lands but reports an error (a timeout after the write, pulsar#17228)."""
+    put = manifest.writes.put_if_absent
+
+    def landed_then_failed(key, data):
+        put(key, data)
+        monkeypatch.setattr(manifest.writes, "put_if_absent", put)
+        raise Unavailable(f"object storage tier: PUT {key} timed out (injected after the write)")
+    monkeypatch.setattr(manifest.writes, "put_if_absent", landed_then_failed)
+
+
+def test_a_change_that_landed_but_reported_an_error_is_taken_as_written(stores, tmp_path, monkeypatch):
+    manifest = _loaded(stores)
+    manifest.save({s.where: s for s in (_segment(0),)})
+    _landing_then_failing(manifest, monkeypatch)
+    second = {s.where: s for s in (_segment(0), _segment(4096))}
+    with pytest.raises(Unavailable):
+        manifest.save(second)
+    # the duty retries with what it holds by then: the change that landed is ours, not another writer's
+    third = {s.where: s for s in (_segment(0), _segment(4096), _segment(8192))}
+    manifest.save(third)
+    assert manifest.segments() == third
+    assert _loaded(stores).segments() == third
+    assert sorted(_objects(tmp_path)) == [f"{n:020d}.json" for n in (1, 2, 3)]
+
+
+def test_a_change_that_did_not_land_is_written_again_and_another_writers_is_fenced(stores, tmp_path, monkeypatch):
+    manifest = _loaded(stores)
+    manifest.save({s.where: s for s in (_segment(0),)})
+
+    def failed(key, data):
+        raise Unavailable(f"object storage tier: PUT {key} refused (injected)")
+    monkeypatch.setattr(manifest.writes, "put_if_absent", failed)
+    with pytest.raises(Unavailable):
+        manifest.save({s.where: s for s in (_segment(0), _segment(4096))})
+    monkeypatch.undo()
+    second = {s.where: s for s in (_segment(0), _segment(8192))}
+    manifest.save(second)  # nothing landed: seq 2 is this change
+    assert _loaded(stores).segments() == second
+    _landing_then_failing(manifest, monkeypatch)
+    with pytest.raises(Unavailable):
+        manifest.save({s.where: s for s in (_segment(0),)})
+    # what is at seq 3 now is not what this writer put: another writer of the instance put its own change there
+    (tmp_path / "tier" / ROOT / "manifest" / "00000000000000000003.json").unlink()
+    manifest.writes.put_if_absent(f"{ROOT}/manifest/{3:020d}.json", b'{"version": 2, "seq": 3}')
+    with pytest.raises(FailedPrecondition, match="another process"):
+        manifest.save(second)
