@@ -3,8 +3,8 @@
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (and
-CommitLogInternal's AppendBatches of plain messages, ``_request.parse_internal_batches``: protobuf and
-convert.internal_messages_in are its reference; a delayed
+CommitLogInternal's AppendBatches of NOT_TYPE messages, the gateway's delayed sends among them,
+``_request.parse_internal_batches``: protobuf and convert.internal_messages_in are its reference; a delayed
 batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies from the timer records'
 bytes, ``_records.timer_copy`` (the properties) and ``timer_copy_run`` (a run's records checked and copied in one
 pass; mqstore.timer.delivery.copy_run is its reference): mqstore.timer's; the enqueue's noted-record check and
