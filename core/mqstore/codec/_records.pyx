@@ -316,12 +316,15 @@ cdef struct CopyPlan:
     int64_t born_ts
     int32_t qid
     int32_t tag_code
+    bint generated          # no UNIQ_KEY given: the record's properties end with a fresh one's entry
     Py_ssize_t size
 
 
 cdef uint8_t* _put_copy(uint8_t* out, const CopyPlan* plan, const uint8_t* topic, Py_ssize_t topic_length,
-                        int64_t now_ms, const uint8_t* store_host, int32_t store_port) noexcept nogil:
-    """One copy's V1 record, IPv4 layout (record.encode_parts with the copy's BODYCRC), stamped fields zero."""
+                        int64_t now_ms, const uint8_t* store_host, int32_t store_port, const uint8_t* generated,
+                        Py_ssize_t generated_length) noexcept nogil:
+    """One copy's V1 record, IPv4 layout (record.encode_parts with the copy's BODYCRC), stamped fields zero; a copy
+    without a UNIQ_KEY gets ``generated`` (the key's characters) as the entry the reference appends."""
     put_be32(out, <uint32_t>plan.size)
     put_be32(out + 4, MAGIC_V1)
     put_be32(out + 8, <uint32_t>plan.crc)
@@ -339,15 +342,28 @@ cdef uint8_t* _put_copy(uint8_t* out, const CopyPlan* plan, const uint8_t* topic
     out = _put(out + HEADER_SIZE, plan.body, plan.body_length)
     out[0] = <uint8_t>topic_length
     out = _put(out + 1, topic, topic_length)
-    put_be16(out, <uint16_t>plan.props_length)
-    return _put(out + 2, plan.props, plan.props_length)
+    if not plan.generated:
+        put_be16(out, <uint16_t>plan.props_length)
+        return _put(out + 2, plan.props, plan.props_length)
+    put_be16(out, <uint16_t>(plan.props_length + UNIQ_ENTRY_BYTES + generated_length))
+    out = _put(out + 2, plan.props, plan.props_length)
+    out = _put(out, b"UNIQ_KEY\x01", 9)
+    out = _put(out, generated, generated_length)
+    out[0] = 2
+    return out + 1
+
+
+cdef enum:
+    UNIQ_ENTRY_BYTES = 10  # "UNIQ_KEY\x01", the key, "\x02": a generated key's entry less the key
 
 
 cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, Py_ssize_t topic_length,
-                             Py_ssize_t max_body_bytes, Py_ssize_t max_batch_body_bytes, Py_ssize_t room) except -2:
+                             Py_ssize_t max_body_bytes, Py_ssize_t max_batch_body_bytes, Py_ssize_t room,
+                             Py_ssize_t generated_length) except -2:
     """Each copy's plan (AppendEncoder.encode_copies): the number of round-robin queues wanted, or -1 where the
-    reference would refuse the batch or a copy is unusual here."""
-    cdef Py_ssize_t i, bodies = 0, length, round_robin = 0
+    reference would refuse the batch or a copy is unusual here. ``generated_length``: the characters of a fresh
+    UNIQ_KEY (a copy without one gets one), or -1 where none may be made (such a copy is declined)."""
+    cdef Py_ssize_t i, bodies = 0, length, round_robin = 0, extra
     cdef CopyPlan* plan
     cdef const char* text
     cdef object c, value, tags, shard
@@ -367,8 +383,16 @@ cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, 
             return -1
         plan.born_host = PyBytes_AS_STRING(value)
         value = c.uniq_key
-        if type(value) is not str or not value:
-            return -1  # the reference gives it a fresh UNIQ_KEY
+        if type(value) is not str:
+            return -1
+        plan.generated = not value  # the reference gives it a fresh UNIQ_KEY
+        extra = 0
+        if plan.generated:
+            if generated_length < 0:
+                return -1
+            extra = UNIQ_ENTRY_BYTES + generated_length
+            if plan.props_length + extra > MAX_PROPERTIES_BYTES:
+                return -1
         plan.crc, plan.flag, plan.born_port = c.body_crc, c.flag, c.born_port  # OverflowError out of int32
         plan.born_ts = c.born_timestamp_ms
         if plan.born_ts < 0:
@@ -388,7 +412,7 @@ cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, 
         else:
             plan.qid = -1
             round_robin += 1
-        plan.size = FIXED_OVERHEAD + topic_length + plan.body_length + plan.props_length
+        plan.size = FIXED_OVERHEAD + topic_length + plan.body_length + plan.props_length + extra
         if plan.size > room:
             return -1
     return round_robin if bodies <= max_batch_body_bytes else -1
@@ -451,18 +475,23 @@ cdef class AppendEncoder:
         finally:
             free(plans)
 
-    def encode_copies(self, copies, str topic, int32_t queue_count, int64_t now_ms, take_round_robin):
+    def encode_copies(self, copies, str topic, int32_t queue_count, int64_t now_ms, take_round_robin, uniq=None):
         """encoder.MessageEncoder._encode_copies (the reference) for a batch of model.Copy to a topic that is not a
         compaction topic: (buf, sizes, queue ids, tag codes, sys flags, UNIQ_KEYs), or None (nothing taken) where
-        the reference would refuse any of it or give a copy a fresh UNIQ_KEY, or a copy is unusual here (a host
-        that is not IPv4, a field out of its range, a body, properties or born host that is not bytes); the
-        caller then runs the reference, which raises why."""
+        the reference would refuse any of it, or a copy is unusual here (a host that is not IPv4, a field out of its
+        range, a body, properties or born host that is not bytes, a uniq key that is not str); the caller then runs
+        the reference, which raises why. A copy without a UNIQ_KEY (the Scheduler's timer records of MessageIn) gets
+        a fresh one from ``uniq`` (the encoder's UniqKeyGenerator: one block taken for the batch once it is
+        accepted, as the reference does); without ``uniq`` such a batch is declined."""
         cdef bytes topic_bytes = topic.encode("utf-8")
-        cdef Py_ssize_t n = len(copies), i, total = 0, round_robin
+        cdef Py_ssize_t n = len(copies), i, total = 0, round_robin, generated_count = 0, prefix_length = 0
         cdef Py_ssize_t topic_length = len(topic_bytes)
+        cdef Py_ssize_t generated_length = -1 if uniq is None else uniq.key_length
         cdef CopyPlan* plans
         cdef CopyPlan* plan
         cdef int32_t start
+        cdef uint32_t counter = 0
+        cdef uint8_t generated[128]
         cdef uint8_t* out
         if queue_count <= 0 or topic_length > 255:
             raise ValueError(f"topic {topic!r}: {queue_count} queues, {topic_length} bytes of name")
@@ -476,12 +505,23 @@ cdef class AppendEncoder:
         try:
             try:
                 round_robin = _plan_copies(<list>copies, plans, queue_count, topic_length, self.max_body_bytes,
-                                           self.max_batch_body_bytes, self.segment_size_bytes - BLANK_SIZE)
+                                           self.max_batch_body_bytes, self.segment_size_bytes - BLANK_SIZE,
+                                           generated_length if generated_length <= 128 else -1)
             except (OverflowError, TypeError, UnicodeError, AttributeError):
                 return None  # a field out of its range or of another type: the reference says what
             if round_robin < 0:
                 return None
-            # Accepted: now the round-robin slots, one block as the reference takes them.
+            for i in range(n):
+                generated_count += plans[i].generated
+            # Accepted: now the UNIQ_KEYs and the round-robin slots, one block each as the reference takes them.
+            if generated_count:
+                prefix, first = uniq.take(generated_count, now_ms)
+                prefix = prefix.encode("ascii")
+                prefix_length = len(prefix)
+                if prefix_length + 4 != generated_length:
+                    raise ValueError(f"UNIQ_KEY prefix {prefix!r} does not make keys of {generated_length} characters")
+                memcpy(generated, PyBytes_AS_STRING(prefix), prefix_length)
+                counter = <uint32_t>(first & 0xFFFF)
             if round_robin:
                 start = take_round_robin(topic, round_robin) % queue_count
                 for i in range(n):
@@ -492,15 +532,21 @@ cdef class AppendEncoder:
                 total += plans[i].size
             buf = PyByteArray_FromStringAndSize(NULL, total)
             out = <uint8_t*>PyByteArray_AS_STRING(buf)
-            sizes, queue_ids, tag_codes = [], [], []
+            sizes, queue_ids, tag_codes, uniq_keys = [], [], [], []
             for i in range(n):
                 plan = &plans[i]
+                if plan.generated:  # the next key of the block, as next_keys makes them
+                    _put_hex16(generated + prefix_length, counter)
+                    counter = (counter + 1) & 0xFFFF
+                    uniq_keys.append(PyUnicode_DecodeASCII(<const char*>generated, generated_length, NULL))
+                else:
+                    uniq_keys.append(copies[i].uniq_key)
                 out = _put_copy(out, plan, <const uint8_t*>PyBytes_AS_STRING(topic_bytes), topic_length, now_ms,
-                                self.store_host, self.store_port)
+                                self.store_host, self.store_port, generated, generated_length)
                 sizes.append(plan.size)
                 queue_ids.append(plan.qid)
                 tag_codes.append(plan.tag_code)
-            return buf, sizes, queue_ids, tag_codes, [0] * n, [c.uniq_key for c in copies]
+            return buf, sizes, queue_ids, tag_codes, [0] * n, uniq_keys
         finally:
             free(plans)
 
