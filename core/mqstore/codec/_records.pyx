@@ -639,6 +639,7 @@ cdef enum Asked:
     ASKED_DELIVER_MS = 3
 
 # The names timer_batch writes (mqstore.timer.messages: OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY).
+tm_DELAY_SEC, tm_DELAY_MS, tm_DELIVER_MS = "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_DELIVER_MS"  # messages.ASKING
 cdef const char* NAME_OUT_MS = b"TIMER_OUT_MS"
 cdef const char* NAME_REAL_TOPIC = b"REAL_TOPIC"
 cdef const char* NAME_REAL_QID = b"REAL_QID"
@@ -808,6 +809,185 @@ def timer_batch(WireMessages wire, str timer_topic, str real_topic, int32_t queu
         made.props_to = one_per_name(out, made.props_from)
         out.count += 1
     return out, dues
+
+
+# ---- the timer records of a delayed MessageIn batch (mqstore.timer.messages._timer_copies) -------------------
+
+cdef enum:
+    MAX_TIMER_ENTRIES = 64
+
+
+cdef bint _utf8_of(object text, Span* out) except -1:
+    """A str's UTF-8 (cached in the str) into ``out``; False for anything that is not exactly a str."""
+    cdef const char* ptr
+    cdef Py_ssize_t length
+    if type(text) is not str:
+        return False
+    ptr = PyUnicode_AsUTF8AndSize(text, &length)  # UnicodeEncodeError for a lone surrogate: the caller declines
+    out.ptr, out.length = <const uint8_t*>ptr, length
+    return True
+
+
+cdef int64_t _message_due(dict props, int64_t now_ms, int64_t max_delay_ms) except -2:
+    """messages._due's delivery time of a message whose asking property is plain digits and within the limit; -1
+    for anything else (the reference decides, or raises why)."""
+    cdef Span text
+    cdef int64_t value, due
+    cdef Asked kind
+    if tm_DELAY_SEC in props:
+        kind, raw = ASKED_DELAY_SEC, props[tm_DELAY_SEC]
+    elif tm_DELAY_MS in props:
+        kind, raw = ASKED_DELAY_MS, props[tm_DELAY_MS]
+    elif tm_DELIVER_MS in props:
+        kind, raw = ASKED_DELIVER_MS, props[tm_DELIVER_MS]
+    else:
+        return -1
+    if not _utf8_of(raw, &text):
+        return -1
+    value = _whole_number(text)
+    if value < 0:
+        return -1
+    if kind == ASKED_DELAY_SEC:
+        if value > max_delay_ms // 1000 + 1:
+            return -1
+        due = now_ms + value * 1000
+    elif kind == ASKED_DELAY_MS:
+        due = now_ms + value
+    else:
+        due = value
+    if due - now_ms > max_delay_ms:
+        return -1
+    return due if due > now_ms else now_ms
+
+
+cdef bint _plain_entry(Span name, Span value) noexcept nogil:
+    """A user property the timer record keeps as it is: a name and a value, neither empty nor holding a
+    separator, the name none the timer reads or sets (TIMER_*, REAL_TOPIC, REAL_QID) or the encoder checks (TAGS,
+    KEYS, UNIQ_KEY)."""
+    if name.length == 0 or value.length == 0 or _has_separator(name) or _has_separator(value):
+        return False
+    if name.length >= 6 and memcmp(name.ptr, b"TIMER_", 6) == 0:
+        return False
+    if (name.length == 10 and memcmp(name.ptr, NAME_REAL_TOPIC, 10) == 0) or \
+            (name.length == 8 and memcmp(name.ptr, NAME_REAL_QID, 8) == 0):
+        return False
+    return _reserved(name) == USER
+
+
+cdef object _timer_copy_of(object message, Span topic, int32_t queue_count, int64_t due, object Copy):
+    """One message's timer record as a Copy (messages._timer_copies'), or None where the reference decides."""
+    cdef Entry entries[MAX_TIMER_ENTRIES]
+    cdef Py_ssize_t count = 0, i, total = 0, length
+    cdef Span name, value, tags, shard, key
+    cdef uint8_t numbers[40]
+    cdef uint8_t* out
+    cdef long long qid = 0
+    cdef object props = message.properties, body = message.body, keys = message.keys
+    cdef object queue_id = message.queue_id
+    if type(props) is not dict or type(body) is not bytes or len(<bytes>body) == 0:
+        return None
+    if len(<dict>props) > MAX_TIMER_ENTRIES - 4:
+        return None
+    for raw_name, raw_value in (<dict>props).items():
+        if not _utf8_of(raw_name, &name) or not _utf8_of(raw_value, &value):
+            return None
+        if _asking(name) != ASKED_NONE:
+            continue
+        if not _plain_entry(name, value):
+            return None
+        entries[count].name, entries[count].value, entries[count].order = name, value, count
+        count += 1
+    length = _put_decimal(numbers, due)
+    entries[count].name, entries[count].value, entries[count].order = _span(NAME_OUT_MS, 12), _span(numbers, length), count
+    count += 1
+    entries[count].name, entries[count].value, entries[count].order = _span(NAME_REAL_TOPIC, 10), topic, count
+    count += 1
+    if queue_id is not None:
+        if type(queue_id) is not int:
+            return None
+        qid = queue_id  # OverflowError: the caller declines
+        if not 0 <= qid < queue_count:
+            return None
+        entries[count].name = _span(NAME_REAL_QID, 8)
+        entries[count].value = _span(numbers + 20, _put_decimal(numbers + 20, qid))
+        entries[count].order = count
+        count += 1
+    if not _utf8_of(message.sharding_key, &shard) or not _utf8_of(message.tags, &tags):
+        return None
+    if shard.length:
+        if _has_separator(shard):
+            return None
+        entries[count].name, entries[count].value, entries[count].order = _span(NAME_SHARDING_KEY, 18), shard, count
+        count += 1
+    if tags.length and _has_separator(tags):
+        return None
+    if type(keys) is not tuple:
+        return None
+    qsort(entries, count, sizeof(Entry), _compare_entries)
+    for i in range(count):
+        total += entries[i].name.length + entries[i].value.length + 2
+    if tags.length:
+        total += 6 + tags.length
+    for i in range(len(<tuple>keys)):
+        if not _utf8_of((<tuple>keys)[i], &key) or not _valid_key(key.ptr, key.length):
+            return None
+        total += key.length + 1
+    if len(<tuple>keys):
+        total += 5
+    made = PyBytes_FromStringAndSize(NULL, total)
+    out = <uint8_t*>PyBytes_AS_STRING(made)
+    for i in range(count):
+        out = _put(out, entries[i].name.ptr, entries[i].name.length)
+        out[0] = 1
+        out = _put(out + 1, entries[i].value.ptr, entries[i].value.length)
+        out[0] = 2
+        out += 1
+    if tags.length:
+        out = _put(out, b"TAGS\x01", 5)
+        out = _put(out, tags.ptr, tags.length)
+        out[0] = 2
+        out += 1
+    if len(<tuple>keys):
+        out = _put(out, b"KEYS\x01", 5)
+        for i in range(len(<tuple>keys)):
+            _utf8_of((<tuple>keys)[i], &key)
+            if i:
+                out[0] = 0x20
+                out += 1
+            out = _put(out, key.ptr, key.length)
+        out[0] = 2
+    return Copy(body, _body_crc(_span(PyBytes_AS_STRING(body), len(<bytes>body))), made, message.tags, "",
+                message.flag, message.born_timestamp_ms, message.born_host, message.born_port, 0, "")
+
+
+def timer_copies(messages, str real_topic, int32_t queue_count, int64_t now_ms, int64_t max_delay_ms, Copy, Copies):
+    """What mqstore.timer.messages._timer_copies makes of a delayed batch of MessageIn for ``real_topic`` (its
+    reference: the same Copy objects, byte for byte, and due times): (``Copies`` of ``Copy``, due times), or None
+    wherever the reference could raise or decline, or anything is unusual here (a value int() reads that is not
+    plain digits, a delay past the limit, a queue_id out of range or not an int, a property that is empty, holds a
+    separator or has a name the timer or the encoder treats apart, a bad tag, key or sharding key, a field of
+    another type, more than 60 properties): the caller then runs the reference, which says why."""
+    cdef Span topic
+    cdef int64_t due
+    if type(messages) is not list or not _utf8_of(real_topic, &topic) or topic.length == 0 or _has_separator(topic):
+        return None
+    converted, dues = Copies(), []
+    try:
+        for message in <list>messages:
+            props = message.properties
+            if type(props) is not dict:
+                return None
+            due = _message_due(<dict>props, now_ms, max_delay_ms)
+            if due < 0:
+                return None
+            made = _timer_copy_of(message, topic, queue_count, due, Copy)
+            if made is None:
+                return None
+            converted.append(made)
+            dues.append(due)
+    except (OverflowError, UnicodeError, AttributeError):
+        return None  # a field out of its range or of another kind: the reference says what
+    return converted, dues
 
 
 # ---- a delivered copy's properties from the timer record's (mqstore.timer.messages.delivered_copy) ----------
