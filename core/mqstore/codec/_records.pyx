@@ -874,65 +874,64 @@ cdef bint _plain_entry(Span name, Span value) noexcept nogil:
     return _reserved(name) == USER
 
 
-cdef object _timer_copy_of(object message, Span topic, int32_t queue_count, int64_t due, object Copy):
-    """One message's timer record as a Copy (messages._timer_copies'), or None where the reference decides."""
-    cdef Entry entries[MAX_TIMER_ENTRIES]
-    cdef Py_ssize_t count = 0, i, total = 0, length
-    cdef Span name, value, tags, shard, key
-    cdef uint8_t numbers[40]
-    cdef uint8_t* out
-    cdef long long qid = 0
-    cdef object props = message.properties, body = message.body, keys = message.keys
+cdef Py_ssize_t _timer_entries(object message, dict props, Span topic, int32_t queue_count, int64_t due,
+                               Entry* entries, uint8_t* numbers) except -2:
+    """The timer record's properties but TAGS and KEYS (messages._timer_copies' ``out``), sorted by name, into
+    ``entries`` (MAX_TIMER_ENTRIES; ``numbers``: 40 bytes for the digits they point into): their count, or -1 where
+    the reference decides."""
+    cdef Py_ssize_t count = 0
+    cdef Span name, value, shard
+    cdef long long qid
     cdef object queue_id = message.queue_id
-    if type(props) is not dict or type(body) is not bytes or len(<bytes>body) == 0:
-        return None
-    if len(<dict>props) > MAX_TIMER_ENTRIES - 4:
-        return None
-    for raw_name, raw_value in (<dict>props).items():
+    if len(props) > MAX_TIMER_ENTRIES - 4:
+        return -1
+    for raw_name, raw_value in props.items():
         if not _utf8_of(raw_name, &name) or not _utf8_of(raw_value, &value):
-            return None
+            return -1
         if _asking(name) != ASKED_NONE:
             continue
         if not _plain_entry(name, value):
-            return None
+            return -1
         entries[count].name, entries[count].value, entries[count].order = name, value, count
         count += 1
-    length = _put_decimal(numbers, due)
-    entries[count].name, entries[count].value, entries[count].order = _span(NAME_OUT_MS, 12), _span(numbers, length), count
-    count += 1
-    entries[count].name, entries[count].value, entries[count].order = _span(NAME_REAL_TOPIC, 10), topic, count
-    count += 1
+    value = _span(numbers, _put_decimal(numbers, due))
+    entries[count].name, entries[count].value, entries[count].order = _span(NAME_OUT_MS, 12), value, count
+    entries[count + 1].name, entries[count + 1].value, entries[count + 1].order = _span(NAME_REAL_TOPIC, 10), topic, 0
+    count += 2
     if queue_id is not None:
         if type(queue_id) is not int:
-            return None
+            return -1
         qid = queue_id  # OverflowError: the caller declines
         if not 0 <= qid < queue_count:
-            return None
-        entries[count].name = _span(NAME_REAL_QID, 8)
-        entries[count].value = _span(numbers + 20, _put_decimal(numbers + 20, qid))
-        entries[count].order = count
+            return -1
+        value = _span(numbers + 20, _put_decimal(numbers + 20, qid))
+        entries[count].name, entries[count].value, entries[count].order = _span(NAME_REAL_QID, 8), value, 0
         count += 1
-    if not _utf8_of(message.sharding_key, &shard) or not _utf8_of(message.tags, &tags):
-        return None
+    if not _utf8_of(message.sharding_key, &shard):
+        return -1
     if shard.length:
         if _has_separator(shard):
-            return None
-        entries[count].name, entries[count].value, entries[count].order = _span(NAME_SHARDING_KEY, 18), shard, count
+            return -1
+        entries[count].name, entries[count].value, entries[count].order = _span(NAME_SHARDING_KEY, 18), shard, 0
         count += 1
-    if tags.length and _has_separator(tags):
-        return None
-    if type(keys) is not tuple:
-        return None
-    qsort(entries, count, sizeof(Entry), _compare_entries)
+    qsort(entries, count, sizeof(Entry), _compare_entries)  # the names are distinct
+    return count
+
+
+cdef object _timer_properties(const Entry* entries, Py_ssize_t count, Span tags, tuple keys):
+    """The PROPERTIES bytes: the entries, then TAGS and KEYS as the encoder writes them; None for a bad key."""
+    cdef Py_ssize_t i, total = 0, n = len(keys)
+    cdef Span key
+    cdef uint8_t* out
     for i in range(count):
         total += entries[i].name.length + entries[i].value.length + 2
     if tags.length:
         total += 6 + tags.length
-    for i in range(len(<tuple>keys)):
-        if not _utf8_of((<tuple>keys)[i], &key) or not _valid_key(key.ptr, key.length):
+    for i in range(n):
+        if not _utf8_of(keys[i], &key) or not _valid_key(key.ptr, key.length):
             return None
         total += key.length + 1
-    if len(<tuple>keys):
+    if n:
         total += 5
     made = PyBytes_FromStringAndSize(NULL, total)
     out = <uint8_t*>PyBytes_AS_STRING(made)
@@ -943,19 +942,36 @@ cdef object _timer_copy_of(object message, Span topic, int32_t queue_count, int6
         out[0] = 2
         out += 1
     if tags.length:
-        out = _put(out, b"TAGS\x01", 5)
-        out = _put(out, tags.ptr, tags.length)
+        out = _put(_put(out, b"TAGS\x01", 5), tags.ptr, tags.length)
         out[0] = 2
         out += 1
-    if len(<tuple>keys):
+    if n:
         out = _put(out, b"KEYS\x01", 5)
-        for i in range(len(<tuple>keys)):
-            _utf8_of((<tuple>keys)[i], &key)
+        for i in range(n):
+            _utf8_of(keys[i], &key)
             if i:
                 out[0] = 0x20
                 out += 1
             out = _put(out, key.ptr, key.length)
         out[0] = 2
+    return made
+
+
+cdef object _timer_copy_of(object message, Span topic, int32_t queue_count, int64_t due, object Copy):
+    """One message's timer record as a Copy (messages._timer_copies'), or None where the reference decides."""
+    cdef Entry entries[MAX_TIMER_ENTRIES]
+    cdef uint8_t numbers[40]
+    cdef Py_ssize_t count
+    cdef Span tags
+    cdef object props = message.properties, body = message.body, keys = message.keys
+    if type(props) is not dict or type(body) is not bytes or len(<bytes>body) == 0 or type(keys) is not tuple:
+        return None
+    count = _timer_entries(message, <dict>props, topic, queue_count, due, entries, numbers)
+    if count < 0 or not _utf8_of(message.tags, &tags) or (tags.length and _has_separator(tags)):
+        return None
+    made = _timer_properties(entries, count, tags, <tuple>keys)
+    if made is None:
+        return None
     return Copy(body, _body_crc(_span(PyBytes_AS_STRING(body), len(<bytes>body))), made, message.tags, "",
                 message.flag, message.born_timestamp_ms, message.born_host, message.born_port, 0, "")
 
