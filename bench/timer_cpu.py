@@ -5,7 +5,10 @@ in the figure).
 The ratio plain / (delayed + enqueue) is what bench/timer.py's sustained ratio reaches on an idle machine.
 *wire_plain* and *wire_delayed* are the same appends as the CommitLog servicer's Append takes them: from the
 AppendRequest bytes (mqstore_rpc.append_wire: the compiled parser, or protobuf where it declines) to the
-AppendResponse bytes; *wire_ratio* = wire_plain / (wire_delayed + enqueue), the gRPC path's.
+AppendResponse bytes; *wire_ratio* = wire_plain / (wire_delayed + enqueue), the gRPC path's. *internal_plain* and
+*internal_delayed* are the gateway's sends as CommitLogInternal.AppendBatches takes them (commitlog_service.internal:
+one batch of 100 with born hosts, writer "gateway", the delayed ones with TIMER_DELIVER_MS as the gateway writes a
+DELAY send), from the InternalAppendBatchesRequest bytes to the response bytes; *internal_ratio* likewise.
 
   .venv/bin/python bench/timer_cpu.py [--rounds 3] [--json PATH --label NAME]
 
@@ -57,6 +60,24 @@ def _wire_appends(scheduler: Scheduler, raw: bytes) -> float:
     return time.process_time() - started
 
 
+def _internal_request(**properties) -> bytes:
+    message = commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=BODY, properties=properties),
+                                            born_host="10.0.0.9:4711")
+    return commitlog_pb2.InternalAppendBatchesRequest(writer="gateway", batches=[
+        commitlog_pb2.InternalAppendBatch(topic="due", messages=[message] * BATCH)]).SerializeToString()
+
+
+def _internal_appends(scheduler: Scheduler, raw: bytes) -> float:
+    """CPU seconds of BATCHES AppendBatches of ``raw`` as the CommitLogInternal servicer runs a gateway's."""
+    started = time.process_time()
+    for _ in range(BATCHES):
+        request = append_wire.parse_internal_batches(raw)
+        outcomes = [scheduler.append(batch.topic, append_wire.internal_messages(batch, PEER), writer=request.writer)
+                    for batch in request.batches]
+        append_wire.batches_response(outcomes)
+    return time.process_time() - started
+
+
 def _round(root: pathlib.Path) -> dict:
     clock = FakeClock(int(time.time() * 1000))
     store = build_store(StoreConfig(data_dir=root, segment_size_bytes=256 << 20), clock)
@@ -93,10 +114,16 @@ def _round(root: pathlib.Path) -> dict:
         wire_delayed = _wire_appends(scheduler, _request(delay_ms=3_600_000))
         while timer.enqueue_offset < store.queue_info(tm.TIMER_TOPIC, 0).max_offset:
             timer.step()
+        internal_plain = _internal_appends(scheduler, _internal_request())
+        internal_delayed = _internal_appends(scheduler, _internal_request(
+            **{tm.DELIVER_MS: str(clock.now_ms() + 3_600_000)}))
+        while timer.enqueue_offset < store.queue_info(tm.TIMER_TOPIC, 0).max_offset:
+            timer.step()
         timer.close()
         us = 1e6 / count
         return {"plain_us": plain * us, "delayed_us": delayed * us, "enqueue_us": enqueue * us,
-                "delivery_us": delivery * us, "wire_plain_us": wire_plain * us, "wire_delayed_us": wire_delayed * us}
+                "delivery_us": delivery * us, "wire_plain_us": wire_plain * us, "wire_delayed_us": wire_delayed * us,
+                "internal_plain_us": internal_plain * us, "internal_delayed_us": internal_delayed * us}
     finally:
         store.stop()
 
@@ -114,14 +141,15 @@ def main(argv=None) -> int:
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     ratio = med["plain_us"] / (med["delayed_us"] + med["enqueue_us"])
     wire_ratio = med["wire_plain_us"] / (med["wire_delayed_us"] + med["enqueue_us"])
-    print(" ".join(f"{k}={v:.2f}" for k, v in med.items()), f"ratio={ratio:.2f} wire_ratio={wire_ratio:.2f}",
-          flush=True)
+    internal_ratio = med["internal_plain_us"] / (med["internal_delayed_us"] + med["enqueue_us"])
+    print(" ".join(f"{k}={v:.2f}" for k, v in med.items()), f"ratio={ratio:.2f} wire_ratio={wire_ratio:.2f} "
+          f"internal_ratio={internal_ratio:.2f}", flush=True)
     if args.json is not None:
         runs = json.loads(args.json.read_text()) if args.json.exists() else []
         when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         runs.append({"label": args.label, "when": when,
                      "load_average": os.getloadavg()[0], "rounds": rounds, "median": med,
-                     "ratio": ratio, "wire_ratio": wire_ratio})
+                     "ratio": ratio, "wire_ratio": wire_ratio, "internal_ratio": internal_ratio})
         args.json.write_text(json.dumps(runs, indent=1) + "\n")
     return 0
 

@@ -136,19 +136,33 @@ def test_plain_messages_take_the_compiled_way(writer, batches):
     commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=b"a"), prepared_transaction_offset=5),
     commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=b"a"), reconsume_times=1),
     commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=b"a", delay_ms=10)),
-    commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=b"a", properties={"TIMER_DELAY_MS": "5"})),
+    commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=b"a", deliver_at_ms=10)),
     commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=b"a"), born_host="[::1]:5"),
     commitlog_pb2.InternalMessage(message=common_pb2.MessageInput(body=b"a"), born_host="01.2.3.4:5"),
-], ids=["commit", "prepared", "reconsume", "delay", "timer-property", "ipv6", "octal"])
+], ids=["commit", "prepared", "reconsume", "delay-field", "deliver-at-field", "ipv6", "octal"])
 def test_what_the_compiled_way_does_not_carry_goes_to_the_reference(field):
-    """A transaction's or pop's record, a delayed message, an odd born host: the whole request is protobuf's,
-    and the servicer's parse gives the protobuf message (append_wire.parse_internal_batches)."""
+    """A transaction's or pop's record, a delivery field (the reference refuses it at this door), an odd born
+    host: the whole request is protobuf's, and the servicer's parse gives the protobuf message
+    (append_wire.parse_internal_batches)."""
     raw = commitlog_pb2.InternalAppendBatchesRequest(writer="txn", batches=[
         commitlog_pb2.InternalAppendBatch(topic="t", messages=[commitlog_pb2.InternalMessage(
             message=common_pb2.MessageInput(body=b"plain"), born_host="1.2.3.4:5"), field])]).SerializeToString()
     assert _request.parse_internal_batches(raw) is None
     with append_case.compiled_active():
         assert type(append_wire.parse_internal_batches(raw)) is commitlog_pb2.InternalAppendBatchesRequest
+
+
+@pytest.mark.parametrize("name", ["TIMER_DELIVER_MS", "TIMER_DELAY_MS", "TIMER_DELAY_SEC", "REAL_TOPIC", "TIMER_X"])
+def test_a_timer_property_takes_the_compiled_way_timer_marked(name):
+    """The gateway's DELAY sends (property TIMER_DELIVER_MS) are parsed compiled and timer-marked, so the Scheduler
+    makes their timer records from the WireMessages (tests/property/test_codec_timer.py holds the outcome to the
+    reference's); before, the whole request went to protobuf and convert.internal_messages_in."""
+    raw = commitlog_pb2.InternalAppendBatchesRequest(writer="gateway", batches=[
+        commitlog_pb2.InternalAppendBatch(topic="t", messages=[commitlog_pb2.InternalMessage(
+            message=common_pb2.MessageInput(body=b"a", properties={name: "5"}), born_host="1.2.3.4:5")] * 2)]) \
+        .SerializeToString()
+    parsed = check_request(raw)
+    assert parsed is not None and parsed.batches[0].timer_marks == 2
 
 
 def test_the_servicer_parse_takes_the_gateways_sends_compiled():

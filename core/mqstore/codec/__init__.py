@@ -3,9 +3,10 @@
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (and
-CommitLogInternal's AppendBatches of plain messages, ``_request.parse_internal_batches``: protobuf and
-convert.internal_messages_in are its reference; a delayed
-batch's timer records too, ``_records.timer_batch``, and the timer's delivered copies from the timer records'
+CommitLogInternal's AppendBatches of NOT_TYPE messages, the gateway's delayed sends among them,
+``_request.parse_internal_batches``: protobuf and convert.internal_messages_in are its reference; a delayed
+batch's timer records too, ``_records.timer_batch`` (of WireMessages) and ``timer_copies`` (of MessageIn:
+mqstore.timer.messages' timer_records is its reference), and the timer's delivered copies from the timer records'
 bytes, ``_records.timer_copy`` (the properties) and ``timer_copy_run`` (a run's records checked and copied in one
 pass; mqstore.timer.delivery.copy_run is its reference): mqstore.timer's; the enqueue's noted-record check and
 unit bytes, ``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
@@ -81,7 +82,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  parse_internal_batches=_request.parse_internal_batches,
                                  AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
-                                 timer_copy=_records.timer_copy, timer_copy_run=_records.timer_copy_run,
+                                 timer_copies=_records.timer_copies, timer_copy=_records.timer_copy,
+                                 timer_copy_run=_records.timer_copy_run,
                                  timer_noted_units=_records.timer_noted_units,
                                  timer_note_physicals=_records.timer_note_physicals,
                                  timer_units=_records.timer_units,

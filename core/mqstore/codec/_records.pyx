@@ -316,12 +316,15 @@ cdef struct CopyPlan:
     int64_t born_ts
     int32_t qid
     int32_t tag_code
+    bint generated          # no UNIQ_KEY given: the record's properties end with a fresh one's entry
     Py_ssize_t size
 
 
 cdef uint8_t* _put_copy(uint8_t* out, const CopyPlan* plan, const uint8_t* topic, Py_ssize_t topic_length,
-                        int64_t now_ms, const uint8_t* store_host, int32_t store_port) noexcept nogil:
-    """One copy's V1 record, IPv4 layout (record.encode_parts with the copy's BODYCRC), stamped fields zero."""
+                        int64_t now_ms, const uint8_t* store_host, int32_t store_port, const uint8_t* generated,
+                        Py_ssize_t generated_length) noexcept nogil:
+    """One copy's V1 record, IPv4 layout (record.encode_parts with the copy's BODYCRC), stamped fields zero; a copy
+    without a UNIQ_KEY gets ``generated`` (the key's characters) as the entry the reference appends."""
     put_be32(out, <uint32_t>plan.size)
     put_be32(out + 4, MAGIC_V1)
     put_be32(out + 8, <uint32_t>plan.crc)
@@ -339,15 +342,28 @@ cdef uint8_t* _put_copy(uint8_t* out, const CopyPlan* plan, const uint8_t* topic
     out = _put(out + HEADER_SIZE, plan.body, plan.body_length)
     out[0] = <uint8_t>topic_length
     out = _put(out + 1, topic, topic_length)
-    put_be16(out, <uint16_t>plan.props_length)
-    return _put(out + 2, plan.props, plan.props_length)
+    if not plan.generated:
+        put_be16(out, <uint16_t>plan.props_length)
+        return _put(out + 2, plan.props, plan.props_length)
+    put_be16(out, <uint16_t>(plan.props_length + UNIQ_ENTRY_BYTES + generated_length))
+    out = _put(out + 2, plan.props, plan.props_length)
+    out = _put(out, b"UNIQ_KEY\x01", 9)
+    out = _put(out, generated, generated_length)
+    out[0] = 2
+    return out + 1
+
+
+cdef enum:
+    UNIQ_ENTRY_BYTES = 10  # "UNIQ_KEY\x01", the key, "\x02": a generated key's entry less the key
 
 
 cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, Py_ssize_t topic_length,
-                             Py_ssize_t max_body_bytes, Py_ssize_t max_batch_body_bytes, Py_ssize_t room) except -2:
+                             Py_ssize_t max_body_bytes, Py_ssize_t max_batch_body_bytes, Py_ssize_t room,
+                             Py_ssize_t generated_length) except -2:
     """Each copy's plan (AppendEncoder.encode_copies): the number of round-robin queues wanted, or -1 where the
-    reference would refuse the batch or a copy is unusual here."""
-    cdef Py_ssize_t i, bodies = 0, length, round_robin = 0
+    reference would refuse the batch or a copy is unusual here. ``generated_length``: the characters of a fresh
+    UNIQ_KEY (a copy without one gets one), or -1 where none may be made (such a copy is declined)."""
+    cdef Py_ssize_t i, bodies = 0, length, round_robin = 0, extra
     cdef CopyPlan* plan
     cdef const char* text
     cdef object c, value, tags, shard
@@ -367,8 +383,16 @@ cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, 
             return -1
         plan.born_host = PyBytes_AS_STRING(value)
         value = c.uniq_key
-        if type(value) is not str or not value:
-            return -1  # the reference gives it a fresh UNIQ_KEY
+        if type(value) is not str:
+            return -1
+        plan.generated = not value  # the reference gives it a fresh UNIQ_KEY
+        extra = 0
+        if plan.generated:
+            if generated_length < 0:
+                return -1
+            extra = UNIQ_ENTRY_BYTES + generated_length
+            if plan.props_length + extra > MAX_PROPERTIES_BYTES:
+                return -1
         plan.crc, plan.flag, plan.born_port = c.body_crc, c.flag, c.born_port  # OverflowError out of int32
         plan.born_ts = c.born_timestamp_ms
         if plan.born_ts < 0:
@@ -388,7 +412,7 @@ cdef Py_ssize_t _plan_copies(list copies, CopyPlan* plans, int32_t queue_count, 
         else:
             plan.qid = -1
             round_robin += 1
-        plan.size = FIXED_OVERHEAD + topic_length + plan.body_length + plan.props_length
+        plan.size = FIXED_OVERHEAD + topic_length + plan.body_length + plan.props_length + extra
         if plan.size > room:
             return -1
     return round_robin if bodies <= max_batch_body_bytes else -1
@@ -451,18 +475,23 @@ cdef class AppendEncoder:
         finally:
             free(plans)
 
-    def encode_copies(self, copies, str topic, int32_t queue_count, int64_t now_ms, take_round_robin):
+    def encode_copies(self, copies, str topic, int32_t queue_count, int64_t now_ms, take_round_robin, uniq=None):
         """encoder.MessageEncoder._encode_copies (the reference) for a batch of model.Copy to a topic that is not a
         compaction topic: (buf, sizes, queue ids, tag codes, sys flags, UNIQ_KEYs), or None (nothing taken) where
-        the reference would refuse any of it or give a copy a fresh UNIQ_KEY, or a copy is unusual here (a host
-        that is not IPv4, a field out of its range, a body, properties or born host that is not bytes); the
-        caller then runs the reference, which raises why."""
+        the reference would refuse any of it, or a copy is unusual here (a host that is not IPv4, a field out of its
+        range, a body, properties or born host that is not bytes, a uniq key that is not str); the caller then runs
+        the reference, which raises why. A copy without a UNIQ_KEY (the Scheduler's timer records of MessageIn) gets
+        a fresh one from ``uniq`` (the encoder's UniqKeyGenerator: one block taken for the batch once it is
+        accepted, as the reference does); without ``uniq`` such a batch is declined."""
         cdef bytes topic_bytes = topic.encode("utf-8")
-        cdef Py_ssize_t n = len(copies), i, total = 0, round_robin
+        cdef Py_ssize_t n = len(copies), i, total = 0, round_robin, generated_count = 0, prefix_length = 0
         cdef Py_ssize_t topic_length = len(topic_bytes)
+        cdef Py_ssize_t generated_length = -1 if uniq is None else uniq.key_length
         cdef CopyPlan* plans
         cdef CopyPlan* plan
         cdef int32_t start
+        cdef uint32_t counter = 0
+        cdef uint8_t generated[128]
         cdef uint8_t* out
         if queue_count <= 0 or topic_length > 255:
             raise ValueError(f"topic {topic!r}: {queue_count} queues, {topic_length} bytes of name")
@@ -476,12 +505,23 @@ cdef class AppendEncoder:
         try:
             try:
                 round_robin = _plan_copies(<list>copies, plans, queue_count, topic_length, self.max_body_bytes,
-                                           self.max_batch_body_bytes, self.segment_size_bytes - BLANK_SIZE)
+                                           self.max_batch_body_bytes, self.segment_size_bytes - BLANK_SIZE,
+                                           generated_length if generated_length <= 128 else -1)
             except (OverflowError, TypeError, UnicodeError, AttributeError):
                 return None  # a field out of its range or of another type: the reference says what
             if round_robin < 0:
                 return None
-            # Accepted: now the round-robin slots, one block as the reference takes them.
+            for i in range(n):
+                generated_count += plans[i].generated
+            # Accepted: now the UNIQ_KEYs and the round-robin slots, one block each as the reference takes them.
+            if generated_count:
+                prefix, first = uniq.take(generated_count, now_ms)
+                prefix = prefix.encode("ascii")
+                prefix_length = len(prefix)
+                if prefix_length + 4 != generated_length:
+                    raise ValueError(f"UNIQ_KEY prefix {prefix!r} does not make keys of {generated_length} characters")
+                memcpy(generated, PyBytes_AS_STRING(prefix), prefix_length)
+                counter = <uint32_t>(first & 0xFFFF)
             if round_robin:
                 start = take_round_robin(topic, round_robin) % queue_count
                 for i in range(n):
@@ -492,15 +532,21 @@ cdef class AppendEncoder:
                 total += plans[i].size
             buf = PyByteArray_FromStringAndSize(NULL, total)
             out = <uint8_t*>PyByteArray_AS_STRING(buf)
-            sizes, queue_ids, tag_codes = [], [], []
+            sizes, queue_ids, tag_codes, uniq_keys = [], [], [], []
             for i in range(n):
                 plan = &plans[i]
+                if plan.generated:  # the next key of the block, as next_keys makes them
+                    _put_hex16(generated + prefix_length, counter)
+                    counter = (counter + 1) & 0xFFFF
+                    uniq_keys.append(PyUnicode_DecodeASCII(<const char*>generated, generated_length, NULL))
+                else:
+                    uniq_keys.append(copies[i].uniq_key)
                 out = _put_copy(out, plan, <const uint8_t*>PyBytes_AS_STRING(topic_bytes), topic_length, now_ms,
-                                self.store_host, self.store_port)
+                                self.store_host, self.store_port, generated, generated_length)
                 sizes.append(plan.size)
                 queue_ids.append(plan.qid)
                 tag_codes.append(plan.tag_code)
-            return buf, sizes, queue_ids, tag_codes, [0] * n, [c.uniq_key for c in copies]
+            return buf, sizes, queue_ids, tag_codes, [0] * n, uniq_keys
         finally:
             free(plans)
 
@@ -593,6 +639,7 @@ cdef enum Asked:
     ASKED_DELIVER_MS = 3
 
 # The names timer_batch writes (mqstore.timer.messages: OUT_MS, REAL_TOPIC, REAL_QID, SHARDING_KEY).
+tm_DELAY_SEC, tm_DELAY_MS, tm_DELIVER_MS = "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_DELIVER_MS"  # messages.ASKING
 cdef const char* NAME_OUT_MS = b"TIMER_OUT_MS"
 cdef const char* NAME_REAL_TOPIC = b"REAL_TOPIC"
 cdef const char* NAME_REAL_QID = b"REAL_QID"
@@ -762,6 +809,201 @@ def timer_batch(WireMessages wire, str timer_topic, str real_topic, int32_t queu
         made.props_to = one_per_name(out, made.props_from)
         out.count += 1
     return out, dues
+
+
+# ---- the timer records of a delayed MessageIn batch (mqstore.timer.messages._timer_copies) -------------------
+
+cdef enum:
+    MAX_TIMER_ENTRIES = 64
+
+
+cdef bint _utf8_of(object text, Span* out) except -1:
+    """A str's UTF-8 (cached in the str) into ``out``; False for anything that is not exactly a str."""
+    cdef const char* ptr
+    cdef Py_ssize_t length
+    if type(text) is not str:
+        return False
+    ptr = PyUnicode_AsUTF8AndSize(text, &length)  # UnicodeEncodeError for a lone surrogate: the caller declines
+    out.ptr, out.length = <const uint8_t*>ptr, length
+    return True
+
+
+cdef int64_t _message_due(dict props, int64_t now_ms, int64_t max_delay_ms) except -2:
+    """messages._due's delivery time of a message whose asking property is plain digits and within the limit; -1
+    for anything else (the reference decides, or raises why)."""
+    cdef Span text
+    cdef int64_t value, due
+    cdef Asked kind
+    if tm_DELAY_SEC in props:
+        kind, raw = ASKED_DELAY_SEC, props[tm_DELAY_SEC]
+    elif tm_DELAY_MS in props:
+        kind, raw = ASKED_DELAY_MS, props[tm_DELAY_MS]
+    elif tm_DELIVER_MS in props:
+        kind, raw = ASKED_DELIVER_MS, props[tm_DELIVER_MS]
+    else:
+        return -1
+    if not _utf8_of(raw, &text):
+        return -1
+    value = _whole_number(text)
+    if value < 0:
+        return -1
+    if kind == ASKED_DELAY_SEC:
+        if value > max_delay_ms // 1000 + 1:
+            return -1
+        due = now_ms + value * 1000
+    elif kind == ASKED_DELAY_MS:
+        due = now_ms + value
+    else:
+        due = value
+    if due - now_ms > max_delay_ms:
+        return -1
+    return due if due > now_ms else now_ms
+
+
+cdef bint _plain_entry(Span name, Span value) noexcept nogil:
+    """A user property the timer record keeps as it is: a name and a value, neither empty nor holding a
+    separator, the name none the timer reads or sets (TIMER_*, REAL_TOPIC, REAL_QID) or the encoder checks (TAGS,
+    KEYS, UNIQ_KEY)."""
+    if name.length == 0 or value.length == 0 or _has_separator(name) or _has_separator(value):
+        return False
+    if name.length >= 6 and memcmp(name.ptr, b"TIMER_", 6) == 0:
+        return False
+    if (name.length == 10 and memcmp(name.ptr, NAME_REAL_TOPIC, 10) == 0) or \
+            (name.length == 8 and memcmp(name.ptr, NAME_REAL_QID, 8) == 0):
+        return False
+    return _reserved(name) == USER
+
+
+cdef Py_ssize_t _timer_entries(object message, dict props, Span topic, int32_t queue_count, int64_t due,
+                               Entry* entries, uint8_t* numbers) except -2:
+    """The timer record's properties but TAGS and KEYS (messages._timer_copies' ``out``), sorted by name, into
+    ``entries`` (MAX_TIMER_ENTRIES; ``numbers``: 40 bytes for the digits they point into): their count, or -1 where
+    the reference decides."""
+    cdef Py_ssize_t count = 0
+    cdef Span name, value, shard
+    cdef long long qid
+    cdef object queue_id = message.queue_id
+    if len(props) > MAX_TIMER_ENTRIES - 4:
+        return -1
+    for raw_name, raw_value in props.items():
+        if not _utf8_of(raw_name, &name) or not _utf8_of(raw_value, &value):
+            return -1
+        if _asking(name) != ASKED_NONE:
+            continue
+        if not _plain_entry(name, value):
+            return -1
+        entries[count].name, entries[count].value, entries[count].order = name, value, count
+        count += 1
+    value = _span(numbers, _put_decimal(numbers, due))
+    entries[count].name, entries[count].value, entries[count].order = _span(NAME_OUT_MS, 12), value, count
+    entries[count + 1].name, entries[count + 1].value, entries[count + 1].order = _span(NAME_REAL_TOPIC, 10), topic, 0
+    count += 2
+    if queue_id is not None:
+        if type(queue_id) is not int:
+            return -1
+        qid = queue_id  # OverflowError: the caller declines
+        if not 0 <= qid < queue_count:
+            return -1
+        value = _span(numbers + 20, _put_decimal(numbers + 20, qid))
+        entries[count].name, entries[count].value, entries[count].order = _span(NAME_REAL_QID, 8), value, 0
+        count += 1
+    if not _utf8_of(message.sharding_key, &shard):
+        return -1
+    if shard.length:
+        if _has_separator(shard):
+            return -1
+        entries[count].name, entries[count].value, entries[count].order = _span(NAME_SHARDING_KEY, 18), shard, 0
+        count += 1
+    qsort(entries, count, sizeof(Entry), _compare_entries)  # the names are distinct
+    return count
+
+
+cdef object _timer_properties(const Entry* entries, Py_ssize_t count, Span tags, tuple keys):
+    """The PROPERTIES bytes: the entries, then TAGS and KEYS as the encoder writes them; None for a bad key."""
+    cdef Py_ssize_t i, total = 0, n = len(keys)
+    cdef Span key
+    cdef uint8_t* out
+    for i in range(count):
+        total += entries[i].name.length + entries[i].value.length + 2
+    if tags.length:
+        total += 6 + tags.length
+    for i in range(n):
+        if not _utf8_of(keys[i], &key) or not _valid_key(key.ptr, key.length):
+            return None
+        total += key.length + 1
+    if n:
+        total += 5
+    made = PyBytes_FromStringAndSize(NULL, total)
+    out = <uint8_t*>PyBytes_AS_STRING(made)
+    for i in range(count):
+        out = _put(out, entries[i].name.ptr, entries[i].name.length)
+        out[0] = 1
+        out = _put(out + 1, entries[i].value.ptr, entries[i].value.length)
+        out[0] = 2
+        out += 1
+    if tags.length:
+        out = _put(_put(out, b"TAGS\x01", 5), tags.ptr, tags.length)
+        out[0] = 2
+        out += 1
+    if n:
+        out = _put(out, b"KEYS\x01", 5)
+        for i in range(n):
+            _utf8_of(keys[i], &key)
+            if i:
+                out[0] = 0x20
+                out += 1
+            out = _put(out, key.ptr, key.length)
+        out[0] = 2
+    return made
+
+
+cdef object _timer_copy_of(object message, Span topic, int32_t queue_count, int64_t due, object Copy):
+    """One message's timer record as a Copy (messages._timer_copies'), or None where the reference decides."""
+    cdef Entry entries[MAX_TIMER_ENTRIES]
+    cdef uint8_t numbers[40]
+    cdef Py_ssize_t count
+    cdef Span tags
+    cdef object props = message.properties, body = message.body, keys = message.keys
+    if type(props) is not dict or type(body) is not bytes or len(<bytes>body) == 0 or type(keys) is not tuple:
+        return None
+    count = _timer_entries(message, <dict>props, topic, queue_count, due, entries, numbers)
+    if count < 0 or not _utf8_of(message.tags, &tags) or (tags.length and _has_separator(tags)):
+        return None
+    made = _timer_properties(entries, count, tags, <tuple>keys)
+    if made is None:
+        return None
+    return Copy(body, _body_crc(_span(PyBytes_AS_STRING(body), len(<bytes>body))), made, message.tags, "",
+                message.flag, message.born_timestamp_ms, message.born_host, message.born_port, 0, "")
+
+
+def timer_copies(messages, str real_topic, int32_t queue_count, int64_t now_ms, int64_t max_delay_ms, Copy, Copies):
+    """What mqstore.timer.messages._timer_copies makes of a delayed batch of MessageIn for ``real_topic`` (its
+    reference: the same Copy objects, byte for byte, and due times): (``Copies`` of ``Copy``, due times), or None
+    wherever the reference could raise or decline, or anything is unusual here (a value int() reads that is not
+    plain digits, a delay past the limit, a queue_id out of range or not an int, a property that is empty, holds a
+    separator or has a name the timer or the encoder treats apart, a bad tag, key or sharding key, a field of
+    another type, more than 60 properties): the caller then runs the reference, which says why."""
+    cdef Span topic
+    cdef int64_t due
+    if type(messages) is not list or not _utf8_of(real_topic, &topic) or topic.length == 0 or _has_separator(topic):
+        return None
+    converted, dues = Copies(), []
+    try:
+        for message in <list>messages:
+            props = message.properties
+            if type(props) is not dict:
+                return None
+            due = _message_due(<dict>props, now_ms, max_delay_ms)
+            if due < 0:
+                return None
+            made = _timer_copy_of(message, topic, queue_count, due, Copy)
+            if made is None:
+                return None
+            converted.append(made)
+            dues.append(due)
+    except (OverflowError, UnicodeError, AttributeError):
+        return None  # a field out of its range or of another kind: the reference says what
+    return converted, dues
 
 
 # ---- a delivered copy's properties from the timer record's (mqstore.timer.messages.delivered_copy) ----------

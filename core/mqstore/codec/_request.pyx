@@ -327,10 +327,13 @@ def parse_internal_batches(bytes raw):
     """InternalBatches of InternalAppendBatchesRequest bytes, or None: where protobuf might refuse the
     bytes (as :func:`parse_request`), and where the reference (protobuf, convert.internal_messages_in)
     decides because the compiled path does not carry it: a message with a transaction type, a prepared
-    offset, a reconsume count, a delivery field or a timer property (timer-marked), an InternalMessage
-    whose ``message`` comes more than once (protobuf merges them), a born host other than a plain
-    ``a.b.c.d:port``. What it returns is then exactly a batch of plain messages, each with its own born
-    host or none (the peer's: WireMessages.set_peer)."""
+    offset, a reconsume count or a delivery field (MessageInput.delay_ms, deliver_at_ms: the reference
+    refuses those at this door), an InternalMessage whose ``message`` comes more than once (protobuf merges
+    them), a born host other than a plain ``a.b.c.d:port``. What it returns is then exactly a batch of
+    NOT_TYPE messages, each with its own born host or none (the peer's: WireMessages.set_peer); a message
+    with a timer property (the gateway's delayed sends: TIMER_DELIVER_MS) is timer-marked as by
+    :func:`parse_request`, so the Scheduler makes its timer records (_records.timer_batch) or converts it
+    (WireMessages.to_messages: the MessageIn convert.internal_messages_in makes)."""
     cdef InternalBatches parsed = InternalBatches.__new__(InternalBatches)
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
     cdef Py_ssize_t end = PyBytes_GET_SIZE(raw)
@@ -395,8 +398,6 @@ cdef object _parse_batch(bytes raw, const uint8_t* p, Py_ssize_t at, Py_ssize_t 
             at = skip_field(p, at, end, tag, MAX_DEPTH - 1)
             if at < 0:
                 return None
-    if wire.timer_marks:
-        return None
     wire.topic = text_of(topic)
     return wire
 
@@ -443,6 +444,8 @@ cdef int _parse_internal_message(WireMessages wire, const uint8_t* p, Py_ssize_t
     if parse_message(wire, p, message_at, message_end, MAX_DEPTH - 3) < 0:
         return -1
     m = &wire.msgs[wire.count - 1]
+    if m.deliver_at_ms != 0 or m.delay_ms != 0:
+        return -1  # the reference's InvalidArgument (delivery fields are CommitLog.Append's)
     if born.length and not _host_port(born, m):
         return -1
     return 0

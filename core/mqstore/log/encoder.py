@@ -190,7 +190,7 @@ class MessageEncoder:
         invariant(topic.kind != KIND_COMPACTION, "a compaction topic's copies are MessageIn (its queue is its key's)")
         if self._compiled is not None:  # the same bytes in C (the timer's copies); None: this way says why
             encoded = self._compiled.encode_copies(copies, topic.name, topic.queue_count, now_ms,
-                                                   self._take_round_robin)
+                                                   self._take_round_robin, self.uniq)
             if encoded is not None:
                 return EncodedBatch(topic.name, *encoded, topic.start_physical_offset)
         self._check_batch(copies)

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 from mqstore import codec, waits
 from mqstore import topics as topic_rules
 from mqstore.errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange
-from mqstore.model import AppendResults, Copies, MessageIn
+from mqstore.model import AppendResults, Copies, Copy, MessageIn
 from mqstore.timer import messages as tm
 from mqstore.timer.config import TimerConfig
 
@@ -134,8 +134,13 @@ def timer_batch(store, config: TimerConfig, topic: str, messages: Sequence[Messa
     (messages.timer_records: the encoder then writes their properties as given)."""
     if topic_rules.is_system_topic(topic) or topic_rules.is_pop_owned_topic(topic):
         raise InvalidArgument(f"topic {topic!r}: delayed messages go to user topics only")
-    return tm.timer_records(topic, messages, store.clock.now_ms(), config.timer_max_delay_ms,
-                            store.topic_admin.get(topic).queue_count, copies)
+    now_ms, queue_count = store.clock.now_ms(), store.topic_admin.get(topic).queue_count
+    if copies and codec.compiled is not None:  # the same Copies in C; None: the reference decides (and says why)
+        made = codec.compiled.timer_copies(messages, topic, queue_count, now_ms, config.timer_max_delay_ms, Copy,
+                                           Copies)
+        if made is not None:
+            return made
+    return tm.timer_records(topic, messages, now_ms, config.timer_max_delay_ms, queue_count, copies)
 
 
 def append(store, config: TimerConfig, topic: str, messages: Sequence[MessageIn], replication: str | None = None,

@@ -6,8 +6,9 @@ Python object per field. Pure Python (the reference): protobuf parses the reques
 makes MessageIn, convert.append_response builds the response, which is then serialized.
 
 CommitLogInternal's AppendBatches (and its stream) take their requests the same way
-(:func:`parse_internal_batches`): a request of plain messages (the gateway's sends) becomes one
-WireMessages per batch, any other is protobuf's and convert.internal_messages_in's.
+(:func:`parse_internal_batches`): a request of NOT_TYPE messages (the gateway's sends, its delayed ones with
+TIMER_DELIVER_MS too: timer-marked, for the Scheduler) becomes one WireMessages per batch, any other is protobuf's
+and convert.internal_messages_in's.
 
 Bytes the compiled parser does not accept are parsed by protobuf, whose DecodeError says why (the
 error interceptor turns it into INVALID_ARGUMENT): so a malformed request gets protobuf's own words
@@ -44,7 +45,8 @@ def parse_request(raw: bytes):
 def parse_internal_batches(raw: bytes):
     """InternalAppendBatchesRequest bytes -> an object with ``writer`` and ``batches`` (each with ``topic``
     and ``messages``): the compiled codec's InternalBatches (one WireMessages per batch) for a request of
-    plain messages, else the protobuf message; raises protobuf's DecodeError when the bytes are not one."""
+    NOT_TYPE messages without delivery fields, else the protobuf message; raises protobuf's DecodeError when the
+    bytes are not one."""
     if codec.compiled is not None:
         parsed = codec.compiled.parse_internal_batches(raw)
         if parsed is not None:
