@@ -462,6 +462,8 @@ def test_a_replicas_stream_runs_on_the_thread_that_reads_it_and_its_acks_reach_t
                 if acked == leader.end():
                     break
             assert acked == leader.end() > 0
+            for _ in range(3):  # acks back to back: each sent once the one before has left (one send at a time)
+                stream.ack(Ack(acked, 0))
             leaders = ("grpc-handler", "replication-acks-")  # the leader's, in this process: its handler, ack reader
             started_here = [t.name for t in set(threading.enumerate()) - before if not t.name.startswith(leaders)]
             assert started_here == ["replication-watchdog"]

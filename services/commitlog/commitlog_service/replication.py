@@ -5,7 +5,9 @@ the stream's protos and mqstore.replication's plain messages. The protocol itsel
 Thread-safety: the servicer holds the store and the node (both thread-safe); each Replicate call runs on
 its handler thread plus one thread reading the replica's acknowledgements (on a grpc.aio port,
 :class:`LoopReplicationServicer`: on the loop, a task reading them). A link's streams are used by
-the replica's follower thread; ``cancel()`` may come from any thread.
+the replica's follower thread, which also runs the call itself (:class:`SingleThreadedCall`: it polls
+the call's completion queue and sends the acks; no grpc thread of the synchronous client's);
+``cancel()`` may come from any thread.
 
 The threads, and why each is one:
 
@@ -526,14 +528,20 @@ class SingleThreadedCall:
 
     def _collect(self) -> None:
         """The next completed batch (blocks; the owner only, with something due)."""
-        event = self._call.next_event()
+        try:
+            event = self._call.next_event()
+        except BaseException:  # a signal handler's exception (the main thread): grpc freed the call and its queue
+            self._due.clear()
+            raise
         self._due.discard(event.tag)
         if event.tag is _RECEIVED:
             self._message = event.batch_operations[0].message()
         elif event.tag is _STATUS:
             op = event.batch_operations[0]
             code = _STATUS_CODES.get(op.code(), grpc.StatusCode.UNKNOWN)
-            self._status = (code, op.details(), tuple(op.trailing_metadata() or ()))
+            details = op.details()
+            details = details.decode(errors="replace") if isinstance(details, bytes) else details
+            self._status = (code, details, tuple(op.trailing_metadata() or ()))
 
     def __iter__(self):
         return self
