@@ -16,7 +16,7 @@ import pytest
 from commitlog_service.main import CommitLogConfig, serving
 from commitlog_service.replication import GrpcLeaderLink
 from mqstore.config import StoreConfig
-from mqstore.errors import NotLeader
+from mqstore.errors import InvalidArgument, NotLeader
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.epochs import EpochHistory
 from mqstore.replication.messages import Ack, Hello
@@ -488,6 +488,38 @@ def test_a_replicas_stream_to_a_node_that_does_not_lead_says_which_does(tmp_path
             assert refused.value.leader_address == leader.address
         finally:
             link.close()
+
+
+def test_a_welcome_the_replica_cannot_read_ends_its_stream(tmp_path):
+    """A welcome whose epochs are out of order (a stand-in leader on a real gRPC server: a real one does not
+    send it): the link's open raises InvalidArgument, and the stream it opened is over, its call cancelled
+    and its watchdog gone, rather than left to the garbage collector."""
+    ended = threading.Event()
+
+    def replicate(request_iterator, context):
+        next(request_iterator)
+        context.add_callback(ended.set)
+        yield replication_pb2.LeaderMessage(welcome=replication_pb2.LeaderWelcome(
+            leader_id="odd", epoch=2, epochs=[replication_pb2.EpochEntry(epoch=2, start_offset=0),
+                                              replication_pb2.EpochEntry(epoch=1, start_offset=10)]))
+        ended.wait(30)
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("mqstore.v1.Replication", {
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            replicate, request_deserializer=replication_pb2.ReplicaMessage.FromString,
+            response_serializer=replication_pb2.LeaderMessage.SerializeToString)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    link = GrpcLeaderLink(heartbeat_ms=50)
+    try:
+        with pytest.raises(InvalidArgument, match="out of order"):
+            link.open(f"127.0.0.1:{port}", _hello("o"))
+        assert not _threads("replication-watchdog")
+        assert ended.wait(10), "the call to end on the leader's side"
+    finally:
+        link.close()
+        server.stop(0)
 
 
 def test_a_bug_in_the_watchdog_is_the_links_and_so_the_followers_problem(tmp_path):

@@ -630,6 +630,9 @@ class GrpcLeaderLink:
             self._opening.add(stream)
         try:
             stream.read_welcome()
+        except BaseException:  # a welcome it cannot read: the call ends here (its batches collected, the watchdog)
+            stream.cancel()
+            raise
         finally:
             with self._lock:
                 self._opening.discard(stream)
