@@ -16,9 +16,10 @@ import pytest
 from commitlog_service.main import CommitLogConfig, serving
 from commitlog_service.replication import GrpcLeaderLink
 from mqstore.config import StoreConfig
+from mqstore.errors import InvalidArgument, NotLeader
 from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.epochs import EpochHistory
-from mqstore.replication.messages import Hello
+from mqstore.replication.messages import Ack, Hello
 from mqstore.replication.replica import ReplicaFollower
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2, replication_pb2, replication_pb2_grpc
@@ -437,6 +438,85 @@ def test_the_watchdog_cancels_a_stream_whose_leader_falls_silent_and_stops(tmp_p
         wait_until(lambda: not stream.watchdog.state().alive, "the watchdog to stop after cancelling")
         assert stream.watchdog.state().steps >= 1 and link.problem() == ""
         assert not _threads("replication-watchdog")
+    finally:
+        link.close()
+        server.stop(0)
+
+
+def test_a_replicas_stream_runs_on_the_thread_that_reads_it_and_its_acks_reach_the_leader(tmp_path):
+    """The replica's Replicate call (SingleThreadedCall, issue 34): the data messages read and the acks sent by
+    the thread that iterates the stream, no other thread but the stream's watchdog (grpc's synchronous call
+    had a channel thread and a request-consumer thread besides, each message handed between them); what it
+    acknowledges is what the leader reports of the replica."""
+    with started(node_config(tmp_path, "a")) as leader:
+        leader.log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=RPC_TIMEOUT_S)
+        leader.append("t", 3)
+        link = GrpcLeaderLink(heartbeat_ms=50)
+        try:
+            before = set(threading.enumerate())
+            stream = link.open(leader.address, _hello("w"))
+            acked = 0
+            for d in stream:
+                acked = d.next_offset
+                stream.ack(Ack(acked, 0))
+                if acked == leader.end():
+                    break
+            assert acked == leader.end() > 0
+            for _ in range(3):  # acks back to back: each sent once the one before has left (one send at a time)
+                stream.ack(Ack(acked, 0))
+            leaders = ("grpc-handler", "replication-acks-")  # the leader's, in this process: its handler, ack reader
+            started_here = [t.name for t in set(threading.enumerate()) - before if not t.name.startswith(leaders)]
+            assert started_here == ["replication-watchdog"]
+            wait_until(lambda: [(r.replica_id, r.written_offset) for r in leader.state().replicas] == [("w", acked)],
+                       "the leader to read the replica's ack")
+            stream.cancel()
+            assert not _threads("replication-watchdog")
+        finally:
+            link.close()
+
+
+def test_a_replicas_stream_to_a_node_that_does_not_lead_says_which_does(tmp_path):
+    """The Replicate call's status and trailer as the replica's stream reads them: a replica asked for the
+    log answers FAILED_PRECONDITION naming its leader, and the link raises NotLeader with that address."""
+    with started(node_config(tmp_path, "a")) as leader, \
+            started(node_config(tmp_path, "b", replica_of=leader.address)) as replica:
+        wait_until(lambda: replica.state().leader_address == leader.address, "b to follow a")
+        link = GrpcLeaderLink(heartbeat_ms=50)
+        try:
+            with pytest.raises(NotLeader) as refused:
+                link.open(replica.address, _hello("w"))
+            assert refused.value.leader_address == leader.address
+        finally:
+            link.close()
+
+
+def test_a_welcome_the_replica_cannot_read_ends_its_stream(tmp_path):
+    """A welcome whose epochs are out of order (a stand-in leader on a real gRPC server: a real one does not
+    send it): the link's open raises InvalidArgument, and the stream it opened is over, its call cancelled
+    and its watchdog gone, rather than left to the garbage collector."""
+    ended = threading.Event()
+
+    def replicate(request_iterator, context):
+        next(request_iterator)
+        context.add_callback(ended.set)
+        yield replication_pb2.LeaderMessage(welcome=replication_pb2.LeaderWelcome(
+            leader_id="odd", epoch=2, epochs=[replication_pb2.EpochEntry(epoch=2, start_offset=0),
+                                              replication_pb2.EpochEntry(epoch=1, start_offset=10)]))
+        ended.wait(30)
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("mqstore.v1.Replication", {
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            replicate, request_deserializer=replication_pb2.ReplicaMessage.FromString,
+            response_serializer=replication_pb2.LeaderMessage.SerializeToString)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    link = GrpcLeaderLink(heartbeat_ms=50)
+    try:
+        with pytest.raises(InvalidArgument, match="out of order"):
+            link.open(f"127.0.0.1:{port}", _hello("o"))
+        assert not _threads("replication-watchdog")
+        assert ended.wait(10), "the call to end on the leader's side"
     finally:
         link.close()
         server.stop(0)

@@ -5,7 +5,9 @@ the stream's protos and mqstore.replication's plain messages. The protocol itsel
 Thread-safety: the servicer holds the store and the node (both thread-safe); each Replicate call runs on
 its handler thread plus one thread reading the replica's acknowledgements (on a grpc.aio port,
 :class:`LoopReplicationServicer`: on the loop, a task reading them). A link's streams are used by
-the replica's follower thread; ``cancel()`` may come from any thread.
+the replica's follower thread, which also runs the call itself (:class:`SingleThreadedCall`: it polls
+the call's completion queue and sends the acks; no grpc thread of the synchronous client's);
+``cancel()`` may come from any thread.
 
 The threads, and why each is one:
 
@@ -44,6 +46,13 @@ from mqstore.replication.node import ReplicationNode
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as pb, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_rpc_error
+from mqstore_rpc.tls import open_channel
+
+try:  # grpc's internal call API, for SingleThreadedCall (grpc's own single-threaded unary-stream call uses it)
+    from grpc._cython import cygrpc
+    from grpc._common import CYGRPC_STATUS_CODE_TO_STATUS_CODE as _STATUS_CODES
+except ImportError:  # pragma: no cover (another grpc): the synchronous stream-stream call instead
+    cygrpc, _STATUS_CODES = None, {}
 
 log = structlog.get_logger()
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Replication"].full_name
@@ -382,6 +391,8 @@ class GrpcReplicationStream:
             segment_size_bytes=hello.segment_size_bytes, reads_tier=hello.reads_tier,
             pages_welcome=hello.pages_welcome)))
         self._call = stub.Replicate(iter(self._outbox.get, None))
+        # the acks: the single-threaded call sends them itself; grpc's synchronous one takes them from the outbox
+        self._send = getattr(self._call, "send", self._outbox.put)
         self._last_s = time.monotonic()
         self.watchdog = SilenceWatch(self, address, silence_s)
         self.watchdog.start()
@@ -429,8 +440,8 @@ class GrpcReplicationStream:
             yield LogData(d.offset, d.data, d.next_offset, d.leader_end_offset, d.committed_offset)
 
     def ack(self, ack: Ack) -> None:
-        self._outbox.put(pb.ReplicaMessage(ack=pb.ReplicaAck(written_offset=ack.written_offset,
-                                                            flushed_offset=ack.flushed_offset)))
+        self._send(pb.ReplicaMessage(ack=pb.ReplicaAck(written_offset=ack.written_offset,
+                                                       flushed_offset=ack.flushed_offset)))
 
     def cancel(self) -> None:
         """End the call and its watchdog (joined, a bounded wait; from the watchdog itself: not joined)."""
@@ -454,7 +465,10 @@ class SilenceWatch(Duty):
 
 
 class _ReplicateStub:
-    """replication_pb2_grpc.ReplicationStub's Replicate, its data messages read by :func:`leader_message_in`."""
+    """replication_pb2_grpc.ReplicationStub's Replicate, its data messages read by :func:`leader_message_in`:
+    grpc's synchronous stream-stream call (a channel thread and a request-consumer thread besides the reader).
+    What :class:`GrpcLeaderLink` uses when grpc's internals that :class:`SingleThreadedReplicate` needs are
+    missing."""
 
     def __init__(self, channel: grpc.Channel):
         self.Replicate = channel.stream_stream(f"/{SERVICE_NAME}/Replicate",
@@ -462,12 +476,138 @@ class _ReplicateStub:
                                                response_deserializer=leader_message_in)
 
 
+_REPLICATE_METHOD = f"/{SERVICE_NAME}/Replicate".encode()
+_SENT, _RECEIVED, _METADATA, _STATUS = "sent", "received", "metadata", "status"  # the call's batches' tags
+
+
+class CallEnded(grpc.RpcError):
+    """A :class:`SingleThreadedCall`'s status, when not OK (what from_rpc_error reads of an RpcError)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple):
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details, self._trailing = code, details, trailing
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple:
+        return self._trailing
+
+
+class SingleThreadedCall:
+    """One Replicate call run by the thread that reads it (issue 34): that thread polls the call's own
+    completion queue for the next data message and sends each ack itself, where grpc's synchronous stream-stream
+    call has a channel thread poll for every call and a second thread take the acks from a queue, each data
+    message and ack handed between three threads (bench/replication_floor.py measures both).
+
+    Iterate (on the owner: the thread that made the call) for the leader's messages as
+    :func:`leader_message_in` reads them: StopIteration at an OK end, :class:`CallEnded` at any other;
+    ``send()`` (the owner) a message, once the one before it left (gRPC takes one send at a time);
+    ``cancel()`` from any thread; on the owner it also collects what the call still has due, so its queue
+    is freed. Only the owner polls the queue: grpc frees it with the call's last batch.
+
+    Built on grpc's internal call API (``grpc._cython.cygrpc``, as grpc's own single-threaded unary-stream
+    call is): :func:`single_threaded_stub` checks for it, tests/integration/test_replication.py that this
+    grpc has it. The channel's TLS is the call's; its credentials go as the call's metadata."""
+
+    def __init__(self, channel, metadata: tuple, first: pb.ReplicaMessage):
+        self._owner = threading.get_ident()
+        self._due = {_SENT, _METADATA, _STATUS}  # our batches not completed: while any, the call's queue lives
+        self._message: bytes | None = None
+        self._status: tuple | None = None
+        self._call = channel.segregated_call(
+            cygrpc.PropagationConstants.GRPC_PROPAGATE_DEFAULTS, _REPLICATE_METHOD, None, None, metadata, None,
+            (((cygrpc.SendInitialMetadataOperation(metadata, 0),
+               cygrpc.SendMessageOperation(first.SerializeToString(), 0)), _SENT),
+             ((cygrpc.ReceiveInitialMetadataOperation(0),), _METADATA),
+             ((cygrpc.ReceiveStatusOnClientOperation(0),), _STATUS)),
+            cygrpc.build_census_context(), None)
+
+    def _collect(self) -> None:
+        """The next completed batch (blocks; the owner only, with something due)."""
+        try:
+            event = self._call.next_event()
+        except BaseException:  # a signal handler's exception (the main thread): grpc freed the call and its queue
+            self._due.clear()
+            raise
+        self._due.discard(event.tag)
+        if event.tag is _RECEIVED:
+            self._message = event.batch_operations[0].message()
+        elif event.tag is _STATUS:
+            op = event.batch_operations[0]
+            code = _STATUS_CODES.get(op.code(), grpc.StatusCode.UNKNOWN)
+            details = op.details()
+            details = details.decode(errors="replace") if isinstance(details, bytes) else details
+            self._status = (code, details, tuple(op.trailing_metadata() or ()))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if _RECEIVED not in self._due:
+            if not self._due or not self._call.operate((cygrpc.ReceiveMessageOperation(0),), _RECEIVED):
+                return self._end()
+            self._due.add(_RECEIVED)
+        while _RECEIVED in self._due:
+            self._collect()
+        message, self._message = self._message, None
+        if message is None:  # the stream is over: its status says how
+            return self._end()
+        return leader_message_in(message)
+
+    def _end(self):
+        while _STATUS in self._due:
+            self._collect()
+        code, details, trailing = self._status or (grpc.StatusCode.UNKNOWN, "the call ended", ())
+        if code is grpc.StatusCode.OK:
+            raise StopIteration
+        raise CallEnded(code, details, trailing)
+
+    def send(self, message: pb.ReplicaMessage) -> None:
+        while _SENT in self._due:
+            self._collect()
+        if self._status is None and self._call.operate(
+                (cygrpc.SendMessageOperation(message.SerializeToString(), 0),), _SENT):
+            self._due.add(_SENT)
+        # else the call is over: the ack goes nowhere, and the next read reports the end
+
+    def cancel(self) -> None:
+        self._call.cancel(cygrpc.StatusCode.cancelled, "Locally cancelled")  # thread-safe; nothing once over
+        if threading.get_ident() == self._owner:
+            while self._due:  # every batch completes soon once cancelled
+                self._collect()
+
+
+class SingleThreadedReplicate:
+    """A stub whose Replicate is a :class:`SingleThreadedCall`: its first request taken from the iterator
+    (the hello), later ones through the call's ``send()``."""
+
+    def __init__(self, channel, metadata: tuple):
+        self._channel, self._metadata = channel, metadata
+
+    def Replicate(self, request_iterator) -> SingleThreadedCall:
+        return SingleThreadedCall(self._channel, self._metadata, next(request_iterator))
+
+
+def single_threaded_stub(channel: grpc.Channel, metadata: tuple) -> SingleThreadedReplicate | None:
+    """A :class:`SingleThreadedReplicate` on ``channel`` (a channel of grpc.insecure_channel or
+    grpc.secure_channel, no interceptors); None when this grpc lacks what it needs."""
+    raw = getattr(channel, "_channel", None)
+    if cygrpc is None or not hasattr(raw, "segregated_call") or not hasattr(cygrpc, "build_census_context"):
+        return None
+    return SingleThreadedReplicate(raw, metadata)
+
+
 class GrpcLeaderLink:
     """mqstore.replication.replica.LeaderLink over gRPC: one channel per leader address. Thread-safe."""
 
-    def __init__(self, heartbeat_ms: int, peers: Peers | None = None):
+    def __init__(self, heartbeat_ms: int, peers: Peers | None = None, single_threaded: bool = True):
         self._silence_s = max(2.0, 10 * heartbeat_ms / 1000)
         self._peers = peers or Peers()  # the server's TLS and its `service` identity (mqstore_rpc.peers)
+        self._single_threaded = single_threaded  # SingleThreadedCall; False: grpc's synchronous call (a benchmark's)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._last: GrpcReplicationStream | None = None  # the stream opened last: its watchdog's health
@@ -477,22 +617,32 @@ class GrpcLeaderLink:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._peers.channel(address, [
+                # the peers' TLS; their credentials go as each call's metadata (self._stub), not by interceptors
+                channel = open_channel(address, self._peers.tls, [
                     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
                     ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
                     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)])
                 self._channels[address] = channel
-        stream = GrpcReplicationStream(_ReplicateStub(channel), address, hello, self._silence_s)
+        stream = GrpcReplicationStream(self._stub(channel), address, hello, self._silence_s)
         with self._lock:
             self._last = stream
             self._opening.add(stream)
         try:
             stream.read_welcome()
+        except BaseException:  # a welcome it cannot read: the call ends here (its batches collected, the watchdog)
+            stream.cancel()
+            raise
         finally:
             with self._lock:
                 self._opening.discard(stream)
         return stream
+
+    def _stub(self, channel: grpc.Channel) -> SingleThreadedReplicate | _ReplicateStub:
+        stub = single_threaded_stub(channel, self._peers.metadata()) if self._single_threaded else None
+        if stub is None:
+            stub = _ReplicateStub(grpc.intercept_channel(channel, *self._peers.interceptors()))
+        return stub
 
     def cancel_opening(self) -> None:
         """Cancel the streams still waiting for their welcome (a frozen leader never sends it): the follower,
