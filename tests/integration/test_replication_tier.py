@@ -17,7 +17,7 @@ import pytest
 
 from mqstore.format import record_reader
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, common_pb2
-from tests.support.ha import Group, etcd_or_skip
+from tests.support.ha import Group, append_unfenced, etcd_or_skip
 from tests.support.processes import commitlog
 from tests.support.s3 import moto_s3
 from tests.support.waiting import wait_until
@@ -110,8 +110,8 @@ def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_lead
         bodies = []
         for batch in range(48):  # 48 x 4 x 4 KB: ~12 segments
             more = [f"{batch}:{i}:".encode() + bytes([(batch * 4 + i) % 251]) * 4000 for i in range(4)]
-            log.Append(pb.AppendRequest(topic="t", messages=[common_pb2.MessageInput(body=b, queue_id=i % QUEUES)
-                                                             for i, b in enumerate(more)]), timeout=10)
+            append_unfenced(log, pb.AppendRequest(topic="t", messages=[
+                common_pb2.MessageInput(body=b, queue_id=i % QUEUES) for i, b in enumerate(more)]))
             bodies += more
         wait_until(lambda: min(_bases(group, "n1")) >= 6 * SEGMENT, "the leader's local retention deleted segments",
                    60)
@@ -149,9 +149,8 @@ def test_an_empty_replica_copies_the_local_tail_serves_the_tiered_range_and_lead
             assert _pull_all(replica, q) == expected[q]
         assert replica.GetMessage(pb.GetMessageRequest(physical_offset=first[1]), timeout=30).body == first[2]
         assert _tail_all(replica, len(bodies)) == bodies
-        after = replica.Append(pb.AppendRequest(topic="t", messages=[common_pb2.MessageInput(body=b"after",
-                                                                                             queue_id=0)]),
-                               timeout=10).results[0]
+        after = append_unfenced(replica, pb.AppendRequest(topic="t", messages=[
+            common_pb2.MessageInput(body=b"after", queue_id=0)])).results[0]
         assert after.queue_offset == len(expected[0])
     except grpc.RpcError as exc:
         raise AssertionError(f"{exc.code()}: {exc.details()}") from exc

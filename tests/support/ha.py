@@ -127,3 +127,21 @@ class Group:
         request = pb.AppendRequest(topic=topic, messages=[common_pb2.MessageInput(body=b) for b in bodies],
                                    replication=mode)
         return self.log(node_id).Append(request, timeout=RPC_TIMEOUT_S).results
+
+
+FENCED = "may have lost its leadership lease"  # ReplicationNode.check_writable: refused before anything is written
+
+
+def append_unfenced(stub: commitlog_pb2_grpc.CommitLogStub, request: pb.AppendRequest, timeout_s: float = 60):
+    """``stub.Append(request)``, sent again while the leader refuses it because its lease renewal is late (on a
+    loaded machine etcd or the renewing thread may be starved past the lease): that refusal comes before the
+    write (check_writable), so sending again cannot append twice. Any other error is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return stub.Append(request, timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or FENCED not in (exc.details() or "") \
+                    or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
