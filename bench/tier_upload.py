@@ -123,27 +123,32 @@ def _print_probe(row: dict) -> None:
 
 def _external_uploader(endpoint: str, work: pathlib.Path, cfg: dict, seconds: float):
     """Mode ``ext``: another process (not the store) that puts SEGMENT-byte objects to moto, as the uploader does
-    (a memory map, multipart in MULTIPART-byte parts, 4 in flight), for ``seconds``: moto's and an uploader's
-    load on the cores without anything of the tier inside the store."""
+    (a memory map, multipart in MULTIPART-byte parts, 4 in flight; with ``--external-hash`` a SHA-256 of each object
+    first, as the uploader's record has), for ``seconds``: moto's and an uploader's load on the cores without
+    anything of the tier inside the store."""
     segment = work / "ext-segment"
     if not segment.exists():
         segment.write_bytes(os.urandom(cfg["segment_bytes"]))
     code = (
-        "import mmap, sys, time, obstore\n"
+        "import hashlib, mmap, sys, time, obstore\n"
         "from obstore.store import S3Store\n"
         "endpoint, path, seconds, part = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])\n"
+        "hash_first = sys.argv[5] == '1'\n"
         "store = S3Store('bench', prefix='ext', endpoint=endpoint, region='us-east-1', access_key_id='bench',\n"
         "                secret_access_key='bench', client_options={'allow_http': True})\n"
         "sent, end = 0, time.monotonic() + seconds\n"
         "with open(path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:\n"
         "    while time.monotonic() < end:\n"
         "        with memoryview(m) as view:\n"
+        "            if hash_first:\n"
+        "                hashlib.sha256(view).digest()\n"
         "            obstore.put(store, f'o{sent}', view, use_multipart=True, chunk_size=part, max_concurrency=4)\n"
         "        sent += len(m)\n"
         "print(sent)\n"
     )
     return subprocess.Popen([sys.executable, "-c", code, endpoint, str(segment), str(seconds),
-                             str(cfg["multipart_bytes"])], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                             str(cfg["multipart_bytes"]), "1" if cfg.get("external_hash") else "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
 
 def _run(mode: str, cfg: dict, work: pathlib.Path, round_: int) -> dict:
@@ -319,12 +324,15 @@ def main(argv=None) -> int:
     parser.add_argument("--scratch", action="store_true", help="write the results to bench/results/scratch/")
     parser.add_argument("--upload-quota", type=int, default=None,
                         help="the store's --tier-upload-max-bytes-per-second (default: the store's own default)")
+    parser.add_argument("--external-hash", action="store_true",
+                        help="--external, that process hashing each object (SHA-256) before its put, as the uploader")
     parser.add_argument("--external", action="store_true",
                         help="a third run a round: the tier off, moto running and another process uploading to it "
                              "(what moto and an uploader cost the appends without the store's tier)")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL, moto_nice=args.moto_nice, moto_idle=args.moto_idle,
-               upload_quota=args.upload_quota, external=args.external)
+               upload_quota=args.upload_quota, external=args.external or args.external_hash,
+               external_hash=args.external_hash)
     if args.rounds:
         cfg["rounds"] = args.rounds
     out_dir = BENCH_DIR / "results" / ("scratch" if args.quick or args.scratch else "")
