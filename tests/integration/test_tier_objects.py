@@ -4,6 +4,8 @@ answers: UNAVAILABLE naming the tier within the deadline."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import pytest
@@ -187,3 +189,69 @@ def test_the_multipart_size_is_at_least_s3s_smallest_part():
     with pytest.raises(InvalidArgument, match="at least"):
         open_store("s3://b/p", timeout_ms=TIMEOUT_MS, endpoint="http://127.0.0.1:1", region=REGION, credentials=KEYS,
                    multipart_bytes=1 << 20)
+
+
+class RecordingPace:
+    """The upload quota as the backends see it (mqstore.tier.objects.Pace): records each chunk it is asked for."""
+
+    def __init__(self, longest_s: float = 0.0, hold_s: float = 0.0):
+        self.taken: list[int] = []
+        self._longest_s, self._hold_s = longest_s, hold_s
+
+    def take(self, size: int) -> None:
+        self.taken.append(size)
+        if self._hold_s:
+            threading.Event().wait(self._hold_s)  # a quota that holds the put back (a real wait, bounded)
+
+    def longest_s(self, size: int) -> float:
+        return self._longest_s
+
+
+def test_put_file_asks_the_quota_for_every_chunk_it_sends(tier, tmp_path):
+    """file:// copies in chunks of COPY_BYTES, each after the quota; S3 at or under the multipart size is one PUT,
+    taken whole first."""
+    from mqstore.tier.local import COPY_BYTES
+
+    path = tmp_path / "segment"
+    path.write_bytes(os.urandom(2 * COPY_BYTES + 12345))
+    pace = RecordingPace()
+    tier.put_file("commitlog/9/a", path, path.stat().st_size, pace)
+    assert tier.get_range("commitlog/9/a", 0, 1 << 30) == path.read_bytes()
+    assert sum(pace.taken) == path.stat().st_size
+    if tier.url.startswith("file://"):
+        assert pace.taken == [COPY_BYTES, COPY_BYTES, 12345]
+    else:
+        assert pace.taken == [path.stat().st_size]
+
+
+def test_a_multipart_put_asks_the_quota_for_every_part(s3, tmp_path):
+    bucket = s3.bucket()
+    store = open_store(f"s3://{bucket}/n", timeout_ms=60_000, endpoint=s3.endpoint, region=REGION, credentials=KEYS,
+                       multipart_bytes=5 << 20)
+    try:
+        data = os.urandom((12 << 20) + 4321)
+        path = tmp_path / "segment"
+        path.write_bytes(data)
+        pace = RecordingPace()
+        store.put_file("commitlog/0/a", path, len(data), pace)
+        assert pace.taken == [5 << 20, 5 << 20, (2 << 20) + 4321]  # one take per part, each part as it is taken
+        assert s3.objects(bucket, "n/") == {"n/commitlog/0/a": data}
+        assert s3.client.head_object(Bucket=bucket, Key="n/commitlog/0/a")["ETag"].strip('"').endswith("-3")
+    finally:
+        store.close()
+
+
+def test_a_put_held_back_by_the_quota_gets_its_longest_wait_on_top_of_the_deadline(tmp_path):
+    """A put whose quota holds it 1 s, with a 300 ms deadline: UNAVAILABLE when the quota's longest wait is not
+    added, done when it is (the deadline covers the store, not the pacing the quota asked for)."""
+    (tmp_path / "tier").mkdir()
+    store = open_store(f"file://{tmp_path}/tier", timeout_ms=300)
+    try:
+        path = tmp_path / "segment"
+        path.write_bytes(b"x" * 1000)
+        with pytest.raises(Unavailable, match="did not answer within 300 ms"):
+            store.put_file("commitlog/1/a", path, 1000, RecordingPace(longest_s=0.0, hold_s=1.0))
+        store.put_file("commitlog/1/b", path, 1000, RecordingPace(longest_s=30.0, hold_s=1.0))
+        assert store.get_range("commitlog/1/b", 0, 1000) == b"x" * 1000
+    finally:
+        store.close()

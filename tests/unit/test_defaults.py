@@ -36,6 +36,8 @@ ALLOWED = {
     ("core/mqstore/auth/secrets.py", "maxmem=64 << 20"): "scrypt's memory bound, not a message size",
     ("core/mqstore/tier/config.py", 'tier_cache_bytes: int = dataclasses.field(default=64 << 20, metadata={"help": ('):
         "the object storage tier's read cache budget, not a message size",
+    ("core/mqstore/tier/config.py", "tier_upload_max_bytes_per_second: int = dataclasses.field(default=64 << 20"):
+        "the object storage tier's upload quota, a byte rate, not a message size",
     ("bench/tier_upload.py", 'FULL = {"segment_bytes": 64 * MiB'):
         "the commit log segment size of the tier upload benchmark",
     ("core/mqstore/compaction/policy.py", "segment_size_bytes: int = 64 << 20"):

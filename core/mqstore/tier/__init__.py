@@ -14,6 +14,8 @@ recorded in the log itself, deleted locally once uploaded (local retention) and 
                (mqstore.format.tier_upload), a map per segment rebuilt from the topic
   sealed       what is sealed and may be uploaded: the log's final segments, the consume queues' sealed files
   uploader     the duty that uploads sealed segments, on the leader only
+  quota        UploadQuota: the uploads' byte rate (--tier-upload-max-bytes-per-second), never below the lag
+               over 60 s; the backends ask it before each chunk they send
   reads        TierReader: log bytes of a segment only in the tier, by aligned range GETs (read-ahead) through
                a byte-bounded block cache (CommitLog.remote: Pull and GetMessage(s) below the local log)
   local_retention  the duty that deletes uploaded segments locally (--local-retention-ms/-bytes) and applies

@@ -60,13 +60,21 @@ class TierConfig:
     tier_multipart_bytes: int = dataclasses.field(default=16 << 20, metadata={"help": (
         "s3:// only: upload a sealed segment larger than this as a multipart upload in parts of this size "
         "(at least 5 MiB, S3's smallest part; 4 parts in flight)")})
+    # The upload quota (mqstore.tier.quota; Kafka's copy quota, KIP-956): the uploader sends at most this many bytes a
+    # second, unless its lag needs more (the floor: lag / 60 s), so uploads never take more than a bounded share of
+    # the store's CPU and NIC from the appends (~1.7 CPU s per GB: 64 MiB/s is ~0.11 of a core) yet keep up.
+    tier_upload_max_bytes_per_second: int = dataclasses.field(default=64 << 20, metadata={"help": (
+        "upload sealed files to --tier-url at most this many bytes a second (0 = no limit), unless the upload lag "
+        "needs more: the rate is never below the lag over 60 s, so a log that grows faster than this is still "
+        "uploaded, about 60 s of its growth behind")})
     credentials: Credentials = dataclasses.field(default_factory=Credentials, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("tier_upload_interval_ms", "tier_call_timeout_ms", "tier_read_ahead_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("local_retention_ms", "local_retention_bytes", "tier_cache_bytes"):
+        for name in ("local_retention_ms", "local_retention_bytes", "tier_cache_bytes",
+                     "tier_upload_max_bytes_per_second"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must be 0 or more, not {getattr(self, name)}")
         check_multipart_bytes(self.tier_multipart_bytes)

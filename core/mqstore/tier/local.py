@@ -24,7 +24,7 @@ import uuid
 
 from mqstore import fs
 from mqstore.errors import AlreadyExists, InvalidArgument, NotFound
-from mqstore.tier.objects import ObjectInfo
+from mqstore.tier.objects import ObjectInfo, Pace
 
 TEMP_SUFFIX = ".tmp"
 COPY_BYTES = 4 << 20
@@ -48,11 +48,14 @@ class LocalBackend:
     def put_if_absent(self, key: str, data: bytes) -> None:
         self._create(key, lambda out: out.write(data))
 
-    def put_file(self, key: str, path: pathlib.Path, size: int) -> None:
-        """The first ``size`` bytes of ``path``, copied in chunks of COPY_BYTES (os.pread: no file-sized buffer)."""
+    def put_file(self, key: str, path: pathlib.Path, size: int, pace: Pace | None = None) -> None:
+        """The first ``size`` bytes of ``path``, copied in chunks of COPY_BYTES (os.pread: no file-sized buffer),
+        each after ``pace.take`` (the upload quota, mqstore.tier.quota) allowed it."""
         def copy(out) -> None:
             with open(path, "rb") as source:
                 for at in range(0, size, COPY_BYTES):
+                    if pace is not None:
+                        pace.take(min(COPY_BYTES, size - at))
                     chunk = os.pread(source.fileno(), min(COPY_BYTES, size - at), at)
                     if not chunk:
                         raise OSError(f"{path} ended at {at} bytes, before {size}")

@@ -6,11 +6,14 @@
   put_if_absent(key, data)   create the object; never replaces one (S3:      AlreadyExists: the key exists
                              If-None-Match: *; file: a link that fails on    (a second put of one key)
                              an existing name)
-  put_file(key, path, size)  the same from the first ``size`` bytes of a     AlreadyExists, as above
-                             local file, streamed (never whole in memory);
+  put_file(key, path, size,  the same from the first ``size`` bytes of a     AlreadyExists, as above
+           pace)             local file, streamed (never whole in memory);
                              S3: above the multipart size, a multipart
                              upload (mqstore.tier.s3 says how it stays
-                             create-only)
+                             create-only); ``pace.take(n)`` before each
+                             chunk sent (the upload quota,
+                             mqstore.tier.quota), whose longest wait the
+                             call's deadline adds
   get_range(key, start, n)   n bytes from byte ``start`` (fewer at the end)  NotFound: no such object
   size(key)                  the object's size (HEAD), None when absent
   list(prefix)               the objects under the "directory" ``prefix``
@@ -49,12 +52,19 @@ class ObjectInfo:
     size: int
 
 
+class Pace(Protocol):
+    """The upload quota as a put sees it (mqstore.tier.quota.UploadQuota)."""
+
+    def take(self, size: int) -> None: ...
+    def longest_s(self, size: int) -> float: ...
+
+
 class Backend(Protocol):
     """Blocking calls of one store; they raise AlreadyExists and NotFound as the table says, anything else
     for a failure (ObjectStore turns it into Unavailable)."""
 
     def put_if_absent(self, key: str, data: bytes) -> None: ...
-    def put_file(self, key: str, path: pathlib.Path, size: int) -> None: ...
+    def put_file(self, key: str, path: pathlib.Path, size: int, pace: Pace | None = None) -> None: ...
     def get_range(self, key: str, start: int, length: int) -> bytes: ...
     def size(self, key: str) -> int | None: ...
     def list(self, prefix: str) -> list[ObjectInfo]: ...
@@ -80,8 +90,10 @@ class ObjectStore:
     def put_if_absent(self, key: str, data: bytes) -> None:
         self._call("PUT", check_key(key), lambda: self._backend.put_if_absent(key, bytes(data)))
 
-    def put_file(self, key: str, path: pathlib.Path, size: int) -> None:
-        self._call("PUT", check_key(key), lambda: self._backend.put_file(key, pathlib.Path(path), size))
+    def put_file(self, key: str, path: pathlib.Path, size: int, pace: Pace | None = None) -> None:
+        """``pace``: the upload quota (None: none); the deadline is the store's plus its longest wait."""
+        self._call("PUT", check_key(key), lambda: self._backend.put_file(key, pathlib.Path(path), size, pace),
+                   pace.longest_s(size) if pace is not None else 0.0)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
@@ -106,8 +118,8 @@ class ObjectStore:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._backend.close()
 
-    def _call(self, op: str, key: str, run: Callable[[], T]) -> T:
-        deadline = time.monotonic() + self.timeout_ms / 1000
+    def _call(self, op: str, key: str, run: Callable[[], T], paced_s: float = 0.0) -> T:
+        deadline = time.monotonic() + self.timeout_ms / 1000 + paced_s
         if not self._slots.acquire(timeout=self.timeout_ms / 1000):
             raise Unavailable(f"object storage tier {self.url}: {op} {key}: every worker was busy for "
                               f"{self.timeout_ms} ms (a slow store); retry")
@@ -126,7 +138,8 @@ class ObjectStore:
             return future.result(timeout=max(deadline - time.monotonic(), 0))
         except concurrent.futures.TimeoutError:
             raise Unavailable(f"object storage tier {self.url}: {op} {key} did not answer within "
-                              f"{self.timeout_ms} ms (tier_call_timeout_ms)") from None
+                              f"{self.timeout_ms} ms (tier_call_timeout_ms)"
+                              + (f" plus {paced_s:.1f} s of the upload quota's pacing" if paced_s else "")) from None
         except (AlreadyExists, NotFound):
             raise
         except MqStoreError as exc:

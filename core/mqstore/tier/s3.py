@@ -36,7 +36,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, Pre
 from obstore.store import S3Store
 
 from mqstore.errors import AlreadyExists, InvalidArgument, NotFound
-from mqstore.tier.objects import ObjectInfo
+from mqstore.tier.objects import ObjectInfo, Pace
 
 DEFAULT_REGION = "us-east-1"
 MAX_RETRIES = 2
@@ -83,15 +83,20 @@ class S3Backend:
         except (AlreadyExistsError, PreconditionError):
             raise AlreadyExists(f"object {key} exists already (objects are written once)") from None
 
-    def put_file(self, key: str, path: pathlib.Path, size: int) -> None:
+    def put_file(self, key: str, path: pathlib.Path, size: int, pace: Pace | None = None) -> None:
         """The file ``path`` of ``size`` bytes (a sealed segment: it no longer changes), handed to obstore as a
         read-only memory map: no copy in Python and none of obstore's own file reads, which cost 1.9-2.5 CPU s a GB
-        against 0.8 for a buffer (bench/README.md, *The tier upload benchmark*)."""
+        against 0.8 for a buffer (bench/README.md, *The tier upload benchmark*). ``pace`` (the upload quota,
+        mqstore.tier.quota): a single PUT takes its whole size first; a multipart upload is given the map as an
+        iterator of part-sized views, each taken before obstore gets it (a part is sent as it comes: the quota
+        spaces the parts, MULTIPART_CONCURRENCY still in flight at most)."""
         with open(path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             if len(mapped) != size:
                 raise ValueError(f"{path} holds {len(mapped)} bytes, not the {size} recorded for {key}")
             with memoryview(mapped) as view:
                 if size <= self.multipart_bytes:
+                    if pace is not None:
+                        pace.take(size)
                     try:
                         obstore.put(self._store, key, view, mode="create", use_multipart=False)
                     except (AlreadyExistsError, PreconditionError):
@@ -99,8 +104,13 @@ class S3Backend:
                     return
                 if self.size(key) is not None:  # no condition on the multipart's completion: the module docstring
                     raise AlreadyExists(f"object {key} exists already (objects are written once)")
-                obstore.put(self._store, key, view, use_multipart=True, chunk_size=self.multipart_bytes,
-                            max_concurrency=MULTIPART_CONCURRENCY)
+                parts = _paced_parts(view, self.multipart_bytes, pace) if pace is not None else None
+                try:
+                    obstore.put(self._store, key, view if parts is None else parts, use_multipart=True,
+                                chunk_size=self.multipart_bytes, max_concurrency=MULTIPART_CONCURRENCY)
+                finally:
+                    if parts is not None:
+                        parts.close()  # a put cut midway: its last part's view goes before the map closes
                 self.multipart_puts += 1
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
@@ -135,3 +145,12 @@ class S3Backend:
 
     def close(self) -> None:
         pass
+
+
+def _paced_parts(view: memoryview, part_bytes: int, pace: Pace):
+    """``view`` as views of ``part_bytes`` (obstore's part size: each is one part as it is), each after the quota
+    allowed it."""
+    for start in range(0, len(view), part_bytes):
+        part = view[start:start + part_bytes]
+        pace.take(len(part))
+        yield part

@@ -15,7 +15,9 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      the key ``commitlog/<base:020d>/<upload id>`` unique per attempt, the leader's epoch, size, SHA-256 of the
      file's memory map) appended with SYNC replication; the object put if absent, streamed from the file
      (ObjectStore.put_file: a multipart upload above ``--tier-multipart-bytes`` on S3, which mqstore.tier.s3
-     keeps create-only); its size checked (HEAD); FINISHED appended. A put that answered needs no read-back:
+     keeps create-only), paced by the upload quota (``--tier-upload-max-bytes-per-second``, mqstore.tier.quota:
+     never below the lag over 60 s, which this sets before each upload); its size checked (HEAD); FINISHED
+     appended. A put that answered needs no read-back:
      S3 checks every PUT's and UploadPart's body against the SHA-256 its SigV4 signature carries
      (``x-amz-content-sha256``, obstore's signed payloads) and refuses one that differs, and file:// wrote and
      fsynced the bytes itself. A put that failed, or a crash after it, leaves the attempt pending: the step
@@ -84,6 +86,7 @@ from mqstore.format import cq_unit, tier_upload
 from mqstore.format.tier_upload import CONSUME_QUEUE, DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.tier.ledger import Ledger, same_topic
 from mqstore.tier.objects import ObjectStore
+from mqstore.tier.quota import UploadQuota
 from mqstore.tier.sealed import SealedQueueFile, SealedSegment
 
 log = structlog.get_logger("mqstore.tier")
@@ -116,7 +119,7 @@ class Uploader(Duty):
                  leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
                  interval_ms: int, logical_min: Callable[[], int] | None = None,
                  queue_files: Callable[[], list[SealedQueueFile]] | None = None, segment_size: int = 0,
-                 queue_min: Callable[[str, int], int | None] | None = None):
+                 queue_min: Callable[[str, int], int | None] | None = None, quota: UploadQuota | None = None):
         """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
         ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
         ``log_min()``: the log's oldest physical offset kept locally; ``logical_min()``: the logical log's
@@ -124,7 +127,8 @@ class Uploader(Duty):
         ``queue_files()``: the sealed consume queue files (mqstore.tier.sealed.sealed_queue_files; None: none
         uploaded), whose entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first;
         ``queue_min(topic, queue id)``: the queue's minimum offset (None: no such queue), the files' retention in
-        the tier."""
+        the tier; ``quota``: the upload quota (mqstore.tier.quota; None: no limit), whose lag this sets before each
+        upload."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger
@@ -136,6 +140,7 @@ class Uploader(Duty):
         self.queue_files = queue_files
         self.segment_size = segment_size
         self.queue_min = queue_min
+        self.quota = quota or UploadQuota(0)
         self.copy_bytes = 0  # bytes of the commit log segments this node FINISHED
         self.copy_errors = 0  # steps that failed (the tier or the log said no) outside a topic's file
         self.topics: dict[str, TopicCounters] = {}  # a topic's consume queue files' counters (TopicCounters)
@@ -167,6 +172,9 @@ class Uploader(Duty):
                 counters.copy_errors += 1
                 counters.last_error = error
             raise
+
+    def on_stop(self) -> None:
+        self.quota.stop()  # a put waiting for the quota is cut (its attempt stays pending: the next start resolves it)
 
     def topic_counters(self, topic: str) -> TopicCounters:
         counters = self.topics.get(topic)
@@ -249,15 +257,24 @@ class Uploader(Duty):
                              CONSUME_QUEUE, queue_file.topic, queue_file.queue_id, queue_file.incarnation)
         self.ledger.record(attempt)
         failpoints.hit("tier.upload.started" if queue_file is None else "tier.upload.queue_file.started")
-        if segment.path is not None:
-            self.tier.put_file(attempt.key, segment.path, segment.size)  # a memory map; multipart above its size (s3)
+        self.quota.lag_bytes = self._lag_bytes()
+        if segment.path is not None:  # a memory map; multipart above its size (s3); paced by the quota
+            self.tier.put_file(attempt.key, segment.path, segment.size, self.quota if self.quota.limited else None)
         else:
+            self.quota.take(segment.size)
             self.tier.put_if_absent(attempt.key, segment.read())
         failpoints.hit("tier.upload.after_put" if queue_file is None else "tier.upload.queue_file.after_put")
         if self.tier.size(attempt.key) == attempt.segment_size:  # the put answered: its bytes were checked (above)
             self._finish(attempt, by="its put")
         else:
             self._resolve(attempt, {})
+
+    def _lag_bytes(self) -> int:
+        """The sealed commit log segments' bytes not FINISHED yet (the quota's floor)."""
+        if not self.quota.limited:
+            return 0
+        finished, _ = self.ledger.snapshot()
+        return sum(segment.size for segment in self.segments() if segment.base not in finished)
 
     def _upload_queue_files(self, epoch: int) -> None:
         self.ledger.catch_up()

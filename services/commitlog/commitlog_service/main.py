@@ -73,6 +73,7 @@ from mqstore.timer.config import TimerConfig
 from mqstore.timer.leadership import TimerDuty
 from mqstore.timer.scheduling import Scheduler
 from mqstore.tier.config import TierConfig
+from mqstore.tier.quota import UploadQuota
 from mqstore.tier.ledger import Ledger
 from mqstore.tier.local_retention import LocalRetention
 from mqstore.replication.tier_join import TierJoin
@@ -242,7 +243,8 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
                         ready=store.replica_view.promoted_visible, log_min=store.log_min,
                         interval_ms=tier.tier_upload_interval_ms, logical_min=logical_min,
                         queue_files=lambda: sealed_queue_files(store), segment_size=store.segments.segment_size,
-                        queue_min=lambda topic, queue_id: queue_min(store, topic, queue_id))
+                        queue_min=lambda topic, queue_id: queue_min(store, topic, queue_id),
+                        quota=UploadQuota(tier.tier_upload_max_bytes_per_second))
     store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
 
