@@ -65,6 +65,23 @@ def test_compiled_stamp_equals_the_reference(specs, segment_size, written, first
         assert first == first_offsets[qid] and physical_end == mine[-1][0] + mine[-1][1]
 
 
+@SETTINGS
+@given(columns=st.lists(st.tuples(st.integers(0, 70_000), st.sampled_from([0, 0x4, 0x8, 0xC, 0x10, 0x3C])),
+                        max_size=40),
+       table=st.dictionaries(st.tuples(st.sampled_from(["t", "u"]), st.integers(0, 9)), st.integers(0, 1 << 40),
+                             max_size=8))
+def test_compiled_queue_ranges_equal_the_reference(columns, table):
+    """The same ranges in the same order; a queue id out of [0, 65535] on a record that takes a queue offset is
+    refused (stamp refuses it too), one on a record that takes none is ignored by both."""
+    qids = [q if q <= 65535 or f in (0x4, 0xC) else q % 10 for q, f in columns]
+    flags = [f for _, f in columns]
+    expected = reference.queue_ranges(qids, flags, dict(table), "t")
+    actual = compiled.queue_ranges(qids, flags, dict(table), "t")
+    assert list(actual.items()) == list(expected.items())
+    with pytest.raises(ValueError, match="outside"):
+        compiled.queue_ranges([*qids, 65536], [*flags, 0], dict(table), "t")
+
+
 def test_inconsistent_columns_are_refused_not_written_past():
     buf, sizes = encoded([{"body": b"x", "queue_id": 0, "sys_flag": 0, "born_host": HOSTS[0],
                            "store_host": HOSTS[0], "tag_code": 0}])

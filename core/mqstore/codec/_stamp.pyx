@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Placing and stamping a batch inside the append lock, in C: mqstore.log.stamp's place and stamp
-(the reference), with the same results; tests/property/test_codec_stamp.py compares the two.
+"""Placing and stamping a batch inside the append lock, in C: mqstore.log.stamp's place, queue_ranges and
+stamp (the reference), with the same results; tests/property/test_codec_stamp.py compares the two.
 
 The per-record work under the lock was Python's: a loop per record to place it, a struct pack per
 stamped field, a tuple per entry and another loop in the dispatcher to group the entries per queue.
@@ -73,6 +73,46 @@ cdef struct Queue:
 
 cdef inline bint _takes_queue_offset(int32_t flag) noexcept nogil:
     return (flag & TX_MASK) != TX_PREPARED and (flag & TX_MASK) != TX_ROLLBACK
+
+
+def queue_ranges(list queue_ids, list sys_flags, dict next_offsets, str topic):
+    """mqstore.log.stamp.queue_ranges: {queue id: (first, end)} in the order the queue ids first appear."""
+    cdef Py_ssize_t n = len(queue_ids), i, slots = 0, used = 0
+    cdef int64_t qid
+    cdef int32_t* counts = NULL
+    cdef int32_t* order = NULL
+    if len(sys_flags) != n:
+        raise ValueError("queue ids and sys flags differ in length")
+    for i in range(n):
+        if _takes_queue_offset(<int32_t>sys_flags[i]):
+            qid = queue_ids[i]
+            if not 0 <= qid <= MAX_QUEUE_ID:  # as stamp refuses it
+                raise ValueError(f"queue id {qid} is outside [0, {MAX_QUEUE_ID}]")
+            slots = max(slots, qid + 1)
+    counts = <int32_t*>calloc(slots + 1, sizeof(int32_t))
+    order = <int32_t*>malloc((slots + 1) * sizeof(int32_t))
+    if counts == NULL or order == NULL:
+        free(counts)
+        free(order)
+        raise MemoryError()
+    try:
+        for i in range(n):
+            if not _takes_queue_offset(<int32_t>sys_flags[i]):
+                continue
+            qid = queue_ids[i]
+            if counts[qid] == 0:
+                order[used] = <int32_t>qid
+                used += 1
+            counts[qid] += 1
+        ranges = {}
+        for i in range(used):
+            key = order[i]
+            first = next_offsets.get((topic, key), 0)
+            ranges[key] = (first, first + counts[order[i]])
+        return ranges
+    finally:
+        free(counts)
+        free(order)
 
 
 def stamp(bytearray buf, list chunks, list sizes, list queue_ids, list tag_codes, list sys_flags,

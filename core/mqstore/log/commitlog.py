@@ -48,6 +48,7 @@ log = structlog.get_logger()
 # The batch's placing and stamping under the lock: compiled when the codec is (mqstore.log.stamp).
 _place = stamp.place if codec.compiled is None else codec.compiled.place
 _stamp = stamp.stamp if codec.compiled is None else codec.compiled.stamp
+_queue_ranges = stamp.queue_ranges if codec.compiled is None else codec.compiled.queue_ranges
 _NO_CLAIM = 1 << 63  # _zeroing_from while the warmer writes no zeros
 ZEROING_WAIT_S = 30.0  # an append waits this long at most for the warmer's zeros ahead of it
 
@@ -197,17 +198,7 @@ class CommitLog:
 
     def _queue_ranges(self, batch: EncodedBatch) -> dict[int, tuple[int, int]]:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
-        qids, flags = batch.queue_ids, batch.sys_flags
-        if any(flags):
-            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if record.takes_queue_offset(f))
-        else:
-            counts = collections.Counter(qids)
-        table, topic = self.next_queue_offsets, batch.topic
-        ranges = {}
-        for qid, count in counts.items():
-            first = table.get((topic, qid), 0)
-            ranges[qid] = (first, first + count)
-        return ranges
+        return _queue_ranges(batch.queue_ids, batch.sys_flags, self.next_queue_offsets, batch.topic)
 
     def _assign_and_stamp(self, batch: EncodedBatch, plan, ranges: dict[int, tuple[int, int]], now: int):
         """Stamp the batch (stamp.stamp) and advance its queues' next offsets to the ends of ``ranges``."""
