@@ -29,6 +29,7 @@ from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, one_per_name, text_of
 from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, valid_utf8
 from mqstore.codec._walk cimport RecordSpan, body_at_of, check_record
+from mqstore.codec._stamp cimport ENTRY_FIELDS, Entries
 
 cdef extern from "zlib.h":
     unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
@@ -988,14 +989,23 @@ cdef inline int64_t _be64(const uint8_t* p) noexcept nogil:
 cdef carray.array _INT64S = carray.array("q")
 
 
-def timer_note_physicals(list entries, Py_ssize_t start):
-    """mqstore.timer.runs.note_physicals: the physical offsets of ``entries[start:]`` (AppendResults.entries) as an
-    array of int64, what Timer.note keeps of a batch."""
+def timer_note_physicals(entries, Py_ssize_t start):
+    """mqstore.timer.runs.note_physicals: the physical offsets of ``entries[start:]`` (AppendResults.entries: a
+    list, or the compiled stamp's Entries, whose column is copied) as an array of int64, what Timer.note keeps of
+    a batch."""
     cdef Py_ssize_t n = len(entries), i
     cdef tuple entry
+    cdef Entries columns
     if start < 0:
         raise ValueError("start must not be negative")
     cdef carray.array out = carray.clone(_INT64S, n - start if n > start else 0, False)
+    if type(entries) is Entries:
+        columns = entries
+        for i in range(start, n):
+            out.data.as_longlongs[i - start] = columns.cells[i * ENTRY_FIELDS]
+        return out
+    if not isinstance(entries, list):
+        raise TypeError(f"entries must be a list or Entries, not {type(entries).__name__}")
     for i in range(start, n):
         entry = entries[i]  # checked: a tuple
         if len(entry) < 1:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import structlog
 
@@ -57,12 +57,13 @@ ZEROING_WAIT_S = 30.0  # an append waits this long at most for the warmer's zero
 class Written:
     """What the dispatcher needs of an appended batch: per record (physical offset, size, queue id,
     queue offset, tag code, sys flag), all with one store time; ``end`` is the log end after it;
-    ``runs`` the consume queue entries per queue id (stamp.stamp)."""
+    ``runs`` the consume queue entries per queue id (stamp.stamp). ``entries`` is a list of tuples, or the
+    compiled stamp's Entries, which reads as one."""
 
     topic: str
     end: int
     store_timestamp_ms: int
-    entries: list[tuple[int, int, int, int, int, int]]
+    entries: Sequence[tuple[int, int, int, int, int, int]]
     runs: dict[int, tuple[int, bytes, int]]
 
 
