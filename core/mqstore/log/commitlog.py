@@ -88,6 +88,9 @@ class CommitLog:
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
         self.pending: collections.deque[Written] = collections.deque()
+        # Batches, records and record bytes appended by :meth:`append` (not the replicated ones), counted under
+        # ``lock``; read without it (the store's metrics: one int each, replaced whole).
+        self.appended_batches = self.appended_messages = self.appended_bytes = 0
         # The store's topic registry (store_topics.TopicRegistry.start_of): a batch is appended only while
         # its topic is the one it was encoded for (not deleted meanwhile, nor deleted and created again).
         self.topic_start: Callable[[str], int | None] | None = None
@@ -129,6 +132,9 @@ class CommitLog:
             self.written_offset = end
             written = Written(batch.topic, end, now, entries, runs)
             self.pending.append(written)
+            self.appended_batches += 1
+            self.appended_messages += len(batch.sizes)
+            self.appended_bytes += len(batch.buf)
         failpoints.hit("log.after_write")
         return written
 
