@@ -33,7 +33,9 @@ def extensions() -> list:
         _say(f"WARNING: Cython is not installed ({exc}); the pure-Python codec will be used")
         return []
     from setuptools import Extension
-    modules = [Extension(f"mqstore.codec.{name}", [f"{CODEC_DIR}/{name}.pyx"], libraries=["z"]) for name in MODULES]
+    # _crc.h: the records' CRC-32 (zlib's values; folded with PCLMULQDQ on x86-64 CPUs that have it)
+    modules = [Extension(f"mqstore.codec.{name}", [f"{CODEC_DIR}/{name}.pyx"], libraries=["z"],
+                         include_dirs=[CODEC_DIR], depends=[f"{CODEC_DIR}/_crc.h"]) for name in MODULES]
     try:
         return cythonize(modules, compiler_directives={"language_level": 3}, quiet=True)
     except Exception as exc:  # a .pyx that does not translate: no compiled codec either

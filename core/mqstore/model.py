@@ -105,7 +105,9 @@ class AppendResults:
     def __init__(self, msg_id_prefix: str, entries: list, uniq_keys: list[str], store_timestamp_ms: int,
                  durability: str, replicas: int = 1, epoch: int = 0):
         self.msg_id_prefix = msg_id_prefix  # offset msg id = prefix + 16 hex digits of the physical offset
-        self.entries = entries  # (physical offset, size, queue id, queue offset, tag code, sys flag)
+        # (physical offset, size, queue id, queue offset, tag code, sys flag) per message: a list of tuples, or the
+        # compiled stamp's Entries (int64 columns read as that list; mqstore.codec)
+        self.entries = entries
         self.uniq_keys = uniq_keys
         self.store_timestamp_ms = store_timestamp_ms
         self.durability = durability

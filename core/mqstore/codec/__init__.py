@@ -1,7 +1,8 @@
 """Which codec the hot paths use: the compiled one or the pure-Python reference.
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
-``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``), built
+``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``, and the body
+CRC in ``_crc.h``: zlib's values, folded with PCLMULQDQ where the CPU has it, record.body_crc its reference), built
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (and
 CommitLogInternal's AppendBatches of NOT_TYPE messages, the gateway's delayed sends among them,
 ``_request.parse_internal_batches``: protobuf and convert.internal_messages_in are its reference; a delayed
@@ -10,7 +11,8 @@ mqstore.timer.messages' timer_records is its reference), and the timer's deliver
 bytes, ``_records.timer_copy`` (the properties) and ``timer_copy_run`` (a run's records checked and copied in one
 pass; mqstore.timer.delivery.copy_run is its reference): mqstore.timer's; the enqueue's noted-record check and
 unit bytes, ``_records.timer_noted_units``, ``timer_note_physicals`` and ``timer_units``: mqstore.timer.runs is their
-reference), their placing and stamping under the append lock with the consume queue entries
+reference), their placing and stamping under the append lock (the queue offset ranges, ``_stamp.queue_ranges``)
+with the consume queue entries
 (mqstore.log.stamp), and the AppendResponse bytes; the PullResponse and
 StoredMessage bytes (Pull, GetMessage, GetMessages) from the
 stored records' bytes; the record walk with its CRC check (recovery, the Index's Tail frames:
@@ -94,7 +96,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  compaction_fields=_scan.compaction_fields, segment_keys=_scan.segment_keys,
                                  scan_values=_scan.scan_values,
                                  routing_records=_scan.routing_records, place=_stamp.place,
-                                 stamp=_stamp.stamp, IndexColumns=_index.IndexColumns,
+                                 stamp=_stamp.stamp, queue_ranges=_stamp.queue_ranges, IndexColumns=_index.IndexColumns,
                                  index_layout=_index.LAYOUT, replay_runs=_replay.replay_runs,
                                  OffsetMap=_offset_map.OffsetMap, offset_map_layout=_offset_map.LAYOUT,
                                  records_writes=_records.WRITES, scan_layout=_scan.LAYOUT,

@@ -29,9 +29,12 @@ from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 from mqstore.codec._request cimport Msg, Prop, Span, WireMessages, one_per_name, text_of
 from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, valid_utf8
 from mqstore.codec._walk cimport RecordSpan, body_at_of, check_record
+from mqstore.codec._stamp cimport ENTRY_FIELDS, Entries
 
 cdef extern from "zlib.h":
     unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
+cdef extern from "_crc.h":
+    uint32_t mq_crc32(uint32_t crc, const uint8_t* p, size_t n) nogil  # zlib's crc32, folded where the CPU can
 
 # mqstore.format.record (tests compare the bytes with it)
 cdef uint32_t MAGIC_V1 = 0xDAA320A7
@@ -264,14 +267,14 @@ cdef uint8_t* _put_properties(uint8_t* out, WireMessages wire, const Msg* m, con
 
 
 cdef uint32_t _body_crc(Span body) noexcept nogil:
-    """zlib CRC32 of the body & 0x7FFFFFFF (mqstore.format.record.body_crc); zlib takes 32-bit lengths."""
-    cdef unsigned long crc = crc32(0, NULL, 0)
-    cdef Py_ssize_t at = 0, chunk
-    while at < body.length:
-        chunk = min(body.length - at, 1 << 30)
-        crc = crc32(crc, body.ptr + at, <unsigned int>chunk)
-        at += chunk
-    return <uint32_t>(crc & 0x7FFFFFFF)
+    """zlib CRC32 of the body & 0x7FFFFFFF (mqstore.format.record.body_crc), by _crc.h's mq_crc32."""
+    return mq_crc32(0, body.ptr, <size_t>body.length) & 0x7FFFFFFF
+
+
+def body_crc(data) -> int:
+    """_body_crc of a bytes-like object: what mqstore.format.record.body_crc gives (the property test's way in)."""
+    cdef const uint8_t[::1] view = data
+    return mq_crc32(0, &view[0] if view.shape[0] else NULL, <size_t>view.shape[0]) & 0x7FFFFFFF
 
 
 cdef uint8_t* _put_record(uint8_t* out, WireMessages wire, const Msg* m, const Plan* plan, Span topic,
@@ -1228,14 +1231,23 @@ cdef inline int64_t _be64(const uint8_t* p) noexcept nogil:
 cdef carray.array _INT64S = carray.array("q")
 
 
-def timer_note_physicals(list entries, Py_ssize_t start):
-    """mqstore.timer.runs.note_physicals: the physical offsets of ``entries[start:]`` (AppendResults.entries) as an
-    array of int64, what Timer.note keeps of a batch."""
+def timer_note_physicals(entries, Py_ssize_t start):
+    """mqstore.timer.runs.note_physicals: the physical offsets of ``entries[start:]`` (AppendResults.entries: a
+    list, or the compiled stamp's Entries, whose column is copied) as an array of int64, what Timer.note keeps of
+    a batch."""
     cdef Py_ssize_t n = len(entries), i
     cdef tuple entry
+    cdef Entries columns
     if start < 0:
         raise ValueError("start must not be negative")
     cdef carray.array out = carray.clone(_INT64S, n - start if n > start else 0, False)
+    if type(entries) is Entries:
+        columns = entries
+        for i in range(start, n):
+            out.data.as_longlongs[i - start] = columns.cells[i * ENTRY_FIELDS]
+        return out
+    if not isinstance(entries, list):
+        raise TypeError(f"entries must be a list or Entries, not {type(entries).__name__}")
     for i in range(start, n):
         entry = entries[i]  # checked: a tuple
         if len(entry) < 1:

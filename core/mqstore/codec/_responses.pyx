@@ -14,6 +14,7 @@ from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memchr, memcmp, memcpy
 
 from mqstore.codec._request cimport Prop, Span  # one Span and Prop for the request and the response side
+from mqstore.codec._stamp cimport ENTRY_FIELDS, Entries
 from mqstore.codec._wire cimport put_varint, valid_utf8, varint_size
 
 cdef const char* HEX = b"0123456789ABCDEF"
@@ -75,7 +76,7 @@ def append_response(batches, dict durability_codes):
 
 
 cdef int _put_batch(Buffer* buf, batch, int32_t durability) except -1:
-    cdef Py_ssize_t prefix_length, uniq_length, msg_id_length, content, i
+    cdef Py_ssize_t prefix_length, uniq_length, msg_id_length, content, i, j
     cdef const char* prefix = PyUnicode_AsUTF8AndSize(batch.msg_id_prefix, &prefix_length)
     cdef const char* uniq
     cdef int64_t store_ts = batch.store_timestamp_ms
@@ -83,11 +84,22 @@ cdef int _put_batch(Buffer* buf, batch, int32_t durability) except -1:
     cdef uint64_t physical_offset, queue_offset
     cdef int64_t queue_id, size  # int32 fields: a negative one is sign-extended to 10 bytes, as protobuf does
     cdef uint8_t* out
-    cdef Py_ssize_t at
+    cdef Py_ssize_t at, count
+    cdef object entries = batch.entries
+    cdef list uniq_keys = batch.uniq_keys
+    cdef Entries columns = entries if type(entries) is Entries else None  # the compiled stamp's: no tuple read
+    cdef const int64_t* cell
     msg_id_length = prefix_length + 16
-    for entry, uniq_key in zip(batch.entries, batch.uniq_keys):
-        physical_offset, size, queue_id, queue_offset = entry[0], <int32_t>entry[1], <int32_t>entry[2], entry[3]
-        uniq = PyUnicode_AsUTF8AndSize(uniq_key, &uniq_length)
+    count = min(len(entries), len(uniq_keys))  # as zip
+    for i in range(count):
+        if columns is not None:
+            cell = columns.cells + i * ENTRY_FIELDS
+            physical_offset, size, queue_id, queue_offset = <uint64_t>cell[0], <int32_t>cell[1], <int32_t>cell[2], \
+                <uint64_t>cell[3]
+        else:
+            entry = entries[i]
+            physical_offset, size, queue_id, queue_offset = entry[0], <int32_t>entry[1], <int32_t>entry[2], entry[3]
+        uniq = PyUnicode_AsUTF8AndSize(uniq_keys[i], &uniq_length)
         content = (1 + varint_size(msg_id_length) + msg_id_length
                    + (1 + varint_size(uniq_length) + uniq_length if uniq_length else 0)
                    + int_field_size(<uint64_t>queue_id) + int_field_size(queue_offset)
@@ -102,8 +114,8 @@ cdef int _put_batch(Buffer* buf, batch, int32_t durability) except -1:
         at = put_varint(out, at + 1, <uint64_t>msg_id_length)
         memcpy(out + at, prefix, prefix_length)
         at += prefix_length
-        for i in range(16):
-            out[at + i] = HEX[(physical_offset >> (60 - 4 * i)) & 0xF]
+        for j in range(16):
+            out[at + j] = HEX[(physical_offset >> (60 - 4 * j)) & 0xF]
         at += 16
         at = put_text_field(out, at, 0x12, uniq, uniq_length)
         at = put_int_field(out, at, 0x18, <uint64_t>queue_id)

@@ -1,17 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Placing and stamping a batch inside the append lock, in C: mqstore.log.stamp's place and stamp
-(the reference), with the same results; tests/property/test_codec_stamp.py compares the two.
+"""Placing and stamping a batch inside the append lock, in C: mqstore.log.stamp's place, queue_ranges and
+stamp (the reference), with the same results; tests/property/test_codec_stamp.py compares the two.
 
 The per-record work under the lock was Python's: a loop per record to place it, a struct pack per
 stamped field, a tuple per entry and another loop in the dispatcher to group the entries per queue.
 Here one pass stamps the records and the next writes each queue's consume queue entries as one bytes
-object.
+object. The entries (AppendResults.entries) are :class:`Entries`, int64 columns that index and iterate as the
+reference's list of tuples (and compare equal to it), so a batch makes no Python object per record here; the
+AppendResponse (_responses) and the timer's note (_records.timer_note_physicals) read the columns.
 
 Thread-safety: pure functions over the caller's buffer, called under the commit log's lock.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 
@@ -36,6 +39,62 @@ LAYOUT = dict(queue_offset_at=QUEUE_OFFSET_AT, physical_offset_at=PHYSICAL_OFFSE
               sys_flag_host_byte_at=SYS_FLAG_HOST_BYTE_AT, hosts_v6=HOSTS_V6, layout_shift=LAYOUT_SHIFT,
               blank_size=BLANK_SIZE, tx_mask=TX_MASK, tx_prepared=TX_PREPARED, tx_rollback=TX_ROLLBACK,
               cq_entry=CQ_ENTRY, store_timestamp_at=tuple(STORE_TIMESTAMP_AT))
+
+
+cdef class Entries:
+    """A stamped batch's entries: per record (physical offset, size, queue id, queue offset, tag code, sys flag),
+    held as int64 columns (_stamp.pxd); ``len``, indexing (negative too, and slices: a list), iteration and
+    ``==`` as the list of tuples mqstore.log.stamp.stamp gives. Immutable once stamp made it."""
+
+    def __dealloc__(self):
+        PyMem_Free(self.cells)
+
+    def __len__(self):
+        return self.count
+
+    cdef tuple _entry(self, Py_ssize_t index):
+        cdef int64_t* c = self.cells + index * ENTRY_FIELDS
+        return (c[0], c[1], c[2], c[3], c[4], c[5])
+
+    def __getitem__(self, index):
+        cdef Py_ssize_t i
+        if isinstance(index, slice):
+            return [self._entry(i) for i in range(*index.indices(self.count))]
+        i = index
+        if i < 0:
+            i += self.count
+        if not 0 <= i < self.count:
+            raise IndexError("entry index out of range")
+        return self._entry(i)
+
+    def __iter__(self):
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            yield self._entry(i)
+
+    def __eq__(self, other):
+        if isinstance(other, (Entries, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __ne__(self, other):
+        if isinstance(other, (Entries, list)):
+            return list(self) != list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"Entries({list(self)!r})"
+
+
+cdef Entries _new_entries(Py_ssize_t count):
+    cdef Entries entries = Entries.__new__(Entries)
+    entries.cells = <int64_t*>PyMem_Malloc((count if count > 0 else 1) * ENTRY_FIELDS * sizeof(int64_t))
+    if entries.cells == NULL:
+        raise MemoryError()
+    entries.count = 0  # records stamped so far: the columns past it are not written yet
+    return entries
 
 
 def place(list sizes, int64_t written_offset, int64_t segment_size):
@@ -75,6 +134,46 @@ cdef inline bint _takes_queue_offset(int32_t flag) noexcept nogil:
     return (flag & TX_MASK) != TX_PREPARED and (flag & TX_MASK) != TX_ROLLBACK
 
 
+def queue_ranges(list queue_ids, list sys_flags, dict next_offsets, str topic):
+    """mqstore.log.stamp.queue_ranges: {queue id: (first, end)} in the order the queue ids first appear."""
+    cdef Py_ssize_t n = len(queue_ids), i, slots = 0, used = 0
+    cdef int64_t qid
+    cdef int32_t* counts = NULL
+    cdef int32_t* order = NULL
+    if len(sys_flags) != n:
+        raise ValueError("queue ids and sys flags differ in length")
+    for i in range(n):
+        if _takes_queue_offset(<int32_t>sys_flags[i]):
+            qid = queue_ids[i]
+            if not 0 <= qid <= MAX_QUEUE_ID:  # as stamp refuses it
+                raise ValueError(f"queue id {qid} is outside [0, {MAX_QUEUE_ID}]")
+            slots = max(slots, qid + 1)
+    counts = <int32_t*>calloc(slots + 1, sizeof(int32_t))
+    order = <int32_t*>malloc((slots + 1) * sizeof(int32_t))
+    if counts == NULL or order == NULL:
+        free(counts)
+        free(order)
+        raise MemoryError()
+    try:
+        for i in range(n):
+            if not _takes_queue_offset(<int32_t>sys_flags[i]):
+                continue
+            qid = queue_ids[i]
+            if counts[qid] == 0:
+                order[used] = <int32_t>qid
+                used += 1
+            counts[qid] += 1
+        ranges = {}
+        for i in range(used):
+            key = order[i]
+            first = next_offsets.get((topic, key), 0)
+            ranges[key] = (first, first + counts[order[i]])
+        return ranges
+    finally:
+        free(counts)
+        free(order)
+
+
 def stamp(bytearray buf, list chunks, list sizes, list queue_ids, list tag_codes, list sys_flags,
           dict first_offsets, int64_t now_ms):
     """mqstore.log.stamp.stamp: (entries, runs)."""
@@ -87,6 +186,8 @@ def stamp(bytearray buf, list chunks, list sizes, list queue_ids, list tag_codes
     cdef Queue* queues = NULL
     cdef Queue* q
     cdef int64_t* physicals = NULL
+    cdef int64_t* cell
+    cdef Entries entries
     if not (len(queue_ids) == len(tag_codes) == len(sys_flags) == n):
         raise ValueError("sizes, queue ids, tag codes and sys flags differ in length")
     for key in first_offsets:
@@ -104,7 +205,7 @@ def stamp(bytearray buf, list chunks, list sizes, list queue_ids, list tag_codes
             queues[<Py_ssize_t>key].next_offset = value
             queues[<Py_ssize_t>key].first = value
             queues[<Py_ssize_t>key].known = True
-        entries = []
+        entries = _new_entries(n)
         # Pass 1: queue offsets, physical offsets and the time into the records; the entries.
         for chunk in chunks:
             buf_from, phys_from, buf_to = chunk[0], chunk[1], chunk[2]
@@ -132,7 +233,14 @@ def stamp(bytearray buf, list chunks, list sizes, list queue_ids, list tag_codes
                 put_be64(rec + STORE_TIMESTAMP_AT[(rec[SYS_FLAG_HOST_BYTE_AT] & HOSTS_V6) >> LAYOUT_SHIFT],
                          <uint64_t>now_ms)
                 physicals[index] = phys
-                entries.append((phys, size, qid, qoff, tag_codes[index], flag))
+                cell = entries.cells + index * ENTRY_FIELDS
+                cell[0] = phys
+                cell[1] = size
+                cell[2] = qid
+                cell[3] = qoff
+                cell[4] = tag_codes[index]
+                cell[5] = flag
+                entries.count = index + 1
                 at += size
                 index += 1
         if index != n:

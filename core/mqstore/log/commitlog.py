@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import structlog
 
@@ -48,6 +48,7 @@ log = structlog.get_logger()
 # The batch's placing and stamping under the lock: compiled when the codec is (mqstore.log.stamp).
 _place = stamp.place if codec.compiled is None else codec.compiled.place
 _stamp = stamp.stamp if codec.compiled is None else codec.compiled.stamp
+_queue_ranges = stamp.queue_ranges if codec.compiled is None else codec.compiled.queue_ranges
 _NO_CLAIM = 1 << 63  # _zeroing_from while the warmer writes no zeros
 ZEROING_WAIT_S = 30.0  # an append waits this long at most for the warmer's zeros ahead of it
 
@@ -56,12 +57,13 @@ ZEROING_WAIT_S = 30.0  # an append waits this long at most for the warmer's zero
 class Written:
     """What the dispatcher needs of an appended batch: per record (physical offset, size, queue id,
     queue offset, tag code, sys flag), all with one store time; ``end`` is the log end after it;
-    ``runs`` the consume queue entries per queue id (stamp.stamp)."""
+    ``runs`` the consume queue entries per queue id (stamp.stamp). ``entries`` is a list of tuples, or the
+    compiled stamp's Entries, which reads as one."""
 
     topic: str
     end: int
     store_timestamp_ms: int
-    entries: list[tuple[int, int, int, int, int, int]]
+    entries: Sequence[tuple[int, int, int, int, int, int]]
     runs: dict[int, tuple[int, bytes, int]]
 
 
@@ -86,6 +88,9 @@ class CommitLog:
         self.last_store_timestamp_ms = 0
         self.next_queue_offsets: dict[tuple[str, int], int] = {}
         self.pending: collections.deque[Written] = collections.deque()
+        # Batches, records and record bytes appended by :meth:`append` (not the replicated ones), counted under
+        # ``lock``; read without it (the store's metrics: one int each, replaced whole).
+        self.appended_batches = self.appended_messages = self.appended_bytes = 0
         # The store's topic registry (store_topics.TopicRegistry.start_of): a batch is appended only while
         # its topic is the one it was encoded for (not deleted meanwhile, nor deleted and created again).
         self.topic_start: Callable[[str], int | None] | None = None
@@ -127,6 +132,9 @@ class CommitLog:
             self.written_offset = end
             written = Written(batch.topic, end, now, entries, runs)
             self.pending.append(written)
+            self.appended_batches += 1
+            self.appended_messages += len(batch.sizes)
+            self.appended_bytes += len(batch.buf)
         failpoints.hit("log.after_write")
         return written
 
@@ -197,17 +205,7 @@ class CommitLog:
 
     def _queue_ranges(self, batch: EncodedBatch) -> dict[int, tuple[int, int]]:
         """The queue offsets [first, end) each queue of the batch will take (_assign_and_stamp's rule)."""
-        qids, flags = batch.queue_ids, batch.sys_flags
-        if any(flags):
-            counts = collections.Counter(q for q, f in zip(qids, flags, strict=True) if record.takes_queue_offset(f))
-        else:
-            counts = collections.Counter(qids)
-        table, topic = self.next_queue_offsets, batch.topic
-        ranges = {}
-        for qid, count in counts.items():
-            first = table.get((topic, qid), 0)
-            ranges[qid] = (first, first + count)
-        return ranges
+        return _queue_ranges(batch.queue_ids, batch.sys_flags, self.next_queue_offsets, batch.topic)
 
     def _assign_and_stamp(self, batch: EncodedBatch, plan, ranges: dict[int, tuple[int, int]], now: int):
         """Stamp the batch (stamp.stamp) and advance its queues' next offsets to the ends of ``ranges``."""

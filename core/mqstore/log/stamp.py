@@ -8,6 +8,9 @@ active, and tests/property/test_codec_stamp.py requires both to give the same by
 - :func:`place`: the chunks of the batch per segment. A record that does not fit the rest of a segment
   with BLANK_SIZE bytes to spare moves whole into the next segment (the rest becomes a blank record,
   written by the copy).
+- :func:`queue_ranges`: the queue offsets [first, end) each queue of the batch will take (what stamp
+  assigns), from the commit log's table of next queue offsets; the consume queue files are reserved
+  for them before anything is copied.
 - :func:`stamp`: queue offsets from the queues' next offsets, in batch order; physical offsets from the
   chunks; one store time. Records of prepared and rolled-back transactions take no queue offset (0)
   and get no consume queue entry (RocketMQ's rule). Returns the entries (per record: physical
@@ -19,6 +22,8 @@ Thread-safety: pure functions over the caller's buffer, called under the commit 
 """
 
 from __future__ import annotations
+
+import collections
 
 from mqstore.format import cq_unit, record
 
@@ -45,6 +50,22 @@ def place(sizes: list[int], written_offset: int, segment_size: int) -> tuple[lis
     if buf_at > buf_from:
         chunks.append((buf_from, phys_from, buf_at, buf_at - buf_from))
     return chunks, pos
+
+
+def queue_ranges(queue_ids: list[int], sys_flags: list[int], next_offsets: dict[tuple[str, int], int],
+                 topic: str) -> dict[int, tuple[int, int]]:
+    """{queue id: (first queue offset, end)} of the records that take a queue offset, in the order the queue ids
+    first appear; ``next_offsets``: (topic, queue id) -> the queue's next offset (absent: 0)."""
+    if any(sys_flags):
+        counts = collections.Counter(q for q, f in zip(queue_ids, sys_flags, strict=True)
+                                     if record.takes_queue_offset(f))
+    else:
+        counts = collections.Counter(queue_ids)
+    ranges = {}
+    for qid, count in counts.items():
+        first = next_offsets.get((topic, qid), 0)
+        ranges[qid] = (first, first + count)
+    return ranges
 
 
 def stamp(buf: bytearray, chunks: list[Chunk], sizes: list[int], queue_ids: list[int], tag_codes: list[int],

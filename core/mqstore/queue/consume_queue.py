@@ -127,8 +127,8 @@ class ConsumeQueue:
         """Allocate the files for entries [first_offset, end_offset) now, so that writing them later
         cannot fail. Raises ResourceExhausted on a full disk (nothing is written then)."""
         byte_end = end_offset * ENTRY
-        last = self.files.last()
-        if last is not None and last.end >= byte_end:
+        segs = self.files.segments  # files.last() and its end, written out: per queue of every batch
+        if segs and segs[-1].start + segs[-1].size >= byte_end:
             return
         byte_first = first_offset * ENTRY
         self.files.ensure(byte_end, byte_first - byte_first % self.files.segment_size)
@@ -164,8 +164,9 @@ class ConsumeQueue:
         if first_offset > self.max_offset:
             self._fill_blanks(first_offset)
         byte_at = first_offset * ENTRY
-        last = self.files.last()
-        if last is not None and last.start <= byte_at and byte_at + len(data) <= last.end:
+        segs = self.files.segments  # files.last() and its end, written out: per queue of every batch
+        last = segs[-1] if segs else None
+        if last is not None and 0 <= byte_at - last.start <= last.size - len(data):
             last.write(byte_at - last.start, data)  # the usual case (reserved by the append): one file
         else:
             self._write_across(byte_at, data)
