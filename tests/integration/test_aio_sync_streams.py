@@ -65,7 +65,7 @@ class Handlers:
 @contextlib.contextmanager
 def serving():
     handlers = Handlers()
-    server = ManagedServer(ServerConfig(port=0, max_workers=WORKERS, grace_s=0.5), aio=True)
+    server = ManagedServer(ServerConfig(port=0, max_workers=WORKERS, grace_s=0.5))
     server.grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
         "Forever": grpc.unary_stream_rpc_method_handler(handlers.forever),
         "Fails": grpc.unary_stream_rpc_method_handler(handlers.fails),
