@@ -4,8 +4,8 @@ Each method converts the request (mqstore_rpc.convert), calls one store method a
 result. It never catches: mqstore errors become status codes in mqstore_rpc.errors' interceptor. Append is
 answered on the port's event loop (an ``async def``: the batch is written there and its waits, the fsync under
 SYNC flush and the in-sync replicas under SYNC replication, are awaited, so a waiting append holds no thread and
-one fsync wakes every append it covers in one hand-off); every other method runs in the port's handler pool
-(mqstore_rpc.aio). bench/README.md, *Append on the event loop*, has the figures.
+one fsync wakes every append it covers in one hand-off), and so is GetStoreInfo; every other method runs in the
+port's handler pool (mqstore_rpc.aio). bench/README.md, *Append on the event loop*, has the figures.
 
 Thread-safe: holds no state of its own beyond the store, which is thread-safe.
 """
@@ -171,7 +171,11 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         offset = store_offsets.query_offset(self._store, request.group, request.topic, request.queue_id)
         return commitlog_pb2.QueryOffsetResponse(offset=offset)
 
-    def GetStoreInfo(self, request, context):
+    async def GetStoreInfo(self, request, context):
+        """Answered on the loop: every figure is the store's in memory (no file read, no lock held long), so the
+        hop to the handler pool and back would cost more than the answer (bench/README.md, *One concurrency
+        model*). Pull and GetMessage(s) stay in the pool: a long poll waits, and a record may be in a cold file
+        or only in the tier."""
         return convert.store_info(self._store.store_info())
 
     def RecallTimer(self, request, context):
