@@ -8,6 +8,9 @@ The CommitLog service (``--flush-mode ASYNC``) served by:
          (``git archive <rev> | tar -x -C DIR``, its compiled codec built there: ``python setup.py build_ext
          --inplace``), a revision from before every port was grpc.aio, run with ``--append-on-loop false``:
          every call's handler on a pool thread. Left out without ``--old-root``
+  shim   the old tree's grpc.aio port (``--append-on-loop true``): Append on the loop, every other handler
+         in the pool through its shim, the interceptors' synchronous adapters running there. Left out without
+         ``--old-root``
   aio    this tree's port: Append and GetStoreInfo answered on the event loop, every other handler in the
          handler pool (a synchronous unary call by run_in_executor, a response stream driven by the loop)
 
@@ -43,7 +46,7 @@ from procs import GrpcServer, cpu_seconds, run_loadgen, run_meta, stop_all, writ
 BENCH = pathlib.Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 REPO = BENCH.parent
-PORTS = ("sync", "aio")  # sync: the old tree's synchronous port (--old-root); aio: this tree's
+PORTS = ("sync", "shim", "aio")  # sync, shim: the old tree's two ports (--old-root); aio: this tree's
 CALLERS = (1, 16)
 PULL_MESSAGES = 32
 TAIL_RECORDS = 4096  # 1 KiB bodies: ~4.6 MB of records per stream
@@ -102,7 +105,8 @@ def fill(server: GrpcServer) -> None:
 def start(work: pathlib.Path, name: str, old_root: pathlib.Path | None) -> GrpcServer:
     if name == "aio":
         return GrpcServer.commitlog(work / name, "ASYNC").start()
-    server = GrpcServer.commitlog(work / name, "ASYNC", extra=("--append-on-loop", "false"))
+    on_loop = "false" if name == "sync" else "true"
+    server = GrpcServer.commitlog(work / name, "ASYNC", extra=("--append-on-loop", on_loop))
     # The old tree's packages in place of this tree's (the same layout: core, services/*, spark)
     server.env = {**(server.env or os.environ),
                   "PYTHONPATH": os.environ.get("PYTHONPATH", "").replace(str(REPO), str(old_root))}
@@ -149,7 +153,7 @@ def rows(raw: dict[str, list[dict]]) -> list[dict]:
                 for key in ("calls_per_s", "msgs_per_s", "p50_ms", "p99_ms", "cpu_us_per_call"):
                     row[f"{name}_{key}"] = _median(runs, key)
                 row[f"{name}_errors"] = sum(sum(r["errors"].values()) for r in runs)
-            for name in ("aio",):
+            for name in ("shim", "aio"):
                 row[f"{name}_ratio_calls"] = (row[f"{name}_calls_per_s"] / row["sync_calls_per_s"]
                                               if row["sync_calls_per_s"] else None)
                 row[f"{name}_ratio_cpu"] = (row[f"{name}_cpu_us_per_call"] / row["sync_cpu_us_per_call"]
@@ -171,17 +175,19 @@ def markdown(table: list[dict], meta: dict) -> str:
              "windows; calls/s (Tail: streams/s), p50/p99 ms per call, server CPU µs per call. Workload: "
              "bench/concurrency.py.", "",
              f"Ports: sync = the synchronous server of the tree at {meta.get('old_root') or '(none given)'} "
-             "(--append-on-loop false), aio = this tree's grpc.aio port (Append and GetStoreInfo on the loop, the "
-             "rest in the handler pool). Ratios: figure / sync's.", "",
-             "| workload | callers | sync calls/s | aio | sync p50/p99 ms | aio p50/p99 | "
-             "sync CPU µs/call | aio |", "|---|---|---|---|---|---|---|---|"]
+             "(--append-on-loop false), shim = that tree's grpc.aio port (--append-on-loop true), aio = this tree's "
+             "grpc.aio port (Append and GetStoreInfo on the loop, the rest in the handler pool). Ratios: figure / "
+             "sync's.", "",
+             "| workload | callers | sync calls/s | shim | aio | sync p50/p99 ms | shim p50/p99 | aio p50/p99 | "
+             "sync CPU µs/call | shim | aio |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         def pair(name: str, key: str, ratio: str, r: dict = r) -> str:
             return f"{_fmt(r[f'{name}_{key}'])} ({_fmt(r[f'{name}_{ratio}'])}x)"
         lines.append(f"| {r['workload']} | {r['callers']} | {_fmt(r['sync_calls_per_s'])} | "
-                     f"{pair('aio', 'calls_per_s', 'ratio_calls')} | "
+                     f"{pair('shim', 'calls_per_s', 'ratio_calls')} | {pair('aio', 'calls_per_s', 'ratio_calls')} | "
                      + " | ".join(f"{_fmt(r[f'{n}_p50_ms'])} / {_fmt(r[f'{n}_p99_ms'])}" for n in PORTS) +
-                     f" | {_fmt(r['sync_cpu_us_per_call'])} | {pair('aio', 'cpu_us_per_call', 'ratio_cpu')} |")
+                     f" | {_fmt(r['sync_cpu_us_per_call'])} | {pair('shim', 'cpu_us_per_call', 'ratio_cpu')} | "
+                     f"{pair('aio', 'cpu_us_per_call', 'ratio_cpu')} |")
     errors = [f"{r['workload']} x{r['callers']}" for r in table if any(r[f"{n}_errors"] for n in PORTS)]
     if errors:
         lines += ["", f"Calls that failed in: {', '.join(errors)} (the JSON has the first error)."]

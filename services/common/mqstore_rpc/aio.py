@@ -91,15 +91,18 @@ class SyncContext:
 
     def __init__(self, context: Any):
         self._context = context
-        self._ended = threading.Event()
+        self._ended = False  # set on the loop, read on the handler's thread (a plain flag: one per call is cheap)
         self._code: grpc.StatusCode | None = None
-        context.add_callback(self._ended.set)
+        context.add_callback(self._end)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
+    def _end(self) -> None:
+        self._ended = True
+
     def is_active(self) -> bool:
-        return not self._ended.is_set()
+        return not self._ended
 
     def code(self) -> grpc.StatusCode | None:
         return self._code
