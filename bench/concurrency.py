@@ -23,8 +23,9 @@ per call (its CPU seconds over the run, over its calls). The servers run at once
 measures every configuration on each back to back, the order reversed every other round; the figures
 are the medians over the rounds, the ratios over sync's (for CPU per call: lower is better).
 
-A full run writes bench/results/concurrency.json and .md; ``--quick`` (under a minute) writes to
-bench/results/scratch/. Every process started is stopped at the end.
+A full run writes bench/results/concurrency.json and .md; ``--quick`` (under a minute), or a run of some
+``--workloads``, ``--callers``, ``--rounds`` or ``--duration-s``, writes to bench/results/scratch/. Every process
+started is stopped at the end.
 """
 
 from __future__ import annotations
@@ -113,16 +114,16 @@ def start(work: pathlib.Path, name: str, old_root: pathlib.Path | None) -> GrpcS
     return server.start()
 
 
-def rounds(work: pathlib.Path, cfg: dict, log, ports: tuple[str, ...], old_root: pathlib.Path | None
-           ) -> dict[str, list[dict]]:
+def rounds(work: pathlib.Path, cfg: dict, log, ports: tuple[str, ...], old_root: pathlib.Path | None,
+           workloads: list[str], callers_each: tuple[int, ...]) -> dict[str, list[dict]]:
     servers = {name: start(work, name, old_root) for name in ports}
     raw: dict[str, list[dict]] = {}
     try:
         for server in servers.values():
             fill(server)
         for round_ in range(cfg["rounds"]):
-            for workload in WORKLOADS:
-                for callers in CALLERS:
+            for workload in workloads:
+                for callers in callers_each:
                     order = list(ports) if round_ % 2 == 0 else list(reversed(ports))  # each first in turn
                     for name in order:
                         r = measure(workload, servers[name], callers, cfg)
@@ -143,10 +144,12 @@ def _median(results: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def rows(raw: dict[str, list[dict]]) -> list[dict]:
+def rows(raw: dict[str, list[dict]], workloads: tuple[str, ...] = tuple(WORKLOADS),
+         callers_each: tuple[int, ...] = CALLERS) -> list[dict]:
     table = []
-    for workload, label in WORKLOADS.items():
-        for callers in CALLERS:
+    for workload in workloads:
+        label = WORKLOADS[workload]
+        for callers in callers_each:
             row = {"workload": label, "callers": callers}
             for name in PORTS:
                 runs = raw.get(f"{workload} {callers} {name}", [])
@@ -171,7 +174,8 @@ def _fmt(v, digits: int = 2) -> str:
 def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# Concurrency models: the synchronous port vs the grpc.aio port", "",
              f"{meta['when']} at {meta['git']} on {meta['machine']}; {meta['mode']} run: the CommitLog service "
-             f"(ASYNC) on two ports, medians of {meta['rounds']} alternating round(s) of {meta['duration_s']} s "
+             f"(ASYNC) on {len(meta.get('ports') or PORTS)} ports, medians of {meta['rounds']} alternating round(s) "
+             f"of {meta['duration_s']} s "
              "windows; calls/s (Tail: streams/s), p50/p99 ms per call, server CPU µs per call. Workload: "
              "bench/concurrency.py.", "",
              f"Ports: sync = the synchronous server of the tree at {meta.get('old_root') or '(none given)'} "
@@ -200,12 +204,20 @@ def main(argv=None) -> int:
     parser.add_argument("--old-root", type=pathlib.Path, help="a tree from before every port was grpc.aio, its "
                         "codec built: its synchronous port is the sync column (left out without it)")
     parser.add_argument("--rounds", type=int, help="rounds (default: 1 quick, 3 full)")
+    parser.add_argument("--workloads", help=f"comma-separated, of {','.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--callers", help="comma-separated (default: 1,16)")
+    parser.add_argument("--duration-s", type=float, help="each window (default: 0.4 quick, 2.5 full)")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     if args.rounds:
         cfg["rounds"] = args.rounds
+    if args.duration_s:
+        cfg["duration_s"] = args.duration_s
+    workloads = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    callers = tuple(int(c) for c in args.callers.split(",")) if args.callers else CALLERS
     ports = PORTS if args.old_root else ("aio",)
-    out_dir = RESULTS / "scratch" if args.quick else RESULTS
+    partial = args.quick or args.workloads or args.callers or args.rounds or args.duration_s
+    out_dir = RESULTS / "scratch" if partial else RESULTS  # only a full run of everything replaces the table
     out_dir.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-concurrency-"))
     t0 = time.monotonic()
@@ -217,13 +229,13 @@ def main(argv=None) -> int:
 
     try:
         with diskuse.DiskWatch(work) as watch:
-            raw = rounds(work, cfg, log, ports, args.old_root and args.old_root.resolve())
+            raw = rounds(work, cfg, log, ports, args.old_root and args.old_root.resolve(), workloads, callers)
     finally:
         stop_all()
         shutil.rmtree(work, ignore_errors=True)
     meta = run_meta("quick" if args.quick else "full", **cfg, **watch.report(),
-                    old_root=str(args.old_root) if args.old_root else None)
-    write_table(out_dir, "concurrency", meta, rows(raw), raw, markdown)
+                    old_root=str(args.old_root) if args.old_root else None, ports=list(ports))
+    write_table(out_dir, "concurrency", meta, rows(raw, workloads, callers), raw, markdown)
     return 1 if any(sum(r["errors"].values()) for runs in raw.values() for r in runs) else 0
 
 
