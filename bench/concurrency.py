@@ -1,17 +1,18 @@
-"""One concurrency model (issue 33, item 3): the two kinds of port the CommitLog service has today, measured
-side by side (run by ``make bench``): ``bench/concurrency.py [--quick]``.
+"""One concurrency model (issue 33, item 3): the CommitLog port of this tree, a grpc.aio server (the only kind of
+port there is: mqstore_rpc.aio), against the synchronous port of an older tree, side by side (run by ``make bench``):
+``bench/concurrency.py [--quick] [--old-root DIR]``.
 
-The same servicer (commitlog_service, ``--flush-mode ASYNC``) served by:
+The CommitLog service (``--flush-mode ASYNC``) served by:
 
-  sync   the synchronous grpc server with the handler pool (``--append-on-loop false``;
-         mqstore_rpc.executor): every call's handler runs on a pool thread
-  aio    the grpc.aio port (``--append-on-loop true``; mqstore_rpc.aio): Append answered on the event
-         loop, every other handler in the pool through the shim (SyncContext; a response stream driven
-         by the loop, _driven_stream)
-  loop   a prototype of the aio port without the shim's hop for reads (bench/reads_on_loop.py: the
-         service's main with Pull and GetStoreInfo answered on the loop too, as ``async def`` handlers
-         calling the same code; Pull has no long poll here, so it never waits). What grpc.aio costs
-         on its own, against what the loop -> pool -> loop hop adds
+  sync   the synchronous grpc server with the handler pool (mqstore_rpc.executor) of the tree at ``--old-root``
+         (``git archive <rev> | tar -x -C DIR``, its compiled codec built there: ``python setup.py build_ext
+         --inplace``), a revision from before every port was grpc.aio, run with ``--append-on-loop false``:
+         every call's handler on a pool thread. Left out without ``--old-root``
+  shim   the old tree's grpc.aio port (``--append-on-loop true``): Append on the loop, every other handler
+         in the pool through its shim, the interceptors' synchronous adapters running there. Left out without
+         ``--old-root``
+  aio    this tree's port: Append and GetStoreInfo answered on the event loop, every other handler in the
+         handler pool (a synchronous unary call by run_in_executor, a response stream driven by the loop)
 
 Workloads, each at 1 and 16 concurrent callers, closed loop, the client (bench/loadgen.py, grpc.aio) in
 another process: Append of 1 message, Append of 100 messages, Pull of 32 messages (task i reads queue
@@ -22,13 +23,15 @@ per call (its CPU seconds over the run, over its calls). The servers run at once
 measures every configuration on each back to back, the order reversed every other round; the figures
 are the medians over the rounds, the ratios over sync's (for CPU per call: lower is better).
 
-A full run writes bench/results/concurrency.json and .md; ``--quick`` (under a minute) writes to
-bench/results/scratch/. Every process started is stopped at the end.
+A full run writes bench/results/concurrency.json and .md; ``--quick`` (under a minute), or a run of some
+``--workloads``, ``--callers``, ``--rounds`` or ``--duration-s``, writes to bench/results/scratch/. Every process
+started is stopped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import shutil
 import statistics
@@ -43,7 +46,8 @@ from procs import GrpcServer, cpu_seconds, run_loadgen, run_meta, stop_all, writ
 
 BENCH = pathlib.Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
-PORTS = {"sync": "false", "aio": "true", "loop": "true"}  # loop: aio with reads on the loop (reads_on_loop.py)
+REPO = BENCH.parent
+PORTS = ("sync", "shim", "aio")  # sync, shim: the old tree's two ports (--old-root); aio: this tree's
 CALLERS = (1, 16)
 PULL_MESSAGES = 32
 TAIL_RECORDS = 4096  # 1 KiB bodies: ~4.6 MB of records per stream
@@ -99,23 +103,28 @@ def fill(server: GrpcServer) -> None:
                  "max_calls": 10_000, "timeout_s": 60.0})
 
 
-def start(work: pathlib.Path, name: str) -> GrpcServer:
-    server = GrpcServer.commitlog(work / name, "ASYNC", extra=("--append-on-loop", PORTS[name]))
-    if name == "loop":
-        server.args[1:3] = [str(BENCH / "reads_on_loop.py")]  # [python, -m, commitlog_service.main, ...]
+def start(work: pathlib.Path, name: str, old_root: pathlib.Path | None) -> GrpcServer:
+    if name == "aio":
+        return GrpcServer.commitlog(work / name, "ASYNC").start()
+    on_loop = "false" if name == "sync" else "true"
+    server = GrpcServer.commitlog(work / name, "ASYNC", extra=("--append-on-loop", on_loop))
+    # The old tree's packages in place of this tree's (the same layout: core, services/*, spark)
+    server.env = {**(server.env or os.environ),
+                  "PYTHONPATH": os.environ.get("PYTHONPATH", "").replace(str(REPO), str(old_root))}
     return server.start()
 
 
-def rounds(work: pathlib.Path, cfg: dict, log) -> dict[str, list[dict]]:
-    servers = {name: start(work, name) for name in PORTS}
+def rounds(work: pathlib.Path, cfg: dict, log, ports: tuple[str, ...], old_root: pathlib.Path | None,
+           workloads: list[str], callers_each: tuple[int, ...]) -> dict[str, list[dict]]:
+    servers = {name: start(work, name, old_root) for name in ports}
     raw: dict[str, list[dict]] = {}
     try:
         for server in servers.values():
             fill(server)
         for round_ in range(cfg["rounds"]):
-            for workload in WORKLOADS:
-                for callers in CALLERS:
-                    order = list(PORTS) if round_ % 2 == 0 else list(reversed(PORTS))  # each first in turn
+            for workload in workloads:
+                for callers in callers_each:
+                    order = list(ports) if round_ % 2 == 0 else list(reversed(ports))  # each first in turn
                     for name in order:
                         r = measure(workload, servers[name], callers, cfg)
                         raw.setdefault(f"{workload} {callers} {name}", []).append(r)
@@ -135,16 +144,19 @@ def _median(results: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def rows(raw: dict[str, list[dict]]) -> list[dict]:
+def rows(raw: dict[str, list[dict]], workloads: tuple[str, ...] = tuple(WORKLOADS),
+         callers_each: tuple[int, ...] = CALLERS) -> list[dict]:
     table = []
-    for workload, label in WORKLOADS.items():
-        for callers in CALLERS:
+    for workload in workloads:
+        label = WORKLOADS[workload]
+        for callers in callers_each:
             row = {"workload": label, "callers": callers}
             for name in PORTS:
+                runs = raw.get(f"{workload} {callers} {name}", [])
                 for key in ("calls_per_s", "msgs_per_s", "p50_ms", "p99_ms", "cpu_us_per_call"):
-                    row[f"{name}_{key}"] = _median(raw[f"{workload} {callers} {name}"], key)
-                row[f"{name}_errors"] = sum(sum(r["errors"].values()) for r in raw[f"{workload} {callers} {name}"])
-            for name in ("aio", "loop"):
+                    row[f"{name}_{key}"] = _median(runs, key)
+                row[f"{name}_errors"] = sum(sum(r["errors"].values()) for r in runs)
+            for name in ("shim", "aio"):
                 row[f"{name}_ratio_calls"] = (row[f"{name}_calls_per_s"] / row["sync_calls_per_s"]
                                               if row["sync_calls_per_s"] else None)
                 row[f"{name}_ratio_cpu"] = (row[f"{name}_cpu_us_per_call"] / row["sync_cpu_us_per_call"]
@@ -162,22 +174,24 @@ def _fmt(v, digits: int = 2) -> str:
 def markdown(table: list[dict], meta: dict) -> str:
     lines = ["# Concurrency models: the synchronous port vs the grpc.aio port", "",
              f"{meta['when']} at {meta['git']} on {meta['machine']}; {meta['mode']} run: the CommitLog service "
-             f"(ASYNC) on three ports, medians of {meta['rounds']} alternating round(s) of {meta['duration_s']} s "
+             f"(ASYNC) on {len(meta.get('ports') or PORTS)} ports, medians of {meta['rounds']} alternating round(s) "
+             f"of {meta['duration_s']} s "
              "windows; calls/s (Tail: streams/s), p50/p99 ms per call, server CPU µs per call. Workload: "
              "bench/concurrency.py.", "",
-             "Ports: sync = the synchronous server (--append-on-loop false), aio = the grpc.aio port "
-             "(--append-on-loop true: reads through the shim, in the pool), loop = aio with Pull and GetStoreInfo "
-             "on the loop too (a prototype, bench/reads_on_loop.py). Ratios: figure / sync's.", "",
-             "| workload | callers | sync calls/s | aio | loop | sync p50/p99 ms | aio p50/p99 | loop p50/p99 | "
-             "sync CPU µs/call | aio | loop |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Ports: sync = the synchronous server of the tree at {meta.get('old_root') or '(none given)'} "
+             "(--append-on-loop false), shim = that tree's grpc.aio port (--append-on-loop true), aio = this tree's "
+             "grpc.aio port (Append and GetStoreInfo on the loop, the rest in the handler pool). Ratios: figure / "
+             "sync's.", "",
+             "| workload | callers | sync calls/s | shim | aio | sync p50/p99 ms | shim p50/p99 | aio p50/p99 | "
+             "sync CPU µs/call | shim | aio |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         def pair(name: str, key: str, ratio: str, r: dict = r) -> str:
             return f"{_fmt(r[f'{name}_{key}'])} ({_fmt(r[f'{name}_{ratio}'])}x)"
         lines.append(f"| {r['workload']} | {r['callers']} | {_fmt(r['sync_calls_per_s'])} | "
-                     f"{pair('aio', 'calls_per_s', 'ratio_calls')} | {pair('loop', 'calls_per_s', 'ratio_calls')} | "
+                     f"{pair('shim', 'calls_per_s', 'ratio_calls')} | {pair('aio', 'calls_per_s', 'ratio_calls')} | "
                      + " | ".join(f"{_fmt(r[f'{n}_p50_ms'])} / {_fmt(r[f'{n}_p99_ms'])}" for n in PORTS) +
-                     f" | {_fmt(r['sync_cpu_us_per_call'])} | {pair('aio', 'cpu_us_per_call', 'ratio_cpu')} | "
-                     f"{pair('loop', 'cpu_us_per_call', 'ratio_cpu')} |")
+                     f" | {_fmt(r['sync_cpu_us_per_call'])} | {pair('shim', 'cpu_us_per_call', 'ratio_cpu')} | "
+                     f"{pair('aio', 'cpu_us_per_call', 'ratio_cpu')} |")
     errors = [f"{r['workload']} x{r['callers']}" for r in table if any(r[f"{n}_errors"] for n in PORTS)]
     if errors:
         lines += ["", f"Calls that failed in: {', '.join(errors)} (the JSON has the first error)."]
@@ -187,9 +201,23 @@ def markdown(table: list[dict], meta: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="the synchronous port vs the grpc.aio port (bench/README.md)")
     parser.add_argument("--quick", action="store_true", help="one short round (under a minute)")
+    parser.add_argument("--old-root", type=pathlib.Path, help="a tree from before every port was grpc.aio, its "
+                        "codec built: its synchronous port is the sync column (left out without it)")
+    parser.add_argument("--rounds", type=int, help="rounds (default: 1 quick, 3 full)")
+    parser.add_argument("--workloads", help=f"comma-separated, of {','.join(WORKLOADS)} (default: all)")
+    parser.add_argument("--callers", help="comma-separated (default: 1,16)")
+    parser.add_argument("--duration-s", type=float, help="each window (default: 0.4 quick, 2.5 full)")
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    out_dir = RESULTS / "scratch" if args.quick else RESULTS
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.rounds:
+        cfg["rounds"] = args.rounds
+    if args.duration_s:
+        cfg["duration_s"] = args.duration_s
+    workloads = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    callers = tuple(int(c) for c in args.callers.split(",")) if args.callers else CALLERS
+    ports = PORTS if args.old_root else ("aio",)
+    partial = args.quick or args.workloads or args.callers or args.rounds or args.duration_s
+    out_dir = RESULTS / "scratch" if partial else RESULTS  # only a full run of everything replaces the table
     out_dir.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="mqstore-concurrency-"))
     t0 = time.monotonic()
@@ -201,12 +229,13 @@ def main(argv=None) -> int:
 
     try:
         with diskuse.DiskWatch(work) as watch:
-            raw = rounds(work, cfg, log)
+            raw = rounds(work, cfg, log, ports, args.old_root and args.old_root.resolve(), workloads, callers)
     finally:
         stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    meta = run_meta("quick" if args.quick else "full", **cfg, **watch.report())
-    write_table(out_dir, "concurrency", meta, rows(raw), raw, markdown)
+    meta = run_meta("quick" if args.quick else "full", **cfg, **watch.report(),
+                    old_root=str(args.old_root) if args.old_root else None, ports=list(ports))
+    write_table(out_dir, "concurrency", meta, rows(raw, workloads, callers), raw, markdown)
     return 1 if any(sum(r["errors"].values()) for runs in raw.values() for r in runs) else 0
 
 

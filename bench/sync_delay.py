@@ -1,7 +1,7 @@
 """SYNC group commit with each flush delay, against Redis ``appendfsync always``, in one run.
 
-``.venv/bin/python bench/sync_delay.py [--rounds 3] [--delays-us 0,1000,2000] [--producers 1,2,8,32]
-[--append-on-loop auto]`` measures Append 100 x 1 KiB under ``--flush-mode SYNC`` with each
+``.venv/bin/python bench/sync_delay.py [--rounds 3] [--delays-us 0,1000,2000] [--producers 1,2,8,32]``
+measures Append 100 x 1 KiB under ``--flush-mode SYNC`` with each
 ``--sync-flush-delay-us`` (0: the fsync starts as soon as an append asks; otherwise the longest it waits for
 as many appends as the last fsync acknowledged, 2000 by default: mqstore.log.flush), in alternating rounds
 with Redis Streams under ``appendfsync always`` (pipeline 100, the same number of connections as producers).
@@ -31,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delays-us", default="0,1000,2000")
     parser.add_argument("--producers", default="1,2,8,32")
-    parser.add_argument("--append-on-loop", default="auto", choices=("auto", "true", "false"))
     parser.add_argument("--duration-s", type=float, default=5.0)
     args = parser.parse_args(argv)
     delays = [int(d) for d in args.delays_us.split(",")]
@@ -46,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(args.rounds):
                 for delay in delays:
                     data = work / f"sync-{delay}-{producers}-{round_}"
-                    server = GrpcServer.commitlog(data, "SYNC", extra=("--sync-flush-delay-us", str(delay),
-                                                                      "--append-on-loop", args.append_on_loop))
+                    server = GrpcServer.commitlog(data, "SYNC", extra=("--sync-flush-delay-us", str(delay)))
                     server.start().check_codec()
                     append.create_topic(server.target)
                     try:

@@ -1,6 +1,6 @@
 """What SYNC group commit would gain with Append answered on an event loop: a prototype against the service.
 
-The service now does this under SYNC (``--append-on-loop``, bench/README.md *Append on the event loop*); the
+The service now always does this (every port is grpc.aio, bench/README.md *One concurrency model*); the
 prototype stays as the upper bound of that design without the interceptors.
 
 ``.venv/bin/python bench/sync_on_loop.py [--rounds 3] [--mode SYNC] [--shape unary-100] [--producers 32]``

@@ -21,8 +21,8 @@ archive REV | tar -x -C DIR``), so that a closing note's before and after figure
                                whose synchronous twin is made by ``waits.blocking_version(...)`` or is only
                                ``return waits.blocking(<twin>(<names>))`` (or ``blocking_iter``: an async
                                generator's steps; mqstore.waits: the rule is written
-                               once, the thread's version holds nothing of its own). Pairs that stay for the
-                               two port kinds are listed with their reason (STAYING, bench/README.md)
+                               once, the thread's version holds nothing of its own). Pairs that stay are
+                               listed with their reason (STAYING, bench/README.md)
   interceptor implementations  per server interceptor (mqstore_rpc.errors, .metrics, .auth): 1, or 2 when one
                                of its sync/async pairs holds its rule itself (one of RULE_MARKS: a status
                                mapped, a log event, a figure labelled or observed, a refusal), not only calls
@@ -49,22 +49,12 @@ RULE_MARKS = {
     "auth": (r"\._deny\(", r"\blog\.\w+\(", r"\braise\b", r"parse_credentials\(", r"\.deferred\b",
              r"\._authority\.\w+\("),
 }
-# The pairs that stay while two port kinds do (issue 33: the synchronous server stays for the unary ASYNC calls'
-# speed, bench/README.md's "One concurrency model"): an adapter of one rule to a handler kind, or one transport
-# each. Each reason is printed beside its pair.
-_INTERCEPTOR = "an interceptor's adapter to a synchronous and to a grpc.aio handler; the rule is in neither"
+# The pairs that stay (issue 33: every port is one grpc.aio server now, bench/README.md's "One concurrency model";
+# what is left is not a second kind of port): each reason is printed beside its pair.
 STAYING = {
-    ("services/common/mqstore_rpc/auth.py", "AuthInterceptor", "_authenticate"):
-        "new credentials are checked on the calling handler's thread, or off the loop on its executor",
-    **{("services/common/mqstore_rpc/auth.py", scope, name): _INTERCEPTOR
-       for scope, name in (("AuthInterceptor", "_guard"), ("AuthInterceptor", "_each_checked"),
-                           ("_wrap_screened", "first"))},
-    **{("services/common/mqstore_rpc/errors.py", "", name): _INTERCEPTOR
-       for name in ("frame_outcome", "_wrap_unary_response", "_wrap_stream_response", "_each")},
-    **{("services/common/mqstore_rpc/metrics.py", scope, name): _INTERCEPTOR
-       for scope, name in (("", "_unary"), ("", "_stream"), ("", "_counting"))},
-    ("services/commitlog/commitlog_service/replication.py", "", "_read_acks"):
-        "a Replicate stream's requests, read by a thread (synchronous port) or a task on the loop (grpc.aio)",
+    ("services/common/mqstore_rpc/errors.py", "", "frame_outcome"):
+        "a Transact frame's outcome for the Transaction servicer run in the handler pool and for the one on the "
+        "loop (txn_service.servicer); the rule (frame_status) is in neither",
     ("services/common/mqstore_rpc/commitlog_client.py", "CommitLogClient", "internal_append_batches"):
         "one transport each: a synchronous channel for the gateway's coalescing thread, a grpc.aio channel "
         "for a caller on a loop (Cluster mode's Transaction port)",
@@ -266,7 +256,7 @@ def report(m: dict) -> str:
         f"core cycles:     {cycles['between_modules']} between modules, {cycles['between_parts']} between parts",
         f"services importing services: {services['count']}",
         *(f"  {line}" for line in services["imports"]),
-        f"sync/async pairs: {pairs['count']} ({len(pairs['staying'])} staying while two port kinds do)",
+        f"sync/async pairs: {pairs['count']} ({len(pairs['staying'])} staying, each with its reason)",
         *(f"  {line}" + (f"\n      staying: {pairs['staying'][line]}" if line in pairs["staying"] else "")
           for line in pairs["pairs"]),
         f"one version, run on a thread by mqstore.waits.blocking: {len(pairs['one_version_run_on_a_thread'])}",

@@ -16,8 +16,7 @@
   processes; the domain of a feature (its state machine, its formats' use) is ``core/mqstore/<feature>/``
   (index, txn, compaction), so it is covered by the first rule.
 - ``spark/`` (the Spark job) imports the storage engine and pyspark, never grpc, stubs or a service;
-  ``bench/`` talks to the services through gRPC stubs and imports no service package (but
-  ``bench/reads_on_loop.py``, a prototype server process: the commit log's main, patched).
+  ``bench/`` talks to the services through gRPC stubs and imports no service package.
 
 Imports inside functions count too, and so do ``importlib.import_module("...")`` / ``__import__("...")``
 with a literal name.
@@ -176,10 +175,9 @@ def test_spark_job_imports_no_grpc_or_service():
 
 
 def test_bench_imports_no_service_package():
-    def allow(path, name):  # the prototype server of bench/concurrency.py: the service's main, patched; the
-        # replication floor: the replica's gRPC client and the leader's handler, the thing it measures
-        return path in (BENCH / "reads_on_loop.py", BENCH / "replication_floor.py") and \
-            _matches(name, "commitlog_service")
+    def allow(path, name):  # the replication floor: the replica's gRPC client and the leader's handler, the
+        # thing it measures
+        return path == BENCH / "replication_floor.py" and _matches(name, "commitlog_service")
     assert violations(BENCH, (*service_packages(), "sqlalchemy"), allow) == []
 
 

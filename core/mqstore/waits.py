@@ -8,12 +8,12 @@ append's fsync, a replica's acknowledgement, long polls, Tail streams: mqstore_r
 so at once with ``with waits.waiting():``, so that group commit sees every concurrent append without that
 delay. A pool without a cap sets no hooks.
 
-A stream's handler waits for its client's next message inside grpc's request iterator: the servers' error
-wrapper (mqstore_rpc.errors) takes every request stream through :func:`iterate`, which says so around each
-wait; a capped pool handles each message after that wait as it would a new call, once a place is free.
-The same wrapper takes every response stream through :func:`responses`: grpc waits for each response to be
-written before it asks for the next, and that wait says so too. Outside such a pool (tests, background
-duties, other thread pools) ``waiting()`` does nothing.
+A synchronous stream handler waits for its client's next message inside its request iterator: the port
+(mqstore_rpc.aio) takes every request stream it hands a pool thread through :func:`iterate`, which says so
+around each wait; a capped pool handles each message after that wait as it would a new call, once a place is
+free. A synchronous response stream's thread waits for the loop to ask for its next response under
+``waiting()`` too. Outside such a pool (tests, background duties, other thread pools) ``waiting()`` does
+nothing.
 
 A call answered on an event loop (the CommitLog's Append on its grpc.aio port) does not park a thread: it
 awaits a :class:`LoopWaiter`, which the thread that would have woken a parked one (the flush, a replica's
@@ -86,26 +86,6 @@ def _iterate(items: Iterator[T]) -> Iterator[T]:
         finally:
             end()
         yield item
-
-
-def responses(items: Iterable[T]) -> Iterator[T]:
-    """``items`` (a stream handler's responses), each yielded under ``waiting()`` of the thread that takes
-    them: grpc sends a response and waits for it to be written before it asks for the next."""
-    return _responses(iter(items))
-
-
-def _responses(items: Iterator[T]) -> Iterator[T]:
-    hooks = getattr(_local, "hooks", None)
-    if hooks is None:
-        yield from items
-        return
-    begin, end = hooks
-    for item in items:
-        begin()
-        try:
-            yield item
-        finally:
-            end()
 
 
 class LoopWaiter:

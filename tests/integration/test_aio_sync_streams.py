@@ -29,6 +29,8 @@ class Handlers:
     def __init__(self) -> None:
         self.closed = 0
         self.lock = threading.Lock()
+        self.slow_threads: list[str] = []
+        self.release = threading.Event()
 
     def _closed(self) -> None:
         with self.lock:
@@ -61,23 +63,36 @@ class Handlers:
     def ping(self, request: bytes, context) -> bytes:
         return b"pong"
 
+    def slow(self, request: bytes, context) -> bytes:
+        """Holds its thread until ``release`` is set (bounded): the pool's threads, all taken."""
+        with self.lock:
+            self.slow_threads.append(threading.current_thread().name)
+        return b"done" if self.release.wait(WAIT_S) else b"timed out"
+
+    async def quick(self, request: bytes, context) -> bytes:
+        return threading.current_thread().name.encode()
+
 
 @contextlib.contextmanager
 def serving():
     handlers = Handlers()
-    server = ManagedServer(ServerConfig(port=0, max_workers=WORKERS, grace_s=0.5), aio=True)
+    server = ManagedServer(ServerConfig(port=0, max_workers=WORKERS, grace_s=0.5))
     server.grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
         "Forever": grpc.unary_stream_rpc_method_handler(handlers.forever),
         "Fails": grpc.unary_stream_rpc_method_handler(handlers.fails),
         "Aborts": grpc.unary_stream_rpc_method_handler(handlers.aborts),
         "Echo": grpc.stream_stream_rpc_method_handler(handlers.echo),
         "Ping": grpc.unary_unary_rpc_method_handler(handlers.ping),
+        "Slow": grpc.unary_unary_rpc_method_handler(handlers.slow),
+        "Quick": grpc.unary_unary_rpc_method_handler(handlers.quick),
     }),))
+    assert isinstance(server.grpc_server, grpc.aio.Server)
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             yield handlers, channel
     finally:
+        handlers.release.set()
         server.stop()
 
 
@@ -144,3 +159,16 @@ def test_stop_ends_open_streams():
             assert next(call) == b"x"
     # serving() stopped the server with both streams open: their handlers were closed and the stop returned.
     wait_until(lambda: handlers.closed == WORKERS, what="the open streams' handlers closed by the stop")
+
+
+def test_synchronous_calls_run_in_the_pool_while_the_loop_answers():
+    """Every port is a grpc.aio server: a synchronous handler runs on a thread of the handler pool, so that with
+    every thread of the pool held by one, an async handler is still answered on the loop at once."""
+    with serving() as (handlers, channel):
+        slow = [channel.unary_unary(f"/{SERVICE}/Slow").future(b"", timeout=WAIT_S) for _ in range(WORKERS)]
+        wait_until(lambda: len(handlers.slow_threads) == WORKERS, what="every pool thread in a slow call")
+        assert channel.unary_unary(f"/{SERVICE}/Quick")(b"", timeout=WAIT_S) == b"grpc-aio-loop"
+        assert not any(call.done() for call in slow)  # answered while each slow call still held its thread
+        assert all(name.startswith("grpc-handler") for name in handlers.slow_threads), handlers.slow_threads
+        handlers.release.set()
+        assert [call.result(timeout=WAIT_S) for call in slow] == [b"done"] * WORKERS

@@ -7,8 +7,8 @@
   sampled while the metric counts every denial. Before the fix every wrong secret was an scrypt of its
   own, as many at once as there were callers (16 MiB each), and every denial a log line.
 * 60 MiB request bodies sent without credentials or with wrong ones, 6 at once: all UNAUTHENTICATED, and the
-  server never reads them (its peak memory grows by far less than one body); on the synchronous port and on
-  the grpc.aio one (``--append-on-loop``). Before the fix the server read and parsed each body before the
+  server never reads them (its peak memory grows by far less than one body; Append answered on the port's
+  event loop, mqstore_rpc.aio). Before the fix the server read and parsed each body before the
   check: the commit log's peak RSS went from 72 to 828 MiB.
 
 The bounds are generous on purpose (a loaded 2-core machine); bench/auth_flood.py reports the figures.
@@ -157,9 +157,8 @@ def test_a_flood_of_wrong_secrets_leaves_a_cached_caller_fast_and_the_server_sma
     assert len(lines) + suppressed == denied and len(lines) <= 400, (len(lines), suppressed, denied)
 
 
-@pytest.mark.parametrize("port", ["sync", "loop"])
-def test_unauthenticated_60_mib_bodies_are_refused_without_being_read(tmp_path, port):
-    with log_server(tmp_path, "--append-on-loop", "true" if port == "loop" else "false") as (
+def test_unauthenticated_60_mib_bodies_are_refused_without_being_read(tmp_path):
+    with log_server(tmp_path) as (
             server, _, metrics_port, channel):
         pid = server.process.pid
         append = commitlog_pb2_grpc.CommitLogStub(channel).Append

@@ -60,18 +60,17 @@ def _as(user: str) -> tuple:
     return _bearer(user, _secret(user))
 
 
-@pytest.fixture(params=[(p, t) for t in TRANSPORTS for p in ("threads", "loop")], ids="-".join)
+@pytest.fixture(params=TRANSPORTS)
 def log(tmp_path, request, certs):
-    """A commit log with auth on, 64 KiB segments and 1 s retention checked every 100 ms, on both kinds of port
-    (main.on_loop), in plaintext and over TLS; users ``reader`` (SUB on every topic and the cluster) and
-    ``operator`` (also ADMIN). Yields a CommitLog stub, the port and the CLI's environment for it."""
-    transport = Transport(request.param[1], certs)
+    """A commit log with auth on, 64 KiB segments and 1 s retention checked every 100 ms, in plaintext and over
+    TLS; users ``reader`` (SUB on every topic and the cluster) and ``operator`` (also ADMIN). Yields a CommitLog
+    stub, the port and the CLI's environment for it."""
+    transport = Transport(request.param, certs)
     url = f"sqlite:///{tmp_path / 'auth.db'}"
     server, _ = _auth(url, kek_file=str(tmp_path / "auth.kek"), transport=transport)
     config = dataclasses.replace(
         make_config(tmp_path / "log", segment_size_bytes=SEGMENT, retention_ms=1000, clean_interval_ms=100,
-                    flush_interval_ms=50, retention_hold_grace_ms=GRACE_MS), server=server, internal_token=TOKEN,
-        append_on_loop=request.param[0] == "loop")
+                    flush_interval_ms=50, retention_hold_grace_ms=GRACE_MS), server=server, internal_token=TOKEN)
     store = AuthStore(url, SystemClock())
     try:
         admin = AccessAdmin(store, kek=Kek(tmp_path / "auth.kek", create=True))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import itertools
 import pathlib
 import time
@@ -13,9 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from commitlog_service import read_wire
-from commitlog_service.main import CommitLogConfig, on_loop, parse_config, serving
+from commitlog_service.main import CommitLogConfig, serving
 from mqstore.config import StoreConfig
-from mqstore.errors import InvalidArgument
 from mqstore.format import record, record_reader
 from mqstore.format.record_reader import Record
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
@@ -36,11 +34,10 @@ def make_config(data_dir: pathlib.Path, **store_overrides) -> CommitLogConfig:
     return CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=1.0))
 
 
-@pytest.fixture(params=[False, True], ids=["threads", "loop"])
-def server(tmp_path, request):
-    """Both kinds of port (main.on_loop): a synchronous server, and a grpc.aio one answering Append on its loop."""
-    config = dataclasses.replace(make_config(tmp_path / "data"), append_on_loop=request.param)
-    with serving(config) as (srv, port):
+@pytest.fixture
+def server(tmp_path):
+    """The port: a grpc.aio server answering Append on its loop, every other call in its handler pool."""
+    with serving(make_config(tmp_path / "data")) as (srv, port):
         yield srv, port
 
 
@@ -362,11 +359,8 @@ def test_store_info(stub, server):
     assert (info.segment_size_bytes, info.store_host) == (SEGMENT_BYTES, f"127.0.0.1:{port}")
 
 
-@pytest.mark.parametrize("append_on_loop", [None, False, True], ids=["auto", "threads", "loop"])
-def test_sync_flush_mode_acknowledges_flushed(tmp_path, append_on_loop):
-    config = dataclasses.replace(make_config(tmp_path / "data", flush_mode="SYNC"), append_on_loop=append_on_loop)
-    with serving(config) as (server, port):
-        assert server.on_event_loop == (append_on_loop is not False)  # auto: on the loop, since appends wait
+def test_sync_flush_mode_acknowledges_flushed(tmp_path):
+    with serving(make_config(tmp_path / "data", flush_mode="SYNC")) as (_, port):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = commitlog_pb2_grpc.CommitLogStub(ch)
             create(stub, "durable", 1)
@@ -374,25 +368,6 @@ def test_sync_flush_mode_acknowledges_flushed(tmp_path, append_on_loop):
             assert {r.durability for r in results} == {common_pb2.DURABILITY_FLUSHED}
             info = stub.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S)
             assert info.flush_mode == "SYNC" and info.flushed_physical_offset >= results[-1].physical_offset
-
-
-@pytest.mark.parametrize("argv, env, expected", [
-    ([], {}, False),                                                      # ASYNC: the synchronous server
-    (["--flush-mode", "SYNC"], {}, True),                                 # appends wait for their fsync
-    (["--node-id", "a", "--replica-of", "h:1", "--default-replication", "SYNC"],  # ... for replicas
-     {"MQSTORE_METADATA_URL": "sqlite:////shared/metadata.db"}, True),
-    (["--flush-mode", "SYNC", "--append-on-loop", "false"], {}, False),   # the flag wins
-    ([], {"MQSTORE_APPEND_ON_LOOP": "true"}, True),                       # so does the variable
-    (["--append-on-loop", "auto"], {"MQSTORE_FLUSH_MODE": "SYNC"}, True),
-])
-def test_the_port_answers_append_on_its_loop_where_appends_wait(tmp_path, argv, env, expected):
-    config = parse_config(["--data-dir", str(tmp_path), *argv], env)
-    assert on_loop(config) is expected
-
-
-def test_a_bad_append_on_loop_value_is_refused(tmp_path):
-    with pytest.raises(InvalidArgument, match="--append-on-loop / MQSTORE_APPEND_ON_LOOP.*not a boolean"):
-        parse_config(["--data-dir", str(tmp_path), "--append-on-loop", "sometimes"], {})
 
 
 def test_messages_survive_a_restart(tmp_path):

@@ -163,6 +163,19 @@ def test_health_serving_for_the_service_and_overall(tmp_path, commitlog_port):
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_the_port_is_a_grpc_aio_server_answering_its_synchronous_handlers_in_the_pool(tmp_path, commitlog_port):
+    """One concurrency model (mqstore_rpc.aio): the Index port is grpc.aio like every other; its servicer's
+    synchronous methods are answered through the handler pool."""
+    with serving(index_config(tmp_path / "index", commitlog_port)) as (server, port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        assert isinstance(server.grpc_server, grpc.aio.Server)
+        with pytest.raises(grpc.RpcError) as info:
+            index_pb2_grpc.IndexStub(channel).QueryByUniqKey(
+                index_pb2.QueryByUniqKeyRequest(topic="none", uniq_key="k"), timeout=RPC_TIMEOUT_S)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert server.pool.counts()["threads"] >= 1  # the call ran on a thread of the pool
+
+
 def test_query_by_uniq_key_and_not_found(services):
     s = services
     s.log.CreateTopic(pb.CreateTopicRequest(name="ids", queue_count=1), timeout=RPC_TIMEOUT_S)

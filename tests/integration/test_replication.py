@@ -389,24 +389,22 @@ def _hello(replica_id: str) -> Hello:
     return Hello(replica_id, "127.0.0.1:1", 0, 0, EpochHistory(), SEGMENT_BYTES)
 
 
-def test_a_replica_streams_watchdog_is_a_duty_and_both_stream_helpers_end_with_the_stream(tmp_path):
+def test_a_replica_streams_watchdog_is_a_duty_and_ends_with_the_stream(tmp_path):
     """The replica's watchdog (a Duty: steps while the leader's heartbeats come, stops and reports when the
-    stream is cancelled) and the leader's ack reader of that stream (on the synchronous port) leave no
-    thread once the stream is over (counted by name, with a deadline)."""
+    stream is cancelled) leaves no thread once the stream is over (counted by name). The leader reads the
+    stream's acknowledgements in a task of the call on its loop: no thread of its own."""
     with started(node_config(tmp_path, "a")) as leader:
-        assert not _threads("replication-acks-w")
         link = GrpcLeaderLink(heartbeat_ms=50)
         try:
             stream = link.open(leader.address, _hello("w"))
             assert stream.welcome.leader_id == "a"
             wait_until(lambda: stream.watchdog.state().steps >= 2, "the watchdog to look twice")
-            assert stream.watchdog.state().alive and _threads("replication-acks-w")
+            assert stream.watchdog.state().alive and not _threads("replication-acks")
             assert link.problem() == ""
             stream.cancel()
             state = stream.watchdog.state()
             assert not state.alive and state.died == "" and state.retries == 0
             assert not _threads("replication-watchdog")
-            wait_until(lambda: not _threads("replication-acks-w"), "the leader's ack reader to end with the stream")
         finally:
             link.close()
 

@@ -138,7 +138,7 @@ def test_append_stream_routes_delayed_items(log):
 
 def test_a_port_answering_append_on_its_loop_routes_delayed_messages(tmp_path):
     store = StoreConfig(data_dir=tmp_path / "data", segment_size_bytes=1 << 20, preallocate_segments=False)
-    config = CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=1.0), timer=TIMER, append_on_loop=True)
+    config = CommitLogConfig(store=store, server=ServerConfig(port=0, grace_s=1.0), timer=TIMER)
     with serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = commitlog_pb2_grpc.CommitLogStub(channel)
         stub.CreateTopic(pb.CreateTopicRequest(name="delayed", queue_count=1), timeout=T)

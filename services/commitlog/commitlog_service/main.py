@@ -7,8 +7,7 @@ KiB/MiB/GiB suffixes). Every service's flags (mqstore_rpc.settings) are here too
 (127.0.0.1; 0.0.0.0 only inside containers), ``--port`` (50051), ``--max-workers``,
 ``--max-concurrent-rpcs``, ``--grace-s``, ``--log-level``; ``--retention-hours`` is a shorthand for
 ``--retention-ms``; ``--store-port`` is the port written into message ids (default: the bound port);
-``--append-on-loop auto|true|false`` makes the port a grpc.aio server whose Append is answered on its event
-loop (auto, the default: under ``--flush-mode SYNC`` or ``--default-replication SYNC``; :func:`on_loop`);
+the port is a grpc.aio server whose Append and Replicate are answered on its event loop (mqstore_rpc.aio);
 ``--internal-token`` / ``MQSTORE_INTERNAL_TOKEN`` is the shared secret of the CommitLogInternal service
 (the Transaction service's way into its system topics; commitlog.proto). Pop consumption (the
 ``mqstore.v1.Consumer`` service on the same port, mqstore.pop) has the flags of
@@ -55,14 +54,14 @@ from mqstore import defaults, store_offsets
 from mqstore.auth.admin import AccessAdmin
 from mqstore.auth.sealing import Kek
 from mqstore.clock import SystemClock
-from mqstore.config import FLUSH_SYNC, StoreConfig
+from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
 from mqstore.meta.catalog import is_etcd_url
 from mqstore.meta.sql import sqlite_file
 from mqstore.pop.config import PopConfig
 from mqstore.pop.leadership import PopLeadership
 from mqstore.pop.service import PopService
-from mqstore.replication.config import SYNC, ReplicationConfig
+from mqstore.replication.config import ReplicationConfig
 from mqstore.replication.controller import Controller
 from mqstore.replication.isr import IsrKeeper
 from mqstore.replication.node import ReplicationNode
@@ -91,7 +90,7 @@ from mqstore_rpc.server import ManagedServer, ServerConfig
 
 from commitlog_service import access, consumer, internal, replication
 from mqstore_rpc.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
-from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, LoopCommitLogServicer, add_to_server
+from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
 log = structlog.get_logger()
 
@@ -113,7 +112,6 @@ class CommitLogConfig:
     replication: ReplicationConfig = ReplicationConfig()  # node_id "" = a single node (no replication)
     hosted: tuple[Hosted, ...] = ()  # other services' parts served from this process (Local mode: the gateway,
                                      # the Transaction service; mqstore_launcher.node), composed in this order
-    append_on_loop: bool | None = None  # a grpc.aio port answering Append on its loop; None = when appends wait
     tier: TierConfig = TierConfig()  # the object storage tier; tier_url "" = off (mqstore.tier)
 
 
@@ -148,17 +146,6 @@ class HostedFlags:
     parse: Callable[[argparse.Namespace, Mapping[str, str], StoreConfig], Hosted]
 
 
-def on_loop(config: CommitLogConfig) -> bool:
-    """Whether the port is a grpc.aio server whose Append is answered on its event loop (servicer.py,
-    LoopCommitLogServicer). By default only where appends wait (SYNC flush, or SYNC replication by default):
-    there it measured ~10% more batched SYNC appends; under ASYNC the synchronous server answers single
-    messages ~7-10% faster and batches alike (bench/README.md, *Append on the event loop*)."""
-    if config.append_on_loop is not None:
-        return config.append_on_loop
-    return config.store.flush_mode == FLUSH_SYNC or (config.replication.enabled
-                                                      and config.replication.default_replication == SYNC)
-
-
 def compose(config: CommitLogConfig, parts: service.Composition) -> None:
     """Recover the store, rebuild pop consumption's in-flight set from it, and serve both; on stop the
     revive duty ends, pop offsets are stored, then the store stops."""
@@ -189,8 +176,7 @@ def compose(config: CommitLogConfig, parts: service.Composition) -> None:
         parts.add_duty(pop)
     timer = compose_timer(config, store, node, parts)
     scheduler = Scheduler(store, config.timer, timer.wake, timer.note)
-    servicer = (LoopCommitLogServicer if on_loop(config) else CommitLogServicer)(store, scheduler=scheduler,
-                                                                                  auth=config.server.auth.enabled)
+    servicer = CommitLogServicer(store, scheduler=scheduler, auth=config.server.auth.enabled)
     parts.add_servicer(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     parts.add_servicer(internal.INTERNAL_SERVICE_NAME, lambda server: internal.add_to_server(
         internal.CommitLogInternalServicer(store, config.internal_token, scheduler), server))
@@ -300,8 +286,7 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore,
     node.on_promote = store.replica_view.promote
     node.in_sync.on_committed = store.replica_view.advance_visible
     store.gate = node
-    kind = replication.LoopReplicationServicer if on_loop(config) else replication.ReplicationServicer
-    servicer = kind(store, node)
+    servicer = replication.ReplicationServicer(store, node)
     parts.add_servicer(replication.SERVICE_NAME, lambda server: replication.add_to_server(servicer, server))
     parts.add_duty(IsrKeeper(node.in_sync, lambda: node.is_leader))
     store.topics.reload_on_miss = True  # a replica, or a leader that was one, may miss topics created elsewhere
@@ -340,9 +325,6 @@ def build_arg_parser(hosted_flags: Sequence[HostedFlags] = ()) -> argparse.Argum
     S.add_service_flags(parser, DEFAULT_PORT, "data directory")
     parser.add_argument("--store-port", help="port written into message ids (default: the bound port)")
     parser.add_argument("--retention-hours", help="shorthand for --retention-ms")
-    parser.add_argument("--append-on-loop", help="auto (default: yes under --flush-mode SYNC or --default-replication "
-                        "SYNC), true or false: serve the port on grpc.aio and answer Append on its event loop; env "
-                        "MQSTORE_APPEND_ON_LOOP")
     S.add_flags(parser, PopConfig)
     S.add_flags(parser, TimerConfig)
     S.add_flags(parser, TierConfig)
@@ -382,7 +364,6 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str],
                              internal_token=S.internal_token(args, env),
                              replication=ReplicationConfig(**S.values_for(args, env, ReplicationConfig)),
                              hosted=tuple(hosted.parse(args, env, store) for hosted in hosted_flags),
-                             append_on_loop=S.typed(args, env, "append_on_loop", _auto_or_bool, None),
                              tier=TierConfig(**S.values_for(args, env, TierConfig)).with_env(env))
     refuse_unshared_metadata(config)
     config.tier.check_against(store.retention_ms)
@@ -472,10 +453,6 @@ def _refuse_local_mode(env: Mapping[str, str]) -> None:
                                   f"(python -m mqstore_launcher.node), or unset it")
 
 
-def _auto_or_bool(text: str) -> bool | None:
-    return None if text.strip().lower() == "auto" else S.parse_bool(text)
-
-
 def describe(config: CommitLogConfig, port: int) -> dict:
     store = {f.name: getattr(config.store, f.name) for f in dataclasses.fields(config.store)}
     store["store_port"] = config.advertised_port or port  # what compose gave the store
@@ -483,10 +460,10 @@ def describe(config: CommitLogConfig, port: int) -> dict:
             "timer": dataclasses.asdict(config.timer),
             "replication": dataclasses.asdict(config.replication),
             **{key: value for part in config.hosted for key, value in part.describe().items()},
-            "append_on_loop": on_loop(config), "tier": config.tier.described()}
+            "tier": config.tier.described()}
 
 
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=on_loop,
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe,
                              data_dir=lambda config: config.store.data_dir)
 
 

@@ -2,23 +2,16 @@
 the stream's protos and mqstore.replication's plain messages. The protocol itself is the domain's
 (core/mqstore/replication/README.md).
 
-Thread-safety: the servicer holds the store and the node (both thread-safe); each Replicate call runs on
-its handler thread plus one thread reading the replica's acknowledgements (on a grpc.aio port,
-:class:`LoopReplicationServicer`: on the loop, a task reading them). A link's streams are used by
-the replica's follower thread, which also runs the call itself (:class:`SingleThreadedCall`: it polls
-the call's completion queue and sends the acks; no grpc thread of the synchronous client's);
-``cancel()`` may come from any thread.
+Thread-safety: the servicer holds the store and the node (both thread-safe); each Replicate call is answered
+on the port's event loop, a task of the call reading the replica's acknowledgements. A link's streams are used
+by the replica's follower thread, which also runs the call itself (:class:`SingleThreadedCall`: it polls the
+call's completion queue and sends the acks; no grpc thread of the synchronous client's); ``cancel()`` may come
+from any thread.
 
 The threads, and why each is one:
 
   thread                        whose            ends
   ----------------------------  ---------------  ----------------------------------------------------------
-  replication-acks-<replica>    one Replicate    with its stream: grpc ends the request iterator (StopIteration
-                                call on the      or RpcError) once the call is over, and the handler joins it
-                                synchronous      (a bounded wait) when it leaves. It stays a thread because on
-                                port             a synchronous server reading the replica's messages blocks,
-                                                 while the handler's thread blocks yielding data; on the
-                                                 grpc.aio port it is a task of the call (LoopReplicationServicer)
   replication-watchdog          one replica's    a :class:`~mqstore.background.Duty` (:class:`SilenceWatch`):
                                 stream           stopped and joined by the stream's ``cancel()``, which the
                                                  follower always calls (and the stream's own end); a bug in it
@@ -89,18 +82,24 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         return pb.TransferLeadershipResponse(
             handed_over_at_offset=self.controller.transfer(request.target_node_id, timeout_s))
 
-    def Replicate(self, request_iterator, context) -> Iterator[pb.LeaderMessage]:
-        session = self._session(next(request_iterator, None))
-        yield from welcome_messages(session.welcome, paged=session.hello.pages_welcome)
-        reader = threading.Thread(target=_read_acks, args=(request_iterator, session), daemon=True,
-                                  name=f"replication-acks-{session.hello.replica_id}")
-        reader.start()
+    async def Replicate(self, request_iterator, context) -> AsyncIterator[pb.LeaderMessage]:
+        """Answered on the port's event loop: each data message and each acknowledgement is handled there
+        (a synchronous handler handed every one between a pool thread and the loop: a leader of two replicas
+        spent ~13 us of CPU a SYNC-replicated message so, bench/README.md *The replication benchmark*)."""
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
+        session = await waits.off_loop(lambda: self._session(first))
+        # off the loop too: each part's entries are cut and copied into its message (the first counts every part)
+        messages = welcome_messages(session.welcome, paged=session.hello.pages_welcome)
+        while (message := await waits.off_loop(lambda: next(messages, None))) is not None:
+            yield message
+        acks = asyncio.ensure_future(_read_acks(requests, session))
         try:
-            for d in session.data(context.is_active):
+            async for d in session.data_async():
                 yield self.data_messages.get(session.epoch, d)
         finally:
-            if not context.is_active():  # the call is over, so its request iterator ends: the reader with it
-                reader.join(ACK_READER_JOIN_S)
+            acks.cancel()
             self.data_messages.log_counts(session.hello.replica_id)
 
     def _session(self, first) -> ReplicaSession:
@@ -122,30 +121,6 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
             replicas=[pb.ReplicaProgress(replica_id=v.replica_id, address=v.address, written_offset=v.written_offset,
                                          flushed_offset=v.flushed_offset, in_sync=v.in_sync, connected=v.connected,
                                          lag_bytes=v.lag_bytes, last_ack_age_ms=v.last_ack_age_ms) for v in views])
-
-
-class LoopReplicationServicer(ReplicationServicer):
-    """On a grpc.aio port (the commit log's ``--append-on-loop``): Replicate answered on the event loop. Each
-    data message and each acknowledgement is handled there, where the synchronous handler handed every one
-    between a pool thread and the loop (a leader of two replicas spent ~13 us of CPU a SYNC-replicated
-    message so, bench/README.md *The replication benchmark*). The rest as the synchronous servicer."""
-
-    async def Replicate(self, request_iterator, context) -> AsyncIterator[pb.LeaderMessage]:
-        requests = aiter(request_iterator)
-        first = await anext(requests, None)
-        # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
-        session = await waits.off_loop(lambda: self._session(first))
-        # off the loop too: each part's entries are cut and copied into its message (the first counts every part)
-        messages = welcome_messages(session.welcome, paged=session.hello.pages_welcome)
-        while (message := await waits.off_loop(lambda: next(messages, None))) is not None:
-            yield message
-        acks = asyncio.ensure_future(_read_acks_async(requests, session))
-        try:
-            async for d in session.data_async():
-                yield self.data_messages.get(session.epoch, d)
-        finally:
-            acks.cancel()
-            self.data_messages.log_counts(session.hello.replica_id)
 
 
 def welcome_messages(w: Welcome, paged: bool = True, page_bytes: int | None = None) -> Iterator[pb.LeaderMessage]:
@@ -337,23 +312,14 @@ def _leader_message_bytes(message: pb.LeaderMessage | bytes) -> bytes:
     return message if type(message) is bytes else message.SerializeToString()
 
 
-async def _read_acks_async(requests: AsyncIterator, session: ReplicaSession) -> None:
-    """:func:`_read_acks` as a task on the loop, cancelled when the stream's handler ends."""
+async def _read_acks(requests: AsyncIterator, session: ReplicaSession) -> None:
+    """The replica's acknowledgements, until its stream ends: a task on the loop, cancelled when the stream's
+    handler ends."""
     try:
         async for message in requests:
             if message.WhichOneof("kind") == "ack":
                 session.ack(Ack(message.ack.written_offset, message.ack.flushed_offset))
     except (grpc.RpcError, grpc.aio.BaseError) as exc:  # the call ended under it
-        log.info("replication.ack_stream_ended", replica=session.hello.replica_id, error=type(exc).__name__)
-
-
-def _read_acks(request_iterator, session: ReplicaSession) -> None:
-    """The replica's acknowledgements, until its stream ends (a cancelled stream raises RpcError)."""
-    try:
-        for message in request_iterator:
-            if message.WhichOneof("kind") == "ack":
-                session.ack(Ack(message.ack.written_offset, message.ack.flushed_offset))
-    except grpc.RpcError as exc:
         log.info("replication.ack_stream_ended", replica=session.hello.replica_id, error=type(exc).__name__)
 
 

@@ -1,8 +1,11 @@
 """CommitLog gRPC servicer: a thin adapter from mqstore.v1 requests to one MessageStore call each.
 
 Each method converts the request (mqstore_rpc.convert), calls one store method and converts the
-result. It never catches: mqstore errors become status codes in mqstore_rpc.errors' interceptor. On a
-grpc.aio port (:class:`LoopCommitLogServicer`) Append runs on the event loop.
+result. It never catches: mqstore errors become status codes in mqstore_rpc.errors' interceptor. Append is
+answered on the port's event loop (an ``async def``: the batch is written there and its waits, the fsync under
+SYNC flush and the in-sync replicas under SYNC replication, are awaited, so a waiting append holds no thread and
+one fsync wakes every append it covers in one hand-off), and so is GetStoreInfo; every other method runs in the
+port's handler pool (mqstore_rpc.aio). bench/README.md, *Append on the event loop*, has the figures.
 
 Thread-safe: holds no state of its own beyond the store, which is thread-safe.
 """
@@ -74,9 +77,9 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     # (mqstore_rpc.append_wire): the compiled one works on the wire bytes, with no object per field.
 
     @wire_codec(append_wire.parse_request)
-    def Append(self, request, context):
-        results = self._scheduler.append(request.topic, append_wire.messages(request, context.peer()),
-                                         replication=append_wire.replication(request))
+    async def Append(self, request, context):
+        results = await self._scheduler.append_async(request.topic, append_wire.messages(request, context.peer()),
+                                                     replication=append_wire.replication(request))
         return append_wire.append_response((results,))
 
     @wire_codec(append_wire.parse_request)
@@ -168,25 +171,15 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         offset = store_offsets.query_offset(self._store, request.group, request.topic, request.queue_id)
         return commitlog_pb2.QueryOffsetResponse(offset=offset)
 
-    def GetStoreInfo(self, request, context):
+    async def GetStoreInfo(self, request, context):
+        """Answered on the loop: every figure is the store's in memory (no file read, no lock held long), so the
+        hop to the handler pool and back would cost more than the answer (bench/README.md, *One concurrency
+        model*). Pull and GetMessage(s) stay in the pool: a long poll waits, and a record may be in a cold file
+        or only in the tier."""
         return convert.store_info(self._store.store_info())
 
     def RecallTimer(self, request, context):
         return commitlog_pb2.RecallTimerResponse(deliver_at_ms=self._scheduler.recall(request.topic, request.msg_id))
-
-
-class LoopCommitLogServicer(CommitLogServicer):
-    """The servicer of a grpc.aio port (``--append-on-loop``, main.py): Append is answered on the port's event
-    loop. The batch is written there and its waits (the fsync under SYNC flush, the in-sync replicas under
-    SYNC replication) are awaited, so a waiting append holds no thread and one fsync wakes every append it
-    covers in one hand-off. Every other method runs in the port's handler pool, as on a synchronous server.
-    bench/README.md, *Append on the event loop*, has the figures for both kinds of port."""
-
-    @wire_codec(append_wire.parse_request)
-    async def Append(self, request, context):
-        results = await self._scheduler.append_async(request.topic, append_wire.messages(request, context.peer()),
-                                                     replication=append_wire.replication(request))
-        return append_wire.append_response((results,))
 
 
 def add_to_server(servicer: CommitLogServicer, server: grpc.Server) -> None:

@@ -1,38 +1,39 @@
-"""What a grpc.aio server needs from the shared server skeleton (mqstore_rpc.server, ``aio=True``).
+"""The one kind of server every port is (mqstore_rpc.server): grpc.aio on an event loop of its own, and how a
+synchronous handler is served there.
 
 Why: grpc's synchronous server hands every message of a stream between its polling thread and the
 handler's thread, twice (the request, then the wait for the response to be written), and each hand-off
 is a turn at the GIL; a unary call pays the same. On a grpc.aio server a call's messages are read and
-answered on the event loop's one thread. For Local mode's Transaction port, where a frame's work (the
-coordinator and an in-process append) needs no other thread, a carried-Commit transaction at 8 producers
-went from 0.54x to 0.78x the rate of a plain Append (bench/txn.py's notes).
-
-How a ManagedServer with ``aio=True`` differs from the synchronous one:
+answered on the event loop's one thread, and a call that waits (a SYNC append's fsync, a replica's
+acknowledgement, a Transaction frame's append) holds no thread. bench/README.md, *One concurrency model*, has
+the measurement that made it the only kind of port.
 
   what                       how
   -------------------------  ------------------------------------------------------------------------------
   the server                 ``grpc.aio.server`` on an event loop of its own, run by the thread
                              ``grpc-aio-loop`` (:class:`LoopThread`); start and stop are that loop's
   async handlers             run on the loop: an ``async def`` unary call, or an ``async def`` generator of
-                             a stream's responses; the interceptors (metrics, errors, authentication) wrap
-                             them with async adapters around the same rule as the synchronous ones (each
-                             rule is written once: scripts/shape_measures.py counts it). A handler must not
-                             block the loop: what may wait (an fsync, another service) it runs in the pool
-                             (run_in_executor)
-  every other handler        runs in the server's handler pool (mqstore_rpc.executor) as on a synchronous
-                             server (grpc's ``migration_thread_pool``), with the same interceptors, seeing a
-                             context that has what a synchronous one has (:class:`SyncContext`)
-  a synchronous response     runs on one pool thread, as grpc would run it, but its responses are handed to
-  stream                     the loop by :func:`_driven_stream`, not by grpc: grpc's hand-off blocks the thread
-                             on a one-item queue that nothing reads once the client has cancelled, so each
-                             cancelled stream (a Tail, a replica's stream) would hold a pool thread until the
+                             a stream's responses. A handler must not block the loop: what may wait (an
+                             fsync, another service, a read of the tier) it runs off the loop
+                             (mqstore.waits.off_loop, run_in_executor)
+  a synchronous handler      made an async one once, when its method is first called (:func:`on_loop`): its
+                             body runs in the server's bounded handler pool (mqstore_rpc.executor) by
+                             run_in_executor, seeing a context that has what a synchronous one has
+                             (:class:`SyncContext`: ``is_active()``, ``code()``, ``abort`` that raises) and
+                             the call's context variables (the authenticated caller); a request stream is
+                             read through the loop (:class:`_BlockingRequests`)
+  a synchronous response     runs on one pool thread, but its responses are handed to the loop by
+  stream                     :func:`_driven_stream`, not by grpc: grpc's hand-off blocks the thread on a
+                             one-item queue that nothing reads once the client has cancelled, so each
+                             cancelled stream (a Tail, a CheckBack stream) would hold a pool thread until the
                              server stops. Here the thread computes a response only when the loop asks for
-                             one, and the call's end (a cancel included) ends it and closes the handler
-  health, reflection, TLS    as on the synchronous server (the health servicer's calls in the pool,
-                             grpc's async reflection servicer on the loop)
-
-The synchronous interceptors are given to grpc.aio through :class:`Interceptors`, which applies them to the
-handler once per call as the synchronous server would (they cache their wrapped handlers per method).
+                             one (its wait between them says so to the pool: mqstore.waits), and the call's
+                             end (a cancel included) ends it and closes the handler
+  the interceptors           metrics, errors, authentication (:class:`Interceptors`) wrap only async handlers,
+                             on the loop, one adapter each: a synchronous handler is wrapped after it is made
+                             async, so that its errors, figures and checks are the same as an async one's
+  health, reflection         grpc's health servicer as any synchronous handler; grpc's async reflection
+                             servicer on the loop
 
 Thread-safety: the loop runs on its own thread; :meth:`LoopThread.run` may be called from any other.
 """
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 import threading
@@ -49,7 +51,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence, 
 import grpc
 import structlog
 
-from mqstore import profiling
+from mqstore import profiling, waits
+from mqstore.errors import MqStoreError
 from mqstore_rpc.handlers import PerMethod, behavior_of, like
 
 T = TypeVar("T")
@@ -80,23 +83,26 @@ class LoopThread:
 
 
 class SyncContext:
-    """The context of a synchronous handler on a grpc.aio server, with what grpc.ServicerContext has and
-    grpc's migration context lacks: ``is_active()`` (false once the call has ended: its callbacks ran) and
-    ``code()`` (the code set or aborted with, else None). Everything else is the migration context's."""
+    """The context of a synchronous handler, with what grpc.ServicerContext has: ``is_active()`` (false once
+    the call has ended: its callbacks ran) and ``code()`` (the code set or aborted with, else None). Everything
+    else is the given context's (a :class:`_LoopContext`)."""
 
     __slots__ = ("_context", "_ended", "_code")
 
     def __init__(self, context: Any):
         self._context = context
-        self._ended = threading.Event()
+        self._ended = False  # set on the loop, read on the handler's thread (a plain flag: one per call is cheap)
         self._code: grpc.StatusCode | None = None
-        context.add_callback(self._ended.set)
+        context.add_callback(self._end)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
+    def _end(self) -> None:
+        self._ended = True
+
     def is_active(self) -> bool:
-        return not self._ended.is_set()
+        return not self._ended
 
     def code(self) -> grpc.StatusCode | None:
         return self._code
@@ -110,18 +116,13 @@ class SyncContext:
         self._context.abort(code, details)
 
 
-def _with_sync_context(behavior: Callable) -> Callable:
-    @functools.wraps(behavior)
-    def call(request_or_iterator: Any, context: Any) -> Any:
-        return behavior(request_or_iterator, SyncContext(context))
-    return call
-
-
 class Interceptors(grpc.aio.ServerInterceptor):
-    """The synchronous interceptors ``chain`` (outermost first, as grpc.server takes them) on a grpc.aio
-    server; a synchronous handler's behavior gets a :class:`SyncContext`, and a synchronous response stream
-    is driven from the loop in ``pool`` (:func:`_driven_stream`). Thread-safe: holds a cache of the outermost
-    handlers per method (registered methods only, so bounded; a race only wraps twice)."""
+    """The interceptors ``chain`` (outermost first: metrics, errors, then the caller's, authentication) on a
+    grpc.aio server: each method's handler is made async (:func:`on_loop`, its synchronous body run in ``pool``)
+    and then wrapped by each of them, once per method. An interceptor here is an object whose
+    ``intercept_service(continuation, details)`` returns the wrapped handler of ``continuation(details)``,
+    an async one. Thread-safe: holds a cache of the outermost handlers per method (registered methods only,
+    so bounded; a race only wraps twice)."""
 
     def __init__(self, chain: Sequence[grpc.ServerInterceptor], pool: concurrent.futures.Executor):
         self._chain = list(reversed(chain))  # innermost first
@@ -140,15 +141,44 @@ class Interceptors(grpc.aio.ServerInterceptor):
         details = _Screened(handler_call_details, screened) if self._screens else handler_call_details
 
         def wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+            handler = on_loop(handler, self._pool)
             for interceptor in self._chain:
                 handler = interceptor.intercept_service(functools.partial(_given, handler), details)
-            behavior = behavior_of(handler)
-            if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
-                return handler
-            if handler.response_streaming:
-                return like(handler, _driven_stream(behavior, self._pool, handler.request_streaming))
-            return like(handler, _with_sync_context(behavior))
+            return handler
         return self._wrapped.get((method, True) if screened else method, handler, wrap)
+
+
+def on_loop(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor) -> grpc.RpcMethodHandler:
+    """``handler`` as an async one: itself if it is; a synchronous unary-response behavior as a coroutine that
+    runs it in ``pool`` (:func:`_in_pool`); a synchronous response stream as an async generator driving it in
+    ``pool`` (:func:`_driven_stream`). The behavior's attributes (a wire parser: mqstore_rpc.errors.wire_codec)
+    are kept."""
+    behavior = behavior_of(handler)
+    if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
+        return handler
+    if handler.response_streaming:
+        return like(handler, functools.wraps(behavior)(_driven_stream(behavior, pool, handler.request_streaming)))
+    return like(handler, _in_pool(behavior, pool, handler.request_streaming))
+
+
+def _in_pool(behavior: Callable, pool: concurrent.futures.Executor, request_streaming: bool) -> Callable:
+    """A synchronous unary-response ``behavior`` as a coroutine: run on a thread of ``pool`` with a
+    :class:`SyncContext` and the call's context variables, its request stream (if any) read through the loop.
+    ``context.abort`` there ends the call from the loop with its status."""
+    @functools.wraps(behavior)
+    async def call(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        loop = asyncio.get_running_loop()
+        requests = _BlockingRequests(request_or_iterator, loop) if request_streaming else None
+        sync_context = SyncContext(_LoopContext(context, loop))
+        taken = waits.iterate(requests) if requests is not None else request_or_iterator
+        try:
+            return await loop.run_in_executor(pool, contextvars.copy_context().run, behavior, taken, sync_context)
+        except _Aborted as aborted:
+            await context.abort(aborted.code, aborted.details)
+        finally:
+            if requests is not None:
+                requests.cancel()
+    return call
 
 
 class _Screened:
@@ -216,7 +246,8 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
 
 class _BlockingRequests:
     """A grpc.aio call's request stream as a synchronous handler's threads read it: each item is awaited on
-    the loop. Ends with StopIteration, or with grpc.RpcError once the call has ended (:meth:`cancel`)."""
+    the loop (parsed and checked there by the interceptors: an item they refuse raises their MqStoreError here).
+    Ends with StopIteration, or with grpc.RpcError once the call has ended (:meth:`cancel`)."""
 
     def __init__(self, requests: Any, loop: asyncio.AbstractEventLoop):
         self._requests, self._loop = requests, loop
@@ -237,6 +268,8 @@ class _BlockingRequests:
             return pending.result()
         except StopAsyncIteration:
             raise StopIteration from None
+        except MqStoreError:  # an item refused on the loop (unparsable, not permitted): the handler's error
+            raise
         except (Exception, concurrent.futures.CancelledError) as exc:
             raise _StreamEnded() from exc
 
@@ -260,14 +293,15 @@ class _Producer:
         self._loop = loop
         self._lock = threading.Lock()
         self._asked = threading.Condition(self._lock)
-        self._wanted: asyncio.Future | None = None
+        self._wanted: tuple[asyncio.Future, contextvars.Context] | None = None
         self._ended = False
 
     def next(self) -> asyncio.Future:
-        """On the loop: the next response, _END after the last; raises what the handler raised."""
+        """On the loop: the next response, _END after the last; raises what the handler raised. The step runs in
+        a copy of the loop's context variables now (the authenticated caller, set for this step only)."""
         future = self._loop.create_future()
         with self._lock:
-            self._wanted = future
+            self._wanted = (future, contextvars.copy_context())
             self._asked.notify()
         return future
 
@@ -282,13 +316,15 @@ class _Producer:
         responses: Iterator[Any] | None = None
         try:
             while True:
-                wanted = self._wait_asked()
-                if wanted is None:
+                with waits.waiting():  # for the loop to send the last response and ask for the next
+                    asked = self._wait_asked()
+                if asked is None:
                     return
+                wanted, context = asked
                 try:
                     if responses is None:
-                        responses = iter(make())
-                    item = next(responses, _END)
+                        responses = context.run(make)
+                    item = context.run(next, responses, _END)
                 except BaseException as exc:  # noqa: BLE001 - handed to the loop, which ends the call with it
                     self._hand(wanted, None, exc)
                     return
@@ -303,7 +339,7 @@ class _Producer:
                 except Exception as exc:  # noqa: BLE001 - a handler's cleanup failing must not kill the pool thread
                     log.warning("rpc.stream_close_failed", error=type(exc).__name__, message=str(exc))
 
-    def _wait_asked(self) -> asyncio.Future | None:
+    def _wait_asked(self) -> tuple[asyncio.Future, contextvars.Context] | None:
         with self._lock:
             while self._wanted is None and not self._ended:
                 if self._loop.is_closed():
@@ -332,16 +368,18 @@ def _settle(future: asyncio.Future, item: Any, exc: BaseException | None) -> Non
 
 def _driven_stream(behavior: Callable, pool: concurrent.futures.Executor, request_streaming: bool) -> Callable:
     """A synchronous response-streaming ``behavior`` as an async generator: the behavior runs on one thread of
-    ``pool`` with a :class:`SyncContext` (its request stream, if any, read through the loop), and each of its
-    responses is sent from the loop. When the call ends, however it ends, the thread is told to stop: it
-    closes the behavior's generator after the step it is in (a Tail between frames returns within its
-    heartbeat, seeing ``is_active()`` false) and goes back to the pool."""
+    ``pool`` with a :class:`SyncContext` (its request stream, if any, read through the loop), each step in the
+    context variables of the loop's ask for it, and each of its responses is sent from the loop. When the call
+    ends, however it ends, the thread is told to stop: it closes the behavior's generator after the step it is
+    in (a Tail between frames returns within its heartbeat, seeing ``is_active()`` false) and goes back to the
+    pool."""
     async def drive(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         loop = asyncio.get_running_loop()
         requests = _BlockingRequests(request_or_iterator, loop) if request_streaming else request_or_iterator
+        taken = waits.iterate(requests) if request_streaming else requests
         sync_context = SyncContext(_LoopContext(context, loop))
         producer = _Producer(loop)
-        pool.submit(producer.run, lambda: behavior(requests, sync_context))
+        pool.submit(producer.run, lambda: iter(behavior(taken, sync_context)))
         try:
             while True:
                 try:

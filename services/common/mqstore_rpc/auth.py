@@ -51,16 +51,13 @@ calls that stay longest before their answer are new credentials waiting for a pl
 :class:`BearerToken` (the client side) adds the metadata to every call of a channel
 (mqstore_rpc.tls.open_channel's interceptors).
 
-On a grpc.aio server's loop (mqstore_rpc.aio) the cached credentials are found on the loop, and so are the
-refusals that need no hash (malformed credentials, a secret that failed lately, a throttled peer or user:
-a flood of them never queues on the executor); a call with credentials not seen since the last change is
-checked on a thread of the loop's executor, so a user's first call (or every user's, after a change of
-the users or rules) does not stop the loop for its scrypt hash. mqstore_rpc.aio asks :meth:`screens` per
-call and caches the screened handler apart.
-
-The checks are written once for both kinds of handler (:meth:`AuthInterceptor._cached`, ``_refuse_cheaply``,
-``_authenticate_new`` with ``_bearer`` and ``_refused_login``, ``_authorize``, ``_deny``, :func:`_one_request`); the
-wrappers of a synchronous handler and of an async one only call or await them.
+Every handler it wraps is async, answered on the server's loop (a synchronous servicer method was made so by
+mqstore_rpc.aio, its body run in the handler pool, so the checks come before that body, on the loop). The
+cached credentials are found on the loop, and so are the refusals that need no hash (malformed credentials, a
+secret that failed lately, a throttled peer or user: a flood of them never queues on the executor); a call with
+credentials not seen since the last change is checked on a thread of the loop's executor, so a user's first call
+(or every user's, after a change of the users or rules) does not stop the loop for its scrypt hash.
+mqstore_rpc.aio asks :meth:`screens` per call and caches the screened handler apart.
 
 Thread-safety: the interceptor caches its wrapped handlers per method; the authority is thread-safe.
 """
@@ -74,10 +71,9 @@ import copy
 import functools
 import inspect
 import ipaddress
-import itertools
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import grpc
 import structlog
@@ -298,8 +294,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def screens(self, handler_call_details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler | None) -> bool:
         """True when this call gets the screened handler: a unary request whose credentials are not cached.
-        grpc runs intercept_service before it reads the request message (the synchronous server on its
-        polling thread, grpc.aio on its loop), so this is one dict read, no more; the screened handler
+        grpc runs intercept_service on its loop before it reads the request message, so this is one dict
+        read, no more; the screened handler
         is a request stream of that one message, which authenticates the caller (refusing, or checking
         new credentials) before it takes the message: an unauthenticated caller's body is never read
         (tests/integration/test_attack_auth_flood.py measures the server's memory under 60 MiB ones)."""
@@ -339,8 +335,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return principal
 
     async def _authenticate_async(self, method: str, context) -> Principal:
-        """:meth:`_authenticate` for a call on a grpc.aio server's loop: credentials seen before are found
-        on the loop (a dict read); new ones (a database read and a scrypt hash, tens of milliseconds) and
+        """The caller of a call, on the server's loop: credentials seen before are found there (a dict
+        read); new ones (a database read and a scrypt hash, tens of milliseconds) and
         refusals are checked on a thread of the loop's executor, so the loop answers other calls meanwhile."""
         metadata = context.invocation_metadata() or ()
         principal = self._cached(metadata)
@@ -363,11 +359,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
             self._authority.refuse_cheaply(user, secret, peer_address(context.peer()))
         except Unauthenticated as exc:
             self._refused_login(exc, user, method, context)
-
-    def _authenticate(self, method: str, context: grpc.ServicerContext) -> Principal:
-        metadata = context.invocation_metadata()
-        principal = self._cached(metadata)
-        return principal if principal is not None else self._authenticate_new(method, metadata, context)
 
     def _authenticate_new(self, method: str, metadata, context) -> Principal:
         """Credentials :meth:`_cached` does not hold: checked (the database, a hash), or refused.
@@ -437,122 +428,85 @@ class AuthInterceptor(grpc.ServerInterceptor):
     # ---- wrapping --------------------------------------------------------------------------------------
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         behavior = behavior_of(handler)
+        if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
+            raise TypeError(f"{method}: authentication wraps async handlers only (mqstore_rpc.aio.on_loop makes "
+                            f"them)")
         if method not in self._permissions:
-            return like(handler, self._refuse(behavior, method))
-        return like(handler, self._guard(behavior, self._permissions[method], method, handler.request_streaming,
-                                         handler.response_streaming))
+            return like(handler, self._refuse(behavior, method, handler.response_streaming))
+        return like(handler, self._guard(behavior, self._permissions[method], method, handler.request_streaming))
 
     def _wrap_screened(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         """The unary-request ``handler`` as a request stream (:meth:`screens`): the caller is authenticated
         before its one message is taken, then the message goes to the usual guarded behavior."""
         guarded = behavior_of(self._wrapped.get(method, handler, lambda h: self._wrap(h, method)))
-        if method not in self._permissions:
-            guarded_refuse = guarded
+        if method not in self._permissions:  # refused without a look at the request
+            if handler.response_streaming:
+                async def refuse_unread_stream(requests, context):
+                    async for response in guarded(None, context):
+                        yield response
+                return as_request_stream(handler, _unary_request(refuse_unread_stream, guarded))
 
-            def refuse_unread(requests, context):
-                return guarded_refuse(None, context)
+            async def refuse_unread(requests, context):
+                return await guarded(None, context)
             return as_request_stream(handler, _unary_request(refuse_unread, guarded))
 
-        def first(requests):
-            return _one_request(next(requests, None), method)
-
-        async def first_async(requests):
+        async def first(requests):
             return _one_request(await anext(aiter(requests), None), method)
 
-        if inspect.isasyncgenfunction(guarded):
-            async def screened_async_stream(requests, context):
-                await self._authenticate_async(method, context)
-                async for response in guarded(await first_async(requests), context):
-                    yield response
-            return as_request_stream(handler, _unary_request(screened_async_stream, guarded))
-        if inspect.iscoroutinefunction(guarded):
-            async def screened_async(requests, context):
-                await self._authenticate_async(method, context)
-                return await guarded(await first_async(requests), context)
-            return as_request_stream(handler, _unary_request(screened_async, guarded))
         if handler.response_streaming:
-            def screened_stream(requests, context):
-                self._authenticate(method, context)
-                yield from guarded(first(requests), context)
+            async def screened_stream(requests, context):
+                await self._authenticate_async(method, context)
+                async for response in guarded(await first(requests), context):
+                    yield response
             return as_request_stream(handler, _unary_request(screened_stream, guarded))
 
-        def screened(requests, context):
-            self._authenticate(method, context)
-            return guarded(first(requests), context)
+        async def screened(requests, context):
+            await self._authenticate_async(method, context)
+            return await guarded(await first(requests), context)
         return as_request_stream(handler, _unary_request(screened, guarded))
 
-    def _refuse(self, behavior: Callable, method: str) -> Callable:
-        @functools.wraps(behavior)
-        def refuse(request, context):
+    def _refuse(self, behavior: Callable, method: str, response_streaming: bool) -> Callable:
+        def deny(context) -> None:
             self._deny(PermissionDenied(f"{method} has no entry in the permission table "
                                         f"(mqstore_rpc.permissions): refused"), "permission", method, context)
+        if response_streaming:
+            @functools.wraps(behavior)
+            async def refuse_stream(request, context):
+                deny(context)
+                yield  # never reached: an async generator, as the handler's kind says
+            return refuse_stream
+
+        @functools.wraps(behavior)
+        async def refuse(request, context):
+            deny(context)
         return refuse
 
-    def _guard(self, behavior: Callable, need: Need | None, method: str, request_streaming: bool,
-               response_streaming: bool) -> Callable:
+    def _guard(self, behavior: Callable, need: Need | None, method: str, request_streaming: bool) -> Callable:
+        """The checks in order: the caller (credentials seen before found on the loop, new ones checked on a
+        thread: :meth:`_authenticate_async`), then the resources the request names (each item of a request
+        stream); the servicer then learns who calls (current_caller) or finishes the check (deferred)."""
         if need is None:
             return behavior
         if inspect.isasyncgenfunction(behavior):
-            return self._guard_async(behavior, need, method, request_streaming)
-        if inspect.iscoroutinefunction(behavior) and not request_streaming:
-            return self._guard_async_unary(behavior, need, method)
+            return self._guard_stream(behavior, need, method, request_streaming)
+        return self._guard_unary(behavior, need, method, request_streaming)
 
-        def enter(request, context):
-            principal = self._authenticate(method, context)
-            if request_streaming:
-                return principal, self._each_checked(request, principal, need, method, context)
+    async def _enter(self, request, need: Need, method: str, request_streaming: bool, context):
+        principal = await self._authenticate_async(method, context)
+        if request_streaming:
+            request = await self._each_checked(request, principal, need, method, context)
+        else:
             self._authorize(principal, need, request, method, context)
-            return principal, request
+        return principal, request
 
-        if response_streaming:
-            @functools.wraps(behavior)
-            def stream_guarded(request, context) -> Iterator[Any]:
-                principal, request = enter(request, context)
-                # The servicer may ask who calls (current_caller) or check as it takes each request
-                # (deferred: Transact). The caller is handed over for each step of the response generator
-                # only, set and reset on the thread that runs that step, so it never outlives the step on a
-                # pool thread. Closing this stream closes the servicer's (as ``yield from`` would).
-                caller, responses = Caller(self, principal, method, context), iter(behavior(request, context))
-                try:
-                    while True:
-                        token = _current.set(caller)
-                        try:
-                            response = next(responses)
-                        except StopIteration:
-                            return
-                        finally:
-                            _current.reset(token)
-                        yield response
-                finally:
-                    if hasattr(responses, "close"):
-                        responses.close()
-            return stream_guarded
-
-        # The servicer may ask who calls (current_caller), or finish the check (deferred): hand it the caller.
-        @functools.wraps(behavior)
-        def guarded(request, context):
-            principal, request = enter(request, context)
-            token = _current.set(Caller(self, principal, method, context))
-            try:
-                return behavior(request, context)
-            finally:
-                _current.reset(token)
-        return guarded
-
-    def _guard_async(self, behavior: Callable, need: Need, method: str, request_streaming: bool) -> Callable:
-        """:meth:`_guard` for a stream answered on a grpc.aio server's loop (mqstore_rpc.aio): the same
-        checks in the same order. Credentials seen before are found on the loop; new ones are checked on a
-        thread (:meth:`_authenticate_async`)."""
+    def _guard_stream(self, behavior: Callable, need: Need, method: str, request_streaming: bool) -> Callable:
         @functools.wraps(behavior)
         async def stream_guarded(request, context) -> AsyncIterator[Any]:
-            principal = await self._authenticate_async(method, context)
-            if request_streaming:
-                request = await self._each_checked_async(request, principal, need, method, context)
-            else:
-                self._authorize(principal, need, request, method, context)
+            principal, request = await self._enter(request, need, method, request_streaming, context)
             responses = behavior(request, context)
             # The caller (current_caller; deferred checks: Transact) is set for each step of the response
-            # generator only (each step runs in the call's own task, so it is never seen by another call).
+            # generator only (each step runs in the call's own task, so it is never seen by another call; a
+            # synchronous stream's step on its pool thread sees a copy of it, mqstore_rpc.aio).
             caller = Caller(self, principal, method, context)
             while True:
                 token = _current.set(caller)
@@ -565,12 +519,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 yield response
         return stream_guarded
 
-    def _guard_async_unary(self, behavior: Callable, need: Need, method: str) -> Callable:
-        """:meth:`_guard` for a unary call answered on a grpc.aio server's loop (mqstore_rpc.aio)."""
+    def _guard_unary(self, behavior: Callable, need: Need, method: str, request_streaming: bool) -> Callable:
         @functools.wraps(behavior)
         async def guarded(request, context):
-            principal = await self._authenticate_async(method, context)
-            self._authorize(principal, need, request, method, context)
+            principal, request = await self._enter(request, need, method, request_streaming, context)
             token = _current.set(Caller(self, principal, method, context))  # this call's own task
             try:
                 return await behavior(request, context)
@@ -578,9 +530,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 _current.reset(token)
         return guarded
 
-    async def _each_checked_async(self, requests: AsyncIterator[Any], principal: Principal, need: Need, method: str,
-                                  context) -> AsyncIterator[Any]:
-        """:meth:`_each_checked` of a request stream read on the loop."""
+    async def _each_checked(self, requests: AsyncIterator[Any], principal: Principal, need: Need, method: str,
+                            context) -> AsyncIterator[Any]:
+        """The request stream with each item checked. The first item is read and checked here, before the
+        servicer runs (a CheckBack hello, a Telemetry client's settings, the first Append batch): a denial
+        then ends the call with its status even where the servicer reads the stream on another thread.
+        Later items are checked as the servicer takes them."""
         requests = aiter(requests)
         first = await anext(requests, None)
         if first is not None:
@@ -594,22 +549,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 self._authorize(principal, need, item, method, context)
                 yield item
         return checked()
-
-    def _each_checked(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
-        """The request stream with each item checked. The first item is read and checked here, before the
-        servicer runs (a CheckBack hello, a Telemetry client's settings, the first Append batch): a denial
-        then ends the call with its status even where the servicer reads the stream on another thread.
-        Later items are checked as the servicer takes them."""
-        first = next(requests, None)
-        if first is None:
-            return iter(())
-        self._authorize(principal, need, first, method, context)
-        return itertools.chain((first,), self._checked_rest(requests, principal, need, method, context))
-
-    def _checked_rest(self, requests, principal: Principal, need: Need, method: str, context) -> Iterator[Any]:
-        for item in requests:
-            self._authorize(principal, need, item, method, context)
-            yield item
 
 
 def _one_request(request, method: str):

@@ -18,10 +18,10 @@ A servicer method marked with :func:`wire_codec` has its requests parsed by its 
 the generated deserializer (Append's compiled codec: mqstore_rpc.append_wire), with the same errors,
 and returns its response as serialized bytes, which go out as they are.
 
-A handler whose behavior is a coroutine (a unary call) or an async generator (a stream's responses), answered
-on a grpc.aio server's loop (mqstore_rpc.aio), is wrapped alike, with ``await context.abort``: the rule (which
-status, which trailers, what is logged) is :func:`_ending` for both kinds, and the wrappers around it only
-call or await.
+Every handler it wraps is async, answered on the server's loop (a synchronous servicer method was made so by
+mqstore_rpc.aio, its body run in the handler pool): a coroutine (a unary-response call) or an async generator
+(a stream's responses), ended with ``await context.abort``; the rule (which status, which trailers, what is
+logged) is :func:`_ending`.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
-from mqstore import errors, waits
+from mqstore import errors
 from mqstore_rpc.handlers import PerMethod, behavior_of, like
 
 log = structlog.get_logger("mqstore_rpc.errors")
@@ -138,13 +138,12 @@ def _bounded(text: str, limit: int) -> str:
     return data[:limit].decode("utf-8", "ignore") + f"... (cut: the message had {len(data)} bytes)"
 
 
-def _ending(exc: Exception, context, method: str, on_loop: bool) -> tuple[grpc.StatusCode, str]:
-    """The rule of this interceptor, for both kinds of handler: the status ``exc`` ends the RPC with (its
-    trailers set on ``context``), logged as its kind says. When the client went away (a synchronous
-    handler's request stream raised grpc.RpcError after the call ended) there is nothing to report to
-    anybody: ``exc`` is raised again (on a grpc.aio loop the call's task is cancelled instead, which no
-    ``except Exception`` sees). The adapters only differ in ``context.abort`` or ``await context.abort``."""
-    if not on_loop and isinstance(exc, grpc.RpcError) and not context.is_active():
+def _ending(exc: Exception, context, method: str) -> tuple[grpc.StatusCode, str]:
+    """The rule of this interceptor: the status ``exc`` ends the RPC with (its trailers set on ``context``),
+    logged as its kind says. When the client went away (a synchronous handler's request stream, read in the
+    pool, raised grpc.RpcError after the call ended) there is nothing to report to anybody: ``exc`` is raised
+    again (mostly the call's task is cancelled instead, which no ``except Exception`` sees)."""
+    if isinstance(exc, grpc.RpcError) and context.done():
         log.info("rpc.cancelled", method=method)
         raise exc
     if isinstance(exc, errors.MqStoreError):
@@ -190,33 +189,13 @@ def _parser(deserializer: Callable[[bytes], Any] | None, method: str,
     return parse
 
 
-def _wrap_unary_response(behavior: Callable, method: str, parse: Callable) -> Callable:
-    @functools.wraps(behavior)
-    def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            return behavior(parse(request_or_iterator), context)
-        except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            context.abort(*_ending(exc, context, method, on_loop=False))
-    return wrapper
-
-
-def _wrap_stream_response(behavior: Callable, method: str, parse: Callable) -> Callable:
-    @functools.wraps(behavior)
-    def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        try:
-            yield from waits.responses(behavior(parse(request_or_iterator), context))
-        except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            context.abort(*_ending(exc, context, method, on_loop=False))
-    return wrapper
-
-
 def _wrap_async_unary_response(behavior: Callable, method: str, parse: Callable) -> Callable:
     @functools.wraps(behavior)
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await behavior(parse(request), context)
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            await context.abort(*_ending(exc, context, method, on_loop=True))
+            await context.abort(*_ending(exc, context, method))
     return wrapper
 
 
@@ -227,22 +206,16 @@ def _wrap_async_stream_response(behavior: Callable, method: str, parse: Callable
             async for response in behavior(parse(request_or_iterator), context):
                 yield response
         except Exception as exc:  # noqa: BLE001 - the one place that maps every error to a status
-            await context.abort(*_ending(exc, context, method, on_loop=True))
+            await context.abort(*_ending(exc, context, method))
     return wrapper
 
 
 def _each_async(parse: Callable) -> Callable:
-    """The parser of a request stream read on a grpc.aio server's loop."""
+    """The parser of a request stream, each item parsed on the loop as it is taken."""
     async def parsed(raw_items: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         async for raw in raw_items:
             yield parse(raw)
     return parsed
-
-
-def _each(parse: Callable) -> Callable:
-    """The parser of a request stream: parses every item as it is taken (each wait for one says so to the
-    handler pool: mqstore.waits)."""
-    return lambda raw_items: map(parse, waits.iterate(raw_items))
 
 
 def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
@@ -252,19 +225,17 @@ def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodH
     parse = _parser(handler.request_deserializer, method, wire_parse)
     serializers = dict(request_deserializer=None,
                        response_serializer=_pass_bytes if wire_parse else handler.response_serializer)
+    each = _each_async(parse) if handler.request_streaming else parse
     if inspect.isasyncgenfunction(behavior):
-        return like(handler, _wrap_async_stream_response(
-            behavior, method, _each_async(parse) if handler.request_streaming else parse), **serializers)
-    if inspect.iscoroutinefunction(behavior):  # a request stream: auth's screened unary call (mqstore_rpc.auth)
-        each = _each_async(parse) if handler.request_streaming else parse
+        return like(handler, _wrap_async_stream_response(behavior, method, each), **serializers)
+    if inspect.iscoroutinefunction(behavior):
         return like(handler, _wrap_async_unary_response(behavior, method, each), **serializers)
-    each = _each(parse) if handler.request_streaming else parse
-    wrap = _wrap_stream_response if handler.response_streaming else _wrap_unary_response
-    return like(handler, wrap(behavior, method, each), **serializers)
+    raise TypeError(f"{method}: the error mapping wraps async handlers only (mqstore_rpc.aio.on_loop makes them)")
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
-    """Applies :data:`STATUS_BY_ERROR` to every unary and streaming handler.
+    """Applies :data:`STATUS_BY_ERROR` to every unary and streaming handler (async: mqstore_rpc.aio.Interceptors
+    applies it after making a synchronous handler async).
 
     Thread-safe: the only state is a cache of wrapped handlers by method name (registered methods
     only, so it is bounded), so a method is wrapped once and not per call; a race only wraps twice.

@@ -1,9 +1,9 @@
 """The handler threads of every gRPC server (mqstore_rpc.server): an Executor that wakes the thread that went
 idle last and, where the service asks for it, runs at most a few calls at a time.
 
-grpc's sync server submits each call to the executor it is given. With the standard ThreadPoolExecutor every
-call goes to a thread of its own as long as one is free (up to max_workers, 64): under a steady load of
-short calls a dozen threads take turns, each woken for one call, each then waiting for the GIL that the
+Every port (mqstore_rpc.aio) submits each synchronous handler's call to this executor. With the standard
+ThreadPoolExecutor every call goes to a thread of its own as long as one is free (up to max_workers, 64): under
+a steady load of short calls a dozen threads take turns, each woken for one call, each then waiting for the GIL that the
 others hold, each found cold (its stack and objects out of the CPU caches). One GIL runs one of them at a
 time anyway. Here at most ``max_running`` calls run at once (the server setting max_running_handlers:
 RUNNING, 4, for the CommitLog service and its Local-mode Transaction port; 0, no cap, for the others, where
@@ -21,8 +21,8 @@ stop the server. Two ways out:
 
   - the wait says so (mqstore.waits.waiting(): the SYNC flush, the SYNC replication acknowledgement, long
     polls, Tail and replica streams between frames, every request stream's wait for its next message,
-    taken through mqstore.waits.iterate by the error wrapper, every response stream's wait for grpc to
-    write a response (mqstore.waits.responses, the same wrapper), and, for the services that may be capped by
+    taken through mqstore.waits.iterate by mqstore_rpc.aio, a synchronous response stream's wait for the
+    loop to ask for its next response (mqstore_rpc.aio's driven stream), and, for the services that may be capped by
     their setting, every call through CommitLogClient, the txn appender's and OP waits and check-back
     streams): its place is free at once, taken back after;
   - any other wait is found by a monitor thread, which runs only while calls are queued: every TICK_S it

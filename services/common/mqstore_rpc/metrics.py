@@ -20,8 +20,9 @@ ends OK. An RPC refused by grpc itself before any handler runs (RESOURCE_EXHAUST
 max_message_bytes or beyond max_concurrent_rpcs, UNIMPLEMENTED for an unknown method) is not counted:
 no interceptor sees it. Health and reflection are counted like every other service.
 
-What a call counts and with which status is :class:`_MethodFigures`' rule, the same for a synchronous handler
-and an async one; their wrappers only call or await.
+What a call counts and with which status is :class:`_MethodFigures`' rule. Every handler it wraps is async,
+answered on the server's loop (a synchronous servicer method was made so by mqstore_rpc.aio, its body run in
+the handler pool), so a call's time runs from its start on the loop to its status there.
 
 Thread-safety: the interceptor's state is the metric children per method, created once (a race only
 creates the same child twice through Metric.labels, which is locked); the exporter is started and
@@ -123,10 +124,9 @@ def _split(method: str) -> tuple[str, str]:
 
 class _MethodFigures:
     """The rule of this interceptor for one method's handler: its metric children, resolved once, and what a
-    call counts (:meth:`receive`, :meth:`ended`). The wrappers around a synchronous handler and an async one
-    (on a grpc.aio server's loop) share it and only differ in call or await."""
+    call counts (:meth:`receive`, :meth:`ended`)."""
 
-    def __init__(self, rpc: "RpcMetrics", method: str, handler: grpc.RpcMethodHandler, on_loop: bool):
+    def __init__(self, rpc: "RpcMetrics", method: str, handler: grpc.RpcMethodHandler):
         service, name = _split(method)
         labels = (_rpc_type(handler), service, name)
         self.labels = labels
@@ -136,11 +136,11 @@ class _MethodFigures:
         self.sent = rpc.sent.labels(*labels)
         self._handled = rpc.handled
         self._by_code: dict[grpc.StatusCode, Any] = {}
-        self._stream, self._on_loop = handler.response_streaming, on_loop
+        self._stream = handler.response_streaming
         if not handler.request_streaming:
             self.receive = self._received_one
         else:
-            self.receive = functools.partial(_async_counting if on_loop else _counting, counter=self.received)
+            self.receive = functools.partial(_async_counting, counter=self.received)
 
     def _received_one(self, request: Any) -> Any:
         self.received.inc()
@@ -156,10 +156,9 @@ class _MethodFigures:
         """One call ended with ``error`` (None: none) after ``seconds``: counted by the status it ended with.
 
         That status is what the handler (or the error interceptor's abort) set, else OK without an error and
-        UNKNOWN with one, except when the client went away: a grpc.aio call's task cancelled (or its response
-        generator closed), or a response stream that ended OK after its call had ended (a Tail that was
-        cancelled: ``not is_active()`` on a synchronous context, ``cancelled()`` on a grpc.aio one)."""
-        if self._on_loop and isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        UNKNOWN with one, except when the client went away: the call's task cancelled (or its response
+        generator closed), or a response stream that ended OK after its call had been cancelled (a Tail)."""
+        if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
             code = grpc.StatusCode.CANCELLED
         else:
             code = context.code() if hasattr(context, "code") else None
@@ -167,8 +166,7 @@ class _MethodFigures:
                 code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
             elif not isinstance(code, grpc.StatusCode):
                 code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
-            if self._stream and error is None and code is grpc.StatusCode.OK and (
-                    context.cancelled() if self._on_loop else not context.is_active()):
+            if self._stream and error is None and code is grpc.StatusCode.OK and context.cancelled():
                 code = grpc.StatusCode.CANCELLED
         self.handled(code).inc()
         self.seconds.observe(seconds)
@@ -199,26 +197,17 @@ class RpcMetrics(grpc.ServerInterceptor):
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         behavior = behavior_of(handler)
-        if inspect.iscoroutinefunction(behavior):  # on a grpc.aio server's loop (mqstore_rpc.aio)
-            wrap, on_loop = _async_unary, True
-        elif inspect.isasyncgenfunction(behavior):  # answered on a grpc.aio server's loop
-            wrap, on_loop = _async_stream, True
+        if inspect.iscoroutinefunction(behavior):
+            wrap = _async_unary
+        elif inspect.isasyncgenfunction(behavior):
+            wrap = _async_stream
         else:
-            wrap, on_loop = (_stream if handler.response_streaming else _unary), False
-        return like(handler, wrap(behavior, _MethodFigures(self, method, handler, on_loop), self._clock))
+            raise TypeError(f"{method}: the per-RPC metrics wrap async handlers only (mqstore_rpc.aio.on_loop makes "
+                            f"them)")
+        return like(handler, wrap(behavior, _MethodFigures(self, method, handler), self._clock))
 
 
-# The adapters: the same steps around a synchronous behavior and an async one, the rule being _MethodFigures'.
-
-def _unary(behavior: Callable, figures: _MethodFigures, clock: Callable[[], float]) -> Callable:
-    @functools.wraps(behavior)
-    def wrapper(request_or_iterator, context):
-        with _Timed(figures, clock, context):
-            response = behavior(figures.receive(request_or_iterator), context)
-            figures.sent.inc()
-            return response
-    return wrapper
-
+# The adapters: the steps around a unary-response behavior and a stream's, the rule being _MethodFigures'.
 
 def _async_unary(behavior: Callable, figures: _MethodFigures, clock: Callable[[], float]) -> Callable:
     @functools.wraps(behavior)
@@ -227,16 +216,6 @@ def _async_unary(behavior: Callable, figures: _MethodFigures, clock: Callable[[]
             response = await behavior(figures.receive(request_or_iterator), context)
             figures.sent.inc()
             return response
-    return wrapper
-
-
-def _stream(behavior: Callable, figures: _MethodFigures, clock: Callable[[], float]) -> Callable:
-    @functools.wraps(behavior)
-    def wrapper(request_or_iterator, context):
-        with _Timed(figures, clock, context):
-            for response in behavior(figures.receive(request_or_iterator), context):
-                figures.sent.inc()
-                yield response
     return wrapper
 
 
@@ -270,11 +249,5 @@ class _Timed:
 
 async def _async_counting(items: AsyncIterator[Any], counter) -> AsyncIterator[Any]:
     async for item in items:
-        counter.inc()
-        yield item
-
-
-def _counting(items, counter) -> Iterator[Any]:
-    for item in items:
         counter.inc()
         yield item

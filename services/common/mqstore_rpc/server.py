@@ -1,7 +1,8 @@
 """Assembles a gRPC server the same way for every mqstore service.
 
-``create_server(config, registry)`` gives a :class:`ManagedServer`: a ``grpc.Server`` on a bounded thread
-pool (mqstore_rpc.executor; ``max_running_handlers`` caps the calls that run at once), 64 MiB message
+``create_server(config, registry)`` gives a :class:`ManagedServer`: a ``grpc.aio`` server on an event loop of
+its own, whose ``async def`` handlers run on the loop and whose synchronous ones run in a bounded handler pool
+(mqstore_rpc.aio; mqstore_rpc.executor, ``max_running_handlers`` caps the calls that run at once), 64 MiB message
 limits, the interceptors (per-RPC metrics outermost, then the error mapping, then any the caller adds:
 authentication), gRPC health and server reflection, already bound to ``host:port`` (port 0 picks a free
 port, read it from ``.port``) in plaintext or, with ``config.tls``, TLS only (mutual when a client CA is
@@ -10,8 +11,7 @@ set (mqstore_rpc.metrics; ``.metrics_port`` is the bound one). The
 service registers its servicers, adds what must be closed after the server stops
 (``add_closer(store.stop)``), calls ``start()`` and then ``serve_until_signal()``, which returns after
 SIGTERM or SIGINT (caught by a :class:`StopSignals` installed first thing in ``main()``) and a graceful
-stop. ``ManagedServer(..., aio=True)`` is the same server on grpc.aio, whose ``async def`` handlers run on
-an event loop of its own (mqstore_rpc.aio: Local mode's Transaction port).
+stop. Every port of every service is such a server (one concurrency model: README, *Endpoints*).
 
 Lifecycle of a service process:
   create_server -> register servicers -> start domain objects -> start() -> mark_serving()
@@ -158,19 +158,16 @@ class HealthMonitor(Duty):
 
 
 class ManagedServer:
-    """A bound ``grpc.Server`` with its health servicer and the closers to run after it stops.
+    """A bound grpc.aio server with its health servicer and the closers to run after it stops.
 
     Thread-safe: ``stop()`` may be called from any thread and more than once (later calls wait for the
     first). ``add_closer`` and ``add_service_names`` are for the composition root, before ``start()``.
     """
 
     def __init__(self, config: ServerConfig, registry: Registry | None = None,
-                 interceptors: Sequence[grpc.ServerInterceptor] = (), rpc_metrics: RpcMetrics | None = None,
-                 aio: bool = False):
+                 interceptors: Sequence[grpc.ServerInterceptor] = (), rpc_metrics: RpcMetrics | None = None):
         """``rpc_metrics``: another server's per-RPC figures on the same ``registry`` (a second port of
-        one process counts its RPCs in the same families); None makes them. ``aio``: a grpc.aio server
-        (mqstore_rpc.aio): ``async def`` handlers run on its event loop, every other handler in the handler
-        pool as here."""
+        one process counts its RPCs in the same families); None makes them."""
         self.config = config
         self.registry = registry or Registry()
         self.rpc_metrics = rpc_metrics or RpcMetrics(self.registry)
@@ -180,19 +177,14 @@ class ManagedServer:
                    ("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]  # two servers must never share a port silently
         chain = [self.rpc_metrics, ErrorInterceptor(), *interceptors]
-        self._loop: aio_server.LoopThread | None = None
+        self._loop = aio_server.LoopThread()
         self._loop_closers: list[Callable[[], Awaitable[None]]] = []
-        if aio:
-            self._loop = aio_server.LoopThread()
 
-            async def make() -> grpc.aio.Server:
-                return grpc.aio.server(migration_thread_pool=self._executor,
-                                       interceptors=[aio_server.Interceptors(chain, self._executor)], options=options,
-                                       maximum_concurrent_rpcs=config.max_concurrent_rpcs)
-            self.grpc_server = self._loop.run(make)
-        else:
-            self.grpc_server = grpc.server(self._executor, interceptors=chain, options=options,
-                                           maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+        async def make() -> grpc.aio.Server:
+            return grpc.aio.server(migration_thread_pool=self._executor,
+                                   interceptors=[aio_server.Interceptors(chain, self._executor)], options=options,
+                                   maximum_concurrent_rpcs=config.max_concurrent_rpcs)
+        self.grpc_server = self._loop.run(make)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -214,11 +206,6 @@ class ManagedServer:
         self._exporter: MetricsExporter | None = None
         if config.metrics_port is not None:
             self._exporter = MetricsExporter(self.registry, config.metrics_host or config.host, config.metrics_port)
-
-    @property
-    def on_event_loop(self) -> bool:
-        """A grpc.aio server (``aio=True``)."""
-        return self._loop is not None
 
     @property
     def pool(self) -> HandlerPool:
@@ -252,10 +239,7 @@ class ManagedServer:
     def start(self) -> None:
         names = [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.grpc_server)
-        if self._loop is not None:
-            self._loop.run(self.grpc_server.start, self.config.stop_timeout_s)
-        else:
-            self.grpc_server.start()
+        self._loop.run(self.grpc_server.start, self.config.stop_timeout_s)
         if self._monitor is not None:
             self._monitor.start()
 
@@ -294,8 +278,6 @@ class ManagedServer:
     def _stop_grpc(self, grace: float) -> bool:
         """grpc's stop: no new calls, running ones cancelled after ``grace``; False if that timed out."""
         bound = grace + self.config.stop_timeout_s
-        if self._loop is None:
-            return self.grpc_server.stop(grace).wait(bound)
         try:
             self._loop.run(lambda: self.grpc_server.stop(grace), bound)
             return True
@@ -303,13 +285,11 @@ class ManagedServer:
             return False
 
     def add_loop_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
-        """A grpc.aio server's: ``await closer()`` on its loop once the server has stopped, before the loop
+        """``await closer()`` on the server's loop once the server has stopped, before the loop
         closes (what was opened on the loop, e.g. a grpc.aio client channel)."""
         self._loop_closers.append(closer)
 
     def _close_loop(self) -> None:
-        if self._loop is None:
-            return
         for closer in reversed(self._loop_closers):
             try:
                 self._loop.run(closer, self.config.stop_timeout_s)
@@ -330,8 +310,8 @@ class ManagedServer:
 
 
 def create_server(config: ServerConfig, registry: Registry | None = None,
-                  interceptors: Sequence[grpc.ServerInterceptor] = (), aio: bool = False) -> ManagedServer:
-    return ManagedServer(config, registry, interceptors, aio=aio)
+                  interceptors: Sequence[grpc.ServerInterceptor] = ()) -> ManagedServer:
+    return ManagedServer(config, registry, interceptors)
 
 
 class StopSignals:

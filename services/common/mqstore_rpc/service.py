@@ -120,19 +120,18 @@ class Composition:
         register(self.server.grpc_server)
         self.server.add_service_names([service_name])
 
-    def add_server(self, name: str, config: ServerConfig, *, signed_requests: bool = False, aio: bool = False,
+    def add_server(self, name: str, config: ServerConfig, *, signed_requests: bool = False,
                    ) -> tuple[ManagedServer, Callable[[Callable[[], str]], None]]:
         """A second port of this process (the commit log's Local-mode gateway and Transaction service): its
         RPCs are counted in this service's metrics and pass the same authentication (``signed_requests``:
         also the RocketMQ SDKs' signed requests, as the gateway's own process takes them); its health is
         NOT_SERVING while this service's is or while a problem given to the returned function is non-empty.
         Started after the duties; stopped when this service stops, before what was registered earlier
-        closes. Its bound port is in ``server.started`` as ``ports[name]``. ``aio``: a grpc.aio server
-        (mqstore_rpc.aio). Returns the server (``.grpc_server`` takes servicers, ``.port`` is the bound port)
-        and that function."""
+        closes. Its bound port is in ``server.started`` as ``ports[name]``. Returns the server (``.grpc_server``
+        takes servicers, ``.port`` is the bound port) and that function."""
         interceptors = [i.taking_signed_requests() if signed_requests and isinstance(i, AuthInterceptor) else i
                         for i in self._interceptors]
-        extra = ManagedServer(config, self.server.registry, interceptors, rpc_metrics=self.server.rpc_metrics, aio=aio)
+        extra = ManagedServer(config, self.server.registry, interceptors, rpc_metrics=self.server.rpc_metrics)
         self.server.extra_ports[name] = extra.port
         self.server.add_closer(extra.stop)
         problems: list[Callable[[], str]] = []
@@ -185,8 +184,6 @@ class ServiceDef:
     compose: Callable[[Any, Composition], None]
     describe: Callable[[Any, int], dict] = lambda config, port: {}      # config fields for server.started
     signed_requests: bool = False   # with auth on, also take the RocketMQ SDKs' signed requests (the gateway)
-    aio: bool | Callable[[Any], bool] = False  # a grpc.aio server (mqstore_rpc.aio; the Transaction service), or
-                                               # what says so from the config (the CommitLog service)
     data_dir: Callable[[Any], pathlib.Path | None] = lambda config: None  # its data directory (None: keeps none)
 
 
@@ -213,8 +210,7 @@ def build_server(service: ServiceDef, config) -> tuple[ManagedServer, int]:
     interceptors = ([AuthInterceptor(authority, registry, signed_requests=service.signed_requests)]
                     if authority is not None else [])
     try:
-        aio = service.aio(config) if callable(service.aio) else service.aio
-        server = create_server(config.server, registry, interceptors, aio=aio)
+        server = create_server(config.server, registry, interceptors)
     except BaseException:
         if auth_store is not None:
             auth_store.close()

@@ -85,7 +85,7 @@ def compose_local(local: LocalTxnConfig, server: ServerConfig, store: StoreLike,
     config = dataclasses.replace(server, port=local.port, max_workers=workers,
                                  max_concurrent_rpcs=max(server.max_concurrent_rpcs, workers), metrics_port=None)
     # grpc.aio: Prepare, Commit and Transact's frames are answered on the port's event loop (mqstore_rpc.aio)
-    txn_server, add_problem = parts.add_server("txn", config, aio=True)
+    txn_server, add_problem = parts.add_server("txn", config)
 
     def serve(name: str, register: Callable[[grpc.Server], None]) -> None:
         register(txn_server.grpc_server)

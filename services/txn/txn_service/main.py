@@ -179,7 +179,7 @@ def describe(config: TxnServiceConfig, port: int) -> dict:
 
 # grpc.aio: Prepare, Commit and Transact's frames are answered on the server's event loop, their appends
 # awaited there (txn_service.servicer.LoopTransactionServicer)
-SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe, aio=True,
+SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe,
                              data_dir=lambda config: config.txn.data_dir)
 
 

@@ -1,10 +1,12 @@
 """mqstore_rpc.auth.current_caller: the authenticated caller is known to the servicer in every kind of
-handler (a unary call, each step of a response stream, synchronous and on a grpc.aio loop), never outside
-the call, and its own refusals are the interceptor's (logged, counted, marked as the caller's denial)."""
+handler (a unary call, each step of a response stream, async on the loop and synchronous in the handler pool
+through mqstore_rpc.aio), never outside the call, and its own refusals are the interceptor's (logged, counted,
+marked as the caller's denial)."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 
 import grpc
 import pytest
@@ -16,7 +18,7 @@ from mqstore.clock import SystemClock
 from mqstore.errors import PermissionDenied
 from mqstore.meta.auth import AuthStore
 from mqstore.metrics import Registry
-from mqstore_rpc import auth
+from mqstore_rpc import aio, auth
 from mqstore_rpc.permissions import Need
 
 METHOD = "/test.Service/Call"
@@ -28,6 +30,9 @@ class Context:
 
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
+
+    def add_done_callback(self, callback) -> None:  # the call never ends here
+        pass
 
 
 @pytest.fixture
@@ -42,18 +47,34 @@ def wrapped(interceptor: auth.AuthInterceptor, handler: grpc.RpcMethodHandler):
     return interceptor._wrap(handler, METHOD)
 
 
-def test_a_synchronous_unary_call_and_each_step_of_a_stream_know_their_caller(interceptor):
-    unary = wrapped(interceptor, grpc.unary_unary_rpc_method_handler(lambda request, context: auth.caller_name()))
-    assert unary.unary_unary(b"", Context()) == "ann"
+@pytest.fixture
+def pool():
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # a stream holds one thread; the test's checks the other
+        yield pool
+
+
+def test_a_synchronous_unary_call_and_each_step_of_a_stream_know_their_caller(interceptor, pool):
+    """A synchronous handler runs in the pool (mqstore_rpc.aio.on_loop), each step of its stream seeing the caller
+    the loop's guard set for it; the pool's thread does not keep it between steps nor after."""
+    unary = wrapped(interceptor, aio.on_loop(grpc.unary_unary_rpc_method_handler(
+        lambda request, context: auth.caller_name()), pool))
+    between: list = []
 
     def steps(request, context):
         yield auth.caller_name()
         yield auth.caller_name()
-    stream = wrapped(interceptor, grpc.unary_stream_rpc_method_handler(steps)).unary_stream(b"", Context())
-    assert next(stream) == "ann"
-    assert auth.caller_name() is None  # between steps, on this thread, the caller is not set
-    assert list(stream) == ["ann"]
-    assert auth.current_caller() is None
+    stream = wrapped(interceptor, aio.on_loop(grpc.unary_stream_rpc_method_handler(steps), pool))
+
+    async def run():
+        answered = await unary.unary_unary(b"", Context())
+        responses = stream.unary_stream(b"", Context())
+        streamed = [await anext(responses)]
+        between.append(await asyncio.get_running_loop().run_in_executor(pool, auth.caller_name))
+        streamed += [a async for a in responses]
+        return answered, streamed
+    assert asyncio.run(run()) == ("ann", ["ann", "ann"])
+    assert between == [None]  # between steps, on a pool thread, the caller is not set
+    assert pool.submit(auth.current_caller).result() is None and auth.current_caller() is None
 
 
 def test_a_call_on_a_loop_knows_its_caller(interceptor):
@@ -72,12 +93,12 @@ def test_a_call_on_a_loop_knows_its_caller(interceptor):
     assert asyncio.run(run()) == ("ann", ["ann", "ann"])
 
 
-def test_a_servicers_refusal_is_the_callers_denial(interceptor):
+def test_a_servicers_refusal_is_the_callers_denial(interceptor, pool):
     def call(request, context):
         caller = auth.current_caller()
         assert not caller.allowed(access.ADMIN, access.CLUSTER_RESOURCE)
         caller.refuse(PermissionDenied("not yours: use your own id"))
-    handler = wrapped(interceptor, grpc.unary_unary_rpc_method_handler(call))
+    handler = wrapped(interceptor, aio.on_loop(grpc.unary_unary_rpc_method_handler(call), pool))
     with pytest.raises(PermissionDenied, match="not yours") as caught:
-        handler.unary_unary(b"", Context())
+        asyncio.run(handler.unary_unary(b"", Context()))
     assert auth.is_denial(caught.value) and not auth.is_denial(PermissionDenied("from a service we called"))

@@ -21,7 +21,7 @@ from mqstore import defaults
 from mqstore.clock import FakeClock
 from commitlog_service.replication import (
     GrpcReplicationStream,
-    LoopReplicationServicer,
+    ReplicationServicer,
     history_out,
     welcome_in,
     welcome_messages,
@@ -388,7 +388,7 @@ def test_a_full_page_of_entries_and_90000_upload_records_go_in_messages_within_g
 
 
 def test_the_loop_servicer_makes_the_welcomes_parts_off_the_loop(group, monkeypatch):
-    """On a grpc.aio port (LoopReplicationServicer) the welcome's parts are cut and copied into messages on an
+    """On a grpc.aio port (ReplicationServicer) the welcome's parts are cut and copied into messages on an
     executor thread, never on the event loop (at 512 MiB that is seconds of CPU the port's every call would wait
     on); the messages are the welcome the session made, in parts."""
     leader, make, _ = group
@@ -414,7 +414,7 @@ def test_the_loop_servicer_makes_the_welcomes_parts_off_the_loop(group, monkeypa
         await asyncio.Event().wait()  # the replica's acknowledgements: none
 
     async def welcome_of_the_stream():
-        answers = LoopReplicationServicer(leader.store, leader.node).Replicate(requests(), None)
+        answers = ReplicationServicer(leader.store, leader.node).Replicate(requests(), None)
         messages = [await anext(answers)]
         for _ in range(messages[0].welcome.more_parts):
             messages.append(await anext(answers))
