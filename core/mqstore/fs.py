@@ -218,7 +218,8 @@ def _suffixed(directory: pathlib.Path, name: str, suffix: str) -> pathlib.Path:
     return directory / (name + suffix)
 
 
-def _fsync_file(path: pathlib.Path) -> None:
+def fsync_file(path: pathlib.Path) -> None:
+    """fsync an existing file by its path (its data and size)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -233,7 +234,7 @@ def install(directory: pathlib.Path, staged: Sequence[pathlib.Path], replaced: S
     if len(set(names)) != len(names) or any(os.sep in name for name in replaced):
         raise ValueError(f"install needs distinct staged file names and plain replaced names: {names}, {replaced}")
     for path in staged:  # 1
-        _fsync_file(path)
+        fsync_file(path)
         os.replace(path, _suffixed(directory, path.name, CLEANED_SUFFIX))
         failpoints.hit("fs.install.staged")
     fsync_dir(directory)

@@ -682,7 +682,7 @@ cdef int64_t _due(WireMessages wire, const Msg* m, int32_t queue_count, int64_t 
     cdef const Prop* prop
     cdef Span asked[4]
     cdef Asked kind = ASKED_NONE
-    cdef int64_t value, due
+    cdef int64_t value
     memset(asked, 0, sizeof(asked))
     if not m.timer_marked or m.body.length == 0 or m.born_ts < 0:
         return -1
@@ -719,6 +719,13 @@ cdef int64_t _due(WireMessages wire, const Msg* m, int32_t queue_count, int64_t 
         value = _whole_number(asked[<int>kind])
     if value < 0 or value > MAX_VALUE_MS:
         return -1
+    return _due_ms(kind, value, now_ms, max_delay_ms)
+
+
+cdef inline int64_t _due_ms(int kind, int64_t value, int64_t now_ms, int64_t max_delay_ms) noexcept nogil:
+    """The due time asked by ``value`` of ``kind`` (a delay in s or ms, or a time in ms), never before now;
+    -1 when it is past the max delay (the reference refuses it)."""
+    cdef int64_t due
     if kind == ASKED_DELAY_SEC:
         if value > max_delay_ms // 1000 + 1:
             return -1
@@ -835,7 +842,7 @@ cdef int64_t _message_due(dict props, int64_t now_ms, int64_t max_delay_ms) exce
     """messages._due's delivery time of a message whose asking property is plain digits and within the limit; -1
     for anything else (the reference decides, or raises why)."""
     cdef Span text
-    cdef int64_t value, due
+    cdef int64_t value
     cdef Asked kind
     if tm_DELAY_SEC in props:
         kind, raw = ASKED_DELAY_SEC, props[tm_DELAY_SEC]
@@ -850,17 +857,7 @@ cdef int64_t _message_due(dict props, int64_t now_ms, int64_t max_delay_ms) exce
     value = _whole_number(text)
     if value < 0:
         return -1
-    if kind == ASKED_DELAY_SEC:
-        if value > max_delay_ms // 1000 + 1:
-            return -1
-        due = now_ms + value * 1000
-    elif kind == ASKED_DELAY_MS:
-        due = now_ms + value
-    else:
-        due = value
-    if due - now_ms > max_delay_ms:
-        return -1
-    return due if due > now_ms else now_ms
+    return _due_ms(kind, value, now_ms, max_delay_ms)
 
 
 cdef bint _plain_entry(Span name, Span value) noexcept nogil:

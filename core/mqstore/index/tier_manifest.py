@@ -252,7 +252,7 @@ class TierManifest:
         elif self._torn:
             path = self.directory / LOG_NAME
             os.truncate(path, self._log_bytes)
-            _fsync(path)
+            fs.fsync_file(path)
             self._torn = False
             log.warning("index.tier_manifest_torn_tail_cut", path=str(path), size=self._log_bytes)
         if self._old_left:
@@ -309,7 +309,7 @@ class TierManifest:
         path = self.directory / LOG_NAME
         if path.exists():  # (later appends count on the records being gone, so the fsync; a power cut that
             os.truncate(path, 0)  # undid it anyway leaves records of seq <= the snapshot's, skipped by a load)
-            _fsync(path)
+            fs.fsync_file(path)
         self._log_records = self._log_bytes = 0
         self._stale = self._torn = False
 
@@ -317,10 +317,3 @@ class TierManifest:
 def _first(name: str) -> int:
     return int(name.removesuffix(".cidx"))
 
-
-def _fsync(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
