@@ -10,8 +10,8 @@ builds it) on a request signed as the RocketMQ SDKs sign (an SDK key of the same
 mqstore.auth.signature), first with one signature (the calls a client makes within one second: cached),
 then with a new signed date on every call (one HMAC-SHA1 each). ``--profile`` adds a cProfile of the auth interceptor
 alone (the top functions by own time). CPU time (``time.process_time``), not wall time: the machine is
-shared. Then metrics + errors (+ auth) around an ``async def`` handler awaited on an event loop, as a grpc.aio
-port runs it (the interceptors' async adapters). The first call (scrypt, database reads) is made before
+shared. Every handler is an ``async def`` awaited on an event loop, as a grpc.aio port (every port) runs it:
+the interceptors have only their async adapters. The first call (scrypt, database reads) is made before
 timing: what is timed is the cached path, what every call after the first costs (bench/security.py
 measures the whole server with it).
 """
@@ -77,36 +77,26 @@ def _resolve(interceptors, handler):
     return lambda context: at(0, _Details(context.invocation_metadata()))
 
 
-def _call(resolve, request, context):
+async def _call(resolve, request, context):
     """One call as the server makes it: a unary request, or the screened handler's request stream of one
     message (credentials not cached yet)."""
     handler = resolve(context)
     if handler.unary_unary is not None:
-        return handler.unary_unary(request, context)
-    return handler.stream_unary(iter((request,)), context)
+        return await handler.unary_unary(request, context)
+    return await handler.stream_unary(_one(request), context)
 
 
-def _us_per_call(resolve, request, context, calls: int) -> float:
-    _call(resolve, request, context)  # the first call: the secret's check and the rules' read
+async def _timed(resolve, request, context, calls: int) -> float:
+    await _call(resolve, request, context)  # the first call: the secret's check and the rules' read
     t0 = time.process_time()
     for _ in range(calls):
-        resolve(context).unary_unary(request, context)
+        await resolve(context).unary_unary(request, context)
     return (time.process_time() - t0) / calls * 1e6
 
 
-def _us_per_call_on_loop(resolve, request, context, calls: int) -> float:
-    """:func:`_us_per_call` of an ``async def`` handler awaited on an event loop (a grpc.aio port's calls)."""
-    async def run() -> float:
-        first = resolve(context)
-        if first.unary_unary is not None:
-            await first.unary_unary(request, context)
-        else:
-            await first.stream_unary(_one(request), context)
-        t0 = time.process_time()
-        for _ in range(calls):
-            await resolve(context).unary_unary(request, context)
-        return (time.process_time() - t0) / calls * 1e6
-    return asyncio.run(run())
+def _us_per_call(resolve, request, context, calls: int) -> float:
+    """CPU µs a call of an ``async def`` handler through ``resolve``'s interceptors, awaited on an event loop."""
+    return asyncio.run(_timed(resolve, request, context, calls))
 
 
 async def _one(request):
@@ -133,7 +123,7 @@ def main(argv=None) -> int:
             sdk = admin.create_sdk_key(USER)
             request = commitlog_pb2.AppendRequest(topic="bench-security")
             context = _Context((("user-agent", "grpc-python"), ("authorization", token(USER, SECRET))))
-            handler = grpc.unary_unary_rpc_method_handler(lambda _request, _context: None)
+            handler = grpc.unary_unary_rpc_method_handler(_answer_at_once)
             chains = {"none": [], "auth": [AuthInterceptor(authority, Registry())],
                       "metrics+errors": [RpcMetrics(Registry()), ErrorInterceptor()],
                       "metrics+errors+auth": [RpcMetrics(Registry()), ErrorInterceptor(),
@@ -141,12 +131,6 @@ def main(argv=None) -> int:
             for name, chain in chains.items():
                 print(f"{name:22} {_us_per_call(_resolve(chain, handler), request, context, args.calls):6.2f} "
                       f"CPU us/call", flush=True)
-            on_loop = grpc.unary_unary_rpc_method_handler(_answer_at_once)
-            for name in ("metrics+errors", "metrics+errors+auth"):  # the same interceptors' async adapters
-                chain = [RpcMetrics(Registry()), ErrorInterceptor(), *chains[name][2:]]
-                print(f"{name + ', loop':22} "
-                      f"{_us_per_call_on_loop(_resolve(chain, on_loop), request, context, args.calls):6.2f} "
-                      f"CPU us/call (an async def handler on an event loop)", flush=True)
             date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             signed = (f"{signature.ALGORITHM} Credential={sdk.key.access_key}, SignedHeaders={signature.DATE_HEADER}, "
                       f"Signature={signature.sign(sdk.secret_key, date).hex()}")
@@ -166,15 +150,18 @@ def main(argv=None) -> int:
                 contexts.append(_Context((("user-agent", "grpc-python"), (signature.DATE_HEADER, date),
                                           ("authorization", value))))
             resolve = _resolve(gateway_auth, handler)
+
+            async def each_new() -> None:
+                for context_each in contexts:
+                    await _call(resolve, request, context_each)
             t0 = time.process_time()
-            for context_each in contexts:
-                _call(resolve, request, context_each)
+            asyncio.run(each_new())
             print(f"{'auth, SDK signature':22} {(time.process_time() - t0) / len(contexts) * 1e6:6.2f} CPU us/call "
                   f"(a new signature each call: {len(contexts)} calls)", flush=True)
             if args.profile:
                 resolve = _resolve(chains["auth"], handler)
                 profile = cProfile.Profile()
-                profile.runcall(lambda: [resolve(context).unary_unary(request, context) for _ in range(args.calls)])
+                profile.runcall(lambda: _us_per_call(resolve, request, context, args.calls))
                 pstats.Stats(profile).sort_stats("tottime").print_stats(12)
         finally:
             store.close()
