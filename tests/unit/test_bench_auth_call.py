@@ -1,5 +1,6 @@
-"""bench/auth_call.py runs to its end: its calls go through the interceptor chain as a grpc.aio server makes them (an
-``async def`` handler awaited on a loop; a call whose credentials are not cached yet is screened: a request stream of its one message, mqstore_rpc.auth)."""
+"""bench/auth_call.py runs to its end: its calls go through the interceptor chain as a grpc.aio server makes
+them (an ``async def`` handler awaited on a loop; a call whose credentials are not cached yet is screened: a
+request stream of its one message, mqstore_rpc.auth)."""
 
 from __future__ import annotations
 
