@@ -918,6 +918,22 @@ cdef Py_ssize_t _timer_entries(object message, dict props, Span topic, int32_t q
     return count
 
 
+cdef uint8_t* _put_entries(uint8_t* out, const Entry* entries, Py_ssize_t count, Span tags) noexcept nogil:
+    """The properties' ``name\x01value\x02`` entries in order, then TAGS when there are tags; the end written."""
+    cdef Py_ssize_t i
+    for i in range(count):
+        out = _put(out, entries[i].name.ptr, entries[i].name.length)
+        out[0] = 1
+        out = _put(out + 1, entries[i].value.ptr, entries[i].value.length)
+        out[0] = 2
+        out += 1
+    if tags.length:
+        out = _put(_put(out, b"TAGS\x01", 5), tags.ptr, tags.length)
+        out[0] = 2
+        out += 1
+    return out
+
+
 cdef object _timer_properties(const Entry* entries, Py_ssize_t count, Span tags, tuple keys):
     """The PROPERTIES bytes: the entries, then TAGS and KEYS as the encoder writes them; None for a bad key."""
     cdef Py_ssize_t i, total = 0, n = len(keys)
@@ -935,16 +951,7 @@ cdef object _timer_properties(const Entry* entries, Py_ssize_t count, Span tags,
         total += 5
     made = PyBytes_FromStringAndSize(NULL, total)
     out = <uint8_t*>PyBytes_AS_STRING(made)
-    for i in range(count):
-        out = _put(out, entries[i].name.ptr, entries[i].name.length)
-        out[0] = 1
-        out = _put(out + 1, entries[i].value.ptr, entries[i].value.length)
-        out[0] = 2
-        out += 1
-    if tags.length:
-        out = _put(_put(out, b"TAGS\x01", 5), tags.ptr, tags.length)
-        out[0] = 2
-        out += 1
+    out = _put_entries(out, entries, count, tags)
     if n:
         out = _put(out, b"KEYS\x01", 5)
         for i in range(n):
@@ -1154,16 +1161,7 @@ cdef object _copy_parts(const uint8_t* p, Py_ssize_t n, int64_t timer_offset, in
     size += (6 + tags.length if tags.length else 0) + 6 + keys.length + 10 + uniq.length
     made = PyBytes_FromStringAndSize(NULL, size)
     out = <uint8_t*>PyBytes_AS_STRING(made)
-    for i in range(count):
-        out = _put(out, entries[i].name.ptr, entries[i].name.length)
-        out[0] = 1
-        out = _put(out + 1, entries[i].value.ptr, entries[i].value.length)
-        out[0] = 2
-        out += 1
-    if tags.length:
-        out = _put(_put(out, b"TAGS\x01", 5), tags.ptr, tags.length)
-        out[0] = 2
-        out += 1
+    out = _put_entries(out, entries, count, tags)
     # KEYS: the keys split at spaces, the empty ones left out, joined by single spaces (none left: no KEYS).
     length = _put_keys(out + 5, keys)
     if length:
