@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 
 import grpc
 import pytest
@@ -102,3 +103,41 @@ def test_a_servicers_refusal_is_the_callers_denial(interceptor, pool):
     with pytest.raises(PermissionDenied, match="not yours") as caught:
         asyncio.run(handler.unary_unary(b"", Context()))
     assert auth.is_denial(caught.value) and not auth.is_denial(PermissionDenied("from a service we called"))
+
+
+class As(Context):
+    """A call carrying ``user``'s credentials."""
+
+    def __init__(self, user: str, secret: str):
+        self._metadata = ((auth.METADATA_KEY, auth.token(user, secret)),)
+
+    def invocation_metadata(self):
+        return self._metadata
+
+
+def test_two_tenants_at_once_in_the_pool_each_see_their_own_caller(tmp_path):
+    """Another tenant's call running in the pool at the same moment never lends its caller to this one: each
+    synchronous body, run while the other is in flight on the other pool thread, sees the user its own call
+    authenticated (the caller travels with the call's context, not with a thread)."""
+    store = AuthStore(f"sqlite:///{tmp_path / 'auth.db'}", SystemClock())
+    try:
+        admin = AccessAdmin(store)
+        admin.create_user("ann", access.NORMAL, "ann-secret-1")
+        admin.create_user("bob", access.NORMAL, "bob-secret-1")
+        interceptor = auth.AuthInterceptor(Authority(store), Registry(), {METHOD: Need(access.PUB, lambda r: ())})
+        both_in = threading.Barrier(2, timeout=30)
+
+        def body(request, context):
+            before = auth.caller_name()
+            both_in.wait()  # the other tenant's call is in the pool now too
+            return before, auth.caller_name()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            handler = wrapped(interceptor, aio.on_loop(grpc.unary_unary_rpc_method_handler(body), pool))
+
+            async def run():
+                return await asyncio.gather(*(handler.unary_unary(b"", As(user, f"{user}-secret-1"))
+                                              for user in ("ann", "bob", "bob", "ann")))
+            seen = asyncio.run(run())
+        assert seen == [("ann", "ann"), ("bob", "bob"), ("bob", "bob"), ("ann", "ann")]
+    finally:
+        store.close()
