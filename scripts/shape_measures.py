@@ -52,9 +52,6 @@ RULE_MARKS = {
 # The pairs that stay (issue 33: every port is one grpc.aio server now, bench/README.md's "One concurrency model";
 # what is left is not a second kind of port): each reason is printed beside its pair.
 STAYING = {
-    ("services/common/mqstore_rpc/errors.py", "", "frame_outcome"):
-        "a Transact frame's outcome for the Transaction servicer run in the handler pool and for the one on the "
-        "loop (txn_service.servicer); the rule (frame_status) is in neither",
     ("services/common/mqstore_rpc/commitlog_client.py", "CommitLogClient", "internal_append_batches"):
         "one transport each: a synchronous channel for the gateway's coalescing thread, a grpc.aio channel "
         "for a caller on a loop (Cluster mode's Transaction port)",

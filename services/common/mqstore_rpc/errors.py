@@ -84,17 +84,9 @@ class FrameStatus:
     retriable: bool
 
 
-def frame_outcome(method: str, behavior: Callable[..., Any], *args: Any) -> Any:
-    """``behavior(*args)``'s result, or the :class:`FrameStatus` of the mqstore error it raised (the same table
-    and log event as for a call). Anything else is a bug and propagates: it ends the stream as INTERNAL."""
-    try:
-        return behavior(*args)
-    except errors.MqStoreError as exc:
-        return frame_status(method, exc)
-
-
-async def frame_outcome_async(method: str, behavior: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """:func:`frame_outcome` of a coroutine function."""
+async def frame_outcome(method: str, behavior: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """``await behavior(*args)``'s result, or the :class:`FrameStatus` of the mqstore error it raised (the same
+    table and log event as for a call). Anything else is a bug and propagates: it ends the stream as INTERNAL."""
     try:
         return await behavior(*args)
     except errors.MqStoreError as exc:

@@ -42,7 +42,7 @@ from mqstore.txn.transact import TransactStreams
 from mqstore_rpc import service
 from mqstore_rpc.server import ServerConfig
 
-from .servicer import SERVICE_NAME, LoopTransactionServicer, TransactionServicer, add_to_server
+from .servicer import SERVICE_NAME, TransactionServicer, add_to_server
 
 log = structlog.get_logger("txn_service.composition")
 
@@ -103,8 +103,8 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
                 parts: service.Composition, serve: Callable[[str, Callable[[grpc.Server], None]], None],
                 add_health_problem: Callable[[Callable[[], str]], None],
                 health_changed: Callable[[], None],
-                add_duty: Callable[[Duty], Duty] | None = None, in_process: bool = False,
-                loop_pool: Executor | None = None, standby: str = "") -> TransactionServicer:
+                loop_pool: Executor, add_duty: Callable[[Duty], Duty] | None = None, in_process: bool = False,
+                standby: str = "") -> TransactionServicer:
     """Build the Transaction service on ``txn_log``; its closers are ``parts``'; ``serve(name, register)``
     registers the servicer on the server that serves it; ``add_health_problem`` makes that server
     NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
@@ -112,10 +112,10 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     only: a follower stopped at a gap must not make the commit log NOT_SERVING); ``in_process``: the log is in
     this process (Local mode): one-way ends are applied on their stream's thread (mqstore.txn.transact says
     why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
-    append_max_* settings do not apply); ``loop_pool``: the server is a grpc.aio one: Prepare, Commit and
-    Transact are answered on its loop, what may wait runs in this pool (mqstore.txn.onloop.LoopCalls);
-    in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_many_async`` (the
-    AppendBatcher still serves the threads: OP records, check-back answers, calls run in the pool);
+    append_max_* settings do not apply); ``loop_pool``: the grpc.aio server's handler pool: Prepare, Commit,
+    Rollback and Transact are answered on its loop, what may wait runs in this pool (mqstore.txn.onloop.
+    LoopCalls); in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_many_async``
+    (the AppendBatcher still serves the threads: OP records, check-back answers, calls run in the pool);
     ``standby``: start as a standby of an etcd group (TxnTable.standby, the refusal's text): the follower
     keeps the table warm, it becomes ready once an election (mqstore.txn.election) activates it."""
     add_duty = add_duty or parts.add_duty
@@ -168,27 +168,22 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     streams.start()
     parts.on_close(lambda: streams.stop(timeout_s))
     add_health_problem(streams.problem)
-    counted = appender
-    if loop_pool is not None:
-        if in_process:  # the store's append does not wait (unless loop_blocks): called on the loop
-            io = PortIo(inline_append(appender.append), loop_pool, overlaps=False)
-            loop_blocks = txn_log.append_waits
-        else:  # the loop's own group commit over the client's grpc.aio Append
-            loop_appender = LoopAppendBatcher(txn_log.append_many_async, max_messages=cfg.append_max_messages,
-                                              max_bytes=cfg.append_max_bytes, timeout_s=timeout_s)
-            parts.on_close(loop_appender.close)
-            counted = AppendCounts(appender, loop_appender)
-            io = PortIo(loop_appender.append, loop_pool, overlaps=True)
-            loop_blocks = _never
+    counted: AppendBatcher | DirectAppender | AppendCounts = appender
+    if in_process:  # the store's append does not wait (unless loop_blocks): called on the loop
+        io = PortIo(inline_append(appender.append), loop_pool, overlaps=False)
+        loop_blocks = txn_log.append_waits
+    else:  # the loop's own group commit over the client's grpc.aio Append
+        loop_appender = LoopAppendBatcher(txn_log.append_many_async, max_messages=cfg.append_max_messages,
+                                          max_bytes=cfg.append_max_bytes, timeout_s=timeout_s)
+        parts.on_close(loop_appender.close)
+        counted = AppendCounts(appender, loop_appender)
+        io = PortIo(loop_appender.append, loop_pool, overlaps=True)
+        loop_blocks = _never
     operations = Operations(cfg, table, coordinator, checker, hub, ops, cache, counted, audit, clock, streams,
                             in_doubt.pending, lambda: in_doubt.settled, base_counters)
     checkpointer.counters = operations.counters
     operations.register_metrics(parts.metrics)
-    if loop_pool is not None:
-        servicer: TransactionServicer = LoopTransactionServicer(coordinator, checkback, operations, streams,
-                                                                LoopCalls(coordinator, streams, loop_blocks, io))
-    else:
-        servicer = TransactionServicer(coordinator, checkback, operations, streams)
+    servicer = TransactionServicer(checkback, operations, LoopCalls(coordinator, streams, loop_blocks, io))
     servicer.table = table  # an etcd election turns it active or standby (txn_service.main)
     serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     return servicer

@@ -178,7 +178,7 @@ def describe(config: TxnServiceConfig, port: int) -> dict:
 
 
 # grpc.aio: Prepare, Commit and Transact's frames are answered on the server's event loop, their appends
-# awaited there (txn_service.servicer.LoopTransactionServicer)
+# awaited there (txn_service.servicer.TransactionServicer, through mqstore.txn.onloop.LoopCalls)
 SERVICE = service.ServiceDef(SERVICE_NAME, parse_config, compose, describe,
                              data_dir=lambda config: config.txn.data_dir)
 

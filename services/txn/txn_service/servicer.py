@@ -12,17 +12,18 @@ that is not an answer raises INVALID_ARGUMENT inside the domain's reader, which 
 producer cancelling ends the iteration) and handed to mqstore.txn.checkback.CheckBack, whose session
 gives the checks to send.
 
-On the event loop (:class:`LoopTransactionServicer`, the grpc.aio Transaction port of both modes:
-mqstore_rpc.aio): what runs on the loop and what in the server's handler pool, the retry of a refused
-Commit and a stream's ends are mqstore.txn.onloop's (LoopCalls): the servicer converts and calls it once
-per call or frame.
+One servicer, the grpc.aio Transaction port of both modes (mqstore_rpc.aio): Prepare, Commit, Rollback and
+Transact are coroutines answered through mqstore.txn.onloop.LoopCalls, which decides what runs on the loop
+and what in the server's handler pool, a Commit refused while a rollback is not durable, a Transact frame's
+place, its carried ends' checks and a stream's ends: the servicer converts and calls it once per call or
+step of a frame. The operator calls (ListOpen, Show, ForceResolve, ListAudit, Stats) and CheckBack are
+synchronous handlers, run in the handler pool (mqstore_rpc.aio.on_loop).
 
 Thread-safe: holds no state beyond thread-safe domain objects.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import AsyncIterator, Callable, Iterator
 
 import grpc
@@ -30,15 +31,15 @@ from mqstore.access import PUB, group, topic
 from mqstore.errors import InvalidArgument
 from mqstore.meta.txn_audit import AuditEntry
 from mqstore_rpc import auth, convert
-from mqstore_rpc.errors import FrameStatus, frame_outcome, frame_outcome_async
+from mqstore_rpc.errors import FrameStatus, frame_outcome
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2, txn_pb2_grpc
 
 from mqstore.txn.checkback import Answer, Check, CheckBack
-from mqstore.txn.coordinator import Coordinator, Ended, Prepared
-from mqstore.txn.onloop import MAX_CARRIED_ENDS, LoopCalls, StreamEnds
+from mqstore.txn.coordinator import Ended, Prepared
+from mqstore.txn.onloop import LoopCalls, StreamEnds
 from mqstore.txn.operations import Operations, TxnView
 from mqstore.txn.table import OUTCOME_UNKNOWN, STATES
-from mqstore.txn.transact import COMMIT, ROLLBACK, TransactStreams
+from mqstore.txn.transact import COMMIT, ROLLBACK
 
 SERVICE_NAME = txn_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name
 TRANSACT_METHOD = f"/{SERVICE_NAME}/Transact"
@@ -47,6 +48,7 @@ _STATE_TO_PB = {s: txn_pb2.TransactionState.Value(f"TRANSACTION_STATE_{s}") for 
 _DECISION_TO_PB = {"": txn_pb2.DECISION_UNSPECIFIED, "COMMIT": txn_pb2.DECISION_COMMIT,
                    "ROLLBACK": txn_pb2.DECISION_ROLLBACK, "UNKNOWN": txn_pb2.DECISION_UNKNOWN}
 _DECISION_FROM_PB = {v: k for k, v in _DECISION_TO_PB.items() if k}
+_CARRIED = {txn_pb2.DECISION_COMMIT: COMMIT, txn_pb2.DECISION_ROLLBACK: ROLLBACK}  # any other number: refused
 
 
 def decision_in(value: int) -> str:
@@ -119,20 +121,6 @@ def _frame_response(request_id: int, outcome: Prepared | Ended | FrameStatus) ->
     return response
 
 
-def _carried_decisions(ends) -> list[str]:
-    """Each carried end's decision, all checked (InvalidArgument: none of the frame is applied)."""
-    if len(ends) > MAX_CARRIED_ENDS:
-        raise InvalidArgument(f"ends: carry at most {MAX_CARRIED_ENDS} ends in one frame, not {len(ends)}")
-    decisions = []
-    for index, carried in enumerate(ends):
-        decision = _DECISION_FROM_PB.get(carried.decision)
-        if decision not in (COMMIT, ROLLBACK):
-            raise InvalidArgument(f"ends[{index}].decision: a carried end is DECISION_COMMIT (1) or "
-                                  f"DECISION_ROLLBACK (2), not {carried.decision}")
-        decisions.append(decision)
-    return decisions
-
-
 def _expected(end: txn_pb2.EndRequest) -> tuple[str, str]:
     """The topic and producer group an EndRequest says its transaction was prepared with ("": any)."""
     return end.topic, end.producer_group
@@ -175,79 +163,67 @@ def _answers(request_iterator) -> Iterator[Answer]:
 
 
 class TransactionServicer(txn_pb2_grpc.TransactionServicer):
-    def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
-                 streams: TransactStreams):
-        self._coordinator, self._checkback, self._ops, self._streams = coordinator, checkback, operations, streams
+    """The Transaction service: Prepare, Commit, Rollback and Transact answered through ``calls``
+    (mqstore.txn.onloop.LoopCalls); the operator calls through ``operations``, CheckBack through
+    ``checkback``, in the handler pool."""
+
+    def __init__(self, checkback: CheckBack, operations: Operations, calls: LoopCalls):
+        self._checkback, self._ops, self._calls = checkback, operations, calls
         # (role, active address) for Stats: an election (txn_service.main) replaces it; alone: "single"
         self.role: Callable[[], tuple[str, str]] = lambda: ("single", "")
 
-    def Prepare(self, request, context):
-        return _prepared(self._prepare(request, context.peer()))
+    async def Prepare(self, request, context):
+        return _prepared(await self._calls.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
+                                                   request.producer_group, request.transaction_id))
 
-    def Commit(self, request, context):
-        return _ended(self._commit(request.transaction_id, expected=_expected(request)))
+    async def Commit(self, request, context):
+        return _ended(await self._calls.commit(request.transaction_id, _expected(request), _may_end))
 
-    def Rollback(self, request, context):
-        return _ended(self._rollback(request.transaction_id, expected=_expected(request)))
+    async def Rollback(self, request, context):
+        return _ended(await self._calls.rollback(request.transaction_id, _expected(request), _may_end))
 
-    def _prepare(self, p, peer: str) -> Prepared:
-        return self._coordinator.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
-                                         p.transaction_id)
-
-    def _commit(self, txn_id: str, wait_durable: bool = True, expected: tuple[str, str] = ("", "")) -> Ended:
-        self._coordinator.check_end(txn_id, expected, _may_end)
-        return self._coordinator.commit(txn_id, wait_durable=wait_durable)
-
-    def _rollback(self, txn_id: str, expected: tuple[str, str] = ("", "")) -> Ended:
-        self._coordinator.check_end(txn_id, expected, _may_end)
-        return self._coordinator.rollback(txn_id)
-
-    def Transact(self, request_iterator, context):
+    async def Transact(self, request_iterator, context) -> AsyncIterator[txn_pb2.TransactResponse]:
         peer = context.peer()
-        with self._streams.opened():
-            for request in request_iterator:
-                response = self._handle(request, peer)
+        async with self._calls.stream() as ends:
+            async for request in request_iterator:
+                response = await self._frame(request, peer, ends)
+                await ends.answered(response is not None)
                 if response is not None:
                     yield response
 
-    def _handle(self, request, peer: str, wait_durable: bool = True) -> txn_pb2.TransactResponse | None:
-        """One Transact frame: its answer, or None for a frame that is not answered (one-way, ends only).
-        ``wait_durable`` False: a Commit of a rolled-back transaction is refused before that is durable."""
+    async def _frame(self, request, peer: str, ends: StreamEnds) -> txn_pb2.TransactResponse | None:
+        """One Transact frame: its answer, or None for a frame that is not answered (one-way, ends only)."""
         kind = request.WhichOneof("kind")
+        on_loop = await ends.place(kind, request.one_way)
         if request.ends:
-            refused = frame_outcome(TRANSACT_METHOD, self._carried, request.ends)
+            carried = [(c.transaction_id, _CARRIED.get(c.decision, c.decision)) for c in request.ends]
+            refused = await frame_outcome(TRANSACT_METHOD, ends.carried, carried, _may_end, on_loop)
             if refused is not None:
                 return _frame_response(request.request_id, refused)
             if kind is None:
                 return None  # ends only: not answered
         if request.one_way and kind in _ONE_WAY:
             end = getattr(request, kind)
-            self._streams.submit_one_way(end.transaction_id, _ONE_WAY[kind], guard=functools.partial(
-                self._coordinator.check_end, end.transaction_id, _expected(end), _may_end))
+            await ends.end(end.transaction_id, _ONE_WAY[kind], _expected(end), _may_end, on_loop)
             return None
-        return _frame_response(request.request_id,
-                               frame_outcome(TRANSACT_METHOD, self._frame, kind, request, peer, wait_durable))
+        return _frame_response(request.request_id, await frame_outcome(
+            TRANSACT_METHOD, self._two_way, kind, request, peer, on_loop))
 
-    def _carried(self, ends) -> None:
-        """A frame's carried ends (Transact): all checked first (a malformed one refuses the frame, none of
-        it applied), then each submitted as its one-way frame would be, in order."""
-        for carried, decision in zip(ends, _carried_decisions(ends), strict=True):
-            txn_id = carried.transaction_id
-            self._streams.submit_one_way(txn_id, decision, guard=functools.partial(
-                self._coordinator.check_end, txn_id, ("", ""), _may_end))
-
-    def _frame(self, kind: str | None, request, peer: str, wait_durable: bool = True) -> Prepared | Ended:
+    async def _two_way(self, kind: str | None, request, peer: str, on_loop: bool) -> Prepared | Ended:
         """One two-way frame, as its unary call (the permission its call needs included: PUB on the topic,
         checked here with auth on; mqstore_rpc.permissions, deferred)."""
         if kind == "prepare":
             if request.one_way:
                 raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
-            _may_prepare(request.prepare)
-            return self._prepare(request.prepare, peer)
+            p = request.prepare
+            _may_prepare(p)
+            return await self._calls.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
+                                             p.transaction_id, on_loop=on_loop)
         if kind == "commit":
-            return self._commit(request.commit.transaction_id, wait_durable, _expected(request.commit))
+            return await self._calls.commit(request.commit.transaction_id, _expected(request.commit), _may_end,
+                                            on_loop=on_loop)
         if kind == "rollback":
-            return self._rollback(request.rollback.transaction_id, _expected(request.rollback))
+            return await self._calls.rollback(request.rollback.transaction_id, _expected(request.rollback), _may_end)
         raise InvalidArgument("TransactRequest: set one of prepare, commit or rollback, or carry ends")
 
     def ListOpen(self, request, context):
@@ -280,82 +256,6 @@ class TransactionServicer(txn_pb2_grpc.TransactionServicer):
                 yield _check(check)
         finally:
             self._checkback.close(session)
-
-
-class LoopTransactionServicer(TransactionServicer):
-    """The Transaction service with Prepare, Commit, Rollback and Transact answered through ``calls``
-    (mqstore.txn.onloop.LoopCalls: which run on a grpc.aio server's loop and which in its handler pool, a
-    refused Commit taken again there, a stream's ends); every other call as :class:`TransactionServicer`'s,
-    in the handler pool."""
-
-    def __init__(self, coordinator: Coordinator, checkback: CheckBack, operations: Operations,
-                 streams: TransactStreams, calls: LoopCalls):
-        super().__init__(coordinator, checkback, operations, streams)
-        self._calls = calls
-
-    async def Prepare(self, request, context):
-        return _prepared(await self._calls.prepare(request.topic, convert.messages_in(request.messages, context.peer()),
-                                                   request.producer_group, request.transaction_id))
-
-    async def Commit(self, request, context):
-        return _ended(await self._calls.commit(request.transaction_id, _expected(request), _may_end))
-
-    async def Rollback(self, request, context):
-        return _ended(await self._calls.rollback(request.transaction_id, _expected(request), _may_end))
-
-    async def Transact(self, request_iterator, context) -> AsyncIterator[txn_pb2.TransactResponse]:
-        peer, calls = context.peer(), self._calls
-        ends = calls.ends()
-        with self._streams.opened():
-            async for request in request_iterator:
-                kind = request.WhichOneof("kind")
-                if calls.frame_on_loop(kind, request.one_way):
-                    response = await self._handle_on_loop(kind, request, peer, ends)
-                else:
-                    await ends.settle()
-                    response = await calls.in_pool(functools.partial(self._handle, request, peer))
-                if response is not None or ends.full():
-                    await ends.settle()
-                if response is not None:
-                    yield response
-            await ends.settle()
-
-    async def _handle_on_loop(self, kind: str | None, request, peer: str,
-                              ends: StreamEnds) -> txn_pb2.TransactResponse | None:
-        """:meth:`_handle` on the loop: one-way and carried ends go to ``ends``."""
-        if request.ends:
-            checked = frame_outcome(TRANSACT_METHOD, _carried_decisions, request.ends)
-            if isinstance(checked, FrameStatus):
-                return _frame_response(request.request_id, checked)
-            check_end = self._coordinator.check_end
-            for carried, decision in zip(request.ends, checked, strict=True):
-                await ends.end(carried.transaction_id, decision,
-                               functools.partial(check_end, carried.transaction_id, ("", ""), _may_end))
-            if kind is None:
-                return None  # ends only: not answered
-        if request.one_way and kind in _ONE_WAY:
-            end = getattr(request, kind)
-            await ends.end(end.transaction_id, _ONE_WAY[kind],
-                           functools.partial(self._coordinator.check_end, end.transaction_id, _expected(end), _may_end))
-            return None
-        return _frame_response(request.request_id,
-                               await frame_outcome_async(TRANSACT_METHOD, self._frame_async, kind, request, peer))
-
-    async def _frame_async(self, kind: str | None, request, peer: str) -> Prepared | Ended:
-        """:meth:`_frame` on the loop."""
-        if kind == "prepare":
-            if request.one_way:
-                raise InvalidArgument("one_way: only a Commit or Rollback frame may be one-way, not a Prepare")
-            p = request.prepare
-            _may_prepare(p)
-            return await self._calls.prepare(p.topic, convert.messages_in(p.messages, peer), p.producer_group,
-                                             p.transaction_id, on_loop=True)
-        if kind == "commit":
-            return await self._calls.commit(request.commit.transaction_id, _expected(request.commit), _may_end,
-                                            on_loop=True)
-        if kind == "rollback" and not request.one_way:
-            return await self._calls.rollback(request.rollback.transaction_id, _expected(request.rollback), _may_end)
-        return self._frame(kind, request, peer)  # refuses what is not a frame
 
 
 def add_to_server(servicer: TransactionServicer, server: grpc.Server) -> None:

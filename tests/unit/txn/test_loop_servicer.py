@@ -1,4 +1,4 @@
-"""LoopTransactionServicer (txn_service.servicer) over mqstore.txn.onloop.LoopCalls: which Transact frames
+"""TransactionServicer (txn_service.servicer) over mqstore.txn.onloop.LoopCalls: which Transact frames
 and unary calls the coordinator gets on the event loop and which in the handler pool, in order, with the
 caller of a deferred permission check carried to the pool; a two-way Rollback on the loop (it waits for its OP
 record there), and a Commit refused on the loop while a rollback is not durable refused once it is, there too."""
@@ -18,7 +18,7 @@ from mqstore.txn.onloop import LoopCalls, PortIo
 from mqstore.txn.transact import BY_ONE_WAY, TransactStreams
 from mqstore_rpc import auth
 from mqstore_rpc.gen.mqstore.v1 import txn_pb2
-from txn_service.servicer import LoopTransactionServicer
+from txn_service.servicer import TransactionServicer
 
 PREPARE = txn_pb2.TransactRequest(request_id=1, prepare=txn_pb2.PrepareRequest(topic="t"))
 CARRIED = txn_pb2.TransactRequest(request_id=2, ends=[txn_pb2.CarriedEnd(transaction_id="a", decision=1)])
@@ -85,12 +85,12 @@ class RecordingCoordinator:
         return txn_id == "pending"
 
 
-class Recording(LoopTransactionServicer):
+class Recording(TransactionServicer):
     def __init__(self, append_waits: bool, pool, overlaps: bool = False):
         coordinator = RecordingCoordinator()
         streams = TransactStreams(coordinator, max_streams=1, inline=True)
-        super().__init__(coordinator, None, None, streams,
-                         LoopCalls(coordinator, streams, lambda: append_waits, PortIo(None, pool, overlaps)))
+        calls = LoopCalls(coordinator, streams, lambda: append_waits, PortIo(None, pool, overlaps))
+        super().__init__(None, None, calls)
         self.coordinator = coordinator
 
     @property
@@ -263,3 +263,66 @@ def test_a_commit_cancelled_while_its_append_is_in_flight_runs_to_its_end_in_the
         assert [what for what, *_ in coordinator.ran] == ["Commit c landed 1"]
         assert calls == [["t"]]  # the cancelled queued one was never sent
     asyncio.run(run())
+
+
+def test_prepare_commit_rollback_and_transact_have_one_version_a_coroutine():
+    """One servicer (issue 33): the coordinator's calls are answered on the loop through LoopCalls; no
+    synchronous twin runs them in the pool."""
+    import inspect
+
+    for name in ("Prepare", "Commit", "Rollback"):
+        assert inspect.iscoroutinefunction(getattr(TransactionServicer, name)), name
+    assert inspect.isasyncgenfunction(TransactionServicer.Transact)
+    assert not [name for name in ("_handle", "_carried", "_commit", "_rollback", "_prepare")
+                if hasattr(TransactionServicer, name)]
+
+
+class CountingPool(ThreadPoolExecutor):
+    """Counts the hand-offs to its threads."""
+
+    def __init__(self):
+        super().__init__(1, thread_name_prefix="pool")
+        self.handoffs = 0
+
+    def submit(self, *args, **kwargs):
+        self.handoffs += 1
+        return super().submit(*args, **kwargs)
+
+
+@pytest.mark.parametrize("on_loop", [True, False])
+def test_carried_ends_are_checked_whole_in_core_then_applied_in_order_on_a_thread_in_one_hand_off(on_loop):
+    """mqstore.txn.onloop.StreamEnds.carried holds the carried ends' rule (the servicer only converts): a
+    malformed one refuses them all, none applied; good ones are applied in order, checked as their call
+    (Coordinator.check_end with the caller's permission), and a frame placed on a thread hands all of them to
+    the pool at once."""
+    from mqstore.errors import InvalidArgument
+    from mqstore.txn.onloop import MAX_CARRIED_ENDS
+
+    checked = []
+
+    class Checking(RecordingCoordinator):
+        def check_end(self, txn_id, expected=("", ""), permit=None):
+            checked.append((txn_id, expected, permit))
+
+    def permit(topic, group):
+        pass
+
+    coordinator = Checking()
+    streams = TransactStreams(coordinator, max_streams=1, inline=True)
+    with CountingPool() as pool:
+        calls = LoopCalls(coordinator, streams, lambda: not on_loop, PortIo(None, pool, overlaps=False))
+
+        async def run():
+            async with calls.stream() as ends:
+                assert await ends.place(None, False) is on_loop
+                for bad, why in (([("a", "COMMIT"), ("b", 7)], "ends[1].decision"),
+                                 ([("a", "COMMIT"), ("b", "UNKNOWN")], "ends[1].decision"),
+                                 ([("a", "COMMIT")] * (MAX_CARRIED_ENDS + 1), "at most 1000")):
+                    with pytest.raises(InvalidArgument, match=why.replace("[", r"\[")):
+                        await ends.carried(bad, permit, on_loop)
+                assert coordinator.ran == [] and checked == [] and pool.handoffs == 0  # none applied
+                await ends.carried([("a", "COMMIT"), ("b", "ROLLBACK"), ("c", "COMMIT")], permit, on_loop)
+        asyncio.run(run())
+    assert [what for what, *_ in coordinator.ran] == ["end a", "end b", "end c"]
+    assert checked == [("a", ("", ""), permit), ("b", ("", ""), permit), ("c", ("", ""), permit)]
+    assert pool.handoffs == (0 if on_loop else 1)

@@ -5,6 +5,7 @@ raised. And the one mapping of a frame's error (mqstore_rpc.errors)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import grpc
@@ -80,14 +81,23 @@ def test_a_failed_one_way_end_that_is_a_bug_is_raised():
 
 
 def test_a_frame_gets_the_status_its_call_would_end_with():
-    def behave(error):
+    async def behave(error):
         raise error
-    assert frame_outcome("/m", lambda a, b: a + b, 1, 2) == 3
-    assert frame_outcome("/m", behave, NotFound("transaction 't' is unknown")) == FrameStatus(
+
+    async def add(a, b):
+        return a + b
+
+    async def bug():
+        return 1 / 0
+
+    def outcome(*args):
+        return asyncio.run(frame_outcome("/m", *args))
+    assert outcome(add, 1, 2) == 3
+    assert outcome(behave, NotFound("transaction 't' is unknown")) == FrameStatus(
         grpc.StatusCode.NOT_FOUND, "transaction 't' is unknown", False)
-    assert frame_outcome("/m", behave, Unavailable("recovering")).retriable
+    assert outcome(behave, Unavailable("recovering")).retriable
     with pytest.raises(ZeroDivisionError):  # a bug is not an answer: it ends the stream as INTERNAL
-        frame_outcome("/m", lambda: 1 / 0)
+        outcome(bug)
 
 
 def test_the_server_gets_a_handler_thread_per_admitted_stream_unless_told(tmp_path):
