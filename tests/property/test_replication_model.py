@@ -17,6 +17,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
+from mqstore import waits
 from mqstore.config import StoreConfig
 from mqstore.errors import MqStoreError, NotEnoughReplicas, ReplicationTimeout
 from mqstore.format import segment_name
@@ -148,7 +149,7 @@ class Cluster:
             hello = Hello(replica, replica, store.log_end(), store.log_min(), node.history,
                           store.config.segment_size_bytes)
             session = ReplicaSession(self.stores[self.leader], self.nodes[self.leader], hello)
-            link = Link(session, session.data(lambda: True), session.welcome)
+            link = Link(session, waits.blocking_iter(session.data_async()), session.welcome)
             follower._handshake(link.welcome)
             self.links[replica] = link
             assert_prefix(self.stores[self.leader], store, store.log_end())

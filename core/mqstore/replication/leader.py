@@ -24,14 +24,14 @@ acknowledgement (each a gRPC message for the leader's loop and the replica to ha
 under 16 producers, bench/README.md *The replication benchmark*); a lone producer's append is sent at once,
 no probe delays it. Only timing changes: an append is still acknowledged once the in-sync set holds it.
 
-Thread-safety: one session per stream; ``data()`` runs on the stream's handler thread (``data_async()``
-on a grpc.aio port's loop), ``ack()`` on the thread (or task) reading the replica's messages; both only
-touch the thread-safe store and in-sync set.
+Thread-safety: one session per stream; ``data_async()`` runs on the grpc.aio port's loop (a test drives it
+on its thread: waits.blocking_iter), ``ack()`` on the thread (or task) reading the replica's messages; both
+only touch the thread-safe store and in-sync set.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Callable
 
 import structlog
 
@@ -113,16 +113,13 @@ class ReplicaSession:
         return Welcome(lead.leader_id, lead.epoch, leader_min, self.node.history, start_empty=True,
                        tier_min=tier_min, queues=queues, tier_uploads=uploads)
 
-    def data(self, is_active: Callable[[], bool]) -> Iterator[LogData]:
-        return waits.blocking_iter(self.data_async(is_active))
-
     async def data_async(self, is_active: Callable[[], bool] = lambda: True) -> AsyncIterator[LogData]:
         """Log bytes from the agreed offset, in order; a heartbeat (no bytes) when idle, while ``is_active()``
         and this node leads. The one version (mqstore.waits): on an event loop (the stream's end cancels
         it) the log's growth is awaited there, so no thread is handed each message, and a replica more than
         CATCH_UP_BYTES behind the log's end reads from a thread: those bytes may have left the page cache,
-        and a read from the disk must not hold the loop (every other call of the port waits on it). On a
-        synchronous port's handler thread :meth:`data` runs each step there (waits.blocking_iter)."""
+        and a read from the disk must not hold the loop (every other call of the port waits on it). Off a
+        loop (tests) waits.blocking_iter runs each step on the taking thread."""
         growth, heartbeat_s = self.node.growth, self.node.config.replication_heartbeat_ms / 1000
         self._connected()
         try:

@@ -307,7 +307,7 @@ def replica_stream(store, node, replica_id: str, end_offset: int):
     hello = Hello(replica_id, f"h:{replica_id}", end_offset, store.log_min(), node.history,
                   store.config.segment_size_bytes)
     session = ReplicaSession(store, node, hello)
-    data = session.data(lambda: True)
+    data = waits.blocking_iter(session.data_async())
     next(data)
     return session, data
 
