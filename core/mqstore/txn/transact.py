@@ -1,8 +1,8 @@
 """Transact streams (txn.proto): a producer's Prepares, Commits and Rollbacks as frames of one stream.
 
-A two-way frame is handled as its unary call would be, by the coordinator, on the stream's own thread,
-one at a time, in order: the stream saves the producer and the server a gRPC call per step, nothing
-else changes. This module keeps what is the stream's own:
+A two-way frame is handled as its unary call would be, by the coordinator, one at a time, in order (on the
+grpc.aio port's loop, or a thread of its pool: mqstore.txn.onloop says which): the stream saves the producer
+and the server a gRPC call per step, nothing else changes. This module keeps what is the stream's own:
 
   what                                  rule
   ------------------------------------- -------------------------------------------------------------------
