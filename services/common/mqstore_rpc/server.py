@@ -330,11 +330,11 @@ def _generic_only(server: grpc.aio.Server) -> grpc.aio.Server:
     (and health's, reflection's) register as methods goes into one generic handler, first in the server's list.
 
     Why: a grpc.aio server (grpcio 1.85) keeps one pending request task per registered method, plus one for
-    the rest, and at every call awaits ``asyncio.wait`` over all of them: with the CommitLog port's ~22 methods
-    that wait was ~40% of the loop's time under a stream of GetStoreInfo calls (cProfile; bench/README.md,
-    *Reads on the loop*). The generated functions also add the same handlers as a generic handler, which the
-    one lookup here answers before them. The attribute set on the instance shadows the class's method (the
-    server must stay a ``grpc.aio.Server``: reflection and health check that)."""
+    the rest, and awaits ``asyncio.wait`` over all of them twice a call: with the CommitLog port's ~22 methods
+    ~27 µs of the loop's CPU a call more than over one (bench/README.md, *Reads on the loop*). The generated
+    functions also add the same handlers as a generic handler, which the one lookup here answers before them.
+    The attribute set on the instance shadows the class's method (the server must stay a ``grpc.aio.Server``:
+    reflection and health check that)."""
     methods = _Methods()
     server.add_generic_rpc_handlers((methods,))
     server.add_registered_method_handlers = methods.add  # type: ignore[method-assign]
