@@ -160,8 +160,9 @@ def on_loop(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor) -
     if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
         return handler
     check = getattr(behavior, "at_once_when", None)
-    if check is not None and not handler.request_streaming and not handler.response_streaming:
-        return like(handler, _at_once_or_in_pool(behavior, getattr(behavior.__self__, check), pool))
+    owner = getattr(behavior, "__self__", None)  # the servicer whose method it is (a bound method)
+    if check is not None and owner is not None and not handler.request_streaming and not handler.response_streaming:
+        return like(handler, _at_once_or_in_pool(behavior, getattr(owner, check), pool))
     if handler.response_streaming:
         return like(handler, functools.wraps(behavior)(_driven_stream(behavior, pool, handler.request_streaming)))
     return like(handler, _in_pool(behavior, pool, handler.request_streaming))
@@ -190,8 +191,9 @@ def _in_pool(behavior: Callable, pool: concurrent.futures.Executor, request_stre
 def at_once_when(check: str) -> Callable[[Callable], Callable]:
     """Mark a synchronous unary servicer method that the port runs on the loop when its servicer's method
     ``check(request)`` says this call cannot block (what the store says: MessageStore.pull_at_once, a read of the
-    hot local log), and in the handler pool otherwise, as an unmarked one. ``check`` itself runs on the loop:
-    it must not block either."""
+    hot local log), and in the handler pool otherwise, as an unmarked one. ``check`` is looked up on the bound
+    method's servicer (a handler that is no bound method runs in the pool) and runs on the loop: it must not
+    block either."""
     def mark(method: Callable) -> Callable:
         method.at_once_when = check
         return method
