@@ -6,11 +6,13 @@ register are found by one lookup, and each answers as before."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from mqstore_rpc import aio
 from mqstore_rpc.server import ManagedServer, ServerConfig
 from tests.support.waiting import WAIT_S
 
@@ -57,3 +59,36 @@ def test_registered_methods_are_served_by_one_pending_request():
 
 async def _on_loop(request: bytes, context) -> bytes:
     return b"loop:" + request
+
+
+class Marked:
+    """A servicer with a method the port answers on the loop when ``_small`` says so (mqstore_rpc.aio.at_once_when)."""
+
+    def _small(self, request: bytes) -> bool:
+        return len(request) < 4
+
+    @aio.at_once_when("_small")
+    def Where(self, request: bytes, context) -> bytes:
+        return threading.current_thread().name.encode()
+
+
+@aio.at_once_when("_small")
+def _unbound(request: bytes, context) -> bytes:
+    return threading.current_thread().name.encode()
+
+
+def test_a_method_marked_at_once_when_runs_on_the_loop_only_when_its_check_says_so():
+    server = ManagedServer(ServerConfig(port=0, grace_s=0.5))
+    server.grpc_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        "Where": grpc.unary_unary_rpc_method_handler(Marked().Where),
+        "Unbound": grpc.unary_unary_rpc_method_handler(_unbound)}),))
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            where = channel.unary_unary(f"/{SERVICE}/Where")
+            assert where(b"x", timeout=WAIT_S) == b"grpc-aio-loop"
+            assert where(b"long", timeout=WAIT_S).startswith(b"grpc-handler")
+            # No servicer to ask (not a bound method): the pool, as an unmarked handler
+            assert channel.unary_unary(f"/{SERVICE}/Unbound")(b"x", timeout=WAIT_S).startswith(b"grpc-handler")
+    finally:
+        server.stop()
