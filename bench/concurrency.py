@@ -11,8 +11,9 @@ The CommitLog service (``--flush-mode ASYNC``) served by:
   shim   the old tree's grpc.aio port (``--append-on-loop true``): Append on the loop, every other handler
          in the pool through its shim, the interceptors' synchronous adapters running there. Left out without
          ``--old-root``
-  aio    this tree's port: Append and GetStoreInfo answered on the event loop, every other handler in the
-         handler pool (a synchronous unary call by run_in_executor, a response stream driven by the loop)
+  aio    this tree's port: Append, GetStoreInfo and Pulls of the hot local log (this workload's) answered on
+         the event loop, every other handler in the handler pool (a synchronous unary call by run_in_executor, a
+         response stream driven by the loop)
 
 Workloads, each at 1 and 16 concurrent callers, closed loop, the client (bench/loadgen.py, grpc.aio) in
 another process: Append of 1 message, Append of 100 messages, Pull of 32 messages (task i reads queue
@@ -180,7 +181,8 @@ def markdown(table: list[dict], meta: dict) -> str:
              "bench/concurrency.py.", "",
              f"Ports: sync = the synchronous server of the tree at {meta.get('old_root') or '(none given)'} "
              "(--append-on-loop false), shim = that tree's grpc.aio port (--append-on-loop true), aio = this tree's "
-             "grpc.aio port (Append and GetStoreInfo on the loop, the rest in the handler pool). Ratios: figure / "
+             "grpc.aio port (Append, GetStoreInfo and hot Pulls on the loop, the rest in the handler pool). Ratios: "
+             "figure / "
              "sync's.", "",
              "| workload | callers | sync calls/s | shim | aio | sync p50/p99 ms | shim p50/p99 | aio p50/p99 | "
              "sync CPU µs/call | shim | aio |", "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -71,6 +71,10 @@ class Written:
 ReserveQueueFiles = Callable[[str, dict[int, tuple[int, int]]], None]
 
 
+# The segments at the log's end whose reads may be answered on an event loop (CommitLog.is_hot)
+HOT_SEGMENTS = 2
+
+
 class CommitLog:
     def __init__(self, segments: SegmentQueue, clock, reserve_queue_files: ReserveQueueFiles | None = None):
         self.segments = segments
@@ -240,6 +244,16 @@ class CommitLog:
             if remote is None or physical_offset >= self.segments.min_offset:
                 raise
             return remote(physical_offset, size)  # deleted locally while this read ran: uploaded before
+
+    def is_hot(self, physical_offset: int) -> bool:
+        """Whether reads from ``physical_offset`` on stay in the local log's hot segments: the :data:`HOT_SEGMENTS`
+        up to the one holding ``written_offset`` (it and the one written before it; not one created ahead), never
+        the first local segment while the tier serves reads below the log (its local retention may delete that
+        segment under a read, which then goes to the tier). Such a read opens no file and reads no tier: every
+        local segment is mapped (mqstore.log.segment), and these were written last (their pages are the page
+        cache's as a rule). An event loop may run it (MessageStore.pull_at_once)."""
+        start = self.segments.hot_start(self.written_offset, HOT_SEGMENTS, spare_first=self.remote is not None)
+        return start is not None and physical_offset >= start
 
     def _remote_below(self, physical_offset: int) -> bool:
         return self.remote is not None and physical_offset < self.segments.min_offset

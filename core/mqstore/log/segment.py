@@ -347,6 +347,16 @@ class SegmentQueue:
         segs = self.segments
         return segs[-1] if segs else None
 
+    def hot_start(self, end: int, count: int, spare_first: bool) -> int | None:
+        """Where the ``count`` segments up to the one holding ``end`` start (the one written now and those written
+        just before it; a segment created ahead of ``end`` is not one of them), never below the first segment, nor
+        in it when ``spare_first`` (retention may delete it under a read); None without a segment."""
+        segs = self.segments
+        if not segs:
+            return None
+        start = end - end % self.segment_size - (count - 1) * self.segment_size
+        return max(start, segs[0].end if spare_first else segs[0].start)
+
     def find(self, offset: int) -> Segment:
         segs = self.segments
         if not segs or offset < segs[0].start or offset >= segs[-1].end:

@@ -253,6 +253,13 @@ class ConsumeQueue:
         stop = min(end * ENTRY, byte_at - byte_at % file_size + file_size)
         return self.remote(byte_at, stop - byte_at)
 
+    def is_hot(self, queue_offset: int) -> bool:
+        """Whether the entries from ``queue_offset`` on are in the queue's last two files written (never the first
+        while the tier serves the files below it: local retention may delete it under a read), so that reading
+        them opens no file and reads no tier (CommitLog.is_hot's rule for the queue's files)."""
+        start = self.files.hot_start(self.max_offset * ENTRY, 2, spare_first=self.remote is not None)
+        return start is not None and queue_offset * ENTRY >= start and not self._tiered(queue_offset * ENTRY)
+
     def _tiered(self, byte_at: int) -> bool:
         """Whether the entry at ``byte_at`` is read from the tier: below the first local file, with ``remote``."""
         return self.remote is not None and byte_at < self.files.min_offset and byte_at >= self.min_offset * ENTRY

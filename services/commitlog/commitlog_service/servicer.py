@@ -4,8 +4,12 @@ Each method converts the request (mqstore_rpc.convert), calls one store method a
 result. It never catches: mqstore errors become status codes in mqstore_rpc.errors' interceptor. Append is
 answered on the port's event loop (an ``async def``: the batch is written there and its waits, the fsync under
 SYNC flush and the in-sync replicas under SYNC replication, are awaited, so a waiting append holds no thread and
-one fsync wakes every append it covers in one hand-off), and so is GetStoreInfo; every other method runs in the
-port's handler pool (mqstore_rpc.aio). bench/README.md, *Append on the event loop*, has the figures.
+one fsync wakes every append it covers in one hand-off), and so is GetStoreInfo. Pull, GetMessage and GetMessages
+are answered on the loop when the store says the read cannot block (MessageStore.pull_at_once, records_at_once:
+records in the local log's hot segments, no long poll that must wait, no filter; mqstore_rpc.aio.at_once_when),
+and in the handler pool otherwise (an older segment, the tier, a long poll that waits); every other method runs
+in the handler pool (mqstore_rpc.aio). bench/README.md, *Append on the event loop* and *Reads on the loop*, has
+the figures.
 
 Thread-safe: holds no state of its own beyond the store, which is thread-safe.
 """
@@ -23,7 +27,7 @@ from mqstore.format import record
 from mqstore.store import MessageStore
 from mqstore.stream_appends import StreamAppends
 from mqstore.timer.scheduling import Scheduler
-from mqstore_rpc import append_wire, auth, convert
+from mqstore_rpc import aio, append_wire, auth, convert
 from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
@@ -94,7 +98,30 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     # Pull, GetMessage and GetMessages answer with serialized bytes: the compiled codec encodes them from the stored
     # records' bytes (commitlog_service.read_wire), the pure-Python one serializes convert's messages.
 
+    # On the loop when the store says the read cannot block (MessageStore.pull_at_once, records_at_once: the hot
+    # local log, no long poll that waits, no filter), else in the handler pool (mqstore_rpc.aio.at_once_when).
+
+    def _pull_at_once(self, request) -> bool:
+        return self._store.pull_at_once(request.topic, request.queue_id, request.offset, request.max_messages or 32,
+                                        filtered=bool(request.tags or request.filter_expression),
+                                        long_poll_ms=request.long_poll_ms)
+
+    def _get_message_at_once(self, request) -> bool:
+        locator = request.WhichOneof("locator")
+        if locator == "physical_offset":
+            return self._store.records_at_once((request.physical_offset,))
+        if locator == "msg_id":
+            try:
+                return self._store.records_at_once((record.parse_offset_msg_id(request.msg_id)[2],))
+            except ValueError:
+                return True  # refused before any read (InvalidArgument)
+        return True  # no locator: refused
+
+    def _get_messages_at_once(self, request) -> bool:
+        return self._store.records_at_once(request.physical_offsets)
+
     @wire_codec(commitlog_pb2.PullRequest.FromString)
+    @aio.at_once_when("_pull_at_once")
     def Pull(self, request, context):
         args = (request.topic, request.queue_id, request.offset)
         tags, selector = filters.selection(convert.filter_type_in(request.filter_type), request.filter_expression,
@@ -106,6 +133,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         return convert.pull_response(self._store.pull(*args, **limits)).SerializeToString()
 
     @wire_codec(commitlog_pb2.GetMessageRequest.FromString)
+    @aio.at_once_when("_get_message_at_once")
     def GetMessage(self, request, context):
         locator = request.WhichOneof("locator")
         raw = read_wire.COMPILED
@@ -122,6 +150,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         return answer
 
     @wire_codec(commitlog_pb2.GetMessagesRequest.FromString)
+    @aio.at_once_when("_get_messages_at_once")
     def GetMessages(self, request, context):
         offsets = list(request.physical_offsets)
         if read_wire.COMPILED:
@@ -174,8 +203,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     async def GetStoreInfo(self, request, context):
         """Answered on the loop: every figure is the store's in memory (no file read, no lock held long), so the
         hop to the handler pool and back would cost more than the answer (bench/README.md, *One concurrency
-        model*). Pull and GetMessage(s) stay in the pool: a long poll waits, and a record may be in a cold file
-        or only in the tier."""
+        model*). Pull and GetMessage(s) are too when their records are in the hot local log (above)."""
         return convert.store_info(self._store.store_info())
 
     def RecallTimer(self, request, context):

@@ -22,6 +22,9 @@ the measurement that made it the only kind of port.
                              (:class:`SyncContext`: ``is_active()``, ``code()``, ``abort`` that raises) and
                              the call's context variables (the authenticated caller); a request stream is
                              read through the loop (:class:`_BlockingRequests`)
+  a synchronous handler      marked :func:`at_once_when`: run on the loop, with the same context, for the calls
+  that may not block         its servicer's check says cannot block (the CommitLog's Pull of the hot local
+                             log), in the pool for the others
   a synchronous response     runs on one pool thread, but its responses are handed to the loop by
   stream                     :func:`_driven_stream`, not by grpc: grpc's hand-off blocks the thread on a
                              one-item queue that nothing reads once the client has cancelled, so each
@@ -156,6 +159,10 @@ def on_loop(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor) -
     behavior = behavior_of(handler)
     if inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior):
         return handler
+    check = getattr(behavior, "at_once_when", None)
+    owner = getattr(behavior, "__self__", None)  # the servicer whose method it is (a bound method)
+    if check is not None and owner is not None and not handler.request_streaming and not handler.response_streaming:
+        return like(handler, _at_once_or_in_pool(behavior, getattr(owner, check), pool))
     if handler.response_streaming:
         return like(handler, functools.wraps(behavior)(_driven_stream(behavior, pool, handler.request_streaming)))
     return like(handler, _in_pool(behavior, pool, handler.request_streaming))
@@ -178,6 +185,35 @@ def _in_pool(behavior: Callable, pool: concurrent.futures.Executor, request_stre
         finally:
             if requests is not None:
                 requests.cancel()
+    return call
+
+
+def at_once_when(check: str) -> Callable[[Callable], Callable]:
+    """Mark a synchronous unary servicer method that the port runs on the loop when its servicer's method
+    ``check(request)`` says this call cannot block (what the store says: MessageStore.pull_at_once, a read of the
+    hot local log), and in the handler pool otherwise, as an unmarked one. ``check`` is looked up on the bound
+    method's servicer (a handler that is no bound method runs in the pool) and runs on the loop: it must not
+    block either."""
+    def mark(method: Callable) -> Callable:
+        method.at_once_when = check
+        return method
+    return mark
+
+
+def _at_once_or_in_pool(behavior: Callable, at_once: Callable[[Any], bool],
+                        pool: concurrent.futures.Executor) -> Callable:
+    """A synchronous unary ``behavior`` as a coroutine that runs it here, on the loop, when ``at_once(request)``
+    (with the same :class:`SyncContext` as in the pool), else in ``pool`` (:func:`_in_pool`)."""
+    in_pool = _in_pool(behavior, pool, False)
+
+    @functools.wraps(behavior)
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not at_once(request):
+            return await in_pool(request, context)
+        try:
+            return behavior(request, SyncContext(_LoopContext(context, asyncio.get_running_loop())))
+        except _Aborted as aborted:
+            await context.abort(aborted.code, aborted.details)
     return call
 
 

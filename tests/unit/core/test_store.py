@@ -122,6 +122,32 @@ def test_pull_ranges_filters_and_long_poll(open_store):
     assert len(one.messages) == 1  # the first message is always returned
 
 
+def test_which_pulls_and_reads_answer_at_once(open_store):
+    """MessageStore.pull_at_once and records_at_once: what an event loop may run (the CommitLog port's Pull and
+    GetMessage(s)): records in the two segments up to the one written now and entries in the queue's last two
+    files, no long poll that waits, no filter, not too many messages; a refused pull at once too."""
+    store = open_store(segment_size_bytes=4096, cq_entries_per_file=8)
+    store.topic_admin.create("t", 1)
+    for i in range(40):  # ~300 bytes a record: ~13 a segment, 40 entries in 5 queue files
+        store.append("t", [MessageIn(body=bytes([i]) * 200)])
+    wait_until(lambda: store.visible_offset() >= store.log_end(), "every record visible")
+    end = store.queue_info("t", 0).max_offset
+    assert store.pull_at_once("t", 0, end - 1) and store.pull_at_once("t", 0, end - 1, long_poll_ms=5000)
+    assert not store.pull_at_once("t", 0, 0)  # the first segment and queue file: cold
+    assert not store.pull_at_once("t", 0, end - 1, filtered=True)
+    assert not store.pull_at_once("t", 0, end - 1, max_messages=257)
+    assert store.pull_at_once("t", 0, end) and not store.pull_at_once("t", 0, end, long_poll_ms=1)  # it would wait
+    assert store.pull_at_once("t", 0, end + 1) and store.pull_at_once("nope", 0, 0)  # refused at once
+    last = store.pull("t", 0, end - 1).messages[0].record.physical_offset
+    first = store.pull("t", 0, 0).messages[0].record.physical_offset
+    assert store.records_at_once([last, last]) and not store.records_at_once([last, first])
+    # A segment created ahead of the writer is not one of the two: the one before the writer's still is
+    written = store.commitlog.written_offset
+    store.segments.ensure(written - written % 4096 + 2 * 4096, 0)
+    assert store.commitlog.is_hot(written - written % 4096 - 1) and not store.commitlog.is_hot(
+        written - written % 4096 - 4096 - 1)
+
+
 def test_get_message_and_ids(open_store):
     store = open_store()
     store.topic_admin.create("t", 1)
