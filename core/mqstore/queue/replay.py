@@ -144,6 +144,8 @@ def replay_compiled(runs_of, queues, tag_code, seg, position: int, end: int, sta
             return None
         named.append(((topic, queue_id), runs))
     state = SegmentRuns(queues, starts, only, behind)
+    if behind is None:
+        named = _write_single_runs(state, named, seg.start + position)
     for key, runs in named:
         for first, data, physical_end in runs:
             if not state.admits(key):
@@ -153,6 +155,39 @@ def replay_compiled(runs_of, queues, tag_code, seg, position: int, end: int, sta
         count, last_ts = _reference_rest(state, tag_code, seg, stop, end, count, last_ts)
     state.finish()
     return count, last_ts if count else None
+
+
+def _write_single_runs(state: SegmentRuns, named: list, walked_from: int) -> list:
+    """Without ``behind``, the usual round (a replica's, the append path's catch-up): each admitted queue
+    with one run whose records all lie at or above its topic's start (``walked_from``, where the walk
+    began, is) gets it written here, by ConsumeQueue.put_packed directly; the rest is returned for
+    :meth:`SegmentRuns.take`. The same writes as take makes: without ``behind`` a queue's first run is
+    written at once (put_packed drops what the queue holds already and fills a gap with blanks, as take
+    would have), and a queue appears in one group only (the caller refused names that collide), so no
+    later run of it is pending. Takes no other state: the queue's max offset afterwards is what take
+    would have put in ``expect`` for the reference records after the walk's stop (_reference_rest)."""
+    starts, only, queues = state.starts, state.only, state.queues
+    tables = queues.queues
+    rest = []
+    for key, runs in named:
+        if len(runs) != 1 or (only is not None and key not in only):
+            rest.append((key, runs))
+            continue
+        if starts is not None:
+            start = state.start_of(key[0])
+            if start is None:
+                continue  # not a topic now: no entry (take would not be reached: admits says no)
+            if start > walked_from:
+                rest.append((key, runs))  # some records may be an earlier topic's of the name: take trims them
+                continue
+        first, data, physical_end = runs[0]
+        cq = tables.get(key)
+        if cq is None:
+            if first + len(data) // ENTRY <= 0:
+                continue  # entries of negative offsets only (below a new queue's 0): take makes no queue
+            cq = queues.get_or_create(*key)
+        cq.put_packed(first, data, physical_end)
+    return rest
 
 
 def _reference_rest(state: SegmentRuns, tag_code, seg, position: int, end: int, count: int,
