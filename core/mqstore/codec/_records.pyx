@@ -31,8 +31,6 @@ from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, v
 from mqstore.codec._walk cimport RecordSpan, body_at_of, check_record
 from mqstore.codec._stamp cimport ENTRY_FIELDS, Entries
 
-cdef extern from "zlib.h":
-    unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
 cdef extern from "_crc.h":
     uint32_t mq_crc32(uint32_t crc, const uint8_t* p, size_t n) nogil  # zlib's crc32, folded where the CPU can
 
@@ -1358,7 +1356,7 @@ def timer_units(const uint8_t[::1] units, int64_t position, dict slots, int64_t 
         put_be16(o + 40, <uint16_t>kind)
         o[42] = 0
         o[43] = 0
-        put_be32(o + 44, <uint32_t>crc32(0, o, 44))
+        put_be32(o + 44, mq_crc32(0, o, 44))  # _crc.h: sliced for a short input
         last = position
         count += 1
         position += UNIT_SIZE
