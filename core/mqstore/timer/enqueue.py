@@ -225,9 +225,8 @@ class Enqueue(TimerPart):
     def _add(self, queue_offset: int, physical: int, props: dict[str, str] | None, due: int, units: bytearray,
              horizon: int) -> None:
         """The unit of a timer record, appended to ``units`` as a pre-unit (a cancel marker goes to the files at
-        once); ``props``
-        None: a noted delayed record (:meth:`note`), due at ``due``; ``horizon``: the first slot a unit may not
-        take (it rolls there instead)."""
+        once); ``props`` None: a noted delayed record (:meth:`note`), due at ``due``; ``horizon``: the first slot a
+        unit may not take (it rolls there instead)."""
         if queue_offset in self.state.rolled:
             return  # re-appended already (a rebuild reads the topic from its start): its successor carries it
         if props is not None:
