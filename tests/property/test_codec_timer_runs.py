@@ -10,9 +10,10 @@ run, with random due times (negative, past the read slot, past the horizon: roll
 the same index reached, the same units, deliver count and notes left (a note's rest put back where the run
 stopped); the first entry not taken is the one the reference stops at (the caller reads it from the log, the
 existing fallback).
-``timer_units`` and ``encode_units`` over random unit batches: the same bytes, enqueued-to offset and slot
-updates (the slots not given read through the callback once each), and the reference's bytes are
-mqstore.format.timer_unit's units.
+``timer_units`` and ``encode_units`` over random unit batches (as pre-units, runs.PRE_UNIT: the walk's output):
+the same bytes, enqueued-to offset and slot updates (the slots not given read through the callback once each),
+and the reference's bytes are mqstore.format.timer_unit's units; a buffer not of whole pre-units is refused by
+both.
 The compiled module is imported directly, so this runs under MQSTORE_PURE_PYTHON=1 too.
 """
 
@@ -93,13 +94,15 @@ def _unit_args(rng: random.Random, first_offset: int, count: int):
 
 def _both(buf, seg_start, seg_end, entries, index, first_offset, notes, unit_args):
     entries = _entry_bytes(entries)
-    want, got, got_notes = [], [], {q: (_int64s(n[0]), list(n[1]), n[2], n[3]) for q, n in notes.items()}
+    lead = runs.pack_units([(1, 2, 3, 4, 5)]) if index % 2 else bytearray()  # pre-units there already are kept
+    want, got = bytearray(lead), bytearray(lead)
+    got_notes = {q: (_int64s(n[0]), list(n[1]), n[2], n[3]) for q, n in notes.items()}
     reached = runs.noted_units(buf, seg_start, seg_end, entries, index, first_offset, notes, *unit_args, want)
     assert _records.timer_noted_units(buf, seg_start, seg_end, entries, index, first_offset, got_notes, *unit_args,
                                       got) == reached
     assert got == want and got_notes == notes
     assert all(first_offset + i not in notes for i in range(index, reached[0]))
-    return reached, want
+    return reached, runs.unpack_units(want)[len(lead) // runs.PRE_UNIT.size:]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -146,31 +149,36 @@ def test_noted_units_take_a_matching_header_and_stop_at_each_mismatch():
     args = (2_000, 9_000, 1_000, set())  # read slot 2 s, horizon 9 s, precision 1 s
     deliver, roll = timer_unit.KIND_DELIVER, timer_unit.KIND_ROLL
     for fn in (runs.noted_units, _records.timer_noted_units):
-        units, left = [], notes()
+        units, left = bytearray(), notes()
         assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, units) == (3, 2)
-        assert units == [(5_000, 5_500, 10, 0, deliver), (2_000, 1_200, 11, 100, deliver),
-                         (9_000, 9_000, 12, 200, roll)]
+        assert runs.unpack_units(units) == [(5_000, 5_500, 10, 0, deliver), (2_000, 1_200, 11, 100, deliver),
+                                            (9_000, 9_000, 12, 200, roll)]
         assert left == {13: (_int64s([200, 300]), [9_000, 1], 333, 1)}  # the rest, for the next run
-        units = []
+        units = bytearray()
         assert fn(bytes(buf), 0, 400, entries, 0, 10, notes(), 2_000, 9_000, 1_000, {11}, units) == (3, 1)
-        assert [unit[2] for unit in units] == [10, 12]  # rolled already: taken without a unit
+        assert [unit[2] for unit in runs.unpack_units(units)] == [10, 12]  # rolled already: taken without a unit
         # A note taken from its second record (the first read already)
-        units, left = [], {11: (_int64s([0, 100]), [5_500, 1_200], 111, 1)}
+        units, left = bytearray(), {11: (_int64s([0, 100]), [5_500, 1_200], 111, 1)}
         assert fn(bytes(buf), 0, 400, entries, 1, 10, left, *args, units) == (2, 1) and left == {}
-        assert units == [(2_000, 1_200, 11, 100, deliver)]
+        assert runs.unpack_units(units) == [(2_000, 1_200, 11, 100, deliver)]
         left = notes(second=(_int64s([200]), [9_000], 334, 0))  # another store time
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, [])[0] == 2
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, bytearray())[0] == 2
         assert list(left) == [12]  # the note not taken stays
         assert fn(bytes(buf), 0, 400, entries, 0, 10, notes(second=(_int64s([201]), [7], 333, 0)), *args,
-                  [])[0] == 2  # another physical offset
+                  bytearray())[0] == 2  # another physical offset
         assert fn(bytes(buf), 0, 400, entries, 0, 10, notes(second=(_int64s([200]), [], 333, 0)), *args,
-                  [])[0] == 2  # no due time
+                  bytearray())[0] == 2  # no due time
         left = notes(first=(_int64s([0, 101]), [5_500, 1_200], 111, 0))
-        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, [])[0] == 1
+        assert fn(bytes(buf), 0, 400, entries, 0, 10, left, *args, bytearray())[0] == 1
         assert left[11][3] == 1 and 10 not in left  # the rest of the note put back where the run stopped
-        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, notes(), *args, [])[0] == 2  # past the buffer's end
-        assert fn(bytes(buf), 0, 200, entries, 0, 10, notes(), *args, [])[0] == 2  # outside the segment
-        assert fn(bytes(buf), 0, 400, entries, 0, 11, notes(), *args, [])[0] == 0  # another queue offset named
+        assert fn(bytes(buf[:250]), 0, 400, entries, 0, 10, notes(), *args,
+                  bytearray())[0] == 2  # past the buffer's end
+        assert fn(bytes(buf), 0, 200, entries, 0, 10, notes(), *args, bytearray())[0] == 2  # outside the segment
+        assert fn(bytes(buf), 0, 400, entries, 0, 11, notes(), *args,
+                  bytearray())[0] == 0  # another queue offset named
+        units = runs.pack_units([(1, 2, 3, 4, 5)])  # a run that takes nothing leaves what was there
+        assert fn(bytes(buf), 0, 400, entries, 0, 11, notes(), *args, units) == (0, 0)
+        assert units == runs.pack_units([(1, 2, 3, 4, 5)])
 
 
 def _units_case(rng: random.Random):
@@ -202,8 +210,10 @@ def test_units_match_the_reference_and_the_unit_format(seed):
         given = {s: list(v) for s, v in slots.items() if rng.random() < 0.5}  # the others read through ``read``
         want_read, got_read = _Reader(slots), _Reader(slots)
         want_slots, got_slots = {s: list(v) for s, v in given.items()}, {s: list(v) for s, v in given.items()}
-        want = runs.encode_units(units, position, want_slots, enqueued_to, want_read)
-        got = _records.timer_units(units, position, got_slots, enqueued_to, got_read)
+        packed = runs.pack_units(units)
+        assert runs.unpack_units(packed) == units
+        want = runs.encode_units(packed, position, want_slots, enqueued_to, want_read)
+        got = _records.timer_units(bytes(packed), position, got_slots, enqueued_to, got_read)
         assert got == want and type(got[0]) is bytes
         assert got_slots == want_slots and got_read.asked == want_read.asked
         assert sorted(want_read.asked) == sorted({u[0] for u in units} - set(given))
@@ -235,3 +245,10 @@ def test_note_physicals_match_the_reference(seed):
     for fn in (runs.note_physicals, _records.timer_note_physicals):
         with pytest.raises(ValueError):
             fn([(1, 2, 0, 3, 0, 0)], -1)
+
+
+def test_units_refuse_a_buffer_not_of_whole_pre_units():
+    for fn in (runs.encode_units, _records.timer_units):
+        with pytest.raises(ValueError, match="whole pre-units"):
+            fn(bytes(runs.PRE_UNIT.size + 1), 0, {}, 0, lambda slot_ms: [-1, -1, 0])
+        assert fn(b"", 48, {}, 7, lambda slot_ms: [-1, -1, 0]) == (b"", 7)

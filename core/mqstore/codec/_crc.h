@@ -6,16 +6,56 @@
  * bit-reflected polynomial 0xEDB88320): four 128-bit lanes advance 64 bytes a step, each lane multiplied by
  * x^(512+32) and x^(512-32) mod P (reflected); then the lanes fold into one by the 128-bit constants, the rest of
  * the 16-byte blocks likewise, 128 bits fold to 64 then 32, and a Barrett reduction gives the 32-bit remainder.
- * The tail (under 16 bytes) and short inputs go to zlib. The state between the two is the raw CRC register
- * (zlib complements on entry and exit).
+ * The tail (under 16 bytes) and short inputs go to the sliced loop below. The state between the two is the raw CRC
+ * register (zlib complements on entry and exit).
+ *
+ * Short inputs (a timer unit's 44 bytes, a fold's tail, a body under 64 bytes): zlib 1.2's loop takes one byte a
+ * step for them (~80 ns for 44 bytes here); eight tables take eight bytes a step ("slicing-by-8", Kounavis and
+ * Berry, Intel 2006: ~40 ns). The tables are zlib's table and its seven successors (table t gives the CRC of a
+ * byte followed by t zero bytes), made once per module that includes this (pthread_once) from the polynomial.
  *
  * tests/property/test_codec_crc.py holds it to zlib.crc32 over random lengths, alignments and bytes. */
 #ifndef MQSTORE_CODEC_CRC_H
 #define MQSTORE_CODEC_CRC_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <zlib.h>
+
+static uint32_t mq_crc_tables[8][256];
+static pthread_once_t mq_crc_tables_once = PTHREAD_ONCE_INIT;
+
+static void mq_crc_make_tables(void) {
+    for (uint32_t byte = 0; byte < 256; byte++) {
+        uint32_t crc = byte;
+        for (int bit = 0; bit < 8; bit++)
+            crc = crc & 1 ? 0xEDB88320u ^ (crc >> 1) : crc >> 1;
+        mq_crc_tables[0][byte] = crc;
+    }
+    for (int byte = 0; byte < 256; byte++)
+        for (int t = 1; t < 8; t++) {
+            uint32_t before = mq_crc_tables[t - 1][byte];
+            mq_crc_tables[t][byte] = (before >> 8) ^ mq_crc_tables[0][before & 0xff];
+        }
+}
+
+/* The raw register (not complemented) after p[0..n): eight bytes a step, then one. */
+static inline uint32_t mq_crc_sliced(uint32_t reg, const uint8_t* p, size_t n) {
+    const uint32_t (*t)[256] = (const uint32_t (*)[256])mq_crc_tables;
+    pthread_once(&mq_crc_tables_once, mq_crc_make_tables);
+    while (n >= 8) {
+        uint32_t low = ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24) ^ reg;
+        uint32_t high = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        reg = t[7][low & 0xff] ^ t[6][(low >> 8) & 0xff] ^ t[5][(low >> 16) & 0xff] ^ t[4][low >> 24]
+            ^ t[3][high & 0xff] ^ t[2][(high >> 8) & 0xff] ^ t[1][(high >> 16) & 0xff] ^ t[0][high >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0)
+        reg = t[0][(reg ^ *p++) & 0xff] ^ (reg >> 8);
+    return reg;
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -98,6 +138,8 @@ static inline uint32_t mq_crc32(uint32_t crc, const uint8_t* p, size_t n) {
         }
     }
 #endif
+    if (n < 64)  /* short, or the fold's tail */
+        return ~mq_crc_sliced(~crc, p, n);
     while (n > 0) {
         unsigned int chunk = n > (1u << 30) ? (1u << 30) : (unsigned int)n;
         crc = (uint32_t)crc32(crc, p, chunk);

@@ -18,7 +18,7 @@ Thread-safety: an AppendEncoder holds only read-only settings, so one instance s
 the state a batch changes (UNIQ_KEY counter, round-robin slots) lives in the Python objects it calls.
 """
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_Resize
 from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII
@@ -31,8 +31,6 @@ from mqstore.codec._wire cimport java_hash_utf8, put_be16, put_be32, put_be64, v
 from mqstore.codec._walk cimport RecordSpan, body_at_of, check_record
 from mqstore.codec._stamp cimport ENTRY_FIELDS, Entries
 
-cdef extern from "zlib.h":
-    unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
 cdef extern from "_crc.h":
     uint32_t mq_crc32(uint32_t crc, const uint8_t* p, size_t n) nogil  # zlib's crc32, folded where the CPU can
 
@@ -1211,6 +1209,7 @@ cdef enum:
     STAMP_V6_AT = 68
     BORN_HOST_V6 = 0x10
     UNIT_SIZE = 48
+    PRE_UNIT_SIZE = 40  # mqstore.timer.runs.PRE_UNIT: five native int64s
     CQ_ENTRY_SIZE = 20
     KIND_DELIVER = 1
     KIND_ROLL = 2
@@ -1253,100 +1252,111 @@ def timer_note_physicals(entries, Py_ssize_t start):
 
 def timer_noted_units(const uint8_t[::1] buf, int64_t seg_start, int64_t seg_end, const uint8_t[::1] entries,
                       Py_ssize_t index, int64_t first_offset, dict notes, int64_t read_ms, int64_t horizon,
-                      int64_t precision, set rolled, list units):
+                      int64_t precision, set rolled, bytearray units):
     """mqstore.timer.runs.noted_units: the noted records' headers checked and their units made in one pass (a
-    note is a batch's: its physical offsets walked in C, no lookup a record)."""
+    note is a batch's: its physical offsets walked in C, no lookup a record), each a pre-unit written into
+    ``units`` (room for the whole run made once, what was not used given back at the end)."""
     cdef Py_ssize_t n = entries.shape[0] // CQ_ENTRY_SIZE, buf_size = buf.shape[0], scheduled = 0, at = 0
-    cdef Py_ssize_t noted_n = 0
+    cdef Py_ssize_t noted_n = 0, base = len(units), made = 0
     cdef int64_t physical, size, position, queue_offset, stamp, noted_stamp = 0, due, slot, rest
+    cdef int64_t pre[5]
     cdef const uint8_t* p
     cdef const int64_t[::1] physicals
     cdef tuple note
     cdef object noted = None  # the note's physical offsets (an array of int64) while one is walked
     cdef list dues = None
-    cdef object got, q
+    cdef object got
+    cdef bint any_rolled = len(rolled) > 0
     if precision <= 0 or index < 0:
         raise ValueError("precision must be positive, index not negative")
-    while index < n:
-        queue_offset = first_offset + index
-        if noted is None:
-            got = notes.pop(queue_offset, None)
-            if got is None:
+    PyByteArray_Resize(units, base + (n - index if n > index else 0) * PRE_UNIT_SIZE)
+    try:
+        while index < n:
+            queue_offset = first_offset + index
+            if noted is None:
+                got = notes.pop(queue_offset, None)
+                if got is None:
+                    break
+                note = got
+                noted, dues, noted_stamp, at = note[0], note[1], note[2], note[3]  # checked: a list of due times
+                physicals = noted
+                noted_n = min(physicals.shape[0], len(dues))
+            p = &entries[index * CQ_ENTRY_SIZE]
+            physical, size = _be64(p), <int32_t>(<uint32_t>_be64(p + 4))  # the size: the low half of bytes 4-12
+            position = physical - seg_start
+            if (not seg_start <= physical < seg_end or size < FIXED_OVERHEAD or at < 0 or at >= noted_n
+                    or physicals[at] != physical or position + STAMP_V6_AT + 8 > buf_size):
                 break
-            note = got
-            noted, dues, noted_stamp, at = note[0], note[1], note[2], note[3]  # checked: a list of due times
-            physicals = noted
-            noted_n = min(physicals.shape[0], len(dues))
-        p = &entries[index * CQ_ENTRY_SIZE]
-        physical, size = _be64(p), <int32_t>(<uint32_t>_be64(p + 4))  # the size: the low half of bytes 4-12
-        position = physical - seg_start
-        if (not seg_start <= physical < seg_end or size < FIXED_OVERHEAD or at < 0 or at >= noted_n
-                or physicals[at] != physical or position + STAMP_V6_AT + 8 > buf_size):
-            break
-        p = &buf[position]
-        stamp = _be64(p + (STAMP_V6_AT if p[SYSFLAG_AT + 3] & BORN_HOST_V6 else STAMP_V4_AT))
-        if (_be64(p + QUEUE_OFFSET_AT) != queue_offset or _be64(p + PHYSICAL_OFFSET_AT) != physical
-                or stamp != noted_stamp):
-            break
-        got = dues[at]
-        index += 1
-        at += 1
-        if at == physicals.shape[0]:
-            noted = None
-        q = queue_offset
-        if q in rolled:
-            continue
-        due = got
-        rest = due % precision  # C's remainder: Python's is never negative for a positive precision
-        if rest < 0:
-            rest += precision
-        slot = due - rest
-        if slot < read_ms:
-            slot = read_ms
-        if slot >= horizon:
-            units.append((horizon, got, q, physical, KIND_ROLL))
-        else:
-            units.append((slot, got, q, physical, KIND_DELIVER))
-            scheduled += 1
+            p = &buf[position]
+            stamp = _be64(p + (STAMP_V6_AT if p[SYSFLAG_AT + 3] & BORN_HOST_V6 else STAMP_V4_AT))
+            if (_be64(p + QUEUE_OFFSET_AT) != queue_offset or _be64(p + PHYSICAL_OFFSET_AT) != physical
+                    or stamp != noted_stamp):
+                break
+            due = dues[at]
+            index += 1
+            at += 1
+            if at == physicals.shape[0]:
+                noted = None
+            if any_rolled and queue_offset in rolled:
+                continue
+            rest = due % precision  # C's remainder: Python's is never negative for a positive precision
+            if rest < 0:
+                rest += precision
+            slot = due - rest
+            if slot < read_ms:
+                slot = read_ms
+            if slot >= horizon:
+                pre[0], pre[4] = horizon, KIND_ROLL
+            else:
+                pre[0], pre[4] = slot, KIND_DELIVER
+                scheduled += 1
+            pre[1], pre[2], pre[3] = due, queue_offset, physical
+            memcpy(<uint8_t*>PyByteArray_AS_STRING(units) + base + made * PRE_UNIT_SIZE, pre, PRE_UNIT_SIZE)
+            made += 1
+    finally:
+        PyByteArray_Resize(units, base + made * PRE_UNIT_SIZE)
     if noted is not None:  # the rest of the note walked, for the next run
         notes[first_offset + index] = (noted, dues, noted_stamp, at)
     return index, scheduled
 
 
-def timer_units(list units, int64_t position, dict slots, int64_t enqueued_to, read):
-    """mqstore.timer.runs.encode_units: the units' bytes in one buffer, CRCs included. The slot of the unit
-    before is kept in C (a batch's units mostly share one) and its list written when the slot changes and at
-    the end."""
-    cdef Py_ssize_t n = len(units), i
+def timer_units(const uint8_t[::1] units, int64_t position, dict slots, int64_t enqueued_to, read):
+    """mqstore.timer.runs.encode_units: the units' bytes from their pre-units in one buffer, CRCs included. The
+    slot of the unit before is kept in C (a batch's units mostly share one) and its list written when the slot
+    changes and at the end."""
+    if units.shape[0] % PRE_UNIT_SIZE:
+        raise ValueError(f"{units.shape[0]} bytes are not whole pre-units of {PRE_UNIT_SIZE}")
+    cdef Py_ssize_t n = units.shape[0] // PRE_UNIT_SIZE, i
     cdef bytes out = PyBytes_FromStringAndSize(NULL, n * UNIT_SIZE)
     cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
-    cdef tuple unit
+    cdef int64_t pre[5]
     cdef list slot = None
-    cdef object got
+    cdef object got, key
     cdef int64_t slot_ms, timer_offset, kind, slot_of = 0, first = 0, last = 0, count = 0
     for i in range(n):
-        unit = <tuple>units[i]
-        slot_ms, timer_offset, kind = unit[0], unit[2], unit[4]
+        memcpy(pre, &units[i * PRE_UNIT_SIZE], PRE_UNIT_SIZE)
+        slot_ms, timer_offset, kind = pre[0], pre[2], pre[4]
         if slot is None or slot_ms != slot_of:
             if slot is not None:
                 slot[0], slot[1], slot[2] = first, last, count
-            got = slots.get(unit[0])
+            key = slot_ms
+            got = slots.get(key)
             if got is None:
-                got = read(unit[0])
-                slots[unit[0]] = got
+                got = read(key)
+                slots[key] = got
             slot = <list>got
             slot_of, first, last, count = slot_ms, slot[0], slot[1], slot[2]
         if count == 0:
             first = position
-        put_be64(o, <uint64_t><int64_t>unit[1])
+        put_be64(o, <uint64_t>pre[1])
         put_be64(o + 8, <uint64_t>slot_ms)
         put_be64(o + 16, <uint64_t>timer_offset)
-        put_be64(o + 24, <uint64_t><int64_t>unit[3])
+        put_be64(o + 24, <uint64_t>pre[3])
         put_be64(o + 32, <uint64_t>last)
         put_be16(o + 40, <uint16_t>kind)
         o[42] = 0
         o[43] = 0
-        put_be32(o + 44, <uint32_t>crc32(0, o, 44))
+        put_be32(o + 44, mq_crc32(0, o, 44))  # _crc.h: sliced for a short input
         last = position
         count += 1
         position += UNIT_SIZE

@@ -180,8 +180,9 @@ class TimerFiles:
         self._write_slot(Slot(slot_ms, first, position, (slot.count if slot is not None else 0) + 1))
         return position
 
-    def add_many(self, units: list[tuple[int, int, int, int, int]]) -> dict[int, list[int]]:
-        """:meth:`add` for several units, each ``(slot ms, deliver ms, timer offset, physical offset, kind)``, in
+    def add_many(self, units) -> dict[int, list[int]]:
+        """:meth:`add` for several units, each ``(slot ms, deliver ms, timer offset, physical offset, kind)`` as a
+        pre-unit (mqstore.timer.runs.PRE_UNIT; ``units`` bytes-like, runs.pack_units makes them of tuples), in
         order: the units in one write to the log, then each slot they touch rewritten once (the same files as one
         :meth:`add` each: a kill -9 between the two writes leaves units past the slots' ends, which recovery
         applies again like a single unit's lost slot write). Returns the slots touched (slot ms -> [first

@@ -3,6 +3,11 @@
 for byte (tests/property/test_codec_timer_runs.py). mqstore.timer.timer and files call the compiled ones when
 built.
 
+Between the two a batch's units are *pre-units*, :data:`PRE_UNIT` each (slot ms, deliver ms, timer offset,
+physical offset, kind as native int64s, in memory only: never stored) one after the other in a bytearray, not a
+tuple a unit: no Python object a record between the walk and the bytes (:func:`pack_units` and
+:func:`unpack_units` convert).
+
 * :func:`noted_units`: from entry ``index`` of ``entries`` (consume queue entries of the timer topic's queue 0 as
   their bytes, ConsumeQueue.entry_bytes, the first at queue offset ``first_offset``), the run of records that are
   in the segment buffer ``buf`` (log offsets ``seg_start``..``seg_end``) and noted with a header naming that queue
@@ -16,9 +21,10 @@ built.
   queue offset.
 * :func:`note_physicals`: the physical offsets of a batch's AppendResults.entries from ``start``, as the array of
   int64 Timer.note keeps (the results' tuples are not kept).
-* :func:`encode_units`: a batch's timer units (mqstore.format.timer_unit) in one bytes object, each chained to
-  its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count]) is updated as the
-  units are added, a slot not in it yet read with ``read(slot ms)`` first ([-1, -1, 0] for an empty one).
+* :func:`encode_units`: a batch's timer units (mqstore.format.timer_unit) from its pre-units in one bytes object,
+  each chained to its slot's unit before it; ``slots`` (slot ms -> [first position, last position, count]) is
+  updated as the units are added, a slot not in it yet read with ``read(slot ms)`` first ([-1, -1, 0] for an empty
+  one).
 """
 
 from __future__ import annotations
@@ -37,17 +43,18 @@ _INT64 = struct.Struct(">q")
 _V6_STAMP_AT = LAYOUTS[1].store_timestamp_at  # an IPv6 born host's (its store host's size does not move it)
 _COVERED = struct.Struct(">qqqqqH2x")
 _CRC = struct.Struct(">I")
+PRE_UNIT = struct.Struct("=qqqqq")  # slot ms, deliver ms, timer offset, physical offset, kind (the module's docstring)
 assert QUEUE_OFFSET_AT + _NOTED.size - 8 == IPV4.store_timestamp_at == LAYOUTS[2].store_timestamp_at
 assert _V6_STAMP_AT == LAYOUTS[3].store_timestamp_at
 
 
 def noted_units(buf, seg_start: int, seg_end: int, entries: bytes, index: int, first_offset: int, notes: dict,
-                read_ms: int, horizon: int, precision: int, rolled: set, units: list) -> tuple[int, int]:
+                read_ms: int, horizon: int, precision: int, rolled: set, units: bytearray) -> tuple[int, int]:
     """The run of noted records from entry ``index`` (the module's docstring) as units, each appended to
-    ``units`` as Timer._add does it: (slot ms, due, queue offset, physical offset, kind), in the slot of its due
-    time (the read slot when that passed), or a roll unit parked at ``horizon`` from there on; a record re-appended
-    already (its queue offset in ``rolled``) is taken without a unit. Returns the index of the first entry not
-    taken and the number of deliver units added."""
+    ``units`` as Timer._add does it, a pre-unit (slot ms, due, queue offset, physical offset, kind), in the slot of
+    its due time (the read slot when that passed), or a roll unit parked at ``horizon`` from there on; a record
+    re-appended already (its queue offset in ``rolled``) is taken without a unit. Returns the index of the first
+    entry not taken and the number of deliver units added."""
     if precision <= 0 or index < 0:
         raise ValueError("precision must be positive, index not negative")
     size_of_buf, scheduled, count = len(buf), 0, len(entries) // ENTRY_SIZE
@@ -80,9 +87,9 @@ def noted_units(buf, seg_start: int, seg_end: int, entries: bytes, index: int, f
         if slot < read_ms:
             slot = read_ms
         if slot >= horizon:
-            units.append((horizon, due, queue_offset, physical, KIND_ROLL))
+            units += PRE_UNIT.pack(horizon, due, queue_offset, physical, KIND_ROLL)
         else:
-            units.append((slot, due, queue_offset, physical, KIND_DELIVER))
+            units += PRE_UNIT.pack(slot, due, queue_offset, physical, KIND_DELIVER)
             scheduled += 1
     if noted is not None:  # the rest of the note walked, for the next run
         notes[first_offset + index] = (noted, dues, noted_stamp, at)
@@ -96,10 +103,26 @@ def note_physicals(entries: list, start: int) -> array.array:
     return array.array("q", [entry[0] for entry in entries[start:]])
 
 
-def encode_units(units: list, position: int, slots: dict, enqueued_to: int, read) -> tuple[bytes, int]:
-    """The units' bytes from log position ``position``, and the enqueued-to offset after them."""
+def pack_units(units) -> bytearray:
+    """Units as (slot ms, deliver ms, timer offset, physical offset, kind) tuples, as pre-units."""
+    packed = bytearray()
+    for unit in units:
+        packed += PRE_UNIT.pack(*unit)
+    return packed
+
+
+def unpack_units(packed) -> list[tuple[int, int, int, int, int]]:
+    """Pre-units as (slot ms, deliver ms, timer offset, physical offset, kind) tuples."""
+    return list(PRE_UNIT.iter_unpack(packed))
+
+
+def encode_units(units, position: int, slots: dict, enqueued_to: int, read) -> tuple[bytes, int]:
+    """The units' bytes (``units``: pre-units, bytes-like) from log position ``position``, and the enqueued-to
+    offset after them."""
+    if len(units) % PRE_UNIT.size:
+        raise ValueError(f"{len(units)} bytes are not whole pre-units of {PRE_UNIT.size}")
     encoded = bytearray()
-    for slot_ms, deliver_ms, timer_offset, physical_offset, kind in units:
+    for slot_ms, deliver_ms, timer_offset, physical_offset, kind in PRE_UNIT.iter_unpack(units):
         slot = slots.get(slot_ms)
         if slot is None:
             slot = slots[slot_ms] = read(slot_ms)

@@ -23,7 +23,7 @@ from mqstore.log.encoder import MessageEncoder
 from mqstore.model import KIND_NORMAL, AppendResults, MessageIn, TopicRecord
 from mqstore.store_parts import build_store
 from mqstore.timer import messages as tm
-from mqstore.timer import delivery, scheduling
+from mqstore.timer import delivery, runs, scheduling
 from mqstore.timer.config import TimerConfig
 from mqstore.timer.files import LOG_NAME, WHEEL_NAME, TimerFiles
 from mqstore.timer import enqueue as timer_enqueue
@@ -47,7 +47,7 @@ def test_add_many_writes_the_bytes_of_one_add_each(tmp_path):
         many.add(*unit)
     for unit in UNITS[2:]:
         one.add(*unit)
-    many.add_many(UNITS[2:])
+    many.add_many(runs.pack_units(UNITS[2:]))
     assert (one.log_end, one.enqueued_to) == (many.log_end, many.enqueued_to)
     for files in (one, many):
         files.close()
@@ -62,7 +62,7 @@ def test_a_slot_is_read_from_one_span_and_a_damaged_unit_in_it_is_data_loss(tmp_
     from mqstore.format.timer_unit import UNIT_SIZE
     files = _files(tmp_path)
     try:
-        files.add_many(UNITS)
+        files.add_many(runs.pack_units(UNITS))
         got = files.units(100)
         assert [(u.slot_ms, u.deliver_ms, u.timer_offset, u.physical_offset, u.kind) for u in got] == [
             u for u in UNITS if u[0] == 100]
@@ -82,7 +82,7 @@ def test_units_whose_slot_writes_were_lost_are_recovered(tmp_path):
     files = _files(tmp_path)
     files.checkpoint(0, 0, 0, 0, {})
     files._write_slot = lambda slot: None
-    files.add_many(UNITS)
+    files.add_many(runs.pack_units(UNITS))
     files.close()
     again = TimerFiles(tmp_path, 100, 64)
     assert isinstance(again.open(), TimerCheckpoint)
