@@ -18,8 +18,9 @@ final, and on a leader every in-sync replica holds them). Each step, after readi
      keeps create-only), paced by the upload quota (``--tier-upload-max-bytes-per-second``, mqstore.tier.quota:
      never below the lag over 60 s, which this sets before each upload); its size checked (HEAD); FINISHED
      appended. A put that answered needs no read-back:
-     S3 checks every PUT's and UploadPart's body against the SHA-256 its SigV4 signature carries
-     (``x-amz-content-sha256``, obstore's signed payloads) and refuses one that differs, and file:// wrote and
+     S3 checks every PUT's and UploadPart's body against the CRC-64/NVME its ``x-amz-checksum-crc64nvme``
+     header carries (computed by obstore from the memory map the body is sent from, mqstore.tier.s3) and refuses
+     one that differs, and file:// wrote and
      fsynced the bytes itself. A put that failed, or a crash after it, leaves the attempt pending: the step
      after resolves it with the full read-back of 1.
      A deposed leader cannot append (the gate refuses it), so it never finishes anything.
