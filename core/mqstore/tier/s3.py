@@ -12,12 +12,12 @@ without a condition. That keeps the tier's objects write-once because of how the
 (mqstore.tier.uploader): every attempt puts under a key of its own (``commitlog/<base>/<fresh uuid4>``),
 recorded in its STARTED record before the put, and no other attempt ever writes that key; the only writes
 to one key are this attempt's (obstore's retries of a part, or a deposed leader's put landing late), all of
-the same bytes, whose size and SHA-256 the STARTED record holds. S3 checks each request's body (a PUT's, an
-UploadPart's) against the CRC-64/NVME its ``x-amz-checksum-crc64nvme`` header carries and refuses one that differs
-(400 BadDigest), which obstore computes from the memory map the bytes are sent from (``checksum_algorithm``
-"crc64nvme", S3's own default checksum; a multipart object's is the full object's CRC-64/NVME, combined by S3 from
-the parts'). The payloads are not signed (``UNSIGNED-PAYLOAD``): a signed payload's SHA-256 checks the same bytes
-at ~0.6 CPU s a GB against ~0.05-0.1 for the CRC (a second SHA-256 next to the record's; bench/README.md, *The tier
+the same bytes, whose size and digest (CRC-64/NVME or SHA-256) the STARTED record holds. S3 checks each request's
+body (a PUT's, an UploadPart's) against the CRC-64/NVME its ``x-amz-checksum-crc64nvme`` header carries and refuses
+one that differs (400 BadDigest), which obstore computes from the memory map the bytes are sent from
+(``checksum_algorithm`` "crc64nvme", S3's own default checksum; a multipart object's is the full object's
+CRC-64/NVME, combined by S3 from the parts'). The payloads are not signed (``UNSIGNED-PAYLOAD``): a signed payload's
+SHA-256 checks the same bytes at ~0.6 CPU s a GB against ~0.05-0.1 for the CRC (bench/README.md, *The tier
 upload benchmark*). A put that lands
 after its attempt was DISCARDED or DELETED is an orphan the sweep deletes. An upload that fails midway is
 aborted by obstore (AbortMultipartUpload); one cut by a crash leaves invisible parts: a bucket lifecycle rule
