@@ -185,6 +185,40 @@ def test_a_segment_above_the_multipart_size_is_uploaded_in_parts_byte_identical_
         store.close()
 
 
+def test_every_put_and_part_carries_its_bodys_crc64nvme_for_s3_to_check_and_is_not_signed_again(s3, tmp_path):
+    """What the store sends (a proxy records it on its way to moto, which checks no checksum itself): every PUT of
+    a single object and every UploadPart carries ``x-amz-checksum-crc64nvme`` equal to the CRC-64/NVME of its body
+    (S3 refuses a body that does not match it, mqstore.tier.s3), the multipart upload is created with that
+    algorithm (S3 then keeps the whole object's), and the payloads are not signed (``UNSIGNED-PAYLOAD``: no second
+    SHA-256 of the bytes in the store); the objects read back byte-identical."""
+    from tests.support.crc64 import header_value
+    from tests.support.s3 import recording_proxy
+
+    bucket = s3.bucket()
+    with recording_proxy(s3.endpoint) as (endpoint, seen):
+        store = open_store(f"s3://{bucket}/p", timeout_ms=60_000, endpoint=endpoint, region=REGION, credentials=KEYS,
+                           multipart_bytes=5 << 20)
+        try:
+            small, large = tmp_path / "small", tmp_path / "large"
+            small.write_bytes(os.urandom(70_001))
+            large.write_bytes(os.urandom((10 << 20) + 7))  # three parts
+            store.put_file("commitlog/0/a", small, small.stat().st_size)
+            store.put_file("commitlog/1/b", large, large.stat().st_size)
+            store.put_if_absent("commitlog/2/c", b"some bytes")
+        finally:
+            store.close()
+    puts = [request for request in seen if request.method == "PUT"]
+    assert len(puts) == 5  # the small file, three parts, the bytes
+    for request in puts:
+        assert request.headers.get("x-amz-checksum-crc64nvme") == header_value(request.body), request.path
+        assert request.headers.get("x-amz-content-sha256") == "UNSIGNED-PAYLOAD", request.path
+    assert sum("partNumber=" in request.path for request in puts) == 3
+    creates = [request for request in seen if request.method == "POST" and request.path.endswith("?uploads=")]
+    assert len(creates) == 1 and creates[0].headers.get("x-amz-checksum-algorithm") == "CRC64NVME"
+    assert s3.objects(bucket, "p/") == {"p/commitlog/0/a": small.read_bytes(), "p/commitlog/1/b": large.read_bytes(),
+                                       "p/commitlog/2/c": b"some bytes"}
+
+
 def test_the_multipart_size_is_at_least_s3s_smallest_part():
     with pytest.raises(InvalidArgument, match="at least"):
         open_store("s3://b/p", timeout_ms=TIMEOUT_MS, endpoint="http://127.0.0.1:1", region=REGION, credentials=KEYS,

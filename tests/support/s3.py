@@ -1,5 +1,6 @@
 """A real S3-compatible server for tests: moto's server mode (ThreadedMotoServer) on 127.0.0.1, a free port,
-its state in memory; and a stalled "server" (a socket that accepts and never answers) for deadlines.
+its state in memory; a stalled "server" (a socket that accepts and never answers) for deadlines; and a proxy in
+front of moto that records what a client sent (:func:`recording_proxy`).
 
 Use :func:`moto_s3` from a module- or session-scoped fixture (it stops the server at the end); each test
 takes a bucket of its own (:meth:`MotoS3.bucket`), so tests sharing one server never see each other's
@@ -9,10 +10,14 @@ objects (moto's state is the process's, shared by every server it starts: bucket
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import http.client
+import http.server
 import itertools
 import logging
 import socket
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 
@@ -89,3 +94,67 @@ def stalled_server() -> Iterator[str]:
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """One request a :func:`recording_proxy` forwarded: its method, path (with the query), headers (lower-case
+    names) and body."""
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@contextlib.contextmanager
+def recording_proxy(endpoint: str) -> Iterator[tuple[str, list[Seen]]]:
+    """(http://127.0.0.1:PORT, the requests seen) of a proxy on 127.0.0.1 that forwards every request to
+    ``endpoint`` (moto's) as it came (its Host header kept, so signatures stay as signed) and its answer back, and
+    records each request (what a client sends, which moto's own state does not show); closed at the end."""
+    seen: list[Seen] = []
+    target = urllib.parse.urlparse(endpoint)
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            seen.append(Seen(self.command, self.path, headers, body))
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+            try:
+                conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                for name, value in self.headers.items():
+                    if name.lower() not in ("connection", "content-length"):
+                        conn.putheader(name, value)
+                conn.putheader("Content-Length", str(len(body)))
+                conn.endheaders(body)
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status, answer.reason)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("connection", "content-length", "transfer-encoding", "server", "date"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+            finally:
+                conn.close()
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        def log_message(self, format, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="recording-proxy",
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

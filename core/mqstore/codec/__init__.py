@@ -2,7 +2,8 @@
 
 The compiled codec is a set of Cython extension modules in this package (``_request``, ``_records``,
 ``_responses``, ``_scan``, ``_stamp``, ``_replay``; C helpers in ``_wire.pxd`` and ``_walk.pxd``, and the body
-CRC in ``_crc.h``: zlib's values, folded with PCLMULQDQ where the CPU has it, record.body_crc its reference), built
+CRC in ``_crc.h``: zlib's values, folded with PCLMULQDQ where the CPU has it, record.body_crc its reference; and
+CRC-64/NVME the same way, ``_records.crc64nvme``, mqstore.format.crc64 its reference), built
 by the package's own build (setup.py): Append from the request's wire bytes to encoded records (and
 CommitLogInternal's AppendBatches of NOT_TYPE messages, the gateway's delayed sends among them,
 ``_request.parse_internal_batches``: protobuf and convert.internal_messages_in are its reference; a delayed
@@ -83,7 +84,8 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                       f"with them (make setup) for the compiled codec")
     return types.SimpleNamespace(parse_append_request=_request.parse_request, WireMessages=_request.WireMessages,
                                  parse_internal_batches=_request.parse_internal_batches,
-                                 AppendEncoder=_records.AppendEncoder, timer_batch=_records.timer_batch,
+                                 AppendEncoder=_records.AppendEncoder, crc64nvme=_records.crc64nvme,
+                                 timer_batch=_records.timer_batch,
                                  timer_copies=_records.timer_copies, timer_copy=_records.timer_copy,
                                  timer_copy_run=_records.timer_copy_run,
                                  timer_noted_units=_records.timer_noted_units,

@@ -62,7 +62,7 @@ class TierConfig:
         "(at least 5 MiB, S3's smallest part; 4 parts in flight)")})
     # The upload quota (mqstore.tier.quota; Kafka's copy quota, KIP-956): the uploader sends at most this many bytes a
     # second, unless its lag needs more (the floor: lag / 60 s), so uploads never take more than a bounded share of
-    # the store's CPU and NIC from the appends (~1.7 CPU s per GB: 64 MiB/s is ~0.11 of a core) yet keep up.
+    # the store's CPU and NIC from the appends (~0.4-0.6 CPU s per GB: 64 MiB/s is ~0.04 of a core) yet keep up.
     tier_upload_max_bytes_per_second: int = dataclasses.field(default=64 << 20, metadata={"help": (
         "upload sealed files to --tier-url at most this many bytes a second (0 = no limit), unless the upload lag "
         "needs more: the rate is never below the lag over 60 s, so a log that grows faster than this is still "

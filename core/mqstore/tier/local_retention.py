@@ -22,11 +22,11 @@ A local segment goes only when, oldest first and never the last one:
     then start at the local log (Retention.correct_local_only), at every start too.
 
 Consume queue files (issue 36's whole topic; with ``reader``, the tier's reads): each pass then deletes, on every
-node, a queue's oldest local files (never its last) whose upload FINISHED with the file's bytes (SHA-256, once per
-upload: a topic created again under the same name, or a queue rebuilt with blanks, may hold another file at an
-uploaded base; it stays) (mqstore.tier.uploader uploads a sealed file once the segments its entries point into
-did) and whose last entry's record lies below the local log's start (so every record they point at is read
-from the tier anyway); their entries are then read from the tier (ConsumeQueue.remote,
+node, a queue's oldest local files (never its last) whose upload FINISHED with the file's bytes (its record's
+digest, once per upload: a topic created again under the same name, or a queue rebuilt with blanks, may hold
+another file at an uploaded base; it stays) (mqstore.tier.uploader uploads a sealed file once the segments its
+entries point into did) and whose last entry's record lies below the local log's start (so every record they
+point at is read from the tier anyway); their entries are then read from the tier (ConsumeQueue.remote,
 TierReader.read_queue_file) and the queue's minimum stays the total retention's. Their FINISHED records are kept
 readable as the segments' (re-appended below a deletion, the ledger's floor), as long as the file holds entries
 at or above its queue's minimum. At a start (:meth:`open`) every queue reaches down again
@@ -196,14 +196,15 @@ class LocalRetention(Duty):
                          local_min=local_min)
 
     def _same_bytes(self, file, upload, topic: str) -> bool:
-        """The local file is the uploaded one (SHA-256, once per upload): not a file of a topic created again under
-        the same name, or of a queue rebuilt with blanks, whose base an older upload holds; that file stays."""
+        """The local file is the uploaded one (its record's digest, once per upload): not a file of a topic created
+        again under the same name, or of a queue rebuilt with blanks, whose base an older upload holds; that file
+        stays."""
         # Once per upload and topic incarnation: a file of the topic created again under the name (at the base of
         # an upload of an unknown incarnation, a version 2 record) is hashed again, never taken as matched.
         matched = (upload.upload_id, self.store.topics.start_of(topic))
         if matched in self._matched:
             return True
-        if SealedSegment(file.start, file.size, lambda: b"", file.path).digest() != upload.digest:
+        if SealedSegment(file.start, file.size, lambda: b"", file.path).digest(upload.digest_kind) != upload.digest:
             log.warning("tier.queue_file_differs", path=str(file.path), key=upload.key,
                         why="the local file is not the uploaded one: it stays local")
             return False

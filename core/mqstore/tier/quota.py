@@ -1,7 +1,7 @@
 """The tier's upload quota (``--tier-upload-max-bytes-per-second``; Kafka's copy quota, KIP-956's
 ``remote.log.manager.copy.max.bytes.per.second``): the uploader's puts are paced so that the bytes it sends to the
-object store stay under a rate, which bounds what the uploads take from the appends (the store's CPU: ~1.7 s per
-GB; the NIC's bandwidth) whatever the lag.
+object store stay under a rate, which bounds what the uploads take from the appends (the store's CPU: ~0.4-0.6 s
+per GB; the NIC's bandwidth) whatever the lag.
 
 **Pacing.** The backends (mqstore.tier.s3, mqstore.tier.local) call :meth:`UploadQuota.take` before each chunk
 they send: an S3 part (``--tier-multipart-bytes``), a single PUT's whole object, a file:// copy's chunk. Chunk k

@@ -6,6 +6,7 @@ restart reads the ledger from the log, a node that does not lead uploads nothing
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import uuid
@@ -14,7 +15,7 @@ import pytest
 
 from mqstore import failpoints
 from mqstore.failpoints import FailpointHit
-from mqstore.format import tier_upload
+from mqstore.format import crc64, tier_upload
 from mqstore.format.tier_upload import DELETED, DISCARDED, FINISHED, STARTED, Upload
 from mqstore.model import MessageIn
 from mqstore.store import MessageStore
@@ -24,6 +25,7 @@ from mqstore.tier.sealed import sealed_segments
 from mqstore.tier.uploader import Uploader, object_key
 from mqstore.tier.urls import open_store
 from tests.conftest import golden_bytes
+from tests.support.crc64 import crc64nvme
 from tests.support.waiting import wait_until
 
 SEGMENT = 16 * 1024
@@ -50,6 +52,40 @@ def test_tier_upload_golden(request):
     deleted = tier_upload.encode(upload.but(DELETED))  # state 4, added deliberately: the rest is the golden's
     assert deleted[5] == 4 and deleted[:5] + deleted[6:] == data[:5] + data[6:]
     assert tier_upload.decode(deleted) == upload.but(DELETED)
+
+
+def test_a_record_with_a_crc64_digest_is_version_4_golden_and_what_does_not_decode(request):
+    """A STARTED record whose digest is the file's CRC-64/NVME (what the uploader writes with the compiled codec):
+    version 4, version 3's fields with the incarnation -1 for a commit log segment, the CRC big-endian in the
+    digest's first 8 bytes (24 zero bytes after), then the digest kind 2; a consume queue file's likewise with its
+    topic, queue and incarnation. A SHA-256 record is still version 1 (the golden above)."""
+    crc = (0xAE8B14860A799888).to_bytes(8, "big")
+    upload = dataclasses.replace(_upload(STARTED, base=1 << 30), digest=crc, digest_kind=tier_upload.CRC64NVME)
+    data = tier_upload.encode(upload)
+    assert data == golden_bytes("tier_upload_v4.bin", data, request)
+    v1 = tier_upload.encode(_upload(STARTED, base=1 << 30))
+    key_end = 80 + len(upload.key)
+    assert data[:6] == bytes.fromhex("4d5154550401")  # magic "MQTU", version 4, STARTED
+    assert data[6:38] == v1[6:38] and data[38:70] == crc + bytes(24) and data[70:key_end] == v1[70:]
+    assert data[key_end:] == bytes([tier_upload.COMMITLOG]) + bytes(4) + bytes(2) + (-1).to_bytes(8, "big",
+                                                                                                 signed=True) + b"\2"
+    assert tier_upload.decode(data) == upload and tier_upload.decode(tier_upload.encode(upload.but(FINISHED))) == \
+        upload.but(FINISHED)
+    queue_file = Upload(STARTED, upload.upload_id, 320, 320, crc, 3, "consumequeue/t/2/00000000000000000320/"
+                        + upload.upload_id.hex, tier_upload.CONSUME_QUEUE, "t", 2, 7 << 20, tier_upload.CRC64NVME)
+    queue_data = tier_upload.encode(queue_file)
+    assert queue_data == golden_bytes("tier_upload_queue_file_v4.bin", queue_data, request)
+    assert queue_data[4] == 4 and queue_data[-9:] == (7 << 20).to_bytes(8, "big") + b"\2"
+    assert tier_upload.decode(queue_data) == queue_file
+    padded = data[:69] + b"\1" + data[70:]  # a CRC's padding not zero
+    for bad in (data[:-1], data + b"x", data[:-1] + b"\3", data[:-1] + b"\0", padded,
+                data[:-9] + (0).to_bytes(8, "big") + b"\2"):  # a commit log segment with an incarnation
+        with pytest.raises(ValueError):
+            tier_upload.decode(bad)
+    for wrong in (dataclasses.replace(upload, digest=crc + b"\0"), dataclasses.replace(upload, digest_kind=3),
+                  dataclasses.replace(upload, digest=hashlib.sha256(b"x").digest())):
+        with pytest.raises(ValueError):
+            tier_upload.encode(wrong)
 
 
 def test_tier_upload_refuses_what_it_cannot_decode_or_encode():
@@ -207,6 +243,43 @@ def test_an_object_that_does_not_match_its_record_is_deleted_and_the_segment_red
     finished = uploader.ledger.snapshot()[0]
     assert uploader.ledger.states()[cut.upload_id] == DISCARDED and tier.size(cut.key) is None
     assert _objects(tier) == {finished[cut.segment_base].key: _segment_bytes(store, cut.segment_base)}
+
+
+@pytest.mark.parametrize("kind", [tier_upload.CRC64NVME, tier_upload.SHA256])
+def test_a_pending_attempt_is_resolved_by_its_records_digest_of_either_kind(rig, kind):
+    """The STARTED record holds the segment's CRC-64/NVME (the compiled codec's, version 4: the definition's value;
+    a SHA-256 on the pure-Python codec).
+    Pending attempts of either kind (an older node's records hold a SHA-256), each with an object of the recorded
+    size: the one whose object differs in one byte is DISCARDED and its object deleted, the one whose object reads
+    back with the record's digest is FINISHED."""
+    store, tier, uploader = rig()
+    _fill(store, 1)
+    failpoints.arm("tier.upload.started", "raise")
+    with pytest.raises(FailpointHit):
+        uploader.step()
+    (cut,) = uploader.ledger.snapshot()[1]
+    data = _segment_bytes(store, cut.segment_base)
+    if crc64.FAST:  # the compiled codec's CRC; on the pure-Python codec a SHA-256 (its CRC would be far slower)
+        assert cut.digest_kind == tier_upload.CRC64NVME and cut.digest == crc64nvme(data).to_bytes(8, "big")
+    else:
+        assert cut.digest_kind == tier_upload.SHA256 and cut.digest == hashlib.sha256(data).digest()
+    digest = crc64nvme(data).to_bytes(8, "big") if kind == tier_upload.CRC64NVME else hashlib.sha256(data).digest()
+    cut = dataclasses.replace(cut, upload_id=uuid.uuid4(), digest=digest, digest_kind=kind)
+    cut = dataclasses.replace(cut, key=object_key(cut.segment_base, cut.upload_id))
+    good = dataclasses.replace(cut, upload_id=uuid.uuid4())
+    good = dataclasses.replace(good, key=object_key(good.segment_base, good.upload_id))
+    uploader.ledger.record(cut)
+    uploader.ledger.record(good)
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 1
+    tier.put_if_absent(cut.key, bytes(flipped))  # the recorded size, one bit off
+    tier.put_if_absent(good.key, data)
+    failpoints.disarm_all()
+    uploader.step()
+    states = uploader.ledger.states()
+    assert states[cut.upload_id] == DISCARDED and tier.size(cut.key) is None
+    assert states[good.upload_id] == FINISHED and uploader.ledger.snapshot()[0][good.segment_base] == good.but(FINISHED)
+    assert _objects(tier) == {good.key: data}
 
 
 def test_orphans_are_swept_and_a_restart_reads_the_ledger_from_the_log(rig, small_config):
