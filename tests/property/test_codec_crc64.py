@@ -1,8 +1,8 @@
-"""The compiled CRC-64/NVME (mqstore/codec/_crc.h: folded with PCLMULQDQ where the CPU has it, eight bytes a step
-by tables otherwise and for the tail) against the definition (tests/support/crc64, bit-reflected table loop) and
-mqstore.format.crc64's Python reference: the same value for any bytes, any length (the fold takes 64 bytes and
-more, in 16-byte blocks), any alignment of the first byte and any split into pieces (a CRC continued from the
-previous piece's, as the uploader's read-back does), and S3's check value.
+"""The compiled CRC-64/NVME (mqstore/codec/_crc.h: folded with PCLMULQDQ where the CPU has it, eight bytes a step by
+tables otherwise and for the tail) against mqstore.format.crc64's Python reference (a bit-reflected table loop,
+which tests/support/crc64 also uses), anchored to the standard's check value: the same value for any bytes, any
+length (the fold takes 64 bytes and more, in 16-byte blocks), any alignment of the first byte and any split into
+pieces (a CRC continued from the previous piece's, as the uploader's read-back does), and S3's check value.
 
 The compiled module is imported directly, so this runs under MQSTORE_PURE_PYTHON=1 too.
 """
