@@ -462,8 +462,9 @@ def test_a_replicas_stream_runs_on_the_thread_that_reads_it_and_its_acks_reach_t
             assert acked == leader.end() > 0
             for _ in range(3):  # acks back to back: each sent once the one before has left (one send at a time)
                 stream.ack(Ack(acked, 0))
-            # the leader's, in this process: its handler pool, its loop's default executor (asyncio's name)
-            leaders = ("grpc-handler", "asyncio_")
+            # the leader's, in this process: its handler pool, its loop's default executor (uvloop's name; asyncio's
+            # with MQSTORE_EVENT_LOOP=asyncio)
+            leaders = ("grpc-handler", "uvloop_", "asyncio_")
             started_here = [t.name for t in set(threading.enumerate()) - before if not t.name.startswith(leaders)]
             assert started_here == ["replication-watchdog"]
             wait_until(lambda: [(r.replica_id, r.written_offset) for r in leader.state().replicas] == [("w", acked)],

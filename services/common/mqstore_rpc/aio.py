@@ -11,7 +11,8 @@ the measurement that made it the only kind of port.
   what                       how
   -------------------------  ------------------------------------------------------------------------------
   the server                 ``grpc.aio.server`` on an event loop of its own, run by the thread
-                             ``grpc-aio-loop`` (:class:`LoopThread`); start and stop are that loop's
+                             ``grpc-aio-loop`` (:class:`LoopThread`); start and stop are that loop's. The
+                             loop is uvloop's (``MQSTORE_EVENT_LOOP=asyncio``: asyncio's standard one)
   async handlers             run on the loop: an ``async def`` unary call, or an ``async def`` generator of
                              a stream's responses. A handler must not block the loop: what may wait (an
                              fsync, another service, a read of the tier) it runs off the loop
@@ -48,6 +49,7 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
+import os
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence, TypeVar
 
@@ -62,11 +64,28 @@ T = TypeVar("T")
 log = structlog.get_logger("mqstore_rpc.aio")
 
 
+EVENT_LOOP_ENV = "MQSTORE_EVENT_LOOP"
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop for a port: uvloop's (its loop and handles in C: grpc.aio's ~17 callbacks and 3 tasks
+    a unary call cost less there; bench/README.md, *The ports' loop: uvloop*), or asyncio's standard one when
+    ``MQSTORE_EVENT_LOOP=asyncio``. Any other value is refused (ValueError naming the variable)."""
+    kind = os.environ.get(EVENT_LOOP_ENV, "uvloop").strip().lower() or "uvloop"
+    if kind == "asyncio":
+        return asyncio.new_event_loop()
+    if kind != "uvloop":
+        raise ValueError(f"{EVENT_LOOP_ENV}={kind!r}: expected 'uvloop' (the default) or 'asyncio'")
+    import uvloop
+
+    return uvloop.new_event_loop()
+
+
 class LoopThread:
-    """An event loop run by a daemon thread of its own, until :meth:`close`."""
+    """An event loop (:func:`new_event_loop`) run by a daemon thread of its own, until :meth:`close`."""
 
     def __init__(self, name: str = "grpc-aio-loop"):
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(target=profiling.run, args=(self.loop.run_forever,), name=name, daemon=True)
         self._thread.start()
 
