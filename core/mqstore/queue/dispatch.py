@@ -60,6 +60,11 @@ class QueueTable:
         cq = self.queues.get((topic, queue_id))
         if cq is not None:
             return cq
+        if not topic or topic in (".", "..") or "/" in topic or "\x00" in topic:
+            # Every topic was checked when its first record was appended (mqstore.topics), so a record naming one
+            # of these was damaged after: never a directory (a NUL fails, "../x" would be outside the table).
+            raise DataLoss(f"a record names the topic {topic!r}, which no topic can be a directory of: the stored "
+                           f"bytes are damaged")
         with self._lock:
             cq = self.queues.get((topic, queue_id))
             if cq is None:

@@ -137,3 +137,20 @@ def test_tail_can_start_at_a_record_damaged_since_a_reader_stopped_there(store):
     assert frames[-1].next_physical_offset == store.visible_offset()
     with pytest.raises(InvalidArgument):  # still: an offset inside a record is refused
         _tail_all(store, TAIL_AT_OFFSET, results[1].physical_offset + 10)
+
+
+@pytest.mark.parametrize("topic", ["a\x00b", "..", ".", "../outside", "a/b", ""])
+def test_a_queue_of_a_topic_no_directory_can_be_is_data_loss_and_makes_nothing(tmp_path, topic):
+    """A replay that reads a damaged record's topic as one that was never appendable (a NUL byte, a path) stops with
+    DataLoss naming it, not with the file system's ValueError, and makes no directory: "../outside" would be one
+    beside the table's."""
+    from mqstore.queue.dispatch import QueueTable
+    root = tmp_path / "consumequeue"
+    root.mkdir()
+    table = QueueTable(root, 16)
+    with pytest.raises(DataLoss, match="damaged"):
+        table.get_or_create(topic, 0)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["consumequeue"]
+    assert table.queues == {}
+    table.get_or_create("fine", 0)  # the table keeps working
+    assert (root / "fine" / "0").is_dir()
