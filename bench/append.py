@@ -47,6 +47,10 @@ TARGET_PAIRS = {("unary-100", 16): (("ASYNC", "noop"), ("ASYNC", "redis-everysec
                 ("unary-100", 32): (("SYNC", "redis-always"),),
                 ("unary-1", 8): (("ASYNC", "noop"),)}
 TARGET_CONFIGURATIONS = set(TARGET_PAIRS)
+# The no-op server of the kind before (every handler in the handler pool, a loop -> thread -> loop hand-off a
+# call), measured beside "noop" in the target configurations only: the figures reported before it was the
+# comparison point, for continuity (bench/README.md, *The no-op server's kind*). No target names it.
+NOOP_POOL = "noop-pool"
 SETTLED = 0.10
 _MEDIANS = ("msgs_per_s", "p50_ms", "p99_ms", "mean_ms", "client_cores")  # and server CPU per message
 _SUMS = ("calls", "errors", "durability_checked")
@@ -153,9 +157,15 @@ def configurations() -> list[tuple[str, int]]:
 
 
 def start_servers(work: pathlib.Path, codecs: tuple[str, ...]) -> dict[str, GrpcServer]:
-    """The no-op server and mqstore ASYNC and SYNC on each codec: "ASYNC" / "SYNC" compiled,
-    "ASYNC-py" / "SYNC-py" pure Python (MQSTORE_PURE_PYTHON=1)."""
-    servers = {"noop": GrpcServer.noop(work).start()}
+    """The no-op servers and mqstore ASYNC and SYNC on each codec: "ASYNC" / "SYNC" compiled,
+    "ASYNC-py" / "SYNC-py" pure Python (MQSTORE_PURE_PYTHON=1). "noop" is the comparison point: the same kind of
+    server as the CommitLog port (noop_server.py's loop flavour: Append answered on the port's loop); "noop-pool"
+    answers Append in the handler pool, as the comparison point did before (NOOP_POOL: the target configurations
+    only, for continuity)."""
+    servers = {"noop": GrpcServer.noop(work, flavour="loop"),
+               NOOP_POOL: GrpcServer.noop(work, "noop-pool.log", flavour="sync", name=NOOP_POOL)}
+    for server in servers.values():
+        server.start()
     for codec in codecs:
         suffix = PY_SUFFIX if codec == CODEC_PYTHON else ""
         for mode in ("ASYNC", "SYNC"):
@@ -180,8 +190,8 @@ def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: 
     servers = start_servers(work, codecs)
     redis: dict[str, RedisServer] = {}
     try:
-        for key, server in servers.items():
-            if key != "noop":
+        for server in servers.values():
+            if server.data_dir is not None:  # a mqstore server
                 create_topic(server.target)
         if redis_note is not None:
             redis = {"everysec": RedisServer(work, "everysec").start(), "always": RedisServer(work, "always").start()}
@@ -197,7 +207,8 @@ def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: 
                     and unsettled(ours | {f"redis-{f}": r for f, r in theirs.items()}, TARGET_PAIRS[shape, producers])):
                 tag = (f" round {round_ + 1}/{rounds}" if round_ < rounds else f" round {round_ + 1} (unsettled)") \
                     if rounds > 1 else ""
-                keys = [key for key in servers if not (round_ and key.endswith(PY_SUFFIX))]
+                keys = [key for key in servers if not (round_ and key.endswith(PY_SUFFIX))
+                        and (target or key != NOOP_POOL)]
                 fsyncs = list(redis) if shape == "unary-100" else []
                 for side, name in round_order(keys, fsyncs, round_):
                     if side == "redis":
@@ -207,7 +218,7 @@ def run(work: pathlib.Path, timing: dict, redis_note: str | None, client_procs: 
                     ours[name].append(measure(servers[name], shape, producers, timing, client_procs))
                     log("append", f"{name:8} {shape:14} {producers:2}p{tag}", ours[name][-1])
                     keep_within_budget({name: servers[name]}, log)
-            runs += [dict(merge_rounds(results), mode=key) for key, results in ours.items()]
+            runs += [dict(merge_rounds(results), mode=key) for key, results in ours.items() if results]
             redis_runs += [dict(merge_rounds(results), fsync=fsync, producers=producers)
                            for fsync, results in theirs.items() if results]
         memory = {key: server.memory_kib() for key, server in servers.items()}

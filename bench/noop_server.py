@@ -22,7 +22,14 @@ SIGTERM / SIGINT.
 
   flavour     server
   ----------- ------------------------------------------------------------------------------------------
-  sync        mqstore_rpc.server as every service builds it (thread pool, metrics + error interceptors)
+  loop        mqstore_rpc.server as every service builds it (grpc.aio on a uvloop loop of its own, one generic
+              handler, metrics + error interceptors), with Append and GetStoreInfo coroutines answered on the
+              loop as the CommitLog's are, AppendStream and Pull in the handler pool: the same kind of server
+              as the CommitLog port, so the floor its Append could reach with the same gRPC stack (the append
+              group's comparison point, bench/README.md *The no-op server's kind*)
+  sync        the same server with every handler synchronous, so run in the handler pool (a hand-off from the
+              loop to a pool thread and back a call): the append group's comparison point before the loop
+              flavour (it was a grpc.server with a thread pool when the ports were), kept beside it
   sync-bare   the same grpc.server, thread pool and options without interceptors (what they cost a call)
   aio         grpc.aio.server, the same options, handlers as coroutines on one event loop, no interceptors
 """
@@ -98,6 +105,18 @@ def _stored_message(body_bytes: int = 1024) -> common_pb2.StoredMessage:
         body_crc=123_456_789)
 
 
+class LoopNoopCommitLog(NoopCommitLog):
+    """NoopCommitLog whose Append and GetStoreInfo are coroutines: mqstore_rpc.server answers them on the port's
+    loop, as it does the CommitLog's (commitlog_service.servicer); AppendStream and Pull stay synchronous (the
+    handler pool), as the CommitLog's AppendStream and its Pull of an older segment are."""
+
+    async def Append(self, request, context):
+        return commitlog_pb2.AppendResponse(results=[_RESULT] * len(request.messages))
+
+    async def GetStoreInfo(self, request, context):
+        return commitlog_pb2.StoreInfo(flush_mode="NOOP")
+
+
 class AioNoopCommitLog(commitlog_pb2_grpc.CommitLogServicer):
     """The same answers as NoopCommitLog from coroutines (grpc.aio)."""
 
@@ -120,7 +139,7 @@ class AioNoopCommitLog(commitlog_pb2_grpc.CommitLogServicer):
         return commitlog_pb2.StoreInfo(flush_mode="NOOP")
 
 
-FLAVOURS = ("sync", "sync-bare", "aio")
+FLAVOURS = ("loop", "sync", "sync-bare", "aio")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.flavour == "sync-bare":
         return _serve_sync_bare(args.port)
     server = create_server(ServerConfig(host="127.0.0.1", port=args.port, **running))
-    commitlog_pb2_grpc.add_CommitLogServicer_to_server(NoopCommitLog(args.burn_us), server.grpc_server)
+    servicer = LoopNoopCommitLog() if args.flavour == "loop" else NoopCommitLog(args.burn_us)
+    commitlog_pb2_grpc.add_CommitLogServicer_to_server(servicer, server.grpc_server)
     server.add_service_names([commitlog_pb2.DESCRIPTOR.services_by_name["CommitLog"].full_name])
     server.start()
     server.mark_serving()

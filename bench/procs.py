@@ -176,8 +176,10 @@ class GrpcServer:
         return server
 
     @classmethod
-    def noop(cls, log_dir: pathlib.Path, log_name: str = "noop.log"):
-        return cls("noop", [PYTHON, str(BENCH_DIR / "noop_server.py"), "--port", "0"], log_dir / log_name)
+    def noop(cls, log_dir: pathlib.Path, log_name: str = "noop.log", flavour: str = "", name: str = "noop"):
+        """``flavour``: noop_server.py's --flavour ("" its default: every handler in the handler pool)."""
+        return cls(name, [PYTHON, str(BENCH_DIR / "noop_server.py"), "--port", "0",
+                          *(("--flavour", flavour) if flavour else ())], log_dir / log_name)
 
     def start_timed(self, port: int, timeout_s: float) -> float:
         """Start on a known ``port`` and return the seconds from spawn until gRPC health says SERVING."""

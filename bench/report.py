@@ -11,7 +11,7 @@ import json
 import pathlib
 
 import diskuse
-from append import SHAPES
+from append import NOOP_POOL, SHAPES
 from procs import PY_SUFFIX
 
 MiB = 1 << 20
@@ -50,7 +50,7 @@ def codec_rows(append: dict) -> list[dict]:
     rows = []
     for r in append["runs"]:
         python = _find(append["runs"], r["mode"] + PY_SUFFIX, r["shape"], r["producers"])
-        if r["mode"] == "noop" or r["mode"].endswith(PY_SUFFIX) or python is None:
+        if r["mode"] in ("noop", NOOP_POOL) or r["mode"].endswith(PY_SUFFIX) or python is None:
             continue
         rows.append(_row("codec", _append_label(r["mode"], r["shape"], r["producers"]), r["msgs_per_s"], "msgs/s",
                          "the same on the pure-Python codec (MQSTORE_PURE_PYTHON=1)", python["msgs_per_s"],
@@ -74,8 +74,14 @@ def cpu_rows(append: dict) -> list[dict]:
 def append_rows(append: dict) -> list[dict]:
     rows = []
     for r in append["runs"]:
-        if r["mode"] == "noop":
+        if r["mode"] in ("noop", NOOP_POOL):
             continue
+        pool = _find(append["runs"], NOOP_POOL, r["shape"], r["producers"])
+        if pool is not None and not r["mode"].endswith(PY_SUFFIX):
+            rows.append(_row("noop-pool", _append_label(r["mode"], r["shape"], r["producers"], r), r["msgs_per_s"],
+                             "msgs/s", "no-op server answering Append in the handler pool (the comparison point "
+                             "before)", pool["msgs_per_s"], server_cpu_us_per_msg=_cpu_per_msg(r),
+                             comparison_server_cpu_us_per_msg=_cpu_per_msg(pool)))
         noop = _find(append["runs"], "noop", r["shape"], r["producers"])
         rows.append(_row("append", _append_label(r["mode"], r["shape"], r["producers"], r), r["msgs_per_s"], "msgs/s",
                          "no-op gRPC server, same calls", noop and noop["msgs_per_s"],
@@ -223,6 +229,8 @@ SECTIONS = [("targets", "Targets"), ("append", "Append vs the no-op gRPC server 
             ("redis", "Append vs Redis Streams (redis-benchmark, XADD 1 KiB, pipeline 100)"),
             ("codec", "Compiled codec vs the pure-Python codec (mqstore.codec; same configuration, same run)"),
             ("cpu", "Server CPU per appended message"),
+            ("noop-pool", "Append vs the no-op server of the kind before (Append in the handler pool; no target: "
+                          "bench/README.md, *The no-op server's kind*)"),
             ("read", "Pull and Tail"), ("recovery", "Recovery after kill -9"), ("memory", "Server memory")]
 
 
