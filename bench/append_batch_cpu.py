@@ -31,7 +31,7 @@ import time
 import grpc
 
 import structlog
-from mqstore import codec
+from mqstore import codec, waits
 from mqstore.config import StoreConfig
 from mqstore.store_parts import build_store
 from mqstore.timer.config import TimerConfig
@@ -54,16 +54,22 @@ class _Context:
 
 
 def append_handler(scheduler: Scheduler):
-    """The servicer's Append as the error interceptor wraps it (mqstore_rpc.errors.wrap_handler)."""
+    """The servicer's Append as the error interceptor wraps it (mqstore_rpc.errors.wrap_handler), a coroutine as on
+    the port, run to its end here by mqstore.waits.blocking (an ASYNC append never suspends: as on the loop, one
+    step)."""
     @wire_codec(append_wire.parse_request)
-    def append(request, context):  # CommitLogServicer.Append's body
-        results = scheduler.append(request.topic, append_wire.messages(request, context.peer()),
-                                   replication=append_wire.replication(request))
+    async def append(request, context):  # CommitLogServicer.Append's body
+        results = await scheduler.append_async(request.topic, append_wire.messages(request, context.peer()),
+                                               replication=append_wire.replication(request))
         return append_wire.append_response((results,))
     method = "/mqstore.v1.CommitLog/Append"
     plain = grpc.unary_unary_rpc_method_handler(append, request_deserializer=commitlog_pb2.AppendRequest.FromString,
                                                 response_serializer=commitlog_pb2.AppendResponse.SerializeToString)
-    return wrap_handler(plain, method).unary_unary
+    wrapped = wrap_handler(plain, method).unary_unary
+
+    def call(raw: bytes, context):
+        return waits.blocking(wrapped(raw, context))
+    return call
 
 
 def _cpu_per_batch(call, raw: bytes, batches: int) -> float:
