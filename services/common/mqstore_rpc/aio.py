@@ -209,7 +209,7 @@ def _in_pool(behavior: Callable, pool: concurrent.futures.Executor, request_stre
 
 def at_once_when(check: str) -> Callable[[Callable], Callable]:
     """Mark a synchronous unary servicer method that the port runs on the loop when its servicer's method
-    ``check(request)`` says this call cannot block (what the store says: MessageStore.pull_at_once, a read of the
+    ``check(request)`` says this call cannot block (what mqstore.hot_reads says: pull_at_once, a read of the
     hot local log), and in the handler pool otherwise, as an unmarked one. ``check`` is looked up on the bound
     method's servicer (a handler that is no bound method runs in the pool) and runs on the loop: it must not
     block either."""
