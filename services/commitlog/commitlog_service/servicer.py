@@ -11,7 +11,8 @@ and in the handler pool otherwise (an older segment, the tier, a long poll that 
 in the handler pool (mqstore_rpc.aio). bench/README.md, *Append on the event loop* and *Reads on the loop*, has
 the figures.
 
-Thread-safe: holds no state of its own beyond the store, which is thread-safe.
+Thread-safe: holds no state of its own beyond the store, which is thread-safe, and GetStoreInfo's last answer
+(set and read on the loop only).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mqstore import filters, hot_reads, store_offsets, tailing
 from mqstore.access import SERVICE_USER
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format import record
+from mqstore.model import StoreInfo
 from mqstore.store import MessageStore
 from mqstore.stream_appends import StreamAppends
 from mqstore.timer.scheduling import Scheduler
@@ -43,6 +45,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         self._store = store
         self._auth = auth
         self._scheduler = scheduler
+        self._store_info: tuple[StoreInfo, bytes] | None = None  # GetStoreInfo's last answer, on the loop only
 
     def _durable_hold(self, context) -> bool:
         """Whether a Tail's retention hold outlives its stream for retention_hold_max_ms (mqstore.retention_holds):
@@ -201,11 +204,18 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         offset = store_offsets.query_offset(self._store, request.group, request.topic, request.queue_id)
         return commitlog_pb2.QueryOffsetResponse(offset=offset)
 
+    @wire_codec(commitlog_pb2.GetStoreInfoRequest.FromString)
     async def GetStoreInfo(self, request, context):
         """Answered on the loop: every figure is the store's in memory (no file read, no lock held long), so the
         hop to the handler pool and back would cost more than the answer (bench/README.md, *One concurrency
-        model*). Pull and GetMessage(s) are too when their records are in the hot local log (above)."""
-        return convert.store_info(self._store.store_info())
+        model*). Pull and GetMessage(s) are too when their records are in the hot local log (above). The answer's
+        bytes are made once per change of the figures and sent again while they stay (a poller's calls, or
+        several between two appends: bench/README.md, *GetStoreInfo's layer*)."""
+        info = self._store.store_info()
+        answered = self._store_info
+        if answered is None or answered[0] != info:
+            answered = self._store_info = (info, convert.store_info(info).SerializeToString())
+        return answered[1]
 
     def RecallTimer(self, request, context):
         return commitlog_pb2.RecallTimerResponse(deliver_at_ms=self._scheduler.recall(request.topic, request.msg_id))
