@@ -82,6 +82,7 @@ LAYERS = {
     "mqstore.tier": FEATURE,          # the object storage tier: object stores, the uploads' ledger, the uploader
     "mqstore.follow": FEATURE,        # the Tail follower of the services derived from the log
     "mqstore.tailing": FEATURE,       # Tail streams of the log, read through the store
+    "mqstore.hot_reads": FEATURE,     # which reads of the store an event loop may run (the CommitLog port)
     "mqstore.store_offsets": FEATURE,  # CommitOffset, QueryOffset and the SQL offsets' import, through the store
     "mqstore.relayed": FEATURE,       # the gateway's rules as a system writer
     "mqstore.system_writers": FEATURE,  # the composition of every system writer's rules

@@ -21,7 +21,8 @@ offers them two hooks and knows neither: :meth:`MessageStore.on_start` (a step a
 the deletes a crash cut short are resumed) and :meth:`MessageStore.dispatch_through` (the write path's
 dispatch: a replica's copied records before its own appends). Tail streams of the log are not the store's:
 mqstore.tailing reads them through it; nor are CommitOffset, QueryOffset and the import of an earlier
-version's SQL offsets at start: mqstore.store_offsets, through the offsets map (mqstore.consumer_offsets).
+version's SQL offsets at start: mqstore.store_offsets, through the offsets map (mqstore.consumer_offsets); nor
+is the rule for which reads an event loop may run: mqstore.hot_reads.
 
 On a full disk the store is read-only (mqstore.store_space): appends, CreateTopic, UpdateTopic and
 CommitOffset get ResourceExhausted, reads go on; a checkpoint that does not fit is skipped and the abort
@@ -44,7 +45,7 @@ from mqstore import codec, failpoints, fs, limits, waits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock, SystemClock
 from mqstore.config import FLUSH_SYNC, StoreConfig
-from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, MqStoreError, NotFound, OutOfRange,
+from mqstore.errors import (DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
                             ResourceExhausted, Unavailable, invariant, shown)
 from mqstore.consumer_offsets import ConsumerOffsets
 from mqstore.format import checkpoint as cpfmt, offset_commit, record, record_reader, tier_upload, topic_event
@@ -76,7 +77,8 @@ log = structlog.get_logger()
 MAX_PULL_MESSAGES = 10_000
 MAX_PULL_BYTES = 8 << 20
 MAX_LONG_POLL_MS = 30_000
-AT_ONCE_PULL_MESSAGES = 256  # the most messages of a Pull that an event loop may answer (pull_at_once)
+
+
 def _open_sql_catalog(url: str, clock: Clock) -> MetadataStore:
     if is_etcd_url(url):  # the etcd catalog's client speaks gRPC, which core does not import
         raise InvalidArgument(f"metadata URL {url}: an etcd catalog is opened by the CommitLog service "
@@ -511,38 +513,6 @@ class MessageStore:
         if cq is None or offset >= cq.max_offset:
             return result([], offset, lo, cq.max_offset if cq else hi)
         return read(cq, offset, max_messages, max_bytes, tags, self.encoder.tag_code, read_at, selector)
-
-    def pull_at_once(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, filtered: bool = False,
-                     long_poll_ms: int = 0) -> bool:
-        """Whether :meth:`pull_raw` (or :meth:`pull`) of these answers without blocking its thread or working long,
-        so that an event loop may run it (the CommitLog's gRPC port; anything else runs in its handler pool): no
-        long poll that must wait (a record at ``offset`` already, or no long poll asked), no tag or SQL92 filter
-        (``filtered``: a filter may walk the queue far past ``offset``), at most :data:`AT_ONCE_PULL_MESSAGES`
-        messages, and the queue's entries and the records from ``offset`` in the hot local files (the last
-        written: ConsumeQueue.is_hot, CommitLog.is_hot), so that no file is read cold and no read goes to the
-        tier. A pull refused before any read (no such topic or queue, an offset outside the queue) answers at
-        once too."""
-        if filtered or not 0 <= max_messages <= AT_ONCE_PULL_MESSAGES or long_poll_ms < 0:
-            return False
-        try:
-            _, cq = self._queue(topic, queue_id)
-        except MqStoreError:
-            return True  # refused before any read
-        lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
-        if offset < lo or offset > hi:
-            return True  # OutOfRange
-        if offset == hi:
-            return long_poll_ms == 0  # nothing to read: answered at once, unless it waits for the next record
-        try:
-            return cq.is_hot(offset) and self.commitlog.is_hot(cq.entry(offset)[0])
-        except MqStoreError:  # the queue changed under the look (retention): the read decides, on a thread
-            return False
-
-    def records_at_once(self, physical_offsets: Sequence[int]) -> bool:
-        """Whether :meth:`get_message_raw` (or :meth:`get_message`) of each of ``physical_offsets`` reads only the
-        hot local log (CommitLog.is_hot: no cold file, no tier), so that an event loop may run it."""
-        is_hot = self.commitlog.is_hot
-        return all(is_hot(offset) for offset in physical_offsets)
 
     def wait_for_messages(self, ready: Callable[[], bool], wait_ms: int) -> bool:
         """Wait up to ``wait_ms`` until ``ready()`` (checked on every dispatch of new records), as a Pull's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
 import pathlib
@@ -13,12 +14,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from commitlog_service import read_wire
 from commitlog_service.main import CommitLogConfig, serving
+from commitlog_service.servicer import CommitLogServicer
 from mqstore.config import StoreConfig
 from mqstore.format import record, record_reader
 from mqstore.format.record_reader import Record
+from mqstore.model import MessageIn
+from mqstore.store_parts import build_store
+from mqstore_rpc import convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.server import ServerConfig
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -357,6 +363,45 @@ def test_store_info(stub, server):
     assert (info.flush_mode, info.read_only, info.read_only_reason) == ("ASYNC", False, "")
     assert info.segment_count >= 1  # the segment warmer may have created the next one already
     assert (info.segment_size_bytes, info.store_host) == (SEGMENT_BYTES, f"127.0.0.1:{port}")
+    assert stub.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S) == info  # nothing changed
+    more = append(stub, "i", [msg(b"y")])  # the answer made once per change is made again
+    grown = stub.GetStoreInfo(pb.GetStoreInfoRequest(), timeout=RPC_TIMEOUT_S)
+    assert grown.max_physical_offset == more[-1].physical_offset + more[-1].size_bytes > end
+
+
+def test_store_info_answers_are_made_once_per_change_of_the_figures(small_config):
+    """GetStoreInfo's bytes are reused while the store's figures stay, made again when one changes. (The segment
+    warmer may add a segment at any time: a look counts when the figures were the same before and after it.)"""
+    store = build_store(small_config())
+    store.start()
+    try:
+        servicer = CommitLogServicer(store, scheduler=None)
+        request = pb.GetStoreInfoRequest()
+
+        def steady() -> tuple[bytes, bytes]:
+            """Two answers in a row, and the store's figures the same before, between and after them."""
+            looks: list[tuple[bytes, bytes]] = []
+
+            def look() -> bool:
+                before = store.store_info()
+                one = asyncio.run(servicer.GetStoreInfo(request, None))
+                two = asyncio.run(servicer.GetStoreInfo(request, None))
+                if store.store_info() != before:
+                    return False
+                assert pb.StoreInfo.FromString(one) == convert.store_info(before)
+                looks.append((one, two))
+                return True
+            wait_until(look, "the store's figures steady over two GetStoreInfo answers")
+            return looks[-1]
+        first, again = steady()
+        assert again is first  # the same figures: the same bytes, not made again
+        store.topic_admin.create("t", 1)
+        store.append("t", [MessageIn(body=b"x")])
+        wait_until(lambda: store.visible_offset() >= store.log_end(), "the record visible")
+        grown, _ = steady()
+        assert grown is not first and pb.StoreInfo.FromString(grown).max_physical_offset == store.log_end() > 0
+    finally:
+        store.stop()
 
 
 def test_sync_flush_mode_acknowledges_flushed(tmp_path):

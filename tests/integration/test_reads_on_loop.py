@@ -1,4 +1,4 @@
-"""Which of the CommitLog port's reads run on its event loop (MessageStore.pull_at_once and records_at_once,
+"""Which of the CommitLog port's reads run on its event loop (mqstore.hot_reads: pull_at_once and records_at_once,
 mqstore_rpc.aio.at_once_when): a Pull, GetMessage or GetMessages of the hot local log (its last two segments, the
 queue's last two files) is answered on the loop; one of an older segment, one only in the tier, a long poll that
 waits and a filtered Pull run in the handler pool, and a tier read that hangs holds a pool thread, not the loop:
@@ -12,6 +12,7 @@ import threading
 import grpc
 import pytest
 
+from mqstore.hot_reads import pull_at_once, records_at_once
 from mqstore.model import MessageIn
 from mqstore.store_parts import build_store
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc
@@ -90,8 +91,8 @@ def test_reads_of_the_hot_log_are_answered_on_the_loop_and_the_others_in_the_poo
         assert [m.body for m in answer.messages] == rig.bodies[:4] and threads and LOOP not in threads
         answer, threads = rig.read_on(lambda: _pull(stub, hot, tags=["a"]))  # filtered
         assert len(answer.messages) == 4 and threads and LOOP not in threads
-        assert rig.store.pull_at_once("t", 0, hot) and not rig.store.pull_at_once("t", 0, 0)
-        assert not rig.store.pull_at_once("t", 0, hot, max_messages=10_000)  # too long a walk for the loop
+        assert pull_at_once(rig.store, "t", 0, hot) and not pull_at_once(rig.store, "t", 0, 0)
+        assert not pull_at_once(rig.store, "t", 0, hot, max_messages=10_000)  # too long a walk for the loop
 
         first = _pull(stub, 0).messages[0].physical_offset
         last = _pull(stub, end - 1).messages[0].physical_offset
@@ -118,7 +119,7 @@ def test_reads_of_the_hot_log_are_answered_on_the_loop_and_the_others_in_the_poo
             parked.set()  # (just before it parks: a record appended from now on is seen, before or after)
             return real_wait(*args, **kwargs)
         long_polls.wait = wait
-        assert not rig.store.pull_at_once("t", 0, end, long_poll_ms=1)
+        assert not pull_at_once(rig.store, "t", 0, end, long_poll_ms=1)
         waiting = stub.Pull.future(pb.PullRequest(topic="t", queue_id=0, offset=end, long_poll_ms=int(WAIT_S * 1000)),
                                    timeout=WAIT_S)
         assert parked.wait(WAIT_S)
@@ -157,7 +158,7 @@ def test_a_read_of_the_tier_runs_in_the_pool_and_one_that_hangs_does_not_hold_th
         finally:
             release.set()
         assert [m.body for m in hung.result(WAIT_S).messages] == rig.bodies[:2]
-        assert not store.pull_at_once("t", 0, 0) and not store.records_at_once((0,))
+        assert not pull_at_once(store, "t", 0, 0) and not records_at_once(store, (0,))
         # The second segment is now the first local one: with the tier on, local retention may delete it under a
         # read, so it is not hot even when it is one of the last two
         assert store.commitlog.is_hot(store.segments.segments[-1].start)

@@ -251,7 +251,7 @@ class CommitLog:
         the first local segment while the tier serves reads below the log (its local retention may delete that
         segment under a read, which then goes to the tier). Such a read opens no file and reads no tier: every
         local segment is mapped (mqstore.log.segment), and these were written last (their pages are the page
-        cache's as a rule). An event loop may run it (MessageStore.pull_at_once)."""
+        cache's as a rule). An event loop may run it (mqstore.hot_reads)."""
         start = self.segments.hot_start(self.written_offset, HOT_SEGMENTS, spare_first=self.remote is not None)
         return start is not None and physical_offset >= start
 

@@ -40,8 +40,6 @@ class TxnConfig:
     max_transact_streams: int = 64          # Transact streams open at once (each holds a server thread)
     check_answer_workers: int = 8           # check answers applied concurrently...
     check_answer_queue: int = 1000          # ...and queued beyond those (then the stream waits)
-    one_way_workers: int = 8                # one-way Commit/Rollback frames applied concurrently...
-    one_way_queue: int = 1000               # ...and queued beyond those (then the stream waits)
     metadata_url: str = ""                  # audit trail database; "" = SQLite in data_dir
     audit_wait_timeout_ms: int = 5000       # a ForceResolve waits at most this for the audit database
 
@@ -51,7 +49,7 @@ class TxnConfig:
                      "append_max_messages", "append_max_bytes", "checkpoint_interval_ms", "resolved_keep",
                      "max_open_transactions", "in_doubt_settle_ms", "max_check_streams", "max_transact_streams",
                      "check_answer_workers",
-                     "check_answer_queue", "one_way_workers", "one_way_queue", "audit_wait_timeout_ms"):
+                     "check_answer_queue", "audit_wait_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
         if not 0 <= self.follow_linger_ms <= 1000:

@@ -186,7 +186,7 @@ class StreamEnds:
     """One Transact stream's frames' places and its one-way and carried ends: on the loop, applied at once
     (Local mode), or started and waited for by :meth:`settle` (``io.overlaps``, Cluster mode; a stream that
     ends early leaves them to finish on their own); those of a frame placed on a thread applied there
-    (TransactStreams.submit_one_way), in one hand-off. Used by its stream's coroutine only."""
+    (TransactStreams.end_one_way), in one hand-off. Used by its stream's coroutine only."""
 
     __slots__ = ("_streams", "_io", "_frame_on_loop", "_pending")
 
@@ -234,9 +234,9 @@ class StreamEnds:
         return functools.partial(self._streams.coordinator.check_end, txn_id, expected, permit)
 
     def _submit(self, guarded: list[tuple[str, str, Callable[[], None]]]) -> None:
-        """On a thread: each end as TransactStreams.submit_one_way, in order."""
+        """On a thread: each end as TransactStreams.end_one_way, in order, before the frame's own call."""
         for txn_id, decision, guard in guarded:
-            self._streams.submit_one_way(txn_id, decision, guard=guard)
+            self._streams.end_one_way(txn_id, decision, guard=guard)
 
     async def answered(self, answering: bool) -> None:
         """After a frame: the outstanding ends are waited for before its answer (``answering``), or once

@@ -8,30 +8,24 @@ and the server a gRPC call per step, nothing else changes. This module keeps wha
   ------------------------------------- -------------------------------------------------------------------
   open streams                          at most ``max_streams`` (each holds a server thread):
                                         more get RESOURCE_EXHAUSTED when they open
-  a one-way Commit or Rollback          its guard (the caller's permission) runs on the stream's thread; then
-                                        it is handed to a worker (Workers ``txn-one-way``) and the stream
-                                        goes on with its next frame at once, as RocketMQ's broker does with
-                                        EndTransaction. With ``inline`` (Local mode, where the log is in
-                                        this process and an append costs no round trip) it is applied on
-                                        the stream's thread before the next frame is read: a hand-off
-                                        between threads costs more than the append it would overlap (bench/
-                                        txn.py, Local mode, 8 producers: 1.80x the CPU of a plain Append
-                                        against 2.04x with workers). On a grpc.aio port's event loop
-                                        (:meth:`end_one_way_async`) it is a coroutine of the stream, which
-                                        (Cluster mode) overlaps the next frame and is waited for before
-                                        that frame's answer. Either way it is applied as the two-way
-                                        call would be (by "producer (one-way)"); nobody waits for it, so a
-                                        rollback does not wait for its OP record, nor the refusal of a
-                                        Commit of a rolled-back transaction for that one's. A failure (the guard's, the
-                                        call's, or no room for it: every worker busy and the queue full for
-                                        ``queue_wait_s``, or stopping) is logged (txn.one_way_failed) and
-                                        counted, never raised: the transaction stays as it was and
-                                        check-back decides it. On a worker, a one-way end and a later frame
-                                        for the same transaction may run concurrently: the coordinator
-                                        decides races of Commit and Rollback exactly once, as for two
-                                        producers.
+  a one-way Commit or Rollback          its guard (the caller's permission) runs first; then it is applied
+                                        as the two-way call would be (by "producer (one-way)"), where its
+                                        frame was placed (mqstore.txn.onloop): on the grpc.aio port's event
+                                        loop (:meth:`end_one_way_async`), a coroutine of the stream, which in
+                                        Cluster mode overlaps the next frame and is waited for before that
+                                        frame's answer, and in Local mode is applied before the next frame
+                                        is read; or on the thread of a frame placed in the pool
+                                        (:meth:`end_one_way`: Local mode while an append would hold the
+                                        loop), before that frame's own call. Nobody waits for its outcome,
+                                        so a rollback does not wait for its OP record, nor the refusal of a
+                                        Commit of a rolled-back transaction for that one's. A failure (the
+                                        guard's or the call's) is logged (txn.one_way_failed) and counted,
+                                        never raised: the transaction stays as it was and check-back
+                                        decides it. (A pool of one-way workers, one_way_workers and
+                                        one_way_queue, went with issue 33: no frame of Cluster mode is
+                                        placed on a thread, and Local mode applied its ends inline.)
 
-Thread-safe: ``_lock`` guards the counts; Workers is thread-safe.
+Thread-safe: ``_lock`` guards the counts.
 """
 
 from __future__ import annotations
@@ -43,7 +37,6 @@ from typing import Callable, Iterator
 import structlog
 
 from mqstore import waits
-from mqstore.background import Workers
 from mqstore.errors import MqStoreError, ResourceExhausted, invariant
 
 from .coordinator import Coordinator, LoopIo
@@ -54,25 +47,11 @@ BY_ONE_WAY = "producer (one-way)"
 
 
 class TransactStreams:
-    def __init__(self, coordinator: Coordinator, max_streams: int, workers: int = 8, max_queued: int = 1000,
-                 queue_wait_s: float = 10.0, inline: bool = False):
-        self.coordinator, self.max_streams, self.queue_wait_s = coordinator, max_streams, queue_wait_s
-        self.inline = inline
-        self.enders = Workers("txn-one-way", workers=workers, max_queued=max_queued)
+    def __init__(self, coordinator: Coordinator, max_streams: int):
+        self.coordinator, self.max_streams = coordinator, max_streams
         self._lock = threading.Lock()
         self._open = 0
         self.one_way_ends = self.one_way_failures = 0
-
-    def start(self) -> None:
-        if not self.inline:  # inline: every end is applied on its stream's thread, the workers are never used
-            self.enders.start()
-
-    def stop(self, timeout_s: float) -> None:
-        """Take no more one-way ends; those queued are still applied (up to ``timeout_s``)."""
-        self.enders.stop(timeout_s)
-
-    def problem(self) -> str:
-        return self.enders.problem()
 
     @contextlib.contextmanager
     def opened(self) -> Iterator[None]:
@@ -93,25 +72,8 @@ class TransactStreams:
         with self._lock:
             return self._open
 
-    def submit_one_way(self, txn_id: str, decision: str, guard: Callable[[], None] = lambda: None) -> None:
-        """A one-way frame: ``guard`` now (on the stream's thread), then :meth:`end_one_way` on a worker; the
-        caller goes on at once. Waits up to ``queue_wait_s`` while the queue is full (back-pressure on the
-        stream); a failure is counted, never raised. ``inline``: all of it on this thread
-        (:meth:`end_one_way`), the caller going on once it is applied."""
-        if self.inline:
-            self.end_one_way(txn_id, decision, guard)
-            return
-        invariant(decision in (COMMIT, ROLLBACK), f"a one-way end is COMMIT or ROLLBACK, not {decision}")
-        with self._lock:
-            self.one_way_ends += 1
-        try:
-            guard()
-            self.enders.submit(lambda: waits.blocking(self._apply(self.coordinator.thread_io, txn_id, decision)),
-                               timeout_s=self.queue_wait_s)
-        except MqStoreError as exc:
-            self._failed(txn_id, decision, exc)
-
     def end_one_way(self, txn_id: str, decision: str, guard: Callable[[], None] = lambda: None) -> None:
+        """:meth:`end_one_way_async` on this thread (a frame placed in the pool), applied before it returns."""
         return waits.blocking(self.end_one_way_async(self.coordinator.thread_io, txn_id, decision, guard))
 
     async def end_one_way_async(self, io: LoopIo, txn_id: str, decision: str,

@@ -5,13 +5,14 @@ result. It never catches: mqstore errors become status codes in mqstore_rpc.erro
 answered on the port's event loop (an ``async def``: the batch is written there and its waits, the fsync under
 SYNC flush and the in-sync replicas under SYNC replication, are awaited, so a waiting append holds no thread and
 one fsync wakes every append it covers in one hand-off), and so is GetStoreInfo. Pull, GetMessage and GetMessages
-are answered on the loop when the store says the read cannot block (MessageStore.pull_at_once, records_at_once:
+are answered on the loop when the read cannot block (mqstore.hot_reads: pull_at_once, records_at_once:
 records in the local log's hot segments, no long poll that must wait, no filter; mqstore_rpc.aio.at_once_when),
 and in the handler pool otherwise (an older segment, the tier, a long poll that waits); every other method runs
 in the handler pool (mqstore_rpc.aio). bench/README.md, *Append on the event loop* and *Reads on the loop*, has
 the figures.
 
-Thread-safe: holds no state of its own beyond the store, which is thread-safe.
+Thread-safe: holds no state of its own beyond the store, which is thread-safe, and GetStoreInfo's last answer
+(set and read on the loop only).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import contextlib
 from typing import Iterable, Iterator
 
 import grpc
-from mqstore import filters, store_offsets, tailing
+from mqstore import filters, hot_reads, store_offsets, tailing
 from mqstore.access import SERVICE_USER
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.format import record
+from mqstore.model import StoreInfo
 from mqstore.store import MessageStore
 from mqstore.stream_appends import StreamAppends
 from mqstore.timer.scheduling import Scheduler
@@ -43,6 +45,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         self._store = store
         self._auth = auth
         self._scheduler = scheduler
+        self._store_info: tuple[StoreInfo, bytes] | None = None  # GetStoreInfo's last answer, on the loop only
 
     def _durable_hold(self, context) -> bool:
         """Whether a Tail's retention hold outlives its stream for retention_hold_max_ms (mqstore.retention_holds):
@@ -98,27 +101,28 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
     # Pull, GetMessage and GetMessages answer with serialized bytes: the compiled codec encodes them from the stored
     # records' bytes (commitlog_service.read_wire), the pure-Python one serializes convert's messages.
 
-    # On the loop when the store says the read cannot block (MessageStore.pull_at_once, records_at_once: the hot
+    # On the loop when the read cannot block (mqstore.hot_reads: pull_at_once, records_at_once: the hot
     # local log, no long poll that waits, no filter), else in the handler pool (mqstore_rpc.aio.at_once_when).
 
     def _pull_at_once(self, request) -> bool:
-        return self._store.pull_at_once(request.topic, request.queue_id, request.offset, request.max_messages or 32,
-                                        filtered=bool(request.tags or request.filter_expression),
-                                        long_poll_ms=request.long_poll_ms)
+        return hot_reads.pull_at_once(self._store, request.topic, request.queue_id, request.offset,
+                                      request.max_messages or 32,
+                                      filtered=bool(request.tags or request.filter_expression),
+                                      long_poll_ms=request.long_poll_ms)
 
     def _get_message_at_once(self, request) -> bool:
         locator = request.WhichOneof("locator")
         if locator == "physical_offset":
-            return self._store.records_at_once((request.physical_offset,))
+            return hot_reads.records_at_once(self._store, (request.physical_offset,))
         if locator == "msg_id":
             try:
-                return self._store.records_at_once((record.parse_offset_msg_id(request.msg_id)[2],))
+                return hot_reads.records_at_once(self._store, (record.parse_offset_msg_id(request.msg_id)[2],))
             except ValueError:
                 return True  # refused before any read (InvalidArgument)
         return True  # no locator: refused
 
     def _get_messages_at_once(self, request) -> bool:
-        return self._store.records_at_once(request.physical_offsets)
+        return hot_reads.records_at_once(self._store, request.physical_offsets)
 
     @wire_codec(commitlog_pb2.PullRequest.FromString)
     @aio.at_once_when("_pull_at_once")
@@ -200,11 +204,18 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServicer):
         offset = store_offsets.query_offset(self._store, request.group, request.topic, request.queue_id)
         return commitlog_pb2.QueryOffsetResponse(offset=offset)
 
+    @wire_codec(commitlog_pb2.GetStoreInfoRequest.FromString)
     async def GetStoreInfo(self, request, context):
         """Answered on the loop: every figure is the store's in memory (no file read, no lock held long), so the
         hop to the handler pool and back would cost more than the answer (bench/README.md, *One concurrency
-        model*). Pull and GetMessage(s) are too when their records are in the hot local log (above)."""
-        return convert.store_info(self._store.store_info())
+        model*). Pull and GetMessage(s) are too when their records are in the hot local log (above). The answer's
+        bytes are made once per change of the figures and sent again while they stay (a poller's calls, or
+        several between two appends: bench/README.md, *GetStoreInfo's layer*)."""
+        info = self._store.store_info()
+        answered = self._store_info
+        if answered is None or answered[0] != info:
+            answered = self._store_info = (info, convert.store_info(info).SerializeToString())
+        return answered[1]
 
     def RecallTimer(self, request, context):
         return commitlog_pb2.RecallTimerResponse(deliver_at_ms=self._scheduler.recall(request.topic, request.msg_id))

@@ -155,19 +155,29 @@ class Interceptors(grpc.aio.ServerInterceptor):
         self._screens = [i for i in chain if hasattr(i, "screens")]
 
     async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
+        # Per call, on the loop: what a call that finds its handler wrapped already does is kept to lookups
+        # (no closure, no generator; bench/README.md, *GetStoreInfo's layer*)
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
+        screened = False
+        for interceptor in self._screens:
+            if interceptor.screens(handler_call_details, handler):
+                screened = True
+                break
         method = handler_call_details.method
-        screened = any(i.screens(handler_call_details, handler) for i in self._screens)
-        details = _Screened(handler_call_details, screened) if self._screens else handler_call_details
+        key = (method, True) if screened else method
+        wrapped = self._wrapped.find(key, handler)
+        if wrapped is None:
+            details = _Screened(handler_call_details, screened) if self._screens else handler_call_details
+            wrapped = self._wrapped.get(key, handler, functools.partial(self._wrap, details))
+        return wrapped
 
-        def wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-            handler = on_loop(handler, self._pool)
-            for interceptor in self._chain:
-                handler = interceptor.intercept_service(functools.partial(_given, handler), details)
-            return handler
-        return self._wrapped.get((method, True) if screened else method, handler, wrap)
+    def _wrap(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        handler = on_loop(handler, self._pool)
+        for interceptor in self._chain:
+            handler = interceptor.intercept_service(functools.partial(_given, handler), details)
+        return handler
 
 
 def on_loop(handler: grpc.RpcMethodHandler, pool: concurrent.futures.Executor) -> grpc.RpcMethodHandler:
@@ -209,7 +219,7 @@ def _in_pool(behavior: Callable, pool: concurrent.futures.Executor, request_stre
 
 def at_once_when(check: str) -> Callable[[Callable], Callable]:
     """Mark a synchronous unary servicer method that the port runs on the loop when its servicer's method
-    ``check(request)`` says this call cannot block (what the store says: MessageStore.pull_at_once, a read of the
+    ``check(request)`` says this call cannot block (what mqstore.hot_reads says: pull_at_once, a read of the
     hot local log), and in the handler pool otherwise, as an unmarked one. ``check`` is looked up on the bound
     method's servicer (a handler that is no bound method runs in the pool) and runs on the loop: it must not
     block either."""

@@ -44,6 +44,13 @@ class PerMethod:
     def __init__(self) -> None:
         self._wrapped: dict[Any, tuple[tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler], ...]] = {}
 
+    def find(self, method: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler | None:
+        """The handler made of ``handler`` for ``method`` already, else None."""
+        for given, wrapped in self._wrapped.get(method, ()):
+            if given is handler:
+                return wrapped
+        return None
+
     def get(self, method: Any, handler: grpc.RpcMethodHandler,
             wrap: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> grpc.RpcMethodHandler:
         cached = self._wrapped.get(method, ())

@@ -16,8 +16,7 @@ port from this process, its half, OP and COMMIT records going straight to the st
 journal, audit database) is in ``--txn-data-dir`` (default ``<data-dir>/txn``), ``--txn-rpc-timeout-ms``
 (10000: how long a call waits for its append), ``--txn-max-workers`` (default: 64 plus one per stream it
 admits) and ``--txn-<field>`` for each field of TxnConfig (``--txn-op-batch-max-bytes``,
-``--txn-cache-max-entries``, ...; one-way ends are applied on their stream's thread, so ``--txn-one-way-workers``
-is unused). Its port is in ``server.started`` (``ports.txn``) and in the event
+``--txn-cache-max-entries``, ...). Its port is in ``server.started`` (``ports.txn``) and in the event
 ``txn.local``. A Local-mode gateway of the same process uses it unless ``--gateway-txn`` names another.
 """
 

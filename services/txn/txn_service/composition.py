@@ -110,8 +110,8 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     NOT_SERVING while a problem is non-empty, ``health_changed`` re-reads them now; ``add_duty`` registers
     a duty (default ``parts.add_duty``; in Local mode one whose problem turns the Transaction port's health
     only: a follower stopped at a gap must not make the commit log NOT_SERVING); ``in_process``: the log is in
-    this process (Local mode): one-way ends are applied on their stream's thread (mqstore.txn.transact says
-    why) and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
+    this process (Local mode): one-way ends are applied before the stream's next frame is read (mqstore.txn.onloop)
+    and each caller appends on its own thread, unmerged (mqstore.txn.appender.DirectAppender: the
     append_max_* settings do not apply); ``loop_pool``: the grpc.aio server's handler pool: Prepare, Commit,
     Rollback and Transact are answered on its loop, what may wait runs in this pool (mqstore.txn.onloop.
     LoopCalls); in Cluster mode their appends go through a LoopAppendBatcher over ``txn_log.append_many_async``
@@ -163,11 +163,7 @@ def compose_txn(cfg: TxnConfig, follow: FollowConfig, rpc_timeout_ms: int, txn_l
     checkback.start()
     parts.on_close(lambda: checkback.stop(timeout_s))
     add_health_problem(checkback.problem)
-    streams = TransactStreams(coordinator, cfg.max_transact_streams, workers=cfg.one_way_workers,
-                              max_queued=cfg.one_way_queue, queue_wait_s=timeout_s, inline=in_process)
-    streams.start()
-    parts.on_close(lambda: streams.stop(timeout_s))
-    add_health_problem(streams.problem)
+    streams = TransactStreams(coordinator, cfg.max_transact_streams)
     counted: AppendBatcher | DirectAppender | AppendCounts = appender
     if in_process:  # the store's append does not wait (unless loop_blocks): called on the loop
         io = PortIo(inline_append(appender.append), loop_pool, overlaps=False)

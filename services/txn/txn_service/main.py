@@ -7,10 +7,10 @@ commit log's shared secret for CommitLogInternal; prefer the variable), ``--rpc-
 ``--tail-stream-deadline-ms``, and one flag per field of TxnConfig (``--op-batch-max-bytes``,
 ``--op-batch-interval-ms``, ``--cache-max-entries``, ``--cache-max-bytes``, ``--transaction-timeout-ms``,
 ``--check-max``, ``--check-interval-ms``, ``--max-open-transactions``, ``--in-doubt-settle-ms``,
-``--max-check-streams``, ``--max-transact-streams``, ``--check-answer-workers``, ``--one-way-workers``,
-``--metadata-url``, ...) and FollowConfig. Every open CheckBack stream holds a handler thread (a Transact
-stream is served on the event loop of the server, a grpc.aio one, and holds none); unless ``--max-workers``
-is given the server gets the usual 64 threads plus one per stream it admits.
+``--max-check-streams``, ``--max-transact-streams``, ``--check-answer-workers``, ``--metadata-url``, ...)
+and FollowConfig. Every open CheckBack stream holds a handler thread (a Transact stream is served on the event
+loop of the server, a grpc.aio one, and holds none); unless ``--max-workers`` is given the server gets the usual
+64 threads plus one per stream it admits.
 ``MQSTORE_FAILPOINTS`` arms crash points (tests only).
 
 High availability: ``--etcd-endpoints`` (with ``--etcd-prefix``, ``--lease-ttl-s``, ``--advertised-address``)

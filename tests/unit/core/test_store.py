@@ -12,6 +12,7 @@ import pytest
 from mqstore import store_offsets, tailing
 from mqstore.errors import (FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted)
 from mqstore.format import record_reader
+from mqstore.hot_reads import pull_at_once, records_at_once
 from mqstore.model import MessageIn, TAIL_AT_OFFSET, TAIL_EARLIEST, TAIL_LATEST
 from mqstore.store_parts import build_store
 from tests.support.waiting import wait_until
@@ -123,24 +124,29 @@ def test_pull_ranges_filters_and_long_poll(open_store):
 
 
 def test_which_pulls_and_reads_answer_at_once(open_store):
-    """MessageStore.pull_at_once and records_at_once: what an event loop may run (the CommitLog port's Pull and
-    GetMessage(s)): records in the two segments up to the one written now and entries in the queue's last two
-    files, no long poll that waits, no filter, not too many messages; a refused pull at once too."""
+    """mqstore.hot_reads' pull_at_once and records_at_once over a store: what an event loop may run (the CommitLog
+    port's Pull and GetMessage(s)): records in the two segments up to the one written now and entries in the
+    queue's last two files, no long poll that waits, no filter, not too many messages; a refused pull at once too."""
     store = open_store(segment_size_bytes=4096, cq_entries_per_file=8)
     store.topic_admin.create("t", 1)
     for i in range(40):  # ~300 bytes a record: ~13 a segment, 40 entries in 5 queue files
         store.append("t", [MessageIn(body=bytes([i]) * 200)])
     wait_until(lambda: store.visible_offset() >= store.log_end(), "every record visible")
     end = store.queue_info("t", 0).max_offset
-    assert store.pull_at_once("t", 0, end - 1) and store.pull_at_once("t", 0, end - 1, long_poll_ms=5000)
-    assert not store.pull_at_once("t", 0, 0)  # the first segment and queue file: cold
-    assert not store.pull_at_once("t", 0, end - 1, filtered=True)
-    assert not store.pull_at_once("t", 0, end - 1, max_messages=257)
-    assert store.pull_at_once("t", 0, end) and not store.pull_at_once("t", 0, end, long_poll_ms=1)  # it would wait
-    assert store.pull_at_once("t", 0, end + 1) and store.pull_at_once("nope", 0, 0)  # refused at once
+    assert pull_at_once(store, "t", 0, end - 1) and pull_at_once(store, "t", 0, end - 1, long_poll_ms=5000)
+    assert not pull_at_once(store, "t", 0, 0)  # the first segment and queue file: cold
+    assert not pull_at_once(store, "t", 0, end - 1, filtered=True)
+    assert not pull_at_once(store, "t", 0, end - 1, max_messages=257)
+    assert pull_at_once(store, "t", 0, end) and not pull_at_once(store, "t", 0, end, long_poll_ms=1)  # it would wait
+    assert pull_at_once(store, "t", 0, end + 1) and pull_at_once(store, "nope", 0, 0)  # refused at once
+    assert pull_at_once(store, "t", -1, 0) and pull_at_once(store, "t", 1, 0)  # no such queue: refused at once
+    assert pull_at_once(store, "a/b", 0, 0)  # a name no topic can have: refused at once (InvalidArgument)
+    for queue_id, topic, refused in ((-1, "t", InvalidArgument), (1, "t", NotFound), (0, "a/b", InvalidArgument)):
+        with pytest.raises(refused):
+            store.pull(topic, queue_id, 0)
     last = store.pull("t", 0, end - 1).messages[0].record.physical_offset
     first = store.pull("t", 0, 0).messages[0].record.physical_offset
-    assert store.records_at_once([last, last]) and not store.records_at_once([last, first])
+    assert records_at_once(store, [last, last]) and not records_at_once(store, [last, first])
     # A segment created ahead of the writer is not one of the two: the one before the writer's still is
     written = store.commitlog.written_offset
     store.segments.ensure(written - written % 4096 + 2 * 4096, 0)

@@ -18,9 +18,9 @@ from mqstore.errors import InvalidArgument
 def test_local_mode_is_off_unless_a_txn_port_is_given_and_takes_txn_flags():
     assert local_mode(parse_config(["--data-dir", "/tmp/x"], {})).txn is None
     local = local_mode(parse_config(["--data-dir", "/tmp/x", "--txn-port", "18053", "--txn-op-batch-max-bytes", "1",
-                                     "--txn-rpc-timeout-ms", "500"], {"MQSTORE_TXN_ONE_WAY_WORKERS": "3"})).txn
+                                     "--txn-rpc-timeout-ms", "500"], {"MQSTORE_TXN_CHECK_ANSWER_WORKERS": "3"})).txn
     assert (local.port, local.rpc_timeout_ms, local.max_workers) == (18053, 500, None)
-    assert (local.txn.op_batch_max_bytes, local.txn.one_way_workers) == (1, 3)
+    assert (local.txn.op_batch_max_bytes, local.txn.check_answer_workers) == (1, 3)
     assert local.txn.data_dir == pathlib.Path("/tmp/x/txn")
     from_env = local_mode(parse_config(["--data-dir", "/tmp/x", "--txn-data-dir", "/tmp/t"],
                                        {"MQSTORE_TXN_PORT": "0"})).txn
@@ -63,3 +63,10 @@ def test_the_commit_log_alone_refuses_a_variable_that_turns_local_mode_on():
     for name in ("MQSTORE_TXN_PORT", "MQSTORE_GATEWAY_PORT"):
         with pytest.raises(InvalidArgument, match=f"{name} is set, but .* run mqstore-commitlog"):
             parse_commitlog_alone(["--data-dir", "/tmp/x"], {name: "0"})
+
+
+@pytest.mark.parametrize("flag", ["--txn-one-way-workers", "--txn-one-way-queue"])
+def test_the_one_way_workers_flags_are_gone_and_refused(flag, capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["--data-dir", "/tmp/x", "--txn-port", "0", flag, "3"], {})
+    assert exited.value.code == 2 and f"unrecognized arguments: {flag} 3" in capsys.readouterr().err

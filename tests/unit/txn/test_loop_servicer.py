@@ -88,7 +88,7 @@ class RecordingCoordinator:
 class Recording(TransactionServicer):
     def __init__(self, append_waits: bool, pool, overlaps: bool = False):
         coordinator = RecordingCoordinator()
-        streams = TransactStreams(coordinator, max_streams=1, inline=True)
+        streams = TransactStreams(coordinator, max_streams=1)
         calls = LoopCalls(coordinator, streams, lambda: append_waits, PortIo(None, pool, overlaps))
         super().__init__(None, None, calls)
         self.coordinator = coordinator
@@ -243,7 +243,7 @@ def test_a_commit_cancelled_while_its_append_is_in_flight_runs_to_its_end_in_the
 
         batcher = LoopAppendBatcher(append_many, max_messages=10, max_bytes=100, timeout_s=10)
         coordinator = AppendingCoordinator()
-        streams = TransactStreams(coordinator, max_streams=1, inline=True)
+        streams = TransactStreams(coordinator, max_streams=1)
         calls_ = LoopCalls(coordinator, streams, lambda: False, PortIo(batcher.append, None, overlaps=True))
         first = asyncio.ensure_future(calls_.commit("c"))
         for _ in range(5):
@@ -308,7 +308,7 @@ def test_carried_ends_are_checked_whole_in_core_then_applied_in_order_on_a_threa
         pass
 
     coordinator = Checking()
-    streams = TransactStreams(coordinator, max_streams=1, inline=True)
+    streams = TransactStreams(coordinator, max_streams=1)
     with CountingPool() as pool:
         calls = LoopCalls(coordinator, streams, lambda: not on_loop, PortIo(None, pool, overlaps=False))
 

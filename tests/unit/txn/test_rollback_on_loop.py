@@ -77,7 +77,7 @@ def rig(tmp_path):
     busy = threading.Event()
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
         pool.submit(busy.wait, WAIT_S)  # the handler pool's only thread is taken for the whole test
-        calls = LoopCalls(coordinator, TransactStreams(coordinator, max_streams=1, inline=True), lambda: False,
+        calls = LoopCalls(coordinator, TransactStreams(coordinator, max_streams=1), lambda: False,
                           PortIo(log.append, pool, overlaps=False))
         yield coordinator, calls, ops, table
         busy.set()

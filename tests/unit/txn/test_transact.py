@@ -1,7 +1,8 @@
 """Transact streams' own rules (mqstore.txn.transact): at most max_streams open, a slot given back however a
-stream ends; a one-way end applied as the two-way call (a rollback without waiting for its OP record), on a
-worker while the stream goes on, its failure (a refused guard, a full queue) counted and logged, never
-raised. And the one mapping of a frame's error (mqstore_rpc.errors)."""
+stream ends; a one-way end applied as the two-way call (a rollback without waiting for its OP record), on the
+thread that asks before it returns, its failure (a refused guard, the call's) counted and logged, never
+raised; the one-way workers' flags gone, refused as unknown. And the one mapping of a frame's error
+(mqstore_rpc.errors)."""
 
 from __future__ import annotations
 
@@ -107,41 +108,6 @@ def test_the_server_gets_a_handler_thread_per_admitted_stream_unless_told(tmp_pa
     assert parse_config(["--data-dir", str(tmp_path), "--max-workers", "16"], {}).server.max_workers == 16
 
 
-class Blocking(Coordinator):
-    """Its calls wait for ``release``; ``entered`` is set by the first."""
-
-    def __init__(self):
-        super().__init__()
-        self.entered, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
-
-    def commit(self, txn_id, by="producer", wait_durable=True):
-        super().commit(txn_id, by, wait_durable)
-        self.entered.set()
-        assert self.release.wait(30)
-        self.done.set()
-
-
-def test_a_submitted_one_way_end_runs_on_a_worker_while_the_stream_goes_on():
-    coordinator = Blocking()
-    streams = TransactStreams(coordinator, max_streams=1, workers=1, max_queued=1, queue_wait_s=0.05)
-    streams.start()
-    try:
-        streams.submit_one_way("t-1", "COMMIT")  # returns while the commit is still being applied
-        assert coordinator.entered.wait(30) and not coordinator.done.is_set()
-        assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False)]
-        streams.submit_one_way("t-2", "COMMIT")  # queued behind it (the only worker is busy)
-        streams.submit_one_way("t-3", "COMMIT")  # no room for 0.05 s: counted as failed, left to check-back
-        assert (streams.one_way_ends, streams.one_way_failures) == (3, 1)
-        def refuse():
-            raise PermissionDenied("user u lacks PUB on topic orders")
-        streams.submit_one_way("t-4", "ROLLBACK", guard=refuse)  # refused on the stream's thread, never queued
-        assert (streams.one_way_ends, streams.one_way_failures) == (4, 2)
-    finally:
-        coordinator.release.set()
-        streams.stop(30)
-    assert [c[1] for c in coordinator.calls] == ["t-1", "t-2"]  # the queued one still applied at stop
-
-
 class Recording(Coordinator):
     """Records the thread each call ran on."""
 
@@ -154,28 +120,24 @@ class Recording(Coordinator):
         super().commit(txn_id, by, wait_durable)
 
 
-def test_an_inline_one_way_end_is_applied_on_the_streams_thread_before_it_returns():
+def test_a_one_way_end_on_a_thread_is_applied_on_that_thread_before_it_returns():
     coordinator = Recording()
-    streams = TransactStreams(coordinator, max_streams=1, workers=1, inline=True)  # Local mode; never started
-    streams.submit_one_way("t-1", "COMMIT")
-    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False)]  # applied already, no worker involved
+    streams = TransactStreams(coordinator, max_streams=1)  # a frame placed in the pool (Local mode)
+    streams.end_one_way("t-1", "COMMIT")
+    assert coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False)]  # applied already, on this thread
     assert coordinator.threads == [threading.get_ident()]
     def refuse():
         raise PermissionDenied("user u lacks PUB on topic orders")
-    streams.submit_one_way("t-2", "COMMIT", guard=refuse)  # refused: counted, never applied, never raised
-    failing = TransactStreams(Recording(fail=Unavailable("recovering")), max_streams=1, inline=True)
-    failing.submit_one_way("t-3", "COMMIT")
+    streams.end_one_way("t-2", "COMMIT", guard=refuse)  # refused: counted, never applied, never raised
+    failing = TransactStreams(Recording(fail=Unavailable("recovering")), max_streams=1)
+    failing.end_one_way("t-3", "COMMIT")
     assert (streams.one_way_ends, streams.one_way_failures) == (2, 1)
     assert (failing.one_way_ends, failing.one_way_failures) == (1, 1)
     assert [c[1] for c in coordinator.calls] == ["t-1"]
 
 
-def test_inline_streams_start_no_worker_threads():
-    streams = TransactStreams(Coordinator(), max_streams=1, inline=True)
-    streams.start()
-    try:
-        assert not [t for t in threading.enumerate() if t.name.startswith("txn-one-way")]
-        streams.submit_one_way("t-1", "COMMIT")  # applied on this thread all the same
-        assert streams.coordinator.calls == [("commit", "t-1", BY_ONE_WAY, False)]
-    finally:
-        streams.stop(1.0)
+@pytest.mark.parametrize("flag", ["--one-way-workers", "--one-way-queue"])
+def test_the_one_way_workers_flags_are_gone_and_refused(tmp_path, flag, capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["--data-dir", str(tmp_path), flag, "3"], {})
+    assert exited.value.code == 2 and f"unrecognized arguments: {flag} 3" in capsys.readouterr().err
