@@ -69,10 +69,10 @@ class TxnProjection:
         if view.tx_type == record.SYSFLAG_TX_COMMIT:
             self._commit_record(view)
         elif topic == tx.HALF_TOPIC:
-            self.table.learn_half(view.property(tx.PROPERTY_TRANSACTION_ID) or f"?{view.physical_offset}",
-                                  view.property(tx.PROPERTY_PRODUCER_GROUP) or "",
-                                  view.property(record.PROPERTY_REAL_TOPIC) or "",
-                                  view.property(tx.PROPERTY_DIGEST) or "", half_of(view))
+            props = view.properties  # decoded once: a find per property cost ~20 us more a half (8 of them)
+            self.table.learn_half(props.get(tx.PROPERTY_TRANSACTION_ID) or f"?{view.physical_offset}",
+                                  props.get(tx.PROPERTY_PRODUCER_GROUP, ""), props.get(record.PROPERTY_REAL_TOPIC, ""),
+                                  props.get(tx.PROPERTY_DIGEST, ""), half_of(view, props))
         elif topic == tx.OP_TOPIC:
             offsets = parse_body(view.body)
             for offset in offsets:
@@ -108,14 +108,17 @@ class TxnProjection:
             self.table.need_op(txn)
 
 
-def half_of(view: record_reader.RecordView) -> Half:
-    """The table's Half of a half record (properties as mqstore.txn.records writes them)."""
-    real_qid = view.property(record.PROPERTY_REAL_QUEUE_ID) or ""
+def half_of(view: record_reader.RecordView, props: dict[str, str] | None = None) -> Half:
+    """The table's Half of a half record (properties as mqstore.txn.records writes them; ``props``: the
+    record's properties, decoded already)."""
+    if props is None:
+        props = view.properties
+    real_qid = props.get(record.PROPERTY_REAL_QUEUE_ID, "")
     return Half(view.physical_offset, view.queue_offset, view.store_timestamp_ms,
-                uniq_key=view.property(record.PROPERTY_UNIQ_KEY) or "",
+                uniq_key=props.get(record.PROPERTY_UNIQ_KEY, ""),
                 real_queue_id=int(real_qid) if real_qid.isascii() and real_qid.isdigit() else 0,
-                attempt=view.property(tx.PROPERTY_ATTEMPT) or "",
-                immunity_ms=tx.immunity_ms(view.property(tx.PROPERTY_CHECK_IMMUNITY) or ""))
+                attempt=props.get(tx.PROPERTY_ATTEMPT, ""),
+                immunity_ms=tx.immunity_ms(props.get(tx.PROPERTY_CHECK_IMMUNITY, "")))
 
 
 def _records(frame: TailFrame, damaged: list) -> Iterable[record_reader.RecordView]:

@@ -5,7 +5,10 @@ A thin adapter like CommitLogServicer: it checks the caller's shared secret (met
 codec in use, mqstore_rpc.append_wire) and calls
 ``MessageStore.append(..., system_writer=writer)``, whose rules (each writer's, registered in
 mqstore.writers by mqstore.system_writers) decide what the writer may write. AppendBatches and
-AppendBatchesStream do that per batch, each batch's refusal reported in its own result.
+AppendBatchesStream do that per batch, each batch's refusal reported in its own result; both are answered
+on the port's event loop (``MessageStore.append_async``, as CommitLog.Append): a request of the stream the
+txn service and the gateway keep open is read, written and answered there, with no hand-off to a handler
+thread and back (bench/README.md, *The log's stream on its loop*).
 
 Thread-safe: holds the store (thread-safe) and the token (immutable).
 """
@@ -69,22 +72,22 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
     # (mqstore_rpc.append_wire.parse_internal_batches) and answer serialized bytes.
 
     @wire_codec(append_wire.parse_internal_batches)
-    def AppendBatches(self, request, context):
+    async def AppendBatches(self, request, context):
         """Each batch one Append with its own outcome (commitlog.proto). NotLeader on the first batch is
         the call's (a replica wrote nothing; the client follows the leader); a later batch's refusal,
         NotLeader included (leadership lost between batches), is that batch's."""
         check_token(context.invocation_metadata(), self._token)
-        return self._append_batches(request, context.peer())
+        return await self._append_batches(request, context.peer())
 
     @wire_codec(append_wire.parse_internal_batches)
-    def AppendBatchesStream(self, request_iterator, context):
+    async def AppendBatchesStream(self, request_iterator, context):
         """AppendBatches for each request of the stream, answered in order (commitlog.proto)."""
         check_token(context.invocation_metadata(), self._token)
         peer = context.peer()
-        for request in request_iterator:
-            yield self._append_batches(request, peer)
+        async for request in request_iterator:
+            yield await self._append_batches(request, peer)
 
-    def _append_batches(self, request, peer: str) -> bytes:
+    async def _append_batches(self, request, peer: str) -> bytes:
         if not request.writer:
             raise InvalidArgument("writer: name the service that writes (\"txn\")")
         batches = request.batches
@@ -99,9 +102,9 @@ class CommitLogInternalServicer(commitlog_pb2_grpc.CommitLogInternalServicer):
             try:
                 messages = append_wire.internal_messages(batch, peer)
                 if self._scheduler is not None and request.writer == WRITER_GATEWAY:  # as Append: a DELAY send
-                    results = self._scheduler.append(batch.topic, messages, writer=request.writer)
+                    results = await self._scheduler.append_async(batch.topic, messages, writer=request.writer)
                 else:
-                    results = self._store.append(batch.topic, messages, system_writer=request.writer)
+                    results = await self._store.append_async(batch.topic, messages, system_writer=request.writer)
             except NotLeader as exc:
                 if at == 0:
                     raise
