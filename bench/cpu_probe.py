@@ -6,8 +6,9 @@ task waited for a CPU; this kernel keeps no per-task schedstats), and for each w
 and involuntary context switches (/proc/PID/task/TID/stat and status). :func:`breakdown` turns two snapshots into
 cores (CPU seconds per wall second) per kind, per process and per thread.
 
-Threads are named by their ``comm`` (Python 3.11 does not name its OS threads: they are all ``python``; obstore's
-are ``tokio-runtime-w``, grpc's ``default-executo``, ``grpc_global_tim``, ...) and their TID.
+Threads are named by their ``comm`` (Python 3.11 does not name its OS threads: they are all ``python``, but the
+store's duties, its grpc.aio loop and its tier executor carry their Python names, mqstore.profiling.name_os_thread;
+obstore's are ``tokio-rt-worker``, grpc's ``event_engine``, ``grpc_global_tim``, ...) and their TID.
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ TARGET_DROP = 0.10
 IDLE_S = 2.0
 PROBE_LEAD_S = 1.5  # the probe's sub-window starts this long after the load's warm-up would (its process start-up)
 TOPIC = "bench"
+# the store's threads that upload (their OS names: mqstore.profiling.name_os_thread; obstore's tokio workers)
+UPLOAD_THREADS = ("tier-uploader", "tokio-rt-worker")
+LOOP_THREAD = "grpc-aio-loop"  # the store's thread that runs every Append (mqstore_rpc.aio.LoopThread)
 
 
 def _status(target: str) -> pb.GetTierStatusResponse:
@@ -210,6 +213,13 @@ def _run(mode: str, cfg: dict, work: pathlib.Path, round_: int) -> dict:
                "latency_ms": {f"p{q}": latencies[min(len(latencies) - 1, int(len(latencies) * q / 100))]
                               for q in (50, 90, 99, 99.9)} | {"max": latencies[-1]} if latencies else {},
                "probe": probe.get("breakdown"), "ext_upload_mb_per_s": ext_mb_per_s, "ext_uploader_cores": ext_cores}
+        store_probe = (row["probe"] or {}).get("processes", {}).get("store") or {}
+        by_comm = store_probe.get("by_comm", {})
+        # in the probe's sub-window; the busiest thread of that name (grpc's poller, which the loop starts, has it too)
+        row["loop_cores"] = max((float(entry.rsplit(": ", 1)[1]) for entry in store_probe.get("top", [])
+                                 if entry.split("/", 1)[0] == LOOP_THREAD), default=0.0)
+        row["upload_thread_cores"] = sum(cores for comm, cores in by_comm.items()
+                                         if comm in UPLOAD_THREADS or comm.startswith("tier_"))
         if status is not None:
             row.update(upload_mb_per_s=(status.copy_bytes - copied0) / wall / 1e6,
                        uploaded_segments=status.tiered_segments, lag_segments=status.copy_lag_segments,
@@ -244,7 +254,7 @@ def measure(cfg: dict, work: pathlib.Path) -> tuple[list[dict], list[dict]]:
             raw.append(_run(mode, cfg, work, round_))
     med = {mode: {key: statistics.median(r[key] for r in raw if r["mode"] == mode)
                   for key in ("msgs_per_s", "body_mb_per_s", "server_cores", "server_us_per_msg", "moto_cores",
-                              "upload_mb_per_s")} for mode in ("tier", "off")}
+                              "upload_mb_per_s", "loop_cores", "upload_thread_cores")} for mode in ("tier", "off")}
     drop = 1 - med["tier"]["msgs_per_s"] / med["off"]["msgs_per_s"]
     cpu_ratio = med["tier"]["server_us_per_msg"] / med["off"]["server_us_per_msg"]
     by_round = {(r["round"], r["mode"]): r for r in raw}
@@ -283,19 +293,23 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['window_s']:.0f} s windows, median of {meta['rounds']} alternating rounds; S3 is moto's server "
              f"on the same cores at nice {meta['moto_nice']}"
              + (" under SCHED_IDLE" if meta.get("moto_idle") else ""), "",
-             "| tier | msgs/s appended | MB/s of bodies | store CPU us/msg | store cores | uploaded MB/s | moto "
-             "cores | load generator cores | Append p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| tier | msgs/s appended | MB/s of bodies | store CPU us/msg | store cores | of which its loop thread "
+             "| of which its upload threads | uploaded MB/s | moto cores | load generator cores | Append p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['msgs_per_s']:,.0f} | {r['body_mb_per_s']:.1f} | "
-                     f"{r['server_us_per_msg']:.2f} | {r['server_cores']:.2f} | {r['upload_mb_per_s']:.1f} | "
+                     f"{r['server_us_per_msg']:.2f} | {r['server_cores']:.2f} | {r.get('loop_cores', 0.0):.2f} | "
+                     f"{r.get('upload_thread_cores', 0.0):.3f} | {r['upload_mb_per_s']:.1f} | "
                      f"{r['moto_cores']:.2f} | {r.get('load_cores', 0.0):.2f} | {r.get('p99_ms', 0.0):.1f} |")
     verdict = "met" if tier["drop"] <= TARGET_DROP else "**missed**"
     lines += ["", f"Append-rate drop with the tier on: {tier['drop'] * 100:.1f}% (target <= "
               f"{TARGET_DROP * 100:.0f}%: {verdict}; per round: "
               + ", ".join(f"{d * 100:.1f}%" for d in tier["pair_drops"]) + "). The store's own CPU per message: "
               f"{tier['cpu_ratio']:.2f}x with the tier on; upload lag at the window's end at most "
-              f"{tier['max_lag_segments']} sealed segments.", ""]
+              f"{tier['max_lag_segments']} sealed segments. The store's threads (by their OS names, in a probe "
+              f"sub-window of each window): its loop thread runs every Append ({LOOP_THREAD}), its upload threads are "
+              f"the uploader's duty, the tier's executor and obstore's tokio workers ("
+              + ", ".join(UPLOAD_THREADS) + ", tier_N).", ""]
     if tier.get("ext_drop") is not None:
         lines += [f"The tier off with moto running and another process uploading to it as the uploader does "
                   f"(``--external``): {tier['ext_msgs_per_s']:,.0f} msgs/s, a {tier['ext_drop'] * 100:.1f}% drop "

@@ -26,7 +26,8 @@
 
 A key is path segments of ``[A-Za-z0-9._-]`` joined by ``/`` (no empty segment, no ``.`` or ``..``).
 
-Thread-safety: every method may be called from any thread; calls run on the executor's threads.
+Thread-safety: every method may be called from any thread; calls run on the executor's threads (named ``tier_N``, their
+OS names too: mqstore.profiling.name_os_thread).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
+from mqstore import profiling
 from mqstore.errors import AlreadyExists, InvalidArgument, MqStoreError, NotFound, Unavailable
 
 T = TypeVar("T")
@@ -84,7 +86,9 @@ class ObjectStore:
         self.url = url
         self.timeout_ms = timeout_ms
         self._backend = backend
-        self._executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tier")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            workers, thread_name_prefix="tier", initializer=profiling.name_os_thread
+        )
         self._slots = threading.BoundedSemaphore(workers)  # calls running or queued: bounded by the workers
 
     def put_if_absent(self, key: str, data: bytes) -> None:

@@ -65,3 +65,57 @@ def test_the_cpu_clock_counts_a_threads_cpu_not_its_waits(tmp_path, monkeypatch)
         return sum(cumtime for (_f, _l, name), (_cc, _nc, _tt, cumtime, _c) in stats.items() if name == "naps")
     assert naps_s("wall") >= 0.019
     assert naps_s("cpu") < 0.01
+
+
+def _os_name(native_id: int) -> str:
+    with open(f"/proc/self/task/{native_id}/comm") as comm:
+        return comm.read().rstrip("\n")
+
+
+def test_a_duty_thread_carries_its_name_as_its_os_thread_name(monkeypatch):
+    """top -H, /proc and bench/cpu_probe.py tell the store's threads apart (Python 3.11 names them all python)."""
+    monkeypatch.delenv("MQSTORE_PROFILE_DIR", raising=False)
+    seen: dict[str, str] = {}
+
+    class Naming(Duty):
+        def __init__(self, name: str):
+            super().__init__(name, interval_s=0.0)
+            self.stepped = threading.Event()
+
+        def step(self) -> None:
+            seen[self.name] = _os_name(threading.get_native_id())
+            self.stepped.set()
+            self.sleep(0.01)
+
+    for name in ("tier-uploader", "a-duty-named-longer-than-fifteen"):
+        duty = Naming(name)
+        duty.start()
+        assert duty.stepped.wait(LONG_S)
+        assert duty.stop(timeout_s=LONG_S)
+    assert seen == {"tier-uploader": "tier-uploader", "a-duty-named-longer-than-fifteen": "a-duty-named-lo"}
+    assert _os_name(threading.get_native_id()) != "tier-uploader"  # the caller's own name is left alone
+
+
+def test_the_tier_executors_threads_carry_their_names():
+    """The tier's calls (the uploader's puts: mqstore.tier.objects) run on threads named tier_N, in the OS too."""
+    from mqstore.tier.objects import ObjectStore
+
+    store = ObjectStore("file:///unused", _NameProbe(), timeout_ms=30_000, workers=2)
+    try:
+        assert store.size("k") is None
+        assert _NameProbe.names == ["tier_0"]
+    finally:
+        store.close()
+
+
+class _NameProbe:
+    """A backend whose size() records the OS name of the thread it runs on."""
+
+    names: list[str] = []
+
+    def size(self, key: str) -> int | None:
+        _NameProbe.names.append(_os_name(threading.get_native_id()))
+        return None
+
+    def close(self) -> None:
+        pass
