@@ -86,7 +86,8 @@ def _wait_in_sync(target, count, timeout_s=60.0):
     raise BenchError(f"fewer than {count} nodes in sync after {timeout_s} s")
 
 
-def _append_rate(target, timing, producers=16):
+def _append_rate(target, timing, producers=16, latencies_ms=None):
+    """The Append rate (msg/s) of ``producers`` over the window; each call's latency added to ``latencies_ms``."""
     spec = {"kind": "unary", "target": target, "topic": TOPIC, "batch": 100, "items": 1, "body_bytes": 1024,
             "concurrency": producers, "channels": 4, "start_at": 0, "warmup_s": timing["warmup_s"],
             "duration_s": timing["duration_s"], "max_calls": 10_000_000}
@@ -94,6 +95,8 @@ def _append_rate(target, timing, producers=16):
     errors = sum(sum(r["errors"].values()) for r in results)
     if errors:
         raise BenchError(f"{errors} appends failed: {results[0]['first_error']}")
+    if latencies_ms is not None:
+        latencies_ms.extend(ms for r in results for ms in r["latencies_ms"])
     return sum(r["messages"] for r in results) / timing["duration_s"]
 
 

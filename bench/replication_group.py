@@ -3,8 +3,9 @@
 Three CommitLog nodes as in bench/replication.py's part 1 (etcd, min_insync_replicas 2, SYNC replication, ASYNC
 flush), the same load (100 x 1 KiB per Append, PRODUCERS producers, 16 by default) for ROUNDS windows of DUR
 seconds (8), each after a 2 s warm-up. Prints per window the rate, each node's CPU (cores and us a message,
-from /proc; ``*`` marks the leader), how idle the machine's cores were (0%: the window was bound by CPU, the
-three nodes', the load generator's and other work's together), each node's threads' CPU a message (by their
+from /proc; ``*`` marks the leader; ``loadgen``: the load generator's process, its start included), an Append's
+latency as the load generator saw it (p50, p90), how idle the machine's cores were (0%: the window was bound by
+CPU, the three nodes', the load generator's and other work's together), each node's threads' CPU a message (by their
 OS names: grpc's ``event_engine`` threads; Python's all show as ``python``, the busiest being the grpc.aio
 loop on the leader) and, once the nodes are stopped, each replication stream's
 ``replication.replica_disconnected`` line (``data_messages``, ``lingered``: how much the stream's linger
@@ -54,6 +55,12 @@ def thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def children_cpu_s() -> float:
+    """The CPU seconds of this process's children that ended (the load generator's processes, once run)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def machine_idle_s() -> float:
     """The machine's idle CPU seconds so far, all cores (/proc/stat: idle and iowait)."""
     fields = pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()
@@ -81,16 +88,21 @@ def main() -> int:
             for _ in range(rounds):
                 before, started = {pid: cpu_s(pid) for pid in names}, time.monotonic()
                 threads_before = {pid: thread_cpu_s(pid) for pid in names}
-                idle_before = machine_idle_s()
-                rate = R._append_rate(leader.target, timing, producers)
+                idle_before, children_before = machine_idle_s(), children_cpu_s()
+                latencies: list[float] = []
+                rate = R._append_rate(leader.target, timing, producers, latencies)
                 elapsed = time.monotonic() - started
                 used = {names[pid]: cpu_s(pid) - s for pid, s in before.items()}
+                used["loadgen"] = children_cpu_s() - children_before  # the nodes are not waited for: not in it
                 messages = rate * (timing["warmup_s"] + duration_s)  # the warm-up's too, at the window's rate
                 print(f"{rate:,.0f} msg/s ({producers} producers, {BATCH} per call); CPU cores "
                       + " ".join(f"{k}={v / elapsed:.2f}" for k, v in used.items()) + "; us a message "
                       + " ".join(f"{k}={v / messages * 1e6:.1f}" for k, v in used.items()), flush=True)
                 idle = (machine_idle_s() - idle_before) / elapsed / os.cpu_count()
-                print(f"  the machine's cores idle {idle:.0%}; each node's threads (name=us a message):", flush=True)
+                latencies.sort()
+                p50, p90 = (latencies[int(q * (len(latencies) - 1))] for q in (0.5, 0.9))
+                print(f"  an Append's latency p50 {p50:.1f} ms, p90 {p90:.1f}; the machine's cores idle {idle:.0%}; "
+                      f"each node's threads (name=us a message):", flush=True)
                 for pid, node in names.items():
                     threads = [(name, s - threads_before[pid].get(tid, (name, 0.0))[1])
                                for tid, (name, s) in thread_cpu_s(pid).items()]
