@@ -110,6 +110,25 @@ def _probe(out: dict, store_pid: int, moto_pid: int, cfg: dict) -> None:
     out["breakdown"] = cpu_probe.breakdown(first, cpu_probe.snapshot(pids))
 
 
+def _minor_faults(pid: int) -> dict[str, int]:
+    """The minor page faults of a process so far, from /proc: ``all`` its threads' (exited ones too), ``loop`` its
+    loop thread's (LOOP_THREAD), ``upload`` its upload threads' (UPLOAD_THREADS, tier_N) still running."""
+    with open(f"/proc/{pid}/stat") as stat:
+        found = {"all": int(stat.read().rsplit(")", 1)[1].split()[7]), "loop": 0, "upload": 0}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue  # the thread exited meanwhile
+        comm, minflt = text[text.index("(") + 1:text.rindex(")")], int(text.rsplit(")", 1)[1].split()[7])
+        if comm == LOOP_THREAD:
+            found["loop"] += minflt
+        elif comm in UPLOAD_THREADS or comm.startswith("tier_"):
+            found["upload"] += minflt
+    return found
+
+
 def _print_probe(row: dict) -> None:
     probe = row["probe"]
     m = probe["machine"]
@@ -186,6 +205,7 @@ def _run(mode: str, cfg: dict, work: pathlib.Path, round_: int) -> dict:
         idle_cores = (cpu_seconds(server.pid) - idle0) / (time.perf_counter() - idle_t0)
         copied0 = _status(server.target).copy_bytes if mode == "tier" else 0
         cpu0, moto0, wall0 = cpu_seconds(server.pid), cpu_seconds(moto.pid) if moto else 0.0, time.perf_counter()
+        faults0 = _minor_faults(server.pid)
         probe: dict = {}
         prober = threading.Thread(target=_probe, args=(probe, server.pid, moto.pid if moto else 0, cfg), daemon=True)
         prober.start()
@@ -200,6 +220,7 @@ def _run(mode: str, cfg: dict, work: pathlib.Path, round_: int) -> dict:
             out, _ = external.communicate(timeout=cfg["warmup_s"] + cfg["window_s"] + 120)
             ext_wall = time.perf_counter() - wall0
             ext_mb_per_s, ext_cores = int(out or 0) / ext_wall / 1e6, ext_cpu / ext_wall
+        faults = {kind: count - faults0[kind] for kind, count in _minor_faults(server.pid).items()}
         cpu, moto_cpu = cpu_seconds(server.pid) - cpu0, (cpu_seconds(moto.pid) - moto0) if moto else 0.0
         status = _status(server.target) if mode == "tier" else None
         messages = sum(r["messages"] for r in results)
@@ -207,7 +228,7 @@ def _run(mode: str, cfg: dict, work: pathlib.Path, round_: int) -> dict:
         errors = sum(sum(r["errors"].values()) for r in results)
         row = {"mode": mode, "round": round_, "msgs_per_s": messages / cfg["window_s"],
                "body_mb_per_s": messages * cfg["body_bytes"] / cfg["window_s"] / 1e6, "errors": errors,
-               "server_cores": cpu / wall, "moto_cores": moto_cpu / wall,
+               "server_cores": cpu / wall, "moto_cores": moto_cpu / wall, "minor_faults": faults,
                "upload_mb_per_s": 0.0, "uploaded_segments": 0, "lag_segments": 0,
                "load_cores": sum(r["window_client_cores"] for r in results),
                "latency_ms": {f"p{q}": latencies[min(len(latencies) - 1, int(len(latencies) * q / 100))]
@@ -230,7 +251,9 @@ def _run(mode: str, cfg: dict, work: pathlib.Path, round_: int) -> dict:
         print(f"round {round_} {mode:4} {row['msgs_per_s']:,.0f} msgs/s ({row['body_mb_per_s']:.1f} MB/s of bodies), "
               f"server {row['server_cores']:.2f} cores, {row['server_us_per_msg']:.2f} us/msg; upload "
               f"{row['upload_mb_per_s']:.1f} MB/s, lag {row['lag_segments']} segments, moto {row['moto_cores']:.2f} "
-              f"cores, load {row['load_cores']:.2f} cores"
+              f"cores, load {row['load_cores']:.2f} cores; minor faults {faults['all']:,} (loop thread "
+              f"{faults['loop']:,}, upload threads {faults['upload']:,}), loop thread "
+              f"{row['loop_cores']:.3f} cores = {row['loop_cores'] / max(row['msgs_per_s'], 1) * 1e6:.2f} us/msg"
               + (f"; external uploader {ext_mb_per_s:.1f} MB/s, {ext_cores:.2f} cores" if mode == "ext" else ""),
               flush=True)
         if row["probe"]:
