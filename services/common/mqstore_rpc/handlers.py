@@ -53,10 +53,8 @@ class PerMethod:
 
     def get(self, method: Any, handler: grpc.RpcMethodHandler,
             wrap: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> grpc.RpcMethodHandler:
-        cached = self._wrapped.get(method, ())
-        for given, wrapped in cached:
-            if given is handler:
-                return wrapped
-        wrapped = wrap(handler)
-        self._wrapped[method] = ((handler, wrapped), *cached[:VARIANTS - 1])
+        wrapped = self.find(method, handler)
+        if wrapped is None:
+            wrapped = wrap(handler)
+            self._wrapped[method] = ((handler, wrapped), *self._wrapped.get(method, ())[:VARIANTS - 1])
         return wrapped
