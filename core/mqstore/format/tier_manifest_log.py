@@ -41,6 +41,7 @@ file, fsync, rename, directory fsync):
        18     L url                the tier URL (UTF-8) the objects are on
    18 + L     4 count              n
    22 + L  112n records            STARTED and FINISHED records (seq 0), sorted by first offset and kind
+                                   (a state: a file can have both, a FINISHED entry and a newer attempt)
   end - 4     4 crc                zlib CRC32 of every byte before it
 
 A snapshot that does not check (short, long, magic, version, CRC) raises DataLoss naming the file.

@@ -154,8 +154,12 @@ class TierManifest:
             return
         snapshot = L.decode_snapshot(data, str(path))
         self.url, self.seq, self._snapshot = snapshot.url, snapshot.seq, (snapshot.seq, snapshot.url, len(data))
-        for record in snapshot.records:
-            self._apply(record, str(path))
+        for record in snapshot.records:  # a state, not changes: a FINISHED record ends no STARTED one here (a
+            name = _name(record.first_phy_offset)  # file can be both: moved, then a new attempt of it begun)
+            if record.kind == L.STARTED:
+                self.started[name] = _key(record.first_phy_offset, record.attempt)
+            else:
+                self.finished[name] = _tier_file(record.first_phy_offset, record, str(path))
 
     def _read_old(self) -> None:
         path = self.directory / OLD_NAME

@@ -125,6 +125,20 @@ def test_the_log_is_compacted_into_a_snapshot_at_its_limits(tmp_path):
     assert _state(_opened(tmp_path)) == _state(manifest) == ({}, {})
 
 
+def test_a_snapshot_keeps_a_file_that_is_both_finished_and_started_again(tmp_path):
+    """A snapshot is a state: its FINISHED record of a file does not end the file's newer STARTED attempt (the
+    log replays FINISHED as the end of an attempt; a snapshot sorted STARTED first lost it; seed 332322857)."""
+    manifest = _opened(tmp_path)
+    name, key, entry = _file(7, 1)
+    manifest.start(name, key)
+    manifest.finish(name, entry)
+    again = _file(7, 2)[1]
+    manifest.start(name, again)
+    manifest._compact()
+    assert L.decode_snapshot((tmp_path / SNAPSHOT_NAME).read_bytes(), "x").seq == manifest.seq
+    assert _state(_opened(tmp_path)) == _state(manifest) == ({name: again}, {name: entry})
+
+
 # ---- recovery --------------------------------------------------------------------------------------------------
 
 def _filled(tmp_path, count: int = 6) -> TierManifest:
