@@ -208,6 +208,7 @@ def _build_index(root: pathlib.Path, messages: int, user_keys: int, file_entries
     from mqstore.index.tier import IndexTierConfig, dir_url, open_tier
     config = IndexConfig(root, slot_count=file_entries // 4, entry_count=file_entries + 1, max_keys_per_message=4,
                          checkpoint_interval_ms=10**9, tier_min_age_ms=0)
+    (root / "tier").mkdir(parents=True, exist_ok=True)  # a file:// tier is a directory that exists (mqstore.tier)
     store = IndexStore(config, tier=open_tier(IndexTierConfig(tier_url=dir_url(root / "tier"))))
     store.start()
     started = time.perf_counter()
