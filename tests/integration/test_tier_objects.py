@@ -89,6 +89,32 @@ def test_a_temp_file_of_a_crashed_put_is_never_listed(tmp_path):
     store.close()
 
 
+def test_a_file_tier_is_read_on_the_callers_thread_and_written_on_the_tiers(tier):
+    """A file:// tier's get_range runs on the caller's thread (a hop to the executor cost 5-10x the read:
+    mqstore.tier.objects); its writes, and every call of an S3 tier, run on the tier's threads (``tier_N``)."""
+    threads: dict[str, list[str]] = {"get_range": [], "put_if_absent": []}
+    backend = tier._backend
+
+    def recording(name: str):
+        call = getattr(backend, name)
+
+        def recorded(*args):
+            threads[name].append(threading.current_thread().name)
+            return call(*args)
+        return recorded
+    for name in threads:
+        setattr(backend, name, recording(name))
+    tier.put_if_absent("a/x", b"whole")
+    assert tier.get_range("a/x", 1, 3) == b"hol"
+    with pytest.raises(NotFound):
+        tier.get_range("a/none", 0, 1)
+    if tier.url.startswith("file://"):
+        assert threads["get_range"] == [threading.current_thread().name] * 2
+    else:
+        assert len(threads["get_range"]) == 2 and all(t.startswith("tier") for t in threads["get_range"])
+    assert len(threads["put_if_absent"]) == 1 and threads["put_if_absent"][0].startswith("tier")
+
+
 def test_a_missing_file_tier_directory_is_unavailable_never_empty_and_never_made(tmp_path):
     """The root of a file:// tier is its bucket (mqstore.tier.local): while the directory is missing (moved away,
     not mounted) every call is Unavailable naming the tier, nothing "empty" or "gone", and a put does not make

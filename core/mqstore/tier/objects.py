@@ -22,7 +22,16 @@
   delete(key)                remove it (absent is no error)
   every operation            runs on the tier's own executor (``workers``    Unavailable naming the tier URL:
                              threads; a caller waits at most the deadline,   the deadline passed, every worker
-                             so a slow store never blocks local work)        is busy, or the store failed
+                             so a slow store never blocks local work), but   is busy, or the store failed
+                             a ``file://`` tier's get_range (below)
+
+**A file:// tier's reads run on the caller's thread** (a backend with ``reads_inline``): the tier is a directory
+of this machine, read as the local files are. The hop to the executor and back cost 5-10x such a read (190-250
+against 30-40 us wall for 64 bytes, on 2 busy cores; the read itself now 6-9 us, mqstore.tier.local's pread) and
+an index query on tier files makes 2-8 of them, which made those queries 10-20x slower than before the tier had
+an executor (bench/README.md, *Issue 33's reshaping against the rest of make bench*). Writes, lists and deletes
+keep the executor and its deadline; an S3 tier's reads too (a network call, where the hop is small and the
+deadline is what protects the caller).
 
 A key is path segments of ``[A-Za-z0-9._-]`` joined by ``/`` (no empty segment, no ``.`` or ``..``).
 
@@ -90,6 +99,7 @@ class ObjectStore:
             workers, thread_name_prefix="tier", initializer=profiling.name_os_thread
         )
         self._slots = threading.BoundedSemaphore(workers)  # calls running or queued: bounded by the workers
+        self._reads_inline = bool(getattr(backend, "reads_inline", False))
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         self._call("PUT", check_key(key), lambda: self._backend.put_if_absent(key, bytes(data)))
@@ -104,7 +114,15 @@ class ObjectStore:
             raise InvalidArgument(f"a range read needs start >= 0 and length >= 0, not {start}, {length}")
         if length == 0:
             return b""
-        return self._call("GET", check_key(key), lambda: self._backend.get_range(key, start, length))
+        check_key(key)
+        if self._reads_inline:  # a file:// tier (the module docstring)
+            try:
+                return self._backend.get_range(key, start, length)
+            except (AlreadyExists, NotFound):
+                raise
+            except Exception as exc:  # the same errors as a call on the executor
+                raise self._unavailable("GET", key, exc) from exc
+        return self._call("GET", key, lambda: self._backend.get_range(key, start, length))
 
     def size(self, key: str) -> int | None:
         return self._call("HEAD", check_key(key), lambda: self._backend.size(key))
@@ -146,11 +164,14 @@ class ObjectStore:
                               + (f" plus {paced_s:.1f} s of the upload quota's pacing" if paced_s else "")) from None
         except (AlreadyExists, NotFound):
             raise
-        except MqStoreError as exc:
-            raise Unavailable(f"object storage tier {self.url}: {op} {key}: {exc}") from exc
-        except Exception as exc:  # any failure of the store or its client: the tier is unavailable
-            raise Unavailable(f"object storage tier {self.url}: {op} {key} failed: {type(exc).__name__}: "
-                              f"{_short(exc)}") from exc
+        except Exception as exc:
+            raise self._unavailable(op, key, exc) from exc
+
+    def _unavailable(self, op: str, key: str, exc: Exception) -> Unavailable:
+        """A failure of the store or its client (any but AlreadyExists and NotFound): the tier is unavailable."""
+        if isinstance(exc, MqStoreError):
+            return Unavailable(f"object storage tier {self.url}: {op} {key}: {exc}")
+        return Unavailable(f"object storage tier {self.url}: {op} {key} failed: {type(exc).__name__}: {_short(exc)}")
 
 
 READ_CHUNK_BYTES = 8 << 20  # one range GET of read_whole: a call's deadline covers a bounded transfer

@@ -7,7 +7,8 @@ base to the object's key), so Pull and GetMessage(s) serve it as if it were loca
   object shorter), so the requested span is rounded up to blocks and the next reads of a consumer are hits.
 - **Cache**: the blocks read, least recently used evicted first, at most ``cache_bytes`` in all (0: none kept;
   a read still GETs whole blocks, each used once).
-- **Deadline and isolation**: every GET runs on the tier's own executor with its deadline (ObjectStore); a
+- **Deadline and isolation**: every GET runs on the tier's own executor with its deadline (ObjectStore; a
+  ``file://`` tier's on the caller's thread, a directory of this machine read as local files are); a
   failure, a stalled store or a segment with no FINISHED upload is Unavailable naming the tier URL, and the
   caller's thread says it waits (mqstore.waits), so a capped gRPC pool runs local reads meanwhile.
 - **Below the logical log**: an offset below ``floor()`` (the logical log's start: the total retention moved
