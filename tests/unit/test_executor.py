@@ -334,3 +334,12 @@ def _wait_idle(pool: HandlerPool, idle: int) -> None:
 def _threads_idle(pool: HandlerPool) -> tuple[int, int]:
     counts = pool.counts()
     return counts["threads"], counts["idle"]
+
+
+def test_a_handler_thread_carries_its_name_as_its_os_thread_name(pool):
+    """A thread inherits its creator's OS name (the grpc.aio loop's, which starts the pool's threads): each worker
+    names itself, so /proc and top -H tell the handlers' CPU from the loop's (bench/README.md's per-thread split)."""
+    def os_name() -> str:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
+            return comm.read().rstrip("\n")
+    assert pool.submit(os_name).result(WAIT_S) == "test-handler_0"

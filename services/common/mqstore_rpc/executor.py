@@ -52,7 +52,7 @@ import time
 from concurrent import futures
 from typing import Any, Callable
 
-from mqstore import waits
+from mqstore import profiling, waits
 
 RUNNING = 4       # the CommitLog service's max_running_handlers: calls that run at once, waits not counted
 TICK_S = 0.01     # the monitor's period while calls are queued...
@@ -204,6 +204,7 @@ class HandlerPool(futures.Executor):
 
     # ---- the threads
     def _work(self, worker: _Worker) -> None:
+        profiling.name_os_thread()  # (else /proc and top show the loop's name: a thread inherits its creator's)
         with self._lock:
             worker.clock = time.pthread_getcpuclockid(threading.get_ident())
             item = worker.item
