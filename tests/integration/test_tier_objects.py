@@ -115,6 +115,18 @@ def test_a_file_tier_is_read_on_the_callers_thread_and_written_on_the_tiers(tier
     assert len(threads["put_if_absent"]) == 1 and threads["put_if_absent"][0].startswith("tier")
 
 
+def test_a_closed_file_tier_reads_no_more(tmp_path):
+    """Its reads run on the caller's thread, yet a closed store refuses them as the executor refuses the rest."""
+    (tmp_path / "tier").mkdir()
+    store = open_store(f"file://{tmp_path}/tier", timeout_ms=TIMEOUT_MS)
+    store.put_if_absent("a/x", b"whole")
+    assert store.get_range("a/x", 0, 5) == b"whole"
+    store.close()
+    for call in (lambda: store.get_range("a/x", 0, 5), lambda: store.size("a/x")):
+        with pytest.raises(Unavailable, match=f"object storage tier file://{tmp_path}/tier: closed"):
+            call()
+
+
 def test_a_missing_file_tier_directory_is_unavailable_never_empty_and_never_made(tmp_path):
     """The root of a file:// tier is its bucket (mqstore.tier.local): while the directory is missing (moved away,
     not mounted) every call is Unavailable naming the tier, nothing "empty" or "gone", and a put does not make

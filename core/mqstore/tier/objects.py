@@ -100,6 +100,7 @@ class ObjectStore:
         )
         self._slots = threading.BoundedSemaphore(workers)  # calls running or queued: bounded by the workers
         self._reads_inline = bool(getattr(backend, "reads_inline", False))
+        self._closed = False
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         self._call("PUT", check_key(key), lambda: self._backend.put_if_absent(key, bytes(data)))
@@ -116,6 +117,8 @@ class ObjectStore:
             return b""
         check_key(key)
         if self._reads_inline:  # a file:// tier (the module docstring)
+            if self._closed:  # as the executor refuses a call once shut down
+                raise Unavailable(f"object storage tier {self.url}: closed")
             try:
                 return self._backend.get_range(key, start, length)
             except (AlreadyExists, NotFound):
@@ -137,6 +140,7 @@ class ObjectStore:
 
     def close(self) -> None:
         """Stop taking calls; a call still running ends by the backend's own timeout."""
+        self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._backend.close()
 
