@@ -32,6 +32,12 @@ class Snapshot:
     processes: dict[str, float] = field(default_factory=dict)  # process name -> CPU seconds (exited threads too)
 
 
+def parse_stat(stat: str) -> tuple[str, list[str]]:
+    """A /proc/PID[/task/TID]/stat line: the comm, and the fields after it (``fields[0]`` is the state, field 3
+    of proc(5); minflt is ``fields[7]``, utime and stime ``fields[11]`` and ``fields[12]``)."""
+    return stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+
+
 def _threads(pid: int) -> dict[int, tuple[str, float, int]]:
     found = {}
     try:
@@ -44,8 +50,7 @@ def _threads(pid: int) -> dict[int, tuple[str, float, int]]:
             status = (task / "status").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
+        comm, fields = parse_stat(stat)
         involuntary = 0
         for line in status.splitlines():
             if line.startswith("nonvoluntary_ctxt_switches:"):

@@ -114,14 +114,15 @@ def _minor_faults(pid: int) -> dict[str, int]:
     """The minor page faults of a process so far, from /proc: ``all`` its threads' (exited ones too), ``loop`` its
     loop thread's (LOOP_THREAD), ``upload`` its upload threads' (UPLOAD_THREADS, tier_N) still running."""
     with open(f"/proc/{pid}/stat") as stat:
-        found = {"all": int(stat.read().rsplit(")", 1)[1].split()[7]), "loop": 0, "upload": 0}
+        found = {"all": int(cpu_probe.parse_stat(stat.read())[1][7]), "loop": 0, "upload": 0}
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{task}/stat") as stat:
                 text = stat.read()
         except OSError:
             continue  # the thread exited meanwhile
-        comm, minflt = text[text.index("(") + 1:text.rindex(")")], int(text.rsplit(")", 1)[1].split()[7])
+        comm, fields = cpu_probe.parse_stat(text)
+        minflt = int(fields[7])
         if comm == LOOP_THREAD:
             found["loop"] += minflt
         elif comm in UPLOAD_THREADS or comm.startswith("tier_"):

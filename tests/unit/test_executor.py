@@ -12,6 +12,7 @@ import pytest
 
 from mqstore import waits
 from mqstore_rpc.executor import HandlerPool
+from tests.support.threads import os_thread_name
 
 WAIT_S = 30  # every wait below is for an event that must come; the bound only stops a broken run
 NEVER = 10**9  # stall_ticks: the monitor never finds a waiting thread (the tests of the cap and the hints)
@@ -339,7 +340,4 @@ def _threads_idle(pool: HandlerPool) -> tuple[int, int]:
 def test_a_handler_thread_carries_its_name_as_its_os_thread_name(pool):
     """A thread inherits its creator's OS name (the grpc.aio loop's, which starts the pool's threads): each worker
     names itself, so /proc and top -H tell the handlers' CPU from the loop's (bench/README.md's per-thread split)."""
-    def os_name() -> str:
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as comm:
-            return comm.read().rstrip("\n")
-    assert pool.submit(os_name).result(WAIT_S) == "test-handler_0"
+    assert pool.submit(os_thread_name).result(WAIT_S) == "test-handler_0"

@@ -122,7 +122,7 @@ class LocalBackend:
                     break  # the object's end: fewer bytes, as a ranged GET past the end gives
                 parts.append(chunk)
                 at += len(chunk)
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return b"".join(parts)  # (one part: that part itself, no copy)
         finally:
             os.close(fd)
 

@@ -115,17 +115,8 @@ class ObjectStore:
             raise InvalidArgument(f"a range read needs start >= 0 and length >= 0, not {start}, {length}")
         if length == 0:
             return b""
-        check_key(key)
-        if self._reads_inline:  # a file:// tier (the module docstring)
-            if self._closed:  # as the executor refuses a call once shut down
-                raise Unavailable(f"object storage tier {self.url}: closed")
-            try:
-                return self._backend.get_range(key, start, length)
-            except (AlreadyExists, NotFound):
-                raise
-            except Exception as exc:  # the same errors as a call on the executor
-                raise self._unavailable("GET", key, exc) from exc
-        return self._call("GET", key, lambda: self._backend.get_range(key, start, length))
+        return self._call("GET", check_key(key), lambda: self._backend.get_range(key, start, length),
+                          inline=self._reads_inline)  # a file:// tier's: on this thread (the module docstring)
 
     def size(self, key: str) -> int | None:
         return self._call("HEAD", check_key(key), lambda: self._backend.size(key))
@@ -144,8 +135,32 @@ class ObjectStore:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._backend.close()
 
-    def _call(self, op: str, key: str, run: Callable[[], T], paced_s: float = 0.0) -> T:
-        deadline = time.monotonic() + self.timeout_ms / 1000 + paced_s
+    def _call(self, op: str, key: str, run: Callable[[], T], paced_s: float = 0.0, *, inline: bool = False) -> T:
+        """``run()`` on the executor within the deadline, or on this thread when ``inline``; its failures as the
+        module docstring's table says."""
+        if inline:
+            if self._closed:  # as the executor refuses a call once shut down
+                raise Unavailable(f"object storage tier {self.url}: closed")
+            outcome = run
+        else:
+            deadline = time.monotonic() + self.timeout_ms / 1000 + paced_s
+            future = self._submit(op, key, run)
+            outcome = lambda: future.result(timeout=max(deadline - time.monotonic(), 0))  # noqa: E731
+        try:
+            return outcome()
+        except concurrent.futures.TimeoutError:
+            raise Unavailable(f"object storage tier {self.url}: {op} {key} did not answer within "
+                              f"{self.timeout_ms} ms (tier_call_timeout_ms)"
+                              + (f" plus {paced_s:.1f} s of the upload quota's pacing" if paced_s else "")) from None
+        except (AlreadyExists, NotFound):
+            raise
+        except MqStoreError as exc:
+            raise Unavailable(f"object storage tier {self.url}: {op} {key}: {exc}") from exc
+        except Exception as exc:  # any failure of the store or its client: the tier is unavailable
+            raise Unavailable(f"object storage tier {self.url}: {op} {key} failed: {type(exc).__name__}: "
+                              f"{_short(exc)}") from exc
+
+    def _submit(self, op: str, key: str, run: Callable[[], T]) -> concurrent.futures.Future:
         if not self._slots.acquire(timeout=self.timeout_ms / 1000):
             raise Unavailable(f"object storage tier {self.url}: {op} {key}: every worker was busy for "
                               f"{self.timeout_ms} ms (a slow store); retry")
@@ -156,26 +171,10 @@ class ObjectStore:
             finally:
                 self._slots.release()
         try:
-            future = self._executor.submit(task)
+            return self._executor.submit(task)
         except RuntimeError as exc:  # shut down
             self._slots.release()
             raise Unavailable(f"object storage tier {self.url}: closed") from exc
-        try:
-            return future.result(timeout=max(deadline - time.monotonic(), 0))
-        except concurrent.futures.TimeoutError:
-            raise Unavailable(f"object storage tier {self.url}: {op} {key} did not answer within "
-                              f"{self.timeout_ms} ms (tier_call_timeout_ms)"
-                              + (f" plus {paced_s:.1f} s of the upload quota's pacing" if paced_s else "")) from None
-        except (AlreadyExists, NotFound):
-            raise
-        except Exception as exc:
-            raise self._unavailable(op, key, exc) from exc
-
-    def _unavailable(self, op: str, key: str, exc: Exception) -> Unavailable:
-        """A failure of the store or its client (any but AlreadyExists and NotFound): the tier is unavailable."""
-        if isinstance(exc, MqStoreError):
-            return Unavailable(f"object storage tier {self.url}: {op} {key}: {exc}")
-        return Unavailable(f"object storage tier {self.url}: {op} {key} failed: {type(exc).__name__}: {_short(exc)}")
 
 
 READ_CHUNK_BYTES = 8 << 20  # one range GET of read_whole: a call's deadline covers a bounded transfer

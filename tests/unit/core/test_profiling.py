@@ -8,6 +8,7 @@ import pstats
 import threading
 
 from mqstore.background import Duty
+from tests.support.threads import os_thread_name
 
 LONG_S = 30.0
 
@@ -67,11 +68,6 @@ def test_the_cpu_clock_counts_a_threads_cpu_not_its_waits(tmp_path, monkeypatch)
     assert naps_s("cpu") < 0.01
 
 
-def _os_name(native_id: int) -> str:
-    with open(f"/proc/self/task/{native_id}/comm") as comm:
-        return comm.read().rstrip("\n")
-
-
 def test_a_duty_thread_carries_its_name_as_its_os_thread_name(monkeypatch):
     """top -H, /proc and bench/cpu_probe.py tell the store's threads apart (Python 3.11 names them all python)."""
     monkeypatch.delenv("MQSTORE_PROFILE_DIR", raising=False)
@@ -83,7 +79,7 @@ def test_a_duty_thread_carries_its_name_as_its_os_thread_name(monkeypatch):
             self.stepped = threading.Event()
 
         def step(self) -> None:
-            seen[self.name] = _os_name(threading.get_native_id())
+            seen[self.name] = os_thread_name()
             self.stepped.set()
             self.sleep(0.01)
 
@@ -93,7 +89,7 @@ def test_a_duty_thread_carries_its_name_as_its_os_thread_name(monkeypatch):
         assert duty.stepped.wait(LONG_S)
         assert duty.stop(timeout_s=LONG_S)
     assert seen == {"tier-uploader": "tier-uploader", "a-duty-named-longer-than-fifteen": "a-duty-named-lo"}
-    assert _os_name(threading.get_native_id()) != "tier-uploader"  # the caller's own name is left alone
+    assert os_thread_name() != "tier-uploader"  # the caller's own name is left alone
 
 
 def test_the_tier_executors_threads_carry_their_names():
@@ -114,7 +110,7 @@ class _NameProbe:
     names: list[str] = []
 
     def size(self, key: str) -> int | None:
-        _NameProbe.names.append(_os_name(threading.get_native_id()))
+        _NameProbe.names.append(os_thread_name())
         return None
 
     def close(self) -> None:
