@@ -13,6 +13,14 @@ import pathlib
 # fixture failed with JAVA_GATEWAY_EXITED in a full run. The tests fork only to exec, so they need no
 # fork support; the variable also reaches the service processes they start.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# The disk guard (StoreConfig.disk_max_used_ratio, 90% by default) measures the file system of the test's
+# temp dir, which this machine shares with whatever else runs on it: CI's disk stood at 90-91% once and 261
+# tests failed on "the store is read-only: disk 90.4% full" though the suite writes 2-3 GB. Every store the
+# suite opens gets TEST_DISK_MAX_USED_RATIO instead: the services it starts through the variable (they read
+# MQSTORE_<FIELD>), stores in this process through _test_disk_limit below. The tests of the guard itself
+# give their own ratio (0.0001), which wins.
+TEST_DISK_MAX_USED_RATIO = "0.99"
+os.environ.setdefault("MQSTORE_DISK_MAX_USED_RATIO", TEST_DISK_MAX_USED_RATIO)
 from typing import Iterator
 
 import hypothesis  # noqa: F401  (imported here, before any test starts a thread: hypothesis's pytest plugin
@@ -29,6 +37,17 @@ from mqstore.config import StoreConfig
 from tests.support import shards
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
+
+
+def _test_disk_limit(init):
+    """StoreConfig's __init__ with the suite's disk limit as the default of disk_max_used_ratio."""
+    def init_with_test_limit(self, *args, **kwargs):
+        kwargs.setdefault("disk_max_used_ratio", float(os.environ["MQSTORE_DISK_MAX_USED_RATIO"]))
+        init(self, *args, **kwargs)
+    return init_with_test_limit
+
+
+StoreConfig.__init__ = _test_disk_limit(StoreConfig.__init__)
 
 
 def pytest_report_header(config):
@@ -125,13 +144,18 @@ def pytest_collection_modifyitems(config, items):
     items[:] = kept
 
 
-# The disk the run's temp dir holds at its end (pytest keeps every test's tmp_path until a later run),
-# reported in the terminal summary, with the largest directories: a full run once left 25-28 GB there
-# (services started with 1 GiB segments, allocated for real) and two runs filled the disk. A run over
-# TEMP_LIMIT_BYTES fails, so that a helper starting services with production sizes again cannot go unseen.
+# The disk the suite's temp dirs take. pytest keeps a failed test's tmp_path and removes a passing one's at
+# its end (pyproject: tmp_path_retention_policy = "failed"), so a run holds at a time what its running tests
+# and its module-scoped directories write, not the 2-3 GB every test's files add up to. Services started with
+# production sizes (a 1 GiB segment allocated for real) once left 25-28 GB and two runs filled the disk; so a
+# test whose tmp_path holds more than TEST_TEMP_LIMIT_BYTES at its end, or a run whose temp dir holds more than
+# TEMP_LIMIT_BYTES at its end, fails the run, named in the terminal summary (tests/support/processes.py
+# SMALL_FILES gives services small files).
 TEMP_LIMIT_BYTES = 8 * 1024 ** 3
+TEST_TEMP_LIMIT_BYTES = 512 * 1024 ** 2
 BASETEMP = pytest.StashKey[pathlib.Path]()
 TEMP_USE = pytest.StashKey[tuple[int, list[tuple[int, str]]]]()
+TESTS_OVER = pytest.StashKey[list[tuple[int, str]]]()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -149,6 +173,16 @@ def allocated_bytes(path: pathlib.Path) -> int:
     return total
 
 
+@pytest.hookimpl(tryfirst=True)  # before the fixtures' teardown, which removes a passing test's tmp_path
+def pytest_runtest_teardown(item):
+    path = getattr(item, "funcargs", {}).get("tmp_path")
+    if path is None or not path.is_dir():
+        return
+    size = allocated_bytes(path)
+    if size > TEST_TEMP_LIMIT_BYTES:
+        item.config.stash.setdefault(TESTS_OVER, []).append((size, item.nodeid))
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own, which may remove the temp dir of a passing run
 def pytest_sessionfinish(session):
     basetemp = session.config.stash.get(BASETEMP, None)
@@ -158,7 +192,8 @@ def pytest_sessionfinish(session):
                     if not entry.is_symlink()), reverse=True)  # pytest's <name>current links
     total = sum(size for size, _ in sizes)
     session.config.stash[TEMP_USE] = (total, sizes[:5])
-    if total > TEMP_LIMIT_BYTES and session.exitstatus == pytest.ExitCode.OK:
+    over = total > TEMP_LIMIT_BYTES or session.config.stash.get(TESTS_OVER, [])
+    if over and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -166,11 +201,15 @@ def pytest_terminal_summary(terminalreporter, config):
     if TEMP_USE not in config.stash:
         return
     total, largest = config.stash[TEMP_USE]
-    over = total > TEMP_LIMIT_BYTES
+    tests_over = sorted(config.stash.get(TESTS_OVER, []), reverse=True)
+    over = total > TEMP_LIMIT_BYTES or bool(tests_over)
     terminalreporter.write_sep("=", "disk in the temp dir", red=over, bold=over)
-    terminalreporter.write_line(f"{config.stash[BASETEMP]}: {total / 1024 ** 2:,.0f} MiB (limit "
+    terminalreporter.write_line(f"{config.stash[BASETEMP]}: {total / 1024 ** 2:,.0f} MiB at the end (limit "
                                 f"{TEMP_LIMIT_BYTES / 1024 ** 2:,.0f} MiB); largest: "
                                 + ", ".join(f"{name} {size / 1024 ** 2:,.0f} MiB" for size, name in largest))
+    for size, nodeid in tests_over:
+        terminalreporter.write_line(f"{nodeid}: its tmp_path held {size / 1024 ** 2:,.0f} MiB at its end (limit "
+                                    f"{TEST_TEMP_LIMIT_BYTES / 1024 ** 2:,.0f} MiB)", red=True)
     if over:
         terminalreporter.write_line("over the limit: the run fails. A test or helper keeps large files in its "
                                     "tmp_path (services started with production file sizes?): "

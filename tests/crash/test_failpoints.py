@@ -115,7 +115,7 @@ from mqstore.store import MessageStore
 from mqstore.store_parts import build_store
 store = build_store(StoreConfig(data_dir=pathlib.Path(sys.argv[1]), segment_size_bytes=16 * 1024,
                                  cq_entries_per_file=64, flush_mode=sys.argv[3], warm_ahead_bytes=0,
-                                 checkpoint_interval_ms=600_000))
+                                 checkpoint_interval_ms=600_000, disk_max_used_ratio=float(sys.argv[4])))
 store.start()
 failpoints.arm(sys.argv[2], "exit")
 store.append("t", [MessageIn(body=f"crash-{i}".encode() * 100, queue_id=i % 2) for i in range(5)])
@@ -130,7 +130,8 @@ def _append_dies(name, tmp_path, failpoint):
     config = _config(tmp_path, flush_mode=flush_mode)
     store, acked = _started(config, 3)
     store.stop()
-    child = subprocess.run([sys.executable, "-c", _CHILD, str(config.data_dir), name, flush_mode],
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(config.data_dir), name, flush_mode,
+                            str(config.disk_max_used_ratio)],
                            capture_output=True, timeout=60)
     assert child.returncode == 137, child.stderr.decode()
     crashed = [m.body for m in _batch("crash")]

@@ -233,7 +233,7 @@ def test_a_power_cut_keeps_every_flushed_message_and_the_store_starts(small_conf
     rng = random.Random(seed)
     config = small_config(flush_mode=flush_mode, flush_min_dirty_pages=0, warm_ahead_bytes=16 * 1024,
                           cq_entries_per_file=16)
-    with powercut.PowerCut(mode) as power:
+    with powercut.PowerCut(mode, config.data_dir.parent) as power:
         store = build_store(config)
         store.start()
         store.topic_admin.create("t", 2)
@@ -268,7 +268,7 @@ def test_consume_queue_files_a_checkpoint_counts_on_survive_a_power_cut(small_co
     # The manifest written with a checkpoint counts the entries of every queue; had a power cut lost
     # the queue files (or directories) it counts on, start would rebuild those queues from the log.
     config = small_config(checkpoint_interval_ms=600_000, warm_ahead_bytes=0, cq_entries_per_file=16)
-    with powercut.PowerCut(mode) as power:
+    with powercut.PowerCut(mode, config.data_dir.parent) as power:
         store, acked = _filled(config, batches=12)
         store.topic_admin.create("u", 2)
         acked_u = store.append("u", [MessageIn(body=b"u" * 700, queue_id=1) for _ in range(20)])

@@ -8,9 +8,10 @@ test_recovery_inprocess.py). This models the metadata of new files, after POSIX'
     entry was made (created, or renamed into it);
   - the size of a new file survives only as far as its last fsync or fdatasync.
 
-While a :class:`PowerCut` records, every file and directory the process creates is tracked (os.open
-with O_CREAT, the builtin open for writing, os.mkdir; renames move the tracking), and so are the
-fsyncs. :meth:`PowerCut.cut` then drops what was never made durable, the worst a cut may leave:
+While a :class:`PowerCut` records, every file and directory the process creates under its root (the
+test's own directory) is tracked (os.open with O_CREAT, the builtin open for writing, os.mkdir; renames
+move the tracking), and so are the fsyncs. Files elsewhere are not: threads of other tests may still
+run in the process (a store a failed test left open), and a cut must not touch their files. :meth:`PowerCut.cut` then drops what was never made durable, the worst a cut may leave:
 
   mode       a new entry never made durable          a new file's size beyond its last sync
   ---------- -------------------------------------- ----------------------------------------
@@ -52,10 +53,11 @@ class PowerCut:
     """Records while active (``with PowerCut(mode) as power:``), then ``power.cut()``. The patches of
     os, io and builtins are its own and undone by ``cut`` or at the end of the block."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, root: str | os.PathLike):
         if mode not in (ENTRIES, SIZES):
             raise ValueError(f"mode must be {ENTRIES!r} or {SIZES!r}, not {mode!r}")
         self.mode = mode
+        self.root = os.path.abspath(root) + os.sep
         self._monkeypatch = pytest.MonkeyPatch()
         self._lock = threading.Lock()
         self.created: dict[str, _Created] = {}
@@ -114,12 +116,20 @@ class PowerCut:
     def __exit__(self, *exc) -> None:
         self._monkeypatch.undo()
 
+    def _mine(self, path: str) -> bool:
+        return path.startswith(self.root)
+
     def _track(self, path, is_dir: bool) -> None:
+        path = os.path.abspath(path)
+        if not self._mine(path):
+            return
         with self._lock:
-            self.created[os.path.abspath(path)] = _Created(is_dir)
+            self.created[path] = _Created(is_dir)
 
     def _moved(self, src, dst, existed: bool) -> None:
         src, dst = os.path.abspath(src), os.path.abspath(dst)
+        if not self._mine(dst):
+            return
         with self._lock:
             moved = self.created.pop(src, None)
             if moved is not None:

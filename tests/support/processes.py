@@ -40,9 +40,11 @@ MiB = 1024 * 1024
 # 50,000 entries (1 MB), index files of 100,000 slots and 400,000 entries (8.4 MB), compaction log
 # segments of 8 MiB.
 COMMITLOG = "mqstore_launcher.node"  # mqstore-commitlog: the commit log with Local mode's flags
+_SMALL_LOG = {"MQSTORE_SEGMENT_SIZE_BYTES": str(16 * MiB), "MQSTORE_WARM_AHEAD_BYTES": str(4 * MiB),
+              "MQSTORE_CQ_ENTRIES_PER_FILE": "50000"}
 SMALL_FILES: dict[str, dict[str, str]] = {
-    COMMITLOG: {"MQSTORE_SEGMENT_SIZE_BYTES": str(16 * MiB), "MQSTORE_WARM_AHEAD_BYTES": str(4 * MiB),
-                "MQSTORE_CQ_ENTRIES_PER_FILE": "50000"},
+    COMMITLOG: _SMALL_LOG,
+    "commitlog_service.main": _SMALL_LOG,  # the commit log alone (a 1 GiB segment allocated otherwise)
     "index_service.main": {"MQSTORE_SLOT_COUNT": "100000", "MQSTORE_ENTRY_COUNT": "400000"},
     "compactor_service.main": {"MQSTORE_SEGMENT_SIZE_BYTES": str(8 * MiB)},
 }

@@ -67,14 +67,15 @@ def test_last_idle_first():
 
 
 def test_grows_to_max_workers_then_queues_in_order(pool):
-    gate = threading.Event()
+    """Three calls hold the three threads; four more wait. One thread freed takes the four in arrival order
+    (only one is freed: two threads taking queued calls at once may finish them in either order)."""
+    gates = [threading.Event() for _ in range(3)]
     started = threading.Semaphore(0)
     order = []
 
     def blocking(i):
         started.release()
-        gate.wait(WAIT_S)
-        order.append(i)
+        gates[i].wait(WAIT_S)
         return i
 
     held = [pool.submit(blocking, i) for i in range(3)]
@@ -83,10 +84,14 @@ def test_grows_to_max_workers_then_queues_in_order(pool):
     queued = [pool.submit(order.append, f"q{i}") for i in range(4)]
     assert _threads_idle(pool) == (3, 0)
     assert not any(f.done() for f in queued)
-    gate.set()
+    gates[0].set()
+    assert held[0].result(WAIT_S) == 0
+    done, _ = futures.wait(queued, timeout=WAIT_S)
+    assert len(done) == 4 and order == ["q0", "q1", "q2", "q3"]
+    assert not held[1].done() and not held[2].done()
+    for gate in gates[1:]:
+        gate.set()
     assert [f.result(WAIT_S) for f in held] == [0, 1, 2]
-    futures.wait(queued, timeout=WAIT_S)
-    assert [x for x in order if isinstance(x, str)] == ["q0", "q1", "q2", "q3"]
     assert pool.counts()["threads"] == 3  # never more than max_workers
 
 

@@ -105,7 +105,7 @@ def test_a_foreign_file_refuses_the_start(tmp_path):
 def test_what_a_save_wrote_survives_a_power_cut(tmp_path, mode):
     table, clock = table_with(3), FakeClock(T0)
     path = tmp_path / "txn" / "state.journal"
-    with powercut.PowerCut(mode) as power:
+    with powercut.PowerCut(mode, tmp_path) as power:
         fs.make_dirs(path.parent)  # as the service creates its data directory
         cp = persist.Checkpointer(path, table, clock, 1000)
         cp.save_now()  # a full record: a new file (replace_file)
