@@ -16,11 +16,10 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # The disk guard (StoreConfig.disk_max_used_ratio, 90% by default) measures the file system of the test's
 # temp dir, which this machine shares with whatever else runs on it: CI's disk stood at 90-91% once and 261
 # tests failed on "the store is read-only: disk 90.4% full" though the suite writes 2-3 GB. Every store the
-# suite opens gets TEST_DISK_MAX_USED_RATIO instead: the services it starts through the variable (they read
-# MQSTORE_<FIELD>), stores in this process through _test_disk_limit below. The tests of the guard itself
-# give their own ratio (0.0001), which wins.
-TEST_DISK_MAX_USED_RATIO = "0.99"
-os.environ.setdefault("MQSTORE_DISK_MAX_USED_RATIO", TEST_DISK_MAX_USED_RATIO)
+# suite opens gets 0.99 instead: the services it starts through the variable (they read MQSTORE_<FIELD>),
+# stores in this process through _test_disk_limit below. The tests of the guard itself give their own
+# ratio (0.0001), which wins.
+os.environ.setdefault("MQSTORE_DISK_MAX_USED_RATIO", "0.99")
 from typing import Iterator
 
 import hypothesis  # noqa: F401  (imported here, before any test starts a thread: hypothesis's pytest plugin

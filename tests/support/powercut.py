@@ -11,7 +11,8 @@ test_recovery_inprocess.py). This models the metadata of new files, after POSIX'
 While a :class:`PowerCut` records, every file and directory the process creates under its root (the
 test's own directory) is tracked (os.open with O_CREAT, the builtin open for writing, os.mkdir; renames
 move the tracking), and so are the fsyncs. Files elsewhere are not: threads of other tests may still
-run in the process (a store a failed test left open), and a cut must not touch their files. :meth:`PowerCut.cut` then drops what was never made durable, the worst a cut may leave:
+run in the process (a store a failed test left open), and a cut must not touch their files.
+:meth:`PowerCut.cut` then drops what was never made durable, the worst a cut may leave:
 
   mode       a new entry never made durable          a new file's size beyond its last sync
   ---------- -------------------------------------- ----------------------------------------
