@@ -106,7 +106,7 @@ class Receiver:
         topic_rules.validate_group_name(group)
         if queue_id is not None:
             limits.at_least_zero("queue_id", queue_id, "unset = every queue of the topic")
-        sources = self.sources(group, self._consumable(topic), queue_id)
+        sources = self.sources(group, self.consumable(topic), queue_id)
         wanted = selection(filter_type, filter_expression)
         batch = limits.within("batch_size", batch_size, 1, MAX_BATCH, default=DEFAULT_BATCH)
         invisible_ms = limits.within("invisible_duration_ms", invisible_duration_ms, MIN_INVISIBLE_MS,
@@ -140,7 +140,7 @@ class Receiver:
         store, max_offsets = self.store, storage.max_offsets
         return lambda: any(now > before for now, before in zip(max_offsets(store, names), seen, strict=True))
 
-    def _consumable(self, topic: str) -> TopicRecord:
+    def consumable(self, topic: str) -> TopicRecord:
         rec = self.store.topic_admin.get(topic)
         if rec.kind == KIND_SYSTEM or topic_rules.is_pop_owned_topic(topic):
             raise InvalidArgument(f"topic {topic!r} is a system, retry or dead-letter topic: receive from the topic "

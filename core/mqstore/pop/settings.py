@@ -48,6 +48,11 @@ class GroupSettingsTable:
         with self._lock:
             return self._cache.setdefault(group, settings)
 
+    def peek(self, group: str) -> GroupSettings | None:
+        """The group's settings if known here, without reading them (None: not yet read)."""
+        with self._lock:
+            return self._cache.get(group)
+
     def set(self, group: str, *, ordered: bool) -> GroupSettings:
         topic_rules.validate_group_name(group)
         settings = GroupSettings(group, ordered)

@@ -2,6 +2,10 @@
 the commit log process. Each method converts the request, calls one PopService method and converts the
 result; errors become status codes in mqstore_rpc.errors' interceptor.
 
+Receive and Ack are answered on the port's event loop when they cannot wait (mqstore.pop.at_once: one node with
+ASYNC flush, reads of the hot local files, no filter; mqstore_rpc.aio.at_once_when), in the handler pool
+otherwise; a Receive on the loop never long-polls there (nothing found: again in the pool, aio.InPool).
+
 In a replication group only the leader runs pop consumption (mqstore.pop.leadership): ``current()`` gives
 the running PopService or raises NotLeader (FAILED_PRECONDITION with the leader in the trailer
 ``mqstore-leader``, as a write to a replica) or Unavailable (a new leader rebuilding its in-flight set).
@@ -14,10 +18,10 @@ from __future__ import annotations
 from typing import Callable
 
 import grpc
-from mqstore.errors import InvalidArgument
-from mqstore.pop import receive, service as pop
+from mqstore.errors import InvalidArgument, MqStoreError
+from mqstore.pop import at_once, receive, service as pop
 from mqstore.pop.stats import PopStatsView, pop_stats
-from mqstore_rpc import convert
+from mqstore_rpc import aio, convert
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2, consumer_pb2, consumer_pb2_grpc
 
 CONSUMER_SERVICE_NAME = consumer_pb2.DESCRIPTOR.services_by_name["Consumer"].full_name
@@ -35,16 +39,37 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
     def __init__(self, current: Callable[[], pop.PopService]):
         self._current = current
 
+    def _receive_at_once(self, request) -> bool:
+        try:
+            current = self._current()
+            filter_type = convert.filter_type_in(request.filter_type)
+        except MqStoreError:
+            return True  # refused before any work (NotLeader, Unavailable, InvalidArgument)
+        return at_once.receive_at_once(
+            current, request.group, request.topic, queue_id=request.queue_id if request.HasField("queue_id") else None,
+            filter_type=filter_type, filter_expression=request.filter_expression, batch_size=request.batch_size,
+            long_poll_ms=request.long_poll_ms)
+
+    def _ack_at_once(self, request) -> bool:
+        try:
+            return at_once.ack_at_once(self._current(), len(request.receipt_handles))
+        except MqStoreError:
+            return True  # refused before any work
+
+    @aio.at_once_when("_receive_at_once")
     def Receive(self, request, context):
         remaining_s = context.time_remaining()
+        on_loop = aio.on_the_loop()  # then it never waits there: no long poll
         result = self._current().receive(
             request.group, request.topic, invisible_duration_ms=request.invisible_duration_ms,
             queue_id=request.queue_id if request.HasField("queue_id") else None,
             filter_expression=request.filter_expression, filter_type=convert.filter_type_in(request.filter_type),
             batch_size=request.batch_size,
-            long_poll_ms=request.long_poll_ms, max_attempts=request.max_attempts,
+            long_poll_ms=0 if on_loop else request.long_poll_ms, max_attempts=request.max_attempts,
             start=_start(request.start), max_bytes=request.max_bytes,
             time_left_ms=None if remaining_s is None else int(remaining_s * 1000))
+        if on_loop and not result.deliveries and request.long_poll_ms > 0:
+            raise aio.InPool  # nothing after all: the long poll waits on a thread
         response = consumer_pb2.ReceiveResponse(pop_time_ms=result.pop_time_ms)
         add = response.messages.add
         for d in result.deliveries:
@@ -52,6 +77,7 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
                 delivery_attempt=d.attempt, next_visible_time_ms=d.visible_at_ms)
         return response
 
+    @aio.at_once_when("_ack_at_once")
     def Ack(self, request, context):
         result = self._current().ack(request.group, request.topic, list(request.receipt_handles))
         return consumer_pb2.AckResponse(

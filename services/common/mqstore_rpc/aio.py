@@ -25,7 +25,10 @@ the measurement that made it the only kind of port.
                              read through the loop (:class:`_BlockingRequests`)
   a synchronous handler      marked :func:`at_once_when`: run on the loop, with the same context, for the calls
   that may not block         its servicer's check says cannot block (the CommitLog's Pull of the hot local
-                             log), in the pool for the others
+                             log, the Consumer's Receive and Ack), in the pool for the others; a call that
+                             finds on the loop that it would have to wait after all (a Receive with nothing
+                             ready that asked for a long poll) raises :class:`InPool` before it changed
+                             anything, and is run again in the pool (:func:`on_the_loop` says where it runs)
   a synchronous response     runs on one pool thread, but its responses are handed to the loop by
   stream                     :func:`_driven_stream`, not by grpc: grpc's hand-off blocks the thread on a
                              one-item queue that nothing reads once the client has cancelled, so each
@@ -217,6 +220,21 @@ def _in_pool(behavior: Callable, pool: concurrent.futures.Executor, request_stre
     return call
 
 
+class InPool(Exception):
+    """Raised by a handler run on the loop (:func:`at_once_when`) that finds it would have to wait, before it
+    changed anything: the port runs the call again in the handler pool."""
+
+
+def on_the_loop() -> bool:
+    """Whether this code runs on an event loop's thread (a handler :func:`at_once_when` runs there), not on a
+    thread of the pool."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def at_once_when(check: str) -> Callable[[Callable], Callable]:
     """Mark a synchronous unary servicer method that the port runs on the loop when its servicer's method
     ``check(request)`` says this call cannot block (what mqstore.hot_reads says: pull_at_once, a read of the
@@ -232,7 +250,8 @@ def at_once_when(check: str) -> Callable[[Callable], Callable]:
 def _at_once_or_in_pool(behavior: Callable, at_once: Callable[[Any], bool],
                         pool: concurrent.futures.Executor) -> Callable:
     """A synchronous unary ``behavior`` as a coroutine that runs it here, on the loop, when ``at_once(request)``
-    (with the same :class:`SyncContext` as in the pool), else in ``pool`` (:func:`_in_pool`)."""
+    (with the same :class:`SyncContext` as in the pool), else in ``pool`` (:func:`_in_pool`); again in ``pool``
+    when it raises :class:`InPool` here."""
     in_pool = _in_pool(behavior, pool, False)
 
     @functools.wraps(behavior)
@@ -243,6 +262,8 @@ def _at_once_or_in_pool(behavior: Callable, at_once: Callable[[Any], bool],
             return behavior(request, SyncContext(_LoopContext(context, asyncio.get_running_loop())))
         except _Aborted as aborted:
             await context.abort(aborted.code, aborted.details)
+        except InPool:
+            return await in_pool(request, context)
     return call
 
 
