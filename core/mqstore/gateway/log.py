@@ -54,6 +54,11 @@ class LogPort(Protocol):
         append); its due time. NotFound / FailedPrecondition as RecallTimer."""
         ...
 
+    def appends_at_once(self) -> bool:
+        """Whether ``append`` of a message that is neither delayed nor a transaction's returns without waiting
+        (no other process, no fsync, no replicas to wait for), so that an event loop may call it."""
+        ...
+
 
 class LocalPop:
     """PopPort on the PopService of this process (``current()`` as the Consumer servicer uses it)."""
@@ -89,6 +94,8 @@ class StoreLike(Protocol):
     def append(self, topic: str, messages: Sequence[MessageIn], *, system_writer: str | None = None,
                replication: str | None = None) -> Sequence[AppendResult]: ...
 
+    def append_waits(self, replication: str | None = None) -> bool: ...
+
 
 class LocalLog:
     """LogPort in the commit log's own process (Local mode)."""
@@ -111,6 +118,9 @@ class LocalLog:
         if self._append is not None:
             return self._append(topic, messages, writer=WRITER_GATEWAY)
         return self._store.append(topic, messages, system_writer=WRITER_GATEWAY)
+
+    def appends_at_once(self) -> bool:
+        return not self._store.append_waits()
 
     def recall(self, topic: str, msg_id: str) -> int:
         if self._recall is None:

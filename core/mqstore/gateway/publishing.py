@@ -141,6 +141,12 @@ class TopicCache:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[int, TopicRecord]] = {}
 
+    def fresh(self, name: str) -> bool:
+        """Whether :meth:`get` of ``name`` answers from the cache (no lookup)."""
+        with self._lock:
+            cached = self._cache.get(name)
+        return cached is not None and self.clock.now_ms() - cached[0] < self.ttl_ms
+
     def get(self, name: str) -> TopicRecord:
         topic_rules.validate_topic_name(name)
         now = self.clock.now_ms()
@@ -205,6 +211,13 @@ class Publisher:
                  recall: Callable[[str, str], int] | None = None):
         self.topics, self.max_body_bytes, self._append, self._prepare = topics, max_body_bytes, append, prepare
         self._recall = recall
+
+    def sends_at_once(self, p: Publish, appends_at_once: bool) -> bool:
+        """Whether :meth:`send` of ``p`` returns without waiting, given whether the log's appends do
+        (LogPort.appends_at_once): neither a transaction's half (the Transaction service) nor a delayed message
+        (the timer), and its topic fresh in the cache (no DescribeTopic)."""
+        return (appends_at_once and p.message_type not in (TRANSACTION, DELAY) and not p.delivery_ms
+                and self.topics.fresh(p.topic))
 
     def send(self, p: Publish) -> Sent:
         topic = self.topics.get(p.topic)

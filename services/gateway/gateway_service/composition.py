@@ -158,6 +158,7 @@ def compose_gateway(cfg: GatewayConfig, log: LogPort, txn: TxnClient, clock: Clo
                         max_ms=cfg.auto_renew_max_ms, max_entries=cfg.auto_renew_max_messages,
                         alive=lambda client_id: registry.get(client_id) is not None)
     parts.add_duty(Renewal(renewals, cfg.auto_renew_ahead_ms))
-    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, log.pop, renewals))
+    servicer = MessagingServicer(cfg, registry, topics, publisher, relay, Consuming(cfg, topics, log.pop, renewals),
+                                 log.appends_at_once)
     serve(SERVICE_NAME, lambda server: add_to_server(servicer, server))
     return servicer

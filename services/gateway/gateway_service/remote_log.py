@@ -51,3 +51,6 @@ class RemoteLog:
 
     def recall(self, topic: str, msg_id: str) -> int:
         return self._recall(topic, msg_id)
+
+    def appends_at_once(self) -> bool:
+        return False  # a call to the commit log's process

@@ -21,6 +21,8 @@ Thread-safe: holds no state beyond thread-safe domain objects.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import grpc
 import structlog
 from mqstore.errors import ClientIdRequired, IllegalAccessPoint, InvalidArgument, InvalidTransactionId, MqStoreError
@@ -28,9 +30,9 @@ from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, CheckRelay
 from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
-from mqstore.gateway.publishing import Publisher, TopicCache, accepted_types, writable
+from mqstore.gateway.publishing import Publish, Publisher, TopicCache, accepted_types, writable
 
-from mqstore_rpc import auth
+from mqstore_rpc import aio, auth
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc
@@ -69,9 +71,11 @@ def overall(statuses: list[d.Status]) -> d.Status:
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, config: GatewayConfig, registry: ClientRegistry, topics: TopicCache, publisher: Publisher,
-                 relay: CheckRelay, consuming: Consuming):
+                 relay: CheckRelay, consuming: Consuming, appends_at_once: Callable[[], bool] = lambda: False):
+        """``appends_at_once``: the log's (LogPort.appends_at_once): sends may then be answered on the loop."""
         self.config, self.registry, self.topics, self.publisher, self.relay = config, registry, topics, publisher, relay
         self.consuming = consuming
+        self._appends_at_once = appends_at_once
 
     def _client(self, context, client_type: str = "", group: str = "") -> str:
         """The caller's client id, kept alive: PERMISSION_DENIED when it is another user's."""
@@ -127,18 +131,38 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         yield from stream.commands(request_iterator, context)
 
     # ---- producing -------------------------------------------------------------------------------------
+    def _send_at_once(self, request) -> bool:
+        return self._appends_at_once()
+
+    @aio.at_once_when("_send_at_once")
     @answers_with_status(s.SendMessageResponse)
     def SendMessage(self, request, context):
+        """Answered on the port's event loop when the log's appends do not wait (Local mode, one node, ASYNC
+        flush: LogPort.appends_at_once) and no message needs another service or a lookup (Publisher.sends_at_once);
+        else in the handler pool (again there, before anything is sent, when a message is found to need one)."""
         self._client(context)
         if not request.messages:
             raise InvalidArgument("SendMessage: messages is empty; send one message per request")
         peer = context.peer()
-        entries = [self._send_one(message, peer) for message in request.messages]
+        publishes = [self._publish_in(message, peer) for message in request.messages]
+        if aio.on_the_loop() and not all(isinstance(p, Publish) and self.publisher.sends_at_once(p, True)
+                                         for p in publishes):
+            raise aio.InPool  # nothing sent yet: all of them on a thread
+        entries = [self._send_one(message, p) for message, p in zip(request.messages, publishes, strict=True)]
         return s.SendMessageResponse(status=overall([e.status for e in entries]), entries=entries)
 
-    def _send_one(self, message: d.Message, peer: str) -> s.SendResultEntry:
+    @staticmethod
+    def _publish_in(message: d.Message, peer: str) -> Publish | MqStoreError:
         try:
-            sent = self.publisher.send(convert.publish_in(message, peer))
+            return convert.publish_in(message, peer)
+        except MqStoreError as exc:  # its entry's status
+            return exc
+
+    def _send_one(self, message: d.Message, p: Publish | MqStoreError) -> s.SendResultEntry:
+        try:
+            if isinstance(p, MqStoreError):
+                raise p
+            sent = self.publisher.send(p)
         except MqStoreError as exc:  # one message's refusal is its entry's status
             log.info("gateway.send_refused", topic=message.topic.name[:127], error=type(exc).__name__,
                      message=str(exc))
