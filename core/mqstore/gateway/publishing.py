@@ -212,12 +212,11 @@ class Publisher:
         self.topics, self.max_body_bytes, self._append, self._prepare = topics, max_body_bytes, append, prepare
         self._recall = recall
 
-    def sends_at_once(self, p: Publish, appends_at_once: bool) -> bool:
-        """Whether :meth:`send` of ``p`` returns without waiting, given whether the log's appends do
-        (LogPort.appends_at_once): neither a transaction's half (the Transaction service) nor a delayed message
-        (the timer), and its topic fresh in the cache (no DescribeTopic)."""
-        return (appends_at_once and p.message_type not in (TRANSACTION, DELAY) and not p.delivery_ms
-                and self.topics.fresh(p.topic))
+    def sends_at_once(self, p: Publish) -> bool:
+        """Whether :meth:`send` of ``p`` returns without waiting when the log's appends do (LogPort.appends_at_once):
+        neither a transaction's half (the Transaction service) nor a delayed message (the timer), and its topic
+        fresh in the cache (no DescribeTopic)."""
+        return p.message_type not in (TRANSACTION, DELAY) and not p.delivery_ms and self.topics.fresh(p.topic)
 
     def send(self, p: Publish) -> Sent:
         topic = self.topics.get(p.topic)

@@ -17,7 +17,9 @@ the hot local files, as a Pull on the loop (mqstore.hot_reads.pull_at_once):
 
 A call refused before any work (bad names, pop not started, no such topic) answers at once too. Anything else
 runs in the pool. A look that races a change says "not at once" or lets the call decide; the call itself is the
-same either way (the receive's lock, the in-flight set and the store are thread-safe).
+same either way (the receive's lock, the in-flight set and the store are thread-safe). What a call on the loop may
+still wait for is a lock another thread holds for a moment: the log's (as the loop's own appends do) and the
+receive's lock of its group and topic, which a receive of the same group in the pool holds while it reads.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise InvalidArgument("SendMessage: messages is empty; send one message per request")
         peer = context.peer()
         publishes = [self._publish_in(message, peer) for message in request.messages]
-        if aio.on_the_loop() and not all(isinstance(p, Publish) and self.publisher.sends_at_once(p, True)
+        if aio.on_the_loop() and not all(isinstance(p, Publish) and self.publisher.sends_at_once(p)
                                          for p in publishes):
             raise aio.InPool  # nothing sent yet: all of them on a thread
         entries = [self._send_one(message, p) for message, p in zip(request.messages, publishes, strict=True)]
