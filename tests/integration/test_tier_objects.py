@@ -127,6 +127,29 @@ def test_a_closed_file_tier_reads_no_more(tmp_path):
             call()
 
 
+def test_an_object_kept_open_reads_its_ranges_on_a_file_tier_and_s3_reads_by_key(tier):
+    data = bytes(range(256)) * 40
+    tier.put_if_absent("k/open", data)
+    opened = tier.open_object("k/open")
+    if tier.url.startswith("s3://"):
+        assert opened is None  # a ranged GET whatever is kept: get_range
+        return
+    try:
+        assert opened.get_range(0, 10) == data[:10] and opened.get_range(len(data) - 5, 100) == data[-5:]
+        assert opened.get_range(len(data) + 3, 10) == b""
+        with pytest.raises(InvalidArgument):
+            opened.get_range(-1, 10)
+        with pytest.raises(NotFound):
+            tier.open_object("k/absent")
+        tier.delete("k/open")
+        assert opened.get_range(100, 4) == data[100:104]  # the object it opened: objects never change
+        tier.close()
+        with pytest.raises(Unavailable, match="closed"):  # as every read of a closed store
+            opened.get_range(0, 1)
+    finally:
+        opened.close()
+
+
 def test_a_missing_file_tier_directory_is_unavailable_never_empty_and_never_made(tmp_path):
     """The root of a file:// tier is its bucket (mqstore.tier.local): while the directory is missing (moved away,
     not mounted) every call is Unavailable naming the tier, nothing "empty" or "gone", and a put does not make

@@ -29,7 +29,7 @@ from typing import Mapping
 
 from mqstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from mqstore.tier.config import Credentials, check_multipart_bytes, described, with_aws_env
-from mqstore.tier.objects import ObjectStore
+from mqstore.tier.objects import ObjectStore, OpenObject
 from mqstore.tier.s3 import DEFAULT_MULTIPART_BYTES
 from mqstore.tier.urls import open_store
 
@@ -127,18 +127,33 @@ class IndexTier:
         on S3 (ObjectStore.put_file, as the commit log's segments), never read whole into memory."""
         self.writes.put_file(key, source, source.stat().st_size)
 
-    def read(self, key: str, position: int, length_bytes: int, *, verifying: bool = False) -> bytes:
-        """A ranged read; DataLoss when the object is gone (a query must not answer NOT_FOUND for a key
-        because a file's object was deleted behind the index's back), Unavailable naming the tier."""
+    def read(self, key: str, position: int, length_bytes: int, *, verifying: bool = False,
+             opened: OpenObject | None = None) -> bytes:
+        """A ranged read (of ``opened``, the object kept open, when given); DataLoss when the object is gone (a
+        query must not answer NOT_FOUND for a key because a file's object was deleted behind the index's back),
+        Unavailable naming the tier."""
         try:
-            data = (self.writes if verifying else self.reads).get_range(key, position, length_bytes)
+            if opened is not None:
+                data = opened.get_range(position, length_bytes)
+            else:
+                data = (self.writes if verifying else self.reads).get_range(key, position, length_bytes)
         except NotFound:
-            raise DataLoss(f"index file object {key} is missing from the tier {self.name} (the manifest names "
-                           f"it); to rebuild, stop the index, delete its directory and start it again") from None
+            raise self._missing(key) from None
         with self._lock:
             self.reads_total += 1
             self.read_bytes_total += len(data)
         return data
+
+    def open(self, key: str) -> OpenObject | None:
+        """The object kept open for reads (a file:// tier), or None (read by key); DataLoss when it is gone."""
+        try:
+            return self.reads.open_object(key)
+        except NotFound:
+            raise self._missing(key) from None
+
+    def _missing(self, key: str) -> DataLoss:
+        return DataLoss(f"index file object {key} is missing from the tier {self.name} (the manifest names "
+                        f"it); to rebuild, stop the index, delete its directory and start it again")
 
     def keys(self) -> dict[str, int]:
         """Every object under ``index/``: key -> size."""
@@ -165,9 +180,10 @@ def open_tier(config: IndexTierConfig) -> IndexTier | None:
 
 
 class TierReader:
-    """A compact_index.RangeReader over one object of the tier (the file's recorded size; nothing is
-    opened, so ``close`` has nothing to release). ``verifying``: reads go through the writes store (the
-    long deadline of a move's read back). Thread-safe."""
+    """A compact_index.RangeReader over one object of the tier (the file's recorded size). On a file:// tier the
+    object is opened at the first read and kept open until ``close`` (ObjectStore.open_object: a query's 2-8
+    reads are preads, as the index's local files' are); on S3 every read is a ranged GET. ``verifying``: reads go
+    through the writes store (the long deadline of a move's read back), nothing kept open. Thread-safe."""
 
     def __init__(self, tier: IndexTier, key: str, size_bytes: int, *, verifying: bool = False):
         self.tier = tier
@@ -175,9 +191,26 @@ class TierReader:
         self.name = f"{tier.name}/{key}"
         self.size_bytes = size_bytes
         self._verifying = verifying
+        self._lock = threading.Lock()
+        self._opened: OpenObject | None = None
+        self._state = _READ_BY_KEY if verifying else _NOT_OPENED
 
     def read(self, position: int, length_bytes: int) -> bytes:
-        return self.tier.read(self.key, position, length_bytes, verifying=self._verifying)
+        if self._state is _NOT_OPENED:
+            self._open()
+        return self.tier.read(self.key, position, length_bytes, verifying=self._verifying, opened=self._opened)
+
+    def _open(self) -> None:
+        with self._lock:
+            if self._state is _NOT_OPENED:
+                self._opened = self.tier.open(self.key)
+                self._state = _OPENED if self._opened is not None else _READ_BY_KEY
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            opened, self._opened, self._state = self._opened, None, _READ_BY_KEY
+        if opened is not None:
+            opened.close()
+
+
+_NOT_OPENED, _OPENED, _READ_BY_KEY = object(), object(), object()  # TierReader's states

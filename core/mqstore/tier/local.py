@@ -109,22 +109,24 @@ class LocalBackend:
         fs.fsync_dir(path.parent)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        try:  # (os calls, no file object: an index query on tier files makes several of these reads)
-            fd = os.open(os.path.join(self._root_text, key), os.O_RDONLY)
+        fd = self._open(key)  # (os calls, no file object: an index query on tier files makes several of these reads)
+        try:
+            return _pread_range(fd, start, length)
+        finally:
+            os.close(fd)
+
+    def open_object(self, key: str) -> OpenFile:
+        """The object's file kept open for ranged reads (an index file on the tier: a query reads it 2-8 times).
+        Objects never change, so its reads give the object's bytes for as long as it stays open, even once it
+        is deleted or its directory moved away (as an open file on S3 would not: ObjectStore.open_object)."""
+        return OpenFile(self._open(key))
+
+    def _open(self, key: str) -> int:
+        try:
+            return os.open(os.path.join(self._root_text, key), os.O_RDONLY)
         except FileNotFoundError:
             self._check_root()
             raise NotFound(f"object {key} does not exist") from None
-        try:
-            parts, at, end = [], start, start + length
-            while at < end:
-                chunk = os.pread(fd, end - at, at)
-                if not chunk:
-                    break  # the object's end: fewer bytes, as a ranged GET past the end gives
-                parts.append(chunk)
-                at += len(chunk)
-            return b"".join(parts)  # (one part: that part itself, no copy)
-        finally:
-            os.close(fd)
 
     def size(self, key: str) -> int | None:
         try:
@@ -152,3 +154,29 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+
+class OpenFile:
+    """An object's file open for reads (LocalBackend.open_object); ``close`` releases it. Thread-safe (pread)."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def get_range(self, start: int, length: int) -> bytes:
+        return _pread_range(self._fd, start, length)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _pread_range(fd: int, start: int, length: int) -> bytes:
+    parts, at, end = [], start, start + length
+    while at < end:
+        chunk = os.pread(fd, end - at, at)
+        if not chunk:
+            break  # the object's end: fewer bytes, as a ranged GET past the end gives
+        parts.append(chunk)
+        at += len(chunk)
+    return b"".join(parts)  # (one part: that part itself, no copy)

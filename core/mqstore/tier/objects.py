@@ -15,6 +15,9 @@
                              mqstore.tier.quota), whose longest wait the
                              call's deadline adds
   get_range(key, start, n)   n bytes from byte ``start`` (fewer at the end)  NotFound: no such object
+  open_object(key)           a file:// object kept open for ranged reads     NotFound: no such object
+                             (``get_range(start, n)``, ``close()``); None
+                             for a backend without (S3: use get_range)
   size(key)                  the object's size (HEAD), None when absent
   list(prefix)               the objects under the "directory" ``prefix``
                              (whole path segments; "" = every object),
@@ -118,6 +121,16 @@ class ObjectStore:
         return self._call("GET", check_key(key), lambda: self._backend.get_range(key, start, length),
                           inline=self._reads_inline)  # a file:// tier's: on this thread (the module docstring)
 
+    def open_object(self, key: str) -> OpenObject | None:
+        """The object kept open for ranged reads on the caller's thread, when the backend reads inline and can
+        (file://: its file, so that each read is a pread, not an open, a pread and a close); None otherwise (S3,
+        where a read is a ranged GET whatever is kept). Its reads fail as get_range's do, and once the store is
+        closed; it reads the object it opened even if the object is deleted meanwhile (objects never change)."""
+        opener = getattr(self._backend, "open_object", None)
+        if opener is None or not self._reads_inline:
+            return None
+        return OpenObject(self, check_key(key), self._call("GET", key, lambda: opener(key), inline=True))
+
     def size(self, key: str) -> int | None:
         return self._call("HEAD", check_key(key), lambda: self._backend.size(key))
 
@@ -175,6 +188,21 @@ class ObjectStore:
         except RuntimeError as exc:  # shut down
             self._slots.release()
             raise Unavailable(f"object storage tier {self.url}: closed") from exc
+
+
+class OpenObject:
+    """An object kept open by :meth:`ObjectStore.open_object`. Thread-safe; ``close`` once no read runs."""
+
+    def __init__(self, store: ObjectStore, key: str, handle):
+        self._store, self.key, self._handle = store, key, handle
+
+    def get_range(self, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise InvalidArgument(f"a range read needs start >= 0 and length >= 0, not {start}, {length}")
+        return self._store._call("GET", self.key, lambda: self._handle.get_range(start, length), inline=True)
+
+    def close(self) -> None:
+        self._handle.close()
 
 
 READ_CHUNK_BYTES = 8 << 20  # one range GET of read_whole: a call's deadline covers a bounded transfer

@@ -4,6 +4,8 @@ per query), retention, stats, and the background maintainer thread."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from index_testing import BASE_MS, Model, all_pages, record, tiny_config
@@ -147,6 +149,40 @@ def test_tier_basics(make_tier, tmp_path):
     assert tier.keys() == {}
     with pytest.raises(DataLoss, match="missing from the tier"):  # not NOT_FOUND: a query would say "no such key"
         tier.read(key, 0, 1)
+
+
+def test_a_reader_on_a_file_tier_opens_its_object_once_and_releases_it_at_close(make_tier, tmp_path, monkeypatch):
+    """A query reads a tier file 2-8 times: on a file:// tier the object stays open between reads (a pread each, as
+    the local files), from the first read until the reader's close; a missing object is DataLoss at that read."""
+    tier = make_tier("t")
+    (tmp_path / "src").write_bytes(bytes(range(100)))
+    key = tier.new_key("a.cidx")
+    tier.put(key, tmp_path / "src")
+    opened: list[int] = []
+    real_open = os.open
+
+    def counting_open(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if str(path).endswith(key):
+            opened.append(fd)
+        return fd
+    monkeypatch.setattr(os, "open", counting_open)
+    reader = TierReader(tier, key, 100)
+    assert [reader.read(i * 10, 3) for i in range(5)] == [bytes(range(i * 10, i * 10 + 3)) for i in range(5)]
+    assert len(opened) == 1 and (tier.reads_total, tier.read_bytes_total) == (5, 15)
+    tier.delete(key)
+    assert reader.read(97, 10) == bytes(range(97, 100))  # objects never change: the open one reads on
+    reader.close()
+    with pytest.raises(OSError):
+        os.fstat(opened[0])  # released
+    with pytest.raises(DataLoss, match="missing from the tier"):
+        reader.read(0, 1)  # closed: read by key, and the object is gone
+    with pytest.raises(DataLoss, match="missing from the tier"):
+        TierReader(tier, key, 100).read(0, 1)
+    verifying = TierReader(tier, tier.new_key("b.cidx"), 100, verifying=True)
+    with pytest.raises(DataLoss):
+        verifying.read(0, 1)  # a move's read back goes by key, through the writes store
+    assert len(opened) == 1
 
 
 def test_a_put_streams_the_file_never_reading_it_whole(make_tier, tmp_path, monkeypatch):
