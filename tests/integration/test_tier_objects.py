@@ -143,6 +143,11 @@ def test_an_object_kept_open_reads_its_ranges_on_a_file_tier_and_s3_reads_by_key
             tier.open_object("k/absent")
         tier.delete("k/open")
         assert opened.get_range(100, 4) == data[100:104]  # the object it opened: objects never change
+        tier.put_if_absent("k/other", b"other")
+        other = tier.open_object("k/other")
+        other.close()
+        with pytest.raises(Unavailable, match="GET k/other failed: OSError"):  # a read that fails names the tier
+            other.get_range(0, 1)
         tier.close()
         with pytest.raises(Unavailable, match="closed"):  # as every read of a closed store
             opened.get_range(0, 1)

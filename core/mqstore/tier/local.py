@@ -172,7 +172,10 @@ class OpenFile:
 
 
 def _pread_range(fd: int, start: int, length: int) -> bytes:
-    parts, at, end = [], start, start + length
+    data = os.pread(fd, length, start)
+    if len(data) == length or not data:
+        return data  # (the usual case: one read, whole or at the object's end)
+    parts, at, end = [data], start + len(data), start + length
     while at < end:
         chunk = os.pread(fd, end - at, at)
         if not chunk:

@@ -197,9 +197,17 @@ class OpenObject:
         self._store, self.key, self._handle = store, key, handle
 
     def get_range(self, start: int, length: int) -> bytes:
+        # An index query makes 2-8 of these: the closed check and the one way such a read fails (OSError) here,
+        # as ObjectStore._call maps them, rather than a closure through it (0.6 of ~2 us a read)
         if start < 0 or length < 0:
             raise InvalidArgument(f"a range read needs start >= 0 and length >= 0, not {start}, {length}")
-        return self._store._call("GET", self.key, lambda: self._handle.get_range(start, length), inline=True)
+        if self._store._closed:
+            raise Unavailable(f"object storage tier {self._store.url}: closed")
+        try:
+            return self._handle.get_range(start, length)
+        except OSError as exc:
+            raise Unavailable(f"object storage tier {self._store.url}: GET {self.key} failed: {type(exc).__name__}: "
+                              f"{_short(exc)}") from exc
 
     def close(self) -> None:
         self._handle.close()
