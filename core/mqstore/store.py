@@ -343,11 +343,10 @@ class MessageStore:
         self.disk.checkpoint_written()
         return True
 
-    def append_waits(self, replication: str | None = None) -> bool:
+    def append_waits(self) -> bool:
         """Whether an append's acknowledgement waits now for a flush (SYNC flush mode) or for the in-sync
-        replicas (``replication`` SYNC, or the node's default), rather than only for the write. An append that
-        does not wait may run on an event loop by its blocking version (pop's records: mqstore.pop.at_once)."""
-        return bool(self.flusher is not None and self.flusher.sync) or self.gate.sync_wanted(replication)
+        replicas (SYNC replication by default), rather than only for the write."""
+        return bool(self.flusher is not None and self.flusher.sync) or self.gate.sync_wanted(None)
 
     def _on_flushed(self, flushed_offset: int) -> None:
         if self.config.flush_mode == FLUSH_SYNC:

@@ -15,6 +15,7 @@ import pytest
 from commitlog_service.main import serving
 from mqstore.pop import at_once
 from mqstore.pop.service import PopService
+from mqstore.replication.config import ReplicationConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, consumer_pb2 as cpb
 from tests.integration.test_consumer_grpc import Stubs, make_config
 from tests.support.waiting import WAIT_S, wait_until
@@ -111,4 +112,22 @@ def test_a_receive_that_finds_nothing_on_the_loop_long_polls_in_the_pool_and_the
         assert not waiting.done()
         s.send("t", [b"late"])
         assert [m.message.body for m in waiting.result(WAIT_S).messages] == [b"late"]
+        s.channel.close()
+
+
+def test_in_a_replication_group_receives_and_acks_run_in_the_pool(tmp_path, calls):
+    """Pop's records wait for the in-sync replicas of a replication group (mqstore.pop.service.POP_REPLICATION),
+    even where the node's default replication is ASYNC: never on the loop there."""
+    config = make_config(tmp_path / "data")
+    config = dataclasses.replace(config, replication=ReplicationConfig(node_id="a", replication_heartbeat_ms=50))
+    with serving(config) as (_, port):
+        s = Stubs(port)
+        s.topic("t", queues=1)
+        s.send("t", [b"m0", b"m1"])
+        s.receive("t", batch_size=1)
+        mark = len(calls)
+        got = s.receive("t", batch_size=1)
+        s.ack("t", [m.receipt_handle for m in got.messages])
+        assert [m.message.body for m in got.messages] == [b"m1"]
+        assert _threads(calls, mark) == [("receive", False), ("ack", False)]
         s.channel.close()

@@ -193,24 +193,21 @@ class TierReader:
         self._verifying = verifying
         self._lock = threading.Lock()
         self._opened: OpenObject | None = None
-        self._state = _READ_BY_KEY if verifying else _NOT_OPENED
+        self._to_open = not verifying  # until the first read (or close): then read by ``_opened``, or by key
 
     def read(self, position: int, length_bytes: int) -> bytes:
-        if self._state is _NOT_OPENED:
+        if self._to_open:
             self._open()
         return self.tier.read(self.key, position, length_bytes, verifying=self._verifying, opened=self._opened)
 
     def _open(self) -> None:
         with self._lock:
-            if self._state is _NOT_OPENED:
+            if self._to_open:
                 self._opened = self.tier.open(self.key)
-                self._state = _OPENED if self._opened is not None else _READ_BY_KEY
+                self._to_open = False
 
     def close(self) -> None:
         with self._lock:
-            opened, self._opened, self._state = self._opened, None, _READ_BY_KEY
+            opened, self._opened, self._to_open = self._opened, None, False
         if opened is not None:
             opened.close()
-
-
-_NOT_OPENED, _OPENED, _READ_BY_KEY = object(), object(), object()  # TierReader's states

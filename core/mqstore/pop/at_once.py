@@ -2,8 +2,8 @@
 mqstore_rpc.aio.at_once_when), so that they skip the hand-off to the port's handler pool and back.
 
 A call may run on the loop when it cannot wait: its records (CK, ACK) are appended without waiting
-(MessageStore.append_waits: ASYNC flush, and no in-sync replicas to wait for: one node), and what it reads is in
-the hot local files, as a Pull on the loop (mqstore.hot_reads.pull_at_once):
+(``_records_wait``: ASYNC flush, and no in-sync replicas to wait for, pop's records being SYNC-replicated: one
+node), and what it reads is in the hot local files, as a Pull on the loop (mqstore.hot_reads.pull_at_once):
 
   call     on the loop when
   -------  ------------------------------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ AT_ONCE_ACK_HANDLES = 256
 
 def ack_at_once(pop, handle_count: int) -> bool:
     """Whether an Ack of ``handle_count`` handles (PopService.ack) may run on an event loop."""
-    return not pop.started or (handle_count <= AT_ONCE_ACK_HANDLES and not pop.store.append_waits(pop.replication))
+    return not pop.started or (handle_count <= AT_ONCE_ACK_HANDLES and not _records_wait(pop))
 
 
 def receive_at_once(pop, group: str, topic: str, *, queue_id: int | None = None, filter_type: str = TAG,
@@ -42,7 +42,7 @@ def receive_at_once(pop, group: str, topic: str, *, queue_id: int | None = None,
     """Whether a receive (PopService.receive with these options) may run on an event loop, with no long poll."""
     if not pop.started:
         return True  # refused (Unavailable)
-    if pop.store.append_waits(pop.replication):
+    if _records_wait(pop):
         return False
     if not 0 <= batch_size <= hot_reads.AT_ONCE_PULL_MESSAGES:
         return False
@@ -73,3 +73,9 @@ def receive_at_once(pop, group: str, topic: str, *, queue_id: int | None = None,
                 return False
             ready = True
     return ready or long_poll_ms <= 0
+
+
+def _records_wait(pop) -> bool:
+    """Whether an append of pop's records waits: for a flush or the node's default replication (the store's
+    append_waits), or for the in-sync replicas that pop's own replication (SYNC) asks of a replication group."""
+    return pop.store.append_waits() or pop.store.gate.sync_wanted(pop.replication)
