@@ -23,12 +23,13 @@ from mqstore import model
 from mqstore.config import StoreConfig
 from mqstore.errors import MqStoreError
 from mqstore.format import record
-from mqstore.format.record_reader import RecordView, decode
+from mqstore.format.record_reader import Record, RecordView, decode
 from mqstore.model import MessageIn
+from mqstore.pop import receive
 from mqstore.store_parts import build_store
 from commitlog_service import read_wire
 from mqstore_rpc import convert
-from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2
+from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2, consumer_pb2
 from tests.support import compiled as support_compiled
 from tests.support import records
 
@@ -111,6 +112,74 @@ def test_pull_response_bytes_are_the_reference_bytes(datas, next_offset, min_off
                                       min_offset=min_offset, max_offset=max_offset)
     assert got == want.SerializeToString(deterministic=True)
     assert fallback.records == [d for d in datas if expected_fallback(d)]
+
+
+# ---- Receive: from decoded records (pop's deliveries) ---------------------------------------------------
+
+class MessageFallback:
+    def __init__(self) -> None:
+        self.messages: list[model.StoredMessage] = []
+
+    def __call__(self, message: model.StoredMessage) -> bytes:
+        self.messages.append(message)
+        return read_wire.reference_stored(message)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(stored_records(), st.sampled_from(["upper", "lower", "other"]),
+                          st.sampled_from(["t", "%RETRY%g+t", "é"]), st.sampled_from(["", "h" * 90, "é1"]),
+                          INT32, INT64), max_size=4), INT64)
+def test_receive_response_bytes_are_the_reference_bytes(items, pop_time_ms):
+    """The compiled Receive encoder (from the Records pop decoded) writes what the reference serializes, and
+    leaves to the reference only IPv6 hosts and a message id that is not its physical offset's."""
+    deliveries, expected = [], []
+    for data, id_form, topic, handle, attempt, visible in items:
+        rec = decode(data, 0, verify_crc=False)
+        prefix = read_wire.msg_id_prefix(data)
+        msg_id = {"upper": f"{prefix}{rec.physical_offset:016X}", "lower": f"{prefix}{rec.physical_offset:016x}",
+                  "other": "id"}[id_form]
+        message = model.StoredMessage(rec, msg_id)
+        deliveries.append(receive.Delivery(message, topic, handle, attempt, visible))
+        if len(rec.born_host) == 16 or len(rec.store_host) == 16 or msg_id != f"{prefix}{rec.physical_offset:016X}":
+            expected.append(message)
+    fallback = MessageFallback()
+    got = compiled.receive_response(deliveries, pop_time_ms, fallback)
+    assert got == read_wire.reference_receive_response(deliveries, pop_time_ms)
+    assert fallback.messages == expected
+    assert len(consumer_pb2.ReceiveResponse.FromString(got).messages) == len(deliveries)
+
+
+def _record(**changes) -> Record:
+    fields = dict(size=200, body_crc=7, queue_id=1, flag=0, queue_offset=5, physical_offset=4096, sys_flag=0,
+                  born_timestamp_ms=1, born_host=b"\x7f\x00\x00\x01", born_port=1, store_timestamp_ms=2,
+                  store_host=b"\x7f\x00\x00\x01", store_port=10911, reconsume_times=0,
+                  prepared_transaction_offset=0, body=b"body", topic="t", properties={"TAGS": "a", "KEYS": "k1 k2"})
+    fields.update(changes)
+    return Record(**fields)
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"properties": {"a": ""}}, {"properties": {"": "v"}}, {"properties": {f"p{i}": "v" for i in range(100)}},
+    {"properties": {"a": "\ud800"}}, {"topic": "\udcff"}, {"queue_id": 1 << 31}, {"body_crc": -1},
+    {"queue_offset": 1 << 63}, {"born_port": -(1 << 31)}, {"born_host": bytes(range(16))}, {"body": bytearray(b"b")},
+    {"reconsume_times": True}, {"properties": {"ab": "1", "a": "2", "abc": "3", "é": "4"}},
+], ids=lambda c: ",".join(c) or "plain")
+def test_receive_response_of_unusual_records_is_the_reference_outcome(changes):
+    """Records pop would never decode (empty property names or values, surrogates, values outside their
+    field's range, other types): the compiled encoder gives the reference's bytes, or fails as it fails."""
+    rec = _record(**changes)
+    deliveries = [receive.Delivery(model.StoredMessage(rec, f"7F00000100002A9F{rec.physical_offset % (1 << 64):016X}"),
+                                   "t", "handle", 1, 9)]
+
+    def result(encode):
+        try:
+            return encode(), None
+        except (ValueError, TypeError, UnicodeError, OverflowError) as exc:
+            return None, type(exc)
+    want = result(lambda: read_wire.reference_receive_response(deliveries, 3))
+    got = result(lambda: compiled.receive_response(deliveries, 3, read_wire.reference_stored))
+    assert got[0] == want[0]
+    assert (got[1] is None) == (want[1] is None), (got, want)
 
 
 # ---- a real store: the raw read path and the decoded one ----------------------------------------------

@@ -94,6 +94,7 @@ def _load() -> tuple[types.SimpleNamespace | None, str]:
                                  append_response=_responses.append_response,
                                  pull_response=_responses.pull_response,
                                  stored_message=_responses.stored_message,
+                                 receive_response=_responses.receive_response,
                                  scan=_scan.scan, key_hashes=_scan.key_hashes,
                                  compaction_fields=_scan.compaction_fields, segment_keys=_scan.segment_keys,
                                  scan_values=_scan.scan_values,

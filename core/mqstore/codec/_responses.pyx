@@ -412,3 +412,196 @@ def pull_response(list records, str msg_id_prefix, int64_t next_offset, int64_t 
         return PyBytes_FromStringAndSize(<const char*>buf.data, buf.length)
     finally:
         free(buf.data)
+
+
+# ---- Receive: from the store's decoded records ---------------------------------------------------------
+# A pop Receive hands over Record objects (mqstore.format.record_reader.Record), not record bytes: the
+# receive decodes them for its own rules. Their fixed fields are written into a record header of the
+# on-disk layout (the offsets read_fields' readers use), their text and body pointed at where Python keeps
+# them, so message_size and put_message serve both paths. A record the reference has to encode (an IPv6
+# host, a value outside its field's range, an empty property name or value, text that is not UTF-8, a
+# message id that is not its physical offset's) goes to ``fallback``: the same bytes either way.
+
+cdef enum:
+    HEADER_BYTES = 88
+
+
+cdef inline void put_be32(uint8_t* p, uint32_t value) noexcept nogil:
+    p[0], p[1], p[2], p[3] = (value >> 24) & 0xFF, (value >> 16) & 0xFF, (value >> 8) & 0xFF, value & 0xFF
+
+
+cdef inline void put_be64(uint8_t* p, uint64_t value) noexcept nogil:
+    put_be32(p, <uint32_t>(value >> 32))
+    put_be32(p + 4, <uint32_t>value)
+
+
+cdef bint header_int32(uint8_t* p, object value, bint unsigned):
+    """``value`` at ``p`` as the layout's 4 bytes; False when it is not an int of the field's range."""
+    cdef int64_t v
+    if type(value) is not int:
+        return False
+    try:
+        v = value
+    except OverflowError:
+        return False
+    if (v < 0 or v > 0xFFFFFFFF) if unsigned else (v < -2147483648 or v > 2147483647):
+        return False
+    put_be32(p, <uint32_t>v)
+    return True
+
+
+cdef bint header_int64(uint8_t* p, object value):
+    cdef int64_t v
+    if type(value) is not int:
+        return False
+    try:
+        v = value
+    except OverflowError:
+        return False
+    put_be64(p, <uint64_t>v)
+    return True
+
+
+cdef bint utf8_of(object text, Span* out):
+    """``text``'s UTF-8 (kept by the str object); False for what is not a str or has no UTF-8 (surrogates)."""
+    cdef Py_ssize_t length
+    cdef const char* ptr
+    if type(text) is not str:
+        return False
+    try:
+        ptr = PyUnicode_AsUTF8AndSize(text, &length)
+    except UnicodeError:
+        return False
+    out.ptr, out.length = <const uint8_t*>ptr, length
+    return True
+
+
+cdef bint host_of(uint8_t* p, object host, object port):
+    if type(host) is not bytes or len(<bytes>host) != 4:
+        return False
+    memcpy(p, <const char*>(<bytes>host), 4)
+    return header_int32(p + 4, port, False)
+
+
+cdef bint object_fields(Fields* f, uint8_t* header, object rec, Py_ssize_t most) except -1:
+    """The fields of a decoded Record into ``f`` (``header``: HEADER_BYTES of the layout, ``f.props``: room
+    for ``most`` properties); False when the reference has to encode it."""
+    cdef object body = rec.body, properties = rec.properties
+    cdef Py_ssize_t i
+    if not (header_int32(header, rec.size, False) and header_int32(header + 8, rec.body_crc, True)
+            and header_int32(header + 12, rec.queue_id, False) and header_int32(header + 16, rec.flag, False)
+            and header_int64(header + 20, rec.queue_offset) and header_int64(header + 28, rec.physical_offset)
+            and header_int32(header + 36, rec.sys_flag, False) and header_int64(header + 40, rec.born_timestamp_ms)
+            and host_of(header + 48, rec.born_host, rec.born_port)
+            and header_int64(header + 56, rec.store_timestamp_ms)
+            and host_of(header + 64, rec.store_host, rec.store_port)
+            and header_int32(header + 72, rec.reconsume_times, False)
+            and header_int64(header + 76, rec.prepared_transaction_offset)):
+        return False
+    if type(body) is not bytes or type(properties) is not dict or len(<dict>properties) > most:
+        return False
+    if not utf8_of(rec.topic, &f.topic):
+        return False
+    f.rec = header
+    f.body.ptr, f.body.length = <const uint8_t*>(<const char*>(<bytes>body)), len(<bytes>body)
+    i = 0
+    for name, value in (<dict>properties).items():
+        if not (utf8_of(name, &f.props[i].name) and utf8_of(value, &f.props[i].value)):
+            return False
+        if f.props[i].name.length == 0 or f.props[i].value.length == 0:
+            return False
+        f.props[i].order = i
+        i += 1
+    f.count = i
+    qsort(f.props, f.count, sizeof(Prop), compare_props)
+    f.tags = find_prop(f, "TAGS", 4)
+    f.uniq = find_prop(f, "UNIQ_KEY", 8)
+    f.keys = find_prop(f, "KEYS", 4)
+    f.born_length = host_text(f.born, header + 48, header + 52)
+    f.store_length = host_text(f.store, header + 64, header + 68)
+    return True
+
+
+cdef bint offset_id(object msg_id, uint64_t physical_offset, Span* prefix):
+    """The part of ``msg_id`` before its 16 hex digits, when they are ``physical_offset``'s (upper case)."""
+    cdef Span text
+    cdef Py_ssize_t i
+    if not utf8_of(msg_id, &text) or text.length < 16:
+        return False
+    for i in range(16):
+        if text.ptr[text.length - 16 + i] != HEX[(physical_offset >> (60 - 4 * i)) & 0xF]:
+            return False
+    prefix.ptr, prefix.length = text.ptr, text.length - 16
+    return True
+
+
+cdef int _put_received(Buffer* buf, object delivery, fallback) except -1:
+    """One ReceiveResponse.messages item (tag, length, ReceivedMessage) of a pop delivery."""
+    cdef object message = delivery.message
+    cdef object rec = message.record
+    cdef object properties = rec.properties
+    cdef uint8_t header[HEADER_BYTES]
+    cdef Fields f
+    cdef Span topic, handle, prefix
+    cdef Prop local[LOCAL_PROPS]
+    cdef Py_ssize_t most = len(properties) if type(properties) is dict else 0
+    cdef Py_ssize_t stored_size, size
+    cdef uint64_t attempt, visible
+    cdef bint ours
+    cdef bytes encoded = None
+    cdef int32_t attempt32
+    cdef int64_t visible64
+    prefix.ptr, prefix.length = NULL, 0
+    if not (utf8_of(delivery.topic, &topic) and utf8_of(delivery.receipt_handle, &handle)):
+        raise TypeError("a delivery's topic and receipt handle are str")
+    attempt32, visible64 = delivery.attempt, delivery.visible_at_ms  # OverflowError as protobuf's ValueError
+    attempt, visible = <uint64_t><int64_t>attempt32, <uint64_t>visible64
+    if most <= LOCAL_PROPS:
+        f.props = &local[0]
+    else:
+        f.props = <Prop*>malloc(sizeof(Prop) * most)
+        if f.props == NULL:
+            raise MemoryError()
+    try:
+        ours = object_fields(&f, header, rec, most) and offset_id(message.msg_id, be64(header + 28), &prefix)
+        if ours:
+            stored_size = message_size(&f, prefix.length + 16)
+        else:
+            encoded = fallback(message)
+            stored_size = len(encoded)
+        size = (1 + varint_size(<uint64_t>stored_size) + stored_size + text_size(topic.length, 1)
+                + text_size(handle.length, 1) + int_field_size(attempt) + int_field_size(visible))
+        reserve(buf, 1 + 10 + size)
+        buf.data[buf.length] = 0x0A
+        buf.length = put_varint(buf.data, buf.length + 1, <uint64_t>size)
+        buf.data[buf.length] = 0x0A
+        buf.length = put_varint(buf.data, buf.length + 1, <uint64_t>stored_size)
+        if ours:
+            buf.length = put_message(buf.data, buf.length, &f, <const char*>prefix.ptr, prefix.length)
+        else:
+            memcpy(buf.data + buf.length, <const char*>encoded, stored_size)
+            buf.length += stored_size
+        buf.length = put_text_field(buf.data, buf.length, 0x12, <const char*>topic.ptr, topic.length)
+        buf.length = put_text_field(buf.data, buf.length, 0x1A, <const char*>handle.ptr, handle.length)
+        buf.length = put_int_field(buf.data, buf.length, 0x20, attempt)
+        buf.length = put_int_field(buf.data, buf.length, 0x28, visible)
+    finally:
+        if f.props != &local[0]:
+            free(f.props)
+    return 0
+
+
+def receive_response(list deliveries, int64_t pop_time_ms, fallback):
+    """mqstore.v1.ReceiveResponse bytes of pop's deliveries (mqstore.pop.receive.Delivery: message, topic,
+    receipt_handle, attempt, visible_at_ms); ``fallback(message)`` the reference StoredMessage bytes of a
+    delivery's StoredMessage that this encoder leaves to it."""
+    cdef Buffer buf
+    buf.data, buf.length, buf.capacity = NULL, 0, 0
+    try:
+        for delivery in deliveries:
+            _put_received(&buf, delivery, fallback)
+        reserve(&buf, 11)
+        buf.length = put_int_field(buf.data, buf.length, 0x10, <uint64_t>pop_time_ms)
+        return PyBytes_FromStringAndSize(<const char*>buf.data, buf.length)
+    finally:
+        free(buf.data)

@@ -1,6 +1,7 @@
 """The Consumer servicer (consumer.proto): pop consumption, a thin adapter onto mqstore.pop.PopService in
 the commit log process. Each method converts the request, calls one PopService method and converts the
-result; errors become status codes in mqstore_rpc.errors' interceptor.
+result; errors become status codes in mqstore_rpc.errors' interceptor. Receive answers with the response's
+bytes (commitlog_service.read_wire: the compiled codec writes them from the records pop decoded).
 
 Receive and Ack are answered on the port's event loop when they cannot wait (mqstore.pop.at_once: one node with
 ASYNC flush, reads of the hot local files, no filter; mqstore_rpc.aio.at_once_when), in the handler pool
@@ -22,7 +23,10 @@ from mqstore.errors import InvalidArgument, MqStoreError
 from mqstore.pop import at_once, receive, service as pop
 from mqstore.pop.stats import PopStatsView, pop_stats
 from mqstore_rpc import aio, convert
+from mqstore_rpc.errors import wire_codec
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2, common_pb2, consumer_pb2, consumer_pb2_grpc
+
+from commitlog_service import read_wire
 
 CONSUMER_SERVICE_NAME = consumer_pb2.DESCRIPTOR.services_by_name["Consumer"].full_name
 
@@ -56,6 +60,7 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         except MqStoreError:
             return True  # refused before any work
 
+    @wire_codec(consumer_pb2.ReceiveRequest.FromString)
     @aio.at_once_when("_receive_at_once")
     def Receive(self, request, context):
         remaining_s = context.time_remaining()
@@ -70,12 +75,7 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
             time_left_ms=None if remaining_s is None else int(remaining_s * 1000))
         if on_loop and not result.deliveries and request.long_poll_ms > 0:
             raise aio.InPool  # nothing after all: the long poll waits on a thread
-        response = consumer_pb2.ReceiveResponse(pop_time_ms=result.pop_time_ms)
-        add = response.messages.add
-        for d in result.deliveries:
-            add(message=convert.stored_message(d.message), topic=d.topic, receipt_handle=d.receipt_handle,
-                delivery_attempt=d.attempt, next_visible_time_ms=d.visible_at_ms)
-        return response
+        return read_wire.receive_response(result.deliveries, result.pop_time_ms)
 
     @aio.at_once_when("_ack_at_once")
     def Ack(self, request, context):

@@ -1,13 +1,14 @@
-"""Pull's, GetMessage's and GetMessages' responses on the wire, by the codec in use (mqstore.codec).
+"""Pull's, GetMessage's, GetMessages' and Receive's responses on the wire, by the codec in use (mqstore.codec).
 
 Compiled: the store hands over the checked records' bytes (MessageStore.pull_raw, get_message_raw,
 get_messages(raw=True)) and the compiled encoder writes the PullResponse / StoredMessage bytes from
-them, with no Python object per field; GetMessages wraps each StoredMessage in its FoundMessage here
+them, with no Python object per field (a Receive's from the records pop decoded for its own rules:
+mqstore.pop.receive.Delivery); GetMessages wraps each StoredMessage in its FoundMessage here
 (a few bytes of framing per message). Pure Python (the reference): the store decodes Records, convert
 builds the messages, which are then serialized. Both give what the other gives once parsed; byte for
 byte, the compiled bytes are the reference's serialized with deterministic=True (map entries sorted by
-key), which tests/property/test_codec_read.py checks. The servicer's Pull, GetMessage and GetMessages
-answer with these bytes (errors.wire_codec: the response serializer passes them through).
+key), which tests/property/test_codec_read.py checks. The servicers' Pull, GetMessage, GetMessages and
+Receive answer with these bytes (errors.wire_codec: the response serializer passes them through).
 
 Thread-safety: stateless.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from mqstore import codec, model
 from mqstore.format import record, record_reader
 from mqstore_rpc import convert
+from mqstore_rpc.gen.mqstore.v1 import consumer_pb2
 
 COMPILED = codec.compiled is not None
 
@@ -46,6 +48,28 @@ def pull_response(result: model.RawPullResult) -> bytes:
 def stored_message(data: bytes) -> bytes:
     """Serialized StoredMessage of one checked record (GetMessage)."""
     return codec.compiled.stored_message(data, msg_id_prefix(data), reference_message)
+
+
+def receive_response(deliveries: list, pop_time_ms: int) -> bytes:
+    """Serialized ReceiveResponse of pop's deliveries (mqstore.pop.receive.Delivery)."""
+    if COMPILED:
+        return codec.compiled.receive_response(deliveries, pop_time_ms, reference_stored)
+    return reference_receive_response(deliveries, pop_time_ms)
+
+
+def reference_stored(message: model.StoredMessage) -> bytes:
+    """The reference StoredMessage bytes of a decoded message (what the compiled Receive encoder hands over
+    for a record it leaves to the reference)."""
+    return convert.stored_message(message).SerializeToString(deterministic=True)
+
+
+def reference_receive_response(deliveries: list, pop_time_ms: int) -> bytes:
+    response = consumer_pb2.ReceiveResponse(pop_time_ms=pop_time_ms)
+    add = response.messages.add
+    for d in deliveries:
+        add(message=convert.stored_message(d.message), topic=d.topic, receipt_handle=d.receipt_handle,
+            delivery_attempt=d.attempt, next_visible_time_ms=d.visible_at_ms)
+    return response.SerializeToString(deterministic=True)
 
 
 def get_messages_response(lookups: list[model.MessageLookup], encode_message=stored_message) -> bytes:
