@@ -52,6 +52,7 @@ class StoreConfig:
     max_long_poll_waiters: int = 32  # Pulls waiting at once; keep below the server's handler threads
     preallocate_segments: bool = True
     warm_ahead_bytes: int = 64 * MiB  # page cache kept ahead of the write position; 0 = off
+    page_cache_keep_bytes: int = 1024 * MiB  # the log's flushed bytes kept in the page cache behind its end; 0 = all
     recheck_segments: int = 3  # start re-checks (CRC included) at least this many last segments, as RocketMQ
     check_all: bool = False    # start re-checks every record of the log
     extra: dict = field(default_factory=dict)
@@ -62,6 +63,8 @@ class StoreConfig:
         if self.segment_size_bytes < 4 * KiB or self.segment_size_bytes % 4096:
             raise InvalidArgument(
                 f"segment_size_bytes must be a multiple of 4096 and at least 4 KiB, not {self.segment_size_bytes}")
+        if self.page_cache_keep_bytes < 0:
+            raise InvalidArgument(f"page_cache_keep_bytes must be 0 (off) or more, not {self.page_cache_keep_bytes}")
         if self.cq_entries_per_file < 2:
             raise InvalidArgument("cq_entries_per_file must be at least 2")
         if not 0 <= self.sync_flush_delay_us <= 100_000:

@@ -131,7 +131,8 @@ class MessageStore:
                                        delete_expired_segments=self.retention.delete_expired_segments,
                                        apply_topic_retention=self.retention.apply_topic_retention)
         sync = config.flush_mode == FLUSH_SYNC
-        self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_CREATE)
+        self.warmer = SegmentWarmer(self.commitlog, config.warm_ahead_bytes, WARM_ZEROS if sync else WARM_CREATE,
+                                    keep_bytes=config.page_cache_keep_bytes, flushed_offset=self.flushed_offset)
         self._lock_fd: int | None = None
         # Set before start() when the object storage tier's local retention is on (mqstore.tier.local_retention):
         # at start, the consume queues keep their entries below the first local segment (read from the tier).

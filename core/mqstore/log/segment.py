@@ -232,6 +232,22 @@ class Segment:
             return
         os.fdatasync(self._fd)
 
+    def drop_cache(self, from_position: int, to_position: int) -> None:
+        """Let the kernel have back the memory of [from_position, to_position), which must be flushed (its pages
+        clean): this process's mapping of its whole pages (madvise DONTNEED: a shared file mapping's data stays
+        in the file), then their page cache (posix_fadvise DONTNEED drops clean pages). A later read faults them
+        in from the disk. A segment closed meanwhile is left alone (its memory went with it)."""
+        start = -(-from_position // PAGE_SIZE) * PAGE_SIZE
+        end = to_position // PAGE_SIZE * PAGE_SIZE
+        mm = self._mm
+        if mm is None or end <= start:
+            return
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except (ValueError, OSError):  # closed by retention between the check and the calls
+            return
+
     def write_zeros(self, from_position: int, to_position: int, zeros: bytes) -> None:
         """Write zeros over [from_position, to_position) and make them durable (the segment warmer's
         zeroing ahead of the writer, mqstore.log.warmer; the caller holds the range's claim, so no record

@@ -1,5 +1,6 @@
 """The segment warmer: one named duty ("commitlog-warmer", mqstore.background) that works ahead of the write
-position, up to ``warm_ahead_bytes`` past it (RocketMQ's "warm mapped file").
+position, up to ``warm_ahead_bytes`` past it (RocketMQ's "warm mapped file"), and behind it: what was flushed more
+than ``page_cache_keep_bytes`` ago is given back to the kernel (drop-behind, below).
 
 It creates the segments ahead, so that a roll waits neither for fallocate nor for the two fsyncs that make
 the new segment durable (mqstore.log.segment). A store or OS error (a full disk creating the next segment:
@@ -37,6 +38,18 @@ alternating runs of three rounds: 190,000-215,000 msgs/s reading ahead against 2
 600-650 against 360-470 us of server CPU a call (the reading thread alone 175 us); single-message appends
 the same within the noise (bench/README.md, *The warmer under ASYNC*).
 
+Drop-behind. A log is written once and read mostly near its end, yet every byte written takes a new page of the page
+cache, kept until memory runs short. On a virtual machine whose free memory goes back to its host (free page
+reporting, balloons: Firecracker's, this project's CI and benchmark machines) a page the guest has not used lately
+costs a fault in the host as well: there, writing into the page cache cost 75-83 us a 256 KiB pwrite for the first
+~1.5 GiB and 850-1,200 us after it, steadily (bench/README.md, *Drop-behind*), system time the writing thread pays.
+So once ``page_cache_keep_bytes`` of the log lie between a range and the flushed offset, the range's pages are
+dropped (Segment.drop_cache: the mapping's pages, then the page cache's), in steps of ``_DROP_STEP``, and the next
+writes take the pages just freed: 104-139 us a pwrite throughout the same 5 GiB. Reads within the window are
+served from memory as before; a reader further behind reads from the disk, as it would once the page cache had
+filled. Only flushed ranges: a dirty page cannot be dropped (the advice would start its writeback instead).
+``page_cache_keep_bytes`` 0 turns it off.
+
 Thread-safety: reads ``commitlog.written_offset`` (published by the writer) and creates segments
 through SegmentQueue.ensure, under the queue's lock and not the append lock: appends go on while a
 segment is created, and only an append that needs that very segment waits for it (it would otherwise
@@ -49,18 +62,27 @@ from mqstore.background import Duty
 from mqstore.log.segment import PAGE_SIZE
 
 _CHUNK = 1 << 20
+_DROP_STEP = 16 << 20  # drop-behind gives back at least this much at a time (less with a smaller window)
 ZERO_LEAD_BYTES = 1 << 20  # zeros start this far past the write position (less in a smaller window)
 WARM_CREATE, WARM_ZEROS = "create", "zeros"
 
 
 class SegmentWarmer(Duty):
-    def __init__(self, commitlog, warm_ahead_bytes: int, mode: str = WARM_CREATE):
+    def __init__(self, commitlog, warm_ahead_bytes: int, mode: str = WARM_CREATE, *, keep_bytes: int = 0,
+                 flushed_offset=None):
         super().__init__("commitlog-warmer", interval_s=1.0, backoff_initial_s=1.0, backoff_max_s=10.0)
         if mode not in (WARM_CREATE, WARM_ZEROS):
             raise ValueError(f"warm mode must be {WARM_CREATE!r} or {WARM_ZEROS!r}, not {mode!r}")
+        if keep_bytes and flushed_offset is None:
+            raise ValueError("drop-behind needs the flushed offset")
         self.commitlog = commitlog
         self.ahead = warm_ahead_bytes
         self.mode = mode
+        # Drop-behind: ranges this far below the flushed offset leave the page cache, from ``dropped_to`` on.
+        self.keep = keep_bytes
+        self._flushed_offset = flushed_offset
+        self._drop_step = max(PAGE_SIZE, min(_DROP_STEP, keep_bytes // 4) // PAGE_SIZE * PAGE_SIZE)
+        self.dropped_to = 0  # below here the log's pages were given back (none yet: start at the log's start)
         # A small window or segment (tests) is zeroed in smaller chunks, from nearer the write position.
         chunk = min(_CHUNK, warm_ahead_bytes // 4, commitlog.segment_size // 4)
         self._zero_chunk = max(PAGE_SIZE, chunk // PAGE_SIZE * PAGE_SIZE)
@@ -69,16 +91,42 @@ class SegmentWarmer(Duty):
         self._created = 0  # create mode: segments exist below here (zeros mode: commitlog.resident_offset)
 
     def start(self) -> None:
-        if self.ahead > 0:
+        if self.ahead > 0 or self.keep > 0:
             super().start()
 
     def poke(self) -> None:
-        """Called after appends; cheap: wakes the thread only when half the window is used."""
+        """Called after appends; cheap: wakes the thread only when half the window is used, or a step of the
+        log is to leave the page cache."""
+        written = self.commitlog.written_offset
         ready = self.commitlog.resident_offset if self.mode == WARM_ZEROS else self._created
-        if self.commitlog.written_offset + self.ahead // 2 > ready:
+        if ((self.ahead and written + self.ahead // 2 > ready)
+                or (self.keep and self._flushed_offset() - self.keep - self.dropped_to >= self._drop_step)):
             self.wake()
 
     def step(self) -> None:
+        if self.ahead > 0:
+            self._warm()
+        if self.keep > 0:
+            self.drop_behind()
+
+    def drop_behind(self) -> None:
+        """Give back the pages of the log from ``dropped_to`` up to ``keep`` below the flushed offset (whole
+        steps), segment by segment; segments that retention removed are passed over."""
+        log_ = self.commitlog
+        flushed = self._flushed_offset()
+        if flushed < self.dropped_to:  # the log was cut back below what was dropped (a replica's truncation)
+            self.dropped_to = max(0, flushed - self.keep)
+        dropped = max(self.dropped_to, log_.segments.min_offset)
+        target = flushed - self.keep
+        if target - dropped < self._drop_step:
+            return
+        target = dropped + (target - dropped) // self._drop_step * self._drop_step
+        for seg in log_.segments.segments:
+            if seg.end > dropped and seg.start < target:
+                seg.drop_cache(max(dropped, seg.start) - seg.start, min(target, seg.end) - seg.start)
+        self.dropped_to = target
+
+    def _warm(self) -> None:
         log_ = self.commitlog
         written, seg_size = log_.written_offset, log_.segment_size
         # At most into the segment after the current one: small test segments must not multiply.
