@@ -52,7 +52,7 @@ class StoreConfig:
     max_long_poll_waiters: int = 32  # Pulls waiting at once; keep below the server's handler threads
     preallocate_segments: bool = True
     warm_ahead_bytes: int = 64 * MiB  # page cache kept ahead of the write position; 0 = off
-    page_cache_keep_bytes: int = 1024 * MiB  # the log's flushed bytes kept in the page cache behind its end; 0 = all
+    page_cache_keep_bytes: int = 1024 * MiB  # flushed log kept in the page cache (mqstore.log.warmer); 0 = off
     recheck_segments: int = 3  # start re-checks (CRC included) at least this many last segments, as RocketMQ
     check_all: bool = False    # start re-checks every record of the log
     extra: dict = field(default_factory=dict)

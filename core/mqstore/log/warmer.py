@@ -40,7 +40,7 @@ the same within the noise (bench/README.md, *The warmer under ASYNC*).
 
 Drop-behind. A log is written once and read mostly near its end, yet every byte written takes a new page of the page
 cache, kept until memory runs short. On a virtual machine whose free memory goes back to its host (free page
-reporting, balloons: Firecracker's, this project's CI and benchmark machines) a page the guest has not used lately
+reporting, balloons: the Firecracker VM this project's benchmarks ran on) a page the guest has not used lately
 costs a fault in the host as well: there, writing into the page cache cost 75-83 us a 256 KiB pwrite for the first
 ~1.5 GiB and 850-1,200 us after it, steadily (bench/README.md, *Drop-behind*), system time the writing thread pays.
 So once ``page_cache_keep_bytes`` of the log lie between a range and the flushed offset, the range's pages are
@@ -50,7 +50,9 @@ served from memory as before; a reader further behind reads from the disk, as it
 filled. Only flushed ranges: a dirty page cannot be dropped (the advice would start its writeback instead).
 ``page_cache_keep_bytes`` 0 turns it off.
 
-Thread-safety: reads ``commitlog.written_offset`` (published by the writer) and creates segments
+Thread-safety: reads ``commitlog.written_offset`` (published by the writer) and the flushed offset (published by
+the flush service after each fsync; drop-behind never goes above it), drops pages readers may fault back in at any
+time (Segment.drop_cache copes with retention closing a segment meanwhile), and creates segments
 through SegmentQueue.ensure, under the queue's lock and not the append lock: appends go on while a
 segment is created, and only an append that needs that very segment waits for it (it would otherwise
 create it itself). Zeroing takes the append lock only to claim a chunk (no I/O under it).
