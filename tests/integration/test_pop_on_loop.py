@@ -79,9 +79,8 @@ def test_hot_receives_and_acks_run_on_the_loop_and_the_others_in_the_pool(tmp_pa
         s.channel.close()
 
 
-def test_a_sync_flush_stores_receives_and_acks_run_in_the_pool(tmp_path, calls):
-    config = make_config(tmp_path / "data")
-    config = dataclasses.replace(config, store=dataclasses.replace(config.store, flush_mode="SYNC"))
+def _second_receive_and_ack(config, calls) -> list[tuple[str, bool]]:
+    """Where a group's second Receive (its offsets known) and its Ack ran: (call, on the loop) each."""
     with serving(config) as (_, port):
         s = Stubs(port)
         s.topic("t", queues=1)
@@ -90,8 +89,15 @@ def test_a_sync_flush_stores_receives_and_acks_run_in_the_pool(tmp_path, calls):
         mark = len(calls)
         got = s.receive("t", batch_size=1)
         s.ack("t", [m.receipt_handle for m in got.messages])
-        assert _threads(calls, mark) == [("receive", False), ("ack", False)]  # their records wait for an fsync
+        assert [m.message.body for m in got.messages] == [b"m1"]
         s.channel.close()
+        return _threads(calls, mark)
+
+
+def test_a_sync_flush_stores_receives_and_acks_run_in_the_pool(tmp_path, calls):
+    config = make_config(tmp_path / "data")
+    config = dataclasses.replace(config, store=dataclasses.replace(config.store, flush_mode="SYNC"))
+    assert _second_receive_and_ack(config, calls) == [("receive", False), ("ack", False)]  # records wait for fsync
 
 
 def test_a_receive_that_finds_nothing_on_the_loop_long_polls_in_the_pool_and_the_loop_answers_meanwhile(
@@ -120,14 +126,4 @@ def test_in_a_replication_group_receives_and_acks_run_in_the_pool(tmp_path, call
     even where the node's default replication is ASYNC: never on the loop there."""
     config = make_config(tmp_path / "data")
     config = dataclasses.replace(config, replication=ReplicationConfig(node_id="a", replication_heartbeat_ms=50))
-    with serving(config) as (_, port):
-        s = Stubs(port)
-        s.topic("t", queues=1)
-        s.send("t", [b"m0", b"m1"])
-        s.receive("t", batch_size=1)
-        mark = len(calls)
-        got = s.receive("t", batch_size=1)
-        s.ack("t", [m.receipt_handle for m in got.messages])
-        assert [m.message.body for m in got.messages] == [b"m1"]
-        assert _threads(calls, mark) == [("receive", False), ("ack", False)]
-        s.channel.close()
+    assert _second_receive_and_ack(config, calls) == [("receive", False), ("ack", False)]

@@ -435,8 +435,13 @@ cdef inline void put_be64(uint8_t* p, uint64_t value) noexcept nogil:
     put_be32(p + 4, <uint32_t>value)
 
 
-cdef bint header_int32(uint8_t* p, object value, bint unsigned):
-    """``value`` at ``p`` as the layout's 4 bytes; False when it is not an int of the field's range."""
+cdef enum:
+    INT32, UINT32, INT64  # a header field's kind
+
+
+cdef bint header_int(uint8_t* p, object value, int kind):
+    """``value`` at ``p`` as the layout's 4 (INT32, UINT32) or 8 (INT64) big-endian bytes; False when it is not an
+    int of the field's range."""
     cdef int64_t v
     if type(value) is not int:
         return False
@@ -444,21 +449,12 @@ cdef bint header_int32(uint8_t* p, object value, bint unsigned):
         v = value
     except OverflowError:
         return False
-    if (v < 0 or v > 0xFFFFFFFF) if unsigned else (v < -2147483648 or v > 2147483647):
+    if kind == INT64:
+        put_be64(p, <uint64_t>v)
+        return True
+    if (v < 0 or v > 0xFFFFFFFF) if kind == UINT32 else (v < -2147483648 or v > 2147483647):
         return False
     put_be32(p, <uint32_t>v)
-    return True
-
-
-cdef bint header_int64(uint8_t* p, object value):
-    cdef int64_t v
-    if type(value) is not int:
-        return False
-    try:
-        v = value
-    except OverflowError:
-        return False
-    put_be64(p, <uint64_t>v)
     return True
 
 
@@ -480,7 +476,7 @@ cdef bint host_of(uint8_t* p, object host, object port):
     if type(host) is not bytes or len(<bytes>host) != 4:
         return False
     memcpy(p, <const char*>(<bytes>host), 4)
-    return header_int32(p + 4, port, False)
+    return header_int(p + 4, port, INT32)
 
 
 cdef bint object_fields(Fields* f, uint8_t* header, object rec, Py_ssize_t most) except -1:
@@ -488,15 +484,15 @@ cdef bint object_fields(Fields* f, uint8_t* header, object rec, Py_ssize_t most)
     for ``most`` properties); False when the reference has to encode it."""
     cdef object body = rec.body, properties = rec.properties
     cdef Py_ssize_t i
-    if not (header_int32(header, rec.size, False) and header_int32(header + 8, rec.body_crc, True)
-            and header_int32(header + 12, rec.queue_id, False) and header_int32(header + 16, rec.flag, False)
-            and header_int64(header + 20, rec.queue_offset) and header_int64(header + 28, rec.physical_offset)
-            and header_int32(header + 36, rec.sys_flag, False) and header_int64(header + 40, rec.born_timestamp_ms)
+    if not (header_int(header, rec.size, INT32) and header_int(header + 8, rec.body_crc, UINT32)
+            and header_int(header + 12, rec.queue_id, INT32) and header_int(header + 16, rec.flag, INT32)
+            and header_int(header + 20, rec.queue_offset, INT64) and header_int(header + 28, rec.physical_offset, INT64)
+            and header_int(header + 36, rec.sys_flag, INT32) and header_int(header + 40, rec.born_timestamp_ms, INT64)
             and host_of(header + 48, rec.born_host, rec.born_port)
-            and header_int64(header + 56, rec.store_timestamp_ms)
+            and header_int(header + 56, rec.store_timestamp_ms, INT64)
             and host_of(header + 64, rec.store_host, rec.store_port)
-            and header_int32(header + 72, rec.reconsume_times, False)
-            and header_int64(header + 76, rec.prepared_transaction_offset)):
+            and header_int(header + 72, rec.reconsume_times, INT32)
+            and header_int(header + 76, rec.prepared_transaction_offset, INT64)):
         return False
     if type(body) is not bytes or type(properties) is not dict or len(<dict>properties) > most:
         return False

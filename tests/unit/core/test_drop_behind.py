@@ -11,6 +11,8 @@ import itertools
 import mmap
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 
@@ -19,6 +21,7 @@ from mqstore.errors import InvalidArgument
 from mqstore.log.segment import PAGE_SIZE, Segment
 from mqstore.model import MessageIn
 from mqstore.store_parts import build_store
+from tests.support.waiting import wait_until
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -59,11 +62,33 @@ def log_residency(store) -> list[tuple[int, bool]]:
 
 
 @pytest.fixture
-def dropping_store(small_config, tmp_path):
-    if _on_tmpfs(tmp_path):
-        pytest.skip("the test's directory is on a tmpfs: its pages are the files and stay")
-    config = small_config(segment_size_bytes=1 << 20, page_cache_keep_bytes=256 << 10, warm_ahead_bytes=0,
-                          flush_interval_ms=60_000, flush_thorough_interval_ms=60_000)
+def disk_dir(tmp_path):
+    """A directory on a file system whose pages can leave the page cache: the test's own, or (where it is a tmpfs,
+    whose pages are the files and stay) a scratch directory beside the repository, removed afterwards."""
+    if not _on_tmpfs(tmp_path):
+        yield tmp_path
+        return
+    root = pathlib.Path(__file__).resolve().parents[3]
+    if _on_tmpfs(root):
+        pytest.fail(f"neither {tmp_path} nor {root} is on a disk: drop-behind cannot be observed on a tmpfs")
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix=".drop-behind-", dir=root))
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _config(disk_dir, **overrides) -> StoreConfig:
+    base = dict(data_dir=disk_dir / "store", segment_size_bytes=1 << 20, cq_entries_per_file=64, flush_interval_ms=20,
+                checkpoint_interval_ms=50, clean_interval_ms=100_000, page_cache_keep_bytes=256 << 10,
+                warm_ahead_bytes=0)
+    base.update(overrides)
+    return StoreConfig(**base)
+
+
+@pytest.fixture
+def dropping_store(disk_dir):
+    config = _config(disk_dir, flush_interval_ms=60_000, flush_thorough_interval_ms=60_000)
     store = build_store(config)
     store.start()
     try:
@@ -133,13 +158,9 @@ def test_a_log_cut_back_below_what_was_dropped_drops_again_from_there(dropping_s
     assert store.warmer.dropped_to == (1 << 20) - (256 << 10)
 
 
-def test_the_duty_drops_by_itself_as_the_log_grows(small_config, tmp_path):
+def test_the_duty_drops_by_itself_as_the_log_grows(disk_dir):
     """Off the test's thread: the warmer's duty, woken by appends (poke), with the flush service's own fsyncs."""
-    if _on_tmpfs(tmp_path):
-        pytest.skip("the test's directory is on a tmpfs")
-    from tests.support.waiting import wait_until
-    store = build_store(small_config(segment_size_bytes=1 << 20, page_cache_keep_bytes=256 << 10,
-                                     warm_ahead_bytes=0, flush_interval_ms=20))
+    store = build_store(_config(disk_dir))
     store.start()
     try:
         store.topic_admin.create("t", 1)
