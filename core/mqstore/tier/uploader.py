@@ -121,7 +121,8 @@ class Uploader(Duty):
                  leader_epoch: Callable[[], int | None], ready: Callable[[], bool], log_min: Callable[[], int],
                  interval_ms: int, logical_min: Callable[[], int] | None = None,
                  queue_files: Callable[[], list[SealedQueueFile]] | None = None, segment_size: int = 0,
-                 queue_min: Callable[[str, int], int | None] | None = None, quota: UploadQuota | None = None):
+                 queue_min: Callable[[str, int], int | None] | None = None, quota: UploadQuota | None = None,
+                 read_done: Callable[[int, int], None] | None = None):
         """``leader_epoch()``: the epoch this node leads (0 for a single node), None when it does not lead;
         ``ready()``: a new leader's log is visible as far as it copied it (the ledger is complete);
         ``log_min()``: the log's oldest physical offset kept locally; ``logical_min()``: the logical log's
@@ -130,7 +131,8 @@ class Uploader(Duty):
         uploaded), whose entries' commit log segments (of ``segment_size`` bytes) must be FINISHED first;
         ``queue_min(topic, queue id)``: the queue's minimum offset (None: no such queue), the files' retention in
         the tier; ``quota``: the upload quota (mqstore.tier.quota; None: no limit), whose lag this sets before each
-        upload."""
+        upload; ``read_done(start, end)``: told the log's physical range an upload has read, once done with it (the
+        segment warmer gives back the pages the reads brought into the page cache: SegmentWarmer.drop_read_back)."""
         super().__init__("tier-uploader", interval_s=interval_ms / 1000, backoff_initial_s=0.1, backoff_max_s=5.0)
         self.tier = tier
         self.ledger = ledger
@@ -143,6 +145,7 @@ class Uploader(Duty):
         self.segment_size = segment_size
         self.queue_min = queue_min
         self.quota = quota or UploadQuota(0)
+        self.read_done = read_done
         self.copy_bytes = 0  # bytes of the commit log segments this node FINISHED
         self.copy_errors = 0  # steps that failed (the tier or the log said no) outside a topic's file
         self.topics: dict[str, TopicCounters] = {}  # a topic's consume queue files' counters (TopicCounters)
@@ -268,6 +271,8 @@ class Uploader(Duty):
             self.quota.take(segment.size)
             self.tier.put_if_absent(attempt.key, segment.read())
         failpoints.hit("tier.upload.after_put" if queue_file is None else "tier.upload.queue_file.after_put")
+        if queue_file is None and self.read_done is not None:
+            self.read_done(segment.base, segment.base + segment.size)
         if self.tier.size(attempt.key) == attempt.segment_size:  # the put answered: its bytes were checked (above)
             self._finish(attempt, by="its put")
         else:

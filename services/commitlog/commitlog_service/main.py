@@ -230,7 +230,8 @@ def compose_tier(tier: TierConfig, store: MessageStore, node: ReplicationNode | 
                         interval_ms=tier.tier_upload_interval_ms, logical_min=logical_min,
                         queue_files=lambda: sealed_queue_files(store), segment_size=store.segments.segment_size,
                         queue_min=lambda topic, queue_id: queue_min(store, topic, queue_id),
-                        quota=UploadQuota(tier.tier_upload_max_bytes_per_second))
+                        quota=UploadQuota(tier.tier_upload_max_bytes_per_second),
+                        read_done=store.warmer.drop_read_back)  # its reads leave no pages behind the window
     store.retention.add_floor("tier", uploader.retention_floor)  # retention deletes nothing not uploaded
     parts.add_duty(uploader)
 

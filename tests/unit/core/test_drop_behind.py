@@ -5,14 +5,8 @@ checks its record's CRC)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
-import mmap
 import os
-import pathlib
-import shutil
-import tempfile
 
 import pytest
 
@@ -21,36 +15,13 @@ from mqstore.errors import InvalidArgument
 from mqstore.log.segment import PAGE_SIZE, Segment
 from mqstore.model import MessageIn
 from mqstore.store_parts import build_store
+from mqstore.tier.ledger import Ledger
+from mqstore.tier.sealed import sealed_segments
+from mqstore.tier.uploader import Uploader
+from mqstore.tier.urls import open_store
+from tests.support import page_cache
+from tests.support.page_cache import resident_pages
 from tests.support.waiting import wait_until
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
-def _on_tmpfs(path: pathlib.Path) -> bool:
-    """Whether ``path`` lies on a tmpfs, whose pages are the files themselves and cannot be dropped."""
-    best, fstype = "", ""
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            _, point, kind = line.split()[:3]
-            if str(path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
-                best, fstype = point, kind
-    return fstype in ("tmpfs", "ramfs")
-
-
-def resident_pages(path: pathlib.Path) -> list[bool]:
-    """Which pages of the file are in the page cache (mincore on a private mapping that touches none)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-    try:
-        buf = ctypes.c_char.from_buffer(mm)
-        vec = (ctypes.c_ubyte * ((size + PAGE_SIZE - 1) // PAGE_SIZE))()
-        if _libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(size), vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore")
-        del buf
-        return [bool(v & 1) for v in vec]
-    finally:
-        mm.close()
 
 
 def log_residency(store) -> list[tuple[int, bool]]:
@@ -63,19 +34,8 @@ def log_residency(store) -> list[tuple[int, bool]]:
 
 @pytest.fixture
 def disk_dir(tmp_path):
-    """A directory on a file system whose pages can leave the page cache: the test's own, or (where it is a tmpfs,
-    whose pages are the files and stay) a scratch directory beside the repository, removed afterwards."""
-    if not _on_tmpfs(tmp_path):
-        yield tmp_path
-        return
-    root = pathlib.Path(__file__).resolve().parents[3]
-    if _on_tmpfs(root):
-        pytest.fail(f"neither {tmp_path} nor {root} is on a disk: drop-behind cannot be observed on a tmpfs")
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix=".drop-behind-", dir=root))
-    try:
-        yield scratch
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with page_cache.disk_dir(tmp_path) as path:
+        yield path
 
 
 def _config(disk_dir, **overrides) -> StoreConfig:
@@ -174,3 +134,49 @@ def test_the_duty_drops_by_itself_as_the_log_grows(disk_dir):
 def test_a_negative_window_is_refused(tmp_path):
     with pytest.raises(InvalidArgument, match="page_cache_keep_bytes"):
         StoreConfig(data_dir=tmp_path, page_cache_keep_bytes=-1)
+
+
+def test_the_pages_an_upload_read_below_the_window_are_given_back_and_the_window_is_left(disk_dir, monkeypatch):
+    """The tier's uploader reads each sealed segment (its checksum, its put) after drop-behind gave the pages back;
+    done, it tells the warmer (``read_done``), which gives back again what the reads brought in below ``dropped_to``,
+    and nothing of the window."""
+    config = _config(disk_dir, flush_interval_ms=60_000, flush_thorough_interval_ms=60_000)
+    store = build_store(config)
+    store.start()
+    (disk_dir / "tier").mkdir()
+    tier = open_store(f"file://{disk_dir / 'tier'}", timeout_ms=10_000)
+    try:
+        uploader = Uploader(tier, Ledger.of_store(store), lambda: sealed_segments(store), leader_epoch=lambda: 0,
+                            ready=lambda: True, log_min=store.log_min, interval_ms=60_000,
+                            read_done=store.warmer.drop_read_back)
+        store.topic_admin.create("t", 1)
+        bodies = _fill(store, 1700)  # ~3.4 MiB: three sealed segments of 1 MiB, the active one past its window
+        store.flusher.flush_now()
+        store.warmer.drop_behind()
+        dropped_to = store.warmer.dropped_to
+        sealed = [(seg.base, seg.base + seg.size) for seg in sealed_segments(store)]
+        assert len(sealed) == 3 and dropped_to > sealed[-1][1]
+        assert not any(r for at, r in log_residency(store) if at + PAGE_SIZE <= dropped_to)
+        dropped: list[tuple[int, int]] = []
+        real = Segment.drop_cache
+
+        def noted(seg, from_position, to_position):
+            dropped.append((seg.start + from_position, seg.start + to_position))
+            real(seg, from_position, to_position)
+
+        monkeypatch.setattr(Segment, "drop_cache", noted)
+        uploader.step()  # reads the three sealed segments back into the page cache, uploads them, gives them back
+        assert uploader.uploaded == 3
+        below = [r for r in dropped if r[1] <= sealed[-1][1]]  # (the duty may drop a step above meanwhile)
+        assert below == sealed, "each uploaded segment's pages given back once, whole (all below the window)"
+        assert not any(r for at, r in log_residency(store) if at + PAGE_SIZE <= sealed[-1][1]), \
+            "pages the upload read stayed in the page cache"
+        store.flusher.flush_now()  # the uploader's records
+        dropped.clear()
+        store.warmer.drop_read_back(0, store.flushed_offset())  # from a reader of the window too: only below it
+        assert dropped and max(end for _, end in dropped) <= store.warmer.dropped_to
+        got = store.pull("t", 0, 0, max_messages=len(bodies) + 1, max_bytes=64 << 20).messages
+        assert [m.record.body for m in got] == bodies
+    finally:
+        tier.close()
+        store.stop()
