@@ -46,7 +46,6 @@ def resident_pages(path: pathlib.Path) -> list[bool]:
         mm.close()
 
 
-
 @contextlib.contextmanager
 def disk_dir(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """A directory on a file system whose pages can leave the page cache: the test's own, or (where it is a tmpfs,

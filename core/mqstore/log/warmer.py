@@ -60,10 +60,11 @@ tier off, the loop thread's CPU a message 1.4-1.6x, against 4.1-22.4% without th
 
 Thread-safety: reads ``commitlog.written_offset`` (published by the writer) and the flushed offset (published by
 the flush service after each fsync; drop-behind never goes above it), drops pages readers may fault back in at any
-time (Segment.drop_cache copes with retention closing a segment meanwhile), and creates segments
-through SegmentQueue.ensure, under the queue's lock and not the append lock: appends go on while a
-segment is created, and only an append that needs that very segment waits for it (it would otherwise
-create it itself). Zeroing takes the append lock only to claim a chunk (no I/O under it).
+time (Segment.drop_cache copes with retention closing a segment meanwhile; ``drop_read_back`` runs on the caller's
+thread, the tier uploader's, and reads ``dropped_to`` as last published: a stale value only gives back less), and
+creates segments through SegmentQueue.ensure, under the queue's lock and not the append lock: appends go on while a
+segment is created, and only an append that needs that very segment waits for it (it would otherwise create it
+itself). Zeroing takes the append lock only to claim a chunk (no I/O under it).
 """
 
 from __future__ import annotations
