@@ -34,15 +34,17 @@ import boto3
 import grpc
 from procs import BENCH_DIR, PYTHON, GrpcServer, free_port, run_meta, spawn, stop, write_table
 
+from mqstore.tier.config import TierConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc, common_pb2
 
 MiB = 1 << 20
+_DEFAULTS = TierConfig()
 # full: the issue's 1 GiB only in the tier (the fill's last three segments stay local or sealing), the read-ahead and
 # cache at their defaults (mqstore.tier.config). Segments of 8 MiB, not the 64 MiB or 1 GiB a deployment would use:
 # moto copies the whole object for each range GET (a 4 MiB range of a 64 MiB object 51 ms, of an 8 MiB one 9.5 ms,
 # 2026-12-07), where S3's cost of a range does not grow with its object; larger segments measure moto, not the store.
 FULL = {"fill_bytes": 1024 * MiB + 3 * 8 * MiB, "segment_bytes": 8 * MiB, "body_bytes": 16 << 10, "rounds": 3,
-        "read_ahead_bytes": 4 * MiB, "cache_bytes": 64 * MiB}
+        "read_ahead_bytes": _DEFAULTS.tier_read_ahead_bytes, "cache_bytes": _DEFAULTS.tier_cache_bytes}
 QUICK = {"fill_bytes": 16 * MiB, "segment_bytes": 2 * MiB, "body_bytes": 16 << 10, "rounds": 1,
          "read_ahead_bytes": 1 * MiB, "cache_bytes": 4 * MiB}
 TARGET = 0.5
