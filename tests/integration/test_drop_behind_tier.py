@@ -15,7 +15,7 @@ from commitlog_service.main import CommitLogConfig
 from commitlog_service.main import serving as commitlog_serving
 from mqstore import failpoints
 from mqstore.config import StoreConfig
-from mqstore.log.segment import PAGE_SIZE, Segment
+from mqstore.log.segment import PAGE_SIZE
 from mqstore.tier.config import TierConfig
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as pb, commitlog_pb2_grpc, common_pb2
 from mqstore_rpc.server import ServerConfig
@@ -48,14 +48,7 @@ def test_an_uploads_reads_below_the_window_are_given_back(disk_dir, monkeypatch)
                           page_cache_keep_bytes=KEEP, warm_ahead_bytes=0, flush_interval_ms=20),
         server=ServerConfig(port=0, grace_s=1.0),
         tier=TierConfig(tier_url=f"file://{tier_dir}", tier_upload_interval_ms=100, tier_call_timeout_ms=5000))
-    dropped: list[tuple[int, int]] = []  # [from, to) physical offsets the store gave back
-    real = Segment.drop_cache
-
-    def noted(seg, from_position, to_position):
-        dropped.append((seg.start + from_position, seg.start + to_position))
-        real(seg, from_position, to_position)
-
-    monkeypatch.setattr(Segment, "drop_cache", noted)
+    dropped = page_cache.record_drops(monkeypatch)  # [from, to) physical offsets the store gave back
     failpoints.arm("tier.upload.started", "raise")  # no upload yet: drop-behind passes the first segment first
     try:
         with commitlog_serving(config) as (_, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

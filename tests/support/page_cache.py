@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mqstore.log.segment import PAGE_SIZE
+from mqstore.log.segment import PAGE_SIZE, Segment
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -44,6 +44,20 @@ def resident_pages(path: pathlib.Path) -> list[bool]:
         return [bool(v & 1) for v in vec]
     finally:
         mm.close()
+
+
+def record_drops(monkeypatch) -> list[tuple[int, int]]:
+    """The [from, to) physical offsets of the log that the store gives back from now on (Segment.drop_cache, which
+    still drops them), in the order given: what the store dropped, whatever else the kernel pages out by itself."""
+    dropped: list[tuple[int, int]] = []
+    real = Segment.drop_cache
+
+    def noted(seg, from_position: int, to_position: int) -> None:
+        dropped.append((seg.start + from_position, seg.start + to_position))
+        real(seg, from_position, to_position)
+
+    monkeypatch.setattr(Segment, "drop_cache", noted)
+    return dropped
 
 
 @contextlib.contextmanager

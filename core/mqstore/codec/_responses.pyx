@@ -340,6 +340,22 @@ cdef Py_ssize_t put_message(uint8_t* out, Py_ssize_t at, const Fields* f, const 
     return put_int2_field(out, at, 0xA0, be32(r + 8))
 
 
+cdef Prop* props_space(Prop* local, Py_ssize_t most) except NULL:
+    """Room for ``most`` properties items: ``local`` (LOCAL_PROPS on the caller's stack) when it is enough, else
+    malloc'd (props_release gives it back)."""
+    if most <= LOCAL_PROPS:
+        return local
+    cdef Prop* props = <Prop*>malloc(sizeof(Prop) * most)
+    if props == NULL:
+        raise MemoryError()
+    return props
+
+
+cdef inline void props_release(Prop* props, Prop* local) noexcept:
+    if props != local:
+        free(props)
+
+
 cdef int _put_stored(Buffer* buf, bytes record, const char* prefix, Py_ssize_t prefix_length, fallback,
                      bint framed) except -1:
     """One StoredMessage into ``buf``; ``framed``: as PullResponse.messages (tag and length first)."""
@@ -349,12 +365,7 @@ cdef int _put_stored(Buffer* buf, bytes record, const char* prefix, Py_ssize_t p
     cdef bytes encoded
     cdef Prop local[LOCAL_PROPS]
     cdef Py_ssize_t most = props_bytes(rec, length) // 2 + 1  # an item takes at least 2 bytes
-    if most <= LOCAL_PROPS:
-        f.props = &local[0]
-    else:
-        f.props = <Prop*>malloc(sizeof(Prop) * most)
-        if f.props == NULL:
-            raise MemoryError()
+    f.props = props_space(&local[0], most)
     try:
         if read_fields(&f, rec, length):
             size = message_size(&f, prefix_length + 16)
@@ -365,8 +376,7 @@ cdef int _put_stored(Buffer* buf, bytes record, const char* prefix, Py_ssize_t p
             buf.length = put_message(buf.data, buf.length, &f, prefix, prefix_length)
             return 0
     finally:
-        if f.props != &local[0]:
-            free(f.props)
+        props_release(f.props, &local[0])
     encoded = fallback(record, (<bytes>prefix[:prefix_length]).decode("ascii"))
     size = len(encoded)
     reserve(buf, 1 + 10 + size)
@@ -552,12 +562,7 @@ cdef int _put_received(Buffer* buf, object delivery, fallback) except -1:
         raise TypeError("a delivery's topic and receipt handle are str")
     attempt32, visible64 = delivery.attempt, delivery.visible_at_ms  # OverflowError as protobuf's ValueError
     attempt, visible = <uint64_t><int64_t>attempt32, <uint64_t>visible64
-    if most <= LOCAL_PROPS:
-        f.props = &local[0]
-    else:
-        f.props = <Prop*>malloc(sizeof(Prop) * most)
-        if f.props == NULL:
-            raise MemoryError()
+    f.props = props_space(&local[0], most)
     try:
         ours = object_fields(&f, header, rec, most) and offset_id(message.msg_id, be64(header + 28), &prefix)
         if ours:
@@ -582,8 +587,7 @@ cdef int _put_received(Buffer* buf, object delivery, fallback) except -1:
         buf.length = put_int_field(buf.data, buf.length, 0x20, attempt)
         buf.length = put_int_field(buf.data, buf.length, 0x28, visible)
     finally:
-        if f.props != &local[0]:
-            free(f.props)
+        props_release(f.props, &local[0])
     return 0
 
 

@@ -122,7 +122,7 @@ class SegmentWarmer(Duty):
 
     def drop_behind(self) -> None:
         """Give back the pages of the log from ``dropped_to`` up to ``keep`` below the flushed offset (whole
-        steps), segment by segment; segments that retention removed are passed over."""
+        steps)."""
         log_ = self.commitlog
         flushed = self._flushed_offset()
         if flushed < self.dropped_to:  # the log was cut back below what was dropped (a replica's truncation)
@@ -132,15 +132,17 @@ class SegmentWarmer(Duty):
         if target - dropped < self._drop_step:
             return
         target = dropped + (target - dropped) // self._drop_step * self._drop_step
-        for seg in log_.segments.segments:
-            if seg.end > dropped and seg.start < target:
-                seg.drop_cache(max(dropped, seg.start) - seg.start, min(target, seg.end) - seg.start)
+        self._drop_range(dropped, target)
         self.dropped_to = target
 
     def drop_read_back(self, start: int, end: int) -> None:
         """Give back the pages of [start, end) below ``dropped_to`` that a reader brought back into the page cache
         (the tier's uploader, after it read a sealed segment); any thread (as ``drop_behind``'s)."""
-        end = min(end, self.dropped_to) if self.keep else start
+        if self.keep:
+            self._drop_range(start, min(end, self.dropped_to))
+
+    def _drop_range(self, start: int, end: int) -> None:
+        """The pages of the log's physical [start, end), segment by segment (those retention removed passed over)."""
         for seg in self.commitlog.segments.segments:
             if seg.end > start and seg.start < end:
                 seg.drop_cache(max(start, seg.start) - seg.start, min(end, seg.end) - seg.start)

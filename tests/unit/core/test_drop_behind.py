@@ -12,7 +12,7 @@ import pytest
 
 from mqstore.config import StoreConfig
 from mqstore.errors import InvalidArgument
-from mqstore.log.segment import PAGE_SIZE, Segment
+from mqstore.log.segment import PAGE_SIZE
 from mqstore.model import MessageIn
 from mqstore.store_parts import build_store
 from mqstore.tier.ledger import Ledger
@@ -87,14 +87,7 @@ def test_nothing_unflushed_is_dropped(dropping_store, monkeypatch):
     store = dropping_store
     store.flusher.flush_now()
     flushed = store.flushed_offset()
-    dropped: list[tuple[int, int]] = []
-    real = Segment.drop_cache
-
-    def noted(seg, from_position, to_position):
-        dropped.append((seg.start + from_position, seg.start + to_position))
-        real(seg, from_position, to_position)
-
-    monkeypatch.setattr(Segment, "drop_cache", noted)
+    dropped = page_cache.record_drops(monkeypatch)  # [from, to) physical offsets the store gave back
     _fill(store, 1500)  # written, not flushed (the interval is a minute)
     store.warmer.drop_behind()
     assert dropped == [] and store.warmer.dropped_to <= max(0, flushed - (256 << 10))
@@ -157,14 +150,7 @@ def test_the_pages_an_upload_read_below_the_window_are_given_back_and_the_window
         sealed = [(seg.base, seg.base + seg.size) for seg in sealed_segments(store)]
         assert len(sealed) == 3 and dropped_to > sealed[-1][1]
         assert not any(r for at, r in log_residency(store) if at + PAGE_SIZE <= dropped_to)
-        dropped: list[tuple[int, int]] = []
-        real = Segment.drop_cache
-
-        def noted(seg, from_position, to_position):
-            dropped.append((seg.start + from_position, seg.start + to_position))
-            real(seg, from_position, to_position)
-
-        monkeypatch.setattr(Segment, "drop_cache", noted)
+        dropped = page_cache.record_drops(monkeypatch)  # [from, to) physical offsets the store gave back
         uploader.step()  # reads the three sealed segments back into the page cache, uploads them, gives them back
         assert uploader.uploaded == 3
         below = [r for r in dropped if r[1] <= sealed[-1][1]]  # (the duty may drop a step above meanwhile)
