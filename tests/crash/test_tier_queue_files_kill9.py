@@ -40,9 +40,10 @@ class FileTier:
         self.batches, self.files_gone = 40, 8  # ~10 segments and ~20 queue files in all; queue files deleted
 
     def queue_objects(self) -> dict[str, bytes]:
-        """key -> bytes of the objects of queue t/0's files."""
+        """key -> bytes of the objects of queue t/0's files: as LocalBackend.list sees them, without the temp
+        file of a put still being written (``.<name>.<uuid>.tmp``, linked to the object's name once whole)."""
         return {str(p.relative_to(self.dir)): p.read_bytes() for p in (self.dir / "consumequeue" / "t" / "0").rglob("*")
-                if p.is_file()}
+                if p.is_file() and not p.name.startswith(".")}
 
 
 class S3Tier:

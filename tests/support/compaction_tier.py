@@ -42,7 +42,7 @@ class Rig:
     def objects(self) -> dict[str, bytes]:
         root = self.tmp / "tier"
         return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
-                if p.is_file() and "/segments/" in str(p)}
+                if p.is_file() and "/segments/" in str(p) and not p.name.startswith(".")}  # no put's temp file
 
 
 def fill(store: CompactionStore, clock, count: int = 240) -> None:
