@@ -150,18 +150,24 @@ def bench_sync(root, etcd, timing, rounds, warm_in=True):
                   "one_copy_msgs_s": _warm_in(single.target, goal) if goal else [],
                   "three_nodes_msgs_s": _warm_in(leader.target, goal) if goal else []}
         cpu = {"one_copy": [], "leader": [], "replicas": []}  # CPU us a message of each round
+        kernel = {"one_copy": [], "leader": [], "replicas": []}  # of which in the kernel (system time)
         for r in range(rounds):
             turns = [(one_copy, single.target, [single]), (replicated, leader.target, nodes)]
             for figures, target, procs in turns if r % 2 == 0 else reversed(turns):
-                before = [_cpu_s(p.proc.pid) for p in procs]
+                before = [_cpu_split_s(p.proc.pid) for p in procs]
                 figures.append(_append_rate(target, timing))
-                us = [(_cpu_s(p.proc.pid) - b) / (figures[-1] * (timing["warmup_s"] + timing["duration_s"])) * 1e6
-                      for p, b in zip(procs, before, strict=True)]  # the warm-up's messages too, at the window's rate
+                messages = figures[-1] * (timing["warmup_s"] + timing["duration_s"])  # the warm-up's too, at its rate
+                used = [[(a - b) / messages * 1e6 for a, b in zip(_cpu_split_s(p.proc.pid), was, strict=True)]
+                        for p, was in zip(procs, before, strict=True)]  # (user, system) us a message
                 if procs[0] is single:
-                    cpu["one_copy"].append(round(us[0], 1))
+                    cpu["one_copy"].append(round(sum(used[0]), 1))
+                    kernel["one_copy"].append(round(used[0][1], 1))
                 else:
-                    cpu["leader"].append(round(us[nodes.index(leader)], 1))
-                    cpu["replicas"].append(round(sum(us) - us[nodes.index(leader)], 1))
+                    at = nodes.index(leader)
+                    cpu["leader"].append(round(sum(used[at]), 1))
+                    kernel["leader"].append(round(used[at][1], 1))
+                    cpu["replicas"].append(round(sum(sum(u) for i, u in enumerate(used) if i != at), 1))
+                    kernel["replicas"].append(round(sum(u[1] for i, u in enumerate(used) if i != at), 1))
     finally:
         single.stop()
         for n in nodes:
@@ -169,13 +175,14 @@ def bench_sync(root, etcd, timing, rounds, warm_in=True):
     one, three = statistics.median(one_copy), statistics.median(replicated)
     return {"rounds": rounds, "one_copy_rounds_msgs_s": one_copy, "three_nodes_rounds_msgs_s": replicated,
             "one_copy_sync_flush_msgs_s": one, "three_nodes_sync_replication_msgs_s": three, "ratio": three / one,
-            "cpu_us_a_message_rounds": cpu, "warm_in": warmed}
+            "cpu_us_a_message_rounds": cpu, "kernel_cpu_us_a_message_rounds": kernel, "warm_in": warmed}
 
 
-def _cpu_s(pid):
-    """A process's CPU seconds so far (/proc: user and system)."""
+def _cpu_split_s(pid) -> tuple[float, float]:
+    """A process's (user, system) CPU seconds so far (/proc)."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def bench_lag(root, etcd, timing):
@@ -302,6 +309,10 @@ def main() -> int:
               f"{s['three_nodes_sync_replication_msgs_s']:,.0f} msg/s = {s['ratio']:.2f}x one copy with SYNC flush "
               f"({s['one_copy_sync_flush_msgs_s']:,.0f} msg/s), medians of {s['rounds']} alternating rounds; "
               f"target >= 0.7x (issue 34)")
+        cpu, kernel = s["cpu_us_a_message_rounds"], s["kernel_cpu_us_a_message_rounds"]
+        print("  CPU us a message (medians; of which in the kernel): " + ", ".join(
+            f"{part.replace('_', ' ')} {statistics.median(cpu[part]):.1f} ({statistics.median(kernel[part]):.1f})"
+            for part in ("one_copy", "leader", "replicas")))
         if w := s["warm_in"]["bytes_per_node"]:
             print(f"  after a warm-in of {w / 2**30:.2f} GiB a node (the page cache window and a quarter more), whose "
                   f"{s['warm_in']['step_s']:.0f} s steps ran: one copy {s['warm_in']['one_copy_msgs_s']} msg/s, "
