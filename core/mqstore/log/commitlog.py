@@ -24,7 +24,8 @@ A tier record that does not frame (damage uploaded with its segment) is DataLoss
 local one, the span to the next record is not scanned.
 
 Thread-safety: ``append`` is serialised by ``lock``; ``written_offset`` is published after the copy,
-so readers may read any byte below it without a lock. The zeroing claim is guarded by ``_zeroing``.
+so readers may read any byte below it without a lock. The zeroing claim is guarded by ``_zeroing``; ``reshaping``
+keeps the segment warmer's creations apart from a replica's cut or restart of the log (taken before ``lock``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ class CommitLog:
         self.segment_size = segments.segment_size
         self.clock = clock
         self.lock = threading.Lock()
+        # Held while a replica's log is cut back or restarted at another offset (mqstore.replication.log_ops), and by
+        # the segment warmer while it creates or zeros segments from the written offset it read: a warmer that read
+        # the offset before a restart would otherwise create the new log's first segment where the old one was.
+        # Taken before ``lock``; appends never take it.
+        self.reshaping = threading.Lock()
         self.written_offset = 0
         # SYNC: the log is zeroed and fdatasynced up to here, ahead of written_offset: the segment warmer
         # publishes how far (mqstore.log.warmer). Its own bookkeeping, never for correctness; a plain int,

@@ -64,7 +64,9 @@ time (Segment.drop_cache copes with retention closing a segment meanwhile; ``dro
 thread, the tier uploader's, and reads ``dropped_to`` as last published: a stale value only gives back less), and
 creates segments through SegmentQueue.ensure, under the queue's lock and not the append lock: appends go on while a
 segment is created, and only an append that needs that very segment waits for it (it would otherwise create it
-itself). Zeroing takes the append lock only to claim a chunk (no I/O under it).
+itself). Zeroing takes the append lock only to claim a chunk (no I/O under it). A step of warming holds the log's
+``reshaping`` lock (before the append lock), which a replica's cut or restart of its log takes too: the written offset
+it read stays the log's until it is done.
 """
 
 from __future__ import annotations
@@ -148,6 +150,12 @@ class SegmentWarmer(Duty):
                 seg.drop_cache(max(start, seg.start) - seg.start, min(end, seg.end) - seg.start)
 
     def _warm(self) -> None:
+        """Segments (and zeros) ahead of the written offset, read and acted on under the log's ``reshaping`` lock: a
+        replica's restart of its log at another offset waits for this, and this for it."""
+        with self.commitlog.reshaping:
+            self._warm_locked()
+
+    def _warm_locked(self) -> None:
         log_ = self.commitlog
         written, seg_size = log_.written_offset, log_.segment_size
         # At most into the segment after the current one: small test segments must not multiply.

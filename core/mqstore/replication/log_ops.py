@@ -5,7 +5,9 @@ the segment that is cut, delete the later ones and fsync the directory; consume 
 
 Thread-safety: ``chunk`` reads below the written offset without a lock (as every reader does);
 ``truncate`` and ``restart_at`` run on a replica's follower thread, the only writer of a replica's log,
-and take the commit log's and the dispatcher's locks.
+and take the commit log's ``reshaping`` lock (the segment warmer creates no segment from a written offset that is
+being replaced: restart_at's first segment would otherwise meet one at the old offset), then its and the
+dispatcher's locks.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def truncate(commitlog, offset: int, dispatcher, queues) -> list[str]:
     copies = [str(fs.copy_durably(seg.path, fs.free_name(seg.path, ".broken")))
               for seg in segments.segments if seg.end > offset and seg.start < cut_from]
     failpoints.hit("replication.truncate.after_copy")
-    with commitlog.lock, dispatcher.lock:
+    with commitlog.reshaping, commitlog.lock, dispatcher.lock:
         seg = segments.find(offset)
         seg.zero_from(offset - seg.start)
         segments.delete_from(seg.end)
@@ -80,7 +82,7 @@ def restart_at(commitlog, offset: int, dispatcher, queues, keep_from: int = 0) -
     written = commitlog.written_offset
     copies = [str(fs.copy_durably(seg.path, fs.free_name(seg.path, ".broken")))
               for seg in segments.segments if max(seg.start, keep_from) < min(seg.end, written)]
-    with commitlog.lock, dispatcher.lock:
+    with commitlog.reshaping, commitlog.lock, dispatcher.lock:
         segments.delete_from(0)
         # The new log's first segment, empty: a start before the first byte is copied finds the log the checkpoint
         # says is flushed to ``offset`` (with no segment file it refuses to start: files missing)
