@@ -28,13 +28,14 @@ class ReplicationConfig:
     isr_max_lag_ms: int = 3_000             # ...and leaves the in-sync set after lagging this long
     replication_heartbeat_ms: int = 200     # an idle leader's empty data message; the replica acks it
     replication_chunk_bytes: int = 1 << 20  # the most log bytes in one data message (whole records)
-    # Coalescing of concurrent SYNC appends into one data message per replica (mqstore.replication.leader)
+    # Coalescing of concurrent appends into one data message per replica (mqstore.replication.leader)
     replication_linger_us: int = field(default=3_000, metadata={"help": (
         "a caught-up replication stream woken by new bytes waits this long first while a SYNC append waits and "
         "its last data message gathered two appends or more (a probe every 16th otherwise, while two SYNC appends "
         "or more wait), ending early once as many SYNC appends wait as did at once lately, so that concurrent "
         "SYNC appends share one data message and one acknowledgement per replica; a lone producer's append goes "
-        f"at once; 0 = never; at most {MAX_LINGER_US}")})
+        "at once; while no SYNC append waits, a stream sends at most one data message this long (the appends "
+        f"meanwhile gathered into the next); 0 = never; at most {MAX_LINGER_US}")})
     replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
     etcd_endpoints: str = ""                # host:port[,host:port...]: automatic failover through etcd
     etcd_prefix: str = "/mqstore/commitlog"  # the group's keys: <prefix>/leader, /epoch, /isr, /handover

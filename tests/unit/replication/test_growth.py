@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 from mqstore import waits
+from mqstore.clock import SystemClock
 from mqstore.replication.node import LogGrowth
 from tests.support.waiting import wait_until
 
@@ -69,6 +70,7 @@ def test_a_replica_far_behind_is_read_on_a_thread_and_one_near_the_end_on_the_lo
 
     in_sync = SimpleNamespace(connected=lambda *a: None, disconnected=lambda *a: None, committed=lambda: 0)
     node = SimpleNamespace(growth=LogGrowth(), is_leader=True, leadership=SimpleNamespace(epoch=1), in_sync=in_sync,
+                           clock=SystemClock(),
                            config=SimpleNamespace(replication_heartbeat_ms=10, replication_chunk_bytes=8 << 20))
     session = object.__new__(leader.ReplicaSession)  # the handshake is the other tests' business
     session.store, session.node, session.position, session.epoch = Store(), node, 0, 1

@@ -181,3 +181,93 @@ def test_a_linger_ends_once_as_many_appends_wait_as_waited_at_once_lately():
             await stream.aclose()
 
     asyncio.run(main())
+
+
+# ---- pacing: while no SYNC append waits (the module docstring's *Pacing*) ----------------------------------------
+
+class FakeClock:
+    """The stream's monotonic clock, moved by the test only (a pause's timer is asyncio's: LONG_S and more away)."""
+
+    def __init__(self, now_s: float = 1_000.0):
+        self.now_s = now_s
+
+    def monotonic_s(self) -> float:
+        return self.now_s
+
+
+def _paced_session(linger_us: int, waiting: int = 0):
+    session, log = _session(linger_us, waiting)
+    session.node.clock = FakeClock()
+    return session, log
+
+
+@pytest.mark.parametrize("linger_us, waiting, sent_ago_s, paced", [
+    (3_000, 0, 0.0012, True),    # sent 1.2 ms ago: wait to the end of the 3 ms slot
+    (3_000, 0, 0.003, False),    # quiet for a linger: send at once
+    (3_000, 1, 0.001, False),    # a SYNC append waits: the SYNC rule decides, never a pause
+    (0, 0, 0.001, False),        # turned off
+    (3_000, 0, None, False),     # nothing sent yet
+])
+def test_a_stream_paces_only_while_no_sync_append_waits_and_it_sent_within_a_linger(linger_us, waiting, sent_ago_s,
+                                                                                    paced):
+    session, _ = _paced_session(linger_us, waiting)
+    clock = session.node.clock
+    session._sent_at_s = None if sent_ago_s is None else clock.now_s - sent_ago_s
+    pause_s = session._pace_s()
+    if paced:
+        slot_s = linger_us / 1e6
+        assert 0 < pause_s <= slot_s
+        slots = (clock.now_s + pause_s) / slot_s
+        assert abs(slots - round(slots)) < 1e-6  # it ends at a slot's end
+    else:
+        assert pause_s == 0
+
+
+def test_every_replicas_stream_woken_by_one_append_pauses_to_the_same_instant():
+    """Slots of the clock, not a linger from each stream's own send: streams that sent at different moments of
+    the last slot read at the same end, the same range (the second sends the first's bytes)."""
+    first, _ = _paced_session(3_000)
+    second, _ = _paced_session(3_000)
+    second.node.clock = first.node.clock
+    now = first.node.clock.now_s
+    first._sent_at_s, second._sent_at_s = now - 0.0025, now - 0.0004
+    assert first._pace_s() == pytest.approx(second._pace_s())
+    assert first._pace_s() > 0
+
+
+def test_an_async_stream_under_load_gathers_the_appends_of_a_pause_and_a_sync_append_ends_it():
+    session, log = _paced_session(linger_us=int(10 * LONG_S * 1e6))  # a slot far longer than the test waits
+    session.node.clock.now_s = 10 * LONG_S * 5 + 1.0  # 1 s into a slot: LONG_S and more to its end
+    waiting = [0]
+    session.node.in_sync.waiting = lambda: waiting[0]
+
+    async def main():
+        stream = session.data_async()
+        try:
+            frame = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)  # parked on the log's growth
+            log.append()  # nothing sent before: at once
+            sent = await asyncio.wait_for(frame, LONG_S)
+            assert (sent.offset, sent.next_offset, session.paced) == (0, APPEND_BYTES, 0)
+            frame = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)
+            log.append()  # within the slot of the last send: a pause
+            log.append()
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not frame.done() and session.paced == 1
+            waiting[0] = 1  # a SYNC append's: it ends the pause, and goes with the two before it
+            log.append()
+            sent = await asyncio.wait_for(frame, LONG_S)
+            assert (sent.offset, sent.next_offset) == (APPEND_BYTES, 4 * APPEND_BYTES)
+            waiting[0] = 0
+            session.node.clock.now_s += 10 * LONG_S  # a linger's quiet: the next append goes at once
+            frame = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)
+            log.append()
+            sent = await asyncio.wait_for(frame, LONG_S)
+            assert (sent.offset, sent.next_offset, session.paced) == (4 * APPEND_BYTES, 5 * APPEND_BYTES, 1)
+        finally:
+            await stream.aclose()
+
+    asyncio.run(main())
