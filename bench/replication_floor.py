@@ -112,12 +112,28 @@ def _stream_once(link: R.GrpcLeaderLink, address: str, count: int, size: int, wi
     return seen
 
 
-def main() -> int:
+def floor_parser() -> argparse.ArgumentParser:
+    """The arguments of every floor script (this one's, replication_floor_raw.py's)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve", type=pathlib.Path, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--size", type=int, default=256_000)
+    return parser
+
+
+def wait_for_port(port_file: pathlib.Path, server) -> int:
+    """The port the floor server wrote once it listens; RuntimeError when it ended or took too long."""
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or server.poll() is not None:
+            raise RuntimeError("the floor server did not start")
+        time.sleep(0.05)
+    return int(port_file.read_text())
+
+
+def main() -> int:
+    parser = floor_parser()
     parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--clients", default="mt,st")
     parser.add_argument("--server-options", default="")
@@ -130,12 +146,7 @@ def main() -> int:
         port_file = pathlib.Path(tmp) / "port"
         server = spawn([PYTHON, __file__, "--serve", str(port_file), "--server-options", args.server_options])
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists() or not port_file.read_text():
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("the floor server did not start")
-                time.sleep(0.05)
-            address = f"127.0.0.1:{port_file.read_text()}"
+            address = f"127.0.0.1:{wait_for_port(port_file, server)}"
             links = {}
             plain_open = R.open_channel
             for f in flavours:  # each link's channel opened now (connected and warmed up), with its options

@@ -8,12 +8,13 @@ latency as the load generator saw it (p50, p90), how idle the machine's cores we
 CPU, the three nodes', the load generator's and other work's together), each node's threads' CPU a message (by their
 OS names: grpc's ``event_engine`` threads; Python's all show as ``python``, the busiest being the grpc.aio
 loop on the leader) and, once the nodes are stopped, each replication stream's
-``replication.replica_disconnected`` line (``data_messages``, ``lingered``: how much the stream's linger
-gathered, ``acks``: the replica's acknowledgements the leader read) and ``replication.data_messages_shared``
-(data messages built, and reused by a second replica's stream). The environment reaches the nodes:
-``MQSTORE_REPLICATION_LINGER_US=0`` turns the linger off, ``MQSTORE_PROFILE_DIR=<dir>``
-writes their threads' cProfiles (bench/README.md, *Profiling a server*; ``MQSTORE_PROFILE_CLOCK=cpu`` for CPU
-time rather than the wall clock).
+``replication.replica_disconnected`` line (``data_messages``, ``lingered`` and ``paced``: how often the stream
+waited to gather SYNC or ASYNC appends, ``acks``: the replica's acknowledgements the leader read) and
+``replication.data_messages_shared`` (data messages built, and reused by a second replica's stream).
+``REPLICATION=ASYNC`` makes the group's default replication ASYNC (the appends do not wait for the replicas; SYNC
+by default). The environment reaches the nodes: ``MQSTORE_REPLICATION_LINGER_US=0`` turns the linger and the
+pacing off, ``MQSTORE_PROFILE_DIR=<dir>`` writes their threads' cProfiles (bench/README.md, *Profiling a
+server*; ``MQSTORE_PROFILE_CLOCK=cpu`` for CPU time rather than the wall clock).
 
     ROUNDS=2 .venv/bin/python bench/replication_group.py
 """
@@ -70,14 +71,15 @@ def machine_idle_s() -> float:
 def main() -> int:
     duration_s, rounds = float(os.environ.get("DUR", "8")), int(os.environ.get("ROUNDS", "1"))
     producers = int(os.environ.get("PRODUCERS", "16"))
+    replication = os.environ.get("REPLICATION", "SYNC")
     timing = {"warmup_s": 2.0, "duration_s": duration_s}
     if etcd_local.find_binary() is None:
         print(f"bench/replication_group.py: {etcd_local.INSTALL_HINT}", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory(prefix="mqstore-bench-group-") as tmp, etcd_local.LocalEtcd() as etcd:
         root = pathlib.Path(tmp)
-        nodes = [R._node(root, f"n{i}", etcd.endpoint, ("--min-insync-replicas", "2", "--default-replication", "SYNC"))
-                 for i in (1, 2, 3)]
+        flags = ("--min-insync-replicas", "2", "--default-replication", replication)
+        nodes = [R._node(root, f"n{i}", etcd.endpoint, flags) for i in (1, 2, 3)]
         try:
             for n in nodes:
                 n.start()
