@@ -25,16 +25,17 @@ under 16 producers, bench/README.md *The replication benchmark*); a lone produce
 no probe delays it. Only timing changes: an append is still acknowledged once the in-sync set holds it.
 
 Pacing (the same setting): while no SYNC append waits, a stream woken by new bytes less than
-``replication_linger_us`` after its last data message of bytes waits out the rest of that time first, ended early
-once a SYNC append waits (the rule above then decides). Under a steady ASYNC load a replica so gets at most one
-data message a linger, each gathering the appends of that while: without it every ASYNC append, or two, went in a
-data message and an acknowledgement of its own (about twice as many as paced), and a group of three replicating
-ASYNC carried fewer appends a second than one replicating SYNC: under 16 producers 85,500 msg/s on average against
-96,900, paced 100,000 (bench/README.md, *Pacing ASYNC replication*). A stream that was quiet longer than that sends
-at once: a lone producer's append is never paced. An ASYNC append's acknowledgement does not wait for replicas;
-what pacing delays, by a linger at most, is a replica's copy and so what readers may see of it (the committed
-offset). A SYNC append ends a pause when the stream is next woken, at its own write on the loop; on a handler
-thread it may be written just as the stream looks, and then waits out the pause, a linger at most.
+``replication_linger_us`` after its last data message of bytes waits first for the end of the clock's slot of that
+length it was woken in (``_pace_s``), ended early once a SYNC append waits (the rule above then decides). Under a
+steady ASYNC load a replica so gets at most one data message a slot, each gathering the appends of that while:
+without it every ASYNC append, or two, went in a data message and an acknowledgement of its own (about twice as many
+as paced), and a group of three replicating ASYNC carried fewer appends a second than one replicating SYNC: under 16
+producers 85,500 msg/s on average against 96,900, paced 100,000 (bench/README.md, *Pacing ASYNC replication*). A
+stream that was quiet longer than that sends at once: a lone producer's append is never paced. An ASYNC append's
+acknowledgement does not wait for replicas; what pacing delays, by a linger at most, is a replica's copy and so what
+readers may see of it (the committed offset). A SYNC append ends a pause when the stream is next woken, at its own
+write on the loop; on a handler thread it may be written just as the stream looks, and then waits out the pause, a
+linger at most.
 
 Thread-safety: one session per stream; ``data_async()`` runs on the grpc.aio port's loop (a test drives it
 on its thread: waits.blocking_iter), ``ack()`` on the thread (or task) reading the replica's messages; both
