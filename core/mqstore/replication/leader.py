@@ -147,9 +147,10 @@ class ReplicaSession:
                 if nxt == self.position:
                     await growth.wait(seen, heartbeat_s)
                     if linger_s := self._linger_s():
-                        await self._linger(growth, linger_s)
+                        await self._gather(growth, linger_s, self._all_wait)
                     elif growth.version() != seen and (pace_s := self._pace_s()):
-                        await self._pace(growth, pace_s)
+                        self.paced += 1
+                        await self._gather(growth, pace_s, self.node.in_sync.waiting)
                     chunk, nxt = self._chunk()
                     self._gathered = growth.version() - seen
                 yield self._sent(chunk, nxt)
@@ -169,17 +170,18 @@ class ReplicaSession:
         self.lingered += 1
         return linger_us / 1e6
 
-    async def _linger(self, growth, linger_s: float) -> None:
-        """Up to ``linger_s`` for more appends, ended early once as many SYNC appends wait as waited at once
-        lately (every producer seen has appended: nothing more to gather)."""
-        in_sync, clock = self.node.in_sync, self.node.clock
-        deadline = clock.monotonic_s() + linger_s
-        while True:
-            waiting, peak = in_sync.waiting_and_peak()
-            left = deadline - clock.monotonic_s()
-            if waiting >= peak or left <= 0:
-                return
+    async def _gather(self, growth, wait_s: float, enough: Callable[[], object]) -> None:
+        """Up to ``wait_s`` for more appends (a linger or a pause), ended early once ``enough()``: as many SYNC
+        appends wait as waited at once lately for a linger (every producer seen has appended: nothing more to
+        gather), any SYNC append for a pause (the SYNC rule takes over: its append goes now)."""
+        clock = self.node.clock
+        deadline = clock.monotonic_s() + wait_s
+        while not enough() and (left := deadline - clock.monotonic_s()) > 0:
             await growth.wait(growth.version(), left)
+
+    def _all_wait(self) -> bool:
+        waiting, peak = self.node.in_sync.waiting_and_peak()
+        return waiting >= peak
 
     def _pace_s(self) -> float:
         """How long a woken stream waits before reading the new bytes while no SYNC append waits (the module
@@ -195,15 +197,6 @@ class ReplicaSession:
         if now - self._sent_at_s >= slot_s:
             return 0.0
         return (now // slot_s + 1) * slot_s - now
-
-    async def _pace(self, growth, pace_s: float) -> None:
-        """Up to ``pace_s`` for more appends, ended early once a SYNC append waits (the SYNC rule takes over:
-        its append goes now, not after the pause)."""
-        in_sync, clock = self.node.in_sync, self.node.clock
-        deadline = clock.monotonic_s() + pace_s
-        self.paced += 1
-        while not in_sync.waiting() and (left := deadline - clock.monotonic_s()) > 0:
-            await growth.wait(growth.version(), left)
 
     def _leading(self) -> bool:
         return self.node.is_leader and self.node.leadership.epoch == self.epoch
