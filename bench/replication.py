@@ -151,14 +151,23 @@ def bench_sync(root, etcd, timing, rounds, warm_in=True):
                   "three_nodes_msgs_s": _warm_in(leader.target, goal) if goal else []}
         cpu = {"one_copy": [], "leader": [], "replicas": []}  # CPU us a message of each round
         kernel = {"one_copy": [], "leader": [], "replicas": []}  # of which in the kernel (system time)
+        # The machine's share-out of each round: the load generator's CPU a message and the cores left idle
+        # (bench/README.md, *The machine's two cores*): a setup with no core left idle is bound by the machine.
+        loadgen = {"one_copy": [], "three_nodes": []}
+        idle = {"one_copy": [], "three_nodes": []}
         for r in range(rounds):
             turns = [(one_copy, single.target, [single]), (replicated, leader.target, nodes)]
             for figures, target, procs in turns if r % 2 == 0 else reversed(turns):
                 before = [_cpu_split_s(p.proc.pid) for p in procs]
+                idle_before, children_before, started = machine_idle_s(), children_cpu_s(), time.monotonic()
                 figures.append(_append_rate(target, timing))
+                elapsed = time.monotonic() - started
                 messages = figures[-1] * (timing["warmup_s"] + timing["duration_s"])  # the warm-up's too, at its rate
                 used = [[(a - b) / messages * 1e6 for a, b in zip(_cpu_split_s(p.proc.pid), was, strict=True)]
                         for p, was in zip(procs, before, strict=True)]  # (user, system) us a message
+                setup = "one_copy" if procs[0] is single else "three_nodes"
+                loadgen[setup].append(round((children_cpu_s() - children_before) / messages * 1e6, 1))
+                idle[setup].append(round((machine_idle_s() - idle_before) / elapsed / os.cpu_count(), 3))
                 if procs[0] is single:
                     cpu["one_copy"].append(round(sum(used[0]), 1))
                     kernel["one_copy"].append(round(used[0][1], 1))
@@ -175,7 +184,20 @@ def bench_sync(root, etcd, timing, rounds, warm_in=True):
     one, three = statistics.median(one_copy), statistics.median(replicated)
     return {"rounds": rounds, "one_copy_rounds_msgs_s": one_copy, "three_nodes_rounds_msgs_s": replicated,
             "one_copy_sync_flush_msgs_s": one, "three_nodes_sync_replication_msgs_s": three, "ratio": three / one,
-            "cpu_us_a_message_rounds": cpu, "kernel_cpu_us_a_message_rounds": kernel, "warm_in": warmed}
+            "cpu_us_a_message_rounds": cpu, "kernel_cpu_us_a_message_rounds": kernel,
+            "loadgen_cpu_us_a_message_rounds": loadgen, "machine_idle_fraction_rounds": idle, "warm_in": warmed}
+
+
+def machine_idle_s() -> float:
+    """The machine's idle CPU seconds so far, all cores (/proc/stat: idle and iowait)."""
+    fields = pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    """The CPU seconds of this process's children that ended (the load generator's processes, once run)."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def _cpu_split_s(pid) -> tuple[float, float]:
@@ -275,6 +297,21 @@ def bench_failover(root, etcd, count):
             "p90_s": times[int(0.9 * (len(times) - 1))], "max_s": times[-1]}
 
 
+def machine_line(s: dict) -> str:
+    """The sync part's share-out of the machine, in words: each setup's CPU a message with its load generator's,
+    the cores it left idle, and the rate the group would reach with every core busy at its CPU a message."""
+    med = statistics.median
+    cpu, loadgen, idle = (s["cpu_us_a_message_rounds"], s["loadgen_cpu_us_a_message_rounds"],
+                          s["machine_idle_fraction_rounds"])
+    one = med(cpu["one_copy"]) + med(loadgen["one_copy"])
+    group = med(cpu["leader"]) + med(cpu["replicas"]) + med(loadgen["three_nodes"])
+    cores = os.cpu_count()
+    return (f"the machine ({cores} cores): every process's CPU a message, the load generator's included, one copy "
+            f"{one:.1f} us with {med(idle['one_copy']):.0%} of the cores idle, the group {group:.1f} us with "
+            f"{med(idle['three_nodes']):.0%} idle; with every core busy at that CPU the group would carry "
+            f"{cores / group * 1e6:,.0f} msg/s ({cores / group * 1e6 / s['one_copy_sync_flush_msgs_s']:.2f}x)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="short windows, 3 failovers")
@@ -313,6 +350,7 @@ def main() -> int:
         print("  CPU us a message (medians; of which in the kernel): " + ", ".join(
             f"{part.replace('_', ' ')} {statistics.median(cpu[part]):.1f} ({statistics.median(kernel[part]):.1f})"
             for part in ("one_copy", "leader", "replicas")))
+        print("  " + machine_line(s))
         if w := s["warm_in"]["bytes_per_node"]:
             print(f"  after a warm-in of {w / 2**30:.2f} GiB a node (the page cache window and a quarter more), whose "
                   f"{s['warm_in']['step_s']:.0f} s steps ran: one copy {s['warm_in']['one_copy_msgs_s']} msg/s, "

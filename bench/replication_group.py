@@ -56,18 +56,6 @@ def thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
-def children_cpu_s() -> float:
-    """The CPU seconds of this process's children that ended (the load generator's processes, once run)."""
-    t = os.times()
-    return t.children_user + t.children_system
-
-
-def machine_idle_s() -> float:
-    """The machine's idle CPU seconds so far, all cores (/proc/stat: idle and iowait)."""
-    fields = pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> int:
     duration_s, rounds = float(os.environ.get("DUR", "8")), int(os.environ.get("ROUNDS", "1"))
     producers = int(os.environ.get("PRODUCERS", "16"))
@@ -90,17 +78,17 @@ def main() -> int:
             for _ in range(rounds):
                 before, started = {pid: cpu_s(pid) for pid in names}, time.monotonic()
                 threads_before = {pid: thread_cpu_s(pid) for pid in names}
-                idle_before, children_before = machine_idle_s(), children_cpu_s()
+                idle_before, children_before = R.machine_idle_s(), R.children_cpu_s()
                 latencies: list[float] = []
                 rate = R._append_rate(leader.target, timing, producers, latencies)
                 elapsed = time.monotonic() - started
                 used = {names[pid]: cpu_s(pid) - s for pid, s in before.items()}
-                used["loadgen"] = children_cpu_s() - children_before  # the nodes are not waited for: not in it
+                used["loadgen"] = R.children_cpu_s() - children_before  # the nodes are not waited for: not in it
                 messages = rate * (timing["warmup_s"] + duration_s)  # the warm-up's too, at the window's rate
                 print(f"{rate:,.0f} msg/s ({producers} producers, {BATCH} per call); CPU cores "
                       + " ".join(f"{k}={v / elapsed:.2f}" for k, v in used.items()) + "; us a message "
                       + " ".join(f"{k}={v / messages * 1e6:.1f}" for k, v in used.items()), flush=True)
-                idle = (machine_idle_s() - idle_before) / elapsed / os.cpu_count()
+                idle = (R.machine_idle_s() - idle_before) / elapsed / os.cpu_count()
                 latencies.sort()
                 p50, p90 = (latencies[int(q * (len(latencies) - 1))] for q in (0.5, 0.9))
                 print(f"  an Append's latency p50 {p50:.1f} ms, p90 {p90:.1f}; the machine's cores idle {idle:.0%}; "
