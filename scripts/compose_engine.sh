@@ -4,6 +4,7 @@
 # and `exec CMD...`, such as the private engine's engine.sh: it is started if needed (on the Dockerfile's
 # base image), DOCKER_HOST points at it, and NEAR_PORTS is the prefix that runs a command where the
 # published ports are. With ENGINE empty, the ambient DOCKER_HOST is used and the ports are reached directly.
+# COMPOSE_CHECK_LOGS_DIR (any check): every service's whole log written there (<service>.log) before the teardown.
 NEAR_PORTS=()
 if [ -n "$ENGINE" ]; then
     base=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
@@ -72,6 +73,13 @@ cleanup() {
     if [ $status -ne 0 ]; then
         say "FAILED (exit $status); the services' last logs:"
         compose logs --no-color --tail 30 ${LOG_SERVICES[@]+"${LOG_SERVICES[@]}"} 2>&1 || true
+    fi
+    if [ -n "${COMPOSE_CHECK_LOGS_DIR:-}" ]; then  # every service's whole log, kept for a later look
+        mkdir -p "$COMPOSE_CHECK_LOGS_DIR"
+        for service in $(compose ps -a --services 2>/dev/null); do
+            compose logs --no-color --timestamps "$service" > "$COMPOSE_CHECK_LOGS_DIR/$service.log" 2>&1 || true
+        done
+        say "the services' logs: $COMPOSE_CHECK_LOGS_DIR"
     fi
     say "tearing down (docker compose down -v)"
     compose down -v --timeout 30 > /dev/null 2>&1 || say "docker compose down failed"
