@@ -34,6 +34,11 @@ rename to ``dst``, fsync the directory. ``dst`` is then either absent or complet
 ``dst.tmp`` is garbage (repair removes the leftovers of its directory first), and the source is only
 changed after copy_durably returns.
 
+copy_range_durably(src, dst, start, end, size): the same protocol for a copy of only the bytes [start, end) of
+``src``, written at their own positions in a file of ``size`` bytes whose rest is a hole (reads as zeros, takes no
+disk): the ``.broken`` copy of a replica's diverged tail (mqstore.replication.log_ops), where copying the whole
+segment took seconds and a segment's size of disk for a few KiB of cut records.
+
 install(directory, staged, replaced): Kafka's staged segment replacement, for a set of files. The new
 files are written and complete in a staging folder (same file system); they replace the files named
 ``replaced`` in ``directory``, all or nothing, even across a crash. Each step ends with an fsync of
@@ -81,11 +86,12 @@ from typing import Sequence
 import structlog
 
 from mqstore import failpoints
-from mqstore.errors import FailedPrecondition
+from mqstore.errors import FailedPrecondition, invariant
 
 log = structlog.get_logger()
 
 TMP_SUFFIX = ".tmp"
+COPY_CHUNK_BYTES = 8 << 20  # copy_range_durably reads and writes this much at a time
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 DELETED_SUFFIX = ".deleted"
@@ -170,6 +176,26 @@ def copy_durably(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
         os.fsync(fd)
     finally:
         os.close(fd)
+    os.replace(tmp, dst)
+    fsync_dir(dst.parent)
+    return dst
+
+
+def copy_range_durably(src: pathlib.Path, dst: pathlib.Path, start: int, end: int, size: int) -> pathlib.Path:
+    """Copy bytes [start, end) of ``src`` to the same positions of ``dst``, a file of ``size`` bytes, sparse
+    elsewhere, through ``dst.tmp`` (see the module docstring); returns ``dst``."""
+    invariant(0 <= start <= end <= size, f"a range [{start}, {end}) inside a file of {size} bytes")
+    tmp = dst.with_name(dst.name + TMP_SUFFIX)
+    with open(src, "rb") as source, open(tmp, "wb") as target:
+        os.ftruncate(target.fileno(), size)
+        position = start
+        while position < end:
+            data = os.pread(source.fileno(), min(COPY_CHUNK_BYTES, end - position), position)
+            if not data:
+                raise OSError(f"{src} ends at {position}, before {end}")
+            os.pwrite(target.fileno(), data, position)
+            position += len(data)
+        os.fsync(target.fileno())
     os.replace(tmp, dst)
     fsync_dir(dst.parent)
     return dst

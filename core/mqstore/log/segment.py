@@ -285,11 +285,16 @@ class Segment:
 
     def zero_from(self, position: int) -> None:
         """Zero [position, size): used when truncating a torn or repaired tail."""
+        self.zero_range(position, self.size)
+
+    def zero_range(self, start: int, end: int) -> None:
+        """Zero [start, end) and flush it (a replica's diverged tail: only what was written there, not the rest of
+        a segment of up to a GiB, which writing and flushing took seconds)."""
         step = 1 << 20
-        for at in range(position, self.size, step):
-            n = min(step, self.size - at)
+        for at in range(start, end, step):
+            n = min(step, end - at)
             self._mm[at:at + n] = bytes(n)
-        self.flush(position, self.size)
+        self.flush(start, end)
 
     def close(self) -> None:
         mm, self._mm = self._mm, None

@@ -1,7 +1,13 @@
 """What replication does to the commit log's files, beside appends: read whole records for a replica,
 cut a diverged tail, start a new log at a leader's first segment. The same steps as
-mqstore.log.recovery.repair: durable ``.broken`` copies first (fs.copy_durably), then zero the tail of
-the segment that is cut, delete the later ones and fsync the directory; consume queues follow.
+mqstore.log.recovery.repair: durable ``.broken`` copies first, then zero what was written past the cut in
+the segment that is cut, delete the later ones and fsync the directory; consume queues follow. A copy
+holds only the bytes the log loses, at their positions in the segment, the rest of the file a hole
+(fs.copy_range_durably), and only they are zeroed: a failover's diverged tail is a few KiB to MiB of a
+segment of up to a GiB, and copying the whole segment durably, then zeroing and flushing the rest of it,
+took ~6 s on the HA compose file's 1 GiB segments while the new leader waited for this replica to join its
+in-sync set (SYNC appends refused meanwhile with two nodes up: `make compose-check-chaos`), and a segment's
+size of disk at every failover.
 
 Thread-safety: ``chunk`` reads below the written offset without a lock (as every reader does);
 ``truncate`` and ``restart_at`` run on a replica's follower thread, the only writer of a replica's log,
@@ -47,19 +53,27 @@ def chunk(commitlog, offset: int, max_bytes: int) -> tuple[bytes, int]:
                    physical_offset=offset)
 
 
+def _broken_copies(segments, start: int, end: int) -> list[str]:
+    """Durable .broken copies of the log's bytes [start, end), one a segment holding some (fs.copy_range_durably:
+    each at its positions in a file of the segment's size)."""
+    return [str(fs.copy_range_durably(seg.path, fs.free_name(seg.path, ".broken"), max(seg.start, start) - seg.start,
+                                      min(seg.end, end) - seg.start, seg.size))
+            for seg in segments.segments if max(seg.start, start) < min(seg.end, end)]
+
+
 def truncate(commitlog, offset: int, dispatcher, queues) -> list[str]:
-    """Cut the log to ``offset`` (a record start below the written offset); .broken copies of the segments
-    that lose bytes. Returns the copies' paths."""
+    """Cut the log to ``offset`` (a record start below the written offset); .broken copies of the bytes cut, in
+    each segment that loses some. Returns the copies' paths."""
     segments = commitlog.segments
     cut_from = commitlog.written_offset
     invariant(commitlog.min_offset <= offset < cut_from, f"truncate to {offset} inside [{commitlog.min_offset}, "
                                                            f"{cut_from})")
-    copies = [str(fs.copy_durably(seg.path, fs.free_name(seg.path, ".broken")))
-              for seg in segments.segments if seg.end > offset and seg.start < cut_from]
+    copies = _broken_copies(segments, offset, cut_from)
     failpoints.hit("replication.truncate.after_copy")
     with commitlog.reshaping, commitlog.lock, dispatcher.lock:
         seg = segments.find(offset)
-        seg.zero_from(offset - seg.start)
+        # the bytes written past the cut, not the rest of the segment: past the written offset it holds nothing
+        seg.zero_range(offset - seg.start, min(seg.size, cut_from - seg.start))
         segments.delete_from(seg.end)
         fs.fsync_dir(segments.directory)
         for cq in list(queues.queues.values()):
@@ -75,13 +89,11 @@ def truncate(commitlog, offset: int, dispatcher, queues) -> list[str]:
 
 def restart_at(commitlog, offset: int, dispatcher, queues, keep_from: int = 0) -> list[str]:
     """An empty log starting at ``offset`` (a multiple of the segment size), its first segment file created:
-    .broken copies of every segment that held data at or above ``keep_from`` (below it: bytes the leader's log
-    holds too, the prefix both share), all other segments and consume queues removed."""
+    .broken copies of what the log held at or above ``keep_from`` (below it: bytes the leader's log holds too, the
+    prefix both share), every segment and consume queue removed."""
     segments = commitlog.segments
     invariant(offset % segments.segment_size == 0, f"a log starts at a segment start, not {offset}")
-    written = commitlog.written_offset
-    copies = [str(fs.copy_durably(seg.path, fs.free_name(seg.path, ".broken")))
-              for seg in segments.segments if max(seg.start, keep_from) < min(seg.end, written)]
+    copies = _broken_copies(segments, keep_from, commitlog.written_offset)
     with commitlog.reshaping, commitlog.lock, dispatcher.lock:
         segments.delete_from(0)
         # The new log's first segment, empty: a start before the first byte is copied finds the log the checkpoint

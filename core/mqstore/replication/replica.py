@@ -5,7 +5,7 @@ Each step opens a stream to the leader the node knows (``node.leadership.leader_
 leader's first segment (keeping ``.broken`` copies of whatever it held), and with ``tier_min`` it reads
 everything below from the object storage tier (mqstore.replication.tier_join: the queues' starts and the uploads the
 welcome carries, taken in durably before the first byte of the tail); otherwise it truncates its log
-to ``truncate_to`` when it is longer (``.broken`` copies of the cut segments, logged as
+to ``truncate_to`` when it is longer (``.broken`` copies of the bytes cut, logged as
 ``replication.truncated``). Then, for each data message: record the leader's epochs for the bytes it
 is about to hold (durably, first), write the bytes at the same physical offsets (the store dispatches
 them to its own consume queues; under SYNC flush after its fsync), and acknowledge its written and

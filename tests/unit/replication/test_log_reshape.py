@@ -5,6 +5,8 @@ replica's log, which held [its old segment's start, the new start) after the res
 
 from __future__ import annotations
 
+import os
+import pathlib
 import threading
 
 from mqstore.model import MessageIn
@@ -43,5 +45,103 @@ def test_a_warmer_step_racing_a_restart_creates_no_segment_below_the_new_start(s
             assert not step.is_alive()
         assert store.log_min() == store.log_end() == new_start
         assert min(seg.start for seg in store.commitlog.segments.segments) == new_start
+    finally:
+        store.stop()
+
+
+def _log_bytes(store, start: int, end: int) -> bytes:
+    out = bytearray()
+    for seg in store.commitlog.segments.segments:
+        lo, hi = max(seg.start, start), min(seg.end, end)
+        if lo < hi:
+            out += seg.read(lo - seg.start, hi - lo)
+    return bytes(out)
+
+
+def _written_node(small_config, tmp_path, kib: int):
+    """Node b, a leader of epoch 1 with ~``kib`` KiB of 1 KiB messages in 1 MiB segments, then turned replica."""
+    store, node = open_node(lambda **kw: small_config(segment_size_bytes=1 << 20, **kw), tmp_path, "b")
+    node.become_leader(1, frozenset({"b"}))
+    store.topic_admin.create("t", 1)
+    for _ in range(kib // 8):
+        store.append("t", [MessageIn(body=b"x" * 900) for _ in range(8)], replication="ASYNC")
+    return store, node
+
+
+def test_a_diverged_tail_is_kept_as_a_copy_of_the_cut_bytes_only(small_config, tmp_path):
+    """The .broken copies of a cut hold the bytes the log lost, at their positions in each segment, and nothing
+    else: a copy of the whole segment took seconds and a segment of disk at every failover (1 GiB segments in
+    the HA compose file), while the new leader waited for this replica (make compose-check-chaos)."""
+    store, node = _written_node(small_config, tmp_path, 900)
+    try:
+        point = store.log_end()  # the prefix the new leader shares; what follows is the diverged tail
+        for _ in range(40):  # ~320 KiB more: past the first segment's end, into the second
+            store.append("t", [MessageIn(body=b"y" * 900) for _ in range(8)], replication="ASYNC")
+        cut_from = store.log_end()
+        assert cut_from > 1 << 20 > point
+        cut = _log_bytes(store, point, cut_from)
+        node.become_replica("a", "h:a", 2)
+        copies = sorted(store_ops.truncate(store, point))
+        assert store.log_end() == point
+        assert len(copies) == 2, copies
+        parts = []
+        for path, seg_start in zip(copies, (0, 1 << 20), strict=True):
+            data = pathlib.Path(path).read_bytes()
+            assert len(data) == 1 << 20  # the segment's size, as the segment file: positions kept
+            lo, hi = max(seg_start, point) - seg_start, min(seg_start + (1 << 20), cut_from) - seg_start
+            assert data[:lo] == bytes(lo) and data[hi:] == bytes(len(data) - hi)  # nothing but the cut bytes
+            parts.append(data[lo:hi])
+            allocated = os.stat(path).st_blocks * 512
+            assert allocated <= hi - lo + (64 << 10), f"{path}: {allocated} bytes on disk for {hi - lo} cut"
+        assert b"".join(parts) == cut
+    finally:
+        store.stop()
+
+
+def test_a_restarted_log_keeps_copies_only_of_what_it_held_past_the_shared_prefix(small_config, tmp_path):
+    store, node = _written_node(small_config, tmp_path, 1400)
+    try:
+        written = store.log_end()
+        keep_from = 1 << 20  # the prefix both logs share ends inside this log's second segment
+        keep_from += 4096
+        held = _log_bytes(store, keep_from, written)
+        node.become_replica("a", "h:a", 2)
+        copies = store_ops.restart_at(store, 8 << 20, keep_from=keep_from)
+        assert len(copies) == 1, copies  # the first segment is all shared: no copy
+        data = pathlib.Path(copies[0]).read_bytes()
+        lo = keep_from - (1 << 20)
+        assert data[:lo] == bytes(lo) and data[lo:written - (1 << 20)] == held
+        assert store.log_min() == store.log_end() == 8 << 20
+    finally:
+        store.stop()
+
+
+def test_a_cut_zeroes_what_was_written_past_it_not_the_rest_of_the_segment(small_config, tmp_path):
+    """Zeroing a 1 GiB segment from the cut to its end (and flushing it) took seconds while a new leader waited
+    for this replica; past the written offset the segment holds nothing to zero. A sparse segment's rest stays
+    a hole (no block written), and a restart reads the log as cut."""
+    size = 64 << 20
+
+    def config(**kw):
+        return small_config(segment_size_bytes=size, warm_ahead_bytes=0, **kw)
+    store, node = open_node(config, tmp_path, "b")
+    try:
+        node.become_leader(1, frozenset({"b"}))
+        store.topic_admin.create("t", 1)
+        store.append("t", [MessageIn(body=b"x" * 900) for _ in range(64)], replication="ASYNC")
+        point = store.log_end()
+        store.append("t", [MessageIn(body=b"y" * 900) for _ in range(64)], replication="ASYNC")
+        cut_from = store.log_end()
+        node.become_replica("a", "h:a", 2)
+        store_ops.truncate(store, point)
+        seg = store.commitlog.segments.segments[0]
+        assert seg.read(point, cut_from - point) == bytes(cut_from - point)
+        allocated = os.stat(seg.path).st_blocks * 512
+        assert allocated <= cut_from + (1 << 20), f"{allocated} bytes of the {size}-byte segment written"
+    finally:
+        store.stop()
+    store, node = open_node(config, tmp_path, "b")
+    try:
+        assert store.log_end() == point
     finally:
         store.stop()
