@@ -108,10 +108,12 @@ class ConsumeQueue:
         return dropped
 
     def _zero_from(self, offset: int) -> None:
-        byte_at = offset * ENTRY
+        # the entries written from ``offset`` on, not the rest of their files (zeros past the last entry: the valid
+        # prefix); zeroing and flushing every file to its end made a replica's cut cost each queue ~6 MB
+        byte_at, written_end = offset * ENTRY, self.max_offset * ENTRY
         for seg in self.files.segments:
-            if seg.end > byte_at:
-                seg.zero_from(max(0, byte_at - seg.start))
+            if seg.end > byte_at and seg.start < written_end:
+                seg.zero_range(max(0, byte_at - seg.start), min(seg.size, written_end - seg.start))
         first_gone = (byte_at // self.files.segment_size + 1) * self.files.segment_size
         self.files.delete_from(first_gone)
         self.max_offset = max(offset, self.min_offset)

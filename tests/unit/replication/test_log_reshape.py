@@ -9,6 +9,7 @@ import os
 import pathlib
 import threading
 
+from mqstore.log.segment import Segment
 from mqstore.model import MessageIn
 from mqstore.replication import store_ops
 from tests.unit.replication.pair import open_node
@@ -143,5 +144,43 @@ def test_a_cut_zeroes_what_was_written_past_it_not_the_rest_of_the_segment(small
     store, node = open_node(config, tmp_path, "b")
     try:
         assert store.log_end() == point
+    finally:
+        store.stop()
+
+
+def test_a_cut_zeroes_the_queue_entries_written_past_it_not_the_rest_of_their_files(small_config, tmp_path,
+                                                                                    monkeypatch):
+    """A replica's cut drops the consume queue entries of the records it cuts: it zeroes those entries, not each
+    queue file from there to its end (6 MB a file at the default 300,000 entries, written through the mapping and
+    flushed for every queue). The zeroing is counted where it happens (the page cache cannot tell: a write fault
+    in a fallocated file reads the whole file ahead)."""
+    zeroed: list[int] = []
+    real_range = Segment.zero_range
+
+    def zero_range(seg, start, end):
+        zeroed.append(end - start)
+        real_range(seg, start, end)
+
+    def zero_from(seg, position):
+        zeroed.append(seg.size - position)
+        real_range(seg, position, seg.size)
+    monkeypatch.setattr(Segment, "zero_range", zero_range)
+    monkeypatch.setattr(Segment, "zero_from", zero_from)
+    store, node = open_node(lambda **kw: small_config(cq_entries_per_file=300_000, **kw), tmp_path, "b")
+    try:
+        node.become_leader(1, frozenset({"b"}))
+        store.topic_admin.create("t", 1)
+        store.append("t", [MessageIn(body=b"x" * 100) for _ in range(64)], replication="ASYNC")
+        point = store.log_end()
+        store.append("t", [MessageIn(body=b"y" * 100) for _ in range(64)], replication="ASYNC")
+        queue = store.queues.get("t", 0)
+        assert queue.max_offset == 128
+        node.become_replica("a", "h:a", 2)
+        cut_from = store.log_end()
+        zeroed.clear()
+        store_ops.truncate(store, point)
+        assert queue.max_offset == 64 and queue.entry(63)[0] < point
+        assert queue.entry_bytes(64, 1) in (b"", bytes(20))  # gone
+        assert sum(zeroed) <= (cut_from - point) + 64 * 20, zeroed  # the log's cut bytes and 64 entries
     finally:
         store.stop()
