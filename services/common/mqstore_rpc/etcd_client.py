@@ -36,12 +36,13 @@ import structlog
 from mqstore.errors import Unavailable
 from mqstore.replication.controller import Versioned, fence_margin_s
 from mqstore_rpc.gen.etcd.etcdserver.etcdserverpb import rpc_pb2 as etcd, rpc_pb2_grpc
+from mqstore_rpc.tls import channel_options
 
 log = structlog.get_logger()
 T = TypeVar("T")
 ROUND_PAUSE_S = 0.05  # between two rounds over every member (none answered: an etcd election is running)
-_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-                    ("grpc.max_reconnect_backoff_ms", 500)]
+_CHANNEL_OPTIONS = channel_options([("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                                    ("grpc.max_reconnect_backoff_ms", 500)])
 
 
 def parse_endpoints(endpoints: str) -> list[str]:

@@ -19,7 +19,7 @@ import grpc
 
 from mqstore_rpc.auth import METADATA_KEY, BearerToken, token
 from mqstore_rpc.secret import Secret
-from mqstore_rpc.tls import ClientTls, open_channel
+from mqstore_rpc.tls import ClientTls, channel_options, open_channel
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class Peers:
     def aio_channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
         """A grpc.aio channel (open it on the loop that uses it) with this TLS; its calls carry
         :meth:`metadata` themselves (grpc.aio takes no synchronous interceptors)."""
+        options = channel_options(options)
         if self.tls is None:
-            return grpc.aio.insecure_channel(address, options=list(options))
+            return grpc.aio.insecure_channel(address, options=options)
         return grpc.aio.secure_channel(address, self.tls.credentials(), options=[*options, *self.tls.options()])
 
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -14,6 +14,12 @@ authentication (mqstore_rpc.auth) ride on the channel as call metadata.
 
 Files are read once, when the configuration is built: a missing or unreadable file is a configuration
 error (exit 2) naming the setting, not a failed handshake later.
+
+Every channel resolves its host name again at most DNS_REFRESH_MS after a connection to it fails
+(:func:`channel_options`; grpc's default waits 30 s between resolutions): a container started again may come
+back at another address (Docker gives it the first free one), and a channel that kept the old one reached
+nothing, or another container, for up to 30 s. Seen in `make compose-check-chaos`: a replica's channel to a
+restarted node elected leader was refused for 13 s while a fresh process reached it at once.
 """
 
 from __future__ import annotations
@@ -114,12 +120,23 @@ def client_tls(ca_file: str, cert_file: str = "", key_file: str = "", server_nam
     return ClientTls.from_files(ca_file, cert_file, key_file, server_name)
 
 
+DNS_REFRESH_MS = 1000  # a channel whose connection failed looks its host name up again after at most this long
+_DNS_OPTION = "grpc.dns_min_time_between_resolutions_ms"
+
+
+def channel_options(options: Sequence[tuple[str, object]] = ()) -> list[tuple[str, object]]:
+    """``options`` with DNS_REFRESH_MS (the module docstring) unless they set it: what every channel gets."""
+    options = list(options)
+    return options if any(name == _DNS_OPTION for name, _ in options) else [*options, (_DNS_OPTION, DNS_REFRESH_MS)]
+
+
 def open_channel(address: str, tls: ClientTls | None = None, options: Sequence[tuple[str, object]] = (),
                  interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = ()) -> grpc.Channel:
     """A channel to ``address``: TLS with ``tls``, plaintext without; ``interceptors`` (the credentials
-    of mqstore_rpc.auth) wrap it."""
+    of mqstore_rpc.auth) wrap it. Its options are :func:`channel_options`'."""
+    options = channel_options(options)
     if tls is None:
-        channel = grpc.insecure_channel(address, options=list(options))
+        channel = grpc.insecure_channel(address, options=options)
     else:
         channel = grpc.secure_channel(address, tls.credentials(), options=[*options, *tls.options()])
     return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
