@@ -346,7 +346,8 @@ def add_to_server(servicer: ReplicationServicer, server: grpc.Server) -> None:
 class GrpcReplicationStream:
     """One Replicate call: ``welcome`` once open, iterate for data, ``ack()``, ``cancel()`` (any thread). A
     watchdog cancels the call when the leader sends nothing for ``silence_s`` (its heartbeats stopped: a
-    dead connection or a partition), so the follower reconnects instead of waiting for ever."""
+    dead connection or a partition), so the follower reconnects instead of waiting for ever; the time between the
+    welcome and the first read of data (the replica's own handshake) does not count."""
 
     def __init__(self, stub, address: str, hello: Hello, silence_s: float):
         self._address = address
@@ -398,6 +399,9 @@ class GrpcReplicationStream:
         return time.monotonic() - self._last_s
 
     def __iter__(self) -> Iterator[LogData]:
+        # the leader's silence counts from here: the replica's own handshake since the welcome (a cut of its log)
+        # is not the leader's (a slow cut made the watchdog end the stream, and the replica handshook twice)
+        self._last_s = time.monotonic()
         while (message := self._next()) is not None:
             if type(message) is LogData:  # leader_message_in read it
                 yield message
