@@ -151,6 +151,9 @@ class MessageLookup:
     message: StoredMessage | bytes | None  # bytes: the record's (MessageStore.get_messages(raw=True))
     missing: str = ""        # "" when found; else what the store said (no record there, outside the log)
     damaged: bool = False    # the record is there but fails its checks
+    # missing because the offset lies at or past the end of the log the node serves: not written yet, or not yet
+    # visible there (a replica shows what the leader said is committed, a moment late): no loss, retry (the leader)
+    beyond_end: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -547,7 +547,8 @@ class MessageStore:
 
     def get_messages(self, physical_offsets: Sequence[int], raw: bool = False) -> list[MessageLookup]:
         """GetMessage for each offset, in order (at most MAX_GET_MESSAGES): the message, or why not
-        (no record starts there, outside the log, damaged). One bad offset does not fail the others.
+        (no record starts there, outside the log, damaged; ``beyond_end`` when at or past the end this node
+        serves: not a loss). One bad offset does not fail the others.
         With ``raw``, each found message is the checked record's bytes (:meth:`get_message_raw`)."""
         self.check_running()
         if not 1 <= len(physical_offsets) <= MAX_GET_MESSAGES:
@@ -560,7 +561,10 @@ class MessageStore:
         for offset in physical_offsets:
             try:
                 out.append(MessageLookup(get(offset)))
-            except (NotFound, OutOfRange) as exc:
+            except OutOfRange as exc:
+                past_end = exc.max_value is not None and offset >= exc.max_value
+                out.append(MessageLookup(None, str(exc), beyond_end=past_end))
+            except NotFound as exc:
                 out.append(MessageLookup(None, str(exc)))
             except DataLoss as exc:
                 out.append(MessageLookup(None, str(exc), damaged=True))

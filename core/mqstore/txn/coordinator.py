@@ -497,6 +497,11 @@ class Coordinator:
         if missing:
             lookups = yield Read(functools.partial(self.log_reader.get_messages_batch, missing))
             for offset, lookup in zip(missing, lookups, strict=True):
+                if lookup.message is None and lookup.beyond_end:
+                    raise Unavailable(f"half message of transaction {txn.txn_id} at physical offset {offset} is not "
+                                      f"readable yet on the commit log node asked ({lookup.missing}: a replica shows "
+                                      f"it a moment after its leader, and a failover may be under way); nothing was "
+                                      f"committed: retry shortly")
                 if lookup.message is None:
                     raise DataLoss(f"half message of transaction {txn.txn_id} at physical offset {offset} cannot be "
                                    f"read: {lookup.missing}; nothing was committed")

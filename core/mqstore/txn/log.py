@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Protocol, Sequence
 
 from mqstore import tailing
-from mqstore.errors import DataLoss
+from mqstore.errors import DataLoss, Unavailable
 from mqstore.follow import TailStream
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import (TAIL_AT_OFFSET, TAIL_EARLIEST, AppendResult, MessageIn, MessageLookup, StoreInfo,
@@ -88,9 +88,13 @@ class TxnLog(Protocol):
 
 
 def read_halves(txn_log: TxnLog, offsets: list[int]) -> list[StoredMessage]:
-    """The half messages at ``offsets`` (the checker's); one that cannot be read is DataLoss."""
+    """The half messages at ``offsets`` (the checker's); one that cannot be read is DataLoss, or Unavailable when
+    it lies past the end the node asked serves (not yet visible there: MessageLookup.beyond_end)."""
     out = []
     for offset, lookup in zip(offsets, txn_log.get_messages_batch(offsets), strict=True):
+        if lookup.message is None and lookup.beyond_end:
+            raise Unavailable(f"half message at physical offset {offset} is not readable yet on the commit log node "
+                              f"asked ({lookup.missing}); retry shortly")
         if lookup.message is None:
             raise DataLoss(f"half message at physical offset {offset} cannot be read: {lookup.missing}")
         out.append(lookup.message)

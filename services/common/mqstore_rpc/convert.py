@@ -472,12 +472,12 @@ def get_messages_response(lookups: Sequence[model.MessageLookup]) -> commitlog_p
     response = commitlog_pb2.GetMessagesResponse()
     for lookup in lookups:
         entry = response.messages.add(found=lookup.message is not None, missing_reason=lookup.missing,
-                                      damaged=lookup.damaged)
+                                      damaged=lookup.damaged, beyond_log_end=lookup.beyond_end)
         if lookup.message is not None:
             entry.message.CopyFrom(stored_message(lookup.message))
     return response
 
 
 def get_messages_out(response: commitlog_pb2.GetMessagesResponse) -> list[model.MessageLookup]:
-    return [model.MessageLookup(stored_message_out(e.message) if e.found else None, e.missing_reason, e.damaged)
-            for e in response.messages]
+    return [model.MessageLookup(stored_message_out(e.message) if e.found else None, e.missing_reason, e.damaged,
+                                e.beyond_log_end) for e in response.messages]
