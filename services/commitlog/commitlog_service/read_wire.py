@@ -82,8 +82,9 @@ def get_messages_response(lookups: list[model.MessageLookup], encode_message=sto
             found = b"\x08\x01\x12" + _varint(len(message)) + message  # found = true, message
         else:
             reason = lookup.missing.encode("utf-8")
-            found = (b"\x1a" + _varint(len(reason)) + reason if reason else b"") + (b"\x20\x01" if lookup.damaged
-                                                                                   else b"")
+            found = ((b"\x1a" + _varint(len(reason)) + reason if reason else b"")  # missing_reason
+                     + (b"\x20\x01" if lookup.damaged else b"")  # damaged = true
+                     + (b"\x28\x01" if lookup.beyond_end else b""))  # beyond_log_end = true
         out += b"\x0a"
         out += _varint(len(found))
         out += found
