@@ -35,7 +35,7 @@ from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
 from mqstore.errors import FailedPrecondition, OutcomeUnknown, Unavailable
 from mqstore.format.record import SYSFLAG_TX_COMMIT
-from mqstore.model import MessageIn, TailFrame
+from mqstore.model import MessageIn, MessageLookup, TailFrame
 from mqstore.store import MessageStore
 from mqstore.store_parts import build_store
 from mqstore.txn.appender import AppendBatcher
@@ -86,6 +86,7 @@ class TxnMachine(RuleBasedStateMachine):
         self.store.start()
         self.store.topic_admin.create(TOPIC, 2)
         self.log = FaultyLog(self.store)
+        self.unshown = 0  # the next reads of halves find them past the end shown (a replica during a failover)
         self.possible: dict[str, set[str]] = {}
         self.bodies: dict[str, list[bytes]] = {}
         self.count = 0
@@ -123,6 +124,10 @@ class TxnMachine(RuleBasedStateMachine):
         return self.store.topic_admin.get(name)
 
     def get_messages_batch(self, offsets):
+        if self.unshown:
+            self.unshown -= 1
+            return [MessageLookup(None, "injected: past the end this replica shows yet", beyond_end=True)
+                    for _ in offsets]
         return self.store.get_messages(offsets)
 
     def _catch_up(self) -> None:
@@ -168,6 +173,12 @@ class TxnMachine(RuleBasedStateMachine):
     def arm_faults(self, kind, count):
         with self.log.lock:
             self.log.faults = [kind] * count
+
+    @rule(count=st.integers(1, 2))
+    def arm_unshown(self, count):
+        """The next reads of halves from the log find them past the end the node asked shows (a replica a moment
+        behind its leader, during a failover): Commit answers UNAVAILABLE having committed nothing."""
+        self.unshown = count
 
     @rule(size=st.integers(1, 3), on_loop=st.booleans())
     def prepare(self, size, on_loop):
@@ -262,6 +273,8 @@ class TxnMachine(RuleBasedStateMachine):
         for kind, r in results:
             if isinstance(r, FailedPrecondition):  # names the state it is in
                 assert any(s in str(r) for s in (COMMITTED, ROLLED_BACK, "PARKED")), results
+            elif isinstance(r, Unavailable) and "not readable yet" in str(r):
+                pass  # "nothing was committed": the invariant holds it to that (its state stays as it was)
             elif isinstance(r, Unavailable) or r is None:  # unanswered: it may have taken effect
                 self.possible[txn_id] = self.possible[txn_id] | {COMMITTED if kind.endswith("commit") else ROLLED_BACK}
             elif not isinstance(r, str):
@@ -308,3 +321,27 @@ class TxnMachine(RuleBasedStateMachine):
 
 TxnMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
 test_txn_state_machine = TxnMachine.TestCase
+
+
+def test_a_commit_whose_half_is_not_shown_yet_commits_nothing_and_a_retry_commits_once():
+    """txn.proto's Commit: UNAVAILABLE (retry; nothing committed) while a half message is not readable yet on
+    the commit log node asked. The fault injected: the half is past the end the node shows (its cache emptied by
+    a restart, so Commit reads it from the log); then the retry, once it is shown."""
+    machine = TxnMachine()
+    try:
+        machine.prepare(2, on_loop=False)
+        machine.crash_and_restart(checkpoint=True)  # the halves leave the cache: Commit reads them from the log
+        machine.arm_unshown(1)
+        try:
+            machine.coordinator.commit("t0")
+            raise AssertionError("committed a half it could not read")
+        except Unavailable as exc:
+            assert "not readable yet" in str(exc) and "nothing was committed" in str(exc)
+        machine.exactly_once_and_states_agree()  # OPEN, none of its messages visible
+        assert machine.table.get("t0").view_state == OPEN
+        assert machine.coordinator.commit("t0").state == COMMITTED
+        machine.possible["t0"] = {COMMITTED}
+        machine.exactly_once_and_states_agree()  # each message visible once
+        assert machine.coordinator.commit("t0").already  # and a further retry appends nothing
+    finally:
+        machine.teardown()

@@ -117,6 +117,18 @@ def test_a_restarted_log_keeps_copies_only_of_what_it_held_past_the_shared_prefi
         store.stop()
 
 
+def _diverged(store, node, body_bytes: int) -> tuple[int, int]:
+    """A leader of epoch 1 writes 64 messages of topic t (up to the point a new leader will share), then 64 more
+    (the tail that diverges), then turns replica: (point, the log's end)."""
+    node.become_leader(1, frozenset({"b"}))
+    store.topic_admin.create("t", 1)
+    store.append("t", [MessageIn(body=b"x" * body_bytes) for _ in range(64)], replication="ASYNC")
+    point = store.log_end()
+    store.append("t", [MessageIn(body=b"y" * body_bytes) for _ in range(64)], replication="ASYNC")
+    node.become_replica("a", "h:a", 2)
+    return point, store.log_end()
+
+
 def test_a_cut_zeroes_what_was_written_past_it_not_the_rest_of_the_segment(small_config, tmp_path):
     """Zeroing a 1 GiB segment from the cut to its end (and flushing it) took seconds while a new leader waited
     for this replica; past the written offset the segment holds nothing to zero. A sparse segment's rest stays
@@ -127,13 +139,7 @@ def test_a_cut_zeroes_what_was_written_past_it_not_the_rest_of_the_segment(small
         return small_config(segment_size_bytes=size, warm_ahead_bytes=0, **kw)
     store, node = open_node(config, tmp_path, "b")
     try:
-        node.become_leader(1, frozenset({"b"}))
-        store.topic_admin.create("t", 1)
-        store.append("t", [MessageIn(body=b"x" * 900) for _ in range(64)], replication="ASYNC")
-        point = store.log_end()
-        store.append("t", [MessageIn(body=b"y" * 900) for _ in range(64)], replication="ASYNC")
-        cut_from = store.log_end()
-        node.become_replica("a", "h:a", 2)
+        point, cut_from = _diverged(store, node, 900)
         store_ops.truncate(store, point)
         seg = store.commitlog.segments.segments[0]
         assert seg.read(point, cut_from - point) == bytes(cut_from - point)
@@ -168,15 +174,9 @@ def test_a_cut_zeroes_the_queue_entries_written_past_it_not_the_rest_of_their_fi
     monkeypatch.setattr(Segment, "zero_from", zero_from)
     store, node = open_node(lambda **kw: small_config(cq_entries_per_file=300_000, **kw), tmp_path, "b")
     try:
-        node.become_leader(1, frozenset({"b"}))
-        store.topic_admin.create("t", 1)
-        store.append("t", [MessageIn(body=b"x" * 100) for _ in range(64)], replication="ASYNC")
-        point = store.log_end()
-        store.append("t", [MessageIn(body=b"y" * 100) for _ in range(64)], replication="ASYNC")
+        point, cut_from = _diverged(store, node, 100)
         queue = store.queues.get("t", 0)
         assert queue.max_offset == 128
-        node.become_replica("a", "h:a", 2)
-        cut_from = store.log_end()
         zeroed.clear()
         store_ops.truncate(store, point)
         assert queue.max_offset == 64 and queue.entry(63)[0] < point
