@@ -123,6 +123,11 @@ class Availability:
                 self._gap(role, self.end)
 
 
+class NoLeader(Exception):
+    """No node answered as an unfenced leader (between a leader's loss and the next election): counted among a
+    worker's errors as ``NoLeader``, as an RpcError is by its code."""
+
+
 class Log:
     """The commit log's nodes by their published ports; the leader found by GetReplicationState. One per
     worker (not thread-safe)."""
@@ -151,11 +156,17 @@ class Log:
     def lost(self) -> None:
         self._leader = None
 
+    def _leader_channel(self) -> grpc.Channel:
+        address = self.leader()
+        if address is None:
+            raise NoLeader("no commit log node answers as an unfenced leader")
+        return self.channels[address]
+
     def log(self, address: str | None = None) -> commitlog_pb2_grpc.CommitLogStub:
-        return commitlog_pb2_grpc.CommitLogStub(self.channels[address or self.leader()])
+        return commitlog_pb2_grpc.CommitLogStub(self.channels[address] if address else self._leader_channel())
 
     def consumer(self) -> consumer_pb2_grpc.ConsumerStub:
-        return consumer_pb2_grpc.ConsumerStub(self.channels[self.leader()])
+        return consumer_pb2_grpc.ConsumerStub(self._leader_channel())
 
     def node_ids(self) -> dict[str, str]:
         """address -> node id of every node that answers."""
@@ -249,7 +260,7 @@ class Producer(Worker):
             try:
                 results = self.log.log().Append(pb.AppendRequest(topic=self.topic, replication=self.mode, messages=[
                     common_pb2.MessageInput(body=b.encode(), keys=[b]) for b in bodies]), timeout=RPC_TIMEOUT_S).results
-            except (grpc.RpcError, KeyError) as exc:
+            except (grpc.RpcError, NoLeader) as exc:
                 self.log.lost()
                 self.failed(exc)
                 continue
@@ -363,7 +374,7 @@ class PopConsumer(Worker):
                     consumer.Ack(consumer_pb2.AckRequest(group="chaos-pop", topic="chaos-sync",
                                                          receipt_handles=[m.receipt_handle for m in got]),
                                  timeout=RPC_TIMEOUT_S)
-            except (grpc.RpcError, KeyError) as exc:
+            except (grpc.RpcError, NoLeader) as exc:
                 self.log.lost()
                 self.failed(exc)
 
@@ -404,7 +415,7 @@ class OffsetsConsumer(Worker):
                     self.commits += 1
                 else:
                     self.stop.wait(0.05)
-            except (grpc.RpcError, KeyError) as exc:
+            except (grpc.RpcError, NoLeader) as exc:
                 self.log.lost()
                 self.failed(exc)
 
@@ -429,7 +440,7 @@ class KvWriter(Worker):
                         common_pb2.MessageInput(body=str(seq).encode(), keys=[key])
                         for key, seq in zip(keys, seqs, strict=True)]),
                     timeout=RPC_TIMEOUT_S)
-            except (grpc.RpcError, KeyError) as exc:
+            except (grpc.RpcError, NoLeader) as exc:
                 self.log.lost()
                 self.failed(exc)
                 continue
