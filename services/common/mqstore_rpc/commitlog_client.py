@@ -38,6 +38,7 @@ and the leader-following written here.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator, Sequence
 
 import grpc
@@ -58,6 +59,8 @@ log = structlog.get_logger()
 MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 TOKEN_METADATA = "mqstore-internal-token"  # CommitLogInternal's shared secret (commitlog.proto)
 APPEND_BATCHES_STREAM = "/mqstore.v1.CommitLogInternal/AppendBatchesStream"
+LONGEST_POLL_S = 60.0  # a long poll's wait beyond rpc_timeout_s, at most (the gateway's longest is 20 s)
+RETIRED_SLACK_S = 5.0  # a replaced channel outlives every call made on it by this much (CommitLogClient._use)
 PROBE_TIMEOUT_S = 1.0  # a probe's GetReplicationState: generous, a loaded node answers late (the write waits anyway)
 _BOUNDARIES = {"lower": commitlog_pb2.TIME_BOUNDARY_LOWER, "upper": commitlog_pb2.TIME_BOUNDARY_UPPER}
 
@@ -122,7 +125,9 @@ class CommitLogClient:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._unreached: set[str] = set()  # nodes whose last call failed to reach them
-        self._retired: dict[str, grpc.Channel] = {}  # per node, the channel a fresh one replaced (see _use)
+        # channels a fresh one replaced (see _use), with when, closed once no call made before can be on them
+        self._retired: list[tuple[float, grpc.Channel]] = []
+        self._retired_grace_s = rpc_timeout_s + max(stream_deadline_s, LONGEST_POLL_S) + RETIRED_SLACK_S
         self._aio = AioBatches(self, TOKEN_METADATA)  # internal_append_batches_async's transport, on its loop
         self._batches_unimplemented = False  # the log predates AppendBatches: one Append per batch
         self._sync_streams: dict[str, SyncBatchStream] = {}  # internal_append_batches' stream per node
@@ -132,16 +137,19 @@ class CommitLogClient:
         """Send the next calls to ``address`` (channels are kept: calls in flight on another go on). ``fresh``:
         a node named leader that this client last found unreachable gets a new channel, which connects at
         once, where the old one would wait out its reconnect backoff (up to ``max_reconnect_backoff_ms``)
-        first; the old channel is kept for calls still on it and closed when the next one replaces it."""
+        first. The old channel is kept until no call can still be on it (the longest a call or stream may
+        last, ``_retired_grace_s``), then closed: closing it sooner cancels a write in flight (its caller
+        told it failed, though it may land) and fails one about to start on it ("Channel closed"), which an
+        election's redirects (many replacements a second) did with a few threads sending."""
         with self._lock:
             channel = self._channels.get(address)
+            now = time.monotonic()
             if channel is not None and fresh and address in self._unreached:
                 self._unreached.discard(address)
-                retired = self._retired.pop(address, None)
-                if retired is not None:
-                    retired.close()
-                self._retired[address] = channel
+                self._retired.append((now, channel))
                 channel = None
+            while self._retired and now - self._retired[0][0] > self._retired_grace_s:
+                self._retired.pop(0)[1].close()
             if channel is None:
                 channel = self._channels[address] = self._peers.channel(address, self._options)
             self.address = address
@@ -159,8 +167,8 @@ class CommitLogClient:
 
     def close(self) -> None:
         with self._lock:
-            channels, self._channels = [*self._channels.values(), *self._retired.values()], {}
-            self._retired = {}
+            channels, self._channels = [*self._channels.values(), *(c for _, c in self._retired)], {}
+            self._retired = []
             streams, self._sync_streams = list(self._sync_streams.values()), {}
         for stream in streams:
             stream.end(errors.Unavailable("the client is closing: the batches may or may not have been written"))
