@@ -67,11 +67,17 @@ class Unavailable(MqStoreError):
     retriable = True
 
 
+class NotWritten(Unavailable):
+    """Unavailable, and certain that nothing was done: the request never reached the service (no connection
+    could be made to it), or a leader refused it before writing anything (its lease unconfirmed, a handover
+    under way, too few replicas in sync). Safe to send again as it is; no retry can duplicate it."""
+
+
 class FlushTimeout(Unavailable):
     """A SYNC append was written but no fsync covered it within the timeout."""
 
 
-class NotEnoughReplicas(Unavailable):
+class NotEnoughReplicas(NotWritten):
     """A SYNC-replicated append was refused before anything was written: fewer copies are in sync than
     ``min_insync_replicas`` asks for (Kafka's NOT_ENOUGH_REPLICAS, RocketMQ's IN_SYNC_REPLICAS_NOT_ENOUGH)."""
 

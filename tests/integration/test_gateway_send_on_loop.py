@@ -32,9 +32,9 @@ def sends(monkeypatch) -> list[tuple[str, bool]]:
     seen: list[tuple[str, bool]] = []
     real = Publisher.send
 
-    def spy(self, p):
+    def spy(self, p, wait_s=0.0):
         seen.append((p.message_id, threading.current_thread().name == LOOP))
-        return real(self, p)
+        return real(self, p, wait_s)
     monkeypatch.setattr(Publisher, "send", spy)
     return seen
 

@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from mqstore.txn import records as tx
 from mqstore.clock import FakeClock
 from mqstore.config import StoreConfig
-from mqstore.errors import FailedPrecondition, OutcomeUnknown, Unavailable
+from mqstore.errors import FailedPrecondition, NotWritten, OutcomeUnknown, Unavailable
 from mqstore.format.record import SYSFLAG_TX_COMMIT
 from mqstore.model import MessageIn, MessageLookup, TailFrame
 from mqstore.store import MessageStore
@@ -58,7 +58,8 @@ FOLLOWED = frozenset(t.encode() for t in (tx.HALF_TOPIC, tx.OP_TOPIC, tx.CHECK_M
 
 class FaultyLog:
     """The store's append, with the next appends failing UNAVAILABLE after ("landed") or before ("lost")
-    the write, as the commit log dying or timing out would."""
+    the write, as the commit log dying or timing out would, or refused NotWritten ("refused": a leader whose
+    lease is unconfirmed, the log unreachable), which the caller must be able to take as nothing done."""
 
     def __init__(self, store: MessageStore):
         self.store = store
@@ -70,6 +71,8 @@ class FaultyLog:
             fault = self.faults.pop(0) if self.faults else ""
         if fault == "lost":
             raise Unavailable("injected: the connection dropped before the commit log read the request")
+        if fault == "refused":
+            raise NotWritten("injected: the leader refused before writing (its lease unconfirmed)")
         results = list(self.store.append(topic, messages, system_writer="txn"))
         if fault == "landed":
             raise Unavailable("injected: the commit log died after writing, before answering")
@@ -151,6 +154,8 @@ class TxnMachine(RuleBasedStateMachine):
             self.ops.flush_due()
         except OutcomeUnknown:
             pass  # its entries went to the resolver (on_unknown), as the duty would leave them
+        except NotWritten:
+            pass  # nothing written: its entries stay queued, and the duty writes them at its next step
 
     def _quiesce(self) -> None:
         for _ in range(100):
@@ -169,7 +174,7 @@ class TxnMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- rules ---------------------------------------------------------------------------------------------
-    @rule(kind=st.sampled_from(["landed", "lost"]), count=st.integers(1, 2))
+    @rule(kind=st.sampled_from(["landed", "lost", "refused"]), count=st.integers(1, 2))
     def arm_faults(self, kind, count):
         with self.log.lock:
             self.log.faults = [kind] * count
@@ -201,6 +206,9 @@ class TxnMachine(RuleBasedStateMachine):
                 prepared = asyncio.run(self.coordinator.prepare_async(self.io, TOPIC, messages, "pg", txn_id))
             else:
                 prepared = self.coordinator.prepare(TOPIC, messages, "pg", txn_id)
+        except NotWritten:  # nothing was done: the id is as it was (a retry prepares it afresh if it was absent)
+            self.possible[txn_id] = before
+            return
         except Unavailable:  # OutcomeUnknown, or an identical one in doubt
             self.possible[txn_id] = before | {OPEN}
             return
@@ -273,7 +281,7 @@ class TxnMachine(RuleBasedStateMachine):
         for kind, r in results:
             if isinstance(r, FailedPrecondition):  # names the state it is in
                 assert any(s in str(r) for s in (COMMITTED, ROLLED_BACK, "PARKED")), results
-            elif isinstance(r, Unavailable) and "not readable yet" in str(r):
+            elif isinstance(r, NotWritten) or (isinstance(r, Unavailable) and "not readable yet" in str(r)):
                 pass  # "nothing was committed": the invariant holds it to that (its state stays as it was)
             elif isinstance(r, Unavailable) or r is None:  # unanswered: it may have taken effect
                 self.possible[txn_id] = self.possible[txn_id] | {COMMITTED if kind.endswith("commit") else ROLLED_BACK}

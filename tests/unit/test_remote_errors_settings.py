@@ -11,7 +11,7 @@ import pytest
 from mqstore import errors
 from mqstore.txn.config import TxnConfig
 from mqstore_rpc import settings as S
-from mqstore_rpc.errors import STATUS_BY_ERROR, status_for
+from mqstore_rpc.errors import STATUS_BY_ERROR, _trailing_metadata, status_for
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2
 from mqstore_rpc.remote_errors import from_batch_error, from_rpc_error
 
@@ -51,6 +51,42 @@ def test_out_of_range_keeps_its_range():
     assert (error.min_value, error.max_value) == (100, 900)
     bare = from_rpc_error(FakeRpcError(grpc.StatusCode.OUT_OF_RANGE), "log:1")
     assert (bare.min_value, bare.max_value) == (None, None)
+
+
+@pytest.mark.parametrize("details", [
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:5: Failed to connect to remote host: "
+    "Connection refused",
+    "errors resolving commitlog-3:50051: [field:hostname lookup error:address lookup failed for commitlog-3:50051: "
+    "Domain name not found]",
+    "DNS resolution failed for commitlog-3:50051: C-ares status is not ARES_SUCCESS",
+    "empty address list: ",
+])
+def test_a_call_grpc_failed_before_sending_is_not_written(details):
+    error = from_rpc_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE, details), "log:1")
+    assert type(error) is errors.NotWritten and "never sent" in str(error) and "log:1" in str(error)
+
+
+@pytest.mark.parametrize("details, trailing", [
+    ("Stream removed", ()),                                       # sent, then the connection went: maybe written
+    ("Socket closed", ()),
+    ("recvmsg:Connection reset by peer", ()),
+    ("failed to connect to all addresses", (("mqstore-error", "Unavailable"),)),  # the store's own words
+    ("records up to physical offset 9 were replicated, but ... lapsed", (("mqstore-error", "Unavailable"),)),
+    ("a flush did not confirm in time", (("mqstore-error", "FlushTimeout"),)),
+])
+def test_a_failure_that_may_have_been_sent_stays_plain_unavailable(details, trailing):
+    error = from_rpc_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE, details, trailing), "log:1")
+    assert type(error) is errors.Unavailable
+
+
+@pytest.mark.parametrize("cls", [errors.NotWritten, errors.NotEnoughReplicas])
+def test_a_leader_refusal_before_writing_comes_back_as_its_class(cls):
+    """As the server's interceptor sends it (status and trailers) and the client reads it."""
+    refusal = cls("this commit log (n1) may have lost its leadership lease of epoch 4: it takes no writes")
+    trailing = _trailing_metadata(refusal)
+    assert ("mqstore-error", cls.__name__) in trailing and status_for(refusal) is grpc.StatusCode.UNAVAILABLE
+    error = from_rpc_error(FakeRpcError(status_for(refusal), str(refusal), trailing), "log:1")
+    assert type(error) is cls and isinstance(error, errors.NotWritten) and "leadership lease" in str(error)
 
 
 @dataclasses.dataclass(frozen=True)

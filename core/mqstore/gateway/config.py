@@ -28,6 +28,9 @@ class GatewayConfig:
     # exceed the commit log's max_body_bytes, 4 MiB by default).
     max_body_bytes: int = defaults.MAX_BODY_BYTES
     topic_cache_ms: int = 5_000             # how long a DescribeTopic answer is reused for routes and sends
+    # A send the commit log refused without writing it (an election: no leader yet, or one not yet confirmed)
+    # is sent again for up to this long, ending 0.5 s before the client's deadline; 0: never (publishing.py)
+    send_leader_wait_ms: int = 3_000
     # Consuming (clamped as the Java proxy clamps them)
     long_poll_min_ms: int = 5_000
     long_poll_max_ms: int = 20_000
@@ -54,6 +57,9 @@ class GatewayConfig:
                      "checkback_retry_max_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, not {getattr(self, name)}")
+        if self.send_leader_wait_ms < 0:
+            raise InvalidArgument(f"send_leader_wait_ms must be 0 (never wait) or positive, not "
+                                  f"{self.send_leader_wait_ms}")
         if self.max_clients_per_user >= self.max_clients:
             raise InvalidArgument(f"max_clients_per_user ({self.max_clients_per_user}) must be below max_clients "
                                   f"({self.max_clients}): one user must not be able to fill the client table; "

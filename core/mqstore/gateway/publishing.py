@@ -38,26 +38,42 @@ msg_id): a handle that does not decode, or names another topic than the request,
 which: not MESSAGE_NOT_FOUND, which the Python client 5.1.2 takes for success, as on an empty receive). A recall
 again before the due time answers OK again (idempotent, as RecallTimer).
 
+A commit log's election (issue 34): while its leader is lost and until a new one takes writes (~2 s), every
+append is refused without being written: a replica's NotLeader (no leader known yet, or the lost one still
+named until its lease lapses) or NotWritten (the lost leader's address unreachable, a new leader not yet
+confirmed or with too few replicas in sync). The official clients retry a failed send at once, three attempts
+in all, which an election outlasts: so :meth:`Publisher.send` sends such a refused append again itself, after a
+pause (50 ms, doubling to 400 ms), for up to ``wait_s`` (the servicer's: --send-leader-wait-ms, at most the
+client's deadline less SEND_WAIT_RESERVE_S, so that the client never gives up on a send that may still be
+written and sends it twice). Nothing else is sent again: an append that may have been written (a connection
+lost after sending, a deadline) is the client's to retry, as RocketMQ's proxy leaves it.
+
 Thread-safe: the topic cache has its own lock; the rest holds no state.
 """
 
 from __future__ import annotations
 
-import threading
 import base64
 import binascii
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mqstore.clock import Clock
+import structlog
+from mqstore import waits
+from mqstore.clock import Clock, SystemClock
 from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalDeliveryTime, IllegalMessageId,
-                            IllegalPropertyKey, InvalidArgument, NotFound, NotLeader,
+                            IllegalPropertyKey, InvalidArgument, NotFound, NotLeader, NotWritten,
                             PropertyConflictsWithType, TopicNotFound, Unsupported)
 from mqstore.format.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, AppendResult, MessageIn, TopicRecord
 from mqstore import topics as topic_rules
 
 NORMAL, FIFO, DELAY, TRANSACTION = "NORMAL", "FIFO", "DELAY", "TRANSACTION"
+log = structlog.get_logger("mqstore.gateway.publishing")
+SEND_WAIT_RESERVE_S = 0.5          # a send stops waiting for a leader this long before its client's deadline
+SEND_PAUSE_FIRST_S, SEND_PAUSE_MAX_S = 0.05, 0.4
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"   # RocketMQ's MessageConst.PROPERTY_SHARDING_KEY: the message group
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # mqstore.timer.messages.DELIVER_MS (a layer apart: spelled here)
 # A delivery time past this (the year 5138) is a seconds field holding milliseconds (see the module docstring).
@@ -74,6 +90,16 @@ ACCEPTED_TYPES = {KIND_NORMAL: (NORMAL, FIFO, DELAY, TRANSACTION),
                   # a COMPACTION topic routes by key: a message group would contradict it, and the
                   # Transaction service refuses these topics
                   KIND_COMPACTION: (NORMAL,)}
+
+
+def send_wait_s(leader_wait_ms: int, left_s: float | None) -> float:
+    """How long a SendMessage's appends may wait out an election: ``leader_wait_ms`` (--send-leader-wait-ms),
+    ending SEND_WAIT_RESERVE_S before the client's deadline (``left_s``: the call's time remaining, None
+    without a deadline); never negative."""
+    wait_s = leader_wait_ms / 1000
+    if left_s is not None:
+        wait_s = min(wait_s, left_s - SEND_WAIT_RESERVE_S)
+    return max(0.0, wait_s)
 
 
 @dataclass(slots=True)
@@ -208,9 +234,11 @@ class Publisher:
     def __init__(self, topics: TopicCache, max_body_bytes: int,
                  append: Callable[[str, list[MessageIn]], list[AppendResult]],
                  prepare: Callable[[str, MessageIn, str], tuple[str, int]],
-                 recall: Callable[[str, str], int] | None = None):
+                 recall: Callable[[str, str], int] | None = None, clock: Clock | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
         self.topics, self.max_body_bytes, self._append, self._prepare = topics, max_body_bytes, append, prepare
-        self._recall = recall
+        self._recall, self._clock, self._sleep = recall, clock or SystemClock(), sleep
+        self.sent_again = 0   # appends sent again after a refusal that wrote nothing (an election)
 
     def sends_at_once(self, p: Publish) -> bool:
         """Whether :meth:`send` of ``p`` returns without waiting when the log's appends do (LogPort.appends_at_once):
@@ -218,7 +246,9 @@ class Publisher:
         fresh in the cache (no DescribeTopic)."""
         return p.message_type not in (TRANSACTION, DELAY) and not p.delivery_ms and self.topics.fresh(p.topic)
 
-    def send(self, p: Publish) -> Sent:
+    def send(self, p: Publish, wait_s: float = 0.0) -> Sent:
+        """``p`` sent; an append refused without being written is sent again for up to ``wait_s`` (the module
+        docstring)."""
         topic = self.topics.get(p.topic)
         self._check(p, topic)
         message = to_message_in(p)
@@ -226,13 +256,29 @@ class Publisher:
             transaction_id, half_offset = self._prepare(p.topic, message, p.topic)
             return Sent(p.message_id, 0, half_offset, transaction_id)
         try:
-            result = self._append(p.topic, [message])[0]
+            result = self._append_through_election(p.topic, message, wait_s)
         except NotFound as exc:  # deleted since it was cached
             raise TopicNotFound(f"topic {p.topic!r} does not exist (any more): {exc}") from None
         if p.delivery_ms:  # the result names the timer topic's record: what RecallTimer takes
             return Sent(p.message_id, result.queue_id, result.queue_offset,
                         recall_handle=recall_handle(p.topic, result.msg_id, p.message_id))
         return Sent(p.message_id, result.queue_id, result.queue_offset)
+
+    def _append_through_election(self, topic: str, message: MessageIn, wait_s: float) -> AppendResult:
+        give_up_s = self._clock.monotonic_s() + wait_s
+        pause_s = SEND_PAUSE_FIRST_S
+        while True:
+            try:
+                return self._append(topic, [message])[0]
+            except (NotLeader, NotWritten) as exc:  # nothing was written: the same append again is no duplicate
+                if self._clock.monotonic_s() + pause_s > give_up_s:
+                    raise
+                log.info("gateway.send_waits_for_leader", topic=topic[:127], pause_ms=round(pause_s * 1000),
+                         refused=str(exc)[:300])
+            with waits.waiting():  # the handler pool runs other calls meanwhile
+                self._sleep(pause_s)
+            self.sent_again += 1
+            pause_s = min(pause_s * 2, SEND_PAUSE_MAX_S)
 
     def recall(self, topic: str, handle: str) -> str:
         """Cancel the DELAY message of ``topic`` that ``handle`` names; returns its message_id (errors: see the

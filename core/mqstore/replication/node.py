@@ -23,7 +23,7 @@ from typing import Callable
 import structlog
 
 from mqstore import waits
-from mqstore.errors import MqStoreError, NotLeader, Unavailable
+from mqstore.errors import MqStoreError, NotLeader, NotWritten, Unavailable
 from mqstore.replication import epochs
 from mqstore.replication.config import SYNC, ReplicationConfig
 from mqstore.replication.isr import InSyncSet
@@ -174,12 +174,12 @@ class ReplicationNode:
             raise NotLeader(f"this commit log ({self.config.node_id}) is a replica and takes no writes: {where}",
                             leader_address=lead.leader_address)
         if self.handing_over_to:
-            raise Unavailable(f"this commit log ({self.config.node_id}) is handing its leadership over to "
-                              f"{self.handing_over_to}; retry shortly (the new leader takes writes)")
+            raise NotWritten(f"this commit log ({self.config.node_id}) is handing its leadership over to "
+                             f"{self.handing_over_to}; retry shortly (the new leader takes writes)")
         if self.fenced:
-            raise Unavailable(f"this commit log ({self.config.node_id}) may have lost its leadership lease of "
-                              f"epoch {lead.epoch}: it takes no writes until it is confirmed or a new leader is "
-                              f"elected; retry shortly")
+            raise NotWritten(f"this commit log ({self.config.node_id}) may have lost its leadership lease of "
+                             f"epoch {lead.epoch}: it takes no writes until it is confirmed or a new leader is "
+                             f"elected; retry shortly")
 
     def sync_wanted(self, requested: str | None) -> bool:
         return (requested or self.config.default_replication) == SYNC

@@ -7,11 +7,12 @@ groups it by topic in arrival order into Appends of at most ``max_messages`` mes
 commit visible at once), and hands each caller its own results. An Append that the log refuses as
 INVALID_ARGUMENT is retried one caller at a time, so one bad request fails alone.
 
-Errors each caller gets: the log's own refusal as it is (nothing was written); ``OutcomeUnknown``
-when the append failed in a way that does not prove nothing was written (UNAVAILABLE, a deadline, a
-lost connection, a SYNC flush timeout: mqstore_rpc.remote_errors maps them to Unavailable; or a bug,
-logged); plain ``Unavailable`` when the request was never sent (the batcher is closed, or it waited
-too long for its turn). Nothing here retries an append.
+Errors each caller gets: the log's own refusal as it is (nothing was written), a ``NotWritten`` among
+them (the log could not be reached, or its leader refused before writing: mqstore_rpc.remote_errors);
+``OutcomeUnknown`` when the append failed in a way that does not prove nothing was written (UNAVAILABLE,
+a deadline, a lost connection, a SYNC flush timeout: mqstore_rpc.remote_errors maps them to Unavailable;
+or a bug, logged); plain ``Unavailable`` when the request was never sent (the batcher is closed, or it
+waited too long for its turn). Nothing here retries an append.
 
 Thread-safe: ``_lock`` guards the queues, the leaders, the requests' flags and the counters; a leader
 appends unlocked; each caller waits on its request's own event.
@@ -29,7 +30,7 @@ from typing import Awaitable, Callable, Sequence
 import structlog
 
 from mqstore import waits
-from mqstore.errors import InvalidArgument, MqStoreError, OutcomeUnknown, Unavailable
+from mqstore.errors import InvalidArgument, MqStoreError, NotWritten, OutcomeUnknown, Unavailable
 from mqstore.model import AppendResult, MessageIn
 
 log = structlog.get_logger("mqstore.txn.appender")
@@ -378,6 +379,8 @@ def _appended(append: AppendFn, topic: str, messages: Sequence[MessageIn]) -> li
 
 def _as_caller_error(exc: BaseException, topic: str) -> BaseException:
     """The error a caller gets for an append that raised ``exc``."""
+    if isinstance(exc, NotWritten):  # certainly not written: as it is, retriable, no outcome to find out
+        return exc
     if isinstance(exc, Unavailable):
         return OutcomeUnknown(f"the commit log did not confirm the append to {topic} ({exc}): it may or may not "
                               f"have been written")

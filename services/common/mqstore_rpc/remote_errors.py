@@ -8,7 +8,14 @@ of the peer) become :class:`Unavailable`: the other service could not answer, tr
 trailing metadata ``mqstore-min-value`` / ``mqstore-max-value`` of an OUT_OF_RANGE come back as the
 range of the :class:`OutOfRange`; a FAILED_PRECONDITION whose ``mqstore-error`` trailer is
 ``NotLeader`` comes back as :class:`NotLeader` with the ``mqstore-leader`` address (a replica answered), an
-INVALID_ARGUMENT whose trailer is ``IllegalDeliveryTime`` (the timer's limit) as :class:`IllegalDeliveryTime`.
+INVALID_ARGUMENT whose trailer is ``IllegalDeliveryTime`` (the timer's limit) as :class:`IllegalDeliveryTime`, an
+UNAVAILABLE whose trailer is ``NotWritten`` or ``NotEnoughReplicas`` (a leader refused before writing) as that class.
+
+A call that never reached the peer is :class:`NotWritten` too: UNAVAILABLE with no ``mqstore-error`` trailer and
+the details gRPC gives a call it failed before sending, because no connection could be made (``failed to connect
+to all addresses``: every address refused or unreachable; ``errors resolving`` / ``DNS resolution failed``: the
+name did not resolve, as a stopped container's; ``empty address list``). Any other transport failure ("Stream
+removed", "Socket closed", a deadline) may have been sent and even done, and stays plain :class:`Unavailable`.
 """
 
 from __future__ import annotations
@@ -48,9 +55,20 @@ def from_rpc_error(exc: grpc.RpcError, peer: str) -> errors.MqStoreError:
         return errors.NotLeader(message, leader_address=_metadata(exc, "mqstore-leader") or "")
     if cls is errors.InvalidArgument and _metadata(exc, "mqstore-error") == errors.IllegalDeliveryTime.__name__:
         return errors.IllegalDeliveryTime(message)  # the gateway answers ILLEGAL_DELIVERY_TIME
+    if cls is errors.Unavailable:
+        named = _NOT_WRITTEN.get(_metadata(exc, "mqstore-error") or "")
+        if named is not None:
+            return named(message)
+        if not _metadata(exc, "mqstore-error") and (details or "").startswith(_NEVER_SENT):
+            return errors.NotWritten(f"{peer} could not be reached, the request was never sent: {details}")
     if cls is None:
         return errors.Unavailable(message)
     return cls(message)
+
+
+_NOT_WRITTEN = {cls.__name__: cls for cls in (errors.NotWritten, errors.NotEnoughReplicas)}
+# The details of a call gRPC failed before sending it (the module docstring)
+_NEVER_SENT = ("failed to connect to all addresses", "errors resolving", "DNS resolution failed", "empty address list")
 
 
 def from_batch_error(error, peer: str) -> errors.MqStoreError:

@@ -153,7 +153,7 @@ def compose_gateway(cfg: GatewayConfig, log: LogPort, txn: TxnClient, clock: Clo
     add_health_problem(relay.problem)
     parts.add_duty(Housekeeping(registry, relay))
     topics = TopicCache(log.topic, clock, cfg.topic_cache_ms)
-    publisher = Publisher(topics, cfg.max_body_bytes, log.append, txn.prepare, log.recall)
+    publisher = Publisher(topics, cfg.max_body_bytes, log.append, txn.prepare, log.recall, clock)
     renewals = Renewals(log.pop, clock, invisible_ms=cfg.auto_renew_invisible_ms, ahead_ms=cfg.auto_renew_ahead_ms,
                         max_ms=cfg.auto_renew_max_ms, max_entries=cfg.auto_renew_max_messages,
                         alive=lambda client_id: registry.get(client_id) is not None)

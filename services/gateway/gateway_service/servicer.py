@@ -21,6 +21,7 @@ Thread-safe: holds no state beyond thread-safe domain objects.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import grpc
@@ -30,7 +31,7 @@ from mqstore.gateway.checkback import COMMIT, ROLLBACK, UNKNOWN, CheckRelay
 from mqstore.gateway.clients import ClientRegistry
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
-from mqstore.gateway.publishing import Publish, Publisher, TopicCache, accepted_types, writable
+from mqstore.gateway.publishing import Publish, Publisher, TopicCache, accepted_types, send_wait_s, writable
 
 from mqstore_rpc import aio, auth
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
@@ -148,7 +149,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if aio.on_the_loop() and not all(isinstance(p, Publish) and self.publisher.sends_at_once(p)
                                          for p in publishes):
             raise aio.InPool  # nothing sent yet: all of them on a thread
-        entries = [self._send_one(message, p) for message, p in zip(request.messages, publishes, strict=True)]
+        # on the loop no append waits (Local mode, one node): no election to wait out
+        wait_s = 0.0 if aio.on_the_loop() else send_wait_s(self.config.send_leader_wait_ms, context.time_remaining())
+        until_s = time.monotonic() + wait_s
+        entries = [self._send_one(message, p, until_s)
+                   for message, p in zip(request.messages, publishes, strict=True)]
         return s.SendMessageResponse(status=overall([e.status for e in entries]), entries=entries)
 
     @staticmethod
@@ -158,11 +163,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except MqStoreError as exc:  # its entry's status
             return exc
 
-    def _send_one(self, message: d.Message, p: Publish | MqStoreError) -> s.SendResultEntry:
+    def _send_one(self, message: d.Message, p: Publish | MqStoreError, until_s: float) -> s.SendResultEntry:
         try:
             if isinstance(p, MqStoreError):
                 raise p
-            sent = self.publisher.send(p)
+            sent = self.publisher.send(p, max(0.0, until_s - time.monotonic()))
         except MqStoreError as exc:  # one message's refusal is its entry's status
             log.info("gateway.send_refused", topic=message.topic.name[:127], error=type(exc).__name__,
                      message=str(exc))

@@ -9,11 +9,12 @@ import pytest
 from mqstore.clock import FakeClock
 from mqstore.errors import (BodyTooLarge, FailedPrecondition, IllegalDeliveryTime, IllegalFilterExpression,
                             IllegalInvisibleTime, IllegalMessageId, IllegalPropertyKey, InvalidArgument,
-                            InvalidReceiptHandle, NotFound, NotLeader, PropertyConflictsWithType, TopicNotFound,
-                            Unsupported)
+                            InvalidReceiptHandle, NotEnoughReplicas, NotFound, NotLeader, NotWritten,
+                            PropertyConflictsWithType, TopicNotFound, Unavailable, Unsupported)
 from mqstore.gateway.config import GatewayConfig
 from mqstore.gateway.consuming import Consuming
-from mqstore.gateway.publishing import Publish, Publisher, TopicCache, parse_recall_handle, recall_handle, to_message_in
+from mqstore.gateway.publishing import (Publish, Publisher, TopicCache, parse_recall_handle, recall_handle, send_wait_s,
+                                       to_message_in)
 from mqstore.model import KIND_COMPACTION, KIND_NORMAL, KIND_SYSTEM, AppendResult, TopicRecord
 from mqstore.pop import handle as handles
 from mqstore.pop.receive import ReceiveResult
@@ -90,6 +91,82 @@ def test_normal_sends_append_and_transactional_ones_prepare_with_the_topic_as_gr
     sent = publisher.send(publish(message_type="TRANSACTION"))
     assert (sent.transaction_id, sent.queue_offset) == ("tx-1", 9) and prepared == [("t", "t")]
     assert len(appended) == 1
+
+
+class ElectingLog:
+    """A log that refuses the first ``refusals`` appends with ``refusal`` (each writes nothing), then writes;
+    ``written``: what it holds."""
+
+    def __init__(self, refusals: int, refusal: Exception):
+        self.refusals, self.refusal, self.calls, self.written = refusals, refusal, 0, []
+
+    def __call__(self, topic, messages):
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise self.refusal
+        self.written.extend(messages)
+        return [AppendResult("id", "01AB", 1, len(self.written) - 1, 0, 0, 0, "WRITTEN")]
+
+
+def electing_publisher(log: ElectingLog) -> tuple[Publisher, FakeClock, list[float]]:
+    clock, pauses = FakeClock(), []
+
+    def sleep(s):
+        pauses.append(s)
+        clock.advance(round(s * 1000))
+    return Publisher(TopicCache(Lookups(), clock, 60_000), 1024, log, None, clock=clock, sleep=sleep), clock, pauses
+
+
+@pytest.mark.parametrize("refusal", [
+    NotLeader("a replica: no leader is known yet (an election is running)"),
+    NotLeader("a replica: the leader is n3", leader_address="n3:1"),       # the lost one, until its lease lapses
+    NotWritten("n3:1 could not be reached, the request was never sent: failed to connect to all addresses"),
+    NotWritten("this commit log (n1) may have lost its leadership lease of epoch 4: it takes no writes"),
+    NotEnoughReplicas("only 1 of the min_insync_replicas 2 copies are in sync"),
+], ids=lambda e: type(e).__name__)
+def test_a_send_refused_unwritten_during_an_election_is_sent_again_until_it_lands_once(refusal):
+    log = ElectingLog(6, refusal)
+    publisher, clock, pauses = electing_publisher(log)
+    sent = publisher.send(publish(), wait_s=2.5)
+    assert (log.calls, len(log.written), sent.queue_offset) == (7, 1, 0)   # written once, by the 7th call
+    assert pauses == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4] and publisher.sent_again == 6
+    assert sum(pauses) <= 2.5
+
+
+def test_a_send_waits_no_longer_than_it_was_given_and_then_gets_the_last_refusal():
+    log = ElectingLog(1000, NotLeader("a replica: no leader is known yet (an election is running)"))
+    publisher, clock, pauses = electing_publisher(log)
+    with pytest.raises(NotLeader, match="election is running"):
+        publisher.send(publish(), wait_s=1.0)
+    assert sum(pauses) <= 1.0 and pauses == [0.05, 0.1, 0.2, 0.4] and log.written == []
+    log.calls = 0
+    with pytest.raises(NotLeader):
+        publisher.send(publish())           # no wait given (on the event loop, or --send-leader-wait-ms 0)
+    assert log.calls == 1
+
+
+@pytest.mark.parametrize("refusal", [
+    Unavailable("n1:1 answered UNAVAILABLE: Stream removed (Socket closed)"),   # sent: it may have been written
+    Unavailable("records up to physical offset 9 were replicated, but this node's leadership may have lapsed"),
+    InvalidArgument("messages[0].body is bad"),
+], ids=lambda e: str(e)[:30])
+def test_a_send_that_may_have_been_written_or_was_refused_for_itself_is_never_sent_again(refusal):
+    log = ElectingLog(1, refusal)
+    publisher, clock, pauses = electing_publisher(log)
+    with pytest.raises(type(refusal)):
+        publisher.send(publish(), wait_s=3.0)
+    assert (log.calls, pauses) == (1, [])   # the client's to retry: sending it here could duplicate it
+
+
+@pytest.mark.parametrize("wait_ms, left_s, expected", [
+    (3000, 3.0, 2.5),      # the Python client's 3 s deadline: the wait ends 0.5 s before it
+    (3000, 10.0, 3.0),     # a longer deadline: the flag's bound
+    (3000, None, 3.0),     # no deadline
+    (3000, 0.4, 0.0),      # too close to the deadline to wait at all
+    (0, 10.0, 0.0),        # --send-leader-wait-ms 0: never
+])
+def test_a_send_waits_for_a_leader_only_within_its_clients_deadline(wait_ms, left_s, expected):
+    assert send_wait_s(wait_ms, left_s) == pytest.approx(expected)
 
 
 def test_the_topic_cache_reuses_answers_for_its_ttl_only():

@@ -12,7 +12,7 @@ import pytest
 
 from mqstore.background import Duty
 from mqstore.clock import FakeClock
-from mqstore.errors import InvalidArgument, Unavailable
+from mqstore.errors import InvalidArgument, NotWritten, Unavailable
 from mqstore.replication.config import ReplicationConfig, fence_margin_s
 from mqstore.replication.controller import Controller, Versioned
 from mqstore.replication.node import ReplicationNode
@@ -77,6 +77,9 @@ def test_the_default_lease_is_two_seconds_and_the_leader_fences_one_second_after
     assert not node.fenced
     clock.advance(1)
     assert node.fenced  # no renewal for 1 s: it stops acknowledging, 1 s before etcd may let the key lapse
+    with pytest.raises(NotWritten, match="may have lost its leadership lease") as refused:
+        node.begin_append(sync=True)  # before anything is written: safe to send again (commitlog.proto, Append)
+    assert isinstance(refused.value, Unavailable)  # UNAVAILABLE on the wire, its trailer naming NotWritten
 
 
 def test_renewals_keep_the_controller_pace_while_the_leader_key_is_read_fast(tmp_path):
