@@ -14,6 +14,7 @@ Thread-safety: one owner per instance.
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,18 @@ INSTALL_HINT = "install Debian's etcd-server (apt-get install etcd-server) or ru
 def find_binary() -> str | None:
     """The etcd server binary (``MQSTORE_ETCD_BINARY``, else ``etcd`` on PATH), or None."""
     return os.environ.get("MQSTORE_ETCD_BINARY") or shutil.which("etcd")
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T or t in /proc); True where /proc is missing."""
+    tasks = pathlib.Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return True  # no /proc here, or the process is gone
+    try:
+        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()]
+    except OSError:
+        return False  # a thread ended while they were read: look again
+    return all(state in ("T", "t") for state in states)
 
 
 def _free_port() -> int:
@@ -230,10 +243,15 @@ class LocalEtcdCluster:
             member.process.wait(10)
         return member
 
-    def pause(self, index: int) -> Member:
-        """SIGSTOP: the member holds its connections but answers nothing (a member cut off)."""
+    def pause(self, index: int, timeout_s: float = 10.0) -> Member:
+        """SIGSTOP: the member holds its connections but answers nothing (a member cut off). Returns once every
+        thread of it has stopped (Linux's /proc; elsewhere at once): the signal takes effect asynchronously, and
+        a call made right after it was once answered by the member on a loaded machine."""
         member = self.members[index]
         member.process.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while not _stopped(member.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
         return member
 
     def resume(self, index: int) -> Member:
