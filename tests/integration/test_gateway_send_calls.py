@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 
 import grpc
 import pytest
@@ -20,6 +21,8 @@ from mqstore.gateway.config import GatewayConfig
 from mqstore_rpc.gen.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2 as s
 from mqstore_rpc.gen.apache.rocketmq.v2 import service_pb2_grpc
+from mqstore_launcher.child import free_port
+from mqstore_rpc.gen.mqstore.v1 import common_pb2
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2 as cpb
 from mqstore_rpc.gen.mqstore.v1 import commitlog_pb2_grpc
 from mqstore_rpc.server import ServerConfig
@@ -102,3 +105,67 @@ def test_a_send_is_one_request_on_the_append_stream_and_no_other_call_to_the_com
     assert len({a.entries[0].message_id for a in answers}) == CONCURRENT
     assert stored == 1 + SENDS + CONCURRENT  # each message stored once
     assert 1 <= _moved(after[1], last)[BATCHES] <= CONCURRENT
+
+
+class ElectingLog:
+    """A stand-in CommitLog (DescribeTopic and Append only) whose first ``refusals`` Appends are refused as a leader
+    refuses while its lease is unconfirmed: UNAVAILABLE, trailer mqstore-error NotWritten, nothing written."""
+
+    def __init__(self, refusals: int):
+        self.refusals, self.appends, self.written = refusals, 0, []
+        self._lock = threading.Lock()
+
+    def describe(self, request, context):
+        topic = cpb.Topic(name=request.name, queue_count=2, kind=common_pb2.TOPIC_KIND_NORMAL)
+        return cpb.TopicDescription(topic=topic)
+
+    def append(self, request, context):
+        with self._lock:
+            self.appends += 1
+            if self.appends <= self.refusals:
+                context.set_trailing_metadata((("mqstore-error", "NotWritten"), ("mqstore-retriable", "true")))
+                context.abort(grpc.StatusCode.UNAVAILABLE, "this commit log (n1) may have lost its leadership lease "
+                                                           "of epoch 3: it takes no writes until it is confirmed")
+            self.written.extend(m.body for m in request.messages)
+            offset = len(self.written) - 1
+        return cpb.AppendResponse(results=[cpb.AppendResult(msg_id="0" * 32, queue_id=0, queue_offset=offset,
+                                                            physical_offset=offset, replicas=1)])
+
+    def serve(self):
+        handlers = {"DescribeTopic": grpc.unary_unary_rpc_method_handler(
+                        self.describe, request_deserializer=cpb.DescribeTopicRequest.FromString,
+                        response_serializer=cpb.TopicDescription.SerializeToString),
+                    "Append": grpc.unary_unary_rpc_method_handler(
+                        self.append, request_deserializer=cpb.AppendRequest.FromString,
+                        response_serializer=cpb.AppendResponse.SerializeToString)}
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(4))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("mqstore.v1.CommitLog", handlers),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        return server, f"127.0.0.1:{port}"
+
+
+def test_a_send_the_log_refused_unwritten_is_sent_again_within_the_clients_deadline_and_counted():
+    """mqstore.gateway.publishing: through the real servicer and its wire, a send refused NotWritten (a leader's
+    election) is sent again and answered OK, stored once, counted in mqstore_gateway_sends_sent_again_total;
+    refused for longer than its deadline allows, it gets the refusal before the deadline (PROXY_TIMEOUT: the
+    client retries), having been sent again only within the deadline less 0.5 s."""
+    log = ElectingLog(refusals=3)
+    log_server, address = log.serve()
+    config = GatewayServiceConfig(gateway=GatewayConfig(topic_cache_ms=CACHE_MS),
+                                  server=ServerConfig(port=0, metrics_port=0), commitlog_address=address,
+                                  txn_address=f"127.0.0.1:{free_port()}")
+    try:
+        with gateway_serving(config) as (server, port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            reply = stub.SendMessage(s.SendMessageRequest(messages=[_message(0)]), metadata=CLIENT, timeout=3)
+            assert reply.status.code == d.OK, reply
+            assert (log.appends, log.written) == (4, [b"body-0"])      # three refusals, then written once
+            assert scrape(server.metrics_port).value("mqstore_gateway_sends_sent_again_total") == 3
+            log.refusals, before = log.appends + 100, log.appends
+            # a 1 s deadline leaves 0.5 s to wait: pauses of 50, 100 and 200 ms fit, the next (400) does not
+            refused = stub.SendMessage(s.SendMessageRequest(messages=[_message(1)]), metadata=CLIENT, timeout=1.0)
+            assert refused.status.code == d.PROXY_TIMEOUT and "leadership lease" in refused.status.message
+            assert 1 <= log.appends - before <= 4 and log.written == [b"body-0"]
+    finally:
+        log_server.stop(None)

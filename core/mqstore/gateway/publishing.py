@@ -48,7 +48,7 @@ client's deadline less SEND_WAIT_RESERVE_S, so that the client never gives up on
 written and sends it twice). Nothing else is sent again: an append that may have been written (a connection
 lost after sending, a deadline) is the client's to retry, as RocketMQ's proxy leaves it.
 
-Thread-safe: the topic cache has its own lock; the rest holds no state.
+Thread-safe: the topic cache has its own lock, the Publisher's count of sends made again its own.
 """
 
 from __future__ import annotations
@@ -238,6 +238,7 @@ class Publisher:
                  sleep: Callable[[float], None] = time.sleep):
         self.topics, self.max_body_bytes, self._append, self._prepare = topics, max_body_bytes, append, prepare
         self._recall, self._clock, self._sleep = recall, clock or SystemClock(), sleep
+        self._count_lock = threading.Lock()
         self.sent_again = 0   # appends sent again after a refusal that wrote nothing (an election)
 
     def sends_at_once(self, p: Publish) -> bool:
@@ -277,7 +278,8 @@ class Publisher:
                          refused=str(exc)[:300])
             with waits.waiting():  # the handler pool runs other calls meanwhile
                 self._sleep(pause_s)
-            self.sent_again += 1
+            with self._count_lock:
+                self.sent_again += 1
             pause_s = min(pause_s * 2, SEND_PAUSE_MAX_S)
 
     def recall(self, topic: str, handle: str) -> str:

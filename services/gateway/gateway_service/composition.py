@@ -154,6 +154,9 @@ def compose_gateway(cfg: GatewayConfig, log: LogPort, txn: TxnClient, clock: Clo
     parts.add_duty(Housekeeping(registry, relay))
     topics = TopicCache(log.topic, clock, cfg.topic_cache_ms)
     publisher = Publisher(topics, cfg.max_body_bytes, log.append, txn.prepare, log.recall, clock)
+    parts.metrics.counter_fn("mqstore_gateway_sends_sent_again_total", "appends the gateway sent again after the "
+                             "commit log refused them unwritten (an election: --send-leader-wait-ms)",
+                             lambda: publisher.sent_again)
     renewals = Renewals(log.pop, clock, invisible_ms=cfg.auto_renew_invisible_ms, ahead_ms=cfg.auto_renew_ahead_ms,
                         max_ms=cfg.auto_renew_max_ms, max_entries=cfg.auto_renew_max_messages,
                         alive=lambda client_id: registry.get(client_id) is not None)
