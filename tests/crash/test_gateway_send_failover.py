@@ -106,7 +106,9 @@ def test_sends_ride_out_a_leader_kill_each_acknowledged_one_written_once(group):
           f"{publisher.sent_again}, refused {[str(e)[:120] for e in refused]}")
     # never a refusal that wrote nothing: those the gateway sends again; only sends that may have been written
     assert not [e for e in refused if isinstance(e, (NotLeader, NotWritten))], refused
-    assert all(isinstance(e, Unavailable) for e in refused) and len(refused) <= 2 * SENDERS, refused
+    # a sender's send in flight at the kill (a reset connection), and on a loaded machine one a leader wrote but
+    # could not acknowledge because its lease went unconfirmed (etcd starved): a few per sender at most
+    assert all(isinstance(e, Unavailable) for e in refused) and len(refused) <= 4 * SENDERS, refused
     assert publisher.sent_again > 0, "no send met the election: the test proved nothing"
     assert all(s.acked_after_kill >= AFTER_KILL for s in senders)
 
