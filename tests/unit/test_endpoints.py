@@ -21,10 +21,13 @@ class _Stub:
 
 
 @contextlib.contextmanager
-def server(name: str, status: grpc.StatusCode | None, seen: list):
+def server(name: str, status: grpc.StatusCode | None, seen: list, error: str = ""):
+    """``error``: the mqstore-error trailer of its refusal (as mqstore_rpc.errors sends it)."""
     def say(request: bytes, context: grpc.ServicerContext) -> bytes:
         seen.append((name, request))
         if status is not None:
+            if error:
+                context.set_trailing_metadata((("mqstore-error", error),))
             context.abort(status, f"{name} says {status.name}")
         return name.encode()
 
@@ -55,7 +58,7 @@ def test_a_call_the_first_cannot_answer_goes_to_the_next_which_is_then_asked_fir
     assert seen == [("a", b"1"), ("b", b"1-moved"), ("b", b"2")]
 
 
-def test_another_status_is_the_answer_and_every_instance_down_raises_the_last_error():
+def test_another_status_is_the_answer_and_every_instance_down_raises_the_first_that_may_have_done_something():
     seen: list = []
     with server("a", grpc.StatusCode.NOT_FOUND, seen) as a, server("b", None, seen) as b, \
             Failover([a, b], grpc.insecure_channel, _Stub) as instances:
@@ -67,5 +70,22 @@ def test_another_status_is_the_answer_and_every_instance_down_raises_the_last_er
             Failover([a, b], grpc.insecure_channel, _Stub) as instances:
         with pytest.raises(grpc.RpcError) as down:
             instances.call("Say", b"y", timeout=10)
-    assert down.value.code() == grpc.StatusCode.UNAVAILABLE and "b says" in down.value.details()
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE and "a says" in down.value.details()
     assert seen == [("a", b"y"), ("b", b"y")]
+
+
+@pytest.mark.parametrize("a_error, b_error, raised", [
+    ("OutcomeUnknown", "NotWritten", "a"),   # the active one's outcome unknown, its standby's refusal after it
+    ("NotWritten", "OutcomeUnknown", "b"),   # a standby first: the other's outcome is what the caller must see
+    ("NotWritten", "NotWritten", "b"),       # nothing done anywhere: the last, as before
+])
+def test_an_outcome_unknown_is_never_hidden_behind_a_refusal_that_did_nothing(a_error, b_error, raised):
+    """An active/standby pair (the Transaction service): a caller that sends a refused-unwritten write again must
+    not take an active instance's maybe-done failure for its standby's refusal (mqstore_rpc.endpoints)."""
+    seen: list = []
+    with server("a", grpc.StatusCode.UNAVAILABLE, seen, a_error) as a, \
+            server("b", grpc.StatusCode.UNAVAILABLE, seen, b_error) as b, \
+            Failover([a, b], grpc.insecure_channel, _Stub, retried=frozenset({grpc.StatusCode.UNAVAILABLE})) as pair:
+        with pytest.raises(grpc.RpcError) as down:
+            pair.call("Say", b"z", timeout=10)
+    assert down.value.details() == f"{raised} says UNAVAILABLE" and len(seen) == 2

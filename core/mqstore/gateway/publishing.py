@@ -41,8 +41,12 @@ again before the due time answers OK again (idempotent, as RecallTimer).
 A commit log's election (issue 34): while its leader is lost and until a new one takes writes (~2 s), every
 append is refused without being written: a replica's NotLeader (no leader known yet, or the lost one still
 named until its lease lapses) or NotWritten (the lost leader's address unreachable, a new leader not yet
-confirmed or with too few replicas in sync). The official clients retry a failed send at once, three attempts
-in all, which an election outlasts: so :meth:`Publisher.send` sends such a refused append again itself, after a
+confirmed or with too few replicas in sync); a transaction's Prepare likewise (the Transaction service passes its
+log's NotWritten on, the half unwritten and its id released; its standby, fenced and recovering refusals are
+NotWritten too, and the TxnClient raises the active one's error over the standby's: mqstore_rpc.endpoints). The
+official clients retry a failed send at once, three attempts in all (RocketMQ's Java client none for a
+transactional one), which an election outlasts: so :meth:`Publisher.send` sends such a refused append or Prepare
+again itself, after a
 pause (50 ms, doubling to 400 ms), for up to ``wait_s`` (the servicer's: --send-leader-wait-ms, at most the
 client's deadline less SEND_WAIT_RESERVE_S, so that the client never gives up on a send that may still be
 written and sends it twice). Nothing else is sent again: an append that may have been written (a connection
@@ -58,7 +62,7 @@ import binascii
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
 import structlog
 from mqstore import waits
@@ -72,6 +76,7 @@ from mqstore import topics as topic_rules
 
 NORMAL, FIFO, DELAY, TRANSACTION = "NORMAL", "FIFO", "DELAY", "TRANSACTION"
 log = structlog.get_logger("mqstore.gateway.publishing")
+T = TypeVar("T")
 SEND_WAIT_RESERVE_S = 0.5          # a send stops waiting for a leader this long before its client's deadline
 SEND_PAUSE_FIRST_S, SEND_PAUSE_MAX_S = 0.05, 0.4
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"   # RocketMQ's MessageConst.PROPERTY_SHARDING_KEY: the message group
@@ -253,11 +258,12 @@ class Publisher:
         topic = self.topics.get(p.topic)
         self._check(p, topic)
         message = to_message_in(p)
-        if p.message_type == TRANSACTION:
-            transaction_id, half_offset = self._prepare(p.topic, message, p.topic)
+        if p.message_type == TRANSACTION:  # a Prepare refused unwritten released its id: a new one is no duplicate
+            transaction_id, half_offset = self._through_election(
+                lambda: self._prepare(p.topic, message, p.topic), p.topic, wait_s)
             return Sent(p.message_id, 0, half_offset, transaction_id)
         try:
-            result = self._append_through_election(p.topic, message, wait_s)
+            result = self._through_election(lambda: self._append(p.topic, [message])[0], p.topic, wait_s)
         except NotFound as exc:  # deleted since it was cached
             raise TopicNotFound(f"topic {p.topic!r} does not exist (any more): {exc}") from None
         if p.delivery_ms:  # the result names the timer topic's record: what RecallTimer takes
@@ -265,13 +271,13 @@ class Publisher:
                         recall_handle=recall_handle(p.topic, result.msg_id, p.message_id))
         return Sent(p.message_id, result.queue_id, result.queue_offset)
 
-    def _append_through_election(self, topic: str, message: MessageIn, wait_s: float) -> AppendResult:
+    def _through_election(self, send: Callable[[], T], topic: str, wait_s: float) -> T:
         give_up_s = self._clock.monotonic_s() + wait_s
         pause_s = SEND_PAUSE_FIRST_S
         while True:
             try:
-                return self._append(topic, [message])[0]
-            except (NotLeader, NotWritten) as exc:  # nothing was written: the same append again is no duplicate
+                return send()
+            except (NotLeader, NotWritten) as exc:  # nothing was written: the same send again is no duplicate
                 if self._clock.monotonic_s() + pause_s > give_up_s:
                     raise
                 log.info("gateway.send_waits_for_leader", topic=topic[:127], pause_ms=round(pause_s * 1000),

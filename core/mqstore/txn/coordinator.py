@@ -36,8 +36,8 @@ import structlog
 from mqstore import failpoints, javahash, waits
 from mqstore import topics as topic_rules
 from mqstore.clock import Clock
-from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, OutcomeUnknown,
-                            PermissionDenied, Unavailable, shown)
+from mqstore.errors import (AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, NotWritten,
+                            OutcomeUnknown, PermissionDenied, Unavailable, shown)
 from mqstore.format import record
 from mqstore.model import DURABILITY_WRITTEN, AppendResult, MessageIn, MessageLookup, StoredMessage, TopicRecord
 
@@ -554,11 +554,12 @@ class Coordinator:
                         f"it); check the id against the one Prepare returned")
 
     def check_ready(self) -> None:
+        """NotWritten (refused before doing anything) while the table is not ready: a standby, or recovering."""
         if not self.table.ready:
             if self.table.standby:
-                raise Unavailable(self.table.standby)
-            raise Unavailable("recovering: the Transaction service is reading the log up to the end it saw at "
-                              "start (it cannot tell yet what was committed); retry shortly")
+                raise NotWritten(self.table.standby)
+            raise NotWritten("recovering: the Transaction service is reading the log up to the end it saw at "
+                             "start (it cannot tell yet what was committed); retry shortly")
 
 
 def request_digest(topic: str, group: str, messages: Sequence[MessageIn]) -> str:

@@ -31,7 +31,7 @@ import structlog
 
 from mqstore.background import Duty
 from mqstore.clock import Clock
-from mqstore.errors import Unavailable
+from mqstore.errors import NotWritten, Unavailable
 from mqstore.replication.controller import Coordination, fence_margin_s
 from mqstore.txn.table import TxnTable
 
@@ -59,12 +59,13 @@ class TxnElection(Duty):
                 f"{where}: send Prepare, Commit, Rollback and CheckBack there")
 
     def check_active(self) -> None:
-        """Raises Unavailable unless this instance holds the key and its lease cannot have lapsed yet."""
+        """Raises NotWritten (an Unavailable: refused before doing anything) unless this instance holds the key and
+        its lease cannot have lapsed yet."""
         if not self.active:
-            raise Unavailable(self._standby_text())
+            raise NotWritten(self._standby_text())
         if self._clock.monotonic_s() >= self._valid_until_s:
-            raise Unavailable(f"fenced: this Transaction service ({self.address}) could not renew its etcd lease in "
-                              f"time and takes no writes until it does; another instance may be taking over")
+            raise NotWritten(f"fenced: this Transaction service ({self.address}) could not renew its etcd lease in "
+                             f"time and takes no writes until it does; another instance may be taking over")
 
     # ---- the duty -----------------------------------------------------------------------------------
     def step(self) -> None:

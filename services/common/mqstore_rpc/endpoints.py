@@ -4,7 +4,9 @@ A service that runs twice or more, each instance answering the same reads from i
 each instance follows the commit log into its own data dir), is given to its clients as a comma-separated
 list. :class:`Failover` keeps a channel per endpoint and sends a call to the one that answered last (the
 first at the start); a call that ends UNAVAILABLE or DEADLINE_EXCEEDED is sent again, as it was, to the
-next endpoint, each endpoint at most once per call, and the last error is raised when none answered. Any
+next endpoint, each endpoint at most once per call, and when none answered the first error that may have done
+something is raised (mqstore_rpc.remote_errors.never_done: not a refusal before anything was done, such as a
+standby's), else the last: an active instance's "outcome unknown" is never hidden behind its standby's refusal. Any
 other status (NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ...) is that call's answer and is raised at
 once: another instance would answer the same.
 
@@ -28,6 +30,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import grpc
+
+from mqstore_rpc.remote_errors import never_done
 
 RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -71,7 +75,7 @@ class Failover:
         ``elsewhere(request)``: the request to send to an endpoint other than the preferred one (what the
         preferred one issued, a page token, may mean something else on another instance)."""
         first = self._preferred
-        error: grpc.RpcError | None = None
+        failures: list[grpc.RpcError] = []
         for step in range(len(self._stubs)):
             i = (first + step) % len(self._stubs)
             sent = request if step == 0 or elsewhere is None else elsewhere(request)
@@ -80,12 +84,12 @@ class Failover:
             except grpc.RpcError as exc:
                 if exc.code() not in self._retried:
                     raise
-                error = exc
+                failures.append(exc)
                 continue
             self._preferred = i
             return response
-        assert error is not None
-        raise error
+        # the first that may have done something (the active one's outcome unknown), else the last
+        raise next((exc for exc in failures if not never_done(exc)), failures[-1])
 
     def in_turn(self) -> list:
         """The stubs, the preferred one first (a server stream, whose errors come while it is read, is tried

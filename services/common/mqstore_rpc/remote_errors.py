@@ -71,6 +71,12 @@ _NOT_WRITTEN = {cls.__name__: cls for cls in (errors.NotWritten, errors.NotEnoug
 _NEVER_SENT = ("failed to connect to all addresses", "errors resolving", "DNS resolution failed", "empty address list")
 
 
+def never_done(exc: grpc.RpcError) -> bool:
+    """Whether the failed call certainly did nothing: a NotWritten (a refusal before doing anything, or a call gRPC
+    could not send) or a replica's NotLeader."""
+    return isinstance(from_rpc_error(exc, ""), (errors.NotWritten, errors.NotLeader))
+
+
 def from_batch_error(error, peer: str) -> errors.MqStoreError:
     """The mqstore exception of one batch that CommitLogInternal.AppendBatches refused (a BatchError):
     the class its ``error`` names, else the one of its code, as :func:`from_rpc_error` would give."""

@@ -158,6 +158,37 @@ def test_a_send_that_may_have_been_written_or_was_refused_for_itself_is_never_se
     assert (log.calls, pauses) == (1, [])   # the client's to retry: sending it here could duplicate it
 
 
+def test_a_transactional_send_refused_unwritten_is_prepared_again_and_only_once():
+    """A Prepare refused NotWritten (the Transaction service's log in an election, or its standby answering while
+    the active one fails over) wrote no half and released its id: sent again, one transaction results."""
+    calls, clock, pauses = [], FakeClock(), []
+
+    def prepare(topic, message, group):
+        calls.append(topic)
+        if len(calls) <= 2:
+            raise NotWritten("standby: this Transaction service (txn-2:1) is the standby; the active one is txn:1")
+        return f"tx-{len(calls)}", 4
+
+    def sleep(s):
+        pauses.append(s)
+        clock.advance(round(s * 1000))
+    publisher = Publisher(TopicCache(Lookups(), clock, 60_000), 1024, None, prepare, clock=clock, sleep=sleep)
+    sent = publisher.send(publish(message_type="TRANSACTION"), wait_s=2.5)
+    assert (sent.transaction_id, sent.queue_offset, len(calls), pauses) == ("tx-3", 4, 3, [0.05, 0.1])
+
+
+def test_a_transactional_send_whose_outcome_is_unknown_is_never_prepared_again():
+    calls, pauses = [], []
+
+    def prepare(topic, message, group):
+        calls.append(topic)
+        raise Unavailable("transaction t-1: the outcome of appending its halves is unknown; retry Prepare with t-1")
+    publisher = Publisher(TopicCache(Lookups(), FakeClock(), 60_000), 1024, None, prepare, sleep=pauses.append)
+    with pytest.raises(Unavailable, match="unknown"):
+        publisher.send(publish(message_type="TRANSACTION"), wait_s=2.5)
+    assert (calls, pauses) == (["t"], [])   # a new id now could make a second transaction of one send
+
+
 @pytest.mark.parametrize("wait_ms, left_s, expected", [
     (3000, 3.0, 2.5),      # the Python client's 3 s deadline: the wait ends 0.5 s before it
     (3000, 10.0, 3.0),     # a longer deadline: the flag's bound

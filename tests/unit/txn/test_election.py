@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mqstore.clock import FakeClock
-from mqstore.errors import Unavailable
+from mqstore.errors import NotWritten, Unavailable
 from mqstore.replication.controller import Versioned
 from mqstore.txn.election import TxnElection
 from mqstore.txn.table import TxnTable
@@ -85,7 +85,7 @@ def test_one_serves_the_other_refuses_naming_it_and_takes_over_once_caught_up_af
     b.table.set_applied(100, 100)
     assert a.table.ready and not b.table.ready  # the standby follows but never becomes ready
     a.check_active()
-    with pytest.raises(Unavailable, match="standby.*the active one is a:1"):
+    with pytest.raises(NotWritten, match="standby.*the active one is a:1"):
         b.check_active()
     assert "a:1" in b.table.standby
 
@@ -99,7 +99,7 @@ def test_one_serves_the_other_refuses_naming_it_and_takes_over_once_caught_up_af
     clock.advance(900)
     a.check_active()  # 0.9 s after its last renewal: still inside TTL 2 s - margin 1 s
     clock.advance(200)
-    with pytest.raises(Unavailable, match="fenced"):
+    with pytest.raises(NotWritten, match="fenced"):
         a.check_active()
     etcd.down = False
     b.step()  # b renews its own lease meanwhile (every 200 ms by default)
