@@ -3,10 +3,12 @@
 1. SYNC-replicated Append (a group of three CommitLog nodes, min_insync_replicas 2, ASYNC flush: every
    in-sync node holds the batch before the ack), 16 producers, 100 x 1 KiB per call, against the same load
    on one node with SYNC flush (one copy, fsync before the ack), in --rounds alternating rounds (medians).
-   Target >= 0.7x (issue 34; 0.5x before). Each setup is first loaded until every node's log has passed its
-   page cache window (``page_cache_keep_bytes``, 1 GiB by default, and a quarter more): the rounds measure
-   the store as it runs, not a node's first GiB, whose pages the kernel takes from memory never used before
-   (on this VM a fault in the host for each page: bench/README.md, *Drop-behind*). That first phase's rates
+   Target >= 0.7x (issue 34; 0.5x before). Each round starts with an os.sync() (the other setup's dirty pages
+   written back before, not during it; the seconds it took: ``sync_before_round_s``). Each setup is first
+   loaded until every node's log has passed its page cache window (``page_cache_keep_bytes``, 1 GiB by
+   default, and a quarter more): the rounds measure the store as it runs, not a node's first GiB, whose pages
+   the kernel takes from memory never used before (on this VM a fault in the host for each page:
+   bench/README.md, *Drop-behind*). That first phase's rates
    are reported beside the rounds (``warm_in``); ``--no-warm-in`` and ``--quick`` leave it out.
 2. Replication lag under the full ASYNC Append load (a leader and one replica): the replica's copy rate
    over the leader's append rate in the same window, and the lag at its end. Target >= 1.0x.
@@ -155,9 +157,15 @@ def bench_sync(root, etcd, timing, rounds, warm_in=True):
         # (bench/README.md, *The machine's two cores*): a setup with no core left idle is bound by the machine.
         loadgen = {"one_copy": [], "three_nodes": []}
         idle = {"one_copy": [], "three_nodes": []}
+        settle = []  # seconds each round's os.sync() took before it
         for r in range(rounds):
             turns = [(one_copy, single.target, [single]), (replicated, leader.target, nodes)]
             for figures, target, procs in turns if r % 2 == 0 else reversed(turns):
+                # the other setup's dirty pages written back first, not during this round: a group that wrote
+                # faster (three copies, ASYNC flush) left more behind, and the one copy's fsyncs waited for them
+                synced = time.monotonic()
+                os.sync()
+                settle.append(round(time.monotonic() - synced, 2))
                 before = [_cpu_split_s(p.proc.pid) for p in procs]
                 idle_before, children_before, started = machine_idle_s(), children_cpu_s(), time.monotonic()
                 figures.append(_append_rate(target, timing))
@@ -185,7 +193,8 @@ def bench_sync(root, etcd, timing, rounds, warm_in=True):
     return {"rounds": rounds, "one_copy_rounds_msgs_s": one_copy, "three_nodes_rounds_msgs_s": replicated,
             "one_copy_sync_flush_msgs_s": one, "three_nodes_sync_replication_msgs_s": three, "ratio": three / one,
             "cpu_us_a_message_rounds": cpu, "kernel_cpu_us_a_message_rounds": kernel,
-            "loadgen_cpu_us_a_message_rounds": loadgen, "machine_idle_fraction_rounds": idle, "warm_in": warmed}
+            "loadgen_cpu_us_a_message_rounds": loadgen, "machine_idle_fraction_rounds": idle, "warm_in": warmed,
+            "sync_before_round_s": settle}
 
 
 def machine_idle_s() -> float:

@@ -124,16 +124,20 @@ def _segments(data_dir, end):
 
 
 def test_leader_partitioned_from_etcd_and_replicas_stops_acknowledging_before_a_new_one_is_elected(tmp_path):
-    """n1 reaches etcd and is reached by its replicas only through fault-injecting proxies; the client
-    talks to it directly. Cut both: n1 must acknowledge no append (ASYNC ones included, which need no
-    replica) from before the moment another node is elected."""
+    """n1 reaches etcd and is reached by its replicas only through fault-injecting proxies (its gRPC port and
+    its replication data port); the client talks to it directly. Cut them all: n1 must acknowledge no append
+    (ASYNC ones included, which need no replica) from before the moment another node is elected."""
+    from tests.support.gateway import free_port
     from tests.support.tcp_proxy import TcpProxy
     etcd = etcd_or_skip()
-    to_etcd, to_n1 = TcpProxy(("127.0.0.1", etcd.client_port)), TcpProxy()
+    data_port = free_port()
+    to_etcd, to_n1, to_n1_data = TcpProxy(("127.0.0.1", etcd.client_port)), TcpProxy(), TcpProxy(("127.0.0.1",
+                                                                                                   data_port))
     group = Group(tmp_path, etcd.endpoint, 3, *TTL_FLAGS)
     try:
         group.etcd_endpoint = to_etcd.address
-        group.extra = (*TTL_FLAGS, "--advertised-address", to_n1.address)
+        group.extra = (*TTL_FLAGS, "--advertised-address", to_n1.address, "--replication-data-port", str(data_port),
+                       "--replication-data-address", to_n1_data.address)
         n1 = group.start("n1")
         to_n1.target = ("127.0.0.1", int(n1.address.rsplit(":", 1)[1]))
         group.wait_leader()
@@ -143,6 +147,9 @@ def test_leader_partitioned_from_etcd_and_replicas_stops_acknowledging_before_a_
         assert group.wait_leader()[0] == "n1"
         group.log("n1").CreateTopic(pb.CreateTopicRequest(name="p", queue_count=1), timeout=10)
         wait_until(lambda: len(group.state("n1").in_sync) == 3, "all three nodes in sync", timeout_s=30)
+        for replica in ("n2", "n3"):  # their data comes through the proxy too
+            assert any('"replication.data_connection"' in line and to_n1_data.address in line
+                       for line in group.procs[replica].lines)
         last_ack = {}
 
         def hammer(mode):
@@ -163,6 +170,7 @@ def test_leader_partitioned_from_etcd_and_replicas_stops_acknowledging_before_a_
         assert leader == "n1", f"{leader} leads before the partition: the rig needs n1 as the leader"
         to_etcd.partition()
         to_n1.partition()
+        to_n1_data.partition()
         new_leader, _ = group.wait_leader(above_epoch=epoch, timeout_s=30)
         elected = next(e for line in group.procs[new_leader].lines if '"controller.elected"' in line
                        for e in [_event_time(line)])
@@ -178,6 +186,7 @@ def test_leader_partitioned_from_etcd_and_replicas_stops_acknowledging_before_a_
         group.stop()
         to_etcd.close()
         to_n1.close()
+        to_n1_data.close()
         etcd.stop()
 
 

@@ -255,13 +255,11 @@ def test_returning_old_leader_truncates_only_its_unacknowledged_tail(tmp_path):
     assert broken, "the cut tail is kept as .broken copies"
 
 
-def test_a_replica_follows_its_leader_over_mutual_tls_with_authentication_on(tmp_path, certs):
-    """The replication stream goes through the server's TLS and its `service` identity (ServerConfig.peers):
-    a replica copies and acknowledges a SYNC append on a group with mutual TLS and authentication on; a
-    client without credentials is refused the stream."""
+def secured(tmp_path: pathlib.Path, certs: pathlib.Path):
+    """Mutual TLS and authentication on: the services' identity (``Peers``: what the nodes call each other
+    with, and a client of the test's with it) and a function that puts both on a node's config."""
     import dataclasses
 
-    from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as rpb
     from mqstore_rpc.peers import Peers
     from mqstore_rpc.secret import Secret
     from mqstore_rpc.server import AuthConfig
@@ -278,27 +276,7 @@ def test_a_replica_follows_its_leader_over_mutual_tls_with_authentication_on(tmp
                               auth=AuthConfig(enabled=True, url=Secret(f"sqlite:///{tmp_path / 'auth.db'}"),
                                               internal_token=token))
         return dataclasses.replace(config, server=server)
-
-    with serving(secure(node_config(tmp_path, "a", min_insync_replicas=2))) as (_, leader_port):
-        leader_address = f"localhost:{leader_port}"
-        with serving(secure(node_config(tmp_path, "b", replica_of=leader_address))), \
-                service.channel(leader_address) as channel:
-            log = commitlog_pb2_grpc.CommitLogStub(channel)
-            repl = replication_pb2_grpc.ReplicationStub(channel)
-            log.CreateTopic(pb.CreateTopicRequest(name="t", queue_count=1), timeout=RPC_TIMEOUT_S)
-            wait_until(lambda: "b" in repl.GetReplicationState(rpb.GetReplicationStateRequest(),
-                                                               timeout=RPC_TIMEOUT_S).in_sync,
-                       "the replica to join the in-sync set over TLS")
-            results = log.Append(pb.AppendRequest(topic="t", replication=pb.REPLICATION_MODE_SYNC, messages=[
-                common_pb2.MessageInput(body=BODY)] * 3), timeout=RPC_TIMEOUT_S).results
-            assert {r.replicas for r in results} == {2}
-
-        anonymous = Peers(tls)  # TLS but no credentials: the stream is refused
-        with anonymous.channel(leader_address) as channel:
-            stream = replication_pb2_grpc.ReplicationStub(channel).Replicate(iter([]), timeout=RPC_TIMEOUT_S)
-            with pytest.raises(grpc.RpcError) as refused:
-                next(iter(stream))
-            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    return service, secure
 
 
 def test_a_replica_serves_get_message_of_a_topic_created_on_its_leader_after_it_started(tmp_path):

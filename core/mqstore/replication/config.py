@@ -37,6 +37,12 @@ class ReplicationConfig:
         "at once; while no SYNC append waits, a stream sends at most one data message this long (the appends "
         f"meanwhile gathered into the next); 0 = never; at most {MAX_LINGER_US}")})
     replica_backoff_max_ms: int = 1_000     # a replica reconnects to its leader within this
+    replication_data_port: int = field(default=0, metadata={"help": (
+        "the port a leader sends each replica the log on, a TCP connection of the stream's own beside its gRPC "
+        "call (as RocketMQ's HA port; with the gRPC port's TLS), bound on the gRPC port's host: 0 = any free "
+        "port, -1 = none (the log goes on the gRPC stream)")})
+    replication_data_address: str = field(default="", metadata={"help": (
+        "host:port replicas reach the data port at; \"\" = the advertised address's host and the bound port")})
     etcd_endpoints: str = ""                # host:port[,host:port...]: automatic failover through etcd
     etcd_prefix: str = "/mqstore/commitlog"  # the group's keys: <prefix>/leader, /epoch, /isr, /handover
     lease_ttl_s: int = 2                    # a leader's etcd lease (etcd's smallest); it fences itself 1 s before
@@ -57,6 +63,12 @@ class ReplicationConfig:
         if not 0 <= self.replication_linger_us <= MAX_LINGER_US:
             raise InvalidArgument(f"replication_linger_us must be 0 (off) to {MAX_LINGER_US}, not "
                                   f"{self.replication_linger_us}")
+        if not -1 <= self.replication_data_port <= 65535:
+            raise InvalidArgument(f"replication_data_port must be a port, 0 (any free one) or -1 (none), not "
+                                  f"{self.replication_data_port}")
+        if self.replication_data_address and not self.replication_data_address.rpartition(":")[2].isdigit():
+            raise InvalidArgument(f"replication_data_address must be host:port, not "
+                                  f"{self.replication_data_address!r}")
         if self.replica_of and self.etcd_endpoints:
             raise InvalidArgument("give replica_of (a static group) or etcd_endpoints (elections), not both")
         if self.lease_ttl_s < 2:

@@ -89,6 +89,7 @@ from mqstore_rpc.settings import default_auth_url
 from mqstore_rpc.server import ManagedServer, ServerConfig
 
 from commitlog_service import access, consumer, internal, replication
+from commitlog_service.data_link import DataPort
 from mqstore_rpc.etcd_client import EtcdCoordination, attempt_timeout_s, parse_endpoints
 from commitlog_service.servicer import SERVICE_NAME, CommitLogServicer, add_to_server
 
@@ -287,7 +288,7 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore,
     node.on_promote = store.replica_view.promote
     node.in_sync.on_committed = store.replica_view.advance_visible
     store.gate = node
-    servicer = replication.ReplicationServicer(store, node)
+    servicer = replication.ReplicationServicer(store, node, data_port=_data_port(config, rc, parts))
     parts.add_servicer(replication.SERVICE_NAME, lambda server: replication.add_to_server(servicer, server))
     parts.add_duty(IsrKeeper(node.in_sync, lambda: node.is_leader))
     store.topics.reload_on_miss = True  # a replica, or a leader that was one, may miss topics created elsewhere
@@ -309,6 +310,22 @@ def _compose_replication(config: CommitLogConfig, store: MessageStore,
     servicer.controller = controller
     parts.add_duty(controller)
     return node
+
+
+def _data_port(config: CommitLogConfig, rc: ReplicationConfig, parts: service.Composition) -> DataPort | None:
+    """The replication data port (commitlog_service.data_link) on the gRPC port's host and loop, with its TLS;
+    None with ``--replication-data-port -1``."""
+    if rc.replication_data_port < 0:
+        return None
+    port = DataPort(config.server.host, rc.replication_data_port, rc.advertised_address.rpartition(":")[0],
+                    rc.replication_data_address, config.server.tls)
+    try:
+        parts.server.run_on_loop(port.start, 10.0)
+    except OSError as exc:
+        raise OSError(f"cannot bind the replication data port {config.server.host}:{rc.replication_data_port} "
+                      f"(--replication-data-port): {exc}") from None
+    parts.server.add_loop_closer(port.close)
+    return port
 
 
 # ---- configuration ------------------------------------------------------------------------------------

@@ -39,7 +39,9 @@ from mqstore.replication.node import ReplicationNode
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as pb, replication_pb2_grpc
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.remote_errors import from_rpc_error
-from mqstore_rpc.tls import open_channel
+from mqstore_rpc.tls import ClientTls, open_channel
+
+from commitlog_service.data_link import HEADER, MAX_ACK_FRAME_BYTES, DataConnection, DataPort, read_frame
 
 try:  # grpc's internal call API, for SingleThreadedCall (grpc's own single-threaded unary-stream call uses it)
     from grpc._cython import cygrpc
@@ -51,6 +53,7 @@ log = structlog.get_logger()
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Replication"].full_name
 _MAX_MESSAGE_BYTES = defaults.MAX_MESSAGE_BYTES
 ACK_READER_JOIN_S = 1.0  # a Replicate handler's wait for its ack reader once the call is over
+STATUS_WAIT_S = 1.0  # a replica whose data connection ended waits this long for the call's status, then cancels it
 # A channel to a node that was down retries its connection at most this far apart: a restarted node elected
 # leader is reached within it (1 s here added up to a second to a failover, issue 34)
 RECONNECT_BACKOFF_MAX_MS = 200
@@ -68,11 +71,12 @@ def history_in(entries) -> epochs.EpochHistory:
 
 
 class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
-    def __init__(self, store, node: ReplicationNode, controller=None):
+    def __init__(self, store, node: ReplicationNode, controller=None, data_port: DataPort | None = None):
         self._store = store
         self._node = node
         self.controller = controller  # mqstore.replication.controller.Controller; None in a static group
         self.data_messages = DataMessages()  # built once for every replica's stream
+        self.data_port = data_port  # the streams' data connections (commitlog_service.data_link); None: on gRPC
 
     def TransferLeadership(self, request, context) -> pb.TransferLeadershipResponse:
         if self.controller is None:
@@ -90,10 +94,21 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         first = await anext(requests, None)
         # off the loop: a welcome from the tier reads every consume queue's entries below the leader's local start
         session = await waits.off_loop(lambda: self._session(first))
-        # off the loop too: each part's entries are cut and copied into its message (the first counts every part)
-        messages = welcome_messages(session.welcome, paged=session.hello.pages_welcome)
-        while (message := await waits.off_loop(lambda: next(messages, None))) is not None:
-            yield message
+        port = self.data_port if first.hello.takes_data_connection else None
+        token = port.offer() if port is not None else b""
+        try:
+            # off the loop too: each part's entries are cut and copied into its message (the first counts every part)
+            messages = welcome_messages(session.welcome, paged=session.hello.pages_welcome,
+                                        data_address=port.address if port is not None else "", data_token=token)
+            while (message := await waits.off_loop(lambda: next(messages, None))) is not None:
+                yield message
+            if port is not None:
+                reader, writer = await port.connection(token, session.hello.replica_id)
+                await self._serve_data(session, reader, writer)
+                return
+        finally:
+            if port is not None:
+                port.forget(token)
         acks = asyncio.ensure_future(_read_acks(requests, session))
         try:
             async for d in session.data_async():
@@ -101,6 +116,34 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         finally:
             acks.cancel()
             self.data_messages.log_counts(session.hello.replica_id)
+
+    async def _serve_data(self, session: ReplicaSession, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        """The stream on its data connection (commitlog_service.data_link): its data messages sent, its acks
+        read, until either ends (the replica's end: Unavailable, for the call's status) or the call does."""
+        acks = asyncio.ensure_future(_read_data_acks(reader, session))
+        sending = asyncio.ensure_future(self._send_data(session, writer))
+        try:
+            done, _ = await asyncio.wait((acks, sending), return_when=asyncio.FIRST_COMPLETED)
+            if sending in done:
+                sending.result()  # the session's end (or its error, the call's status)
+                return
+            acks.result()
+            raise Unavailable(f"replica {session.hello.replica_id} closed its data connection")
+        finally:
+            acks.cancel()
+            sending.cancel()
+            writer.close()
+            self.data_messages.log_counts(session.hello.replica_id)
+
+    async def _send_data(self, session: ReplicaSession, writer: asyncio.StreamWriter) -> None:
+        pack, get, epoch = HEADER.pack, self.data_messages.get, session.epoch
+        async for d in session.data_async():
+            message = get(epoch, d)
+            if type(message) is not bytes:  # a heartbeat
+                message = message.SerializeToString()
+            writer.writelines((pack(len(message)), message))
+            await writer.drain()
 
     def _session(self, first) -> ReplicaSession:
         if first is None or first.WhichOneof("kind") != "hello":
@@ -123,13 +166,16 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
                                          lag_bytes=v.lag_bytes, last_ack_age_ms=v.last_ack_age_ms) for v in views])
 
 
-def welcome_messages(w: Welcome, paged: bool = True, page_bytes: int | None = None) -> Iterator[pb.LeaderMessage]:
+def welcome_messages(w: Welcome, paged: bool = True, page_bytes: int | None = None, data_address: str = "",
+                     data_token: bytes = b"") -> Iterator[pb.LeaderMessage]:
     """The welcome, then its more parts, made one at a time as the stream takes them: the queues' entries and the
     upload records in parts (mqstore.replication.tier_join.parts; one part unless they outgrow a message). Not
     ``paged`` (a hello without pages_welcome, an earlier version): one message holding all, as that version
-    reads it; FailedPrecondition (naming the upgrade) when that is more than gRPC sends."""
+    reads it; FailedPrecondition (naming the upgrade) when that is more than gRPC sends. ``data_address``: the
+    data connection offered (commitlog_service.data_link), with its token."""
     welcome = pb.LeaderWelcome(leader_id=w.leader_id, epoch=w.epoch, truncate_to=w.truncate_to,
-                               epochs=history_out(w.history), start_empty=w.start_empty)
+                               epochs=history_out(w.history), start_empty=w.start_empty,
+                               data_address=data_address, data_token=data_token)
     if w.tier_min is None:
         yield pb.LeaderMessage(welcome=welcome)
         return
@@ -323,6 +369,20 @@ async def _read_acks(requests: AsyncIterator, session: ReplicaSession) -> None:
         log.info("replication.ack_stream_ended", replica=session.hello.replica_id, error=type(exc).__name__)
 
 
+async def _read_data_acks(reader: asyncio.StreamReader, session: ReplicaSession) -> None:
+    """The replica's acknowledgements on its data connection, until it ends."""
+    parse, ack = pb.ReplicaMessage.FromString, session.ack
+    try:
+        while True:
+            message = parse(await read_frame(reader, MAX_ACK_FRAME_BYTES))
+            if message.WhichOneof("kind") == "ack":
+                ack(Ack(message.ack.written_offset, message.ack.flushed_offset))
+    except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:  # the connection ended
+        log.info("replication.data_connection_ended", replica=session.hello.replica_id, error=type(exc).__name__)
+    except (ValueError, DecodeError) as exc:
+        log.warning("replication.data_connection_garbled", replica=session.hello.replica_id, error=str(exc))
+
+
 def add_to_server(servicer: ReplicationServicer, server: grpc.Server) -> None:
     """replication_pb2_grpc.add_ReplicationServicer_to_server's handlers, Replicate's response serializer
     taking DataMessages' bytes too."""
@@ -347,16 +407,23 @@ class GrpcReplicationStream:
     """One Replicate call: ``welcome`` once open, iterate for data, ``ack()``, ``cancel()`` (any thread). A
     watchdog cancels the call when the leader sends nothing for ``silence_s`` (its heartbeats stopped: a
     dead connection or a partition), so the follower reconnects instead of waiting for ever; the time between the
-    welcome and the first read of data (the replica's own handshake) does not count."""
+    welcome and the first read of data (the replica's own handshake) does not count. ``takes_data``: the stream
+    takes a data connection when the leader offers one (commitlog_service.data_link; with ``data_tls``, the
+    channel's TLS): data and acks go there, the call ends with the status."""
 
-    def __init__(self, stub, address: str, hello: Hello, silence_s: float):
+    def __init__(self, stub, address: str, hello: Hello, silence_s: float, takes_data: bool = False,
+                 data_tls: ClientTls | None = None):
         self._address = address
+        self._takes_data, self._data_tls = takes_data, data_tls
+        self._data: DataConnection | None = None
+        self._cancelled = False
+        self._data_lock = threading.Lock()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox.put(pb.ReplicaMessage(hello=pb.ReplicaHello(
             replica_id=hello.replica_id, address=hello.address, end_offset=hello.end_offset,
             min_offset=hello.min_offset, epochs=history_out(hello.history),
             segment_size_bytes=hello.segment_size_bytes, reads_tier=hello.reads_tier,
-            pages_welcome=hello.pages_welcome)))
+            pages_welcome=hello.pages_welcome, takes_data_connection=takes_data)))
         self._call = stub.Replicate(iter(self._outbox.get, None))
         # the acks: the single-threaded call sends them itself; grpc's synchronous one takes them from the outbox
         self._send = getattr(self._call, "send", self._outbox.put)
@@ -381,6 +448,17 @@ class GrpcReplicationStream:
                                   f"{first.welcome.more_parts + 1} parts")
             parts.append(part.welcome_part)
         self.welcome = welcome_in(first.welcome, parts)
+        if first.welcome.data_address and self._takes_data:
+            self._connect(first.welcome.data_address, first.welcome.data_token)
+
+    def _connect(self, address: str, token: bytes) -> None:
+        data = DataConnection(address, token, self._data_tls)  # Unavailable when it cannot
+        with self._data_lock:
+            self._data, cancelled = data, self._cancelled
+        if cancelled:
+            data.close()
+            raise Unavailable(f"the stream from {self._address} was cancelled while its data connection opened")
+        log.info("replication.data_connection", leader=self._address, data_address=address)
 
     def _next(self):
         try:
@@ -402,6 +480,9 @@ class GrpcReplicationStream:
         # the leader's silence counts from here: the replica's own handshake since the welcome (a cut of its log)
         # is not the leader's (a slow cut made the watchdog end the stream, and the replica handshook twice)
         self._last_s = time.monotonic()
+        if self._data is not None:
+            yield from self._data_messages()
+            return
         while (message := self._next()) is not None:
             if type(message) is LogData:  # leader_message_in read it
                 yield message
@@ -409,12 +490,47 @@ class GrpcReplicationStream:
             d = message.data
             yield LogData(d.offset, d.data, d.next_offset, d.leader_end_offset, d.committed_offset)
 
+    def _data_messages(self) -> Iterator[LogData]:
+        """The data connection's messages, then (it ended) the call's status: an error raised as the call's
+        (the leader ends both; a call still open STATUS_WAIT_S later is cancelled: an end with nothing to say)."""
+        read = self._data.read_frame
+        while (frame := read()) is not None:
+            self._last_s = time.monotonic()
+            message = leader_message_in(frame)
+            if type(message) is LogData:
+                yield message
+                continue
+            if message.WhichOneof("kind") != "data":
+                self.cancel()
+                raise Unavailable(f"the leader at {self._address} sent a {message.WhichOneof('kind')} message on its "
+                                  f"data connection; reconnecting")
+            d = message.data
+            yield LogData(d.offset, d.data, d.next_offset, d.leader_end_offset, d.committed_offset)
+        self._data.close()
+        timer = threading.Timer(STATUS_WAIT_S, self._call.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            while self._next() is not None:
+                pass  # (nothing more comes on the call but its status)
+        finally:
+            timer.cancel()
+
     def ack(self, ack: Ack) -> None:
-        self._send(pb.ReplicaMessage(ack=pb.ReplicaAck(written_offset=ack.written_offset,
-                                                       flushed_offset=ack.flushed_offset)))
+        message = pb.ReplicaMessage(ack=pb.ReplicaAck(written_offset=ack.written_offset,
+                                                      flushed_offset=ack.flushed_offset))
+        if self._data is not None:
+            self._data.send_frame(message.SerializeToString())  # (an ended connection: its read reports the end)
+        else:
+            self._send(message)
 
     def cancel(self) -> None:
-        """End the call and its watchdog (joined, a bounded wait; from the watchdog itself: not joined)."""
+        """End the call, its data connection and its watchdog (joined, a bounded wait; from the watchdog itself:
+        not joined)."""
+        with self._data_lock:
+            self._cancelled, data = True, self._data
+        if data is not None:
+            data.close()
         self._outbox.put(None)
         self._call.cancel()
         self.watchdog.stop(timeout_s=2.0)
@@ -574,10 +690,12 @@ def single_threaded_stub(channel: grpc.Channel, metadata: tuple) -> SingleThread
 class GrpcLeaderLink:
     """mqstore.replication.replica.LeaderLink over gRPC: one channel per leader address. Thread-safe."""
 
-    def __init__(self, heartbeat_ms: int, peers: Peers | None = None, single_threaded: bool = True):
+    def __init__(self, heartbeat_ms: int, peers: Peers | None = None, single_threaded: bool = True,
+                 data_connection: bool = True):
         self._silence_s = max(2.0, 10 * heartbeat_ms / 1000)
         self._peers = peers or Peers()  # the server's TLS and its `service` identity (mqstore_rpc.peers)
         self._single_threaded = single_threaded  # SingleThreadedCall; False: grpc's synchronous call (a benchmark's)
+        self._data_connection = data_connection  # take the leader's data connection when it offers one
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._last: GrpcReplicationStream | None = None  # the stream opened last: its watchdog's health
@@ -594,7 +712,8 @@ class GrpcLeaderLink:
                     ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
                     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)])
                 self._channels[address] = channel
-        stream = GrpcReplicationStream(self._stub(channel), address, hello, self._silence_s)
+        stream = GrpcReplicationStream(self._stub(channel), address, hello, self._silence_s,
+                                       self._data_connection, self._peers.tls)
         with self._lock:
             self._last = stream
             self._opening.add(stream)

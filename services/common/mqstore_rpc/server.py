@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 import grpc
 import structlog
@@ -44,6 +44,8 @@ from mqstore_rpc.metrics import MetricsExporter, RpcMetrics
 from mqstore_rpc.peers import Peers
 from mqstore_rpc.secret import Secret
 from mqstore_rpc.tls import ServerTls
+
+T = TypeVar("T")
 
 log = structlog.get_logger("mqstore_rpc.server")
 
@@ -284,6 +286,11 @@ class ManagedServer:
             return True
         except TimeoutError:
             return False
+
+    def run_on_loop(self, make: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
+        """``await make()`` on the server's loop (what lives there, e.g. a listener of another protocol), from
+        the composition root's thread; its result."""
+        return self._loop.run(make, timeout_s)
 
     def add_loop_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
         """``await closer()`` on the server's loop once the server has stopped, before the loop
