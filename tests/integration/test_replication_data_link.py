@@ -280,3 +280,36 @@ def test_a_replica_follows_over_mutual_tls_with_authentication_on_its_data_conne
             with pytest.raises(grpc.RpcError) as refused:
                 next(iter(stream))
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_the_replica_reads_frames_of_any_size_whole_and_stops_at_a_torn_or_oversized_one():
+    """DataConnection.read_frame: frames of 0 bytes to 1 MiB, in pieces as TCP delivers them, read whole (each
+    payload what was sent); a frame cut by the connection's end, or longer than a gRPC message may be, ends the
+    reading (None) without a partial payload."""
+    import threading
+
+    sizes = [10, 0, 5, 1 << 20, 3, 70_000]
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    for tail in (b"\0\0\0\x09abc", struct.pack(">I", data_link.MAX_FRAME_BYTES + 1) + b"x" * 100):
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            got_token: list[bytes] = []
+
+            def serve(listener=listener, got_token=got_token, tail=tail):
+                conn, _ = listener.accept()
+                with conn:
+                    got_token.append(_frame(conn))
+                    wire = b"".join(struct.pack(">I", len(p)) + p for p in payloads) + tail
+                    for at in range(0, len(wire), 7919):  # in pieces
+                        conn.sendall(wire[at:at + 7919])
+            server = threading.Thread(target=serve)
+            server.start()
+            connection = data_link.DataConnection(f"127.0.0.1:{listener.getsockname()[1]}", b"t" * 16, None)
+            try:
+                for payload in payloads:
+                    frame = connection.read_frame()
+                    assert frame == payload
+                assert connection.read_frame() is None
+            finally:
+                connection.close()
+                server.join(10)
+            assert got_token == [b"t" * 16]

@@ -140,9 +140,9 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         pack, get, epoch = HEADER.pack, self.data_messages.get, session.epoch
         async for d in session.data_async():
             message = get(epoch, d)
-            if type(message) is not bytes:  # a heartbeat
-                message = message.SerializeToString()
-            writer.writelines((pack(len(message)), message))
+            if type(message) is not list:  # a heartbeat
+                message = [message.SerializeToString()]
+            writer.writelines([pack(sum(map(len, message))), *message])  # one writev, the log's bytes not joined
             await writer.drain()
 
     def _session(self, first) -> ReplicaSession:
@@ -245,14 +245,20 @@ def data_message_bytes(d: LogData) -> bytes:
     """``_data(d).SerializeToString()`` written directly: the log's bytes copied once, into the message,
     where building the protobuf copies them and serializing it copies them again (a data message holds up
     to replication_chunk_bytes; tests/unit/replication/test_data_messages.py checks the bytes are equal)."""
-    head = _field(1, d.offset)
+    return b"".join(data_message_parts(d))
+
+
+def data_message_parts(d: LogData) -> list[bytes]:
+    """:func:`data_message_bytes` in pieces, the log's bytes one of them as they are: a data connection
+    writes them together (writev) without copying the log's bytes into one message first."""
     tail = _field(3, d.next_offset) + _field(4, d.leader_end_offset) + _field(5, d.committed_offset)
-    body_len = len(head) + (1 + len(_varint(len(d.data))) + len(d.data) if d.data else 0) + len(tail)
-    parts = [b"\x12", _varint(body_len), head]  # LeaderMessage.data (field 2, length-delimited)
-    if d.data:
-        parts += [b"\x12", _varint(len(d.data)), d.data]  # LogData.data (field 2)
-    parts.append(tail)
-    return b"".join(parts)
+    if not d.data:
+        head = _field(1, d.offset)
+        return [b"\x12" + _varint(len(head) + len(tail)) + head + tail]
+    data_key = b"\x12" + _varint(len(d.data))  # LogData.data (field 2)
+    head = _field(1, d.offset) + data_key
+    # LeaderMessage.data (field 2, length-delimited)
+    return [b"\x12" + _varint(len(head) + len(d.data) + len(tail)) + head, d.data, tail]
 
 
 def leader_message_in(raw: bytes) -> LogData | pb.LeaderMessage:
@@ -325,13 +331,14 @@ class DataMessages:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._built: dict[tuple[int, int, int], bytes] = {}
+        self._built: dict[tuple[int, int, int], list[bytes]] = {}
         self.built = 0   # data messages serialized
         self.reused = 0  # sent again from here
 
-    def get(self, epoch: int, d: LogData) -> pb.LeaderMessage | bytes:
-        """The message for ``d`` as the stream sends it: serialized bytes (add_to_server's serializer
-        passes them as they are) or, for a heartbeat, the message."""
+    def get(self, epoch: int, d: LogData) -> pb.LeaderMessage | list[bytes]:
+        """The message for ``d`` as the stream sends it: serialized, in pieces (:func:`data_message_parts`:
+        a data connection writes them as they are, add_to_server's serializer joins them) or, for a
+        heartbeat, the message."""
         if d.next_offset == d.offset:
             return _data(d)
         key = (epoch, d.offset, d.next_offset)
@@ -340,7 +347,7 @@ class DataMessages:
             if message is not None:
                 self.reused += 1
                 return message
-        message = data_message_bytes(d)
+        message = data_message_parts(d)
         with self._lock:
             self.built += 1
             self._built[key] = message
@@ -353,8 +360,10 @@ class DataMessages:
         log.info("replication.data_messages_shared", replica=replica_id, built=self.built, reused=self.reused)
 
 
-def _leader_message_bytes(message: pb.LeaderMessage | bytes) -> bytes:
-    """Replicate's response serializer: a message DataMessages serialized already goes as it is."""
+def _leader_message_bytes(message: pb.LeaderMessage | list[bytes] | bytes) -> bytes:
+    """Replicate's response serializer: a message DataMessages serialized already goes as it is (joined)."""
+    if type(message) is list:
+        return b"".join(message)
     return message if type(message) is bytes else message.SerializeToString()
 
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from commitlog_service.replication import (DataMessages, _data, _leader_message_bytes, data_message_bytes,
-                                           leader_message_in)
+                                           data_message_parts, leader_message_in)
 from mqstore.replication.messages import LogData
 from mqstore_rpc.gen.mqstore.v1 import replication_pb2 as pb
 
@@ -55,6 +55,7 @@ def test_the_replicate_serializer_passes_bytes_and_serializes_messages():
     welcome = pb.LeaderMessage(welcome=pb.LeaderWelcome(leader_id="a", epoch=2))
     assert _leader_message_bytes(welcome) == welcome.SerializeToString()
     assert _leader_message_bytes(b"\x12\x00") == b"\x12\x00"
+    assert _leader_message_bytes([b"\x12\x02", b"\x08", b"\x01"]) == b"\x12\x02\x08\x01"
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -69,6 +70,10 @@ def test_a_data_message_written_directly_is_the_bytes_protobuf_serializes(seed):
                              rng.choice([0, offset, rng.randrange(1 << 63)])))
     for d in cases:
         assert data_message_bytes(d) == _data(d).SerializeToString(), d.offset
+        parts = data_message_parts(d)
+        assert b"".join(parts) == data_message_bytes(d)
+        if d.data:
+            assert parts[1] is d.data  # the log's bytes as they are: a data connection writes them without a copy
 
 
 def _as_protobuf_reads_it(raw: bytes) -> LogData:
