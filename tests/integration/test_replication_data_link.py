@@ -313,3 +313,11 @@ def test_the_replica_reads_frames_of_any_size_whole_and_stops_at_a_torn_or_overs
                 connection.close()
                 server.join(10)
             assert got_token == [b"t" * 16]
+
+
+def test_a_data_port_taken_by_another_process_stops_the_start_naming_the_setting(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        config = _with_data(node_config(tmp_path, "a"), replication_data_port=taken.getsockname()[1])
+        with pytest.raises(OSError, match="--replication-data-port"):
+            with started(config):
+                pass

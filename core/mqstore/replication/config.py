@@ -66,7 +66,8 @@ class ReplicationConfig:
         if not -1 <= self.replication_data_port <= 65535:
             raise InvalidArgument(f"replication_data_port must be a port, 0 (any free one) or -1 (none), not "
                                   f"{self.replication_data_port}")
-        if self.replication_data_address and not self.replication_data_address.rpartition(":")[2].isdigit():
+        host, _, port = self.replication_data_address.rpartition(":")
+        if self.replication_data_address and not (host and port.isdigit()):
             raise InvalidArgument(f"replication_data_address must be host:port, not "
                                   f"{self.replication_data_address!r}")
         if self.replica_of and self.etcd_endpoints:
