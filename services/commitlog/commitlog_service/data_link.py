@@ -135,7 +135,7 @@ class DataPort:
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             token = await asyncio.wait_for(read_frame(reader, TOKEN_BYTES), TOKEN_WAIT_S)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError, ssl.SSLError):
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError, ValueError):  # (ssl's errors are OSErrors)
             token = None
         future = self._waiting.get(token) if token is not None else None
         if future is None or future.done():
